@@ -1,0 +1,324 @@
+"""The MixedPrecisionJob API (group mpjob.dev, version v1alpha1) as pydantic models.
+
+These models are the single source of truth for the schema: `mpjob crd` generates
+crds/mixedprecisionjobs.mpjob.dev.yaml from them, `mpjob validate` checks manifests with
+them, and the trainer reads its spec through them. Field names are camelCase on the wire
+(aliases) and snake_case in Python. Unknown fields are rejected, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "mpjob.dev"
+VERSION = "v1alpha1"
+KIND = "MixedPrecisionJob"
+PLURAL = "mixedprecisionjobs"
+SINGULAR = "mixedprecisionjob"
+SHORT_NAMES = ("mpjob", "mpj")
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: A job's name must leave room for "-a<NN>" (attempt) and "-<index>" (pod hostname)
+#: inside a 63-character DNS label.
+MAX_NAME_LENGTH = 50
+MAX_ATTEMPTS_LIMIT = 99
+MAX_WORKERS = 256
+
+Precision = Literal["fp16", "bf16", "fp32"]
+PrecisionMode = Literal["auto", "fp16", "bf16", "fp32"]
+BuiltinTask = Literal["gpt", "mlp"]
+Phase = Literal["Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"]
+
+TASK_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+COMPUTE_CAPABILITY_PATTERN = r"^[0-9]+\.[0-9]+$"
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The object as it appears on the wire (camelCase, unset optionals left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Task(ApiModel):
+    """What to train: a shipped workload, or a factory in the image (`pkg.mod:make_task`)."""
+
+    builtin: BuiltinTask | None = Field(
+        None, description="A workload shipped with the trainer: gpt or mlp."
+    )
+    module: str | None = Field(
+        None,
+        pattern=TASK_MODULE_PATTERN,
+        description="User task factory `package.module:function`, importable in the image.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments handed to the task factory."
+    )
+
+    @model_validator(mode="after")
+    def _builtin_xor_module(self) -> Task:
+        if (self.builtin is None) == (self.module is None):
+            raise ValueError("exactly one of task.builtin or task.module must be set")
+        return self
+
+
+class Training(ApiModel):
+    steps: int = Field(2000, ge=1, le=100_000_000, description="Optimizer steps to train.")
+    batch_size: int = Field(16, ge=1, le=1_000_000, description="Samples per micro-batch per worker.")
+    grad_accumulation: int = Field(
+        1, ge=1, le=4096, description="Micro-batches per optimizer step."
+    )
+    learning_rate: float = Field(6.0e-4, gt=0, le=10, description="AdamW peak learning rate.")
+    weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    grad_clip_norm: float = Field(
+        1.0, ge=0, description="Clip the unscaled global gradient norm to this (0 = off)."
+    )
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init and data order.")
+    log_every: int = Field(10, ge=1, description="Steps between log lines and metric updates.")
+
+
+class LossScale(ApiModel):
+    """GradScaler settings for fp16 (see torch.amp.GradScaler)."""
+
+    init: float = Field(65536.0, gt=0, description="Initial loss scale.")
+    growth_factor: float = Field(2.0, gt=1, description="Scale multiplier after growthInterval clean steps.")
+    backoff_factor: float = Field(0.5, gt=0, lt=1, description="Scale multiplier on overflow.")
+    growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
+
+
+class Guard(ApiModel):
+    """When the trainer gives up on a precision (failure modes F1/F2 of the reference)."""
+
+    max_consecutive_overflows: int = Field(
+        20, ge=1, description="Consecutive overflow-skipped steps that end the precision."
+    )
+    min_loss_scale: float = Field(
+        1.0, ge=0, description="A loss scale below this floor ends the precision."
+    )
+    max_non_finite_losses: int = Field(
+        3, ge=1, description="Non-finite losses that end the precision."
+    )
+    stagnation_steps: int = Field(
+        0, ge=0, description="Steps with a stuck loss or zero gradients that end it (0 = off)."
+    )
+
+
+class PrecisionSpec(ApiModel):
+    mode: PrecisionMode = Field(
+        "auto",
+        description="Precision of the first attempt. auto: bf16 on compute capability >= 8.0 "
+        "and CPU, fp16 on 7.x, fp32 otherwise.",
+    )
+    fallback: list[Precision] = Field(
+        default_factory=lambda: ["bf16", "fp32"],
+        max_length=3,
+        description="Precisions tried in order when a precision gives up (distinct entries).",
+    )
+    keep_fp32: list[str] = Field(
+        default_factory=lambda: ["LayerNorm"],
+        description="Module type names kept in fp32 under autocast (F4).",
+    )
+    tf32: bool = Field(False, description="Allow TF32 matmuls in fp32 attempts.")
+    loss_scale: LossScale = Field(default_factory=LossScale)
+    guard: Guard = Field(default_factory=Guard)
+
+    @field_validator("fallback")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("precision.fallback entries must be distinct")
+        return value
+
+    @field_validator("keep_fp32")
+    @classmethod
+    def _identifiers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"precision.keepFp32 entry {name!r} is not a module type name")
+        return value
+
+
+class PersistentVolumeClaimRef(ApiModel):
+    claim_name: str = Field(min_length=1, max_length=253)
+    read_only: bool = False
+
+
+class CheckpointVolume(ApiModel):
+    """Where checkpoints live; never deleted by mpjob."""
+
+    persistent_volume_claim: PersistentVolumeClaimRef | None = None
+    empty_dir: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CheckpointVolume:
+        if (self.persistent_volume_claim is None) == (self.empty_dir is None):
+            raise ValueError(
+                "exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set"
+            )
+        return self
+
+
+class Checkpoint(ApiModel):
+    every_steps: int = Field(200, ge=1, description="Steps between checkpoints.")
+    keep: int = Field(3, ge=1, le=100, description="Checkpoints kept; older ones are pruned.")
+    volume: CheckpointVolume | None = Field(
+        None, description="Checkpoint volume (a PVC for resumes across pods). Default: emptyDir."
+    )
+
+
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+
+
+class Resources(ApiModel):
+    gpus_per_worker: int = Field(1, ge=0, le=16, description="nvidia.com/gpu per pod; 0 = CPU job.")
+    min_compute_capability: str = Field(
+        "7.0", pattern=COMPUTE_CAPABILITY_PATTERN, description="Lowest GPU compute capability."
+    )
+    requests: dict[str, int | Quantity] = Field(default_factory=dict)
+    limits: dict[str, int | Quantity] = Field(default_factory=dict)
+
+
+class RunPolicy(ApiModel):
+    max_attempts: int = Field(6, ge=1, le=MAX_ATTEMPTS_LIMIT, description="Attempts in all.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Whole-job deadline.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the children this long after the job finished."
+    )
+    suspend: bool = Field(False, description="Stop the running attempt after a checkpoint.")
+    queue_name: str = Field(
+        "", max_length=63, description="Kueue LocalQueue; each attempt Job is labelled with it."
+    )
+
+
+class PodTemplateOverrides(ApiModel):
+    """Pod fields merged into every trainer pod; the trainer container is never replaced."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    priority_class_name: str | None = None
+    service_account_name: str | None = None
+    image_pull_secrets: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class MixedPrecisionJobSpec(ApiModel):
+    workers: int = Field(1, ge=1, le=MAX_WORKERS, description="Pods of each attempt.")
+    image: str | None = Field(None, description="Trainer image; default from the operator.")
+    task: Task
+    training: Training = Field(default_factory=Training)
+    precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    resources: Resources = Field(default_factory=Resources)
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
+
+
+# ---------------------------------------------------------------- status (operator-written)
+
+
+class CheckpointStatus(ApiModel):
+    step: int
+    sha256: str = ""
+    precision: str = ""
+    path: str = ""
+
+
+class AttemptStatus(ApiModel):
+    index: int
+    precision: str
+    start_step: int = 0
+    end_step: int | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    start_time: str | None = None
+    finish_time: str | None = None
+
+
+class Condition(ApiModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class MixedPrecisionJobStatus(ApiModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    phase: Phase = "Pending"
+    precision: str | None = None
+    attempt: int = 0
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    loss_scale: float | None = None
+    overflow_steps: int | None = None
+    samples_per_second: float | None = None
+    last_checkpoint: CheckpointStatus | None = None
+    attempts: list[AttemptStatus] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    message: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = None
+
+
+class MixedPrecisionJob(BaseModel):
+    """A whole manifest, as `kubectl apply` would send it."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    api_version: Literal["mpjob.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["MixedPrecisionJob"]
+    metadata: ObjectMeta
+    spec: MixedPrecisionJobSpec
+    status: MixedPrecisionJobStatus | None = None
+
+
+def precision_ladder(spec: PrecisionSpec, resolved_first: Precision) -> list[Precision]:
+    """The precisions attempts walk through: the first, then the fallback list, no repeats."""
+    ladder: list[Precision] = [resolved_first]
+    for p in spec.fallback:
+        if p not in ladder:
+            ladder.append(p)
+    return ladder
+
+
+def resolve_auto(mode: PrecisionMode, compute_capability: tuple[int, int] | None) -> Precision:
+    """Resolve `auto` for a device: None means CPU. Explicit modes pass through."""
+    if mode != "auto":
+        return mode
+    if compute_capability is None:
+        return "bf16"
+    if compute_capability >= (8, 0):
+        return "bf16"
+    if compute_capability >= (7, 0):
+        return "fp16"
+    return "fp32"

@@ -1,0 +1,32 @@
+"""Names of the trainer's Prometheus metrics, defined once for the trainer, the operator,
+the dashboards, the alert rules and docs/metrics.md."""
+
+from __future__ import annotations
+
+METRICS_PORT_ENV = "MPJOB_METRICS_PORT"
+DEFAULT_METRICS_PORT = 9400
+
+PREFIX = "mpjob_trainer_"
+
+STEP = PREFIX + "step"
+LOSS = PREFIX + "loss"
+LOSS_SCALE = PREFIX + "loss_scale"
+OVERFLOW_STEPS = PREFIX + "overflow_steps"  # counter -> *_total
+NON_FINITE_LOSSES = PREFIX + "non_finite_losses"  # counter -> *_total
+GRAD_NORM = PREFIX + "grad_norm"
+SAMPLES_PER_SECOND = PREFIX + "samples_per_second"
+TOKENS_PER_SECOND = PREFIX + "tokens_per_second"
+MFU = PREFIX + "mfu_ratio"
+STEP_SECONDS = PREFIX + "step_seconds"  # histogram
+PEAK_DEVICE_MEMORY = PREFIX + "peak_device_memory_bytes"
+PEAK_HOST_MEMORY = PREFIX + "peak_host_memory_bytes"
+CHECKPOINT_SAVE_SECONDS = PREFIX + "checkpoint_save_seconds"  # histogram
+CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
+CHECKPOINT_FAILURES = PREFIX + "checkpoint_failures"  # counter -> *_total
+LAST_GOOD_CHECKPOINT_STEP = PREFIX + "last_good_checkpoint_step"
+TOTAL_STEPS = PREFIX + "total_steps"
+INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1
+GUARD_TRIPS = PREFIX + "guard_trips"  # counter by rule -> *_total
+
+#: Labels every trainer metric carries (low cardinality: one value per attempt).
+LABELS = ("job", "namespace", "attempt", "precision")

@@ -1,0 +1,75 @@
+"""The JSON termination report the trainer writes before exiting non-zero.
+
+Kubernetes keeps at most 4096 bytes of a container's termination message; `to_message`
+keeps the report well under that by shortening the human message first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mpjob_contract.codes import Reason
+
+#: Kubernetes' default terminationMessagePath; the trainer writes here unless told otherwise.
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_ENV = "MPJOB_TERMINATION_LOG"
+#: Hard budget for the serialized report (Kubernetes truncates at 4096 bytes).
+MAX_REPORT_BYTES = 3072
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class CheckpointRef(_Model):
+    """A checkpoint that was verified good (its manifest and sha256 match)."""
+
+    step: int
+    path: str
+    sha256: str
+    precision: str
+
+
+class Counters(_Model):
+    overflow_steps: int = Field(0, alias="overflowSteps")
+    non_finite_losses: int = Field(0, alias="nonFiniteLosses")
+    loss_scale: float | None = Field(None, alias="lossScale")
+
+
+class TerminationReport(_Model):
+    reason: Reason
+    step: int = 0
+    precision: str = ""
+    last_good_checkpoint: CheckpointRef | None = Field(None, alias="lastGoodCheckpoint")
+    counters: Counters = Field(default_factory=Counters)
+    message: str = ""
+
+    def to_message(self) -> str:
+        """Serialize within MAX_REPORT_BYTES, shortening `message` if needed."""
+        text = self.model_dump_json(by_alias=True, exclude_none=True)
+        if len(text.encode()) <= MAX_REPORT_BYTES:
+            return text
+        overflow = len(text.encode()) - MAX_REPORT_BYTES + 16
+        short = self.message.encode()[: max(0, len(self.message.encode()) - overflow)]
+        clipped = self.model_copy(update={"message": short.decode(errors="ignore") + " [...]"})
+        return clipped.model_dump_json(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def parse_message(cls, text: str | None) -> TerminationReport | None:
+        """Parse a termination message; None when absent or not a report."""
+        if not text or not text.strip().startswith("{"):
+            return None
+        try:
+            return cls.model_validate_json(text)
+        except ValueError:
+            return None
+
+    def write(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write the report where the container runtime will pick it up."""
+        target = Path(path or os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(self.to_message())
+        return target
