@@ -1,0 +1,34 @@
+# mpjob developer commands. `make help` lists them.
+SHELL := /bin/bash
+UV_VERSION := 0.13.8
+export UV_PYTHON := 3.11
+
+.PHONY: help setup demo test lint cluster cluster-down crd bench
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+setup: ## install uv and the locked Python environment (.venv)
+	@bash scripts/setup.sh
+
+demo: setup ## run examples/quickstart.yaml locally: fp16 overflow, recovery in bf16
+	uv run --no-sync mpjob run examples/quickstart.yaml --out runs/quickstart
+
+lint: setup ## ruff and mypy
+	uv run --no-sync ruff check .
+	uv run --no-sync mypy
+
+crd: setup ## regenerate crds/ and the chart's CRD from the API models
+	uv run --no-sync mpjob crd --write
+
+cluster: setup ## build (cached) and start the test control plane + node agent; writes .cluster/kubeconfig
+	uv run --no-sync python -m tests.cluster up
+
+cluster-down: ## stop every process of the test cluster
+	uv run --no-sync python -m tests.cluster down
+
+test: setup ## lint, then every test (unit, integration, e2e) on the test control plane
+	@bash scripts/test.sh
+
+bench: setup ## run the CPU benchmarks and print their figures
+	@bash scripts/bench.sh

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The README's test command: lint, build the test cluster (cached), run every test.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+uv run --no-sync ruff check . || exit 1
+uv run --no-sync mypy || exit 1
+bash tests/cluster/build.sh >/dev/null || exit 1
+uv run --no-sync pytest "$@"
+rc=$?
+if [[ $rc -eq 5 ]]; then
+  echo "test: pytest collected no tests" >&2
+  exit 1
+fi
+exit $rc
