@@ -45,7 +45,7 @@ need() { for b in "$@"; do [[ -x "$bin/$b" ]] || return 0; done; return 1; }
 
 if need etcd; then
   gobuild etcd "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD" go.etcd.io/etcd/server/v3
-  mv "$bin/v3" "$bin/etcd" 2>/dev/null || true
+  mv "$bin/server" "$bin/etcd"
 fi
 if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
   gobuild kubernetes "$kflags" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
