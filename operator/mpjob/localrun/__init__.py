@@ -1,0 +1,1 @@
+"""`mpjob run`: a MixedPrecisionJob on this machine, no cluster, same planner as the operator."""

@@ -1,0 +1,164 @@
+"""How a local run shows itself: a rich live bar on a terminal, plain lines otherwise,
+JSON lines with --json (one object per event, for scripts)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Literal, Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from mpjob.localrun.series import Point
+
+Mode = Literal["rich", "plain", "json"]
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class ProgressView(Protocol):
+    def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None: ...
+    def step(self, point: Point) -> None: ...
+    def attempt_ended(self, attempt: int, precision: str, reason: str, message: str) -> None: ...
+    def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None: ...
+    def info(self, text: str, **fields: Any) -> None: ...
+    def close(self) -> None: ...
+
+
+class RichView:
+    """Live bar: step/total, loss, loss scale, precision, attempt, samples/s and ETA."""
+
+    def __init__(self, total_steps: int, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.progress = Progress(
+            TextColumn("[bold]{task.fields[precision]}[/] a{task.fields[attempt]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("scale {task.fields[scale]}"),
+            TextColumn("{task.fields[sps]} samples/s"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self.task = self.progress.add_task(
+            "train", total=total_steps, precision="-", attempt=0, loss="-", scale="-", sps="-"
+        )
+        self.progress.start()
+
+    def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
+        self.progress.reset(self.task, completed=start_step)
+        self.progress.update(self.task, precision=precision, attempt=attempt)
+        where = f"resuming from {resumed}" if resumed else "from the newest valid checkpoint, if any"
+        self.console.print(f"attempt {attempt}: {precision}, {where}")
+
+    def step(self, point: Point) -> None:
+        self.progress.update(
+            self.task,
+            completed=point.step,
+            loss=_fmt(point.loss, ".4f"),
+            scale=_fmt(point.loss_scale, ".0f"),
+            sps=_fmt(point.samples_per_second, ".1f"),
+        )
+
+    def attempt_ended(self, attempt: int, precision: str, reason: str, message: str) -> None:
+        self.console.print(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
+
+    def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
+        self.console.print(
+            f"[bold yellow]precision fallback[/]: {from_precision} -> {to_precision} at step {step} ({reason})"
+        )
+
+    def info(self, text: str, **fields: Any) -> None:
+        self.console.print(text)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+class PlainView:
+    """One line per logged step and per event, for logs and pipes."""
+
+    def __init__(self, total_steps: int, stream: Any = None) -> None:
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
+        self._print(f"attempt {attempt}: {precision}, start step {start_step}" + (f", resuming from {resumed}" if resumed else ""))
+
+    def step(self, point: Point) -> None:
+        self._print(
+            f"step {point.step}/{self.total} {point.precision} a{point.attempt} "
+            f"loss {_fmt(point.loss, '.4f')} scale {_fmt(point.loss_scale, '.0f')} "
+            f"grad {_fmt(point.grad_norm, '.3f')} {_fmt(point.samples_per_second, '.1f')} samples/s"
+        )
+
+    def attempt_ended(self, attempt: int, precision: str, reason: str, message: str) -> None:
+        self._print(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
+
+    def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
+        self._print(f"precision fallback: {from_precision} -> {to_precision} at step {step} ({reason})")
+
+    def info(self, text: str, **fields: Any) -> None:
+        self._print(text)
+
+    def close(self) -> None:
+        pass
+
+
+class JsonView:
+    """One JSON object per line and event."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stdout
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        print(json.dumps({"event": event, **fields}), file=self.stream, flush=True)
+
+    def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
+        self._emit("attemptStarted", attempt=attempt, precision=precision, startStep=start_step, resumeFrom=resumed)
+
+    def step(self, point: Point) -> None:
+        self._emit(
+            "step", attempt=point.attempt, precision=point.precision, step=point.step,
+            loss=point.loss, lossScale=point.loss_scale, gradNorm=point.grad_norm,
+            overflowSteps=point.overflow_steps, samplesPerSecond=point.samples_per_second,
+        )
+
+    def attempt_ended(self, attempt: int, precision: str, reason: str, message: str) -> None:
+        self._emit("attemptEnded", attempt=attempt, precision=precision, reason=reason, message=message)
+
+    def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
+        self._emit("precisionFallback", fromPrecision=from_precision, toPrecision=to_precision, step=step, reason=reason)
+
+    def info(self, text: str, **fields: Any) -> None:
+        self._emit("info", message=text, **fields)
+
+    def close(self) -> None:
+        pass
+
+
+def make_view(mode: Mode | None, total_steps: int) -> ProgressView:
+    """Pick the view: explicit mode, else rich on a terminal and plain lines otherwise."""
+    if mode is None:
+        mode = "rich" if sys.stdout.isatty() else "plain"
+    if mode == "json":
+        return JsonView()
+    if mode == "rich":
+        return RichView(total_steps)
+    return PlainView(total_steps)

@@ -1,0 +1,104 @@
+"""The recorded training series of a local run: what the plot and the summary are drawn from.
+
+Points come from the trainer's JSON step lines; attempts from the planner. The series is
+saved beside report.json so that a resumed `mpjob run` keeps drawing one continuous story.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Point:
+    attempt: int
+    precision: str
+    step: int
+    loss: float | None
+    loss_scale: float | None
+    grad_norm: float | None
+    overflow_steps: int
+    samples_per_second: float | None
+
+
+@dataclass
+class Span:
+    """One attempt's stretch of steps, shaded by precision in the plot."""
+
+    attempt: int
+    precision: str
+    start_step: int
+    end_step: int | None = None
+    reason: str | None = None
+
+
+def _float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class RunSeries:
+    points: list[Point] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
+
+    def begin_attempt(self, attempt: int, precision: str, start_step: int) -> None:
+        self.spans = [s for s in self.spans if s.attempt != attempt]
+        self.points = [p for p in self.points if p.attempt != attempt]
+        self.spans.append(Span(attempt, precision, start_step))
+
+    def end_attempt(self, attempt: int, end_step: int | None, reason: str | None) -> None:
+        for span in self.spans:
+            if span.attempt == attempt:
+                span.end_step = end_step
+                span.reason = reason
+
+    def ingest(self, attempt: int, precision: str, line: dict[str, Any]) -> Point | None:
+        """Record a trainer step line; other events are ignored. Returns the new point."""
+        if line.get("event") != "step" or "step" not in line:
+            return None
+        point = Point(
+            attempt=attempt,
+            precision=str(line.get("precision") or precision),
+            step=int(line["step"]),
+            loss=_float(line.get("loss")),
+            loss_scale=_float(line.get("lossScale")),
+            grad_norm=_float(line.get("gradNorm")),
+            overflow_steps=int(line.get("overflowSteps") or 0),
+            samples_per_second=_float(line.get("samplesPerSecond")),
+        )
+        self.points.append(point)
+        return point
+
+    def overflow_marks(self) -> list[Point]:
+        """Points at which the attempt's overflow-skipped step count went up."""
+        marks: list[Point] = []
+        last: dict[int, int] = {}
+        for p in self.points:
+            if p.overflow_steps > last.get(p.attempt, 0):
+                marks.append(p)
+            last[p.attempt] = p.overflow_steps
+        return marks
+
+    def save(self, path: Path) -> None:
+        data = {"points": [asdict(p) for p in self.points], "spans": [asdict(s) for s in self.spans]}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> RunSeries:
+        if not path.exists():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls(
+            points=[Point(**p) for p in data.get("points", [])],
+            spans=[Span(**s) for s in data.get("spans", [])],
+        )

@@ -1,0 +1,63 @@
+"""The local run's recorded series and the plot drawn from it."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from mpjob.localrun.plot import render
+from mpjob.localrun.series import RunSeries
+
+pytestmark = pytest.mark.unit
+
+
+def _recovering_series() -> RunSeries:
+    series = RunSeries()
+    series.begin_attempt(0, "fp16", 0)
+    for step, scale, overflows in [(10, 65536.0, 0), (20, 32768.0, 1), (30, 4.0, 9), (40, 0.5, 20)]:
+        series.ingest(0, "fp16", {"event": "step", "step": step, "loss": 2.0, "lossScale": scale,
+                                  "gradNorm": 1.0, "overflowSteps": overflows})
+    series.end_attempt(0, 40, "NumericFault")
+    series.begin_attempt(1, "bf16", 30)
+    for step in (40, 50, 60):
+        series.ingest(1, "bf16", {"event": "step", "step": step, "loss": 1.5, "gradNorm": 0.5})
+    series.ingest(1, "bf16", {"event": "checkpoint", "step": 60})
+    series.end_attempt(1, 60, "Succeeded")
+    return series
+
+
+def test_only_step_lines_become_points() -> None:
+    series = _recovering_series()
+    assert [p.step for p in series.points] == [10, 20, 30, 40, 40, 50, 60]
+    assert {p.precision for p in series.points if p.attempt == 1} == {"bf16"}
+
+
+def test_overflow_marks_are_steps_where_the_count_rose() -> None:
+    marks = _recovering_series().overflow_marks()
+    assert [(m.attempt, m.step) for m in marks] == [(0, 20), (0, 30), (0, 40)]
+
+
+def test_restarting_an_attempt_replaces_its_points(tmp_path: Path) -> None:
+    series = _recovering_series()
+    series.begin_attempt(1, "bf16", 50)
+    assert all(p.attempt == 0 for p in series.points)
+    assert [s.start_step for s in series.spans if s.attempt == 1] == [50]
+
+
+def test_series_round_trips_through_disk(tmp_path: Path) -> None:
+    series = _recovering_series()
+    series.save(tmp_path / "series.json")
+    loaded = RunSeries.load(tmp_path / "series.json")
+    assert loaded == series
+
+
+def test_plot_is_a_real_png_of_the_series(tmp_path: Path) -> None:
+    path = render(_recovering_series(), tmp_path / "training.png", "gpt-small")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (1000, 800)
+    # An empty series renders too (a run that failed before its first step).
+    assert render(RunSeries(), tmp_path / "empty.png", "x").stat().st_size > 1000
