@@ -122,7 +122,7 @@ class PrecisionSpec(ApiModel):
         "and CPU, fp16 on 7.x, fp32 otherwise.",
     )
     fallback: list[Precision] = Field(
-        default_factory=lambda: ["bf16", "fp32"],
+        default_factory=lambda: list[Precision](["bf16", "fp32"]),
         max_length=3,
         description="Precisions tried in order when a precision gives up (distinct entries).",
     )

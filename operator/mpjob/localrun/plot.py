@@ -8,9 +8,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # no display: always render to a file
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from mpjob.localrun.series import RunSeries  # noqa: E402
+from mpjob.localrun.series import RunSeries
 
 PRECISION_COLOURS = {"fp16": "#f4a261", "bf16": "#2a9d8f", "fp32": "#8d99ae"}
 

@@ -99,7 +99,8 @@ class PlainView:
         print(text, file=self.stream, flush=True)
 
     def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
-        self._print(f"attempt {attempt}: {precision}, start step {start_step}" + (f", resuming from {resumed}" if resumed else ""))
+        resuming = f", resuming from {resumed}" if resumed else ""
+        self._print(f"attempt {attempt}: {precision}, start step {start_step}{resuming}")
 
     def step(self, point: Point) -> None:
         self._print(
@@ -144,7 +145,9 @@ class JsonView:
         self._emit("attemptEnded", attempt=attempt, precision=precision, reason=reason, message=message)
 
     def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
-        self._emit("precisionFallback", fromPrecision=from_precision, toPrecision=to_precision, step=step, reason=reason)
+        self._emit(
+            "precisionFallback", fromPrecision=from_precision, toPrecision=to_precision, step=step, reason=reason
+        )
 
     def info(self, text: str, **fields: Any) -> None:
         self._emit("info", message=text, **fields)

@@ -1,0 +1,234 @@
+"""CheckpointStore: exact-resume checkpoints that are never overwritten in place.
+
+Layout under the checkpoint directory:
+    step-000000200/state.pt        torch.save of the whole training state (weights_only-safe)
+    step-000000200/manifest.json   step, precision, config digest, sha256 and size of state.pt
+A checkpoint is written into `.tmp-<step>-<pid>/`, each file fsynced, the directory fsynced,
+then renamed into place: a process killed at any moment leaves either a complete checkpoint
+or a temp directory that loading ignores. The newest `keep` are kept; older ones are pruned
+only after the new one is durable. Loading verifies the manifest, the sha256 and the config
+digest and falls back to the previous good checkpoint when the newest is bad.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from mpjob_contract.report import CheckpointRef
+
+STATE = "state.pt"
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^step-(\d{9})$")
+
+
+class CorruptCheckpoint(Exception):
+    pass
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class SaveResult:
+    ref: CheckpointRef
+    seconds: float
+    bytes: int
+
+
+class CheckpointStore:
+    def __init__(self, root: Path, keep: int, config_digest: str, log: Any = None) -> None:
+        self.root = root
+        self.keep = keep
+        self.config_digest = config_digest
+        self.log = log or (lambda *a, **k: None)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._thread: threading.Thread | None = None
+        self._result: SaveResult | None = None
+        self._error: BaseException | None = None
+        self.last_good: CheckpointRef | None = None
+
+    # -- listing and loading -------------------------------------------------------------
+    def steps(self) -> list[tuple[int, Path]]:
+        found = []
+        for child in self.root.iterdir():
+            m = _NAME.match(child.name)
+            if m and child.is_dir():
+                found.append((int(m.group(1)), child))
+        return sorted(found)
+
+    def verify(self, path: Path) -> tuple[CheckpointRef, dict[str, Any]]:
+        """Check manifest, sha256 and config digest; return the ref and the loaded state."""
+        manifest_path = path / MANIFEST
+        if not manifest_path.is_file():
+            raise CorruptCheckpoint(f"{path.name}: manifest missing")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            expected_sha = manifest["files"][STATE]["sha256"]
+            step = int(manifest["step"])
+            precision = str(manifest["precision"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpoint(f"{path.name}: unreadable manifest ({exc!r})") from exc
+        if manifest.get("configDigest") != self.config_digest:
+            raise CorruptCheckpoint(
+                f"{path.name}: config digest {manifest.get('configDigest')!r} does not match this "
+                f"job's {self.config_digest!r} (task or training settings changed)"
+            )
+        state_path = path / STATE
+        if not state_path.is_file():
+            raise CorruptCheckpoint(f"{path.name}: {STATE} missing")
+        actual = sha256_file(state_path)
+        if actual != expected_sha:
+            raise CorruptCheckpoint(f"{path.name}: sha256 mismatch ({actual[:12]} != {expected_sha[:12]})")
+        try:
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CorruptCheckpoint(f"{path.name}: cannot load ({exc!r})") from exc
+        if int(state.get("step", -1)) != step:
+            raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {step}")
+        return CheckpointRef(step=step, path=str(path), sha256=actual, precision=precision), state
+
+    def load(self, prefer: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """The named checkpoint if valid, else the newest valid one, else None."""
+        candidates = [p for _, p in reversed(self.steps())]
+        if prefer:
+            preferred = Path(prefer)
+            candidates = [preferred] + [p for p in candidates if p.resolve() != preferred.resolve()]
+        for path in candidates:
+            try:
+                ref, state = self.verify(path)
+            except CorruptCheckpoint as exc:
+                self.log("checkpointRejected", path=str(path), problem=str(exc))
+                continue
+            self.last_good = ref
+            return ref, state
+        return None
+
+    # -- saving --------------------------------------------------------------------------
+    def _write(self, step: int, precision: str, state: dict[str, Any]) -> SaveResult:
+        start = time.perf_counter()
+        final = self.root / f"step-{step:09d}"
+        tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        state_path = tmp / STATE
+        with state_path.open("wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = sha256_file(state_path)
+        size = state_path.stat().st_size
+        manifest = {
+            "step": step,
+            "precision": precision,
+            "configDigest": self.config_digest,
+            "files": {STATE: {"sha256": digest, "bytes": size}},
+            "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        with (tmp / MANIFEST).open("w") as f:
+            json.dump(manifest, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():
+            try:
+                ref, _ = self.verify(final)
+            except CorruptCheckpoint:
+                final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
+            else:
+                # Same step already durable: keep it, never overwrite in place.
+                shutil.rmtree(tmp)
+                return SaveResult(ref, time.perf_counter() - start, size)
+        tmp.rename(final)
+        _fsync_dir(self.root)
+        self._prune()
+        ref = CheckpointRef(step=step, path=str(final), sha256=digest, precision=precision)
+        return SaveResult(ref, time.perf_counter() - start, size)
+
+    def _prune(self) -> None:
+        for _, path in self.steps()[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def clean_stale(self) -> None:
+        """Remove temp directories left by processes that were killed mid-save."""
+        for child in self.root.glob(".tmp-*"):
+            shutil.rmtree(child, ignore_errors=True)
+
+    def save(self, step: int, precision: str, state: dict[str, Any]) -> SaveResult:
+        self.wait()
+        result = self._write(step, precision, state)
+        self.last_good = result.ref
+        return result
+
+    def save_async(self, step: int, precision: str, state: dict[str, Any]) -> None:
+        """Write in a background thread; `state` must already be a private CPU snapshot."""
+        self.wait()
+
+        def work() -> None:
+            try:
+                self._result = self._write(step, precision, state)
+            except BaseException as exc:  # reported by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> SaveResult | None:
+        """Join an in-flight asynchronous save; returns its result (once)."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        result, self._result = self._result, None
+        if result is not None:
+            self.last_good = result.ref
+        return result
+
+    def poll(self) -> SaveResult | None:
+        """The result of a finished asynchronous save, without blocking."""
+        if self._thread is not None and not self._thread.is_alive():
+            return self.wait()
+        return None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def snapshot(obj: Any) -> Any:
+    """A private CPU copy of a (nested) state dict, safe to write while training goes on."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return obj

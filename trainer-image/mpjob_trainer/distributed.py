@@ -1,0 +1,63 @@
+"""torchrun-style process-group set-up from the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def world_from_env() -> World:
+    """RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them; RANK falls back to the Job index."""
+    rank = int(os.environ.get("RANK") or os.environ.get("JOB_COMPLETION_INDEX") or 0)
+    size = int(os.environ.get("WORLD_SIZE") or 1)
+    local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+    return World(rank=rank, size=size, local_rank=local_rank)
+
+
+def pick_device(world: World) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(world.local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_process_group(world: World, device: torch.device) -> None:
+    if not world.distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
+
+
+def all_reduce_max(tensor: torch.Tensor, world: World) -> torch.Tensor:
+    """Every rank sees the largest value: so all ranks take the same guard decision."""
+    if world.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+def shutdown(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,19 @@
+"""Why a run stops early; each maps to one trainer exit code."""
+
+from __future__ import annotations
+
+
+class ConfigError(Exception):
+    """The job's configuration or the user's code is wrong; retrying cannot help (exit 43)."""
+
+
+class NumericFault(Exception):
+    """This precision cannot go on (exit 42)."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+class Preempted(Exception):
+    """SIGTERM was honoured and a checkpoint written (exit 44)."""

@@ -1,0 +1,48 @@
+"""JSON event lines on stdout: the trainer's log, and what `mpjob run` draws its view from.
+
+One object per line, flushed, with an "event" key. Schema (camelCase; stable):
+  start        attempt, precision, requestedPrecision, device, worldSize, startStep,
+               totalSteps, metricsPort
+  checkpointRejected  path, problem
+  resume       step, path, sha256, fromPrecision
+  freshStart   reason
+  step         step, loss, lossScale (fp16 only), gradNorm, lr, overflowSteps,
+               nonFiniteLosses, samplesPerSecond, tokensPerSecond, stepSeconds, precision
+  checkpoint   step, path, sha256, seconds, bytes, async
+  checkpointSkipped  step, why
+  fault        step, rule, message
+  preempted    step
+  done         step, loss
+  error        kind, message
+Only rank 0 writes step/checkpoint lines; every rank writes errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no inf/nan; keep them readable
+    return value
+
+
+class EventLog:
+    def __init__(self, rank: int = 0, stream: Any = None) -> None:
+        self.rank = rank
+        self.stream = stream or sys.stdout
+
+    def __call__(self, event: str, *, all_ranks: bool = False, **fields: Any) -> None:
+        if self.rank != 0 and not all_ranks:
+            return
+        record = {"event": event, "time": round(time.time(), 3)}
+        record.update({k: _clean(v) for k, v in fields.items()})
+        if self.rank:
+            record["rank"] = self.rank
+        self.stream.write(json.dumps(record) + "\n")
+        self.stream.flush()

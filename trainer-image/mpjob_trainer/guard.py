@@ -1,0 +1,128 @@
+"""NumericGuard: decides when a precision cannot go on (failure modes F1 and F2).
+
+State machine and invariants:
+- `consecutive_overflows` counts optimizer steps in a row that GradScaler skipped because the
+  scaled gradients held inf/NaN. It is known on the host with no extra device sync:
+  GradScaler.step() already synchronizes on found_inf and calls optimizer.step() only for
+  finite gradients, and an optimizer step post-hook records that call. Under DDP the
+  gradients are all-reduced before the check, so every rank skips the same steps and the
+  count is identical on all ranks.
+- `non_finite` counts steps whose loss was NaN/Inf. It lives on the device (accumulated with
+  tensor ops, no sync) and is read by `check()` together with the loss scale, once per log
+  interval: that is the guard's one deliberate sync point, shared with the log line. Ranks
+  all-reduce it (max) there, so they decide at the same step.
+- Loss-scale calibration at the start of fp16 training (a few backoffs from 65536) never
+  trips the guard: it resets `consecutive_overflows` on the first applied step and stays far
+  from `minLossScale`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from mpjob_contract.api import Guard as GuardSpec
+
+from mpjob_trainer.distributed import World, all_reduce_max
+from mpjob_trainer.errors import NumericFault
+
+
+@dataclass
+class GuardReading:
+    non_finite_losses: int
+    loss_scale: float | None
+    #: Largest `flag` any rank passed to read() (used to agree on preemption under DDP).
+    flag: float = 0.0
+
+
+class NumericGuard:
+    def __init__(self, spec: GuardSpec, device: torch.device, world: World) -> None:
+        self.spec = spec
+        self.world = world
+        self.device = device
+        self.consecutive_overflows = 0
+        self.overflow_steps = 0
+        self._non_finite = torch.zeros((), dtype=torch.int64, device=device)
+        self.non_finite_losses = 0
+        self.new_non_finite = 0  # since the previous read
+        self._applied = False
+        self._last_loss: float | None = None
+        self._stagnant_since: int | None = None
+
+    # -- per step, host only ------------------------------------------------------------
+    def begin_step(self) -> None:
+        self._applied = False
+
+    def optimizer_stepped(self) -> None:
+        """Optimizer step post-hook: GradScaler found the gradients finite."""
+        self._applied = True
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        """Count a non-finite loss on the device; no sync."""
+        self._non_finite += (~torch.isfinite(loss.detach())).any().to(torch.int64)
+
+    def end_step(self, step: int, uses_scaler: bool) -> None:
+        if not uses_scaler:
+            return
+        if self._applied:
+            self.consecutive_overflows = 0
+            return
+        self.consecutive_overflows += 1
+        self.overflow_steps += 1
+        if self.consecutive_overflows >= self.spec.max_consecutive_overflows:
+            raise NumericFault(
+                "MaxConsecutiveOverflows",
+                f"{self.consecutive_overflows} consecutive overflow-skipped steps at step {step} "
+                f"(guard.maxConsecutiveOverflows={self.spec.max_consecutive_overflows})",
+            )
+
+    # -- at log intervals: the one sync point -------------------------------------------
+    def read(self, scale: torch.Tensor | None, flag: float = 0.0) -> GuardReading:
+        values = [
+            self._non_finite.to(torch.float64),
+            torch.tensor(flag, dtype=torch.float64, device=self.device),
+        ]
+        if scale is not None:
+            values.append(scale.detach().to(self.device, torch.float64).reshape(()))
+        packed = all_reduce_max(torch.stack(values), self.world).tolist()
+        self.new_non_finite = int(packed[0]) - self.non_finite_losses
+        self.non_finite_losses = int(packed[0])
+        return GuardReading(self.non_finite_losses, packed[2] if scale is not None else None, packed[1])
+
+    def check(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> None:
+        if reading.non_finite_losses >= self.spec.max_non_finite_losses:
+            raise NumericFault(
+                "MaxNonFiniteLosses",
+                f"{reading.non_finite_losses} non-finite losses by step {step} "
+                f"(guard.maxNonFiniteLosses={self.spec.max_non_finite_losses})",
+            )
+        if reading.loss_scale is not None and reading.loss_scale < self.spec.min_loss_scale:
+            raise NumericFault(
+                "LossScaleCollapsed",
+                f"loss scale {reading.loss_scale:g} below guard.minLossScale="
+                f"{self.spec.min_loss_scale:g} at step {step}",
+            )
+        if self.spec.stagnation_steps > 0 and loss is not None:
+            stuck = (self._last_loss is not None and abs(loss - self._last_loss) <= 1e-7 * max(1.0, abs(loss))) or (
+                grad_norm is not None and grad_norm == 0.0
+            )
+            if not stuck:
+                self._stagnant_since = None
+            elif self._stagnant_since is None:
+                self._stagnant_since = step
+            elif step - self._stagnant_since >= self.spec.stagnation_steps:
+                raise NumericFault(
+                    "Stagnation",
+                    f"loss or gradients stuck since step {self._stagnant_since} "
+                    f"(guard.stagnationSteps={self.spec.stagnation_steps})",
+                )
+            self._last_loss = loss
+
+    def healthy(self, loss: float | None) -> bool:
+        """May the current state be checkpointed as good? (Call right after `read`.)"""
+        return (
+            self.consecutive_overflows == 0
+            and self.new_non_finite == 0
+            and (loss is None or math.isfinite(loss))
+        )

@@ -1,0 +1,73 @@
+"""The trainer's Prometheus endpoint; names from mpjob_contract.metrics, one label set per
+attempt (job, namespace, attempt, precision) so cardinality stays low."""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any
+
+from mpjob_contract import metrics as names
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class TrainerMetrics:
+    def __init__(self, job: str, namespace: str, attempt: int, precision: str) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = {"job": job, "namespace": namespace, "attempt": str(attempt), "precision": precision}
+        lab = list(self.labels)
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, lab, registry=r).labels(**self.labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, lab, registry=r).labels(**self.labels)
+
+        self.step = gauge(names.STEP, "Optimizer steps completed (the data position).")
+        self.total_steps = gauge(names.TOTAL_STEPS, "Steps the job trains in all.")
+        self.loss = gauge(names.LOSS, "Training loss at the last log interval.")
+        self.loss_scale = gauge(names.LOSS_SCALE, "GradScaler loss scale (fp16 only).")
+        self.overflow_steps = counter(names.OVERFLOW_STEPS, "Optimizer steps skipped for inf/NaN gradients.")
+        self.non_finite = counter(names.NON_FINITE_LOSSES, "Steps with a NaN/Inf loss.")
+        self.grad_norm = gauge(names.GRAD_NORM, "Global gradient norm before clipping (unscaled).")
+        self.samples_per_second = gauge(names.SAMPLES_PER_SECOND, "Training throughput in samples/s.")
+        self.tokens_per_second = gauge(names.TOKENS_PER_SECOND, "Training throughput in tokens/s.")
+        self.mfu = gauge(names.MFU, "Model FLOPs utilization (0-1) where the flops and peak are known.")
+        self.step_seconds = Histogram(
+            names.STEP_SECONDS, "Wall time of one optimizer step.", lab, registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        ).labels(**self.labels)
+        self.peak_device_memory = gauge(names.PEAK_DEVICE_MEMORY, "Peak device memory allocated.")
+        self.peak_host_memory = gauge(names.PEAK_HOST_MEMORY, "Peak resident host memory.")
+        self.checkpoint_seconds = Histogram(
+            names.CHECKPOINT_SAVE_SECONDS, "Time to write one checkpoint (off the training thread when async).",
+            lab, registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        ).labels(**self.labels)
+        self.checkpoint_bytes = gauge(names.CHECKPOINT_BYTES, "Size of the last checkpoint written.")
+        self.checkpoint_failures = counter(names.CHECKPOINT_FAILURES, "Checkpoint writes that failed.")
+        self.last_good_step = gauge(names.LAST_GOOD_CHECKPOINT_STEP, "Step of the newest verified checkpoint.")
+        self.guard_trips = Counter(
+            names.GUARD_TRIPS, "Numeric guard decisions that ended a precision, by rule.",
+            [*lab, "rule"], registry=r,
+        )
+        info = Gauge(names.INFO, "1 for the precision this attempt trains in.", lab, registry=r)
+        info.labels(**self.labels).set(1)
+        self.port: int | None = None
+
+    def serve(self) -> int | None:
+        """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port."""
+        raw = os.environ.get(names.METRICS_PORT_ENV, str(names.DEFAULT_METRICS_PORT))
+        if raw.strip().lower() in ("", "off", "none", "-1"):
+            return None
+        host = os.environ.get("MPJOB_METRICS_HOST", "0.0.0.0")
+        started = start_http_server(int(raw), addr=host, registry=self.registry)
+        server = started[0] if isinstance(started, tuple) else None
+        self.port = server.server_port if server is not None else int(raw)
+        return self.port
+
+    def trip(self, rule: str) -> None:
+        self.guard_trips.labels(**self.labels, rule=rule).inc()
+
+    def sample_host_memory(self) -> None:
+        self.peak_host_memory.set(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

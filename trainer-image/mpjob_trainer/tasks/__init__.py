@@ -1,0 +1,110 @@
+"""Tasks: what to train. Built-in workloads and user factories share one contract.
+
+A task has `model` (an nn.Module built in fp32), `dataset` (a map-style Dataset of
+(input, target) pairs), `loss(output, target) -> Tensor`, and optionally
+`flops_per_sample` (for MFU), `tokens_per_sample` (for tokens/s) and
+`set_step(step)` (workloads whose behaviour depends on the step, such as the built-ins'
+activation blow-up switch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mpjob_contract.api import Task as TaskSpec
+from torch import nn
+from torch.utils.data import Dataset
+
+from mpjob_trainer.errors import ConfigError
+
+
+@dataclass
+class Task:
+    model: nn.Module
+    dataset: Dataset[Any]
+    loss: Callable[[Any, Any], torch.Tensor]
+    flops_per_sample: float | None = None
+    tokens_per_sample: int | None = None
+    set_step: Callable[[int], None] | None = None
+
+
+def _factory(spec: TaskSpec) -> Callable[[dict[str, Any]], Any]:
+    if spec.builtin == "gpt":
+        from mpjob_trainer.tasks.gpt import make_task
+
+        return make_task
+    if spec.builtin == "mlp":
+        from mpjob_trainer.tasks.mlp import make_task as make_mlp
+
+        return make_mlp
+    assert spec.module is not None
+    module_name, _, func_name = spec.module.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(f"task.module {spec.module!r}: cannot import {module_name!r}: {exc!r}") from exc
+    factory = getattr(module, func_name, None)
+    if not callable(factory):
+        raise ConfigError(f"task.module {spec.module!r}: {module_name} has no callable {func_name!r}")
+    return factory  # type: ignore[no-any-return]
+
+
+def load_task(spec: TaskSpec) -> Task:
+    """Build the task named by the spec; any failure is a configuration error."""
+    factory = _factory(spec)
+    name = spec.builtin or spec.module
+    try:
+        made = factory(dict(spec.args))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"task {name!r}: the factory raised {exc!r}") from exc
+    if isinstance(made, Task):
+        task = made
+    else:
+        missing = [a for a in ("model", "dataset", "loss") if not hasattr(made, a)]
+        if missing:
+            raise ConfigError(f"task {name!r}: the factory's result has no {', '.join(missing)}")
+        task = Task(
+            model=made.model,
+            dataset=made.dataset,
+            loss=made.loss,
+            flops_per_sample=getattr(made, "flops_per_sample", None),
+            tokens_per_sample=getattr(made, "tokens_per_sample", None),
+            set_step=getattr(made, "set_step", None),
+        )
+    if not isinstance(task.model, nn.Module):
+        raise ConfigError(f"task {name!r}: model is {type(task.model).__name__}, not an nn.Module")
+    if not callable(task.loss):
+        raise ConfigError(f"task {name!r}: loss is not callable")
+    try:
+        size = len(task.dataset)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(f"task {name!r}: dataset is not a map-style Dataset (no len())") from exc
+    if size < 1:
+        raise ConfigError(f"task {name!r}: dataset is empty")
+    return task
+
+
+def arg(args: dict[str, Any], name: str, default: Any, kind: type) -> Any:
+    """Read one factory argument, naming it when it has the wrong type."""
+    value = args.get(name, default)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"task.args.{name}: expected {kind.__name__}, got {value!r}") from exc
+
+
+def check_args(args: dict[str, Any], known: set[str], task: str) -> None:
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ConfigError(
+            f"task.args: unknown argument(s) {', '.join(unknown)} for builtin {task}; "
+            f"allowed: {', '.join(sorted(known))}"
+        )

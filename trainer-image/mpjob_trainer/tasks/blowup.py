@@ -1,0 +1,30 @@
+"""A deterministic activation blow-up: the workload side of the fp16 overflow story.
+
+From `overflowAtStep` on, an inner activation is multiplied by `overflowGain` before a
+non-linearity and divided by it after. In fp32 and bf16 (8 exponent bits) the product stays
+finite and the block keeps training; in fp16 (max 65504) it overflows to inf, the loss turns
+non-finite and GradScaler skips every step: the failure mode F1 of the reference article.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ActivationBlowUp(nn.Module):
+    """gelu(g * x) / g, with g = 1 until the switch step and `gain` afterwards."""
+
+    def __init__(self, at_step: int | None, gain: float) -> None:
+        super().__init__()
+        self.at_step = at_step
+        self.gain = gain
+        self.active = False
+
+    def set_step(self, step: int) -> None:
+        self.active = self.at_step is not None and step >= self.at_step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return nn.functional.gelu(x)
+        return nn.functional.gelu(x * self.gain) / self.gain

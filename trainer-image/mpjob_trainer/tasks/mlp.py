@@ -1,0 +1,46 @@
+"""The built-in `mlp` workload: a small regression on synthetic data.
+
+Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+from mpjob_trainer.tasks import Task, arg, check_args
+from mpjob_trainer.tasks.blowup import ActivationBlowUp
+
+KNOWN = {"inputs", "hidden", "layers", "samples", "overflowAtStep", "overflowGain"}
+
+
+def make_task(args: dict[str, Any]) -> Task:
+    check_args(args, KNOWN, "mlp")
+    inputs = arg(args, "inputs", 32, int)
+    hidden = arg(args, "hidden", 64, int)
+    layers = arg(args, "layers", 2, int)
+    samples = arg(args, "samples", 4096, int)
+    if min(inputs, hidden, layers, samples) < 1:
+        raise ValueError("task.args: inputs, hidden, layers and samples must be >= 1")
+    gen = torch.Generator().manual_seed(4321)
+    x = torch.randn(samples, inputs, generator=gen)
+    w = torch.randn(inputs, 1, generator=gen) / inputs**0.5
+    y = torch.sin(x @ w) + 0.1 * torch.cos(3 * x[:, :1])
+    blowup = ActivationBlowUp(arg(args, "overflowAtStep", None, int), arg(args, "overflowGain", 1e6, float))
+    mods: list[nn.Module] = [nn.Linear(inputs, hidden), blowup]
+    for _ in range(layers - 1):
+        mods += [nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU()]
+    mods.append(nn.Linear(hidden, 1))
+    model = nn.Sequential(*mods)
+    n_params = sum(p.numel() for p in model.parameters())
+    return Task(
+        model=model,
+        dataset=TensorDataset(x, y),
+        loss=lambda out, target: F.mse_loss(out.float(), target),
+        flops_per_sample=float(6 * n_params),
+        set_step=blowup.set_step,
+    )
