@@ -13,11 +13,11 @@ import os
 import sys
 import traceback
 
+from pydantic import ValidationError
+
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
 from mpjob_contract.report import Counters, TerminationReport
-from pydantic import ValidationError
-
 from mpjob_trainer.distributed import shutdown, world_from_env
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted
 from mpjob_trainer.events import EventLog

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from mpjob_contract.report import CheckpointRef
 
 STATE = "state.pt"

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from mpjob_contract.api import Guard as GuardSpec
 
+from mpjob_contract.api import Guard as GuardSpec
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
 

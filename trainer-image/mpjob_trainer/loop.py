@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from mpjob_contract.launch import AttemptLaunch
-from mpjob_contract.report import CheckpointRef
 from torch.nn.parallel import DistributedDataParallel
 
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import CheckpointStore, snapshot
 from mpjob_trainer.data import StepSampler, micro_batch, to_device

@@ -7,8 +7,9 @@ import os
 import resource
 from typing import Any
 
-from mpjob_contract import metrics as names
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from mpjob_contract import metrics as names
 
 
 class TrainerMetrics:

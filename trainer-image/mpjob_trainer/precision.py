@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from mpjob_contract.api import Precision, PrecisionSpec, resolve_auto
 from torch import nn
+
+from mpjob_contract.api import Precision, PrecisionSpec, resolve_auto
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

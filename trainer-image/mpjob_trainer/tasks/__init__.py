@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from mpjob_contract.api import Task as TaskSpec
 from torch import nn
 from torch.utils.data import Dataset
 
+from mpjob_contract.api import Task as TaskSpec
 from mpjob_trainer.errors import ConfigError
 
 

@@ -1,0 +1,84 @@
+"""The `mpjob` command: run, validate, crd, operator."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _validate(argv: list[str]) -> int:
+    from mpjob.validation import check_text
+
+    parser = argparse.ArgumentParser(prog="mpjob validate", description="Check manifests against the CRD's rules.")
+    parser.add_argument("files", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    failed = False
+    for path in args.files:
+        try:
+            text = path.read_text() if str(path) != "-" else sys.stdin.read()
+        except OSError as exc:
+            print(f"{path}: cannot read: {exc.strerror}")
+            failed = True
+            continue
+        jobs, problems = check_text(text, str(path))
+        for problem in problems:
+            print(problem)
+        if problems:
+            failed = True
+        else:
+            print(f"{path}: ok ({len(jobs)} MixedPrecisionJob{'s' if len(jobs) != 1 else ''})")
+    return 1 if failed else 0
+
+
+def _crd(argv: list[str]) -> int:
+    from mpjob.crd import DEFAULT_PATHS, crd_yaml
+
+    parser = argparse.ArgumentParser(prog="mpjob crd", description="Print (or write) the generated CRD.")
+    parser.add_argument("--write", action="store_true", help=f"write to {', '.join(map(str, DEFAULT_PATHS))}")
+    parser.add_argument("--out", type=Path, action="append", help="write to this path instead (repeatable)")
+    args = parser.parse_args(argv)
+    text = crd_yaml()
+    targets = args.out or (DEFAULT_PATHS if args.write else [])
+    if not targets:
+        sys.stdout.write(text)
+    for target in targets:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(f"wrote {target}")
+    return 0
+
+
+def _operator(argv: list[str]) -> int:
+    from mpjob.operator.main import main as operator_main
+
+    return operator_main(argv)
+
+
+def _run(argv: list[str]) -> int:
+    from mpjob.localrun.cli import run_command
+
+    return run_command(argv)
+
+
+COMMANDS = {
+    "run": (_run, "run a MixedPrecisionJob on this machine, no cluster"),
+    "validate": (_validate, "check manifests against the same rules as the API server"),
+    "crd": (_crd, "print the CustomResourceDefinition generated from the API models"),
+    "operator": (_operator, "start the operator (kopf)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: mpjob {" + ",".join(COMMANDS) + "} ...\n")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<9} {text}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    func, _ = COMMANDS[argv[0]]
+    return func(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""LocalRun: a MixedPrecisionJob on this machine, attempt by attempt, with the operator's
+planner and failure policy (mpjob.planning). Each attempt is `workers` local trainer
+processes (gloo rendezvous on loopback); the run directory holds the checkpoints, each
+attempt's logs and termination reports, report.json (the status the CR would have), the
+recorded series and the plot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpjob.localrun.plot import render
+from mpjob.localrun.progress import ProgressView
+from mpjob.localrun.series import RunSeries
+from mpjob.planning import status as st
+from mpjob.planning.classify import AttemptOutcome, Classification, classify
+from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_attempt
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.codes import ExitCode, Reason
+from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
+from mpjob_contract.report import TERMINATION_LOG_ENV, TerminationReport
+
+#: A CPU machine: `auto` resolves as on a node without GPUs.
+LOCAL_CAPABILITY = None
+#: Seconds the other workers get to stop after one of them failed (as a Job would).
+PEER_GRACE_SECONDS = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Paths:
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.json"
+
+    @property
+    def series(self) -> Path:
+        return self.root / "series.json"
+
+    @property
+    def plot(self) -> Path:
+        return self.root / "training.png"
+
+    def attempt(self, index: int) -> Path:
+        return self.root / "attempts" / f"a{index}"
+
+
+class LocalRun:
+    def __init__(self, job: MixedPrecisionJob, out: Path, view: ProgressView, python: str = sys.executable) -> None:
+        self.job = job
+        self.spec = job.spec
+        self.name = job.metadata.name
+        self.paths = Paths(out)
+        self.view = view
+        self.python = python
+        self.interrupted = False
+        self._procs: list[subprocess.Popen[str]] = []
+        self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
+        self.series = RunSeries()
+
+    # ------------------------------------------------------------------ the plan
+    def run(self) -> MixedPrecisionJobStatus:
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        decision = self._resume_or_start()
+        while isinstance(decision, StartAttempt):
+            outcome = self._run_attempt(decision)
+            result = classify(outcome)
+            decision = self._after(decision, outcome, result)
+            if self.interrupted:
+                break
+        if isinstance(decision, Finish):
+            self._finish(decision)
+        self._save()
+        return self.status
+
+    def _resume_or_start(self) -> StartAttempt | Finish:
+        if self.paths.report.exists():
+            previous = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
+            if previous.phase in ("Succeeded", "Failed"):
+                self.status = previous
+                self.view.info(f"{self.paths.report} says this run already ended {previous.phase}; "
+                               "use --fresh to start over")
+                return Finish(previous.phase == "Succeeded", previous.phase, previous.message or "")
+            if previous.attempts:
+                self.status = previous
+                self.series = RunSeries.load(self.paths.series)
+                last = previous.attempts[-1]
+                if last.finish_time is None:  # the runner itself was killed
+                    st.end_attempt(self.status, last.index, Reason.PREEMPTED.value, None,
+                                   "the local run was interrupted", self.status.step)
+                    last = self.status.attempts[-1]
+                ckpt = self.status.last_checkpoint
+                self.view.info(f"resuming {self.name} in {self.paths.root}: attempt {last.index} ended "
+                               f"{last.reason}, last checkpoint step {ckpt.step if ckpt else 0}")
+                reason = Reason(last.reason) if last.reason in Reason._value2member_map_ else Reason.PREEMPTED  # type: ignore[arg-type]
+                result = classify(AttemptOutcome(exit_code=last.exit_code, platform_reason=None,
+                                                 report=TerminationReport(reason=reason, message=last.message or "")))
+                return after_attempt(self.spec, last.index, last.precision, result,  # type: ignore[arg-type]
+                                     ckpt.step if ckpt else 0, ckpt.path if ckpt else None, LOCAL_CAPABILITY)
+        st.set_condition(self.status, "Created", True, "Created", f"local run in {self.paths.root}")
+        self.status.start_time = st.now()
+        return first_attempt(self.spec, LOCAL_CAPABILITY)
+
+    def _after(self, start: StartAttempt, outcome: AttemptOutcome, result: Classification) -> StartAttempt | Finish:
+        report = outcome.report
+        if report and report.last_good_checkpoint:
+            ref = report.last_good_checkpoint
+            self.status.last_checkpoint = CheckpointStatus(
+                step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
+            )
+        end_step = report.step if report else self.status.step
+        st.end_attempt(self.status, start.index, result.reason.value, outcome.exit_code, result.message, end_step)
+        self.series.end_attempt(start.index, end_step, result.reason.value)
+        self.view.attempt_ended(start.index, start.precision, result.reason.value, result.message)
+        if self.interrupted:
+            self.status.phase = "Suspended"
+            st.set_condition(self.status, "Suspended", True, "Interrupted",
+                             "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume")
+            self.status.message = "interrupted; run `mpjob run` again with the same --out to resume"
+            return start
+        ckpt = self.status.last_checkpoint
+        decision = after_attempt(self.spec, start.index, start.precision, result,
+                                 ckpt.step if ckpt else 0, ckpt.path if ckpt else None, LOCAL_CAPABILITY)
+        if isinstance(decision, StartAttempt) and decision.fallback_from:
+            self.status.phase = "Recovering"
+            st.set_condition(
+                self.status, "PrecisionFallback", True, result.reason.value,
+                f"{decision.fallback_from} -> {decision.precision} from checkpoint step {decision.start_step}",
+            )
+            self.view.fallback(decision.fallback_from, decision.precision, decision.start_step, result.reason.value)
+        self._save()
+        return decision
+
+    def _finish(self, decision: Finish) -> None:
+        if self.status.phase in ("Succeeded", "Failed") and self.status.completion_time:
+            return
+        self.status.phase = "Succeeded" if decision.succeeded else "Failed"
+        self.status.message = decision.message
+        self.status.completion_time = st.now()
+        st.set_condition(self.status, "Running", False, decision.reason, decision.message)
+        st.set_condition(self.status, self.status.phase, True, decision.reason, decision.message)
+
+    # ------------------------------------------------------------------ one attempt
+    def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
+        workers = self.spec.workers
+        folder = self.paths.attempt(start.index)
+        folder.mkdir(parents=True, exist_ok=True)
+        launch = AttemptLaunch(
+            job_name=self.name, namespace=self.job.metadata.namespace or "local", attempt=start.index,
+            precision=start.precision, resume_from=start.resume_from,
+            checkpoint_dir=str(self.paths.checkpoints.resolve()), spec=self.spec,
+        )
+        st.begin_attempt(self.status, start.index, start.precision, start.start_step)
+        self.status.phase = "Running"
+        st.set_condition(self.status, "Running", True, "AttemptRunning",
+                         f"attempt {start.index} in {start.precision}")
+        self.series.begin_attempt(start.index, start.precision, start.start_step)
+        self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
+        self._save()
+
+        port = free_port()
+        self._procs = []
+        logs = []
+        for rank in range(workers):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+            env.update({
+                LAUNCH_ENV: launch.to_env(),
+                TERMINATION_LOG_ENV: str(folder / f"termination-rank{rank}.json"),
+                "MPJOB_METRICS_PORT": "0", "MPJOB_METRICS_HOST": "127.0.0.1",
+                "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+            })
+            (folder / f"termination-rank{rank}.json").unlink(missing_ok=True)
+            log = (folder / f"rank{rank}.log").open("w")
+            logs.append(log)
+            proc = subprocess.Popen(
+                [self.python, "-m", "mpjob_trainer"], env=env, text=True,
+                stdout=subprocess.PIPE if rank == 0 else log, stderr=log,
+                start_new_session=True,  # Ctrl-C reaches the runner only; it sends SIGTERM
+            )
+            self._procs.append(proc)
+        watcher = threading.Thread(target=self._watch_peers, daemon=True)
+        watcher.start()
+        try:
+            self._follow(self._procs[0], start, logs[0])
+        finally:
+            codes = [p.wait() for p in self._procs]
+            for log in logs:
+                log.close()
+        return self._outcome(codes, folder)
+
+    def _follow(self, proc: subprocess.Popen[str], start: StartAttempt, log: object) -> None:
+        assert proc.stdout is not None
+        stream = iter(proc.stdout.readline, "")
+        while True:
+            try:
+                line = next(stream)
+            except StopIteration:
+                return
+            except KeyboardInterrupt:
+                self._interrupt()
+                continue
+            log.write(line)  # type: ignore[attr-defined]
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            point = self.series.ingest(start.index, start.precision, event)
+            if point is not None:
+                self.status.step = point.step
+                self.status.loss = point.loss
+                self.status.loss_scale = point.loss_scale
+                self.status.overflow_steps = point.overflow_steps
+                self.status.samples_per_second = point.samples_per_second
+                self.view.step(point)
+            elif event.get("event") == "resume":
+                self.status.step = int(event["step"])
+            elif event.get("event") == "checkpoint":
+                self.status.last_checkpoint = CheckpointStatus(
+                    step=int(event["step"]), sha256=str(event.get("sha256", "")),
+                    precision=start.precision, path=str(event.get("path", "")),
+                )
+
+    def _interrupt(self) -> None:
+        if self.interrupted:  # second Ctrl-C: stop now
+            for p in self._procs:
+                _signal(p, signal.SIGKILL)
+            return
+        self.interrupted = True
+        self.view.info("interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)")
+        for p in self._procs:
+            _signal(p, signal.SIGTERM)
+
+    def _watch_peers(self) -> None:
+        """When one worker fails, stop the others (they would wait on it forever)."""
+        while True:
+            codes = [p.poll() for p in self._procs]
+            if all(c is not None for c in codes):
+                return
+            if any(c not in (None, 0) for c in codes):
+                deadline = time.monotonic() + PEER_GRACE_SECONDS
+                for p in self._procs:
+                    _signal(p, signal.SIGTERM)
+                while time.monotonic() < deadline and any(p.poll() is None for p in self._procs):
+                    time.sleep(0.1)
+                for p in self._procs:
+                    _signal(p, signal.SIGKILL)
+                return
+            time.sleep(0.2)
+
+    def _outcome(self, codes: list[int], folder: Path) -> AttemptOutcome:
+        reports = []
+        for rank in range(len(codes)):
+            path = folder / f"termination-rank{rank}.json"
+            reports.append(TerminationReport.parse_message(path.read_text()) if path.exists() else None)
+        # The first worker that failed by itself explains the attempt; rank 0 otherwise.
+        chosen = 0
+        for rank, code in enumerate(codes):
+            if code not in (0, -signal.SIGTERM, -signal.SIGKILL, ExitCode.PREEMPTED) and reports[rank] is not None:
+                chosen = rank
+                break
+        code = codes[chosen]
+        message = "" if reports[chosen] else f"trainer exited {code} without a report (see {folder})"
+        return AttemptOutcome(exit_code=code, report=reports[chosen] or reports[0], message=message)
+
+    # ------------------------------------------------------------------ persistence
+    def _save(self) -> None:
+        tmp = self.paths.report.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.status.to_api(), indent=2) + "\n")
+        tmp.replace(self.paths.report)
+        self.series.save(self.paths.series)
+
+    def plot(self) -> Path:
+        return render(self.series, self.paths.plot, f"{self.name}: {self.status.phase}")
+
+
+def _signal(proc: subprocess.Popen[str], sig: int) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)

@@ -1,0 +1,113 @@
+"""How an attempt ended, and what that means: the failure policy as data.
+
+Each rule maps a Reason to an Action. The reason comes from the pod or Job first (the
+platform saw it: eviction, node loss, image pull, deadline, OOM) and from the trainer's
+exit code otherwise (mpjob_contract.codes). Read the table top to bottom; that is the
+policy, in the code and in the README alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mpjob_contract.codes import Reason, reason_for_exit_code
+from mpjob_contract.report import TerminationReport
+
+
+class Action(StrEnum):
+    SUCCEED = "Succeed"
+    #: Next precision of the ladder, resumed from the report's last good checkpoint.
+    NEXT_PRECISION = "NextPrecision"
+    #: Same precision, resumed from the newest valid checkpoint.
+    SAME_PRECISION = "SamePrecision"
+    #: Stop the job with the trainer's (or the platform's) message.
+    FAIL = "Fail"
+
+
+@dataclass(frozen=True)
+class Rule:
+    reason: Reason
+    action: Action
+    why: str
+
+
+FAILURE_POLICY: tuple[Rule, ...] = (
+    Rule(Reason.SUCCEEDED, Action.SUCCEED, "the trainer finished every step"),
+    Rule(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "this precision cannot go on (exit 42)"),
+    Rule(Reason.CONFIG_ERROR, Action.FAIL, "configuration or user code is wrong (exit 43): retrying cannot help"),
+    Rule(Reason.PREEMPTED, Action.SAME_PRECISION, "SIGTERM honoured with a checkpoint (exit 44)"),
+    Rule(Reason.EVICTED, Action.SAME_PRECISION, "the pod was evicted or preempted by the platform"),
+    Rule(Reason.DELETED, Action.SAME_PRECISION, "the pod was deleted or killed by a signal"),
+    Rule(Reason.NODE_LOST, Action.SAME_PRECISION, "the node went away"),
+    Rule(Reason.INFRA_ERROR, Action.SAME_PRECISION, "an infrastructure failure: try again"),
+    Rule(Reason.OOM_KILLED, Action.FAIL, "out of memory: a retry in the same shape fails the same way"),
+    Rule(Reason.IMAGE_PULL, Action.FAIL, "the trainer image cannot be pulled"),
+    Rule(Reason.DEADLINE_EXCEEDED, Action.FAIL, "runPolicy.activeDeadlineSeconds passed"),
+    Rule(Reason.SUSPENDED, Action.SAME_PRECISION, "suspended by the user; resumes in the same precision"),
+)
+
+_BY_REASON = {rule.reason: rule for rule in FAILURE_POLICY}
+
+#: Pod/container/Job reasons as Kubernetes writes them -> our reasons.
+PLATFORM_REASONS: dict[str, Reason] = {
+    "Evicted": Reason.EVICTED,
+    "Preempting": Reason.EVICTED,
+    "DisruptionTarget": Reason.EVICTED,
+    "TerminationByKubelet": Reason.EVICTED,
+    "PreemptionByScheduler": Reason.EVICTED,
+    "EvictionByEvictionAPI": Reason.EVICTED,
+    "NodeLost": Reason.NODE_LOST,
+    "DeletionByTaintManager": Reason.NODE_LOST,
+    "DeletionByPodGC": Reason.NODE_LOST,
+    "OOMKilled": Reason.OOM_KILLED,
+    "ErrImagePull": Reason.IMAGE_PULL,
+    "ImagePullBackOff": Reason.IMAGE_PULL,
+    "InvalidImageName": Reason.IMAGE_PULL,
+    "DeadlineExceeded": Reason.DEADLINE_EXCEEDED,
+    "PodDeleted": Reason.DELETED,
+}
+
+#: Exit codes of a process killed by SIGTERM/SIGKILL (128 + signal) or by a negative
+#: returncode as Python reports it.
+SIGNAL_EXIT_CODES = {137, 143, -9, -15}
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """What was observed when an attempt's pods ended."""
+
+    exit_code: int | None
+    report: TerminationReport | None = None
+    platform_reason: str | None = None
+    message: str = ""
+
+    @property
+    def end_step(self) -> int | None:
+        return self.report.step if self.report else None
+
+
+@dataclass(frozen=True)
+class Classification:
+    reason: Reason
+    action: Action
+    message: str
+
+
+def classify(outcome: AttemptOutcome) -> Classification:
+    """Turn an observed ending into a reason and the policy's action for it."""
+    reason: Reason | None = None
+    if outcome.platform_reason:
+        reason = PLATFORM_REASONS.get(outcome.platform_reason)
+    if reason is None and outcome.report is not None and outcome.report.reason != Reason.SUCCEEDED:
+        reason = Reason(outcome.report.reason)
+    if reason is None:
+        if outcome.exit_code is None:
+            reason = Reason.INFRA_ERROR
+        elif outcome.exit_code in SIGNAL_EXIT_CODES:
+            reason = Reason.DELETED
+        else:
+            reason = reason_for_exit_code(outcome.exit_code)
+    rule = _BY_REASON[reason]
+    message = (outcome.report.message if outcome.report and outcome.report.message else outcome.message) or rule.why
+    return Classification(reason, rule.action, message)

@@ -1,0 +1,69 @@
+"""Status bookkeeping shared by the operator and `mpjob run`: attempts[] and conditions,
+following the Kubernetes API conventions (CamelCase reasons, lastTransitionTime)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
+
+CONDITION_TYPES = ("Created", "Running", "PrecisionFallback", "Suspended", "Succeeded", "Failed")
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    status: MixedPrecisionJobStatus,
+    type_: str,
+    true: bool,
+    reason: str,
+    message: str = "",
+    at: str | None = None,
+    generation: int | None = None,
+) -> None:
+    """Upsert a condition; lastTransitionTime moves only when the status flips."""
+    value = "True" if true else "False"
+    at = at or now()
+    for i, cond in enumerate(status.conditions):
+        if cond.type == type_:
+            moved = cond.status != value
+            status.conditions[i] = Condition(
+                type=type_, status=value, reason=reason, message=message,
+                last_transition_time=at if moved else cond.last_transition_time,
+                observed_generation=generation,
+            )
+            return
+    status.conditions.append(
+        Condition(type=type_, status=value, reason=reason, message=message,
+                  last_transition_time=at, observed_generation=generation)
+    )
+
+
+def condition(status: MixedPrecisionJobStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def begin_attempt(status: MixedPrecisionJobStatus, index: int, precision: str, start_step: int,
+                  at: str | None = None) -> AttemptStatus:
+    """Record attempt `index` as started (idempotent: a known index is left as it is)."""
+    for existing in status.attempts:
+        if existing.index == index:
+            return existing
+    entry = AttemptStatus(index=index, precision=precision, start_step=start_step, start_time=at or now())
+    status.attempts.append(entry)
+    status.attempt = index
+    status.precision = precision
+    return entry
+
+
+def end_attempt(status: MixedPrecisionJobStatus, index: int, reason: str, exit_code: int | None,
+                message: str, end_step: int | None, at: str | None = None) -> None:
+    for entry in status.attempts:
+        if entry.index == index and entry.finish_time is None:
+            entry.reason = reason
+            entry.exit_code = exit_code
+            entry.message = message[:1024]
+            entry.end_step = end_step
+            entry.finish_time = at or now()
