@@ -1,0 +1,183 @@
+"""The MixedPrecisionJob CRD, generated from the pydantic API models (the one source).
+
+The pydantic JSON schema is turned into a Kubernetes structural schema: references are
+inlined, Optional becomes a plain optional field, numeric bounds use OpenAPI v3.0's
+boolean exclusive bounds, free-form maps keep unknown fields, and the cross-field rules
+that pydantic checks in validators are expressed as CEL (`x-kubernetes-validations`) so
+the API server and `mpjob validate` reject the same manifests.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mpjob_contract import api
+
+DEFAULT_PATHS = [Path("crds/mixedprecisionjobs.mpjob.dev.yaml"), Path("helm/mpjob/crds/mixedprecisionjobs.mpjob.dev.yaml")]
+
+#: Cross-field rules, by schema path (dotted, camelCase). Each mirrors a pydantic validator.
+CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "": [{
+        "rule": f"self.metadata.name.size() <= {api.MAX_NAME_LENGTH}",
+        "message": f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters so that every "
+                   "child name (<name>-a<N>-<index>) fits in 63",
+    }],
+    "spec.task": [{
+        "rule": "has(self.builtin) != has(self.module)",
+        "message": "exactly one of task.builtin or task.module must be set",
+    }],
+    "spec.precision.fallback": [{
+        "rule": "self.all(p, self.filter(q, q == p).size() == 1)",
+        "message": "precision.fallback entries must be distinct",
+    }],
+    "spec.checkpoint.volume": [{
+        "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
+        "message": "exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set",
+    }],
+}
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Precision", "type": "string", "jsonPath": ".status.precision"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.loss"},
+    {"name": "Scale", "type": "number", "jsonPath": ".status.lossScale"},
+    {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    """Rewrite one pydantic JSON-schema node into a structural OpenAPI v3 schema node."""
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = deepcopy(defs[node["$ref"].split("/")[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        target.update(extra)
+        return _structural(target, defs)
+    node = dict(node)
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) == 1:
+            merged = _structural(options[0], defs)
+            merged.update({k: v for k, v in node.items() if k not in ("default",) or v is not None})
+            node = merged
+        elif {o.get("type") for o in options} <= {"integer", "string"}:
+            node.update({"x-kubernetes-int-or-string": True})
+            pattern = next((o.get("pattern") for o in options if o.get("pattern")), None)
+            if pattern:
+                node["anyOf"] = [{"type": "integer"}, {"type": "string", "pattern": pattern}]
+        else:
+            raise ValueError(f"cannot express a union of {options} structurally")
+    node.pop("title", None)
+    if node.get("default", 0) is None:
+        node.pop("default")
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    for bound, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in node and not isinstance(node[bound], bool):
+            node[inclusive] = node.pop(bound)
+            node[bound] = True
+    if node.get("type") == "object" or "properties" in node:
+        node["type"] = "object"
+        props = node.get("properties")
+        if props:
+            node["properties"] = {k: _structural(v, defs) for k, v in props.items()}
+            for key, prop in node["properties"].items():
+                # Objects built by default factories default to {} so nested defaults apply.
+                if prop.get("type") == "object" and "properties" in prop and key not in node.get("required", []):
+                    prop.setdefault("default", {})
+        additional = node.get("additionalProperties")
+        if additional is True or (isinstance(additional, dict) and not additional):
+            node.pop("additionalProperties")
+            node["x-kubernetes-preserve-unknown-fields"] = True
+        elif isinstance(additional, dict):
+            node["additionalProperties"] = _structural(additional, defs)
+        elif additional is False:
+            node.pop("additionalProperties")
+        if not props and "additionalProperties" not in node:
+            node["x-kubernetes-preserve-unknown-fields"] = True
+    if node.get("type") == "array" and "items" in node:
+        node["items"] = _structural(node["items"], defs)
+    if not node.get("type") and "x-kubernetes-int-or-string" not in node and "enum" not in node:
+        node["x-kubernetes-preserve-unknown-fields"] = True
+        node["type"] = "object" if node.get("default") != [] else "array"
+    if "enum" in node and "type" not in node:
+        node["type"] = "string"
+    return node
+
+
+def _schema_of(model: type[Any]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(raw, defs)  # type: ignore[no-any-return]
+
+
+def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    node = schema
+    for part in [p for p in path.split(".") if p]:
+        node = node["properties"][part]
+    return node
+
+
+def openapi_schema() -> dict[str, Any]:
+    spec = _schema_of(api.MixedPrecisionJobSpec)
+    status = _schema_of(api.MixedPrecisionJobStatus)
+    status["x-kubernetes-preserve-unknown-fields"] = True  # status fields may grow
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": "A PyTorch mixed-precision training job that falls back to a safer precision "
+                       "(fp16 -> bf16 -> fp32) from its last good checkpoint when a precision cannot go on.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    for path, rules in CEL_RULES.items():
+        _at(root, path)["x-kubernetes-validations"] = rules
+    return root
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{api.PLURAL}.{api.GROUP}",
+            "labels": {"app.kubernetes.io/name": "mpjob", "app.kubernetes.io/component": "crd"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "categories": ["mpjob", "ml"],
+            },
+            "versions": [{
+                "name": api.VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": openapi_schema()},
+            }],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `mpjob crd` from contract/mpjob_contract/api.py. Do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
