@@ -54,17 +54,13 @@ class ApiModel(BaseModel):
 class Task(ApiModel):
     """What to train: a shipped workload, or a factory in the image (`pkg.mod:make_task`)."""
 
-    builtin: BuiltinTask | None = Field(
-        None, description="A workload shipped with the trainer: gpt or mlp."
-    )
+    builtin: BuiltinTask | None = Field(None, description="A workload shipped with the trainer: gpt or mlp.")
     module: str | None = Field(
         None,
         pattern=TASK_MODULE_PATTERN,
         description="User task factory `package.module:function`, importable in the image.",
     )
-    args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments handed to the task factory."
-    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments handed to the task factory.")
 
     @model_validator(mode="after")
     def _builtin_xor_module(self) -> Task:
@@ -76,15 +72,11 @@ class Task(ApiModel):
 class Training(ApiModel):
     steps: int = Field(2000, ge=1, le=100_000_000, description="Optimizer steps to train.")
     batch_size: int = Field(16, ge=1, le=1_000_000, description="Samples per micro-batch per worker.")
-    grad_accumulation: int = Field(
-        1, ge=1, le=4096, description="Micro-batches per optimizer step."
-    )
+    grad_accumulation: int = Field(1, ge=1, le=4096, description="Micro-batches per optimizer step.")
     learning_rate: float = Field(6.0e-4, gt=0, le=10, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
-    grad_clip_norm: float = Field(
-        1.0, ge=0, description="Clip the unscaled global gradient norm to this (0 = off)."
-    )
+    grad_clip_norm: float = Field(1.0, ge=0, description="Clip the unscaled global gradient norm to this (0 = off).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init and data order.")
     log_every: int = Field(10, ge=1, description="Steps between log lines and metric updates.")
 
@@ -104,12 +96,8 @@ class Guard(ApiModel):
     max_consecutive_overflows: int = Field(
         20, ge=1, description="Consecutive overflow-skipped steps that end the precision."
     )
-    min_loss_scale: float = Field(
-        1.0, ge=0, description="A loss scale below this floor ends the precision."
-    )
-    max_non_finite_losses: int = Field(
-        3, ge=1, description="Non-finite losses that end the precision."
-    )
+    min_loss_scale: float = Field(1.0, ge=0, description="A loss scale below this floor ends the precision.")
+    max_non_finite_losses: int = Field(3, ge=1, description="Non-finite losses that end the precision.")
     stagnation_steps: int = Field(
         0, ge=0, description="Steps with a stuck loss or zero gradients that end it (0 = off)."
     )
@@ -164,9 +152,7 @@ class CheckpointVolume(ApiModel):
     @model_validator(mode="after")
     def _one_source(self) -> CheckpointVolume:
         if (self.persistent_volume_claim is None) == (self.empty_dir is None):
-            raise ValueError(
-                "exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set"
-            )
+            raise ValueError("exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set")
         return self
 
 
@@ -197,9 +183,7 @@ class RunPolicy(ApiModel):
         None, ge=0, description="Delete the children this long after the job finished."
     )
     suspend: bool = Field(False, description="Stop the running attempt after a checkpoint.")
-    queue_name: str = Field(
-        "", max_length=63, description="Kueue LocalQueue; each attempt Job is labelled with it."
-    )
+    queue_name: str = Field("", max_length=63, description="Kueue LocalQueue; each attempt Job is labelled with it.")
 
 
 class PodTemplateOverrides(ApiModel):

@@ -17,27 +17,38 @@ import yaml
 
 from mpjob_contract import api
 
-DEFAULT_PATHS = [Path("crds/mixedprecisionjobs.mpjob.dev.yaml"), Path("helm/mpjob/crds/mixedprecisionjobs.mpjob.dev.yaml")]
+DEFAULT_PATHS = [
+    Path("crds/mixedprecisionjobs.mpjob.dev.yaml"),
+    Path("helm/mpjob/crds/mixedprecisionjobs.mpjob.dev.yaml"),
+]
 
 #: Cross-field rules, by schema path (dotted, camelCase). Each mirrors a pydantic validator.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
-    "": [{
-        "rule": f"self.metadata.name.size() <= {api.MAX_NAME_LENGTH}",
-        "message": f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters so that every "
-                   "child name (<name>-a<N>-<index>) fits in 63",
-    }],
-    "spec.task": [{
-        "rule": "has(self.builtin) != has(self.module)",
-        "message": "exactly one of task.builtin or task.module must be set",
-    }],
-    "spec.precision.fallback": [{
-        "rule": "self.all(p, self.filter(q, q == p).size() == 1)",
-        "message": "precision.fallback entries must be distinct",
-    }],
-    "spec.checkpoint.volume": [{
-        "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
-        "message": "exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set",
-    }],
+    "": [
+        {
+            "rule": f"self.metadata.name.size() <= {api.MAX_NAME_LENGTH}",
+            "message": f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters so that every "
+            "child name (<name>-a<N>-<index>) fits in 63",
+        }
+    ],
+    "spec.task": [
+        {
+            "rule": "has(self.builtin) != has(self.module)",
+            "message": "exactly one of task.builtin or task.module must be set",
+        }
+    ],
+    "spec.precision.fallback": [
+        {
+            "rule": "self.all(p, self.filter(q, q == p).size() == 1)",
+            "message": "precision.fallback entries must be distinct",
+        }
+    ],
+    "spec.checkpoint.volume": [
+        {
+            "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
+            "message": "exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set",
+        }
+    ],
 }
 
 PRINTER_COLUMNS = [
@@ -132,7 +143,7 @@ def openapi_schema() -> dict[str, Any]:
     root: dict[str, Any] = {
         "type": "object",
         "description": "A PyTorch mixed-precision training job that falls back to a safer precision "
-                       "(fp16 -> bf16 -> fp32) from its last good checkpoint when a precision cannot go on.",
+        "(fp16 -> bf16 -> fp32) from its last good checkpoint when a precision cannot go on.",
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},
@@ -166,14 +177,16 @@ def crd() -> dict[str, Any]:
                 "shortNames": list(api.SHORT_NAMES),
                 "categories": ["mpjob", "ml"],
             },
-            "versions": [{
-                "name": api.VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": openapi_schema()},
-            }],
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
         },
     }
 

@@ -49,7 +49,7 @@ def _path(loc: tuple[Any, ...]) -> str:
 def _message(error: Any) -> str:
     msg = str(error["msg"])
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if error["type"] == "extra_forbidden":
         return "unknown field (not allowed by the MixedPrecisionJob schema)"
     if error["type"] == "missing":

@@ -41,8 +41,13 @@ class Layout:
     @property
     def ports(self) -> dict[str, int]:
         b = self.port_base
-        return {"etcd": b, "etcd-peer": b + 1, "kube-apiserver": b + 63,
-                "kube-controller-manager": b + 77, "kube-scheduler": b + 79}
+        return {
+            "etcd": b,
+            "etcd-peer": b + 1,
+            "kube-apiserver": b + 63,
+            "kube-controller-manager": b + 77,
+            "kube-scheduler": b + 79,
+        }
 
     @property
     def server(self) -> str:
@@ -109,19 +114,59 @@ def _issue(pki: Path, name: str, subject: str, sans: list[str] | None = None, cl
     if sans:
         lines.append("subjectAltName=" + ",".join(sans))
     ext.write_text("\n".join(lines) + "\n")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
-             "-CAcreateserial", "-out", str(crt), "-days", "3650", "-sha256", "-extfile", str(ext))
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(pki / "ca.crt"),
+        "-CAkey",
+        str(pki / "ca.key"),
+        "-CAcreateserial",
+        "-out",
+        str(crt),
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        str(ext),
+    )
 
 
 def ensure_pki(layout: Layout) -> None:
     pki = layout.pki
     pki.mkdir(parents=True, exist_ok=True)
     if not (pki / "ca.crt").exists():
-        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki / "ca.key"),
-                 "-out", str(pki / "ca.crt"), "-days", "3650", "-subj", "/CN=mpjob-test-ca")
-    _issue(pki, "apiserver", "/CN=kube-apiserver",
-           ["IP:127.0.0.1", "IP:10.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
-            "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"])
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(pki / "ca.key"),
+            "-out",
+            str(pki / "ca.crt"),
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=mpjob-test-ca",
+        )
+    _issue(
+        pki,
+        "apiserver",
+        "/CN=kube-apiserver",
+        [
+            "IP:127.0.0.1",
+            "IP:10.0.0.1",
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ],
+    )
     _issue(pki, "admin", "/O=system:masters/CN=mpjob-admin", client=True)
     _issue(pki, "controller-manager", "/CN=system:kube-controller-manager", client=True)
     _issue(pki, "scheduler", "/CN=system:kube-scheduler", client=True)
@@ -137,10 +182,10 @@ def write_kubeconfig(layout: Layout, path: Path, user: str) -> None:
 kind: Config
 clusters:
 - name: mpjob-test
-  cluster: {{server: "{layout.server}", certificate-authority: "{pki / 'ca.crt'}"}}
+  cluster: {{server: "{layout.server}", certificate-authority: "{pki / "ca.crt"}"}}
 users:
 - name: {user}
-  user: {{client-certificate: "{pki / (user + '.crt')}", client-key: "{pki / (user + '.key')}"}}
+  user: {{client-certificate: "{pki / (user + ".crt")}", client-key: "{pki / (user + ".key")}"}}
 contexts:
 - name: mpjob-test
   context: {{cluster: mpjob-test, user: {user}, namespace: default}}
@@ -196,8 +241,9 @@ def _start(layout: Layout, component: str, argv: list[str], env: dict[str, str] 
     layout.logs.mkdir(parents=True, exist_ok=True)
     layout.pids.mkdir(parents=True, exist_ok=True)
     log = (layout.logs / f"{component}.log").open("ab")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
+    )
     layout.pidfile(component).write_text(str(proc.pid))
     return proc.pid
 
@@ -252,54 +298,108 @@ def up(layout: Layout) -> float:
     write_kubeconfig(layout, layout.root / "scheduler.kubeconfig", "scheduler")
     p, pki, root = layout.ports, layout.pki, layout.root
 
-    _start(layout, "etcd", [
-        str(bins / "etcd"), "--name", "default", "--data-dir", str(root / "etcd"),
-        "--listen-client-urls", f"http://127.0.0.1:{p['etcd']}",
-        "--advertise-client-urls", f"http://127.0.0.1:{p['etcd']}",
-        "--listen-peer-urls", f"http://127.0.0.1:{p['etcd-peer']}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{p['etcd-peer']}",
-        "--initial-cluster", f"default=http://127.0.0.1:{p['etcd-peer']}",
-        "--unsafe-no-fsync", "--log-level", "warn",
-    ])
-    _start(layout, "kube-apiserver", [
-        str(bins / "kube-apiserver"),
-        f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
-        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={p['kube-apiserver']}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        "--authorization-mode=RBAC",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        f"--service-account-key-file={pki / 'sa.pub'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        "--api-audiences=https://kubernetes.default.svc.cluster.local",
-        "--service-cluster-ip-range=10.0.0.0/24",
-        "--allow-privileged=true", "--profiling=false", f"--cert-dir={root / 'apiserver-certs'}",
-        "--enable-priority-and-fairness=false", "--endpoint-reconciler-type=none",
-        "--v=0",
-    ])
+    _start(
+        layout,
+        "etcd",
+        [
+            str(bins / "etcd"),
+            "--name",
+            "default",
+            "--data-dir",
+            str(root / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{p['etcd']}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{p['etcd']}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{p['etcd-peer']}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{p['etcd-peer']}",
+            "--initial-cluster",
+            f"default=http://127.0.0.1:{p['etcd-peer']}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+    )
+    _start(
+        layout,
+        "kube-apiserver",
+        [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p['kube-apiserver']}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--profiling=false",
+            f"--cert-dir={root / 'apiserver-certs'}",
+            "--enable-priority-and-fairness=false",
+            "--endpoint-reconciler-type=none",
+            "--v=0",
+        ],
+    )
     _wait(layout, "kube-apiserver", lambda: api_ready(layout), 60, "kube-apiserver")
     cm = root / "controller-manager.kubeconfig"
-    _start(layout, "kube-controller-manager", [
-        str(bins / "kube-controller-manager"), f"--kubeconfig={cm}",
-        f"--authentication-kubeconfig={cm}", f"--authorization-kubeconfig={cm}",
-        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
-        "--use-service-account-credentials=true", "--leader-elect=false",
-        "--bind-address=127.0.0.1", f"--secure-port={p['kube-controller-manager']}",
-        "--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle,-persistentvolume-expander",
-        "--concurrent-job-syncs=10", "--v=0",
-    ])
+    _start(
+        layout,
+        "kube-controller-manager",
+        [
+            str(bins / "kube-controller-manager"),
+            f"--kubeconfig={cm}",
+            f"--authentication-kubeconfig={cm}",
+            f"--authorization-kubeconfig={cm}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            "--use-service-account-credentials=true",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['kube-controller-manager']}",
+            "--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle,-persistentvolume-expander",
+            "--concurrent-job-syncs=10",
+            "--v=0",
+        ],
+    )
     sc = root / "scheduler.kubeconfig"
-    _start(layout, "kube-scheduler", [
-        str(bins / "kube-scheduler"), f"--kubeconfig={sc}",
-        f"--authentication-kubeconfig={sc}", f"--authorization-kubeconfig={sc}",
-        "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={p['kube-scheduler']}", "--v=0",
-    ])
+    _start(
+        layout,
+        "kube-scheduler",
+        [
+            str(bins / "kube-scheduler"),
+            f"--kubeconfig={sc}",
+            f"--authentication-kubeconfig={sc}",
+            f"--authorization-kubeconfig={sc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['kube-scheduler']}",
+            "--v=0",
+        ],
+    )
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{bins}{os.pathsep}{env.get('PATH', '')}"
-    _start(layout, "node-agent", [
-        sys.executable, "-m", "tests.cluster.nodeagent", "--kubeconfig", str(layout.kubeconfig),
-        "--state-dir", str(root),
-    ], env={**env, "PYTHONPATH": str(REPO)})
+    _start(
+        layout,
+        "node-agent",
+        [
+            sys.executable,
+            "-m",
+            "tests.cluster.nodeagent",
+            "--kubeconfig",
+            str(layout.kubeconfig),
+            "--state-dir",
+            str(root),
+        ],
+        env={**env, "PYTHONPATH": str(REPO)},
+    )
     from tests.cluster.readiness import wait_ready
 
     wait_ready(layout, timeout=60)

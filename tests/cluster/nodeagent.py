@@ -32,8 +32,17 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 HOSTS_FILE = Path(os.environ.get("MPJOB_AGENT_HOSTS_FILE", "/etc/hosts"))
-HOSTS_BEGIN = "# BEGIN mpjob test cluster"
-HOSTS_END = "# END mpjob test cluster"
+
+
+def _markers(state_dir: Path) -> tuple[str, str]:
+    """One /etc/hosts block per cluster state directory, so two test clusters coexist."""
+    import hashlib
+
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return f"# BEGIN mpjob test cluster {tag}", f"# END mpjob test cluster {tag}"
+
+
+PROVISIONER = "mpjob.dev/test-node-agent"
 WRAPPER = 'trap true TERM INT; "$@"; echo $? > "$0"'
 
 NODES: dict[str, dict[str, Any]] = {
@@ -96,23 +105,24 @@ def kill_recorded_pods(state_dir: Path) -> list[int]:
             os.killpg(rec["pid"], signal.SIGKILL)
             killed.append(rec["pid"])
     state.unlink(missing_ok=True)
-    _write_hosts({})
+    _write_hosts(state_dir, {})
     return killed
 
 
-def _write_hosts(entries: dict[str, list[str]]) -> None:
+def _write_hosts(state_dir: Path, entries: dict[str, list[str]]) -> None:
     """Replace the agent's block in /etc/hosts (written in place: it may be a bind mount)."""
     try:
         text = HOSTS_FILE.read_text()
     except OSError:
         return
+    begin, end_mark = _markers(state_dir)
     lines = text.splitlines()
-    if HOSTS_BEGIN in lines and HOSTS_END in lines:
-        start, end = lines.index(HOSTS_BEGIN), lines.index(HOSTS_END)
-        lines = lines[:start] + lines[end + 1:]
+    if begin in lines and end_mark in lines:
+        start, end = lines.index(begin), lines.index(end_mark)
+        lines = lines[:start] + lines[end + 1 :]
     block = [line for lines_ in entries.values() for line in lines_]
     if block:
-        lines += [HOSTS_BEGIN, *block, HOSTS_END]
+        lines += [begin, *block, end_mark]
     try:
         with HOSTS_FILE.open("w") as f:
             f.write("\n".join(lines) + "\n")
@@ -150,6 +160,7 @@ class NodeAgent:
         self.state_file = self.agent_dir / "pods.json"
         self.lock = threading.RLock()
         self.running: dict[str, Running] = {}
+        self.done: set[str] = set()  # pods whose container ended: never started again
         self.procs: dict[int, Any] = {}  # pid -> Popen for our own children
         self.hosts: dict[str, list[str]] = {}
         self.stop = threading.Event()
@@ -190,9 +201,17 @@ class NodeAgent:
     def register_nodes(self) -> None:
         for name, spec in NODES.items():
             body = {
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                                      "kubernetes.io/arch": "amd64", **spec["labels"]}},
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        **spec["labels"],
+                    },
+                },
                 "spec": {"taints": spec["taints"]},
             }
             try:
@@ -200,8 +219,9 @@ class NodeAgent:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                self.core.patch_node(name, {"metadata": {"labels": body["metadata"]["labels"]},
-                                            "spec": {"taints": spec["taints"]}})
+                self.core.patch_node(
+                    name, {"metadata": {"labels": body["metadata"]["labels"]}, "spec": {"taints": spec["taints"]}}
+                )
         self.heartbeat()
 
     def heartbeat(self) -> None:
@@ -209,23 +229,48 @@ class NodeAgent:
         micro = datetime.now(UTC)
         for name, spec in NODES.items():
             status = {
-                "capacity": spec["capacity"], "allocatable": spec["capacity"],
+                "capacity": spec["capacity"],
+                "allocatable": spec["capacity"],
                 "conditions": [
-                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node agent",
-                     "lastHeartbeatTime": stamp, "lastTransitionTime": stamp},
-                    *[{"type": t, "status": "False", "reason": "NoPressure", "lastHeartbeatTime": stamp,
-                       "lastTransitionTime": stamp} for t in ("MemoryPressure", "DiskPressure", "PIDPressure")],
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "test node agent",
+                        "lastHeartbeatTime": stamp,
+                        "lastTransitionTime": stamp,
+                    },
+                    *[
+                        {
+                            "type": t,
+                            "status": "False",
+                            "reason": "NoPressure",
+                            "lastHeartbeatTime": stamp,
+                            "lastTransitionTime": stamp,
+                        }
+                        for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+                    ],
                 ],
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}],
-                "nodeInfo": {"machineID": name, "systemUUID": name, "bootID": "test", "kernelVersion": os.uname().release,
-                             "osImage": "mpjob test node agent", "containerRuntimeVersion": "local://0",
-                             "kubeletVersion": "v1.34.4", "kubeProxyVersion": "v1.34.4",
-                             "operatingSystem": "linux", "architecture": "amd64"},
+                "nodeInfo": {
+                    "machineID": name,
+                    "systemUUID": name,
+                    "bootID": "test",
+                    "kernelVersion": os.uname().release,
+                    "osImage": "mpjob test node agent",
+                    "containerRuntimeVersion": "local://0",
+                    "kubeletVersion": "v1.34.4",
+                    "kubeProxyVersion": "v1.34.4",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
             }
             with contextlib.suppress(ApiException):
                 self.core.patch_node_status(name, {"status": status})
-            lease = {"metadata": {"name": name, "namespace": "kube-node-lease"},
-                     "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro}}
+            lease = {
+                "metadata": {"name": name, "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro},
+            }
             try:
                 self.coord.replace_namespaced_lease(name, "kube-node-lease", lease)
             except ApiException as exc:
@@ -239,6 +284,49 @@ class NodeAgent:
                 self.heartbeat()
             except Exception as exc:
                 log(f"heartbeat failed: {exc}")
+
+    # ---------------------------------------------------------------- volumes
+    def ensure_storage_class(self) -> None:
+        storage = client.StorageV1Api(self.api)
+        body = {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Retain",
+            "volumeBindingMode": "Immediate",
+        }
+        with contextlib.suppress(ApiException):
+            storage.create_storage_class(body)
+
+    def _provision_loop(self) -> None:
+        """Stand-in provisioner: a Retain hostPath PV per pending claim, in .cluster/volumes."""
+        while not self.stop.wait(0.5):
+            try:
+                for pvc in self.core.list_persistent_volume_claim_for_all_namespaces().items:
+                    if pvc.spec.volume_name or (pvc.status and pvc.status.phase == "Bound"):
+                        continue
+                    ns, name = pvc.metadata.namespace, pvc.metadata.name
+                    path = self.volumes_dir / ns / name
+                    path.mkdir(parents=True, exist_ok=True)
+                    size = ((pvc.spec.resources.requests or {}) if pvc.spec.resources else {}).get("storage", "1Gi")
+                    pv = {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolume",
+                        "metadata": {"name": f"pv-{pvc.metadata.uid}", "labels": {"mpjob.dev/test-volume": "true"}},
+                        "spec": {
+                            "capacity": {"storage": size},
+                            "accessModes": pvc.spec.access_modes or ["ReadWriteOnce"],
+                            "persistentVolumeReclaimPolicy": "Retain",
+                            "storageClassName": pvc.spec.storage_class_name or "",
+                            "hostPath": {"path": str(path)},
+                            "claimRef": {"namespace": ns, "name": name, "uid": pvc.metadata.uid},
+                        },
+                    }
+                    with contextlib.suppress(ApiException):
+                        self.core.create_persistent_volume(pv)
+            except Exception as exc:
+                log(f"provisioner: {exc!r}")
 
     # ---------------------------------------------------------------- pods
     def _watch_loop(self) -> None:
@@ -256,11 +344,18 @@ class NodeAgent:
                         if uid not in seen:
                             self._kill(self.running[uid], grace=0)
                 w = watch.Watch()
-                for event in w.stream(self.core.list_pod_for_all_namespaces, resource_version=rv,
-                                      timeout_seconds=60, allow_watch_bookmarks=True):
+                for event in w.stream(
+                    self.core.list_pod_for_all_namespaces,
+                    resource_version=rv,
+                    timeout_seconds=60,
+                    allow_watch_bookmarks=True,
+                ):
                     if self.stop.is_set():
                         return
                     obj = event["object"]
+                    if event["type"] == "ERROR" or isinstance(obj, dict):
+                        rv = None  # e.g. 410 Gone: list again
+                        break
                     rv = obj.metadata.resource_version
                     if event["type"] == "DELETED":
                         rec = self.running.get(obj.metadata.uid)
@@ -293,13 +388,17 @@ class NodeAgent:
                 threading.Thread(target=self._delete, args=(rec, pod, grace), daemon=True).start()
             elif not rec and not (pod.metadata.finalizers or []):
                 with contextlib.suppress(ApiException):
-                    self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
-                                                    body=client.V1DeleteOptions(preconditions={"uid": uid}))
+                    self.core.delete_namespaced_pod(
+                        pod.metadata.name,
+                        pod.metadata.namespace,
+                        grace_period_seconds=0,
+                        body=client.V1DeleteOptions(grace_period_seconds=0, preconditions={"uid": uid}),
+                    )
             return
-        if uid in self.running or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
+        if uid in self.running or uid in self.done or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
             return
         with self.lock:
-            if uid in self.running:
+            if uid in self.running or uid in self.done:
                 return
             try:
                 self._start(pod)
@@ -343,14 +442,20 @@ class NodeAgent:
     def _field(pod: Any, path: str, ip: str) -> str:
         meta = pod.metadata
         if path.startswith("metadata.labels['"):
-            return str((meta.labels or {}).get(path[len("metadata.labels['"):-2], ""))
+            return str((meta.labels or {}).get(path[len("metadata.labels['") : -2], ""))
         if path.startswith("metadata.annotations['"):
-            return str((meta.annotations or {}).get(path[len("metadata.annotations['"):-2], ""))
-        return str({
-            "metadata.name": meta.name, "metadata.namespace": meta.namespace, "metadata.uid": meta.uid,
-            "spec.nodeName": pod.spec.node_name, "spec.serviceAccountName": pod.spec.service_account_name,
-            "status.podIP": ip, "status.hostIP": "127.0.0.1",
-        }.get(path, ""))
+            return str((meta.annotations or {}).get(path[len("metadata.annotations['") : -2], ""))
+        return str(
+            {
+                "metadata.name": meta.name,
+                "metadata.namespace": meta.namespace,
+                "metadata.uid": meta.uid,
+                "spec.nodeName": pod.spec.node_name,
+                "spec.serviceAccountName": pod.spec.service_account_name,
+                "status.podIP": ip,
+                "status.hostIP": "127.0.0.1",
+            }.get(path, "")
+        )
 
     def _credentials(self, pod: Any, pod_dir: Path) -> str | None:
         """A kubeconfig with a bound token, only when automountServiceAccountToken allows."""
@@ -364,18 +469,31 @@ class NodeAgent:
                 automount = None
         if automount is False:
             return None
-        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
-            audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=7200,
-            bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name,
-                                                           uid=pod.metadata.uid)))
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=["https://kubernetes.default.svc.cluster.local"],
+                expiration_seconds=7200,
+                bound_object_ref=client.V1BoundObjectReference(
+                    kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
+                ),
+            )
+        )
         token = self.core.create_namespaced_service_account_token(sa_name, pod.metadata.namespace, request).status.token
         path = pod_dir / "kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-            "clusters": [{"name": "c", "cluster": {"server": self.server, "certificate-authority": self.ca}}],
-            "users": [{"name": "sa", "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": pod.metadata.namespace}}],
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "sa",
+                    "clusters": [{"name": "c", "cluster": {"server": self.server, "certificate-authority": self.ca}}],
+                    "users": [{"name": "sa", "user": {"token": token}}],
+                    "contexts": [
+                        {"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": pod.metadata.namespace}}
+                    ],
+                }
+            )
+        )
         path.chmod(0o600)
         return str(path)
 
@@ -395,12 +513,13 @@ class NodeAgent:
             hosts.append(f"{ip} {fqdn} {fqdn}.cluster.local")
         with self.lock:
             self.hosts[uid] = hosts
-            _write_hosts(self.hosts)
-        containers = list(pod.spec.init_containers or []) + [pod.spec.containers[0]]
+            _write_hosts(self.state_dir, self.hosts)
+        containers = [*list(pod.spec.init_containers or []), pod.spec.containers[0]]
         for i, ctr in enumerate(containers):
             is_main = i == len(containers) - 1
-            mounts = {m.mount_path: vols[m.name] / (m.sub_path or "") for m in (ctr.volume_mounts or [])
-                      if m.name in vols}
+            mounts = {
+                m.mount_path: vols[m.name] / (m.sub_path or "") for m in (ctr.volume_mounts or []) if m.name in vols
+            }
             term_path = ctr.termination_message_path or "/dev/termination-log"
             term_file = pod_dir / f"termination-{ctr.name}"
             term_file.write_text("")
@@ -414,8 +533,14 @@ class NodeAgent:
 
             env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "MPJOB_CLUSTER"))}
             env.pop("VIRTUAL_ENV_PROMPT", None)
-            env.update({"HOSTNAME": pod.spec.hostname or meta.name, "POD_IP": ip,
-                        "MPJOB_TERMINATION_LOG": str(term_file), "HOME": str(pod_dir)})
+            env.update(
+                {
+                    "HOSTNAME": pod.spec.hostname or meta.name,
+                    "POD_IP": ip,
+                    "MPJOB_TERMINATION_LOG": str(term_file),
+                    "HOME": str(pod_dir),
+                }
+            )
             for var in ctr.env or []:
                 if var.value is not None:
                     env[var.name] = rewrite(var.value)
@@ -445,9 +570,15 @@ class NodeAgent:
             exit_file = pod_dir / f"exit-{ctr.name}"
             exit_file.unlink(missing_ok=True)
             out = log_file.open("ab")
-            proc = subprocess.Popen(["/bin/sh", "-c", WRAPPER, str(exit_file), *argv], env=env, cwd=workdir,
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", WRAPPER, str(exit_file), *argv],
+                env=env,
+                cwd=workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             out.close()
             if not is_main:
                 code = proc.wait()
@@ -455,10 +586,21 @@ class NodeAgent:
                     raise RuntimeError(f"init container {ctr.name} exited {self._exit_code(exit_file)}")
                 continue
             self.procs[proc.pid] = proc
-            rec = Running(uid=uid, namespace=meta.namespace, name=meta.name, pid=proc.pid, ip=ip,
-                          pod_dir=str(pod_dir), container=ctr.name, exit_file=str(exit_file),
-                          term_file=str(term_file), log_file=str(log_file), started_at=now(),
-                          restart_policy=pod.spec.restart_policy or "Always", hosts=hosts)
+            rec = Running(
+                uid=uid,
+                namespace=meta.namespace,
+                name=meta.name,
+                pid=proc.pid,
+                ip=ip,
+                pod_dir=str(pod_dir),
+                container=ctr.name,
+                exit_file=str(exit_file),
+                term_file=str(term_file),
+                log_file=str(log_file),
+                started_at=now(),
+                restart_policy=pod.spec.restart_policy or "Always",
+                hosts=hosts,
+            )
             self.running[uid] = rec
             self._save_state()
             log(f"started {meta.namespace}/{meta.name} pid {proc.pid} ip {ip}: {argv[:4]}")
@@ -467,24 +609,59 @@ class NodeAgent:
     def _fail_start(self, pod: Any, message: str) -> None:
         ctr = pod.spec.containers[0].name
         with contextlib.suppress(ApiException):
-            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
-                "phase": "Failed", "message": message[:1000], "reason": "StartError",
-                "containerStatuses": [{"name": ctr, "image": pod.spec.containers[0].image or "", "imageID": "",
-                                       "ready": False, "restartCount": 0,
-                                       "state": {"terminated": {"exitCode": 128, "reason": "StartError",
-                                                                "message": message[:1000], "finishedAt": now()}}}],
-            }})
+            self.core.patch_namespaced_pod_status(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "message": message[:1000],
+                        "reason": "StartError",
+                        "containerStatuses": [
+                            {
+                                "name": ctr,
+                                "image": pod.spec.containers[0].image or "",
+                                "imageID": "",
+                                "ready": False,
+                                "restartCount": 0,
+                                "state": {
+                                    "terminated": {
+                                        "exitCode": 128,
+                                        "reason": "StartError",
+                                        "message": message[:1000],
+                                        "finishedAt": now(),
+                                    }
+                                },
+                            }
+                        ],
+                    }
+                },
+            )
 
     def _write_running(self, rec: Running) -> None:
         stamp = now()
         status = {
-            "phase": "Running", "podIP": rec.ip, "podIPs": [{"ip": rec.ip}], "hostIP": "127.0.0.1",
-            "hostIPs": [{"ip": "127.0.0.1"}], "startTime": rec.started_at,
-            "conditions": [{"type": t, "status": "True", "lastTransitionTime": stamp}
-                           for t in ("Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers")],
-            "containerStatuses": [{"name": rec.container, "image": "local", "imageID": "local://", "ready": True,
-                                   "started": True, "restartCount": rec.restarts,
-                                   "state": {"running": {"startedAt": rec.started_at}}}],
+            "phase": "Running",
+            "podIP": rec.ip,
+            "podIPs": [{"ip": rec.ip}],
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": rec.started_at,
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": stamp}
+                for t in ("Initialized", "ContainersReady", "Ready", "PodReadyToStartContainers")
+            ],
+            "containerStatuses": [
+                {
+                    "name": rec.container,
+                    "image": "local",
+                    "imageID": "local://",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": rec.restarts,
+                    "state": {"running": {"startedAt": rec.started_at}},
+                }
+            ],
         }
         with contextlib.suppress(ApiException):
             self.core.patch_namespaced_pod_status(rec.name, rec.namespace, {"status": status})
@@ -538,23 +715,40 @@ class NodeAgent:
         with self.lock:
             if self.running.pop(rec.uid, None) is None:
                 return
+            self.done.add(rec.uid)
             self.hosts.pop(rec.uid, None)
-            _write_hosts(self.hosts)
+            _write_hosts(self.state_dir, self.hosts)
         self._save_state()
         stamp = now()
         message = self._termination_message(rec, code)
-        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                      "startedAt": rec.started_at, "finishedAt": stamp}
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": rec.started_at,
+            "finishedAt": stamp,
+        }
         if message:
             terminated["message"] = message
         phase = "Succeeded" if code == 0 else "Failed"
         status = {
-            "phase": phase, "podIP": rec.ip, "podIPs": [{"ip": rec.ip}],
-            "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
-                           for t in ("ContainersReady", "Ready")],
-            "containerStatuses": [{"name": rec.container, "image": "local", "imageID": "local://", "ready": False,
-                                   "started": False, "restartCount": rec.restarts,
-                                   "state": {"terminated": terminated}}],
+            "phase": phase,
+            "podIP": rec.ip,
+            "podIPs": [{"ip": rec.ip}],
+            "conditions": [
+                {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": stamp}
+                for t in ("ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": rec.container,
+                    "image": "local",
+                    "imageID": "local://",
+                    "ready": False,
+                    "started": False,
+                    "restartCount": rec.restarts,
+                    "state": {"terminated": terminated},
+                }
+            ],
         }
         log(f"{rec.namespace}/{rec.name} exited {code}{' (deleted)' if deleted else ''}")
         with contextlib.suppress(ApiException):
@@ -567,7 +761,7 @@ class NodeAgent:
             pod = self.core.read_namespaced_pod(rec.name, rec.namespace)
         except ApiException:
             return
-        time.sleep(min(10, 2 ** rec.restarts) * 0.5)
+        time.sleep(min(10, 2**rec.restarts) * 0.5)
         restarts = rec.restarts + 1
         with self.lock:
             self._start(pod)
@@ -596,19 +790,28 @@ class NodeAgent:
         return 137
 
     def _delete(self, rec: Running, pod: Any, grace: float) -> None:
-        code = self._kill(rec, grace)
-        self._finish(rec, code, deleted=True)
-        with contextlib.suppress(ApiException):
-            self.core.delete_namespaced_pod(rec.name, rec.namespace, grace_period_seconds=0,
-                                            body=client.V1DeleteOptions(preconditions={"uid": rec.uid}))
+        try:
+            code = self._kill(rec, grace)
+            self._finish(rec, code, deleted=True)
+            self.core.delete_namespaced_pod(
+                rec.name,
+                rec.namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(grace_period_seconds=0, preconditions={"uid": rec.uid}),
+            )
+        except Exception as exc:
+            log(f"deleting {rec.namespace}/{rec.name}: {exc!r}")
 
     # ---------------------------------------------------------------- lifecycle
     def run(self) -> None:
         self.register_nodes()
+        self.ensure_storage_class()
         with self.lock:
-            _write_hosts(self.hosts)
-        threads = [threading.Thread(target=t, daemon=True) for t in (self._heartbeat_loop, self._watch_loop,
-                                                                      self._monitor_loop)]
+            _write_hosts(self.state_dir, self.hosts)
+        threads = [
+            threading.Thread(target=t, daemon=True)
+            for t in (self._heartbeat_loop, self._watch_loop, self._monitor_loop, self._provision_loop)
+        ]
         for t in threads:
             t.start()
         log("node agent running")
@@ -621,7 +824,7 @@ class NodeAgent:
             self._kill(rec, grace=5)
         self.running.clear()
         self._save_state()
-        _write_hosts({})
+        _write_hosts(self.state_dir, {})
 
 
 def main() -> None:

@@ -19,8 +19,11 @@ def wait_ready(layout: Any, timeout: float = 60) -> None:
     while time.monotonic() < deadline:
         try:
             nodes = core.list_node().items
-            ready = [n.metadata.name for n in nodes
-                     if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))]
+            ready = [
+                n.metadata.name
+                for n in nodes
+                if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+            ]
             if len(ready) < 2:
                 problem = f"nodes ready: {ready}"
             else:

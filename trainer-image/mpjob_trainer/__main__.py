@@ -37,9 +37,7 @@ def read_launch(path: str | None) -> AttemptLaunch:
     try:
         return AttemptLaunch.model_validate_json(text)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid attempt description: {problems}") from exc
 
 

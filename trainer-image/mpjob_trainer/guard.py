@@ -121,8 +121,4 @@ class NumericGuard:
 
     def healthy(self, loss: float | None) -> bool:
         """May the current state be checkpointed as good? (Call right after `read`.)"""
-        return (
-            self.consecutive_overflows == 0
-            and self.new_non_finite == 0
-            and (loss is None or math.isfinite(loss))
-        )
+        return self.consecutive_overflows == 0 and self.new_non_finite == 0 and (loss is None or math.isfinite(loss))

@@ -178,18 +178,36 @@ class Trainer:
         if store.last_good is not None:
             metrics.last_good_step.set(store.last_good.step)
         self.log(
-            "start", attempt=launch.attempt, precision=precision, requestedPrecision=launch.precision,
-            device=str(self.device), worldSize=self.world.size, startStep=start_step,
-            totalSteps=tr.steps, metricsPort=port,
+            "start",
+            attempt=launch.attempt,
+            precision=precision,
+            requestedPrecision=launch.precision,
+            device=str(self.device),
+            worldSize=self.world.size,
+            startStep=start_step,
+            totalSteps=tr.steps,
+            metricsPort=port,
         )
 
-        sampler = StepSampler(len(task.dataset), tr.batch_size, tr.grad_accumulation,  # type: ignore[arg-type]
-                              self.world.size, self.world.rank, tr.seed)
+        sampler = StepSampler(
+            len(task.dataset),  # type: ignore[arg-type]
+            tr.batch_size,
+            tr.grad_accumulation,
+            self.world.size,
+            self.world.rank,
+            tr.seed,
+        )
         params = [p for p in model.parameters() if p.requires_grad]
         clip = tr.grad_clip_norm if tr.grad_clip_norm > 0 else math.inf
         samples_per_step = tr.batch_size * tr.grad_accumulation * self.world.size
-        peak = next((v for k, v in PEAK_FLOPS.items() if self.device.type == "cuda"
-                     and k in torch.cuda.get_device_name(self.device)), None)
+        peak = next(
+            (
+                v
+                for k, v in PEAK_FLOPS.items()
+                if self.device.type == "cuda" and k in torch.cuda.get_device_name(self.device)
+            ),
+            None,
+        )
 
         def state_dict(step: int) -> dict[str, Any]:
             return {
@@ -260,22 +278,37 @@ class Trainer:
                 stop = self.preemption.raised and not self.world.distributed
                 if at_log or at_ckpt or stop:
                     # The one sync point: loss, grad norm, guard counters, scale, preemption.
-                    reading = guard.read(scaler._scale if scaler is not None else None,
-                                         flag=1.0 if self.preemption.raised else 0.0)
+                    reading = guard.read(
+                        scaler._scale if scaler is not None else None, flag=1.0 if self.preemption.raised else 0.0
+                    )
                     loss_value = float(loss_sum.item())
                     norm_value = float(grad_norm.item())
                     self.last_loss = loss_value
-                    self.counters = {"overflowSteps": guard.overflow_steps,
-                                     "nonFiniteLosses": reading.non_finite_losses,
-                                     "lossScale": reading.loss_scale}
+                    self.counters = {
+                        "overflowSteps": guard.overflow_steps,
+                        "nonFiniteLosses": reading.non_finite_losses,
+                        "lossScale": reading.loss_scale,
+                    }
                     elapsed = time.perf_counter() - window_start
                     if self.world.is_main and (finished := store.poll()) is not None:
                         self._saved(metrics, finished, asynchronous=True)
                     if at_log:
                         sps = samples_per_step * window_steps / elapsed if elapsed > 0 else None
-                        self._log_step(metrics, done, loss_value, norm_value, reading.loss_scale, lr,
-                                       guard, sps, task.tokens_per_sample, task.flops_per_sample, peak,
-                                       elapsed / max(1, window_steps), precision)
+                        self._log_step(
+                            metrics,
+                            done,
+                            loss_value,
+                            norm_value,
+                            reading.loss_scale,
+                            lr,
+                            guard,
+                            sps,
+                            task.tokens_per_sample,
+                            task.flops_per_sample,
+                            peak,
+                            elapsed / max(1, window_steps),
+                            precision,
+                        )
                         window_start, window_steps = time.perf_counter(), 0
                     guard.check(done, reading, loss_value, norm_value)
                     stop = reading.flag > 0
@@ -305,13 +338,32 @@ class Trainer:
         metrics.checkpoint_seconds.observe(result.seconds)
         metrics.checkpoint_bytes.set(result.bytes)
         metrics.last_good_step.set(result.ref.step)
-        self.log("checkpoint", step=result.ref.step, path=result.ref.path, sha256=result.ref.sha256,
-                 seconds=round(result.seconds, 4), bytes=result.bytes, **{"async": asynchronous})
+        self.log(
+            "checkpoint",
+            step=result.ref.step,
+            path=result.ref.path,
+            sha256=result.ref.sha256,
+            seconds=round(result.seconds, 4),
+            bytes=result.bytes,
+            **{"async": asynchronous},
+        )
 
-    def _log_step(self, metrics: TrainerMetrics, step: int, loss: float, grad_norm: float,
-                  scale: float | None, lr: float, guard: NumericGuard, sps: float | None,
-                  tokens_per_sample: int | None, flops_per_sample: float | None, peak: float | None,
-                  step_seconds: float, precision: str) -> None:
+    def _log_step(
+        self,
+        metrics: TrainerMetrics,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        scale: float | None,
+        lr: float,
+        guard: NumericGuard,
+        sps: float | None,
+        tokens_per_sample: int | None,
+        flops_per_sample: float | None,
+        peak: float | None,
+        step_seconds: float,
+        precision: str,
+    ) -> None:
         tps = sps * tokens_per_sample if sps and tokens_per_sample else None
         mfu = sps * flops_per_sample / (peak * self.world.size) if sps and flops_per_sample and peak else None
         metrics.step.set(step)
@@ -331,7 +383,18 @@ class Trainer:
         if self.device.type == "cuda":
             metrics.peak_device_memory.set(torch.cuda.max_memory_allocated(self.device))
         metrics.sample_host_memory()
-        self.log("step", step=step, loss=loss, lossScale=scale, gradNorm=grad_norm, lr=lr,
-                 overflowSteps=guard.overflow_steps, nonFiniteLosses=guard.non_finite_losses,
-                 samplesPerSecond=sps, tokensPerSecond=tps, mfu=mfu,
-                 stepSeconds=step_seconds, precision=precision)
+        self.log(
+            "step",
+            step=step,
+            loss=loss,
+            lossScale=scale,
+            gradNorm=grad_norm,
+            lr=lr,
+            overflowSteps=guard.overflow_steps,
+            nonFiniteLosses=guard.non_finite_losses,
+            samplesPerSecond=sps,
+            tokensPerSecond=tps,
+            mfu=mfu,
+            stepSeconds=step_seconds,
+            precision=precision,
+        )

@@ -36,21 +36,29 @@ class TrainerMetrics:
         self.tokens_per_second = gauge(names.TOKENS_PER_SECOND, "Training throughput in tokens/s.")
         self.mfu = gauge(names.MFU, "Model FLOPs utilization (0-1) where the flops and peak are known.")
         self.step_seconds = Histogram(
-            names.STEP_SECONDS, "Wall time of one optimizer step.", lab, registry=r,
+            names.STEP_SECONDS,
+            "Wall time of one optimizer step.",
+            lab,
+            registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         ).labels(**self.labels)
         self.peak_device_memory = gauge(names.PEAK_DEVICE_MEMORY, "Peak device memory allocated.")
         self.peak_host_memory = gauge(names.PEAK_HOST_MEMORY, "Peak resident host memory.")
         self.checkpoint_seconds = Histogram(
-            names.CHECKPOINT_SAVE_SECONDS, "Time to write one checkpoint (off the training thread when async).",
-            lab, registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            names.CHECKPOINT_SAVE_SECONDS,
+            "Time to write one checkpoint (off the training thread when async).",
+            lab,
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         ).labels(**self.labels)
         self.checkpoint_bytes = gauge(names.CHECKPOINT_BYTES, "Size of the last checkpoint written.")
         self.checkpoint_failures = counter(names.CHECKPOINT_FAILURES, "Checkpoint writes that failed.")
         self.last_good_step = gauge(names.LAST_GOOD_CHECKPOINT_STEP, "Step of the newest verified checkpoint.")
         self.guard_trips = Counter(
-            names.GUARD_TRIPS, "Numeric guard decisions that ended a precision, by rule.",
-            [*lab, "rule"], registry=r,
+            names.GUARD_TRIPS,
+            "Numeric guard decisions that ended a precision, by rule.",
+            [*lab, "rule"],
+            registry=r,
         )
         info = Gauge(names.INFO, "1 for the precision this attempt trains in.", lab, registry=r)
         info.labels(**self.labels).set(1)

@@ -42,8 +42,12 @@ def render(series: RunSeries, path: Path, title: str) -> Path:
     marks = [m for m in series.overflow_marks() if m.loss_scale]
     if marks:
         scale_ax.scatter(
-            [m.step for m in marks], [m.loss_scale for m in marks],
-            marker="x", color="#d62828", zorder=5, label="overflow-skipped steps",
+            [m.step for m in marks],
+            [m.loss_scale for m in marks],
+            marker="x",
+            color="#d62828",
+            zorder=5,
+            label="overflow-skipped steps",
         )
     loss_ax.set_ylabel("loss")
     scale_ax.set_ylabel("loss scale")
@@ -52,9 +56,7 @@ def render(series: RunSeries, path: Path, title: str) -> Path:
     grad_ax.set_ylabel("grad norm")
     grad_ax.set_xlabel("step")
     loss_ax.set_title(title)
-    handles = [
-        matplotlib.patches.Patch(color=c, alpha=0.3, label=p) for p, c in PRECISION_COLOURS.items()
-    ]
+    handles = [matplotlib.patches.Patch(color=c, alpha=0.3, label=p) for p, c in PRECISION_COLOURS.items()]
     if series.points:
         loss_ax.legend(loc="upper right", fontsize="small")
     grad_ax.legend(handles=handles, loc="upper right", fontsize="small", title="precision")

@@ -136,9 +136,15 @@ class JsonView:
 
     def step(self, point: Point) -> None:
         self._emit(
-            "step", attempt=point.attempt, precision=point.precision, step=point.step,
-            loss=point.loss, lossScale=point.loss_scale, gradNorm=point.grad_norm,
-            overflowSteps=point.overflow_steps, samplesPerSecond=point.samples_per_second,
+            "step",
+            attempt=point.attempt,
+            precision=point.precision,
+            step=point.step,
+            loss=point.loss,
+            lossScale=point.loss_scale,
+            gradNorm=point.grad_norm,
+            overflowSteps=point.overflow_steps,
+            samplesPerSecond=point.samples_per_second,
         )
 
     def attempt_ended(self, attempt: int, precision: str, reason: str, message: str) -> None:

@@ -99,25 +99,46 @@ class LocalRun:
             previous = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
             if previous.phase in ("Succeeded", "Failed"):
                 self.status = previous
-                self.view.info(f"{self.paths.report} says this run already ended {previous.phase}; "
-                               "use --fresh to start over")
+                self.view.info(
+                    f"{self.paths.report} says this run already ended {previous.phase}; use --fresh to start over"
+                )
                 return Finish(previous.phase == "Succeeded", previous.phase, previous.message or "")
             if previous.attempts:
                 self.status = previous
                 self.series = RunSeries.load(self.paths.series)
                 last = previous.attempts[-1]
                 if last.finish_time is None:  # the runner itself was killed
-                    st.end_attempt(self.status, last.index, Reason.PREEMPTED.value, None,
-                                   "the local run was interrupted", self.status.step)
+                    st.end_attempt(
+                        self.status,
+                        last.index,
+                        Reason.PREEMPTED.value,
+                        None,
+                        "the local run was interrupted",
+                        self.status.step,
+                    )
                     last = self.status.attempts[-1]
                 ckpt = self.status.last_checkpoint
-                self.view.info(f"resuming {self.name} in {self.paths.root}: attempt {last.index} ended "
-                               f"{last.reason}, last checkpoint step {ckpt.step if ckpt else 0}")
+                self.view.info(
+                    f"resuming {self.name} in {self.paths.root}: attempt {last.index} ended "
+                    f"{last.reason}, last checkpoint step {ckpt.step if ckpt else 0}"
+                )
                 reason = Reason(last.reason) if last.reason in Reason._value2member_map_ else Reason.PREEMPTED  # type: ignore[arg-type]
-                result = classify(AttemptOutcome(exit_code=last.exit_code, platform_reason=None,
-                                                 report=TerminationReport(reason=reason, message=last.message or "")))
-                return after_attempt(self.spec, last.index, last.precision, result,  # type: ignore[arg-type]
-                                     ckpt.step if ckpt else 0, ckpt.path if ckpt else None, LOCAL_CAPABILITY)
+                result = classify(
+                    AttemptOutcome(
+                        exit_code=last.exit_code,
+                        platform_reason=None,
+                        report=TerminationReport(reason=reason, message=last.message or ""),
+                    )
+                )
+                return after_attempt(
+                    self.spec,
+                    last.index,
+                    last.precision,  # type: ignore[arg-type]
+                    result,
+                    ckpt.step if ckpt else 0,
+                    ckpt.path if ckpt else None,
+                    LOCAL_CAPABILITY,
+                )
         st.set_condition(self.status, "Created", True, "Created", f"local run in {self.paths.root}")
         self.status.start_time = st.now()
         return first_attempt(self.spec, LOCAL_CAPABILITY)
@@ -135,17 +156,32 @@ class LocalRun:
         self.view.attempt_ended(start.index, start.precision, result.reason.value, result.message)
         if self.interrupted:
             self.status.phase = "Suspended"
-            st.set_condition(self.status, "Suspended", True, "Interrupted",
-                             "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume")
+            st.set_condition(
+                self.status,
+                "Suspended",
+                True,
+                "Interrupted",
+                "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume",
+            )
             self.status.message = "interrupted; run `mpjob run` again with the same --out to resume"
             return start
         ckpt = self.status.last_checkpoint
-        decision = after_attempt(self.spec, start.index, start.precision, result,
-                                 ckpt.step if ckpt else 0, ckpt.path if ckpt else None, LOCAL_CAPABILITY)
+        decision = after_attempt(
+            self.spec,
+            start.index,
+            start.precision,
+            result,
+            ckpt.step if ckpt else 0,
+            ckpt.path if ckpt else None,
+            LOCAL_CAPABILITY,
+        )
         if isinstance(decision, StartAttempt) and decision.fallback_from:
             self.status.phase = "Recovering"
             st.set_condition(
-                self.status, "PrecisionFallback", True, result.reason.value,
+                self.status,
+                "PrecisionFallback",
+                True,
+                result.reason.value,
                 f"{decision.fallback_from} -> {decision.precision} from checkpoint step {decision.start_step}",
             )
             self.view.fallback(decision.fallback_from, decision.precision, decision.start_step, result.reason.value)
@@ -167,14 +203,17 @@ class LocalRun:
         folder = self.paths.attempt(start.index)
         folder.mkdir(parents=True, exist_ok=True)
         launch = AttemptLaunch(
-            job_name=self.name, namespace=self.job.metadata.namespace or "local", attempt=start.index,
-            precision=start.precision, resume_from=start.resume_from,
-            checkpoint_dir=str(self.paths.checkpoints.resolve()), spec=self.spec,
+            job_name=self.name,
+            namespace=self.job.metadata.namespace or "local",
+            attempt=start.index,
+            precision=start.precision,
+            resume_from=start.resume_from,
+            checkpoint_dir=str(self.paths.checkpoints.resolve()),
+            spec=self.spec,
         )
         st.begin_attempt(self.status, start.index, start.precision, start.start_step)
         self.status.phase = "Running"
-        st.set_condition(self.status, "Running", True, "AttemptRunning",
-                         f"attempt {start.index} in {start.precision}")
+        st.set_condition(self.status, "Running", True, "AttemptRunning", f"attempt {start.index} in {start.precision}")
         self.series.begin_attempt(start.index, start.precision, start.start_step)
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
@@ -184,19 +223,29 @@ class LocalRun:
         logs = []
         for rank in range(workers):
             env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
-            env.update({
-                LAUNCH_ENV: launch.to_env(),
-                TERMINATION_LOG_ENV: str(folder / f"termination-rank{rank}.json"),
-                "MPJOB_METRICS_PORT": "0", "MPJOB_METRICS_HOST": "127.0.0.1",
-                "RANK": str(rank), "WORLD_SIZE": str(workers), "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
-            })
+            env.update(
+                {
+                    LAUNCH_ENV: launch.to_env(),
+                    TERMINATION_LOG_ENV: str(folder / f"termination-rank{rank}.json"),
+                    "MPJOB_METRICS_PORT": "0",
+                    "MPJOB_METRICS_HOST": "127.0.0.1",
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(workers),
+                    "LOCAL_RANK": str(rank),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "PYTHONUNBUFFERED": "1",
+                }
+            )
             (folder / f"termination-rank{rank}.json").unlink(missing_ok=True)
             log = (folder / f"rank{rank}.log").open("w")
             logs.append(log)
             proc = subprocess.Popen(
-                [self.python, "-m", "mpjob_trainer"], env=env, text=True,
-                stdout=subprocess.PIPE if rank == 0 else log, stderr=log,
+                [self.python, "-m", "mpjob_trainer"],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE if rank == 0 else log,
+                stderr=log,
                 start_new_session=True,  # Ctrl-C reaches the runner only; it sends SIGTERM
             )
             self._procs.append(proc)
@@ -240,8 +289,10 @@ class LocalRun:
                 self.status.step = int(event["step"])
             elif event.get("event") == "checkpoint":
                 self.status.last_checkpoint = CheckpointStatus(
-                    step=int(event["step"]), sha256=str(event.get("sha256", "")),
-                    precision=start.precision, path=str(event.get("path", "")),
+                    step=int(event["step"]),
+                    sha256=str(event.get("sha256", "")),
+                    precision=start.precision,
+                    path=str(event.get("path", "")),
                 )
 
     def _interrupt(self) -> None:

@@ -30,14 +30,23 @@ def set_condition(
         if cond.type == type_:
             moved = cond.status != value
             status.conditions[i] = Condition(
-                type=type_, status=value, reason=reason, message=message,
+                type=type_,
+                status=value,
+                reason=reason,
+                message=message,
                 last_transition_time=at if moved else cond.last_transition_time,
                 observed_generation=generation,
             )
             return
     status.conditions.append(
-        Condition(type=type_, status=value, reason=reason, message=message,
-                  last_transition_time=at, observed_generation=generation)
+        Condition(
+            type=type_,
+            status=value,
+            reason=reason,
+            message=message,
+            last_transition_time=at,
+            observed_generation=generation,
+        )
     )
 
 
@@ -45,8 +54,9 @@ def condition(status: MixedPrecisionJobStatus, type_: str) -> Condition | None:
     return next((c for c in status.conditions if c.type == type_), None)
 
 
-def begin_attempt(status: MixedPrecisionJobStatus, index: int, precision: str, start_step: int,
-                  at: str | None = None) -> AttemptStatus:
+def begin_attempt(
+    status: MixedPrecisionJobStatus, index: int, precision: str, start_step: int, at: str | None = None
+) -> AttemptStatus:
     """Record attempt `index` as started (idempotent: a known index is left as it is)."""
     for existing in status.attempts:
         if existing.index == index:
@@ -58,8 +68,15 @@ def begin_attempt(status: MixedPrecisionJobStatus, index: int, precision: str, s
     return entry
 
 
-def end_attempt(status: MixedPrecisionJobStatus, index: int, reason: str, exit_code: int | None,
-                message: str, end_step: int | None, at: str | None = None) -> None:
+def end_attempt(
+    status: MixedPrecisionJobStatus,
+    index: int,
+    reason: str,
+    exit_code: int | None,
+    message: str,
+    end_step: int | None,
+    at: str | None = None,
+) -> None:
     for entry in status.attempts:
         if entry.index == index and entry.finish_time is None:
             entry.reason = reason

@@ -17,8 +17,18 @@ def _recovering_series() -> RunSeries:
     series = RunSeries()
     series.begin_attempt(0, "fp16", 0)
     for step, scale, overflows in [(10, 65536.0, 0), (20, 32768.0, 1), (30, 4.0, 9), (40, 0.5, 20)]:
-        series.ingest(0, "fp16", {"event": "step", "step": step, "loss": 2.0, "lossScale": scale,
-                                  "gradNorm": 1.0, "overflowSteps": overflows})
+        series.ingest(
+            0,
+            "fp16",
+            {
+                "event": "step",
+                "step": step,
+                "loss": 2.0,
+                "lossScale": scale,
+                "gradNorm": 1.0,
+                "overflowSteps": overflows,
+            },
+        )
     series.end_attempt(0, 40, "NumericFault")
     series.begin_attempt(1, "bf16", 30)
     for step in (40, 50, 60):

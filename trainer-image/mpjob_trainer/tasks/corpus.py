@@ -9,13 +9,31 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
-_SUBJECTS = ["the operator", "a trainer", "the loss scale", "every worker", "the checkpoint",
-             "a gradient", "the cluster", "each attempt", "the scheduler", "a tensor core"]
-_VERBS = ["watches", "restores", "scales", "skips", "writes", "reads", "halves", "doubles",
-          "resumes", "measures"]
-_OBJECTS = ["the master weights", "an overflow", "the next precision", "a good step",
-            "the optimizer state", "sixteen bits", "the learning rate", "a finite loss",
-            "the manifest", "every sample"]
+_SUBJECTS = [
+    "the operator",
+    "a trainer",
+    "the loss scale",
+    "every worker",
+    "the checkpoint",
+    "a gradient",
+    "the cluster",
+    "each attempt",
+    "the scheduler",
+    "a tensor core",
+]
+_VERBS = ["watches", "restores", "scales", "skips", "writes", "reads", "halves", "doubles", "resumes", "measures"]
+_OBJECTS = [
+    "the master weights",
+    "an overflow",
+    "the next precision",
+    "a good step",
+    "the optimizer state",
+    "sixteen bits",
+    "the learning rate",
+    "a finite loss",
+    "the manifest",
+    "every sample",
+]
 _ENDINGS = [".", " again.", " at every step.", " without a sync.", " in bf16.", " in fp16."]
 
 

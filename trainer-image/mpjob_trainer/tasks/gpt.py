@@ -33,9 +33,7 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
@@ -65,8 +63,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer: int, n_head: int, n_embd: int, block_size: int, dropout: float,
-                 blowup: ActivationBlowUp) -> None:
+    def __init__(
+        self, n_layer: int, n_head: int, n_embd: int, block_size: int, dropout: float, blowup: ActivationBlowUp
+    ) -> None:
         super().__init__()
         self.block_size = block_size
         self.wte = nn.Embedding(VOCAB, n_embd)

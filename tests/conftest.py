@@ -1,0 +1,76 @@
+"""Shared fixtures. Integration and e2e tests get a real kube-apiserver: the cluster named by
+$KUBECONFIG when set, else a running `make cluster`, else one started for the session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from tests.cluster.controlplane import Layout, api_ready, down, running, up
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "gpu" in item.keywords:
+            try:
+                import torch
+
+                has_cuda = torch.cuda.is_available()
+            except ImportError:
+                has_cuda = False
+            if not has_cuda:
+                item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    """Path of a kubeconfig for a real cluster."""
+    if os.environ.get("KUBECONFIG"):
+        yield os.environ["KUBECONFIG"]
+        return
+    layout = Layout.from_env()
+    started = False
+    if not (running(layout) and api_ready(layout)):
+        up(layout)
+        started = True
+    yield str(layout.kubeconfig)
+    if started and not os.environ.get("MPJOB_KEEP_CLUSTER"):
+        down(layout)
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: str) -> client.ApiClient:
+    return config.new_client_from_config(kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def batch(api_client: client.ApiClient) -> client.BatchV1Api:
+    return client.BatchV1Api(api_client)
+
+
+@pytest.fixture(scope="session")
+def cluster_bin() -> Path:
+    """Directory with kubectl and helm built for the test cluster."""
+    from tests.cluster.controlplane import binaries
+
+    return binaries()
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {"mpjob.dev/test": "true"}}})
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")

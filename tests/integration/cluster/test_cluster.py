@@ -1,0 +1,287 @@
+"""The test control plane and node agent behave like a cluster: Jobs, GPU scheduling,
+graceful deletion, ServiceAccount credentials, headless-Service DNS."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+PY = sys.executable
+
+
+def _pod(name: str, code: str, **spec: object) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "python", "command": [PY, "-c", code]}],
+            **spec,
+        },
+    }
+
+
+def _job(name: str, code: str, completions: int = 2, **pod_spec: object) -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completions": completions,
+            "parallelism": completions,
+            "completionMode": "Indexed",
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    **pod_spec,
+                    "containers": [{"name": "main", "image": "python", "command": [PY, "-c", code]}],
+                }
+            },
+        },
+    }
+
+
+def _job_condition(batch: client.BatchV1Api, ns: str, name: str) -> tuple[str, str] | None:
+    job = batch.read_namespaced_job(name, ns)
+    for cond in job.status.conditions or []:
+        if cond.type in ("Failed", "Complete") and cond.status == "True":
+            return cond.type, cond.reason or ""
+    return None
+
+
+def test_indexed_job_failure_carries_exit_code_and_termination_message(batch, core, namespace) -> None:
+    code = textwrap.dedent("""
+        import json, os
+        report = {'reason': 'x', 'index': os.environ['JOB_COMPLETION_INDEX']}
+        open('/dev/termination-log', 'w').write(json.dumps(report))
+        raise SystemExit(3)
+    """)
+    job = _job("fails", code)
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {
+            "name": "JOB_COMPLETION_INDEX",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+            },
+        }
+    ]
+    batch.create_namespaced_job(namespace, job)
+    result = wait_for(lambda: _job_condition(batch, namespace, "fails"), 90, message="job fails")
+    assert result == ("Failed", "BackoffLimitExceeded")
+    pods = core.list_namespaced_pod(namespace, label_selector="job-name=fails").items
+    terminated = [
+        p.status.container_statuses[0].state.terminated
+        for p in pods
+        if p.status.container_statuses and p.status.container_statuses[0].state.terminated
+    ]
+    assert terminated, "no terminated container status"
+    for t in terminated:
+        assert t.exit_code == 3
+        report = json.loads(t.message)
+        assert report["reason"] == "x" and report["index"] in ("0", "1")
+
+
+def test_indexed_job_success_completes(batch, namespace) -> None:
+    batch.create_namespaced_job(namespace, _job("works", "print('ok')"))
+    assert wait_for(lambda: _job_condition(batch, namespace, "works"), 90, message="job completes")[0] == "Complete"
+
+
+GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+GPU_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nvidia.com/gpu.compute.major", "operator": "Gt", "values": ["7"]}]}
+            ]
+        }
+    }
+}
+
+
+def _gpu_pod(name: str, gpus: int, tolerate: bool = True) -> dict:
+    extra = {"affinity": GPU_AFFINITY, "tolerations": GPU_TOLERATION} if tolerate else {}
+    pod = _pod(name, "import time; time.sleep(60)", **extra)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    return pod
+
+
+def test_gpu_scheduling(core, namespace) -> None:
+    core.create_namespaced_pod(namespace, _gpu_pod("one-gpu", 1))
+    core.create_namespaced_pod(namespace, _gpu_pod("three-gpus", 3))
+    core.create_namespaced_pod(namespace, _gpu_pod("no-toleration", 0, tolerate=False))
+
+    assert (
+        wait_for(lambda: core.read_namespaced_pod("one-gpu", namespace).spec.node_name, 60, message="one-gpu scheduled")
+        == "gpu-node-0"
+    )
+
+    def unschedulable() -> bool:
+        pod = core.read_namespaced_pod("three-gpus", namespace)
+        return any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in pod.status.conditions or []
+        )
+
+    wait_for(unschedulable, 60, message="three-gpus unschedulable")
+    assert core.read_namespaced_pod("three-gpus", namespace).spec.node_name is None
+    assert (
+        wait_for(
+            lambda: core.read_namespaced_pod("no-toleration", namespace).spec.node_name,
+            60,
+            message="no-toleration scheduled",
+        )
+        == "cpu-node-0"
+    )
+
+
+def test_deleting_a_running_pod_sends_sigterm_within_the_grace_period(core, namespace, kubeconfig) -> None:
+    claim = "signals"
+    code = textwrap.dedent("""
+        import signal, sys, time, pathlib
+        out = pathlib.Path('/data/signal')
+        def handle(signum, frame):
+            out.write_text('SIGTERM')
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, handle)
+        pathlib.Path('/data/started').write_text('yes')
+        time.sleep(300)
+    """)
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    pod = _pod(
+        "sleeper",
+        code,
+        terminationGracePeriodSeconds=20,
+        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+    )
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    core.create_namespaced_pod(namespace, pod)
+    volume = Path(kubeconfig).parent / "volumes" / namespace / claim
+    wait_for(lambda: (volume / "started").exists(), 60, message="process started")
+    started = time.monotonic()
+    core.delete_namespaced_pod("sleeper", namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("sleeper", namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 30, message="pod gone")
+    assert time.monotonic() - started < 20
+    assert (volume / "signal").read_text() == "SIGTERM"
+
+
+def test_service_account_credentials_only_when_automounted(core, api_client, namespace, kubeconfig) -> None:
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "lister"}})
+    rbac.create_namespaced_role(
+        namespace,
+        {"metadata": {"name": "list-pods"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]},
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "lister"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": "lister", "namespace": namespace}],
+        },
+    )
+    code = textwrap.dedent(f"""
+        import json, os, pathlib
+        from kubernetes import client, config
+        out = {{'kubeconfig': bool(os.environ.get('KUBECONFIG'))}}
+        if out['kubeconfig']:
+            api = config.new_client_from_config()
+            core = client.CoreV1Api(api)
+            out['pods'] = len(core.list_namespaced_pod('{namespace}').items) >= 1
+            for what, call in (('secrets', lambda: core.list_namespaced_secret('{namespace}')),
+                               ('other', lambda: core.list_namespaced_pod('default'))):
+                try:
+                    call(); out[what] = 200
+                except client.rest.ApiException as exc:
+                    out[what] = exc.status
+        open('/dev/termination-log', 'w').write(json.dumps(out))
+    """)
+    core.create_namespaced_pod(
+        namespace, _pod("with-token", code, serviceAccountName="lister", automountServiceAccountToken=True)
+    )
+    core.create_namespaced_pod(
+        namespace, _pod("without-token", code, serviceAccountName="lister", automountServiceAccountToken=False)
+    )
+
+    def result(name: str) -> dict | None:
+        pod = core.read_namespaced_pod(name, namespace)
+        statuses = pod.status.container_statuses or []
+        if statuses and statuses[0].state.terminated:
+            return json.loads(statuses[0].state.terminated.message or "null") or {"empty": True}
+        return None
+
+    with_token = wait_for(lambda: result("with-token"), 60, message="with-token finished")
+    assert with_token == {"kubeconfig": True, "pods": True, "secrets": 403, "other": 403}
+    assert wait_for(lambda: result("without-token"), 60, message="without-token finished") == {"kubeconfig": False}
+
+
+def test_pods_of_a_job_reach_each_other_through_a_headless_service(core, batch, namespace) -> None:
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "peers"},
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"job-name": "echo"},
+                "ports": [{"port": 7000}],
+            },
+        },
+    )
+    code = textwrap.dedent(f"""
+        import os, socket, time
+        index = int(os.environ['INDEX'])
+        if index == 0:
+            srv = socket.create_server((os.environ['POD_IP'], 7000))
+            conn, _ = srv.accept()
+            conn.sendall(b'echo:' + conn.recv(100))
+            conn.close()
+        else:
+            peer = 'echo-0.peers.{namespace}.svc'
+            for _ in range(300):
+                try:
+                    sock = socket.create_connection((peer, 7000), timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            sock.sendall(b'hello')
+            reply = sock.recv(100)
+            open('/dev/termination-log', 'w').write(reply.decode())
+            assert reply == b'echo:hello', reply
+    """)
+    job = _job("echo", code, subdomain="peers")
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {
+            "name": "INDEX",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+            },
+        }
+    ]
+    batch.create_namespaced_job(namespace, job)
+    assert wait_for(lambda: _job_condition(batch, namespace, "echo"), 90, message="echo job done")[0] == "Complete"
