@@ -1,0 +1,97 @@
+"""Run the real trainer as a subprocess, the way the operator and `mpjob run` do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mpjob_contract.report import TerminationReport
+
+
+def spec(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "task": {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 512}},
+        "training": {"steps": 30, "batchSize": 8, "logEvery": 5, "learningRate": 1e-2, "seed": 3},
+        "precision": {"mode": "fp32"},
+        "checkpoint": {"everySteps": 10, "keep": 5},
+        "resources": {"gpusPerWorker": 0},
+    }
+    for key, value in over.items():
+        if key != "task" and isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return base
+
+
+@dataclass
+class Run:
+    code: int
+    events: list[dict[str, Any]]
+    report: TerminationReport | None
+    stderr: str
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == kind]
+
+
+def launch_env(
+    tmp: Path,
+    job_spec: dict[str, Any],
+    precision: str,
+    attempt: int = 0,
+    resume_from: str | None = None,
+    ckpt: Path | None = None,
+    extra: dict[str, str] | None = None,
+    name: str = "report.json",
+) -> dict[str, str]:
+    launch = {
+        "jobName": "t",
+        "attempt": attempt,
+        "precision": precision,
+        "resumeFrom": resume_from,
+        "checkpointDir": str(ckpt or tmp / "ckpt"),
+        "spec": job_spec,
+    }
+    env = {
+        **os.environ,
+        "MPJOB_LAUNCH": json.dumps(launch),
+        "MPJOB_TERMINATION_LOG": str(tmp / name),
+        "MPJOB_METRICS_PORT": "off",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(key, None)
+    env.update(extra or {})
+    return env
+
+
+def parse(stdout: str) -> list[dict[str, Any]]:
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def run_trainer(tmp: Path, job_spec: dict[str, Any], precision: str = "fp32", timeout: float = 180, **kw: Any) -> Run:
+    env = launch_env(tmp, job_spec, precision, **kw)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpjob_trainer"], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    report_path = Path(env["MPJOB_TERMINATION_LOG"])
+    report = TerminationReport.parse_message(report_path.read_text()) if report_path.exists() else None
+    return Run(proc.returncode, parse(proc.stdout), report, proc.stderr)
+
+
+@pytest.fixture
+def trainer_spec() -> Any:
+    return spec

@@ -1,0 +1,178 @@
+"""Exact resume after SIGKILL and SIGTERM, across precisions, and over bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mpjob_contract.codes import ExitCode
+from mpjob_trainer.checkpoint import CheckpointStore
+from tests.helpers import wait_for
+from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+LONG = {"training": {"steps": 60, "logEvery": 5}, "checkpoint": {"everySteps": 10, "keep": 10}}
+
+
+def _state(path: Path) -> dict:
+    return torch.load(path / "state.pt", weights_only=True)
+
+
+def _assert_identical(a: dict, b: dict) -> None:
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sa.keys() == sb.keys()
+    for pid in sa:
+        for name, value in sa[pid].items():
+            assert torch.equal(value, sb[pid][name]), (pid, name)
+    assert a["appliedSteps"] == b["appliedSteps"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_interrupted_and_resumed_run_is_bit_identical(tmp_path: Path, precision: str, how: int) -> None:
+    job = spec(precision={"mode": precision}, **LONG)
+    straight = run_trainer(tmp_path / "straight", job, precision)
+    assert straight.code == 0, straight.stderr
+
+    env = launch_env(tmp_path / "cut", job, precision, ckpt=tmp_path / "cut" / "ckpt")
+    (tmp_path / "cut").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True)
+    wait_for(
+        lambda: (tmp_path / "cut" / "ckpt" / "step-000000020" / "manifest.json").exists(),
+        120,
+        interval=0.02,
+        message="checkpoint 20",
+    )
+    proc.send_signal(how)
+    out, _ = proc.communicate(timeout=60)
+    if how == signal.SIGTERM:
+        assert proc.returncode == ExitCode.PREEMPTED
+        preempted = [e for e in parse(out) if e["event"] == "preempted"]
+        assert preempted and preempted[0]["step"] < 60
+        report = json.loads(Path(env["MPJOB_TERMINATION_LOG"]).read_text())
+        assert report["reason"] == "Preempted" and report["lastGoodCheckpoint"]["step"] == preempted[0]["step"]
+    else:
+        assert proc.returncode == -signal.SIGKILL
+
+    resumed = run_trainer(
+        tmp_path / "cut", job, precision, attempt=1, ckpt=tmp_path / "cut" / "ckpt", name="report2.json"
+    )
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.of("resume") and resumed.of("resume")[0]["step"] >= 20
+    _assert_identical(
+        _state(tmp_path / "straight" / "ckpt" / "step-000000060"), _state(tmp_path / "cut" / "ckpt" / "step-000000060")
+    )
+
+
+def test_fp16_checkpoint_resumes_in_bf16_with_the_same_master_weights(tmp_path: Path) -> None:
+    first = run_trainer(tmp_path, spec(precision={"mode": "fp16"}, training={"steps": 20}), "fp16")
+    assert first.code == 0
+    fp16_state = _state(tmp_path / "ckpt" / "step-000000020")
+    assert fp16_state["scaler"] is not None
+    second = run_trainer(
+        tmp_path,
+        spec(training={"steps": 21}),
+        "bf16",
+        attempt=1,
+        name="r2.json",
+        resume_from=str(tmp_path / "ckpt" / "step-000000020"),
+    )
+    assert second.code == 0, second.stderr
+    resume = second.of("resume")[0]
+    assert resume["step"] == 20 and resume["fromPrecision"] == "fp16"
+    bf16_state = _state(tmp_path / "ckpt" / "step-000000021")
+    assert bf16_state["precision"] == "bf16" and bf16_state["scaler"] is None
+    assert bf16_state["appliedSteps"] == fp16_state["appliedSteps"] + 1
+    for key, value in fp16_state["model"].items():
+        assert value.dtype == torch.float32 == bf16_state["model"][key].dtype  # fp32 masters
+        torch.testing.assert_close(bf16_state["model"][key], value, atol=0.05, rtol=0)
+
+
+# ---------------------------------------------------------------- bad checkpoints (no subprocess)
+
+
+def _store(root: Path, digest: str = "d1") -> CheckpointStore:
+    return CheckpointStore(root, keep=5, config_digest=digest)
+
+
+def _save_two(root: Path) -> CheckpointStore:
+    store = _store(root)
+    for step in (10, 20):
+        store.save(step, "fp16", {"step": step, "w": torch.full((64,), float(step))})
+    return store
+
+
+def _truncate(path: Path) -> None:
+    data = (path / "state.pt").read_bytes()
+    (path / "state.pt").write_bytes(data[: len(data) // 2])
+
+
+def _flip(path: Path) -> None:
+    data = bytearray((path / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (path / "state.pt").write_bytes(bytes(data))
+
+
+def _drop_manifest(path: Path) -> None:
+    (path / "manifest.json").unlink()
+
+
+def _other_digest(path: Path) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["configDigest"] = "other"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _drop_manifest, _other_digest])
+def test_a_bad_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path, damage) -> None:
+    _save_two(tmp_path)
+    damage(tmp_path / "step-000000020")
+    rejected: list[dict] = []
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", log=lambda e, **f: rejected.append(f))
+    loaded = store.load(prefer=str(tmp_path / "step-000000020"))
+    assert loaded is not None
+    ref, state = loaded
+    assert ref.step == 10 and state["step"] == 10
+    assert rejected and "step-000000020" in rejected[0]["problem"]
+
+
+def test_no_good_checkpoint_means_step_zero(tmp_path: Path) -> None:
+    _save_two(tmp_path)
+    for step in (10, 20):
+        _flip(tmp_path / f"step-{step:09d}")
+    assert _store(tmp_path).load() is None
+
+
+def test_the_trainer_says_when_it_starts_from_zero(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, spec(training={"steps": 2}))
+    assert run.of("freshStart") and "starting at step 0" in run.of("freshStart")[0]["reason"]
+
+
+def test_checkpoints_are_pruned_to_keep_and_never_overwritten(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2, config_digest="d1")
+    for step in (10, 20, 30):
+        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+    assert [s for s, _ in store.steps()] == [20, 30]
+    before = (tmp_path / "step-000000030" / "state.pt").read_bytes()
+    store.save(30, "bf16", {"step": 30, "w": torch.zeros(4)})  # same step again
+    assert (tmp_path / "step-000000030" / "state.pt").read_bytes() == before
+
+
+def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Path) -> None:
+    store = _save_two(tmp_path)
+    tmp = tmp_path / ".tmp-000000030-999"
+    tmp.mkdir()
+    (tmp / "state.pt").write_bytes(b"partial")
+    ref, _ = store.load()
+    assert ref.step == 20
+    store.clean_stale()
+    assert not tmp.exists()
