@@ -16,12 +16,12 @@ from mpjob_contract.codes import Reason
 @dataclass(frozen=True)
 class StartAttempt:
     index: int
-    precision: Precision
+    precision: str
     #: Checkpoint directory to resume from; None lets the trainer take the newest valid one.
     resume_from: str | None
     #: The step the attempt is expected to resume at (for status; the trainer decides).
     start_step: int
-    fallback_from: Precision | None = None
+    fallback_from: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str
 def after_attempt(
     spec: MixedPrecisionJobSpec,
     index: int,
-    precision: Precision,
+    precision: str,
     result: Classification,
     last_good_step: int,
     last_good_path: str | None,

@@ -84,7 +84,7 @@ def test_two_process_ddp_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     first = _ddp(tmp_path, 20, 0)
     assert [p.returncode for p in first] == [0, 0], first[1].stderr[-2000:]
     assert (tmp_path / "ckpt" / "step-000000020" / "manifest.json").exists()
-    start = [e for e in parse(first[0].stdout) if e["event"] == "start"][0]
+    start = next(e for e in parse(first[0].stdout) if e["event"] == "start")
     assert start["worldSize"] == 2
     second = _ddp(tmp_path, 30, 1)
     assert [p.returncode for p in second] == [0, 0], second[1].stderr[-2000:]

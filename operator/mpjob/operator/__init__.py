@@ -1,0 +1,1 @@
+"""The kopf operator: thin handlers around mpjob.planning (decisions) and mpjob.builders."""

@@ -1,0 +1,332 @@
+"""kopf handlers: observe the cluster, ask mpjob.planning.reconcile what to do, do it.
+
+Every trigger (the CR changed, an attempt Job changed, a periodic tick) runs the same
+level-triggered `reconcile_job`, serialized per MixedPrecisionJob. Status is written before
+children are created, so the status stays the operator's memory across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from mpjob.builders.attempt import LABEL_ATTEMPT, LABEL_JOB, TRAINER_CONTAINER, attempt_job, attempt_service
+from mpjob.operator import metrics as om
+from mpjob.planning import status as st
+from mpjob.planning.reconcile import FINISHED, JobView, PodView, reconcile
+from mpjob_contract import api
+from mpjob_contract import metrics as tm
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+
+log = logging.getLogger("mpjob.operator")
+
+TRAINER_IMAGE = os.environ.get("MPJOB_TRAINER_IMAGE", "mpjob-trainer:0.1.0")
+TICK_SECONDS = float(os.environ.get("MPJOB_TICK_SECONDS", "5"))
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+_phases: dict[str, str] = {}
+_clients: dict[str, Any] = {}
+
+
+def _api() -> tuple[client.CustomObjectsApi, client.BatchV1Api, client.CoreV1Api]:
+    if not _clients:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        _clients["custom"] = client.CustomObjectsApi()
+        _clients["batch"] = client.BatchV1Api()
+        _clients["core"] = client.CoreV1Api()
+    return _clients["custom"], _clients["batch"], _clients["core"]
+
+
+# ------------------------------------------------------------------ observing
+
+
+def _pod_view(pod: Any) -> PodView:
+    annotations = pod.metadata.annotations or {}
+    statuses = [c for c in (pod.status.container_statuses or []) if c.name == TRAINER_CONTAINER]
+    terminated = statuses[0].state.terminated if statuses and statuses[0].state else None
+    phase = pod.status.phase or "Pending"
+    platform = pod.status.reason  # Evicted, NodeLost, ...
+    for cond in pod.status.conditions or []:
+        if cond.type == "DisruptionTarget" and cond.status == "True" and not platform:
+            platform = cond.reason or "DisruptionTarget"
+    if terminated is not None and terminated.reason == "OOMKilled":
+        platform = "OOMKilled"
+    waiting = statuses[0].state.waiting if statuses and statuses[0].state else None
+    if waiting is not None and waiting.reason in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+        platform = waiting.reason
+    return PodView(
+        name=pod.metadata.name,
+        index=int(annotations.get(COMPLETION_INDEX, "0")),
+        phase=phase,
+        alive=phase in ("Pending", "Running", "Unknown")
+        and terminated is None
+        and platform not in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"),
+        exit_code=terminated.exit_code if terminated is not None else None,
+        termination_message=terminated.message if terminated is not None else None,
+        platform_reason=platform,
+        deleting=pod.metadata.deletion_timestamp is not None,
+    )
+
+
+def observe(namespace: str, name: str) -> tuple[dict[int, JobView], frozenset[int], dict[int, list[Any]]]:
+    _, batch, core = _api()
+    selector = f"{LABEL_JOB}={name}"
+    pods_by_attempt: dict[int, list[Any]] = defaultdict(list)
+    for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
+        pods_by_attempt[int((pod.metadata.labels or {}).get(LABEL_ATTEMPT, "-1"))].append(pod)
+    jobs: dict[int, JobView] = {}
+    for job in batch.list_namespaced_job(namespace, label_selector=selector).items:
+        index = int((job.metadata.labels or {}).get(LABEL_ATTEMPT, "-1"))
+        finished = reason = None
+        for cond in job.status.conditions or []:
+            if cond.type in ("Complete", "Failed") and cond.status == "True":
+                finished, reason = cond.type, cond.reason
+        jobs[index] = JobView(
+            index=index,
+            finished=finished,
+            reason=reason,
+            pods=tuple(_pod_view(p) for p in pods_by_attempt.get(index, [])),
+            suspended=bool(job.spec.suspend),
+        )
+    lingering = frozenset(
+        i for i, pods in pods_by_attempt.items() if i not in jobs and any(_pod_view(p).alive for p in pods)
+    )
+    return jobs, lingering, pods_by_attempt
+
+
+# ------------------------------------------------------------------ acting
+
+
+def _create(kind: str, obj: dict[str, Any], owner: dict[str, Any], namespace: str) -> None:
+    _, batch, core = _api()
+    kopf.adopt(obj, owner=owner)
+    try:
+        if kind == "Service":
+            core.create_namespaced_service(namespace, obj)
+        else:
+            batch.create_namespaced_job(namespace, obj)
+    except ApiException as exc:
+        if exc.status != 409:  # AlreadyExists: a restarted operator re-derived the same attempt
+            raise
+
+
+def _delete_attempt(namespace: str, name: str) -> None:
+    _, batch, core = _api()
+    for call in (
+        lambda: batch.delete_namespaced_job(name, namespace, propagation_policy="Background"),
+        lambda: core.delete_namespaced_service(name, namespace),
+    ):
+        try:
+            call()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def _patch_status(namespace: str, name: str, status: MixedPrecisionJobStatus) -> None:
+    custom, _, _ = _api()
+    custom.patch_namespaced_custom_object_status(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status.to_api()}
+    )
+
+
+def reconcile_job(namespace: str, name: str) -> MixedPrecisionJobStatus | None:
+    """Observe, decide, act for one MixedPrecisionJob. Safe to call from any trigger."""
+    custom, _, _ = _api()
+    with _locks[(namespace, name)], om.RECONCILE_SECONDS.time():
+        try:
+            body = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        generation = body["metadata"].get("generation")
+        old = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
+        try:
+            spec = MixedPrecisionJobSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            if old.phase != "Failed":
+                failed = old.model_copy(deep=True)
+                failed.phase, failed.message = "Failed", f"invalid spec: {exc.errors()[0]['msg']}"
+                st.set_condition(failed, "Failed", True, "InvalidSpec", failed.message, generation=generation)
+                _patch_status(namespace, name, failed)
+            return None
+        jobs, lingering, _ = observe(namespace, name)
+        plan = reconcile(spec, old, generation, jobs, datetime.now(UTC), lingering=lingering)
+        if plan.status != old:
+            _patch_status(namespace, name, plan.status)  # memory first, then act
+        for index in plan.delete:
+            _delete_attempt(namespace, f"{name}-a{index}")
+        for start in plan.create:
+            deadline = None
+            if spec.run_policy.active_deadline_seconds and plan.status.start_time:
+                begun = datetime.strptime(plan.status.start_time, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+                deadline = spec.run_policy.active_deadline_seconds - int((datetime.now(UTC) - begun).total_seconds())
+            _create("Service", attempt_service(name, namespace, start.index, start.precision), body, namespace)
+            _create(
+                "Job",
+                attempt_job(
+                    name, namespace, spec, start.index, start.precision, start.resume_from, TRAINER_IMAGE, deadline
+                ),
+                body,
+                namespace,
+            )
+        for reason in plan.started_reasons:
+            om.ATTEMPTS_STARTED.labels(reason=reason).inc()
+        for src, dst in plan.fallbacks:
+            om.FALLBACKS.labels(from_precision=src, to_precision=dst).inc()
+        for before, after in zip(old.attempts, plan.status.attempts, strict=False):
+            if before.reason is None and after.reason is not None:
+                om.ATTEMPTS_ENDED.labels(reason=after.reason).inc()
+        for event in plan.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        _phases[body["metadata"]["uid"]] = plan.status.phase
+        return plan.status
+
+
+# ------------------------------------------------------------------ live progress
+
+
+def scrape_progress(namespace: str, name: str, status: MixedPrecisionJobStatus) -> dict[str, Any]:
+    """Read rank 0's metrics endpoint (the trainer holds no Kubernetes token)."""
+    _, _, core = _api()
+    pods = core.list_namespaced_pod(
+        namespace, label_selector=f"{LABEL_JOB}={name},{LABEL_ATTEMPT}={status.attempt}"
+    ).items
+    rank0 = [
+        p
+        for p in pods
+        if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0"
+        and p.status.phase == "Running"
+        and p.status.pod_ip
+    ]
+    if not rank0:
+        return {}
+    url = f"http://{rank0[0].status.pod_ip}:{tm.DEFAULT_METRICS_PORT}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        om.SCRAPE_FAILURES.inc()
+        return {}
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = sample.value
+    found: dict[str, Any] = {}
+    for key, metric, cast in (
+        ("step", tm.STEP, int),
+        ("loss", tm.LOSS, float),
+        ("lossScale", tm.LOSS_SCALE, float),
+        ("overflowSteps", tm.OVERFLOW_STEPS + "_total", int),
+        ("samplesPerSecond", tm.SAMPLES_PER_SECOND, float),
+    ):
+        if metric in values:
+            found[key] = cast(values[metric])
+    if tm.LAST_GOOD_CHECKPOINT_STEP in values and values[tm.LAST_GOOD_CHECKPOINT_STEP] > 0:
+        found["lastCheckpointStep"] = int(values[tm.LAST_GOOD_CHECKPOINT_STEP])
+    return found
+
+
+def update_progress(namespace: str, name: str) -> None:
+    custom, _, _ = _api()
+    body = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+    status = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
+    if status.phase != "Running":
+        return
+    found = scrape_progress(namespace, name, status)
+    if not found:
+        return
+    patch: dict[str, Any] = {k: v for k, v in found.items() if k != "lastCheckpointStep"}
+    if "lastCheckpointStep" in found and (
+        not status.last_checkpoint or status.last_checkpoint.step < found["lastCheckpointStep"]
+    ):
+        patch["lastCheckpoint"] = {
+            "step": found["lastCheckpointStep"],
+            "precision": status.precision or "",
+            "sha256": "",
+            "path": "",
+        }
+    current = status.to_api()
+    if any(current.get(k) != v for k, v in patch.items()):
+        custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": patch}
+        )
+
+
+# ------------------------------------------------------------------ kopf wiring
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mpjob.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="mpjob.dev")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 120
+    settings.execution.max_workers = int(os.environ.get("MPJOB_WORKERS", "16"))
+    _api()
+
+
+@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
+def on_change(name: str, namespace: str, **_: Any) -> None:
+    try:
+        reconcile_job(namespace, name)
+    except ApiException as exc:
+        om.ERRORS.labels(kind=f"api{exc.status}").inc()
+        raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=2) from exc
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
+def on_attempt_job(labels: dict[str, str], namespace: str, type: str | None, **_: Any) -> None:
+    if type is None:  # the initial listing; the CR handlers cover it
+        return
+    try:
+        reconcile_job(namespace, labels[LABEL_JOB])
+    except ApiException as exc:
+        om.ERRORS.labels(kind=f"api{exc.status}").inc()
+        log.warning("reconcile after a Job event failed: %s", exc.reason)
+
+
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
+def tick(name: str, namespace: str, status: dict[str, Any], spec: dict[str, Any], **_: Any) -> None:
+    """The level-triggered safety net, and live progress from the trainer's metrics."""
+    phase = (status or {}).get("phase")
+    if phase in FINISHED and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is None:
+        return
+    started = time.monotonic()
+    try:
+        result = reconcile_job(namespace, name)
+        if result is not None and result.phase == "Running":
+            update_progress(namespace, name)
+    except ApiException as exc:
+        om.ERRORS.labels(kind=f"api{exc.status}").inc()
+        log.warning("tick failed after %.2fs: %s", time.monotonic() - started, exc.reason)
+    counts: dict[str, int] = defaultdict(int)
+    for value in _phases.values():
+        counts[value] += 1
+    for phase_name in ("Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"):
+        om.JOBS_BY_PHASE.labels(phase=phase_name).set(counts.get(phase_name, 0))
+
+
+@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
+def on_delete(body: dict[str, Any], **_: Any) -> None:
+    """Children go with their owner (garbage collection); the checkpoint volume stays."""
+    _phases.pop(body["metadata"]["uid"], None)

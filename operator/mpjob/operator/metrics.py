@@ -1,0 +1,29 @@
+"""Operator metrics (prometheus-client), served by `mpjob operator` on --metrics-port."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILE_SECONDS = Histogram(
+    "mpjob_operator_reconcile_duration_seconds",
+    "Time to reconcile one MixedPrecisionJob.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+ATTEMPTS_STARTED = Counter(
+    "mpjob_operator_attempts_started",
+    "Attempts started, by why (Created, NumericFault, Preempted, Resumed, ...).",
+    ["reason"],
+)
+ATTEMPTS_ENDED = Counter(
+    "mpjob_operator_attempts_ended",
+    "Attempts ended, by reason (NumericFault, Succeeded, ConfigError, ...).",
+    ["reason"],
+)
+FALLBACKS = Counter(
+    "mpjob_operator_precision_fallbacks",
+    "Precision fallbacks, by from and to precision.",
+    ["from_precision", "to_precision"],
+)
+JOBS_BY_PHASE = Gauge("mpjob_operator_jobs", "MixedPrecisionJobs this operator watches, by phase.", ["phase"])
+ERRORS = Counter("mpjob_operator_errors", "Reconcile errors, by kind.", ["kind"])
+SCRAPE_FAILURES = Counter("mpjob_operator_progress_scrape_failures", "Failed reads of a trainer's metrics endpoint.")
