@@ -77,12 +77,13 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         if len(options) == 1:
             merged = _structural(options[0], defs)
             merged.update({k: v for k, v in node.items() if k not in ("default",) or v is not None})
-            node = merged
+            return merged
         elif {o.get("type") for o in options} <= {"integer", "string"}:
             node.update({"x-kubernetes-int-or-string": True})
             pattern = next((o.get("pattern") for o in options if o.get("pattern")), None)
+            node["anyOf"] = [{"type": "integer"}, {"type": "string"}]  # the only structural int-or-string
             if pattern:
-                node["anyOf"] = [{"type": "integer"}, {"type": "string", "pattern": pattern}]
+                node["pattern"] = pattern
         else:
             raise ValueError(f"cannot express a union of {options} structurally")
     node.pop("title", None)
@@ -98,10 +99,12 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         node["type"] = "object"
         props = node.get("properties")
         if props:
+            optional = {k for k, v in props.items() if any(o.get("type") == "null" for o in v.get("anyOf", []))}
             node["properties"] = {k: _structural(v, defs) for k, v in props.items()}
             for key, prop in node["properties"].items():
                 # Objects built by default factories default to {} so nested defaults apply.
-                if prop.get("type") == "object" and "properties" in prop and key not in node.get("required", []):
+                if (prop.get("type") == "object" and "properties" in prop and key not in optional
+                        and key not in node.get("required", [])):
                     prop.setdefault("default", {})
         additional = node.get("additionalProperties")
         if additional is True or (isinstance(additional, dict) and not additional):

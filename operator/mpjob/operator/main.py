@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose)
     kopf.run(
         clusterwide=not args.namespace,
-        namespaces=args.namespace or None,
+        namespaces=args.namespace,
         standalone=args.peering is None,
         peering_name=args.peering,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
