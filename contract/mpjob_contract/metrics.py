@@ -25,6 +25,7 @@ CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
 CHECKPOINT_FAILURES = PREFIX + "checkpoint_failures"  # counter -> *_total
 LAST_GOOD_CHECKPOINT_STEP = PREFIX + "last_good_checkpoint_step"
 TOTAL_STEPS = PREFIX + "total_steps"
+START_STEP = PREFIX + "start_step"  # the step this attempt resumed from
 INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1
 GUARD_TRIPS = PREFIX + "guard_trips"  # counter by rule -> *_total
 

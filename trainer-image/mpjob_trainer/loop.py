@@ -175,6 +175,7 @@ class Trainer:
         port = metrics.serve() if self.world.is_main else None
         metrics.total_steps.set(tr.steps)
         metrics.step.set(start_step)
+        metrics.start_step.set(start_step)
         if store.last_good is not None:
             metrics.last_good_step.set(store.last_good.step)
         self.log(

@@ -27,6 +27,7 @@ class TrainerMetrics:
 
         self.step = gauge(names.STEP, "Optimizer steps completed (the data position).")
         self.total_steps = gauge(names.TOTAL_STEPS, "Steps the job trains in all.")
+        self.start_step = gauge(names.START_STEP, "The step this attempt resumed from (0 = fresh start).")
         self.loss = gauge(names.LOSS, "Training loss at the last log interval.")
         self.loss_scale = gauge(names.LOSS_SCALE, "GradScaler loss scale (fp16 only).")
         self.overflow_steps = counter(names.OVERFLOW_STEPS, "Optimizer steps skipped for inf/NaN gradients.")

@@ -239,12 +239,19 @@ def scrape_progress(namespace: str, name: str, status: MixedPrecisionJobStatus) 
     ):
         if metric in values:
             found[key] = cast(values[metric])
+    if tm.START_STEP in values:
+        found["startStep"] = int(values[tm.START_STEP])
     if tm.LAST_GOOD_CHECKPOINT_STEP in values and values[tm.LAST_GOOD_CHECKPOINT_STEP] > 0:
         found["lastCheckpointStep"] = int(values[tm.LAST_GOOD_CHECKPOINT_STEP])
     return found
 
 
 def update_progress(namespace: str, name: str) -> None:
+    with _locks[(namespace, name)]:
+        _update_progress(namespace, name)
+
+
+def _update_progress(namespace: str, name: str) -> None:
     custom, _, _ = _api()
     body = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
     status = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
@@ -253,7 +260,12 @@ def update_progress(namespace: str, name: str) -> None:
     found = scrape_progress(namespace, name, status)
     if not found:
         return
-    patch: dict[str, Any] = {k: v for k, v in found.items() if k != "lastCheckpointStep"}
+    patch: dict[str, Any] = {k: v for k, v in found.items() if k not in ("lastCheckpointStep", "startStep")}
+    if "startStep" in found and status.attempts and status.attempts[-1].start_step != found["startStep"]:
+        # The trainer decides where it resumes (the newest valid checkpoint): record that.
+        attempts = [a.to_api() for a in status.attempts]
+        attempts[-1]["startStep"] = found["startStep"]
+        patch["attempts"] = attempts
     if "lastCheckpointStep" in found and (
         not status.last_checkpoint or status.last_checkpoint.step < found["lastCheckpointStep"]
     ):

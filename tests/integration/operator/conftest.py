@@ -1,0 +1,165 @@
+"""An operator process per test namespace, and helpers to drive MixedPrecisionJobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from mpjob_contract import api
+from tests.helpers import wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+CRD = REPO / "crds" / "mixedprecisionjobs.mpjob.dev.yaml"
+
+
+@pytest.fixture(scope="session")
+def crd_installed(api_client: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(api_client)
+    body = yaml.safe_load(CRD.read_text())
+    try:
+        current = ext.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+    except client.rest.ApiException as exc:
+        if exc.status != 404:
+            raise
+        ext.create_custom_resource_definition(body)
+
+    def established() -> bool:
+        crd = ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+    wait_for(established, 30, message="CRD established")
+
+
+class Operator:
+    def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MPJOB_TICK_SECONDS": "1"}
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mpjob.cli",
+                "operator",
+                "-n",
+                self.namespace,
+                "--metrics-port",
+                "0",
+                "--health-port",
+                "0",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def operator(kubeconfig: str, namespace: str, crd_installed: None, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+
+
+class Jobs:
+    def __init__(self, api_client: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace
+
+    def create(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(
+            api.GROUP,
+            api.VERSION,
+            self.namespace,
+            api.PLURAL,
+            {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name}, "spec": spec},
+        )
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, {"spec": spec}
+        )
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def wait_phase(self, name: str, phases: str | tuple[str, ...], timeout: float = 180) -> dict[str, Any]:
+        wanted = (phases,) if isinstance(phases, str) else phases
+        return wait_for(
+            lambda: (s := self.status(name)).get("phase") in wanted and s,
+            timeout,
+            interval=0.5,
+            message=f"{name} phase in {wanted} (now {self.status(name).get('phase')})",
+        )
+
+    def attempt_jobs(self, name: str) -> list[str]:
+        return sorted(
+            j.metadata.name
+            for j in self.batch.list_namespaced_job(self.namespace, label_selector=f"mpjob.dev/job={name}").items
+        )
+
+    def pvc(self, name: str) -> None:
+        self.core.create_namespaced_persistent_volume_claim(
+            self.namespace,
+            {
+                "metadata": {"name": name},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
+
+
+@pytest.fixture
+def jobs(api_client: client.ApiClient, namespace: str) -> Jobs:
+    return Jobs(api_client, namespace)
+
+
+def gpt_spec(claim: str, steps: int = 60, every: int = 10, **over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "task": {
+            "builtin": "gpt",
+            "args": {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000},
+        },
+        "training": {"steps": steps, "batchSize": 4, "logEvery": 5},
+        "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
+        "checkpoint": {"everySteps": every, "volume": {"persistentVolumeClaim": {"claimName": claim}}},
+        "resources": {"gpusPerWorker": 1},
+    }
+    spec.update(over)
+    return spec
+
+
+Spec = Callable[..., dict[str, Any]]

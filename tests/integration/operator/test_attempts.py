@@ -1,0 +1,173 @@
+"""The operator on the real control plane, with the node agent running the real trainer."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
+
+pytestmark = pytest.mark.integration
+
+OVERFLOW = {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000, "overflowAtStep": 25}
+
+
+def test_fp16_overflow_falls_back_to_bf16_and_succeeds(
+    operator: Operator, jobs: Jobs, namespace: str, cluster_bin: Path, kubeconfig: str
+) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt")
+    spec["task"]["args"] = OVERFLOW
+    jobs.create("recover", spec)
+    status = jobs.wait_phase("recover", ("Succeeded", "Failed"), 240)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["precision"], first["reason"], first["exitCode"]) == ("fp16", "NumericFault", 42)
+    assert (second["precision"], second["reason"]) == ("bf16", "Succeeded")
+    assert second["startStep"] == 20 > 0
+    assert status["precision"] == "bf16" and status["lastCheckpoint"]["step"] == 60
+    fallback = next(c for c in status["conditions"] if c["type"] == "PrecisionFallback")
+    assert fallback["status"] == "True" and fallback["reason"] == "NumericFault"
+    assert jobs.attempt_jobs("recover") == ["recover-a0", "recover-a1"]
+    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=recover").items
+    assert {"AttemptStarted", "PrecisionFallback", "AttemptEnded", "Succeeded"} <= {e.reason for e in events}
+    kubectl = subprocess.run(
+        [str(cluster_bin / "kubectl"), "--kubeconfig", kubeconfig, "-n", namespace, "get", "mpj"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert kubectl.split("\n")[0].split() == ["NAME", "PHASE", "PRECISION", "STEP", "LOSS", "SCALE", "ATTEMPT", "AGE"]
+    assert kubectl.split("\n")[1].split()[:3] == ["recover", "Succeeded", "bf16"]
+    # The checkpoint the status names is on the volume, with that sha256.
+    manifest = Path(kubeconfig).parent / "volumes" / namespace / "ckpt" / "step-000000060" / "manifest.json"
+    assert status["lastCheckpoint"]["sha256"] in manifest.read_text()
+
+
+def test_a_deleted_pod_resumes_in_the_same_precision(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
+) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=3000, every=20)
+    spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+    jobs.create("evicted", spec)
+    volume = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
+    wait_for(lambda: (volume / "step-000000040" / "manifest.json").exists(), 180, message="checkpoint 40")
+    pods = jobs.core.list_namespaced_pod(namespace, label_selector="mpjob.dev/job=evicted,mpjob.dev/attempt=0")
+    jobs.core.delete_namespaced_pod(pods.items[0].metadata.name, namespace)
+    status = wait_for(
+        lambda: len((s := jobs.status("evicted")).get("attempts", [])) == 2 and s, 120, message="second attempt"
+    )
+    first, second = status["attempts"]
+    assert first["reason"] in ("Preempted", "PodDeleted") and second["precision"] == "bf16"
+    assert second["startStep"] >= 40
+    wait_for(
+        lambda: any(e["event"] == "resume" for e in _events(kubeconfig, namespace, "evicted-a1")),
+        120,
+        message="attempt 1 resumed from a checkpoint",
+    )
+    jobs.patch_spec("evicted", {"runPolicy": {"suspend": True}})  # stop the long run quickly
+    jobs.wait_phase("evicted", "Suspended", 60)
+
+
+def _events(kubeconfig: str, namespace: str, job: str) -> list[dict]:
+    import json
+
+    logs = Path(kubeconfig).parent / "logs" / "pods"
+    out = []
+    for path in logs.glob(f"{namespace}_{job}-*_trainer.log"):
+        for line in path.read_text().splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
+
+
+def test_a_task_module_that_does_not_import_fails_without_retry(operator: Operator, jobs: Jobs) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt")
+    spec["task"] = {"module": "not_installed.tasks:make_task"}
+    jobs.create("broken", spec)
+    status = jobs.wait_phase("broken", ("Failed", "Succeeded"), 120)
+    assert status["phase"] == "Failed"
+    assert len(status["attempts"]) == 1 and status["attempts"][0]["reason"] == "ConfigError"
+    assert "not_installed" in status["message"]
+    assert jobs.attempt_jobs("broken") == ["broken-a0"]
+
+
+def test_every_precision_failing_ends_failed(operator: Operator, jobs: Jobs) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt")
+    spec["task"]["args"] = {**OVERFLOW, "overflowAtStep": 2, "overflowGain": 1e39}  # beyond fp32's range too
+    jobs.create("hopeless", spec)
+    status = jobs.wait_phase("hopeless", ("Failed", "Succeeded"), 240)
+    assert status["phase"] == "Failed"
+    assert [a["precision"] for a in status["attempts"]] == ["fp16", "bf16", "fp32"]
+    assert all(a["reason"] == "NumericFault" for a in status["attempts"])
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NoPrecisionLeft" and "fp32" in failed["message"]
+
+
+def test_operator_killed_at_any_point_never_duplicates_an_attempt(operator: Operator, jobs: Jobs) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=60)
+    spec["task"]["args"] = OVERFLOW
+    jobs.create("sturdy", spec)
+    wait_for(lambda: jobs.attempt_jobs("sturdy"), 60, message="first Job")
+    operator.kill()  # right after the first attempt was created
+    operator.start()
+    wait_for(lambda: len(jobs.status("sturdy").get("attempts", [])) == 2, 180, message="fallback attempt")
+    operator.kill()  # right after the fallback
+    operator.start()
+    status = jobs.wait_phase("sturdy", ("Succeeded", "Failed"), 240)
+    assert status["phase"] == "Succeeded"
+    assert [a["index"] for a in status["attempts"]] == [0, 1]
+    assert jobs.attempt_jobs("sturdy") == ["sturdy-a0", "sturdy-a1"]
+
+
+def test_suspend_then_resume_continues_from_the_checkpoint(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
+) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=300, every=20)
+    spec["precision"] = {"mode": "bf16"}
+    jobs.create("pausable", spec)
+    volume = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
+    wait_for(lambda: (volume / "step-000000020" / "manifest.json").exists(), 120, message="checkpoint 20")
+    jobs.patch_spec("pausable", {"runPolicy": {"suspend": True}})
+    status = jobs.wait_phase("pausable", "Suspended", 60)
+    assert status["attempts"][0]["reason"] == "Suspended"
+    wait_for(lambda: not jobs.attempt_jobs("pausable"), 60, message="attempt Job removed")
+    jobs.patch_spec("pausable", {"runPolicy": {"suspend": False}})
+    status = jobs.wait_phase("pausable", "Succeeded", 240)
+    assert [a["precision"] for a in status["attempts"]] == ["bf16", "bf16"]
+    assert status["attempts"][1]["startStep"] >= 20
+
+
+def test_ttl_removes_children_and_keeps_the_job(operator: Operator, jobs: Jobs) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=10)
+    spec["precision"] = {"mode": "bf16"}
+    spec["runPolicy"] = {"ttlSecondsAfterFinished": 2}
+    jobs.create("short", spec)
+    jobs.wait_phase("short", "Succeeded", 120)
+    wait_for(lambda: not jobs.attempt_jobs("short"), 60, message="children removed after the TTL")
+    assert jobs.status("short")["phase"] == "Succeeded"
+    assert jobs.core.read_namespaced_persistent_volume_claim("ckpt", jobs.namespace)  # user data kept
+
+
+def test_deleting_the_job_removes_its_children_but_not_the_volume(operator: Operator, jobs: Jobs) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=3000, every=50)
+    spec["precision"] = {"mode": "bf16"}
+    jobs.create("doomed", spec)
+    wait_for(lambda: jobs.attempt_jobs("doomed"), 60, message="attempt Job")
+    jobs.custom.delete_namespaced_custom_object(
+        "mpjob.dev", "v1alpha1", jobs.namespace, "mixedprecisionjobs", "doomed", propagation_policy="Foreground"
+    )
+    wait_for(lambda: not jobs.attempt_jobs("doomed"), 120, message="children garbage-collected")
+    services = jobs.core.list_namespaced_service(jobs.namespace, label_selector="mpjob.dev/job=doomed").items
+    assert services == []
+    assert jobs.core.read_namespaced_persistent_volume_claim("ckpt", jobs.namespace)
