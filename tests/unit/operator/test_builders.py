@@ -1,0 +1,95 @@
+"""The attempt's Job and Service manifests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpjob.builders.attempt import attempt_job, attempt_service
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.launch import AttemptLaunch
+
+pytestmark = pytest.mark.unit
+
+
+def build(**over: object) -> dict:
+    spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **over})
+    return attempt_job("gpt", "ml", spec, 2, "bf16", "/ckpt/step-000000200", "mpjob-trainer:0.1.0")
+
+
+def _env(job: dict) -> dict:
+    return {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_indexed_job_with_one_pod_per_worker_and_no_retries() -> None:
+    job = build(workers=4)
+    assert job["metadata"]["name"] == "gpt-a2"
+    assert (
+        job["spec"]["completionMode"],
+        job["spec"]["completions"],
+        job["spec"]["parallelism"],
+        job["spec"]["backoffLimit"],
+    ) == ("Indexed", 4, 4, 0)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == "gpt-a2" and pod["restartPolicy"] == "Never"
+    env = _env(job)
+    assert env["MASTER_ADDR"]["value"] == "gpt-a2-0.gpt-a2.ml.svc" and env["WORLD_SIZE"]["value"] == "4"
+    assert "job-completion-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    launch = AttemptLaunch.model_validate_json(env["MPJOB_LAUNCH"]["value"])
+    assert (launch.attempt, launch.precision, launch.resume_from) == (2, "bf16", "/ckpt/step-000000200")
+
+
+def test_trainer_pods_are_locked_down() -> None:
+    pod = build()["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["automountServiceAccountToken"] is False
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+
+
+def test_gpu_jobs_request_gpus_tolerate_the_taint_and_need_the_capability() -> None:
+    pod = build(resources={"gpusPerWorker": 2, "minComputeCapability": "8.6"})["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"] == [{"key": "nvidia.com/gpu.compute.major", "operator": "Gt", "values": ["8"]}]
+    assert {"key": "nvidia.com/gpu.compute.minor", "operator": "Gt", "values": ["5"]} in terms[1]["matchExpressions"]
+
+
+def test_cpu_jobs_have_no_gpu_bits() -> None:
+    pod = build(resources={"gpusPerWorker": 0})["spec"]["template"]["spec"]
+    assert "tolerations" not in pod and "affinity" not in pod
+    assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0].get("resources", {}))
+
+
+def test_template_is_merged_without_replacing_the_trainer() -> None:
+    job = build(
+        template={
+            "nodeSelector": {"pool": "a100"},
+            "env": [{"name": "EXTRA", "value": "1"}, {"name": "WORLD_SIZE", "value": "99"}],
+            "tolerations": [{"key": "spot", "operator": "Exists"}],
+        }
+    )
+    pod = job["spec"]["template"]["spec"]
+    env = _env(job)
+    assert env["EXTRA"]["value"] == "1" and env["WORLD_SIZE"]["value"] == "1"  # ours win
+    assert pod["nodeSelector"] == {"pool": "a100"} and {"key": "spot", "operator": "Exists"} in pod["tolerations"]
+    assert pod["containers"][0]["command"] == ["mpjob-trainer"]
+
+
+def test_queue_name_labels_the_job_and_creates_it_suspended() -> None:
+    job = build(runPolicy={"queueName": "team-a"})
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" and job["spec"]["suspend"] is True
+
+
+def test_checkpoint_volume_is_the_users_claim() -> None:
+    pod = build(checkpoint={"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}})["spec"]["template"]["spec"]
+    assert pod["volumes"][0] == {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}
+
+
+def test_headless_service_selects_the_attempt() -> None:
+    svc = attempt_service("gpt", "ml", 2, "bf16")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"mpjob.dev/job": "gpt", "mpjob.dev/attempt": "2"}

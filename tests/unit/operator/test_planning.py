@@ -1,0 +1,169 @@
+"""The failure policy, the planner and the pure reconcile, with plain data."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mpjob.planning.classify import FAILURE_POLICY, Action, AttemptOutcome, classify
+from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_attempt, ladder
+from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.report import CheckpointRef, TerminationReport
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def spec(**over: object) -> MixedPrecisionJobSpec:
+    return MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **over})
+
+
+def report(reason: Reason, step: int = 30, ckpt: int | None = 20, message: str = "m") -> str:
+    ref = CheckpointRef(step=ckpt, path=f"/c/step-{ckpt}", sha256="ab", precision="fp16") if ckpt else None
+    return TerminationReport(
+        reason=reason, step=step, precision="fp16", last_good_checkpoint=ref, message=message
+    ).to_message()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "reason", "action"),
+    [
+        (AttemptOutcome(0), Reason.SUCCEEDED, Action.SUCCEED),
+        (AttemptOutcome(42), Reason.NUMERIC_FAULT, Action.NEXT_PRECISION),
+        (AttemptOutcome(43), Reason.CONFIG_ERROR, Action.FAIL),
+        (AttemptOutcome(44), Reason.PREEMPTED, Action.SAME_PRECISION),
+        (AttemptOutcome(1), Reason.INFRA_ERROR, Action.SAME_PRECISION),
+        (AttemptOutcome(137), Reason.DELETED, Action.SAME_PRECISION),
+        (AttemptOutcome(None, platform_reason="Evicted"), Reason.EVICTED, Action.SAME_PRECISION),
+        (AttemptOutcome(137, platform_reason="OOMKilled"), Reason.OOM_KILLED, Action.FAIL),
+        (AttemptOutcome(None, platform_reason="ImagePullBackOff"), Reason.IMAGE_PULL, Action.FAIL),
+        (AttemptOutcome(None, platform_reason="DeadlineExceeded"), Reason.DEADLINE_EXCEEDED, Action.FAIL),
+        (AttemptOutcome(None, platform_reason="DeletionByTaintManager"), Reason.NODE_LOST, Action.SAME_PRECISION),
+    ],
+)
+def test_failure_policy_table(outcome: AttemptOutcome, reason: Reason, action: Action) -> None:
+    result = classify(outcome)
+    assert (result.reason, result.action) == (reason, action)
+
+
+def test_every_reason_has_exactly_one_rule() -> None:
+    reasons = [rule.reason for rule in FAILURE_POLICY]
+    assert len(reasons) == len(set(reasons)) == len(Reason)
+
+
+def test_auto_resolves_against_min_compute_capability() -> None:
+    assert ladder(spec(resources={"gpusPerWorker": 1, "minComputeCapability": "8.0"})) == ["bf16", "fp32"]
+    assert ladder(spec(resources={"gpusPerWorker": 1, "minComputeCapability": "7.0"})) == ["fp16", "bf16", "fp32"]
+    assert ladder(spec(resources={"gpusPerWorker": 0})) == ["bf16", "fp32"]
+    assert first_attempt(spec(precision={"mode": "fp32"})).precision == "fp32"
+
+
+def test_numeric_fault_walks_the_ladder_from_the_last_good_checkpoint() -> None:
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"]})
+    fault = classify(AttemptOutcome(42, TerminationReport.parse_message(report(Reason.NUMERIC_FAULT))))
+    nxt = after_attempt(s, 0, "fp16", fault, 20, "/c/step-20")
+    assert nxt == StartAttempt(1, "bf16", "/c/step-20", 20, fallback_from="fp16")
+    last = after_attempt(s, 2, "fp32", fault, 20, "/c/step-20")
+    assert isinstance(last, Finish) and not last.succeeded and last.reason == "NoPrecisionLeft"
+
+
+def test_attempts_are_bounded_by_max_attempts() -> None:
+    s = spec(runPolicy={"maxAttempts": 2})
+    preempted = classify(AttemptOutcome(44))
+    assert isinstance(after_attempt(s, 0, "bf16", preempted, 10, None), StartAttempt)
+    done = after_attempt(s, 1, "bf16", preempted, 10, None)
+    assert isinstance(done, Finish) and done.reason == "AttemptsExhausted"
+
+
+def _status(**kw: object) -> MixedPrecisionJobStatus:
+    return MixedPrecisionJobStatus.model_validate(kw)
+
+
+def test_a_new_job_starts_attempt_zero_and_records_it_first() -> None:
+    plan = reconcile(spec(precision={"mode": "fp16"}), _status(), 1, {}, NOW)
+    assert [(c.index, c.precision) for c in plan.create] == [(0, "fp16")]
+    assert plan.status.attempts[0].index == 0 and plan.status.phase == "Running"
+    assert plan.status.observed_generation == 1
+
+
+def test_a_recorded_attempt_without_its_job_is_created_again_with_the_same_index() -> None:
+    first = reconcile(spec(precision={"mode": "fp16"}), _status(), 1, {}, NOW).status
+    again = reconcile(spec(precision={"mode": "fp16"}), first, 1, {}, NOW)
+    assert [c.index for c in again.create] == [0]
+    assert len(again.status.attempts) == 1  # never a second attempt
+
+
+def test_a_running_job_is_left_alone() -> None:
+    first = reconcile(spec(), _status(), 1, {}, NOW).status
+    running = {0: JobView(0, pods=(PodView("p", 0, "Running", alive=True),))}
+    plan = reconcile(spec(), first, 1, running, NOW)
+    assert plan.create == [] and plan.delete == [] and plan.status.phase == "Running"
+
+
+def test_a_numeric_fault_starts_the_next_precision() -> None:
+    s = spec(precision={"mode": "fp16"})
+    first = reconcile(s, _status(), 1, {}, NOW).status
+    failed = {
+        0: JobView(
+            0,
+            finished="Failed",
+            reason="BackoffLimitExceeded",
+            pods=(
+                PodView("p", 0, "Failed", alive=False, exit_code=42, termination_message=report(Reason.NUMERIC_FAULT)),
+            ),
+        )
+    }
+    plan = reconcile(s, first, 1, failed, NOW)
+    assert [(c.index, c.precision, c.resume_from) for c in plan.create] == [(1, "bf16", "/c/step-20")]
+    assert plan.status.attempts[0].reason == "NumericFault" and plan.status.attempts[0].end_step == 30
+    assert plan.status.last_checkpoint.step == 20
+    assert plan.fallbacks == [("fp16", "bf16")]
+    cond = next(c for c in plan.status.conditions if c.type == "PrecisionFallback")
+    assert cond.status == "True" and cond.reason == "NumericFault"
+
+
+def test_the_next_attempt_waits_for_every_pod_of_the_failed_one() -> None:
+    s = spec(precision={"mode": "fp16"}, workers=2)
+    first = reconcile(s, _status(), 1, {}, NOW).status
+    half = {
+        0: JobView(
+            0,
+            finished="Failed",
+            pods=(
+                PodView("p0", 0, "Failed", alive=False, exit_code=42, termination_message=report(Reason.NUMERIC_FAULT)),
+                PodView("p1", 1, "Running", alive=True, deleting=True),
+            ),
+        )
+    }
+    assert reconcile(s, first, 1, half, NOW).create == []
+
+
+def test_ttl_deletes_children_after_completion() -> None:
+    s = spec(runPolicy={"ttlSecondsAfterFinished": 60})
+    done = _status(
+        phase="Succeeded",
+        completionTime="2026-11-22T11:59:30Z",
+        attempts=[{"index": 0, "precision": "bf16", "finishTime": "2026-11-22T11:58:00Z"}],
+    )
+    jobs = {0: JobView(0, finished="Complete")}
+    assert reconcile(s, done, 1, jobs, NOW).delete == []
+    assert reconcile(s, done, 1, jobs, NOW + timedelta(seconds=61)).delete == [0]
+
+
+def test_suspend_stops_the_attempt_and_resume_starts_the_same_precision() -> None:
+    running = reconcile(spec(precision={"mode": "bf16"}), _status(), 1, {}, NOW).status
+    job = {0: JobView(0, pods=(PodView("p", 0, "Running", alive=True),))}
+    suspended = reconcile(spec(precision={"mode": "bf16"}, runPolicy={"suspend": True}), running, 2, job, NOW)
+    assert suspended.delete == [0] and suspended.status.phase == "Suspended"
+    resumed = reconcile(spec(precision={"mode": "bf16"}), suspended.status, 3, {}, NOW)
+    assert [(c.index, c.precision, c.resume_from) for c in resumed.create] == [(1, "bf16", None)]
+
+
+def test_the_whole_job_deadline_fails_it() -> None:
+    s = spec(runPolicy={"activeDeadlineSeconds": 10})
+    first = reconcile(s, _status(), 1, {}, NOW).status
+    plan = reconcile(s, first, 1, {0: JobView(0)}, NOW + timedelta(seconds=11))
+    assert plan.status.phase == "Failed" and plan.delete == [0]
