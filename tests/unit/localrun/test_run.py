@@ -1,0 +1,123 @@
+"""`mpjob run`: the manifest on this machine, through the operator's planner."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.unit
+
+BASE = {
+    "apiVersion": "mpjob.dev/v1alpha1",
+    "kind": "MixedPrecisionJob",
+    "metadata": {"name": "local"},
+    "spec": {
+        "task": {
+            "builtin": "gpt",
+            "args": {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000},
+        },
+        "training": {"steps": 40, "batchSize": 4, "logEvery": 5},
+        "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
+        "checkpoint": {"everySteps": 10},
+        "resources": {"gpusPerWorker": 0},
+    },
+}
+
+
+def manifest(tmp: Path, **spec: object) -> Path:
+    doc = json.loads(json.dumps(BASE))
+    doc["spec"].update(spec)
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def mpjob_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "mpjob.cli", "run", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
+    job = manifest(tmp_path, precision={"mode": "bf16"})
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--plain")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["phase"] == "Succeeded" and report["step"] == 40 and len(report["attempts"]) == 1
+    assert report["lastCheckpoint"]["step"] == 40
+    assert (tmp_path / "out" / "training.png").read_bytes()[:4] == b"\x89PNG"
+    assert "report: " in result.stdout and "training.png" in result.stdout
+
+
+def test_fallback_path_recovers_in_bf16_from_a_checkpoint(tmp_path: Path) -> None:
+    args = {**BASE["spec"]["task"]["args"], "overflowAtStep": 15}
+    job = manifest(tmp_path, task={"builtin": "gpt", "args": args})
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    first, second = report["attempts"]
+    assert (first["precision"], first["reason"]) == ("fp16", "NumericFault")
+    assert (second["precision"], second["reason"]) == ("bf16", "Succeeded") and second["startStep"] > 0
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [e for e in events if e["event"] == "precisionFallback"][0]["toPrecision"] == "bf16"
+    series = json.loads((tmp_path / "out" / "series.json").read_text())
+    assert {p["precision"] for p in series["points"]} == {"fp16", "bf16"}
+
+
+def test_a_configuration_error_fails_fast_with_the_trainers_message(tmp_path: Path) -> None:
+    job = manifest(tmp_path, task={"module": "nowhere_to_be_found:make"})
+    started = time.monotonic()
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--plain", timeout=120)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 60
+    assert "nowhere_to_be_found" in result.stdout
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["phase"] == "Failed" and len(report["attempts"]) == 1
+
+
+def test_an_invalid_manifest_is_rejected_before_running(tmp_path: Path) -> None:
+    job = manifest(tmp_path, workers=0)
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "spec.workers" in result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
+    job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wait_for(lambda: list((out / "checkpoints").glob("step-*/manifest.json")), 120, message="a checkpoint")
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    report = json.loads((out / "report.json").read_text())
+    assert report["phase"] == "Suspended" and report["attempts"][0]["reason"] == "Preempted"
+    stopped_at = report["attempts"][0]["endStep"]
+    assert stopped_at >= 10
+
+    shorter = manifest(
+        tmp_path, precision={"mode": "bf16"}, training={"steps": stopped_at + 10, "batchSize": 4, "logEvery": 5}
+    )
+    again = mpjob_run(str(shorter), "--out", str(out), "--plain")
+    assert again.returncode == 0, again.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["phase"] == "Succeeded"
+    assert [a["precision"] for a in report["attempts"]] == ["bf16", "bf16"]
+    assert report["attempts"][1]["startStep"] == stopped_at
