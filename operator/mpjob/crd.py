@@ -103,8 +103,12 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             node["properties"] = {k: _structural(v, defs) for k, v in props.items()}
             for key, prop in node["properties"].items():
                 # Objects built by default factories default to {} so nested defaults apply.
-                if (prop.get("type") == "object" and "properties" in prop and key not in optional
-                        and key not in node.get("required", [])):
+                if (
+                    prop.get("type") == "object"
+                    and "properties" in prop
+                    and key not in optional
+                    and key not in node.get("required", [])
+                ):
                     prop.setdefault("default", {})
         additional = node.get("additionalProperties")
         if additional is True or (isinstance(additional, dict) and not additional):

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpjob.localrun.plot import render
 from mpjob.localrun.progress import ProgressView
 from mpjob.localrun.series import RunSeries
 from mpjob.planning import status as st
@@ -345,6 +344,8 @@ class LocalRun:
         self.series.save(self.paths.series)
 
     def plot(self) -> Path:
+        from mpjob.localrun.plot import render  # matplotlib loads only when the plot is drawn
+
         return render(self.series, self.paths.plot, f"{self.name}: {self.status.phase}")
 
 

@@ -1,0 +1,54 @@
+"""Time from starting `mpjob run` to the first training step (target <= 5 s on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MANIFEST = """
+apiVersion: mpjob.dev/v1alpha1
+kind: MixedPrecisionJob
+metadata: {name: first-step}
+spec:
+  task: {builtin: gpt, args: {nLayer: 2, nHead: 2, nEmbd: 64, blockSize: 64}}
+  training: {steps: 3, batchSize: 8, logEvery: 1}
+  precision: {mode: bf16}
+  resources: {gpusPerWorker: 0}
+"""
+
+
+def once(tmp: Path) -> float:
+    job = tmp / "job.yaml"
+    job.write_text(MANIFEST)
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(tmp / "out"), "--json", "--fresh"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    first = None
+    for line in proc.stdout:
+        if line.startswith("{") and json.loads(line).get("event") == "step" and first is None:
+            first = time.perf_counter() - start
+    proc.wait()
+    assert first is not None, "no step line"
+    return first
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        times = [once(Path(tmp)) for _ in range(3)]
+    print(
+        f"mpjob run -> first training step: median {statistics.median(times):.2f} s "
+        f"(runs: {', '.join(f'{t:.2f}' for t in times)})"
+    )
+
+
+if __name__ == "__main__":
+    main()
