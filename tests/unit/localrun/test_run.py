@@ -70,7 +70,7 @@ def test_fallback_path_recovers_in_bf16_from_a_checkpoint(tmp_path: Path) -> Non
     assert (first["precision"], first["reason"]) == ("fp16", "NumericFault")
     assert (second["precision"], second["reason"]) == ("bf16", "Succeeded") and second["startStep"] > 0
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert [e for e in events if e["event"] == "precisionFallback"][0]["toPrecision"] == "bf16"
+    assert next(e for e in events if e["event"] == "precisionFallback")["toPrecision"] == "bf16"
     series = json.loads((tmp_path / "out" / "series.json").read_text())
     assert {p["precision"] for p in series["points"]} == {"fp16", "bf16"}
 
