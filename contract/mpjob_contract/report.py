@@ -42,6 +42,8 @@ class Counters(_Model):
 class TerminationReport(_Model):
     reason: Reason
     step: int = 0
+    #: The step this attempt resumed from (0 = fresh start): where the trainer really began.
+    start_step: int = Field(0, alias="startStep")
     precision: str = ""
     last_good_checkpoint: CheckpointRef | None = Field(None, alias="lastGoodCheckpoint")
     counters: Counters = Field(default_factory=Counters)

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         TerminationReport(
             reason=reason,
             step=trainer.step if trainer else 0,
+            start_step=trainer.start_step if trainer else 0,
             precision=trainer.precision if trainer else "",
             last_good_checkpoint=store.last_good if store else None,
             counters=Counters.model_validate(counters),

@@ -112,6 +112,7 @@ class Trainer:
         self.preemption = PreemptionFlag()
         self.counters: dict[str, Any] = {}
         self.step = 0
+        self.start_step = 0
         self.precision = launch.precision
         self.last_loss: float | None = None
         self.store: CheckpointStore | None = None
@@ -170,6 +171,7 @@ class Trainer:
             start_step = ref.step
             self.log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
         self.step = start_step
+        self.start_step = start_step
 
         metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, precision)
         port = metrics.serve() if self.world.is_main else None

@@ -79,6 +79,7 @@ def attempt_job(
     resume_from: str | None,
     default_image: str,
     active_deadline_seconds: int | None = None,
+    command: list[str] | None = None,
 ) -> dict[str, Any]:
     """The Indexed Job of attempt `index`: `workers` pods running the trainer."""
     name = attempt_name(job, index)
@@ -122,7 +123,7 @@ def attempt_job(
     container: dict[str, Any] = {
         "name": TRAINER_CONTAINER,
         "image": spec.image or default_image,
-        "command": ["mpjob-trainer"],
+        "command": list(command or ["mpjob-trainer"]),
         "env": _merge_named(env, tpl.env),
         "ports": [
             {"name": "metrics", "containerPort": metric_names.DEFAULT_METRICS_PORT},

@@ -286,6 +286,9 @@ class LocalRun:
                 self.view.step(point)
             elif event.get("event") == "resume":
                 self.status.step = int(event["step"])
+                for attempt in self.status.attempts:
+                    if attempt.index == start.index:
+                        attempt.start_step = int(event["step"])
             elif event.get("event") == "checkpoint":
                 self.status.last_checkpoint = CheckpointStatus(
                     step=int(event["step"]),

@@ -7,6 +7,7 @@ children are created, so the status stays the operator's memory across restarts.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -34,6 +35,8 @@ log = logging.getLogger("mpjob.operator")
 
 TRAINER_IMAGE = os.environ.get("MPJOB_TRAINER_IMAGE", "mpjob-trainer:0.1.0")
 TICK_SECONDS = float(os.environ.get("MPJOB_TICK_SECONDS", "5"))
+#: Trainer container command (JSON list). Only benchmarks and tests change it, to run a stand-in.
+TRAINER_COMMAND: list[str] = json.loads(os.environ.get("MPJOB_TRAINER_COMMAND", '["mpjob-trainer"]'))
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 _locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
@@ -182,7 +185,15 @@ def reconcile_job(namespace: str, name: str) -> MixedPrecisionJobStatus | None:
             _create(
                 "Job",
                 attempt_job(
-                    name, namespace, spec, start.index, start.precision, start.resume_from, TRAINER_IMAGE, deadline
+                    name,
+                    namespace,
+                    spec,
+                    start.index,
+                    start.precision,
+                    start.resume_from,
+                    TRAINER_IMAGE,
+                    deadline,
+                    TRAINER_COMMAND,
                 ),
                 body,
                 namespace,

@@ -297,6 +297,9 @@ def _after(
     end_step = report.step if report else status.step
     if report is not None:
         status.step = report.step
+        for attempt in status.attempts:
+            if attempt.index == index and report.start_step:
+                attempt.start_step = report.start_step
     st.end_attempt(status, index, result.reason.value, outcome.exit_code, result.message, end_step, stamp)
     plan.events.append(
         Event(
