@@ -31,6 +31,8 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from tests.cluster.controlplane import pid_alive as _pid_alive
+
 HOSTS_FILE = Path(os.environ.get("MPJOB_AGENT_HOSTS_FILE", "/etc/hosts"))
 
 
@@ -128,20 +130,6 @@ def _write_hosts(state_dir: Path, entries: dict[str, list[str]]) -> None:
             f.write("\n".join(lines) + "\n")
     except OSError as exc:
         log(f"cannot write {HOSTS_FILE} ({exc.strerror}): pod DNS names will not resolve")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class NodeAgent:
