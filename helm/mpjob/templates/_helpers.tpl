@@ -1,0 +1,64 @@
+{{/* Names and labels shared by the templates. */}}
+
+{{- define "mpjob.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "mpjob.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "mpjob.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mpjob.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "mpjob.commonLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "mpjob.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: mpjob
+{{- end -}}
+
+{{- define "mpjob.labels" -}}
+{{ include "mpjob.commonLabels" . }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "mpjob.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "mpjob.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "mpjob.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "mpjob.trainerImage" -}}
+{{- default (printf "mpjob-trainer:%s" .Chart.AppVersion) .Values.trainerImage -}}
+{{- end -}}
+
+{{/* Namespaces the operator watches: empty means cluster-wide. Deduplicated, in order. */}}
+{{- define "mpjob.watchNamespaces" -}}
+{{- .Values.watchNamespaces | uniq | toJson -}}
+{{- end -}}
+
+{{/* Where `helm test` runs its job: the release namespace unless the operator does not watch it. */}}
+{{- define "mpjob.testNamespace" -}}
+{{- $ns := .Values.watchNamespaces | uniq -}}
+{{- if or (not $ns) (has .Release.Namespace $ns) -}}
+{{- .Release.Namespace -}}
+{{- else -}}
+{{- first $ns -}}
+{{- end -}}
+{{- end -}}
