@@ -54,7 +54,7 @@ _TOKEN = re.compile(
     r"|\[[^\]]*\]"  # ranges and subqueries
     r"|\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"  # label lists
     r"|(?P<num>\d[\w.]*)"  # numbers and durations
-    r"|(?P<id>[a-zA-Z_:][\w:]*)(?P<call>\s*\()?"
+    r"|(?P<id>[a-zA-Z_:][\w:]*)(?P<call>\s*\(|\s+(?=(?:by|without)\s*\())?"  # calls, `sum by (..) (`
 )
 
 
