@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 uv run --no-sync ruff check . || exit 1
 uv run --no-sync mypy || exit 1
 bash tests/cluster/build.sh >/dev/null || exit 1
+bash scripts/install-prometheus.sh || exit 1
 uv run --no-sync pytest "$@"
 rc=$?
 if [[ $rc -eq 5 ]]; then
