@@ -191,6 +191,11 @@ class Jobs:
             wait_for(lambda name=name: ready(name), 60, message=f"claim {name} bound")
         return docs
 
+    def listed(self) -> dict[str, dict[str, Any] | None]:
+        """Every MixedPrecisionJob of the namespace: name -> status."""
+        items = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL)
+        return {j["metadata"]["name"]: j.get("status") for j in items["items"]}
+
     def get(self, name: str) -> dict[str, Any]:
         return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.namespace, api.PLURAL, name)
 

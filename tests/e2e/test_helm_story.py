@@ -10,7 +10,6 @@ import pytest
 from kubernetes import client
 
 from mpjob.builders.attempt import KUEUE_QUEUE_LABEL
-from mpjob_contract import api
 from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, example
 from tests.helpers import wait_for
 
@@ -78,9 +77,13 @@ def test_an_fp16_job_that_overflows_recovers_in_bf16_from_its_checkpoint(
     assert jobs.checkpoint_sha256("mpjob-checkpoints", last["step"], release.trainer_image) == last["sha256"]
 
 
-def test_helm_test_runs_a_tiny_job_to_succeeded(release: Release, cli: Cli) -> None:
+def test_helm_test_runs_a_tiny_job_to_succeeded(release: Release, cli: Cli, jobs: Jobs) -> None:
     out = cli.helm("test", release.name, "-n", release.namespace, "--timeout", "5m")
     assert "Phase:          Succeeded" in out
+    # The test's own pod, account and role are gone once it passed; its job too.
+    core = client.CoreV1Api(jobs.custom.api_client)
+    assert not core.list_namespaced_pod(release.namespace, label_selector="app.kubernetes.io/component=test").items
+    assert not [j for j in jobs.listed() if j.startswith("helm-test-")]
 
 
 def test_helm_upgrade_leaves_a_running_job_running(
@@ -189,11 +192,7 @@ def test_a_queued_job_waits_for_kueue_to_admit_it(release: Release, jobs: Jobs, 
 def test_helm_uninstall_removes_the_operator_and_keeps_crd_jobs_and_checkpoints(
     release: Release, jobs: Jobs, cli: Cli, core: client.CoreV1Api, api_client: client.ApiClient
 ) -> None:
-    def listed() -> dict[str, dict]:
-        items = jobs.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, release.namespace, api.PLURAL)
-        return {j["metadata"]["name"]: j.get("status") for j in items["items"]}
-
-    kept = listed()
+    kept = jobs.listed()
     assert "fp16-recovery" in kept
     before = kept["fp16-recovery"]
     cli.helm("uninstall", release.name, "-n", release.namespace, "--wait")
@@ -204,7 +203,12 @@ def test_helm_uninstall_removes_the_operator_and_keeps_crd_jobs_and_checkpoints(
     assert not [r for r in rbac.list_namespaced_role(release.namespace).items if r.metadata.name == "mpjob"]
     crd = client.ApiextensionsV1Api(api_client).read_custom_resource_definition("mixedprecisionjobs.mpjob.dev")
     assert crd.metadata.name == "mixedprecisionjobs.mpjob.dev"
-    assert listed().keys() == kept.keys(), "every MixedPrecisionJob outlives the operator"
+    assert jobs.listed().keys() == kept.keys(), "every MixedPrecisionJob outlives the operator"
+    # Nothing of the release is left in its namespace (hooks included).
+    instance = "app.kubernetes.io/instance=mpjob"
+    assert not core.list_namespaced_service_account(release.namespace, label_selector=instance).items
+    assert not core.list_namespaced_config_map(release.namespace, label_selector=instance).items
+    assert not rbac.list_namespaced_role_binding(release.namespace, label_selector=instance).items
     assert jobs.status("fp16-recovery") == before
     assert core.read_namespaced_persistent_volume_claim("mpjob-checkpoints", release.namespace).status.phase == "Bound"
     last = before["lastCheckpoint"]

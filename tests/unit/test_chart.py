@@ -1,0 +1,326 @@
+"""The Helm chart: lint, CRD drift, what the operator Deployment runs, least-privilege RBAC
+that still covers every API call the operator makes, peering, the `helm test` hook."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.crd import crd_yaml
+from mpjob_contract.api import MixedPrecisionJob
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm/mpjob"
+HANDLERS = REPO / "operator/mpjob/operator/handlers.py"
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    found = os.environ.get("MPJOB_HELM") or shutil.which("helm")
+    if not found:
+        cached = sorted(Path.home().glob(".cache/mpjob/cluster/*/bin/helm"))
+        found = str(cached[-1]) if cached else None
+    if not found:
+        message = "helm not on PATH nor in the test cluster's binaries (bash tests/cluster/build.sh)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def render(helm: str, *sets: str, namespace: str = "mpjob-system") -> list[dict[str, Any]]:
+    args = [helm, "template", "r", str(CHART), "--namespace", namespace]
+    for item in sets:
+        args += ["--set", item]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def render_error(helm: str, *sets: str) -> str:
+    args = [helm, "template", "r", str(CHART)]
+    for item in sets:
+        args += ["--set", item]
+    result = subprocess.run(args, capture_output=True, text=True)
+    assert result.returncode != 0, "the chart rendered"
+    return result.stderr
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = of_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def arg(container: dict[str, Any], flag: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in container["args"] if a.startswith(flag + "=")]
+
+
+# ------------------------------------------------------------------ chart files
+
+
+def test_helm_lint_is_clean(helm: str) -> None:
+    for sets in ([], ["watchNamespaces={a,b}", "peering.enabled=true"]):
+        cmd = [helm, "lint", "--strict", str(CHART)] + [x for s in sets for x in ("--set", s)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
+
+
+def test_chart_pins_app_version_and_kubernetes_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == "0.1.0"
+    assert chart["kubeVersion"] == ">=1.29.0-0"
+
+
+def test_chart_crd_is_the_generated_crd() -> None:
+    chart_crd = (CHART / "crds/mixedprecisionjobs.mpjob.dev.yaml").read_text()
+    assert chart_crd == (REPO / "crds/mixedprecisionjobs.mpjob.dev.yaml").read_text(), "run `mpjob crd --write`"
+    assert chart_crd == crd_yaml(), "run `mpjob crd --write`"
+
+
+def test_values_outside_the_schema_are_rejected(helm: str) -> None:
+    assert "additional properties 'replicas' not allowed" in render_error(helm, "replicas=2")
+    assert "readOnlyRootFilesystem" in render_error(helm, "securityContext.readOnlyRootFilesystem=false")
+    assert "watchNamespaces" in render_error(helm, "watchNamespaces={Not_A_Namespace}")
+    assert "watchNamespaces" in render_error(helm, "watchNamespaces={a,a}")
+
+
+# ------------------------------------------------------------------ the operator Deployment
+
+
+def test_deployment_runs_mpjob_operator_with_an_explicit_command(helm: str) -> None:
+    docs = render(helm)
+    ctr = operator_container(docs)
+    # The node agent (and any runtime) runs what the pod says, not the image's ENTRYPOINT.
+    assert ctr["command"] == ["mpjob", "operator"]
+    assert ctr["image"] == "mpjob-operator:0.1.0"
+    assert not arg(ctr, "--namespace")  # cluster-wide by default
+    assert not arg(ctr, "--peering")
+    env = {e["name"]: e for e in ctr["env"]}
+    assert env["MPJOB_TRAINER_IMAGE"]["value"] == "mpjob-trainer:0.1.0"
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "MPJOB_TRAINER_COMMAND" not in env
+
+
+def test_values_reach_the_operator(helm: str) -> None:
+    docs = render(
+        helm,
+        "image.tag=9.9.9",
+        "trainerImage=registry.example/trainer:1",
+        "operator.metricsPort=9100",
+        "operator.healthPort=9101",
+        "operator.tickSeconds=2",
+        "operator.trainerCommand={python,-m,mpjob_trainer}",
+    )
+    ctr = operator_container(docs)
+    assert ctr["image"] == "mpjob-operator:9.9.9"
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    assert env["MPJOB_TRAINER_IMAGE"] == "registry.example/trainer:1"
+    assert env["MPJOB_TRAINER_COMMAND"] == '["python","-m","mpjob_trainer"]'
+    assert arg(ctr, "--metrics-port") == ["9100"] and arg(ctr, "--health-port") == ["9101"]
+    assert arg(ctr, "--tick-seconds") == ["2"]
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    assert ports == {"metrics": 9100, "health": 9101}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ctr[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    (service,) = of_kind(docs, "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_operator_pod_is_locked_down(helm: str) -> None:
+    docs = render(helm)
+    (deployment,) = of_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    ctr = operator_container(docs)
+    sc = ctr["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
+    assert ctr["resources"]["requests"] and ctr["resources"]["limits"]["memory"]
+    # A read-only root needs a writable /tmp for anything that wants one.
+    assert {"name": "tmp", "mountPath": "/tmp"} in ctr["volumeMounts"]
+    # The operator's ServiceAccount mounts no token anywhere but in the operator pod.
+    (sa,) = [d for d in of_kind(docs, "ServiceAccount") if "helm.sh/hook" not in d["metadata"].get("annotations", {})]
+    assert sa["automountServiceAccountToken"] is False and pod["automountServiceAccountToken"] is True
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def test_standalone_operator_is_never_two_at_once(helm: str) -> None:
+    (deployment,) = of_kind(render(helm), "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "replicaCount > 1" in render_error(helm, "replicaCount=2")
+
+
+def test_changed_operator_values_roll_the_pod(helm: str) -> None:
+    def checksum(*sets: str) -> str:
+        (deployment,) = of_kind(render(helm, *sets), "Deployment")
+        return deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    assert checksum() == checksum()
+    assert checksum() != checksum("operator.tickSeconds=3")
+    assert checksum() != checksum("trainerImage=other:1")
+
+
+def test_peering_gives_the_peers_an_object_rbac_and_rolling_upgrades(helm: str) -> None:
+    docs = render(helm, "peering.enabled=true", "peering.name=ops")
+    assert arg(operator_container(docs), "--peering") == ["ops"]
+    (peering,) = of_kind(docs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "ops"
+    (deployment,) = of_kind(docs, "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    rules = [r for d in of_kind(docs, "ClusterRole") for r in d["rules"]]
+    assert {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["clusterkopfpeerings"],
+        "verbs": ["get", "list", "watch", "patch"],
+    } in rules
+    crds = list(yaml.safe_load_all((CHART / "crds/kopf-peerings.yaml").read_text()))
+    assert {c["metadata"]["name"] for c in crds} == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+
+    docs = render(helm, "peering.enabled=true", "watchNamespaces={a,b}")
+    assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in of_kind(docs, "KopfPeering")} == {
+        ("a", "mpjob"),
+        ("b", "mpjob"),
+    }
+    assert not of_kind(docs, "ClusterKopfPeering")
+
+
+# ------------------------------------------------------------------ RBAC
+
+
+def _api_calls() -> set[str]:
+    """Kubernetes client methods the operator's handlers call (core./batch./custom.)."""
+    return set(re.findall(r"\b(?:core|batch|custom)\.(\w+)\(", HANDLERS.read_text()))
+
+
+def _needed(method: str) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) for a kubernetes-client method name."""
+    verb_of = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete", "patch": "patch"}
+    m = re.fullmatch(r"(read|get|list|create|delete|patch|replace)_namespaced_(\w+?)(_status)?", method)
+    assert m, f"the operator calls {method}: teach this test its RBAC verb"
+    verb, kind, status = verb_of.get(m.group(1), "update"), m.group(2), m.group(3)
+    group, resource = {
+        "pod": ("", "pods"),
+        "service": ("", "services"),
+        "event": ("", "events"),
+        "job": ("batch", "jobs"),
+        "custom_object": ("mpjob.dev", "mixedprecisionjobs"),
+    }[kind]
+    return group, resource + ("/status" if status else ""), verb
+
+
+def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
+    calls = _api_calls()
+    assert "list_namespaced_pod" in calls and "create_namespaced_job" in calls  # the scan works
+    needed = {_needed(m) for m in calls} | {
+        ("mpjob.dev", "mixedprecisionjobs", "watch"),  # kopf's watch
+        ("mpjob.dev", "mixedprecisionjobs", "list"),
+        ("mpjob.dev", "mixedprecisionjobs", "patch"),  # kopf's annotations and finalizer
+        ("batch", "jobs", "watch"),  # kopf.on.event for attempt Jobs
+        ("batch", "jobs", "list"),
+        ("", "events", "create"),  # kopf.event
+    }
+    (cluster_role,) = [d for d in of_kind(render(helm), "ClusterRole") if d["metadata"]["name"] == "r-mpjob"]
+    assert needed <= _grants(cluster_role["rules"])
+    for role in of_kind(render(helm, "watchNamespaces={a,b}"), "Role"):
+        if "helm.sh/hook" not in role["metadata"].get("annotations", {}):
+            assert needed <= _grants(role["rules"])
+
+
+def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
+    for sets in ([], ["watchNamespaces={a}"], ["peering.enabled=true"]):
+        docs = render(helm, *sets)
+        roles = [d for d in of_kind(docs, "ClusterRole") + of_kind(docs, "Role")]
+        grants = set().union(*(_grants(r["rules"]) for r in roles))
+        assert not {g for g in grants if "*" in g}, "no wildcards"
+        assert not {g for g in grants if g[1] in ("secrets", "configmaps", "serviceaccounts", "nodes")}
+        assert not {g for g in grants if g[1] == "pods" and g[2] != "list"}, "pods: list only"
+        assert not {g for g in grants if g[2] in ("escalate", "bind", "impersonate", "deletecollection")}
+        assert not {g for g in grants if g[1] == "customresourcedefinitions" and g[2] not in ("get", "list", "watch")}
+
+
+def test_cluster_wide_by_default_namespaced_roles_when_listed(helm: str) -> None:
+    docs = render(helm)
+    assert not of_kind(docs, "Role") or all(
+        "helm.sh/hook" in r["metadata"].get("annotations", {}) for r in of_kind(docs, "Role")
+    )
+    bindings = of_kind(docs, "ClusterRoleBinding")
+    assert {b["roleRef"]["name"] for b in bindings} == {"r-mpjob", "r-mpjob-cluster-reader"}
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "r-mpjob", "namespace": "mpjob-system"}]
+
+    docs = render(helm, "watchNamespaces={team-a,team-b}")
+    assert arg(operator_container(docs), "--namespace") == ["team-a", "team-b"]
+    roles = [r for r in of_kind(docs, "Role") if "helm.sh/hook" not in r["metadata"].get("annotations", {})]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    role_bindings = [
+        b for b in of_kind(docs, "RoleBinding") if "helm.sh/hook" not in b["metadata"].get("annotations", {})
+    ]
+    assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
+    # Only read-only cluster-scoped access remains: CRDs (kopf's scan) and namespaces (kopf's listing).
+    (reader,) = of_kind(docs, "ClusterRole")
+    assert _grants(reader["rules"]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
+    } | {("", "namespaces", v) for v in ("list", "watch")}
+
+
+# ------------------------------------------------------------------ helm test
+
+
+def _smoke_module() -> Any:
+    spec = importlib.util.spec_from_file_location("mpjob_chart_smoke", CHART / "files/smoke.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_helm_test_job_is_a_valid_tiny_cpu_job() -> None:
+    job = MixedPrecisionJob.model_validate(_smoke_module().job_body("helm-test-abc123"))
+    assert job.spec.resources.gpus_per_worker == 0
+    assert job.spec.training.steps <= 50 and job.spec.task.builtin == "mlp"
+
+
+def test_helm_test_pod_may_only_create_get_delete_jobs_in_a_watched_namespace(helm: str) -> None:
+    docs = render(helm)
+    hooks = [d for d in docs if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    (pod,) = of_kind(hooks, "Pod")
+    (role,) = of_kind(hooks, "Role")
+    (binding,) = of_kind(hooks, "RoleBinding")
+    (cm,) = of_kind(hooks, "ConfigMap")
+    assert _grants(role["rules"]) == {("mpjob.dev", "mixedprecisionjobs", v) for v in ("create", "get", "delete")}
+    # Nothing of the test outlives a passing run (helm uninstall never deletes hooks).
+    for hook in hooks:
+        assert "hook-succeeded" in hook["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+    assert binding["subjects"][0]["name"] == pod["spec"]["serviceAccountName"] != "r-mpjob"
+    assert pod["spec"]["containers"][0]["command"] == ["python", "/etc/mpjob-test/smoke.py"]
+    assert cm["data"]["smoke.py"] == (CHART / "files/smoke.py").read_text()
+    assert pod["spec"]["containers"][0]["image"] == "mpjob-operator:0.1.0"
+    # The operator does not watch the release namespace: the test job goes where it does.
+    hooks = [
+        d for d in render(helm, "watchNamespaces={team-a}") if "helm.sh/hook" in d["metadata"].get("annotations", {})
+    ]
+    (role,) = of_kind(hooks, "Role")
+    (pod,) = of_kind(hooks, "Pod")
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert role["metadata"]["namespace"] == env["MPJOB_TEST_NAMESPACE"] == "team-a"
