@@ -176,7 +176,7 @@ class Jobs:
     def claims(self, *names: str) -> list[dict[str, Any]]:
         """The example's checkpoint claims, applied and bound (or waiting for their first pod,
         on storage classes that bind late) before any job uses them."""
-        docs = [d for d in example_docs("checkpoints-pvc") if d["metadata"]["name"] in names]
+        docs = [d for d in example_docs("volumes/checkpoints-pvc") if d["metadata"]["name"] in names]
         self.apply(*docs)
         storage = client.StorageV1Api(self.core.api_client)
 

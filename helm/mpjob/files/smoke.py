@@ -14,16 +14,9 @@ from kubernetes import client, config
 GROUP, VERSION, PLURAL = "mpjob.dev", "v1alpha1", "mixedprecisionjobs"
 
 
-def main() -> int:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()  # a kubeconfig in $KUBECONFIG (test clusters)
-    api = client.CustomObjectsApi()
-    namespace = os.environ["MPJOB_TEST_NAMESPACE"]
-    timeout = float(os.environ.get("MPJOB_TEST_TIMEOUT", "600"))
-    name = f"helm-test-{uuid.uuid4().hex[:6]}"
-    body = {
+def job_body(name: str) -> dict:
+    """A tiny CPU job: a small MLP, 20 steps in bf16 (fp32 as the fallback), checkpoint at 10."""
+    return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "MixedPrecisionJob",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/component": "helm-test"}},
@@ -36,6 +29,18 @@ def main() -> int:
             "runPolicy": {"maxAttempts": 2},
         },
     }
+
+
+def main() -> int:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()  # a kubeconfig in $KUBECONFIG (test clusters)
+    api = client.CustomObjectsApi()
+    namespace = os.environ["MPJOB_TEST_NAMESPACE"]
+    timeout = float(os.environ.get("MPJOB_TEST_TIMEOUT", "600"))
+    name = f"helm-test-{uuid.uuid4().hex[:6]}"
+    body = job_body(name)
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     print(f"created mixedprecisionjob {namespace}/{name}", flush=True)
     deadline = time.monotonic() + timeout
