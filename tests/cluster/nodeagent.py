@@ -492,7 +492,9 @@ class NodeAgent:
         uid = meta.uid
         pod_dir = self.pods_dir / uid
         pod_dir.mkdir(parents=True, exist_ok=True)
-        ip = self._next_ip()
+        # A pod keeps its IP for life (as with kubelet): podIPs is merged by ip, so a second
+        # address would make every later status patch invalid (one IP per family).
+        ip = (pod.status.pod_ip if pod.status else None) or self._next_ip()
         vols = self._volume_dirs(pod, pod_dir)
         kubeconfig = self._credentials(pod, pod_dir)
         hosts = []
@@ -596,35 +598,42 @@ class NodeAgent:
 
     def _fail_start(self, pod: Any, message: str) -> None:
         ctr = pod.spec.containers[0].name
-        with contextlib.suppress(ApiException):
-            self.core.patch_namespaced_pod_status(
-                pod.metadata.name,
-                pod.metadata.namespace,
-                {
-                    "status": {
-                        "phase": "Failed",
-                        "message": message[:1000],
-                        "reason": "StartError",
-                        "containerStatuses": [
-                            {
-                                "name": ctr,
-                                "image": pod.spec.containers[0].image or "",
-                                "imageID": "",
-                                "ready": False,
-                                "restartCount": 0,
-                                "state": {
-                                    "terminated": {
-                                        "exitCode": 128,
-                                        "reason": "StartError",
-                                        "message": message[:1000],
-                                        "finishedAt": now(),
-                                    }
-                                },
-                            }
-                        ],
-                    }
-                },
-            )
+        self._patch_status(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {
+                "status": {
+                    "phase": "Failed",
+                    "message": message[:1000],
+                    "reason": "StartError",
+                    "containerStatuses": [
+                        {
+                            "name": ctr,
+                            "image": pod.spec.containers[0].image or "",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {
+                                "terminated": {
+                                    "exitCode": 128,
+                                    "reason": "StartError",
+                                    "message": message[:1000],
+                                    "finishedAt": now(),
+                                }
+                            },
+                        }
+                    ],
+                }
+            },
+        )
+
+    def _patch_status(self, name: str, namespace: str, body: dict[str, Any]) -> None:
+        """Write a pod's status; a rejected write is logged, never silent."""
+        try:
+            self.core.patch_namespaced_pod_status(name, namespace, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                log(f"status of {namespace}/{name} not written: {exc.status} {str(exc.body)[:300]}")
 
     def _write_running(self, rec: Running) -> None:
         stamp = now()
@@ -651,8 +660,7 @@ class NodeAgent:
                 }
             ],
         }
-        with contextlib.suppress(ApiException):
-            self.core.patch_namespaced_pod_status(rec.name, rec.namespace, {"status": status})
+        self._patch_status(rec.name, rec.namespace, {"status": status})
 
     # -- running and ending ----------------------------------------------------------
     @staticmethod
@@ -739,8 +747,7 @@ class NodeAgent:
             ],
         }
         log(f"{rec.namespace}/{rec.name} exited {code}{' (deleted)' if deleted else ''}")
-        with contextlib.suppress(ApiException):
-            self.core.patch_namespaced_pod_status(rec.name, rec.namespace, {"status": status})
+        self._patch_status(rec.name, rec.namespace, {"status": status})
 
     def _restart(self, rec: Running, code: int) -> None:
         with self.lock:

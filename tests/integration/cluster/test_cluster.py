@@ -117,6 +117,30 @@ def _gpu_pod(name: str, gpus: int, tolerate: bool = True) -> dict:
     return pod
 
 
+def test_restarted_container_keeps_its_pod_ip_and_ends_succeeded(core, namespace) -> None:
+    # OnFailure: the first run fails, the agent restarts the container, the second run
+    # succeeds. The pod must keep one IP (a second would make its status unwritable).
+    code = textwrap.dedent("""
+        import pathlib
+        marker = pathlib.Path('/scratch/ran-once')
+        if not marker.exists():
+            marker.write_text('1')
+            raise SystemExit(1)
+    """)
+    pod = _pod("flaky", code, restartPolicy="OnFailure", volumes=[{"name": "scratch", "emptyDir": {}}])
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
+    core.create_namespaced_pod(namespace, pod)
+
+    def succeeded() -> client.V1Pod | None:
+        found = core.read_namespaced_pod("flaky", namespace)
+        return found if found.status.phase == "Succeeded" else None
+
+    done = wait_for(succeeded, 60, message="flaky pod Succeeded after one restart")
+    assert done.status.container_statuses[0].restart_count == 1
+    assert done.status.container_statuses[0].state.terminated.exit_code == 0
+    assert [ip.ip for ip in done.status.pod_ips] == [done.status.pod_ip]
+
+
 def test_gpu_scheduling(core, namespace) -> None:
     core.create_namespaced_pod(namespace, _gpu_pod("one-gpu", 1))
     core.create_namespaced_pod(namespace, _gpu_pod("three-gpus", 3))
