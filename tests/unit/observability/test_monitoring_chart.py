@@ -1,0 +1,127 @@
+"""templates/monitoring.yaml renders the alert rules, dashboards and monitors from the files
+the other tests check, off by default, and selects what the operator really creates."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.builders.attempt import labels as attempt_labels
+from tests.unit.observability.promtool import DASHBOARDS, REPO, RULES
+
+pytestmark = pytest.mark.unit
+
+CHART = REPO / "helm/mpjob"
+ALL_ON = [
+    "monitoring.prometheusRule.enabled=true",
+    "monitoring.dashboards.enabled=true",
+    "monitoring.serviceMonitor.enabled=true",
+    "monitoring.podMonitor.enabled=true",
+]
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    found = shutil.which("helm")
+    if found:
+        return found
+    try:
+        from tests.cluster.controlplane import binaries
+
+        path = binaries() / "helm"
+        if path.exists():
+            return str(path)
+    except Exception as exc:  # no cached build and no way to build one here
+        reason = f"helm not on PATH and the test cluster's helm is unavailable ({exc})"
+    else:
+        reason = "helm not on PATH nor in the test cluster's binaries"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def render(helm: str, *sets: str) -> list[dict[str, Any]]:
+    args = [helm, "template", "r", str(CHART), "--namespace", "mpjob-system"]
+    for item in sets:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+MONITORING_KINDS = ("PrometheusRule", "ServiceMonitor", "PodMonitor")
+
+
+def test_monitoring_is_off_by_default(helm: str) -> None:
+    docs = render(helm)
+    assert not [d for d in docs if d["kind"] in MONITORING_KINDS]
+    assert not [d for d in of_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"].get("labels", {})]
+
+
+def test_prometheus_rule_is_the_rule_file(helm: str) -> None:
+    (rule,) = of_kind(render(helm, *ALL_ON), "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_runbook_base_url_is_configurable(helm: str) -> None:
+    base = "https://git.example.com/mpjob/blob/main/docs/runbooks"
+    (rule,) = of_kind(render(helm, *ALL_ON, f"monitoring.prometheusRule.runbookBaseURL={base}/"), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["annotations"]["runbook_url"] == f"{base}/{r['alert']}.md" for r in alerts)
+    # The alert templates reach Prometheus untouched by helm.
+    assert "{{ $labels.namespace }}" in alerts[0]["annotations"]["description"]
+
+
+def test_each_dashboard_is_a_sidecar_configmap_with_the_json(helm: str) -> None:
+    maps = {
+        name: cm
+        for cm in of_kind(render(helm, *ALL_ON), "ConfigMap")
+        for name in cm.get("data", {})
+        if cm["metadata"]["labels"].get("grafana_dashboard") == "1"
+    }
+    assert set(maps) == {p.name for p in DASHBOARDS.glob("*.json")} == {"executive.json", "oncall.json", "debug.json"}
+    for name, cm in maps.items():
+        assert json.loads(cm["data"][name]) == json.loads((DASHBOARDS / name).read_text())
+
+
+def test_service_monitor_selects_the_metrics_service_as_job_mpjob_operator(helm: str) -> None:
+    docs = render(helm, *ALL_ON)
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    services = [s for s in of_kind(docs, "Service") if any(p["name"] == "metrics" for p in s["spec"]["ports"])]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert [s for s in services if selector.items() <= s["metadata"]["labels"].items()]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics"
+    assert {"targetLabel": "job", "replacement": "mpjob-operator"} in endpoint["relabelings"]
+
+
+def test_pod_monitor_selects_rank0_trainer_pods_with_honor_labels(helm: str) -> None:
+    (monitor,) = of_kind(render(helm, *ALL_ON), "PodMonitor")
+    selector = dict(monitor["spec"]["selector"]["matchLabels"])
+    assert selector.pop("batch.kubernetes.io/job-completion-index") == "0"
+    assert selector.items() <= attempt_labels("gpt", 0, "fp16").items(), "labels the operator puts on attempt pods"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_pod_monitor_follows_watch_namespaces(helm: str) -> None:
+    (monitor,) = of_kind(render(helm, *ALL_ON, "watchNamespaces={team-a,team-b}"), "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_extra_labels_reach_the_prometheus_operator_selectors(helm: str) -> None:
+    docs = render(helm, *ALL_ON, *(f"monitoring.{k}.labels.release=kps" for k in ("prometheusRule", "serviceMonitor")))
+    for kind in ("PrometheusRule", "ServiceMonitor"):
+        (doc,) = of_kind(docs, kind)
+        assert doc["metadata"]["labels"]["release"] == "kps"
