@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -90,10 +90,8 @@ def trainer(tmp: Path, job: str, port: int, overflow_at: int | None, steps: int)
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(key, None)
     (tmp / job).mkdir()
-    binary = shutil.which("mpjob-trainer")
-    assert binary, "mpjob-trainer is installed in the workspace environment"
     with (tmp / job / "stdout.log").open("wb") as out:
-        return subprocess.Popen([binary], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture
@@ -158,23 +156,36 @@ def test_numeric_fault_halt_fires_for_an_overflowing_fp16_run_and_not_for_a_stab
     assert "NumericFaultHalt" in rules
 
     overflowing = trainer(tmp_path, "overflow", overflow_port, overflow_at=100, steps=5000)
-    stable = trainer(tmp_path, "stable", stable_port, overflow_at=None, steps=400)
+    # The stable run trains until the test has seen what it needs, then is preempted: it never
+    # races the scrapes by finishing early.
+    stable = trainer(tmp_path, "stable", stable_port, overflow_at=None, steps=1_000_000)
     try:
+
+        def stable_scraped() -> bool:
+            assert stable.poll() is None, (tmp_path / "stable/stdout.log").read_text()[-3000:]
+            return bool(prom.query('mpjob_trainer_step{job="stable",precision="fp16"} > 0'))
+
+        wait_for(stable_scraped, 120, 0.25, "a scrape of the stable run past step 0")
         assert overflowing.wait(timeout=240) == ExitCode.NUMERIC_FAULT, (tmp_path / "overflow/stdout.log").read_text()
-        assert stable.wait(timeout=240) == ExitCode.SUCCESS, (tmp_path / "stable/stdout.log").read_text()
+
+        # What the scrapes saw before the overflowing trainer exited.
+        seen = prom.query('max_over_time(mpjob_trainer_non_finite_losses_total{job="overflow"}[10m])')
+        assert seen and float(seen[0]["value"][1]) > 0, "the scrapes should have caught the NaN/Inf losses"
+
+        firing = wait_for(lambda: prom.firing("NumericFaultHalt"), 120, 0.5, "NumericFaultHalt firing")
+        assert stable.poll() is None, "the stable run is still training while the alert fires"
     finally:
         for proc in (overflowing, stable):
             if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (overflowing, stable):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    assert stable.returncode == ExitCode.PREEMPTED, (tmp_path / "stable/stdout.log").read_text()[-3000:]
 
-    # What the scrapes saw before each trainer exited.
-    seen = prom.query('max_over_time(mpjob_trainer_non_finite_losses_total{job="overflow"}[10m])')
-    assert seen and float(seen[0]["value"][1]) > 0, "the scrapes should have caught the NaN/Inf losses"
-    stable_seen = prom.query('max_over_time(mpjob_trainer_step{job="stable",precision="fp16"}[10m])')
-    assert stable_seen and float(stable_seen[0]["value"][1]) > 0, "the stable run should have been scraped"
-
-    firing = wait_for(lambda: prom.firing("NumericFaultHalt"), 120, 0.5, "NumericFaultHalt firing")
     expected = {"alertname": "NumericFaultHalt", "job": "overflow", "namespace": "obs", "precision": "fp16"}
     assert [a["labels"] for a in firing] == [expected | {"severity": "page"}]
     assert firing[0]["annotations"]["runbook_url"] == "docs/runbooks/NumericFaultHalt.md"
