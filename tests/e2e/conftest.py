@@ -108,16 +108,11 @@ def custom(api_client: client.ApiClient) -> client.CustomObjectsApi:
 
 
 @pytest.fixture(scope="module")
-def release_namespace(core: client.CoreV1Api, custom: client.CustomObjectsApi) -> Iterator[str]:
+def release_namespace(core: client.CoreV1Api) -> Iterator[str]:
     """A namespace for one release and its jobs; deleted afterwards (jobs first)."""
     name = f"mpjob-e2e-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name, "labels": {"mpjob.dev/test": "true"}}})
     yield name
-    # With the operator gone nothing removes kopf's finalizer: drop it so the namespace can go.
-    for item in custom.list_namespaced_custom_object(api.GROUP, api.VERSION, name, api.PLURAL)["items"]:
-        custom.patch_namespaced_custom_object(
-            api.GROUP, api.VERSION, name, api.PLURAL, item["metadata"]["name"], {"metadata": {"finalizers": None}}
-        )
     core.delete_namespace(name, propagation_policy="Background")
 
 
@@ -133,6 +128,7 @@ def release(cli: Cli, release_namespace: str) -> Iterator[Release]:
             f"operator.metricsPort={_free_port()}",
             f"operator.healthPort={_free_port()}",
             "operator.tickSeconds=2",
+            "operator.bindAddress=podIP",  # pods share this host's network here
         ],
     )
     yield rel

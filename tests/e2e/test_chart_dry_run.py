@@ -1,9 +1,11 @@
 """What `helm template` renders is accepted by a real API server (`kubectl apply
 --dry-run=server`): schemas, RBAC objects, hooks, the peering objects, for the value sets a
-user picks (cluster-wide, listed namespaces, peering, monitoring off)."""
+user picks (cluster-wide, listed namespaces, peering, monitoring off), and with every
+monitoring object on against the Prometheus Operator's own CRDs."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 
@@ -11,7 +13,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e.conftest import CHART, Cli
+from tests.e2e.conftest import CHART, REPO, Cli
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +39,39 @@ def namespaces(core: client.CoreV1Api) -> Iterator[list[str]]:
     ids=["cluster-wide", "namespaced", "namespaced-peering", "cluster-wide-peering"],
 )
 def test_rendered_chart_passes_server_side_dry_run(cli: Cli, namespaces: list[str], sets: list[str]) -> None:
+    dry_run(cli, namespaces, sets)
+
+
+MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
+
+
+def test_monitoring_objects_pass_server_side_dry_run_against_the_prometheus_operator_crds(
+    cli: Cli, namespaces: list[str]
+) -> None:
+    """ServiceMonitor, PodMonitor, PrometheusRule and the dashboard ConfigMaps, all enabled, are
+    valid against the pinned Prometheus Operator CRDs (the schemas a monitoring stack installs)."""
+    source = subprocess.run(
+        ["bash", str(REPO / "tests/cluster/monitoring-crds.sh")], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    for name in MONITORING_CRDS:
+        cli.kubectl("apply", "--server-side", "--force-conflicts", "-f", f"{source}/monitoring.coreos.com_{name}.yaml")
+    cli.kubectl("wait", "--for=condition=Established", *(f"crd/{n}.monitoring.coreos.com" for n in MONITORING_CRDS))
+    docs = dry_run(
+        cli,
+        namespaces,
+        [
+            "monitoring.prometheusRule.enabled=true",
+            "monitoring.dashboards.enabled=true",
+            "monitoring.serviceMonitor.enabled=true",
+            "monitoring.podMonitor.enabled=true",
+        ],
+    )
+    kinds = [d["kind"] for d in docs]
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= set(kinds)
+    assert kinds.count("ConfigMap") >= 3, "one dashboard ConfigMap per dashboard"
+
+
+def dry_run(cli: Cli, namespaces: list[str], sets: list[str]) -> list[dict]:
     release_ns, watched = namespaces
     # What `helm install` does first: the CRDs in crds/ (the peering objects need kopf's).
     cli.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
@@ -53,3 +88,4 @@ def test_rendered_chart_passes_server_side_dry_run(cli: Cli, namespaces: list[st
     cli.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(accounts))
     out = cli.kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered)
     assert out.count("(server dry run)") == len(docs), out
+    return docs

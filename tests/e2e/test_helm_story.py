@@ -213,3 +213,14 @@ def test_helm_uninstall_removes_the_operator_and_keeps_crd_jobs_and_checkpoints(
     assert core.read_namespaced_persistent_volume_claim("mpjob-checkpoints", release.namespace).status.phase == "Bound"
     last = before["lastCheckpoint"]
     assert jobs.checkpoint_sha256("mpjob-checkpoints", last["step"], release.trainer_image) == last["sha256"]
+    # Jobs carry no finalizer: with the operator gone, `kubectl delete mpj` still completes, and
+    # garbage collection takes the attempt Jobs while the checkpoint volume stays.
+    assert not any(jobs.get(name)["metadata"].get("finalizers") for name in kept)
+    cli.kubectl("delete", "-n", release.namespace, "mpj", "fp16-recovery", "--wait=true", "--timeout=60s")
+    assert "fp16-recovery" not in jobs.listed()
+    wait_for(
+        lambda: not core.list_namespaced_pod(release.namespace, label_selector="mpjob.dev/job=fp16-recovery").items,
+        120,
+        message="attempt pods garbage-collected",
+    )
+    assert core.read_namespaced_persistent_volume_claim("mpjob-checkpoints", release.namespace).status.phase == "Bound"

@@ -164,7 +164,15 @@ def test_standalone_operator_is_never_two_at_once(helm: str) -> None:
     (deployment,) = of_kind(render(helm), "Deployment")
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    assert "replicaCount > 1" in render_error(helm, "replicaCount=2")
+    assert "replicaCount > 1 needs peering.enabled=true" in render_error(helm, "replicaCount=2")
+
+
+def test_several_replicas_stand_by_through_kopf_peering(helm: str) -> None:
+    (deployment,) = of_kind(render(helm, "replicaCount=3", "peering.enabled=true"), "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    (ctr,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--peering=mpjob" in ctr["args"]
 
 
 def test_changed_operator_values_roll_the_pod(helm: str) -> None:
@@ -229,8 +237,15 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
+#: Reads of kopf's peering objects (mpjob.operator.handlers.peering_active), made only with peering on.
+PEERING_CALLS = {"get_cluster_custom_object": ("kopf.dev", "clusterkopfpeerings", "get")}
+
+
 def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
     calls = _api_calls()
+    peering_calls = {PEERING_CALLS[m] for m in calls & PEERING_CALLS.keys()}
+    assert peering_calls, "the ticker reads the peering object (the scan works)"
+    calls -= PEERING_CALLS.keys()
     assert "list_namespaced_pod" in calls and "create_namespaced_job" in calls  # the scan works
     needed = {_needed(m) for m in calls} | {
         ("mpjob.dev", "mixedprecisionjobs", "watch"),  # kopf's watch
@@ -245,6 +260,13 @@ def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
     for role in of_kind(render(helm, "watchNamespaces={a,b}"), "Role"):
         if "helm.sh/hook" not in role["metadata"].get("annotations", {}):
             assert needed <= _grants(role["rules"])
+    # With peering, the ticker reads the same peering object kopf keeps (cluster or per namespace).
+    peering = render(helm, "peering.enabled=true")
+    (cluster_role,) = [d for d in of_kind(peering, "ClusterRole") if d["metadata"]["name"] == "r-mpjob"]
+    assert peering_calls <= _grants(cluster_role["rules"])
+    for role in of_kind(render(helm, "watchNamespaces={a,b}", "peering.enabled=true"), "Role"):
+        if "helm.sh/hook" not in role["metadata"].get("annotations", {}):
+            assert ("kopf.dev", "kopfpeerings", "get") in _grants(role["rules"])
 
 
 def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
@@ -324,3 +346,18 @@ def test_helm_test_pod_may_only_create_get_delete_jobs_in_a_watched_namespace(he
     (pod,) = of_kind(hooks, "Pod")
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert role["metadata"]["namespace"] == env["MPJOB_TEST_NAMESPACE"] == "team-a"
+
+
+def test_endpoints_listen_everywhere_or_on_the_pod_ip(helm: str) -> None:
+    def container(*sets: str) -> dict[str, Any]:
+        (deployment,) = of_kind(render(helm, *sets), "Deployment")
+        (ctr,) = deployment["spec"]["template"]["spec"]["containers"]
+        return ctr
+
+    default = container()
+    assert "--bind-address=0.0.0.0" in default["args"]  # port-forward and probes both reach it
+    assert "MPJOB_BIND_ADDRESS" not in {e["name"] for e in default["env"]}
+    pod_ip = container("operator.bindAddress=podIP")
+    assert not [a for a in pod_ip["args"] if a.startswith("--bind-address")]
+    (env,) = [e for e in pod_ip["env"] if e["name"] == "MPJOB_BIND_ADDRESS"]
+    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}

@@ -67,6 +67,7 @@ class CheckpointStore:
         self.log = log or (lambda *a, **k: None)
         self.root.mkdir(parents=True, exist_ok=True)
         self._thread: threading.Thread | None = None
+        self.pending_step = 0  # the step of the newest asynchronous save
         self._result: SaveResult | None = None
         self._error: BaseException | None = None
         self.last_good: CheckpointRef | None = None
@@ -129,9 +130,16 @@ class CheckpointStore:
 
     # -- saving --------------------------------------------------------------------------
     def _write(self, step: int, precision: str, state: dict[str, Any]) -> SaveResult:
+        tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
+        try:
+            return self._write_via(tmp, step, precision, state)
+        except Exception:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
+            raise
+
+    def _write_via(self, tmp: Path, step: int, precision: str, state: dict[str, Any]) -> SaveResult:
         start = time.perf_counter()
         final = self.root / f"step-{step:09d}"
-        tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
@@ -187,6 +195,7 @@ class CheckpointStore:
     def save_async(self, step: int, precision: str, state: dict[str, Any]) -> None:
         """Write in a background thread; `state` must already be a private CPU snapshot."""
         self.wait()
+        self.pending_step = step
 
         def work() -> None:
             try:

@@ -15,6 +15,7 @@ import math
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import CheckpointStore, snapshot
+from mpjob_trainer.checkpoint import CheckpointStore, SaveResult, snapshot
 from mpjob_trainer.data import StepSampler, micro_batch, to_device
 from mpjob_trainer.errors import NumericFault, Preempted
 from mpjob_trainer.events import EventLog
@@ -112,6 +113,7 @@ class Trainer:
         self.preemption = PreemptionFlag()
         self.counters: dict[str, Any] = {}
         self.step = 0
+        self.checkpoint_failures = 0
         self.start_step = 0
         self.precision = launch.precision
         self.last_loss: float | None = None
@@ -226,12 +228,15 @@ class Trainer:
         def checkpoint(step: int, final: bool) -> None:
             """Snapshot on every rank's step boundary; rank 0 writes (async unless final)."""
             if self.world.is_main:
-                result = store.wait()
-                if result is not None:
-                    self._saved(metrics, result, asynchronous=True)
+                self._collect(metrics, store, store.wait)
                 state = snapshot(state_dict(step))
                 if final:
-                    self._saved(metrics, store.save(step, precision, state), asynchronous=False)
+                    try:
+                        result = store.save(step, precision, state)
+                    except Exception as exc:
+                        self._save_failed(metrics, step, exc)
+                        raise  # no final checkpoint: this attempt cannot claim success
+                    self._saved(metrics, result, asynchronous=False)
                 else:
                     store.save_async(step, precision, state)
             if final:
@@ -293,8 +298,8 @@ class Trainer:
                         "lossScale": reading.loss_scale,
                     }
                     elapsed = time.perf_counter() - window_start
-                    if self.world.is_main and (finished := store.poll()) is not None:
-                        self._saved(metrics, finished, asynchronous=True)
+                    if self.world.is_main:
+                        self._collect(metrics, store, store.poll)
                     if at_log:
                         sps = samples_per_step * window_steps / elapsed if elapsed > 0 else None
                         self._log_step(
@@ -331,12 +336,34 @@ class Trainer:
         finally:
             if self.world.is_main:
                 with contextlib.suppress(Exception):
-                    result = store.wait()
-                    if result is not None:
-                        self._saved(metrics, result, asynchronous=True)
+                    self._collect(metrics, store, store.wait)
         return RunResult(self.step, precision, self.last_loss, store.last_good, self.counters)
 
     # ---------------------------------------------------------------- reporting
+    def _collect(
+        self, metrics: TrainerMetrics, store: CheckpointStore, pending: Callable[[], SaveResult | None]
+    ) -> None:
+        """Report a finished asynchronous save, or count and log its failure and train on: the
+        last good checkpoint stays the previous one, and the next interval tries again."""
+        try:
+            result = pending()
+        except Exception as exc:
+            self._save_failed(metrics, store.pending_step, exc)
+            return
+        if result is not None:
+            self._saved(metrics, result, asynchronous=True)
+
+    def _save_failed(self, metrics: TrainerMetrics, step: int, exc: Exception) -> None:
+        metrics.checkpoint_failures.inc()
+        self.checkpoint_failures += 1
+        self.log(
+            "checkpointFailed",
+            step=step,
+            trainingStep=self.step,
+            error=f"{type(exc).__name__}: {exc}",
+            failures=self.checkpoint_failures,
+        )
+
     def _saved(self, metrics: TrainerMetrics, result: Any, asynchronous: bool) -> None:
         metrics.checkpoint_seconds.observe(result.seconds)
         metrics.checkpoint_bytes.set(result.bytes)

@@ -1,12 +1,13 @@
 """kopf handlers: observe the cluster, ask mpjob.planning.reconcile what to do, do it.
 
-Every trigger (the CR changed, an attempt Job changed, a periodic tick) runs the same
+Every trigger (the CR changed, an attempt Job changed, the operator's periodic ticker) runs the same
 level-triggered `reconcile_job`, serialized per MixedPrecisionJob. Status is written before
 children are created, so the status stays the operator's memory across restarts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -296,14 +298,31 @@ def _update_progress(namespace: str, name: str) -> None:
 # ------------------------------------------------------------------ kopf wiring
 
 
+@kopf.index(api.GROUP, api.VERSION, api.PLURAL)
+def watched_jobs(namespace: str, name: str, status: dict[str, Any], spec: dict[str, Any], **_: Any) -> Any:
+    """Every MixedPrecisionJob this operator serves, and whether the ticker still has work on it.
+    An index needs no finalizer (a kopf timer would put one on every job)."""
+    phase = (status or {}).get("phase")
+    ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    return {(namespace, name): phase not in FINISHED or ttl is not None}
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mpjob.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="mpjob.dev")
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 120
     settings.execution.max_workers = int(os.environ.get("MPJOB_WORKERS", "16"))
     _api()
+    _ticker_tasks.append(asyncio.create_task(_ticker(watched_jobs, settings.execution.max_workers)))
+
+
+@kopf.on.cleanup()
+async def stop_ticker(**_: Any) -> None:
+    for task in _ticker_tasks:
+        task.cancel()
+    _ticker_tasks.clear()
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
@@ -328,12 +347,39 @@ def on_attempt_job(labels: dict[str, str], namespace: str, type: str | None, **_
         log.warning("reconcile after a Job event failed: %s", exc.reason)
 
 
-@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
-def tick(name: str, namespace: str, status: dict[str, Any], spec: dict[str, Any], **_: Any) -> None:
-    """The level-triggered safety net, and live progress from the trainer's metrics."""
-    phase = (status or {}).get("phase")
-    if phase in FINISHED and (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished") is None:
-        return
+# ------------------------------------------------------------------ the ticker
+
+_ticker_tasks: list[asyncio.Task[None]] = []
+#: Set by `mpjob operator` when kopf peering is on: {"name", "identity", "priority", "clusterwide"}.
+PEERING: dict[str, Any] = {}
+
+
+def peering_active(namespace: str) -> bool:
+    """Whether this operator is the one kopf lets act (no live peer of equal or higher priority),
+    read from the same peering object kopf keeps. Standalone operators are always active."""
+    if not PEERING:
+        return True
+    custom, _, _ = _api()
+    try:
+        if PEERING["clusterwide"]:
+            body = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING["name"])
+        else:
+            body = custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", PEERING["name"])
+    except ApiException:
+        return False  # cannot tell: leave the work to kopf's own handlers
+    now = datetime.now(UTC)
+    for identity, peer in (body.get("status") or {}).items():
+        if identity == PEERING["identity"] or not isinstance(peer, dict):
+            continue
+        seen = datetime.fromisoformat(str(peer.get("lastseen", "1970-01-01T00:00:00+00:00")))
+        alive = (now - seen).total_seconds() < float(peer.get("lifetime", 60))
+        if alive and int(peer.get("priority", 0)) >= PEERING["priority"]:
+            return False
+    return True
+
+
+def tick_job(namespace: str, name: str) -> None:
+    """The level-triggered safety net for one job, and its live progress."""
     started = time.monotonic()
     try:
         result = reconcile_job(namespace, name)
@@ -341,12 +387,31 @@ def tick(name: str, namespace: str, status: dict[str, Any], spec: dict[str, Any]
             update_progress(namespace, name)
     except ApiException as exc:
         om.ERRORS.labels(kind=f"api{exc.status}").inc()
-        log.warning("tick failed after %.2fs: %s", time.monotonic() - started, exc.reason)
-    counts: dict[str, int] = defaultdict(int)
-    for value in _phases.values():
-        counts[value] += 1
-    for phase_name in ("Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"):
-        om.JOBS_BY_PHASE.labels(phase=phase_name).set(counts.get(phase_name, 0))
+        log.warning("tick of %s/%s failed after %.2fs: %s", namespace, name, time.monotonic() - started, exc.reason)
+
+
+async def _ticker(index: kopf.Index, workers: int) -> None:
+    """Every TICK_SECONDS, tick each job that still has work, a few at a time in threads."""
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mpjob-tick")
+    try:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            due = sorted(key for key, store in list(index.items()) if any(store))
+            active: dict[str, bool] = {}
+            for namespace in {ns for ns, _ in due}:
+                active[namespace] = await loop.run_in_executor(pool, peering_active, namespace)
+            await asyncio.gather(
+                *(loop.run_in_executor(pool, tick_job, ns, name) for ns, name in due if active[ns]),
+                return_exceptions=True,
+            )
+            counts: dict[str, int] = defaultdict(int)
+            for value in _phases.values():
+                counts[value] += 1
+            for phase_name in ("Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"):
+                om.JOBS_BY_PHASE.labels(phase=phase_name).set(counts.get(phase_name, 0))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
+import time
 
 import kopf
 from prometheus_client import start_http_server
@@ -25,12 +27,24 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ.get("MPJOB_METRICS_PORT", "8080")),
         help="operator metrics on :PORT/metrics (0 = off)",
     )
+    parser.add_argument(
+        "--bind-address",
+        default=os.environ.get("MPJOB_BIND_ADDRESS") or "0.0.0.0",
+        help="address of the metrics and health endpoints (env MPJOB_BIND_ADDRESS; default every interface)",
+    )
     parser.add_argument("--health-port", type=int, default=8081, help="kopf liveness on :PORT/healthz (0 = off)")
     parser.add_argument("--trainer-image", default=None, help="default trainer image (env MPJOB_TRAINER_IMAGE)")
     parser.add_argument(
         "--peering",
         default=None,
         help="kopf peering name for several replicas (needs kopf's peering CRDs); default: standalone",
+    )
+    parser.add_argument(
+        "--priority",
+        default=os.environ.get("MPJOB_PEERING_PRIORITY", "oldest"),
+        help="kopf peering priority: an integer (the highest live peer acts, the others stand by), or "
+        "'oldest' (default): the longest-running replica acts, so a rolling upgrade hands over only "
+        "when the old operator leaves and extra replicas are hot standbys",
     )
     parser.add_argument("--tick-seconds", type=float, default=None, help="reconcile/progress interval per job")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -42,16 +56,28 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    import mpjob.operator.handlers  # noqa: F401  (registers the handlers)
+    try:
+        priority = -time.time_ns() // 1_000_000 if args.priority == "oldest" else int(args.priority)
+    except ValueError:
+        parser.error(f"--priority: an integer or 'oldest', not {args.priority!r}")
+    # kopf's own rule for a pod's identity (the chart sets POD_ID to the pod's name).
+    identity = os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
+
+    from mpjob.operator import handlers  # registers the handlers
+
+    if args.peering is not None:
+        handlers.PEERING.update(name=args.peering, identity=identity, priority=priority, clusterwide=not args.namespace)
 
     if args.metrics_port:
-        start_http_server(args.metrics_port)
+        start_http_server(args.metrics_port, addr=args.bind_address)
     kopf.configure(verbose=args.verbose)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=args.peering is None,
         peering_name=args.peering,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        priority=priority,
+        identity=identity,
+        liveness_endpoint=f"http://{args.bind_address}:{args.health_port}/healthz" if args.health_port else None,
     )
     return 0

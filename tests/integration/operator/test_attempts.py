@@ -178,3 +178,31 @@ def test_deleting_the_job_removes_its_children_but_not_the_volume(operator: Oper
 
     wait_for(lambda: not children(), 120, message="children garbage-collected")
     assert jobs.core.read_namespaced_persistent_volume_claim("ckpt", jobs.namespace)
+
+
+def test_a_job_carries_no_finalizer_and_deletes_with_the_operator_gone(operator: Operator, jobs: Jobs) -> None:
+    """The periodic tick is an index plus one loop, not a kopf timer (which would put a finalizer on
+    every job): after `helm uninstall` a job still deletes, and its children follow."""
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=100000, every=50)
+    spec["precision"] = {"mode": "bf16"}
+    jobs.create("orphan", spec)
+    # Live progress comes from the ticker: it runs without a timer's finalizer.
+    wait_for(lambda: jobs.status("orphan").get("step", 0) > 0, 120, message="live progress from the ticker")
+    assert not jobs.get("orphan")["metadata"].get("finalizers")
+    operator.stop()
+    jobs.custom.delete_namespaced_custom_object(
+        "mpjob.dev", "v1alpha1", jobs.namespace, "mixedprecisionjobs", "orphan", propagation_policy="Background"
+    )
+
+    def gone() -> bool:
+        return not any(
+            i["metadata"]["name"] == "orphan"
+            for i in jobs.custom.list_namespaced_custom_object(
+                "mpjob.dev", "v1alpha1", jobs.namespace, "mixedprecisionjobs"
+            )["items"]
+        )
+
+    wait_for(gone, 30, message="the job deleted with no operator running")
+    wait_for(lambda: not jobs.attempt_jobs("orphan"), 120, message="children garbage-collected")
+    assert jobs.core.read_namespaced_persistent_volume_claim("ckpt", jobs.namespace)

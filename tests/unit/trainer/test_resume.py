@@ -176,3 +176,55 @@ def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Pat
     assert ref.step == 20
     store.clean_stale()
     assert not tmp.exists()
+
+
+def test_failed_checkpoint_writes_are_counted_and_training_goes_on(tmp_path: Path) -> None:
+    """A volume that refuses writes (here a real EFBIG from a file-size limit on the trainer
+    process) costs checkpoints, not the run: each failure is logged and counted, training goes
+    on, the last good checkpoint stays the previous one, and saves succeed again once the
+    volume accepts writes."""
+    import resource
+
+    job = spec(
+        task={"builtin": "mlp", "args": {"inputs": 64, "hidden": 256, "samples": 512}},
+        training={"steps": 3000, "logEvery": 50},
+        checkpoint={"everySteps": 10, "keep": 2},
+    )
+    env = launch_env(tmp_path, job, "fp32")
+    limit = 16 * 1024  # far below one checkpoint of this model, above everything else written
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpjob_trainer"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=small_files,
+    )
+    assert proc.stdout is not None
+    seen: list[dict] = []
+    for line in proc.stdout:
+        if line.startswith("{"):
+            seen.append(json.loads(line))
+            if seen[-1]["event"] == "checkpointFailed":
+                resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+                break
+    rest, _ = proc.communicate(timeout=180)
+    events = seen + parse(rest)
+    assert proc.returncode == ExitCode.SUCCESS
+
+    failed = [e for e in events if e["event"] == "checkpointFailed"]
+    assert failed and failed[0]["step"] == 10 and failed[0]["error"]
+    assert [e["failures"] for e in failed] == list(range(1, len(failed) + 1))
+    assert all(e["trainingStep"] > e["step"] for e in failed), "training went on past each failed save"
+    first_failure = failed[0]["step"]
+    saved = [e for e in events if e["event"] == "checkpoint"]
+    assert saved and saved[0]["step"] > first_failure, "saves succeed again once the volume takes writes"
+    assert saved[-1]["step"] == 3000
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["lastGoodCheckpoint"]["step"] == 3000
+    # Nothing half-written is left to be mistaken for a checkpoint.
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000002990", "step-000003000"]
