@@ -3,9 +3,10 @@ plane. A stand-in trainer (MPJOB_TRAINER_COMMAND) exits 42 in attempt 0 and 0 in
 so every job walks create -> attempt 0 -> numeric fault -> attempt 1 -> Succeeded.
 
 Measured at the client with watches: CR created -> attempt Job created, and trainer exit
-(pod terminated) -> next attempt Job created; operator CPU seconds and peak RSS from /proc.
+(pod terminated, as the node reports it) -> next attempt Job created; operator CPU seconds
+and peak RSS from /proc. Each N runs in its own namespace, deleted (and waited for) after.
 
-Usage: PYTHONPATH=. python bench/operator_scale.py 100 [500]
+Usage: PYTHONPATH=. uv run python bench/operator_scale.py 100 500 1000 (or scripts/bench.sh)
 """
 
 from __future__ import annotations
@@ -13,23 +14,28 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
+import yaml
 from kubernetes import client, config, watch
 
 from tests.cluster.controlplane import Layout, api_ready, running, up
+from tests.helpers import wait_for
 
 STAND_IN = [
     sys.executable,
     "-c",
     "import json,os,sys; sys.exit(42 if json.loads(os.environ['MPJOB_LAUNCH'])['attempt'] == 0 else 0)",
 ]
+SPEC = {"task": {"builtin": "mlp"}, "precision": {"mode": "fp16"}, "resources": {"gpusPerWorker": 0}}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -44,39 +50,72 @@ def proc_stats(pid: int) -> tuple[float, int]:
     return cpu, int(hwm.split()[1]) * 1024
 
 
-def run(n: int, api: client.ApiClient, kubeconfig: str) -> None:
-    core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
-    ns = f"scale-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns}})
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_gone(core: client.CoreV1Api, ns: str, timeout: float = 900) -> None:
+    """Wait until the namespace and every pod in it are gone, so the next N starts clean."""
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(ns)
+        except client.rest.ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+
+    wait_for(gone, timeout, 2, f"namespace {ns} deleted")
+
+
+def start_operator(ns: str, kubeconfig: str) -> subprocess.Popen[bytes]:
+    health = free_port()
     env = {
         **os.environ,
         "KUBECONFIG": kubeconfig,
         "MPJOB_TRAINER_COMMAND": json.dumps(STAND_IN),
-        "MPJOB_TICK_SECONDS": "30",
+        "MPJOB_TICK_SECONDS": "30",  # events drive the attempts; the ticker is the safety net
+        "MALLOC_ARENA_MAX": "2",  # as the operator image sets it
     }
+    argv = [sys.executable, "-m", "mpjob.cli", "operator", "-n", ns, "--metrics-port", "0"]
     op = subprocess.Popen(
-        [sys.executable, "-m", "mpjob.cli", "operator", "-n", ns, "--metrics-port", "0", "--health-port", "0"],
+        [*argv, "--health-port", str(health), "--bind-address", "127.0.0.1"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+    def healthy() -> bool:
+        assert op.poll() is None, "the operator exited"
+        with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2) as response:
+            return response.status == 200
+
+    wait_for(healthy, 60, 0.2, "operator healthy")
+    return op
+
+
+def run(n: int, api: client.ApiClient, kubeconfig: str) -> None:
+    core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+    ns = f"scale-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns, "labels": {"mpjob.dev/bench": "operator-scale"}}})
     created: dict[str, float] = {}
     job_seen: dict[str, float] = {}
     exited: dict[str, float] = {}
     stop = threading.Event()
 
     def watch_jobs() -> None:
-        w = watch.Watch()
-        for ev in w.stream(batch.list_namespaced_job, ns, timeout_seconds=600):
+        for ev in watch.Watch().stream(batch.list_namespaced_job, ns, timeout_seconds=1800):
             if ev["type"] == "ADDED":
                 job_seen.setdefault(ev["object"].metadata.name, time.monotonic())
             if stop.is_set():
                 return
 
     def watch_pods() -> None:
-        w = watch.Watch()
-        for ev in w.stream(core.list_namespaced_pod, ns, timeout_seconds=600):
+        for ev in watch.Watch().stream(core.list_namespaced_pod, ns, timeout_seconds=1800):
             pod = ev["object"]
             for cs in pod.status.container_statuses or []:
                 if cs.state and cs.state.terminated:
@@ -84,44 +123,41 @@ def run(n: int, api: client.ApiClient, kubeconfig: str) -> None:
             if stop.is_set():
                 return
 
-    threads = [threading.Thread(target=f, daemon=True) for f in (watch_jobs, watch_pods)]
-    for t in threads:
-        t.start()
-    time.sleep(3)  # operator started and watching
-    for i in range(n):
-        name = f"j{i}"
-        custom.create_namespaced_custom_object(
-            "mpjob.dev",
-            "v1alpha1",
-            ns,
-            "mixedprecisionjobs",
-            {
-                "apiVersion": "mpjob.dev/v1alpha1",
-                "kind": "MixedPrecisionJob",
-                "metadata": {"name": name},
-                "spec": {"task": {"builtin": "mlp"}, "precision": {"mode": "fp16"}, "resources": {"gpusPerWorker": 0}},
-            },
+    op = start_operator(ns, kubeconfig)
+    try:
+        for target in (watch_jobs, watch_pods):
+            threading.Thread(target=target, daemon=True).start()
+        for i in range(n):
+            body = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": f"j{i}"}}
+            body["spec"] = SPEC
+            custom.create_namespaced_custom_object("mpjob.dev", "v1alpha1", ns, "mixedprecisionjobs", body)
+            created[f"j{i}"] = time.monotonic()
+        wait_for(lambda: sum(1 for k in job_seen if k.endswith("-a1")) >= n, 1800, 1, f"{n} second attempts")
+        cpu, rss = proc_stats(op.pid)
+        stop.set()
+        first = [job_seen[f"{k}-a0"] - t for k, t in created.items() if f"{k}-a0" in job_seen]
+        both = [k for k in created if f"{k}-a1" in job_seen and f"{k}-a0" in exited]
+        nxt = [job_seen[f"{k}-a1"] - exited[f"{k}-a0"] for k in both]
+        print(
+            f"N={n}: CR created -> attempt Job created: p50 {statistics.median(first):.2f} s, "
+            f"p99 {pct(first, 0.99):.2f} s ({len(first)}/{n})"
         )
-        created[name] = time.monotonic()
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline and sum(1 for k in job_seen if k.endswith("-a1")) < n:
-        time.sleep(1)
-    cpu, rss = proc_stats(op.pid)
-    stop.set()
-    first = [job_seen[f"{k}-a0"] - t for k, t in created.items() if f"{k}-a0" in job_seen]
-    nxt = [job_seen[f"{k}-a1"] - exited[f"{k}-a0"] for k in created if f"{k}-a1" in job_seen and f"{k}-a0" in exited]
-    print(
-        f"N={n}: CR created -> attempt Job created: p50 {statistics.median(first):.2f} s, p99 {pct(first, 0.99):.2f} s "
-        f"({len(first)}/{n})"
-    )
-    print(
-        f"N={n}: trainer exit -> next attempt created: p50 {statistics.median(nxt):.2f} s, "
-        f"p99 {pct(nxt, 0.99):.2f} s ({len(nxt)}/{n})"
-    )
-    print(f"N={n}: operator CPU {cpu:.1f} s, peak RSS {rss / 2**20:.0f} MiB")
-    os.killpg(op.pid, signal.SIGTERM)
-    op.wait(timeout=30)
-    core.delete_namespace(ns)
+        print(
+            f"N={n}: trainer exit -> next attempt created: p50 {statistics.median(nxt):.2f} s, "
+            f"p99 {pct(nxt, 0.99):.2f} s ({len(nxt)}/{n})"
+        )
+        print(f"N={n}: operator CPU {cpu:.1f} s, peak RSS {rss / 2**20:.0f} MiB", flush=True)
+    finally:
+        stop.set()
+        if op.poll() is None:
+            os.killpg(op.pid, signal.SIGTERM)
+            try:
+                op.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(op.pid, signal.SIGKILL)
+                op.wait()
+        core.delete_namespace(ns, propagation_policy="Foreground")
+        wait_gone(core, ns)
 
 
 def main() -> None:
@@ -129,18 +165,19 @@ def main() -> None:
     if not (running(layout) and api_ready(layout)):
         up(layout)
     api = config.new_client_from_config(str(layout.kubeconfig))
-    crd = Path("crds/mixedprecisionjobs.mpjob.dev.yaml")
-    subprocess.run([str(Path(__file__).parent.parent / ".venv/bin/python"), "-c", "pass"], check=True)
-    import yaml
-
+    body = yaml.safe_load(Path("crds/mixedprecisionjobs.mpjob.dev.yaml").read_text())
     ext = client.ApiextensionsV1Api(api)
-    body = yaml.safe_load(crd.read_text())
     try:
         ext.create_custom_resource_definition(body)
-        time.sleep(2)
     except client.rest.ApiException as exc:
         if exc.status != 409:
             raise
+
+    def established() -> bool:
+        crd = ext.read_custom_resource_definition(body["metadata"]["name"])
+        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+    wait_for(established, 30, 0.2, "CRD established")
     for n in [int(a) for a in sys.argv[1:]] or [100]:
         run(n, api, str(layout.kubeconfig))
 

@@ -172,11 +172,13 @@ class NodeAgent:
             log(f"re-adopting {len(self.running)} pod process(es)")
 
     def _save_state(self) -> None:
+        # Written and renamed under the lock: threads saving at once once raced on the one temp
+        # file, and the loser's rename killed the thread that reports pod exits.
         with self.lock:
             data = {uid: asdict(r) for uid, r in self.running.items()}
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.state_file)
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.state_file)
 
     def _next_ip(self) -> str:
         with self.lock:
@@ -689,10 +691,13 @@ class NodeAgent:
                     continue
                 if rec.deleting:
                     continue  # the deleting thread reports it
-                if rec.restart_policy == "Always" or (rec.restart_policy == "OnFailure" and code != 0):
-                    self._restart(rec, code)
-                else:
-                    self._finish(rec, code)
+                try:
+                    if rec.restart_policy == "Always" or (rec.restart_policy == "OnFailure" and code != 0):
+                        self._restart(rec, code)
+                    else:
+                        self._finish(rec, code)
+                except Exception as exc:  # never let one pod stop exit reporting for all
+                    log(f"{rec.namespace}/{rec.name}: reporting exit {code} failed: {exc!r}")
 
     def _termination_message(self, rec: Running, code: int, pod: Any | None = None) -> str:
         try:

@@ -410,8 +410,9 @@ class Trainer:
         if mfu is not None:
             metrics.mfu.set(mfu)
         metrics.step_seconds.observe(step_seconds)
-        if self.device.type == "cuda":
-            metrics.peak_device_memory.set(torch.cuda.max_memory_allocated(self.device))
+        peak_device = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        if peak_device is not None:
+            metrics.peak_device_memory.set(peak_device)
         metrics.sample_host_memory()
         self.log(
             "step",
@@ -427,4 +428,5 @@ class Trainer:
             mfu=mfu,
             stepSeconds=step_seconds,
             precision=precision,
+            peakDeviceMemoryBytes=peak_device,
         )

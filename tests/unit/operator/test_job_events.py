@@ -1,0 +1,51 @@
+"""Which attempt-Job events are worth a reconcile: only changes the planner can see."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from mpjob.operator.handlers import TERMINAL_CONDITIONS, job_signature
+
+pytestmark = pytest.mark.unit
+
+RUNNING = {
+    "metadata": {"name": "j-a0", "resourceVersion": "10", "managedFields": []},
+    "spec": {"suspend": False, "parallelism": 2},
+    "status": {"active": 2, "ready": 1, "startTime": "2026-11-22T10:00:00Z"},
+}
+
+
+def changed(**status: object) -> dict:
+    body = copy.deepcopy(RUNNING)
+    body["status"].update(status)
+    return body
+
+
+def test_bookkeeping_writes_are_not_worth_a_reconcile() -> None:
+    noise = copy.deepcopy(RUNNING)
+    noise["metadata"]["resourceVersion"] = "11"
+    noise["status"]["uncountedTerminatedPods"] = {}
+    assert job_signature(noise) == job_signature(RUNNING)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        changed(ready=2),
+        changed(active=1, failed=1),
+        changed(conditions=[{"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"}]),
+        changed(conditions=[{"type": "Complete", "status": "True"}]),
+        {**RUNNING, "spec": {"suspend": True, "parallelism": 2}},
+    ],
+    ids=["ready", "pod-failed", "failure-target", "complete", "suspended"],
+)
+def test_what_the_planner_reads_is(body: dict) -> None:
+    assert job_signature(body) != job_signature(RUNNING)
+
+
+def test_the_job_controllers_early_verdicts_end_an_attempt() -> None:
+    assert TERMINAL_CONDITIONS["FailureTarget"] == "Failed"
+    assert TERMINAL_CONDITIONS["SuccessCriteriaMet"] == "Complete"
+    assert "Suspended" not in TERMINAL_CONDITIONS
