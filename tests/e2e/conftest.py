@@ -148,6 +148,17 @@ def example(name: str) -> dict[str, Any]:
     return doc
 
 
+def endless(name: str) -> dict[str, Any]:
+    """The quickstart renamed, as a tiny bf16 MLP that trains until stopped: a job that is
+    still running whenever a test looks."""
+    job = example("quickstart")
+    job["metadata"]["name"] = name
+    job["spec"]["task"] = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512}}
+    job["spec"]["training"] = {"steps": 1_000_000, "batchSize": 8, "logEvery": 5}
+    job["spec"]["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+    return job
+
+
 def cpu_sized(job: dict[str, Any], **training: Any) -> dict[str, Any]:
     """The same story on CPU in about a minute: a tiny GPT, a few steps, frequent checkpoints.
     Precision, fallback ladder, workers, GPUs per worker and volume stay as the example has them."""

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client
 
 from mpjob.builders.attempt import KUEUE_QUEUE_LABEL
-from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, example
+from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, endless, example
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -89,12 +89,7 @@ def test_helm_test_runs_a_tiny_job_to_succeeded(release: Release, cli: Cli, jobs
 def test_helm_upgrade_leaves_a_running_job_running(
     release: Release, jobs: Jobs, cli: Cli, core: client.CoreV1Api
 ) -> None:
-    job = example("quickstart")
-    job["metadata"]["name"] = "long-run"
-    job["spec"]["task"] = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512}}
-    job["spec"]["training"] = {"steps": 1_000_000, "batchSize": 8, "logEvery": 5}
-    job["spec"]["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
-    jobs.apply(job)
+    jobs.apply(endless("long-run"))
     wait_for(lambda: jobs.status("long-run").get("step", 0) > 0, 180, interval=1, message="long-run progressing")
     (trainer,) = jobs.pods("mpjob.dev/job=long-run")
     (old_operator,) = operator_pods(core, release.namespace)

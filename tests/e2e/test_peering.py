@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import Cli, Jobs, Release, example
+from tests.e2e.conftest import Cli, Jobs, Release, endless
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -29,12 +29,7 @@ def test_rolling_upgrade_hands_a_running_job_to_the_new_peer(
     (old,) = core.list_namespaced_pod(release.namespace, label_selector=SELECTOR).items
     wait_for(lambda: peers() == {old.metadata.name}, 60, message="the operator in the peering")
 
-    job = example("quickstart")
-    job["metadata"]["name"] = "handover"
-    job["spec"]["task"] = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512}}
-    job["spec"]["training"] = {"steps": 1_000_000, "batchSize": 8, "logEvery": 5}
-    job["spec"]["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
-    jobs.apply(job)
+    jobs.apply(endless("handover"))
     wait_for(lambda: jobs.status("handover").get("step", 0) > 0, 180, interval=1, message="handover progressing")
 
     cli.helm("upgrade", release.name, *release.install_args("--set", "operator.tickSeconds=3"))

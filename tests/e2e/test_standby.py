@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.e2e.conftest import Cli, Jobs, Release, example
+from tests.e2e.conftest import Cli, Jobs, Release, endless
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -28,12 +28,7 @@ def test_two_replicas_one_acts_and_the_standby_takes_over(
     both = wait_for(lambda: len(p := peers()) == 2 and p, 120, message="both replicas in the peering")
     active = max(both, key=lambda name: both[name])  # --priority=oldest: the earlier start wins
 
-    job = example("quickstart")
-    job["metadata"]["name"] = "standby"
-    job["spec"]["task"] = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512}}
-    job["spec"]["training"] = {"steps": 1_000_000, "batchSize": 8, "logEvery": 5}
-    job["spec"]["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
-    jobs.apply(job)
+    jobs.apply(endless("standby"))
     wait_for(lambda: jobs.status("standby").get("step", 0) > 0, 180, interval=1, message="progress under the active")
 
     core.delete_namespaced_pod(active, release.namespace)

@@ -121,3 +121,24 @@ def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
     assert report["phase"] == "Succeeded"
     assert [a["precision"] for a in report["attempts"]] == ["bf16", "bf16"]
     assert report["attempts"][1]["startStep"] == stopped_at
+
+
+def test_two_local_workers_fall_back_together_and_resume(tmp_path: Path) -> None:
+    """workers: 2 runs two trainer processes with gloo rendezvous on loopback: both ranks see
+    the overflow at the same step, the attempt ends once, and the bf16 attempt resumes both
+    from the checkpoint rank 0 wrote."""
+    args = {**BASE["spec"]["task"]["args"], "overflowAtStep": 15}
+    job = manifest(
+        tmp_path,
+        task={"builtin": "gpt", "args": args},
+        workers=2,
+    )
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    first, second = report["attempts"]
+    assert (first["precision"], first["reason"]) == ("fp16", "NumericFault")
+    assert (second["precision"], second["reason"]) == ("bf16", "Succeeded") and second["startStep"] > 0
+    assert report["phase"] == "Succeeded" and report["step"] == 40
+    manifests = sorted((tmp_path / "out").rglob("step-*/manifest.json"))
+    assert manifests and json.loads(manifests[-1].read_text())["step"] == 40
