@@ -70,7 +70,7 @@ def _api() -> tuple[client.CustomObjectsApi, client.BatchV1Api, client.CoreV1Api
 
 
 def _raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """A list call's JSON as plain dicts: the client's typed models cost several milliseconds of
+    """A call's JSON as plain dicts: the client's typed models cost several milliseconds of
     CPU per object, the operator's largest cost at hundreds of jobs."""
     response = call(*args, _preload_content=False, **kwargs)
     try:
@@ -142,9 +142,11 @@ def _create(kind: str, obj: dict[str, Any], owner: dict[str, Any], namespace: st
     kopf.adopt(obj, owner=owner)
     try:
         if kind == "Service":
-            core.create_namespaced_service(namespace, obj)
+            _raw(core.create_namespaced_service, namespace, obj)
         else:
-            batch.create_namespaced_job(namespace, obj)
+            created = _raw(batch.create_namespaced_job, namespace, obj)
+            # The Job's ADDED event would only show what this reconcile just decided.
+            _job_signatures[created["metadata"]["uid"]] = job_signature(created)
     except ApiException as exc:
         if exc.status != 409:  # AlreadyExists: a restarted operator re-derived the same attempt
             raise
@@ -364,7 +366,7 @@ def job_signature(body: dict[str, Any]) -> tuple[Any, ...]:
     reconcile (a Job sees several status writes per pod transition)."""
     status = body.get("status") or {}
     conditions = tuple(sorted((c.get("type"), c.get("status")) for c in status.get("conditions") or []))
-    counts = tuple(status.get(k) for k in ("active", "ready", "succeeded", "failed", "terminating"))
+    counts = tuple(status.get(k) for k in ("active", "succeeded", "failed", "terminating"))
     return conditions, counts, (body.get("spec") or {}).get("suspend")
 
 
@@ -462,3 +464,4 @@ async def _ticker(index: kopf.Index, workers: int) -> None:
 def on_delete(body: dict[str, Any], **_: Any) -> None:
     """Children go with their owner (garbage collection); the checkpoint volume stays."""
     _phases.pop(body["metadata"]["uid"], None)
+    _locks.pop((body["metadata"].get("namespace", ""), body["metadata"]["name"]), None)

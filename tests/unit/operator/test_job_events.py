@@ -27,19 +27,20 @@ def test_bookkeeping_writes_are_not_worth_a_reconcile() -> None:
     noise = copy.deepcopy(RUNNING)
     noise["metadata"]["resourceVersion"] = "11"
     noise["status"]["uncountedTerminatedPods"] = {}
+    noise["status"]["ready"] = 2  # readiness is not the planner's business; pods alive are
     assert job_signature(noise) == job_signature(RUNNING)
 
 
 @pytest.mark.parametrize(
     "body",
     [
-        changed(ready=2),
+        changed(active=1),
         changed(active=1, failed=1),
         changed(conditions=[{"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"}]),
         changed(conditions=[{"type": "Complete", "status": "True"}]),
         {**RUNNING, "spec": {"suspend": True, "parallelism": 2}},
     ],
-    ids=["ready", "pod-failed", "failure-target", "complete", "suspended"],
+    ids=["pod-gone", "pod-failed", "failure-target", "complete", "suspended"],
 )
 def test_what_the_planner_reads_is(body: dict) -> None:
     assert job_signature(body) != job_signature(RUNNING)
