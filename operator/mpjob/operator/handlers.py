@@ -437,25 +437,41 @@ def tick_job(namespace: str, name: str) -> None:
 
 
 async def _ticker(index: kopf.Index, workers: int) -> None:
-    """Every TICK_SECONDS, tick each job that still has work, a few at a time in threads."""
+    """Tick each job that still has work once every TICK_SECONDS, spread evenly over the
+    interval (never all at once: a burst of hundreds of reconciles would delay the event-driven
+    ones behind it), at most `workers` at a time in threads."""
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mpjob-tick")
+    slots = asyncio.Semaphore(workers)
+
+    async def tick_one(namespace: str, name: str) -> None:
+        try:
+            await loop.run_in_executor(pool, tick_job, namespace, name)
+        finally:
+            slots.release()
+
     try:
+        await asyncio.sleep(TICK_SECONDS)
         while True:
-            await asyncio.sleep(TICK_SECONDS)
+            started = loop.time()
             due = sorted(key for key, store in list(index.items()) if any(store))
             active: dict[str, bool] = {}
             for namespace in {ns for ns, _ in due}:
                 active[namespace] = await loop.run_in_executor(pool, peering_active, namespace)
-            await asyncio.gather(
-                *(loop.run_in_executor(pool, tick_job, ns, name) for ns, name in due if active[ns]),
-                return_exceptions=True,
-            )
+            todo = [(ns, name) for ns, name in due if active[ns]]
+            pace = TICK_SECONDS / max(len(todo), 1)
+            running: list[asyncio.Task[None]] = []
+            for ns, name in todo:
+                await slots.acquire()
+                running.append(asyncio.create_task(tick_one(ns, name)))
+                await asyncio.sleep(pace)
+            await asyncio.gather(*running, return_exceptions=True)
             counts: dict[str, int] = defaultdict(int)
             for value in _phases.values():
                 counts[value] += 1
             for phase_name in ("Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"):
                 om.JOBS_BY_PHASE.labels(phase=phase_name).set(counts.get(phase_name, 0))
+            await asyncio.sleep(max(0.0, TICK_SECONDS - (loop.time() - started)))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
