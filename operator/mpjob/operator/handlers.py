@@ -8,6 +8,7 @@ children are created, so the status stays the operator's memory across restarts.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import time
 import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -106,13 +108,25 @@ def _pod_view(pod: dict[str, Any]) -> PodView:
     )
 
 
-def observe(namespace: str, name: str) -> tuple[dict[int, JobView], frozenset[int]]:
+@dataclass(frozen=True)
+class Observed:
+    jobs: dict[int, JobView]
+    lingering: frozenset[int]  # attempts whose Job is gone but some pod still runs
+    rank0_ip: dict[int, str]  # attempt -> the running rank-0 pod's IP (its metrics endpoint)
+
+
+def observe(namespace: str, name: str) -> Observed:
     _, batch, core = _api()
     selector = f"{LABEL_JOB}={name}"
     pods_by_attempt: dict[int, list[PodView]] = defaultdict(list)
+    rank0_ip: dict[int, str] = {}
     for pod in _raw(core.list_namespaced_pod, namespace, label_selector=selector)["items"]:
         index = int((pod["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "-1"))
-        pods_by_attempt[index].append(_pod_view(pod))
+        view = _pod_view(pod)
+        pods_by_attempt[index].append(view)
+        ip = (pod.get("status") or {}).get("podIP")
+        if view.index == 0 and view.phase == "Running" and view.alive and ip:
+            rank0_ip[index] = ip
     jobs: dict[int, JobView] = {}
     for job in _raw(batch.list_namespaced_job, namespace, label_selector=selector)["items"]:
         index = int((job["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "-1"))
@@ -131,7 +145,7 @@ def observe(namespace: str, name: str) -> tuple[dict[int, JobView], frozenset[in
             suspended=bool((job.get("spec") or {}).get("suspend")),
         )
     lingering = frozenset(i for i, pods in pods_by_attempt.items() if i not in jobs and any(p.alive for p in pods))
-    return jobs, lingering
+    return Observed(jobs, lingering, rank0_ip)
 
 
 # ------------------------------------------------------------------ acting
@@ -172,8 +186,10 @@ def _patch_status(namespace: str, name: str, status: MixedPrecisionJobStatus) ->
     )
 
 
-def reconcile_job(namespace: str, name: str) -> MixedPrecisionJobStatus | None:
-    """Observe, decide, act for one MixedPrecisionJob. Safe to call from any trigger."""
+def reconcile_job(namespace: str, name: str, progress: bool = False) -> MixedPrecisionJobStatus | None:
+    """Observe, decide, act for one MixedPrecisionJob. Safe to call from any trigger. With
+    `progress`, a running attempt's live figures are read and written too, from the same
+    observation."""
     custom, _, _ = _api()
     with _locks[(namespace, name)], om.RECONCILE_SECONDS.time():
         try:
@@ -195,8 +211,8 @@ def reconcile_job(namespace: str, name: str) -> MixedPrecisionJobStatus | None:
             return None
         # Every attempt is in the status before its Job exists: with none recorded there is
         # nothing to observe (this saves two list calls per new job).
-        jobs, lingering = observe(namespace, name) if old.attempts else ({}, frozenset())
-        plan = reconcile(spec, old, generation, jobs, datetime.now(UTC), lingering=lingering)
+        seen = observe(namespace, name) if old.attempts else Observed({}, frozenset(), {})
+        plan = reconcile(spec, old, generation, seen.jobs, datetime.now(UTC), lingering=seen.lingering)
         if plan.status != old:
             _patch_status(namespace, name, plan.status)  # memory first, then act
         for index in plan.delete:
@@ -233,28 +249,19 @@ def reconcile_job(namespace: str, name: str) -> MixedPrecisionJobStatus | None:
         for event in plan.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         _phases[body["metadata"]["uid"]] = plan.status.phase
+        if progress and plan.status.phase == "Running" and not plan.create:
+            ip = seen.rank0_ip.get(plan.status.attempt or 0)
+            if ip:
+                _write_progress(namespace, name, plan.status, scrape_progress(ip))
         return plan.status
 
 
 # ------------------------------------------------------------------ live progress
 
 
-def scrape_progress(namespace: str, name: str, status: MixedPrecisionJobStatus) -> dict[str, Any]:
+def scrape_progress(ip: str) -> dict[str, Any]:
     """Read rank 0's metrics endpoint (the trainer holds no Kubernetes token)."""
-    _, _, core = _api()
-    pods = core.list_namespaced_pod(
-        namespace, label_selector=f"{LABEL_JOB}={name},{LABEL_ATTEMPT}={status.attempt}"
-    ).items
-    rank0 = [
-        p
-        for p in pods
-        if (p.metadata.annotations or {}).get(COMPLETION_INDEX) == "0"
-        and p.status.phase == "Running"
-        and p.status.pod_ip
-    ]
-    if not rank0:
-        return {}
-    url = f"http://{rank0[0].status.pod_ip}:{tm.DEFAULT_METRICS_PORT}/metrics"
+    url = f"http://{ip}:{tm.DEFAULT_METRICS_PORT}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
             text = response.read().decode()
@@ -282,20 +289,11 @@ def scrape_progress(namespace: str, name: str, status: MixedPrecisionJobStatus) 
     return found
 
 
-def update_progress(namespace: str, name: str) -> None:
-    with _locks[(namespace, name)]:
-        _update_progress(namespace, name)
-
-
-def _update_progress(namespace: str, name: str) -> None:
-    custom, _, _ = _api()
-    body = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
-    status = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
-    if status.phase != "Running":
-        return
-    found = scrape_progress(namespace, name, status)
+def _write_progress(namespace: str, name: str, status: MixedPrecisionJobStatus, found: dict[str, Any]) -> None:
+    """Patch the live figures the trainer reported into the status, when they changed."""
     if not found:
         return
+    custom, _, _ = _api()
     patch: dict[str, Any] = {k: v for k, v in found.items() if k not in ("lastCheckpointStep", "startStep")}
     if "startStep" in found and status.attempts and status.attempts[-1].start_step != found["startStep"]:
         # The trainer decides where it resumes (the newest valid checkpoint): record that.
@@ -428,9 +426,7 @@ def tick_job(namespace: str, name: str) -> None:
     """The level-triggered safety net for one job, and its live progress."""
     started = time.monotonic()
     try:
-        result = reconcile_job(namespace, name)
-        if result is not None and result.phase == "Running":
-            update_progress(namespace, name)
+        reconcile_job(namespace, name, progress=True)
     except ApiException as exc:
         om.ERRORS.labels(kind=f"api{exc.status}").inc()
         log.warning("tick of %s/%s failed after %.2fs: %s", namespace, name, time.monotonic() - started, exc.reason)
@@ -446,7 +442,9 @@ async def _ticker(index: kopf.Index, workers: int) -> None:
 
     async def tick_one(namespace: str, name: str) -> None:
         try:
-            await loop.run_in_executor(pool, tick_job, namespace, name)
+            # kopf.event finds kopf's event queue through context variables, which a thread
+            # pool does not carry over: run each tick in a copy of this task's context.
+            await loop.run_in_executor(pool, contextvars.copy_context().run, tick_job, namespace, name)
         finally:
             slots.release()
 
@@ -457,7 +455,9 @@ async def _ticker(index: kopf.Index, workers: int) -> None:
             due = sorted(key for key, store in list(index.items()) if any(store))
             active: dict[str, bool] = {}
             for namespace in {ns for ns, _ in due}:
-                active[namespace] = await loop.run_in_executor(pool, peering_active, namespace)
+                active[namespace] = await loop.run_in_executor(
+                    pool, contextvars.copy_context().run, peering_active, namespace
+                )
             todo = [(ns, name) for ns, name in due if active[ns]]
             pace = TICK_SECONDS / max(len(todo), 1)
             running: list[asyncio.Task[None]] = []
