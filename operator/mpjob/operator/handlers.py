@@ -39,6 +39,9 @@ log = logging.getLogger("mpjob.operator")
 
 TRAINER_IMAGE = os.environ.get("MPJOB_TRAINER_IMAGE", "mpjob-trainer:0.1.0")
 TICK_SECONDS = float(os.environ.get("MPJOB_TICK_SECONDS", "5"))
+#: The ticker's ceiling: with many jobs a round takes longer than TICK_SECONDS rather than
+#: crowding out the event-driven reconciles (attempt starts and ends never wait for it).
+MAX_TICKS_PER_SECOND = float(os.environ.get("MPJOB_MAX_TICKS_PER_SECOND", "20"))
 #: Trainer container command (JSON list). Only benchmarks and tests change it, to run a stand-in.
 TRAINER_COMMAND: list[str] = json.loads(os.environ.get("MPJOB_TRAINER_COMMAND", '["mpjob-trainer"]'))
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -435,7 +438,7 @@ def tick_job(namespace: str, name: str) -> None:
 async def _ticker(index: kopf.Index, workers: int) -> None:
     """Tick each job that still has work once every TICK_SECONDS, spread evenly over the
     interval (never all at once: a burst of hundreds of reconciles would delay the event-driven
-    ones behind it), at most `workers` at a time in threads."""
+    ones behind it), at most MAX_TICKS_PER_SECOND and `workers` at a time in threads."""
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mpjob-tick")
     slots = asyncio.Semaphore(workers)
@@ -459,7 +462,7 @@ async def _ticker(index: kopf.Index, workers: int) -> None:
                     pool, contextvars.copy_context().run, peering_active, namespace
                 )
             todo = [(ns, name) for ns, name in due if active[ns]]
-            pace = TICK_SECONDS / max(len(todo), 1)
+            pace = max(TICK_SECONDS / max(len(todo), 1), 1 / MAX_TICKS_PER_SECOND)
             running: list[asyncio.Task[None]] = []
             for ns, name in todo:
                 await slots.acquire()

@@ -46,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
         "'oldest' (default): the longest-running replica acts, so a rolling upgrade hands over only "
         "when the old operator leaves and extra replicas are hot standbys",
     )
+    parser.add_argument(
+        "--max-ticks-per-second",
+        type=float,
+        default=None,
+        help="ceiling on the ticker's reconciles per second (default 20); with more jobs than "
+        "tick-seconds x this, a round of ticks takes longer",
+    )
     parser.add_argument("--tick-seconds", type=float, default=None, help="reconcile/progress interval per job")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
@@ -53,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MPJOB_TRAINER_IMAGE"] = args.trainer_image
     if args.tick_seconds:
         os.environ["MPJOB_TICK_SECONDS"] = str(args.tick_seconds)
+    if args.max_ticks_per_second:
+        os.environ["MPJOB_MAX_TICKS_PER_SECOND"] = str(args.max_ticks_per_second)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
