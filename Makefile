@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV_VERSION := 0.13.8
 export UV_PYTHON := 3.11
 
-.PHONY: help setup demo test lint cluster cluster-down crd bench
+.PHONY: help setup demo test lint cluster cluster-down cluster-reset crd bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ cluster: setup ## build (cached) and start the test control plane + node agent; 
 
 cluster-down: ## stop every process of the test cluster
 	uv run --no-sync python -m tests.cluster down
+
+cluster-reset: cluster-down ## stop the test cluster and delete its state (etcd data, volumes, logs in .cluster/)
+	rm -rf "$${MPJOB_CLUSTER_DIR:-.cluster}"
 
 test: setup ## lint, then every test (unit, integration, e2e) on the test control plane
 	@bash scripts/test.sh

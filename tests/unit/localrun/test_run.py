@@ -60,15 +60,22 @@ def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
     assert "report: " in result.stdout and "training.png" in result.stdout
 
 
-def test_fallback_path_recovers_in_bf16_from_a_checkpoint(tmp_path: Path) -> None:
+def run_overflowing(tmp_path: Path, **spec: object) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`mpjob run --json` of the fp16 job whose activations overflow at step 15; checks it
+    fell back to bf16 and resumed from a checkpoint, and returns the run and its report."""
     args = {**BASE["spec"]["task"]["args"], "overflowAtStep": 15}
-    job = manifest(tmp_path, task={"builtin": "gpt", "args": args})
+    job = manifest(tmp_path, task={"builtin": "gpt", "args": args}, **spec)
     result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     first, second = report["attempts"]
     assert (first["precision"], first["reason"]) == ("fp16", "NumericFault")
     assert (second["precision"], second["reason"]) == ("bf16", "Succeeded") and second["startStep"] > 0
+    return result, report
+
+
+def test_fallback_path_recovers_in_bf16_from_a_checkpoint(tmp_path: Path) -> None:
+    result, _ = run_overflowing(tmp_path)
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert next(e for e in events if e["event"] == "precisionFallback")["toPrecision"] == "bf16"
     series = json.loads((tmp_path / "out" / "series.json").read_text())
@@ -127,18 +134,7 @@ def test_two_local_workers_fall_back_together_and_resume(tmp_path: Path) -> None
     """workers: 2 runs two trainer processes with gloo rendezvous on loopback: both ranks see
     the overflow at the same step, the attempt ends once, and the bf16 attempt resumes both
     from the checkpoint rank 0 wrote."""
-    args = {**BASE["spec"]["task"]["args"], "overflowAtStep": 15}
-    job = manifest(
-        tmp_path,
-        task={"builtin": "gpt", "args": args},
-        workers=2,
-    )
-    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
-    first, second = report["attempts"]
-    assert (first["precision"], first["reason"]) == ("fp16", "NumericFault")
-    assert (second["precision"], second["reason"]) == ("bf16", "Succeeded") and second["startStep"] > 0
+    _, report = run_overflowing(tmp_path, workers=2)
     assert report["phase"] == "Succeeded" and report["step"] == 40
     manifests = sorted((tmp_path / "out").rglob("step-*/manifest.json"))
     assert manifests and json.loads(manifests[-1].read_text())["step"] == 40
