@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 
 from mpjob_contract import api
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm/mpjob"
@@ -50,12 +50,6 @@ def tool(name: str) -> str:
     from tests.cluster.controlplane import binaries
 
     return str(binaries() / name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Bench:

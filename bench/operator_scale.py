@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import yaml
 from kubernetes import client, config, watch
 
 from tests.cluster.controlplane import Layout, api_ready, running, up
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 STAND_IN = [
     sys.executable,
@@ -48,12 +47,6 @@ def proc_stats(pid: int) -> tuple[float, int]:
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     hwm = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM"))
     return cpu, int(hwm.split()[1]) * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_gone(core: client.CoreV1Api, ns: str, timeout: float = 900) -> None:

@@ -24,19 +24,13 @@ from typing import Any
 
 import torch
 
-from mpjob_trainer.loop import PEAK_FLOPS
+from bench.baseline import amp_update
+from mpjob_trainer.loop import peak_flops
 from mpjob_trainer.tasks.gpt import make_task
 
 GPT_124M = {"nLayer": 12, "nHead": 12, "nEmbd": 768, "blockSize": 1024}
 TINY = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64, "corpusBytes": 50_000}
 PRECISIONS = [("fp32", False), ("fp32", True), ("fp16", False), ("bf16", False)]
-
-
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
 def trainer_run(args: dict[str, Any], precision: str, tf32: bool, batch: int, steps: int, log_every: int) -> dict:
@@ -93,12 +87,7 @@ def baseline_run(args: dict[str, Any], precision: str, tf32: bool, batch: int, s
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = task.loss(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        amp_update(loss, model, opt, scaler)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if step >= warmup:

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from bench.baseline import amp_update
 from mpjob_contract.api import Guard
 from mpjob_trainer.distributed import World
 from mpjob_trainer.guard import NumericGuard
@@ -41,12 +42,7 @@ def loop(with_guard: bool) -> float:
             loss = task.loss(model(x), y)
         if guard:
             guard.observe_loss(loss)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        amp_update(loss, model, opt, scaler)
         if guard:
             guard.end_step(step + 1, True)
             if (step + 1) % LOG_EVERY == 0:

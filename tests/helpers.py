@@ -1,7 +1,9 @@
-"""Waiting on conditions with timeouts (never sleep-and-hope)."""
+"""Shared by tests and benchmarks: waiting on conditions with timeouts (never sleep-and-hope),
+and a free loopback port."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -26,3 +28,10 @@ def wait_for(
         time.sleep(interval)
     detail = f" (last error: {last_error!r})" if last_error else ""
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {message}{detail}")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

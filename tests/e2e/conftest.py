@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import uuid
@@ -27,17 +26,11 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from mpjob_contract import api
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm/mpjob"
 EXAMPLES = REPO / "examples"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -125,8 +118,8 @@ def release(cli: Cli, release_namespace: str) -> Iterator[Release]:
         cli=cli,
         values=[
             f"watchNamespaces={{{release_namespace}}}",
-            f"operator.metricsPort={_free_port()}",
-            f"operator.healthPort={_free_port()}",
+            f"operator.metricsPort={free_port()}",
+            f"operator.healthPort={free_port()}",
             "operator.tickSeconds=2",
             "operator.bindAddress=podIP",  # pods share this host's network here
         ],

@@ -15,7 +15,6 @@ import math
 import random
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import CheckpointStore, SaveResult, snapshot
+from mpjob_trainer.checkpoint import CheckpointStore, snapshot
 from mpjob_trainer.data import StepSampler, micro_batch, to_device
 from mpjob_trainer.errors import NumericFault, Preempted
 from mpjob_trainer.events import EventLog
@@ -38,6 +37,14 @@ from mpjob_trainer.tasks import load_task
 
 #: Dense bf16/fp16 tensor-core peaks (FLOP/s) for MFU, by device-name fragment.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40": 181e12, "A10": 125e12, "V100": 125e12, "T4": 65e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense tensor-core peak (for MFU), when it is a GPU this table knows."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
 def config_digest(launch: AttemptLaunch) -> str:
@@ -205,14 +212,7 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         clip = tr.grad_clip_norm if tr.grad_clip_norm > 0 else math.inf
         samples_per_step = tr.batch_size * tr.grad_accumulation * self.world.size
-        peak = next(
-            (
-                v
-                for k, v in PEAK_FLOPS.items()
-                if self.device.type == "cuda" and k in torch.cuda.get_device_name(self.device)
-            ),
-            None,
-        )
+        peak = peak_flops(self.device)
 
         def state_dict(step: int) -> dict[str, Any]:
             return {
@@ -228,7 +228,7 @@ class Trainer:
         def checkpoint(step: int, final: bool) -> None:
             """Snapshot on every rank's step boundary; rank 0 writes (async unless final)."""
             if self.world.is_main:
-                self._collect(metrics, store, store.wait)
+                self._collect(metrics, store, block=True)
                 state = snapshot(state_dict(step))
                 if final:
                     try:
@@ -299,7 +299,7 @@ class Trainer:
                     }
                     elapsed = time.perf_counter() - window_start
                     if self.world.is_main:
-                        self._collect(metrics, store, store.poll)
+                        self._collect(metrics, store, block=False)
                     if at_log:
                         sps = samples_per_step * window_steps / elapsed if elapsed > 0 else None
                         self._log_step(
@@ -336,17 +336,16 @@ class Trainer:
         finally:
             if self.world.is_main:
                 with contextlib.suppress(Exception):
-                    self._collect(metrics, store, store.wait)
+                    self._collect(metrics, store, block=True)
         return RunResult(self.step, precision, self.last_loss, store.last_good, self.counters)
 
     # ---------------------------------------------------------------- reporting
-    def _collect(
-        self, metrics: TrainerMetrics, store: CheckpointStore, pending: Callable[[], SaveResult | None]
-    ) -> None:
-        """Report a finished asynchronous save, or count and log its failure and train on: the
-        last good checkpoint stays the previous one, and the next interval tries again."""
+    def _collect(self, metrics: TrainerMetrics, store: CheckpointStore, block: bool) -> None:
+        """Report a finished asynchronous save (waiting for it with `block`), or count and log its
+        failure and train on: the last good checkpoint stays the previous one, and the next
+        interval tries again."""
         try:
-            result = pending()
+            result = store.wait() if block else store.poll()
         except Exception as exc:
             self._save_failed(metrics, store.pending_step, exc)
             return

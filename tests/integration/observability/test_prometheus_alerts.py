@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.parse
@@ -23,7 +22,7 @@ import yaml
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import LAUNCH_ENV
 from mpjob_contract.metrics import METRICS_PORT_ENV
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.unit.observability.promtool import RULES, require
 
 pytestmark = pytest.mark.integration
@@ -34,12 +33,6 @@ TASK = {"builtin": "gpt", "args": {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockS
 # The guard allows a long run of overflowing steps (one log line each) before it ends fp16,
 # so the scrapes see the non-finite losses climb before the trainer exits 42.
 OVERFLOW_GUARD = {"maxNonFiniteLosses": 1500, "maxConsecutiveOverflows": 1500, "minLossScale": 0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -12,7 +11,7 @@ import pytest
 
 from mpjob_contract import metrics as names
 from mpjob_contract.codes import ExitCode
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
@@ -42,14 +41,8 @@ def test_unknown_builtin_args_are_a_config_error(tmp_path: Path) -> None:
     assert run.code == ExitCode.CONFIG_ERROR and "hiden" in run.report.message
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp(tmp: Path, steps: int, attempt: int) -> list[subprocess.CompletedProcess[str]]:
-    port = str(_free_port())
+    port = str(free_port())
     job = spec(training={"steps": steps, "logEvery": 5}, checkpoint={"everySteps": 10})
     procs = []
     for rank in (0, 1):
@@ -94,7 +87,7 @@ def test_two_process_ddp_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
 
 
 def test_metrics_endpoint_serves_the_contract_names(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = launch_env(
         tmp_path,
         spec(training={"steps": 400, "logEvery": 5}),
