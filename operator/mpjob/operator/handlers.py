@@ -45,8 +45,9 @@ MAX_TICKS_PER_SECOND = float(os.environ.get("MPJOB_MAX_TICKS_PER_SECOND", "20"))
 #: Trainer container command (JSON list). Only benchmarks and tests change it, to run a stand-in.
 TRAINER_COMMAND: list[str] = json.loads(os.environ.get("MPJOB_TRAINER_COMMAND", '["mpjob-trainer"]'))
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-#: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
+#: Container waiting reasons that mean the pod will never run.
 IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
 TERMINAL_CONDITIONS = {
     "Complete": "Complete",
     "SuccessCriteriaMet": "Complete",

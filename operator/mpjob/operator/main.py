@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         priority = -time.time_ns() // 1_000_000 if args.priority == "oldest" else int(args.priority)
     except ValueError:
         parser.error(f"--priority: an integer or 'oldest', not {args.priority!r}")
-    # kopf's own rule for a pod's identity (the chart sets POD_ID to the pod's name).
+    # The peering identity, given to kopf and to the ticker's peering check alike: POD_ID (the
+    # chart sets it to the pod's name, as kopf itself would read it), else host and process.
     identity = os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
     from mpjob.operator import handlers  # registers the handlers
