@@ -362,3 +362,11 @@ def test_endpoints_listen_everywhere_or_on_the_pod_ip(helm: str) -> None:
     assert not [a for a in pod_ip["args"] if a.startswith("--bind-address")]
     (env,) = [e for e in pod_ip["env"] if e["name"] == "MPJOB_BIND_ADDRESS"]
     assert env["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [("operator.maxTicksPerSecond=0", "maxTicksPerSecond"), ("operator.bindAddress=", "bindAddress")],
+)
+def test_bad_operator_values_are_refused_naming_the_field(helm: str, value: str, field: str) -> None:
+    assert field in render_error(helm, value)
