@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import socket
 import time
 
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     try:
-        priority = -time.time_ns() // 1_000_000 if args.priority == "oldest" else int(args.priority)
+        # Oldest first by start time in ms; a random last three digits break the tie between
+        # replicas started in the same millisecond (kopf pauses every peer of equal priority).
+        started_ms = time.time_ns() // 1_000_000
+        priority = -(started_ms * 1000 + secrets.randbelow(1000)) if args.priority == "oldest" else int(args.priority)
     except ValueError:
         parser.error(f"--priority: an integer or 'oldest', not {args.priority!r}")
     # The peering identity, given to kopf and to the ticker's peering check alike: POD_ID (the
