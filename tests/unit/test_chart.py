@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm/mpjob"
-HANDLERS = REPO / "operator/mpjob/operator/handlers.py"
+OPERATOR = REPO / "operator/mpjob/operator"
 
 
 @pytest.fixture(scope="module")
@@ -213,15 +213,18 @@ def test_peering_gives_the_peers_an_object_rbac_and_rolling_upgrades(helm: str) 
 
 
 def _api_calls() -> set[str]:
-    """Kubernetes client methods the operator's handlers use (core./batch./custom.), called
-    directly or handed to a helper such as `_raw(batch.list_namespaced_job, ...)`."""
-    return set(re.findall(r"\b(?:core|batch|custom)\.([a-z]+_\w+)\b", HANDLERS.read_text()))
+    """Kubernetes client methods the operator uses (core./batch./custom.), called directly or
+    handed to a helper such as `_raw(batch.list_namespaced_job, ...)`."""
+    source = "\n".join(p.read_text() for p in sorted(OPERATOR.glob("*.py")))
+    return set(re.findall(r"\b(?:core|batch|custom)\.([a-z]+_\w+)\b", source))
 
 
 def _needed(method: str) -> tuple[str, str, str]:
     """(apiGroup, resource, verb) for a kubernetes-client method name."""
     verb_of = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete", "patch": "patch"}
-    m = re.fullmatch(r"(read|get|list|create|delete|patch|replace)_namespaced_(\w+?)(_status)?", method)
+    m = re.fullmatch(
+        r"(read|get|list|create|delete|patch|replace)_namespaced_(\w+?)(_status)?", method
+    ) or re.fullmatch(r"(list)_(\w+?)_for_all_namespaces()", method)
     assert m, f"the operator calls {method}: teach this test its RBAC verb"
     verb, kind, status = verb_of.get(m.group(1), "update"), m.group(2), m.group(3)
     group, resource = {
@@ -251,9 +254,8 @@ def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
     needed = {_needed(m) for m in calls} | {
         ("mpjob.dev", "mixedprecisionjobs", "watch"),  # kopf's watch
         ("mpjob.dev", "mixedprecisionjobs", "list"),
-        ("mpjob.dev", "mixedprecisionjobs", "patch"),  # kopf's annotations and finalizer
-        ("batch", "jobs", "watch"),  # kopf.on.event for attempt Jobs
-        ("batch", "jobs", "list"),
+        ("batch", "jobs", "watch"),  # the operator's cache of attempt Jobs and pods
+        ("", "pods", "watch"),
         ("", "events", "create"),  # kopf.event
     }
     (cluster_role,) = [d for d in of_kind(render(helm), "ClusterRole") if d["metadata"]["name"] == "r-mpjob"]
@@ -277,7 +279,17 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
         grants = set().union(*(_grants(r["rules"]) for r in roles))
         assert not {g for g in grants if "*" in g}, "no wildcards"
         assert not {g for g in grants if g[1] in ("secrets", "configmaps", "serviceaccounts", "nodes")}
-        assert not {g for g in grants if g[1] == "pods" and g[2] != "list"}, "pods: list only"
+        assert not {g for g in grants if g[1] == "pods" and g[2] not in ("list", "watch")}, "pods: read only"
+        operator = [r for r in roles if "helm.sh/hook" not in r["metadata"].get("annotations", {})]
+        mine = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[0] == "mpjob.dev"}
+        assert mine == {
+            ("mpjob.dev", "mixedprecisionjobs", "get"),
+            ("mpjob.dev", "mixedprecisionjobs", "list"),
+            ("mpjob.dev", "mixedprecisionjobs", "watch"),
+            ("mpjob.dev", "mixedprecisionjobs/status", "get"),
+            ("mpjob.dev", "mixedprecisionjobs/status", "patch"),  # only the status is written
+            ("mpjob.dev", "mixedprecisionjobs/finalizers", "update"),  # blockOwnerDeletion on the children
+        }
         assert not {g for g in grants if g[2] in ("escalate", "bind", "impersonate", "deletecollection")}
         assert not {g for g in grants if g[1] == "customresourcedefinitions" and g[2] not in ("get", "list", "watch")}
 

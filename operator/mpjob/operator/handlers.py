@@ -1,8 +1,9 @@
-"""kopf handlers: observe the cluster, ask mpjob.planning.reconcile what to do, do it.
+"""The operator: kopf watches the MixedPrecisionJobs, a cache watches their attempt Jobs and pods,
+and a work queue runs the level-triggered `reconcile_job` for a job whose CR, Job or pods
+changed, and for each job every TICK_SECONDS (the safety net and the live-progress read).
 
-Every trigger (the CR changed, an attempt Job changed, the operator's periodic ticker) runs the same
-level-triggered `reconcile_job`, serialized per MixedPrecisionJob. Status is written before
-children are created, so the status stays the operator's memory across restarts.
+The queue never handles one job in two threads at once; status is written before children are
+created, so the status stays the operator's memory across restarts.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ import contextvars
 import json
 import logging
 import os
-import threading
 import time
 import urllib.request
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,10 +25,12 @@ from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from mpjob.builders.attempt import LABEL_ATTEMPT, LABEL_JOB, TRAINER_CONTAINER, attempt_job, attempt_service
+from mpjob.builders.attempt import attempt_job, attempt_service
 from mpjob.operator import metrics as om
+from mpjob.operator.cache import ChildCache, Key, Observed
+from mpjob.operator.workqueue import Retry, WorkQueue
 from mpjob.planning import status as st
-from mpjob.planning.reconcile import FINISHED, JobView, PodView, reconcile
+from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob_contract import api
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -44,18 +44,11 @@ TICK_SECONDS = float(os.environ.get("MPJOB_TICK_SECONDS", "5"))
 MAX_TICKS_PER_SECOND = float(os.environ.get("MPJOB_MAX_TICKS_PER_SECOND", "20"))
 #: Trainer container command (JSON list). Only benchmarks and tests change it, to run a stand-in.
 TRAINER_COMMAND: list[str] = json.loads(os.environ.get("MPJOB_TRAINER_COMMAND", '["mpjob-trainer"]'))
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-#: Container waiting reasons that mean the pod will never run.
-IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
-#: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
-TERMINAL_CONDITIONS = {
-    "Complete": "Complete",
-    "SuccessCriteriaMet": "Complete",
-    "Failed": "Failed",
-    "FailureTarget": "Failed",
-}
+#: How long a reconcile that failed on an API error waits before it is tried again.
+RETRY_SECONDS = 2.0
+#: The namespaces the operator serves (set by `mpjob operator`; empty: every namespace).
+NAMESPACES: list[str] = []
 
-_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 _phases: dict[str, str] = {}
 _clients: dict[str, Any] = {}
 
@@ -85,73 +78,6 @@ def _raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         response.release_conn()
 
 
-def _pod_view(pod: dict[str, Any]) -> PodView:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    annotations = meta.get("annotations") or {}
-    statuses = [c for c in status.get("containerStatuses") or [] if c.get("name") == TRAINER_CONTAINER]
-    state = (statuses[0].get("state") or {}) if statuses else {}
-    terminated, waiting = state.get("terminated"), state.get("waiting")
-    phase = status.get("phase") or "Pending"
-    platform = status.get("reason")  # Evicted, NodeLost, ...
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True" and not platform:
-            platform = cond.get("reason") or "DisruptionTarget"
-    if terminated is not None and terminated.get("reason") == "OOMKilled":
-        platform = "OOMKilled"
-    if waiting is not None and waiting.get("reason") in IMAGE_ERRORS:
-        platform = waiting["reason"]
-    return PodView(
-        name=meta.get("name", ""),
-        index=int(annotations.get(COMPLETION_INDEX, "0")),
-        phase=phase,
-        alive=phase in ("Pending", "Running", "Unknown") and terminated is None and platform not in IMAGE_ERRORS,
-        exit_code=terminated.get("exitCode") if terminated is not None else None,
-        termination_message=terminated.get("message") if terminated is not None else None,
-        platform_reason=platform,
-        deleting=meta.get("deletionTimestamp") is not None,
-    )
-
-
-@dataclass(frozen=True)
-class Observed:
-    jobs: dict[int, JobView]
-    lingering: frozenset[int]  # attempts whose Job is gone but some pod still runs
-    rank0_ip: dict[int, str]  # attempt -> the running rank-0 pod's IP (its metrics endpoint)
-
-
-def observe(namespace: str, name: str) -> Observed:
-    _, batch, core = _api()
-    selector = f"{LABEL_JOB}={name}"
-    pods_by_attempt: dict[int, list[PodView]] = defaultdict(list)
-    rank0_ip: dict[int, str] = {}
-    for pod in _raw(core.list_namespaced_pod, namespace, label_selector=selector)["items"]:
-        index = int((pod["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "-1"))
-        view = _pod_view(pod)
-        pods_by_attempt[index].append(view)
-        ip = (pod.get("status") or {}).get("podIP")
-        if view.index == 0 and view.phase == "Running" and view.alive and ip:
-            rank0_ip[index] = ip
-    jobs: dict[int, JobView] = {}
-    for job in _raw(batch.list_namespaced_job, namespace, label_selector=selector)["items"]:
-        index = int((job["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "-1"))
-        finished = reason = None
-        for cond in (job.get("status") or {}).get("conditions") or []:
-            # FailureTarget / SuccessCriteriaMet come first: the Job controller has decided and
-            # starts no more pods; the planner still waits for every pod to stop.
-            kind = TERMINAL_CONDITIONS.get(cond.get("type"))
-            if kind and cond.get("status") == "True" and finished is None:
-                finished, reason = kind, cond.get("reason")
-        jobs[index] = JobView(
-            index=index,
-            finished=finished,
-            reason=reason,
-            pods=tuple(pods_by_attempt.get(index, [])),
-            suspended=bool((job.get("spec") or {}).get("suspend")),
-        )
-    lingering = frozenset(i for i, pods in pods_by_attempt.items() if i not in jobs and any(p.alive for p in pods))
-    return Observed(jobs, lingering, rank0_ip)
-
-
 # ------------------------------------------------------------------ acting
 
 
@@ -162,9 +88,9 @@ def _create(kind: str, obj: dict[str, Any], owner: dict[str, Any], namespace: st
         if kind == "Service":
             _raw(core.create_namespaced_service, namespace, obj)
         else:
-            created = _raw(batch.create_namespaced_job, namespace, obj)
-            # The Job's ADDED event would only show what this reconcile just decided.
-            _job_signatures[created["metadata"]["uid"]] = job_signature(created)
+            # Into the cache at once: the Job's ADDED event then changes nothing, and the next
+            # reconcile sees the Job even before its event arrives.
+            CACHE.record_job(_raw(batch.create_namespaced_job, namespace, obj))
     except ApiException as exc:
         if exc.status != 409:  # AlreadyExists: a restarted operator re-derived the same attempt
             raise
@@ -195,7 +121,7 @@ def reconcile_job(namespace: str, name: str, progress: bool = False) -> MixedPre
     `progress`, a running attempt's live figures are read and written too, from the same
     observation."""
     custom, _, _ = _api()
-    with _locks[(namespace, name)], om.RECONCILE_SECONDS.time():
+    with om.RECONCILE_SECONDS.time():
         try:
             body = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
         except ApiException as exc:
@@ -213,9 +139,7 @@ def reconcile_job(namespace: str, name: str, progress: bool = False) -> MixedPre
                 st.set_condition(failed, "Failed", True, "InvalidSpec", failed.message, generation=generation)
                 _patch_status(namespace, name, failed)
             return None
-        # Every attempt is in the status before its Job exists: with none recorded there is
-        # nothing to observe (this saves two list calls per new job).
-        seen = observe(namespace, name) if old.attempts else Observed({}, frozenset(), {})
+        seen = CACHE.observe(namespace, name) if old.attempts else Observed({}, frozenset(), {})
         plan = reconcile(spec, old, generation, seen.jobs, datetime.now(UTC), lingering=seen.lingering)
         if plan.status != old:
             _patch_status(namespace, name, plan.status)  # memory first, then act
@@ -323,26 +247,62 @@ def _write_progress(namespace: str, name: str, status: MixedPrecisionJobStatus, 
 # ------------------------------------------------------------------ kopf wiring
 
 
+def _handle(key: Key, tick: bool) -> None:
+    """A work queue item: reconcile one job (with its live progress when the ticker asked)."""
+    namespace, name = key
+    if not peering_active(namespace):
+        return  # a standby: kopf's own watch is paused too; the ticker comes back to the job
+    started = time.monotonic()
+    try:
+        # kopf.event finds kopf's event queue through context variables, which threads do
+        # not carry over: each reconcile runs in a copy of the operator's context.
+        _CONTEXT[0].copy().run(reconcile_job, namespace, name, tick)
+    except ApiException as exc:
+        om.ERRORS.labels(kind=f"api{exc.status}").inc()
+        log.warning(
+            "reconcile of %s/%s failed after %.2fs: %s", namespace, name, time.monotonic() - started, exc.reason
+        )
+        raise Retry(RETRY_SECONDS) from exc
+    except Exception as exc:
+        om.ERRORS.labels(kind=type(exc).__name__).inc()
+        log.exception("reconcile of %s/%s failed", namespace, name)
+        raise Retry(RETRY_SECONDS) from exc
+
+
+def _enqueue(key: Key) -> None:
+    QUEUE.add(key)
+
+
+CACHE = ChildCache(changed=_enqueue)
+QUEUE: WorkQueue  # made at startup
+_CONTEXT: list[contextvars.Context] = [contextvars.copy_context()]
+
+
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)
 def watched_jobs(namespace: str, name: str, status: dict[str, Any], spec: dict[str, Any], **_: Any) -> Any:
     """Every MixedPrecisionJob this operator serves, and whether the ticker still has work on it.
     An index needs no finalizer (a kopf timer would put one on every job)."""
-    phase = (status or {}).get("phase")
-    ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
-    return {(namespace, name): phase not in FINISHED or ttl is not None}
+    return {(namespace, name): _due(status, spec)}
+
+
+def _due(status: dict[str, Any] | None, spec: dict[str, Any] | None) -> bool:
+    ttl = ((spec or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    return (status or {}).get("phase") not in FINISHED or ttl is not None
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, **_: Any) -> None:
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="mpjob.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="mpjob.dev")
-    # Only warnings become Events: kopf would otherwise post one per handler run ("Handler ...
-    # succeeded"), an API write each; the job's own Events go through kopf.event.
+    # Only warnings become Events: kopf would otherwise post one per handler run; the job's own
+    # Events go through kopf.event.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
-    settings.execution.max_workers = int(os.environ.get("MPJOB_WORKERS", "16"))
-    _api()
-    _ticker_tasks.append(asyncio.create_task(_ticker(watched_jobs, settings.execution.max_workers)))
+    global QUEUE
+    QUEUE = WorkQueue(_handle, workers=int(os.environ.get("MPJOB_WORKERS", "16")))
+    _custom, batch, core = _api()
+    CACHE.start(NAMESPACES or [None], batch, core)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, CACHE.wait_synced)
+    _ticker_tasks.append(asyncio.create_task(_ticker(watched_jobs)))
 
 
 @kopf.on.cleanup()
@@ -350,49 +310,27 @@ async def stop_ticker(**_: Any) -> None:
     for task in _ticker_tasks:
         task.cancel()
     _ticker_tasks.clear()
+    CACHE.stop()
+    QUEUE.close()
 
 
-@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
-@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
-@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL, field="spec")
-def on_change(name: str, namespace: str, **_: Any) -> None:
-    try:
-        reconcile_job(namespace, name)
-    except ApiException as exc:
-        om.ERRORS.labels(kind=f"api{exc.status}").inc()
-        raise kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=2) from exc
-
-
-def job_signature(body: dict[str, Any]) -> tuple[Any, ...]:
-    """What of an attempt Job's state the planner reads: anything else changing is not worth a
-    reconcile (a Job sees several status writes per pod transition)."""
-    status = body.get("status") or {}
-    conditions = tuple(sorted((c.get("type"), c.get("status")) for c in status.get("conditions") or []))
-    counts = tuple(status.get(k) for k in ("active", "succeeded", "failed", "terminating"))
-    return conditions, counts, (body.get("spec") or {}).get("suspend")
-
-
-_job_signatures: dict[str, tuple[Any, ...]] = {}
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={LABEL_JOB: kopf.PRESENT})
-def on_attempt_job(
-    labels: dict[str, str], namespace: str, type: str | None, body: dict[str, Any], uid: str, **_: Any
-) -> None:
-    if type is None:  # the initial listing; the CR handlers cover it
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def on_job_event(type: str | None, body: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+    """Queue a reconcile when a job is new or its spec changed (the generation is ahead of
+    status.observedGeneration), and for every unfinished job in kopf's first listing. The
+    operator's own status writes come back here too, and queue nothing."""
+    # kopf sets the variables kopf.event needs for the processing of each object, not at
+    # startup: the reconciles in the queue's threads run in a copy of this context.
+    _CONTEXT[0] = contextvars.copy_context()
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    if type == "DELETED":  # children go with their owner (garbage collection); volumes stay
+        _phases.pop(meta.get("uid", ""), None)
         return
-    if type == "DELETED":
-        _job_signatures.pop(uid, None)
-    else:
-        signature = job_signature(body)
-        if _job_signatures.get(uid) == signature:
-            return
-        _job_signatures[uid] = signature
-    try:
-        reconcile_job(namespace, labels[LABEL_JOB])
-    except ApiException as exc:
-        om.ERRORS.labels(kind=f"api{exc.status}").inc()
-        log.warning("reconcile after a Job event failed: %s", exc.reason)
+    if type is None:
+        if _due(status, body.get("spec")):
+            QUEUE.add((namespace, name))
+    elif status.get("observedGeneration") != meta.get("generation"):
+        QUEUE.add((namespace, name))
 
 
 # ------------------------------------------------------------------ the ticker
@@ -400,13 +338,27 @@ def on_attempt_job(
 _ticker_tasks: list[asyncio.Task[None]] = []
 #: Set by `mpjob operator` when kopf peering is on: {"name", "identity", "priority", "clusterwide"}.
 PEERING: dict[str, Any] = {}
+#: How long a read of the peering object is trusted (the queue asks before each reconcile).
+PEERING_CHECK_SECONDS = 1.0
+_peering_seen: dict[str, tuple[float, bool]] = {}
 
 
 def peering_active(namespace: str) -> bool:
     """Whether this operator is the one kopf lets act (no live peer of equal or higher priority),
-    read from the same peering object kopf keeps. Standalone operators are always active."""
+    read from the same peering object kopf keeps, at most once a second per object. Standalone
+    operators are always active."""
     if not PEERING:
         return True
+    scope = "" if PEERING["clusterwide"] else namespace
+    checked = _peering_seen.get(scope)
+    if checked is not None and time.monotonic() - checked[0] < PEERING_CHECK_SECONDS:
+        return checked[1]
+    active = _read_peering(namespace)
+    _peering_seen[scope] = (time.monotonic(), active)
+    return active
+
+
+def _read_peering(namespace: str) -> bool:
     custom, _, _ = _api()
     try:
         if PEERING["clusterwide"]:
@@ -426,62 +378,21 @@ def peering_active(namespace: str) -> bool:
     return True
 
 
-def tick_job(namespace: str, name: str) -> None:
-    """The level-triggered safety net for one job, and its live progress."""
-    started = time.monotonic()
-    try:
-        reconcile_job(namespace, name, progress=True)
-    except ApiException as exc:
-        om.ERRORS.labels(kind=f"api{exc.status}").inc()
-        log.warning("tick of %s/%s failed after %.2fs: %s", namespace, name, time.monotonic() - started, exc.reason)
-
-
-async def _ticker(index: kopf.Index, workers: int) -> None:
-    """Tick each job that still has work once every TICK_SECONDS, spread evenly over the
-    interval (never all at once: a burst of hundreds of reconciles would delay the event-driven
-    ones behind it), at most MAX_TICKS_PER_SECOND and `workers` at a time in threads."""
+async def _ticker(index: kopf.Index) -> None:
+    """Queue a tick of each job that still has work once every TICK_SECONDS, spread evenly over
+    the interval (never all at once), at most MAX_TICKS_PER_SECOND. Ticks wait behind changes."""
     loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mpjob-tick")
-    slots = asyncio.Semaphore(workers)
-
-    async def tick_one(namespace: str, name: str) -> None:
-        try:
-            # kopf.event finds kopf's event queue through context variables, which a thread
-            # pool does not carry over: run each tick in a copy of this task's context.
-            await loop.run_in_executor(pool, contextvars.copy_context().run, tick_job, namespace, name)
-        finally:
-            slots.release()
-
-    try:
-        await asyncio.sleep(TICK_SECONDS)
-        while True:
-            started = loop.time()
-            due = sorted(key for key, store in list(index.items()) if any(store))
-            active: dict[str, bool] = {}
-            for namespace in {ns for ns, _ in due}:
-                active[namespace] = await loop.run_in_executor(
-                    pool, contextvars.copy_context().run, peering_active, namespace
-                )
-            todo = [(ns, name) for ns, name in due if active[ns]]
-            pace = max(TICK_SECONDS / max(len(todo), 1), 1 / MAX_TICKS_PER_SECOND)
-            running: list[asyncio.Task[None]] = []
-            for ns, name in todo:
-                await slots.acquire()
-                running.append(asyncio.create_task(tick_one(ns, name)))
-                await asyncio.sleep(pace)
-            await asyncio.gather(*running, return_exceptions=True)
-            counts: dict[str, int] = defaultdict(int)
-            for value in _phases.values():
-                counts[value] += 1
-            for phase_name in ("Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"):
-                om.JOBS_BY_PHASE.labels(phase=phase_name).set(counts.get(phase_name, 0))
-            await asyncio.sleep(max(0.0, TICK_SECONDS - (loop.time() - started)))
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
-def on_delete(body: dict[str, Any], **_: Any) -> None:
-    """Children go with their owner (garbage collection); the checkpoint volume stays."""
-    _phases.pop(body["metadata"]["uid"], None)
-    _locks.pop((body["metadata"].get("namespace", ""), body["metadata"]["name"]), None)
+    await asyncio.sleep(TICK_SECONDS)
+    while True:
+        started = loop.time()
+        due = sorted(key for key, store in list(index.items()) if any(store))
+        pace = max(TICK_SECONDS / max(len(due), 1), 1 / MAX_TICKS_PER_SECOND)
+        for key in due:
+            QUEUE.add(key, tick=True)
+            await asyncio.sleep(pace)
+        counts: dict[str, int] = defaultdict(int)
+        for value in _phases.values():
+            counts[value] += 1
+        for phase_name in ("Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"):
+            om.JOBS_BY_PHASE.labels(phase=phase_name).set(counts.get(phase_name, 0))
+        await asyncio.sleep(max(0.0, TICK_SECONDS - (loop.time() - started)))

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mpjob.operator import handlers  # registers the handlers
 
+    handlers.NAMESPACES[:] = args.namespace
     if args.peering is not None:
         handlers.PEERING.update(name=args.peering, identity=identity, priority=priority, clusterwide=not args.namespace)
 

@@ -24,7 +24,7 @@ from mpjob_contract.report import TerminationReport
 FINISHED = ("Succeeded", "Failed")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodView:
     name: str
     index: int
@@ -109,6 +109,20 @@ def outcome_of(job: JobView) -> AttemptOutcome:
     if platform is None and report is None and pod.deleting:
         platform = "PodDeleted"
     return AttemptOutcome(exit_code=pod.exit_code, report=report, platform_reason=platform, message=message)
+
+
+def ended_by_pods(job: JobView, workers: int) -> str | None:
+    """How an attempt ended, read from its pods before the Job controller writes it down: each
+    pod stopped by itself (none is being deleted: a deadline, a suspension or an eviction goes
+    through the Job's own condition), and one failed (backoffLimit 0: the Job fails with it) or
+    every index succeeded. None while that is not known."""
+    if not job.pods or any(p.alive or p.deleting for p in job.pods):
+        return None
+    if any(p.exit_code not in (None, 0) or p.platform_reason or p.phase == "Failed" for p in job.pods):
+        return "Failed"
+    if {p.index for p in job.pods if p.exit_code == 0} >= set(range(workers)):
+        return "Complete"
+    return None
 
 
 def reconcile(
@@ -198,7 +212,8 @@ def reconcile(
                 plan.create.append(StartAttempt(current.index, current.precision, None, current.start_step))
                 status.phase = "Running" if status.phase != "Recovering" else status.phase
             return plan
-        if job.finished is None and job.suspended:
+        finished = job.finished or ended_by_pods(job, spec.workers)
+        if finished is None and job.suspended:
             if status.phase != "Pending":
                 status.phase = "Pending"
                 st.set_condition(
@@ -211,7 +226,7 @@ def reconcile(
                     generation,
                 )
             return plan
-        if job.finished is None:
+        if finished is None:
             if status.phase != "Running":
                 status.phase = "Running"
                 st.set_condition(

@@ -142,6 +142,10 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     status = jobs.wait_phase("pausable", "Suspended", 60)
     assert status["attempts"][0]["reason"] == "Suspended"
     wait_for(lambda: not jobs.attempt_jobs("pausable"), 60, message="attempt Job removed")
+    # The pod checkpoints on SIGTERM after its Job is gone: read the volume once the pod stopped.
+    selector = "mpjob.dev/job=pausable"
+    pods = jobs.core.list_namespaced_pod
+    wait_for(lambda: not pods(namespace, label_selector=selector).items, 60, message="attempt pod gone")
     stopped = max(int(p.parent.name.split("-")[1]) for p in volume.glob("step-*/manifest.json"))
     assert stopped >= 20
     jobs.patch_spec("pausable", {"runPolicy": {"suspend": False}, "training": {"steps": stopped + 20}})

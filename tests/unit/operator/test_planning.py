@@ -8,7 +8,7 @@ import pytest
 
 from mpjob.planning.classify import FAILURE_POLICY, Action, AttemptOutcome, classify
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_attempt, ladder
-from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob.planning.reconcile import JobView, PodView, ended_by_pods, reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import CheckpointRef, TerminationReport
@@ -139,6 +139,36 @@ def test_the_next_attempt_waits_for_every_pod_of_the_failed_one() -> None:
         )
     }
     assert reconcile(s, first, 1, half, NOW).create == []
+
+
+def test_an_attempt_ends_when_its_pods_say_so_before_the_job_controller_does() -> None:
+    s = spec(precision={"mode": "fp16"})
+    first = reconcile(s, _status(), 1, {}, NOW).status
+    fault = PodView("p", 0, "Failed", alive=False, exit_code=42, termination_message=report(Reason.NUMERIC_FAULT))
+    plan = reconcile(s, first, 1, {0: JobView(0, pods=(fault,))}, NOW)  # no Job condition yet
+    assert [(c.index, c.precision) for c in plan.create] == [(1, "bf16")]
+    assert plan.status.attempts[0].reason == "NumericFault"
+
+
+@pytest.mark.parametrize(
+    ("pods", "workers", "ended"),
+    [
+        ((PodView("p0", 0, "Succeeded", alive=False, exit_code=0),), 1, "Complete"),
+        ((PodView("p0", 0, "Succeeded", alive=False, exit_code=0),), 2, None),  # rank 1 not seen yet
+        (
+            (PodView("p0", 0, "Succeeded", alive=False, exit_code=0), PodView("p1", 1, "Running", alive=True)),
+            2,
+            None,
+        ),
+        ((PodView("p0", 0, "Failed", alive=False, exit_code=1),), 2, "Failed"),  # backoffLimit 0
+        ((PodView("p0", 0, "Failed", alive=False, exit_code=143, deleting=True),), 1, None),  # the Job's call
+        ((PodView("p0", 0, "Failed", alive=False, platform_reason="Evicted"),), 1, "Failed"),
+        ((), 1, None),
+    ],
+    ids=["all-ranks-done", "a-rank-missing", "a-rank-running", "one-failed", "deleted", "evicted", "no-pods"],
+)
+def test_which_pod_states_end_an_attempt(pods: tuple[PodView, ...], workers: int, ended: str | None) -> None:
+    assert ended_by_pods(JobView(0, pods=pods), workers) == ended
 
 
 def test_ttl_deletes_children_after_completion() -> None:

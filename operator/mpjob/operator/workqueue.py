@@ -1,0 +1,124 @@
+"""A work queue of MixedPrecisionJob keys, as controllers built on client-go use one: a key is
+queued at most once, never handled by two workers at once, handled again if it was added while
+being handled, and retried later when its handler fails.
+
+Two lanes: changes (a CR, Job or pod event) go before the periodic ticks, so a round of ticks
+never delays an attempt's start or end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+Key = Hashable
+log = logging.getLogger("mpjob.operator.workqueue")
+
+
+class WorkQueue:
+    def __init__(self, handle: Callable[[Key, bool], None], workers: int, name: str = "mpjob-work") -> None:
+        """`handle(key, tick)` does the work; `tick` is True when only the ticker asked for it.
+        It may raise `Retry` to be called again after a delay."""
+        self._handle = handle
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)  # workers wait here for keys
+        self._due = threading.Condition(lock)  # the retry thread waits here (a notify for a
+        # key must never wake it instead of a worker)
+        self._lanes: tuple[deque[Key], deque[Key]] = (deque(), deque())  # changes, ticks
+        self._queued: dict[Key, bool] = {}  # key -> tick only
+        self._active: set[Key] = set()
+        self._again: dict[Key, bool] = {}  # added while active -> tick only
+        self._later: list[tuple[float, int, Key]] = []  # retry heap: (due, seq, key)
+        self._seq = 0
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+        self._threads.append(threading.Thread(target=self._delayed, name=f"{name}-retry", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def add(self, key: Key, tick: bool = False) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            if key in self._active:
+                self._again[key] = self._again.get(key, True) and tick
+                return
+            if key in self._queued:
+                if self._queued[key] and not tick:  # a change upgrades a queued tick
+                    self._queued[key] = False
+                    self._lanes[0].append(key)  # the stale entry in the tick lane is skipped
+                    self._cv.notify()
+                return
+            self._queued[key] = tick
+            self._lanes[1 if tick else 0].append(key)
+            self._cv.notify()
+
+    def add_after(self, key: Key, delay: float) -> None:
+        with self._cv:
+            self._seq += 1
+            heapq.heappush(self._later, (time.monotonic() + delay, self._seq, key))
+            self._due.notify()
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._queued)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            self._due.notify()
+
+    def _next(self) -> tuple[Key, bool] | None:
+        with self._cv:
+            while not self._closed:
+                for lane, tick in zip(self._lanes, (False, True), strict=True):
+                    while lane:
+                        key = lane.popleft()
+                        if key in self._queued and self._queued[key] == tick:
+                            del self._queued[key]
+                            self._active.add(key)
+                            return key, tick
+                self._cv.wait()
+            return None
+
+    def _done(self, key: Key) -> None:
+        with self._cv:
+            self._active.discard(key)
+            if key in self._again:
+                tick = self._again.pop(key)
+                self._queued[key] = tick
+                self._lanes[1 if tick else 0].append(key)
+                self._cv.notify()
+
+    def _work(self) -> None:
+        while (item := self._next()) is not None:
+            key, tick = item
+            try:
+                self._handle(key, tick)
+            except Retry as retry:
+                self.add_after(key, retry.delay)
+            except Exception:  # a handler's bug must not take a worker with it
+                log.exception("handling %s failed", key)
+            finally:
+                self._done(key)
+
+    def _delayed(self) -> None:
+        with self._cv:
+            while not self._closed:
+                now = time.monotonic()
+                while self._later and self._later[0][0] <= now:
+                    _, _, key = heapq.heappop(self._later)
+                    self.add(key)  # the condition's lock is re-entrant
+                self._due.wait(self._later[0][0] - now if self._later else None)
+
+
+class Retry(Exception):
+    def __init__(self, delay: float, *args: Any) -> None:
+        super().__init__(*args)
+        self.delay = delay

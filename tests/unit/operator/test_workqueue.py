@@ -1,0 +1,119 @@
+"""The operator's work queue: one handler per key at a time, nothing lost, changes before ticks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable
+
+import pytest
+
+from mpjob.operator.workqueue import Retry, WorkQueue
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.unit
+
+
+class Recorder:
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.calls: list[tuple[Hashable, bool]] = []
+        self.gate = gate
+        self.running: set[Hashable] = set()
+        self.overlaps = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, key: Hashable, tick: bool) -> None:
+        with self.lock:
+            if key in self.running:
+                self.overlaps += 1
+            self.running.add(key)
+        if self.gate is not None:
+            self.gate.wait(5)
+        with self.lock:
+            self.running.discard(key)
+            self.calls.append((key, tick))
+
+
+def test_a_key_added_many_times_while_queued_is_handled_once() -> None:
+    gate = threading.Event()
+    rec = Recorder(gate)
+    queue = WorkQueue(rec, workers=1)
+    queue.add("busy")  # holds the only worker
+    wait_for(lambda: "busy" in rec.running, 5, 0.01, "busy running")
+    for _ in range(50):
+        queue.add("a")
+    gate.set()
+    wait_for(lambda: len(rec.calls) == 2, 5, 0.01, "both handled")
+    time.sleep(0.1)  # nothing more may come
+    assert rec.calls == [("busy", False), ("a", False)]
+    queue.close()
+
+
+def test_a_key_added_while_handled_is_handled_again_after_never_at_once() -> None:
+    gate = threading.Event()
+    rec = Recorder(gate)
+    queue = WorkQueue(rec, workers=4)
+    queue.add("a")
+    wait_for(lambda: "a" in rec.running, 5, 0.01, "a running")
+    queue.add("a")
+    queue.add("a", tick=True)
+    gate.set()
+    wait_for(lambda: len(rec.calls) == 2, 5, 0.01, "a handled twice")
+    assert rec.overlaps == 0
+    assert rec.calls == [("a", False), ("a", False)]  # a change and a tick fold into a change
+    queue.close()
+
+
+def test_changes_go_before_ticks() -> None:
+    gate = threading.Event()
+    rec = Recorder(gate)
+    queue = WorkQueue(rec, workers=1)
+    queue.add("busy")
+    wait_for(lambda: "busy" in rec.running, 5, 0.01, "busy running")
+    queue.add("t1", tick=True)
+    queue.add("t2", tick=True)
+    queue.add("c1")
+    queue.add("t2")  # a change upgrades a queued tick
+    gate.set()
+    wait_for(lambda: len(rec.calls) == 4, 5, 0.01, "all handled")
+    assert rec.calls[1:] == [("c1", False), ("t2", False), ("t1", True)]
+    queue.close()
+
+
+def test_a_failed_handler_is_retried_after_its_delay_and_keeps_its_worker() -> None:
+    attempts: list[float] = []
+
+    def handle(key: Hashable, tick: bool) -> None:
+        attempts.append(time.monotonic())
+        if key == "boom":
+            raise RuntimeError("a bug")
+        if len(attempts) < 3:
+            raise Retry(0.2)
+
+    queue = WorkQueue(handle, workers=1)
+    queue.add("flaky")
+    wait_for(lambda: len(attempts) == 3, 5, 0.01, "two retries")
+    assert attempts[1] - attempts[0] >= 0.2
+    queue.add("boom")
+    queue.add("after")
+    wait_for(lambda: len(attempts) == 5, 5, 0.01, "the worker survived the bug")
+    queue.close()
+
+
+def test_a_waiting_retry_never_swallows_the_wakeup_meant_for_a_worker() -> None:
+    """With a retry pending, every key added must still reach a worker (each add wakes one)."""
+    done: list[Hashable] = []
+
+    def handle(key: Hashable, tick: bool) -> None:
+        if key == "later" and "later" not in done:
+            done.append(key)
+            raise Retry(60)
+        done.append(key)
+
+    queue = WorkQueue(handle, workers=1)
+    queue.add("later")
+    wait_for(lambda: done == ["later"], 5, 0.01, "the first try")
+    for i in range(200):
+        queue.add(i)
+        wait_for(lambda i=i: i in done, 2, 0.001, f"key {i} handled")
+    queue.close()
