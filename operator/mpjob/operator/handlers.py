@@ -298,6 +298,7 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, *
     settings.watching.server_timeout = 120
     global QUEUE
     QUEUE = WorkQueue(_handle, workers=int(os.environ.get("MPJOB_WORKERS", "16")))
+    om.QUEUE_DEPTH.set_function(QUEUE.__len__)
     _custom, batch, core = _api()
     CACHE.start(NAMESPACES or [None], batch, core)
     loop = asyncio.get_running_loop()

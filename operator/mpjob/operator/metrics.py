@@ -27,3 +27,4 @@ FALLBACKS = Counter(
 JOBS_BY_PHASE = Gauge("mpjob_operator_jobs", "MixedPrecisionJobs this operator watches, by phase.", ["phase"])
 ERRORS = Counter("mpjob_operator_errors", "Reconcile errors, by kind.", ["kind"])
 SCRAPE_FAILURES = Counter("mpjob_operator_progress_scrape_failures", "Failed reads of a trainer's metrics endpoint.")
+QUEUE_DEPTH = Gauge("mpjob_operator_workqueue_depth", "MixedPrecisionJobs waiting for a reconcile (changes and ticks).")
