@@ -81,6 +81,10 @@ class JobRecord:
     reason: str | None
     suspended: bool
 
+    def news(self, old: JobRecord | None) -> bool:
+        """Whether the planner could decide otherwise now (a verdict, a suspension)."""
+        return old != self
+
 
 def job_record(job: dict[str, Any]) -> JobRecord:
     finished = reason = None
@@ -109,6 +113,10 @@ class PodRecord:
         """What of a pod the planner acts on: whether it runs, how it ended, whether it goes."""
         v = self.view
         return v.alive, v.exit_code, v.platform_reason, v.deleting
+
+    def news(self, old: PodRecord | None) -> bool:
+        """A new running pod changes no decision; its exit, deletion or failure does."""
+        return (old is None and not self.view.alive) or (old is not None and old.trigger != self.trigger)
 
 
 def pod_record(pod: dict[str, Any]) -> PodRecord:
@@ -188,48 +196,24 @@ class ChildCache:
                 self._jobs.setdefault(key, {}).setdefault(uid, job_record(job))
 
     def apply(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
-        """One watch event (`kind` ADDED, MODIFIED or DELETED) of a Job or a pod."""
-        if resource == "jobs":
-            self._apply_job(kind, obj)
-        else:
-            self._apply_pod(kind, obj)
-
-    def _apply_job(self, kind: str, job: dict[str, Any]) -> None:
-        key, uid = _owner(job), job["metadata"]["uid"]
+        """One watch event (`kind` ADDED, MODIFIED or DELETED) of a Job or a pod (`resource`
+        jobs or pods); queues a reconcile of its MixedPrecisionJob when it is news."""
+        key, uid = _owner(obj), obj["metadata"]["uid"]
         if key is None:
             return
+        store: dict[Key, dict[str, Any]] = self._jobs if resource == "jobs" else self._pods  # type: ignore[assignment]
         with self._lock:
-            store = self._jobs.setdefault(key, {})
-            old = store.get(uid)
+            records = store.setdefault(key, {})
+            old = records.get(uid)
             if kind == "DELETED":
-                store.pop(uid, None)
-                if not store:
-                    del self._jobs[key]
+                records.pop(uid, None)
+                if not records:
+                    del store[key]
                 due = True
             else:
-                new = job_record(job)
-                store[uid] = new
-                due = old != new
-        if due:
-            self._changed(key)
-
-    def _apply_pod(self, kind: str, pod: dict[str, Any]) -> None:
-        key, uid = _owner(pod), pod["metadata"]["uid"]
-        if key is None:
-            return
-        with self._lock:
-            store = self._pods.setdefault(key, {})
-            old = store.get(uid)
-            if kind == "DELETED":
-                store.pop(uid, None)
-                if not store:
-                    del self._pods[key]
-                due = True
-            else:
-                new = pod_record(pod)
-                store[uid] = new
-                # A new running pod changes no decision; its exit, deletion or failure does.
-                due = (old is None and not new.view.alive) or (old is not None and old.trigger != new.trigger)
+                new = job_record(obj) if resource == "jobs" else pod_record(obj)
+                records[uid] = new
+                due = new.news(old)
         if due:
             self._changed(key)
 

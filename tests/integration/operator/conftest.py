@@ -119,12 +119,15 @@ class Jobs:
 
     def wait_phase(self, name: str, phases: str | tuple[str, ...], timeout: float = 180) -> dict[str, Any]:
         wanted = (phases,) if isinstance(phases, str) else phases
-        return wait_for(
-            lambda: (s := self.status(name)).get("phase") in wanted and s,
-            timeout,
-            interval=0.5,
-            message=f"{name} phase in {wanted} (now {self.status(name).get('phase')})",
-        )
+        try:
+            return wait_for(
+                lambda: (s := self.status(name)).get("phase") in wanted and s,
+                timeout,
+                interval=0.5,
+                message=f"{name} phase in {wanted}",
+            )
+        except AssertionError as exc:  # say the phase it ended in, not the one it started in
+            raise AssertionError(f"{exc}; phase at the end: {self.status(name).get('phase')}") from None
 
     def attempt_jobs(self, name: str) -> list[str]:
         return sorted(
