@@ -34,12 +34,18 @@ class Recorder:
             self.calls.append((key, tick))
 
 
-def test_a_key_added_many_times_while_queued_is_handled_once() -> None:
+def holding(first: Hashable, workers: int) -> tuple[WorkQueue, Recorder, threading.Event]:
+    """A queue whose handler holds `first` until the returned gate is set."""
     gate = threading.Event()
     rec = Recorder(gate)
-    queue = WorkQueue(rec, workers=1)
-    queue.add("busy")  # holds the only worker
-    wait_for(lambda: "busy" in rec.running, 5, 0.01, "busy running")
+    queue = WorkQueue(rec, workers=workers)
+    queue.add(first)
+    wait_for(lambda: first in rec.running, 5, 0.01, f"{first} running")
+    return queue, rec, gate
+
+
+def test_a_key_added_many_times_while_queued_is_handled_once() -> None:
+    queue, rec, gate = holding("busy", workers=1)  # holds the only worker
     for _ in range(50):
         queue.add("a")
     gate.set()
@@ -50,11 +56,7 @@ def test_a_key_added_many_times_while_queued_is_handled_once() -> None:
 
 
 def test_a_key_added_while_handled_is_handled_again_after_never_at_once() -> None:
-    gate = threading.Event()
-    rec = Recorder(gate)
-    queue = WorkQueue(rec, workers=4)
-    queue.add("a")
-    wait_for(lambda: "a" in rec.running, 5, 0.01, "a running")
+    queue, rec, gate = holding("a", workers=4)
     queue.add("a")
     queue.add("a", tick=True)
     gate.set()
@@ -65,11 +67,7 @@ def test_a_key_added_while_handled_is_handled_again_after_never_at_once() -> Non
 
 
 def test_changes_go_before_ticks() -> None:
-    gate = threading.Event()
-    rec = Recorder(gate)
-    queue = WorkQueue(rec, workers=1)
-    queue.add("busy")
-    wait_for(lambda: "busy" in rec.running, 5, 0.01, "busy running")
+    queue, rec, gate = holding("busy", workers=1)
     queue.add("t1", tick=True)
     queue.add("t2", tick=True)
     queue.add("c1")
