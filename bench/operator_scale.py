@@ -6,11 +6,13 @@ Measured at the client with watches: CR created -> attempt Job created, and trai
 (pod terminated, as the node reports it) -> next attempt Job created; operator CPU seconds
 and peak RSS from /proc. Each N runs in its own namespace, deleted (and waited for) after.
 
-Usage: PYTHONPATH=. uv run python bench/operator_scale.py 100 500 1000 (or scripts/bench.sh)
+Usage: PYTHONPATH=. uv run python bench/operator_scale.py [--tick-seconds 30] 100 500 1000
+(or scripts/bench.sh)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -64,13 +66,14 @@ def wait_gone(core: client.CoreV1Api, ns: str, timeout: float = 900) -> None:
     wait_for(gone, timeout, 2, f"namespace {ns} deleted")
 
 
-def start_operator(ns: str, kubeconfig: str) -> subprocess.Popen[bytes]:
+def start_operator(ns: str, kubeconfig: str, tick_seconds: float) -> subprocess.Popen[bytes]:
     health = free_port()
     env = {
         **os.environ,
         "KUBECONFIG": kubeconfig,
         "MPJOB_TRAINER_COMMAND": json.dumps(STAND_IN),
-        "MPJOB_TICK_SECONDS": "30",  # events drive the attempts; the ticker is the safety net
+        # Events drive the attempts; the ticker is the safety net and the live-progress reader.
+        "MPJOB_TICK_SECONDS": str(tick_seconds),
         "MALLOC_ARENA_MAX": "2",  # as the operator image sets it
     }
     argv = [sys.executable, "-m", "mpjob.cli", "operator", "-n", ns, "--metrics-port", "0"]
@@ -91,7 +94,7 @@ def start_operator(ns: str, kubeconfig: str) -> subprocess.Popen[bytes]:
     return op
 
 
-def run(n: int, api: client.ApiClient, kubeconfig: str) -> None:
+def run(n: int, api: client.ApiClient, kubeconfig: str, tick_seconds: float) -> None:
     core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
     ns = f"scale-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns, "labels": {"mpjob.dev/bench": "operator-scale"}}})
@@ -117,7 +120,7 @@ def run(n: int, api: client.ApiClient, kubeconfig: str) -> None:
             if stop.is_set():
                 return
 
-    op = start_operator(ns, kubeconfig)
+    op = start_operator(ns, kubeconfig, tick_seconds)
     try:
         for target in (watch_jobs, watch_pods):
             threading.Thread(target=target, daemon=True).start()
@@ -155,6 +158,10 @@ def run(n: int, api: client.ApiClient, kubeconfig: str) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("jobs", type=int, nargs="*", default=[100], help="N concurrent jobs, one run each")
+    parser.add_argument("--tick-seconds", type=float, default=30, help="the operator's ticker (chart default 5)")
+    args = parser.parse_args()
     layout = Layout.from_env()
     if not (running(layout) and api_ready(layout)):
         up(layout)
@@ -172,8 +179,8 @@ def main() -> None:
         return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
 
     wait_for(established, 30, 0.2, "CRD established")
-    for n in [int(a) for a in sys.argv[1:]] or [100]:
-        run(n, api, str(layout.kubeconfig))
+    for n in args.jobs:
+        run(n, api, str(layout.kubeconfig), args.tick_seconds)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import contextvars
 import json
 import logging
 import os
+import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -250,12 +251,14 @@ def _write_progress(namespace: str, name: str, status: MixedPrecisionJobStatus, 
 def _handle(key: Key, tick: bool) -> None:
     """A work queue item: reconcile one job (with its live progress when the ticker asked)."""
     namespace, name = key
+    CACHE.wait_synced()  # as controllers wait for their informers: never plan from half a listing
+    _CONTEXT_READY.wait()  # kopf.event works only in a context kopf has set up (below)
     if not peering_active(namespace):
         return  # a standby: kopf's own watch is paused too; the ticker comes back to the job
     started = time.monotonic()
     try:
         # kopf.event finds kopf's event queue through context variables, which threads do
-        # not carry over: each reconcile runs in a copy of the operator's context.
+        # not carry over: each reconcile runs in a copy of the context kopf handles jobs in.
         _CONTEXT[0].copy().run(reconcile_job, namespace, name, tick)
     except ApiException as exc:
         om.ERRORS.labels(kind=f"api{exc.status}").inc()
@@ -276,6 +279,7 @@ def _enqueue(key: Key) -> None:
 CACHE = ChildCache(changed=_enqueue)
 QUEUE: WorkQueue  # made at startup
 _CONTEXT: list[contextvars.Context] = [contextvars.copy_context()]
+_CONTEXT_READY = threading.Event()
 
 
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)
@@ -323,6 +327,7 @@ async def on_job_event(type: str | None, body: dict[str, Any], namespace: str, n
     # kopf sets the variables kopf.event needs for the processing of each object, not at
     # startup: the reconciles in the queue's threads run in a copy of this context.
     _CONTEXT[0] = contextvars.copy_context()
+    _CONTEXT_READY.set()
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     if type == "DELETED":  # children go with their owner (garbage collection); volumes stay
         _phases.pop(meta.get("uid", ""), None)

@@ -1,4 +1,5 @@
-"""`mpjob operator`: run the kopf operator (also `kopf run -m mpjob.operator.handlers`)."""
+"""`mpjob operator`: run the kopf operator (`kopf run -m mpjob.operator.handlers` runs the same
+handlers, but its cache of attempt Jobs and pods then watches every namespace)."""
 
 from __future__ import annotations
 
