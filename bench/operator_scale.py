@@ -6,8 +6,8 @@ Measured at the client with watches: CR created -> attempt Job created, and trai
 (pod terminated, as the node reports it) -> next attempt Job created; operator CPU seconds
 and peak RSS from /proc. Each N runs in its own namespace, deleted (and waited for) after.
 
-Usage: PYTHONPATH=. uv run python bench/operator_scale.py [--tick-seconds 30] 100 500 1000
-(or scripts/bench.sh)
+Usage: make cluster && PYTHONPATH=. uv run python bench/operator_scale.py [--tick-seconds 30] 100 500 1000
+(not in scripts/bench.sh: it needs the test cluster and takes minutes)
 """
 
 from __future__ import annotations
