@@ -214,7 +214,7 @@ def test_peering_gives_the_peers_an_object_rbac_and_rolling_upgrades(helm: str) 
 
 def _api_calls() -> set[str]:
     """Kubernetes client methods the operator uses (core./batch./custom.), called directly or
-    handed to a helper such as `_raw(batch.list_namespaced_job, ...)`."""
+    handed to a helper such as `raw(batch.create_namespaced_job, ...)`."""
     source = "\n".join(p.read_text() for p in sorted(OPERATOR.glob("*.py")))
     return set(re.findall(r"\b(?:core|batch|custom)\.([a-z]+_\w+)\b", source))
 

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from mpjob.builders.attempt import attempt_job, attempt_service
 from mpjob.operator import metrics as om
-from mpjob.operator.cache import ChildCache, Key, Observed
+from mpjob.operator.cache import ChildCache, Key, Observed, raw
 from mpjob.operator.workqueue import Retry, WorkQueue
 from mpjob.planning import status as st
 from mpjob.planning.reconcile import FINISHED, reconcile
@@ -66,19 +66,6 @@ def _api() -> tuple[client.CustomObjectsApi, client.BatchV1Api, client.CoreV1Api
     return _clients["custom"], _clients["batch"], _clients["core"]
 
 
-# ------------------------------------------------------------------ observing
-
-
-def _raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """A call's JSON as plain dicts: the client's typed models cost several milliseconds of
-    CPU per object, the operator's largest cost at hundreds of jobs."""
-    response = call(*args, _preload_content=False, **kwargs)
-    try:
-        return dict(json.loads(response.data))
-    finally:
-        response.release_conn()
-
-
 # ------------------------------------------------------------------ acting
 
 
@@ -87,11 +74,11 @@ def _create(kind: str, obj: dict[str, Any], owner: dict[str, Any], namespace: st
     kopf.adopt(obj, owner=owner)
     try:
         if kind == "Service":
-            _raw(core.create_namespaced_service, namespace, obj)
+            raw(core.create_namespaced_service, namespace, obj)
         else:
             # Into the cache at once: the Job's ADDED event then changes nothing, and the next
             # reconcile sees the Job even before its event arrives.
-            CACHE.record_job(_raw(batch.create_namespaced_job, namespace, obj))
+            CACHE.record_job(raw(batch.create_namespaced_job, namespace, obj))
     except ApiException as exc:
         if exc.status != 409:  # AlreadyExists: a restarted operator re-derived the same attempt
             raise

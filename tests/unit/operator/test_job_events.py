@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from mpjob.operator.cache import TERMINAL_CONDITIONS, job_signature
+from mpjob.operator.cache import TERMINAL_CONDITIONS, job_record
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,7 @@ def test_bookkeeping_writes_are_not_worth_a_reconcile() -> None:
     noise["status"]["uncountedTerminatedPods"] = {}
     noise["status"]["ready"] = 2  # readiness is not the planner's business
     noise["status"].update(active=1, failed=1)  # nor are the counts: the pods' events tell that
-    assert job_signature(noise) == job_signature(RUNNING)
+    assert job_record(noise) == job_record(RUNNING)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_bookkeeping_writes_are_not_worth_a_reconcile() -> None:
     ids=["failure-target", "complete", "suspended"],
 )
 def test_what_the_planner_reads_is(body: dict) -> None:
-    assert job_signature(body) != job_signature(RUNNING)
+    assert job_record(body) != job_record(RUNNING)
 
 
 def test_the_job_controllers_early_verdicts_end_an_attempt() -> None:
