@@ -27,12 +27,15 @@ API_VERSION = f"{GROUP}/{VERSION}"
 MAX_NAME_LENGTH = 50
 MAX_ATTEMPTS_LIMIT = 99
 MAX_WORKERS = 256
+MAX_PROCESSES_PER_WORKER = 64
 
 Precision = Literal["fp16", "bf16", "fp32"]
 PrecisionMode = Literal["auto", "fp16", "bf16", "fp32"]
 BuiltinTask = Literal["gpt", "mlp"]
 Phase = Literal["Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"]
 
+#: The ways to say what to train; a task sets exactly one.
+TASK_KINDS = ("builtin", "module", "command")
 TASK_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 COMPUTE_CAPABILITY_PATTERN = r"^[0-9]+\.[0-9]+$"
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
@@ -52,7 +55,8 @@ class ApiModel(BaseModel):
 
 
 class Task(ApiModel):
-    """What to train: a shipped workload, or a factory in the image (`pkg.mod:make_task`)."""
+    """What to train: a shipped workload, a factory in the image (`pkg.mod:make_task`), or the
+    user's own training command (which uses the trainer SDK, see docs/sdk.md)."""
 
     builtin: BuiltinTask | None = Field(None, description="A workload shipped with the trainer: gpt or mlp.")
     module: str | None = Field(
@@ -60,12 +64,27 @@ class Task(ApiModel):
         pattern=TASK_MODULE_PATTERN,
         description="User task factory `package.module:function`, importable in the image.",
     )
-    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments handed to the task factory.")
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Your own training command (argv, no shell), run on every process of every worker "
+        "by the launcher; it uses the trainer SDK (mpjob_trainer.session).",
+    )
+    working_dir: str | None = Field(
+        None, min_length=1, description="Working directory of `command` (default: the image's)."
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments handed to the task factory (or the SDK's `args`)."
+    )
 
     @model_validator(mode="after")
-    def _builtin_xor_module(self) -> Task:
-        if (self.builtin is None) == (self.module is None):
-            raise ValueError("exactly one of task.builtin or task.module must be set")
+    def _exactly_one(self) -> Task:
+        chosen = [name for name in TASK_KINDS if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            raise ValueError("exactly one of task.builtin, task.module or task.command must be set")
+        if self.working_dir is not None and self.command is None:
+            raise ValueError("task.workingDir is only allowed with task.command")
         return self
 
 
@@ -169,6 +188,12 @@ Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 
 class Resources(ApiModel):
     gpus_per_worker: int = Field(1, ge=0, le=16, description="nvidia.com/gpu per pod; 0 = CPU job.")
+    processes_per_worker: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_PROCESSES_PER_WORKER,
+        description="Training processes the launcher starts in each pod (default: gpusPerWorker, 1 for CPU jobs).",
+    )
     min_compute_capability: str = Field(
         "7.0", pattern=COMPUTE_CAPABILITY_PATTERN, description="Lowest GPU compute capability."
     )
@@ -230,6 +255,8 @@ class AttemptStatus(ApiModel):
     precision: str
     start_step: int = 0
     end_step: int | None = None
+    #: Training processes of the attempt: workers x processesPerWorker.
+    world_size: int | None = None
     reason: str | None = None
     exit_code: int | None = None
     message: str | None = None
@@ -284,6 +311,19 @@ class MixedPrecisionJob(BaseModel):
     metadata: ObjectMeta
     spec: MixedPrecisionJobSpec
     status: MixedPrecisionJobStatus | None = None
+
+
+def processes_per_worker(spec: MixedPrecisionJobSpec) -> int:
+    """Processes the launcher starts per pod: the spec's, else one per GPU, else one."""
+    resources = spec.resources
+    if resources.processes_per_worker is not None:
+        return resources.processes_per_worker
+    return max(1, resources.gpus_per_worker)
+
+
+def world_size(spec: MixedPrecisionJobSpec) -> int:
+    """Training processes in one attempt: workers x processesPerWorker."""
+    return spec.workers * processes_per_worker(spec)
 
 
 def precision_ladder(spec: PrecisionSpec, resolved_first: Precision) -> list[Precision]:

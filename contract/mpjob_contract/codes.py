@@ -9,6 +9,9 @@ class ExitCode(IntEnum):
     """Process exit codes of the trainer. Anything not listed is an infrastructure failure."""
 
     SUCCESS = 0
+    #: What the trainer and the launcher exit with for an unexpected error (a crash, a dead
+    #: sibling): an infrastructure failure, retried in the same precision.
+    INFRA_ERROR = 1
     #: This precision cannot go on (NaN/Inf storm, loss scale collapse, ...): try the next one.
     NUMERIC_FAULT = 42
     #: The job's configuration or the user's code is wrong: retrying cannot help.

@@ -33,9 +33,13 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
     ],
     "spec.task": [
         {
-            "rule": "has(self.builtin) != has(self.module)",
-            "message": "exactly one of task.builtin or task.module must be set",
-        }
+            "rule": "[has(self.builtin), has(self.module), has(self.command)].filter(x, x).size() == 1",
+            "message": "exactly one of task.builtin, task.module or task.command must be set",
+        },
+        {
+            "rule": "!has(self.workingDir) || has(self.command)",
+            "message": "task.workingDir is only allowed with task.command",
+        },
     ],
     "spec.precision.fallback": [
         {
