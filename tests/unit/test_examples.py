@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from mpjob.builders.attempt import KUEUE_QUEUE_LABEL, attempt_job
+from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.validation import check_document
 from mpjob_contract.api import MixedPrecisionJob
 
@@ -121,7 +122,8 @@ def test_ddp_example_has_two_workers_resuming_in_the_same_precision() -> None:
     job = jobs()["ddp-2workers"]
     assert job.spec.workers == 2 and job.spec.resources.gpus_per_worker >= 1
     assert job.spec.precision.mode in ("bf16", "fp32") and "overflowAtStep" not in job.spec.task.args
-    rendered = attempt_job("ddp-2workers", "default", job.spec, 0, "bf16", None, "mpjob-trainer:0.1.0")
+    start = first_attempt(job.spec)
+    rendered = attempt_job(job="ddp-2workers", namespace="default", spec=job.spec, start=start, image="mpjob-trainer")
     assert rendered["spec"]["completions"] == rendered["spec"]["parallelism"] == 2
 
 
@@ -129,7 +131,13 @@ def test_kueue_example_queues_every_attempt() -> None:
     job = jobs()["kueue-queued"]
     assert job.spec.run_policy.queue_name
     for index in (0, 1):
-        rendered = attempt_job("kueue-queued", "default", job.spec, index, "fp16", None, "mpjob-trainer:0.1.0")
+        rendered = attempt_job(
+            job="kueue-queued",
+            namespace="default",
+            spec=job.spec,
+            start=StartAttempt(index=index, precision="fp16", resume_from=None, start_step=0),
+            image="mpjob-trainer:0.1.0",
+        )
         assert rendered["metadata"]["labels"][KUEUE_QUEUE_LABEL] == job.spec.run_policy.queue_name
         assert rendered["spec"]["suspend"] is True
 

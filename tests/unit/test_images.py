@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from mpjob.builders.attempt import RENDEZVOUS_PORT, attempt_job
+from mpjob.planning.planner import first_attempt
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.metrics import DEFAULT_METRICS_PORT
 
@@ -168,12 +169,16 @@ def test_operator_entrypoint_is_the_command_the_chart_runs() -> None:
 def test_trainer_entrypoint_user_and_ports_match_the_attempt_pods() -> None:
     if not TRAINER.exists():
         pytest.skip("trainer-image/Dockerfile not written yet")
-    assert _entrypoint(TRAINER) == ["mpjob-trainer"]
-    assert "mpjob-trainer" in _scripts(REPO / "trainer-image/pyproject.toml")
+    # Every pod runs the launcher; by itself the image trains the builtin task in one process.
+    assert _entrypoint(TRAINER) == ["mpjob-launch"]
+    (cmd,) = parse(TRAINER)[-1].all("CMD")[-1:]
+    assert json.loads(cmd) == ["--", "mpjob-trainer"]
+    assert {"mpjob-trainer", "mpjob-launch"} <= set(_scripts(REPO / "trainer-image/pyproject.toml"))
     spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}})
-    pod = attempt_job("j", "ns", spec, 0, "bf16", None, "mpjob-trainer:0.1.0")["spec"]["template"]["spec"]
+    pod = attempt_job(job="j", namespace="ns", spec=spec, start=first_attempt(spec), image="mpjob-trainer:0.1.0")
+    pod = pod["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["command"] == _entrypoint(TRAINER)
+    assert container["command"][:1] == _entrypoint(TRAINER) and container["command"][-2:] == json.loads(cmd)
     # Checkpoints written by the image's user are readable by the next attempt's pod.
     uid, gid = (int(x) for x in parse(TRAINER)[-1].all("USER")[-1].split(":"))
     assert (container["securityContext"]["runAsUser"], container["securityContext"]["runAsGroup"]) == (uid, gid)

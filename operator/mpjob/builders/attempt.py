@@ -4,11 +4,13 @@ operator never creates an attempt twice."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
 
+from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
-from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
 from mpjob_contract.launch import CHECKPOINT_MOUNT, LAUNCH_ENV, AttemptLaunch
 
 LABEL_JOB = "mpjob.dev/job"
@@ -19,6 +21,9 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 GPU_RESOURCE = "nvidia.com/gpu"
+#: The per-pod launcher (trainer image) and the builtin trainer it starts for builtin/module tasks.
+LAUNCHER_COMMAND = ("mpjob-launch",)
+TRAINER_COMMAND = ("mpjob-trainer",)
 
 
 def attempt_name(job: str, index: int) -> str:
@@ -70,66 +75,72 @@ def attempt_service(job: str, namespace: str, index: int, precision: str) -> dic
     }
 
 
-def attempt_job(
-    job: str,
-    namespace: str,
-    spec: MixedPrecisionJobSpec,
-    index: int,
-    precision: str,
-    resume_from: str | None,
-    default_image: str,
-    active_deadline_seconds: int | None = None,
-    command: list[str] | None = None,
-) -> dict[str, Any]:
-    """The Indexed Job of attempt `index`: `workers` pods running the trainer."""
-    name = attempt_name(job, index)
+def launcher_argv(spec: MixedPrecisionJobSpec, trainer_command: Sequence[str], launcher: Sequence[str]) -> list[str]:
+    """What every worker of an attempt runs: the launcher, which starts processesPerWorker
+    copies of the user's `task.command` (or the builtin trainer) and folds their endings."""
+    command = list(spec.task.command) if spec.task.command is not None else list(trainer_command)
+    per_worker = str(processes_per_worker(spec))
+    return [*launcher, "--nproc-per-worker", per_worker, "--workers", str(spec.workers), "--", *command]
+
+
+def _env(job: str, namespace: str, spec: MixedPrecisionJobSpec, start: StartAttempt) -> list[dict[str, Any]]:
+    """The trainer's contract env; RANK, WORLD_SIZE and the rest come from the launcher."""
+    name = attempt_name(job, start.index)
     launch = AttemptLaunch(
         job_name=job,
         namespace=namespace,
-        attempt=index,
-        precision=precision,  # type: ignore[arg-type]
-        resume_from=resume_from,
+        attempt=start.index,
+        precision=start.precision,  # type: ignore[arg-type]
+        resume_from=start.resume_from,
         checkpoint_dir=CHECKPOINT_MOUNT,
         spec=spec,
     )
-    env: list[dict[str, Any]] = [
+    return [
         {"name": LAUNCH_ENV, "value": launch.to_env()},
         {"name": metric_names.METRICS_PORT_ENV, "value": str(metric_names.DEFAULT_METRICS_PORT)},
         {"name": "MPJOB_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "MASTER_ADDR", "value": f"{name}-0.{name}.{namespace}.svc"},
         {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
-        {"name": "WORLD_SIZE", "value": str(spec.workers)},
-        {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
-        {"name": "LOCAL_RANK", "value": "0"},
+        # The Job controller sets it too; naming it keeps the launcher's worker index explicit.
+        {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    tpl = spec.template
-    resources: dict[str, Any] = {}
+
+
+def _resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
     requests = {k: str(v) for k, v in spec.resources.requests.items()}
     limits = {k: str(v) for k, v in spec.resources.limits.items()}
-    gpus = spec.resources.gpus_per_worker
-    if gpus > 0:
-        limits[GPU_RESOURCE] = str(gpus)
-    if requests:
-        resources["requests"] = requests
-    if limits:
-        resources["limits"] = limits
+    if spec.resources.gpus_per_worker > 0:
+        limits[GPU_RESOURCE] = str(spec.resources.gpus_per_worker)
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def _checkpoint_volume(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
     volume: dict[str, Any] = {"name": "checkpoints"}
     vol = spec.checkpoint.volume
     if vol is not None and vol.persistent_volume_claim is not None:
         volume["persistentVolumeClaim"] = {"claimName": vol.persistent_volume_claim.claim_name}
     else:
         volume["emptyDir"] = dict(vol.empty_dir) if vol is not None and vol.empty_dir is not None else {}
+    return volume
+
+
+def _container(
+    *, env: list[dict[str, Any]], spec: MixedPrecisionJobSpec, image: str, command: list[str]
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": TRAINER_CONTAINER,
-        "image": spec.image or default_image,
-        "command": list(command or ["mpjob-trainer"]),
-        "env": _merge_named(env, tpl.env),
+        "image": spec.image or image,
+        "command": command,
+        "env": _merge_named(env, spec.template.env),
         "ports": [
             {"name": "metrics", "containerPort": metric_names.DEFAULT_METRICS_PORT},
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},
         ],
-        "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}, *deepcopy(tpl.volume_mounts)],
+        "volumeMounts": [
+            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+            *deepcopy(spec.template.volume_mounts),
+        ],
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -141,9 +152,16 @@ def attempt_job(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
+    if spec.task.working_dir is not None:
+        container["workingDir"] = spec.task.working_dir
+    resources = _resources(spec)
     if resources:
         container["resources"] = resources
-    pod_labels = {**tpl.labels, **labels(job, index, precision)}
+    return container
+
+
+def _pod_spec(name: str, spec: MixedPrecisionJobSpec, container: dict[str, Any]) -> dict[str, Any]:
+    tpl = spec.template
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "subdomain": name,
@@ -152,9 +170,9 @@ def attempt_job(
         "terminationGracePeriodSeconds": 60,
         "securityContext": {"runAsNonRoot": True, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [volume, *deepcopy(tpl.volumes)],
+        "volumes": [_checkpoint_volume(spec), *deepcopy(tpl.volumes)],
     }
-    if gpus > 0:
+    if spec.resources.gpus_per_worker > 0:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
         pod_spec["affinity"] = _gpu_affinity(spec.resources.min_compute_capability)
     if tpl.tolerations:
@@ -167,19 +185,40 @@ def attempt_job(
         pod_spec["serviceAccountName"] = tpl.service_account_name
     if tpl.image_pull_secrets:
         pod_spec["imagePullSecrets"] = deepcopy(tpl.image_pull_secrets)
-    job_labels = labels(job, index, precision)
+    return pod_spec
+
+
+def attempt_job(
+    *,
+    job: str,
+    namespace: str,
+    spec: MixedPrecisionJobSpec,
+    start: StartAttempt,
+    image: str,
+    deadline_seconds: int | None = None,
+    trainer_command: Sequence[str] = TRAINER_COMMAND,
+) -> dict[str, Any]:
+    """The Indexed Job of attempt `start.index`: `workers` pods, each running the launcher."""
+    name = attempt_name(job, start.index)
+    command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND)
+    container = _container(env=_env(job, namespace, spec, start), spec=spec, image=image, command=command)
+    job_labels = labels(job, start.index, start.precision)
+    pod_labels = {**spec.template.labels, **job_labels}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": spec.workers,
         "parallelism": spec.workers,
         "backoffLimit": 0,
-        "template": {"metadata": {"labels": pod_labels, "annotations": dict(tpl.annotations)}, "spec": pod_spec},
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": dict(spec.template.annotations)},
+            "spec": _pod_spec(name, spec, container),
+        },
     }
     if spec.run_policy.queue_name:
         job_labels[KUEUE_QUEUE_LABEL] = spec.run_policy.queue_name
         job_spec["suspend"] = True  # Kueue admits it
-    if active_deadline_seconds is not None:
-        job_spec["activeDeadlineSeconds"] = max(1, active_deadline_seconds)
+    if deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = max(1, deadline_seconds)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

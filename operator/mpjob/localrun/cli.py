@@ -31,7 +31,7 @@ def run_command(argv: list[str]) -> int:
     if args.fresh and out.exists():
         shutil.rmtree(out)
     view = make_view(args.mode, job.spec.training.steps)
-    run = LocalRun(job, out, view)
+    run = LocalRun(job, out, view, base_dir=args.file.parent)
     try:
         status = run.run()
     finally:

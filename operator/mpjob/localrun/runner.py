@@ -16,16 +16,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import IO
 
+from mpjob.builders.attempt import launcher_argv
 from mpjob.localrun.progress import ProgressView
 from mpjob.localrun.series import RunSeries
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome, Classification, classify
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_attempt
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
-from mpjob_contract.codes import ExitCode, Reason
+from mpjob.planning.reconcile import JobView, PodView, outcome_of
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus, world_size
+from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
 from mpjob_contract.report import TERMINATION_LOG_ENV, TerminationReport
 
@@ -66,8 +69,18 @@ class Paths:
 
 
 class LocalRun:
-    def __init__(self, job: MixedPrecisionJob, out: Path, view: ProgressView, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        job: MixedPrecisionJob,
+        out: Path,
+        view: ProgressView,
+        *,
+        base_dir: Path | None = None,
+        python: str = sys.executable,
+    ) -> None:
         self.job = job
+        #: The manifest's folder: a `task.command` runs there (or in its workingDir below it).
+        self.base_dir = (base_dir or Path.cwd()).resolve()
         self.spec = job.spec
         self.name = job.metadata.name
         self.paths = Paths(out)
@@ -198,56 +211,23 @@ class LocalRun:
 
     # ------------------------------------------------------------------ one attempt
     def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
-        workers = self.spec.workers
+        """One attempt as the cluster runs it: a launcher per worker (a pod each), each starting
+        processesPerWorker training processes."""
         folder = self.paths.attempt(start.index)
         folder.mkdir(parents=True, exist_ok=True)
-        launch = AttemptLaunch(
-            job_name=self.name,
-            namespace=self.job.metadata.namespace or "local",
-            attempt=start.index,
-            precision=start.precision,
-            resume_from=start.resume_from,
-            checkpoint_dir=str(self.paths.checkpoints.resolve()),
-            spec=self.spec,
-        )
-        st.begin_attempt(self.status, start.index, start.precision, start.start_step)
+        st.begin_attempt(self.status, start, world_size=world_size(self.spec))
         self.status.phase = "Running"
         st.set_condition(self.status, "Running", True, "AttemptRunning", f"attempt {start.index} in {start.precision}")
         self.series.begin_attempt(start.index, start.precision, start.start_step)
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
 
-        port = free_port()
+        env = self._attempt_env(start)
         self._procs = []
-        logs = []
-        for rank in range(workers):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
-            env.update(
-                {
-                    LAUNCH_ENV: launch.to_env(),
-                    TERMINATION_LOG_ENV: str(folder / f"termination-rank{rank}.json"),
-                    "MPJOB_METRICS_PORT": "0",
-                    "MPJOB_METRICS_HOST": "127.0.0.1",
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(workers),
-                    "LOCAL_RANK": str(rank),
-                    "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port),
-                    "PYTHONUNBUFFERED": "1",
-                }
-            )
-            (folder / f"termination-rank{rank}.json").unlink(missing_ok=True)
-            log = (folder / f"rank{rank}.log").open("w")
-            logs.append(log)
-            proc = subprocess.Popen(
-                [self.python, "-m", "mpjob_trainer"],
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE if rank == 0 else log,
-                stderr=log,
-                start_new_session=True,  # Ctrl-C reaches the runner only; it sends SIGTERM
-            )
-            self._procs.append(proc)
+        logs = [(folder / f"worker{i}.log").open("w") for i in range(self.spec.workers)]
+        for worker, log in enumerate(logs):
+            (folder / f"termination-worker{worker}.json").unlink(missing_ok=True)
+            self._procs.append(self._start_worker(worker, env, folder, log))
         watcher = threading.Thread(target=self._watch_peers, daemon=True)
         watcher.start()
         try:
@@ -256,7 +236,56 @@ class LocalRun:
             codes = [p.wait() for p in self._procs]
             for log in logs:
                 log.close()
-        return self._outcome(codes, folder)
+        return self._outcome(start.index, codes, folder)
+
+    def _attempt_env(self, start: StartAttempt) -> dict[str, str]:
+        launch = AttemptLaunch(
+            job_name=self.name,
+            namespace=self.job.metadata.namespace or "local",
+            attempt=start.index,
+            precision=start.precision,  # type: ignore[arg-type]
+            resume_from=start.resume_from,
+            checkpoint_dir=str(self.paths.checkpoints.resolve()),
+            spec=self.spec,
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+        env.update(
+            {
+                LAUNCH_ENV: launch.to_env(),
+                "MPJOB_METRICS_PORT": "0",
+                "MPJOB_METRICS_HOST": "127.0.0.1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    def _start_worker(self, worker: int, env: dict[str, str], folder: Path, log: IO[str]) -> subprocess.Popen[str]:
+        trainer = [self.python, "-m", "mpjob_trainer"]
+        argv = launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"])
+        worker_env = {
+            **env,
+            "JOB_COMPLETION_INDEX": str(worker),
+            TERMINATION_LOG_ENV: str(folder / f"termination-worker{worker}.json"),
+        }
+        return subprocess.Popen(
+            argv,
+            env=worker_env,
+            cwd=self._working_dir(),
+            text=True,
+            stdout=subprocess.PIPE if worker == 0 else log,
+            stderr=log,
+            start_new_session=True,  # Ctrl-C reaches the runner only; it sends SIGTERM
+        )
+
+    def _working_dir(self) -> Path:
+        """Where a `task.command` runs here: task.workingDir (relative to the manifest's folder),
+        else the manifest's folder, so `command: [python, train.py]` finds the script beside it."""
+        task = self.spec.task
+        if task.command is None:
+            return Path.cwd()
+        return self.base_dir / task.working_dir if task.working_dir else self.base_dir
 
     def _follow(self, proc: subprocess.Popen[str], start: StartAttempt, log: object) -> None:
         assert proc.stdout is not None
@@ -324,20 +353,20 @@ class LocalRun:
                 return
             time.sleep(0.2)
 
-    def _outcome(self, codes: list[int], folder: Path) -> AttemptOutcome:
-        reports = []
-        for rank in range(len(codes)):
-            path = folder / f"termination-rank{rank}.json"
-            reports.append(TerminationReport.parse_message(path.read_text()) if path.exists() else None)
-        # The first worker that failed by itself explains the attempt; rank 0 otherwise.
-        chosen = 0
-        for rank, code in enumerate(codes):
-            if code not in (0, -signal.SIGTERM, -signal.SIGKILL, ExitCode.PREEMPTED) and reports[rank] is not None:
-                chosen = rank
-                break
-        code = codes[chosen]
-        message = "" if reports[chosen] else f"trainer exited {code} without a report (see {folder})"
-        return AttemptOutcome(exit_code=code, report=reports[chosen] or reports[0], message=message)
+    def _outcome(self, index: int, codes: list[int], folder: Path) -> AttemptOutcome:
+        """Read the workers as the operator reads pods, and let the same rule pick the one that
+        explains the attempt (mpjob.planning.reconcile.outcome_of)."""
+        pods = []
+        for worker, code in enumerate(codes):
+            path = folder / f"termination-worker{worker}.json"
+            message = path.read_text() if path.exists() else None
+            exit_code = 128 - code if code < 0 else code  # killed by signal N: a container's 128+N
+            phase = "Succeeded" if code == 0 else "Failed"
+            pods.append(PodView(f"worker{worker}", worker, phase, False, exit_code, message))
+        outcome = outcome_of(JobView(index=index, pods=tuple(pods)))
+        if outcome.report is None and not outcome.message:
+            return replace(outcome, message=f"the trainer exited {outcome.exit_code} without a report (see {folder})")
+        return outcome
 
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:

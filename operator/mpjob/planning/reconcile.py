@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from mpjob.planning import status as st
 from mpjob.planning.classify import Action, AttemptOutcome, Classification, classify
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_attempt
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, world_size
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import TerminationReport
 
@@ -155,7 +155,7 @@ def reconcile(
         if spec.run_policy.suspend:
             _suspend(plan, stamp, generation, "suspended before the first attempt")
             return plan
-        _start(plan, first_attempt(spec), stamp, generation, "Created")
+        _start(plan, spec, first_attempt(spec), stamp, generation, "Created")
         return plan
 
     current = status.attempts[-1]
@@ -253,7 +253,7 @@ def reconcile(
         if nxt.index >= spec.run_policy.max_attempts:
             _finish(plan, Finish(False, "AttemptsExhausted", "no attempt left to resume"), stamp, generation)
             return plan
-        _start(plan, nxt, stamp, generation, "Resumed")
+        _start(plan, spec, nxt, stamp, generation, "Resumed")
         return plan
     return plan
 
@@ -262,9 +262,11 @@ def _checkpoint_step(status: MixedPrecisionJobStatus) -> int:
     return status.last_checkpoint.step if status.last_checkpoint else 0
 
 
-def _start(plan: Plan, start: StartAttempt, stamp: str, generation: int | None, why: str) -> None:
+def _start(
+    plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, stamp: str, generation: int | None, why: str
+) -> None:
     status = plan.status
-    st.begin_attempt(status, start.index, start.precision, start.start_step, stamp)
+    st.begin_attempt(status, start, world_size=world_size(spec), at=stamp)
     status.phase = "Running" if start.fallback_from is None else "Recovering"
     plan.create.append(start)
     plan.started_reasons.append(why)
@@ -354,4 +356,4 @@ def _after(
             )
         )
         plan.fallbacks.append((decision.fallback_from, decision.precision))
-    _start(plan, decision, stamp, generation, result.reason.value)
+    _start(plan, spec, decision, stamp, generation, result.reason.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
 
 CONDITION_TYPES = ("Created", "Running", "PrecisionFallback", "Suspended", "Succeeded", "Failed")
@@ -55,16 +56,22 @@ def condition(status: MixedPrecisionJobStatus, type_: str) -> Condition | None:
 
 
 def begin_attempt(
-    status: MixedPrecisionJobStatus, index: int, precision: str, start_step: int, at: str | None = None
+    status: MixedPrecisionJobStatus, start: StartAttempt, *, world_size: int, at: str | None = None
 ) -> AttemptStatus:
-    """Record attempt `index` as started (idempotent: a known index is left as it is)."""
+    """Record the attempt as started (idempotent: a known index is left as it is)."""
     for existing in status.attempts:
-        if existing.index == index:
+        if existing.index == start.index:
             return existing
-    entry = AttemptStatus(index=index, precision=precision, start_step=start_step, start_time=at or now())
+    entry = AttemptStatus(
+        index=start.index,
+        precision=start.precision,
+        start_step=start.start_step,
+        world_size=world_size,
+        start_time=at or now(),
+    )
     status.attempts.append(entry)
-    status.attempt = index
-    status.precision = precision
+    status.attempt = start.index
+    status.precision = start.precision
     return entry
 
 

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mpjob.builders.attempt import attempt_job, attempt_service
+from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.launch import AttemptLaunch
 
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.unit
 
 def build(**over: object) -> dict:
     spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **over})
-    return attempt_job("gpt", "ml", spec, 2, "bf16", "/ckpt/step-000000200", "mpjob-trainer:0.1.0")
+    start = StartAttempt(index=2, precision="bf16", resume_from="/ckpt/step-000000200", start_step=200)
+    return attempt_job(job="gpt", namespace="ml", spec=spec, start=start, image="mpjob-trainer:0.1.0")
 
 
 def _env(job: dict) -> dict:
@@ -34,8 +36,12 @@ def test_indexed_job_with_one_pod_per_worker_and_no_retries() -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["subdomain"] == "gpt-a2" and pod["restartPolicy"] == "Never"
     env = _env(job)
-    assert env["MASTER_ADDR"]["value"] == "gpt-a2-0.gpt-a2.ml.svc" and env["WORLD_SIZE"]["value"] == "4"
-    assert "job-completion-index" in env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert env["MASTER_ADDR"]["value"] == "gpt-a2-0.gpt-a2.ml.svc"
+    assert "job-completion-index" in env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    # The launcher gives each process its rank; the pod says how many processes and pods there are.
+    assert "RANK" not in env and "WORLD_SIZE" not in env
+    command = pod["containers"][0]["command"]
+    assert command == ["mpjob-launch", "--nproc-per-worker", "1", "--workers", "4", "--", "mpjob-trainer"]
     launch = AttemptLaunch.model_validate_json(env["MPJOB_LAUNCH"]["value"])
     assert (launch.attempt, launch.precision, launch.resume_from) == (2, "bf16", "/ckpt/step-000000200")
 
@@ -68,15 +74,38 @@ def test_template_is_merged_without_replacing_the_trainer() -> None:
     job = build(
         template={
             "nodeSelector": {"pool": "a100"},
-            "env": [{"name": "EXTRA", "value": "1"}, {"name": "WORLD_SIZE", "value": "99"}],
+            "env": [{"name": "EXTRA", "value": "1"}, {"name": "MASTER_PORT", "value": "99"}],
             "tolerations": [{"key": "spot", "operator": "Exists"}],
         }
     )
     pod = job["spec"]["template"]["spec"]
     env = _env(job)
-    assert env["EXTRA"]["value"] == "1" and env["WORLD_SIZE"]["value"] == "1"  # ours win
+    assert env["EXTRA"]["value"] == "1" and env["MASTER_PORT"]["value"] == "29500"  # ours win
     assert pod["nodeSelector"] == {"pool": "a100"} and {"key": "spot", "operator": "Exists"} in pod["tolerations"]
-    assert pod["containers"][0]["command"] == ["mpjob-trainer"]
+    assert pod["containers"][0]["command"][-2:] == ["--", "mpjob-trainer"]
+
+
+def test_own_command_runs_under_the_launcher_in_its_working_dir() -> None:
+    job = build(
+        workers=2,
+        task={"command": ["python", "train.py", "--lr", "3e-4"], "workingDir": "/app"},
+        resources={"gpusPerWorker": 8},
+    )
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == [
+        "mpjob-launch", "--nproc-per-worker", "8", "--workers", "2", "--", "python", "train.py", "--lr", "3e-4"
+    ]
+    assert container["workingDir"] == "/app"
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [({"gpusPerWorker": 0}, "1"), ({"gpusPerWorker": 4}, "4"), ({"gpusPerWorker": 0, "processesPerWorker": 3}, "3")],
+)
+def test_processes_per_worker_defaults_to_one_per_gpu(resources: dict, expected: str) -> None:
+    command = build(resources=resources)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--nproc-per-worker") + 1] == expected
+    assert "workingDir" not in build(resources=resources)["spec"]["template"]["spec"]["containers"][0]
 
 
 def test_queue_name_labels_the_job_and_creates_it_suspended() -> None:

@@ -89,6 +89,13 @@ def test_a_new_job_starts_attempt_zero_and_records_it_first() -> None:
     assert plan.status.observed_generation == 1
 
 
+def test_each_attempt_records_its_world_size() -> None:
+    s = spec(workers=2, resources={"gpusPerWorker": 0, "processesPerWorker": 2})
+    plan = reconcile(s, _status(), 1, {}, NOW)
+    assert plan.status.attempts[0].world_size == 4
+    assert plan.status.attempts[0].to_api()["worldSize"] == 4
+
+
 def test_a_recorded_attempt_without_its_job_is_created_again_with_the_same_index() -> None:
     first = reconcile(spec(precision={"mode": "fp16"}), _status(), 1, {}, NOW).status
     again = reconcile(spec(precision={"mode": "fp16"}), first, 1, {}, NOW)
