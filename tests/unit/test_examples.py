@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 #: One MixedPrecisionJob per file; the volumes they need live apart (examples/volumes/).
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted(p for p in (REPO / "examples").rglob("*.yaml") if p.parent.name != "volumes")
 PVC_FILE = REPO / "examples/volumes/checkpoints-pvc.yaml"
 ALL_FILES = [*EXAMPLES, PVC_FILE]
 
@@ -43,7 +43,7 @@ def claims() -> dict[str, list[str]]:
 
 
 def test_the_examples_are_there() -> None:
-    assert {p.stem for p in EXAMPLES} >= {"quickstart", "fp16-recovery", "ddp-2workers", "kueue-queued"}
+    assert {p.stem for p in EXAMPLES} >= {"quickstart", "fp16-recovery", "ddp-2workers", "kueue-queued", "own-loop"}
     assert PVC_FILE.exists()
 
 
@@ -145,3 +145,15 @@ def test_kueue_example_queues_every_attempt() -> None:
 def test_examples_can_share_one_namespace() -> None:
     names = [doc["metadata"]["name"] for path in ALL_FILES for doc in documents(path)]
     assert len(names) == len(set(names))
+
+
+def test_own_loop_example_runs_its_own_script_and_recovers_from_fp16() -> None:
+    job = jobs()["own-loop"]
+    command = job.spec.task.command
+    assert command is not None and job.spec.task.builtin is None and job.spec.task.module is None
+    script = REPO / "examples/own-loop" / command[1]
+    assert script.exists() and "mpjob_trainer import session" in script.read_text()
+    overflow = int(command[command.index("--overflow-at") + 1])
+    assert job.spec.precision.mode == "fp16" and job.spec.precision.fallback[0] == "bf16"
+    assert job.spec.checkpoint.every_steps <= overflow < job.spec.training.steps
+    assert job.spec.resources.processes_per_worker == 2 and job.spec.resources.gpus_per_worker == 0

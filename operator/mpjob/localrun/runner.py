@@ -280,8 +280,9 @@ class LocalRun:
         )
 
     def _working_dir(self) -> Path:
-        """Where a `task.command` runs here: task.workingDir (relative to the manifest's folder),
-        else the manifest's folder, so `command: [python, train.py]` finds the script beside it."""
+        """Where a `task.command` runs here: the manifest's folder, so `command: [python, train.py]`
+        finds the script beside it; a relative task.workingDir is taken below that folder, an
+        absolute one as it is."""
         task = self.spec.task
         if task.command is None:
             return Path.cwd()
