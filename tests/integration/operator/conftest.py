@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -163,6 +164,17 @@ def gpt_spec(claim: str, steps: int = 60, every: int = 10, **over: Any) -> dict[
     }
     spec.update(over)
     return spec
+
+
+def pod_events(kubeconfig: str, namespace: str, attempt: str) -> list[dict[str, Any]]:
+    """The trainer's JSON event lines from the logs of an attempt's pods (test node agent)."""
+    logs = Path(kubeconfig).parent / "logs" / "pods"
+    out = []
+    for path in logs.glob(f"{namespace}_{attempt}-*_trainer.log"):
+        for line in path.read_text().splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
 
 
 Spec = Callable[..., dict[str, Any]]

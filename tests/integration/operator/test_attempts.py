@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
+from tests.integration.operator.conftest import Jobs, Operator, gpt_spec, pod_events
 
 pytestmark = pytest.mark.integration
 
@@ -67,24 +67,12 @@ def test_a_deleted_pod_resumes_in_the_same_precision(
     resumed = wait_for(lambda: jobs.status("evicted")["attempts"][1]["startStep"], 60, message="resume step")
     assert resumed >= 20
     wait_for(
-        lambda: any(e["event"] == "resume" for e in _events(kubeconfig, namespace, "evicted-a1")),
+        lambda: any(e["event"] == "resume" for e in pod_events(kubeconfig, namespace, "evicted-a1")),
         120,
         message="attempt 1 resumed from a checkpoint",
     )
     jobs.patch_spec("evicted", {"runPolicy": {"suspend": True}})  # stop the long run quickly
     jobs.wait_phase("evicted", "Suspended", 60)
-
-
-def _events(kubeconfig: str, namespace: str, job: str) -> list[dict]:
-    import json
-
-    logs = Path(kubeconfig).parent / "logs" / "pods"
-    out = []
-    for path in logs.glob(f"{namespace}_{job}-*_trainer.log"):
-        for line in path.read_text().splitlines():
-            if line.startswith("{"):
-                out.append(json.loads(line))
-    return out
 
 
 def test_a_task_module_that_does_not_import_fails_without_retry(operator: Operator, jobs: Jobs) -> None:
