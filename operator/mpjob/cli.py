@@ -50,7 +50,7 @@ def _crd(argv: list[str]) -> int:
 
 
 def _operator(argv: list[str]) -> int:
-    from mpjob.operator.main import main as operator_main
+    from mpjob.controller.main import main as operator_main
 
     return operator_main(argv)
 

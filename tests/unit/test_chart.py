@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm/mpjob"
-OPERATOR = REPO / "operator/mpjob/operator"
+OPERATOR = REPO / "operator/mpjob/controller"
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +241,7 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
-#: Reads of kopf's peering objects (mpjob.operator.handlers.peering_active), made only with peering on.
+#: Reads of kopf's peering objects (mpjob.controller.peering), made only with peering on.
 PEERING_CALLS = {"get_cluster_custom_object": ("kopf.dev", "clusterkopfpeerings", "get")}
 
 

@@ -45,7 +45,7 @@ def trainer_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def operator_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
-    import mpjob.operator.metrics as om
+    import mpjob.controller.metrics as om
 
     return {
         exported(m._name, m._type): (m._type, tuple(m._labelnames))

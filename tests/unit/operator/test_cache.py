@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mpjob.operator.cache import ChildCache, job_record
+from mpjob.controller.cache import ChildCache, job_record
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from mpjob.operator.cache import TERMINAL_CONDITIONS, job_record
+from mpjob.controller.cache import TERMINAL_CONDITIONS, job_record
 
 pytestmark = pytest.mark.unit
 

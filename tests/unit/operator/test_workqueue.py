@@ -8,7 +8,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from mpjob.operator.workqueue import Retry, WorkQueue
+from mpjob.controller.workqueue import Retry, WorkQueue
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.unit

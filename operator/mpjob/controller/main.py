@@ -1,4 +1,4 @@
-"""`mpjob operator`: run the kopf operator (`kopf run -m mpjob.operator.handlers` runs the same
+"""`mpjob operator`: run the kopf operator (`kopf run -m mpjob.controller.handlers` runs the same
 handlers, but its cache of attempt Jobs and pods then watches every namespace)."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     # chart sets it to the pod's name, as kopf itself would read it), else host and process.
     identity = os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
-    from mpjob.operator import handlers  # registers the handlers
+    from mpjob.controller import handlers  # registers the handlers
 
     handlers.NAMESPACES[:] = args.namespace
     if args.peering is not None:

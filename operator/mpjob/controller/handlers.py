@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from mpjob.builders.attempt import attempt_job, attempt_service
-from mpjob.operator import metrics as om
-from mpjob.operator.cache import ChildCache, Key, Observed, raw
-from mpjob.operator.workqueue import Retry, WorkQueue
+from mpjob.controller import metrics as om
+from mpjob.controller.cache import ChildCache, Key, Observed, raw
+from mpjob.controller.workqueue import Retry, WorkQueue
 from mpjob.planning import status as st
 from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob_contract import api
