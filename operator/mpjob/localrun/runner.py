@@ -23,14 +23,16 @@ from typing import IO
 from mpjob.builders.attempt import launcher_argv
 from mpjob.localrun.progress import ProgressView
 from mpjob.localrun.series import RunSeries
+from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
-from mpjob.planning.classify import AttemptOutcome, Classification, classify
-from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_attempt
-from mpjob.planning.reconcile import JobView, PodView, outcome_of
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus, world_size
-from mpjob_contract.codes import Reason
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.planner import StartAttempt, first_attempt
+from mpjob.planning.reconcile import FINISHED, JobView, PodView, outcome_of
+from mpjob.planning.status import ConditionReason
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
-from mpjob_contract.report import TERMINATION_LOG_ENV, TerminationReport
+from mpjob_contract.report import TERMINATION_LOG_ENV
 
 #: A CPU machine: `auto` resolves as on a node without GPUs.
 LOCAL_CAPABILITY = None
@@ -93,121 +95,70 @@ class LocalRun:
 
     # ------------------------------------------------------------------ the plan
     def run(self) -> MixedPrecisionJobStatus:
+        """Attempt after attempt, through the operator's lifecycle (mpjob.planning.lifecycle)."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        decision = self._resume_or_start()
-        while isinstance(decision, StartAttempt):
-            outcome = self._run_attempt(decision)
-            result = classify(outcome)
-            decision = self._after(decision, outcome, result)
-            if self.interrupted:
-                break
-        if isinstance(decision, Finish):
-            self._finish(decision)
+        start = self._resume_or_start()
+        while start is not None:
+            outcome = self._run_attempt(start)
+            start = self._conclude(start, outcome)
         self._save()
         return self.status
 
-    def _resume_or_start(self) -> StartAttempt | Finish:
-        if self.paths.report.exists():
-            previous = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
-            if previous.phase in ("Succeeded", "Failed"):
-                self.status = previous
-                self.view.info(
-                    f"{self.paths.report} says this run already ended {previous.phase}; use --fresh to start over"
-                )
-                return Finish(previous.phase == "Succeeded", previous.phase, previous.message or "")
-            if previous.attempts:
-                self.status = previous
-                self.series = RunSeries.load(self.paths.series)
-                last = previous.attempts[-1]
-                if last.finish_time is None:  # the runner itself was killed
-                    st.end_attempt(
-                        self.status,
-                        last.index,
-                        Reason.PREEMPTED.value,
-                        None,
-                        "the local run was interrupted",
-                        self.status.step,
-                    )
-                    last = self.status.attempts[-1]
-                ckpt = self.status.last_checkpoint
-                self.view.info(
-                    f"resuming {self.name} in {self.paths.root}: attempt {last.index} ended "
-                    f"{last.reason}, last checkpoint step {ckpt.step if ckpt else 0}"
-                )
-                reason = Reason(last.reason) if last.reason in Reason._value2member_map_ else Reason.PREEMPTED  # type: ignore[arg-type]
-                result = classify(
-                    AttemptOutcome(
-                        exit_code=last.exit_code,
-                        platform_reason=None,
-                        report=TerminationReport(reason=reason, message=last.message or ""),
-                    )
-                )
-                return after_attempt(
-                    self.spec,
-                    last.index,
-                    last.precision,  # type: ignore[arg-type]
-                    result,
-                    ckpt.step if ckpt else 0,
-                    ckpt.path if ckpt else None,
-                    LOCAL_CAPABILITY,
-                )
-        st.set_condition(self.status, "Created", True, "Created", f"local run in {self.paths.root}")
-        self.status.start_time = st.now()
-        return first_attempt(self.spec, LOCAL_CAPABILITY)
+    def _transition(self) -> tuple[Plan, When]:
+        return Plan(status=self.status), When(st.now())
 
-    def _after(self, start: StartAttempt, outcome: AttemptOutcome, result: Classification) -> StartAttempt | Finish:
-        report = outcome.report
-        if report and report.last_good_checkpoint:
-            ref = report.last_good_checkpoint
-            self.status.last_checkpoint = CheckpointStatus(
-                step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
+    def _resume_or_start(self) -> StartAttempt | None:
+        """The first attempt, or the one that follows what an earlier `mpjob run` of --out left."""
+        plan, when = self._transition()
+        if not self.paths.report.exists():
+            lc.created(plan, when, f"local run in {self.paths.root}")
+            lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
+            return plan.create[0]
+        self.status = plan.status = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
+        self.series = RunSeries.load(self.paths.series)
+        if self.status.phase in FINISHED:
+            self.view.info(f"{self.paths.report} says this run already ended {self.status.phase}; use --fresh")
+            return None
+        last = self.status.attempts[-1]
+        if last.finish_time is None:  # the runner itself was killed: its workers went with it
+            gone = AttemptOutcome(exit_code=None, platform_reason="PodDeleted", message="the local run was killed")
+            lc.conclude(
+                plan,
+                self.spec,
+                index=last.index,
+                precision=last.precision,
+                outcome=gone,
+                when=when,
+                capability=LOCAL_CAPABILITY,
             )
-        end_step = report.step if report else self.status.step
-        st.end_attempt(self.status, start.index, result.reason.value, outcome.exit_code, result.message, end_step)
-        self.series.end_attempt(start.index, end_step, result.reason.value)
-        self.view.attempt_ended(start.index, start.precision, result.reason.value, result.message)
-        if self.interrupted:
-            self.status.phase = "Suspended"
-            st.set_condition(
-                self.status,
-                "Suspended",
-                True,
-                "Interrupted",
-                "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume",
-            )
-            self.status.message = "interrupted; run `mpjob run` again with the same --out to resume"
-            return start
+        else:
+            lc.resume(plan, self.spec, when)
         ckpt = self.status.last_checkpoint
-        decision = after_attempt(
-            self.spec,
-            start.index,
-            start.precision,
-            result,
-            ckpt.step if ckpt else 0,
-            ckpt.path if ckpt else None,
-            LOCAL_CAPABILITY,
-        )
-        if isinstance(decision, StartAttempt) and decision.fallback_from:
-            self.status.phase = "Recovering"
-            st.set_condition(
-                self.status,
-                "PrecisionFallback",
-                True,
-                result.reason.value,
-                f"{decision.fallback_from} -> {decision.precision} from checkpoint step {decision.start_step}",
-            )
-            self.view.fallback(decision.fallback_from, decision.precision, decision.start_step, result.reason.value)
-        self._save()
-        return decision
+        self.view.info(f"resuming {self.name} in {self.paths.root} from checkpoint step {ckpt.step if ckpt else 0}")
+        return plan.create[0] if plan.create else None
 
-    def _finish(self, decision: Finish) -> None:
-        if self.status.phase in ("Succeeded", "Failed") and self.status.completion_time:
-            return
-        self.status.phase = "Succeeded" if decision.succeeded else "Failed"
-        self.status.message = decision.message
-        self.status.completion_time = st.now()
-        st.set_condition(self.status, "Running", False, decision.reason, decision.message)
-        st.set_condition(self.status, self.status.phase, True, decision.reason, decision.message)
+    def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
+        """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""
+        plan, when = self._transition()
+        if self.interrupted:
+            lc.interrupt(plan, start.index, outcome.report, when)
+        else:
+            lc.conclude(
+                plan,
+                self.spec,
+                index=start.index,
+                precision=start.precision,
+                outcome=outcome,
+                when=when,
+                capability=LOCAL_CAPABILITY,
+            )
+        ended = next(a for a in self.status.attempts if a.index == start.index)
+        self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
+        self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")
+        for src, dst in plan.fallbacks:
+            self.view.fallback(src, dst, plan.create[0].start_step, ended.reason or "")
+        self._save()
+        return plan.create[0] if plan.create else None
 
     # ------------------------------------------------------------------ one attempt
     def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
@@ -215,9 +166,8 @@ class LocalRun:
         processesPerWorker training processes."""
         folder = self.paths.attempt(start.index)
         folder.mkdir(parents=True, exist_ok=True)
-        st.begin_attempt(self.status, start, world_size=world_size(self.spec))
-        self.status.phase = "Running"
-        st.set_condition(self.status, "Running", True, "AttemptRunning", f"attempt {start.index} in {start.precision}")
+        plan, when = self._transition()
+        lc.running(plan, when)
         self.series.begin_attempt(start.index, start.precision, start.start_step)
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()

@@ -4,11 +4,31 @@ following the Kubernetes API conventions (CamelCase reasons, lastTransitionTime)
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
 
-CONDITION_TYPES = ("Created", "Running", "PrecisionFallback", "Suspended", "Succeeded", "Failed")
+
+class ConditionType(StrEnum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    PRECISION_FALLBACK = "PrecisionFallback"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionReason(StrEnum):
+    """Condition reasons of the lifecycle itself; an attempt's ending uses its Reason
+    (mpjob_contract.codes) and a finished job its Finish reason."""
+
+    CREATED = "Created"
+    ATTEMPT_STARTED = "AttemptStarted"
+    ATTEMPT_RUNNING = "AttemptRunning"
+    AWAITING_ADMISSION = "AwaitingAdmission"
+    RESUMED = "Resumed"
+    SUSPENDED = "Suspended"
 
 
 def now() -> str:
@@ -49,10 +69,6 @@ def set_condition(
             observed_generation=generation,
         )
     )
-
-
-def condition(status: MixedPrecisionJobStatus, type_: str) -> Condition | None:
-    return next((c for c in status.conditions if c.type == type_), None)
 
 
 def begin_attempt(

@@ -1,0 +1,177 @@
+"""The attempt lifecycle, once: begin an attempt, end it and decide the next, finish, suspend.
+
+Pure functions over (spec, status, observed outcome) that write into a `Plan`: the new
+status, the attempts to create, the Events to post. The operator's reconcile
+(`mpjob.planning.reconcile`) and the local runner (`mpjob run`) both call them, so the same
+manifest means the same thing on a laptop and on a cluster: the same attempts[], phase and
+conditions for the same endings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mpjob.planning import status as st
+from mpjob.planning.classify import Action, AttemptOutcome, classify
+from mpjob.planning.planner import Finish, StartAttempt, after_attempt
+from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, world_size
+from mpjob_contract.codes import Reason
+from mpjob_contract.report import TerminationReport
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class When:
+    """The moment a transition is recorded at and the spec generation it answers."""
+
+    at: str
+    generation: int | None = None
+
+
+@dataclass
+class Plan:
+    status: MixedPrecisionJobStatus
+    create: list[StartAttempt] = field(default_factory=list)
+    delete: list[int] = field(default_factory=list)  # attempt indexes whose Job (+Service) to delete
+    events: list[Event] = field(default_factory=list)
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    started_reasons: list[str] = field(default_factory=list)
+    #: What ended the last attempt (set by `conclude`), for views that narrate it.
+    ended: Event | None = None
+
+
+def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:
+    """Set a condition at `when` (its lastTransitionTime moves only when it flips)."""
+    st.set_condition(plan.status, type_, true, reason, message, when.at, when.generation)
+
+
+def created(plan: Plan, when: When, message: str) -> None:
+    condition(plan, when, ConditionType.CREATED, True, ConditionReason.CREATED, message)
+    plan.status.start_time = plan.status.start_time or when.at
+
+
+def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, why: str) -> None:
+    """Record the attempt (before its children exist) and ask for it to be created."""
+    st.begin_attempt(plan.status, start, world_size=world_size(spec), at=when.at)
+    plan.status.phase = "Running" if start.fallback_from is None else "Recovering"
+    plan.create.append(start)
+    plan.started_reasons.append(why)
+    resumed = f", resuming from checkpoint step {start.start_step}" if start.start_step else ""
+    plan.events.append(Event("Normal", "AttemptStarted", f"attempt {start.index} in {start.precision}{resumed}"))
+    message = f"attempt {start.index} in {start.precision}"
+    condition(plan, when, ConditionType.RUNNING, True, ConditionReason.ATTEMPT_STARTED, message)
+
+
+def running(plan: Plan, when: When) -> None:
+    """The current attempt's processes run (its pods were admitted and started)."""
+    status, current = plan.status, plan.status.attempts[-1]
+    if status.phase != "Running":
+        status.phase = "Running"
+        message = f"attempt {current.index} in {current.precision}"
+        condition(plan, when, ConditionType.RUNNING, True, ConditionReason.ATTEMPT_RUNNING, message)
+
+
+def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
+    """Out of a suspension: the next attempt, same precision, from the last checkpoint."""
+    status, current = plan.status, plan.status.attempts[-1]
+    condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
+    step = status.last_checkpoint.step if status.last_checkpoint else 0
+    nxt = StartAttempt(current.index + 1, current.precision, None, step)
+    if nxt.index >= spec.run_policy.max_attempts:
+        finish(plan, Finish(False, "AttemptsExhausted", "no attempt left to resume"), when)
+        return
+    begin(plan, spec, nxt, when, why=ConditionReason.RESUMED)
+
+
+def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When) -> None:
+    """`mpjob run` stopped by Ctrl-C: the attempt ends Suspended (its trainer checkpointed on
+    SIGTERM, as under runPolicy.suspend) and running it again resumes."""
+    end_step = record_report(plan.status, index, report)
+    message = "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume"
+    st.end_attempt(plan.status, index, Reason.SUSPENDED.value, None, message, end_step, when.at)
+    suspend(plan, when, message)
+    plan.status.message = "interrupted; run `mpjob run` again with the same --out to resume"
+
+
+def suspend(plan: Plan, when: When, message: str) -> None:
+    plan.status.phase = "Suspended"
+    condition(plan, when, ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED, message)
+    condition(plan, when, ConditionType.RUNNING, False, ConditionReason.SUSPENDED, message)
+    plan.events.append(Event("Normal", "Suspended", message))
+
+
+def finish(plan: Plan, decision: Finish, when: When) -> None:
+    status = plan.status
+    status.phase = "Succeeded" if decision.succeeded else "Failed"
+    status.message = decision.message
+    status.completion_time = when.at
+    condition(plan, when, ConditionType.RUNNING, False, decision.reason, decision.message)
+    condition(plan, when, ConditionType(status.phase), True, decision.reason, decision.message)
+    plan.events.append(Event("Normal" if decision.succeeded else "Warning", status.phase, decision.message))
+
+
+def record_report(status: MixedPrecisionJobStatus, index: int, report: TerminationReport | None) -> int:
+    """What the trainer's report tells: the last good checkpoint, where it stopped and began."""
+    if report is None:
+        return status.step
+    if report.last_good_checkpoint is not None:
+        ref = report.last_good_checkpoint
+        status.last_checkpoint = CheckpointStatus(
+            step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
+        )
+    status.step = report.step
+    for attempt in status.attempts:
+        if attempt.index == index and report.start_step:
+            attempt.start_step = report.start_step
+    return report.step
+
+
+def conclude(
+    plan: Plan,
+    spec: MixedPrecisionJobSpec,
+    *,
+    index: int,
+    precision: str,
+    outcome: AttemptOutcome,
+    when: When,
+    capability: tuple[int, int] | str | None = "spec",
+) -> None:
+    """End attempt `index` as `outcome` says, then begin the next one or finish the job."""
+    status = plan.status
+    result = classify(outcome)
+    end_step = record_report(status, index, outcome.report)
+    st.end_attempt(status, index, result.reason.value, outcome.exit_code, result.message, end_step, when.at)
+    kind = "Normal" if result.action is Action.SUCCEED else "Warning"
+    plan.ended = Event(kind, result.reason.value, result.message)
+    plan.events.append(
+        Event(
+            kind, "AttemptEnded", f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000]
+        )
+    )
+    ckpt = status.last_checkpoint
+    decision = after_attempt(
+        spec, index, precision, result, ckpt.step if ckpt else 0, ckpt.path if ckpt else None, capability
+    )
+    if isinstance(decision, Finish):
+        finish(plan, decision, when)
+        return
+    if decision.fallback_from is not None:
+        _fallback(plan, decision, when, result.reason.value)
+    begin(plan, spec, decision, when, why=result.reason.value)
+
+
+def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:
+    message = f"{start.fallback_from} -> {start.precision} from checkpoint step {start.start_step}"
+    condition(plan, when, ConditionType.PRECISION_FALLBACK, True, reason, message)
+    resuming = f"resuming from checkpoint step {start.start_step}"
+    plan.events.append(
+        Event("Warning", "PrecisionFallback", f"{start.fallback_from} -> {start.precision} after {reason}, {resuming}")
+    )
+    plan.fallbacks.append((start.fallback_from or "", start.precision))
