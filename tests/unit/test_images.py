@@ -133,6 +133,11 @@ def test_operator_image_installs_the_operator_package_and_never_torch() -> None:
     assert {"kopf", "kubernetes", "mpjob-contract"} <= closure
     assert not {n for n in closure if n == "torch" or n.startswith(("nvidia-", "triton"))}
     assert re.search(r"! \S*python -c \"import torch\"", runs), "the build proves torch is absent"
+    # `mpjob run`'s progress view and plot are the `local` extra, which the image leaves out.
+    assert not {"rich", "matplotlib"} & closure and "--extra" not in runs and "--all-extras" not in runs
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    (mpjob,) = [p for p in lock["package"] if p["name"] == "mpjob"]
+    assert {d["name"] for d in mpjob["optional-dependencies"]["local"]} == {"rich", "matplotlib"}
 
 
 def test_trainer_image_installs_no_kubernetes_client() -> None:

@@ -6,12 +6,16 @@ import argparse
 import shutil
 from pathlib import Path
 
-from mpjob.localrun.progress import make_view
-from mpjob.localrun.runner import LocalRun
 from mpjob.validation import InvalidManifest, load_job
 
 
 def run_command(argv: list[str]) -> int:
+    try:
+        from mpjob.localrun.progress import make_view
+        from mpjob.localrun.runner import LocalRun
+    except ModuleNotFoundError as exc:  # the progress view and plot are an extra
+        print(f"error: `mpjob run` needs the local extra ({exc.name} is missing): pip install 'mpjob[local]'")
+        return 2
     parser = argparse.ArgumentParser(prog="mpjob run", description=__doc__)
     parser.add_argument("file", type=Path, help="a MixedPrecisionJob manifest")
     parser.add_argument("--out", type=Path, help="run directory (default: runs/<name>); reused to resume")

@@ -18,10 +18,9 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from mpjob.builders.attempt import launcher_argv
-from mpjob.localrun.progress import ProgressView
 from mpjob.localrun.series import RunSeries
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
@@ -33,6 +32,9 @@ from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
 from mpjob_contract.report import TERMINATION_LOG_ENV
+
+if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
+    from mpjob.localrun.progress import ProgressView
 
 #: A CPU machine: `auto` resolves as on a node without GPUs.
 LOCAL_CAPABILITY = None
