@@ -1,5 +1,7 @@
 """JSON event lines on stdout: the trainer's log, and what `mpjob run` draws its view from.
 
+The builtin trainer and every script on the SDK (mpjob_trainer.session) write the same lines.
+
 One object per line, flushed, with an "event" key. Schema (camelCase; stable):
   start        attempt, precision, requestedPrecision, device, worldSize, startStep,
                totalSteps, metricsPort
@@ -7,12 +9,13 @@ One object per line, flushed, with an "event" key. Schema (camelCase; stable):
   resume       step, path, sha256, fromPrecision
   freshStart   reason
   step         step, loss, lossScale (fp16 only), gradNorm, lr, overflowSteps,
-               nonFiniteLosses, samplesPerSecond, tokensPerSecond, stepSeconds, precision
+               nonFiniteLosses, appliedSteps, samplesPerSecond, tokensPerSecond, mfu,
+               stepSeconds, precision, peakDeviceMemoryBytes
   checkpoint   step, path, sha256, seconds, bytes, async
   checkpointSkipped  step, why
   fault        step, rule, message
   preempted    step
-  done         step, loss
+  done         step, loss, appliedSteps
   error        kind, message
 Only rank 0 writes step/checkpoint lines; every rank writes errors.
 """

@@ -54,6 +54,11 @@ class NumericGuard:
     def begin_step(self) -> None:
         self._applied = False
 
+    @property
+    def step_applied(self) -> bool:
+        """Has an optimizer step been applied since `begin_step` (GradScaler did not skip it)?"""
+        return self._applied
+
     def optimizer_stepped(self) -> None:
         """Optimizer step post-hook: GradScaler found the gradients finite."""
         self._applied = True

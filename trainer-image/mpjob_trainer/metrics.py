@@ -1,5 +1,6 @@
 """The trainer's Prometheus endpoint; names from mpjob_contract.metrics, one label set per
-attempt (job, namespace, attempt, precision) so cardinality stays low."""
+attempt (job, namespace, attempt, precision) so cardinality stays low. Also the device peaks
+that MFU is measured against."""
 
 from __future__ import annotations
 
@@ -7,9 +8,21 @@ import os
 import resource
 from typing import Any
 
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from mpjob_contract import metrics as names
+
+#: Dense bf16/fp16 tensor-core peaks (FLOP/s) for MFU, by device-name fragment.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40": 181e12, "A10": 125e12, "V100": 125e12, "T4": 65e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The device's dense tensor-core peak (for MFU), when it is a GPU this table knows."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
 class TrainerMetrics:

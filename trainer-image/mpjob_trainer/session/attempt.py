@@ -1,0 +1,52 @@
+"""The attempt a process belongs to: its AttemptLaunch, and what its checkpoints must match.
+
+The operator (and `mpjob run`) describe the attempt as JSON in MPJOB_LAUNCH
+(mpjob_contract.launch); `mpjob-trainer --launch FILE` reads it from a file. A missing or
+invalid description is a configuration error: retrying the same pod cannot fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
+from mpjob_trainer.errors import ConfigError
+
+LaunchSource = AttemptLaunch | str | os.PathLike[str] | None
+
+
+def read_launch(source: LaunchSource = None) -> AttemptLaunch:
+    """The attempt: given, read from a file, or (None) from $MPJOB_LAUNCH."""
+    if isinstance(source, AttemptLaunch):
+        return source
+    if source is not None:
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--launch {source}: {exc.strerror}") from exc
+    else:
+        text = os.environ.get(LAUNCH_ENV, "")
+        if not text:
+            raise ConfigError(f"no attempt description: set {LAUNCH_ENV} or pass --launch FILE")
+    try:
+        return AttemptLaunch.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid attempt description: {problems}") from exc
+
+
+def config_digest(launch: AttemptLaunch) -> str:
+    """What a checkpoint must agree with to be resumable: the model and the data order."""
+    spec = launch.spec
+    relevant = {
+        "task": spec.task.to_api(),
+        "seed": spec.training.seed,
+        "batchSize": spec.training.batch_size,
+        "gradAccumulation": spec.training.grad_accumulation,
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

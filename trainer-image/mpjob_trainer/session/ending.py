@@ -1,0 +1,85 @@
+"""How an attempt's process ends: ONE exit code and ONE termination report, on every rank.
+
+The operator (and `mpjob run`) decide what happens next from the exit code and the report
+alone (mpjob_contract.codes / .report), so the mapping from "why did the loop stop" to both
+lives here, as a table, for the builtin trainer and every user script alike. The launcher
+folds the local ranks' reports into the pod's; each rank writes its own.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
+from mpjob_contract.report import CheckpointRef, Counters, TerminationReport
+from mpjob_trainer.errors import ConfigError, NumericFault, Preempted
+from mpjob_trainer.events import EventLog
+
+
+@dataclass
+class Standing:
+    """Where the attempt stood when it ended: what the report says besides the reason."""
+
+    step: int = 0
+    start_step: int = 0
+    precision: str = ""
+    last_good: CheckpointRef | None = None
+    counters: Counters = field(default_factory=Counters)
+
+
+@dataclass(frozen=True)
+class Ending:
+    code: int
+    reason: Reason
+    message: str
+
+
+#: The exceptions that end an attempt on purpose, with their code, reason and message.
+ENDINGS: tuple[tuple[type[Exception], ExitCode, Reason, Callable[[Exception], str]], ...] = (
+    (ConfigError, ExitCode.CONFIG_ERROR, Reason.CONFIG_ERROR, str),
+    (NumericFault, ExitCode.NUMERIC_FAULT, Reason.NUMERIC_FAULT, lambda e: f"{e.rule}: {e}"),  # type: ignore[attr-defined]
+    (Preempted, ExitCode.PREEMPTED, Reason.PREEMPTED, str),
+)
+
+
+def classify(exc: BaseException | None, standing: Standing) -> Ending:
+    """The exit code, reason and message for the way the run stopped (None: it finished)."""
+    if exc is None:
+        return Ending(ExitCode.SUCCESS, Reason.SUCCEEDED, f"trained {standing.step} steps in {standing.precision}")
+    for kind, code, reason, message in ENDINGS:
+        if isinstance(exc, kind):
+            return Ending(code, reason, message(exc))
+    if isinstance(exc, SystemExit):  # the script called sys.exit() inside the session
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else int(ExitCode.INFRA_ERROR))
+        if status == ExitCode.SUCCESS:
+            return classify(None, standing)
+        return Ending(status, reason_for_exit_code(status), f"the script exited with code {status}")
+    return Ending(ExitCode.INFRA_ERROR, Reason.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> int:
+    """Say why the run ended (stderr, event line) and write the report; returns the exit code."""
+    ending = classify(exc, standing)
+    if isinstance(exc, ConfigError):
+        log("error", kind="ConfigError", message=ending.message, all_ranks=True)
+    elif ending.reason == Reason.INFRA_ERROR and exc is not None:
+        if not isinstance(exc, SystemExit):
+            traceback.print_exception(exc)
+        log("error", kind=type(exc).__name__, message=str(exc), all_ranks=True)
+    report = TerminationReport(
+        reason=ending.reason,
+        step=standing.step,
+        start_step=standing.start_step,
+        precision=standing.precision,
+        last_good_checkpoint=standing.last_good,
+        counters=standing.counters,
+        message=ending.message,
+    )
+    try:
+        report.write()
+    except OSError as exc_write:  # e.g. no /dev/termination-log outside a container: the code still tells
+        print(f"mpjob: cannot write the termination report: {exc_write}", file=sys.stderr)
+    return int(ending.code)

@@ -1,0 +1,157 @@
+"""Progress: what the run tells the world at each log interval, as metrics and event lines.
+
+The same numbers go to the Prometheus endpoint (which the operator reads into the CR status)
+and to the "step" event line (which `mpjob run` draws its view from); the event schema is
+events.py's. Throughput is measured over the window since the previous log line, so a log
+line costs no extra device sync: it is taken right after the guard's interval read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.distributed import World
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.metrics import TrainerMetrics, peak_flops
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One log line's worth of numbers, read at the interval's sync point."""
+
+    step: int
+    precision: str
+    loss: float | None
+    loss_scale: float | None
+    grad_norm: float | None
+    lr: float | None
+    overflow_steps: int
+    non_finite_losses: int
+    applied_steps: int
+
+
+class ThroughputWindow:
+    """Steps and samples since the window opened; samples/s and mean step time when it closes."""
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+        self.steps = 0
+        self.samples: int | None = 0
+
+    def add(self, samples: int | None) -> None:
+        self.steps += 1
+        if samples is None or self.samples is None:
+            self.samples = None  # one step without a count makes the window's rate unknown
+        else:
+            self.samples += samples
+
+    def rates(self) -> tuple[float | None, float]:
+        """(samples per second or None, seconds per step) over the window so far."""
+        elapsed = time.perf_counter() - self.started
+        sps = self.samples / elapsed if self.samples and elapsed > 0 else None
+        return sps, elapsed / max(1, self.steps)
+
+
+class Progress:
+    def __init__(
+        self,
+        metrics: TrainerMetrics,
+        log: EventLog,
+        world: World,
+        device: torch.device,
+        *,
+        flops_per_sample: float | None,
+        tokens_per_sample: int | None,
+    ) -> None:
+        self.metrics = metrics
+        self.log = log
+        self.world = world
+        self.device = device
+        self.flops_per_sample = flops_per_sample
+        self.tokens_per_sample = tokens_per_sample
+        self.peak = peak_flops(device)
+        self.window = ThroughputWindow()
+
+    def started(self, launch: AttemptLaunch, precision: str, start_step: int, last_good: CheckpointRef | None) -> None:
+        """The "start" line and the gauges that hold for the whole attempt; opens the first window."""
+        m = self.metrics
+        m.total_steps.set(launch.spec.training.steps)
+        m.step.set(start_step)
+        m.start_step.set(start_step)
+        if last_good is not None:
+            m.last_good_step.set(last_good.step)
+        self.log(
+            "start",
+            attempt=launch.attempt,
+            precision=precision,
+            requestedPrecision=launch.precision,
+            device=str(self.device),
+            worldSize=self.world.size,
+            startStep=start_step,
+            totalSteps=launch.spec.training.steps,
+            metricsPort=m.port,
+        )
+        self.window.restart()
+
+    def report(self, interval: Interval) -> None:
+        """Metrics and the "step" line for an interval; opens the next throughput window."""
+        sps, step_seconds = self.window.rates()
+        self.window.restart()
+        tps = sps * self.tokens_per_sample if sps and self.tokens_per_sample else None
+        flops, peak = self.flops_per_sample, self.peak
+        mfu = sps * flops / (peak * self.world.size) if sps and flops and peak else None
+        peak_memory = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        self._set_metrics(interval, sps, tps, mfu, step_seconds, peak_memory)
+        self.log(
+            "step",
+            step=interval.step,
+            loss=interval.loss,
+            lossScale=interval.loss_scale,
+            gradNorm=interval.grad_norm,
+            lr=interval.lr,
+            overflowSteps=interval.overflow_steps,
+            nonFiniteLosses=interval.non_finite_losses,
+            appliedSteps=interval.applied_steps,
+            samplesPerSecond=sps,
+            tokensPerSecond=tps,
+            mfu=mfu,
+            stepSeconds=step_seconds,
+            precision=interval.precision,
+            peakDeviceMemoryBytes=peak_memory,
+        )
+
+    def _set_metrics(
+        self,
+        interval: Interval,
+        sps: float | None,
+        tps: float | None,
+        mfu: float | None,
+        step_seconds: float,
+        peak_memory: int | None,
+    ) -> None:
+        m = self.metrics
+        m.step.set(interval.step)
+        for gauge, value in (
+            (m.loss, interval.loss),
+            (m.loss_scale, interval.loss_scale),
+            (m.grad_norm, interval.grad_norm),
+            (m.samples_per_second, sps),
+            (m.tokens_per_second, tps),
+            (m.mfu, mfu),
+            (m.peak_device_memory, peak_memory),
+        ):
+            if value is not None:
+                gauge.set(value)
+        # Counters only go up: add what the guard counted since the last interval.
+        m.overflow_steps.inc(interval.overflow_steps - m.overflow_steps._value.get())
+        m.non_finite.inc(interval.non_finite_losses - m.non_finite._value.get())
+        m.step_seconds.observe(step_seconds)
+        m.sample_host_memory()

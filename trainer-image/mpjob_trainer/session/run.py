@@ -1,0 +1,293 @@
+"""Session: one process's share of an attempt, as a training loop sees it.
+
+The loop keeps its own model, optimizer, schedule and data; the session owns what mpjob
+promises about every attempt: the precision (autocast, GradScaler, keepFp32), the numeric
+guard, checkpoints and exact resume, progress metrics, preemption, and the exit code and
+termination report. Per optimizer step it never waits for the device beyond GradScaler's
+own found_inf check: losses, the gradient norm and the guard's counters stay device tensors
+until `end_step` reaches a log or checkpoint interval, where one all-reduced read
+(NumericGuard.read) serves the log line, the metrics, the guard and the checkpoint decision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from mpjob_contract.api import MixedPrecisionJobSpec, Precision
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.report import Counters
+from mpjob_trainer import distributed as dist_env
+from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.distributed import World
+from mpjob_trainer.errors import ConfigError, NumericFault, Preempted
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.guard import GuardReading, NumericGuard
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.precision import PrecisionPolicy, keep_fp32, resolve
+from mpjob_trainer.session.attempt import config_digest
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.ending import Standing, classify, conclude
+from mpjob_trainer.session.preemption import PreemptionFlag
+from mpjob_trainer.session.progress import Interval, Progress
+from mpjob_trainer.session.state import TrainingState, seed_everything
+
+Number = torch.Tensor | float
+
+
+class Session:
+    """Made by `mpjob_trainer.session.start()`; use it as a context manager."""
+
+    def __init__(
+        self,
+        launch: AttemptLaunch,
+        world: World,
+        log: EventLog,
+        preemption: PreemptionFlag,
+        *,
+        flops_per_sample: float | None = None,
+        tokens_per_sample: int | None = None,
+    ) -> None:
+        self.launch = launch
+        self.spec: MixedPrecisionJobSpec = launch.spec
+        self.world = world
+        self._log = log
+        self._preemption = preemption
+        self.device = dist_env.pick_device(world)
+        dist_env.init_process_group(world, self.device)
+        seed_everything(self.spec.training.seed)
+        self.precision: Precision = resolve(launch.precision, self.device)
+        self._policy = PrecisionPolicy(self.precision, self.device, self.spec.precision)
+        self._policy.configure_backend()
+        self._scaler = self._policy.make_scaler()
+        self._guard = NumericGuard(self.spec.precision.guard, self.device, world)
+        self._metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, self.precision)
+        if world.is_main:
+            self._metrics.serve()
+        store = CheckpointStore(Path(launch.checkpoint_dir), self.spec.checkpoint.keep, config_digest(launch), log)
+        self._checkpoints = Checkpointer(store, world, log, self._metrics)
+        self._progress = Progress(
+            self._metrics,
+            log,
+            world,
+            self.device,
+            flops_per_sample=flops_per_sample,
+            tokens_per_sample=tokens_per_sample,
+        )
+        self._state: TrainingState | None = None
+        self._watched: set[int] = set()
+        #: Optimizer steps actually applied (GradScaler skips overflowing ones); checkpointed.
+        self.applied_steps = 0
+        #: The loss at the last log or checkpoint interval.
+        self.last_loss: float | None = None
+        self.start_step = 0
+        self._step = 0
+        self._loss_scale: float | None = None
+        self._loss_sum: torch.Tensor | None = None  # this step's losses passed to backward()
+        self._reported: Number | None = None  # the loss the last step reported
+        self._grad_norm: torch.Tensor | None = None
+        self._lr: Number | None = None
+
+    # ---------------------------------------------------------------- what the run is
+    @property
+    def args(self) -> dict[str, Any]:
+        """spec.task.args: the job's settings for the script."""
+        return dict(self.spec.task.args)
+
+    @property
+    def total_steps(self) -> int:
+        return self.spec.training.steps
+
+    def set_sample_cost(self, *, flops: float | None = None, tokens: int | None = None) -> None:
+        """What one sample costs, for MFU and tokens/s, when start() could not be told (the
+        builtin learns it from the task it loads inside the session)."""
+        self._progress.flops_per_sample, self._progress.tokens_per_sample = flops, tokens
+
+    # ---------------------------------------------------------------- set-up
+    def keep_fp32(self, model: nn.Module) -> list[str]:
+        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns their names."""
+        return keep_fp32(model, self.spec.precision.keep_fp32, self.device)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """DistributedDataParallel when the attempt has several processes, else the model."""
+        if not self.world.distributed:
+            return model
+        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The attempt's autocast for forward passes (a no-op in fp32)."""
+        return self._policy.autocast()
+
+    def resume(self, **stateful: Any) -> int:
+        """Register what checkpoints hold, load the attempt's checkpoint into it; the start step."""
+        if self._state is not None:
+            raise ConfigError("resume() was called twice: call it once, before the first step")
+        self._state = TrainingState(stateful)
+        for optimizer in self._state.optimizers():
+            self._watch(optimizer)
+        store = self._checkpoints.store
+        if self.world.is_main:
+            store.clean_stale()
+        dist_env.barrier(self.world)
+        loaded = store.load(self.launch.resume_from)
+        if loaded is None:
+            self._log("freshStart", reason=f"no valid checkpoint in {store.root}: starting at step 0")
+        else:
+            ref, state = loaded
+            self.applied_steps = self._state.restore(state, self.precision, self._scaler)
+            self.start_step = self._step = ref.step
+            self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
+        self._progress.started(self.launch, self.precision, self.start_step, store.last_good)
+        return self.start_step
+
+    def _watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook the optimizer so the guard knows which steps GradScaler applied (no sync)."""
+        if id(optimizer) not in self._watched:
+            self._watched.add(id(optimizer))
+            optimizer.register_step_post_hook(self._optimizer_stepped)
+
+    def _optimizer_stepped(self, *_: Any) -> None:
+        if not self._guard.step_applied:
+            self.applied_steps += 1
+        self._guard.optimizer_stepped()
+
+    # ---------------------------------------------------------------- one step
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through the (fp16: scaled) loss; the loss is kept on the device for the guard."""
+        (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+        detached = loss.detach().float()
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+
+    def step(self, optimizer: torch.optim.Optimizer, *, clip_norm: float | None = None) -> None:
+        """Clip the true (unscaled) gradients, step unless they overflowed, zero them."""
+        self._watch(optimizer)
+        self._lr = optimizer.param_groups[0]["lr"]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        scaler = self._scaler
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # clipping sees true gradients
+        self._grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def end_step(self, step: int, *, loss: Number | None = None, samples: int | None = None) -> None:
+        """Close optimizer step `step` (1-based); at intervals: report, guard, checkpoint, preempt."""
+        if self._state is None:
+            raise ConfigError("call run.resume(...) before the first end_step(): it names what checkpoints hold")
+        self._close_step(step, loss, samples)
+        at_log = step % self.spec.training.log_every == 0 or step == self.total_steps
+        at_ckpt = step % self.spec.checkpoint.every_steps == 0 or step == self.total_steps
+        stop = self._preemption.raised and not self.world.distributed  # alone: no need to agree
+        if at_log or at_ckpt or stop:
+            self._interval(step, at_log=at_log, at_ckpt=at_ckpt)
+
+    def _close_step(self, step: int, loss: Number | None, samples: int | None) -> None:
+        """Per-step guard bookkeeping, host-only (raises on too many overflows in a row)."""
+        self._step = step
+        reported = self._loss_sum if loss is None else loss
+        self._reported = reported.detach() if isinstance(reported, torch.Tensor) else reported
+        observed = self._loss_sum if self._loss_sum is not None else self._reported
+        if observed is not None:
+            self._guard.observe_loss(torch.as_tensor(observed))
+        self._progress.window.add(samples)
+        try:
+            self._guard.end_step(step, self._scaler is not None)
+        finally:
+            self._guard.begin_step()
+            self._loss_sum = None
+
+    def _interval(self, step: int, *, at_log: bool, at_ckpt: bool) -> None:
+        """The one sync point of an interval: read, report, judge, checkpoint, stop."""
+        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        reading = self._guard.read(scale, flag=1.0 if self._preemption.raised else 0.0)
+        loss, grad_norm = _host(self._reported), _host(self._grad_norm)
+        self.last_loss, self._loss_scale = loss, reading.loss_scale
+        if self.world.is_main:
+            self._checkpoints.collect(block=False, training_step=step)
+        if at_log:
+            self._progress.report(self._numbers(step, reading, loss, grad_norm))
+        self._guard.check(step, reading, loss, grad_norm)
+        stop = reading.flag > 0
+        if at_ckpt or stop:
+            self._checkpoint(step, loss, final=step == self.total_steps or stop)
+        if stop:
+            self._log("preempted", step=step)
+            raise Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
+
+    def _numbers(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> Interval:
+        return Interval(
+            step=step,
+            precision=self.precision,
+            loss=loss,
+            loss_scale=reading.loss_scale,
+            grad_norm=grad_norm,
+            lr=_host(self._lr),
+            overflow_steps=self._guard.overflow_steps,
+            non_finite_losses=reading.non_finite_losses,
+            applied_steps=self.applied_steps,
+        )
+
+    def _checkpoint(self, step: int, loss: float | None, *, final: bool) -> None:
+        """Save the state at `step`, unless this interval saw numeric trouble (never a bad one)."""
+        state = self._state
+        assert state is not None
+        if not (self._guard.healthy(loss) and state.finite()):
+            self._log("checkpointSkipped", step=step, why="numeric trouble in this window")
+            return
+
+        def capture() -> dict[str, Any]:
+            return state.capture(step, self.applied_steps, self.precision, self._scaler)
+
+        self._checkpoints.save(step, self.precision, capture, final=final)
+
+    # ---------------------------------------------------------------- the ending
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        code = self.close(exc)
+        if code != ExitCode.SUCCESS:
+            raise SystemExit(code)
+        return True  # success, also when the script called sys.exit(0)
+
+    def close(self, exc: BaseException | None = None) -> int:
+        """End the run: events, the last checkpoint's result, the report; returns the exit code."""
+        if classify(exc, Standing()).code == ExitCode.SUCCESS:
+            self._log("done", step=self._step, loss=self.last_loss, appliedSteps=self.applied_steps)
+        elif isinstance(exc, NumericFault):
+            self._metrics.trip(exc.rule)
+            self._log("fault", step=self._step, rule=exc.rule, message=str(exc), all_ranks=True)
+        if self.world.is_main:
+            with contextlib.suppress(Exception):
+                self._checkpoints.collect(block=True, training_step=self._step)
+        code = conclude(exc, self._standing(), self._log)
+        with contextlib.suppress(Exception):
+            dist_env.shutdown(self.world)
+        self._preemption.restore()
+        return code
+
+    def _standing(self) -> Standing:
+        counters = Counters(
+            overflow_steps=self._guard.overflow_steps,
+            non_finite_losses=self._guard.non_finite_losses,
+            loss_scale=self._loss_scale,
+        )
+        return Standing(self._step, self.start_step, self.precision, self._checkpoints.last_good, counters)
+
+
+def _host(value: Number | None) -> float | None:
+    """A device number as a host float (a sync: only at intervals)."""
+    if value is None:
+        return None
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)

@@ -1,0 +1,115 @@
+"""TrainingState: what a checkpoint holds, so that a resumed run continues bit for bit.
+
+A checkpoint is one dict (CheckpointStore writes it; it must load with weights_only=True, so
+it holds tensors, numbers, strings, lists and dicts only). Its top level:
+    step, appliedSteps, precision   where the run stands
+    scaler                          GradScaler state (fp16 attempts; None otherwise)
+    rng                             torch, cuda, python and numpy generator states
+    <name>                          state_dict() of each object handed to Session.resume
+The user's objects sit at the top level under their own names, so the builtin's `model` and
+`optimizer` are where earlier checkpoints and tools expect them; the SDK's own keys are
+therefore reserved names.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from mpjob_trainer.errors import ConfigError
+
+#: Keys the SDK writes itself; a stateful object cannot be registered under them.
+RESERVED = frozenset({"step", "appliedSteps", "precision", "scaler", "rng"})
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator a training step may draw from, in a weights_only-safe form."""
+    np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": list(random.getstate()),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Put back what `rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+
+
+def seed_everything(seed: int) -> None:
+    """Same initial weights on every rank, and the same draws in every run of the job."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+class TrainingState:
+    """The named stateful objects of a run (anything with state_dict/load_state_dict)."""
+
+    def __init__(self, objects: dict[str, Any]) -> None:
+        for name, obj in objects.items():
+            if name in RESERVED:
+                raise ConfigError(f"resume({name}=...): {name!r} is reserved; reserved: {', '.join(sorted(RESERVED))}")
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise ConfigError(
+                    f"resume({name}=...): a {type(obj).__name__} has no state_dict()/load_state_dict(); "
+                    "checkpoints can only hold objects that have both"
+                )
+        self.objects = dict(objects)
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
+
+    def parameters(self) -> list[torch.Tensor]:
+        """What is trained: the optimizers' parameters, else the modules'."""
+        params = [p for opt in self.optimizers() for group in opt.param_groups for p in group["params"]]
+        if params:
+            return params
+        return [p for o in self.objects.values() if isinstance(o, torch.nn.Module) for p in o.parameters()]
+
+    def finite(self) -> bool:
+        """May these weights be checkpointed as good? Syncs: call only when saving."""
+        return all(bool(torch.isfinite(p).all()) for p in self.parameters())
+
+    def capture(self, step: int, applied_steps: int, precision: str, scaler: Any) -> dict[str, Any]:
+        """The whole checkpoint (live tensors: the caller snapshots it before training goes on)."""
+        state: dict[str, Any] = {
+            "step": step,
+            "appliedSteps": applied_steps,
+            "precision": precision,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rng_state(),
+        }
+        for name, obj in self.objects.items():
+            state[name] = obj.state_dict()
+        return state
+
+    def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
+        """Load a checkpoint into the objects and generators; returns its applied-step count."""
+        missing = [name for name in self.objects if name not in state]
+        if missing:
+            held = sorted(set(state) - RESERVED)
+            raise ConfigError(
+                f"the checkpoint of step {state.get('step')} holds no state for {', '.join(missing)} "
+                f"(it holds {', '.join(held) or 'nothing else'}): resume() must name what the run that wrote it named"
+            )
+        for name, obj in self.objects.items():
+            try:
+                obj.load_state_dict(state[name])
+            except Exception as exc:
+                raise ConfigError(f"cannot load the checkpoint's {name!r} into this run's {name}: {exc}") from exc
+        if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
+            scaler.load_state_dict(state["scaler"])  # fp16 -> fp16 keeps its calibrated scale
+        set_rng_state(state["rng"])
+        return int(state.get("appliedSteps", state["step"]))
