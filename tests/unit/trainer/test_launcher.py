@@ -1,0 +1,380 @@
+"""mpjob-launch: the per-pod launcher's plan, its fold of endings, and real processes under it
+(stand-in ranks from launcher_scripts/rank.py, and the real trainer in 2-process DDP on gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.report import MAX_REPORT_BYTES, CheckpointRef, TerminationReport
+from mpjob_trainer.launch import LaunchConfigError, RankEnding, fold_endings, parse_plan
+from tests.helpers import free_port, wait_for
+from tests.unit.trainer.conftest import launch_env, parse, spec
+
+pytestmark = pytest.mark.unit
+
+LAUNCHER = Path(sys.executable).with_name("mpjob-launch")
+RANK_SCRIPT = Path(__file__).with_name("launcher_scripts") / "rank.py"
+TRAINER = [sys.executable, "-m", "mpjob_trainer"]
+
+
+# ---------------------------------------------------------------------------------- the fold
+
+
+def ending(
+    rank: int,
+    code: int,
+    reason: str | None = None,
+    message: str = "",
+    step: int = 0,
+    ckpt: int | None = None,
+    stopped: bool = False,
+    order: int = 0,
+) -> RankEnding:
+    report = None
+    if reason is not None:
+        ref = CheckpointRef(step=ckpt, path=f"/ckpt/step-{ckpt}", sha256="ab", precision="fp16") if ckpt else None
+        report = TerminationReport(reason=reason, message=message, step=step, last_good_checkpoint=ref)
+    return RankEnding(local_rank=rank, rank=rank, returncode=code, report=report, stopped=stopped, order=order)
+
+
+@dataclass(frozen=True)
+class Fold:
+    endings: list[RankEnding]
+    code: int
+    reason: str
+    says: str = ""
+    checkpoint: int | None = None
+    step: int | None = None
+
+
+FOLDS = {
+    "all succeed": Fold(
+        [ending(0, 0, "Succeeded", step=30, ckpt=30), ending(1, 0, "Succeeded", step=30)],
+        0,
+        "Succeeded",
+        "rank 0:",
+        checkpoint=30,
+        step=30,
+    ),
+    "success without reports": Fold([ending(0, 0), ending(1, 0)], 0, "Succeeded", "local rank 0 (rank 0) exited 0 ["),
+    "preempted outranks success": Fold(
+        [ending(0, 0, "Succeeded"), ending(1, 44, "Preempted", "stop")], 44, "Preempted", "rank 1: stop"
+    ),
+    "both preempted: rank 0's checkpoint": Fold(
+        [
+            ending(0, 44, "Preempted", "stopped at 12", step=12, ckpt=12, stopped=True, order=1),
+            ending(1, 44, "Preempted", step=12, stopped=True, order=0),
+        ],
+        44,
+        "Preempted",
+        "rank 0: stopped at 12",
+        checkpoint=12,
+        step=12,
+    ),
+    "a crash outranks the stop it caused": Fold(
+        [ending(0, 44, "Preempted", step=11, ckpt=10, stopped=True, order=1), ending(1, -9, order=0)],
+        1,
+        "InfraError",
+        "local rank 1 (rank 1) was killed by SIGKILL without a termination report",
+        checkpoint=10,
+        step=11,
+    ),
+    "numeric fault outranks infrastructure": Fold(
+        [ending(0, -15, stopped=True, order=1), ending(1, 42, "NumericFault", "nan storm", step=20, ckpt=15)],
+        42,
+        "NumericFault",
+        "rank 1: nan storm",
+        checkpoint=15,
+        step=20,
+    ),
+    "configuration error outranks numeric fault": Fold(
+        [ending(0, 42, "NumericFault", "nan"), ending(1, 43, "ConfigError", "bad shard")],
+        43,
+        "ConfigError",
+        "rank 1: bad shard",
+    ),
+    "lowest rank among equals": Fold(
+        [ending(0, 42, "NumericFault", "A"), ending(1, 42, "NumericFault", "B")], 42, "NumericFault", "rank 0: A"
+    ),
+    "the first infrastructure failure to end among equals": Fold(
+        [ending(0, 1, "InfraError", "lost its peer", order=1), ending(1, -9, order=0)],
+        1,
+        "InfraError",
+        "(rank 1) was killed by SIGKILL",
+    ),
+    "a rank that ended by itself before one that was stopped": Fold(
+        [ending(0, 1, "InfraError", "gloo: closed", stopped=True, order=0), ending(1, 3, order=1)],
+        1,
+        "InfraError",
+        "(rank 1) exited 3 without a termination report",
+    ),
+    "an exit code without a report": Fold([ending(0, 42)], 42, "NumericFault", "exited 42 without a termination"),
+    "exit 137 is infrastructure": Fold([ending(0, 137), ending(1, 0, "Succeeded")], 1, "InfraError", "exited 137"),
+    "a report that contradicts its code": Fold(
+        [ending(0, 1, "Succeeded", "done")], 1, "InfraError", "exited 1 (its report said Succeeded)"
+    ),
+    "an infrastructure reason of the rank's own is kept": Fold(
+        [ending(0, 1, "OOMKilled", "oom")], 1, "OOMKilled", "oom"
+    ),
+    "a single rank's report passes through as it is": Fold(
+        [ending(0, 42, "NumericFault", "nan storm", ckpt=5)], 42, "NumericFault", "nan storm", checkpoint=5
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FOLDS.values(), ids=FOLDS.keys())
+def test_the_fold_picks_one_code_and_one_report_by_precedence(case: Fold) -> None:
+    pod = fold_endings(case.endings)
+    assert (pod.code, pod.report.reason) == (case.code, case.reason)
+    assert case.says in pod.report.message, pod.report.message
+    got = pod.report.last_good_checkpoint
+    assert (got.step if got else None) == case.checkpoint
+    if case.step is not None:
+        assert pod.report.step == case.step
+    own = case.endings[0].own_report
+    if len(case.endings) == 1 and own is not None:
+        assert pod.report.message == own.message
+
+
+def test_the_folded_report_stays_within_the_termination_message_budget() -> None:
+    many = [ending(r, 42, "NumericFault", "x" * 2000, order=r) for r in range(64)]
+    assert len(fold_endings(many).report.to_message().encode()) <= MAX_REPORT_BYTES
+
+
+# ---------------------------------------------------------------------------------- the plan
+
+
+def attempt_json(**over: Any) -> str:
+    return json.dumps({"jobName": "t", "precision": "fp32", "spec": spec(**over)})
+
+
+def test_the_plan_falls_back_to_the_attempt_and_the_job_completion_index() -> None:
+    env = {
+        "MPJOB_LAUNCH": attempt_json(workers=3, resources={"gpusPerWorker": 0, "processesPerWorker": 2}),
+        "JOB_COMPLETION_INDEX": "2",
+    }
+    plan = parse_plan(["--", "train"], env)
+    assert (plan.nproc, plan.workers, plan.worker_index, plan.world_size) == (2, 3, 2, 6)
+    assert [plan.global_rank(i) for i in range(plan.nproc)] == [4, 5]
+    assert parse_plan(["--", "t"], {"MPJOB_LAUNCH": attempt_json(resources={"gpusPerWorker": 4})}).nproc == 4
+    assert parse_plan(["--", "t"], {**env, "MPJOB_PROCESSES_PER_WORKER": "3"}).nproc == 3
+    assert parse_plan(["--nproc-per-worker", "1", "--", "t"], {**env, "MPJOB_PROCESSES_PER_WORKER": "3"}).nproc == 1
+    bare = parse_plan(["--", "t"], {})
+    assert (bare.nproc, bare.workers, bare.worker_index, bare.grace_seconds) == (1, 1, 0, 20.0)
+    assert (bare.master_addr, bare.master_port) == ("127.0.0.1", "29500")
+
+
+BAD_PLANS = {
+    "no command": ([], {}, "after --"),
+    "zero processes": (["--nproc-per-worker", "0", "--", "t"], {}, "--nproc-per-worker"),
+    "not a number": (["--nproc-per-worker", "two", "--", "t"], {}, "--nproc-per-worker"),
+    "zero workers": (["--workers", "0", "--", "t"], {}, "--workers"),
+    "index out of range": (["--workers", "2", "--worker-index", "2", "--", "t"], {}, "--worker-index"),
+    "index from the Job": (["--", "t"], {"JOB_COMPLETION_INDEX": "1"}, "--worker-index"),
+    "negative grace": (["--grace-seconds", "-1", "--", "t"], {}, "--grace-seconds"),
+    "unknown flag": (["--nprocs", "2", "--", "t"], {}, "--nprocs"),
+    "bad env": (["--", "t"], {"MPJOB_PROCESSES_PER_WORKER": "x"}, "--nproc-per-worker: $MPJOB_PROCESSES_PER_WORKER"),
+    "bad attempt": (["--", "t"], {"MPJOB_LAUNCH": "{}"}, "--nproc-per-worker: $MPJOB_LAUNCH"),
+    "bad port": (["--", "t"], {"MASTER_PORT": "http"}, "$MASTER_PORT"),
+}
+
+
+@pytest.mark.parametrize(("argv", "env", "names"), BAD_PLANS.values(), ids=BAD_PLANS.keys())
+def test_a_bad_flag_or_setting_is_refused_by_name(argv: list[str], env: dict[str, str], names: str) -> None:
+    with pytest.raises(LaunchConfigError, match=re.escape(names)):
+        parse_plan(argv, env)
+
+
+# ------------------------------------------------------------------------- real processes
+
+
+def test_the_launcher_starts_without_torch() -> None:
+    probe = "import sys, mpjob_trainer.launch; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+
+
+@dataclass
+class Pod:
+    """One launcher run: its process, stdout/stderr files and the pod's termination report."""
+
+    proc: subprocess.Popen[bytes]
+    folder: Path
+
+    def wait(self, timeout: float) -> tuple[int, TerminationReport | None]:
+        code = self.proc.wait(timeout=timeout)
+        path = self.folder / "pod.json"
+        return code, TerminationReport.parse_message(path.read_text()) if path.exists() else None
+
+    @property
+    def stderr(self) -> str:
+        return (self.folder / "stderr").read_text()
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return parse((self.folder / "stdout").read_text())
+
+    def child_pid(self, rank: int) -> int:
+        found = re.search(rf"rank {rank} \(local \d+, world \d+\) started: pid (\d+)", self.stderr)
+        assert found, self.stderr
+        return int(found.group(1))
+
+
+def launch(folder: Path, flags: list[str], command: list[str], env: dict[str, str] | None = None) -> Pod:
+    folder.mkdir(parents=True, exist_ok=True)
+    env = dict(env or os.environ)
+    env.setdefault("MPJOB_TERMINATION_LOG", str(folder / "pod.json"))
+    with (folder / "stdout").open("wb") as out, (folder / "stderr").open("wb") as err:
+        proc = subprocess.Popen([str(LAUNCHER), *flags, "--", *command], env=env, stdout=out, stderr=err)
+    return Pod(proc, folder)
+
+
+@pytest.fixture
+def pods() -> Any:
+    """Start launchers; any still running at the end is SIGKILLed (its ranks die with it)."""
+    started: list[Pod] = []
+
+    def start(*args: Any, **kw: Any) -> Pod:
+        started.append(launch(*args, **kw))
+        return started[-1]
+
+    yield start
+    for pod in started:
+        if pod.proc.poll() is None:
+            pod.proc.kill()
+            pod.proc.wait()
+
+
+def stand_ins(tmp: Path, *behaviours: str) -> list[str]:
+    return [sys.executable, str(RANK_SCRIPT), str(tmp), *behaviours]
+
+
+def test_each_rank_gets_torchruns_environment(tmp_path: Path, pods: Any) -> None:
+    flags = ["--workers", "2", "--worker-index", "1", "--nproc-per-worker", "2"]
+    code, report = pods(tmp_path, flags, stand_ins(tmp_path, "env", "env")).wait(30)
+    assert code == 0 and report is not None and report.reason == "Succeeded"
+    seen = {rank: json.loads((tmp_path / f"env-{rank}.json").read_text()) for rank in (2, 3)}
+    for local, rank in enumerate((2, 3)):
+        env = seen[rank]
+        assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "WORLD_SIZE": "4",
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "1",
+        }
+        assert (env["ROLE_RANK"], env["ROLE_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == (str(rank), "4", "2")
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29500")
+    # Each rank reports to a file of its own; the pod's path is the launcher's.
+    logs = {seen[r]["MPJOB_TERMINATION_LOG"] for r in (2, 3)}
+    assert len(logs) == 2 and str(tmp_path / "pod.json") not in logs
+
+
+def test_bad_flags_exit_43_with_a_report_naming_the_flag(tmp_path: Path, pods: Any) -> None:
+    pod = pods(tmp_path, ["--workers", "2", "--worker-index", "5"], ["true"])
+    code, report = pod.wait(30)
+    assert code == ExitCode.CONFIG_ERROR
+    assert report is not None and report.reason == "ConfigError" and "--worker-index" in report.message
+    assert "--worker-index" in pod.stderr
+
+
+def test_a_command_that_does_not_exist_is_a_configuration_error(tmp_path: Path, pods: Any) -> None:
+    code, report = pods(tmp_path, ["--nproc-per-worker", "2"], ["/no/such/train"]).wait(30)
+    assert code == ExitCode.CONFIG_ERROR and report is not None and "/no/such/train" in report.message
+
+
+def test_a_configuration_error_in_one_rank_stops_the_other_and_exits_43(tmp_path: Path, pods: Any) -> None:
+    pod = pods(tmp_path, ["--nproc-per-worker", "2"], stand_ins(tmp_path, "wait", "config-error"))
+    code, report = pod.wait(30)
+    assert code == ExitCode.CONFIG_ERROR
+    assert report is not None and report.reason == "ConfigError"
+    assert report.message.startswith("rank 1: rank 1: cannot read its data shard")
+    assert "rank 0 exited 44" in report.message  # the sibling was stopped and honoured it
+
+
+def test_a_sibling_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path, pods: Any) -> None:
+    pod = pods(tmp_path, ["--nproc-per-worker", "2", "--grace-seconds", "1"], stand_ins(tmp_path, "stubborn", "exit:3"))
+    code, report = pod.wait(30)
+    assert code == ExitCode.INFRA_ERROR and report is not None and report.reason == "InfraError"
+    assert "local rank 1 (rank 1) exited 3" in report.message and "rank 0 was killed by SIGKILL" in report.message
+
+
+def test_sigterm_is_passed_on_once_to_every_rank(tmp_path: Path, pods: Any) -> None:
+    pod = pods(tmp_path, ["--nproc-per-worker", "2"], stand_ins(tmp_path, "wait", "wait"))
+    wait_for(lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 30, message="both ranks ready")
+    pod.proc.send_signal(signal.SIGTERM)
+    code, report = pod.wait(30)
+    assert code == ExitCode.PREEMPTED and report is not None and report.reason == "Preempted"
+    assert report.step == 7 and report.message.startswith("rank 0: rank 0 stopped")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_ranks_die_with_a_launcher_that_is_killed(tmp_path: Path, pods: Any) -> None:
+    pod = pods(tmp_path, ["--nproc-per-worker", "2"], stand_ins(tmp_path, "stubborn", "stubborn"))
+    wait_for(lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 30, message="both ranks ready")
+    pids = [int((tmp_path / f"ready-{r}").read_text()) for r in (0, 1)]
+    pod.proc.kill()
+    pod.proc.wait(10)
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 10, message="ranks gone")
+
+
+# ---------------------------------------------------------------- the real trainer, 2 ranks
+
+
+def trainer_env(tmp: Path, job: dict[str, Any], precision: str) -> dict[str, str]:
+    return launch_env(tmp, job, precision, name="pod.json", extra={"MASTER_PORT": str(free_port())})
+
+
+def test_a_numeric_fault_exits_42_with_one_report(tmp_path: Path, pods: Any) -> None:
+    task = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 256, "overflowAtStep": 10}}
+    job = spec(task=task, training={"steps": 40, "logEvery": 5}, checkpoint={"everySteps": 5})
+    pod = pods(tmp_path, ["--nproc-per-worker", "2"], TRAINER, env=trainer_env(tmp_path, job, "fp16"))
+    code, report = pod.wait(180)
+    assert code == ExitCode.NUMERIC_FAULT, pod.stderr[-3000:]
+    assert report is not None and report.reason == "NumericFault" and report.precision == "fp16"
+    assert report.last_good_checkpoint is not None and report.last_good_checkpoint.step == 10
+    assert report.counters.non_finite_losses >= 3
+
+
+def _until_training(pod: Pod) -> None:
+    wait_for(lambda: any(e["event"] == "step" for e in pod.events), 120, message="a step event")
+
+
+def test_sigterm_to_the_launcher_checkpoints_and_exits_44(tmp_path: Path, pods: Any) -> None:
+    job = spec(training={"steps": 1_000_000, "logEvery": 5}, checkpoint={"everySteps": 1_000_000})
+    pod = pods(tmp_path, ["--nproc-per-worker", "2"], TRAINER, env=trainer_env(tmp_path, job, "fp32"))
+    _until_training(pod)
+    pod.proc.send_signal(signal.SIGTERM)
+    code, report = pod.wait(120)
+    assert code == ExitCode.PREEMPTED, pod.stderr[-3000:]
+    assert report is not None and report.reason == "Preempted"
+    ckpt = report.last_good_checkpoint
+    assert ckpt is not None and ckpt.step == report.step > 0
+    assert (Path(ckpt.path) / "manifest.json").exists()
+
+
+def test_a_rank_killed_by_sigkill_stops_its_sibling_and_exits_1(tmp_path: Path, pods: Any) -> None:
+    job = spec(training={"steps": 1_000_000, "logEvery": 5}, checkpoint={"everySteps": 1_000_000})
+    pod = pods(
+        tmp_path, ["--nproc-per-worker", "2", "--grace-seconds", "5"], TRAINER, env=trainer_env(tmp_path, job, "fp32")
+    )
+    _until_training(pod)
+    os.kill(pod.child_pid(1), signal.SIGKILL)
+    killed = time.monotonic()
+    code, report = pod.wait(60)
+    # Within the settle second plus the grace period (and a margin for a loaded machine).
+    assert time.monotonic() - killed < 1 + 5 + 5, pod.stderr[-3000:]
+    assert code == ExitCode.INFRA_ERROR, pod.stderr[-3000:]
+    assert report is not None and report.reason == "InfraError"
+    assert report.message.startswith("local rank 1 (rank 1) was killed by SIGKILL"), report.message

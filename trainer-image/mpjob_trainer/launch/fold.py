@@ -1,0 +1,144 @@
+"""One pod, one ending: fold the local ranks' exit codes and reports into one of each.
+
+Pure: no processes, no files. The precedence is a table, highest first; the first class
+that any local rank ended in explains the pod:
+
+| class          | a rank ended with                  | pod exits | why it outranks the next            |
+|----------------|------------------------------------|-----------|-------------------------------------|
+| ConfigError    | 43                                 | 43        | retrying cannot help: the user acts |
+| NumericFault   | 42                                 | 42        | the precision gave up: go to the    |
+|                |                                    |           | next one, not retry this one        |
+| InfraError     | any other code, or a signal death  | 1         | a crash explains its siblings' 44   |
+| Preempted      | 44                                 | 44        | checkpointed on SIGTERM: resume     |
+| Succeeded      | 0                                  | 0         |                                     |
+
+A sibling the launcher stopped because another rank crashed exits 44 (it honoured SIGTERM
+and checkpointed); the crash, not the stop, explains the pod, hence InfraError > Preempted.
+Among ranks of the winning class: one that ended by itself before one the launcher stopped;
+for infrastructure failures, then the one that ended first (the cause: a sibling whose
+collective lost its peer fails a moment later); then the lowest rank (the other classes
+are collective decisions or stops, and rank 0 writes the checkpoints).
+
+The pod's report is the winner's own, or one made for it when it left none or was killed by
+a signal (reason from its exit code, progress fields from the lowest rank's report); `step`
+is the largest any rank reported; `lastGoodCheckpoint` the winner's, else the newest any
+rank reported.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
+from mpjob_contract.report import TerminationReport
+
+#: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
+PRECEDENCE: tuple[tuple[Reason, ExitCode], ...] = (
+    (Reason.CONFIG_ERROR, ExitCode.CONFIG_ERROR),
+    (Reason.NUMERIC_FAULT, ExitCode.NUMERIC_FAULT),
+    (Reason.INFRA_ERROR, ExitCode.INFRA_ERROR),
+    (Reason.PREEMPTED, ExitCode.PREEMPTED),
+    (Reason.SUCCEEDED, ExitCode.SUCCESS),
+)
+#: Each class's place in PRECEDENCE (0 = highest).
+_PLACE = {reason: i for i, (reason, _) in enumerate(PRECEDENCE)}
+
+
+@dataclass(frozen=True)
+class RankEnding:
+    """How one local rank ended: `returncode` as Popen has it (negative: killed by that signal)."""
+
+    local_rank: int
+    rank: int
+    returncode: int
+    report: TerminationReport | None = None
+    #: The launcher signalled it before it ended (passed a stop on, or stopped it as a sibling).
+    stopped: bool = False
+    #: When the launcher saw it end among the pod's ranks: 0 first.
+    order: int = 0
+
+    @property
+    def outcome(self) -> Reason:
+        """The class this ending falls in (a signal death is an infrastructure failure)."""
+        return Reason.INFRA_ERROR if self.returncode < 0 else reason_for_exit_code(self.returncode)
+
+    @property
+    def how(self) -> str:
+        """'exited 42' or 'was killed by SIGKILL'."""
+        if self.returncode >= 0:
+            return f"exited {self.returncode}"
+        try:
+            return f"was killed by {signal.Signals(-self.returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-self.returncode}"
+
+    @property
+    def own_report(self) -> TerminationReport | None:
+        """The rank's report when it tells the same story as its exit code; None otherwise."""
+        if self.report is None or self.returncode < 0:
+            return None
+        if self.outcome is Reason.INFRA_ERROR:
+            # Infra reasons are many (InfraError, OOMKilled, ...); only the decided ones clash.
+            return None if self.report.reason in _PLACE else self.report
+        return self.report if self.report.reason == self.outcome else None
+
+
+@dataclass(frozen=True)
+class PodEnding:
+    """What the pod exits with and the one report it leaves."""
+
+    code: int
+    report: TerminationReport
+
+
+def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
+    """The pod's exit code and report: the highest class by PRECEDENCE (ties: see the module doc)."""
+    if not endings:
+        raise ValueError("no local ranks to fold")
+    by_rank = sorted(endings, key=lambda e: e.rank)
+    winner = min(by_rank, key=_precedence)
+    reason, code = PRECEDENCE[_PLACE[winner.outcome]]
+    reports = [e.report for e in by_rank if e.report is not None]
+    own = winner.own_report
+    report = own or _synthesized(winner, reason, reports[0] if reports else None)
+    checkpoint = report.last_good_checkpoint or max(
+        (r.last_good_checkpoint for r in reports if r.last_good_checkpoint is not None),
+        key=lambda c: c.step,
+        default=None,
+    )
+    message = report.message
+    if len(endings) > 1:
+        named = f"rank {winner.rank}: {message}" if own else message
+        message = f"{named} [{', '.join(f'rank {e.rank} {e.how}' for e in by_rank)}]"
+    folded = report.model_copy(
+        update={
+            "step": max([report.step, *(r.step for r in reports)]),
+            "last_good_checkpoint": checkpoint,
+            "message": message,
+        }
+    )
+    return PodEnding(int(code), folded)
+
+
+def _precedence(ending: RankEnding) -> tuple[int, bool, int, int]:
+    """Sort key, smallest explains the pod: class, stopped or not, (infra) order of ending, rank."""
+    order = ending.order if ending.outcome is Reason.INFRA_ERROR else 0
+    return (_PLACE[ending.outcome], ending.stopped, order, ending.rank)
+
+
+def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | None) -> TerminationReport:
+    """A report for a rank that left none we can use; progress fields from the lowest rank's report."""
+    if ending.report is not None:
+        why = f" (its report said {ending.report.reason})"
+    else:
+        why = "" if ending.returncode == 0 else " without a termination report"
+    base = donor or TerminationReport(reason=reason)
+    return base.model_copy(
+        update={
+            "reason": reason,
+            "last_good_checkpoint": None,
+            "message": f"local rank {ending.local_rank} (rank {ending.rank}) {ending.how}{why}",
+        }
+    )
