@@ -105,10 +105,10 @@ def main() -> None:
         position = DataPosition()
         start = run.resume(model=model, optimizer=optimizer, scheduler=schedule, data=position)
 
-        data = Teacher(args.samples, args.features, args.classes, seed=run.spec.training.seed)
-        sampler = ShardBatches(
-            len(data), args.batch_size, run.world.rank, run.world.size, seed=run.spec.training.seed, start=position.batches
-        )
+        seed = run.spec.training.seed
+        data = Teacher(args.samples, args.features, args.classes, seed=seed)
+        rank, world = run.world.rank, run.world.size
+        sampler = ShardBatches(len(data), args.batch_size, rank, world, seed=seed, start=position.batches)
         loader = DataLoader(data, batch_sampler=sampler, num_workers=args.loader_workers, persistent_workers=False)
         batches = iter(loader)
         for step in range(start, total):

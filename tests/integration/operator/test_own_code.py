@@ -36,7 +36,8 @@ def test_own_loop_falls_back_from_fp16_to_bf16_and_succeeds(operator: Operator, 
     status = jobs.wait_phase("own", ("Succeeded", "Failed"), 240)
     assert status["phase"] == "Succeeded", status
     first, second = status["attempts"]
-    assert (first["precision"], first["reason"], first["exitCode"], first["worldSize"]) == ("fp16", "NumericFault", 42, 1)
+    assert (first["precision"], first["reason"], first["exitCode"]) == ("fp16", "NumericFault", 42)
+    assert first["worldSize"] == 1
     assert "MaxNonFiniteLosses" in first["message"] or "MaxConsecutiveOverflows" in first["message"]
     assert (second["precision"], second["reason"]) == ("bf16", "Succeeded")
     assert second["startStep"] == 20  # the last good checkpoint before the overflow at 25
