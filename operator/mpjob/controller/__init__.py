@@ -1,1 +1,4 @@
-"""The kopf operator: thin handlers around mpjob.planning (decisions) and mpjob.builders."""
+"""The kopf operator, by role: `handlers` (kopf wiring), `reconciler` (one job: observe, decide
+with mpjob.planning, act), `cluster` (API calls), `cache` (attempt Jobs and pods), `workqueue`,
+`ticker`, `progress` (the trainer's metrics), `peering`, `config`, `metrics`; `main` is
+`mpjob operator`."""

@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from mpjob.builders.attempt import LABEL_ATTEMPT, LABEL_JOB, TRAINER_CONTAINER
+from mpjob.controller.cluster import raw
 from mpjob.planning.reconcile import JobView, PodView
 
 log = logging.getLogger("mpjob.operator.cache")
@@ -38,16 +39,6 @@ TERMINAL_CONDITIONS = {
 WATCH_SECONDS = 300
 
 Key = tuple[str, str]  # (namespace, MixedPrecisionJob name)
-
-
-def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """A Kubernetes client call's JSON as plain dicts: the client's typed models cost several
-    milliseconds of CPU per object, the operator's largest cost at hundreds of jobs."""
-    response = call(*args, _preload_content=False, **kwargs)
-    try:
-        return dict(json.loads(response.data))
-    finally:
-        response.release_conn()
 
 
 def pod_view(pod: dict[str, Any]) -> PodView:

@@ -1,0 +1,154 @@
+"""The operator's configuration, built once when it starts and handed to the handlers in kopf's
+memo: nothing reads the environment at import and no module keeps settings of its own.
+
+Each setting is a flag of `mpjob operator` whose default comes from an MPJOB_* environment
+variable: the Helm chart and the benchmarks set the variables, people type the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mpjob.builders.attempt import TRAINER_COMMAND
+
+ENV_TRAINER_IMAGE = "MPJOB_TRAINER_IMAGE"
+ENV_TRAINER_COMMAND = "MPJOB_TRAINER_COMMAND"
+ENV_TICK_SECONDS = "MPJOB_TICK_SECONDS"
+ENV_MAX_TICKS_PER_SECOND = "MPJOB_MAX_TICKS_PER_SECOND"
+ENV_WORKERS = "MPJOB_WORKERS"
+
+DEFAULT_TRAINER_IMAGE = "mpjob-trainer:0.1.0"
+
+
+@dataclass(frozen=True, slots=True)
+class Peering:
+    """kopf peering as the operator's own peering check reads it: the peering object's name,
+    this replica's identity and priority, and whether the object is cluster-wide."""
+
+    name: str
+    identity: str
+    priority: int
+    clusterwide: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    #: The trainer image of a job whose spec names none.
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    #: The trainer's command under the launcher. Only benchmarks and tests change it (a stand-in).
+    trainer_command: tuple[str, ...] = TRAINER_COMMAND
+    #: Each unfinished job is reconciled, and its live progress read, once per this interval.
+    tick_seconds: float = 5.0
+    #: The ticker's ceiling: with many jobs a round takes longer than tick_seconds rather than
+    #: crowding out the event-driven reconciles (attempt starts and ends never wait for it).
+    max_ticks_per_second: float = 20.0
+    #: Threads of the work queue (reconciles of different jobs run side by side).
+    workers: int = 16
+    #: The namespaces the operator serves; empty: every namespace.
+    namespaces: tuple[str, ...] = ()
+    #: How long a reconcile that failed (an API error) waits before it is tried again.
+    retry_seconds: float = 2.0
+    #: kopf peering; None: a standalone operator, always active.
+    peering: Peering | None = None
+    #: How long a read of the peering object is trusted (the queue asks before each reconcile).
+    peering_check_seconds: float = 1.0
+    #: The longest wait for a trainer's metrics endpoint.
+    scrape_timeout_seconds: float = 2.0
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a positive number, not {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
+    return int(text)
+
+
+def _command(text: str) -> tuple[str, ...]:
+    try:
+        argv = json.loads(text)
+    except json.JSONDecodeError:
+        argv = None
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise argparse.ArgumentTypeError(f'a JSON list of strings such as ["mpjob-trainer"], not {text!r}')
+    return tuple(argv)
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """The configuration's flags, each defaulting to its environment variable."""
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        dest="namespaces",
+        metavar="NAMESPACE",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); default: all namespaces",
+    )
+    parser.add_argument(
+        "--trainer-image",
+        metavar="IMAGE",
+        default=environ.get(ENV_TRAINER_IMAGE) or DEFAULT_TRAINER_IMAGE,
+        help=f"default trainer image (env {ENV_TRAINER_IMAGE}; default {DEFAULT_TRAINER_IMAGE})",
+    )
+    parser.add_argument(
+        "--trainer-command",
+        type=_command,
+        metavar="JSON",
+        default=environ.get(ENV_TRAINER_COMMAND) or json.dumps(list(TRAINER_COMMAND)),
+        help=f"the trainer's command under the launcher, a JSON list (env {ENV_TRAINER_COMMAND}); "
+        "for stand-in trainers in benchmarks and tests",
+    )
+    parser.add_argument(
+        "--tick-seconds",
+        type=_positive,
+        metavar="SECONDS",
+        default=environ.get(ENV_TICK_SECONDS) or "5",
+        help=f"reconcile/progress interval per job (env {ENV_TICK_SECONDS}; default 5)",
+    )
+    parser.add_argument(
+        "--max-ticks-per-second",
+        type=_positive,
+        metavar="N",
+        default=environ.get(ENV_MAX_TICKS_PER_SECOND) or "20",
+        help=f"ceiling on the ticker's reconciles per second (env {ENV_MAX_TICKS_PER_SECOND}; default 20); "
+        "with more jobs than tick-seconds x this, a round of ticks takes longer",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_count,
+        metavar="N",
+        default=environ.get(ENV_WORKERS) or "16",
+        help=f"reconciles that may run at once, each for a different job (env {ENV_WORKERS}; default 16)",
+    )
+
+
+def from_arguments(args: argparse.Namespace, *, peering: Peering | None = None) -> OperatorConfig:
+    """The configuration of parsed flags (see `add_arguments`)."""
+    return OperatorConfig(
+        trainer_image=args.trainer_image,
+        trainer_command=args.trainer_command,
+        tick_seconds=args.tick_seconds,
+        max_ticks_per_second=args.max_ticks_per_second,
+        workers=args.workers,
+        namespaces=tuple(args.namespaces),
+        peering=peering,
+    )
+
+
+def from_environment(environ: Mapping[str, str]) -> OperatorConfig:
+    """The configuration with no flags given (`kopf run -m mpjob.controller.handlers`)."""
+    parser = argparse.ArgumentParser(prog="mpjob operator")
+    add_arguments(parser, environ)
+    return from_arguments(parser.parse_args([]))
