@@ -8,17 +8,17 @@ from typing import Any
 
 from kubernetes import client, config
 
+from tests.cluster.layout import ClusterError, Layout
 
-def wait_ready(layout: Any, timeout: float = 60) -> None:
-    from tests.cluster.controlplane import ClusterError
 
+def wait_ready(layout: Layout, timeout: float = 60) -> None:
     api = config.new_client_from_config(str(layout.kubeconfig))
     core = client.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     problem = "not checked"
     while time.monotonic() < deadline:
         try:
-            nodes = core.list_node().items
+            nodes: list[Any] = core.list_node().items
             ready = [
                 n.metadata.name
                 for n in nodes
