@@ -109,7 +109,10 @@ def main() -> None:
         data = Teacher(args.samples, args.features, args.classes, seed=seed)
         rank, world = run.world.rank, run.world.size
         sampler = ShardBatches(len(data), args.batch_size, rank, world, seed=seed, start=position.batches)
-        loader = DataLoader(data, batch_sampler=sampler, num_workers=args.loader_workers, persistent_workers=False)
+        # Its own generator: creating the loader after a resume draws nothing from the global
+        # RNG the SDK restored, so dropout and friends continue exactly where they left off.
+        loader_rng = torch.Generator().manual_seed(seed)
+        loader = DataLoader(data, batch_sampler=sampler, num_workers=args.loader_workers, generator=loader_rng)
         batches = iter(loader)
         for step in range(start, total):
             model.set_step(step)

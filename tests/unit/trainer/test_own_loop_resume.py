@@ -1,0 +1,81 @@
+"""Exact resume of your own code: examples/own-loop/train.py (its own model, AdamW, LambdaLR,
+DataLoader with a worker) on the SDK, two ranks under the launcher, SIGKILLed mid-run and run
+again, ends bit for bit where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers import wait_for
+from tests.unit.trainer.conftest import launch_env, spec
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[3]
+STEPS = 300
+COMMAND = [
+    sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", "2", "--workers", "1", "--",
+    sys.executable, str(REPO / "examples" / "own-loop" / "train.py"),
+    "--samples", "1024", "--hidden", "32", "--loader-workers", "1",
+]  # fmt: skip
+
+
+def start(tmp: Path, job: dict[str, Any], precision: str, attempt: int) -> subprocess.Popen[str]:
+    env = launch_env(tmp, job, precision, attempt=attempt, ckpt=tmp / "ckpt", name=f"report{attempt}.json")
+    env["MASTER_PORT"] = str(29600 + attempt + (7 if precision == "bf16" else 0) + hash(str(tmp)) % 300)
+    return subprocess.Popen(COMMAND, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> None:
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-3000:]
+
+
+def assert_identical(a: Any, b: Any, where: str = "") -> None:
+    """Every tensor and number of two checkpoints equal, bit for bit (RNG states included)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_own_loop_killed_and_rerun_ends_bit_identical(tmp_path: Path, precision: str) -> None:
+    job = spec(
+        task={"command": COMMAND[COMMAND.index("--") + 1 :]},
+        training={"steps": STEPS, "logEvery": 10, "seed": 1},
+        precision={"mode": precision},
+        checkpoint={"everySteps": 10, "keep": 3},
+    )
+    finish(start(tmp_path / "straight", job, precision, attempt=0))
+
+    cut = tmp_path / "cut"
+    proc = start(cut, job, precision, attempt=0)
+    wait_for(lambda: list((cut / "ckpt").glob("step-*/manifest.json")), 120, interval=0.02, message="a checkpoint")
+    proc.send_signal(signal.SIGKILL)  # the launcher; its ranks die with it
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (cut / "ckpt" / f"step-{STEPS:09d}").exists(), "killed before the end"
+    finish(start(cut, job, precision, attempt=1))
+
+    final = f"step-{STEPS:09d}/state.pt"
+    straight = torch.load(tmp_path / "straight" / "ckpt" / final, weights_only=True)
+    resumed = torch.load(cut / "ckpt" / final, weights_only=True)
+    assert {"model", "optimizer", "scheduler", "data", "rng"} <= straight.keys()
+    assert straight["data"]["batches"] == STEPS
+    assert_identical(straight, resumed)
