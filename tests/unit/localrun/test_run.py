@@ -115,7 +115,8 @@ def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
     report = json.loads((out / "report.json").read_text())
-    assert report["phase"] == "Suspended" and report["attempts"][0]["reason"] == "Preempted"
+    # As under runPolicy.suspend on a cluster: the attempt ends Suspended (one lifecycle).
+    assert report["phase"] == "Suspended" and report["attempts"][0]["reason"] == "Suspended"
     stopped_at = report["attempts"][0]["endStep"]
     assert stopped_at >= 10
 
