@@ -1,4 +1,5 @@
-"""Run the real trainer as a subprocess, the way the operator and `mpjob run` do."""
+"""Run the real trainer (or a script on its SDK) as a subprocess, the way the operator and
+`mpjob run` do."""
 
 from __future__ import annotations
 
@@ -82,10 +83,18 @@ def parse(stdout: str) -> list[dict[str, Any]]:
     return out
 
 
-def run_trainer(tmp: Path, job_spec: dict[str, Any], precision: str = "fp32", timeout: float = 180, **kw: Any) -> Run:
+def run_trainer(
+    tmp: Path,
+    job_spec: dict[str, Any],
+    precision: str = "fp32",
+    timeout: float = 180,
+    argv: list[str] | None = None,
+    **kw: Any,
+) -> Run:
+    """Run `python -m mpjob_trainer` (or `python *argv`, a script on the SDK) for one attempt."""
     env = launch_env(tmp, job_spec, precision, **kw)
     proc = subprocess.run(
-        [sys.executable, "-m", "mpjob_trainer"], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, *(argv or ["-m", "mpjob_trainer"])], env=env, capture_output=True, text=True, timeout=timeout
     )
     report_path = Path(env["MPJOB_TERMINATION_LOG"])
     report = TerminationReport.parse_message(report_path.read_text()) if report_path.exists() else None

@@ -1,0 +1,230 @@
+"""The trainer SDK (mpjob_trainer.session) under a user's own loop: the same guard, exit
+codes, reports, checkpoints and exact resume the builtin trainer gets.
+
+Subprocess tests run tests/unit/trainer/sdk_script.py (and the example in docs/sdk.md) as
+`task.command` jobs; in-process tests drive a Session directly where no process is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.report import TerminationReport
+from mpjob_trainer import session as mpjob
+from tests.helpers import wait_for
+from tests.unit.trainer.conftest import Run, launch_env, parse, run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).with_name("sdk_script.py")
+DOCS = Path(__file__).parents[3] / "docs" / "sdk.md"
+
+
+def own(args: dict[str, Any] | None = None, **over: Any) -> dict[str, Any]:
+    return spec(task={"command": ["python", "sdk_script.py"], "args": args or {}}, **over)
+
+
+def run_script(tmp: Path, job: dict[str, Any], precision: str, **kw: Any) -> Run:
+    return run_trainer(tmp, job, precision, argv=[str(SCRIPT)], **kw)
+
+
+def _state(ckpt: Path, step: int) -> dict[str, Any]:
+    return torch.load(ckpt / f"step-{step:09d}" / "state.pt", weights_only=True)
+
+
+# ---------------------------------------------------------------- subprocesses
+
+
+def test_an_own_loop_trains_checkpoints_and_reports_like_the_builtin(tmp_path: Path) -> None:
+    run = run_script(tmp_path, own(), "fp32")
+    assert run.code == ExitCode.SUCCESS, run.stderr
+    assert run.report is not None and run.report.reason == "Succeeded"
+    assert run.report.last_good_checkpoint is not None and run.report.last_good_checkpoint.step == 30
+    steps = run.of("step")
+    assert [s["step"] for s in steps] == [5, 10, 15, 20, 25, 30]
+    assert steps[-1]["appliedSteps"] == 30 and steps[-1]["samplesPerSecond"] > 0
+    assert run.of("done")[0] == {**run.of("done")[0], "step": 30, "appliedSteps": 30}
+    state = _state(tmp_path / "ckpt", 30)
+    assert {"model", "optimizer", "scheduler", "data", "rng", "scaler", "step", "appliedSteps"} <= set(state)
+    assert state["data"] == {"batches": 30} and state["scheduler"]["last_epoch"] == 30
+
+
+def test_fp16_overflow_in_an_own_loop_is_a_numeric_fault_naming_the_rule(tmp_path: Path) -> None:
+    job = own(
+        {"overflowAtStep": 12},
+        precision={"mode": "fp16", "lossScale": {"init": 2.0**20}, "guard": {"maxConsecutiveOverflows": 8}},
+    )
+    run = run_script(tmp_path, job, "fp16")
+    assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
+    report = run.report
+    assert report is not None and report.reason == "NumericFault"
+    assert report.message.startswith("MaxConsecutiveOverflows: 8 consecutive overflow-skipped steps")
+    assert run.of("fault")[0]["rule"] == "MaxConsecutiveOverflows"
+    assert report.step == 20 and report.precision == "fp16"
+    assert report.counters.overflow_steps >= 8 and report.counters.loss_scale is not None
+    assert report.counters.loss_scale < 2.0**20
+    assert report.last_good_checkpoint is not None and report.last_good_checkpoint.step == 10
+    assert not (tmp_path / "ckpt" / "step-000000020").exists(), "no checkpoint from the faulted window"
+    steps = run.of("step")
+    assert steps[0]["overflowSteps"] > 0, "calibration from 2^20 skips some steps"
+    for line in steps:  # skipped steps are not applied, and the scale is on every fp16 line
+        assert line["appliedSteps"] == line["step"] - line["overflowSteps"]
+        assert line["lossScale"] > 0
+
+
+def test_sigterm_checkpoints_exits_44_and_the_resumed_run_is_bit_identical(tmp_path: Path) -> None:
+    job = own(training={"steps": 40, "logEvery": 5}, checkpoint={"everySteps": 10, "keep": 10})
+    straight_env = launch_env(tmp_path / "straight", job, "bf16")
+    straight = subprocess.Popen([sys.executable, str(SCRIPT)], env=straight_env, stdout=subprocess.DEVNULL)
+
+    cut = tmp_path / "cut"
+    env = launch_env(cut, job, "bf16", extra={"SDK_SCRIPT_STEP_SECONDS": "0.05"})
+    cut.mkdir()
+    proc = subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, text=True)
+    wait_for(lambda: (cut / "ckpt" / "step-000000010" / "manifest.json").exists(), 120, interval=0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.PREEMPTED
+    stopped = next(e for e in parse(out) if e["event"] == "preempted")["step"]
+    assert 10 <= stopped < 40
+    report = TerminationReport.model_validate_json((cut / "report.json").read_text())
+    assert report.reason == "Preempted" and report.step == stopped
+    assert report.last_good_checkpoint is not None and report.last_good_checkpoint.step == stopped
+
+    assert straight.wait(timeout=120) == ExitCode.SUCCESS
+    resumed = run_script(cut, job, "bf16", attempt=1, name="report2.json")
+    assert resumed.code == ExitCode.SUCCESS, resumed.stderr
+    assert resumed.of("resume")[0]["step"] == stopped and resumed.of("start")[0]["startStep"] == stopped
+    a, b = _state(tmp_path / "straight" / "ckpt", 40), _state(cut / "ckpt", 40)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for pid, slots in a["optimizer"]["state"].items():
+        for name, value in slots.items():
+            assert torch.equal(value, b["optimizer"]["state"][pid][name]), (pid, name)
+    assert a["scheduler"] == b["scheduler"] and a["data"] == b["data"] == {"batches": 40}
+    assert a["appliedSteps"] == b["appliedSteps"] == 40
+
+
+def test_the_builtin_trainer_refuses_a_command_task(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, own(), "fp32")
+    assert run.code == ExitCode.CONFIG_ERROR
+    assert run.report is not None and run.report.reason == "ConfigError"
+    assert run.report.message.startswith("task.command jobs run your own command under mpjob-launch")
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
+    (tmp_path / "train.py").write_text(next(b for b in blocks if "__main__" in b))
+    job = spec(task={"command": ["python", "train.py"], "args": {"batch": 16}}, training={"steps": 20})
+    run = run_trainer(tmp_path, job, "bf16", argv=[str(tmp_path / "train.py")])
+    assert run.code == ExitCode.SUCCESS, run.stderr
+    assert _state(tmp_path / "ckpt", 20)["data"] == {"position": 20 * 16}
+
+
+# ---------------------------------------------------------------- in process
+
+
+@pytest.fixture
+def launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AttemptLaunch:
+    """An attempt for a Session in this process (metrics off, report in tmp_path)."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MPJOB_LAUNCH"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MPJOB_METRICS_PORT", "off")
+    monkeypatch.setenv("MPJOB_TERMINATION_LOG", str(tmp_path / "report.json"))
+    job = spec(training={"steps": 6, "logEvery": 3}, checkpoint={"everySteps": 3})
+    return AttemptLaunch.model_validate(
+        {"jobName": "t", "precision": "fp32", "checkpointDir": str(tmp_path / "ckpt"), "spec": job}
+    )
+
+
+class Position:
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seen = state["seen"]
+
+
+def _objects() -> dict[str, Any]:
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": Position()}
+
+
+def _report(launch: AttemptLaunch) -> TerminationReport:
+    path = Path(launch.checkpoint_dir).parent / "report.json"
+    return TerminationReport.model_validate_json(path.read_text())
+
+
+def test_resume_loads_every_registered_object_and_the_generators(launch: AttemptLaunch) -> None:
+    with mpjob.start(launch=launch) as run:
+        objs = _objects()
+        assert run.resume(**objs) == 0
+        for step in range(run.total_steps):
+            run.backward(objs["model"](torch.randn(8, 4)).pow(2).mean())
+            run.step(objs["optimizer"])
+            objs["scheduler"].step()
+            objs["data"].seen += 8
+            run.end_step(step + 1)
+    saved = _state(Path(launch.checkpoint_dir), 6)
+
+    with mpjob.start(launch=launch.model_copy(update={"attempt": 1})) as run:
+        fresh = _objects()
+        assert run.resume(**fresh) == 6 and run.applied_steps == 6
+        assert torch.equal(torch.get_rng_state(), saved["rng"]["torch"])
+        for key, value in saved["model"].items():
+            assert torch.equal(fresh["model"].state_dict()[key], value)
+        assert fresh["optimizer"].state_dict()["state"][0]["step"] == 6
+        assert fresh["scheduler"].state_dict() == saved["scheduler"] and fresh["scheduler"].last_epoch == 6
+        assert fresh["data"].seen == 48
+    assert _report(launch).reason == "Succeeded"
+
+
+@pytest.mark.parametrize(
+    ("misuse", "says"),
+    [
+        (lambda run: run.resume(rng=Position()), "'rng' is reserved"),
+        (lambda run: run.resume(model=object()), "no state_dict()"),
+        (lambda run: run.end_step(1), "call run.resume(...) before the first end_step()"),
+    ],
+)
+def test_misusing_the_sdk_is_a_config_error(launch: AttemptLaunch, misuse: Any, says: str) -> None:
+    with pytest.raises(SystemExit) as ended, mpjob.start(launch=launch) as run:
+        misuse(run)
+    assert ended.value.code == ExitCode.CONFIG_ERROR
+    report = _report(launch)
+    assert report.reason == "ConfigError" and says in report.message
+
+
+def test_an_unexpected_exception_is_an_infra_error_with_its_traceback(
+    launch: AttemptLaunch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ended, mpjob.start(launch=launch):
+        raise RuntimeError("disk on fire")
+    assert ended.value.code == ExitCode.INFRA_ERROR
+    assert _report(launch).message == "RuntimeError: disk on fire"
+    out, err = capsys.readouterr()
+    assert "Traceback" in err and json.loads(out.splitlines()[-1])["kind"] == "RuntimeError"
+
+
+def test_start_without_an_attempt_is_a_config_error(launch: AttemptLaunch) -> None:
+    with pytest.raises(SystemExit) as ended:
+        mpjob.start()
+    assert ended.value.code == ExitCode.CONFIG_ERROR
+    assert "MPJOB_LAUNCH" in _report(launch).message
