@@ -18,11 +18,12 @@ from torch import nn
 
 from mpjob_trainer.data import StepSampler, micro_batch, to_device
 from mpjob_trainer.errors import ConfigError
-from mpjob_trainer.metrics import PEAK_FLOPS, peak_flops
+from mpjob_trainer.metrics import peak_flops
 from mpjob_trainer.session import Session
 from mpjob_trainer.tasks import Task, load_task
 
-__all__ = ["PEAK_FLOPS", "learning_rate", "peak_flops", "train"]
+# peak_flops moved to metrics.py (the session measures MFU); bench/trainer_gpu.py imports it from here.
+__all__ = ["builtin_task", "forward_backward", "learning_rate", "peak_flops", "train"]
 
 
 def learning_rate(applied_steps: int, total: int, peak: float, warmup: int) -> float:

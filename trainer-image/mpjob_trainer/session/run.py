@@ -68,19 +68,7 @@ class Session:
         self._policy.configure_backend()
         self._scaler = self._policy.make_scaler()
         self._guard = NumericGuard(self.spec.precision.guard, self.device, world)
-        self._metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, self.precision)
-        if world.is_main:
-            self._metrics.serve()
-        store = CheckpointStore(Path(launch.checkpoint_dir), self.spec.checkpoint.keep, config_digest(launch), log)
-        self._checkpoints = Checkpointer(store, world, log, self._metrics)
-        self._progress = Progress(
-            self._metrics,
-            log,
-            world,
-            self.device,
-            flops_per_sample=flops_per_sample,
-            tokens_per_sample=tokens_per_sample,
-        )
+        self._metrics, self._checkpoints, self._progress = self._reporting(flops_per_sample, tokens_per_sample)
         self._state: TrainingState | None = None
         self._watched: set[int] = set()
         #: Optimizer steps actually applied (GradScaler skips overflowing ones); checkpointed.
@@ -94,6 +82,21 @@ class Session:
         self._reported: Number | None = None  # the loss the last step reported
         self._grad_norm: torch.Tensor | None = None
         self._lr: Number | None = None
+        self._exit_code: int | None = None
+
+    def _reporting(self, flops: float | None, tokens: int | None) -> tuple[TrainerMetrics, Checkpointer, Progress]:
+        """The attempt's metrics (served from rank 0), checkpoints and progress lines."""
+        launch = self.launch
+        metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, self.precision)
+        if self.world.is_main:
+            metrics.serve()
+        digest = config_digest(launch)
+        store = CheckpointStore(Path(launch.checkpoint_dir), self.spec.checkpoint.keep, digest, self._log)
+        checkpoints = Checkpointer(store, self.world, self._log, metrics)
+        progress = Progress(
+            metrics, self._log, self.world, self.device, flops_per_sample=flops, tokens_per_sample=tokens
+        )
+        return metrics, checkpoints, progress
 
     # ---------------------------------------------------------------- what the run is
     @property
@@ -262,7 +265,10 @@ class Session:
         return True  # success, also when the script called sys.exit(0)
 
     def close(self, exc: BaseException | None = None) -> int:
-        """End the run: events, the last checkpoint's result, the report; returns the exit code."""
+        """End the run: events, the last checkpoint's result, the report; returns the exit code.
+        Only the first call ends it (a framework callback may close before `__exit__` does)."""
+        if self._exit_code is not None:
+            return self._exit_code
         if classify(exc, Standing()).code == ExitCode.SUCCESS:
             self._log("done", step=self._step, loss=self.last_loss, appliedSteps=self.applied_steps)
         elif isinstance(exc, NumericFault):
@@ -271,11 +277,11 @@ class Session:
         if self.world.is_main:
             with contextlib.suppress(Exception):
                 self._checkpoints.collect(block=True, training_step=self._step)
-        code = conclude(exc, self._standing(), self._log)
+        self._exit_code = conclude(exc, self._standing(), self._log)
         with contextlib.suppress(Exception):
             dist_env.shutdown(self.world)
         self._preemption.restore()
-        return code
+        return self._exit_code
 
     def _standing(self) -> Standing:
         counters = Counters(
