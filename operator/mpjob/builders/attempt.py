@@ -218,7 +218,7 @@ def attempt_job(
         job_labels[KUEUE_QUEUE_LABEL] = spec.run_policy.queue_name
         job_spec["suspend"] = True  # Kueue admits it
     if deadline_seconds is not None:
-        job_spec["activeDeadlineSeconds"] = max(1, deadline_seconds)
+        job_spec["activeDeadlineSeconds"] = deadline_seconds
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -32,13 +32,12 @@ from mpjob.controller.workqueue import Retry
 from mpjob.planning import status as st
 from mpjob.planning.lifecycle import Plan
 from mpjob.planning.reconcile import reconcile
-from mpjob.planning.status import ConditionType
+from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 log = logging.getLogger("mpjob.operator")
 
 #: The Failed condition's reason for a spec the models refuse (the CRD let it through).
-INVALID_SPEC = "InvalidSpec"
 NOTHING_SEEN = Observed({}, frozenset(), {})
 T = TypeVar("T")
 
@@ -133,7 +132,8 @@ class Reconciler:
         failed = old.model_copy(deep=True)
         failed.phase, failed.message = "Failed", f"invalid spec: {exc.errors()[0]['msg']}"
         generation = body["metadata"].get("generation")
-        st.set_condition(failed, ConditionType.FAILED, True, INVALID_SPEC, failed.message, generation=generation)
+        reason = ConditionReason.INVALID_SPEC
+        st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)
         meta = body["metadata"]
         self.cluster.patch_status(meta["namespace"], meta["name"], failed.to_api())
 
@@ -143,7 +143,6 @@ class Reconciler:
         for index in plan.delete:
             self.cluster.delete_attempt(namespace, name, index)
         for start in plan.create:
-            deadline = deadline_seconds(spec, plan.status, datetime.now(UTC))
             self.cluster.create_service(attempt_service(name, namespace, start.index, start.precision), owner=body)
             job = attempt_job(
                 job=name,
@@ -151,7 +150,7 @@ class Reconciler:
                 spec=spec,
                 start=start,
                 image=self.config.trainer_image,
-                deadline_seconds=deadline,
+                deadline_seconds=plan.deadline_seconds,
                 trainer_command=self.config.trainer_command,
             )
             created = self.cluster.create_job(job, owner=body)
@@ -168,14 +167,6 @@ class Reconciler:
         patch = progress_patch(status, scrape_progress(ip, timeout=self.config.scrape_timeout_seconds))
         if patch:
             self.cluster.patch_status(namespace, name, patch)
-
-
-def deadline_seconds(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
-    """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job, or None."""
-    if not (spec.run_policy.active_deadline_seconds and status.start_time):
-        return None
-    begun = datetime.strptime(status.start_time, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    return spec.run_policy.active_deadline_seconds - int((now - begun).total_seconds())
 
 
 def _count(old: MixedPrecisionJobStatus, plan: Plan) -> None:

@@ -45,6 +45,8 @@ class Plan:
     started_reasons: list[str] = field(default_factory=list)
     #: What ended the last attempt (set by `conclude`), for views that narrate it.
     ended: Event | None = None
+    #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
+    deadline_seconds: int | None = None
 
 
 def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:

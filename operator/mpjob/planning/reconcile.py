@@ -142,7 +142,18 @@ def reconcile(
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
             lc.resume(plan, spec, when)
+    if plan.create:
+        plan.deadline_seconds = _deadline_left(spec, status, now)
     return plan
+
+
+def _deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
+    """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job (at least 1 s)."""
+    deadline = spec.run_policy.active_deadline_seconds
+    started = _parse_time(status.start_time)
+    if not (deadline and started):
+        return None
+    return max(1, deadline - int((now - started).total_seconds()))
 
 
 def _expire(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], now: datetime) -> None:

@@ -29,6 +29,8 @@ class ConditionReason(StrEnum):
     AWAITING_ADMISSION = "AwaitingAdmission"
     RESUMED = "Resumed"
     SUSPENDED = "Suspended"
+    #: The spec fails the API models (a CRD older than the operator let it in).
+    INVALID_SPEC = "InvalidSpec"
 
 
 def now() -> str:

@@ -204,3 +204,13 @@ def test_the_whole_job_deadline_fails_it() -> None:
     first = reconcile(s, _status(), 1, {}, NOW).status
     plan = reconcile(s, first, 1, {0: JobView(0)}, NOW + timedelta(seconds=11))
     assert plan.status.phase == "Failed" and plan.delete == [0]
+
+
+def test_each_new_attempt_gets_what_is_left_of_the_whole_job_deadline() -> None:
+    s = spec(precision={"mode": "fp16"}, runPolicy={"activeDeadlineSeconds": 100})
+    first = reconcile(s, _status(), 1, {}, NOW)
+    assert first.deadline_seconds == 100
+    ending = {0: JobView(0, "Failed", pods=(PodView("p", 0, "Failed", False, 42, report(Reason.NUMERIC_FAULT)),))}
+    second = reconcile(s, first.status, 1, ending, NOW + timedelta(seconds=30))
+    assert [c.precision for c in second.create] == ["bf16"] and second.deadline_seconds == 70
+    assert reconcile(spec(), _status(), 1, {}, NOW).deadline_seconds is None
