@@ -7,45 +7,32 @@ recorded series and the plot.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
-from mpjob.builders.attempt import launcher_argv
 from mpjob.localrun.series import RunSeries
+from mpjob.localrun.workers import Workers, free_port
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt, first_attempt
-from mpjob.planning.reconcile import FINISHED, JobView, PodView, outcome_of
+from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
-from mpjob_contract.report import TERMINATION_LOG_ENV
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
     from mpjob.localrun.progress import ProgressView
 
 #: A CPU machine: `auto` resolves as on a node without GPUs.
 LOCAL_CAPABILITY = None
-#: Seconds the other workers get to stop after one of them failed (as a Job would).
-PEER_GRACE_SECONDS = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -91,7 +78,7 @@ class LocalRun:
         self.view = view
         self.python = python
         self.interrupted = False
-        self._procs: list[subprocess.Popen[str]] = []
+        self._workers: Workers | None = None
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
 
@@ -174,21 +161,13 @@ class LocalRun:
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
 
-        env = self._attempt_env(start)
-        self._procs = []
-        logs = [(folder / f"worker{i}.log").open("w") for i in range(self.spec.workers)]
-        for worker, log in enumerate(logs):
-            (folder / f"termination-worker{worker}.json").unlink(missing_ok=True)
-            self._procs.append(self._start_worker(worker, env, folder, log))
-        watcher = threading.Thread(target=self._watch_peers, daemon=True)
-        watcher.start()
+        self._workers = Workers(self.spec, folder=folder, cwd=self._working_dir(), python=self.python)
+        worker0 = self._workers.start(self._attempt_env(start))
         try:
-            self._follow(self._procs[0], start, logs[0])
+            self._follow(worker0, start, self._workers.log0)
         finally:
-            codes = [p.wait() for p in self._procs]
-            for log in logs:
-                log.close()
-        return self._outcome(start.index, codes, folder)
+            outcome = self._workers.wait(start.index)
+        return outcome
 
     def _attempt_env(self, start: StartAttempt) -> dict[str, str]:
         launch = AttemptLaunch(
@@ -212,24 +191,6 @@ class LocalRun:
             }
         )
         return env
-
-    def _start_worker(self, worker: int, env: dict[str, str], folder: Path, log: IO[str]) -> subprocess.Popen[str]:
-        trainer = [self.python, "-m", "mpjob_trainer"]
-        argv = launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"])
-        worker_env = {
-            **env,
-            "JOB_COMPLETION_INDEX": str(worker),
-            TERMINATION_LOG_ENV: str(folder / f"termination-worker{worker}.json"),
-        }
-        return subprocess.Popen(
-            argv,
-            env=worker_env,
-            cwd=self._working_dir(),
-            text=True,
-            stdout=subprocess.PIPE if worker == 0 else log,
-            stderr=log,
-            start_new_session=True,  # Ctrl-C reaches the runner only; it sends SIGTERM
-        )
 
     def _working_dir(self) -> Path:
         """Where a `task.command` runs here: the manifest's folder, so `command: [python, train.py]`
@@ -280,46 +241,13 @@ class LocalRun:
                 )
 
     def _interrupt(self) -> None:
+        assert self._workers is not None  # Ctrl-C is caught while following the workers
         if self.interrupted:  # second Ctrl-C: stop now
-            for p in self._procs:
-                _signal(p, signal.SIGKILL)
+            self._workers.signal(signal.SIGKILL)
             return
         self.interrupted = True
         self.view.info("interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)")
-        for p in self._procs:
-            _signal(p, signal.SIGTERM)
-
-    def _watch_peers(self) -> None:
-        """When one worker fails, stop the others (they would wait on it forever)."""
-        while True:
-            codes = [p.poll() for p in self._procs]
-            if all(c is not None for c in codes):
-                return
-            if any(c not in (None, 0) for c in codes):
-                deadline = time.monotonic() + PEER_GRACE_SECONDS
-                for p in self._procs:
-                    _signal(p, signal.SIGTERM)
-                while time.monotonic() < deadline and any(p.poll() is None for p in self._procs):
-                    time.sleep(0.1)
-                for p in self._procs:
-                    _signal(p, signal.SIGKILL)
-                return
-            time.sleep(0.2)
-
-    def _outcome(self, index: int, codes: list[int], folder: Path) -> AttemptOutcome:
-        """Read the workers as the operator reads pods, and let the same rule pick the one that
-        explains the attempt (mpjob.planning.reconcile.outcome_of)."""
-        pods = []
-        for worker, code in enumerate(codes):
-            path = folder / f"termination-worker{worker}.json"
-            message = path.read_text() if path.exists() else None
-            exit_code = 128 - code if code < 0 else code  # killed by signal N: a container's 128+N
-            phase = "Succeeded" if code == 0 else "Failed"
-            pods.append(PodView(f"worker{worker}", worker, phase, False, exit_code, message))
-        outcome = outcome_of(JobView(index=index, pods=tuple(pods)))
-        if outcome.report is None and not outcome.message:
-            return replace(outcome, message=f"the trainer exited {outcome.exit_code} without a report (see {folder})")
-        return outcome
+        self._workers.signal(signal.SIGTERM)
 
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:
@@ -332,9 +260,3 @@ class LocalRun:
         from mpjob.localrun.plot import render  # matplotlib loads only when the plot is drawn
 
         return render(self.series, self.paths.plot, f"{self.name}: {self.status.phase}")
-
-
-def _signal(proc: subprocess.Popen[str], sig: int) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)

@@ -1,0 +1,112 @@
+"""An attempt's workers on this machine: one `mpjob-launch` process per worker, each standing
+in for a pod. The launcher starts the worker's processesPerWorker training processes and folds
+their endings into one exit code and termination file; these are read back as the operator
+reads pods, so the same rule picks the worker that explains the attempt."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import IO
+
+from mpjob.builders.attempt import launcher_argv
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.reconcile import JobView, PodView, outcome_of
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.report import TERMINATION_LOG_ENV
+
+#: Seconds the other workers get to stop after one of them failed (as a Job would).
+PEER_GRACE_SECONDS = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Workers:
+    def __init__(self, spec: MixedPrecisionJobSpec, *, folder: Path, cwd: Path, python: str) -> None:
+        self.spec, self.folder, self.cwd, self.python = spec, folder, cwd, python
+        self.procs: list[subprocess.Popen[str]] = []
+        self._logs: list[IO[str]] = []
+
+    def start(self, env: dict[str, str]) -> subprocess.Popen[str]:
+        """Start every worker; returns worker 0, whose stdout carries the trainer's events."""
+        trainer = [self.python, "-m", "mpjob_trainer"]
+        argv = launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"])
+        for worker in range(self.spec.workers):
+            log = (self.folder / f"worker{worker}.log").open("w")
+            self._logs.append(log)
+            self._termination(worker).unlink(missing_ok=True)
+            worker_env = {
+                **env,
+                "JOB_COMPLETION_INDEX": str(worker),
+                TERMINATION_LOG_ENV: str(self._termination(worker)),
+            }
+            self.procs.append(
+                subprocess.Popen(
+                    argv,
+                    env=worker_env,
+                    cwd=self.cwd,
+                    text=True,
+                    stdout=subprocess.PIPE if worker == 0 else log,
+                    stderr=log,
+                    start_new_session=True,  # Ctrl-C reaches the runner only; it sends SIGTERM
+                )
+            )
+        threading.Thread(target=self._watch_peers, daemon=True).start()
+        return self.procs[0]
+
+    @property
+    def log0(self) -> IO[str]:
+        return self._logs[0]
+
+    def signal(self, sig: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(sig)
+
+    def wait(self, index: int) -> AttemptOutcome:
+        """Wait for every worker, then read the attempt's ending as the operator would."""
+        codes = [p.wait() for p in self.procs]
+        for log in self._logs:
+            log.close()
+        pods = []
+        for worker, code in enumerate(codes):
+            path = self._termination(worker)
+            message = path.read_text() if path.exists() else None
+            exit_code = 128 - code if code < 0 else code  # killed by signal N: a container's 128+N
+            pods.append(
+                PodView(f"worker{worker}", worker, "Succeeded" if code == 0 else "Failed", False, exit_code, message)
+            )
+        outcome = outcome_of(JobView(index=index, pods=tuple(pods)))
+        if outcome.report is None and not outcome.message:
+            why = f"the trainer exited {outcome.exit_code} without a report (see {self.folder})"
+            return replace(outcome, message=why)
+        return outcome
+
+    def _termination(self, worker: int) -> Path:
+        return self.folder / f"termination-worker{worker}.json"
+
+    def _watch_peers(self) -> None:
+        """When one worker fails, stop the others (they would wait on it forever)."""
+        while True:
+            codes = [p.poll() for p in self.procs]
+            if all(c is not None for c in codes):
+                return
+            if any(c not in (None, 0) for c in codes):
+                deadline = time.monotonic() + PEER_GRACE_SECONDS
+                self.signal(signal.SIGTERM)
+                while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+                    time.sleep(0.1)
+                self.signal(signal.SIGKILL)
+                return
+            time.sleep(0.2)
