@@ -72,24 +72,45 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         return node
     if "$ref" in node:
         target = deepcopy(defs[node["$ref"].split("/")[-1]])
-        extra = {k: v for k, v in node.items() if k != "$ref"}
-        target.update(extra)
+        target.update({k: v for k, v in node.items() if k != "$ref"})
         return _structural(target, defs)
     node = dict(node)
     if "anyOf" in node:
-        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
-        if len(options) == 1:
-            merged = _structural(options[0], defs)
-            merged.update({k: v for k, v in node.items() if k not in ("default",) or v is not None})
+        merged = _union(node, defs)
+        if merged is not None:
             return merged
-        elif {o.get("type") for o in options} <= {"integer", "string"}:
-            node.update({"x-kubernetes-int-or-string": True})
-            pattern = next((o.get("pattern") for o in options if o.get("pattern")), None)
-            node["anyOf"] = [{"type": "integer"}, {"type": "string"}]  # the only structural int-or-string
-            if pattern:
-                node["pattern"] = pattern
-        else:
-            raise ValueError(f"cannot express a union of {options} structurally")
+    _scalars(node)
+    if node.get("type") == "object" or "properties" in node:
+        _object(node, defs)
+    if node.get("type") == "array" and "items" in node:
+        node["items"] = _structural(node["items"], defs)
+    if not node.get("type") and "x-kubernetes-int-or-string" not in node and "enum" not in node:
+        node["x-kubernetes-preserve-unknown-fields"] = True
+        node["type"] = "object" if node.get("default") != [] else "array"
+    if "enum" in node and "type" not in node:
+        node["type"] = "string"
+    return node
+
+
+def _union(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
+    """`X | None` becomes X; int-or-string becomes Kubernetes' own form; others cannot be said."""
+    options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+    if len(options) == 1:
+        merged: dict[str, Any] = _structural(options[0], defs)
+        merged.update({k: v for k, v in node.items() if k not in ("default",) or v is not None})
+        return merged
+    if not {o.get("type") for o in options} <= {"integer", "string"}:
+        raise ValueError(f"cannot express a union of {options} structurally")
+    node.update({"x-kubernetes-int-or-string": True})
+    pattern = next((o.get("pattern") for o in options if o.get("pattern")), None)
+    node["anyOf"] = [{"type": "integer"}, {"type": "string"}]  # the only structural int-or-string
+    if pattern:
+        node["pattern"] = pattern
+    return None
+
+
+def _scalars(node: dict[str, Any]) -> None:
+    """Titles out, null defaults out, const as enum, JSON Schema 2020 bounds as OpenAPI 3.0's."""
     node.pop("title", None)
     if node.get("default", 0) is None:
         node.pop("default")
@@ -99,39 +120,29 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         if bound in node and not isinstance(node[bound], bool):
             node[inclusive] = node.pop(bound)
             node[bound] = True
-    if node.get("type") == "object" or "properties" in node:
-        node["type"] = "object"
-        props = node.get("properties")
-        if props:
-            optional = {k for k, v in props.items() if any(o.get("type") == "null" for o in v.get("anyOf", []))}
-            node["properties"] = {k: _structural(v, defs) for k, v in props.items()}
-            for key, prop in node["properties"].items():
-                # Objects built by default factories default to {} so nested defaults apply.
-                if (
-                    prop.get("type") == "object"
-                    and "properties" in prop
-                    and key not in optional
-                    and key not in node.get("required", [])
-                ):
-                    prop.setdefault("default", {})
-        additional = node.get("additionalProperties")
-        if additional is True or (isinstance(additional, dict) and not additional):
-            node.pop("additionalProperties")
-            node["x-kubernetes-preserve-unknown-fields"] = True
-        elif isinstance(additional, dict):
-            node["additionalProperties"] = _structural(additional, defs)
-        elif additional is False:
-            node.pop("additionalProperties")
-        if not props and "additionalProperties" not in node:
-            node["x-kubernetes-preserve-unknown-fields"] = True
-    if node.get("type") == "array" and "items" in node:
-        node["items"] = _structural(node["items"], defs)
-    if not node.get("type") and "x-kubernetes-int-or-string" not in node and "enum" not in node:
+
+
+def _object(node: dict[str, Any], defs: dict[str, Any]) -> None:
+    node["type"] = "object"
+    props = node.get("properties")
+    if props:
+        optional = {k for k, v in props.items() if any(o.get("type") == "null" for o in v.get("anyOf", []))}
+        node["properties"] = {k: _structural(v, defs) for k, v in props.items()}
+        for key, prop in node["properties"].items():
+            # Objects built by default factories default to {} so nested defaults apply.
+            nested = prop.get("type") == "object" and "properties" in prop
+            if nested and key not in optional and key not in node.get("required", []):
+                prop.setdefault("default", {})
+    additional = node.get("additionalProperties")
+    if additional is True or (isinstance(additional, dict) and not additional):
+        node.pop("additionalProperties")
         node["x-kubernetes-preserve-unknown-fields"] = True
-        node["type"] = "object" if node.get("default") != [] else "array"
-    if "enum" in node and "type" not in node:
-        node["type"] = "string"
-    return node
+    elif isinstance(additional, dict):
+        node["additionalProperties"] = _structural(additional, defs)
+    elif additional is False:
+        node.pop("additionalProperties")
+    if not props and "additionalProperties" not in node:
+        node["x-kubernetes-preserve-unknown-fields"] = True
 
 
 def _schema_of(model: type[Any]) -> dict[str, Any]:
