@@ -111,15 +111,7 @@ class LocalRun:
         last = self.status.attempts[-1]
         if last.finish_time is None:  # the runner itself was killed: its workers went with it
             gone = AttemptOutcome(exit_code=None, platform_reason="PodDeleted", message="the local run was killed")
-            lc.conclude(
-                plan,
-                self.spec,
-                index=last.index,
-                precision=last.precision,
-                outcome=gone,
-                when=when,
-                capability=LOCAL_CAPABILITY,
-            )
+            lc.conclude(plan, self.spec, attempt=last, outcome=gone, when=when, capability=LOCAL_CAPABILITY)
         else:
             lc.resume(plan, self.spec, when)
         ckpt = self.status.last_checkpoint
@@ -132,15 +124,7 @@ class LocalRun:
         if self.interrupted:
             lc.interrupt(plan, start.index, outcome.report, when)
         else:
-            lc.conclude(
-                plan,
-                self.spec,
-                index=start.index,
-                precision=start.precision,
-                outcome=outcome,
-                when=when,
-                capability=LOCAL_CAPABILITY,
-            )
+            lc.conclude(plan, self.spec, attempt=start, outcome=outcome, when=when, capability=LOCAL_CAPABILITY)
         ended = next(a for a in self.status.attempts if a.index == start.index)
         self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
         self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")

@@ -15,7 +15,13 @@ from mpjob.planning import status as st
 from mpjob.planning.classify import Action, AttemptOutcome, classify
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, world_size
+from mpjob_contract.api import (
+    AttemptStatus,
+    CheckpointStatus,
+    MixedPrecisionJobSpec,
+    MixedPrecisionJobStatus,
+    world_size,
+)
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import TerminationReport
 
@@ -139,13 +145,13 @@ def conclude(
     plan: Plan,
     spec: MixedPrecisionJobSpec,
     *,
-    index: int,
-    precision: str,
+    attempt: AttemptStatus | StartAttempt,
     outcome: AttemptOutcome,
     when: When,
     capability: tuple[int, int] | str | None = "spec",
 ) -> None:
-    """End attempt `index` as `outcome` says, then begin the next one or finish the job."""
+    """End `attempt` as `outcome` says, then begin the next one or finish the job."""
+    index, precision = attempt.index, attempt.precision
     status = plan.status
     result = classify(outcome)
     end_step = record_report(status, index, outcome.report)

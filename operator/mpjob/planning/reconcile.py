@@ -201,7 +201,7 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         _running(plan, job, when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = outcome_of(job)
-        lc.conclude(plan, spec, index=current.index, precision=current.precision, outcome=outcome, when=when)
+        lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
 
 
 def _running(plan: Plan, job: JobView, when: When) -> None:
