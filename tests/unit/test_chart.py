@@ -275,7 +275,8 @@ def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
 def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
     for sets in ([], ["watchNamespaces={a}"], ["peering.enabled=true"]):
         docs = render(helm, *sets)
-        roles = [d for d in of_kind(docs, "ClusterRole") + of_kind(docs, "Role")]
+        # The operator's own roles (the users' roles, aggregated into edit/view, are checked below).
+        roles = [d for d in of_kind(docs, "ClusterRole") + of_kind(docs, "Role") if not _aggregated(d)]
         grants = set().union(*(_grants(r["rules"]) for r in roles))
         assert not {g for g in grants if "*" in g}, "no wildcards"
         assert not {g for g in grants if g[1] in ("secrets", "configmaps", "serviceaccounts", "nodes")}
@@ -292,6 +293,37 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
         }
         assert not {g for g in grants if g[2] in ("escalate", "bind", "impersonate", "deletecollection")}
         assert not {g for g in grants if g[1] == "customresourcedefinitions" and g[2] not in ("get", "list", "watch")}
+
+
+def _aggregated(role: dict[str, Any]) -> set[str]:
+    """The built-in roles this one aggregates into (rbac.authorization.k8s.io/aggregate-to-*)."""
+    prefix = "rbac.authorization.k8s.io/aggregate-to-"
+    labels = role["metadata"].get("labels", {})
+    return {k[len(prefix) :] for k, v in labels.items() if k.startswith(prefix) and v == "true"}
+
+
+def test_user_roles_aggregate_into_edit_and_view_and_grant_only_mixedprecisionjobs(helm: str) -> None:
+    users = {r["metadata"]["name"]: r for r in of_kind(render(helm), "ClusterRole") if _aggregated(r)}
+    edit, view = users["r-mpjob-edit"], users["r-mpjob-view"]
+    assert _aggregated(edit) == {"edit", "admin"} and _aggregated(view) == {"view"}
+    assert {g[0] for r in (edit, view) for g in _grants(r["rules"])} == {"mpjob.dev"}
+    assert ("mpjob.dev", "mixedprecisionjobs", "create") in _grants(edit["rules"])
+    assert ("mpjob.dev", "mixedprecisionjobs/status", "patch") not in _grants(edit["rules"]), "status is the operator's"
+    assert {g[2] for g in _grants(view["rules"])} == {"get", "list", "watch"}
+    assert not [r for r in of_kind(render(helm, "rbac.userRoles=false"), "ClusterRole") if _aggregated(r)]
+
+
+def test_admission_policy_is_opt_in_and_names_the_allowlist(helm: str) -> None:
+    assert not of_kind(render(helm), "ValidatingAdmissionPolicy")
+    docs = render(helm, "admissionPolicy.enabled=true", "admissionPolicy.serviceAccountNames={trainer}")
+    (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert "!has(v.hostPath)" in rules and '["trainer"]' in rules and "!has(v.emptyDir)" not in rules
+    bad = render_error(helm, "admissionPolicy.serviceAccountNames={Not_A_Name}")
+    assert "serviceAccountNames" in bad
 
 
 def test_cluster_wide_by_default_namespaced_roles_when_listed(helm: str) -> None:
@@ -313,7 +345,7 @@ def test_cluster_wide_by_default_namespaced_roles_when_listed(helm: str) -> None
     ]
     assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
     # Only read-only cluster-scoped access remains: CRDs (kopf's scan) and namespaces (kopf's listing).
-    (reader,) = of_kind(docs, "ClusterRole")
+    (reader,) = [r for r in of_kind(docs, "ClusterRole") if not _aggregated(r)]
     assert _grants(reader["rules"]) == {
         ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
     } | {("", "namespaces", v) for v in ("list", "watch")}
