@@ -3,7 +3,9 @@
 Layout under the checkpoint directory:
     step-000000200/state.pt        torch.save of the whole training state (weights_only-safe)
     step-000000200/manifest.json   step, precision, config digest, sha256 and size of state.pt
-A checkpoint is written into `.tmp-<step>-<pid>/`, each file fsynced, the directory fsynced,
+A framework adapter's checkpoint (Hugging Face Trainer, Lightning) adds what the framework
+wrote under `framework/`; the manifest then lists the sha256 of every file, and loading checks
+them all. A checkpoint is written into `.tmp-<step>-<pid>/`, each file fsynced, the directory fsynced,
 then renamed into place: a process killed at any moment leaves either a complete checkpoint
 or a temp directory that loading ignores. The newest `keep` are kept; older ones are pruned
 only after the new one is durable. Loading verifies the manifest, the sha256 and the config
@@ -29,6 +31,8 @@ from mpjob_contract.report import CheckpointRef
 
 STATE = "state.pt"
 MANIFEST = "manifest.json"
+#: Where an adopted framework checkpoint lies inside an mpjob checkpoint directory.
+FRAMEWORK = "framework"
 _NAME = re.compile(r"^step-(\d{9})$")
 
 
@@ -42,6 +46,19 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _hash_tree(root: Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file under `root` but the manifest, each fsynced on the way
+    (a framework's own writes are not known to be durable)."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+        files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(folder)
+    return files
 
 
 def _fsync_dir(path: Path) -> None:
@@ -98,19 +115,20 @@ class CheckpointStore:
                 f"{path.name}: config digest {manifest.get('configDigest')!r} does not match this "
                 f"job's {self.config_digest!r} (task or training settings changed)"
             )
+        for name, meta in manifest["files"].items():  # state.pt and, when adopted, the framework's files
+            if not (path / name).is_file():
+                raise CorruptCheckpoint(f"{path.name}: {name} missing")
+            actual = sha256_file(path / name)
+            if actual != meta.get("sha256"):
+                raise CorruptCheckpoint(f"{path.name}: {name} sha256 mismatch ({actual[:12]} != {meta.get('sha256')})")
         state_path = path / STATE
-        if not state_path.is_file():
-            raise CorruptCheckpoint(f"{path.name}: {STATE} missing")
-        actual = sha256_file(state_path)
-        if actual != expected_sha:
-            raise CorruptCheckpoint(f"{path.name}: sha256 mismatch ({actual[:12]} != {expected_sha[:12]})")
         try:
             state = torch.load(state_path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise CorruptCheckpoint(f"{path.name}: cannot load ({exc!r})") from exc
         if int(state.get("step", -1)) != step:
             raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {step}")
-        return CheckpointRef(step=step, path=str(path), sha256=actual, precision=precision), state
+        return CheckpointRef(step=step, path=str(path), sha256=expected_sha, precision=precision), state
 
     def load(self, prefer: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The named checkpoint if valid, else the newest valid one, else None."""
@@ -129,32 +147,41 @@ class CheckpointStore:
         return None
 
     # -- saving --------------------------------------------------------------------------
-    def _write(self, step: int, precision: str, state: dict[str, Any]) -> SaveResult:
+    def staging(self, name: str) -> Path:
+        """An empty folder `.tmp-*` on the store's filesystem for a framework to write its
+        checkpoint into before `save(..., adopt=...)` moves it in (leftovers: clean_stale)."""
+        assert name.startswith(".tmp-"), name
+        folder = self.root / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return folder
+
+    def _write(self, step: int, precision: str, state: dict[str, Any], adopt: Path | None = None) -> SaveResult:
         tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
         try:
-            return self._write_via(tmp, step, precision, state)
+            return self._write_via(tmp, step, precision, state, adopt)
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind
             raise
 
-    def _write_via(self, tmp: Path, step: int, precision: str, state: dict[str, Any]) -> SaveResult:
+    def _write_via(self, tmp: Path, step: int, precision: str, state: dict[str, Any], adopt: Path | None) -> SaveResult:
         start = time.perf_counter()
         final = self.root / f"step-{step:09d}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        state_path = tmp / STATE
-        with state_path.open("wb") as f:
+        if adopt is not None:
+            adopt.rename(tmp / FRAMEWORK)  # the framework has finished writing: now it is ours
+        with (tmp / STATE).open("wb") as f:
             torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        digest = sha256_file(state_path)
-        size = state_path.stat().st_size
+        files = _hash_tree(tmp)
+        digest = files[STATE]["sha256"]
+        size = sum(meta["bytes"] for meta in files.values())
         manifest = {
             "step": step,
             "precision": precision,
             "configDigest": self.config_digest,
-            "files": {STATE: {"sha256": digest, "bytes": size}},
+            "files": files,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         with (tmp / MANIFEST).open("w") as f:
@@ -186,9 +213,11 @@ class CheckpointStore:
         for child in self.root.glob(".tmp-*"):
             shutil.rmtree(child, ignore_errors=True)
 
-    def save(self, step: int, precision: str, state: dict[str, Any]) -> SaveResult:
+    def save(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
+        """Write a checkpoint now; `adopt`: the folder of a framework's finished checkpoint (on this
+        filesystem), moved in as `framework/` and covered by the manifest."""
         self.wait()
-        result = self._write(step, precision, state)
+        result = self._write(step, precision, state, adopt)
         self.last_good = result.ref
         return result
 

@@ -59,9 +59,18 @@ class NumericGuard:
         """Has an optimizer step been applied since `begin_step` (GradScaler did not skip it)?"""
         return self._applied
 
-    def optimizer_stepped(self) -> None:
-        """Optimizer step post-hook: GradScaler found the gradients finite."""
-        self._applied = True
+    def optimizer_stepped(self, optimizer: object = None) -> bool:
+        """Optimizer step post-hook: GradScaler found the gradients finite. Returns whether this is
+        the training step's first applied update (the count of applied steps goes up once).
+
+        A fused optimizer (`fused=True`, the default of transformers' Trainer) takes GradScaler's
+        `found_inf` into its own step() and is called even for overflowing gradients; reading that
+        flag is the one sync per step a non-fused optimizer makes inside GradScaler.step."""
+        found_inf = getattr(optimizer, "found_inf", None)
+        if isinstance(found_inf, torch.Tensor) and bool(found_inf.item()):
+            return False
+        first, self._applied = not self._applied, True
+        return first
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Count a non-finite loss on the device; no sync."""

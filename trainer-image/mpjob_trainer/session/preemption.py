@@ -30,5 +30,11 @@ class PreemptionFlag:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
 
+    def reclaim(self) -> None:
+        """Handle SIGTERM again after a framework replaced this handler with its own; `restore`
+        still gives back the handler from before the run."""
+        if self._previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handle)
+
     def _handle(self, signum: int, frame: Any) -> None:
         self.raised = True

@@ -156,10 +156,9 @@ class Session:
             self._watched.add(id(optimizer))
             optimizer.register_step_post_hook(self._optimizer_stepped)
 
-    def _optimizer_stepped(self, *_: Any) -> None:
-        if not self._guard.step_applied:
+    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self._guard.optimizer_stepped(optimizer):
             self.applied_steps += 1
-        self._guard.optimizer_stepped()
 
     # ---------------------------------------------------------------- one step
     def backward(self, loss: torch.Tensor) -> None:

@@ -1,0 +1,171 @@
+"""Hugging Face `transformers.Trainer` as a mpjob attempt (extra `mpjob-trainer[hf]`).
+
+    from transformers import Trainer
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    with mpjob.start() as run:
+        args = mpjob_hf.training_arguments(run, output_dir="out", warmup_steps=10)
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        mpjob_hf.train(run, trainer)
+
+`training_arguments` turns the attempt into TrainingArguments (fp16/bf16 from its precision,
+max_steps, seed, the spec's batch size, accumulation, learning rate and clip norm; no saving
+of its own). `train` gives the Trainer the attempt's GradScaler (the spec's loss-scale
+settings; on a CPU, where accelerate runs no fp16 AMP and would train fp32 silently, it turns
+torch's CPU fp16 autocast on), keeps spec.precision.keepFp32 modules in fp32, adds
+MpjobCallback and resumes through `Trainer.train(resume_from_checkpoint=...)` from the
+attempt's checkpoint. The callback closes each optimizer step in the session (guard,
+progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own `checkpoint-N`
+folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session import Session
+from mpjob_trainer.session.framework import FrameworkRun
+
+
+def attempt_arguments(run: Session) -> dict[str, Any]:
+    """What the attempt decides, whatever the script asks for."""
+    return {
+        "fp16": run.precision == "fp16",
+        "bf16": run.precision == "bf16",
+        "max_steps": run.total_steps,
+        "seed": run.spec.training.seed,
+        "save_strategy": "no",  # the session decides when; the Trainer's own saves would bypass the store
+        "use_cpu": run.device.type == "cpu",
+    }
+
+
+def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
+    """TrainingArguments for this attempt; `kwargs` are the script's other settings."""
+    owned = attempt_arguments(run)
+    clash = sorted(set(kwargs) & set(owned))
+    if clash:
+        raise ConfigError(
+            f"training_arguments({', '.join(clash)}=...): set by the attempt (precision, spec.training.steps "
+            "and seed, checkpoints by mpjob); change the job's spec instead"
+        )
+    tr = run.spec.training
+    defaults = {
+        "output_dir": str(Path(run.launch.checkpoint_dir) / ".hf-output"),
+        "per_device_train_batch_size": tr.batch_size,
+        "gradient_accumulation_steps": tr.grad_accumulation,
+        "learning_rate": tr.learning_rate,
+        "max_grad_norm": tr.grad_clip_norm or 0.0,
+        "logging_steps": tr.log_every,
+        "report_to": [],
+        "disable_tqdm": True,
+    }
+    return TrainingArguments(**{**defaults, **kwargs, **owned})
+
+
+def _check(run: Session, args: TrainingArguments) -> None:
+    """A Trainer built with other arguments would train in a precision the attempt does not report."""
+    wanted = {k: v for k, v in attempt_arguments(run).items() if k in ("fp16", "bf16", "max_steps")}
+    wrong = {k: getattr(args, k) for k, v in wanted.items() if getattr(args, k) != v}
+    if wrong:
+        raise ConfigError(
+            f"the Trainer's TrainingArguments disagree with the attempt ({run.precision}, "
+            f"{run.total_steps} steps): {wrong}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
+        )
+
+
+class MpjobCallback(TrainerCallback):
+    """Closes each optimizer step in the session; losses are read from the model's outputs
+    (a forward hook keeps them on the device: no sync per step)."""
+
+    def __init__(self, bridge: FrameworkRun, samples_per_step: int) -> None:
+        self.bridge = bridge
+        self.samples_per_step = samples_per_step
+        self._losses: list[torch.Tensor] = []
+        self._hook: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.bridge.watch(kw["optimizer"])
+        self._hook = kw["model"].register_forward_hook(self._observe)
+
+    def _observe(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if module.training and isinstance(loss, torch.Tensor):
+            self._losses.append(loss.detach())
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        loss = torch.stack(self._losses).float().mean() if self._losses else None
+        self._losses.clear()
+        lr = kw["optimizer"].param_groups[0]["lr"]
+        self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+
+
+def _writer(trainer: Trainer) -> Any:
+    def write(staging: Path) -> Path:
+        """The Trainer's own checkpoint (what `resume_from_checkpoint` reads), into `staging`."""
+        output_dir = trainer.args.output_dir
+        trainer.args.output_dir = str(staging)
+        try:
+            trainer._save_checkpoint(trainer.model, trial=None)  # type: ignore[arg-type]
+        finally:
+            trainer.args.output_dir = output_dir
+        return staging / f"checkpoint-{trainer.state.global_step}"
+
+    return write
+
+
+def _use_attempt_scaler(bridge: FrameworkRun, trainer: Trainer) -> None:
+    """fp16: the attempt's GradScaler is the Trainer's; accelerate takes it at prepare()."""
+    accelerator = trainer.accelerator
+    if bridge.scaler is not None:
+        accelerator.scaler = bridge.scaler
+        accelerator.native_amp = True  # on a CPU accelerate would otherwise run no autocast at all
+
+
+def _resume_view(run: Session, checkpoint: Path | None) -> str | None:
+    """The checkpoint the Trainer resumes from. After a fallback out of fp16 its GradScaler state
+    must not come along (the scale starts afresh, as in every mpjob attempt), and
+    transformers would load scaler.pt into a Trainer that has no scaler: it then reads a view
+    of the checkpoint without that file (links: the adopted checkpoint is never changed)."""
+    if checkpoint is None or run.precision == "fp16" or not (checkpoint / "scaler.pt").exists():
+        return None if checkpoint is None else str(checkpoint)
+    view = checkpoint.parents[1] / f".tmp-resume-{os.getpid()}"
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir()
+    for entry in checkpoint.iterdir():
+        if entry.name != "scaler.pt":
+            (view / entry.name).symlink_to(entry.resolve())
+    return str(view)
+
+
+def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
+    """Train the attempt with `trainer` from its checkpoint; returns Trainer.train's output."""
+    if "resume_from_checkpoint" in train_kwargs:
+        raise ConfigError("train(resume_from_checkpoint=...): the attempt names the checkpoint to resume from")
+    _check(run, trainer.args)
+    model = trainer.model
+    if model is None:
+        raise ConfigError("the Trainer has no model (model_init is not supported: build the model first)")
+    bridge = FrameworkRun(run)
+    bridge.checkpoint_with(_writer(trainer), model.parameters)
+    _use_attempt_scaler(bridge, trainer)
+    run.keep_fp32(model)
+    for noisy in (PrinterCallback, ProgressCallback):  # the session's step lines are the progress
+        trainer.remove_callback(noisy)
+    args = trainer.args
+    samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
+    trainer.add_callback(MpjobCallback(bridge, samples))
+    point = bridge.resume()
+    return trainer.train(resume_from_checkpoint=_resume_view(run, point.framework_checkpoint), **train_kwargs)

@@ -1,0 +1,126 @@
+"""FrameworkRun: a Session driven by a training framework's callback instead of a loop.
+
+A framework (Hugging Face Trainer, Lightning) owns the loop: it builds the optimizer, runs
+autocast, scales the loss, steps, and writes and reads its own checkpoints. mpjob's framework
+adapters (mpjob_trainer.adapters) must still keep every promise a Session keeps, and keep it
+the same way, so they do not reimplement any of it; they reach the session through this:
+
+- the attempt's GradScaler (`scaler`), built from spec.precision.lossScale, is handed to the
+  framework as *its* scaler: the guard reads the very scaler that skips steps;
+- `watch(optimizer)` hooks the framework's optimizer like `Session.step` hooks a loop's, so
+  overflow-skipped steps are known on the host with no extra sync;
+- `end_step` is the loop's `end_step`: guard, progress, checkpoint decision, preemption;
+- checkpoints: when the session decides to save (a healthy interval), the framework writes
+  its own checkpoint into a staging folder and the CheckpointStore adopts it (sha256 of
+  every file in the manifest, keep-K, corrupt ones skipped on load) beside a small state.pt
+  with what the session owns (step, applied steps, scaler, RNG);
+- `resume()` loads the attempt's checkpoint like `Session.resume` and says where the
+  framework's own checkpoint lies, for `resume_from_checkpoint` / `ckpt_path`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from mpjob_trainer import distributed as dist_env
+from mpjob_trainer.checkpoint import FRAMEWORK, snapshot
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.run import Session
+
+
+class CheckpointWriter(Protocol):
+    """Has the framework write its checkpoint into `staging` (called on every rank: frameworks
+    save collectively); returns the folder it wrote, inside `staging`."""
+
+    def __call__(self, staging: Path) -> Path: ...
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    step: int
+    #: The framework's checkpoint inside the attempt's mpjob checkpoint; None on a fresh start.
+    framework_checkpoint: Path | None
+
+
+class FrameworkCheckpointer(Checkpointer):
+    """Checkpoints the framework writes and the store adopts, on the session's decision."""
+
+    def __init__(self, base: Checkpointer, write: CheckpointWriter, parameters: Callable[[], Iterable[torch.Tensor]]):
+        super().__init__(base.store, base.world, base.log, base.metrics)
+        self.write = write
+        self.parameters = parameters
+
+    def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
+        """Framework save, then adoption on rank 0; synchronous (the framework's save is)."""
+        if not all(bool(torch.isfinite(p).all()) for p in self.parameters()):  # a sync, only when saving
+            self.log("checkpointSkipped", step=step, why="non-finite weights")
+            return
+        staging = self.store.root / f".tmp-framework-{step:09d}"
+        if self.world.is_main:
+            staging = self.store.staging(staging.name)
+        dist_env.barrier(self.world)
+        written = self.write(staging)
+        if self.world.is_main:
+            try:
+                result = self.store.save(step, precision, snapshot(capture()), adopt=written)
+            except Exception as exc:
+                self._failed(step, step, exc)
+                if final:
+                    raise  # no final checkpoint: this attempt cannot claim success
+            else:
+                self._saved(result, asynchronous=False)
+        dist_env.barrier(self.world)
+
+
+class FrameworkRun:
+    """The adapter's handle on a Session (see the module docstring)."""
+
+    def __init__(self, run: Session) -> None:
+        self.run = run
+
+    def checkpoint_with(self, write: CheckpointWriter, parameters: Callable[[], Iterable[torch.Tensor]]) -> None:
+        """From now on the session's checkpoints are the framework's (`write`), adopted; weights
+        that are not finite (`parameters`) are never saved."""
+        base = self.run._checkpoints
+        if not isinstance(base, FrameworkCheckpointer):
+            self.run._checkpoints = FrameworkCheckpointer(base, write, parameters)
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The attempt's GradScaler (fp16 only), for the framework to scale and step with."""
+        return self.run._scaler
+
+    def resume(self) -> ResumePoint:
+        """Load the attempt's checkpoint (launch.resumeFrom, else the newest valid one)."""
+        step = self.run.resume()
+        ref = self.run._checkpoints.store.last_good
+        if step == 0 or ref is None:
+            return ResumePoint(0, None)
+        folder = Path(ref.path) / FRAMEWORK
+        if not folder.is_dir():
+            raise ConfigError(
+                f"the checkpoint of step {step} ({ref.path}) holds no framework checkpoint: it was not "
+                "written through a framework adapter, so this script cannot resume from it"
+            )
+        return ResumePoint(step, folder)
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook the optimizer the framework steps (inside its wrapper, if any): GradScaler calls
+        its step() only for finite gradients, which tells the guard of skipped steps."""
+        self.run._watch(getattr(optimizer, "optimizer", optimizer))
+
+    def end_step(self, step: int, *, loss: torch.Tensor | float | None, samples: int | None, lr: float | None) -> None:
+        """Close optimizer step `step` as a loop's `end_step` does."""
+        self.run._lr = lr
+        self.run.end_step(step, loss=loss, samples=samples)
+
+    def reclaim_sigterm(self) -> None:
+        """Take SIGTERM back from a framework that installed its own handler (Lightning stops
+        at its next batch without a checkpoint): the session decides when to stop."""
+        self.run._preemption.reclaim()
