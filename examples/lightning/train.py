@@ -74,8 +74,11 @@ class Classifier(L.LightningModule):
 
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
         # Lightning calls this after restoring the checkpoint: the position is the global step.
+        # The loader's own generator keeps its iterator from drawing on torch's global one,
+        # which mpjob restored to the checkpoint's state (Lightning itself saves no RNG state).
         start = self.trainer.global_step * self.trainer.accumulate_grad_batches
-        return DataLoader(self.data, batch_sampler=Batches(len(self.data), self.batch, seed=self.seed, start=start))
+        batches = Batches(len(self.data), self.batch, seed=self.seed, start=start)
+        return DataLoader(self.data, batch_sampler=batches, generator=torch.Generator().manual_seed(self.seed))
 
 
 def parse() -> argparse.Namespace:

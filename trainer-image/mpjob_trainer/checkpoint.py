@@ -118,9 +118,9 @@ class CheckpointStore:
         for name, meta in manifest["files"].items():  # state.pt and, when adopted, the framework's files
             if not (path / name).is_file():
                 raise CorruptCheckpoint(f"{path.name}: {name} missing")
-            actual = sha256_file(path / name)
-            if actual != meta.get("sha256"):
-                raise CorruptCheckpoint(f"{path.name}: {name} sha256 mismatch ({actual[:12]} != {meta.get('sha256')})")
+            actual, expected = sha256_file(path / name), str(meta.get("sha256"))
+            if actual != expected:
+                raise CorruptCheckpoint(f"{path.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
         state_path = path / STATE
         try:
             state = torch.load(state_path, map_location="cpu", weights_only=True)

@@ -1,0 +1,95 @@
+"""Framework checkpoints as mpjob checkpoints: a corrupted newest one is skipped for the
+previous good one, and a run SIGKILLed mid-way resumes through the framework's own resume
+(global step, optimizer, LR scheduler, GradScaler, RNG) and ends bit for bit where a straight
+run ends (both frameworks, fp16 on a CPU: the scaler state is part of what must match)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.helpers import wait_for
+from tests.unit.trainer.adapter_jobs import FRAMEWORKS, WEIGHTS, command, job
+from tests.unit.trainer.conftest import launch_env, run_trainer
+from tests.unit.trainer.test_own_loop_resume import assert_identical
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_corrupted_newest_framework_checkpoint_is_skipped(tmp_path: Path, framework: str) -> None:
+    spec = job(framework, training={"steps": 20}, checkpoint={"everySteps": 10, "keep": 3})
+    first = run_trainer(tmp_path, spec, "fp32", argv=command(framework)[1:], name="a0.json")
+    assert first.code == 0, first.stderr[-3000:]
+    newest = tmp_path / "ckpt/step-000000020/framework"
+    weights = next(newest.rglob(WEIGHTS[framework]))
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped bit of the framework's own file
+    weights.write_bytes(bytes(data))
+
+    longer = job(framework, training={"steps": 30}, checkpoint={"everySteps": 10, "keep": 3})
+    second = run_trainer(tmp_path, longer, "fp32", argv=command(framework)[1:], attempt=1, name="a1.json")
+    assert second.code == 0, second.stderr[-3000:]
+    (rejected,) = second.of("checkpointRejected")
+    assert rejected["path"].endswith("step-000000020") and "sha256 mismatch" in rejected["problem"]
+    assert second.of("resume")[0]["step"] == 10
+    assert second.report is not None and second.report.start_step == 10 and second.report.step == 30
+
+
+def start(tmp: Path, spec: dict[str, Any], framework: str, attempt: int) -> subprocess.Popen[str]:
+    env = launch_env(tmp, spec, "fp16", attempt=attempt, name=f"a{attempt}.json")
+    return subprocess.Popen(command(framework), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def framework_state(folder: Path, framework: str) -> dict[str, Any]:
+    """What the framework itself saved: weights, optimizer, scheduler, scaler, its step."""
+    if framework == "lightning":
+        ckpt = torch.load(folder / "lightning.ckpt", weights_only=False)
+        keys = ("state_dict", "optimizer_states", "lr_schedulers", "MixedPrecision", "global_step")
+        return {k: ckpt[k] for k in keys}
+    (hf,) = folder.iterdir() if not (folder / "trainer_state.json").exists() else [folder]
+    return {
+        "model": load_file(hf / "model.safetensors"),
+        **{name: torch.load(hf / f"{name}.pt", weights_only=True) for name in ("optimizer", "scheduler", "scaler")},
+        "global_step": json.loads((hf / "trainer_state.json").read_text())["global_step"],
+    }
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_killed_and_rerun_ends_bit_identical(tmp_path: Path, framework: str) -> None:
+    steps = 120
+    spec = job(framework, training={"steps": steps}, precision={"mode": "fp16"}, checkpoint={"everySteps": 10})
+    straight = finish(start(tmp_path / "straight", spec, framework, attempt=0))
+    assert straight[-1]["event"] == "done"
+
+    cut = tmp_path / "cut"
+    proc = start(cut, spec, framework, attempt=0)
+    wait_for(lambda: list((cut / "ckpt").glob("step-*/manifest.json")), 90, interval=0.02, message="a checkpoint")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not (cut / "ckpt" / f"step-{steps:09d}").exists(), "killed before the end"
+    resumed = finish(start(cut, spec, framework, attempt=1))
+    (resume,) = [e for e in resumed if e["event"] == "resume"]
+    assert 0 < resume["step"] < steps
+
+    final = f"step-{steps:09d}"
+    a = framework_state(tmp_path / "straight/ckpt" / final / "framework", framework)
+    b = framework_state(cut / "ckpt" / final / "framework", framework)
+    assert a["global_step"] == b["global_step"] == steps
+    assert_identical(a, b)
+    sdk_a = torch.load(tmp_path / "straight/ckpt" / final / "state.pt", weights_only=True)
+    sdk_b = torch.load(cut / "ckpt" / final / "state.pt", weights_only=True)
+    assert_identical(sdk_a, sdk_b)  # applied steps, the session's scaler, RNG states

@@ -1,0 +1,89 @@
+"""The SDK hooks the framework adapters stand on: the store adopts a framework's checkpoint
+folder (every file in the manifest, corrupt ones skipped, keep-K, staging cleaned), the guard
+sees a fused optimizer's skipped steps, and the extras never bring a Kubernetes client."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from mpjob_contract.api import Guard
+from mpjob_trainer.checkpoint import FRAMEWORK, CheckpointStore
+from mpjob_trainer.distributed import World
+from mpjob_trainer.guard import NumericGuard
+from tests.unit.test_images import TRAINER, lock_closure, parse, run_commands
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parents[3]
+
+
+def framework_save(store: CheckpointStore, step: int) -> Path:
+    """What a framework writes: a folder of files, some nested."""
+    staging = store.staging(f".tmp-framework-{step:09d}")
+    written = staging / f"checkpoint-{step}"
+    (written / "nested").mkdir(parents=True)
+    (written / "model.bin").write_bytes(bytes([step]) * 1000)
+    (written / "nested/optimizer.bin").write_bytes(b"adam" * step)
+    return written
+
+
+def test_store_adopts_a_framework_folder_and_checks_every_file(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=2, config_digest="d")
+    for step in (10, 20, 30):
+        store.save(step, "fp16", {"step": step}, adopt=framework_save(store, step))
+    assert [s for s, _ in store.steps()] == [20, 30]  # keep 2
+    manifest = json.loads((tmp_path / "step-000000030/manifest.json").read_text())
+    assert set(manifest["files"]) == {"state.pt", "framework/model.bin", "framework/nested/optimizer.bin"}
+    assert (tmp_path / "step-000000030" / FRAMEWORK / "model.bin").read_bytes() == bytes([30]) * 1000
+
+    (tmp_path / "step-000000030/framework/nested/optimizer.bin").write_bytes(b"torn")
+    rejected: list[str] = []
+    store.log = lambda event, **f: rejected.append(f["problem"])
+    ref, state = store.load()  # type: ignore[misc]
+    assert (ref.step, state["step"]) == (20, 20)
+    (problem,) = rejected
+    assert problem.startswith("step-000000030: framework/nested/optimizer.bin sha256 mismatch")
+
+    framework_save(store, 40)  # a framework killed mid-save leaves its staging folder
+    store.clean_stale()
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_guard_counts_a_fused_optimizers_skipped_step() -> None:
+    """transformers' default optimizer is fused AdamW: GradScaler calls its step() even for
+    overflowing gradients, and the optimizer skips the update itself."""
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    guard = NumericGuard(Guard(), torch.device("cpu"), World(rank=0, size=1, local_rank=0))
+    applied: list[bool] = []
+    optimizer.register_step_post_hook(lambda opt, *_: applied.append(guard.optimizer_stepped(opt)))
+    for grad in (float("inf"), 1.0):
+        guard.begin_step()
+        scaler.scale((weight * grad).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        guard.end_step(1, uses_scaler=True)
+    assert applied == [False, True] and guard.overflow_steps == 1 and guard.consecutive_overflows == 0
+
+
+def test_framework_extras_are_pinned_installed_by_the_image_and_free_of_kubernetes() -> None:
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    (trainer,) = [p for p in lock["package"] if p["name"] == "mpjob-trainer"]
+    extras = {name: {d["name"] for d in deps} for name, deps in trainer["optional-dependencies"].items()}
+    assert extras == {"hf": {"transformers", "accelerate"}, "lightning": {"lightning"}}
+    pins = tomllib.loads((REPO / "trainer-image/pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert all(re.fullmatch(r"[\w-]+==[\d.]+", pin) for pins_ in pins.values() for pin in pins_)
+    closure = set().union(*(lock_closure(name) for names in extras.values() for name in names))
+    assert "torch" in closure and not {"kopf", "kubernetes"} & closure
+    runs = run_commands(parse(TRAINER)[0])
+    assert "--extra hf" in runs and "--extra lightning" in runs
+    # The workspace's dev environment (scripts/setup.sh: --group dev) has them: tests import them.
+    groups = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]
+    assert {"include-group": "frameworks"} in groups["dev"] and groups["frameworks"] == ["mpjob-trainer[hf,lightning]"]
