@@ -209,6 +209,12 @@ class RunPolicy(ApiModel):
     )
     suspend: bool = Field(False, description="Stop the running attempt after a checkpoint.")
     queue_name: str = Field("", max_length=63, description="Kueue LocalQueue; each attempt Job is labelled with it.")
+    pod_creation_timeout_seconds: int = Field(
+        300,
+        ge=1,
+        description="Fail the job when the Job controller could not create an attempt's pods (Pod Security, "
+        "quota, an admission webhook) this long after the attempt started.",
+    )
 
 
 class PodTemplateOverrides(ApiModel):

@@ -4,6 +4,9 @@ Each rule maps a Reason to an Action. The reason comes from the pod or Job first
 platform saw it: eviction, node loss, image pull, deadline, OOM) and from the trainer's
 exit code otherwise (mpjob_contract.codes). Read the table top to bottom; that is the
 policy, in the code and in the README alike.
+
+A second, smaller table says what the API server's refusal of an attempt's children means:
+fail the job with the server's message, or retry with a per-job backoff.
 """
 
 from __future__ import annotations
@@ -111,3 +114,54 @@ def classify(outcome: AttemptOutcome) -> Classification:
     rule = _BY_REASON[reason]
     message = (outcome.report.message if outcome.report and outcome.report.message else outcome.message) or rule.why
     return Classification(reason, rule.action, message)
+
+
+# ---------------------------------------------------------------- the API server refused a child
+
+
+class ApiAction(StrEnum):
+    #: The job fails with the API server's message: the same request fails the same way again.
+    FAIL = "Fail"
+    #: Try again later, backing off per job: the server is busy, restarting or out of date.
+    RETRY = "Retry"
+
+
+@dataclass(frozen=True)
+class ApiRule:
+    status: int
+    action: ApiAction
+    reason: str
+    why: str
+
+
+#: What an HTTP status from the API server means when the operator creates or updates an
+#: attempt's children (Job, Service). A status not listed is retried (as 5xx are).
+API_ERROR_POLICY: tuple[ApiRule, ...] = (
+    ApiRule(
+        400, ApiAction.FAIL, "InvalidPodTemplate", "the server cannot decode the child (a malformed template field)"
+    ),
+    ApiRule(403, ApiAction.FAIL, "Forbidden", "RBAC, an admission webhook or policy, or a closing namespace"),
+    ApiRule(404, ApiAction.FAIL, "NamespaceNotFound", "the namespace does not exist"),
+    ApiRule(409, ApiAction.RETRY, "Conflict", "another writer changed the object first"),
+    ApiRule(422, ApiAction.FAIL, "InvalidPodTemplate", "the child fails validation: a template field is invalid"),
+    ApiRule(429, ApiAction.RETRY, "TooManyRequests", "API priority and fairness asks clients to slow down"),
+)
+_API_RULES = {rule.status: rule for rule in API_ERROR_POLICY}
+#: 5xx, timeouts and lost connections (no status at all): the server will likely answer later.
+#: An object of the child's name exists that this job did not create: it is never adopted nor deleted.
+NAME_CONFLICT = ApiRule(409, ApiAction.FAIL, "NameConflict", "an object of that name exists that mpjob did not create")
+UNAVAILABLE = ApiRule(0, ApiAction.RETRY, "Unavailable", "the API server failed, timed out or could not be reached")
+
+
+def classify_api_error(status: int | None) -> ApiRule:
+    """The policy's rule for an API error while creating an attempt's children (`status`
+    None: no answer at all, a timeout or a lost connection)."""
+    return _API_RULES.get(status or 0, UNAVAILABLE)
+
+
+def backoff_seconds(failures: int, *, base: float, cap: float) -> float:
+    """The wait before retry number `failures` (1, 2, ...) of one job: `base` doubled per failure
+    in a row, at most `cap`."""
+    if failures < 1:
+        return 0.0
+    return min(cap, base * 2 ** min(failures - 1, 62))

@@ -68,13 +68,14 @@ def created(plan: Plan, when: When, message: str) -> None:
 def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, why: str) -> None:
     """Record the attempt (before its children exist) and ask for it to be created."""
     st.begin_attempt(plan.status, start, world_size=world_size(spec), at=when.at)
-    plan.status.phase = "Running" if start.fallback_from is None else "Recovering"
+    # Not Running before a trainer runs: `running` says so once one does.
+    plan.status.phase = "Pending" if start.fallback_from is None else "Recovering"
     plan.create.append(start)
     plan.started_reasons.append(why)
     resumed = f", resuming from checkpoint step {start.start_step}" if start.start_step else ""
     plan.events.append(Event("Normal", "AttemptStarted", f"attempt {start.index} in {start.precision}{resumed}"))
-    message = f"attempt {start.index} in {start.precision}"
-    condition(plan, when, ConditionType.RUNNING, True, ConditionReason.ATTEMPT_STARTED, message)
+    message = f"attempt {start.index} in {start.precision}: waiting for its pods"
+    condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
 
 
 def running(plan: Plan, when: When) -> None:
@@ -84,6 +85,35 @@ def running(plan: Plan, when: When) -> None:
         status.phase = "Running"
         message = f"attempt {current.index} in {current.precision}"
         condition(plan, when, ConditionType.RUNNING, True, ConditionReason.ATTEMPT_RUNNING, message)
+
+
+def pods_refused(plan: Plan, when: When, message: str) -> None:
+    """The Job controller cannot create the attempt's pods (`message`, its FailedCreate): the
+    job waits (Pending) with PodsCreated=False, and a Warning Event says so once per message."""
+    status = plan.status
+    if status.phase == "Running":
+        status.phase = "Pending"
+    known = next((c for c in status.conditions if c.type == ConditionType.PODS_CREATED), None)
+    news = known is None or known.status != "False" or known.message != message
+    condition(plan, when, ConditionType.PODS_CREATED, False, ConditionReason.FAILED_CREATE, message)
+    if news:
+        plan.events.append(Event("Warning", ConditionReason.FAILED_CREATE, message[:1000]))
+
+
+def pods_created(plan: Plan, when: When) -> None:
+    """The attempt's pods exist after all (quota freed, a policy changed): PodsCreated turns
+    True where it was False; a job that never had trouble carries no such condition."""
+    if any(c.type == ConditionType.PODS_CREATED and c.status == "False" for c in plan.status.conditions):
+        message = f"attempt {plan.status.attempts[-1].index}'s pods were created"
+        condition(plan, when, ConditionType.PODS_CREATED, True, ConditionReason.PODS_CREATED, message)
+
+
+def refused(plan: Plan, *, index: int, reason: str, message: str, when: When) -> None:
+    """Attempt `index` cannot be made (the API server refused its children for good, or its pods
+    could not be created in time): the attempt and the job fail with that message."""
+    st.end_attempt(plan.status, index, reason, None, message, plan.status.step, when.at)
+    plan.delete.append(index)
+    finish(plan, Finish(False, reason, message[:1024]), when)
 
 
 def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
@@ -135,6 +165,11 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
             step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
         )
     status.step = report.step
+    # The trainer's own final counts (a live reading may never have been taken); a loss scale
+    # exists only in fp16 (0 would read as a collapsed scale).
+    status.overflow_steps = report.counters.overflow_steps
+    scale = report.counters.loss_scale
+    status.loss_scale = scale if report.precision == "fp16" and scale else None
     for attempt in status.attempts:
         if attempt.index == index and report.start_step:
             attempt.start_step = report.start_step

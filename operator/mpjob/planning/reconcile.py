@@ -46,6 +46,8 @@ class JobView:
     reason: str | None = None  # the Failed condition's reason (BackoffLimitExceeded, DeadlineExceeded)
     pods: tuple[PodView, ...] = ()
     suspended: bool = False
+    #: The Job controller's latest FailedCreate message (a pod it could not create), if any.
+    create_error: str | None = None
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -194,22 +196,49 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
     if job is None:
         # Recorded but not created (the operator stopped in between): create it now.
         plan.create.append(StartAttempt(current.index, current.precision, None, current.start_step))
-        status.phase = "Running" if status.phase != "Recovering" else status.phase
+        status.phase = "Pending" if status.phase == "Running" else status.phase
         return
     finished = job.finished or ended_by_pods(job, spec.workers)
     if finished is None:
-        _running(plan, job, when)
+        _running(plan, spec, job, when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = outcome_of(job)
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
 
 
-def _running(plan: Plan, job: JobView, when: When) -> None:
-    """The attempt's Job exists and has not ended: waiting for admission, or running."""
+def _running(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When) -> None:
+    """The attempt's Job exists and has not ended: waiting for admission, for its pods (which
+    the Job controller may be unable to create), or running once a trainer pod runs."""
+    created = {p.index for p in job.pods} >= set(range(spec.workers))
+    if job.suspended:
+        _awaiting_admission(plan, when)
+    elif job.create_error is not None and not created:
+        _pods_refused(plan, spec, job.create_error, when)
+    else:
+        if created:
+            lc.pods_created(plan, when)
+        if any(p.phase == "Running" or p.exit_code is not None for p in job.pods):
+            lc.running(plan, when)
+
+
+def _awaiting_admission(plan: Plan, when: When) -> None:
     status, current = plan.status, plan.status.attempts[-1]
-    if not job.suspended:
-        lc.running(plan, when)
-    elif status.phase != "Pending":
+    running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
+    if status.phase != "Pending" or running is None or running.reason != ConditionReason.AWAITING_ADMISSION:
         status.phase = "Pending"
         message = f"attempt {current.index} waits for its queue to admit it"
         lc.condition(plan, when, ConditionType.RUNNING, False, ConditionReason.AWAITING_ADMISSION, message)
+
+
+def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, message: str, when: When) -> None:
+    """Pods the Job controller cannot create: shown at once, the job failed after
+    runPolicy.podCreationTimeoutSeconds from the attempt's start (quota may free up meanwhile)."""
+    current = plan.status.attempts[-1]
+    timeout = spec.run_policy.pod_creation_timeout_seconds
+    started, now = _parse_time(current.start_time), _parse_time(when.at)
+    if started is None or now is None or now < started + timedelta(seconds=timeout):
+        lc.pods_refused(plan, when, message)
+        return
+    text = f"pods not created within runPolicy.podCreationTimeoutSeconds={timeout}: {message}"
+    reason = ConditionReason.POD_CREATION_TIMEOUT
+    lc.refused(plan, index=current.index, reason=reason, message=text, when=when)

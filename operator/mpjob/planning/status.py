@@ -17,6 +17,8 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    #: False while the Job controller cannot create the attempt's pods (FailedCreate).
+    PODS_CREATED = "PodsCreated"
 
 
 class ConditionReason(StrEnum):
@@ -31,6 +33,11 @@ class ConditionReason(StrEnum):
     SUSPENDED = "Suspended"
     #: The spec fails the API models (a CRD older than the operator let it in).
     INVALID_SPEC = "InvalidSpec"
+    #: The Job controller could not create a pod (Pod Security, quota, a webhook), and did later.
+    FAILED_CREATE = "FailedCreate"
+    PODS_CREATED = "PodsCreated"
+    #: runPolicy.podCreationTimeoutSeconds passed with pods still refused.
+    POD_CREATION_TIMEOUT = "PodCreationTimeout"
 
 
 def now() -> str:
@@ -90,6 +97,9 @@ def begin_attempt(
     status.attempts.append(entry)
     status.attempt = start.index
     status.precision = start.precision
+    # Live figures are each attempt's own: none until its first real reading.
+    status.loss = status.loss_scale = status.samples_per_second = None
+    status.overflow_steps = None
     return entry
 
 

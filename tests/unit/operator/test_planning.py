@@ -85,7 +85,8 @@ def _status(**kw: object) -> MixedPrecisionJobStatus:
 def test_a_new_job_starts_attempt_zero_and_records_it_first() -> None:
     plan = reconcile(spec(precision={"mode": "fp16"}), _status(), 1, {}, NOW)
     assert [(c.index, c.precision) for c in plan.create] == [(0, "fp16")]
-    assert plan.status.attempts[0].index == 0 and plan.status.phase == "Running"
+    # Pending until a trainer pod runs (issue 14): its pods may never be created.
+    assert plan.status.attempts[0].index == 0 and plan.status.phase == "Pending"
     assert plan.status.observed_generation == 1
 
 
