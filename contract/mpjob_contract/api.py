@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from mpjob_contract import k8s
+
 GROUP = "mpjob.dev"
 VERSION = "v1alpha1"
 KIND = "MixedPrecisionJob"
@@ -28,6 +30,8 @@ MAX_NAME_LENGTH = 50
 MAX_ATTEMPTS_LIMIT = 99
 MAX_WORKERS = 256
 MAX_PROCESSES_PER_WORKER = 64
+#: task.args entries at most (the CRD's maxProperties): they travel in every trainer pod's env.
+MAX_TASK_ARGS = 64
 
 Precision = Literal["fp16", "bf16", "fp32"]
 PrecisionMode = Literal["auto", "fp16", "bf16", "fp32"]
@@ -75,7 +79,9 @@ class Task(ApiModel):
         None, min_length=1, description="Working directory of `command` (default: the image's)."
     )
     args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments handed to the task factory (or the SDK's `args`)."
+        default_factory=dict,
+        max_length=MAX_TASK_ARGS,
+        description="Keyword arguments handed to the task factory (or the SDK's `args`).",
     )
 
     @model_validator(mode="after")
@@ -232,6 +238,18 @@ class PodTemplateOverrides(ApiModel):
     priority_class_name: str | None = None
     service_account_name: str | None = None
     image_pull_secrets: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_schemas(cls, data: Any) -> Any:
+        """Each field checked against Kubernetes' own schema of it, as the API server does."""
+        if isinstance(data, dict):
+            aliases: dict[str, str] = {name: field.alias or name for name, field in cls.model_fields.items()}
+            wire = {aliases.get(str(key), str(key)): value for key, value in data.items()}
+            violations = k8s.check_template(wire)
+            if violations:
+                raise k8s.SchemaViolations(violations)
+        return data
 
 
 class MixedPrecisionJobSpec(ApiModel):

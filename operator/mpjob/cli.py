@@ -8,20 +8,17 @@ from pathlib import Path
 
 
 def _validate(argv: list[str]) -> int:
-    from mpjob.validation import check_text
+    from mpjob.validation import InvalidManifest, check_text, read_manifest
 
     parser = argparse.ArgumentParser(prog="mpjob validate", description="Check manifests against the CRD's rules.")
-    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("files", nargs="+", help="manifest files (`-` reads stdin)")
     args = parser.parse_args(argv)
     failed = False
     for path in args.files:
         try:
-            text = path.read_text() if str(path) != "-" else sys.stdin.read()
-        except OSError as exc:
-            print(f"{path}: cannot read: {exc.strerror}")
-            failed = True
-            continue
-        jobs, problems = check_text(text, str(path))
+            jobs, problems = check_text(read_manifest(path), path)
+        except InvalidManifest as exc:
+            jobs, problems = [], exc.problems
         for problem in problems:
             print(problem)
         if problems:
@@ -37,15 +34,39 @@ def _crd(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mpjob crd", description="Print (or write) the generated CRD.")
     parser.add_argument("--write", action="store_true", help=f"write to {', '.join(map(str, DEFAULT_PATHS))}")
     parser.add_argument("--out", type=Path, action="append", help="write to this path instead (repeatable)")
+    parser.add_argument(
+        "--k8s-schemas",
+        nargs="?",
+        const="",
+        type=str,
+        metavar="OPENAPI_JSON",
+        help="first regenerate the template's Kubernetes schemas (mpjob_contract/k8s/) from Kubernetes' "
+        "OpenAPI v3 api__v1_openapi.json (default: the pinned version's, in the Go module cache)",
+    )
     args = parser.parse_args(argv)
+    if args.k8s_schemas is not None and _k8s_schemas(args.k8s_schemas) != 0:
+        return 1
     text = crd_yaml()
     targets = args.out or (DEFAULT_PATHS if args.write else [])
-    if not targets:
+    if not targets and args.k8s_schemas is None:
         sys.stdout.write(text)
     for target in targets:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         print(f"wrote {target}")
+    return 0
+
+
+def _k8s_schemas(source: str) -> int:
+    from mpjob import k8s_openapi
+    from mpjob_contract import k8s
+
+    path = Path(source) if source else k8s_openapi.module_cache_document(k8s.KUBERNETES_VERSION)
+    if not path.is_file():
+        print(f"{path}: not found; `bash tests/cluster/build.sh` downloads k8s.io/kubernetes into the Go module cache")
+        return 1
+    print(f"wrote {k8s_openapi.write(path, k8s.KUBERNETES_VERSION)}")
+    k8s.template_schemas.cache_clear()
     return 0
 
 

@@ -1,11 +1,15 @@
 """Manifest checking with the same models the CRD is generated from.
 
 `check_text` returns every problem at once, each naming its field path (camelCase, as the
-user wrote it) and what is allowed; YAML syntax errors name the line.
+user wrote it) and what is allowed; YAML syntax errors name the line. The template's pod
+fields are checked against Kubernetes' own schemas (mpjob_contract.k8s), as the API server
+does. A manifest is untrusted input: it is read only up to MAX_MANIFEST_BYTES, nested at most
+MAX_DEPTH deep, and YAML aliases are refused (a few lines of aliases expand to gigabytes).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +17,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from mpjob_contract import k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
+
+#: Far above any real MixedPrecisionJob, below what the API server takes (3 MiB, etcd 1.5 MiB).
+MAX_MANIFEST_BYTES = 1024 * 1024
+#: Nesting levels of a YAML document (a real manifest needs about 15).
+MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,32 @@ class InvalidManifest(Exception):
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__("\n".join(str(p) for p in problems))
         self.problems = problems
+
+
+class _ManifestLimit(Exception):
+    """A document past the limits above; the message says which and where."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """Safe YAML with bounded nesting and no aliases: composing a node recurses, so depth is
+    checked there before Python's stack runs out, and an alias would be expanded on output."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:  # type: ignore[override]
+        event = self.peek_event()
+        line = f"line {event.start_mark.line + 1}" if event.start_mark else "a node"
+        if isinstance(event, yaml.AliasEvent):
+            raise _ManifestLimit(f"{line}: YAML aliases (*{event.anchor}) are not allowed; write the value out")
+        if self._depth >= MAX_DEPTH:
+            raise _ManifestLimit(f"{line}: nested deeper than {MAX_DEPTH} levels")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[arg-type]
+        finally:
+            self._depth -= 1
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -57,6 +93,8 @@ def _message(error: Any) -> str:
     ctx = error.get("ctx") or {}
     if "expected" in ctx and error["type"] in ("literal_error", "enum"):
         return f"must be one of {ctx['expected']}, got {error.get('input')!r}"
+    if error["type"] == "too_long" and isinstance(error.get("input"), dict | list):
+        return f"at most {ctx.get('max_length')} entries allowed, got {len(error['input'])}"
     return msg
 
 
@@ -73,12 +111,30 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
     try:
         return MixedPrecisionJob.model_validate(doc), []
     except ValidationError as exc:
-        return None, [Problem(source, index, _path(e["loc"]), _message(e)) for e in exc.errors()]
+        return None, _problems(exc, source, index)
+
+
+def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
+    """One Problem per error; a Kubernetes schema check's violations each name their own field."""
+    problems: list[Problem] = []
+    for error in exc.errors():
+        where = _path(error["loc"])
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, k8s.SchemaViolations):
+            problems += [Problem(source, index, f"{where}.{sub}", message) for sub, message in cause.violations]
+        else:
+            problems.append(Problem(source, index, where, _message(error)))
+    return problems
 
 
 def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJob], list[Problem]]:
+    size = len(text.encode())
+    if size > MAX_MANIFEST_BYTES:
+        return [], [Problem(source, 0, "", f"manifest is {size} bytes; at most {MAX_MANIFEST_BYTES} are read")]
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
+    except _ManifestLimit as exc:
+        return [], [Problem(source, 0, "", f"YAML refused at {exc}")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -96,13 +152,27 @@ def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJ
     return jobs, problems
 
 
+def read_manifest(source: str) -> str:
+    """A manifest's text from a file (or `-`, stdin), read no further than the size limit."""
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+        else:
+            with open(source, "rb") as f:
+                data = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        raise InvalidManifest([Problem(source, 0, "", f"cannot read: {exc.strerror}")]) from exc
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InvalidManifest([Problem(source, 0, "", f"larger than {MAX_MANIFEST_BYTES} bytes; not read further")])
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidManifest([Problem(source, 0, "", f"not UTF-8 text (byte {exc.start})")]) from exc
+
+
 def load_job(path: Path) -> MixedPrecisionJob:
     """The one MixedPrecisionJob in a file, or InvalidManifest naming every problem."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InvalidManifest([Problem(str(path), 0, "", f"cannot read: {exc.strerror}")]) from exc
-    jobs, problems = check_text(text, str(path))
+    jobs, problems = check_text(read_manifest(str(path)), str(path))
     if problems:
         raise InvalidManifest(problems)
     if len(jobs) != 1:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from mpjob_contract.api import MAX_TASK_ARGS
+
 GOOD: dict[str, Any] = {
     "apiVersion": "mpjob.dev/v1alpha1",
     "kind": "MixedPrecisionJob",
@@ -46,4 +48,78 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("long-name", bad("metadata.name", "x" * 51), "50"),
     ("backoff-above-one", bad("spec.precision.lossScale.backoffFactor", 1.5), "backoffFactor"),
+    ("too-many-task-args", bad("spec.task.args", {f"a{i}": i for i in range(MAX_TASK_ARGS + 1)}), "spec.task.args"),
+    # The template's pod fields, checked with Kubernetes' own schemas (mpjob_contract.k8s).
+    ("env-without-name", bad("spec.template.env", [{"value": "x"}]), "spec.template.env[0].name"),
+    ("env-value-not-string", bad("spec.template.env", [{"name": "A", "value": 1}]), "spec.template.env[0].value"),
+    ("env-unknown-source", bad("spec.template.env", [{"name": "A", "valueFrom": {"vault": {}}}]), "valueFrom.vault"),
+    ("duplicate-env", bad("spec.template.env", [{"name": "A"}, {"name": "A"}]), "spec.template.env[1]"),
+    ("volume-without-name", bad("spec.template.volumes", [{"emptyDir": {}}]), "spec.template.volumes[0].name"),
+    (
+        "host-path-without-path",
+        bad("spec.template.volumes", [{"name": "v", "hostPath": {"type": "Directory"}}]),
+        "spec.template.volumes[0].hostPath.path",
+    ),
+    (
+        "volume-unknown-source",
+        bad("spec.template.volumes", [{"name": "v", "hostpath": {"path": "/"}}]),
+        "spec.template.volumes[0].hostpath",
+    ),
+    (
+        "secret-item-without-key",
+        bad("spec.template.volumes", [{"name": "s", "secret": {"secretName": "s", "items": [{"path": "p"}]}}]),
+        "spec.template.volumes[0].secret.items[0].key",
+    ),
+    (
+        "mount-without-path",
+        bad("spec.template.volumeMounts", [{"name": "v"}]),
+        "spec.template.volumeMounts[0].mountPath",
+    ),
+    (
+        "toleration-seconds-not-integer",
+        bad("spec.template.tolerations", [{"key": "k", "operator": "Exists", "tolerationSeconds": "soon"}]),
+        "spec.template.tolerations[0].tolerationSeconds",
+    ),
+    ("pull-secret-not-object", bad("spec.template.imagePullSecrets", ["regcred"]), "spec.template.imagePullSecrets[0]"),
+    ("label-not-string", bad("spec.template.labels", {"team": 7}), "spec.template.labels"),
 ]
+
+#: A template that uses what Kubernetes' schemas allow, nested sources included: accepted by
+#: both, and stored by the API server as written (nothing pruned).
+FULL_TEMPLATE: dict[str, Any] = {
+    "labels": {"team": "ml"},
+    "annotations": {"note": "x"},
+    "nodeSelector": {"pool": "gpu"},
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}],
+    "env": [
+        {"name": "A", "value": "1"},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token", "optional": True}}},
+        {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+    ],
+    "volumes": [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}},
+        {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+        {
+            "name": "meta",
+            "projected": {
+                "sources": [
+                    {"downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+                    {"configMap": {"name": "cfg", "items": [{"key": "a", "path": "a", "mode": 256}]}},
+                ]
+            },
+        },
+        {
+            "name": "eph",
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "metadata": {"labels": {"a": "b"}},
+                    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                }
+            },
+        },
+    ],
+    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True, "subPath": "x"}],
+    "priorityClassName": "high",
+    "serviceAccountName": "trainer",
+    "imagePullSecrets": [{"name": "regcred"}],
+}

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from mpjob.crd import crd_yaml
-from mpjob.validation import check_text
-from tests.unit.operator.cases import CASES, GOOD
+from mpjob.validation import MAX_DEPTH, MAX_MANIFEST_BYTES, InvalidManifest, check_text, load_job
+from mpjob_contract.api import MAX_TASK_ARGS
+from tests.unit.operator.cases import CASES, FULL_TEMPLATE, GOOD, bad
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
@@ -77,3 +78,83 @@ def test_crd_has_printer_columns_short_names_and_status() -> None:
     precision = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["precision"]
     assert precision["properties"]["mode"]["enum"] == ["auto", "fp16", "bf16", "fp32"]
     assert "description" in precision["properties"]["fallback"]
+
+
+def test_a_template_of_kubernetes_pod_fields_validates() -> None:
+    jobs, problems = check_text(yaml.safe_dump(bad("spec.template", FULL_TEMPLATE)))
+    assert jobs and not problems, [str(p) for p in problems]
+    assert jobs[0].spec.template.volumes[2]["projected"]["sources"][1]["configMap"]["name"] == "cfg"
+
+
+def test_template_problems_are_all_named_at_once() -> None:
+    doc = bad("spec.template", {"env": [{"value": "x"}], "volumeMounts": [{"name": "v"}], "priorityClassName": 3})
+    fields = {p.field for p in check_text(yaml.safe_dump(doc))[1]}
+    assert fields == {
+        "spec.template.env[0].name",
+        "spec.template.volumeMounts[0].mountPath",
+        "spec.template.priorityClassName",
+    }
+
+
+def test_task_args_cap_is_one_constant_in_the_model_and_the_crd() -> None:
+    crd = yaml.safe_load(crd_yaml())
+    task = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["task"]
+    assert task["properties"]["args"]["maxProperties"] == MAX_TASK_ARGS
+    _, problems = check_text(yaml.safe_dump(bad("spec.task.args", {f"a{i}": i for i in range(MAX_TASK_ARGS + 1)})))
+    assert [str(p) for p in problems] == [
+        f"<input>: spec.task.args: at most {MAX_TASK_ARGS} entries allowed, got {MAX_TASK_ARGS + 1}"
+    ]
+
+
+GOOD_TEXT = yaml.safe_dump(GOOD)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (GOOD_TEXT + "x-base: &base {a: 1}\nx-copy: *base\n", "YAML aliases (*base) are not allowed"),
+        (GOOD_TEXT + "x: &l0 [a]\n" + "".join(f"l{i}: &l{i} [*l{i - 1}, *l{i - 1}]\n" for i in range(1, 30)), "*l0"),
+        (GOOD_TEXT + "x-merge:\n  <<: &m {a: 1}\n  b: *m\n", "YAML aliases (*m)"),
+        ("x: " + "[" * 5000 + "]" * 5000, f"nested deeper than {MAX_DEPTH} levels"),
+        ("x:\n" + "".join("  " * i + "- \n" for i in range(1, 100)), f"line {MAX_DEPTH + 1}: nested deeper"),
+        (GOOD_TEXT + "x: '" + "a" * MAX_MANIFEST_BYTES + "'\n", f"at most {MAX_MANIFEST_BYTES}"),
+    ],
+    ids=["alias", "billion-laughs", "merge-key", "deep-flow", "deep-block", "too-large"],
+)
+def test_hostile_yaml_is_refused_with_a_clear_error(text: str, needle: str) -> None:
+    jobs, problems = check_text(text, "job.yaml")
+    assert not jobs and len(problems) == 1 and needle in str(problems[0]), [str(p) for p in problems]
+
+
+def test_nesting_up_to_the_limit_is_fine_and_one_more_is_not() -> None:
+    args: dict[str, object] = {"deep": 1}
+    for _ in range(MAX_DEPTH - 5):  # the root, spec, task and the scalar 1 make MAX_DEPTH levels
+        args = {"deep": args}
+    jobs, problems = check_text(yaml.safe_dump(bad("spec.task.args", args)))
+    assert jobs and not problems, [str(p) for p in problems]
+    _, problems = check_text(yaml.safe_dump(bad("spec.task.args", {"deep": args})))
+    assert len(problems) == 1 and problems[0].message.endswith(f": nested deeper than {MAX_DEPTH} levels")
+
+
+def test_validate_and_run_read_no_further_than_the_limit(tmp_path: Path) -> None:
+    huge = tmp_path / "huge.yaml"
+    with huge.open("w") as f:
+        f.write(GOOD_TEXT + "x: '")
+        f.truncate(MAX_MANIFEST_BYTES * 8)  # sparse: a file far larger than what may be read
+    out = subprocess.run([sys.executable, "-m", "mpjob.cli", "validate", str(huge)], capture_output=True, text=True)
+    assert out.returncode == 1 and f"larger than {MAX_MANIFEST_BYTES} bytes" in out.stdout, out
+    with pytest.raises(InvalidManifest, match="larger than"):
+        load_job(huge)  # what `mpjob run` reads a manifest with
+
+
+def test_run_refuses_aliases_before_anything_is_launched(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(GOOD_TEXT.replace("spec:", "spec: &s") + "x: *s\n")
+    with pytest.raises(InvalidManifest, match=r"YAML aliases \(\*s\) are not allowed"):
+        load_job(bomb)
+
+
+def test_validate_reads_stdin() -> None:
+    args = [sys.executable, "-m", "mpjob.cli", "validate", "-"]
+    out = subprocess.run(args, input=GOOD_TEXT, capture_output=True, text=True)
+    assert out.returncode == 0 and "-: ok (1 MixedPrecisionJob)" in out.stdout, out

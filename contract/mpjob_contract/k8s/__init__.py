@@ -1,0 +1,156 @@
+"""Kubernetes' own core/v1 schemas for the template's pod fields, and the offline check.
+
+The schemas live in `core_v1_<version>.json` beside this file, generated from the pinned
+Kubernetes version's OpenAPI document (`mpjob crd --k8s-schemas PATH`; never hand-written).
+The CRD embeds them, so the API server checks `spec.template` with them; `check` reads the
+same nodes so that `mpjob validate` refuses what `kubectl apply` would, naming the field.
+It reads exactly the keys in SCHEMA_KEYS (a test holds the file to that) but `format`, which
+only a string's `date-time` deep inside an ephemeral volume's claim template would make count.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+#: The Kubernetes version the test cluster pins (tests/cluster/build/kubernetes/go.mod).
+KUBERNETES_VERSION = "v1.34.4"
+#: Every key a schema node in the file may carry.
+SCHEMA_KEYS = (
+    "type",
+    "description",
+    "format",
+    "enum",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "default",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+)
+
+Violation = tuple[str, str]  # (field path, what is wrong and what is allowed)
+
+
+class SchemaViolations(ValueError):
+    """Template fields that break Kubernetes' schemas, each with its path below the template."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        super().__init__("; ".join(f"{path}: {message}" for path, message in violations))
+        self.violations = violations
+
+
+def schema_file(version: str = KUBERNETES_VERSION) -> Path:
+    return Path(__file__).with_name(f"core_v1_{version}.json")
+
+
+@cache
+def template_schemas() -> dict[str, dict[str, Any]]:
+    """Template field name (camelCase) -> its structural schema."""
+    fields: dict[str, dict[str, Any]] = json.loads(schema_file().read_text())["fields"]
+    return fields
+
+
+def check_template(template: dict[str, Any]) -> list[Violation]:
+    """Every template field checked against its Kubernetes schema (fields it lacks are left to
+    the caller's model, which refuses them)."""
+    schemas = template_schemas()
+    found: list[Violation] = []
+    for name, value in template.items():
+        if name in schemas and value is not None:
+            found += check(value, schemas[name], name)
+    return found
+
+
+def check(value: Any, schema: dict[str, Any], path: str) -> list[Violation]:
+    """What in `value` breaks `schema` (required, types, enums, unknown fields, list keys)."""
+    if schema.get("x-kubernetes-int-or-string"):
+        ok = _is_integer(value) or isinstance(value, str)
+        return [] if ok else [(path, f"must be an integer or a string, got {_kind(value)}")]
+    expected = schema.get("type")
+    if expected and not _TYPES[expected](value):
+        return [(path, f"must be {_ARTICLE.get(expected, 'a')} {expected}, got {_kind(value)}")]
+    if "enum" in schema and value not in schema["enum"]:
+        return [(path, f"must be one of {schema['enum']}, got {value!r}")]
+    if isinstance(value, dict):
+        return _check_object(value, schema, path)
+    if isinstance(value, list):
+        return _check_array(value, schema, path)
+    return []
+
+
+def _check_object(value: dict[Any, Any], schema: dict[str, Any], path: str) -> list[Violation]:
+    # The API server prunes nulls before it validates: a null field counts as absent.
+    present = {str(k): v for k, v in value.items() if v is not None}
+    properties = schema.get("properties", {})
+    additional = schema.get("additionalProperties")
+    missing = [name for name in schema.get("required", []) if name not in present]
+    found = [(f"{path}.{name}", "required field is missing") for name in missing]
+    for key, item in present.items():
+        if key in properties:
+            found += check(item, properties[key], f"{path}.{key}")
+        elif isinstance(additional, dict):
+            found += check(item, additional, f"{path}[{key}]")
+        elif not schema.get("x-kubernetes-preserve-unknown-fields"):
+            allowed = ", ".join(properties) or "none"
+            found.append((f"{path}.{key}", f"unknown field (Kubernetes {KUBERNETES_VERSION} allows: {allowed})"))
+    return found
+
+
+def _check_array(value: list[Any], schema: dict[str, Any], path: str) -> list[Violation]:
+    found: list[Violation] = []
+    items = schema.get("items", {})
+    for i, item in enumerate(value):
+        found += check(item, items, f"{path}[{i}]")
+    if found:
+        return found
+    list_type = schema.get("x-kubernetes-list-type")
+    if list_type == "map":
+        keys = schema.get("x-kubernetes-list-map-keys", [])
+        defaults = {k: items.get("properties", {}).get(k, {}).get("default") for k in keys}
+        return _duplicates([{k: entry.get(k, defaults[k]) for k in keys} for entry in value], path)
+    if list_type == "set":
+        return _duplicates(value, path)
+    return []
+
+
+def _duplicates(identities: list[Any], path: str) -> list[Violation]:
+    first: dict[str, int] = {}
+    found: list[Violation] = []
+    for i, identity in enumerate(identities):
+        key = json.dumps(identity, sort_keys=True)
+        if key in first:
+            message = f"duplicate entry {identity} (already at [{first[key]}]); entries must be unique"
+            found.append((f"{path}[{i}]", message))
+        first.setdefault(key, i)
+    return found
+
+
+def _is_integer(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+_TYPES = {
+    "string": lambda v: isinstance(v, str),
+    "integer": _is_integer,
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+_ARTICLE = {"integer": "an", "object": "an", "array": "an"}
+
+
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array", dict: "an object"}
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else _KINDS.get(type(value), type(value).__name__)
