@@ -3,13 +3,17 @@
 The operator writes it as JSON into the `MPJOB_LAUNCH` environment variable of the trainer
 container; the local runner does the same for its child processes. `mpjob-trainer --launch
 FILE` reads it from a file instead.
+
+`resumeFrom` comes, through the planner, from a trainer's termination report: it is held to
+the attempt's checkpoint directory here, where both sides build or read a launch.
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 
@@ -18,6 +22,15 @@ LAUNCH_ENV = "MPJOB_LAUNCH"
 CHECKPOINT_MOUNT = "/var/lib/mpjob/checkpoints"
 
 ConcretePrecision = Literal["fp16", "bf16", "fp32", "auto"]
+
+
+def inside_checkpoint_dir(path: str, checkpoint_dir: str) -> bool:
+    """Whether `path` names something below `checkpoint_dir`, judged on the names (`..`
+    resolved; both absolute or both relative). Links inside the volume are its owner's."""
+    if "\0" in path or posixpath.isabs(path) != posixpath.isabs(checkpoint_dir):
+        return False
+    relative = posixpath.relpath(posixpath.normpath(path), posixpath.normpath(checkpoint_dir))
+    return relative != "." and relative != ".." and not relative.startswith("../")
 
 
 class AttemptLaunch(BaseModel):
@@ -32,6 +45,15 @@ class AttemptLaunch(BaseModel):
     resume_from: str | None = Field(None, alias="resumeFrom")
     checkpoint_dir: str = Field(CHECKPOINT_MOUNT, alias="checkpointDir")
     spec: MixedPrecisionJobSpec
+
+    @model_validator(mode="after")
+    def _resume_inside_checkpoints(self) -> AttemptLaunch:
+        if self.resume_from is not None and not inside_checkpoint_dir(self.resume_from, self.checkpoint_dir):
+            raise ValueError(
+                f"resumeFrom {self.resume_from!r} is not inside checkpointDir {self.checkpoint_dir!r}: "
+                "an attempt resumes only from a checkpoint in its own checkpoint volume"
+            )
+        return self
 
     def to_env(self) -> str:
         return self.model_dump_json(by_alias=True)

@@ -93,6 +93,11 @@ class LocalRun:
         self._save()
         return self.status
 
+    @property
+    def _checkpoint_dir(self) -> str:
+        """Where this run's trainers keep checkpoints (AttemptLaunch.checkpointDir)."""
+        return str(self.paths.checkpoints.resolve())
+
     def _transition(self) -> tuple[Plan, When]:
         return Plan(status=self.status), When(st.now())
 
@@ -111,7 +116,15 @@ class LocalRun:
         last = self.status.attempts[-1]
         if last.finish_time is None:  # the runner itself was killed: its workers went with it
             gone = AttemptOutcome(exit_code=None, platform_reason="PodDeleted", message="the local run was killed")
-            lc.conclude(plan, self.spec, attempt=last, outcome=gone, when=when, capability=LOCAL_CAPABILITY)
+            lc.conclude(
+                plan,
+                self.spec,
+                attempt=last,
+                outcome=gone,
+                when=when,
+                capability=LOCAL_CAPABILITY,
+                checkpoint_dir=self._checkpoint_dir,
+            )
         else:
             lc.resume(plan, self.spec, when)
         ckpt = self.status.last_checkpoint
@@ -124,7 +137,15 @@ class LocalRun:
         if self.interrupted:
             lc.interrupt(plan, start.index, outcome.report, when)
         else:
-            lc.conclude(plan, self.spec, attempt=start, outcome=outcome, when=when, capability=LOCAL_CAPABILITY)
+            lc.conclude(
+                plan,
+                self.spec,
+                attempt=start,
+                outcome=outcome,
+                when=when,
+                capability=LOCAL_CAPABILITY,
+                checkpoint_dir=self._checkpoint_dir,
+            )
         ended = next(a for a in self.status.attempts if a.index == start.index)
         self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
         self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")
@@ -160,7 +181,7 @@ class LocalRun:
             attempt=start.index,
             precision=start.precision,  # type: ignore[arg-type]
             resume_from=start.resume_from,
-            checkpoint_dir=str(self.paths.checkpoints.resolve()),
+            checkpoint_dir=self._checkpoint_dir,
             spec=self.spec,
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}

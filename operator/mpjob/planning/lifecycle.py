@@ -23,6 +23,7 @@ from mpjob_contract.api import (
     world_size,
 )
 from mpjob_contract.codes import Reason
+from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.report import TerminationReport
 
 
@@ -184,8 +185,10 @@ def conclude(
     outcome: AttemptOutcome,
     when: When,
     capability: tuple[int, int] | str | None = "spec",
+    checkpoint_dir: str = CHECKPOINT_MOUNT,
 ) -> None:
-    """End `attempt` as `outcome` says, then begin the next one or finish the job."""
+    """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
+    from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs)."""
     index, precision = attempt.index, attempt.precision
     status = plan.status
     result = classify(outcome)
@@ -200,7 +203,14 @@ def conclude(
     )
     ckpt = status.last_checkpoint
     decision = after_attempt(
-        spec, index, precision, result, ckpt.step if ckpt else 0, ckpt.path if ckpt else None, capability
+        spec,
+        index,
+        precision,
+        result,
+        ckpt.step if ckpt else 0,
+        ckpt.path if ckpt else None,
+        capability,
+        checkpoint_dir=checkpoint_dir,
     )
     if isinstance(decision, Finish):
         finish(plan, decision, when)

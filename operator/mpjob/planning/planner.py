@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from mpjob.planning.classify import Action, Classification
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision, precision_ladder, resolve_auto
 from mpjob_contract.codes import Reason
+from mpjob_contract.launch import CHECKPOINT_MOUNT, inside_checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,14 @@ def after_attempt(
     last_good_step: int,
     last_good_path: str | None,
     capability: tuple[int, int] | str | None = "spec",
+    *,
+    checkpoint_dir: str = CHECKPOINT_MOUNT,
 ) -> Decision:
     """Decide what follows attempt `index` (0-based) that ran in `precision` and ended as `result`.
 
     `last_good_step`/`last_good_path` name the newest verified checkpoint known so far (from
-    the termination report or the status); the next attempt resumes from it.
+    the termination report or the status); the next attempt resumes from it when it lies in
+    `checkpoint_dir` (a report is the trainer's word, not proof), else from the newest valid one.
     """
     if result.action is Action.SUCCEED:
         return Finish(True, Reason.SUCCEEDED.value, result.message)
@@ -89,4 +93,5 @@ def after_attempt(
             f"{precision} ended {result.reason.value} and no precision is left in the fallback "
             f"ladder {steps}: {result.message}",
         )
-    return StartAttempt(index + 1, steps[position + 1], last_good_path, last_good_step, fallback_from=precision)
+    resume_from = last_good_path if last_good_path and inside_checkpoint_dir(last_good_path, checkpoint_dir) else None
+    return StartAttempt(index + 1, steps[position + 1], resume_from, last_good_step, fallback_from=precision)

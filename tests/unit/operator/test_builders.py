@@ -9,14 +9,14 @@ import pytest
 from mpjob.builders.attempt import attempt_job, attempt_service
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJobSpec
-from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
 
 pytestmark = pytest.mark.unit
 
 
 def build(**over: object) -> dict:
     spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **over})
-    start = StartAttempt(index=2, precision="bf16", resume_from="/ckpt/step-000000200", start_step=200)
+    start = StartAttempt(index=2, precision="bf16", resume_from=f"{CHECKPOINT_MOUNT}/step-000000200", start_step=200)
     return attempt_job(job="gpt", namespace="ml", spec=spec, start=start, image="mpjob-trainer:0.1.0")
 
 
@@ -43,7 +43,7 @@ def test_indexed_job_with_one_pod_per_worker_and_no_retries() -> None:
     command = pod["containers"][0]["command"]
     assert command == ["mpjob-launch", "--nproc-per-worker", "1", "--workers", "4", "--", "mpjob-trainer"]
     launch = AttemptLaunch.model_validate_json(env["MPJOB_LAUNCH"]["value"])
-    assert (launch.attempt, launch.precision, launch.resume_from) == (2, "bf16", "/ckpt/step-000000200")
+    assert (launch.attempt, launch.precision, launch.resume_from) == (2, "bf16", f"{CHECKPOINT_MOUNT}/step-000000200")
 
 
 def test_trainer_pods_are_locked_down() -> None:

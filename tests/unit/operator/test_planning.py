@@ -11,6 +11,7 @@ from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_at
 from mpjob.planning.reconcile import JobView, PodView, ended_by_pods, reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
+from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.report import CheckpointRef, TerminationReport
 
 pytestmark = pytest.mark.unit
@@ -22,7 +23,8 @@ def spec(**over: object) -> MixedPrecisionJobSpec:
 
 
 def report(reason: Reason, step: int = 30, ckpt: int | None = 20, message: str = "m") -> str:
-    ref = CheckpointRef(step=ckpt, path=f"/c/step-{ckpt}", sha256="ab", precision="fp16") if ckpt else None
+    path = f"{CHECKPOINT_MOUNT}/step-{ckpt}"
+    ref = CheckpointRef(step=ckpt, path=path, sha256="ab", precision="fp16") if ckpt else None
     return TerminationReport(
         reason=reason, step=step, precision="fp16", last_good_checkpoint=ref, message=message
     ).to_message()
@@ -64,9 +66,9 @@ def test_auto_resolves_against_min_compute_capability() -> None:
 def test_numeric_fault_walks_the_ladder_from_the_last_good_checkpoint() -> None:
     s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"]})
     fault = classify(AttemptOutcome(42, TerminationReport.parse_message(report(Reason.NUMERIC_FAULT))))
-    nxt = after_attempt(s, 0, "fp16", fault, 20, "/c/step-20")
-    assert nxt == StartAttempt(1, "bf16", "/c/step-20", 20, fallback_from="fp16")
-    last = after_attempt(s, 2, "fp32", fault, 20, "/c/step-20")
+    nxt = after_attempt(s, 0, "fp16", fault, 20, f"{CHECKPOINT_MOUNT}/step-20")
+    assert nxt == StartAttempt(1, "bf16", f"{CHECKPOINT_MOUNT}/step-20", 20, fallback_from="fp16")
+    last = after_attempt(s, 2, "fp32", fault, 20, f"{CHECKPOINT_MOUNT}/step-20")
     assert isinstance(last, Finish) and not last.succeeded and last.reason == "NoPrecisionLeft"
 
 
@@ -125,7 +127,7 @@ def test_a_numeric_fault_starts_the_next_precision() -> None:
         )
     }
     plan = reconcile(s, first, 1, failed, NOW)
-    assert [(c.index, c.precision, c.resume_from) for c in plan.create] == [(1, "bf16", "/c/step-20")]
+    assert [(c.index, c.precision, c.resume_from) for c in plan.create] == [(1, "bf16", f"{CHECKPOINT_MOUNT}/step-20")]
     assert plan.status.attempts[0].reason == "NumericFault" and plan.status.attempts[0].end_step == 30
     assert plan.status.last_checkpoint.step == 20
     assert plan.fallbacks == [("fp16", "bf16")]
