@@ -153,4 +153,5 @@ def _record(sandbox: PodSandbox, ctr: Any, started: Started) -> PodProcess:
         started_at=now(),
         restart_policy=sandbox.pod.spec.restart_policy or "Always",
         hosts=sandbox.hosts,
+        mounts=started.mounts,
     )

@@ -7,7 +7,9 @@ code to the container's exit file, so the code survives an agent restart (a re-a
 process is not our child and cannot be waited for). No exit file means SIGKILL: 137.
 
 Paths the container names (volume mounts, its termination message path) are rewritten in
-env values, args and workingDir to the directories behind them, longest path first.
+env values, args and workingDir to the directories behind them, longest path first; its
+termination message is rewritten back, so the pod's status names the paths the container
+was given, as a kubelet's would.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Started:
     exit_file: Path
     term_file: Path
     log_file: Path
+    #: Local directory -> the volume mount path the container saw (to read its messages back).
+    mounts: dict[str, str]
 
 
 class PathRewrites:
@@ -65,6 +69,10 @@ class PathRewrites:
             if src and src in value:
                 value = value.replace(src, str(dst))
         return value
+
+    def mounts(self) -> dict[str, str]:
+        """Local directory -> container path, for every volume mount (not the message file)."""
+        return {str(dst): src for src, dst in self._pairs if src and dst.is_dir()}
 
 
 class ProcessRuntime:
@@ -112,7 +120,10 @@ class ProcessRuntime:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        return proc, Started(proc.pid, argv, exit_file=exit_file, term_file=term_file, log_file=log_file)
+        started = Started(
+            proc.pid, argv, exit_file=exit_file, term_file=term_file, log_file=log_file, mounts=rewrite.mounts()
+        )
+        return proc, started
 
     def environment(self, sandbox: PodSandbox, ctr: Any, *, term_file: Path, rewrite: PathRewrites) -> dict[str, str]:
         """The agent's environment without its cluster's settings, the pod's names, then the container's env."""
@@ -218,11 +229,14 @@ def exit_code(exit_file: Path | str) -> int | None:
 
 
 def termination_message(rec: PodProcess, code: int) -> str:
-    """What the container wrote to its termination log; on failure without one, its log's tail."""
+    """What the container wrote to its termination log, with the volume paths the container saw;
+    on failure without one, its log's tail."""
     try:
         text = Path(rec.term_file).read_bytes()[:4096].decode(errors="replace")
     except OSError:
         text = ""
+    for local, mount in sorted(rec.mounts.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(local, mount)
     if not text and code != 0:
         try:  # FallbackToLogsOnError-style: the tail of the log
             tail = Path(rec.log_file).read_bytes()[-2048:].decode(errors="replace")

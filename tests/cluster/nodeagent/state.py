@@ -78,6 +78,8 @@ class PodProcess:
     restarts: int = 0
     hosts: list[str] = field(default_factory=list)
     deleting: bool = False
+    #: Local directory -> volume mount path (termination messages name the mount paths).
+    mounts: dict[str, str] = field(default_factory=dict)
 
 
 class AgentState:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mpjob_contract.launch import CHECKPOINT_MOUNT
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator, pod_events
 
@@ -42,6 +43,9 @@ def test_own_loop_falls_back_from_fp16_to_bf16_and_succeeds(operator: Operator, 
     assert (second["precision"], second["reason"]) == ("bf16", "Succeeded")
     assert second["startStep"] == 20  # the last good checkpoint before the overflow at 25
     assert status["lastCheckpoint"]["step"] == 50 and status["lastCheckpoint"]["precision"] == "bf16"
+    # The report names the checkpoint as the pod saw it (on the volume), so the next attempt was
+    # told to resume from exactly that one.
+    assert status["lastCheckpoint"]["path"] == f"{CHECKPOINT_MOUNT}/step-000000050"
 
 
 def test_two_workers_of_two_processes_train_with_world_size_four_and_resume_after_a_deleted_pod(
