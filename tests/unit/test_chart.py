@@ -254,8 +254,9 @@ def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
     needed = {_needed(m) for m in calls} | {
         ("mpjob.dev", "mixedprecisionjobs", "watch"),  # kopf's watch
         ("mpjob.dev", "mixedprecisionjobs", "list"),
-        ("batch", "jobs", "watch"),  # the operator's cache of attempt Jobs and pods
+        ("batch", "jobs", "watch"),  # the operator's cache of attempt Jobs, pods and FailedCreate Events
         ("", "pods", "watch"),
+        ("", "events", "watch"),
         ("", "events", "create"),  # kopf.event
     }
     (cluster_role,) = [d for d in of_kind(render(helm), "ClusterRole") if d["metadata"]["name"] == "r-mpjob"]
@@ -282,6 +283,10 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
         assert not {g for g in grants if g[1] in ("secrets", "configmaps", "serviceaccounts", "nodes")}
         assert not {g for g in grants if g[1] == "pods" and g[2] not in ("list", "watch")}, "pods: read only"
         operator = [r for r in roles if "helm.sh/hook" not in r["metadata"].get("annotations", {})]
+        # Services are created owned by their attempt's Job and go with it: never deleted by
+        # name (a Service of that name mpjob did not create stays).
+        services = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[1] == "services"}
+        assert services <= {("", "services", "get"), ("", "services", "create")}
         mine = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[0] == "mpjob.dev"}
         assert mine == {
             ("mpjob.dev", "mixedprecisionjobs", "get"),

@@ -1,133 +1,47 @@
-"""What the operator knows of its attempt Jobs and pods, kept current by one list + watch per
-kind and namespace (as a client-go informer keeps its store), read as raw JSON and kept only as
-the few fields the planner reads.
+"""What the operator knows of its attempt Jobs, their pods and the Job controller's FailedCreate
+Events, kept current by one list + watch per kind and namespace (as a client-go informer keeps
+its store; `watch.py`), read as raw JSON and kept only as the few fields the planner reads
+(`records.py`).
 
 A reconcile reads its children here instead of listing them from the API server, and a change
-the planner would act on (a Job's verdict or suspension, a pod's exit or deletion) queues a
-reconcile of the MixedPrecisionJob it belongs to.
+the planner would act on (a Job's verdict or suspension, a pod's start, exit or deletion, a pod
+the Job controller cannot create) queues a reconcile of the MixedPrecisionJob it belongs to.
+Children are found by their controller ownerReferences (Job -> MixedPrecisionJob UID, pod ->
+Job UID), never by label alone; an object that cannot be read is skipped (and logged once).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-from kubernetes.watch.watch import iter_resp_lines
-
-from mpjob.builders.attempt import LABEL_ATTEMPT, LABEL_JOB, TRAINER_CONTAINER
-from mpjob.controller.cluster import raw
+from mpjob.builders.attempt import LABEL_JOB
+from mpjob.controller.records import (
+    CreateFailure,
+    JobRecord,
+    Key,
+    Malformed,
+    PodRecord,
+    create_failure,
+    job_record,
+    pod_record,
+)
+from mpjob.controller.watch import ListWatch, Source
 from mpjob.planning.reconcile import JobView, PodView
 
 log = logging.getLogger("mpjob.operator.cache")
 
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-#: Container waiting reasons that mean the pod will never run.
-IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
-#: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
-TERMINAL_CONDITIONS = {
-    "Complete": "Complete",
-    "SuccessCriteriaMet": "Complete",
-    "Failed": "Failed",
-    "FailureTarget": "Failed",
+#: The Events worth watching: the Job controller's pods it could not create.
+FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
+Record = JobRecord | PodRecord | CreateFailure
+MAKERS: dict[str, Callable[[dict[str, Any]], Record | None]] = {
+    "jobs": job_record,
+    "pods": pod_record,
+    "events": create_failure,
 }
-#: A watch request's server-side timeout; the watch is then resumed from its last version.
-WATCH_SECONDS = 300
-
-Key = tuple[str, str]  # (namespace, MixedPrecisionJob name)
-
-
-def pod_view(pod: dict[str, Any]) -> PodView:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    annotations = meta.get("annotations") or {}
-    statuses = [c for c in status.get("containerStatuses") or [] if c.get("name") == TRAINER_CONTAINER]
-    state = (statuses[0].get("state") or {}) if statuses else {}
-    terminated, waiting = state.get("terminated"), state.get("waiting")
-    phase = status.get("phase") or "Pending"
-    platform = status.get("reason")  # Evicted, NodeLost, ...
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True" and not platform:
-            platform = cond.get("reason") or "DisruptionTarget"
-    if terminated is not None and terminated.get("reason") == "OOMKilled":
-        platform = "OOMKilled"
-    if waiting is not None and waiting.get("reason") in IMAGE_ERRORS:
-        platform = waiting["reason"]
-    return PodView(
-        name=meta.get("name", ""),
-        index=int(annotations.get(COMPLETION_INDEX, "0")),
-        phase=phase,
-        alive=phase in ("Pending", "Running", "Unknown") and terminated is None and platform not in IMAGE_ERRORS,
-        exit_code=terminated.get("exitCode") if terminated is not None else None,
-        termination_message=terminated.get("message") if terminated is not None else None,
-        platform_reason=platform,
-        deleting=meta.get("deletionTimestamp") is not None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """What of an attempt Job the planner reads: its verdict and whether it is suspended (its pod
-    counts are not worth a reconcile: the pods' own events tell their story)."""
-
-    attempt: int
-    finished: str | None
-    reason: str | None
-    suspended: bool
-
-    def news(self, old: JobRecord | None) -> bool:
-        """Whether the planner could decide otherwise now (a verdict, a suspension)."""
-        return old != self
-
-
-def job_record(job: dict[str, Any]) -> JobRecord:
-    finished = reason = None
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        # FailureTarget / SuccessCriteriaMet come first: the Job controller has decided and
-        # starts no more pods; the planner still waits for every pod to stop.
-        kind = TERMINAL_CONDITIONS.get(cond.get("type"))
-        if kind and cond.get("status") == "True" and finished is None:
-            finished, reason = kind, cond.get("reason")
-    return JobRecord(
-        attempt=_attempt(job),
-        finished=finished,
-        reason=reason,
-        suspended=bool((job.get("spec") or {}).get("suspend")),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class PodRecord:
-    attempt: int
-    view: PodView
-    ip: str | None
-
-    @property
-    def trigger(self) -> tuple[Any, ...]:
-        """What of a pod the planner acts on: whether it runs, how it ended, whether it goes."""
-        v = self.view
-        return v.alive, v.exit_code, v.platform_reason, v.deleting
-
-    def news(self, old: PodRecord | None) -> bool:
-        """A new running pod changes no decision; its exit, deletion or failure does."""
-        return (old is None and not self.view.alive) or (old is not None and old.trigger != self.trigger)
-
-
-def pod_record(pod: dict[str, Any]) -> PodRecord:
-    return PodRecord(attempt=_attempt(pod), view=pod_view(pod), ip=(pod.get("status") or {}).get("podIP"))
-
-
-def _attempt(obj: dict[str, Any]) -> int:
-    return int((obj["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "-1"))
-
-
-def _owner(obj: dict[str, Any]) -> Key | None:
-    meta = obj.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(LABEL_JOB)
-    return (meta.get("namespace", ""), job) if job else None
 
 
 @dataclass(frozen=True)
@@ -135,50 +49,62 @@ class Observed:
     jobs: dict[int, JobView]
     lingering: frozenset[int]  # attempts whose Job is gone but some pod still runs
     rank0_ip: dict[int, str]  # attempt -> the running rank-0 pod's IP (its metrics endpoint)
+    uids: dict[int, str]  # attempt -> its Job's UID (deletes carry it as a precondition)
+
+
+NOTHING_SEEN = Observed({}, frozenset(), {}, {})
 
 
 class ChildCache:
-    """Attempt Jobs and pods by the MixedPrecisionJob they belong to (label mpjob.dev/job).
+    """Attempt Jobs, pods and FailedCreate Events by the MixedPrecisionJob they belong to.
     `changed(key)` is called, from a watch thread, when a reconcile of `key` is due."""
 
     def __init__(self, changed: Callable[[Key], None]) -> None:
         self._changed = changed
         self._lock = threading.Lock()
-        self._jobs: dict[Key, dict[str, JobRecord]] = {}
-        self._pods: dict[Key, dict[str, PodRecord]] = {}
+        self._jobs: dict[str, JobRecord] = {}  # by Job UID; a deleted one stays while pods remain
+        self._keys: dict[Key, set[str]] = {}  # MixedPrecisionJob -> its Jobs' UIDs
+        self._pods: dict[str, PodRecord] = {}  # by pod UID
+        self._by_job: dict[str, set[str]] = {}  # Job UID -> its pods' UIDs
+        self._failures: dict[str, CreateFailure] = {}  # Job UID -> its latest FailedCreate
+        self._skipped: set[str] = set()  # UIDs of objects already logged as unreadable
         self._synced: dict[str, threading.Event] = {}
         self._stop = threading.Event()
 
-    def _kind(self, resource: str) -> tuple[dict[Key, dict[str, Any]], Callable[[dict[str, Any]], Any]]:
-        """The store of `resource` (jobs or pods) and the record made of one of its objects."""
-        if resource == "jobs":
-            return self._jobs, job_record  # type: ignore[return-value]
-        return self._pods, pod_record  # type: ignore[return-value]
-
     # -------------------------------------------------------------- reading
-    def observe(self, namespace: str, name: str) -> Observed:
-        key = (namespace, name)
+    def observe(self, namespace: str, name: str, uid: str) -> Observed:
+        """The attempts of the MixedPrecisionJob `namespace/name` whose UID is `uid`."""
         with self._lock:
-            jobs = dict(self._jobs.get(key, {}))
-            pods = list(self._pods.get(key, {}).values())
-        by_attempt: dict[int, list[PodView]] = {}
+            jobs = [self._jobs[j] for j in self._keys.get((namespace, name), ()) if self._jobs[j].owner_uid == uid]
+            pods = {job.uid: [self._pods[p].view for p in self._by_job.get(job.uid, ())] for job in jobs}
+            ips = {job.uid: self._rank0_ip(job.uid) for job in jobs}
+            failures = {job.uid: self._failures.get(job.uid) for job in jobs}
+        views: dict[int, JobView] = {}
         rank0_ip: dict[int, str] = {}
-        for rec in pods:
-            by_attempt.setdefault(rec.attempt, []).append(rec.view)
-            if rec.view.index == 0 and rec.view.phase == "Running" and rec.view.alive and rec.ip:
-                rank0_ip[rec.attempt] = rec.ip
-        views = {
-            rec.attempt: JobView(
-                index=rec.attempt,
-                finished=rec.finished,
-                reason=rec.reason,
-                pods=tuple(sorted(by_attempt.get(rec.attempt, []), key=lambda p: p.name)),
-                suspended=rec.suspended,
+        uids: dict[int, str] = {}
+        for job in (j for j in jobs if not j.gone):
+            failure = failures[job.uid]
+            views[job.attempt] = JobView(
+                index=job.attempt,
+                finished=job.finished,
+                reason=job.reason,
+                pods=tuple(sorted(pods[job.uid], key=lambda p: p.name)),
+                suspended=job.suspended,
+                create_error=failure.message if failure is not None else None,
             )
-            for rec in jobs.values()
-        }
-        lingering = frozenset(i for i, views_ in by_attempt.items() if i not in views and any(p.alive for p in views_))
-        return Observed(views, lingering, rank0_ip)
+            uids[job.attempt] = job.uid
+            ip = ips[job.uid]
+            if ip is not None:
+                rank0_ip[job.attempt] = ip
+        lingering = frozenset(j.attempt for j in jobs if j.gone and any(p.alive for p in pods[j.uid]))
+        return Observed(views, lingering, rank0_ip, uids)
+
+    def _rank0_ip(self, job_uid: str) -> str | None:
+        for pod in (self._pods[p] for p in self._by_job.get(job_uid, ())):
+            view: PodView = pod.view
+            if view.index == 0 and view.phase == "Running" and view.alive and pod.ip:
+                return pod.ip
+        return None
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         """Whether every watch has had its first listing (before that, reads see nothing)."""
@@ -189,119 +115,167 @@ class ChildCache:
         """A Job this operator just created, as the API server returned it: its ADDED event then
         changes nothing, and a reconcile right after sees it. Never over what the watch has
         already brought (that is newer)."""
-        key, uid = _owner(job), job["metadata"]["uid"]
-        if key is not None:
+        record = job_record(job)
+        if record is not None:
             with self._lock:
-                self._jobs.setdefault(key, {}).setdefault(uid, job_record(job))
+                if record.uid not in self._jobs:
+                    self._put(record)
 
     def apply(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
-        """One watch event (`kind` ADDED, MODIFIED or DELETED) of a Job or a pod (`resource`
-        jobs or pods); queues a reconcile of its MixedPrecisionJob when it is news."""
-        key, uid = _owner(obj), obj["metadata"]["uid"]
-        if key is None:
+        """One watch event (`kind` ADDED, MODIFIED or DELETED) of a Job, pod or Event
+        (`resource` jobs, pods or events); queues a reconcile of its job when it is news."""
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str):
             return
-        store, make = self._kind(resource)
-        with self._lock:
-            records = store.setdefault(key, {})
-            old = records.get(uid)
-            if kind == "DELETED":
-                records.pop(uid, None)
-                if not records:
-                    del store[key]
-                due = True
-            else:
-                new = make(obj)
-                records[uid] = new
-                due = new.news(old)
-        if due:
-            self._changed(key)
+        if kind == "DELETED":
+            with self._lock:
+                due = self._drop(resource, uid)
+                self._skipped.discard(uid)
+        else:
+            record = self._read(resource, obj)
+            if record is None:
+                return
+            with self._lock:
+                due = self._put(record)
+        if due is not None:
+            self._changed(due)
 
-    def _replace(
-        self, store: dict[Key, dict[str, Any]], namespace: str | None, fresh: dict[Key, dict[str, Any]]
-    ) -> set[Key]:
-        """Swap in a full listing (first sync, or after the watch fell too far behind)."""
+    def relist(self, resource: str, namespace: str | None, objects: Iterable[dict[str, Any]]) -> None:
+        """Swap in a full listing of `resource` in `namespace` (None: all): the first sync, or
+        after the watch fell too far behind. Queues every job whose children changed."""
+        fresh = {r.uid: r for r in (self._read(resource, obj) for obj in objects) if r is not None}
+        due: set[Key | None] = set()
         with self._lock:
-            mine = [k for k in store if namespace is None or k[0] == namespace]
-            changed = {k for k in mine if store[k] != fresh.get(k)} | {k for k in fresh if store.get(k) != fresh[k]}
-            for k in mine:
-                del store[k]
-            store.update(fresh)
-        return changed
+            held = self._store(resource)
+            for uid in [u for u, r in held.items() if namespace is None or _namespace(r) == namespace]:
+                if uid not in fresh:
+                    due.add(self._drop(resource, uid))
+            for record in fresh.values():
+                due.add(self._put(record))
+        for key in due:
+            if key is not None:
+                self._changed(key)
+
+    def _read(self, resource: str, obj: dict[str, Any]) -> Record | None:
+        """The record of `obj`, or None when it is not an attempt's child or cannot be read
+        (logged once per object: a forged or damaged object never breaks a watch)."""
+        try:
+            return MAKERS[resource](obj)
+        except (Malformed, KeyError, TypeError, ValueError, AttributeError) as exc:
+            meta = obj.get("metadata") if isinstance(obj, dict) else None
+            uid = str((meta or {}).get("uid"))
+            if uid not in self._skipped:
+                self._skipped.add(uid)
+                name = f"{(meta or {}).get('namespace')}/{(meta or {}).get('name')}"
+                log.warning("skipping %s %s: %s", resource.removesuffix("s"), name, exc)
+            return None
+
+    def _store(self, resource: str) -> dict[str, Record]:
+        """What is held of `resource`, by object UID (a copy: the caller may change the store)."""
+        if resource == "events":
+            return {f.uid: f for f in self._failures.values()}
+        return dict(self._jobs if resource == "jobs" else self._pods)
+
+    # -------------------------------------------------------------- the stores (under the lock)
+    def _put(self, record: Record) -> Key | None:
+        """Keep `record`; the job whose reconcile is due, if any."""
+        if isinstance(record, JobRecord):
+            old = self._jobs.get(record.uid)
+            self._jobs[record.uid] = record
+            self._keys.setdefault(record.key, set()).add(record.uid)
+            return record.key if record.news(old) else None
+        if isinstance(record, PodRecord):
+            old_pod = self._pods.get(record.uid)
+            self._pods[record.uid] = record
+            self._by_job.setdefault(record.job_uid, set()).add(record.uid)
+            return self._key_of(record.job_uid) if record.news(old_pod) else None
+        old_failure = self._failures.get(record.job_uid)
+        self._failures[record.job_uid] = record
+        news = old_failure is None or old_failure.message != record.message
+        return self._key_of(record.job_uid) if news else None
+
+    def _drop(self, resource: str, uid: str) -> Key | None:
+        """Forget the object `uid` of `resource`; the job whose reconcile is due, if any."""
+        if resource == "jobs":
+            return self._drop_job(uid)
+        if resource == "pods":
+            pod = self._pods.pop(uid, None)
+            if pod is None:
+                return None
+            siblings = self._by_job.get(pod.job_uid, set())
+            siblings.discard(uid)
+            key = self._key_of(pod.job_uid)
+            if not siblings:
+                self._by_job.pop(pod.job_uid, None)
+                job = self._jobs.get(pod.job_uid)
+                if job is not None and job.gone:
+                    self._forget_job(job)
+            return key
+        failure = next((f for f in self._failures.values() if f.uid == uid), None)
+        if failure is not None:
+            del self._failures[failure.job_uid]
+        return None
+
+    def _drop_job(self, uid: str) -> Key | None:
+        job = self._jobs.get(uid)
+        if job is None:
+            return None
+        if self._by_job.get(uid):  # its pods still stop: remember whose they are
+            self._jobs[uid] = replace(job, gone=True)
+        else:
+            self._forget_job(job)
+        return job.key
+
+    def _forget_job(self, job: JobRecord) -> None:
+        self._jobs.pop(job.uid, None)
+        self._failures.pop(job.uid, None)
+        uids = self._keys.get(job.key, set())
+        uids.discard(job.uid)
+        if not uids:
+            self._keys.pop(job.key, None)
+
+    def _key_of(self, job_uid: str) -> Key | None:
+        job = self._jobs.get(job_uid)
+        return job.key if job is not None else None
 
     # -------------------------------------------------------------- watching
     def start(self, namespaces: Iterable[str | None], batch: Any, core: Any) -> None:
-        """Start a list + watch of attempt Jobs and pods per namespace (None: every namespace)."""
+        """Start a list + watch of attempt Jobs, pods and FailedCreate Events per namespace
+        (None: every namespace)."""
         for namespace in namespaces:
-            for kind in ("jobs", "pods"):
-                if namespace is None:
-                    call = batch.list_job_for_all_namespaces if kind == "jobs" else core.list_pod_for_all_namespaces
-                    args: tuple[Any, ...] = ()
-                else:
-                    call = batch.list_namespaced_job if kind == "jobs" else core.list_namespaced_pod
-                    args = (namespace,)
-                synced = self._synced.setdefault(f"{kind}/{namespace or '*'}", threading.Event())
-                threading.Thread(
-                    target=self._list_watch,
-                    args=(kind, namespace, call, args, synced),
-                    name=f"mpjob-watch-{kind}-{namespace or 'all'}",
-                    daemon=True,
-                ).start()
+            for source in sources(namespace, batch=batch, core=core):
+                synced = self._synced.setdefault(f"{source.resource}/{namespace or '*'}", threading.Event())
+                ListWatch(source, cache=self, synced=synced, stop=self._stop).start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _list_watch(
-        self, kind: str, namespace: str | None, call: Any, args: tuple[Any, ...], synced: threading.Event
-    ) -> None:
-        store, make = self._kind(kind)
-        version: str | None = None
-        while not self._stop.is_set():
-            try:
-                if version is None:
-                    listing = raw(call, *args, label_selector=LABEL_JOB)
-                    fresh: dict[Key, dict[str, Any]] = {}
-                    for obj in listing["items"]:
-                        owner = _owner(obj)
-                        if owner is not None:
-                            fresh.setdefault(owner, {})[obj["metadata"]["uid"]] = make(obj)
-                    for key in self._replace(store, namespace, fresh):
-                        self._changed(key)
-                    version = listing["metadata"]["resourceVersion"]
-                    synced.set()
-                response = call(
-                    *args,
-                    label_selector=LABEL_JOB,
-                    watch=True,
-                    resource_version=version,
-                    allow_watch_bookmarks=True,
-                    timeout_seconds=WATCH_SECONDS,
-                    _preload_content=False,
-                )
-                try:
-                    for line in iter_resp_lines(response):
-                        if self._stop.is_set():
-                            return
-                        if not line:
-                            continue
-                        event = json.loads(line)
-                        obj = event["object"]
-                        if event["type"] == "ERROR":
-                            if obj.get("code") == 410:  # too old a version: list again
-                                version = None
-                                break
-                            raise RuntimeError(f"watch of {kind}: {obj.get('message')}")
-                        version = obj["metadata"]["resourceVersion"]
-                        if event["type"] != "BOOKMARK":
-                            self.apply(kind, event["type"], obj)
-                finally:
-                    response.release_conn()
-            except ApiException as exc:
-                if exc.status == 410:
-                    version = None
-                    continue
-                log.warning("watch of %s failed (%s %s); resuming in 1 s", kind, exc.status, exc.reason)
-                self._stop.wait(1)
-            except Exception as exc:  # never let one error stop the cache for good
-                log.warning("watch of %s failed (%r); listing again in 1 s", kind, exc)
-                version = None
-                self._stop.wait(1)
+
+def sources(namespace: str | None, *, batch: Any, core: Any) -> list[Source]:
+    """The three list + watches of one namespace (None: all namespaces). Labels and field
+    selectors narrow what the API server sends; ownership is checked here."""
+    everywhere = namespace is None
+    return [
+        Source(
+            resource="jobs",
+            namespace=namespace,
+            call=batch.list_job_for_all_namespaces if everywhere else batch.list_namespaced_job,
+            selectors={"label_selector": LABEL_JOB},
+        ),
+        Source(
+            resource="pods",
+            namespace=namespace,
+            call=core.list_pod_for_all_namespaces if everywhere else core.list_namespaced_pod,
+            selectors={"label_selector": LABEL_JOB},
+        ),
+        Source(
+            resource="events",
+            namespace=namespace,
+            call=core.list_event_for_all_namespaces if everywhere else core.list_namespaced_event,
+            selectors={"field_selector": FAILED_CREATE},
+        ),
+    ]
+
+
+def _namespace(record: Record) -> str:
+    return record.key[0] if isinstance(record, JobRecord) else record.namespace

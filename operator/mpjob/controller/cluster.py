@@ -4,8 +4,11 @@ peering object. The Helm chart's RBAC grants exactly these (tests/unit/test_char
 this package for the client methods it calls).
 
 Reads and creates go through `raw` (plain JSON, no typed models: the operator's largest CPU
-cost at hundreds of jobs), as do the cache's listings. What is already as wanted (a child that exists, one that is gone)
-is not an error: a restarted operator re-derives the same attempt.
+cost at hundreds of jobs), as do the cache's listings. What is already as wanted (a child of
+ours that exists, one that is gone) is not an error: a restarted operator re-derives the same
+attempt. An object of a child's name that mpjob did not create is never adopted nor deleted.
+A refusal the API server would repeat (`planning.classify.API_ERROR_POLICY`) raises `Refused`
+with the server's message; anything else propagates, and the reconcile is retried with backoff.
 """
 
 from __future__ import annotations
@@ -18,19 +21,47 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from mpjob.builders.attempt import attempt_name
+from mpjob.controller.records import Claim, claim
+from mpjob.planning.classify import NAME_CONFLICT, ApiAction, ApiRule, classify_api_error
 from mpjob_contract import api
 
 CONFLICT, NOT_FOUND = 409, 404
+#: (connect, read) seconds for one request: a hung connection must not hold a worker forever.
+REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+class Refused(Exception):
+    """The API server refused a child for good: `rule` says why, `message` is the server's."""
+
+    def __init__(self, rule: ApiRule, message: str) -> None:
+        super().__init__(f"{rule.reason}: {message}")
+        self.rule, self.message = rule, message
+
+
+class NameInUse(Exception):
+    """A child's name is held by a same-named job's child from before it was deleted and
+    created again; the garbage collector frees it soon (retried with backoff)."""
 
 
 def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     """A Kubernetes client call's JSON as plain dicts: the client's typed models cost several
     milliseconds of CPU per object, the operator's largest cost at hundreds of jobs."""
+    kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
     response = call(*args, _preload_content=False, **kwargs)
     try:
         return dict(json.loads(response.data))
     finally:
         response.release_conn()
+
+
+def server_message(exc: ApiException) -> str:
+    """The API server's own words for a refusal (its Status message), else the HTTP reason."""
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message or exc.reason or f"HTTP {exc.status}")
 
 
 class Cluster:
@@ -60,31 +91,52 @@ class Cluster:
             raise
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge `status` (camelCase fields) into the job's status subresource."""
+        """Merge `status` (camelCase fields; None deletes one) into the job's status subresource."""
         custom = self.custom
         custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status}
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
         )
 
     # -------------------------------------------------------------- an attempt's children
-    def create_service(self, service: dict[str, Any], *, owner: dict[str, Any]) -> None:
-        """Create an attempt's headless Service, owned by the job."""
-        core = self.core
-        kopf.adopt(service, owner=cast(kopf.Body, owner))
-        _unless(CONFLICT, lambda: raw(core.create_namespaced_service, owner["metadata"]["namespace"], service))
-
-    def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any] | None:
-        """Create an attempt's Job, owned by the job: the Job as the API server returned it, or
-        None when it existed already."""
-        batch = self.batch
+    def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        """Create an attempt's Job, controlled by the MixedPrecisionJob `owner`: the Job as the
+        API server returned it, or the one of ours that exists already."""
+        batch, meta = self.batch, owner["metadata"]
         kopf.adopt(job, owner=cast(kopf.Body, owner))
-        return _unless(CONFLICT, lambda: raw(batch.create_namespaced_job, owner["metadata"]["namespace"], job))
+        name, namespace = job["metadata"]["name"], meta["namespace"]
+        try:
+            return _refusing(lambda: raw(batch.create_namespaced_job, namespace, job))
+        except _Exists:
+            existing = raw(batch.read_namespaced_job, name, namespace)
+            _check_claim(existing, f"Job {name}", owners={meta["uid"]: (api.KIND, meta["name"])})
+            return existing
 
-    def delete_attempt(self, namespace: str, job: str, index: int) -> None:
-        """Delete an attempt's Job (its pods go in the background: SIGTERM, then a checkpoint) and Service."""
-        batch, core, name = self.batch, self.core, attempt_name(job, index)
-        _unless(NOT_FOUND, lambda: batch.delete_namespaced_job(name, namespace, propagation_policy="Background"))
-        _unless(NOT_FOUND, lambda: core.delete_namespaced_service(name, namespace))
+    def create_service(self, service: dict[str, Any], *, job: dict[str, Any], owner: dict[str, Any]) -> None:
+        """Create an attempt's headless Service, controlled by its Job (so it goes with the Job;
+        the operator never deletes a Service). One of ours that exists already is left as is
+        (an operator before this one made it controlled by the MixedPrecisionJob)."""
+        core, namespace, name = self.core, job["metadata"]["namespace"], service["metadata"]["name"]
+        kopf.append_owner_reference(service, owner=cast(kopf.Body, job), block_owner_deletion=False)
+        try:
+            _refusing(lambda: raw(core.create_namespaced_service, namespace, service))
+        except _Exists:
+            existing = raw(core.read_namespaced_service, name, namespace)
+            owners = {
+                uid_of(job): ("Job", job["metadata"]["name"]),
+                uid_of(owner): (api.KIND, owner["metadata"]["name"]),
+            }
+            _check_claim(existing, f"Service {name}", owners=owners)
+
+    def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
+        """Delete attempt `index`'s Job, if it is still the one whose UID is `uid` (its pods go
+        in the background: SIGTERM, then a checkpoint; its Service with it)."""
+        batch, name = self.batch, attempt_name(job, index)
+        options = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+        try:
+            batch.delete_namespaced_job(name, namespace, body=options, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or another object took the name
+                raise
 
     # -------------------------------------------------------------- kopf peering
     def read_peering(self, name: str, namespace: str | None) -> dict[str, Any]:
@@ -95,11 +147,33 @@ class Cluster:
         return raw(custom.get_namespaced_custom_object, "kopf.dev", "v1", namespace, "kopfpeerings", name)
 
 
-def _unless(status: int, call: Any) -> Any:
-    """`call()`, or None when the API server answers `status` (the wanted state already holds)."""
+class _Exists(Exception):
+    """A create answered 409: an object of that name exists (whose is for the caller to say)."""
+
+
+def _refusing(call: Any) -> Any:
+    """`call()` (a create), with the API server's answers sorted: 409 raises `_Exists`, a
+    refusal the policy calls permanent raises `Refused`, anything else propagates."""
     try:
         return call()
     except ApiException as exc:
-        if exc.status != status:
-            raise
-        return None
+        if exc.status == CONFLICT:
+            raise _Exists from exc
+        rule = classify_api_error(exc.status)
+        if rule.action is ApiAction.FAIL:
+            raise Refused(rule, server_message(exc)) from exc
+        raise
+
+
+def uid_of(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["uid"])
+
+
+def _check_claim(existing: dict[str, Any], what: str, *, owners: dict[str, tuple[str, str]]) -> None:
+    """Nothing when `existing` is ours; NameInUse when it is a deleted job's, still going;
+    Refused (NameConflict) when mpjob did not create it."""
+    whose = claim(existing, owners=owners)
+    if whose is Claim.STALE:
+        raise NameInUse(f"{what} of an earlier job of the same name is still being deleted")
+    if whose is Claim.FOREIGN:
+        raise Refused(NAME_CONFLICT, f"{what} already exists and was not created by mpjob for this job")

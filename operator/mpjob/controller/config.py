@@ -49,14 +49,20 @@ class OperatorConfig:
     workers: int = 16
     #: The namespaces the operator serves; empty: every namespace.
     namespaces: tuple[str, ...] = ()
-    #: How long a reconcile that failed (an API error) waits before it is tried again.
-    retry_seconds: float = 2.0
+    #: How long a reconcile that failed (a transient API error) waits before it is tried again;
+    #: doubled for each failure of the same job in a row, up to retry_max_seconds.
+    retry_seconds: float = 1.0
+    retry_max_seconds: float = 120.0
     #: kopf peering; None: a standalone operator, always active.
     peering: Peering | None = None
     #: How long a read of the peering object is trusted (the queue asks before each reconcile).
     peering_check_seconds: float = 1.0
-    #: The longest wait for a trainer's metrics endpoint.
+    #: The longest read of a trainer's metrics endpoint (one deadline for the whole response).
     scrape_timeout_seconds: float = 2.0
+    #: The most bytes read of one metrics response (the trainer's is a few kilobytes).
+    scrape_max_bytes: int = 1024 * 1024
+    #: Metrics endpoints read at once (off the reconcile workers).
+    progress_readers: int = 4
 
 
 def _positive(text: str) -> float:

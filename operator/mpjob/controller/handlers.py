@@ -53,6 +53,7 @@ class Controller:
             self.ticker.cancel()
         self.cache.stop()
         self.queue.close()
+        self.reconciler.progress.close()
 
 
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)

@@ -26,5 +26,15 @@ FALLBACKS = Counter(
 )
 JOBS_BY_PHASE = Gauge("mpjob_operator_jobs", "MixedPrecisionJobs this operator watches, by phase.", ["phase"])
 ERRORS = Counter("mpjob_operator_errors", "Reconcile errors, by kind.", ["kind"])
+RETRIES = Counter(
+    "mpjob_operator_reconcile_retries",
+    "Reconciles put back for a later retry (per-job exponential backoff), by the kind of error.",
+    ["kind"],
+)
+REFUSALS = Counter(
+    "mpjob_operator_children_refused",
+    "Attempt children the API server refused for good (the job failed), by reason.",
+    ["reason"],
+)
 SCRAPE_FAILURES = Counter("mpjob_operator_progress_scrape_failures", "Failed reads of a trainer's metrics endpoint.")
 QUEUE_DEPTH = Gauge("mpjob_operator_workqueue_depth", "MixedPrecisionJobs waiting for a reconcile (changes and ticks).")

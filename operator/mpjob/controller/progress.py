@@ -1,20 +1,36 @@
 """Live progress: a running attempt's figures (step, loss, loss scale, overflow steps,
 throughput, where it resumed, its last good checkpoint), read from rank 0's Prometheus endpoint
-(the one Prometheus scrapes; the trainer holds no Kubernetes token), and the status patch
-that records them.
+(the one Prometheus scrapes; the trainer holds no Kubernetes token), and the status patch that
+records them.
+
+Reads run off the reconcile workers, in a small pool of their own (`ProgressReader`): a tick's
+reconcile asks for a read and applies the one that finished since its last tick, so a slow or
+hostile endpoint delays only its own job's figures, by at most one read's deadline (`scrape.py`).
+An endpoint that failed is asked again only after a backoff. A figure is written only when it is
+a real reading: finite, after the attempt's first logged step, lossScale only in fp16.
 """
 
 from __future__ import annotations
 
-import urllib.request
+import logging
+import math
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from mpjob.controller import metrics as om
+from mpjob.controller.records import Key
+from mpjob.controller.scrape import ScrapeError, fetch
+from mpjob.planning.classify import backoff_seconds
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus
+
+log = logging.getLogger("mpjob.operator.progress")
 
 #: status field <- the trainer's metric, and the type the status holds it as.
 FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
@@ -24,27 +40,50 @@ FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
     ("overflowSteps", tm.OVERFLOW_STEPS + "_total", int),
     ("samplesPerSecond", tm.SAMPLES_PER_SECOND, float),
 )
+WANTED = {metric for _, metric, _ in FIGURES} | {tm.START_STEP, tm.LAST_GOOD_CHECKPOINT_STEP}
+#: The most metric samples one exposition may hold before the rest is ignored.
+MAX_SAMPLES = 10_000
+#: Figures beyond this are not readings (and no JSON number a status may hold exactly).
+MAX_VALUE = 2.0**53
+#: The longest pause before an endpoint that keeps failing is read again.
+BACKOFF_CAP = 60.0
 
 
-def scrape_progress(ip: str, *, timeout: float) -> dict[str, Any]:
-    """Rank 0's figures by their status field names (plus startStep and lastCheckpointStep when
-    known); empty when the endpoint cannot be read."""
-    url = f"http://{ip}:{tm.DEFAULT_METRICS_PORT}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            text = response.read().decode()
-    except OSError:
-        om.SCRAPE_FAILURES.inc()
-        return {}
+def parse_values(text: str) -> dict[str, float]:
+    """The finite values of the metrics the status uses; whatever cannot be parsed is dropped."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] = sample.value
-    found: dict[str, Any] = {key: cast(values[metric]) for key, metric, cast in FIGURES if metric in values}
-    if tm.START_STEP in values:
-        found["startStep"] = int(values[tm.START_STEP])
-    if tm.LAST_GOOD_CHECKPOINT_STEP in values and values[tm.LAST_GOOD_CHECKPOINT_STEP] > 0:
+    try:
+        for count, sample in enumerate(s for family in text_string_to_metric_families(text) for s in family.samples):
+            if count >= MAX_SAMPLES:
+                break
+            value = sample.value
+            if sample.name in WANTED and isinstance(value, float | int) and math.isfinite(value) and value < MAX_VALUE:
+                values[sample.name] = float(value)
+    except Exception as exc:  # the parser raises what it likes on garbage: keep what came before
+        log.debug("unparsable metrics: %r", exc)
+    return values
+
+
+def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any]:
+    """Status fields of a reading (plus startStep and lastCheckpointStep when known). Loss,
+    scale, overflows and throughput only once the attempt logged a step past where it began
+    (before that the trainer's gauges hold placeholders); lossScale only in fp16."""
+    found: dict[str, Any] = {}
+    start = values.get(tm.START_STEP, 0.0)
+    if tm.START_STEP in values and start >= 0:
+        found["startStep"] = int(start)
+    if values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:
         found["lastCheckpointStep"] = int(values[tm.LAST_GOOD_CHECKPOINT_STEP])
+    step = values.get(tm.STEP)
+    if step is None or step < 0 or step <= start:
+        return found
+    for key, metric, cast in FIGURES:
+        value = values.get(metric)
+        if value is None or value < 0 or (key in ("lossScale", "samplesPerSecond") and value == 0):
+            continue
+        if key == "lossScale" and precision != "fp16":
+            continue
+        found[key] = cast(value)
     return found
 
 
@@ -67,3 +106,83 @@ def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> di
         }
     current = status.to_api()
     return patch if any(current.get(k) != v for k, v in patch.items()) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Whose endpoint to read: a job's attempt, its rank-0 pod's address and its precision."""
+
+    attempt: int
+    ip: str
+    precision: str | None
+    port: int = tm.DEFAULT_METRICS_PORT
+
+
+@dataclass
+class _Endpoint:
+    target: Target
+    busy: bool = False
+    reading: dict[str, Any] | None = None
+    failures: int = 0
+    not_before: float = 0.0
+
+
+class ProgressReader:
+    """Reads of rank-0 endpoints in a pool of `concurrency` threads, each read bounded by
+    `deadline` seconds and `max_bytes` bytes; at most one read per job at a time."""
+
+    def __init__(self, *, concurrency: int, deadline: float, max_bytes: int) -> None:
+        self.deadline, self.max_bytes = deadline, max_bytes
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="mpjob-progress")
+        self._lock = threading.Lock()
+        self._endpoints: dict[Key, _Endpoint] = {}
+
+    def take(self, key: Key, target: Target) -> dict[str, Any] | None:
+        """The reading of `target` finished since the last take, if any (never another attempt's)."""
+        with self._lock:
+            endpoint = self._endpoints.get(key)
+            if endpoint is None or endpoint.target != target:
+                return None
+            reading, endpoint.reading = endpoint.reading, None
+            return reading
+
+    def request(self, key: Key, target: Target) -> None:
+        """Start a read of `target` unless one runs or its endpoint is backing off. Never waits."""
+        with self._lock:
+            endpoint = self._endpoints.get(key)
+            if endpoint is None or endpoint.target != target:
+                endpoint = self._endpoints[key] = _Endpoint(target)
+            if endpoint.busy or time.monotonic() < endpoint.not_before:
+                return
+            endpoint.busy = True
+        self._pool.submit(self._read, key, endpoint)
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._endpoints.pop(key, None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _read(self, key: Key, endpoint: _Endpoint) -> None:
+        target, reading = endpoint.target, None
+        try:
+            text = fetch(target.ip, target.port, deadline=self.deadline, max_bytes=self.max_bytes)
+            reading = figures(parse_values(text), precision=target.precision)
+        except ScrapeError as exc:
+            log.debug("reading %s/%s's progress at %s failed: %s", *key, target.ip, exc)
+        except Exception:  # a bug here must not leave the endpoint busy for good
+            log.exception("reading %s/%s's progress at %s failed", *key, target.ip)
+        finally:
+            self._done(endpoint, reading)
+
+    def _done(self, endpoint: _Endpoint, reading: dict[str, Any] | None) -> None:
+        with self._lock:
+            endpoint.busy = False
+            if reading is None:
+                om.SCRAPE_FAILURES.inc()
+                endpoint.failures += 1
+                delay = backoff_seconds(endpoint.failures, base=self.deadline, cap=BACKOFF_CAP)
+                endpoint.not_before = time.monotonic() + delay
+            else:
+                endpoint.failures, endpoint.reading = 0, reading

@@ -1,21 +1,19 @@
 """One MixedPrecisionJob's reconcile: observe (the CR from the API server, its children from the
 cache), decide (`mpjob.planning.reconcile`, pure), act (status first, then children, metrics,
-Events), and on a tick record the running attempt's live progress from the same observation.
+Events), and on a tick record the running attempt's live progress (`progress.py`).
 
 The work queue calls `Reconciler.handle` for a job key and never for one job in two threads at
 once; the status is written before children are created, so it stays the operator's memory
-across restarts.
+across restarts. A child the API server refuses for good fails the job with the server's
+message; any other failure is retried with per-job exponential backoff.
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
-import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -23,76 +21,76 @@ from pydantic import ValidationError
 
 from mpjob.builders.attempt import attempt_job, attempt_service
 from mpjob.controller import metrics as om
-from mpjob.controller.cache import ChildCache, Key, Observed
-from mpjob.controller.cluster import Cluster
+from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
+from mpjob.controller.cluster import Cluster, NameInUse, Refused
 from mpjob.controller.config import OperatorConfig
+from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
-from mpjob.controller.progress import progress_patch, scrape_progress
-from mpjob.controller.workqueue import Retry
+from mpjob.controller.progress import ProgressReader, Target, progress_patch
+from mpjob.controller.records import Key
+from mpjob.controller.workqueue import Backoff, Retry
+from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
-from mpjob.planning.lifecycle import Plan
+from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import reconcile
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 log = logging.getLogger("mpjob.operator")
 
-#: The Failed condition's reason for a spec the models refuse (the CRD let it through).
-NOTHING_SEEN = Observed({}, frozenset(), {})
-T = TypeVar("T")
-
-
-class KopfContext:
-    """kopf.event finds kopf's event queue through context variables, which threads do not
-    carry over, and kopf sets them for the processing of each object, not at startup: the
-    handlers capture a context here and each reconcile runs in a copy of it."""
-
-    def __init__(self) -> None:
-        self._context = contextvars.copy_context()
-        self._ready = threading.Event()
-
-    def capture(self) -> None:
-        """Keep the caller's context (a kopf handler's) for the reconciles to run in."""
-        self._context = contextvars.copy_context()
-        self._ready.set()
-
-    def wait(self) -> None:
-        """Until a kopf handler has captured its context."""
-        self._ready.wait()
-
-    def run(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """`call` in a copy of the captured context."""
-        return self._context.copy().run(call, *args, **kwargs)
-
 
 class Reconciler:
-    def __init__(self, *, config: OperatorConfig, cluster: Cluster, cache: ChildCache, peering: PeeringCheck) -> None:
+    def __init__(
+        self,
+        *,
+        config: OperatorConfig,
+        cluster: Cluster,
+        cache: ChildCache,
+        peering: PeeringCheck,
+        progress: ProgressReader | None = None,
+    ) -> None:
         self.config, self.cluster, self.cache, self.peering = config, cluster, cache, peering
+        self.progress = progress or ProgressReader(
+            concurrency=config.progress_readers,
+            deadline=config.scrape_timeout_seconds,
+            max_bytes=config.scrape_max_bytes,
+        )
+        self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.context = KopfContext()
         #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
         self.phases: dict[str, str] = {}
 
     def handle(self, key: Key, tick: bool) -> None:
         """A work queue item: reconcile one job (with its live progress when the ticker asked).
-        A failure is counted, logged and retried after `retry_seconds`."""
+        A failure is counted, logged and retried after the job's backoff; a tick does not
+        hurry a retry that is not due yet."""
         namespace, name = key
         self.cache.wait_synced()  # as controllers wait for their informers: never plan from half a listing
         self.context.wait()  # kopf.event works only in a context kopf has set up
         if not self.peering.active(namespace):
             return  # a standby: kopf's own watch is paused too; the ticker comes back to the job
+        if tick and self.backoff.waiting(key):
+            return
         started = time.monotonic()
         try:
             self.context.run(self.reconcile, namespace, name, progress=tick)
-        except ApiException as exc:
-            om.ERRORS.labels(kind=f"api{exc.status}").inc()
-            log.warning(
-                "reconcile of %s/%s failed after %.2fs: %s", namespace, name, time.monotonic() - started, exc.reason
-            )
-            raise Retry(self.config.retry_seconds) from exc
         except Exception as exc:
-            om.ERRORS.labels(kind=type(exc).__name__).inc()
-            log.exception("reconcile of %s/%s failed", namespace, name)
-            raise Retry(self.config.retry_seconds) from exc
+            raise self._retry(key, exc, time.monotonic() - started) from exc
+        self.backoff.forget(key)
+
+    def _retry(self, key: Key, exc: Exception, seconds: float) -> Retry:
+        kind = f"api{exc.status}" if isinstance(exc, ApiException) else type(exc).__name__
+        om.ERRORS.labels(kind=kind).inc()
+        om.RETRIES.labels(kind=kind).inc()
+        delay = self.backoff.failed(key)
+        failures = self.backoff.failures(key)
+        what = f"reconcile of {key[0]}/{key[1]} failed after {seconds:.2f}s (failure {failures} in a row)"
+        if isinstance(exc, ApiException | NameInUse | OSError) or "urllib3" in type(exc).__module__:
+            log.warning("%s: %s; retrying in %.1fs", what, getattr(exc, "reason", None) or exc, delay)
+        else:
+            log.exception("%s; retrying in %.1fs", what, delay)
+        return Retry(delay)
 
     def reconcile(self, namespace: str, name: str, *, progress: bool = False) -> MixedPrecisionJobStatus | None:
         """Observe, decide, act for one MixedPrecisionJob. Safe to call from any trigger. With
@@ -100,32 +98,37 @@ class Reconciler:
         with om.RECONCILE_SECONDS.time():
             body = self.cluster.read_job(namespace, name)
             if body is None:
+                self.progress.forget((namespace, name))
                 return None
             old = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
             try:
                 spec = MixedPrecisionJobSpec.model_validate(body.get("spec") or {})
             except ValidationError as exc:
-                self._refuse(body, old, exc)
+                self._refuse_spec(body, old, exc)
                 return None
-            seen = self.cache.observe(namespace, name) if old.attempts else NOTHING_SEEN
-            generation = body["metadata"].get("generation")
-            plan = reconcile(spec, old, generation, seen.jobs, datetime.now(UTC), lingering=seen.lingering)
-            if plan.status != old:
-                self.cluster.patch_status(namespace, name, plan.status.to_api())  # memory first, then act
-            self._act(body, spec, plan)
-            _count(old, plan)
-            for event in plan.events:
-                kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
-            self.phases[body["metadata"]["uid"]] = plan.status.phase
+            uid = body["metadata"]["uid"]
+            seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
+            now = datetime.now(UTC)
+            plan = reconcile(spec, old, body["metadata"].get("generation"), seen.jobs, now, lingering=seen.lingering)
+            self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
+            refusal = self._act(body, spec, plan, seen=seen)
+            if refusal is not None:
+                plan = self._refused(body, spec, plan, refusal=refusal)
+            self._announce(body, old, plan)
             if progress and plan.status.phase == "Running" and not plan.create:
-                self._progress(namespace, name, plan.status, seen)
+                self._progress((namespace, name), plan.status, seen)
             return plan.status
 
     def forget(self, uid: str) -> None:
         """A deleted job leaves the phase counts."""
         self.phases.pop(uid, None)
 
-    def _refuse(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
+    def _write(self, body: dict[str, Any], stored: dict[str, Any], new: MixedPrecisionJobStatus) -> None:
+        patch = status_patch(stored, new)
+        if patch:
+            self.cluster.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
+
+    def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
         """A spec the models refuse: the job fails with the first problem (once)."""
         if old.phase == "Failed":
             return
@@ -134,39 +137,91 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         reason = ConditionReason.INVALID_SPEC
         st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)
-        meta = body["metadata"]
-        self.cluster.patch_status(meta["namespace"], meta["name"], failed.to_api())
+        self._write(body, body.get("status") or {}, failed)
 
-    def _act(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan) -> None:
-        """Delete the attempts the plan ends, create the ones it starts (Service, then Job)."""
+    def _act(
+        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed
+    ) -> tuple[int, Refused] | None:
+        """Delete the attempts the plan ends (only Jobs of ours, by UID), create the ones it
+        starts; the attempt whose children the API server refused for good, if any."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         for index in plan.delete:
-            self.cluster.delete_attempt(namespace, name, index)
+            if index in seen.uids:
+                self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
         for start in plan.create:
-            self.cluster.create_service(attempt_service(name, namespace, start.index, start.precision), owner=body)
-            job = attempt_job(
-                job=name,
-                namespace=namespace,
-                spec=spec,
-                start=start,
-                image=self.config.trainer_image,
-                deadline_seconds=plan.deadline_seconds,
-                trainer_command=self.config.trainer_command,
-            )
-            created = self.cluster.create_job(job, owner=body)
-            if created is not None:
-                # Into the cache at once: the Job's ADDED event then changes nothing, and the
-                # next reconcile sees the Job even before its event arrives.
-                self.cache.record_job(created)
+            try:
+                self._create(body, spec, plan, start=start)
+            except Refused as refused:
+                return start.index, refused
+        return None
 
-    def _progress(self, namespace: str, name: str, status: MixedPrecisionJobStatus, seen: Observed) -> None:
-        """Read the running attempt's rank-0 metrics and write what changed into the status."""
-        ip = seen.rank0_ip.get(status.attempt or 0)
+    def _create(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, start: StartAttempt) -> None:
+        """An attempt's Job, then its Service (owned by the Job, so it goes with it)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        job = attempt_job(
+            job=name,
+            namespace=namespace,
+            spec=spec,
+            start=start,
+            image=self.config.trainer_image,
+            deadline_seconds=plan.deadline_seconds,
+            trainer_command=self.config.trainer_command,
+        )
+        created = self.cluster.create_job(job, owner=body)
+        # Into the cache at once: the Job's ADDED event then changes nothing, and the next
+        # reconcile sees the Job even before its event arrives.
+        self.cache.record_job(created)
+        service = attempt_service(name, namespace, start.index, start.precision)
+        self.cluster.create_service(service, job=created, owner=body)
+
+    def _refused(
+        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]
+    ) -> Plan:
+        """The API server refused attempt `index`'s children for good: the attempt and the job
+        fail with its message, and what was made of the attempt goes."""
+        (index, refused), meta = refusal, body["metadata"]
+        om.REFUSALS.labels(reason=refused.rule.reason).inc()
+        log.warning("%s/%s: the API server refused attempt %d: %s", meta["namespace"], meta["name"], index, refused)
+        failed = Plan(status=plan.status.model_copy(deep=True), events=list(plan.events))
+        failed.started_reasons, failed.fallbacks = plan.started_reasons, plan.fallbacks
+        when = When(datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), meta.get("generation"))
+        lc.refused(failed, index=index, reason=refused.rule.reason, message=refused.message, when=when)
+        self._write(body, plan.status.to_api(), failed.status)
+        self._act(body, spec, failed, seen=self.cache.observe(meta["namespace"], meta["name"], meta["uid"]))
+        return failed
+
+    def _announce(self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan) -> None:
+        """The plan's metrics and Events, and the phase the ticker counts."""
+        _count(old, plan)
+        for event in plan.events:
+            kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
+        self.phases[body["metadata"]["uid"]] = plan.status.phase
+
+    def _progress(self, key: Key, status: MixedPrecisionJobStatus, seen: Observed) -> None:
+        """Write what the last finished read of the running attempt's rank 0 found, and start
+        the next read (off this thread: a slow endpoint never holds a reconcile)."""
+        ip = seen.rank0_ip.get(status.attempt)
         if not ip:
             return
-        patch = progress_patch(status, scrape_progress(ip, timeout=self.config.scrape_timeout_seconds))
+        target = Target(attempt=status.attempt, ip=ip, precision=status.precision)
+        reading = self.progress.take(key, target)
+        self.progress.request(key, target)
+        patch = progress_patch(status, reading) if reading else {}
         if patch:
-            self.cluster.patch_status(namespace, name, patch)
+            self.cluster.patch_status(key[0], key[1], patch)
+
+
+#: The status fields this operator writes (camelCase): only these does a patch ever delete.
+STATUS_FIELDS = frozenset(f.alias or n for n, f in MixedPrecisionJobStatus.model_fields.items())
+
+
+def status_patch(stored: dict[str, Any], new: MixedPrecisionJobStatus) -> dict[str, Any]:
+    """A merge patch from the `stored` status to `new`: the fields that differ, and None for
+    those `new` no longer has (a live figure from an earlier attempt, say)."""
+    after = new.to_api()
+    patch: dict[str, Any] = {k: v for k, v in after.items() if stored.get(k) != v}
+    patch.update({k: None for k in stored if k not in after and k in STATUS_FIELDS})
+    return patch
 
 
 def _count(old: MixedPrecisionJobStatus, plan: Plan) -> None:
@@ -175,6 +230,7 @@ def _count(old: MixedPrecisionJobStatus, plan: Plan) -> None:
         om.ATTEMPTS_STARTED.labels(reason=reason).inc()
     for src, dst in plan.fallbacks:
         om.FALLBACKS.labels(from_precision=src, to_precision=dst).inc()
-    for before, after in zip(old.attempts, plan.status.attempts, strict=False):
-        if before.reason is None and after.reason is not None:
+    before = {attempt.index: attempt.reason for attempt in old.attempts}
+    for after in plan.status.attempts:
+        if after.reason is not None and before.get(after.index) is None:
             om.ATTEMPTS_ENDED.labels(reason=after.reason).inc()

@@ -3,18 +3,22 @@ queued at most once, never handled by two workers at once, handled again if it w
 being handled, and retried later when its handler fails.
 
 Two lanes: changes (a CR, Job or pod event) go before the periodic ticks, so a round of ticks
-never delays an attempt's start or end.
+never delays an attempt's start or end. A job whose handling keeps failing backs off
+exponentially (`Backoff`, as client-go's per-item rate limiter), up to a cap.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
+
+from mpjob.planning.classify import backoff_seconds
 
 Key = Hashable
 log = logging.getLogger("mpjob.operator.workqueue")
@@ -122,3 +126,37 @@ class Retry(Exception):
     def __init__(self, delay: float, *args: Any) -> None:
         super().__init__(*args)
         self.delay = delay
+
+
+class Backoff:
+    """Per-key exponential backoff: each failure in a row doubles the wait (from `base`, at most
+    `cap`, less up to `jitter` of it so that jobs failing together do not retry together); a
+    success forgets the key."""
+
+    def __init__(self, *, base: float, cap: float, jitter: float = 0.1) -> None:
+        self.base, self.cap, self.jitter = base, cap, jitter
+        self._lock = threading.Lock()
+        self._failures: dict[Key, int] = {}
+        self._until: dict[Key, float] = {}
+
+    def failed(self, key: Key) -> float:
+        """Count a failure of `key`; the seconds to wait before its retry."""
+        with self._lock:
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            delay = backoff_seconds(failures, base=self.base, cap=self.cap) * (1 - random.uniform(0, self.jitter))
+            self._until[key] = time.monotonic() + delay
+            return delay
+
+    def waiting(self, key: Key) -> bool:
+        """Whether `key` failed and its retry is not due yet."""
+        with self._lock:
+            return time.monotonic() < self._until.get(key, 0.0)
+
+    def failures(self, key: Key) -> int:
+        with self._lock:
+            return self._failures.get(key, 0)
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._failures.pop(key, None)
+            self._until.pop(key, None)

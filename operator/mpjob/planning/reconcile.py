@@ -200,20 +200,20 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         return
     finished = job.finished or ended_by_pods(job, spec.workers)
     if finished is None:
-        _running(plan, spec, job, when)
+        _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = outcome_of(job)
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
 
 
-def _running(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When) -> None:
+def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
     """The attempt's Job exists and has not ended: waiting for admission, for its pods (which
     the Job controller may be unable to create), or running once a trainer pod runs."""
     created = {p.index for p in job.pods} >= set(range(spec.workers))
     if job.suspended:
         _awaiting_admission(plan, when)
     elif job.create_error is not None and not created:
-        _pods_refused(plan, spec, job.create_error, when)
+        _pods_refused(plan, spec, message=job.create_error, when=when)
     else:
         if created:
             lc.pods_created(plan, when)
@@ -230,7 +230,7 @@ def _awaiting_admission(plan: Plan, when: When) -> None:
         lc.condition(plan, when, ConditionType.RUNNING, False, ConditionReason.AWAITING_ADMISSION, message)
 
 
-def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, message: str, when: When) -> None:
+def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when: When) -> None:
     """Pods the Job controller cannot create: shown at once, the job failed after
     runPolicy.podCreationTimeoutSeconds from the attempt's start (quota may free up meanwhile)."""
     current = plan.status.attempts[-1]

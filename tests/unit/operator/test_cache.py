@@ -1,5 +1,5 @@
-"""The operator's cache of attempt Jobs and pods, fed watch events as plain dicts: what it keeps,
-and which events queue a reconcile."""
+"""The operator's cache of attempt Jobs, pods and FailedCreate Events, fed watch events as plain
+dicts: what it keeps, and which events queue a reconcile."""
 
 from __future__ import annotations
 
@@ -8,18 +8,25 @@ from typing import Any
 
 import pytest
 
-from mpjob.controller.cache import ChildCache, job_record
+from mpjob.controller.cache import ChildCache
 
 pytestmark = pytest.mark.unit
 
+MPJ_UID = "mpj-uid"
 
-def job(attempt: int, uid: str = "", **status: Any) -> dict[str, Any]:
+
+def owner(kind: str, name: str, uid: str) -> list[dict[str, Any]]:
+    return [{"apiVersion": "v1", "kind": kind, "name": name, "uid": uid, "controller": True}]
+
+
+def job(attempt: int, uid: str = "", namespace: str = "ns", **status: Any) -> dict[str, Any]:
     return {
         "metadata": {
             "name": f"j-a{attempt}",
-            "namespace": "ns",
+            "namespace": namespace,
             "uid": uid or f"job-{attempt}",
             "labels": {"mpjob.dev/job": "j", "mpjob.dev/attempt": str(attempt)},
+            "ownerReferences": owner("MixedPrecisionJob", "j", MPJ_UID),
         },
         "spec": {"suspend": False},
         "status": status,
@@ -35,6 +42,7 @@ def pod(attempt: int, phase: str = "Running", ip: str = "10.0.0.5", **terminated
             "uid": f"pod-{attempt}",
             "labels": {"mpjob.dev/job": "j", "mpjob.dev/attempt": str(attempt)},
             "annotations": {"batch.kubernetes.io/job-completion-index": "0"},
+            "ownerReferences": owner("Job", f"j-a{attempt}", f"job-{attempt}"),
         },
         "status": {"phase": phase, "podIP": ip, "containerStatuses": [{"name": "trainer", "state": state}]},
     }
@@ -46,15 +54,20 @@ def cache() -> tuple[ChildCache, list[tuple[str, str]]]:
     return ChildCache(changed.append), changed
 
 
-def test_a_pods_exit_queues_a_reconcile_and_its_start_does_not(cache: tuple[ChildCache, list]) -> None:
+def test_a_pods_start_and_exit_queue_a_reconcile_and_its_creation_does_not(cache: tuple[ChildCache, list]) -> None:
     c, changed = cache
+    c.apply("jobs", "ADDED", job(0))
+    changed.clear()
     c.apply("pods", "ADDED", pod(0, "Pending", ip=""))
+    assert changed == []  # a pending pod changes no decision
     c.apply("pods", "MODIFIED", pod(0))
-    assert changed == []  # a starting pod changes no decision
+    assert changed == [("ns", "j")]  # a trainer runs: the phase becomes Running
+    c.apply("pods", "MODIFIED", pod(0, ip="10.0.0.6"))
+    assert changed == [("ns", "j")]  # a new address is no news
     c.apply("pods", "MODIFIED", pod(0, "Failed", exitCode=42, message="{}"))
-    assert changed == [("ns", "j")]
-    c.apply("pods", "DELETED", pod(0, "Failed", exitCode=42))
     assert changed == [("ns", "j")] * 2
+    c.apply("pods", "DELETED", pod(0, "Failed", exitCode=42))
+    assert changed == [("ns", "j")] * 3
 
 
 def test_only_job_changes_the_planner_reads_queue_a_reconcile(cache: tuple[ChildCache, list]) -> None:
@@ -66,7 +79,7 @@ def test_only_job_changes_the_planner_reads_queue_a_reconcile(cache: tuple[Child
     assert changed == []
     c.apply("jobs", "MODIFIED", job(0, active=1, conditions=[{"type": "FailureTarget", "status": "True"}]))
     assert changed == [("ns", "j")]
-    assert c.observe("ns", "j").jobs[0].finished == "Failed"
+    assert c.observe("ns", "j", MPJ_UID).jobs[0].finished == "Failed"
 
 
 def test_a_created_job_never_replaces_what_the_watch_brought(cache: tuple[ChildCache, list]) -> None:
@@ -74,31 +87,57 @@ def test_a_created_job_never_replaces_what_the_watch_brought(cache: tuple[ChildC
     done = job(0, conditions=[{"type": "Complete", "status": "True"}])
     c.apply("jobs", "ADDED", done)
     c.record_job(job(0))  # an older copy (the create response, read late)
-    assert c.observe("ns", "j").jobs[0].finished == "Complete"
+    assert c.observe("ns", "j", MPJ_UID).jobs[0].finished == "Complete"
 
 
 def test_observe_groups_pods_by_attempt_with_rank0s_address_and_lingering_pods(cache: tuple[ChildCache, list]) -> None:
     c, _ = cache
+    c.apply("jobs", "ADDED", job(0))
     c.apply("jobs", "ADDED", job(1))
     c.apply("pods", "ADDED", pod(1))
     lingering = pod(0)
     lingering["metadata"]["deletionTimestamp"] = "2026-11-22T00:00:00Z"
-    c.apply("pods", "ADDED", lingering)  # attempt 0's Job is gone, its pod still stops
-    seen = c.observe("ns", "j")
+    c.apply("pods", "ADDED", lingering)
+    c.apply("jobs", "DELETED", job(0))  # attempt 0's Job is gone, its pod still stops
+    seen = c.observe("ns", "j", MPJ_UID)
     assert set(seen.jobs) == {1} and [p.alive for p in seen.jobs[1].pods] == [True]
-    assert seen.rank0_ip[1] == "10.0.0.5"
+    assert seen.rank0_ip == {1: "10.0.0.5"} and seen.uids == {1: "job-1"}
     assert seen.lingering == frozenset({0})
-    assert c.observe("ns", "other").jobs == {}
+    c.apply("pods", "DELETED", lingering)
+    assert c.observe("ns", "j", MPJ_UID).lingering == frozenset()
+    assert c._jobs.keys() == {"job-1"}  # the deleted Job is forgotten with its last pod
+    assert c.observe("ns", "other", MPJ_UID).jobs == {}
 
 
 def test_a_relisting_replaces_one_namespace_and_reports_what_changed(cache: tuple[ChildCache, list]) -> None:
     c, changed = cache
     c.apply("jobs", "ADDED", job(0))
-    other = copy.deepcopy(job(0, uid="o"))
-    other["metadata"]["namespace"] = "other"
+    other = copy.deepcopy(job(0, uid="o", namespace="other"))
     c.apply("jobs", "ADDED", other)
     changed.clear()
-    fresh = {("ns", "j"): {"job-1": job_record(job(1))}}
-    assert c._replace(c._jobs, "ns", fresh) == {("ns", "j")}
-    assert set(c.observe("ns", "j").jobs) == {1}
-    assert set(c.observe("other", "j").jobs) == {0}  # another namespace's watch owns that
+    c.relist("jobs", "ns", [job(1)])
+    assert changed == [("ns", "j")]
+    assert set(c.observe("ns", "j", MPJ_UID).jobs) == {1}
+    assert set(c.observe("other", "j", MPJ_UID).jobs) == {0}  # another namespace's watch owns that
+    changed.clear()
+    c.relist("jobs", "ns", [job(1)])
+    assert changed == []  # nothing new
+
+
+def test_a_failed_create_shows_on_its_job_and_queues_a_reconcile(cache: tuple[ChildCache, list]) -> None:
+    c, changed = cache
+    c.apply("jobs", "ADDED", job(0))
+    changed.clear()
+    event = {
+        "metadata": {"name": "j-a0.1", "namespace": "ns", "uid": "ev-1"},
+        "involvedObject": {"kind": "Job", "name": "j-a0", "namespace": "ns", "uid": "job-0"},
+        "reason": "FailedCreate",
+        "message": 'Error creating: pods "j-a0-0-x" is forbidden: violates PodSecurity',
+    }
+    c.apply("events", "ADDED", event)
+    assert changed == [("ns", "j")]
+    assert "violates PodSecurity" in (c.observe("ns", "j", MPJ_UID).jobs[0].create_error or "")
+    c.apply("events", "MODIFIED", {**event, "count": 2})
+    assert changed == [("ns", "j")]  # the same message again is no news
+    c.apply("events", "DELETED", event)
+    assert c.observe("ns", "j", MPJ_UID).jobs[0].create_error is None

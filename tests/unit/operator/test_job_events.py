@@ -6,12 +6,27 @@ import copy
 
 import pytest
 
-from mpjob.controller.cache import TERMINAL_CONDITIONS, job_record
+from mpjob.controller.records import TERMINAL_CONDITIONS, job_record
 
 pytestmark = pytest.mark.unit
 
 RUNNING = {
-    "metadata": {"name": "j-a0", "resourceVersion": "10", "managedFields": []},
+    "metadata": {
+        "name": "j-a0",
+        "namespace": "ns",
+        "uid": "job-uid",
+        "resourceVersion": "10",
+        "managedFields": [],
+        "ownerReferences": [
+            {
+                "apiVersion": "mpjob.dev/v1alpha1",
+                "kind": "MixedPrecisionJob",
+                "name": "j",
+                "uid": "mpj-uid",
+                "controller": True,
+            }
+        ],
+    },
     "spec": {"suspend": False, "parallelism": 2},
     "status": {"active": 2, "ready": 1, "startTime": "2026-11-22T10:00:00Z"},
 }
@@ -29,6 +44,7 @@ def test_bookkeeping_writes_are_not_worth_a_reconcile() -> None:
     noise["status"]["uncountedTerminatedPods"] = {}
     noise["status"]["ready"] = 2  # readiness is not the planner's business
     noise["status"].update(active=1, failed=1)  # nor are the counts: the pods' events tell that
+    assert job_record(RUNNING) is not None
     assert job_record(noise) == job_record(RUNNING)
 
 

@@ -1,0 +1,244 @@
+"""What the cache keeps of an attempt Job, a pod or a FailedCreate Event: the few fields the
+planner reads, made from raw JSON, and the ownership rules that say whether an object is this
+operator's at all.
+
+An object is an attempt's child only by its controller ownerReference: a Job by the one to its
+MixedPrecisionJob's UID, a pod by the one to its Job's UID. Labels only narrow the watches; a
+pod that carries a job's labels but no ownerReference to one of its Jobs is somebody else's.
+Anything malformed about an object of ours raises `Malformed` (the cache skips that object and
+says so once); it never escapes into a watch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from mpjob.builders.attempt import TRAINER_CONTAINER, attempt_name
+from mpjob.planning.reconcile import PodView
+from mpjob_contract import api
+
+Key = tuple[str, str]  # (namespace, MixedPrecisionJob name)
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+#: Container waiting reasons that mean the pod will never run.
+IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
+TERMINAL_CONDITIONS = {
+    "Complete": "Complete",
+    "SuccessCriteriaMet": "Complete",
+    "Failed": "Failed",
+    "FailureTarget": "Failed",
+}
+
+
+class Malformed(ValueError):
+    """A field of an object of ours that the planner needs cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    kind: str
+    name: str
+    uid: str
+
+
+def controller_of(meta: dict[str, Any]) -> Owner | None:
+    """The object's controller ownerReference (None: it has none)."""
+    refs = meta.get("ownerReferences") or []
+    if not isinstance(refs, list):
+        raise Malformed("metadata.ownerReferences is not a list")
+    for ref in refs:
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            kind, name, uid = ref.get("kind"), ref.get("name"), ref.get("uid")
+            if not (isinstance(kind, str) and isinstance(name, str) and isinstance(uid, str)):
+                raise Malformed("metadata.ownerReferences: the controller reference lacks kind, name or uid")
+            return Owner(kind, name, uid)
+    return None
+
+
+class Claim(StrEnum):
+    """Whose an existing object of a child's name is."""
+
+    OURS = "Ours"
+    #: A same-named job's child from before it was deleted and created again: the garbage
+    #: collector is removing it, so the name frees up soon.
+    STALE = "Stale"
+    #: Made by somebody else: never adopted, never deleted.
+    FOREIGN = "Foreign"
+
+
+def claim(existing: dict[str, Any], *, owners: dict[str, tuple[str, str]]) -> Claim:
+    """Whose `existing` is, for a child whose rightful controllers are `owners` (UID -> (kind,
+    name)): ours when its controller is one of them; stale when its controller has the kind and
+    name of one of them but another UID; foreign otherwise (no controller, or another)."""
+    try:
+        owner = controller_of(existing.get("metadata") or {})
+    except Malformed:
+        return Claim.FOREIGN
+    if owner is None:
+        return Claim.FOREIGN
+    if owners.get(owner.uid) == (owner.kind, owner.name):
+        return Claim.OURS
+    return Claim.STALE if (owner.kind, owner.name) in owners.values() else Claim.FOREIGN
+
+
+# ------------------------------------------------------------------ attempt Jobs
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What of an attempt Job the planner reads: its verdict and whether it is suspended (its pod
+    counts are not worth a reconcile: the pods' own events tell their story)."""
+
+    uid: str
+    key: Key
+    owner_uid: str
+    attempt: int
+    finished: str | None
+    reason: str | None
+    suspended: bool
+    #: Deleted, but some of its pods are still there (they still stop and checkpoint).
+    gone: bool = False
+
+    def news(self, old: JobRecord | None) -> bool:
+        """Whether the planner could decide otherwise now (a verdict, a suspension)."""
+        return old != self
+
+
+def job_record(job: dict[str, Any]) -> JobRecord | None:
+    """The record of an attempt Job, or None when no MixedPrecisionJob controls it. Its attempt
+    is read from its name (`<job>-a<N>`, as the operator made it), not from a label."""
+    meta = job.get("metadata") or {}
+    owner = controller_of(meta)
+    if owner is None or owner.kind != api.KIND:
+        return None
+    attempt = _attempt_of(str(meta.get("name", "")), owner.name)
+    finished = reason = None
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        # FailureTarget / SuccessCriteriaMet come first: the Job controller has decided and
+        # starts no more pods; the planner still waits for every pod to stop.
+        kind = TERMINAL_CONDITIONS.get(cond.get("type"))
+        if kind and cond.get("status") == "True" and finished is None:
+            finished, reason = kind, cond.get("reason")
+    return JobRecord(
+        uid=_uid(meta),
+        key=(str(meta.get("namespace", "")), owner.name),
+        owner_uid=owner.uid,
+        attempt=attempt,
+        finished=finished,
+        reason=reason,
+        suspended=bool((job.get("spec") or {}).get("suspend")),
+    )
+
+
+def _attempt_of(name: str, owner: str) -> int:
+    suffix = name.removeprefix(f"{owner}-a")
+    if suffix == name or not suffix.isdigit() or attempt_name(owner, int(suffix)) != name:
+        raise Malformed(f"the Job's name {name!r} is not an attempt of {owner!r} (<job>-a<N>)")
+    return int(suffix)
+
+
+def _uid(meta: dict[str, Any]) -> str:
+    uid = meta.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise Malformed("metadata.uid is missing")
+    return uid
+
+
+# ------------------------------------------------------------------ pods
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    uid: str
+    namespace: str
+    job_uid: str
+    view: PodView
+    ip: str | None
+
+    @property
+    def trigger(self) -> tuple[Any, ...]:
+        """What of a pod the planner acts on: whether it runs, how it ended, whether it goes."""
+        v = self.view
+        return v.phase == "Running", v.alive, v.exit_code, v.platform_reason, v.deleting
+
+    def news(self, old: PodRecord | None) -> bool:
+        """A pod that starts running, exits, goes or fails can change a decision (the phase is
+        Running only once a trainer runs); a new pending pod or a new IP cannot."""
+        if old is None:
+            return self.view.phase == "Running" or not self.view.alive
+        return old.trigger != self.trigger
+
+
+def pod_record(pod: dict[str, Any]) -> PodRecord | None:
+    """The record of a pod a Job controls, or None when no Job controls it."""
+    meta = pod.get("metadata") or {}
+    owner = controller_of(meta)
+    if owner is None or owner.kind != "Job":
+        return None
+    ip = (pod.get("status") or {}).get("podIP")
+    view = pod_view(pod)
+    return PodRecord(_uid(meta), str(meta.get("namespace", "")), owner.uid, view, ip if isinstance(ip, str) else None)
+
+
+def completion_index(meta: dict[str, Any]) -> int:
+    """The pod's index in its Indexed Job: the Job controller's annotation, else its label."""
+    for source in ("annotations", "labels"):
+        value = (meta.get(source) or {}).get(COMPLETION_INDEX)
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    raise Malformed(f"{COMPLETION_INDEX} is missing or not a number")
+
+
+def pod_view(pod: dict[str, Any]) -> PodView:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    statuses = [c for c in status.get("containerStatuses") or [] if c.get("name") == TRAINER_CONTAINER]
+    state = (statuses[0].get("state") or {}) if statuses else {}
+    terminated, waiting = state.get("terminated"), state.get("waiting")
+    phase = status.get("phase") or "Pending"
+    platform = status.get("reason")  # Evicted, NodeLost, ...
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True" and not platform:
+            platform = cond.get("reason") or "DisruptionTarget"
+    if terminated is not None and terminated.get("reason") == "OOMKilled":
+        platform = "OOMKilled"
+    if waiting is not None and waiting.get("reason") in IMAGE_ERRORS:
+        platform = waiting["reason"]
+    return PodView(
+        name=str(meta.get("name", "")),
+        index=completion_index(meta),
+        phase=phase,
+        alive=phase in ("Pending", "Running", "Unknown") and terminated is None and platform not in IMAGE_ERRORS,
+        exit_code=terminated.get("exitCode") if terminated is not None else None,
+        termination_message=terminated.get("message") if terminated is not None else None,
+        platform_reason=platform,
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
+
+
+# ------------------------------------------------------------------ FailedCreate Events
+
+
+@dataclass(frozen=True, slots=True)
+class CreateFailure:
+    """The Job controller could not create a pod of a Job (its FailedCreate Event)."""
+
+    uid: str  # the Event's
+    namespace: str
+    job_uid: str
+    message: str
+
+
+def create_failure(event: dict[str, Any]) -> CreateFailure | None:
+    """The FailedCreate of a Job that `event` reports, or None for any other Event."""
+    involved = event.get("involvedObject") or {}
+    if event.get("reason") != "FailedCreate" or involved.get("kind") != "Job":
+        return None
+    job_uid = involved.get("uid")
+    if not isinstance(job_uid, str) or not job_uid:
+        raise Malformed("involvedObject.uid is missing")
+    meta = event.get("metadata") or {}
+    message = str(event.get("message") or "the Job controller could not create a pod")[:1024]
+    return CreateFailure(_uid(meta), str(meta.get("namespace", "")), job_uid, message)

@@ -1,0 +1,127 @@
+"""One list + watch of one kind in one namespace (or all), feeding the child cache: list, then
+watch from the listing's version, resume after the server's timeout, list again when the
+version is too old (410) or the stream broke.
+
+Nothing one object carries can stop it: the cache turns each object into a record or skips it,
+a line that is not JSON is skipped, and any other failure is logged and followed by a fresh
+listing a second later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from mpjob.controller.cluster import REQUEST_TIMEOUT, raw
+
+log = logging.getLogger("mpjob.operator.cache")
+
+#: A watch request's server-side timeout; the watch is then resumed from its last version.
+WATCH_SECONDS = 300
+GONE = 410
+
+
+class Sink(Protocol):
+    def relist(self, resource: str, namespace: str | None, objects: list[dict[str, Any]]) -> None: ...
+    def apply(self, resource: str, kind: str, obj: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """A kind to list and watch: `call` is the client's list method, `selectors` its label or
+    field selector."""
+
+    resource: str
+    namespace: str | None
+    call: Callable[..., Any]
+    selectors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return () if self.namespace is None else (self.namespace,)
+
+
+class ListWatch(threading.Thread):
+    def __init__(self, source: Source, *, cache: Sink, synced: threading.Event, stop: threading.Event) -> None:
+        super().__init__(name=f"mpjob-watch-{source.resource}-{source.namespace or 'all'}", daemon=True)
+        self.source, self.cache, self.synced, self.stop = source, cache, synced, stop
+
+    def run(self) -> None:
+        version: str | None = None
+        what = self.source.resource
+        while not self.stop.is_set():
+            try:
+                if version is None:
+                    version = self._list()
+                version = self._watch(version)
+            except ApiException as exc:
+                if exc.status != GONE:
+                    log.warning("watch of %s failed (%s %s); listing again in 1 s", what, exc.status, exc.reason)
+                    self.stop.wait(1)
+                version = None
+            except Exception as exc:  # never let one error stop the cache for good
+                log.warning("watch of %s failed (%r); listing again in 1 s", what, exc)
+                version = None
+                self.stop.wait(1)
+
+    def _list(self) -> str:
+        """List everything and hand it to the cache; the listing's resourceVersion."""
+        src = self.source
+        listing = raw(src.call, *src.args, _request_timeout=REQUEST_TIMEOUT, **src.selectors)
+        self.cache.relist(src.resource, src.namespace, listing.get("items") or [])
+        self.synced.set()
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _watch(self, version: str) -> str | None:
+        """Follow the watch from `version` until the server ends it; the last version seen, or
+        None to list again."""
+        src = self.source
+        response = src.call(
+            *src.args,
+            **src.selectors,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            _request_timeout=(REQUEST_TIMEOUT[0], WATCH_SECONDS + 30),
+            _preload_content=False,
+        )
+        try:
+            for line in iter_resp_lines(response):
+                if self.stop.is_set():
+                    return version
+                event = _event(line)
+                if event is None:
+                    continue
+                kind, obj = event
+                if kind == "ERROR":
+                    if obj.get("code") == GONE:  # too old a version: list again
+                        return None
+                    raise RuntimeError(f"watch of {src.resource}: {obj.get('message')}")
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind != "BOOKMARK":
+                    self.cache.apply(src.resource, kind, obj)
+        finally:
+            response.release_conn()
+        return version
+
+
+def _event(line: str | bytes) -> tuple[str, dict[str, Any]] | None:
+    """A watch line as (type, object); None for an empty or unreadable line."""
+    if not line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        log.warning("skipping a watch line that is not JSON: %.80r", line)
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+        return None
+    return str(event.get("type")), event["object"]

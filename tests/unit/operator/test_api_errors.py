@@ -1,0 +1,166 @@
+"""The API server's refusals of an attempt's children: which end the job (with the server's
+message) and which are retried, with a per-job exponential backoff that a tick cannot hurry."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from mpjob.controller import reconciler as rc
+from mpjob.controller.cache import ChildCache
+from mpjob.controller.cluster import Refused, server_message
+from mpjob.controller.config import OperatorConfig
+from mpjob.controller.peering import PeeringCheck
+from mpjob.controller.reconciler import Reconciler
+from mpjob.controller.workqueue import Backoff, Retry
+from mpjob.planning.classify import NAME_CONFLICT, ApiAction, backoff_seconds, classify_api_error
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("status", "action", "reason"),
+    [
+        (400, ApiAction.FAIL, "InvalidPodTemplate"),
+        (403, ApiAction.FAIL, "Forbidden"),
+        (404, ApiAction.FAIL, "NamespaceNotFound"),
+        (422, ApiAction.FAIL, "InvalidPodTemplate"),
+        (409, ApiAction.RETRY, "Conflict"),
+        (429, ApiAction.RETRY, "TooManyRequests"),
+        (500, ApiAction.RETRY, "Unavailable"),
+        (503, ApiAction.RETRY, "Unavailable"),
+        (504, ApiAction.RETRY, "Unavailable"),
+        (401, ApiAction.RETRY, "Unavailable"),  # an expired token is renewed: try again
+        (None, ApiAction.RETRY, "Unavailable"),  # a timeout or a lost connection
+    ],
+)
+def test_the_api_error_policy(status: int | None, action: ApiAction, reason: str) -> None:
+    rule = classify_api_error(status)
+    assert (rule.action, rule.reason) == (action, reason)
+
+
+def test_a_name_held_by_an_object_mpjob_did_not_create_is_final() -> None:
+    assert (NAME_CONFLICT.action, NAME_CONFLICT.reason) == (ApiAction.FAIL, "NameConflict")
+
+
+def test_backoff_doubles_per_failure_up_to_the_cap() -> None:
+    delays = [backoff_seconds(n, base=1.0, cap=60.0) for n in range(1, 10)]
+    assert delays == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert backoff_seconds(10_000, base=1.0, cap=60.0) == 60  # no overflow however long it fails
+    assert backoff_seconds(0, base=1.0, cap=60.0) == 0
+
+
+def test_backoff_is_per_key_and_forgotten_on_success() -> None:
+    backoff = Backoff(base=10.0, cap=100.0, jitter=0.0)
+    assert backoff.failed("a") == 10 and backoff.failed("a") == 20
+    assert backoff.waiting("a") and not backoff.waiting("b")
+    backoff.forget("a")
+    assert not backoff.waiting("a") and backoff.failed("a") == 10
+
+
+def test_jitter_only_shortens_the_wait() -> None:
+    backoff = Backoff(base=10.0, cap=100.0, jitter=0.5)
+    assert all(5 <= backoff.failed(f"k{i}") <= 10 for i in range(50))
+
+
+def test_the_servers_message_is_read_from_its_status() -> None:
+    body = json.dumps({"kind": "Status", "message": 'Job.batch "j-a0" is invalid: spec.template...: Invalid value'})
+    exc = ApiException(status=422, reason="Unprocessable Entity")
+    exc.body = body
+    assert server_message(exc).startswith('Job.batch "j-a0" is invalid')
+    exc.body = "<html>not json</html>"
+    assert server_message(exc) == "Unprocessable Entity"
+
+
+# ------------------------------------------------------------------ the reconciler with a fake API server
+
+
+def api_error(status: int, message: str) -> ApiException:
+    exc = ApiException(status=status, reason="Refused")
+    exc.body = json.dumps({"kind": "Status", "code": status, "message": message})
+    return exc
+
+
+class FakeCluster:
+    """The API server as the reconciler sees it, with creates that fail as told."""
+
+    def __init__(self, create_error: Exception | None = None) -> None:
+        self.body: dict[str, Any] = {
+            "apiVersion": "mpjob.dev/v1alpha1",
+            "kind": "MixedPrecisionJob",
+            "metadata": {"name": "j", "namespace": "ns", "uid": "mpj-uid", "generation": 1},
+            "spec": {"task": {"builtin": "gpt"}, "resources": {"gpusPerWorker": 0}},
+        }
+        self.create_error = create_error
+        self.creates = 0
+        self.deleted: list[tuple[str, str]] = []
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.body
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        merged = {**(self.body.get("status") or {}), **status}
+        self.body["status"] = {k: v for k, v in merged.items() if v is not None}
+
+    def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        self.creates += 1
+        if self.create_error is not None:
+            raise self.create_error
+        return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": []}}
+
+    def create_service(self, service: dict[str, Any], *, job: dict[str, Any], owner: dict[str, Any]) -> None:
+        pass
+
+    def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
+        self.deleted.append((f"{job}-a{index}", uid))
+
+
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    posted: list[tuple[str, str]] = []
+    monkeypatch.setattr(rc.kopf, "event", lambda body, *, type, reason, message: posted.append((reason, message)))
+    return posted
+
+
+def reconciler(cluster: FakeCluster) -> Reconciler:
+    config = OperatorConfig(retry_seconds=1.0, retry_max_seconds=8.0)
+    peering = PeeringCheck(peering=None, cluster=cluster, trust_seconds=1)  # type: ignore[arg-type]
+    made = Reconciler(config=config, cluster=cluster, cache=ChildCache(lambda key: None), peering=peering)  # type: ignore[arg-type]
+    made.backoff.jitter = 0.0
+    made.context.capture()
+    return made
+
+
+def test_a_child_the_server_rejects_fails_the_job_with_its_message_at_once(events: list) -> None:
+    message = 'Job.batch "j-a0" is invalid: spec.template.spec.nodeSelector: Invalid value: "bad key!"'
+    cluster = FakeCluster(Refused(classify_api_error(422), message))
+    made = reconciler(cluster)
+    made.handle(("ns", "j"), False)  # no Retry: nothing to try again
+    status = cluster.body["status"]
+    assert status["phase"] == "Failed" and status["message"] == message
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "InvalidPodTemplate")
+    assert status["attempts"][0]["reason"] == "InvalidPodTemplate"
+    assert ("Failed", message) in events
+    made.handle(("ns", "j"), True)  # a later tick: finished, nothing created again
+    assert cluster.creates == 1
+
+
+def test_transient_errors_back_off_per_job_and_ticks_do_not_hurry_them(events: list) -> None:
+    cluster = FakeCluster(api_error(503, "etcd leader changed"))
+    made = reconciler(cluster)
+    delays = []
+    for _ in range(5):
+        with pytest.raises(Retry) as retry:
+            made.handle(("ns", "j"), False)  # a change (or the retry itself) always runs
+        delays.append(retry.value.delay)
+    assert delays == [1, 2, 4, 8, 8]
+    made.handle(("ns", "j"), True)  # a tick while the retry is not due: skipped
+    assert cluster.creates == 5
+    assert cluster.body["status"]["phase"] == "Pending"  # still waiting, not Failed
+    cluster.create_error = None
+    made.handle(("ns", "j"), False)
+    assert cluster.creates == 6 and made.backoff.failures(("ns", "j")) == 0

@@ -1,0 +1,157 @@
+"""Only what it owns: children are known by their controller ownerReferences (never by label
+alone), an object of a child's name that mpjob did not create is never claimed, and an object
+that cannot be read is skipped (once in the log) without breaking the watch that brought it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from mpjob.controller.cache import ChildCache
+from mpjob.controller.records import Claim, claim
+from mpjob.controller.watch import ListWatch, Source
+from tests.unit.operator.test_cache import MPJ_UID, job, owner, pod
+
+pytestmark = pytest.mark.unit
+
+JOB_RULES = {MPJ_UID: ("MixedPrecisionJob", "j")}
+SERVICE_RULES = {"job-0": ("Job", "j-a0"), MPJ_UID: ("MixedPrecisionJob", "j")}
+
+
+@pytest.mark.parametrize(
+    ("refs", "owners", "whose"),
+    [
+        (owner("MixedPrecisionJob", "j", MPJ_UID), JOB_RULES, Claim.OURS),
+        (owner("MixedPrecisionJob", "j", "earlier-uid"), JOB_RULES, Claim.STALE),  # deleted and created again
+        (owner("MixedPrecisionJob", "other", "x"), JOB_RULES, Claim.FOREIGN),
+        (owner("CronJob", "j", MPJ_UID), JOB_RULES, Claim.FOREIGN),  # our UID, another kind: forged
+        ([], JOB_RULES, Claim.FOREIGN),  # made by hand
+        ([{"kind": "MixedPrecisionJob", "name": "j", "uid": MPJ_UID}], JOB_RULES, Claim.FOREIGN),  # not controller
+        ("not a list", JOB_RULES, Claim.FOREIGN),
+        (owner("Job", "j-a0", "job-0"), SERVICE_RULES, Claim.OURS),
+        (owner("MixedPrecisionJob", "j", MPJ_UID), SERVICE_RULES, Claim.OURS),  # an older operator's Service
+        (owner("Job", "j-a0", "old-job"), SERVICE_RULES, Claim.STALE),
+        (owner("Job", "j", "job-0"), SERVICE_RULES, Claim.FOREIGN),  # our Job's UID, the wrong name
+    ],
+)
+def test_whose_an_existing_object_is(refs: Any, owners: dict[str, tuple[str, str]], whose: Claim) -> None:
+    assert claim({"metadata": {"ownerReferences": refs}}, owners=owners) is whose
+
+
+@pytest.fixture
+def cache() -> tuple[ChildCache, list[tuple[str, str]]]:
+    changed: list[tuple[str, str]] = []
+    made = ChildCache(changed.append)
+    made.apply("jobs", "ADDED", job(0))
+    made.apply("pods", "ADDED", pod(0))
+    changed.clear()
+    return made, changed
+
+
+def forged(**meta: Any) -> dict[str, Any]:
+    """A pod with the labels of attempt 0 of job j, exiting 42 with a numeric fault report."""
+    body = pod(0, "Failed", exitCode=42, message='{"reason": "NumericFault", "step": 5}')
+    body["metadata"].update(name="forged", uid="forged-uid", **meta)
+    return body
+
+
+def test_a_pod_with_a_jobs_labels_but_no_owner_is_not_its_child(cache: tuple[ChildCache, list]) -> None:
+    c, changed = cache
+    c.apply("pods", "ADDED", forged(ownerReferences=[]))
+    c.apply("pods", "ADDED", forged(ownerReferences=owner("Job", "j-a0", "another-jobs-uid")))
+    assert changed == []
+    assert [p.name for p in c.observe("ns", "j", MPJ_UID).jobs[0].pods] == ["j-a0-0-x"]
+
+
+def test_a_malformed_object_is_skipped_and_logged_once(
+    cache: tuple[ChildCache, list], caplog: pytest.LogCaptureFixture
+) -> None:
+    c, changed = cache
+    bad = pod(0, "Failed", exitCode=42)
+    bad["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] = "not-a-number"
+    with caplog.at_level(logging.WARNING, "mpjob.operator.cache"):
+        for _ in range(3):
+            c.apply("pods", "MODIFIED", bad)
+    assert len([r for r in caplog.records if "skipping pod ns/j-a0-0-x" in r.getMessage()]) == 1
+    assert changed == [] and c.observe("ns", "j", MPJ_UID).jobs[0].pods[0].alive  # the last good reading stays
+    bad["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = "0"  # the Job controller's label
+    c.apply("pods", "MODIFIED", bad)
+    assert changed == [("ns", "j")] and not c.observe("ns", "j", MPJ_UID).jobs[0].pods[0].alive
+
+
+def test_a_job_not_named_as_an_attempt_or_of_an_earlier_job_is_not_observed(cache: tuple[ChildCache, list]) -> None:
+    c, _ = cache
+    misnamed = job(1, uid="misnamed")
+    misnamed["metadata"]["name"] = "j-attempt-1"
+    c.apply("jobs", "ADDED", misnamed)
+    earlier = job(2, uid="earlier")
+    earlier["metadata"]["ownerReferences"] = owner("MixedPrecisionJob", "j", "earlier-uid")
+    c.apply("jobs", "ADDED", earlier)
+    assert set(c.observe("ns", "j", MPJ_UID).jobs) == {0}
+    assert set(c.observe("ns", "j", "earlier-uid").jobs) == {2}
+
+
+class FakeWatchClient:
+    """A list call whose watch streams the given lines once, then blocks until stopped."""
+
+    def __init__(self, items: list[dict[str, Any]], lines: list[str], stop: threading.Event) -> None:
+        self.items, self.lines, self.stop = items, lines, stop
+        self.lists = 0
+        self.streamed = threading.Event()
+
+    def __call__(self, *args: Any, watch: bool = False, **kwargs: Any) -> Any:
+        if not watch:
+            self.lists += 1
+            return _Response(json.dumps({"metadata": {"resourceVersion": "1"}, "items": self.items}).encode())
+        return _Stream(self.lines, self.streamed, self.stop)
+
+
+class _Response:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _Stream(_Response):
+    def __init__(self, lines: list[str], streamed: threading.Event, stop: threading.Event) -> None:
+        super().__init__(b"")
+        self.lines, self.streamed, self.stop = lines, streamed, stop
+
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        for line in self.lines:
+            yield (line + "\n").encode()
+        self.streamed.set()
+        self.stop.wait(10)
+
+
+def test_garbage_and_malformed_objects_never_break_a_watch(cache: tuple[ChildCache, list]) -> None:
+    c, _ = cache
+    stop = threading.Event()
+    bad = forged(ownerReferences=owner("Job", "j-a0", "job-0"))
+    bad["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": "x"}
+    good = pod(0, "Failed", exitCode=42)
+    lines = [
+        "not json at all",
+        json.dumps({"type": "ADDED", "object": "not an object"}),
+        json.dumps({"type": "ADDED", "object": bad}),
+        json.dumps({"type": "ADDED", "object": {"metadata": {"name": "no-uid"}}}),
+        json.dumps({"type": "MODIFIED", "object": good}),
+    ]
+    client = FakeWatchClient([pod(0)], lines, stop)
+    synced = threading.Event()
+    watch = ListWatch(Source("pods", "ns", client), cache=c, synced=synced, stop=stop)
+    watch.start()
+    try:
+        assert client.streamed.wait(10)
+        assert synced.is_set() and client.lists == 1  # listed once: the watch went on
+        pods = c.observe("ns", "j", MPJ_UID).jobs[0].pods
+        assert [(p.name, p.exit_code) for p in pods] == [("j-a0-0-x", 42)]
+    finally:
+        stop.set()
+        watch.join(5)

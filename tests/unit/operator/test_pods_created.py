@@ -1,0 +1,105 @@
+"""Honest phases and figures: a job is not Running before a trainer pod runs; pods the Job
+controller cannot create show as PodsCreated=False with its message and fail the job after
+runPolicy.podCreationTimeoutSeconds; live figures are each attempt's own, and lossScale is
+only an fp16 figure."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mpjob.controller.reconciler import status_patch
+from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.report import Counters, TerminationReport
+
+pytestmark = pytest.mark.unit
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+REFUSED = 'Error creating: pods "j-a0-0-x" is forbidden: violates PodSecurity "restricted:latest": hostPath'
+
+
+def spec(**over: object) -> MixedPrecisionJobSpec:
+    base = {"task": {"builtin": "gpt"}, "precision": {"mode": "fp16"}, "runPolicy": {"podCreationTimeoutSeconds": 60}}
+    return MixedPrecisionJobSpec.model_validate({**base, **over})
+
+
+def started() -> MixedPrecisionJobStatus:
+    return reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+
+
+def condition(status: MixedPrecisionJobStatus, type_: str) -> tuple[str, str, str] | None:
+    found = next((c for c in status.conditions if c.type == type_), None)
+    return (found.status, found.reason, found.message) if found else None
+
+
+def running_pod(phase: str = "Running") -> PodView:
+    return PodView("j-a0-0-x", 0, phase, alive=True)
+
+
+def test_the_phase_is_pending_until_a_trainer_pod_runs() -> None:
+    status = started()
+    assert status.phase == "Pending" and condition(status, "Running")[:2] == ("False", "AttemptStarted")  # type: ignore[index]
+    status = reconcile(spec(), status, 1, {0: JobView(0)}, T0).status  # the Job, no pod yet
+    assert status.phase == "Pending"
+    status = reconcile(spec(), status, 1, {0: JobView(0, pods=(running_pod("Pending"),))}, T0).status
+    assert status.phase == "Pending"
+    status = reconcile(spec(), status, 1, {0: JobView(0, pods=(running_pod(),))}, T0).status
+    assert status.phase == "Running" and condition(status, "Running")[:2] == ("True", "AttemptRunning")  # type: ignore[index]
+    assert condition(status, "PodsCreated") is None  # a job that never had trouble carries none
+
+
+def test_pods_that_cannot_be_created_show_at_once_with_the_controllers_message() -> None:
+    refused = {0: JobView(0, create_error=REFUSED)}
+    plan = reconcile(spec(), started(), 1, refused, T0 + timedelta(seconds=5))
+    assert plan.status.phase == "Pending"
+    assert condition(plan.status, "PodsCreated") == ("False", "FailedCreate", REFUSED)
+    assert [(e.type, e.reason, e.message) for e in plan.events] == [("Warning", "FailedCreate", REFUSED)]
+    again = reconcile(spec(), plan.status, 1, refused, T0 + timedelta(seconds=10))
+    assert again.events == [] and again.status == plan.status  # said once
+
+
+def test_pods_not_created_within_the_timeout_fail_the_job_with_that_message() -> None:
+    status = reconcile(spec(), started(), 1, {0: JobView(0, create_error=REFUSED)}, T0 + timedelta(seconds=5)).status
+    plan = reconcile(spec(), status, 1, {0: JobView(0, create_error=REFUSED)}, T0 + timedelta(seconds=60))
+    assert plan.status.phase == "Failed" and plan.delete == [0]
+    assert "podCreationTimeoutSeconds=60" in (plan.status.message or "") and REFUSED in (plan.status.message or "")
+    assert condition(plan.status, "Failed")[:2] == ("True", "PodCreationTimeout")  # type: ignore[index]
+    assert plan.status.attempts[0].reason == "PodCreationTimeout"
+
+
+def test_pods_created_after_all_turn_the_condition_true_and_the_job_runs() -> None:
+    status = reconcile(spec(), started(), 1, {0: JobView(0, create_error=REFUSED)}, T0).status
+    created = {0: JobView(0, pods=(running_pod(),), create_error=REFUSED)}  # the old Event lingers
+    status = reconcile(spec(), status, 1, created, T0 + timedelta(seconds=120)).status
+    assert status.phase == "Running" and condition(status, "PodsCreated")[:2] == ("True", "PodsCreated")  # type: ignore[index]
+
+
+def test_a_job_waiting_for_its_queue_says_so() -> None:
+    status = reconcile(spec(), started(), 1, {0: JobView(0, suspended=True)}, T0).status
+    assert status.phase == "Pending" and condition(status, "Running")[1] == "AwaitingAdmission"  # type: ignore[index]
+
+
+def test_a_new_attempt_starts_without_the_last_ones_figures() -> None:
+    status = started()
+    status.phase, status.loss, status.loss_scale, status.samples_per_second = "Running", 2.5, 1024.0, 100.0
+    report = TerminationReport(reason=Reason.NUMERIC_FAULT, step=30, precision="fp16", message="overflow")
+    fault = {0: JobView(0, "Failed", pods=(PodView("p", 0, "Failed", False, 42, report.to_message()),))}
+    plan = reconcile(spec(precision={"mode": "fp16", "fallback": ["bf16"]}), status, 1, fault, T0)
+    assert plan.status.precision == "bf16"
+    assert (plan.status.loss, plan.status.loss_scale, plan.status.samples_per_second) == (None, None, None)
+    patch = status_patch(status.to_api(), plan.status)
+    assert patch["loss"] is None and patch["lossScale"] is None  # the stored figures are deleted
+
+
+@pytest.mark.parametrize(("precision", "scale"), [("fp16", 512.0), ("bf16", None), ("fp32", None)])
+def test_the_final_figures_come_from_the_termination_report(precision: str, scale: float | None) -> None:
+    s = spec(precision={"mode": precision})
+    status = reconcile(s, MixedPrecisionJobStatus(), 1, {}, T0).status
+    counters = Counters(overflowSteps=3 if precision == "fp16" else 0, lossScale=512.0 if precision == "fp16" else 0)
+    report = TerminationReport(reason=Reason.SUCCEEDED, step=60, precision=precision, counters=counters)
+    done = {0: JobView(0, "Complete", pods=(PodView("p", 0, "Succeeded", False, 0, report.to_message()),))}
+    final = reconcile(s, status, 1, done, T0).status
+    assert final.phase == "Succeeded" and final.step == 60 and final.loss_scale == scale
+    assert "lossScale" not in final.to_api() or precision == "fp16"

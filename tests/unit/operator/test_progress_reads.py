@@ -1,0 +1,193 @@
+"""Bounded progress reads: a trainer's metrics endpoint is a tenant's, so a slow drip, a huge
+body, a redirect or garbage costs the operator one deadline and one byte cap at most, and the
+reads run off the reconcile workers (a request never waits). Only real readings become figures."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import socketserver
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from mpjob.controller.progress import ProgressReader, Target, figures, parse_values
+from mpjob.controller.scrape import ScrapeError, fetch
+from mpjob_contract import metrics as tm
+
+pytestmark = pytest.mark.unit
+
+DEADLINE, CAP = 0.5, 64 * 1024
+HEALTHY = f"{tm.STEP} 30\n{tm.START_STEP} 20\n{tm.LOSS} 2.5\n{tm.LOSS_SCALE} 1024\n{tm.SAMPLES_PER_SECOND} 80\n"
+
+
+def ok(body: bytes) -> bytes:
+    return b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + body
+
+
+class Hostile(socketserver.ThreadingTCPServer):
+    """An endpoint that answers every request with `behave(socket)`; counts requests."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, behave: Callable[[socket.socket], None]) -> None:
+        self.hits = 0
+        self.stopping = threading.Event()
+        outer = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                outer.hits += 1
+                self.request.recv(4096)
+                with contextlib.suppress(OSError):  # the operator hung up: as it should
+                    behave(self.request)
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+def drip(prefix: bytes) -> Callable[[socket.socket], None]:
+    def behave(sock: socket.socket) -> None:
+        sock.sendall(prefix)
+        for _ in range(2000):
+            sock.sendall(b"#")
+            time.sleep(0.01)
+
+    return behave
+
+
+def huge(sock: socket.socket) -> None:
+    sock.sendall(ok(b""))
+    chunk = b"x" * 65536
+    for _ in range(5000):  # 300 MiB, were it all read
+        sock.sendall(chunk)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[socket.socket], None]], Hostile]]:
+    servers: list[Hostile] = []
+
+    def start(behave: Callable[[socket.socket], None]) -> Hostile:
+        server = Hostile(behave)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def timed_failure(port: int) -> float:
+    started = time.monotonic()
+    with pytest.raises(ScrapeError):
+        fetch("127.0.0.1", port, deadline=DEADLINE, max_bytes=CAP)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    "behave",
+    [
+        drip(b"HTTP/1.0 200 OK\r\n\r\n"),  # a body that never ends
+        drip(b"HTTP/1.0 200 OK\r\nX-Slow: "),  # headers that never end
+        lambda sock: time.sleep(3),  # silence
+    ],
+    ids=["slow-body", "slow-headers", "silent"],
+)
+def test_a_slow_endpoint_costs_one_deadline(serve: Callable, behave: Callable) -> None:
+    assert timed_failure(serve(behave).port) < DEADLINE + 0.3
+
+
+def test_a_huge_body_is_cut_off_at_the_cap_in_bounded_memory(serve: Callable) -> None:
+    server = serve(huge)
+    tracemalloc.start()
+    try:
+        took = timed_failure(server.port)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert took < DEADLINE + 0.3 and peak < 4 * CAP
+
+
+def test_a_redirect_is_never_followed(serve: Callable) -> None:
+    canary = serve(lambda sock: sock.sendall(ok(HEALTHY.encode())))
+    location = f"http://127.0.0.1:{canary.port}/metrics".encode()
+    redirect = serve(lambda sock: sock.sendall(b"HTTP/1.0 302 Found\r\nLocation: " + location + b"\r\n\r\n"))
+    with pytest.raises(ScrapeError, match="redirects are never followed"):
+        fetch("127.0.0.1", redirect.port, deadline=DEADLINE, max_bytes=CAP)
+    assert redirect.hits == 1 and canary.hits == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"\xff\xfe\x00garbage", b"HTTP/1.0 200 OK\r\nContent-Length: 99999\r\n\r\nshort", b"no header at all"],
+    ids=["not-utf8", "truncated", "not-http"],
+)
+def test_garbage_is_a_failed_read(serve: Callable, body: bytes) -> None:
+    server = serve(lambda sock: sock.sendall(body if body.startswith(b"HTTP") or b"header" in body else ok(body)))
+    with pytest.raises(ScrapeError):
+        fetch("127.0.0.1", server.port, deadline=DEADLINE, max_bytes=CAP)
+
+
+def test_unparsable_and_non_finite_values_are_dropped() -> None:
+    assert parse_values("}}} not the exposition format {{{") == {}
+    text = f"{tm.STEP} 30\n{tm.LOSS} NaN\n{tm.LOSS_SCALE} +Inf\n{tm.SAMPLES_PER_SECOND} 1e300\nbroken line ((\n"
+    assert parse_values(text) == {tm.STEP: 30.0}
+
+
+def test_only_real_readings_become_figures() -> None:
+    values = parse_values(HEALTHY)
+    assert figures(values, precision="fp16") == {
+        "startStep": 20,
+        "step": 30,
+        "loss": 2.5,
+        "lossScale": 1024.0,
+        "samplesPerSecond": 80.0,
+    }
+    assert "lossScale" not in figures(values, precision="bf16")  # a scale exists only in fp16
+    placeholders = parse_values(f"{tm.STEP} 20\n{tm.START_STEP} 20\n{tm.LOSS} 0\n{tm.LOSS_SCALE} 0\n")
+    assert figures(placeholders, precision="fp16") == {"startStep": 20}  # no step logged yet
+
+
+def wait_until(predicate: Callable[[], object], timeout: float) -> object:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
+
+
+def test_reads_run_off_the_callers_thread_with_bounded_concurrency(serve: Callable) -> None:
+    slow = serve(drip(b"HTTP/1.0 200 OK\r\n\r\n"))
+    healthy = serve(lambda sock: sock.sendall(ok(HEALTHY.encode())))
+    reader = ProgressReader(concurrency=2, deadline=DEADLINE, max_bytes=CAP)
+    started = time.monotonic()
+    for i in range(8):  # eight jobs whose endpoints drip
+        reader.request(("ns", f"slow-{i}"), Target(0, "127.0.0.1", "fp16", slow.port))
+    assert time.monotonic() - started < 0.1  # a request never waits for a read
+    assert len([t for t in threading.enumerate() if t.name.startswith("mpjob-progress")]) <= 2
+    target = Target(0, "127.0.0.1", "fp16", healthy.port)
+    reader.request(("ns", "healthy"), target)  # behind the eight: at most four deadlines later
+    reading = wait_until(lambda: reader.take(("ns", "healthy"), target), 8 * DEADLINE / 2 + 3)
+    assert isinstance(reading, dict) and reading["step"] == 30
+    assert reader.take(("ns", "healthy"), Target(1, "127.0.0.1", "fp16", healthy.port)) is None  # another attempt
+    reader.close()
+
+
+def test_a_failing_endpoint_is_asked_again_only_after_a_backoff(serve: Callable) -> None:
+    server = serve(lambda sock: sock.sendall(b"HTTP/1.0 500 Oops\r\n\r\n"))
+    reader = ProgressReader(concurrency=1, deadline=DEADLINE, max_bytes=CAP)
+    target = Target(0, "127.0.0.1", "fp16", server.port)
+    reader.request(("ns", "j"), target)
+    assert wait_until(lambda: reader._endpoints[("ns", "j")].failures == 1, 5)
+    for _ in range(20):
+        reader.request(("ns", "j"), target)
+    assert server.hits == 1
+    reader.close()
