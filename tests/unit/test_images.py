@@ -140,6 +140,13 @@ def test_operator_image_installs_the_operator_package_and_never_torch() -> None:
     assert {d["name"] for d in mpjob["optional-dependencies"]["local"]} == {"rich", "matplotlib"}
 
 
+def test_trainer_package_needs_only_torch_prometheus_pydantic_and_the_contract() -> None:
+    """It installs into a user's own image on its own (pip install), pulling nothing else."""
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    (trainer,) = [p for p in lock["package"] if p["name"] == "mpjob-trainer"]
+    assert {d["name"] for d in trainer["dependencies"]} == {"torch", "prometheus-client", "pydantic", "mpjob-contract"}
+
+
 def test_trainer_image_installs_no_kubernetes_client() -> None:
     if not TRAINER.exists():
         pytest.skip("trainer-image/Dockerfile not written yet")

@@ -228,3 +228,18 @@ def test_start_without_an_attempt_is_a_config_error(launch: AttemptLaunch) -> No
         mpjob.start()
     assert ended.value.code == ExitCode.CONFIG_ERROR
     assert "MPJOB_LAUNCH" in _report(launch).message
+
+
+def test_generators_are_kept_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy is not a dependency: without it the torch and Python generators still round-trip."""
+    import random
+
+    from mpjob_trainer.session import state
+
+    monkeypatch.setattr(state, "np", None)
+    state.seed_everything(5)
+    saved = state.rng_state()
+    assert "numpy" not in saved
+    first = (torch.rand(3), random.random())
+    state.set_rng_state(saved)
+    assert torch.equal(first[0], torch.rand(3)) and first[1] == random.random()

@@ -16,8 +16,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import numpy as np
 import torch
+
+try:  # numpy is the user's, not a dependency of ours: its generator is kept when it is there
+    import numpy as np
+except ImportError:  # pragma: no cover - torch runs without numpy
+    np = None  # type: ignore[assignment]
 
 from mpjob_trainer.errors import ConfigError
 
@@ -27,13 +31,15 @@ RESERVED = frozenset({"step", "appliedSteps", "precision", "scaler", "rng"})
 
 def rng_state() -> dict[str, Any]:
     """Every generator a training step may draw from, in a weights_only-safe form."""
-    np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
-    return {
+    state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "python": list(random.getstate()),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
     }
+    if np is not None:
+        np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
+        state["numpy"] = [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -43,15 +49,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    if np is not None and "numpy" in state:
+        name, keys, *rest = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
 def seed_everything(seed: int) -> None:
     """Same initial weights on every rank, and the same draws in every run of the job."""
     torch.manual_seed(seed)
     random.seed(seed)
-    np.random.seed(seed)
+    if np is not None:
+        np.random.seed(seed)
 
 
 class TrainingState:
