@@ -33,7 +33,7 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt
-from mpjob.planning.reconcile import reconcile
+from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
@@ -117,6 +117,8 @@ class Reconciler:
             self._announce(body, old, plan)
             if progress and plan.status.phase == "Running" and not plan.create:
                 self._progress((namespace, name), plan.status, seen)
+            elif plan.status.phase in FINISHED:
+                self.progress.forget((namespace, name))
             return plan.status
 
     def forget(self, uid: str) -> None:

@@ -10,8 +10,10 @@ import threading
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from mpjob.controller.cache import ChildCache
+from mpjob.controller.cluster import Cluster, NameInUse, Refused
 from mpjob.controller.records import Claim, claim
 from mpjob.controller.watch import ListWatch, Source
 from tests.unit.operator.test_cache import MPJ_UID, job, owner, pod
@@ -155,3 +157,58 @@ def test_garbage_and_malformed_objects_never_break_a_watch(cache: tuple[ChildCac
     finally:
         stop.set()
         watch.join(5)
+
+
+class FakeBatch:
+    """The batch API of a cluster where a Job of the attempt's name exists already."""
+
+    def __init__(self, existing: dict[str, Any] | None = None, delete_status: int | None = None) -> None:
+        self.existing, self.delete_status = existing, delete_status
+        self.deletes: list[dict[str, Any]] = []
+
+    def create_namespaced_job(self, namespace: str, body: dict[str, Any], **_: Any) -> Any:
+        raise ApiException(status=409, reason="AlreadyExists")
+
+    def read_namespaced_job(self, name: str, namespace: str, **_: Any) -> Any:
+        return _Response(json.dumps(self.existing).encode())
+
+    def delete_namespaced_job(self, name: str, namespace: str, *, body: dict[str, Any], **_: Any) -> None:
+        self.deletes.append({"name": name, **body})
+        if self.delete_status is not None:
+            raise ApiException(status=self.delete_status, reason="Conflict")
+
+
+MPJ = {
+    "apiVersion": "mpjob.dev/v1alpha1",
+    "kind": "MixedPrecisionJob",
+    "metadata": {"name": "j", "namespace": "ns", "uid": MPJ_UID},
+}
+
+
+@pytest.mark.parametrize(
+    ("refs", "outcome"),
+    [
+        (owner("MixedPrecisionJob", "j", MPJ_UID), "ours"),
+        (owner("MixedPrecisionJob", "j", "earlier-uid"), NameInUse),
+        ([], Refused),
+    ],
+    ids=["ours", "an-earlier-jobs", "made-by-hand"],
+)
+def test_an_existing_job_of_the_attempts_name_is_taken_only_when_ours(refs: Any, outcome: Any) -> None:
+    existing = {**job(0), "metadata": {**job(0)["metadata"], "ownerReferences": refs}}
+    cluster = Cluster(custom=None, batch=FakeBatch(existing), core=None)
+    wanted = {"metadata": {"name": "j-a0", "namespace": "ns"}}
+    if outcome == "ours":
+        assert cluster.create_job(wanted, owner=MPJ)["metadata"]["uid"] == "job-0"
+        return
+    with pytest.raises(outcome) as raised:
+        cluster.create_job(wanted, owner=MPJ)
+    if outcome is Refused:
+        assert raised.value.rule.reason == "NameConflict" and "Job j-a0 already exists" in raised.value.message
+
+
+@pytest.mark.parametrize("status", [None, 404, 409])
+def test_a_job_is_deleted_only_while_it_is_the_one_seen(status: int | None) -> None:
+    batch = FakeBatch(delete_status=status)  # 409: the name now holds another object; 404: gone
+    Cluster(custom=None, batch=batch, core=None).delete_job("ns", "j", index=0, uid="job-0")
+    assert batch.deletes == [{"name": "j-a0", "preconditions": {"uid": "job-0"}, "propagationPolicy": "Background"}]
