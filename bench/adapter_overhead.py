@@ -6,7 +6,8 @@ checkpoints, no progress bar). On mpjob: the same model, data and settings with 
 adapter (`mpjob_hf.train` / `mpjob_lightning.fit`): the session's guard, progress lines,
 metrics and interval reads included, checkpoints out of the timed window. A timing callback
 in both marks each optimizer step; runs alternate A/B to share the machine's noise and the
-median step time of each is compared. Usage: PYTHONPATH=. python bench/adapter_overhead.py
+median step time of each is compared, in CPU time of the training thread (on a machine shared
+with other work, wall time mostly measures the neighbours). Usage: PYTHONPATH=. python bench/adapter_overhead.py
 """
 
 from __future__ import annotations
@@ -132,10 +133,10 @@ def session(folder: Path) -> mpjob.Session:
 
 
 def timed(loop: Callable[[Callable[[], None], Path], None], folder: Path) -> float:
-    """Median wall time of an optimizer step after the warm-up (the final checkpoint excluded)."""
+    """Median CPU time of an optimizer step after the warm-up (the final checkpoint excluded)."""
     marks: list[float] = []
     with tempfile.TemporaryDirectory(dir=folder) as tmp, contextlib.redirect_stdout(io.StringIO()):
-        loop(lambda: marks.append(time.perf_counter()), Path(tmp))
+        loop(lambda: marks.append(time.thread_time()), Path(tmp))
     gaps = [b - a for a, b in zip(marks[WARMUP:-1], marks[WARMUP + 1 : -1], strict=False)]
     return statistics.median(gaps)
 

@@ -116,6 +116,8 @@ class Session:
     # ---------------------------------------------------------------- set-up
     def keep_fp32(self, model: nn.Module) -> list[str]:
         """Run spec.precision.keepFp32 module types in fp32 under autocast; returns their names."""
+        if self.precision == "fp32":  # no autocast: they run in fp32 already, without hooks
+            return []
         return keep_fp32(model, self.spec.precision.keep_fp32, self.device)
 
     def wrap(self, model: nn.Module) -> nn.Module:
