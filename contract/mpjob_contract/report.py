@@ -37,6 +37,8 @@ class Counters(_Model):
     overflow_steps: int = Field(0, alias="overflowSteps")
     non_finite_losses: int = Field(0, alias="nonFiniteLosses")
     loss_scale: float | None = Field(None, alias="lossScale")
+    #: The training loss at the last log interval (finite only): the job's final loss on success.
+    loss: float | None = None
 
 
 class TerminationReport(_Model):

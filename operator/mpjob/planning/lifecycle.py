@@ -169,6 +169,8 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     # The trainer's own final counts (a live reading may never have been taken); a loss scale
     # exists only in fp16 (0 would read as a collapsed scale).
     status.overflow_steps = report.counters.overflow_steps
+    if report.counters.loss is not None:
+        status.loss = report.counters.loss
     scale = report.counters.loss_scale
     status.loss_scale = scale if report.precision == "fp16" and scale else None
     for attempt in status.attempts:

@@ -217,3 +217,14 @@ def test_each_new_attempt_gets_what_is_left_of_the_whole_job_deadline() -> None:
     second = reconcile(s, first.status, 1, ending, NOW + timedelta(seconds=30))
     assert [c.precision for c in second.create] == ["bf16"] and second.deadline_seconds == 70
     assert reconcile(spec(), _status(), 1, {}, NOW).deadline_seconds is None
+
+
+def test_a_succeeded_job_takes_its_final_step_and_loss_from_the_report() -> None:
+    s = spec(precision={"mode": "bf16"})
+    first = reconcile(s, _status(), 1, {}, NOW).status
+    done = TerminationReport(
+        reason=Reason.SUCCEEDED, step=60, precision="bf16", counters={"lossScale": 0.0, "loss": 1.25}
+    ).to_message()
+    job = {0: JobView(0, "Complete", pods=(PodView("p", 0, "Succeeded", False, 0, done),))}
+    status = reconcile(s, first, 1, job, NOW).status
+    assert (status.phase, status.step, status.loss, status.loss_scale) == ("Succeeded", 60, 1.25, None)

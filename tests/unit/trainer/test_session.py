@@ -55,6 +55,7 @@ def test_an_own_loop_trains_checkpoints_and_reports_like_the_builtin(tmp_path: P
     steps = run.of("step")
     assert [s["step"] for s in steps] == [5, 10, 15, 20, 25, 30]
     assert steps[-1]["appliedSteps"] == 30 and steps[-1]["samplesPerSecond"] > 0
+    assert run.report.counters.loss == steps[-1]["loss"]  # the final loss, for the status on success
     assert run.of("done")[0] == {**run.of("done")[0], "step": 30, "appliedSteps": 30}
     state = _state(tmp_path / "ckpt", 30)
     assert {"model", "optimizer", "scheduler", "data", "rng", "scaler", "step", "appliedSteps"} <= set(state)

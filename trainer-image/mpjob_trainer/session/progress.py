@@ -155,3 +155,10 @@ class Progress:
         m.non_finite.inc(interval.non_finite_losses - m.non_finite._value.get())
         m.step_seconds.observe(step_seconds)
         m.sample_host_memory()
+
+
+def host_value(value: torch.Tensor | float | None) -> float | None:
+    """A device number as a host float (a sync: only at intervals)."""
+    if value is None:
+        return None
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)

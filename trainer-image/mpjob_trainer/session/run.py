@@ -36,7 +36,7 @@ from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, classify, conclude
 from mpjob_trainer.session.preemption import PreemptionFlag
-from mpjob_trainer.session.progress import Interval, Progress
+from mpjob_trainer.session.progress import Interval, Progress, host_value
 from mpjob_trainer.session.state import TrainingState, seed_everything
 
 Number = torch.Tensor | float
@@ -215,7 +215,7 @@ class Session:
         """The one sync point of an interval: read, report, judge, checkpoint, stop."""
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         reading = self._guard.read(scale, flag=1.0 if self._preemption.raised else 0.0)
-        loss, grad_norm = _host(self._reported), _host(self._grad_norm)
+        loss, grad_norm = host_value(self._reported), host_value(self._grad_norm)
         self.last_loss, self._loss_scale = loss, reading.loss_scale
         if self.world.is_main:
             self._checkpoints.collect(block=False, training_step=step)
@@ -236,7 +236,7 @@ class Session:
             loss=loss,
             loss_scale=reading.loss_scale,
             grad_norm=grad_norm,
-            lr=_host(self._lr),
+            lr=host_value(self._lr),
             overflow_steps=self._guard.overflow_steps,
             non_finite_losses=reading.non_finite_losses,
             applied_steps=self.applied_steps,
@@ -285,16 +285,11 @@ class Session:
         return self._exit_code
 
     def _standing(self) -> Standing:
+        guard, loss = self._guard, self.last_loss
         counters = Counters(
-            overflow_steps=self._guard.overflow_steps,
-            non_finite_losses=self._guard.non_finite_losses,
+            overflow_steps=guard.overflow_steps,
+            non_finite_losses=guard.non_finite_losses,
             loss_scale=self._loss_scale,
+            loss=loss if loss is not None and math.isfinite(loss) else None,
         )
         return Standing(self._step, self.start_step, self.precision, self._checkpoints.last_good, counters)
-
-
-def _host(value: Number | None) -> float | None:
-    """A device number as a host float (a sync: only at intervals)."""
-    if value is None:
-        return None
-    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
