@@ -4,6 +4,9 @@ These models are the single source of truth for the schema: `mpjob crd` generate
 crds/mixedprecisionjobs.mpjob.dev.yaml from them, `mpjob validate` checks manifests with
 them, and the trainer reads its spec through them. Field names are camelCase on the wire
 (aliases) and snake_case in Python. Unknown fields are rejected, never dropped.
+
+One file on purpose (it runs past 300 lines): the whole API, spec and status, reads top to
+bottom in one place, in the order `kubectl explain` shows it.
 """
 
 from __future__ import annotations
