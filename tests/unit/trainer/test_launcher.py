@@ -60,15 +60,16 @@ class Fold:
 
 
 FOLDS = {
+    # Success reads as the trainer said it: no per-rank annotations to wade through.
     "all succeed": Fold(
-        [ending(0, 0, "Succeeded", step=30, ckpt=30), ending(1, 0, "Succeeded", step=30)],
+        [ending(0, 0, "Succeeded", "trained 30 steps", step=30, ckpt=30), ending(1, 0, "Succeeded", step=30)],
         0,
         "Succeeded",
-        "rank 0:",
+        "trained 30 steps",
         checkpoint=30,
         step=30,
     ),
-    "success without reports": Fold([ending(0, 0), ending(1, 0)], 0, "Succeeded", "local rank 0 (rank 0) exited 0 ["),
+    "success without reports": Fold([ending(0, 0), ending(1, 0)], 0, "Succeeded", "local rank 0 (rank 0) exited 0"),
     "preempted outranks success": Fold(
         [ending(0, 0, "Succeeded"), ending(1, 44, "Preempted", "stop")], 44, "Preempted", "rank 1: stop"
     ),
@@ -139,6 +140,8 @@ def test_the_fold_picks_one_code_and_one_report_by_precedence(case: Fold) -> Non
     pod = fold_endings(case.endings)
     assert (pod.code, pod.report.reason) == (case.code, case.reason)
     assert case.says in pod.report.message, pod.report.message
+    annotated = "[" in pod.report.message
+    assert annotated == (len(case.endings) > 1 and case.reason != "Succeeded"), pod.report.message
     got = pod.report.last_good_checkpoint
     assert (got.step if got else None) == case.checkpoint
     if case.step is not None:

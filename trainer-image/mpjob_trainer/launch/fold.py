@@ -109,7 +109,7 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
         default=None,
     )
     message = report.message
-    if len(endings) > 1:
+    if len(endings) > 1 and reason is not Reason.SUCCEEDED:  # who failed, and how each rank ended
         named = f"rank {winner.rank}: {message}" if own else message
         message = f"{named} [{', '.join(f'rank {e.rank} {e.how}' for e in by_rank)}]"
     folded = report.model_copy(
