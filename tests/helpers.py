@@ -1,12 +1,19 @@
 """Shared by tests and benchmarks: waiting on conditions with timeouts (never sleep-and-hope),
-and a free loopback port."""
+a free loopback port, and `mpjob run` of a manifest as a user runs it."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
 
 T = TypeVar("T")
 
@@ -35,3 +42,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def mpjob_run_json(
+    folder: Path, manifest: dict[str, Any], timeout: float = 300
+) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
+    """`mpjob run --json` of `manifest` written to folder/job.yaml (a command job runs there);
+    asserts it ended 0 and returns its JSON events, report.json and the run directory."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path, out = folder / "job.yaml", folder / "out"
+    path.write_text(yaml.safe_dump(manifest))
+    result = subprocess.run(
+        [sys.executable, "-m", "mpjob.cli", "run", str(path), "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return events, json.loads((out / "report.json").read_text()), out

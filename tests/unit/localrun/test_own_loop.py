@@ -5,14 +5,13 @@ progress, report and plot."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+
+from tests.helpers import mpjob_run_json
 
 pytestmark = pytest.mark.unit
 
@@ -35,20 +34,7 @@ BUILTIN = {
 
 def run_job(tmp: Path, name: str, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
     doc = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": name}}
-    (tmp / name).mkdir()
-    path = tmp / name / "job.yaml"
-    path.write_text(yaml.safe_dump({**doc, "spec": {**SHARED, **spec}}))
-    out = tmp / name / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "mpjob.cli", "run", str(path), "--out", str(out), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    return events, json.loads((out / "report.json").read_text()), out
+    return mpjob_run_json(tmp / name, {**doc, "spec": {**SHARED, **spec}})
 
 
 def shape(events: list[dict[str, Any]], report: dict[str, Any]) -> dict[str, Any]:

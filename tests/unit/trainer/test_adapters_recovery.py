@@ -7,35 +7,15 @@ the adapters run torch's CPU fp16 autocast with the attempt's GradScaler, so thi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from mpjob_contract.report import TerminationReport
+from tests.helpers import mpjob_run_json
 from tests.unit.trainer.adapter_jobs import FRAMEWORKS, WEIGHTS, job
 
 pytestmark = pytest.mark.unit
-
-
-def mpjob_run(tmp: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
-    path = tmp / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    out = tmp / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "mpjob.cli", "run", str(path), "--out", str(out), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    return events, json.loads((out / "report.json").read_text()), out
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -49,7 +29,7 @@ def test_fp16_overflow_falls_back_to_bf16_from_the_framework_checkpoint(tmp_path
         resources={"gpusPerWorker": 0},
     )
     manifest = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": framework}}
-    events, report, out = mpjob_run(tmp_path, {**manifest, "spec": spec})
+    events, report, out = mpjob_run_json(tmp_path, {**manifest, "spec": spec}, timeout=240)
 
     first, second = report["attempts"]
     assert (first["precision"], first["reason"], first["exitCode"]) == ("fp16", "NumericFault", 42)
