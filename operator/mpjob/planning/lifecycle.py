@@ -213,6 +213,7 @@ def conclude(
         ckpt.path if ckpt else None,
         capability,
         checkpoint_dir=checkpoint_dir,
+        uncharged=st.uncharged_attempts(status),
     )
     if isinstance(decision, Finish):
         finish(plan, decision, when)

@@ -63,6 +63,7 @@ def after_attempt(
     capability: tuple[int, int] | str | None = "spec",
     *,
     checkpoint_dir: str = CHECKPOINT_MOUNT,
+    uncharged: int = 0,
 ) -> Decision:
     """Decide what follows attempt `index` (0-based) that ran in `precision` and ended as `result`.
 
@@ -74,7 +75,7 @@ def after_attempt(
         return Finish(True, Reason.SUCCEEDED.value, result.message)
     if result.action is Action.FAIL:
         return Finish(False, result.reason.value, result.message)
-    attempts_used = index + 1
+    attempts_used = index + 1 - uncharged  # earlier attempts that used none of the budget
     if attempts_used >= spec.run_policy.max_attempts:
         return Finish(
             False,

@@ -20,6 +20,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import Finish, StartAttempt, first_attempt
 from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob_contract import codes
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import TerminationReport
@@ -113,6 +114,22 @@ def ended_by_pods(job: JobView, workers: int) -> str | None:
     return None
 
 
+def preempted_by_queue(job: JobView) -> AttemptOutcome | None:
+    """The ending of an attempt whose Job its queue suspended while it ran (Kueue preempting
+    it), else None. The Job controller stopped the pods (a pod stopped so counts as failed, and
+    backoffLimit 0 fails the Job) and the trainer checkpointed on SIGTERM. The attempt ends
+    Preempted whatever its pods still show (they may be gone already), so the next attempt
+    resumes in the same precision and uses none of runPolicy.maxAttempts. The operator never
+    suspends a Job that runs (runPolicy.suspend deletes it), so a suspended Job that failed was
+    suspended by its queue."""
+    if not (job.suspended and job.finished == "Failed" and job.reason != "DeadlineExceeded"):
+        return None
+    reports = (TerminationReport.parse_message(p.termination_message) for p in job.pods)
+    report = next((r for r in reports if r is not None and r.reason == Reason.PREEMPTED), None)
+    message = "preempted by its queue (its Job was suspended): resumes in the same precision once admitted again"
+    return AttemptOutcome(exit_code=int(codes.ExitCode.PREEMPTED), report=report, message=message)
+
+
 def reconcile(
     spec: MixedPrecisionJobSpec,
     status: MixedPrecisionJobStatus,
@@ -202,7 +219,7 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
     if finished is None:
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
-        outcome = outcome_of(job)
+        outcome = preempted_by_queue(job) or outcome_of(job)
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
 
 
@@ -222,12 +239,20 @@ def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: Whe
 
 
 def _awaiting_admission(plan: Plan, when: When) -> None:
+    """The attempt's Job waits suspended for its queue; after a preemption, to be admitted again."""
     status, current = plan.status, plan.status.attempts[-1]
+    previous = status.attempts[-2] if len(status.attempts) > 1 else None
+    reason, message = ConditionReason.AWAITING_ADMISSION, f"attempt {current.index} waits for its queue to admit it"
+    if previous is not None and previous.reason == Reason.PREEMPTED.value:
+        reason = ConditionReason.AWAITING_READMISSION
+        message = (
+            f"attempt {previous.index} was preempted by its queue; attempt {current.index} waits to be admitted "
+            f"again and resumes in {current.precision} from checkpoint step {current.start_step}"
+        )
     running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
-    if status.phase != "Pending" or running is None or running.reason != ConditionReason.AWAITING_ADMISSION:
+    if status.phase != "Pending" or running is None or running.reason != reason:
         status.phase = "Pending"
-        message = f"attempt {current.index} waits for its queue to admit it"
-        lc.condition(plan, when, ConditionType.RUNNING, False, ConditionReason.AWAITING_ADMISSION, message)
+        lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
 
 
 def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when: When) -> None:

@@ -8,6 +8,7 @@ from enum import StrEnum
 
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
 
 
 class ConditionType(StrEnum):
@@ -29,6 +30,8 @@ class ConditionReason(StrEnum):
     ATTEMPT_STARTED = "AttemptStarted"
     ATTEMPT_RUNNING = "AttemptRunning"
     AWAITING_ADMISSION = "AwaitingAdmission"
+    #: The previous attempt was preempted by its queue; this one waits to be admitted again.
+    AWAITING_READMISSION = "AwaitingReadmission"
     RESUMED = "Resumed"
     SUSPENDED = "Suspended"
     #: The spec fails the API models (a CRD older than the operator let it in).
@@ -119,3 +122,15 @@ def end_attempt(
             entry.message = message[:1024]
             entry.end_step = end_step
             entry.finish_time = at or now()
+
+
+#: Endings that use up none of runPolicy.maxAttempts: the platform stopped the attempt (its
+#: queue preempted it: Kueue suspended its Job) and its trainer checkpointed on SIGTERM. The job
+#: did nothing wrong, so a busy queue that preempts it again and again never exhausts it;
+#: runPolicy.activeDeadlineSeconds still bounds it.
+UNCHARGED_REASONS = frozenset({Reason.PREEMPTED.value})
+
+
+def uncharged_attempts(status: MixedPrecisionJobStatus) -> int:
+    """How many of the recorded attempts ended in a way runPolicy.maxAttempts does not count."""
+    return sum(1 for a in status.attempts if a.reason in UNCHARGED_REASONS)

@@ -54,7 +54,8 @@ SCENARIOS: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "deleted-pod-then-success": ({}, [DELETED, OK]),
     "config-error": ({}, [CONFIG]),
     "every-precision-failing": ({}, [FAULT, FAULT, FAULT]),
-    "attempts-exhausted": ({"runPolicy": {"maxAttempts": 2}}, [PREEMPTED, PREEMPTED]),
+    "attempts-exhausted": ({"runPolicy": {"maxAttempts": 2}}, [DELETED, DELETED]),
+    "preemptions-use-no-attempt": ({"runPolicy": {"maxAttempts": 2}}, [PREEMPTED, PREEMPTED, PREEMPTED, OK]),
     "two-workers-one-faults": ({"workers": 2}, [FAULT_2, OK]),
     "suspend-then-resume": ({}, [SUSPEND, OK]),
 }
@@ -143,8 +144,11 @@ def test_the_scenarios_tell_the_stories_their_names_promise(tmp_path: Path) -> N
     assert [a[1] for a in phases["every-precision-failing"]["attempts"]] == ["fp16", "bf16", "fp32"]
     assert phases["every-precision-failing"]["phase"] == "Failed"
     assert phases["config-error"]["attempts"] == [(0, "fp16", 0, 0, 1, "ConfigError", 43)]
-    assert [a[5] for a in phases["attempts-exhausted"]["attempts"]] == ["Preempted", "Preempted"]
+    assert [a[5] for a in phases["attempts-exhausted"]["attempts"]] == ["PodDeleted", "PodDeleted"]
     assert phases["attempts-exhausted"]["phase"] == "Failed"
+    # A preempted attempt checkpointed on SIGTERM: it uses none of runPolicy.maxAttempts.
+    assert [a[5] for a in phases["preemptions-use-no-attempt"]["attempts"]] == ["Preempted"] * 3 + ["Succeeded"]
+    assert phases["preemptions-use-no-attempt"]["phase"] == "Succeeded"
     assert phases["two-workers-one-faults"]["attempts"][0][4:] == (2, "NumericFault", 42)
     assert [a[5] for a in phases["suspend-then-resume"]["attempts"]] == ["Suspended", "Succeeded"]
     assert [a[5] for a in phases["deleted-pod-then-success"]["attempts"]] == ["PodDeleted", "Succeeded"]

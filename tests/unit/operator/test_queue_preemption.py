@@ -1,0 +1,95 @@
+"""A queue (Kueue) preempting a running attempt, as the planner sees it: the attempt's Job is
+suspended and fails (its stopped pod counts against backoffLimit 0). The attempt ends Preempted
+whatever its pods still show, the next one waits for readmission in the same precision from
+the newest checkpoint, and preemptions use none of runPolicy.maxAttempts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mpjob.planning.reconcile import JobView, PodView, preempted_by_queue, reconcile
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.report import CheckpointRef, TerminationReport
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def spec(max_attempts: int = 2) -> MixedPrecisionJobSpec:
+    return MixedPrecisionJobSpec.model_validate(
+        {
+            "task": {"builtin": "gpt"},
+            "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
+            "runPolicy": {"maxAttempts": max_attempts, "queueName": "team-a"},
+        }
+    )
+
+
+def preempted_pod(step: int) -> PodView:
+    ref = CheckpointRef(step=step, path=f"/checkpoints/step-{step:09d}", sha256="ab", precision="fp16")
+    report = TerminationReport(reason=Reason.PREEMPTED, step=step, start_step=0, precision="fp16",
+                               last_good_checkpoint=ref, message="SIGTERM: checkpointed")  # fmt: skip
+    return PodView("p0", 0, "Failed", False, 44, report.to_message(), deleting=True)
+
+
+def running(status: MixedPrecisionJobStatus, now: datetime) -> MixedPrecisionJobStatus:
+    index = status.attempts[-1].index
+    pod = PodView("p0", 0, "Running", True)
+    return reconcile(spec(), status, 1, {index: JobView(index, pods=(pod,))}, now).status
+
+
+def preempt(status: MixedPrecisionJobStatus, now: datetime, *, pods: tuple[PodView, ...]) -> MixedPrecisionJobStatus:
+    index = status.attempts[-1].index
+    job = JobView(index, "Failed", "BackoffLimitExceeded", pods=pods, suspended=True)
+    return reconcile(spec(), status, 1, {index: job}, now).status
+
+
+def test_a_suspended_job_that_failed_ends_its_attempt_preempted_even_with_its_pods_gone() -> None:
+    outcome = preempted_by_queue(JobView(0, "Failed", "BackoffLimitExceeded", pods=(), suspended=True))
+    assert outcome is not None and outcome.exit_code == 44 and "queue" in outcome.message
+    with_report = preempted_by_queue(JobView(0, "Failed", "BackoffLimitExceeded", (preempted_pod(30),), True))
+    assert with_report is not None and with_report.report is not None and with_report.report.step == 30
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        JobView(0, "Failed", "BackoffLimitExceeded", suspended=False),  # a pod failed: no queue involved
+        JobView(0, "Failed", "DeadlineExceeded", suspended=True),  # the deadline, not the queue
+        JobView(0, None, None, suspended=True),  # suspended, its pods still stopping: not ended yet
+    ],
+)
+def test_other_endings_are_not_taken_for_a_queue_preemption(job: JobView) -> None:
+    assert preempted_by_queue(job) is None
+
+
+def test_the_next_attempt_waits_for_readmission_in_the_same_precision_from_the_checkpoint() -> None:
+    status = reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+    status = running(status, T0 + timedelta(seconds=5))
+    status = preempt(status, T0 + timedelta(seconds=10), pods=(preempted_pod(30),))
+    first, second = status.attempts
+    assert (first.reason, first.exit_code, first.end_step) == ("Preempted", 44, 30)
+    assert (second.precision, second.start_step) == ("fp16", 30)
+    # The new attempt's Job is created suspended; Kueue has not admitted it yet.
+    waiting = reconcile(spec(), status, 1, {1: JobView(1, suspended=True)}, T0 + timedelta(seconds=11)).status
+    assert waiting.phase == "Pending" and waiting.precision == "fp16"
+    cond = next(c for c in waiting.conditions if c.type == "Running")
+    assert (cond.status, cond.reason) == ("False", "AwaitingReadmission")
+    assert "preempted by its queue" in cond.message and "from checkpoint step 30" in cond.message
+    assert not any(c.type == "PrecisionFallback" for c in waiting.conditions)
+
+
+def test_preemptions_never_exhaust_the_attempt_budget() -> None:
+    status = reconcile(spec(max_attempts=2), MixedPrecisionJobStatus(), 1, {}, T0).status
+    now = T0
+    for _ in range(4):  # four preemptions, with maxAttempts 2
+        now += timedelta(seconds=10)
+        status = running(status, now)
+        status = preempt(status, now, pods=())
+        assert status.phase != "Failed", status.message
+    assert [a.reason for a in status.attempts[:-1]] == ["Preempted"] * 4
+    assert status.attempts[-1].finish_time is None and status.attempts[-1].precision == "fp16"
