@@ -239,18 +239,34 @@ def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: Whe
 
 
 def _awaiting_admission(plan: Plan, when: When) -> None:
-    """The attempt's Job waits suspended for its queue; after a preemption, to be admitted again."""
+    """The attempt's Job waits suspended for its queue: to be admitted, or to be admitted again.
+
+    A Job that ran and is suspended again was preempted by its queue (Kueue suspends it; the
+    operator never does: runPolicy.suspend deletes the Job). The Job controller stops its pods
+    without counting them as failed, the trainer checkpoints on SIGTERM, and once the queue
+    admits the Job again its pods start anew in the same attempt and precision, resuming from
+    the newest valid checkpoint: no new attempt, none of runPolicy.maxAttempts used."""
     status, current = plan.status, plan.status.attempts[-1]
+    running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
+    was = running.reason if running is not None else None
     previous = status.attempts[-2] if len(status.attempts) > 1 else None
     reason, message = ConditionReason.AWAITING_ADMISSION, f"attempt {current.index} waits for its queue to admit it"
-    if previous is not None and previous.reason == Reason.PREEMPTED.value:
+    if status.phase == "Running" or was == ConditionReason.AWAITING_READMISSION:
+        step = status.last_checkpoint.step if status.last_checkpoint else current.start_step
+        reason = ConditionReason.AWAITING_READMISSION
+        message = (
+            f"attempt {current.index} was preempted by its queue (its Job was suspended); it waits to be admitted "
+            f"again and resumes in {current.precision} from the newest checkpoint (step {step} when last seen)"
+        )
+    elif previous is not None and previous.reason == Reason.PREEMPTED.value:
         reason = ConditionReason.AWAITING_READMISSION
         message = (
             f"attempt {previous.index} was preempted by its queue; attempt {current.index} waits to be admitted "
             f"again and resumes in {current.precision} from checkpoint step {current.start_step}"
         )
-    running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
-    if status.phase != "Pending" or running is None or running.reason != reason:
+    if status.phase != "Pending" or was != reason:
+        if reason == ConditionReason.AWAITING_READMISSION and was != reason:
+            plan.events.append(lc.Event("Warning", "Preempted", message))
         status.phase = "Pending"
         lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
 

@@ -1,7 +1,10 @@
-"""A queue (Kueue) preempting a running attempt, as the planner sees it: the attempt's Job is
-suspended and fails (its stopped pod counts against backoffLimit 0). The attempt ends Preempted
-whatever its pods still show, the next one waits for readmission in the same precision from
-the newest checkpoint, and preemptions use none of runPolicy.maxAttempts."""
+"""A queue (Kueue) preempting a running attempt, as the planner sees it. What Kubernetes v1.34
+does: Kueue suspends the attempt's Job, the Job controller stops its pods without counting them
+as failed, and the Job waits in the queue until Kueue admits it again; the attempt goes on in
+the same Job and precision (AwaitingReadmission meanwhile). Should such a Job fail instead (a
+pod that failed by itself as it was stopped), the attempt ends Preempted whatever its pods
+still show and the next one resumes in the same precision. Either way preemptions use none of
+runPolicy.maxAttempts."""
 
 from __future__ import annotations
 
@@ -46,6 +49,24 @@ def preempt(status: MixedPrecisionJobStatus, now: datetime, *, pods: tuple[PodVi
     index = status.attempts[-1].index
     job = JobView(index, "Failed", "BackoffLimitExceeded", pods=pods, suspended=True)
     return reconcile(spec(), status, 1, {index: job}, now).status
+
+
+def test_a_running_attempt_whose_job_its_queue_suspends_waits_for_readmission_in_the_same_attempt() -> None:
+    status = reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+    status = running(status, T0 + timedelta(seconds=5))
+    assert status.phase == "Running"
+    plan = reconcile(spec(), status, 1, {0: JobView(0, suspended=True)}, T0 + timedelta(seconds=10))
+    waiting = plan.status
+    assert waiting.phase == "Pending" and waiting.precision == "fp16" and len(waiting.attempts) == 1
+    cond = next(c for c in waiting.conditions if c.type == "Running")
+    assert (cond.status, cond.reason) == ("False", "AwaitingReadmission")
+    assert [e.reason for e in plan.events] == ["Preempted"]
+    assert not plan.create and not plan.delete, "the same Job goes on once readmitted"
+    again = reconcile(spec(), waiting, 1, {0: JobView(0, suspended=True)}, T0 + timedelta(seconds=20))
+    assert not again.events and again.status.conditions == waiting.conditions, "said once"
+    # Readmitted: its new pod runs, then the attempt succeeds, still attempt 0.
+    status = running(again.status, T0 + timedelta(seconds=30))
+    assert status.phase == "Running" and len(status.attempts) == 1
 
 
 def test_a_suspended_job_that_failed_ends_its_attempt_preempted_even_with_its_pods_gone() -> None:
