@@ -21,7 +21,7 @@ lint: setup ## ruff and mypy
 crd: setup ## regenerate crds/ and the chart's CRD from the API models
 	uv run --no-sync mpjob crd --write
 
-cluster: setup ## build (cached) and start the test control plane + node agent; writes .cluster/kubeconfig
+cluster: setup ## build (cached) and start the test control plane + node agent (MPJOB_CLUSTER_KUEUE=1: + Kueue); writes .cluster/kubeconfig
 	uv run --no-sync python -m tests.cluster up
 
 cluster-down: ## stop every process of the test cluster

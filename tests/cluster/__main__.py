@@ -1,7 +1,9 @@
-"""`python -m tests.cluster up|down|status` (what `make cluster` / `make cluster-down` run)."""
+"""`python -m tests.cluster up [--kueue]|down|status` (what `make cluster` / `make cluster-down`
+run). Kueue is started with `--kueue` or MPJOB_CLUSTER_KUEUE=1 (see tests/cluster/kueue.py)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from tests.cluster.controlplane import ClusterError, Layout, down, running, up
@@ -12,7 +14,8 @@ def main(argv: list[str]) -> int:
     layout = Layout.from_env()
     try:
         if command == "up":
-            seconds = up(layout)
+            with_kueue = "--kueue" in argv[1:] or os.environ.get("MPJOB_CLUSTER_KUEUE", "") not in ("", "0")
+            seconds = up(layout, with_kueue=with_kueue)
             how = "already running" if seconds == 0 else f"ready in {seconds:.1f}s"
             print(f"test cluster {how}: export KUBECONFIG={layout.kubeconfig}")
         elif command == "down":
@@ -26,7 +29,7 @@ def main(argv: list[str]) -> int:
                 print("test cluster: not running")
                 return 1
         else:
-            print(f"usage: python -m tests.cluster up|down|status (got {command!r})", file=sys.stderr)
+            print(f"usage: python -m tests.cluster up [--kueue]|down|status (got {command!r})", file=sys.stderr)
             return 2
     except ClusterError as exc:
         print(f"mpjob test cluster: {exc}", file=sys.stderr)

@@ -1,5 +1,10 @@
 """The test control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler on
-127.0.0.1 with TLS, RBAC and ServiceAccount token signing, plus the node agent.
+127.0.0.1 with TLS, RBAC and ServiceAccount token signing, plus the node agent, and Kueue
+when asked for (`up(layout, kueue=True)` or `start_kueue`; see `kueue`).
+
+Each control-plane process (and Kueue) runs under `supervise`, which starts it again when it
+dies, as a kubelet restarts a static pod: a `kill -9` of etcd or the apiserver mid-run is a
+restart the operator must ride through, not the end of the cluster.
 
 `up` starts them (or reuses a running, ready set), `down` stops them. Where the state lives
 and which ports are used is `layout.Layout`; what each process runs is `components`. Every
@@ -17,13 +22,14 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
 
-from tests.cluster import components
+from tests.cluster import components, kueue
 from tests.cluster.binaries import binaries
-from tests.cluster.layout import COMPONENTS, ClusterError, Layout, pid_alive, read_pid, running
+from tests.cluster.layout import ALL_COMPONENTS, COMPONENTS, REPO, ClusterError, Layout, pid_alive, read_pid, running
 from tests.cluster.nodeagent.state import kill_recorded_pods
 from tests.cluster.pki import check_openssl, write_credentials
 from tests.cluster.readiness import wait_ready
@@ -38,10 +44,13 @@ __all__ = [
     "pid_alive",
     "read_pid",
     "running",
+    "start_kueue",
     "up",
 ]
 
 START_TIMEOUT = 60
+KUEUE_START_TIMEOUT = 120
+SUPERVISED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kueue")
 
 
 def _port_free(port: int) -> bool:
@@ -64,9 +73,14 @@ def _check_ports(layout: Layout) -> None:
 
 
 def _start(layout: Layout, component: str, argv: list[str], *, env: dict[str, str] | None = None) -> int:
-    """Start one component in its own session, logging to logs/<component>.log; its PID."""
+    """Start one component in its own session, logging to logs/<component>.log; its PID
+    (the supervisor's, for a supervised component)."""
     layout.logs.mkdir(parents=True, exist_ok=True)
     layout.pids.mkdir(parents=True, exist_ok=True)
+    if component in SUPERVISED:
+        child = str(layout.child_pidfile(component))
+        argv = [sys.executable, "-m", "tests.cluster.supervise", child, "--", *argv]
+        env = {**(env or os.environ), "PYTHONPATH": str(REPO)}
     with (layout.logs / f"{component}.log").open("ab") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
@@ -104,12 +118,16 @@ def _wait(layout: Layout, component: str, check: Callable[[], bool], *, timeout:
     raise ClusterError(f"{component} not ready after {timeout:.0f}s (logs: {layout.logs})")
 
 
-def up(layout: Layout) -> float:
-    """Start (or reuse) the cluster; returns the seconds it took to become ready."""
+def up(layout: Layout, *, with_kueue: bool = False) -> float:
+    """Start (or reuse) the cluster, with Kueue if asked; returns the seconds it took to become
+    ready (0 when everything asked for was running already)."""
     started = time.monotonic()
     alive = running(layout)
-    if set(alive) == set(COMPONENTS) and (layout.pki / "ca.crt").exists() and api_ready(layout):
-        return 0.0
+    if set(COMPONENTS) <= set(alive) and (layout.pki / "ca.crt").exists() and api_ready(layout):
+        if not with_kueue or "kueue" in alive:
+            return 0.0
+        start_kueue(layout)
+        return time.monotonic() - started
     if alive:
         down(layout)
     _check_ports(layout)
@@ -123,7 +141,22 @@ def up(layout: Layout) -> float:
     _start(layout, "kube-scheduler", components.kube_scheduler(layout, bins))
     _start(layout, "node-agent", components.node_agent(layout), env=components.node_agent_env(bins))
     wait_ready(layout, timeout=START_TIMEOUT)
+    if with_kueue:
+        start_kueue(layout)
     return time.monotonic() - started
+
+
+def start_kueue(layout: Layout) -> None:
+    """Add Kueue to the running cluster (idempotent): its CRDs, its process, then its webhooks,
+    registered only once it serves them (a registered webhook nobody serves fails requests)."""
+    if "kueue" in running(layout):
+        return
+    bins = binaries()
+    kueue_bin, src = kueue.build()
+    kueue.install_crds(bins, layout, src)
+    _start(layout, "kueue", kueue.argv(layout, kueue_bin))
+    _wait(layout, "kueue", lambda: kueue.ready(layout), timeout=KUEUE_START_TIMEOUT)
+    kueue.kubectl_apply(bins, layout, kueue.webhook_configurations(layout, src))
 
 
 def _stop(pid: int, timeout: float) -> None:
@@ -141,7 +174,7 @@ def _stop(pid: int, timeout: float) -> None:
 def down(layout: Layout, timeout: float = 15.0) -> list[int]:
     """Stop every process the cluster started (agent first, so it stops its pods); returns the PIDs."""
     stopped: list[int] = []
-    for component in reversed(COMPONENTS):
+    for component in reversed(ALL_COMPONENTS):
         pid = read_pid(layout, component)
         if pid is None:
             continue
@@ -149,5 +182,6 @@ def down(layout: Layout, timeout: float = 15.0) -> list[int]:
             _stop(pid, timeout)
             stopped.append(pid)
         layout.pidfile(component).unlink(missing_ok=True)
+        layout.child_pidfile(component).unlink(missing_ok=True)
     stopped += kill_recorded_pods(layout.root)
     return stopped

@@ -5,7 +5,9 @@ control plane, the node agent and the readiness check can all stand on it.
 State lives in one directory (default `.cluster/`, or $MPJOB_CLUSTER_DIR): certificates,
 etcd data, PID files, logs and the admin kubeconfig. Ports come from $MPJOB_CLUSTER_PORT_BASE
 (default 16380): etcd client +0, etcd peer +1, apiserver +63, controller-manager +77,
-scheduler +79. Two clusters coexist when both differ.
+scheduler +79, Kueue's webhook +85 and health probe +86. Two clusters coexist when both differ.
+
+Kueue is the one optional component (`kueue.py`): started only when asked for, stopped with the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Started in this order; stopped in reverse (the node agent first, so it stops its pods).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
+OPTIONAL_COMPONENTS = ("kueue",)
+ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
 
 
 class ClusterError(Exception):
@@ -42,6 +46,8 @@ class Layout:
             "kube-apiserver": b + 63,
             "kube-controller-manager": b + 77,
             "kube-scheduler": b + 79,
+            "kueue-webhook": b + 85,
+            "kueue-health": b + 86,
         }
 
     @property
@@ -66,6 +72,10 @@ class Layout:
 
     def pidfile(self, component: str) -> Path:
         return self.pids / f"{component}.pid"
+
+    def child_pidfile(self, component: str) -> Path:
+        """The supervised process itself (`supervise.py`), as opposed to its supervisor."""
+        return self.pids / f"{component}.child.pid"
 
 
 def pid_alive(pid: int) -> bool:
@@ -93,7 +103,7 @@ def read_pid(layout: Layout, component: str) -> int | None:
 def running(layout: Layout) -> dict[str, int]:
     """The components whose recorded process is alive: name -> PID."""
     out = {}
-    for component in COMPONENTS:
+    for component in ALL_COMPONENTS:
         pid = read_pid(layout, component)
         if pid and pid_alive(pid):
             out[component] = pid

@@ -36,7 +36,7 @@ def check_openssl() -> None:
         raise ClusterError("openssl is missing; install it (apt-get install openssl)")
 
 
-def _issue(pki: Path, name: str, subject: str, *, sans: list[str] | None = None, client: bool = False) -> None:
+def issue(pki: Path, name: str, subject: str, *, sans: list[str] | None = None, client: bool = False) -> None:
     """A key and a certificate signed by the CA (kept if it exists)."""
     key, csr, crt = pki / f"{name}.key", pki / f"{name}.csr", pki / f"{name}.crt"
     if crt.exists():
@@ -61,10 +61,10 @@ def ensure_pki(layout: Layout) -> None:
     if not (pki / "ca.crt").exists():
         _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(pki / "ca.key"),
                  "-out", str(pki / "ca.crt"), "-days", DAYS, "-subj", "/CN=mpjob-test-ca")  # fmt: skip
-    _issue(pki, "apiserver", "/CN=kube-apiserver", sans=APISERVER_SANS)
-    _issue(pki, "admin", "/O=system:masters/CN=mpjob-admin", client=True)
-    _issue(pki, "controller-manager", "/CN=system:kube-controller-manager", client=True)
-    _issue(pki, "scheduler", "/CN=system:kube-scheduler", client=True)
+    issue(pki, "apiserver", "/CN=kube-apiserver", sans=APISERVER_SANS)
+    issue(pki, "admin", "/O=system:masters/CN=mpjob-admin", client=True)
+    issue(pki, "controller-manager", "/CN=system:kube-controller-manager", client=True)
+    issue(pki, "scheduler", "/CN=system:kube-scheduler", client=True)
     if not (pki / "sa.key").exists():
         _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
         _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
