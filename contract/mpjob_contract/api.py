@@ -129,6 +129,17 @@ class Guard(ApiModel):
     stagnation_steps: int = Field(
         0, ge=0, description="Steps with a stuck loss or zero gradients that end it (0 = off)."
     )
+    replay_steps: int = Field(
+        4,
+        ge=0,
+        le=1000,
+        description="Before ending a precision, replay up to this many steps ending at the first faulting one "
+        "in fp32 from the last good checkpoint: finite -> the precision is at fault (fallback); non-finite "
+        "-> the data or the model is (Failed, NonFiniteInFp32). 0 = off.",
+    )
+    replay_timeout_seconds: int = Field(
+        300, ge=1, le=86400, description="Time cap of that replay; past it the precision is blamed."
+    )
 
 
 class PrecisionSpec(ApiModel):
@@ -147,6 +158,11 @@ class PrecisionSpec(ApiModel):
         description="Module type names kept in fp32 under autocast (F4).",
     )
     tf32: bool = Field(False, description="Allow TF32 matmuls in fp32 attempts.")
+    fallback_keeps_batch: bool = Field(
+        True,
+        description="An fp32 attempt after an fp16/bf16 one halves the micro-batch and doubles gradient "
+        "accumulation: the same samples per optimizer step, in the same order, in less activation memory.",
+    )
     loss_scale: LossScale = Field(default_factory=LossScale)
     guard: Guard = Field(default_factory=Guard)
 
@@ -284,6 +300,11 @@ class AttemptStatus(ApiModel):
     end_step: int | None = None
     #: Training processes of the attempt: workers x processesPerWorker.
     world_size: int | None = None
+    #: Samples per micro-batch per process and micro-batches per optimizer step in this attempt
+    #: (fallback to fp32 and running out of GPU memory split the micro-batch; their product
+    #: stays training.batchSize x training.gradAccumulation).
+    micro_batch: int | None = None
+    grad_accumulation: int | None = None
     reason: str | None = None
     exit_code: int | None = None
     message: str | None = None

@@ -18,6 +18,11 @@ class ExitCode(IntEnum):
     CONFIG_ERROR = 43
     #: SIGTERM honoured and a checkpoint written: resume in the same precision.
     PREEMPTED = 44
+    #: The numeric fault replayed in fp32 went non-finite too: the data or the model is at
+    #: fault, not the precision; no precision can help.
+    NON_FINITE_IN_FP32 = 45
+    #: The device ran out of memory (torch.OutOfMemoryError): retry with a smaller micro-batch.
+    OUT_OF_DEVICE_MEMORY = 46
 
 
 class Reason(StrEnum):
@@ -27,6 +32,8 @@ class Reason(StrEnum):
     NUMERIC_FAULT = "NumericFault"
     CONFIG_ERROR = "ConfigError"
     PREEMPTED = "Preempted"
+    NON_FINITE_IN_FP32 = "NonFiniteInFp32"
+    OUT_OF_DEVICE_MEMORY = "OutOfDeviceMemory"
     INFRA_ERROR = "InfraError"
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
@@ -48,5 +55,36 @@ def reason_for_exit_code(code: int) -> Reason:
             return Reason.CONFIG_ERROR
         case ExitCode.PREEMPTED:
             return Reason.PREEMPTED
+        case ExitCode.NON_FINITE_IN_FP32:
+            return Reason.NON_FINITE_IN_FP32
+        case ExitCode.OUT_OF_DEVICE_MEMORY:
+            return Reason.OUT_OF_DEVICE_MEMORY
         case _:
             return Reason.INFRA_ERROR
+
+
+#: How trainer endings rank when several processes of one attempt ended differently: the
+#: first class any of them ended in explains the attempt. The launcher folds a pod's local
+#: ranks with it and the operator picks the pod that explains an attempt with it, so a pod
+#: and a job tell the same story. A user's error outranks everything (the user must act);
+#: a fault that fp32 replayed too outranks a plain numeric fault (no precision helps); a
+#: numeric fault is a collective decision of all ranks; running out of device memory
+#: explains the crashes of siblings whose collectives lost it; a crash explains the
+#: siblings the launcher then stopped (which exit 44).
+ENDING_PRECEDENCE: tuple[Reason, ...] = (
+    Reason.CONFIG_ERROR,
+    Reason.NON_FINITE_IN_FP32,
+    Reason.NUMERIC_FAULT,
+    Reason.OUT_OF_DEVICE_MEMORY,
+    Reason.INFRA_ERROR,
+    Reason.PREEMPTED,
+    Reason.SUCCEEDED,
+)
+
+
+def exit_code_for(reason: Reason) -> ExitCode:
+    """The exit code that stands for one of the trainer's own endings (INFRA_ERROR otherwise)."""
+    for code in ExitCode:
+        if reason_for_exit_code(code) == reason:
+            return code
+    return ExitCode.INFRA_ERROR

@@ -44,6 +44,10 @@ class AttemptLaunch(BaseModel):
     #: Checkpoint directory to resume from; None means "newest valid one in checkpointDir".
     resume_from: str | None = Field(None, alias="resumeFrom")
     checkpoint_dir: str = Field(CHECKPOINT_MOUNT, alias="checkpointDir")
+    #: This attempt's samples per micro-batch and micro-batches per optimizer step, when the
+    #: planner split spec.training's (None: as the spec says). `attempt_spec` applies them.
+    micro_batch: int | None = Field(None, alias="microBatch", ge=1)
+    grad_accumulation: int | None = Field(None, alias="gradAccumulation", ge=1)
     spec: MixedPrecisionJobSpec
 
     @model_validator(mode="after")
@@ -54,6 +58,31 @@ class AttemptLaunch(BaseModel):
                 "an attempt resumes only from a checkpoint in its own checkpoint volume"
             )
         return self
+
+    @model_validator(mode="after")
+    def _same_samples_per_step(self) -> AttemptLaunch:
+        tr = self.spec.training
+        micro = self.micro_batch or tr.batch_size
+        accumulation = self.grad_accumulation or tr.grad_accumulation
+        if micro * accumulation != tr.batch_size * tr.grad_accumulation:
+            raise ValueError(
+                f"microBatch {micro} x gradAccumulation {accumulation} must equal the spec's samples per step "
+                f"per process, training.batchSize x training.gradAccumulation = {tr.batch_size * tr.grad_accumulation}"
+            )
+        return self
+
+    def attempt_spec(self) -> MixedPrecisionJobSpec:
+        """The spec as this attempt trains it: spec.training with the attempt's micro-batch split."""
+        if self.micro_batch is None and self.grad_accumulation is None:
+            return self.spec
+        tr = self.spec.training
+        training = tr.model_copy(
+            update={
+                "batch_size": self.micro_batch or tr.batch_size,
+                "grad_accumulation": self.grad_accumulation or tr.grad_accumulation,
+            }
+        )
+        return self.spec.model_copy(update={"training": training})
 
     def to_env(self) -> str:
         return self.model_dump_json(by_alias=True)

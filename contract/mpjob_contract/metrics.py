@@ -28,6 +28,8 @@ TOTAL_STEPS = PREFIX + "total_steps"
 START_STEP = PREFIX + "start_step"  # the step this attempt resumed from
 INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1
 GUARD_TRIPS = PREFIX + "guard_trips"  # counter by rule -> *_total
+REPLAYS = PREFIX + "fp32_replays"  # counter by verdict (precision|data|inconclusive) -> *_total
+REPLAY_SECONDS = PREFIX + "fp32_replay_seconds"  # gauge: the last replay's duration
 
 #: Labels every trainer metric carries (low cardinality: one value per attempt).
 LABELS = ("job", "namespace", "attempt", "precision")

@@ -41,6 +41,24 @@ class Counters(_Model):
     loss: float | None = None
 
 
+class Replay(_Model):
+    """What replaying a numeric fault in fp32 found (precision.guard.replaySteps)."""
+
+    #: precision: fp32 stayed finite; data: fp32 went non-finite too; inconclusive: no replay
+    #: could be made (no finite weights to start from, or past the time cap).
+    verdict: str
+    #: The first faulting step (0-based index of the optimizer step) and the steps replayed.
+    first_step: int = Field(alias="firstStep")
+    steps: int = 0
+    #: Whether the replay began at the last good checkpoint's weights (else: the weights in memory).
+    from_checkpoint: bool = Field(False, alias="fromCheckpoint")
+    #: The step whose fp32 loss or gradients were non-finite, and its samples (dataset indices,
+    #: this process's share of the batch; capped).
+    offending_step: int | None = Field(None, alias="offendingStep")
+    samples: list[int] = Field(default_factory=list, max_length=64)
+    seconds: float = 0.0
+
+
 class TerminationReport(_Model):
     reason: Reason
     step: int = 0
@@ -49,6 +67,7 @@ class TerminationReport(_Model):
     precision: str = ""
     last_good_checkpoint: CheckpointRef | None = Field(None, alias="lastGoodCheckpoint")
     counters: Counters = Field(default_factory=Counters)
+    replay: Replay | None = None
     message: str = ""
 
     def to_message(self) -> str:

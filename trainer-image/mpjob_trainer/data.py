@@ -3,6 +3,11 @@
 Sample k of the global stream is permutation_e[k mod N] with e = k div N, and micro-batch m
 of optimizer step s on rank r takes the `batch` samples starting at
 k = ((s * accumulation + m) * world + r) * batch. Exact resume needs only the step.
+
+Optimizer step s covers the stream positions [s * P, (s + 1) * P) with P = accumulation x
+world x batch, whatever the split of P: an attempt that halves `batch` and doubles
+`accumulation` (a fallback to fp32, or after running out of GPU memory) trains on the same
+samples per step, in the same order on one process (across ranks the same set per step).
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class StepSampler:
         for k in range(start, start + self.batch):
             out.append(int(self._permutation(k // self.size)[k % self.size]))
         return out
+
+    def step_indices(self, step: int) -> list[int]:
+        """This rank's samples of optimizer step `step`, micro-batch by micro-batch."""
+        return [i for micro in range(self.accumulation) for i in self.indices(step, micro)]
 
 
 def micro_batch(dataset: Dataset[Any], sampler: StepSampler, step: int, micro: int) -> Any:

@@ -17,3 +17,8 @@ class NumericFault(Exception):
 
 class Preempted(Exception):
     """SIGTERM was honoured and a checkpoint written (exit 44)."""
+
+
+class NonFiniteInFp32(Exception):
+    """A numeric fault replayed in fp32 stayed non-finite: the data or the model is at fault,
+    not the precision, and no other precision can help (exit 45)."""

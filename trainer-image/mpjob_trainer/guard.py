@@ -11,6 +11,10 @@ State machine and invariants:
   tensor ops, no sync) and is read by `check()` together with the loss scale, once per log
   interval: that is the guard's one deliberate sync point, shared with the log line. Ranks
   all-reduce it (max) there, so they decide at the same step.
+- `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay):
+  the first overflow-skipped step and the first non-finite loss since the last good checkpoint.
+  The first is host state; the second a device tensor updated with torch.where (no sync),
+  read once, when a precision has already ended.
 - Loss-scale calibration at the start of fp16 training (a few backoffs from 65536) never
   trips the guard: it resets `consecutive_overflows` on the first applied step and stays far
   from `minLossScale`.
@@ -26,6 +30,11 @@ import torch
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
+
+#: Rules whose trouble is tied to the steps it happened at: a fp32 replay of those steps tells
+#: a precision's fault from the data's. Stagnation is not (it is slow, not non-finite).
+REPLAYABLE_RULES = frozenset({"MaxConsecutiveOverflows", "MaxNonFiniteLosses", "LossScaleCollapsed"})
+NO_STEP = 2**62
 
 
 @dataclass
@@ -49,6 +58,10 @@ class NumericGuard:
         self._applied = False
         self._last_loss: float | None = None
         self._stagnant_since: int | None = None
+        # Since the last good checkpoint (mark_good): 0-based optimizer step indexes, -1 = none.
+        self._first_non_finite = torch.full((), -1, dtype=torch.int64, device=device)
+        self._first_overflow: int | None = None
+        self._step_index = 0
 
     # -- per step, host only ------------------------------------------------------------
     def begin_step(self) -> None:
@@ -73,15 +86,22 @@ class NumericGuard:
         return first
 
     def observe_loss(self, loss: torch.Tensor) -> None:
-        """Count a non-finite loss on the device; no sync."""
-        self._non_finite += (~torch.isfinite(loss.detach())).any().to(torch.int64)
+        """Count a non-finite loss on the device and remember the first one's step; no sync."""
+        bad = (~torch.isfinite(loss.detach())).any()
+        self._non_finite += bad.to(torch.int64)
+        first = bad & (self._first_non_finite < 0)
+        self._first_non_finite = torch.where(first, self._step_index, self._first_non_finite)
 
     def end_step(self, step: int, uses_scaler: bool) -> None:
+        """Close optimizer step `step` (1-based), which observe_loss saw as index step - 1."""
+        self._step_index = step
         if not uses_scaler:
             return
         if self._applied:
             self.consecutive_overflows = 0
             return
+        if self._first_overflow is None:
+            self._first_overflow = step - 1
         self.consecutive_overflows += 1
         self.overflow_steps += 1
         if self.consecutive_overflows >= self.spec.max_consecutive_overflows:
@@ -132,6 +152,29 @@ class NumericGuard:
                     f"(guard.stagnationSteps={self.spec.stagnation_steps})",
                 )
             self._last_loss = loss
+
+    def start_at(self, step: int) -> None:
+        """The attempt's first step is `step` (0-based index: resumed from a checkpoint there)."""
+        self._step_index = step
+
+    def mark_good(self) -> None:
+        """A checkpoint of the current state was taken as good: trouble is counted from here."""
+        self._first_overflow = None
+        self._first_non_finite.fill_(-1)
+
+    def first_fault_step(self, rule: str) -> int | None:
+        """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks
+        (their earliest); None when the rule does not point at steps (stagnation). Syncs."""
+        if rule not in REPLAYABLE_RULES:
+            return None
+        candidates = [self._first_non_finite.item()]
+        if self._first_overflow is not None:
+            candidates.append(self._first_overflow)
+        if rule == "MaxConsecutiveOverflows":
+            candidates = [self._step_index - self.consecutive_overflows]
+        mine = min((int(c) for c in candidates if c >= 0), default=NO_STEP)
+        earliest = -all_reduce_max(torch.tensor(-float(mine), dtype=torch.float64, device=self.device), self.world)
+        return None if earliest >= NO_STEP else int(earliest)
 
     def healthy(self, loss: float | None) -> bool:
         """May the current state be checkpointed as good? (Call right after `read`.)"""

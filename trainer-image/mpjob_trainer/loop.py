@@ -49,7 +49,7 @@ def builtin_task(run: Session) -> Task:
 
 def train(run: Session) -> None:
     """Train the job's builtin or module task from the attempt's checkpoint to the last step."""
-    tr = run.spec.training
+    tr = run.spec.training  # the attempt's: its micro-batch may be split (AttemptLaunch)
     task = builtin_task(run)
     model = task.model.to(run.device)  # fp32 master weights; autocast casts per op
     run.keep_fp32(model)
@@ -66,20 +66,26 @@ def train(run: Session) -> None:
         run.world.rank,
         tr.seed,
     )
-    samples_per_step = tr.batch_size * tr.grad_accumulation * run.world.size
-    for step in range(start, run.total_steps):
+
+    def one_step(step: int) -> None:
+        """Optimizer step `step` (0-based): the schedule, every micro-batch, the update."""
         if task.set_step is not None:
             task.set_step(step)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run.applied_steps, tr.steps, tr.learning_rate, tr.warmup_steps)
         forward_backward(run, net, task, sampler, step)
         run.step(optimizer, clip_norm=tr.grad_clip_norm)
+
+    run.replay_with(one_step, samples=sampler.step_indices)
+    samples_per_step = tr.batch_size * tr.grad_accumulation * run.world.size
+    for step in range(start, run.total_steps):
+        one_step(step)
         run.end_step(step + 1, samples=samples_per_step)
 
 
 def forward_backward(run: Session, net: nn.Module, task: Task, sampler: StepSampler, step: int) -> None:
     """All micro-batches of one optimizer step; DDP all-reduces gradients on the last only."""
-    accumulation = run.spec.training.grad_accumulation
+    accumulation = sampler.accumulation
     for micro in range(accumulation):
         inputs, targets = to_device(micro_batch(task.dataset, sampler, step, micro), run.device)
         last = micro == accumulation - 1

@@ -74,6 +74,13 @@ class TrainerMetrics:
             [*lab, "rule"],
             registry=r,
         )
+        self.replays = Counter(
+            names.REPLAYS,
+            "fp32 replays of a numeric fault, by verdict (precision, data, inconclusive).",
+            [*lab, "verdict"],
+            registry=r,
+        )
+        self.replay_seconds = gauge(names.REPLAY_SECONDS, "Duration of the last fp32 replay.")
         info = Gauge(names.INFO, "1 for the precision this attempt trains in.", lab, registry=r)
         info.labels(**self.labels).set(1)
         self.port: int | None = None
@@ -91,6 +98,10 @@ class TrainerMetrics:
 
     def trip(self, rule: str) -> None:
         self.guard_trips.labels(**self.labels, rule=rule).inc()
+
+    def replayed(self, verdict: str, seconds: float) -> None:
+        self.replays.labels(**self.labels, verdict=verdict).inc()
+        self.replay_seconds.set(seconds)
 
     def sample_host_memory(self) -> None:
         self.peak_host_memory.set(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

@@ -92,6 +92,8 @@ def _env(job: str, namespace: str, spec: MixedPrecisionJobSpec, start: StartAtte
         attempt=start.index,
         precision=start.precision,  # type: ignore[arg-type]
         resume_from=start.resume_from,
+        micro_batch=start.micro_batch,
+        grad_accumulation=start.grad_accumulation,
         checkpoint_dir=CHECKPOINT_MOUNT,
         spec=spec,
     )

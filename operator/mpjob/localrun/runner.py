@@ -181,6 +181,8 @@ class LocalRun:
             attempt=start.index,
             precision=start.precision,  # type: ignore[arg-type]
             resume_from=start.resume_from,
+            micro_batch=start.micro_batch,
+            grad_accumulation=start.grad_accumulation,
             checkpoint_dir=self._checkpoint_dir,
             spec=self.spec,
         )

@@ -24,6 +24,9 @@ class Action(StrEnum):
     NEXT_PRECISION = "NextPrecision"
     #: Same precision, resumed from the newest valid checkpoint.
     SAME_PRECISION = "SamePrecision"
+    #: Same precision with a smaller micro-batch (more accumulation: the same samples per
+    #: optimizer step), resumed from the newest valid checkpoint.
+    SMALLER_MICRO_BATCH = "SmallerMicroBatch"
     #: Stop the job with the trainer's (or the platform's) message.
     FAIL = "Fail"
 
@@ -39,12 +42,22 @@ FAILURE_POLICY: tuple[Rule, ...] = (
     Rule(Reason.SUCCEEDED, Action.SUCCEED, "the trainer finished every step"),
     Rule(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "this precision cannot go on (exit 42)"),
     Rule(Reason.CONFIG_ERROR, Action.FAIL, "configuration or user code is wrong (exit 43): retrying cannot help"),
+    Rule(
+        Reason.NON_FINITE_IN_FP32,
+        Action.FAIL,
+        "replayed in fp32 the fault stays (exit 45): the data or the model is at fault, not the precision",
+    ),
     Rule(Reason.PREEMPTED, Action.SAME_PRECISION, "SIGTERM honoured with a checkpoint (exit 44)"),
+    Rule(
+        Reason.OUT_OF_DEVICE_MEMORY,
+        Action.SMALLER_MICRO_BATCH,
+        "the GPU ran out of memory (exit 46): the same samples per step in smaller micro-batches",
+    ),
     Rule(Reason.EVICTED, Action.SAME_PRECISION, "the pod was evicted or preempted by the platform"),
     Rule(Reason.DELETED, Action.SAME_PRECISION, "the pod was deleted or killed by a signal"),
     Rule(Reason.NODE_LOST, Action.SAME_PRECISION, "the node went away"),
     Rule(Reason.INFRA_ERROR, Action.SAME_PRECISION, "an infrastructure failure: try again"),
-    Rule(Reason.OOM_KILLED, Action.FAIL, "out of memory: a retry in the same shape fails the same way"),
+    Rule(Reason.OOM_KILLED, Action.FAIL, "host memory ran out (the kernel killed the container): raise its limit"),
     Rule(Reason.IMAGE_PULL, Action.FAIL, "the trainer image cannot be pulled"),
     Rule(Reason.DEADLINE_EXCEEDED, Action.FAIL, "runPolicy.activeDeadlineSeconds passed"),
     Rule(Reason.SUSPENDED, Action.SAME_PRECISION, "suspended by the user; resumes in the same precision"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from mpjob.planning import status as st
 from mpjob.planning.classify import Action, AttemptOutcome, classify
-from mpjob.planning.planner import Finish, StartAttempt, after_attempt
+from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import (
     AttemptStatus,
@@ -54,6 +54,25 @@ class Plan:
     ended: Event | None = None
     #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
     deadline_seconds: int | None = None
+
+
+def shape_of(attempt: AttemptStatus | StartAttempt) -> BatchShape | None:
+    """The batch shape an attempt ran with (None: spec.training's, or not recorded)."""
+    if attempt.micro_batch is None or attempt.grad_accumulation is None:
+        return None
+    return BatchShape(attempt.micro_batch, attempt.grad_accumulation)
+
+
+def again(attempt: AttemptStatus, *, index: int, start_step: int) -> StartAttempt:
+    """Attempt `index` in the same precision and batch shape as `attempt`, from the newest checkpoint."""
+    return StartAttempt(
+        index,
+        attempt.precision,
+        None,
+        start_step,
+        micro_batch=attempt.micro_batch,
+        grad_accumulation=attempt.grad_accumulation,
+    )
 
 
 def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:
@@ -122,7 +141,7 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
     status, current = plan.status, plan.status.attempts[-1]
     condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
     step = status.last_checkpoint.step if status.last_checkpoint else 0
-    nxt = StartAttempt(current.index + 1, current.precision, None, step)
+    nxt = again(current, index=current.index + 1, start_step=step)
     if nxt.index >= spec.run_policy.max_attempts:
         finish(plan, Finish(False, "AttemptsExhausted", "no attempt left to resume"), when)
         return
@@ -214,6 +233,7 @@ def conclude(
         capability,
         checkpoint_dir=checkpoint_dir,
         uncharged=st.uncharged_attempts(status),
+        shape=shape_of(attempt),
     )
     if isinstance(decision, Finish):
         finish(plan, decision, when)

@@ -1,12 +1,20 @@
 """The attempt planner: what comes after an attempt, given the spec and the history.
 
 Pure functions over the API models. The operator and `mpjob run` both call `first_attempt`
-and `after_attempt`; neither re-implements the ladder or the attempt budget.
+and `after_attempt`; neither re-implements the ladder, the attempt budget or the batch shape.
+
+The batch shape of an attempt (samples per micro-batch, micro-batches per optimizer step)
+may differ from spec.training's: an attempt that runs out of GPU memory is followed by one
+with the micro-batch split, and a fallback into fp32 (which keeps activations in 4 bytes
+instead of 2) splits it too when precision.fallbackKeepsBatch is on. A split divides the
+micro-batch by its smallest prime factor (16 -> 8, 12 -> 6, 9 -> 3) and multiplies the
+accumulation by the same, so the samples of each optimizer step, and their order, stay the
+same (mpjob_trainer.data.StepSampler): resume stays exact in data order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mpjob.planning.classify import Action, Classification
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision, precision_ladder, resolve_auto
@@ -23,6 +31,36 @@ class StartAttempt:
     #: The step the attempt is expected to resume at (for status; the trainer decides).
     start_step: int
     fallback_from: str | None = None
+    #: The attempt's batch shape when it is not spec.training's (see the module doc).
+    micro_batch: int | None = None
+    grad_accumulation: int | None = None
+
+    @property
+    def shape(self) -> BatchShape | None:
+        if self.micro_batch is None or self.grad_accumulation is None:
+            return None
+        return BatchShape(self.micro_batch, self.grad_accumulation)
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    micro_batch: int
+    grad_accumulation: int
+
+    @classmethod
+    def of(cls, spec: MixedPrecisionJobSpec) -> BatchShape:
+        return cls(spec.training.batch_size, spec.training.grad_accumulation)
+
+    def split(self) -> BatchShape | None:
+        """A smaller micro-batch with the same samples per step; None at one sample."""
+        if self.micro_batch < 2:
+            return None
+        factor = next(f for f in range(2, self.micro_batch + 1) if self.micro_batch % f == 0)
+        return BatchShape(self.micro_batch // factor, self.grad_accumulation * factor)
+
+
+#: Bytes an activation takes in each precision: a fallback to a wider one needs more memory.
+ACTIVATION_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -50,7 +88,19 @@ def ladder(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None
 
 
 def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None = "spec") -> StartAttempt:
-    return StartAttempt(index=0, precision=ladder(spec, capability)[0], resume_from=None, start_step=0)
+    shape = BatchShape.of(spec)
+    return StartAttempt(
+        index=0,
+        precision=ladder(spec, capability)[0],
+        resume_from=None,
+        start_step=0,
+        micro_batch=shape.micro_batch,
+        grad_accumulation=shape.grad_accumulation,
+    )
+
+
+def _shaped(start: StartAttempt, shape: BatchShape) -> StartAttempt:
+    return replace(start, micro_batch=shape.micro_batch, grad_accumulation=shape.grad_accumulation)
 
 
 def after_attempt(
@@ -64,13 +114,16 @@ def after_attempt(
     *,
     checkpoint_dir: str = CHECKPOINT_MOUNT,
     uncharged: int = 0,
+    shape: BatchShape | None = None,
 ) -> Decision:
     """Decide what follows attempt `index` (0-based) that ran in `precision` and ended as `result`.
 
     `last_good_step`/`last_good_path` name the newest verified checkpoint known so far (from
     the termination report or the status); the next attempt resumes from it when it lies in
     `checkpoint_dir` (a report is the trainer's word, not proof), else from the newest valid one.
+    `shape` is the ended attempt's batch shape (None: spec.training's).
     """
+    shape = shape or BatchShape.of(spec)
     if result.action is Action.SUCCEED:
         return Finish(True, Reason.SUCCEEDED.value, result.message)
     if result.action is Action.FAIL:
@@ -84,7 +137,16 @@ def after_attempt(
             f"the last ended {result.reason.value}: {result.message}",
         )
     if result.action is Action.SAME_PRECISION:
-        return StartAttempt(index + 1, precision, None, last_good_step)
+        return _shaped(StartAttempt(index + 1, precision, None, last_good_step), shape)
+    if result.action is Action.SMALLER_MICRO_BATCH:
+        smaller = shape.split()
+        if smaller is None:
+            return Finish(
+                False,
+                result.reason.value,
+                f"out of GPU memory with a micro-batch of one sample; nothing left to split: {result.message}",
+            )
+        return _shaped(StartAttempt(index + 1, precision, None, last_good_step), smaller)
     steps = ladder(spec, capability)
     position = steps.index(precision) if precision in steps else len(steps) - 1
     if position + 1 >= len(steps):
@@ -95,4 +157,8 @@ def after_attempt(
             f"ladder {steps}: {result.message}",
         )
     resume_from = last_good_path if last_good_path and inside_checkpoint_dir(last_good_path, checkpoint_dir) else None
-    return StartAttempt(index + 1, steps[position + 1], resume_from, last_good_step, fallback_from=precision)
+    nxt = steps[position + 1]
+    wider = ACTIVATION_BYTES.get(nxt, 4) > ACTIVATION_BYTES.get(precision, 4)
+    if wider and spec.precision.fallback_keeps_batch:
+        shape = shape.split() or shape
+    return _shaped(StartAttempt(index + 1, nxt, resume_from, last_good_step, fallback_from=precision), shape)

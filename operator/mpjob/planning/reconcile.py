@@ -18,11 +18,11 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.lifecycle import Plan, When
-from mpjob.planning.planner import Finish, StartAttempt, first_attempt
+from mpjob.planning.planner import Finish, first_attempt
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract import codes
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.codes import Reason
+from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, reason_for_exit_code
 from mpjob_contract.report import TerminationReport
 
 FINISHED = ("Succeeded", "Failed")
@@ -61,22 +61,34 @@ def _fmt(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: Endings the trainer decided on purpose, ranked as mpjob_contract.codes.ENDING_PRECEDENCE ranks
+#: them; a platform reason, a crash, a stop and a success come after, in that order.
+_TRAINER_DECIDED = {
+    reason: place
+    for place, reason in enumerate(
+        r for r in ENDING_PRECEDENCE if r not in (Reason.INFRA_ERROR, Reason.PREEMPTED, Reason.SUCCEEDED)
+    )
+}
+
+
 def outcome_of(job: JobView) -> AttemptOutcome:
     """The attempt's ending as the pods tell it: the most telling pod explains it."""
 
     def rank(pod: PodView) -> tuple[int, int]:
         report = TerminationReport.parse_message(pod.termination_message)
-        if report is not None and report.reason == Reason.NUMERIC_FAULT:
-            return (0, pod.index)
-        if report is not None and report.reason == Reason.CONFIG_ERROR:
-            return (1, pod.index)
+        said = report.reason if report is not None else None
+        if said is None and pod.exit_code is not None and pod.platform_reason is None:
+            said = reason_for_exit_code(pod.exit_code)
+        if said in _TRAINER_DECIDED:  # the contract's order, as the launcher folds ranks
+            return (_TRAINER_DECIDED[said], pod.index)
+        later = len(_TRAINER_DECIDED)
         if pod.platform_reason:
-            return (2, pod.index)
+            return (later, pod.index)
         if pod.exit_code not in (None, 0, 44, 143, 137):
-            return (3, pod.index)
+            return (later + 1, pod.index)
         if pod.exit_code in (44, 143, 137) or pod.deleting:
-            return (4, pod.index)
-        return (5, pod.index)
+            return (later + 2, pod.index)
+        return (later + 3, pod.index)
 
     if job.finished == "Failed" and job.reason == "DeadlineExceeded":
         return AttemptOutcome(
@@ -212,7 +224,7 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         return
     if job is None:
         # Recorded but not created (the operator stopped in between): create it now.
-        plan.create.append(StartAttempt(current.index, current.precision, None, current.start_step))
+        plan.create.append(lc.again(current, index=current.index, start_step=current.start_step))
         status.phase = "Pending" if status.phase == "Running" else status.phase
         return
     finished = job.finished or ended_by_pods(job, spec.workers)

@@ -95,6 +95,8 @@ def begin_attempt(
         precision=start.precision,
         start_step=start.start_step,
         world_size=world_size,
+        micro_batch=start.micro_batch,
+        grad_accumulation=start.grad_accumulation,
         start_time=at or now(),
     )
     status.attempts.append(entry)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.planning.classify import FAILURE_POLICY, Action, AttemptOutcome, classify
-from mpjob.planning.planner import Finish, StartAttempt, after_attempt, first_attempt, ladder
+from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, first_attempt, ladder
 from mpjob.planning.reconcile import JobView, PodView, ended_by_pods, reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -67,9 +67,59 @@ def test_numeric_fault_walks_the_ladder_from_the_last_good_checkpoint() -> None:
     s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"]})
     fault = classify(AttemptOutcome(42, TerminationReport.parse_message(report(Reason.NUMERIC_FAULT))))
     nxt = after_attempt(s, 0, "fp16", fault, 20, f"{CHECKPOINT_MOUNT}/step-20")
-    assert nxt == StartAttempt(1, "bf16", f"{CHECKPOINT_MOUNT}/step-20", 20, fallback_from="fp16")
+    assert nxt == StartAttempt(
+        1, "bf16", f"{CHECKPOINT_MOUNT}/step-20", 20, fallback_from="fp16", micro_batch=16, grad_accumulation=1
+    )
     last = after_attempt(s, 2, "fp32", fault, 20, f"{CHECKPOINT_MOUNT}/step-20")
     assert isinstance(last, Finish) and not last.succeeded and last.reason == "NoPrecisionLeft"
+
+
+def test_a_fallback_into_fp32_splits_the_micro_batch_and_keeps_samples_per_step() -> None:
+    s = spec(
+        precision={"mode": "fp16", "fallback": ["bf16", "fp32"]}, training={"batchSize": 12, "gradAccumulation": 2}
+    )
+    fault = classify(AttemptOutcome(42))
+    to_bf16 = after_attempt(s, 0, "fp16", fault, 0, None)
+    assert isinstance(to_bf16, StartAttempt) and to_bf16.shape == BatchShape(12, 2)  # same activation width
+    to_fp32 = after_attempt(s, 1, "bf16", fault, 0, None, shape=to_bf16.shape)
+    assert isinstance(to_fp32, StartAttempt) and to_fp32.precision == "fp32"
+    assert to_fp32.shape == BatchShape(6, 4)
+    kept = spec(precision={"mode": "bf16", "fallback": ["fp32"], "fallbackKeepsBatch": False})
+    plain = after_attempt(kept, 0, "bf16", fault, 0, None)
+    assert isinstance(plain, StartAttempt) and plain.shape == BatchShape(16, 1)
+
+
+def test_running_out_of_gpu_memory_retries_the_same_precision_with_a_split_micro_batch() -> None:
+    s = spec(precision={"mode": "fp16"}, training={"batchSize": 9})
+    oom = classify(AttemptOutcome(46))
+    assert oom.reason == Reason.OUT_OF_DEVICE_MEMORY
+    nxt = after_attempt(s, 0, "fp16", oom, 30, None)
+    assert isinstance(nxt, StartAttempt) and (nxt.precision, nxt.shape, nxt.start_step) == (
+        "fp16",
+        BatchShape(3, 3),
+        30,
+    )
+    last = after_attempt(s, 2, "fp16", oom, 30, None, shape=BatchShape(1, 9))
+    assert isinstance(last, Finish) and last.reason == "OutOfDeviceMemory" and "one sample" in last.message
+    host = classify(AttemptOutcome(137, platform_reason="OOMKilled"))
+    assert host.action is Action.FAIL  # the kernel's OOM killer: host memory, not the GPU's
+
+
+def test_batch_shape_split_divides_by_the_smallest_prime_factor() -> None:
+    assert [BatchShape(b, 1).split() for b in (16, 12, 9, 7, 1)] == [
+        BatchShape(8, 2),
+        BatchShape(6, 2),
+        BatchShape(3, 3),
+        BatchShape(1, 7),
+        None,
+    ]
+
+
+def test_a_fault_fp32_replayed_too_fails_the_job_without_another_attempt() -> None:
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"]})
+    data = classify(AttemptOutcome(45, TerminationReport.parse_message(report(Reason.NON_FINITE_IN_FP32))))
+    done = after_attempt(s, 0, "fp16", data, 20, None)
+    assert isinstance(done, Finish) and not done.succeeded and done.reason == "NonFiniteInFp32"
 
 
 def test_attempts_are_bounded_by_max_attempts() -> None:

@@ -1,16 +1,18 @@
 """One pod, one ending: fold the local ranks' exit codes and reports into one of each.
 
-Pure: no processes, no files. The precedence is a table, highest first; the first class
-that any local rank ended in explains the pod:
+Pure: no processes, no files. The first class that any local rank ended in explains the pod,
+in the contract's order (mpjob_contract.codes.ENDING_PRECEDENCE, which the operator uses
+across pods too), highest first:
 
-| class          | a rank ended with                  | pod exits | why it outranks the next            |
-|----------------|------------------------------------|-----------|-------------------------------------|
-| ConfigError    | 43                                 | 43        | retrying cannot help: the user acts |
-| NumericFault   | 42                                 | 42        | the precision gave up: go to the    |
-|                |                                    |           | next one, not retry this one        |
-| InfraError     | any other code, or a signal death  | 1         | a crash explains its siblings' 44   |
-| Preempted      | 44                                 | 44        | checkpointed on SIGTERM: resume     |
-| Succeeded      | 0                                  | 0         |                                     |
+| class             | a rank ended with                  | pod exits |
+|-------------------|------------------------------------|-----------|
+| ConfigError       | 43                                 | 43        |
+| NonFiniteInFp32   | 45                                 | 45        |
+| NumericFault      | 42                                 | 42        |
+| OutOfDeviceMemory | 46                                 | 46        |
+| InfraError        | any other code, or a signal death  | 1         |
+| Preempted         | 44                                 | 44        |
+| Succeeded         | 0                                  | 0         |
 
 A sibling the launcher stopped because another rank crashed exits 44 (it honoured SIGTERM
 and checkpointed); the crash, not the stop, explains the pod, hence InfraError > Preempted.
@@ -31,17 +33,11 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
+from mpjob_contract.codes import ENDING_PRECEDENCE, ExitCode, Reason, exit_code_for, reason_for_exit_code
 from mpjob_contract.report import TerminationReport
 
 #: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
-PRECEDENCE: tuple[tuple[Reason, ExitCode], ...] = (
-    (Reason.CONFIG_ERROR, ExitCode.CONFIG_ERROR),
-    (Reason.NUMERIC_FAULT, ExitCode.NUMERIC_FAULT),
-    (Reason.INFRA_ERROR, ExitCode.INFRA_ERROR),
-    (Reason.PREEMPTED, ExitCode.PREEMPTED),
-    (Reason.SUCCEEDED, ExitCode.SUCCESS),
-)
+PRECEDENCE: tuple[tuple[Reason, ExitCode], ...] = tuple((r, exit_code_for(r)) for r in ENDING_PRECEDENCE)
 #: Each class's place in PRECEDENCE (0 = highest).
 _PLACE = {reason: i for i, (reason, _) in enumerate(PRECEDENCE)}
 

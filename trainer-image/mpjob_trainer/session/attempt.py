@@ -41,12 +41,13 @@ def read_launch(source: LaunchSource = None) -> AttemptLaunch:
 
 
 def config_digest(launch: AttemptLaunch) -> str:
-    """What a checkpoint must agree with to be resumable: the model and the data order."""
+    """What a checkpoint must agree with to be resumable: the model and the data order. The
+    data order depends on the samples per optimizer step, not on how an attempt splits them
+    into micro-batches (mpjob_trainer.data), so attempts with a split micro-batch resume."""
     spec = launch.spec
     relevant = {
         "task": spec.task.to_api(),
         "seed": spec.training.seed,
-        "batchSize": spec.training.batch_size,
-        "gradAccumulation": spec.training.grad_accumulation,
+        "samplesPerStep": spec.training.batch_size * spec.training.grad_accumulation,
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

@@ -13,9 +13,11 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
-from mpjob_contract.report import CheckpointRef, Counters, TerminationReport
-from mpjob_trainer.errors import ConfigError, NumericFault, Preempted
+from mpjob_contract.report import CheckpointRef, Counters, Replay, TerminationReport
+from mpjob_trainer.errors import ConfigError, NonFiniteInFp32, NumericFault, Preempted
 from mpjob_trainer.events import EventLog
 
 
@@ -28,6 +30,7 @@ class Standing:
     precision: str = ""
     last_good: CheckpointRef | None = None
     counters: Counters = field(default_factory=Counters)
+    replay: Replay | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,13 @@ ENDINGS: tuple[tuple[type[Exception], ExitCode, Reason, Callable[[Exception], st
     (ConfigError, ExitCode.CONFIG_ERROR, Reason.CONFIG_ERROR, str),
     (NumericFault, ExitCode.NUMERIC_FAULT, Reason.NUMERIC_FAULT, lambda e: f"{e.rule}: {e}"),  # type: ignore[attr-defined]
     (Preempted, ExitCode.PREEMPTED, Reason.PREEMPTED, str),
+    (NonFiniteInFp32, ExitCode.NON_FINITE_IN_FP32, Reason.NON_FINITE_IN_FP32, str),
+    (
+        torch.OutOfMemoryError,
+        ExitCode.OUT_OF_DEVICE_MEMORY,
+        Reason.OUT_OF_DEVICE_MEMORY,
+        lambda e: f"out of GPU memory: {str(e).splitlines()[0] if str(e) else 'torch.OutOfMemoryError'}",
+    ),
 )
 
 
@@ -76,6 +86,7 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
         precision=standing.precision,
         last_good_checkpoint=standing.last_good,
         counters=standing.counters,
+        replay=standing.replay,
         message=ending.message,
     )
     try:

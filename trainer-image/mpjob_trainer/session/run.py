@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
-from mpjob_contract.report import Counters
+from mpjob_contract.report import Counters, Replay
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
@@ -37,6 +37,7 @@ from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, classify, conclude
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Interval, Progress, host_value
+from mpjob_trainer.session.replay import Fp32Replay, Replaying, SamplesFunction, StepFunction, ending_for, finite
 from mpjob_trainer.session.state import TrainingState, seed_everything
 
 Number = torch.Tensor | float
@@ -56,7 +57,8 @@ class Session:
         tokens_per_sample: int | None = None,
     ) -> None:
         self.launch = launch
-        self.spec: MixedPrecisionJobSpec = launch.spec
+        #: The job's spec as this attempt trains it (its micro-batch split, see AttemptLaunch).
+        self.spec: MixedPrecisionJobSpec = launch.attempt_spec()
         self.world = world
         self._log = log
         self._preemption = preemption
@@ -83,6 +85,8 @@ class Session:
         self._grad_norm: torch.Tensor | None = None
         self._lr: Number | None = None
         self._exit_code: int | None = None
+        self._replay: Fp32Replay | None = None
+        self._replayed: Replay | None = None
 
     def _reporting(self, flops: float | None, tokens: int | None) -> tuple[TrainerMetrics, Checkpointer, Progress]:
         """The attempt's metrics (served from rank 0), checkpoints and progress lines."""
@@ -149,8 +153,15 @@ class Session:
             self.applied_steps = self._state.restore(state, self.precision, self._scaler)
             self.start_step = self._step = ref.step
             self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
+        self._guard.start_at(self.start_step)
         self._progress.started(self.launch, self.precision, self.start_step, store.last_good)
         return self.start_step
+
+    def replay_with(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
+        """Let the session replay steps in fp32 when the guard ends a precision (session.replay):
+        `step(i)` runs optimizer step i (0-based) as the loop does (forward and backward under
+        run.autocast(), run.backward, run.step; not end_step), `samples(i)` names its samples."""
+        self._replay = Fp32Replay(step, samples, spec=self.spec.precision.guard)
 
     def _watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook the optimizer so the guard knows which steps GradScaler applied (no sync)."""
@@ -254,6 +265,7 @@ class Session:
             return state.capture(step, self.applied_steps, self.precision, self._scaler)
 
         self._checkpoints.save(step, self.precision, capture, final=final)
+        self._guard.mark_good()
 
     # ---------------------------------------------------------------- the ending
     def __enter__(self) -> Session:
@@ -278,11 +290,34 @@ class Session:
         if self.world.is_main:
             with contextlib.suppress(Exception):
                 self._checkpoints.collect(block=True, training_step=self._step)
+        if isinstance(exc, NumericFault):
+            exc = self._judge(exc)
         self._exit_code = conclude(exc, self._standing(), self._log)
         with contextlib.suppress(Exception):
             dist_env.shutdown(self.world)
         self._preemption.restore()
         return self._exit_code
+
+    def _judge(self, fault: NumericFault) -> Exception:
+        """Replay the fault in fp32 when the loop allows it: the data's fault, or the precision's."""
+        if self._replay is None or self._state is None or self.precision == "fp32":
+            return fault
+        where = Replaying(self._guard, self._checkpoints, self._state, self.world, self.device, self._log)
+        replay = self._replay.run(fault, where, enter_fp32=self._enter_fp32, check=self._replay_step_finite)
+        if replay is None:
+            return fault
+        self._replayed = replay
+        self._metrics.replayed(replay.verdict, replay.seconds)
+        return ending_for(fault, replay)
+
+    def _enter_fp32(self) -> None:
+        self._policy = PrecisionPolicy("fp32", self.device, self.spec.precision)
+        self._scaler, self._loss_sum = None, None
+
+    def _replay_step_finite(self) -> bool:
+        ok = finite(self._loss_sum) and finite(self._grad_norm)
+        self._loss_sum = None
+        return ok
 
     def _standing(self) -> Standing:
         guard, loss = self._guard, self.last_loss
@@ -292,4 +327,6 @@ class Session:
             loss_scale=self._loss_scale,
             loss=loss if loss is not None and math.isfinite(loss) else None,
         )
-        return Standing(self._step, self.start_step, self.precision, self._checkpoints.last_good, counters)
+        return Standing(
+            self._step, self.start_step, self.precision, self._checkpoints.last_good, counters, self._replayed
+        )

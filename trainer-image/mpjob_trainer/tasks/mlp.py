@@ -1,6 +1,7 @@
 """The built-in `mlp` workload: a small regression on synthetic data.
 
-Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain.
+Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, and the
+faults of mpjob_trainer.tasks.faults: nonFiniteSamples, outOfMemoryAbove.
 """
 
 from __future__ import annotations
@@ -10,12 +11,22 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from mpjob_trainer.tasks import Task, arg, check_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
+from mpjob_trainer.tasks.faults import MemoryCeiling, PoisonedSamples, poisoned_indices
 
-KNOWN = {"inputs", "hidden", "layers", "samples", "overflowAtStep", "overflowGain"}
+KNOWN = {
+    "inputs",
+    "hidden",
+    "layers",
+    "samples",
+    "overflowAtStep",
+    "overflowGain",
+    "nonFiniteSamples",
+    "outOfMemoryAbove",
+}
 
 
 def make_task(args: dict[str, Any]) -> Task:
@@ -31,15 +42,20 @@ def make_task(args: dict[str, Any]) -> Task:
     w = torch.randn(inputs, 1, generator=gen) / inputs**0.5
     y = torch.sin(x @ w) + 0.1 * torch.cos(3 * x[:, :1])
     blowup = ActivationBlowUp(arg(args, "overflowAtStep", None, int), arg(args, "overflowGain", 1e6, float))
-    mods: list[nn.Module] = [nn.Linear(inputs, hidden), blowup]
+    ceiling = MemoryCeiling(arg(args, "outOfMemoryAbove", None, int))
+    mods: list[nn.Module] = [ceiling, nn.Linear(inputs, hidden), blowup]
     for _ in range(layers - 1):
         mods += [nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU()]
     mods.append(nn.Linear(hidden, 1))
     model = nn.Sequential(*mods)
     n_params = sum(p.numel() for p in model.parameters())
+    dataset: Dataset[Any] = TensorDataset(x, y)
+    poisoned = poisoned_indices(args.get("nonFiniteSamples"), samples)
+    if poisoned:
+        dataset = PoisonedSamples(dataset, poisoned)
     return Task(
         model=model,
-        dataset=TensorDataset(x, y),
+        dataset=dataset,
         loss=lambda out, target: F.mse_loss(out.float(), target),
         flops_per_sample=float(6 * n_params),
         set_step=blowup.set_step,

@@ -1,0 +1,178 @@
+"""Fp32Replay: before a precision is given up, replay the faulting steps in fp32 (F1/F2 vs bad data).
+
+The reference article's runbook says "rerun a small subset in FP32 to isolate". When the
+numeric guard ends a precision, the session reloads the last good checkpoint, switches to
+fp32 (no autocast, no GradScaler) and replays, with the same samples, the optimizer steps
+that end at the first faulting one (at most precision.guard.replaySteps of them; the steps
+between the checkpoint and the first of those are skipped, so the replay starts from the
+checkpoint's weights), checking each step's loss and gradient norm on the host:
+
+- all finite: the precision is at fault -> exit 42 as ever, and the ladder goes on;
+- one non-finite: the data or the model is at fault -> exit 45 (NonFiniteInFp32), naming the
+  step and its samples, and the job fails without spending attempts on other precisions;
+- no replay possible (no step function registered, no checkpoint and non-finite weights in
+  memory, an error, or past replayTimeoutSeconds): inconclusive -> the precision is blamed,
+  as before replays existed.
+
+Without a checkpoint before the fault (a fault in the first interval), the weights in memory
+are used when they are finite (GradScaler never applies an overflowing step), and only the
+first faulting step is replayed. Under DDP every rank replays (the step function's collectives
+run as in training) and each step's verdict is all-reduced, so all ranks agree.
+
+Cost: one checkpoint load plus at most replaySteps fp32 steps, once per ended precision.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.report import Replay
+from mpjob_trainer.distributed import World, all_reduce_max
+from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.guard import NumericGuard
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.state import TrainingState
+
+#: Samples named in a report at most (the report must stay under Kubernetes' 4 KiB).
+MAX_NAMED_SAMPLES = 32
+
+StepFunction = Callable[[int], None]
+SamplesFunction = Callable[[int], list[int]]
+
+
+@dataclass(frozen=True)
+class Window:
+    """The steps to replay (0-based optimizer step indexes) and where their weights come from."""
+
+    first_fault: int
+    steps: range
+    from_checkpoint: bool
+
+
+def window(first_fault: int, *, checkpoint_step: int | None, replay_steps: int) -> Window:
+    """Up to `replay_steps` steps ending at the first faulting one, not before the checkpoint."""
+    if checkpoint_step is None or checkpoint_step > first_fault:
+        return Window(first_fault, range(first_fault, first_fault + 1), from_checkpoint=False)
+    start = max(checkpoint_step, first_fault - replay_steps + 1)
+    return Window(first_fault, range(start, first_fault + 1), from_checkpoint=True)
+
+
+def finite(value: torch.Tensor | float | None) -> bool:
+    """Is a loss or norm finite? (A host read: replays may sync.)"""
+    if value is None:
+        return True
+    if isinstance(value, torch.Tensor):
+        return bool(torch.isfinite(value.detach()).all())
+    return math.isfinite(value)
+
+
+def agreed_bad(bad: bool, world: World, device: torch.device) -> bool:
+    """Did any rank see a non-finite value? Every rank gets the same answer."""
+    return bool(all_reduce_max(torch.tensor(float(bad), device=device), world).item() > 0)
+
+
+@dataclass(frozen=True)
+class Replaying:
+    """What a replay works with, lent by the session."""
+
+    guard: NumericGuard
+    checkpoints: Checkpointer
+    state: TrainingState
+    world: World
+    device: torch.device
+    log: EventLog
+
+
+class Fp32Replay:
+    """The loop's step function and sample lookup, and the verdict of replaying them."""
+
+    def __init__(self, step: StepFunction, samples: SamplesFunction | None, *, spec: GuardSpec) -> None:
+        self.step = step
+        self.samples = samples
+        self.spec = spec
+
+    def run(
+        self, fault: NumericFault, at: Replaying, *, enter_fp32: Callable[[], None], check: Callable[[], bool]
+    ) -> Replay | None:
+        """Replay the steps that led to `fault` in fp32; None when replays are off or the rule
+        does not point at steps. `check()` says whether the step just replayed stayed finite."""
+        first = at.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
+        if first is None:
+            return None
+        ref = at.checkpoints.last_good
+        win = window(first, checkpoint_step=ref.step if ref else None, replay_steps=self.spec.replay_steps)
+        try:
+            if win.from_checkpoint and ref is not None:
+                at.state.restore(at.checkpoints.store.verify(Path(ref.path))[1], "fp32", None)
+            elif not at.state.finite():
+                at.log("replaySkipped", why=f"no checkpoint before step {first} and non-finite weights in memory")
+                return inconclusive(first)
+            enter_fp32()
+            replay = self._judge(win, check=check, world=at.world, device=at.device)
+        except Exception as exc:  # e.g. fp32 needs more memory than there is: the precision stays blamed
+            at.log("replaySkipped", why=f"{type(exc).__name__}: {exc}", all_ranks=True)
+            return inconclusive(first)
+        at.log("replay", **replay.model_dump(by_alias=True, exclude_none=True))
+        return replay
+
+    def _judge(self, win: Window, *, check: Callable[[], bool], world: World, device: torch.device) -> Replay:
+        began = time.monotonic()
+        for index in win.steps:
+            if agreed_bad(time.monotonic() - began > self.spec.replay_timeout_seconds, world, device):
+                return _verdict("inconclusive", win, began, steps=index - win.steps.start)
+            self.step(index)
+            if agreed_bad(not check(), world, device):
+                named = self.samples(index)[:MAX_NAMED_SAMPLES] if self.samples is not None else []
+                return _verdict("data", win, began, steps=index - win.steps.start + 1, at=index, samples=named)
+        return _verdict("precision", win, began, steps=len(win.steps))
+
+
+def _verdict(
+    verdict: str, win: Window, began: float, *, steps: int, at: int | None = None, samples: list[int] | None = None
+) -> Replay:
+    return Replay(
+        verdict=verdict,
+        first_step=win.first_fault,
+        steps=steps,
+        from_checkpoint=win.from_checkpoint,
+        offending_step=at,
+        samples=samples or [],
+        seconds=round(time.monotonic() - began, 3),
+    )
+
+
+def inconclusive(first_fault: int) -> Replay:
+    """No replay could be made: the precision is blamed, as before replays existed."""
+    return Replay(verdict="inconclusive", first_step=first_fault)
+
+
+def ending_for(fault: NumericFault, replay: Replay) -> Exception:
+    """What ends the attempt after the replay: NonFiniteInFp32, or the fault, told what fp32 said."""
+    message = describe(replay, f"{fault.rule}: {fault}")
+    if replay.verdict == "data":
+        return NonFiniteInFp32(message)
+    return NumericFault(fault.rule, message.removeprefix(f"{fault.rule}: "))
+
+
+def describe(replay: Replay, rule_message: str) -> str:
+    """The human message of an attempt that ended after a replay."""
+    if replay.verdict == "data":
+        shown = ", ".join(str(i) for i in replay.samples)
+        origin = "the last good checkpoint" if replay.from_checkpoint else "the weights before the fault"
+        return (
+            f"{rule_message}; replayed in fp32 from {origin}, step {replay.offending_step} is "
+            f"non-finite too: the data or the model is at fault, not the precision (samples of that step "
+            f"on this process: [{shown}])"
+        )
+    if replay.verdict == "precision":
+        first = replay.first_step - replay.steps + 1
+        return f"{rule_message}; fp32 replayed steps {first}-{replay.first_step} finitely: the precision is at fault"
+    return f"{rule_message}; no fp32 replay could tell (inconclusive)"

@@ -1,0 +1,64 @@
+"""Faults a built-in workload can be told to have, for demos, runbooks and tests of the
+trainer's recovery paths (task.args of the `mlp` workload):
+
+- `nonFiniteSamples: [i, ...]` (or `"all"`): those samples' inputs hold NaN. Every
+  precision, fp32 included, turns their loss non-finite: poisoned data, which the fp32 replay
+  tells from a precision's fault (NonFiniteInFp32).
+- `outOfMemoryAbove: n`: a forward pass over more than `n` samples raises
+  torch.OutOfMemoryError, as a GPU does when a micro-batch does not fit; the next attempt
+  splits the micro-batch (OutOfDeviceMemory).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from mpjob_trainer.errors import ConfigError
+
+
+def poisoned_indices(value: Any, size: int) -> set[int] | None:
+    """task.args.nonFiniteSamples as a set of sample indices (None: no poisoning)."""
+    if value is None:
+        return None
+    if value == "all":
+        return set(range(size))
+    if not isinstance(value, list) or not all(isinstance(i, int) and 0 <= i < size for i in value):
+        raise ConfigError(f'task.args.nonFiniteSamples: expected "all" or a list of sample indices in [0, {size})')
+    return set(value)
+
+
+class PoisonedSamples(Dataset[Any]):
+    """A dataset of (input, target) pairs whose listed samples have NaN inputs."""
+
+    def __init__(self, inner: Dataset[Any], poisoned: set[int]) -> None:
+        self.inner = inner
+        self.poisoned = poisoned
+
+    def __len__(self) -> int:
+        return len(self.inner)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        inputs, target = self.inner[index]
+        if index in self.poisoned:
+            inputs = torch.full_like(inputs, float("nan")) if inputs.is_floating_point() else inputs
+        return inputs, target
+
+
+class MemoryCeiling(nn.Module):
+    """Identity, except that a batch of more than `limit` samples raises torch.OutOfMemoryError."""
+
+    def __init__(self, limit: int | None) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.limit is not None and x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory (task.args.outOfMemoryAbove={self.limit}): a micro-batch of {x.shape[0]} "
+                "samples does not fit"
+            )
+        return x
