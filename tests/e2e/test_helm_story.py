@@ -1,6 +1,7 @@
 """The install-and-recover story, in the order a user lives it: helm install, kubectl apply a
 recovering job and watch it, helm test, helm upgrade under a running job, two DDP workers that
-lose a pod, a queued job, helm uninstall. One release for the module; tests run in file order."""
+lose a pod, helm uninstall. One release for the module; tests run in file order. A queued job
+is admitted, preempted and readmitted by a real Kueue in test_kueue.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import time
 import pytest
 from kubernetes import client
 
-from mpjob.builders.attempt import KUEUE_QUEUE_LABEL
 from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, endless, example
 from tests.helpers import wait_for
 
@@ -164,24 +164,6 @@ def test_two_ddp_workers_rendezvous_and_resume_after_losing_a_pod(
     assert first["precision"] == second["precision"] == "bf16", "a lost pod is no reason to change precision"
     assert second["startStep"] >= 10, "resumed from a checkpoint"
     assert len(jobs.pods("mpjob.dev/job=ddp-2workers,mpjob.dev/attempt=1")) == 2
-
-
-def test_a_queued_job_waits_for_kueue_to_admit_it(release: Release, jobs: Jobs, core: client.CoreV1Api) -> None:
-    job = cpu_sized(example("kueue-queued"))
-    jobs.apply(job)
-    status = jobs.wait_phase("kueue-queued", ("Pending",), 60)
-    wait_for(
-        lambda: any(
-            c["type"] == "Running" and c["reason"] == "AwaitingAdmission"
-            for c in jobs.status("kueue-queued")["conditions"]
-        ),
-        60,
-        message="AwaitingAdmission",
-    )
-    attempt = client.BatchV1Api(core.api_client).read_namespaced_job("kueue-queued-a0", release.namespace)
-    assert attempt.metadata.labels[KUEUE_QUEUE_LABEL] == job["spec"]["runPolicy"]["queueName"]
-    assert attempt.spec.suspend is True and not jobs.pods("mpjob.dev/job=kueue-queued")
-    assert status["attempt"] == 0
 
 
 def test_helm_uninstall_removes_the_operator_and_keeps_crd_jobs_and_checkpoints(
