@@ -167,11 +167,12 @@ class NumericGuard:
         (their earliest); None when the rule does not point at steps (stagnation). Syncs."""
         if rule not in REPLAYABLE_RULES:
             return None
-        candidates = [self._first_non_finite.item()]
-        if self._first_overflow is not None:
-            candidates.append(self._first_overflow)
         if rule == "MaxConsecutiveOverflows":
             candidates = [self._step_index - self.consecutive_overflows]
+        else:  # a skipped step alone is GradScaler calibrating: it counts only for a collapsed scale
+            candidates = [int(self._first_non_finite.item())]
+            if rule == "LossScaleCollapsed" and self._first_overflow is not None:
+                candidates.append(self._first_overflow)
         mine = min((int(c) for c in candidates if c >= 0), default=NO_STEP)
         earliest = -all_reduce_max(torch.tensor(-float(mine), dtype=torch.float64, device=self.device), self.world)
         return None if earliest >= NO_STEP else int(earliest)

@@ -91,6 +91,7 @@ def test_every_precision_failing_ends_failed(operator: Operator, jobs: Jobs) -> 
     jobs.pvc("ckpt")
     spec = gpt_spec("ckpt")
     spec["task"]["args"] = {**OVERFLOW, "overflowAtStep": 2, "overflowGain": 1e39}  # beyond fp32's range too
+    spec["precision"]["guard"] = {"replaySteps": 0}  # no fp32 replay: each precision is tried
     jobs.create("hopeless", spec)
     status = jobs.wait_phase("hopeless", ("Failed", "Succeeded"), 240)
     assert status["phase"] == "Failed"

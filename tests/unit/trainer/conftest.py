@@ -52,7 +52,9 @@ def launch_env(
     ckpt: Path | None = None,
     extra: dict[str, str] | None = None,
     name: str = "report.json",
+    shape: tuple[int, int] | None = None,
 ) -> dict[str, str]:
+    """The env of one trainer process; `shape` is the attempt's (microBatch, gradAccumulation)."""
     launch = {
         "jobName": "t",
         "attempt": attempt,
@@ -61,6 +63,8 @@ def launch_env(
         "checkpointDir": str(ckpt or tmp / "ckpt"),
         "spec": job_spec,
     }
+    if shape is not None:
+        launch["microBatch"], launch["gradAccumulation"] = shape
     env = {
         **os.environ,
         "MPJOB_LAUNCH": json.dumps(launch),

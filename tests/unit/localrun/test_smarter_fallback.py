@@ -1,0 +1,53 @@
+"""`mpjob run` through the smarter fallback: a fault that fp32 replays too fails after one
+attempt; running out of GPU memory and a fallback into fp32 split the micro-batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.unit.localrun.test_run import manifest, mpjob_run
+
+pytestmark = pytest.mark.unit
+
+
+def mlp(**args: object) -> dict:
+    return {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 64, **args}}
+
+
+def run(tmp: Path, **spec: object) -> tuple[int, dict, str]:
+    job = manifest(tmp, training={"steps": 40, "batchSize": 8, "logEvery": 5}, **spec)
+    result = mpjob_run(str(job), "--out", str(tmp / "out"), "--plain")
+    return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
+
+
+def test_poisoned_data_fails_after_one_attempt_with_the_replays_verdict(tmp_path: Path) -> None:
+    code, report, out = run(tmp_path, task=mlp(nonFiniteSamples=[5, 40]))
+    assert code == 1 and report["phase"] == "Failed", out
+    (only,) = report["attempts"]
+    assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NonFiniteInFp32", 45)
+    assert "is non-finite too" in only["message"]
+    failed = next(c for c in report["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NonFiniteInFp32"
+
+
+def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step(tmp_path: Path) -> None:
+    code, report, out = run(
+        tmp_path, task=mlp(overflowAtStep=15, outOfMemoryAbove=4), precision={"mode": "fp16", "fallback": ["fp32"]}
+    )
+    assert code == 0 and report["phase"] == "Succeeded", out
+    shapes = [(a["precision"], a["reason"], a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]]
+    assert shapes == [("fp16", "OutOfDeviceMemory", 8, 1), ("fp16", "NumericFault", 4, 2), ("fp32", "Succeeded", 2, 4)]
+    assert "fp32 replayed steps 12-15 finitely" in report["attempts"][1]["message"]
+
+
+def test_with_fallback_keeps_batch_off_fp32_runs_the_spec_micro_batch(tmp_path: Path) -> None:
+    code, report, out = run(
+        tmp_path,
+        task=mlp(overflowAtStep=15),
+        precision={"mode": "fp16", "fallback": ["fp32"], "fallbackKeepsBatch": False},
+    )
+    assert code == 0, out
+    assert [(a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]] == [(8, 1), (8, 1)]

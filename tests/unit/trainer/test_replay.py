@@ -1,0 +1,88 @@
+"""The fp32 replay: a numeric fault is replayed in fp32 before a precision is given up, to
+tell bad data (or a broken model) from a precision that cannot go on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpjob_contract.codes import ExitCode
+from mpjob_trainer.session.replay import window
+from tests.unit.trainer.conftest import run_trainer, spec
+from tests.unit.trainer.test_numerics import OVERFLOWING
+
+pytestmark = pytest.mark.unit
+
+MLP = {"inputs": 8, "hidden": 16, "samples": 512}
+
+
+def poisoned(samples: object, **over: object) -> dict:
+    return spec(
+        task={"builtin": "mlp", "args": {**MLP, "samples": 64, "nonFiniteSamples": samples}},  # ~8 epochs
+        precision={"mode": "fp16", **over},
+        training={"steps": 60, "batchSize": 8, "logEvery": 5},
+    )
+
+
+def test_a_poisoned_sample_ends_the_attempt_as_non_finite_in_fp32_naming_step_and_samples(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, poisoned([30]), "fp16")
+    assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
+    report = run.report
+    assert report is not None and report.reason == "NonFiniteInFp32" and report.replay is not None
+    replay = report.replay
+    assert replay.verdict == "data" and replay.from_checkpoint
+    assert 30 in replay.samples and len(replay.samples) == 8  # the offending step's batch
+    assert replay.offending_step is not None and report.last_good_checkpoint is not None
+    assert report.last_good_checkpoint.step <= replay.offending_step < report.step
+    assert f"step {replay.offending_step} is non-finite too" in report.message and "30" in report.message
+    assert [e["verdict"] for e in run.of("replay")] == ["data"]
+
+
+def test_data_poisoned_from_the_first_step_replays_the_weights_in_memory(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, poisoned("all"), "fp16")
+    assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
+    replay = run.report.replay if run.report else None
+    assert replay is not None and replay.verdict == "data"
+    assert not replay.from_checkpoint and replay.offending_step == 0 and replay.steps == 1
+
+
+def test_a_precision_overflow_replays_finite_in_fp32_and_stays_a_numeric_fault(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, spec(**OVERFLOWING, precision={"mode": "fp16"}), "fp16")
+    assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
+    replay = run.report.replay if run.report else None
+    assert replay is not None and replay.verdict == "precision" and replay.from_checkpoint
+    assert replay.first_step == 25 and replay.steps == 4  # steps 22-25, from the checkpoint at 20
+    assert "the precision is at fault" in run.report.message  # type: ignore[union-attr]
+
+
+def test_with_replays_off_a_poisoned_fp16_attempt_blames_the_precision(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, poisoned([30], guard={"replaySteps": 0}), "fp16")
+    assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
+    assert run.report is not None and run.report.replay is None and run.of("replay") == []
+
+
+def test_out_of_device_memory_exits_46_and_a_smaller_micro_batch_trains(tmp_path: Path) -> None:
+    job = spec(task={"builtin": "mlp", "args": {**MLP, "outOfMemoryAbove": 4}}, training={"batchSize": 8})
+    too_big = run_trainer(tmp_path / "a0", job, "bf16")
+    assert too_big.code == ExitCode.OUT_OF_DEVICE_MEMORY, too_big.stderr
+    assert too_big.report is not None and too_big.report.reason == "OutOfDeviceMemory"
+    assert "outOfMemoryAbove=4" in too_big.report.message
+    fits = run_trainer(tmp_path / "a1", job, "bf16", shape=(4, 2))
+    assert fits.code == 0, fits.stderr
+
+
+@pytest.mark.parametrize(
+    ("first", "checkpoint", "steps", "expected", "from_checkpoint"),
+    [
+        (25, 20, 4, range(22, 26), True),
+        (21, 20, 4, range(20, 22), True),  # not before the checkpoint
+        (3, None, 4, range(3, 4), False),  # no checkpoint: the faulting step from memory
+        (3, 10, 4, range(3, 4), False),  # a checkpoint after the fault is no start
+    ],
+)
+def test_the_replay_window_ends_at_the_first_faulting_step(
+    first: int, checkpoint: int | None, steps: int, expected: range, from_checkpoint: bool
+) -> None:
+    win = window(first, checkpoint_step=checkpoint, replay_steps=steps)
+    assert (win.steps, win.from_checkpoint) == (expected, from_checkpoint)
