@@ -14,6 +14,9 @@ One object per line, flushed, with an "event" key. Schema (camelCase; stable):
   checkpoint   step, path, sha256, seconds, bytes, async
   checkpointSkipped  step, why
   fault        step, rule, message
+  replay       verdict (precision|data|inconclusive), firstStep, steps, fromCheckpoint,
+               offendingStep, samples, seconds
+  replaySkipped  why
   preempted    step
   done         step, loss, appliedSteps
   error        kind, message
