@@ -89,7 +89,13 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 async def on_job_event(
-    type: str | None, body: dict[str, Any], namespace: str, name: str, memo: kopf.Memo, **_: Any
+    type: str | None,
+    body: dict[str, Any],
+    event: dict[str, Any],
+    namespace: str,
+    name: str,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Queue a reconcile when a job is new or its spec changed (the generation is ahead of
     status.observedGeneration), and for every unfinished job in kopf's first listing. The
@@ -100,8 +106,10 @@ async def on_job_event(
     controller.reconciler.context.capture()
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     if type == "DELETED":  # children go with their owner (garbage collection); volumes stay
-        controller.reconciler.forget(meta.get("uid", ""))
+        controller.reconciler.forget(meta.get("uid", ""), (namespace, name))
         return
+    if not status and isinstance(event.get("object"), dict):
+        controller.reconciler.first_sight((namespace, name), event["object"])
     if type is None:
         if has_work(status, body.get("spec")):
             controller.queue.add((namespace, name))

@@ -60,6 +60,12 @@ class Reconciler:
         self.context = KopfContext()
         #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
         self.phases: dict[str, str] = {}
+        #: New jobs (no status yet) as kopf's watch delivered them, each used once by the job's
+        #: first reconcile instead of a GET: a new job's first attempt Job is created one API
+        #: round trip sooner. Only a status-less body is kept: nothing but this operator writes
+        #: status, and the first reconcile writes it, so the GET could show nothing newer
+        #: that matters (a spec edit in between comes as its own event and reconcile).
+        self.unseen: dict[Key, dict[str, Any]] = {}
 
     def handle(self, key: Key, tick: bool) -> None:
         """A work queue item: reconcile one job (with its live progress when the ticker asked).
@@ -96,7 +102,7 @@ class Reconciler:
         """Observe, decide, act for one MixedPrecisionJob. Safe to call from any trigger. With
         `progress`, a running attempt's live figures are read and written too."""
         with om.RECONCILE_SECONDS.time():
-            body = self.cluster.read_job(namespace, name)
+            body = self.unseen.pop((namespace, name), None) or self.cluster.read_job(namespace, name)
             if body is None:
                 self.progress.forget((namespace, name))
                 return None
@@ -121,9 +127,16 @@ class Reconciler:
                 self.progress.forget((namespace, name))
             return plan.status
 
-    def forget(self, uid: str) -> None:
-        """A deleted job leaves the phase counts."""
+    def forget(self, uid: str, key: Key | None = None) -> None:
+        """A deleted job leaves the phase counts (and the new jobs' bodies)."""
         self.phases.pop(uid, None)
+        if key is not None:
+            self.unseen.pop(key, None)
+
+    def first_sight(self, key: Key, body: dict[str, Any]) -> None:
+        """A job kopf saw with no status yet: its first reconcile plans from this body."""
+        if not body.get("status") and (body.get("metadata") or {}).get("uid"):
+            self.unseen[key] = body
 
     def _write(self, body: dict[str, Any], stored: dict[str, Any], new: MixedPrecisionJobStatus) -> None:
         patch = status_patch(stored, new)
