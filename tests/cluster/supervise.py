@@ -24,32 +24,45 @@ CRASH_LOOP = 3
 RESTART_DELAY = 0.2
 
 
+class Supervisor:
+    """One child at a time; `stop` (SIGTERM/SIGINT) passes the signal on and ends the loop."""
+
+    def __init__(self, pidfile: Path, argv: list[str]) -> None:
+        self.pidfile, self.argv = pidfile, argv
+        self.stopping = False
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def stop(self, signum: int, _frame: FrameType | None) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def loop(self) -> int:
+        quick_deaths = 0
+        while True:
+            started = time.monotonic()
+            self.child = subprocess.Popen(self.argv)
+            self.pidfile.write_text(str(self.child.pid))
+            code = self.child.wait()
+            if self.stopping:
+                return 0
+            quick_deaths = quick_deaths + 1 if time.monotonic() - started < START_GRACE else 0
+            print(f"supervise: {self.argv[0]} exited {code}; restarting", file=sys.stderr, flush=True)
+            if quick_deaths >= CRASH_LOOP:
+                print(f"supervise: {self.argv[0]} keeps dying at start; giving up", file=sys.stderr, flush=True)
+                return code if code > 0 else 1
+            time.sleep(RESTART_DELAY)
+
+
 def supervise(pidfile: Path, argv: list[str]) -> int:
-    stopping = False
-    child: subprocess.Popen[bytes] | None = None
-
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    quick_deaths = 0
-    while True:
-        started = time.monotonic()
-        child = subprocess.Popen(argv)
-        pidfile.write_text(str(child.pid))
-        code = child.wait()
-        if stopping:
-            return 0
-        quick_deaths = quick_deaths + 1 if time.monotonic() - started < START_GRACE else 0
-        print(f"supervise: {argv[0]} exited {code}; restarting", file=sys.stderr, flush=True)
-        if quick_deaths >= CRASH_LOOP:
-            print(f"supervise: {argv[0]} keeps dying at start; giving up", file=sys.stderr, flush=True)
-            return code if code > 0 else 1
-        time.sleep(RESTART_DELAY)
+    """Run `argv` until told to stop, restarting it when it dies; the exit code on giving up."""
+    supervisor = Supervisor(pidfile, argv)
+    previous = {sig: signal.signal(sig, supervisor.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return supervisor.loop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(args: list[str]) -> int:
