@@ -51,3 +51,16 @@ def test_with_fallback_keeps_batch_off_fp32_runs_the_spec_micro_batch(tmp_path: 
     )
     assert code == 0, out
     assert [(a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]] == [(8, 1), (8, 1)]
+
+
+def test_two_workers_agree_on_the_replays_verdict(tmp_path: Path) -> None:
+    """Each rank replays its own share of the steps; the verdict is all-reduced, so both end
+    NonFiniteInFp32 even though only one rank's samples hold the poisoned one."""
+    code, report, out = run(tmp_path, workers=2, task=mlp(nonFiniteSamples=[5]))
+    assert code == 1 and report["phase"] == "Failed", out
+    (only,) = report["attempts"]
+    assert (only["reason"], only["worldSize"]) == ("NonFiniteInFp32", 2)
+    reports = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").rglob("termination-worker*.json"))]
+    assert [r["reason"] for r in reports] == ["NonFiniteInFp32", "NonFiniteInFp32"]
+    assert {r["replay"]["offendingStep"] for r in reports} == {reports[0]["replay"]["offendingStep"]}
+    assert 5 in reports[0]["replay"]["samples"] + reports[1]["replay"]["samples"]
