@@ -163,6 +163,14 @@ class PrecisionSpec(ApiModel):
         description="An fp32 attempt after an fp16/bf16 one halves the micro-batch and doubles gradient "
         "accumulation: the same samples per optimizer step, in the same order, in less activation memory.",
     )
+    repromote_after_steps: int = Field(
+        0,
+        ge=0,
+        description="After a fallback, once this many clean steps have passed and a checkpoint is written, "
+        "go back up to the faster precision from it (0 = off). A precision that faults again after a "
+        "re-promotion is not tried again.",
+    )
+    max_repromotions: int = Field(2, ge=0, le=16, description="Re-promotions a job may make in all.")
     loss_scale: LossScale = Field(default_factory=LossScale)
     guard: Guard = Field(default_factory=Guard)
 
@@ -305,6 +313,8 @@ class AttemptStatus(ApiModel):
     #: stays training.batchSize x training.gradAccumulation).
     micro_batch: int | None = None
     grad_accumulation: int | None = None
+    #: This attempt went back up to a faster precision after a fallback (Repromote).
+    repromoted: bool | None = None
     reason: str | None = None
     exit_code: int | None = None
     message: str | None = None

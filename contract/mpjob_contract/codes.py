@@ -23,6 +23,9 @@ class ExitCode(IntEnum):
     NON_FINITE_IN_FP32 = 45
     #: The device ran out of memory (torch.OutOfMemoryError): retry with a smaller micro-batch.
     OUT_OF_DEVICE_MEMORY = 46
+    #: precision.repromoteAfterSteps clean steps passed in a fallback precision and a
+    #: checkpoint was written: go back up to the faster precision from it.
+    REPROMOTE = 47
 
 
 class Reason(StrEnum):
@@ -34,6 +37,7 @@ class Reason(StrEnum):
     PREEMPTED = "Preempted"
     NON_FINITE_IN_FP32 = "NonFiniteInFp32"
     OUT_OF_DEVICE_MEMORY = "OutOfDeviceMemory"
+    REPROMOTE = "Repromote"
     INFRA_ERROR = "InfraError"
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
@@ -59,6 +63,8 @@ def reason_for_exit_code(code: int) -> Reason:
             return Reason.NON_FINITE_IN_FP32
         case ExitCode.OUT_OF_DEVICE_MEMORY:
             return Reason.OUT_OF_DEVICE_MEMORY
+        case ExitCode.REPROMOTE:
+            return Reason.REPROMOTE
         case _:
             return Reason.INFRA_ERROR
 
@@ -70,13 +76,15 @@ def reason_for_exit_code(code: int) -> Reason:
 #: a fault that fp32 replayed too outranks a plain numeric fault (no precision helps); a
 #: numeric fault is a collective decision of all ranks; running out of device memory
 #: explains the crashes of siblings whose collectives lost it; a crash explains the
-#: siblings the launcher then stopped (which exit 44).
+#: siblings the launcher then stopped (which exit 44); a re-promotion is a planned stop after
+#: a durable checkpoint that all ranks decide together, like a preemption the trainer chose.
 ENDING_PRECEDENCE: tuple[Reason, ...] = (
     Reason.CONFIG_ERROR,
     Reason.NON_FINITE_IN_FP32,
     Reason.NUMERIC_FAULT,
     Reason.OUT_OF_DEVICE_MEMORY,
     Reason.INFRA_ERROR,
+    Reason.REPROMOTE,
     Reason.PREEMPTED,
     Reason.SUCCEEDED,
 )

@@ -48,6 +48,9 @@ class AttemptLaunch(BaseModel):
     #: planner split spec.training's (None: as the spec says). `attempt_spec` applies them.
     micro_batch: int | None = Field(None, alias="microBatch", ge=1)
     grad_accumulation: int | None = Field(None, alias="gradAccumulation", ge=1)
+    #: End this attempt with Repromote (exit 47) at the first checkpoint written after this
+    #: many clean steps (None: never; the planner sets it on fallback attempts).
+    repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
     spec: MixedPrecisionJobSpec
 
     @model_validator(mode="after")

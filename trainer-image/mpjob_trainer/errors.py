@@ -22,3 +22,8 @@ class Preempted(Exception):
 class NonFiniteInFp32(Exception):
     """A numeric fault replayed in fp32 stayed non-finite: the data or the model is at fault,
     not the precision, and no other precision can help (exit 45)."""
+
+
+class Repromote(Exception):
+    """precision.repromoteAfterSteps clean steps after a fallback, a checkpoint written: the next
+    attempt goes back up to the faster precision from it (exit 47)."""

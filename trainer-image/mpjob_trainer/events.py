@@ -17,6 +17,7 @@ One object per line, flushed, with an "event" key. Schema (camelCase; stable):
   replay       verdict (precision|data|inconclusive), firstStep, steps, fromCheckpoint,
                offendingStep, samples, seconds
   replaySkipped  why
+  repromote    step, cleanSteps
   preempted    step
   done         step, loss, appliedSteps
   error        kind, message

@@ -94,6 +94,7 @@ def _env(job: str, namespace: str, spec: MixedPrecisionJobSpec, start: StartAtte
         resume_from=start.resume_from,
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
+        repromote_after_steps=start.repromote_after_steps,
         checkpoint_dir=CHECKPOINT_MOUNT,
         spec=spec,
     )

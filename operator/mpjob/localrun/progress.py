@@ -35,6 +35,11 @@ class ProgressView(Protocol):
     def close(self) -> None: ...
 
 
+def _change(reason: str) -> str:
+    """What a change of precision is called: back up after clean steps, or down after a fault."""
+    return "precision re-promotion" if reason == "Repromote" else "precision fallback"
+
+
 class RichView:
     """Live bar: step/total, loss, loss scale, precision, attempt, samples/s and ETA."""
 
@@ -77,9 +82,8 @@ class RichView:
         self.console.print(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
 
     def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
-        self.console.print(
-            f"[bold yellow]precision fallback[/]: {from_precision} -> {to_precision} at step {step} ({reason})"
-        )
+        change = f"{from_precision} -> {to_precision} at step {step} ({reason})"
+        self.console.print(f"[bold yellow]{_change(reason)}[/]: {change}")
 
     def info(self, text: str, **fields: Any) -> None:
         self.console.print(text)
@@ -113,7 +117,7 @@ class PlainView:
         self._print(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
 
     def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
-        self._print(f"precision fallback: {from_precision} -> {to_precision} at step {step} ({reason})")
+        self._print(f"{_change(reason)}: {from_precision} -> {to_precision} at step {step} ({reason})")
 
     def info(self, text: str, **fields: Any) -> None:
         self._print(text)

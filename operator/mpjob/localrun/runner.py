@@ -183,6 +183,7 @@ class LocalRun:
             resume_from=start.resume_from,
             micro_batch=start.micro_batch,
             grad_accumulation=start.grad_accumulation,
+            repromote_after_steps=start.repromote_after_steps,
             checkpoint_dir=self._checkpoint_dir,
             spec=self.spec,
         )

@@ -27,6 +27,9 @@ class Action(StrEnum):
     #: Same precision with a smaller micro-batch (more accumulation: the same samples per
     #: optimizer step), resumed from the newest valid checkpoint.
     SMALLER_MICRO_BATCH = "SmallerMicroBatch"
+    #: Back up to the faster precision the job fell back from, resumed from the checkpoint the
+    #: trainer wrote before stopping.
+    REPROMOTE = "Repromote"
     #: Stop the job with the trainer's (or the platform's) message.
     FAIL = "Fail"
 
@@ -48,6 +51,11 @@ FAILURE_POLICY: tuple[Rule, ...] = (
         "replayed in fp32 the fault stays (exit 45): the data or the model is at fault, not the precision",
     ),
     Rule(Reason.PREEMPTED, Action.SAME_PRECISION, "SIGTERM honoured with a checkpoint (exit 44)"),
+    Rule(
+        Reason.REPROMOTE,
+        Action.REPROMOTE,
+        "precision.repromoteAfterSteps clean steps after a fallback, checkpoint written (exit 47)",
+    ),
     Rule(
         Reason.OUT_OF_DEVICE_MEMORY,
         Action.SMALLER_MICRO_BATCH,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from mpjob.planning import status as st
 from mpjob.planning.classify import Action, AttemptOutcome, classify
-from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt
+from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import (
     AttemptStatus,
@@ -63,16 +63,20 @@ def shape_of(attempt: AttemptStatus | StartAttempt) -> BatchShape | None:
     return BatchShape(attempt.micro_batch, attempt.grad_accumulation)
 
 
-def again(attempt: AttemptStatus, *, index: int, start_step: int) -> StartAttempt:
+def again(
+    spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, attempt: AttemptStatus, *, index: int, start_step: int
+) -> StartAttempt:
     """Attempt `index` in the same precision and batch shape as `attempt`, from the newest checkpoint."""
-    return StartAttempt(
+    start = StartAttempt(
         index,
         attempt.precision,
         None,
         start_step,
         micro_batch=attempt.micro_batch,
         grad_accumulation=attempt.grad_accumulation,
+        promoted_from=attempt.precision if attempt.repromoted and index == attempt.index else None,
     )
+    return with_promotion(spec, start, status.attempts)
 
 
 def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:
@@ -141,7 +145,7 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
     status, current = plan.status, plan.status.attempts[-1]
     condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
     step = status.last_checkpoint.step if status.last_checkpoint else 0
-    nxt = again(current, index=current.index + 1, start_step=step)
+    nxt = again(spec, status, current, index=current.index + 1, start_step=step)
     if nxt.index >= spec.run_policy.max_attempts:
         finish(plan, Finish(False, "AttemptsExhausted", "no attempt left to resume"), when)
         return
@@ -234,13 +238,27 @@ def conclude(
         checkpoint_dir=checkpoint_dir,
         uncharged=st.uncharged_attempts(status),
         shape=shape_of(attempt),
+        history=status.attempts,
     )
     if isinstance(decision, Finish):
         finish(plan, decision, when)
         return
     if decision.fallback_from is not None:
         _fallback(plan, decision, when, result.reason.value)
+    if decision.promoted_from is not None:
+        _repromoted(plan, spec, decision, when)
     begin(plan, spec, decision, when, why=result.reason.value)
+
+
+def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When) -> None:
+    """Back up the ladder: PrecisionFallback stays True only while below the first precision."""
+    clean, step = spec.precision.repromote_after_steps, start.start_step
+    message = f"{start.promoted_from} -> {start.precision} after {clean} clean steps, from checkpoint step {step}"
+    first = plan.status.attempts[0].precision if plan.status.attempts else start.precision
+    reason = ConditionReason.REPROMOTED
+    condition(plan, when, ConditionType.PRECISION_FALLBACK, start.precision != first, reason, message)
+    plan.events.append(Event("Normal", "PrecisionRepromoted", message))
+    plan.fallbacks.append((start.promoted_from or "", start.precision))
 
 
 def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:

@@ -14,10 +14,11 @@ same (mpjob_trainer.data.StepSampler): resume stays exact in data order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from mpjob.planning.classify import Action, Classification
-from mpjob_contract.api import MixedPrecisionJobSpec, Precision, precision_ladder, resolve_auto
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, Precision, precision_ladder, resolve_auto
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, inside_checkpoint_dir
 
@@ -34,6 +35,10 @@ class StartAttempt:
     #: The attempt's batch shape when it is not spec.training's (see the module doc).
     micro_batch: int | None = None
     grad_accumulation: int | None = None
+    #: Re-promotion: end this attempt after so many clean steps (None: never), and the
+    #: precision this attempt went back up from, when it is a re-promotion.
+    repromote_after_steps: int | None = None
+    promoted_from: str | None = None
 
     @property
     def shape(self) -> BatchShape | None:
@@ -99,6 +104,44 @@ def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str
     )
 
 
+def promotion_target(
+    spec: MixedPrecisionJobSpec,
+    precision: str,
+    history: Sequence[AttemptStatus],
+    capability: tuple[int, int] | str | None = "spec",
+) -> str | None:
+    """The faster precision an attempt in `precision` may go back up to (the rung above it in the
+    ladder), or None: re-promotion off, the budget used, or that precision barred because it
+    faulted again after a re-promotion into it."""
+    if spec.precision.repromote_after_steps == 0:
+        return None
+    if sum(1 for a in history if a.repromoted) >= spec.precision.max_repromotions:
+        return None
+    steps = ladder(spec, capability)
+    if precision not in steps or steps.index(precision) == 0:
+        return None
+    above = steps[steps.index(precision) - 1]
+    promoted_at = min((a.index for a in history if a.repromoted and a.precision == above), default=None)
+    faulted = (Reason.NUMERIC_FAULT.value, Reason.NON_FINITE_IN_FP32.value)
+    if promoted_at is not None and any(
+        a.precision == above and a.index >= promoted_at and a.reason in faulted for a in history
+    ):
+        return None
+    return above
+
+
+def with_promotion(
+    spec: MixedPrecisionJobSpec,
+    start: StartAttempt,
+    history: Sequence[AttemptStatus],
+    capability: tuple[int, int] | str | None = "spec",
+) -> StartAttempt:
+    """`start`, told to re-promote after precision.repromoteAfterSteps when it may."""
+    if promotion_target(spec, start.precision, history, capability) is None:
+        return replace(start, repromote_after_steps=None)
+    return replace(start, repromote_after_steps=spec.precision.repromote_after_steps)
+
+
 def _shaped(start: StartAttempt, shape: BatchShape) -> StartAttempt:
     return replace(start, micro_batch=shape.micro_batch, grad_accumulation=shape.grad_accumulation)
 
@@ -115,15 +158,17 @@ def after_attempt(
     checkpoint_dir: str = CHECKPOINT_MOUNT,
     uncharged: int = 0,
     shape: BatchShape | None = None,
+    history: Sequence[AttemptStatus] = (),
 ) -> Decision:
     """Decide what follows attempt `index` (0-based) that ran in `precision` and ended as `result`.
 
     `last_good_step`/`last_good_path` name the newest verified checkpoint known so far (from
     the termination report or the status); the next attempt resumes from it when it lies in
     `checkpoint_dir` (a report is the trainer's word, not proof), else from the newest valid one.
-    `shape` is the ended attempt's batch shape (None: spec.training's).
+    `uncharged` counts earlier attempts that used none of the budget; `shape` is the ended
+    attempt's batch shape (None: spec.training's); `history` the job's attempts so far, the
+    ended one included (for re-promotion).
     """
-    shape = shape or BatchShape.of(spec)
     if result.action is Action.SUCCEED:
         return Finish(True, Reason.SUCCEEDED.value, result.message)
     if result.action is Action.FAIL:
@@ -136,8 +181,25 @@ def after_attempt(
             f"{attempts_used} attempt(s) used (runPolicy.maxAttempts={spec.run_policy.max_attempts}); "
             f"the last ended {result.reason.value}: {result.message}",
         )
+    resume_from = last_good_path if last_good_path and inside_checkpoint_dir(last_good_path, checkpoint_dir) else None
+    ended = StartAttempt(index, precision, resume_from, last_good_step)
+    decision = _next(spec, ended, result, shape or BatchShape.of(spec), capability)
+    if isinstance(decision, StartAttempt):
+        return with_promotion(spec, decision, history, capability)
+    return decision
+
+
+def _next(
+    spec: MixedPrecisionJobSpec,
+    ended: StartAttempt,
+    result: Classification,
+    shape: BatchShape,
+    capability: tuple[int, int] | str | None,
+) -> Decision:
+    """The attempt after `ended` (its resume_from/start_step: the checkpoint to go on from)."""
+    index, precision, step = ended.index + 1, ended.precision, ended.start_step
     if result.action is Action.SAME_PRECISION:
-        return _shaped(StartAttempt(index + 1, precision, None, last_good_step), shape)
+        return _shaped(StartAttempt(index, precision, None, step), shape)
     if result.action is Action.SMALLER_MICRO_BATCH:
         smaller = shape.split()
         if smaller is None:
@@ -146,9 +208,14 @@ def after_attempt(
                 result.reason.value,
                 f"out of GPU memory with a micro-batch of one sample; nothing left to split: {result.message}",
             )
-        return _shaped(StartAttempt(index + 1, precision, None, last_good_step), smaller)
+        return _shaped(StartAttempt(index, precision, None, step), smaller)
     steps = ladder(spec, capability)
     position = steps.index(precision) if precision in steps else len(steps) - 1
+    if result.action is Action.REPROMOTE and position > 0:
+        up = StartAttempt(index, steps[position - 1], ended.resume_from, step, promoted_from=precision)
+        return _shaped(up, shape)
+    if result.action is Action.REPROMOTE:  # nothing above: go on where it was
+        return _shaped(StartAttempt(index, precision, ended.resume_from, step), shape)
     if position + 1 >= len(steps):
         return Finish(
             False,
@@ -156,9 +223,8 @@ def after_attempt(
             f"{precision} ended {result.reason.value} and no precision is left in the fallback "
             f"ladder {steps}: {result.message}",
         )
-    resume_from = last_good_path if last_good_path and inside_checkpoint_dir(last_good_path, checkpoint_dir) else None
     nxt = steps[position + 1]
     wider = ACTIVATION_BYTES.get(nxt, 4) > ACTIVATION_BYTES.get(precision, 4)
     if wider and spec.precision.fallback_keeps_batch:
         shape = shape.split() or shape
-    return _shaped(StartAttempt(index + 1, nxt, resume_from, last_good_step, fallback_from=precision), shape)
+    return _shaped(StartAttempt(index, nxt, ended.resume_from, step, fallback_from=precision), shape)

@@ -61,14 +61,13 @@ def _fmt(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-#: Endings the trainer decided on purpose, ranked as mpjob_contract.codes.ENDING_PRECEDENCE ranks
-#: them; a platform reason, a crash, a stop and a success come after, in that order.
+#: Endings the trainer decided that outrank a crash, ranked as mpjob_contract.codes.ENDING_PRECEDENCE
+#: ranks them; a platform reason, a crash, a stop (preempted, re-promoted, killed) and a success
+#: come after, in that order.
 _TRAINER_DECIDED = {
-    reason: place
-    for place, reason in enumerate(
-        r for r in ENDING_PRECEDENCE if r not in (Reason.INFRA_ERROR, Reason.PREEMPTED, Reason.SUCCEEDED)
-    )
+    reason: place for place, reason in enumerate(ENDING_PRECEDENCE[: ENDING_PRECEDENCE.index(Reason.INFRA_ERROR)])
 }
+_STOPS = (44, 47, 143, 137)
 
 
 def outcome_of(job: JobView) -> AttemptOutcome:
@@ -84,9 +83,9 @@ def outcome_of(job: JobView) -> AttemptOutcome:
         later = len(_TRAINER_DECIDED)
         if pod.platform_reason:
             return (later, pod.index)
-        if pod.exit_code not in (None, 0, 44, 143, 137):
+        if pod.exit_code not in (None, 0, *_STOPS):
             return (later + 1, pod.index)
-        if pod.exit_code in (44, 143, 137) or pod.deleting:
+        if pod.exit_code in _STOPS or pod.deleting:
             return (later + 2, pod.index)
         return (later + 3, pod.index)
 
@@ -224,7 +223,7 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         return
     if job is None:
         # Recorded but not created (the operator stopped in between): create it now.
-        plan.create.append(lc.again(current, index=current.index, start_step=current.start_step))
+        plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
         status.phase = "Pending" if status.phase == "Running" else status.phase
         return
     finished = job.finished or ended_by_pods(job, spec.workers)

@@ -30,6 +30,8 @@ class ConditionReason(StrEnum):
     ATTEMPT_STARTED = "AttemptStarted"
     ATTEMPT_RUNNING = "AttemptRunning"
     AWAITING_ADMISSION = "AwaitingAdmission"
+    #: Back up to a faster precision after precision.repromoteAfterSteps clean steps.
+    REPROMOTED = "Repromoted"
     #: The previous attempt was preempted by its queue; this one waits to be admitted again.
     AWAITING_READMISSION = "AwaitingReadmission"
     RESUMED = "Resumed"
@@ -97,6 +99,7 @@ def begin_attempt(
         world_size=world_size,
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
+        repromoted=True if start.promoted_from is not None else None,
         start_time=at or now(),
     )
     status.attempts.append(entry)

@@ -48,3 +48,21 @@ def test_an_fp32_fallback_splits_the_micro_batch_and_an_oom_retries_smaller(oper
     ]
     assert "the precision is at fault" in status["attempts"][1]["message"]
     assert status["step"] == 40 and status["precision"] == "fp32"
+
+
+def test_a_transient_fault_falls_back_then_repromotes_to_fp16(operator: Operator, jobs: Jobs, namespace: str) -> None:
+    jobs.pvc("ckpt")
+    spec = mlp_spec("ckpt", overflowAtStep=15, overflowUntilStep=20)
+    spec["training"]["steps"] = 60
+    spec["checkpoint"]["everySteps"] = 5
+    spec["precision"]["repromoteAfterSteps"] = 10
+    jobs.create("transient", spec)
+    status = jobs.wait_phase("transient", ("Failed", "Succeeded"), 300)
+    assert status["phase"] == "Succeeded", status
+    ends = [(a["precision"], a["reason"], a["startStep"], a.get("repromoted")) for a in status["attempts"]]
+    assert ends == [("fp16", "NumericFault", 0, None), ("bf16", "Repromote", 15, None), ("fp16", "Succeeded", 25, True)]
+    assert status["attempts"][1]["exitCode"] == 47 and status["precision"] == "fp16"
+    fallback = next(c for c in status["conditions"] if c["type"] == "PrecisionFallback")
+    assert (fallback["status"], fallback["reason"]) == ("False", "Repromoted")
+    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=transient").items
+    assert any(e.reason == "PrecisionRepromoted" and "bf16 -> fp16" in e.message for e in events)

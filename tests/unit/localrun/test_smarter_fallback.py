@@ -18,7 +18,7 @@ def mlp(**args: object) -> dict:
 
 
 def run(tmp: Path, **spec: object) -> tuple[int, dict, str]:
-    job = manifest(tmp, training={"steps": 40, "batchSize": 8, "logEvery": 5}, **spec)
+    job = manifest(tmp, **{"training": {"steps": 40, "batchSize": 8, "logEvery": 5}, **spec})
     result = mpjob_run(str(job), "--out", str(tmp / "out"), "--plain")
     return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
 
@@ -64,3 +64,36 @@ def test_two_workers_agree_on_the_replays_verdict(tmp_path: Path) -> None:
     assert [r["reason"] for r in reports] == ["NonFiniteInFp32", "NonFiniteInFp32"]
     assert {r["replay"]["offendingStep"] for r in reports} == {reports[0]["replay"]["offendingStep"]}
     assert 5 in reports[0]["replay"]["samples"] + reports[1]["replay"]["samples"]
+
+
+def promotion(tmp: Path, until: int) -> tuple[int, dict, str]:
+    """fp16 overflows from step 15 until `until`; bf16 takes over; after 10 clean steps (and a
+    checkpoint: every 5) the job goes back up to fp16."""
+    return run(
+        tmp,
+        task=mlp(overflowAtStep=15, overflowUntilStep=until),
+        training={"steps": 60, "batchSize": 8, "logEvery": 5},
+        checkpoint={"everySteps": 5},
+        precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 10},
+    )
+
+
+def test_a_transient_fault_falls_back_then_repromotes_and_finishes_in_fp16(tmp_path: Path) -> None:
+    code, report, out = promotion(tmp_path, until=20)
+    assert code == 0 and report["phase"] == "Succeeded", out
+    ends = [(a["precision"], a["reason"], a["startStep"], a.get("repromoted")) for a in report["attempts"]]
+    assert ends == [("fp16", "NumericFault", 0, None), ("bf16", "Repromote", 15, None), ("fp16", "Succeeded", 25, True)]
+    assert report["precision"] == "fp16" and "precision re-promotion: bf16 -> fp16 at step 25" in out
+    fallback = next(c for c in report["conditions"] if c["type"] == "PrecisionFallback")
+    assert (fallback["status"], fallback["reason"]) == ("False", "Repromoted")
+
+
+def test_a_precision_that_faults_again_after_repromotion_stays_down(tmp_path: Path) -> None:
+    code, report, out = promotion(tmp_path, until=32)  # still overflowing when fp16 comes back at 25
+    assert code == 0 and report["phase"] == "Succeeded", out
+    assert [(a["precision"], a["reason"]) for a in report["attempts"]] == [
+        ("fp16", "NumericFault"),
+        ("bf16", "Repromote"),
+        ("fp16", "NumericFault"),
+        ("bf16", "Succeeded"),  # fp16 is not tried a third time
+    ]

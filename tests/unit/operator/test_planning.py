@@ -7,9 +7,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.planning.classify import FAILURE_POLICY, Action, AttemptOutcome, classify
-from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, first_attempt, ladder
+from mpjob.planning.planner import (
+    BatchShape,
+    Finish,
+    StartAttempt,
+    after_attempt,
+    first_attempt,
+    ladder,
+    promotion_target,
+)
 from mpjob.planning.reconcile import JobView, PodView, ended_by_pods, reconcile
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.report import CheckpointRef, TerminationReport
@@ -278,3 +286,57 @@ def test_a_succeeded_job_takes_its_final_step_and_loss_from_the_report() -> None
     job = {0: JobView(0, "Complete", pods=(PodView("p", 0, "Succeeded", False, 0, done),))}
     status = reconcile(s, first, 1, job, NOW).status
     assert (status.phase, status.step, status.loss, status.loss_scale) == ("Succeeded", 60, 1.25, None)
+
+
+def _attempt(index: int, precision: str, reason: str, repromoted: bool | None = None) -> AttemptStatus:
+    return AttemptStatus(index=index, precision=precision, reason=reason, repromoted=repromoted)
+
+
+def test_a_fallback_attempt_is_told_to_repromote_and_a_repromote_goes_one_rung_up() -> None:
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 50})
+    fault = classify(AttemptOutcome(42))
+    history = [_attempt(0, "fp16", "NumericFault")]
+    down = after_attempt(s, 0, "fp16", fault, 20, None, history=history)
+    assert isinstance(down, StartAttempt) and (down.precision, down.repromote_after_steps) == ("bf16", 50)
+    up = after_attempt(
+        s,
+        1,
+        "bf16",
+        classify(AttemptOutcome(47)),
+        80,
+        f"{CHECKPOINT_MOUNT}/step-80",
+        history=[*history, _attempt(1, "bf16", "Repromote")],
+    )
+    assert isinstance(up, StartAttempt)
+    assert (up.precision, up.promoted_from, up.start_step, up.resume_from) == (
+        "fp16",
+        "bf16",
+        80,
+        f"{CHECKPOINT_MOUNT}/step-80",
+    )
+    assert up.repromote_after_steps is None  # fp16 is the top of the ladder
+
+
+def test_a_precision_that_faults_again_after_a_repromotion_is_not_tried_again() -> None:
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 50})
+    history = [
+        _attempt(0, "fp16", "NumericFault"),
+        _attempt(1, "bf16", "Repromote"),
+        _attempt(2, "fp16", "NumericFault", repromoted=True),
+    ]
+    down = after_attempt(s, 2, "fp16", classify(AttemptOutcome(42)), 90, None, history=history)
+    assert isinstance(down, StartAttempt) and down.precision == "bf16" and down.repromote_after_steps is None
+    assert promotion_target(s, "bf16", history[:2]) == "fp16"  # before the second fault it was allowed
+
+
+def test_repromotions_are_bounded_and_off_by_default() -> None:
+    off = spec(precision={"mode": "fp16", "fallback": ["bf16"]})
+    assert promotion_target(off, "bf16", []) is None
+    bounded = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 5, "maxRepromotions": 1})
+    promoted = [
+        _attempt(0, "fp16", "NumericFault"),
+        _attempt(1, "bf16", "Repromote"),
+        _attempt(2, "fp16", "Preempted", True),
+    ]
+    assert promotion_target(bounded, "bf16", promoted[:2]) == "fp16"
+    assert promotion_target(bounded, "bf16", promoted) is None

@@ -11,6 +11,7 @@ across pods too), highest first:
 | NumericFault      | 42                                 | 42        |
 | OutOfDeviceMemory | 46                                 | 46        |
 | InfraError        | any other code, or a signal death  | 1         |
+| Repromote         | 47                                 | 47        |
 | Preempted         | 44                                 | 44        |
 | Succeeded         | 0                                  | 0         |
 

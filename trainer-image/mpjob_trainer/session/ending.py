@@ -17,7 +17,7 @@ import torch
 
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.report import CheckpointRef, Counters, Replay, TerminationReport
-from mpjob_trainer.errors import ConfigError, NonFiniteInFp32, NumericFault, Preempted
+from mpjob_trainer.errors import ConfigError, NonFiniteInFp32, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 
 
@@ -46,6 +46,7 @@ ENDINGS: tuple[tuple[type[Exception], ExitCode, Reason, Callable[[Exception], st
     (NumericFault, ExitCode.NUMERIC_FAULT, Reason.NUMERIC_FAULT, lambda e: f"{e.rule}: {e}"),  # type: ignore[attr-defined]
     (Preempted, ExitCode.PREEMPTED, Reason.PREEMPTED, str),
     (NonFiniteInFp32, ExitCode.NON_FINITE_IN_FP32, Reason.NON_FINITE_IN_FP32, str),
+    (Repromote, ExitCode.REPROMOTE, Reason.REPROMOTE, str),
     (
         torch.OutOfMemoryError,
         ExitCode.OUT_OF_DEVICE_MEMORY,

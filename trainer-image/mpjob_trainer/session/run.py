@@ -27,7 +27,7 @@ from mpjob_contract.report import Counters, Replay
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
-from mpjob_trainer.errors import ConfigError, NumericFault, Preempted
+from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.metrics import TrainerMetrics
@@ -86,6 +86,8 @@ class Session:
         self._lr: Number | None = None
         self._exit_code: int | None = None
         self._replay: Fp32Replay | None = None
+        #: The last step of an interval with numeric trouble (re-promotion counts clean steps from it).
+        self._trouble_at = 0
         self._replayed: Replay | None = None
 
     def _reporting(self, flops: float | None, tokens: int | None) -> tuple[TrainerMetrics, Checkpointer, Progress]:
@@ -154,6 +156,7 @@ class Session:
             self.start_step = self._step = ref.step
             self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
         self._guard.start_at(self.start_step)
+        self._trouble_at = self.start_step
         self._progress.started(self.launch, self.precision, self.start_step, store.last_good)
         return self.start_step
 
@@ -233,12 +236,24 @@ class Session:
         if at_log:
             self._progress.report(self._numbers(step, reading, loss, grad_norm))
         self._guard.check(step, reading, loss, grad_norm)
+        if not self._guard.healthy(loss):
+            self._trouble_at = step
         stop = reading.flag > 0
+        promote = at_ckpt and self._repromote_due(step)
         if at_ckpt or stop:
-            self._checkpoint(step, loss, final=step == self.total_steps or stop)
+            saved = self._checkpoint(step, loss, final=step == self.total_steps or stop or promote)
+            if promote and saved:
+                clean = step - self._trouble_at
+                self._log("repromote", step=step, cleanSteps=clean)
+                raise Repromote(f"{clean} clean steps in {self.precision}; checkpoint at step {step} written")
         if stop:
             self._log("preempted", step=step)
             raise Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
+
+    def _repromote_due(self, step: int) -> bool:
+        """Has this fallback attempt had launch.repromoteAfterSteps clean steps (not at the end)?"""
+        after = self.launch.repromote_after_steps
+        return after is not None and step < self.total_steps and step - self._trouble_at >= after
 
     def _numbers(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> Interval:
         return Interval(
@@ -253,19 +268,20 @@ class Session:
             applied_steps=self.applied_steps,
         )
 
-    def _checkpoint(self, step: int, loss: float | None, *, final: bool) -> None:
+    def _checkpoint(self, step: int, loss: float | None, *, final: bool) -> bool:
         """Save the state at `step`, unless this interval saw numeric trouble (never a bad one)."""
         state = self._state
         assert state is not None
         if not (self._guard.healthy(loss) and state.finite()):
             self._log("checkpointSkipped", step=step, why="numeric trouble in this window")
-            return
+            return False
 
         def capture() -> dict[str, Any]:
             return state.capture(step, self.applied_steps, self.precision, self._scaler)
 
         self._checkpoints.save(step, self.precision, capture, final=final)
         self._guard.mark_good()
+        return True
 
     # ---------------------------------------------------------------- the ending
     def __enter__(self) -> Session:

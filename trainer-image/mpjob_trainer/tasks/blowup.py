@@ -1,6 +1,7 @@
 """A deterministic activation blow-up: the workload side of the fp16 overflow story.
 
-From `overflowAtStep` on, an inner activation is multiplied by `overflowGain` before a
+From `overflowAtStep` on (until `overflowUntilStep`, exclusive, when set: a transient fault), an
+inner activation is multiplied by `overflowGain` before a
 non-linearity and divided by it after. In fp32 and bf16 (8 exponent bits) the product stays
 finite and the block keeps training; in fp16 (max 65504) it overflows to inf, the loss turns
 non-finite and GradScaler skips every step: the failure mode F1 of the reference article.
@@ -15,14 +16,16 @@ from torch import nn
 class ActivationBlowUp(nn.Module):
     """gelu(g * x) / g, with g = 1 until the switch step and `gain` afterwards."""
 
-    def __init__(self, at_step: int | None, gain: float) -> None:
+    def __init__(self, at_step: int | None, gain: float, until_step: int | None = None) -> None:
         super().__init__()
         self.at_step = at_step
+        self.until_step = until_step
         self.gain = gain
         self.active = False
 
     def set_step(self, step: int) -> None:
-        self.active = self.at_step is not None and step >= self.at_step
+        started = self.at_step is not None and step >= self.at_step
+        self.active = started and (self.until_step is None or step < self.until_step)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:

@@ -1,7 +1,7 @@
 """The built-in `gpt` workload: a decoder-only transformer on a byte-level corpus.
 
 One readable file in the spirit of nanoGPT. Args (camelCase, all optional): nLayer, nHead,
-nEmbd, blockSize, dropout, corpusBytes, overflowAtStep, overflowGain.
+nEmbd, blockSize, dropout, corpusBytes, overflowAtStep, overflowGain, overflowUntilStep.
 """
 
 from __future__ import annotations
@@ -122,7 +122,17 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-KNOWN = {"nLayer", "nHead", "nEmbd", "blockSize", "dropout", "corpusBytes", "overflowAtStep", "overflowGain"}
+KNOWN = {
+    "nLayer",
+    "nHead",
+    "nEmbd",
+    "blockSize",
+    "dropout",
+    "corpusBytes",
+    "overflowAtStep",
+    "overflowGain",
+    "overflowUntilStep",
+}
 
 
 def make_task(args: dict[str, Any]) -> Task:
@@ -135,7 +145,11 @@ def make_task(args: dict[str, Any]) -> Task:
         raise ValueError("task.args: nLayer, nHead, nEmbd must be >= 1 and blockSize >= 2")
     if n_embd % n_head:
         raise ValueError(f"task.args.nEmbd ({n_embd}) must be a multiple of nHead ({n_head})")
-    blowup = ActivationBlowUp(arg(args, "overflowAtStep", None, int), arg(args, "overflowGain", 1e6, float))
+    blowup = ActivationBlowUp(
+        arg(args, "overflowAtStep", None, int),
+        arg(args, "overflowGain", 1e6, float),
+        arg(args, "overflowUntilStep", None, int),
+    )
     model = GPT(n_layer, n_head, n_embd, block_size, arg(args, "dropout", 0.0, float), blowup)
     dataset = ByteWindows(corpus(arg(args, "corpusBytes", 200_000, int)), block_size)
     n_params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()

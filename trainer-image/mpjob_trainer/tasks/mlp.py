@@ -1,6 +1,6 @@
 """The built-in `mlp` workload: a small regression on synthetic data.
 
-Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, and the
+Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, overflowUntilStep, and the
 faults of mpjob_trainer.tasks.faults: nonFiniteSamples, outOfMemoryAbove.
 """
 
@@ -24,6 +24,7 @@ KNOWN = {
     "samples",
     "overflowAtStep",
     "overflowGain",
+    "overflowUntilStep",
     "nonFiniteSamples",
     "outOfMemoryAbove",
 }
@@ -41,7 +42,11 @@ def make_task(args: dict[str, Any]) -> Task:
     x = torch.randn(samples, inputs, generator=gen)
     w = torch.randn(inputs, 1, generator=gen) / inputs**0.5
     y = torch.sin(x @ w) + 0.1 * torch.cos(3 * x[:, :1])
-    blowup = ActivationBlowUp(arg(args, "overflowAtStep", None, int), arg(args, "overflowGain", 1e6, float))
+    blowup = ActivationBlowUp(
+        arg(args, "overflowAtStep", None, int),
+        arg(args, "overflowGain", 1e6, float),
+        arg(args, "overflowUntilStep", None, int),
+    )
     ceiling = MemoryCeiling(arg(args, "outOfMemoryAbove", None, int))
     mods: list[nn.Module] = [ceiling, nn.Linear(inputs, hidden), blowup]
     for _ in range(layers - 1):
