@@ -145,8 +145,9 @@ class Guard(ApiModel):
 class PrecisionSpec(ApiModel):
     mode: PrecisionMode = Field(
         "auto",
-        description="Precision of the first attempt. auto: bf16 on compute capability >= 8.0 "
-        "and CPU, fp16 on 7.x, fp32 otherwise.",
+        description="Precision of the first attempt. auto: measured on the node: the fastest of fp32, "
+        "bf16 (compute capability >= 8.0, CPU) and fp16 (>= 7.0) that stays finite, when it beats fp32 "
+        "by 5 %; else fp32 (condition AmpSlowerThanFp32). Fallbacks follow the measured precision.",
     )
     fallback: list[Precision] = Field(
         default_factory=lambda: list[Precision](["bf16", "fp32"]),
@@ -315,6 +316,9 @@ class AttemptStatus(ApiModel):
     grad_accumulation: int | None = None
     #: This attempt went back up to a faster precision after a fallback (Repromote).
     repromoted: bool | None = None
+    #: `auto` attempts: seconds per step the trainer measured on its node, by precision (None:
+    #: non-finite); `precision` is the one it chose ("auto" until it has measured).
+    measured_step_seconds: dict[str, float | None] | None = None
     reason: str | None = None
     exit_code: int | None = None
     message: str | None = None

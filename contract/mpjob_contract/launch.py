@@ -22,6 +22,9 @@ LAUNCH_ENV = "MPJOB_LAUNCH"
 CHECKPOINT_MOUNT = "/var/lib/mpjob/checkpoints"
 
 ConcretePrecision = Literal["fp16", "bf16", "fp32", "auto"]
+#: `auto` attempts: a low precision is chosen only when its measured step is this much faster
+#: than fp32's (0.05: 5 % less time per step).
+AUTO_MARGIN = 0.05
 
 
 def inside_checkpoint_dir(path: str, checkpoint_dir: str) -> bool:

@@ -30,6 +30,9 @@ INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1
 GUARD_TRIPS = PREFIX + "guard_trips"  # counter by rule -> *_total
 REPLAYS = PREFIX + "fp32_replays"  # counter by verdict (precision|data|inconclusive) -> *_total
 REPLAY_SECONDS = PREFIX + "fp32_replay_seconds"  # gauge: the last replay's duration
+#: `auto` attempts: seconds per step measured on the node, by candidate precision (label
+#: `candidate`; -1 = it went non-finite); the chosen one is the attempt's `precision` label.
+MEASURED_STEP_SECONDS = PREFIX + "measured_step_seconds"
 
 #: Labels every trainer metric carries (low cardinality: one value per attempt).
 LABELS = ("job", "namespace", "attempt", "precision")

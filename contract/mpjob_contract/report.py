@@ -59,6 +59,15 @@ class Replay(_Model):
     seconds: float = 0.0
 
 
+class Measurement(_Model):
+    """What an `auto` attempt measured on its node: seconds per step by precision (None: the step
+    went non-finite), what it chose, and whether AMP was slower than fp32 (F6)."""
+
+    step_seconds: dict[str, float | None] = Field(default_factory=dict, alias="stepSeconds")
+    chosen: str
+    amp_slower_than_fp32: bool = Field(False, alias="ampSlowerThanFp32")
+
+
 class TerminationReport(_Model):
     reason: Reason
     step: int = 0
@@ -68,6 +77,7 @@ class TerminationReport(_Model):
     last_good_checkpoint: CheckpointRef | None = Field(None, alias="lastGoodCheckpoint")
     counters: Counters = Field(default_factory=Counters)
     replay: Replay | None = None
+    measurement: Measurement | None = None
     message: str = ""
 
     def to_message(self) -> str:

@@ -6,6 +6,7 @@ One object per line, flushed, with an "event" key. Schema (camelCase; stable):
   start        attempt, precision, requestedPrecision, device, worldSize, startStep,
                totalSteps, metricsPort
   checkpointRejected  path, problem
+  precisionMeasured  stepSeconds {precision: seconds | null}, chosen, ampSlowerThanFp32
   resume       step, path, sha256, fromPrecision
   freshStart   reason
   step         step, loss, lossScale (fp16 only), gradNorm, lr, overflowSteps,

@@ -76,7 +76,7 @@ def train(run: Session) -> None:
         forward_backward(run, net, task, sampler, step)
         run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
-    run.replay_with(one_step, samples=sampler.step_indices)
+    run.register_step(one_step, samples=sampler.step_indices)
     samples_per_step = tr.batch_size * tr.grad_accumulation * run.world.size
     for step in range(start, run.total_steps):
         one_step(step)

@@ -31,12 +31,19 @@ class TrainerMetrics:
         self.labels = {"job": job, "namespace": namespace, "attempt": str(attempt), "precision": precision}
         lab = list(self.labels)
         r = self.registry
+        #: id(child) -> its family, so `relabel` can rebind every attribute to new labels.
+        self._families: dict[int, Any] = {}
+
+        def bound(family: Any) -> Any:
+            child = family.labels(**self.labels)
+            self._families[id(child)] = family
+            return child
 
         def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, lab, registry=r).labels(**self.labels)
+            return bound(Gauge(name, doc, lab, registry=r))
 
         def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, lab, registry=r).labels(**self.labels)
+            return bound(Counter(name, doc, lab, registry=r))
 
         self.step = gauge(names.STEP, "Optimizer steps completed (the data position).")
         self.total_steps = gauge(names.TOTAL_STEPS, "Steps the job trains in all.")
@@ -49,22 +56,26 @@ class TrainerMetrics:
         self.samples_per_second = gauge(names.SAMPLES_PER_SECOND, "Training throughput in samples/s.")
         self.tokens_per_second = gauge(names.TOKENS_PER_SECOND, "Training throughput in tokens/s.")
         self.mfu = gauge(names.MFU, "Model FLOPs utilization (0-1) where the flops and peak are known.")
-        self.step_seconds = Histogram(
-            names.STEP_SECONDS,
-            "Wall time of one optimizer step.",
-            lab,
-            registry=r,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-        ).labels(**self.labels)
+        self.step_seconds = bound(
+            Histogram(
+                names.STEP_SECONDS,
+                "Wall time of one optimizer step.",
+                lab,
+                registry=r,
+                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            )
+        )
         self.peak_device_memory = gauge(names.PEAK_DEVICE_MEMORY, "Peak device memory allocated.")
         self.peak_host_memory = gauge(names.PEAK_HOST_MEMORY, "Peak resident host memory.")
-        self.checkpoint_seconds = Histogram(
-            names.CHECKPOINT_SAVE_SECONDS,
-            "Time to write one checkpoint (off the training thread when async).",
-            lab,
-            registry=r,
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-        ).labels(**self.labels)
+        self.checkpoint_seconds = bound(
+            Histogram(
+                names.CHECKPOINT_SAVE_SECONDS,
+                "Time to write one checkpoint (off the training thread when async).",
+                lab,
+                registry=r,
+                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            )
+        )
         self.checkpoint_bytes = gauge(names.CHECKPOINT_BYTES, "Size of the last checkpoint written.")
         self.checkpoint_failures = counter(names.CHECKPOINT_FAILURES, "Checkpoint writes that failed.")
         self.last_good_step = gauge(names.LAST_GOOD_CHECKPOINT_STEP, "Step of the newest verified checkpoint.")
@@ -81,8 +92,14 @@ class TrainerMetrics:
             registry=r,
         )
         self.replay_seconds = gauge(names.REPLAY_SECONDS, "Duration of the last fp32 replay.")
-        info = Gauge(names.INFO, "1 for the precision this attempt trains in.", lab, registry=r)
-        info.labels(**self.labels).set(1)
+        self.measured = Gauge(
+            names.MEASURED_STEP_SECONDS,
+            "auto: seconds per step measured on this node, by candidate precision (-1: non-finite).",
+            [*lab, "candidate"],
+            registry=r,
+        )
+        self.info = bound(Gauge(names.INFO, "1 for the precision this attempt trains in.", lab, registry=r))
+        self.info.set(1)
         self.port: int | None = None
 
     def serve(self) -> int | None:
@@ -98,6 +115,25 @@ class TrainerMetrics:
 
     def trip(self, rule: str) -> None:
         self.guard_trips.labels(**self.labels, rule=rule).inc()
+
+    def relabel(self, precision: str) -> None:
+        """Train under another `precision` label (an `auto` attempt measured its device): every
+        series moves to the new label set; nothing has counted yet, so nothing is lost."""
+        old = dict(self.labels)
+        self.labels["precision"] = precision
+        for name, child in list(vars(self).items()):
+            family = self._families.pop(id(child), None)
+            if family is None:
+                continue
+            family.remove(*old.values())
+            fresh = family.labels(**self.labels)
+            self._families[id(fresh)] = family
+            setattr(self, name, fresh)
+        self.info.set(1)
+
+    def measured_steps(self, seconds: dict[str, float | None]) -> None:
+        for candidate, value in seconds.items():
+            self.measured.labels(**self.labels, candidate=candidate).set(-1 if value is None else value)
 
     def replayed(self, verdict: str, seconds: float) -> None:
         self.replays.labels(**self.labels, verdict=verdict).inc()

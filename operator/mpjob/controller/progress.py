@@ -41,6 +41,10 @@ FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
     ("samplesPerSecond", tm.SAMPLES_PER_SECOND, float),
 )
 WANTED = {metric for _, metric, _ in FIGURES} | {tm.START_STEP, tm.LAST_GOOD_CHECKPOINT_STEP}
+#: Metrics read by one label: kept as "name{value}" (the precision an `auto` attempt chose, and
+#: the step times it measured by candidate).
+LABELLED = {tm.INFO: "precision", tm.MEASURED_STEP_SECONDS: "candidate"}
+PRECISIONS = ("fp16", "bf16", "fp32")
 #: The most metric samples one exposition may hold before the rest is ignored.
 MAX_SAMPLES = 10_000
 #: Figures beyond this are not readings (and no JSON number a status may hold exactly).
@@ -57,8 +61,12 @@ def parse_values(text: str) -> dict[str, float]:
             if count >= MAX_SAMPLES:
                 break
             value = sample.value
-            if sample.name in WANTED and isinstance(value, float | int) and math.isfinite(value) and value < MAX_VALUE:
+            if not (isinstance(value, float | int) and math.isfinite(value) and value < MAX_VALUE):
+                continue
+            if sample.name in WANTED:
                 values[sample.name] = float(value)
+            elif sample.name in LABELLED and sample.labels.get(LABELLED[sample.name]) in PRECISIONS:
+                values[f"{sample.name}{{{sample.labels[LABELLED[sample.name]]}}}"] = float(value)
     except Exception as exc:  # the parser raises what it likes on garbage: keep what came before
         log.debug("unparsable metrics: %r", exc)
     return values
@@ -68,7 +76,7 @@ def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any
     """Status fields of a reading (plus startStep and lastCheckpointStep when known). Loss,
     scale, overflows and throughput only once the attempt logged a step past where it began
     (before that the trainer's gauges hold placeholders); lossScale only in fp16."""
-    found: dict[str, Any] = {}
+    found: dict[str, Any] = measured(values)
     start = values.get(tm.START_STEP, 0.0)
     if tm.START_STEP in values and start >= 0:
         found["startStep"] = int(start)
@@ -87,13 +95,36 @@ def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any
     return found
 
 
+def measured(values: dict[str, float]) -> dict[str, Any]:
+    """An `auto` attempt's choice and step times, once it has measured (before, its precision
+    label is only the provisional one)."""
+    seconds = {
+        p: values[f"{tm.MEASURED_STEP_SECONDS}{{{p}}}"]
+        for p in PRECISIONS
+        if f"{tm.MEASURED_STEP_SECONDS}{{{p}}}" in values
+    }
+    chosen = [p for p in PRECISIONS if values.get(f"{tm.INFO}{{{p}}}") == 1]
+    if not seconds or len(chosen) != 1:
+        return {}
+    return {"precision": chosen[0], "measuredStepSeconds": {p: (s if s >= 0 else None) for p, s in seconds.items()}}
+
+
+_ATTEMPT_FIELDS = ("lastCheckpointStep", "startStep", "precision", "measuredStepSeconds")
+
+
 def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> dict[str, Any]:
     """The status fields to write for the figures `found`; empty when nothing changed."""
-    patch: dict[str, Any] = {k: v for k, v in found.items() if k not in ("lastCheckpointStep", "startStep")}
-    if "startStep" in found and status.attempts and status.attempts[-1].start_step != found["startStep"]:
-        # The trainer decides where it resumes (the newest valid checkpoint): record that.
+    patch: dict[str, Any] = {k: v for k, v in found.items() if k not in _ATTEMPT_FIELDS}
+    current = status.attempts[-1] if status.attempts else None
+    attempt: dict[str, Any] = {}
+    if "startStep" in found and current is not None and current.start_step != found["startStep"]:
+        attempt["startStep"] = found["startStep"]  # the trainer decides where it resumes: record that
+    if "precision" in found and current is not None and current.precision == "auto":
+        attempt.update(precision=found["precision"], measuredStepSeconds=found["measuredStepSeconds"])
+        patch["precision"] = found["precision"]
+    if attempt:
         attempts = [a.to_api() for a in status.attempts]
-        attempts[-1]["startStep"] = found["startStep"]
+        attempts[-1].update(attempt)
         patch["attempts"] = attempts
     if "lastCheckpointStep" in found and (
         not status.last_checkpoint or status.last_checkpoint.step < found["lastCheckpointStep"]
@@ -104,8 +135,8 @@ def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> di
             "sha256": "",
             "path": "",
         }
-    current = status.to_api()
-    return patch if any(current.get(k) != v for k, v in patch.items()) else {}
+    stored = status.to_api()
+    return patch if any(stored.get(k) != v for k, v in patch.items()) else {}
 
 
 @dataclass(frozen=True, slots=True)

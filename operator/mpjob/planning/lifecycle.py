@@ -23,8 +23,8 @@ from mpjob_contract.api import (
     world_size,
 )
 from mpjob_contract.codes import Reason
-from mpjob_contract.launch import CHECKPOINT_MOUNT
-from mpjob_contract.report import TerminationReport
+from mpjob_contract.launch import AUTO_MARGIN, CHECKPOINT_MOUNT
+from mpjob_contract.report import Measurement, TerminationReport
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,34 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     for attempt in status.attempts:
         if attempt.index == index and report.start_step:
             attempt.start_step = report.start_step
+        if attempt.index == index and report.measurement is not None:
+            measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
     return report.step
+
+
+def measured(
+    status: MixedPrecisionJobStatus, attempt: AttemptStatus, chosen: str, seconds: dict[str, float | None]
+) -> None:
+    """An `auto` attempt measured its node: the precision it chose and the step times behind it."""
+    attempt.measured_step_seconds = dict(seconds)
+    if attempt.precision == "auto" and chosen:
+        attempt.precision = chosen
+        if status.attempts and status.attempts[-1] is attempt:
+            status.precision = chosen
+
+
+def amp_slower(plan: Plan, measurement: Measurement | None, when: When) -> None:
+    """F6: no low precision beat fp32 on the node: a condition and, the first time, a Warning Event."""
+    if measurement is None or not measurement.amp_slower_than_fp32:
+        return
+    shown = ", ".join(
+        f"{p} {s * 1000:.1f} ms" if s is not None else f"{p} non-finite" for p, s in measurement.step_seconds.items()
+    )
+    message = f"no low precision beat fp32 by {AUTO_MARGIN:.0%} per step on this node ({shown}): training in fp32"
+    known = any(c.type == ConditionType.AMP_SLOWER_THAN_FP32 and c.status == "True" for c in plan.status.conditions)
+    condition(plan, when, ConditionType.AMP_SLOWER_THAN_FP32, True, ConditionReason.MEASURED, message)
+    if not known:
+        plan.events.append(Event("Warning", ConditionType.AMP_SLOWER_THAN_FP32, message))
 
 
 def conclude(
@@ -214,10 +241,13 @@ def conclude(
 ) -> None:
     """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
     from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs)."""
-    index, precision = attempt.index, attempt.precision
-    status = plan.status
+    status, report = plan.status, outcome.report
     result = classify(outcome)
-    end_step = record_report(status, index, outcome.report)
+    end_step = record_report(status, attempt.index, report)
+    amp_slower(plan, report.measurement if report else None, when)
+    index, precision = attempt.index, attempt.precision
+    if precision == "auto" and report is not None and report.precision:
+        precision = report.precision  # what the trainer measured and trained in
     st.end_attempt(status, index, result.reason.value, outcome.exit_code, result.message, end_step, when.at)
     kind = "Normal" if result.action is Action.SUCCEED else "Warning"
     plan.ended = Event(kind, result.reason.value, result.message)

@@ -93,10 +93,12 @@ def ladder(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None
 
 
 def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None = "spec") -> StartAttempt:
+    """Attempt 0: in `auto` mode the trainer measures the precision on its node (the report and
+    the metrics say which; the ladder's fallbacks follow it), else the mode's precision."""
     shape = BatchShape.of(spec)
     return StartAttempt(
         index=0,
-        precision=ladder(spec, capability)[0],
+        precision="auto" if spec.precision.mode == "auto" else ladder(spec, capability)[0],
         resume_from=None,
         start_step=0,
         micro_batch=shape.micro_batch,

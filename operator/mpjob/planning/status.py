@@ -20,6 +20,8 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     #: False while the Job controller cannot create the attempt's pods (FailedCreate).
     PODS_CREATED = "PodsCreated"
+    #: An `auto` attempt measured no low precision faster than fp32 on its node (F6).
+    AMP_SLOWER_THAN_FP32 = "AmpSlowerThanFp32"
 
 
 class ConditionReason(StrEnum):
@@ -32,6 +34,8 @@ class ConditionReason(StrEnum):
     AWAITING_ADMISSION = "AwaitingAdmission"
     #: Back up to a faster precision after precision.repromoteAfterSteps clean steps.
     REPROMOTED = "Repromoted"
+    #: The trainer measured the precisions on its node.
+    MEASURED = "Measured"
     #: The previous attempt was preempted by its queue; this one waits to be admitted again.
     AWAITING_READMISSION = "AwaitingReadmission"
     RESUMED = "Resumed"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
-from mpjob_contract.report import CheckpointRef, Counters, Replay, TerminationReport
+from mpjob_contract.report import CheckpointRef, Counters, Measurement, Replay, TerminationReport
 from mpjob_trainer.errors import ConfigError, NonFiniteInFp32, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 
@@ -31,6 +31,7 @@ class Standing:
     last_good: CheckpointRef | None = None
     counters: Counters = field(default_factory=Counters)
     replay: Replay | None = None
+    measurement: Measurement | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
         last_good_checkpoint=standing.last_good,
         counters=standing.counters,
         replay=standing.replay,
+        measurement=standing.measurement,
         message=ending.message,
     )
     try:

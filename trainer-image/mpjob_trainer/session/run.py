@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
-from mpjob_contract.report import Counters, Replay
+from mpjob_contract.report import Counters, Measurement, Replay
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
@@ -35,6 +35,7 @@ from mpjob_trainer.precision import PrecisionPolicy, keep_fp32, resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, classify, conclude
+from mpjob_trainer.session.measure import agreed_seconds, candidates, choose, nothing_kept, time_steps
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Interval, Progress, host_value
 from mpjob_trainer.session.replay import Fp32Replay, Replaying, SamplesFunction, StepFunction, ending_for, finite
@@ -86,6 +87,8 @@ class Session:
         self._lr: Number | None = None
         self._exit_code: int | None = None
         self._replay: Fp32Replay | None = None
+        self._probing = False
+        self._measurement: Measurement | None = None
         #: The last step of an interval with numeric trouble (re-promotion counts clean steps from it).
         self._trouble_at = 0
         self._replayed: Replay | None = None
@@ -160,11 +163,49 @@ class Session:
         self._progress.started(self.launch, self.precision, self.start_step, store.last_good)
         return self.start_step
 
-    def replay_with(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
-        """Let the session replay steps in fp32 when the guard ends a precision (session.replay):
-        `step(i)` runs optimizer step i (0-based) as the loop does (forward and backward under
-        run.autocast(), run.backward, run.step; not end_step), `samples(i)` names its samples."""
+    def register_step(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
+        """The loop's step as a function of its index, for the session to run it itself: `step(i)`
+        runs optimizer step i (0-based) as the loop does (forward and backward under
+        run.autocast(), run.backward, run.step; not end_step), `samples(i)` names its samples.
+        With it an `auto` attempt measures its precision now (session.measure) and a numeric
+        fault is replayed in fp32 (session.replay). Call it after resume()."""
         self._replay = Fp32Replay(step, samples, spec=self.spec.precision.guard)
+        if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
+            self._measure(step)
+
+    def _measure(self, step: StepFunction) -> None:
+        """Time the step in each precision the device supports; train in the one chosen."""
+        assert self._state is not None
+        modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
+        seconds: dict[str, float | None] = {}
+        self._probing = True
+        try:
+            with nothing_kept(modules):
+                for precision in candidates(self.device):
+                    self._use(precision)
+                    seconds[precision] = time_steps(lambda: self._probe(step), self.device)
+        finally:
+            self._probing = False
+        measurement = choose(agreed_seconds(seconds, self.world, self.device))
+        self._use(measurement.chosen)
+        self._metrics.relabel(measurement.chosen)
+        self._metrics.measured_steps(measurement.step_seconds)
+        self._measurement = measurement
+        self._log("precisionMeasured", **measurement.model_dump(by_alias=True))
+
+    def _probe(self, step: StepFunction) -> bool:
+        self._loss_sum = None
+        step(self.start_step)
+        finite_loss = finite(self._loss_sum)
+        self._loss_sum = None
+        return finite_loss
+
+    def _use(self, precision: str) -> None:
+        """Train (or replay, or probe) in `precision` from here on."""
+        self.precision = cast(Precision, precision)
+        self._policy = PrecisionPolicy(self.precision, self.device, self.spec.precision)
+        self._policy.configure_backend()
+        self._scaler, self._loss_sum = self._policy.make_scaler(), None
 
     def _watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook the optimizer so the guard knows which steps GradScaler applied (no sync)."""
@@ -185,6 +226,9 @@ class Session:
 
     def step(self, optimizer: torch.optim.Optimizer, *, clip_norm: float | None = None) -> None:
         """Clip the true (unscaled) gradients, step unless they overflowed, zero them."""
+        if self._probing:  # measuring precisions: nothing is applied
+            optimizer.zero_grad(set_to_none=True)
+            return
         self._watch(optimizer)
         self._lr = optimizer.param_groups[0]["lr"]
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -319,16 +363,12 @@ class Session:
         if self._replay is None or self._state is None or self.precision == "fp32":
             return fault
         where = Replaying(self._guard, self._checkpoints, self._state, self.world, self.device, self._log)
-        replay = self._replay.run(fault, where, enter_fp32=self._enter_fp32, check=self._replay_step_finite)
+        replay = self._replay.run(fault, where, enter_fp32=lambda: self._use("fp32"), check=self._replay_step_finite)
         if replay is None:
             return fault
         self._replayed = replay
         self._metrics.replayed(replay.verdict, replay.seconds)
         return ending_for(fault, replay)
-
-    def _enter_fp32(self) -> None:
-        self._policy = PrecisionPolicy("fp32", self.device, self.spec.precision)
-        self._scaler, self._loss_sum = None, None
 
     def _replay_step_finite(self) -> bool:
         ok = finite(self._loss_sum) and finite(self._grad_norm)
@@ -344,5 +384,11 @@ class Session:
             loss=loss if loss is not None and math.isfinite(loss) else None,
         )
         return Standing(
-            self._step, self.start_step, self.precision, self._checkpoints.last_good, counters, self._replayed
+            self._step,
+            self.start_step,
+            self.precision,
+            self._checkpoints.last_good,
+            counters,
+            self._replayed,
+            self._measurement,
         )

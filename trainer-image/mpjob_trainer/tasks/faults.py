@@ -4,6 +4,9 @@ trainer's recovery paths (task.args of the `mlp` workload):
 - `nonFiniteSamples: [i, ...]` (or `"all"`): those samples' inputs hold NaN. Every
   precision, fp32 included, turns their loss non-finite: poisoned data, which the fp32 replay
   tells from a precision's fault (NonFiniteInFp32).
+- `stepDelay: {fp32: s, bf16: s, fp16: s}`: each forward pass in that precision takes `s`
+  seconds longer, as on a device where AMP does (or does not) pay off: `auto` measures it
+  (failure mode F6, AmpSlowerThanFp32).
 - `outOfMemoryAbove: n`: a forward pass over more than `n` samples raises
   torch.OutOfMemoryError, as a GPU does when a micro-batch does not fit; the next attempt
   splits the micro-batch (OutOfDeviceMemory).
@@ -11,6 +14,7 @@ trainer's recovery paths (task.args of the `mlp` workload):
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -62,3 +66,31 @@ class MemoryCeiling(nn.Module):
                 "samples does not fit"
             )
         return x
+
+
+class PrecisionDelay(nn.Module):
+    """Identity that sleeps `delays[precision]` seconds per forward pass in that precision."""
+
+    def __init__(self, delays: dict[str, float]) -> None:
+        super().__init__()
+        self.delays = delays
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kind = x.device.type
+        precision = "fp32"
+        if torch.is_autocast_enabled(kind):
+            precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_dtype(kind), "fp32")
+        if self.delays.get(precision):
+            time.sleep(self.delays[precision])
+        return x
+
+
+def step_delays(value: Any) -> dict[str, float]:
+    """task.args.stepDelay as {precision: seconds}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        k in ("fp32", "bf16", "fp16") and isinstance(v, int | float) and 0 <= v <= 60 for k, v in value.items()
+    ):
+        raise ConfigError("task.args.stepDelay: expected {fp32|bf16|fp16: seconds between 0 and 60}")
+    return {k: float(v) for k, v in value.items()}

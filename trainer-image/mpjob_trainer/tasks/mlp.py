@@ -1,7 +1,7 @@
 """The built-in `mlp` workload: a small regression on synthetic data.
 
 Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, overflowUntilStep, and the
-faults of mpjob_trainer.tasks.faults: nonFiniteSamples, outOfMemoryAbove.
+faults of mpjob_trainer.tasks.faults: nonFiniteSamples, outOfMemoryAbove, stepDelay.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from mpjob_trainer.tasks import Task, arg, check_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
-from mpjob_trainer.tasks.faults import MemoryCeiling, PoisonedSamples, poisoned_indices
+from mpjob_trainer.tasks.faults import MemoryCeiling, PoisonedSamples, PrecisionDelay, poisoned_indices, step_delays
 
 KNOWN = {
     "inputs",
@@ -27,6 +27,7 @@ KNOWN = {
     "overflowUntilStep",
     "nonFiniteSamples",
     "outOfMemoryAbove",
+    "stepDelay",
 }
 
 
@@ -48,7 +49,12 @@ def make_task(args: dict[str, Any]) -> Task:
         arg(args, "overflowUntilStep", None, int),
     )
     ceiling = MemoryCeiling(arg(args, "outOfMemoryAbove", None, int))
-    mods: list[nn.Module] = [ceiling, nn.Linear(inputs, hidden), blowup]
+    mods: list[nn.Module] = [
+        ceiling,
+        PrecisionDelay(step_delays(args.get("stepDelay"))),
+        nn.Linear(inputs, hidden),
+        blowup,
+    ]
     for _ in range(layers - 1):
         mods += [nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU()]
     mods.append(nn.Linear(hidden, 1))

@@ -1,0 +1,44 @@
+"""`auto` measured on the node, through the operator: the attempt's precision is the one the
+trainer chose, its step times are in the status, and AMP slower than fp32 is a condition and
+a Warning Event (F6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
+
+pytestmark = pytest.mark.integration
+
+
+def auto_spec(claim: str, delay: dict[str, float]) -> dict:
+    spec = gpt_spec(claim, steps=20)
+    spec["task"] = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 256, "stepDelay": delay}}
+    spec["precision"] = {"mode": "auto", "fallback": ["fp32"]}
+    return spec
+
+
+def test_auto_slower_than_fp32_trains_in_fp32_with_a_condition_and_an_event(
+    operator: Operator, jobs: Jobs, namespace: str
+) -> None:
+    jobs.pvc("ckpt")
+    jobs.create("measured", auto_spec("ckpt", {"bf16": 0.3}))
+    status = jobs.wait_phase("measured", ("Failed", "Succeeded"), 180)
+    assert status["phase"] == "Succeeded", status
+    (only,) = status["attempts"]
+    assert only["precision"] == "fp32" and status["precision"] == "fp32", status
+    seconds = only["measuredStepSeconds"]
+    assert set(seconds) == {"bf16", "fp32"} and seconds["bf16"] > 0.3 > seconds["fp32"]
+    slower = next(c for c in status["conditions"] if c["type"] == "AmpSlowerThanFp32")
+    assert slower["status"] == "True" and "bf16" in slower["message"] and "fp32" in slower["message"]
+    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=measured").items
+    assert [e.type for e in events if e.reason == "AmpSlowerThanFp32"] == ["Warning"]
+
+
+def test_auto_where_bf16_pays_off_trains_in_bf16_without_the_condition(operator: Operator, jobs: Jobs) -> None:
+    jobs.pvc("ckpt")
+    jobs.create("fast", auto_spec("ckpt", {"fp32": 0.3}))
+    status = jobs.wait_phase("fast", ("Failed", "Succeeded"), 180)
+    assert status["phase"] == "Succeeded", status
+    assert status["attempts"][0]["precision"] == "bf16" == status["precision"]
+    assert not any(c["type"] == "AmpSlowerThanFp32" for c in status["conditions"])

@@ -1,0 +1,94 @@
+"""PrecisionProbe: `auto` decided on the node, by measuring (failure mode F6: AMP slower than fp32).
+
+When an attempt's precision is `auto`, the session times the loop's own step (the function
+registered with `run.register_step`) on the attempt's next real batch in each precision the
+device supports (fp32; bf16 on compute capability >= 8.0 and on CPU; fp16 on >= 7.0) and
+trains in the fastest one that stayed finite. A low precision must beat fp32 by `MARGIN`
+(mpjob_contract.launch.AUTO_MARGIN) to be chosen; when none does, the attempt trains in fp32
+and says AMP was slower.
+
+Nothing a probe step does is kept: the optimizer is not stepped (the session's `step()`
+only zeroes the gradients while probing), module buffers (BatchNorm statistics) and every
+random generator are put back afterwards, and the data position is the step index itself.
+Each candidate runs `WARM` untimed steps (autocast caches, allocator, kernels chosen) then
+`TIMED` timed ones; the median counts. On CUDA each timed step ends with a synchronize.
+
+Cost: (WARM + TIMED) x candidates forward-backward passes, once per `auto` attempt.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from mpjob_contract.launch import AUTO_MARGIN
+from mpjob_contract.report import Measurement
+from mpjob_trainer.distributed import World, all_reduce_max
+from mpjob_trainer.session.state import rng_state, set_rng_state
+
+MARGIN = AUTO_MARGIN
+WARM, TIMED = 1, 3
+
+
+def candidates(device: torch.device) -> list[str]:
+    """The precisions this device can train in, the low ones first."""
+    if device.type != "cuda":
+        return ["bf16", "fp32"]
+    capability = torch.cuda.get_device_capability(device)
+    low = (["bf16"] if capability >= (8, 0) else []) + (["fp16"] if capability >= (7, 0) else [])
+    return [*low, "fp32"]
+
+
+def choose(seconds: dict[str, float | None], *, margin: float = MARGIN) -> Measurement:
+    """The fastest finite low precision if it beats fp32 by `margin`, else fp32."""
+    fp32 = seconds.get("fp32")
+    low = {p: s for p, s in seconds.items() if p != "fp32" and s is not None}
+    best = min(low, key=lambda p: low[p]) if low else None
+    if best is not None and (fp32 is None or low[best] < fp32 * (1 - margin)):
+        return Measurement(step_seconds=seconds, chosen=best, amp_slower_than_fp32=False)
+    return Measurement(step_seconds=seconds, chosen="fp32", amp_slower_than_fp32=best is not None)
+
+
+@contextmanager
+def nothing_kept(modules: list[nn.Module]) -> Iterator[None]:
+    """Put back every module buffer and random generator the block changes."""
+    buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+    rng = rng_state()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for live, saved in buffers:
+                live.copy_(saved)
+        set_rng_state(rng)
+
+
+def agreed_seconds(seconds: dict[str, float | None], world: World, device: torch.device) -> dict[str, float | None]:
+    """Every rank's slowest time per candidate (non-finite on any rank: None), so all ranks choose alike."""
+    if not world.distributed:
+        return seconds
+    names = list(seconds)
+    packed = torch.tensor([seconds[n] if seconds[n] is not None else math.inf for n in names], device=device)
+    worst = all_reduce_max(packed.to(torch.float64), world).tolist()
+    return {n: (None if math.isinf(v) else v) for n, v in zip(names, worst, strict=True)}
+
+
+def time_steps(run_step: Callable[[], bool], device: torch.device) -> float | None:
+    """Median seconds of one step after the warm-up; None when a step went non-finite."""
+    times = []
+    for i in range(WARM + TIMED):
+        began = time.perf_counter()
+        finite = run_step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if not finite:
+            return None
+        if i >= WARM:
+            times.append(time.perf_counter() - began)
+    return statistics.median(times)
