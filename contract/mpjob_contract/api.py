@@ -209,6 +209,22 @@ class CheckpointVolume(ApiModel):
         return self
 
 
+class Validation(ApiModel):
+    """The quality gate (the reference's M5 and its first production failure: a silent accuracy
+    regression in low precision): at intervals the trainer evaluates the current weights in the
+    attempt's precision and in fp32 (eval only) on the task's evaluation set."""
+
+    every_steps: int = Field(0, ge=0, description="Steps between evaluations (0 = off).")
+    max_loss_delta: float = Field(
+        0.05,
+        gt=0,
+        le=100,
+        description="Relative eval-loss delta |low - fp32| / |fp32| that, two evaluations in a row, "
+        "ends the precision (QualityDrift, a numeric fault: the ladder goes on).",
+    )
+    batches: int = Field(4, ge=1, le=1000, description="Eval batches of training.batchSize per evaluation.")
+
+
 class Checkpoint(ApiModel):
     every_steps: int = Field(200, ge=1, description="Steps between checkpoints.")
     keep: int = Field(3, ge=1, le=100, description="Checkpoints kept; older ones are pruned.")
@@ -287,6 +303,7 @@ class MixedPrecisionJobSpec(ApiModel):
     training: Training = Field(default_factory=Training)
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    validation: Validation = Field(default_factory=Validation)
     resources: Resources = Field(default_factory=Resources)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
@@ -347,6 +364,10 @@ class MixedPrecisionJobStatus(ApiModel):
     loss_scale: float | None = None
     overflow_steps: int | None = None
     samples_per_second: float | None = None
+    #: The quality gate's last evaluation: eval loss in the attempt's precision, and its relative
+    #: delta to fp32 at the same weights.
+    eval_loss: float | None = None
+    eval_loss_delta: float | None = None
     last_checkpoint: CheckpointStatus | None = None
     attempts: list[AttemptStatus] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)

@@ -33,6 +33,12 @@ REPLAY_SECONDS = PREFIX + "fp32_replay_seconds"  # gauge: the last replay's dura
 #: `auto` attempts: seconds per step measured on the node, by candidate precision (label
 #: `candidate`; -1 = it went non-finite); the chosen one is the attempt's `precision` label.
 MEASURED_STEP_SECONDS = PREFIX + "measured_step_seconds"
+#: The quality gate (spec.validation): eval loss in the attempt's precision, in fp32 at the
+#: same weights, their relative delta (-1 until the first evaluation), and seconds spent.
+EVAL_LOSS = PREFIX + "eval_loss"
+EVAL_LOSS_FP32 = PREFIX + "eval_loss_fp32"
+EVAL_LOSS_DELTA = PREFIX + "eval_loss_delta"
+EVAL_SECONDS = PREFIX + "eval_seconds"  # counter -> *_total
 
 #: Labels every trainer metric carries (low cardinality: one value per attempt).
 LABELS = ("job", "namespace", "attempt", "precision")

@@ -14,6 +14,7 @@ One object per line, flushed, with an "event" key. Schema (camelCase; stable):
                stepSeconds, precision, peakDeviceMemoryBytes
   checkpoint   step, path, sha256, seconds, bytes, async
   checkpointSkipped  step, why
+  eval         step, loss, lossFp32, delta, seconds (the quality gate)
   fault        step, rule, message
   replay       verdict (precision|data|inconclusive), firstStep, steps, fromCheckpoint,
                offendingStep, samples, seconds

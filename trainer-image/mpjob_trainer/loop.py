@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
 from mpjob_trainer.data import StepSampler, micro_batch, to_device
 from mpjob_trainer.errors import ConfigError
@@ -77,10 +78,33 @@ def train(run: Session) -> None:
         run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
     run.register_step(one_step, samples=sampler.step_indices)
+    if run.spec.validation.every_steps:
+        if task.eval_dataset is None:
+            raise ConfigError("validation.everySteps is set but the task has no evaluation set (eval_dataset)")
+        run.evaluate_with(lambda: evaluate(run, model, task))
     samples_per_step = tr.batch_size * tr.grad_accumulation * run.world.size
     for step in range(start, run.total_steps):
         one_step(step)
         run.end_step(step + 1, samples=samples_per_step)
+
+
+def evaluate(run: Session, model: nn.Module, task: Task) -> float:
+    """Mean loss over the first validation.batches batches of the task's evaluation set, under
+    the session's autocast (the quality gate runs it in the attempt's precision and in fp32)."""
+    assert task.eval_dataset is not None
+    size, batch = len(task.eval_dataset), run.spec.training.batch_size  # type: ignore[arg-type]
+    starts = range(0, min(size, run.spec.validation.batches * batch), batch)
+    model.eval()
+    try:
+        losses = []
+        for start in starts:
+            items = [task.eval_dataset[i] for i in range(start, min(size, start + batch))]
+            inputs, targets = to_device(default_collate(items), run.device)
+            with run.autocast():
+                losses.append(float(task.loss(model(inputs), targets)))
+        return sum(losses) / len(losses)
+    finally:
+        model.train()
 
 
 def forward_backward(run: Session, net: nn.Module, task: Task, sampler: StepSampler, step: int) -> None:

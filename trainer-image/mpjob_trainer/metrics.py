@@ -98,6 +98,12 @@ class TrainerMetrics:
             [*lab, "candidate"],
             registry=r,
         )
+        self.eval_loss = gauge(names.EVAL_LOSS, "Quality gate: eval loss in the attempt's precision (-1: none yet).")
+        self.eval_loss_fp32 = gauge(names.EVAL_LOSS_FP32, "Quality gate: eval loss in fp32 at the same weights.")
+        self.eval_loss_delta = gauge(names.EVAL_LOSS_DELTA, "Quality gate: relative delta of the two (-1: none yet).")
+        self.eval_seconds = counter(names.EVAL_SECONDS, "Seconds spent evaluating for the quality gate.")
+        for unset in (self.eval_loss, self.eval_loss_fp32, self.eval_loss_delta):
+            unset.set(-1)
         self.info = bound(Gauge(names.INFO, "1 for the precision this attempt trains in.", lab, registry=r))
         self.info.set(1)
         self.port: int | None = None
@@ -134,6 +140,12 @@ class TrainerMetrics:
     def measured_steps(self, seconds: dict[str, float | None]) -> None:
         for candidate, value in seconds.items():
             self.measured.labels(**self.labels, candidate=candidate).set(-1 if value is None else value)
+
+    def evaluated(self, loss: float, loss_fp32: float, delta: float, seconds: float) -> None:
+        self.eval_loss.set(loss)
+        self.eval_loss_fp32.set(loss_fp32)
+        self.eval_loss_delta.set(delta)
+        self.eval_seconds.inc(seconds)
 
     def replayed(self, verdict: str, seconds: float) -> None:
         self.replays.labels(**self.labels, verdict=verdict).inc()

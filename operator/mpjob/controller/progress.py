@@ -39,6 +39,8 @@ FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
     ("lossScale", tm.LOSS_SCALE, float),
     ("overflowSteps", tm.OVERFLOW_STEPS + "_total", int),
     ("samplesPerSecond", tm.SAMPLES_PER_SECOND, float),
+    ("evalLoss", tm.EVAL_LOSS, float),  # -1 (skipped) until the quality gate's first evaluation
+    ("evalLossDelta", tm.EVAL_LOSS_DELTA, float),
 )
 WANTED = {metric for _, metric, _ in FIGURES} | {tm.START_STEP, tm.LAST_GOOD_CHECKPOINT_STEP}
 #: Metrics read by one label: kept as "name{value}" (the precision an `auto` attempt chose, and

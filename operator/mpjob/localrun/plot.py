@@ -39,6 +39,12 @@ def render(series: RunSeries, path: Path, title: str) -> Path:
         scale_ax.plot(steps, [p.loss_scale for p in pts], label=label)
         grad_ax.plot(steps, [p.grad_norm for p in pts], label=label)
 
+    if series.evals:  # the quality gate: eval loss in the attempt's precision and in fp32
+        steps = [e.step for e in series.evals]
+        loss_ax.scatter(steps, [e.loss for e in series.evals], marker="o", s=14, color="#444", label="eval loss")
+        loss_ax.scatter(
+            steps, [e.loss_fp32 for e in series.evals], marker="+", color="#2a9d8f", label="eval loss, fp32"
+        )
     marks = [m for m in series.overflow_marks() if m.loss_scale]
     if marks:
         scale_ax.scatter(

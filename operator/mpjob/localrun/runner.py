@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.workers import Workers, free_port
@@ -227,26 +227,32 @@ class LocalRun:
                 continue
             if not isinstance(event, dict):
                 continue
-            point = self.series.ingest(start.index, start.precision, event)
-            if point is not None:
-                self.status.step = point.step
-                self.status.loss = point.loss
-                self.status.loss_scale = point.loss_scale
-                self.status.overflow_steps = point.overflow_steps
-                self.status.samples_per_second = point.samples_per_second
-                self.view.step(point)
-            elif event.get("event") == "resume":
-                self.status.step = int(event["step"])
-                for attempt in self.status.attempts:
-                    if attempt.index == start.index:
-                        attempt.start_step = int(event["step"])
-            elif event.get("event") == "checkpoint":
-                self.status.last_checkpoint = CheckpointStatus(
-                    step=int(event["step"]),
-                    sha256=str(event.get("sha256", "")),
-                    precision=start.precision,
-                    path=str(event.get("path", "")),
-                )
+            self._event(start, event)
+
+    def _event(self, start: StartAttempt, event: dict[str, Any]) -> None:
+        """What one trainer line changes in the status, the series and the view."""
+        point = self.series.ingest(start.index, start.precision, event)
+        if point is not None:
+            self.status.step = point.step
+            self.status.loss = point.loss
+            self.status.loss_scale = point.loss_scale
+            self.status.overflow_steps = point.overflow_steps
+            self.status.samples_per_second = point.samples_per_second
+            self.view.step(point)
+        elif (evaluation := self.series.ingest_eval(start.index, event)) is not None:
+            self.status.eval_loss, self.status.eval_loss_delta = evaluation.loss, evaluation.delta
+        elif event.get("event") == "resume":
+            self.status.step = int(event["step"])
+            for attempt in self.status.attempts:
+                if attempt.index == start.index:
+                    attempt.start_step = int(event["step"])
+        elif event.get("event") == "checkpoint":
+            self.status.last_checkpoint = CheckpointStatus(
+                step=int(event["step"]),
+                sha256=str(event.get("sha256", "")),
+                precision=start.precision,
+                path=str(event.get("path", "")),
+            )
 
     def _interrupt(self) -> None:
         assert self._workers is not None  # Ctrl-C is caught while following the workers

@@ -25,6 +25,17 @@ class Point:
 
 
 @dataclass
+class EvalPoint:
+    """One quality-gate evaluation: eval loss in the attempt's precision and in fp32."""
+
+    attempt: int
+    step: int
+    loss: float | None
+    loss_fp32: float | None
+    delta: float | None
+
+
+@dataclass
 class Span:
     """One attempt's stretch of steps, shaded by precision in the plot."""
 
@@ -48,10 +59,12 @@ def _float(value: Any) -> float | None:
 class RunSeries:
     points: list[Point] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
+    evals: list[EvalPoint] = field(default_factory=list)
 
     def begin_attempt(self, attempt: int, precision: str, start_step: int) -> None:
         self.spans = [s for s in self.spans if s.attempt != attempt]
         self.points = [p for p in self.points if p.attempt != attempt]
+        self.evals = [e for e in self.evals if e.attempt != attempt]
         self.spans.append(Span(attempt, precision, start_step))
 
     def end_attempt(self, attempt: int, end_step: int | None, reason: str | None) -> None:
@@ -77,6 +90,20 @@ class RunSeries:
         self.points.append(point)
         return point
 
+    def ingest_eval(self, attempt: int, line: dict[str, Any]) -> EvalPoint | None:
+        """Record a trainer eval line (the quality gate); other lines are ignored."""
+        if line.get("event") != "eval" or "step" not in line:
+            return None
+        point = EvalPoint(
+            attempt,
+            int(line["step"]),
+            _float(line.get("loss")),
+            _float(line.get("lossFp32")),
+            _float(line.get("delta")),
+        )
+        self.evals.append(point)
+        return point
+
     def overflow_marks(self) -> list[Point]:
         """Points at which the attempt's overflow-skipped step count went up."""
         marks: list[Point] = []
@@ -88,7 +115,11 @@ class RunSeries:
         return marks
 
     def save(self, path: Path) -> None:
-        data = {"points": [asdict(p) for p in self.points], "spans": [asdict(s) for s in self.spans]}
+        data = {
+            "points": [asdict(p) for p in self.points],
+            "spans": [asdict(s) for s in self.spans],
+            "evals": [asdict(e) for e in self.evals],
+        }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
@@ -100,5 +131,6 @@ class RunSeries:
         data = json.loads(path.read_text())
         return cls(
             points=[Point(**p) for p in data.get("points", [])],
+            evals=[EvalPoint(**e) for e in data.get("evals", [])],
             spans=[Span(**s) for s in data.get("spans", [])],
         )

@@ -111,7 +111,7 @@ def begin_attempt(
     status.precision = start.precision
     # Live figures are each attempt's own: none until its first real reading.
     status.loss = status.loss_scale = status.samples_per_second = None
-    status.overflow_steps = None
+    status.overflow_steps = status.eval_loss = status.eval_loss_delta = None
     return entry
 
 

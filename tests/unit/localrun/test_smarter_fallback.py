@@ -97,3 +97,20 @@ def test_a_precision_that_faults_again_after_repromotion_stays_down(tmp_path: Pa
         ("fp16", "NumericFault"),
         ("bf16", "Succeeded"),  # fp16 is not tried a third time
     ]
+
+
+def test_the_quality_gate_falls_back_from_a_drifting_precision_and_shows_it(tmp_path: Path) -> None:
+    code, report, out = run(
+        tmp_path,
+        task=mlp(samples=256, cancellationOffset=1000),
+        training={"steps": 60, "batchSize": 16, "logEvery": 5},
+        precision={"mode": "bf16", "fallback": ["fp32"]},
+        validation={"everySteps": 10, "maxLossDelta": 0.05},
+    )
+    assert code == 0 and report["phase"] == "Succeeded", out
+    first, second = report["attempts"]
+    assert (first["precision"], first["reason"]) == ("bf16", "NumericFault")
+    assert first["message"].startswith("QualityDrift: ") and second["precision"] == "fp32"
+    assert report["evalLossDelta"] == 0.0 and report["evalLoss"] > 0  # fp32's own evaluation
+    series = json.loads((tmp_path / "out" / "series.json").read_text())
+    assert {e["attempt"] for e in series["evals"]} == {0, 1}

@@ -19,6 +19,7 @@ ALERTS = {
     "TrainingStalled": "page",
     "CheckpointFailing": "page",
     "LossScaleCollapsing": "ticket",
+    "EvalLossDrift": "ticket",
     "OperatorDown": "page",
     "ReconcileErrors": "ticket",
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,6 +39,7 @@ from mpjob_trainer.session.ending import Standing, classify, conclude
 from mpjob_trainer.session.measure import agreed_seconds, candidates, choose, nothing_kept, time_steps
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Interval, Progress, host_value
+from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.replay import Fp32Replay, Replaying, SamplesFunction, StepFunction, ending_for, finite
 from mpjob_trainer.session.state import TrainingState, seed_everything
 
@@ -89,6 +91,7 @@ class Session:
         self._replay: Fp32Replay | None = None
         self._probing = False
         self._measurement: Measurement | None = None
+        self._gate: QualityGate | None = None
         #: The last step of an interval with numeric trouble (re-promotion counts clean steps from it).
         self._trouble_at = 0
         self._replayed: Replay | None = None
@@ -173,6 +176,11 @@ class Session:
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             self._measure(step)
 
+    def evaluate_with(self, evaluate: EvalFunction) -> None:
+        """The quality gate's evaluation (spec.validation; session.quality): `evaluate()` returns
+        the mean eval loss of the current weights, computed under run.autocast()."""
+        self._gate = QualityGate(evaluate, self.spec.validation, self.world, self.device)
+
     def _measure(self, step: StepFunction) -> None:
         """Time the step in each precision the device supports; train in the one chosen."""
         assert self._state is not None
@@ -250,9 +258,10 @@ class Session:
         self._close_step(step, loss, samples)
         at_log = step % self.spec.training.log_every == 0 or step == self.total_steps
         at_ckpt = step % self.spec.checkpoint.every_steps == 0 or step == self.total_steps
+        at_eval = self._gate is not None and self._gate.due(step)
         stop = self._preemption.raised and not self.world.distributed  # alone: no need to agree
-        if at_log or at_ckpt or stop:
-            self._interval(step, at_log=at_log, at_ckpt=at_ckpt)
+        if at_log or at_ckpt or stop or at_eval:
+            self._interval(step, at_log=at_log, at_ckpt=at_ckpt, at_eval=at_eval)
 
     def _close_step(self, step: int, loss: Number | None, samples: int | None) -> None:
         """Per-step guard bookkeeping, host-only (raises on too many overflows in a row)."""
@@ -269,7 +278,7 @@ class Session:
             self._guard.begin_step()
             self._loss_sum = None
 
-    def _interval(self, step: int, *, at_log: bool, at_ckpt: bool) -> None:
+    def _interval(self, step: int, *, at_log: bool, at_ckpt: bool, at_eval: bool = False) -> None:
         """The one sync point of an interval: read, report, judge, checkpoint, stop."""
         scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
         reading = self._guard.read(scale, flag=1.0 if self._preemption.raised else 0.0)
@@ -280,6 +289,8 @@ class Session:
         if at_log:
             self._progress.report(self._numbers(step, reading, loss, grad_norm))
         self._guard.check(step, reading, loss, grad_norm)
+        if at_eval:
+            self._evaluate(step)
         if not self._guard.healthy(loss):
             self._trouble_at = step
         stop = reading.flag > 0
@@ -293,6 +304,29 @@ class Session:
         if stop:
             self._log("preempted", step=step)
             raise Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
+
+    def _evaluate(self, step: int) -> None:
+        """The quality gate at `step`: eval in this precision and in fp32, record, judge."""
+        assert self._gate is not None
+        evaluation = self._gate.measure(step, in_fp32=self._in_fp32, low=self.precision != "fp32")
+        self._metrics.evaluated(evaluation.loss, evaluation.loss_fp32, evaluation.delta, evaluation.seconds)
+        self._log(
+            "eval",
+            step=step,
+            loss=evaluation.loss,
+            lossFp32=evaluation.loss_fp32,
+            delta=evaluation.delta,
+            seconds=round(evaluation.seconds, 4),
+        )
+        self._gate.judge(evaluation)
+
+    def _in_fp32(self, run: Callable[[], float]) -> float:
+        """`run()` with autocast off (the weights are fp32 masters already)."""
+        policy, self._policy = self._policy, PrecisionPolicy("fp32", self.device, self.spec.precision)
+        try:
+            return run()
+        finally:
+            self._policy = policy
 
     def _repromote_due(self, step: int) -> bool:
         """Has this fallback attempt had launch.repromoteAfterSteps clean steps (not at the end)?"""

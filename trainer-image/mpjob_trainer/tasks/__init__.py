@@ -4,7 +4,8 @@ A task has `model` (an nn.Module built in fp32), `dataset` (a map-style Dataset 
 (input, target) pairs), `loss(output, target) -> Tensor`, and optionally
 `flops_per_sample` (for MFU), `tokens_per_sample` (for tokens/s) and
 `set_step(step)` (workloads whose behaviour depends on the step, such as the built-ins'
-activation blow-up switch).
+activation blow-up switch) and `eval_dataset` (held-out (input, target) pairs: the quality
+gate of spec.validation evaluates on them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Task:
     flops_per_sample: float | None = None
     tokens_per_sample: int | None = None
     set_step: Callable[[int], None] | None = None
+    eval_dataset: Dataset[Any] | None = None
 
 
 def _factory(spec: TaskSpec) -> Callable[[dict[str, Any]], Any]:
@@ -76,6 +78,7 @@ def load_task(spec: TaskSpec) -> Task:
             flops_per_sample=getattr(made, "flops_per_sample", None),
             tokens_per_sample=getattr(made, "tokens_per_sample", None),
             set_step=getattr(made, "set_step", None),
+            eval_dataset=getattr(made, "eval_dataset", None),
         )
     if not isinstance(task.model, nn.Module):
         raise ConfigError(f"task {name!r}: model is {type(task.model).__name__}, not an nn.Module")

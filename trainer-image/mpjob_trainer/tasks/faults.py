@@ -7,6 +7,11 @@ trainer's recovery paths (task.args of the `mlp` workload):
 - `stepDelay: {fp32: s, bf16: s, fp16: s}`: each forward pass in that precision takes `s`
   seconds longer, as on a device where AMP does (or does not) pay off: `auto` measures it
   (failure mode F6, AmpSlowerThanFp32).
+- `cancellationOffset: c`: an inner activation is computed as (x + c) - c. In fp32 that is x;
+  in bf16 or fp16 the sum is rounded to the format's spacing at c (8 in bf16 and 0.5 in fp16
+  at c = 1000), so the model computes a coarser function in low precision than in fp32 and
+  its loss drifts from fp32's at the same weights while staying finite: what the quality gate
+  (spec.validation, QualityDrift) is for.
 - `outOfMemoryAbove: n`: a forward pass over more than `n` samples raises
   torch.OutOfMemoryError, as a GPU does when a micro-batch does not fit; the next attempt
   splits the micro-batch (OutOfDeviceMemory).
@@ -94,3 +99,14 @@ def step_delays(value: Any) -> dict[str, float]:
     ):
         raise ConfigError("task.args.stepDelay: expected {fp32|bf16|fp16: seconds between 0 and 60}")
     return {k: float(v) for k, v in value.items()}
+
+
+class Cancellation(nn.Module):
+    """(x + offset) - offset: exact in fp32, rounded to the format's spacing at `offset` in low precision."""
+
+    def __init__(self, offset: float | None) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if not self.offset else (x + self.offset) - self.offset

@@ -158,6 +158,8 @@ def make_task(args: dict[str, Any]) -> Task:
     return Task(
         model=model,
         dataset=dataset,
+        # Held-out text from the same grammar (another seed): the quality gate's evaluation set.
+        eval_dataset=ByteWindows(corpus(max(4 * (block_size + 1), 20_000), seed=4321), block_size),
         loss=lm_loss,
         flops_per_sample=float(flops_per_token * block_size),
         tokens_per_sample=block_size,

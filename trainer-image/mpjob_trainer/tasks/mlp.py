@@ -1,7 +1,8 @@
 """The built-in `mlp` workload: a small regression on synthetic data.
 
 Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, overflowUntilStep, and the
-faults of mpjob_trainer.tasks.faults: nonFiniteSamples, outOfMemoryAbove, stepDelay.
+faults of mpjob_trainer.tasks.faults: nonFiniteSamples, outOfMemoryAbove, stepDelay,
+cancellationOffset; evalSamples (held-out samples for the quality gate, default 256).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from torch.utils.data import Dataset, TensorDataset
 
 from mpjob_trainer.tasks import Task, arg, check_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
-from mpjob_trainer.tasks.faults import MemoryCeiling, PoisonedSamples, PrecisionDelay, poisoned_indices, step_delays
+from mpjob_trainer.tasks.faults import (
+    Cancellation,
+    MemoryCeiling,
+    PoisonedSamples,
+    PrecisionDelay,
+    poisoned_indices,
+    step_delays,
+)
 
 KNOWN = {
     "inputs",
@@ -28,6 +36,8 @@ KNOWN = {
     "nonFiniteSamples",
     "outOfMemoryAbove",
     "stepDelay",
+    "cancellationOffset",
+    "evalSamples",
 }
 
 
@@ -37,37 +47,48 @@ def make_task(args: dict[str, Any]) -> Task:
     hidden = arg(args, "hidden", 64, int)
     layers = arg(args, "layers", 2, int)
     samples = arg(args, "samples", 4096, int)
-    if min(inputs, hidden, layers, samples) < 1:
-        raise ValueError("task.args: inputs, hidden, layers and samples must be >= 1")
+    held_out = arg(args, "evalSamples", 256, int)
+    if min(inputs, hidden, layers, samples, held_out) < 1:
+        raise ValueError("task.args: inputs, hidden, layers, samples and evalSamples must be >= 1")
     gen = torch.Generator().manual_seed(4321)
     x = torch.randn(samples, inputs, generator=gen)
     w = torch.randn(inputs, 1, generator=gen) / inputs**0.5
-    y = torch.sin(x @ w) + 0.1 * torch.cos(3 * x[:, :1])
+    dataset: Dataset[Any] = _regression(x, w)
+    poisoned = poisoned_indices(args.get("nonFiniteSamples"), samples)
+    if poisoned:
+        dataset = PoisonedSamples(dataset, poisoned)
+    model, blowup = _model(args, inputs, hidden, layers)
+    n_params = sum(p.numel() for p in model.parameters())
+    return Task(
+        model=model,
+        dataset=dataset,
+        eval_dataset=_regression(torch.randn(held_out, inputs, generator=torch.Generator().manual_seed(8642)), w),
+        loss=lambda out, target: F.mse_loss(out.float(), target),
+        flops_per_sample=float(6 * n_params),
+        set_step=blowup.set_step,
+    )
+
+
+def _regression(x: torch.Tensor, w: torch.Tensor) -> TensorDataset:
+    """Inputs `x` and their targets, y = sin(x w) + 0.1 cos(3 x_0)."""
+    return TensorDataset(x, torch.sin(x @ w) + 0.1 * torch.cos(3 * x[:, :1]))
+
+
+def _model(args: dict[str, Any], inputs: int, hidden: int, layers: int) -> tuple[nn.Module, ActivationBlowUp]:
+    """The network, with the faults task.args asks for in its first block."""
     blowup = ActivationBlowUp(
         arg(args, "overflowAtStep", None, int),
         arg(args, "overflowGain", 1e6, float),
         arg(args, "overflowUntilStep", None, int),
     )
-    ceiling = MemoryCeiling(arg(args, "outOfMemoryAbove", None, int))
     mods: list[nn.Module] = [
-        ceiling,
+        MemoryCeiling(arg(args, "outOfMemoryAbove", None, int)),
         PrecisionDelay(step_delays(args.get("stepDelay"))),
         nn.Linear(inputs, hidden),
+        Cancellation(arg(args, "cancellationOffset", None, float)),
         blowup,
     ]
     for _ in range(layers - 1):
         mods += [nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU()]
     mods.append(nn.Linear(hidden, 1))
-    model = nn.Sequential(*mods)
-    n_params = sum(p.numel() for p in model.parameters())
-    dataset: Dataset[Any] = TensorDataset(x, y)
-    poisoned = poisoned_indices(args.get("nonFiniteSamples"), samples)
-    if poisoned:
-        dataset = PoisonedSamples(dataset, poisoned)
-    return Task(
-        model=model,
-        dataset=dataset,
-        loss=lambda out, target: F.mse_loss(out.float(), target),
-        flops_per_sample=float(6 * n_params),
-        set_step=blowup.set_step,
-    )
+    return nn.Sequential(*mods), blowup

@@ -1,0 +1,84 @@
+"""QualityGate: a silent accuracy regression in low precision, caught at the same weights (M5).
+
+Every `validation.everySteps` steps the session evaluates the current weights twice on the
+task's evaluation set: in the attempt's precision (autocast as in training) and in fp32
+(autocast off), both without gradients. The relative delta |low - fp32| / |fp32| compares
+the precision with fp32 on exactly the same model, so it isolates what the precision does
+to the loss from what training does to the weights. A delta above
+`validation.maxLossDelta` at two evaluations in a row ends the precision as a numeric fault
+(rule `QualityDrift`): the ladder's next precision takes over from the last good checkpoint.
+A single excursion is recorded, not acted on. Under DDP every rank evaluates its own share
+and the ranks agree on the largest delta. In fp32 attempts the fp32 pass is the only one
+(the delta is 0).
+
+Cost: two eval passes (one in fp32 attempts) of `validation.batches` batches per interval;
+`mpjob_trainer_eval_seconds_total` counts it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mpjob_contract.api import Validation
+from mpjob_trainer.distributed import World, all_reduce_max
+from mpjob_trainer.errors import NumericFault
+
+#: The user's evaluation: the mean eval loss of the current weights, computed under
+#: run.autocast() (the session runs it in the attempt's precision and in fp32).
+EvalFunction = Callable[[], "torch.Tensor | float"]
+IN_A_ROW = 2
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    step: int
+    loss: float
+    loss_fp32: float
+    delta: float
+    seconds: float
+
+
+def relative_delta(loss: float, reference: float) -> float:
+    """|loss - reference| / |reference| (inf when either is non-finite)."""
+    if not (math.isfinite(loss) and math.isfinite(reference)):
+        return math.inf
+    return abs(loss - reference) / max(abs(reference), 1e-12)
+
+
+class QualityGate:
+    def __init__(self, evaluate: EvalFunction, spec: Validation, world: World, device: torch.device) -> None:
+        self.evaluate = evaluate
+        self.spec = spec
+        self.world = world
+        self.device = device
+        self.over = 0  # evaluations in a row above maxLossDelta
+
+    def due(self, step: int) -> bool:
+        return self.spec.every_steps > 0 and step % self.spec.every_steps == 0
+
+    def measure(self, step: int, *, in_fp32: Callable[[Callable[[], float]], float], low: bool) -> Evaluation:
+        """Evaluate in the attempt's precision and (`low`) in fp32 via `in_fp32(run)`."""
+        began = time.perf_counter()
+        with torch.no_grad():
+            loss = float(self.evaluate())
+            reference = in_fp32(lambda: float(self.evaluate())) if low else loss
+        mine = relative_delta(loss, reference)
+        agreed = all_reduce_max(torch.tensor(min(mine, 1e300), dtype=torch.float64, device=self.device), self.world)
+        return Evaluation(step, loss, reference, float(agreed.item()), time.perf_counter() - began)
+
+    def judge(self, evaluation: Evaluation) -> None:
+        """Count an evaluation; the second in a row above maxLossDelta ends the precision."""
+        limit = self.spec.max_loss_delta
+        self.over = self.over + 1 if evaluation.delta > limit else 0
+        if self.over >= IN_A_ROW:
+            raise NumericFault(
+                "QualityDrift",
+                f"eval loss {evaluation.loss:.6g} vs {evaluation.loss_fp32:.6g} in fp32 at the same weights: "
+                f"relative delta {evaluation.delta:.3g} > validation.maxLossDelta={limit:g} at {IN_A_ROW} "
+                f"evaluations in a row (step {evaluation.step})",
+            )
