@@ -29,22 +29,36 @@ class TrainerMetrics:
     def __init__(self, job: str, namespace: str, attempt: int, precision: str) -> None:
         self.registry = CollectorRegistry()
         self.labels = {"job": job, "namespace": namespace, "attempt": str(attempt), "precision": precision}
-        lab = list(self.labels)
-        r = self.registry
         #: id(child) -> its family, so `relabel` can rebind every attribute to new labels.
         self._families: dict[int, Any] = {}
+        self._training()
+        self._checkpointing()
+        self._decisions()
+        self.info = self._bound(Gauge(names.INFO, "1 for the precision this attempt trains in.", **self._on()))
+        self.info.set(1)
+        self.port: int | None = None
 
-        def bound(family: Any) -> Any:
-            child = family.labels(**self.labels)
-            self._families[id(child)] = family
-            return child
+    # -- the families, by what they tell ------------------------------------------------
+    def _on(self, *extra: str) -> dict[str, Any]:
+        """The label names (the attempt's, then `extra`) and the registry of a family."""
+        return {"labelnames": [*self.labels, *extra], "registry": self.registry}
 
-        def gauge(name: str, doc: str) -> Any:
-            return bound(Gauge(name, doc, lab, registry=r))
+    def _bound(self, family: Any) -> Any:
+        child = family.labels(**self.labels)
+        self._families[id(child)] = family
+        return child
 
-        def counter(name: str, doc: str) -> Any:
-            return bound(Counter(name, doc, lab, registry=r))
+    def _gauge(self, name: str, doc: str) -> Any:
+        return self._bound(Gauge(name, doc, **self._on()))
 
+    def _counter(self, name: str, doc: str) -> Any:
+        return self._bound(Counter(name, doc, **self._on()))
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+        return self._bound(Histogram(name, doc, **self._on(), buckets=buckets))
+
+    def _training(self) -> None:
+        gauge, counter = self._gauge, self._counter
         self.step = gauge(names.STEP, "Optimizer steps completed (the data position).")
         self.total_steps = gauge(names.TOTAL_STEPS, "Steps the job trains in all.")
         self.start_step = gauge(names.START_STEP, "The step this attempt resumed from (0 = fresh start).")
@@ -56,47 +70,40 @@ class TrainerMetrics:
         self.samples_per_second = gauge(names.SAMPLES_PER_SECOND, "Training throughput in samples/s.")
         self.tokens_per_second = gauge(names.TOKENS_PER_SECOND, "Training throughput in tokens/s.")
         self.mfu = gauge(names.MFU, "Model FLOPs utilization (0-1) where the flops and peak are known.")
-        self.step_seconds = bound(
-            Histogram(
-                names.STEP_SECONDS,
-                "Wall time of one optimizer step.",
-                lab,
-                registry=r,
-                buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            )
+        self.step_seconds = self._histogram(
+            names.STEP_SECONDS,
+            "Wall time of one optimizer step.",
+            (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.peak_device_memory = gauge(names.PEAK_DEVICE_MEMORY, "Peak device memory allocated.")
         self.peak_host_memory = gauge(names.PEAK_HOST_MEMORY, "Peak resident host memory.")
-        self.checkpoint_seconds = bound(
-            Histogram(
-                names.CHECKPOINT_SAVE_SECONDS,
-                "Time to write one checkpoint (off the training thread when async).",
-                lab,
-                registry=r,
-                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-            )
+
+    def _checkpointing(self) -> None:
+        self.checkpoint_seconds = self._histogram(
+            names.CHECKPOINT_SAVE_SECONDS,
+            "Time to write one checkpoint (off the training thread when async).",
+            (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )
-        self.checkpoint_bytes = gauge(names.CHECKPOINT_BYTES, "Size of the last checkpoint written.")
-        self.checkpoint_failures = counter(names.CHECKPOINT_FAILURES, "Checkpoint writes that failed.")
-        self.last_good_step = gauge(names.LAST_GOOD_CHECKPOINT_STEP, "Step of the newest verified checkpoint.")
+        self.checkpoint_bytes = self._gauge(names.CHECKPOINT_BYTES, "Size of the last checkpoint written.")
+        self.checkpoint_failures = self._counter(names.CHECKPOINT_FAILURES, "Checkpoint writes that failed.")
+        self.last_good_step = self._gauge(names.LAST_GOOD_CHECKPOINT_STEP, "Step of the newest verified checkpoint.")
+
+    def _decisions(self) -> None:
+        """The guard, the fp32 replay, the `auto` probe and the quality gate."""
+        gauge, counter = self._gauge, self._counter
         self.guard_trips = Counter(
-            names.GUARD_TRIPS,
-            "Numeric guard decisions that ended a precision, by rule.",
-            [*lab, "rule"],
-            registry=r,
+            names.GUARD_TRIPS, "Numeric guard decisions that ended a precision, by rule.", **self._on("rule")
         )
         self.replays = Counter(
             names.REPLAYS,
             "fp32 replays of a numeric fault, by verdict (precision, data, inconclusive).",
-            [*lab, "verdict"],
-            registry=r,
+            **self._on("verdict"),
         )
         self.replay_seconds = gauge(names.REPLAY_SECONDS, "Duration of the last fp32 replay.")
         self.measured = Gauge(
             names.MEASURED_STEP_SECONDS,
             "auto: seconds per step measured on this node, by candidate precision (-1: non-finite).",
-            [*lab, "candidate"],
-            registry=r,
+            **self._on("candidate"),
         )
         self.eval_loss = gauge(names.EVAL_LOSS, "Quality gate: eval loss in the attempt's precision (-1: none yet).")
         self.eval_loss_fp32 = gauge(names.EVAL_LOSS_FP32, "Quality gate: eval loss in fp32 at the same weights.")
@@ -104,9 +111,6 @@ class TrainerMetrics:
         self.eval_seconds = counter(names.EVAL_SECONDS, "Seconds spent evaluating for the quality gate.")
         for unset in (self.eval_loss, self.eval_loss_fp32, self.eval_loss_delta):
             unset.set(-1)
-        self.info = bound(Gauge(names.INFO, "1 for the precision this attempt trains in.", lab, registry=r))
-        self.info.set(1)
-        self.port: int | None = None
 
     def serve(self) -> int | None:
         """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port."""
