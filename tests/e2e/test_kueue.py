@@ -148,6 +148,13 @@ def test_a_queued_job_waits_for_quota_then_kueue_admits_it_and_it_succeeds(
     reserved = condition(workload, "QuotaReserved")
     assert reserved["status"] == "False" and "nvidia.com/gpu" in reserved["message"], reserved
     assert workload["spec"]["queueName"] == "team-a"
+    # ... and the job's own status carries Kueue's words (`kubectl describe mpj` shows them).
+    said = wait_for(
+        lambda: "the queue says" in (m := running_condition(jobs.status("kueue-queued")).get("message", "")) and m,
+        60,
+        message="Kueue's reason in the job's status",
+    )
+    assert reserved["message"] in said or "nvidia.com/gpu" in said, said
     assert batch.read_namespaced_job("kueue-queued-a0", ns).spec.suspend is True
     assert not jobs.pods("mpjob.dev/job=kueue-queued")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -27,13 +28,14 @@ from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.progress import ProgressReader, Target, progress_patch
+from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt
-from mpjob.planning.reconcile import FINISHED, reconcile
+from mpjob.planning.reconcile import FINISHED, JobView, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
@@ -56,6 +58,7 @@ class Reconciler:
             deadline=config.scrape_timeout_seconds,
             max_bytes=config.scrape_max_bytes,
         )
+        self.queue = QueueReader(cluster)
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.context = KopfContext()
         #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
@@ -115,7 +118,8 @@ class Reconciler:
             uid = body["metadata"]["uid"]
             seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
             now = datetime.now(UTC)
-            plan = reconcile(spec, old, body["metadata"].get("generation"), seen.jobs, now, lingering=seen.lingering)
+            jobs = self._with_queue_words(namespace, spec, old, seen)
+            plan = reconcile(spec, old, body["metadata"].get("generation"), jobs, now, lingering=seen.lingering)
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)
             if refusal is not None:
@@ -126,6 +130,19 @@ class Reconciler:
             elif plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
             return plan.status
+
+    def _with_queue_words(
+        self, namespace: str, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, seen: Observed
+    ) -> dict[int, JobView]:
+        """The attempt Jobs, the current one with its queue's words while it waits suspended."""
+        if not (spec.run_policy.queue_name and status.attempts):
+            return seen.jobs
+        index = status.attempts[-1].index
+        job, uid = seen.jobs.get(index), seen.uids.get(index)
+        if job is None or uid is None or not job.suspended or job.finished:
+            return seen.jobs
+        words = self.queue.message(namespace, uid)
+        return {**seen.jobs, index: replace(job, queue_message=words)} if words else seen.jobs
 
     def forget(self, uid: str, key: Key | None = None) -> None:
         """A deleted job leaves the phase counts (and the new jobs' bodies)."""

@@ -49,6 +49,9 @@ class JobView:
     suspended: bool = False
     #: The Job controller's latest FailedCreate message (a pod it could not create), if any.
     create_error: str | None = None
+    #: While the Job waits suspended: why its queue has not admitted it, in the queue's words
+    #: (Kueue's Workload condition), when the operator could read it.
+    queue_message: str | None = None
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -239,7 +242,7 @@ def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: Whe
     the Job controller may be unable to create), or running once a trainer pod runs."""
     created = {p.index for p in job.pods} >= set(range(spec.workers))
     if job.suspended:
-        _awaiting_admission(plan, when)
+        _awaiting_admission(plan, when, queue_message=job.queue_message)
     elif job.create_error is not None and not created:
         _pods_refused(plan, spec, message=job.create_error, when=when)
     else:
@@ -249,7 +252,7 @@ def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: Whe
             lc.running(plan, when)
 
 
-def _awaiting_admission(plan: Plan, when: When) -> None:
+def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = None) -> None:
     """The attempt's Job waits suspended for its queue: to be admitted, or to be admitted again.
 
     A Job that ran and is suspended again was preempted by its queue (Kueue suspends it; the
@@ -275,7 +278,9 @@ def _awaiting_admission(plan: Plan, when: When) -> None:
             f"attempt {previous.index} was preempted by its queue; attempt {current.index} waits to be admitted "
             f"again and resumes in {current.precision} from checkpoint step {current.start_step}"
         )
-    if status.phase != "Pending" or was != reason:
+    if queue_message:
+        message = f"{message}; the queue says: {queue_message}"[:1024]
+    if status.phase != "Pending" or was != reason or (running is not None and running.message != message):
         if reason == ConditionReason.AWAITING_READMISSION and was != reason:
             plan.events.append(lc.Event("Warning", "Preempted", message))
         status.phase = "Pending"

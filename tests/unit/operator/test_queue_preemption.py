@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from mpjob.controller.queue import workload_message
 from mpjob.planning.reconcile import JobView, PodView, preempted_by_queue, reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -114,3 +115,26 @@ def test_preemptions_never_exhaust_the_attempt_budget() -> None:
         assert status.phase != "Failed", status.message
     assert [a.reason for a in status.attempts[:-1]] == ["Preempted"] * 4
     assert status.attempts[-1].finish_time is None and status.attempts[-1].precision == "fp16"
+
+
+def test_a_job_waiting_in_its_queue_shows_the_queues_words() -> None:
+    status = reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+    words = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor f"
+    waiting = JobView(0, suspended=True, queue_message=words)
+    status = reconcile(spec(), status, 1, {0: waiting}, T0 + timedelta(seconds=1)).status
+    cond = next(c for c in status.conditions if c.type == "Running")
+    assert cond.reason == "AwaitingAdmission" and cond.message.endswith(f"the queue says: {words}")
+    # Words change (or go), the message follows; the transition time stays.
+    later = reconcile(spec(), status, 1, {0: JobView(0, suspended=True)}, T0 + timedelta(seconds=9)).status
+    again = next(c for c in later.conditions if c.type == "Running")
+    assert again.message == "attempt 0 waits for its queue to admit it"
+    assert again.last_transition_time == cond.last_transition_time
+
+
+def test_kueues_verdict_is_read_from_its_workload() -> None:
+    quota = {"type": "QuotaReserved", "status": "False", "message": "insufficient unused quota for nvidia.com/gpu"}
+    evicted = {"type": "Evicted", "status": "True", "message": "Preempted to accommodate a workload"}
+    assert workload_message({"status": {"conditions": [evicted, quota]}}) == quota["message"]
+    assert workload_message({"status": {"conditions": [evicted]}}) == evicted["message"]
+    admitted = {"type": "QuotaReserved", "status": "True", "message": "Quota reserved in ClusterQueue cq"}
+    assert workload_message({"status": {"conditions": [admitted]}}) is None
