@@ -80,15 +80,14 @@ def agreed_seconds(seconds: dict[str, float | None], world: World, device: torch
 
 
 def time_steps(run_step: Callable[[], bool], device: torch.device) -> float | None:
-    """Median seconds of one step after the warm-up; None when a step went non-finite."""
-    times = []
+    """Median seconds of one step after the warm-up; None when a step went non-finite. Every
+    step runs either way: under DDP each one's collectives must meet the other ranks'."""
+    times, finite = [], True
     for i in range(WARM + TIMED):
         began = time.perf_counter()
-        finite = run_step()
+        finite = run_step() and finite
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if not finite:
-            return None
         if i >= WARM:
             times.append(time.perf_counter() - began)
-    return statistics.median(times)
+    return statistics.median(times) if finite else None
