@@ -5,9 +5,10 @@ test cluster behave the same so the operator's behaviour through such a restart 
 
 The child's PID is written to PIDFILE (the chaos benchmark kills that process); the
 supervisor's own PID is the component's (`down` stops its process group, child included).
-A child that dies within START_GRACE seconds of starting, CRASH_LOOP times in a row, is not
-restarted again: the supervisor exits with its code, so `up` reports a broken flag or a
-taken port at once instead of waiting on a crash loop.
+A child that never came up (it died within START_GRACE seconds of starting, CRASH_LOOP times
+in a row) is not restarted again: the supervisor exits with its code, so `up` reports a
+broken flag or a taken port at once instead of waiting on a crash loop. Quick deaths later
+(waiting on a restarting dependency) are retried with a backoff up to MAX_RESTART_DELAY.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from types import FrameType
 START_GRACE = 3.0
 CRASH_LOOP = 3
 RESTART_DELAY = 0.2
+MAX_RESTART_DELAY = 5.0
 
 
 class Supervisor:
@@ -38,7 +40,7 @@ class Supervisor:
             self.child.send_signal(signum)
 
     def loop(self) -> int:
-        quick_deaths = 0
+        quick_deaths, ever_up = 0, False
         while True:
             started = time.monotonic()
             self.child = subprocess.Popen(self.argv)
@@ -46,12 +48,16 @@ class Supervisor:
             code = self.child.wait()
             if self.stopping:
                 return 0
-            quick_deaths = quick_deaths + 1 if time.monotonic() - started < START_GRACE else 0
+            lived = time.monotonic() - started >= START_GRACE
+            ever_up = ever_up or lived
+            quick_deaths = 0 if lived else quick_deaths + 1
             print(f"supervise: {self.argv[0]} exited {code}; restarting", file=sys.stderr, flush=True)
-            if quick_deaths >= CRASH_LOOP:
+            # Only a process that never came up is given up on: one that ran may die again
+            # while a dependency restarts (Kueue while the apiserver does), and keeps trying.
+            if quick_deaths >= CRASH_LOOP and not ever_up:
                 print(f"supervise: {self.argv[0]} keeps dying at start; giving up", file=sys.stderr, flush=True)
                 return code if code > 0 else 1
-            time.sleep(RESTART_DELAY)
+            time.sleep(min(MAX_RESTART_DELAY, RESTART_DELAY * 2**quick_deaths))
 
 
 def supervise(pidfile: Path, argv: list[str]) -> int:
