@@ -241,6 +241,8 @@ class LocalRun:
             self.view.step(point)
         elif (evaluation := self.series.ingest_eval(start.index, event)) is not None:
             self.status.eval_loss, self.status.eval_loss_delta = evaluation.loss, evaluation.delta
+        elif event.get("event") == "precisionMeasured":
+            self._measured(start, event)
         elif event.get("event") == "resume":
             self.status.step = int(event["step"])
             for attempt in self.status.attempts:
@@ -253,6 +255,15 @@ class LocalRun:
                 precision=start.precision,
                 path=str(event.get("path", "")),
             )
+
+    def _measured(self, start: StartAttempt, event: dict[str, Any]) -> None:
+        """An `auto` attempt measured this machine: its precision from here on, and the figures."""
+        chosen, seconds = str(event.get("chosen", "")), event.get("stepSeconds") or {}
+        for attempt in self.status.attempts:
+            if attempt.index == start.index and attempt.precision == "auto" and chosen:
+                lc.measured(self.status, attempt, chosen, seconds)
+        self.series.measured(start.index, chosen)
+        self.view.info(f"auto measured {lc.step_times(seconds)} per step: training in {chosen}")
 
     def _interrupt(self) -> None:
         assert self._workers is not None  # Ctrl-C is caught while following the workers

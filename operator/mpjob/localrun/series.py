@@ -90,6 +90,12 @@ class RunSeries:
         self.points.append(point)
         return point
 
+    def measured(self, attempt: int, precision: str) -> None:
+        """An `auto` attempt chose `precision`: its span is drawn in it."""
+        for span in self.spans:
+            if span.attempt == attempt and precision:
+                span.precision = precision
+
     def ingest_eval(self, attempt: int, line: dict[str, Any]) -> EvalPoint | None:
         """Record a trainer eval line (the quality gate); other lines are ignored."""
         if line.get("event") != "eval" or "step" not in line:

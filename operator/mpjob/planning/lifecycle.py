@@ -215,13 +215,16 @@ def measured(
             status.precision = chosen
 
 
+def step_times(seconds: dict[str, float | None]) -> str:
+    """'bf16 187.6 ms, fp32 24.4 ms': measured step times, for messages."""
+    return ", ".join(f"{p} {s * 1000:.1f} ms" if s is not None else f"{p} non-finite" for p, s in seconds.items())
+
+
 def amp_slower(plan: Plan, measurement: Measurement | None, when: When) -> None:
     """F6: no low precision beat fp32 on the node: a condition and, the first time, a Warning Event."""
     if measurement is None or not measurement.amp_slower_than_fp32:
         return
-    shown = ", ".join(
-        f"{p} {s * 1000:.1f} ms" if s is not None else f"{p} non-finite" for p, s in measurement.step_seconds.items()
-    )
+    shown = step_times(measurement.step_seconds)
     message = f"no low precision beat fp32 by {AUTO_MARGIN:.0%} per step on this node ({shown}): training in fp32"
     known = any(c.type == ConditionType.AMP_SLOWER_THAN_FP32 and c.status == "True" for c in plan.status.conditions)
     condition(plan, when, ConditionType.AMP_SLOWER_THAN_FP32, True, ConditionReason.MEASURED, message)
