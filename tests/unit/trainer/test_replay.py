@@ -86,3 +86,9 @@ def test_the_replay_window_ends_at_the_first_faulting_step(
 ) -> None:
     win = window(first, checkpoint_step=checkpoint, replay_steps=steps)
     assert (win.steps, win.from_checkpoint) == (expected, from_checkpoint)
+
+
+def test_the_report_names_the_attempts_precision_not_the_replays(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, spec(**OVERFLOWING, precision={"mode": "fp16"}), "fp16")
+    assert run.report is not None and run.report.replay is not None
+    assert run.report.precision == "fp16"

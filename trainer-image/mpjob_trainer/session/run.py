@@ -397,7 +397,11 @@ class Session:
         if self._replay is None or self._state is None or self.precision == "fp32":
             return fault
         where = Replaying(self._guard, self._checkpoints, self._state, self.world, self.device, self._log)
-        replay = self._replay.run(fault, where, enter_fp32=lambda: self._use("fp32"), check=self._replay_step_finite)
+        trained_in, check = self.precision, self._replay_step_finite
+        try:
+            replay = self._replay.run(fault, where, enter_fp32=lambda: self._use("fp32"), check=check)
+        finally:
+            self.precision = trained_in  # the attempt's precision, for its report (the replay's is fp32)
         if replay is None:
             return fault
         self._replayed = replay
