@@ -48,25 +48,21 @@ class Reason(StrEnum):
     DELETED = "PodDeleted"
 
 
+#: What each of the trainer's own exit codes stands for; any other code is an infrastructure failure.
+REASON_OF_EXIT_CODE: dict[int, Reason] = {
+    ExitCode.SUCCESS: Reason.SUCCEEDED,
+    ExitCode.NUMERIC_FAULT: Reason.NUMERIC_FAULT,
+    ExitCode.CONFIG_ERROR: Reason.CONFIG_ERROR,
+    ExitCode.PREEMPTED: Reason.PREEMPTED,
+    ExitCode.NON_FINITE_IN_FP32: Reason.NON_FINITE_IN_FP32,
+    ExitCode.OUT_OF_DEVICE_MEMORY: Reason.OUT_OF_DEVICE_MEMORY,
+    ExitCode.REPROMOTE: Reason.REPROMOTE,
+}
+
+
 def reason_for_exit_code(code: int) -> Reason:
     """Map a trainer exit code to the reason it stands for."""
-    match code:
-        case ExitCode.SUCCESS:
-            return Reason.SUCCEEDED
-        case ExitCode.NUMERIC_FAULT:
-            return Reason.NUMERIC_FAULT
-        case ExitCode.CONFIG_ERROR:
-            return Reason.CONFIG_ERROR
-        case ExitCode.PREEMPTED:
-            return Reason.PREEMPTED
-        case ExitCode.NON_FINITE_IN_FP32:
-            return Reason.NON_FINITE_IN_FP32
-        case ExitCode.OUT_OF_DEVICE_MEMORY:
-            return Reason.OUT_OF_DEVICE_MEMORY
-        case ExitCode.REPROMOTE:
-            return Reason.REPROMOTE
-        case _:
-            return Reason.INFRA_ERROR
+    return REASON_OF_EXIT_CODE.get(code, Reason.INFRA_ERROR)
 
 
 #: How trainer endings rank when several processes of one attempt ended differently: the
@@ -92,7 +88,5 @@ ENDING_PRECEDENCE: tuple[Reason, ...] = (
 
 def exit_code_for(reason: Reason) -> ExitCode:
     """The exit code that stands for one of the trainer's own endings (INFRA_ERROR otherwise)."""
-    for code in ExitCode:
-        if reason_for_exit_code(code) == reason:
-            return code
-    return ExitCode.INFRA_ERROR
+    codes = {r: ExitCode(c) for c, r in REASON_OF_EXIT_CODE.items()}
+    return codes.get(reason, ExitCode.INFRA_ERROR)
