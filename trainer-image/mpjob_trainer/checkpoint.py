@@ -61,6 +61,14 @@ def _hash_tree(root: Path) -> dict[str, dict[str, Any]]:
     return files
 
 
+def _manifest_precision(path: Path) -> str | None:
+    """The precision a checkpoint's manifest names (None when unreadable: verify() says why)."""
+    try:
+        return str(json.loads((path / MANIFEST).read_text())["precision"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -130,12 +138,27 @@ class CheckpointStore:
             raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {step}")
         return CheckpointRef(step=step, path=str(path), sha256=expected_sha, precision=precision), state
 
-    def load(self, prefer: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
-        """The named checkpoint if valid, else the newest valid one, else None."""
-        candidates = [p for _, p in reversed(self.steps())]
+    def load(
+        self, prefer: str | None = None, *, newer_in: str | None = None
+    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """The named checkpoint if valid, else the newest valid one, else None. With `newer_in`,
+        a valid checkpoint of that precision newer than the named one comes first: the attempt
+        that was told to resume from `prefer` wrote it itself before it was stopped (a queue
+        preempted it, a restarted operator recreated its Job) and restarts with the same launch;
+        no earlier attempt in that precision can have gone past the checkpoint it was given."""
+        newest_first = [(step, path) for step, path in reversed(self.steps())]
+        candidates = [path for _, path in newest_first]
         if prefer:
             preferred = Path(prefer)
-            candidates = [preferred] + [p for p in candidates if p.resolve() != preferred.resolve()]
+            rest = [path for path in candidates if path.resolve() != preferred.resolve()]
+            named = _NAME.match(preferred.name)
+            floor = int(named.group(1)) if named else None
+            ahead = [
+                path
+                for step, path in newest_first
+                if newer_in and floor is not None and step > floor and _manifest_precision(path) == newer_in
+            ]
+            candidates = ahead + [preferred] + [path for path in rest if path not in ahead]
         for path in candidates:
             try:
                 ref, state = self.verify(path)

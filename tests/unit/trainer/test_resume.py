@@ -228,3 +228,17 @@ def test_failed_checkpoint_writes_are_counted_and_training_goes_on(tmp_path: Pat
     assert report["lastGoodCheckpoint"]["step"] == 3000
     # Nothing half-written is left to be mistaken for a checkpoint.
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000002990", "step-000003000"]
+
+
+def test_a_relaunched_attempt_resumes_from_its_own_newer_checkpoint_not_the_named_one(tmp_path: Path) -> None:
+    """A fallback attempt told to resume from fp16's step 20 wrote bf16's 30 and 40, then its
+    queue preempted it; readmitted with the same launch, it goes on from 40, not 20."""
+    store = _save_two(tmp_path)
+    for step in (30, 40):
+        store.save(step, "bf16", {"step": step, "w": torch.full((64,), float(step))})
+    named = str(tmp_path / "step-000000020")
+    assert store.load(named, newer_in="bf16")[0].step == 40  # type: ignore[index]
+    assert store.load(named, newer_in="fp32")[0].step == 20  # type: ignore[index]
+    assert store.load(named)[0].step == 20  # type: ignore[index]
+    _flip(tmp_path / "step-000000040")
+    assert store.load(named, newer_in="bf16")[0].step == 30  # type: ignore[index]  # a bad one is skipped

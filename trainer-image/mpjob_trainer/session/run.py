@@ -153,7 +153,7 @@ class Session:
         if self.world.is_main:
             store.clean_stale()
         dist_env.barrier(self.world)
-        loaded = store.load(self.launch.resume_from)
+        loaded = store.load(self.launch.resume_from, newer_in=self.precision)
         if loaded is None:
             self._log("freshStart", reason=f"no valid checkpoint in {store.root}: starting at step 0")
         else:
