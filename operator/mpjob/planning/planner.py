@@ -211,8 +211,10 @@ def _next(
                 f"out of GPU memory with a micro-batch of one sample; nothing left to split: {result.message}",
             )
         return _shaped(StartAttempt(index, precision, None, step), smaller)
-    steps = ladder(spec, capability)
-    position = steps.index(precision) if precision in steps else len(steps) - 1
+    steps: list[str] = list(ladder(spec, capability))
+    if precision not in steps:  # an `auto` attempt measured a precision the spec's capability did not predict
+        steps = list(precision_ladder(spec.precision, precision))  # type: ignore[arg-type]
+    position = steps.index(precision)
     if result.action is Action.REPROMOTE and position > 0:
         up = StartAttempt(index, steps[position - 1], ended.resume_from, step, promoted_from=precision)
         return _shaped(up, shape)

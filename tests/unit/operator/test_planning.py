@@ -340,3 +340,9 @@ def test_repromotions_are_bounded_and_off_by_default() -> None:
     ]
     assert promotion_target(bounded, "bf16", promoted[:2]) == "fp16"
     assert promotion_target(bounded, "bf16", promoted) is None
+
+
+def test_an_auto_attempt_that_measured_a_precision_off_the_capability_ladder_still_falls_back() -> None:
+    s = spec(resources={"gpusPerWorker": 1, "minComputeCapability": "8.0"})  # ladder [bf16, fp32]
+    nxt = after_attempt(s, 0, "fp16", classify(AttemptOutcome(42)), 10, None)  # measured fp16 on the node
+    assert isinstance(nxt, StartAttempt) and (nxt.precision, nxt.fallback_from) == ("bf16", "fp16")

@@ -27,6 +27,7 @@ def auto_job(**args: object) -> dict:
         ({"bf16": 0.97, "fp32": 1.0}, "fp32", True),  # within the 5 % margin: not worth it
         ({"bf16": None, "fp32": 1.0}, "fp32", False),  # bf16 went non-finite: no AMP measured
         ({"bf16": 0.8, "fp16": 0.6, "fp32": 1.0}, "fp16", False),
+        ({"bf16": 0.62, "fp16": 0.6, "fp32": 1.0}, "bf16", False),  # fp16 not faster by the margin: bf16, no scaler
         ({"bf16": 0.5, "fp32": None}, "bf16", False),
     ],
 )

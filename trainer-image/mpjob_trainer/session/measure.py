@@ -46,10 +46,13 @@ def candidates(device: torch.device) -> list[str]:
 
 
 def choose(seconds: dict[str, float | None], *, margin: float = MARGIN) -> Measurement:
-    """The fastest finite low precision if it beats fp32 by `margin`, else fp32."""
+    """The fastest finite low precision if it beats fp32 by `margin`, else fp32; bf16 over fp16
+    unless fp16 beats it by `margin` too."""
     fp32 = seconds.get("fp32")
     low = {p: s for p, s in seconds.items() if p != "fp32" and s is not None}
     best = min(low, key=lambda p: low[p]) if low else None
+    if best == "fp16" and low.get("bf16") is not None and low["fp16"] >= low["bf16"] * (1 - margin):
+        best = "bf16"  # as fast within the margin, and it needs no loss scale
     if best is not None and (fp32 is None or low[best] < fp32 * (1 - margin)):
         return Measurement(step_seconds=seconds, chosen=best, amp_slower_than_fp32=False)
     return Measurement(step_seconds=seconds, chosen="fp32", amp_slower_than_fp32=best is not None)
