@@ -27,10 +27,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 
-from bench.operator_scale import install_crd, pct, start_operator, stop_operator, wait_gone
-from tests.cluster.controlplane import Layout, api_ready, running, up
+from bench.operator_scale import connect, pct, start_operator, stop_operator, wait_gone
+from tests.cluster.controlplane import Layout, api_ready
 from tests.helpers import wait_for
 
 STAND_IN = [
@@ -195,11 +195,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    layout = Layout.from_env()
-    if not (running(layout) and api_ready(layout)):
-        up(layout)
-    api = config.new_client_from_config(str(layout.kubeconfig))
-    install_crd(api)
+    layout, api = connect()
     run(layout, api, jobs=args.jobs, kills=args.kills, seed=args.seed)
 
 

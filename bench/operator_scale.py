@@ -219,16 +219,22 @@ def install_crd(api: client.ApiClient) -> None:
     wait_for(established, 30, 0.2, "CRD established")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("jobs", type=int, nargs="*", default=[100], help="N concurrent jobs, one run each")
-    parser.add_argument("--tick-seconds", type=float, default=30, help="the operator's ticker (chart default 5)")
-    args = parser.parse_args()
+def connect() -> tuple[Layout, client.ApiClient]:
+    """The test cluster (started when it is not running), a client for it, and the CRD installed."""
     layout = Layout.from_env()
     if not (running(layout) and api_ready(layout)):
         up(layout)
     api = config.new_client_from_config(str(layout.kubeconfig))
     install_crd(api)
+    return layout, api
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("jobs", type=int, nargs="*", default=[100], help="N concurrent jobs, one run each")
+    parser.add_argument("--tick-seconds", type=float, default=30, help="the operator's ticker (chart default 5)")
+    args = parser.parse_args()
+    layout, api = connect()
     for n in args.jobs:
         run(n, api, str(layout.kubeconfig), args.tick_seconds)
 
