@@ -48,6 +48,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("long-name", bad("metadata.name", "x" * 51), "50"),
     ("backoff-above-one", bad("spec.precision.lossScale.backoffFactor", 1.5), "backoffFactor"),
+    ("negative-replay-steps", bad("spec.precision.guard.replaySteps", -1), "replaySteps"),
+    ("negative-repromote-after", bad("spec.precision.repromoteAfterSteps", -5), "repromoteAfterSteps"),
+    ("zero-max-loss-delta", bad("spec.validation.maxLossDelta", 0), "maxLossDelta"),
+    ("unknown-validation-field", bad("spec.validation.evry", 10), "evry"),
     ("too-many-task-args", bad("spec.task.args", {f"a{i}": i for i in range(MAX_TASK_ARGS + 1)}), "spec.task.args"),
     # The template's pod fields, checked with Kubernetes' own schemas (mpjob_contract.k8s).
     ("env-without-name", bad("spec.template.env", [{"value": "x"}]), "spec.template.env[0].name"),

@@ -32,3 +32,10 @@ def make_task(args: dict[str, Any]) -> Task:
     task = make_mlp(args)
     task.dataset = Recording(task.dataset, os.environ["MPJOB_TEST_RECORD"])
     return task
+
+
+def without_eval(args: dict[str, Any]) -> Task:
+    """The mlp without its evaluation set: a task the quality gate cannot evaluate."""
+    task = make_mlp(args)
+    task.eval_dataset = None
+    return task

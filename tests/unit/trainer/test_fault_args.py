@@ -1,0 +1,49 @@
+"""Bad input on the paths the smarter fallback and precision by measurement added: each
+error names the field and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.tasks.faults import poisoned_indices, step_delays
+from tests.unit.trainer.conftest import run_trainer, spec
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("value", ["some", [1, 99], [-1], [1.5]])
+def test_non_finite_samples_names_the_field_and_the_range(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"task\.args\.nonFiniteSamples: expected \"all\" or a list of sample"):
+        poisoned_indices(value, 10)
+
+
+@pytest.mark.parametrize("value", [{"fp8": 0.1}, {"fp32": -1}, {"bf16": 61}, [0.1]])
+def test_step_delay_names_the_field_and_what_is_allowed(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"task\.args\.stepDelay: expected \{fp32\|bf16\|fp16: seconds"):
+        step_delays(value)
+
+
+def test_a_launch_whose_split_changes_the_samples_per_step_is_refused() -> None:
+    job = {"task": {"builtin": "mlp"}, "training": {"batchSize": 16}}
+    with pytest.raises(ValidationError, match="microBatch 3 x gradAccumulation 4 must equal"):
+        AttemptLaunch.model_validate(
+            {"jobName": "j", "precision": "fp32", "spec": job, "microBatch": 3, "gradAccumulation": 4}
+        )
+
+
+def test_validation_on_a_task_without_an_eval_set_is_a_config_error_naming_the_field(tmp_path: Path) -> None:
+    job = spec(
+        task={"module": "tests.unit.trainer.recording_task:without_eval", "args": {"inputs": 8, "hidden": 16}},
+        validation={"everySteps": 5},
+    )
+    run = run_trainer(tmp_path, job, "fp32", extra={"PYTHONPATH": str(REPO)})
+    assert run.code == ExitCode.CONFIG_ERROR, run.stderr
+    assert run.report is not None and "validation.everySteps" in run.report.message
+    assert "eval_dataset" in run.report.message
