@@ -39,6 +39,8 @@ MAX_TASK_ARGS = 64
 Precision = Literal["fp16", "bf16", "fp32"]
 PrecisionMode = Literal["auto", "fp16", "bf16", "fp32"]
 BuiltinTask = Literal["gpt", "mlp"]
+#: training.compile: `auto` compiles on CUDA devices only (where it pays for its compile time).
+CompileMode = Literal["auto", "always", "never"]
 Phase = Literal["Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"]
 
 #: The ways to say what to train; a task sets exactly one.
@@ -107,6 +109,18 @@ class Training(ApiModel):
     grad_clip_norm: float = Field(1.0, ge=0, description="Clip the unscaled global gradient norm to this (0 = off).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init and data order.")
     log_every: int = Field(10, ge=1, description="Steps between log lines and metric updates.")
+    compile: CompileMode = Field(
+        "auto",
+        description="torch.compile the model (the builtin loop; run.compile in your own): auto = on CUDA "
+        "devices, falling back to eager when compilation fails; always (a failure ends the attempt); never.",
+    )
+    data_workers: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="DataLoader worker processes per training process (the builtin loop), with pinned memory "
+        "and prefetch on CUDA; the sample order stays the step-addressed one. Unset: 2 on CUDA, 0 on CPU.",
+    )
 
 
 class LossScale(ApiModel):
