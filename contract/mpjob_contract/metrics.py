@@ -21,6 +21,9 @@ STEP_SECONDS = PREFIX + "step_seconds"  # histogram
 PEAK_DEVICE_MEMORY = PREFIX + "peak_device_memory_bytes"
 PEAK_HOST_MEMORY = PREFIX + "peak_host_memory_bytes"
 CHECKPOINT_SAVE_SECONDS = PREFIX + "checkpoint_save_seconds"  # histogram
+#: Seconds the training thread spends in one periodic checkpoint save: waiting for the
+#: previous save, capturing and staging the state (the write runs in the background).
+CHECKPOINT_STALL_SECONDS = PREFIX + "checkpoint_stall_seconds"  # histogram
 CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
 CHECKPOINT_FAILURES = PREFIX + "checkpoint_failures"  # counter -> *_total
 LAST_GOOD_CHECKPOINT_STEP = PREFIX + "last_good_checkpoint_step"

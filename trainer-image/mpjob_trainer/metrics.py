@@ -84,6 +84,11 @@ class TrainerMetrics:
             "Time to write one checkpoint (off the training thread when async).",
             (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )
+        self.checkpoint_stall = self._histogram(
+            names.CHECKPOINT_STALL_SECONDS,
+            "Training-thread time of one periodic checkpoint (wait for the previous, capture, stage).",
+            (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
         self.checkpoint_bytes = self._gauge(names.CHECKPOINT_BYTES, "Size of the last checkpoint written.")
         self.checkpoint_failures = self._counter(names.CHECKPOINT_FAILURES, "Checkpoint writes that failed.")
         self.last_good_step = self._gauge(names.LAST_GOOD_CHECKPOINT_STEP, "Step of the newest verified checkpoint.")

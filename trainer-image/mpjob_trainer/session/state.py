@@ -87,8 +87,15 @@ class TrainingState:
         return [p for o in self.objects.values() if isinstance(o, torch.nn.Module) for p in o.parameters()]
 
     def finite(self) -> bool:
-        """May these weights be checkpointed as good? Syncs: call only when saving."""
-        return all(bool(torch.isfinite(p).all()) for p in self.parameters())
+        """May these weights be checkpointed as good? One host sync for all parameters: each
+        one's verdict stays on its device, they are gathered (onto a CUDA device if any hold
+        parameters: device-to-device copies are stream-ordered, not synced) and read once."""
+        params = self.parameters()
+        if not params:
+            return True
+        target = next((p.device for p in params if p.device.type == "cuda"), params[0].device)
+        verdicts = torch.stack([torch.isfinite(p.detach()).all().to(target) for p in params])
+        return bool(verdicts.all())
 
     def capture(self, step: int, applied_steps: int, precision: str, scaler: Any) -> dict[str, Any]:
         """The whole checkpoint (live tensors: the caller snapshots it before training goes on)."""
