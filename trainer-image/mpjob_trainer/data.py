@@ -12,10 +12,12 @@ samples per step, in the same order on one process (across ranks the same set pe
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 
 class StepSampler:
@@ -60,3 +62,71 @@ def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
+
+
+def data_workers(configured: int | None, device: torch.device) -> int:
+    """training.dataWorkers, or its default: 2 collating processes on CUDA (the device would
+    wait for the host otherwise), none on CPU (they would take the cores the step runs on)."""
+    if configured is not None:
+        return configured
+    return 2 if device.type == "cuda" else 0
+
+
+class StepBatches(Sampler[list[int]]):
+    """The micro-batches of optimizer steps [start, stop) in training order, as index lists
+    (a DataLoader batch_sampler: the order stays StepSampler's, whoever collates)."""
+
+    def __init__(self, sampler: StepSampler, start: int, stop: int) -> None:
+        self.sampler, self.start, self.stop = sampler, start, stop
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.start, self.stop):
+            for micro in range(self.sampler.accumulation):
+                yield self.sampler.indices(step, micro)
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.start) * self.sampler.accumulation
+
+
+def _ignore_sigterm(_: int) -> None:
+    """DataLoader workers leave SIGTERM to the trainer, which checkpoints and then stops them
+    (a worker that died of it first would turn a preemption into a crash)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class StepLoader:
+    """Each optimizer step's micro-batches, collated ahead of the step by `workers` DataLoader
+    processes (pinned when `pin`) while the device trains; the same tensors as micro_batch().
+
+    The loader runs ahead over steps [start, stop). A step asked for out of that order (an
+    `auto` attempt's measurement runs the first step more than once, an fp32 replay re-runs
+    old ones) is collated in the training process instead, so every step sees its own samples.
+    With no workers every step is collated in the training process.
+    """
+
+    def __init__(self, dataset: Dataset[Any], sampler: StepSampler, *, span: range, workers: int, pin: bool) -> None:
+        self.dataset, self.sampler = dataset, sampler
+        self._next, self._stop = span.start, span.stop
+        self._batches: Iterator[Any] | None = None
+        if workers > 0 and len(span):
+            loader = DataLoader(
+                dataset,
+                batch_sampler=StepBatches(sampler, span.start, span.stop),
+                num_workers=workers,
+                pin_memory=pin,
+                prefetch_factor=2,
+                worker_init_fn=_ignore_sigterm,
+            )
+            self._batches = iter(loader)
+
+    def micro_batches(self, step: int) -> list[Any]:
+        """The micro-batches of optimizer step `step`, in order."""
+        accumulation = self.sampler.accumulation
+        if self._batches is not None and step == self._next and step < self._stop:
+            self._next += 1
+            return [next(self._batches) for _ in range(accumulation)]
+        return [micro_batch(self.dataset, self.sampler, step, micro) for micro in range(accumulation)]
+
+    def close(self) -> None:
+        """Stop the workers (their iterator shuts them down when it is dropped)."""
+        self._batches = None

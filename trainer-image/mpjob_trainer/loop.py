@@ -2,9 +2,10 @@
 
 It is a user loop like any other (mpjob_trainer.session): the session owns precision, the
 numeric guard, checkpoints, metrics, preemption and the ending; this file owns what the
-trainer promises for tasks it trains itself: AdamW, warm-up + cosine learning rate driven
-by *applied* steps, StepSampler's data order, gradient accumulation with DDP's no_sync.
-It reads top to bottom: set-up, resume, then each step's phases.
+trainer promises for tasks it trains itself: AdamW (decay groups, fused on CUDA), warm-up +
+cosine learning rate driven by *applied* steps, StepSampler's data order collated ahead by
+DataLoader workers (StepLoader), gradient accumulation with DDP's no_sync, and a compiled
+model per training.compile. It reads top to bottom: set-up, resume, then each step's phases.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import contextlib
 import math
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils.data import default_collate
 
-from mpjob_trainer.data import StepSampler, micro_batch, to_device
+from mpjob_trainer.data import StepLoader, StepSampler, data_workers, to_device
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.metrics import peak_flops
 from mpjob_trainer.session import Session
@@ -54,10 +54,8 @@ def train(run: Session) -> None:
     task = builtin_task(run)
     model = task.model.to(run.device)  # fp32 master weights; autocast casts per op
     run.keep_fp32(model)
-    net = run.wrap(model)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=tr.learning_rate, betas=(0.9, 0.95), weight_decay=tr.weight_decay
-    )
+    net = run.wrap(run.compile(model))
+    optimizer = run.adamw(model, lr=tr.learning_rate, weight_decay=tr.weight_decay)
     start = run.resume(model=model, optimizer=optimizer)  # the data position is the step itself
     sampler = StepSampler(
         len(task.dataset),  # type: ignore[arg-type]
@@ -67,6 +65,10 @@ def train(run: Session) -> None:
         run.world.rank,
         tr.seed,
     )
+    workers = data_workers(tr.data_workers, run.device)
+    data = StepLoader(
+        task.dataset, sampler, span=range(start, run.total_steps), workers=workers, pin=run.device.type == "cuda"
+    )
 
     def one_step(step: int) -> None:
         """Optimizer step `step` (0-based): the schedule, every micro-batch, the update."""
@@ -74,7 +76,7 @@ def train(run: Session) -> None:
             task.set_step(step)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run.applied_steps, tr.steps, tr.learning_rate, tr.warmup_steps)
-        forward_backward(run, net, task, sampler, step)
+        forward_backward(run, net, task, data.micro_batches(step))
         run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
     run.register_step(one_step, samples=sampler.step_indices)
@@ -83,9 +85,12 @@ def train(run: Session) -> None:
             raise ConfigError("validation.everySteps is set but the task has no evaluation set (eval_dataset)")
         run.evaluate_with(lambda: evaluate(run, model, task))
     samples_per_step = tr.batch_size * tr.grad_accumulation * run.world.size
-    for step in range(start, run.total_steps):
-        one_step(step)
-        run.end_step(step + 1, samples=samples_per_step)
+    try:
+        for step in range(start, run.total_steps):
+            one_step(step)
+            run.end_step(step + 1, samples=samples_per_step)
+    finally:
+        data.close()
 
 
 def evaluate(run: Session, model: nn.Module, task: Task) -> float:
@@ -107,11 +112,11 @@ def evaluate(run: Session, model: nn.Module, task: Task) -> float:
         model.train()
 
 
-def forward_backward(run: Session, net: nn.Module, task: Task, sampler: StepSampler, step: int) -> None:
+def forward_backward(run: Session, net: nn.Module, task: Task, micro_batches: list[Any]) -> None:
     """All micro-batches of one optimizer step; DDP all-reduces gradients on the last only."""
-    accumulation = sampler.accumulation
-    for micro in range(accumulation):
-        inputs, targets = to_device(micro_batch(task.dataset, sampler, step, micro), run.device)
+    accumulation = len(micro_batches)
+    for micro, batch in enumerate(micro_batches):
+        inputs, targets = to_device(batch, run.device)
         last = micro == accumulation - 1
         sync: Any = contextlib.nullcontext() if last or not run.world.distributed else net.no_sync()  # type: ignore[operator]
         with sync:

@@ -64,12 +64,26 @@ def classify(exc: BaseException | None, standing: Standing) -> Ending:
     for kind, code, reason, message in ENDINGS:
         if isinstance(exc, kind):
             return Ending(code, reason, message(exc))
+    if _compile_failure(exc):
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        said = (
+            f"training.compile: torch.compile failed ({type(exc).__name__}: {first}); "
+            "set training.compile to auto (eager where compiling fails) or never"
+        )
+        return Ending(ExitCode.CONFIG_ERROR, Reason.CONFIG_ERROR, said)
     if isinstance(exc, SystemExit):  # the script called sys.exit() inside the session
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else int(ExitCode.INFRA_ERROR))
         if status == ExitCode.SUCCESS:
             return classify(None, standing)
         return Ending(status, reason_for_exit_code(status), f"the script exited with code {status}")
     return Ending(ExitCode.INFRA_ERROR, Reason.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _compile_failure(exc: BaseException) -> bool:
+    """Did torch.compile fail (training.compile: always)? Same image, same failure: not retried.
+    (Only a process that compiled has torch._dynamo loaded; the others never import it here.)"""
+    dynamo_exc = sys.modules.get("torch._dynamo.exc")
+    return dynamo_exc is not None and isinstance(exc, dynamo_exc.TorchDynamoException)
 
 
 def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> int:

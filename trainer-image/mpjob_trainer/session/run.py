@@ -26,6 +26,7 @@ from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Counters, Measurement, Replay
 from mpjob_trainer import distributed as dist_env
+from mpjob_trainer import speed
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
@@ -131,6 +132,19 @@ class Session:
         if self.precision == "fp32":  # no autocast: they run in fp32 already, without hooks
             return []
         return keep_fp32(model, self.spec.precision.keep_fp32, self.device)
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """`torch.compile(model)` as spec.training.compile says (auto: on CUDA), else `model`.
+        Call it after keep_fp32 and before wrap; resume() takes the uncompiled module."""
+        compiled = speed.compile_model(model, self.spec.training.compile, self.device)
+        self._log("compile", mode=self.spec.training.compile, compiled=compiled is not model)
+        return compiled
+
+    def adamw(
+        self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
+    ) -> torch.optim.AdamW:
+        """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
+        return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """DistributedDataParallel when the attempt has several processes, else the model."""
