@@ -8,9 +8,9 @@ autocast, no scaler (bf16 has fp32's exponent range).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -70,32 +70,109 @@ class PrecisionPolicy:
         )
 
 
-@contextlib.contextmanager
-def _fp32_region(device_type: str) -> Iterator[None]:
-    with torch.autocast(device_type=device_type, enabled=False):
-        yield
+# ---------------------------------------------------------------- keepFp32
+class AutocastFp32(NamedTuple):
+    """Why autocast already runs a module type in fp32: the aten op it calls is on autocast's
+    fp32 list (inputs cast to fp32, output fp32) on that device type, since that torch version."""
+
+    op: str
+    since: tuple[int, int] = (2, 5)  # the trainer's torch floor
+
+
+_LOSSES = {
+    "MSELoss": AutocastFp32("mse_loss"),
+    "L1Loss": AutocastFp32("l1_loss"),
+    "SmoothL1Loss": AutocastFp32("smooth_l1_loss"),
+    "HuberLoss": AutocastFp32("huber_loss"),
+    "NLLLoss": AutocastFp32("nll_loss"),
+    "KLDivLoss": AutocastFp32("kl_div"),
+    "BCEWithLogitsLoss": AutocastFp32("binary_cross_entropy_with_logits"),
+    "PoissonNLLLoss": AutocastFp32("poisson_nll_loss"),
+    "CosineEmbeddingLoss": AutocastFp32("cosine_embedding_loss"),
+    "HingeEmbeddingLoss": AutocastFp32("hinge_embedding_loss"),
+    "MarginRankingLoss": AutocastFp32("margin_ranking_loss"),
+    "SoftMarginLoss": AutocastFp32("soft_margin_loss"),
+    "TripletMarginLoss": AutocastFp32("triplet_margin_loss"),
+    "MultiMarginLoss": AutocastFp32("multi_margin_loss"),
+}
+
+#: torch.nn module types that autocast already runs in fp32, per device type, by class name.
+#: CUDA: AT_FORALL_FP32 and AT_FORALL_FP32_SET_OPT_DTYPE in aten/src/ATen/autocast_mode.h (the
+#: "CUDA Ops that can autocast to float32" of torch.amp's Autocast Op Reference); rms_norm joined
+#: them in torch 2.12. CPU: its fp32 list (aten/src/ATen/autocast_mode.cpp) holds the losses but
+#: no norm and no softmax: a LayerNorm under CPU autocast returns its input's dtype. Each entry is
+#: checked by tests/unit/trainer/test_keep_fp32.py (CPU on the CPU, CUDA's with fake CUDA tensors
+#: and, on a GPU, on the GPU). A device type not listed (mps, xpu, ...) skips nothing.
+AUTOCAST_FP32: dict[str, dict[str, AutocastFp32]] = {
+    "cuda": {
+        "LayerNorm": AutocastFp32("layer_norm"),
+        "GroupNorm": AutocastFp32("group_norm"),
+        "RMSNorm": AutocastFp32("rms_norm", since=(2, 12)),
+        "Softmax": AutocastFp32("softmax"),
+        "LogSoftmax": AutocastFp32("log_softmax"),
+        "Softplus": AutocastFp32("softplus"),
+        "CosineSimilarity": AutocastFp32("cosine_similarity"),
+        **_LOSSES,
+    },
+    # CUDA has no cross_entropy_loss entry: it runs log_softmax with the input's dtype given.
+    "cpu": {"CrossEntropyLoss": AutocastFp32("cross_entropy_loss"), **_LOSSES},
+}
+
+
+def autocast_fp32_types(device: torch.device | str) -> frozenset[str]:
+    """Names of the torch.nn module types autocast already runs in fp32 on this device type
+    with the running torch: keepFp32 leaves them alone, at no cost."""
+    major, minor = torch.__version__.split(".")[:2]
+    version = (int(major), int(minor))
+    table = AUTOCAST_FP32.get(torch.device(device).type, {})
+    return frozenset(name for name, why in table.items() if version >= why.since)
+
+
+def _fp32(value: Any) -> Any:
+    return value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+class Fp32Forward:
+    """A kept module's `forward`: the one it had, with autocast off and floating tensor arguments
+    (positional and keyword, not nested) cast to fp32.
+
+    Set on the instance, so the module's class, parameters and state_dict keys stay as they were,
+    and a deepcopy rebinds it to the copy. torch.compile traces the `with torch.autocast` branch
+    (the form it supports on every torch the trainer runs on) without a graph break; eager calls
+    flip the autocast flag directly, which costs a quarter of the context manager's host time.
+    """
+
+    def __init__(self, forward: Callable[..., Any], device_type: str) -> None:
+        self.forward = forward
+        self.device_type = device_type
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        positional, named = [_fp32(a) for a in args], {k: _fp32(v) for k, v in kwargs.items()}
+        if torch.compiler.is_compiling():
+            with torch.autocast(self.device_type, enabled=False):
+                return self.forward(*positional, **named)
+        enabled = torch.is_autocast_enabled(self.device_type)
+        torch.set_autocast_enabled(self.device_type, False)
+        try:
+            return self.forward(*positional, **named)
+        finally:
+            torch.set_autocast_enabled(self.device_type, enabled)
 
 
 def keep_fp32(model: nn.Module, type_names: list[str], device: torch.device) -> list[str]:
-    """Run modules whose type name is listed in fp32 under autocast; returns what was wrapped."""
-    wanted = set(type_names)
+    """Run modules whose type name is listed in fp32 under autocast; returns the names of those wrapped.
+
+    torch.nn's own class of a type in autocast_fp32_types(device) is not touched: autocast runs it
+    in fp32 already. Anything else of a listed name (a class of your own called LayerNorm too) gets
+    an Fp32Forward. Calling it again wraps nothing twice.
+    """
+    wanted, free = set(type_names), autocast_fp32_types(device)
     wrapped: list[str] = []
-    regions: dict[int, contextlib.AbstractContextManager[None]] = {}
-
-    def pre_hook(mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        region = regions[id(mod)] = _fp32_region(device.type)
-        region.__enter__()
-        return tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
-
-    def post_hook(mod: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
-        regions.pop(id(mod)).__exit__(None, None, None)
-        return out
-
     for name, module in model.named_modules():
-        if type(module).__name__ not in wanted:
+        kind = type(module).__name__
+        if kind not in wanted or (kind in free and type(module) is getattr(nn, kind, None)):
             continue
-
-        module.register_forward_pre_hook(pre_hook)
-        module.register_forward_hook(post_hook)
+        if not isinstance(vars(module).get("forward"), Fp32Forward):
+            module.forward = Fp32Forward(module.forward, device.type)  # type: ignore[method-assign]
         wrapped.append(name)
     return wrapped

@@ -33,7 +33,7 @@ from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.metrics import TrainerMetrics
-from mpjob_trainer.precision import PrecisionPolicy, keep_fp32, resolve
+from mpjob_trainer.precision import PrecisionPolicy, autocast_fp32_types, keep_fp32, resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, classify, conclude
@@ -128,10 +128,15 @@ class Session:
 
     # ---------------------------------------------------------------- set-up
     def keep_fp32(self, model: nn.Module) -> list[str]:
-        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns their names."""
-        if self.precision == "fp32":  # no autocast: they run in fp32 already, without hooks
+        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns the names of
+        the modules wrapped. Types autocast already runs in fp32 on this device are left alone."""
+        if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
             return []
-        return keep_fp32(model, self.spec.precision.keep_fp32, self.device)
+        kept = self.spec.precision.keep_fp32
+        wrapped = keep_fp32(model, kept, self.device)
+        free = autocast_fp32_types(self.device)
+        self._log("keepFp32", wrapped=wrapped, skipped=[name for name in kept if name in free])
+        return wrapped
 
     def compile(self, model: nn.Module) -> nn.Module:
         """`torch.compile(model)` as spec.training.compile says (auto: on CUDA), else `model`.
