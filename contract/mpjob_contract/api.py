@@ -170,7 +170,11 @@ class PrecisionSpec(ApiModel):
     )
     keep_fp32: list[str] = Field(
         default_factory=lambda: ["LayerNorm"],
-        description="Module type names kept in fp32 under autocast (F4).",
+        description="Module type names (classes) run in fp32 under autocast (F4). Types autocast already runs "
+        "in fp32 cost nothing and are left alone: on CUDA LayerNorm, GroupNorm, RMSNorm (torch >= 2.12), Softmax, "
+        "LogSoftmax, Softplus, CosineSimilarity and most losses (MSELoss, L1Loss, NLLLoss, KLDivLoss, "
+        "BCEWithLogitsLoss, ...; not CrossEntropyLoss); on a CPU only those losses and CrossEntropyLoss. "
+        "Any other type gets a wrapper that turns autocast off and casts its floating inputs to fp32.",
     )
     tf32: bool = Field(False, description="Allow TF32 matmuls in fp32 attempts.")
     fallback_keeps_batch: bool = Field(
