@@ -1,0 +1,156 @@
+"""The trainer's speed options: compile, AdamW's decay groups and fused kernel, DataLoader workers
+that keep the step-addressed sample order (exact resume included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from mpjob_contract.codes import ExitCode
+from mpjob_trainer import speed
+from mpjob_trainer.data import StepLoader, StepSampler, data_workers, micro_batch
+from mpjob_trainer.session.ending import Standing, classify
+from mpjob_trainer.tasks.mlp import make_task
+from tests.helpers import wait_for
+from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.norm = nn.LayerNorm(4)
+        self.head = nn.Linear(4, 10)
+        self.head.weight = self.emb.weight
+        self.frozen = nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+
+
+def test_decay_only_on_parameters_of_two_or_more_dimensions() -> None:
+    model = Tied()
+    groups = speed.decay_groups(model.named_parameters(), 0.1)
+    decay, no_decay = groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert [p is model.emb.weight for p in decay["params"]] == [True]  # tied: once; frozen: left out
+    assert {id(p) for p in no_decay["params"]} == {id(model.norm.weight), id(model.norm.bias), id(model.head.bias)}
+
+
+def test_decay_groups_drop_an_empty_group() -> None:
+    groups = speed.decay_groups(nn.Linear(3, 3, bias=False).named_parameters(), 0.1)
+    assert len(groups) == 1 and groups[0]["weight_decay"] == 0.1
+
+
+def test_adamw_is_not_fused_on_cpu_and_keeps_its_settings() -> None:
+    opt = speed.adamw(Tied(), lr=3e-4, weight_decay=0.1, betas=(0.9, 0.99))
+    assert not opt.defaults["fused"]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    assert all(g["lr"] == 3e-4 and g["betas"] == (0.9, 0.99) for g in opt.param_groups)
+
+
+@pytest.mark.gpu
+def test_adamw_is_fused_on_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    opt = speed.adamw(Tied().to(CUDA), lr=3e-4, weight_decay=0.1)
+    assert opt.defaults["fused"] is True
+
+
+@pytest.mark.parametrize(
+    ("mode", "device", "expected"),
+    [("auto", CPU, False), ("auto", CUDA, True), ("always", CPU, True), ("never", CUDA, False)],
+)
+def test_compile_modes(mode: str, device: torch.device, expected: bool) -> None:
+    assert speed.compiles(mode, device) is expected  # type: ignore[arg-type]
+
+
+def test_data_workers_default_by_device_unless_set() -> None:
+    assert (data_workers(None, CPU), data_workers(None, CUDA), data_workers(3, CPU)) == (0, 2, 3)
+
+
+def test_a_failed_compile_is_a_configuration_error_naming_the_field() -> None:
+    import torch._dynamo.exc
+
+    ending = classify(torch._dynamo.exc.InternalTorchDynamoError("no C compiler"), Standing())
+    assert ending.code == ExitCode.CONFIG_ERROR
+    assert "training.compile" in ending.message and "no C compiler" in ending.message
+    assert classify(RuntimeError("boom"), Standing()).code == ExitCode.INFRA_ERROR
+
+
+def _same(a: object, b: object) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[call-overload]
+
+
+def test_step_loader_gives_each_step_its_own_samples_in_any_order() -> None:
+    dataset = make_task({"inputs": 4, "samples": 50}).dataset
+    sampler = StepSampler(50, batch=4, accumulation=2, world=1, rank=0, seed=7)
+    loader = StepLoader(dataset, sampler, span=range(3, 12), workers=2, pin=False)
+    try:
+        asked = [3, 3, 4, 5, 2, 6, 7, 8, 11, 9]  # a probe runs step 3 twice, a replay goes back
+        for step in asked:
+            got = loader.micro_batches(step)
+            want = [micro_batch(dataset, sampler, step, micro) for micro in range(2)]
+            assert len(got) == 2 and all(_same(g, w) for g, w in zip(got, want, strict=True)), step
+    finally:
+        loader.close()
+
+
+LONG = {"training": {"steps": 40, "logEvery": 5, "gradAccumulation": 2}, "checkpoint": {"everySteps": 10, "keep": 10}}
+
+
+def _final(tmp: Path, step: int) -> dict:
+    return torch.load(tmp / "ckpt" / f"step-{step:09d}" / "state.pt", weights_only=True)
+
+
+def test_data_workers_train_bit_identically_to_the_training_process(tmp_path: Path) -> None:
+    runs = {}
+    for workers in (0, 2):
+        job = spec(precision={"mode": "bf16"}, **{**LONG, "training": {**LONG["training"], "dataWorkers": workers}})
+        run = run_trainer(tmp_path / str(workers), job, "bf16")
+        assert run.code == 0, run.stderr
+        runs[workers] = [e["loss"] for e in run.of("step")]
+    assert runs[0] == runs[2]
+    a, b = _final(tmp_path / "0", 40), _final(tmp_path / "2", 40)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_preempted_with_data_workers_and_resumed_is_bit_identical(tmp_path: Path) -> None:
+    job = spec(**{**LONG, "training": {**LONG["training"], "dataWorkers": 2, "steps": 80}})
+    straight = run_trainer(tmp_path / "straight", job)
+    assert straight.code == 0, straight.stderr
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    env = launch_env(cut, job, "fp32")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    wait_for(lambda: (cut / "ckpt" / "step-000000020").exists(), 120, interval=0.02, message="checkpoint 20")
+    os.killpg(proc.pid, signal.SIGTERM)  # the trainer and its DataLoader workers, as a pod's stop does
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.PREEMPTED, out  # the workers left SIGTERM to the trainer
+    assert [e for e in parse(out) if e["event"] == "preempted"]
+    resumed = run_trainer(cut, job, attempt=1, name="report2.json")
+    assert resumed.code == 0, resumed.stderr
+    a, b = _final(tmp_path / "straight", 80), _final(cut, 80)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_compile_always_trains_on_cpu_like_eager(tmp_path: Path) -> None:
+    losses = {}
+    for mode in ("never", "always"):
+        run = run_trainer(tmp_path / mode, spec(training={"compile": mode}, precision={"mode": "bf16"}), "bf16", 600)
+        assert run.code == 0, run.stderr
+        assert run.of("compile")[0]["compiled"] is (mode == "always")
+        losses[mode] = [e["loss"] for e in run.of("step")]
+    assert len(losses["always"]) == len(losses["never"])
+    torch.testing.assert_close(losses["always"], losses["never"], rtol=0.05, atol=1e-3)
