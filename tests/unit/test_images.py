@@ -196,3 +196,19 @@ def test_trainer_entrypoint_user_and_ports_match_the_attempt_pods() -> None:
     assert (container["securityContext"]["runAsUser"], container["securityContext"]["runAsGroup"]) == (uid, gid)
     exposed = {int(p) for e in parse(TRAINER)[-1].all("EXPOSE") for p in shlex.split(e)}
     assert exposed == {DEFAULT_METRICS_PORT, RENDEZVOUS_PORT}
+
+
+def test_trainer_image_can_compile_as_its_user() -> None:
+    """training.compile is on by default on CUDA: Triton builds its launchers at run time with a C
+    compiler against Python.h, and keeps its caches under a HOME the image's user may write."""
+    final = parse(TRAINER)[-1]
+    runs = run_commands(final)
+    for package in ("gcc", "libc6-dev", "python3-dev"):
+        assert re.search(rf"apt-get install [^&]*\b{re.escape(package)}\b", runs), package
+    env = " ".join(final.all("ENV"))
+    home = re.search(r"\bHOME=(\S+)", env)
+    assert home, "HOME is set (UID 1000 has no passwd entry: HOME would be /)"
+    uid = final.all("USER")[-1]
+    assert f"chown {uid} {home.group(1)}" in runs
+    for cache in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+        assert re.search(rf"\b{cache}={re.escape(home.group(1))}/", env), cache
