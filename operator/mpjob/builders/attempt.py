@@ -22,6 +22,9 @@ RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 GPU_RESOURCE = "nvidia.com/gpu"
 #: The per-pod launcher (trainer image) and the builtin trainer it starts for builtin/module tasks.
+#: GPU pods get a memory-backed /dev/shm (a container's default is 64 MiB): DataLoader workers
+#: hand batches over in shared memory and NCCL's intra-node transport lives there.
+SHM_VOLUME, SHM_MOUNT = "dshm", "/dev/shm"
 LAUNCHER_COMMAND = ("mpjob-launch",)
 TRAINER_COMMAND = ("mpjob-trainer",)
 
@@ -128,6 +131,16 @@ def _checkpoint_volume(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
     return volume
 
 
+def _shared_memory(spec: MixedPrecisionJobSpec) -> bool:
+    """Does the pod get our /dev/shm? GPU pods do, unless the template mounts its own there or
+    names a volume like ours (the user's wins; we never shadow it)."""
+    tpl = spec.template
+    taken = any(m.get("mountPath") == SHM_MOUNT for m in tpl.volume_mounts) or any(
+        v.get("name") == SHM_VOLUME for v in tpl.volumes
+    )
+    return spec.resources.gpus_per_worker > 0 and not taken
+
+
 def _container(
     *, env: list[dict[str, Any]], spec: MixedPrecisionJobSpec, image: str, command: list[str]
 ) -> dict[str, Any]:
@@ -142,6 +155,7 @@ def _container(
         ],
         "volumeMounts": [
             {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+            *([{"name": SHM_VOLUME, "mountPath": SHM_MOUNT}] if _shared_memory(spec) else []),
             *deepcopy(spec.template.volume_mounts),
         ],
         "terminationMessagePath": "/dev/termination-log",
@@ -173,7 +187,11 @@ def _pod_spec(name: str, spec: MixedPrecisionJobSpec, container: dict[str, Any])
         "terminationGracePeriodSeconds": 60,
         "securityContext": {"runAsNonRoot": True, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
-        "volumes": [_checkpoint_volume(spec), *deepcopy(tpl.volumes)],
+        "volumes": [
+            _checkpoint_volume(spec),
+            *([{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}] if _shared_memory(spec) else []),
+            *deepcopy(tpl.volumes),
+        ],
     }
     if spec.resources.gpus_per_worker > 0:
         pod_spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]

@@ -70,6 +70,36 @@ def test_cpu_jobs_have_no_gpu_bits() -> None:
     assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0].get("resources", {}))
 
 
+def _shm(pod: dict) -> tuple[list[dict], list[dict]]:
+    mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    return mounts, [v for v in pod["volumes"] if any(v["name"] == m["name"] for m in mounts)]
+
+
+def test_gpu_pods_get_a_memory_backed_dev_shm_and_cpu_pods_do_not() -> None:
+    mounts, volumes = _shm(build(resources={"gpusPerWorker": 8})["spec"]["template"]["spec"])
+    assert len(mounts) == 1 and volumes == [{"name": mounts[0]["name"], "emptyDir": {"medium": "Memory"}}]
+    assert _shm(build(resources={"gpusPerWorker": 0})["spec"]["template"]["spec"]) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        {
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}],
+            "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+        },
+        {
+            "volumes": [{"name": "dshm", "hostPath": {"path": "/data"}}],
+            "volumeMounts": [{"name": "dshm", "mountPath": "/x"}],
+        },
+    ],
+)
+def test_a_templates_own_dev_shm_or_volume_name_wins(template: dict) -> None:
+    pod = build(resources={"gpusPerWorker": 1}, template=template)["spec"]["template"]["spec"]
+    assert [v for v in pod["volumes"] if v["name"] != "checkpoints"] == template["volumes"]
+    assert [m for m in pod["containers"][0]["volumeMounts"] if m["name"] != "checkpoints"] == template["volumeMounts"]
+
+
 def test_template_is_merged_without_replacing_the_trainer() -> None:
     job = build(
         template={
@@ -93,7 +123,16 @@ def test_own_command_runs_under_the_launcher_in_its_working_dir() -> None:
     )
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["command"] == [
-        "mpjob-launch", "--nproc-per-worker", "8", "--workers", "2", "--", "python", "train.py", "--lr", "3e-4"
+        "mpjob-launch",
+        "--nproc-per-worker",
+        "8",
+        "--workers",
+        "2",
+        "--",
+        "python",
+        "train.py",
+        "--lr",
+        "3e-4",
     ]
     assert container["workingDir"] == "/app"
 
