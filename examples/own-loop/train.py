@@ -95,8 +95,8 @@ def main() -> None:
     with mpjob.start(flops_per_sample=6.0 * (args.features * args.hidden + args.hidden * args.classes)) as run:
         model = Net(args.features, args.hidden, args.classes, args.overflow_at).to(run.device)
         run.keep_fp32(model)
-        net = run.wrap(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        net = run.wrap(run.compile(model))  # compiled on CUDA (training.compile: auto)
+        optimizer = run.adamw(model, lr=args.lr, weight_decay=0.01)  # fused on CUDA; no decay on biases, norms
         total = run.total_steps
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
@@ -112,7 +112,13 @@ def main() -> None:
         # Its own generator: creating the loader after a resume draws nothing from the global
         # RNG the SDK restored, so dropout and friends continue exactly where they left off.
         loader_rng = torch.Generator().manual_seed(seed)
-        loader = DataLoader(data, batch_sampler=sampler, num_workers=args.loader_workers, generator=loader_rng)
+        loader = DataLoader(
+            data,
+            batch_sampler=sampler,
+            num_workers=args.loader_workers,
+            generator=loader_rng,
+            pin_memory=run.device.type == "cuda",  # with non_blocking copies: the host does not wait
+        )
         batches = iter(loader)
         for step in range(start, total):
             model.set_step(step)
