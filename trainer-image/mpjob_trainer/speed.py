@@ -30,15 +30,20 @@ def compiles(mode: CompileMode, device: torch.device) -> bool:
     return mode == "always" or (mode == "auto" and device.type == "cuda")
 
 
-def compile_model(model: nn.Module, mode: CompileMode, device: torch.device) -> nn.Module:
-    """`torch.compile(model)` when `mode` compiles on `device`, else the model itself."""
+def prepare_compile(mode: CompileMode, device: torch.device) -> bool:
+    """Whether to compile on `device`; when so, how failures go: under `auto` a frame dynamo
+    cannot compile runs eagerly (suppress_errors), under `always` the failure is raised."""
     if not compiles(mode, device):
-        return model
+        return False
     import torch._dynamo
 
-    # auto: a model dynamo cannot compile trains eagerly (each failing frame falls back).
     torch._dynamo.config.suppress_errors = mode == "auto"
-    return torch.compile(model)  # type: ignore[return-value]
+    return True
+
+
+def compile_model(model: nn.Module, mode: CompileMode, device: torch.device) -> nn.Module:
+    """`torch.compile(model)` when `mode` compiles on `device`, else the model itself."""
+    return torch.compile(model) if prepare_compile(mode, device) else model  # type: ignore[return-value]
 
 
 def decay_groups(named: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict[str, Any]]:

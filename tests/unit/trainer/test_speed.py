@@ -154,3 +154,29 @@ def test_compile_always_trains_on_cpu_like_eager(tmp_path: Path) -> None:
         losses[mode] = [e["loss"] for e in run.of("step")]
     assert len(losses["always"]) == len(losses["never"])
     torch.testing.assert_close(losses["always"], losses["never"], rtol=0.05, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("training", "compiled", "workers"), [({}, False, 0), ({"compile": "always", "dataWorkers": 3}, True, 3)]
+)
+def test_hf_training_arguments_take_the_speed_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, training: dict, compiled: bool, workers: int
+) -> None:
+    pytest.importorskip("transformers")
+    from mpjob_contract.launch import AttemptLaunch
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf
+
+    monkeypatch.setenv("MPJOB_METRICS_PORT", "off")
+    monkeypatch.setenv("MPJOB_TERMINATION_LOG", str(tmp_path / "report"))
+    job = spec(task={"command": ["python", "train.py"]}, training=training)
+    launch = AttemptLaunch.model_validate(
+        {"jobName": "t", "attempt": 0, "precision": "fp32", "checkpointDir": str(tmp_path / "ckpt"), "spec": job}
+    )
+    run = mpjob.start(launch=launch)
+    try:
+        args = hf.training_arguments(run)
+        assert (args.torch_compile, args.dataloader_num_workers) == (compiled, workers)
+        assert not hf.training_arguments(run, torch_compile=False).torch_compile  # the script may say no
+    finally:
+        run.close()

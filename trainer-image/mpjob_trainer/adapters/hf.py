@@ -31,6 +31,8 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from mpjob_trainer import speed
+from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
@@ -67,6 +69,10 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
         "logging_steps": tr.log_every,
         "report_to": [],
         "disable_tqdm": True,
+        # The trainer's speed settings (mpjob_trainer.speed): the Trainer compiles with them too.
+        "torch_compile": speed.prepare_compile(tr.compile, run.device),
+        "dataloader_num_workers": data_workers(tr.data_workers, run.device),
+        "dataloader_pin_memory": run.device.type == "cuda",
     }
     return TrainingArguments(**{**defaults, **kwargs, **owned})
 
