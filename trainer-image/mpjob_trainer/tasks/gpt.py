@@ -1,12 +1,19 @@
-"""The built-in `gpt` workload: a decoder-only transformer on a byte-level corpus.
+"""The built-in `gpt` workload: a decoder-only transformer on a byte-level corpus, or on
+synthetic tokens of a real vocabulary's size.
 
-One readable file in the spirit of nanoGPT. Args (camelCase, all optional): nLayer, nHead,
-nEmbd, blockSize, dropout, corpusBytes, overflowAtStep, overflowGain, overflowUntilStep.
+One readable file in the spirit of nanoGPT. Args (camelCase, all optional):
+- shape: nLayer (2), nHead (2), nEmbd (64), blockSize (64), vocabSize (256, at least 256;
+  50304 is GPT-2's, padded to a multiple of 64), dropout (0);
+- data: `data: text` (default; the byte-level corpus of mpjob_trainer.tasks.corpus, sized by
+  corpusBytes, 200000) or `data: random` (token ids drawn uniformly over the vocabulary from a
+  seeded generator, `samples` windows of blockSize + 1, default 1024);
+- faults: overflowAtStep, overflowGain, overflowUntilStep (mpjob_trainer.tasks.blowup).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,11 +21,12 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
+from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.tasks import Task, arg, check_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
 from mpjob_trainer.tasks.corpus import corpus
 
-VOCAB = 256  # bytes
+BYTE_VOCAB = 256  # the text data's ids are bytes
 
 
 class CausalSelfAttention(nn.Module):
@@ -62,26 +70,45 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64
+    block_size: int = 64
+    vocab_size: int = BYTE_VOCAB
+    dropout: float = 0.0
+
+
 class GPT(nn.Module):
-    def __init__(
-        self, n_layer: int, n_head: int, n_embd: int, block_size: int, dropout: float, blowup: ActivationBlowUp
-    ) -> None:
+    def __init__(self, config: GPTConfig, blowup: ActivationBlowUp) -> None:
         super().__init__()
-        self.block_size = block_size
-        self.wte = nn.Embedding(VOCAB, n_embd)
-        self.wpe = nn.Embedding(block_size, n_embd)
-        self.drop = nn.Dropout(dropout)
+        self.config = config
+        self.block_size = config.block_size
+        c = config
+        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        self.wpe = nn.Embedding(c.block_size, c.n_embd)
+        self.drop = nn.Dropout(c.dropout)
         # The blow-up sits in the first block's MLP; the others use a plain GELU.
         self.blocks = nn.ModuleList(
-            Block(n_embd, n_head, dropout, blowup if i == 0 else nn.GELU()) for i in range(n_layer)
+            Block(c.n_embd, c.n_head, c.dropout, blowup if i == 0 else nn.GELU()) for i in range(c.n_layer)
         )
-        self.ln_f = nn.LayerNorm(n_embd)
-        self.lm_head = nn.Linear(n_embd, VOCAB, bias=False)
+        self.ln_f = nn.LayerNorm(c.n_embd)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         self.wte.weight = self.lm_head.weight  # weight tying
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token as nanoGPT's estimate_mfu counts them (PaLM, appendix B):
+        6N for the matmuls, N without the position embedding (the tied token embedding counts,
+        as the lm_head), plus 12 L H Q T for attention."""
+        c = self.config
+        n = sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
+        layers, heads, head_dim, seq = c.n_layer, c.n_head, c.n_embd // c.n_head, c.block_size
+        return 6 * n + 12 * layers * heads * head_dim * seq
 
     @staticmethod
     def _init(module: nn.Module) -> None:
@@ -118,6 +145,24 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return chunk[:-1], chunk[1:]
 
 
+class RandomTokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """`count` windows of blockSize + 1 token ids drawn uniformly from [0, vocab) by a seeded
+    generator: data of a real vocabulary's shape (GPT-2's 50304) with nothing to download and
+    nothing to learn beyond the uniform prior (the loss stays near ln vocab)."""
+
+    def __init__(self, count: int, block_size: int, vocab_size: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        # int32 at rest (half the memory); the model takes int64 ids.
+        self.tokens = torch.randint(vocab_size, (count, block_size + 1), generator=gen, dtype=torch.int32)
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = self.tokens[i].long()
+        return window[:-1], window[1:]
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
@@ -127,41 +172,79 @@ KNOWN = {
     "nHead",
     "nEmbd",
     "blockSize",
+    "vocabSize",
     "dropout",
+    "data",
     "corpusBytes",
+    "samples",
     "overflowAtStep",
     "overflowGain",
     "overflowUntilStep",
 }
+DATA_KINDS = ("text", "random")
+#: Seeds of the synthetic data: the same bytes or tokens in every run, process and attempt.
+TRAIN_SEED, EVAL_SEED = 1234, 4321
+
+
+def gpt_config(args: dict[str, Any]) -> GPTConfig:
+    """The model's shape from task.args; a bad value names its field and what is allowed."""
+    c = GPTConfig(
+        n_layer=arg(args, "nLayer", 2, int),
+        n_head=arg(args, "nHead", 2, int),
+        n_embd=arg(args, "nEmbd", 64, int),
+        block_size=arg(args, "blockSize", 64, int),
+        vocab_size=arg(args, "vocabSize", BYTE_VOCAB, int),
+        dropout=arg(args, "dropout", 0.0, float),
+    )
+    if c.n_layer < 1 or c.n_head < 1 or c.n_embd < 1 or c.block_size < 2:
+        raise ConfigError("task.args: nLayer, nHead, nEmbd must be >= 1 and blockSize >= 2")
+    if c.n_embd % c.n_head:
+        raise ConfigError(f"task.args.nEmbd ({c.n_embd}) must be a multiple of nHead ({c.n_head})")
+    if c.vocab_size < BYTE_VOCAB:
+        raise ConfigError(
+            f"task.args.vocabSize: expected an integer >= {BYTE_VOCAB} (the text data's byte ids), got {c.vocab_size}"
+        )
+    return c
+
+
+def datasets(args: dict[str, Any], c: GPTConfig) -> tuple[Dataset[Any], Dataset[Any]]:
+    """(training set, evaluation set) of task.args.data: the byte-level text corpus, or
+    uniformly random token ids over the whole vocabulary (`samples` windows)."""
+    kind = args.get("data", "text")
+    if kind not in DATA_KINDS:
+        raise ConfigError(f'task.args.data: expected "text" or "random", got {kind!r}')
+    if kind == "text":
+        if "samples" in args:
+            raise ConfigError('task.args.samples: only with data: "random" (text windows come from corpusBytes)')
+        train: Dataset[Any] = ByteWindows(corpus(arg(args, "corpusBytes", 200_000, int)), c.block_size)
+        # Held-out text from the same grammar (another seed): byte ids, valid for any vocabSize.
+        held_out = ByteWindows(corpus(max(4 * (c.block_size + 1), 20_000), seed=EVAL_SEED), c.block_size)
+        return train, held_out
+    if "corpusBytes" in args:
+        raise ConfigError('task.args.corpusBytes: only with data: "text" (random data is sized by samples)')
+    count = arg(args, "samples", 1024, int)
+    if count < 1:
+        raise ConfigError(f"task.args.samples: expected an integer >= 1, got {count}")
+    train = RandomTokens(count, c.block_size, c.vocab_size, TRAIN_SEED)
+    return train, RandomTokens(64, c.block_size, c.vocab_size, EVAL_SEED)
 
 
 def make_task(args: dict[str, Any]) -> Task:
     check_args(args, KNOWN, "gpt")
-    n_layer = arg(args, "nLayer", 2, int)
-    n_head = arg(args, "nHead", 2, int)
-    n_embd = arg(args, "nEmbd", 64, int)
-    block_size = arg(args, "blockSize", 64, int)
-    if n_layer < 1 or n_head < 1 or n_embd < 1 or block_size < 2:
-        raise ValueError("task.args: nLayer, nHead, nEmbd must be >= 1 and blockSize >= 2")
-    if n_embd % n_head:
-        raise ValueError(f"task.args.nEmbd ({n_embd}) must be a multiple of nHead ({n_head})")
+    config = gpt_config(args)
     blowup = ActivationBlowUp(
         arg(args, "overflowAtStep", None, int),
         arg(args, "overflowGain", 1e6, float),
         arg(args, "overflowUntilStep", None, int),
     )
-    model = GPT(n_layer, n_head, n_embd, block_size, arg(args, "dropout", 0.0, float), blowup)
-    dataset = ByteWindows(corpus(arg(args, "corpusBytes", 200_000, int)), block_size)
-    n_params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-    # 6N per token for the matmuls plus attention, as in the PaLM appendix / nanoGPT.
-    flops_per_token = 6 * n_params + 12 * n_layer * n_embd * block_size
+    model = GPT(config, blowup)
+    train, held_out = datasets(args, config)
     return Task(
         model=model,
-        dataset=dataset,
-        # Held-out text from the same grammar (another seed): the quality gate's evaluation set.
-        eval_dataset=ByteWindows(corpus(max(4 * (block_size + 1), 20_000), seed=4321), block_size),
+        dataset=train,
+        eval_dataset=held_out,  # the quality gate's evaluation set
         loss=lm_loss,
-        flops_per_sample=float(flops_per_token * block_size),
-        tokens_per_sample=block_size,
+        flops_per_sample=float(model.flops_per_token() * config.block_size),
+        tokens_per_sample=config.block_size,
         set_step=blowup.set_step,
     )
