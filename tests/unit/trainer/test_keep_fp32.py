@@ -301,6 +301,22 @@ def test_inductor_compiles_a_kept_model_to_the_eager_result() -> None:
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
 
 
+def test_a_kept_module_is_not_served_the_graph_compiled_for_a_bare_one() -> None:
+    """Dynamo does not guard on module hooks by default: the old pre/post hook pair was served
+    the bare model's graph and ran in bf16. An instance `forward` is guarded."""
+
+    def block() -> nn.Module:
+        return nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16))
+
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        assert torch.compile(block(), backend="aot_eager")(x).dtype == torch.bfloat16
+        kept = block()
+        keep_fp32(kept, ["LayerNorm"], CPU)
+        assert torch.compile(kept, backend="aot_eager")(x).dtype == torch.float32
+
+
 def test_distributed_data_parallel_trains_a_kept_model() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
