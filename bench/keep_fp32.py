@@ -18,7 +18,7 @@ REPEATS samples per variant taken in rotating order, median per call; the overhe
 variant's median minus the bare module's.
 
 Usage:
-  git show HEAD~1:trainer-image/mpjob_trainer/precision.py > /tmp/precision_before.py
+  git show 83a791f~1:trainer-image/mpjob_trainer/precision.py > /tmp/precision_before.py  # the hooks
   OMP_NUM_THREADS=1 uv run --no-sync python bench/keep_fp32.py --before /tmp/precision_before.py
 """
 
