@@ -19,12 +19,10 @@ from torch.utils.data import default_collate
 
 from mpjob_trainer.data import StepLoader, StepSampler, data_workers, to_device
 from mpjob_trainer.errors import ConfigError
-from mpjob_trainer.metrics import peak_flops
 from mpjob_trainer.session import Session
 from mpjob_trainer.tasks import Task, load_task
 
-# peak_flops moved to metrics.py (the session measures MFU); bench/trainer_gpu.py imports it from here.
-__all__ = ["builtin_task", "forward_backward", "learning_rate", "peak_flops", "train"]
+__all__ = ["builtin_task", "forward_backward", "learning_rate", "train"]
 
 
 def learning_rate(applied_steps: int, total: int, peak: float, warmup: int) -> float:
