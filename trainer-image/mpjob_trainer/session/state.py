@@ -98,7 +98,7 @@ class TrainingState:
         return bool(verdicts.all())
 
     def capture(self, step: int, applied_steps: int, precision: str, scaler: Any) -> dict[str, Any]:
-        """The whole checkpoint (live tensors: the caller snapshots it before training goes on)."""
+        """The whole checkpoint (live tensors: the caller stages a copy before training goes on)."""
         state: dict[str, Any] = {
             "step": step,
             "appliedSteps": applied_steps,
