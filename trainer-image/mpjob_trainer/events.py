@@ -6,12 +6,15 @@ One object per line, flushed, with an "event" key. Schema (camelCase; stable):
   start        attempt, precision, requestedPrecision, device, worldSize, startStep,
                totalSteps, metricsPort
   checkpointRejected  path, problem
+  keepFp32     wrapped (module names), skipped (listed types autocast already runs in fp32)
+  compile      mode (training.compile), compiled
   precisionMeasured  stepSeconds {precision: seconds | null}, chosen, ampSlowerThanFp32
   resume       step, path, sha256, fromPrecision
   freshStart   reason
   step         step, loss, lossScale (fp16 only), gradNorm, lr, overflowSteps,
                nonFiniteLosses, appliedSteps, samplesPerSecond, tokensPerSecond, mfu,
                stepSeconds, precision, peakDeviceMemoryBytes
+  checkpointStaged  step, stallSeconds (the training thread's wait for a periodic save)
   checkpoint   step, path, sha256, seconds, bytes, async
   checkpointSkipped  step, why
   eval         step, loss, lossFp32, delta, seconds (the quality gate)
