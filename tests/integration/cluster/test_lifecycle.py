@@ -55,6 +55,9 @@ def test_up_twice_is_idempotent_and_down_leaves_no_process(private: dict[str, st
 
 def test_port_in_use_gives_one_clear_line(private: dict[str, str]) -> None:
     with socket.socket() as blocker:
+        # The cluster the test before stopped may leave connections to this port in TIME_WAIT:
+        # they do not hold it, but a bind without SO_REUSEADDR would fail on them.
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         blocker.bind(("127.0.0.1", 17380 + 63))  # the apiserver's port for base 17380
         blocker.listen()
         result = _cluster(private, "up")
