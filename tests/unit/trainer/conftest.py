@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 
 
@@ -103,6 +104,19 @@ def run_trainer(
     report_path = Path(env["MPJOB_TERMINATION_LOG"])
     report = TerminationReport.parse_message(report_path.read_text()) if report_path.exists() else None
     return Run(proc.returncode, parse(proc.stdout), report, proc.stderr)
+
+
+def in_process_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job_spec: dict[str, Any], precision: str = "fp32"
+) -> AttemptLaunch:
+    """An attempt for a Session in this process: no rank env, metrics off, report in tmp_path."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MPJOB_LAUNCH"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MPJOB_METRICS_PORT", "off")
+    monkeypatch.setenv("MPJOB_TERMINATION_LOG", str(tmp_path / "report.json"))
+    return AttemptLaunch.model_validate(
+        {"jobName": "t", "precision": precision, "checkpointDir": str(tmp_path / "ckpt"), "spec": job_spec}
+    )
 
 
 @pytest.fixture

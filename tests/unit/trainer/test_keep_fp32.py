@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_leaves
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import precision, session
 from mpjob_trainer.precision import AUTOCAST_FP32, Fp32Forward, autocast_fp32_types, keep_fp32
-from tests.unit.trainer.conftest import spec
+from tests.unit.trainer.conftest import in_process_launch, spec
 
 pytestmark = pytest.mark.unit
 
@@ -336,14 +336,8 @@ def test_distributed_data_parallel_trains_a_kept_model() -> None:
 # ---------------------------------------------------------------- the session
 @pytest.fixture
 def bf16_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AttemptLaunch:
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MPJOB_LAUNCH"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("MPJOB_METRICS_PORT", "off")
-    monkeypatch.setenv("MPJOB_TERMINATION_LOG", str(tmp_path / "report.json"))
     job = spec(precision={"mode": "bf16", "keepFp32": ["LayerNorm", "MSELoss", "Gate"]})
-    return AttemptLaunch.model_validate(
-        {"jobName": "t", "precision": "bf16", "checkpointDir": str(tmp_path / "ckpt"), "spec": job}
-    )
+    return in_process_launch(tmp_path, monkeypatch, job, "bf16")
 
 
 def test_the_session_logs_what_it_wrapped_and_what_autocast_keeps(

@@ -24,7 +24,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import Run, launch_env, parse, run_trainer, spec
+from tests.unit.trainer.conftest import Run, in_process_launch, launch_env, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
@@ -140,14 +140,8 @@ def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
 @pytest.fixture
 def launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AttemptLaunch:
     """An attempt for a Session in this process (metrics off, report in tmp_path)."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MPJOB_LAUNCH"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("MPJOB_METRICS_PORT", "off")
-    monkeypatch.setenv("MPJOB_TERMINATION_LOG", str(tmp_path / "report.json"))
     job = spec(training={"steps": 6, "logEvery": 3}, checkpoint={"everySteps": 3})
-    return AttemptLaunch.model_validate(
-        {"jobName": "t", "precision": "fp32", "checkpointDir": str(tmp_path / "ckpt"), "spec": job}
-    )
+    return in_process_launch(tmp_path, monkeypatch, job)
 
 
 class Position:

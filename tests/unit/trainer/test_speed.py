@@ -19,7 +19,7 @@ from mpjob_trainer.data import StepLoader, StepSampler, data_workers, micro_batc
 from mpjob_trainer.session.ending import Standing, classify
 from mpjob_trainer.tasks.mlp import make_task
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, launch_env, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
@@ -163,17 +163,11 @@ def test_hf_training_arguments_take_the_speed_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, training: dict, compiled: bool, workers: int
 ) -> None:
     pytest.importorskip("transformers")
-    from mpjob_contract.launch import AttemptLaunch
     from mpjob_trainer import session as mpjob
     from mpjob_trainer.adapters import hf
 
-    monkeypatch.setenv("MPJOB_METRICS_PORT", "off")
-    monkeypatch.setenv("MPJOB_TERMINATION_LOG", str(tmp_path / "report"))
     job = spec(task={"command": ["python", "train.py"]}, training=training)
-    launch = AttemptLaunch.model_validate(
-        {"jobName": "t", "attempt": 0, "precision": "fp32", "checkpointDir": str(tmp_path / "ckpt"), "spec": job}
-    )
-    run = mpjob.start(launch=launch)
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job))
     try:
         args = hf.training_arguments(run)
         assert (args.torch_compile, args.dataloader_num_workers) == (compiled, workers)
