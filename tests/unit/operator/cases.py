@@ -39,6 +39,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("zero-processes", bad("spec.resources.processesPerWorker", 0), "processesPerWorker"),
     ("zero-workers", bad("spec.workers", 0), "spec.workers"),
     ("negative-steps", bad("spec.training.steps", -5), "spec.training.steps"),
+    ("unknown-compile-mode", bad("spec.training.compile", "fast"), "spec.training.compile"),
+    ("too-many-data-workers", bad("spec.training.dataWorkers", 65), "spec.training.dataWorkers"),
     ("bad-module-path", bad("spec.task", {"module": "not a module"}), "spec.task.module"),
     ("bad-capability", bad("spec.resources.minComputeCapability", "eight"), "minComputeCapability"),
     (
