@@ -285,6 +285,10 @@ class RunPolicy(ApiModel):
     )
 
 
+#: Why a template may not mount a ServiceAccount token (the CRD and the chart's policy say the same).
+NO_TOKEN = "not allowed: trainer pods hold no Kubernetes credentials (docs/security.md)"
+
+
 class PodTemplateOverrides(ApiModel):
     """Pod fields merged into every trainer pod; the trainer container is never replaced."""
 
@@ -312,6 +316,20 @@ class PodTemplateOverrides(ApiModel):
             if violations:
                 raise k8s.SchemaViolations(violations)
         return data
+
+    @model_validator(mode="after")
+    def _no_kubernetes_credentials(self) -> PodTemplateOverrides:
+        """Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod
+        mounts none of its own: automountServiceAccountToken is the operator's, always false)."""
+        violations = [
+            (f"volumes[{i}].projected.sources[{j}].serviceAccountToken", NO_TOKEN)
+            for i, volume in enumerate(self.volumes)
+            for j, source in enumerate((volume.get("projected") or {}).get("sources") or [])
+            if isinstance(source, dict) and source.get("serviceAccountToken") is not None
+        ]
+        if violations:
+            raise k8s.SchemaViolations(violations)
+        return self
 
 
 class MixedPrecisionJobSpec(ApiModel):

@@ -47,6 +47,15 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "precision.fallback entries must be distinct",
         }
     ],
+    # Trainers hold no Kubernetes credentials (PodTemplateOverrides refuses the same).
+    "spec.template.volumes[].projected.sources[]": [
+        {
+            "rule": "!has(self.serviceAccountToken)",
+            "message": f"serviceAccountToken: {api.NO_TOKEN}",
+            "fieldPath": ".serviceAccountToken",
+            "reason": "FieldValueForbidden",
+        }
+    ],
     "spec.checkpoint.volume": [
         {
             "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
@@ -152,9 +161,12 @@ def _schema_of(model: type[Any]) -> dict[str, Any]:
 
 
 def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """The node at a dotted path; `name[]` is the items of the list `name`."""
     node = schema
     for part in [p for p in path.split(".") if p]:
-        node = node["properties"][part]
+        node = node["properties"][part.removesuffix("[]")]
+        if part.endswith("[]"):
+            node = node["items"]
     return node
 
 

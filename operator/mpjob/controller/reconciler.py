@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from mpjob.builders.attempt import attempt_job, attempt_service
+from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
@@ -188,7 +189,7 @@ class Reconciler:
         return None
 
     def _create(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, start: StartAttempt) -> None:
-        """An attempt's Job, then its Service (owned by the Job, so it goes with it)."""
+        """An attempt's Job, then its Service and NetworkPolicy (owned by the Job, so they go with it)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         job = attempt_job(
             job=name,
@@ -205,6 +206,12 @@ class Reconciler:
         self.cache.record_job(created)
         service = attempt_service(name, namespace, start.index, start.precision)
         self.cluster.create_service(service, job=created, owner=body)
+        if self.config.network_policy is not None:
+            readers = self.config.network_policy
+            policy = attempt_network_policy(
+                name, namespace, index=start.index, precision=start.precision, readers=readers
+            )
+            self.cluster.create_network_policy(policy, job=created)
 
     def _refused(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]

@@ -21,6 +21,7 @@ from mpjob.localrun.workers import Workers, free_port
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.figures import round_figures
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
@@ -249,6 +250,7 @@ class LocalRun:
             self.status.last_checkpoint = CheckpointStatus(
                 step=event.step, sha256=event.sha256, precision=start.precision, path=event.path
             )
+        round_figures(self.status)  # the figures as report.json and a CR keep them
 
     def _measured(self, start: StartAttempt, event: events.PrecisionMeasured) -> None:
         """An `auto` attempt measured this machine: its precision from here on, and the figures."""

@@ -43,12 +43,13 @@ def crd_installed(api_client: client.ApiClient) -> None:
 
 
 class Operator:
-    def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
+    def __init__(self, kubeconfig: str, namespace: str, log: Path, env: dict[str, str] | None = None) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MPJOB_TICK_SECONDS": "1"}
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MPJOB_TICK_SECONDS": "1", **self.env}
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [

@@ -88,6 +88,19 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("pull-secret-not-object", bad("spec.template.imagePullSecrets", ["regcred"]), "spec.template.imagePullSecrets[0]"),
     ("label-not-string", bad("spec.template.labels", {"team": 7}), "spec.template.labels"),
+    # Trainers hold no Kubernetes credentials: the template cannot mount a ServiceAccount token.
+    (
+        "projected-service-account-token",
+        bad(
+            "spec.template.volumes", [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]
+        ),
+        "spec.template.volumes[0].projected.sources[0].serviceAccountToken",
+    ),
+    (
+        "automount-service-account-token",
+        bad("spec.template.automountServiceAccountToken", True),
+        "automountServiceAccountToken",
+    ),
 ]
 
 #: A template that uses what Kubernetes' schemas allow, nested sources included: accepted by

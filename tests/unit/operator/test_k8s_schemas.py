@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mpjob import k8s_openapi
-from mpjob.crd import crd_yaml
+from mpjob.crd import CEL_RULES, crd_yaml
 from mpjob_contract import k8s
 from mpjob_contract.api import PodTemplateOverrides
 
@@ -49,10 +49,29 @@ def test_every_template_field_has_its_kubernetes_schema() -> None:
     assert aliases == set(k8s.template_schemas()) == set(k8s_openapi.TEMPLATE_FIELDS)
 
 
+def _rules(node: Any, path: str) -> dict[str, Any]:
+    """The CEL rules below `node`, by CEL_RULES's path notation (`name[]`: the list's items),
+    taken out of the schema."""
+    if not isinstance(node, dict):
+        return {}
+    found = {path: node.pop("x-kubernetes-validations")} if "x-kubernetes-validations" in node else {}
+    if isinstance(node.get("items"), dict):
+        found.update(_rules(node["items"], path + "[]"))
+    for name, child in node.get("properties", {}).items():
+        found.update(_rules(child, f"{path}.{name}"))
+    return found
+
+
 def test_the_crd_template_is_the_kubernetes_schemas_verbatim() -> None:
+    """Kubernetes' schemas as they are, plus only the CEL rules crd.py names below the template
+    (a rule adds a check; it never changes what the schemas say)."""
     crd = yaml.safe_load(crd_yaml())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["properties"]["template"]["properties"] == k8s.template_schemas()
+    template = spec["properties"]["template"]["properties"]
+    rules = {p: r for name, node in template.items() for p, r in _rules(node, f"spec.template.{name}").items()}
+    assert rules == {p: r for p, r in CEL_RULES.items() if p.startswith("spec.template.")}
+    assert "spec.template.volumes[].projected.sources[]" in rules  # no ServiceAccount token
+    assert template == k8s.template_schemas()
 
 
 def test_the_schema_file_holds_only_what_the_checker_reads_and_a_crd_allows() -> None:
