@@ -137,6 +137,11 @@ def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
     return problems
 
 
+def spec_problems(exc: ValidationError) -> list[str]:
+    """A MixedPrecisionJobSpec's validation errors, each as `spec.<field>: what is wrong`."""
+    return [f"spec.{p.field}: {p.message}" if p.field else p.message for p in _problems(exc, "", 0)]
+
+
 def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJob], list[Problem]]:
     size = len(text.encode())
     if size > MAX_MANIFEST_BYTES:
