@@ -73,6 +73,8 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     # Only warnings become Events: kopf would otherwise post one per handler run; the job's own
     # Events go through kopf.event.
     settings.posting.level = logging.WARNING
+    # The probes run every few seconds: log their failures, not each success.
+    logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
     settings.watching.server_timeout = 120
     # `kopf run -m mpjob.controller.handlers` has no `mpjob operator` to make the config.
     config: OperatorConfig = memo.get("config") or from_environment(os.environ)
