@@ -149,6 +149,49 @@ def test_a_stored_object_too_deep_to_parse_fails_alone_and_the_operator_stays_up
         operator.stop()
 
 
+def test_a_job_whose_managed_fields_nest_1500_deep_runs_and_so_do_the_others(
+    crd_installed: None,
+    api_client: client.ApiClient,
+    namespace: str,
+    other_namespace: str,
+    kubeconfig: str,
+    cluster_bin: Path,
+    tmp_path: Path,
+) -> None:
+    """metadata.managedFields[].fieldsV1 is free-form on every Kubernetes object, no CRD can bound
+    it, and the API server keeps what a client sends there: the operator reads such a job (and
+    its children's events) whatever the shipped CRD says."""
+    manifest = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "spec": standin(steps=3)}
+    entry = {"manager": "hostile", "operation": "Update", "apiVersion": "mpjob.dev/v1alpha1"}
+    entry |= {"fieldsType": "FieldsV1", "fieldsV1": "HERE"}
+    manifest["metadata"] = {"name": "deep-meta", "namespace": namespace, "managedFields": [entry]}
+    path = tmp_path / "deep-meta.json"
+    path.write_text(json.dumps(manifest).replace('"HERE"', '{"f:deep": ' * LEVELS + "{}" + "}" * LEVELS))
+    created = kubectl(cluster_bin, kubeconfig, "create", "-f", str(path))
+    assert created.returncode == 0, created.stderr
+    custom = client.CustomObjectsApi(api_client)
+    raw = custom.get_namespaced_custom_object(
+        "mpjob.dev", "v1alpha1", namespace, "mixedprecisionjobs", "deep-meta", _preload_content=False
+    )
+    assert raw.data.count(b'"f:deep"') >= LEVELS  # kept as sent (read as bytes: json.loads would fail)
+    operator = Watching(kubeconfig, [namespace, other_namespace], tmp_path / "operator.log", free_port())
+    operator.start()
+    try:
+        fine = Jobs(api_client, other_namespace)
+        fine.create("fine", standin(steps=3))
+        assert fine.wait_phase("fine", ("Succeeded", "Failed"), 180)["phase"] == "Succeeded"
+
+        def deep_one_done() -> str:
+            return phase_and_message(cluster_bin, kubeconfig, namespace, "deep-meta")[0] in ("Succeeded", "Failed")
+
+        wait_for(deep_one_done, 120, interval=1, message="deep-meta finished")
+        assert phase_and_message(cluster_bin, kubeconfig, namespace, "deep-meta")[0] == "Succeeded"
+        assert operator.proc is not None and operator.proc.poll() is None, "the operator exited"
+        assert "maximum recursion depth" not in operator.log.read_text()
+    finally:
+        operator.stop()
+
+
 # ------------------------------------------------------------------ liveness
 
 
