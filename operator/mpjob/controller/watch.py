@@ -32,8 +32,10 @@ log = logging.getLogger("mpjob.operator.cache")
 WATCH_SECONDS = 300
 GONE = 410
 #: A watch failing without a break this long is dead (an outage of the API server included:
-#: the operator can do nothing meanwhile, and a restart starts it afresh).
-FAILING_SECONDS = 60.0
+#: the operator can do nothing meanwhile, and a restart starts it afresh; kopf itself stops the
+#: operator after about a minute of failed requests). The chart's probe restarts the pod after
+#: three failures 20 s apart.
+FAILING_SECONDS = 30.0
 #: A watch with no event, listing or server timeout this long is hung: the server ends a watch
 #: after WATCH_SECONDS, and the client's read timeout is 30 s past that.
 SILENT_SECONDS = WATCH_SECONDS + 60.0
