@@ -1,8 +1,9 @@
 """Reading the API server's JSON bodies however deep they nest.
 
 The API server stores a document nested up to 10,000 levels (its JSON decoder's limit,
-k8s.io/apimachinery/pkg/util/json), wherever a schema leaves a field free-form: an object stored
-before the CRD bounded task.args, or under an older CRD, may be that deep. Python's json parser
+k8s.io/apimachinery/pkg/util/json), wherever a schema leaves a field free-form: the
+metadata.managedFields of any object (the server keeps what a client sends there), and a job
+stored before the CRD bounded task.args or under an older CRD. Python's json parser
 recurses once a level under the interpreter's recursion limit (1,000 by default), so one such
 object in a listing or a watch event ended kopf's watch, and with it the process, and every
 restart met it again in its first listing. `allow_deep_documents` raises the limit above the
