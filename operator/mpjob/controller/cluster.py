@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from mpjob.builders.attempt import attempt_name
+from mpjob.controller import documents
 from mpjob.controller.records import Claim, claim
 from mpjob.planning.classify import NAME_CONFLICT, ApiAction, ApiRule, classify_api_error
 from mpjob_contract import api
@@ -49,7 +50,7 @@ def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
     response = call(*args, _preload_content=False, **kwargs)
     try:
-        return dict(json.loads(response.data))
+        return dict(documents.loads(response.data))
     finally:
         response.release_conn()
 

@@ -38,6 +38,7 @@ from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import FINISHED, JobView, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 log = logging.getLogger("mpjob.operator")
@@ -166,7 +167,7 @@ class Reconciler:
         if old.phase == "Failed":
             return
         failed = old.model_copy(deep=True)
-        failed.phase, failed.message = "Failed", f"invalid spec: {exc.errors()[0]['msg']}"
+        failed.phase, failed.message = "Failed", f"invalid spec: {spec_problems(exc)[0]}"
         generation = body["metadata"].get("generation")
         reason = ConditionReason.INVALID_SPEC
         st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)
