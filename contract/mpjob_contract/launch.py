@@ -16,8 +16,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.environment import LAUNCH_ENV as LAUNCH_ENV  # re-exported: its home is the light module
 
-LAUNCH_ENV = "MPJOB_LAUNCH"
 #: Where the checkpoint volume is mounted in trainer pods.
 CHECKPOINT_MOUNT = "/var/lib/mpjob/checkpoints"
 

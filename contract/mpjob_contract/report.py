@@ -12,12 +12,18 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from mpjob_contract.codes import Reason
+from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV
 
-#: Kubernetes' default terminationMessagePath; the trainer writes here unless told otherwise.
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-TERMINATION_LOG_ENV = "MPJOB_TERMINATION_LOG"
-#: Hard budget for the serialized report (Kubernetes truncates at 4096 bytes).
-MAX_REPORT_BYTES = 3072
+__all__ = [
+    "DEFAULT_TERMINATION_LOG",
+    "MAX_REPORT_BYTES",
+    "TERMINATION_LOG_ENV",
+    "CheckpointRef",
+    "Counters",
+    "Measurement",
+    "Replay",
+    "TerminationReport",
+]
 
 
 class _Model(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -59,5 +60,11 @@ def barrier(world: World) -> None:
 
 
 def shutdown(world: World) -> None:
-    if world.distributed and dist.is_initialized():
+    """Destroy the default process group, whoever made it: a framework may make one even for a
+    world of one (accelerate does, seeing the launcher's RANK/LOCAL_RANK). One left at exit is
+    torn down with its TCPStore and gloo threads still running: std::terminate (SIGABRT) after
+    the report said Succeeded. The group's objects sit in reference cycles: collecting them
+    here joins those threads now, while the interpreter is whole, not at some point of exit."""
+    if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        gc.collect()

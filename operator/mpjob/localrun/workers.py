@@ -23,6 +23,19 @@ from mpjob_contract.report import TERMINATION_LOG_ENV
 
 #: Seconds the other workers get to stop after one of them failed (as a Job would).
 PEER_GRACE_SECONDS = 10.0
+#: A task.command that starts with one of these runs in `mpjob run`'s own interpreter, as
+#: torchrun starts `python` with sys.executable: `mpjob run` called by its path, with its
+#: environment not on PATH, still trains with the torch and mpjob_trainer it was installed with.
+PYTHON_NAMES = frozenset({"python", "python3"})
+
+
+def with_interpreter(argv: list[str], python: str) -> list[str]:
+    """The launcher's argv with the command's `python`/`python3` (after `--`) made `python`."""
+    cut = argv.index("--") + 1
+    command = argv[cut:]
+    if command and command[0] in PYTHON_NAMES:
+        command = [python, *command[1:]]
+    return [*argv[:cut], *command]
 
 
 def free_port() -> int:
@@ -40,7 +53,9 @@ class Workers:
     def start(self, env: dict[str, str]) -> subprocess.Popen[str]:
         """Start every worker; returns worker 0, whose stdout carries the trainer's events."""
         trainer = [self.python, "-m", "mpjob_trainer"]
-        argv = launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"])
+        argv = with_interpreter(
+            launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"]), self.python
+        )
         for worker in range(self.spec.workers):
             log = (self.folder / f"worker{worker}.log").open("w")
             self._logs.append(log)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from mpjob.planning.classify import Action, Classification
+from mpjob.planning.repeat import REPEATED_FAILURE, repeated_early_failure
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, Precision, precision_ladder, resolve_auto
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, inside_checkpoint_dir
@@ -175,6 +176,8 @@ def after_attempt(
         return Finish(True, Reason.SUCCEEDED.value, result.message)
     if result.action is Action.FAIL:
         return Finish(False, result.reason.value, result.message)
+    if (repeated := repeated_early_failure(history)) is not None:
+        return Finish(False, REPEATED_FAILURE, repeated)
     attempts_used = index + 1 - uncharged  # earlier attempts that used none of the budget
     if attempts_used >= spec.run_policy.max_attempts:
         return Finish(

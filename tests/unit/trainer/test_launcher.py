@@ -208,6 +208,24 @@ def test_the_launcher_starts_without_torch() -> None:
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
 
 
+def test_the_launchers_start_path_imports_no_pydantic_and_no_torch() -> None:
+    """Up to the spawn of its ranks (flags read, plan made) and through a lone rank's own
+    ending, the launcher runs on the standard library: pydantic only when a report is built."""
+    probe = (
+        "import sys\n"
+        "from mpjob_trainer.launch import parse_plan\n"
+        "from mpjob_trainer.launch.exits import RankExit, passthrough\n"
+        "from mpjob_trainer.launch import supervise, spawn, tee, signals\n"
+        "plan = parse_plan(['--nproc-per-worker', '2', '--workers', '3', '--', 't'], {'JOB_COMPLETION_INDEX': '1'})\n"
+        "assert plan.world_size == 6\n"
+        'text = \'{"reason": "NumericFault", "message": "nan"}\'\n'
+        "assert passthrough([RankExit(0, 0, 42, report_text=text)]).text == text\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core', 'torch'))\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
+
+
 @dataclass
 class Pod:
     """One launcher run: its process, stdout/stderr files and the pod's termination report."""
@@ -381,3 +399,100 @@ def test_a_rank_killed_by_sigkill_stops_its_sibling_and_exits_1(tmp_path: Path, 
     assert code == ExitCode.INFRA_ERROR, pod.stderr[-3000:]
     assert report is not None and report.reason == "InfraError"
     assert report.message.startswith("local rank 1 (rank 1) was killed by SIGKILL"), report.message
+
+
+# ------------------------------------------------- start-up, pass-through, the stderr tail
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether the process has a SIGTERM handler installed (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_at_start_ends_the_launcher_at_once_with_44_and_no_rank_started(tmp_path: Path, pods: Any) -> None:
+    # No flags: the launcher reads $MPJOB_LAUNCH (pydantic) after its handlers are in place and
+    # before it starts the rank: the SIGTERM lands in that window.
+    env = {**os.environ, "MPJOB_LAUNCH": attempt_json()}
+    pod = pods(tmp_path, [], stand_ins(tmp_path, "wait"), env=env)
+    wait_for(lambda: _catches_sigterm(pod.proc.pid), 30, 0.001, message="the launcher's SIGTERM handler")
+    sent = time.monotonic()
+    pod.proc.send_signal(signal.SIGTERM)
+    code, report = pod.wait(30)
+    assert time.monotonic() - sent < 10, pod.stderr  # not a grace period
+    assert code == ExitCode.PREEMPTED, pod.stderr
+    assert report is not None and report.reason == "Preempted"
+    assert "SIGTERM received before local rank 0 (rank 0) started" in report.message
+    assert not (tmp_path / "ready-0").exists(), "a rank was started after the stop"
+
+
+def test_a_lone_ranks_own_report_passes_through_as_written(tmp_path: Path, pods: Any) -> None:
+    written = '{"reason": "NumericFault", "step": 12, "message": "nan storm", "futureField": 1}'
+    script = f"import os, sys; open(os.environ['MPJOB_TERMINATION_LOG'], 'w').write({written!r}); sys.exit(42)"
+    pod = pods(tmp_path, ["--nproc-per-worker", "1"], [sys.executable, "-c", script])
+    code, report = pod.wait(30)
+    assert code == ExitCode.NUMERIC_FAULT
+    assert (tmp_path / "pod.json").read_text() == written
+    assert report is not None and (report.step, report.message) == (12, "nan storm")
+
+
+CANNOT_START = {
+    "a script that does not exist": (["/no/such/dir/train.py"], "can't open file '/no/such/dir/train.py'"),
+    "a module that fails to import": (
+        ["-c", "import mpjob_no_such_module_for_tests"],
+        "ModuleNotFoundError: No module named 'mpjob_no_such_module_for_tests'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("args", "cause"), CANNOT_START.values(), ids=CANNOT_START.keys())
+def test_a_rank_that_dies_without_a_report_has_its_stderr_tail_in_the_report(
+    tmp_path: Path, pods: Any, args: list[str], cause: str
+) -> None:
+    pod = pods(tmp_path, ["--nproc-per-worker", "1"], [sys.executable, *args])
+    code, report = pod.wait(30)
+    assert code == ExitCode.INFRA_ERROR
+    assert report is not None and report.reason == "InfraError"
+    assert report.message.startswith("local rank 0 (rank 0) exited "), report.message
+    assert "without a termination report; its stderr ended:\n" in report.message
+    assert cause in report.message.splitlines()[-1], report.message
+    assert cause in pod.stderr  # the pod log still has it, as the rank wrote it
+
+
+def test_stderr_reaches_the_pod_log_unchanged(tmp_path: Path, pods: Any) -> None:
+    # ~1 MiB in lines of varied length (many pipe fills); the rank keeps a copy of what it wrote.
+    script = (
+        "import sys; text = ''.join(f'line {i}: ' + 'x' * (i % 97) + '\\n' for i in range(20_000)); "
+        f"open({str(tmp_path / 'sent')!r}, 'w').write(text); sys.stderr.write(text); sys.stderr.flush()"
+    )
+    code, _ = pods(tmp_path, ["--nproc-per-worker", "1"], [sys.executable, "-c", script]).wait(60)
+    assert code == 0
+    said = (tmp_path / "stderr").read_text()
+    assert (tmp_path / "sent").read_text() in said  # byte for byte, between the launcher's own lines
+    assert not [line for line in said.splitlines() if not line.startswith(("line ", "mpjob-launch: "))]
+
+
+def test_the_stderr_tail_is_the_last_lines_and_stays_within_the_report_budget() -> None:
+    from mpjob_trainer.launch.tee import TAIL_BYTES, StderrTail
+
+    tail = StderrTail(keep=4096)
+    for i in range(10_000):
+        tail.add(f"noise {i}\n".encode())
+    tail.add("Traceback (most recent call last):\n  ...\nRuntimeError: the cause \u00e9\n".encode())
+    text = tail.text()
+    assert text.endswith("RuntimeError: the cause \u00e9") and len(text.encode()) <= TAIL_BYTES
+    assert len(text.splitlines()) <= 8
+    huge = StderrTail()
+    huge.add(b"y" * 100_000 + b"\nthe last line\n")
+    assert huge.text().endswith("the last line") and len(huge.text().encode()) <= TAIL_BYTES
+    many = [
+        RankEnding(r, r, 1, None, stderr_tail=huge.text() or "", order=r) for r in range(64)
+    ]  # every rank died without a report
+    folded = fold_endings(many).report
+    assert len(folded.to_message().encode()) <= MAX_REPORT_BYTES
+    assert "the last line" in folded.message

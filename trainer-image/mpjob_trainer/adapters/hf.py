@@ -174,4 +174,6 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
     trainer.add_callback(MpjobCallback(bridge, samples))
     point = bridge.resume()
+    if point.done:  # Trainer.train at max_steps would still train one step past it
+        return None
     return trainer.train(resume_from_checkpoint=_resume_view(run, point.framework_checkpoint), **train_kwargs)

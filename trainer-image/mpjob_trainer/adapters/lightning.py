@@ -125,5 +125,7 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     bridge.checkpoint_with(write, model.parameters)
     run.keep_fp32(model)
     point = bridge.resume()
+    if point.done:  # the last step's checkpoint: nothing left to fit
+        return
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None
     trainer.fit(model, ckpt_path=ckpt, **fit_kwargs)

@@ -12,53 +12,100 @@ and 44 would all read as "failed"), restarts workers itself (mpjob decides retri
 attempt, in a precision it chooses), and leaves no termination report. docs/launcher.md
 has the whole story.
 
-Parts: `plan` (flags and env -> LaunchPlan, each rank's env), `supervise` (processes and
-signals), `fold` (pure: endings -> the pod's code and report). Standard library and
-mpjob_contract only: no torch, so the launcher starts in a fraction of a second.
+Parts: `signals` (the inbox, installed first), `plan` (flags and env -> LaunchPlan, each
+rank's env), `supervise` (processes and signals), `tee` (each rank's stderr and its tail),
+`exits` (how ranks ended; a lone rank's own ending passed through), `fold` (pure: endings ->
+the pod's code and report). The start path is the standard library and the contract's
+light modules only: pydantic is imported when a report must be built (`fold`), torch never.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import traceback
 from collections.abc import Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mpjob_contract.codes import ExitCode, Reason
-from mpjob_contract.report import DEFAULT_TERMINATION_LOG, TERMINATION_LOG_ENV, TerminationReport
-from mpjob_trainer.launch.fold import PodEnding, RankEnding, fold_endings
+from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, TERMINATION_LOG_ENV
+from mpjob_trainer.launch.exits import Passthrough, RankExit, passthrough
 from mpjob_trainer.launch.plan import LaunchConfigError, LaunchPlan, parse_plan
-from mpjob_trainer.launch.supervise import Supervisor, say
+from mpjob_trainer.launch.signals import Inbox, say, signal_inbox
+from mpjob_trainer.launch.supervise import Supervisor, private_folder
+
+if TYPE_CHECKING:
+    from mpjob_trainer.launch.fold import PodEnding, RankEnding, fold_endings
 
 __all__ = ["LaunchConfigError", "LaunchPlan", "PodEnding", "RankEnding", "fold_endings", "main", "parse_plan"]
 
 
+def __getattr__(name: str) -> Any:
+    """The fold's names, imported on first use: they bring pydantic, which the start path avoids."""
+    if name in ("PodEnding", "RankEnding", "fold_endings"):
+        from mpjob_trainer.launch import fold
+
+        return getattr(fold, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one pod's local ranks; the folded exit code (the report is written on the way out)."""
+    with signal_inbox() as inbox:  # first: a stop during start-up must not be lost
+        return _launch(sys.argv[1:] if argv is None else argv, inbox)
+
+
+def _launch(argv: Sequence[str], inbox: Inbox) -> int:
     env = dict(os.environ)
     report_path = env.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG
     try:
-        plan = parse_plan(sys.argv[1:] if argv is None else argv, env)
+        plan = parse_plan(argv, env)
     except LaunchConfigError as exc:
         say(f"error: {exc}")
-        report = TerminationReport(reason=Reason.CONFIG_ERROR, message=f"mpjob-launch: {exc}")
-        return _finish(PodEnding(int(ExitCode.CONFIG_ERROR), report), report_path)
+        return _made(Reason.CONFIG_ERROR, ExitCode.CONFIG_ERROR, f"mpjob-launch: {exc}", report_path)
     try:
-        with tempfile.TemporaryDirectory(prefix="mpjob-launch-") as folder:
-            endings = Supervisor(plan, env, Path(folder)).run()
+        with private_folder() as folder:
+            exits = Supervisor(plan, env, folder, inbox).run()
     except Exception as exc:  # the launcher's own failure: still one code and one report
+        import traceback
+
         traceback.print_exc()
-        report = TerminationReport(reason=Reason.INFRA_ERROR, message=f"mpjob-launch: {type(exc).__name__}: {exc}")
-        return _finish(PodEnding(int(ExitCode.INFRA_ERROR), report), report_path)
-    return _finish(fold_endings(endings), report_path)
+        message = f"mpjob-launch: {type(exc).__name__}: {exc}"
+        return _made(Reason.INFRA_ERROR, ExitCode.INFRA_ERROR, message, report_path)
+    direct = passthrough(exits)
+    if direct is not None:
+        return _pass(direct, report_path)
+    return _folded(exits, report_path)
 
 
-def _finish(ending: PodEnding, report_path: str) -> int:
-    try:
-        ending.report.write(report_path)
-    except OSError as exc:
-        say(f"cannot write the termination report to {report_path}: {exc.strerror or exc}")
+def _pass(ending: Passthrough, report_path: str) -> int:
+    """A lone rank's own ending: its report as written, its code."""
+    _write(report_path, ending.text)
+    say(f"exit {ending.code} ({ending.reason}): {ending.message}")
+    return ending.code
+
+
+def _folded(exits: Sequence[RankExit], report_path: str) -> int:
+    from mpjob_trainer.launch.fold import fold_exits  # pydantic: only when a report is built
+
+    ending = fold_exits(exits)
+    _write(report_path, ending.report.to_message())
     say(f"exit {ending.code} ({ending.report.reason}): {ending.report.message}")
     return ending.code
+
+
+def _made(reason: Reason, code: ExitCode, message: str, report_path: str) -> int:
+    """The launcher's own ending (a bad flag, its own failure): one code and one report."""
+    from mpjob_contract.report import TerminationReport
+
+    _write(report_path, TerminationReport(reason=reason, message=message).to_message())
+    say(f"exit {int(code)} ({reason}): {message}")
+    return int(code)
+
+
+def _write(report_path: str, text: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(report_path) or ".", exist_ok=True)
+        with open(report_path, "w") as file:
+            file.write(text)
+    except OSError as exc:
+        say(f"cannot write the termination report to {report_path}: {exc.strerror or exc}")

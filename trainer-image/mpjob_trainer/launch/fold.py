@@ -23,19 +23,23 @@ collective lost its peer fails a moment later); then the lowest rank (the other 
 are collective decisions or stops, and rank 0 writes the checkpoints).
 
 The pod's report is the winner's own, or one made for it when it left none or was killed by
-a signal (reason from its exit code, progress fields from the lowest rank's report); `step`
-is the largest any rank reported; `lastGoodCheckpoint` the winner's, else the newest any
-rank reported.
+a signal (reason from its exit code, progress fields from the lowest rank's report, and the
+last lines of its stderr, as Kubernetes' FallbackToLogsOnError quotes a container's log);
+`step` is the largest any rank reported; `lastGoodCheckpoint` the winner's, else the newest
+any rank reported.
+
+Reports are parsed in one place, `parsed_report`; importing this module brings pydantic, so
+the launcher imports it only when a report must be built (launch.exits has the rest).
 """
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mpjob_contract.codes import ENDING_PRECEDENCE, ExitCode, Reason, exit_code_for, reason_for_exit_code
 from mpjob_contract.report import TerminationReport
+from mpjob_trainer.launch.exits import RankExit, agrees, how
 
 #: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
 PRECEDENCE: tuple[tuple[Reason, ExitCode], ...] = tuple((r, exit_code_for(r)) for r in ENDING_PRECEDENCE)
@@ -55,6 +59,8 @@ class RankEnding:
     stopped: bool = False
     #: When the launcher saw it end among the pod's ranks: 0 first.
     order: int = 0
+    #: The last lines of its stderr, quoted when the pod's report is made for it.
+    stderr_tail: str = ""
 
     @property
     def outcome(self) -> Reason:
@@ -64,22 +70,37 @@ class RankEnding:
     @property
     def how(self) -> str:
         """'exited 42' or 'was killed by SIGKILL'."""
-        if self.returncode >= 0:
-            return f"exited {self.returncode}"
-        try:
-            return f"was killed by {signal.Signals(-self.returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-self.returncode}"
+        return how(self.returncode)
 
     @property
     def own_report(self) -> TerminationReport | None:
         """The rank's report when it tells the same story as its exit code; None otherwise."""
-        if self.report is None or self.returncode < 0:
+        if self.report is None or not agrees(self.report.reason, self.returncode):
             return None
-        if self.outcome is Reason.INFRA_ERROR:
-            # Infra reasons are many (InfraError, OOMKilled, ...); only the decided ones clash.
-            return None if self.report.reason in _PLACE else self.report
-        return self.report if self.report.reason == self.outcome else None
+        return self.report
+
+
+def parsed_report(text: str | None) -> TerminationReport | None:
+    """A rank's termination report from its text; None when absent or not a valid report."""
+    return TerminationReport.parse_message(text)
+
+
+def rank_ending(ended: RankExit) -> RankEnding:
+    """What the fold knows of a rank: its exit, its report parsed (or the launcher's, when it
+    could not be started)."""
+    if ended.start_error is not None:
+        error = ended.start_error
+        report: TerminationReport | None = TerminationReport(reason=error.reason, message=error.message)
+    else:
+        report = parsed_report(ended.report_text)
+    return RankEnding(
+        ended.local_rank, ended.rank, ended.returncode, report, ended.stopped, ended.order, ended.stderr_tail
+    )
+
+
+def fold_exits(exits: Sequence[RankExit]) -> PodEnding:
+    """fold_endings over the supervisor's records of how the ranks ended."""
+    return fold_endings([rank_ending(e) for e in exits])
 
 
 @dataclass(frozen=True)
@@ -132,10 +153,11 @@ def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | 
     else:
         why = "" if ending.returncode == 0 else " without a termination report"
     base = donor or TerminationReport(reason=reason)
+    said = f"; its stderr ended:\n{ending.stderr_tail}" if ending.stderr_tail else ""
     return base.model_copy(
         update={
             "reason": reason,
             "last_good_checkpoint": None,
-            "message": f"local rank {ending.local_rank} (rank {ending.rank}) {ending.how}{why}",
+            "message": f"local rank {ending.local_rank} (rank {ending.rank}) {ending.how}{why}{said}",
         }
     )

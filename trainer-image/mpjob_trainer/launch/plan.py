@@ -3,6 +3,9 @@
 Each setting is read from its flag, else its environment variable, else the attempt
 description (MPJOB_LAUNCH), else a default; a bad value is a LaunchConfigError that names
 the flag (and the variable it came from), which the launcher turns into exit 43.
+
+Standard library only at import: the attempt description is parsed (pydantic) only when a
+setting falls back to it; the operator's pods pass every setting as a flag.
 """
 
 from __future__ import annotations
@@ -10,14 +13,12 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-from pydantic import ValidationError
+from mpjob_contract.environment import LAUNCH_ENV, TERMINATION_LOG_ENV
 
-from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
-from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
-from mpjob_contract.report import TERMINATION_LOG_ENV
+if TYPE_CHECKING:
+    from mpjob_contract.api import MixedPrecisionJobSpec
 
 PROCESSES_ENV = "MPJOB_PROCESSES_PER_WORKER"
 WORKERS_ENV = "MPJOB_WORKERS"
@@ -33,9 +34,11 @@ class LaunchConfigError(Exception):
     """The launcher's flags or environment are wrong: the pod exits 43 (do not retry)."""
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
-    """One pod: `nproc` local copies of `command`, as worker `worker_index` of `workers`."""
+class LaunchPlan(NamedTuple):
+    """One pod: `nproc` local copies of `command`, as worker `worker_index` of `workers`.
+
+    (NamedTuples on the launcher's start path: `dataclasses` imports `inspect`, a sizeable
+    share of the launcher's start-up CPU.)"""
 
     command: tuple[str, ...]
     nproc: int
@@ -127,6 +130,10 @@ class _AttemptSpec:
 
     def get(self, flag: str) -> MixedPrecisionJobSpec | None:
         if self.text and self._spec is None:
+            from pydantic import ValidationError  # only here: the start path stays light
+
+            from mpjob_contract.launch import AttemptLaunch
+
             try:
                 self._spec = AttemptLaunch.model_validate_json(self.text).spec
             except ValidationError as exc:
@@ -138,8 +145,7 @@ class _AttemptSpec:
         return self._spec
 
 
-@dataclass(frozen=True)
-class _Setting:
+class _Setting(NamedTuple):
     flag: str
     value: float
     source: str  # the flag, "$VAR" or "default"
@@ -149,8 +155,7 @@ class _Setting:
         return f"{self.value:g}" + ("" if self.source == self.flag else f" (from {self.source})")
 
 
-@dataclass(frozen=True)
-class _Sources:
+class _Sources(NamedTuple):
     """Where settings come from, in order: flag, environment variable, MPJOB_LAUNCH, default."""
 
     env: Mapping[str, str]
@@ -180,6 +185,12 @@ class _Sources:
         return _Setting(flag, default, "default")
 
 
+def _processes(spec: MixedPrecisionJobSpec) -> int:
+    from mpjob_contract.api import processes_per_worker  # pydantic: only when the spec is read
+
+    return processes_per_worker(spec)
+
+
 def _master_port(env: Mapping[str, str]) -> str:
     port = env.get("MASTER_PORT", "").strip() or DEFAULT_MASTER_PORT
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -198,7 +209,7 @@ def parse_plan(argv: Sequence[str], env: Mapping[str, str]) -> LaunchPlan:
     args = _parser().parse_args(flags)
     _check(bool(command), "no command: put the training command after --, e.g. mpjob-launch -- mpjob-trainer")
     sources = _Sources(env, _AttemptSpec(env.get(LAUNCH_ENV, "")))
-    nproc = sources.setting("--nproc-per-worker", args.nproc_per_worker, PROCESSES_ENV, int, 1, processes_per_worker)
+    nproc = sources.setting("--nproc-per-worker", args.nproc_per_worker, PROCESSES_ENV, int, 1, _processes)
     workers = sources.setting("--workers", args.workers, WORKERS_ENV, int, 1, lambda spec: spec.workers)
     index = sources.setting("--worker-index", args.worker_index, INDEX_ENV, int, 0)
     grace = sources.setting("--grace-seconds", args.grace_seconds, GRACE_ENV, float, DEFAULT_GRACE_SECONDS)

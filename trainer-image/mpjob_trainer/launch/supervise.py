@@ -1,10 +1,11 @@
 """Run the local ranks: start them, pass signals on, stop siblings of a failed rank, reap.
 
-One thread, no polling: SIGTERM, SIGINT and SIGCHLD land in a socket (signal.set_wakeup_fd)
-and the loop sleeps in select() until one arrives or the sibling grace period ends. The
-handlers are installed before the first child starts, so no ending and no stop request is
-lost. Children are reaped with waitpid(-1): as a container's PID 1 the launcher also reaps
-orphans the trainer's own subprocesses leave behind.
+One thread, no polling: SIGTERM, SIGINT and SIGCHLD land in a pipe (launch.signals, whose
+handlers `main` installs before anything else) and the loop sleeps in select() until one
+arrives, a rank's stderr has something to pass on (launch.tee), or the sibling grace period
+ends. A stop that arrived before the ranks start is found in the inbox first: then no rank
+is started. Children are reaped with waitpid(-1): as a container's PID 1 the launcher also
+reaps orphans the trainer's own subprocesses leave behind.
 
 Each child runs in its own session (process group): a terminal's Ctrl-C reaches only the
 launcher, which passes it on once, so no rank sees it twice, and stop signals go to the
@@ -12,107 +13,90 @@ rank's main process only (not to its DataLoader workers, which would turn a chec
 stop into a crash), as kubelet's SIGTERM reaches only PID 1. SIGKILL goes to the whole
 group, so nothing a rank started outlives it. On Linux each child also dies with the
 launcher (PR_SET_PDEATHSIG), because whoever kills the launcher's group no longer reaches them.
+Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import select
 import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from types import FrameType
+from collections.abc import Iterator, Mapping
 
 from mpjob_contract.codes import ExitCode, Reason
-from mpjob_contract.report import TerminationReport
-from mpjob_trainer.launch.fold import RankEnding
+from mpjob_trainer.launch.exits import RankExit, StartError, how
 from mpjob_trainer.launch.plan import LaunchPlan
+from mpjob_trainer.launch.signals import FORWARDED, Inbox, received, say, stop_received
+from mpjob_trainer.launch.spawn import spawn
+from mpjob_trainer.launch.tee import Tee
 
-#: Signals passed on to every running rank, as received.
-FORWARDED = (signal.SIGTERM, signal.SIGINT)
 #: How long the siblings of a failed rank get to end by themselves before SIGTERM.
 SETTLE_SECONDS = 1.0
-_PR_SET_PDEATHSIG = 1
+#: A rank's termination report is read up to this size (the contract's is 3 KiB).
+_REPORT_READ_BYTES = 1 << 20
 
 
-def say(message: str) -> None:
-    """The launcher's own lines go to stderr: stdout carries the trainer's JSON events."""
-    print(f"mpjob-launch: {message}", file=sys.stderr, flush=True)
-
-
-@dataclass
 class LocalRank:
-    local_rank: int
-    rank: int
-    report_path: Path
-    pid: int = 0  # 0 until started
-    returncode: int | None = None
-    stopped: bool = False
-    order: int = 0
-    start_error: TerminationReport | None = None
+    """One local rank as the supervisor tracks it (a plain class: see launch.exits on dataclasses)."""
+
+    def __init__(self, local_rank: int, rank: int, report_path: str) -> None:
+        self.local_rank, self.rank, self.report_path = local_rank, rank, report_path
+        self.pid = 0  # 0 until started
+        self.returncode: int | None = None
+        self.stopped = False
+        self.order = 0
+        self.start_error: StartError | None = None
+        self.tee: Tee | None = None
 
     @property
     def running(self) -> bool:
         return self.pid > 0 and self.returncode is None
 
-    def ending(self) -> RankEnding:
+    def ending(self) -> RankExit:
         assert self.returncode is not None
-        report = self.start_error or _read_report(self.report_path)
-        return RankEnding(self.local_rank, self.rank, self.returncode, report, self.stopped, self.order)
+        return RankExit(
+            self.local_rank,
+            self.rank,
+            self.returncode,
+            report_text=None if self.start_error is not None else _read_report(self.report_path),
+            stopped=self.stopped,
+            order=self.order,
+            stderr_tail=self.tee.tail.text() if self.tee is not None else "",
+            start_error=self.start_error,
+        )
 
 
-def _read_report(path: Path) -> TerminationReport | None:
+def _read_report(path: str) -> str | None:
     try:
-        return TerminationReport.parse_message(path.read_text())
+        with open(path, "rb") as file:
+            return file.read(_REPORT_READ_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return None
 
 
 @contextlib.contextmanager
-def signal_inbox() -> Iterator[socket.socket]:
-    """A socket that receives one byte per signal (its number) for FORWARDED and SIGCHLD."""
-    receive, send = socket.socketpair()
-    receive.setblocking(False)
-    send.setblocking(False)
-    watched = (*FORWARDED, signal.SIGCHLD)
-    previous = {sig: signal.getsignal(sig) for sig in watched}
-
-    def noted(signum: int, frame: FrameType | None) -> None:
-        """The byte in the socket is the news; the loop acts on it."""
-
-    old_fd = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
+def private_folder() -> Iterator[str]:
+    """A new folder of mode 0700 under $TMPDIR for the ranks' reports, removed afterwards (what
+    tempfile.TemporaryDirectory does, without its imports on the start path)."""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    for attempt in range(100):
+        path = os.path.join(base, f"mpjob-launch-{os.getpid()}-{attempt}")
+        try:
+            os.mkdir(path, 0o700)  # never follows a link: a name taken by anyone is skipped
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free name for the launcher's folder under {base}")
     try:
-        for sig in watched:
-            signal.signal(sig, noted)
-        yield receive
+        yield path
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        signal.set_wakeup_fd(old_fd)
-        receive.close()
-        send.close()
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """preexec_fn: SIGKILL this child when the launcher dies (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def arm() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-        if os.getppid() != parent:  # the launcher died before the line above
-            os._exit(int(ExitCode.INFRA_ERROR))
-
-    return arm
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+            os.rmdir(path)
 
 
 def _send(pid: int, sig: signal.Signals, *, group: bool = False) -> None:
@@ -130,8 +114,15 @@ def _start_failure(rank: LocalRank, command: str, exc: OSError) -> None:
     reason, code = (Reason.CONFIG_ERROR, ExitCode.CONFIG_ERROR) if user_error else (Reason.INFRA_ERROR, 1)
     message = f"local rank {rank.local_rank} (rank {rank.rank}) could not start {command!r}: {exc.strerror or exc}"
     rank.returncode = int(code)
-    rank.start_error = TerminationReport(reason=reason, message=message)
+    rank.start_error = StartError(reason, int(code), message)
     say(message)
+
+
+def _not_started(rank: LocalRank, sig: signal.Signals) -> None:
+    """A stop that came before the ranks started: none is started; the pod ends Preempted (44)."""
+    rank.returncode, rank.stopped = int(ExitCode.PREEMPTED), True
+    message = f"{sig.name} received before local rank {rank.local_rank} (rank {rank.rank}) started: not started"
+    rank.start_error = StartError(Reason.PREEMPTED, int(ExitCode.PREEMPTED), message)
 
 
 class Supervisor:
@@ -144,63 +135,73 @@ class Supervisor:
     launcher sets no deadline of its own: the sender (kubelet) owns it.
     """
 
-    def __init__(self, plan: LaunchPlan, env: Mapping[str, str], report_dir: Path) -> None:
+    def __init__(self, plan: LaunchPlan, env: Mapping[str, str], report_dir: str, inbox: Inbox) -> None:
         self.plan = plan
         self.env = env
+        self.inbox = inbox
         self.ranks = [
-            LocalRank(i, plan.global_rank(i), report_dir / f"rank-{plan.global_rank(i)}.json")
+            LocalRank(i, plan.global_rank(i), os.path.join(report_dir, f"rank-{plan.global_rank(i)}.json"))
             for i in range(plan.nproc)
         ]
-        self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self.told_to_stop = False
         self.failed: LocalRank | None = None
         #: Sibling stop deadlines (time.monotonic()): SIGTERM at term_at, SIGKILL at kill_at.
         self.term_at: float | None = None
         self.kill_at: float | None = None
 
-    def run(self) -> list[RankEnding]:
+    def run(self) -> list[RankExit]:
         """Start, watch and reap every local rank; their endings, by local rank."""
-        with signal_inbox() as inbox:
-            try:
-                self._start_all()
-                while True:
-                    self._reap()
-                    self._notice_a_failed_rank()
-                    self._stop_siblings_on_time()
-                    if not self._running():
-                        break
-                    for signum in self._wait(inbox):
-                        self._forward(signum)
-            finally:
-                self._kill_remaining()
+        early = stop_received(self.inbox)
+        if early is not None:
+            say(f"{early.name} received before any rank started: starting none")
+            for rank in self.ranks:
+                _not_started(rank, early)
+            return [rank.ending() for rank in self.ranks]
+        try:
+            self._start_all()
+            while True:
+                self._reap()
+                self._notice_a_failed_rank()
+                self._stop_siblings_on_time()
+                if not self._running():
+                    break
+                for signum in self._wait():
+                    self._forward(signum)
+        finally:
+            self._kill_remaining()
+            self._drain_stderr()
         return [rank.ending() for rank in self.ranks]
 
     def _running(self) -> list[LocalRank]:
         return [rank for rank in self.ranks if rank.running]
 
     def _start_all(self) -> None:
-        preexec = _die_with_parent()
         for rank in self.ranks:
-            env = self.plan.rank_env(rank.local_rank, self.env, str(rank.report_path))
+            env = self.plan.rank_env(rank.local_rank, self.env, rank.report_path)
             try:
-                proc = subprocess.Popen(list(self.plan.command), env=env, start_new_session=True, preexec_fn=preexec)
+                started = spawn(self.plan.command, env)
             except OSError as exc:
                 _start_failure(rank, self.plan.command[0], exc)
                 continue
-            rank.pid = proc.pid
-            self._procs[proc.pid] = proc
-            say(f"rank {rank.rank} (local {rank.local_rank}, world {self.plan.world_size}) started: pid {proc.pid}")
+            rank.pid, rank.tee = started.pid, Tee(started.stderr)
+            say(f"rank {rank.rank} (local {rank.local_rank}, world {self.plan.world_size}) started: pid {rank.pid}")
 
-    def _wait(self, inbox: socket.socket) -> list[int]:
-        """Sleep until a signal arrives or the next deadline; the signals that arrived."""
+    def _wait(self) -> list[int]:
+        """Sleep until a signal arrives, a rank writes to stderr or the next deadline; the signals."""
         deadlines = [t for t in (self.term_at, self.kill_at) if t is not None]
         timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-        select.select([inbox], [], [], timeout)
-        received = b""
-        with contextlib.suppress(BlockingIOError):
-            while chunk := inbox.recv(4096):
-                received += chunk
-        return list(received)
+        tees = {rank.tee.fd: rank.tee for rank in self.ranks if rank.tee is not None and rank.tee.fd is not None}
+        signals, readable = received(self.inbox, list(tees), timeout)
+        for fd in readable:
+            tees[fd].pump()
+        return signals
+
+    def _drain_stderr(self) -> None:
+        """What the ranks wrote last; a pipe a rank's orphan still holds is not waited for."""
+        for rank in self.ranks:
+            if rank.tee is not None:
+                rank.tee.pump()
+                rank.tee.close()
 
     def _forward(self, signum: int) -> None:
         if signum not in FORWARDED:
@@ -221,14 +222,12 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            proc = self._procs.get(pid)
-            if proc is None:
+            rank = next((r for r in self.ranks if r.running and r.pid == pid), None)
+            if rank is None:
                 continue  # an orphan this PID 1 adopted: reaped, nothing else to do
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            rank = next(r for r in self.ranks if r.pid == pid)
-            rank.returncode = proc.returncode
+            rank.returncode = os.waitstatus_to_exitcode(status)
             rank.order = sum(r.returncode is not None for r in self.ranks) - 1
-            say(f"rank {rank.rank} {RankEnding(rank.local_rank, rank.rank, proc.returncode).how}")
+            say(f"rank {rank.rank} {how(rank.returncode)}")
 
     def _notice_a_failed_rank(self) -> None:
         """A rank that fails by itself leaves its siblings blocked in collectives: plan their stop."""
@@ -259,4 +258,4 @@ class Supervisor:
         """Only after an error in the launcher itself: leave no rank behind."""
         for rank in self._running():
             _send(rank.pid, signal.SIGKILL, group=True)
-            rank.returncode = self._procs[rank.pid].wait()
+            rank.returncode = os.waitstatus_to_exitcode(os.waitpid(rank.pid, 0)[1])

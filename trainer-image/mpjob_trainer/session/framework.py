@@ -46,6 +46,9 @@ class ResumePoint:
     step: int
     #: The framework's checkpoint inside the attempt's mpjob checkpoint; None on a fresh start.
     framework_checkpoint: Path | None
+    #: The checkpoint is of the last step (a retry after a crash past the final checkpoint):
+    #: nothing is left to train, and a framework asked to would still train one more step.
+    done: bool = False
 
 
 class FrameworkCheckpointer(Checkpointer):
@@ -108,7 +111,7 @@ class FrameworkRun:
                 f"the checkpoint of step {step} ({ref.path}) holds no framework checkpoint: it was not "
                 "written through a framework adapter, so this script cannot resume from it"
             )
-        return ResumePoint(step, folder)
+        return ResumePoint(step, folder, done=step >= self.run.total_steps)
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook the optimizer the framework steps (inside its wrapper, if any): GradScaler calls

@@ -1,0 +1,75 @@
+"""`mpjob run` of a command that cannot start: the job fails in at most two attempts with the
+cause in its status message (the launcher quotes the rank's stderr; the planner stops the
+second identical failure before a first step); and a command's `python` is `mpjob run`'s own
+interpreter, so `mpjob run` called by its path, its environment not on PATH, still works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.unit
+
+MPJOB = Path(sys.executable).with_name("mpjob")
+
+
+def run(tmp: Path, command: list[str], *, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
+    """`mpjob run` (by its path) of a task.command job in `tmp`; its exit code, report.json, output."""
+    doc = {
+        "apiVersion": "mpjob.dev/v1alpha1",
+        "kind": "MixedPrecisionJob",
+        "metadata": {"name": "own"},
+        "spec": {
+            "task": {"command": command},
+            "training": {"steps": 10, "batchSize": 4, "logEvery": 5},
+            "precision": {"mode": "fp32"},
+            "resources": {"gpusPerWorker": 0},
+            "runPolicy": {"maxAttempts": 6},
+        },
+    }
+    (tmp / "job.yaml").write_text(yaml.safe_dump(doc))
+    result = subprocess.run(
+        [str(MPJOB), "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), "--plain"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env or {**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
+
+
+CANNOT_START = {
+    "a script that does not exist": ("", "can't open file"),
+    "a module that fails to import": ("import mpjob_no_such_module_for_tests\n", "ModuleNotFoundError"),
+}
+
+
+@pytest.mark.parametrize(("source", "cause"), CANNOT_START.values(), ids=CANNOT_START.keys())
+def test_a_command_that_cannot_start_fails_in_two_attempts_with_its_cause(
+    tmp_path: Path, source: str, cause: str
+) -> None:
+    if source:
+        (tmp_path / "train.py").write_text(source)
+    code, report, said = run(tmp_path, ["python", "train.py"])
+    assert code != 0, said
+    assert report["phase"] == "Failed", said
+    assert len(report["attempts"]) == 2, report["attempts"]
+    assert cause in report["message"], report["message"]
+    assert "before their first step" in report["message"]
+    failed = next(c for c in report["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "FailedBeforeFirstStep" and cause in failed["message"]
+
+
+def test_a_commands_python_is_mpjob_runs_own_interpreter(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("import sys\nopen('interpreter', 'w').write(sys.executable)\n")
+    bare = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1"}
+    code, report, said = run(tmp_path, ["python", "train.py"], env=bare)
+    assert code == 0 and report["phase"] == "Succeeded", said
+    assert (tmp_path / "interpreter").read_text() == sys.executable

@@ -1,0 +1,84 @@
+"""The rule that ends a job whose last two attempts failed the same way before their first
+step (mpjob.planning.repeat), alone and through the planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from mpjob.planning.classify import AttemptOutcome, classify
+from mpjob.planning.planner import Finish, StartAttempt, after_attempt
+from mpjob.planning.repeat import REPEATED_FAILURE, repeated_early_failure
+from mpjob_contract.api import AttemptStatus
+from mpjob_contract.report import TerminationReport
+from tests.unit.operator.test_planning import spec
+
+pytestmark = pytest.mark.unit
+
+CANNOT_OPEN = (
+    "local rank 0 (rank 0) exited 2 without a termination report; its stderr ended:\n"
+    "python: can't open file '/work/train.py': [Errno 2] No such file or directory"
+)
+
+
+def attempt(
+    index: int,
+    *,
+    reason: str = "InfraError",
+    code: int | None = 1,
+    message: str = CANNOT_OPEN,
+    start: int = 0,
+    end: int | None = 0,
+) -> AttemptStatus:
+    return AttemptStatus(
+        index=index, precision="bf16", start_step=start, end_step=end, reason=reason, exit_code=code, message=message
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    history: list[AttemptStatus]
+    ends: bool
+
+
+CASES = {
+    "twice the same before the first step": Case([attempt(0), attempt(1)], True),
+    "a resumed attempt that ended where it began": Case(
+        [attempt(3, start=100, end=100), attempt(4, start=100, end=100)], True
+    ),
+    "only once": Case([attempt(0)], False),
+    "the one before trained": Case([attempt(0, end=40), attempt(1, start=40, end=40)], False),
+    "the last trained": Case([attempt(0), attempt(1, end=10)], False),
+    "different messages": Case([attempt(0), attempt(1, message="ModuleNotFoundError: No module named 'x'")], False),
+    "different exit codes": Case([attempt(0, code=2), attempt(1, code=1)], False),
+    # A report made for a rank that left none has step 0: after a resume that is not "no step".
+    "a resumed attempt whose progress is unknown": Case(
+        [attempt(0, start=100, end=0), attempt(1, start=100, end=0)], False
+    ),
+    "no report at all (no end step)": Case([attempt(0, end=None), attempt(1, end=None)], False),
+    "the platform stopped it": Case(
+        [attempt(0, reason="PodDeleted", code=137), attempt(1, reason="PodDeleted", code=137)], False
+    ),
+    "preempted twice": Case([attempt(0, reason="Preempted", code=44), attempt(1, reason="Preempted", code=44)], False),
+    "not in a row": Case([attempt(0), attempt(1, reason="Preempted", code=44, end=0), attempt(2)], False),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_two_attempts_in_a_row_that_fail_the_same_way_before_their_first_step_end_the_job(case: Case) -> None:
+    said = repeated_early_failure(case.history)
+    assert (said is not None) == case.ends
+    if said is not None:
+        assert said.endswith(case.history[-1].message or "") and "before their first step" in said
+
+
+def test_the_planner_fails_the_job_on_the_second_such_attempt_instead_of_spending_every_attempt() -> None:
+    s = spec(runPolicy={"maxAttempts": 6})
+    report = TerminationReport(reason="InfraError", message=CANNOT_OPEN)
+    result = classify(AttemptOutcome(1, report))
+    first = after_attempt(s, 0, "bf16", result, 0, None, history=[attempt(0)])
+    assert isinstance(first, StartAttempt) and first.index == 1  # once could be the machine: retried
+    done = after_attempt(s, 1, "bf16", result, 0, None, history=[attempt(0), attempt(1)])
+    assert isinstance(done, Finish) and not done.succeeded and done.reason == REPEATED_FAILURE
+    assert "python: can't open file '/work/train.py'" in done.message

@@ -1,0 +1,62 @@
+"""A crash after the final checkpoint (the process reported Succeeded, then died at exit) is
+retried; the retry resumes at the last step and must end Succeeded at once: no step past
+training.steps, no new checkpoint, the same final weights. For the builtin loop, a loop on
+the SDK and both framework adapters."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tests.unit.trainer.adapter_jobs import command as adapter_command
+from tests.unit.trainer.adapter_jobs import job as adapter_job
+from tests.unit.trainer.conftest import run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+STEPS = 20
+SDK_SCRIPT = Path(__file__).with_name("sdk_script.py")
+SETTINGS = {"training": {"steps": STEPS, "logEvery": 5}, "checkpoint": {"everySteps": 10, "keep": 5}}
+
+
+def job_of(loop: str) -> tuple[dict, list[str] | None]:
+    """The job and the argv (None: the builtin trainer) of each kind of loop."""
+    if loop == "builtin":
+        return spec(**SETTINGS), None
+    if loop == "sdk":
+        return spec(task={"command": ["python", str(SDK_SCRIPT)]}, **SETTINGS), [str(SDK_SCRIPT)]
+    return adapter_job(loop, training={"steps": STEPS}, checkpoint={"everySteps": 10, "keep": 5}), adapter_command(
+        loop
+    )[1:]
+
+
+def fingerprint(ckpt: Path) -> dict[str, str]:
+    """Every file of every checkpoint, by sha256: what a resumed attempt may not change."""
+    return {
+        str(p.relative_to(ckpt)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(ckpt.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+@pytest.mark.parametrize("loop", ["builtin", "sdk", "hf", "lightning"])
+def test_an_attempt_resumed_at_the_last_step_succeeds_at_once(tmp_path: Path, loop: str) -> None:
+    job, argv = job_of(loop)
+    ckpt = tmp_path / "ckpt"
+    first = run_trainer(tmp_path / "a0", job, "fp32", argv=argv, ckpt=ckpt, timeout=300)
+    assert first.code == 0, first.stderr[-3000:]
+    assert first.report is not None and first.report.step == STEPS
+    assert first.report.last_good_checkpoint is not None and first.report.last_good_checkpoint.step == STEPS
+    before = fingerprint(ckpt)
+
+    again = run_trainer(tmp_path / "a1", job, "fp32", argv=argv, ckpt=ckpt, attempt=1, timeout=300)
+    assert again.code == 0, again.stderr[-3000:]
+    report = again.report
+    assert report is not None and report.reason == "Succeeded", report
+    assert (report.start_step, report.step) == (STEPS, STEPS), report
+    assert report.message == f"trained {STEPS} steps in fp32"
+    assert report.last_good_checkpoint == first.report.last_good_checkpoint
+    assert not again.of("step"), again.of("step")  # nothing trained
+    assert fingerprint(ckpt) == before  # no new checkpoint, the final weights untouched
