@@ -124,7 +124,7 @@ class Checkpointer:
     def _saved(self, result: SaveResult, asynchronous: bool) -> None:
         self.metrics.checkpoint_seconds.observe(result.seconds)
         self.metrics.checkpoint_bytes.set(result.bytes)
-        self.metrics.last_good_step.set(result.ref.step)
+        self.metrics.checkpoint_good(result.ref)
         self.log(
             "checkpoint",
             step=result.ref.step,
