@@ -7,10 +7,11 @@ state whose groups differ. The per-parameter state (step, exp_avg, exp_avg_sq) d
 on the grouping, so it is moved by parameter identity: entry k of the old single group is the
 k-th parameter of the module the optimizer trains, and it goes to the id that parameter has
 in today's groups. Each group keeps its hyperparameters from the checkpoint (the learning rate
-the schedule reached, betas, eps) but its weight decay from today's grouping: that is what the
-split is for. An optimizer whose groups already match (a version-1 checkpoint written after the
-split, or a user's own optimizer) loads exactly as before; one that cannot be mapped is a
-configuration error that names the format and what to do.
+the schedule reached, betas, eps) but its weight decay from today's grouping (that is what the
+split is for) and today's implementation flags (fused, foreach). An optimizer whose groups
+already match (a version-1 checkpoint written after the split, or a user's own optimizer)
+loads exactly as before; one that cannot be mapped is a configuration error that names the
+format and what to do.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from torch import nn
 from mpjob_trainer.checkpoint.manifest import FORMAT_VERSION
 from mpjob_trainer.errors import ConfigError
 
+#: Group settings taken from today's optimizer, not the checkpoint: the decay split itself, and
+#: how this run steps (a fused AdamW on CUDA), which is no training state.
+_TODAYS = ("params", "weight_decay", "fused", "foreach", "capturable", "differentiable")
 #: Set by CheckpointStore.verify in a state loaded from an older format (never written).
 FORMAT_KEY = "formatVersion"
 
@@ -86,8 +90,9 @@ def split_groups(
                 state[next_id] = per_param
             ids.append(next_id)
             next_id += 1
-        hyper = {key: value for key, value in old_group.items() if key not in ("params", "weight_decay")}
-        groups.append({**hyper, "weight_decay": group["weight_decay"], "params": ids})
+        hyper = {key: value for key, value in old_group.items() if key not in _TODAYS}
+        todays = {key: group[key] for key in _TODAYS if key in group and key != "params"}
+        groups.append({**hyper, **todays, "params": ids})
     return {"state": state, "param_groups": groups}
 
 

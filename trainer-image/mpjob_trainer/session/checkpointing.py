@@ -1,8 +1,8 @@
 """Checkpointer: when and by whom checkpoints are written, and what a failed write costs.
 
 Every rank reaches the same step boundary; rank 0 stages the state there into reusable host
-buffers (StagingBuffers: device copies issued, not awaited) and CheckpointStore writes and
-hashes it off the training thread once the copies have landed. The training thread waits
+buffers (StagingBuffers: device copies issued, not awaited) and the Checkpointer's writer
+thread has CheckpointStore write and hash it once the copies have landed. The training thread waits
 for the previous save only when the next one is due (its buffers are about to be refilled),
 so a save costs it the wait, the capture and the issuing of the copies: that stall is
 logged (`checkpointStaged`) and observed (mpjob_trainer_checkpoint_stall_seconds).
@@ -13,7 +13,7 @@ last good checkpoint stays the previous one and the next interval tries again.
 
 The Checkpointer owns the staging buffers and the writer thread; the session and its
 collaborators use only its public methods (save, collect, load, state_of, clean_stale,
-last_good), never the store's or the writer's internals.
+last_good, root), never the store's or the writer's internals.
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ class Checkpointer:
     def last_good(self) -> CheckpointRef | None:
         """The newest checkpoint known good: the one resumed from, or the last one collected."""
         return self.store.last_good
+
+    @property
+    def root(self) -> Path:
+        """The job's checkpoint folder."""
+        return self.store.root
 
     # ---------------------------------------------------------------- resuming
     def clean_stale(self) -> None:
