@@ -27,6 +27,10 @@ CHECKPOINT_STALL_SECONDS = PREFIX + "checkpoint_stall_seconds"  # histogram
 CHECKPOINT_BYTES = PREFIX + "checkpoint_bytes"
 CHECKPOINT_FAILURES = PREFIX + "checkpoint_failures"  # counter -> *_total
 LAST_GOOD_CHECKPOINT_STEP = PREFIX + "last_good_checkpoint_step"
+#: The same step, labelled with the checkpoint's sha256 and precision (one series at a time):
+#: what the operator writes to status.lastCheckpoint while the attempt runs.
+LAST_GOOD_CHECKPOINT = PREFIX + "last_good_checkpoint"
+CHECKPOINT_LABELS = ("sha256", "checkpoint_precision")
 TOTAL_STEPS = PREFIX + "total_steps"
 START_STEP = PREFIX + "start_step"  # the step this attempt resumed from
 INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1

@@ -12,6 +12,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from mpjob_contract import metrics as names
+from mpjob_contract.report import CheckpointRef
 
 #: Dense bf16/fp16 tensor-core peaks (FLOP/s) for MFU, by device-name fragment.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40": 181e12, "A10": 125e12, "V100": 125e12, "T4": 65e12}
@@ -92,6 +93,25 @@ class TrainerMetrics:
         self.checkpoint_bytes = self._gauge(names.CHECKPOINT_BYTES, "Size of the last checkpoint written.")
         self.checkpoint_failures = self._counter(names.CHECKPOINT_FAILURES, "Checkpoint writes that failed.")
         self.last_good_step = self._gauge(names.LAST_GOOD_CHECKPOINT_STEP, "Step of the newest verified checkpoint.")
+        self.last_good_checkpoint = Gauge(
+            names.LAST_GOOD_CHECKPOINT,
+            "Step of the newest verified checkpoint, labelled with its sha256 and precision.",
+            **self._on(*names.CHECKPOINT_LABELS),
+        )
+        self._last_good: CheckpointRef | None = None
+
+    def checkpoint_good(self, ref: CheckpointRef) -> None:
+        """`ref` is the newest verified checkpoint: its step, and its sha256 and precision in the
+        one series of last_good_checkpoint. The new series is set before the previous one goes,
+        so a scrape in between sees both (readers take the newest step), never none."""
+        self.last_good_step.set(ref.step)
+        self.last_good_checkpoint.labels(**self._checkpoint_labels(ref)).set(ref.step)
+        previous, self._last_good = self._last_good, ref
+        if previous is not None and self._checkpoint_labels(previous) != self._checkpoint_labels(ref):
+            self.last_good_checkpoint.remove(*self._checkpoint_labels(previous).values())
+
+    def _checkpoint_labels(self, ref: CheckpointRef) -> dict[str, str]:
+        return {**self.labels, "sha256": ref.sha256, "checkpoint_precision": ref.precision}
 
     def _decisions(self) -> None:
         """The guard, the fp32 replay, the `auto` probe and the quality gate."""
@@ -134,7 +154,9 @@ class TrainerMetrics:
     def relabel(self, precision: str) -> None:
         """Train under another `precision` label (an `auto` attempt measured its device): every
         series moves to the new label set; nothing has counted yet, so nothing is lost."""
-        old = dict(self.labels)
+        old, checkpoint = dict(self.labels), self._last_good
+        self.last_good_checkpoint.clear()
+        self._last_good = None
         self.labels["precision"] = precision
         for name, child in list(vars(self).items()):
             family = self._families.pop(id(child), None)
@@ -145,6 +167,8 @@ class TrainerMetrics:
             self._families[id(fresh)] = family
             setattr(self, name, fresh)
         self.info.set(1)
+        if checkpoint is not None:
+            self.checkpoint_good(checkpoint)
 
     def measured_steps(self, seconds: dict[str, float | None]) -> None:
         for candidate, value in seconds.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +49,10 @@ WANTED = {metric for _, metric, _ in FIGURES} | {tm.START_STEP, tm.LAST_GOOD_CHE
 #: the step times it measured by candidate).
 LABELLED = {tm.INFO: "precision", tm.MEASURED_STEP_SECONDS: "candidate"}
 PRECISIONS = ("fp16", "bf16", "fp32")
+#: A checkpoint's sha256 and precision as last_good_checkpoint labels them; anything else is
+#: not a reading (the endpoint is the pod's: bounded and checked, never trusted).
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+CHECKPOINT_PRECISIONS = ("fp8", *PRECISIONS)
 #: The most metric samples one exposition may hold before the rest is ignored.
 MAX_SAMPLES = 10_000
 #: Figures beyond this are not readings (and no JSON number a status may hold exactly).
@@ -70,20 +75,46 @@ def parse_values(text: str) -> dict[str, float]:
                 values[sample.name] = float(value)
             elif sample.name in LABELLED and sample.labels.get(LABELLED[sample.name]) in PRECISIONS:
                 values[f"{sample.name}{{{sample.labels[LABELLED[sample.name]]}}}"] = float(value)
+            elif sample.name == tm.LAST_GOOD_CHECKPOINT and (key := _checkpoint_key(sample.labels)):
+                values[key] = float(value)
     except Exception as exc:  # the parser raises what it likes on garbage: keep what came before
         log.debug("unparsable metrics: %r", exc)
     return values
 
 
+def _checkpoint_key(labels: dict[str, str]) -> str | None:
+    """"last_good_checkpoint{sha256:precision}" for a well-formed series, else None."""
+    sha, precision = labels.get("sha256", ""), labels.get("checkpoint_precision", "")
+    if SHA256.match(sha) and precision in CHECKPOINT_PRECISIONS:
+        return f"{tm.LAST_GOOD_CHECKPOINT}{{{sha}:{precision}}}"
+    return None
+
+
+def last_checkpoint(values: dict[str, float]) -> dict[str, Any] | None:
+    """The newest checkpoint a reading names with its sha256 (a scrape may catch the previous
+    one's series still there: the newest step wins), else None."""
+    named = [
+        (int(step), key[len(tm.LAST_GOOD_CHECKPOINT) + 1 : -1].split(":"))
+        for key, step in values.items()
+        if key.startswith(tm.LAST_GOOD_CHECKPOINT + "{") and step > 0
+    ]
+    if not named:
+        return None
+    step, (sha, precision) = max(named)
+    return {"step": step, "sha256": sha, "precision": precision}
+
+
 def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any]:
-    """Status fields of a reading (plus startStep and lastCheckpointStep when known). Loss,
+    """Status fields of a reading (plus startStep and the last checkpoint when known). Loss,
     scale, overflows and throughput only once the attempt logged a step past where it began
     (before that the trainer's gauges hold placeholders); lossScale only in fp16."""
     found: dict[str, Any] = measured(values)
     start = values.get(tm.START_STEP, 0.0)
     if tm.START_STEP in values and start >= 0:
         found["startStep"] = int(start)
-    if values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:
+    if (checkpoint := last_checkpoint(values)) is not None:
+        found["lastCheckpoint"] = checkpoint
+    elif values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:  # a trainer that does not name its sha256
         found["lastCheckpointStep"] = int(values[tm.LAST_GOOD_CHECKPOINT_STEP])
     step = values.get(tm.STEP)
     if step is None or step < 0 or step <= start:
@@ -112,7 +143,7 @@ def measured(values: dict[str, float]) -> dict[str, Any]:
     return {"precision": chosen[0], "measuredStepSeconds": {p: (s if s >= 0 else None) for p, s in seconds.items()}}
 
 
-_ATTEMPT_FIELDS = ("lastCheckpointStep", "startStep", "precision", "measuredStepSeconds")
+_ATTEMPT_FIELDS = ("lastCheckpoint", "lastCheckpointStep", "startStep", "precision", "measuredStepSeconds")
 
 
 def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> dict[str, Any]:
@@ -129,17 +160,26 @@ def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> di
         attempts = [a.to_api() for a in status.attempts]
         attempts[-1].update(attempt)
         patch["attempts"] = attempts
-    if "lastCheckpointStep" in found and (
-        not status.last_checkpoint or status.last_checkpoint.step < found["lastCheckpointStep"]
-    ):
-        patch["lastCheckpoint"] = {
-            "step": found["lastCheckpointStep"],
-            "precision": status.precision or "",
-            "sha256": "",
-            "path": "",
-        }
+    if (checkpoint := live_checkpoint(status, found)) is not None:
+        patch["lastCheckpoint"] = checkpoint
     stored = status.to_api()
     return patch if any(stored.get(k) != v for k, v in patch.items()) else {}
+
+
+def live_checkpoint(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> dict[str, Any] | None:
+    """status.lastCheckpoint for a reading that names a newer checkpoint (or, with its sha256,
+    the same step the status holds without one); None when it names nothing new. The path
+    comes only with the attempt's termination report: the next attempt's resumeFrom is never
+    taken from a scrape."""
+    held = status.last_checkpoint
+    if "lastCheckpoint" in found:
+        named = found["lastCheckpoint"]
+        if held and (held.step > named["step"] or (held.step == named["step"] and held.sha256)):
+            return None
+        return {**named, "path": ""}
+    if "lastCheckpointStep" in found and (not held or held.step < found["lastCheckpointStep"]):
+        return {"step": found["lastCheckpointStep"], "precision": status.precision or "", "sha256": "", "path": ""}
+    return None
 
 
 @dataclass(frozen=True, slots=True)

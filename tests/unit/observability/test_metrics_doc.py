@@ -27,7 +27,7 @@ def documented(section: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     rows = {}
     for line in body.splitlines():
         if match := _ROW.match(line):
-            labels = tuple(re.findall(r"[a-z_]+", match["labels"])) if match["labels"].strip() != "—" else ()
+            labels = tuple(re.findall(r"[a-z_][a-z0-9_]*", match["labels"])) if match["labels"].strip() != "—" else ()
             assert match["name"] not in rows, f"{match['name']} documented twice"
             rows[match["name"]] = (match["type"], labels)
     return rows

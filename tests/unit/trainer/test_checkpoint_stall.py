@@ -100,13 +100,13 @@ class _Held:
         self.release = threading.Event()
         self.out = io.StringIO()
         self.metrics = TrainerMetrics("j", "ns", 0, "fp32")
-        write = self.store._write
+        write = self.store.write
 
         def delayed(*args: Any, **kwargs: Any) -> Any:
             assert self.release.wait(30), "never released"
             return write(*args, **kwargs)
 
-        monkeypatch.setattr(self.store, "_write", delayed)
+        monkeypatch.setattr(self.store, "write", delayed)
         self.checkpoints = Checkpointer(self.store, World(0, 1, 0), EventLog(stream=self.out), self.metrics)
 
     def written(self, step: int) -> dict[str, Any]:

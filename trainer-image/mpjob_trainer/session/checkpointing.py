@@ -1,8 +1,8 @@
 """Checkpointer: when and by whom checkpoints are written, and what a failed write costs.
 
 Every rank reaches the same step boundary; rank 0 stages the state there into reusable host
-buffers (StagingBuffers: device copies issued, not awaited) and CheckpointStore writes and
-hashes it off the training thread once the copies have landed. The training thread waits
+buffers (StagingBuffers: device copies issued, not awaited) and the Checkpointer's writer
+thread has CheckpointStore write and hash it once the copies have landed. The training thread waits
 for the previous save only when the next one is due (its buffers are about to be refilled),
 so a save costs it the wait, the capture and the issuing of the copies: that stall is
 logged (`checkpointStaged`) and observed (mpjob_trainer_checkpoint_stall_seconds).
@@ -10,17 +10,22 @@ The final checkpoint (end of training, or preemption) is written on the training
 every rank waits for it at a barrier: the attempt may not claim success, or exit 44, before
 it is durable. A failed asynchronous write is counted and logged and training goes on: the
 last good checkpoint stays the previous one and the next interval tries again.
+
+The Checkpointer owns the staging buffers and the writer thread; the session and its
+collaborators use only its public methods (save, collect, load, state_of, clean_stale,
+last_good, root), never the store's or the writer's internals.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import CheckpointStore, SaveResult, StagingBuffers
+from mpjob_trainer.checkpoint import BackgroundWriter, CheckpointStore, SaveResult, StagingBuffers, WriteFailed
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
@@ -34,11 +39,32 @@ class Checkpointer:
         self.metrics = metrics
         self.failures = 0
         self.staging = StagingBuffers()
+        self.writer: BackgroundWriter[SaveResult] = BackgroundWriter()
 
     @property
     def last_good(self) -> CheckpointRef | None:
+        """The newest checkpoint known good: the one resumed from, or the last one collected."""
         return self.store.last_good
 
+    @property
+    def root(self) -> Path:
+        """The job's checkpoint folder."""
+        return self.store.root
+
+    # ---------------------------------------------------------------- resuming
+    def clean_stale(self) -> None:
+        """Remove what saves killed midway left behind (call on rank 0, before `load`)."""
+        self.store.clean_stale()
+
+    def load(self, prefer: str | None, *, newer_in: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """The checkpoint to resume from and its state (checkpoint.resume's policy), else None."""
+        return self.store.load(prefer, newer_in=newer_in)
+
+    def state_of(self, ref: CheckpointRef) -> dict[str, Any]:
+        """The state of checkpoint `ref`, verified again (it may have been damaged since)."""
+        return self.store.verify(Path(ref.path))[1]
+
+    # ---------------------------------------------------------------- saving
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
         """Checkpoint the state `capture` returns at `step`; call on every rank."""
         if self.world.is_main:
@@ -54,7 +80,13 @@ class Checkpointer:
         start = time.perf_counter()
         self.collect(block=True, training_step=step)  # the previous write is done: buffers are free
         staged = self.staging.stage(capture())
-        self.store.save_async(step, precision, staged.state, ready=staged.ready)
+        store = self.store
+
+        def write() -> SaveResult:
+            staged.ready()  # the staged device copies have landed
+            return store.write(step, precision, staged.state)
+
+        self.writer.submit(step, write)
         stall = time.perf_counter() - start
         self.metrics.checkpoint_stall.observe(stall)
         self.log("checkpointStaged", step=step, stallSeconds=round(stall, 6))
@@ -70,17 +102,20 @@ class Checkpointer:
             raise  # no final checkpoint: this attempt cannot claim success
         self._saved(result, asynchronous=False)
 
-    def collect(self, *, block: bool, training_step: int) -> None:
-        """Report a finished asynchronous save (waiting for it with `block`), or its failure."""
+    def collect(self, *, block: bool, training_step: int) -> SaveResult | None:
+        """Report a finished asynchronous save (waiting for it with `block`), or its failure;
+        returns what was written, if anything."""
         try:
-            result = self.store.wait() if block else self.store.poll()
-        except Exception as exc:
-            self._failed(self.store.pending_step, training_step, exc)
-            return
+            result = self.writer.wait() if block else self.writer.poll()
+        except WriteFailed as failed:
+            self._failed(failed.step, training_step, failed.cause)
+            return None
         if result is not None:
+            self.store.mark_good(result.ref)
             self._saved(result, asynchronous=True)
+        return result
 
-    def _failed(self, step: int, training_step: int, exc: Exception) -> None:
+    def _failed(self, step: int, training_step: int, exc: BaseException) -> None:
         self.metrics.checkpoint_failures.inc()
         self.failures += 1
         self.log(
@@ -94,7 +129,7 @@ class Checkpointer:
     def _saved(self, result: SaveResult, asynchronous: bool) -> None:
         self.metrics.checkpoint_seconds.observe(result.seconds)
         self.metrics.checkpoint_bytes.set(result.bytes)
-        self.metrics.last_good_step.set(result.ref.step)
+        self.metrics.checkpoint_good(result.ref)
         self.log(
             "checkpoint",
             step=result.ref.step,

@@ -87,7 +87,7 @@ class Progress:
         m.step.set(start_step)
         m.start_step.set(start_step)
         if last_good is not None:
-            m.last_good_step.set(last_good.step)
+            m.checkpoint_good(last_good)
         self.log(
             "start",
             attempt=launch.attempt,

@@ -6,6 +6,8 @@ it holds tensors, numbers, strings, lists and dicts only). Its top level:
     scaler                          GradScaler state (fp16 attempts; None otherwise)
     rng                             torch, cuda, python and numpy generator states
     <name>                          state_dict() of each object handed to Session.resume
+A state loaded from an older checkpoint format also carries `formatVersion` (set by the store,
+never written); `restore` brings it forward first (checkpoint.migrate).
 The user's objects sit at the top level under their own names, so the builtin's `model` and
 `optimizer` are where earlier checkpoints and tools expect them; the SDK's own keys are
 therefore reserved names.
@@ -23,10 +25,11 @@ try:  # numpy is the user's, not a dependency of ours: its generator is kept whe
 except ImportError:  # pragma: no cover - torch runs without numpy
     np = None  # type: ignore[assignment]
 
+from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.errors import ConfigError
 
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
-RESERVED = frozenset({"step", "appliedSteps", "precision", "scaler", "rng"})
+RESERVED = frozenset({"step", "appliedSteps", "precision", "scaler", "rng", FORMAT_KEY})
 
 
 def rng_state() -> dict[str, Any]:
@@ -112,6 +115,7 @@ class TrainingState:
 
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
         """Load a checkpoint into the objects and generators; returns its applied-step count."""
+        state = upgrade(state, self.objects)
         missing = [name for name in self.objects if name not in state]
         if missing:
             held = sorted(set(state) - RESERVED)

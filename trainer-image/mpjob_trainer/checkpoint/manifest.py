@@ -1,0 +1,159 @@
+"""The on-disk format of one checkpoint: its file names, its manifest, and how files are hashed
+and made durable.
+
+A checkpoint is a folder:
+    state.pt        torch.save of the whole training state (weights_only-safe)
+    framework/      what a framework adapter wrote (Hugging Face Trainer, Lightning), if any
+    manifest.json   written last: formatVersion, step, precision, configDigest, createdAt and
+                    `files`, the sha256 and size of every other file in the folder
+
+Format versions (`formatVersion`; a manifest without the field is version 1):
+    1  the layout above, and the builtin loop's AdamW had ONE parameter group
+    2  the same layout; the builtin loop's AdamW has two groups (decay / no decay, see
+       speed.decay_groups). Loading a version-1 checkpoint re-splits its optimizer state by
+       parameter (checkpoint.migrate); the store reads 1..FORMAT_VERSION and rejects newer ones.
+Bump FORMAT_VERSION whenever what a checkpoint holds changes in a way an older reader would
+misread, and teach checkpoint.migrate to bring the previous version forward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATE = "state.pt"
+MANIFEST = "manifest.json"
+#: Where an adopted framework checkpoint lies inside an mpjob checkpoint directory.
+FRAMEWORK = "framework"
+#: The format this trainer writes; it reads every version from 1 up to this one.
+FORMAT_VERSION = 2
+#: What a manifest without `formatVersion` is: written before the field existed.
+UNVERSIONED = 1
+_FOLDER = re.compile(r"^step-(\d{9})$")
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint that must not be resumed from (damaged, from another job, or unreadable)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    precision: str
+    config_digest: str | None
+    format_version: int
+    #: relative path -> {"sha256": ..., "bytes": ...}
+    files: dict[str, dict[str, Any]]
+
+    @property
+    def state_sha256(self) -> str:
+        return str(self.files[STATE]["sha256"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "formatVersion": self.format_version,
+            "step": self.step,
+            "precision": self.precision,
+            "configDigest": self.config_digest,
+            "files": self.files,
+            "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+
+def folder_name(step: int) -> str:
+    """The name of `step`'s checkpoint folder."""
+    return f"step-{step:09d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a checkpoint folder's name holds; None for any other name."""
+    m = _FOLDER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """The manifest of the checkpoint in `folder`; CorruptCheckpoint when missing, unreadable,
+    or of a format this trainer cannot read."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise CorruptCheckpoint(f"{folder.name}: manifest missing")
+    try:
+        raw = json.loads(path.read_text())
+        manifest = Manifest(
+            step=int(raw["step"]),
+            precision=str(raw["precision"]),
+            config_digest=raw.get("configDigest"),
+            format_version=int(raw.get("formatVersion", UNVERSIONED)),
+            files=dict(raw["files"]),
+        )
+        str(manifest.files[STATE]["sha256"])  # every format has a state.pt
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptCheckpoint(f"{folder.name}: unreadable manifest ({exc!r})") from exc
+    if not UNVERSIONED <= manifest.format_version <= FORMAT_VERSION:
+        raise CorruptCheckpoint(
+            f"{folder.name}: checkpoint format {manifest.format_version}, this trainer reads formats "
+            f"{UNVERSIONED} to {FORMAT_VERSION}: resume it with a trainer image at least as new as the one "
+            "that wrote it"
+        )
+    return manifest
+
+
+def manifest_precision(folder: Path) -> str | None:
+    """The precision a checkpoint's manifest names (None when unreadable: read_manifest says why)."""
+    try:
+        return read_manifest(folder).precision
+    except CorruptCheckpoint:
+        return None
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> None:
+    """Write the manifest durably: it is the last file of a checkpoint, what makes it one."""
+    with (folder / MANIFEST).open("w") as f:
+        json.dump(manifest.to_json(), f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_files(folder: Path, manifest: Manifest) -> None:
+    """Every file the manifest lists is there with its sha256 (state.pt and any framework files)."""
+    for name, meta in manifest.files.items():
+        if not (folder / name).is_file():
+            raise CorruptCheckpoint(f"{folder.name}: {name} missing")
+        actual, expected = sha256_file(folder / name), str(meta.get("sha256"))
+        if actual != expected:
+            raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_tree(root: Path) -> dict[str, dict[str, Any]]:
+    """sha256 and size of every file under `root` but the manifest, each fsynced on the way
+    (a framework's own writes are not known to be durable)."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+        files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(folder)
+    return files
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

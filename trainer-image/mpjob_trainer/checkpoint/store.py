@@ -1,0 +1,192 @@
+"""CheckpointStore: a job's checkpoints in one folder, written atomically, never overwritten
+in place, verified before they are trusted.
+
+Layout under the checkpoint directory: `step-000000200/` per checkpoint (its format:
+checkpoint.manifest), `.tmp-*` folders being written. A checkpoint is written into
+`.tmp-<step>-<pid>/`, each file fsynced, the manifest last, the folder fsynced, then renamed
+into place: a process killed at any moment leaves either a complete checkpoint or a temp
+folder that loading ignores and `clean_stale` removes. The newest `keep` are kept; older ones
+are pruned only after the new one is durable. Which folders are the store's, how a step is
+claimed and what is pruned are decided in one section below ("the folders this store owns").
+
+Loading verifies the manifest (format version included), every file's sha256, the config
+digest and the step; which checkpoint to load is checkpoint.resume's policy. Writes are
+serialised by a lock, so a synchronous save never interleaves with a background one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint import resume
+from mpjob_trainer.checkpoint.manifest import (
+    FORMAT_VERSION,
+    FRAMEWORK,
+    STATE,
+    CorruptCheckpoint,
+    Manifest,
+    check_files,
+    folder_name,
+    fsync_dir,
+    hash_tree,
+    read_manifest,
+    step_of,
+    write_manifest,
+)
+from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
+
+#: Called as log(event, **fields) for what the store decides on its own (a rejected checkpoint).
+Log = Callable[..., None]
+
+
+@dataclass
+class SaveResult:
+    ref: CheckpointRef
+    seconds: float
+    bytes: int
+
+
+class CheckpointStore:
+    def __init__(self, root: Path, keep: int, config_digest: str, log: Log | None = None) -> None:
+        self.root = root
+        self.keep = keep
+        self.config_digest = config_digest
+        self.log: Log = log or (lambda *a, **k: None)
+        self.root.mkdir(parents=True, exist_ok=True)
+        #: The newest checkpoint known good: loaded, or written and collected.
+        self.last_good: CheckpointRef | None = None
+        self._writing = threading.Lock()
+
+    # -- the folders this store owns: listing, claiming a step, pruning ------------------
+    def steps(self) -> list[tuple[int, Path]]:
+        """This store's checkpoints, oldest first."""
+        found = []
+        for child in self.root.iterdir():
+            step = step_of(child.name)
+            if step is not None and child.is_dir():
+                found.append((step, child))
+        return sorted(found)
+
+    def _claim(self, tmp: Path, step: int) -> tuple[Path, CheckpointRef | None]:
+        """Move the finished `tmp` into place as `step`'s checkpoint; returns the final folder
+        and, when that step was already durable (kept, never overwritten), the existing ref."""
+        final = self.root / folder_name(step)
+        if final.exists():
+            try:
+                ref, _ = self.verify(final)
+            except CorruptCheckpoint:
+                final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
+            else:
+                shutil.rmtree(tmp)
+                return final, ref
+        tmp.rename(final)
+        fsync_dir(self.root)
+        self._prune()
+        return final, None
+
+    def _prune(self) -> None:
+        for _, path in self.steps()[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def clean_stale(self) -> None:
+        """Remove temp directories left by processes that were killed mid-save."""
+        for child in self.root.glob(".tmp-*"):
+            shutil.rmtree(child, ignore_errors=True)
+
+    def staging(self, name: str) -> Path:
+        """An empty folder `.tmp-*` on the store's filesystem for a framework to write its
+        checkpoint into before `save(..., adopt=...)` moves it in (leftovers: clean_stale)."""
+        assert name.startswith(".tmp-"), name
+        folder = self.root / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return folder
+
+    # -- reading ----------------------------------------------------------------------------
+    def verify(self, path: Path) -> tuple[CheckpointRef, dict[str, Any]]:
+        """Check manifest, sha256 and config digest; return the ref and the loaded state. A
+        state of an older format says so under FORMAT_KEY (TrainingState.restore migrates it)."""
+        manifest = read_manifest(path)
+        if manifest.config_digest != self.config_digest:
+            raise CorruptCheckpoint(
+                f"{path.name}: config digest {manifest.config_digest!r} does not match this "
+                f"job's {self.config_digest!r} (task or training settings changed)"
+            )
+        check_files(path, manifest)
+        try:
+            state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CorruptCheckpoint(f"{path.name}: cannot load ({exc!r})") from exc
+        if int(state.get("step", -1)) != manifest.step:
+            raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {manifest.step}")
+        if manifest.format_version != FORMAT_VERSION:
+            state[FORMAT_KEY] = manifest.format_version
+        ref = CheckpointRef(
+            step=manifest.step, path=str(path), sha256=manifest.state_sha256, precision=manifest.precision
+        )
+        return ref, state
+
+    def load(
+        self, prefer: str | None = None, *, newer_in: str | None = None
+    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
+        loaded = resume.first_valid(
+            resume.candidates(self.steps(), prefer, newer_in=newer_in), self.verify, log=self.log
+        )
+        if loaded is not None:
+            self.last_good = loaded[0]
+        return loaded
+
+    # -- writing ----------------------------------------------------------------------------
+    def save(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
+        """Write a checkpoint now and hold it as the last good one; `adopt`: the folder of a
+        framework's finished checkpoint (on this filesystem), moved in as `framework/` and
+        covered by the manifest."""
+        result = self.write(step, precision, state, adopt=adopt)
+        self.last_good = result.ref
+        return result
+
+    def mark_good(self, ref: CheckpointRef) -> None:
+        """Hold `ref`, written in the background and collected, as the last good checkpoint."""
+        self.last_good = ref
+
+    def write(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
+        """Write `state` as `step`'s checkpoint, atomically; a failed write leaves nothing behind.
+        `state` must be a private copy: it is read while training may go on."""
+        tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
+        with self._writing:
+            try:
+                return self._write_via(tmp, step, precision, state, adopt)
+            except Exception:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+    def _write_via(self, tmp: Path, step: int, precision: str, state: dict[str, Any], adopt: Path | None) -> SaveResult:
+        start = time.perf_counter()
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        if adopt is not None:
+            adopt.rename(tmp / FRAMEWORK)  # the framework has finished writing: now it is ours
+        with (tmp / STATE).open("wb") as f:
+            torch.save(state, f)
+        files = hash_tree(tmp)
+        manifest = Manifest(step, precision, self.config_digest, FORMAT_VERSION, files)
+        write_manifest(tmp, manifest)
+        fsync_dir(tmp)
+        size = sum(meta["bytes"] for meta in files.values())
+        final, existing = self._claim(tmp, step)
+        if existing is not None:
+            return SaveResult(existing, time.perf_counter() - start, size)
+        ref = CheckpointRef(step=step, path=str(final), sha256=manifest.state_sha256, precision=precision)
+        return SaveResult(ref, time.perf_counter() - start, size)
