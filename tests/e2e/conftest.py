@@ -11,6 +11,8 @@ The release watches only its own namespace, so it never touches other tests' job
 from __future__ import annotations
 
 import os
+import posixpath
+import shlex
 import shutil
 import subprocess
 import threading
@@ -26,6 +28,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from mpjob_contract import api
+from mpjob_contract.launch import CHECKPOINT_MOUNT
 from tests.helpers import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,10 +216,13 @@ class Jobs:
     def pods(self, selector: str) -> list[Any]:
         return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
 
-    def checkpoint_sha256(self, claim: str, step: int, image: str) -> str:
-        """sha256 of a checkpoint's state.pt, read by a pod that mounts the claim (any cluster)."""
+    def checkpoint_sha256(self, claim: str, path: str, image: str) -> str:
+        """sha256 of the state.pt of the checkpoint at `path` (as the trainer saw it, below the
+        checkpoint mount: in its job's own folder), read by a pod that mounts the claim."""
         name = f"ckpt-reader-{uuid.uuid4().hex[:6]}"
         mount = "/checkpoints"
+        relative = posixpath.relpath(path, CHECKPOINT_MOUNT)
+        assert not relative.startswith(".."), path
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -232,7 +238,7 @@ class Jobs:
                         "command": [
                             "sh",
                             "-c",
-                            f"sha256sum {mount}/step-{step:09d}/state.pt > /dev/termination-log",
+                            f"sha256sum {shlex.quote(f'{mount}/{relative}/state.pt')} > /dev/termination-log",
                         ],
                         "volumeMounts": [{"name": "ckpt", "mountPath": mount, "readOnly": True}],
                     }

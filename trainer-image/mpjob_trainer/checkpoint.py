@@ -11,6 +11,12 @@ or a temp directory that loading ignores. The newest `keep` are kept; older ones
 only after the new one is durable. Loading verifies the manifest, the sha256 and the config
 digest and falls back to the previous good checkpoint when the newest is bad.
 
+The directory is one job's own (`AttemptLaunch.checkpointDir`), and every manifest names the job
+that wrote it (`job`, `AttemptLaunch.job_identity`). A store prunes, and moves aside when corrupt,
+only checkpoints whose manifest names its own job: anything else found there (copied in by hand,
+written by another job, a manifest that cannot be read) is never renamed or deleted, and a save
+that finds such a folder at its own step writes nothing (`CheckpointTaken`).
+
 What is written is a private host copy of the training state: `StagingBuffers` fills
 reusable (pinned, for CUDA) buffers without waiting for the device, and `save_async` writes
 and hashes it in a background thread once the copies have landed.
@@ -44,6 +50,10 @@ _NAME = re.compile(r"^step-(\d{9})$")
 
 class CorruptCheckpoint(Exception):
     pass
+
+
+class CheckpointTaken(Exception):
+    """The folder of the step to save holds a checkpoint this store's job did not write."""
 
 
 def sha256_file(path: Path) -> str:
@@ -91,10 +101,11 @@ class SaveResult:
 
 
 class CheckpointStore:
-    def __init__(self, root: Path, keep: int, config_digest: str, log: Any = None) -> None:
+    def __init__(self, root: Path, keep: int, config_digest: str, log: Any = None, *, job: str = "") -> None:
         self.root = root
         self.keep = keep
         self.config_digest = config_digest
+        self.job = job  # written into every manifest: what this store may prune or move aside
         self.log = log or (lambda *a, **k: None)
         self.root.mkdir(parents=True, exist_ok=True)
         self._thread: threading.Thread | None = None
@@ -111,6 +122,13 @@ class CheckpointStore:
             if m and child.is_dir():
                 found.append((int(m.group(1)), child))
         return sorted(found)
+
+    def wrote(self, path: Path) -> bool:
+        """Whether this store's job wrote the checkpoint at `path` (its manifest names the job)."""
+        try:
+            return bool(json.loads((path / MANIFEST).read_text()).get("job") == self.job)
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def verify(self, path: Path) -> tuple[CheckpointRef, dict[str, Any]]:
         """Check manifest, sha256 and config digest; return the ref and the loaded state."""
@@ -210,6 +228,7 @@ class CheckpointStore:
             "step": step,
             "precision": precision,
             "configDigest": self.config_digest,
+            "job": self.job,
             "files": files,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -218,23 +237,33 @@ class CheckpointStore:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
-        if final.exists():
-            try:
-                ref, _ = self.verify(final)
-            except CorruptCheckpoint:
-                final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
-            else:
-                # Same step already durable: keep it, never overwrite in place.
-                shutil.rmtree(tmp)
-                return SaveResult(ref, time.perf_counter() - start, size)
+        kept = self._occupied(final) if final.exists() else None
+        if kept is not None:  # same step already durable: keep it, never overwrite in place
+            shutil.rmtree(tmp)
+            return SaveResult(kept, time.perf_counter() - start, size)
         tmp.rename(final)
         _fsync_dir(self.root)
         self._prune()
         ref = CheckpointRef(step=step, path=str(final), sha256=digest, precision=precision)
         return SaveResult(ref, time.perf_counter() - start, size)
 
+    def _occupied(self, final: Path) -> CheckpointRef | None:
+        """A checkpoint already at the step to save: ours and valid is kept (its ref); ours and
+        corrupt is moved aside (None: the new one takes its place); another's stays untouched
+        and this save writes nothing (CheckpointTaken)."""
+        if not self.wrote(final):
+            raise CheckpointTaken(f"{final} holds a checkpoint this job did not write: left as it is, not replaced")
+        try:
+            ref, _ = self.verify(final)
+        except CorruptCheckpoint:
+            final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
+            return None
+        return ref
+
     def _prune(self) -> None:
-        for _, path in self.steps()[: -self.keep]:
+        """Keep this job's newest `keep`; what it did not write neither counts nor goes."""
+        ours = [path for _, path in self.steps() if self.wrote(path)]
+        for path in ours[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
 
     def clean_stale(self) -> None:

@@ -193,6 +193,7 @@ class Reconciler:
         job = attempt_job(
             job=name,
             namespace=namespace,
+            uid=body["metadata"]["uid"],
             spec=spec,
             start=start,
             image=self.config.trainer_image,

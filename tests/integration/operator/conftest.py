@@ -136,6 +136,12 @@ class Jobs:
             for j in self.batch.list_namespaced_job(self.namespace, label_selector=f"mpjob.dev/job={name}").items
         )
 
+    def checkpoints(self, kubeconfig: str, claim: str, name: str) -> Path:
+        """The job's own checkpoint folder, `<namespace>/<name>/<uid>` below the claim's root (the
+        test node agent keeps a claim as a local directory)."""
+        uid = self.get(name)["metadata"]["uid"]
+        return Path(kubeconfig).parent / "volumes" / self.namespace / claim / self.namespace / name / uid
+
     def pvc(self, name: str) -> None:
         self.core.create_namespaced_persistent_volume_claim(
             self.namespace,

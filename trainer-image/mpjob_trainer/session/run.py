@@ -104,7 +104,9 @@ class Session:
         if self.world.is_main:
             metrics.serve()
         digest = config_digest(launch)
-        store = CheckpointStore(Path(launch.checkpoint_dir), self.spec.checkpoint.keep, digest, self._log)
+        store = CheckpointStore(
+            Path(launch.checkpoint_dir), self.spec.checkpoint.keep, digest, self._log, job=launch.job_identity
+        )
         checkpoints = Checkpointer(store, self.world, self._log, metrics)
         progress = Progress(
             metrics, self._log, self.world, self.device, flops_per_sample=flops, tokens_per_sample=tokens
