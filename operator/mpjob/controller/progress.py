@@ -81,9 +81,11 @@ def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any
     found: dict[str, Any] = measured(values)
     start = values.get(tm.START_STEP, 0.0)
     if tm.START_STEP in values and start >= 0:
-        found["startStep"] = int(start)
+        found["startStep"] = int(start)  # where the trainer really began, whatever was planned
     if values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:
         found["lastCheckpointStep"] = int(values[tm.LAST_GOOD_CHECKPOINT_STEP])
+    if start < 0:  # the attempt has not decided where it starts yet: its gauges hold placeholders
+        return found
     step = values.get(tm.STEP)
     if step is None or step < 0 or step <= start:
         return found
@@ -139,6 +141,20 @@ def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> di
         }
     stored = status.to_api()
     return patch if any(stored.get(k) != v for k, v in patch.items()) else {}
+
+
+def start_news(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of the Event that corrects the running attempt's planned start step
+    with the one its trainer reports (None: the same, or not known yet)."""
+    current = status.attempts[-1] if status.attempts else None
+    real = found.get("startStep")
+    if current is None or real is None or real == current.start_step:
+        return None
+    planned = f"planned: checkpoint step {current.start_step}" if current.start_step else "planned: a fresh start"
+    if real == 0:
+        message = f"attempt {current.index} ({current.precision}) found no checkpoint of its own to resume from"
+        return "StartedFresh", f"{message} and started at step 0 ({planned})"
+    return "Resumed", f"attempt {current.index} ({current.precision}) resumed from checkpoint step {real} ({planned})"
 
 
 @dataclass(frozen=True, slots=True)
