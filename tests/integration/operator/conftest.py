@@ -43,8 +43,9 @@ def crd_installed(api_client: client.ApiClient) -> None:
 
 
 class Operator:
-    def __init__(self, kubeconfig: str, namespace: str, log: Path) -> None:
+    def __init__(self, kubeconfig: str, namespace: str, log: Path, *, also: tuple[str, ...] = ()) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.also = also  # more namespaces to serve (watches there too)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -56,8 +57,7 @@ class Operator:
                 "-m",
                 "mpjob.cli",
                 "operator",
-                "-n",
-                self.namespace,
+                *(arg for ns in (self.namespace, *self.also) for arg in ("-n", ns)),
                 "--metrics-port",
                 "0",
                 "--health-port",
