@@ -7,6 +7,7 @@ victim's progress nor its outcome. The operator serves both namespaces, so it do
 
 from __future__ import annotations
 
+import json
 import sys
 import uuid
 from collections.abc import Iterator
@@ -27,14 +28,12 @@ pytestmark = pytest.mark.integration
 
 FAKE_STEP = 10**6
 #: Serves a step far past the victim's and a tiny loss on the pod's own address for argv[1]
-#: seconds (deaf to SIGTERM: the garbage collector deletes a pod whose owner is not in its
-#: namespace), then ends as a trainer whose fp32 replay went non-finite.
+#: seconds, then ends as a trainer whose fp32 replay went non-finite.
 FORGER = f"""
-import os, signal, sys, time
+import os, sys, time
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from mpjob_contract import metrics as tm
 from mpjob_contract.report import TerminationReport
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
 registry = CollectorRegistry()
 for name, value in ((tm.STEP, {FAKE_STEP}), (tm.START_STEP, 0), (tm.LOSS, 0.001)):
     Gauge(name, name, registry=registry).set(value)
@@ -95,7 +94,10 @@ def forged_pod(job: client.V1Job, *, hold: float) -> dict[str, Any]:
                 {
                     "name": "trainer",
                     "image": "forged",
-                    "command": [sys.executable, "-c", FORGER, str(hold), report.to_message()],
+                    # SIGTERM ignored from the first instant (the disposition survives exec): the
+                    # garbage collector deletes the pod at once, its owner not being in its namespace.
+                    "command": ["/bin/sh", "-c", 'trap "" TERM; exec "$0" "$@"', sys.executable, "-c", FORGER],
+                    "args": [str(hold), report.to_message()],
                     "env": [
                         {"name": tm.METRICS_PORT_ENV, "value": str(tm.DEFAULT_METRICS_PORT)},
                         {"name": "MPJOB_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -143,10 +145,21 @@ def test_a_pod_in_another_namespace_naming_the_victims_job_changes_nothing(
 
 
 def test_a_failed_create_in_another_namespace_naming_the_victims_job_changes_nothing(
-    operator: Operator, jobs: Jobs, attacker: str
+    operator: Operator, jobs: Jobs, namespace: str, attacker: str
 ) -> None:
-    jobs.create("victim", standin(steps=20))
+    # No pod may be created at first, so the victim waits on its real FailedCreate: the only
+    # state in which a FailedCreate counts at all.
+    quota = {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+    jobs.core.create_namespaced_resource_quota(namespace, quota)
+    jobs.create("victim", standin(steps=20, runPolicy={"podCreationTimeoutSeconds": 600}))
     job = victims_job(jobs, "victim")
+    seen: list[dict[str, Any]] = []
+
+    def refused() -> bool:
+        seen.append(jobs.status("victim"))
+        return any(c["type"] == "PodsCreated" and c["status"] == "False" for c in seen[-1].get("conditions", []))
+
+    wait_for(refused, 60, interval=0.3, message="the victim's real FailedCreate")
     involved = {"apiVersion": "batch/v1", "kind": "Job", "namespace": attacker}
     involved.update(name=job.metadata.name, uid=job.metadata.uid)
     jobs.core.create_namespaced_event(
@@ -160,14 +173,17 @@ def test_a_failed_create_in_another_namespace_naming_the_victims_job_changes_not
             "source": {"component": "job-controller"},
         },
     )
-    seen: list[dict[str, Any]] = []
+    jobs.core.delete_namespaced_resource_quota("no-pods", namespace)
+    # The Job controller backs off after each refusal: a change to the Job has it try again now.
+    jobs.batch.patch_namespaced_job(job.metadata.name, namespace, {"metadata": {"annotations": {"retry": "now"}}})
 
     def finished() -> bool:
         seen.append(jobs.status("victim"))
         return seen[-1].get("phase") in ("Succeeded", "Failed")
 
-    wait_for(finished, 120, interval=0.5, message="the victim finished")
-    assert not [s for s in seen if any(c["type"] == "PodsCreated" for c in s.get("conditions", []))]
-    assert {s.get("phase") for s in seen} <= {"Pending", "Running", "Succeeded", None}
+    wait_for(finished, 120, interval=0.3, message="the victim finished")
+    assert "forged" not in json.dumps(seen)  # never its condition, message or phase
     status = seen[-1]
     assert (status["phase"], len(status["attempts"])) == ("Succeeded", 1), status
+    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=victim").items
+    assert not [e for e in events if "forged" in (e.message or "")]
