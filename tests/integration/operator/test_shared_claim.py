@@ -7,6 +7,7 @@ really resumed from."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,31 @@ def test_two_jobs_on_one_claim_keep_their_own_checkpoints_and_resume_from_them(
     claim = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
     assert not list(claim.rglob(".corrupt-*"))  # nobody moved anybody's checkpoint aside
     assert not list(claim.glob("step-*"))  # and nothing lies at the volume's root
+
+
+def test_a_resume_that_finds_no_checkpoint_records_the_fresh_start_not_the_plan(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
+) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=100000, every=10)
+    spec["precision"] = {"mode": "bf16"}
+    jobs.create("emptied", spec)
+    folder = jobs.checkpoints(kubeconfig, "ckpt", "emptied")
+    wait_for(lambda: jobs.status("emptied").get("lastCheckpoint"), 180, message="a checkpoint in the status")
+    jobs.patch_spec("emptied", {"runPolicy": {"suspend": True}})
+    jobs.wait_phase("emptied", "Suspended", 60)
+    pods = jobs.core.list_namespaced_pod
+    wait_for(lambda: not pods(namespace, label_selector="mpjob.dev/job=emptied").items, 60, message="pod gone")
+    planned = jobs.status("emptied")["lastCheckpoint"]["step"]
+    assert planned >= 10
+    for checkpoint in folder.glob("step-*"):  # the user empties the job's folder meanwhile
+        shutil.rmtree(checkpoint)
+    jobs.patch_spec("emptied", {"runPolicy": {"suspend": False}, "training": {"steps": 15}})
+    status = jobs.wait_phase("emptied", ("Succeeded", "Failed"), 240)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert first["reason"] == "Suspended"
+    events = pod_events(kubeconfig, namespace, "emptied-a1")
+    assert [e for e in events if e["event"] == "freshStart"] and not [e for e in events if e["event"] == "resume"]
+    assert second["startStep"] == 0  # where its trainer began, not the planned checkpoint step
+    assert status["step"] == 15
