@@ -35,6 +35,11 @@ MAX_WORKERS = 256
 MAX_PROCESSES_PER_WORKER = 64
 #: task.args entries at most (the CRD's maxProperties): they travel in every trainer pod's env.
 MAX_TASK_ARGS = 64
+#: How deep a task.args value nests: a scalar, or lists and maps at most this many levels deep
+#: ({lr: 0.1}, {betas: [0.9, 0.95]}, {layers: [{dim: 64}]}, {opt: {adam: {betas: [0.9]}}}). The
+#: CRD says the same (mpjob.crd), so the API server refuses a deeper document before it is
+#: stored: a free-form field takes thousands of levels, more than a client's JSON parser reads.
+MAX_TASK_ARG_DEPTH = 3
 
 Precision = Literal["fp16", "bf16", "fp32"]
 PrecisionMode = Literal["auto", "fp16", "bf16", "fp32"]
@@ -86,7 +91,8 @@ class Task(ApiModel):
     args: dict[str, Any] = Field(
         default_factory=dict,
         max_length=MAX_TASK_ARGS,
-        description="Keyword arguments handed to the task factory (or the SDK's `args`).",
+        description="Keyword arguments handed to the task factory (or the SDK's `args`). Each value is a "
+        f"scalar (string, number, boolean) or lists and maps of them nested at most {MAX_TASK_ARG_DEPTH} levels deep.",
     )
 
     @model_validator(mode="after")
@@ -97,6 +103,36 @@ class Task(ApiModel):
         if self.working_dir is not None and self.command is None:
             raise ValueError("task.workingDir is only allowed with task.command")
         return self
+
+    @field_validator("args")
+    @classmethod
+    def _bounded_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        violations = [found for name, arg in value.items() if (found := _nested_too_deep(str(name), arg))]
+        if violations:
+            raise k8s.SchemaViolations(violations)
+        return value
+
+
+def _nested_too_deep(path: str, value: Any) -> tuple[str, str] | None:
+    """The first list or map in `value` deeper than MAX_TASK_ARG_DEPTH levels (its path, why).
+    Walked without recursion and no deeper than the bound, whatever the input's depth."""
+    pending: list[tuple[str, Any, int]] = [(path, value, 0)]
+    while pending:
+        where, item, depth = pending.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth == MAX_TASK_ARG_DEPTH:
+            return where, (
+                f"nested deeper than {MAX_TASK_ARG_DEPTH} levels; a task argument is a scalar, or lists and "
+                f"maps of scalars at most {MAX_TASK_ARG_DEPTH} levels deep"
+            )
+        children = (
+            [(f"{where}.{k}", v) for k, v in item.items()]
+            if isinstance(item, dict)
+            else [(f"{where}[{i}]", v) for i, v in enumerate(item)]
+        )
+        pending += [(child, v, depth + 1) for child, v in reversed(children)]
+    return None
 
 
 class Training(ApiModel):
@@ -232,7 +268,19 @@ class CheckpointVolume(ApiModel):
     """Where checkpoints live; never deleted by mpjob."""
 
     persistent_volume_claim: PersistentVolumeClaimRef | None = None
-    empty_dir: dict[str, Any] | None = None
+    empty_dir: dict[str, Any] | None = None  # Kubernetes' EmptyDirVolumeSource (medium, sizeLimit)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_empty_dir(cls, data: Any) -> Any:
+        """emptyDir checked against Kubernetes' own schema of it, as the API server does."""
+        if isinstance(data, dict):
+            value = data.get("emptyDir", data.get("empty_dir"))
+            schema = k8s.spec_schemas()["checkpoint.volume.emptyDir"]
+            violations = k8s.check(value, schema, "emptyDir") if value is not None else []
+            if violations:
+                raise k8s.SchemaViolations(violations)
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> CheckpointVolume:
@@ -299,6 +347,10 @@ class RunPolicy(ApiModel):
     )
 
 
+#: Why a template may not mount a ServiceAccount token (the CRD and the chart's policy say the same).
+NO_TOKEN = "not allowed: trainer pods hold no Kubernetes credentials (docs/security.md)"
+
+
 class PodTemplateOverrides(ApiModel):
     """Pod fields merged into every trainer pod; the trainer container is never replaced."""
 
@@ -326,6 +378,20 @@ class PodTemplateOverrides(ApiModel):
             if violations:
                 raise k8s.SchemaViolations(violations)
         return data
+
+    @model_validator(mode="after")
+    def _no_kubernetes_credentials(self) -> PodTemplateOverrides:
+        """Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod
+        mounts none of its own: automountServiceAccountToken is the operator's, always false)."""
+        violations = [
+            (f"volumes[{i}].projected.sources[{j}].serviceAccountToken", NO_TOKEN)
+            for i, volume in enumerate(self.volumes)
+            for j, source in enumerate((volume.get("projected") or {}).get("sources") or [])
+            if isinstance(source, dict) and source.get("serviceAccountToken") is not None
+        ]
+        if violations:
+            raise k8s.SchemaViolations(violations)
+        return self
 
 
 class MixedPrecisionJobSpec(ApiModel):

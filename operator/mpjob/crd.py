@@ -2,9 +2,16 @@
 
 The pydantic JSON schema is turned into a Kubernetes structural schema: references are
 inlined, Optional becomes a plain optional field, numeric bounds use OpenAPI v3.0's
-boolean exclusive bounds, free-form maps keep unknown fields, and the cross-field rules
-that pydantic checks in validators are expressed as CEL (`x-kubernetes-validations`) so
-the API server and `mpjob validate` reject the same manifests.
+boolean exclusive bounds, and the cross-field rules that pydantic checks in validators are
+expressed as CEL (`x-kubernetes-validations`) so the API server and `mpjob validate` reject
+the same manifests.
+
+No field of the spec is free-form: a free-form field (x-kubernetes-preserve-unknown-fields with
+nothing below it) lets the API server store a document nested 10,000 levels deep, which no
+client's JSON parser reads by default. The template's pod fields and checkpoint.volume.emptyDir
+take Kubernetes' own schemas; task.args values are bounded by `_task_arg_value`. Only `status`
+keeps unknown fields (a newer operator's status fields survive an older CRD); the status
+subresource is written by the operator alone.
 """
 
 from __future__ import annotations
@@ -45,6 +52,15 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         {
             "rule": "self.all(p, self.filter(q, q == p).size() == 1)",
             "message": "precision.fallback entries must be distinct",
+        }
+    ],
+    # Trainers hold no Kubernetes credentials (PodTemplateOverrides refuses the same).
+    "spec.template.volumes[].projected.sources[]": [
+        {
+            "rule": "!has(self.serviceAccountToken)",
+            "message": f"serviceAccountToken: {api.NO_TOKEN}",
+            "fieldPath": ".serviceAccountToken",
+            "reason": "FieldValueForbidden",
         }
     ],
     "spec.checkpoint.volume": [
@@ -155,9 +171,12 @@ def _schema_of(model: type[Any]) -> dict[str, Any]:
 
 
 def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """The node at a dotted path; `name[]` is the items of the list `name`."""
     node = schema
     for part in [p for p in path.split(".") if p]:
-        node = node["properties"][part]
+        node = node["properties"][part.removesuffix("[]")]
+        if part.endswith("[]"):
+            node = node["items"]
     return node
 
 
@@ -173,9 +192,44 @@ def _kubernetes_template(spec: dict[str, Any]) -> None:
     template["properties"] = {name: deepcopy(schemas[name]) for name in template["properties"]}
 
 
+def _kubernetes_spec_fields(spec: dict[str, Any]) -> None:
+    """checkpoint.volume.emptyDir (and any other k8s.spec_schemas() path) takes Kubernetes' schema."""
+    for path, schema in k8s.spec_schemas().items():
+        *parents, name = path.split(".")
+        _at(spec, ".".join(parents))["properties"][name] = deepcopy(schema)
+
+
+def _task_arg_value(levels: int) -> dict[str, Any]:
+    """A task.args value: a scalar, or lists and maps nesting at most `levels` deep.
+
+    A structural schema cannot type a union of scalar, list and map, so each node is untyped
+    (x-kubernetes-preserve-unknown-fields) and bounds what is below it with `items` and
+    `additionalProperties`; a node at the bound refuses every list and map, as no list has both
+    at least one item and at most none (nor a map properties). The API server validates only as
+    deep as the schema goes, so a deeper document costs it no more than this."""
+    if levels == 0:
+        return {
+            "x-kubernetes-preserve-unknown-fields": True,
+            "minItems": 1,
+            "maxItems": 0,
+            "minProperties": 1,
+            "maxProperties": 0,
+        }
+    below = _task_arg_value(levels - 1)
+    return {"x-kubernetes-preserve-unknown-fields": True, "items": below, "additionalProperties": deepcopy(below)}
+
+
+def _bounded_task_args(spec: dict[str, Any]) -> None:
+    args = _at(spec, "task.args")
+    args.pop("x-kubernetes-preserve-unknown-fields", None)
+    args["additionalProperties"] = _task_arg_value(api.MAX_TASK_ARG_DEPTH)
+
+
 def openapi_schema() -> dict[str, Any]:
     spec = _schema_of(api.MixedPrecisionJobSpec)
     _kubernetes_template(spec)
+    _kubernetes_spec_fields(spec)
+    _bounded_task_args(spec)
     status = _schema_of(api.MixedPrecisionJobStatus)
     status["x-kubernetes-preserve-unknown-fields"] = True  # status fields may grow
     root: dict[str, Any] = {

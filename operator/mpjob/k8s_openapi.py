@@ -35,6 +35,16 @@ TEMPLATE_FIELDS: dict[str, tuple[str, str]] = {
     "serviceAccountName": (CORE + "PodSpec", "serviceAccountName"),
     "imagePullSecrets": (CORE + "PodSpec", "imagePullSecrets"),
 }
+#: Spec fields outside the template that take a Kubernetes schema, by dotted spec path.
+SPEC_FIELDS: dict[str, tuple[str, str]] = {
+    "checkpoint.volume.emptyDir": (CORE + "Volume", "emptyDir"),
+}
+#: Properties left out of Kubernetes' schemas, by definition. ObjectMeta.managedFields holds
+#: FieldsV1, a free-form object: in a CRD it would accept a document nested thousands of levels
+#: deep (more than a client's JSON parser reads). The template meets ObjectMeta only in an
+#: ephemeral volume's claim template, where the pod API refuses every field but labels and
+#: annotations anyway.
+OMITTED: dict[str, frozenset[str]] = {META + "ObjectMeta": frozenset({"managedFields"})}
 #: Keys dropped: descriptions below a template field (they would make the CRD five times larger
 #: than `kubectl apply` stores comfortably; `kubectl explain pod.spec` has them); merge-patch
 #: hints, union and GVK metadata (they mean nothing to a CRD); defaults, Go zero values that
@@ -53,7 +63,12 @@ DROPPED = frozenset(
 #: Keys kept as they are: what a structural CRD schema allows and `k8s.check` reads.
 KEPT = frozenset(k8s.SCHEMA_KEYS) - DROPPED - {"x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"}
 #: `kubectl explain` paths of the definitions the fields come from.
-EXPLAIN = {"ObjectMeta": "pod.metadata", "PodSpec": "pod.spec", "Container": "pod.spec.containers"}
+EXPLAIN = {
+    "ObjectMeta": "pod.metadata",
+    "PodSpec": "pod.spec",
+    "Container": "pod.spec.containers",
+    "Volume": "pod.spec.volumes",
+}
 OPENAPI_FILE = "api/openapi-spec/v3/api__v1_openapi.json"
 GO_MOD = Path("tests/cluster/build/kubernetes/go.mod")
 
@@ -73,9 +88,13 @@ def module_cache_document(version: str) -> Path:
 
 
 def generate(
-    document: dict[str, Any], version: str, *, fields: dict[str, tuple[str, str]] = TEMPLATE_FIELDS
+    document: dict[str, Any],
+    version: str,
+    *,
+    fields: dict[str, tuple[str, str]] = TEMPLATE_FIELDS,
+    spec_fields: dict[str, tuple[str, str]] = SPEC_FIELDS,
 ) -> dict[str, Any]:
-    """The template fields' structural schemas from one OpenAPI v3 document."""
+    """The template fields' (and SPEC_FIELDS') structural schemas from one OpenAPI v3 document."""
     defs = document["components"]["schemas"]
     return {
         "note": f"Generated from Kubernetes {version}'s OpenAPI v3 document (k8s.io/kubernetes@{version}/"
@@ -83,6 +102,7 @@ def generate(
         "`uv run --no-sync mpjob crd --k8s-schemas [PATH] --write`. Do not edit by hand.",
         "kubernetesVersion": version,
         "fields": {name: _field(defs, *where, version=version) for name, where in fields.items()},
+        "spec": {path: _field(defs, *where, version=version) for path, where in spec_fields.items()},
     }
 
 
@@ -127,7 +147,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], stack: tuple[str, ...])
         elif _kept(key, value, stack):
             out[key] = value
     if "properties" in out:
-        out["properties"] = {k: _convert(v, defs, stack) for k, v in out["properties"].items()}
+        omitted = OMITTED.get(stack[-1], frozenset())
+        out["properties"] = {k: _convert(v, defs, stack) for k, v in out["properties"].items() if k not in omitted}
     if isinstance(out.get("additionalProperties"), dict):
         out["additionalProperties"] = _convert(out["additionalProperties"], defs, stack)
     if "items" in out:

@@ -45,7 +45,11 @@ class InvalidManifest(Exception):
 
 
 class _ManifestLimit(Exception):
-    """A document past the limits above; the message says which and where."""
+    """A document past the limits above; the message says which and where (`field`, when known)."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -54,20 +58,26 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
-        self._depth = 0
+        self._path: list[str] = []  # the field path of the node being composed, one part a level
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:  # type: ignore[override]
         event = self.peek_event()
         line = f"line {event.start_mark.line + 1}" if event.start_mark else "a node"
         if isinstance(event, yaml.AliasEvent):
             raise _ManifestLimit(f"{line}: YAML aliases (*{event.anchor}) are not allowed; write the value out")
-        if self._depth >= MAX_DEPTH:
-            raise _ManifestLimit(f"{line}: nested deeper than {MAX_DEPTH} levels")
-        self._depth += 1
+        if len(self._path) >= MAX_DEPTH:
+            raise _ManifestLimit(f"{line}: nested deeper than {MAX_DEPTH} levels", field=_abridged(self._path))
+        self._path.append(f"[{index}]" if isinstance(index, int) else f".{getattr(index, 'value', '?')}")
         try:
             return super().compose_node(parent, index)  # type: ignore[arg-type]
         finally:
-            self._depth -= 1
+            self._path.pop()
+
+
+def _abridged(parts: list[str], shown: int = 8) -> str:
+    """A field path, its first `shown` parts and how many more (a limit's path is long)."""
+    path = "".join(parts[1:shown]).lstrip(".")  # parts[0] is the document itself
+    return path + (f"... ({len(parts) - shown} levels more)" if len(parts) > shown else "")
 
 
 def _path(loc: tuple[Any, ...]) -> str:
@@ -127,6 +137,11 @@ def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
     return problems
 
 
+def spec_problems(exc: ValidationError) -> list[str]:
+    """A MixedPrecisionJobSpec's validation errors, each as `spec.<field>: what is wrong`."""
+    return [f"spec.{p.field}: {p.message}" if p.field else p.message for p in _problems(exc, "", 0)]
+
+
 def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJob], list[Problem]]:
     size = len(text.encode())
     if size > MAX_MANIFEST_BYTES:
@@ -134,7 +149,7 @@ def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJ
     try:
         docs = [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
     except _ManifestLimit as exc:
-        return [], [Problem(source, 0, "", f"YAML refused at {exc}")]
+        return [], [Problem(source, 0, exc.field, f"YAML refused at {exc}")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

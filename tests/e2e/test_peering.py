@@ -4,9 +4,13 @@ takes over the running job."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from kubernetes import client
 
+from mpjob.controller.config import Peering
+from mpjob.controller.peering import outranked
 from tests.e2e.conftest import Cli, Jobs, Release, endless
 from tests.helpers import wait_for
 
@@ -43,6 +47,13 @@ def test_rolling_upgrade_hands_a_running_job_to_the_new_peer(
         message="the new operator pod",
     )
     wait_for(lambda: peers() == {new.metadata.name}, 120, message="only the new operator left in the peering")
+    # The peering object as kopf wrote it reads, to the operator's own check, as kopf reads it:
+    # the new peer is the only live one, so it acts.
+    obj = custom.get_namespaced_custom_object("kopf.dev", "v1", release.namespace, "kopfpeerings", "mpjob")
+    entry = obj["status"][new.metadata.name]
+    assert set(entry) == {"priority", "lifetime", "lastseen"}, entry
+    me = Peering(name="mpjob", identity=new.metadata.name, priority=entry["priority"], clusterwide=False)
+    assert not outranked(obj["status"], peering=me, now=datetime.now(UTC))
     before = jobs.status("handover")["step"]
     wait_for(lambda: jobs.status("handover")["step"] > before, 120, interval=1, message="progress under the new peer")
     cli.kubectl(

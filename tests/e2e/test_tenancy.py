@@ -91,3 +91,31 @@ def test_admission_policy_keeps_templates_inside_the_restricted_profile(cli: Cli
     assert not ok and "spec.template.serviceAccountName: cluster-admin-sa is not allowed" in out
     ok, out = create(cli, namespace, job("allowed", serviceAccountName="trainer"))
     assert ok, out
+
+
+def test_no_template_hands_a_trainer_a_kubernetes_token(cli: Cli, tenant: tuple[str, str]) -> None:
+    """The CRD refuses a projected token before admission (and the policy would, for a CRD
+    an upgrade left older: Helm never upgrades crds/); automountServiceAccountToken is no
+    template field at all. The policy's rules all type-check against the CRD's schema."""
+    namespace, release = tenant
+    host = job("host", volumes=[{"name": "root", "hostPath": {"path": "/"}}])
+    wait_for(lambda: not create(cli, namespace, host)[0], 60, message="policy active")
+    token = {"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+    ok, out = create(cli, namespace, job("token", volumes=[token]))
+    assert not ok and "spec.template.volumes[0].projected.sources[0].serviceAccountToken" in out, out
+    assert "no Kubernetes credentials" in out
+    ok, out = create(cli, namespace, job("automount", automountServiceAccountToken=True))
+    assert not ok and "spec.template.automountServiceAccountToken" in out, out
+    projected = {"name": "meta", "projected": {"sources": [{"downwardAPI": {"items": [
+        {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]}}  # fmt: skip
+    ok, out = create(cli, namespace, job("projected", volumes=[projected]))
+    assert ok, out
+    policy = f"{release}-mpjob-template"
+
+    def checked() -> dict[str, Any] | None:
+        raw = cli.kubectl("get", "validatingadmissionpolicy", policy, "-o", "json")
+        status = json.loads(raw).get("status") or {}
+        return status if "typeChecking" in status else None
+
+    status = wait_for(checked, 60, message="the policy type-checked")
+    assert not status["typeChecking"].get("expressionWarnings"), status

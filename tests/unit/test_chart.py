@@ -4,6 +4,7 @@ that still covers every API call the operator makes, peering, the `helm test` ho
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mpjob.controller.config import from_environment
 from mpjob.crd import crd_yaml
 from mpjob_contract.api import MixedPrecisionJob
 
@@ -213,10 +215,10 @@ def test_peering_gives_the_peers_an_object_rbac_and_rolling_upgrades(helm: str) 
 
 
 def _api_calls() -> set[str]:
-    """Kubernetes client methods the operator uses (core./batch./custom.), called directly or
-    handed to a helper such as `raw(batch.create_namespaced_job, ...)`."""
+    """Kubernetes client methods the operator uses (core./batch./custom./networking.), called
+    directly or handed to a helper such as `raw(batch.create_namespaced_job, ...)`."""
     source = "\n".join(p.read_text() for p in sorted(OPERATOR.glob("*.py")))
-    return set(re.findall(r"\b(?:core|batch|custom)\.([a-z]+_\w+)\b", source))
+    return set(re.findall(r"\b(?:core|batch|custom|networking)\.([a-z]+_\w+)\b", source))
 
 
 def _needed(method: str) -> tuple[str, str, str]:
@@ -232,6 +234,7 @@ def _needed(method: str) -> tuple[str, str, str]:
         "service": ("", "services"),
         "event": ("", "events"),
         "job": ("batch", "jobs"),
+        "network_policy": ("networking.k8s.io", "networkpolicies"),
         "custom_object": ("mpjob.dev", "mixedprecisionjobs"),
     }[kind]
     return group, resource + ("/status" if status else ""), verb
@@ -251,6 +254,7 @@ def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
     assert peering_calls, "the ticker reads the peering object (the scan works)"
     calls -= PEERING_CALLS.keys()
     assert "list_namespaced_pod" in calls and "create_namespaced_job" in calls  # the scan works
+    assert "create_namespaced_network_policy" in calls
     needed = {_needed(m) for m in calls} | {
         ("mpjob.dev", "mixedprecisionjobs", "watch"),  # kopf's watch
         ("mpjob.dev", "mixedprecisionjobs", "list"),
@@ -287,6 +291,9 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
         # name (a Service of that name mpjob did not create stays).
         services = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[1] == "services"}
         assert services <= {("", "services", "get"), ("", "services", "create")}
+        # NetworkPolicies likewise: created owned by the attempt's Job, never deleted nor listed.
+        policies = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[1] == "networkpolicies"}
+        assert policies <= {("networking.k8s.io", "networkpolicies", v) for v in ("get", "create")}
         mine = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[0] == "mpjob.dev"}
         assert mine == {
             ("mpjob.dev", "mixedprecisionjobs", "get"),
@@ -327,8 +334,72 @@ def test_admission_policy_is_opt_in_and_names_the_allowlist(helm: str) -> None:
     assert binding["spec"]["validationActions"] == ["Deny"]
     rules = " ".join(v["expression"] for v in policy["spec"]["validations"])
     assert "!has(v.hostPath)" in rules and '["trainer"]' in rules and "!has(v.emptyDir)" not in rules
+    # Trainers hold no Kubernetes credentials: no token through the template either.
+    assert "!has(s.serviceAccountToken)" in rules and "automountServiceAccountToken == false" in rules
     bad = render_error(helm, "admissionPolicy.serviceAccountNames={Not_A_Name}")
     assert "serviceAccountNames" in bad
+
+
+def _network_policy_setting(docs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
+    value = env.get("MPJOB_NETWORK_POLICY")
+    return json.loads(value) if value is not None else None
+
+
+def _operator_grants(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    roles = [d for d in of_kind(docs, "ClusterRole") + of_kind(docs, "Role") if not _aggregated(d)]
+    mine = [r for r in roles if "helm.sh/hook" not in r["metadata"].get("annotations", {})]
+    return set().union(*(_grants(r["rules"]) for r in mine))
+
+
+def test_attempt_network_policies_are_on_by_default_and_admit_the_operator(helm: str) -> None:
+    docs = render(helm)
+    setting = _network_policy_setting(docs)
+    (deployment,) = of_kind(docs, "Deployment")
+    assert setting == {
+        "operatorNamespace": "mpjob-system",
+        "operatorLabels": deployment["spec"]["selector"]["matchLabels"],
+        "monitoringNamespaces": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "monitoringPods": {},
+    }
+    # The operator reads the chart's setting as it is written.
+    readers = from_environment({"MPJOB_NETWORK_POLICY": json.dumps(setting)}).network_policy
+    assert readers is not None and readers.operator_labels == deployment["spec"]["selector"]["matchLabels"]
+    assert ("networking.k8s.io", "networkpolicies", "create") in _operator_grants(docs)
+    for role in of_kind(render(helm, "watchNamespaces={a,b}"), "Role"):
+        if "helm.sh/hook" not in role["metadata"].get("annotations", {}):
+            assert ("networking.k8s.io", "networkpolicies", "create") in _grants(role["rules"])
+
+
+def test_turning_network_policies_off_drops_the_setting_and_the_grant(helm: str) -> None:
+    docs = render(helm, "networkPolicy.enabled=false")
+    assert _network_policy_setting(docs) is None
+    assert not {g for g in _operator_grants(docs) if g[1] == "networkpolicies"}
+
+
+def test_who_may_read_trainer_metrics_is_configurable(helm: str) -> None:
+    docs = render(
+        helm,
+        "networkPolicy.monitoring.namespaceSelector.matchLabels.team=observability",
+        "networkPolicy.monitoring.podSelector.matchLabels.app\\.kubernetes\\.io/name=prometheus",
+    )
+    setting = _network_policy_setting(docs)
+    assert setting is not None
+    assert setting["monitoringNamespaces"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring",
+        "team": "observability",
+    }
+    assert setting["monitoringPods"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    only_operator = _network_policy_setting(render(helm, "networkPolicy.monitoring.namespaceSelector=null"))
+    assert only_operator is not None and "monitoringNamespaces" not in only_operator
+    # An empty selector is every namespace: said explicitly or not at all.
+    assert "namespaceSelector" in render_error(helm, "networkPolicy.monitoring.namespaceSelector.matchLabels=null")
+    empty = '{"matchLabels": null, "matchExpressions": []}'
+    args = [helm, "template", "r", str(CHART), "--set-json", f"networkPolicy.monitoring.namespaceSelector={empty}"]
+    refused = subprocess.run(args, capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "networkPolicy.monitoring.namespaceSelector selects every namespace" in refused.stderr
+    assert "networkPolicy" in render_error(helm, "networkPolicy.monitoring.namespaceSelector.labels.a=b")
 
 
 def test_cluster_wide_by_default_namespaced_roles_when_listed(helm: str) -> None:

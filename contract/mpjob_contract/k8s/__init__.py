@@ -1,4 +1,5 @@
-"""Kubernetes' own core/v1 schemas for the template's pod fields, and the offline check.
+"""Kubernetes' own core/v1 schemas for the template's pod fields (and the checkpoint's emptyDir),
+and the offline check.
 
 The schemas live in `core_v1_<version>.json` beside this file, generated from the pinned
 Kubernetes version's OpenAPI document (`mpjob crd --k8s-schemas PATH`; never hand-written).
@@ -39,7 +40,7 @@ Violation = tuple[str, str]  # (field path, what is wrong and what is allowed)
 
 
 class SchemaViolations(ValueError):
-    """Template fields that break Kubernetes' schemas, each with its path below the template."""
+    """Fields that break a schema, each with its path below the field the model checks."""
 
     def __init__(self, violations: list[Violation]) -> None:
         super().__init__("; ".join(f"{path}: {message}" for path, message in violations))
@@ -54,6 +55,14 @@ def schema_file(version: str = KUBERNETES_VERSION) -> Path:
 def template_schemas() -> dict[str, dict[str, Any]]:
     """Template field name (camelCase) -> its structural schema."""
     fields: dict[str, dict[str, Any]] = json.loads(schema_file().read_text())["fields"]
+    return fields
+
+
+@cache
+def spec_schemas() -> dict[str, dict[str, Any]]:
+    """Dotted spec path (camelCase, below `spec`) -> its structural schema, for the spec's other
+    Kubernetes-typed fields (checkpoint.volume.emptyDir)."""
+    fields: dict[str, dict[str, Any]] = json.loads(schema_file().read_text())["spec"]
     return fields
 
 

@@ -62,3 +62,21 @@ app.kubernetes.io/component: operator
 {{- first $ns -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The operator's --network-policy JSON (MPJOB_NETWORK_POLICY): who besides an attempt's own pods
+may connect to its trainers' metrics port. The operator's own pods are found by the
+Deployment's selector labels in the release namespace.
+*/}}
+{{- define "mpjob.networkPolicy" -}}
+{{- $monitoring := .Values.networkPolicy.monitoring | default dict -}}
+{{- $policy := dict "operatorNamespace" .Release.Namespace "operatorLabels" (include "mpjob.selectorLabels" . | fromYaml) -}}
+{{- with $monitoring.namespaceSelector -}}
+{{- if not (or .matchLabels .matchExpressions) -}}
+{{- fail "networkPolicy.monitoring.namespaceSelector selects every namespace: name them (matchLabels), say so explicitly (matchExpressions: [{key: kubernetes.io/metadata.name, operator: Exists}]), or set it to null for none" -}}
+{{- end -}}
+{{- $_ := set $policy "monitoringNamespaces" . -}}
+{{- $_ := set $policy "monitoringPods" ($monitoring.podSelector | default dict) -}}
+{{- end -}}
+{{- toJson $policy -}}
+{{- end -}}

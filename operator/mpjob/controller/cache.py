@@ -73,6 +73,7 @@ class ChildCache:
         self._failures: dict[ObjectRef, CreateFailure] = {}  # the Job it names -> its latest FailedCreate
         self._skipped: set[str] = set()  # UIDs of objects already logged as unreadable
         self._synced: dict[str, threading.Event] = {}
+        self._watches: list[ListWatch] = []
         self._stop = threading.Event()
 
     # -------------------------------------------------------------- reading
@@ -256,7 +257,13 @@ class ChildCache:
         for namespace in namespaces:
             for source in sources(namespace, batch=batch, core=core):
                 synced = self._synced.setdefault(f"{source.resource}/{namespace or '*'}", threading.Event())
-                ListWatch(source, cache=self, synced=synced, stop=self._stop).start()
+                watch = ListWatch(source, cache=self, synced=synced, stop=self._stop)
+                self._watches.append(watch)
+                watch.start()
+
+    def dead_watches(self) -> list[str]:
+        """Why each dead list + watch is dead (the liveness probe's; `ListWatch.dead`)."""
+        return [reason for reason in (w.dead() for w in self._watches) if reason is not None]
 
     def stop(self) -> None:
         self._stop.set()

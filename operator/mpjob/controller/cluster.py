@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from mpjob.builders.attempt import attempt_name
+from mpjob.controller import documents
 from mpjob.controller.records import Claim, claim
 from mpjob.planning.classify import NAME_CONFLICT, ApiAction, ApiRule, classify_api_error
 from mpjob_contract import api
@@ -49,7 +50,7 @@ def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
     response = call(*args, _preload_content=False, **kwargs)
     try:
-        return dict(json.loads(response.data))
+        return dict(documents.loads(response.data))
     finally:
         response.release_conn()
 
@@ -67,8 +68,8 @@ def server_message(exc: ApiException) -> str:
 class Cluster:
     """The Kubernetes API clients of one operator process."""
 
-    def __init__(self, *, custom: Any, batch: Any, core: Any) -> None:
-        self.custom, self.batch, self.core = custom, batch, core
+    def __init__(self, *, custom: Any, batch: Any, core: Any, networking: Any = None) -> None:
+        self.custom, self.batch, self.core, self.networking = custom, batch, core, networking
 
     @classmethod
     def connect(cls) -> Cluster:
@@ -77,7 +78,12 @@ class Cluster:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return cls(custom=client.CustomObjectsApi(), batch=client.BatchV1Api(), core=client.CoreV1Api())
+        return cls(
+            custom=client.CustomObjectsApi(),
+            batch=client.BatchV1Api(),
+            core=client.CoreV1Api(),
+            networking=client.NetworkingV1Api(),
+        )
 
     # -------------------------------------------------------------- MixedPrecisionJobs
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -126,6 +132,17 @@ class Cluster:
                 uid_of(owner): (api.KIND, owner["metadata"]["name"]),
             }
             _check_claim(existing, f"Service {name}", owners=owners)
+
+    def create_network_policy(self, policy: dict[str, Any], *, job: dict[str, Any]) -> None:
+        """Create an attempt's NetworkPolicy, controlled by its Job (it goes with the Job; the
+        operator never deletes one). One of ours that exists already is left as is."""
+        networking, namespace, name = self.networking, job["metadata"]["namespace"], policy["metadata"]["name"]
+        kopf.append_owner_reference(policy, owner=cast(kopf.Body, job), block_owner_deletion=False)
+        try:
+            _refusing(lambda: raw(networking.create_namespaced_network_policy, namespace, policy))
+        except _Exists:
+            existing = raw(networking.read_namespaced_network_policy, name, namespace)
+            _check_claim(existing, f"NetworkPolicy {name}", owners={uid_of(job): ("Job", job["metadata"]["name"])})
 
     def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
         """Delete attempt `index`'s Job, if it is still the one whose UID is `uid` (its pods go

@@ -11,14 +11,20 @@ import argparse
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
 
 from mpjob.builders.attempt import TRAINER_COMMAND
+from mpjob.builders.network_policy import MetricsReaders
 
 ENV_TRAINER_IMAGE = "MPJOB_TRAINER_IMAGE"
 ENV_TRAINER_COMMAND = "MPJOB_TRAINER_COMMAND"
 ENV_TICK_SECONDS = "MPJOB_TICK_SECONDS"
 ENV_MAX_TICKS_PER_SECOND = "MPJOB_MAX_TICKS_PER_SECOND"
 ENV_WORKERS = "MPJOB_WORKERS"
+ENV_NETWORK_POLICY = "MPJOB_NETWORK_POLICY"
 
 DEFAULT_TRAINER_IMAGE = "mpjob-trainer:0.1.0"
 
@@ -63,6 +69,9 @@ class OperatorConfig:
     scrape_max_bytes: int = 1024 * 1024
     #: Metrics endpoints read at once (off the reconcile workers).
     progress_readers: int = 4
+    #: Each attempt gets a NetworkPolicy admitting only its own pods and, to the metrics port,
+    #: these readers; None: no policy (the chart turns it on).
+    network_policy: MetricsReaders | None = None
 
 
 def _positive(text: str) -> float:
@@ -89,6 +98,60 @@ def _command(text: str) -> tuple[str, ...]:
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         raise argparse.ArgumentTypeError(f'a JSON list of strings such as ["mpjob-trainer"], not {text!r}')
     return tuple(argv)
+
+
+class _Requirement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class _Selector(BaseModel):
+    """A Kubernetes LabelSelector."""
+
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid")
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[_Requirement] = Field(default_factory=list)
+
+
+class _Readers(BaseModel):
+    """--network-policy's JSON (the chart writes it): MetricsReaders in camelCase."""
+
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid")
+
+    operator_namespace: str = Field(min_length=1)
+    operator_labels: dict[str, str] = Field(min_length=1)
+    monitoring_namespaces: _Selector | None = None
+    monitoring_pods: _Selector = Field(default_factory=_Selector)
+
+    @field_validator("monitoring_namespaces")
+    @classmethod
+    def _not_every_namespace(cls, selector: _Selector | None) -> _Selector | None:
+        if selector is not None and not (selector.match_labels or selector.match_expressions):
+            raise ValueError("selects every namespace; name them, or say so with an Exists expression")
+        return selector
+
+
+def _network_policy(text: str) -> MetricsReaders | None:
+    """MetricsReaders from JSON; empty: no NetworkPolicy."""
+    if not text.strip():
+        return None
+    try:
+        readers = _Readers.model_validate_json(text)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where, said = ".".join(str(p) for p in error["loc"]), error["msg"].removeprefix("Value error, ")
+        raise argparse.ArgumentTypeError(f"{where}: {said}" if where else said) from exc
+    namespaces = readers.monitoring_namespaces
+    return MetricsReaders(
+        operator_namespace=readers.operator_namespace,
+        operator_labels=readers.operator_labels,
+        monitoring_namespaces=namespaces.model_dump(by_alias=True, exclude_defaults=True) if namespaces else None,
+        monitoring_pods=readers.monitoring_pods.model_dump(by_alias=True, exclude_defaults=True),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
@@ -138,6 +201,15 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         default=environ.get(ENV_WORKERS) or "16",
         help=f"reconciles that may run at once, each for a different job (env {ENV_WORKERS}; default 16)",
     )
+    parser.add_argument(
+        "--network-policy",
+        type=_network_policy,
+        metavar="JSON",
+        default=environ.get(ENV_NETWORK_POLICY, ""),
+        help=f"give each attempt a NetworkPolicy (env {ENV_NETWORK_POLICY}): JSON with operatorNamespace, "
+        "operatorLabels, and optionally monitoringNamespaces and monitoringPods (label selectors) of who may "
+        "read the trainers' metrics; default: none",
+    )
 
 
 def from_arguments(args: argparse.Namespace, *, peering: Peering | None = None) -> OperatorConfig:
@@ -150,6 +222,7 @@ def from_arguments(args: argparse.Namespace, *, peering: Peering | None = None) 
         workers=args.workers,
         namespaces=tuple(args.namespaces),
         peering=peering,
+        network_policy=args.network_policy,
     )
 
 

@@ -21,6 +21,8 @@ from mpjob.controller import metrics as om
 from mpjob.controller.cache import ChildCache
 from mpjob.controller.cluster import Cluster
 from mpjob.controller.config import OperatorConfig, from_environment
+from mpjob.controller.documents import allow_deep_documents
+from mpjob.controller.liveness import Liveness
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.reconciler import Reconciler
 from mpjob.controller.ticker import has_work, tick
@@ -37,6 +39,7 @@ class Controller:
     cache: ChildCache
     queue: WorkQueue
     reconciler: Reconciler
+    liveness: Liveness
     ticker: asyncio.Task[None] | None = None
 
     @classmethod
@@ -46,7 +49,8 @@ class Controller:
         peering = PeeringCheck(peering=config.peering, cluster=cluster, trust_seconds=config.peering_check_seconds)
         reconciler = Reconciler(config=config, cluster=cluster, cache=cache, peering=peering)
         queue = WorkQueue(reconciler.handle, workers=config.workers)
-        return cls(config=config, cluster=cluster, cache=cache, queue=queue, reconciler=reconciler)
+        liveness = Liveness(api.PLURAL, cache.dead_watches)
+        return cls(config=config, cluster=cluster, cache=cache, queue=queue, reconciler=reconciler, liveness=liveness)
 
     def stop(self) -> None:
         if self.ticker is not None:
@@ -65,9 +69,12 @@ def watched_jobs(namespace: str, name: str, status: dict[str, Any], spec: dict[s
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, memo: kopf.Memo, **_: Any) -> None:
+    allow_deep_documents()  # before any watch: startup handlers run before kopf watches
     # Only warnings become Events: kopf would otherwise post one per handler run; the job's own
     # Events go through kopf.event.
     settings.posting.level = logging.WARNING
+    # The probes run every few seconds: log their failures, not each success.
+    logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
     settings.watching.server_timeout = 120
     # `kopf run -m mpjob.controller.handlers` has no `mpjob operator` to make the config.
     config: OperatorConfig = memo.get("config") or from_environment(os.environ)
@@ -78,6 +85,16 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     await loop.run_in_executor(None, controller.cache.wait_synced)
     ticks = tick(watched_jobs, queue=controller.queue, phases=controller.reconciler.phases, config=config)
     controller.ticker = asyncio.create_task(ticks)
+
+
+@kopf.on.probe(id="watches")
+async def watches_alive(memo: kopf.Memo, **_: Any) -> str:
+    """/healthz: fails (HTTP 500) while a watch is dead, kopf's or the cache's (liveness.py)."""
+    controller: Controller | None = memo.get("controller")
+    problems = controller.liveness.problems() if controller is not None else []
+    if problems:
+        raise kopf.PermanentError("; ".join(problems))
+    return "alive"
 
 
 @kopf.on.cleanup()

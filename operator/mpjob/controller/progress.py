@@ -27,6 +27,7 @@ from mpjob.controller import metrics as om
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning.classify import backoff_seconds
+from mpjob.planning.figures import rounded
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus
 
@@ -118,7 +119,7 @@ _ATTEMPT_FIELDS = ("lastCheckpointStep", "startStep", "precision", "measuredStep
 
 def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> dict[str, Any]:
     """The status fields to write for the figures `found`; empty when nothing changed."""
-    patch: dict[str, Any] = {k: v for k, v in found.items() if k not in _ATTEMPT_FIELDS}
+    patch: dict[str, Any] = {k: v for k, v in rounded(found).items() if k not in _ATTEMPT_FIELDS}
     current = status.attempts[-1] if status.attempts else None
     attempt: dict[str, Any] = {}
     if "startStep" in found and current is not None and current.start_step != found["startStep"]:

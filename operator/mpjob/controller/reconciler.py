@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from mpjob.builders.attempt import attempt_job, attempt_service
+from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
@@ -37,6 +38,7 @@ from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import FINISHED, JobView, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 log = logging.getLogger("mpjob.operator")
@@ -165,7 +167,7 @@ class Reconciler:
         if old.phase == "Failed":
             return
         failed = old.model_copy(deep=True)
-        failed.phase, failed.message = "Failed", f"invalid spec: {exc.errors()[0]['msg']}"
+        failed.phase, failed.message = "Failed", f"invalid spec: {spec_problems(exc)[0]}"
         generation = body["metadata"].get("generation")
         reason = ConditionReason.INVALID_SPEC
         st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)
@@ -188,7 +190,7 @@ class Reconciler:
         return None
 
     def _create(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, start: StartAttempt) -> None:
-        """An attempt's Job, then its Service (owned by the Job, so it goes with it)."""
+        """An attempt's Job, then its Service and NetworkPolicy (owned by the Job, so they go with it)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         job = attempt_job(
             job=name,
@@ -206,6 +208,12 @@ class Reconciler:
         self.cache.record_job(created)
         service = attempt_service(name, namespace, start.index, start.precision)
         self.cluster.create_service(service, job=created, owner=body)
+        if self.config.network_policy is not None:
+            readers = self.config.network_policy
+            policy = attempt_network_policy(
+                name, namespace, index=start.index, precision=start.precision, readers=readers
+            )
+            self.cluster.create_network_policy(policy, job=created)
 
     def _refused(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]

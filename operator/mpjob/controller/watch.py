@@ -3,15 +3,19 @@ watch from the listing's version, resume after the server's timeout, list again 
 version is too old (410) or the stream broke.
 
 Nothing one object carries can stop it: the cache turns each object into a record or skips it,
-a line that is not JSON is skipped, and any other failure is logged and followed by a fresh
-listing a second later.
+a line that is not JSON (or nests deeper than this process decodes, `documents`) is skipped, and
+any other failure is logged and followed by a fresh listing a second later.
+
+Each watch says when it last made progress (a listing, an event, a watch the server ended), so
+the liveness probe can tell a watch that is dead (its thread gone, failing for a minute, or
+silent past the server's timeout) from one that is merely idle.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,6 +23,7 @@ from typing import Any, Protocol
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from mpjob.controller import documents
 from mpjob.controller.cluster import REQUEST_TIMEOUT, raw
 
 log = logging.getLogger("mpjob.operator.cache")
@@ -26,6 +31,14 @@ log = logging.getLogger("mpjob.operator.cache")
 #: A watch request's server-side timeout; the watch is then resumed from its last version.
 WATCH_SECONDS = 300
 GONE = 410
+#: A watch failing without a break this long is dead (an outage of the API server included:
+#: the operator can do nothing meanwhile, and a restart starts it afresh; kopf itself stops the
+#: operator after about a minute of failed requests). The chart's probe restarts the pod after
+#: three failures 20 s apart.
+FAILING_SECONDS = 30.0
+#: A watch with no event, listing or server timeout this long is hung: the server ends a watch
+#: after WATCH_SECONDS, and the client's read timeout is 30 s past that.
+SILENT_SECONDS = WATCH_SECONDS + 60.0
 
 
 class Sink(Protocol):
@@ -52,6 +65,21 @@ class ListWatch(threading.Thread):
     def __init__(self, source: Source, *, cache: Sink, synced: threading.Event, stop: threading.Event) -> None:
         super().__init__(name=f"mpjob-watch-{source.resource}-{source.namespace or 'all'}", daemon=True)
         self.source, self.cache, self.synced, self.stop = source, cache, synced, stop
+        self.progressed = time.monotonic()  # the last listing, event or watch the server ended
+        self.failing = False  # the last listing or watch failed
+
+    def dead(self, now: float | None = None) -> str | None:
+        """Why this watch is dead (for the liveness probe), or None while it lives."""
+        if self.stop.is_set():
+            return None
+        if not self.is_alive():
+            return f"{self.name} has ended"
+        quiet = (time.monotonic() if now is None else now) - self.progressed
+        if self.failing and quiet > FAILING_SECONDS:
+            return f"{self.name} has failed for {quiet:.0f} s"
+        if quiet > SILENT_SECONDS:
+            return f"{self.name} has been silent for {quiet:.0f} s"
+        return None
 
     def run(self) -> None:
         version: str | None = None
@@ -62,14 +90,19 @@ class ListWatch(threading.Thread):
                     version = self._list()
                 version = self._watch(version)
             except ApiException as exc:
+                self.failing = exc.status != GONE
                 if exc.status != GONE:
                     log.warning("watch of %s failed (%s %s); listing again in 1 s", what, exc.status, exc.reason)
                     self.stop.wait(1)
                 version = None
             except Exception as exc:  # never let one error stop the cache for good
+                self.failing = True
                 log.warning("watch of %s failed (%r); listing again in 1 s", what, exc)
                 version = None
                 self.stop.wait(1)
+
+    def _progress(self) -> None:
+        self.progressed, self.failing = time.monotonic(), False
 
     def _list(self) -> str:
         """List everything and hand it to the cache; the listing's resourceVersion."""
@@ -77,6 +110,7 @@ class ListWatch(threading.Thread):
         listing = raw(src.call, *src.args, _request_timeout=REQUEST_TIMEOUT, **src.selectors)
         self.cache.relist(src.resource, src.namespace, listing.get("items") or [])
         self.synced.set()
+        self._progress()
         return str(listing["metadata"]["resourceVersion"])
 
     def _watch(self, version: str) -> str | None:
@@ -97,6 +131,7 @@ class ListWatch(threading.Thread):
             for line in iter_resp_lines(response):
                 if self.stop.is_set():
                     return version
+                self._progress()
                 event = _event(line)
                 if event is None:
                     continue
@@ -110,6 +145,7 @@ class ListWatch(threading.Thread):
                     self.cache.apply(src.resource, kind, obj)
         finally:
             response.release_conn()
+        self._progress()  # the server ended the watch at its timeout
         return version
 
 
@@ -118,9 +154,10 @@ def _event(line: str | bytes) -> tuple[str, dict[str, Any]] | None:
     if not line:
         return None
     try:
-        event = json.loads(line)
-    except ValueError:
-        log.warning("skipping a watch line that is not JSON: %.80r", line)
+        event = documents.loads(line)
+    except ValueError as exc:
+        reason = exc if isinstance(exc, documents.Undecodable) else "not JSON"
+        log.warning("skipping a watch line (%s): %.80r", reason, line)
         return None
     if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
         return None

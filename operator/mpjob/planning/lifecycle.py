@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from mpjob.planning import status as st
 from mpjob.planning.classify import Action, AttemptOutcome, classify
+from mpjob.planning.figures import round_figures
 from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import (
@@ -201,6 +202,7 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
             attempt.start_step = report.start_step
         if attempt.index == index and report.measurement is not None:
             measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
+    round_figures(status)
     return report.step
 
 

@@ -43,13 +43,22 @@ def crd_installed(api_client: client.ApiClient) -> None:
 
 
 class Operator:
-    def __init__(self, kubeconfig: str, namespace: str, log: Path, *, also: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        kubeconfig: str,
+        namespace: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+        *,
+        also: tuple[str, ...] = (),
+    ) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.env = env or {}
         self.also = also  # more namespaces to serve (watches there too)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MPJOB_TICK_SECONDS": "1"}
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MPJOB_TICK_SECONDS": "1", **self.env}
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
             [

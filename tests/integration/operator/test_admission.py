@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 import yaml
 from kubernetes import client
 
 from mpjob.validation import check_text
-from tests.unit.operator.cases import CASES, FULL_TEMPLATE, GOOD, bad
+from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, bad, nested_json
 
 pytestmark = pytest.mark.integration
 
@@ -41,3 +44,30 @@ def test_a_full_kubernetes_template_is_stored_as_written(api_client, crd_install
     assert made["spec"]["template"] == FULL_TEMPLATE
     jobs, problems = check_text(yaml.safe_dump(manifest))
     assert jobs and not problems, [str(p) for p in problems]
+
+
+def test_task_args_as_deep_as_allowed_are_stored_as_written(api_client, crd_installed, namespace) -> None:
+    custom = client.CustomObjectsApi(api_client)
+    manifest = bad("spec.task.args", DEEPEST_TASK_ARGS)
+    manifest["metadata"] = {"name": "deepest-args"}
+    made = custom.create_namespaced_custom_object(
+        "mpjob.dev", "v1alpha1", namespace, "mixedprecisionjobs", manifest, field_validation="Strict"
+    )
+    assert made["spec"]["task"]["args"] == DEEPEST_TASK_ARGS
+
+
+@pytest.mark.parametrize("how", [["apply"], ["apply", "--server-side"], ["create"]])
+def test_a_1500_level_document_is_refused_at_apply_naming_the_field(
+    kubeconfig: str, cluster_bin: Path, crd_installed: None, namespace: str, tmp_path: Path, how: list[str]
+) -> None:
+    """The API server itself refuses it: the CRD bounds task.args, so nothing stores a document a
+    client's JSON parser cannot read (the operator's watch died on one)."""
+    manifest = bad("spec.task.args", {"deep": "HERE"})
+    manifest["metadata"] = {"name": "deep"}
+    path = tmp_path / "deep.json"
+    path.write_text(nested_json(manifest, 1500))
+    kubectl = [str(cluster_bin / "kubectl"), "--kubeconfig", kubeconfig, "-n", namespace]
+    out = subprocess.run([*kubectl, *how, "-f", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "spec.task.args.deep.deep.deep.deep" in out.stderr, out
+    listed = subprocess.run([*kubectl, "get", "mpj", "-o", "name"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and listed.stdout.strip() == ""

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mpjob.planning.figures import round_sig
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.unit
@@ -56,6 +57,8 @@ def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["phase"] == "Succeeded" and report["step"] == 40 and len(report["attempts"]) == 1
     assert report["lastCheckpoint"]["step"] == 40
+    for figure in ("loss", "samplesPerSecond"):  # to five significant digits, as a CR's status keeps them
+        assert isinstance(report[figure], float) and report[figure] == round_sig(report[figure])
     assert (tmp_path / "out" / "training.png").read_bytes()[:4] == b"\x89PNG"
     assert "report: " in result.stdout and "training.png" in result.stdout
 

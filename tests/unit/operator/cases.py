@@ -4,9 +4,10 @@ table test and the API-server table test, so both reject the same inputs."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
-from mpjob_contract.api import MAX_TASK_ARGS
+from mpjob_contract.api import MAX_TASK_ARG_DEPTH, MAX_TASK_ARGS
 
 GOOD: dict[str, Any] = {
     "apiVersion": "mpjob.dev/v1alpha1",
@@ -14,6 +15,20 @@ GOOD: dict[str, Any] = {
     "metadata": {"name": "ok"},
     "spec": {"task": {"builtin": "gpt"}, "precision": {"mode": "fp16"}},
 }
+
+
+def nested(levels: int, key: str = "deep") -> dict[str, Any]:
+    """{key: {key: ... 1}} with `levels` maps, built without recursion."""
+    doc: Any = 1
+    for _ in range(levels):
+        doc = {key: doc}
+    return dict(doc)
+
+
+def nested_json(manifest: dict[str, Any], levels: int) -> str:
+    """`manifest` as JSON, its string value "HERE" replaced by `nested(levels)` (json.dumps
+    would recurse past Python's limit)."""
+    return json.dumps(manifest).replace('"HERE"', '{"deep": ' * levels + "1" + "}" * levels)
 
 
 def bad(path: str, value: Any) -> dict[str, Any]:
@@ -60,6 +75,21 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("zero-max-loss-delta", bad("spec.validation.maxLossDelta", 0), "maxLossDelta"),
     ("unknown-validation-field", bad("spec.validation.evry", 10), "evry"),
     ("too-many-task-args", bad("spec.task.args", {f"a{i}": i for i in range(MAX_TASK_ARGS + 1)}), "spec.task.args"),
+    # task.args values nest at most MAX_TASK_ARG_DEPTH (3) levels: one more is refused, there.
+    ("task-arg-map-too-deep", bad("spec.task.args", {"a": {"b": {"c": {"d": {"e": 1}}}}}), "spec.task.args.a.b.c.d"),
+    ("task-arg-list-too-deep", bad("spec.task.args", {"a": [1, [2, [3, [4]]]]}), "spec.task.args.a[1][1][1]"),
+    ("task-arg-empty-list-too-deep", bad("spec.task.args", {"a": {"b": [{"c": []}]}}), "spec.task.args.a.b[0].c"),
+    # checkpoint.volume.emptyDir takes Kubernetes' EmptyDirVolumeSource schema.
+    (
+        "empty-dir-unknown-field",
+        bad("spec.checkpoint.volume", {"emptyDir": {"medium": "Memory", "size": "1Gi"}}),
+        "spec.checkpoint.volume.emptyDir.size",
+    ),
+    (
+        "empty-dir-nested-medium",
+        bad("spec.checkpoint.volume", {"emptyDir": {"medium": {"deep": {"deeper": 1}}}}),
+        "spec.checkpoint.volume.emptyDir.medium",
+    ),
     # The template's pod fields, checked with Kubernetes' own schemas (mpjob_contract.k8s).
     ("env-without-name", bad("spec.template.env", [{"value": "x"}]), "spec.template.env[0].name"),
     ("env-value-not-string", bad("spec.template.env", [{"name": "A", "value": 1}]), "spec.template.env[0].value"),
@@ -93,7 +123,34 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("pull-secret-not-object", bad("spec.template.imagePullSecrets", ["regcred"]), "spec.template.imagePullSecrets[0]"),
     ("label-not-string", bad("spec.template.labels", {"team": 7}), "spec.template.labels"),
+    # Trainers hold no Kubernetes credentials: the template cannot mount a ServiceAccount token.
+    (
+        "projected-service-account-token",
+        bad(
+            "spec.template.volumes", [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]
+        ),
+        "spec.template.volumes[0].projected.sources[0].serviceAccountToken",
+    ),
+    (
+        "automount-service-account-token",
+        bad("spec.template.automountServiceAccountToken", True),
+        "automountServiceAccountToken",
+    ),
 ]
+
+#: task.args as deep as they may go, with every kind of value: accepted by both, stored as written.
+DEEPEST_TASK_ARGS: dict[str, Any] = {
+    "lr": 0.1,
+    "name": "x",
+    "on": True,
+    "steps": 3,
+    "betas": [0.9, 0.95],
+    "empty": [],
+    "none": {},
+    "layers": [{"dim": 64, "acts": ["relu"]}, {"dim": 128}],
+    "nested": {"a": {"b": [1, 2]}, "c": [[1], [2, 3]]},
+}
+assert MAX_TASK_ARG_DEPTH == 3  # DEEPEST_TASK_ARGS reaches it
 
 #: A template that uses what Kubernetes' schemas allow, nested sources included: accepted by
 #: both, and stored by the API server as written (nothing pruned).

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mpjob import k8s_openapi
-from mpjob.crd import crd_yaml
+from mpjob.crd import CEL_RULES, crd_yaml
 from mpjob_contract import k8s
 from mpjob_contract.api import PodTemplateOverrides
 
@@ -49,10 +49,29 @@ def test_every_template_field_has_its_kubernetes_schema() -> None:
     assert aliases == set(k8s.template_schemas()) == set(k8s_openapi.TEMPLATE_FIELDS)
 
 
+def _rules(node: Any, path: str) -> dict[str, Any]:
+    """The CEL rules below `node`, by CEL_RULES's path notation (`name[]`: the list's items),
+    taken out of the schema."""
+    if not isinstance(node, dict):
+        return {}
+    found = {path: node.pop("x-kubernetes-validations")} if "x-kubernetes-validations" in node else {}
+    if isinstance(node.get("items"), dict):
+        found.update(_rules(node["items"], path + "[]"))
+    for name, child in node.get("properties", {}).items():
+        found.update(_rules(child, f"{path}.{name}"))
+    return found
+
+
 def test_the_crd_template_is_the_kubernetes_schemas_verbatim() -> None:
+    """Kubernetes' schemas as they are, plus only the CEL rules crd.py names below the template
+    (a rule adds a check; it never changes what the schemas say)."""
     crd = yaml.safe_load(crd_yaml())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["properties"]["template"]["properties"] == k8s.template_schemas()
+    template = spec["properties"]["template"]["properties"]
+    rules = {p: r for name, node in template.items() for p, r in _rules(node, f"spec.template.{name}").items()}
+    assert rules == {p: r for p, r in CEL_RULES.items() if p.startswith("spec.template.")}
+    assert "spec.template.volumes[].projected.sources[]" in rules  # no ServiceAccount token
+    assert template == k8s.template_schemas()
 
 
 def test_the_schema_file_holds_only_what_the_checker_reads_and_a_crd_allows() -> None:
@@ -99,7 +118,7 @@ DEFS: dict[str, Any] = {
 
 def _generate(defs: dict[str, Any]) -> dict[str, Any]:
     document = {"components": {"schemas": defs}}
-    fields = k8s_openapi.generate(document, "v0.0.0", fields={"things": ("x.Pod", "things")})["fields"]
+    fields = k8s_openapi.generate(document, "v0.0.0", fields={"things": ("x.Pod", "things")}, spec_fields={})["fields"]
     return fields["things"]  # type: ignore[no-any-return]
 
 
@@ -159,3 +178,52 @@ def test_check_names_what_an_unknown_field_could_have_been() -> None:
     env = [{"name": "A", "valueFrom": {"secretRef": {}}}]
     (path, message), *_ = k8s.check(env, k8s.template_schemas()["env"], "env")
     assert path == "env[0].valueFrom.secretRef" and "secretKeyRef" in message and "v1.34.4" in message
+
+
+# ------------------------------------------------------------------ nothing free-form
+
+
+def _free_form(node: Any, path: str) -> list[str]:
+    """Paths of the schema nodes below `node` that keep unknown fields."""
+    if not isinstance(node, dict):
+        return []
+    found = [path] if node.get("x-kubernetes-preserve-unknown-fields") else []
+    for key in ("items", "additionalProperties"):
+        found += _free_form(node.get(key), f"{path}.{key}")
+    for name, child in node.get("properties", {}).items():
+        found += _free_form(child, f"{path}.{name}")
+    return found
+
+
+def test_no_spec_field_takes_a_document_of_any_depth() -> None:
+    """A free-form field lets the API server store 10,000 levels; only task.args' values keep
+    unknown fields, every such node bounded below (items and additionalProperties, or none at all:
+    the leaf that refuses lists and maps); status keeps them for fields a newer operator writes."""
+    crd = yaml.safe_load(crd_yaml())
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    free = _free_form(root, "")
+    assert ".status" in free
+    args = ".spec.task.args.additionalProperties"
+    assert all(p.startswith(args) for p in free if p != ".status"), free
+    for path in (p for p in free if p != ".status"):
+        node = root
+        for part in path.strip(".").split("."):
+            node = node["properties"][part] if part not in ("items", "additionalProperties") else node[part]
+        leaf = (node.get("maxItems"), node.get("maxProperties")) == (0, 0)
+        assert leaf or ("items" in node and "additionalProperties" in node), path
+
+
+def test_the_template_leaves_out_managed_fields_the_pod_api_refuses_there() -> None:
+    claim = k8s.template_schemas()["volumes"]["items"]["properties"]["ephemeral"]["properties"]["volumeClaimTemplate"]
+    assert {"labels", "annotations"} <= set(claim["properties"]["metadata"]["properties"])
+    assert "managedFields" not in claim["properties"]["metadata"]["properties"]
+
+
+def test_the_checkpoint_empty_dir_is_kubernetes_empty_dir_volume_source() -> None:
+    crd = yaml.safe_load(crd_yaml())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    empty_dir = spec["properties"]["checkpoint"]["properties"]["volume"]["properties"]["emptyDir"]
+    assert empty_dir == k8s.spec_schemas()["checkpoint.volume.emptyDir"]
+    assert set(empty_dir["properties"]) == {"medium", "sizeLimit"}
+    volumes = k8s.template_schemas()["volumes"]  # the same source as a template volume's emptyDir
+    assert empty_dir["properties"] == volumes["items"]["properties"]["emptyDir"]["properties"]

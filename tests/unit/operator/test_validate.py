@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from mpjob.crd import crd_yaml
-from mpjob.validation import MAX_DEPTH, MAX_MANIFEST_BYTES, InvalidManifest, check_text, load_job
-from mpjob_contract.api import MAX_TASK_ARGS
-from tests.unit.operator.cases import CASES, FULL_TEMPLATE, GOOD, bad
+from mpjob.validation import MAX_DEPTH, MAX_MANIFEST_BYTES, InvalidManifest, check_document, check_text, load_job
+from mpjob_contract.api import MAX_TASK_ARG_DEPTH, MAX_TASK_ARGS
+from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, bad, nested, nested_json
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
@@ -106,6 +107,39 @@ def test_task_args_cap_is_one_constant_in_the_model_and_the_crd() -> None:
     ]
 
 
+def test_task_args_as_deep_as_allowed_validate_and_keep_their_values() -> None:
+    jobs, problems = check_text(yaml.safe_dump(bad("spec.task.args", DEEPEST_TASK_ARGS)))
+    assert jobs and not problems, [str(p) for p in problems]
+    assert jobs[0].spec.task.args == DEEPEST_TASK_ARGS
+
+
+def test_the_crd_bounds_task_args_values_as_deep_as_the_model() -> None:
+    crd = yaml.safe_load(crd_yaml())
+    task = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["task"]
+    node, levels = task["properties"]["args"]["additionalProperties"], 0
+    while "items" in node:
+        assert node["items"] == node["additionalProperties"]  # lists and maps alike
+        node, levels = node["items"], levels + 1
+    assert levels == MAX_TASK_ARG_DEPTH and (node["maxItems"], node["maxProperties"]) == (0, 0)
+
+
+def test_a_1500_level_document_is_refused_quickly_naming_the_field(tmp_path: Path) -> None:
+    deep = bad("spec.task.args", nested(1500))
+    path = tmp_path / "deep.json"  # JSON, as `kubectl apply -f` would send it
+    path.write_text(nested_json(bad("spec.task.args", "HERE"), 1500))
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "mpjob.cli", "validate", str(path)], capture_output=True, text=True)
+    assert out.returncode == 1 and "spec.task.args.deep.deep.deep.deep" in out.stdout, out
+    assert f"nested deeper than {MAX_DEPTH} levels" in out.stdout
+    assert time.monotonic() - started < 20  # the interpreter's start is most of it
+    # Already parsed (the operator's path): the model stops at the bound, whatever lies below.
+    started = time.monotonic()
+    _, problems = check_document(deep)
+    assert [p.field for p in problems] == ["spec.task.args.deep.deep.deep.deep"]
+    assert f"nested deeper than {MAX_TASK_ARG_DEPTH} levels" in problems[0].message
+    assert time.monotonic() - started < 1
+
+
 GOOD_TEXT = yaml.safe_dump(GOOD)
 
 
@@ -127,12 +161,14 @@ def test_hostile_yaml_is_refused_with_a_clear_error(text: str, needle: str) -> N
 
 
 def test_nesting_up_to_the_limit_is_fine_and_one_more_is_not() -> None:
-    args: dict[str, object] = {"deep": 1}
-    for _ in range(MAX_DEPTH - 5):  # the root, spec, task and the scalar 1 make MAX_DEPTH levels
-        args = {"deep": args}
-    jobs, problems = check_text(yaml.safe_dump(bad("spec.task.args", args)))
+    # metadata takes fields the schema does not know (the API server's own), so the YAML limit is
+    # the only one there; task.args has its own, far lower bound (test_task_args_nest_...).
+    deep: dict[str, object] = {"deep": 1}
+    for _ in range(MAX_DEPTH - 4):  # the root, metadata and the scalar 1 make MAX_DEPTH levels
+        deep = {"deep": deep}
+    jobs, problems = check_text(yaml.safe_dump(bad("metadata.nested", deep)))
     assert jobs and not problems, [str(p) for p in problems]
-    _, problems = check_text(yaml.safe_dump(bad("spec.task.args", {"deep": args})))
+    _, problems = check_text(yaml.safe_dump(bad("metadata.nested", {"deep": deep})))
     assert len(problems) == 1 and problems[0].message.endswith(f": nested deeper than {MAX_DEPTH} levels")
 
 
