@@ -245,9 +245,23 @@ class PrecisionSpec(ApiModel):
         return value
 
 
+#: The job writes its checkpoints to this claim; the CRD's CEL rule says the same (crd.py).
+READ_ONLY_CLAIM = (
+    "checkpoint.volume.persistentVolumeClaim.readOnly must be false: the job writes its checkpoints to this "
+    "claim, and a read-only volume cannot hold them"
+)
+
+
 class PersistentVolumeClaimRef(ApiModel):
     claim_name: str = Field(min_length=1, max_length=253)
-    read_only: bool = False
+    read_only: bool = Field(False, description="Must be false: the job writes its checkpoints to the claim.")
+
+    @field_validator("read_only")
+    @classmethod
+    def _writable(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(READ_ONLY_CLAIM)
+        return value
 
 
 class CheckpointVolume(ApiModel):

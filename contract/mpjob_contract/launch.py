@@ -4,8 +4,11 @@ The operator writes it as JSON into the `MPJOB_LAUNCH` environment variable of t
 container; the local runner does the same for its child processes. `mpjob-trainer --launch
 FILE` reads it from a file instead.
 
-`resumeFrom` comes, through the planner, from a trainer's termination report: it is held to
-the attempt's checkpoint directory here, where both sides build or read a launch.
+`checkpointDir` is the job's own folder of the checkpoint store: on a cluster
+`<mount>/<namespace>/<job>/<job uid>` (`job_checkpoint_dir`), so jobs that share a volume never
+see, prune or replace each other's checkpoints, and a job created again under the same name
+starts clean. `resumeFrom` comes, through the planner, from a trainer's termination report: it
+is held to that folder here, where both sides build or read a launch.
 """
 
 from __future__ import annotations
@@ -27,6 +30,15 @@ ConcretePrecision = Literal["fp16", "bf16", "fp32", "auto"]
 AUTO_MARGIN = 0.05
 
 
+def job_checkpoint_dir(*, namespace: str, name: str, uid: str, root: str = CHECKPOINT_MOUNT) -> str:
+    """The job's own folder below the checkpoint volume's mount. Kubernetes names and UIDs
+    hold no `/` and are never `.` or `..`, so each is one path segment."""
+    for field, value in (("namespace", namespace), ("name", name), ("uid", uid)):
+        if not value or "/" in value or value in (".", "..") or "\0" in value:
+            raise ValueError(f"the job's {field} {value!r} cannot name a checkpoint folder")
+    return posixpath.join(root, namespace, name, uid)
+
+
 def inside_checkpoint_dir(path: str, checkpoint_dir: str) -> bool:
     """Whether `path` names something below `checkpoint_dir`, judged on the names (`..`
     resolved; both absolute or both relative). Links inside the volume are its owner's."""
@@ -41,6 +53,8 @@ class AttemptLaunch(BaseModel):
 
     job_name: str = Field(alias="jobName")
     namespace: str = "default"
+    #: The MixedPrecisionJob's UID (None: a local run): part of the identity its checkpoints carry.
+    job_uid: str | None = Field(None, alias="jobUid")
     attempt: int = Field(0, ge=0)
     #: Precision of this attempt; "auto" lets the trainer pick from the device it finds.
     precision: ConcretePrecision
@@ -89,6 +103,12 @@ class AttemptLaunch(BaseModel):
             }
         )
         return self.spec.model_copy(update={"training": training})
+
+    @property
+    def job_identity(self) -> str:
+        """Who writes this attempt's checkpoints: `<namespace>/<job>[/<uid>]`, the same for every
+        attempt of the job. The store prunes and replaces only checkpoints that name it."""
+        return "/".join(part for part in (self.namespace, self.job_name, self.job_uid) if part)
 
     def to_env(self) -> str:
         return self.model_dump_json(by_alias=True)

@@ -78,7 +78,8 @@ class TerminationReport(_Model):
     reason: Reason
     step: int = 0
     #: The step this attempt resumed from (0 = fresh start): where the trainer really began.
-    start_step: int = Field(0, alias="startStep")
+    #: None: it ended before it got that far (the operator keeps the step it planned).
+    start_step: int | None = Field(None, alias="startStep")
     precision: str = ""
     last_good_checkpoint: CheckpointRef | None = Field(None, alias="lastGoodCheckpoint")
     counters: Counters = Field(default_factory=Counters)

@@ -69,6 +69,9 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set",
         }
     ],
+    "spec.checkpoint.volume.persistentVolumeClaim": [
+        {"rule": "!has(self.readOnly) || !self.readOnly", "message": api.READ_ONLY_CLAIM},
+    ],
 }
 
 PRINTER_COLUMNS = [

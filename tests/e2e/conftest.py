@@ -11,13 +11,14 @@ The release watches only its own namespace, so it never touches other tests' job
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -213,10 +214,12 @@ class Jobs:
     def pods(self, selector: str) -> list[Any]:
         return self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
 
-    def checkpoint_sha256(self, claim: str, step: int, image: str) -> str:
-        """sha256 of a checkpoint's state.pt, read by a pod that mounts the claim (any cluster)."""
+    def checkpoint_sha256(self, claim: str, path: str, image: str) -> str:
+        """sha256 of the state.pt of the checkpoint at `path` (as the trainer saw it: in its job's
+        own folder of the claim), read by a pod that mounts the claim."""
         name = f"ckpt-reader-{uuid.uuid4().hex[:6]}"
         mount = "/checkpoints"
+        relative = "/".join(PurePosixPath(path).parts[-4:])  # <namespace>/<job>/<uid>/step-N, below the claim
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -232,7 +235,7 @@ class Jobs:
                         "command": [
                             "sh",
                             "-c",
-                            f"sha256sum {mount}/step-{step:09d}/state.pt > /dev/termination-log",
+                            f"sha256sum {shlex.quote(f'{mount}/{relative}/state.pt')} > /dev/termination-log",
                         ],
                         "volumeMounts": [{"name": "ckpt", "mountPath": mount, "readOnly": True}],
                     }

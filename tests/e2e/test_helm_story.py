@@ -74,7 +74,7 @@ def test_an_fp16_job_that_overflows_recovers_in_bf16_from_its_checkpoint(
     # The final checkpoint on the volume is the one the status names, byte for byte.
     last = status["lastCheckpoint"]
     assert (last["step"], last["precision"]) == (60, "bf16")
-    assert jobs.checkpoint_sha256("mpjob-checkpoints", last["step"], release.trainer_image) == last["sha256"]
+    assert jobs.checkpoint_sha256("mpjob-checkpoints", last["path"], release.trainer_image) == last["sha256"]
     # The chart's default networkPolicy.enabled: each attempt got its NetworkPolicy, owned by its Job
     # (the operator's role allows it; nothing on this test cluster enforces the policy itself).
     networking, batch = client.NetworkingV1Api(core.api_client), client.BatchV1Api(core.api_client)
@@ -197,7 +197,7 @@ def test_helm_uninstall_removes_the_operator_and_keeps_crd_jobs_and_checkpoints(
     assert jobs.status("fp16-recovery") == before
     assert core.read_namespaced_persistent_volume_claim("mpjob-checkpoints", release.namespace).status.phase == "Bound"
     last = before["lastCheckpoint"]
-    assert jobs.checkpoint_sha256("mpjob-checkpoints", last["step"], release.trainer_image) == last["sha256"]
+    assert jobs.checkpoint_sha256("mpjob-checkpoints", last["path"], release.trainer_image) == last["sha256"]
     # Jobs carry no finalizer: with the operator gone, `kubectl delete mpj` still completes, and
     # garbage collection takes the attempt Jobs while the checkpoint volume stays.
     assert not any(jobs.get(name)["metadata"].get("finalizers") for name in kept)

@@ -123,7 +123,9 @@ def test_ddp_example_has_two_workers_resuming_in_the_same_precision() -> None:
     assert job.spec.workers == 2 and job.spec.resources.gpus_per_worker >= 1
     assert job.spec.precision.mode in ("bf16", "fp32") and "overflowAtStep" not in job.spec.task.args
     start = first_attempt(job.spec)
-    rendered = attempt_job(job="ddp-2workers", namespace="default", spec=job.spec, start=start, image="mpjob-trainer")
+    rendered = attempt_job(
+        job="ddp-2workers", namespace="default", uid="u", spec=job.spec, start=start, image="mpjob-trainer"
+    )
     assert rendered["spec"]["completions"] == rendered["spec"]["parallelism"] == 2
 
 
@@ -134,6 +136,7 @@ def test_kueue_example_queues_every_attempt() -> None:
         rendered = attempt_job(
             job="kueue-queued",
             namespace="default",
+            uid="u",
             spec=job.spec,
             start=StartAttempt(index=index, precision="fp16", resume_from=None, start_step=0),
             image="mpjob-trainer:0.1.0",

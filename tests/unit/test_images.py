@@ -187,7 +187,8 @@ def test_trainer_entrypoint_user_and_ports_match_the_attempt_pods() -> None:
     assert json.loads(cmd) == ["--", "mpjob-trainer"]
     assert {"mpjob-trainer", "mpjob-launch"} <= set(_scripts(REPO / "trainer-image/pyproject.toml"))
     spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}})
-    pod = attempt_job(job="j", namespace="ns", spec=spec, start=first_attempt(spec), image="mpjob-trainer:0.1.0")
+    start = first_attempt(spec)
+    pod = attempt_job(job="j", namespace="ns", uid="u", spec=spec, start=start, image="mpjob-trainer:0.1.0")
     pod = pod["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"][:1] == _entrypoint(TRAINER) and container["command"][-2:] == json.loads(cmd)

@@ -26,6 +26,15 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
+#: Gauges set once when the attempt starts (attribute, metric name): a relabel keeps their values.
+HELD_AT_START = (
+    ("start_step", names.START_STEP),
+    ("step", names.STEP),
+    ("total_steps", names.TOTAL_STEPS),
+    ("last_good_step", names.LAST_GOOD_CHECKPOINT_STEP),
+)
+
+
 class TrainerMetrics:
     def __init__(self, job: str, namespace: str, attempt: int, precision: str) -> None:
         self.registry = CollectorRegistry()
@@ -62,7 +71,10 @@ class TrainerMetrics:
         gauge, counter = self._gauge, self._counter
         self.step = gauge(names.STEP, "Optimizer steps completed (the data position).")
         self.total_steps = gauge(names.TOTAL_STEPS, "Steps the job trains in all.")
-        self.start_step = gauge(names.START_STEP, "The step this attempt resumed from (0 = fresh start).")
+        self.start_step = gauge(
+            names.START_STEP, "The step this attempt resumed from (0 = fresh start; -1 until it has decided)."
+        )
+        self.start_step.set(-1)  # a read before the attempt decided must not look like a fresh start
         self.loss = gauge(names.LOSS, "Training loss at the last log interval.")
         self.loss_scale = gauge(names.LOSS_SCALE, "GradScaler loss scale (fp16 only).")
         self.overflow_steps = counter(names.OVERFLOW_STEPS, "Optimizer steps skipped for inf/NaN gradients.")
@@ -153,8 +165,11 @@ class TrainerMetrics:
 
     def relabel(self, precision: str) -> None:
         """Train under another `precision` label (an `auto` attempt measured its device): every
-        series moves to the new label set; nothing has counted yet, so nothing is lost."""
+        series moves to the new label set; nothing has counted yet, so nothing is lost but the
+        gauges set when the attempt started (where it began, its goal, its last checkpoint),
+        which are carried over."""
         old, checkpoint = dict(self.labels), self._last_good
+        held = {attr: self.registry.get_sample_value(name, old) for attr, name in HELD_AT_START}
         self.last_good_checkpoint.clear()
         self._last_good = None
         self.labels["precision"] = precision
@@ -166,6 +181,9 @@ class TrainerMetrics:
             fresh = family.labels(**self.labels)
             self._families[id(fresh)] = family
             setattr(self, name, fresh)
+        for attr, value in held.items():
+            if value is not None:
+                getattr(self, attr).set(value)
         self.info.set(1)
         if checkpoint is not None:
             self.checkpoint_good(checkpoint)

@@ -11,7 +11,7 @@ from typing import Any
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
-from mpjob_contract.launch import CHECKPOINT_MOUNT, LAUNCH_ENV, AttemptLaunch
+from mpjob_contract.launch import CHECKPOINT_MOUNT, LAUNCH_ENV, AttemptLaunch, inside_checkpoint_dir, job_checkpoint_dir
 
 LABEL_JOB = "mpjob.dev/job"
 LABEL_ATTEMPT = "mpjob.dev/attempt"
@@ -86,21 +86,32 @@ def launcher_argv(spec: MixedPrecisionJobSpec, trainer_command: Sequence[str], l
     return [*launcher, "--nproc-per-worker", per_worker, "--workers", str(spec.workers), "--", *command]
 
 
-def _env(job: str, namespace: str, spec: MixedPrecisionJobSpec, start: StartAttempt) -> list[dict[str, Any]]:
-    """The trainer's contract env; RANK, WORLD_SIZE and the rest come from the launcher."""
-    name = attempt_name(job, start.index)
-    launch = AttemptLaunch(
+def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt) -> AttemptLaunch:
+    """The attempt's launch contract. Its checkpoints go to the job's own folder of the volume;
+    a resume point outside that folder (another job's, or the volume's root) is not passed on:
+    the trainer then resumes from the newest valid checkpoint of its own."""
+    folder = job_checkpoint_dir(namespace=namespace, name=job, uid=uid)
+    resume_from = start.resume_from
+    if resume_from is not None and not inside_checkpoint_dir(resume_from, folder):
+        resume_from = None
+    return AttemptLaunch(
         job_name=job,
         namespace=namespace,
+        job_uid=uid,
         attempt=start.index,
         precision=start.precision,  # type: ignore[arg-type]
-        resume_from=start.resume_from,
+        resume_from=resume_from,
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
         repromote_after_steps=start.repromote_after_steps,
-        checkpoint_dir=CHECKPOINT_MOUNT,
+        checkpoint_dir=folder,
         spec=spec,
     )
+
+
+def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
+    """The trainer's contract env; RANK, WORLD_SIZE and the rest come from the launcher."""
+    name, namespace = attempt_name(launch.job_name, launch.attempt), launch.namespace
     return [
         {"name": LAUNCH_ENV, "value": launch.to_env()},
         {"name": metric_names.METRICS_PORT_ENV, "value": str(metric_names.DEFAULT_METRICS_PORT)},
@@ -213,16 +224,19 @@ def attempt_job(
     *,
     job: str,
     namespace: str,
+    uid: str,
     spec: MixedPrecisionJobSpec,
     start: StartAttempt,
     image: str,
     deadline_seconds: int | None = None,
     trainer_command: Sequence[str] = TRAINER_COMMAND,
 ) -> dict[str, Any]:
-    """The Indexed Job of attempt `start.index`: `workers` pods, each running the launcher."""
+    """The Indexed Job of attempt `start.index` of the job `namespace/job` (UID `uid`): `workers`
+    pods, each running the launcher."""
     name = attempt_name(job, start.index)
     command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND)
-    container = _container(env=_env(job, namespace, spec, start), spec=spec, image=image, command=command)
+    launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start)
+    container = _container(env=_env(launch), spec=spec, image=image, command=command)
     job_labels = labels(job, start.index, start.precision)
     pod_labels = {**spec.template.labels, **job_labels}
     job_spec: dict[str, Any] = {

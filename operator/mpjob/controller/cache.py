@@ -6,8 +6,10 @@ its store; `watch.py`), read as raw JSON and kept only as the few fields the pla
 A reconcile reads its children here instead of listing them from the API server, and a change
 the planner would act on (a Job's verdict or suspension, a pod's start, exit or deletion, a pod
 the Job controller cannot create) queues a reconcile of the MixedPrecisionJob it belongs to.
-Children are found by their controller ownerReferences (Job -> MixedPrecisionJob UID, pod ->
-Job UID), never by label alone; an object that cannot be read is skipped (and logged once).
+Children are found by their controller ownerReferences, never by label alone, and joined to
+their parent on namespace, kind, name and UID together (`records.ObjectRef`): a pod or Event of
+another namespace that copies a Job's name and UID joins nothing. An object that cannot be read
+is skipped (and logged once).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mpjob.controller.records import (
     JobRecord,
     Key,
     Malformed,
+    ObjectRef,
     PodRecord,
     create_failure,
     job_record,
@@ -31,6 +34,7 @@ from mpjob.controller.records import (
 )
 from mpjob.controller.watch import ListWatch, Source
 from mpjob.planning.reconcile import JobView, PodView
+from mpjob_contract import api
 
 log = logging.getLogger("mpjob.operator.cache")
 
@@ -65,8 +69,8 @@ class ChildCache:
         self._jobs: dict[str, JobRecord] = {}  # by Job UID; a deleted one stays while pods remain
         self._keys: dict[Key, set[str]] = {}  # MixedPrecisionJob -> its Jobs' UIDs
         self._pods: dict[str, PodRecord] = {}  # by pod UID
-        self._by_job: dict[str, set[str]] = {}  # Job UID -> its pods' UIDs
-        self._failures: dict[str, CreateFailure] = {}  # Job UID -> its latest FailedCreate
+        self._by_job: dict[ObjectRef, set[str]] = {}  # the Job pods name -> their UIDs
+        self._failures: dict[ObjectRef, CreateFailure] = {}  # the Job it names -> its latest FailedCreate
         self._skipped: set[str] = set()  # UIDs of objects already logged as unreadable
         self._synced: dict[str, threading.Event] = {}
         self._watches: list[ListWatch] = []
@@ -75,11 +79,12 @@ class ChildCache:
     # -------------------------------------------------------------- reading
     def observe(self, namespace: str, name: str, uid: str) -> Observed:
         """The attempts of the MixedPrecisionJob `namespace/name` whose UID is `uid`."""
+        owner = ObjectRef(namespace, api.KIND, name, uid)
         with self._lock:
-            jobs = [self._jobs[j] for j in self._keys.get((namespace, name), ()) if self._jobs[j].owner_uid == uid]
-            pods = {job.uid: [self._pods[p].view for p in self._by_job.get(job.uid, ())] for job in jobs}
-            ips = {job.uid: self._rank0_ip(job.uid) for job in jobs}
-            failures = {job.uid: self._failures.get(job.uid) for job in jobs}
+            jobs = [self._jobs[j] for j in self._keys.get((namespace, name), ()) if self._jobs[j].owner == owner]
+            pods = {job.uid: [self._pods[p].view for p in self._by_job.get(job.ref, ())] for job in jobs}
+            ips = {job.uid: self._rank0_ip(job.ref) for job in jobs}
+            failures = {job.uid: self._failures.get(job.ref) for job in jobs}
         views: dict[int, JobView] = {}
         rank0_ip: dict[int, str] = {}
         uids: dict[int, str] = {}
@@ -100,8 +105,8 @@ class ChildCache:
         lingering = frozenset(j.attempt for j in jobs if j.gone and any(p.alive for p in pods[j.uid]))
         return Observed(views, lingering, rank0_ip, uids)
 
-    def _rank0_ip(self, job_uid: str) -> str | None:
-        for pod in (self._pods[p] for p in self._by_job.get(job_uid, ())):
+    def _rank0_ip(self, job: ObjectRef) -> str | None:
+        for pod in (self._pods[p] for p in self._by_job.get(job, ())):
             view: PodView = pod.view
             if view.index == 0 and view.phase == "Running" and view.alive and pod.ip:
                 return pod.ip
@@ -188,12 +193,14 @@ class ChildCache:
         if isinstance(record, PodRecord):
             old_pod = self._pods.get(record.uid)
             self._pods[record.uid] = record
-            self._by_job.setdefault(record.job_uid, set()).add(record.uid)
-            return self._key_of(record.job_uid) if record.news(old_pod) else None
-        old_failure = self._failures.get(record.job_uid)
-        self._failures[record.job_uid] = record
+            if old_pod is not None and old_pod.owner != record.owner:  # an owner reference moved
+                self._by_job.get(old_pod.owner, set()).discard(record.uid)
+            self._by_job.setdefault(record.owner, set()).add(record.uid)
+            return self._key_of(record.owner) if record.news(old_pod) else None
+        old_failure = self._failures.get(record.owner)
+        self._failures[record.owner] = record
         news = old_failure is None or old_failure.message != record.message
-        return self._key_of(record.job_uid) if news else None
+        return self._key_of(record.owner) if news else None
 
     def _drop(self, resource: str, uid: str) -> Key | None:
         """Forget the object `uid` of `resource`; the job whose reconcile is due, if any."""
@@ -203,25 +210,24 @@ class ChildCache:
             pod = self._pods.pop(uid, None)
             if pod is None:
                 return None
-            siblings = self._by_job.get(pod.job_uid, set())
+            siblings = self._by_job.get(pod.owner, set())
             siblings.discard(uid)
-            key = self._key_of(pod.job_uid)
+            job = self._job(pod.owner)
             if not siblings:
-                self._by_job.pop(pod.job_uid, None)
-                job = self._jobs.get(pod.job_uid)
+                self._by_job.pop(pod.owner, None)
                 if job is not None and job.gone:
                     self._forget_job(job)
-            return key
+            return job.key if job is not None else None
         failure = next((f for f in self._failures.values() if f.uid == uid), None)
         if failure is not None:
-            del self._failures[failure.job_uid]
+            del self._failures[failure.owner]
         return None
 
     def _drop_job(self, uid: str) -> Key | None:
         job = self._jobs.get(uid)
         if job is None:
             return None
-        if self._by_job.get(uid):  # its pods still stop: remember whose they are
+        if self._by_job.get(job.ref):  # its pods still stop: remember whose they are
             self._jobs[uid] = replace(job, gone=True)
         else:
             self._forget_job(job)
@@ -229,14 +235,19 @@ class ChildCache:
 
     def _forget_job(self, job: JobRecord) -> None:
         self._jobs.pop(job.uid, None)
-        self._failures.pop(job.uid, None)
+        self._failures.pop(job.ref, None)
         uids = self._keys.get(job.key, set())
         uids.discard(job.uid)
         if not uids:
             self._keys.pop(job.key, None)
 
-    def _key_of(self, job_uid: str) -> Key | None:
-        job = self._jobs.get(job_uid)
+    def _job(self, ref: ObjectRef) -> JobRecord | None:
+        """The Job a child names, if it is the one held: same namespace, name and UID (the join)."""
+        job = self._jobs.get(ref.uid)
+        return job if job is not None and job.ref == ref else None
+
+    def _key_of(self, ref: ObjectRef) -> Key | None:
+        job = self._job(ref)
         return job.key if job is not None else None
 
     # -------------------------------------------------------------- watching

@@ -83,7 +83,7 @@ def parse_values(text: str) -> dict[str, float]:
 
 
 def _checkpoint_key(labels: dict[str, str]) -> str | None:
-    """"last_good_checkpoint{sha256:precision}" for a well-formed series, else None."""
+    """ "last_good_checkpoint{sha256:precision}" for a well-formed series, else None."""
     sha, precision = labels.get("sha256", ""), labels.get("checkpoint_precision", "")
     if SHA256.match(sha) and precision in CHECKPOINT_PRECISIONS:
         return f"{tm.LAST_GOOD_CHECKPOINT}{{{sha}:{precision}}}"
@@ -111,11 +111,13 @@ def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any
     found: dict[str, Any] = measured(values)
     start = values.get(tm.START_STEP, 0.0)
     if tm.START_STEP in values and start >= 0:
-        found["startStep"] = int(start)
+        found["startStep"] = int(start)  # where the trainer really began, whatever was planned
     if (checkpoint := last_checkpoint(values)) is not None:
         found["lastCheckpoint"] = checkpoint
     elif values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:  # a trainer that does not name its sha256
         found["lastCheckpointStep"] = int(values[tm.LAST_GOOD_CHECKPOINT_STEP])
+    if start < 0:  # the attempt has not decided where it starts yet: its gauges hold placeholders
+        return found
     step = values.get(tm.STEP)
     if step is None or step < 0 or step <= start:
         return found
@@ -180,6 +182,20 @@ def live_checkpoint(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> d
     if "lastCheckpointStep" in found and (not held or held.step < found["lastCheckpointStep"]):
         return {"step": found["lastCheckpointStep"], "precision": status.precision or "", "sha256": "", "path": ""}
     return None
+
+
+def start_news(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of the Event that corrects the running attempt's planned start step
+    with the one its trainer reports (None: the same, or not known yet)."""
+    current = status.attempts[-1] if status.attempts else None
+    real = found.get("startStep")
+    if current is None or real is None or real == current.start_step:
+        return None
+    planned = f"planned: checkpoint step {current.start_step}" if current.start_step else "planned: a fresh start"
+    if real == 0:
+        message = f"attempt {current.index} ({current.precision}) found no checkpoint of its own to resume from"
+        return "StartedFresh", f"{message} and started at step 0 ({planned})"
+    return "Resumed", f"attempt {current.index} ({current.precision}) resumed from checkpoint step {real} ({planned})"
 
 
 @dataclass(frozen=True, slots=True)

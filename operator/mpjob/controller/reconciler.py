@@ -28,7 +28,7 @@ from mpjob.controller.cluster import Cluster, NameInUse, Refused
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
-from mpjob.controller.progress import ProgressReader, Target, progress_patch
+from mpjob.controller.progress import ProgressReader, Target, progress_patch, start_news
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
@@ -128,7 +128,7 @@ class Reconciler:
                 plan = self._refused(body, spec, plan, refusal=refusal)
             self._announce(body, old, plan)
             if progress and plan.status.phase == "Running" and not plan.create:
-                self._progress((namespace, name), plan.status, seen)
+                self._progress(body, plan.status, seen)
             elif plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
             return plan.status
@@ -195,6 +195,7 @@ class Reconciler:
         job = attempt_job(
             job=name,
             namespace=namespace,
+            uid=body["metadata"]["uid"],
             spec=spec,
             start=start,
             image=self.config.trainer_image,
@@ -237,9 +238,10 @@ class Reconciler:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
         self.phases[body["metadata"]["uid"]] = plan.status.phase
 
-    def _progress(self, key: Key, status: MixedPrecisionJobStatus, seen: Observed) -> None:
+    def _progress(self, body: dict[str, Any], status: MixedPrecisionJobStatus, seen: Observed) -> None:
         """Write what the last finished read of the running attempt's rank 0 found, and start
         the next read (off this thread: a slow endpoint never holds a reconcile)."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
         ip = seen.rank0_ip.get(status.attempt)
         if not ip:
             return
@@ -249,6 +251,9 @@ class Reconciler:
         patch = progress_patch(status, reading) if reading else {}
         if patch:
             self.cluster.patch_status(key[0], key[1], patch)
+            news = start_news(status, reading or {})
+            if news is not None:
+                kopf.event(cast(kopf.Body, body), type="Normal", reason=news[0], message=news[1])
 
 
 #: The status fields this operator writes (camelCase): only these does a patch ever delete.

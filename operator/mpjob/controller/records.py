@@ -2,9 +2,14 @@
 planner reads, made from raw JSON, and the ownership rules that say whether an object is this
 operator's at all.
 
-An object is an attempt's child only by its controller ownerReference: a Job by the one to its
-MixedPrecisionJob's UID, a pod by the one to its Job's UID. Labels only narrow the watches; a
-pod that carries a job's labels but no ownerReference to one of its Jobs is somebody else's.
+An object is an attempt's child only by its controller ownerReference, read as an `ObjectRef`:
+the child's own namespace with its controller's kind, name and UID. A Job belongs to the
+MixedPrecisionJob of the same namespace, name and UID; a pod, or a FailedCreate Event, to the Job
+of the same namespace, name and UID. All four are compared, never the UID alone: a UID is no
+secret (anyone who may read the Job sees it), and an ownerReference names no namespace, so a pod
+in another namespace whose controller reference copies a Job's name and UID is somebody else's.
+Labels only narrow the watches; a pod that carries a job's labels but no ownerReference to one of
+its Jobs is somebody else's too.
 Anything malformed about an object of ours raises `Malformed` (the cache skips that object and
 says so once); it never escapes into a watch.
 """
@@ -42,6 +47,27 @@ class Owner:
     kind: str
     name: str
     uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """An object as a join compares it: namespace, kind, name and UID. A child names its
+    controller with its own namespace (ownerReferences cannot cross namespaces), so a child
+    belongs to an object exactly when the child's `owner` equals the object's `ref`."""
+
+    namespace: str
+    kind: str
+    name: str
+    uid: str
+
+
+def owner_ref(meta: dict[str, Any], kind: str) -> ObjectRef | None:
+    """The object's controller as an `ObjectRef` in the object's own namespace, or None when it
+    has no controller of `kind`."""
+    owner = controller_of(meta)
+    if owner is None or owner.kind != kind:
+        return None
+    return ObjectRef(str(meta.get("namespace", "")), owner.kind, owner.name, owner.uid)
 
 
 def controller_of(meta: dict[str, Any]) -> Owner | None:
@@ -92,15 +118,23 @@ class JobRecord:
     """What of an attempt Job the planner reads: its verdict and whether it is suspended (its pod
     counts are not worth a reconcile: the pods' own events tell their story)."""
 
-    uid: str
-    key: Key
-    owner_uid: str
+    ref: ObjectRef  # what its pods and Events name
+    owner: ObjectRef  # its MixedPrecisionJob
     attempt: int
     finished: str | None
     reason: str | None
     suspended: bool
     #: Deleted, but some of its pods are still there (they still stop and checkpoint).
     gone: bool = False
+
+    @property
+    def uid(self) -> str:
+        return self.ref.uid
+
+    @property
+    def key(self) -> Key:
+        """The MixedPrecisionJob whose reconcile its changes queue."""
+        return self.owner.namespace, self.owner.name
 
     def news(self, old: JobRecord | None) -> bool:
         """Whether the planner could decide otherwise now (a verdict, a suspension)."""
@@ -111,10 +145,11 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
     """The record of an attempt Job, or None when no MixedPrecisionJob controls it. Its attempt
     is read from its name (`<job>-a<N>`, as the operator made it), not from a label."""
     meta = job.get("metadata") or {}
-    owner = controller_of(meta)
-    if owner is None or owner.kind != api.KIND:
+    owner = owner_ref(meta, api.KIND)
+    if owner is None:
         return None
-    attempt = _attempt_of(str(meta.get("name", "")), owner.name)
+    name = str(meta.get("name", ""))
+    attempt = _attempt_of(name, owner.name)
     finished = reason = None
     for cond in (job.get("status") or {}).get("conditions") or []:
         # FailureTarget / SuccessCriteriaMet come first: the Job controller has decided and
@@ -123,9 +158,8 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
         if kind and cond.get("status") == "True" and finished is None:
             finished, reason = kind, cond.get("reason")
     return JobRecord(
-        uid=_uid(meta),
-        key=(str(meta.get("namespace", "")), owner.name),
-        owner_uid=owner.uid,
+        ref=ObjectRef(owner.namespace, "Job", name, _uid(meta)),
+        owner=owner,
         attempt=attempt,
         finished=finished,
         reason=reason,
@@ -153,8 +187,7 @@ def _uid(meta: dict[str, Any]) -> str:
 @dataclass(frozen=True, slots=True)
 class PodRecord:
     uid: str
-    namespace: str
-    job_uid: str
+    owner: ObjectRef  # its Job
     view: PodView
     ip: str | None
 
@@ -163,6 +196,10 @@ class PodRecord:
         """What of a pod the planner acts on: whether it runs, how it ended, whether it goes."""
         v = self.view
         return v.phase == "Running", v.alive, v.exit_code, v.platform_reason, v.deleting
+
+    @property
+    def namespace(self) -> str:
+        return self.owner.namespace
 
     def news(self, old: PodRecord | None) -> bool:
         """A pod that starts running, exits, goes or fails can change a decision (the phase is
@@ -175,12 +212,11 @@ class PodRecord:
 def pod_record(pod: dict[str, Any]) -> PodRecord | None:
     """The record of a pod a Job controls, or None when no Job controls it."""
     meta = pod.get("metadata") or {}
-    owner = controller_of(meta)
-    if owner is None or owner.kind != "Job":
+    owner = owner_ref(meta, "Job")
+    if owner is None:
         return None
     ip = (pod.get("status") or {}).get("podIP")
-    view = pod_view(pod)
-    return PodRecord(_uid(meta), str(meta.get("namespace", "")), owner.uid, view, ip if isinstance(ip, str) else None)
+    return PodRecord(_uid(meta), owner, pod_view(pod), ip if isinstance(ip, str) else None)
 
 
 def completion_index(meta: dict[str, Any]) -> int:
@@ -226,19 +262,26 @@ class CreateFailure:
     """The Job controller could not create a pod of a Job (its FailedCreate Event)."""
 
     uid: str  # the Event's
-    namespace: str
-    job_uid: str
+    owner: ObjectRef  # the Job it is about
     message: str
+
+    @property
+    def namespace(self) -> str:
+        return self.owner.namespace
 
 
 def create_failure(event: dict[str, Any]) -> CreateFailure | None:
-    """The FailedCreate of a Job that `event` reports, or None for any other Event."""
+    """The FailedCreate of a Job that `event` reports, or None for any other Event (or one about
+    an object of another namespace: the Job controller reports in the Job's own)."""
     involved = event.get("involvedObject") or {}
     if event.get("reason") != "FailedCreate" or involved.get("kind") != "Job":
         return None
-    job_uid = involved.get("uid")
-    if not isinstance(job_uid, str) or not job_uid:
-        raise Malformed("involvedObject.uid is missing")
+    job_uid, job_name = involved.get("uid"), involved.get("name")
+    if not isinstance(job_uid, str) or not job_uid or not isinstance(job_name, str) or not job_name:
+        raise Malformed("involvedObject.uid or .name is missing")
     meta = event.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    if involved.get("namespace") not in (None, "", namespace):
+        return None
     message = str(event.get("message") or "the Job controller could not create a pod")[:1024]
-    return CreateFailure(_uid(meta), str(meta.get("namespace", "")), job_uid, message)
+    return CreateFailure(_uid(meta), ObjectRef(namespace, "Job", job_name, job_uid), message)

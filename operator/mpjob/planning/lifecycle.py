@@ -97,7 +97,7 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
     plan.status.phase = "Pending" if start.fallback_from is None else "Recovering"
     plan.create.append(start)
     plan.started_reasons.append(why)
-    resumed = f", resuming from checkpoint step {start.start_step}" if start.start_step else ""
+    resumed = f", to resume from checkpoint step {start.start_step}" if start.start_step else ""  # the plan
     plan.events.append(Event("Normal", "AttemptStarted", f"attempt {start.index} in {start.precision}{resumed}"))
     message = f"attempt {start.index} in {start.precision}: waiting for its pods"
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
@@ -198,7 +198,7 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     scale = report.counters.loss_scale
     status.loss_scale = scale if report.precision == "fp16" and scale else None
     for attempt in status.attempts:
-        if attempt.index == index and report.start_step:
+        if attempt.index == index and report.start_step is not None:  # where it began, not the plan
             attempt.start_step = report.start_step
         if attempt.index == index and report.measurement is not None:
             measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
@@ -299,7 +299,7 @@ def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, wh
 def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:
     message = f"{start.fallback_from} -> {start.precision} from checkpoint step {start.start_step}"
     condition(plan, when, ConditionType.PRECISION_FALLBACK, True, reason, message)
-    resuming = f"resuming from checkpoint step {start.start_step}"
+    resuming = f"to resume from checkpoint step {start.start_step}"  # the trainer's own start corrects it
     plan.events.append(
         Event("Warning", "PrecisionFallback", f"{start.fallback_from} -> {start.precision} after {reason}, {resuming}")
     )

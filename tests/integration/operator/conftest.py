@@ -43,9 +43,18 @@ def crd_installed(api_client: client.ApiClient) -> None:
 
 
 class Operator:
-    def __init__(self, kubeconfig: str, namespace: str, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: str,
+        namespace: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+        *,
+        also: tuple[str, ...] = (),
+    ) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
         self.env = env or {}
+        self.also = also  # more namespaces to serve (watches there too)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -57,8 +66,7 @@ class Operator:
                 "-m",
                 "mpjob.cli",
                 "operator",
-                "-n",
-                self.namespace,
+                *(arg for ns in (self.namespace, *self.also) for arg in ("-n", ns)),
                 "--metrics-port",
                 "0",
                 "--health-port",
@@ -136,6 +144,12 @@ class Jobs:
             j.metadata.name
             for j in self.batch.list_namespaced_job(self.namespace, label_selector=f"mpjob.dev/job={name}").items
         )
+
+    def checkpoints(self, kubeconfig: str, claim: str, name: str) -> Path:
+        """The job's own checkpoint folder, `<namespace>/<name>/<uid>` below the claim's root (the
+        test node agent keeps a claim as a local directory)."""
+        uid = self.get(name)["metadata"]["uid"]
+        return Path(kubeconfig).parent / "volumes" / self.namespace / claim / self.namespace / name / uid
 
     def pvc(self, name: str) -> None:
         self.core.create_namespaced_persistent_volume_claim(

@@ -43,7 +43,7 @@ def test_fp16_overflow_falls_back_to_bf16_and_succeeds(
     assert kubectl.split("\n")[0].split() == ["NAME", "PHASE", "PRECISION", "STEP", "LOSS", "SCALE", "ATTEMPT", "AGE"]
     assert kubectl.split("\n")[1].split()[:3] == ["recover", "Succeeded", "bf16"]
     # The checkpoint the status names is on the volume, with that sha256.
-    manifest = Path(kubeconfig).parent / "volumes" / namespace / "ckpt" / "step-000000060" / "manifest.json"
+    manifest = jobs.checkpoints(kubeconfig, "ckpt", "recover") / "step-000000060" / "manifest.json"
     assert status["lastCheckpoint"]["sha256"] in manifest.read_text()
 
 
@@ -54,7 +54,7 @@ def test_a_deleted_pod_resumes_in_the_same_precision(
     spec = gpt_spec("ckpt", steps=100000, every=20)
     spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
     jobs.create("evicted", spec)
-    volume = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
+    volume = jobs.checkpoints(kubeconfig, "ckpt", "evicted")
     wait_for(lambda: list(volume.glob("step-*/manifest.json")), 180, message="a checkpoint")
     pods = jobs.core.list_namespaced_pod(namespace, label_selector="mpjob.dev/job=evicted,mpjob.dev/attempt=0")
     jobs.core.delete_namespaced_pod(pods.items[0].metadata.name, namespace)
@@ -125,7 +125,7 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     spec = gpt_spec("ckpt", steps=100000, every=20)
     spec["precision"] = {"mode": "bf16"}
     jobs.create("pausable", spec)
-    volume = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
+    volume = jobs.checkpoints(kubeconfig, "ckpt", "pausable")
     wait_for(lambda: list(volume.glob("step-*/manifest.json")), 120, message="a checkpoint")
     jobs.patch_spec("pausable", {"runPolicy": {"suspend": True}})
     status = jobs.wait_phase("pausable", "Suspended", 60)

@@ -42,7 +42,7 @@ def test_hf_trainer_falls_back_from_fp16_to_bf16_from_its_own_checkpoint(
 
     (resumed,) = [e for e in pod_events(kubeconfig, namespace, "hf-a1") if e["event"] == "resume"]
     assert resumed["step"] == 20 and resumed["fromPrecision"] == "fp16"
-    volume = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
+    volume = jobs.checkpoints(kubeconfig, "ckpt", "hf")
     adopted = volume / Path(resumed["path"]).name
     files = json.loads((adopted / "manifest.json").read_text())["files"]
     assert {"framework/model.safetensors", "framework/optimizer.pt", "framework/trainer_state.json"} <= set(files)

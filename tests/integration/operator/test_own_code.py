@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mpjob_contract.launch import CHECKPOINT_MOUNT
+from mpjob_contract.launch import job_checkpoint_dir
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator, pod_events
 
@@ -45,7 +45,8 @@ def test_own_loop_falls_back_from_fp16_to_bf16_and_succeeds(operator: Operator, 
     assert status["lastCheckpoint"]["step"] == 50 and status["lastCheckpoint"]["precision"] == "bf16"
     # The report names the checkpoint as the pod saw it (on the volume), so the next attempt was
     # told to resume from exactly that one.
-    assert status["lastCheckpoint"]["path"] == f"{CHECKPOINT_MOUNT}/step-000000050"
+    folder = job_checkpoint_dir(namespace=jobs.namespace, name="own", uid=jobs.get("own")["metadata"]["uid"])
+    assert status["lastCheckpoint"]["path"] == f"{folder}/step-000000050"  # in the job's own folder
 
 
 def test_two_workers_of_two_processes_train_with_world_size_four_and_resume_after_a_deleted_pod(
@@ -63,7 +64,7 @@ def test_two_workers_of_two_processes_train_with_world_size_four_and_resume_afte
     )
     assert started[0]["worldSize"] == 4
     assert jobs.status("wide")["attempts"][0]["worldSize"] == 4
-    volume = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
+    volume = jobs.checkpoints(kubeconfig, "ckpt", "wide")
     wait_for(lambda: list(volume.glob("step-*/manifest.json")), 180, message="a checkpoint")
     pods = jobs.core.list_namespaced_pod(namespace, label_selector="mpjob.dev/job=wide,mpjob.dev/attempt=0")
     assert len(pods.items) == 2

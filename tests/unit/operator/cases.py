@@ -63,6 +63,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.checkpoint.volume", {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "x"}}),
         "exactly one of checkpoint.volume",
     ),
+    (
+        "read-only-checkpoint-claim",
+        bad("spec.checkpoint.volume", {"persistentVolumeClaim": {"claimName": "x", "readOnly": True}}),
+        "checkpoint.volume.persistentVolumeClaim.readOnly must be false",
+    ),
     ("long-name", bad("metadata.name", "x" * 51), "50"),
     ("backoff-above-one", bad("spec.precision.lossScale.backoffFactor", 1.5), "backoffFactor"),
     ("negative-replay-steps", bad("spec.precision.guard.replaySteps", -1), "replaySteps"),

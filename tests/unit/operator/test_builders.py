@@ -14,10 +14,14 @@ from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
 pytestmark = pytest.mark.unit
 
 
-def build(**over: object) -> dict:
+#: The job's own checkpoint folder: `<mount>/<namespace>/<name>/<uid>`.
+FOLDER = f"{CHECKPOINT_MOUNT}/ml/gpt/u-1"
+
+
+def build(resume_from: str = f"{FOLDER}/step-000000200", **over: object) -> dict:
     spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **over})
-    start = StartAttempt(index=2, precision="bf16", resume_from=f"{CHECKPOINT_MOUNT}/step-000000200", start_step=200)
-    return attempt_job(job="gpt", namespace="ml", spec=spec, start=start, image="mpjob-trainer:0.1.0")
+    start = StartAttempt(index=2, precision="bf16", resume_from=resume_from, start_step=200)
+    return attempt_job(job="gpt", namespace="ml", uid="u-1", spec=spec, start=start, image="mpjob-trainer:0.1.0")
 
 
 def _env(job: dict) -> dict:
@@ -43,7 +47,22 @@ def test_indexed_job_with_one_pod_per_worker_and_no_retries() -> None:
     command = pod["containers"][0]["command"]
     assert command == ["mpjob-launch", "--nproc-per-worker", "1", "--workers", "4", "--", "mpjob-trainer"]
     launch = AttemptLaunch.model_validate_json(env["MPJOB_LAUNCH"]["value"])
-    assert (launch.attempt, launch.precision, launch.resume_from) == (2, "bf16", f"{CHECKPOINT_MOUNT}/step-000000200")
+    assert (launch.attempt, launch.precision, launch.resume_from) == (2, "bf16", f"{FOLDER}/step-000000200")
+
+
+def test_checkpoints_go_to_the_jobs_own_folder_and_resume_only_from_there() -> None:
+    launch = AttemptLaunch.model_validate_json(_env(build())["MPJOB_LAUNCH"]["value"])
+    assert (launch.checkpoint_dir, launch.job_uid, launch.job_identity) == (FOLDER, "u-1", "ml/gpt/u-1")
+    mount = build()["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
+    assert (mount["name"], mount["mountPath"]) == ("checkpoints", CHECKPOINT_MOUNT)  # the folder lies below it
+    for elsewhere in (
+        f"{CHECKPOINT_MOUNT}/step-000000200",  # the volume's root
+        f"{CHECKPOINT_MOUNT}/ml/other/u-2/step-000000200",  # another job's folder
+        f"{CHECKPOINT_MOUNT}/ml/gpt/u-0/step-000000200",  # an earlier job of the same name
+        f"{FOLDER}/../u-0/step-000000200",
+    ):
+        launch = AttemptLaunch.model_validate_json(_env(build(resume_from=elsewhere))["MPJOB_LAUNCH"]["value"])
+        assert launch.resume_from is None, elsewhere  # the trainer resumes from its own newest instead
 
 
 def test_trainer_pods_are_locked_down() -> None:

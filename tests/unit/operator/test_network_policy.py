@@ -66,7 +66,7 @@ def test_only_the_attempts_own_pods_and_the_metrics_readers_get_in() -> None:
 def test_the_policy_selects_exactly_the_pods_its_service_does_and_names_their_ports() -> None:
     spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, "workers": 4})
     start = StartAttempt(index=1, precision="fp16", resume_from=None, start_step=0)
-    job = attempt_job(job="gpt", namespace="ml", spec=spec, start=start, image="t:1")
+    job = attempt_job(job="gpt", namespace="ml", uid="u", spec=spec, start=start, image="t:1")
     service = attempt_service("gpt", "ml", 1, "fp16")
     policy = attempt_network_policy("gpt", "ml", index=1, precision="fp16", readers=MetricsReaders("ops", OPERATOR))
     selected = policy["spec"]["podSelector"]["matchLabels"]
@@ -87,6 +87,7 @@ def test_a_users_template_labels_cannot_widen_the_policy() -> None:
     job = attempt_job(
         job="gpt",
         namespace="ml",
+        uid="u",
         spec=spec,
         start=StartAttempt(index=0, precision="fp16", resume_from=None, start_step=0),
         image="t",

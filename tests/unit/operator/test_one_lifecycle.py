@@ -28,10 +28,10 @@ SUSPEND = "suspend"
 
 
 def report(reason: Reason, step: int, ckpt: int | None) -> str:
+    """A report that does not say where its attempt began (startStep unset): the plan's start stands."""
     ref = CheckpointRef(step=ckpt, path=f"/c/step-{ckpt}", sha256="ab", precision="fp16") if ckpt else None
-    return TerminationReport(
-        reason=reason, step=step, start_step=0, precision="fp16", last_good_checkpoint=ref, message="m"
-    ).to_message()
+    ended = TerminationReport(reason=reason, step=step, precision="fp16", last_good_checkpoint=ref, message="m")
+    return ended.to_message()
 
 
 def pod(code: int | None, message: str | None = None, *, index: int = 0, deleting: bool = False) -> PodView:

@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.controller.cache import ChildCache
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
-from mpjob.controller.records import Claim, claim
+from mpjob.controller.records import Claim, ObjectRef, claim, create_failure, job_record, pod_record
 from mpjob.controller.watch import ListWatch, Source
 from tests.unit.operator.test_cache import MPJ_UID, job, owner, pod
 
@@ -67,6 +67,72 @@ def test_a_pod_with_a_jobs_labels_but_no_owner_is_not_its_child(cache: tuple[Chi
     c.apply("pods", "ADDED", forged(ownerReferences=owner("Job", "j-a0", "another-jobs-uid")))
     assert changed == []
     assert [p.name for p in c.observe("ns", "j", MPJ_UID).jobs[0].pods] == ["j-a0-0-x"]
+
+
+def test_a_child_names_its_controller_in_its_own_namespace() -> None:
+    elsewhere = pod(0)
+    elsewhere["metadata"]["namespace"] = "attacker"
+    assert pod_record(elsewhere).owner == ObjectRef("attacker", "Job", "j-a0", "job-0")  # type: ignore[union-attr]
+    record = job_record(job(0))
+    assert record is not None and record.ref == ObjectRef("ns", "Job", "j-a0", "job-0")
+    assert record.owner == ObjectRef("ns", "MixedPrecisionJob", "j", MPJ_UID)
+    event = failed_create("attacker", involved_namespace="ns")
+    assert create_failure(event) is None  # about an object of another namespace: not a FailedCreate of ours
+    assert create_failure(failed_create("ns")).owner == ObjectRef("ns", "Job", "j-a0", "job-0")  # type: ignore[union-attr]
+
+
+def test_a_pod_elsewhere_naming_our_jobs_name_and_uid_is_not_its_child() -> None:
+    changed: list[tuple[str, str]] = []
+    c = ChildCache(changed.append)
+    c.apply("jobs", "ADDED", job(0))
+    changed.clear()
+    for namespace, name in (("attacker", "j-a0"), ("ns", "not-j-a0")):  # another namespace; the UID alone
+        body = pod(0, ip="10.9.9.9")
+        body["metadata"].update(namespace=namespace, uid=f"forged-{namespace}")
+        body["metadata"]["ownerReferences"] = owner("Job", name, "job-0")
+        c.apply("pods", "ADDED", body)
+        c.apply("pods", "MODIFIED", forged_exit(body))
+    assert changed == []
+    seen = c.observe("ns", "j", MPJ_UID)
+    assert seen.jobs[0].pods == () and seen.rank0_ip == {}  # no progress read from it, no ending taken
+    c.apply("pods", "ADDED", pod(0))  # the real pod still joins
+    assert c.observe("ns", "j", MPJ_UID).rank0_ip == {0: "10.0.0.5"}
+
+
+def forged_exit(body: dict[str, Any]) -> dict[str, Any]:
+    ended = pod(0, "Failed", exitCode=45, message='{"reason": "NonFiniteInFp32", "step": 5}')
+    ended["metadata"] = body["metadata"]
+    return ended
+
+
+def failed_create(namespace: str, *, involved_namespace: str | None = None, name: str = "j-a0") -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{name}.1", "namespace": namespace, "uid": f"ev-{namespace}-{name}"},
+        "involvedObject": {"kind": "Job", "name": name, "namespace": involved_namespace or namespace, "uid": "job-0"},
+        "reason": "FailedCreate",
+        "message": "forged: pods are forbidden",
+    }
+
+
+def test_a_failed_create_elsewhere_or_of_another_name_is_not_our_jobs() -> None:
+    changed: list[tuple[str, str]] = []
+    c = ChildCache(changed.append)
+    c.apply("jobs", "ADDED", job(0))
+    changed.clear()
+    elsewhere, about_ours, another_name = (
+        failed_create("attacker"),
+        failed_create("attacker", involved_namespace="ns"),
+        failed_create("ns", name="x"),
+    )
+    for event in (elsewhere, about_ours, another_name):
+        c.apply("events", "ADDED", event)
+    assert changed == [] and c.observe("ns", "j", MPJ_UID).jobs[0].create_error is None
+
+
+def test_a_job_elsewhere_naming_our_jobs_name_and_uid_is_not_its_attempt() -> None:
+    c = ChildCache(lambda key: None)
+    c.apply("jobs", "ADDED", job(0, uid="forged", namespace="attacker"))
+    assert c.observe("ns", "j", MPJ_UID).jobs == {}
 
 
 def test_a_malformed_object_is_skipped_and_logged_once(

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.planning.classify import FAILURE_POLICY, Action, AttemptOutcome, classify
+from mpjob.planning.lifecycle import record_report
 from mpjob.planning.planner import (
     BatchShape,
     Finish,
@@ -286,6 +287,14 @@ def test_a_succeeded_job_takes_its_final_step_and_loss_from_the_report() -> None
     job = {0: JobView(0, "Complete", pods=(PodView("p", 0, "Succeeded", False, 0, done),))}
     status = reconcile(s, first, 1, job, NOW).status
     assert (status.phase, status.step, status.loss, status.loss_scale) == ("Succeeded", 60, 1.25, None)
+
+
+@pytest.mark.parametrize(("reported", "recorded"), [(0, 0), (10, 10), (None, 20)])
+def test_an_attempt_records_the_step_its_trainer_really_started_from(reported: int | None, recorded: int) -> None:
+    status = MixedPrecisionJobStatus(attempts=[AttemptStatus(index=1, precision="bf16", start_step=20)])
+    done = TerminationReport(reason=Reason.SUCCEEDED, step=60, precision="bf16", start_step=reported)
+    record_report(status, 1, done)
+    assert status.attempts[0].start_step == recorded  # a fresh start replaces the plan; no word keeps it
 
 
 def _attempt(index: int, precision: str, reason: str, repromoted: bool | None = None) -> AttemptStatus:

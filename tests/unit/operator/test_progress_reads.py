@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mpjob.controller.progress import ProgressReader, Target, figures, parse_values
+from mpjob.controller.progress import ProgressReader, Target, figures, parse_values, progress_patch, start_news
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob_contract import metrics as tm
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 
 pytestmark = pytest.mark.unit
 
@@ -155,6 +156,33 @@ def test_only_real_readings_become_figures() -> None:
     assert "lossScale" not in figures(values, precision="bf16")  # a scale exists only in fp16
     placeholders = parse_values(f"{tm.STEP} 20\n{tm.START_STEP} 20\n{tm.LOSS} 0\n{tm.LOSS_SCALE} 0\n")
     assert figures(placeholders, precision="fp16") == {"startStep": 20}  # no step logged yet
+
+
+def test_a_read_before_the_trainer_decided_where_it_starts_is_no_reading() -> None:
+    undecided = parse_values(f"{tm.STEP} 0\n{tm.START_STEP} -1\n{tm.LOSS} 0\n{tm.SAMPLES_PER_SECOND} 0\n")
+    assert figures(undecided, precision="bf16") == {}  # not a fresh start, not a step, not a loss
+
+
+@pytest.mark.parametrize(
+    ("real", "news"),
+    [
+        (0, ("StartedFresh", "attempt 1 (bf16) found no checkpoint of its own to resume from and started at step 0")),
+        (10, ("Resumed", "attempt 1 (bf16) resumed from checkpoint step 10")),
+        (20, None),  # as planned: nothing to correct
+    ],
+)
+def test_the_trainers_own_start_step_replaces_the_planned_one(real: int, news: tuple[str, str] | None) -> None:
+    first = AttemptStatus(index=0, precision="fp16", start_step=0, reason="NumericFault", end_step=25)
+    status = MixedPrecisionJobStatus(attempts=[first, AttemptStatus(index=1, precision="bf16", start_step=20)])
+    found = figures(parse_values(f"{tm.STEP} {real}\n{tm.START_STEP} {real}\n"), precision="bf16")
+    patch = progress_patch(status, found)
+    said = start_news(status, found)
+    if news is None:
+        assert said is None and "attempts" not in patch
+        return
+    assert [a["startStep"] for a in patch["attempts"]] == [0, real]
+    assert said is not None and said[0] == news[0] and said[1].startswith(news[1])
+    assert "planned: checkpoint step 20" in said[1]
 
 
 def wait_until(predicate: Callable[[], object], timeout: float) -> object:

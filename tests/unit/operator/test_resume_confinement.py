@@ -11,7 +11,7 @@ from mpjob.planning.lifecycle import Plan, When, begin, conclude
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
-from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch, inside_checkpoint_dir
+from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch, inside_checkpoint_dir, job_checkpoint_dir
 from mpjob_contract.report import CheckpointRef, TerminationReport
 
 pytestmark = pytest.mark.unit
@@ -40,6 +40,15 @@ def test_inside_checkpoint_dir_judges_the_resolved_names(path: str, inside: bool
 def test_relative_directories_confine_relative_paths() -> None:
     assert inside_checkpoint_dir("runs/a/checkpoints/step-1", "runs/a/checkpoints")
     assert not inside_checkpoint_dir("runs/a/checkpoints/../../b", "runs/a/checkpoints")
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "uid"), [("", "j", "u"), ("ns", "a/b", "u"), ("ns", "..", "u"), ("ns", "j", ".")]
+)
+def test_a_job_folder_is_one_segment_per_name(namespace: str, name: str, uid: str) -> None:
+    with pytest.raises(ValueError, match="cannot name a checkpoint folder"):
+        job_checkpoint_dir(namespace=namespace, name=name, uid=uid)
+    assert job_checkpoint_dir(namespace="ns", name="j", uid="u") == f"{CHECKPOINT_MOUNT}/ns/j/u"
 
 
 def _launch(resume_from: str | None, checkpoint_dir: str = CHECKPOINT_MOUNT) -> AttemptLaunch:

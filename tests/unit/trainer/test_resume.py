@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mpjob_contract.codes import ExitCode
-from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 
@@ -165,6 +165,54 @@ def test_checkpoints_are_pruned_to_keep_and_never_overwritten(tmp_path: Path) ->
     before = (tmp_path / "step-000000030" / "state.pt").read_bytes()
     store.save(30, "bf16", {"step": 30, "w": torch.zeros(4)})  # same step again
     assert (tmp_path / "step-000000030" / "state.pt").read_bytes() == before
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_store_prunes_only_what_its_job_wrote(tmp_path: Path) -> None:
+    other = CheckpointStore(tmp_path, keep=5, config_digest="d2", job="ns/other/u2")
+    for step in (5, 15):
+        other.save(step, "fp16", {"step": step, "w": torch.zeros(4)})
+    (tmp_path / "step-000000001").mkdir()  # no manifest: nobody's to remove
+    (tmp_path / "step-000000001" / "notes").write_text("copied in by hand")
+    theirs = _tree(tmp_path)
+    store = CheckpointStore(tmp_path, keep=2, config_digest="d1", job="ns/j/u1")
+    for step in (10, 20, 30, 40):
+        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+    assert [s for s, p in store.steps() if store.wrote(p)] == [30, 40]  # keep 2 of its own
+    assert {k: v for k, v in _tree(tmp_path).items() if k in theirs} == theirs  # the others', byte for byte
+    assert [s for s, _ in store.steps()] == [1, 5, 15, 30, 40]
+
+
+@pytest.mark.parametrize("theirs", ["another job's", "unreadable", "another job's, corrupt"])
+def test_a_checkpoint_it_did_not_write_at_its_step_is_never_renamed_or_replaced(tmp_path: Path, theirs: str) -> None:
+    final = tmp_path / "step-000000020"
+    if theirs == "unreadable":
+        final.mkdir()
+        (final / "manifest.json").write_text("{not json")
+    else:
+        CheckpointStore(tmp_path, keep=5, config_digest="d2", job="ns/other/u2").save(20, "fp16", {"step": 20})
+        if theirs.endswith("corrupt"):
+            _flip(final)
+    before = _tree(tmp_path)
+    store = CheckpointStore(tmp_path, keep=1, config_digest="d1", job="ns/j/u1")
+    store.save(10, "bf16", {"step": 10, "w": torch.ones(4)})
+    with pytest.raises(CheckpointTaken, match="did not write"):
+        store.save(20, "bf16", {"step": 20, "w": torch.ones(4)})
+    assert {k: v for k, v in _tree(tmp_path).items() if k.startswith("step-000000020")} == before
+    assert not list(tmp_path.glob(".corrupt-*")) and not list(tmp_path.glob(".tmp-*"))
+    assert store.last_good is not None and store.last_good.step == 10  # its own last good stays
+
+
+def test_its_own_corrupt_checkpoint_at_the_same_step_is_moved_aside_and_replaced(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    store.save(20, "bf16", {"step": 20, "w": torch.ones(4)})
+    _flip(tmp_path / "step-000000020")
+    ref = store.save(20, "bf16", {"step": 20, "w": torch.zeros(4)}).ref
+    assert ref.step == 20 and store.verify(Path(ref.path))[0].sha256 == ref.sha256
+    assert len(list(tmp_path.glob(".corrupt-step-000000020-*"))) == 1  # kept for inspection, its own
 
 
 def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from mpjob_trainer.checkpoint.manifest import (
     sha256_file,
 )
 from mpjob_trainer.checkpoint.staging import Staged, StagingBuffers, snapshot
-from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
+from mpjob_trainer.checkpoint.store import CheckpointStore, CheckpointTaken, SaveResult
 from mpjob_trainer.checkpoint.writer import BackgroundWriter, WriteFailed
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "STATE",
     "BackgroundWriter",
     "CheckpointStore",
+    "CheckpointTaken",
     "CorruptCheckpoint",
     "SaveResult",
     "Staged",

@@ -4,8 +4,9 @@ and made durable.
 A checkpoint is a folder:
     state.pt        torch.save of the whole training state (weights_only-safe)
     framework/      what a framework adapter wrote (Hugging Face Trainer, Lightning), if any
-    manifest.json   written last: formatVersion, step, precision, configDigest, createdAt and
-                    `files`, the sha256 and size of every other file in the folder
+    manifest.json   written last: formatVersion, step, precision, configDigest, job (the
+                    `<namespace>/<name>/<uid>` that wrote it), createdAt and `files`, the
+                    sha256 and size of every other file in the folder
 
 Format versions (`formatVersion`; a manifest without the field is version 1):
     1  the layout above, and the builtin loop's AdamW had ONE parameter group
@@ -50,6 +51,8 @@ class Manifest:
     format_version: int
     #: relative path -> {"sha256": ..., "bytes": ...}
     files: dict[str, dict[str, Any]]
+    #: The job that wrote it (AttemptLaunch.job_identity): what a store may prune or move aside.
+    job: str = ""
 
     @property
     def state_sha256(self) -> str:
@@ -61,6 +64,7 @@ class Manifest:
             "step": self.step,
             "precision": self.precision,
             "configDigest": self.config_digest,
+            "job": self.job,
             "files": self.files,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -91,6 +95,7 @@ def read_manifest(folder: Path) -> Manifest:
             config_digest=raw.get("configDigest"),
             format_version=int(raw.get("formatVersion", UNVERSIONED)),
             files=dict(raw["files"]),
+            job=str(raw.get("job", "")),
         )
         str(manifest.files[STATE]["sha256"])  # every format has a state.pt
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

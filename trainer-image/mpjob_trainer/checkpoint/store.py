@@ -9,6 +9,12 @@ folder that loading ignores and `clean_stale` removes. The newest `keep` are kep
 are pruned only after the new one is durable. Which folders are the store's, how a step is
 claimed and what is pruned are decided in one section below ("the folders this store owns").
 
+The directory is one job's own (`AttemptLaunch.checkpointDir`), and every manifest names the job
+that wrote it (`job`, `AttemptLaunch.job_identity`). A store prunes, and moves aside when corrupt,
+only checkpoints whose manifest names its own job: anything else found there (copied in by hand,
+written by another job, a manifest that cannot be read) is never renamed or deleted, and a save
+that finds such a folder at its own step writes nothing (`CheckpointTaken`).
+
 Loading verifies the manifest (format version included), every file's sha256, the config
 digest and the step; which checkpoint to load is checkpoint.resume's policy. Writes are
 serialised by a lock, so a synchronous save never interleaves with a background one.
@@ -49,6 +55,10 @@ from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
 Log = Callable[..., None]
 
 
+class CheckpointTaken(Exception):
+    """The folder of the step to save holds a checkpoint this store's job did not write."""
+
+
 @dataclass
 class SaveResult:
     ref: CheckpointRef
@@ -57,10 +67,11 @@ class SaveResult:
 
 
 class CheckpointStore:
-    def __init__(self, root: Path, keep: int, config_digest: str, log: Log | None = None) -> None:
+    def __init__(self, root: Path, keep: int, config_digest: str, log: Log | None = None, *, job: str = "") -> None:
         self.root = root
         self.keep = keep
         self.config_digest = config_digest
+        self.job = job  # written into every manifest: what this store may prune or move aside
         self.log: Log = log or (lambda *a, **k: None)
         self.root.mkdir(parents=True, exist_ok=True)
         #: The newest checkpoint known good: loaded, or written and collected.
@@ -77,25 +88,43 @@ class CheckpointStore:
                 found.append((step, child))
         return sorted(found)
 
+    def wrote(self, path: Path) -> bool:
+        """Whether this store's job wrote the checkpoint at `path` (its manifest names the job)."""
+        try:
+            return read_manifest(path).job == self.job
+        except CorruptCheckpoint:
+            return False
+
     def _claim(self, tmp: Path, step: int) -> tuple[Path, CheckpointRef | None]:
         """Move the finished `tmp` into place as `step`'s checkpoint; returns the final folder
         and, when that step was already durable (kept, never overwritten), the existing ref."""
         final = self.root / folder_name(step)
-        if final.exists():
-            try:
-                ref, _ = self.verify(final)
-            except CorruptCheckpoint:
-                final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
-            else:
-                shutil.rmtree(tmp)
-                return final, ref
+        kept = self._occupied(final) if final.exists() else None
+        if kept is not None:
+            shutil.rmtree(tmp)
+            return final, kept
         tmp.rename(final)
         fsync_dir(self.root)
         self._prune()
         return final, None
 
+    def _occupied(self, final: Path) -> CheckpointRef | None:
+        """A checkpoint already at the step to save: ours and valid is kept (its ref); ours and
+        corrupt is moved aside (None: the new one takes its place); another's stays untouched
+        and this save writes nothing (CheckpointTaken)."""
+        if not self.wrote(final):
+            raise CheckpointTaken(f"{final} holds a checkpoint this job did not write: left as it is, not replaced")
+        try:
+            ref, _ = self.verify(final)
+        except CorruptCheckpoint:
+            final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
+            return None
+        return ref
+
     def _prune(self) -> None:
-        for _, path in self.steps()[: -self.keep]:
+        """Keep this job's newest `keep`; what it did not write neither counts nor goes."""
+        ours = [path for _, path in self.steps() if self.wrote(path)]
+        for path in ours[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
 
     def clean_stale(self) -> None:
@@ -181,7 +210,7 @@ class CheckpointStore:
         with (tmp / STATE).open("wb") as f:
             torch.save(state, f)
         files = hash_tree(tmp)
-        manifest = Manifest(step, precision, self.config_digest, FORMAT_VERSION, files)
+        manifest = Manifest(step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job)
         write_manifest(tmp, manifest)
         fsync_dir(tmp)
         size = sum(meta["bytes"] for meta in files.values())

@@ -26,7 +26,7 @@ class Standing:
     """Where the attempt stood when it ended: what the report says besides the reason."""
 
     step: int = 0
-    start_step: int = 0
+    start_step: int | None = None  # None: the attempt ended before it decided where to start
     precision: str = ""
     last_good: CheckpointRef | None = None
     counters: Counters = field(default_factory=Counters)

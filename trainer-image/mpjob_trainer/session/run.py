@@ -82,6 +82,7 @@ class Session:
         #: The loss at the last log or checkpoint interval.
         self.last_loss: float | None = None
         self.start_step = 0
+        self._started_at: int | None = None  # the start step once resume() decided it (the report's)
         self._step = 0
         self._loss_scale: float | None = None
         self._loss_sum: torch.Tensor | None = None  # this step's losses passed to backward()
@@ -104,7 +105,9 @@ class Session:
         if self.world.is_main:
             metrics.serve()
         digest = config_digest(launch)
-        store = CheckpointStore(Path(launch.checkpoint_dir), self.spec.checkpoint.keep, digest, self._log)
+        store = CheckpointStore(
+            Path(launch.checkpoint_dir), self.spec.checkpoint.keep, digest, self._log, job=launch.job_identity
+        )
         checkpoints = Checkpointer(store, self.world, self._log, metrics)
         progress = Progress(
             metrics, self._log, self.world, self.device, flops_per_sample=flops, tokens_per_sample=tokens
@@ -181,7 +184,7 @@ class Session:
             self.start_step = self._step = ref.step
             self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
         self._guard.start_at(self.start_step)
-        self._trouble_at = self.start_step
+        self._trouble_at = self._started_at = self.start_step
         self._progress.started(self.launch, self.precision, self.start_step, store.last_good)
         return self.start_step
 
@@ -442,7 +445,7 @@ class Session:
         )
         return Standing(
             self._step,
-            self.start_step,
+            self._started_at,
             self.precision,
             self._checkpoints.last_good,
             counters,
