@@ -46,7 +46,7 @@ def loop(with_guard: bool) -> float:
         if guard:
             guard.end_step(step + 1, True)
             if (step + 1) % LOG_EVERY == 0:
-                guard.check(step + 1, guard.read(scaler._scale), None, None)
+                guard.check(step + 1, guard.read(scaler), None, None)
         if step >= WARMUP:
             times.append(time.perf_counter() - start)
     return statistics.median(times)

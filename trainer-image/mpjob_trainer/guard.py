@@ -8,9 +8,9 @@ State machine and invariants:
   gradients are all-reduced before the check, so every rank skips the same steps and the
   count is identical on all ranks.
 - `non_finite` counts steps whose loss was NaN/Inf. It lives on the device (accumulated with
-  tensor ops, no sync) and is read by `check()` together with the loss scale, once per log
-  interval: that is the guard's one deliberate sync point, shared with the log line. Ranks
-  all-reduce it (max) there, so they decide at the same step.
+  tensor ops, no sync) and is read by `read()`, then the loss scale, once per log interval:
+  that is the guard's one deliberate sync point, shared with the log line. Ranks all-reduce
+  it (max) there, so they decide at the same step.
 - `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay):
   the first overflow-skipped step and the first non-finite loss since the last good checkpoint.
   The first is host state; the second a device tensor updated with torch.where (no sync),
@@ -112,17 +112,21 @@ class NumericGuard:
             )
 
     # -- at log intervals: the one sync point -------------------------------------------
-    def read(self, scale: torch.Tensor | None, flag: float = 0.0) -> GuardReading:
+    def read(self, scaler: torch.amp.GradScaler | None, flag: float = 0.0) -> GuardReading:
+        """The interval's one wait for the device: the non-finite count and `flag`, all-reduced
+        (max) in one tensor read. The loss scale is read after it with GradScaler's public
+        `get_scale()`, whose `.item()` then copies one number the finished steps have already
+        computed (nothing is left queued to wait for); it needs no all-reduce, since every rank
+        skips the same steps (see above) and so holds the same scale."""
         values = [
             self._non_finite.to(torch.float64),
             torch.tensor(flag, dtype=torch.float64, device=self.device),
         ]
-        if scale is not None:
-            values.append(scale.detach().to(self.device, torch.float64).reshape(()))
         packed = all_reduce_max(torch.stack(values), self.world).tolist()
         self.new_non_finite = int(packed[0]) - self.non_finite_losses
         self.non_finite_losses = int(packed[0])
-        return GuardReading(self.non_finite_losses, packed[2] if scale is not None else None, packed[1])
+        scale = scaler.get_scale() if scaler is not None else None
+        return GuardReading(self.non_finite_losses, scale, packed[1])
 
     def check(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> None:
         if reading.non_finite_losses >= self.spec.max_non_finite_losses:

@@ -28,7 +28,9 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def resolve(requested: str, device: torch.device) -> Precision:
-    """`auto`: bf16 on compute capability >= 8.0 and CPU, fp16 on 7.x, fp32 below."""
+    """The precision an attempt starts in. `auto` gets the device's default (bf16 on compute
+    capability >= 8.0 and CPU, fp16 on 7.x, fp32 below) until the session measures the node
+    (session.measure, once the loop registers its step)."""
     return resolve_auto(requested, device_capability(device))  # type: ignore[arg-type]
 
 

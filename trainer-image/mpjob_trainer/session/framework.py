@@ -82,7 +82,8 @@ class FrameworkCheckpointer(Checkpointer):
 
 
 class FrameworkRun:
-    """The adapter's handle on a Session (see the module docstring)."""
+    """The adapter's handle on a Session (see the module docstring): only the Session's public
+    hooks (`scaler`, `checkpoints` / `checkpoint_with`, `watch`, `end_step(lr=)`, `preemption`)."""
 
     def __init__(self, run: Session) -> None:
         self.run = run
@@ -90,19 +91,19 @@ class FrameworkRun:
     def checkpoint_with(self, write: CheckpointWriter, parameters: Callable[[], Iterable[torch.Tensor]]) -> None:
         """From now on the session's checkpoints are the framework's (`write`), adopted; weights
         that are not finite (`parameters`) are never saved."""
-        base = self.run._checkpoints
+        base = self.run.checkpoints
         if not isinstance(base, FrameworkCheckpointer):
-            self.run._checkpoints = FrameworkCheckpointer(base, write, parameters)
+            self.run.checkpoint_with(FrameworkCheckpointer(base, write, parameters))
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
         """The attempt's GradScaler (fp16 only), for the framework to scale and step with."""
-        return self.run._scaler
+        return self.run.scaler
 
     def resume(self) -> ResumePoint:
         """Load the attempt's checkpoint (launch.resumeFrom, else the newest valid one)."""
         step = self.run.resume()
-        ref = self.run._checkpoints.store.last_good
+        ref = self.run.checkpoints.last_good
         if step == 0 or ref is None:
             return ResumePoint(0, None)
         folder = Path(ref.path) / FRAMEWORK
@@ -116,14 +117,13 @@ class FrameworkRun:
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook the optimizer the framework steps (inside its wrapper, if any): GradScaler calls
         its step() only for finite gradients, which tells the guard of skipped steps."""
-        self.run._watch(getattr(optimizer, "optimizer", optimizer))
+        self.run.watch(getattr(optimizer, "optimizer", optimizer))
 
     def end_step(self, step: int, *, loss: torch.Tensor | float | None, samples: int | None, lr: float | None) -> None:
         """Close optimizer step `step` as a loop's `end_step` does."""
-        self.run._lr = lr
-        self.run.end_step(step, loss=loss, samples=samples)
+        self.run.end_step(step, loss=loss, samples=samples, lr=lr)
 
     def reclaim_sigterm(self) -> None:
         """Take SIGTERM back from a framework that installed its own handler (Lightning stops
         at its next batch without a checkpoint): the session decides when to stop."""
-        self.run._preemption.reclaim()
+        self.run.preemption.reclaim()

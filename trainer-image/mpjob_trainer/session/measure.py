@@ -7,8 +7,9 @@ trains in the fastest one that stayed finite. A low precision must beat fp32 by 
 (mpjob_contract.launch.AUTO_MARGIN) to be chosen; when none does, the attempt trains in fp32
 and says AMP was slower.
 
-Nothing a probe step does is kept: the optimizer is not stepped (the session's `step()`
-only zeroes the gradients while probing), module buffers (BatchNorm statistics) and every
+Nothing a probe step does is kept: each candidate runs in the PROBE mode of the attempt's
+precision state (session.modes), where `run.step()` only zeroes the gradients and the
+attempt's own precision and GradScaler come back afterwards; module buffers (BatchNorm statistics) and every
 random generator are put back afterwards, and the data position is the step index itself.
 Each candidate runs `WARM` untimed steps (autocast caches, allocator, kernels chosen) then
 `TIMED` timed ones; the median counts. On CUDA each timed step ends with a synchronize.
@@ -23,6 +24,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -30,10 +32,50 @@ from torch import nn
 from mpjob_contract.launch import AUTO_MARGIN
 from mpjob_contract.report import Measurement
 from mpjob_trainer.distributed import World, all_reduce_max
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.modes import Mode
 from mpjob_trainer.session.state import rng_state, set_rng_state
+from mpjob_trainer.session.steps import StepFunction, StepNumerics
 
 MARGIN = AUTO_MARGIN
 WARM, TIMED = 1, 3
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """What a measurement works with, lent by the session."""
+
+    #: The attempt's precision state (each candidate runs in its PROBE mode) and step numbers.
+    numerics: StepNumerics
+    world: World
+    metrics: TrainerMetrics
+    log: EventLog
+
+
+def measure_and_settle(step: StepFunction, index: int, *, modules: list[nn.Module], at: Measuring) -> Measurement:
+    """Time the loop's `step(index)` in each candidate precision, keeping nothing it changes,
+    and train in the one chosen from here on (every rank chooses alike)."""
+    precision, tally = at.numerics.precision, at.numerics.tally
+    device = precision.device
+
+    def probe() -> bool:
+        tally.clear()
+        step(index)
+        return tally.finite_and_clear(grad_norm=False)
+
+    seconds: dict[str, float | None] = {}
+    with nothing_kept(modules):
+        for candidate in candidates(device):
+            with precision.entered(Mode.PROBE, candidate):
+                seconds[candidate] = time_steps(probe, device)
+    measurement = choose(agreed_seconds(seconds, at.world, device))
+    precision.settle(measurement.chosen)
+    tally.clear()
+    at.metrics.relabel(measurement.chosen)
+    at.metrics.measured_steps(measurement.step_seconds)
+    at.log("precisionMeasured", **measurement.model_dump(by_alias=True))
+    return measurement
 
 
 def candidates(device: torch.device) -> list[str]:

@@ -79,6 +79,9 @@ class Progress:
         self.tokens_per_sample = tokens_per_sample
         self.peak = peak_flops(device)
         self.window = ThroughputWindow()
+        #: What the counters were told so far (overflow steps, non-finite losses): Prometheus
+        #: counters only go up, so each interval adds what the guard counted since the last.
+        self.counted = (0, 0)
 
     def started(self, launch: AttemptLaunch, precision: str, start_step: int, last_good: CheckpointRef | None) -> None:
         """The "start" line and the gauges that hold for the whole attempt; opens the first window."""
@@ -150,9 +153,10 @@ class Progress:
         ):
             if value is not None:
                 gauge.set(value)
-        # Counters only go up: add what the guard counted since the last interval.
-        m.overflow_steps.inc(interval.overflow_steps - m.overflow_steps._value.get())
-        m.non_finite.inc(interval.non_finite_losses - m.non_finite._value.get())
+        overflows, non_finite = self.counted
+        m.overflow_steps.inc(interval.overflow_steps - overflows)
+        m.non_finite.inc(interval.non_finite_losses - non_finite)
+        self.counted = (interval.overflow_steps, interval.non_finite_losses)
         m.step_seconds.observe(step_seconds)
         m.sample_host_memory()
 

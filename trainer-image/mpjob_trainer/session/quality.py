@@ -2,10 +2,10 @@
 
 Every `validation.everySteps` steps the session evaluates the current weights twice on the
 task's evaluation set: in the attempt's precision (autocast as in training) and in fp32
-(autocast off), both without gradients. The relative delta |low - fp32| / |fp32| compares
-the precision with fp32 on exactly the same model, so it isolates what the precision does
-to the loss from what training does to the weights. A delta above
-`validation.maxLossDelta` at two evaluations in a row ends the precision as a numeric fault
+(the EVAL mode of session.modes: autocast off), both without gradients. The relative delta
+|low - fp32| / |fp32| compares the precision with fp32 on exactly the same model, so it
+isolates what the precision does to the loss from what training does to the weights. A
+delta above `validation.maxLossDelta` at two evaluations in a row ends the precision as a numeric fault
 (rule `QualityDrift`): the ladder's next precision takes over from the last good checkpoint.
 A single excursion is recorded, not acted on. Under DDP every rank evaluates its own share
 and the ranks agree on the largest delta. In fp32 attempts the fp32 pass is the only one
@@ -27,6 +27,9 @@ import torch
 from mpjob_contract.api import Validation
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.modes import AttemptPrecision, Mode
 
 #: The user's evaluation: the mean eval loss of the current weights, computed under
 #: run.autocast() (the session runs it in the attempt's precision and in fp32).
@@ -61,12 +64,30 @@ class QualityGate:
     def due(self, step: int) -> bool:
         return self.spec.every_steps > 0 and step % self.spec.every_steps == 0
 
-    def measure(self, step: int, *, in_fp32: Callable[[Callable[[], float]], float], low: bool) -> Evaluation:
-        """Evaluate in the attempt's precision and (`low`) in fp32 via `in_fp32(run)`."""
+    def check(self, step: int, *, precision: AttemptPrecision, metrics: TrainerMetrics, log: EventLog) -> None:
+        """The gate at `step`: evaluate in the attempt's precision and in fp32, record, judge."""
+        evaluation = self.measure(step, precision)
+        metrics.evaluated(evaluation.loss, evaluation.loss_fp32, evaluation.delta, evaluation.seconds)
+        log(
+            "eval",
+            step=step,
+            loss=evaluation.loss,
+            lossFp32=evaluation.loss_fp32,
+            delta=evaluation.delta,
+            seconds=round(evaluation.seconds, 4),
+        )
+        self.judge(evaluation)
+
+    def measure(self, step: int, precision: AttemptPrecision) -> Evaluation:
+        """Evaluate in the attempt's precision and, when that is a low one, in its EVAL mode (fp32)."""
         began = time.perf_counter()
         with torch.no_grad():
             loss = float(self.evaluate())
-            reference = in_fp32(lambda: float(self.evaluate())) if low else loss
+            if precision.precision == "fp32":
+                reference = loss
+            else:
+                with precision.entered(Mode.EVAL):
+                    reference = float(self.evaluate())
         mine = relative_delta(loss, reference)
         agreed = all_reduce_max(torch.tensor(min(mine, 1e300), dtype=torch.float64, device=self.device), self.world)
         return Evaluation(step, loss, reference, float(agreed.item()), time.perf_counter() - began)

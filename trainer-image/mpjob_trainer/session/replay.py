@@ -2,10 +2,11 @@
 
 The reference article's runbook says "rerun a small subset in FP32 to isolate". When the
 numeric guard ends a precision, the session reloads the last good checkpoint, switches to
-fp32 (no autocast, no GradScaler) and replays, with the same samples, the optimizer steps
-that end at the first faulting one (at most precision.guard.replaySteps of them; the steps
-between the checkpoint and the first of those are skipped, so the replay starts from the
-checkpoint's weights), checking each step's loss and gradient norm on the host:
+fp32 (the REPLAY mode of session.modes: no autocast, no GradScaler) and replays, with the
+same samples, the optimizer steps that end at the first faulting one (at most
+precision.guard.replaySteps of them; the steps between the checkpoint and the first of those
+are skipped, so the replay starts from the checkpoint's weights), checking each step's loss
+and gradient norm on the host:
 
 - all finite: the precision is at fault -> exit 42 as ever, and the ladder goes on;
 - one non-finite: the data or the model is at fault -> exit 45 (NonFiniteInFp32), naming the
@@ -24,11 +25,8 @@ Cost: one checkpoint load plus at most replaySteps fp32 steps, once per ended pr
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -37,15 +35,14 @@ from mpjob_contract.report import Replay
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
 from mpjob_trainer.events import EventLog
-from mpjob_trainer.guard import NumericGuard
+from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.modes import Mode
 from mpjob_trainer.session.state import TrainingState
+from mpjob_trainer.session.steps import SamplesFunction, StepFunction, StepNumerics
 
 #: Samples named in a report at most (the report must stay under Kubernetes' 4 KiB).
 MAX_NAMED_SAMPLES = 32
-
-StepFunction = Callable[[int], None]
-SamplesFunction = Callable[[int], list[int]]
 
 
 @dataclass(frozen=True)
@@ -65,15 +62,6 @@ def window(first_fault: int, *, checkpoint_step: int | None, replay_steps: int) 
     return Window(first_fault, range(start, first_fault + 1), from_checkpoint=True)
 
 
-def finite(value: torch.Tensor | float | None) -> bool:
-    """Is a loss or norm finite? (A host read: replays may sync.)"""
-    if value is None:
-        return True
-    if isinstance(value, torch.Tensor):
-        return bool(torch.isfinite(value.detach()).all())
-    return math.isfinite(value)
-
-
 def agreed_bad(bad: bool, world: World, device: torch.device) -> bool:
     """Did any rank see a non-finite value? Every rank gets the same answer."""
     return bool(all_reduce_max(torch.tensor(float(bad), device=device), world).item() > 0)
@@ -81,55 +69,74 @@ def agreed_bad(bad: bool, world: World, device: torch.device) -> bool:
 
 @dataclass(frozen=True)
 class Replaying:
-    """What a replay works with, lent by the session."""
+    """What a replay works with, lent by the session for the attempt."""
 
-    guard: NumericGuard
-    checkpoints: Checkpointer
-    state: TrainingState
+    #: The guard (where the trouble began), the precision state (the replay runs in its REPLAY
+    #: mode, session.modes) and the step's numbers (was the replayed step finite?).
+    numerics: StepNumerics
     world: World
-    device: torch.device
     log: EventLog
+    metrics: TrainerMetrics
 
 
 class Fp32Replay:
     """The loop's step function and sample lookup, and the verdict of replaying them."""
 
-    def __init__(self, step: StepFunction, samples: SamplesFunction | None, *, spec: GuardSpec) -> None:
+    def __init__(
+        self, step: StepFunction, samples: SamplesFunction | None, *, spec: GuardSpec, lent: Replaying
+    ) -> None:
         self.step = step
         self.samples = samples
         self.spec = spec
+        self.lent = lent
+        #: The verdict of the replay this attempt made (None: none was made), for its report.
+        self.replayed: Replay | None = None
 
-    def run(
-        self, fault: NumericFault, at: Replaying, *, enter_fp32: Callable[[], None], check: Callable[[], bool]
-    ) -> Replay | None:
-        """Replay the steps that led to `fault` in fp32; None when replays are off or the rule
-        does not point at steps. `check()` says whether the step just replayed stayed finite."""
-        first = at.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
+    def judge(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Exception:
+        """What ends the attempt after `fault`: the fault, told what fp32 said, or NonFiniteInFp32
+        (an fp32 attempt's fault is its own: there is nothing safer to replay it in)."""
+        if self.lent.numerics.precision.precision == "fp32":
+            return fault
+        replay = self.run(fault, state=state, checkpoints=checkpoints)
+        if replay is None:
+            return fault
+        self.replayed = replay
+        self.lent.metrics.replayed(replay.verdict, replay.seconds)
+        return ending_for(fault, replay)
+
+    def run(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Replay | None:
+        """Replay the steps that led to `fault` in fp32 from `checkpoints`' last good one into
+        `state`; None when replays are off or the rule does not point at steps."""
+        lent = self.lent
+        first = lent.numerics.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
         if first is None:
             return None
-        ref = at.checkpoints.last_good
+        ref = checkpoints.last_good
         win = window(first, checkpoint_step=ref.step if ref else None, replay_steps=self.spec.replay_steps)
         try:
             if win.from_checkpoint and ref is not None:
-                at.state.restore(at.checkpoints.store.verify(Path(ref.path))[1], "fp32", None)
-            elif not at.state.finite():
-                at.log("replaySkipped", why=f"no checkpoint before step {first} and non-finite weights in memory")
+                state.restore(checkpoints.state_of(ref), "fp32", None)
+            elif not state.finite():
+                lent.log("replaySkipped", why=f"no checkpoint before step {first} and non-finite weights in memory")
                 return inconclusive(first)
-            enter_fp32()
-            replay = self._judge(win, check=check, world=at.world, device=at.device)
+            lent.numerics.tally.clear()
+            with lent.numerics.precision.entered(Mode.REPLAY):
+                replay = self._judge(win)
         except Exception as exc:  # e.g. fp32 needs more memory than there is: the precision stays blamed
-            at.log("replaySkipped", why=f"{type(exc).__name__}: {exc}", all_ranks=True)
+            lent.log("replaySkipped", why=f"{type(exc).__name__}: {exc}", all_ranks=True)
             return inconclusive(first)
-        at.log("replay", **replay.model_dump(by_alias=True, exclude_none=True))
+        lent.log("replay", **replay.model_dump(by_alias=True, exclude_none=True))
         return replay
 
-    def _judge(self, win: Window, *, check: Callable[[], bool], world: World, device: torch.device) -> Replay:
+    def _judge(self, win: Window) -> Replay:
+        """Each step of the window in turn, until one is non-finite on any rank."""
+        world, device, tally = self.lent.world, self.lent.numerics.precision.device, self.lent.numerics.tally
         began = time.monotonic()
         for index in win.steps:
             if agreed_bad(time.monotonic() - began > self.spec.replay_timeout_seconds, world, device):
                 return _verdict("inconclusive", win, began, steps=index - win.steps.start)
             self.step(index)
-            if agreed_bad(not check(), world, device):
+            if agreed_bad(not tally.finite_and_clear(grad_norm=True), world, device):
                 named = self.samples(index)[:MAX_NAMED_SAMPLES] if self.samples is not None else []
                 return _verdict("data", win, began, steps=index - win.steps.start + 1, at=index, samples=named)
         return _verdict("precision", win, began, steps=len(win.steps))

@@ -1,0 +1,152 @@
+"""Cadence and IntervalWork: which steps are intervals, and what an interval does.
+
+Between intervals `end_step` is host-only bookkeeping. An interval is a step where the
+session reads the device once (session.steps) because something needs the numbers: a log
+line (every training.logEvery steps and the last), a checkpoint (every
+checkpoint.everySteps steps and the last), a quality-gate evaluation (every
+validation.everySteps steps) or, for a process alone, SIGTERM (under DDP the flag is
+all-reduced at the next interval instead, so every rank stops at the same step).
+
+Re-promotion (launch.repromoteAfterSteps, fallback attempts only) counts clean steps since
+the last interval that saw numeric trouble; it is decided at checkpoint steps before the
+last, because it ends the attempt with a checkpoint to resume the faster precision from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.report import Counters
+from mpjob_trainer.errors import Preempted, Repromote
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.progress import Progress
+from mpjob_trainer.session.quality import QualityGate
+from mpjob_trainer.session.state import TrainingState
+from mpjob_trainer.session.steps import StepNumerics
+
+Gate = QualityGate | None
+
+
+@dataclass(frozen=True)
+class Due:
+    """What an interval at a step has to do."""
+
+    log: bool
+    checkpoint: bool
+    evaluate: bool
+    stop: bool
+
+    @property
+    def any(self) -> bool:
+        return self.log or self.checkpoint or self.evaluate or self.stop
+
+
+class Cadence:
+    def __init__(self, spec: MixedPrecisionJobSpec, repromote_after: int | None) -> None:
+        self.spec = spec
+        self.repromote_after = repromote_after
+        #: The last step of an interval with numeric trouble (re-promotion counts clean steps from it).
+        self.trouble_at = 0
+
+    @property
+    def total(self) -> int:
+        return self.spec.training.steps
+
+    def due(self, step: int, *, evaluate: bool, stop_alone: bool) -> Due:
+        """What step `step` (1-based) calls for; `evaluate`: the quality gate's due, `stop_alone`:
+        SIGTERM seen by a process that needs no other rank's agreement."""
+        last = step == self.total
+        return Due(
+            log=step % self.spec.training.log_every == 0 or last,
+            checkpoint=step % self.spec.checkpoint.every_steps == 0 or last,
+            evaluate=evaluate,
+            stop=stop_alone,
+        )
+
+    def trouble(self, step: int) -> None:
+        """The interval ending at `step` saw numeric trouble (or the attempt starts there)."""
+        self.trouble_at = step
+
+    def clean_steps(self, step: int) -> int:
+        return step - self.trouble_at
+
+    def repromote_due(self, step: int) -> bool:
+        """Has this fallback attempt had repromoteAfterSteps clean steps (not at the end)?"""
+        after = self.repromote_after
+        return after is not None and step < self.total and self.clean_steps(step) >= after
+
+
+class IntervalWork:
+    """What `end_step` does at an interval, from its one sync point on: report, check,
+    evaluate, checkpoint a healthy state, re-promote, stop. The loop's parts (its state, the
+    quality gate) and the checkpointer (a framework may replace it) are passed per call."""
+
+    def __init__(self, numerics: StepNumerics, cadence: Cadence, *, progress: Progress, log: EventLog) -> None:
+        self.numerics = numerics
+        self.cadence = cadence
+        self.progress = progress
+        self.log = log
+        #: The loss and loss scale read at the last interval.
+        self.last_loss: float | None = None
+        self.loss_scale: float | None = None
+
+    def run(
+        self, step: int, due: Due, *, flag: float, state: TrainingState, checkpoints: Checkpointer, gate: Gate
+    ) -> None:
+        numerics, guard = self.numerics, self.numerics.guard
+        read = numerics.read(flag)
+        loss, reading = read.loss, read.guard
+        self.last_loss, self.loss_scale = loss, reading.loss_scale
+        if checkpoints.world.is_main:
+            checkpoints.collect(block=False, training_step=step)
+        if due.log:
+            self.progress.report(numerics.numbers(step, read))
+        guard.check(step, reading, loss, read.grad_norm)
+        if due.evaluate and gate is not None:
+            gate.check(step, precision=numerics.precision, metrics=self.progress.metrics, log=self.log)
+        if not guard.healthy(loss):
+            self.cadence.trouble(step)
+        stop = reading.flag > 0
+        promote = due.checkpoint and self.cadence.repromote_due(step)
+        if due.checkpoint or stop:
+            final = step == self.cadence.total or stop or promote
+            saved = self._checkpoint(step, loss, state=state, checkpoints=checkpoints, final=final)
+            if promote and saved:
+                clean = self.cadence.clean_steps(step)
+                self.log("repromote", step=step, cleanSteps=clean)
+                raise Repromote(
+                    f"{clean} clean steps in {numerics.precision.precision}; checkpoint at step {step} written"
+                )
+        if stop:
+            self.log("preempted", step=step)
+            raise Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
+
+    def counters(self) -> Counters:
+        """The report's counters: the guard's, and what the last interval read."""
+        guard, loss = self.numerics.guard, self.last_loss
+        return Counters(
+            overflow_steps=guard.overflow_steps,
+            non_finite_losses=guard.non_finite_losses,
+            loss_scale=self.loss_scale,
+            loss=loss if loss is not None and math.isfinite(loss) else None,
+        )
+
+    def _checkpoint(
+        self, step: int, loss: float | None, *, state: TrainingState, checkpoints: Checkpointer, final: bool
+    ) -> bool:
+        """Save the state at `step`, unless this interval saw numeric trouble (never a bad one)."""
+        guard, precision = self.numerics.guard, self.numerics.precision
+        if not (guard.healthy(loss) and state.finite()):
+            self.log("checkpointSkipped", step=step, why="numeric trouble in this window")
+            return False
+
+        def capture() -> dict[str, Any]:
+            return state.capture(step, self.numerics.applied.count, precision.precision, precision.scaler)
+
+        checkpoints.save(step, precision.precision, capture, final=final)
+        guard.mark_good()
+        return True

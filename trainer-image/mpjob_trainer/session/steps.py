@@ -1,0 +1,165 @@
+"""StepNumerics: one optimizer step's arithmetic as the session sees it, and its one sync point.
+
+`run.backward` scales the loss (fp16) and keeps it, `run.step` unscales, clips, steps and
+records the gradient norm, `run.end_step` closes the step in the guard. None of it waits for
+the device beyond GradScaler's own found_inf check: losses and the gradient norm stay device
+tensors (StepTally), and which optimizer steps GradScaler applied is learnt on the host from
+an optimizer step post-hook (AppliedSteps; GradScaler calls `optimizer.step()` only for
+finite gradients). `read()` is the interval's one sync point (NumericGuard.read): it serves
+the log line, the metrics, the guard's checks and the checkpoint decision.
+
+The precision every call uses is the current mode's (session.modes): in PROBE `step()`
+zeroes the gradients and applies nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mpjob_trainer.guard import GuardReading, NumericGuard
+from mpjob_trainer.session.modes import AttemptPrecision
+from mpjob_trainer.session.progress import Interval, host_value
+
+Number = torch.Tensor | float
+#: The loop's step as a function of its 0-based index (Session.register_step).
+StepFunction = Callable[[int], None]
+#: The dataset indices of a step's samples on this process.
+SamplesFunction = Callable[[int], list[int]]
+
+
+def finite(value: Number | None) -> bool:
+    """Is a loss or norm finite? (A host read: probes and replays may sync.)"""
+    if value is None:
+        return True
+    if isinstance(value, torch.Tensor):
+        return bool(torch.isfinite(value.detach()).all())
+    return math.isfinite(value)
+
+
+class StepTally:
+    """The current optimizer step's losses, gradient norm and learning rate (device values)."""
+
+    def __init__(self) -> None:
+        self.loss_sum: torch.Tensor | None = None  # the losses passed to backward() since the step began
+        self.reported: Number | None = None  # the loss the last closed step reported
+        self.grad_norm: torch.Tensor | None = None
+        self.lr: Number | None = None
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        detached = loss.detach().float()
+        self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
+
+    def close(self, loss: Number | None) -> Number | None:
+        """End the step: what it reports (`loss`, else the losses summed); returns what the
+        guard observes (the losses summed when there were any)."""
+        reported = self.loss_sum if loss is None else loss
+        self.reported = reported.detach() if isinstance(reported, torch.Tensor) else reported
+        return self.loss_sum if self.loss_sum is not None else self.reported
+
+    def clear(self) -> None:
+        """Forget the losses since the step began (a step the session runs itself begins)."""
+        self.loss_sum = None
+
+    def finite_and_clear(self, *, grad_norm: bool) -> bool:
+        """Were the losses since the last clear (and, with `grad_norm`, the gradient norm)
+        finite? A host read: for the steps a probe or a replay runs, never for training steps."""
+        ok = finite(self.loss_sum) and (not grad_norm or finite(self.grad_norm))
+        self.clear()
+        return ok
+
+
+class AppliedSteps:
+    """Optimizer steps actually applied (GradScaler skips overflowing ones)."""
+
+    def __init__(self, guard: NumericGuard) -> None:
+        self.guard = guard
+        self.count = 0
+        self._watched: set[int] = set()
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook the optimizer (once) so the guard and the count see which steps were applied."""
+        if id(optimizer) not in self._watched:
+            self._watched.add(id(optimizer))
+            optimizer.register_step_post_hook(self._stepped)
+
+    def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self.guard.optimizer_stepped(optimizer):
+            self.count += 1
+
+
+@dataclass(frozen=True)
+class Read:
+    """An interval's numbers on the host (loss: what the last step reported)."""
+
+    guard: GuardReading
+    loss: float | None
+    grad_norm: float | None
+
+
+class StepNumerics:
+    """backward, step and end of step in the attempt's precision, kept by the guard."""
+
+    def __init__(self, precision: AttemptPrecision, guard: NumericGuard) -> None:
+        self.precision = precision
+        self.guard = guard
+        self.tally = StepTally()
+        self.applied = AppliedSteps(guard)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        scaler = self.precision.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        self.tally.add_loss(loss)
+
+    def step(self, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
+        if not self.precision.mode.applies_updates:
+            optimizer.zero_grad(set_to_none=True)
+            return
+        self.applied.watch(optimizer)
+        self.tally.lr = optimizer.param_groups[0]["lr"]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        scaler = self.precision.scaler
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # clipping sees true gradients
+        self.tally.grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def close(self, step: int, loss: Number | None) -> None:
+        """Per-step guard bookkeeping, host-only (raises on too many overflows in a row)."""
+        observed = self.tally.close(loss)
+        if observed is not None:
+            self.guard.observe_loss(torch.as_tensor(observed))
+        try:
+            self.guard.end_step(step, self.precision.scaler is not None)
+        finally:
+            self.guard.begin_step()
+            self.tally.clear()
+
+    def numbers(self, step: int, read: Read) -> Interval:
+        """The log line's numbers for the interval `read` was taken at."""
+        return Interval(
+            step=step,
+            precision=self.precision.precision,
+            loss=read.loss,
+            loss_scale=read.guard.loss_scale,
+            grad_norm=read.grad_norm,
+            lr=host_value(self.tally.lr),
+            overflow_steps=self.guard.overflow_steps,
+            non_finite_losses=read.guard.non_finite_losses,
+            applied_steps=self.applied.count,
+        )
+
+    def read(self, flag: float) -> Read:
+        """The interval's one sync point: the guard's counters and the loss scale, then the
+        loss and gradient norm, on the host."""
+        reading = self.guard.read(self.precision.scaler, flag=flag)
+        return Read(reading, host_value(self.tally.reported), host_value(self.tally.grad_norm))
