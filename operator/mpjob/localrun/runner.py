@@ -3,6 +3,11 @@ planner and failure policy (mpjob.planning). Each attempt is `workers` local tra
 processes (gloo rendezvous on loopback); the run directory holds the checkpoints, each
 attempt's logs and termination reports, report.json (the status the CR would have), the
 recorded series and the plot.
+
+Charging (mpjob.planning.charging): with no cluster here, the only evidence of a stop from
+outside the trainer is the user's own: Ctrl-C, or the runner itself killed, ends the attempt
+Suspended and uncharged, as runPolicy.suspend does. Anything a trainer does by itself (exit
+44 included) is charged, as on a cluster with no disruption to show.
 """
 
 from __future__ import annotations
@@ -14,18 +19,20 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.workers import Workers, free_port
 from mpjob.planning import lifecycle as lc
+from mpjob.planning import reported
 from mpjob.planning import status as st
+from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus, Precision
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
@@ -115,7 +122,12 @@ class LocalRun:
             return None
         last = self.status.attempts[-1]
         if last.finish_time is None:  # the runner itself was killed: its workers went with it
-            gone = AttemptOutcome(exit_code=None, platform_reason="PodDeleted", message="the local run was killed")
+            gone = AttemptOutcome(
+                exit_code=None,
+                platform_reason="PodDeleted",
+                message="the local run was killed",
+                disruption=Disruption.USER_SUSPEND,  # the user stopped the runner, as with Ctrl-C
+            )
             lc.conclude(
                 plan,
                 self.spec,
@@ -259,11 +271,13 @@ class LocalRun:
     def _measured(self, start: StartAttempt, event: dict[str, Any]) -> None:
         """An `auto` attempt measured this machine: its precision from here on, and the figures."""
         chosen, seconds = str(event.get("chosen", "")), event.get("stepSeconds") or {}
+        if chosen not in get_args(Precision):  # the trainer's word: only a precision the API knows
+            return
         for attempt in self.status.attempts:
-            if attempt.index == start.index and attempt.precision == "auto" and chosen:
-                lc.measured(self.status, attempt, chosen, seconds)
+            if attempt.index == start.index and attempt.precision == "auto":
+                reported.measured(self.status, attempt, chosen, seconds)
         self.series.measured(start.index, chosen)
-        self.view.info(f"auto measured {lc.step_times(seconds)} per step: training in {chosen}")
+        self.view.info(f"auto measured {reported.step_times(seconds)} per step: training in {chosen}")
 
     def _interrupt(self) -> None:
         assert self._workers is not None  # Ctrl-C is caught while following the workers
