@@ -6,7 +6,8 @@ keeps the report well under that by shortening the human message first.
 A report is the tenant's word: any process in the trainer's container can write that file.
 So it is validated at the boundary, here, by every reader (the operator, `mpjob run`, the
 launcher folding its ranks): a precision is one the API knows, a reason one of `Reason`,
-steps and counters are integers in [0, 2^53), floats are finite, strings are bounded. A
+steps and counters are integers in [0, 2^53), floats are finite, strings are bounded (the
+message is cut to MAX_MESSAGE_CHARS, a path or digest too long is refused). A
 message that looks like a report and fails the model raises `InvalidReport`, naming the
 fields; the reader makes that an infrastructure failure of the attempt, never a value it
 stores, plans with or puts in a metric label.
@@ -30,7 +31,7 @@ TERMINATION_LOG_ENV = "MPJOB_TERMINATION_LOG"
 MAX_REPORT_BYTES = 3072
 #: Integers a report may carry: what a JSON number holds exactly (and a status patch accepts).
 MAX_REPORT_INT = 2**53 - 1
-#: The longest human message a report may carry (the whole report fits in 4096 bytes anyway).
+#: The longest human message a report keeps (longer ones are cut; Kubernetes keeps 4096 bytes).
 MAX_MESSAGE_CHARS = 4096
 #: The longest path or digest a report may name.
 MAX_NAME_CHARS = 1024
@@ -111,7 +112,13 @@ class TerminationReport(_Model):
     counters: Counters = Field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
-    message: str = Field("", max_length=MAX_MESSAGE_CHARS)
+    message: str = ""
+
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        """Cut, not refused: a long traceback is still the trainer's best account of its end."""
+        return value[:MAX_MESSAGE_CHARS]
 
     @field_validator("precision", mode="before")
     @classmethod

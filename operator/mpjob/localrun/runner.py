@@ -4,10 +4,9 @@ processes (gloo rendezvous on loopback); the run directory holds the checkpoints
 attempt's logs and termination reports, report.json (the status the CR would have), the
 recorded series and the plot.
 
-Charging (mpjob.planning.charging): with no cluster here, the only evidence of a stop from
-outside the trainer is the user's own: Ctrl-C, or the runner itself killed, ends the attempt
-Suspended and uncharged, as runPolicy.suspend does. Anything a trainer does by itself (exit
-44 included) is charged, as on a cluster with no disruption to show.
+Charging (mpjob.planning.charging): no cluster here, so the only stop from outside a trainer is
+the user's (Ctrl-C, or the runner killed): uncharged, as runPolicy.suspend. Whatever a trainer
+does by itself (exit 44 included) is charged, as on a cluster that shows no disruption.
 """
 
 from __future__ import annotations

@@ -129,6 +129,7 @@ def end_attempt(
 ) -> None:
     """Record how attempt `index` ended, once; `charged`: whether it used one of
     runPolicy.maxAttempts (`mpjob.planning.charging` decides)."""
+    history.counts(status)  # counted before this ending (a status from before counts existed)
     for entry in status.attempts:
         if entry.index == index and entry.finish_time is None:
             entry.reason = reason

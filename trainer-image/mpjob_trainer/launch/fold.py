@@ -10,7 +10,8 @@ across pods too), highest first:
 | NonFiniteInFp32   | 45                                 | 45        |
 | NumericFault      | 42                                 | 42        |
 | OutOfDeviceMemory | 46                                 | 46        |
-| InfraError        | any other code, or a signal death  | 1         |
+| InfraError        | any other code, a signal death, or | 1         |
+|                   | an invalid termination report      |           |
 | Repromote         | 47                                 | 47        |
 | Preempted         | 44                                 | 44        |
 | Succeeded         | 0                                  | 0         |
@@ -21,6 +22,10 @@ Among ranks of the winning class: one that ended by itself before one the launch
 for infrastructure failures, then the one that ended first (the cause: a sibling whose
 collective lost its peer fails a moment later); then the lowest rank (the other classes
 are collective decisions or stops, and rank 0 writes the checkpoints).
+
+Each rank's report is read through the contract's model (`TerminationReport.parse_message`),
+as the operator reads the pod's: a rank whose report fails it ended in an infrastructure
+failure, and the pod's report says which field was invalid; nothing of it is passed on.
 
 The pod's report is the winner's own, or one made for it when it left none or was killed by
 a signal (reason from its exit code, progress fields from the lowest rank's report); `step`
@@ -35,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mpjob_contract.codes import ENDING_PRECEDENCE, ExitCode, Reason, exit_code_for, reason_for_exit_code
-from mpjob_contract.report import TerminationReport
+from mpjob_contract.report import InvalidReport, TerminationReport
 
 #: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
 PRECEDENCE: tuple[tuple[Reason, ExitCode], ...] = tuple((r, exit_code_for(r)) for r in ENDING_PRECEDENCE)
@@ -55,11 +60,16 @@ class RankEnding:
     stopped: bool = False
     #: When the launcher saw it end among the pod's ranks: 0 first.
     order: int = 0
+    #: The rank wrote a report that fails the model: what was invalid (its report is then None).
+    invalid_report: str | None = None
 
     @property
     def outcome(self) -> Reason:
-        """The class this ending falls in (a signal death is an infrastructure failure)."""
-        return Reason.INFRA_ERROR if self.returncode < 0 else reason_for_exit_code(self.returncode)
+        """The class this ending falls in (a signal death or an invalid report is an
+        infrastructure failure)."""
+        if self.returncode < 0 or self.invalid_report is not None:
+            return Reason.INFRA_ERROR
+        return reason_for_exit_code(self.returncode)
 
     @property
     def how(self) -> str:
@@ -80,6 +90,17 @@ class RankEnding:
             # Infra reasons are many (InfraError, OOMKilled, ...); only the decided ones clash.
             return None if self.report.reason in _PLACE else self.report
         return self.report if self.report.reason == self.outcome else None
+
+
+def rank_ending(
+    local_rank: int, rank: int, returncode: int, message: str | None, stopped: bool = False, order: int = 0
+) -> RankEnding:
+    """A rank's ending with its termination message read through the report model."""
+    try:
+        report, invalid = TerminationReport.parse_message(message), None
+    except InvalidReport as exc:
+        report, invalid = None, str(exc)
+    return RankEnding(local_rank, rank, returncode, report, stopped, order, invalid_report=invalid)
 
 
 @dataclass(frozen=True)
@@ -127,7 +148,9 @@ def _precedence(ending: RankEnding) -> tuple[int, bool, int, int]:
 
 def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | None) -> TerminationReport:
     """A report for a rank that left none we can use; progress fields from the lowest rank's report."""
-    if ending.report is not None:
+    if ending.invalid_report is not None:
+        why = f" with an {ending.invalid_report}"
+    elif ending.report is not None:
         why = f" (its report said {ending.report.reason})"
     else:
         why = "" if ending.returncode == 0 else " without a termination report"

@@ -32,7 +32,7 @@ from types import FrameType
 
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.report import TerminationReport
-from mpjob_trainer.launch.fold import RankEnding
+from mpjob_trainer.launch.fold import RankEnding, rank_ending
 from mpjob_trainer.launch.plan import LaunchPlan
 
 #: Signals passed on to every running rank, as received.
@@ -64,13 +64,16 @@ class LocalRank:
 
     def ending(self) -> RankEnding:
         assert self.returncode is not None
-        report = self.start_error or _read_report(self.report_path)
-        return RankEnding(self.local_rank, self.rank, self.returncode, report, self.stopped, self.order)
+        if self.start_error is not None:
+            return RankEnding(self.local_rank, self.rank, self.returncode, self.start_error, self.stopped, self.order)
+        return rank_ending(
+            self.local_rank, self.rank, self.returncode, _read_text(self.report_path), self.stopped, self.order
+        )
 
 
-def _read_report(path: Path) -> TerminationReport | None:
+def _read_text(path: Path) -> str | None:
     try:
-        return TerminationReport.parse_message(path.read_text())
+        return path.read_text(errors="replace")
     except OSError:
         return None
 
