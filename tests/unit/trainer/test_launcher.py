@@ -153,7 +153,7 @@ def test_the_fold_picks_one_code_and_one_report_by_precedence(case: Fold) -> Non
 
 
 def test_a_rank_with_an_invalid_report_ends_the_pod_as_an_infrastructure_failure_naming_the_field() -> None:
-    bad = rank_ending(0, 0, 44, '{"reason": "Preempted", "precision": "float16", "step": 5}')
+    bad = rank_ending(0, 0, 44, message='{"reason": "Preempted", "precision": "float16", "step": 5}')
     sibling = ending(1, 44, "Preempted", "stopped", step=7, stopped=True)
     pod = fold_endings([bad, sibling])
     assert (pod.code, pod.report.reason) == (1, "InfraError")

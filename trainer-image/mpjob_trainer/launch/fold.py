@@ -93,7 +93,7 @@ class RankEnding:
 
 
 def rank_ending(
-    local_rank: int, rank: int, returncode: int, message: str | None, stopped: bool = False, order: int = 0
+    local_rank: int, rank: int, returncode: int, *, message: str | None, stopped: bool = False, order: int = 0
 ) -> RankEnding:
     """A rank's ending with its termination message read through the report model."""
     try:

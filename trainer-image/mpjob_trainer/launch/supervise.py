@@ -66,14 +66,20 @@ class LocalRank:
         assert self.returncode is not None
         if self.start_error is not None:
             return RankEnding(self.local_rank, self.rank, self.returncode, self.start_error, self.stopped, self.order)
+        message = _read_text(self.report_path)
         return rank_ending(
-            self.local_rank, self.rank, self.returncode, _read_text(self.report_path), self.stopped, self.order
+            self.local_rank, self.rank, self.returncode, message=message, stopped=self.stopped, order=self.order
         )
+
+
+#: A rank's report file is read this far at most (a valid one is under 4 KiB).
+REPORT_READ_LIMIT = 16384
 
 
 def _read_text(path: Path) -> str | None:
     try:
-        return path.read_text(errors="replace")
+        with path.open(errors="replace") as report:
+            return report.read(REPORT_READ_LIMIT)
     except OSError:
         return None
 
