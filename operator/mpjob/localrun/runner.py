@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING
 
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.workers import Workers, free_port
@@ -31,7 +31,8 @@ from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus, Precision
+from mpjob_contract import events
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
@@ -232,15 +233,11 @@ class LocalRun:
                 self._interrupt()
                 continue
             log.write(line)  # type: ignore[attr-defined]
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            self._event(start, event)
+            event = events.parse_line(line)
+            if event is not None:
+                self._event(start, event)
 
-    def _event(self, start: StartAttempt, event: dict[str, Any]) -> None:
+    def _event(self, start: StartAttempt, event: events.TrainerEvent) -> None:
         """What one trainer line changes in the status, the series and the view."""
         point = self.series.ingest(start.index, start.precision, event)
         if point is not None:
@@ -252,26 +249,21 @@ class LocalRun:
             self.view.step(point)
         elif (evaluation := self.series.ingest_eval(start.index, event)) is not None:
             self.status.eval_loss, self.status.eval_loss_delta = evaluation.loss, evaluation.delta
-        elif event.get("event") == "precisionMeasured":
+        elif isinstance(event, events.PrecisionMeasured):
             self._measured(start, event)
-        elif event.get("event") == "resume":
-            self.status.step = int(event["step"])
+        elif isinstance(event, events.Resume):
+            self.status.step = event.step
             for attempt in self.status.attempts:
                 if attempt.index == start.index:
-                    attempt.start_step = int(event["step"])
-        elif event.get("event") == "checkpoint":
+                    attempt.start_step = event.step
+        elif isinstance(event, events.Checkpoint):
             self.status.last_checkpoint = CheckpointStatus(
-                step=int(event["step"]),
-                sha256=str(event.get("sha256", "")),
-                precision=start.precision,
-                path=str(event.get("path", "")),
+                step=event.step, sha256=event.sha256, precision=start.precision, path=event.path
             )
 
-    def _measured(self, start: StartAttempt, event: dict[str, Any]) -> None:
+    def _measured(self, start: StartAttempt, event: events.PrecisionMeasured) -> None:
         """An `auto` attempt measured this machine: its precision from here on, and the figures."""
-        chosen, seconds = str(event.get("chosen", "")), event.get("stepSeconds") or {}
-        if chosen not in get_args(Precision):  # the trainer's word: only a precision the API knows
-            return
+        chosen, seconds = event.chosen, event.step_seconds  # validated: a precision the API knows
         for attempt in self.status.attempts:
             if attempt.index == start.index and attempt.precision == "auto":
                 reported.measured(self.status, attempt, chosen, seconds)

@@ -1,6 +1,6 @@
 """The recorded training series of a local run: what the plot and the summary are drawn from.
 
-Points come from the trainer's JSON step lines; attempts from the planner. The series is
+Points come from the trainer's step and eval lines (`mpjob_contract.events`); attempts from the planner. The series is
 saved beside report.json so that a resumed `mpjob run` keeps drawing one continuous story.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+from mpjob_contract import events
 
 
 @dataclass
@@ -46,15 +47,6 @@ class Span:
     reason: str | None = None
 
 
-def _float(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 @dataclass
 class RunSeries:
     points: list[Point] = field(default_factory=list)
@@ -73,19 +65,19 @@ class RunSeries:
                 span.end_step = end_step
                 span.reason = reason
 
-    def ingest(self, attempt: int, precision: str, line: dict[str, Any]) -> Point | None:
+    def ingest(self, attempt: int, precision: str, line: events.TrainerEvent) -> Point | None:
         """Record a trainer step line; other events are ignored. Returns the new point."""
-        if line.get("event") != "step" or "step" not in line:
+        if not isinstance(line, events.Step):
             return None
         point = Point(
             attempt=attempt,
-            precision=str(line.get("precision") or precision),
-            step=int(line["step"]),
-            loss=_float(line.get("loss")),
-            loss_scale=_float(line.get("lossScale")),
-            grad_norm=_float(line.get("gradNorm")),
-            overflow_steps=int(line.get("overflowSteps") or 0),
-            samples_per_second=_float(line.get("samplesPerSecond")),
+            precision=line.precision or precision,
+            step=line.step,
+            loss=line.loss,
+            loss_scale=line.loss_scale,
+            grad_norm=line.grad_norm,
+            overflow_steps=line.overflow_steps,
+            samples_per_second=line.samples_per_second,
         )
         self.points.append(point)
         return point
@@ -96,17 +88,11 @@ class RunSeries:
             if span.attempt == attempt and precision:
                 span.precision = precision
 
-    def ingest_eval(self, attempt: int, line: dict[str, Any]) -> EvalPoint | None:
-        """Record a trainer eval line (the quality gate); other lines are ignored."""
-        if line.get("event") != "eval" or "step" not in line:
+    def ingest_eval(self, attempt: int, line: events.TrainerEvent) -> EvalPoint | None:
+        """Record a trainer eval line (the quality gate); other events are ignored."""
+        if not isinstance(line, events.Eval):
             return None
-        point = EvalPoint(
-            attempt,
-            int(line["step"]),
-            _float(line.get("loss")),
-            _float(line.get("lossFp32")),
-            _float(line.get("delta")),
-        )
+        point = EvalPoint(attempt, line.step, line.loss, line.loss_fp32, line.delta)
         self.evals.append(point)
         return point
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -9,8 +10,16 @@ import pytest
 
 from mpjob.localrun.plot import render
 from mpjob.localrun.series import RunSeries
+from mpjob_contract import events
 
 pytestmark = pytest.mark.unit
+
+
+def line(**fields: object) -> events.TrainerEvent:
+    """A trainer line as `mpjob run` reads it."""
+    parsed = events.parse_line(json.dumps(fields))
+    assert parsed is not None, fields
+    return parsed
 
 
 def _recovering_series() -> RunSeries:
@@ -20,20 +29,14 @@ def _recovering_series() -> RunSeries:
         series.ingest(
             0,
             "fp16",
-            {
-                "event": "step",
-                "step": step,
-                "loss": 2.0,
-                "lossScale": scale,
-                "gradNorm": 1.0,
-                "overflowSteps": overflows,
-            },
+            line(event="step", step=step, loss=2.0, lossScale=scale, gradNorm=1.0, overflowSteps=overflows),
         )
     series.end_attempt(0, 40, "NumericFault")
     series.begin_attempt(1, "bf16", 30)
     for step in (40, 50, 60):
-        series.ingest(1, "bf16", {"event": "step", "step": step, "loss": 1.5, "gradNorm": 0.5})
-    series.ingest(1, "bf16", {"event": "checkpoint", "step": 60})
+        series.ingest(1, "bf16", line(event="step", step=step, loss=1.5, gradNorm=0.5))
+    saved = line(event="checkpoint", step=60, path="/c/step-60", sha256="ab", seconds=0.1, bytes=9, **{"async": True})
+    series.ingest(1, "bf16", saved)
     series.end_attempt(1, 60, "Succeeded")
     return series
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mpjob_contract import events
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 
@@ -81,9 +82,12 @@ def launch_env(
 
 
 def parse(stdout: str) -> list[dict[str, Any]]:
+    """The trainer's event lines; each must fit its model in mpjob_contract.events (what
+    `mpjob run` reads them with), so every trainer test checks the contract too."""
     out = []
     for line in stdout.splitlines():
         if line.startswith("{"):
+            assert events.parse_line(line) is not None, f"not a trainer event line: {line}"
             out.append(json.loads(line))
     return out
 

@@ -1,0 +1,254 @@
+"""The trainer's JSON event lines: one model per event, written by the trainer and read by
+`mpjob run`.
+
+The trainer (the builtin loop and every script on the SDK) writes one object per line on
+stdout, flushed, with an "event" key, a "time" (Unix seconds) and, on ranks other than 0, a
+"rank". Only rank 0 writes step and checkpoint lines; every rank writes errors. The models
+below are the schema (camelCase on the wire, stable): the writer refuses a field an event does
+not have, so a misspelt field fails in the trainer's tests instead of vanishing from the view;
+the reader (`parse_line`) ignores fields and events it does not know, so a newer trainer still
+talks to an older `mpjob run`. JSON has no inf/nan: non-finite floats travel as the strings
+"inf", "-inf" and "nan" and are read back as floats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mpjob_contract.report import Measurement, Replay
+
+
+class TrainerEvent(BaseModel):
+    """Fields every line has; `name` is the event's "event" value."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    name: ClassVar[str]
+    time: float | None = None
+    rank: int | None = None
+
+
+class Start(TrainerEvent):
+    name = "start"
+    attempt: int
+    precision: str
+    requested_precision: str = Field(alias="requestedPrecision")
+    device: str
+    world_size: int = Field(alias="worldSize")
+    start_step: int = Field(alias="startStep")
+    total_steps: int = Field(alias="totalSteps")
+    metrics_port: int | None = Field(None, alias="metricsPort")
+
+
+class CheckpointRejected(TrainerEvent):
+    name = "checkpointRejected"
+    path: str
+    problem: str
+
+
+class KeepFp32(TrainerEvent):
+    """Module names wrapped to run in fp32, and the listed types autocast already runs in fp32."""
+
+    name = "keepFp32"
+    wrapped: list[str]
+    skipped: list[str]
+
+
+class Compile(TrainerEvent):
+    name = "compile"
+    mode: str
+    compiled: bool
+
+
+class PrecisionMeasured(TrainerEvent, Measurement):
+    name = "precisionMeasured"
+
+
+class Resume(TrainerEvent):
+    name = "resume"
+    step: int
+    path: str
+    sha256: str
+    from_precision: str = Field(alias="fromPrecision")
+
+
+class FreshStart(TrainerEvent):
+    name = "freshStart"
+    reason: str
+
+
+class Step(TrainerEvent):
+    """The figures of one log interval (rank 0)."""
+
+    name = "step"
+    step: int
+    loss: float | None = None
+    loss_scale: float | None = Field(None, alias="lossScale")  # fp16 only
+    grad_norm: float | None = Field(None, alias="gradNorm")
+    lr: float | None = None
+    overflow_steps: int = Field(0, alias="overflowSteps")
+    non_finite_losses: int = Field(0, alias="nonFiniteLosses")
+    applied_steps: int | None = Field(None, alias="appliedSteps")
+    samples_per_second: float | None = Field(None, alias="samplesPerSecond")
+    tokens_per_second: float | None = Field(None, alias="tokensPerSecond")
+    mfu: float | None = None
+    step_seconds: float | None = Field(None, alias="stepSeconds")
+    precision: str | None = None
+    peak_device_memory_bytes: int | None = Field(None, alias="peakDeviceMemoryBytes")
+
+
+class CheckpointStaged(TrainerEvent):
+    """The training thread's wait for a periodic save."""
+
+    name = "checkpointStaged"
+    step: int
+    stall_seconds: float = Field(alias="stallSeconds")
+
+
+class Checkpoint(TrainerEvent):
+    name = "checkpoint"
+    step: int
+    path: str
+    sha256: str
+    seconds: float
+    bytes: int
+    asynchronous: bool = Field(alias="async")
+
+
+class CheckpointSkipped(TrainerEvent):
+    name = "checkpointSkipped"
+    step: int
+    why: str
+
+
+class CheckpointFailed(TrainerEvent):
+    name = "checkpointFailed"
+    step: int
+    training_step: int = Field(alias="trainingStep")
+    error: str
+    failures: int
+
+
+class Eval(TrainerEvent):
+    """The quality gate: eval loss in the attempt's precision and in fp32."""
+
+    name = "eval"
+    step: int
+    loss: float | None = None
+    loss_fp32: float | None = Field(None, alias="lossFp32")
+    delta: float | None = None
+    seconds: float
+
+
+class Fault(TrainerEvent):
+    name = "fault"
+    step: int
+    rule: str
+    message: str
+
+
+class ReplayDone(TrainerEvent, Replay):
+    name = "replay"
+
+
+class ReplaySkipped(TrainerEvent):
+    name = "replaySkipped"
+    why: str
+
+
+class Repromote(TrainerEvent):
+    name = "repromote"
+    step: int
+    clean_steps: int = Field(alias="cleanSteps")
+
+
+class Preempted(TrainerEvent):
+    name = "preempted"
+    step: int
+
+
+class Done(TrainerEvent):
+    name = "done"
+    step: int
+    loss: float | None = None
+    applied_steps: int | None = Field(None, alias="appliedSteps")
+
+
+class Error(TrainerEvent):
+    name = "error"
+    kind: str
+    message: str
+
+
+EVENTS: dict[str, type[TrainerEvent]] = {
+    model.name: model
+    for model in (
+        Start,
+        CheckpointRejected,
+        KeepFp32,
+        Compile,
+        PrecisionMeasured,
+        Resume,
+        FreshStart,
+        Step,
+        CheckpointStaged,
+        Checkpoint,
+        CheckpointSkipped,
+        CheckpointFailed,
+        Eval,
+        Fault,
+        ReplayDone,
+        ReplaySkipped,
+        Repromote,
+        Preempted,
+        Done,
+        Error,
+    )
+}
+
+
+def _wire(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "inf", "-inf", "nan": JSON has none of them
+    if isinstance(value, dict):
+        return {k: _wire(v) for k, v in value.items()}
+    return value
+
+
+def _aliases(model: type[TrainerEvent]) -> set[str]:
+    return {info.alias or name for name, info in model.model_fields.items()}
+
+
+def format_line(event: str, fields: dict[str, Any]) -> str:
+    """One event line: `fields` checked against the event's model (ValueError names an unknown
+    event or field, or a value of the wrong type), written as the trainer always wrote them."""
+    model = EVENTS.get(event)
+    if model is None:
+        raise ValueError(f"unknown trainer event {event!r} (known: {', '.join(EVENTS)})")
+    unknown = set(fields) - _aliases(model)
+    if unknown:
+        raise ValueError(f"event {event!r} has no field(s) {', '.join(sorted(unknown))}")
+    model.model_validate(fields)
+    return json.dumps({"event": event, **{k: _wire(v) for k, v in fields.items()}})
+
+
+def parse_line(line: str) -> TrainerEvent | None:
+    """The event a trainer line holds; None for anything else (a plain log line, an unknown
+    event, a line that does not fit its event's model)."""
+    text = line.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    model = EVENTS.get(str(data.get("event"))) if isinstance(data, dict) else None
+    if model is None:
+        return None
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        return None
