@@ -120,10 +120,14 @@ def outcome_of(job: JobView) -> AttemptOutcome:
 
 def ended_by_pods(job: JobView, workers: int) -> str | None:
     """How an attempt ended, read from its pods before the Job controller writes it down: each
-    pod stopped by itself (none is being deleted: a deadline, a suspension or an eviction goes
-    through the Job's own condition), and one failed (backoffLimit 0: the Job fails with it) or
-    every index succeeded. None while that is not known."""
-    if not job.pods or any(p.alive or p.deleting for p in job.pods):
+    pod stopped, by itself (a deadline or a suspension deletes pods and goes through the Job's
+    own condition) or with the cluster's reason on it (an eviction's DisruptionTarget: read
+    now, while the pod still shows it, for the evicted pod may be gone by the time the Job
+    fails), and one failed (backoffLimit 0: the Job fails with it) or every index succeeded.
+    None while that is not known, and while the Job is suspended (its queue's business)."""
+    if not job.pods or job.suspended or any(p.alive for p in job.pods):
+        return None
+    if any(p.deleting for p in job.pods) and not any(p.platform_reason for p in job.pods):
         return None
     if any(p.exit_code not in (None, 0) or p.platform_reason or p.phase == "Failed" for p in job.pods):
         return "Failed"

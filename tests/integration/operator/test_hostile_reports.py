@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -62,12 +63,14 @@ def test_an_evicted_attempt_is_uncharged(operator: Operator, jobs: Jobs) -> None
     jobs.create("evicted", standin(FOREVER, runPolicy={"maxAttempts": 1}))
     for attempt in range(2):  # two evictions with maxAttempts 1: neither uses it
         pod = running_pod(jobs, "evicted", attempt)
+        # Now, as the Eviction API stamps it: the disruption controller resets a DisruptionTarget
+        # older than two minutes on a pod that is not being deleted.
         disruption = {
             "type": "DisruptionTarget",
             "status": "True",
             "reason": "EvictionByEvictionAPI",
             "message": "Eviction API: evicting",
-            "lastTransitionTime": "2026-11-25T00:00:00Z",
+            "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         jobs.core.patch_namespaced_pod_status(pod, jobs.namespace, {"status": {"conditions": [disruption]}})
         jobs.core.delete_namespaced_pod(pod, jobs.namespace)

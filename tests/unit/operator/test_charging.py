@@ -12,7 +12,7 @@ import pytest
 
 from mpjob.planning.charging import CHARGING_POLICY, Disruption, charged
 from mpjob.planning.classify import AttemptOutcome, classify
-from mpjob.planning.reconcile import JobView, PodView, outcome_of, preempted_by_queue, reconcile
+from mpjob.planning.reconcile import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue, reconcile
 from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import TerminationReport
@@ -187,3 +187,10 @@ def test_children_of_ended_attempts_go_but_the_newest_two_attempts_stay() -> Non
     jobs = {i: JobView(i, "Failed", pods=(pod(1),)) for i in range(3)} | {3: JobView(3)}
     plan = reconcile(s, status, 1, jobs, T0 + timedelta(seconds=50))
     assert plan.delete == [0, 1]  # attempt 2 (the last ended) and 3 (running) keep theirs
+
+
+def test_an_evicted_pod_ends_the_attempt_while_it_still_shows_its_disruption() -> None:
+    evicted = pod(143, platform="EvictionByEvictionAPI", deleting=True)
+    assert ended_by_pods(JobView(0, pods=(evicted,)), 1) == "Failed"
+    assert ended_by_pods(JobView(0, pods=(pod(143, deleting=True),)), 1) is None  # a deadline, a suspension
+    assert ended_by_pods(JobView(0, pods=(evicted,), suspended=True), 1) is None  # its queue's business
