@@ -31,6 +31,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 #: inside a 63-character DNS label.
 MAX_NAME_LENGTH = 50
 MAX_ATTEMPTS_LIMIT = 99
+#: status.attempts keeps the first attempt and the newest ones, this many in all; the rest are
+#: counted in status.attemptCounts (uncharged attempts have no limit but the deadline).
+MAX_ATTEMPT_ENTRIES = 21
 MAX_WORKERS = 256
 MAX_PROCESSES_PER_WORKER = 64
 #: task.args entries at most (the CRD's maxProperties): they travel in every trainer pod's env.
@@ -437,8 +440,28 @@ class AttemptStatus(ApiModel):
     reason: str | None = None
     exit_code: int | None = None
     message: str | None = None
+    #: Whether the attempt used one of runPolicy.maxAttempts: false only when the cluster showed
+    #: a disruption (the pod's DisruptionTarget, its queue suspending the Job, the node gone) or
+    #: the user suspended the job; a trainer's own word (exit 44, a Preempted report) is charged.
+    charged: bool | None = None
     start_time: str | None = None
     finish_time: str | None = None
+
+
+class AttemptCounts(ApiModel):
+    """Every attempt of the job, counted: attempts[] keeps only the first and the newest
+    (MAX_ATTEMPT_ENTRIES in all), so these counts, not the entries, decide the attempt budget."""
+
+    #: Attempts begun (the next one's index, as attempts are numbered from 0).
+    started: int = 0
+    #: Ended attempts that used runPolicy.maxAttempts.
+    charged: int = 0
+    #: Attempts that went back up to a faster precision (precision.maxRepromotions).
+    repromotions: int = 0
+    #: Ended attempts by reason (NumericFault, Preempted, ...).
+    by_reason: dict[str, int] = Field(default_factory=dict)
+    #: Entries dropped from attempts[] (between the first and the newest).
+    omitted: int = 0
 
 
 class Condition(ApiModel):
@@ -468,6 +491,7 @@ class MixedPrecisionJobStatus(ApiModel):
     eval_loss_delta: float | None = None
     last_checkpoint: CheckpointStatus | None = None
     attempts: list[AttemptStatus] = Field(default_factory=list)
+    attempt_counts: AttemptCounts | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     message: str | None = None

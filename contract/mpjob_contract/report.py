@@ -2,15 +2,26 @@
 
 Kubernetes keeps at most 4096 bytes of a container's termination message; `to_message`
 keeps the report well under that by shortening the human message first.
+
+A report is the tenant's word: any process in the trainer's container can write that file.
+So it is validated at the boundary, here, by every reader (the operator, `mpjob run`, the
+launcher folding its ranks): a precision is one the API knows, a reason one of `Reason`,
+steps and counters are integers in [0, 2^53), floats are finite, strings are bounded (the
+message is cut to MAX_MESSAGE_CHARS, a path or digest too long is refused). A
+message that looks like a report and fails the model raises `InvalidReport`, naming the
+fields; the reader makes that an infrastructure failure of the attempt, never a value it
+stores, plans with or puts in a metric label.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mpjob_contract.api import Precision
 from mpjob_contract.codes import Reason
 from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV
 
@@ -20,10 +31,25 @@ __all__ = [
     "TERMINATION_LOG_ENV",
     "CheckpointRef",
     "Counters",
+    "InvalidReport",
     "Measurement",
     "Replay",
     "TerminationReport",
 ]
+
+#: Integers a report may carry: what a JSON number holds exactly (and a status patch accepts).
+MAX_REPORT_INT = 2**53 - 1
+#: The longest human message a report keeps (longer ones are cut; Kubernetes keeps 4096 bytes).
+MAX_MESSAGE_CHARS = 4096
+#: The longest path or digest a report may name.
+MAX_NAME_CHARS = 1024
+
+Count = Annotated[int, Field(ge=0, le=MAX_REPORT_INT)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class InvalidReport(ValueError):
+    """A termination message that is a JSON object but not a valid report; says which fields."""
 
 
 class _Model(BaseModel):
@@ -33,18 +59,18 @@ class _Model(BaseModel):
 class CheckpointRef(_Model):
     """A checkpoint that was verified good (its manifest and sha256 match)."""
 
-    step: int
-    path: str
-    sha256: str
-    precision: str
+    step: Count
+    path: str = Field(max_length=MAX_NAME_CHARS)
+    sha256: str = Field(max_length=MAX_NAME_CHARS)
+    precision: Precision
 
 
 class Counters(_Model):
-    overflow_steps: int = Field(0, alias="overflowSteps")
-    non_finite_losses: int = Field(0, alias="nonFiniteLosses")
-    loss_scale: float | None = Field(None, alias="lossScale")
+    overflow_steps: Count = Field(0, alias="overflowSteps")
+    non_finite_losses: Count = Field(0, alias="nonFiniteLosses")
+    loss_scale: Finite | None = Field(None, alias="lossScale", ge=0)
     #: The training loss at the last log interval (finite only): the job's final loss on success.
-    loss: float | None = None
+    loss: Finite | None = None
 
 
 class Replay(_Model):
@@ -52,40 +78,62 @@ class Replay(_Model):
 
     #: precision: fp32 stayed finite; data: fp32 went non-finite too; inconclusive: no replay
     #: could be made (no finite weights to start from, or past the time cap).
-    verdict: str
+    verdict: Literal["precision", "data", "inconclusive"]
     #: The first faulting step (0-based index of the optimizer step) and the steps replayed.
-    first_step: int = Field(alias="firstStep")
-    steps: int = 0
+    first_step: Count = Field(alias="firstStep")
+    steps: Count = 0
     #: Whether the replay began at the last good checkpoint's weights (else: the weights in memory).
     from_checkpoint: bool = Field(False, alias="fromCheckpoint")
     #: The step whose fp32 loss or gradients were non-finite, and its samples (dataset indices,
     #: this process's share of the batch; capped).
-    offending_step: int | None = Field(None, alias="offendingStep")
-    samples: list[int] = Field(default_factory=list, max_length=64)
-    seconds: float = 0.0
+    offending_step: Count | None = Field(None, alias="offendingStep")
+    samples: list[Count] = Field(default_factory=list, max_length=64)
+    seconds: Finite = Field(0.0, ge=0)
 
 
 class Measurement(_Model):
     """What an `auto` attempt measured on its node: seconds per step by precision (None: the step
     went non-finite), what it chose, and whether AMP was slower than fp32 (F6)."""
 
-    step_seconds: dict[str, float | None] = Field(default_factory=dict, alias="stepSeconds")
-    chosen: str
+    step_seconds: dict[str, Annotated[Finite, Field(ge=0)] | None] = Field(default_factory=dict, alias="stepSeconds")
+    chosen: Precision
     amp_slower_than_fp32: bool = Field(False, alias="ampSlowerThanFp32")
+
+    @field_validator("step_seconds")
+    @classmethod
+    def _known_precisions(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        """Keys are precisions the API knows (they become status keys and message text)."""
+        unknown = sorted(set(value) - set(get_args(Precision)))
+        if unknown:
+            raise ValueError(f"not a precision: {unknown[0][:20]!r} (allowed: {', '.join(get_args(Precision))})")
+        return value
 
 
 class TerminationReport(_Model):
     reason: Reason
-    step: int = 0
+    step: Count = 0
     #: The step this attempt resumed from (0 = fresh start): where the trainer really began.
     #: None: it ended before it got that far (the operator keeps the step it planned).
-    start_step: int | None = Field(None, alias="startStep")
-    precision: str = ""
+    start_step: Count | None = Field(None, alias="startStep")
+    #: The precision the attempt trained in; None before the trainer knew it (an early error).
+    precision: Precision | None = None
     last_good_checkpoint: CheckpointRef | None = Field(None, alias="lastGoodCheckpoint")
     counters: Counters = Field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
     message: str = ""
+
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        """Cut, not refused: a long traceback is still the trainer's best account of its end."""
+        return value[:MAX_MESSAGE_CHARS]
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _unknown_yet(cls, value: object) -> object:
+        """The trainer reports an empty precision before it has resolved one."""
+        return None if value == "" else value
 
     def to_message(self) -> str:
         """Serialize within MAX_REPORT_BYTES, shortening `message` if needed."""
@@ -99,13 +147,17 @@ class TerminationReport(_Model):
 
     @classmethod
     def parse_message(cls, text: str | None) -> TerminationReport | None:
-        """Parse a termination message; None when absent or not a report."""
+        """Parse a termination message: None when absent or not one JSON document (a log tail,
+        which may hold JSON lines); `InvalidReport`, naming the fields, when it is a JSON object
+        that fails the model."""
         if not text or not text.strip().startswith("{"):
             return None
         try:
             return cls.model_validate_json(text)
-        except ValueError:
-            return None
+        except ValidationError as exc:
+            if all(error["type"] == "json_invalid" for error in exc.errors()):
+                return None
+            raise InvalidReport(describe(exc)) from None
 
     def write(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Write the report where the container runtime will pick it up."""
@@ -113,3 +165,17 @@ class TerminationReport(_Model):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(self.to_message())
         return target
+
+
+def describe(exc: ValidationError, *, most: int = 3) -> str:
+    """'invalid termination report: precision: Input should be ...' for the first few errors,
+    each naming its field by its wire name; the offending input shown short (a 3,000-digit
+    number is not repeated back)."""
+    parts = []
+    for error in exc.errors(include_url=False)[:most]:
+        where = ".".join(str(part) for part in error["loc"]) or "(report)"
+        shown = repr(error.get("input"))
+        shown = shown if len(shown) <= 40 else f"{shown[:30]}... ({len(shown)} chars)"
+        parts.append(f"{where}: {error['msg']} (got {shown})")
+    more = f" (+{exc.error_count() - most} more)" if exc.error_count() > most else ""
+    return "invalid termination report: " + "; ".join(parts) + more

@@ -204,6 +204,8 @@ def test_kueue_preempts_a_running_attempt_and_the_job_resumes_in_the_same_precis
     assert status["phase"] == "Succeeded", status
     (attempt,) = status["attempts"]
     assert (attempt["precision"], attempt["reason"]) == ("fp16", "Succeeded")
+    # The preemption used none of maxAttempts 1: only the attempt that succeeded is charged.
+    assert status["attemptCounts"]["charged"] == 1 and status["attemptCounts"]["byReason"] == {"Succeeded": 1}
     # The readmitted Job's new pod resumed from the checkpoint the trainer wrote on SIGTERM.
     assert attempt["startStep"] >= max(15, preempted_at), (attempt, preempted_at)
     assert attempt["startStep"] % 1000 != 0, "not a periodic checkpoint"

@@ -83,7 +83,10 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     controller.cache.start(config.namespaces or [None], controller.cluster.batch, controller.cluster.core)
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, controller.cache.wait_synced)
-    ticks = tick(watched_jobs, queue=controller.queue, phases=controller.reconciler.phases, config=config)
+    reconciler = controller.reconciler
+    ticks = tick(
+        watched_jobs, queue=controller.queue, phases=reconciler.phases, config=config, settled=reconciler.settled
+    )
     controller.ticker = asyncio.create_task(ticks)
 
 

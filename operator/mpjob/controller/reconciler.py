@@ -71,6 +71,9 @@ class Reconciler:
         #: status, and the first reconcile writes it, so the GET could show nothing newer
         #: that matters (a spec edit in between comes as its own event and reconcile).
         self.unseen: dict[Key, dict[str, Any]] = {}
+        #: Finished jobs whose children are all gone: the ticker leaves them alone (a change to
+        #: one still queues its reconcile, which takes it out again if it has work).
+        self.settled: set[Key] = set()
 
     def handle(self, key: Key, tick: bool) -> None:
         """A work queue item: reconcile one job (with its live progress when the ticker asked).
@@ -131,7 +134,15 @@ class Reconciler:
                 self._progress(body, plan.status, seen)
             elif plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
+            self._settle((namespace, name), plan, seen)
             return plan.status
+
+    def _settle(self, key: Key, plan: Plan, seen: Observed) -> None:
+        """A finished job none of whose children is left (none seen, none deleted now) is settled."""
+        if plan.status.phase in FINISHED and not (plan.delete or seen.jobs or seen.lingering):
+            self.settled.add(key)
+        else:
+            self.settled.discard(key)
 
     def _with_queue_words(
         self, namespace: str, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, seen: Observed
@@ -151,6 +162,7 @@ class Reconciler:
         self.phases.pop(uid, None)
         if key is not None:
             self.unseen.pop(key, None)
+            self.settled.discard(key)
 
     def first_sight(self, key: Key, body: dict[str, Any]) -> None:
         """A job kopf saw with no status yet: its first reconcile plans from this body."""

@@ -1,7 +1,8 @@
-"""The ticker: every unfinished job (and every finished one whose TTL has yet to pass) is
-queued for a reconcile once per tick interval, with its live progress read. It is the safety
-net under the event-driven reconciles, never their replacement: ticks wait in the work queue's
-second lane, behind every change.
+"""The ticker: every unfinished job (and every finished one whose TTL has yet to delete its
+children) is queued for a reconcile once per tick interval, with its live progress read. It is
+the safety net under the event-driven reconciles, never their replacement: ticks wait in the
+work queue's second lane, behind every change. A finished job whose children are gone is
+settled (the reconciler says so): no tick does any work on it after that.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import typing
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import kopf
 
 from mpjob.controller import metrics as om
 from mpjob.controller.config import OperatorConfig
+from mpjob.controller.records import Key
 from mpjob.controller.workqueue import WorkQueue
 from mpjob.planning.reconcile import FINISHED
 from mpjob_contract import api
@@ -37,17 +39,29 @@ def publish_phases(phases: Mapping[str, str]) -> None:
         om.JOBS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
 
 
-async def tick(index: kopf.Index, *, queue: WorkQueue, phases: Mapping[str, str], config: OperatorConfig) -> None:
-    """Queue a tick of each job that still has work (`index`: key -> has_work) once every
-    tick_seconds, spread evenly over the interval (never all at once), at most
-    max_ticks_per_second. Runs until cancelled."""
+def due(index: Mapping[Key, Any], settled: Collection[Key]) -> list[Key]:
+    """The jobs to tick: those the index says have work, less those the reconciler settled."""
+    return sorted(key for key, store in list(index.items()) if any(store) and key not in settled)
+
+
+async def tick(
+    index: kopf.Index,
+    *,
+    queue: WorkQueue,
+    phases: Mapping[str, str],
+    config: OperatorConfig,
+    settled: Collection[Key] = frozenset(),
+) -> None:
+    """Queue a tick of each job that still has work (`index`: key -> has_work; `settled`: the
+    finished jobs whose children are gone) once every tick_seconds, spread evenly over the
+    interval (never all at once), at most max_ticks_per_second. Runs until cancelled."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(config.tick_seconds)
     while True:
         started = loop.time()
-        due = sorted(key for key, store in list(index.items()) if any(store))
-        pace = max(config.tick_seconds / max(len(due), 1), 1 / config.max_ticks_per_second)
-        for key in due:
+        due_now = due(index, settled)
+        pace = max(config.tick_seconds / max(len(due_now), 1), 1 / config.max_ticks_per_second)
+        for key in due_now:
             queue.add(key, tick=True)
             await asyncio.sleep(pace)
         publish_phases(phases)

@@ -3,6 +3,10 @@ planner and failure policy (mpjob.planning). Each attempt is `workers` local tra
 processes (gloo rendezvous on loopback); the run directory holds the checkpoints, each
 attempt's logs and termination reports, report.json (the status the CR would have), the
 recorded series and the plot.
+
+Charging (mpjob.planning.charging): no cluster here, so the only stop from outside a trainer is
+the user's (Ctrl-C, or the runner killed): uncharged, as runPolicy.suspend. Whatever a trainer
+does by itself (exit 44 included) is charged, as on a cluster that shows no disruption.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import TYPE_CHECKING
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.workers import Workers, free_port
 from mpjob.planning import lifecycle as lc
+from mpjob.planning import reported
 from mpjob.planning import status as st
+from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.figures import round_figures
 from mpjob.planning.lifecycle import Plan, When
@@ -117,7 +123,12 @@ class LocalRun:
             return None
         last = self.status.attempts[-1]
         if last.finish_time is None:  # the runner itself was killed: its workers went with it
-            gone = AttemptOutcome(exit_code=None, platform_reason="PodDeleted", message="the local run was killed")
+            gone = AttemptOutcome(
+                exit_code=None,
+                platform_reason="PodDeleted",
+                message="the local run was killed",
+                disruption=Disruption.USER_SUSPEND,  # the user stopped the runner, as with Ctrl-C
+            )
             lc.conclude(
                 plan,
                 self.spec,
@@ -254,12 +265,12 @@ class LocalRun:
 
     def _measured(self, start: StartAttempt, event: events.PrecisionMeasured) -> None:
         """An `auto` attempt measured this machine: its precision from here on, and the figures."""
-        chosen, seconds = event.chosen, event.step_seconds
+        chosen, seconds = event.chosen, event.step_seconds  # validated: a precision the API knows
         for attempt in self.status.attempts:
-            if attempt.index == start.index and attempt.precision == "auto" and chosen:
-                lc.measured(self.status, attempt, chosen, seconds)
+            if attempt.index == start.index and attempt.precision == "auto":
+                reported.measured(self.status, attempt, chosen, seconds)
         self.series.measured(start.index, chosen)
-        self.view.info(f"auto measured {lc.step_times(seconds)} per step: training in {chosen}")
+        self.view.info(f"auto measured {reported.step_times(seconds)} per step: training in {chosen}")
 
     def _interrupt(self) -> None:
         assert self._workers is not None  # Ctrl-C is caught while following the workers

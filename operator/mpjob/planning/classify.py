@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from mpjob.planning.charging import Disruption, charged, evidence_of
 from mpjob_contract.codes import Reason, reason_for_exit_code
 from mpjob_contract.report import TerminationReport
 
@@ -50,7 +51,11 @@ FAILURE_POLICY: tuple[Rule, ...] = (
         Action.FAIL,
         "replayed in fp32 the fault stays (exit 45): the data or the model is at fault, not the precision",
     ),
-    Rule(Reason.PREEMPTED, Action.SAME_PRECISION, "SIGTERM honoured with a checkpoint (exit 44)"),
+    Rule(
+        Reason.PREEMPTED,
+        Action.SAME_PRECISION,
+        "SIGTERM honoured with a checkpoint (exit 44); uncharged only when the cluster shows why",
+    ),
     Rule(
         Reason.REPROMOTE,
         Action.REPROMOTE,
@@ -105,6 +110,11 @@ class AttemptOutcome:
     report: TerminationReport | None = None
     platform_reason: str | None = None
     message: str = ""
+    #: What, other than the trainer, showed the attempt was stopped (its queue, the user);
+    #: a platform reason adds its own (`mpjob.planning.charging`).
+    disruption: Disruption | None = None
+    #: The termination message was a report that failed the model: what was wrong with it.
+    invalid_report: str | None = None
 
     @property
     def end_step(self) -> int | None:
@@ -116,13 +126,23 @@ class Classification:
     reason: Reason
     action: Action
     message: str
+    #: The evidence of a disruption the attempt ended with (None: only the trainer's word).
+    disruption: Disruption | None = None
+
+    @property
+    def charged(self) -> bool:
+        """Whether the attempt uses one of runPolicy.maxAttempts (mpjob.planning.charging)."""
+        return charged(self.disruption)
 
 
 def classify(outcome: AttemptOutcome) -> Classification:
-    """Turn an observed ending into a reason and the policy's action for it."""
-    reason: Reason | None = None
-    if outcome.platform_reason:
-        reason = PLATFORM_REASONS.get(outcome.platform_reason)
+    """Turn an observed ending into a reason, the policy's action for it and the evidence of
+    a disruption (only a platform reason or the outcome's own is evidence, never a report)."""
+    platform = PLATFORM_REASONS.get(outcome.platform_reason) if outcome.platform_reason else None
+    disruption = outcome.disruption or evidence_of(platform)
+    if platform is None and outcome.invalid_report is not None:
+        return Classification(Reason.INFRA_ERROR, Action.SAME_PRECISION, outcome.invalid_report, disruption)
+    reason = platform
     if reason is None and outcome.report is not None and outcome.report.reason != Reason.SUCCEEDED:
         reason = Reason(outcome.report.reason)
     if reason is None:
@@ -134,7 +154,7 @@ def classify(outcome: AttemptOutcome) -> Classification:
             reason = reason_for_exit_code(outcome.exit_code)
     rule = _BY_REASON[reason]
     message = (outcome.report.message if outcome.report and outcome.report.message else outcome.message) or rule.why
-    return Classification(reason, rule.action, message)
+    return Classification(reason, rule.action, message, disruption)
 
 
 # ---------------------------------------------------------------- the API server refused a child

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mpjob.planning import history
 from mpjob.planning import status as st
+from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import Action, AttemptOutcome, classify
-from mpjob.planning.figures import round_figures
 from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
+from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.api import (
-    AttemptStatus,
-    CheckpointStatus,
-    MixedPrecisionJobSpec,
-    MixedPrecisionJobStatus,
-    world_size,
-)
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, world_size
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import AUTO_MARGIN, CHECKPOINT_MOUNT
 from mpjob_contract.report import Measurement, TerminationReport
@@ -77,7 +73,7 @@ def again(
         grad_accumulation=attempt.grad_accumulation,
         promoted_from=attempt.precision if attempt.repromoted and index == attempt.index else None,
     )
-    return with_promotion(spec, start, status.attempts)
+    return with_promotion(spec, start, status.attempts, repromotions=history.counts(status).repromotions)
 
 
 def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:
@@ -142,12 +138,13 @@ def refused(plan: Plan, *, index: int, reason: str, message: str, when: When) ->
 
 
 def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
-    """Out of a suspension: the next attempt, same precision, from the last checkpoint."""
+    """Out of a suspension: the next attempt, same precision, from the last checkpoint. The
+    suspension used none of runPolicy.maxAttempts; only the charged attempts count."""
     status, current = plan.status, plan.status.attempts[-1]
     condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
     step = status.last_checkpoint.step if status.last_checkpoint else 0
-    nxt = again(spec, status, current, index=current.index + 1, start_step=step)
-    if nxt.index >= spec.run_policy.max_attempts:
+    nxt = again(spec, status, current, index=history.next_index(status), start_step=step)
+    if history.used(status) >= spec.run_policy.max_attempts:
         finish(plan, Finish(False, "AttemptsExhausted", "no attempt left to resume"), when)
         return
     begin(plan, spec, nxt, when, why=ConditionReason.RESUMED)
@@ -155,10 +152,12 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
 
 def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When) -> None:
     """`mpjob run` stopped by Ctrl-C: the attempt ends Suspended (its trainer checkpointed on
-    SIGTERM, as under runPolicy.suspend) and running it again resumes."""
+    SIGTERM, as under runPolicy.suspend: the user's own stop, uncharged) and running it again
+    resumes."""
     end_step = record_report(plan.status, index, report)
     message = "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume"
-    st.end_attempt(plan.status, index, Reason.SUSPENDED.value, None, message, end_step, when.at)
+    user = Disruption.USER_SUSPEND
+    st.end_attempt(plan.status, index, Reason.SUSPENDED.value, None, message, end_step, when.at, charged=charged(user))
     suspend(plan, when, message)
     plan.status.message = "interrupted; run `mpjob run` again with the same --out to resume"
 
@@ -178,48 +177,6 @@ def finish(plan: Plan, decision: Finish, when: When) -> None:
     condition(plan, when, ConditionType.RUNNING, False, decision.reason, decision.message)
     condition(plan, when, ConditionType(status.phase), True, decision.reason, decision.message)
     plan.events.append(Event("Normal" if decision.succeeded else "Warning", status.phase, decision.message))
-
-
-def record_report(status: MixedPrecisionJobStatus, index: int, report: TerminationReport | None) -> int:
-    """What the trainer's report tells: the last good checkpoint, where it stopped and began."""
-    if report is None:
-        return status.step
-    if report.last_good_checkpoint is not None:
-        ref = report.last_good_checkpoint
-        status.last_checkpoint = CheckpointStatus(
-            step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
-        )
-    status.step = report.step
-    # The trainer's own final counts (a live reading may never have been taken); a loss scale
-    # exists only in fp16 (0 would read as a collapsed scale).
-    status.overflow_steps = report.counters.overflow_steps
-    if report.counters.loss is not None:
-        status.loss = report.counters.loss
-    scale = report.counters.loss_scale
-    status.loss_scale = scale if report.precision == "fp16" and scale else None
-    for attempt in status.attempts:
-        if attempt.index == index and report.start_step is not None:  # where it began, not the plan
-            attempt.start_step = report.start_step
-        if attempt.index == index and report.measurement is not None:
-            measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
-    round_figures(status)
-    return report.step
-
-
-def measured(
-    status: MixedPrecisionJobStatus, attempt: AttemptStatus, chosen: str, seconds: dict[str, float | None]
-) -> None:
-    """An `auto` attempt measured its node: the precision it chose and the step times behind it."""
-    attempt.measured_step_seconds = dict(seconds)
-    if attempt.precision == "auto" and chosen:
-        attempt.precision = chosen
-        if status.attempts and status.attempts[-1] is attempt:
-            status.precision = chosen
-
-
-def step_times(seconds: dict[str, float | None]) -> str:
-    """'bf16 187.6 ms, fp32 24.4 ms': measured step times, for messages."""
-    return ", ".join(f"{p} {s * 1000:.1f} ms" if s is not None else f"{p} non-finite" for p, s in seconds.items())
 
 
 def amp_slower(plan: Plan, measurement: Measurement | None, when: When) -> None:
@@ -253,7 +210,8 @@ def conclude(
     index, precision = attempt.index, attempt.precision
     if precision == "auto" and report is not None and report.precision:
         precision = report.precision  # what the trainer measured and trained in
-    st.end_attempt(status, index, result.reason.value, outcome.exit_code, result.message, end_step, when.at)
+    reason, code = result.reason.value, outcome.exit_code
+    st.end_attempt(status, index, reason, code, result.message, end_step, when.at, charged=result.charged)
     kind = "Normal" if result.action is Action.SUCCEED else "Warning"
     plan.ended = Event(kind, result.reason.value, result.message)
     plan.events.append(
@@ -271,9 +229,10 @@ def conclude(
         ckpt.path if ckpt else None,
         capability,
         checkpoint_dir=checkpoint_dir,
-        uncharged=st.uncharged_attempts(status),
+        used=history.used(status),
         shape=shape_of(attempt),
         history=status.attempts,
+        repromotions=history.counts(status).repromotions,
     )
     if isinstance(decision, Finish):
         finish(plan, decision, when)

@@ -112,13 +112,17 @@ def promotion_target(
     precision: str,
     history: Sequence[AttemptStatus],
     capability: tuple[int, int] | str | None = "spec",
+    *,
+    repromotions: int | None = None,
 ) -> str | None:
     """The faster precision an attempt in `precision` may go back up to (the rung above it in the
-    ladder), or None: re-promotion off, the budget used, or that precision barred because it
-    faulted again after a re-promotion into it."""
+    ladder), or None: re-promotion off, the budget used (`repromotions` so far, from the
+    status's counts; None: those in `history`), or that precision barred because it faulted
+    again after a re-promotion into it."""
     if spec.precision.repromote_after_steps == 0:
         return None
-    if sum(1 for a in history if a.repromoted) >= spec.precision.max_repromotions:
+    made = sum(1 for a in history if a.repromoted) if repromotions is None else repromotions
+    if made >= spec.precision.max_repromotions:
         return None
     steps = ladder(spec, capability)
     if precision not in steps or steps.index(precision) == 0:
@@ -138,9 +142,11 @@ def with_promotion(
     start: StartAttempt,
     history: Sequence[AttemptStatus],
     capability: tuple[int, int] | str | None = "spec",
+    *,
+    repromotions: int | None = None,
 ) -> StartAttempt:
     """`start`, told to re-promote after precision.repromoteAfterSteps when it may."""
-    if promotion_target(spec, start.precision, history, capability) is None:
+    if promotion_target(spec, start.precision, history, capability, repromotions=repromotions) is None:
         return replace(start, repromote_after_steps=None)
     return replace(start, repromote_after_steps=spec.precision.repromote_after_steps)
 
@@ -159,18 +165,20 @@ def after_attempt(
     capability: tuple[int, int] | str | None = "spec",
     *,
     checkpoint_dir: str = CHECKPOINT_MOUNT,
-    uncharged: int = 0,
+    used: int | None = None,
     shape: BatchShape | None = None,
     history: Sequence[AttemptStatus] = (),
+    repromotions: int | None = None,
 ) -> Decision:
     """Decide what follows attempt `index` (0-based) that ran in `precision` and ended as `result`.
 
     `last_good_step`/`last_good_path` name the newest verified checkpoint known so far (from
     the termination report or the status); the next attempt resumes from it when it lies in
     `checkpoint_dir` (a report is the trainer's word, not proof), else from the newest valid one.
-    `uncharged` counts earlier attempts that used none of the budget; `shape` is the ended
+    `used` counts the attempts that used runPolicy.maxAttempts, the ended one included when it
+    was charged (the status's counts; None: every attempt up to `index`); `shape` is the ended
     attempt's batch shape (None: spec.training's); `history` the job's attempts so far, the
-    ended one included (for re-promotion).
+    ended one included, and `repromotions` the re-promotions made (for re-promotion).
     """
     if result.action is Action.SUCCEED:
         return Finish(True, Reason.SUCCEEDED.value, result.message)
@@ -178,7 +186,7 @@ def after_attempt(
         return Finish(False, result.reason.value, result.message)
     if (repeated := repeated_early_failure(history)) is not None:
         return Finish(False, REPEATED_FAILURE, repeated)
-    attempts_used = index + 1 - uncharged  # earlier attempts that used none of the budget
+    attempts_used = index + 1 if used is None else used
     if attempts_used >= spec.run_policy.max_attempts:
         return Finish(
             False,
@@ -190,7 +198,7 @@ def after_attempt(
     ended = StartAttempt(index, precision, resume_from, last_good_step)
     decision = _next(spec, ended, result, shape or BatchShape.of(spec), capability)
     if isinstance(decision, StartAttempt):
-        return with_promotion(spec, decision, history, capability)
+        return with_promotion(spec, decision, history, capability, repromotions=repromotions)
     return decision
 
 

@@ -11,47 +11,21 @@ The status is the operator's memory. Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
-from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.charging import Disruption, charged
+from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract import codes
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, reason_for_exit_code
-from mpjob_contract.report import TerminationReport
+from mpjob_contract.codes import Reason
+
+__all__ = ["FINISHED", "JobView", "PodView", "ended_by_pods", "outcome_of", "preempted_by_queue", "reconcile"]
 
 FINISHED = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True, slots=True)
-class PodView:
-    name: str
-    index: int
-    phase: str
-    alive: bool  # has a running (or not yet terminated) container
-    exit_code: int | None = None
-    termination_message: str | None = None
-    platform_reason: str | None = None  # pod.status.reason / DisruptionTarget / container reason
-    deleting: bool = False
-
-
-@dataclass(frozen=True)
-class JobView:
-    index: int
-    finished: str | None = None  # "Complete" | "Failed" | None
-    reason: str | None = None  # the Failed condition's reason (BackoffLimitExceeded, DeadlineExceeded)
-    pods: tuple[PodView, ...] = ()
-    suspended: bool = False
-    #: The Job controller's latest FailedCreate message (a pod it could not create), if any.
-    create_error: str | None = None
-    #: While the Job waits suspended: why its queue has not admitted it, in the queue's words
-    #: (Kueue's Workload condition), when the operator could read it.
-    queue_message: str | None = None
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -62,86 +36,6 @@ def _parse_time(value: str | None) -> datetime | None:
 
 def _fmt(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-#: Endings the trainer decided that outrank a crash, ranked as mpjob_contract.codes.ENDING_PRECEDENCE
-#: ranks them; a platform reason, a crash, a stop (preempted, re-promoted, killed) and a success
-#: come after, in that order.
-_TRAINER_DECIDED = {
-    reason: place for place, reason in enumerate(ENDING_PRECEDENCE[: ENDING_PRECEDENCE.index(Reason.INFRA_ERROR)])
-}
-_STOPS = (44, 47, 143, 137)
-
-
-def outcome_of(job: JobView) -> AttemptOutcome:
-    """The attempt's ending as the pods tell it: the most telling pod explains it."""
-
-    def rank(pod: PodView) -> tuple[int, int]:
-        report = TerminationReport.parse_message(pod.termination_message)
-        said = report.reason if report is not None else None
-        if said is None and pod.exit_code is not None and pod.platform_reason is None:
-            said = reason_for_exit_code(pod.exit_code)
-        if said in _TRAINER_DECIDED:  # the contract's order, as the launcher folds ranks
-            return (_TRAINER_DECIDED[said], pod.index)
-        later = len(_TRAINER_DECIDED)
-        if pod.platform_reason:
-            return (later, pod.index)
-        if pod.exit_code not in (None, 0, *_STOPS):
-            return (later + 1, pod.index)
-        if pod.exit_code in _STOPS or pod.deleting:
-            return (later + 2, pod.index)
-        return (later + 3, pod.index)
-
-    if job.finished == "Failed" and job.reason == "DeadlineExceeded":
-        return AttemptOutcome(
-            exit_code=None,
-            platform_reason="DeadlineExceeded",
-            message="the attempt ran past runPolicy.activeDeadlineSeconds",
-        )
-    ended = [p for p in job.pods if not p.alive]
-    if not ended:
-        if job.finished == "Complete":
-            return AttemptOutcome(exit_code=0)
-        return AttemptOutcome(
-            exit_code=None, platform_reason="PodDeleted", message="the attempt's pods disappeared before reporting"
-        )
-    pod = sorted(ended, key=rank)[0]
-    report = TerminationReport.parse_message(pod.termination_message)
-    message = "" if report else (pod.termination_message or "")[-512:]
-    platform = pod.platform_reason
-    if platform is None and report is None and pod.deleting:
-        platform = "PodDeleted"
-    return AttemptOutcome(exit_code=pod.exit_code, report=report, platform_reason=platform, message=message)
-
-
-def ended_by_pods(job: JobView, workers: int) -> str | None:
-    """How an attempt ended, read from its pods before the Job controller writes it down: each
-    pod stopped by itself (none is being deleted: a deadline, a suspension or an eviction goes
-    through the Job's own condition), and one failed (backoffLimit 0: the Job fails with it) or
-    every index succeeded. None while that is not known."""
-    if not job.pods or any(p.alive or p.deleting for p in job.pods):
-        return None
-    if any(p.exit_code not in (None, 0) or p.platform_reason or p.phase == "Failed" for p in job.pods):
-        return "Failed"
-    if {p.index for p in job.pods if p.exit_code == 0} >= set(range(workers)):
-        return "Complete"
-    return None
-
-
-def preempted_by_queue(job: JobView) -> AttemptOutcome | None:
-    """The ending of an attempt whose Job its queue suspended while it ran (Kueue preempting
-    it), else None. The Job controller stopped the pods (a pod stopped so counts as failed, and
-    backoffLimit 0 fails the Job) and the trainer checkpointed on SIGTERM. The attempt ends
-    Preempted whatever its pods still show (they may be gone already), so the next attempt
-    resumes in the same precision and uses none of runPolicy.maxAttempts. The operator never
-    suspends a Job that runs (runPolicy.suspend deletes it), so a suspended Job that failed was
-    suspended by its queue."""
-    if not (job.suspended and job.finished == "Failed" and job.reason != "DeadlineExceeded"):
-        return None
-    reports = (TerminationReport.parse_message(p.termination_message) for p in job.pods)
-    report = next((r for r in reports if r is not None and r.reason == Reason.PREEMPTED), None)
-    message = "preempted by its queue (its Job was suspended): resumes in the same precision once admitted again"
-    return AttemptOutcome(exit_code=int(codes.ExitCode.PREEMPTED), report=report, message=message)
 
 
 def reconcile(
@@ -175,9 +69,24 @@ def reconcile(
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
             lc.resume(plan, spec, when)
+    _retire(plan, jobs)
     if plan.create:
         plan.deadline_seconds = _deadline_left(spec, status, now)
     return plan
+
+
+#: Attempts whose children (Job, pods, headless Service) stay: the newest one (running, or the
+#: last) and the one before it, whose pods' logs tell why it ended.
+KEEP_CHILDREN = 2
+
+
+def _retire(plan: Plan, jobs: dict[int, JobView]) -> None:
+    """The Jobs of ended attempts older than the newest KEEP_CHILDREN go (their pods and Service
+    with them): their outcome is in this plan's status, which is written before any delete, so
+    a job that is preempted again and again never piles up children."""
+    kept = [a.index for a in plan.status.attempts[-KEEP_CHILDREN:]]
+    oldest_kept = min(kept, default=0)
+    plan.delete.extend(i for i in sorted(jobs) if i < oldest_kept and i not in plan.delete)
 
 
 def _deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
@@ -221,7 +130,8 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         if job is not None:
             plan.delete.append(current.index)  # pods get SIGTERM: the trainer checkpoints
         message = "suspended: the trainer checkpoints on SIGTERM"
-        st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at)
+        user = charged(Disruption.USER_SUSPEND)
+        st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at, charged=user)
         lc.suspend(plan, when, f"attempt {current.index} stopped by runPolicy.suspend")
         return
     if job is None:

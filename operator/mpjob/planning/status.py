@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from mpjob.planning import history
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
-from mpjob_contract.codes import Reason
 
 
 class ConditionType(StrEnum):
@@ -92,7 +92,8 @@ def set_condition(
 def begin_attempt(
     status: MixedPrecisionJobStatus, start: StartAttempt, *, world_size: int, at: str | None = None
 ) -> AttemptStatus:
-    """Record the attempt as started (idempotent: a known index is left as it is)."""
+    """Record the attempt as started (idempotent: a known index is left as it is), counted and
+    within the history's bound (`mpjob.planning.history`)."""
     for existing in status.attempts:
         if existing.index == start.index:
             return existing
@@ -106,7 +107,7 @@ def begin_attempt(
         repromoted=True if start.promoted_from is not None else None,
         start_time=at or now(),
     )
-    status.attempts.append(entry)
+    history.started(status, entry)
     status.attempt = start.index
     status.precision = start.precision
     # Live figures are each attempt's own: none until its first real reading.
@@ -123,7 +124,12 @@ def end_attempt(
     message: str,
     end_step: int | None,
     at: str | None = None,
+    *,
+    charged: bool = True,
 ) -> None:
+    """Record how attempt `index` ended, once; `charged`: whether it used one of
+    runPolicy.maxAttempts (`mpjob.planning.charging` decides)."""
+    history.counts(status)  # counted before this ending (a status from before counts existed)
     for entry in status.attempts:
         if entry.index == index and entry.finish_time is None:
             entry.reason = reason
@@ -131,15 +137,4 @@ def end_attempt(
             entry.message = message[:1024]
             entry.end_step = end_step
             entry.finish_time = at or now()
-
-
-#: Endings that use up none of runPolicy.maxAttempts: the platform stopped the attempt (its
-#: queue preempted it: Kueue suspended its Job) and its trainer checkpointed on SIGTERM. The job
-#: did nothing wrong, so a busy queue that preempts it again and again never exhausts it;
-#: runPolicy.activeDeadlineSeconds still bounds it.
-UNCHARGED_REASONS = frozenset({Reason.PREEMPTED.value})
-
-
-def uncharged_attempts(status: MixedPrecisionJobStatus) -> int:
-    """How many of the recorded attempts ended in a way runPolicy.maxAttempts does not count."""
-    return sum(1 for a in status.attempts if a.reason in UNCHARGED_REASONS)
+            history.ended(status, entry, charged=charged)

@@ -34,14 +34,23 @@ def report(reason: Reason, step: int, ckpt: int | None) -> str:
     return ended.to_message()
 
 
-def pod(code: int | None, message: str | None = None, *, index: int = 0, deleting: bool = False) -> PodView:
+def pod(
+    code: int | None,
+    message: str | None = None,
+    *,
+    index: int = 0,
+    deleting: bool = False,
+    platform: str | None = None,
+) -> PodView:
     phase = "Succeeded" if code == 0 else "Failed"
-    return PodView(f"p{index}", index, phase, False, code, message, deleting=deleting)
+    return PodView(f"p{index}", index, phase, False, code, message, platform_reason=platform, deleting=deleting)
 
 
 OK = (pod(0, report(Reason.SUCCEEDED, 60, 60)),)
 FAULT = (pod(42, report(Reason.NUMERIC_FAULT, 30, 20)),)
 PREEMPTED = (pod(44, report(Reason.PREEMPTED, 40, 40)),)
+# Evicted: the pod's DisruptionTarget condition (the cluster's word), the trainer checkpointed on SIGTERM.
+EVICTED = (pod(44, report(Reason.PREEMPTED, 40, 40), platform="EvictionByEvictionAPI"),)
 DELETED = (pod(137, deleting=True),)
 CONFIG = (pod(43, report(Reason.CONFIG_ERROR, 0, None)),)
 # Two workers: worker 1 faults, worker 0 was stopped by the launcher after it.
@@ -55,7 +64,9 @@ SCENARIOS: dict[str, tuple[dict[str, Any], list[Any]]] = {
     "config-error": ({}, [CONFIG]),
     "every-precision-failing": ({}, [FAULT, FAULT, FAULT]),
     "attempts-exhausted": ({"runPolicy": {"maxAttempts": 2}}, [DELETED, DELETED]),
-    "preemptions-use-no-attempt": ({"runPolicy": {"maxAttempts": 2}}, [PREEMPTED, PREEMPTED, PREEMPTED, OK]),
+    "disruptions-use-no-attempt": ({"runPolicy": {"maxAttempts": 2}}, [EVICTED, EVICTED, EVICTED, OK]),
+    "self-reported-preemptions-are-charged": ({"runPolicy": {"maxAttempts": 2}}, [PREEMPTED, PREEMPTED]),
+    "suspensions-use-no-attempt": ({"runPolicy": {"maxAttempts": 2}}, [SUSPEND, SUSPEND, SUSPEND, OK]),
     "two-workers-one-faults": ({"workers": 2}, [FAULT_2, OK]),
     "suspend-then-resume": ({}, [SUSPEND, OK]),
 }
@@ -112,15 +123,16 @@ class _QuietView:
 def through_mpjob_run(spec: MixedPrecisionJobSpec, endings: list[Any], out: Path) -> MixedPrecisionJobStatus:
     run = ScriptedRun(spec, out, endings)
     status = run.run()
-    if run.endings:  # interrupted: run again with the same --out, as the user would
-        again = ScriptedRun(spec, out, run.endings)
-        status = again.run()
+    while run.endings:  # interrupted: run again with the same --out, as the user would
+        run = ScriptedRun(spec, out, run.endings)
+        status = run.run()
     return status
 
 
 def summary(status: MixedPrecisionJobStatus) -> dict[str, Any]:
     attempts = [
-        (a.index, a.precision, a.start_step, a.end_step, a.world_size, a.reason, a.exit_code) for a in status.attempts
+        (a.index, a.precision, a.start_step, a.end_step, a.world_size, a.reason, a.exit_code, a.charged)
+        for a in status.attempts
     ]
     conditions = sorted((c.type, c.status, c.reason) for c in status.conditions)
     last = status.last_checkpoint.step if status.last_checkpoint else None
@@ -143,12 +155,17 @@ def test_the_scenarios_tell_the_stories_their_names_promise(tmp_path: Path) -> N
     assert phases["numeric-fault-then-success"]["attempts"][1][2] == 20  # resumed from the last good checkpoint
     assert [a[1] for a in phases["every-precision-failing"]["attempts"]] == ["fp16", "bf16", "fp32"]
     assert phases["every-precision-failing"]["phase"] == "Failed"
-    assert phases["config-error"]["attempts"] == [(0, "fp16", 0, 0, 1, "ConfigError", 43)]
+    assert phases["config-error"]["attempts"] == [(0, "fp16", 0, 0, 1, "ConfigError", 43, True)]
     assert [a[5] for a in phases["attempts-exhausted"]["attempts"]] == ["PodDeleted", "PodDeleted"]
     assert phases["attempts-exhausted"]["phase"] == "Failed"
-    # A preempted attempt checkpointed on SIGTERM: it uses none of runPolicy.maxAttempts.
-    assert [a[5] for a in phases["preemptions-use-no-attempt"]["attempts"]] == ["Preempted"] * 3 + ["Succeeded"]
-    assert phases["preemptions-use-no-attempt"]["phase"] == "Succeeded"
-    assert phases["two-workers-one-faults"]["attempts"][0][4:] == (2, "NumericFault", 42)
+    # An attempt the cluster disrupted (DisruptionTarget) uses none of runPolicy.maxAttempts ...
+    assert [a[5] for a in phases["disruptions-use-no-attempt"]["attempts"]] == ["Evicted"] * 3 + ["Succeeded"]
+    assert phases["disruptions-use-no-attempt"]["phase"] == "Succeeded"
+    # ... nor does the user's own suspension; a trainer's own word (exit 44, Preempted) is charged.
+    assert [a[5] for a in phases["suspensions-use-no-attempt"]["attempts"]] == ["Suspended"] * 3 + ["Succeeded"]
+    assert phases["suspensions-use-no-attempt"]["phase"] == "Succeeded"
+    assert [a[5] for a in phases["self-reported-preemptions-are-charged"]["attempts"]] == ["Preempted"] * 2
+    assert phases["self-reported-preemptions-are-charged"]["phase"] == "Failed"
+    assert phases["two-workers-one-faults"]["attempts"][0][4:] == (2, "NumericFault", 42, True)
     assert [a[5] for a in phases["suspend-then-resume"]["attempts"]] == ["Suspended", "Succeeded"]
     assert [a[5] for a in phases["deleted-pod-then-success"]["attempts"]] == ["PodDeleted", "Succeeded"]

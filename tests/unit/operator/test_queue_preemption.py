@@ -114,6 +114,8 @@ def test_preemptions_never_exhaust_the_attempt_budget() -> None:
         status = preempt(status, now, pods=())
         assert status.phase != "Failed", status.message
     assert [a.reason for a in status.attempts[:-1]] == ["Preempted"] * 4
+    assert [a.charged for a in status.attempts[:-1]] == [False] * 4  # the suspended Job is the evidence
+    assert status.attempt_counts is not None and status.attempt_counts.charged == 0
     assert status.attempts[-1].finish_time is None and status.attempts[-1].precision == "fp16"
 
 

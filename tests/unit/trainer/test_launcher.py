@@ -19,6 +19,8 @@ import pytest
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.report import MAX_REPORT_BYTES, CheckpointRef, TerminationReport
 from mpjob_trainer.launch import LaunchConfigError, RankEnding, fold_endings, parse_plan
+from mpjob_trainer.launch.exits import RankExit
+from mpjob_trainer.launch.fold import rank_ending
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
 
@@ -149,6 +151,16 @@ def test_the_fold_picks_one_code_and_one_report_by_precedence(case: Fold) -> Non
     own = case.endings[0].own_report
     if len(case.endings) == 1 and own is not None:
         assert pod.report.message == own.message
+
+
+def test_a_rank_with_an_invalid_report_ends_the_pod_as_an_infrastructure_failure_naming_the_field() -> None:
+    bad = rank_ending(RankExit(0, 0, 44, report_text='{"reason": "Preempted", "precision": "float16", "step": 5}'))
+    sibling = ending(1, 44, "Preempted", "stopped", step=7, stopped=True)
+    pod = fold_endings([bad, sibling])
+    assert (pod.code, pod.report.reason) == (1, "InfraError")
+    assert "invalid termination report: precision" in pod.report.message
+    assert pod.report.precision is None  # nothing of the invalid report is passed on
+    assert TerminationReport.parse_message(pod.report.to_message()) == pod.report
 
 
 def test_the_folded_report_stays_within_the_termination_message_budget() -> None:

@@ -10,7 +10,8 @@ across pods too), highest first:
 | NonFiniteInFp32   | 45                                 | 45        |
 | NumericFault      | 42                                 | 42        |
 | OutOfDeviceMemory | 46                                 | 46        |
-| InfraError        | any other code, or a signal death  | 1         |
+| InfraError        | any other code, a signal death, or | 1         |
+|                   | an invalid termination report      |           |
 | Repromote         | 47                                 | 47        |
 | Preempted         | 44                                 | 44        |
 | Succeeded         | 0                                  | 0         |
@@ -21,6 +22,10 @@ Among ranks of the winning class: one that ended by itself before one the launch
 for infrastructure failures, then the one that ended first (the cause: a sibling whose
 collective lost its peer fails a moment later); then the lowest rank (the other classes
 are collective decisions or stops, and rank 0 writes the checkpoints).
+
+Each rank's report is read through the contract's model (`TerminationReport.parse_message`),
+as the operator reads the pod's: a rank whose report fails it ended in an infrastructure
+failure, and the pod's report says which field was invalid; nothing of it is passed on.
 
 The pod's report is the winner's own, or one made for it when it left none or was killed by
 a signal (reason from its exit code, progress fields from the lowest rank's report, and the
@@ -38,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mpjob_contract.codes import ENDING_PRECEDENCE, ExitCode, Reason, exit_code_for, reason_for_exit_code
-from mpjob_contract.report import TerminationReport
+from mpjob_contract.report import InvalidReport, TerminationReport
 from mpjob_trainer.launch.exits import RankExit, agrees, how
 
 #: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
@@ -61,11 +66,16 @@ class RankEnding:
     order: int = 0
     #: The last lines of its stderr, quoted when the pod's report is made for it.
     stderr_tail: str = ""
+    #: The rank wrote a report that fails the model: what was invalid (its report is then None).
+    invalid_report: str | None = None
 
     @property
     def outcome(self) -> Reason:
-        """The class this ending falls in (a signal death is an infrastructure failure)."""
-        return Reason.INFRA_ERROR if self.returncode < 0 else reason_for_exit_code(self.returncode)
+        """The class this ending falls in (a signal death or an invalid report is an
+        infrastructure failure)."""
+        if self.returncode < 0 or self.invalid_report is not None:
+            return Reason.INFRA_ERROR
+        return reason_for_exit_code(self.returncode)
 
     @property
     def how(self) -> str:
@@ -81,20 +91,32 @@ class RankEnding:
 
 
 def parsed_report(text: str | None) -> TerminationReport | None:
-    """A rank's termination report from its text; None when absent or not a valid report."""
+    """A rank's termination report from its text; None when absent or not a report at all
+    (InvalidReport: a report that fails the contract's model, naming the fields)."""
     return TerminationReport.parse_message(text)
 
 
 def rank_ending(ended: RankExit) -> RankEnding:
     """What the fold knows of a rank: its exit, its report parsed (or the launcher's, when it
     could not be started)."""
+    invalid: str | None = None
     if ended.start_error is not None:
         error = ended.start_error
         report: TerminationReport | None = TerminationReport(reason=error.reason, message=error.message)
     else:
-        report = parsed_report(ended.report_text)
+        try:
+            report = parsed_report(ended.report_text)
+        except InvalidReport as exc:
+            report, invalid = None, str(exc)
     return RankEnding(
-        ended.local_rank, ended.rank, ended.returncode, report, ended.stopped, ended.order, ended.stderr_tail
+        ended.local_rank,
+        ended.rank,
+        ended.returncode,
+        report,
+        ended.stopped,
+        ended.order,
+        ended.stderr_tail,
+        invalid_report=invalid,
     )
 
 
@@ -148,7 +170,9 @@ def _precedence(ending: RankEnding) -> tuple[int, bool, int, int]:
 
 def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | None) -> TerminationReport:
     """A report for a rank that left none we can use; progress fields from the lowest rank's report."""
-    if ending.report is not None:
+    if ending.invalid_report is not None:
+        why = f" with an {ending.invalid_report}"
+    elif ending.report is not None:
         why = f" (its report said {ending.report.reason})"
     else:
         why = "" if ending.returncode == 0 else " without a termination report"

@@ -33,8 +33,9 @@ from mpjob_trainer.launch.tee import Tee
 
 #: How long the siblings of a failed rank get to end by themselves before SIGTERM.
 SETTLE_SECONDS = 1.0
-#: A rank's termination report is read up to this size (the contract's is 3 KiB).
-_REPORT_READ_BYTES = 1 << 20
+#: A rank's termination report is read up to this size (the contract's is 3 KiB): a rank
+#: cannot make the launcher read an unbounded file.
+_REPORT_READ_BYTES = 16 << 10
 
 
 class LocalRank:

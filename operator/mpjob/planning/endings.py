@@ -1,0 +1,159 @@
+"""How an attempt ended, read from what the cluster shows of it: its Job and its pods.
+
+Pure: `PodView`/`JobView` are the few fields the controller's cache keeps of each (or what
+`mpjob run` makes of its worker processes). The termination message is the trainer's word
+and is validated here (mpjob_contract.report); evidence of a disruption comes only from pod
+and Job status (`mpjob.planning.charging`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpjob.planning.charging import Disruption
+from mpjob.planning.classify import AttemptOutcome
+from mpjob_contract import codes
+from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, reason_for_exit_code
+from mpjob_contract.report import InvalidReport, TerminationReport
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    name: str
+    index: int
+    phase: str
+    alive: bool  # has a running (or not yet terminated) container
+    exit_code: int | None = None
+    termination_message: str | None = None
+    platform_reason: str | None = None  # pod.status.reason / DisruptionTarget / container reason
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class JobView:
+    index: int
+    finished: str | None = None  # "Complete" | "Failed" | None
+    reason: str | None = None  # the Failed condition's reason (BackoffLimitExceeded, DeadlineExceeded)
+    pods: tuple[PodView, ...] = ()
+    suspended: bool = False
+    #: The Job controller's latest FailedCreate message (a pod it could not create), if any.
+    create_error: str | None = None
+    #: While the Job waits suspended: why its queue has not admitted it, in the queue's words
+    #: (Kueue's Workload condition), when the operator could read it.
+    queue_message: str | None = None
+
+
+#: Endings the trainer decided that outrank a crash, ranked as mpjob_contract.codes.ENDING_PRECEDENCE
+#: ranks them; a platform reason, a crash, a stop (preempted, re-promoted, killed) and a success
+#: come after, in that order.
+_TRAINER_DECIDED = {
+    reason: place for place, reason in enumerate(ENDING_PRECEDENCE[: ENDING_PRECEDENCE.index(Reason.INFRA_ERROR)])
+}
+_STOPS = (44, 47, 143, 137)
+
+
+@dataclass(frozen=True)
+class Said:
+    """A pod's termination message, read: its report, or what made it an invalid one."""
+
+    report: TerminationReport | None = None
+    invalid: str | None = None
+
+
+def read_report(message: str | None) -> Said:
+    """The pod's termination message through the report model (never trusted unvalidated)."""
+    try:
+        return Said(report=TerminationReport.parse_message(message))
+    except InvalidReport as exc:
+        return Said(invalid=str(exc))
+
+
+def outcome_of(job: JobView) -> AttemptOutcome:
+    """The attempt's ending as the pods tell it: the most telling pod explains it. A pod whose
+    report is invalid ranks as a crash (an infrastructure failure, with what was invalid)."""
+
+    def rank(pod: PodView) -> tuple[int, int]:
+        read = read_report(pod.termination_message)
+        said = read.report.reason if read.report is not None else None
+        later = len(_TRAINER_DECIDED)
+        if read.invalid is not None and pod.platform_reason is None:
+            return (later + 1, pod.index)
+        if said is None and pod.exit_code is not None and pod.platform_reason is None:
+            said = reason_for_exit_code(pod.exit_code)
+        if said in _TRAINER_DECIDED:  # the contract's order, as the launcher folds ranks
+            return (_TRAINER_DECIDED[said], pod.index)
+        if pod.platform_reason:
+            return (later, pod.index)
+        if pod.exit_code not in (None, 0, *_STOPS):
+            return (later + 1, pod.index)
+        if pod.exit_code in _STOPS or pod.deleting:
+            return (later + 2, pod.index)
+        return (later + 3, pod.index)
+
+    if job.finished == "Failed" and job.reason == "DeadlineExceeded":
+        return AttemptOutcome(
+            exit_code=None,
+            platform_reason="DeadlineExceeded",
+            message="the attempt ran past runPolicy.activeDeadlineSeconds",
+        )
+    ended = [p for p in job.pods if not p.alive]
+    if not ended:
+        if job.finished == "Complete":
+            return AttemptOutcome(exit_code=0)
+        return AttemptOutcome(
+            exit_code=None, platform_reason="PodDeleted", message="the attempt's pods disappeared before reporting"
+        )
+    pod = sorted(ended, key=rank)[0]
+    read = read_report(pod.termination_message)
+    message = "" if read.report or read.invalid else (pod.termination_message or "")[-512:]
+    platform = pod.platform_reason
+    if platform is None and read.report is None and read.invalid is None and pod.deleting:
+        platform = "PodDeleted"
+    return AttemptOutcome(
+        exit_code=pod.exit_code,
+        report=read.report,
+        platform_reason=platform,
+        message=message,
+        invalid_report=read.invalid,
+    )
+
+
+def ended_by_pods(job: JobView, workers: int) -> str | None:
+    """How an attempt ended, read from its pods before the Job controller writes it down: each
+    pod stopped, by itself (a deadline or a suspension deletes pods and goes through the Job's
+    own condition) or with the cluster's reason on it (an eviction's DisruptionTarget: read
+    now, while the pod still shows it, for the evicted pod may be gone by the time the Job
+    fails), and one failed (backoffLimit 0: the Job fails with it) or every index succeeded.
+    None while that is not known, and while the Job is suspended (its queue's business)."""
+    if not job.pods or job.suspended or any(p.alive for p in job.pods):
+        return None
+    if any(p.deleting for p in job.pods) and not any(p.platform_reason for p in job.pods):
+        return None
+    if any(p.exit_code not in (None, 0) or p.platform_reason or p.phase == "Failed" for p in job.pods):
+        return "Failed"
+    if {p.index for p in job.pods if p.exit_code == 0} >= set(range(workers)):
+        return "Complete"
+    return None
+
+
+def preempted_by_queue(job: JobView) -> AttemptOutcome | None:
+    """The ending of an attempt whose Job its queue suspended while it ran (Kueue preempting
+    it), else None. The Job controller stopped the pods (a pod stopped so counts as failed, and
+    backoffLimit 0 fails the Job) and the trainer checkpointed on SIGTERM. The attempt ends
+    Preempted whatever its pods still show (they may be gone already), so the next attempt
+    resumes in the same precision and uses none of runPolicy.maxAttempts: the suspended Job is
+    the evidence (Disruption.QUEUE_PREEMPTED), whatever the trainer said. The operator never
+    suspends a Job that runs (runPolicy.suspend deletes it), so a suspended Job that failed was
+    suspended by its queue. A pod's invalid report is left out (the checkpoint it names is
+    not trusted)."""
+    if not (job.suspended and job.finished == "Failed" and job.reason != "DeadlineExceeded"):
+        return None
+    reports = (read_report(p.termination_message).report for p in job.pods)
+    report = next((r for r in reports if r is not None and r.reason == Reason.PREEMPTED), None)
+    message = "preempted by its queue (its Job was suspended): resumes in the same precision once admitted again"
+    return AttemptOutcome(
+        exit_code=int(codes.ExitCode.PREEMPTED),
+        report=report,
+        message=message,
+        disruption=Disruption.QUEUE_PREEMPTED,
+    )

@@ -1,0 +1,81 @@
+"""The attempt history in the status: bounded entries, complete counts.
+
+`status.attempts` keeps the first attempt (the precision the job began in) and the newest
+ones, MAX_ATTEMPT_ENTRIES in all, so a job that is preempted a thousand times never brings its
+status near etcd's object size limit (each entry is about a kilobyte). What the planner
+decides on never depends on a dropped entry: `status.attemptCounts` counts every attempt
+begun, every charged one, every re-promotion and every ending by reason. Indexes stay
+monotonic (`<job>-a<N>` names are never reused): the next index is `started`.
+"""
+
+from __future__ import annotations
+
+from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, AttemptCounts, AttemptStatus, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+
+#: Entries kept from the beginning of the history; the rest of MAX_ATTEMPT_ENTRIES are the newest.
+KEEP_FIRST = 1
+#: Before counts existed these endings used none of the budget (a status written then).
+_UNCHARGED_BEFORE_COUNTS = frozenset({Reason.PREEMPTED.value, Reason.SUSPENDED.value})
+
+
+def counts(status: MixedPrecisionJobStatus) -> AttemptCounts:
+    """The job's attempt counts, made from its entries the first time (a status written before
+    counts existed still holds every entry)."""
+    if status.attempt_counts is None:
+        ended = [a for a in status.attempts if a.finish_time is not None]
+        by_reason: dict[str, int] = {}
+        for attempt in ended:
+            by_reason[attempt.reason or ""] = by_reason.get(attempt.reason or "", 0) + 1
+        status.attempt_counts = AttemptCounts(
+            started=max((a.index + 1 for a in status.attempts), default=0),
+            charged=sum(1 for a in ended if _was_charged(a)),
+            repromotions=sum(1 for a in status.attempts if a.repromoted),
+            by_reason=by_reason,
+        )
+    return status.attempt_counts
+
+
+def _was_charged(attempt: AttemptStatus) -> bool:
+    if attempt.charged is not None:
+        return attempt.charged
+    return attempt.reason not in _UNCHARGED_BEFORE_COUNTS
+
+
+def next_index(status: MixedPrecisionJobStatus) -> int:
+    """The index of the next new attempt: one past every attempt ever begun."""
+    return counts(status).started
+
+
+def used(status: MixedPrecisionJobStatus) -> int:
+    """Attempts that used runPolicy.maxAttempts so far."""
+    return counts(status).charged
+
+
+def started(status: MixedPrecisionJobStatus, entry: AttemptStatus) -> None:
+    """Count a new attempt's entry and add it, dropping the oldest beyond the bound."""
+    tally = counts(status)
+    tally.started = max(tally.started, entry.index + 1)
+    tally.repromotions += 1 if entry.repromoted else 0
+    status.attempts.append(entry)
+    bound(status)
+
+
+def ended(status: MixedPrecisionJobStatus, entry: AttemptStatus, *, charged: bool) -> None:
+    """Count an attempt's ending (the caller ends each attempt once)."""
+    tally = counts(status)
+    reason = entry.reason or ""
+    tally.by_reason[reason] = tally.by_reason.get(reason, 0) + 1
+    tally.charged += 1 if charged else 0
+    entry.charged = charged
+
+
+def bound(status: MixedPrecisionJobStatus) -> None:
+    """Keep the first KEEP_FIRST entries and the newest, MAX_ATTEMPT_ENTRIES in all; only
+    ended entries are ever dropped."""
+    extra = len(status.attempts) - MAX_ATTEMPT_ENTRIES
+    if extra <= 0:
+        return
+    dropped = [a for a in status.attempts[KEEP_FIRST : KEEP_FIRST + extra] if a.finish_time is not None]
+    status.attempts = [a for a in status.attempts if all(a is not d for d in dropped)]
+    counts(status).omitted += len(dropped)

@@ -1,0 +1,54 @@
+"""What an attempt's termination report tells the status: the last good checkpoint, where the
+trainer stopped and began, its final counters, and what an `auto` attempt measured.
+
+The report reaching here was validated (mpjob_contract.report): its precision is one the API
+knows and its numbers are bounded, so nothing it says can make the status unwritable.
+"""
+
+from __future__ import annotations
+
+from mpjob.planning.figures import round_figures
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus
+from mpjob_contract.report import TerminationReport
+
+
+def record_report(status: MixedPrecisionJobStatus, index: int, report: TerminationReport | None) -> int:
+    """What the trainer's report tells: the last good checkpoint, where it stopped and began."""
+    if report is None:
+        return status.step
+    if report.last_good_checkpoint is not None:
+        ref = report.last_good_checkpoint
+        status.last_checkpoint = CheckpointStatus(
+            step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
+        )
+    status.step = report.step
+    # The trainer's own final counts (a live reading may never have been taken); a loss scale
+    # exists only in fp16 (0 would read as a collapsed scale).
+    status.overflow_steps = report.counters.overflow_steps
+    if report.counters.loss is not None:
+        status.loss = report.counters.loss
+    scale = report.counters.loss_scale
+    status.loss_scale = scale if report.precision == "fp16" and scale else None
+    for attempt in status.attempts:
+        if attempt.index == index and report.start_step is not None:  # where it began, not the plan
+            attempt.start_step = report.start_step
+        if attempt.index == index and report.measurement is not None:
+            measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
+    round_figures(status)
+    return report.step
+
+
+def measured(
+    status: MixedPrecisionJobStatus, attempt: AttemptStatus, chosen: str, seconds: dict[str, float | None]
+) -> None:
+    """An `auto` attempt measured its node: the precision it chose and the step times behind it."""
+    attempt.measured_step_seconds = dict(seconds)
+    if attempt.precision == "auto" and chosen:
+        attempt.precision = chosen
+        if status.attempts and status.attempts[-1] is attempt:
+            status.precision = chosen
+
+
+def step_times(seconds: dict[str, float | None]) -> str:
+    """'bf16 187.6 ms, fp32 24.4 ms': measured step times, for messages."""
+    return ", ".join(f"{p} {s * 1000:.1f} ms" if s is not None else f"{p} non-finite" for p, s in seconds.items())
