@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from mpjob_contract import k8s
+from mpjob_contract import k8s, rules
 
 GROUP = "mpjob.dev"
 VERSION = "v1alpha1"
@@ -27,9 +27,6 @@ SINGULAR = "mixedprecisionjob"
 SHORT_NAMES = ("mpjob", "mpj")
 API_VERSION = f"{GROUP}/{VERSION}"
 
-#: A job's name must leave room for "-a<NN>" (attempt) and "-<index>" (pod hostname)
-#: inside a 63-character DNS label.
-MAX_NAME_LENGTH = 50
 MAX_ATTEMPTS_LIMIT = 99
 #: status.attempts keeps the first attempt and the newest ones, this many in all; the rest are
 #: counted in status.attemptCounts (uncharged attempts have no limit but the deadline).
@@ -51,8 +48,6 @@ BuiltinTask = Literal["gpt", "mlp"]
 CompileMode = Literal["auto", "always", "never"]
 Phase = Literal["Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"]
 
-#: The ways to say what to train; a task sets exactly one.
-TASK_KINDS = ("builtin", "module", "command")
 TASK_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 COMPUTE_CAPABILITY_PATTERN = r"^[0-9]+\.[0-9]+$"
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
@@ -100,11 +95,9 @@ class Task(ApiModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Task:
-        chosen = [name for name in TASK_KINDS if getattr(self, name) is not None]
-        if len(chosen) != 1:
-            raise ValueError("exactly one of task.builtin, task.module or task.command must be set")
-        if self.working_dir is not None and self.command is None:
-            raise ValueError("task.workingDir is only allowed with task.command")
+        task = rules.wire_self(self)
+        rules.TASK_EXACTLY_ONE_KIND.check(task)
+        rules.TASK_WORKING_DIR_NEEDS_COMMAND.check(task)
         return self
 
     @field_validator("args")
@@ -235,8 +228,7 @@ class PrecisionSpec(ApiModel):
     @field_validator("fallback")
     @classmethod
     def _distinct(cls, value: list[str]) -> list[str]:
-        if len(set(value)) != len(value):
-            raise ValueError("precision.fallback entries must be distinct")
+        rules.FALLBACK_DISTINCT.check(value)
         return value
 
     @field_validator("keep_fp32")
@@ -248,23 +240,14 @@ class PrecisionSpec(ApiModel):
         return value
 
 
-#: The job writes its checkpoints to this claim; the CRD's CEL rule says the same (crd.py).
-READ_ONLY_CLAIM = (
-    "checkpoint.volume.persistentVolumeClaim.readOnly must be false: the job writes its checkpoints to this "
-    "claim, and a read-only volume cannot hold them"
-)
-
-
 class PersistentVolumeClaimRef(ApiModel):
     claim_name: str = Field(min_length=1, max_length=253)
     read_only: bool = Field(False, description="Must be false: the job writes its checkpoints to the claim.")
 
-    @field_validator("read_only")
-    @classmethod
-    def _writable(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(READ_ONLY_CLAIM)
-        return value
+    @model_validator(mode="after")
+    def _writable(self) -> PersistentVolumeClaimRef:
+        rules.WRITABLE_CHECKPOINT_CLAIM.check(rules.wire_self(self))
+        return self
 
 
 class CheckpointVolume(ApiModel):
@@ -287,8 +270,7 @@ class CheckpointVolume(ApiModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> CheckpointVolume:
-        if (self.persistent_volume_claim is None) == (self.empty_dir is None):
-            raise ValueError("exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set")
+        rules.ONE_CHECKPOINT_SOURCE.check(rules.wire_self(self))
         return self
 
 
@@ -350,10 +332,6 @@ class RunPolicy(ApiModel):
     )
 
 
-#: Why a template may not mount a ServiceAccount token (the CRD and the chart's policy say the same).
-NO_TOKEN = "not allowed: trainer pods hold no Kubernetes credentials (docs/security.md)"
-
-
 class PodTemplateOverrides(ApiModel):
     """Pod fields merged into every trainer pod; the trainer container is never replaced."""
 
@@ -387,10 +365,10 @@ class PodTemplateOverrides(ApiModel):
         """Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod
         mounts none of its own: automountServiceAccountToken is the operator's, always false)."""
         violations = [
-            (f"volumes[{i}].projected.sources[{j}].serviceAccountToken", NO_TOKEN)
+            found
             for i, volume in enumerate(self.volumes)
             for j, source in enumerate((volume.get("projected") or {}).get("sources") or [])
-            if isinstance(source, dict) and source.get("serviceAccountToken") is not None
+            if (found := rules.NO_SERVICE_ACCOUNT_TOKEN.violation(source, at=f"volumes[{i}].projected.sources[{j}]"))
         ]
         if violations:
             raise k8s.SchemaViolations(violations)
@@ -502,8 +480,14 @@ class MixedPrecisionJobStatus(ApiModel):
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    name: str = Field(min_length=1, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     namespace: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _fits_child_names(cls, value: str) -> str:
+        rules.NAME_FITS_CHILD_NAMES.check({"metadata": {"name": value}})
+        return value
 
 
 class MixedPrecisionJob(BaseModel):

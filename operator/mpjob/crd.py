@@ -2,9 +2,9 @@
 
 The pydantic JSON schema is turned into a Kubernetes structural schema: references are
 inlined, Optional becomes a plain optional field, numeric bounds use OpenAPI v3.0's
-boolean exclusive bounds, and the cross-field rules that pydantic checks in validators are
-expressed as CEL (`x-kubernetes-validations`) so the API server and `mpjob validate` reject
-the same manifests.
+boolean exclusive bounds, and the cross-field rules (mpjob_contract.rules: each one's CEL beside
+the Python check the pydantic validators call) become `x-kubernetes-validations`, so the API
+server and `mpjob validate` reject the same manifests.
 
 No field of the spec is free-form: a free-form field (x-kubernetes-preserve-unknown-fields with
 nothing below it) lets the API server store a document nested 10,000 levels deep, which no
@@ -22,57 +22,16 @@ from typing import Any
 
 import yaml
 
-from mpjob_contract import api, k8s
+from mpjob_contract import api, k8s, rules
 
 DEFAULT_PATHS = [
     Path("crds/mixedprecisionjobs.mpjob.dev.yaml"),
     Path("helm/mpjob/crds/mixedprecisionjobs.mpjob.dev.yaml"),
 ]
 
-#: Cross-field rules, by schema path (dotted, camelCase). Each mirrors a pydantic validator.
-CEL_RULES: dict[str, list[dict[str, str]]] = {
-    "": [
-        {
-            "rule": f"self.metadata.name.size() <= {api.MAX_NAME_LENGTH}",
-            "message": f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters so that every "
-            "child name (<name>-a<N>-<index>) fits in 63",
-        }
-    ],
-    "spec.task": [
-        {
-            "rule": "[has(self.builtin), has(self.module), has(self.command)].filter(x, x).size() == 1",
-            "message": "exactly one of task.builtin, task.module or task.command must be set",
-        },
-        {
-            "rule": "!has(self.workingDir) || has(self.command)",
-            "message": "task.workingDir is only allowed with task.command",
-        },
-    ],
-    "spec.precision.fallback": [
-        {
-            "rule": "self.all(p, self.filter(q, q == p).size() == 1)",
-            "message": "precision.fallback entries must be distinct",
-        }
-    ],
-    # Trainers hold no Kubernetes credentials (PodTemplateOverrides refuses the same).
-    "spec.template.volumes[].projected.sources[]": [
-        {
-            "rule": "!has(self.serviceAccountToken)",
-            "message": f"serviceAccountToken: {api.NO_TOKEN}",
-            "fieldPath": ".serviceAccountToken",
-            "reason": "FieldValueForbidden",
-        }
-    ],
-    "spec.checkpoint.volume": [
-        {
-            "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
-            "message": "exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set",
-        }
-    ],
-    "spec.checkpoint.volume.persistentVolumeClaim": [
-        {"rule": "!has(self.readOnly) || !self.readOnly", "message": api.READ_ONLY_CLAIM},
-    ],
-}
+#: Cross-field rules, by schema path (dotted, camelCase): the table in mpjob_contract.rules,
+#: whose checks the pydantic validators call too.
+CEL_RULES: dict[str, list[dict[str, str]]] = rules.cel_by_path()
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -245,8 +204,8 @@ def openapi_schema() -> dict[str, Any]:
             "status": status,
         },
     }
-    for path, rules in CEL_RULES.items():
-        _at(root, path)["x-kubernetes-validations"] = rules
+    for path, validations in CEL_RULES.items():
+        _at(root, path)["x-kubernetes-validations"] = validations
     return root
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import yaml
 from kubernetes import client
 
 from mpjob.validation import check_text
-from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, bad, nested_json
+from mpjob_contract import rules
+from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, RULE_CASES, bad, nested_json
 
 pytestmark = pytest.mark.integration
 
@@ -24,6 +26,24 @@ def test_api_server_rejects_with_the_field_named(api_client, crd_installed, name
         )
     assert caught.value.status in (400, 422)
     assert needle in caught.value.body, caught.value.body
+
+
+RULE_CASE_MANIFESTS = [(r, next(c[1] for c in CASES if c[0] == RULE_CASES[r.name][0])) for r in rules.RULES]
+
+
+@pytest.mark.parametrize(("rule", "manifest"), RULE_CASE_MANIFESTS, ids=[r.name for r in rules.RULES])
+def test_api_server_refuses_each_rule_with_the_tables_message(
+    api_client, crd_installed, namespace, rule: rules.Rule, manifest: dict
+) -> None:
+    """The CEL of each cross-field rule is what refuses its case, saying what `mpjob validate` says."""
+    custom = client.CustomObjectsApi(api_client)
+    with pytest.raises(client.rest.ApiException) as caught:
+        custom.create_namespaced_custom_object("mpjob.dev", "v1alpha1", namespace, "mixedprecisionjobs", manifest)
+    said = json.loads(caught.value.body)["message"]
+    assert caught.value.status == 422 and rule.message in said, said
+    (problem,) = check_text(yaml.safe_dump(manifest))[1]
+    if rule.path:  # both name the same field (a rule on the object itself: the server names none)
+        assert f"{problem.field}: " in said, (problem.field, said)
 
 
 def test_api_server_accepts_and_defaults_a_good_manifest(api_client, crd_installed, namespace) -> None:

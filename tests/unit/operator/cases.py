@@ -7,6 +7,7 @@ import copy
 import json
 from typing import Any
 
+from mpjob_contract import rules
 from mpjob_contract.api import MAX_TASK_ARG_DEPTH, MAX_TASK_ARGS
 
 GOOD: dict[str, Any] = {
@@ -63,6 +64,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.checkpoint.volume", {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "x"}}),
         "exactly one of checkpoint.volume",
     ),
+    ("no-checkpoint-source", bad("spec.checkpoint.volume", {}), "exactly one of checkpoint.volume"),
     (
         "read-only-checkpoint-claim",
         bad("spec.checkpoint.volume", {"persistentVolumeClaim": {"claimName": "x", "readOnly": True}}),
@@ -137,6 +139,17 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "automountServiceAccountToken",
     ),
 ]
+
+#: Each cross-field rule (mpjob_contract.rules) -> the CASES that break it and no other rule.
+RULE_CASES: dict[str, tuple[str, ...]] = {
+    rules.NAME_FITS_CHILD_NAMES.name: ("long-name",),
+    rules.TASK_EXACTLY_ONE_KIND.name: ("builtin-and-module", "neither-task", "module-and-command"),
+    rules.TASK_WORKING_DIR_NEEDS_COMMAND.name: ("working-dir-without-command",),
+    rules.FALLBACK_DISTINCT.name: ("duplicate-fallback",),
+    rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
+    rules.ONE_CHECKPOINT_SOURCE.name: ("two-volumes", "no-checkpoint-source"),
+    rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),
+}
 
 #: task.args as deep as they may go, with every kind of value: accepted by both, stored as written.
 DEEPEST_TASK_ARGS: dict[str, Any] = {

@@ -1,0 +1,168 @@
+"""The MixedPrecisionJob API's cross-field rules, each written once: its CEL and its Python check.
+
+A rule that one field's schema cannot say (exactly one of three fields, distinct list entries,
+a field only allowed beside another) is checked twice: by the API server, as CEL in the CRD's
+`x-kubernetes-validations`, and by `mpjob validate`/the operator, as a pydantic validator. Both
+read this table: `mpjob.crd` emits each rule's CEL at its schema path, and the models in
+`mpjob_contract.api` call each rule's `check` and raise with its message, so the two cannot
+drift. tests/unit/operator/cases.py holds at least one bad manifest per rule, refused by
+`mpjob validate` and by a real API server alike.
+
+A rule's `holds` reads the same `self` as its CEL: the node at `path`, as on the wire (camelCase
+names; an unset optional field absent, as `has()` sees it). Single-field bounds (minimum,
+maximum, pattern, enum) stay on the models' fields, where the JSON schema carries them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from mpjob_contract import k8s
+
+#: A job's name must leave room for "-a<NN>" (attempt) and "-<index>" (pod hostname)
+#: inside a 63-character DNS label.
+MAX_NAME_LENGTH = 50
+#: The ways to say what to train; a task sets exactly one.
+TASK_KINDS = ("builtin", "module", "command")
+#: Why a template may not mount a ServiceAccount token (the chart's admission policy says the same).
+NO_TOKEN = "not allowed: trainer pods hold no Kubernetes credentials (docs/security.md)"
+#: The job writes its checkpoints to this claim.
+READ_ONLY_CLAIM = (
+    "checkpoint.volume.persistentVolumeClaim.readOnly must be false: the job writes its checkpoints to this "
+    "claim, and a read-only volume cannot hold them"
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One cross-field rule: where it sits in the schema, its CEL, its message, its Python check."""
+
+    #: Names the rule in tests and in the bad-manifest cases.
+    name: str
+    #: The schema node the rule is attached to: dotted camelCase from the object's root ("" is
+    #: the object itself); `name[]` is each item of the list `name`.
+    path: str
+    #: The CEL expression, over `self` (the node at `path`).
+    cel: str
+    #: What both the API server and `mpjob validate` say when the rule is broken.
+    message: str
+    #: The same rule in Python, over the same `self` (see the module docstring).
+    holds: Callable[[Any], bool]
+    #: The field below `path` the error names (CEL's fieldPath, e.g. ".readOnly"); "" names `path`.
+    field_path: str = ""
+    #: The API server's reason (e.g. FieldValueForbidden); "" is its default, FieldValueInvalid.
+    reason: str = ""
+
+    def x_kubernetes_validation(self) -> dict[str, str]:
+        """The rule as one entry of the CRD's `x-kubernetes-validations`."""
+        entry = {"rule": self.cel, "message": self.message}
+        if self.field_path:
+            entry["fieldPath"] = self.field_path
+        if self.reason:
+            entry["reason"] = self.reason
+        return entry
+
+    def violation(self, value: Any, at: str = "") -> tuple[str, str] | None:
+        """(field, message) when `value` breaks the rule; the field is `at` plus the fieldPath."""
+        if self.holds(value):
+            return None
+        return f"{at}{self.field_path}".lstrip("."), self.message
+
+    def check(self, value: Any) -> None:
+        """Raise when `value` breaks the rule, naming the fieldPath's field when there is one."""
+        found = self.violation(value)
+        if found is None:
+            return
+        if self.field_path:
+            raise k8s.SchemaViolations([found])
+        raise ValueError(self.message)
+
+
+def wire_self(model: BaseModel) -> dict[str, Any]:
+    """A model as a rule's `self` sees it: its set fields by wire name (values as they are)."""
+    fields = type(model).model_fields
+    return {field.alias or name: value for name, field in fields.items() if (value := getattr(model, name)) is not None}
+
+
+def _distinct(values: Sequence[Any]) -> bool:
+    return len(set(values)) == len(values)
+
+
+NAME_FITS_CHILD_NAMES = Rule(
+    name="name-fits-child-names",
+    path="",
+    cel=f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+    message=f"metadata.name must be at most {MAX_NAME_LENGTH} characters so that every "
+    "child name (<name>-a<N>-<index>) fits in 63",
+    holds=lambda job: len(job["metadata"]["name"]) <= MAX_NAME_LENGTH,
+)
+TASK_EXACTLY_ONE_KIND = Rule(
+    name="task-exactly-one-kind",
+    path="spec.task",
+    cel=f"[{', '.join(f'has(self.{kind})' for kind in TASK_KINDS)}].filter(x, x).size() == 1",
+    message="exactly one of task.builtin, task.module or task.command must be set",
+    holds=lambda task: sum(kind in task for kind in TASK_KINDS) == 1,
+)
+TASK_WORKING_DIR_NEEDS_COMMAND = Rule(
+    name="task-working-dir-needs-command",
+    path="spec.task",
+    cel="!has(self.workingDir) || has(self.command)",
+    message="task.workingDir is only allowed with task.command",
+    holds=lambda task: "workingDir" not in task or "command" in task,
+)
+FALLBACK_DISTINCT = Rule(
+    name="fallback-distinct",
+    path="spec.precision.fallback",
+    cel="self.all(p, self.filter(q, q == p).size() == 1)",
+    message="precision.fallback entries must be distinct",
+    holds=_distinct,
+)
+# Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod mounts
+# none of its own: automountServiceAccountToken is the operator's, always false).
+NO_SERVICE_ACCOUNT_TOKEN = Rule(
+    name="no-service-account-token",
+    path="spec.template.volumes[].projected.sources[]",
+    cel="!has(self.serviceAccountToken)",
+    message=NO_TOKEN,
+    holds=lambda source: not isinstance(source, Mapping) or source.get("serviceAccountToken") is None,
+    field_path=".serviceAccountToken",
+    reason="FieldValueForbidden",
+)
+ONE_CHECKPOINT_SOURCE = Rule(
+    name="one-checkpoint-source",
+    path="spec.checkpoint.volume",
+    cel="has(self.persistentVolumeClaim) != has(self.emptyDir)",
+    message="exactly one of checkpoint.volume.persistentVolumeClaim or emptyDir must be set",
+    holds=lambda volume: ("persistentVolumeClaim" in volume) != ("emptyDir" in volume),
+)
+WRITABLE_CHECKPOINT_CLAIM = Rule(
+    name="writable-checkpoint-claim",
+    path="spec.checkpoint.volume.persistentVolumeClaim",
+    cel="!has(self.readOnly) || !self.readOnly",
+    message=READ_ONLY_CLAIM,
+    holds=lambda claim: not claim.get("readOnly", False),
+    field_path=".readOnly",
+)
+
+#: Every cross-field rule of the API, in the order the CRD lists them at a path.
+RULES: tuple[Rule, ...] = (
+    NAME_FITS_CHILD_NAMES,
+    TASK_EXACTLY_ONE_KIND,
+    TASK_WORKING_DIR_NEEDS_COMMAND,
+    FALLBACK_DISTINCT,
+    NO_SERVICE_ACCOUNT_TOKEN,
+    ONE_CHECKPOINT_SOURCE,
+    WRITABLE_CHECKPOINT_CLAIM,
+)
+
+
+def cel_by_path(rules: Sequence[Rule] = RULES) -> dict[str, list[dict[str, str]]]:
+    """Schema path -> its `x-kubernetes-validations`, as the CRD carries them."""
+    by_path: dict[str, list[dict[str, str]]] = {}
+    for rule in rules:
+        by_path.setdefault(rule.path, []).append(rule.x_kubernetes_validation())
+    return by_path

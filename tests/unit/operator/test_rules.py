@@ -1,0 +1,113 @@
+"""The cross-field rules table: every rule in the CRD at its path, nothing in the CRD's CEL that
+is not in the table, and every rule broken by a shared bad-manifest case that `mpjob validate`
+refuses with the rule's message (tests/integration/operator/test_admission.py: the API server too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.crd import CEL_RULES, crd_yaml
+from mpjob.validation import check_text
+from mpjob_contract import rules
+from tests.unit.operator.cases import CASES, RULE_CASES
+
+pytestmark = pytest.mark.unit
+CASE_MANIFESTS = {name: manifest for name, manifest, _ in CASES}
+
+
+def _validations(node: Any, path: str) -> dict[str, list[dict[str, str]]]:
+    """Every `x-kubernetes-validations` below `node`, by the table's path notation (`name[]`:
+    the list's items; map values would show as `name{}`, where the table puts no rule)."""
+    if not isinstance(node, dict):
+        return {}
+    found = {path: node["x-kubernetes-validations"]} if "x-kubernetes-validations" in node else {}
+    if isinstance(node.get("items"), dict):
+        found.update(_validations(node["items"], path + "[]"))
+    if isinstance(node.get("additionalProperties"), dict):
+        found.update(_validations(node["additionalProperties"], path + "{}"))
+    for name, child in node.get("properties", {}).items():
+        found.update(_validations(child, f"{path}.{name}".lstrip(".")))
+    return found
+
+
+def _crd_schema() -> dict[str, Any]:
+    return yaml.safe_load(crd_yaml())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
+
+
+def test_every_cel_rule_of_the_crd_comes_from_the_table() -> None:
+    from_table = rules.cel_by_path()
+    assert from_table == CEL_RULES
+    assert from_table == _validations(_crd_schema(), "")
+
+
+@pytest.mark.parametrize("rule", rules.RULES, ids=[r.name for r in rules.RULES])
+def test_each_rule_sits_in_the_crd_at_its_path(rule: rules.Rule) -> None:
+    node = _crd_schema()
+    for part in [p for p in rule.path.split(".") if p]:
+        node = node["properties"][part.removesuffix("[]")]
+        node = node["items"] if part.endswith("[]") else node
+    assert rule.x_kubernetes_validation() in node["x-kubernetes-validations"]
+    if rule.field_path:  # the API server refuses a fieldPath that names no field of the node
+        assert rule.field_path.removeprefix(".") in node["properties"]
+
+
+def test_rule_names_are_unique_and_each_has_a_bad_manifest_case() -> None:
+    assert len({r.name for r in rules.RULES}) == len(rules.RULES)
+    assert set(RULE_CASES) == {r.name for r in rules.RULES}
+    assert all(cases and set(cases) <= set(CASE_MANIFESTS) for cases in RULE_CASES.values())
+
+
+@pytest.mark.parametrize(
+    ("rule", "case"),
+    [(r, case) for r in rules.RULES for case in RULE_CASES[r.name]],
+    ids=[f"{r.name}:{case}" for r in rules.RULES for case in RULE_CASES[r.name]],
+)
+def test_validate_refuses_each_rules_case_with_the_rules_message(rule: rules.Rule, case: str) -> None:
+    _, problems = check_text(yaml.safe_dump(CASE_MANIFESTS[case]))
+    assert [p.message for p in problems] == [rule.message], [str(p) for p in problems]
+    assert problems[0].field.endswith(rule.field_path.removeprefix(".")), problems[0].field
+
+
+# What each rule's Python check says of a `self`, written as its CEL reads it (has(): set).
+HOLDS: list[tuple[rules.Rule, Any, bool]] = [
+    (rules.NAME_FITS_CHILD_NAMES, {"metadata": {"name": "x" * rules.MAX_NAME_LENGTH}}, True),
+    (rules.NAME_FITS_CHILD_NAMES, {"metadata": {"name": "x" * (rules.MAX_NAME_LENGTH + 1)}}, False),
+    (rules.TASK_EXACTLY_ONE_KIND, {"command": ["python"], "args": {}}, True),
+    (rules.TASK_EXACTLY_ONE_KIND, {"args": {}}, False),
+    (rules.TASK_EXACTLY_ONE_KIND, {"builtin": "gpt", "module": "a:b", "command": ["python"]}, False),
+    (rules.TASK_WORKING_DIR_NEEDS_COMMAND, {"command": ["python"], "workingDir": "/app"}, True),
+    (rules.TASK_WORKING_DIR_NEEDS_COMMAND, {"builtin": "gpt"}, True),
+    (rules.TASK_WORKING_DIR_NEEDS_COMMAND, {"module": "a:b", "workingDir": "/app"}, False),
+    (rules.FALLBACK_DISTINCT, [], True),
+    (rules.FALLBACK_DISTINCT, ["bf16", "fp32"], True),
+    (rules.FALLBACK_DISTINCT, ["fp32", "bf16", "fp32"], False),
+    (rules.NO_SERVICE_ACCOUNT_TOKEN, {"configMap": {"name": "c"}}, True),
+    (rules.NO_SERVICE_ACCOUNT_TOKEN, {"serviceAccountToken": {"path": "t"}}, False),
+    (rules.ONE_CHECKPOINT_SOURCE, {"emptyDir": {}}, True),
+    (rules.ONE_CHECKPOINT_SOURCE, {"persistentVolumeClaim": {"claimName": "c"}}, True),
+    (rules.ONE_CHECKPOINT_SOURCE, {}, False),
+    (rules.WRITABLE_CHECKPOINT_CLAIM, {"claimName": "c"}, True),
+    (rules.WRITABLE_CHECKPOINT_CLAIM, {"claimName": "c", "readOnly": False}, True),
+    (rules.WRITABLE_CHECKPOINT_CLAIM, {"claimName": "c", "readOnly": True}, False),
+]
+
+
+@pytest.mark.parametrize(("rule", "value", "holds"), HOLDS, ids=[f"{r.name}-{i}" for i, (r, _, _) in enumerate(HOLDS)])
+def test_each_rules_python_check(rule: rules.Rule, value: Any, holds: bool) -> None:
+    assert rule.holds(value) is holds
+    assert (rule.violation(value, at="x") is None) is holds
+
+
+def test_every_rule_has_a_holding_and_a_breaking_example() -> None:
+    assert {(r.name, h) for r, _, h in HOLDS} == {(r.name, h) for r in rules.RULES for h in (True, False)}
+
+
+def test_a_rule_with_a_field_path_names_that_field() -> None:
+    found = rules.NO_SERVICE_ACCOUNT_TOKEN.violation({"serviceAccountToken": {}}, at="volumes[0].projected.sources[1]")
+    assert found == ("volumes[0].projected.sources[1].serviceAccountToken", rules.NO_TOKEN)
+    with pytest.raises(ValueError, match="readOnly must be false") as caught:
+        rules.WRITABLE_CHECKPOINT_CLAIM.check({"readOnly": True})
+    assert caught.value.violations == [("readOnly", rules.READ_ONLY_CLAIM)]  # type: ignore[attr-defined]
