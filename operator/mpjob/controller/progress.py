@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,7 +31,7 @@ from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning.classify import backoff_seconds
 from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
-from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.api import MixedPrecisionJobStatus, Precision
 
 log = logging.getLogger("mpjob.operator.progress")
 
@@ -49,7 +49,7 @@ WANTED = {metric for _, metric, _ in FIGURES} | {tm.START_STEP, tm.LAST_GOOD_CHE
 #: Metrics read by one label: kept as "name{value}" (the precision an `auto` attempt chose, and
 #: the step times it measured by candidate).
 LABELLED = {tm.INFO: "precision", tm.MEASURED_STEP_SECONDS: "candidate"}
-PRECISIONS = ("fp16", "bf16", "fp32")
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: A checkpoint's sha256 and precision as last_good_checkpoint labels them; anything else is
 #: not a reading (the endpoint is the pod's: bounded and checked, never trusted).
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -123,7 +123,7 @@ def reading_of(values: dict[str, float], *, attempt: int | None = None) -> Readi
     )
 
 
-def measured(values: dict[str, float]) -> tuple[str | None, dict[str, float | None] | None]:
+def measured(values: dict[str, float]) -> tuple[Precision | None, dict[str, float | None] | None]:
     """An `auto` attempt's choice and step times, once it has measured (before, its precision
     label is only the provisional one)."""
     seconds = {

@@ -193,7 +193,7 @@ class LocalRun:
             job_name=self.name,
             namespace=self.job.metadata.namespace or "local",
             attempt=start.index,
-            precision=start.precision,  # type: ignore[arg-type]
+            precision=start.precision,
             resume_from=start.resume_from,
             micro_batch=start.micro_batch,
             grad_accumulation=start.grad_accumulation,

@@ -18,7 +18,7 @@ from mpjob.planning.classify import Action, AttemptOutcome, classify
 from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, world_size
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled, world_size
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import AUTO_MARGIN, CHECKPOINT_MOUNT
 from mpjob_contract.report import Measurement, TerminationReport
@@ -207,9 +207,8 @@ def conclude(
     result = classify(outcome)
     end_step = record_report(status, attempt.index, report)
     amp_slower(plan, report.measurement if report else None, when)
-    index, precision = attempt.index, attempt.precision
-    if precision == "auto" and report is not None and report.precision:
-        precision = report.precision  # what the trainer measured and trained in
+    # An `auto` attempt ran in what its trainer measured and trained in.
+    index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)
     reason, code = result.reason.value, outcome.exit_code
     st.end_attempt(status, index, reason, code, result.message, end_step, when.at, charged=result.charged)
     kind = "Normal" if result.action is Action.SUCCEED else "Warning"

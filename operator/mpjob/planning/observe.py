@@ -23,7 +23,7 @@ from typing import Any
 from mpjob.planning import reported
 from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
-from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, is_auto
 
 #: The live figures a reading may carry, by their status field names.
 LIVE = ("step", "loss", "loss_scale", "overflow_steps", "samples_per_second", "eval_loss", "eval_loss_delta")
@@ -60,7 +60,7 @@ class Reading:
     start_step: int | None = None
     checkpoint: CheckpointReading | None = None
     #: What an `auto` attempt measured: the precision it chose and the step times behind it.
-    measured_precision: str | None = None
+    measured_precision: Precision | None = None
     measured_step_seconds: dict[str, float | None] | None = None
 
 
@@ -98,7 +98,7 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
     if reading.attempt is not None and (current is None or current.index != reading.attempt):
         return Observation(new)  # another attempt's figures are not this one's
     chosen, seconds = reading.measured_precision, reading.measured_step_seconds
-    if current is not None and chosen and seconds is not None and current.precision == "auto":
+    if current is not None and chosen and seconds is not None and is_auto(current.precision):
         reported.measured(new, current, chosen, seconds)  # relabelled once, by what it measured
     seen = real(reading, precision=current.precision if current is not None else new.precision)
     for name in LIVE:
