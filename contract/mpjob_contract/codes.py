@@ -48,6 +48,18 @@ class Reason(StrEnum):
     DELETED = "PodDeleted"
 
 
+class FinishReason(StrEnum):
+    """Why a job finished when no single attempt's ending says it (the Failed condition's reason;
+    otherwise the last attempt's Reason is)."""
+
+    #: runPolicy.maxAttempts used up.
+    ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+    #: The precision ladder has no rung left below the one that faulted.
+    NO_PRECISION_LEFT = "NoPrecisionLeft"
+    #: Attempts kept failing the same way before their first step: retrying cannot help.
+    FAILED_BEFORE_FIRST_STEP = "FailedBeforeFirstStep"
+
+
 #: What each of the trainer's own exit codes stands for; any other code is an infrastructure failure.
 REASON_OF_EXIT_CODE: dict[int, Reason] = {
     ExitCode.SUCCESS: Reason.SUCCEEDED,

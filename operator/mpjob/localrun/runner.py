@@ -35,6 +35,7 @@ from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
@@ -126,7 +127,7 @@ class LocalRun:
         if last.finish_time is None:  # the runner itself was killed: its workers went with it
             gone = AttemptOutcome(
                 exit_code=None,
-                platform_reason="PodDeleted",
+                platform_reason=Reason.DELETED,
                 message="the local run was killed",
                 disruption=Disruption.USER_SUSPEND,  # the user stopped the runner, as with Ctrl-C
             )

@@ -66,7 +66,7 @@ def outcome_of(job: JobView) -> AttemptOutcome:
     if job.finished == "Failed" and job.reason == "DeadlineExceeded":
         return AttemptOutcome(
             exit_code=None,
-            platform_reason="DeadlineExceeded",
+            platform_reason=Reason.DEADLINE_EXCEEDED,
             message="the attempt ran past runPolicy.activeDeadlineSeconds",
         )
     ended = [p for p in job.pods if not p.alive]
@@ -74,14 +74,14 @@ def outcome_of(job: JobView) -> AttemptOutcome:
         if job.finished == "Complete":
             return AttemptOutcome(exit_code=0)
         return AttemptOutcome(
-            exit_code=None, platform_reason="PodDeleted", message="the attempt's pods disappeared before reporting"
+            exit_code=None, platform_reason=Reason.DELETED, message="the attempt's pods disappeared before reporting"
         )
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
     message = "" if read.report or read.invalid else (pod.termination_message or "")[-512:]
     platform = pod.platform_reason
     if platform is None and read.report is None and read.invalid is None and pod.deleting:
-        platform = "PodDeleted"
+        platform = Reason.DELETED
     return AttemptOutcome(
         exit_code=pod.exit_code,
         report=read.report,

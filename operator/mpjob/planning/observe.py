@@ -23,6 +23,7 @@ from typing import Any
 from mpjob.planning import reported
 from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
+from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, is_auto
 
 #: The live figures a reading may carry, by their status field names.
@@ -129,9 +130,9 @@ def start_news(current: AttemptStatus, real_start: int) -> tuple[str, str]:
     planned = f"planned: checkpoint step {current.start_step}" if current.start_step else "planned: a fresh start"
     if real_start == 0:
         message = f"attempt {current.index} ({current.precision}) found no checkpoint of its own to resume from"
-        return "StartedFresh", f"{message} and started at step 0 ({planned})"
+        return ConditionReason.STARTED_FRESH, f"{message} and started at step 0 ({planned})"
     message = f"attempt {current.index} ({current.precision}) resumed from checkpoint step {real_start}"
-    return "Resumed", f"{message} ({planned})"
+    return ConditionReason.RESUMED, f"{message} ({planned})"
 
 
 def changes(before: MixedPrecisionJobStatus, after: MixedPrecisionJobStatus) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from mpjob.planning.classify import Action, Classification
 from mpjob.planning.repeat import REPEATED_FAILURE, repeated_early_failure
@@ -28,7 +29,7 @@ from mpjob_contract.api import (
     precision_ladder,
     resolve_auto,
 )
-from mpjob_contract.codes import Reason
+from mpjob_contract.codes import FinishReason, Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, inside_checkpoint_dir
 
 
@@ -81,7 +82,8 @@ ACTIVATION_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 @dataclass(frozen=True)
 class Finish:
     succeeded: bool
-    reason: str
+    #: An attempt's Reason, a FinishReason, an API refusal's or a lifecycle's ConditionReason.
+    reason: StrEnum
     message: str
 
 
@@ -190,16 +192,16 @@ def after_attempt(
     ended one included, and `repromotions` the re-promotions made (for re-promotion).
     """
     if result.action is Action.SUCCEED:
-        return Finish(True, Reason.SUCCEEDED.value, result.message)
+        return Finish(True, Reason.SUCCEEDED, result.message)
     if result.action is Action.FAIL:
-        return Finish(False, result.reason.value, result.message)
+        return Finish(False, result.reason, result.message)
     if (repeated := repeated_early_failure(history)) is not None:
         return Finish(False, REPEATED_FAILURE, repeated)
     attempts_used = index + 1 if used is None else used
     if attempts_used >= spec.run_policy.max_attempts:
         return Finish(
             False,
-            "AttemptsExhausted",
+            FinishReason.ATTEMPTS_EXHAUSTED,
             f"{attempts_used} attempt(s) used (runPolicy.maxAttempts={spec.run_policy.max_attempts}); "
             f"the last ended {result.reason.value}: {result.message}",
         )
@@ -227,7 +229,7 @@ def _next(
         if smaller is None:
             return Finish(
                 False,
-                result.reason.value,
+                result.reason,
                 f"out of GPU memory with a micro-batch of one sample; nothing left to split: {result.message}",
             )
         return _shaped(StartAttempt(index, precision, None, step), smaller)
@@ -244,7 +246,7 @@ def _next(
     if position + 1 >= len(steps):
         return Finish(
             False,
-            "NoPrecisionLeft",
+            FinishReason.NO_PRECISION_LEFT,
             f"{precision} ended {result.reason.value} and no precision is left in the fallback "
             f"ladder {steps}: {result.message}",
         )
