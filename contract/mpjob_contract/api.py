@@ -42,7 +42,10 @@ MAX_TASK_ARGS = 64
 MAX_TASK_ARG_DEPTH = 3
 
 Precision = Literal["fp16", "bf16", "fp32"]
-PrecisionMode = Literal["auto", "fp16", "bf16", "fp32"]
+#: A precision, or `auto` until the trainer measured its node: the spec's mode, and an attempt's
+#: precision until its measurement relabels it (`settled`). On the wire, the same strings.
+RequestedPrecision = Literal["auto", "fp16", "bf16", "fp32"]
+PrecisionMode = RequestedPrecision
 BuiltinTask = Literal["gpt", "mlp"]
 #: training.compile: `auto` compiles on CUDA devices only (where it pays for its compile time).
 CompileMode = Literal["auto", "always", "never"]
@@ -400,7 +403,7 @@ class CheckpointStatus(ApiModel):
 
 class AttemptStatus(ApiModel):
     index: int
-    precision: str
+    precision: RequestedPrecision
     start_step: int = 0
     end_step: int | None = None
     #: Training processes of the attempt: workers x processesPerWorker.
@@ -455,7 +458,7 @@ class MixedPrecisionJobStatus(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     phase: Phase = "Pending"
-    precision: str | None = None
+    precision: RequestedPrecision | None = None
     attempt: int = 0
     step: int = 0
     total_steps: int | None = None
@@ -522,6 +525,16 @@ def precision_ladder(spec: PrecisionSpec, resolved_first: Precision) -> list[Pre
         if p not in ladder:
             ladder.append(p)
     return ladder
+
+
+def is_auto(precision: str | None) -> bool:
+    """Whether `precision` is still `auto`: its trainer has not measured the node yet."""
+    return precision == "auto"
+
+
+def settled(precision: RequestedPrecision, measured: Precision | None) -> RequestedPrecision:
+    """An `auto` precision, once measured, is the measured one; any other stays as it is."""
+    return measured if is_auto(precision) and measured else precision
 
 
 def resolve_auto(mode: PrecisionMode, compute_capability: tuple[int, int] | None) -> Precision:

@@ -48,6 +48,18 @@ class Reason(StrEnum):
     DELETED = "PodDeleted"
 
 
+class FinishReason(StrEnum):
+    """Why a job finished when no single attempt's ending says it (the Failed condition's reason;
+    otherwise the last attempt's Reason is)."""
+
+    #: runPolicy.maxAttempts used up.
+    ATTEMPTS_EXHAUSTED = "AttemptsExhausted"
+    #: The precision ladder has no rung left below the one that faulted.
+    NO_PRECISION_LEFT = "NoPrecisionLeft"
+    #: Attempts kept failing the same way before their first step: retrying cannot help.
+    FAILED_BEFORE_FIRST_STEP = "FailedBeforeFirstStep"
+
+
 #: What each of the trainer's own exit codes stands for; any other code is an infrastructure failure.
 REASON_OF_EXIT_CODE: dict[int, Reason] = {
     ExitCode.SUCCESS: Reason.SUCCEEDED,
@@ -84,6 +96,27 @@ ENDING_PRECEDENCE: tuple[Reason, ...] = (
     Reason.PREEMPTED,
     Reason.SUCCEEDED,
 )
+
+
+#: Each class's place in ENDING_PRECEDENCE (0 = highest).
+_PLACE: dict[str, int] = {reason.value: place for place, reason in enumerate(ENDING_PRECEDENCE)}
+#: A container's exit code when a signal the platform sent ended it (128 + SIGTERM, + SIGKILL):
+#: a stop from outside, ranked with the stops the trainer honoured.
+KILLED_EXIT_CODES = (143, 137)
+
+
+def ending_rank(reason: str | None, *, platform: bool = False) -> int:
+    """Where one ending ranks among those of a pod's ranks or an attempt's pods, 0 explains most:
+    ENDING_PRECEDENCE, with an ending the cluster explains (`platform`: an eviction, a lost
+    node, the kernel's OOM killer) after what the trainer decided and before a crash (a crash
+    of a pod whose peer was evicted is the eviction's doing). A reason outside the precedence
+    ranks as a crash; None (nothing to explain) as a success. The launcher folds ranks with it
+    and the operator picks the pod that explains an attempt with it."""
+    crash = _PLACE[Reason.INFRA_ERROR]
+    place = _PLACE.get(reason, crash) if reason is not None else _PLACE[Reason.SUCCEEDED]
+    if place < crash:
+        return place
+    return crash if platform else place + 1
 
 
 def exit_code_for(reason: Reason) -> ExitCode:

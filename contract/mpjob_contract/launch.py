@@ -14,17 +14,15 @@ is held to that folder here, where both sides build or read a launch.
 from __future__ import annotations
 
 import posixpath
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.api import MixedPrecisionJobSpec, RequestedPrecision
 from mpjob_contract.environment import LAUNCH_ENV as LAUNCH_ENV  # re-exported: its home is the light module
 
 #: Where the checkpoint volume is mounted in trainer pods.
 CHECKPOINT_MOUNT = "/var/lib/mpjob/checkpoints"
 
-ConcretePrecision = Literal["fp16", "bf16", "fp32", "auto"]
 #: `auto` attempts: a low precision is chosen only when its measured step is this much faster
 #: than fp32's (0.05: 5 % less time per step).
 AUTO_MARGIN = 0.05
@@ -57,7 +55,7 @@ class AttemptLaunch(BaseModel):
     job_uid: str | None = Field(None, alias="jobUid")
     attempt: int = Field(0, ge=0)
     #: Precision of this attempt; "auto" lets the trainer pick from the device it finds.
-    precision: ConcretePrecision
+    precision: RequestedPrecision
     #: Checkpoint directory to resume from; None means "newest valid one in checkpointDir".
     resume_from: str | None = Field(None, alias="resumeFrom")
     checkpoint_dir: str = Field(CHECKPOINT_MOUNT, alias="checkpointDir")

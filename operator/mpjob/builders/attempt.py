@@ -99,7 +99,7 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
         namespace=namespace,
         job_uid=uid,
         attempt=start.index,
-        precision=start.precision,  # type: ignore[arg-type]
+        precision=start.precision,
         resume_from=resume_from,
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,

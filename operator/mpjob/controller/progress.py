@@ -6,8 +6,9 @@ records them.
 Reads run off the reconcile workers, in a small pool of their own (`ProgressReader`): a tick's
 reconcile asks for a read and applies the one that finished since its last tick, so a slow or
 hostile endpoint delays only its own job's figures, by at most one read's deadline (`scrape.py`).
-An endpoint that failed is asked again only after a backoff. A figure is written only when it is
-a real reading: finite, after the attempt's first logged step, lossScale only in fp16.
+An endpoint that failed is asked again only after a backoff. This module only translates the
+exposition into a `Reading`; what a reading changes in the status is `planning/observe.py`'s
+decision, the same one `mpjob run` makes of the trainer's event lines.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,27 +29,27 @@ from mpjob.controller import metrics as om
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning.classify import backoff_seconds
-from mpjob.planning.figures import rounded
+from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
-from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.api import MixedPrecisionJobStatus, Precision
 
 log = logging.getLogger("mpjob.operator.progress")
 
-#: status field <- the trainer's metric, and the type the status holds it as.
+#: Reading field <- the trainer's metric, and the type the status holds it as.
 FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
     ("step", tm.STEP, int),
     ("loss", tm.LOSS, float),
-    ("lossScale", tm.LOSS_SCALE, float),
-    ("overflowSteps", tm.OVERFLOW_STEPS + "_total", int),
-    ("samplesPerSecond", tm.SAMPLES_PER_SECOND, float),
-    ("evalLoss", tm.EVAL_LOSS, float),  # -1 (skipped) until the quality gate's first evaluation
-    ("evalLossDelta", tm.EVAL_LOSS_DELTA, float),
+    ("loss_scale", tm.LOSS_SCALE, float),
+    ("overflow_steps", tm.OVERFLOW_STEPS + "_total", int),
+    ("samples_per_second", tm.SAMPLES_PER_SECOND, float),
+    ("eval_loss", tm.EVAL_LOSS, float),  # -1 (skipped) until the quality gate's first evaluation
+    ("eval_loss_delta", tm.EVAL_LOSS_DELTA, float),
 )
 WANTED = {metric for _, metric, _ in FIGURES} | {tm.START_STEP, tm.LAST_GOOD_CHECKPOINT_STEP}
 #: Metrics read by one label: kept as "name{value}" (the precision an `auto` attempt chose, and
 #: the step times it measured by candidate).
 LABELLED = {tm.INFO: "precision", tm.MEASURED_STEP_SECONDS: "candidate"}
-PRECISIONS = ("fp16", "bf16", "fp32")
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: A checkpoint's sha256 and precision as last_good_checkpoint labels them; anything else is
 #: not a reading (the endpoint is the pod's: bounded and checked, never trusted).
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -90,48 +91,39 @@ def _checkpoint_key(labels: dict[str, str]) -> str | None:
     return None
 
 
-def last_checkpoint(values: dict[str, float]) -> dict[str, Any] | None:
+def last_checkpoint(values: dict[str, float]) -> CheckpointReading | None:
     """The newest checkpoint a reading names with its sha256 (a scrape may catch the previous
-    one's series still there: the newest step wins), else None."""
+    one's series still there: the newest step wins), else the step of one it names without
+    (a trainer that does not label its sha256), else None."""
     named = [
         (int(step), key[len(tm.LAST_GOOD_CHECKPOINT) + 1 : -1].split(":"))
         for key, step in values.items()
         if key.startswith(tm.LAST_GOOD_CHECKPOINT + "{") and step > 0
     ]
-    if not named:
-        return None
-    step, (sha, precision) = max(named)
-    return {"step": step, "sha256": sha, "precision": precision}
+    if named:
+        step, (sha, precision) = max(named)
+        return CheckpointReading(step=step, sha256=sha, precision=precision)
+    if values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:
+        return CheckpointReading(step=int(values[tm.LAST_GOOD_CHECKPOINT_STEP]))
+    return None
 
 
-def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any]:
-    """Status fields of a reading (plus startStep and the last checkpoint when known). Loss,
-    scale, overflows and throughput only once the attempt logged a step past where it began
-    (before that the trainer's gauges hold placeholders); lossScale only in fp16."""
-    found: dict[str, Any] = measured(values)
-    start = values.get(tm.START_STEP, 0.0)
-    if tm.START_STEP in values and start >= 0:
-        found["startStep"] = int(start)  # where the trainer really began, whatever was planned
-    if (checkpoint := last_checkpoint(values)) is not None:
-        found["lastCheckpoint"] = checkpoint
-    elif values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:  # a trainer that does not name its sha256
-        found["lastCheckpointStep"] = int(values[tm.LAST_GOOD_CHECKPOINT_STEP])
-    if start < 0:  # the attempt has not decided where it starts yet: its gauges hold placeholders
-        return found
-    step = values.get(tm.STEP)
-    if step is None or step < 0 or step <= start:
-        return found
-    for key, metric, cast in FIGURES:
-        value = values.get(metric)
-        if value is None or value < 0 or (key in ("lossScale", "samplesPerSecond") and value == 0):
-            continue
-        if key == "lossScale" and precision != "fp16":
-            continue
-        found[key] = cast(value)
-    return found
+def reading_of(values: dict[str, float], *, attempt: int | None = None) -> Reading:
+    """The exposition's values as a Reading (what they change in a status: `observe`)."""
+    figures = {name: cast(values[metric]) for name, metric, cast in FIGURES if metric in values}
+    start = values.get(tm.START_STEP)
+    chosen, seconds = measured(values)
+    return Reading(
+        attempt=attempt,
+        **figures,
+        start_step=None if start is None else (int(start) if start >= 0 else -1),
+        checkpoint=last_checkpoint(values),
+        measured_precision=chosen,
+        measured_step_seconds=seconds,
+    )
 
 
-def measured(values: dict[str, float]) -> dict[str, Any]:
+def measured(values: dict[str, float]) -> tuple[Precision | None, dict[str, float | None] | None]:
     """An `auto` attempt's choice and step times, once it has measured (before, its precision
     label is only the provisional one)."""
     seconds = {
@@ -141,61 +133,52 @@ def measured(values: dict[str, float]) -> dict[str, Any]:
     }
     chosen = [p for p in PRECISIONS if values.get(f"{tm.INFO}{{{p}}}") == 1]
     if not seconds or len(chosen) != 1:
-        return {}
-    return {"precision": chosen[0], "measuredStepSeconds": {p: (s if s >= 0 else None) for p, s in seconds.items()}}
+        return None, None
+    return chosen[0], {p: (s if s >= 0 else None) for p, s in seconds.items()}
 
 
-_ATTEMPT_FIELDS = ("lastCheckpoint", "lastCheckpointStep", "startStep", "precision", "measuredStepSeconds")
+#: The live figures as a scrape's "found" mapping names them (the status's camelCase names).
+_CAMEL = {name: MixedPrecisionJobStatus.model_fields[name].alias or name for name in LIVE}
+
+
+def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any]:
+    """What a read found, by status field (plus startStep and the last checkpoint when known):
+    the reading's real figures (`observe.real`), in the form a read hands to the reconciler."""
+    seen = real(reading_of(values), precision=precision)
+    found: dict[str, Any] = {_CAMEL[n]: getattr(seen, n) for n in LIVE if getattr(seen, n) is not None}
+    if seen.measured_precision is not None:
+        found.update(precision=seen.measured_precision, measuredStepSeconds=seen.measured_step_seconds)
+    if seen.start_step is not None:
+        found["startStep"] = seen.start_step
+    if (ck := seen.checkpoint) is not None and ck.sha256:
+        found["lastCheckpoint"] = {"step": ck.step, "sha256": ck.sha256, "precision": ck.precision}
+    elif ck is not None:
+        found["lastCheckpointStep"] = ck.step
+    return found
+
+
+def found_reading(found: dict[str, Any], *, attempt: int | None = None) -> Reading:
+    """A read's `found` mapping back as the Reading it came from."""
+    named, step = found.get("lastCheckpoint"), found.get("lastCheckpointStep")
+    return Reading(
+        attempt=attempt,
+        **{n: found[_CAMEL[n]] for n in LIVE if _CAMEL[n] in found},
+        start_step=found.get("startStep"),
+        checkpoint=CheckpointReading(**named) if named else (CheckpointReading(step=step) if step else None),
+        measured_precision=found.get("precision"),
+        measured_step_seconds=found.get("measuredStepSeconds"),
+    )
 
 
 def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> dict[str, Any]:
-    """The status fields to write for the figures `found`; empty when nothing changed."""
-    patch: dict[str, Any] = {k: v for k, v in rounded(found).items() if k not in _ATTEMPT_FIELDS}
-    current = status.attempts[-1] if status.attempts else None
-    attempt: dict[str, Any] = {}
-    if "startStep" in found and current is not None and current.start_step != found["startStep"]:
-        attempt["startStep"] = found["startStep"]  # the trainer decides where it resumes: record that
-    if "precision" in found and current is not None and current.precision == "auto":
-        attempt.update(precision=found["precision"], measuredStepSeconds=found["measuredStepSeconds"])
-        patch["precision"] = found["precision"]
-    if attempt:
-        attempts = [a.to_api() for a in status.attempts]
-        attempts[-1].update(attempt)
-        patch["attempts"] = attempts
-    if (checkpoint := live_checkpoint(status, found)) is not None:
-        patch["lastCheckpoint"] = checkpoint
-    stored = status.to_api()
-    return patch if any(stored.get(k) != v for k, v in patch.items()) else {}
-
-
-def live_checkpoint(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> dict[str, Any] | None:
-    """status.lastCheckpoint for a reading that names a newer checkpoint (or, with its sha256,
-    the same step the status holds without one); None when it names nothing new. The path
-    comes only with the attempt's termination report: the next attempt's resumeFrom is never
-    taken from a scrape."""
-    held = status.last_checkpoint
-    if "lastCheckpoint" in found:
-        named = found["lastCheckpoint"]
-        if held and (held.step > named["step"] or (held.step == named["step"] and held.sha256)):
-            return None
-        return {**named, "path": ""}
-    if "lastCheckpointStep" in found and (not held or held.step < found["lastCheckpointStep"]):
-        return {"step": found["lastCheckpointStep"], "precision": status.precision or "", "sha256": "", "path": ""}
-    return None
+    """The status fields to write for what a read found; empty when nothing changed."""
+    return changes(status, observe(status, found_reading(found)).status)
 
 
 def start_news(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> tuple[str, str] | None:
     """(reason, message) of the Event that corrects the running attempt's planned start step
     with the one its trainer reports (None: the same, or not known yet)."""
-    current = status.attempts[-1] if status.attempts else None
-    real = found.get("startStep")
-    if current is None or real is None or real == current.start_step:
-        return None
-    planned = f"planned: checkpoint step {current.start_step}" if current.start_step else "planned: a fresh start"
-    if real == 0:
-        message = f"attempt {current.index} ({current.precision}) found no checkpoint of its own to resume from"
-        return "StartedFresh", f"{message} and started at step 0 ({planned})"
-    return "Resumed", f"attempt {current.index} ({current.precision}) resumed from checkpoint step {real} ({planned})"
+    return observe(status, found_reading(found)).news
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,13 +28,14 @@ from mpjob.controller.cluster import Cluster, NameInUse, Refused
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
-from mpjob.controller.progress import ProgressReader, Target, progress_patch, start_news
+from mpjob.controller.progress import ProgressReader, Target, found_reading
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.observe import changes, observe
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import FINISHED, JobView, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType
@@ -260,11 +261,13 @@ class Reconciler:
         target = Target(attempt=status.attempt, ip=ip, precision=status.precision)
         reading = self.progress.take(key, target)
         self.progress.request(key, target)
-        patch = progress_patch(status, reading) if reading else {}
+        if not reading:
+            return
+        observed = observe(status, found_reading(reading, attempt=target.attempt))
+        patch = changes(status, observed.status)
         if patch:
             self.cluster.patch_status(key[0], key[1], patch)
-            news = start_news(status, reading or {})
-            if news is not None:
+            if (news := observed.news) is not None:
                 kopf.event(cast(kopf.Body, body), type="Normal", reason=news[0], message=news[1])
 
 

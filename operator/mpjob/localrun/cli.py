@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from mpjob.validation import InvalidManifest, load_job
+from mpjob_contract.codes import Reason
 
 
 def run_command(argv: list[str]) -> int:
@@ -45,7 +46,7 @@ def run_command(argv: list[str]) -> int:
     for a in status.attempts:
         lines.append(
             f"  attempt {a.index}: {a.precision} steps {a.start_step}-{a.end_step if a.end_step is not None else '?'}"
-            f" {a.reason or 'running'}" + (f" ({a.message})" if a.message and a.reason != "Succeeded" else "")
+            f" {a.reason or 'running'}" + (f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else "")
         )
     if status.last_checkpoint:
         ck = status.last_checkpoint

@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from mpjob.localrun.series import Point
+from mpjob_contract.codes import Reason
 
 Mode = Literal["rich", "plain", "json"]
 
@@ -37,7 +38,7 @@ class ProgressView(Protocol):
 
 def _change(reason: str) -> str:
     """What a change of precision is called: back up after clean steps, or down after a fault."""
-    return "precision re-promotion" if reason == "Repromote" else "precision fallback"
+    return "precision re-promotion" if reason == Reason.REPROMOTE else "precision fallback"
 
 
 class RichView:

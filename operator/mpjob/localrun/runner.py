@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mpjob.localrun.readings import reading_of
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.workers import Workers, free_port
 from mpjob.planning import lifecycle as lc
@@ -27,13 +28,14 @@ from mpjob.planning import reported
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.figures import round_figures
 from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.observe import observe
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
@@ -125,7 +127,7 @@ class LocalRun:
         if last.finish_time is None:  # the runner itself was killed: its workers went with it
             gone = AttemptOutcome(
                 exit_code=None,
-                platform_reason="PodDeleted",
+                platform_reason=Reason.DELETED,
                 message="the local run was killed",
                 disruption=Disruption.USER_SUSPEND,  # the user stopped the runner, as with Ctrl-C
             )
@@ -192,7 +194,7 @@ class LocalRun:
             job_name=self.name,
             namespace=self.job.metadata.namespace or "local",
             attempt=start.index,
-            precision=start.precision,  # type: ignore[arg-type]
+            precision=start.precision,
             resume_from=start.resume_from,
             micro_batch=start.micro_batch,
             grad_accumulation=start.grad_accumulation,
@@ -239,38 +241,17 @@ class LocalRun:
                 self._event(start, event)
 
     def _event(self, start: StartAttempt, event: events.TrainerEvent) -> None:
-        """What one trainer line changes in the status, the series and the view."""
-        point = self.series.ingest(start.index, start.precision, event)
-        if point is not None:
-            self.status.step = point.step
-            self.status.loss = point.loss
-            self.status.loss_scale = point.loss_scale
-            self.status.overflow_steps = point.overflow_steps
-            self.status.samples_per_second = point.samples_per_second
+        """What one trainer line changes in the status (`planning/observe.py` decides, as for the
+        operator's reads), the series and the view."""
+        if (point := self.series.ingest(start.index, start.precision, event)) is not None:
             self.view.step(point)
-        elif (evaluation := self.series.ingest_eval(start.index, event)) is not None:
-            self.status.eval_loss, self.status.eval_loss_delta = evaluation.loss, evaluation.delta
-        elif isinstance(event, events.PrecisionMeasured):
-            self._measured(start, event)
-        elif isinstance(event, events.Resume):
-            self.status.step = event.step
-            for attempt in self.status.attempts:
-                if attempt.index == start.index:
-                    attempt.start_step = event.step
-        elif isinstance(event, events.Checkpoint):
-            self.status.last_checkpoint = CheckpointStatus(
-                step=event.step, sha256=event.sha256, precision=start.precision, path=event.path
-            )
-        round_figures(self.status)  # the figures as report.json and a CR keep them
-
-    def _measured(self, start: StartAttempt, event: events.PrecisionMeasured) -> None:
-        """An `auto` attempt measured this machine: its precision from here on, and the figures."""
-        chosen, seconds = event.chosen, event.step_seconds  # validated: a precision the API knows
-        for attempt in self.status.attempts:
-            if attempt.index == start.index and attempt.precision == "auto":
-                reported.measured(self.status, attempt, chosen, seconds)
-        self.series.measured(start.index, chosen)
-        self.view.info(f"auto measured {reported.step_times(seconds)} per step: training in {chosen}")
+        self.series.ingest_eval(start.index, event)
+        if (reading := reading_of(start.index, event)) is not None:
+            self.status = observe(self.status, reading).status
+        if isinstance(event, events.PrecisionMeasured):
+            self.series.measured(start.index, event.chosen)
+            times = reported.step_times(event.step_seconds)
+            self.view.info(f"auto measured {times} per step: training in {event.chosen}")
 
     def _interrupt(self) -> None:
         assert self._workers is not None  # Ctrl-C is caught while following the workers

@@ -167,11 +167,24 @@ class ApiAction(StrEnum):
     RETRY = "Retry"
 
 
+class ApiReason(StrEnum):
+    """Why the API server refused a child: a refused attempt's (and its job's) reason, and the
+    operator's refusal metric's label."""
+
+    INVALID_POD_TEMPLATE = "InvalidPodTemplate"
+    FORBIDDEN = "Forbidden"
+    NAMESPACE_NOT_FOUND = "NamespaceNotFound"
+    CONFLICT = "Conflict"
+    TOO_MANY_REQUESTS = "TooManyRequests"
+    NAME_CONFLICT = "NameConflict"
+    UNAVAILABLE = "Unavailable"
+
+
 @dataclass(frozen=True)
 class ApiRule:
     status: int
     action: ApiAction
-    reason: str
+    reason: ApiReason
     why: str
 
 
@@ -179,19 +192,28 @@ class ApiRule:
 #: attempt's children (Job, Service). A status not listed is retried (as 5xx are).
 API_ERROR_POLICY: tuple[ApiRule, ...] = (
     ApiRule(
-        400, ApiAction.FAIL, "InvalidPodTemplate", "the server cannot decode the child (a malformed template field)"
+        400,
+        ApiAction.FAIL,
+        ApiReason.INVALID_POD_TEMPLATE,
+        "the server cannot decode the child (a malformed template field)",
     ),
-    ApiRule(403, ApiAction.FAIL, "Forbidden", "RBAC, an admission webhook or policy, or a closing namespace"),
-    ApiRule(404, ApiAction.FAIL, "NamespaceNotFound", "the namespace does not exist"),
-    ApiRule(409, ApiAction.RETRY, "Conflict", "another writer changed the object first"),
-    ApiRule(422, ApiAction.FAIL, "InvalidPodTemplate", "the child fails validation: a template field is invalid"),
-    ApiRule(429, ApiAction.RETRY, "TooManyRequests", "API priority and fairness asks clients to slow down"),
+    ApiRule(403, ApiAction.FAIL, ApiReason.FORBIDDEN, "RBAC, an admission webhook or policy, or a closing namespace"),
+    ApiRule(404, ApiAction.FAIL, ApiReason.NAMESPACE_NOT_FOUND, "the namespace does not exist"),
+    ApiRule(409, ApiAction.RETRY, ApiReason.CONFLICT, "another writer changed the object first"),
+    ApiRule(
+        422, ApiAction.FAIL, ApiReason.INVALID_POD_TEMPLATE, "the child fails validation: a template field is invalid"
+    ),
+    ApiRule(429, ApiAction.RETRY, ApiReason.TOO_MANY_REQUESTS, "API priority and fairness asks clients to slow down"),
 )
 _API_RULES = {rule.status: rule for rule in API_ERROR_POLICY}
 #: 5xx, timeouts and lost connections (no status at all): the server will likely answer later.
 #: An object of the child's name exists that this job did not create: it is never adopted nor deleted.
-NAME_CONFLICT = ApiRule(409, ApiAction.FAIL, "NameConflict", "an object of that name exists that mpjob did not create")
-UNAVAILABLE = ApiRule(0, ApiAction.RETRY, "Unavailable", "the API server failed, timed out or could not be reached")
+NAME_CONFLICT = ApiRule(
+    409, ApiAction.FAIL, ApiReason.NAME_CONFLICT, "an object of that name exists that mpjob did not create"
+)
+UNAVAILABLE = ApiRule(
+    0, ApiAction.RETRY, ApiReason.UNAVAILABLE, "the API server failed, timed out or could not be reached"
+)
 
 
 def classify_api_error(status: int | None) -> ApiRule:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
 from mpjob_contract import codes
-from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, reason_for_exit_code
+from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.report import InvalidReport, TerminationReport
 
 
@@ -43,15 +43,6 @@ class JobView:
     queue_message: str | None = None
 
 
-#: Endings the trainer decided that outrank a crash, ranked as mpjob_contract.codes.ENDING_PRECEDENCE
-#: ranks them; a platform reason, a crash, a stop (preempted, re-promoted, killed) and a success
-#: come after, in that order.
-_TRAINER_DECIDED = {
-    reason: place for place, reason in enumerate(ENDING_PRECEDENCE[: ENDING_PRECEDENCE.index(Reason.INFRA_ERROR)])
-}
-_STOPS = (44, 47, 143, 137)
-
-
 @dataclass(frozen=True)
 class Said:
     """A pod's termination message, read: its report, or what made it an invalid one."""
@@ -72,28 +63,10 @@ def outcome_of(job: JobView) -> AttemptOutcome:
     """The attempt's ending as the pods tell it: the most telling pod explains it. A pod whose
     report is invalid ranks as a crash (an infrastructure failure, with what was invalid)."""
 
-    def rank(pod: PodView) -> tuple[int, int]:
-        read = read_report(pod.termination_message)
-        said = read.report.reason if read.report is not None else None
-        later = len(_TRAINER_DECIDED)
-        if read.invalid is not None and pod.platform_reason is None:
-            return (later + 1, pod.index)
-        if said is None and pod.exit_code is not None and pod.platform_reason is None:
-            said = reason_for_exit_code(pod.exit_code)
-        if said in _TRAINER_DECIDED:  # the contract's order, as the launcher folds ranks
-            return (_TRAINER_DECIDED[said], pod.index)
-        if pod.platform_reason:
-            return (later, pod.index)
-        if pod.exit_code not in (None, 0, *_STOPS):
-            return (later + 1, pod.index)
-        if pod.exit_code in _STOPS or pod.deleting:
-            return (later + 2, pod.index)
-        return (later + 3, pod.index)
-
     if job.finished == "Failed" and job.reason == "DeadlineExceeded":
         return AttemptOutcome(
             exit_code=None,
-            platform_reason="DeadlineExceeded",
+            platform_reason=Reason.DEADLINE_EXCEEDED,
             message="the attempt ran past runPolicy.activeDeadlineSeconds",
         )
     ended = [p for p in job.pods if not p.alive]
@@ -101,14 +74,14 @@ def outcome_of(job: JobView) -> AttemptOutcome:
         if job.finished == "Complete":
             return AttemptOutcome(exit_code=0)
         return AttemptOutcome(
-            exit_code=None, platform_reason="PodDeleted", message="the attempt's pods disappeared before reporting"
+            exit_code=None, platform_reason=Reason.DELETED, message="the attempt's pods disappeared before reporting"
         )
-    pod = sorted(ended, key=rank)[0]
+    pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
     message = "" if read.report or read.invalid else (pod.termination_message or "")[-512:]
     platform = pod.platform_reason
     if platform is None and read.report is None and read.invalid is None and pod.deleting:
-        platform = "PodDeleted"
+        platform = Reason.DELETED
     return AttemptOutcome(
         exit_code=pod.exit_code,
         report=read.report,
@@ -116,6 +89,29 @@ def outcome_of(job: JobView) -> AttemptOutcome:
         message=message,
         invalid_report=read.invalid,
     )
+
+
+def _stands_for(pod: PodView) -> Reason | None:
+    """The ending a pod stands for, to rank it (`codes.ending_rank`): its valid report's reason,
+    else its exit code's; a pod killed from outside (a signal's exit code, or being deleted) as
+    a stop; a pod whose report is invalid as a crash; None for one with nothing to explain."""
+    read = read_report(pod.termination_message)
+    if read.invalid is not None and pod.platform_reason is None:
+        return Reason.INFRA_ERROR
+    said = read.report.reason if read.report is not None else None
+    if said is None and pod.exit_code is not None and pod.platform_reason is None:
+        said = reason_for_exit_code(pod.exit_code)
+    if said is not None and codes.ending_rank(said) < codes.ending_rank(Reason.INFRA_ERROR):
+        return Reason(said)  # the trainer decided: that outranks whatever the platform says
+    if pod.platform_reason:
+        return None  # ranked by `platform`
+    if pod.exit_code in (ExitCode.PREEMPTED, ExitCode.REPROMOTE):
+        return reason_for_exit_code(pod.exit_code)
+    if pod.exit_code not in (None, 0, *codes.KILLED_EXIT_CODES):
+        return Reason.INFRA_ERROR
+    if pod.exit_code in codes.KILLED_EXIT_CODES or pod.deleting:
+        return Reason.PREEMPTED
+    return None
 
 
 def ended_by_pods(job: JobView, workers: int) -> str | None:

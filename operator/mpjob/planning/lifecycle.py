@@ -10,6 +10,7 @@ conditions for the same endings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from mpjob.planning import history
 from mpjob.planning import status as st
@@ -18,8 +19,8 @@ from mpjob.planning.classify import Action, AttemptOutcome, classify
 from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, world_size
-from mpjob_contract.codes import Reason
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled, world_size
+from mpjob_contract.codes import FinishReason, Reason
 from mpjob_contract.launch import AUTO_MARGIN, CHECKPOINT_MOUNT
 from mpjob_contract.report import Measurement, TerminationReport
 
@@ -94,7 +95,9 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
     plan.create.append(start)
     plan.started_reasons.append(why)
     resumed = f", to resume from checkpoint step {start.start_step}" if start.start_step else ""  # the plan
-    plan.events.append(Event("Normal", "AttemptStarted", f"attempt {start.index} in {start.precision}{resumed}"))
+    plan.events.append(
+        Event("Normal", ConditionReason.ATTEMPT_STARTED, f"attempt {start.index} in {start.precision}{resumed}")
+    )
     message = f"attempt {start.index} in {start.precision}: waiting for its pods"
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
 
@@ -129,7 +132,7 @@ def pods_created(plan: Plan, when: When) -> None:
         condition(plan, when, ConditionType.PODS_CREATED, True, ConditionReason.PODS_CREATED, message)
 
 
-def refused(plan: Plan, *, index: int, reason: str, message: str, when: When) -> None:
+def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When) -> None:
     """Attempt `index` cannot be made (the API server refused its children for good, or its pods
     could not be created in time): the attempt and the job fail with that message."""
     st.end_attempt(plan.status, index, reason, None, message, plan.status.step, when.at)
@@ -145,7 +148,7 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
     step = status.last_checkpoint.step if status.last_checkpoint else 0
     nxt = again(spec, status, current, index=history.next_index(status), start_step=step)
     if history.used(status) >= spec.run_policy.max_attempts:
-        finish(plan, Finish(False, "AttemptsExhausted", "no attempt left to resume"), when)
+        finish(plan, Finish(False, FinishReason.ATTEMPTS_EXHAUSTED, "no attempt left to resume"), when)
         return
     begin(plan, spec, nxt, when, why=ConditionReason.RESUMED)
 
@@ -166,7 +169,7 @@ def suspend(plan: Plan, when: When, message: str) -> None:
     plan.status.phase = "Suspended"
     condition(plan, when, ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED, message)
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.SUSPENDED, message)
-    plan.events.append(Event("Normal", "Suspended", message))
+    plan.events.append(Event("Normal", ConditionReason.SUSPENDED, message))
 
 
 def finish(plan: Plan, decision: Finish, when: When) -> None:
@@ -207,16 +210,17 @@ def conclude(
     result = classify(outcome)
     end_step = record_report(status, attempt.index, report)
     amp_slower(plan, report.measurement if report else None, when)
-    index, precision = attempt.index, attempt.precision
-    if precision == "auto" and report is not None and report.precision:
-        precision = report.precision  # what the trainer measured and trained in
+    # An `auto` attempt ran in what its trainer measured and trained in.
+    index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)
     reason, code = result.reason.value, outcome.exit_code
     st.end_attempt(status, index, reason, code, result.message, end_step, when.at, charged=result.charged)
     kind = "Normal" if result.action is Action.SUCCEED else "Warning"
-    plan.ended = Event(kind, result.reason.value, result.message)
+    plan.ended = Event(kind, result.reason, result.message)
     plan.events.append(
         Event(
-            kind, "AttemptEnded", f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000]
+            kind,
+            ConditionReason.ATTEMPT_ENDED,
+            f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000],
         )
     )
     ckpt = status.last_checkpoint
@@ -251,7 +255,7 @@ def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, wh
     first = plan.status.attempts[0].precision if plan.status.attempts else start.precision
     reason = ConditionReason.REPROMOTED
     condition(plan, when, ConditionType.PRECISION_FALLBACK, start.precision != first, reason, message)
-    plan.events.append(Event("Normal", "PrecisionRepromoted", message))
+    plan.events.append(Event("Normal", ConditionReason.PRECISION_REPROMOTED, message))
     plan.fallbacks.append((start.promoted_from or "", start.precision))
 
 
@@ -260,6 +264,10 @@ def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:
     condition(plan, when, ConditionType.PRECISION_FALLBACK, True, reason, message)
     resuming = f"to resume from checkpoint step {start.start_step}"  # the trainer's own start corrects it
     plan.events.append(
-        Event("Warning", "PrecisionFallback", f"{start.fallback_from} -> {start.precision} after {reason}, {resuming}")
+        Event(
+            "Warning",
+            ConditionType.PRECISION_FALLBACK,
+            f"{start.fallback_from} -> {start.precision} after {reason}, {resuming}",
+        )
     )
     plan.fallbacks.append((start.fallback_from or "", start.precision))

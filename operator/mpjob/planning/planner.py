@@ -16,30 +16,40 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from mpjob.planning.classify import Action, Classification
 from mpjob.planning.repeat import REPEATED_FAILURE, repeated_early_failure
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, Precision, precision_ladder, resolve_auto
-from mpjob_contract.codes import Reason
+from mpjob_contract.api import (
+    AttemptStatus,
+    MixedPrecisionJobSpec,
+    Precision,
+    RequestedPrecision,
+    is_auto,
+    precision_ladder,
+    resolve_auto,
+)
+from mpjob_contract.codes import FinishReason, Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, inside_checkpoint_dir
 
 
 @dataclass(frozen=True)
 class StartAttempt:
     index: int
-    precision: str
+    #: `auto` for a first attempt that measures its node (its trainer then trains in what it chose).
+    precision: RequestedPrecision
     #: Checkpoint directory to resume from; None lets the trainer take the newest valid one.
     resume_from: str | None
     #: The step the attempt is expected to resume at (for status; the trainer decides).
     start_step: int
-    fallback_from: str | None = None
+    fallback_from: RequestedPrecision | None = None
     #: The attempt's batch shape when it is not spec.training's (see the module doc).
     micro_batch: int | None = None
     grad_accumulation: int | None = None
     #: Re-promotion: end this attempt after so many clean steps (None: never), and the
     #: precision this attempt went back up from, when it is a re-promotion.
     repromote_after_steps: int | None = None
-    promoted_from: str | None = None
+    promoted_from: RequestedPrecision | None = None
 
     @property
     def shape(self) -> BatchShape | None:
@@ -72,7 +82,8 @@ ACTIVATION_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 @dataclass(frozen=True)
 class Finish:
     succeeded: bool
-    reason: str
+    #: An attempt's Reason, a FinishReason, an API refusal's or a lifecycle's ConditionReason.
+    reason: StrEnum
     message: str
 
 
@@ -89,8 +100,8 @@ def compute_capability(spec: MixedPrecisionJobSpec) -> tuple[int, int] | None:
 
 def ladder(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None = "spec") -> list[Precision]:
     """The precisions attempts may walk through, first to last."""
-    cap = compute_capability(spec) if capability == "spec" else capability
-    return precision_ladder(spec.precision, resolve_auto(spec.precision.mode, cap))  # type: ignore[arg-type]
+    cap = compute_capability(spec) if isinstance(capability, str) else capability  # "spec"
+    return precision_ladder(spec.precision, resolve_auto(spec.precision.mode, cap))
 
 
 def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None = "spec") -> StartAttempt:
@@ -99,7 +110,7 @@ def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str
     shape = BatchShape.of(spec)
     return StartAttempt(
         index=0,
-        precision="auto" if spec.precision.mode == "auto" else ladder(spec, capability)[0],
+        precision="auto" if is_auto(spec.precision.mode) else ladder(spec, capability)[0],
         resume_from=None,
         start_step=0,
         micro_batch=shape.micro_batch,
@@ -109,12 +120,12 @@ def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str
 
 def promotion_target(
     spec: MixedPrecisionJobSpec,
-    precision: str,
+    precision: RequestedPrecision,
     history: Sequence[AttemptStatus],
     capability: tuple[int, int] | str | None = "spec",
     *,
     repromotions: int | None = None,
-) -> str | None:
+) -> Precision | None:
     """The faster precision an attempt in `precision` may go back up to (the rung above it in the
     ladder), or None: re-promotion off, the budget used (`repromotions` so far, from the
     status's counts; None: those in `history`), or that precision barred because it faulted
@@ -158,7 +169,7 @@ def _shaped(start: StartAttempt, shape: BatchShape) -> StartAttempt:
 def after_attempt(
     spec: MixedPrecisionJobSpec,
     index: int,
-    precision: str,
+    precision: RequestedPrecision,
     result: Classification,
     last_good_step: int,
     last_good_path: str | None,
@@ -181,16 +192,16 @@ def after_attempt(
     ended one included, and `repromotions` the re-promotions made (for re-promotion).
     """
     if result.action is Action.SUCCEED:
-        return Finish(True, Reason.SUCCEEDED.value, result.message)
+        return Finish(True, Reason.SUCCEEDED, result.message)
     if result.action is Action.FAIL:
-        return Finish(False, result.reason.value, result.message)
+        return Finish(False, result.reason, result.message)
     if (repeated := repeated_early_failure(history)) is not None:
         return Finish(False, REPEATED_FAILURE, repeated)
     attempts_used = index + 1 if used is None else used
     if attempts_used >= spec.run_policy.max_attempts:
         return Finish(
             False,
-            "AttemptsExhausted",
+            FinishReason.ATTEMPTS_EXHAUSTED,
             f"{attempts_used} attempt(s) used (runPolicy.maxAttempts={spec.run_policy.max_attempts}); "
             f"the last ended {result.reason.value}: {result.message}",
         )
@@ -218,13 +229,14 @@ def _next(
         if smaller is None:
             return Finish(
                 False,
-                result.reason.value,
+                result.reason,
                 f"out of GPU memory with a micro-batch of one sample; nothing left to split: {result.message}",
             )
         return _shaped(StartAttempt(index, precision, None, step), smaller)
-    steps: list[str] = list(ladder(spec, capability))
+    steps: list[RequestedPrecision] = [*ladder(spec, capability)]
     if precision not in steps:  # an `auto` attempt measured a precision the spec's capability did not predict
-        steps = list(precision_ladder(spec.precision, precision))  # type: ignore[arg-type]
+        steps = [precision]  # (or never measured: its fallbacks follow it all the same)
+        steps += [p for p in dict.fromkeys(spec.precision.fallback) if p != precision]
     position = steps.index(precision)
     if result.action is Action.REPROMOTE and position > 0:
         up = StartAttempt(index, steps[position - 1], ended.resume_from, step, promoted_from=precision)
@@ -234,7 +246,7 @@ def _next(
     if position + 1 >= len(steps):
         return Finish(
             False,
-            "NoPrecisionLeft",
+            FinishReason.NO_PRECISION_LEFT,
             f"{precision} ended {result.reason.value} and no precision is left in the fallback "
             f"ladder {steps}: {result.message}",
         )

@@ -115,7 +115,7 @@ def _past_deadline(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus,
 def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], when: When) -> None:
     status = plan.status
     message = "runPolicy.activeDeadlineSeconds passed"
-    reason = Reason.DEADLINE_EXCEEDED.value
+    reason = Reason.DEADLINE_EXCEEDED
     st.end_attempt(status, status.attempts[-1].index, reason, None, message, status.step, when.at)
     plan.delete = sorted(jobs)
     deadline = spec.run_policy.active_deadline_seconds
@@ -192,7 +192,7 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
         message = f"{message}; the queue says: {queue_message}"[:1024]
     if status.phase != "Pending" or was != reason or (running is not None and running.message != message):
         if reason == ConditionReason.AWAITING_READMISSION and was != reason:
-            plan.events.append(lc.Event("Warning", "Preempted", message))
+            plan.events.append(lc.Event("Warning", Reason.PREEMPTED, message))
         status.phase = "Pending"
         lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
 

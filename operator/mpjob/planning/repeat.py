@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mpjob_contract.api import AttemptStatus
-from mpjob_contract.codes import Reason
+from mpjob_contract.codes import FinishReason, Reason
 
 #: The Finish reason (and Failed condition reason) of a job ended by this rule.
-REPEATED_FAILURE = "FailedBeforeFirstStep"
+REPEATED_FAILURE = FinishReason.FAILED_BEFORE_FIRST_STEP
 #: Endings this rule looks at: the ones retried in the same precision because the trainer (or
 #: the user's command) failed, not the platform.
 COUNTED = frozenset({Reason.INFRA_ERROR.value})

@@ -8,7 +8,7 @@ knows and its numbers are bounded, so nothing it says can make the status unwrit
 from __future__ import annotations
 
 from mpjob.planning.figures import round_figures
-from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, settled
 from mpjob_contract.report import TerminationReport
 
 
@@ -39,14 +39,15 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
 
 
 def measured(
-    status: MixedPrecisionJobStatus, attempt: AttemptStatus, chosen: str, seconds: dict[str, float | None]
+    status: MixedPrecisionJobStatus, attempt: AttemptStatus, chosen: Precision, seconds: dict[str, float | None]
 ) -> None:
     """An `auto` attempt measured its node: the precision it chose and the step times behind it."""
     attempt.measured_step_seconds = dict(seconds)
-    if attempt.precision == "auto" and chosen:
-        attempt.precision = chosen
+    relabelled = settled(attempt.precision, chosen)
+    if relabelled != attempt.precision:
+        attempt.precision = relabelled
         if status.attempts and status.attempts[-1] is attempt:
-            status.precision = chosen
+            status.precision = relabelled
 
 
 def step_times(seconds: dict[str, float | None]) -> str:

@@ -25,7 +25,7 @@ class ConditionType(StrEnum):
 
 
 class ConditionReason(StrEnum):
-    """Condition reasons of the lifecycle itself; an attempt's ending uses its Reason
+    """Condition and Event reasons of the lifecycle itself; an attempt's ending uses its Reason
     (mpjob_contract.codes) and a finished job its Finish reason."""
 
     CREATED = "Created"
@@ -39,6 +39,10 @@ class ConditionReason(StrEnum):
     #: The previous attempt was preempted by its queue; this one waits to be admitted again.
     AWAITING_READMISSION = "AwaitingReadmission"
     RESUMED = "Resumed"
+    #: The trainer found no checkpoint of its own and began at step 0 (an Event's reason).
+    STARTED_FRESH = "StartedFresh"
+    ATTEMPT_ENDED = "AttemptEnded"
+    PRECISION_REPROMOTED = "PrecisionRepromoted"
     SUSPENDED = "Suspended"
     #: The spec fails the API models (a CRD older than the operator let it in).
     INVALID_SPEC = "InvalidSpec"

@@ -42,14 +42,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpjob_contract.codes import ENDING_PRECEDENCE, ExitCode, Reason, exit_code_for, reason_for_exit_code
+from mpjob_contract.codes import ENDING_PRECEDENCE, ExitCode, Reason, ending_rank, exit_code_for, reason_for_exit_code
 from mpjob_contract.report import InvalidReport, TerminationReport
 from mpjob_trainer.launch.exits import RankExit, agrees, how
 
 #: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
 PRECEDENCE: tuple[tuple[Reason, ExitCode], ...] = tuple((r, exit_code_for(r)) for r in ENDING_PRECEDENCE)
-#: Each class's place in PRECEDENCE (0 = highest).
-_PLACE = {reason: i for i, (reason, _) in enumerate(PRECEDENCE)}
+#: The pod's exit code for each class.
+_CODE = dict(PRECEDENCE)
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
         raise ValueError("no local ranks to fold")
     by_rank = sorted(endings, key=lambda e: e.rank)
     winner = min(by_rank, key=_precedence)
-    reason, code = PRECEDENCE[_PLACE[winner.outcome]]
+    reason, code = winner.outcome, _CODE[winner.outcome]
     reports = [e.report for e in by_rank if e.report is not None]
     own = winner.own_report
     report = own or _synthesized(winner, reason, reports[0] if reports else None)
@@ -163,9 +163,10 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
 
 
 def _precedence(ending: RankEnding) -> tuple[int, bool, int, int]:
-    """Sort key, smallest explains the pod: class, stopped or not, (infra) order of ending, rank."""
+    """Sort key, smallest explains the pod: class (the contract's `ending_rank`), stopped or not,
+    (infra) order of ending, rank."""
     order = ending.order if ending.outcome is Reason.INFRA_ERROR else 0
-    return (_PLACE[ending.outcome], ending.stopped, order, ending.rank)
+    return (ending_rank(ending.outcome), ending.stopped, order, ending.rank)
 
 
 def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | None) -> TerminationReport:

@@ -1,0 +1,32 @@
+"""The trainer's event lines as live readings: `mpjob run`'s side of live progress. Only a
+translation; what a reading changes in the status is `planning/observe.py`'s decision, the same
+one the operator makes of a read of the trainer's metrics endpoint."""
+
+from __future__ import annotations
+
+from mpjob.planning.observe import CheckpointReading, Reading
+from mpjob_contract import events
+
+
+def reading_of(attempt: int, event: events.TrainerEvent) -> Reading | None:
+    """What attempt `attempt`'s trainer line says of its progress; None for a line that says none."""
+    if isinstance(event, events.Step):
+        return Reading(
+            attempt=attempt,
+            step=event.step,
+            loss=event.loss,
+            loss_scale=event.loss_scale,
+            overflow_steps=event.overflow_steps,
+            samples_per_second=event.samples_per_second,
+        )
+    if isinstance(event, events.Eval):
+        return Reading(attempt=attempt, step=event.step, eval_loss=event.loss, eval_loss_delta=event.delta)
+    if isinstance(event, events.PrecisionMeasured):  # validated: a precision the API knows
+        return Reading(attempt=attempt, measured_precision=event.chosen, measured_step_seconds=event.step_seconds)
+    if isinstance(event, events.Resume):
+        return Reading(attempt=attempt, start_step=event.step)
+    if isinstance(event, events.FreshStart):  # no checkpoint of its own: it began at step 0
+        return Reading(attempt=attempt, start_step=0)
+    if isinstance(event, events.Checkpoint):
+        return Reading(attempt=attempt, checkpoint=CheckpointReading(event.step, event.sha256, path=event.path))
+    return None

@@ -1,0 +1,142 @@
+"""What one live reading of a running attempt changes in the job's status: one rule for both
+sources of live progress, the operator's read of rank 0's metrics endpoint
+(`controller/progress.py`) and `mpjob run`'s trainer event lines (`localrun/runner.py`). Each
+side only translates its source into a `Reading`; `observe` decides.
+
+The rules, written once here:
+- live figures are the current attempt's own: a reading taken of another attempt changes nothing;
+- a figure is a real reading only once the attempt logged a step past where it began (before,
+  the trainer's gauges hold placeholders: a negative value, a zero scale or throughput, a start
+  step of -1 while it has not decided where it starts), so the status never claims progress not
+  seen and its step never goes below where the attempt began; a loss scale only in fp16;
+- figures are kept as `planning/figures.py` rounds them;
+- the trainer's own start step replaces the planned one, with an Event that says so;
+- an `auto` attempt takes the precision it measured (`planning/reported.py`);
+- lastCheckpoint only moves forward (or gains the sha256 of the step it holds without one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mpjob.planning import reported
+from mpjob.planning.figures import FIGURES as ROUNDED
+from mpjob.planning.figures import figure
+from mpjob.planning.status import ConditionReason
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, is_auto
+
+#: The live figures a reading may carry, by their status field names.
+LIVE = ("step", "loss", "loss_scale", "overflow_steps", "samples_per_second", "eval_loss", "eval_loss_delta")
+#: Figures for which zero is the trainer's placeholder, never a reading.
+_ZERO_IS_NONE = ("loss_scale", "samples_per_second")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointReading:
+    """A good checkpoint the trainer names: its sha256 ("" when the source does not say), the
+    precision it was written in (None: the attempt's) and its path ("" from a scrape: the next
+    attempt's resumeFrom comes only from a termination report)."""
+
+    step: int
+    sha256: str = ""
+    precision: str | None = None
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What a source saw of a running attempt, untouched; None: not in this reading."""
+
+    #: Whose reading this is (None: the source reads only the running attempt).
+    attempt: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    loss_scale: float | None = None
+    overflow_steps: int | None = None
+    samples_per_second: float | None = None
+    eval_loss: float | None = None
+    eval_loss_delta: float | None = None
+    #: Where the trainer really began (negative: not decided yet).
+    start_step: int | None = None
+    checkpoint: CheckpointReading | None = None
+    #: What an `auto` attempt measured: the precision it chose and the step times behind it.
+    measured_precision: Precision | None = None
+    measured_step_seconds: dict[str, float | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The status with the reading in it (a copy), and the start-step correction's Event
+    (reason, message) when the reading corrects the planned start step."""
+
+    status: MixedPrecisionJobStatus
+    news: tuple[str, str] | None = None
+
+
+def real(reading: Reading, *, precision: str | None) -> Reading:
+    """`reading` without its placeholders: figures only past the attempt's start, a loss scale
+    only in fp16, no start step before the trainer decided it."""
+    start = reading.start_step if reading.start_step is not None else 0
+    kept = reading if start >= 0 else replace(reading, start_step=None)
+    step = reading.step
+    if start < 0 or step is None or step < 0 or step <= start:
+        return replace(kept, **{name: None for name in LIVE})
+    dropped: dict[str, Any] = {}
+    for name in LIVE:
+        value = getattr(reading, name)
+        if value is not None and (value < 0 or (name in _ZERO_IS_NONE and value == 0)):
+            dropped[name] = None
+    if precision != "fp16":
+        dropped["loss_scale"] = None
+    return replace(kept, **dropped)
+
+
+def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
+    """What `reading` changes in `status` (which is left as it is)."""
+    new = status.model_copy(deep=True)
+    current = new.attempts[-1] if new.attempts else None
+    if reading.attempt is not None and (current is None or current.index != reading.attempt):
+        return Observation(new)  # another attempt's figures are not this one's
+    chosen, seconds = reading.measured_precision, reading.measured_step_seconds
+    if current is not None and chosen and seconds is not None and is_auto(current.precision):
+        reported.measured(new, current, chosen, seconds)  # relabelled once, by what it measured
+    seen = real(reading, precision=current.precision if current is not None else new.precision)
+    for name in LIVE:
+        value = getattr(seen, name)
+        if value is not None:
+            setattr(new, name, figure(value) if name in ROUNDED else value)
+    news = None
+    if current is not None and seen.start_step is not None and seen.start_step != current.start_step:
+        news = start_news(current, seen.start_step)
+        current.start_step = seen.start_step  # the trainer decides where it resumes: record that
+    if seen.checkpoint is not None and _newer(new.last_checkpoint, seen.checkpoint):
+        ck = seen.checkpoint
+        precision = ck.precision or new.precision or ""
+        new.last_checkpoint = CheckpointStatus(step=ck.step, sha256=ck.sha256, precision=precision, path=ck.path)
+    return Observation(new, news)
+
+
+def _newer(held: CheckpointStatus | None, named: CheckpointReading) -> bool:
+    """Whether `named` is news: a later step, or the held step's sha256 the status lacks."""
+    if held is None or held.step < named.step:
+        return True
+    return held.step == named.step and bool(named.sha256) and not held.sha256
+
+
+def start_news(current: AttemptStatus, real_start: int) -> tuple[str, str]:
+    """(reason, message) of the Event that corrects `current`'s planned start step with the
+    one its trainer reports."""
+    planned = f"planned: checkpoint step {current.start_step}" if current.start_step else "planned: a fresh start"
+    if real_start == 0:
+        message = f"attempt {current.index} ({current.precision}) found no checkpoint of its own to resume from"
+        return ConditionReason.STARTED_FRESH, f"{message} and started at step 0 ({planned})"
+    message = f"attempt {current.index} ({current.precision}) resumed from checkpoint step {real_start}"
+    return ConditionReason.RESUMED, f"{message} ({planned})"
+
+
+def changes(before: MixedPrecisionJobStatus, after: MixedPrecisionJobStatus) -> dict[str, Any]:
+    """The status fields (camelCase) `after` holds differently from `before`: a merge patch of
+    what a reading changed (a reading never removes a field)."""
+    stored = before.to_api()
+    return {k: v for k, v in after.to_api().items() if stored.get(k) != v}

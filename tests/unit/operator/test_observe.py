@@ -1,0 +1,87 @@
+"""One rule for live progress: what a reading changes in the status, whether it came from the
+operator's read of rank 0's metrics or from `mpjob run`'s trainer event lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpjob.controller.progress import figures, found_reading, parse_values
+from mpjob.localrun.readings import reading_of
+from mpjob.planning.observe import CheckpointReading, Reading, changes, observe
+from mpjob_contract import events
+from mpjob_contract import metrics as tm
+from mpjob_contract.api import MixedPrecisionJobStatus
+
+pytestmark = pytest.mark.unit
+
+
+def running(precision: str = "fp16", start: int = 0, **fields: object) -> MixedPrecisionJobStatus:
+    return MixedPrecisionJobStatus.model_validate(
+        {"phase": "Running", "precision": precision, "attempt": 1, "step": 40, **fields}
+        | {"attempts": [{"index": 0, "precision": "fp16"}, {"index": 1, "precision": precision, "startStep": start}]}
+    )
+
+
+def test_figures_are_rounded_and_the_status_given_is_left_as_it_is() -> None:
+    status = running()
+    seen = observe(status, Reading(step=50, loss=4.171467304229736, loss_scale=131072.0, samples_per_second=12.345678))
+    assert (seen.status.step, seen.status.loss, seen.status.loss_scale) == (50, 4.1715, 131072.0)
+    assert seen.status.samples_per_second == 12.346 and status.step == 40 and status.loss is None
+
+
+def test_another_attempts_reading_changes_nothing() -> None:
+    assert changes(running(), observe(running(), Reading(attempt=0, step=90, loss=1.0)).status) == {}
+    assert changes(running(), observe(running(), Reading(attempt=1, step=90)).status) == {"step": 90}
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [
+        Reading(step=20, start_step=20, loss=2.0),  # not past where the attempt began
+        Reading(step=30, start_step=-1, loss=2.0),  # the trainer has not decided where it starts
+        Reading(step=-1),
+    ],
+    ids=["before-start", "undecided", "negative"],
+)
+def test_no_progress_is_claimed_before_the_attempts_first_logged_step(reading: Reading) -> None:
+    seen = observe(running(start=20), reading).status
+    assert seen.step == 40 and seen.loss is None
+
+
+def test_placeholders_and_a_scale_outside_fp16_are_no_readings() -> None:
+    bf16 = observe(running("bf16"), Reading(step=50, loss_scale=1024.0, samples_per_second=0.0, loss=-1.0)).status
+    assert (bf16.step, bf16.loss_scale, bf16.samples_per_second, bf16.loss) == (50, None, None, None)
+
+
+def test_the_trainers_start_step_corrects_the_plan_with_news() -> None:
+    seen = observe(running(start=20), Reading(start_step=10))
+    assert seen.status.attempts[-1].start_step == 10 and seen.status.step == 40
+    assert seen.news is not None and seen.news[0] == "Resumed" and "planned: checkpoint step 20" in seen.news[1]
+    assert observe(running(start=20), Reading(start_step=20)).news is None
+
+
+def test_an_auto_attempt_takes_the_precision_it_measured_once() -> None:
+    seen = observe(running("auto"), Reading(measured_precision="bf16", measured_step_seconds={"bf16": 0.1}))
+    assert seen.status.precision == "bf16" and seen.status.attempts[-1].precision == "bf16"
+    again = observe(seen.status, Reading(measured_precision="fp32", measured_step_seconds={"fp32": 0.2})).status
+    assert again.precision == "bf16"
+
+
+def test_the_last_checkpoint_only_moves_forward_or_gains_its_sha256() -> None:
+    held = running(lastCheckpoint={"step": 200, "precision": "fp16", "sha256": "", "path": ""})
+    named = observe(held, Reading(checkpoint=CheckpointReading(200, "a" * 64, "fp16"))).status
+    assert named.last_checkpoint is not None and named.last_checkpoint.sha256 == "a" * 64
+    assert changes(named, observe(named, Reading(checkpoint=CheckpointReading(200, "b" * 64))).status) == {}
+    assert changes(named, observe(named, Reading(checkpoint=CheckpointReading(100))).status) == {}
+    later = observe(named, Reading(checkpoint=CheckpointReading(400))).status.last_checkpoint
+    assert later is not None and (later.step, later.precision, later.sha256) == (400, "fp16", "")
+
+
+def test_a_scrape_and_an_event_line_of_the_same_progress_change_the_status_alike() -> None:
+    text = f"{tm.STEP} 50\n{tm.START_STEP} 0\n{tm.LOSS} 2.123456\n{tm.LOSS_SCALE} 1024\n{tm.OVERFLOW_STEPS}_total 3\n"
+    scraped = found_reading(figures(parse_values(text), precision="fp16"), attempt=1)
+    line = events.parse_line('{"event": "step", "step": 50, "loss": 2.123456, "lossScale": 1024, "overflowSteps": 3}')
+    assert line is not None
+    logged = reading_of(1, line)
+    assert logged is not None
+    assert observe(running(), scraped).status == observe(running(), logged).status

@@ -1,0 +1,40 @@
+"""One ranking of endings: the launcher folding a pod's ranks and the operator picking the pod
+that explains an attempt both call `mpjob_contract.codes.ending_rank`."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpjob.planning.endings import JobView, PodView, outcome_of
+from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, ending_rank
+from mpjob_trainer.launch.fold import RankEnding, fold_endings
+
+pytestmark = pytest.mark.unit
+
+#: Most telling first; endings on one row rank alike.
+TABLE: list[list[tuple[str | None, bool]]] = [
+    [(Reason.CONFIG_ERROR, False), (Reason.CONFIG_ERROR, True)],
+    [(Reason.NON_FINITE_IN_FP32, False), (Reason.NON_FINITE_IN_FP32, True)],
+    [(Reason.NUMERIC_FAULT, False)],
+    [(Reason.OUT_OF_DEVICE_MEMORY, False)],
+    [(None, True), (Reason.INFRA_ERROR, True), (Reason.PREEMPTED, True), (Reason.SUCCEEDED, True)],  # the cluster's
+    [(Reason.INFRA_ERROR, False), (Reason.OOM_KILLED, False), ("SomethingNew", False)],  # a crash
+    [(Reason.REPROMOTE, False)],
+    [(Reason.PREEMPTED, False)],
+    [(Reason.SUCCEEDED, False), (None, False)],
+]
+
+
+def test_the_table_ranks_endings_in_the_contracts_order() -> None:
+    places = [{ending_rank(reason, platform=platform) for reason, platform in row} for row in TABLE]
+    assert all(len(row) == 1 for row in places), places
+    assert [row.pop() for row in places] == list(range(len(TABLE)))
+    assert sorted(ENDING_PRECEDENCE, key=ending_rank) == list(ENDING_PRECEDENCE)
+
+
+def test_a_pod_and_an_attempt_tell_the_same_story() -> None:
+    """Two ranks of one pod and two one-rank pods ending alike are explained by the same ending."""
+    for first, second in [(43, 42), (42, 1), (1, 44), (47, 44), (46, 1)]:
+        folded = fold_endings([RankEnding(0, 0, second), RankEnding(1, 1, first)])
+        pods = (PodView("p0", 0, "Failed", False, second), PodView("p1", 1, "Failed", False, first))
+        assert folded.code == first == outcome_of(JobView(0, "Failed", pods=pods)).exit_code
