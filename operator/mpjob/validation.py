@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import ValidationError
@@ -69,7 +69,8 @@ class _BoundedLoader(yaml.SafeLoader):
             raise _ManifestLimit(f"{line}: nested deeper than {MAX_DEPTH} levels", field=_abridged(self._path))
         self._path.append(f"[{index}]" if isinstance(index, int) else f".{getattr(index, 'value', '?')}")
         try:
-            return super().compose_node(parent, index)  # type: ignore[arg-type]
+            # PyYAML passes a mapping value's key node as `index`; its stub says int.
+            return super().compose_node(parent, cast(int, index))
         finally:
             self._path.pop()
 
