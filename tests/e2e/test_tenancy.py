@@ -33,7 +33,8 @@ def tenant(cli: Cli, core: client.CoreV1Api) -> Iterator[tuple[str, str]]:
         "template", release, str(CHART), "-n", namespace,
         "--show-only", "templates/user-roles.yaml", "--show-only", "templates/admission-policy.yaml",
         "--set", "admissionPolicy.enabled=true", "--set", "admissionPolicy.serviceAccountNames={trainer}",
-        "--set", f"admissionPolicy.namespaceSelector.matchLabels.mpjob\\.dev/tenancy-test={suffix}",
+        # --set-string: a suffix of digits only (6 % of them) would otherwise render as a number.
+        "--set-string", f"admissionPolicy.namespaceSelector.matchLabels.mpjob\\.dev/tenancy-test={suffix}",
     )  # fmt: skip
     cli.kubectl("apply", "-f", "-", stdin=rendered)
     try:
