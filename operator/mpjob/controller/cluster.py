@@ -121,28 +121,16 @@ class Cluster:
         """Create an attempt's headless Service, controlled by its Job (so it goes with the Job;
         the operator never deletes a Service). One of ours that exists already is left as is
         (an operator before this one made it controlled by the MixedPrecisionJob)."""
-        core, namespace, name = self.core, job["metadata"]["namespace"], service["metadata"]["name"]
-        kopf.append_owner_reference(service, owner=cast(kopf.Body, job), block_owner_deletion=False)
-        try:
-            _refusing(lambda: raw(core.create_namespaced_service, namespace, service))
-        except _Exists:
-            existing = raw(core.read_namespaced_service, name, namespace)
-            owners = {
-                uid_of(job): ("Job", job["metadata"]["name"]),
-                uid_of(owner): (api.KIND, owner["metadata"]["name"]),
-            }
-            _check_claim(existing, f"Service {name}", owners=owners)
+        core, earlier = self.core, {uid_of(owner): (api.KIND, owner["metadata"]["name"])}
+        calls = (core.create_namespaced_service, core.read_namespaced_service)
+        _create_job_child(service, "Service", job=job, calls=calls, also_ours=earlier)
 
     def create_network_policy(self, policy: dict[str, Any], *, job: dict[str, Any]) -> None:
         """Create an attempt's NetworkPolicy, controlled by its Job (it goes with the Job; the
         operator never deletes one). One of ours that exists already is left as is."""
-        networking, namespace, name = self.networking, job["metadata"]["namespace"], policy["metadata"]["name"]
-        kopf.append_owner_reference(policy, owner=cast(kopf.Body, job), block_owner_deletion=False)
-        try:
-            _refusing(lambda: raw(networking.create_namespaced_network_policy, namespace, policy))
-        except _Exists:
-            existing = raw(networking.read_namespaced_network_policy, name, namespace)
-            _check_claim(existing, f"NetworkPolicy {name}", owners={uid_of(job): ("Job", job["metadata"]["name"])})
+        networking = self.networking
+        calls = (networking.create_namespaced_network_policy, networking.read_namespaced_network_policy)
+        _create_job_child(policy, "NetworkPolicy", job=job, calls=calls)
 
     def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
         """Delete attempt `index`'s Job, if it is still the one whose UID is `uid` (its pods go
@@ -166,6 +154,27 @@ class Cluster:
 
 class _Exists(Exception):
     """A create answered 409: an object of that name exists (whose is for the caller to say)."""
+
+
+def _create_job_child(
+    body: dict[str, Any],
+    kind: str,
+    *,
+    job: dict[str, Any],
+    calls: tuple[Any, Any],
+    also_ours: dict[str, tuple[str, str]] | None = None,
+) -> None:
+    """Create `body` controlled by the attempt's `job` with `calls` (create, read); an existing
+    object of its name is left as is when its controller is the Job (or one of `also_ours`),
+    else refused as somebody else's (`_check_claim`)."""
+    create, read = calls
+    namespace, name = job["metadata"]["namespace"], body["metadata"]["name"]
+    kopf.append_owner_reference(body, owner=cast(kopf.Body, job), block_owner_deletion=False)
+    try:
+        _refusing(lambda: raw(create, namespace, body))
+    except _Exists:
+        owners = {uid_of(job): ("Job", job["metadata"]["name"]), **(also_ours or {})}
+        _check_claim(raw(read, name, namespace), f"{kind} {name}", owners=owners)
 
 
 def _refusing(call: Any) -> Any:
