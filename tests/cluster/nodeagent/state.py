@@ -103,6 +103,11 @@ class AgentState:
             self.running[uid] = PodProcess(**rec)
             self.hosts[uid] = rec.get("hosts", [])
         counter = self.dirs.ip_counter
+        # Each test cluster (its own port base) hands out pod IPs from its own 127.X block:
+        # clusters running side by side once gave two pods the same address and port, and a
+        # rendezvous of one job reached a process of another.
+        port_base = int(os.environ.get("MPJOB_CLUSTER_PORT_BASE", "16380"))
+        self._ip_block = 1 + (port_base // 100) % 250
         self._ip_counter = int(counter.read_text()) if counter.exists() else 0
         if self.running:
             log(f"re-adopting {len(self.running)} pod process(es)")
@@ -121,7 +126,7 @@ class AgentState:
             self._ip_counter += 1
             self.dirs.ip_counter.write_text(str(self._ip_counter))
             n = self._ip_counter
-        return f"127.1.{(n // 250) % 250}.{n % 250 + 2}"
+        return f"127.{self._ip_block}.{(n // 250) % 250}.{n % 250 + 2}"
 
     def publish_hosts(self) -> None:
         with self.lock:
