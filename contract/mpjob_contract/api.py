@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from mpjob_contract import k8s, rules
+from mpjob_contract.accounting import CostPerGpuHour, JobCost
+from mpjob_contract.timeline import PrecisionTimeline
 
 GROUP = "mpjob.dev"
 VERSION = "v1alpha1"
@@ -389,6 +391,7 @@ class MixedPrecisionJobSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
+    cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")
 
 
 # ---------------------------------------------------------------- status (operator-written)
@@ -427,6 +430,12 @@ class AttemptStatus(ApiModel):
     charged: bool | None = None
     start_time: str | None = None
     finish_time: str | None = None
+    #: What it cost (mpjob_contract.accounting): GPU-seconds seen, samples trained, and the steps
+    #: (and their share of GPU-seconds) a later attempt trained again.
+    gpu_seconds: float | None = None
+    samples: int | None = None
+    wasted_steps: int | None = None
+    wasted_gpu_seconds: float | None = None
 
 
 class AttemptCounts(ApiModel):
@@ -473,6 +482,8 @@ class MixedPrecisionJobStatus(ApiModel):
     last_checkpoint: CheckpointStatus | None = None
     attempts: list[AttemptStatus] = Field(default_factory=list)
     attempt_counts: AttemptCounts | None = None
+    cost: JobCost | None = None
+    timeline: PrecisionTimeline | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     message: str | None = None
