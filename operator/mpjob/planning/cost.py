@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from mpjob.planning import timeline
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.figures import round_sig
 from mpjob_contract.accounting import JobCost, WasteReason
@@ -118,6 +119,13 @@ def settle(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, usage: 
         entry.wasted_steps, entry.wasted_gpu_seconds = waste.steps, new_seconds
     if entries or status.cost is not None:
         status.cost = priced(cost, spec)
+
+
+def account(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, usage: Mapping[int, float]) -> None:
+    """After any transition, for the operator and `mpjob run` alike: the attempts' cost figures
+    and sums, and their precision spans in status.timeline."""
+    settle(status, spec, usage)
+    timeline.spans(status)
 
 
 def priced(cost: JobCost, spec: MixedPrecisionJobSpec) -> JobCost:
