@@ -279,4 +279,5 @@ class LocalRun:
     def plot(self) -> Path:
         from mpjob.localrun.plot import render  # matplotlib loads only when the plot is drawn
 
-        return render(self.series, self.paths.plot, f"{self.name}: {self.status.phase}")
+        title = f"{self.name}: {self.status.phase}"
+        return render(self.series, self.paths.plot, title, timeline=self.status.timeline)

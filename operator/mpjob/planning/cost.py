@@ -111,8 +111,9 @@ def settle(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, usage: 
             cost.gpu_seconds += entry.gpu_seconds
         entry.samples = samples_of(entry, spec)
         after = entries[position + 1] if position + 1 < len(entries) else None
-        # Only the true next attempt says where this one's steps were taken up again.
-        waste = waste_of(entry, after if after is not None and after.index == entry.index + 1 else None)
+        if after is not None and after.index != entry.index + 1:
+            continue  # its next attempt's entry was dropped: its waste was settled while it was there
+        waste = waste_of(entry, after)
         cost.wasted_steps += (waste.steps or 0) - (entry.wasted_steps or 0)
         new_seconds = None if waste.gpu_seconds is None else round(waste.gpu_seconds, 3)
         cost.wasted_gpu_seconds += (new_seconds or 0.0) - (entry.wasted_gpu_seconds or 0.0)
