@@ -31,8 +31,9 @@ def _timeline(status: MixedPrecisionJobStatus) -> PrecisionTimeline:
 
 
 def reported(status: MixedPrecisionJobStatus, attempt: int, points: Sequence[tuple[int, float]]) -> None:
-    """Attempt `attempt`'s own history (its report) in place of what live readings saw of it."""
-    if not points and status.timeline is None:
+    """Attempt `attempt`'s own history (its report) in place of what live readings saw of it; a
+    report with none (a rank that died before writing its own) leaves what was seen."""
+    if not points:
         return
     timeline = _timeline(status)
     others = [p for p in timeline.loss_scale if p.attempt != attempt]

@@ -71,8 +71,10 @@ def test_the_report_replaces_what_live_readings_saw_of_its_attempt() -> None:
             ]
         )
     )
-    timeline.reported(status, 1, [(11, 65536.0), (14, 8.0)])
+    timeline.reported(status, 1, [])  # a report with no history of its own: what was seen stays
     assert status.timeline is not None
+    assert [(p.attempt, p.step) for p in status.timeline.loss_scale] == [(0, 10), (1, 12)]
+    timeline.reported(status, 1, [(11, 65536.0), (14, 8.0)])
     assert [(p.attempt, p.step) for p in status.timeline.loss_scale] == [(0, 10), (1, 11), (1, 14)]
 
 
