@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from mpjob_contract import k8s, rules
+from mpjob_contract.parallelism import Parallelism
 
 GROUP = "mpjob.dev"
 VERSION = "v1alpha1"
@@ -387,6 +388,7 @@ class MixedPrecisionJobSpec(ApiModel):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     validation: Validation = Field(default_factory=Validation)
     resources: Resources = Field(default_factory=Resources)
+    parallelism: Parallelism = Field(default_factory=Parallelism)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
 
