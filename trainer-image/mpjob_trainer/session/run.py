@@ -26,19 +26,19 @@ serves the log line, the metrics, the guard, the checkpoint decision and preempt
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer import speed
+from mpjob_trainer import sharding, speed
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault
@@ -157,11 +157,21 @@ class Session:
         """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
         return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """DistributedDataParallel when the attempt has several processes, else the model."""
-        if not self.world.distributed:
-            return model
-        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+    def wrap(self, model: nn.Module, *, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
+        """The model as spec.parallelism trains it (mpjob_trainer.sharding): under ddp, DDP when
+        the attempt has several processes; under fsdp, FSDP2 per block of `blocks` and at the
+        root, in place (create the optimizer after this). Activation checkpointing per block."""
+        net, done = sharding.wrap(
+            model,
+            blocks,
+            world=self.world,
+            device=self.device,
+            precision=self.precision,
+            parallelism=self.spec.parallelism,
+            keep_fp32=self.spec.precision.keep_fp32,
+        )
+        self._log("wrap", **done)
+        return net
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The attempt's autocast for forward passes (a no-op in fp32)."""
@@ -199,7 +209,8 @@ class Session:
         With it an `auto` attempt measures its precision now (session.measure) and a numeric
         fault is replayed in fp32 (session.replay). Call it after resume()."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
-        self._replay = Fp32Replay(step, samples, spec=self.spec.precision.guard, lent=lent)
+        guard = sharding.replayable(self.spec.precision.guard, self.precision, self.spec.parallelism, self._log)
+        self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
             at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
