@@ -67,15 +67,15 @@ def fp32_policy() -> Any:
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
 
-def fixes_low_compute(precision: Precision, parallelism: Parallelism) -> bool:
-    """Does the wrapped model gather its weights in a low precision for good? Then no mode can
-    recompute it in fp32 (the fp32 replay is skipped; see contract parallelism.Fsdp)."""
-    return (
-        parallelism.strategy == "fsdp" and precision != "fp32" and parallelism.fsdp.mixed_precision_param == "attempt"
-    )
+def fixes_low_compute(precision: Precision | None, parallelism: Parallelism) -> bool:
+    """Does a model wrapped for `precision` (None: not wrapped) gather its weights in a low
+    precision for good? Then no mode can recompute it in fp32 (the fp32 replay is skipped; see
+    contract parallelism.Fsdp). `auto` attempts are wrapped for fp32 until they settle."""
+    fsdp, low = parallelism.strategy == "fsdp", precision in ("fp16", "bf16")
+    return fsdp and low and parallelism.fsdp.mixed_precision_param == "attempt"
 
 
-def replayable(guard: GuardSpec, precision: Precision, parallelism: Parallelism, log: EventLog) -> GuardSpec:
+def replayable(guard: GuardSpec, precision: Precision | None, parallelism: Parallelism, log: EventLog) -> GuardSpec:
     """The guard settings the fp32 replay runs under: off when the sharded model gathers its
     weights in a low precision for good (a "fp32" replay would compute in fp16 and blame the
     data for the precision's overflow); the precision is then blamed, as with replays off."""

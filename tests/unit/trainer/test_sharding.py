@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from mpjob_contract.api import Guard
 from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer import sharding
 
@@ -116,3 +117,17 @@ def test_a_short_fsdp_run_trains(tmp_path: Path, precision: str, world: int) -> 
         assert seen["last"] < seen["first"] - 0.2, seen
         assert seen["applied"] >= 20  # fp16: the first steps calibrate the scale
     assert len({round(s["last"], 3) for s in results}) == world or world == 1  # each rank its own data
+
+
+def test_the_fp32_replay_is_off_only_where_the_gathered_weights_are_low_for_good() -> None:
+    logged: list[tuple[str, dict[str, Any]]] = []
+
+    def log(event: str, **fields: Any) -> None:
+        logged.append((event, fields))
+
+    guard, fsdp = Guard(replaySteps=4), Parallelism(strategy="fsdp")
+    assert sharding.replayable(guard, "fp16", fsdp, log).replay_steps == 0  # type: ignore[arg-type]
+    assert logged and logged[0][0] == "replaySkipped" and "mixedPrecisionParam" in logged[0][1]["why"]
+    fp32_gather = Parallelism.model_validate({"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "fp32"}})
+    for precision, parallelism in (("bf16", fp32_gather), ("fp32", fsdp), ("fp16", Parallelism()), (None, fsdp)):
+        assert sharding.replayable(guard, precision, parallelism, log).replay_steps == 4  # type: ignore[arg-type]

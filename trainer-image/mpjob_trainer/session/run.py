@@ -100,6 +100,7 @@ class Session:
         self._replay: Fp32Replay | None = None
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
+        self._wrapped_for: Precision | None = None  # the precision run.wrap sharded for
         cadence = Cadence(self.spec, launch.repromote_after_steps)
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
 
@@ -161,12 +162,14 @@ class Session:
         """The model as spec.parallelism trains it (mpjob_trainer.sharding): under ddp, DDP when
         the attempt has several processes; under fsdp, FSDP2 per block of `blocks` and at the
         root, in place (create the optimizer after this). Activation checkpointing per block."""
+        # An `auto` attempt settles its precision later (register_step): gather in fp32 meanwhile.
+        self._wrapped_for = "fp32" if self.launch.precision == "auto" else self.precision
         net, done = sharding.wrap(
             model,
             blocks,
             world=self.world,
             device=self.device,
-            precision=self.precision,
+            precision=self._wrapped_for,
             parallelism=self.spec.parallelism,
             keep_fp32=self.spec.precision.keep_fp32,
         )
@@ -209,7 +212,7 @@ class Session:
         With it an `auto` attempt measures its precision now (session.measure) and a numeric
         fault is replayed in fp32 (session.replay). Call it after resume()."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
-        guard = sharding.replayable(self.spec.precision.guard, self.precision, self.spec.parallelism, self._log)
+        guard = sharding.replayable(self.spec.precision.guard, self._wrapped_for, self.spec.parallelism, self._log)
         self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
