@@ -59,6 +59,24 @@ def test_a_four_process_fsdp_job_trains_sharded_to_succeeded(tmp_path: Path) -> 
     assert last < first - 0.2  # it learns
 
 
+def test_fp16_overflow_on_a_sharded_model_ends_the_attempt_on_every_rank_and_bf16_finishes(tmp_path: Path) -> None:
+    """The ladder's decision under fsdp: all 4 ranks skip the same overflowing steps (found_inf
+    agreed over the mesh), the guard ends fp16 at the same step on each, and the bf16 attempt
+    finishes. (This script's checkpoints hold no model: the weights' resume is the next test's.)"""
+    _, report, _ = run_job(
+        tmp_path, "fp16", task={"command": [sys.executable, str(SCRIPT), "15"]}, precision={"mode": "fp16"}
+    )
+    first, second = report["attempts"]
+    assert (first["precision"], first["reason"], first["exitCode"], first["worldSize"]) == (
+        "fp16",
+        "NumericFault",
+        42,
+        4,
+    )
+    assert (second["precision"], second["reason"], second["worldSize"]) == ("bf16", "Succeeded", 4)
+    assert second["startStep"] == 10 and report["phase"] == "Succeeded"
+
+
 @needs_sharded_checkpoints
 def test_fp16_overflow_falls_back_to_bf16_from_a_sharded_checkpoint(tmp_path: Path) -> None:
     _, report, _ = run_job(
