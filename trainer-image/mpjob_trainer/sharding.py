@@ -39,12 +39,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from mpjob_contract.api import Guard as GuardSpec
-from mpjob_contract.api import Precision
+from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.precision import DTYPES
+
+#: The model's repeated blocks, as run.wrap takes them.
+Blocks = Sequence[nn.Module] | None
 
 
 def policy(precision: Precision, parallelism: Parallelism) -> Any:
@@ -172,6 +175,37 @@ def wrap(
         return model, done
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids), done
+
+
+class Wrapper:
+    """`run.wrap` for one attempt, and what wrapping decided for the rest of it (the fp32 replay)."""
+
+    def __init__(
+        self, world: World, device: torch.device, *, spec: MixedPrecisionJobSpec, requested: str, log: EventLog
+    ) -> None:
+        self.world, self.device, self.spec, self.requested, self.log = world, device, spec, requested, log
+        #: The precision the model was wrapped for (None: not wrapped).
+        self.wrapped_for: Precision | None = None
+
+    def wrap(self, model: nn.Module, blocks: Blocks, *, precision: Precision) -> nn.Module:
+        """Wrap for `precision`; an `auto` attempt settles its precision later (register_step), so
+        it gathers in fp32 meanwhile."""
+        self.wrapped_for = "fp32" if self.requested == "auto" else precision
+        net, done = wrap(
+            model,
+            blocks,
+            world=self.world,
+            device=self.device,
+            precision=self.wrapped_for,
+            parallelism=self.spec.parallelism,
+            keep_fp32=self.spec.precision.keep_fp32,
+        )
+        self.log("wrap", **done)
+        return net
+
+    def replayable(self, guard: GuardSpec) -> GuardSpec:
+        """The guard settings the fp32 replay runs under (see `replayable`)."""
+        return replayable(guard, self.wrapped_for, self.spec.parallelism, self.log)
 
 
 def clip_gradients(params: Iterable[torch.Tensor], max_norm: float | None) -> torch.Tensor:

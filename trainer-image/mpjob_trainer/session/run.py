@@ -26,7 +26,6 @@ serves the log line, the metrics, the guard, the checkpoint decision and preempt
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +99,7 @@ class Session:
         self._replay: Fp32Replay | None = None
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
-        self._wrapped_for: Precision | None = None  # the precision run.wrap sharded for
+        self._wrapper = sharding.Wrapper(world, self.device, spec=self.spec, requested=launch.precision, log=log)
         cadence = Cadence(self.spec, launch.repromote_after_steps)
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
 
@@ -158,23 +157,10 @@ class Session:
         """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
         return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
 
-    def wrap(self, model: nn.Module, *, blocks: Sequence[nn.Module] | None = None) -> nn.Module:
-        """The model as spec.parallelism trains it (mpjob_trainer.sharding): under ddp, DDP when
-        the attempt has several processes; under fsdp, FSDP2 per block of `blocks` and at the
-        root, in place (create the optimizer after this). Activation checkpointing per block."""
-        # An `auto` attempt settles its precision later (register_step): gather in fp32 meanwhile.
-        self._wrapped_for = "fp32" if self.launch.precision == "auto" else self.precision
-        net, done = sharding.wrap(
-            model,
-            blocks,
-            world=self.world,
-            device=self.device,
-            precision=self._wrapped_for,
-            parallelism=self.spec.parallelism,
-            keep_fp32=self.spec.precision.keep_fp32,
-        )
-        self._log("wrap", **done)
-        return net
+    def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
+        """The model as spec.parallelism trains it: DDP, or FSDP2 on each of `blocks` and the root,
+        in place (make the optimizer after); activation checkpointing per block (mpjob_trainer.sharding)."""
+        return self._wrapper.wrap(model, blocks, precision=self.precision)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The attempt's autocast for forward passes (a no-op in fp32)."""
@@ -212,7 +198,7 @@ class Session:
         With it an `auto` attempt measures its precision now (session.measure) and a numeric
         fault is replayed in fp32 (session.replay). Call it after resume()."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
-        guard = sharding.replayable(self.spec.precision.guard, self._wrapped_for, self.spec.parallelism, self._log)
+        guard = self._wrapper.replayable(self.spec.precision.guard)
         self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
