@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from mpjob_contract import k8s, rules
 from mpjob_contract.accounting import CostPerGpuHour, JobCost
+from mpjob_contract.parallelism import Parallelism
 from mpjob_contract.timeline import PrecisionTimeline
 
 GROUP = "mpjob.dev"
@@ -389,6 +390,7 @@ class MixedPrecisionJobSpec(ApiModel):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     validation: Validation = Field(default_factory=Validation)
     resources: Resources = Field(default_factory=Resources)
+    parallelism: Parallelism = Field(default_factory=Parallelism)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")

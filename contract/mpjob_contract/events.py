@@ -63,6 +63,16 @@ class Compile(TrainerEvent):
     compiled: bool
 
 
+class Wrap(TrainerEvent):
+    """How run.wrap shared the model (spec.parallelism)."""
+
+    name = "wrap"
+    strategy: str
+    checkpointed_blocks: list[int] = Field(default_factory=list, alias="checkpointedBlocks")
+    #: fsdp: the modules sharded on their own (keepFp32 ones, blocks), root ("") last.
+    sharded: list[str] | None = None
+
+
 class PrecisionMeasured(TrainerEvent, Measurement):
     name = "precisionMeasured"
 
@@ -190,6 +200,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         CheckpointRejected,
         KeepFp32,
         Compile,
+        Wrap,
         PrecisionMeasured,
         Resume,
         FreshStart,

@@ -10,7 +10,6 @@ model per training.compile. It reads top to bottom: set-up, resume, then each st
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -20,6 +19,7 @@ from torch.utils.data import default_collate
 from mpjob_trainer.data import StepLoader, StepSampler, data_workers, to_device
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
+from mpjob_trainer.sharding import accumulating
 from mpjob_trainer.tasks import Task, load_task
 
 __all__ = ["builtin_task", "forward_backward", "learning_rate", "train"]
@@ -52,7 +52,11 @@ def train(run: Session) -> None:
     task = builtin_task(run)
     model = task.model.to(run.device)  # fp32 master weights; autocast casts per op
     run.keep_fp32(model)
-    net = run.wrap(run.compile(model))
+    # FSDP2 shards the module itself (compile the sharded one); DDP wraps the compiled one.
+    if run.spec.parallelism.strategy == "fsdp":
+        net = run.compile(run.wrap(model, blocks=task.blocks))
+    else:
+        net = run.wrap(run.compile(model), blocks=task.blocks)
     optimizer = run.adamw(model, lr=tr.learning_rate, weight_decay=tr.weight_decay)
     start = run.resume(model=model, optimizer=optimizer)  # the data position is the step itself
     sampler = StepSampler(
@@ -115,9 +119,7 @@ def forward_backward(run: Session, net: nn.Module, task: Task, micro_batches: li
     accumulation = len(micro_batches)
     for micro, batch in enumerate(micro_batches):
         inputs, targets = to_device(batch, run.device)
-        last = micro == accumulation - 1
-        sync: Any = contextlib.nullcontext() if last or not run.world.distributed else net.no_sync()  # type: ignore[operator]
-        with sync:
+        with accumulating(net, last=micro == accumulation - 1):
             with run.autocast():
                 loss = task.loss(net(inputs), targets) / accumulation
             run.backward(loss)

@@ -30,14 +30,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer import speed
+from mpjob_trainer import sharding, speed
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault
@@ -99,6 +98,7 @@ class Session:
         self._replay: Fp32Replay | None = None
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
+        self._wrapper = sharding.Wrapper(world, self.device, spec=self.spec, requested=launch.precision, log=log)
         cadence = Cadence(self.spec, launch.repromote_after_steps)
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
 
@@ -156,11 +156,10 @@ class Session:
         """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
         return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """DistributedDataParallel when the attempt has several processes, else the model."""
-        if not self.world.distributed:
-            return model
-        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+    def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
+        """The model as spec.parallelism trains it: DDP, or FSDP2 on each of `blocks` and the root,
+        in place (make the optimizer after); activation checkpointing per block (mpjob_trainer.sharding)."""
+        return self._wrapper.wrap(model, blocks, precision=self.precision)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The attempt's autocast for forward passes (a no-op in fp32)."""
@@ -198,7 +197,8 @@ class Session:
         With it an `auto` attempt measures its precision now (session.measure) and a numeric
         fault is replayed in fp32 (session.replay). Call it after resume()."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
-        self._replay = Fp32Replay(step, samples, spec=self.spec.precision.guard, lent=lent)
+        guard = self._wrapper.replayable(self.spec.precision.guard)
+        self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
             at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
