@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mpjob_contract.api import Precision
 from mpjob_contract.codes import Reason
 from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV
+from mpjob_contract.skipping import Skipped
 
 __all__ = [
     "DEFAULT_TERMINATION_LOG",
@@ -121,6 +122,8 @@ class TerminationReport(_Model):
     counters: Counters = Field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
+    #: What the attempt skipped as bad data or loss spikes (the quarantine, bounded).
+    skipped: Skipped | None = None
     message: str = ""
 
     @field_validator("message")
