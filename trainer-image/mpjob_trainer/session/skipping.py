@@ -92,7 +92,8 @@ class DataRung:
         """The loop registered its step; at a fresh start keep a host copy of the state to roll back
         to (the one cost of the rung before the first checkpoint: the state once, on the host)."""
         self.replay = replay
-        if state is not None and fresh and self.spec.on_bad_data == "skip" and self._initial is None:
+        rolls_back = self.spec.on_bad_data == "skip" or self.spike is not None
+        if state is not None and fresh and rolls_back and self._initial is None:
             numerics = self.lent.numerics
             live = state.capture(0, numerics.applied.count, numerics.precision.precision, numerics.precision.scaler)
             self._initial = _host_copy(live)
@@ -163,6 +164,11 @@ class DataRung:
         self, steps: list[int], cause: SkipCause, *, step: int, state: TrainingState, checkpoints: Checkpointer
     ) -> None:
         already = self.quarantine.steps
+        if cause == "data" and set(steps) & set(already):
+            raise NonFiniteInFp32(
+                f"step {steps[0]} is non-finite in fp32 again after it was skipped: the loop does not leave "
+                "quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
+            )
         if len(already) + len(steps) > self.spec.max_skipped_steps:
             shown = ", ".join(str(s) for s in [*already, *steps])
             raise NonFiniteInFp32(
