@@ -4,11 +4,16 @@ still Succeeds in its first precision; the summary, status.skipped and the plot 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.unit.localrun.test_run import manifest, mpjob_run
+from tests.unit.localrun.test_run import BASE, manifest, mpjob_run
+from tests.unit.trainer.conftest import run_trainer
+from tests.unit.trainer.test_data_rung import SCRIPT
 
 pytestmark = pytest.mark.unit
 
@@ -37,6 +42,17 @@ def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precisio
     assert f"skipped step(s) [{step['step']}] (data; samples 5)" in out  # said as it happened
     series = json.loads((tmp_path / "out" / "series.json").read_text())
     assert series["skips"] == [{"attempt": 0, "step": step["step"], "cause": "data"}]  # what the plot marks
+    # The final weights equal a straight run whose data never held sample 5 (the same order otherwise).
+    clean = json.loads(json.dumps(BASE["spec"]))
+    clean.update(task=mlp(), training={"steps": 40, "batchSize": 8, "logEvery": 5})
+    extra = {"QUARANTINED": "5", "PYTHONPATH": os.pathsep.join(sys.path)}
+    straight = run_trainer(tmp_path / "straight", clean, "fp16", argv=[SCRIPT], extra=extra)
+    assert straight.code == 0, straight.stderr
+    (final,) = (tmp_path / "out").rglob("step-000000040/state.pt")
+    ours, theirs = (
+        torch.load(p, weights_only=True)["model"] for p in (final, tmp_path / "straight/ckpt/step-000000040/state.pt")
+    )
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
 def test_bad_data_everywhere_fails_in_one_attempt_naming_the_steps(tmp_path: Path) -> None:
