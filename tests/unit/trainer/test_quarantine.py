@@ -8,9 +8,10 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 from mpjob_contract.skipping import SpikeSpec
-from mpjob_trainer.data import StepBatches, StepSampler
+from mpjob_trainer.data import StepBatches, StepLoader, StepSampler
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session.quarantine import Quarantine
 from mpjob_trainer.session.spike import SpikeDetector
@@ -120,3 +121,22 @@ def test_batch_scale_scales_the_targets_of_its_steps_only() -> None:
     assert torch.equal(scale(target), target * 1000)
     with pytest.raises(ConfigError, match=r"task\.args\.batchScale"):
         batch_scale({"atStep": "x"})
+
+
+def test_a_loader_collating_ahead_starts_over_when_the_quarantine_changes() -> None:
+    dataset = TensorDataset(torch.arange(64).float().unsqueeze(1), torch.zeros(64, 1))
+    q = Quarantine()
+    sampler = StepSampler(64, 4, 1, 1, 0, 3, quarantine=q)
+    loader = StepLoader(dataset, sampler, span=range(0, 10), workers=1, pin=False)
+    try:
+        loader.micro_batches(0)
+        loader.micro_batches(1)  # the worker has collated steps ahead by now
+        bad = sampler.indices(5, 0)[1]
+        q.add(5, "data", [bad])
+        for step in range(2, 6):
+            (inputs, _), *rest = loader.micro_batches(step)
+            assert rest == [] and bad not in inputs.squeeze(1).long().tolist()
+        (inputs, _), *_ = loader.micro_batches(6)
+        assert inputs.shape[0] == 4  # the others keep their samples
+    finally:
+        loader.close()
