@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 from mpjob_contract import k8s, rules
 from mpjob_contract.accounting import CostPerGpuHour, JobCost
 from mpjob_contract.parallelism import Parallelism
+from mpjob_contract.skipping import OnBadData, Skipped, SpikeSpec
 from mpjob_contract.timeline import PrecisionTimeline
 
 GROUP = "mpjob.dev"
@@ -192,6 +193,16 @@ class Guard(ApiModel):
     replay_timeout_seconds: int = Field(
         300, ge=1, le=86400, description="Time cap of that replay; past it the precision is blamed."
     )
+    on_bad_data: OnBadData = Field(
+        "skip",
+        description="When the fp32 replay finds a step non-finite in fp32 too: skip: roll back to the last good "
+        "checkpoint, quarantine that step's samples (kept in checkpoints, never served again) and go on in the "
+        "same precision; fail: the attempt ends NonFiniteInFp32.",
+    )
+    max_skipped_steps: int = Field(
+        4, ge=0, le=1000, description="Steps skipped (bad data and loss spikes) before the attempt fails as bad data."
+    )
+    spike: SpikeSpec = Field(default_factory=SpikeSpec, description="Finite loss spikes (see spike.action).")
 
 
 class PrecisionSpec(ApiModel):
@@ -481,6 +492,8 @@ class MixedPrecisionJobStatus(ApiModel):
     #: delta to fp32 at the same weights.
     eval_loss: float | None = None
     eval_loss_delta: float | None = None
+    #: Steps and samples skipped as bad data or loss spikes (guard.onBadData, guard.spike).
+    skipped: Skipped | None = None
     last_checkpoint: CheckpointStatus | None = None
     attempts: list[AttemptStatus] = Field(default_factory=list)
     attempt_counts: AttemptCounts | None = None

@@ -25,6 +25,7 @@ from mpjob_contract import timeline
 from mpjob_contract.api import Precision
 from mpjob_contract.codes import Reason
 from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV
+from mpjob_contract.skipping import Skipped
 
 __all__ = [
     "DEFAULT_TERMINATION_LOG",
@@ -124,6 +125,8 @@ class TerminationReport(_Model):
     measurement: Measurement | None = None
     #: The attempt's loss-scale history, [step, scale] pairs oldest first (mpjob_contract.timeline).
     loss_scales: list[tuple[int, float]] = Field(default_factory=list, alias="lossScales")
+    #: What the attempt skipped as bad data or loss spikes (the quarantine, bounded).
+    skipped: Skipped | None = None
     message: str = ""
 
     @field_validator("loss_scales", mode="before")

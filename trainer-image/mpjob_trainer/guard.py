@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
+
+if TYPE_CHECKING:
+    from mpjob_trainer.session.spike import SpikeDetector
 
 #: Rules whose trouble is tied to the steps it happened at: a fp32 replay of those steps tells
 #: a precision's fault from the data's. Stagnation is not (it is slow, not non-finite).
@@ -43,6 +47,8 @@ class GuardReading:
     loss_scale: float | None
     #: Largest `flag` any rank passed to read() (used to agree on preemption under DDP).
     flag: float = 0.0
+    #: Steps whose finite loss spiked (guard.spike; session.spike), agreed by all ranks.
+    spikes: range | None = None
 
 
 class NumericGuard:
@@ -55,6 +61,7 @@ class NumericGuard:
         self._non_finite = torch.zeros((), dtype=torch.int64, device=device)
         self.non_finite_losses = 0
         self.new_non_finite = 0  # since the previous read
+        self.forgiven = 0  # counted before the last rollback (session.skipping): not held against the guard
         self._applied = False
         self._last_loss: float | None = None
         self._stagnant_since: int | None = None
@@ -62,6 +69,8 @@ class NumericGuard:
         self._first_non_finite = torch.full((), -1, dtype=torch.int64, device=device)
         self._first_overflow: int | None = None
         self._step_index = 0
+        #: The loss spike detector (guard.spike.action rollback), fed and read with the guard.
+        self.spike: SpikeDetector | None = None
 
     # -- per step, host only ------------------------------------------------------------
     def begin_step(self) -> None:
@@ -91,6 +100,8 @@ class NumericGuard:
         self._non_finite += bad.to(torch.int64)
         first = bad & (self._first_non_finite < 0)
         self._first_non_finite = torch.where(first, self._step_index, self._first_non_finite)
+        if self.spike is not None:
+            self.spike.observe(loss, self._step_index)
 
     def end_step(self, step: int, uses_scaler: bool) -> None:
         """Close optimizer step `step` (1-based), which observe_loss saw as index step - 1."""
@@ -121,15 +132,17 @@ class NumericGuard:
         values = [
             self._non_finite.to(torch.float64),
             torch.tensor(flag, dtype=torch.float64, device=self.device),
+            *(self.spike.values() if self.spike is not None else []),
         ]
         packed = all_reduce_max(torch.stack(values), self.world).tolist()
         self.new_non_finite = int(packed[0]) - self.non_finite_losses
         self.non_finite_losses = int(packed[0])
         scale = scaler.get_scale() if scaler is not None else None
-        return GuardReading(self.non_finite_losses, scale, packed[1])
+        spikes = self.spike.agreed(packed[2:]) if self.spike is not None else None
+        return GuardReading(self.non_finite_losses, scale, packed[1], spikes)
 
     def check(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> None:
-        if reading.non_finite_losses >= self.spec.max_non_finite_losses:
+        if reading.non_finite_losses - self.forgiven >= self.spec.max_non_finite_losses:
             raise NumericFault(
                 "MaxNonFiniteLosses",
                 f"{reading.non_finite_losses} non-finite losses by step {step} "
@@ -165,6 +178,14 @@ class NumericGuard:
         """A checkpoint of the current state was taken as good: trouble is counted from here."""
         self._first_overflow = None
         self._first_non_finite.fill_(-1)
+
+    def rewind(self, step: int) -> None:
+        """The state was rolled back to `step` (0-based index; session.skipping): trouble, and the
+        non-finite count the guard checks, are counted from there again."""
+        self.consecutive_overflows = 0
+        self.forgiven = self.non_finite_losses  # those of the rolled-back steps no longer count
+        self._step_index = step
+        self.mark_good()
 
     def first_fault_step(self, rule: str) -> int | None:
         """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.data import default_collate
 
@@ -66,6 +67,7 @@ def train(run: Session) -> None:
         run.world.size,
         run.world.rank,
         tr.seed,
+        quarantine=run.quarantined,
     )
     workers = data_workers(tr.data_workers, run.device)
     data = StepLoader(
@@ -78,10 +80,13 @@ def train(run: Session) -> None:
             task.set_step(step)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run.applied_steps, tr.steps, tr.learning_rate, tr.warmup_steps)
-        forward_backward(run, net, task, data.micro_batches(step))
-        run.step(optimizer, clip_norm=tr.grad_clip_norm)
+        micro_batches = data.micro_batches(step)
+        if micro_batches:  # else every sample of the step is quarantined: nothing to train on
+            forward_backward(run, net, task, micro_batches)
+            run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
     run.register_step(one_step, samples=sampler.step_indices)
+    run.quarantined.screen = lambda indices: non_finite_alone(run, model, task, indices)
     if run.spec.validation.every_steps:
         if task.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the task has no evaluation set (eval_dataset)")
@@ -112,6 +117,22 @@ def evaluate(run: Session, model: nn.Module, task: Task) -> float:
         return sum(losses) / len(losses)
     finally:
         model.train()
+
+
+def non_finite_alone(run: Session, model: nn.Module, task: Task, indices: list[int]) -> list[int]:
+    """The samples among `indices` whose fp32 loss is non-finite on their own (the data rung
+    quarantines only them, not the whole step they were in)."""
+    bad = []
+    model.eval()  # no dropout: the screen draws nothing from the generators the catch-up replays
+    try:
+        with torch.no_grad():
+            for index in indices:
+                inputs, targets = to_device(default_collate([task.dataset[index]]), run.device)
+                if not bool(torch.isfinite(task.loss(model(inputs), targets)).all()):
+                    bad.append(index)
+    finally:
+        model.train()
+    return bad
 
 
 def forward_backward(run: Session, net: nn.Module, task: Task, micro_batches: list[Any]) -> None:

@@ -1,5 +1,6 @@
 """The run's picture: loss, loss scale (log axis) and grad norm over steps, each attempt's
-precision shaded and overflow-skipped steps marked.
+precision shaded, overflow-skipped steps marked, and steps skipped as bad data or loss spikes
+drawn as vertical lines.
 
 The loss scale and the precision spans are drawn from the status's own timeline
 (`status.timeline`, what `kubectl get mpj -o yaml` shows of a job on a cluster) when the run has
@@ -19,6 +20,18 @@ from mpjob.localrun.series import RunSeries, Span
 from mpjob_contract.timeline import PrecisionTimeline
 
 PRECISION_COLOURS = {"fp16": "#f4a261", "bf16": "#2a9d8f", "fp32": "#8d99ae"}
+
+
+SKIP_COLOURS = {"data": "#6a040f", "spike": "#7209b7"}
+
+
+def _skipped_steps(series: RunSeries, ax: plt.Axes) -> None:
+    """A dashed line at each skipped step, one legend entry per cause."""
+    labelled: set[str] = set()
+    for skip in series.skips:
+        label = None if skip.cause in labelled else f"skipped ({skip.cause})"
+        labelled.add(skip.cause)
+        ax.axvline(skip.step, color=SKIP_COLOURS.get(skip.cause, "#000"), ls="--", lw=1, label=label)
 
 
 def render(series: RunSeries, path: Path, title: str, *, timeline: PrecisionTimeline | None = None) -> Path:
@@ -45,6 +58,7 @@ def render(series: RunSeries, path: Path, title: str, *, timeline: PrecisionTime
         loss_ax.scatter(
             steps, [e.loss_fp32 for e in series.evals], marker="+", color="#2a9d8f", label="eval loss, fp32"
         )
+    _skipped_steps(series, loss_ax)
     marks = [m for m in series.overflow_marks() if m.loss_scale]
     if marks:
         scale_ax.scatter(

@@ -38,6 +38,7 @@ from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
+from mpjob_contract.skipping import describe_ranges
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
     from mpjob.localrun.progress import ProgressView
@@ -253,6 +254,9 @@ class LocalRun:
         if (point := self.series.ingest(start.index, start.precision, event)) is not None:
             self.view.step(point)
         self.series.ingest_eval(start.index, event)
+        if self.series.ingest_skip(start.index, event) and isinstance(event, events.DataSkipped):
+            spans = describe_ranges(event.samples) or "not named"
+            self.view.info(f"skipped step(s) {event.steps} ({event.cause}; samples {spans}), back at {event.from_step}")
         if (reading := reading_of(start.index, event)) is not None:
             self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):

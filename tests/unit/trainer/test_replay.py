@@ -18,9 +18,11 @@ MLP = {"inputs": 8, "hidden": 16, "samples": 512}
 
 
 def poisoned(samples: object, **over: object) -> dict:
+    """guard.onBadData fail: the attempt ends on the replay's verdict (test_data_rung: skip)."""
+    guard = {"onBadData": "fail", **over.pop("guard", {})}  # type: ignore[dict-item]
     return spec(
         task={"builtin": "mlp", "args": {**MLP, "samples": 64, "nonFiniteSamples": samples}},  # ~8 epochs
-        precision={"mode": "fp16", **over},
+        precision={"mode": "fp16", "guard": guard, **over},
         training={"steps": 60, "batchSize": 8, "logEvery": 5},
     )
 

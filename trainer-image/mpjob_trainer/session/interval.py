@@ -15,6 +15,7 @@ last, because it ends the attempt with a checkpoint to resume the faster precisi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import QualityGate
 from mpjob_trainer.session.state import TrainingState
-from mpjob_trainer.session.steps import StepNumerics
+from mpjob_trainer.session.steps import Read, StepNumerics
 
 Gate = QualityGate | None
 
@@ -91,6 +92,9 @@ class IntervalWork:
         self.cadence = cadence
         self.progress = progress
         self.log = log
+        #: Called with each interval's numbers right after its read, before its log line and checks
+        #: (the data rung's, session.skipping): they may raise to roll back.
+        self.inspectors: list[Callable[[int, Read], None]] = []
         #: The loss and loss scale read at the last interval.
         self.last_loss: float | None = None
         self.loss_scale: float | None = None
@@ -106,6 +110,8 @@ class IntervalWork:
         self.last_loss, self.loss_scale = loss, reading.loss_scale
         if checkpoints.world.is_main:
             checkpoints.collect(block=False, training_step=step)
+        for inspect in self.inspectors:  # before the log line: a rollback logs the step once, after it
+            inspect(step, read)
         if due.log:
             self.progress.report(numerics.numbers(step, read))
         self.scales.seen(step, reading.loss_scale, checkpoint=due.checkpoint)  # before a fault ends the attempt

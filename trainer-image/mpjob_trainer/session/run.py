@@ -36,14 +36,14 @@ from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer import sharding, speed
+from mpjob_trainer import sharding
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
 from mpjob_trainer.metrics import TrainerMetrics
-from mpjob_trainer.precision import autocast_fp32_types, keep_fp32, resolve
+from mpjob_trainer.precision import resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, classify, conclude
@@ -53,12 +53,15 @@ from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
+from mpjob_trainer.session.quarantine import Quarantine
 from mpjob_trainer.session.replay import Fp32Replay, Replaying
+from mpjob_trainer.session.setup import ModelSetUp
+from mpjob_trainer.session.skipping import DataRung, Lent
 from mpjob_trainer.session.state import TrainingState, seed_everything
 from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, StepNumerics
 
 
-class Session:
+class Session(ModelSetUp):
     """Made by `mpjob_trainer.session.start()`; use it as a context manager."""
 
     def __init__(
@@ -99,8 +102,10 @@ class Session:
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
         self._wrapper = sharding.Wrapper(world, self.device, spec=self.spec, requested=launch.precision, log=log)
+        self._rung = DataRung(self.spec.precision.guard, Lent(self._numerics, world, log, self._metrics))
         cadence = Cadence(self.spec, launch.repromote_after_steps)
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
+        self._intervals.inspectors.append(self._rung.inspect)
 
     # ---------------------------------------------------------------- what the run is
     @property
@@ -119,6 +124,11 @@ class Session:
         return self._numerics.applied.count
 
     @property
+    def quarantined(self) -> Quarantine:
+        """Samples (or steps) never to train on again (session.quarantine); checkpointed."""
+        return self._rung.quarantine
+
+    @property
     def args(self) -> dict[str, Any]:
         """spec.task.args: the job's settings for the script."""
         return dict(self.spec.task.args)
@@ -132,35 +142,7 @@ class Session:
         builtin learns it from the task it loads inside the session)."""
         self._progress.flops_per_sample, self._progress.tokens_per_sample = flops, tokens
 
-    # ---------------------------------------------------------------- set-up
-    def keep_fp32(self, model: nn.Module) -> list[str]:
-        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns the names of
-        the modules wrapped. Types autocast already runs in fp32 on this device are left alone."""
-        if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
-            return []
-        kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)
-        wrapped = keep_fp32(model, kept, self.device)
-        self._log("keepFp32", wrapped=wrapped, skipped=[name for name in kept if name in free])
-        return wrapped
-
-    def compile(self, model: nn.Module) -> nn.Module:
-        """`torch.compile(model)` as spec.training.compile says (auto: on CUDA), else `model`.
-        Call it after keep_fp32 and before wrap; resume() takes the uncompiled module."""
-        compiled = speed.compile_model(model, self.spec.training.compile, self.device)
-        self._log("compile", mode=self.spec.training.compile, compiled=compiled is not model)
-        return compiled
-
-    def adamw(
-        self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
-    ) -> torch.optim.AdamW:
-        """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
-        return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
-
-    def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
-        """The model as spec.parallelism trains it: DDP, or FSDP2 on each of `blocks` and the root,
-        in place (make the optimizer after); activation checkpointing per block (mpjob_trainer.sharding)."""
-        return self._wrapper.wrap(model, blocks, precision=self.precision)
-
+    # ---------------------------------------------------------------- set-up (session.setup: the model)
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The attempt's autocast for forward passes (a no-op in fp32)."""
         return self._amp.autocast()
@@ -169,7 +151,7 @@ class Session:
         """Register what checkpoints hold, load the attempt's checkpoint into it; the start step."""
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
-        self._state = TrainingState(stateful)
+        self._state = TrainingState(stateful, own=self._rung.stateful())
         for optimizer in self._state.optimizers():
             self._numerics.applied.watch(optimizer)
         checkpoints = self._checkpoints
@@ -199,6 +181,7 @@ class Session:
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
         guard = self._wrapper.replayable(self.spec.precision.guard)
         self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
+        self._rung.arm(self._replay, state=self._state, fresh=self._checkpoints.last_good is None)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
             at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
@@ -249,6 +232,10 @@ class Session:
             self._numerics.tally.lr = lr
         self._step = step
         self._progress.window.add(samples)
+        self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
+
+    def _close_step(self, step: int, loss: Number | None) -> None:
+        assert self._state is not None  # end_step checked it
         self._numerics.close(step, loss)
         gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
         due = self._intervals.cadence.due(step, evaluate=gate is not None and gate.due(step), stop_alone=alone)
@@ -279,7 +266,8 @@ class Session:
         if self.world.is_main:
             with contextlib.suppress(Exception):
                 self._checkpoints.collect(block=True, training_step=self._step)
-        if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None:
+        unjudged = self._replay is not None and self._replay.replayed is None  # else the data rung judged it
+        if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None and unjudged:
             exc = self._replay.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
         self._exit_code = conclude(exc, self._standing(), self._log)
         with contextlib.suppress(Exception):
@@ -297,4 +285,5 @@ class Session:
             replay=self._replay.replayed if self._replay is not None else None,
             measurement=self._measurement,
             loss_scales=self._intervals.scales.points,
+            skipped=self._rung.skipped(),
         )

@@ -29,7 +29,7 @@ from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.errors import ConfigError
 
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
-RESERVED = frozenset({"step", "appliedSteps", "precision", "scaler", "rng", FORMAT_KEY})
+RESERVED = frozenset({"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", FORMAT_KEY})
 
 
 def rng_state() -> dict[str, Any]:
@@ -68,7 +68,7 @@ def seed_everything(seed: int) -> None:
 class TrainingState:
     """The named stateful objects of a run (anything with state_dict/load_state_dict)."""
 
-    def __init__(self, objects: dict[str, Any]) -> None:
+    def __init__(self, objects: dict[str, Any], own: dict[str, Any] | None = None) -> None:
         for name, obj in objects.items():
             if name in RESERVED:
                 raise ConfigError(f"resume({name}=...): {name!r} is reserved; reserved: {', '.join(sorted(RESERVED))}")
@@ -78,6 +78,9 @@ class TrainingState:
                     "checkpoints can only hold objects that have both"
                 )
         self.objects = dict(objects)
+        #: The SDK's own stateful parts (the quarantine, the spike window), under reserved keys;
+        #: a checkpoint written before them has none, and they keep what they hold.
+        self.own = dict(own or {})
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
@@ -109,7 +112,7 @@ class TrainingState:
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_state(),
         }
-        for name, obj in self.objects.items():
+        for name, obj in {**self.objects, **self.own}.items():
             state[name] = obj.state_dict()
         return state
 
@@ -130,5 +133,8 @@ class TrainingState:
                 raise ConfigError(f"cannot load the checkpoint's {name!r} into this run's {name}: {exc}") from exc
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
             scaler.load_state_dict(state["scaler"])  # fp16 -> fp16 keeps its calibrated scale
+        for name, obj in self.own.items():
+            if name in state:
+                obj.load_state_dict(state[name])
         set_rng_state(state["rng"])
         return int(state.get("appliedSteps", state["step"]))
