@@ -235,17 +235,18 @@ def ending_for(fault: NumericFault, replay: Replay) -> Exception:
 
 
 def describe(replay: Replay, rule_message: str) -> str:
-    """The human message of an attempt that ended after a replay."""
+    """The human message of an attempt that ended after a replay. It counts steps from 1, as the
+    log lines and the guard's messages do (the report's fields are 0-based indexes)."""
     if replay.verdict == "data":
         shown = ", ".join(str(i) for i in replay.samples)
         origin = "the last good checkpoint" if replay.from_checkpoint else "the weights before the fault"
         whose = f"rank {replay.ranks[0]}" if len(replay.ranks) == 1 else f"ranks {_listed(replay.ranks)}"
         return (
-            f"{rule_message}; replayed in fp32 from {origin}, step {replay.offending_step} is "
+            f"{rule_message}; replayed in fp32 from {origin}, step {(replay.offending_step or 0) + 1} is "
             f"non-finite too: the data or the model is at fault, not the precision ({whose}; samples of that "
             f"step there: [{shown}])"
         )
     if replay.verdict == "precision":
-        first = replay.first_step - replay.steps + 1
-        return f"{rule_message}; fp32 replayed steps {first}-{replay.first_step} finitely: the precision is at fault"
+        first, last = replay.first_step - replay.steps + 2, replay.first_step + 1
+        return f"{rule_message}; fp32 replayed steps {first}-{last} finitely: the precision is at fault"
     return f"{rule_message}; no fp32 replay could tell (inconclusive)"
