@@ -146,7 +146,7 @@ class Fp32Replay:
         except Exception as exc:  # e.g. the process group broke under another rank's error
             lent.log("replaySkipped", why=f"{type(exc).__name__}: {exc}", all_ranks=True)
             return inconclusive(first)
-        lent.log("replay", **replay.model_dump(by_alias=True, exclude_none=True))
+        lent.log("replay", all_ranks=True, **replay.model_dump(by_alias=True, exclude_none=True))  # each rank's word
         return replay
 
     def _prepare(
