@@ -102,7 +102,12 @@ class Fp32Replay:
     """The loop's step function and sample lookup, and the verdict of replaying them."""
 
     def __init__(
-        self, step: StepFunction, samples: SamplesFunction | None, *, spec: GuardSpec, lent: Replaying
+        self,
+        step: StepFunction,
+        samples: SamplesFunction | None,
+        *,
+        spec: GuardSpec,
+        lent: Replaying,
     ) -> None:
         self.step = step
         self.samples = samples
@@ -115,8 +120,9 @@ class Fp32Replay:
 
     def judge(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Exception:
         """What ends the attempt after `fault`: the fault, told what fp32 said, or NonFiniteInFp32
-        (an fp32 attempt's fault is its own: there is nothing safer to replay it in)."""
-        if self.lent.numerics.precision.precision == "fp32":
+        (an fp32 attempt's fault is its own: there is nothing safer to replay it in). A fault
+        judged once (a framework adapter judges it before its loop is torn down) stays judged."""
+        if self.lent.numerics.precision.precision == "fp32" or self.replayed is not None:
             return fault
         replay = self.run(fault, state=state, checkpoints=checkpoints)
         if replay is None:
@@ -133,7 +139,10 @@ class Fp32Replay:
         first = lent.numerics.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
         if first is None:
             return None
-        ref: CheckpointRef | None = main_says(checkpoints.last_good, lent.world)
+        # A framework adapter's session holds no objects (the weights are in the framework's own
+        # checkpoint): it replays from the weights in memory (its step checks they are finite).
+        restorable = bool(state.objects)
+        ref: CheckpointRef | None = main_says(checkpoints.last_good, lent.world) if restorable else None
         win = window(first, checkpoint_step=ref.step if ref else None, replay_steps=self.spec.replay_steps)
         why = self._prepare(win, ref, state=state, checkpoints=checkpoints)
         if why is not None:
@@ -238,13 +247,12 @@ def describe(replay: Replay, rule_message: str) -> str:
     """The human message of an attempt that ended after a replay. It counts steps from 1, as the
     log lines and the guard's messages do (the report's fields are 0-based indexes)."""
     if replay.verdict == "data":
-        shown = ", ".join(str(i) for i in replay.samples)
+        shown = f"; samples of that step there: [{', '.join(str(i) for i in replay.samples)}]" if replay.samples else ""
         origin = "the last good checkpoint" if replay.from_checkpoint else "the weights before the fault"
         whose = f"rank {replay.ranks[0]}" if len(replay.ranks) == 1 else f"ranks {_listed(replay.ranks)}"
         return (
             f"{rule_message}; replayed in fp32 from {origin}, step {(replay.offending_step or 0) + 1} is "
-            f"non-finite too: the data or the model is at fault, not the precision ({whose}; samples of that "
-            f"step there: [{shown}])"
+            f"non-finite too: the data or the model is at fault, not the precision ({whose}{shown})"
         )
     if replay.verdict == "precision":
         first, last = replay.first_step - replay.steps + 2, replay.first_step + 1
