@@ -45,3 +45,22 @@ def test_two_workers_agree_on_a_data_verdict_naming_the_second_pods_rank(
     for replay in replays:
         assert (replay["verdict"], replay["offendingStep"], replay["ranks"]) == ("data", FAULT, [1])
         assert replay["fromCheckpoint"] and replay["steps"] == FAULT - 10 + 1 and replay["samples"] == share
+
+
+def test_two_workers_agree_that_an_fp16_overflow_is_the_precisions_fault(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
+) -> None:
+    jobs.pvc("ckpt")
+    job = spec("ckpt", {"overflowAtStep": FAULT})
+    job["precision"]["fallback"] = ["bf16"]
+    jobs.create("overflow", job)
+    status = jobs.wait_phase("overflow", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["reason"], first["exitCode"], first["worldSize"]) == ("NumericFault", 42, 2)
+    assert f"fp32 replayed steps {FAULT - 2}-{FAULT + 1} finitely: the precision is at fault" in first["message"]
+    assert (second["precision"], second["reason"], second["startStep"]) == ("bf16", "Succeeded", 10)
+    replays = [e for e in pod_events(kubeconfig, namespace, "overflow-a0") if e["event"] == "replay"]
+    assert [(r["verdict"], r["firstStep"], r["steps"], r["fromCheckpoint"]) for r in replays] == [
+        ("precision", FAULT, 4, True)
+    ] * 2

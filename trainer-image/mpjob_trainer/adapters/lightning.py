@@ -48,7 +48,13 @@ PRECISION = {"bf16": "bf16-mixed", "fp32": "32-true"}
 
 class SessionAutocast(MixedPrecision):
     """Lightning's mixed precision whose autocast is the session's current mode's: the attempt's
-    in training, none while the session replays or evaluates in fp32 (session.modes)."""
+    in training, none while the session replays or evaluates in fp32 (session.modes).
+
+    Lightning files a precision plugin's state (the scaler) in its checkpoint under the class's
+    `__qualname__`: this one keeps MixedPrecision's, so the checkpoints are those of a plain
+    MixedPrecision, and earlier ones resume with their scaler."""
+
+    __qualname__ = "MixedPrecision"
 
     def __init__(self, run: Session) -> None:
         super().__init__("16-mixed" if run.precision == "fp16" else "bf16-mixed", run.device.type, scaler=run.scaler)
