@@ -87,9 +87,12 @@ class Replay(_Model):
     #: Whether the replay began at the last good checkpoint's weights (else: the weights in memory).
     from_checkpoint: bool = Field(False, alias="fromCheckpoint")
     #: The step whose fp32 loss or gradients were non-finite, and its samples (dataset indices,
-    #: this process's share of the batch; capped).
+    #: the offending ranks' shares of the batch; capped).
     offending_step: Count | None = Field(None, alias="offendingStep")
     samples: list[Count] = Field(default_factory=list, max_length=64)
+    #: The ranks whose share of that step was non-finite in fp32 (every rank agrees on them;
+    #: capped). Empty for a verdict other than data.
+    ranks: list[Count] = Field(default_factory=list, max_length=64)
     seconds: Finite = Field(0.0, ge=0)
 
 

@@ -44,7 +44,7 @@ def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step(tmp_path:
     assert code == 0 and report["phase"] == "Succeeded", out
     shapes = [(a["precision"], a["reason"], a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]]
     assert shapes == [("fp16", "OutOfDeviceMemory", 8, 1), ("fp16", "NumericFault", 4, 2), ("fp32", "Succeeded", 2, 4)]
-    assert "fp32 replayed steps 12-15 finitely" in report["attempts"][1]["message"]
+    assert "fp32 replayed steps 13-16 finitely" in report["attempts"][1]["message"]  # counted from 1
 
 
 def test_with_fallback_keeps_batch_off_fp32_runs_the_spec_micro_batch(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.agreement import main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.replay import Fp32Replay
@@ -192,10 +193,15 @@ class DataRung:
         self._catch_up(start, step)
 
     def _samples_of(self, index: int, cause: SkipCause) -> list[int]:
-        """All ranks' samples of step `index`, narrowed by the loop's screen for bad data."""
+        """The samples of step `index`: for bad data those of the ranks the fp32 replay named (all
+        ranks' when it named none), narrowed by the loop's screen; for a spike all ranks'."""
         replay = self.replay
-        mine = replay.samples(index) if replay is not None and replay.samples is not None else []
-        every = _gathered(mine, self.lent.world)
+        offending = replay.offending if replay is not None and cause == "data" else None
+        if offending is not None and offending.step == index and offending.samples:
+            every = sorted(set(offending.samples))  # gathered by the replay, the same on every rank
+        else:
+            mine = replay.samples(index) if replay is not None and replay.samples is not None else []
+            every = _gathered(mine, self.lent.world)
         if cause == "data" and self.quarantine.screen is not None and every:
             narrowed = self.quarantine.screen(every)
             return narrowed or every
@@ -207,7 +213,10 @@ class DataRung:
 
     def _rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int:
         """Restore the newest good state at or before step index `before`; its step."""
-        numerics, ref = self.lent.numerics, checkpoints.last_good
+        # A save still being written counts (the rollback point does not depend on the disk's
+        # speed), and every rank takes rank 0's (only rank 0 collects asynchronous saves).
+        checkpoints.collect(block=True, training_step=before + 1)
+        numerics, ref = self.lent.numerics, main_says(checkpoints.last_good, self.lent.world)
         if ref is not None and ref.step <= before:
             saved, start = checkpoints.state_of(ref), ref.step
         elif self._initial is not None:
