@@ -24,7 +24,9 @@ SAMPLES, BATCH, SEED = 512, 8, 0
 FAULT = 13
 
 
-def job(world: int, args: dict[str, Any]) -> dict[str, Any]:
+def job(world: int, args: dict[str, Any], *, on_bad_data: str = "fail") -> dict[str, Any]:
+    """A job whose data verdict ends the attempt (`fail`: the verdict is what these tests read)
+    or is skipped by the data rung (`skip`)."""
     return {
         "apiVersion": "mpjob.dev/v1alpha1",
         "kind": "MixedPrecisionJob",
@@ -32,7 +34,7 @@ def job(world: int, args: dict[str, Any]) -> dict[str, Any]:
         "spec": {
             "task": {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": SAMPLES, **args}},
             "training": {"steps": 20, "batchSize": BATCH, "logEvery": 5, "seed": SEED},
-            "precision": {"mode": "fp16", "fallback": [], "guard": {"maxNonFiniteLosses": 1}},
+            "precision": {"mode": "fp16", "fallback": [], "guard": {"maxNonFiniteLosses": 1, "onBadData": on_bad_data}},
             "checkpoint": {"everySteps": 10},
             "resources": {"gpusPerWorker": 0, "processesPerWorker": world},
         },
@@ -102,3 +104,26 @@ def test_a_precision_overflow_on_every_rank_replays_finite_everywhere(tmp_path: 
     assert replay is not None and replay.verdict == "precision" and replay.from_checkpoint
     assert (replay.first_step, replay.steps, replay.ranks) == (FAULT, 4, [])
     assert f"fp32 replayed steps {FAULT - 2}-{FAULT + 1} finitely" in report.message
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_bad_data_on_one_rank_is_skipped_by_every_rank_and_the_job_succeeds(tmp_path: Path, world: int) -> None:
+    """The data rung under several processes: every rank rolls back to the same checkpoint,
+    quarantines only the bad sample of the rank the replay named, and trains on to the end."""
+    rank = world - 1
+    bad = shares(world, FAULT)[rank][2]
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(world, {"nonFiniteSamples": [bad]}, on_bad_data="skip")))
+    result = subprocess.run(
+        [sys.executable, "-m", "mpjob.cli", "run", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    status = json.loads((tmp_path / "out" / "report.json").read_text())
+    (attempt,) = status["attempts"]
+    assert (attempt["precision"], attempt["reason"], attempt["worldSize"]) == ("fp16", "Succeeded", world)
+    (step,) = status["skipped"]["steps"]
+    assert step["cause"] == "data" and step["step"] == FAULT
+    assert step["samples"] == [{"first": bad, "last": bad}]
