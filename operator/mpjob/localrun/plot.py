@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 
 from mpjob.localrun.series import RunSeries
 
-PRECISION_COLOURS = {"fp16": "#f4a261", "bf16": "#2a9d8f", "fp32": "#8d99ae"}
+PRECISION_COLOURS = {"fp8": "#e76f51", "fp16": "#f4a261", "bf16": "#2a9d8f", "fp32": "#8d99ae"}
 
 
 def render(series: RunSeries, path: Path, title: str) -> Path:
