@@ -67,4 +67,3 @@ class Fp8Spec(BaseModel):
 def fp8_capable(capability: tuple[int, int] | None) -> bool:
     """Whether a device of this compute capability (None: a CPU) has fp8 tensor cores."""
     return capability is not None and capability >= FP8_MIN_CAPABILITY
-

@@ -51,7 +51,7 @@ def train(run: Session) -> None:
     tr = run.spec.training  # the attempt's: its micro-batch may be split (AttemptLaunch)
     task = builtin_task(run)
     model = task.model.to(run.device)  # fp32 master weights; autocast casts per op
-    run.keep_fp32(model)
+    run.keep_fp32(model)  # and, in fp8 attempts, torchao's float8 linears: before compile and wrap
     net = run.wrap(run.compile(model))
     optimizer = run.adamw(model, lr=tr.learning_rate, weight_decay=tr.weight_decay)
     start = run.resume(model=model, optimizer=optimizer)  # the data position is the step itself

@@ -135,8 +135,9 @@ class Session:
 
     # ---------------------------------------------------------------- set-up
     def keep_fp32(self, model: nn.Module) -> list[str]:
-        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns the names of
-        the modules wrapped. Types autocast already runs in fp32 on this device are left alone."""
+        """The precision's set-up of the model: fp8 linears in fp8 attempts (session.modes), then keepFp32 module
+        types run in fp32 under autocast (those autocast runs so already left alone); the names of those wrapped."""
+        self._amp.convert_fp8(model, auto=self.launch.precision == "auto", log=self._log)
         if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
             return []
         kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)
@@ -193,11 +194,10 @@ class Session:
         return self.start_step
 
     def register_step(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
-        """The loop's step as a function of its index, for the session to run it itself: `step(i)`
-        runs optimizer step i (0-based) as the loop does (forward and backward under
-        run.autocast(), run.backward, run.step; not end_step), `samples(i)` names its samples.
-        With it an `auto` attempt measures its precision now (session.measure) and a numeric
-        fault is replayed in fp32 (session.replay). Call it after resume()."""
+        """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs optimizer
+        step i (0-based) as the loop does (forward and backward under run.autocast(), run.backward, run.step;
+        not end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision now
+        (session.measure) and a numeric fault is replayed in fp32 (session.replay). Call it after resume()."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
         self._replay = Fp32Replay(step, samples, spec=self.spec.precision.guard, lent=lent)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
