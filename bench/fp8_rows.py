@@ -12,7 +12,9 @@ vocabulary: 18 x 12 x 2048^2 + 2 x 50304 x 2048 = 1.11e9 parameters. Both precis
 (torchao needs torch.compile for its speed: its casts fuse into the neighbouring kernels).
 
 On a GPU below compute capability 8.9 the fp8 rows say so and are skipped; on a CPU (--tiny)
-fp8 runs emulated (precision.fp8.emulate), which exercises the code paths and nothing else.
+fp8 runs emulated (precision.fp8.emulate) and these rows run eagerly (inductor's CPU compile of
+three more models would double the smoke run's time for figures that mean nothing there): it
+exercises the code paths and nothing else.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def fp8_rows(
     """The trainer's fp8 row at the benchmark's shape, then bf16 and fp8 at the larger one;
     `run(setup, label)` trains one attempt and returns its Figures, `show` prints a row."""
     skipped = fp8_skipped()
+    setup = replace(setup, compile="never") if tiny else setup
     out: dict[str, Any] = {"skipped": skipped, "largeShape": LARGE_TINY if tiny else LARGE_1B}
     if skipped is None:
         out["fp8"] = run(setup, "fp8")
