@@ -58,3 +58,15 @@ def test_fp8_without_fp8_hardware_fails_at_the_first_attempt_naming_the_device(t
     (only,) = report["attempts"]
     assert (only["precision"], only["reason"], only["exitCode"]) == ("fp8", "ConfigError", 43)
     assert "this process runs on cpu" in only["message"] and "precision.fp8.emulate" in only["message"]
+
+
+def test_the_fp8_example_tells_the_story_it_promises(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[3] / "examples" / "fp8-fallback.yaml"
+    result = mpjob_run(str(example), "--out", str(tmp_path / "out"), "--plain", timeout=600)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert result.returncode == 0 and report["phase"] == "Succeeded", result.stdout + result.stderr
+    assert [(a["precision"], a["reason"]) for a in report["attempts"]] == [
+        ("fp8", "NumericFault"),
+        ("bf16", "Succeeded"),
+    ]
+    assert report["attempts"][0]["message"].startswith("QualityDrift: ")
