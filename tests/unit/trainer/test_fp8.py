@@ -4,6 +4,8 @@ precision, exact resume after SIGKILL, and the device check."""
 
 from __future__ import annotations
 
+import io
+import json
 import signal
 import subprocess
 import sys
@@ -13,10 +15,13 @@ import pytest
 import torch
 from torch import nn
 
+from mpjob_contract.api import PrecisionSpec
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.fp8 import Fp8Spec
 from mpjob_trainer import float8
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.session.modes import AttemptPrecision, Mode
 from mpjob_trainer.tasks.mlp import make_task
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import launch_env, run_trainer, spec
@@ -141,3 +146,20 @@ def test_an_fp8_run_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     _assert_identical(
         _state(tmp_path / "straight" / "ckpt" / "step-000000060"), _state(tmp_path / "cut" / "ckpt" / "step-000000060")
     )
+
+
+def test_the_fp32_modes_run_the_converted_linears_as_plain_ones() -> None:
+    spec = PrecisionSpec.model_validate({"fp8": {"emulate": True}})
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 1))
+    amp = AttemptPrecision("fp8", torch.device("cpu"), spec)
+    lines = io.StringIO()
+    assert amp.convert_fp8(model, auto=False, log=EventLog(stream=lines)) == ["1"]
+    assert json.loads(lines.getvalue())["converted"] == ["1"]
+    assert type(model[1]).__name__ == "Float8Linear"
+    for mode, precision in ((Mode.EVAL, "fp32"), (Mode.REPLAY, "fp32"), (Mode.PROBE, "bf16")):
+        with amp.entered(mode, precision):
+            assert type(model[1]) is nn.Linear, mode
+        assert type(model[1]).__name__ == "Float8Linear", mode
+    bare = AttemptPrecision("fp8", torch.device("cpu"), spec)
+    with pytest.raises(ConfigError, match=r"call run\.keep_fp32\(model\) before compile and wrap"):
+        bare.autocast()
