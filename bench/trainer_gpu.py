@@ -4,7 +4,9 @@ GPT-2 124M (vocabulary 50304, 12 layers, 12 heads, 768 wide, sequence 1024) on s
 tokens (the `gpt` task's `data: random`), trained by mpjob's trainer, run as
 `python -m mpjob_trainer` the way the pod runs it, and by nanoGPT's loop (bench/baseline.py:
 the model torch.compile'd, fused AdamW, nanoGPT's weight-decay groups) over the same model
-class and data, in fp32 with TF32 off and on, fp16 and bf16. Per precision and side:
+class and data, in fp32 with TF32 off and on, fp16 and bf16; then the trainer in fp8 (torchao
+float8, compute capability >= 8.9) at that shape, and bf16 and fp8 at a ~1B-parameter shape
+at sequence 2048 where fp8 pays (bench/fp8_rows.py). Per precision and side:
 tokens/s, MFU (against the device's dense bf16 peak, mpjob_trainer.metrics.peak_flops) and
 peak memory, the medians of the log windows (10 steps) after a 20-step warm-up (the
 trainer's own step events; the loop's windows are synchronized at the same edges). Both
@@ -52,6 +54,7 @@ from typing import Any
 import torch
 
 from bench.baseline import NanoGPTLoop, random_batches
+from bench.fp8_rows import fp8_rows, fp8_settings
 from mpjob_contract.api import Checkpoint
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import session
@@ -111,7 +114,11 @@ def job_spec(setup: Setup, label: str, *, steps: int, log_every: int, every: int
     return {
         "task": {"builtin": "gpt", "args": setup.args},
         "training": {"steps": steps, "batchSize": setup.batch, "logEvery": log_every, "compile": setup.compile},
-        "precision": {"mode": precision_of(label), "tf32": label.endswith("TF32")},
+        "precision": {
+            "mode": precision_of(label),
+            "tf32": label.endswith("TF32"),
+            **({"fp8": fp8_settings()} if precision_of(label) == "fp8" else {}),
+        },
         "checkpoint": {"everySteps": every or setup.checkpoint_every},
         "resources": {"gpusPerWorker": 1 if CUDA else 0},
     }
@@ -377,6 +384,13 @@ def print_extras(extra: dict[str, Any]) -> None:
     print(f"host syncs per step (set_sync_debug_mode): {syncs}")
 
 
+def fp8_json(fp8: dict[str, Any]) -> dict[str, Any]:
+    """bench.fp8_rows' figures as JSON (Figures as dicts)."""
+    large = {label: dataclasses.asdict(f) for label, f in fp8["large"].items()}
+    at_base = dataclasses.asdict(fp8["fp8"]) if "fp8" in fp8 else None
+    return {"skipped": fp8["skipped"], "largeShape": fp8["largeShape"], "fp8": at_base, "large": large}
+
+
 def compile_line(setup: Setup) -> str:
     baseline = "eager" if setup.compile == "never" else "torch.compile"
     return f"compile: trainer training.compile={setup.compile}; nanoGPT loop {baseline}"
@@ -427,6 +441,12 @@ def main(argv: list[str] | None = None) -> None:
     results, events = side_by_side(setup)
     ratios = {label: pair["mpjob"].tokens_per_s / pair["nanoGPT"].tokens_per_s for label, pair in results.items()}
     print("mpjob / nanoGPT tokens/s: " + ", ".join(f"{label} {r:.3f}" for label, r in ratios.items()), flush=True)
+    fp8 = fp8_rows(
+        setup,
+        tiny=setup.args == TINY,
+        run=lambda s, label: trainer_figures(trainer_run(s, label), s.warmup),
+        show=lambda label, f: print(row(label, "mpjob", f), flush=True),
+    )
     extra: dict[str, Any] = {
         "bf16VsNanoGPT": ratios["bf16"],
         "checkpointStall": checkpoint_stall(events["bf16"], results["bf16"]["mpjob"].step_s, setup.checkpoint_every),
@@ -440,7 +460,8 @@ def main(argv: list[str] | None = None) -> None:
     if json_path:
         figures = {label: {side: dataclasses.asdict(f) for side, f in pair.items()} for label, pair in results.items()}
         document = {"device": device_line(), "torch": torch.__version__, "setup": dataclasses.asdict(setup),
-                    "precisions": figures, "ratios": ratios, **extra, "targets": targets(results, extra)}  # fmt: skip
+                    "precisions": figures, "ratios": ratios, **extra, "targets": targets(results, extra),
+                    "fp8": fp8_json(fp8)}  # fmt: skip
         Path(json_path).write_text(json.dumps(document, indent=2) + "\n")
 
 

@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from mpjob_contract import k8s, rules
 from mpjob_contract.accounting import CostPerGpuHour, JobCost
+from mpjob_contract.fp8 import Fp8Spec
 from mpjob_contract.parallelism import Parallelism
 from mpjob_contract.skipping import OnBadData, Skipped, SpikeSpec
 from mpjob_contract.timeline import PrecisionTimeline
@@ -45,10 +46,10 @@ MAX_TASK_ARGS = 64
 #: stored: a free-form field takes thousands of levels, more than a client's JSON parser reads.
 MAX_TASK_ARG_DEPTH = 3
 
-Precision = Literal["fp16", "bf16", "fp32"]
+Precision = Literal["fp8", "fp16", "bf16", "fp32"]
 #: A precision, or `auto` until the trainer measured its node: the spec's mode, and an attempt's
 #: precision until its measurement relabels it (`settled`). On the wire, the same strings.
-RequestedPrecision = Literal["auto", "fp16", "bf16", "fp32"]
+RequestedPrecision = Literal["auto", "fp8", "fp16", "bf16", "fp32"]
 PrecisionMode = RequestedPrecision
 BuiltinTask = Literal["gpt", "mlp"]
 #: training.compile: `auto` compiles on CUDA devices only (where it pays for its compile time).
@@ -210,13 +211,17 @@ class PrecisionSpec(ApiModel):
         "auto",
         description="Precision of the first attempt. auto: measured on the node: the fastest of fp32, "
         "bf16 (compute capability >= 8.0, CPU) and fp16 (>= 7.0) that stays finite, when it beats fp32 "
-        "by 5 %; else fp32 (condition AmpSlowerThanFp32). Fallbacks follow the measured precision.",
+        "by 5 %; else fp32 (condition AmpSlowerThanFp32); fp8 (>= 8.9) only when it beats bf16 by 5 % too. "
+        "Fallbacks follow the measured precision. fp8: torchao float8 linears, the rest under bf16 "
+        "autocast (precision.fp8).",
     )
     fallback: list[Precision] = Field(
         default_factory=lambda: list[Precision](["bf16", "fp32"]),
-        max_length=3,
-        description="Precisions tried in order when a precision gives up (distinct entries).",
+        max_length=4,
+        description="Precisions tried in order when a precision gives up (distinct entries; fp8 only as the "
+        "first, and only after an fp8 or auto start: the ladder goes fp8 -> bf16 -> fp32).",
     )
+    fp8: Fp8Spec = Field(default_factory=Fp8Spec, description="fp8 attempts (mode fp8, or auto on cc >= 8.9).")
     keep_fp32: list[str] = Field(
         default_factory=lambda: ["LayerNorm"],
         description="Module type names (classes) run in fp32 under autocast (F4). Types autocast already runs "
@@ -246,6 +251,7 @@ class PrecisionSpec(ApiModel):
     @classmethod
     def _distinct(cls, value: list[str]) -> list[str]:
         rules.FALLBACK_DISTINCT.check(value)
+        rules.FALLBACK_FP8_FIRST.check(value)
         return value
 
     @field_validator("keep_fp32")
@@ -545,10 +551,11 @@ def world_size(spec: MixedPrecisionJobSpec) -> int:
 
 
 def precision_ladder(spec: PrecisionSpec, resolved_first: Precision) -> list[Precision]:
-    """The precisions attempts walk through: the first, then the fallback list, no repeats."""
+    """The precisions attempts walk through: the first, then the fallback list, no repeats; fp8
+    only as the first rung (a fallback goes to a safer precision, fp8 is the least safe)."""
     ladder: list[Precision] = [resolved_first]
     for p in spec.fallback:
-        if p not in ladder:
+        if p not in ladder and p != "fp8":
             ladder.append(p)
     return ladder
 

@@ -58,6 +58,17 @@ class KeepFp32(TrainerEvent):
     skipped: list[str]
 
 
+class Fp8(TrainerEvent):
+    """An fp8-capable attempt's conversion: the linears now torchao float8 ones, and why the
+    others stayed in bf16 (first linear, last linear, dimensions, skip)."""
+
+    name = "fp8"
+    converted: list[str]
+    kept: dict[str, str]
+    recipe: str
+    emulate: bool
+
+
 class Compile(TrainerEvent):
     name = "compile"
     mode: str
@@ -222,6 +233,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         Start,
         CheckpointRejected,
         KeepFp32,
+        Fp8,
         Compile,
         Wrap,
         PrecisionMeasured,

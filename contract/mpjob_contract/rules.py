@@ -121,6 +121,14 @@ FALLBACK_DISTINCT = Rule(
     message="precision.fallback entries must be distinct",
     holds=_distinct,
 )
+FALLBACK_FP8_FIRST = Rule(
+    name="fallback-fp8-first",
+    path="spec.precision.fallback",
+    cel="self.all(p, p != 'fp8') || self[0] == 'fp8'",
+    message="precision.fallback may hold fp8 only as its first entry: a fallback goes to a safer precision "
+    "and fp8 is the least safe rung (fp8 -> bf16 -> fp32)",
+    holds=lambda values: "fp8" not in values or values[0] == "fp8",
+)
 # Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod mounts
 # none of its own: automountServiceAccountToken is the operator's, always false).
 NO_SERVICE_ACCOUNT_TOKEN = Rule(
@@ -154,6 +162,7 @@ RULES: tuple[Rule, ...] = (
     TASK_EXACTLY_ONE_KIND,
     TASK_WORKING_DIR_NEEDS_COMMAND,
     FALLBACK_DISTINCT,
+    FALLBACK_FP8_FIRST,
     NO_SERVICE_ACCOUNT_TOKEN,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,

@@ -43,7 +43,8 @@ def claims() -> dict[str, list[str]]:
 
 
 def test_the_examples_are_there() -> None:
-    assert {p.stem for p in EXAMPLES} >= {"quickstart", "fp16-recovery", "ddp-2workers", "kueue-queued", "own-loop"}
+    stories = {"quickstart", "fp16-recovery", "ddp-2workers", "kueue-queued", "own-loop", "fp8-fallback"}
+    assert {p.stem for p in EXAMPLES} >= stories
     assert PVC_FILE.exists()
 
 

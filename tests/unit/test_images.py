@@ -131,7 +131,7 @@ def test_operator_image_installs_the_operator_package_and_never_torch() -> None:
     assert "--package mpjob " in runs + " " and "--package mpjob-trainer" not in runs
     closure = lock_closure("mpjob")
     assert {"kopf", "kubernetes", "mpjob-contract"} <= closure
-    assert not {n for n in closure if n == "torch" or n.startswith(("nvidia-", "triton"))}
+    assert not {n for n in closure if n in ("torch", "torchao") or n.startswith(("nvidia-", "triton"))}
     assert re.search(r"! \S*python -c \"import torch\"", runs), "the build proves torch is absent"
     # `mpjob run`'s progress view and plot are the `local` extra, which the image leaves out.
     assert not {"rich", "matplotlib"} & closure and "--extra" not in runs and "--all-extras" not in runs
@@ -156,6 +156,13 @@ def test_trainer_image_installs_no_kubernetes_client() -> None:
     assert "torch" in closure and not {"kopf", "kubernetes"} & closure
     for module in ("kopf", "kubernetes"):
         assert f'import {module}"' in runs, f"the build proves {module} is absent"
+    # fp8 attempts need torchao (the fp8 extra, pinned exactly): installed, and the build imports it.
+    assert "--extra fp8" in runs and 'python -c "import torchao.float8"' in runs
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    (trainer,) = [p for p in lock["package"] if p["name"] == "mpjob-trainer"]
+    assert [d["name"] for d in trainer["optional-dependencies"]["fp8"]] == ["torchao"]
+    (pin,) = [d for d in trainer["metadata"]["requires-dist"] if d["name"] == "torchao"]
+    assert pin["specifier"].startswith("==") and pin["marker"] == "extra == 'fp8'"
 
 
 def _entrypoint(path: Path) -> list[str]:

@@ -17,7 +17,8 @@ from torch import nn
 
 from mpjob_contract.api import Precision, PrecisionSpec, resolve_auto
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+#: Autocast dtypes; fp8 runs all but its float8 linears (mpjob_trainer.float8) under bf16 autocast.
+DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:

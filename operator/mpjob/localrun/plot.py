@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from mpjob.localrun.series import RunSeries, Span
 from mpjob_contract.timeline import PrecisionTimeline
 
-PRECISION_COLOURS = {"fp16": "#f4a261", "bf16": "#2a9d8f", "fp32": "#8d99ae"}
+PRECISION_COLOURS = {"fp8": "#e76f51", "fp16": "#f4a261", "bf16": "#2a9d8f", "fp32": "#8d99ae"}
 
 
 SKIP_COLOURS = {"data": "#6a040f", "spike": "#7209b7"}

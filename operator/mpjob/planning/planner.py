@@ -76,7 +76,7 @@ class BatchShape:
 
 
 #: Bytes an activation takes in each precision: a fallback to a wider one needs more memory.
-ACTIVATION_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+ACTIVATION_BYTES = {"fp8": 2, "fp16": 2, "bf16": 2, "fp32": 4}  # fp8: its activations are bf16
 
 
 @dataclass(frozen=True)

@@ -142,3 +142,11 @@ def test_executive_compares_precisions_against_fp32_and_oncall_covers_operator_h
     needles += ["reconcile_duration_seconds_bucket", "errors_total", "changes(mpjob_trainer_step[15m])"]
     for needle in needles:
         assert needle in oncall, needle
+
+
+def test_the_oncall_board_shows_each_jobs_current_precision_fp8_included() -> None:
+    titles = {p["title"]: p for p in panels(load("oncall"))}
+    current = titles["Current precision by job"]
+    (target,) = current["targets"]
+    assert target["expr"] == "max by (namespace, job, attempt, precision) (mpjob_trainer_precision)"
+    assert "fp8" in current["description"] and "fp8" in titles["Attempts by precision"]["description"]

@@ -45,7 +45,11 @@ def bad(path: str, value: Any) -> dict[str, Any]:
 # (id, manifest, text the error must contain)
 CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-field", bad("spec.precision.turbo", True), "turbo"),
-    ("bad-mode", bad("spec.precision.mode", "fp8"), "spec.precision.mode"),
+    ("bad-mode", bad("spec.precision.mode", "fp4"), "spec.precision.mode"),
+    ("fp8-fallback-not-first", bad("spec.precision.fallback", ["bf16", "fp8"]), "fp8 only as its first entry"),
+    ("bad-fp8-recipe", bad("spec.precision.fp8.recipe", "blockwise"), "spec.precision.fp8.recipe"),
+    ("bad-fp8-skip", bad("spec.precision.fp8.skip", ["layers 0"]), "spec.precision.fp8.skip"),
+    ("unknown-fp8-field", bad("spec.precision.fp8.scaling", "delayed"), "scaling"),
     ("duplicate-fallback", bad("spec.precision.fallback", ["bf16", "bf16"]), "fallback"),
     ("builtin-and-module", bad("spec.task", {"builtin": "gpt", "module": "a.b:c"}), "exactly one of task.builtin"),
     ("neither-task", bad("spec.task", {"args": {}}), "exactly one of task.builtin"),
@@ -161,6 +165,7 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.TASK_EXACTLY_ONE_KIND.name: ("builtin-and-module", "neither-task", "module-and-command"),
     rules.TASK_WORKING_DIR_NEEDS_COMMAND.name: ("working-dir-without-command",),
     rules.FALLBACK_DISTINCT.name: ("duplicate-fallback",),
+    rules.FALLBACK_FP8_FIRST.name: ("fp8-fallback-not-first",),
     rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
     rules.ONE_CHECKPOINT_SOURCE.name: ("two-volumes", "no-checkpoint-source"),
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),

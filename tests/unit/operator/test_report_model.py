@@ -39,7 +39,7 @@ def report(**fields: object) -> str:
         (report(counters={"overflowSteps": 2**60}), "counters.overflowSteps"),
         ('{"reason": "Preempted", "counters": {"loss": NaN}}', "counters.loss"),
         ('{"reason": "Preempted", "counters": {"lossScale": Infinity}}', "counters.lossScale"),
-        (report(lastGoodCheckpoint={"step": 1, "path": "/c", "sha256": "ab", "precision": "fp8"}), "precision"),
+        (report(lastGoodCheckpoint={"step": 1, "path": "/c", "sha256": "ab", "precision": "fp4"}), "precision"),
         (report(lastGoodCheckpoint={"step": 1, "path": "/c" * 600, "sha256": "ab", "precision": "fp16"}), "path"),
         (report(measurement={"chosen": "tf32", "stepSeconds": {}}), "measurement.chosen"),
         (report(measurement={"chosen": "fp16", "stepSeconds": {"int8": 0.1}}), "measurement.stepSeconds"),

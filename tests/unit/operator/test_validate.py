@@ -27,7 +27,7 @@ def test_validate_names_the_field(manifest: dict, needle: str) -> None:
 
 
 def test_every_error_is_reported_at_once() -> None:
-    doc = dict(GOOD, spec={"task": {"builtin": "gpt"}, "workers": 0, "precision": {"mode": "fp8"}})
+    doc = dict(GOOD, spec={"task": {"builtin": "gpt"}, "workers": 0, "precision": {"mode": "fp4"}})
     _, problems = check_text(yaml.safe_dump(doc))
     fields = {p.field for p in problems}
     assert {"spec.workers", "spec.precision.mode"} <= fields
@@ -77,7 +77,7 @@ def test_crd_has_printer_columns_short_names_and_status() -> None:
     assert crd["spec"]["names"]["shortNames"] == ["mpjob", "mpj"]
     assert version["subresources"] == {"status": {}}
     precision = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["precision"]
-    assert precision["properties"]["mode"]["enum"] == ["auto", "fp16", "bf16", "fp32"]
+    assert precision["properties"]["mode"]["enum"] == ["auto", "fp8", "fp16", "bf16", "fp32"]
     assert "description" in precision["properties"]["fallback"]
 
 

@@ -100,3 +100,13 @@ def test_cuda_only_figures_say_so_on_the_cpu_and_every_target_is_printed(tiny: A
     for target in (">= 50 %", ">= 0.95", ">= 6x", "<= 0.5 %", "<= 1 % at everySteps 200", "0 / <= 1"):
         assert re.search(rf"target {re.escape(target)}$", proc.stdout, re.M), target
     assert len(figures["targets"]) == 6
+
+
+def test_the_fp8_rows_run_beside_bf16_at_the_larger_shape(tiny: Any) -> None:
+    proc, figures = tiny
+    for label in ("fp8", "bf16 @L", "fp8 @L"):
+        assert re.search(rf"^{re.escape(label)}\s+mpjob\s+(compiled|eager)\s+[\d,]+ tok/s", proc.stdout, re.M), label
+    assert "fp8 / bf16 tokens/s at the larger shape: " in proc.stdout
+    fp8 = figures["fp8"]
+    assert fp8["skipped"] is None and positive(fp8["fp8"]["tokens_per_s"])
+    assert all(positive(fp8["large"][p]["tokens_per_s"]) for p in ("bf16", "fp8"))

@@ -29,6 +29,12 @@ def auto_job(**args: object) -> dict:
         ({"bf16": 0.8, "fp16": 0.6, "fp32": 1.0}, "fp16", False),
         ({"bf16": 0.62, "fp16": 0.6, "fp32": 1.0}, "bf16", False),  # fp16 not faster by the margin: bf16, no scaler
         ({"bf16": 0.5, "fp32": None}, "bf16", False),
+        # fp8 (cc >= 8.9) must beat bf16 by the margin too: it is the less safe of the two
+        ({"fp8": 0.3, "bf16": 0.5, "fp32": 1.0}, "fp8", False),
+        ({"fp8": 0.49, "bf16": 0.5, "fp32": 1.0}, "bf16", False),
+        ({"fp8": 0.3, "bf16": None, "fp32": 1.0}, "fp8", False),  # bf16 non-finite: fp8 against fp32
+        ({"fp8": None, "bf16": 0.5, "fp32": 1.0}, "bf16", False),
+        ({"fp8": 0.97, "bf16": 1.2, "fp32": 1.0}, "fp32", True),
     ],
 )
 def test_the_fastest_finite_low_precision_must_beat_fp32_by_the_margin(

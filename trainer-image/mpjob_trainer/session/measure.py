@@ -5,7 +5,9 @@ registered with `run.register_step`) on the attempt's next real batch in each pr
 device supports (fp32; bf16 on compute capability >= 8.0 and on CPU; fp16 on >= 7.0) and
 trains in the fastest one that stayed finite. A low precision must beat fp32 by `MARGIN`
 (mpjob_contract.launch.AUTO_MARGIN) to be chosen; when none does, the attempt trains in fp32
-and says AMP was slower.
+and says AMP was slower. On compute capability >= 8.9 fp8 is a candidate too (its linears
+converted at set-up, compiled like the rest when training.compile compiles): it is chosen only
+when it beats bf16 by the margin as well, since it is the less safe of the two.
 
 Nothing a probe step does is kept: each candidate runs in the PROBE mode of the attempt's
 precision state (session.modes), where `run.step()` only zeroes the gradients and the
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mpjob_contract.fp8 import fp8_capable
 from mpjob_contract.launch import AUTO_MARGIN
 from mpjob_contract.report import Measurement
 from mpjob_trainer.distributed import World, all_reduce_max
@@ -66,7 +69,7 @@ def measure_and_settle(step: StepFunction, index: int, *, modules: list[nn.Modul
 
     seconds: dict[str, float | None] = {}
     with nothing_kept(modules):
-        for candidate in candidates(device):
+        for candidate in candidates(device, fp8=precision.fp8 is not None):
             with precision.entered(Mode.PROBE, candidate):
                 seconds[candidate] = time_steps(probe, device)
     measurement = choose(agreed_seconds(seconds, at.world, device))
@@ -78,20 +81,22 @@ def measure_and_settle(step: StepFunction, index: int, *, modules: list[nn.Modul
     return measurement
 
 
-def candidates(device: torch.device) -> list[str]:
-    """The precisions this device can train in, the low ones first."""
+def candidates(device: torch.device, *, fp8: bool = False) -> list[str]:
+    """The precisions this device can train in, the low ones first (fp8: the model has fp8 linears)."""
     if device.type != "cuda":
         return ["bf16", "fp32"]
     capability = torch.cuda.get_device_capability(device)
     low = (["bf16"] if capability >= (8, 0) else []) + (["fp16"] if capability >= (7, 0) else [])
-    return [*low, "fp32"]
+    return [*(["fp8"] if fp8 and fp8_capable(capability) else []), *low, "fp32"]
 
 
 def choose(seconds: dict[str, float | None], *, margin: float = MARGIN) -> Measurement:
     """The fastest finite low precision if it beats fp32 by `margin`, else fp32; bf16 over fp16
-    unless fp16 beats it by `margin` too."""
-    fp32 = seconds.get("fp32")
+    unless fp16 beats it by `margin` too; fp8 only when it beats a finite bf16 by `margin` too."""
+    fp32, bf16 = seconds.get("fp32"), seconds.get("bf16")
     low = {p: s for p, s in seconds.items() if p != "fp32" and s is not None}
+    if "fp8" in low and bf16 is not None and low["fp8"] >= bf16 * (1 - margin):
+        del low["fp8"]  # no faster than bf16 within the margin: bf16 is the safer of the two
     best = min(low, key=lambda p: low[p]) if low else None
     if best == "fp16" and low.get("bf16") is not None and low["fp16"] >= low["bf16"] * (1 - margin):
         best = "bf16"  # as fast within the margin, and it needs no loss scale

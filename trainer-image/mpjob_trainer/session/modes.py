@@ -29,6 +29,15 @@ Invariants:
   the TF32 flags exactly as they were, so TRAIN's GradScaler keeps its calibrated scale across
   an evaluation.
 - The state is host-only: entering or leaving a mode never waits for the device.
+- fp8's converted linears (mpjob_trainer.float8) run in fp8 exactly while the current mode's
+  precision is fp8: every other mode sees plain nn.Linear modules.
+
+fp8: an fp8 attempt on a device without fp8 tensor cores (and without precision.fp8.emulate) is
+a configuration error when this state is made, before any step (no retry can give the node
+fp8). `convert_fp8` (run.keep_fp32, before compile and wrap) converts the model's eligible
+linears in an fp8 attempt, and in an `auto` one on a device with fp8 (it measures fp8 among
+its candidates); an fp8 forward pass with nothing converted is a configuration error, since
+it would train bf16 under fp8's name.
 """
 
 from __future__ import annotations
@@ -39,8 +48,14 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
+from torch import nn
 
 from mpjob_contract.api import Precision, PrecisionSpec
+from mpjob_contract.fp8 import fp8_capable
+from mpjob_trainer import float8
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.float8 import Fp8Linears
 from mpjob_trainer.precision import PrecisionPolicy
 
 
@@ -73,6 +88,25 @@ class AttemptPrecision:
         self.policy = PrecisionPolicy(precision, device, spec)
         self.policy.configure_backend()
         self.scaler: torch.amp.GradScaler | None = self.policy.make_scaler()
+        #: The model's fp8 linears, once an fp8-capable attempt converted them (convert_fp8).
+        self.fp8: Fp8Linears | None = None
+        if precision == "fp8":
+            float8.require_fp8_device(spec.fp8, device)
+
+    def convert_fp8(self, model: nn.Module, *, auto: bool, log: EventLog) -> list[str]:
+        """Convert `model`'s eligible linears once, when this attempt may train in fp8; their names."""
+        wanted = self.precision == "fp8" or (auto and fp8_capable(float8.capability_of(self.device)))
+        if wanted and self.fp8 is None:
+            linears = float8.convert(model, self.spec.fp8)
+            self.attach_fp8(linears)
+            fp8 = self.spec.fp8
+            log("fp8", converted=linears.names, kept=linears.kept, recipe=fp8.recipe, emulate=fp8.emulate)
+        return self.fp8.names if self.fp8 is not None else []
+
+    def attach_fp8(self, linears: Fp8Linears) -> None:
+        """Switch these fp8 linears with the mode's precision from now on."""
+        self.fp8 = linears
+        linears.enable(self.precision == "fp8")
 
     @property
     def precision(self) -> Precision:
@@ -81,6 +115,11 @@ class AttemptPrecision:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The current mode's autocast for forward passes (a no-op in fp32)."""
+        if self.precision == "fp8" and self.fp8 is None:
+            raise ConfigError(
+                "precision.mode fp8: call run.keep_fp32(model) before compile and wrap (it converts the model's "
+                "linears to fp8); an fp8 attempt with no fp8 linears would train bf16 under fp8's name"
+            )
         return self.policy.autocast()
 
     def settle(self, precision: str) -> None:
@@ -102,11 +141,15 @@ class AttemptPrecision:
         finally:
             self.mode = Mode.TRAIN
             self.policy, self.scaler = saved
+            if self.fp8 is not None:
+                self.fp8.enable(self.precision == "fp8")
             if mode.sets_backend:
                 self.policy.configure_backend()
 
     def _set(self, policy: PrecisionPolicy, *, sets_backend: bool) -> None:
         self.policy = policy
+        if self.fp8 is not None:
+            self.fp8.enable(policy.precision == "fp8")
         if sets_backend:
             policy.configure_backend()
         self.scaler = policy.make_scaler()

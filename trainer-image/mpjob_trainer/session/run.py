@@ -173,11 +173,10 @@ class Session(ModelSetUp):
         return self.start_step
 
     def register_step(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
-        """The loop's step as a function of its index, for the session to run it itself: `step(i)`
-        runs optimizer step i (0-based) as the loop does (forward and backward under
-        run.autocast(), run.backward, run.step; not end_step), `samples(i)` names its samples.
-        With it an `auto` attempt measures its precision now (session.measure) and a numeric
-        fault is replayed in fp32 (session.replay). Call it after resume()."""
+        """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs optimizer
+        step i (0-based) as the loop does (forward and backward under run.autocast(), run.backward, run.step;
+        not end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision now
+        (session.measure) and a numeric fault is replayed in fp32 (session.replay). Call it after resume()."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
         guard = self._wrapper.replayable(self.spec.precision.guard)
         self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)

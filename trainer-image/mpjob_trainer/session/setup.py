@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
+from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import sharding, speed
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.precision import autocast_fp32_types, keep_fp32
+from mpjob_trainer.session.modes import AttemptPrecision
 
 
 class ModelSetUp:
@@ -21,14 +23,18 @@ class ModelSetUp:
     world: World
     _log: EventLog
     _wrapper: sharding.Wrapper
+    _amp: AttemptPrecision
+    launch: AttemptLaunch
 
     @property
     def precision(self) -> Precision:
         raise NotImplementedError
 
     def keep_fp32(self, model: nn.Module) -> list[str]:
-        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns the names of
-        the modules wrapped. Types autocast already runs in fp32 on this device are left alone."""
+        """The precision's set-up of the model: fp8 linears in fp8 attempts (session.modes), then
+        keepFp32 module types run in fp32 under autocast (those autocast runs so already left
+        alone); returns the names of the modules wrapped."""
+        self._amp.convert_fp8(model, auto=self.launch.precision == "auto", log=self._log)
         if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
             return []
         kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)

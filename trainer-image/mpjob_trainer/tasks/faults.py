@@ -17,6 +17,13 @@ trainer's recovery paths (task.args of the `mlp` workload):
   at c = 1000), so the model computes a coarser function in low precision than in fp32 and
   its loss drifts from fp32's at the same weights while staying finite: what the quality gate
   (spec.validation, QualityDrift) is for.
+- `fp8OutlierAtStep: s` (and `fp8OutlierUntilStep: u`, exclusive: a transient fault): from step s
+  on, the first sample of each batch reaches an inner linear scaled by 2^20 and leaves it scaled
+  back (an outlier token, as activation outliers in large models are). Powers of two scale
+  exactly in fp32 and bf16, so they compute what they did; fp8's tensorwise scaling takes one
+  scale per tensor from its largest value, and the other samples' inputs fall below e4m3's
+  smallest step and flush to zero: the loss drifts from fp32's in fp8 only, finitely, which
+  the quality gate catches (rowwise scaling, one scale per sample, is not hurt).
 - `outOfMemoryAbove: n`: a forward pass over more than `n` samples raises
   torch.OutOfMemoryError, as a GPU does when a micro-batch does not fit; the next attempt
   splits the micro-batch (OutOfDeviceMemory).
@@ -144,3 +151,27 @@ class Cancellation(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x if not self.offset else (x + self.offset) - self.offset
+
+
+class OutlierRow(nn.Module):
+    """`inner` (a linear) with the batch's first sample scaled by `gain` on the way in and back on
+    the way out while active (task.args.fp8OutlierAtStep/UntilStep): see the module docstring."""
+
+    def __init__(self, inner: nn.Module, at_step: int | None, until_step: int | None, gain: float = 2.0**20) -> None:
+        super().__init__()
+        self.inner = inner
+        self.at_step = at_step
+        self.until_step = until_step
+        self.gain = gain
+        self.active = False
+
+    def set_step(self, step: int) -> None:
+        started = self.at_step is not None and step >= self.at_step
+        self.active = started and (self.until_step is None or step < self.until_step)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return self.inner(x)
+        scale = torch.ones(x.shape[0], *([1] * (x.dim() - 1)), dtype=x.dtype, device=x.device)
+        scale[0] = self.gain
+        return self.inner(x * scale) / scale.to(x.dtype)

@@ -2,11 +2,13 @@
 
 Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, overflowUntilStep, and the
 faults of mpjob_trainer.tasks.faults: nonFiniteSamples, batchScale, outOfMemoryAbove, stepDelay,
-cancellationOffset; evalSamples (held-out samples for the quality gate, default 256).
+cancellationOffset, fp8OutlierAtStep, fp8OutlierUntilStep; evalSamples (held-out samples for the quality gate,
+default 256).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,8 +19,10 @@ from torch.utils.data import Dataset, TensorDataset
 from mpjob_trainer.tasks import Task, arg, check_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
 from mpjob_trainer.tasks.faults import (
+    BatchScale,
     Cancellation,
     MemoryCeiling,
+    OutlierRow,
     PoisonedSamples,
     PrecisionDelay,
     batch_scale,
@@ -39,6 +43,8 @@ KNOWN = {
     "outOfMemoryAbove",
     "stepDelay",
     "cancellationOffset",
+    "fp8OutlierAtStep",
+    "fp8OutlierUntilStep",
     "evalSamples",
 }
 
@@ -59,13 +65,8 @@ def make_task(args: dict[str, Any]) -> Task:
     poisoned = poisoned_indices(args.get("nonFiniteSamples"), samples)
     if poisoned:
         dataset = PoisonedSamples(dataset, poisoned)
-    model, blowup = _model(args, inputs, hidden, layers)
+    model, blowup, outlier = _model(args, inputs, hidden, layers)
     spike = batch_scale(args.get("batchScale"))
-
-    def set_step(step: int) -> None:
-        blowup.set_step(step)
-        spike.set_step(step)
-
     n_params = sum(p.numel() for p in model.parameters())
     return Task(
         model=model,
@@ -73,8 +74,18 @@ def make_task(args: dict[str, Any]) -> Task:
         eval_dataset=_regression(torch.randn(held_out, inputs, generator=torch.Generator().manual_seed(8642)), w),
         loss=lambda out, target: F.mse_loss(out.float(), spike(target)),
         flops_per_sample=float(6 * n_params),
-        set_step=set_step,
+        set_step=_stepped(blowup, outlier, spike),
     )
+
+
+def _stepped(*faults: ActivationBlowUp | OutlierRow | BatchScale) -> Callable[[int], None]:
+    """One set_step for the faults that switch on and off by step."""
+
+    def set_step(step: int) -> None:
+        for fault in faults:
+            fault.set_step(step)
+
+    return set_step
 
 
 def _regression(x: torch.Tensor, w: torch.Tensor) -> TensorDataset:
@@ -82,7 +93,9 @@ def _regression(x: torch.Tensor, w: torch.Tensor) -> TensorDataset:
     return TensorDataset(x, torch.sin(x @ w) + 0.1 * torch.cos(3 * x[:, :1]))
 
 
-def _model(args: dict[str, Any], inputs: int, hidden: int, layers: int) -> tuple[nn.Module, ActivationBlowUp]:
+def _model(
+    args: dict[str, Any], inputs: int, hidden: int, layers: int
+) -> tuple[nn.Module, ActivationBlowUp, OutlierRow]:
     """The network, with the faults task.args asks for in its first block."""
     blowup = ActivationBlowUp(
         arg(args, "overflowAtStep", None, int),
@@ -96,7 +109,12 @@ def _model(args: dict[str, Any], inputs: int, hidden: int, layers: int) -> tuple
         Cancellation(arg(args, "cancellationOffset", None, float)),
         blowup,
     ]
-    for _ in range(layers - 1):
-        mods += [nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU()]
+    at, until = arg(args, "fp8OutlierAtStep", None, int), arg(args, "fp8OutlierUntilStep", None, int)
+    outlier = OutlierRow(nn.Identity(), at, until)
+    for i in range(layers - 1):
+        inner: nn.Module = nn.Linear(hidden, hidden)
+        if i == 0 and at is not None:  # the first inner linear (the one fp8 converts) meets the outlier
+            inner = outlier = OutlierRow(inner, at, until)
+        mods += [nn.LayerNorm(hidden), inner, nn.GELU()]
     mods.append(nn.Linear(hidden, 1))
-    return nn.Sequential(*mods), blowup
+    return nn.Sequential(*mods), blowup, outlier

@@ -1,0 +1,165 @@
+"""fp8 attempts (torchao float8 linears, emulated on the CPU): which linears convert, training,
+the fp8-only drift the quality gate catches, plain-tensor checkpoints that resume in any
+precision, exact resume after SIGKILL, and the device check."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from mpjob_contract.api import PrecisionSpec
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.fp8 import Fp8Spec
+from mpjob_trainer import float8
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.session.modes import AttemptPrecision, Mode
+from mpjob_trainer.tasks.mlp import make_task
+from tests.helpers import wait_for
+from tests.unit.trainer.conftest import launch_env, run_trainer, spec
+from tests.unit.trainer.test_resume import _assert_identical, _state
+
+pytestmark = pytest.mark.unit
+
+EMULATED = {"mode": "fp8", "fp8": {"emulate": True}}
+MLP = {"inputs": 8, "hidden": 16, "samples": 256}
+
+
+def fp8_job(steps: int = 40, **args: object) -> dict:
+    return spec(
+        task={"builtin": "mlp", "args": {**MLP, **args}},
+        training={"steps": steps, "batchSize": 16, "logEvery": 5},
+        precision=EMULATED,
+        validation={"everySteps": 10, "maxLossDelta": 0.05},
+    )
+
+
+def test_the_default_rules_keep_the_first_last_and_odd_sized_linears_in_bf16() -> None:
+    model = nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 32), nn.Linear(32, 24), nn.Linear(24, 32), nn.Linear(32, 1))
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert float8.plan(linears, []) == {
+        "0": "first linear",
+        "1": None,
+        "2": float8.DIMS,
+        "3": float8.DIMS,
+        "4": "last linear",
+    }
+    assert float8.plan(linears, ["1"])["1"] == "skip"
+    assert float8.plan(linears, ["[0-9]"])["1"] == "skip"  # fnmatch patterns
+
+
+def test_conversion_switches_with_the_mode_and_keeps_a_plain_state() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 16), nn.Linear(16, 1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    linears = float8.convert(model, Fp8Spec(emulate=True))
+    assert linears.names == ["1", "2"] and type(model[1]).__name__ == "Float8Linear"
+    state = model.state_dict()
+    assert state.keys() == before.keys() and all(type(v) is torch.Tensor for v in state.values())
+    x = torch.randn(4, 16)
+    fp8_out = model(x)
+    linears.enable(False)
+    assert type(model[1]) is nn.Linear and not torch.equal(model(x), fp8_out)
+    linears.enable(True)
+    assert torch.equal(model(x), fp8_out)
+
+
+def test_fp8_needs_an_fp8_device_unless_emulated() -> None:
+    with pytest.raises(
+        ConfigError, match=r"compute capability >= 8\.9.*this process runs on cpu.*precision\.fp8\.emulate"
+    ):
+        float8.require_fp8_device(Fp8Spec(), torch.device("cpu"))
+    float8.require_fp8_device(Fp8Spec(emulate=True), torch.device("cpu"))
+
+
+def test_an_fp8_job_trains_with_its_eligible_linears_in_fp8(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, fp8_job(), "fp8")
+    assert run.code == 0, run.stderr
+    (converted,) = run.of("fp8")
+    assert converted["converted"] == ["6"] and converted["kept"] == {"2": "first linear", "8": "last linear"}
+    losses = [s["loss"] for s in run.of("step")]
+    assert losses[-1] < losses[0]
+    assert max(e["delta"] for e in run.of("eval")) < 0.05  # fp8 stays close to fp32 on a plain workload
+
+
+def test_an_fp8_job_on_a_cpu_without_emulate_is_a_configuration_error_naming_the_device(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, {**fp8_job(), "precision": {"mode": "fp8"}}, "fp8")
+    assert run.code == ExitCode.CONFIG_ERROR, run.stderr
+    assert run.report is not None and "this process runs on cpu" in run.report.message
+    assert "precision.fp8.emulate" in run.report.message and not run.of("step")
+
+
+def test_the_outlier_drifts_in_fp8_only(tmp_path: Path) -> None:
+    drifting = run_trainer(tmp_path / "fp8", fp8_job(fp8OutlierAtStep=15), "fp8")
+    assert drifting.code == ExitCode.NUMERIC_FAULT, drifting.stderr
+    assert drifting.report is not None and drifting.report.message.startswith("QualityDrift: ")
+    assert all(torch.isfinite(torch.tensor(s["loss"])) for s in drifting.of("step"))
+    bf16 = run_trainer(tmp_path / "bf16", {**fp8_job(fp8OutlierAtStep=15), "precision": {"mode": "bf16"}}, "bf16")
+    assert bf16.code == 0, bf16.stderr
+    assert max(e["delta"] for e in bf16.of("eval")) < 0.05
+
+
+@pytest.mark.parametrize("then", ["bf16", "fp32"])
+def test_a_checkpoint_written_in_fp8_resumes_in_bf16_and_fp32_with_identical_weights(tmp_path: Path, then: str) -> None:
+    first = run_trainer(tmp_path, fp8_job(steps=20), "fp8")
+    assert first.code == 0, first.stderr
+    fp8_state = _state(tmp_path / "ckpt" / "step-000000020")  # weights_only: plain tensors or nothing
+    assert fp8_state["precision"] == "fp8" and all(type(v) is torch.Tensor for v in fp8_state["model"].values())
+    plain = make_task(dict(MLP)).model
+    plain.load_state_dict(fp8_state["model"])  # the plain model a bf16 or fp32 attempt builds takes it as it is
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in fp8_state["model"].items())
+    job = {**fp8_job(steps=21), "precision": {"mode": then}}
+    second = run_trainer(
+        tmp_path, job, then, attempt=1, name="r2.json", resume_from=str(tmp_path / "ckpt" / "step-000000020")
+    )
+    assert second.code == 0, second.stderr
+    resume = second.of("resume")[0]
+    assert (resume["step"], resume["fromPrecision"]) == (20, "fp8")
+    after = _state(tmp_path / "ckpt" / "step-000000021")
+    assert after["precision"] == then and after["appliedSteps"] == fp8_state["appliedSteps"] + 1
+    for key, value in fp8_state["model"].items():
+        torch.testing.assert_close(after["model"][key], value, atol=0.05, rtol=0)  # one step from the same weights
+
+
+def test_an_fp8_run_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
+    job = spec(precision=EMULATED, training={"steps": 60, "logEvery": 5}, checkpoint={"everySteps": 10, "keep": 10})
+    straight = run_trainer(tmp_path / "straight", job, "fp8")
+    assert straight.code == 0, straight.stderr
+    (tmp_path / "cut").mkdir()
+    env = launch_env(tmp_path / "cut", job, "fp8", ckpt=tmp_path / "cut" / "ckpt")
+    proc = subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "cut" / "ckpt" / "step-000000020" / "manifest.json"
+    wait_for(checkpoint.exists, 120, interval=0.02, message="checkpoint 20")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    resumed = run_trainer(tmp_path / "cut", job, "fp8", attempt=1, ckpt=tmp_path / "cut" / "ckpt", name="r2.json")
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.of("resume")[0]["step"] >= 20
+    _assert_identical(
+        _state(tmp_path / "straight" / "ckpt" / "step-000000060"), _state(tmp_path / "cut" / "ckpt" / "step-000000060")
+    )
+
+
+def test_the_fp32_modes_run_the_converted_linears_as_plain_ones() -> None:
+    spec = PrecisionSpec.model_validate({"fp8": {"emulate": True}})
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 1))
+    amp = AttemptPrecision("fp8", torch.device("cpu"), spec)
+    lines = io.StringIO()
+    assert amp.convert_fp8(model, auto=False, log=EventLog(stream=lines)) == ["1"]
+    assert json.loads(lines.getvalue())["converted"] == ["1"]
+    assert type(model[1]).__name__ == "Float8Linear"
+    for mode, precision in ((Mode.EVAL, "fp32"), (Mode.REPLAY, "fp32"), (Mode.PROBE, "bf16")):
+        with amp.entered(mode, precision):
+            assert type(model[1]) is nn.Linear, mode
+        assert type(model[1]).__name__ == "Float8Linear", mode
+    bare = AttemptPrecision("fp8", torch.device("cpu"), spec)
+    with pytest.raises(ConfigError, match=r"call run\.keep_fp32\(model\) before compile and wrap"):
+        bare.autocast()

@@ -1,0 +1,144 @@
+"""fp8 attempts: torchao's float8 linears for the model's eligible nn.Linear modules.
+
+An fp8 attempt swaps eligible linears for torchao's `Float8Linear` (convert_to_float8_training,
+before compile and DDP) and runs everything else under bf16 autocast. Float8Linear keeps the
+fp32 weight as a plain Parameter and computes its scales per call (dynamic scaling), so the
+state_dict is the plain model's: a checkpoint written in fp8 resumes in bf16 or fp32 and back.
+`convert` checks that once after converting (a float8 tensor subclass in the state would make
+checkpoints unreadable without torchao).
+
+Which linears: not the first and not the last of the model (embedding-side and output
+projections are the most sensitive to fp8's 3-bit mantissa, as torchtitan's filters keep
+them), none whose dimensions fp8 kernels cannot take (not multiples of 16), none that
+precision.fp8.skip names (dotted names or fnmatch patterns). The trainer logs which were
+converted and why the others were not (the `fp8` event).
+
+The same process also runs the model in other precisions: the fp32 replay of a fault, the
+quality gate's fp32 reference, an `auto` attempt's bf16 and fp32 probes. `Fp8Linears.enable`
+switches the converted modules between Float8Linear and plain nn.Linear for those modes
+(session.modes does it on every mode change): the class is swapped on the instance (both
+classes lay out the same parameters; Float8Linear adds only its config attributes), so the
+parameters, their optimizer state and DDP's hooks stay as they are. Host-only, no sync.
+
+torchao is an optional extra (`mpjob-trainer[fp8]`), imported only here, only for fp8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpjob_contract.fp8 import FP8_DIM_MULTIPLE, FP8_MIN_CAPABILITY, Fp8Spec, fp8_capable
+from mpjob_trainer.errors import ConfigError
+
+#: Why a linear stayed in bf16 (the `fp8` event's `kept` values).
+FIRST, LAST, DIMS, SKIPPED = "first linear", "last linear", f"dimensions not multiples of {FP8_DIM_MULTIPLE}", "skip"
+
+
+def capability_of(device: torch.device) -> tuple[int, int] | None:
+    """The device's compute capability (None: not a CUDA device)."""
+    return tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None  # type: ignore[return-value]
+
+
+def describe_device(device: torch.device) -> str:
+    """'NVIDIA A100-SXM4-80GB (cuda:0, compute capability 8.0)' or 'cpu'."""
+    capability = capability_of(device)
+    if capability is None:
+        return str(device)
+    return f"{torch.cuda.get_device_name(device)} ({device}, compute capability {capability[0]}.{capability[1]})"
+
+
+def require_fp8_device(spec: Fp8Spec, device: torch.device) -> None:
+    """A configuration error, naming the device and the fields, unless this device has fp8 tensor
+    cores or precision.fp8.emulate is set."""
+    if spec.emulate or fp8_capable(capability_of(device)):
+        return
+    need = ".".join(str(n) for n in FP8_MIN_CAPABILITY)
+    raise ConfigError(
+        f"precision.mode fp8 needs a GPU of compute capability >= {need} (fp8 tensor cores: Ada, Hopper or "
+        f"later); this process runs on {describe_device(device)}. Choose precision.mode bf16 or auto, or set "
+        "precision.fp8.emulate: true to emulate fp8 (tests and CPUs; not faster)"
+    )
+
+
+def plan(linears: list[tuple[str, nn.Linear]], skip: Iterable[str]) -> dict[str, str | None]:
+    """Each linear's name -> why it stays in bf16, or None when it is converted."""
+    patterns = list(skip)
+    last = len(linears) - 1
+    verdicts: dict[str, str | None] = {}
+    for i, (name, linear) in enumerate(linears):
+        why = None
+        if i == 0:
+            why = FIRST
+        elif i == last:
+            why = LAST
+        elif linear.in_features % FP8_DIM_MULTIPLE or linear.out_features % FP8_DIM_MULTIPLE:
+            why = DIMS
+        elif any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            why = SKIPPED
+        verdicts[name] = why
+    return verdicts
+
+
+class Fp8Linears:
+    """The converted linears of one model, and the switch between fp8 and plain linears."""
+
+    def __init__(self, modules: dict[str, nn.Module], kept: dict[str, str]) -> None:
+        self.modules = modules
+        self.kept = kept
+        self.float8_class: dict[str, type[nn.Module]] = {name: type(m) for name, m in modules.items()}
+        self.enabled = True
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.modules)
+
+    def enable(self, on: bool) -> None:
+        """Run the converted linears in fp8 (True) or as plain nn.Linear (False)."""
+        if on == self.enabled:
+            return
+        for name, module in self.modules.items():
+            module.__class__ = self.float8_class[name] if on else nn.Linear
+        self.enabled = on
+
+
+def torchao_float8() -> Any:
+    """torchao.float8, or a configuration error saying how to get it."""
+    try:
+        import torchao.float8 as float8
+    except ImportError as exc:
+        raise ConfigError(
+            f"precision.mode fp8 needs torchao (the trainer's fp8 extra: pip install 'mpjob-trainer[fp8]'): {exc}"
+        ) from exc
+    return float8
+
+
+def convert(model: nn.Module, spec: Fp8Spec) -> Fp8Linears:
+    """Swap the model's eligible linears for torchao Float8Linear, in place (before compile and
+    wrap), per precision.fp8's recipe, skip list and emulate."""
+    float8 = torchao_float8()
+    linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear and name]
+    verdicts = plan(linears, spec.skip)
+    chosen = {name for name, why in verdicts.items() if why is None}
+    config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(spec.recipe), emulate=spec.emulate)
+    if chosen:
+        float8.convert_to_float8_training(model, config=config, module_filter_fn=lambda _m, fqn: fqn in chosen)
+    modules = dict(model.named_modules())
+    require_plain_state(model.state_dict().items())
+    kept = {name: why for name, why in verdicts.items() if why is not None}
+    return Fp8Linears({name: modules[name] for name in sorted(chosen)}, kept)
+
+
+def require_plain_state(state: Iterable[tuple[str, Any]]) -> None:
+    """Checkpoints hold plain tensors only (any precision resumes them, torchao or not)."""
+    for key, value in state:
+        if isinstance(value, torch.Tensor) and type(value) not in (torch.Tensor, nn.Parameter):
+            raise ConfigError(
+                f"fp8 conversion left a {type(value).__name__} in the model's state ({key}): checkpoints must hold "
+                "plain tensors so that bf16 and fp32 attempts can resume them"
+            )
