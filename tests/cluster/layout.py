@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Started in this order; stopped in reverse (the node agent first, so it stops its pods).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
-OPTIONAL_COMPONENTS = ("kueue",)
+OPTIONAL_COMPONENTS = ("kueue", "s3")
 ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
 
 
