@@ -26,6 +26,8 @@ from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from tests.cluster.s3 import CREDENTIALS, S3Server
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.integration
+
 ARGS = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 32, "corpusBytes": 20000}
 
 

@@ -20,6 +20,8 @@ from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.errors import ConfigError
 from tests.cluster.s3 import CREDENTIALS, S3Server
 
+pytestmark = pytest.mark.integration
+
 DIGEST = "digest-1"
 
 
