@@ -79,6 +79,11 @@ def test_fp16_overflow_resumes_in_bf16_from_the_buckets_last_committed_checkpoin
     uid = jobs.get("recover")["metadata"]["uid"]
     folder = f"e2e-{namespace}/{namespace}/recover/{uid}"
     assert status["lastCheckpoint"]["path"] == f"s3://{s3_server.bucket}/{folder}/step-000000060"
+    # The operator names the bucket checkpoint of the trainer's report for the fallback attempt.
+    attempt = jobs.batch.read_namespaced_job("recover-a1", namespace)
+    env = {e.name: e.value for e in attempt.spec.template.spec.containers[0].env}
+    resume_from = json.loads(env["MPJOB_LAUNCH"])["resumeFrom"]
+    assert resume_from == f"s3://{s3_server.bucket}/{folder}/step-000000020"
     committed = manifests(s3_server, folder)
     final = committed[f"{folder}/step-000000060/manifest.json"]
     assert final["files"]["state.pt"]["sha256"] == status["lastCheckpoint"]["sha256"]
