@@ -29,6 +29,8 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.integration
 
 ARGS = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 32, "corpusBytes": 20000}
+#: ~3.4 M parameters: a ~40 MiB checkpoint with AdamW state, uploaded in 16 MiB parts.
+BIG = {**ARGS, "nLayer": 4, "nHead": 4, "nEmbd": 256}
 
 
 def manifest(tmp: Path, s3: dict[str, Any], name: str = "s3run", **spec: Any) -> Path:
@@ -143,42 +145,52 @@ def test_fp16_overflow_resumes_in_bf16_from_the_buckets_last_committed_checkpoin
     assert committed_all_verify(folder, s3) == [32, 36, 40]  # keep: 3
 
 
+def uploads_in_flight(s3: dict[str, Any]) -> int:
+    """Multipart uploads begun and not completed below the test's prefix."""
+    found = client(s3).list_multipart_uploads(Bucket=s3["bucket"], Prefix=f"{s3['prefix']}/")
+    return len(found.get("Uploads", []))
+
+
 def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_is_bit_identical(
     tmp_path: Path, s3: dict[str, Any]
 ) -> None:
-    job = manifest(tmp_path, s3)
+    """Checkpoints of ~40 MiB (multipart: 16 MiB parts) every 4 steps keep the writer thread
+    uploading most of the time; each run is killed (its whole process group) a random few
+    milliseconds after an upload was seen in flight, three times, then rerun to the end."""
+    job = manifest(tmp_path, s3, task={"builtin": "gpt", "args": BIG})
     straight = mpjob_run(job, tmp_path / "straight")
     assert straight.returncode == 0, straight.stdout + straight.stderr
     reference = report(tmp_path / "straight")["lastCheckpoint"]["path"]
-    reference_folder = reference.rsplit("/", 1)[0]
 
     out, rng = tmp_path / "cut", random.Random(0)
     argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"]
-    kills = 0
+    kills, torn = 0, 0
     for _ in range(3):
         proc = subprocess.Popen(
             argv, env=env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
         wait_for(
-            lambda run=proc: run.poll() is not None or [f for f in job_folders(s3) if f != reference_folder],
-            180,
-            interval=0.05,
-            message="the cut run's first upload",
+            lambda run=proc: run.poll() is not None or uploads_in_flight(s3) > 0,
+            240,
+            interval=0.02,
+            message="an upload in flight",
         )
-        time.sleep(rng.uniform(0.5, 4.0))  # a random moment: checkpoints go up every few hundred ms
+        time.sleep(rng.uniform(0.0, 0.2))
         if proc.poll() is not None:
             break
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         kills += 1
+        torn += uploads_in_flight(s3) > 0  # killed mid-upload: its parts are there, uncommitted
         for folder in job_folders(s3):
             committed_all_verify(folder, s3)  # whatever is committed verifies: nothing half-visible
-    assert kills >= 2
+    assert kills == 3 and torn >= 1, (kills, torn)
     rerun = mpjob_run(job, out)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     final = report(out)
     assert final["phase"] == "Succeeded" and final["lastCheckpoint"]["step"] == 40
     assert_identical(state_of(reference, s3), state_of(final["lastCheckpoint"]["path"], s3))
+    assert uploads_in_flight(s3) == 0  # the rerun aborted what the killed runs left
 
 
 @pytest.mark.parametrize("wrong", ["credential", "bucket"])
