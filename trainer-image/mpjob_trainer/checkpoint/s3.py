@@ -14,9 +14,10 @@ that step writes them again; `clean_stale` aborts its unfinished multipart uploa
 Loading downloads a checkpoint's files into a local folder of the same name and verifies it
 exactly as the volume store does (manifest, format, every sha256, config digest, step), so a
 deleted object, a damaged one or a manifest without its objects is rejected and the previous
-good checkpoint tried (checkpoint.resume.first_valid). Pruning keeps this job's newest `keep`
-committed checkpoints; an older one is uncommitted first (its manifest deleted) and then only
-the objects its manifest lists are deleted: nothing the job did not write is ever removed.
+good checkpoint tried, in checkpoint.resume's order (newer ones of the attempt's precision,
+the named one, then newest first). Pruning keeps this job's newest `keep` committed
+checkpoints; an older one is uncommitted first (its manifest deleted) and then only the
+objects its manifest lists are deleted: nothing the job did not write is ever removed.
 Writes happen on the Checkpointer's writer thread; every failure no retry can fix names the
 bucket (bucket.BucketMisconfigured).
 """
@@ -28,12 +29,12 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
-from mpjob_trainer.checkpoint import resume
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.manifest import MANIFEST, CorruptCheckpoint, folder_name, read_manifest, step_of
 from mpjob_trainer.checkpoint.store import CheckpointStore, CheckpointTaken, Log, SaveResult
@@ -65,6 +66,7 @@ class BucketCheckpointStore:
         #: Where checkpoints are written before upload and downloaded before loading (the
         #: volume store's own rules apply there); a framework stages into it too.
         self.root = Path(tempfile.mkdtemp(prefix="mpjob-checkpoints-"))
+        weakref.finalize(self, shutil.rmtree, self.root, True)
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
         self.last_good: CheckpointRef | None = None
         self._writing = threading.Lock()
@@ -137,11 +139,15 @@ class BucketCheckpointStore:
         self, prefer: str | None = None, *, newer_in: str | None = None
     ) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
-        order = self._candidates(prefer, newer_in)
-        loaded = resume.first_valid(order, self.verify, log=self.log)  # type: ignore[arg-type]
-        if loaded is not None:
+        for url in self._candidates(prefer, newer_in):
+            try:
+                loaded = self.verify(url)
+            except CorruptCheckpoint as exc:  # as resume.first_valid: logged, the next one tried
+                self.log("checkpointRejected", path=url, problem=str(exc))
+                continue
             self.last_good = loaded[0]
-        return loaded
+            return loaded
+        return None
 
     def _candidates(self, prefer: str | None, newer_in: str | None) -> list[str]:
         """Newest first; the preferred one first, after the newer ones in `newer_in` (resume's rule)."""
