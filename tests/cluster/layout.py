@@ -48,6 +48,7 @@ class Layout:
             "kube-scheduler": b + 79,
             "kueue-webhook": b + 85,
             "kueue-health": b + 86,
+            "s3": b + 87,
         }
 
     @property

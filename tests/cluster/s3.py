@@ -1,6 +1,6 @@
 """An S3 server in the test cluster: versitygw (Apache-2.0, an S3 gateway over a POSIX folder),
 built from the Go module pinned in `s3-build/go.mod` by `build-s3.sh` (cached by version), run
-as a local process beside the control plane on 127.0.0.1 (port base +87), its objects under
+as a local process beside the control plane on 127.0.0.1 (port base +87, `Layout.ports`), its objects under
 `<cluster dir>/s3/`. Pods of this cluster are local processes, so they reach it at the same
 address. `make cluster` starts it; `start` adds it to a cluster already up (the `s3` fixture).
 
@@ -23,7 +23,6 @@ from tests.cluster.layout import REPO, ClusterError, Layout
 
 BUILD_SCRIPT = REPO / "tests" / "cluster" / "build-s3.sh"
 GO_MOD = REPO / "tests" / "cluster" / "s3-build" / "go.mod"
-PORT_OFFSET = 87
 BUCKET = "mpjob-e2e"
 #: The server's root user: test-only credentials of a server that listens on loopback only.
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "mpjob-e2e-access", "AWS_SECRET_ACCESS_KEY": "mpjob-e2e-secret-key"}
@@ -54,7 +53,7 @@ def build() -> Path:
 
 
 def endpoint(layout: Layout) -> str:
-    return f"http://127.0.0.1:{layout.port_base + PORT_OFFSET}"
+    return f"http://127.0.0.1:{layout.ports['s3']}"
 
 
 def data_dir(layout: Layout) -> Path:
@@ -68,7 +67,7 @@ def argv(layout: Layout, bin_dir: Path) -> list[str]:
     return [
         str(bin_dir / "versitygw"),
         "--port",
-        f"127.0.0.1:{layout.port_base + PORT_OFFSET}",
+        f"127.0.0.1:{layout.ports['s3']}",
         "--access",
         CREDENTIALS["AWS_ACCESS_KEY_ID"],
         "--secret",
