@@ -159,5 +159,6 @@ def main() -> None:
         for precision in ("fp16", "bf16"):
             print(compare(precision, Path(tmp) / precision))
 
+
 if __name__ == "__main__":
     main()

@@ -7,6 +7,8 @@ uv run --no-sync mypy || exit 1
 bash tests/cluster/build.sh >/dev/null || exit 1
 # Kueue's controller (cached by version): tests/e2e/test_kueue.py starts it on the test cluster.
 bash tests/cluster/build-kueue.sh >/dev/null || exit 1
+# The S3 server (versitygw, cached by version): the `s3_server` fixture starts it beside the cluster.
+bash tests/cluster/build-s3.sh >/dev/null || exit 1
 bash scripts/install-prometheus.sh || exit 1
 uv run --no-sync pytest "$@"
 rc=$?

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tests.cluster.controlplane import Layout, api_ready, down, running, up
+from tests.cluster.controlplane import Layout, api_ready, down, running, start_s3, up
+from tests.cluster.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,6 +44,13 @@ def kubeconfig() -> Iterator[str]:
     yield str(layout.kubeconfig)
     if started and not os.environ.get("MPJOB_KEEP_CLUSTER"):
         down(layout)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> S3Server:
+    """The test cluster's S3 server (versitygw), started when it is not running yet: it needs
+    no control plane, so store tests use it without one (`down` stops it with the cluster)."""
+    return start_s3(Layout.from_env())
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from mpjob_contract.accounting import CostPerGpuHour, JobCost
 from mpjob_contract.fp8 import Fp8Spec
 from mpjob_contract.parallelism import Parallelism
 from mpjob_contract.skipping import OnBadData, Skipped, SpikeSpec
+from mpjob_contract.storage import S3Storage
 from mpjob_contract.timeline import PrecisionTimeline
 
 GROUP = "mpjob.dev"
@@ -297,6 +298,18 @@ class CheckpointVolume(ApiModel):
         return self
 
 
+class CheckpointStorage(ApiModel):
+    """Where checkpoints live: a volume, or an S3-compatible bucket (mpjob_contract.storage)."""
+
+    volume: CheckpointVolume | None = None
+    s3: S3Storage | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> CheckpointStorage:
+        rules.ONE_STORAGE_KIND.check(rules.wire_self(self))
+        return self
+
+
 class Validation(ApiModel):
     """The quality gate (the reference's M5 and its first production failure: a silent accuracy
     regression in low precision): at intervals the trainer evaluates the current weights in the
@@ -319,6 +332,22 @@ class Checkpoint(ApiModel):
     volume: CheckpointVolume | None = Field(
         None, description="Checkpoint volume (a PVC for resumes across pods). Default: emptyDir."
     )
+    storage: CheckpointStorage | None = Field(None, description="A volume or an S3 bucket (instead of volume).")
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Checkpoint:
+        rules.VOLUME_OR_STORAGE.check(rules.wire_self(self))
+        return self
+
+    @property
+    def s3(self) -> S3Storage | None:
+        """The bucket checkpoints go to, if any."""
+        return self.storage.s3 if self.storage is not None else None
+
+    @property
+    def volume_source(self) -> CheckpointVolume | None:
+        """The volume checkpoints go to (None: emptyDir, or a bucket)."""
+        return self.volume if self.volume is not None else self.storage.volume if self.storage else None
 
 
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]

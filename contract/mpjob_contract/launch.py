@@ -37,6 +37,13 @@ def job_checkpoint_dir(*, namespace: str, name: str, uid: str, root: str = CHECK
     return posixpath.join(root, namespace, name, uid)
 
 
+def checkpoint_root(spec: MixedPrecisionJobSpec) -> str:
+    """Below what the job's checkpoint folder lies: the bucket's `s3://<bucket>/<prefix>`, or
+    the volume's mount (the same per-job folder rule for both)."""
+    s3 = spec.checkpoint.s3
+    return s3.url if s3 is not None else CHECKPOINT_MOUNT
+
+
 def inside_checkpoint_dir(path: str, checkpoint_dir: str) -> bool:
     """Whether `path` names something below `checkpoint_dir`, judged on the names (`..`
     resolved; both absolute or both relative). Links inside the volume are its owner's."""

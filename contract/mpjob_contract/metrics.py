@@ -31,6 +31,13 @@ LAST_GOOD_CHECKPOINT_STEP = PREFIX + "last_good_checkpoint_step"
 #: what the operator writes to status.lastCheckpoint while the attempt runs.
 LAST_GOOD_CHECKPOINT = PREFIX + "last_good_checkpoint"
 CHECKPOINT_LABELS = ("sha256", "checkpoint_precision")
+#: Checkpoints in a bucket (checkpoint.storage.s3): one upload's seconds (all files and the
+#: manifest), the bytes uploaded, uploads that ended without a commit, one restore's seconds
+#: (download and verification of a checkpoint).
+CHECKPOINT_UPLOAD_SECONDS = PREFIX + "checkpoint_upload_seconds"  # histogram
+CHECKPOINT_UPLOAD_BYTES = PREFIX + "checkpoint_upload_bytes"  # counter -> *_total
+CHECKPOINT_COMMIT_FAILURES = PREFIX + "checkpoint_commit_failures"  # counter -> *_total
+CHECKPOINT_RESTORE_SECONDS = PREFIX + "checkpoint_restore_seconds"  # histogram
 TOTAL_STEPS = PREFIX + "total_steps"
 START_STEP = PREFIX + "start_step"  # the step this attempt resumed from
 INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1

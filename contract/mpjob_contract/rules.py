@@ -155,6 +155,21 @@ WRITABLE_CHECKPOINT_CLAIM = Rule(
     holds=lambda claim: not claim.get("readOnly", False),
     field_path=".readOnly",
 )
+ONE_STORAGE_KIND = Rule(
+    name="one-storage-kind",
+    path="spec.checkpoint.storage",
+    cel="has(self.volume) != has(self.s3)",
+    message="exactly one of checkpoint.storage.volume or checkpoint.storage.s3 must be set",
+    holds=lambda storage: ("volume" in storage) != ("s3" in storage),
+)
+VOLUME_OR_STORAGE = Rule(
+    name="volume-or-storage",
+    path="spec.checkpoint",
+    cel="!has(self.volume) || !has(self.storage)",
+    message="checkpoint.volume and checkpoint.storage both say where checkpoints live: set one "
+    "(checkpoint.storage.volume takes the same volume)",
+    holds=lambda checkpoint: "volume" not in checkpoint or "storage" not in checkpoint,
+)
 
 #: Every cross-field rule of the API, in the order the CRD lists them at a path.
 RULES: tuple[Rule, ...] = (
@@ -166,6 +181,8 @@ RULES: tuple[Rule, ...] = (
     NO_SERVICE_ACCOUNT_TOKEN,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,
+    ONE_STORAGE_KIND,
+    VOLUME_OR_STORAGE,
 )
 
 

@@ -154,8 +154,15 @@ def _kubernetes_template(spec: dict[str, Any]) -> None:
 def _kubernetes_spec_fields(spec: dict[str, Any]) -> None:
     """checkpoint.volume.emptyDir (and any other k8s.spec_schemas() path) takes Kubernetes' schema."""
     for path, schema in k8s.spec_schemas().items():
-        *parents, name = path.split(".")
-        _at(spec, ".".join(parents))["properties"][name] = deepcopy(schema)
+        for place in _places(path):
+            *parents, name = place.split(".")
+            _at(spec, ".".join(parents))["properties"][name] = deepcopy(schema)
+
+
+def _places(path: str) -> list[str]:
+    """Where a spec path's schema goes: the checkpoint volume is also checkpoint.storage.volume."""
+    volume = "checkpoint.volume."
+    return [path, "checkpoint.storage.volume." + path.removeprefix(volume)] if path.startswith(volume) else [path]
 
 
 def _task_arg_value(levels: int) -> dict[str, Any]:

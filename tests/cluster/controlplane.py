@@ -27,7 +27,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 
-from tests.cluster import components, kueue
+from tests.cluster import components, kueue, s3
 from tests.cluster.binaries import binaries
 from tests.cluster.layout import ALL_COMPONENTS, COMPONENTS, REPO, ClusterError, Layout, pid_alive, read_pid, running
 from tests.cluster.nodeagent.state import kill_recorded_pods
@@ -50,7 +50,7 @@ __all__ = [
 
 START_TIMEOUT = 60
 KUEUE_START_TIMEOUT = 120
-SUPERVISED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kueue")
+SUPERVISED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kueue", "s3")
 
 
 def _port_free(port: int) -> bool:
@@ -124,8 +124,10 @@ def up(layout: Layout, *, with_kueue: bool = False) -> float:
     started = time.monotonic()
     alive = running(layout)
     if set(COMPONENTS) <= set(alive) and (layout.pki / "ca.crt").exists() and api_ready(layout):
+        if "s3" not in alive:
+            start_s3(layout)
         if not with_kueue or "kueue" in alive:
-            return 0.0
+            return 0.0 if "s3" in alive else time.monotonic() - started
         start_kueue(layout)
         return time.monotonic() - started
     if alive:
@@ -141,9 +143,17 @@ def up(layout: Layout, *, with_kueue: bool = False) -> float:
     _start(layout, "kube-scheduler", components.kube_scheduler(layout, bins))
     _start(layout, "node-agent", components.node_agent(layout), env=components.node_agent_env(bins))
     wait_ready(layout, timeout=START_TIMEOUT)
+    start_s3(layout)
     if with_kueue:
         start_kueue(layout)
     return time.monotonic() - started
+
+
+def start_s3(layout: Layout) -> s3.S3Server:
+    """Add the S3 server to the running cluster (idempotent); where it answers."""
+    if "s3" not in running(layout):
+        _start(layout, "s3", s3.argv(layout, s3.build()))
+    return s3.wait_ready(layout)
 
 
 def start_kueue(layout: Layout) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # Started in this order; stopped in reverse (the node agent first, so it stops its pods).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
-OPTIONAL_COMPONENTS = ("kueue",)
+OPTIONAL_COMPONENTS = ("kueue", "s3")
 ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
 
 
@@ -48,6 +48,7 @@ class Layout:
             "kube-scheduler": b + 79,
             "kueue-webhook": b + 85,
             "kueue-health": b + 86,
+            "s3": b + 87,
         }
 
     @property

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from mpjob_contract import metrics as names
 from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint.transfer import TRANSFER_BUCKETS
 
 #: Dense bf16/fp16 tensor-core peaks (FLOP/s) for MFU, by device-name fragment.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40": 181e12, "A10": 125e12, "V100": 125e12, "T4": 65e12}
@@ -43,6 +44,7 @@ class TrainerMetrics:
         self._families: dict[int, Any] = {}
         self._training()
         self._checkpointing()
+        self._bucket()
         self._decisions()
         self.info = self._bound(Gauge(names.INFO, "1 for the precision this attempt trains in.", **self._on()))
         self.info.set(1)
@@ -111,6 +113,19 @@ class TrainerMetrics:
             **self._on(*names.CHECKPOINT_LABELS),
         )
         self._last_good: CheckpointRef | None = None
+
+    def _bucket(self) -> None:
+        """Checkpoints in a bucket (checkpoint.s3's store reads these four)."""
+        self.checkpoint_upload_seconds = self._histogram(
+            names.CHECKPOINT_UPLOAD_SECONDS, "Time to upload one checkpoint and commit it.", TRANSFER_BUCKETS
+        )
+        self.checkpoint_upload_bytes = self._counter(names.CHECKPOINT_UPLOAD_BYTES, "Checkpoint bytes uploaded.")
+        self.checkpoint_commit_failures = self._counter(
+            names.CHECKPOINT_COMMIT_FAILURES, "Checkpoint uploads that ended without a commit."
+        )
+        self.checkpoint_restore_seconds = self._histogram(
+            names.CHECKPOINT_RESTORE_SECONDS, "Time to download and verify one checkpoint.", TRANSFER_BUCKETS
+        )
 
     def checkpoint_good(self, ref: CheckpointRef) -> None:
         """`ref` is the newest verified checkpoint: its step, and its sha256 and precision in the

@@ -11,7 +11,15 @@ from typing import Any
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
-from mpjob_contract.launch import CHECKPOINT_MOUNT, LAUNCH_ENV, AttemptLaunch, inside_checkpoint_dir, job_checkpoint_dir
+from mpjob_contract.launch import (
+    CHECKPOINT_MOUNT,
+    LAUNCH_ENV,
+    AttemptLaunch,
+    checkpoint_root,
+    inside_checkpoint_dir,
+    job_checkpoint_dir,
+)
+from mpjob_contract.storage import CREDENTIAL_KEYS
 
 LABEL_JOB = "mpjob.dev/job"
 LABEL_ATTEMPT = "mpjob.dev/attempt"
@@ -90,7 +98,7 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
     """The attempt's launch contract. Its checkpoints go to the job's own folder of the volume;
     a resume point outside that folder (another job's, or the volume's root) is not passed on:
     the trainer then resumes from the newest valid checkpoint of its own."""
-    folder = job_checkpoint_dir(namespace=namespace, name=job, uid=uid)
+    folder = job_checkpoint_dir(namespace=namespace, name=job, uid=uid, root=checkpoint_root(spec))
     resume_from = start.resume_from
     if resume_from is not None and not inside_checkpoint_dir(resume_from, folder):
         resume_from = None
@@ -121,6 +129,19 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         # The Job controller sets it too; naming it keeps the launcher's worker index explicit.
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        *_bucket_credentials(launch.spec),
+    ]
+
+
+def _bucket_credentials(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
+    """The checkpoint bucket's credentials, by reference to the job's Secret: the kubelet puts
+    its keys into the trainer's environment; the operator never reads the Secret."""
+    s3 = spec.checkpoint.s3
+    if s3 is None or s3.credentials_secret is None:
+        return []
+    return [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}}
+        for key in CREDENTIAL_KEYS
     ]
 
 
@@ -134,7 +155,7 @@ def _resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
 
 def _checkpoint_volume(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
     volume: dict[str, Any] = {"name": "checkpoints"}
-    vol = spec.checkpoint.volume
+    vol = spec.checkpoint.volume_source
     if vol is not None and vol.persistent_volume_claim is not None:
         volume["persistentVolumeClaim"] = {"claimName": vol.persistent_volume_claim.claim_name}
     else:

@@ -11,6 +11,7 @@ does by itself (exit 44 included) is charged, as on a cluster that shows no disr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -37,7 +38,7 @@ from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
-from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
+from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
 from mpjob_contract.skipping import describe_ranges
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
@@ -109,8 +110,16 @@ class LocalRun:
 
     @property
     def _checkpoint_dir(self) -> str:
-        """Where this run's trainers keep checkpoints (AttemptLaunch.checkpointDir)."""
-        return str(self.paths.checkpoints.resolve())
+        """Where this run's trainers keep checkpoints (AttemptLaunch.checkpointDir): --out's
+        folder, or in checkpoint.storage.s3's bucket the job's folder with --out's digest for
+        the UID (a rerun of the same --out resumes; another --out starts clean). Credentials
+        come from the environment or AWS_SHARED_CREDENTIALS_FILE, as for any S3 client."""
+        s3 = self.spec.checkpoint.s3
+        if s3 is None:
+            return str(self.paths.checkpoints.resolve())
+        run = hashlib.sha256(str(self.paths.root.resolve()).encode()).hexdigest()[:16]
+        namespace = self.job.metadata.namespace or "local"
+        return job_checkpoint_dir(namespace=namespace, name=self.name, uid=f"local-{run}", root=s3.url)
 
     def _transition(self) -> tuple[Plan, When]:
         return Plan(status=self.status), When(st.now())

@@ -21,7 +21,7 @@ from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled, world_size
 from mpjob_contract.codes import FinishReason, Reason
-from mpjob_contract.launch import AUTO_MARGIN, CHECKPOINT_MOUNT
+from mpjob_contract.launch import AUTO_MARGIN, checkpoint_root
 from mpjob_contract.report import Measurement, TerminationReport
 
 
@@ -202,10 +202,11 @@ def conclude(
     outcome: AttemptOutcome,
     when: When,
     capability: tuple[int, int] | str | None = "spec",
-    checkpoint_dir: str = CHECKPOINT_MOUNT,
+    checkpoint_dir: str | None = None,
 ) -> None:
     """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
-    from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs)."""
+    from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs; by
+    default below the spec's store: the volume's mount or the bucket's prefix)."""
     status, report = plan.status, outcome.report
     result = classify(outcome)
     end_step = record_report(status, attempt.index, report)
@@ -234,7 +235,7 @@ def conclude(
         ckpt.step if ckpt else 0,
         ckpt.path if ckpt else None,
         capability,
-        checkpoint_dir=checkpoint_dir,
+        checkpoint_dir=checkpoint_dir or checkpoint_root(spec),
         used=history.used(status),
         shape=shape_of(attempt),
         history=status.attempts,

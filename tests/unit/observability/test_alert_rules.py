@@ -18,6 +18,7 @@ ALERTS = {
     "FallbackStorm": "page",
     "TrainingStalled": "page",
     "CheckpointFailing": "page",
+    "CheckpointCommitFailing": "ticket",
     "LossScaleCollapsing": "ticket",
     "EvalLossDrift": "ticket",
     "DataSkipped": "ticket",

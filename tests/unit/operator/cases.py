@@ -152,6 +152,31 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         ),
         "spec.template.volumes[0].projected.sources[0].serviceAccountToken",
     ),
+    # Checkpoints in a bucket: S3's bucket naming rules and a required endpoint, each named.
+    (
+        "bad-bucket-name",
+        bad("spec.checkpoint", {"storage": {"s3": {"bucket": "My_Bucket", "endpoint": "http://s3:7070"}}}),
+        "spec.checkpoint.storage.s3.bucket",
+    ),
+    (
+        "s3-without-endpoint",
+        bad("spec.checkpoint", {"storage": {"s3": {"bucket": "ckpt"}}}),
+        "spec.checkpoint.storage.s3.endpoint",
+    ),
+    (
+        "two-storage-kinds",
+        bad(
+            "spec.checkpoint",
+            {"storage": {"volume": {"emptyDir": {}}, "s3": {"bucket": "ckpt", "endpoint": "http://s3:7070"}}},
+        ),
+        "checkpoint.storage.volume",
+    ),
+    ("no-storage-kind", bad("spec.checkpoint", {"storage": {}}), "checkpoint.storage.volume"),
+    (
+        "volume-and-storage",
+        bad("spec.checkpoint", {"volume": {"emptyDir": {}}, "storage": {"volume": {"emptyDir": {}}}}),
+        "checkpoint.volume and checkpoint.storage",
+    ),
     (
         "automount-service-account-token",
         bad("spec.template.automountServiceAccountToken", True),
@@ -169,6 +194,8 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
     rules.ONE_CHECKPOINT_SOURCE.name: ("two-volumes", "no-checkpoint-source"),
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),
+    rules.ONE_STORAGE_KIND.name: ("two-storage-kinds", "no-storage-kind"),
+    rules.VOLUME_OR_STORAGE.name: ("volume-and-storage",),
 }
 
 #: task.args as deep as they may go, with every kind of value: accepted by both, stored as written.

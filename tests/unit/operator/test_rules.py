@@ -95,6 +95,13 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.WRITABLE_CHECKPOINT_CLAIM, {"claimName": "c"}, True),
     (rules.WRITABLE_CHECKPOINT_CLAIM, {"claimName": "c", "readOnly": False}, True),
     (rules.WRITABLE_CHECKPOINT_CLAIM, {"claimName": "c", "readOnly": True}, False),
+    (rules.ONE_STORAGE_KIND, {"s3": {"bucket": "b"}}, True),
+    (rules.ONE_STORAGE_KIND, {"volume": {"emptyDir": {}}}, True),
+    (rules.ONE_STORAGE_KIND, {}, False),
+    (rules.ONE_STORAGE_KIND, {"volume": {}, "s3": {}}, False),
+    (rules.VOLUME_OR_STORAGE, {"everySteps": 5, "storage": {"s3": {}}}, True),
+    (rules.VOLUME_OR_STORAGE, {"volume": {"emptyDir": {}}}, True),
+    (rules.VOLUME_OR_STORAGE, {"volume": {}, "storage": {}}, False),
 ]
 
 

@@ -25,14 +25,15 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import BackgroundWriter, CheckpointStore, SaveResult, StagingBuffers, WriteFailed
+from mpjob_trainer.checkpoint import BackgroundWriter, SaveResult, StagingBuffers, WriteFailed
+from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 
 
 class Checkpointer:
-    def __init__(self, store: CheckpointStore, world: World, log: EventLog, metrics: TrainerMetrics) -> None:
+    def __init__(self, store: AnyStore, world: World, log: EventLog, metrics: TrainerMetrics) -> None:
         self.store = store
         self.world = world
         self.log = log

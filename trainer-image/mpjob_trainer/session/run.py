@@ -25,7 +25,6 @@ serves the log line, the metrics, the guard, the checkpoint decision and preempt
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,7 +36,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer import sharding
-from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.checkpoint.select import open_store
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.events import EventLog
@@ -88,8 +87,7 @@ class Session(ModelSetUp):
         self._metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, self.precision)
         if world.is_main:
             self._metrics.serve()
-        keep, job = self.spec.checkpoint.keep, launch.job_identity
-        store = CheckpointStore(Path(launch.checkpoint_dir), keep, config_digest(launch), log, job=job)
+        store = open_store(launch, config_digest=config_digest(launch), log=log, metrics=self._metrics)
         self._checkpoints = Checkpointer(store, world, log, self._metrics)
         self._progress = Progress(self._metrics, log, world, self.device, flops_per_sample=None, tokens_per_sample=None)
         self.set_sample_cost(flops=flops_per_sample, tokens=tokens_per_sample)

@@ -1,0 +1,229 @@
+"""BucketCheckpointStore: a job's checkpoints in an S3-compatible bucket, with the guarantees of
+the volume store (checkpoint.store) and the same public surface, so the Checkpointer drives
+either.
+
+Layout: `s3://<bucket>/<prefix>/<namespace>/<job>/<uid>/step-000000200/` holds the files of one
+checkpoint (checkpoint.manifest's format, unchanged) and its `manifest.json`. A checkpoint is
+written by the volume store into a private local spool folder (torch.save, sha256 of every
+file, the manifest), then uploaded file by file (multipart, parts in parallel: bucket.Bucket)
+and the manifest uploaded LAST: an object store has no rename, so the manifest is the commit
+marker. Until it exists the folder is not a checkpoint; readers list only folders with a
+manifest, and a save killed at any moment leaves objects no reader considers (the next save of
+that step writes them again; `clean_stale` aborts its unfinished multipart uploads).
+
+Loading downloads a checkpoint's files into a local folder of the same name and verifies it
+exactly as the volume store does (manifest, format, every sha256, config digest, step), so a
+deleted object, a damaged one or a manifest without its objects is rejected and the previous
+good checkpoint tried, in checkpoint.resume's order (newer ones of the attempt's precision,
+the named one, then newest first). Pruning keeps this job's newest `keep` committed
+checkpoints; an older one is uncommitted first (its manifest deleted) and then only the
+objects its manifest lists are deleted: nothing the job did not write is ever removed.
+Writes happen on the Checkpointer's writer thread; every failure no retry can fix names the
+bucket (bucket.BucketMisconfigured).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mpjob_contract.report import CheckpointRef
+from mpjob_contract.storage import S3Storage, split_url
+from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
+from mpjob_trainer.checkpoint.manifest import MANIFEST, CorruptCheckpoint, folder_name, read_manifest, step_of
+from mpjob_trainer.checkpoint.store import CheckpointStore, CheckpointTaken, Log, SaveResult
+from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
+
+
+class BucketCheckpointStore:
+    def __init__(
+        self,
+        location: str,
+        settings: S3Storage,
+        *,
+        keep: int,
+        config_digest: str,
+        job: str,
+        log: Log | None = None,
+        metrics: TransferMetrics | None = None,
+        bucket: Bucket | None = None,
+    ) -> None:
+        name, self.key = split_url(location)
+        if name != settings.bucket:
+            raise ValueError(f"{location!r} is not in bucket {settings.bucket!r}")
+        self.location = location.rstrip("/")
+        self.keep = keep
+        self.job = job
+        self.log: Log = log or (lambda *a, **k: None)
+        self.metrics: TransferMetrics = metrics or PrivateTransferMetrics()
+        self.bucket = bucket or open_bucket(settings)
+        #: Where checkpoints are written before upload and downloaded before loading (the
+        #: volume store's own rules apply there); a framework stages into it too.
+        self.root = Path(tempfile.mkdtemp(prefix="mpjob-checkpoints-"))
+        weakref.finalize(self, shutil.rmtree, self.root, True)
+        self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
+        self.last_good: CheckpointRef | None = None
+        self._writing = threading.Lock()
+
+    @property
+    def config_digest(self) -> str:
+        return self.local.config_digest
+
+    def url(self, step: int) -> str:
+        return f"{self.location}/{folder_name(step)}"
+
+    # -- what is committed ------------------------------------------------------------------
+    def steps(self) -> list[tuple[int, str]]:
+        """The step folders below the job's prefix, oldest first (committed or not)."""
+        found = [
+            (step, self.url(step)) for name in self.bucket.folders(self.key) if (step := step_of(name)) is not None
+        ]
+        return sorted(found)
+
+    def _manifest(self, step: int) -> dict[str, Any] | None:
+        """The committed manifest of `step` as JSON (None: not committed, or unreadable)."""
+        raw = self.bucket.get(f"{self.key}/{folder_name(step)}/{MANIFEST}")
+        try:
+            return dict(json.loads(raw)) if raw is not None else None
+        except ValueError:
+            return None
+
+    def clean_stale(self) -> None:
+        """Abort the multipart uploads of saves that were killed midway (below this job's prefix)."""
+        aborted = self.bucket.abort_uploads(self.key)
+        if aborted:
+            self.log("checkpointUploadsAborted", count=aborted)
+
+    def staging(self, name: str) -> Path:
+        return self.local.staging(name)
+
+    # -- reading ----------------------------------------------------------------------------
+    def verify(self, path: Path | str) -> tuple[CheckpointRef, dict[str, Any]]:
+        """Download the checkpoint named by `path` (its last segment is the step folder) and
+        verify it as the volume store does; the ref names its place in the bucket."""
+        name = PurePosixPath(str(path)).name
+        step = step_of(name)
+        if step is None:
+            raise CorruptCheckpoint(f"{path}: not a checkpoint folder")
+        start = time.perf_counter()
+        folder = self.root / f".download-{name}" / name
+        shutil.rmtree(folder.parent, ignore_errors=True)
+        folder.mkdir(parents=True)
+        try:
+            self._download(step, folder)
+            ref, state = self.local.verify(folder)
+        finally:
+            shutil.rmtree(folder.parent, ignore_errors=True)
+        self.metrics.checkpoint_restore_seconds.observe(time.perf_counter() - start)
+        return ref.model_copy(update={"path": self.url(step)}), state
+
+    def _download(self, step: int, folder: Path) -> None:
+        prefix = f"{self.key}/{folder.name}"
+        raw = self.bucket.get(f"{prefix}/{MANIFEST}")
+        if raw is None:
+            raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
+        (folder / MANIFEST).write_bytes(raw)
+        for name in read_manifest(folder).files:
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not self.bucket.download(f"{prefix}/{name}", target):
+                raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
+
+    def load(
+        self, prefer: str | None = None, *, newer_in: str | None = None
+    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
+        for url in self._candidates(prefer, newer_in):
+            try:
+                loaded = self.verify(url)
+            except CorruptCheckpoint as exc:  # as resume.first_valid: logged, the next one tried
+                self.log("checkpointRejected", path=url, problem=str(exc))
+                continue
+            self.last_good = loaded[0]
+            return loaded
+        return None
+
+    def _candidates(self, prefer: str | None, newer_in: str | None) -> list[str]:
+        """Newest first; the preferred one first, after the newer ones in `newer_in` (resume's rule)."""
+        newest_first = list(reversed(self.steps()))
+        floor = step_of(PurePosixPath(prefer).name) if prefer else None
+        if floor is None:
+            return [url for _, url in newest_first]
+        ahead = [
+            url
+            for step, url in newest_first
+            if newer_in and step > floor and (self._manifest(step) or {}).get("precision") == newer_in
+        ]
+        rest = [url for step, url in newest_first if step != floor and url not in ahead]
+        return [*ahead, self.url(floor), *rest]
+
+    # -- writing ----------------------------------------------------------------------------
+    def save(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
+        result = self.write(step, precision, state, adopt=adopt)
+        self.last_good = result.ref
+        return result
+
+    def mark_good(self, ref: CheckpointRef) -> None:
+        self.last_good = ref
+
+    def write(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
+        """Write `state` as `step`'s checkpoint: files first, the manifest last (the commit)."""
+        with self._writing:
+            start = time.perf_counter()
+            kept = self._occupied(step)
+            if kept is not None:
+                return SaveResult(kept, time.perf_counter() - start, 0)
+            spooled = self.local.write(step, precision, state, adopt=adopt)
+            folder = Path(spooled.ref.path)
+            try:
+                uploaded = self._upload(folder, step)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            self._prune()
+            ref = spooled.ref.model_copy(update={"path": self.url(step)})
+            return SaveResult(ref, time.perf_counter() - start, uploaded)
+
+    def _upload(self, folder: Path, step: int) -> int:
+        prefix = f"{self.key}/{folder_name(step)}"
+        start, size = time.perf_counter(), 0
+        try:
+            for name, meta in read_manifest(folder).files.items():
+                self.bucket.upload(f"{prefix}/{name}", folder / name)
+                size += int(meta["bytes"])
+            manifest = (folder / MANIFEST).read_bytes()
+            self.bucket.put(f"{prefix}/{MANIFEST}", manifest)  # the commit: last, and only now
+        except Exception:
+            self.metrics.checkpoint_commit_failures.inc()
+            raise
+        self.metrics.checkpoint_upload_seconds.observe(time.perf_counter() - start)
+        self.metrics.checkpoint_upload_bytes.inc(size + len(manifest))
+        return size
+
+    def _occupied(self, step: int) -> CheckpointRef | None:
+        """A committed checkpoint already at `step`: ours and valid is kept (its ref); ours and
+        damaged is uncommitted (None: the new one takes its place); another's is left as it is
+        and nothing is written (CheckpointTaken)."""
+        manifest = self._manifest(step)
+        if manifest is None:
+            return None
+        if manifest.get("job") != self.job:
+            raise CheckpointTaken(f"{self.url(step)} holds a checkpoint this job did not write: left as it is")
+        try:
+            return self.verify(self.url(step))[0]
+        except CorruptCheckpoint:
+            self.bucket.delete([f"{self.key}/{folder_name(step)}/{MANIFEST}"])
+            return None
+
+    def _prune(self) -> None:
+        """Keep this job's newest `keep` committed checkpoints; uncommit, then delete, the rest."""
+        ours = [(step, m) for step, _ in self.steps() if (m := self._manifest(step)) and m.get("job") == self.job]
+        for step, manifest in ours[: -self.keep]:
+            prefix = f"{self.key}/{folder_name(step)}"
+            self.bucket.delete([f"{prefix}/{MANIFEST}"])
+            self.bucket.delete([f"{prefix}/{name}" for name in manifest.get("files", {})])
