@@ -9,10 +9,11 @@ import resource
 from typing import Any
 
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mpjob_contract import metrics as names
 from mpjob_contract.report import CheckpointRef
+from mpjob_trainer import control
 
 #: Dense bf16/fp16 tensor-core peaks (FLOP/s) for MFU, by device-name fragment.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40": 181e12, "A10": 125e12, "V100": 125e12, "T4": 65e12}
@@ -149,15 +150,14 @@ class TrainerMetrics:
         for unset in (self.eval_loss, self.eval_loss_fp32, self.eval_loss_delta):
             unset.set(-1)
 
-    def serve(self) -> int | None:
-        """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port."""
+    def serve(self, ask: control.Ask | None = None) -> int | None:
+        """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port. `ask`
+        answers the operator's profile requests on the same port (mpjob_trainer.control)."""
         raw = os.environ.get(names.METRICS_PORT_ENV, str(names.DEFAULT_METRICS_PORT))
         if raw.strip().lower() in ("", "off", "none", "-1"):
             return None
         host = os.environ.get("MPJOB_METRICS_HOST", "0.0.0.0")
-        started = start_http_server(int(raw), addr=host, registry=self.registry)
-        server = started[0] if isinstance(started, tuple) else None
-        self.port = server.server_port if server is not None else int(raw)
+        self.port = control.serve(int(raw), host, control.routes(self.registry, ask))
         return self.port
 
     def trip(self, rule: str) -> None:

@@ -12,6 +12,7 @@ from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
 from mpjob_contract.launch import CHECKPOINT_MOUNT, LAUNCH_ENV, AttemptLaunch, inside_checkpoint_dir, job_checkpoint_dir
+from mpjob_contract.tracking import IMAGE_ENV, credential_env
 
 LABEL_JOB = "mpjob.dev/job"
 LABEL_ATTEMPT = "mpjob.dev/attempt"
@@ -121,7 +122,15 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         # The Job controller sets it too; naming it keeps the launcher's worker index explicit.
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        *_tracking_env(launch.spec),
     ]
+
+
+def _tracking_env(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
+    """The tracking server's credentials, from the job's Secret straight into the trainer's env
+    (kubelet resolves the keys; the operator never reads the Secret nor talks to the server)."""
+    mlflow = spec.tracking.mlflow if spec.tracking is not None else None
+    return credential_env(mlflow.credentials_secret) if mlflow is not None and mlflow.credentials_secret else []
 
 
 def _resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
@@ -159,7 +168,7 @@ def _container(
         "name": TRAINER_CONTAINER,
         "image": spec.image or image,
         "command": command,
-        "env": _merge_named(env, spec.template.env),
+        "env": _merge_named([*env, {"name": IMAGE_ENV, "value": spec.image or image}], spec.template.env),
         "ports": [
             {"name": "metrics", "containerPort": metric_names.DEFAULT_METRICS_PORT},
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},
