@@ -45,6 +45,7 @@ class TrainerMetrics:
         self._training()
         self._checkpointing()
         self._decisions()
+        self._instruments()
         self.info = self._bound(Gauge(names.INFO, "1 for the precision this attempt trains in.", **self._on()))
         self.info.set(1)
         self.port: int | None = None
@@ -159,6 +160,15 @@ class TrainerMetrics:
         host = os.environ.get("MPJOB_METRICS_HOST", "0.0.0.0")
         self.port = control.serve(int(raw), host, control.routes(self.registry, ask))
         return self.port
+
+    def _instruments(self) -> None:
+        """Profiles on demand and experiment tracking (mpjob_trainer.profiling, .tracking)."""
+        self.low_precision_share = self._gauge(
+            names.LOW_PRECISION_KERNEL_SHARE, "Share of the last profile's kernel time in fp16/bf16/fp8 (-1: none)."
+        )
+        self.low_precision_share.set(-1)
+        self.tracking_failures = self._counter(names.TRACKING_FAILURES, "Tracking-server calls that failed.")
+        self.tracking_dropped = self._counter(names.TRACKING_DROPPED, "Tracking updates dropped: hand-off queue full.")
 
     def trip(self, rule: str) -> None:
         self.guard_trips.labels(**self.labels, rule=rule).inc()

@@ -66,7 +66,7 @@ def plan_profiles(
     newest = plan.profiles[-1] if plan.profiles else None
     if newest is not None and answer is not None:
         _answered(newest, answer, now=now)
-    if newest is not None and newest.state not in FINAL_STATES and newest.attempt != running:
+    if newest is not None and newest.state not in FINAL_STATES and _ended(status, newest.attempt):
         newest.state, newest.finish_time = "Failed", now
         newest.message = f"attempt {newest.attempt} ended before its profile was reported"
     if annotation is not None and (newest is None or newest.request != annotation[:32]):
@@ -77,6 +77,12 @@ def plan_profiles(
         plan.ask = ProfileAsk(current.id, current.steps or 0, running)
     del plan.profiles[:-MAX_PROFILE_ENTRIES]
     return plan
+
+
+def _ended(status: MixedPrecisionJobStatus, attempt: int | None) -> bool:
+    """Whether `attempt` is over: a later one began, or its entry has its ending."""
+    latest = status.attempts[-1] if status.attempts else None
+    return latest is None or latest.index != attempt or latest.reason is not None
 
 
 def _record(

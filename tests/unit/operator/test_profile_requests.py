@@ -77,6 +77,11 @@ def test_an_entry_whose_attempt_ended_fails_and_the_list_stays_bounded() -> None
     asked = ProfileStatus(id=1, request="4", steps=4, attempt=0, state="Capturing")
     (entry,) = plan_profiles(running(attempt=1, profiles=[asked]), "4", checkpoint_dir=FOLDER, now=NOW).profiles
     assert entry.state == "Failed" and "attempt 0 ended" in (entry.message or "")
+    capturing = ProfileStatus(id=1, request="4", steps=4, attempt=0, state="Capturing")
+    recovering = MixedPrecisionJobStatus(phase="Recovering", attempts=[AttemptStatus(index=0, precision="fp16")])
+    recovering.profiles = [capturing]
+    (kept,) = plan_profiles(recovering, "4", checkpoint_dir=FOLDER, now=NOW).profiles  # not ended: kept, not asked
+    assert kept.state == "Capturing"
     many = [ProfileStatus(id=i, request=str(i), state="Captured") for i in range(1, MAX_PROFILE_ENTRIES + 1)]
     plan = plan_profiles(running(profiles=many), "50", checkpoint_dir=FOLDER, now=NOW)
     assert len(plan.profiles) == MAX_PROFILE_ENTRIES and plan.profiles[-1].id == MAX_PROFILE_ENTRIES + 1

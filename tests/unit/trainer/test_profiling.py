@@ -105,10 +105,11 @@ def test_the_control_route_answers_posts_and_leaves_metrics_alone(tmp_path: Path
 
 
 def test_kernel_time_on_a_gpu_trace_counts_kernels_by_their_launching_op() -> None:
+    half, single = {"External id": 1, "Input type": ["c10::Half"]}, {"External id": 2, "Input type": ["float"]}
     trace = {
         "traceEvents": [
-            {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "args": {"External id": 1, "Input type": ["c10::Half"]}},
-            {"cat": "cpu_op", "name": "aten::add", "ts": 6, "dur": 5, "args": {"External id": 2, "Input type": ["float"]}},
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "args": half},
+            {"cat": "cpu_op", "name": "aten::add", "ts": 6, "dur": 5, "args": single},
             {"cat": "kernel", "name": "sm80_gemm", "ts": 1, "dur": 30, "args": {"External id": 1}},
             {"cat": "kernel", "name": "elementwise", "ts": 7, "dur": 10, "args": {"External id": 2}},
         ]

@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from prometheus_client import Gauge
 from torch.profiler import ProfilerActivity, profile
 
-from mpjob_contract.metrics import PREFIX
 from mpjob_contract.tracking import (
     MAX_PROFILE_STEPS,
     MAX_TRACE_BYTES,
@@ -38,7 +36,6 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.profiling.kernels import kernel_time
 
-LOW_PRECISION_SHARE = PREFIX + "low_precision_kernel_share"
 #: Answers kept for ids asked before (the operator asks until it sees a final state).
 KEPT_ANSWERS = 16
 
@@ -50,13 +47,7 @@ class ProfileCapture:
         self, checkpoint_dir: str, *, device: torch.device, log: EventLog, metrics: TrainerMetrics
     ) -> None:
         self.checkpoint_dir, self.device, self.log = checkpoint_dir, device, log
-        on: dict[str, Any] = {"labelnames": list(metrics.labels), "registry": metrics.registry}
-        self.share = Gauge(
-            LOW_PRECISION_SHARE,
-            "Share of the last profile's kernel time in fp16/bf16/fp8 kernels (-1: no profile yet).",
-            **on,
-        ).labels(**metrics.labels)
-        self.share.set(-1)
+        self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
         self._lock = threading.Lock()
         self._answers: dict[int, ProfileAnswer] = {}
         #: Asked and not started yet (id, steps); read by the training thread every step.
@@ -142,7 +133,7 @@ class ProfileCapture:
             answer = ProfileAnswer(id=profile_id, state="Captured", lowPrecisionKernelShare=share, **fields)
             (folder / SUMMARY_FILE).write_text(answer.to_wire())
             if share is not None:
-                self.share.set(share)
+                self.metrics.low_precision_share.set(share)
             said: dict[str, Any] = {"path": str(path), "traceBytes": size, "lowPrecisionKernelShare": share}
             self.log("profile", id=profile_id, step=first, steps=steps, **said)
         except Exception as exc:

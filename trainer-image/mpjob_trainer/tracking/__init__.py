@@ -6,7 +6,8 @@ waiting (a full queue drops the update and counts it); one thread of its own tal
 tracking server. Any failure there (server down, bad credentials, the `mlflow` extra not
 installed) is logged on stderr (the first, then every 100th) and counted in
 `mpjob_trainer_tracking_failures_total`; it is never raised. At the end of the attempt
-`close` waits a bounded time (MPJOB_TRACKING_CLOSE_SECONDS, 15 s) for the queue to drain.
+`close` waits a bounded time (MPJOB_TRACKING_CLOSE_SECONDS, 30 s) for what is left, sent in
+one batch, and the runs' ends.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any
-
-from prometheus_client import Counter
 
 from mpjob_contract.codes import reason_for_exit_code
 from mpjob_contract.launch import AttemptLaunch
-from mpjob_contract.metrics import PREFIX
 from mpjob_contract.tracking import IMAGE_ENV
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.tracking.records import TAG_ENDING, Update, attempt_tags, job_key, job_params, run_status, update_for
@@ -32,8 +31,8 @@ QUEUE_SIZE = 1024
 #: Updates sent to the server in one go (metrics of several log intervals).
 BATCH_UPDATES = 64
 CLOSE_SECONDS_ENV = "MPJOB_TRACKING_CLOSE_SECONDS"
-FAILURES = PREFIX + "tracking_failures"
-DROPPED = PREFIX + "tracking_dropped"
+#: A tracking server that could not be reached at the start is tried again this often.
+REOPEN_SECONDS = 30.0
 
 
 class _End:
@@ -49,12 +48,10 @@ class RunTracker:
     def __init__(self, launch: AttemptLaunch, *, digest: str, metrics: TrainerMetrics) -> None:
         self.launch, self.digest = launch, digest
         self.queue: queue.Queue[Update | _End] = queue.Queue(maxsize=QUEUE_SIZE)
-        on: dict[str, Any] = {"labelnames": list(metrics.labels), "registry": metrics.registry}
-        self.failures = Counter(FAILURES, "Tracking-server calls that failed (nothing is retried).", **on)
-        self.dropped = Counter(DROPPED, "Tracking updates dropped because the hand-off queue was full.", **on)
-        self.labels = dict(metrics.labels)
+        self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
         self.failed = 0
         self.job_done = False
+        self.closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mpjob-tracking", daemon=True)
         self._thread.start()
 
@@ -68,39 +65,40 @@ class RunTracker:
             if update is not None:
                 self.queue.put_nowait(update)
         except queue.Full:
-            self.dropped.labels(**self.labels).inc()
+            self.metrics.tracking_dropped.inc()
         except Exception as exc:
             self._failed(exc)
 
     def close(self, code: int) -> None:
         """End the attempt's run and wait (bounded) for the queue to drain."""
+        self.closing.set()
         try:
             self.queue.put(_End(code), timeout=1.0)
         except queue.Full:
-            self.dropped.labels(**self.labels).inc()
+            self.metrics.tracking_dropped.inc()
             return
-        self._thread.join(timeout=float(os.environ.get(CLOSE_SECONDS_ENV, "15")))
+        self._thread.join(timeout=float(os.environ.get(CLOSE_SECONDS_ENV, "30")))
 
     # ---------------------------------------------------------------- the tracking thread
     def _run(self) -> None:
-        runs = self._open()
+        runs, opened_at = self._open(), time.monotonic()
         while True:
-            item = self.queue.get()
-            if isinstance(item, _End):
-                self._end(runs, item.code)
-                return
-            batch = [item, *self._more()]
+            first = self.queue.get()  # closing: all that is left goes in one send, then the end
+            batch = [first, *self._more(None if self.closing.is_set() else BATCH_UPDATES)]
             ended = next((b for b in batch if isinstance(b, _End)), None)
+            if runs is None and time.monotonic() - opened_at > REOPEN_SECONDS:
+                runs, opened_at = self._open(), time.monotonic()
             updates = [b for b in batch if isinstance(b, Update)]
-            if runs is not None:
+            if runs is not None and updates:
                 self._send(runs, updates)
             if ended is not None:
                 self._end(runs, ended.code)
                 return
 
-    def _more(self) -> list[Update | _End]:
+    def _more(self, limit: int | None) -> list[Update | _End]:
+        """What else waits on the queue (at most `limit` items), up to the end marker."""
         taken: list[Update | _End] = []
-        while len(taken) < BATCH_UPDATES:
+        while limit is None or len(taken) < limit:
             try:
                 taken.append(self.queue.get_nowait())
             except queue.Empty:
@@ -145,7 +143,7 @@ class RunTracker:
             self._failed(exc)
 
     def _failed(self, exc: BaseException) -> None:
-        self.failures.labels(**self.labels).inc()
+        self.metrics.tracking_failures.inc()
         self.failed += 1
         if self.failed == 1 or self.failed % 100 == 0:
             first = str(exc).splitlines()[0][:300] if str(exc) else ""
