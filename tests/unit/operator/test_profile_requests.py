@@ -85,3 +85,21 @@ def test_an_entry_whose_attempt_ended_fails_and_the_list_stays_bounded() -> None
     many = [ProfileStatus(id=i, request=str(i), state="Captured") for i in range(1, MAX_PROFILE_ENTRIES + 1)]
     plan = plan_profiles(running(profiles=many), "50", checkpoint_dir=FOLDER, now=NOW)
     assert len(plan.profiles) == MAX_PROFILE_ENTRIES and plan.profiles[-1].id == MAX_PROFILE_ENTRIES + 1
+
+
+@pytest.mark.parametrize(("value", "ok"), [("20", True), ("0", False), ("1000000", False)])
+def test_mpjob_validate_checks_the_annotation_naming_it(value: str, ok: bool) -> None:
+    from mpjob.validation import check_text
+
+    manifest = f"""
+apiVersion: mpjob.dev/v1alpha1
+kind: MixedPrecisionJob
+metadata: {{name: j, annotations: {{"{PROFILE_ANNOTATION}": "{value}"}}}}
+spec: {{task: {{builtin: gpt}}}}
+"""
+    jobs, problems = check_text(manifest)
+    if ok:
+        assert len(jobs) == 1 and not problems
+    else:
+        (problem,) = problems
+        assert problem.field == f"metadata.annotations[{PROFILE_ANNOTATION}]" and "1 to 100" in problem.message
