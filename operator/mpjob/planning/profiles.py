@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from mpjob.planning.lifecycle import Event
 from mpjob_contract.api import MixedPrecisionJobStatus
@@ -34,6 +35,13 @@ from mpjob_contract.tracking import (
 )
 
 FINISHED = ("Succeeded", "Failed")
+
+
+class ProfileReason(StrEnum):
+    """The Events' reasons of profiles on demand."""
+
+    REQUESTED = "ProfileRequested"
+    REFUSED = "ProfileRefused"
 
 
 @dataclass(frozen=True)
@@ -102,20 +110,20 @@ def _record(
     except BadProfileRequest as bad:
         entry.message, entry.finish_time = str(bad), now
         plan.profiles.append(entry)
-        plan.events.append(Event("Warning", "ProfileRefused", str(bad)))
+        plan.events.append(Event("Warning", ProfileReason.REFUSED, str(bad)))
         return
     if running is None and status.phase not in FINISHED:
         return  # asked once an attempt runs
     if running is None:
         entry.message, entry.finish_time = f"the job has {status.phase.lower()}: no attempt to profile", now
         plan.profiles.append(entry)
-        plan.events.append(Event("Warning", "ProfileRefused", entry.message))
+        plan.events.append(Event("Warning", ProfileReason.REFUSED, entry.message))
         return
     entry.state, entry.attempt = "Requested", running
     entry.path = posixpath.join(profile_dir(checkpoint_dir, profile_id), TRACE_FILE)
     plan.profiles.append(entry)
     said = f"profile {profile_id}: the next {entry.steps} steps of attempt {running}, into {entry.path}"
-    plan.events.append(Event("Normal", "ProfileRequested", said))
+    plan.events.append(Event("Normal", ProfileReason.REQUESTED, said))
 
 
 def _answered(entry: ProfileStatus, answer: ProfileAnswer, *, now: str) -> None:
