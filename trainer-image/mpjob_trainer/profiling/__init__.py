@@ -38,6 +38,8 @@ from mpjob_trainer.profiling.kernels import kernel_time
 
 #: Answers kept for ids asked before (the operator asks until it sees a final state).
 KEPT_ANSWERS = 16
+#: How long the end of an attempt waits for a capture it cut short to be written.
+CLOSE_SECONDS = 30.0
 
 
 class ProfileCapture:
@@ -99,20 +101,25 @@ class ProfileCapture:
         with self._lock:
             self._answer(profile_id, "Capturing", steps=steps, firstStep=step + 1)
 
-    def finish(self, step: int) -> None:
-        """Stop a capture (its steps are done, or the attempt ends) and write it out."""
+    def finish(self, step: int) -> threading.Thread | None:
+        """Stop a capture (its steps are done, or the attempt ends); a thread writes it out."""
         if self._active is None:
-            return
+            return None
         profile_id, _, first, profiler = self._active
         self._active = None
         profiler.stop()
         done = max(0, step - first + 1)
         args = (profile_id, done, first, profiler)
-        threading.Thread(target=self._write, args=args, name="mpjob-profile", daemon=True).start()
+        writer = threading.Thread(target=self._write, args=args, name="mpjob-profile", daemon=True)
+        writer.start()
+        return writer
 
     def close(self, step: int) -> None:
-        """The attempt ends: a capture still running keeps the steps it has."""
-        self.finish(step)
+        """The attempt ends: a capture still running keeps the steps it has, written out
+        before the process goes (within CLOSE_SECONDS)."""
+        writer = self.finish(step)
+        if writer is not None:
+            writer.join(timeout=CLOSE_SECONDS)
 
     # ---------------------------------------------------------------- the writer thread
     def _write(self, profile_id: int, steps: int, first: int, profiler: Any) -> None:

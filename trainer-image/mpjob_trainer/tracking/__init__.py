@@ -71,13 +71,14 @@ class RunTracker:
 
     def close(self, code: int) -> None:
         """End the attempt's run and wait (bounded) for the queue to drain."""
-        self.closing.set()
+        self.closing.set()  # the tracking thread now takes all that is queued in one batch
+        deadline = time.monotonic() + float(os.environ.get(CLOSE_SECONDS_ENV, "30"))
         try:
-            self.queue.put(_End(code), timeout=1.0)
+            self.queue.put(_End(code), timeout=max(0.1, deadline - time.monotonic()))
         except queue.Full:
             self.metrics.tracking_dropped.inc()
             return
-        self._thread.join(timeout=float(os.environ.get(CLOSE_SECONDS_ENV, "30")))
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # ---------------------------------------------------------------- the tracking thread
     def _run(self) -> None:
