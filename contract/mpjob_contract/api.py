@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from mpjob_contract import k8s, rules
+from mpjob_contract.accounting import CostPerGpuHour, JobCost
+from mpjob_contract.timeline import PrecisionTimeline
 from mpjob_contract.tracking import ProfileStatus, Tracking
 from mpjob_contract.wire import ApiModel
 
@@ -378,6 +380,7 @@ class MixedPrecisionJobSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
+    cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")
     tracking: Tracking | None = Field(None, description="Experiment tracking the trainer logs the run to (MLflow).")
 
 
@@ -417,6 +420,12 @@ class AttemptStatus(ApiModel):
     charged: bool | None = None
     start_time: str | None = None
     finish_time: str | None = None
+    #: What it cost (mpjob_contract.accounting): GPU-seconds seen, samples trained, and the steps
+    #: (and their share of GPU-seconds) a later attempt trained again.
+    gpu_seconds: float | None = None
+    samples: int | None = None
+    wasted_steps: int | None = None
+    wasted_gpu_seconds: float | None = None
 
 
 class AttemptCounts(ApiModel):
@@ -463,6 +472,8 @@ class MixedPrecisionJobStatus(ApiModel):
     last_checkpoint: CheckpointStatus | None = None
     attempts: list[AttemptStatus] = Field(default_factory=list)
     attempt_counts: AttemptCounts | None = None
+    cost: JobCost | None = None
+    timeline: PrecisionTimeline | None = None
     conditions: list[Condition] = Field(default_factory=list)
     #: Profiles asked for with the mpjob.dev/profile-steps annotation, newest last (bounded).
     profiles: list[ProfileStatus] = Field(default_factory=list)

@@ -21,6 +21,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mpjob_contract import timeline
 from mpjob_contract.api import Precision
 from mpjob_contract.codes import Reason
 from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV
@@ -121,7 +122,15 @@ class TerminationReport(_Model):
     counters: Counters = Field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
+    #: The attempt's loss-scale history, [step, scale] pairs oldest first (mpjob_contract.timeline).
+    loss_scales: list[tuple[int, float]] = Field(default_factory=list, alias="lossScales")
     message: str = ""
+
+    @field_validator("loss_scales", mode="before")
+    @classmethod
+    def _readable_scales(cls, value: object) -> list[tuple[int, float]]:
+        """Read tolerantly and bounded: a bad pair is dropped, never the whole report."""
+        return timeline.readable_points(value)
 
     @field_validator("message")
     @classmethod
@@ -143,7 +152,12 @@ class TerminationReport(_Model):
         overflow = len(text.encode()) - MAX_REPORT_BYTES + 16
         short = self.message.encode()[: max(0, len(self.message.encode()) - overflow)]
         clipped = self.model_copy(update={"message": short.decode(errors="ignore") + " [...]"})
-        return clipped.model_dump_json(by_alias=True, exclude_none=True)
+        text = clipped.model_dump_json(by_alias=True, exclude_none=True)
+        scales = clipped.loss_scales
+        while len(text.encode()) > MAX_REPORT_BYTES and scales:  # then the oldest loss-scale points
+            scales = timeline.first_and_newest(scales, len(scales) // 2)
+            text = clipped.model_copy(update={"loss_scales": scales}).model_dump_json(by_alias=True, exclude_none=True)
+        return text
 
     @classmethod
     def parse_message(cls, text: str | None) -> TerminationReport | None:

@@ -36,7 +36,7 @@ log = logging.getLogger("mpjob.operator.profiles")
 class ProfileRequests:
     """The annotation -> status.profiles -> rank 0, for every job this operator reconciles."""
 
-    def __init__(self, cluster: Cluster, *, deadline: float, threads: int = 2) -> None:
+    def __init__(self, cluster: Cluster, deadline: float, *, threads: int = 2) -> None:
         self.cluster, self.deadline = cluster, deadline
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mpjob-profiles")
         self._lock = threading.Lock()

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from mpjob.builders.attempt import attempt_job, attempt_service
 from mpjob.builders.network_policy import attempt_network_policy
+from mpjob.controller import costs
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
@@ -62,8 +63,7 @@ class Reconciler:
             deadline=config.scrape_timeout_seconds,
             max_bytes=config.scrape_max_bytes,
         )
-        self.queue = QueueReader(cluster)
-        self.profiles = ProfileRequests(cluster, deadline=config.scrape_timeout_seconds)
+        self.queue, self.profiles = QueueReader(cluster), ProfileRequests(cluster, config.scrape_timeout_seconds)
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.context = KopfContext()
         #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
@@ -133,6 +133,7 @@ class Reconciler:
             if refusal is not None:
                 plan = self._refused(body, spec, plan, refusal=refusal)
             self._announce(body, old, plan)
+            costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, plan.status, seen)
             if progress and plan.status.phase == "Running" and not plan.create:
                 self._progress(body, plan.status, seen)

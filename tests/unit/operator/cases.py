@@ -73,6 +73,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("long-name", bad("metadata.name", "x" * 51), "50"),
     ("backoff-above-one", bad("spec.precision.lossScale.backoffFactor", 1.5), "backoffFactor"),
     ("negative-replay-steps", bad("spec.precision.guard.replaySteps", -1), "replaySteps"),
+    ("negative-gpu-price", bad("spec.costPerGpuHour", {"amount": -1, "currency": "EUR"}), "costPerGpuHour.amount"),
+    ("bad-currency", bad("spec.costPerGpuHour", {"amount": 2, "currency": "euro"}), "costPerGpuHour.currency"),
     ("negative-repromote-after", bad("spec.precision.repromoteAfterSteps", -5), "repromoteAfterSteps"),
     ("zero-max-loss-delta", bad("spec.validation.maxLossDelta", 0), "maxLossDelta"),
     ("unknown-validation-field", bad("spec.validation.evry", 10), "evry"),

@@ -32,6 +32,7 @@ class Standing:
     counters: Counters = field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
+    loss_scales: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
         counters=standing.counters,
         replay=standing.replay,
         measurement=standing.measurement,
+        loss_scales=standing.loss_scales,
         message=ending.message,
     )
     try:

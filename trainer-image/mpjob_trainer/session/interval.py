@@ -20,6 +20,7 @@ from typing import Any
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import Counters
+from mpjob_contract.timeline import ScaleHistory
 from mpjob_trainer.errors import Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
@@ -93,6 +94,8 @@ class IntervalWork:
         #: The loss and loss scale read at the last interval.
         self.last_loss: float | None = None
         self.loss_scale: float | None = None
+        #: The attempt's loss-scale history for its report (a point per checkpoint and big change).
+        self.scales = ScaleHistory()
 
     def run(
         self, step: int, due: Due, *, flag: float, state: TrainingState, checkpoints: Checkpointer, gate: Gate
@@ -105,6 +108,7 @@ class IntervalWork:
             checkpoints.collect(block=False, training_step=step)
         if due.log:
             self.progress.report(numerics.numbers(step, read))
+        self.scales.seen(step, reading.loss_scale, checkpoint=due.checkpoint)  # before a fault ends the attempt
         guard.check(step, reading, loss, read.grad_norm)
         if due.evaluate and gate is not None:
             gate.check(step, precision=numerics.precision, metrics=self.progress.metrics, log=self.log)

@@ -1,10 +1,9 @@
 """Session: one process's share of an attempt, as a training loop sees it.
 
-The loop keeps its own model, optimizer, schedule and data; the session owns what mpjob
-promises about every attempt, each through one collaborator: the precision and its modes
-(session.modes), the step's arithmetic and the guard (session.steps), the intervals
-(session.interval), checkpoints and exact resume (Checkpointer, TrainingState), progress,
-preemption, and the exit code and report (session.ending).
+The loop keeps its own model, optimizer, schedule and data; the session owns what mpjob promises
+about every attempt, each through one collaborator: the precision and its modes (session.modes),
+the step's arithmetic and the guard (session.steps), the intervals (session.interval), checkpoints
+and exact resume (Checkpointer, TrainingState), progress, preemption, and the exit code and report (session.ending).
 
 | phase    | entered by                  | the loop may call                                          |
 |----------|-----------------------------|------------------------------------------------------------|
@@ -297,4 +296,5 @@ class Session:
             counters=self._intervals.counters(),
             replay=self._replay.replayed if self._replay is not None else None,
             measurement=self._measurement,
+            loss_scales=self._intervals.scales.points,
         )
