@@ -24,6 +24,8 @@ from mpjob_contract.parallelism import Parallelism
 from mpjob_contract.skipping import OnBadData, Skipped, SpikeSpec
 from mpjob_contract.storage import S3Storage
 from mpjob_contract.timeline import PrecisionTimeline
+from mpjob_contract.tracking import ProfileStatus, Tracking
+from mpjob_contract.wire import ApiModel
 
 GROUP = "mpjob.dev"
 VERSION = "v1alpha1"
@@ -60,19 +62,6 @@ Phase = Literal["Pending", "Running", "Recovering", "Succeeded", "Failed", "Susp
 TASK_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 COMPUTE_CAPABILITY_PATTERN = r"^[0-9]+\.[0-9]+$"
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-
-
-class ApiModel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_default=True,
-    )
-
-    def to_api(self) -> dict[str, Any]:
-        """The object as it appears on the wire (camelCase, unset optionals left out)."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 class Task(ApiModel):
@@ -440,6 +429,7 @@ class MixedPrecisionJobSpec(ApiModel):
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")
+    tracking: Tracking | None = Field(None, description="Experiment tracking the trainer logs the run to (MLflow).")
 
 
 # ---------------------------------------------------------------- status (operator-written)
@@ -535,6 +525,8 @@ class MixedPrecisionJobStatus(ApiModel):
     cost: JobCost | None = None
     timeline: PrecisionTimeline | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    #: Profiles asked for with the mpjob.dev/profile-steps annotation, newest last (bounded).
+    profiles: list[ProfileStatus] = Field(default_factory=list)
     observed_generation: int | None = None
     message: str | None = None
     start_time: str | None = None

@@ -165,6 +165,18 @@ class Eval(TrainerEvent):
     seconds: float
 
 
+class Profile(TrainerEvent):
+    """A profile taken on demand (the mpjob.dev/profile-steps annotation), written out."""
+
+    name = "profile"
+    id: int
+    step: int
+    steps: int
+    path: str
+    trace_bytes: int = Field(alias="traceBytes")
+    low_precision_kernel_share: float | None = Field(None, alias="lowPrecisionKernelShare")
+
+
 class Fault(TrainerEvent):
     name = "fault"
     step: int
@@ -245,6 +257,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         CheckpointSkipped,
         CheckpointFailed,
         Eval,
+        Profile,
         Fault,
         ReplayDone,
         ReplaySkipped,

@@ -55,6 +55,13 @@ EVAL_LOSS = PREFIX + "eval_loss"
 EVAL_LOSS_FP32 = PREFIX + "eval_loss_fp32"
 EVAL_LOSS_DELTA = PREFIX + "eval_loss_delta"
 EVAL_SECONDS = PREFIX + "eval_seconds"  # counter -> *_total
+#: Profiles on demand (the mpjob.dev/profile-steps annotation): the share of the last profile's
+#: kernel time in fp16/bf16/fp8 kernels (-1 until one was taken); the kernel-fallback figure.
+LOW_PRECISION_KERNEL_SHARE = PREFIX + "low_precision_kernel_share"
+#: Experiment tracking (spec.tracking): calls to the tracking server that failed, and updates
+#: dropped because the hand-off queue was full; neither ever stops training.
+TRACKING_FAILURES = PREFIX + "tracking_failures"  # counter -> *_total
+TRACKING_DROPPED = PREFIX + "tracking_dropped"  # counter -> *_total
 
 #: Labels every trainer metric carries (low cardinality: one value per attempt).
 LABELS = ("job", "namespace", "attempt", "precision")

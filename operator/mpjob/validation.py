@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from mpjob_contract import k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
+from mpjob_contract.tracking import PROFILE_ANNOTATION, BadProfileRequest, profile_steps
 
 #: Far above any real MixedPrecisionJob, below what the API server takes (3 MiB, etcd 1.5 MiB).
 MAX_MANIFEST_BYTES = 1024 * 1024
@@ -121,9 +122,16 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
     if problems:
         return None, problems
     try:
-        return MixedPrecisionJob.model_validate(doc), []
+        job = MixedPrecisionJob.model_validate(doc)
     except ValidationError as exc:
         return None, _problems(exc, source, index)
+    annotations = (doc.get("metadata") or {}).get("annotations") or {}
+    try:  # annotations are free-form to the API server: this one is checked here and by the operator
+        if isinstance(annotations, dict) and PROFILE_ANNOTATION in annotations:
+            profile_steps(str(annotations[PROFILE_ANNOTATION]))
+    except BadProfileRequest as bad:
+        return None, [Problem(source, index, bad.field, bad.why)]
+    return job, []
 
 
 def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mpjob_contract.events import format_line
@@ -18,6 +19,8 @@ class EventLog:
     def __init__(self, rank: int = 0, stream: Any = None) -> None:
         self.rank = rank
         self.stream = stream or sys.stdout
+        #: Who else hears each line this rank writes (experiment tracking); they never raise.
+        self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
 
     def __call__(self, event: str, *, all_ranks: bool = False, **fields: Any) -> None:
         if self.rank != 0 and not all_ranks:
@@ -27,3 +30,5 @@ class EventLog:
             record["rank"] = self.rank
         self.stream.write(format_line(event, record) + "\n")
         self.stream.flush()
+        for listener in self.listeners:
+            listener(event, record)

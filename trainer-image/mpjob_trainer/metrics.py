@@ -9,10 +9,11 @@ import resource
 from typing import Any
 
 import torch
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mpjob_contract import metrics as names
 from mpjob_contract.report import CheckpointRef
+from mpjob_trainer import control
 from mpjob_trainer.checkpoint.transfer import TRANSFER_BUCKETS
 
 #: Dense bf16/fp16 tensor-core peaks (FLOP/s) for MFU, by device-name fragment.
@@ -46,6 +47,7 @@ class TrainerMetrics:
         self._checkpointing()
         self._bucket()
         self._decisions()
+        self._instruments()
         self.info = self._bound(Gauge(names.INFO, "1 for the precision this attempt trains in.", **self._on()))
         self.info.set(1)
         self.port: int | None = None
@@ -169,16 +171,24 @@ class TrainerMetrics:
         for unset in (self.eval_loss, self.eval_loss_fp32, self.eval_loss_delta):
             unset.set(-1)
 
-    def serve(self) -> int | None:
-        """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port."""
+    def serve(self, ask: control.Ask | None = None) -> int | None:
+        """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port. `ask`
+        answers the operator's profile requests on the same port (mpjob_trainer.control)."""
         raw = os.environ.get(names.METRICS_PORT_ENV, str(names.DEFAULT_METRICS_PORT))
         if raw.strip().lower() in ("", "off", "none", "-1"):
             return None
         host = os.environ.get("MPJOB_METRICS_HOST", "0.0.0.0")
-        started = start_http_server(int(raw), addr=host, registry=self.registry)
-        server = started[0] if isinstance(started, tuple) else None
-        self.port = server.server_port if server is not None else int(raw)
+        self.port = control.serve(int(raw), host, control.routes(self.registry, ask))
         return self.port
+
+    def _instruments(self) -> None:
+        """Profiles on demand and experiment tracking (mpjob_trainer.profiling, .tracking)."""
+        self.low_precision_share = self._gauge(
+            names.LOW_PRECISION_KERNEL_SHARE, "Share of the last profile's kernel time in fp16/bf16/fp8 (-1: none)."
+        )
+        self.low_precision_share.set(-1)
+        self.tracking_failures = self._counter(names.TRACKING_FAILURES, "Tracking-server calls that failed.")
+        self.tracking_dropped = self._counter(names.TRACKING_DROPPED, "Tracking updates dropped: hand-off queue full.")
 
     def trip(self, rule: str) -> None:
         self.guard_trips.labels(**self.labels, rule=rule).inc()

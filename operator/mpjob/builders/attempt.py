@@ -20,6 +20,7 @@ from mpjob_contract.launch import (
     job_checkpoint_dir,
 )
 from mpjob_contract.storage import CREDENTIAL_KEYS
+from mpjob_contract.tracking import IMAGE_ENV, credential_env
 
 LABEL_JOB = "mpjob.dev/job"
 LABEL_ATTEMPT = "mpjob.dev/attempt"
@@ -130,6 +131,7 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         *_bucket_credentials(launch.spec),
+        *_tracking_env(launch.spec),
     ]
 
 
@@ -143,6 +145,13 @@ def _bucket_credentials(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
         {"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}}
         for key in CREDENTIAL_KEYS
     ]
+
+
+def _tracking_env(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
+    """The tracking server's credentials, from the job's Secret straight into the trainer's env
+    (kubelet resolves the keys; the operator never reads the Secret nor talks to the server)."""
+    mlflow = spec.tracking.mlflow if spec.tracking is not None else None
+    return credential_env(mlflow.credentials_secret) if mlflow is not None and mlflow.credentials_secret else []
 
 
 def _resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
@@ -180,7 +189,7 @@ def _container(
         "name": TRAINER_CONTAINER,
         "image": spec.image or image,
         "command": command,
-        "env": _merge_named(env, spec.template.env),
+        "env": _merge_named([*env, {"name": IMAGE_ENV, "value": spec.image or image}], spec.template.env),
         "ports": [
             {"name": "metrics", "containerPort": metric_names.DEFAULT_METRICS_PORT},
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},

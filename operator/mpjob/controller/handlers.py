@@ -58,6 +58,7 @@ class Controller:
         self.cache.stop()
         self.queue.close()
         self.reconciler.progress.close()
+        self.reconciler.profiles.close()
 
 
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)

@@ -29,6 +29,7 @@ from mpjob.controller.cluster import Cluster, NameInUse, Refused
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
+from mpjob.controller.profiles import ProfileRequests
 from mpjob.controller.progress import ProgressReader, Target, found_reading
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
@@ -62,7 +63,7 @@ class Reconciler:
             deadline=config.scrape_timeout_seconds,
             max_bytes=config.scrape_max_bytes,
         )
-        self.queue = QueueReader(cluster)
+        self.queue, self.profiles = QueueReader(cluster), ProfileRequests(cluster, config.scrape_timeout_seconds)
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.context = KopfContext()
         #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
@@ -133,6 +134,7 @@ class Reconciler:
                 plan = self._refused(body, spec, plan, refusal=refusal)
             self._announce(body, old, plan)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
+            self.profiles.reconcile(body, plan.status, seen)
             if progress and plan.status.phase == "Running" and not plan.create:
                 self._progress(body, plan.status, seen)
             elif plan.status.phase in FINISHED:

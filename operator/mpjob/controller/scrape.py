@@ -22,11 +22,17 @@ class ScrapeError(Exception):
     """The endpoint could not be read within the bounds (the message says which)."""
 
 
-def fetch(host: str, port: int, *, path: str = "/metrics", deadline: float, max_bytes: int) -> str:
-    """The body of `GET http://host:port/path` as text, read within `deadline` seconds and
-    `max_bytes` bytes of body; raises ScrapeError otherwise."""
+def fetch(
+    host: str, port: int, *, path: str = "/metrics", deadline: float, max_bytes: int, method: str = "GET"
+) -> str:
+    """The body of `GET http://host:port/path` (or a body-less POST) as text, read within
+    `deadline` seconds and `max_bytes` bytes of body; raises ScrapeError otherwise."""
     end = time.monotonic() + deadline
-    request = f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\nAccept: text/plain\r\nAccept-Encoding: identity\r\n\r\n"
+    length = "Content-Length: 0\r\n" if method == "POST" else ""
+    request = (
+        f"{method} {path} HTTP/1.0\r\nHost: {host}:{port}\r\nAccept: text/plain\r\n{length}"
+        "Accept-Encoding: identity\r\n\r\n"
+    )
     try:
         with socket.create_connection((host, port), timeout=max(deadline, 0.001)) as sock:
             sock.settimeout(_left(end))

@@ -20,9 +20,12 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kubernetes.client.rest import ApiException
 
 from tests.cluster.layout import pid_alive
 from tests.cluster.nodeagent.downward import field_value
@@ -154,12 +157,27 @@ class ProcessRuntime:
             return field_value(sandbox.pod, source.field_ref.field_path, sandbox.ip)
         if source and source.config_map_key_ref:
             ref = source.config_map_key_ref
-            return str((self.core.read_namespaced_config_map(ref.name, namespace).data or {})[ref.key])
+            data = self._optional(ref, lambda: self.core.read_namespaced_config_map(ref.name, namespace).data)
+            return None if data is None else str(data[ref.key])
         if source and source.secret_key_ref:
             ref = source.secret_key_ref
-            data = self.core.read_namespaced_secret(ref.name, namespace).data or {}
-            return base64.b64decode(data[ref.key]).decode()
+            data = self._optional(ref, lambda: self.core.read_namespaced_secret(ref.name, namespace).data)
+            return None if data is None else base64.b64decode(data[ref.key]).decode()
         return None
+
+    @staticmethod
+    def _optional(ref: Any, read: Callable[[], dict[str, str] | None]) -> dict[str, str] | None:
+        """The object's data holding `ref.key`; None when the object or the key is missing and
+        the reference is `optional` (kubelet leaves the variable unset), else raises."""
+        try:
+            data = read() or {}
+        except ApiException as exc:
+            if exc.status == 404 and ref.optional:
+                return None
+            raise
+        if ref.key not in data and ref.optional:
+            return None
+        return data
 
     def exited(self, rec: PodProcess) -> int | None:
         """The container's exit code once its process is gone (137 if it left none), else None."""

@@ -182,6 +182,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.template.automountServiceAccountToken", True),
         "automountServiceAccountToken",
     ),
+    # spec.tracking: an MLflow URI names its scheme ("mlflow:5000" would parse as the scheme "mlflow").
+    (
+        "mlflow-uri-without-scheme",
+        bad("spec.tracking", {"mlflow": {"uri": "mlflow.mlflow:5000"}}),
+        "spec.tracking.mlflow.uri",
+    ),
+    ("mlflow-uri-missing", bad("spec.tracking", {"mlflow": {"experiment": "x"}}), "spec.tracking.mlflow.uri"),
+    (
+        "mlflow-secret-not-a-name",
+        bad("spec.tracking", {"mlflow": {"uri": "http://m:5000", "credentialsSecret": "My Secret"}}),
+        "spec.tracking.mlflow.credentialsSecret",
+    ),
 ]
 
 #: Each cross-field rule (mpjob_contract.rules) -> the CASES that break it and no other rule.

@@ -46,6 +46,7 @@ from mpjob_trainer.precision import resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, classify, conclude
+from mpjob_trainer.session.instruments import Instruments
 from mpjob_trainer.session.interval import Cadence, IntervalWork
 from mpjob_trainer.session.measure import Measuring, measure_and_settle
 from mpjob_trainer.session.modes import AttemptPrecision
@@ -85,8 +86,7 @@ class Session(ModelSetUp):
         self._amp = AttemptPrecision(resolve(launch.precision, self.device), self.device, self.spec.precision)
         self._numerics = StepNumerics(self._amp, NumericGuard(self.spec.precision.guard, self.device, world))
         self._metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, self.precision)
-        if world.is_main:
-            self._metrics.serve()
+        self._instruments = Instruments(launch, world=world, device=self.device, log=log, metrics=self._metrics)
         store = open_store(launch, config_digest=config_digest(launch), log=log, metrics=self._metrics)
         self._checkpoints = Checkpointer(store, world, log, self._metrics)
         self._progress = Progress(self._metrics, log, world, self.device, flops_per_sample=None, tokens_per_sample=None)
@@ -105,7 +105,6 @@ class Session(ModelSetUp):
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
         self._intervals.inspectors.append(self._rung.inspect)
 
-    # ---------------------------------------------------------------- what the run is
     @property
     def precision(self) -> Precision:
         """What the attempt trains in (while the session probes or replays: that mode's)."""
@@ -189,7 +188,6 @@ class Session(ModelSetUp):
         the mean eval loss of the current weights, computed under run.autocast()."""
         self._gate = QualityGate(evaluate, self.spec.validation, self.world, self.device)
 
-    # ---------------------------------------------------------------- hooks for frameworks
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
         """The attempt's GradScaler (fp16; None otherwise), for a framework that scales and steps."""
@@ -234,6 +232,7 @@ class Session(ModelSetUp):
     def _close_step(self, step: int, loss: Number | None) -> None:
         assert self._state is not None  # end_step checked it
         self._numerics.close(step, loss)
+        self._instruments.step(step)
         gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
         due = self._intervals.cadence.due(step, evaluate=gate is not None and gate.due(step), stop_alone=alone)
         if due.any:
@@ -267,6 +266,7 @@ class Session(ModelSetUp):
         if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None and unjudged:
             exc = self._replay.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
         self._exit_code = conclude(exc, self._standing(), self._log)
+        self._instruments.close(self._step, self._exit_code)
         with contextlib.suppress(Exception):
             dist_env.shutdown(self.world)
         self.preemption.restore()

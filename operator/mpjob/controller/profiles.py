@@ -1,0 +1,92 @@
+"""Profiles on demand, acted on: read the job's `mpjob.dev/profile-steps` annotation, let
+`planning/profiles.py` decide, write status.profiles and the Events, and ask the running
+attempt's rank 0 over its metrics port (`POST /profile?id=ID&steps=N`).
+
+The trainer holds no Kubernetes token, so the request travels over the one connection the
+operator already makes to the pod: rank 0's metrics port, which the attempt's NetworkPolicy
+opens to the operator. Asks run in a small pool of their own, each bounded by the scrape
+deadline and MAX_ANSWER_BYTES (`scrape.fetch`), one per job at a time; a reconcile only hands
+an ask over and takes the answer that came back since, so a slow pod never holds a reconcile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+from pydantic import ValidationError
+
+from mpjob.controller.cache import Observed
+from mpjob.controller.cluster import Cluster
+from mpjob.controller.records import Key
+from mpjob.controller.scrape import ScrapeError, fetch
+from mpjob.planning.profiles import ProfileAsk, plan_profiles
+from mpjob_contract import metrics as tm
+from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.launch import job_checkpoint_dir
+from mpjob_contract.tracking import MAX_ANSWER_BYTES, PROFILE_ANNOTATION, PROFILE_PATH, ProfileAnswer
+
+log = logging.getLogger("mpjob.operator.profiles")
+
+
+class ProfileRequests:
+    """The annotation -> status.profiles -> rank 0, for every job this operator reconciles."""
+
+    def __init__(self, cluster: Cluster, deadline: float, *, threads: int = 2) -> None:
+        self.cluster, self.deadline = cluster, deadline
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mpjob-profiles")
+        self._lock = threading.Lock()
+        self._busy: set[Key] = set()
+        self._answers: dict[Key, ProfileAnswer] = {}
+
+    def reconcile(self, body: dict[str, Any], status: MixedPrecisionJobStatus, seen: Observed) -> None:
+        """The job's profiles after its annotation and rank 0's last answer; the next ask."""
+        meta = body["metadata"]
+        key: Key = (meta["namespace"], meta["name"])
+        annotation = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
+        if annotation is None and not status.profiles:
+            return
+        with self._lock:
+            answer = self._answers.pop(key, None)
+        folder = job_checkpoint_dir(namespace=key[0], name=key[1], uid=meta["uid"])
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        plan = plan_profiles(status, annotation, checkpoint_dir=folder, now=now, answer=answer)
+        if plan.profiles != status.profiles:
+            self.cluster.patch_status(key[0], key[1], {"profiles": [p.to_api() for p in plan.profiles]})
+            status.profiles = plan.profiles
+        for event in plan.events:
+            kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
+        ip = seen.rank0_ip.get(plan.ask.attempt) if plan.ask is not None else None
+        if plan.ask is not None and ip:
+            self._submit(key, plan.ask, ip)
+
+    def _submit(self, key: Key, ask: ProfileAsk, ip: str) -> None:
+        with self._lock:
+            if key in self._busy:
+                return
+            self._busy.add(key)
+        self._pool.submit(self._ask, key, ask, ip)
+
+    def _ask(self, key: Key, ask: ProfileAsk, ip: str) -> None:
+        path = f"{PROFILE_PATH}?id={ask.id}&steps={ask.steps}"
+        answer = None
+        try:
+            port, bound = tm.DEFAULT_METRICS_PORT, MAX_ANSWER_BYTES
+            text = fetch(ip, port, path=path, deadline=self.deadline, max_bytes=bound, method="POST")
+            answer = ProfileAnswer.model_validate_json(text)
+        except (ScrapeError, ValidationError) as exc:
+            log.info("asking %s/%s's rank 0 for profile %d: %s", *key, ask.id, str(exc)[:200])
+        except Exception:  # a bug here must not leave the job busy for good
+            log.exception("asking %s/%s's rank 0 for profile %d failed", *key, ask.id)
+        finally:
+            with self._lock:
+                self._busy.discard(key)
+                if answer is not None:
+                    self._answers[key] = answer
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

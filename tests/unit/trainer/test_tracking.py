@@ -1,0 +1,104 @@
+"""Experiment tracking in the trainer: what an attempt tells MLflow (params, metrics, tags,
+from the event lines), and that logging never holds up or ends training: a tracking server
+that refuses or never answers costs the training thread nothing, and is counted."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from mpjob_contract import metrics as names
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.tracking import QUEUE_SIZE, RunTracker, track
+from mpjob_trainer.tracking.records import job_key, job_params, run_status, update_for
+from tests.helpers import free_port, wait_for
+
+pytestmark = pytest.mark.unit
+
+
+def launch(uri: str, **over: object) -> AttemptLaunch:
+    spec = MixedPrecisionJobSpec.model_validate(
+        {
+            "task": {"builtin": "mlp"},
+            "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"], "lossScale": {"init": 512}},
+            "tracking": {"mlflow": {"uri": uri}},
+        }
+    )
+    return AttemptLaunch(job_name="j", namespace="ns", precision="fp16", spec=spec, **over)  # type: ignore[arg-type]
+
+
+def test_params_name_the_precision_ladder_and_loss_scaling() -> None:
+    params = job_params(launch("http://x:1"), digest="abc", image="reg/trainer:1")
+    assert params["precision.ladder"] == "fp16,bf16,fp32" and params["lossScale.init"] == "512.0"
+    assert params["configDigest"] == "abc" and params["image"] == "reg/trainer:1"
+    assert job_key(launch("http://x:1", job_uid="u-1")) == "u-1"
+    local = job_key(launch("http://x:1", checkpoint_dir="/a"))
+    assert local.startswith("local-") and local != job_key(launch("http://x:1", checkpoint_dir="/b"))
+
+
+def test_event_lines_become_metrics_and_tags() -> None:
+    step = update_for("step", {"time": 2.0, "step": 10, "loss": 3.5, "lossScale": 256.0, "gradNorm": None}, attempt=0)
+    assert step is not None
+    assert {(p.key, p.value, p.step, p.timestamp_ms) for p in step.metrics} == {
+        ("loss", 3.5, 10, 2000),
+        ("loss_scale", 256.0, 10, 2000),
+    }
+    evaluated = update_for("eval", {"step": 20, "loss": 2.0, "lossFp32": 1.9, "delta": 0.05}, attempt=0)
+    assert evaluated is not None
+    assert {p.key for p in evaluated.metrics} == {"eval_loss", "eval_loss_fp32", "eval_loss_delta"}
+    fault = update_for("fault", {"step": 31, "rule": "LossScaleCollapsed", "message": "scale 0.5"}, attempt=2)
+    assert fault is not None and "LossScaleCollapsed" in fault.attempt_tags["mpjob.fallbackReason"]
+    assert "mpjob.fallback.attempt2" in fault.job_tags
+    assert update_for("checkpoint", {"step": 10}, attempt=0) is None
+    assert [run_status(c) for c in (0, 42, 44)] == ["FINISHED", "FAILED", "KILLED"]
+
+
+@pytest.fixture
+def black_hole() -> Iterator[int]:
+    """A port that accepts connections and never answers."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4096)
+        yield int(server.getsockname()[1])
+
+
+def failures(metrics: TrainerMetrics) -> float:
+    return metrics.registry.get_sample_value(names.TRACKING_FAILURES + "_total", metrics.labels) or 0.0
+
+
+def test_a_server_that_never_answers_costs_the_training_thread_nothing(
+    black_hole: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "2")
+    metrics = TrainerMetrics("j", "ns", 0, "fp16")
+    tracker = RunTracker(launch(f"http://127.0.0.1:{black_hole}"), digest="d", metrics=metrics)
+    started = time.perf_counter()
+    for step in range(1, 2 * QUEUE_SIZE):
+        tracker("step", {"time": 1.0, "step": step, "loss": 1.0})
+    assert time.perf_counter() - started < 2.0  # a put that never waits (and drops when full)
+    dropped = metrics.registry.get_sample_value(names.TRACKING_DROPPED + "_total", metrics.labels)
+    assert dropped is not None and dropped > 0
+    started = time.perf_counter()
+    tracker.close(0)
+    assert time.perf_counter() - started < 5.0  # bounded, whatever the server does
+    wait_for(lambda: failures(metrics) >= 1, 60, message="the hung call counted as a failure")
+
+
+def test_a_refused_server_is_counted_and_never_raised(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    metrics = TrainerMetrics("j", "ns", 0, "fp16")
+    tracker = track(launch(f"http://127.0.0.1:{free_port()}"), rank0=True, digest="d", metrics=metrics)
+    assert tracker is not None
+    tracker("step", {"time": 1.0, "step": 1, "loss": float("nan")})
+    tracker.close(42)
+    wait_for(lambda: failures(metrics) >= 1, 60, message="a counted failure")
+    assert "mpjob: tracking failed" in capsys.readouterr().err
+    assert track(launch("http://x:1"), rank0=False, digest="d", metrics=metrics) is None

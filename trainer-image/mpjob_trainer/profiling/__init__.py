@@ -1,0 +1,161 @@
+"""Profiles on demand: rank 0 captures a torch.profiler trace of the next N steps when the
+operator asks (`POST /profile?id=ID&steps=N` on the metrics port, see `control`), once per id.
+
+The training thread pays one attribute read per step while nothing is asked. A capture starts
+at the next step boundary, runs `steps` optimizer steps, and stops; exporting, measuring the
+kernel time by precision (`kernels`) and compressing the trace run on a thread of their own.
+The trace lands in the job's checkpoint folder (`profiles/p<ID>/trace.json.gz`, written to a
+temporary name and renamed), bounded: a compressed trace over MAX_TRACE_BYTES is not kept and
+the profile says so. Answers for the last few ids are kept, so a request asked again (the
+operator asks on every tick until it sees a final state) is answered, never repeated.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mpjob_contract.tracking import (
+    MAX_PROFILE_STEPS,
+    MAX_TRACE_BYTES,
+    SUMMARY_FILE,
+    TRACE_FILE,
+    ProfileAnswer,
+    profile_dir,
+)
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.profiling.kernels import kernel_time
+
+#: Answers kept for ids asked before (the operator asks until it sees a final state).
+KEPT_ANSWERS = 16
+#: How long the end of an attempt waits for a capture it cut short to be written.
+CLOSE_SECONDS = 30.0
+
+
+class ProfileCapture:
+    """Rank 0's profiles: one at a time, each id once."""
+
+    def __init__(
+        self, checkpoint_dir: str, *, device: torch.device, log: EventLog, metrics: TrainerMetrics
+    ) -> None:
+        self.checkpoint_dir, self.device, self.log = checkpoint_dir, device, log
+        self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
+        self._lock = threading.Lock()
+        self._answers: dict[int, ProfileAnswer] = {}
+        #: Asked and not started yet (id, steps); read by the training thread every step.
+        self.pending: tuple[int, int] | None = None
+        self._active: tuple[int, int, int, Any] | None = None  # id, steps, first step, profiler
+        self._left = 0
+
+    # ---------------------------------------------------------------- the control thread
+    def ask(self, profile_id: int, steps: int) -> ProfileAnswer:
+        """Profile `steps` steps under `profile_id` (once); what is known of that id now."""
+        with self._lock:
+            known = self._answers.get(profile_id)
+            if known is not None:
+                return known
+            if not 1 <= steps <= MAX_PROFILE_STEPS:
+                return self._answer(profile_id, "Failed", message=f"steps must be 1 to {MAX_PROFILE_STEPS}")
+            if self.pending is not None or self._active is not None:
+                return ProfileAnswer(id=profile_id, state="Requested", message="waiting for the profile before it")
+            self.pending = (profile_id, steps)
+            return self._answer(profile_id, "Requested", steps=steps)
+
+    def _answer(self, profile_id: int, state: Any, **fields: Any) -> ProfileAnswer:
+        answer = ProfileAnswer(id=profile_id, state=state, **fields)
+        self._answers[profile_id] = answer
+        while len(self._answers) > KEPT_ANSWERS:
+            self._answers.pop(next(iter(self._answers)))
+        return answer
+
+    # ---------------------------------------------------------------- the training thread
+    def step(self, step: int) -> None:
+        """Optimizer step `step` (1-based) ended: start, advance or finish a capture."""
+        if self._active is not None:
+            self._active[3].step()
+            self._left -= 1
+            if self._left <= 0:
+                self.finish(step)
+        elif self.pending is not None:
+            self._start(step)
+
+    def _start(self, step: int) -> None:
+        with self._lock:
+            assert self.pending is not None
+            profile_id, steps = self.pending
+            self.pending = None
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        profiler = profile(activities=activities, record_shapes=True)
+        profiler.start()
+        self._active, self._left = (profile_id, steps, step + 1, profiler), steps
+        with self._lock:
+            self._answer(profile_id, "Capturing", steps=steps, firstStep=step + 1)
+
+    def finish(self, step: int) -> threading.Thread | None:
+        """Stop a capture (its steps are done, or the attempt ends); a thread writes it out."""
+        if self._active is None:
+            return None
+        profile_id, _, first, profiler = self._active
+        self._active = None
+        profiler.stop()
+        done = max(0, step - first + 1)
+        args = (profile_id, done, first, profiler)
+        writer = threading.Thread(target=self._write, args=args, name="mpjob-profile", daemon=True)
+        writer.start()
+        return writer
+
+    def close(self, step: int) -> None:
+        """The attempt ends: a capture still running keeps the steps it has, written out
+        before the process goes (within CLOSE_SECONDS)."""
+        writer = self.finish(step)
+        if writer is not None:
+            writer.join(timeout=CLOSE_SECONDS)
+
+    # ---------------------------------------------------------------- the writer thread
+    def _write(self, profile_id: int, steps: int, first: int, profiler: Any) -> None:
+        folder = Path(profile_dir(self.checkpoint_dir, profile_id))
+        path = folder / TRACE_FILE
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            raw = folder / f".tmp-{os.getpid()}-trace.json"
+            profiler.export_chrome_trace(str(raw))
+            with raw.open() as f:
+                share = kernel_time(json.load(f)).low_share
+            size = _compress(raw, path)
+            raw.unlink(missing_ok=True)
+            if size > MAX_TRACE_BYTES:
+                path.unlink(missing_ok=True)
+                raise OSError(f"the compressed trace has {size} bytes, more than the {MAX_TRACE_BYTES} kept")
+            fields: dict[str, Any] = {"steps": steps, "firstStep": first, "path": str(path), "traceBytes": size}
+            answer = ProfileAnswer(id=profile_id, state="Captured", lowPrecisionKernelShare=share, **fields)
+            (folder / SUMMARY_FILE).write_text(answer.to_wire())
+            if share is not None:
+                self.metrics.low_precision_share.set(share)
+            said: dict[str, Any] = {"path": str(path), "traceBytes": size, "lowPrecisionKernelShare": share}
+            self.log("profile", id=profile_id, step=first, steps=steps, **said)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"[:512]
+            answer = ProfileAnswer(id=profile_id, state="Failed", steps=steps, message=why)
+        with self._lock:
+            self._answers[profile_id] = answer
+
+
+def _compress(raw: Path, path: Path) -> int:
+    """gzip `raw` to `path` through a temporary file (never a half-written trace); its size."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{int(time.time())}-{path.name}")
+    with raw.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst)
+    with tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return path.stat().st_size

@@ -1,0 +1,159 @@
+"""Experiment tracking (spec.tracking.mlflow): rank 0 logs the attempt to MLflow.
+
+Logging never holds up or ends training. The training thread only hands each event line to
+`RunTracker.__call__`, which turns it into records and puts them on a bounded queue without
+waiting (a full queue drops the update and counts it); one thread of its own talks to the
+tracking server. Any failure there (server down, bad credentials, the `mlflow` extra not
+installed) is logged on stderr (the first, then every 100th) and counted in
+`mpjob_trainer_tracking_failures_total`; it is never raised. At the end of the attempt
+`close` waits a bounded time (MPJOB_TRACKING_CLOSE_SECONDS, 30 s) for what is left, sent in
+one batch, and the runs' ends.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+from mpjob_contract.codes import reason_for_exit_code
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.tracking import IMAGE_ENV
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.tracking.records import TAG_ENDING, Update, attempt_tags, job_key, job_params, run_status, update_for
+
+__all__ = ["RunTracker", "track"]
+
+QUEUE_SIZE = 1024
+#: Updates sent to the server in one go (metrics of several log intervals).
+BATCH_UPDATES = 64
+CLOSE_SECONDS_ENV = "MPJOB_TRACKING_CLOSE_SECONDS"
+#: A tracking server that could not be reached at the start is tried again this often.
+REOPEN_SECONDS = 30.0
+
+
+class _End:
+    """The last item: end the attempt's run with this exit code."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class RunTracker:
+    """The bounded hand-off from the training thread to the tracking thread."""
+
+    def __init__(self, launch: AttemptLaunch, *, digest: str, metrics: TrainerMetrics) -> None:
+        self.launch, self.digest = launch, digest
+        self.queue: queue.Queue[Update | _End] = queue.Queue(maxsize=QUEUE_SIZE)
+        self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
+        self.failed = 0
+        self.job_done = False
+        self.closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mpjob-tracking", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- the training thread
+    def __call__(self, event: str, record: dict[str, Any]) -> None:
+        """An event line: its records onto the queue, never waiting, never raising."""
+        try:
+            if event == "done":
+                self.job_done = record.get("step") == self.launch.spec.training.steps
+            update = update_for(event, record, attempt=self.launch.attempt)
+            if update is not None:
+                self.queue.put_nowait(update)
+        except queue.Full:
+            self.metrics.tracking_dropped.inc()
+        except Exception as exc:
+            self._failed(exc)
+
+    def close(self, code: int) -> None:
+        """End the attempt's run and wait (bounded) for the queue to drain."""
+        self.closing.set()  # the tracking thread now takes all that is queued in one batch
+        deadline = time.monotonic() + float(os.environ.get(CLOSE_SECONDS_ENV, "30"))
+        try:
+            self.queue.put(_End(code), timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Full:
+            self.metrics.tracking_dropped.inc()
+            return
+        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    # ---------------------------------------------------------------- the tracking thread
+    def _run(self) -> None:
+        runs, opened_at = self._open(), time.monotonic()
+        while True:
+            first = self.queue.get()  # closing: all that is left goes in one send, then the end
+            batch = [first, *self._more(None if self.closing.is_set() else BATCH_UPDATES)]
+            ended = next((b for b in batch if isinstance(b, _End)), None)
+            if runs is None and time.monotonic() - opened_at > REOPEN_SECONDS:
+                runs, opened_at = self._open(), time.monotonic()
+            updates = [b for b in batch if isinstance(b, Update)]
+            if runs is not None and updates:
+                self._send(runs, updates)
+            if ended is not None:
+                self._end(runs, ended.code)
+                return
+
+    def _more(self, limit: int | None) -> list[Update | _End]:
+        """What else waits on the queue (at most `limit` items), up to the end marker."""
+        taken: list[Update | _End] = []
+        while limit is None or len(taken) < limit:
+            try:
+                taken.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+            if isinstance(taken[-1], _End):
+                break
+        return taken
+
+    def _open(self) -> Any:
+        from mpjob_trainer.tracking.mlflow_run import MlflowRuns
+
+        settings = self.launch.spec.tracking.mlflow if self.launch.spec.tracking else None
+        assert settings is not None
+        try:
+            runs = MlflowRuns(uri=settings.uri, experiment=settings.experiment, key=job_key(self.launch))
+            params = job_params(self.launch, digest=self.digest, image=os.environ.get(IMAGE_ENV, ""))
+            tags = attempt_tags(self.launch)
+            runs.open(job_name=self.launch.job_name, attempt=self.launch.attempt, params=params, tags=tags)
+            return runs
+        except Exception as exc:
+            self._failed(exc)
+            return None
+
+    def _send(self, runs: Any, updates: list[Update]) -> None:
+        merged = Update()
+        for update in updates:
+            merged.metrics += update.metrics
+            merged.attempt_tags.update(update.attempt_tags)
+            merged.job_tags.update(update.job_tags)
+        try:
+            runs.log(merged.metrics, attempt_tags=merged.attempt_tags, job_tags=merged.job_tags)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _end(self, runs: Any, code: int) -> None:
+        if runs is None:
+            return
+        try:
+            tags = {TAG_ENDING: str(reason_for_exit_code(code))}
+            runs.end(status=run_status(code), tags=tags, job_done=code == 0 and self.job_done)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.metrics.tracking_failures.inc()
+        self.failed += 1
+        if self.failed == 1 or self.failed % 100 == 0:
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            print(f"mpjob: tracking failed ({self.failed} so far): {type(exc).__name__}: {first}", file=sys.stderr)
+
+
+def track(launch: AttemptLaunch, *, rank0: bool, digest: str, metrics: TrainerMetrics) -> RunTracker | None:
+    """A RunTracker for rank 0 of a job with spec.tracking.mlflow, else None."""
+    tracking = launch.spec.tracking
+    if not rank0 or tracking is None or tracking.mlflow is None:
+        return None
+    return RunTracker(launch, digest=digest, metrics=metrics)

@@ -1,0 +1,116 @@
+"""The MLflow side of tracking: one run per job, one nested run per attempt, through MLflow's
+own client (`mlflow-skinny`, the trainer's `mlflow` extra). Only the tracking thread calls it.
+
+Why nested runs, not one run with attempts as tags: attempts overlap in steps (an attempt
+after a fallback trains again the steps between the last good checkpoint and the fault), and
+each has its own precision, so each attempt's series is its own run, tagged with its index,
+precision and, when it gave up, the fault that ended it. The job's run holds the params, the
+whole timeline (every attempt's metrics, re-trained steps included, in the order they ran)
+and a tag per fallback; it is found again by every later attempt (and after a restart of the
+same one) by the job's key tag, never created twice by one job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from mpjob_trainer.tracking.records import (
+    TAG_ATTEMPT,
+    TAG_JOB_KEY,
+    TAG_LEVEL,
+    TAG_PARENT,
+    Point,
+)
+
+#: MLflow's client retries a failed request for minutes by default; the tracking thread may
+#: not hold the end of an attempt that long. The user's own settings win.
+CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+#: MLflow's log_batch limit on metrics per request.
+BATCH_METRICS = 1000
+
+
+class MlflowRuns:
+    """The job's run and this attempt's nested run on one tracking server."""
+
+    def __init__(self, *, uri: str, experiment: str, key: str) -> None:
+        for name, value in CLIENT_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+        from mlflow.tracking import MlflowClient  # the extra: imported on the tracking thread only
+
+        self.client = MlflowClient(tracking_uri=uri)
+        self.experiment_name, self.key = experiment, key
+        self.experiment_id = ""
+        self.job_run = ""
+        self.attempt_run = ""
+
+    def open(self, *, job_name: str, attempt: int, params: dict[str, str], tags: dict[str, str]) -> None:
+        """Find or make the experiment, the job's run (with its params) and the attempt's run."""
+        self.experiment_id = self._experiment()
+        found = self._find(f"tags.`{TAG_JOB_KEY}` = '{self.key}' and tags.`{TAG_LEVEL}` = 'job'")
+        if found is None:
+            run = self.client.create_run(
+                self.experiment_id, run_name=job_name, tags={TAG_JOB_KEY: self.key, TAG_LEVEL: "job"}
+            )
+            found = run.info.run_id
+            self._params(found, params)
+        self.job_run = found
+        mine = f"tags.`{TAG_PARENT}` = '{found}' and tags.`{TAG_ATTEMPT}` = '{attempt}'"
+        again = self._find(mine)
+        if again is None:
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=f"{job_name}-attempt-{attempt}",
+                tags={**tags, TAG_JOB_KEY: self.key, TAG_LEVEL: "attempt", TAG_PARENT: found},
+            )
+            again = run.info.run_id
+        else:
+            self.client.update_run(again, status="RUNNING")
+        self.attempt_run = again
+
+    def log(self, points: list[Point], *, attempt_tags: dict[str, str], job_tags: dict[str, str]) -> None:
+        """Metrics to both runs (the attempt's series and the job's timeline), tags to each."""
+        from mlflow.entities import Metric, RunTag
+
+        metrics = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in points]
+        for run, tags in ((self.attempt_run, attempt_tags), (self.job_run, job_tags)):
+            for start in range(0, max(1, len(metrics)), BATCH_METRICS):
+                chunk = metrics[start : start + BATCH_METRICS]
+                run_tags = [RunTag(k, v) for k, v in tags.items()] if start == 0 else []
+                if chunk or run_tags:
+                    self.client.log_batch(run, metrics=chunk, tags=run_tags, synchronous=True)
+
+    def end(self, *, status: str, tags: dict[str, str], job_done: bool) -> None:
+        """End the attempt's run (and the job's, when this attempt finished the job)."""
+        if not self.attempt_run:
+            return
+        for name, value in tags.items():
+            self.client.set_tag(self.attempt_run, name, value)
+        now = int(time.time() * 1000)
+        self.client.set_terminated(self.attempt_run, status=status, end_time=now)
+        if job_done:
+            self.client.set_terminated(self.job_run, status="FINISHED", end_time=now)
+
+    def _experiment(self) -> str:
+        found = self.client.get_experiment_by_name(self.experiment_name)
+        if found is not None:
+            return str(found.experiment_id)
+        try:
+            return str(self.client.create_experiment(self.experiment_name))
+        except Exception:  # another job made it meanwhile
+            again = self.client.get_experiment_by_name(self.experiment_name)
+            if again is None:
+                raise
+            return str(again.experiment_id)
+
+    def _find(self, query: str) -> str | None:
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def _params(self, run: str, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items: list[Any] = [Param(k, v) for k, v in params.items()]
+        for start in range(0, len(items), 100):  # log_batch takes at most 100 params
+            self.client.log_batch(run, params=items[start : start + 100], synchronous=True)

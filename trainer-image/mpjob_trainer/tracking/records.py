@@ -1,0 +1,142 @@
+"""What an attempt tells the tracking server, as plain data: the job's params, the attempt's
+tags, and the metrics of each event line. Pure: no MLflow here (tracking.mlflow_run sends it).
+
+The event lines are the trainer's one account of a run (mpjob_contract.events): the same
+"step", "eval" and "fault" lines `mpjob run` draws its view from become MLflow metrics and tags,
+so the tracking server and the local view cannot disagree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.launch import AttemptLaunch
+
+#: Tag names (MLflow's own parent tag nests an attempt's run under the job's).
+TAG_JOB_KEY = "mpjob.jobKey"
+TAG_LEVEL = "mpjob.level"
+TAG_ATTEMPT = "mpjob.attempt"
+TAG_PRECISION = "mpjob.precision"
+TAG_ENDING = "mpjob.ending"
+TAG_FALLBACK_REASON = "mpjob.fallbackReason"
+TAG_PARENT = "mlflow.parentRunId"
+#: Metric name <- the "step" line's field.
+STEP_METRICS = {
+    "loss": "loss",
+    "loss_scale": "lossScale",
+    "grad_norm": "gradNorm",
+    "lr": "lr",
+    "samples_per_second": "samplesPerSecond",
+    "tokens_per_second": "tokensPerSecond",
+    "mfu": "mfu",
+    "step_seconds": "stepSeconds",
+    "overflow_steps": "overflowSteps",
+    "non_finite_losses": "nonFiniteLosses",
+}
+EVAL_METRICS = {"eval_loss": "loss", "eval_loss_fp32": "lossFp32", "eval_loss_delta": "delta"}
+#: MLflow's limit on a param value (longer ones are cut).
+MAX_PARAM_CHARS = 6000
+
+
+@dataclass(frozen=True)
+class Point:
+    key: str
+    value: float
+    step: int
+    timestamp_ms: int
+
+
+@dataclass
+class Update:
+    """One event's worth of records for the attempt's run (and metrics for the job's run too)."""
+
+    metrics: list[Point] = field(default_factory=list)
+    attempt_tags: dict[str, str] = field(default_factory=dict)
+    job_tags: dict[str, str] = field(default_factory=dict)
+
+
+def job_key(launch: AttemptLaunch) -> str:
+    """What finds the job's run again from any attempt: the job's UID on a cluster; for a local
+    run (no UID), a digest of its identity and checkpoint folder (one per `mpjob run --out`)."""
+    if launch.job_uid:
+        return launch.job_uid
+    local = f"{launch.job_identity}|{launch.checkpoint_dir}"
+    return "local-" + hashlib.sha256(local.encode()).hexdigest()[:16]
+
+
+def job_params(launch: AttemptLaunch, *, digest: str, image: str) -> dict[str, str]:
+    """The job's settings that make runs comparable (the reference's I6): precision and its
+    ladder, loss scaling, the guard, the training shape, the config digest and the image."""
+    spec = launch.spec
+    p, scale, guard, tr = spec.precision, spec.precision.loss_scale, spec.precision.guard, spec.training
+    params: dict[str, Any] = {
+        "precision.mode": p.mode,
+        "precision.ladder": ",".join([p.mode, *p.fallback]),
+        "precision.keepFp32": ",".join(p.keep_fp32),
+        "precision.tf32": p.tf32,
+        "lossScale.init": scale.init,
+        "lossScale.growthFactor": scale.growth_factor,
+        "lossScale.backoffFactor": scale.backoff_factor,
+        "lossScale.growthInterval": scale.growth_interval,
+        "guard.maxConsecutiveOverflows": guard.max_consecutive_overflows,
+        "guard.minLossScale": guard.min_loss_scale,
+        "guard.maxNonFiniteLosses": guard.max_non_finite_losses,
+        "training.steps": tr.steps,
+        "training.batchSize": tr.batch_size,
+        "training.gradAccumulation": tr.grad_accumulation,
+        "training.learningRate": tr.learning_rate,
+        "training.seed": tr.seed,
+        "task": spec.task.builtin or spec.task.module or " ".join(spec.task.command or []),
+        "workers": spec.workers,
+        "configDigest": digest,
+        "image": image or spec.image or "",
+    }
+    return {key: str(value)[:MAX_PARAM_CHARS] for key, value in params.items()}
+
+
+def attempt_tags(launch: AttemptLaunch) -> dict[str, str]:
+    return {TAG_ATTEMPT: str(launch.attempt), TAG_PRECISION: launch.precision}
+
+
+def _points(record: dict[str, Any], names: dict[str, str], *, step: int, prefix: str = "") -> list[Point]:
+    stamp = int(float(record.get("time", 0)) * 1000)
+    points = []
+    for metric, source in names.items():
+        value = record.get(source)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        points.append(Point(prefix + metric, float(value), step, stamp))
+    return points
+
+
+def update_for(event: str, record: dict[str, Any], *, attempt: int) -> Update | None:
+    """The records an event line makes (None: the event tells the tracking server nothing)."""
+    step = record.get("step")
+    if event == "step" and isinstance(step, int):
+        update = Update(metrics=_points(record, STEP_METRICS, step=step))
+        if isinstance(record.get("precision"), str):
+            update.attempt_tags[TAG_PRECISION] = record["precision"]
+        return update
+    if event == "eval" and isinstance(step, int):
+        return Update(metrics=_points(record, EVAL_METRICS, step=step))
+    if event == "profile" and isinstance(step, int):
+        share = {"low_precision_kernel_share": "lowPrecisionKernelShare"}
+        return Update(metrics=_points(record, share, step=step))
+    if event == "fault":
+        why = f"{record.get('rule', '')}: {record.get('message', '')} (step {step})"[:MAX_PARAM_CHARS]
+        return Update(attempt_tags={TAG_FALLBACK_REASON: why}, job_tags={f"mpjob.fallback.attempt{attempt}": why})
+    if event == "precisionMeasured" and isinstance(record.get("precision"), str):
+        return Update(attempt_tags={TAG_PRECISION: record["precision"]})
+    return None
+
+
+def run_status(code: int) -> str:
+    """The MLflow run status of an attempt that ended with exit `code`."""
+    if code == ExitCode.SUCCESS:
+        return "FINISHED"
+    if code in (ExitCode.PREEMPTED, ExitCode.REPROMOTE):
+        return "KILLED"
+    return "FAILED"
