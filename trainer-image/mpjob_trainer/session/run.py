@@ -120,6 +120,11 @@ class Session:
         return self._numerics.applied.count
 
     @property
+    def samples_seen(self) -> int:
+        """The data position: samples all ranks consumed so far, kept exact across resumes."""
+        return self._state.samples if self._state is not None else 0
+
+    @property
     def args(self) -> dict[str, Any]:
         """spec.task.args: the job's settings for the script."""
         return dict(self.spec.task.args)
@@ -172,6 +177,7 @@ class Session:
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful)
+        self._checkpoints.sharded = self._state.sharded is not None  # every rank writes its shards
         for optimizer in self._state.optimizers():
             self._numerics.applied.watch(optimizer)
         checkpoints = self._checkpoints
@@ -237,6 +243,7 @@ class Session:
 
     def step(self, optimizer: torch.optim.Optimizer, *, clip_norm: float | None = None) -> None:
         """Clip the true (unscaled) gradients, step unless they overflowed, zero them."""
+        self._checkpoints.before_update()  # a sharded save's copy of the weights is done
         self._numerics.step(optimizer, clip_norm)
 
     def end_step(
@@ -249,6 +256,7 @@ class Session:
         if lr is not None:
             self._numerics.tally.lr = lr
         self._step = step
+        self._state.samples += samples or 0
         self._progress.window.add(samples)
         self._numerics.close(step, loss)
         gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
@@ -277,7 +285,7 @@ class Session:
         elif isinstance(exc, NumericFault):
             self._metrics.trip(exc.rule)
             self._log("fault", step=self._step, rule=exc.rule, message=str(exc), all_ranks=True)
-        if self.world.is_main:
+        if self.world.is_main or self._checkpoints.sharded:
             with contextlib.suppress(Exception):
                 self._checkpoints.collect(block=True, training_step=self._step)
         if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None:
