@@ -6,7 +6,9 @@ per rank matters for exact resume), each block and the root sharded with FSDP2's
 and batches drawn from the data position the session keeps in samples, so that a run resumed
 on another world size goes on with the very next sample. task.args:
   blocks, width   the model's size
-$SHARDED_SCRIPT_STEP_SECONDS slows each step (a test interrupts the run mid-way).
+$SHARDED_SCRIPT_STEP_SECONDS slows each step (a test interrupts the run mid-way);
+$SHARDED_SCRIPT_FULL_STATE names a file where rank 0 saves, at the end, the full model and
+optimizer state gathered from all ranks and the data position (what the tests compare).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.fsdp import fully_shard
 
 from mpjob_trainer import session as mpjob
@@ -66,6 +69,12 @@ def main() -> None:
             schedule.step()
             run.end_step(step + 1, loss=loss, samples=BATCH * size)
             time.sleep(pause)
+        if os.environ.get("SHARDED_SCRIPT_FULL_STATE"):
+            full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model_sd, optim_sd = get_state_dict(model, [optimizer], options=full)
+            if run.world.is_main:
+                state = {"model": model_sd, "optimizer": optim_sd, "samples": run.samples_seen}
+                torch.save(state, os.environ["SHARDED_SCRIPT_FULL_STATE"])
 
 
 if __name__ == "__main__":
