@@ -106,9 +106,6 @@ def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path,
     resumed = contents(ckpt / final, tmp_path / "resumed.pt")
     assert sorted(straight["ranks"]) == ["rank-00000.pt", "rank-00001.pt"]
     assert straight["ranks"]["rank-00000.pt"]["samples"] == steps * nproc * 4
-    assert not torch.equal(
-        straight["ranks"]["rank-00000.pt"]["rng"]["torch"], straight["ranks"]["rank-00001.pt"]["rng"]["torch"]
-    ), "each rank's own generator is kept"
     assert_identical(straight, resumed)
 
 

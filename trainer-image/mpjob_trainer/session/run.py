@@ -178,8 +178,6 @@ class Session:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful)
         self._checkpoints.sharded = self._state.sharded is not None  # every rank writes its shards
-        for optimizer in self._state.optimizers():
-            self._numerics.applied.watch(optimizer)
         checkpoints = self._checkpoints
         if self.world.is_main:
             checkpoints.clean_stale()
@@ -192,6 +190,8 @@ class Session:
             self._numerics.applied.count = self._state.restore(state, self.precision, self._amp.scaler)
             self.start_step = self._step = ref.step
             self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
+        for optimizer in self._state.optimizers():  # after loading: DCP may step an empty optimizer once
+            self._numerics.applied.watch(optimizer)
         self._numerics.guard.start_at(self.start_step)
         self._intervals.cadence.trouble(self.start_step)
         self._started_at = self.start_step
