@@ -13,12 +13,12 @@ Format versions (`formatVersion`; a manifest without the field is version 1):
     2  the same layout; the builtin loop's AdamW has two groups (decay / no decay, see
        speed.decay_groups). Loading a version-1 checkpoint re-splits its optimizer state by
        parameter (checkpoint.migrate); the store reads 1..FORMAT_VERSION and rejects newer ones.
-    3  sharded (layout `dcp`, written under a sharded model, checkpoint.sharded): no state.pt;
-       every rank's shards as torch.distributed.checkpoint wrote them (`.metadata`,
-       `__<rank>_<n>.distcp`), `rank-<r>.pt` per rank (its generators and the small state,
-       torch.save), and a manifest that also names the layout and the world size that wrote it.
-       Single-file checkpoints are still written as version 2; a trainer older than version 3
-       refuses a sharded checkpoint rather than misread it.
+Layouts (`layout`, absent: `single`; `worldSize`: how many processes wrote it), of format 2:
+    single  state.pt as above (any run whose model is not sharded)
+    dcp     written under a sharded model (checkpoint.shards): no state.pt; every rank's shards
+            as torch.distributed.checkpoint wrote them (`.metadata`, `__<rank>_<n>.distcp`) and
+            `rank-<r>.pt` per rank (its generators and the small state, torch.save). A trainer
+            from before layouts finds no state.pt in the manifest and refuses it, never misreads.
 Bump FORMAT_VERSION whenever what a checkpoint holds changes in a way an older reader would
 misread, and teach checkpoint.migrate to bring the previous version forward.
 """
@@ -38,11 +38,8 @@ STATE = "state.pt"
 MANIFEST = "manifest.json"
 #: Where an adopted framework checkpoint lies inside an mpjob checkpoint directory.
 FRAMEWORK = "framework"
-#: The format this trainer writes single-file checkpoints in; it reads every version from 1 up
-#: to SHARDED_FORMAT.
+#: The format this trainer writes; it reads every version from 1 up to this one.
 FORMAT_VERSION = 2
-#: The format of a sharded checkpoint (layout DCP).
-SHARDED_FORMAT = 3
 #: Layouts: one state.pt (any run without a sharded model), or torch.distributed.checkpoint shards.
 SINGLE, DCP = "single", "dcp"
 #: What a manifest without `formatVersion` is: written before the field existed.
@@ -122,16 +119,16 @@ def read_manifest(folder: Path) -> Manifest:
         manifest.state_sha256  # noqa: B018 - every single-file format has a state.pt
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptCheckpoint(f"{folder.name}: unreadable manifest ({exc!r})") from exc
-    if not UNVERSIONED <= manifest.format_version <= SHARDED_FORMAT:
+    if not UNVERSIONED <= manifest.format_version <= FORMAT_VERSION:
         raise CorruptCheckpoint(
             f"{folder.name}: checkpoint format {manifest.format_version}, this trainer reads formats "
-            f"{UNVERSIONED} to {SHARDED_FORMAT}: resume it with a trainer image at least as new as the one "
+            f"{UNVERSIONED} to {FORMAT_VERSION}: resume it with a trainer image at least as new as the one "
             "that wrote it"
         )
-    if (manifest.layout == DCP) != (manifest.format_version == SHARDED_FORMAT) or manifest.world_size < 1:
+    if manifest.layout not in (SINGLE, DCP) or manifest.world_size < 1:
         raise CorruptCheckpoint(
-            f"{folder.name}: manifest says layout {manifest.layout!r}, format {manifest.format_version}, "
-            f"world size {manifest.world_size}: not a layout this trainer writes"
+            f"{folder.name}: manifest says layout {manifest.layout!r}, world size {manifest.world_size}: "
+            f"this trainer reads layouts {SINGLE} and {DCP}"
         )
     return manifest
 

@@ -43,7 +43,6 @@ from mpjob_trainer.checkpoint.manifest import (
     DCP,
     FORMAT_VERSION,
     FRAMEWORK,
-    SHARDED_FORMAT,
     SINGLE,
     STATE,
     CorruptCheckpoint,
@@ -238,7 +237,7 @@ class CheckpointStore:
         and size, as the ranks hashed them) `step`'s: manifest last, then the rename (rank 0)."""
         start = time.perf_counter()
         manifest = Manifest(
-            step, precision, self.config_digest, SHARDED_FORMAT, files, job=self.job, layout=DCP, world_size=world_size
+            step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job, layout=DCP, world_size=world_size
         )
         with self._writing:
             try:
