@@ -13,12 +13,12 @@ last good checkpoint stays the previous one and the next interval tries again.
 
 Under a sharded model (`sharded`, set when the run registers its state) every rank writes:
 each stages its own shards and writes them in the background (checkpoint.sharded), the
-training thread waiting for the staging copy only in `before_update`, before the next
-optimizer step may change what is copied; that wait counts into the stall. Collecting a
+training thread waiting for the staging copy only in `before_update`, which an optimizer
+step pre-hook calls before the step may change what is copied; that wait counts into the stall. Collecting a
 save and its outcome happen on every rank (rank 0 alone logs).
 
 The Checkpointer owns the staging buffers and the writer thread; the session and its
-collaborators use only its public methods (save, collect, load, state_of, clean_stale,
+collaborators use only its public methods (open, save, collect, settle, load, state_of, clean_stale,
 last_good, root), never the store's or the writer's internals.
 """
 
@@ -37,6 +37,7 @@ from mpjob_trainer.checkpoint.sharded import PendingSave, ShardedWriter
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.state import TrainingState
 
 
 class Checkpointer:
@@ -68,6 +69,20 @@ class Checkpointer:
     def clean_stale(self) -> None:
         """Remove what saves killed midway left behind (call on rank 0, before `load`)."""
         self.store.clean_stale()
+
+    def open(
+        self, state: TrainingState, prefer: str | None, *, newer_in: str | None = None
+    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """Every rank, once: what killed saves left is removed (rank 0), then the checkpoint to
+        resume from is loaded (`load`). A sharded `state` is written by every rank, and its
+        optimizers wait for a save's staging copy before they step (`before_update`)."""
+        self.sharded = state.sharded is not None
+        for optimizer in state.optimizers() if self.sharded else []:
+            optimizer.register_step_pre_hook(lambda *_: self.before_update())
+        if self.world.is_main:
+            self.clean_stale()
+        dist_env.barrier(self.world)
+        return self.load(prefer, newer_in=newer_in)
 
     def load(self, prefer: str | None, *, newer_in: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The checkpoint to resume from and its state (checkpoint.resume's policy), else None."""
@@ -164,6 +179,13 @@ class Checkpointer:
             self.store.mark_good(result.ref)
             self._saved(result, asynchronous=True)
         return result
+
+    def settle(self, training_step: int) -> None:
+        """At the end of the attempt: wait for the save in flight and report it (never raises:
+        the attempt's ending is decided by what it knows already)."""
+        if self.world.is_main or self.sharded:
+            with contextlib.suppress(Exception):
+                self.collect(block=True, training_step=training_step)
 
     def _failed(self, step: int, training_step: int, exc: BaseException) -> None:
         self.metrics.checkpoint_failures.inc()

@@ -177,14 +177,9 @@ class Session:
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful)
-        self._checkpoints.sharded = self._state.sharded is not None  # every rank writes its shards
-        checkpoints = self._checkpoints
-        if self.world.is_main:
-            checkpoints.clean_stale()
-        dist_env.barrier(self.world)
-        loaded = checkpoints.load(self.launch.resume_from, newer_in=self.precision)
+        loaded = self._checkpoints.open(self._state, self.launch.resume_from, newer_in=self.precision)
         if loaded is None:
-            self._log("freshStart", reason=f"no valid checkpoint in {checkpoints.root}: starting at step 0")
+            self._log("freshStart", reason=f"no valid checkpoint in {self._checkpoints.root}: starting at step 0")
         else:
             ref, state = loaded
             self._numerics.applied.count = self._state.restore(state, self.precision, self._amp.scaler)
@@ -195,7 +190,7 @@ class Session:
         self._numerics.guard.start_at(self.start_step)
         self._intervals.cadence.trouble(self.start_step)
         self._started_at = self.start_step
-        self._progress.started(self.launch, self.precision, self.start_step, checkpoints.last_good)
+        self._progress.started(self.launch, self.precision, self.start_step, self._checkpoints.last_good)
         return self.start_step
 
     def register_step(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
@@ -243,7 +238,6 @@ class Session:
 
     def step(self, optimizer: torch.optim.Optimizer, *, clip_norm: float | None = None) -> None:
         """Clip the true (unscaled) gradients, step unless they overflowed, zero them."""
-        self._checkpoints.before_update()  # a sharded save's copy of the weights is done
         self._numerics.step(optimizer, clip_norm)
 
     def end_step(
@@ -285,9 +279,7 @@ class Session:
         elif isinstance(exc, NumericFault):
             self._metrics.trip(exc.rule)
             self._log("fault", step=self._step, rule=exc.rule, message=str(exc), all_ranks=True)
-        if self.world.is_main or self._checkpoints.sharded:
-            with contextlib.suppress(Exception):
-                self._checkpoints.collect(block=True, training_step=self._step)
+        self._checkpoints.settle(self._step)
         if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None:
             exc = self._replay.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
         self._exit_code = conclude(exc, self._standing(), self._log)
