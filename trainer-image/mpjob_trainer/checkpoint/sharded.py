@@ -1,5 +1,9 @@
 """ShardedWriter: one rank's side of writing a sharded checkpoint (checkpoint.shards has the
-layout and the whole story): DCP's asynchronous save, then the agreement and rank 0's commit."""
+layout and the whole story): DCP's asynchronous save, then the agreement and rank 0's commit.
+
+The training thread only captures (references to its shards, a copy of the small state) and
+hands over; DCP's save begins on the writer thread, so its set-up (planning, the stager's
+and the upload's threads) costs the training thread nothing but the GIL it shares with them."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from mpjob_trainer.checkpoint.manifest import hash_files
 from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
+from mpjob_trainer.checkpoint.staging import snapshot
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 
 
@@ -46,12 +51,30 @@ class ShardedWriter:
         self.peers = Peers.current(group if isinstance(group, dist.ProcessGroup) else None)
 
     def start(self, step: int, precision: str, state: dict[str, Any]) -> PendingSave:
-        """Begin writing `state` (a TrainingState capture: shards under SHARDS, a private copy
-        of the rest) as `step`'s checkpoint."""
+        """Take `state` (a TrainingState capture: live shards under SHARDS) as `step`'s
+        checkpoint. The training thread does no more than copy the small state: DCP's save,
+        its staging included, begins in `finish`, on the writer thread."""
         started = time.perf_counter()
-        tmp = self.store.root / f".tmp-{step:09d}-dcp"
+        shards, local = state[SHARDS], snapshot({k: v for k, v in state.items() if k != SHARDS})
+        staged: Future[None] = Future()
+
+        def finish() -> SaveResult:
+            try:
+                upload = self._begin(step, shards, staged)
+            except BaseException as exc:
+                staged.set_exception(exc)  # the training thread must not wait for a copy never made
+                raise
+            return self._finish(step, precision, tmp=self._folder(step), local=local, upload=upload, started=started)
+
+        return PendingSave(staged, finish)
+
+    def _folder(self, step: int) -> Path:
+        return self.store.root / f".tmp-{step:09d}-dcp"
+
+    def _begin(self, step: int, shards: dict[str, Any], staged: Future[None]) -> Future[Any]:
+        """DCP's asynchronous save of this rank's shards; `staged` completes with the copy."""
+        tmp = self._folder(step)
         tmp.mkdir(parents=True, exist_ok=True)
-        shards, local = state[SHARDS], {k: v for k, v in state.items() if k != SHARDS}
         writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, sync_files=True, thread_count=1)
         response = dcp.async_save(
             shards,
@@ -60,15 +83,11 @@ class ShardedWriter:
             async_stager=self.stager,
             no_dist=self.peers.size == 1 and self.peers.group is None,
         )
-        if isinstance(response, AsyncSaveResponse):  # staged in the stager's thread
-            staged, upload = response.staging_completion, response.upload_completion
-        else:
-            staged, upload = _done(), response
-
-        def finish() -> SaveResult:
-            return self._finish(step, precision, tmp=tmp, local=local, upload=upload, started=started)
-
-        return PendingSave(staged, finish)
+        if not isinstance(response, AsyncSaveResponse):  # staged before it returned
+            staged.set_result(None)
+            return response
+        response.staging_completion.add_done_callback(lambda done: _settle(staged, done))
+        return response.upload_completion
 
     def _finish(
         self, step: int, precision: str, *, tmp: Path, local: dict[str, Any], upload: Future[Any], started: float
@@ -108,7 +127,10 @@ class ShardedWriter:
         return result.ref, result.bytes
 
 
-def _done() -> Future[None]:
-    future: Future[None] = Future()
-    future.set_result(None)
-    return future
+def _settle(staged: Future[None], done: Future[None]) -> None:
+    """Pass DCP's staging outcome on to the future the training thread waits on."""
+    error = done.exception()
+    if error is not None:
+        staged.set_exception(error)
+    else:
+        staged.set_result(None)

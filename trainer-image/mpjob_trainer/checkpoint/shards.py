@@ -8,10 +8,11 @@ the global index that lets any world size read them back) and its own small stat
 is gathered onto one rank.
 
 Writing, per rank (`ShardedWriter.start`, then `PendingSave.finish`):
-1. on the training thread: `dcp.async_save` with a DefaultStager that copies the shards to
-   host memory in its own thread. The training thread waits for that copy only before the
-   next optimizer update (`PendingSave.staged`), the first moment the values could change:
-   forward and backward of the next step overlap the copy. (StagingBuffers would copy on the
+1. on the training thread only the capture (get_state_dict: references to this rank's
+   shards) and a copy of the small state; then, on the writer thread, `dcp.async_save` with
+   a DefaultStager that copies the shards to host memory in its own thread. The training
+   thread waits for that copy only before the next optimizer update (`PendingSave.staged`),
+   the first moment the values could change: forward and backward overlap the copy. (StagingBuffers would copy on the
    training thread: at N processes each rank's copy is 1/N of a rank-0 snapshot, which does
    not make the stall small; DCP's stager also knows DTensors.)
 2. off the training thread: DCP writes and plans on a process group of its own (gloo), never
