@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from mpjob_contract import k8s, rules
+from mpjob_contract.accounting import CostPerGpuHour, JobCost
+from mpjob_contract.parallelism import Parallelism
+from mpjob_contract.skipping import OnBadData, Skipped, SpikeSpec
+from mpjob_contract.timeline import PrecisionTimeline
 
 GROUP = "mpjob.dev"
 VERSION = "v1alpha1"
@@ -189,6 +193,16 @@ class Guard(ApiModel):
     replay_timeout_seconds: int = Field(
         300, ge=1, le=86400, description="Time cap of that replay; past it the precision is blamed."
     )
+    on_bad_data: OnBadData = Field(
+        "skip",
+        description="When the fp32 replay finds a step non-finite in fp32 too: skip: roll back to the last good "
+        "checkpoint, quarantine that step's samples (kept in checkpoints, never served again) and go on in the "
+        "same precision; fail: the attempt ends NonFiniteInFp32.",
+    )
+    max_skipped_steps: int = Field(
+        4, ge=0, le=1000, description="Steps skipped (bad data and loss spikes) before the attempt fails as bad data."
+    )
+    spike: SpikeSpec = Field(default_factory=SpikeSpec, description="Finite loss spikes (see spike.action).")
 
 
 class PrecisionSpec(ApiModel):
@@ -387,8 +401,10 @@ class MixedPrecisionJobSpec(ApiModel):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     validation: Validation = Field(default_factory=Validation)
     resources: Resources = Field(default_factory=Resources)
+    parallelism: Parallelism = Field(default_factory=Parallelism)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
+    cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")
 
 
 # ---------------------------------------------------------------- status (operator-written)
@@ -427,6 +443,12 @@ class AttemptStatus(ApiModel):
     charged: bool | None = None
     start_time: str | None = None
     finish_time: str | None = None
+    #: What it cost (mpjob_contract.accounting): GPU-seconds seen, samples trained, and the steps
+    #: (and their share of GPU-seconds) a later attempt trained again.
+    gpu_seconds: float | None = None
+    samples: int | None = None
+    wasted_steps: int | None = None
+    wasted_gpu_seconds: float | None = None
 
 
 class AttemptCounts(ApiModel):
@@ -470,9 +492,13 @@ class MixedPrecisionJobStatus(ApiModel):
     #: delta to fp32 at the same weights.
     eval_loss: float | None = None
     eval_loss_delta: float | None = None
+    #: Steps and samples skipped as bad data or loss spikes (guard.onBadData, guard.spike).
+    skipped: Skipped | None = None
     last_checkpoint: CheckpointStatus | None = None
     attempts: list[AttemptStatus] = Field(default_factory=list)
     attempt_counts: AttemptCounts | None = None
+    cost: JobCost | None = None
+    timeline: PrecisionTimeline | None = None
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     message: str | None = None

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mpjob_contract.report import Measurement, Replay
+from mpjob_contract.skipping import SampleRange
 
 
 class TrainerEvent(BaseModel):
@@ -61,6 +62,16 @@ class Compile(TrainerEvent):
     name = "compile"
     mode: str
     compiled: bool
+
+
+class Wrap(TrainerEvent):
+    """How run.wrap shared the model (spec.parallelism)."""
+
+    name = "wrap"
+    strategy: str
+    checkpointed_blocks: list[int] = Field(default_factory=list, alias="checkpointedBlocks")
+    #: fsdp: the modules sharded on their own (keepFp32 ones, blocks), root ("") last.
+    sharded: list[str] | None = None
 
 
 class PrecisionMeasured(TrainerEvent, Measurement):
@@ -159,6 +170,28 @@ class ReplaySkipped(TrainerEvent):
     why: str
 
 
+class DataSkipped(TrainerEvent):
+    """Steps rolled back and skipped (guard.onBadData, guard.spike): the attempt goes on from
+    the checkpoint at `fromStep` without those steps' samples."""
+
+    name = "dataSkipped"
+    cause: str
+    steps: list[int]
+    samples: list[SampleRange] = Field(default_factory=list)
+    from_step: int = Field(alias="fromStep")
+    #: Steps skipped so far in the run (guard.maxSkippedSteps bounds it).
+    skipped_steps: int = Field(alias="skippedSteps")
+
+
+class LossSpike(TrainerEvent):
+    """A finite loss above its window's mean by more than guard.spike.zScore deviations."""
+
+    name = "lossSpike"
+    first_step: int = Field(alias="firstStep")
+    last_step: int = Field(alias="lastStep")
+    detected_at: int = Field(alias="detectedAt")
+
+
 class Repromote(TrainerEvent):
     name = "repromote"
     step: int
@@ -190,6 +223,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         CheckpointRejected,
         KeepFp32,
         Compile,
+        Wrap,
         PrecisionMeasured,
         Resume,
         FreshStart,
@@ -202,6 +236,8 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         Fault,
         ReplayDone,
         ReplaySkipped,
+        DataSkipped,
+        LossSpike,
         Repromote,
         Preempted,
         Done,

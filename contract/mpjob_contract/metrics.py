@@ -37,6 +37,8 @@ INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1
 GUARD_TRIPS = PREFIX + "guard_trips"  # counter by rule -> *_total
 REPLAYS = PREFIX + "fp32_replays"  # counter by verdict (precision|data|inconclusive) -> *_total
 REPLAY_SECONDS = PREFIX + "fp32_replay_seconds"  # gauge: the last replay's duration
+#: Samples quarantined after a rollback (guard.onBadData, guard.spike), by cause (data|spike).
+SKIPPED_SAMPLES = PREFIX + "skipped_samples"  # counter -> *_total
 #: `auto` attempts: seconds per step measured on the node, by candidate precision (label
 #: `candidate`; -1 = it went non-finite); the chosen one is the attempt's `precision` label.
 MEASURED_STEP_SECONDS = PREFIX + "measured_step_seconds"

@@ -21,9 +21,11 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mpjob_contract import timeline
 from mpjob_contract.api import Precision
 from mpjob_contract.codes import Reason
 from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV
+from mpjob_contract.skipping import Skipped
 
 __all__ = [
     "DEFAULT_TERMINATION_LOG",
@@ -85,9 +87,12 @@ class Replay(_Model):
     #: Whether the replay began at the last good checkpoint's weights (else: the weights in memory).
     from_checkpoint: bool = Field(False, alias="fromCheckpoint")
     #: The step whose fp32 loss or gradients were non-finite, and its samples (dataset indices,
-    #: this process's share of the batch; capped).
+    #: the offending ranks' shares of the batch; capped).
     offending_step: Count | None = Field(None, alias="offendingStep")
     samples: list[Count] = Field(default_factory=list, max_length=64)
+    #: The ranks whose share of that step was non-finite in fp32 (every rank agrees on them;
+    #: capped). Empty for a verdict other than data.
+    ranks: list[Count] = Field(default_factory=list, max_length=64)
     seconds: Finite = Field(0.0, ge=0)
 
 
@@ -121,7 +126,17 @@ class TerminationReport(_Model):
     counters: Counters = Field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
+    #: The attempt's loss-scale history, [step, scale] pairs oldest first (mpjob_contract.timeline).
+    loss_scales: list[tuple[int, float]] = Field(default_factory=list, alias="lossScales")
+    #: What the attempt skipped as bad data or loss spikes (the quarantine, bounded).
+    skipped: Skipped | None = None
     message: str = ""
+
+    @field_validator("loss_scales", mode="before")
+    @classmethod
+    def _readable_scales(cls, value: object) -> list[tuple[int, float]]:
+        """Read tolerantly and bounded: a bad pair is dropped, never the whole report."""
+        return timeline.readable_points(value)
 
     @field_validator("message")
     @classmethod
@@ -143,7 +158,12 @@ class TerminationReport(_Model):
         overflow = len(text.encode()) - MAX_REPORT_BYTES + 16
         short = self.message.encode()[: max(0, len(self.message.encode()) - overflow)]
         clipped = self.model_copy(update={"message": short.decode(errors="ignore") + " [...]"})
-        return clipped.model_dump_json(by_alias=True, exclude_none=True)
+        text = clipped.model_dump_json(by_alias=True, exclude_none=True)
+        scales = clipped.loss_scales
+        while len(text.encode()) > MAX_REPORT_BYTES and scales:  # then the oldest loss-scale points
+            scales = timeline.first_and_newest(scales, len(scales) // 2)
+            text = clipped.model_copy(update={"loss_scales": scales}).model_dump_json(by_alias=True, exclude_none=True)
+        return text
 
     @classmethod
     def parse_message(cls, text: str | None) -> TerminationReport | None:

@@ -86,7 +86,8 @@ def _path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("function-after", "function-before") or str(part).startswith(("literal[", "str", "int")):
+        elif part in ("function-after", "function-before", "str", "int") or str(part).startswith("literal["):
+            # a union member's tag, not a field (a prefix test would drop fields such as `strategy`)
             continue
         else:
             out += ("." if out else "") + str(part)

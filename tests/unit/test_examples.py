@@ -160,3 +160,28 @@ def test_own_loop_example_runs_its_own_script_and_recovers_from_fp16() -> None:
     assert job.spec.precision.mode == "fp16" and job.spec.precision.fallback[0] == "bf16"
     assert job.spec.checkpoint.every_steps <= overflow < job.spec.training.steps
     assert job.spec.resources.processes_per_worker == 2 and job.spec.resources.gpus_per_worker == 0
+
+
+def test_fsdp_example_shards_a_plain_transformer_on_two_workers_of_two_processes() -> None:
+    job = jobs()["fsdp"]
+    spec = job.spec
+    assert spec.parallelism.strategy == "fsdp" and spec.parallelism.activation_checkpointing == "selective"
+    assert spec.workers == 2 and spec.resources.processes_per_worker == 2 and spec.resources.gpus_per_worker == 0
+    command = spec.task.command
+    assert command is not None
+    script = (REPO / "examples/fsdp" / command[1]).read_text()
+    assert "mpjob_trainer import session" in script and "run.wrap(model, blocks=" in script
+    # The optimizer is made after wrap (FSDP2 replaces the parameters with sharded ones).
+    assert script.index("run.wrap(model, blocks=") < script.index("run.adamw(")
+    overflow = int(command[command.index("--overflow-at") + 1])
+    assert spec.precision.mode == "fp16" and spec.precision.fallback[0] == "bf16"
+    assert spec.checkpoint.every_steps <= overflow < spec.training.steps
+    rendered = attempt_job(job="fsdp", namespace="default", uid="u", spec=spec, start=first_attempt(spec), image="x")
+    assert rendered["spec"]["completions"] == 2
+    assert rendered["spec"]["template"]["spec"]["containers"][0]["command"][:5] == [
+        "mpjob-launch",
+        "--nproc-per-worker",
+        "2",
+        "--workers",
+        "2",
+    ]

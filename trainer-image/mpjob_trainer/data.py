@@ -4,6 +4,11 @@ Sample k of the global stream is permutation_e[k mod N] with e = k div N, and mi
 of optimizer step s on rank r takes the `batch` samples starting at
 k = ((s * accumulation + m) * world + r) * batch. Exact resume needs only the step.
 
+Quarantined samples (session.quarantine: bad data and loss spikes the session rolled back
+from) are left out of the micro-batch they fall in; the rest of the order is unchanged, so a
+run that quarantined a sample equals one whose data never had it in those places. A micro-batch
+left empty is dropped from its step (a step left empty trains nothing).
+
 Optimizer step s covers the stream positions [s * P, (s + 1) * P) with P = accumulation x
 world x batch, whatever the split of P: an attempt that halves `batch` and doubles
 `accumulation` (a fallback to fp32, or after running out of GPU memory) trains on the same
@@ -19,9 +24,22 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
+from mpjob_trainer.session.quarantine import Quarantine
+
 
 class StepSampler:
-    def __init__(self, size: int, batch: int, accumulation: int, world: int, rank: int, seed: int) -> None:
+    def __init__(
+        self,
+        size: int,
+        batch: int,
+        accumulation: int,
+        world: int,
+        rank: int,
+        seed: int,
+        *,
+        quarantine: Quarantine | None = None,
+    ) -> None:
+        self.quarantine = quarantine if quarantine is not None else Quarantine()
         self.size = size
         self.batch = batch
         self.accumulation = accumulation
@@ -43,7 +61,11 @@ class StepSampler:
         out: list[int] = []
         for k in range(start, start + self.batch):
             out.append(int(self._permutation(k // self.size)[k % self.size]))
-        return out
+        return self.quarantine.keep(out) if len(self.quarantine) else out
+
+    def micro_count(self, step: int) -> int:
+        """Micro-batches of step `step` that still hold samples."""
+        return sum(1 for micro in range(self.accumulation) if self.indices(step, micro))
 
     def step_indices(self, step: int) -> list[int]:
         """This rank's samples of optimizer step `step`, micro-batch by micro-batch."""
@@ -82,10 +104,12 @@ class StepBatches(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         for step in range(self.start, self.stop):
             for micro in range(self.sampler.accumulation):
-                yield self.sampler.indices(step, micro)
+                indices = self.sampler.indices(step, micro)
+                if indices:
+                    yield indices
 
     def __len__(self) -> int:
-        return max(0, self.stop - self.start) * self.sampler.accumulation
+        return sum(self.sampler.micro_count(step) for step in range(self.start, self.stop))
 
 
 def _ignore_sigterm(_: int) -> None:
@@ -107,25 +131,33 @@ class StepLoader:
     def __init__(self, dataset: Dataset[Any], sampler: StepSampler, *, span: range, workers: int, pin: bool) -> None:
         self.dataset, self.sampler = dataset, sampler
         self._next, self._stop = span.start, span.stop
+        self._workers, self._pin = workers, pin
         self._batches: Iterator[Any] | None = None
-        if workers > 0 and len(span):
+        self._start(span.start)
+
+    def _start(self, step: int) -> None:
+        """Collate ahead from `step` on (again, when the quarantine changed under the workers)."""
+        self._batches, self._next, self._version = None, step, self.sampler.quarantine.version
+        if self._workers > 0 and step < self._stop:
             loader = DataLoader(
-                dataset,
-                batch_sampler=StepBatches(sampler, span.start, span.stop),
-                num_workers=workers,
-                pin_memory=pin,
+                self.dataset,
+                batch_sampler=StepBatches(self.sampler, step, self._stop),
+                num_workers=self._workers,
+                pin_memory=self._pin,
                 prefetch_factor=2,
                 worker_init_fn=_ignore_sigterm,
             )
             self._batches = iter(loader)
 
     def micro_batches(self, step: int) -> list[Any]:
-        """The micro-batches of optimizer step `step`, in order."""
-        accumulation = self.sampler.accumulation
+        """The micro-batches of optimizer step `step` that hold samples, in order."""
+        if self._batches is not None and self._version != self.sampler.quarantine.version and step >= self._next:
+            self._start(step)
         if self._batches is not None and step == self._next and step < self._stop:
             self._next += 1
-            return [next(self._batches) for _ in range(accumulation)]
-        return [micro_batch(self.dataset, self.sampler, step, micro) for micro in range(accumulation)]
+            return [next(self._batches) for _ in range(self.sampler.micro_count(step))]
+        micros = range(self.sampler.accumulation)
+        return [micro_batch(self.dataset, self.sampler, step, m) for m in micros if self.sampler.indices(step, m)]
 
     def close(self) -> None:
         """Stop the workers (their iterator shuts them down when it is dropped)."""

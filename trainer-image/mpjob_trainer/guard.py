@@ -11,6 +11,11 @@ State machine and invariants:
   tensor ops, no sync) and is read by `read()`, then the loss scale, once per log interval:
   that is the guard's one deliberate sync point, shared with the log line. Ranks all-reduce
   it (max) there, so they decide at the same step.
+- Messages say what happened when, in 1-based step numbers like the log lines: the first
+  faulting step, the step the guard noticed it at and, for the counters read at intervals,
+  the previous read (the interval the fault lay in). The first non-finite loss since the last
+  good checkpoint rides in the interval's one all-reduce (no extra sync); the first one read
+  is the attempt's first, since a checkpoint is only marked good after a clean interval.
 - `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay):
   the first overflow-skipped step and the first non-finite loss since the last good checkpoint.
   The first is host state; the second a device tensor updated with torch.where (no sync),
@@ -24,12 +29,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
+
+if TYPE_CHECKING:
+    from mpjob_trainer.session.spike import SpikeDetector
 
 #: Rules whose trouble is tied to the steps it happened at: a fp32 replay of those steps tells
 #: a precision's fault from the data's. Stagnation is not (it is slow, not non-finite).
@@ -43,6 +52,10 @@ class GuardReading:
     loss_scale: float | None
     #: Largest `flag` any rank passed to read() (used to agree on preemption under DDP).
     flag: float = 0.0
+    #: Steps whose finite loss spiked (guard.spike; session.spike), agreed by all ranks.
+    spikes: range | None = None
+    #: The attempt's first non-finite loss (1-based step, earliest over the ranks), if any.
+    first_non_finite: int | None = None
 
 
 class NumericGuard:
@@ -55,6 +68,7 @@ class NumericGuard:
         self._non_finite = torch.zeros((), dtype=torch.int64, device=device)
         self.non_finite_losses = 0
         self.new_non_finite = 0  # since the previous read
+        self.forgiven = 0  # counted before the last rollback (session.skipping): not held against the guard
         self._applied = False
         self._last_loss: float | None = None
         self._stagnant_since: int | None = None
@@ -62,6 +76,14 @@ class NumericGuard:
         self._first_non_finite = torch.full((), -1, dtype=torch.int64, device=device)
         self._first_overflow: int | None = None
         self._step_index = 0
+        #: The loss spike detector (guard.spike.action rollback), fed and read with the guard.
+        self.spike: SpikeDetector | None = None
+        #: Host state of the reads: the attempt's first non-finite loss (1-based) and the step
+        #: of the previous read (what a message calls the check interval).
+        self.first_non_finite: int | None = None
+        self.read_at: int | None = None
+        self.previous_read_at: int | None = None
+        self._started_at = 0
 
     # -- per step, host only ------------------------------------------------------------
     def begin_step(self) -> None:
@@ -91,6 +113,8 @@ class NumericGuard:
         self._non_finite += bad.to(torch.int64)
         first = bad & (self._first_non_finite < 0)
         self._first_non_finite = torch.where(first, self._step_index, self._first_non_finite)
+        if self.spike is not None:
+            self.spike.observe(loss, self._step_index)
 
     def end_step(self, step: int, uses_scaler: bool) -> None:
         """Close optimizer step `step` (1-based), which observe_loss saw as index step - 1."""
@@ -107,8 +131,9 @@ class NumericGuard:
         if self.consecutive_overflows >= self.spec.max_consecutive_overflows:
             raise NumericFault(
                 "MaxConsecutiveOverflows",
-                f"{self.consecutive_overflows} consecutive overflow-skipped steps at step {step} "
-                f"(guard.maxConsecutiveOverflows={self.spec.max_consecutive_overflows})",
+                f"{self.consecutive_overflows} consecutive overflow-skipped steps "
+                f"(guard.maxConsecutiveOverflows={self.spec.max_consecutive_overflows}): the first at step "
+                f"{step - self.consecutive_overflows + 1}, detected at step {step} (checked every step)",
             )
 
     # -- at log intervals: the one sync point -------------------------------------------
@@ -118,28 +143,47 @@ class NumericGuard:
         `get_scale()`, whose `.item()` then copies one number the finished steps have already
         computed (nothing is left queued to wait for); it needs no all-reduce, since every rank
         skips the same steps (see above) and so holds the same scale."""
+        first = self._first_non_finite
         values = [
             self._non_finite.to(torch.float64),
             torch.tensor(flag, dtype=torch.float64, device=self.device),
+            -torch.where(first >= 0, first, NO_STEP).to(torch.float64),  # max of the negated: the earliest
+            *(self.spike.values() if self.spike is not None else []),
         ]
         packed = all_reduce_max(torch.stack(values), self.world).tolist()
         self.new_non_finite = int(packed[0]) - self.non_finite_losses
         self.non_finite_losses = int(packed[0])
+        if self.first_non_finite is None and -packed[2] < NO_STEP:
+            self.first_non_finite = int(-packed[2]) + 1
+        self.previous_read_at, self.read_at = self.read_at, self._step_index
         scale = scaler.get_scale() if scaler is not None else None
-        return GuardReading(self.non_finite_losses, scale, packed[1])
+        spikes = self.spike.agreed(packed[3:]) if self.spike is not None else None
+        return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite)
+
+    def _when(self, first: int | None, step: int) -> str:
+        """When a fault read at an interval happened: its first step, the read, the interval."""
+        since = (
+            f"the previous read was at step {self.previous_read_at}"
+            if self.previous_read_at is not None
+            else f"the first read since the attempt started at step {self._started_at}"
+        )
+        began = f"the first at step {first}, " if first is not None else ""
+        return f"{began}detected at step {step} (the guard reads its counters at log and checkpoint steps; {since})"
 
     def check(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> None:
-        if reading.non_finite_losses >= self.spec.max_non_finite_losses:
+        if reading.non_finite_losses - self.forgiven >= self.spec.max_non_finite_losses:
             raise NumericFault(
                 "MaxNonFiniteLosses",
-                f"{reading.non_finite_losses} non-finite losses by step {step} "
-                f"(guard.maxNonFiniteLosses={self.spec.max_non_finite_losses})",
+                f"{reading.non_finite_losses} non-finite losses in this attempt "
+                f"(guard.maxNonFiniteLosses={self.spec.max_non_finite_losses}): "
+                f"{self._when(reading.first_non_finite, step)}",
             )
         if reading.loss_scale is not None and reading.loss_scale < self.spec.min_loss_scale:
+            first = self._first_overflow + 1 if self._first_overflow is not None else None
             raise NumericFault(
                 "LossScaleCollapsed",
-                f"loss scale {reading.loss_scale:g} below guard.minLossScale="
-                f"{self.spec.min_loss_scale:g} at step {step}",
+                f"loss scale {reading.loss_scale:g} below guard.minLossScale={self.spec.min_loss_scale:g}: "
+                f"overflow-skipped steps since the last good checkpoint, {self._when(first, step)}",
             )
         if self.spec.stagnation_steps > 0 and loss is not None:
             stuck = (self._last_loss is not None and abs(loss - self._last_loss) <= 1e-7 * max(1.0, abs(loss))) or (
@@ -159,12 +203,21 @@ class NumericGuard:
 
     def start_at(self, step: int) -> None:
         """The attempt's first step is `step` (0-based index: resumed from a checkpoint there)."""
-        self._step_index = step
+        self._step_index = self._started_at = step
 
     def mark_good(self) -> None:
         """A checkpoint of the current state was taken as good: trouble is counted from here."""
         self._first_overflow = None
         self._first_non_finite.fill_(-1)
+
+    def rewind(self, step: int) -> None:
+        """The state was rolled back to `step` (0-based index; session.skipping): trouble, and the
+        non-finite count the guard checks, are counted from there again."""
+        self.consecutive_overflows = 0
+        self.forgiven = self.non_finite_losses  # those of the rolled-back steps no longer count
+        self.first_non_finite = None  # a later message names the first fault after the rollback
+        self._step_index = step
+        self.mark_good()
 
     def first_fault_step(self, rule: str) -> int | None:
         """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks

@@ -10,16 +10,17 @@ model per training.compile. It reads top to bottom: set-up, resume, then each st
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.data import default_collate
 
 from mpjob_trainer.data import StepLoader, StepSampler, data_workers, to_device
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
+from mpjob_trainer.sharding import accumulating
 from mpjob_trainer.tasks import Task, load_task
 
 __all__ = ["builtin_task", "forward_backward", "learning_rate", "train"]
@@ -52,7 +53,11 @@ def train(run: Session) -> None:
     task = builtin_task(run)
     model = task.model.to(run.device)  # fp32 master weights; autocast casts per op
     run.keep_fp32(model)
-    net = run.wrap(run.compile(model))
+    # FSDP2 shards the module itself (compile the sharded one); DDP wraps the compiled one.
+    if run.spec.parallelism.strategy == "fsdp":
+        net = run.compile(run.wrap(model, blocks=task.blocks))
+    else:
+        net = run.wrap(run.compile(model), blocks=task.blocks)
     optimizer = run.adamw(model, lr=tr.learning_rate, weight_decay=tr.weight_decay)
     start = run.resume(model=model, optimizer=optimizer)  # the data position is the step itself
     sampler = StepSampler(
@@ -62,6 +67,7 @@ def train(run: Session) -> None:
         run.world.size,
         run.world.rank,
         tr.seed,
+        quarantine=run.quarantined,
     )
     workers = data_workers(tr.data_workers, run.device)
     data = StepLoader(
@@ -74,10 +80,13 @@ def train(run: Session) -> None:
             task.set_step(step)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run.applied_steps, tr.steps, tr.learning_rate, tr.warmup_steps)
-        forward_backward(run, net, task, data.micro_batches(step))
-        run.step(optimizer, clip_norm=tr.grad_clip_norm)
+        micro_batches = data.micro_batches(step)
+        if micro_batches:  # else every sample of the step is quarantined: nothing to train on
+            forward_backward(run, net, task, micro_batches)
+            run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
     run.register_step(one_step, samples=sampler.step_indices)
+    run.quarantined.screen = lambda indices: non_finite_alone(run, model, task, indices)
     if run.spec.validation.every_steps:
         if task.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the task has no evaluation set (eval_dataset)")
@@ -110,14 +119,28 @@ def evaluate(run: Session, model: nn.Module, task: Task) -> float:
         model.train()
 
 
+def non_finite_alone(run: Session, model: nn.Module, task: Task, indices: list[int]) -> list[int]:
+    """The samples among `indices` whose fp32 loss is non-finite on their own (the data rung
+    quarantines only them, not the whole step they were in)."""
+    bad = []
+    model.eval()  # no dropout: the screen draws nothing from the generators the catch-up replays
+    try:
+        with torch.no_grad():
+            for index in indices:
+                inputs, targets = to_device(default_collate([task.dataset[index]]), run.device)
+                if not bool(torch.isfinite(task.loss(model(inputs), targets)).all()):
+                    bad.append(index)
+    finally:
+        model.train()
+    return bad
+
+
 def forward_backward(run: Session, net: nn.Module, task: Task, micro_batches: list[Any]) -> None:
     """All micro-batches of one optimizer step; DDP all-reduces gradients on the last only."""
     accumulation = len(micro_batches)
     for micro, batch in enumerate(micro_batches):
         inputs, targets = to_device(batch, run.device)
-        last = micro == accumulation - 1
-        sync: Any = contextlib.nullcontext() if last or not run.world.distributed else net.no_sync()  # type: ignore[operator]
-        with sync:
+        with accumulating(net, last=micro == accumulation - 1):
             with run.autocast():
                 loss = task.loss(net(inputs), targets) / accumulation
             run.backward(loss)

@@ -137,6 +137,11 @@ class TrainerMetrics:
             **self._on("verdict"),
         )
         self.replay_seconds = gauge(names.REPLAY_SECONDS, "Duration of the last fp32 replay.")
+        self.skipped_samples = Counter(
+            names.SKIPPED_SAMPLES,
+            "Samples quarantined after a rollback, by cause (data: non-finite in fp32 too; spike: a loss spike).",
+            **self._on("cause"),
+        )
         self.measured = Gauge(
             names.MEASURED_STEP_SECONDS,
             "auto: seconds per step measured on this node, by candidate precision (-1: non-finite).",
@@ -201,6 +206,10 @@ class TrainerMetrics:
     def replayed(self, verdict: str, seconds: float) -> None:
         self.replays.labels(**self.labels, verdict=verdict).inc()
         self.replay_seconds.set(seconds)
+
+    def skipped(self, cause: str, samples: int) -> None:
+        """A skipped step's samples (a step the loop named none of counts the series, adding 0)."""
+        self.skipped_samples.labels(**self.labels, cause=cause).inc(samples)
 
     def sample_host_memory(self) -> None:
         self.peak_host_memory.set(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

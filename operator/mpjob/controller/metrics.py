@@ -38,3 +38,24 @@ REFUSALS = Counter(
 )
 SCRAPE_FAILURES = Counter("mpjob_operator_progress_scrape_failures", "Failed reads of a trainer's metrics endpoint.")
 QUEUE_DEPTH = Gauge("mpjob_operator_workqueue_depth", "MixedPrecisionJobs waiting for a reconcile (changes and ticks).")
+GPU_SECONDS = Counter(
+    "mpjob_operator_gpu_seconds",
+    "GPU-seconds of ended attempts (pods x GPUs x the seconds their trainers ran), by the attempt's ending.",
+    ["outcome"],
+)
+WASTED_GPU_SECONDS = Counter(
+    "mpjob_operator_wasted_gpu_seconds",
+    "GPU-seconds that bought nothing kept: rollback (steps a later attempt trained again), setup (an attempt "
+    "that ended without success before its first step).",
+    ["reason"],
+)
+GPU_COST = Counter(
+    "mpjob_operator_gpu_cost",
+    "gpu_seconds at the job's spec.costPerGpuHour (jobs with a price only), by currency and ending.",
+    ["currency", "outcome"],
+)
+WASTED_GPU_COST = Counter(
+    "mpjob_operator_wasted_gpu_cost",
+    "wasted_gpu_seconds at the job's spec.costPerGpuHour (jobs with a price only), by currency and why.",
+    ["currency", "reason"],
+)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from mpjob.builders.attempt import attempt_job, attempt_service
 from mpjob.builders.network_policy import attempt_network_policy
+from mpjob.controller import costs
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
@@ -131,6 +132,7 @@ class Reconciler:
             if refusal is not None:
                 plan = self._refused(body, spec, plan, refusal=refusal)
             self._announce(body, old, plan)
+            costs.count(old, plan.status, spec.cost_per_gpu_hour)
             if progress and plan.status.phase == "Running" and not plan.create:
                 self._progress(body, plan.status, seen)
             elif plan.status.phase in FINISHED:

@@ -232,7 +232,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     statuses = [c for c in status.get("containerStatuses") or [] if c.get("name") == TRAINER_CONTAINER]
     state = (statuses[0].get("state") or {}) if statuses else {}
-    terminated, waiting = state.get("terminated"), state.get("waiting")
+    terminated, waiting, running = state.get("terminated"), state.get("waiting"), state.get("running")
     phase = status.get("phase") or "Pending"
     platform = status.get("reason")  # Evicted, NodeLost, ...
     for cond in status.get("conditions") or []:
@@ -251,7 +251,13 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         termination_message=terminated.get("message") if terminated is not None else None,
         platform_reason=platform,
         deleting=meta.get("deletionTimestamp") is not None,
+        started_at=_text((terminated or running or {}).get("startedAt")),
+        finished_at=_text((terminated or {}).get("finishedAt")),
     )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 # ------------------------------------------------------------------ FailedCreate Events

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mpjob.validation import InvalidManifest, load_job
 from mpjob_contract.codes import Reason
+from mpjob_contract.skipping import Skipped, describe_ranges
 
 
 def run_command(argv: list[str]) -> int:
@@ -48,6 +49,8 @@ def run_command(argv: list[str]) -> int:
             f"  attempt {a.index}: {a.precision} steps {a.start_step}-{a.end_step if a.end_step is not None else '?'}"
             f" {a.reason or 'running'}" + (f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else "")
         )
+    if status.skipped:
+        lines.append(skipped_line(status.skipped))
     if status.last_checkpoint:
         ck = status.last_checkpoint
         lines.append(f"  last checkpoint: step {ck.step} ({ck.precision}) sha256 {ck.sha256[:16]}")
@@ -57,3 +60,9 @@ def run_command(argv: list[str]) -> int:
     if status.phase == "Succeeded":
         return 0
     return 130 if status.phase == "Suspended" else 1
+
+
+def skipped_line(skipped: Skipped) -> str:
+    """'  skipped: 1 step(s), 1 sample(s): step 4 (data: 30)' for the summary."""
+    shown = ", ".join(f"step {s.step} ({s.cause}: {describe_ranges(s.samples) or 'whole step'})" for s in skipped.steps)
+    return f"  skipped: {skipped.count} step(s), {skipped.samples} sample(s): {shown}"

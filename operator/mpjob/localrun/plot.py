@@ -1,5 +1,10 @@
 """The run's picture: loss, loss scale (log axis) and grad norm over steps, each attempt's
-precision shaded and overflow-skipped steps marked."""
+precision shaded, overflow-skipped steps marked, and steps skipped as bad data or loss spikes
+drawn as vertical lines.
+
+The loss scale and the precision spans are drawn from the status's own timeline
+(`status.timeline`, what `kubectl get mpj -o yaml` shows of a job on a cluster) when the run has
+one; loss and grad norm from the trainer's step lines (the series)."""
 
 from __future__ import annotations
 
@@ -9,42 +14,51 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: always render to a file
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
-from mpjob.localrun.series import RunSeries
+from mpjob.localrun.series import RunSeries, Span
+from mpjob_contract.timeline import PrecisionTimeline
 
 PRECISION_COLOURS = {"fp16": "#f4a261", "bf16": "#2a9d8f", "fp32": "#8d99ae"}
 
 
-def render(series: RunSeries, path: Path, title: str) -> Path:
-    """Draw the series into a PNG at `path` and return it."""
+SKIP_COLOURS = {"data": "#6a040f", "spike": "#7209b7"}
+
+
+def _skipped_steps(series: RunSeries, ax: plt.Axes) -> None:
+    """A dashed line at each skipped step, one legend entry per cause."""
+    labelled: set[str] = set()
+    for skip in series.skips:
+        label = None if skip.cause in labelled else f"skipped ({skip.cause})"
+        labelled.add(skip.cause)
+        ax.axvline(skip.step, color=SKIP_COLOURS.get(skip.cause, "#000"), ls="--", lw=1, label=label)
+
+
+def render(series: RunSeries, path: Path, title: str, *, timeline: PrecisionTimeline | None = None) -> Path:
+    """Draw the series (and the status's timeline, when given) into a PNG at `path` and return it."""
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True, constrained_layout=True)
     loss_ax, scale_ax, grad_ax = axes
-    last_step = max([p.step for p in series.points] + [s.end_step or 0 for s in series.spans] + [1])
-
+    spans = _spans(series, timeline)
+    last_step = max([p.step for p in series.points] + [s.end_step or 0 for s in spans] + [1])
     for ax in axes:
-        for span in series.spans:
-            end = span.end_step if span.end_step is not None else last_step
-            ax.axvspan(
-                span.start_step,
-                max(end, span.start_step + 1),
-                color=PRECISION_COLOURS.get(span.precision, "#cccccc"),
-                alpha=0.18,
-                lw=0,
-            )
+        _shade(ax, spans, last_step)
     for attempt in sorted({p.attempt for p in series.points}):
         pts = [p for p in series.points if p.attempt == attempt]
         label = f"attempt {attempt} ({pts[0].precision})"
         steps = [p.step for p in pts]
         loss_ax.plot(steps, [p.loss for p in pts], label=label)
-        scale_ax.plot(steps, [p.loss_scale for p in pts], label=label)
         grad_ax.plot(steps, [p.grad_norm for p in pts], label=label)
-
+        if timeline is None:
+            scale_ax.plot(steps, [p.loss_scale for p in pts], label=label)
+    if timeline is not None:
+        _scale_history(scale_ax, timeline)
     if series.evals:  # the quality gate: eval loss in the attempt's precision and in fp32
         steps = [e.step for e in series.evals]
         loss_ax.scatter(steps, [e.loss for e in series.evals], marker="o", s=14, color="#444", label="eval loss")
         loss_ax.scatter(
             steps, [e.loss_fp32 for e in series.evals], marker="+", color="#2a9d8f", label="eval loss, fp32"
         )
+    _skipped_steps(series, loss_ax)
     marks = [m for m in series.overflow_marks() if m.loss_scale]
     if marks:
         scale_ax.scatter(
@@ -57,7 +71,7 @@ def render(series: RunSeries, path: Path, title: str) -> Path:
         )
     loss_ax.set_ylabel("loss")
     scale_ax.set_ylabel("loss scale")
-    if any(p.loss_scale for p in series.points):
+    if any(p.loss_scale for p in series.points) or (timeline is not None and timeline.loss_scale):
         scale_ax.set_yscale("log")
     grad_ax.set_ylabel("grad norm")
     grad_ax.set_xlabel("step")
@@ -66,9 +80,30 @@ def render(series: RunSeries, path: Path, title: str) -> Path:
     if series.points:
         loss_ax.legend(loc="upper right", fontsize="small")
     grad_ax.legend(handles=handles, loc="upper right", fontsize="small", title="precision")
-    if marks:
+    if marks or (timeline is not None and timeline.loss_scale):
         scale_ax.legend(loc="lower left", fontsize="small")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _spans(series: RunSeries, timeline: PrecisionTimeline | None) -> list[Span]:
+    """The precision of each step range: the status's timeline when it has one, else the series'."""
+    if timeline is None or not timeline.precision:
+        return series.spans
+    return [Span(s.attempt, s.precision, s.from_step, s.to_step) for s in timeline.precision]
+
+
+def _shade(ax: Axes, spans: list[Span], last_step: int) -> None:
+    for span in spans:
+        end = span.end_step if span.end_step is not None else last_step
+        colour = PRECISION_COLOURS.get(span.precision, "#cccccc")
+        ax.axvspan(span.start_step, max(end, span.start_step + 1), color=colour, alpha=0.18, lw=0)
+
+
+def _scale_history(ax: Axes, timeline: PrecisionTimeline) -> None:
+    """status.timeline.lossScale, one line of points per attempt (its checkpoints and big changes)."""
+    for attempt in sorted({p.attempt for p in timeline.loss_scale}):
+        pts = [p for p in timeline.loss_scale if p.attempt == attempt]
+        ax.plot([p.step for p in pts], [p.scale for p in pts], marker="o", ms=3, label=f"attempt {attempt}")

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING
 from mpjob.localrun.readings import reading_of
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.workers import Workers, free_port
+from mpjob.planning import cost, reported
 from mpjob.planning import lifecycle as lc
-from mpjob.planning import reported
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
@@ -37,6 +38,7 @@ from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
+from mpjob_contract.skipping import describe_ranges
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
     from mpjob.localrun.progress import ProgressView
@@ -91,6 +93,8 @@ class LocalRun:
         self._workers: Workers | None = None
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
+        #: GPU-seconds of the attempts run here: workers x gpusPerWorker x their wall time.
+        self.gpu_seconds: dict[int, float] = {}
 
     # ------------------------------------------------------------------ the plan
     def run(self) -> MixedPrecisionJobStatus:
@@ -161,6 +165,7 @@ class LocalRun:
                 capability=LOCAL_CAPABILITY,
                 checkpoint_dir=self._checkpoint_dir,
             )
+        cost.account(self.status, self.spec, self.gpu_seconds)
         ended = next(a for a in self.status.attempts if a.index == start.index)
         self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
         self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")
@@ -182,11 +187,14 @@ class LocalRun:
         self._save()
 
         self._workers = Workers(self.spec, folder=folder, cwd=self._working_dir(), python=self.python)
+        began = time.monotonic()
         worker0 = self._workers.start(self._attempt_env(start))
         try:
             self._follow(worker0, start, self._workers.log0)
         finally:
             outcome = self._workers.wait(start.index)
+        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
+        self.gpu_seconds[start.index] = gpus * (time.monotonic() - began)
         return outcome
 
     def _attempt_env(self, start: StartAttempt) -> dict[str, str]:
@@ -246,6 +254,9 @@ class LocalRun:
         if (point := self.series.ingest(start.index, start.precision, event)) is not None:
             self.view.step(point)
         self.series.ingest_eval(start.index, event)
+        if self.series.ingest_skip(start.index, event) and isinstance(event, events.DataSkipped):
+            spans = describe_ranges(event.samples) or "not named"
+            self.view.info(f"skipped step(s) {event.steps} ({event.cause}; samples {spans}), back at {event.from_step}")
         if (reading := reading_of(start.index, event)) is not None:
             self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):
@@ -272,4 +283,5 @@ class LocalRun:
     def plot(self) -> Path:
         from mpjob.localrun.plot import render  # matplotlib loads only when the plot is drawn
 
-        return render(self.series, self.paths.plot, f"{self.name}: {self.status.phase}")
+        title = f"{self.name}: {self.status.phase}"
+        return render(self.series, self.paths.plot, title, timeline=self.status.timeline)

@@ -37,6 +37,15 @@ class EvalPoint:
 
 
 @dataclass
+class SkipMark:
+    """A step the trainer rolled back from and skipped (bad data or a loss spike)."""
+
+    attempt: int
+    step: int
+    cause: str
+
+
+@dataclass
 class Span:
     """One attempt's stretch of steps, shaded by precision in the plot."""
 
@@ -52,11 +61,13 @@ class RunSeries:
     points: list[Point] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     evals: list[EvalPoint] = field(default_factory=list)
+    skips: list[SkipMark] = field(default_factory=list)
 
     def begin_attempt(self, attempt: int, precision: str, start_step: int) -> None:
         self.spans = [s for s in self.spans if s.attempt != attempt]
         self.points = [p for p in self.points if p.attempt != attempt]
         self.evals = [e for e in self.evals if e.attempt != attempt]
+        self.skips = [s for s in self.skips if s.attempt != attempt]
         self.spans.append(Span(attempt, precision, start_step))
 
     def end_attempt(self, attempt: int, end_step: int | None, reason: str | None) -> None:
@@ -96,6 +107,14 @@ class RunSeries:
         self.evals.append(point)
         return point
 
+    def ingest_skip(self, attempt: int, line: events.TrainerEvent) -> list[SkipMark]:
+        """Record a trainer dataSkipped line; other events are ignored."""
+        if not isinstance(line, events.DataSkipped):
+            return []
+        marks = [SkipMark(attempt, step, line.cause) for step in line.steps]
+        self.skips.extend(marks)
+        return marks
+
     def overflow_marks(self) -> list[Point]:
         """Points at which the attempt's overflow-skipped step count went up."""
         marks: list[Point] = []
@@ -111,6 +130,7 @@ class RunSeries:
             "points": [asdict(p) for p in self.points],
             "spans": [asdict(s) for s in self.spans],
             "evals": [asdict(e) for e in self.evals],
+            "skips": [asdict(s) for s in self.skips],
         }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
@@ -125,4 +145,5 @@ class RunSeries:
             points=[Point(**p) for p in data.get("points", [])],
             evals=[EvalPoint(**e) for e in data.get("evals", [])],
             spans=[Span(**s) for s in data.get("spans", [])],
+            skips=[SkipMark(**s) for s in data.get("skips", [])],
         )

@@ -27,6 +27,9 @@ class PodView:
     termination_message: str | None = None
     platform_reason: str | None = None  # pod.status.reason / DisruptionTarget / container reason
     deleting: bool = False
+    #: The trainer container's start and finish (RFC 3339, as the pod's status says), for cost.
+    started_at: str | None = None
+    finished_at: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from mpjob.planning import history
+from mpjob.planning import history, skipped
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import Action, AttemptOutcome, classify
@@ -209,6 +209,8 @@ def conclude(
     status, report = plan.status, outcome.report
     result = classify(outcome)
     end_step = record_report(status, attempt.index, report)
+    for step in skipped.newly_skipped(status, report):
+        plan.events.append(Event("Warning", skipped.EVENT_REASONS[step.cause], skipped.message(step)))
     amp_slower(plan, report.measurement if report else None, when)
     # An `auto` attempt ran in what its trainer measured and trained in.
     index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)

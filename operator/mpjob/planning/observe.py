@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mpjob.planning import reported
+from mpjob.planning import reported, timeline
 from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
 from mpjob.planning.status import ConditionReason
@@ -106,6 +106,8 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
         value = getattr(seen, name)
         if value is not None:
             setattr(new, name, figure(value) if name in ROUNDED else value)
+    if current is not None and seen.loss_scale is not None and seen.step is not None:
+        timeline.live(new, current.index, seen.step, seen.loss_scale)
     news = None
     if current is not None and seen.start_step is not None and seen.start_step != current.start_step:
         news = start_news(current, seen.start_step)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from mpjob.planning import cost
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -70,6 +71,7 @@ def reconcile(
         if not (spec.run_policy.suspend or busy):
             lc.resume(plan, spec, when)
     _retire(plan, jobs)
+    cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now))
     if plan.create:
         plan.deadline_seconds = _deadline_left(spec, status, now)
     return plan

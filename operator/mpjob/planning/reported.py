@@ -7,6 +7,7 @@ knows and its numbers are bounded, so nothing it says can make the status unwrit
 
 from __future__ import annotations
 
+from mpjob.planning import timeline
 from mpjob.planning.figures import round_figures
 from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, settled
 from mpjob_contract.report import TerminationReport
@@ -34,6 +35,7 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
             attempt.start_step = report.start_step
         if attempt.index == index and report.measurement is not None:
             measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
+    timeline.reported(status, index, report.loss_scales)
     round_figures(status)
     return report.step
 

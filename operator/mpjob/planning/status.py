@@ -43,6 +43,10 @@ class ConditionReason(StrEnum):
     STARTED_FRESH = "StartedFresh"
     ATTEMPT_ENDED = "AttemptEnded"
     PRECISION_REPROMOTED = "PrecisionRepromoted"
+    #: The trainer rolled back and quarantined a step's samples: non-finite in fp32 too, or a
+    #: finite loss spike (Event reasons; guard.onBadData, guard.spike).
+    DATA_SKIPPED = "DataSkipped"
+    LOSS_SPIKE = "LossSpike"
     SUSPENDED = "Suspended"
     #: The spec fails the API models (a CRD older than the operator let it in).
     INVALID_SPEC = "InvalidSpec"

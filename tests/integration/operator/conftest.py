@@ -51,8 +51,10 @@ class Operator:
         env: dict[str, str] | None = None,
         *,
         also: tuple[str, ...] = (),
+        metrics_port: int = 0,
     ) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.metrics_port = metrics_port  # 0: no metrics endpoint
         self.env = env or {}
         self.also = also  # more namespaces to serve (watches there too)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -68,7 +70,7 @@ class Operator:
                 "operator",
                 *(arg for ns in (self.namespace, *self.also) for arg in ("-n", ns)),
                 "--metrics-port",
-                "0",
+                str(self.metrics_port),
                 "--health-port",
                 "0",
             ],

@@ -22,7 +22,9 @@ def mlp_spec(claim: str, **args: object) -> dict:
 
 def test_poisoned_data_fails_after_one_attempt_naming_the_step_and_samples(operator: Operator, jobs: Jobs) -> None:
     jobs.pvc("ckpt")
-    jobs.create("poisoned", mlp_spec("ckpt", nonFiniteSamples=[17]))
+    spec = mlp_spec("ckpt", nonFiniteSamples=[17])
+    spec["precision"]["guard"] = {"onBadData": "fail"}  # the replay's verdict ends it (skip: test_data_rung)
+    jobs.create("poisoned", spec)
     status = jobs.wait_phase("poisoned", ("Failed", "Succeeded"), 180)
     assert status["phase"] == "Failed", status
     (only,) = status["attempts"]

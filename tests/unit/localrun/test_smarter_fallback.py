@@ -13,6 +13,10 @@ from tests.unit.localrun.test_run import manifest, mpjob_run
 pytestmark = pytest.mark.unit
 
 
+#: The replay's verdict ends the attempt (the data rung's skipping: test_data_rung.py).
+FAIL_ON_BAD_DATA = {"mode": "fp16", "guard": {"onBadData": "fail"}}
+
+
 def mlp(**args: object) -> dict:
     return {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 64, **args}}
 
@@ -24,7 +28,7 @@ def run(tmp: Path, **spec: object) -> tuple[int, dict, str]:
 
 
 def test_poisoned_data_fails_after_one_attempt_with_the_replays_verdict(tmp_path: Path) -> None:
-    code, report, out = run(tmp_path, task=mlp(nonFiniteSamples=[5, 40]))
+    code, report, out = run(tmp_path, task=mlp(nonFiniteSamples=[5, 40]), precision=FAIL_ON_BAD_DATA)
     assert code == 1 and report["phase"] == "Failed", out
     (only,) = report["attempts"]
     assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NonFiniteInFp32", 45)
@@ -40,7 +44,7 @@ def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step(tmp_path:
     assert code == 0 and report["phase"] == "Succeeded", out
     shapes = [(a["precision"], a["reason"], a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]]
     assert shapes == [("fp16", "OutOfDeviceMemory", 8, 1), ("fp16", "NumericFault", 4, 2), ("fp32", "Succeeded", 2, 4)]
-    assert "fp32 replayed steps 12-15 finitely" in report["attempts"][1]["message"]
+    assert "fp32 replayed steps 13-16 finitely" in report["attempts"][1]["message"]  # counted from 1
 
 
 def test_with_fallback_keeps_batch_off_fp32_runs_the_spec_micro_batch(tmp_path: Path) -> None:
@@ -56,7 +60,7 @@ def test_with_fallback_keeps_batch_off_fp32_runs_the_spec_micro_batch(tmp_path: 
 def test_two_workers_agree_on_the_replays_verdict(tmp_path: Path) -> None:
     """Each rank replays its own share of the steps; the verdict is all-reduced, so both end
     NonFiniteInFp32 even though only one rank's samples hold the poisoned one."""
-    code, report, out = run(tmp_path, workers=2, task=mlp(nonFiniteSamples=[5]))
+    code, report, out = run(tmp_path, workers=2, task=mlp(nonFiniteSamples=[5]), precision=FAIL_ON_BAD_DATA)
     assert code == 1 and report["phase"] == "Failed", out
     (only,) = report["attempts"]
     assert (only["reason"], only["worldSize"]) == ("NonFiniteInFp32", 2)

@@ -20,6 +20,7 @@ ALERTS = {
     "CheckpointFailing": "page",
     "LossScaleCollapsing": "ticket",
     "EvalLossDrift": "ticket",
+    "DataSkipped": "ticket",
     "OperatorDown": "page",
     "ReconcileErrors": "ticket",
 }

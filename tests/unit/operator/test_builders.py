@@ -180,3 +180,12 @@ def test_headless_service_selects_the_attempt() -> None:
     svc = attempt_service("gpt", "ml", 2, "bf16")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"mpjob.dev/job": "gpt", "mpjob.dev/attempt": "2"}
+
+
+def test_parallelism_reaches_the_trainer_in_the_attempts_launch() -> None:
+    parallelism = {"strategy": "fsdp", "activationCheckpointing": "selective", "fsdp": {"reshardAfterForward": False}}
+    launch = AttemptLaunch.model_validate_json(_env(build(parallelism=parallelism))["MPJOB_LAUNCH"]["value"])
+    assert launch.spec.parallelism.strategy == "fsdp"
+    assert launch.spec.parallelism.activation_checkpointing == "selective"
+    assert launch.spec.parallelism.fsdp.reshard_after_forward is False
+    assert AttemptLaunch.model_validate_json(_env(build())["MPJOB_LAUNCH"]["value"]).spec.parallelism.strategy == "ddp"

@@ -15,6 +15,7 @@ from mpjob_contract import metrics as tm
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import Counters, TerminationReport
+from mpjob_contract.timeline import LossScalePoint, PrecisionTimeline
 
 pytestmark = pytest.mark.unit
 
@@ -71,6 +72,7 @@ def test_the_live_progress_patch_holds_rounded_figures() -> None:
     # A reading that rounds to what the status holds already writes nothing.
     status.loss, status.loss_scale, status.samples_per_second = 4.1715, 131072.0, 1523.5
     status.eval_loss, status.eval_loss_delta, status.step, status.overflow_steps = 4.3333, 0.0012346, 120, 7
+    status.timeline = PrecisionTimeline(loss_scale=[LossScalePoint(step=120, scale=131072.0, attempt=0)])
     values[tm.LOSS] = 4.17149
     assert progress_patch(status, figures(values, precision="fp16")) == {}
 

@@ -136,7 +136,17 @@ def summary(status: MixedPrecisionJobStatus) -> dict[str, Any]:
     ]
     conditions = sorted((c.type, c.status, c.reason) for c in status.conditions)
     last = status.last_checkpoint.step if status.last_checkpoint else None
-    return {"phase": status.phase, "attempts": attempts, "conditions": conditions, "lastCheckpoint": last}
+    wasted = [(a.wasted_steps, a.samples) for a in status.attempts]
+    spans = [s.model_dump() for s in status.timeline.precision] if status.timeline else []
+    summed = status.cost.wasted_steps if status.cost else None
+    return {
+        "phase": status.phase,
+        "attempts": attempts,
+        "conditions": conditions,
+        "lastCheckpoint": last,
+        "wasted": (wasted, summed),
+        "spans": spans,
+    }
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -153,6 +163,7 @@ def test_the_scenarios_tell_the_stories_their_names_promise(tmp_path: Path) -> N
     phases = {name: summary(through_the_operator(job_spec(**o), e)) for name, (o, e) in SCENARIOS.items()}
     assert [a[1] for a in phases["numeric-fault-then-success"]["attempts"]] == ["fp16", "bf16"]
     assert phases["numeric-fault-then-success"]["attempts"][1][2] == 20  # resumed from the last good checkpoint
+    assert phases["numeric-fault-then-success"]["wasted"] == ([(10, 480), (None, 640)], 10)  # 20..30 trained twice
     assert [a[1] for a in phases["every-precision-failing"]["attempts"]] == ["fp16", "bf16", "fp32"]
     assert phases["every-precision-failing"]["phase"] == "Failed"
     assert phases["config-error"]["attempts"] == [(0, "fp16", 0, 0, 1, "ConfigError", 43, True)]

@@ -18,9 +18,11 @@ MLP = {"inputs": 8, "hidden": 16, "samples": 512}
 
 
 def poisoned(samples: object, **over: object) -> dict:
+    """guard.onBadData fail: the attempt ends on the replay's verdict (test_data_rung: skip)."""
+    guard = {"onBadData": "fail", **over.pop("guard", {})}  # type: ignore[dict-item]
     return spec(
         task={"builtin": "mlp", "args": {**MLP, "samples": 64, "nonFiniteSamples": samples}},  # ~8 epochs
-        precision={"mode": "fp16", **over},
+        precision={"mode": "fp16", "guard": guard, **over},
         training={"steps": 60, "batchSize": 8, "logEvery": 5},
     )
 
@@ -35,7 +37,7 @@ def test_a_poisoned_sample_ends_the_attempt_as_non_finite_in_fp32_naming_step_an
     assert 30 in replay.samples and len(replay.samples) == 8  # the offending step's batch
     assert replay.offending_step is not None and report.last_good_checkpoint is not None
     assert report.last_good_checkpoint.step <= replay.offending_step < report.step
-    assert f"step {replay.offending_step} is non-finite too" in report.message and "30" in report.message
+    assert f"step {replay.offending_step + 1} is non-finite too" in report.message and "30" in report.message
     assert [e["verdict"] for e in run.of("replay")] == ["data"]
 
 

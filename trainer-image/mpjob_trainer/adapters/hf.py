@@ -18,12 +18,22 @@ MpjobCallback and resumes through `Trainer.train(resume_from_checkpoint=...)` fr
 attempt's checkpoint. The callback closes each optimizer step in the session (guard,
 progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own `checkpoint-N`
 folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
+
+The session runs the Trainer's step itself for the fp32 replay and the quality gate
+(adapters.replaying): a forward pre-hook keeps the last steps' inputs as the Trainer fed
+them; the step re-runs the model through the Trainer's wrapper (`model_wrapped`: DDP's
+gradient sync as in training) under the session's autocast, with the class's own forward
+(accelerate puts its autocast on the instance's forward, which would override fp32), and
+steps the Trainer's optimizer; the gate evaluates the Trainer's eval set.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +42,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
+from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
@@ -92,19 +103,30 @@ class MpjobCallback(TrainerCallback):
     """Closes each optimizer step in the session; losses are read from the model's outputs
     (a forward hook keeps them on the device: no sync per step)."""
 
-    def __init__(self, bridge: FrameworkRun, samples_per_step: int) -> None:
+    def __init__(self, bridge: FrameworkRun, samples_per_step: int, trainer: Trainer) -> None:
         self.bridge = bridge
         self.samples_per_step = samples_per_step
+        self.trainer = trainer
         self._losses: list[torch.Tensor] = []
-        self._hook: Any = None
+        self._hooks: list[Any] = []
+        self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.bridge.watch(kw["optimizer"])
-        self._hook = kw["model"].register_forward_hook(self._observe)
+        model = kw["model"]
+        self._hooks = [
+            model.register_forward_hook(self._observe),
+            model.register_forward_pre_hook(self._record, with_kwargs=True),
+        ]
+        register(self.bridge.run, self.trainer, self.recorded)
+
+    def _record(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        if module.training:
+            self.recorded.add(self.trainer.state.global_step, dict(kwargs))
 
     def _observe(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-        if module.training and isinstance(loss, torch.Tensor):
+        if module.training and isinstance(loss, torch.Tensor) and not self.recorded.replaying:
             self._losses.append(loss.detach())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -114,8 +136,64 @@ class MpjobCallback(TrainerCallback):
         self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if self._hook is not None:
-            self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
+
+
+@contextlib.contextmanager
+def class_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Run the model's class forward in the block: accelerate's mixed precision replaces the
+    instance's `forward` with one that enters autocast itself, which no outer autocast (the
+    session's fp32 replay or evaluation) could turn off."""
+    patched = model.__dict__.pop("forward", None)
+    try:
+        yield
+    finally:
+        if patched is not None:
+            model.forward = patched
+
+
+def register(run: Session, trainer: Trainer, recorded: RecordedSteps) -> None:
+    """Give the session the Trainer's step (fp32 replay) and evaluation (quality gate). Not in an
+    `auto` attempt: accelerate fixes the precision when the Trainer is built, before any batch."""
+    model, optimizer = trainer.model, getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    assert model is not None and optimizer is not None
+    clip = trainer.args.max_grad_norm
+
+    def step(index: int) -> None:
+        batches = recorded.batches(index)
+        weights_finite(model.parameters())
+        optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients may still be there
+        with recorded.paused(), class_forward(model):
+            for inputs in batches:
+                with run.autocast():
+                    loss = loss_of(trainer.model_wrapped(**inputs))
+                run.backward(loss if "num_items_in_batch" in inputs else loss / len(batches))
+            run.step(optimizer, clip_norm=clip or None)
+
+    if run.launch.precision != "auto":
+        run.register_step(step)
+    if run.spec.validation.every_steps:
+        if trainer.eval_dataset is None:
+            raise ConfigError("validation.everySteps is set but the Trainer has no eval_dataset")
+        run.evaluate_with(lambda: evaluate(run, trainer))
+
+
+def evaluate(run: Session, trainer: Trainer) -> float:
+    """Mean loss over the first validation.batches batches of the Trainer's eval set, under the
+    session's autocast (the gate runs it in the attempt's precision and in fp32)."""
+    model = trainer.model
+    assert model is not None
+    model.eval()
+    try:
+        losses = []
+        with class_forward(model):
+            for inputs in itertools.islice(trainer.get_eval_dataloader(), run.spec.validation.batches):
+                with run.autocast():
+                    losses.append(float(loss_of(model(**inputs))))
+    finally:
+        model.train()
+    return sum(losses) / max(1, len(losses))
 
 
 def _writer(trainer: Trainer) -> Any:
@@ -172,7 +250,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
         trainer.remove_callback(noisy)
     args = trainer.args
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
-    trainer.add_callback(MpjobCallback(bridge, samples))
+    trainer.add_callback(MpjobCallback(bridge, samples, trainer))
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
         return None

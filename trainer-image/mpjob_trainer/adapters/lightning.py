@@ -15,12 +15,20 @@ silently becomes bf16), max_steps, devices from the launcher's environment, the 
 norm and accumulation, no checkpointing of its own, and MpjobCallback. `fit` resumes
 through `Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights, optimizers,
 LR schedulers, the scaler, loops (global step) and callbacks, as Lightning saved them.
+
+The session runs Lightning's step itself for the fp32 replay and the quality gate
+(adapters.replaying): the callback keeps the last steps' batches as Lightning fed them, the
+step re-runs `training_step` through the strategy (DDP's gradient sync as in training) under
+the session's autocast, which the precision plugin (SessionAutocast) follows in every mode,
+and the gate evaluates the module's `validation_step` on its `val_dataloader()`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +37,33 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
 
 CHECKPOINT = "lightning.ckpt"
 PRECISION = {"bf16": "bf16-mixed", "fp32": "32-true"}
+
+
+class SessionAutocast(MixedPrecision):
+    """Lightning's mixed precision whose autocast is the session's current mode's: the attempt's
+    in training, none while the session replays or evaluates in fp32 (session.modes).
+
+    Lightning files a precision plugin's state (the scaler) in its checkpoint under the class's
+    `__qualname__`: this one keeps MixedPrecision's, so the checkpoints are those of a plain
+    MixedPrecision, and earlier ones resume with their scaler."""
+
+    __qualname__ = "MixedPrecision"
+
+    def __init__(self, run: Session) -> None:
+        super().__init__("16-mixed" if run.precision == "fp16" else "bf16-mixed", run.device.type, scaler=run.scaler)
+        self.run = run
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Iterator[None]:
+        with self.run.autocast():
+            yield
 
 
 class MpjobCallback(L.Callback):
@@ -47,12 +76,19 @@ class MpjobCallback(L.Callback):
         self._loss: torch.Tensor | None = None
         self._samples = 0
         self._step = 0
+        self.recorded = RecordedSteps(steps_to_keep(run.spec))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.bridge.reclaim_sigterm()  # Lightning would stop at its next batch, without a checkpoint
         for optimizer in trainer.optimizers:
             self.bridge.watch(optimizer)
         self._step = trainer.global_step
+        register(self.run, trainer, pl_module, self.recorded)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.recorded.add(trainer.global_step, batch)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -83,8 +119,8 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
     tr = run.spec.training
     callback = MpjobCallback(run)
     plugins: list[Any] = []
-    if run.precision == "fp16":
-        plugins.append(MixedPrecision("16-mixed", run.device.type, scaler=callback.bridge.scaler))
+    if run.precision in ("fp16", "bf16"):
+        plugins.append(SessionAutocast(run))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     settings: dict[str, Any] = {
         "max_steps": run.total_steps,
@@ -103,6 +139,46 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
     settings["callbacks"] = [callback, *kwargs.get("callbacks", [])]
     settings["plugins"] = [*plugins, *kwargs.get("plugins", [])]
     return settings
+
+
+def register(run: Session, trainer: L.Trainer, module: L.LightningModule, recorded: RecordedSteps) -> None:
+    """Give the session Lightning's step (fp32 replay) and evaluation (quality gate). Not in an
+    `auto` attempt: Lightning's precision is fixed before a batch exists to measure with."""
+    if len(trainer.optimizers) != 1:
+        return  # manual optimization with several optimizers: no one step to re-run
+    optimizer, clip = trainer.optimizers[0], trainer.gradient_clip_val
+
+    def step(index: int) -> None:
+        batches = recorded.batches(index)
+        weights_finite(module.parameters())
+        optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients are still there
+        with recorded.paused():
+            for k, batch in enumerate(batches):
+                run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
+            run.step(optimizer, clip_norm=float(clip) if clip else None)
+
+    if run.launch.precision != "auto":
+        run.register_step(step)
+    if run.spec.validation.every_steps:
+        run.evaluate_with(lambda: evaluate(run, trainer, module))
+
+
+def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> float:
+    """Mean `validation_step` loss over the first validation.batches batches of `val_dataloader()`,
+    under the session's autocast (the gate runs it in the attempt's precision and in fp32)."""
+    if type(module).validation_step is L.LightningModule.validation_step:
+        raise ConfigError("validation.everySteps is set but the LightningModule has no validation_step")
+    module.eval()
+    try:
+        losses = []
+        for k, batch in enumerate(itertools.islice(module.val_dataloader(), run.spec.validation.batches)):
+            with run.autocast():
+                losses.append(float(loss_of(module.validation_step(trainer.strategy.batch_to_device(batch), k))))
+    finally:
+        module.train()
+    if not losses:
+        raise ConfigError("validation.everySteps is set but the LightningModule's val_dataloader() is empty")
+    return sum(losses) / len(losses)
 
 
 def _callback(trainer: L.Trainer) -> MpjobCallback:

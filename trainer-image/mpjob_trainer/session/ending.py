@@ -17,6 +17,7 @@ import torch
 
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.report import CheckpointRef, Counters, Measurement, Replay, TerminationReport
+from mpjob_contract.skipping import Skipped
 from mpjob_trainer.errors import ConfigError, NonFiniteInFp32, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 
@@ -32,6 +33,8 @@ class Standing:
     counters: Counters = field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
+    loss_scales: list[tuple[int, float]] = field(default_factory=list)
+    skipped: Skipped | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
         counters=standing.counters,
         replay=standing.replay,
         measurement=standing.measurement,
+        loss_scales=standing.loss_scales,
+        skipped=standing.skipped,
         message=ending.message,
     )
     try:

@@ -29,7 +29,7 @@ import torch
 
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import FRAMEWORK, snapshot
-from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.run import Session
 
@@ -120,8 +120,15 @@ class FrameworkRun:
         self.run.watch(getattr(optimizer, "optimizer", optimizer))
 
     def end_step(self, step: int, *, loss: torch.Tensor | float | None, samples: int | None, lr: float | None) -> None:
-        """Close optimizer step `step` as a loop's `end_step` does."""
-        self.run.end_step(step, loss=loss, samples=samples, lr=lr)
+        """Close optimizer step `step` as a loop's `end_step` does. A numeric fault ends the run
+        here, inside the framework's loop: its fp32 replay needs the loop whole (Lightning unwraps
+        DDP and moves the model off the device once the fault leaves it); the fault then goes on
+        up, and the session's later close() returns the exit code decided here."""
+        try:
+            self.run.end_step(step, loss=loss, samples=samples, lr=lr)
+        except NumericFault as fault:
+            self.run.close(fault)
+            raise
 
     def reclaim_sigterm(self) -> None:
         """Take SIGTERM back from a framework that installed its own handler (Lightning stops

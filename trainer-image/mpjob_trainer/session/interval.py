@@ -15,18 +15,20 @@ last, because it ends the attempt with a checkpoint to resume the faster precisi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import Counters
+from mpjob_contract.timeline import ScaleHistory
 from mpjob_trainer.errors import Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import QualityGate
 from mpjob_trainer.session.state import TrainingState
-from mpjob_trainer.session.steps import StepNumerics
+from mpjob_trainer.session.steps import Read, StepNumerics
 
 Gate = QualityGate | None
 
@@ -90,9 +92,14 @@ class IntervalWork:
         self.cadence = cadence
         self.progress = progress
         self.log = log
+        #: Called with each interval's numbers right after its read, before its log line and checks
+        #: (the data rung's, session.skipping): they may raise to roll back.
+        self.inspectors: list[Callable[[int, Read], None]] = []
         #: The loss and loss scale read at the last interval.
         self.last_loss: float | None = None
         self.loss_scale: float | None = None
+        #: The attempt's loss-scale history for its report (a point per checkpoint and big change).
+        self.scales = ScaleHistory()
 
     def run(
         self, step: int, due: Due, *, flag: float, state: TrainingState, checkpoints: Checkpointer, gate: Gate
@@ -103,8 +110,11 @@ class IntervalWork:
         self.last_loss, self.loss_scale = loss, reading.loss_scale
         if checkpoints.world.is_main:
             checkpoints.collect(block=False, training_step=step)
+        for inspect in self.inspectors:  # before the log line: a rollback logs the step once, after it
+            inspect(step, read)
         if due.log:
             self.progress.report(numerics.numbers(step, read))
+        self.scales.seen(step, reading.loss_scale, checkpoint=due.checkpoint)  # before a fault ends the attempt
         guard.check(step, reading, loss, read.grad_norm)
         if due.evaluate and gate is not None:
             gate.check(step, precision=numerics.precision, metrics=self.progress.metrics, log=self.log)

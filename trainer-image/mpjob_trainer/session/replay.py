@@ -17,8 +17,23 @@ and gradient norm on the host:
 
 Without a checkpoint before the fault (a fault in the first interval), the weights in memory
 are used when they are finite (GradScaler never applies an overflowing step), and only the
-first faulting step is replayed. Under DDP every rank replays (the step function's collectives
-run as in training) and each step's verdict is all-reduced, so all ranks agree.
+first faulting step is replayed.
+
+Several processes (DDP): every rank replays, and every rank reaches the same verdict
+(session.agreement). The ranks start from rank 0's last good checkpoint (only rank 0 learns
+of asynchronous saves), replay the same steps with the step function's own collectives
+(DDP's gradient all-reduce, as in training), and after each step all-reduce one row of
+flags per rank (local loss non-finite, gradient non-finite, the step raised, past the time
+cap): one collective per step, and every rank stops at the same step. The replay keeps DDP's
+gradient sync rather than `no_sync`: a multi-step replay then applies the very updates
+training applied (per-rank gradients would let the replicas' weights drift apart after the
+first step, and the session does not own the user's DDP module or its other collectives).
+The rank is still told: a rank's loss is computed before any collective, so a non-finite
+local loss names its rank; a gradient that went non-finite while every loss stayed finite
+was all-reduced before anyone could see whose share it was, and names every rank that saw it.
+The verdict names those ranks and their samples of that step (dataset indices, gathered
+from the ranks). A rank whose step raises (out of memory on one device) breaks that step's collectives for
+the others: they see the process group fail, and every rank ends inconclusive.
 
 Cost: one checkpoint load plus at most replaySteps fp32 steps, once per ended precision.
 """
@@ -28,21 +43,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
-
 from mpjob_contract.api import Guard as GuardSpec
-from mpjob_contract.report import Replay
-from mpjob_trainer.distributed import World, all_reduce_max
+from mpjob_contract.report import CheckpointRef, Replay
+from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.agreement import RankTable, flatten, gathered, main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.modes import Mode
 from mpjob_trainer.session.state import TrainingState
-from mpjob_trainer.session.steps import SamplesFunction, StepFunction, StepNumerics
+from mpjob_trainer.session.steps import SamplesFunction, StepFunction, StepNumerics, finite
 
-#: Samples named in a report at most (the report must stay under Kubernetes' 4 KiB).
+#: Samples and ranks named in a report at most (the report must stay under Kubernetes' 4 KiB).
 MAX_NAMED_SAMPLES = 32
+MAX_NAMED_RANKS = 16
 
 
 @dataclass(frozen=True)
@@ -62,9 +77,13 @@ def window(first_fault: int, *, checkpoint_step: int | None, replay_steps: int) 
     return Window(first_fault, range(start, first_fault + 1), from_checkpoint=True)
 
 
-def agreed_bad(bad: bool, world: World, device: torch.device) -> bool:
-    """Did any rank see a non-finite value? Every rank gets the same answer."""
-    return bool(all_reduce_max(torch.tensor(float(bad), device=device), world).item() > 0)
+@dataclass(frozen=True)
+class Offending:
+    """The step fp32 found non-finite, the ranks whose share it was, and all their samples."""
+
+    step: int
+    ranks: list[int]
+    samples: list[int]
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,12 @@ class Fp32Replay:
     """The loop's step function and sample lookup, and the verdict of replaying them."""
 
     def __init__(
-        self, step: StepFunction, samples: SamplesFunction | None, *, spec: GuardSpec, lent: Replaying
+        self,
+        step: StepFunction,
+        samples: SamplesFunction | None,
+        *,
+        spec: GuardSpec,
+        lent: Replaying,
     ) -> None:
         self.step = step
         self.samples = samples
@@ -91,11 +115,14 @@ class Fp32Replay:
         self.lent = lent
         #: The verdict of the replay this attempt made (None: none was made), for its report.
         self.replayed: Replay | None = None
+        #: A data verdict's step, ranks and every one of their samples (the report caps them).
+        self.offending: Offending | None = None
 
     def judge(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Exception:
         """What ends the attempt after `fault`: the fault, told what fp32 said, or NonFiniteInFp32
-        (an fp32 attempt's fault is its own: there is nothing safer to replay it in)."""
-        if self.lent.numerics.precision.precision == "fp32":
+        (an fp32 attempt's fault is its own: there is nothing safer to replay it in). A fault
+        judged once (a framework adapter judges it before its loop is torn down) stays judged."""
+        if self.lent.numerics.precision.precision == "fp32" or self.replayed is not None:
             return fault
         replay = self.run(fault, state=state, checkpoints=checkpoints)
         if replay is None:
@@ -105,53 +132,100 @@ class Fp32Replay:
         return ending_for(fault, replay)
 
     def run(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Replay | None:
-        """Replay the steps that led to `fault` in fp32 from `checkpoints`' last good one into
-        `state`; None when replays are off or the rule does not point at steps."""
+        """Replay the steps that led to `fault` in fp32 from the last good checkpoint (rank 0's,
+        on every rank) into `state`; None when replays are off or the rule does not point at
+        steps. A collective: every rank calls it."""
         lent = self.lent
         first = lent.numerics.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
         if first is None:
             return None
-        ref = checkpoints.last_good
+        # A framework adapter's session holds no objects (the weights are in the framework's own
+        # checkpoint): it replays from the weights in memory (its step checks they are finite).
+        restorable = bool(state.objects)
+        ref: CheckpointRef | None = main_says(checkpoints.last_good, lent.world) if restorable else None
         win = window(first, checkpoint_step=ref.step if ref else None, replay_steps=self.spec.replay_steps)
+        why = self._prepare(win, ref, state=state, checkpoints=checkpoints)
+        if why is not None:
+            lent.log("replaySkipped", why=why, all_ranks=True)
+            return inconclusive(first)
+        try:
+            lent.numerics.tally.clear()
+            with lent.numerics.precision.entered(Mode.REPLAY):
+                replay = self._judge(win)
+        except Exception as exc:  # e.g. the process group broke under another rank's error
+            lent.log("replaySkipped", why=f"{type(exc).__name__}: {exc}", all_ranks=True)
+            return inconclusive(first)
+        lent.log("replay", all_ranks=True, **replay.model_dump(by_alias=True, exclude_none=True))  # each rank's word
+        return replay
+
+    def _prepare(
+        self, win: Window, ref: CheckpointRef | None, *, state: TrainingState, checkpoints: Checkpointer
+    ) -> str | None:
+        """Load the window's starting weights on every rank; why no replay can be made, if so
+        (the same answer on every rank)."""
+        why = ""
         try:
             if win.from_checkpoint and ref is not None:
                 state.restore(checkpoints.state_of(ref), "fp32", None)
             elif not state.finite():
-                lent.log("replaySkipped", why=f"no checkpoint before step {first} and non-finite weights in memory")
-                return inconclusive(first)
-            lent.numerics.tally.clear()
-            with lent.numerics.precision.entered(Mode.REPLAY):
-                replay = self._judge(win)
+                why = f"no checkpoint before step {win.first_fault} and non-finite weights in memory"
         except Exception as exc:  # e.g. fp32 needs more memory than there is: the precision stays blamed
-            lent.log("replaySkipped", why=f"{type(exc).__name__}: {exc}", all_ranks=True)
-            return inconclusive(first)
-        lent.log("replay", **replay.model_dump(by_alias=True, exclude_none=True))
-        return replay
+            why = f"{type(exc).__name__}: {exc}"
+        table = RankTable.agree({"failed": bool(why)}, self.lent.world, self.lent.numerics.precision.device)
+        if not table.any("failed"):
+            return None
+        return why or f"rank(s) {_listed(table.ranks('failed'))} could not load the replay's weights"
 
     def _judge(self, win: Window) -> Replay:
-        """Each step of the window in turn, until one is non-finite on any rank."""
+        """Each step of the window in turn, until one is non-finite on any rank (all ranks stop
+        at the same step: the flags are agreed after every step)."""
         world, device, tally = self.lent.world, self.lent.numerics.precision.device, self.lent.numerics.tally
         began = time.monotonic()
         for index in win.steps:
-            if agreed_bad(time.monotonic() - began > self.spec.replay_timeout_seconds, world, device):
-                return _verdict("inconclusive", win, began, steps=index - win.steps.start)
-            self.step(index)
-            if agreed_bad(not tally.finite_and_clear(grad_norm=True), world, device):
-                named = self.samples(index)[:MAX_NAMED_SAMPLES] if self.samples is not None else []
-                return _verdict("data", win, began, steps=index - win.steps.start + 1, at=index, samples=named)
+            raised = False
+            try:
+                self.step(index)
+            except Exception as exc:  # this rank's error; the others learn of it below
+                why = f"replayed step {index} raised {type(exc).__name__}: {exc}"
+                self.lent.log("replaySkipped", why=why, all_ranks=True)
+                raised = True
+            mine = {
+                "loss": not finite(tally.loss_sum),
+                "grad": not finite(tally.grad_norm),
+                "raised": raised,
+                "late": time.monotonic() - began > self.spec.replay_timeout_seconds,
+            }
+            tally.clear()
+            table = RankTable.agree(mine, world, device)
+            done = index - win.steps.start + 1
+            if table.any("raised"):
+                return _verdict("inconclusive", win, began, steps=done)
+            if table.any("loss", "grad"):
+                self.offending = self._offending(index, table.ranks("loss") or table.ranks("grad"))
+                return _verdict("data", win, began, steps=done, offending=self.offending)
+            if table.any("late") and index != win.steps[-1]:
+                return _verdict("inconclusive", win, began, steps=done)
         return _verdict("precision", win, began, steps=len(win.steps))
 
+    def _offending(self, index: int, ranks: list[int]) -> Offending:
+        """Step `index` of `ranks`, with their samples gathered from them."""
+        mine = self.samples(index) if self.samples is not None else []
+        return Offending(index, ranks, flatten(gathered(list(mine), self.lent.world), ranks))
 
-def _verdict(
-    verdict: str, win: Window, began: float, *, steps: int, at: int | None = None, samples: list[int] | None = None
-) -> Replay:
+
+def _listed(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _verdict(verdict: str, win: Window, began: float, *, steps: int, offending: Offending | None = None) -> Replay:
     return Replay(
         verdict=verdict,
         first_step=win.first_fault,
         steps=steps,
         from_checkpoint=win.from_checkpoint,
-        offending_step=at,
-        samples=samples or [],
+        offending_step=offending.step if offending else None,
+        samples=offending.samples[:MAX_NAMED_SAMPLES] if offending else [],
+        ranks=offending.ranks[:MAX_NAMED_RANKS] if offending else [],
         seconds=round(time.monotonic() - began, 3),
     )
 
@@ -170,16 +244,17 @@ def ending_for(fault: NumericFault, replay: Replay) -> Exception:
 
 
 def describe(replay: Replay, rule_message: str) -> str:
-    """The human message of an attempt that ended after a replay."""
+    """The human message of an attempt that ended after a replay. It counts steps from 1, as the
+    log lines and the guard's messages do (the report's fields are 0-based indexes)."""
     if replay.verdict == "data":
-        shown = ", ".join(str(i) for i in replay.samples)
+        shown = f"; samples of that step there: [{', '.join(str(i) for i in replay.samples)}]" if replay.samples else ""
         origin = "the last good checkpoint" if replay.from_checkpoint else "the weights before the fault"
+        whose = f"rank {replay.ranks[0]}" if len(replay.ranks) == 1 else f"ranks {_listed(replay.ranks)}"
         return (
-            f"{rule_message}; replayed in fp32 from {origin}, step {replay.offending_step} is "
-            f"non-finite too: the data or the model is at fault, not the precision (samples of that step "
-            f"on this process: [{shown}])"
+            f"{rule_message}; replayed in fp32 from {origin}, step {(replay.offending_step or 0) + 1} is "
+            f"non-finite too: the data or the model is at fault, not the precision ({whose}{shown})"
         )
     if replay.verdict == "precision":
-        first = replay.first_step - replay.steps + 1
-        return f"{rule_message}; fp32 replayed steps {first}-{replay.first_step} finitely: the precision is at fault"
+        first, last = replay.first_step - replay.steps + 2, replay.first_step + 1
+        return f"{rule_message}; fp32 replayed steps {first}-{last} finitely: the precision is at fault"
     return f"{rule_message}; no fp32 replay could tell (inconclusive)"

@@ -1,10 +1,9 @@
 """Session: one process's share of an attempt, as a training loop sees it.
 
-The loop keeps its own model, optimizer, schedule and data; the session owns what mpjob
-promises about every attempt, each through one collaborator: the precision and its modes
-(session.modes), the step's arithmetic and the guard (session.steps), the intervals
-(session.interval), checkpoints and exact resume (Checkpointer, TrainingState), progress,
-preemption, and the exit code and report (session.ending).
+The loop keeps its own model, optimizer, schedule and data; the session owns what mpjob promises
+about every attempt, each through one collaborator: the precision and its modes (session.modes),
+the step's arithmetic and the guard (session.steps), the intervals (session.interval), checkpoints
+and exact resume (Checkpointer, TrainingState), progress, preemption, and the exit code and report (session.ending).
 
 | phase    | entered by                  | the loop may call                                          |
 |----------|-----------------------------|------------------------------------------------------------|
@@ -31,21 +30,20 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer import speed
+from mpjob_trainer import sharding
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
 from mpjob_trainer.metrics import TrainerMetrics
-from mpjob_trainer.precision import autocast_fp32_types, keep_fp32, resolve
+from mpjob_trainer.precision import resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, classify, conclude
@@ -55,12 +53,15 @@ from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
+from mpjob_trainer.session.quarantine import Quarantine
 from mpjob_trainer.session.replay import Fp32Replay, Replaying
+from mpjob_trainer.session.setup import ModelSetUp
+from mpjob_trainer.session.skipping import DataRung, Lent
 from mpjob_trainer.session.state import TrainingState, seed_everything
 from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, StepNumerics
 
 
-class Session:
+class Session(ModelSetUp):
     """Made by `mpjob_trainer.session.start()`; use it as a context manager."""
 
     def __init__(
@@ -100,8 +101,11 @@ class Session:
         self._replay: Fp32Replay | None = None
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
+        self._wrapper = sharding.Wrapper(world, self.device, spec=self.spec, requested=launch.precision, log=log)
+        self._rung = DataRung(self.spec.precision.guard, Lent(self._numerics, world, log, self._metrics))
         cadence = Cadence(self.spec, launch.repromote_after_steps)
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
+        self._intervals.inspectors.append(self._rung.inspect)
 
     # ---------------------------------------------------------------- what the run is
     @property
@@ -125,6 +129,11 @@ class Session:
         return self._state.samples if self._state is not None else 0
 
     @property
+    def quarantined(self) -> Quarantine:
+        """Samples (or steps) never to train on again (session.quarantine); checkpointed."""
+        return self._rung.quarantine
+
+    @property
     def args(self) -> dict[str, Any]:
         """spec.task.args: the job's settings for the script."""
         return dict(self.spec.task.args)
@@ -138,36 +147,7 @@ class Session:
         builtin learns it from the task it loads inside the session)."""
         self._progress.flops_per_sample, self._progress.tokens_per_sample = flops, tokens
 
-    # ---------------------------------------------------------------- set-up
-    def keep_fp32(self, model: nn.Module) -> list[str]:
-        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns the names of
-        the modules wrapped. Types autocast already runs in fp32 on this device are left alone."""
-        if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
-            return []
-        kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)
-        wrapped = keep_fp32(model, kept, self.device)
-        self._log("keepFp32", wrapped=wrapped, skipped=[name for name in kept if name in free])
-        return wrapped
-
-    def compile(self, model: nn.Module) -> nn.Module:
-        """`torch.compile(model)` as spec.training.compile says (auto: on CUDA), else `model`.
-        Call it after keep_fp32 and before wrap; resume() takes the uncompiled module."""
-        compiled = speed.compile_model(model, self.spec.training.compile, self.device)
-        self._log("compile", mode=self.spec.training.compile, compiled=compiled is not model)
-        return compiled
-
-    def adamw(
-        self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
-    ) -> torch.optim.AdamW:
-        """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
-        return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
-
-    def wrap(self, model: nn.Module) -> nn.Module:
-        """DistributedDataParallel when the attempt has several processes, else the model."""
-        if not self.world.distributed:
-            return model
-        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-
+    # ---------------------------------------------------------------- set-up (session.setup: the model)
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The attempt's autocast for forward passes (a no-op in fp32)."""
         return self._amp.autocast()
@@ -176,7 +156,7 @@ class Session:
         """Register what checkpoints hold, load the attempt's checkpoint into it; the start step."""
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
-        self._state = TrainingState(stateful)
+        self._state = TrainingState(stateful, own=self._rung.stateful())
         loaded = self._checkpoints.open(self._state, self.launch.resume_from, newer_in=self.precision)
         if loaded is None:
             self._log("freshStart", reason=f"no valid checkpoint in {self._checkpoints.root}: starting at step 0")
@@ -200,7 +180,9 @@ class Session:
         With it an `auto` attempt measures its precision now (session.measure) and a numeric
         fault is replayed in fp32 (session.replay). Call it after resume()."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
-        self._replay = Fp32Replay(step, samples, spec=self.spec.precision.guard, lent=lent)
+        guard = self._wrapper.replayable(self.spec.precision.guard)
+        self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
+        self._rung.arm(self._replay, state=self._state, fresh=self._checkpoints.last_good is None)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
             at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
@@ -252,6 +234,10 @@ class Session:
         self._step = step
         self._state.samples += samples or 0
         self._progress.window.add(samples)
+        self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
+
+    def _close_step(self, step: int, loss: Number | None) -> None:
+        assert self._state is not None  # end_step checked it
         self._numerics.close(step, loss)
         gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
         due = self._intervals.cadence.due(step, evaluate=gate is not None and gate.due(step), stop_alone=alone)
@@ -280,7 +266,8 @@ class Session:
             self._metrics.trip(exc.rule)
             self._log("fault", step=self._step, rule=exc.rule, message=str(exc), all_ranks=True)
         self._checkpoints.settle(self._step)
-        if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None:
+        unjudged = self._replay is not None and self._replay.replayed is None  # else the data rung judged it
+        if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None and unjudged:
             exc = self._replay.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
         self._exit_code = conclude(exc, self._standing(), self._log)
         with contextlib.suppress(Exception):
@@ -297,4 +284,6 @@ class Session:
             counters=self._intervals.counters(),
             replay=self._replay.replayed if self._replay is not None else None,
             measurement=self._measurement,
+            loss_scales=self._intervals.scales.points,
+            skipped=self._rung.skipped(),
         )

@@ -40,7 +40,8 @@ from mpjob_trainer.errors import ConfigError
 
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
 RESERVED = frozenset(
-    {"step", "appliedSteps", "precision", "scaler", "rng", "samples", shards.SHARDS, shards.SHARDED_OBJECTS, FORMAT_KEY}
+    {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", FORMAT_KEY}
+    | {shards.SHARDS, shards.SHARDED_OBJECTS}
 )
 
 
@@ -85,7 +86,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class TrainingState:
     """The named stateful objects of a run (anything with state_dict/load_state_dict)."""
 
-    def __init__(self, objects: dict[str, Any]) -> None:
+    def __init__(self, objects: dict[str, Any], own: dict[str, Any] | None = None) -> None:
         for name, obj in objects.items():
             if name in RESERVED:
                 raise ConfigError(f"resume({name}=...): {name!r} is reserved; reserved: {', '.join(sorted(RESERVED))}")
@@ -95,6 +96,9 @@ class TrainingState:
                     "checkpoints can only hold objects that have both"
                 )
         self.objects = dict(objects)
+        #: The SDK's own stateful parts (the quarantine, the spike window), under reserved keys;
+        #: a checkpoint written before them has none, and they keep what they hold.
+        self.own = dict(own or {})
         #: The sharded model and optimizer among the objects (checkpoint.shards), if any.
         self.sharded = shards.shard_names(self.objects) if any(map(shards.is_sharded, objects.values())) else None
         #: The data position: samples all ranks consumed so far (end_step adds each step's).
@@ -135,7 +139,7 @@ class TrainingState:
             "samples": self.samples,
         }
         in_shards = set(self.sharded.values()) if self.sharded else set()
-        for name, obj in self.objects.items():
+        for name, obj in {**self.objects, **self.own}.items():
             if name not in in_shards:
                 state[name] = obj.state_dict()
         if self.sharded:
@@ -172,6 +176,9 @@ class TrainingState:
                 raise ConfigError(f"cannot load the checkpoint's {name!r} into this run's {name}: {exc}") from exc
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
             scaler.load_state_dict(state["scaler"])  # fp16 -> fp16 keeps its calibrated scale
+        for name, obj in self.own.items():
+            if name in state:
+                obj.load_state_dict(state[name])
         set_rng_state(state["rng"])
         self.samples = int(state.get("samples") or 0)
         return int(state.get("appliedSteps", state["step"]))

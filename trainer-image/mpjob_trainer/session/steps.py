@@ -24,6 +24,7 @@ import torch
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.progress import Interval, host_value
+from mpjob_trainer.sharding import clip_gradients
 
 Number = torch.Tensor | float
 #: The loop's step as a function of its 0-based index (Session.register_step).
@@ -125,7 +126,7 @@ class StepNumerics:
         scaler = self.precision.scaler
         if scaler is not None:
             scaler.unscale_(optimizer)  # clipping sees true gradients
-        self.tally.grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf)
+        self.tally.grad_norm = clip_gradients(params, clip_norm)  # sharded or not: the global norm
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

@@ -5,7 +5,8 @@ A task has `model` (an nn.Module built in fp32), `dataset` (a map-style Dataset 
 `flops_per_sample` (for MFU), `tokens_per_sample` (for tokens/s) and
 `set_step(step)` (workloads whose behaviour depends on the step, such as the built-ins'
 activation blow-up switch) and `eval_dataset` (held-out (input, target) pairs: the quality
-gate of spec.validation evaluates on them).
+gate of spec.validation evaluates on them) and `blocks` (the model's repeated blocks: FSDP2 and
+activation checkpointing work per block, spec.parallelism).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class Task:
     tokens_per_sample: int | None = None
     set_step: Callable[[int], None] | None = None
     eval_dataset: Dataset[Any] | None = None
+    #: The model's repeated blocks (transformer layers): FSDP2 shards and activation
+    #: checkpointing recomputes per block (spec.parallelism); None: the model is one unit.
+    blocks: list[nn.Module] | None = None
 
 
 def _factory(spec: TaskSpec) -> Callable[[dict[str, Any]], Any]:

@@ -3,7 +3,12 @@ trainer's recovery paths (task.args of the `mlp` workload):
 
 - `nonFiniteSamples: [i, ...]` (or `"all"`): those samples' inputs hold NaN. Every
   precision, fp32 included, turns their loss non-finite: poisoned data, which the fp32 replay
-  tells from a precision's fault (NonFiniteInFp32).
+  tells from a precision's fault (NonFiniteInFp32; with guard.onBadData skip, the data rung
+  quarantines them). In a run shorter than an epoch a listed sample is served at one step; over
+  several epochs it comes back every epoch (until quarantined); `"all"` makes every step bad.
+- `batchScale: {atStep: s, steps: n, factor: f}`: the batches (their targets) of optimizer
+  steps s..s+n-1 are multiplied by f (default 1000): a finite loss spike, in every precision
+  (guard.spike).
 - `stepDelay: {fp32: s, bf16: s, fp16: s}`: each forward pass in that precision takes `s`
   seconds longer, as on a device where AMP does (or does not) pay off: `auto` measures it
   (failure mode F6, AmpSlowerThanFp32).
@@ -55,6 +60,35 @@ class PoisonedSamples(Dataset[Any]):
         if index in self.poisoned:
             inputs = torch.full_like(inputs, float("nan")) if inputs.is_floating_point() else inputs
         return inputs, target
+
+
+class BatchScale:
+    """Targets x factor at optimizer steps [at, at + steps) (set_step), else as they are."""
+
+    def __init__(self, at: int | None, steps: int, factor: float) -> None:
+        self.at, self.steps, self.factor = at, steps, factor
+        self.active = False
+
+    def set_step(self, step: int) -> None:
+        self.active = self.at is not None and self.at <= step < self.at + self.steps
+
+    def __call__(self, target: torch.Tensor) -> torch.Tensor:
+        return target * self.factor if self.active else target
+
+
+def batch_scale(value: Any) -> BatchScale:
+    """task.args.batchScale (none: targets as they are)."""
+    if value is None:
+        return BatchScale(None, 0, 1.0)
+    usage = "task.args.batchScale: expected {atStep: step, steps: n >= 1 (default 3), factor: f > 0 (default 1000)}"
+    if not isinstance(value, dict) or set(value) - {"atStep", "steps", "factor"}:
+        raise ConfigError(usage)
+    at, steps, factor = value.get("atStep"), value.get("steps", 3), value.get("factor", 1000.0)
+    if not isinstance(at, int) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(usage)
+    if not isinstance(factor, int | float) or factor <= 0:
+        raise ConfigError(usage)
+    return BatchScale(at, steps, float(factor))
 
 
 class MemoryCeiling(nn.Module):

@@ -247,4 +247,5 @@ def make_task(args: dict[str, Any]) -> Task:
         flops_per_sample=float(model.flops_per_token() * config.block_size),
         tokens_per_sample=config.block_size,
         set_step=blowup.set_step,
+        blocks=list(model.blocks),  # FSDP2 shards per transformer block
     )

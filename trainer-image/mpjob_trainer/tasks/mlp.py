@@ -1,7 +1,7 @@
 """The built-in `mlp` workload: a small regression on synthetic data.
 
 Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, overflowUntilStep, and the
-faults of mpjob_trainer.tasks.faults: nonFiniteSamples, outOfMemoryAbove, stepDelay,
+faults of mpjob_trainer.tasks.faults: nonFiniteSamples, batchScale, outOfMemoryAbove, stepDelay,
 cancellationOffset; evalSamples (held-out samples for the quality gate, default 256).
 """
 
@@ -21,6 +21,7 @@ from mpjob_trainer.tasks.faults import (
     MemoryCeiling,
     PoisonedSamples,
     PrecisionDelay,
+    batch_scale,
     poisoned_indices,
     step_delays,
 )
@@ -34,6 +35,7 @@ KNOWN = {
     "overflowGain",
     "overflowUntilStep",
     "nonFiniteSamples",
+    "batchScale",
     "outOfMemoryAbove",
     "stepDelay",
     "cancellationOffset",
@@ -58,14 +60,20 @@ def make_task(args: dict[str, Any]) -> Task:
     if poisoned:
         dataset = PoisonedSamples(dataset, poisoned)
     model, blowup = _model(args, inputs, hidden, layers)
+    spike = batch_scale(args.get("batchScale"))
+
+    def set_step(step: int) -> None:
+        blowup.set_step(step)
+        spike.set_step(step)
+
     n_params = sum(p.numel() for p in model.parameters())
     return Task(
         model=model,
         dataset=dataset,
         eval_dataset=_regression(torch.randn(held_out, inputs, generator=torch.Generator().manual_seed(8642)), w),
-        loss=lambda out, target: F.mse_loss(out.float(), target),
+        loss=lambda out, target: F.mse_loss(out.float(), spike(target)),
         flops_per_sample=float(6 * n_params),
-        set_step=blowup.set_step,
+        set_step=set_step,
     )
 
 

@@ -1,0 +1,91 @@
+"""Skipping bad data and loss spikes: the spec's knobs (precision.guard.onBadData,
+maxSkippedSteps, spike) and what a run skipped (the termination report's `skipped` and
+status.skipped).
+
+A step the fp32 replay finds non-finite in fp32 too is bad data: the attempt rolls back to the
+last good checkpoint, quarantines that step's samples and goes on in the same precision. A
+finite loss far above its running window (guard.spike) is treated the same way. Both are
+bounded by guard.maxSkippedSteps; past it the attempt fails as a data fault, naming the steps.
+
+The record is bounded (it travels in a 4 KiB termination report and a status patch): the count
+and the samples' count are exact, the lists keep the first MAX_SKIPPED_ENTRIES entries.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+#: Skipped steps (and sample ranges) a report or status lists at most.
+MAX_SKIPPED_ENTRIES = 16
+#: Why a step was skipped: the fp32 replay blamed its data, or its loss spiked.
+SkipCause = Literal["data", "spike"]
+OnBadData = Literal["fail", "skip"]
+
+
+class _Wire(BaseModel):
+    """camelCase on the wire, unknown fields refused: the API's convention (api.ApiModel)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class SpikeSpec(_Wire):
+    """guard.spike: what a finite loss spike does."""
+
+    action: Literal["rollback", "off"] = Field(
+        "off",
+        description="rollback: a finite loss whose z-score over the last `window` accepted losses exceeds "
+        "`zScore` rolls back to the last good checkpoint and skips the spiking steps (bounded by "
+        "maxSkippedSteps). Off by default: a spike is finite, the run would finish anyway, and a false "
+        "positive silently drops good data; turn it on for long runs where a spike costs more than a rollback.",
+    )
+    z_score: float = Field(6.0, gt=0, le=1000, description="How many standard deviations above the window's mean.")
+    window: int = Field(
+        128, ge=8, le=4096, description="Accepted losses the mean and deviation are taken over; no check before."
+    )
+
+
+class SampleRange(_Wire):
+    """Dataset indices first..last (inclusive), all skipped."""
+
+    first: int = Field(ge=0)
+    last: int = Field(ge=0)
+
+
+class SkippedStep(_Wire):
+    """One skipped optimizer step (0-based index) and why."""
+
+    step: int = Field(ge=0)
+    cause: SkipCause
+    #: The samples it skipped (dataset indices, as ranges; empty: the loop named none).
+    samples: list[SampleRange] = Field(default_factory=list, max_length=MAX_SKIPPED_ENTRIES)
+
+
+class Skipped(_Wire):
+    """What a run skipped so far (the quarantine): counts exact, the list bounded."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    count: int = Field(0, ge=0, description="Steps skipped.")
+    samples: int = Field(0, ge=0, description="Samples skipped.")
+    steps: list[SkippedStep] = Field(default_factory=list, max_length=MAX_SKIPPED_ENTRIES)
+
+
+def ranges(indices: list[int]) -> list[SampleRange]:
+    """Sorted indices as inclusive ranges (the first MAX_SKIPPED_ENTRIES)."""
+    out: list[SampleRange] = []
+    for index in sorted(set(indices)):
+        if out and out[-1].last == index - 1:
+            out[-1].last = index
+        elif len(out) == MAX_SKIPPED_ENTRIES:
+            break
+        else:
+            out.append(SampleRange(first=index, last=index))
+    return out
+
+
+def describe_ranges(spans: list[SampleRange]) -> str:
+    """'3, 7-9' for the ranges (what events and messages say)."""
+    return ", ".join(str(r.first) if r.first == r.last else f"{r.first}-{r.last}" for r in spans)

@@ -1,0 +1,178 @@
+"""What the attempts cost, as data: GPU-seconds, samples and the steps trained twice.
+
+Pure arithmetic over the status (the definitions are mpjob_contract.accounting's): the operator
+hands in the GPU-seconds it saw of each attempt's pods (`seen_usage`), `mpjob run` those of its
+worker processes; `settle` writes each attempt's figures and keeps `status.cost` as their sums.
+
+The sums are kept by difference, not recomputed from attempts[]: attempts[] keeps only the first
+and the newest entries, so `settle` adds to status.cost what changed in each entry it still
+holds (an attempt's waste moves when the next attempt's trainer corrects where it resumed) and a
+dropped entry's share stays in the sums. Running `settle` twice changes nothing. The operator's
+counters add the same differences (`changes`), once, at the reconcile whose status write made
+them, so an operator restart (which reads them back from the status) never counts twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from mpjob.planning import timeline
+from mpjob.planning.endings import JobView, PodView
+from mpjob.planning.figures import round_sig
+from mpjob_contract.accounting import JobCost, WasteReason
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, world_size
+from mpjob_contract.codes import Reason
+
+SECONDS_PER_HOUR = 3600.0
+
+
+def _moment(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def pod_seconds(pod: PodView, now: datetime) -> float:
+    """Seconds the pod's trainer container ran as seen: start to finish; one still running, to
+    `now`; one never seen starting (or ended with no finish time) adds nothing."""
+    start = _moment(pod.started_at)
+    end = now if pod.alive else _moment(pod.finished_at)
+    if start is None or end is None:
+        return 0.0
+    return max(0.0, (end - start).total_seconds())
+
+
+def gpu_seconds(pods: Iterable[PodView], *, gpus_per_worker: int, now: datetime) -> float:
+    """Pods x GPUs x wall time: each pod's seconds times the GPUs it holds."""
+    return gpus_per_worker * sum(pod_seconds(pod, now) for pod in pods)
+
+
+def seen_usage(
+    status: MixedPrecisionJobStatus, jobs: Mapping[int, JobView], spec: MixedPrecisionJobSpec, now: datetime
+) -> dict[int, float]:
+    """GPU-seconds of the ended attempts that have no figure yet and whose Job is still seen (an
+    attempt's Job outlives its ending by at least one reconcile, so each ending is seen once)."""
+    gpus = spec.resources.gpus_per_worker
+    return {
+        a.index: gpu_seconds(jobs[a.index].pods, gpus_per_worker=gpus, now=now)
+        for a in status.attempts
+        if a.finish_time is not None and a.gpu_seconds is None and a.index in jobs
+    }
+
+
+@dataclass(frozen=True)
+class Waste:
+    steps: int | None
+    gpu_seconds: float | None
+    reason: WasteReason | None
+
+
+def trained_steps(attempt: AttemptStatus) -> int:
+    """Steps the attempt trained past where it began."""
+    return max(0, (attempt.end_step or attempt.start_step) - attempt.start_step)
+
+
+def waste_of(attempt: AttemptStatus, following: AttemptStatus | None) -> Waste:
+    """The attempt's wasted steps and GPU-seconds, given the attempt after it (None: none yet)."""
+    trained, seconds = trained_steps(attempt), attempt.gpu_seconds
+    if attempt.finish_time is None:
+        return Waste(None, None, None)
+    if trained == 0 and attempt.reason != Reason.SUCCEEDED.value:
+        return Waste(0 if following is not None else None, seconds, WasteReason.SETUP)
+    if following is None or attempt.end_step is None:
+        return Waste(None, None, None)
+    steps = max(0, attempt.end_step - following.start_step)
+    share = min(1.0, steps / trained) if trained else 0.0
+    return Waste(steps, None if seconds is None else seconds * share, WasteReason.ROLLBACK)
+
+
+def samples_of(attempt: AttemptStatus, spec: MixedPrecisionJobSpec) -> int:
+    """Samples the attempt trained on: its steps x samples per optimizer step (every process's)."""
+    micro = attempt.micro_batch or spec.training.batch_size
+    accumulation = attempt.grad_accumulation or spec.training.grad_accumulation
+    return trained_steps(attempt) * micro * accumulation * (attempt.world_size or world_size(spec))
+
+
+def settle(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, usage: Mapping[int, float]) -> None:
+    """Each ended attempt's figures (with `usage`: GPU-seconds seen of attempts that had none),
+    and status.cost as their sums (in place; idempotent)."""
+    cost = status.cost or JobCost()
+    entries = status.attempts
+    for position, entry in enumerate(entries):
+        if entry.finish_time is None:
+            continue
+        if entry.gpu_seconds is None and entry.index in usage:
+            entry.gpu_seconds = round(usage[entry.index], 3)
+            cost.gpu_seconds += entry.gpu_seconds
+        entry.samples = samples_of(entry, spec)
+        after = entries[position + 1] if position + 1 < len(entries) else None
+        if after is not None and after.index != entry.index + 1:
+            continue  # its next attempt's entry was dropped: its waste was settled while it was there
+        waste = waste_of(entry, after)
+        cost.wasted_steps += (waste.steps or 0) - (entry.wasted_steps or 0)
+        new_seconds = None if waste.gpu_seconds is None else round(waste.gpu_seconds, 3)
+        cost.wasted_gpu_seconds += (new_seconds or 0.0) - (entry.wasted_gpu_seconds or 0.0)
+        entry.wasted_steps, entry.wasted_gpu_seconds = waste.steps, new_seconds
+    if entries or status.cost is not None:
+        status.cost = priced(cost, spec)
+
+
+def account(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, usage: Mapping[int, float]) -> None:
+    """After any transition, for the operator and `mpjob run` alike: the attempts' cost figures
+    and sums, and their precision spans in status.timeline."""
+    settle(status, spec, usage)
+    timeline.spans(status)
+
+
+def priced(cost: JobCost, spec: MixedPrecisionJobSpec) -> JobCost:
+    """The sums rounded, and in money at spec.costPerGpuHour (none without a price)."""
+    price = spec.cost_per_gpu_hour
+    cost = cost.model_copy(
+        update={"gpu_seconds": round(cost.gpu_seconds, 3), "wasted_gpu_seconds": round(cost.wasted_gpu_seconds, 3)}
+    )
+    if price is None:
+        return cost.model_copy(update={"currency": None, "amount": None, "wasted_amount": None})
+    return cost.model_copy(
+        update={
+            "currency": price.currency,
+            "amount": money(cost.gpu_seconds, price.amount),
+            "wasted_amount": money(cost.wasted_gpu_seconds, price.amount),
+        }
+    )
+
+
+def money(seconds: float, per_hour: float) -> float:
+    """GPU-seconds at a price per GPU-hour, to five significant digits."""
+    return round_sig(seconds / SECONDS_PER_HOUR * per_hour)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one status write added to the sums, for the operator's counters."""
+
+    #: GPU-seconds of attempts that ended, by their ending (the attempt's reason).
+    gpu_seconds: dict[str, float]
+    #: Wasted GPU-seconds, by why.
+    wasted_gpu_seconds: dict[str, float]
+
+
+def changes(before: MixedPrecisionJobStatus, after: MixedPrecisionJobStatus) -> Change:
+    """What `after` adds to `before`'s figures, per attempt it holds (never negative: a counter)."""
+    old = {a.index: a for a in before.attempts}
+    used: dict[str, float] = {}
+    wasted: dict[str, float] = {}
+    for entry in after.attempts:
+        was = old.get(entry.index)
+        more = (entry.gpu_seconds or 0.0) - ((was.gpu_seconds or 0.0) if was else 0.0)
+        if more > 0:
+            used[entry.reason or ""] = used.get(entry.reason or "", 0.0) + more
+        more = (entry.wasted_gpu_seconds or 0.0) - ((was.wasted_gpu_seconds or 0.0) if was else 0.0)
+        if more > 0:
+            why = WasteReason.SETUP if trained_steps(entry) == 0 else WasteReason.ROLLBACK
+            wasted[why.value] = wasted.get(why.value, 0.0) + more
+    return Change(used, wasted)

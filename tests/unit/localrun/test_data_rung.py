@@ -1,0 +1,65 @@
+"""`mpjob run` with bad data and loss spikes: the attempt rolls back and skips, and the job
+still Succeeds in its first precision; the summary, status.skipped and the plot show it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.unit.localrun.test_run import BASE, manifest, mpjob_run
+from tests.unit.trainer.conftest import run_trainer
+from tests.unit.trainer.test_data_rung import SCRIPT
+
+pytestmark = pytest.mark.unit
+
+
+def mlp(**args: object) -> dict:
+    return {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 64, **args}}
+
+
+def run(tmp: Path, **spec: object) -> tuple[int, dict, str]:
+    job = manifest(tmp, **{"training": {"steps": 40, "batchSize": 8, "logEvery": 5}, **spec})
+    result = mpjob_run(str(job), "--out", str(tmp / "out"), "--plain")
+    return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
+
+
+def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precision(tmp_path: Path) -> None:
+    code, report, out = run(tmp_path, task=mlp(nonFiniteSamples=[5]))
+    assert code == 0 and report["phase"] == "Succeeded", out
+    (only,) = report["attempts"]  # no fallback: one attempt, in fp16
+    assert (only["precision"], only["reason"]) == ("fp16", "Succeeded")
+    assert not any(c["type"] == "PrecisionFallback" for c in report["conditions"])
+    skipped = report["skipped"]
+    assert (skipped["count"], skipped["samples"]) == (1, 1)
+    (step,) = skipped["steps"]
+    assert step["cause"] == "data" and step["samples"] == [{"first": 5, "last": 5}]
+    assert f"skipped: 1 step(s), 1 sample(s): step {step['step']} (data: 5)" in out  # the summary
+    assert f"skipped step(s) [{step['step']}] (data; samples 5)" in out  # said as it happened
+    series = json.loads((tmp_path / "out" / "series.json").read_text())
+    assert series["skips"] == [{"attempt": 0, "step": step["step"], "cause": "data"}]  # what the plot marks
+    # The final weights equal a straight run whose data never held sample 5 (the same order otherwise).
+    clean = json.loads(json.dumps(BASE["spec"]))
+    clean.update(task=mlp(), training={"steps": 40, "batchSize": 8, "logEvery": 5})
+    extra = {"QUARANTINED": "5", "PYTHONPATH": os.pathsep.join(sys.path)}
+    straight = run_trainer(tmp_path / "straight", clean, "fp16", argv=[SCRIPT], extra=extra)
+    assert straight.code == 0, straight.stderr
+    (final,) = (tmp_path / "out").rglob("step-000000040/state.pt")
+    ours, theirs = (
+        torch.load(p, weights_only=True)["model"] for p in (final, tmp_path / "straight/ckpt/step-000000040/state.pt")
+    )
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_bad_data_everywhere_fails_in_one_attempt_naming_the_steps(tmp_path: Path) -> None:
+    guard = {"maxSkippedSteps": 3}
+    code, report, out = run(tmp_path, task=mlp(nonFiniteSamples="all"), precision={"mode": "fp16", "guard": guard})
+    assert code == 1 and report["phase"] == "Failed", out
+    (only,) = report["attempts"]
+    assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NonFiniteInFp32", 45)
+    assert "data at step(s) 0, 1, 2, 3: more than guard.maxSkippedSteps=3" in only["message"]
+    assert report["skipped"]["count"] == 3

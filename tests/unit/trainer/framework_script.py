@@ -1,0 +1,110 @@
+"""A tiny regression under either framework adapter, for the replay and quality-gate tests.
+
+    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP]
+
+`--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
+`--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
+inf in fp16, finite in fp32 (a precision's fault). Both have an evaluation set (the first
+64 samples), so `spec.validation` can run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from mpjob_trainer import session as mpjob
+
+FEATURES, SAMPLES = 8, 512
+
+
+class Regression(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, poison: int | None) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(SAMPLES, FEATURES, generator=gen)
+        self.y = self.x.sum(1, keepdim=True).sin()
+        if poison is not None:
+            self.x[poison] = float("nan")
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class Net(nn.Module):
+    def __init__(self, overflow_at: int | None) -> None:
+        super().__init__()
+        self.inp, self.norm, self.out = nn.Linear(FEATURES, 32), nn.LayerNorm(32), nn.Linear(32, 1)
+        self.overflow_at, self.step = overflow_at, 0
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        gain = 1e6 if self.overflow_at is not None and self.step >= self.overflow_at else 1.0
+        h = self.out(torch.relu(self.norm(self.inp(x) * gain)))
+        return {"loss": nn.functional.mse_loss(h.float(), labels)}
+
+
+def hf(run: Any, net: Net, data: Regression) -> None:
+    from transformers import Trainer, TrainerCallback
+
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            net.step = state.global_step
+
+    args = mpjob_hf.training_arguments(run, remove_unused_columns=False, dataloader_num_workers=0)
+    eval_set = torch.utils.data.Subset(data, range(64))
+    trainer = Trainer(model=net, args=args, train_dataset=data, eval_dataset=eval_set, callbacks=[Steps()])
+    mpjob_hf.train(run, trainer)
+
+
+def lightning(run: Any, net: Net, data: Regression) -> None:
+    import lightning as L
+
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    batch = run.spec.training.batch_size
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+            net.step = self.global_step
+            return net(**b)["loss"]
+
+        def validation_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+            return net(**b)["loss"]
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=run.spec.training.learning_rate)
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(data, batch_size=batch)  # in order: sample I is in step I // batch
+
+        def val_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(torch.utils.data.Subset(data, range(64)), batch_size=batch)
+
+    trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False))
+    mpjob_lightning.fit(run, trainer, Module())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("framework", choices=["hf", "lightning"])
+    parser.add_argument("--poison", type=int, default=None)
+    parser.add_argument("--overflow-at", type=int, default=None)
+    opts = parser.parse_args()
+    with mpjob.start() as run:
+        (hf if opts.framework == "hf" else lightning)(run, Net(opts.overflow_at), Regression(opts.poison))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""One rank of a sharding case, run as its own process by tests/unit/trainer/test_sharding.py:
+`python sharding_ranks.py CASE RANK WORLD OUT`. The ranks meet in a real gloo process group
+(a FileStore in OUT) and each writes what it saw to OUT/rank<R>.json."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from mpjob_contract.api import Guard, PrecisionSpec
+from mpjob_contract.parallelism import Parallelism
+from mpjob_trainer import sharding
+from mpjob_trainer.distributed import World
+from mpjob_trainer.guard import NumericGuard
+from mpjob_trainer.session.modes import AttemptPrecision
+from mpjob_trainer.session.steps import StepNumerics
+from mpjob_trainer.tasks.gpt import make_task
+
+CPU = torch.device("cpu")
+
+
+def gpt(layers: int = 2) -> Any:
+    torch.manual_seed(0)  # the same initial weights on every rank, as seed_everything does
+    return make_task({"nLayer": layers, "nEmbd": 32, "nHead": 2, "blockSize": 16, "data": "random", "samples": 256})
+
+
+def wrap(task: Any, world: World, precision: str, **parallelism: Any) -> nn.Module:
+    settings = Parallelism.model_validate({"strategy": "fsdp", **parallelism})
+    net, _ = sharding.wrap(
+        task.model,
+        task.blocks,
+        world=world,
+        device=CPU,
+        precision=precision,
+        parallelism=settings,  # type: ignore[arg-type]
+        keep_fp32=["LayerNorm"],
+    )
+    return net
+
+
+def batch(task: Any, rank: int, step: int, size: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    items = [task.dataset[(step * 64 + rank * size + i) % len(task.dataset)] for i in range(size)]
+    return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+def case_dtypes(world: World, precision: str) -> dict[str, Any]:
+    """The dtypes parameters are gathered and computed in, and the sharded masters'."""
+    task = gpt()
+    net = wrap(task, world, precision)
+    seen: dict[str, str] = {}
+    for name in ("blocks.0.attn.qkv", "blocks.0.ln_1", "ln_f", "lm_head"):
+        module = net.get_submodule(name)
+        module.register_forward_pre_hook(lambda m, _a, name=name: seen.__setitem__(name, str(m.weight.dtype)))
+    x, y = batch(task, world.rank, 0)
+    amp = AttemptPrecision(precision, CPU, PrecisionSpec())  # type: ignore[arg-type]
+    with amp.autocast():
+        task.loss(net(x), y).backward()
+    sharded = {
+        name: [str(p.dtype), type(p).__name__, str(p.placements) if isinstance(p, DTensor) else ""]
+        for name, p in net.named_parameters()
+    }
+    grads = sorted({str(p.grad.dtype) for p in net.parameters() if p.grad is not None})
+    return {"gathered": seen, "sharded": sharded, "gradDtypes": grads}
+
+
+def case_overflow(world: World) -> dict[str, Any]:
+    """fp16 through the session's step: only rank 1's gradients overflow; who skips?"""
+    task = gpt()
+    net = wrap(task, world, "fp16")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    amp = AttemptPrecision("fp16", CPU, PrecisionSpec())
+    numerics = StepNumerics(amp, NumericGuard(Guard(), CPU, world))
+    before = [p.detach().to_local().clone() for p in net.parameters()]  # type: ignore[attr-defined]
+    applied, scales = [], []
+    for step in range(3):
+        x, y = batch(task, world.rank, step)
+        with amp.autocast():
+            loss = task.loss(net(x), y)
+        if step == 1 and world.rank == 1:
+            loss = loss * torch.tensor(float("inf"))  # only this rank's gradients overflow
+        numerics.backward(loss)
+        count = numerics.applied.count
+        numerics.step(opt, clip_norm=1.0)
+        applied.append(numerics.applied.count - count)
+        numerics.close(step + 1, None)
+        scales.append(amp.scaler.get_scale())  # type: ignore[union-attr]
+        if step == 0:
+            before = [p.detach().to_local().clone() for p in net.parameters()]  # type: ignore[attr-defined]
+        if step == 1:
+            unchanged = all(
+                torch.equal(b, p.detach().to_local()) for b, p in zip(before, net.parameters(), strict=True)
+            )  # type: ignore[attr-defined]
+    return {
+        "applied": applied,
+        "scales": scales,
+        "overflowSteps": numerics.guard.overflow_steps,
+        "unchanged": unchanged,
+    }
+
+
+def case_clip(world: World) -> dict[str, Any]:
+    """The clipped norm of the sharded gradients vs an unsharded copy of the model on the
+    whole batch (FSDP averages gradients over ranks: the reference averages the ranks' losses)."""
+    task = gpt()
+    reference = copy.deepcopy(task.model)
+    net = wrap(task, world, "fp32")
+    x, y = batch(task, world.rank, 0)
+    task.loss(net(x), y).backward()
+    total = sharding.clip_gradients(list(net.parameters()), 0.05)
+    losses = [task.loss(reference(bx), by) for bx, by in (batch(task, r, 0) for r in range(world.size))]
+    (sum(losses) / world.size).backward()
+    ref_total = torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 0.05)
+    clipped = {n: p.grad.full_tensor() for n, p in net.named_parameters()}  # type: ignore[union-attr]
+    worst = max((clipped[n] - p.grad).abs().max().item() for n, p in reference.named_parameters())  # type: ignore[operator]
+    return {
+        "norm": total.item(),
+        "isDTensor": isinstance(total, DTensor),
+        "reference": ref_total.item(),
+        "worst": worst,
+    }
+
+
+def case_blocks(world: World) -> dict[str, Any]:
+    """The builtin gpt shards per transformer block; selective checkpointing picks every 2nd."""
+    task = gpt(layers=3)
+    net = wrap(task, world, "bf16", activationCheckpointing="selective")
+    x, y = batch(task, world.rank, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        task.loss(net(x), y).backward()
+    return {
+        "fsdpBlocks": [isinstance(b, FSDPModule) for b in task.blocks],
+        "root": isinstance(net, FSDPModule),
+        "checkpointed": [isinstance(vars(b).get("forward"), sharding.CheckpointedForward) for b in task.blocks],
+        "allDTensor": all(isinstance(p, DTensor) for p in net.parameters()),
+        "gradsFinite": all(bool(torch.isfinite(p.grad.to_local()).all()) for p in net.parameters()),  # type: ignore[union-attr]
+    }
+
+
+def case_train(world: World, precision: str) -> dict[str, Any]:
+    """A short fsdp run through the session's step arithmetic: does the loss fall?"""
+    task = gpt()
+    net = wrap(task, world, precision, activationCheckpointing="full")
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    amp = AttemptPrecision(precision, CPU, PrecisionSpec())  # type: ignore[arg-type]
+    numerics = StepNumerics(amp, NumericGuard(Guard(), CPU, world))
+    losses = []
+    for step in range(25):
+        x, y = batch(task, world.rank, step % 4)  # four batches, seen again: the loss must fall
+        with amp.autocast():
+            loss = task.loss(net(x), y)
+        numerics.backward(loss)
+        numerics.step(opt, clip_norm=1.0)
+        numerics.close(step + 1, None)
+        losses.append(loss.item())
+    return {"first": sum(losses[:4]) / 4, "last": sum(losses[-4:]) / 4, "applied": numerics.applied.count}
+
+
+def main() -> None:
+    case, rank, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    torch.set_num_threads(1)
+    world = World(rank=rank, size=size, local_rank=rank)
+    if size > 1:  # a world of one makes its own group (sharding.ensure_process_group)
+        store = dist.FileStore(str(out / "store"), size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+    name, _, precision = case.partition(":")
+    runs = {"dtypes": case_dtypes, "train": case_train}
+    result = runs[name](world, precision) if name in runs else globals()[f"case_{name}"](world)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

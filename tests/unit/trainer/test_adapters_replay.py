@@ -1,0 +1,63 @@
+"""The framework adapters register the framework's step and evaluation with the session: a
+numeric fault under the Hugging Face Trainer or Lightning is replayed in fp32 (bad data ->
+NonFiniteInFp32, a precision's overflow -> NumericFault), and spec.validation's quality gate
+evaluates the framework's eval set in the attempt's precision and in fp32."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpjob_contract.codes import ExitCode
+from tests.unit.trainer.conftest import run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = str(Path(__file__).with_name("framework_script.py"))
+FRAMEWORKS = ["hf", "lightning"]
+#: A sample each framework's data order serves within the run (HF's sampler shuffles by its seed).
+POISON = {"hf": "7", "lightning": "100"}
+
+
+def job(framework: str, *extra: str, **over: object) -> dict:
+    return spec(
+        task={"command": [sys.executable, SCRIPT, framework, *extra]},
+        training={"steps": 30, "batchSize": 8, "logEvery": 5, "seed": 0, "learningRate": 1e-3},
+        precision={"mode": "fp16", "fallback": [], "guard": {"maxNonFiniteLosses": 1}},
+        **over,
+    )
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bad_data_under_a_framework_replays_non_finite_in_fp32(tmp_path: Path, framework: str) -> None:
+    argv = [SCRIPT, framework, "--poison", POISON[framework]]
+    run = run_trainer(tmp_path, job(framework, *argv[2:]), "fp16", argv=argv)
+    assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr[-3000:]
+    replay = run.report.replay if run.report else None
+    assert replay is not None and replay.verdict == "data" and replay.ranks == [0]
+    assert not replay.from_checkpoint and replay.steps == 1 and replay.offending_step == replay.first_step
+    assert run.report is not None and f"step {replay.first_step + 1} is non-finite too" in run.report.message
+    assert [e["verdict"] for e in run.of("replay")] == ["data"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_an_fp16_overflow_under_a_framework_replays_finite_in_fp32(tmp_path: Path, framework: str) -> None:
+    argv = [SCRIPT, framework, "--overflow-at", "12"]
+    run = run_trainer(tmp_path, job(framework, "--overflow-at", "12"), "fp16", argv=argv)
+    assert run.code == ExitCode.NUMERIC_FAULT, run.stderr[-3000:]
+    replay = run.report.replay if run.report else None
+    assert replay is not None and replay.verdict == "precision" and replay.first_step >= 12
+    assert run.report is not None and "finitely: the precision is at fault" in run.report.message
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_quality_gate_evaluates_a_frameworks_eval_set_in_fp32_too(tmp_path: Path, framework: str) -> None:
+    validation = {"everySteps": 10, "batches": 2, "maxLossDelta": 0.5}
+    run = run_trainer(tmp_path, job(framework, validation=validation), "bf16", argv=[SCRIPT, framework])
+    assert run.code == 0, run.stderr[-3000:]
+    evals = run.of("eval")
+    assert [e["step"] for e in evals] == [10, 20, 30]
+    for e in evals:  # bf16 and fp32 at the same weights: close, not equal
+        assert e["loss"] != e["lossFp32"] and abs(e["loss"] - e["lossFp32"]) <= 0.05 * e["lossFp32"]

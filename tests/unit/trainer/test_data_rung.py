@@ -1,0 +1,131 @@
+"""The data rung (guard.onBadData, guard.maxSkippedSteps, guard.spike): bad data and finite
+loss spikes cost a rollback and a few samples, not the precision or the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mpjob_contract.codes import ExitCode
+from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = str(Path(__file__).with_name("quarantine_script.py"))
+
+
+def job(poison: object = None, *, steps: int = 60, guard: dict[str, Any] | None = None, **args: object) -> dict:
+    """64 samples in batches of 8: an epoch is 8 steps, so a poisoned sample comes back every epoch."""
+    task_args: dict[str, Any] = {"inputs": 8, "hidden": 16, "samples": 64, **args}
+    if poison is not None:
+        task_args["nonFiniteSamples"] = poison
+    return spec(
+        task={"builtin": "mlp", "args": task_args},
+        precision={"mode": "fp16", "guard": guard or {}},
+        training={"steps": steps, "batchSize": 8, "logEvery": 5},
+    )
+
+
+def weights(run_dir: Path, step: int = 60) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "ckpt" / f"step-{step:09d}" / "state.pt", weights_only=True)["model"]
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def straight(tmp: Path, job_spec: dict, quarantined: list[int]) -> dict[str, torch.Tensor]:
+    """A run whose data never held `quarantined` (the same order otherwise)."""
+    extra = {"QUARANTINED": ",".join(map(str, quarantined)), "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = run_trainer(tmp, job_spec, "fp16", argv=[SCRIPT], extra=extra)
+    assert run.code == 0, run.stderr
+    assert run.of("dataSkipped") == [] and run.of("replay") == []
+    return weights(tmp)
+
+
+def test_a_poisoned_sample_is_skipped_once_and_the_run_equals_one_that_never_saw_it(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path / "poisoned", job([30]), "fp16")
+    assert run.code == ExitCode.SUCCESS, run.stderr
+    (skipped,) = run.of("dataSkipped")  # once, though sample 30 comes back in each of ~7 epochs
+    assert skipped["cause"] == "data" and skipped["samples"] == [{"first": 30, "last": 30}]
+    assert [e["verdict"] for e in run.of("replay")] == ["data"]
+    assert skipped["steps"] == [run.of("replay")[0]["offendingStep"]]
+    report = run.report
+    assert report is not None and report.precision == "fp16" and report.skipped is not None
+    assert (report.skipped.count, report.skipped.samples) == (1, 1)
+    assert all(e["nonFiniteLosses"] <= 1 for e in run.of("step"))
+    held = torch.load(tmp_path / "poisoned/ckpt/step-000000060/state.pt", weights_only=True)["quarantine"]
+    assert held["records"] == [[skipped["steps"][0], "data", [30]]]  # what a resume reads back
+    clean = straight(tmp_path / "straight", job(), [30])
+    assert same(weights(tmp_path / "poisoned"), clean)
+
+
+def test_with_on_bad_data_fail_a_poisoned_sample_ends_the_attempt_as_before(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, job([30], guard={"onBadData": "fail"}), "fp16")
+    assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
+    assert run.of("dataSkipped") == [] and run.report is not None and run.report.skipped is None
+
+
+def test_bad_data_everywhere_fails_after_max_skipped_steps_naming_them(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, job("all", guard={"maxSkippedSteps": 2}), "fp16")
+    assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
+    assert [e["steps"] for e in run.of("dataSkipped")] == [[0], [1]]
+    report = run.report
+    assert report is not None and report.reason == "NonFiniteInFp32" and report.precision == "fp16"
+    assert "data at step(s) 0, 1, 2: more than guard.maxSkippedSteps=2" in report.message
+    assert report.skipped is not None and report.skipped.count == 2 and report.skipped.samples == 16
+
+
+def test_a_sigkilled_run_resumes_with_its_quarantine_bit_identical(tmp_path: Path) -> None:
+    slow = job([30], stepDelay={"fp16": 0.02})
+    whole = run_trainer(tmp_path / "whole", slow, "fp16")
+    assert whole.code == 0 and len(whole.of("dataSkipped")) == 1, whole.stderr
+    cut = tmp_path / "cut"
+    env = launch_env(cut, slow, "fp16")
+    proc = subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True)
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # until a checkpoint after the skip is durable
+        seen.append(line)
+        if '"event": "checkpoint"' in line and '"step": 30' in line:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert any('"dataSkipped"' in line for line in seen)
+    again = run_trainer(cut, slow, "fp16")
+    assert again.code == 0, again.stderr
+    assert again.of("resume")[0]["step"] == 30
+    assert again.of("dataSkipped") == [] and again.of("replay") == []  # never served again
+    assert again.report is not None and again.report.skipped is not None and again.report.skipped.count == 1
+    assert same(weights(cut), weights(tmp_path / "whole"))
+    assert parse("".join(seen))  # the cut run's lines fit the contract too
+
+
+def spiking(action: str) -> dict:
+    base = job(steps=60, batchScale={"atStep": 25, "steps": 3}, guard={"spike": {"action": action, "window": 16}})
+    return {**base, "precision": {**base["precision"], "mode": "fp32"}}
+
+
+def test_a_finite_loss_spike_rolls_back_once_and_skips_its_steps(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, spiking("rollback"), "fp32")
+    assert run.code == 0, run.stderr
+    (spike,) = run.of("lossSpike")
+    assert spike["firstStep"] == 25 and 25 <= spike["lastStep"] <= 27 and spike["detectedAt"] == 30
+    (skipped,) = run.of("dataSkipped")
+    assert skipped["cause"] == "spike" and skipped["steps"] == list(range(25, spike["lastStep"] + 1))
+    assert skipped["fromStep"] == 20 and run.of("replay") == []
+    assert run.report is not None and run.report.precision == "fp32" and run.report.skipped is not None
+
+
+def test_with_spike_off_a_loss_spike_trains_on_as_before(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, spiking("off"), "fp32")
+    assert run.code == 0, run.stderr
+    assert run.of("lossSpike") == [] and run.of("dataSkipped") == []
+    assert run.report is not None and run.report.skipped is None

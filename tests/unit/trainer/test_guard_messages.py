@@ -1,0 +1,93 @@
+"""The guard's messages say when the trouble began, when the guard saw it and, for the
+counters it reads at intervals, which interval: a reader can tell a late check from a bug."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mpjob_contract.api import Guard
+from mpjob_trainer.distributed import World
+from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.guard import NumericGuard
+
+pytestmark = pytest.mark.unit
+
+CPU = torch.device("cpu")
+
+
+def guard(**spec: object) -> NumericGuard:
+    return NumericGuard(Guard.model_validate(spec), CPU, World(rank=0, size=1, local_rank=0))
+
+
+def train(g: NumericGuard, steps: range, *, non_finite_from: int | None = None, applied: bool = True) -> None:
+    """Close 1-based steps `steps`; from `non_finite_from` on the loss is NaN, else 1."""
+    for step in steps:
+        g.begin_step()
+        bad = non_finite_from is not None and step >= non_finite_from
+        g.observe_loss(torch.tensor(math.nan if bad else 1.0))
+        if applied:
+            g.optimizer_stepped()
+        g.end_step(step, uses_scaler=True)
+
+
+def test_non_finite_losses_name_the_first_step_the_detection_and_the_previous_read() -> None:
+    g = guard(maxNonFiniteLosses=3)
+    train(g, range(1, 11))
+    g.check(10, g.read(None), 1.0, 1.0)  # a clean read at step 10
+    train(g, range(11, 21), non_finite_from=14)
+    with pytest.raises(NumericFault) as caught:
+        g.check(20, g.read(None), math.nan, None)
+    assert caught.value.rule == "MaxNonFiniteLosses"
+    assert str(caught.value) == (
+        "7 non-finite losses in this attempt (guard.maxNonFiniteLosses=3): the first at step 14, detected at "
+        "step 20 (the guard reads its counters at log and checkpoint steps; the previous read was at step 10)"
+    )
+
+
+def test_the_first_non_finite_step_is_the_attempts_not_the_last_read_windows() -> None:
+    g = guard(maxNonFiniteLosses=5)
+    g.start_at(40)
+    train(g, range(41, 46), non_finite_from=43)
+    g.check(45, g.read(None), math.nan, None)  # 3 so far: under the limit
+    train(g, range(46, 51), non_finite_from=46)
+    with pytest.raises(NumericFault, match=r"the first at step 43, detected at step 50 .*previous read was at step 45"):
+        g.check(50, g.read(None), math.nan, None)
+
+
+def test_a_fault_at_the_first_read_says_the_attempts_start() -> None:
+    g = guard(maxNonFiniteLosses=1)
+    g.start_at(20)
+    train(g, range(21, 26), non_finite_from=24)
+    started = r"the first at step 24, detected at step 25 .*since the attempt started at step 20"
+    with pytest.raises(NumericFault, match=started):
+        g.check(25, g.read(None), math.nan, None)
+
+
+def test_consecutive_overflows_name_the_first_skipped_step() -> None:
+    g = guard(maxConsecutiveOverflows=5)
+    train(g, range(1, 8))
+    with pytest.raises(NumericFault) as caught:
+        train(g, range(8, 20), applied=False)
+    assert str(caught.value) == (
+        "5 consecutive overflow-skipped steps (guard.maxConsecutiveOverflows=5): the first at step 8, "
+        "detected at step 12 (checked every step)"
+    )
+
+
+def test_a_collapsed_loss_scale_names_the_first_skipped_step_and_the_interval() -> None:
+    g = guard(maxConsecutiveOverflows=100, minLossScale=1.0)
+    train(g, range(1, 6))
+    g.check(5, g.read(None), 1.0, 1.0)
+    train(g, range(6, 9), applied=False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=0.5)
+    with pytest.raises(NumericFault) as caught:
+        g.check(8, g.read(scaler), 1.0, None)
+    assert caught.value.rule == "LossScaleCollapsed"
+    assert str(caught.value) == (
+        "loss scale 0.5 below guard.minLossScale=1: overflow-skipped steps since the last good checkpoint, the "
+        "first at step 6, detected at step 8 (the guard reads its counters at log and checkpoint steps; the "
+        "previous read was at step 5)"
+    )

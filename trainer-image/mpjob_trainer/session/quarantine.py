@@ -1,0 +1,102 @@
+"""Quarantine: the samples (or, when the loop names none, the steps) a run never trains on.
+
+The data rung (session.skipping) adds to it when the fp32 replay blames a step's data or a
+loss spikes; a loop learns from it which samples to leave out (`run.quarantined`, and
+StepSampler does it for the builtin loop). It is part of every checkpoint (TrainingState holds
+it under the reserved key `quarantine`), so a resumed attempt never serves a quarantined
+sample again and the data order stays a function of the step: exact resume still holds.
+
+Invariants: it only grows within a run; loading a checkpoint's quarantine merges it into what
+this process already knows (a rollback to an older checkpoint keeps what was learnt since);
+`version` goes up with every change, so a loader that collates ahead knows to start over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, SkipCause, Skipped, SkippedStep, ranges
+
+#: What a termination report lists at most (it must stay under Kubernetes' 4 KiB).
+REPORT_STEPS = 8
+REPORT_RANGES = 4
+#: Narrows a step's samples to the ones whose fp32 loss is non-finite on their own.
+ScreenFunction = Callable[[list[int]], list[int]]
+
+
+@dataclass(frozen=True)
+class SkipRecord:
+    """One skipped optimizer step (0-based), why, and its samples (empty: the loop named none)."""
+
+    step: int
+    cause: SkipCause
+    samples: tuple[int, ...] = field(default=())
+
+
+class Quarantine:
+    def __init__(self) -> None:
+        self.records: list[SkipRecord] = []
+        self._samples: set[int] = set()
+        self._whole_steps: set[int] = set()
+        self.version = 0
+        #: The loop's screen (optional): which of a bad step's samples are non-finite alone, in
+        #: fp32. Without one the whole step's samples are quarantined.
+        self.screen: ScreenFunction | None = None
+
+    # ---------------------------------------------------------------- what a loop asks
+    @property
+    def samples(self) -> frozenset[int]:
+        """Dataset indices never to train on again."""
+        return frozenset(self._samples)
+
+    @property
+    def steps(self) -> list[int]:
+        """Skipped optimizer steps (0-based), in the order they were skipped."""
+        return [r.step for r in self.records]
+
+    def __contains__(self, index: object) -> bool:
+        return index in self._samples
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def keep(self, indices: Iterable[int]) -> list[int]:
+        """`indices` without the quarantined ones, in order."""
+        return [i for i in indices if i not in self._samples]
+
+    def skips_step(self, step: int) -> bool:
+        """Is optimizer step `step` (0-based) skipped whole (its loop could not name samples)?"""
+        return step in self._whole_steps
+
+    # ---------------------------------------------------------------- the rung adds
+    def add(self, step: int, cause: SkipCause, samples: Iterable[int] = ()) -> SkipRecord:
+        record = SkipRecord(step, cause, tuple(sorted(set(samples))))
+        self.records.append(record)
+        if record.samples:
+            self._samples.update(record.samples)
+        else:
+            self._whole_steps.add(step)
+        self.version += 1
+        return record
+
+    def summary(self, *, steps: int = MAX_SKIPPED_ENTRIES, spans: int = MAX_SKIPPED_ENTRIES) -> Skipped:
+        """The bounded record for status and reports: exact counts, the first `steps` entries."""
+        listed = [
+            SkippedStep(step=r.step, cause=r.cause, samples=ranges(list(r.samples))[:spans])
+            for r in self.records[:steps]
+        ]
+        return Skipped(count=len(self.records), samples=len(self._samples), steps=listed)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """weights_only-safe: lists of ints and strings."""
+        return {"records": [[r.step, r.cause, list(r.samples)] for r in self.records]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Merge a checkpoint's quarantine into this one (see the invariants above)."""
+        known = {(r.step, r.cause) for r in self.records}
+        for step, cause, samples in state.get("records", []):
+            if (int(step), str(cause)) not in known:
+                self.add(int(step), cause, [int(i) for i in samples])

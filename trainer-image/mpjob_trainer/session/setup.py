@@ -1,0 +1,55 @@
+"""ModelSetUp: the Session's set-up helpers for the loop's model (keepFp32, compile, the
+optimizer, DDP), apart from the attempt's own state so session.run reads as the phases."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mpjob_contract.api import MixedPrecisionJobSpec, Precision
+from mpjob_trainer import sharding, speed
+from mpjob_trainer.distributed import World
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.precision import autocast_fp32_types, keep_fp32
+
+
+class ModelSetUp:
+    """Mixed into Session, which provides these attributes."""
+
+    spec: MixedPrecisionJobSpec
+    device: torch.device
+    world: World
+    _log: EventLog
+    _wrapper: sharding.Wrapper
+
+    @property
+    def precision(self) -> Precision:
+        raise NotImplementedError
+
+    def keep_fp32(self, model: nn.Module) -> list[str]:
+        """Run spec.precision.keepFp32 module types in fp32 under autocast; returns the names of
+        the modules wrapped. Types autocast already runs in fp32 on this device are left alone."""
+        if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
+            return []
+        kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)
+        wrapped = keep_fp32(model, kept, self.device)
+        self._log("keepFp32", wrapped=wrapped, skipped=[name for name in kept if name in free])
+        return wrapped
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """`torch.compile(model)` as spec.training.compile says (auto: on CUDA), else `model`.
+        Call it after keep_fp32 and before wrap; resume() takes the uncompiled module."""
+        compiled = speed.compile_model(model, self.spec.training.compile, self.device)
+        self._log("compile", mode=self.spec.training.compile, compiled=compiled is not model)
+        return compiled
+
+    def adamw(
+        self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
+    ) -> torch.optim.AdamW:
+        """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
+        return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
+
+    def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
+        """The model as spec.parallelism trains it: DDP, or FSDP2 on each of `blocks` and the root,
+        in place (make the optimizer after); activation checkpointing per block (mpjob_trainer.sharding)."""
+        return self._wrapper.wrap(model, blocks, precision=self.precision)

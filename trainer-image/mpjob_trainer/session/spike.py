@@ -1,0 +1,108 @@
+"""SpikeDetector: a finite loss far above its running window (precision.guard.spike).
+
+Per step the detector only stores the step's loss on the device (one copy, no host sync).
+At the interval's one read (NumericGuard.read calls `values()` just before its all-reduce) the
+losses of the steps since the last read are judged together, on the device: a finite loss x
+with x > m + zScore * s, where m and s are the mean and standard deviation of the last
+`window` accepted losses before the interval (once the window is full), is a spike. Spikes
+are not accepted into the window (a spike does not widen the deviation it is judged by);
+finite losses that are not are. The first and last spiking step ride the guard's packed
+all-reduce (first: min over ranks, last: max), so detection costs no extra host sync per step
+and no extra collective, and a spike is seen at the next log, checkpoint or evaluation step
+(the guard's cadence, not a one-step lag).
+
+The window and its fill count are checkpointed (a resumed run judges as a straight run does);
+a checkpoint is taken right after a read, when no loss is pending.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mpjob_contract.skipping import SpikeSpec
+
+#: "No spike seen": larger than any step index.
+NONE = 2**62
+#: A deviation floor relative to the mean, so a flat window (a loss stuck at a value) does not
+#: make every rounding difference a spike.
+RELATIVE_FLOOR = 1e-6
+
+
+class SpikeDetector:
+    def __init__(self, spec: SpikeSpec, device: torch.device, *, pending: int = 64) -> None:
+        self.spec = spec
+        self.device = device
+        # The accepted losses, a ring; slot `window` takes what is not accepted (see _accept).
+        self.window = torch.zeros(spec.window + 1, dtype=torch.float32, device=device)
+        self.accepted = torch.zeros((), dtype=torch.int64, device=device)
+        self.first = torch.full((), NONE, dtype=torch.int64, device=device)
+        self.last = torch.full((), -1, dtype=torch.int64, device=device)
+        self._losses = torch.zeros(pending, dtype=torch.float32, device=device)
+        self._steps: list[int] = []  # the 0-based step of each pending loss (host)
+
+    def observe(self, loss: torch.Tensor, index: int) -> None:
+        """Keep step `index`'s loss for the next read: one device copy, no sync."""
+        if len(self._steps) == self._losses.numel():  # an interval longer than the buffer: judge what is held
+            self._judge()
+        value = loss.detach()
+        self._losses[len(self._steps)] = value if value.dim() == 0 else value.float().mean()
+        self._steps.append(index)
+
+    def values(self) -> list[torch.Tensor]:
+        """Judge the pending losses; what NumericGuard.read all-reduces (max): -first (so the max
+        is the earliest) and last."""
+        if self._steps:
+            self._judge()
+        return [(-self.first).to(torch.float64), self.last.to(torch.float64)]
+
+    def _judge(self) -> None:
+        """The pending losses against the window as it stood before them; device ops only."""
+        count, size = len(self._steps), self.spec.window
+        x = self._losses[:count]
+        steps = torch.tensor(self._steps, dtype=torch.int64).to(self.device, non_blocking=True)
+        self._steps = []
+        var, mean = torch.var_mean(self.window[:size])
+        deviation = torch.maximum(var.sqrt(), mean.abs() * RELATIVE_FLOOR)
+        finite = torch.isfinite(x)
+        spike = finite & (self.accepted >= size) & (x - mean > self.spec.z_score * deviation)
+        self.first = torch.minimum(self.first, torch.where(spike, steps, NONE).min())
+        self.last = torch.maximum(self.last, torch.where(spike, steps, -1).max())
+        self._accept(x, finite & ~spike)
+
+    def _accept(self, x: torch.Tensor, accept: torch.Tensor) -> None:
+        """Write the accepted losses into the ring in order, without a sync: each goes to the
+        next free slot, the rest to the spare slot. In chunks of at most `window`, so no two
+        accepted losses of one write share a slot."""
+        size = self.spec.window
+        for chunk in range(0, x.numel(), size):
+            part, taken = x[chunk : chunk + size], accept[chunk : chunk + size].to(torch.int64)
+            slots = torch.where(taken > 0, (self.accepted + taken.cumsum(0) - 1) % size, size)
+            self.window.index_copy_(0, slots, part)
+            self.accepted += taken.sum()
+
+    @staticmethod
+    def agreed(values: list[float]) -> range | None:
+        """The spiking steps all ranks agree on (first..last), from `values` all-reduced; None: none."""
+        first, last = int(-values[0]), int(values[1])
+        return None if first >= NONE or last < 0 else range(first, last + 1)
+
+    def forget_spikes(self) -> None:
+        """After a rollback: the spikes seen are dealt with, the pending losses were rolled back."""
+        self.first.fill_(NONE)
+        self.last.fill_(-1)
+        self._steps = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"window": self.window[: self.spec.window], "accepted": self.accepted}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        window = state["window"].to(self.device, torch.float32)
+        if window.numel() == self.spec.window:
+            self.window[: self.spec.window].copy_(window)
+            self.accepted.copy_(torch.as_tensor(state["accepted"], device=self.device))
+        else:  # guard.spike.window changed: the window fills again before it judges
+            self.window.zero_()
+            self.accepted.zero_()
+        self.forget_spikes()
