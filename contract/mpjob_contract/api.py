@@ -431,6 +431,11 @@ class MixedPrecisionJobSpec(ApiModel):
     cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")
     tracking: Tracking | None = Field(None, description="Experiment tracking the trainer logs the run to (MLflow).")
 
+    @model_validator(mode="after")
+    def _sharded_on_a_volume(self) -> MixedPrecisionJobSpec:
+        rules.SHARDED_ON_A_VOLUME.check(rules.wire_self(self))
+        return self
+
 
 # ---------------------------------------------------------------- status (operator-written)
 

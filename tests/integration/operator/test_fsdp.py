@@ -1,8 +1,6 @@
 """Sharded training (spec.parallelism.strategy: fsdp) on the real control plane: 2 workers x 2
-processes, FSDP2 across the 4 processes of the attempt's pods.
-
-The fallback test resumes a sharded model from its checkpoint, so it needs sharded (DCP)
-checkpoints in the trainer; until those are in this tree it is skipped, saying so."""
+processes, FSDP2 across the 4 processes of the attempt's pods; an fp16 overflow falls back to
+bf16 from the last good sharded (DCP) checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ import pytest
 
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator, pod_events
-from tests.unit.localrun.test_fsdp_run import needs_sharded_checkpoints
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +52,6 @@ def test_two_workers_of_two_processes_train_one_sharded_model(
     assert wrapped[0]["checkpointedBlocks"] == [0]  # selective, every 2nd of the 2 blocks
 
 
-@needs_sharded_checkpoints
 def test_an_fsdp_job_falls_back_from_fp16_to_bf16_from_a_sharded_checkpoint(operator: Operator, jobs: Jobs) -> None:
     jobs.pvc("ckpt")
     spec = fsdp_spec("ckpt", [str(EXAMPLE), "--layers", "2", "--overflow-at", "15"])

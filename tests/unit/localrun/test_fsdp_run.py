@@ -1,10 +1,6 @@
 """`mpjob run` of jobs with spec.parallelism.strategy: fsdp (FSDP2) on 4 CPU processes (gloo):
 it trains sharded to Succeeded, attempts[] shows the world size, and the precision ladder
-works on a sharded model.
-
-The ladder's tests resume a sharded model from its checkpoint, so they need sharded
-(torch.distributed.checkpoint) checkpoints in the trainer; until those are in this tree they
-are skipped, saying so."""
+works on a sharded model, resuming from sharded (torch.distributed.checkpoint) checkpoints."""
 
 from __future__ import annotations
 
@@ -18,15 +14,7 @@ from tests.helpers import mpjob_run_json
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("fsdp_script.py")
-SHARDED_CHECKPOINTS = any(
-    "torch.distributed.checkpoint" in p.read_text()
-    for p in (REPO / "trainer-image/mpjob_trainer/checkpoint").rglob("*.py")
-)
-needs_sharded_checkpoints = pytest.mark.skipif(
-    not SHARDED_CHECKPOINTS, reason="resuming a sharded model needs sharded (DCP) checkpoints in the trainer"
-)
 FSDP = {"strategy": "fsdp"}
 GPT = {"nLayer": 2, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000}
 
@@ -77,7 +65,6 @@ def test_fp16_overflow_on_a_sharded_model_ends_the_attempt_on_every_rank_and_bf1
     assert second["startStep"] == 10 and report["phase"] == "Succeeded"
 
 
-@needs_sharded_checkpoints
 def test_fp16_overflow_falls_back_to_bf16_from_a_sharded_checkpoint(tmp_path: Path) -> None:
     _, report, _ = run_job(
         tmp_path, "ladder", task={"builtin": "gpt", "args": {**GPT, "overflowAtStep": 15}}, precision={"mode": "fp16"}
@@ -89,7 +76,6 @@ def test_fp16_overflow_falls_back_to_bf16_from_a_sharded_checkpoint(tmp_path: Pa
     assert report["phase"] == "Succeeded" and report["lastCheckpoint"]["step"] == 30
 
 
-@needs_sharded_checkpoints
 def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step_sharded(tmp_path: Path) -> None:
     """The ladder's micro-batch splits, unchanged under fsdp (FSDP2 accumulates sharded gradients)."""
     mlp = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 256, "overflowAtStep": 15}}

@@ -102,6 +102,10 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.VOLUME_OR_STORAGE, {"everySteps": 5, "storage": {"s3": {}}}, True),
     (rules.VOLUME_OR_STORAGE, {"volume": {"emptyDir": {}}}, True),
     (rules.VOLUME_OR_STORAGE, {"volume": {}, "storage": {}}, False),
+    (rules.SHARDED_ON_A_VOLUME, {"parallelism": {"strategy": "fsdp"}, "checkpoint": {"volume": {}}}, True),
+    (rules.SHARDED_ON_A_VOLUME, {"parallelism": {"strategy": "ddp"}, "checkpoint": {"storage": {"s3": {}}}}, True),
+    (rules.SHARDED_ON_A_VOLUME, {"checkpoint": {"storage": {"s3": {}}}}, True),
+    (rules.SHARDED_ON_A_VOLUME, {"parallelism": {"strategy": "fsdp"}, "checkpoint": {"storage": {"s3": {}}}}, False),
 ]
 
 

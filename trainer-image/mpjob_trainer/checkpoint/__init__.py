@@ -5,7 +5,10 @@
 - `resume`: which checkpoint an attempt resumes from;
 - `migrate`: an older format brought forward to the current one;
 - `staging`, `writer`: the private host copy of the state and the thread that writes it
-  (session.checkpointing.Checkpointer drives them).
+  (session.checkpointing.Checkpointer drives them);
+- `shards`, `sharded`: the layout of a sharded model's checkpoint (every rank writes its shards
+  with torch.distributed.checkpoint, rank 0 commits the manifest last), reading it on any
+  world size, and one rank's side of writing it.
 """
 
 from mpjob_trainer.checkpoint.manifest import (

@@ -13,6 +13,12 @@ Format versions (`formatVersion`; a manifest without the field is version 1):
     2  the same layout; the builtin loop's AdamW has two groups (decay / no decay, see
        speed.decay_groups). Loading a version-1 checkpoint re-splits its optimizer state by
        parameter (checkpoint.migrate); the store reads 1..FORMAT_VERSION and rejects newer ones.
+Layouts (`layout`, absent: `single`; `worldSize`: how many processes wrote it), of format 2:
+    single  state.pt as above (any run whose model is not sharded)
+    dcp     written under a sharded model (checkpoint.shards): no state.pt; every rank's shards
+            as torch.distributed.checkpoint wrote them (`.metadata`, `__<rank>_<n>.distcp`) and
+            `rank-<r>.pt` per rank (its generators and the small state, torch.save). A trainer
+            from before layouts finds no state.pt in the manifest and refuses it, never misreads.
 Bump FORMAT_VERSION whenever what a checkpoint holds changes in a way an older reader would
 misread, and teach checkpoint.migrate to bring the previous version forward.
 """
@@ -34,6 +40,8 @@ MANIFEST = "manifest.json"
 FRAMEWORK = "framework"
 #: The format this trainer writes; it reads every version from 1 up to this one.
 FORMAT_VERSION = 2
+#: Layouts: one state.pt (any run without a sharded model), or torch.distributed.checkpoint shards.
+SINGLE, DCP = "single", "dcp"
 #: What a manifest without `formatVersion` is: written before the field existed.
 UNVERSIONED = 1
 _FOLDER = re.compile(r"^step-(\d{9})$")
@@ -53,10 +61,17 @@ class Manifest:
     files: dict[str, dict[str, Any]]
     #: The job that wrote it (AttemptLaunch.job_identity): what a store may prune or move aside.
     job: str = ""
+    #: SINGLE or DCP; and how many processes wrote it (a sharded checkpoint has one file per rank).
+    layout: str = SINGLE
+    world_size: int = 1
 
     @property
     def state_sha256(self) -> str:
-        return str(self.files[STATE]["sha256"])
+        """What names the state: state.pt's sha256, or for shards a digest of every file's."""
+        if self.layout == SINGLE:
+            return str(self.files[STATE]["sha256"])
+        listing = json.dumps({name: meta["sha256"] for name, meta in self.files.items()}, sort_keys=True)
+        return hashlib.sha256(listing.encode()).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +80,8 @@ class Manifest:
             "precision": self.precision,
             "configDigest": self.config_digest,
             "job": self.job,
+            "layout": self.layout,
+            "worldSize": self.world_size,
             "files": self.files,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -96,8 +113,10 @@ def read_manifest(folder: Path) -> Manifest:
             format_version=int(raw.get("formatVersion", UNVERSIONED)),
             files=dict(raw["files"]),
             job=str(raw.get("job", "")),
+            layout=str(raw.get("layout", SINGLE)),
+            world_size=int(raw.get("worldSize", 1)),
         )
-        str(manifest.files[STATE]["sha256"])  # every format has a state.pt
+        manifest.state_sha256  # noqa: B018 - every single-file format has a state.pt
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptCheckpoint(f"{folder.name}: unreadable manifest ({exc!r})") from exc
     if not UNVERSIONED <= manifest.format_version <= FORMAT_VERSION:
@@ -105,6 +124,11 @@ def read_manifest(folder: Path) -> Manifest:
             f"{folder.name}: checkpoint format {manifest.format_version}, this trainer reads formats "
             f"{UNVERSIONED} to {FORMAT_VERSION}: resume it with a trainer image at least as new as the one "
             "that wrote it"
+        )
+    if manifest.layout not in (SINGLE, DCP) or manifest.world_size < 1:
+        raise CorruptCheckpoint(
+            f"{folder.name}: manifest says layout {manifest.layout!r}, world size {manifest.world_size}: "
+            f"this trainer reads layouts {SINGLE} and {DCP}"
         )
     return manifest
 
@@ -125,9 +149,12 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
         os.fsync(f.fileno())
 
 
-def check_files(folder: Path, manifest: Manifest) -> None:
-    """Every file the manifest lists is there with its sha256 (state.pt and any framework files)."""
-    for name, meta in manifest.files.items():
+def check_files(folder: Path, manifest: Manifest, share: tuple[int, int] = (0, 1)) -> None:
+    """Every file the manifest lists is there with its sha256 (state.pt and any framework files,
+    or every rank's shards). `share` (rank, ranks): check only every ranks-th file from rank on,
+    when the ranks split the reading of a sharded checkpoint between them."""
+    rank, ranks = share
+    for name, meta in sorted(manifest.files.items())[rank::ranks]:
         if not (folder / name).is_file():
             raise CorruptCheckpoint(f"{folder.name}: {name} missing")
         actual, expected = sha256_file(folder / name), str(meta.get("sha256"))
@@ -146,13 +173,19 @@ def sha256_file(path: Path) -> str:
 def hash_tree(root: Path) -> dict[str, dict[str, Any]]:
     """sha256 and size of every file under `root` but the manifest, each fsynced on the way
     (a framework's own writes are not known to be durable)."""
+    files = hash_files(root, [p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST])
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(folder)
+    return files
+
+
+def hash_files(root: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """sha256 and size of each of `paths` (files under `root`, named relative to it), fsynced."""
     files: dict[str, dict[str, Any]] = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+    for path in sorted(paths):
         with path.open("rb") as f:
             os.fsync(f.fileno())
         files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    for folder in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-        fsync_dir(folder)
     return files
 
 

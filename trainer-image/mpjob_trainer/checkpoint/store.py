@@ -15,6 +15,10 @@ only checkpoints whose manifest names its own job: anything else found there (co
 written by another job, a manifest that cannot be read) is never renamed or deleted, and a save
 that finds such a folder at its own step writes nothing (`CheckpointTaken`).
 
+A sharded checkpoint (checkpoint.shards: every rank's files, written by all ranks into one
+`.tmp-*` folder) is committed through `commit` by rank 0, the same manifest-last, rename,
+keep-K path; its verification is split between the ranks, who agree on the verdict.
+
 Loading verifies the manifest (format version included), every file's sha256, the config
 digest and the step; which checkpoint to load is checkpoint.resume's policy. Writes are
 serialised by a lock, so a synchronous save never interleaves with a background one.
@@ -34,10 +38,12 @@ from typing import Any
 import torch
 
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.checkpoint import resume
+from mpjob_trainer.checkpoint import resume, shards
 from mpjob_trainer.checkpoint.manifest import (
+    DCP,
     FORMAT_VERSION,
     FRAMEWORK,
+    SINGLE,
     STATE,
     CorruptCheckpoint,
     Manifest,
@@ -115,7 +121,7 @@ class CheckpointStore:
         if not self.wrote(final):
             raise CheckpointTaken(f"{final} holds a checkpoint this job did not write: left as it is, not replaced")
         try:
-            ref, _ = self.verify(final)
+            ref, _ = self.verify(final, alone=True)
         except CorruptCheckpoint:
             final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
             return None
@@ -142,28 +148,40 @@ class CheckpointStore:
         return folder
 
     # -- reading ----------------------------------------------------------------------------
-    def verify(self, path: Path) -> tuple[CheckpointRef, dict[str, Any]]:
+    def verify(self, path: Path, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
         """Check manifest, sha256 and config digest; return the ref and the loaded state. A
-        state of an older format says so under FORMAT_KEY (TrainingState.restore migrates it)."""
+        state of an older format says so under FORMAT_KEY (TrainingState.restore migrates it);
+        one of a sharded checkpoint is this rank's small state, with its folder under
+        shards.SHARDS for TrainingState.restore to read the shards from. A sharded checkpoint
+        is checked by every rank of the process group together, unless `alone`."""
         manifest = read_manifest(path)
         if manifest.config_digest != self.config_digest:
             raise CorruptCheckpoint(
                 f"{path.name}: config digest {manifest.config_digest!r} does not match this "
                 f"job's {self.config_digest!r} (task or training settings changed)"
             )
-        check_files(path, manifest)
-        try:
-            state = torch.load(path / STATE, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise CorruptCheckpoint(f"{path.name}: cannot load ({exc!r})") from exc
-        if int(state.get("step", -1)) != manifest.step:
-            raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {manifest.step}")
-        if manifest.format_version != FORMAT_VERSION:
+        if manifest.layout == DCP:
+            state = shards.read_local(path, manifest, shards.Peers(0, 1) if alone else shards.Peers.current())
+            state[shards.SHARDS] = str(path)
+        else:
+            state = self._read_single(path, manifest)
+        if manifest.layout == SINGLE and manifest.format_version != FORMAT_VERSION:
             state[FORMAT_KEY] = manifest.format_version
         ref = CheckpointRef(
             step=manifest.step, path=str(path), sha256=manifest.state_sha256, precision=manifest.precision
         )
         return ref, state
+
+    @staticmethod
+    def _read_single(path: Path, manifest: Manifest) -> dict[str, Any]:
+        check_files(path, manifest)
+        try:
+            state: dict[str, Any] = torch.load(path / STATE, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CorruptCheckpoint(f"{path.name}: cannot load ({exc!r})") from exc
+        if int(state.get("step", -1)) != manifest.step:
+            raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {manifest.step}")
+        return state
 
     def load(
         self, prefer: str | None = None, *, newer_in: str | None = None
@@ -209,13 +227,32 @@ class CheckpointStore:
             adopt.rename(tmp / FRAMEWORK)  # the framework has finished writing: now it is ours
         with (tmp / STATE).open("wb") as f:
             torch.save(state, f)
-        files = hash_tree(tmp)
-        manifest = Manifest(step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job)
+        manifest = Manifest(step, precision, self.config_digest, FORMAT_VERSION, hash_tree(tmp), job=self.job)
+        return self._commit(tmp, manifest, start)
+
+    def commit(
+        self, tmp: Path, step: int, precision: str, files: dict[str, dict[str, Any]], *, world_size: int
+    ) -> SaveResult:
+        """Make the sharded checkpoint every rank wrote into `tmp` (`files`: each file's sha256
+        and size, as the ranks hashed them) `step`'s: manifest last, then the rename (rank 0)."""
+        start = time.perf_counter()
+        manifest = Manifest(
+            step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job, layout=DCP, world_size=world_size
+        )
+        with self._writing:
+            try:
+                return self._commit(tmp, manifest, start)
+            except Exception:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+
+    def _commit(self, tmp: Path, manifest: Manifest, start: float) -> SaveResult:
         write_manifest(tmp, manifest)
         fsync_dir(tmp)
-        size = sum(meta["bytes"] for meta in files.values())
-        final, existing = self._claim(tmp, step)
+        size = sum(meta["bytes"] for meta in manifest.files.values())
+        final, existing = self._claim(tmp, manifest.step)
         if existing is not None:
             return SaveResult(existing, time.perf_counter() - start, size)
-        ref = CheckpointRef(step=step, path=str(final), sha256=manifest.state_sha256, precision=precision)
+        step, sha256 = manifest.step, manifest.state_sha256
+        ref = CheckpointRef(step=step, path=str(final), sha256=sha256, precision=manifest.precision)
         return SaveResult(ref, time.perf_counter() - start, size)

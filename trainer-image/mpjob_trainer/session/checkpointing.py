@@ -11,25 +11,36 @@ every rank waits for it at a barrier: the attempt may not claim success, or exit
 it is durable. A failed asynchronous write is counted and logged and training goes on: the
 last good checkpoint stays the previous one and the next interval tries again.
 
+Under a sharded model (`sharded`, set when the run registers its state) every rank writes:
+each stages its own shards and writes them in the background (checkpoint.sharded), the
+training thread waiting for the staging copy only in `before_update`, which an optimizer
+step pre-hook calls before the step may change what is copied; that wait counts into the stall. Collecting a
+save and its outcome happen on every rank (rank 0 alone logs).
+
 The Checkpointer owns the staging buffers and the writer thread; the session and its
-collaborators use only its public methods (save, collect, load, state_of, clean_stale,
+collaborators use only its public methods (open, save, collect, settle, load, state_of, clean_stale,
 last_good, root), never the store's or the writer's internals.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mpjob_contract import rules
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import BackgroundWriter, SaveResult, StagingBuffers, WriteFailed
+from mpjob_trainer.checkpoint import BackgroundWriter, CheckpointStore, SaveResult, StagingBuffers, WriteFailed
 from mpjob_trainer.checkpoint.select import AnyStore
+from mpjob_trainer.checkpoint.sharded import PendingSave, ShardedWriter
 from mpjob_trainer.distributed import World
+from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.state import TrainingState
 
 
 class Checkpointer:
@@ -41,6 +52,11 @@ class Checkpointer:
         self.failures = 0
         self.staging = StagingBuffers()
         self.writer: BackgroundWriter[SaveResult] = BackgroundWriter()
+        #: Every rank writes its shards (the run's model is sharded); see the module's docstring.
+        self.sharded = False
+        self._shards: ShardedWriter | None = None
+        #: A sharded save whose staging copy the next optimizer step waits for, and the stall so far.
+        self._staging: tuple[int, PendingSave, float] | None = None
 
     @property
     def last_good(self) -> CheckpointRef | None:
@@ -57,6 +73,20 @@ class Checkpointer:
         """Remove what saves killed midway left behind (call on rank 0, before `load`)."""
         self.store.clean_stale()
 
+    def open(
+        self, state: TrainingState, prefer: str | None, *, newer_in: str | None = None
+    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        """Every rank, once: what killed saves left is removed (rank 0), then the checkpoint to
+        resume from is loaded (`load`). A sharded `state` is written by every rank, and its
+        optimizers wait for a save's staging copy before they step (`before_update`)."""
+        self.sharded = state.sharded is not None
+        for optimizer in state.optimizers() if self.sharded else []:
+            optimizer.register_step_pre_hook(lambda *_: self.before_update())
+        if self.world.is_main:
+            self.clean_stale()
+        dist_env.barrier(self.world)
+        return self.load(prefer, newer_in=newer_in)
+
     def load(self, prefer: str | None, *, newer_in: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The checkpoint to resume from and its state (checkpoint.resume's policy), else None."""
         return self.store.load(prefer, newer_in=newer_in)
@@ -68,7 +98,9 @@ class Checkpointer:
     # ---------------------------------------------------------------- saving
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
         """Checkpoint the state `capture` returns at `step`; call on every rank."""
-        if self.world.is_main:
+        if self.sharded:
+            self._save_sharded(step, precision, capture, final=final)
+        elif self.world.is_main:
             if final:
                 self._save_now(step, precision, capture)
             else:
@@ -92,6 +124,41 @@ class Checkpointer:
         self.metrics.checkpoint_stall.observe(stall)
         self.log("checkpointStaged", step=step, stallSeconds=round(stall, 6))
 
+    def _save_sharded(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
+        """Every rank: begin writing its shards; a final save is waited for here."""
+        start = time.perf_counter()
+        self.collect(block=True, training_step=step)
+        if self._shards is None:
+            if not isinstance(self.store, CheckpointStore):  # the API refuses it (rules.SHARDED_ON_A_VOLUME)
+                raise ConfigError(rules.SHARDED_ON_A_VOLUME.message)
+            self._shards = ShardedWriter(self.store)  # its process group is made by all ranks, here
+        pending = self._shards.start(step, precision, capture())
+        if final:
+            try:
+                result = pending.finish()
+            except Exception as exc:
+                self._failed(step, step, exc)
+                raise  # no final checkpoint: this attempt cannot claim success
+            self.store.mark_good(result.ref)
+            self._saved(result, asynchronous=False)
+            return
+        self.writer.submit(step, pending.finish)
+        self._staging = (step, pending, time.perf_counter() - start)
+
+    def before_update(self) -> None:
+        """Wait until a sharded save's staging copy is done (call before an optimizer step:
+        the step changes the weights and optimizer state being copied). Its failure is the
+        save's, reported when the save is collected."""
+        if self._staging is None:
+            return
+        (step, pending, held), self._staging = self._staging, None
+        start = time.perf_counter()
+        with contextlib.suppress(Exception):
+            pending.staged.result()
+        stall = held + time.perf_counter() - start
+        self.metrics.checkpoint_stall.observe(stall)
+        self.log("checkpointStaged", step=step, stallSeconds=round(stall, 6))
+
     def _save_now(self, step: int, precision: str, capture: Callable[[], dict[str, Any]]) -> None:
         self.collect(block=True, training_step=step)
         staged = self.staging.stage(capture())
@@ -106,6 +173,8 @@ class Checkpointer:
     def collect(self, *, block: bool, training_step: int) -> SaveResult | None:
         """Report a finished asynchronous save (waiting for it with `block`), or its failure;
         returns what was written, if anything."""
+        if block:
+            self.before_update()
         try:
             result = self.writer.wait() if block else self.writer.poll()
         except WriteFailed as failed:
@@ -115,6 +184,13 @@ class Checkpointer:
             self.store.mark_good(result.ref)
             self._saved(result, asynchronous=True)
         return result
+
+    def settle(self, training_step: int) -> None:
+        """At the end of the attempt: wait for the save in flight and report it (never raises:
+        the attempt's ending is decided by what it knows already)."""
+        if self.world.is_main or self.sharded:
+            with contextlib.suppress(Exception):
+                self.collect(block=True, training_step=training_step)
 
     def _failed(self, step: int, training_step: int, exc: BaseException) -> None:
         self.metrics.checkpoint_failures.inc()

@@ -121,6 +121,11 @@ class Session(ModelSetUp):
         return self._numerics.applied.count
 
     @property
+    def samples_seen(self) -> int:
+        """The data position: samples all ranks consumed so far, kept exact across resumes."""
+        return self._state.samples if self._state is not None else 0
+
+    @property
     def quarantined(self) -> Quarantine:
         """Samples (or steps) never to train on again (session.quarantine); checkpointed."""
         return self._rung.quarantine
@@ -149,24 +154,20 @@ class Session(ModelSetUp):
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful, own=self._rung.stateful())
-        for optimizer in self._state.optimizers():
-            self._numerics.applied.watch(optimizer)
-        checkpoints = self._checkpoints
-        if self.world.is_main:
-            checkpoints.clean_stale()
-        dist_env.barrier(self.world)
-        loaded = checkpoints.load(self.launch.resume_from, newer_in=self.precision)
+        loaded = self._checkpoints.open(self._state, self.launch.resume_from, newer_in=self.precision)
         if loaded is None:
-            self._log("freshStart", reason=f"no valid checkpoint in {checkpoints.root}: starting at step 0")
+            self._log("freshStart", reason=f"no valid checkpoint in {self._checkpoints.root}: starting at step 0")
         else:
             ref, state = loaded
             self._numerics.applied.count = self._state.restore(state, self.precision, self._amp.scaler)
             self.start_step = self._step = ref.step
             self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
+        for optimizer in self._state.optimizers():  # after loading: DCP may step an empty optimizer once
+            self._numerics.applied.watch(optimizer)
         self._numerics.guard.start_at(self.start_step)
         self._intervals.cadence.trouble(self.start_step)
         self._started_at = self.start_step
-        self._progress.started(self.launch, self.precision, self.start_step, checkpoints.last_good)
+        self._progress.started(self.launch, self.precision, self.start_step, self._checkpoints.last_good)
         return self.start_step
 
     def register_step(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
@@ -226,6 +227,7 @@ class Session(ModelSetUp):
         if lr is not None:
             self._numerics.tally.lr = lr
         self._step = step
+        self._state.samples += samples or 0
         self._progress.window.add(samples)
         self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
 
@@ -259,9 +261,7 @@ class Session(ModelSetUp):
         elif isinstance(exc, NumericFault):
             self._metrics.trip(exc.rule)
             self._log("fault", step=self._step, rule=exc.rule, message=str(exc), all_ranks=True)
-        if self.world.is_main:
-            with contextlib.suppress(Exception):
-                self._checkpoints.collect(block=True, training_step=self._step)
+        self._checkpoints.settle(self._step)
         unjudged = self._replay is not None and self._replay.replayed is None  # else the data rung judged it
         if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None and unjudged:
             exc = self._replay.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?

@@ -6,8 +6,15 @@ it holds tensors, numbers, strings, lists and dicts only). Its top level:
     scaler                          GradScaler state (fp16 attempts; None otherwise)
     rng                             torch, cuda, python and numpy generator states
     <name>                          state_dict() of each object handed to Session.resume
+    samples                         the data position: samples consumed by all ranks together
 A state loaded from an older checkpoint format also carries `formatVersion` (set by the store,
 never written); `restore` brings it forward first (checkpoint.migrate).
+
+Under a sharded model (its parameters are DTensors: FSDP2) the capture is one rank's: the
+model and its optimizer go under `shards` as DCP state dicts of this rank's shards (named in
+`shardedObjects`), and `rng` is this rank's own generators, so every rank's draws resume
+exactly; everything else is as above (checkpoint.shards writes and reads it). A state read
+from a sharded checkpoint holds, under `shards`, the folder its shards are read from.
 The user's objects sit at the top level under their own names, so the builtin's `model` and
 `optimizer` are where earlier checkpoints and tools expect them; the SDK's own keys are
 therefore reserved names.
@@ -16,20 +23,26 @@ therefore reserved names.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 try:  # numpy is the user's, not a dependency of ours: its generator is kept when it is there
     import numpy as np
 except ImportError:  # pragma: no cover - torch runs without numpy
     np = None  # type: ignore[assignment]
 
+from mpjob_trainer.checkpoint import shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.errors import ConfigError
 
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
-RESERVED = frozenset({"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", FORMAT_KEY})
+RESERVED = frozenset(
+    {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", FORMAT_KEY}
+    | {shards.SHARDS, shards.SHARDED_OBJECTS}
+)
 
 
 def rng_state() -> dict[str, Any]:
@@ -65,6 +78,11 @@ def seed_everything(seed: int) -> None:
         np.random.seed(seed)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor parameter; any other tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 class TrainingState:
     """The named stateful objects of a run (anything with state_dict/load_state_dict)."""
 
@@ -81,6 +99,10 @@ class TrainingState:
         #: The SDK's own stateful parts (the quarantine, the spike window), under reserved keys;
         #: a checkpoint written before them has none, and they keep what they hold.
         self.own = dict(own or {})
+        #: The sharded model and optimizer among the objects (checkpoint.shards), if any.
+        self.sharded = shards.shard_names(self.objects) if any(map(shards.is_sharded, objects.values())) else None
+        #: The data position: samples all ranks consumed so far (end_step adds each step's).
+        self.samples = 0
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
@@ -96,29 +118,48 @@ class TrainingState:
         """May these weights be checkpointed as good? One host sync for all parameters: each
         one's verdict stays on its device, they are gathered (onto a CUDA device if any hold
         parameters: device-to-device copies are stream-ordered, not synced) and read once."""
-        params = self.parameters()
+        params = [_local(p) for p in self.parameters()]
         if not params:
             return True
         target = next((p.device for p in params if p.device.type == "cuda"), params[0].device)
-        verdicts = torch.stack([torch.isfinite(p.detach()).all().to(target) for p in params])
-        return bool(verdicts.all())
+        verdict = torch.stack([torch.isfinite(p.detach()).all().to(target) for p in params]).all()
+        if self.sharded:  # each rank sees its shards only: every rank must take the same decision
+            verdict = shards.all_ranks(verdict)
+        return bool(verdict)
 
     def capture(self, step: int, applied_steps: int, precision: str, scaler: Any) -> dict[str, Any]:
-        """The whole checkpoint (live tensors: the caller stages a copy before training goes on)."""
+        """The whole checkpoint, or this rank's share of a sharded one (live tensors: the caller
+        stages a copy before training goes on)."""
         state: dict[str, Any] = {
             "step": step,
             "appliedSteps": applied_steps,
             "precision": precision,
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rng_state(),
+            "samples": self.samples,
         }
+        in_shards = set(self.sharded.values()) if self.sharded else set()
         for name, obj in {**self.objects, **self.own}.items():
-            state[name] = obj.state_dict()
+            if name not in in_shards:
+                state[name] = obj.state_dict()
+        if self.sharded:
+            state[shards.SHARDED_OBJECTS] = dict(self.sharded)
+            state[shards.SHARDS] = shards.state_dicts(self.objects, self.sharded)
         return state
 
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
         """Load a checkpoint into the objects and generators; returns its applied-step count."""
         state = upgrade(state, self.objects)
+        folder = state.get(shards.SHARDS)
+        if isinstance(folder, str):  # a sharded checkpoint: its pair is read from the shards
+            names: dict[str, str] = state[shards.SHARDED_OBJECTS]
+            shards.restore_shards(Path(folder), self.objects, names)
+            state = {**state, **{name: None for name in names.values()}}
+        elif self.sharded:
+            raise ConfigError(
+                f"the checkpoint of step {state.get('step')} is a single-file checkpoint and this run's model is "
+                "sharded: resume it with parallelism.strategy ddp, or start the sharded run in a new checkpoint folder"
+            )
         missing = [name for name in self.objects if name not in state]
         if missing:
             held = sorted(set(state) - RESERVED)
@@ -127,6 +168,8 @@ class TrainingState:
                 f"(it holds {', '.join(held) or 'nothing else'}): resume() must name what the run that wrote it named"
             )
         for name, obj in self.objects.items():
+            if state[name] is None and isinstance(folder, str):
+                continue  # read from the shards above
             try:
                 obj.load_state_dict(state[name])
             except Exception as exc:
@@ -137,4 +180,5 @@ class TrainingState:
             if name in state:
                 obj.load_state_dict(state[name])
         set_rng_state(state["rng"])
+        self.samples = int(state.get("samples") or 0)
         return int(state.get("appliedSteps", state["step"]))

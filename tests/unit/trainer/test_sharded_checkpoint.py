@@ -1,0 +1,196 @@
+"""Sharded checkpoints (checkpoint.shards): a script on the SDK whose model is sharded with
+FSDP2's fully_shard, run by the launcher in gloo process groups on CPU.
+
+- killed at random moments and run again, it ends bit for bit where a straight run ends
+  (every rank's shards, generators and small state), in fp16 and bf16;
+- a checkpoint written by 4 processes resumes on 2 and on 1 with the same full weights and
+  optimizer state, gathered from the ranks, and the same data position in samples;
+- a truncated shard, a missing shard, a flipped byte and a manifest that does not match are
+  each rejected and the previous good checkpoint is used, also when only another rank's share
+  of the checks finds the damage.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.checkpoint.manifest import read_manifest
+from tests.helpers import free_port, wait_for
+from tests.unit.trainer.conftest import launch_env, parse, spec
+from tests.unit.trainer.test_own_loop_resume import assert_identical
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = Path(__file__).with_name("sharded_script.py")
+#: Numbers the runs' termination reports.
+RUNS = itertools.count()
+
+
+def command(nproc: int) -> list[str]:
+    launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(nproc), "--workers", "1"]
+    return [*launcher, "--", sys.executable, str(SCRIPT)]
+
+
+def job(steps: int, precision: str) -> dict[str, Any]:
+    return spec(
+        task={"command": ["python", SCRIPT.name], "args": {"blocks": 3, "width": 32}},
+        training={"steps": steps, "logEvery": 5, "seed": 1},
+        precision={"mode": precision},
+        checkpoint={"everySteps": 5, "keep": 3},
+    )
+
+
+def start(tmp: Path, ckpt: Path, job_spec: dict[str, Any], *, nproc: int, env: dict[str, str] | None = None) -> Any:
+    tmp.mkdir(parents=True, exist_ok=True)
+    precision = job_spec["precision"]["mode"]
+    extra = {"MASTER_PORT": str(free_port()), **(env or {})}
+    full_env = launch_env(tmp, job_spec, precision, ckpt=ckpt, extra=extra, name=f"report-{next(RUNS)}.json")
+    return subprocess.Popen(command(nproc), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-4000:]
+    return parse(out)
+
+
+def newest(ckpt: Path) -> int:
+    """The step of the newest committed checkpoint in `ckpt` (0: none)."""
+    return max((int(p.parent.name.split("-")[1]) for p in ckpt.glob("step-*/manifest.json")), default=0)
+
+
+def contents(folder: Path, out: Path) -> dict[str, Any]:
+    """A sharded checkpoint as plain tensors (DCP's shards joined offline) and its rank files."""
+    dcp_to_torch_save(folder, out)
+    ranks = {p.name: torch.load(p, weights_only=True) for p in sorted(folder.glob("rank-*.pt"))}
+    return {"shards": torch.load(out, weights_only=True), "ranks": ranks}
+
+
+# ---------------------------------------------------------------- exact resume
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path, precision: str) -> None:
+    steps, nproc, chance = 40, 2, random.Random()
+    spec_ = job(steps, precision)
+    finish(start(tmp_path / "straight", tmp_path / "straight" / "ckpt", spec_, nproc=nproc))
+
+    ckpt = tmp_path / "cut" / "ckpt"
+    for kill in range(2):
+        proc = start(tmp_path / "cut", ckpt, spec_, nproc=nproc, env={"SHARDED_SCRIPT_STEP_SECONDS": "0.03"})
+        wanted = newest(ckpt) + 5 * chance.randint(1, 2)
+        wait_for(lambda w=wanted: newest(ckpt) >= w, 180, interval=0.01, message=f"the checkpoint of step {wanted}")
+        time.sleep(chance.uniform(0.0, 0.3))  # not a wait for anything: it picks the random moment to kill at
+        proc.send_signal(signal.SIGKILL)  # the launcher; its ranks die with it
+        proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL, f"kill {kill}"
+        assert not (ckpt / f"step-{steps:09d}").exists(), "killed before the end"
+    events = finish(start(tmp_path / "cut", ckpt, spec_, nproc=nproc))
+    assert [e for e in events if e["event"] == "resume"], "the rerun resumed from a checkpoint"
+
+    final = f"step-{steps:09d}"
+    straight = contents(tmp_path / "straight" / "ckpt" / final, tmp_path / "straight.pt")
+    resumed = contents(ckpt / final, tmp_path / "resumed.pt")
+    assert sorted(straight["ranks"]) == ["rank-00000.pt", "rank-00001.pt"]
+    assert straight["ranks"]["rank-00000.pt"]["samples"] == steps * nproc * 4
+    assert_identical(straight, resumed)
+
+
+# ---------------------------------------------------------------- resharding
+def test_checkpoint_of_4_processes_resumes_on_2_and_on_1_with_identical_full_state(tmp_path: Path) -> None:
+    steps, spec_ = 10, job(10, "bf16")
+    wrote = tmp_path / "n4"
+    finish(start(wrote, wrote / "ckpt", spec_, nproc=4, env={"SHARDED_SCRIPT_FULL_STATE": str(tmp_path / "n4.pt")}))
+    reference = torch.load(tmp_path / "n4.pt", weights_only=True)
+    assert reference["samples"] == steps * 4 * 4
+    assert read_manifest(wrote / "ckpt" / f"step-{steps:09d}").world_size == 4
+    for nproc in (2, 1):
+        here = tmp_path / f"n{nproc}"
+        shutil.copytree(wrote / "ckpt", here / "ckpt")
+        dump = tmp_path / f"n{nproc}.pt"
+        events = finish(start(here, here / "ckpt", spec_, nproc=nproc, env={"SHARDED_SCRIPT_FULL_STATE": str(dump)}))
+        assert [e["step"] for e in events if e["event"] == "resume"] == [steps]
+        resumed = torch.load(dump, weights_only=True)
+        assert resumed["optimizer"]["state"], "the optimizer state came back"
+        assert_identical(reference, resumed, f"on {nproc}")
+
+
+# ---------------------------------------------------------------- corruption
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Checkpoints of steps 5, 10 and 15 written by 2 processes."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    finish(start(tmp, tmp / "ckpt", job(15, "bf16"), nproc=2))
+    return tmp / "ckpt"
+
+
+def truncate(folder: Path) -> None:
+    shard = folder / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+def remove(folder: Path) -> None:
+    (folder / "__0_0.distcp").unlink()
+
+
+def flip(folder: Path, name: str = "__1_0.distcp") -> None:
+    data = bytearray((folder / name).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (folder / name).write_bytes(bytes(data))
+
+
+def mismatch(folder: Path) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["step"] = 14  # its files say 15
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [(truncate, "sha256 mismatch"), (remove, "missing"), (flip, "sha256 mismatch"), (mismatch, "!= manifest step")],
+)
+def test_damaged_sharded_checkpoint_is_rejected_for_the_previous_good_one(
+    written: Path, tmp_path: Path, damage: Callable[[Path], None], problem: str
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(written, ckpt)
+    damage(ckpt / f"step-{15:09d}")
+    manifest = read_manifest(ckpt / f"step-{10:09d}")
+    logged: list[dict[str, Any]] = []
+    store = CheckpointStore(
+        ckpt, 3, str(manifest.config_digest), lambda event, **f: logged.append({"event": event, **f}), job=manifest.job
+    )
+    loaded = store.load()
+    assert loaded is not None
+    ref, state = loaded
+    assert ref.step == 10 and state["step"] == 10
+    assert [e["event"] for e in logged] == ["checkpointRejected"]
+    assert problem in logged[0]["problem"], logged[0]["problem"]
+
+
+def test_damage_found_by_another_rank_makes_every_rank_resume_the_previous_checkpoint(
+    written: Path, tmp_path: Path
+) -> None:
+    """Rank 1's share of the checks covers __0_0.distcp: rank 0 must reject it too."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(written, ckpt)
+    flip(ckpt / f"step-{15:09d}", "__0_0.distcp")
+    events = finish(start(tmp_path, ckpt, job(15, "bf16"), nproc=2))
+    assert [e["step"] for e in events if e["event"] == "resume"] == [10]
+    rejected = [e for e in events if e["event"] == "checkpointRejected"]
+    assert len(rejected) == 1 and "rank 1" in rejected[0]["problem"], rejected
+    assert read_manifest(ckpt / f"step-{15:09d}").step == 15  # written again, the damaged one moved aside
+    assert list(ckpt.glob(".corrupt-step-000000015-*"))

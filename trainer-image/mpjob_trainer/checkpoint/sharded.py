@@ -1,0 +1,136 @@
+"""ShardedWriter: one rank's side of writing a sharded checkpoint (checkpoint.shards has the
+layout and the whole story): DCP's asynchronous save, then the agreement and rank 0's commit.
+
+The training thread only captures (references to its shards, a copy of the small state) and
+hands over; DCP's save begins on the writer thread, so its set-up (planning, the stager's
+and the upload's threads) costs the training thread nothing but the GIL it shares with them."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+
+from mpjob_trainer.checkpoint.manifest import hash_files
+from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
+from mpjob_trainer.checkpoint.staging import snapshot
+from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
+
+
+@dataclass
+class PendingSave:
+    """A sharded save under way: `staged` completes when the shards are copied off the
+    training's tensors; `finish` (any thread) waits for the write, agrees and commits."""
+
+    staged: Future[None]
+    finish: Callable[[], SaveResult]
+
+
+class ShardedWriter:
+    """One rank's side of the sharded saves of a run (call every method on every rank)."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        cuda = torch.cuda.is_available()
+        options = StagingOptions(
+            use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
+        )
+        self.stager = DefaultStager(options)
+        group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+        #: The checkpoint's own group (made collectively, here on the training thread).
+        self.peers = Peers.current(group if isinstance(group, dist.ProcessGroup) else None)
+
+    def start(self, step: int, precision: str, state: dict[str, Any]) -> PendingSave:
+        """Take `state` (a TrainingState capture: live shards under SHARDS) as `step`'s
+        checkpoint. The training thread does no more than copy the small state: DCP's save,
+        its staging included, begins in `finish`, on the writer thread."""
+        started = time.perf_counter()
+        shards, local = state[SHARDS], snapshot({k: v for k, v in state.items() if k != SHARDS})
+        staged: Future[None] = Future()
+
+        def finish() -> SaveResult:
+            try:
+                upload = self._begin(step, shards, staged)
+            except BaseException as exc:
+                staged.set_exception(exc)  # the training thread must not wait for a copy never made
+                raise
+            return self._finish(step, precision, tmp=self._folder(step), local=local, upload=upload, started=started)
+
+        return PendingSave(staged, finish)
+
+    def _folder(self, step: int) -> Path:
+        return self.store.root / f".tmp-{step:09d}-dcp"
+
+    def _begin(self, step: int, shards: dict[str, Any], staged: Future[None]) -> Future[Any]:
+        """DCP's asynchronous save of this rank's shards; `staged` completes with the copy."""
+        tmp = self._folder(step)
+        tmp.mkdir(parents=True, exist_ok=True)
+        writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, sync_files=True, thread_count=1)
+        response = dcp.async_save(
+            shards,
+            storage_writer=writer,
+            process_group=self.peers.group,
+            async_stager=self.stager,
+            no_dist=self.peers.size == 1 and self.peers.group is None,
+        )
+        if not isinstance(response, AsyncSaveResponse):  # staged before it returned
+            staged.set_result(None)
+            return response
+        response.staging_completion.add_done_callback(lambda done: _settle(staged, done))
+        return response.upload_completion
+
+    def _finish(
+        self, step: int, precision: str, *, tmp: Path, local: dict[str, Any], upload: Future[Any], started: float
+    ) -> SaveResult:
+        peers, mine, problem = self.peers, {}, None
+        try:
+            upload.result()
+            own = tmp / rank_file(peers.rank)
+            torch.save(local, own)
+            paths = [own, *tmp.glob(f"__{peers.rank}_*.distcp")]
+            if peers.rank == 0:
+                paths.append(tmp / ".metadata")
+            mine = hash_files(tmp, paths)
+        except Exception as exc:
+            problem = f"rank {peers.rank}: {type(exc).__name__}: {exc}"
+        outcomes = peers.gather((mine, problem))  # the agreement: every rank wrote, or who did not
+        ended: Any = None
+        if peers.rank == 0:
+            ended = self._commit(step, precision, tmp=tmp, outcomes=outcomes)
+        ended = peers.from_main(ended)
+        if isinstance(ended, str):
+            raise OSError(ended)
+        ref, size = ended
+        return SaveResult(ref, time.perf_counter() - started, size)
+
+    def _commit(self, step: int, precision: str, *, tmp: Path, outcomes: list[Any]) -> Any:
+        """Rank 0: the manifest over every rank's files, then the rename; a reason when not."""
+        problems = [problem for _, problem in outcomes if problem]
+        try:
+            if problems:
+                raise OSError("; ".join(problems))
+            files = {name: meta for files, _ in outcomes for name, meta in files.items()}
+            result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size)
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return f"{type(exc).__name__}: {exc}"
+        return result.ref, result.bytes
+
+
+def _settle(staged: Future[None], done: Future[None]) -> None:
+    """Pass DCP's staging outcome on to the future the training thread waits on."""
+    error = done.exception()
+    if error is not None:
+        staged.set_exception(error)
+    else:
+        staged.set_result(None)

@@ -1,0 +1,167 @@
+"""Sharded checkpoints: every rank writes its own shards, rank 0 commits them last.
+
+A run whose model is sharded (its parameters are DTensors, as FSDP2's `fully_shard` leaves
+them) checkpoints with torch.distributed.checkpoint (DCP): each rank writes the shards it
+holds of the model and optimizer state (`__<rank>_0.distcp`; rank 0 also DCP's `.metadata`,
+the global index that lets any world size read them back) and its own small state
+(`rank-<r>.pt`: its generators, the step, the scaler, the other stateful objects). Nothing
+is gathered onto one rank.
+
+Writing, per rank (`ShardedWriter.start`, then `PendingSave.finish`):
+1. on the training thread only the capture (get_state_dict: references to this rank's
+   shards) and a copy of the small state; then, on the writer thread, `dcp.async_save` with
+   a DefaultStager that copies the shards to host memory in its own thread. The training
+   thread waits for that copy only before the next optimizer update (`PendingSave.staged`),
+   the first moment the values could change: forward and backward overlap the copy. (StagingBuffers would copy on the
+   training thread: at N processes each rank's copy is 1/N of a rank-0 snapshot, which does
+   not make the stall small; DCP's stager also knows DTensors.)
+2. off the training thread: DCP writes and plans on a process group of its own (gloo), never
+   the training's (collectives from two threads on one group could interleave); then each rank
+   writes and hashes its files and every rank's outcome is gathered: the agreement that all
+   ranks wrote. Only then rank 0 commits the checkpoint through CheckpointStore.commit (the
+   manifest with every file's sha256, written last, then the atomic rename and keep-K
+   pruning: the single-file rules, in one place) and tells every rank how it ended.
+A rank killed at any moment leaves a `.tmp-*` folder without a manifest: never a checkpoint.
+
+Reading (`read_local`, `restore_shards`): the ranks split the sha256 checks of the files
+between them and agree on the verdict, so that all of them take the same checkpoint; each
+loads the rank file of its own rank (rank r of M reads rank r mod N of the N that wrote it:
+the generators are exact only on the same world size), then DCP reads the shards it needs now,
+whatever the world size that wrote them (resharding), into the objects as they are sharded now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files
+from mpjob_trainer.errors import ConfigError
+
+#: In a captured state: the state dicts DCP writes, by the names the objects were registered under.
+SHARDS = "shards"
+#: In a captured state: which registered names are in the shards ({"module": ..., "optimizer": ...}).
+SHARDED_OBJECTS = "shardedObjects"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def is_sharded(obj: Any) -> bool:
+    """A module or optimizer whose parameters are DTensors (what fully_shard leaves)."""
+    if isinstance(obj, nn.Module):
+        return any(isinstance(p, DTensor) for p in obj.parameters())
+    if isinstance(obj, torch.optim.Optimizer):
+        return any(isinstance(p, DTensor) for group in obj.param_groups for p in group["params"])
+    return False
+
+
+@dataclass(frozen=True)
+class Peers:
+    """The ranks that write or read one checkpoint together, and the group they talk on."""
+
+    rank: int
+    size: int
+    group: dist.ProcessGroup | None = None
+
+    @classmethod
+    def current(cls, group: dist.ProcessGroup | None = None) -> Peers:
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls(0, 1)
+        return cls(dist.get_rank(), dist.get_world_size(), group)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def from_main(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+
+def all_ranks(verdict: torch.Tensor) -> torch.Tensor:
+    """A boolean tensor true on every rank only when it is true on all of them."""
+    if dist.is_available() and dist.is_initialized():
+        flag = verdict.to(torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return flag.bool()
+    return verdict
+
+
+def agree(problem: str | None, peers: Peers) -> None:
+    """Raise CorruptCheckpoint on every rank when any rank found a `problem`."""
+    found = [(rank, p) for rank, p in enumerate(peers.gather(problem)) if p is not None]
+    if found:
+        rank, first = found[0]
+        raise CorruptCheckpoint(first if rank == peers.rank else f"rank {rank}: {first}")
+
+
+# ---------------------------------------------------------------- the state dicts DCP sees
+def shard_names(objects: dict[str, Any]) -> dict[str, str]:
+    """{"module": name, "optimizer": name} of the sharded pair among `objects` (no optimizer
+    when none is sharded); a ConfigError when they are more than one model and one optimizer."""
+    modules = [name for name, obj in objects.items() if isinstance(obj, nn.Module) and is_sharded(obj)]
+    optimizers = [name for name, obj in objects.items() if isinstance(obj, torch.optim.Optimizer) and is_sharded(obj)]
+    if len(modules) != 1 or len(optimizers) > 1:
+        raise ConfigError(
+            f"resume(): a sharded checkpoint holds one sharded model and at most one optimizer of it; "
+            f"this run registered sharded modules {modules} and optimizers {optimizers}"
+        )
+    return {"module": modules[0], **({"optimizer": optimizers[0]} if optimizers else {})}
+
+
+def state_dicts(objects: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """The live DCP state dicts of the pair `names` (DTensors: each rank's own shards)."""
+    model: nn.Module = objects[names["module"]]
+    optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
+    model_sd, optim_sd = get_state_dict(model, optimizers)
+    return {names["module"]: model_sd, **({names["optimizer"]: optim_sd} if optimizers else {})}
+
+
+def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str]) -> None:
+    """Read the shards in `folder` into the objects `names` picks, as they are sharded now."""
+    missing = [name for name in names.values() if name not in objects]
+    if missing:
+        held = ", ".join(missing)
+        raise ConfigError(f"the sharded checkpoint {folder.name} holds {held}, which resume() did not name")
+    target = state_dicts(objects, names)
+    dcp.load(target, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    model: nn.Module = objects[names["module"]]
+    optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
+    optim_sd = target[names["optimizer"]] if optimizers else {}
+    set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
+
+
+def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]:
+    """Check the files (each rank its share), agree, and return this rank's small state."""
+    problem = None
+    state: dict[str, Any] = {}
+    try:
+        check_files(folder, manifest, share=(peers.rank, peers.size))
+        own = folder / rank_file(peers.rank % manifest.world_size)
+        state = torch.load(own, map_location="cpu", weights_only=True)
+        if int(state.get("step", -1)) != manifest.step:
+            problem = f"{folder.name}: {own.name} step {state.get('step')} != manifest step {manifest.step}"
+    except CorruptCheckpoint as exc:
+        problem = str(exc)
+    except Exception as exc:
+        problem = f"{folder.name}: cannot load ({exc!r})"
+    agree(problem, peers)
+    return state
