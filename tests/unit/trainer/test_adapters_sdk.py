@@ -77,13 +77,20 @@ def test_framework_extras_are_pinned_installed_by_the_image_and_free_of_kubernet
     lock = tomllib.loads((REPO / "uv.lock").read_text())
     (trainer,) = [p for p in lock["package"] if p["name"] == "mpjob-trainer"]
     extras = {name: {d["name"] for d in deps} for name, deps in trainer["optional-dependencies"].items()}
-    assert extras == {"hf": {"transformers", "accelerate"}, "lightning": {"lightning"}}
+    assert extras == {
+        "hf": {"transformers", "accelerate"},
+        "lightning": {"lightning"},
+        "fp8": {"torchao"},
+        "s3": {"boto3"},
+        "mlflow": {"mlflow-skinny"},
+    }
     pins = tomllib.loads((REPO / "trainer-image/pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert all(re.fullmatch(r"[\w-]+==[\d.]+", pin) for pins_ in pins.values() for pin in pins_)
     closure = set().union(*(lock_closure(name) for names in extras.values() for name in names))
     assert "torch" in closure and not {"kopf", "kubernetes"} & closure
     runs = run_commands(parse(TRAINER)[0])
-    assert "--extra hf" in runs and "--extra lightning" in runs
+    assert all(f"--extra {name}" in runs for name in extras)
     # The workspace's dev environment (scripts/setup.sh: --group dev) has them: tests import them.
     groups = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]
-    assert {"include-group": "frameworks"} in groups["dev"] and groups["frameworks"] == ["mpjob-trainer[hf,lightning]"]
+    assert {"include-group": "frameworks"} in groups["dev"] and groups["frameworks"] == ["mpjob-trainer[hf,lightning,fp8,s3]"]
+    assert {"include-group": "tracking"} in groups["dev"] and "mpjob-trainer[mlflow]" in groups["tracking"]

@@ -91,7 +91,13 @@ class DataRung:
 
     def arm(self, replay: Fp32Replay, *, state: TrainingState | None, fresh: bool) -> None:
         """The loop registered its step; at a fresh start keep a host copy of the state to roll back
-        to (the one cost of the rung before the first checkpoint: the state once, on the host)."""
+        to (the one cost of the rung before the first checkpoint: the state once, on the host).
+
+        A loop whose state the session does not hold (the framework adapters: HF Trainer and
+        Lightning keep theirs and cannot leave samples out) is not armed: a data verdict ends
+        the attempt as with onBadData fail, and a spike is logged only (docs/frameworks.md)."""
+        if state is None or not state.objects:
+            return
         self.replay = replay
         rolls_back = self.spec.on_bad_data == "skip" or self.spike is not None
         if state is not None and fresh and rolls_back and self._initial is None:
