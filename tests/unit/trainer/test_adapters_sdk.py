@@ -92,5 +92,6 @@ def test_framework_extras_are_pinned_installed_by_the_image_and_free_of_kubernet
     assert all(f"--extra {name}" in runs for name in extras)
     # The workspace's dev environment (scripts/setup.sh: --group dev) has them: tests import them.
     groups = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]
-    assert {"include-group": "frameworks"} in groups["dev"] and groups["frameworks"] == ["mpjob-trainer[hf,lightning,fp8,s3]"]
+    assert {"include-group": "frameworks"} in groups["dev"]
+    assert groups["frameworks"] == ["mpjob-trainer[hf,lightning,fp8,s3]"]
     assert {"include-group": "tracking"} in groups["dev"] and "mpjob-trainer[mlflow]" in groups["tracking"]
