@@ -1,8 +1,13 @@
-"""The data order: a seeded permutation per epoch, so the data position is just the step.
+"""The data order: a seeded permutation per epoch, positioned from an origin (step, samples).
 
 Sample k of the global stream is permutation_e[k mod N] with e = k div N, and micro-batch m
 of optimizer step s on rank r takes the `batch` samples starting at
-k = ((s * accumulation + m) * world + r) * batch. Exact resume needs only the step.
+k = origin.samples + (((s - origin.step) * accumulation + m) * world + r) * batch. The origin
+is where the attempt resumed: its step and the samples all ranks had consumed by then (the
+checkpoint's samples_seen). A run that started on one world size and resumed on another
+(sharded checkpoints reshard) goes on with the very next sample of the same stream, although
+its samples per step differ from those that led to the checkpoint; on an unchanged world the
+origin is (step, step x P) and the position is the step's, as it always was.
 
 Quarantined samples (session.quarantine: bad data and loss spikes the session rolled back
 from) are left out of the micro-batch they fall in; the rest of the order is unchanged, so a
@@ -19,12 +24,21 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from mpjob_trainer.session.quarantine import Quarantine
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where the stream stands at optimizer step `step`: `samples` consumed by all ranks."""
+
+    step: int = 0
+    samples: int = 0
 
 
 class StepSampler:
@@ -38,7 +52,11 @@ class StepSampler:
         seed: int,
         *,
         quarantine: Quarantine | None = None,
+        origin: Origin = Origin(),
     ) -> None:
+        if origin.step < 0 or origin.samples < 0:
+            raise ValueError(f"the data origin must not be negative, got {origin}")
+        self.origin = origin
         self.quarantine = quarantine if quarantine is not None else Quarantine()
         self.size = size
         self.batch = batch
@@ -57,7 +75,8 @@ class StepSampler:
         return self._perm
 
     def indices(self, step: int, micro: int) -> list[int]:
-        start = ((step * self.accumulation + micro) * self.world + self.rank) * self.batch
+        local = (((step - self.origin.step) * self.accumulation + micro) * self.world + self.rank) * self.batch
+        start = self.origin.samples + local
         out: list[int] = []
         for k in range(start, start + self.batch):
             out.append(int(self._permutation(k // self.size)[k % self.size]))

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
-from mpjob_trainer.data import StepLoader, StepSampler, data_workers, to_device
+from mpjob_trainer.data import Origin, StepLoader, StepSampler, data_workers, to_device
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.sharding import accumulating
@@ -59,7 +59,8 @@ def train(run: Session) -> None:
     else:
         net = run.wrap(run.compile(model), blocks=task.blocks)
     optimizer = run.adamw(model, lr=tr.learning_rate, weight_decay=tr.weight_decay)
-    start = run.resume(model=model, optimizer=optimizer)  # the data position is the step itself
+    start = run.resume(model=model, optimizer=optimizer)
+    samples_per_step = tr.batch_size * tr.grad_accumulation * run.world.size
     sampler = StepSampler(
         len(task.dataset),  # type: ignore[arg-type]
         tr.batch_size,
@@ -68,6 +69,7 @@ def train(run: Session) -> None:
         run.world.rank,
         tr.seed,
         quarantine=run.quarantined,
+        origin=data_origin(run, start, samples_per_step),
     )
     workers = data_workers(tr.data_workers, run.device)
     data = StepLoader(
@@ -91,13 +93,19 @@ def train(run: Session) -> None:
         if task.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the task has no evaluation set (eval_dataset)")
         run.evaluate_with(lambda: evaluate(run, model, task))
-    samples_per_step = tr.batch_size * tr.grad_accumulation * run.world.size
     try:
         for step in range(start, run.total_steps):
             one_step(step)
             run.end_step(step + 1, samples=samples_per_step)
     finally:
         data.close()
+
+
+def data_origin(run: Session, start: int, samples_per_step: int) -> Origin:
+    """Where the data stream stands at the start step: the samples the checkpoint saw (exact
+    when it was written by another number of processes), or start x samples per step for a
+    checkpoint that kept no count."""
+    return Origin(start, run.samples_seen if run.samples_seen or not start else start * samples_per_step)
 
 
 def evaluate(run: Session, model: nn.Module, task: Task) -> float:

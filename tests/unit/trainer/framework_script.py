@@ -1,16 +1,19 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
-    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP]
+    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
-inf in fp16, finite in fp32 (a precision's fault). Both have an evaluation set (the first
-64 samples), so `spec.validation` can run.
+inf in fp16, finite in fp32 (a precision's fault). `--deep`: a 32x32 linear between the first
+and the last (one an fp8 attempt converts: it keeps those two in bf16), and the script logs
+the dtype the first linear's output has in training on stderr (`activation dtype: D`). Both
+have an evaluation set (the first 64 samples), so `spec.validation` can run.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import torch
@@ -37,15 +40,29 @@ class Regression(Dataset[dict[str, torch.Tensor]]):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
+def log_activation_once(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+    """The first training forward's activation dtype: what the framework's autocast made of it."""
+    if module.training and not getattr(module, "logged", False):
+        module.logged = True  # type: ignore[assignment]
+        print(f"activation dtype: {str(output.dtype).removeprefix('torch.')}", file=sys.stderr, flush=True)
+
+
 class Net(nn.Module):
-    def __init__(self, overflow_at: int | None) -> None:
+    def __init__(self, overflow_at: int | None, *, deep: bool = False) -> None:
         super().__init__()
-        self.inp, self.norm, self.out = nn.Linear(FEATURES, 32), nn.LayerNorm(32), nn.Linear(32, 1)
+        inp, norm, out = nn.Linear(FEATURES, 32), nn.LayerNorm(32), nn.Linear(32, 1)
+        # Registered in the order they run (fp8 keeps the first and last linear in bf16), made
+        # after the others (a run without it draws the same initial weights).
+        self.inp, self.norm = inp, norm
+        self.mid = nn.Sequential(nn.Linear(32, 32), nn.ReLU()) if deep else nn.Identity()
+        self.out = out
         self.overflow_at, self.step = overflow_at, 0
+        if deep:
+            self.inp.register_forward_hook(log_activation_once)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         gain = 1e6 if self.overflow_at is not None and self.step >= self.overflow_at else 1.0
-        h = self.out(torch.relu(self.norm(self.inp(x) * gain)))
+        h = self.out(self.mid(torch.relu(self.norm(self.inp(x) * gain))))
         return {"loss": nn.functional.mse_loss(h.float(), labels)}
 
 
@@ -101,9 +118,11 @@ def main() -> None:
     parser.add_argument("framework", choices=["hf", "lightning"])
     parser.add_argument("--poison", type=int, default=None)
     parser.add_argument("--overflow-at", type=int, default=None)
+    parser.add_argument("--deep", action="store_true")
     opts = parser.parse_args()
     with mpjob.start() as run:
-        (hf if opts.framework == "hf" else lightning)(run, Net(opts.overflow_at), Regression(opts.poison))
+        net = Net(opts.overflow_at, deep=opts.deep)
+        (hf if opts.framework == "hf" else lightning)(run, net, Regression(opts.poison))
 
 
 if __name__ == "__main__":

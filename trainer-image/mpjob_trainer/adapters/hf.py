@@ -10,14 +10,15 @@
         mpjob_hf.train(run, trainer)
 
 `training_arguments` turns the attempt into TrainingArguments (fp16/bf16 from its precision,
-max_steps, seed, the spec's batch size, accumulation, learning rate and clip norm; no saving
-of its own). `train` gives the Trainer the attempt's GradScaler (the spec's loss-scale
-settings; on a CPU, where accelerate runs no fp16 AMP and would train fp32 silently, it turns
-torch's CPU fp16 autocast on), keeps spec.precision.keepFp32 modules in fp32, adds
-MpjobCallback and resumes through `Trainer.train(resume_from_checkpoint=...)` from the
-attempt's checkpoint. The callback closes each optimizer step in the session (guard,
-progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own `checkpoint-N`
-folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
+fp8 as bf16 around the float8 linears (adapters.mixed), max_steps, seed, the spec's batch
+size, accumulation, learning rate and clip norm; no saving of its own). `train` gives the
+Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate
+runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on),
+keeps spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
+`Trainer.train(resume_from_checkpoint=...)` from the attempt's checkpoint. The callback
+closes each optimizer step in the session (guard, progress, checkpoint decision, SIGTERM); a
+checkpoint is the Trainer's own `checkpoint-N` folder (weights, optimizer, scheduler,
+scaler, RNG, trainer state), adopted by mpjob's store.
 
 The session runs the Trainer's step itself for the fp32 replay and the quality gate
 (adapters.replaying): a forward pre-hook keeps the last steps' inputs as the Trainer fed
@@ -42,6 +43,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
+from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
@@ -51,9 +53,10 @@ from mpjob_trainer.session.framework import FrameworkRun
 
 def attempt_arguments(run: Session) -> dict[str, Any]:
     """What the attempt decides, whatever the script asks for."""
+    mixed = framework_precision(run.precision)
     return {
-        "fp16": run.precision == "fp16",
-        "bf16": run.precision == "bf16",
+        "fp16": mixed == "fp16",
+        "bf16": mixed == "bf16",
         "max_steps": run.total_steps,
         "seed": run.spec.training.seed,
         "save_strategy": "no",  # the session decides when; the Trainer's own saves would bypass the store

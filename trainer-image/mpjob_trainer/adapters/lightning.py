@@ -9,12 +9,13 @@
         mpjob_lightning.fit(run, trainer, model, train_dataloaders=loader)
 
 `trainer_settings` turns the attempt into Trainer arguments: the precision (`"bf16-mixed"`,
-`"32-true"`; fp16 as a `MixedPrecision` plugin that carries the attempt's GradScaler, so the
-spec's loss-scale settings hold and fp16 also runs on a CPU, where `precision="16-mixed"`
-silently becomes bf16), max_steps, devices from the launcher's environment, the spec's clip
-norm and accumulation, no checkpointing of its own, and MpjobCallback. `fit` resumes
-through `Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights, optimizers,
-LR schedulers, the scaler, loops (global step) and callbacks, as Lightning saved them.
+also around an fp8 attempt's float8 linears (adapters.mixed), `"32-true"`; fp16 as a
+`MixedPrecision` plugin that carries the attempt's GradScaler, so the spec's loss-scale
+settings hold and fp16 also runs on a CPU, where `precision="16-mixed"` silently becomes
+bf16), max_steps, devices from the launcher's environment, the spec's clip norm and
+accumulation, no checkpointing of its own, and MpjobCallback. `fit` resumes through
+`Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights, optimizers, LR
+schedulers, the scaler, loops (global step) and callbacks, as Lightning saved them.
 
 The session runs Lightning's step itself for the fp32 replay and the quality gate
 (adapters.replaying): the callback keeps the last steps' batches as Lightning fed them, the
@@ -30,13 +31,14 @@ import itertools
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
@@ -57,7 +59,9 @@ class SessionAutocast(MixedPrecision):
     __qualname__ = "MixedPrecision"
 
     def __init__(self, run: Session) -> None:
-        super().__init__("16-mixed" if run.precision == "fp16" else "bf16-mixed", run.device.type, scaler=run.scaler)
+        fp16 = framework_precision(run.precision) == "fp16"
+        mixed: Literal["16-mixed", "bf16-mixed"] = "16-mixed" if fp16 else "bf16-mixed"
+        super().__init__(mixed, run.device.type, scaler=run.scaler)
         self.run = run
 
     @contextlib.contextmanager
@@ -118,9 +122,8 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
         )
     tr = run.spec.training
     callback = MpjobCallback(run)
-    plugins: list[Any] = []
-    if run.precision in ("fp16", "bf16"):
-        plugins.append(SessionAutocast(run))
+    mixed = framework_precision(run.precision)
+    plugins: list[Any] = [SessionAutocast(run)] if mixed != "fp32" else []
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     settings: dict[str, Any] = {
         "max_steps": run.total_steps,
@@ -133,7 +136,7 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
         "log_every_n_steps": tr.log_every,
         "enable_progress_bar": False,
         "num_sanity_val_steps": 0,
-        **({} if plugins else {"precision": PRECISION[run.precision]}),
+        **({} if plugins else {"precision": PRECISION[mixed]}),
     }
     settings.update(kwargs)
     settings["callbacks"] = [callback, *kwargs.get("callbacks", [])]
