@@ -1,19 +1,22 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
-    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep]
+    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
 inf in fp16, finite in fp32 (a precision's fault). `--deep`: a 32x32 linear between the first
 and the last (one an fp8 attempt converts: it keeps those two in bf16), and the script logs
-the dtype the first linear's output has in training on stderr (`activation dtype: D`). Both
-have an evaluation set (the first 64 samples), so `spec.validation` can run.
+the dtype the first linear's output has in training on stderr (`activation dtype: D`).
+`--slow P` (Lightning): each training step sleeps 0.3 s while the session's precision is P, a
+device where P is slow, for an `auto` attempt's measurement. Both have an evaluation set
+(the first 64 samples), so `spec.validation` can run.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import torch
@@ -81,7 +84,7 @@ def hf(run: Any, net: Net, data: Regression) -> None:
     mpjob_hf.train(run, trainer)
 
 
-def lightning(run: Any, net: Net, data: Regression) -> None:
+def lightning(run: Any, net: Net, data: Regression, slow: str | None = None) -> None:
     import lightning as L
 
     from mpjob_trainer.adapters import lightning as mpjob_lightning
@@ -95,6 +98,8 @@ def lightning(run: Any, net: Net, data: Regression) -> None:
 
         def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
             net.step = self.global_step
+            if run.precision == slow:
+                time.sleep(0.3)
             return net(**b)["loss"]
 
         def validation_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
@@ -119,10 +124,14 @@ def main() -> None:
     parser.add_argument("--poison", type=int, default=None)
     parser.add_argument("--overflow-at", type=int, default=None)
     parser.add_argument("--deep", action="store_true")
+    parser.add_argument("--slow", default=None)
     opts = parser.parse_args()
     with mpjob.start() as run:
         net = Net(opts.overflow_at, deep=opts.deep)
-        (hf if opts.framework == "hf" else lightning)(run, net, Regression(opts.poison))
+        if opts.framework == "hf":
+            hf(run, net, Regression(opts.poison))
+        else:
+            lightning(run, net, Regression(opts.poison), opts.slow)
 
 
 if __name__ == "__main__":

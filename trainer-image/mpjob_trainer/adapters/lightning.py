@@ -59,10 +59,20 @@ class SessionAutocast(MixedPrecision):
     __qualname__ = "MixedPrecision"
 
     def __init__(self, run: Session) -> None:
+        self.run = run  # before MixedPrecision's __init__, which sets `scaler`
         fp16 = framework_precision(run.precision) == "fp16"
         mixed: Literal["16-mixed", "bf16-mixed"] = "16-mixed" if fp16 else "bf16-mixed"
         super().__init__(mixed, run.device.type, scaler=run.scaler)
-        self.run = run
+
+    @property  # type: ignore[override]
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The session's GradScaler at each use, not the one at construction: an `auto` attempt
+        settles its precision (and a fresh scaler, or none) inside `fit`, after the plugin exists."""
+        return self.run.scaler
+
+    @scaler.setter
+    def scaler(self, value: torch.amp.GradScaler | None) -> None:
+        pass  # MixedPrecision's __init__ hands back the session's own: the session owns it
 
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
@@ -80,6 +90,7 @@ class MpjobCallback(L.Callback):
         self._loss: torch.Tensor | None = None
         self._samples = 0
         self._step = 0
+        self._registered = False
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -87,12 +98,15 @@ class MpjobCallback(L.Callback):
         for optimizer in trainer.optimizers:
             self.bridge.watch(optimizer)
         self._step = trainer.global_step
-        register(self.run, trainer, pl_module, self.recorded)
+        self._registered = False
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self.recorded.add(trainer.global_step, batch)
+        if not self._registered:  # the step runs on recorded batches: now there is one
+            self._registered = True
+            register(self.run, trainer, pl_module, self.recorded)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -123,7 +137,8 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
     tr = run.spec.training
     callback = MpjobCallback(run)
     mixed = framework_precision(run.precision)
-    plugins: list[Any] = [SessionAutocast(run)] if mixed != "fp32" else []
+    measured = run.launch.precision == "auto"  # may settle on any precision once fit has begun
+    plugins: list[Any] = [SessionAutocast(run)] if mixed != "fp32" or measured else []
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     settings: dict[str, Any] = {
         "max_steps": run.total_steps,
@@ -145,8 +160,11 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
 
 
 def register(run: Session, trainer: L.Trainer, module: L.LightningModule, recorded: RecordedSteps) -> None:
-    """Give the session Lightning's step (fp32 replay) and evaluation (quality gate). Not in an
-    `auto` attempt: Lightning's precision is fixed before a batch exists to measure with."""
+    """Give the session Lightning's step (fp32 replay; an `auto` attempt's measurement) and
+    evaluation (quality gate). Called at the first micro-batch of the first step, before
+    Lightning trains on it: an `auto` attempt measures on that batch there (session.measure),
+    the one point inside `fit` where no gradient has been accumulated that the step's
+    zero_grad would drop."""
     if len(trainer.optimizers) != 1:
         return  # manual optimization with several optimizers: no one step to re-run
     optimizer, clip = trainer.optimizers[0], trainer.gradient_clip_val
@@ -160,8 +178,7 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
                 run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
             run.step(optimizer, clip_norm=float(clip) if clip else None)
 
-    if run.launch.precision != "auto":
-        run.register_step(step)
+    run.register_step(step, modules=[module])
     if run.spec.validation.every_steps:
         run.evaluate_with(lambda: evaluate(run, trainer, module))
 

@@ -170,17 +170,22 @@ class Session(ModelSetUp):
         self._progress.started(self.launch, self.precision, self.start_step, self._checkpoints.last_good)
         return self.start_step
 
-    def register_step(self, step: StepFunction, *, samples: SamplesFunction | None = None) -> None:
+    def register_step(
+        self, step: StepFunction, *, samples: SamplesFunction | None = None, modules: list[nn.Module] | None = None
+    ) -> None:
         """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs optimizer
         step i (0-based) as the loop does (forward and backward under run.autocast(), run.backward, run.step;
         not end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision now
-        (session.measure) and a numeric fault is replayed in fp32 (session.replay). Call it after resume()."""
+        (session.measure) and a numeric fault is replayed in fp32 (session.replay). Call it after resume().
+        `modules`: the models whose buffers the measurement puts back (default: those resume() was given;
+        a framework adapter, whose framework checkpoints the model, names its model here)."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
         guard = self._wrapper.replayable(self.spec.precision.guard)
         self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
         self._rung.arm(self._replay, state=self._state, fresh=self._checkpoints.last_good is None)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
-            modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
+            if modules is None:
+                modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
             at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
             self._measurement = measure_and_settle(step, self.start_step, modules=modules, at=at)
 

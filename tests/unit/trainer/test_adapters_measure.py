@@ -1,0 +1,46 @@
+"""`auto` under Lightning is measured as under the builtin loop: at the first batch the
+session times Lightning's own training step in each precision the device supports, keeps
+nothing of it, and the precision plugin (SessionAutocast) trains in the one chosen."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpjob_trainer.session.measure import choose
+from tests.unit.trainer.conftest import run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+SCRIPT = str(Path(__file__).with_name("framework_script.py"))
+STEPS = 20
+
+
+def auto_job(*extra: str) -> dict:
+    return spec(
+        task={"command": [sys.executable, SCRIPT, "lightning", *extra]},
+        training={"steps": STEPS, "batchSize": 8, "logEvery": 5, "seed": 0, "learningRate": 1e-3},
+        precision={"mode": "auto"},
+    )
+
+
+@pytest.mark.parametrize(("slow", "chosen", "slower"), [("fp32", "bf16", False), ("bf16", "fp32", True)])
+def test_an_auto_attempt_under_lightning_measures_its_step_and_trains_in_the_chosen_precision(
+    tmp_path: Path, slow: str, chosen: str, slower: bool
+) -> None:
+    argv = [SCRIPT, "lightning", "--slow", slow]
+    run = run_trainer(tmp_path, auto_job("--slow", slow), "auto", argv=argv)
+    assert run.code == 0, run.stderr[-3000:]
+    (event,) = run.of("precisionMeasured")
+    seconds = event["stepSeconds"]
+    assert set(seconds) == {"bf16", "fp32"}
+    assert seconds[slow] > 0.3 > seconds[chosen]  # Lightning's own step, under each candidate
+    assert (event["chosen"], event["ampSlowerThanFp32"]) == (chosen, slower) == (choose(seconds).chosen, slower)
+    assert {s["precision"] for s in run.of("step")} == {chosen}
+    (done,) = run.of("done")
+    assert done["step"] == STEPS and done["appliedSteps"] == STEPS  # the probe applied no update
+    report = run.report
+    assert report is not None and report.precision == chosen and report.measurement is not None
+    assert report.measurement.step_seconds == seconds and report.measurement.chosen == chosen
