@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from mpjob_trainer.session.measure import choose
 from tests.unit.trainer.conftest import run_trainer, spec
@@ -44,3 +45,20 @@ def test_an_auto_attempt_under_lightning_measures_its_step_and_trains_in_the_cho
     report = run.report
     assert report is not None and report.precision == chosen and report.measurement is not None
     assert report.measurement.step_seconds == seconds and report.measurement.chosen == chosen
+
+
+@pytest.mark.parametrize(("slow", "chosen"), [("fp32", "bf16"), ("bf16", "fp32")])
+def test_measuring_under_lightning_keeps_nothing_it_trains_as_if_started_in_the_chosen_precision(
+    tmp_path: Path, slow: str, chosen: str
+) -> None:
+    argv = [SCRIPT, "lightning", "--slow", slow]
+    measured = run_trainer(tmp_path / "auto", auto_job("--slow", slow), "auto", argv=argv)
+    plain = run_trainer(tmp_path / chosen, auto_job("--slow", slow), chosen, argv=argv)
+    assert measured.code == plain.code == 0, measured.stderr[-3000:] + plain.stderr[-3000:]
+    assert measured.report is not None and measured.report.precision == chosen
+    assert [s["loss"] for s in measured.of("step")] == [s["loss"] for s in plain.of("step")]
+    framework = Path("ckpt", f"step-{STEPS:09d}", "framework", "lightning.ckpt")
+    a = torch.load(tmp_path / "auto" / framework, weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / chosen / framework, weights_only=False)["state_dict"]
+    for key in a:
+        assert torch.equal(a[key], b[key]), key

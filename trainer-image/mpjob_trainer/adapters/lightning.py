@@ -21,7 +21,10 @@ The session runs Lightning's step itself for the fp32 replay and the quality gat
 (adapters.replaying): the callback keeps the last steps' batches as Lightning fed them, the
 step re-runs `training_step` through the strategy (DDP's gradient sync as in training) under
 the session's autocast, which the precision plugin (SessionAutocast) follows in every mode,
-and the gate evaluates the module's `validation_step` on its `val_dataloader()`.
+and the gate evaluates the module's `validation_step` on its `val_dataloader()`. An `auto`
+attempt measures its precision with that step on the first batch (session.measure) and
+settles on the one chosen inside `fit`: the plugin reads the session's autocast and scaler at
+each use, so Lightning trains that first batch in it already.
 """
 
 from __future__ import annotations
