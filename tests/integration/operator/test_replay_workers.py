@@ -17,12 +17,14 @@ pytestmark = pytest.mark.integration
 SAMPLES, BATCH, SEED, FAULT = 512, 8, 0, 13
 
 
-def spec(claim: str, args: dict[str, Any]) -> dict[str, Any]:
+def spec(claim: str, args: dict[str, Any], *, on_bad_data: str = "fail") -> dict[str, Any]:
+    """Two workers; a data verdict ends the attempt (`fail`: the verdict is what is read) or is
+    skipped by the data rung (`skip`)."""
     return {
         "workers": 2,
         "task": {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": SAMPLES, **args}},
         "training": {"steps": 20, "batchSize": BATCH, "logEvery": 5, "seed": SEED},
-        "precision": {"mode": "fp16", "fallback": [], "guard": {"maxNonFiniteLosses": 1}},
+        "precision": {"mode": "fp16", "fallback": [], "guard": {"maxNonFiniteLosses": 1, "onBadData": on_bad_data}},
         "checkpoint": {"everySteps": 10, "volume": {"persistentVolumeClaim": {"claimName": claim}}},
         "resources": {"gpusPerWorker": 0},
     }
@@ -64,3 +66,19 @@ def test_two_workers_agree_that_an_fp16_overflow_is_the_precisions_fault(
     assert [(r["verdict"], r["firstStep"], r["steps"], r["fromCheckpoint"]) for r in replays] == [
         ("precision", FAULT, 4, True)
     ] * 2
+
+
+def test_two_workers_skip_the_sample_the_replay_named_and_succeed_in_one_attempt(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
+) -> None:
+    """The data rung across pods: both roll back to the same checkpoint, quarantine only rank 1's
+    bad sample, and train on in fp16; status.skipped names the step and the sample."""
+    bad = StepSampler(SAMPLES, BATCH, 1, 2, 1, SEED).step_indices(FAULT)[0]
+    jobs.pvc("ckpt")
+    jobs.create("skipping", spec("ckpt", {"nonFiniteSamples": [bad]}, on_bad_data="skip"))
+    status = jobs.wait_phase("skipping", ("Succeeded", "Failed"), 240)
+    assert status["phase"] == "Succeeded", status
+    (attempt,) = status["attempts"]
+    assert (attempt["precision"], attempt["worldSize"]) == ("fp16", 2)
+    (step,) = status["skipped"]["steps"]
+    assert (step["cause"], step["step"], step["samples"]) == ("data", FAULT, [{"first": bad, "last": bad}])
