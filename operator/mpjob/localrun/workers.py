@@ -6,9 +6,13 @@ reads pods, so the same rule picks the worker that explains the attempt."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -44,6 +48,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with(parent: int) -> None:
+    """Run in a worker before its exec: the kernel kills it when `mpjob run` (the thread that
+    started it, the runner's main thread) dies, however it dies. The worker has its own session
+    so that Ctrl-C reaches the runner only; without this a SIGKILLed runner left its workers
+    training and writing checkpoints beside the rerun."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:  # the runner died before the line above
+        os._exit(1)
+
+
 class Workers:
     def __init__(self, spec: MixedPrecisionJobSpec, *, folder: Path, cwd: Path, python: str) -> None:
         self.spec, self.folder, self.cwd, self.python = spec, folder, cwd, python
@@ -74,6 +92,7 @@ class Workers:
                     stdout=subprocess.PIPE if worker == 0 else log,
                     stderr=log,
                     start_new_session=True,  # Ctrl-C reaches the runner only; it sends SIGTERM
+                    preexec_fn=functools.partial(die_with, os.getpid()),
                 )
             )
         threading.Thread(target=self._watch_peers, daemon=True).start()

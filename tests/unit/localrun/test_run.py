@@ -142,3 +142,44 @@ def test_two_local_workers_fall_back_together_and_resume(tmp_path: Path) -> None
     assert report["phase"] == "Succeeded" and report["step"] == 40
     manifests = sorted((tmp_path / "out").rglob("step-*/manifest.json"))
     assert manifests and json.loads(manifests[-1].read_text())["step"] == 40
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid` (Linux /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie waiting for init to reap it counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
+    """Workers run in their own session (Ctrl-C reaches the runner only), so a SIGKILL of the
+    runner's group does not reach them: they must die with the runner, or they train on and
+    write checkpoints beside a rerun."""
+    job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wait_for(lambda: list((out / "checkpoints").glob("step-*/manifest.json")), 120, message="a checkpoint")
+    workers = _children(proc.pid)
+    ranks = [pid for worker in workers for pid in _children(worker)]
+    assert workers and ranks, "the runner has no workers, or they have no training processes"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    wait_for(lambda: all(_gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
+    # Killed, not ended: a worker that outlived the runner trained on until its output broke
+    # and then wrote its termination report (and checkpoints on the way).
+    assert not list((out / "attempts").rglob("termination-worker*.json"))
