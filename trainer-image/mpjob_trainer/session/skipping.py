@@ -229,7 +229,11 @@ class DataRung:
             saved, start = self._initial, int(self._initial["step"])
         else:
             raise NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
+        seen = state.samples
         numerics.applied.count = state.restore(saved, numerics.precision.precision, numerics.precision.scaler)
+        # The data position stays where the loop stands: the catch-up re-runs the same positions
+        # (quarantined samples left out of them), and a later checkpoint must say so.
+        state.samples = seen
         numerics.guard.rewind(start)
         numerics.guard.begin_step()  # the replay's optimizer steps are not the loop's
         numerics.tally.clear()
