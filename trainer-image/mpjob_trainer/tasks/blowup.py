@@ -13,6 +13,11 @@ import torch
 from torch import nn
 
 
+def within(step: int, at_step: int | None, until_step: int | None) -> bool:
+    """Is a fault switched on at `step`: from at_step (none: never) until until_step (none: on)."""
+    return at_step is not None and step >= at_step and (until_step is None or step < until_step)
+
+
 class ActivationBlowUp(nn.Module):
     """gelu(g * x) / g, with g = 1 until the switch step and `gain` afterwards."""
 
@@ -24,8 +29,7 @@ class ActivationBlowUp(nn.Module):
         self.active = False
 
     def set_step(self, step: int) -> None:
-        started = self.at_step is not None and step >= self.at_step
-        self.active = started and (self.until_step is None or step < self.until_step)
+        self.active = within(step, self.at_step, self.until_step)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:

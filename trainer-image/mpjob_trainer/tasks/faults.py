@@ -39,6 +39,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.tasks.blowup import within
 
 
 def poisoned_indices(value: Any, size: int) -> set[int] | None:
@@ -166,8 +167,7 @@ class OutlierRow(nn.Module):
         self.active = False
 
     def set_step(self, step: int) -> None:
-        started = self.at_step is not None and step >= self.at_step
-        self.active = started and (self.until_step is None or step < self.until_step)
+        self.active = within(step, self.at_step, self.until_step)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
