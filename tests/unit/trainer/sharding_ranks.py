@@ -164,6 +164,32 @@ def case_train(world: World, precision: str) -> dict[str, Any]:
     return {"first": sum(losses[:4]) / 4, "last": sum(losses[-4:]) / 4, "applied": numerics.applied.count}
 
 
+def case_live(world: World) -> dict[str, Any]:
+    """checkpoint.live against torch's get_state_dict over steps, a schedule and a restore."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from mpjob_trainer.checkpoint.live import LiveStateDicts, identical
+
+    task = gpt()
+    net = wrap(task, world, "bf16", activationCheckpointing="full")
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    live = LiveStateDicts(net, opt)
+    agreed = [identical(live(), get_state_dict(net, [opt]))]  # the first call (learns) before any step
+    for step in range(3):
+        x, y = batch(task, world.rank, step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            task.loss(net(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        schedule.step()
+        agreed.append(identical(live(), get_state_dict(net, [opt])))
+    opt.load_state_dict(opt.state_dict())  # a restore puts new state tensors in
+    agreed.append(identical(live(), get_state_dict(net, [opt])))
+    lrs = [group["lr"] for group in live()[1]["param_groups"]]
+    return {"agreed": agreed, "renamed": live.renaming, "lrs": lrs, "expectedLr": opt.param_groups[0]["lr"]}
+
+
 def main() -> None:
     case, rank, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     torch.set_num_threads(1)

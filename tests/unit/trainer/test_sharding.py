@@ -119,6 +119,13 @@ def test_a_short_fsdp_run_trains(tmp_path: Path, precision: str, world: int) -> 
     assert len({round(s["last"], 3) for s in results}) == world or world == 1  # each rank its own data
 
 
+def test_the_saves_cheap_state_dicts_are_torchs_over_steps_a_schedule_and_a_restore(tmp_path: Path) -> None:
+    for seen in ranks(tmp_path, "live", 2):
+        assert seen["agreed"] == [True] * 5
+        assert seen["renamed"]  # the cheap path was taken after the first call, not torch's every time
+        assert seen["lrs"] == [seen["expectedLr"]] and seen["expectedLr"] < 1e-3
+
+
 def test_the_fp32_replay_is_off_only_where_the_gathered_weights_are_low_for_good() -> None:
     logged: list[tuple[str, dict[str, Any]]] = []
 

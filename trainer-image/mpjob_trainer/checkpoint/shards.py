@@ -8,13 +8,15 @@ the global index that lets any world size read them back) and its own small stat
 is gathered onto one rank.
 
 Writing, per rank (`ShardedWriter.start`, then `PendingSave.finish`):
-1. on the training thread only the capture (get_state_dict: references to this rank's
-   shards) and a copy of the small state; then, on the writer thread, `dcp.async_save` with
-   a DefaultStager that copies the shards to host memory in its own thread. The training
+1. on the training thread only the capture (get_state_dict's answer, references to this
+   rank's shards, renamed from the plain state dicts after the first save: checkpoint.live)
+   and a copy of the small state; then, on the writer thread, `dcp.async_save` with a
+   DefaultStager that copies the shards to host memory in its own thread. The training
    thread waits for that copy only before the next optimizer update (`PendingSave.staged`),
-   the first moment the values could change: forward and backward overlap the copy. (StagingBuffers would copy on the
-   training thread: at N processes each rank's copy is 1/N of a rank-0 snapshot, which does
-   not make the stall small; DCP's stager also knows DTensors.)
+   the first moment the values could change: forward and backward overlap the copy.
+   (StagingBuffers would copy on the training thread: at N processes each rank's copy is 1/N
+   of a rank-0 snapshot, which does not make the stall small; DCP's stager also knows
+   DTensors.)
 2. off the training thread: DCP writes and plans on a process group of its own (gloo), never
    the training's (collectives from two threads on one group could interleave); then each rank
    writes and hashes its files and every rank's outcome is gathered: the agreement that all
@@ -43,6 +45,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files
 from mpjob_trainer.errors import ConfigError
 
@@ -132,7 +135,23 @@ def state_dicts(objects: dict[str, Any], names: dict[str, str]) -> dict[str, Any
     model: nn.Module = objects[names["module"]]
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
     model_sd, optim_sd = get_state_dict(model, optimizers)
-    return {names["module"]: model_sd, **({names["optimizer"]: optim_sd} if optimizers else {})}
+    return _by_name(names, model_sd, optim_sd)
+
+
+class ShardDicts:
+    """`state_dicts(objects, names)` for a run's every save, cheaply (checkpoint.live)."""
+
+    def __init__(self, objects: dict[str, Any], names: dict[str, str]) -> None:
+        self.names = names
+        optimizer = objects[names["optimizer"]] if "optimizer" in names else None
+        self.live = LiveStateDicts(objects[names["module"]], optimizer)
+
+    def __call__(self) -> dict[str, Any]:
+        return _by_name(self.names, *self.live())
+
+
+def _by_name(names: dict[str, str], model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> dict[str, Any]:
+    return {names["module"]: model_sd, **({names["optimizer"]: optim_sd} if "optimizer" in names else {})}
 
 
 def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str]) -> None:

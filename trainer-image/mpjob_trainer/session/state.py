@@ -103,6 +103,7 @@ class TrainingState:
         self.sharded = shards.shard_names(self.objects) if any(map(shards.is_sharded, objects.values())) else None
         #: The data position: samples all ranks consumed so far (end_step adds each step's).
         self.samples = 0
+        self._shard_dicts = shards.ShardDicts(self.objects, self.sharded) if self.sharded else None
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
@@ -144,7 +145,8 @@ class TrainingState:
                 state[name] = obj.state_dict()
         if self.sharded:
             state[shards.SHARDED_OBJECTS] = dict(self.sharded)
-            state[shards.SHARDS] = shards.state_dicts(self.objects, self.sharded)
+            assert self._shard_dicts is not None
+            state[shards.SHARDS] = self._shard_dicts()
         return state
 
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
