@@ -215,3 +215,22 @@ def test_the_trainer_logs_the_stall_of_every_periodic_checkpoint(tmp_path: Path)
     assert [e["step"] for e in staged] == [10, 20], "30 is the final checkpoint: synchronous, no stall logged"
     assert all(isinstance(e["stallSeconds"], float) and e["stallSeconds"] >= 0 for e in staged), staged
     assert [e["step"] for e in run.of("checkpoint")] == [10, 20, 30]
+
+
+def test_a_snapshot_copies_tensors_and_containers_and_shares_only_immutable_values() -> None:
+    import random
+
+    from mpjob_trainer.checkpoint.staging import snapshot
+
+    weights = torch.ones(3)
+    state = {"rng": random.Random(7).getstate(), "w": weights, "steps": [1, 2], "extra": {"tag": b"x"}}
+    copied = snapshot(state)
+    weights.add_(1)
+    state["steps"].append(3)
+    assert torch.equal(copied["w"], torch.ones(3))
+    assert copied["steps"] == [1, 2]
+    assert copied["rng"] == random.Random(7).getstate()
+    assert copied["extra"] == {"tag": b"x"} and copied["extra"] is not state["extra"]
+    replayed = random.Random()
+    replayed.setstate(copied["rng"])
+    assert replayed.random() == random.Random(7).random()

@@ -14,9 +14,15 @@ from typing import Any
 import torch
 
 
+#: Values a snapshot may share with the state it copies.
+IMMUTABLE = (int, float, str, bytes, bool, type(None))
+
+
 def snapshot(obj: Any) -> Any:
     """A private CPU copy of a (nested) state dict, made now (blocking; fresh tensors each call).
     For a synchronous write; the periodic checkpoints stage into reusable buffers instead."""
+    if isinstance(obj, IMMUTABLE):  # the generators' states are hundreds of ints: no deepcopy each
+        return obj
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
