@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,13 +66,16 @@ def plain(precision: str, steps: int, tick: Callable[[], None]) -> None:
         tick()
 
 
-def on_sdk(precision: str, steps: int, tick: Callable[[], None], folder: Path) -> None:
+def on_sdk(
+    precision: str, steps: int, tick: Callable[[], None], folder: Path, *, guard: dict[str, Any] | None = None
+) -> None:
+    """The SDK loop for `steps` steps, `tick` after each; `guard`: the spec's precision.guard."""
     spec = MixedPrecisionJobSpec.model_validate(
         {
             "task": {"command": ["python", "bench.py"]},
             "training": {"steps": 10**6, "logEvery": LOG_EVERY},
             "checkpoint": {"everySteps": 10**6},
-            "precision": {"mode": precision},
+            "precision": {"mode": precision, **({"guard": guard} if guard else {})},
         }
     )
     launch = AttemptLaunch(job_name="bench", precision=precision, checkpoint_dir=str(folder), spec=spec)  # type: ignore[arg-type]

@@ -13,8 +13,6 @@ Usage: PYTHONPATH=. python bench/spike_overhead.py
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import statistics
 import tempfile
@@ -24,42 +22,15 @@ from pathlib import Path
 
 import torch
 
-from bench.sdk_overhead import LOG_EVERY, MODEL, REPEATS, STEPS, batch, host_reads, timed
-from mpjob_contract.api import MixedPrecisionJobSpec
-from mpjob_contract.launch import AttemptLaunch
+from bench.sdk_overhead import LOG_EVERY, MODEL, REPEATS, STEPS, host_reads, on_sdk, timed
 from mpjob_contract.skipping import SpikeSpec
-from mpjob_trainer import session as mpjob
 from mpjob_trainer.session.spike import SpikeDetector
-from mpjob_trainer.tasks.gpt import make_task
-
-
-def on_sdk(precision: str, *, spike: str, steps: int, tick: Callable[[], None], folder: Path) -> None:
-    spec = MixedPrecisionJobSpec.model_validate(
-        {
-            "task": {"command": ["python", "bench.py"]},
-            "training": {"steps": 10**6, "logEvery": LOG_EVERY},
-            "checkpoint": {"everySteps": 10**6},
-            "precision": {"mode": precision, "guard": {"spike": {"action": spike, "window": 8}}},
-        }
-    )
-    launch = AttemptLaunch(job_name="bench", precision=precision, checkpoint_dir=str(folder), spec=spec)  # type: ignore[arg-type]
-    with contextlib.redirect_stdout(io.StringIO()), mpjob.start(launch=launch) as run:
-        task = make_task(MODEL)
-        model, (x, y) = task.model, batch(task)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        start = run.resume(model=model, optimizer=opt)
-        for step in range(start, start + steps):
-            with run.autocast():
-                loss = task.loss(model(x), y)
-            run.backward(loss)
-            run.step(opt, clip_norm=1.0)
-            run.end_step(step + 1, loss=loss, samples=16)
-            tick()
 
 
 def compare(precision: str, folder: Path) -> str:
     def loop(spike: str) -> Callable[[Callable[[], None]], None]:
-        return lambda tick: on_sdk(precision, spike=spike, steps=STEPS, tick=tick, folder=folder / spike)
+        guard = {"spike": {"action": spike, "window": 8}}
+        return lambda tick: on_sdk(precision, STEPS, tick, folder / spike, guard=guard)
 
     runs = [(timed(loop("off")), timed(loop("rollback"))) for _ in range(REPEATS)]
     cpu = [statistics.median(r[k][0] for r in runs) for k in (0, 1)]
