@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-
 #: Values a snapshot may share with the state it copies.
 IMMUTABLE = (int, float, str, bytes, bool, type(None))
 
