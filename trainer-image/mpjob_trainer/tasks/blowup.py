@@ -18,18 +18,26 @@ def within(step: int, at_step: int | None, until_step: int | None) -> bool:
     return at_step is not None and step >= at_step and (until_step is None or step < until_step)
 
 
-class ActivationBlowUp(nn.Module):
-    """gelu(g * x) / g, with g = 1 until the switch step and `gain` afterwards."""
+class StepSwitched(nn.Module):
+    """A fault module that is on from `at_step` until `until_step` (see `within`); the task
+    calls `set_step` before each step."""
 
-    def __init__(self, at_step: int | None, gain: float, until_step: int | None = None) -> None:
+    def __init__(self, at_step: int | None, until_step: int | None) -> None:
         super().__init__()
         self.at_step = at_step
         self.until_step = until_step
-        self.gain = gain
         self.active = False
 
     def set_step(self, step: int) -> None:
         self.active = within(step, self.at_step, self.until_step)
+
+
+class ActivationBlowUp(StepSwitched):
+    """gelu(g * x) / g, with g = 1 until the switch step and `gain` afterwards."""
+
+    def __init__(self, at_step: int | None, gain: float, until_step: int | None = None) -> None:
+        super().__init__(at_step, until_step)
+        self.gain = gain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:

@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from mpjob_trainer.errors import ConfigError
-from mpjob_trainer.tasks.blowup import within
+from mpjob_trainer.tasks.blowup import StepSwitched
 
 
 def poisoned_indices(value: Any, size: int) -> set[int] | None:
@@ -154,20 +154,14 @@ class Cancellation(nn.Module):
         return x if not self.offset else (x + self.offset) - self.offset
 
 
-class OutlierRow(nn.Module):
+class OutlierRow(StepSwitched):
     """`inner` (a linear) with the batch's first sample scaled by `gain` on the way in and back on
     the way out while active (task.args.fp8OutlierAtStep/UntilStep): see the module docstring."""
 
     def __init__(self, inner: nn.Module, at_step: int | None, until_step: int | None, gain: float = 2.0**20) -> None:
-        super().__init__()
+        super().__init__(at_step, until_step)
         self.inner = inner
-        self.at_step = at_step
-        self.until_step = until_step
         self.gain = gain
-        self.active = False
-
-    def set_step(self, step: int) -> None:
-        self.active = within(step, self.at_step, self.until_step)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
