@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.skipping import SkipCause, Skipped, ranges
@@ -102,8 +103,8 @@ class DataRung:
         rolls_back = self.spec.on_bad_data == "skip" or self.spike is not None
         if state is not None and fresh and rolls_back and self._initial is None:
             numerics = self.lent.numerics
-            live = state.capture(0, numerics.applied.count, numerics.precision.precision, numerics.precision.scaler)
-            self._initial = _host_copy(live)
+            precision, scaler = numerics.precision.precision, numerics.precision.scaler
+            self._initial = _host_copy(state.capture(0, numerics.applied.count, precision, scaler, in_memory=True))
 
     def skipped(self) -> Skipped | None:
         """The report's record of what was skipped (None: nothing)."""
@@ -262,7 +263,11 @@ def _gathered(samples: list[int], world: World) -> list[int]:
 
 
 def _host_copy(value: Any) -> Any:
-    """A copy of a captured state on the host (a rollback target that training does not change)."""
+    """A copy of a captured state on the host (a rollback target that training does not change).
+    A sharded model's shards are copied where they are: a DTensor's mesh names its device, and
+    at a fresh start they are 1/N of the weights (its optimizer holds no state yet)."""
+    if isinstance(value, DTensor):
+        return value.detach().clone()
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):

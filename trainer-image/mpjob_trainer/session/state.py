@@ -38,10 +38,12 @@ from mpjob_trainer.checkpoint import shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.errors import ConfigError
 
+#: In a capture: held in memory, every object by its own state_dict() (never written).
+IN_MEMORY = "heldInMemory"
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
 RESERVED = frozenset(
     {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", FORMAT_KEY}
-    | {shards.SHARDS, shards.SHARDED_OBJECTS}
+    | {shards.SHARDS, shards.SHARDED_OBJECTS, IN_MEMORY}
 )
 
 
@@ -128,9 +130,14 @@ class TrainingState:
             verdict = shards.all_ranks(verdict)
         return bool(verdict)
 
-    def capture(self, step: int, applied_steps: int, precision: str, scaler: Any) -> dict[str, Any]:
+    def capture(
+        self, step: int, applied_steps: int, precision: str, scaler: Any, *, in_memory: bool = False
+    ) -> dict[str, Any]:
         """The whole checkpoint, or this rank's share of a sharded one (live tensors: the caller
-        stages a copy before training goes on)."""
+        stages a copy before training goes on). `in_memory`: a rollback target that is never
+        written, every object by its own state_dict(); a sharded pair is not asked for DCP's
+        state dicts, whose first call steps an optimizer that holds no state yet (lr 0, but its
+        step count moves, and with it AdamW's bias correction)."""
         state: dict[str, Any] = {
             "step": step,
             "appliedSteps": applied_steps,
@@ -139,11 +146,14 @@ class TrainingState:
             "rng": rng_state(),
             "samples": self.samples,
         }
-        in_shards = set(self.sharded.values()) if self.sharded else set()
+        through_dcp = bool(self.sharded) and not in_memory
+        in_shards = set(self.sharded.values()) if self.sharded and through_dcp else set()
         for name, obj in {**self.objects, **self.own}.items():
             if name not in in_shards:
                 state[name] = obj.state_dict()
-        if self.sharded:
+        if in_memory:
+            state[IN_MEMORY] = True
+        if self.sharded and through_dcp:
             state[shards.SHARDED_OBJECTS] = dict(self.sharded)
             assert self._shard_dicts is not None
             state[shards.SHARDS] = self._shard_dicts()
@@ -157,7 +167,7 @@ class TrainingState:
             names: dict[str, str] = state[shards.SHARDED_OBJECTS]
             shards.restore_shards(Path(folder), self.objects, names)
             state = {**state, **{name: None for name in names.values()}}
-        elif self.sharded:
+        elif self.sharded and not state.get(IN_MEMORY):
             raise ConfigError(
                 f"the checkpoint of step {state.get('step')} is a single-file checkpoint and this run's model is "
                 "sharded: resume it with parallelism.strategy ddp, or start the sharded run in a new checkpoint folder"
