@@ -189,9 +189,8 @@ class TrainerMetrics:
         self._quarantine: Skipped | None = None
 
     def quarantined(self, record: Skipped) -> None:
-        """Show `record` (the quarantine's bounded summary): its listed steps first, then the
-        counts, so a scrape in between never sees a count its listing exceeds by more than
-        what it is still adding."""
+        """Show `record` (the quarantine's bounded summary), replacing what was shown. A scrape
+        in between may see part of it: readers only ever add what a scrape shows."""
         self._quarantine = record
         self.quarantined_step.clear()
         for place, skip in enumerate(record.steps, start=1):

@@ -124,13 +124,15 @@ def quarantine(values: dict[str, float]) -> Skipped | None:
     )
     listed: dict[tuple[int, str], SkippedStep] = {}
     for _, (step, cause, spans) in places:
+        if len(listed) == MAX_SKIPPED_ENTRIES:
+            break
         entry = SkippedStep(step=int(step), cause=cause, samples=spans_of(spans) or [])
         listed.setdefault((entry.step, entry.cause), entry)
-    steps = list(listed.values())[:MAX_SKIPPED_ENTRIES]
-    count, samples = int(values.get(tm.QUARANTINE_STEPS, 0)), int(values.get(tm.QUARANTINE_SAMPLES, 0))
-    if not (steps or count):
+    steps = list(listed.values())
+    count = max(int(values.get(tm.QUARANTINE_STEPS, 0)), len(steps))
+    if not count:
         return None
-    return Skipped(count=max(count, len(steps)), samples=samples, steps=steps)
+    return Skipped(count=count, samples=max(int(values.get(tm.QUARANTINE_SAMPLES, 0)), 0), steps=steps)
 
 
 def last_checkpoint(values: dict[str, float]) -> CheckpointReading | None:

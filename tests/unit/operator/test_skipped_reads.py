@@ -80,10 +80,20 @@ def test_a_series_the_trainer_could_not_have_written_is_no_reading(series: str) 
     )
 
 
-def test_a_count_below_the_listing_is_raised_to_it() -> None:
+def test_a_count_below_the_listing_is_raised_to_it_and_a_negative_one_is_no_claim() -> None:
     text = listed("12", "data", "30", 1) + listed("40", "spike", "", 2) + f"{tm.QUARANTINE_STEPS} 1\n"
     record = quarantine(parse_values(text))
     assert record is not None and record.count == 2 and record.steps[1].samples == []
+    negative = f"{tm.QUARANTINE_STEPS} -3\n{tm.QUARANTINE_SAMPLES} -7\n"
+    assert quarantine(parse_values(negative)) is None
+    one = quarantine(parse_values(negative + listed("12", "data", "30", 1)))
+    assert one is not None and (one.count, one.samples) == (1, 0)
+
+
+def test_a_flood_of_series_lists_at_most_the_bound() -> None:
+    text = "".join(listed(str(step), "data", str(step), step) for step in range(5000))
+    record = quarantine(parse_values(text))
+    assert record is not None and [s.step for s in record.steps] == list(range(MAX_SKIPPED_ENTRIES))
 
 
 def test_ranges_round_trip_through_a_label() -> None:
