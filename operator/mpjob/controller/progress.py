@@ -1,7 +1,7 @@
 """Live progress: a running attempt's figures (step, loss, loss scale, overflow steps,
-throughput, where it resumed, its last good checkpoint, what the run skipped), read from rank 0's Prometheus endpoint
-(the one Prometheus scrapes; the trainer holds no Kubernetes token), and the status patch that
-records them.
+throughput, where it resumed, its last good checkpoint, what the run skipped), read from rank
+0's Prometheus endpoint (the one Prometheus scrapes; the trainer holds no Kubernetes token), and
+the status patch that records them.
 
 Reads run off the reconcile workers, in a small pool of their own (`ProgressReader`): a tick's
 reconcile asks for a read and applies the one that finished since its last tick, so a slow or
