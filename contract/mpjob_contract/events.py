@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mpjob_contract.report import Measurement, Replay
-from mpjob_contract.skipping import SampleRange
+from mpjob_contract.skipping import SampleRange, Skipped
 
 
 class TrainerEvent(BaseModel):
@@ -204,6 +204,8 @@ class DataSkipped(TrainerEvent):
     from_step: int = Field(alias="fromStep")
     #: Steps skipped so far in the run (guard.maxSkippedSteps bounds it).
     skipped_steps: int = Field(alias="skippedSteps")
+    #: The run's quarantine after this skip, bounded as status.skipped (`mpjob run`'s live record).
+    quarantine: Skipped | None = None
 
 
 class LossSpike(TrainerEvent):

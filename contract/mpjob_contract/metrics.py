@@ -46,6 +46,18 @@ REPLAYS = PREFIX + "fp32_replays"  # counter by verdict (precision|data|inconclu
 REPLAY_SECONDS = PREFIX + "fp32_replay_seconds"  # gauge: the last replay's duration
 #: Samples quarantined after a rollback (guard.onBadData, guard.spike), by cause (data|spike).
 SKIPPED_SAMPLES = PREFIX + "skipped_samples"  # counter -> *_total
+#: Non-finite losses of steps the data rung rolled back and skipped: the attempt went on in its
+#: precision, so the NumericFaultHalt alert does not hold them against it.
+SKIPPED_NON_FINITE_LOSSES = PREFIX + "skipped_non_finite_losses"  # counter -> *_total
+#: The run's quarantine as the trainer holds it now, also what earlier attempts skipped (it is
+#: in the checkpoints): steps and samples skipped, and the first skipping.MAX_SKIPPED_ENTRIES
+#: steps, one series each (value: its place in the quarantine, 1-based), labelled with the step,
+#: its cause and its first ranges of samples (skipping.spans_label). The operator writes them
+#: to status.skipped while the attempt runs.
+QUARANTINE_STEPS = PREFIX + "quarantine_steps"
+QUARANTINE_SAMPLES = PREFIX + "quarantine_samples"
+QUARANTINED_STEP = PREFIX + "quarantined_step"
+QUARANTINED_STEP_LABELS = ("step", "cause", "samples")
 #: `auto` attempts: seconds per step measured on the node, by candidate precision (label
 #: `candidate`; -1 = it went non-finite); the chosen one is the attempt's `precision` label.
 MEASURED_STEP_SECONDS = PREFIX + "measured_step_seconds"

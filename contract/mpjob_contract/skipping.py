@@ -9,11 +9,16 @@ bounded by guard.maxSkippedSteps; past it the attempt fails as a data fault, nam
 
 The record is bounded (it travels in a 4 KiB termination report and a status patch): the count
 and the samples' count are exact, the lists keep the first MAX_SKIPPED_ENTRIES entries.
+
+While the attempt runs the same record reaches the operator through the trainer's metrics
+endpoint (metrics.QUARANTINED_STEP): a listed step is one series whose labels carry its step,
+cause and sample ranges, written by `spans_label` and read back by `spans_of`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -22,6 +27,7 @@ from pydantic.alias_generators import to_camel
 MAX_SKIPPED_ENTRIES = 16
 #: Why a step was skipped: the fp32 replay blamed its data, or its loss spiked.
 SkipCause = Literal["data", "spike"]
+CAUSES: tuple[SkipCause, ...] = get_args(SkipCause)
 OnBadData = Literal["fail", "skip"]
 
 
@@ -89,3 +95,30 @@ def ranges(indices: list[int]) -> list[SampleRange]:
 def describe_ranges(spans: list[SampleRange]) -> str:
     """'3, 7-9' for the ranges (what events and messages say)."""
     return ", ".join(str(r.first) if r.first == r.last else f"{r.first}-{r.last}" for r in spans)
+
+
+#: The longest `samples` label a reader accepts (MAX_SKIPPED_ENTRIES ranges of 16-digit indices).
+MAX_SPANS_LABEL = MAX_SKIPPED_ENTRIES * 34
+_SPAN = re.compile(r"^(\d{1,16})(?:-(\d{1,16}))?$")
+
+
+def spans_label(spans: list[SampleRange]) -> str:
+    """'3,7-9': the ranges as one metric label value ("" for a step whose loop named none)."""
+    return ",".join(str(r.first) if r.first == r.last else f"{r.first}-{r.last}" for r in spans)
+
+
+def spans_of(label: str) -> list[SampleRange] | None:
+    """The ranges a `spans_label` value names; None for anything it could not have written (an
+    endpoint is the pod's: checked, never trusted)."""
+    if len(label) > MAX_SPANS_LABEL:
+        return None
+    spans: list[SampleRange] = []
+    for part in label.split(",") if label else []:
+        match = _SPAN.match(part)
+        if match is None or len(spans) == MAX_SKIPPED_ENTRIES:
+            return None
+        first, last = int(match[1]), int(match[2] or match[1])
+        if last < first:
+            return None
+        spans.append(SampleRange(first=first, last=last))
+    return spans

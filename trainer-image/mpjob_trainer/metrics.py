@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mpjob_contract import metrics as names
 from mpjob_contract.report import CheckpointRef
+from mpjob_contract.skipping import Skipped, spans_label
 from mpjob_trainer import control
 from mpjob_trainer.checkpoint.transfer import TRANSFER_BUCKETS
 
@@ -159,6 +160,11 @@ class TrainerMetrics:
             "Samples quarantined after a rollback, by cause (data: non-finite in fp32 too; spike: a loss spike).",
             **self._on("cause"),
         )
+        self.skipped_non_finite = counter(
+            names.SKIPPED_NON_FINITE_LOSSES,
+            "Non-finite losses of steps rolled back and skipped (the attempt goes on in its precision).",
+        )
+        self._quarantine_metrics()
         self.measured = Gauge(
             names.MEASURED_STEP_SECONDS,
             "auto: seconds per step measured on this node, by candidate precision (-1: non-finite).",
@@ -170,6 +176,28 @@ class TrainerMetrics:
         self.eval_seconds = counter(names.EVAL_SECONDS, "Seconds spent evaluating for the quality gate.")
         for unset in (self.eval_loss, self.eval_loss_fp32, self.eval_loss_delta):
             unset.set(-1)
+
+    def _quarantine_metrics(self) -> None:
+        """The run's quarantine as the trainer holds it now (what the operator writes to status.skipped)."""
+        self.quarantine_steps = self._gauge(names.QUARANTINE_STEPS, "Steps the run skipped so far (all attempts).")
+        self.quarantine_samples = self._gauge(names.QUARANTINE_SAMPLES, "Samples the run quarantined so far.")
+        self.quarantined_step = Gauge(
+            names.QUARANTINED_STEP,
+            "A skipped step (its place in the quarantine), labelled with its step, cause and first sample ranges.",
+            **self._on(*names.QUARANTINED_STEP_LABELS),
+        )
+        self._quarantine: Skipped | None = None
+
+    def quarantined(self, record: Skipped) -> None:
+        """Show `record` (the quarantine's bounded summary), replacing what was shown. A scrape
+        in between may see part of it: readers only ever add what a scrape shows."""
+        self._quarantine = record
+        self.quarantined_step.clear()
+        for place, skip in enumerate(record.steps, start=1):
+            labels = {"step": str(skip.step), "cause": skip.cause, "samples": spans_label(skip.samples)}
+            self.quarantined_step.labels(**self.labels, **labels).set(place)
+        self.quarantine_steps.set(record.count)
+        self.quarantine_samples.set(record.samples)
 
     def serve(self, ask: control.Ask | None = None) -> int | None:
         """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port. `ask`
@@ -217,6 +245,8 @@ class TrainerMetrics:
         self.info.set(1)
         if checkpoint is not None:
             self.checkpoint_good(checkpoint)
+        if self._quarantine is not None:  # a resumed attempt's quarantine, under the new label
+            self.quarantined(self._quarantine)
 
     def measured_steps(self, seconds: dict[str, float | None]) -> None:
         for candidate, value in seconds.items():
@@ -235,6 +265,10 @@ class TrainerMetrics:
     def skipped(self, cause: str, samples: int) -> None:
         """A skipped step's samples (a step the loop named none of counts the series, adding 0)."""
         self.skipped_samples.labels(**self.labels, cause=cause).inc(samples)
+
+    def forgave(self, non_finite_losses: int) -> None:
+        """Non-finite losses a skip rolled back: they no longer count against the precision."""
+        self.skipped_non_finite.inc(non_finite_losses)
 
     def sample_host_memory(self) -> None:
         self.peak_host_memory.set(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

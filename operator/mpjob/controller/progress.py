@@ -1,7 +1,7 @@
 """Live progress: a running attempt's figures (step, loss, loss scale, overflow steps,
-throughput, where it resumed, its last good checkpoint), read from rank 0's Prometheus endpoint
-(the one Prometheus scrapes; the trainer holds no Kubernetes token), and the status patch that
-records them.
+throughput, where it resumed, its last good checkpoint, what the run skipped), read from rank
+0's Prometheus endpoint (the one Prometheus scrapes; the trainer holds no Kubernetes token), and
+the status patch that records them.
 
 Reads run off the reconcile workers, in a small pool of their own (`ProgressReader`): a tick's
 reconcile asks for a read and applies the one that finished since its last tick, so a slow or
@@ -32,6 +32,7 @@ from mpjob.planning.classify import backoff_seconds
 from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
+from mpjob_contract.skipping import CAUSES, MAX_SKIPPED_ENTRIES, Skipped, SkippedStep, spans_of
 
 log = logging.getLogger("mpjob.operator.progress")
 
@@ -45,7 +46,12 @@ FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
     ("eval_loss", tm.EVAL_LOSS, float),  # -1 (skipped) until the quality gate's first evaluation
     ("eval_loss_delta", tm.EVAL_LOSS_DELTA, float),
 )
-WANTED = {metric for _, metric, _ in FIGURES} | {tm.START_STEP, tm.LAST_GOOD_CHECKPOINT_STEP}
+WANTED = {metric for _, metric, _ in FIGURES} | {
+    tm.START_STEP,
+    tm.LAST_GOOD_CHECKPOINT_STEP,
+    tm.QUARANTINE_STEPS,
+    tm.QUARANTINE_SAMPLES,
+}
 #: Metrics read by one label: kept as "name{value}" (the precision an `auto` attempt chose, and
 #: the step times it measured by candidate).
 LABELLED = {tm.INFO: "precision", tm.MEASURED_STEP_SECONDS: "candidate"}
@@ -53,6 +59,8 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: A checkpoint's sha256 and precision as last_good_checkpoint labels them; anything else is
 #: not a reading (the endpoint is the pod's: bounded and checked, never trusted).
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: A skipped step's label as quarantined_step writes it (a JSON-safe index, like MAX_VALUE).
+STEP_LABEL = re.compile(r"^\d{1,15}$")
 CHECKPOINT_PRECISIONS = ("fp8", *PRECISIONS)
 #: The most metric samples one exposition may hold before the rest is ignored.
 MAX_SAMPLES = 10_000
@@ -76,7 +84,7 @@ def parse_values(text: str) -> dict[str, float]:
                 values[sample.name] = float(value)
             elif sample.name in LABELLED and sample.labels.get(LABELLED[sample.name]) in PRECISIONS:
                 values[f"{sample.name}{{{sample.labels[LABELLED[sample.name]]}}}"] = float(value)
-            elif sample.name == tm.LAST_GOOD_CHECKPOINT and (key := _checkpoint_key(sample.labels)):
+            elif (keyed := KEYED.get(sample.name)) is not None and (key := keyed(sample.labels)):
                 values[key] = float(value)
     except Exception as exc:  # the parser raises what it likes on garbage: keep what came before
         log.debug("unparsable metrics: %r", exc)
@@ -89,6 +97,42 @@ def _checkpoint_key(labels: dict[str, str]) -> str | None:
     if SHA256.match(sha) and precision in CHECKPOINT_PRECISIONS:
         return f"{tm.LAST_GOOD_CHECKPOINT}{{{sha}:{precision}}}"
     return None
+
+
+def _skipped_key(labels: dict[str, str]) -> str | None:
+    """ "quarantined_step{step:cause:samples}" for a well-formed series, else None."""
+    step, cause, samples = (labels.get(name, "") for name in tm.QUARANTINED_STEP_LABELS)
+    if STEP_LABEL.match(step) and cause in CAUSES and spans_of(samples) is not None:
+        return f"{tm.QUARANTINED_STEP}{{{step}:{cause}:{samples}}}"
+    return None
+
+
+#: Metrics read by several labels, each with what makes a well-formed series' key (None: not a reading).
+KEYED: dict[str, Callable[[dict[str, str]], str | None]] = {
+    tm.LAST_GOOD_CHECKPOINT: _checkpoint_key,
+    tm.QUARANTINED_STEP: _skipped_key,
+}
+
+
+def quarantine(values: dict[str, float]) -> Skipped | None:
+    """The run's quarantine as the reading shows it: its counts (never below its listing) and its
+    listed steps in the trainer's order, the first MAX_SKIPPED_ENTRIES; None when it shows none."""
+    places = sorted(
+        (place, key[len(tm.QUARANTINED_STEP) + 1 : -1].split(":", 2))
+        for key, place in values.items()
+        if key.startswith(tm.QUARANTINED_STEP + "{")
+    )
+    listed: dict[tuple[int, str], SkippedStep] = {}
+    for _, (step, cause, spans) in places:
+        if len(listed) == MAX_SKIPPED_ENTRIES:
+            break
+        entry = SkippedStep(step=int(step), cause=cause, samples=spans_of(spans) or [])
+        listed.setdefault((entry.step, entry.cause), entry)
+    steps = list(listed.values())
+    count = max(int(values.get(tm.QUARANTINE_STEPS, 0)), len(steps))
+    if not count:
+        return None
+    return Skipped(count=count, samples=max(int(values.get(tm.QUARANTINE_SAMPLES, 0)), 0), steps=steps)
 
 
 def last_checkpoint(values: dict[str, float]) -> CheckpointReading | None:
@@ -120,6 +164,7 @@ def reading_of(values: dict[str, float], *, attempt: int | None = None) -> Readi
         checkpoint=last_checkpoint(values),
         measured_precision=chosen,
         measured_step_seconds=seconds,
+        skipped=quarantine(values),
     )
 
 
@@ -154,6 +199,8 @@ def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any
         found["lastCheckpoint"] = {"step": ck.step, "sha256": ck.sha256, "precision": ck.precision}
     elif ck is not None:
         found["lastCheckpointStep"] = ck.step
+    if seen.skipped is not None:
+        found["skipped"] = seen.skipped.model_dump(by_alias=True)
     return found
 
 
@@ -167,6 +214,7 @@ def found_reading(found: dict[str, Any], *, attempt: int | None = None) -> Readi
         checkpoint=CheckpointReading(**named) if named else (CheckpointReading(step=step) if step else None),
         measured_precision=found.get("precision"),
         measured_step_seconds=found.get("measuredStepSeconds"),
+        skipped=Skipped.model_validate(found["skipped"]) if "skipped" in found else None,
     )
 
 

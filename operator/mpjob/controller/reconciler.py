@@ -35,6 +35,7 @@ from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import lifecycle as lc
+from mpjob.planning import skipped
 from mpjob.planning import status as st
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import changes, observe
@@ -269,10 +270,16 @@ class Reconciler:
             return
         observed = observe(status, found_reading(reading, attempt=target.attempt))
         patch = changes(status, observed.status)
-        if patch:
-            self.cluster.patch_status(key[0], key[1], patch)
-            if (news := observed.news) is not None:
-                kopf.event(cast(kopf.Body, body), type="Normal", reason=news[0], message=news[1])
+        if not patch:
+            return
+        # The status first: a step it lists is never announced again, also by an operator that
+        # restarts right after (an Event lost then is the price of never posting one twice).
+        self.cluster.patch_status(key[0], key[1], patch)
+        if (news := observed.news) is not None:
+            kopf.event(cast(kopf.Body, body), type="Normal", reason=news[0], message=news[1])
+        for step in observed.skips:
+            kind, reason, message = skipped.announcement(step)
+            kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
 
 
 #: The status fields this operator writes (camelCase): only these does a patch ever delete.

@@ -27,6 +27,8 @@ def reading_of(attempt: int, event: events.TrainerEvent) -> Reading | None:
         return Reading(attempt=attempt, start_step=event.step)
     if isinstance(event, events.FreshStart):  # no checkpoint of its own: it began at step 0
         return Reading(attempt=attempt, start_step=0)
+    if isinstance(event, events.DataSkipped):  # the run's quarantine after the skip (newer trainers)
+        return Reading(attempt=attempt, skipped=event.quarantine) if event.quarantine is not None else None
     if isinstance(event, events.Checkpoint):
         return Reading(attempt=attempt, checkpoint=CheckpointReading(event.step, event.sha256, path=event.path))
     return None

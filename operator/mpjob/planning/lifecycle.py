@@ -210,8 +210,8 @@ def conclude(
     status, report = plan.status, outcome.report
     result = classify(outcome)
     end_step = record_report(status, attempt.index, report)
-    for step in skipped.newly_skipped(status, report):
-        plan.events.append(Event("Warning", skipped.EVENT_REASONS[step.cause], skipped.message(step)))
+    for step in skipped.record(status, report.skipped if report else None):
+        plan.events.append(Event(*skipped.announcement(step)))
     amp_slower(plan, report.measurement if report else None, when)
     # An `auto` attempt ran in what its trainer measured and trained in.
     index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)

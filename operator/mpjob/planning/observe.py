@@ -12,7 +12,9 @@ The rules, written once here:
 - figures are kept as `planning/figures.py` rounds them;
 - the trainer's own start step replaces the planned one, with an Event that says so;
 - an `auto` attempt takes the precision it measured (`planning/reported.py`);
-- lastCheckpoint only moves forward (or gains the sha256 of the step it holds without one).
+- lastCheckpoint only moves forward (or gains the sha256 of the step it holds without one);
+- status.skipped takes what the trainer's quarantine adds, each newly listed step with its
+  Event (`planning/skipped.py`, the rule the attempt's end uses too).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mpjob.planning import reported, timeline
+from mpjob.planning import reported, skipped, timeline
 from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, is_auto
+from mpjob_contract.skipping import Skipped, SkippedStep
 
 #: The live figures a reading may carry, by their status field names.
 LIVE = ("step", "loss", "loss_scale", "overflow_steps", "samples_per_second", "eval_loss", "eval_loss_delta")
@@ -63,15 +66,19 @@ class Reading:
     #: What an `auto` attempt measured: the precision it chose and the step times behind it.
     measured_precision: Precision | None = None
     measured_step_seconds: dict[str, float | None] | None = None
+    #: The run's quarantine as the trainer holds it (cumulative, bounded).
+    skipped: Skipped | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """The status with the reading in it (a copy), and the start-step correction's Event
-    (reason, message) when the reading corrects the planned start step."""
+    """The status with the reading in it (a copy), the start-step correction's Event
+    (reason, message) when the reading corrects the planned start step, and the skipped steps
+    it newly lists (one Event each: `skipped.announcement`)."""
 
     status: MixedPrecisionJobStatus
     news: tuple[str, str] | None = None
+    skips: tuple[SkippedStep, ...] = ()
 
 
 def real(reading: Reading, *, precision: str | None) -> Reading:
@@ -116,7 +123,7 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
         ck = seen.checkpoint
         precision = ck.precision or new.precision or ""
         new.last_checkpoint = CheckpointStatus(step=ck.step, sha256=ck.sha256, precision=precision, path=ck.path)
-    return Observation(new, news)
+    return Observation(new, news, tuple(skipped.record(new, reading.skipped)))
 
 
 def _newer(held: CheckpointStatus | None, named: CheckpointReading) -> bool:

@@ -1,17 +1,26 @@
-"""What an attempt skipped as bad data or loss spikes (guard.onBadData, guard.spike): status.skipped
-and one Event per newly skipped step, from the trainer's termination report.
+"""What a run skipped as bad data or loss spikes (guard.onBadData, guard.spike): status.skipped
+and one Event per newly listed step, from what the trainer reports, live (a read of its metrics
+endpoint, or `mpjob run`'s event lines: planning/observe.py) or in its termination report at
+the attempt's end (planning/lifecycle.conclude). One rule for all of them, `record`:
 
-The trainer's quarantine is cumulative (checkpoints carry it), so the newest report holds every
-skip the run kept; a step already in status.skipped is not announced twice. One function for
-the operator and `mpjob run` alike (planning/lifecycle.conclude calls it).
+- the trainer's quarantine is cumulative (checkpoints carry it), so each record it shows holds
+  every skip it knows; status.skipped takes what a record adds and never shrinks (a resumed
+  attempt may not yet know what a killed one skipped and was seen to skip);
+- the listing only grows, at its end, up to MAX_SKIPPED_ENTRIES steps: a step once listed stays
+  listed, so it is announced once, whichever source showed it first, and an operator that
+  restarts finds it in the status it reads back; a step past the bound is counted, not listed
+  or announced;
+- the counts are the largest any record showed (never a sum: the same skip seen live and in
+  the report counts once), and never below the listing;
+- a step the newer record also lists takes its entry there (the report, at the end, has the
+  last word on what it lists).
 """
 
 from __future__ import annotations
 
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import MixedPrecisionJobStatus
-from mpjob_contract.report import TerminationReport
-from mpjob_contract.skipping import Skipped, SkippedStep, describe_ranges
+from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, Skipped, SkippedStep, describe_ranges
 
 #: The Event reason of a skipped step, by cause.
 EVENT_REASONS = {"data": ConditionReason.DATA_SKIPPED, "spike": ConditionReason.LOSS_SPIKE}
@@ -21,21 +30,35 @@ WHY = {
 }
 
 
-def newly_skipped(status: MixedPrecisionJobStatus, report: TerminationReport | None) -> list[SkippedStep]:
-    """Record the report's skips in status.skipped; the steps it had not shown before."""
-    if report is None or report.skipped is None:
+def record(status: MixedPrecisionJobStatus, seen: Skipped | None) -> list[SkippedStep]:
+    """Merge `seen` into status.skipped; the steps it newly lists (one Event each)."""
+    if seen is None:
         return []
-    known = {(s.step, s.cause) for s in status.skipped.steps} if status.skipped is not None else set()
-    fresh = [s for s in report.skipped.steps if (s.step, s.cause) not in known]
-    status.skipped = merged(status.skipped, report.skipped)
-    return fresh
+    before = status.skipped
+    status.skipped = merged(before, seen)
+    known = {_key(s) for s in before.steps} if before is not None else set()
+    return [s for s in status.skipped.steps if _key(s) not in known]
 
 
 def merged(before: Skipped | None, now: Skipped) -> Skipped:
-    """The larger record wins (a resumed attempt may not yet know what a killed one skipped)."""
-    if before is None or now.count >= before.count:
-        return now
-    return before
+    """`before` with what `now` adds (the rules in the module docstring)."""
+    if before is None:
+        before = Skipped()
+    newer = {_key(s): s for s in now.steps}
+    listed = [newer.get(_key(s), s) for s in before.steps]
+    held = {_key(s) for s in listed}
+    listed += [s for s in now.steps if _key(s) not in held][: MAX_SKIPPED_ENTRIES - len(listed)]
+    count = max(before.count, now.count, len(listed))
+    return Skipped(count=count, samples=max(before.samples, now.samples), steps=listed)
+
+
+def _key(step: SkippedStep) -> tuple[int, str]:
+    return step.step, step.cause
+
+
+def announcement(step: SkippedStep) -> tuple[str, str, str]:
+    """(type, reason, message) of the Event that tells of a newly listed skipped step."""
+    return "Warning", EVENT_REASONS[step.cause], message(step)
 
 
 def message(step: SkippedStep) -> str:

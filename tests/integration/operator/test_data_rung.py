@@ -1,11 +1,13 @@
 """The data rung through the operator: a poisoned sample costs a rollback and that sample, not
-the precision or the job; status.skipped and a DataSkipped Event name the step and sample."""
+the precision or the job; status.skipped and a DataSkipped Event name the step and sample, while
+the attempt still runs, once, also across an operator restart."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
 
 pytestmark = pytest.mark.integration
@@ -37,3 +39,38 @@ def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precisio
     final = jobs.checkpoints(kubeconfig, "ckpt", "poisoned") / "step-000000040" / "state.pt"
     held = torch.load(final, weights_only=True)["quarantine"]
     assert held["records"] == [[step["step"], "data", [17]]]  # a later attempt never serves it
+
+
+def data_skipped(jobs: Jobs, namespace: str, name: str) -> list:
+    events = jobs.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+    return [e for e in events if e.reason == "DataSkipped"]
+
+
+def test_a_skip_shows_in_status_and_events_while_the_attempt_runs_and_a_restart_announces_it_once(
+    operator: Operator, jobs: Jobs, namespace: str
+) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=120)
+    # Sample 17 is in the first epoch's 8 steps; each fp16 step then takes 0.25 s more, so the
+    # attempt trains on for half a minute after the skip (the fp32 replay is not slowed).
+    spec["task"] = {"builtin": "mlp", "args": {**MLP, "nonFiniteSamples": [17], "stepDelay": {"fp16": 0.25}}}
+    spec["training"]["batchSize"] = 8
+    jobs.create("live", spec)
+    status = wait_for(lambda: (s := jobs.status("live")).get("skipped") and s, 240, 0.5, "status.skipped")
+    (running,) = status["attempts"]
+    assert status["phase"] == "Running" and running.get("reason") is None, status  # seen live, not at the end
+    assert (status["skipped"]["count"], status["skipped"]["samples"]) == (1, 1)
+    (step,) = status["skipped"]["steps"]
+    assert step["cause"] == "data" and step["samples"] == [{"first": 17, "last": 17}]
+    (said,) = wait_for(lambda: data_skipped(jobs, namespace, "live"), 30, 0.5, "a DataSkipped Event")
+    assert said.message.startswith(f"step {step['step']} skipped") and said.message.endswith("samples 17")
+    assert jobs.status("live")["phase"] == "Running"  # announced while the attempt ran
+    # A restarted operator reads the status it wrote, reads the trainer again and announces nothing twice.
+    operator.kill()
+    at = jobs.status("live").get("step", 0)
+    operator.start()
+    wait_for(lambda: jobs.status("live").get("step", 0) > at, 120, 0.5, "a live read by the restarted operator")
+    final = jobs.wait_phase("live", ("Failed", "Succeeded"), 240)
+    assert final["phase"] == "Succeeded", final
+    assert final["skipped"] == status["skipped"]  # the report merged in: counted once
+    assert len(data_skipped(jobs, namespace, "live")) == 1

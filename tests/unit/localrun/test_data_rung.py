@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from mpjob.localrun.readings import reading_of
+from mpjob.planning.observe import observe
+from mpjob_contract import events
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
+from mpjob_contract.skipping import Skipped
 from tests.unit.localrun.test_run import BASE, manifest, mpjob_run
 from tests.unit.trainer.conftest import run_trainer
 from tests.unit.trainer.test_data_rung import SCRIPT
@@ -53,6 +58,20 @@ def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precisio
         torch.load(p, weights_only=True)["model"] for p in (final, tmp_path / "straight/ckpt/step-000000040/state.pt")
     )
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_a_skip_line_updates_status_skipped_as_it_happens_by_the_operators_rule() -> None:
+    step = {"step": 4, "cause": "data", "samples": [{"first": 5, "last": 5}]}
+    quarantine = {"count": 1, "samples": 1, "steps": [step]}
+    line = {"event": "dataSkipped", "cause": "data", "steps": [4], "fromStep": 0, "skippedSteps": 1}
+    event = events.parse_line(json.dumps({**line, "quarantine": quarantine}))
+    assert event is not None
+    reading = reading_of(0, event)
+    assert reading is not None
+    seen = observe(MixedPrecisionJobStatus(attempts=[AttemptStatus(index=0, precision="fp16")]), reading)
+    assert seen.status.skipped == Skipped.model_validate(quarantine) and [s.step for s in seen.skips] == [4]
+    older = events.parse_line(json.dumps(line))  # a trainer that does not say its quarantine: the report will
+    assert older is not None and reading_of(0, older) is None
 
 
 def test_bad_data_everywhere_fails_in_one_attempt_naming_the_steps(tmp_path: Path) -> None:

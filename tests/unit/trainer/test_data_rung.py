@@ -12,13 +12,18 @@ from typing import Any
 
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
+from mpjob.controller.progress import parse_values, quarantine
+from mpjob_contract import metrics as tm
 from mpjob_contract.codes import ExitCode
+from tests.helpers import free_port
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
 SCRIPT = str(Path(__file__).with_name("quarantine_script.py"))
+EXPOSITION_SCRIPT = str(Path(__file__).with_name("quarantine_exposition_script.py"))
 
 
 def job(poison: object = None, *, steps: int = 60, guard: dict[str, Any] | None = None, **args: object) -> dict:
@@ -65,6 +70,42 @@ def test_a_poisoned_sample_is_skipped_once_and_the_run_equals_one_that_never_saw
     assert held["records"] == [[skipped["steps"][0], "data", [30]]]  # what a resume reads back
     clean = straight(tmp_path / "straight", job(), [30])
     assert same(weights(tmp_path / "poisoned"), clean)
+
+
+def test_a_skip_is_on_the_metrics_endpoint_as_the_report_will_say_it_and_forgiven_for_the_halt_alert(
+    tmp_path: Path,
+) -> None:
+    """What the operator reads while the run goes on (status.skipped live) is the record the
+    report ends with; the skipped step's non-finite loss is counted as forgiven, so
+    non_finite_losses_total minus skipped_non_finite_losses_total (NumericFaultHalt) stays 0."""
+    exposition = tmp_path / "metrics.txt"
+    extra = {
+        "EXPOSITION": str(exposition),
+        "MPJOB_METRICS_PORT": str(free_port()),
+        "MPJOB_METRICS_HOST": "127.0.0.1",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    run = run_trainer(tmp_path, job([30]), "fp16", argv=[EXPOSITION_SCRIPT], extra=extra)
+    assert run.code == ExitCode.SUCCESS, run.stderr
+    (said,) = run.of("dataSkipped")
+    assert run.report is not None and run.report.skipped is not None
+    values = parse_values(exposition.read_text())
+    live = quarantine(values)
+    assert live is not None and live == run.report.skipped
+    assert said["quarantine"] == live.model_dump(by_alias=True)  # `mpjob run`'s live record: the same
+    labels = {"job": "t", "namespace": "default", "attempt": "0", "precision": "fp16"}
+    registry = parser_samples(exposition.read_text())
+    non_finite = registry[(tm.NON_FINITE_LOSSES + "_total", frozenset(labels.items()))]
+    forgiven = registry[(tm.SKIPPED_NON_FINITE_LOSSES + "_total", frozenset(labels.items()))]
+    assert non_finite >= 1 and forgiven == non_finite
+
+
+def parser_samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_with_on_bad_data_fail_a_poisoned_sample_ends_the_attempt_as_before(tmp_path: Path) -> None:

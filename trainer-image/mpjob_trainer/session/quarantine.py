@@ -44,6 +44,9 @@ class Quarantine:
         #: The loop's screen (optional): which of a bad step's samples are non-finite alone, in
         #: fp32. Without one the whole step's samples are quarantined.
         self.screen: ScreenFunction | None = None
+        #: Told of every change, a checkpoint's records merged in included (the data rung shows
+        #: the quarantine on the metrics endpoint, where the operator reads it while the run goes on).
+        self.watcher: Callable[[], None] | None = None
 
     # ---------------------------------------------------------------- what a loop asks
     @property
@@ -79,6 +82,8 @@ class Quarantine:
         else:
             self._whole_steps.add(step)
         self.version += 1
+        if self.watcher is not None:
+            self.watcher()
         return record
 
     def summary(self, *, steps: int = MAX_SKIPPED_ENTRIES, spans: int = MAX_SKIPPED_ENTRIES) -> Skipped:

@@ -78,6 +78,7 @@ class DataRung:
         self.spec = spec
         self.lent = lent
         self.quarantine = Quarantine()
+        self.quarantine.watcher = self._show
         self.spike: SpikeDetector | None = None
         if spec.spike.action == "rollback":
             self.spike = SpikeDetector(spec.spike, lent.numerics.precision.device)
@@ -105,6 +106,10 @@ class DataRung:
             numerics = self.lent.numerics
             precision, scaler = numerics.precision.precision, numerics.precision.scaler
             self._initial = _host_copy(state.capture(0, numerics.applied.count, precision, scaler, in_memory=True))
+
+    def _show(self) -> None:
+        """The quarantine on the metrics endpoint (the operator's live status.skipped)."""
+        self.lent.metrics.quarantined(self.quarantine.summary(spans=REPORT_RANGES))
 
     def skipped(self) -> Skipped | None:
         """The report's record of what was skipped (None: nothing)."""
@@ -183,7 +188,9 @@ class DataRung:
                 f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
                 "steps to skip; the data or the model is at fault, not the precision"
             )
+        forgiven = self.lent.numerics.guard.forgiven
         start = self._rewind(min(steps), state=state, checkpoints=checkpoints)
+        self.lent.metrics.forgave(self.lent.numerics.guard.forgiven - forgiven)
         named = [self._samples_of(s, cause) for s in steps]  # screened at the restored weights
         for index, samples in zip(steps, named, strict=True):
             self.quarantine.add(index, cause, samples)
@@ -196,6 +203,7 @@ class DataRung:
             samples=[r.model_dump() for r in spans],
             fromStep=start,
             skippedSteps=len(self.quarantine),
+            quarantine=self.quarantine.summary(spans=REPORT_RANGES).model_dump(by_alias=True),
         )
         self._catch_up(start, step)
 
