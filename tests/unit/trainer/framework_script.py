@@ -1,6 +1,7 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
+                                              [--quarantine STEP] [--empty-step STEP]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -9,7 +10,12 @@ and the last (one an fp8 attempt converts: it keeps those two in bf16), and the 
 the dtype the first linear's output has in training on stderr (`activation dtype: D`).
 `--slow P` (Lightning): each training step sleeps 0.3 s while the session's precision is P, a
 device where P is slow, for an `auto` attempt's measurement. Both have an evaluation set
-(the first 64 samples), so `spec.validation` can run.
+(the first 64 samples), so `spec.validation` can run. Lightning reads the samples in order,
+from the global step on (a resumed or re-entered fit reads on where it stood): sample I is in
+step I // batch of the first epoch.
+`--quarantine STEP`: the run starts with optimizer step STEP (0-based) quarantined whole (the
+adapters train on nothing there). `--empty-step STEP` (Lightning): the script's own
+`training_step` returns None at STEP, a run whose data has no batch there.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mpjob_trainer import session as mpjob
 
@@ -69,6 +75,17 @@ class Net(nn.Module):
         return {"loss": nn.functional.mse_loss(h.float(), labels)}
 
 
+class InOrder(Sampler[list[int]]):
+    """Endless batches of consecutive samples from batch `start` on (wrapping at the end)."""
+
+    def __init__(self, batch: int, start: int) -> None:
+        self.batch, self.start = batch, start
+
+    def __iter__(self) -> Any:
+        for b in range(self.start, self.start + 10**9):
+            yield [(b * self.batch + j) % SAMPLES for j in range(self.batch)]
+
+
 def hf(run: Any, net: Net, data: Regression) -> None:
     from transformers import Trainer, TrainerCallback
 
@@ -84,7 +101,7 @@ def hf(run: Any, net: Net, data: Regression) -> None:
     mpjob_hf.train(run, trainer)
 
 
-def lightning(run: Any, net: Net, data: Regression, slow: str | None = None) -> None:
+def lightning(run: Any, net: Net, data: Regression, slow: str | None = None, empty: int | None = None) -> None:
     import lightning as L
 
     from mpjob_trainer.adapters import lightning as mpjob_lightning
@@ -96,8 +113,10 @@ def lightning(run: Any, net: Net, data: Regression, slow: str | None = None) -> 
             super().__init__()
             self.net = net
 
-        def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+        def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor | None:
             net.step = self.global_step
+            if self.global_step == empty:
+                return None
             if run.precision == slow:
                 time.sleep(0.3)
             return net(**b)["loss"]
@@ -109,7 +128,8 @@ def lightning(run: Any, net: Net, data: Regression, slow: str | None = None) -> 
             return torch.optim.AdamW(self.parameters(), lr=run.spec.training.learning_rate)
 
         def train_dataloader(self) -> DataLoader[Any]:
-            return DataLoader(data, batch_size=batch)  # in order: sample I is in step I // batch
+            start = self.trainer.global_step * self.trainer.accumulate_grad_batches
+            return DataLoader(data, batch_sampler=InOrder(batch, start))
 
         def val_dataloader(self) -> DataLoader[Any]:
             return DataLoader(torch.utils.data.Subset(data, range(64)), batch_size=batch)
@@ -125,13 +145,17 @@ def main() -> None:
     parser.add_argument("--overflow-at", type=int, default=None)
     parser.add_argument("--deep", action="store_true")
     parser.add_argument("--slow", default=None)
+    parser.add_argument("--quarantine", type=int, default=None)
+    parser.add_argument("--empty-step", type=int, default=None)
     opts = parser.parse_args()
     with mpjob.start() as run:
+        if opts.quarantine is not None:
+            run.quarantined.add(opts.quarantine, "data")
         net = Net(opts.overflow_at, deep=opts.deep)
         if opts.framework == "hf":
             hf(run, net, Regression(opts.poison))
         else:
-            lightning(run, net, Regression(opts.poison), opts.slow)
+            lightning(run, net, Regression(opts.poison), opts.slow, opts.empty_step)
 
 
 if __name__ == "__main__":

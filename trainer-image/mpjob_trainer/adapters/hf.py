@@ -26,11 +26,20 @@ them; the step re-runs the model through the Trainer's wrapper (`model_wrapped`:
 gradient sync as in training) under the session's autocast, with the class's own forward
 (accelerate puts its autocast on the instance's forward, which would override fp32), and
 steps the Trainer's optimizer; the gate evaluates the Trainer's eval set.
+
+Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state
+back and RolledBack leaves `Trainer.train`; `train` calls it again from that checkpoint
+(transformers supports a second `train()`: accelerate keeps what it prepared, the model's
+autocast forward included, and the optimizer, scheduler, scaler and RNG are loaded from the
+checkpoint as in a new process). A quarantined step trains on nothing (QuarantinedStep): the
+Trainer draws its batches as ever (its fast-forward on resume stays a function of the global
+step), runs no forward, and the update it then makes from zero gradients is taken back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import os
 import shutil
@@ -49,6 +58,7 @@ from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
+from mpjob_trainer.session.skipping import RolledBack
 
 
 def attempt_arguments(run: Session) -> dict[str, Any]:
@@ -113,8 +123,12 @@ class MpjobCallback(TrainerCallback):
         self._losses: list[torch.Tensor] = []
         self._hooks: list[Any] = []
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
+        self.quarantined = QuarantinedStep(bridge, trainer)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.detach()  # a re-entry after a rollback: what the left loop held is gone
+        self._losses.clear()
+        self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
         model = kw["model"]
         self._hooks = [
@@ -122,6 +136,7 @@ class MpjobCallback(TrainerCallback):
             model.register_forward_pre_hook(self._record, with_kwargs=True),
         ]
         register(self.bridge.run, self.trainer, self.recorded)
+        self.bridge.checkpoint_start()
 
     def _record(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if module.training:
@@ -133,14 +148,85 @@ class MpjobCallback(TrainerCallback):
             self._losses.append(loss.detach())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.quarantined.take_back()  # before the session may checkpoint this step
         loss = torch.stack(self._losses).float().mean() if self._losses else None
         self._losses.clear()
         lr = kw["optimizer"].param_groups[0]["lr"]
         self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.detach()
+
+    def detach(self) -> None:
+        """Remove the model hooks (at the end of `Trainer.train`, however it ends)."""
         for hook in self._hooks:
             hook.remove()
+        self._hooks = []
+
+
+class QuarantinedStep:
+    """The Trainer's step at a quarantined index (`bridge.skips`) trains on nothing.
+
+    transformers has no way to leave a step out: it draws the step's batches, calls
+    `training_step` for each, then clips, steps the optimizer (through accelerate and, in fp16,
+    GradScaler, which refuses a step without gradients) and the LR scheduler. So the step's
+    `training_step` runs no forward and gives zero gradients, and the update the optimizer makes
+    from them (AdamW's moments and weight decay move even then) is taken back at the step's end:
+    weights, optimizer state and the loss scale as before the step. The global step and the LR
+    schedule go on, as under Lightning (a `training_step` that returns None). Cost: a copy of
+    the weights and the optimizer state, at quarantined steps only."""
+
+    def __init__(self, bridge: FrameworkRun, trainer: Trainer) -> None:
+        self.bridge = bridge
+        self.trainer = trainer
+        self._held: tuple[list[torch.Tensor], list[torch.Tensor], dict[str, Any], dict[str, Any] | None] | None = None
+
+    def wrap(self) -> None:
+        """Route the Trainer's `training_step` through `training_step` below (an instance attribute)."""
+        self.trainer.training_step = self.training_step(self.trainer.training_step)  # type: ignore[method-assign]
+
+    def training_step(self, original: Any) -> Any:
+        def step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+            if not self.bridge.skips(self.trainer.state.global_step):
+                return original(model, inputs, num_items_in_batch)
+            self._hold()
+            for p in self._parameters():
+                p.grad = torch.zeros_like(p)
+            return torch.zeros((), device=self.trainer.args.device)
+
+        return step
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        optimizer = self.trainer.optimizer
+        assert optimizer is not None
+        return getattr(optimizer, "optimizer", optimizer)
+
+    def _parameters(self) -> list[torch.Tensor]:
+        return [p for group in self._optimizer().param_groups for p in group["params"] if p.requires_grad]
+
+    def _hold(self) -> None:
+        """Keep what the step's update would change (once a step: every micro-batch comes here)."""
+        if self._held is None:
+            params = self._parameters()
+            scaler = self.bridge.scaler
+            saved = [p.detach().clone() for p in params]
+            state = copy.deepcopy(self._optimizer().state_dict())
+            self._held = (params, saved, state, scaler.state_dict() if scaler is not None else None)
+
+    def take_back(self) -> None:
+        """Undo the update of the quarantined step that just ended (nothing after any other step)."""
+        if self._held is None:
+            return
+        params, saved, state, scale = self._held
+        self._held = None
+        optimizer = self._optimizer()
+        with torch.no_grad():
+            for p, value in zip(params, saved, strict=True):
+                p.copy_(value)
+        state["param_groups"] = optimizer.state_dict()["param_groups"]  # the schedule's LR has moved on
+        optimizer.load_state_dict(state)
+        if scale is not None and self.bridge.scaler is not None:
+            self.bridge.scaler.load_state_dict(scale)
 
 
 @contextlib.contextmanager
@@ -238,7 +324,8 @@ def _resume_view(run: Session, checkpoint: Path | None) -> str | None:
 
 
 def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
-    """Train the attempt with `trainer` from its checkpoint; returns Trainer.train's output."""
+    """Train the attempt with `trainer` from its checkpoint; returns Trainer.train's output. After
+    a rollback of the data rung (RolledBack) the Trainer trains again from that checkpoint."""
     if "resume_from_checkpoint" in train_kwargs:
         raise ConfigError("train(resume_from_checkpoint=...): the attempt names the checkpoint to resume from")
     _check(run, trainer.args)
@@ -253,8 +340,17 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
         trainer.remove_callback(noisy)
     args = trainer.args
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
-    trainer.add_callback(MpjobCallback(bridge, samples, trainer))
+    callback = MpjobCallback(bridge, samples, trainer)
+    trainer.add_callback(callback)
+    callback.quarantined.wrap()
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
         return None
-    return trainer.train(resume_from_checkpoint=_resume_view(run, point.framework_checkpoint), **train_kwargs)
+    checkpoint = point.framework_checkpoint
+    while True:
+        try:
+            return trainer.train(resume_from_checkpoint=_resume_view(run, checkpoint), **train_kwargs)
+        except RolledBack as back:
+            checkpoint = bridge.reentry(back)  # Trainer.train again: accelerate wraps nothing twice
+        finally:
+            callback.detach()

@@ -25,6 +25,13 @@ and the gate evaluates the module's `validation_step` on its `val_dataloader()`.
 attempt measures its precision with that step on the first batch (session.measure) and
 settles on the one chosen inside `fit`: the plugin reads the session's autocast and scaler at
 each use, so Lightning trains that first batch in it already.
+
+Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state
+back (RNG included: Lightning saves none) and RolledBack leaves `Trainer.fit`; `fit` calls it
+again from that checkpoint. A quarantined step trains on nothing: the module's
+`training_step` returns None there, Lightning's own way to skip a batch in automatic
+optimization (no backward, no optimizer or scaler step; the global step and the LR schedule go
+on). The batch is drawn as ever, so the loader's position stays a function of the global step.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_ke
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
+from mpjob_trainer.session.skipping import RolledBack
 
 CHECKPOINT = "lightning.ckpt"
 PRECISION = {"bf16": "bf16-mixed", "fp32": "32-true"}
@@ -102,6 +110,9 @@ class MpjobCallback(L.Callback):
             self.bridge.watch(optimizer)
         self._step = trainer.global_step
         self._registered = False
+        self._loss, self._samples = None, 0  # a re-entry after a rollback: the left step is gone
+        self.recorded.clear()
+        self.bridge.checkpoint_start()
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -211,8 +222,27 @@ def _callback(trainer: L.Trainer) -> MpjobCallback:
     return found[0]
 
 
+@contextlib.contextmanager
+def quarantined_steps(module: L.LightningModule, bridge: FrameworkRun) -> Iterator[None]:
+    """In the block, the module's `training_step` returns None at a quarantined step (`bridge.skips`):
+    Lightning then skips that batch's backward and optimizer step (automatic optimization)."""
+    original = module.training_step
+
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        if bridge.skips(module.trainer.global_step):
+            return None
+        return original(*args, **kwargs)
+
+    module.training_step = training_step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.training_step  # the class's again
+
+
 def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs: Any) -> None:
-    """Train the attempt: `trainer.fit(model, ...)` from the attempt's checkpoint."""
+    """Train the attempt: `trainer.fit(model, ...)` from the attempt's checkpoint. After a rollback
+    of the data rung (RolledBack) Lightning fits again from that checkpoint."""
     if "ckpt_path" in fit_kwargs:
         raise ConfigError("fit(ckpt_path=...): the attempt names the checkpoint to resume from")
     bridge = _callback(trainer).bridge
@@ -227,4 +257,10 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     if point.done:  # the last step's checkpoint: nothing left to fit
         return
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None
-    trainer.fit(model, ckpt_path=ckpt, **fit_kwargs)
+    with quarantined_steps(model, bridge):
+        while True:
+            try:
+                trainer.fit(model, ckpt_path=ckpt, **fit_kwargs)
+                return
+            except RolledBack as back:
+                ckpt = str(bridge.reentry(back) / CHECKPOINT)
