@@ -1,7 +1,7 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
-                                              [--quarantine STEP] [--empty-step STEP]
+                                              [--quarantine STEP] [--empty-step STEP] [--pace S]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -15,7 +15,8 @@ from the global step on (a resumed or re-entered fit reads on where it stood): s
 step I // batch of the first epoch.
 `--quarantine STEP`: the run starts with optimizer step STEP (0-based) quarantined whole (the
 adapters train on nothing there). `--empty-step STEP` (Lightning): the script's own
-`training_step` returns None at STEP, a run whose data has no batch there.
+`training_step` returns None at STEP, a run whose data has no batch there. `--pace S`: each
+optimizer step sleeps S seconds (a test can stop the run mid-way).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class InOrder(Sampler[list[int]]):
             yield [(b * self.batch + j) % SAMPLES for j in range(self.batch)]
 
 
-def hf(run: Any, net: Net, data: Regression) -> None:
+def hf(run: Any, net: Net, data: Regression, pace: float = 0.0) -> None:
     from transformers import Trainer, TrainerCallback
 
     from mpjob_trainer.adapters import hf as mpjob_hf
@@ -94,6 +95,7 @@ def hf(run: Any, net: Net, data: Regression) -> None:
     class Steps(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             net.step = state.global_step
+            time.sleep(pace)
 
     args = mpjob_hf.training_arguments(run, remove_unused_columns=False, dataloader_num_workers=0)
     eval_set = torch.utils.data.Subset(data, range(64))
@@ -101,7 +103,7 @@ def hf(run: Any, net: Net, data: Regression) -> None:
     mpjob_hf.train(run, trainer)
 
 
-def lightning(run: Any, net: Net, data: Regression, slow: str | None = None, empty: int | None = None) -> None:
+def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) -> None:
     import lightning as L
 
     from mpjob_trainer.adapters import lightning as mpjob_lightning
@@ -115,10 +117,9 @@ def lightning(run: Any, net: Net, data: Regression, slow: str | None = None, emp
 
         def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor | None:
             net.step = self.global_step
-            if self.global_step == empty:
+            if self.global_step == opts.empty_step:
                 return None
-            if run.precision == slow:
-                time.sleep(0.3)
+            time.sleep(0.3 if run.precision == opts.slow else opts.pace)
             return net(**b)["loss"]
 
         def validation_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
@@ -129,7 +130,9 @@ def lightning(run: Any, net: Net, data: Regression, slow: str | None = None, emp
 
         def train_dataloader(self) -> DataLoader[Any]:
             start = self.trainer.global_step * self.trainer.accumulate_grad_batches
-            return DataLoader(data, batch_sampler=InOrder(batch, start))
+            # Its own generator: making the iterator draws no seed from the global one, which
+            # the session restored (Lightning saves no RNG state; docs/frameworks.md).
+            return DataLoader(data, batch_sampler=InOrder(batch, start), generator=torch.Generator().manual_seed(0))
 
         def val_dataloader(self) -> DataLoader[Any]:
             return DataLoader(torch.utils.data.Subset(data, range(64)), batch_size=batch)
@@ -147,15 +150,16 @@ def main() -> None:
     parser.add_argument("--slow", default=None)
     parser.add_argument("--quarantine", type=int, default=None)
     parser.add_argument("--empty-step", type=int, default=None)
+    parser.add_argument("--pace", type=float, default=0.0)
     opts = parser.parse_args()
     with mpjob.start() as run:
         if opts.quarantine is not None:
             run.quarantined.add(opts.quarantine, "data")
         net = Net(opts.overflow_at, deep=opts.deep)
         if opts.framework == "hf":
-            hf(run, net, Regression(opts.poison))
+            hf(run, net, Regression(opts.poison), opts.pace)
         else:
-            lightning(run, net, Regression(opts.poison), opts.slow, opts.empty_step)
+            lightning(run, net, Regression(opts.poison), opts)
 
 
 if __name__ == "__main__":
