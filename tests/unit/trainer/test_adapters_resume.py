@@ -77,7 +77,10 @@ def test_killed_and_rerun_ends_bit_identical(tmp_path: Path, framework: str) -> 
 
     cut = tmp_path / "cut"
     proc = start(cut, spec, framework, attempt=0)
-    wait_for(lambda: list((cut / "ckpt").glob("step-*/manifest.json")), 90, interval=0.02, message="a checkpoint")
+    def trained() -> list[Path]:  # a checkpoint after training began (a fresh start also checkpoints step 0)
+        return [m for m in (cut / "ckpt").glob("step-*/manifest.json") if m.parent.name != "step-000000000"]
+
+    wait_for(trained, 90, interval=0.02, message="a checkpoint")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert not (cut / "ckpt" / f"step-{steps:09d}").exists(), "killed before the end"
