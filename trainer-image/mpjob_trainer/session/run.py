@@ -254,6 +254,7 @@ class Session(ModelSetUp):
             self._numerics.tally.lr = lr
         self._step = step
         self._state.samples += samples or 0
+        self._rung.step_samples = samples or self._rung.step_samples
         self._progress.window.add(samples)
         self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
 

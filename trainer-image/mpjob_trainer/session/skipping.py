@@ -105,6 +105,9 @@ class DataRung:
         self._initial: dict[str, Any] | None = None
         self._rolled_back_to: CheckpointRef | None = None
         self._precision_suspected = False
+        #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
+        #: whole counts in mpjob_trainer_skipped_samples_total.
+        self.step_samples = 0
 
     def stateful(self) -> dict[str, Any]:
         """What checkpoints hold of the rung (TrainingState's reserved keys)."""
@@ -211,7 +214,7 @@ class DataRung:
         named = [self._samples_of(s, cause) for s in steps]  # screened at the restored weights
         for index, samples in zip(steps, named, strict=True):
             self.quarantine.add(index, cause, samples)
-            self.lent.metrics.skipped(cause, len(samples))
+            self.lent.metrics.skipped(cause, len(samples) or self.step_samples)
         spans = ranges([i for samples in named for i in samples])
         self.lent.log(
             "dataSkipped",
