@@ -1,7 +1,8 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
-                                              [--quarantine STEP] [--empty-step STEP] [--pace S]
+                                              [--quarantine STEP,...] [--empty-step STEP] [--pace S]
+                                              [--spike-at STEP]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -13,8 +14,9 @@ device where P is slow, for an `auto` attempt's measurement. Both have an evalua
 (the first 64 samples), so `spec.validation` can run. Lightning reads the samples in order,
 from the global step on (a resumed or re-entered fit reads on where it stood): sample I is in
 step I // batch of the first epoch.
-`--quarantine STEP`: the run starts with optimizer step STEP (0-based) quarantined whole (the
-adapters train on nothing there). `--empty-step STEP` (Lightning): the script's own
+`--quarantine STEP,...`: the run starts with these optimizer steps (0-based) quarantined whole
+(the adapters train on nothing there). `--spike-at STEP`: at steps STEP..STEP+2 the output is
+1e3 times larger, a finite loss spike (guard.spike). `--empty-step STEP` (Lightning): the script's own
 `training_step` returns None at STEP, a run whose data has no batch there. `--pace S`: each
 optimizer step sleeps S seconds (a test can stop the run mid-way).
 """
@@ -58,7 +60,7 @@ def log_activation_once(module: nn.Module, inputs: Any, output: torch.Tensor) ->
 
 
 class Net(nn.Module):
-    def __init__(self, overflow_at: int | None, *, deep: bool = False) -> None:
+    def __init__(self, overflow_at: int | None, *, deep: bool = False, spike_at: int | None = None) -> None:
         super().__init__()
         inp, norm, out = nn.Linear(FEATURES, 32), nn.LayerNorm(32), nn.Linear(32, 1)
         # Registered in the order they run (fp8 keeps the first and last linear in bf16), made
@@ -67,12 +69,14 @@ class Net(nn.Module):
         self.mid = nn.Sequential(nn.Linear(32, 32), nn.ReLU()) if deep else nn.Identity()
         self.out = out
         self.overflow_at, self.step = overflow_at, 0
+        self.spikes = range(spike_at, spike_at + 3) if spike_at is not None else range(0)
         if deep:
             self.inp.register_forward_hook(log_activation_once)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         gain = 1e6 if self.overflow_at is not None and self.step >= self.overflow_at else 1.0
         h = self.out(self.mid(torch.relu(self.norm(self.inp(x) * gain))))
+        h = h * 1e3 if self.step in self.spikes else h
         return {"loss": nn.functional.mse_loss(h.float(), labels)}
 
 
@@ -148,14 +152,15 @@ def main() -> None:
     parser.add_argument("--overflow-at", type=int, default=None)
     parser.add_argument("--deep", action="store_true")
     parser.add_argument("--slow", default=None)
-    parser.add_argument("--quarantine", type=int, default=None)
+    parser.add_argument("--quarantine", default=None)
+    parser.add_argument("--spike-at", type=int, default=None)
     parser.add_argument("--empty-step", type=int, default=None)
     parser.add_argument("--pace", type=float, default=0.0)
     opts = parser.parse_args()
     with mpjob.start() as run:
-        if opts.quarantine is not None:
-            run.quarantined.add(opts.quarantine, "data")
-        net = Net(opts.overflow_at, deep=opts.deep)
+        for step in opts.quarantine.split(",") if opts.quarantine else []:
+            run.quarantined.add(int(step), "data")
+        net = Net(opts.overflow_at, deep=opts.deep, spike_at=opts.spike_at)
         if opts.framework == "hf":
             hf(run, net, Regression(opts.poison), opts.pace)
         else:

@@ -99,6 +99,30 @@ def test_on_bad_data_fail_keeps_ending_the_attempt_non_finite_in_fp32(tmp_path: 
     assert ended.of("dataSkipped") == [] and ended.report is not None and ended.report.skipped is None
 
 
+def spiking(framework: str, *extra: str) -> dict[str, Any]:
+    """bf16 (the loss is finite: a spike, not a fault) with guard.spike on, a short window."""
+    spiking_job = job(framework, *extra)
+    spiking_job["precision"] = {"mode": "bf16", "fallback": [], "guard": {"spike": {"action": "rollback", "window": 8}}}
+    return spiking_job
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_loss_spike_rolls_back_and_skips_its_steps_under_a_framework(tmp_path: Path, framework: str) -> None:
+    argv = [SCRIPT, framework, "--spike-at", "12"]  # steps 12-14: the output 1e3 times larger
+    spiked = run_trainer(tmp_path / "spiked", spiking(framework, *argv[2:]), "bf16", argv=argv)
+    assert spiked.code == ExitCode.SUCCESS, spiked.stderr[-3000:]
+    (spike,) = spiked.of("lossSpike")
+    assert (spike["firstStep"], spike["lastStep"], spike["detectedAt"]) == (12, 14, 15)
+    (skipped,) = spiked.of("dataSkipped")
+    assert skipped["cause"] == "spike" and skipped["steps"] == [12, 13, 14] and skipped["fromStep"] == 10
+    assert spiked.report is not None and spiked.report.skipped is not None and spiked.report.skipped.count == 3
+
+    seeded_argv = [SCRIPT, framework, "--quarantine", "12,13,14"]
+    seeded = run_trainer(tmp_path / "seeded", spiking(framework, *seeded_argv[2:]), "bf16", argv=seeded_argv)
+    assert seeded.code == ExitCode.SUCCESS and seeded.of("lossSpike") == [], seeded.stderr[-3000:]
+    assert_identical(final(tmp_path / "spiked", framework), final(tmp_path / "seeded", framework))
+
+
 def start(tmp: Path, spec_: dict[str, Any], argv: list[str], attempt: int) -> subprocess.Popen[str]:
     env = launch_env(tmp, spec_, "fp16", attempt=attempt, name=f"a{attempt}.json")
     return subprocess.Popen(
