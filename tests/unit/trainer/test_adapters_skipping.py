@@ -41,13 +41,15 @@ def job(framework: str, *extra: str, steps: int = 30) -> dict[str, Any]:
         task={"command": [sys.executable, SCRIPT, framework, *extra]},
         training={"steps": steps, "batchSize": 8, "logEvery": 5, "seed": 0, "learningRate": 1e-3},
         precision={"mode": "fp16", "fallback": ["bf16"]},
-        checkpoint={"everySteps": 10, "keep": 20},
+        checkpoint={"everySteps": 10, "keep": 40},
     )
 
 
-def run(tmp: Path, framework: str, *extra: str) -> Any:
+def run(tmp: Path, framework: str, *extra: str, every: int = 10) -> Any:
     argv = [SCRIPT, framework, *extra]
-    return run_trainer(tmp, job(framework, *extra), "fp16", argv=argv)
+    spec_ = job(framework, *extra)
+    spec_["checkpoint"]["everySteps"] = every
+    return run_trainer(tmp, spec_, "fp16", argv=argv)
 
 
 def final(tmp: Path, framework: str, steps: int = 30) -> dict[str, Any]:
@@ -76,9 +78,18 @@ def test_a_poisoned_batch_is_skipped_in_the_same_attempt_and_precision(tmp_path:
     # A straight run whose data has no batch at that step: the adapter's quarantine from the
     # start (no fault, no rollback), and for Lightning also the script's own training_step
     # returning None there; a run that trains on that step (the batch clean) ends elsewhere.
-    seeded = run(tmp_path / "seeded", framework, "--quarantine", str(step))
+    seeded = run(tmp_path / "seeded", framework, "--quarantine", str(step), every=1)
     assert seeded.code == ExitCode.SUCCESS and seeded.of("dataSkipped") == [], seeded.stderr[-3000:]
     assert_identical(final(tmp_path / "poisoned", framework), final(tmp_path / "seeded", framework))
+    # The quarantined step trained on nothing: weights and optimizer state as before it (its
+    # global step and LR schedule went on).
+    before, after = (final(tmp_path / "seeded", framework, at) for at in (step, step + 1))
+    if framework == "hf":
+        assert_identical(before["model"], after["model"])
+        assert_identical(before["optimizer"]["state"], after["optimizer"]["state"])
+    else:
+        assert_identical(before["state_dict"], after["state_dict"])
+        assert_identical(before["optimizer_states"][0]["state"], after["optimizer_states"][0]["state"])
     if framework == "lightning":
         empty = run(tmp_path / "empty", framework, "--empty-step", str(step))
         assert empty.code == ExitCode.SUCCESS, empty.stderr[-3000:]

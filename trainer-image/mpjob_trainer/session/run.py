@@ -260,7 +260,7 @@ class Session(ModelSetUp):
 
     def _close_step(self, step: int, loss: Number | None) -> None:
         assert self._state is not None  # end_step checked it
-        self._numerics.close(step, loss)
+        self._numerics.close(step, loss, skipped=self.quarantined.skips_step(step - 1))
         self._instruments.step(step)
         gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
         due = self._intervals.cadence.due(step, evaluate=gate is not None and gate.due(step), stop_alone=alone)

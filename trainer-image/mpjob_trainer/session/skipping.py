@@ -287,7 +287,7 @@ class DataRung:
             if not self.quarantine.skips_step(index):
                 replay.step(index)
             if index + 1 < step:
-                numerics.close(index + 1, None)
+                numerics.close(index + 1, None, skipped=self.quarantine.skips_step(index))
 
 
 def _gathered(samples: list[int], world: World) -> list[int]:
