@@ -81,14 +81,16 @@ class Net(nn.Module):
 
 
 class InOrder(Sampler[list[int]]):
-    """Endless batches of consecutive samples from batch `start` on (wrapping at the end)."""
+    """Endless batches of consecutive samples from batch `start` on (wrapping at the end); with
+    several processes, rank r of w takes global batches r, r + w, ..."""
 
-    def __init__(self, batch: int, start: int) -> None:
-        self.batch, self.start = batch, start
+    def __init__(self, batch: int, start: int, *, rank: int = 0, world: int = 1) -> None:
+        self.batch, self.start, self.rank, self.world = batch, start, rank, world
 
     def __iter__(self) -> Any:
         for b in range(self.start, self.start + 10**9):
-            yield [(b * self.batch + j) % SAMPLES for j in range(self.batch)]
+            first = (b * self.world + self.rank) * self.batch
+            yield [(first + j) % SAMPLES for j in range(self.batch)]
 
 
 def hf(run: Any, net: Net, data: Regression, pace: float = 0.0) -> None:
@@ -136,12 +138,14 @@ def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) ->
             start = self.trainer.global_step * self.trainer.accumulate_grad_batches
             # Its own generator: making the iterator draws no seed from the global one, which
             # the session restored (Lightning saves no RNG state; docs/frameworks.md).
-            return DataLoader(data, batch_sampler=InOrder(batch, start), generator=torch.Generator().manual_seed(0))
+            order = InOrder(batch, start, rank=run.world.rank, world=run.world.size)
+            return DataLoader(data, batch_sampler=order, generator=torch.Generator().manual_seed(0))
 
         def val_dataloader(self) -> DataLoader[Any]:
             return DataLoader(torch.utils.data.Subset(data, range(64)), batch_size=batch)
 
-    trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False))
+    settings = mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False)
+    trainer = L.Trainer(**settings, use_distributed_sampler=False)  # InOrder shares the data out
     mpjob_lightning.fit(run, trainer, Module())
 
 

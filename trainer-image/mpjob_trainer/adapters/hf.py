@@ -31,15 +31,14 @@ Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls
 back and RolledBack leaves `Trainer.train`; `train` calls it again from that checkpoint
 (transformers supports a second `train()`: accelerate keeps what it prepared, the model's
 autocast forward included, and the optimizer, scheduler, scaler and RNG are loaded from the
-checkpoint as in a new process). A quarantined step trains on nothing (QuarantinedStep): the
-Trainer draws its batches as ever (its fast-forward on resume stays a function of the global
-step), runs no forward, and the update it then makes from zero gradients is taken back.
+checkpoint as in a new process). A quarantined step trains on nothing (adapters.quarantined):
+the Trainer draws its batches as ever (its fast-forward on resume stays a function of the
+global step), runs no forward, and the update it then makes from zero gradients is taken back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import os
 import shutil
@@ -53,6 +52,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.mixed import framework_precision
+from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
@@ -123,7 +123,7 @@ class MpjobCallback(TrainerCallback):
         self._losses: list[torch.Tensor] = []
         self._hooks: list[Any] = []
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
-        self.quarantined = QuarantinedStep(bridge, trainer)
+        self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.detach()  # a re-entry after a rollback: what the left loop held is gone
@@ -164,69 +164,25 @@ class MpjobCallback(TrainerCallback):
         self._hooks = []
 
 
-class QuarantinedStep:
-    """The Trainer's step at a quarantined index (`bridge.skips`) trains on nothing.
+def skip_quarantined_steps(trainer: Trainer, taken: TakenBack) -> None:
+    """The Trainer's `training_step` (an instance attribute now) runs no forward at a quarantined
+    step: it gives zero gradients, and the callback takes the update back (adapters.quarantined)."""
+    original = trainer.training_step
 
-    transformers has no way to leave a step out: it draws the step's batches, calls
-    `training_step` for each, then clips, steps the optimizer (through accelerate and, in fp16,
-    GradScaler, which refuses a step without gradients) and the LR scheduler. So the step's
-    `training_step` runs no forward and gives zero gradients, and the update the optimizer makes
-    from them (AdamW's moments and weight decay move even then) is taken back at the step's end:
-    weights, optimizer state and the loss scale as before the step. The global step and the LR
-    schedule go on, as under Lightning (a `training_step` that returns None). Cost: a copy of
-    the weights and the optimizer state, at quarantined steps only."""
+    def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        if not taken.skips(trainer.state.global_step):
+            return original(model, inputs, num_items_in_batch)
+        taken.hold()
+        for p in taken.parameters():
+            p.grad = torch.zeros_like(p)
+        return torch.zeros((), device=trainer.args.device)
 
-    def __init__(self, bridge: FrameworkRun, trainer: Trainer) -> None:
-        self.bridge = bridge
-        self.trainer = trainer
-        self._held: tuple[list[torch.Tensor], list[torch.Tensor], dict[str, Any], dict[str, Any] | None] | None = None
+    trainer.training_step = training_step  # type: ignore[method-assign]
 
-    def wrap(self) -> None:
-        """Route the Trainer's `training_step` through `training_step` below (an instance attribute)."""
-        self.trainer.training_step = self.training_step(self.trainer.training_step)  # type: ignore[method-assign]
 
-    def training_step(self, original: Any) -> Any:
-        def step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-            if not self.bridge.skips(self.trainer.state.global_step):
-                return original(model, inputs, num_items_in_batch)
-            self._hold()
-            for p in self._parameters():
-                p.grad = torch.zeros_like(p)
-            return torch.zeros((), device=self.trainer.args.device)
-
-        return step
-
-    def _optimizer(self) -> torch.optim.Optimizer:
-        optimizer = self.trainer.optimizer
-        assert optimizer is not None
-        return getattr(optimizer, "optimizer", optimizer)
-
-    def _parameters(self) -> list[torch.Tensor]:
-        return [p for group in self._optimizer().param_groups for p in group["params"] if p.requires_grad]
-
-    def _hold(self) -> None:
-        """Keep what the step's update would change (once a step: every micro-batch comes here)."""
-        if self._held is None:
-            params = self._parameters()
-            scaler = self.bridge.scaler
-            saved = [p.detach().clone() for p in params]
-            state = copy.deepcopy(self._optimizer().state_dict())
-            self._held = (params, saved, state, scaler.state_dict() if scaler is not None else None)
-
-    def take_back(self) -> None:
-        """Undo the update of the quarantined step that just ended (nothing after any other step)."""
-        if self._held is None:
-            return
-        params, saved, state, scale = self._held
-        self._held = None
-        optimizer = self._optimizer()
-        with torch.no_grad():
-            for p, value in zip(params, saved, strict=True):
-                p.copy_(value)
-        state["param_groups"] = optimizer.state_dict()["param_groups"]  # the schedule's LR has moved on
-        optimizer.load_state_dict(state)
-        if scale is not None and self.bridge.scaler is not None:
-            self.bridge.scaler.load_state_dict(scale)
+def _optimizers(trainer: Trainer) -> list[torch.optim.Optimizer]:
+    optimizer = trainer.optimizer
+    return [getattr(optimizer, "optimizer", optimizer)] if optimizer is not None else []
 
 
 @contextlib.contextmanager
@@ -342,7 +298,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
     callback = MpjobCallback(bridge, samples, trainer)
     trainer.add_callback(callback)
-    callback.quarantined.wrap()
+    skip_quarantined_steps(trainer, callback.quarantined)
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
         return None
