@@ -9,6 +9,7 @@ resumes with the quarantine from its checkpoint and ends bit-identical too."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from mpjob_contract.codes import ExitCode
 from tests.helpers import wait_for
@@ -174,3 +176,41 @@ def test_killed_after_a_skip_resumes_with_the_quarantine_and_ends_bit_identical(
 
     assert_identical(final(tmp_path / "straight", framework, steps), final(cut, framework, steps))
     assert_identical(sdk_state(tmp_path / "straight", steps), sdk_state(cut, steps))  # quarantine, RNG, scaler
+
+
+def manifest(framework: str, *extra: str) -> dict[str, Any]:
+    """The job as `mpjob run` reads it, with two processes (DDP on the CPU)."""
+    single = job(framework, *extra)
+    single["resources"] = {"gpusPerWorker": 0, "processesPerWorker": 2}
+    return {
+        "apiVersion": "mpjob.dev/v1alpha1",
+        "kind": "MixedPrecisionJob",
+        "metadata": {"name": "two"},
+        "spec": single,
+    }
+
+
+def mpjob_run(tmp: Path, framework: str, *extra: str) -> dict[str, Any]:
+    tmp.mkdir(parents=True)
+    (tmp / "job.yaml").write_text(yaml.safe_dump(manifest(framework, *extra)))
+    command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out")]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    return json.loads((tmp / "out" / "report.json").read_text())
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_two_processes_skip_a_poisoned_batch_together(tmp_path: Path, framework: str) -> None:
+    """Every rank replays, rolls back, re-enters its framework (DDP re-wrapped) and trains on
+    nothing at the quarantined step, so the ranks stay in step and the job Succeeds in fp16."""
+    status = mpjob_run(tmp_path / "poisoned", framework, "--poison", POISON[framework])
+    (attempt,) = status["attempts"]
+    assert (attempt["precision"], attempt["reason"], attempt["worldSize"]) == ("fp16", "Succeeded", 2)
+    (skipped,) = status["skipped"]["steps"]
+    assert skipped["cause"] == "data"
+    mpjob_run(tmp_path / "seeded", framework, "--quarantine", str(skipped["step"]))
+    final_ = Path("out/checkpoints/step-000000030/framework")
+    a, b = (framework_state(tmp_path / run_ / final_, framework) for run_ in ("poisoned", "seeded"))
+    assert_identical(a, b)
