@@ -105,8 +105,8 @@ class MpjobCallback(L.Callback):
         self._step = 0
         self._registered = False
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
+        self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
         self.quarantined = TakenBack(self.bridge, lambda: list(self.optimizers))
-        self.optimizers: list[torch.optim.Optimizer] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.bridge.reclaim_sigterm()  # Lightning would stop at its next batch, without a checkpoint
@@ -231,11 +231,13 @@ def _callback(trainer: L.Trainer) -> MpjobCallback:
 @contextlib.contextmanager
 def quarantined_steps(module: L.LightningModule, taken: TakenBack) -> Iterator[None]:
     """In the block, the module's `training_step` runs no forward at a quarantined step and returns
-    a loss whose gradients are zero; the callback takes the update back (adapters.quarantined)."""
+    a loss whose gradients are zero; the callback takes the update back (adapters.quarantined).
+    Manual optimization is left alone: its global step moves only when the module steps, so a
+    skipped `training_step` would hold it at the quarantined step for good."""
     original = module.training_step
 
     def training_step(*args: Any, **kwargs: Any) -> Any:
-        if taken.skips(module.trainer.global_step):
+        if module.automatic_optimization and taken.skips(module.trainer.global_step):
             return taken.zero_loss()
         return original(*args, **kwargs)
 
