@@ -263,7 +263,7 @@ class TrainerMetrics:
         self.replay_seconds.set(seconds)
 
     def skipped(self, cause: str, samples: int) -> None:
-        """A skipped step's samples (a step the loop named none of counts the series, adding 0)."""
+        """A skipped step's samples (a step skipped whole, its loop naming none: the step's count)."""
         self.skipped_samples.labels(**self.labels, cause=cause).inc(samples)
 
     def forgave(self, non_finite_losses: int) -> None:

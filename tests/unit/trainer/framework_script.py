@@ -1,6 +1,8 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
+                                              [--quarantine STEP,...] [--empty-step STEP] [--pace S]
+                                              [--spike-at STEP]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -9,7 +11,14 @@ and the last (one an fp8 attempt converts: it keeps those two in bf16), and the 
 the dtype the first linear's output has in training on stderr (`activation dtype: D`).
 `--slow P` (Lightning): each training step sleeps 0.3 s while the session's precision is P, a
 device where P is slow, for an `auto` attempt's measurement. Both have an evaluation set
-(the first 64 samples), so `spec.validation` can run.
+(the first 64 samples), so `spec.validation` can run. Lightning reads the samples in order,
+from the global step on (a resumed or re-entered fit reads on where it stood): sample I is in
+step I // batch of the first epoch.
+`--quarantine STEP,...`: the run starts with these optimizer steps (0-based) quarantined whole
+(the adapters train on nothing there). `--spike-at STEP`: at steps STEP..STEP+2 the output is
+1e3 times larger, a finite loss spike (guard.spike). `--empty-step STEP` (Lightning): the script's own
+`training_step` returns None at STEP, a run whose data has no batch there. `--pace S`: each
+optimizer step sleeps S seconds (a test can stop the run mid-way).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mpjob_trainer import session as mpjob
 
@@ -51,7 +60,7 @@ def log_activation_once(module: nn.Module, inputs: Any, output: torch.Tensor) ->
 
 
 class Net(nn.Module):
-    def __init__(self, overflow_at: int | None, *, deep: bool = False) -> None:
+    def __init__(self, overflow_at: int | None, *, deep: bool = False, spike_at: int | None = None) -> None:
         super().__init__()
         inp, norm, out = nn.Linear(FEATURES, 32), nn.LayerNorm(32), nn.Linear(32, 1)
         # Registered in the order they run (fp8 keeps the first and last linear in bf16), made
@@ -60,16 +69,31 @@ class Net(nn.Module):
         self.mid = nn.Sequential(nn.Linear(32, 32), nn.ReLU()) if deep else nn.Identity()
         self.out = out
         self.overflow_at, self.step = overflow_at, 0
+        self.spikes = range(spike_at, spike_at + 3) if spike_at is not None else range(0)
         if deep:
             self.inp.register_forward_hook(log_activation_once)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         gain = 1e6 if self.overflow_at is not None and self.step >= self.overflow_at else 1.0
         h = self.out(self.mid(torch.relu(self.norm(self.inp(x) * gain))))
+        h = h * 1e3 if self.step in self.spikes else h
         return {"loss": nn.functional.mse_loss(h.float(), labels)}
 
 
-def hf(run: Any, net: Net, data: Regression) -> None:
+class InOrder(Sampler[list[int]]):
+    """Endless batches of consecutive samples from batch `start` on (wrapping at the end); with
+    several processes, rank r of w takes global batches r, r + w, ..."""
+
+    def __init__(self, batch: int, start: int, *, rank: int = 0, world: int = 1) -> None:
+        self.batch, self.start, self.rank, self.world = batch, start, rank, world
+
+    def __iter__(self) -> Any:
+        for b in range(self.start, self.start + 10**9):
+            first = (b * self.world + self.rank) * self.batch
+            yield [(first + j) % SAMPLES for j in range(self.batch)]
+
+
+def hf(run: Any, net: Net, data: Regression, pace: float = 0.0) -> None:
     from transformers import Trainer, TrainerCallback
 
     from mpjob_trainer.adapters import hf as mpjob_hf
@@ -77,6 +101,7 @@ def hf(run: Any, net: Net, data: Regression) -> None:
     class Steps(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             net.step = state.global_step
+            time.sleep(pace)
 
     args = mpjob_hf.training_arguments(run, remove_unused_columns=False, dataloader_num_workers=0)
     eval_set = torch.utils.data.Subset(data, range(64))
@@ -84,7 +109,7 @@ def hf(run: Any, net: Net, data: Regression) -> None:
     mpjob_hf.train(run, trainer)
 
 
-def lightning(run: Any, net: Net, data: Regression, slow: str | None = None) -> None:
+def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) -> None:
     import lightning as L
 
     from mpjob_trainer.adapters import lightning as mpjob_lightning
@@ -96,10 +121,11 @@ def lightning(run: Any, net: Net, data: Regression, slow: str | None = None) -> 
             super().__init__()
             self.net = net
 
-        def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
+        def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor | None:
             net.step = self.global_step
-            if run.precision == slow:
-                time.sleep(0.3)
+            if self.global_step == opts.empty_step:
+                return None
+            time.sleep(0.3 if run.precision == opts.slow else opts.pace)
             return net(**b)["loss"]
 
         def validation_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
@@ -109,12 +135,17 @@ def lightning(run: Any, net: Net, data: Regression, slow: str | None = None) -> 
             return torch.optim.AdamW(self.parameters(), lr=run.spec.training.learning_rate)
 
         def train_dataloader(self) -> DataLoader[Any]:
-            return DataLoader(data, batch_size=batch)  # in order: sample I is in step I // batch
+            start = self.trainer.global_step * self.trainer.accumulate_grad_batches
+            # Its own generator: making the iterator draws no seed from the global one, which
+            # the session restored (Lightning saves no RNG state; docs/frameworks.md).
+            order = InOrder(batch, start, rank=run.world.rank, world=run.world.size)
+            return DataLoader(data, batch_sampler=order, generator=torch.Generator().manual_seed(0))
 
         def val_dataloader(self) -> DataLoader[Any]:
             return DataLoader(torch.utils.data.Subset(data, range(64)), batch_size=batch)
 
-    trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False))
+    settings = mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False)
+    trainer = L.Trainer(**settings, use_distributed_sampler=False)  # InOrder shares the data out
     mpjob_lightning.fit(run, trainer, Module())
 
 
@@ -125,13 +156,19 @@ def main() -> None:
     parser.add_argument("--overflow-at", type=int, default=None)
     parser.add_argument("--deep", action="store_true")
     parser.add_argument("--slow", default=None)
+    parser.add_argument("--quarantine", default=None)
+    parser.add_argument("--spike-at", type=int, default=None)
+    parser.add_argument("--empty-step", type=int, default=None)
+    parser.add_argument("--pace", type=float, default=0.0)
     opts = parser.parse_args()
     with mpjob.start() as run:
-        net = Net(opts.overflow_at, deep=opts.deep)
+        for step in opts.quarantine.split(",") if opts.quarantine else []:
+            run.quarantined.add(int(step), "data")
+        net = Net(opts.overflow_at, deep=opts.deep, spike_at=opts.spike_at)
         if opts.framework == "hf":
-            hf(run, net, Regression(opts.poison))
+            hf(run, net, Regression(opts.poison), opts.pace)
         else:
-            lightning(run, net, Regression(opts.poison), opts.slow)
+            lightning(run, net, Regression(opts.poison), opts)
 
 
 if __name__ == "__main__":

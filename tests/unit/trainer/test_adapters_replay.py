@@ -1,7 +1,8 @@
 """The framework adapters register the framework's step and evaluation with the session: a
 numeric fault under the Hugging Face Trainer or Lightning is replayed in fp32 (bad data ->
-NonFiniteInFp32, a precision's overflow -> NumericFault), and spec.validation's quality gate
-evaluates the framework's eval set in the attempt's precision and in fp32."""
+NonFiniteInFp32 with guard.onBadData fail, skipped with skip: test_adapters_skipping; a
+precision's overflow -> NumericFault), and spec.validation's quality gate evaluates the
+framework's eval set in the attempt's precision and in fp32."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ FRAMEWORKS = ["hf", "lightning"]
 POISON = {"hf": "7", "lightning": "100"}
 
 
-def job(framework: str, *extra: str, **over: object) -> dict:
+def job(framework: str, *extra: str, on_bad_data: str = "fail", **over: object) -> dict:
+    guard = {"maxNonFiniteLosses": 1, "onBadData": on_bad_data}
     return spec(
         task={"command": [sys.executable, SCRIPT, framework, *extra]},
         training={"steps": 30, "batchSize": 8, "logEvery": 5, "seed": 0, "learningRate": 1e-3},
-        precision={"mode": "fp16", "fallback": [], "guard": {"maxNonFiniteLosses": 1}},
+        precision={"mode": "fp16", "fallback": [], "guard": guard},
         **over,
     )
 

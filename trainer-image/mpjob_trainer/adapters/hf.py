@@ -26,6 +26,14 @@ them; the step re-runs the model through the Trainer's wrapper (`model_wrapped`:
 gradient sync as in training) under the session's autocast, with the class's own forward
 (accelerate puts its autocast on the instance's forward, which would override fp32), and
 steps the Trainer's optimizer; the gate evaluates the Trainer's eval set.
+
+Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state
+back and RolledBack leaves `Trainer.train`; `train` calls it again from that checkpoint
+(transformers supports a second `train()`: accelerate keeps what it prepared, the model's
+autocast forward included, and the optimizer, scheduler, scaler and RNG are loaded from the
+checkpoint as in a new process). A quarantined step trains on nothing (adapters.quarantined):
+the Trainer draws its batches as ever (its fast-forward on resume stays a function of the
+global step), runs no forward, and the update it then makes from zero gradients is taken back.
 """
 
 from __future__ import annotations
@@ -44,11 +52,13 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.mixed import framework_precision
+from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
+from mpjob_trainer.session.skipping import RolledBack
 
 
 def attempt_arguments(run: Session) -> dict[str, Any]:
@@ -113,8 +123,12 @@ class MpjobCallback(TrainerCallback):
         self._losses: list[torch.Tensor] = []
         self._hooks: list[Any] = []
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
+        self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.detach()  # a re-entry after a rollback: what the left loop held is gone
+        self._losses.clear()
+        self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
         model = kw["model"]
         self._hooks = [
@@ -122,6 +136,7 @@ class MpjobCallback(TrainerCallback):
             model.register_forward_pre_hook(self._record, with_kwargs=True),
         ]
         register(self.bridge.run, self.trainer, self.recorded)
+        self.bridge.checkpoint_start()
 
     def _record(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         if module.training:
@@ -133,14 +148,41 @@ class MpjobCallback(TrainerCallback):
             self._losses.append(loss.detach())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.quarantined.take_back()  # before the session may checkpoint this step
         loss = torch.stack(self._losses).float().mean() if self._losses else None
         self._losses.clear()
         lr = kw["optimizer"].param_groups[0]["lr"]
         self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.detach()
+
+    def detach(self) -> None:
+        """Remove the model hooks (at the end of `Trainer.train`, however it ends)."""
         for hook in self._hooks:
             hook.remove()
+        self._hooks = []
+
+
+def skip_quarantined_steps(trainer: Trainer, taken: TakenBack) -> None:
+    """The Trainer's `training_step` (an instance attribute now) runs no forward at a quarantined
+    step: it gives zero gradients, and the callback takes the update back (adapters.quarantined)."""
+    original = trainer.training_step
+
+    def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        if not taken.skips(trainer.state.global_step):
+            return original(model, inputs, num_items_in_batch)
+        taken.hold()
+        for p in taken.parameters():
+            p.grad = torch.zeros_like(p)
+        return torch.zeros((), device=trainer.args.device)
+
+    trainer.training_step = training_step  # type: ignore[method-assign]
+
+
+def _optimizers(trainer: Trainer) -> list[torch.optim.Optimizer]:
+    optimizer = trainer.optimizer
+    return [getattr(optimizer, "optimizer", optimizer)] if optimizer is not None else []
 
 
 @contextlib.contextmanager
@@ -238,7 +280,8 @@ def _resume_view(run: Session, checkpoint: Path | None) -> str | None:
 
 
 def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
-    """Train the attempt with `trainer` from its checkpoint; returns Trainer.train's output."""
+    """Train the attempt with `trainer` from its checkpoint; returns Trainer.train's output. After
+    a rollback of the data rung (RolledBack) the Trainer trains again from that checkpoint."""
     if "resume_from_checkpoint" in train_kwargs:
         raise ConfigError("train(resume_from_checkpoint=...): the attempt names the checkpoint to resume from")
     _check(run, trainer.args)
@@ -253,8 +296,17 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
         trainer.remove_callback(noisy)
     args = trainer.args
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
-    trainer.add_callback(MpjobCallback(bridge, samples, trainer))
+    callback = MpjobCallback(bridge, samples, trainer)
+    trainer.add_callback(callback)
+    skip_quarantined_steps(trainer, callback.quarantined)
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
         return None
-    return trainer.train(resume_from_checkpoint=_resume_view(run, point.framework_checkpoint), **train_kwargs)
+    checkpoint = point.framework_checkpoint
+    while True:
+        try:
+            return trainer.train(resume_from_checkpoint=_resume_view(run, checkpoint), **train_kwargs)
+        except RolledBack as back:
+            checkpoint = bridge.reentry(back)  # Trainer.train again: accelerate wraps nothing twice
+        finally:
+            callback.detach()

@@ -25,6 +25,14 @@ and the gate evaluates the module's `validation_step` on its `val_dataloader()`.
 attempt measures its precision with that step on the first batch (session.measure) and
 settles on the one chosen inside `fit`: the plugin reads the session's autocast and scaler at
 each use, so Lightning trains that first batch in it already.
+
+Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state
+back (RNG included: Lightning saves none) and RolledBack leaves `Trainer.fit`; `fit` calls it
+again from that checkpoint. A quarantined step trains on nothing (adapters.quarantined): the
+module's `training_step` runs no forward and returns a loss whose gradients are zero, and the
+update Lightning makes from them is taken back at the step's end (Lightning's own skip, a
+`training_step` that returns None, is refused under DDP). The batch is drawn as ever, so the
+loader's position stays a function of the global step.
 """
 
 from __future__ import annotations
@@ -42,10 +50,12 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from mpjob_trainer.adapters.mixed import framework_precision
+from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
+from mpjob_trainer.session.skipping import RolledBack
 
 CHECKPOINT = "lightning.ckpt"
 PRECISION = {"bf16": "bf16-mixed", "fp32": "32-true"}
@@ -95,13 +105,19 @@ class MpjobCallback(L.Callback):
         self._step = 0
         self._registered = False
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
+        self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
+        self.quarantined = TakenBack(self.bridge, lambda: list(self.optimizers))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.bridge.reclaim_sigterm()  # Lightning would stop at its next batch, without a checkpoint
         for optimizer in trainer.optimizers:
             self.bridge.watch(optimizer)
+        self.optimizers = list(trainer.optimizers)
         self._step = trainer.global_step
         self._registered = False
+        self._loss, self._samples = None, 0  # a re-entry after a rollback: the left step is gone
+        self.recorded.clear()
+        self.bridge.checkpoint_start()
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
@@ -115,7 +131,7 @@ class MpjobCallback(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if isinstance(loss, torch.Tensor):
+        if isinstance(loss, torch.Tensor) and not self.quarantined.skips(self._step):  # a quarantined step's is 0
             loss = loss.detach().float()
             self._loss = loss if self._loss is None else self._loss + loss
         self._samples += extract_batch_size(batch)
@@ -124,6 +140,7 @@ class MpjobCallback(L.Callback):
         self._step = trainer.global_step
         lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
         loss, samples, self._loss, self._samples = self._loss, self._samples * self.run.world.size, None, 0
+        self.quarantined.take_back()  # before the session may checkpoint this step
         self.bridge.end_step(trainer.global_step, loss=loss, samples=samples, lr=lr)
 
 
@@ -211,11 +228,33 @@ def _callback(trainer: L.Trainer) -> MpjobCallback:
     return found[0]
 
 
+@contextlib.contextmanager
+def quarantined_steps(module: L.LightningModule, taken: TakenBack) -> Iterator[None]:
+    """In the block, the module's `training_step` runs no forward at a quarantined step and returns
+    a loss whose gradients are zero; the callback takes the update back (adapters.quarantined).
+    Manual optimization is left alone: its global step moves only when the module steps, so a
+    skipped `training_step` would hold it at the quarantined step for good."""
+    original = module.training_step
+
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        if module.automatic_optimization and taken.skips(module.trainer.global_step):
+            return taken.zero_loss()
+        return original(*args, **kwargs)
+
+    module.training_step = training_step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.training_step  # the class's again
+
+
 def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs: Any) -> None:
-    """Train the attempt: `trainer.fit(model, ...)` from the attempt's checkpoint."""
+    """Train the attempt: `trainer.fit(model, ...)` from the attempt's checkpoint. After a rollback
+    of the data rung (RolledBack) Lightning fits again from that checkpoint."""
     if "ckpt_path" in fit_kwargs:
         raise ConfigError("fit(ckpt_path=...): the attempt names the checkpoint to resume from")
-    bridge = _callback(trainer).bridge
+    callback = _callback(trainer)
+    bridge = callback.bridge
 
     def write(staging: Path) -> Path:
         trainer.save_checkpoint(staging / CHECKPOINT)  # every rank calls it; rank 0 writes
@@ -227,4 +266,10 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     if point.done:  # the last step's checkpoint: nothing left to fit
         return
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None
-    trainer.fit(model, ckpt_path=ckpt, **fit_kwargs)
+    with quarantined_steps(model, callback.quarantined):
+        while True:
+            try:
+                trainer.fit(model, ckpt_path=ckpt, **fit_kwargs)
+                return
+            except RolledBack as back:
+                ckpt = str(bridge.reentry(back) / CHECKPOINT)

@@ -58,6 +58,10 @@ class RecordedSteps:
         while len(self._steps) > self.keep:
             self._steps.popitem(last=False)
 
+    def clear(self) -> None:
+        """Forget every step (the framework re-enters from a checkpoint: its steps run again)."""
+        self._steps.clear()
+
     def batches(self, index: int) -> list[Any]:
         """The micro-batches of step `index`."""
         if index not in self._steps:

@@ -15,7 +15,12 @@ the same way, so they do not reimplement any of it; they reach the session throu
   every file in the manifest, keep-K, corrupt ones skipped on load) beside a small state.pt
   with what the session owns (step, applied steps, scaler, RNG);
 - `resume()` loads the attempt's checkpoint like `Session.resume` and says where the
-  framework's own checkpoint lies, for `resume_from_checkpoint` / `ckpt_path`.
+  framework's own checkpoint lies, for `resume_from_checkpoint` / `ckpt_path`;
+- bad data and loss spikes (the data rung, session.skipping): the framework cannot be rolled
+  back in place, so the session re-enters it (`Session.reenter_on_rollback`): on a data verdict
+  the session rolls its own state back, quarantines the step whole and raises RolledBack out
+  of `end_step`; the adapter lets it leave the framework's loop and calls the framework again
+  from `reentry()`'s checkpoint, training on nothing at the steps `skips()` names.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from typing import Any, Protocol
 
 import torch
 
+from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import FRAMEWORK, snapshot
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.run import Session
+from mpjob_trainer.session.skipping import RolledBack
 
 
 class CheckpointWriter(Protocol):
@@ -81,12 +88,25 @@ class FrameworkCheckpointer(Checkpointer):
         dist_env.barrier(self.world)
 
 
+def framework_folder(ref: CheckpointRef) -> Path:
+    """The framework's own checkpoint inside the mpjob checkpoint `ref`."""
+    folder = Path(ref.path) / FRAMEWORK
+    if not folder.is_dir():
+        raise ConfigError(
+            f"the checkpoint of step {ref.step} ({ref.path}) holds no framework checkpoint: it was not "
+            "written through a framework adapter, so this script cannot resume from it"
+        )
+    return folder
+
+
 class FrameworkRun:
     """The adapter's handle on a Session (see the module docstring): only the Session's public
-    hooks (`scaler`, `checkpoints` / `checkpoint_with`, `watch`, `end_step(lr=)`, `preemption`)."""
+    hooks (`scaler`, `checkpoints` / `checkpoint_with`, `watch`, `end_step(lr=)`, `preemption`,
+    `quarantined`, `reenter_on_rollback`)."""
 
     def __init__(self, run: Session) -> None:
         self.run = run
+        run.reenter_on_rollback()
 
     def checkpoint_with(self, write: CheckpointWriter, parameters: Callable[[], Iterable[torch.Tensor]]) -> None:
         """From now on the session's checkpoints are the framework's (`write`), adopted; weights
@@ -106,13 +126,20 @@ class FrameworkRun:
         ref = self.run.checkpoints.last_good
         if step == 0 or ref is None:
             return ResumePoint(0, None)
-        folder = Path(ref.path) / FRAMEWORK
-        if not folder.is_dir():
-            raise ConfigError(
-                f"the checkpoint of step {step} ({ref.path}) holds no framework checkpoint: it was not "
-                "written through a framework adapter, so this script cannot resume from it"
-            )
-        return ResumePoint(step, folder, done=step >= self.run.total_steps)
+        return ResumePoint(step, framework_folder(ref), done=step >= self.run.total_steps)
+
+    def reentry(self, back: RolledBack) -> Path:
+        """The framework checkpoint to re-enter from after the data rung rolled the session back."""
+        return framework_folder(back.ref)
+
+    def checkpoint_start(self) -> None:
+        """At a fresh start, the framework checkpoints step 0 (Session.checkpoint_start): what a
+        rollback before the first interval's checkpoint re-enters from."""
+        self.run.checkpoint_start()
+
+    def skips(self, step: int) -> bool:
+        """Is optimizer step `step` (0-based) quarantined whole? The framework trains nothing there."""
+        return self.run.quarantined.skips_step(step)
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook the optimizer the framework steps (inside its wrapper, if any): GradScaler calls

@@ -189,6 +189,27 @@ class Session(ModelSetUp):
             at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
             self._measurement = measure_and_settle(step, self.start_step, modules=modules, at=at)
 
+    def reenter_on_rollback(self) -> None:
+        """The loop cannot be rolled back in place, but re-enters from a checkpoint (a framework
+        adapter: the framework keeps its model, optimizer and data to itself). The data rung
+        (guard.onBadData skip, guard.spike) then rolls back the session's own state, quarantines
+        the offending steps whole, and raises RolledBack out of `end_step`: the loop re-enters from
+        that checkpoint, training on nothing at a step `quarantined.skips_step` names."""
+        self._rung.reenters = True
+
+    def checkpoint_start(self) -> None:
+        """At a fresh start of a loop that re-enters (reenter_on_rollback), checkpoint step 0 when
+        the data rung may roll back: the state a rollback before the first interval's checkpoint
+        returns to (a loop rolled back in place keeps a host copy instead, DataRung.arm). Call it
+        inside the loop, once the loop's own state (a framework's optimizer) exists."""
+        state, amp = self._state, self._amp
+        if state is None or self._step or self._checkpoints.last_good is not None or not self._rung.rolls_back:
+            return
+        applied = self._numerics.applied.count
+        self._checkpoints.save(
+            0, self.precision, lambda: state.capture(0, applied, amp.precision, amp.scaler), final=True
+        )
+
     def evaluate_with(self, evaluate: EvalFunction) -> None:
         """The quality gate's evaluation (spec.validation; session.quality): `evaluate()` returns
         the mean eval loss of the current weights, computed under run.autocast()."""
@@ -233,12 +254,13 @@ class Session(ModelSetUp):
             self._numerics.tally.lr = lr
         self._step = step
         self._state.samples += samples or 0
+        self._rung.step_samples = samples or self._rung.step_samples
         self._progress.window.add(samples)
         self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
 
     def _close_step(self, step: int, loss: Number | None) -> None:
         assert self._state is not None  # end_step checked it
-        self._numerics.close(step, loss)
+        self._numerics.close(step, loss, skipped=self.quarantined.skips_step(step - 1))
         self._instruments.step(step)
         gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
         due = self._intervals.cadence.due(step, evaluate=gate is not None and gate.due(step), stop_alone=alone)

@@ -13,6 +13,13 @@ in its precision instead:
    registered step function (which leaves quarantined samples out), so the loop goes on at its
    own next step as if the skipped samples had never been in the data.
 
+A loop that cannot be rolled back in place (a framework adapter: HF Trainer and Lightning keep
+their model, optimizer, schedule and data to themselves) re-enters instead (`reenters`): step 1
+and 2 as above (the session's own state, from the checkpoint's state.pt), then RolledBack
+leaves the loop, and the adapter re-enters its framework from that checkpoint's framework
+checkpoint, its batch stream as before, a quarantined step training on nothing (the
+framework cannot name samples: the step is quarantined whole).
+
 The result equals a straight run whose quarantine held those samples from the start: the
 steps before the offending one never saw them, and a rollback restores weights, optimizer,
 scaler, schedule and generators exactly. Bounded by guard.maxSkippedSteps; past it the attempt
@@ -37,6 +44,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, ranges
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
@@ -53,6 +61,15 @@ from mpjob_trainer.session.steps import Number, Read, StepNumerics
 
 class SuspectSteps(NumericFault):
     """A non-finite loss below the guard's bound, replayed before it can do harm."""
+
+
+class RolledBack(Exception):
+    """The session was rolled back to the checkpoint `ref`: the loop re-enters from it (a
+    framework adapter, DataRung.reenters). Not a NumericFault: no precision is given up."""
+
+    def __init__(self, ref: CheckpointRef) -> None:
+        super().__init__(f"rolled back to the checkpoint of step {ref.step}")
+        self.ref = ref
 
 
 class LossSpiked(NumericFault):
@@ -84,8 +101,15 @@ class DataRung:
             self.spike = SpikeDetector(spec.spike, lent.numerics.precision.device)
             lent.numerics.guard.spike = self.spike
         self.replay: Fp32Replay | None = None
+        #: The loop re-enters from a checkpoint instead of being rolled back in place (a
+        #: framework adapter; Session.reenter_on_rollback): a rollback ends in RolledBack.
+        self.reenters = False
         self._initial: dict[str, Any] | None = None
+        self._rolled_back_to: CheckpointRef | None = None
         self._precision_suspected = False
+        #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
+        #: whole counts in mpjob_trainer_skipped_samples_total.
+        self.step_samples = 0
 
     def stateful(self) -> dict[str, Any]:
         """What checkpoints hold of the rung (TrainingState's reserved keys)."""
@@ -95,14 +119,13 @@ class DataRung:
         """The loop registered its step; at a fresh start keep a host copy of the state to roll back
         to (the one cost of the rung before the first checkpoint: the state once, on the host).
 
-        A loop whose state the session does not hold (the framework adapters: HF Trainer and
-        Lightning keep theirs and cannot leave samples out) is not armed: a data verdict ends
-        the attempt as with onBadData fail, and a spike is logged only (docs/frameworks.md)."""
-        if state is None or not state.objects:
+        A loop whose state the session does not hold is armed only when it re-enters from a
+        checkpoint (`reenters`: the framework adapters); otherwise a data verdict ends the
+        attempt as with onBadData fail, and a spike is logged only."""
+        if state is None or not (state.objects or self.reenters):
             return
         self.replay = replay
-        rolls_back = self.spec.on_bad_data == "skip" or self.spike is not None
-        if state is not None and fresh and rolls_back and self._initial is None:
+        if state.objects and fresh and self.rolls_back and self._initial is None:
             numerics = self.lent.numerics
             precision, scaler = numerics.precision.precision, numerics.precision.scaler
             self._initial = _host_copy(state.capture(0, numerics.applied.count, precision, scaler, in_memory=True))
@@ -110,6 +133,11 @@ class DataRung:
     def _show(self) -> None:
         """The quarantine on the metrics endpoint (the operator's live status.skipped)."""
         self.lent.metrics.quarantined(self.quarantine.summary(spans=REPORT_RANGES))
+
+    @property
+    def rolls_back(self) -> bool:
+        """May this rung roll the state back (bad data skipped, or spikes rolled back)?"""
+        return self.spec.on_bad_data == "skip" or self.spike is not None
 
     def skipped(self) -> Skipped | None:
         """The report's record of what was skipped (None: nothing)."""
@@ -194,7 +222,7 @@ class DataRung:
         named = [self._samples_of(s, cause) for s in steps]  # screened at the restored weights
         for index, samples in zip(steps, named, strict=True):
             self.quarantine.add(index, cause, samples)
-            self.lent.metrics.skipped(cause, len(samples))
+            self.lent.metrics.skipped(cause, len(samples) or self.step_samples)
         spans = ranges([i for samples in named for i in samples])
         self.lent.log(
             "dataSkipped",
@@ -205,7 +233,7 @@ class DataRung:
             skippedSteps=len(self.quarantine),
             quarantine=self.quarantine.summary(spans=REPORT_RANGES).model_dump(by_alias=True),
         )
-        self._catch_up(start, step)
+        self._go_on(start, step)
 
     def _samples_of(self, index: int, cause: SkipCause) -> list[int]:
         """The samples of step `index`: for bad data those of the ranks the fp32 replay named (all
@@ -224,6 +252,13 @@ class DataRung:
 
     def _rewind_and_catch_up(self, step: int, *, state: TrainingState, checkpoints: Checkpointer) -> None:
         start = self._rewind(step - 1, state=state, checkpoints=checkpoints)
+        self._go_on(start, step)
+
+    def _go_on(self, start: int, step: int) -> None:
+        """After a rollback to `start`: catch up to `step` in place, or leave the loop to re-enter."""
+        if self.reenters:
+            assert self._rolled_back_to is not None  # a loop that re-enters has no in-memory start state
+            raise RolledBack(self._rolled_back_to)
         self._catch_up(start, step)
 
     def _rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int:
@@ -238,11 +273,14 @@ class DataRung:
             saved, start = self._initial, int(self._initial["step"])
         else:
             raise NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
+        self._rolled_back_to = ref if ref is not None and ref.step == start else None
         seen = state.samples
         numerics.applied.count = state.restore(saved, numerics.precision.precision, numerics.precision.scaler)
-        # The data position stays where the loop stands: the catch-up re-runs the same positions
-        # (quarantined samples left out of them), and a later checkpoint must say so.
-        state.samples = seen
+        if not self.reenters:
+            # The data position stays where the loop stands: the catch-up re-runs the same positions
+            # (quarantined samples left out of them), and a later checkpoint must say so. A loop
+            # that re-enters runs them again itself, counting from the checkpoint's position.
+            state.samples = seen
         numerics.guard.rewind(start)
         numerics.guard.begin_step()  # the replay's optimizer steps are not the loop's
         numerics.tally.clear()
@@ -258,7 +296,7 @@ class DataRung:
             if not self.quarantine.skips_step(index):
                 replay.step(index)
             if index + 1 < step:
-                numerics.close(index + 1, None)
+                numerics.close(index + 1, None, skipped=self.quarantine.skips_step(index))
 
 
 def _gathered(samples: list[int], world: World) -> list[int]:

@@ -134,13 +134,14 @@ class StepNumerics:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def close(self, step: int, loss: Number | None) -> None:
-        """Per-step guard bookkeeping, host-only (raises on too many overflows in a row)."""
+    def close(self, step: int, loss: Number | None, *, skipped: bool = False) -> None:
+        """Per-step guard bookkeeping, host-only (raises on too many overflows in a row). A step
+        `skipped` whole (quarantined: nothing trained) applied no update and is no overflow."""
         observed = self.tally.close(loss)
         if observed is not None:
             self.guard.observe_loss(torch.as_tensor(observed))
         try:
-            self.guard.end_step(step, self.precision.scaler is not None)
+            self.guard.end_step(step, self.precision.scaler is not None and not skipped)
         finally:
             self.guard.begin_step()
             self.tally.clear()
