@@ -156,7 +156,8 @@ def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_i
 ) -> None:
     """Checkpoints of ~40 MiB (multipart: 16 MiB parts) every 4 steps keep the writer thread
     uploading most of the time; each run is killed (its whole process group) a random few
-    milliseconds after an upload was seen in flight, three times, then rerun to the end."""
+    milliseconds after an upload was seen in flight, three times (the first at once: the moment
+    this test is about, which a delay lets the upload outrun), then rerun to the end."""
     job = manifest(tmp_path, s3, task={"builtin": "gpt", "args": BIG})
     straight = mpjob_run(job, tmp_path / "straight")
     assert straight.returncode == 0, straight.stdout + straight.stderr
@@ -165,7 +166,7 @@ def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_i
     out, rng = tmp_path / "cut", random.Random(0)
     argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"]
     kills, torn = 0, 0
-    for _ in range(3):
+    for delay in (0.0, rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2)):
         proc = subprocess.Popen(
             argv, env=env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
@@ -175,7 +176,7 @@ def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_i
             interval=0.02,
             message="an upload in flight",
         )
-        time.sleep(rng.uniform(0.0, 0.2))
+        time.sleep(delay)
         if proc.poll() is not None:
             break
         os.killpg(proc.pid, signal.SIGKILL)
