@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import mpjob_run_json
+from tests.unit.localrun import test_fsdp_run as fsdp_run
 
 pytestmark = pytest.mark.unit
 
@@ -25,14 +25,10 @@ def mlp(**args: object) -> dict[str, Any]:
 
 
 def run_job(tmp: Path, name: str, **spec: Any) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
-    doc = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": name}}
-    base = {
-        "training": {"steps": 40, "batchSize": 8, "logEvery": 5},
-        "checkpoint": {"everySteps": 5},
-        "parallelism": FSDP,
-        "resources": {"gpusPerWorker": 0, "processesPerWorker": 2},
-    }
-    return mpjob_run_json(tmp / name, {**doc, "spec": {**base, **spec}}, timeout=900)
+    """test_fsdp_run's job on 2 processes gathering in fp32, with a checkpoint every 5 steps."""
+    two = {"training": {"steps": 40, "batchSize": 8, "logEvery": 5}, "checkpoint": {"everySteps": 5}}
+    two |= {"parallelism": FSDP, "resources": {"gpusPerWorker": 0, "processesPerWorker": 2}}
+    return fsdp_run.run_job(tmp, name, **{**two, **spec})
 
 
 def test_a_transient_fault_is_replayed_falls_back_and_is_repromoted_sharded(tmp_path: Path) -> None:
