@@ -54,6 +54,7 @@ from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.quarantine import Quarantine
+from mpjob_trainer.session.reentry import ReEntry
 from mpjob_trainer.session.replay import Fp32Replay, Replaying
 from mpjob_trainer.session.setup import ModelSetUp
 from mpjob_trainer.session.skipping import DataRung, Lent
@@ -61,7 +62,7 @@ from mpjob_trainer.session.state import TrainingState, seed_everything
 from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, StepNumerics
 
 
-class Session(ModelSetUp):
+class Session(ModelSetUp, ReEntry):
     """Made by `mpjob_trainer.session.start()`; use it as a context manager."""
 
     def __init__(
@@ -188,27 +189,6 @@ class Session(ModelSetUp):
                 modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
             at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
             self._measurement = measure_and_settle(step, self.start_step, modules=modules, at=at)
-
-    def reenter_on_rollback(self) -> None:
-        """The loop cannot be rolled back in place, but re-enters from a checkpoint (a framework
-        adapter: the framework keeps its model, optimizer and data to itself). The data rung
-        (guard.onBadData skip, guard.spike) then rolls back the session's own state, quarantines
-        the offending steps whole, and raises RolledBack out of `end_step`: the loop re-enters from
-        that checkpoint, training on nothing at a step `quarantined.skips_step` names."""
-        self._rung.reenters = True
-
-    def checkpoint_start(self) -> None:
-        """At a fresh start of a loop that re-enters (reenter_on_rollback), checkpoint step 0 when
-        the data rung may roll back: the state a rollback before the first interval's checkpoint
-        returns to (a loop rolled back in place keeps a host copy instead, DataRung.arm). Call it
-        inside the loop, once the loop's own state (a framework's optimizer) exists."""
-        state, amp = self._state, self._amp
-        if state is None or self._step or self._checkpoints.last_good is not None or not self._rung.rolls_back:
-            return
-        applied = self._numerics.applied.count
-        self._checkpoints.save(
-            0, self.precision, lambda: state.capture(0, applied, amp.precision, amp.scaler), final=True
-        )
 
     def evaluate_with(self, evaluate: EvalFunction) -> None:
         """The quality gate's evaluation (spec.validation; session.quality): `evaluate()` returns
