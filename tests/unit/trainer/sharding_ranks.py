@@ -201,6 +201,7 @@ def main() -> None:
     runs = {"dtypes": case_dtypes, "train": case_train}
     result = runs[name](world, precision) if name in runs else globals()[f"case_{name}"](world)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()  # no rank tears the group down while another's collectives are in flight
     dist.destroy_process_group()
 
 
