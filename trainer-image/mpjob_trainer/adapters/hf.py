@@ -172,9 +172,7 @@ def skip_quarantined_steps(trainer: Trainer, taken: TakenBack) -> None:
     def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         if not taken.skips(trainer.state.global_step):
             return original(model, inputs, num_items_in_batch)
-        taken.hold()
-        for p in taken.parameters():
-            p.grad = torch.zeros_like(p)
+        taken.zero_gradients()
         return torch.zeros((), device=trainer.args.device)
 
     trainer.training_step = training_step  # type: ignore[method-assign]

@@ -62,6 +62,13 @@ class TakenBack:
             scale=scaler.state_dict() if scaler is not None else None,
         )
 
+    def zero_gradients(self) -> None:
+        """Every trained parameter's gradient zero (and no forward), for a framework whose
+        `training_step` does the backward itself (transformers)."""
+        self.hold()
+        for p in self.parameters():
+            p.grad = torch.zeros_like(p)
+
     def zero_loss(self) -> torch.Tensor:
         """A loss whose backward gives every trained parameter a zero gradient (and no forward)."""
         self.hold()
