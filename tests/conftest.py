@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tests.cluster.controlplane import Layout, api_ready, down, running, start_s3, up
+from tests.cluster.controlplane import COMPONENTS, Layout, api_ready, down, exclusive, running, start_s3, up
 from tests.cluster.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,27 +30,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason="needs CUDA"))
 
 
+CLUSTER_WAS_RUNNING = pytest.StashKey[bool]()
+
+
+def _worker(config: pytest.Config) -> bool:
+    """Whether this process is one of several parallel test workers (pytest-xdist)."""
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The one process that outlives every worker notes whether a test cluster was running
+    before the tests: the tests start it when they need it, and it stops it at the end if not."""
+    if not _worker(session.config) and not os.environ.get("KUBECONFIG"):
+        session.config.stash[CLUSTER_WAS_RUNNING] = bool(running(Layout.from_env()))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    was_running = session.config.stash.get(CLUSTER_WAS_RUNNING, True)
+    if not _worker(session.config) and not was_running and not os.environ.get("MPJOB_KEEP_CLUSTER"):
+        down(Layout.from_env())
+
+
 @pytest.fixture(scope="session")
-def kubeconfig() -> Iterator[str]:
-    """Path of a kubeconfig for a real cluster."""
+def kubeconfig() -> str:
+    """Path of a kubeconfig for a real cluster: $KUBECONFIG's, or the test cluster's, started
+    by the first worker that needs it and shared by all of them."""
     if os.environ.get("KUBECONFIG"):
-        yield os.environ["KUBECONFIG"]
-        return
+        return os.environ["KUBECONFIG"]
     layout = Layout.from_env()
-    started = False
-    if not (running(layout) and api_ready(layout)):
-        up(layout)
-        started = True
-    yield str(layout.kubeconfig)
-    if started and not os.environ.get("MPJOB_KEEP_CLUSTER"):
-        down(layout)
+    with exclusive(layout):
+        if not (set(COMPONENTS) <= set(running(layout)) and api_ready(layout)):
+            up(layout)
+    return str(layout.kubeconfig)
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> S3Server:
     """The test cluster's S3 server (versitygw), started when it is not running yet: it needs
-    no control plane, so store tests use it without one (`down` stops it with the cluster)."""
-    return start_s3(Layout.from_env())
+    no control plane, so store tests use it without one (it stops with the cluster)."""
+    layout = Layout.from_env()
+    with exclusive(layout):
+        return start_s3(layout)
 
 
 @pytest.fixture(scope="session")

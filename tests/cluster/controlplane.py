@@ -17,6 +17,7 @@ components, readiness, the node agent's state) and re-exports what tests and ben
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
@@ -25,11 +26,21 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tests.cluster import components, kueue, s3
 from tests.cluster.binaries import binaries
-from tests.cluster.layout import ALL_COMPONENTS, COMPONENTS, REPO, ClusterError, Layout, pid_alive, read_pid, running
+from tests.cluster.layout import (
+    ALL_COMPONENTS,
+    COMPONENTS,
+    OPTIONAL_COMPONENTS,
+    REPO,
+    ClusterError,
+    Layout,
+    pid_alive,
+    read_pid,
+    running,
+)
 from tests.cluster.nodeagent.state import kill_recorded_pods
 from tests.cluster.pki import check_openssl, write_credentials
 from tests.cluster.readiness import wait_ready
@@ -41,6 +52,7 @@ __all__ = [
     "api_ready",
     "binaries",
     "down",
+    "exclusive",
     "pid_alive",
     "read_pid",
     "running",
@@ -63,8 +75,11 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _check_ports(layout: Layout) -> None:
+def _check_ports(layout: Layout, keep: set[str]) -> None:
+    """Every port of the cluster is free, but those of the running components in `keep`."""
     for component, port in layout.ports.items():
+        if component.split("-")[0] in keep:  # kueue-webhook belongs to kueue, s3 to s3
+            continue
         if not _port_free(port):
             raise ClusterError(
                 f"port {port} ({component}) on 127.0.0.1 is in use by another process; stop it or set "
@@ -118,6 +133,16 @@ def _wait(layout: Layout, component: str, check: Callable[[], bool], *, timeout:
     raise ClusterError(f"{component} not ready after {timeout:.0f}s (logs: {layout.logs})")
 
 
+@contextlib.contextmanager
+def exclusive(layout: Layout) -> Iterator[None]:
+    """Held by a test process while it starts the cluster or adds a component to it: parallel
+    test workers share one cluster, and only one of them may start each of its processes."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with open(layout.root / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def up(layout: Layout, *, with_kueue: bool = False) -> float:
     """Start (or reuse) the cluster, with Kueue if asked; returns the seconds it took to become
     ready (0 when everything asked for was running already)."""
@@ -130,9 +155,11 @@ def up(layout: Layout, *, with_kueue: bool = False) -> float:
             return 0.0 if "s3" in alive else time.monotonic() - started
         start_kueue(layout)
         return time.monotonic() - started
-    if alive:
+    if set(alive) - set(OPTIONAL_COMPONENTS):  # a partial control plane: start it anew
         down(layout)
-    _check_ports(layout)
+        alive = {}
+    # The S3 server alone may be up (store tests need no control plane) and in use: keep it.
+    _check_ports(layout, keep=set(alive))
     bins = binaries()
     check_openssl()
     write_credentials(layout)

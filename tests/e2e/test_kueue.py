@@ -33,9 +33,11 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 @pytest.fixture(scope="module")
 def kueue(api_client: client.ApiClient) -> None:
     if not os.environ.get("KUBECONFIG"):
-        from tests.cluster.controlplane import Layout, start_kueue
+        from tests.cluster.controlplane import Layout, exclusive, start_kueue
 
-        start_kueue(Layout.from_env())
+        layout = Layout.from_env()
+        with exclusive(layout):
+            start_kueue(layout)
     try:
         client.ApiextensionsV1Api(api_client).read_custom_resource_definition("workloads.kueue.x-k8s.io")
     except ApiException as exc:
