@@ -16,6 +16,12 @@ from tests.cluster.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
 
+# One math thread per process: the suite runs tests and their trainer processes side by side,
+# and torch's idle OpenMP threads spinning beside them take cores from the work that is left.
+# Set before anything imports torch; the processes tests start (trainers, operators, the test
+# cluster's node agent and so its pods) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:

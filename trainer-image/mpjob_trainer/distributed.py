@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+
+def is_dtensor(value: object) -> bool:
+    """Whether `value` is a DTensor (FSDP2's parameters, gradients and norms), looked up where
+    torch keeps it once something imported it (`fully_shard` and DCP do). A process that never
+    shards never imports it: torch.distributed.tensor costs each trainer start about a second."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
 
 
 @dataclass(frozen=True)

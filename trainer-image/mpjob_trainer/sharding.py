@@ -34,14 +34,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.parallelism import Parallelism
-from mpjob_trainer.distributed import World
+from mpjob_trainer.distributed import World, is_dtensor
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.precision import DTYPES
@@ -214,7 +213,7 @@ def clip_gradients(params: Iterable[torch.Tensor], max_norm: float | None) -> to
     params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads)
-    if isinstance(total, DTensor):
+    if is_dtensor(total):
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm or math.inf, total)
     return total

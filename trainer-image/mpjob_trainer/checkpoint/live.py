@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict
-from torch.distributed.tensor import DTensor
+
+from mpjob_trainer.distributed import is_dtensor
 
 #: Name parts torch leaves out of a canonical key (torch.compile's and checkpoint_wrapper's).
 WRAPPER_PARTS = ("_orig_mod", "_checkpoint_wrapped_module")
@@ -45,6 +45,8 @@ class LiveStateDicts:
     def __call__(self) -> tuple[Any, Any]:
         if self._learnt and (self.optimizer is None or self.optimizer.state):
             return self._renamed()
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_sd, optim_sd = get_state_dict(self.model, [self.optimizer] if self.optimizer is not None else [])
         if not self._learnt and self._names is None:
             groups: list[dict[str, Any]] = optim_sd.get("param_groups", [])  # type: ignore[assignment]
@@ -76,7 +78,7 @@ def identical(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return False
-        x, y = (t.to_local() if isinstance(t, DTensor) else t for t in (a, b))
+        x, y = (t.to_local() if is_dtensor(t) else t for t in (a, b))
         return (x.data_ptr(), x.shape, x.dtype, type(a)) == (y.data_ptr(), y.shape, y.dtype, type(b))
     if isinstance(a, dict) and isinstance(b, dict):
         return list(a) == list(b) and all(identical(a[k], b[k]) for k in a)

@@ -40,14 +40,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files
+from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
+
+# DCP (and the DTensor it brings) is imported where a sharded checkpoint is read or written:
+# a run that never shards never loads it, about a second off each trainer start.
 
 #: In a captured state: the state dicts DCP writes, by the names the objects were registered under.
 SHARDS = "shards"
@@ -62,9 +63,9 @@ def rank_file(rank: int) -> str:
 def is_sharded(obj: Any) -> bool:
     """A module or optimizer whose parameters are DTensors (what fully_shard leaves)."""
     if isinstance(obj, nn.Module):
-        return any(isinstance(p, DTensor) for p in obj.parameters())
+        return any(is_dtensor(p) for p in obj.parameters())
     if isinstance(obj, torch.optim.Optimizer):
-        return any(isinstance(p, DTensor) for group in obj.param_groups for p in group["params"])
+        return any(is_dtensor(p) for group in obj.param_groups for p in group["params"])
     return False
 
 
@@ -134,6 +135,8 @@ def state_dicts(objects: dict[str, Any], names: dict[str, str]) -> dict[str, Any
     """The live DCP state dicts of the pair `names` (DTensors: each rank's own shards)."""
     model: nn.Module = objects[names["module"]]
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_sd, optim_sd = get_state_dict(model, optimizers)
     return _by_name(names, model_sd, optim_sd)
 
@@ -160,6 +163,9 @@ def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str])
     if missing:
         held = ", ".join(missing)
         raise ConfigError(f"the sharded checkpoint {folder.name} holds {held}, which resume() did not name")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
     target = state_dicts(objects, names)
     dcp.load(target, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
     model: nn.Module = objects[names["module"]]

@@ -28,19 +28,21 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpjob_contract import rules
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import BackgroundWriter, CheckpointStore, SaveResult, StagingBuffers, WriteFailed
 from mpjob_trainer.checkpoint.select import AnyStore
-from mpjob_trainer.checkpoint.sharded import PendingSave, ShardedWriter
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.state import TrainingState
+
+if TYPE_CHECKING:  # imported when a sharded model first saves (DCP: see checkpoint.shards)
+    from mpjob_trainer.checkpoint.sharded import PendingSave, ShardedWriter
 
 
 class Checkpointer:
@@ -131,6 +133,8 @@ class Checkpointer:
         if self._shards is None:
             if not isinstance(self.store, CheckpointStore):  # the API refuses it (rules.SHARDED_ON_A_VOLUME)
                 raise ConfigError(rules.SHARDED_ON_A_VOLUME.message)
+            from mpjob_trainer.checkpoint.sharded import ShardedWriter
+
             self._shards = ShardedWriter(self.store)  # its process group is made by all ranks, here
         pending = self._shards.start(step, precision, capture())
         if final:

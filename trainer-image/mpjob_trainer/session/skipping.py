@@ -41,12 +41,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, ranges
-from mpjob_trainer.distributed import World
+from mpjob_trainer.distributed import World, is_dtensor
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
@@ -312,7 +311,7 @@ def _host_copy(value: Any) -> Any:
     """A copy of a captured state on the host (a rollback target that training does not change).
     A sharded model's shards are copied where they are: a DTensor's mesh names its device, and
     at a fresh start they are 1/N of the weights (its optimizer holds no state yet)."""
-    if isinstance(value, DTensor):
+    if is_dtensor(value):
         return value.detach().clone()
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)

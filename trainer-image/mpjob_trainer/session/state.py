@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 try:  # numpy is the user's, not a dependency of ours: its generator is kept when it is there
     import numpy as np
@@ -36,6 +35,7 @@ except ImportError:  # pragma: no cover - torch runs without numpy
 
 from mpjob_trainer.checkpoint import shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
+from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
 #: In a capture: held in memory, every object by its own state_dict() (never written).
@@ -82,7 +82,7 @@ def seed_everything(seed: int) -> None:
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor parameter; any other tensor as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 class TrainingState:
