@@ -2,8 +2,9 @@
 # Rehearses the GPU check here, on the CPU (docs/benchmarks.md, "A GPU check in one call"): a
 # stand-in for the device image (CPython 3.12, torch 2.11 and the image's other packages that
 # ours need: scripts/gpu/requirements.py held) in .gpu-rehearse/image, then scripts/gpu-run.sh
-# over it with OUT=.gpu-rehearse/out. It proves that .gpu/ installs with no index and that every
-# step starts; the CUDA-only steps report "skipped: no CUDA".
+# over it with OUT=.gpu-rehearse/out and every budget x GPU_BUDGET_SCALE (default 3: the CPU is
+# slower). It proves that .gpu/ installs with no index and that every step starts; the CUDA-only
+# steps report "skipped: no CUDA". Arguments go to scripts/gpu/steps.py (--only NAME ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -d .gpu ]] || { echo "gpu-rehearse: no .gpu/ (make gpu-pack)" >&2; exit 1; }
