@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV_VERSION := 0.13.8
 export UV_PYTHON := 3.11
 
-.PHONY: help setup demo test lint cluster cluster-down cluster-reset crd bench
+.PHONY: help setup demo test lint cluster cluster-down cluster-reset crd bench gpu-pack gpu-rehearse
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -35,3 +35,9 @@ test: setup ## lint, then every test (unit, integration, e2e) on the test contro
 
 bench: setup ## run the CPU benchmarks and print their figures
 	@bash scripts/bench.sh
+
+gpu-pack: setup ## build .gpu/: the wheels the one-call GPU check installs on the device (<= 60 MiB)
+	@bash scripts/gpu-pack.sh
+
+gpu-rehearse: gpu-pack ## the GPU check on this CPU over a stand-in for the device image; .gpu-rehearse/out
+	@bash scripts/gpu-rehearse.sh

@@ -65,9 +65,13 @@ from mpjob_trainer.tasks.gpt import make_task
 
 CUDA = torch.cuda.is_available()
 NA = "n/a (no CUDA)"
+NOT_MEASURED = "not measured (left out of this run)"
 GPT2_124M = {"nLayer": 12, "nHead": 12, "nEmbd": 768, "blockSize": 1024, "vocabSize": 50304, "data": "random"}
 TINY = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64, "vocabSize": 512, "data": "random"}
 PRECISIONS = ("fp32", "fp32+TF32", "fp16", "bf16")
+#: What a run measures, in this order (--parts): the precisions side by side, the fp8 rows, the
+#: guard's A/B, the host syncs per step.
+PARTS = ("side", "fp8", "guard", "syncs")
 #: checkpoint.everySteps' default: the side-by-side runs are longer, so one save falls inside.
 CHECKPOINT_EVERY = Checkpoint().every_steps
 NEVER = 10**8  # an interval no run reaches
@@ -350,38 +354,49 @@ def row(label: str, side: str, f: Figures) -> str:
 
 
 def targets(results: dict[str, dict[str, Figures]], extra: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(what, figure, target) for the targets of docs/benchmarks.md, which hold on H100/H200."""
-    bf16, fp32 = results["bf16"]["mpjob"], results["fp32"]["mpjob"]
-    stall, syncs = extra["checkpointStall"], extra["syncsPerStep"]
+    """(what, figure, target) for the targets of docs/benchmarks.md, which hold on H100/H200;
+    "not measured" where this run left the figure out (--precisions, --parts)."""
+    bf16, fp32 = (results[p]["mpjob"] if p in results else None for p in ("bf16", "fp32"))
+    stall, syncs, guard = extra.get("checkpointStall"), extra.get("syncsPerStep"), extra.get("guard")
+    ratio = extra.get("bf16VsNanoGPT")
+    if stall:
+        stall_figure = f"{stall['percent']:.2f} % at everySteps {stall['everySteps']}"
+    else:
+        stall_figure = "no checkpointStaged event" if bf16 else NOT_MEASURED
+    if syncs is None:
+        sync_figure = NOT_MEASURED
+    else:
+        sync_figure = " / ".join(f"{syncs[p]:g}" for p in ("bf16", "fp16")) if CUDA else NA
     return [
-        ("bf16 MFU (mpjob)", percent(bf16.mfu), ">= 50 %"),
-        ("bf16 tokens/s, mpjob / nanoGPT loop", f"{extra['bf16VsNanoGPT']:.3f}", ">= 0.95"),
-        ("bf16 / strict fp32 tokens/s (mpjob)", f"{bf16.tokens_per_s / fp32.tokens_per_s:.2f}x", ">= 6x"),
-        ("guard overhead (bf16 step time)", f"{extra['guard']['overheadPercent']:+.2f} %", "<= 0.5 %"),
-        ("checkpoint stall (bf16)",
-         f"{stall['percent']:.2f} % at everySteps {stall['everySteps']}" if stall else "no checkpointStaged event",
-         f"<= 1 % at everySteps {CHECKPOINT_EVERY}"),
-        ("host syncs per step (bf16 / fp16)",
-         " / ".join(f"{syncs[p]:g}" for p in ("bf16", "fp16")) if CUDA else NA, "0 / <= 1"),
+        ("bf16 MFU (mpjob)", percent(bf16.mfu) if bf16 else NOT_MEASURED, ">= 50 %"),
+        ("bf16 tokens/s, mpjob / nanoGPT loop", f"{ratio:.3f}" if ratio else NOT_MEASURED, ">= 0.95"),
+        ("bf16 / strict fp32 tokens/s (mpjob)",
+         f"{bf16.tokens_per_s / fp32.tokens_per_s:.2f}x" if bf16 and fp32 else NOT_MEASURED, ">= 6x"),
+        ("guard overhead (bf16 step time)", f"{guard['overheadPercent']:+.2f} %" if guard else NOT_MEASURED,
+         "<= 0.5 %"),
+        ("checkpoint stall (bf16)", stall_figure, f"<= 1 % at everySteps {CHECKPOINT_EVERY}"),
+        ("host syncs per step (bf16 / fp16)", sync_figure, "0 / <= 1"),
     ]  # fmt: skip
 
 
 def print_extras(extra: dict[str, Any]) -> None:
-    guard, stall = extra["guard"], extra["checkpointStall"]
-    print(
-        f"guard A/B ({guard['precision']}, {guard['pairs']} interleaved pairs of {guard['steps']}-step runs, "
-        f"medians): guard on {guard['guardOnSeconds'] * 1e3:.3f} ms/step, per-step methods no-ops "
-        f"{guard['guardOffSeconds'] * 1e3:.3f} ms/step: overhead {guard['overheadPercent']:+.2f} % of step time"
-    )
-    if stall is None:
+    guard, stall = extra.get("guard"), extra.get("checkpointStall")
+    if guard:
+        print(
+            f"guard A/B ({guard['precision']}, {guard['pairs']} interleaved pairs of {guard['steps']}-step runs, "
+            f"medians): guard on {guard['guardOnSeconds'] * 1e3:.3f} ms/step, per-step methods no-ops "
+            f"{guard['guardOffSeconds'] * 1e3:.3f} ms/step: overhead {guard['overheadPercent']:+.2f} % of step time"
+        )
+    if "checkpointStall" in extra and stall is None:
         print("checkpoint stall (bf16): no checkpointStaged event (the run staged no save before its last step)")
-    else:
+    elif stall is not None:
         print(
             f"checkpoint stall (bf16, everySteps {stall['everySteps']}): {stall['saves']} save(s) staged, "
             f"{stall['stallSeconds'] * 1e3:.1f} ms blocked per save: {stall['percent']:.3f} % of training time"
         )
-    syncs = ", ".join(f"{label} {count:g}" for label, count in extra["syncsPerStep"].items()) if CUDA else NA
-    print(f"host syncs per step (set_sync_debug_mode): {syncs}")
+    if "syncsPerStep" in extra:
+        syncs = ", ".join(f"{label} {count:g}" for label, count in extra["syncsPerStep"].items()) if CUDA else NA
+        print(f"host syncs per step (set_sync_debug_mode): {syncs}")
 
 
 def fp8_json(fp8: dict[str, Any]) -> dict[str, Any]:
@@ -396,10 +411,12 @@ def compile_line(setup: Setup) -> str:
     return f"compile: trainer training.compile={setup.compile}; nanoGPT loop {baseline}"
 
 
-def side_by_side(setup: Setup) -> tuple[dict[str, dict[str, Figures]], dict[str, list[dict[str, Any]]]]:
+def side_by_side(
+    setup: Setup, precisions: tuple[str, ...] = PRECISIONS
+) -> tuple[dict[str, dict[str, Figures]], dict[str, list[dict[str, Any]]]]:
     """Each precision, nanoGPT's loop then the trainer; the trainer's events by precision."""
     results, events = {}, {}
-    for label in PRECISIONS:
+    for label in precisions:
         baseline = baseline_run(setup, label)
         print(row(label, "nanoGPT", baseline), flush=True)
         events[label] = trainer_run(setup, label)
@@ -409,13 +426,38 @@ def side_by_side(setup: Setup) -> tuple[dict[str, dict[str, Figures]], dict[str,
     return results, events
 
 
-def setup_from(argv: list[str] | None) -> tuple[Setup, str | None]:
+def listed(choices: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: a comma-separated subset of `choices`, kept in their order."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        if not names or set(names) - set(choices):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices)}")
+        return tuple(c for c in choices if c in names)
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Options:
+    setup: Setup
+    json_path: str | None
+    precisions: tuple[str, ...] = PRECISIONS
+    parts: tuple[str, ...] = PARTS
+
+
+def options_from(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU: the same code paths")
     parser.add_argument("--batch", type=int, help="samples per step (default 16; --tiny 4)")
     parser.add_argument("--steps", type=int, help="steps of each side-by-side run (default 240; --tiny 40)")
     parser.add_argument("--compile", choices=["always", "never"], help="both sides (default: always)")
-    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH as JSON")
+    parser.add_argument("--precisions", type=listed(PRECISIONS), default=PRECISIONS, help="side by side in these")
+    parser.add_argument("--parts", type=listed(PARTS), default=PARTS, help="measure these")
+    every_help = f"checkpoint.everySteps of the side-by-side runs (default {CHECKPOINT_EVERY}; --tiny 20)"
+    parser.add_argument("--checkpoint-every", type=int, help=every_help)
+    parser.add_argument("--ab-pairs", type=int, help="interleaved guard A/B pairs (default 4; --tiny 2)")
+    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH as JSON (after each part)")
     opts = parser.parse_args(argv)
     if not opts.tiny and not CUDA:
         parser.error("no CUDA device: GPT-2 124M needs a GPU (--tiny runs the same code paths on the CPU)")
@@ -425,44 +467,66 @@ def setup_from(argv: list[str] | None) -> tuple[Setup, str | None]:
     else:
         base = Setup(args=GPT2_124M, batch=16, steps=240, compile="always")
     setup = dataclasses.replace(
-        base, batch=opts.batch or base.batch, steps=opts.steps or base.steps, compile=opts.compile or base.compile
+        base,
+        batch=opts.batch or base.batch,
+        steps=opts.steps or base.steps,
+        compile=opts.compile or base.compile,
+        checkpoint_every=opts.checkpoint_every or base.checkpoint_every,
+        ab_pairs=opts.ab_pairs or base.ab_pairs,
     )
-    return setup, opts.json
+    return Options(setup, opts.json, opts.precisions, opts.parts)
 
 
 def main(argv: list[str] | None = None) -> None:
-    setup, json_path = setup_from(argv)
+    opts = options_from(argv)
+    setup = opts.setup
     print(device_line())
     print(
         f"model: gpt {setup.args}; batch {setup.batch}; {setup.steps} steps a run; figures: medians of "
         f"{setup.log_every}-step windows from step {setup.warmup + 1}"
     )
     print(compile_line(setup), flush=True)
-    results, events = side_by_side(setup)
-    ratios = {label: pair["mpjob"].tokens_per_s / pair["nanoGPT"].tokens_per_s for label, pair in results.items()}
-    print("mpjob / nanoGPT tokens/s: " + ", ".join(f"{label} {r:.3f}" for label, r in ratios.items()), flush=True)
-    fp8 = fp8_rows(
-        setup,
-        tiny=setup.args == TINY,
-        run=lambda s, label: trainer_figures(trainer_run(s, label), s.warmup),
-        show=lambda label, f: print(row(label, "mpjob", f), flush=True),
-    )
-    extra: dict[str, Any] = {
-        "bf16VsNanoGPT": ratios["bf16"],
-        "checkpointStall": checkpoint_stall(events["bf16"], results["bf16"]["mpjob"].step_s, setup.checkpoint_every),
-        "guard": guard_ab(setup),
-        "syncsPerStep": {label: syncs_per_step(setup, label) for label in ("bf16", "fp16")},
-    }
+    document: dict[str, Any] = {"device": device_line(), "torch": torch.__version__, "setup": dataclasses.asdict(setup),
+                                "parts": list(opts.parts)}  # fmt: skip
+    extra: dict[str, Any] = {}
+    results: dict[str, dict[str, Figures]] = {}
+
+    def write() -> None:  # after each part: a run stopped part-way keeps what it measured
+        if opts.json_path:
+            Path(opts.json_path).write_text(json.dumps({**document, **extra}, indent=2) + "\n")
+
+    if "side" in opts.parts:
+        results, events = side_by_side(setup, opts.precisions)
+        ratios = {label: pair["mpjob"].tokens_per_s / pair["nanoGPT"].tokens_per_s for label, pair in results.items()}
+        print("mpjob / nanoGPT tokens/s: " + ", ".join(f"{label} {r:.3f}" for label, r in ratios.items()), flush=True)
+        document["precisions"] = {label: {side: dataclasses.asdict(f) for side, f in pair.items()}
+                                  for label, pair in results.items()}  # fmt: skip
+        document["ratios"] = ratios
+        if "bf16" in results:
+            extra["bf16VsNanoGPT"] = ratios["bf16"]
+            extra["checkpointStall"] = checkpoint_stall(events["bf16"], results["bf16"]["mpjob"].step_s,
+                                                        setup.checkpoint_every)  # fmt: skip
+        write()
+    if "fp8" in opts.parts:
+        fp8 = fp8_rows(
+            setup,
+            tiny=setup.args == TINY,
+            run=lambda s, label: trainer_figures(trainer_run(s, label), s.warmup),
+            show=lambda label, f: print(row(label, "mpjob", f), flush=True),
+        )
+        document["fp8"] = fp8_json(fp8)
+        write()
+    if "guard" in opts.parts:
+        extra["guard"] = guard_ab(setup)
+        write()
+    if "syncs" in opts.parts:
+        extra["syncsPerStep"] = {label: syncs_per_step(setup, label) for label in ("bf16", "fp16")}
     print_extras(extra)
     print("targets (H100/H200; a CPU run says nothing about them):")
     for what, figure, target in targets(results, extra):
         print(f"  {what:<44} {figure:<36} target {target}")
-    if json_path:
-        figures = {label: {side: dataclasses.asdict(f) for side, f in pair.items()} for label, pair in results.items()}
-        document = {"device": device_line(), "torch": torch.__version__, "setup": dataclasses.asdict(setup),
-                    "precisions": figures, "ratios": ratios, **extra, "targets": targets(results, extra),
-                    "fp8": fp8_json(fp8)}  # fmt: skip
-        Path(json_path).write_text(json.dumps(document, indent=2) + "\n")
+    document["targets"] = targets(results, extra)
+    write()
 
 
 if __name__ == "__main__":

@@ -42,10 +42,10 @@ class ShardedWriter:
     def __init__(self, store: CheckpointStore) -> None:
         self.store = store
         cuda = torch.cuda.is_available()
-        options = StagingOptions(
+        self.options = StagingOptions(
             use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
         )
-        self.stager = DefaultStager(options)
+        self.stager = DefaultStager(self.options)
         group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
         #: The checkpoint's own group (made collectively, here on the training thread).
         self.peers = Peers.current(group if isinstance(group, dist.ProcessGroup) else None)
@@ -80,7 +80,7 @@ class ShardedWriter:
             shards,
             storage_writer=writer,
             process_group=self.peers.group,
-            async_stager=self.stager,
+            async_stager=self._fresh_stager(),
             no_dist=self.peers.size == 1 and self.peers.group is None,
         )
         if not isinstance(response, AsyncSaveResponse):  # staged before it returned
@@ -88,6 +88,16 @@ class ShardedWriter:
             return response
         response.staging_completion.add_done_callback(lambda done: _settle(staged, done))
         return response.upload_completion
+
+    def _fresh_stager(self) -> DefaultStager:
+        """The stager for the next save (on the writer thread, after the last save's staging).
+        torch 2.11's DefaultStager closes its StateDictStager once it has staged (its copy table
+        emptied: the next save fails with KeyError: <class 'type'>), so a spent one is replaced;
+        later torch keeps one for every save, with its pinned buffers."""
+        if spent(self.stager):
+            self.stager.close()
+            self.stager = DefaultStager(self.options)
+        return self.stager
 
     def _finish(
         self, step: int, precision: str, *, tmp: Path, local: dict[str, Any], upload: Future[Any], started: float
@@ -125,6 +135,12 @@ class ShardedWriter:
             shutil.rmtree(tmp, ignore_errors=True)
             return f"{type(exc).__name__}: {exc}"
         return result.ref, result.bytes
+
+
+def spent(stager: DefaultStager) -> bool:
+    """Whether `stager` was closed after staging, as torch 2.11's DefaultStager closes itself."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    return inner is not None and not getattr(inner, "_deepcopy_dispatch", True)
 
 
 def _settle(staged: Future[None], done: Future[None]) -> None:

@@ -1,0 +1,375 @@
+"""The GPU check's steps, in order, each with its own time budget (scripts/gpu-run.sh runs this
+in the venv it made over the image's torch; docs/benchmarks.md, "A GPU check in one call").
+
+A step is one command. One out of time is stopped (its whole process group) and recorded as
+"timed out", and the next step runs. Without CUDA a CUDA-only step only imports what it would
+run and is recorded as "skipped: no CUDA"; the other steps run on the CPU at a smaller size.
+$OUT gets summary.json, rewritten after every step (a call cut short still returns what ran),
+and the logs (at most 8 files in all: the device call returns no more). What the steps write
+besides (run directories, JUnit XML, the benchmark's JSON) stays in --work, and what matters of
+it is copied into summary.json.
+
+    python scripts/gpu/steps.py --out OUT [--work DIR] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CUDA = torch.cuda.is_available()
+NO_CUDA = "skipped: no CUDA"
+#: Seconds a stopped step's processes get between SIGTERM and SIGKILL.
+GRACE_S = 10
+
+
+@dataclass
+class Context:
+    work: Path
+    python: str = sys.executable
+
+    def folder(self, name: str) -> Path:
+        path = self.work / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    budget_s: int
+    log: str  # file under $OUT; steps may share one (appended, each under a header)
+    command: Callable[[Context], list[str]]  # writes what the command reads, returns its argv
+    result: Callable[[Context], tuple[dict[str, Any], str | None]]  # (figures, problem or None)
+    cuda_only: bool = False
+    imports: tuple[str, ...] = ()  # what a CUDA-only step checks without CUDA
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- pytest -m gpu
+def gpu_test_files() -> list[str]:
+    """The test files that hold gpu-marked tests: collecting only these keeps the run from
+    importing the other tests' packages (MLflow's server, boto3, a cluster's clients)."""
+    files = [p for p in sorted((REPO / "tests").rglob("test_*.py")) if "pytest.mark.gpu" in p.read_text()]
+    return [str(p.relative_to(REPO)) for p in files]
+
+
+def pytest_command(ctx: Context) -> list[str]:
+    xml = ctx.folder("pytest") / "junit.xml"
+    return [ctx.python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "--timeout", "300",
+            f"--junitxml={xml}", *gpu_test_files()]  # fmt: skip
+
+
+def pytest_result(ctx: Context) -> tuple[dict[str, Any], str | None]:
+    xml = ctx.work / "pytest" / "junit.xml"
+    if not xml.exists():
+        return {}, "no JUnit XML written"
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")  # type: ignore[assignment]
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    problem = f"{len(failed)} failed" if failed else None
+    if CUDA and counts["skipped"]:
+        problem = problem or f"{counts['skipped']} skipped on a CUDA machine"
+    return {**counts, "failedTests": failed}, problem
+
+
+# ---------------------------------------------------------------- bench/trainer_gpu.py
+#: The benchmark sized to its budget: fp32 (strict) and bf16 side by side (the targets' ratios),
+#: a save inside the runs, two A/B pairs; fp8 is its own step.
+BENCH_ARGS = ["--steps", "80", "--precisions", "fp32,bf16", "--parts", "side,guard,syncs",
+              "--checkpoint-every", "50", "--ab-pairs", "2"]  # fmt: skip
+FP8_ARGS = ["--steps", "60", "--parts", "fp8"]
+
+
+def bench_command(name: str, args: list[str]) -> Callable[[Context], list[str]]:
+    def command(ctx: Context) -> list[str]:
+        return [ctx.python, "bench/trainer_gpu.py", "--json", str(ctx.folder(name) / "figures.json"), *args]
+
+    return command
+
+
+def bench_result(name: str) -> Callable[[Context], tuple[dict[str, Any], str | None]]:
+    def result(ctx: Context) -> tuple[dict[str, Any], str | None]:
+        path = ctx.work / name / "figures.json"
+        if not path.exists():
+            return {}, "no figures written"
+        return json.loads(path.read_text()), None
+
+    return result
+
+
+# ---------------------------------------------------------------- `mpjob run` of a job
+def job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": name}, "spec": spec}
+
+
+def example(path: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO / path).read_text())
+
+
+def on_this_machine(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest for `mpjob run` here: one GPU per worker where there is one, else none."""
+    doc = copy.deepcopy(manifest)
+    doc["spec"].setdefault("resources", {})["gpusPerWorker"] = 1 if CUDA else 0
+    doc["spec"]["checkpoint"].pop("volume", None)  # `mpjob run` keeps checkpoints in its run folder
+    return doc
+
+
+def mpjob_run(name: str, manifest: Callable[[], dict[str, Any]]) -> Callable[[Context], list[str]]:
+    def command(ctx: Context) -> list[str]:
+        folder = ctx.folder(name)
+        (folder / "job.yaml").write_text(yaml.safe_dump(on_this_machine(manifest())))
+        out = folder / "out"
+        return [ctx.python, "-m", "mpjob.cli", "run", str(folder / "job.yaml"), "--out", str(out), "--fresh", "--json"]
+
+    return command
+
+
+ATTEMPT_FIELDS = ("precision", "reason", "startStep", "microBatch", "gradAccumulation", "worldSize", "exitCode")
+#: Of an attempt's message, in summary.json.
+MESSAGE_CHARS = 300
+
+
+def run_result(name: str, expect: Callable[[list[dict[str, Any]]], str | None]) -> Callable[..., Any]:
+    """report.json's phase, step and attempts; the problem: `expect`'s, or a phase not Succeeded."""
+
+    def result(ctx: Context) -> tuple[dict[str, Any], str | None]:
+        path = ctx.work / name / "out" / "report.json"
+        if not path.exists():
+            return {}, "no report.json"
+        report = json.loads(path.read_text())
+        attempts = [{**{k: a.get(k) for k in ATTEMPT_FIELDS}, "message": (a.get("message") or "")[:MESSAGE_CHARS]}
+                    for a in report.get("attempts", [])]  # fmt: skip
+        figures = {"phase": report.get("phase"), "step": report.get("step"), "attempts": attempts}
+        problem = expect(attempts) if report.get("phase") == "Succeeded" else f"phase {report.get('phase')}"
+        return figures, problem
+
+    return result
+
+
+def ladder(*expected: tuple[str, str], first_message: str = "") -> Callable[[list[dict[str, Any]]], str | None]:
+    """The attempts' (precision, reason), in order; the first's message names `first_message`."""
+
+    def check(attempts: list[dict[str, Any]]) -> str | None:
+        seen = [(a["precision"], a["reason"]) for a in attempts]
+        if seen != list(expected):
+            return f"attempts {seen}, expected {list(expected)}"
+        if first_message not in attempts[0]["message"]:
+            return f"attempt 0 ended {attempts[0]['message']!r}, expected {first_message}"
+        return None
+
+    return check
+
+
+def split_then_succeeded(attempts: list[dict[str, Any]]) -> str | None:
+    """One or more OutOfDeviceMemory attempts, each with a smaller micro-batch, then Succeeded."""
+    reasons = [a["reason"] for a in attempts]
+    batches = [a["microBatch"] for a in attempts]
+    if reasons[-1] != "Succeeded" or len(reasons) < 2 or set(reasons[:-1]) != {"OutOfDeviceMemory"}:
+        return f"attempts ended {reasons}, expected OutOfDeviceMemory then Succeeded"
+    if any(later >= earlier for earlier, later in itertools.pairwise(batches)):
+        return f"micro-batches {batches} did not shrink"
+    return None
+
+
+def quickstart() -> dict[str, Any]:
+    """examples/quickstart.yaml; on the CPU a shorter run of the same story (the whole one takes
+    minutes there): the overflow at step 30 of 60, checkpoints every 10."""
+    doc = example("examples/quickstart.yaml")
+    if not CUDA:
+        doc["spec"]["task"]["args"]["overflowAtStep"] = 30
+        doc["spec"]["training"]["steps"] = 60
+        doc["spec"]["checkpoint"]["everySteps"] = 10
+    return doc
+
+
+def out_of_memory() -> dict[str, Any]:
+    """On CUDA a real out-of-memory: 256 sequences of 2048 tokens over GPT-2's vocabulary hold
+    ~1 GiB of logits and their gradients each, several times the H200's 141 GB, and the
+    micro-batch is halved until it fits. On the CPU the mlp task's injected one
+    (outOfMemoryAbove) walks the same path."""
+    if CUDA:
+        args = {"nLayer": 2, "nHead": 8, "nEmbd": 512, "blockSize": 2048, "vocabSize": 50304, "data": "random"}
+        task, training = {"builtin": "gpt", "args": args}, {"steps": 3, "batchSize": 256, "logEvery": 1}
+    else:
+        args = {"inputs": 8, "hidden": 16, "samples": 256, "outOfMemoryAbove": 4}
+        task, training = {"builtin": "mlp", "args": args}, {"steps": 20, "batchSize": 16, "logEvery": 5}
+    return job("oom", {
+        "task": task,
+        "training": {**training, "compile": "never"},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 10},
+        "runPolicy": {"maxAttempts": 6},
+    })  # fmt: skip
+
+
+def fsdp_one_device() -> dict[str, Any]:
+    """FSDP2 over one process (one GPU, or the CPU): fp16 overflows at step 15, bf16 resumes from
+    the sharded checkpoint at step 10."""
+    args = {"nLayer": 4, "nHead": 4, "nEmbd": 256, "blockSize": 256, "vocabSize": 50304, "data": "random",
+            "overflowAtStep": 15}  # fmt: skip
+    if not CUDA:
+        args = {**args, "nLayer": 2, "nHead": 2, "nEmbd": 32, "blockSize": 32, "vocabSize": 512}
+    return job("fsdp", {
+        "task": {"builtin": "gpt", "args": args},
+        "training": {"steps": 30, "batchSize": 8, "logEvery": 5, "compile": "never"},
+        "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
+        "parallelism": {"strategy": "fsdp"},
+        "checkpoint": {"everySteps": 10},
+        "resources": {"processesPerWorker": 1},
+    })  # fmt: skip
+
+
+def fp8_fault() -> dict[str, Any]:
+    """examples/fp8-fallback.yaml: real fp8 (torchao on fp8 tensor cores) on CUDA, emulated on the CPU."""
+    doc = example("examples/fp8-fallback.yaml")
+    doc["spec"]["precision"]["fp8"]["emulate"] = not CUDA
+    return doc
+
+
+# ---------------------------------------------------------------- the steps, in order
+STEPS = [
+    Step("pytest", 75, "pytest.log", pytest_command, pytest_result),
+    Step("bench", 160, "bench.log", bench_command("bench", BENCH_ARGS), bench_result("bench"), cuda_only=True,
+         imports=("bench.trainer_gpu",)),
+    Step("quickstart", 50, "runs.log", mpjob_run("quickstart", quickstart),
+         run_result("quickstart", ladder(("fp16", "NumericFault"), ("bf16", "Succeeded")))),
+    Step("oom", 45, "runs.log", mpjob_run("oom", out_of_memory), run_result("oom", split_then_succeeded)),
+    Step("fsdp", 35, "runs.log", mpjob_run("fsdp", fsdp_one_device),
+         run_result("fsdp", ladder(("fp16", "NumericFault"), ("bf16", "Succeeded")))),
+    Step("fp8_large", 65, "fp8.log", bench_command("fp8_large", FP8_ARGS), bench_result("fp8_large"),
+         cuda_only=True, imports=("bench.trainer_gpu", "torchao.float8")),
+    Step("fp8_fault", 25, "fp8.log", mpjob_run("fp8_fault", fp8_fault),
+         run_result("fp8_fault", ladder(("fp8", "NumericFault"), ("bf16", "Succeeded"), first_message="QualityDrift"))),
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------- running them
+def run_command(argv: list[str], log: Path, budget_s: int, env: dict[str, str]) -> tuple[int | None, float]:
+    """The command's exit code (None: out of time, its process group stopped) and seconds."""
+    start = time.monotonic()
+    with log.open("a") as sink:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            code = None
+            for sig, wait_s in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+                except ProcessLookupError:
+                    break
+    return code, time.monotonic() - start
+
+
+def step_env(step: Step) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **step.env}
+    if not CUDA:
+        env["OMP_NUM_THREADS"] = "1"  # a CPU rehearsal shares few cores
+    return env
+
+
+def run_step(step: Step, ctx: Context, out: Path, budget_scale: float) -> dict[str, Any]:
+    log, budget_s = out / step.log, round(step.budget_s * budget_scale)
+    argv = step.command(ctx)
+    if step.cuda_only and not CUDA:
+        argv = [ctx.python, "-c", "; ".join(f"import {module}" for module in step.imports)]
+    with log.open("a") as sink:
+        sink.write(f"\n===== step {step.name} (budget {budget_s} s): {' '.join(argv)}\n")
+    print(f"step {step.name}: start (budget {budget_s} s)", flush=True)
+    code, seconds = run_command(argv, log, budget_s, step_env(step))
+    record: dict[str, Any] = {"name": step.name, "budgetSeconds": budget_s, "seconds": round(seconds, 1),
+                              "exitCode": code, "log": step.log}  # fmt: skip
+    if step.cuda_only and not CUDA:
+        record["status"] = NO_CUDA if code == 0 else "failed"
+        record["problem"] = None if code == 0 else f"imports of {', '.join(step.imports)} failed"
+    else:
+        figures, problem = step.result(ctx)
+        if code is None:
+            status, problem = "timed out", f"out of its {budget_s} s budget"
+        elif code != 0:
+            status, problem = "failed", problem or f"exit code {code}"
+        else:
+            status = "failed" if problem else "passed"
+        record.update(status=status, problem=problem, result=figures)
+    problem = f" ({record['problem']})" if record.get("problem") else ""
+    print(f"step {step.name}: {record['status']} in {seconds:.0f} s{problem}", flush=True)
+    return record
+
+
+def nvidia_smi() -> str | None:
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        return subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": CUDA,
+                            "cudaVersion": torch.version.cuda}  # fmt: skip
+    if CUDA:
+        info["device"] = torch.cuda.get_device_name(0)
+        info["computeCapability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        info["nvidiaSmi"] = nvidia_smi()
+    pip_check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
+    info["pipCheck"] = pip_check.stdout.strip().splitlines()
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, required=True, help="summary.json and the logs")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/mpjob-gpu-work"), help="what the steps write besides")
+    parser.add_argument("--only", nargs="*", choices=[s.name for s in STEPS], help="these steps alone")
+    parser.add_argument("--budget-scale", type=float, default=1.0, help="every budget times this (a CPU rehearsal)")
+    opts = parser.parse_args(argv)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    ctx = Context(work=opts.work)
+    began = time.monotonic()
+    summary: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds"),
+                               "environment": environment(), "steps": []}  # fmt: skip
+    for step in STEPS:
+        if opts.only and step.name not in opts.only:
+            continue
+        summary["steps"].append(run_step(step, ctx, opts.out, opts.budget_scale))
+        summary["wallSeconds"] = round(time.monotonic() - began, 1)
+        (opts.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"summary: {opts.out / 'summary.json'}, {summary.get('wallSeconds')} s")
+    for record in summary["steps"]:
+        print(
+            f"  {record['name']:<11} {record['status']:<16} {record['seconds']:>6.0f} s  {record.get('problem') or ''}"
+        )
+    ok = all(r["status"] in ("passed", NO_CUDA) for r in summary["steps"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

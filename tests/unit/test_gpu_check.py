@@ -1,0 +1,79 @@
+"""The one-call GPU check without a GPU (docs/benchmarks.md, "A GPU check in one call"): what
+the pack carries, which test files `pytest -m gpu` collects, how a step's budget and outcome
+are judged, and bench/trainer_gpu.py's partial runs. `make gpu-rehearse` runs the whole check."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import trainer_gpu
+from scripts.gpu import requirements, steps
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_pack_carries_what_the_image_lacks_and_never_torch() -> None:
+    carried = {line.split("==")[0] for line in requirements.carried()}
+    assert {"pydantic", "pydantic-core", "kopf", "kubernetes", "torchao"} <= carried
+    assert not carried & set(requirements.image())
+    assert not carried & requirements.torch_stack()
+    held = requirements.held()
+    assert held[0] == "torch==2.11.0" and "numpy==2.5.2" in held
+    assert any(line.startswith("pytest==") for line in held)
+
+
+def test_pytest_collects_only_the_files_with_gpu_marked_tests() -> None:
+    files = steps.gpu_test_files()
+    assert "tests/unit/trainer/test_gpu.py" in files
+    assert all("pytest.mark.gpu" in (steps.REPO / f).read_text() for f in files)
+
+
+def test_a_command_past_its_budget_is_stopped_with_its_children(tmp_path: Path) -> None:
+    script = "import subprocess, time; print(subprocess.Popen(['sleep', '60']).pid, flush=True); time.sleep(60)"
+    code, seconds = steps.run_command([sys.executable, "-c", script], tmp_path / "log", 1, {})
+    assert code is None and seconds < steps.GRACE_S + 5
+    child = int((tmp_path / "log").read_text().split()[0])
+    gone = wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in stat(child), timeout=10)
+    assert gone
+
+
+def stat(pid: int) -> str:
+    """The process state letter of /proc/PID/stat (Z: a zombie, dead and not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def attempt(precision: str, reason: str, micro_batch: int = 8, message: str = "") -> dict[str, object]:
+    return {"precision": precision, "reason": reason, "microBatch": micro_batch, "message": message}
+
+
+def test_the_expected_ladders() -> None:
+    quality = steps.ladder(("fp8", "NumericFault"), ("bf16", "Succeeded"), first_message="QualityDrift")
+    assert quality([attempt("fp8", "NumericFault", message="QualityDrift: ..."), attempt("bf16", "Succeeded")]) is None
+    assert quality([attempt("fp8", "NumericFault", message="overflow"), attempt("bf16", "Succeeded")])
+    assert quality([attempt("fp8", "Succeeded")])
+    oom = [attempt("bf16", "OutOfDeviceMemory", 16), attempt("bf16", "OutOfDeviceMemory", 8)]
+    assert steps.split_then_succeeded([*oom, attempt("bf16", "Succeeded", 4)]) is None
+    assert (
+        steps.split_then_succeeded([*oom, attempt("bf16", "Succeeded", 8)]) == "micro-batches [16, 8, 8] did not shrink"
+    )
+    assert steps.split_then_succeeded([attempt("bf16", "Succeeded", 16)])
+
+
+def test_the_benchmark_runs_the_parts_and_precisions_asked_for_in_its_own_order() -> None:
+    opts = trainer_gpu.options_from(["--tiny", "--precisions", "bf16,fp32", "--parts", "syncs,side"])
+    assert opts.precisions == ("fp32", "bf16") and opts.parts == ("side", "syncs")
+    assert trainer_gpu.options_from(["--tiny", "--checkpoint-every", "7"]).setup.checkpoint_every == 7
+    with pytest.raises(SystemExit):
+        trainer_gpu.options_from(["--tiny", "--parts", "side,everything"])
+
+
+def test_targets_left_out_of_a_run_read_not_measured() -> None:
+    rows = trainer_gpu.targets({}, {})
+    assert len(rows) == 6 and all(figure == trainer_gpu.NOT_MEASURED for _, figure, _ in rows)
