@@ -6,12 +6,16 @@ import gc
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def is_dtensor(value: object) -> bool:
+
+def is_dtensor(value: object) -> TypeGuard[DTensor]:
     """Whether `value` is a DTensor (FSDP2's parameters, gradients and norms), looked up where
     torch keeps it once something imported it (`fully_shard` and DCP do). A process that never
     shards never imports it: torch.distributed.tensor costs each trainer start about a second."""
