@@ -3,7 +3,7 @@ SHELL := /bin/bash
 UV_VERSION := 0.13.8
 export UV_PYTHON := 3.11
 
-.PHONY: help setup demo test lint cluster cluster-down cluster-reset crd bench gpu-pack gpu-rehearse
+.PHONY: help setup demo test test-fast lint cluster cluster-down cluster-reset crd bench gpu-pack gpu-rehearse
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ cluster-reset: cluster-down ## stop the test cluster and delete its state (etcd 
 
 test: setup ## lint, then every test (unit, integration, e2e) on the test control plane
 	@bash scripts/test.sh
+
+test-fast: setup ## the quick tier (about 2 min): unit tests that run no trainer process, no cluster
+	uv run --no-sync pytest -n 2 -m "unit and not process and not gpu"
 
 bench: setup ## run the CPU benchmarks and print their figures
 	@bash scripts/bench.sh

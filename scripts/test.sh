@@ -10,7 +10,11 @@ bash tests/cluster/build-kueue.sh >/dev/null || exit 1
 # The S3 server (versitygw, cached by version): the `s3_server` fixture starts it beside the cluster.
 bash tests/cluster/build-s3.sh >/dev/null || exit 1
 bash scripts/install-prometheus.sh || exit 1
-uv run --no-sync pytest "$@"
+# Parallel workers (pytest-xdist) share the one test cluster. A test module whose tests share
+# a module-scoped fixture or build on each other marks itself xdist_group and runs whole on one
+# worker; every other test goes to whichever worker is free. More workers than cores: much of an
+# integration test is waiting on the cluster. MPJOB_TEST_WORKERS=0 runs them in this process.
+uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-3}" --dist loadgroup "$@"
 rc=$?
 if [[ $rc -eq 5 ]]; then
   echo "test: pytest collected no tests" >&2

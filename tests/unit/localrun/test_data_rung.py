@@ -33,6 +33,7 @@ def run(tmp: Path, **spec: object) -> tuple[int, dict, str]:
     return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precision(tmp_path: Path) -> None:
     code, report, out = run(tmp_path, task=mlp(nonFiniteSamples=[5]))
     assert code == 0 and report["phase"] == "Succeeded", out
@@ -74,6 +75,7 @@ def test_a_skip_line_updates_status_skipped_as_it_happens_by_the_operators_rule(
     assert older is not None and reading_of(0, older) is None
 
 
+@pytest.mark.process
 def test_bad_data_everywhere_fails_in_one_attempt_naming_the_steps(tmp_path: Path) -> None:
     guard = {"maxSkippedSteps": 3}
     code, report, out = run(tmp_path, task=mlp(nonFiniteSamples="all"), precision={"mode": "fp16", "guard": guard})

@@ -29,6 +29,7 @@ def run(tmp: Path, *, precision: dict, **args: object) -> tuple[int, dict, str]:
     return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_an_fp8_only_drift_falls_back_to_bf16_from_the_last_good_checkpoint(tmp_path: Path) -> None:
     code, report, out = run(tmp_path, precision=FP8, fp8OutlierAtStep=15)
     assert code == 0 and report["phase"] == "Succeeded", out
@@ -42,6 +43,7 @@ def test_an_fp8_only_drift_falls_back_to_bf16_from_the_last_good_checkpoint(tmp_
     assert fallback["status"] == "True" and "fp8" in fallback["message"] and "bf16" in fallback["message"]
 
 
+@pytest.mark.process
 def test_a_transient_fp8_drift_comes_back_to_fp8(tmp_path: Path) -> None:
     code, report, out = run(
         tmp_path, precision={**FP8, "repromoteAfterSteps": 10}, fp8OutlierAtStep=15, fp8OutlierUntilStep=35
@@ -52,6 +54,7 @@ def test_a_transient_fp8_drift_comes_back_to_fp8(tmp_path: Path) -> None:
     assert report["precision"] == "fp8" and "precision re-promotion: bf16 -> fp8" in out
 
 
+@pytest.mark.process
 def test_fp8_without_fp8_hardware_fails_at_the_first_attempt_naming_the_device(tmp_path: Path) -> None:
     code, report, out = run(tmp_path, precision={"mode": "fp8"})
     assert code == 1 and report["phase"] == "Failed", out
@@ -60,6 +63,7 @@ def test_fp8_without_fp8_hardware_fails_at_the_first_attempt_naming_the_device(t
     assert "this process runs on cpu" in only["message"] and "precision.fp8.emulate" in only["message"]
 
 
+@pytest.mark.process
 def test_the_fp8_example_tells_the_story_it_promises(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parents[3] / "examples" / "fp8-fallback.yaml"
     result = mpjob_run(str(example), "--out", str(tmp_path / "out"), "--plain", timeout=600)

@@ -31,6 +31,7 @@ def run_job(tmp: Path, name: str, **spec: Any) -> tuple[list[dict[str, Any]], di
     return fsdp_run.run_job(tmp, name, **{**two, **spec})
 
 
+@pytest.mark.process
 def test_a_transient_fault_is_replayed_falls_back_and_is_repromoted_sharded(tmp_path: Path) -> None:
     _, report, _ = run_job(
         tmp_path,
@@ -46,6 +47,7 @@ def test_a_transient_fault_is_replayed_falls_back_and_is_repromoted_sharded(tmp_
     assert report["phase"] == "Succeeded" and report["precision"] == "fp16"
 
 
+@pytest.mark.process
 def test_the_quality_gate_falls_back_from_a_drifting_precision_sharded(tmp_path: Path) -> None:
     _, report, _ = run_job(
         tmp_path,
@@ -63,6 +65,7 @@ def test_the_quality_gate_falls_back_from_a_drifting_precision_sharded(tmp_path:
     assert report["evalLossDelta"] == 0.0 and report["phase"] == "Succeeded"
 
 
+@pytest.mark.process
 def test_a_poisoned_sample_is_skipped_in_the_same_precision_sharded(tmp_path: Path) -> None:
     _, report, _ = run_job(tmp_path, "skip", task=mlp(nonFiniteSamples=[5]), precision={"mode": "fp16"})
     (only,) = report["attempts"]
@@ -72,6 +75,7 @@ def test_a_poisoned_sample_is_skipped_in_the_same_precision_sharded(tmp_path: Pa
     assert report["phase"] == "Succeeded" and report["step"] == 40
 
 
+@pytest.mark.process
 def test_arming_the_data_rung_leaves_a_sharded_run_bit_identical(tmp_path: Path) -> None:
     """The rung keeps the state at a fresh start to roll back to; taking it must not touch the
     optimizer (DCP's state dicts would step an optimizer without state once, moving AdamW's

@@ -30,6 +30,7 @@ def run_job(tmp: Path, name: str, **spec: Any) -> tuple[list[dict[str, Any]], di
     return mpjob_run_json(tmp / name, {**doc, "spec": {**base, **spec}}, timeout=900)
 
 
+@pytest.mark.process
 def test_a_four_process_fsdp_job_trains_sharded_to_succeeded(tmp_path: Path) -> None:
     _, report, out = run_job(
         tmp_path,
@@ -47,6 +48,7 @@ def test_a_four_process_fsdp_job_trains_sharded_to_succeeded(tmp_path: Path) -> 
     assert last < first - 0.2  # it learns
 
 
+@pytest.mark.process
 def test_fp16_overflow_on_a_sharded_model_ends_the_attempt_on_every_rank_and_bf16_finishes(tmp_path: Path) -> None:
     """The ladder's decision under fsdp: all 4 ranks skip the same overflowing steps (found_inf
     agreed over the mesh), the guard ends fp16 at the same step on each, and the bf16 attempt
@@ -65,6 +67,7 @@ def test_fp16_overflow_on_a_sharded_model_ends_the_attempt_on_every_rank_and_bf1
     assert second["startStep"] == 10 and report["phase"] == "Succeeded"
 
 
+@pytest.mark.process
 def test_fp16_overflow_falls_back_to_bf16_from_a_sharded_checkpoint(tmp_path: Path) -> None:
     _, report, _ = run_job(
         tmp_path, "ladder", task={"builtin": "gpt", "args": {**GPT, "overflowAtStep": 15}}, precision={"mode": "fp16"}
@@ -76,6 +79,7 @@ def test_fp16_overflow_falls_back_to_bf16_from_a_sharded_checkpoint(tmp_path: Pa
     assert report["phase"] == "Succeeded" and report["lastCheckpoint"]["step"] == 30
 
 
+@pytest.mark.process
 def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step_sharded(tmp_path: Path) -> None:
     """The ladder's micro-batch splits, unchanged under fsdp (FSDP2 accumulates sharded gradients)."""
     mlp = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 256, "overflowAtStep": 15}}

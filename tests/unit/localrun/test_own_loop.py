@@ -47,6 +47,7 @@ def shape(events: list[dict[str, Any]], report: dict[str, Any]) -> dict[str, Any
     }
 
 
+@pytest.mark.process
 def test_own_code_recovers_and_looks_like_a_builtin_job(tmp_path: Path) -> None:
     own_events, own, own_out = run_job(tmp_path, "own", OWN)
     first, second = own["attempts"]

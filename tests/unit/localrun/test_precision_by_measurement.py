@@ -12,6 +12,7 @@ from tests.unit.localrun.test_smarter_fallback import mlp, run
 pytestmark = pytest.mark.unit
 
 
+@pytest.mark.process
 def test_two_workers_measure_auto_alike_and_the_report_shows_amp_slower(tmp_path: Path) -> None:
     code, report, out = run(
         tmp_path, workers=2, task=mlp(samples=256, stepDelay={"bf16": 0.3}), precision={"mode": "auto"}

@@ -50,6 +50,7 @@ def mpjob_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.process
 def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
     job = manifest(tmp_path, precision={"mode": "bf16"})
     result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--plain")
@@ -77,6 +78,7 @@ def run_overflowing(tmp_path: Path, **spec: object) -> tuple[subprocess.Complete
     return result, report
 
 
+@pytest.mark.process
 def test_fallback_path_recovers_in_bf16_from_a_checkpoint(tmp_path: Path) -> None:
     result, _ = run_overflowing(tmp_path)
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -85,6 +87,7 @@ def test_fallback_path_recovers_in_bf16_from_a_checkpoint(tmp_path: Path) -> Non
     assert {p["precision"] for p in series["points"]} == {"fp16", "bf16"}
 
 
+@pytest.mark.process
 def test_a_configuration_error_fails_fast_with_the_trainers_message(tmp_path: Path) -> None:
     job = manifest(tmp_path, task={"module": "nowhere_to_be_found:make"})
     started = time.monotonic()
@@ -103,6 +106,7 @@ def test_an_invalid_manifest_is_rejected_before_running(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
 def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
     job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
     out = tmp_path / "out"
@@ -134,6 +138,7 @@ def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
     assert report["attempts"][1]["startStep"] == stopped_at
 
 
+@pytest.mark.process
 def test_two_local_workers_fall_back_together_and_resume(tmp_path: Path) -> None:
     """workers: 2 runs two trainer processes with gloo rendezvous on loopback: both ranks see
     the overflow at the same step, the attempt ends once, and the bf16 attempt resumes both
@@ -161,6 +166,7 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.process
 def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
     """Workers run in their own session (Ctrl-C reaches the runner only), so a SIGKILL of the
     runner's group does not reach them: they must die with the runner, or they train on and

@@ -27,6 +27,7 @@ def run(tmp: Path, **spec: object) -> tuple[int, dict, str]:
     return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_poisoned_data_fails_after_one_attempt_with_the_replays_verdict(tmp_path: Path) -> None:
     code, report, out = run(tmp_path, task=mlp(nonFiniteSamples=[5, 40]), precision=FAIL_ON_BAD_DATA)
     assert code == 1 and report["phase"] == "Failed", out
@@ -37,6 +38,7 @@ def test_poisoned_data_fails_after_one_attempt_with_the_replays_verdict(tmp_path
     assert failed["reason"] == "NonFiniteInFp32"
 
 
+@pytest.mark.process
 def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step(tmp_path: Path) -> None:
     code, report, out = run(
         tmp_path, task=mlp(overflowAtStep=15, outOfMemoryAbove=4), precision={"mode": "fp16", "fallback": ["fp32"]}
@@ -47,6 +49,7 @@ def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step(tmp_path:
     assert "fp32 replayed steps 13-16 finitely" in report["attempts"][1]["message"]  # counted from 1
 
 
+@pytest.mark.process
 def test_with_fallback_keeps_batch_off_fp32_runs_the_spec_micro_batch(tmp_path: Path) -> None:
     code, report, out = run(
         tmp_path,
@@ -57,6 +60,7 @@ def test_with_fallback_keeps_batch_off_fp32_runs_the_spec_micro_batch(tmp_path: 
     assert [(a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]] == [(8, 1), (8, 1)]
 
 
+@pytest.mark.process
 def test_two_workers_agree_on_the_replays_verdict(tmp_path: Path) -> None:
     """Each rank replays its own share of the steps; the verdict is all-reduced, so both end
     NonFiniteInFp32 even though only one rank's samples hold the poisoned one."""
@@ -82,6 +86,7 @@ def promotion(tmp: Path, until: int) -> tuple[int, dict, str]:
     )
 
 
+@pytest.mark.process
 def test_a_transient_fault_falls_back_then_repromotes_and_finishes_in_fp16(tmp_path: Path) -> None:
     code, report, out = promotion(tmp_path, until=20)
     assert code == 0 and report["phase"] == "Succeeded", out
@@ -92,6 +97,7 @@ def test_a_transient_fault_falls_back_then_repromotes_and_finishes_in_fp16(tmp_p
     assert (fallback["status"], fallback["reason"]) == ("False", "Repromoted")
 
 
+@pytest.mark.process
 def test_a_precision_that_faults_again_after_repromotion_stays_down(tmp_path: Path) -> None:
     code, report, out = promotion(tmp_path, until=32)  # still overflowing when fp16 comes back at 25
     assert code == 0 and report["phase"] == "Succeeded", out
@@ -103,6 +109,7 @@ def test_a_precision_that_faults_again_after_repromotion_stays_down(tmp_path: Pa
     ]
 
 
+@pytest.mark.process
 def test_the_quality_gate_falls_back_from_a_drifting_precision_and_shows_it(tmp_path: Path) -> None:
     code, report, out = run(
         tmp_path,

@@ -34,6 +34,7 @@ def job(uri: str) -> dict:
     }
 
 
+@pytest.mark.process
 def test_a_fallback_job_is_one_mlflow_run_with_both_attempts(tmp_path: Path) -> None:
     with mlflow_server(tmp_path / "mlflow") as uri:
         events, report, _ = mpjob_run_json(tmp_path / "run", job(uri), timeout=600)

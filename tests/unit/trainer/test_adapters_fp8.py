@@ -39,6 +39,7 @@ def attempt(tmp_path: Path, framework: str, precision: str) -> Run:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_an_fp8_attempt_under_a_framework_trains_float8_linears_in_bf16_autocast(
     tmp_path: Path, framework: str
 ) -> None:

@@ -28,6 +28,7 @@ def auto_job(*extra: str) -> dict:
 
 
 @pytest.mark.parametrize(("slow", "chosen", "slower"), [("fp32", "bf16", False), ("bf16", "fp32", True)])
+@pytest.mark.process
 def test_an_auto_attempt_under_lightning_measures_its_step_and_trains_in_the_chosen_precision(
     tmp_path: Path, slow: str, chosen: str, slower: bool
 ) -> None:
@@ -48,6 +49,7 @@ def test_an_auto_attempt_under_lightning_measures_its_step_and_trains_in_the_cho
 
 
 @pytest.mark.parametrize(("slow", "chosen"), [("fp32", "bf16"), ("bf16", "fp32")])
+@pytest.mark.process
 def test_measuring_under_lightning_keeps_nothing_it_trains_as_if_started_in_the_chosen_precision(
     tmp_path: Path, slow: str, chosen: str
 ) -> None:

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_fp16_overflow_falls_back_to_bf16_from_the_framework_checkpoint(tmp_path: Path, framework: str) -> None:
     spec = job(
         framework,

@@ -33,6 +33,7 @@ def job(framework: str, *extra: str, on_bad_data: str = "fail", **over: object) 
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_bad_data_under_a_framework_replays_non_finite_in_fp32(tmp_path: Path, framework: str) -> None:
     argv = [SCRIPT, framework, "--poison", POISON[framework]]
     run = run_trainer(tmp_path, job(framework, *argv[2:]), "fp16", argv=argv)
@@ -45,6 +46,7 @@ def test_bad_data_under_a_framework_replays_non_finite_in_fp32(tmp_path: Path, f
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_an_fp16_overflow_under_a_framework_replays_finite_in_fp32(tmp_path: Path, framework: str) -> None:
     argv = [SCRIPT, framework, "--overflow-at", "12"]
     run = run_trainer(tmp_path, job(framework, "--overflow-at", "12"), "fp16", argv=argv)
@@ -55,6 +57,7 @@ def test_an_fp16_overflow_under_a_framework_replays_finite_in_fp32(tmp_path: Pat
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_the_quality_gate_evaluates_a_frameworks_eval_set_in_fp32_too(tmp_path: Path, framework: str) -> None:
     validation = {"everySteps": 10, "batches": 2, "maxLossDelta": 0.5}
     run = run_trainer(tmp_path, job(framework, validation=validation), "bf16", argv=[SCRIPT, framework])

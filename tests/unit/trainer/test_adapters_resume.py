@@ -24,6 +24,7 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_a_corrupted_newest_framework_checkpoint_is_skipped(tmp_path: Path, framework: str) -> None:
     spec = job(framework, training={"steps": 20}, checkpoint={"everySteps": 10, "keep": 3})
     first = run_trainer(tmp_path, spec, "fp32", argv=command(framework)[1:], name="a0.json")
@@ -73,6 +74,7 @@ def framework_state(folder: Path, framework: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_killed_and_rerun_ends_bit_identical(tmp_path: Path, framework: str) -> None:
     steps = 120
     spec = job(framework, training={"steps": steps}, precision={"mode": "fp16"}, checkpoint={"everySteps": 10})

@@ -63,6 +63,7 @@ def sdk_state(tmp: Path, steps: int = 30) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_a_poisoned_batch_is_skipped_in_the_same_attempt_and_precision(tmp_path: Path, framework: str) -> None:
     skipping = run(tmp_path / "poisoned", framework, "--poison", POISON[framework])
     assert skipping.code == ExitCode.SUCCESS, skipping.stderr[-3000:]
@@ -103,6 +104,7 @@ def test_a_poisoned_batch_is_skipped_in_the_same_attempt_and_precision(tmp_path:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_on_bad_data_fail_keeps_ending_the_attempt_non_finite_in_fp32(tmp_path: Path, framework: str) -> None:
     failing = job(framework, "--poison", POISON[framework])
     failing["precision"]["guard"] = {"onBadData": "fail", "maxNonFiniteLosses": 1}
@@ -120,6 +122,7 @@ def spiking(framework: str, *extra: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_a_loss_spike_rolls_back_and_skips_its_steps_under_a_framework(tmp_path: Path, framework: str) -> None:
     argv = [SCRIPT, framework, "--spike-at", "12"]  # steps 12-14: the output 1e3 times larger
     spiked = run_trainer(tmp_path / "spiked", spiking(framework, *argv[2:]), "bf16", argv=argv)
@@ -150,6 +153,7 @@ def finish(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_killed_after_a_skip_resumes_with_the_quarantine_and_ends_bit_identical(tmp_path: Path, framework: str) -> None:
     steps = 60
     argv = [SCRIPT, framework, "--poison", POISON[framework], "--pace", "0.05"]
@@ -202,6 +206,7 @@ def mpjob_run(tmp: Path, framework: str, *extra: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
 def test_two_processes_skip_a_poisoned_batch_together(tmp_path: Path, framework: str) -> None:
     """Every rank replays, rolls back, re-enters its framework (DDP re-wrapped) and trains on
     nothing at the quarantined step, so the ranks stay in step and the job Succeeds in fp16."""

@@ -40,6 +40,7 @@ def _served(path: Path, per_step: int) -> list[list[int]]:
     return [indices[i : i + per_step] for i in range(0, len(indices), per_step)]
 
 
+@pytest.mark.process
 def test_an_fp32_fallback_with_a_split_micro_batch_resumes_in_the_data_order_of_an_unsplit_run(
     tmp_path: Path,
 ) -> None:

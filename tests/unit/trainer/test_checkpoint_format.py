@@ -92,6 +92,7 @@ def test_a_format_1_builtin_checkpoint_resumes_with_adam_state_moved_by_paramete
         assert torch.equal(model.state_dict()[key], value), key
 
 
+@pytest.mark.process
 def test_the_trainer_trains_on_from_a_format_1_checkpoint_and_writes_format_2(tmp_path: Path) -> None:
     _copy_fixture(tmp_path / "ckpt")
     run = run_trainer(tmp_path, _job(20))

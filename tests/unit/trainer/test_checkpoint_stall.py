@@ -208,6 +208,7 @@ def test_finite_reads_the_host_once_for_all_parameters(monkeypatch: pytest.Monke
     assert reads == ["__bool__"]
 
 
+@pytest.mark.process
 def test_the_trainer_logs_the_stall_of_every_periodic_checkpoint(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec())  # 30 steps, a checkpoint every 10
     assert run.code == 0, run.stderr

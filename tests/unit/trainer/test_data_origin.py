@@ -79,6 +79,7 @@ def launch(tmp: Path, job: dict[str, Any], *, nproc: int, record: Path) -> list[
     return parse(proc.stdout)
 
 
+@pytest.mark.process
 def test_the_builtin_loop_resumed_on_fewer_processes_trains_the_samples_four_would_have(tmp_path: Path) -> None:
     def job(steps: int) -> dict[str, Any]:
         training = {"steps": steps, "batchSize": 2, "logEvery": 5, "seed": 3}

@@ -55,6 +55,7 @@ def straight(tmp: Path, job_spec: dict, quarantined: list[int]) -> dict[str, tor
     return weights(tmp)
 
 
+@pytest.mark.process
 def test_a_poisoned_sample_is_skipped_once_and_the_run_equals_one_that_never_saw_it(tmp_path: Path) -> None:
     run = run_trainer(tmp_path / "poisoned", job([30]), "fp16")
     assert run.code == ExitCode.SUCCESS, run.stderr
@@ -72,6 +73,7 @@ def test_a_poisoned_sample_is_skipped_once_and_the_run_equals_one_that_never_saw
     assert same(weights(tmp_path / "poisoned"), clean)
 
 
+@pytest.mark.process
 def test_a_skip_is_on_the_metrics_endpoint_as_the_report_will_say_it_and_forgiven_for_the_halt_alert(
     tmp_path: Path,
 ) -> None:
@@ -108,12 +110,14 @@ def parser_samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], fl
     }
 
 
+@pytest.mark.process
 def test_with_on_bad_data_fail_a_poisoned_sample_ends_the_attempt_as_before(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, job([30], guard={"onBadData": "fail"}), "fp16")
     assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
     assert run.of("dataSkipped") == [] and run.report is not None and run.report.skipped is None
 
 
+@pytest.mark.process
 def test_bad_data_everywhere_fails_after_max_skipped_steps_naming_them(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, job("all", guard={"maxSkippedSteps": 2}), "fp16")
     assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
@@ -124,6 +128,7 @@ def test_bad_data_everywhere_fails_after_max_skipped_steps_naming_them(tmp_path:
     assert report.skipped is not None and report.skipped.count == 2 and report.skipped.samples == 16
 
 
+@pytest.mark.process
 def test_a_sigkilled_run_resumes_with_its_quarantine_bit_identical(tmp_path: Path) -> None:
     slow = job([30], stepDelay={"fp16": 0.02})
     whole = run_trainer(tmp_path / "whole", slow, "fp16")
@@ -154,6 +159,7 @@ def spiking(action: str) -> dict:
     return {**base, "precision": {**base["precision"], "mode": "fp32"}}
 
 
+@pytest.mark.process
 def test_a_finite_loss_spike_rolls_back_once_and_skips_its_steps(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spiking("rollback"), "fp32")
     assert run.code == 0, run.stderr
@@ -165,6 +171,7 @@ def test_a_finite_loss_spike_rolls_back_once_and_skips_its_steps(tmp_path: Path)
     assert run.report is not None and run.report.precision == "fp32" and run.report.skipped is not None
 
 
+@pytest.mark.process
 def test_with_spike_off_a_loss_spike_trains_on_as_before(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spiking("off"), "fp32")
     assert run.code == 0, run.stderr

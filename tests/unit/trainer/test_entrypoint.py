@@ -17,12 +17,14 @@ from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 pytestmark = pytest.mark.unit
 
 
+@pytest.mark.process
 def test_a_module_that_does_not_import_is_a_config_error(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(task={"module": "no_such_pkg.train:make_task"}))
     assert run.code == ExitCode.CONFIG_ERROR
     assert run.report.reason == "ConfigError" and "no_such_pkg" in run.report.message
 
 
+@pytest.mark.process
 def test_a_factory_that_raises_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "bad_task.py").write_text("def make_task(args):\n    raise RuntimeError('boom: no data')\n")
     run = run_trainer(tmp_path, spec(task={"module": "bad_task:make_task"}), extra={"PYTHONPATH": str(tmp_path)})
@@ -30,12 +32,14 @@ def test_a_factory_that_raises_is_a_config_error(tmp_path: Path) -> None:
     assert "boom: no data" in run.report.message and "bad_task:make_task" in run.report.message
 
 
+@pytest.mark.process
 def test_a_factory_returning_the_wrong_shape_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "odd_task.py").write_text("def make_task(args):\n    return 42\n")
     run = run_trainer(tmp_path, spec(task={"module": "odd_task:make_task"}), extra={"PYTHONPATH": str(tmp_path)})
     assert run.code == ExitCode.CONFIG_ERROR and "model" in run.report.message
 
 
+@pytest.mark.process
 def test_unknown_builtin_args_are_a_config_error(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(task={"builtin": "mlp", "args": {"hiden": 3}}))
     assert run.code == ExitCode.CONFIG_ERROR and "hiden" in run.report.message
@@ -73,6 +77,7 @@ def _ddp(tmp: Path, steps: int, attempt: int) -> list[subprocess.CompletedProces
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=240), *p.communicate()) for p in procs]
 
 
+@pytest.mark.process
 def test_two_process_ddp_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     first = _ddp(tmp_path, 20, 0)
     assert [p.returncode for p in first] == [0, 0], first[1].stderr[-2000:]
@@ -86,6 +91,7 @@ def test_two_process_ddp_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert (tmp_path / "ckpt" / "step-000000030").exists()
 
 
+@pytest.mark.process
 def test_metrics_endpoint_serves_the_contract_names(tmp_path: Path) -> None:
     port = free_port()
     env = launch_env(

@@ -38,6 +38,7 @@ def test_a_launch_whose_split_changes_the_samples_per_step_is_refused() -> None:
         )
 
 
+@pytest.mark.process
 def test_validation_on_a_task_without_an_eval_set_is_a_config_error_naming_the_field(tmp_path: Path) -> None:
     job = spec(
         task={"module": "tests.unit.trainer.recording_task:without_eval", "args": {"inputs": 8, "hidden": 16}},

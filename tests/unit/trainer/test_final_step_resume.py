@@ -42,6 +42,7 @@ def fingerprint(ckpt: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("loop", ["builtin", "sdk", "hf", "lightning"])
+@pytest.mark.process
 def test_an_attempt_resumed_at_the_last_step_succeeds_at_once(tmp_path: Path, loop: str) -> None:
     job, argv = job_of(loop)
     ckpt = tmp_path / "ckpt"

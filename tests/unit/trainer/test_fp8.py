@@ -56,6 +56,7 @@ def test_the_default_rules_keep_the_first_last_and_odd_sized_linears_in_bf16() -
     assert float8.plan(linears, ["[0-9]"])["1"] == "skip"  # fnmatch patterns
 
 
+@pytest.mark.process
 def test_conversion_switches_with_the_mode_and_keeps_a_plain_state() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 16), nn.Linear(16, 1))
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -79,6 +80,7 @@ def test_fp8_needs_an_fp8_device_unless_emulated() -> None:
     float8.require_fp8_device(Fp8Spec(emulate=True), torch.device("cpu"))
 
 
+@pytest.mark.process
 def test_an_fp8_job_trains_with_its_eligible_linears_in_fp8(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, fp8_job(), "fp8")
     assert run.code == 0, run.stderr
@@ -89,6 +91,7 @@ def test_an_fp8_job_trains_with_its_eligible_linears_in_fp8(tmp_path: Path) -> N
     assert max(e["delta"] for e in run.of("eval")) < 0.05  # fp8 stays close to fp32 on a plain workload
 
 
+@pytest.mark.process
 def test_an_fp8_job_on_a_cpu_without_emulate_is_a_configuration_error_naming_the_device(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, {**fp8_job(), "precision": {"mode": "fp8"}}, "fp8")
     assert run.code == ExitCode.CONFIG_ERROR, run.stderr
@@ -96,6 +99,7 @@ def test_an_fp8_job_on_a_cpu_without_emulate_is_a_configuration_error_naming_the
     assert "precision.fp8.emulate" in run.report.message and not run.of("step")
 
 
+@pytest.mark.process
 def test_the_outlier_drifts_in_fp8_only(tmp_path: Path) -> None:
     drifting = run_trainer(tmp_path / "fp8", fp8_job(fp8OutlierAtStep=15), "fp8")
     assert drifting.code == ExitCode.NUMERIC_FAULT, drifting.stderr
@@ -107,6 +111,7 @@ def test_the_outlier_drifts_in_fp8_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("then", ["bf16", "fp32"])
+@pytest.mark.process
 def test_a_checkpoint_written_in_fp8_resumes_in_bf16_and_fp32_with_identical_weights(tmp_path: Path, then: str) -> None:
     first = run_trainer(tmp_path, fp8_job(steps=20), "fp8")
     assert first.code == 0, first.stderr
@@ -128,6 +133,7 @@ def test_a_checkpoint_written_in_fp8_resumes_in_bf16_and_fp32_with_identical_wei
         torch.testing.assert_close(after["model"][key], value, atol=0.05, rtol=0)  # one step from the same weights
 
 
+@pytest.mark.process
 def test_an_fp8_run_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     job = spec(precision=EMULATED, training={"steps": 60, "logEvery": 5}, checkpoint={"everySteps": 10, "keep": 10})
     straight = run_trainer(tmp_path / "straight", job, "fp8")

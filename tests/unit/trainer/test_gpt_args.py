@@ -96,6 +96,7 @@ def test_a_bad_value_names_the_field_and_what_is_allowed(args: dict[str, Any], m
         make_task({**SMALL, **args})
 
 
+@pytest.mark.process
 def test_the_trainer_ends_a_bad_vocab_size_as_a_configuration_error_naming_the_field(tmp_path: Path) -> None:
     job = spec(task={"builtin": "gpt", "args": {**SMALL, "vocabSize": 100}})
     run = run_trainer(tmp_path, job, "fp32")

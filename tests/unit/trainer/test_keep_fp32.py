@@ -273,6 +273,7 @@ def test_keeping_twice_wraps_once_and_a_deepcopy_runs_its_own_weights() -> None:
 
 
 # ---------------------------------------------------------------- compile and DDP
+@pytest.mark.process
 def test_no_graph_breaks_and_compiled_matches_eager() -> None:
     """Linear is what CPU autocast would run in bf16: kept, it must stay fp32 compiled too."""
     torch.manual_seed(0)
@@ -290,6 +291,7 @@ def test_no_graph_breaks_and_compiled_matches_eager() -> None:
     torch.testing.assert_close(compiled, eager)
 
 
+@pytest.mark.process
 def test_inductor_compiles_a_kept_model_to_the_eager_result() -> None:
     model = _net()
     keep_fp32(model, ["LayerNorm", "Gate"], CPU)

@@ -369,6 +369,7 @@ def trainer_env(tmp: Path, job: dict[str, Any], precision: str) -> dict[str, str
     return launch_env(tmp, job, precision, name="pod.json", extra={"MASTER_PORT": str(free_port())})
 
 
+@pytest.mark.process
 def test_a_numeric_fault_exits_42_with_one_report(tmp_path: Path, pods: Any) -> None:
     task = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 256, "overflowAtStep": 10}}
     job = spec(task=task, training={"steps": 40, "logEvery": 5}, checkpoint={"everySteps": 5})
@@ -384,6 +385,7 @@ def _until_training(pod: Pod) -> None:
     wait_for(lambda: any(e["event"] == "step" for e in pod.events), 120, message="a step event")
 
 
+@pytest.mark.process
 def test_sigterm_to_the_launcher_checkpoints_and_exits_44(tmp_path: Path, pods: Any) -> None:
     job = spec(training={"steps": 1_000_000, "logEvery": 5}, checkpoint={"everySteps": 1_000_000})
     pod = pods(tmp_path, ["--nproc-per-worker", "2"], TRAINER, env=trainer_env(tmp_path, job, "fp32"))
@@ -397,6 +399,7 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_44(tmp_path: Path, pods: 
     assert (Path(ckpt.path) / "manifest.json").exists()
 
 
+@pytest.mark.process
 def test_a_rank_killed_by_sigkill_stops_its_sibling_and_exits_1(tmp_path: Path, pods: Any) -> None:
     job = spec(training={"steps": 1_000_000, "logEvery": 5}, checkpoint={"everySteps": 1_000_000})
     pod = pods(

@@ -44,6 +44,7 @@ def test_the_fastest_finite_low_precision_must_beat_fp32_by_the_margin(
     assert (measurement.chosen, measurement.amp_slower_than_fp32) == (chosen, slower)
 
 
+@pytest.mark.process
 def test_auto_on_cpu_measures_bf16_and_fp32_and_trains_in_the_one_chosen(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, auto_job(), "auto")
     assert run.code == 0, run.stderr
@@ -58,6 +59,7 @@ def test_auto_on_cpu_measures_bf16_and_fp32_and_trains_in_the_one_chosen(tmp_pat
 
 
 @pytest.mark.parametrize(("slow", "chosen", "slower"), [("fp32", "bf16", False), ("bf16", "fp32", True)])
+@pytest.mark.process
 def test_a_device_where_one_precision_is_slow_decides_the_choice(
     tmp_path: Path, slow: str, chosen: str, slower: bool
 ) -> None:
@@ -69,6 +71,7 @@ def test_a_device_where_one_precision_is_slow_decides_the_choice(
     assert measurement.step_seconds[slow] > 0.3 > measurement.step_seconds[chosen]
 
 
+@pytest.mark.process
 def test_measuring_keeps_nothing_the_run_trains_as_if_it_had_started_in_the_chosen_precision(tmp_path: Path) -> None:
     job = auto_job(stepDelay={"fp32": 0.3})
     measured = run_trainer(tmp_path / "auto", job, "auto")

@@ -20,6 +20,7 @@ OVERFLOWING = {
 }
 
 
+@pytest.mark.process
 def test_fp16_overflow_is_a_numeric_fault_naming_the_last_good_checkpoint(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(**OVERFLOWING), "fp16")
     assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
@@ -32,6 +33,7 @@ def test_fp16_overflow_is_a_numeric_fault_naming_the_last_good_checkpoint(tmp_pa
     assert not (tmp_path / "ckpt" / "step-000000030").exists()
 
 
+@pytest.mark.process
 def test_the_same_workload_trains_to_the_end_in_bf16(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(**OVERFLOWING), "bf16")
     assert run.code == 0, run.stderr
@@ -40,6 +42,7 @@ def test_the_same_workload_trains_to_the_end_in_bf16(tmp_path: Path) -> None:
     assert run.report is not None and run.report.last_good_checkpoint.step == 50
 
 
+@pytest.mark.process
 def test_stable_fp16_survives_loss_scale_calibration(tmp_path: Path) -> None:
     job = spec(precision={"mode": "fp16", "lossScale": {"init": 2.0**24}})
     run = run_trainer(tmp_path, job, "fp16")
@@ -50,6 +53,7 @@ def test_stable_fp16_survives_loss_scale_calibration(tmp_path: Path) -> None:
     assert run.of("fault") == []
 
 
+@pytest.mark.process
 def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
     import torch
 
@@ -62,6 +66,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path) -> None:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.process
 def test_clipping_sees_unscaled_gradients(tmp_path: Path) -> None:
     job = spec(training={"steps": 5, "logEvery": 1})
     fp32 = run_trainer(tmp_path / "fp32", job, "fp32")
@@ -73,6 +78,7 @@ def test_clipping_sees_unscaled_gradients(tmp_path: Path) -> None:
     assert g16 == pytest.approx(g32, rel=0.05)  # not 65536 times larger
 
 
+@pytest.mark.process
 def test_auto_resolves_to_bf16_on_cpu(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(training={"steps": 2}), "auto")
     assert run.code == 0

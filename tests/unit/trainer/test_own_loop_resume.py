@@ -55,6 +55,7 @@ def assert_identical(a: Any, b: Any, where: str = "") -> None:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.process
 def test_own_loop_killed_and_rerun_ends_bit_identical(tmp_path: Path, precision: str) -> None:
     job = spec(
         task={"command": COMMAND[COMMAND.index("--") + 1 :]},

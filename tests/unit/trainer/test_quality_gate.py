@@ -27,6 +27,7 @@ def gated(precision: str, steps: int, **args: object) -> dict:
     )
 
 
+@pytest.mark.process
 def test_a_precision_whose_eval_loss_drifts_from_fp32_ends_by_the_gate(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, gated("bf16", 60, cancellationOffset=1000), "bf16")
     assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
@@ -37,6 +38,7 @@ def test_a_precision_whose_eval_loss_drifts_from_fp32_ends_by_the_gate(tmp_path:
     assert run.report.replay is None  # a drift is not replayed: fp32 is the reference already
 
 
+@pytest.mark.process
 def test_a_stable_workload_never_trips_the_gate_over_a_long_run(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, gated("bf16", 400), "bf16")
     assert run.code == 0, run.stderr
@@ -44,6 +46,7 @@ def test_a_stable_workload_never_trips_the_gate_over_a_long_run(tmp_path: Path) 
     assert len(evals) == 40 and max(e["delta"] for e in evals) < 0.05
 
 
+@pytest.mark.process
 def test_fp32_attempts_evaluate_once_with_no_delta(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, gated("fp32", 20, cancellationOffset=1000), "fp32")
     assert run.code == 0, run.stderr

@@ -27,6 +27,7 @@ def poisoned(samples: object, **over: object) -> dict:
     )
 
 
+@pytest.mark.process
 def test_a_poisoned_sample_ends_the_attempt_as_non_finite_in_fp32_naming_step_and_samples(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, poisoned([30]), "fp16")
     assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
@@ -41,6 +42,7 @@ def test_a_poisoned_sample_ends_the_attempt_as_non_finite_in_fp32_naming_step_an
     assert [e["verdict"] for e in run.of("replay")] == ["data"]
 
 
+@pytest.mark.process
 def test_data_poisoned_from_the_first_step_replays_the_weights_in_memory(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, poisoned("all"), "fp16")
     assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr
@@ -49,6 +51,7 @@ def test_data_poisoned_from_the_first_step_replays_the_weights_in_memory(tmp_pat
     assert not replay.from_checkpoint and replay.offending_step == 0 and replay.steps == 1
 
 
+@pytest.mark.process
 def test_a_precision_overflow_replays_finite_in_fp32_and_stays_a_numeric_fault(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(**OVERFLOWING, precision={"mode": "fp16"}), "fp16")
     assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
@@ -58,12 +61,14 @@ def test_a_precision_overflow_replays_finite_in_fp32_and_stays_a_numeric_fault(t
     assert "the precision is at fault" in run.report.message  # type: ignore[union-attr]
 
 
+@pytest.mark.process
 def test_with_replays_off_a_poisoned_fp16_attempt_blames_the_precision(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, poisoned([30], guard={"replaySteps": 0}), "fp16")
     assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
     assert run.report is not None and run.report.replay is None and run.of("replay") == []
 
 
+@pytest.mark.process
 def test_out_of_device_memory_exits_46_and_a_smaller_micro_batch_trains(tmp_path: Path) -> None:
     job = spec(task={"builtin": "mlp", "args": {**MLP, "outOfMemoryAbove": 4}}, training={"batchSize": 8})
     too_big = run_trainer(tmp_path / "a0", job, "bf16")
@@ -90,6 +95,7 @@ def test_the_replay_window_ends_at_the_first_faulting_step(
     assert (win.steps, win.from_checkpoint) == (expected, from_checkpoint)
 
 
+@pytest.mark.process
 def test_the_report_names_the_attempts_precision_not_the_replays(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(**OVERFLOWING, precision={"mode": "fp16"}), "fp16")
     assert run.report is not None and run.report.replay is not None

@@ -73,6 +73,7 @@ def every_rank_exited(status: dict[str, Any], world: int, code: int) -> None:
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.process
 def test_bad_data_on_one_rank_names_that_rank_and_its_samples(tmp_path: Path, world: int) -> None:
     rank = world - 1
     share = shares(world, FAULT)[rank]
@@ -86,6 +87,7 @@ def test_bad_data_on_one_rank_names_that_rank_and_its_samples(tmp_path: Path, wo
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.process
 def test_bad_data_on_every_rank_names_every_rank(tmp_path: Path, world: int) -> None:
     by_rank = shares(world, FAULT)
     status, report = run(tmp_path, job(world, {"nonFiniteSamples": [share[0] for share in by_rank]}))
@@ -97,6 +99,7 @@ def test_bad_data_on_every_rank_names_every_rank(tmp_path: Path, world: int) -> 
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.process
 def test_a_precision_overflow_on_every_rank_replays_finite_everywhere(tmp_path: Path, world: int) -> None:
     status, report = run(tmp_path, job(world, {"overflowAtStep": FAULT}))
     every_rank_exited(status, world, 42)
@@ -107,6 +110,7 @@ def test_a_precision_overflow_on_every_rank_replays_finite_everywhere(tmp_path: 
 
 
 @pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.process
 def test_bad_data_on_one_rank_is_skipped_by_every_rank_and_the_job_succeeds(tmp_path: Path, world: int) -> None:
     """The data rung under several processes: every rank rolls back to the same checkpoint,
     quarantines only the bad sample of the rank the replay named, and trains on to the end."""

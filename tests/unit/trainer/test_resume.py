@@ -38,6 +38,7 @@ def _assert_identical(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.process
 def test_interrupted_and_resumed_run_is_bit_identical(tmp_path: Path, precision: str, how: int) -> None:
     job = spec(precision={"mode": precision}, **LONG)
     straight = run_trainer(tmp_path / "straight", job, precision)
@@ -73,6 +74,7 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path: Path, precision:
     )
 
 
+@pytest.mark.process
 def test_fp16_checkpoint_resumes_in_bf16_with_the_same_master_weights(tmp_path: Path) -> None:
     first = run_trainer(tmp_path, spec(precision={"mode": "fp16"}, training={"steps": 20}), "fp16")
     assert first.code == 0
@@ -152,6 +154,7 @@ def test_no_good_checkpoint_means_step_zero(tmp_path: Path) -> None:
     assert _store(tmp_path).load() is None
 
 
+@pytest.mark.process
 def test_the_trainer_says_when_it_starts_from_zero(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(training={"steps": 2}))
     assert run.of("freshStart") and "starting at step 0" in run.of("freshStart")[0]["reason"]
@@ -226,6 +229,7 @@ def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Pat
     assert not tmp.exists()
 
 
+@pytest.mark.process
 def test_failed_checkpoint_writes_are_counted_and_training_goes_on(tmp_path: Path) -> None:
     """A volume that refuses writes (here a real EFBIG from a file-size limit on the trainer
     process) costs checkpoints, not the run: each failure is logged and counted, training goes

@@ -13,6 +13,7 @@ from tests.unit.trainer.test_numerics import OVERFLOWING
 pytestmark = pytest.mark.unit
 
 
+@pytest.mark.process
 def test_the_report_shows_the_loss_scale_collapse_before_the_fault(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(**OVERFLOWING, checkpoint={"everySteps": 10}), "fp16")
     assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
@@ -25,6 +26,7 @@ def test_the_report_shows_the_loss_scale_collapse_before_the_fault(tmp_path: Pat
     assert collapsed == run.report.counters.loss_scale
 
 
+@pytest.mark.process
 def test_a_bf16_attempt_reports_no_loss_scale(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, spec(**OVERFLOWING), "bf16")
     assert run.code == 0, run.stderr

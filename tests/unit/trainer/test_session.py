@@ -47,6 +47,7 @@ def _state(ckpt: Path, step: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- subprocesses
 
 
+@pytest.mark.process
 def test_an_own_loop_trains_checkpoints_and_reports_like_the_builtin(tmp_path: Path) -> None:
     run = run_script(tmp_path, own(), "fp32")
     assert run.code == ExitCode.SUCCESS, run.stderr
@@ -62,6 +63,7 @@ def test_an_own_loop_trains_checkpoints_and_reports_like_the_builtin(tmp_path: P
     assert state["data"] == {"batches": 30} and state["scheduler"]["last_epoch"] == 30
 
 
+@pytest.mark.process
 def test_fp16_overflow_in_an_own_loop_is_a_numeric_fault_naming_the_rule(tmp_path: Path) -> None:
     job = own(
         {"overflowAtStep": 12},
@@ -85,6 +87,7 @@ def test_fp16_overflow_in_an_own_loop_is_a_numeric_fault_naming_the_rule(tmp_pat
         assert line["lossScale"] > 0
 
 
+@pytest.mark.process
 def test_sigterm_checkpoints_exits_44_and_the_resumed_run_is_bit_identical(tmp_path: Path) -> None:
     job = own(training={"steps": 40, "logEvery": 5}, checkpoint={"everySteps": 10, "keep": 10})
     straight_env = launch_env(tmp_path / "straight", job, "bf16")
@@ -118,6 +121,7 @@ def test_sigterm_checkpoints_exits_44_and_the_resumed_run_is_bit_identical(tmp_p
     assert a["appliedSteps"] == b["appliedSteps"] == 40
 
 
+@pytest.mark.process
 def test_the_builtin_trainer_refuses_a_command_task(tmp_path: Path) -> None:
     run = run_trainer(tmp_path, own(), "fp32")
     assert run.code == ExitCode.CONFIG_ERROR
@@ -125,6 +129,7 @@ def test_the_builtin_trainer_refuses_a_command_task(tmp_path: Path) -> None:
     assert run.report.message.startswith("task.command jobs run your own command under mpjob-launch")
 
 
+@pytest.mark.process
 def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), re.S)
     (tmp_path / "train.py").write_text(next(b for b in blocks if "__main__" in b))

@@ -66,12 +66,14 @@ def session_end(tmp: Path, variant: str) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.process
 def test_a_session_that_ends_destroys_a_process_group_a_framework_made(tmp_path: Path) -> None:
     seen = session_end(tmp_path, "optimizer")
     assert not seen["group"], seen
     assert seen["nonDaemon"] == [], seen
 
 
+@pytest.mark.process
 def test_the_groups_store_and_gloo_threads_are_joined_when_the_session_ends(tmp_path: Path) -> None:
     seen = session_end(tmp_path, "plain")
     assert not seen["group"], seen

@@ -34,7 +34,7 @@ from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
 from tests.unit.trainer.test_own_loop_resume import assert_identical
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("sharded-checkpoint")]  # its module fixture trains once
 
 SCRIPT = Path(__file__).with_name("sharded_script.py")
 #: Numbers the runs' termination reports.
@@ -83,6 +83,7 @@ def contents(folder: Path, out: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- exact resume
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.process
 def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path, precision: str) -> None:
     steps, nproc, chance = 40, 2, random.Random()
     spec_ = job(steps, precision)
@@ -110,6 +111,7 @@ def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path,
 
 
 # ---------------------------------------------------------------- resharding
+@pytest.mark.process
 def test_checkpoint_of_4_processes_resumes_on_2_and_on_1_with_identical_full_state(tmp_path: Path) -> None:
     steps, spec_ = 10, job(10, "bf16")
     wrote = tmp_path / "n4"
@@ -162,6 +164,7 @@ def mismatch(folder: Path) -> None:
     ("damage", "problem"),
     [(truncate, "sha256 mismatch"), (remove, "missing"), (flip, "sha256 mismatch"), (mismatch, "!= manifest step")],
 )
+@pytest.mark.process
 def test_damaged_sharded_checkpoint_is_rejected_for_the_previous_good_one(
     written: Path, tmp_path: Path, damage: Callable[[Path], None], problem: str
 ) -> None:
@@ -181,6 +184,7 @@ def test_damaged_sharded_checkpoint_is_rejected_for_the_previous_good_one(
     assert problem in logged[0]["problem"], logged[0]["problem"]
 
 
+@pytest.mark.process
 def test_damage_found_by_another_rank_makes_every_rank_resume_the_previous_checkpoint(
     written: Path, tmp_path: Path
 ) -> None:

@@ -64,6 +64,7 @@ def test_fp32_gathering_and_low_reduction_are_the_users_choice() -> None:
 
 
 @pytest.mark.parametrize(("precision", "low"), [("bf16", "torch.bfloat16"), ("fp16", "torch.float16")])
+@pytest.mark.process
 def test_blocks_compute_in_the_low_precision_keep_fp32_modules_in_fp32_masters_stay_fp32_shards(
     tmp_path: Path, precision: str, low: str
 ) -> None:
@@ -79,11 +80,13 @@ def test_blocks_compute_in_the_low_precision_keep_fp32_modules_in_fp32_masters_s
         assert seen["gradDtypes"] == ["torch.float32"]
 
 
+@pytest.mark.process
 def test_fp32_attempts_cast_nothing(tmp_path: Path) -> None:
     seen = ranks(tmp_path, "dtypes:fp32", 2)[0]
     assert set(seen["gathered"].values()) == {"torch.float32"}
 
 
+@pytest.mark.process
 def test_every_rank_skips_the_same_fp16_overflow_step(tmp_path: Path) -> None:
     """Only rank 1's gradients hold inf: GradScaler's found_inf is agreed over the mesh, so both
     ranks skip step 2, back the scale off alike and leave their shards untouched."""
@@ -94,6 +97,7 @@ def test_every_rank_skips_the_same_fp16_overflow_step(tmp_path: Path) -> None:
     assert results[0]["scales"] == results[1]["scales"] == [65536.0, 32768.0, 32768.0]
 
 
+@pytest.mark.process
 def test_the_clip_norm_is_the_unsharded_models(tmp_path: Path) -> None:
     for seen in ranks(tmp_path, "clip", 2):
         assert not seen["isDTensor"]  # a plain device tensor: the guard reads it like DDP's
@@ -102,6 +106,7 @@ def test_the_clip_norm_is_the_unsharded_models(tmp_path: Path) -> None:
         assert seen["worst"] < 1e-6  # and the clipped gradients are the unsharded model's
 
 
+@pytest.mark.process
 def test_the_builtin_gpt_shards_per_transformer_block(tmp_path: Path) -> None:
     for seen in ranks(tmp_path, "blocks", 2):
         assert seen["fsdpBlocks"] == [True, True, True] and seen["root"] and seen["allDTensor"]
@@ -110,6 +115,7 @@ def test_the_builtin_gpt_shards_per_transformer_block(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("precision", "world"), [("bf16", 4), ("fp16", 2), ("fp32", 1)])
+@pytest.mark.process
 def test_a_short_fsdp_run_trains(tmp_path: Path, precision: str, world: int) -> None:
     """Four processes in bf16, two in fp16 (scaled), and a world of one (legal under fsdp)."""
     results = ranks(tmp_path, f"train:{precision}", world)
@@ -119,6 +125,7 @@ def test_a_short_fsdp_run_trains(tmp_path: Path, precision: str, world: int) -> 
     assert len({round(s["last"], 3) for s in results}) == world or world == 1  # each rank its own data
 
 
+@pytest.mark.process
 def test_the_saves_cheap_state_dicts_are_torchs_over_steps_a_schedule_and_a_restore(tmp_path: Path) -> None:
     for seen in ranks(tmp_path, "live", 2):
         assert seen["agreed"] == [True] * 5

@@ -112,6 +112,7 @@ def _final(tmp: Path, step: int) -> dict:
     return torch.load(tmp / "ckpt" / f"step-{step:09d}" / "state.pt", weights_only=True)
 
 
+@pytest.mark.process
 def test_data_workers_train_bit_identically_to_the_training_process(tmp_path: Path) -> None:
     runs = {}
     for workers in (0, 2):
@@ -124,6 +125,7 @@ def test_data_workers_train_bit_identically_to_the_training_process(tmp_path: Pa
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+@pytest.mark.process
 def test_preempted_with_data_workers_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     job = spec(**{**LONG, "training": {**LONG["training"], "dataWorkers": 2, "steps": 80}})
     straight = run_trainer(tmp_path / "straight", job)
@@ -145,6 +147,7 @@ def test_preempted_with_data_workers_and_resumed_is_bit_identical(tmp_path: Path
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+@pytest.mark.process
 def test_compile_always_trains_on_cpu_like_eager(tmp_path: Path) -> None:
     losses = {}
     for mode in ("never", "always"):
@@ -159,6 +162,7 @@ def test_compile_always_trains_on_cpu_like_eager(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("training", "compiled", "workers"), [({}, False, 0), ({"compile": "always", "dataWorkers": 3}, True, 3)]
 )
+@pytest.mark.process
 def test_hf_training_arguments_take_the_speed_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, training: dict, compiled: bool, workers: int
 ) -> None:

@@ -71,6 +71,7 @@ def failures(metrics: TrainerMetrics) -> float:
     return metrics.registry.get_sample_value(names.TRACKING_FAILURES + "_total", metrics.labels) or 0.0
 
 
+@pytest.mark.process
 def test_a_server_that_never_answers_costs_the_training_thread_nothing(
     black_hole: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

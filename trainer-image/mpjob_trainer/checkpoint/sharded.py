@@ -90,13 +90,12 @@ class ShardedWriter:
         return response.upload_completion
 
     def _fresh_stager(self) -> DefaultStager:
-        """The stager for the next save (on the writer thread, after the last save's staging).
-        torch 2.11's DefaultStager closes its StateDictStager once it has staged (its copy table
-        emptied: the next save fails with KeyError: <class 'type'>), so a spent one is replaced;
-        later torch keeps one for every save, with its pinned buffers."""
-        if spent(self.stager):
-            self.stager.close()
-            self.stager = DefaultStager(self.options)
+        """A stager of its own for the next save, the last one closed (on the writer thread,
+        after the last save's staging). torch 2.11's DefaultStager closes itself once it has
+        staged (a second save through it fails with KeyError: <class 'type'>) and torch offers no
+        public way to tell a spent one; a new one per save costs the reuse of pinned buffers on CUDA."""
+        self.stager.close()
+        self.stager = DefaultStager(self.options)
         return self.stager
 
     def _finish(
@@ -135,12 +134,6 @@ class ShardedWriter:
             shutil.rmtree(tmp, ignore_errors=True)
             return f"{type(exc).__name__}: {exc}"
         return result.ref, result.bytes
-
-
-def spent(stager: DefaultStager) -> bool:
-    """Whether `stager` was closed after staging, as torch 2.11's DefaultStager closes itself."""
-    inner = getattr(stager, "_state_dict_stager", None)
-    return inner is not None and not getattr(inner, "_deepcopy_dispatch", True)
 
 
 def _settle(staged: Future[None], done: Future[None]) -> None:
