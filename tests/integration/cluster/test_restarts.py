@@ -6,27 +6,47 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
+from kubernetes import client, config
 
 from tests.cluster.controlplane import Layout, api_ready, running
 from tests.cluster.supervise import supervise
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[3]
+#: A control plane of this module's own: killing the shared one's etcd or apiserver would fail
+#: the tests that other workers run on it meanwhile. Its ports and pod IPs are its own too.
+PORT_BASE = 19380
 
 
-@pytest.fixture
-def local_layout(kubeconfig: str) -> Layout:
-    layout = Layout.from_env()
-    if os.environ.get("KUBECONFIG") or "kube-apiserver" not in running(layout):
+@pytest.fixture(scope="module")
+def local_layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
+    if os.environ.get("KUBECONFIG"):
         pytest.skip("needs the test control plane (not a cluster named by $KUBECONFIG)")
-    return layout
+    layout = Layout(tmp_path_factory.mktemp("restarts") / "cluster", PORT_BASE)
+    env = {**os.environ, "MPJOB_CLUSTER_DIR": str(layout.root), "MPJOB_CLUSTER_PORT_BASE": str(PORT_BASE)}
+
+    def cluster(command: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tests.cluster", command]
+        return subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    started = cluster("up")
+    assert started.returncode == 0, started.stderr
+    yield layout
+    cluster("down")
+
+
+@pytest.fixture(scope="module")
+def core(local_layout: Layout) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(str(local_layout.kubeconfig)))
 
 
 @pytest.mark.parametrize("component", ["etcd", "kube-apiserver"])

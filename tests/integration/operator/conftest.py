@@ -26,14 +26,22 @@ CRD = REPO / "crds" / "mixedprecisionjobs.mpjob.dev.yaml"
 def crd_installed(api_client: client.ApiClient) -> None:
     ext = client.ApiextensionsV1Api(api_client)
     body = yaml.safe_load(CRD.read_text())
-    try:
-        current = ext.read_custom_resource_definition(body["metadata"]["name"])
-        body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        ext.replace_custom_resource_definition(body["metadata"]["name"], body)
-    except client.rest.ApiException as exc:
-        if exc.status != 404:
-            raise
-        ext.create_custom_resource_definition(body)
+
+    def installed() -> bool:
+        """This checkout's CRD is on the cluster. Parallel workers install it at once: the
+        write that loses (a 409 on create or on replace) reads and writes again."""
+        try:
+            current = ext.read_custom_resource_definition(body["metadata"]["name"])
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+        except client.rest.ApiException as exc:
+            if exc.status != 404:
+                raise
+            body["metadata"].pop("resourceVersion", None)
+            ext.create_custom_resource_definition(body)
+        return True
+
+    wait_for(installed, 30, message="the CRD installed")
 
     def established() -> bool:
         crd = ext.read_custom_resource_definition(body["metadata"]["name"])
