@@ -10,14 +10,35 @@ bash tests/cluster/build-kueue.sh >/dev/null || exit 1
 # The S3 server (versitygw, cached by version): the `s3_server` fixture starts it beside the cluster.
 bash tests/cluster/build-s3.sh >/dev/null || exit 1
 bash scripts/install-prometheus.sh || exit 1
-# Parallel workers (pytest-xdist) share the one test cluster. A test module whose tests share
-# a module-scoped fixture or build on each other marks itself xdist_group and runs whole on one
-# worker; every other test goes to whichever worker is free. More workers than cores: much of an
-# integration test is waiting on the cluster. MPJOB_TEST_WORKERS=0 runs them in this process.
-uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-3}" --dist loadgroup "$@"
-rc=$?
-if [[ $rc -eq 5 ]]; then
+# The e2e suite runs in a process of its own beside the rest: its modules install Helm releases
+# that share cluster-wide names, so they go one at a time. The other tests spread over parallel
+# workers (pytest-xdist), a test file to a worker (module-scoped fixtures are made once).
+# Both share one test cluster: started here when it is not running (unless $KUBECONFIG names
+# another cluster), stopped at the end if it was not, or kept with MPJOB_KEEP_CLUSTER=1.
+was_running=1
+if [[ -z "${KUBECONFIG:-}" ]]; then
+  uv run --no-sync python -m tests.cluster status >/dev/null 2>&1 || was_running=0
+  uv run --no-sync python -m tests.cluster up >/dev/null || exit 1
+fi
+e2e_log="$(mktemp)"
+MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -m e2e "$@" >"$e2e_log" 2>&1 &
+e2e_pid=$!
+MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-2}" --dist loadfile -m "not e2e" "$@"
+rest=$?
+wait "$e2e_pid"
+e2e=$?
+echo "=== e2e (tests/e2e, one process beside the workers) ==="
+cat "$e2e_log"
+rm -f "$e2e_log"
+if [[ $was_running -eq 0 && -z "${MPJOB_KEEP_CLUSTER:-}" ]]; then
+  uv run --no-sync python -m tests.cluster down >/dev/null
+fi
+# A path given as an argument may hold no test of one part: pytest says 5 (nothing collected).
+if [[ $rest -eq 5 && $e2e -eq 5 ]]; then
   echo "test: pytest collected no tests" >&2
   exit 1
 fi
-exit $rc
+for rc in $rest $e2e; do
+  [[ $rc -ne 0 && $rc -ne 5 ]] && exit "$rc"
+done
+exit 0

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from tests.e2e.conftest import CHART, REPO, Cli
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]  # one worker: releases share cluster-wide names
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from kubernetes import client
 from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, endless, example
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]  # one worker: releases share cluster-wide names
+pytestmark = pytest.mark.e2e
 
 OPERATOR_SELECTOR = "app.kubernetes.io/component=operator,app.kubernetes.io/instance=mpjob"
 

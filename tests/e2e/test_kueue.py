@@ -24,7 +24,7 @@ from mpjob.builders.attempt import KUEUE_QUEUE_LABEL
 from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, example, example_docs
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]  # one worker: releases share cluster-wide names
+pytestmark = pytest.mark.e2e
 
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"

@@ -14,7 +14,7 @@ from mpjob.controller.peering import outranked
 from tests.e2e.conftest import Cli, Jobs, Release, endless
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]  # one worker: releases share cluster-wide names
+pytestmark = pytest.mark.e2e
 
 SELECTOR = "app.kubernetes.io/component=operator,app.kubernetes.io/instance=mpjob"
 

@@ -9,7 +9,7 @@ from kubernetes import client
 from tests.e2e.conftest import Cli, Jobs, Release, endless
 from tests.helpers import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]  # one worker: releases share cluster-wide names
+pytestmark = pytest.mark.e2e
 
 
 def test_two_replicas_one_acts_and_the_standby_takes_over(

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-# One run of the benchmark, read by every test (so on one worker).
-pytestmark = [pytest.mark.unit, pytest.mark.process, pytest.mark.xdist_group("bench-trainer-gpu")]
+pytestmark = [pytest.mark.unit, pytest.mark.process]
 REPO = Path(__file__).resolve().parents[3]
 LABELS = ("fp32", "fp32+TF32", "fp16", "bf16")
 CUDA = torch.cuda.is_available()

@@ -34,7 +34,7 @@ from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
 from tests.unit.trainer.test_own_loop_resume import assert_identical
 
-pytestmark = [pytest.mark.unit, pytest.mark.xdist_group("sharded-checkpoint")]  # its module fixture trains once
+pytestmark = pytest.mark.unit
 
 SCRIPT = Path(__file__).with_name("sharded_script.py")
 #: Numbers the runs' termination reports.
