@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from tests.cluster.controlplane import COMPONENTS, Layout, api_ready, down, exclusive, running, start_s3, up
+from tests.cluster.controlplane import Layout, down, exclusive, running, start_s3, up
 from tests.cluster.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,8 +65,7 @@ def kubeconfig() -> str:
         return os.environ["KUBECONFIG"]
     layout = Layout.from_env()
     with exclusive(layout):
-        if not (set(COMPONENTS) <= set(running(layout)) and api_ready(layout)):
-            up(layout)
+        up(layout)  # reuses a running, ready cluster
     return str(layout.kubeconfig)
 
 
