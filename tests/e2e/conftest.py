@@ -307,3 +307,13 @@ class PhaseWatch:
 
     def phases(self) -> list[tuple[str, str | None]]:
         return [(phase, precision) for phase, precision, _ in self.seen]
+
+    def stop_after(self, phases: tuple[str, ...], timeout: float = 30) -> None:
+        """Stop once the watch itself has seen one of `phases`: a status read elsewhere may run
+        ahead of the watch's events, and stopping at once would cut the story short."""
+        try:
+            wait_for(
+                lambda: any(seen[0] in phases for seen in self.seen), timeout, message=f"the watch to see {phases}"
+            )
+        finally:
+            self.stop.set()

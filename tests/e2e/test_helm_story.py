@@ -53,6 +53,7 @@ def test_an_fp16_job_that_overflows_recovers_in_bf16_from_its_checkpoint(
     try:
         jobs.apply(job)
         status = jobs.wait_phase("fp16-recovery", ("Succeeded", "Failed"), 600)
+        watcher.stop_after(("Succeeded", "Failed"))
     finally:
         watcher.stop.set()
     assert status["phase"] == "Succeeded", status

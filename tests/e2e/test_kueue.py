@@ -201,6 +201,7 @@ def test_kueue_preempts_a_running_attempt_and_the_job_resumes_in_the_same_precis
     batch.delete_namespaced_job("urgent", ns, propagation_policy="Background")
     try:
         status = jobs.wait_phase("preempted", ("Succeeded", "Failed"), 900)
+        watcher.stop_after(("Succeeded", "Failed"))
     finally:
         watcher.stop.set()
     assert status["phase"] == "Succeeded", status

@@ -84,7 +84,6 @@ def forged_pod(job: client.V1Job, *, hold: float) -> dict[str, Any]:
             "name": f"{job.metadata.name}-0-forged",
             "labels": {**job.spec.template.metadata.labels, "batch.kubernetes.io/job-completion-index": "0"},
             "annotations": {"batch.kubernetes.io/job-completion-index": "0"},
-            "ownerReferences": owned_by(job),
             "finalizers": [KEEP],
         },
         "spec": {
@@ -95,7 +94,8 @@ def forged_pod(job: client.V1Job, *, hold: float) -> dict[str, Any]:
                     "name": "trainer",
                     "image": "forged",
                     # SIGTERM ignored from the first instant (the disposition survives exec): the
-                    # garbage collector deletes the pod at once, its owner not being in its namespace.
+                    # garbage collector deletes the pod as soon as it names an owner outside its
+                    # namespace, and the forgery must run on.
                     "command": ["/bin/sh", "-c", 'trap "" TERM; exec "$0" "$@"', sys.executable, "-c", FORGER],
                     "args": [str(hold), report.to_message()],
                     "env": [
@@ -126,6 +126,9 @@ def test_a_pod_in_another_namespace_naming_the_victims_job_changes_nothing(
         60,
         message="the forged pod running with an address",
     )
+    # The owner is named once the pod runs: named at creation, the garbage collector could
+    # delete the pod before the node started it, and a pod being deleted is never started.
+    jobs.core.patch_namespaced_pod(name, attacker, {"metadata": {"ownerReferences": owned_by(job)}})
     steps: list[int] = []
 
     def forged_ended() -> Any:
