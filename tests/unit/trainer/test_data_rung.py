@@ -26,14 +26,16 @@ SCRIPT = str(Path(__file__).with_name("quarantine_script.py"))
 EXPOSITION_SCRIPT = str(Path(__file__).with_name("quarantine_exposition_script.py"))
 
 
-def job(poison: object = None, *, steps: int = 60, guard: dict[str, Any] | None = None, **args: object) -> dict:
+def job(
+    poison: object = None, *, steps: int = 60, guard: dict[str, Any] | None = None, mode: str = "fp16", **args: object
+) -> dict:
     """64 samples in batches of 8: an epoch is 8 steps, so a poisoned sample comes back every epoch."""
     task_args: dict[str, Any] = {"inputs": 8, "hidden": 16, "samples": 64, **args}
     if poison is not None:
         task_args["nonFiniteSamples"] = poison
     return spec(
         task={"builtin": "mlp", "args": task_args},
-        precision={"mode": "fp16", "guard": guard or {}},
+        precision={"mode": mode, "guard": guard or {}},
         training={"steps": steps, "batchSize": 8, "logEvery": 5},
     )
 
@@ -46,13 +48,13 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def straight(tmp: Path, job_spec: dict, quarantined: list[int]) -> dict[str, torch.Tensor]:
+def straight(tmp: Path, job_spec: dict, quarantined: list[int], *, step: int = 60) -> dict[str, torch.Tensor]:
     """A run whose data never held `quarantined` (the same order otherwise)."""
     extra = {"QUARANTINED": ",".join(map(str, quarantined)), "PYTHONPATH": os.pathsep.join(sys.path)}
-    run = run_trainer(tmp, job_spec, "fp16", argv=[SCRIPT], extra=extra)
+    run = run_trainer(tmp, job_spec, job_spec["precision"]["mode"], argv=[SCRIPT], extra=extra)
     assert run.code == 0, run.stderr
     assert run.of("dataSkipped") == [] and run.of("replay") == []
-    return weights(tmp)
+    return weights(tmp, step)
 
 
 @pytest.mark.process
@@ -71,6 +73,27 @@ def test_a_poisoned_sample_is_skipped_once_and_the_run_equals_one_that_never_saw
     assert held["records"] == [[skipped["steps"][0], "data", [30]]]  # what a resume reads back
     clean = straight(tmp_path / "straight", job(), [30])
     assert same(weights(tmp_path / "poisoned"), clean)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["bf16", "fp32"])
+def test_a_bad_record_before_the_first_checkpoint_is_skipped_in_the_first_precision(tmp_path: Path, mode: str) -> None:
+    # bf16 and fp32 apply the bad step (no GradScaler): the weights in memory are non-finite and
+    # no checkpoint exists yet, so the replay and the rollback start from the attempt's step 0.
+    early = {**job([35], steps=30, mode=mode), "checkpoint": {"everySteps": 20, "keep": 5}}
+    run = run_trainer(tmp_path / "poisoned", early, mode)
+    assert run.code == ExitCode.SUCCESS, (run.report, run.stderr)
+    (replay,) = run.of("replay")
+    (skipped,) = run.of("dataSkipped")
+    assert replay["verdict"] == "data" and skipped["steps"] == [replay["offendingStep"]]
+    assert skipped["fromStep"] == 0 and skipped["samples"] == [{"first": 35, "last": 35}]
+    assert skipped["steps"][0] < 20  # before the first checkpoint
+    if mode == "fp32":  # fp32 needs no replay: its own step is the verdict
+        assert replay["steps"] == 0
+    else:  # replayed from step 0's state, kept before the first step
+        assert replay["fromCheckpoint"] and 0 < replay["steps"] <= replay["firstStep"] + 1
+    assert run.report is not None and run.report.precision == mode
+    assert same(weights(tmp_path / "poisoned", 30), straight(tmp_path / "straight", early, [35], step=30))
 
 
 @pytest.mark.process

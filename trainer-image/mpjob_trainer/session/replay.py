@@ -15,9 +15,12 @@ and gradient norm on the host:
   memory, an error, or past replayTimeoutSeconds): inconclusive -> the precision is blamed,
   as before replays existed.
 
-Without a checkpoint before the fault (a fault in the first interval), the weights in memory
-are used when they are finite (GradScaler never applies an overflowing step), and only the
-first faulting step is replayed.
+Without a checkpoint before the fault (a fault before the first checkpoint), the weights in
+memory are used when they are finite (GradScaler never applies an overflowing step), and only
+the first faulting step is replayed; when the fault left them non-finite (bf16 and fp32 apply
+every step), a fresh attempt replays from its step 0 (session.rollback: the state kept on the
+host before the first step) as from a checkpoint at step 0. The replay never moves the data
+position (the loop's): a rollback after it keeps the position the loop stands at.
 
 Several processes (DDP): every rank replays, and every rank reaches the same verdict
 (session.agreement). The ranks start from rank 0's last good checkpoint (only rank 0 learns
@@ -52,6 +55,7 @@ from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.agreement import RankTable, flatten, gathered, main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.modes import Mode
+from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import SamplesFunction, StepFunction, StepNumerics, finite
 
@@ -108,8 +112,11 @@ class Fp32Replay:
         *,
         spec: GuardSpec,
         lent: Replaying,
+        fresh: FreshStart | None = None,
     ) -> None:
         self.step = step
+        #: A fresh attempt's step 0: where the replay starts while no checkpoint exists.
+        self.fresh = fresh
         self.samples = samples
         self.spec = spec
         self.lent = lent
@@ -119,17 +126,35 @@ class Fp32Replay:
         self.offending: Offending | None = None
 
     def judge(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Exception:
-        """What ends the attempt after `fault`: the fault, told what fp32 said, or NonFiniteInFp32
-        (an fp32 attempt's fault is its own: there is nothing safer to replay it in). A fault
-        judged once (a framework adapter judges it before its loop is torn down) stays judged."""
-        if self.lent.numerics.precision.precision == "fp32" or self.replayed is not None:
+        """What ends the attempt after `fault`: the fault, told what fp32 said, or NonFiniteInFp32.
+        An fp32 attempt's non-finite step needs no replay: fp32 is what a replay would run, so the
+        step's data or the model is at fault. A fault judged once (a framework adapter judges it
+        before its loop is torn down) stays judged."""
+        if self.replayed is not None:
             return fault
-        replay = self.run(fault, state=state, checkpoints=checkpoints)
+        if self.lent.numerics.precision.precision == "fp32":
+            replay = self._in_fp32_already(fault)
+        else:
+            replay = self.run(fault, state=state, checkpoints=checkpoints)
         if replay is None:
             return fault
         self.replayed = replay
         self.lent.metrics.replayed(replay.verdict, replay.seconds)
         return ending_for(fault, replay)
+
+    def _in_fp32_already(self, fault: NumericFault) -> Replay | None:
+        """The data verdict of an fp32 attempt's first faulting step, with every rank's samples
+        of it (None: replays are off, or the rule points at no step). A collective."""
+        first = self.lent.numerics.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
+        if first is None:
+            return None
+        self.offending = self._offending(first, list(range(self.lent.world.size)))
+        replay = _verdict("data", Window(first, range(first, first), from_checkpoint=False), time.monotonic(), steps=0)
+        replay = replay.model_copy(
+            update={"offending_step": first, "samples": self.offending.samples[:MAX_NAMED_SAMPLES]}
+        )
+        self.lent.log("replay", all_ranks=True, **replay.model_dump(by_alias=True, exclude_none=True))
+        return replay
 
     def run(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Replay | None:
         """Replay the steps that led to `fault` in fp32 from the last good checkpoint (rank 0's,
@@ -143,7 +168,21 @@ class Fp32Replay:
         # checkpoint): it replays from the weights in memory (its step checks they are finite).
         restorable = bool(state.objects)
         ref: CheckpointRef | None = main_says(checkpoints.last_good, lent.world) if restorable else None
-        win = window(first, checkpoint_step=ref.step if ref else None, replay_steps=self.spec.replay_steps)
+        # No checkpoint yet and weights the fault made non-finite (no GradScaler kept them): the
+        # fresh attempt's step 0 stands in for a checkpoint.
+        fresh = self.fresh if restorable and ref is None and not state.finite() else None
+        start = ref.step if ref else (fresh.step if fresh else None)
+        win = window(first, checkpoint_step=start, replay_steps=self.spec.replay_steps)
+        position = state.samples  # where the loop's data stands: a replay does not move it
+        try:
+            return self._replayed(win, ref, state=state, checkpoints=checkpoints)
+        finally:
+            state.samples = position
+
+    def _replayed(
+        self, win: Window, ref: CheckpointRef | None, *, state: TrainingState, checkpoints: Checkpointer
+    ) -> Replay:
+        lent, first = self.lent, win.first_fault
         why = self._prepare(win, ref, state=state, checkpoints=checkpoints)
         if why is not None:
             lent.log("replaySkipped", why=why, all_ranks=True)
@@ -167,6 +206,8 @@ class Fp32Replay:
         try:
             if win.from_checkpoint and ref is not None:
                 state.restore(checkpoints.state_of(ref), "fp32", None)
+            elif win.from_checkpoint and self.fresh is not None:
+                state.restore(self.fresh.state, "fp32", None)
             elif not state.finite():
                 why = f"no checkpoint before step {win.first_fault} and non-finite weights in memory"
         except Exception as exc:  # e.g. fp32 needs more memory than there is: the precision stays blamed
@@ -246,9 +287,18 @@ def ending_for(fault: NumericFault, replay: Replay) -> Exception:
 def describe(replay: Replay, rule_message: str) -> str:
     """The human message of an attempt that ended after a replay. It counts steps from 1, as the
     log lines and the guard's messages do (the report's fields are 0-based indexes)."""
+    if replay.verdict == "data" and replay.steps == 0:
+        return (
+            f"{rule_message}; the attempt is in fp32, so step {(replay.offending_step or 0) + 1} being non-finite "
+            "is the data's or the model's fault, not the precision's"
+        )
     if replay.verdict == "data":
         shown = f"; samples of that step there: [{', '.join(str(i) for i in replay.samples)}]" if replay.samples else ""
-        origin = "the last good checkpoint" if replay.from_checkpoint else "the weights before the fault"
+        origin = (
+            "the last good state (checkpoint or first step)"
+            if replay.from_checkpoint
+            else "the weights before the fault"
+        )
         whose = f"rank {replay.ranks[0]}" if len(replay.ranks) == 1 else f"ranks {_listed(replay.ranks)}"
         return (
             f"{rule_message}; replayed in fp32 from {origin}, step {(replay.offending_step or 0) + 1} is "

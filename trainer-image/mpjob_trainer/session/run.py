@@ -56,6 +56,7 @@ from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.quarantine import Quarantine
 from mpjob_trainer.session.reentry import ReEntry
 from mpjob_trainer.session.replay import Fp32Replay, Replaying
+from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.setup import ModelSetUp
 from mpjob_trainer.session.skipping import DataRung, Lent
 from mpjob_trainer.session.state import TrainingState, seed_everything
@@ -182,8 +183,12 @@ class Session(ModelSetUp, ReEntry):
         a framework adapter, whose framework checkpoints the model, names its model here)."""
         lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
         guard = self._wrapper.replayable(self.spec.precision.guard)
-        self._replay = Fp32Replay(step, samples, spec=guard, lent=lent)
-        self._rung.arm(self._replay, state=self._state, fresh=self._checkpoints.last_good is None)
+        needed = bool(guard.replay_steps) or self._rung.rolls_back
+        fresh = FreshStart.if_needed(
+            self._state, self._numerics, fresh=self._checkpoints.last_good is None, needed=needed
+        )
+        self._replay = Fp32Replay(step, samples, spec=guard, lent=lent, fresh=fresh)
+        self._rung.arm(self._replay, state=self._state, fresh=fresh)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             if modules is None:
                 modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]

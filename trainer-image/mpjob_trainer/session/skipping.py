@@ -39,13 +39,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, ranges
-from mpjob_trainer.distributed import World, is_dtensor
+from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
@@ -53,6 +52,7 @@ from mpjob_trainer.session.agreement import main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.replay import Fp32Replay
+from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.spike import SpikeDetector
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import Number, Read, StepNumerics
@@ -103,7 +103,7 @@ class DataRung:
         #: The loop re-enters from a checkpoint instead of being rolled back in place (a
         #: framework adapter; Session.reenter_on_rollback): a rollback ends in RolledBack.
         self.reenters = False
-        self._initial: dict[str, Any] | None = None
+        self._fresh: FreshStart | None = None
         self._rolled_back_to: CheckpointRef | None = None
         self._precision_suspected = False
         #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
@@ -114,9 +114,9 @@ class DataRung:
         """What checkpoints hold of the rung (TrainingState's reserved keys)."""
         return {"quarantine": self.quarantine, **({"spike": self.spike} if self.spike is not None else {})}
 
-    def arm(self, replay: Fp32Replay, *, state: TrainingState | None, fresh: bool) -> None:
-        """The loop registered its step; at a fresh start keep a host copy of the state to roll back
-        to (the one cost of the rung before the first checkpoint: the state once, on the host).
+    def arm(self, replay: Fp32Replay, *, state: TrainingState | None, fresh: FreshStart | None) -> None:
+        """The loop registered its step; `fresh` is a fresh attempt's step 0, the state to roll
+        back to before the first checkpoint.
 
         A loop whose state the session does not hold is armed only when it re-enters from a
         checkpoint (`reenters`: the framework adapters); otherwise a data verdict ends the
@@ -124,10 +124,7 @@ class DataRung:
         if state is None or not (state.objects or self.reenters):
             return
         self.replay = replay
-        if state.objects and fresh and self.rolls_back and self._initial is None:
-            numerics = self.lent.numerics
-            precision, scaler = numerics.precision.precision, numerics.precision.scaler
-            self._initial = _host_copy(state.capture(0, numerics.applied.count, precision, scaler, in_memory=True))
+        self._fresh = fresh
 
     def _show(self) -> None:
         """The quarantine on the metrics endpoint (the operator's live status.skipped)."""
@@ -268,8 +265,8 @@ class DataRung:
         numerics, ref = self.lent.numerics, main_says(checkpoints.last_good, self.lent.world)
         if ref is not None and ref.step <= before:
             saved, start = checkpoints.state_of(ref), ref.step
-        elif self._initial is not None:
-            saved, start = self._initial, int(self._initial["step"])
+        elif self._fresh is not None:
+            saved, start = self._fresh.state, self._fresh.step
         else:
             raise NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
         self._rolled_back_to = ref if ref is not None and ref.step == start else None
@@ -305,18 +302,3 @@ def _gathered(samples: list[int], world: World) -> list[int]:
     parts: list[Any] = [None] * world.size
     dist.all_gather_object(parts, list(samples))
     return sorted({int(i) for part in parts for i in part})
-
-
-def _host_copy(value: Any) -> Any:
-    """A copy of a captured state on the host (a rollback target that training does not change).
-    A sharded model's shards are copied where they are: a DTensor's mesh names its device, and
-    at a fresh start they are 1/N of the weights (its optimizer holds no state yet)."""
-    if is_dtensor(value):
-        return value.detach().clone()
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _host_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_host_copy(v) for v in value)
-    return value

@@ -1,0 +1,61 @@
+"""FreshStart: a rollback target exists before the first checkpoint.
+
+A fresh attempt copies its state once, before its first step, to the host (a sharded model's
+shards where they are: at a fresh start they are 1/N of the weights and the optimizer holds
+nothing yet). While no checkpoint exists, a fault rolls back to it (the data rung) and the fp32
+replay starts from it: a bad record in a fresh run's first steps is then told from a precision
+fault, and skipped, whatever checkpoint.everySteps says. Without it, a bf16 step on a bad record
+leaves non-finite weights, no replay can start, and the record costs the precision (and, in
+fp32, the job).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mpjob_trainer.distributed import is_dtensor
+from mpjob_trainer.session.state import TrainingState
+from mpjob_trainer.session.steps import StepNumerics
+
+
+class FreshStart:
+    """The state of step 0 of a fresh attempt, untouched by training."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    @classmethod
+    def if_needed(
+        cls, state: TrainingState | None, numerics: StepNumerics, *, fresh: bool, needed: bool
+    ) -> FreshStart | None:
+        """Step 0 of a fresh attempt whose session holds its state, when a replay or a rollback
+        may need it (`needed`); None otherwise (a resumed attempt has its checkpoint)."""
+        if state is None or not state.objects or not fresh or not needed:
+            return None
+        return cls.kept(state, numerics)
+
+    @classmethod
+    def kept(cls, state: TrainingState, numerics: StepNumerics) -> FreshStart:
+        """Copy `state` as it stands (the attempt's step 0) to the host."""
+        precision, scaler = numerics.precision.precision, numerics.precision.scaler
+        return cls(host_copy(state.capture(0, numerics.applied.count, precision, scaler, in_memory=True)))
+
+
+def host_copy(value: Any) -> Any:
+    """A copy of a captured state on the host that training does not change. A sharded
+    model's shards are copied where they are: a DTensor's mesh names its device."""
+    if is_dtensor(value):
+        return value.detach().clone()
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: host_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(host_copy(v) for v in value)
+    return value
