@@ -21,6 +21,7 @@ from mpjob_contract import k8s, rules
 from mpjob_contract.accounting import CostPerGpuHour, JobCost
 from mpjob_contract.fp8 import Fp8Spec
 from mpjob_contract.parallelism import Parallelism
+from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.skipping import OnBadData, Skipped, SpikeSpec
 from mpjob_contract.storage import S3Storage
 from mpjob_contract.timeline import PrecisionTimeline
@@ -430,6 +431,10 @@ class MixedPrecisionJobSpec(ApiModel):
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")
     tracking: Tracking | None = Field(None, description="Experiment tracking the trainer logs the run to (MLflow).")
+    fault_policy: FaultPolicy = Field(
+        default_factory=FaultPolicy,
+        description="What a fault does: rules over the built-in table, first match wins (docs/fault-policy.md).",
+    )
 
     @model_validator(mode="after")
     def _sharded_on_a_volume(self) -> MixedPrecisionJobSpec:

@@ -130,6 +130,8 @@ class TerminationReport(_Model):
     loss_scales: list[tuple[int, float]] = Field(default_factory=list, alias="lossScales")
     #: What the attempt skipped as bad data or loss spikes (the quarantine, bounded).
     skipped: Skipped | None = None
+    #: A numeric fault's guard rule (faults.GuardRule): what spec.faultPolicy rules on.
+    rule: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9]+$")
     message: str = ""
 
     @field_validator("loss_scales", mode="before")

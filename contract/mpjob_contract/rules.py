@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mpjob_contract import k8s
+from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed
 
 #: A job's name must leave room for "-a<NN>" (attempt) and "-<index>" (pod hostname)
 #: inside a 63-character DNS label.
@@ -195,6 +196,26 @@ SHARDED_ON_A_VOLUME = Rule(
     holds=_unsharded_or_on_a_volume,
 )
 
+
+def _allowed_action(rule: Mapping[str, Any]) -> bool:
+    try:
+        return allowed(Fault(rule["on"]), FaultAction(rule["action"]))
+    except (KeyError, ValueError):
+        return True  # an unknown name is the field's own enum's to refuse
+
+
+FAULT_RULE_ALLOWED = Rule(
+    name="fault-rule-allowed",
+    path="spec.faultPolicy.rules[]",
+    cel="(self.on + '/' + self.action) in ["
+    + ", ".join(f"'{fault.value}/{action.value}'" for fault, actions in ACTIONS.items() for action in actions)
+    + "]",
+    message="faultPolicy.rules[].action must be one its fault allows: "
+    + "; ".join(f"{fault.value}: {', '.join(a.value for a in actions)}" for fault, actions in ACTIONS.items()),
+    holds=_allowed_action,
+    field_path=".action",
+)
+
 #: Every cross-field rule of the API, in the order the CRD lists them at a path.
 RULES: tuple[Rule, ...] = (
     NAME_FITS_CHILD_NAMES,
@@ -208,6 +229,7 @@ RULES: tuple[Rule, ...] = (
     ONE_STORAGE_KIND,
     VOLUME_OR_STORAGE,
     SHARDED_ON_A_VOLUME,
+    FAULT_RULE_ALLOWED,
 )
 
 

@@ -11,11 +11,13 @@ fail the job with the server's message, or retry with a per-job backoff.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from mpjob.planning.charging import Disruption, charged, evidence_of
 from mpjob_contract.codes import Reason, reason_for_exit_code
+from mpjob_contract.faults import FaultAction, fault_of
+from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import TerminationReport
 
 
@@ -155,6 +157,29 @@ def classify(outcome: AttemptOutcome) -> Classification:
     rule = _BY_REASON[reason]
     message = (outcome.report.message if outcome.report and outcome.report.message else outcome.message) or rule.why
     return Classification(reason, rule.action, message, disruption)
+
+
+#: The operator's action for each policy action it carries out (Skip and RollBack are the
+#: trainer's: an attempt that ended anyway keeps the table's action).
+OPERATOR_ACTIONS: dict[FaultAction, Action] = {
+    FaultAction.FALL_BACK: Action.NEXT_PRECISION,
+    FaultAction.RETRY: Action.SAME_PRECISION,
+    FaultAction.SMALLER_MICRO_BATCH: Action.SMALLER_MICRO_BATCH,
+    FaultAction.FAIL: Action.FAIL,
+}
+
+
+def under_policy(result: Classification, policy: FaultPolicy, report: TerminationReport | None) -> Classification:
+    """`result` as the job's spec.faultPolicy has it: the first of its rules on the fault the
+    attempt ended with decides, and the message names that rule; no rule, the table above."""
+    fault = fault_of(result.reason, report.rule if report else None)
+    if fault is None:
+        return result
+    decision = policy.decide(fault)
+    action = OPERATOR_ACTIONS.get(decision.action)
+    if decision.rule is None or action is None or action is result.action:
+        return result
+    return replace(result, action=action, message=f"{decision.names(fault)}: {result.message}")
 
 
 # ---------------------------------------------------------------- the API server refused a child

@@ -15,7 +15,7 @@ from enum import StrEnum
 from mpjob.planning import history, skipped
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
-from mpjob.planning.classify import Action, AttemptOutcome, classify
+from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
 from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
@@ -208,7 +208,7 @@ def conclude(
     from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs; by
     default below the spec's store: the volume's mount or the bucket's prefix)."""
     status, report = plan.status, outcome.report
-    result = classify(outcome)
+    result = under_policy(classify(outcome), spec.fault_policy, report)
     end_step = record_report(status, attempt.index, report)
     for step in skipped.record(status, report.skipped if report else None):
         plan.events.append(Event(*skipped.announcement(step)))

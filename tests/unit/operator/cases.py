@@ -77,6 +77,14 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("long-name", bad("metadata.name", "x" * 51), "50"),
     ("backoff-above-one", bad("spec.precision.lossScale.backoffFactor", 1.5), "backoffFactor"),
     ("negative-replay-steps", bad("spec.precision.guard.replaySteps", -1), "replaySteps"),
+    (
+        "fault-rule-action-not-allowed",
+        bad("spec.faultPolicy", {"rules": [{"on": "NumericFault", "action": "Skip"}]}),
+        "faultPolicy.rules[].action must be one its fault allows",
+    ),
+    ("unknown-fault", bad("spec.faultPolicy", {"rules": [{"on": "Gremlins", "action": "Fail"}]}), "rules[0].on"),
+    ("unknown-fault-action", bad("spec.faultPolicy", {"rules": [{"on": "LossSpike", "action": "Pray"}]}), "action"),
+    ("fault-rule-without-action", bad("spec.faultPolicy", {"rules": [{"on": "LossSpike"}]}), "action"),
     ("negative-gpu-price", bad("spec.costPerGpuHour", {"amount": -1, "currency": "EUR"}), "costPerGpuHour.amount"),
     ("bad-currency", bad("spec.costPerGpuHour", {"amount": 2, "currency": "euro"}), "costPerGpuHour.currency"),
     ("negative-repromote-after", bad("spec.precision.repromoteAfterSteps", -5), "repromoteAfterSteps"),
@@ -221,6 +229,7 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.ONE_STORAGE_KIND.name: ("two-storage-kinds", "no-storage-kind"),
     rules.VOLUME_OR_STORAGE.name: ("volume-and-storage",),
     rules.SHARDED_ON_A_VOLUME.name: ("sharded-checkpoints-in-a-bucket",),
+    rules.FAULT_RULE_ALLOWED.name: ("fault-rule-action-not-allowed",),
 }
 
 #: task.args as deep as they may go, with every kind of value: accepted by both, stored as written.

@@ -106,6 +106,10 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.SHARDED_ON_A_VOLUME, {"parallelism": {"strategy": "ddp"}, "checkpoint": {"storage": {"s3": {}}}}, True),
     (rules.SHARDED_ON_A_VOLUME, {"checkpoint": {"storage": {"s3": {}}}}, True),
     (rules.SHARDED_ON_A_VOLUME, {"parallelism": {"strategy": "fsdp"}, "checkpoint": {"storage": {"s3": {}}}}, False),
+    (rules.FAULT_RULE_ALLOWED, {"on": "NumericFault", "action": "Fail"}, True),
+    (rules.FAULT_RULE_ALLOWED, {"on": "NonFiniteInFp32", "action": "Skip"}, True),
+    (rules.FAULT_RULE_ALLOWED, {"on": "NumericFault", "action": "Skip"}, False),
+    (rules.FAULT_RULE_ALLOWED, {"on": "Preempted", "action": "FallBack"}, False),
 ]
 
 

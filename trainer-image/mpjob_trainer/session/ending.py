@@ -42,6 +42,8 @@ class Ending:
     code: int
     reason: Reason
     message: str
+    #: A numeric fault's guard rule (what spec.faultPolicy rules on).
+    rule: str | None = None
 
 
 #: The exceptions that end an attempt on purpose, with their code, reason and message.
@@ -66,7 +68,7 @@ def classify(exc: BaseException | None, standing: Standing) -> Ending:
         return Ending(ExitCode.SUCCESS, Reason.SUCCEEDED, f"trained {standing.step} steps in {standing.precision}")
     for kind, code, reason, message in ENDINGS:
         if isinstance(exc, kind):
-            return Ending(code, reason, message(exc))
+            return Ending(code, reason, message(exc), exc.rule if isinstance(exc, NumericFault) else None)
     if _compile_failure(exc):
         first = str(exc).splitlines()[0] if str(exc) else ""
         said = (
@@ -109,6 +111,7 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
         measurement=standing.measurement,
         loss_scales=standing.loss_scales,
         skipped=standing.skipped,
+        rule=ending.rule,
         message=ending.message,
     )
     try:

@@ -102,7 +102,8 @@ class Session(ModelSetUp, ReEntry):
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
         self._wrapper = sharding.Wrapper(world, self.device, spec=self.spec, requested=launch.precision, log=log)
-        self._rung = DataRung(self.spec.precision.guard, Lent(self._numerics, world, log, self._metrics))
+        lent = Lent(self._numerics, world, log, self._metrics)
+        self._rung = DataRung(self.spec.precision.guard, lent, self.spec.fault_policy)
         cadence = Cadence(self.spec, launch.repromote_after_steps)
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
         self._intervals.inspectors.append(self._rung.inspect)

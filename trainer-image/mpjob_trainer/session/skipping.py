@@ -42,6 +42,7 @@ from typing import Any
 import torch.distributed as dist
 
 from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, ranges
 from mpjob_trainer.distributed import World
@@ -50,6 +51,7 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.agreement import main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.policy import trainer_actions
 from mpjob_trainer.session.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.replay import Fp32Replay
 from mpjob_trainer.session.rollback import FreshStart
@@ -90,13 +92,15 @@ class Lent:
 
 
 class DataRung:
-    def __init__(self, spec: GuardSpec, lent: Lent) -> None:
+    def __init__(self, spec: GuardSpec, lent: Lent, policy: FaultPolicy | None = None) -> None:
         self.spec = spec
         self.lent = lent
         self.quarantine = Quarantine()
         self.quarantine.watcher = self._show
+        #: What bad data and a spike do: the guard's settings, or the job's faultPolicy rule on them.
+        self.skips_bad_data, self.on_spike = trainer_actions(spec, policy or FaultPolicy())
         self.spike: SpikeDetector | None = None
-        if spec.spike.action == "rollback":
+        if self.on_spike != "off":
             self.spike = SpikeDetector(spec.spike, lent.numerics.precision.device)
             lent.numerics.guard.spike = self.spike
         self.replay: Fp32Replay | None = None
@@ -133,7 +137,7 @@ class DataRung:
     @property
     def rolls_back(self) -> bool:
         """May this rung roll the state back (bad data skipped, or spikes rolled back)?"""
-        return self.spec.on_bad_data == "skip" or self.spike is not None
+        return self.skips_bad_data or self.on_spike == "rollback"
 
     def skipped(self) -> Skipped | None:
         """The report's record of what was skipped (None: nothing)."""
@@ -169,21 +173,23 @@ class DataRung:
         if spikes is not None and self.spike is not None:
             self.lent.log("lossSpike", firstStep=spikes.start, lastStep=spikes.stop - 1, detectedAt=step)
             self.spike.forget_spikes()
-            if self.replay is not None:  # no registered step: nothing to run again, seen only
+            if self.on_spike == "end" or self.replay is not None:  # else nothing to run again: seen only
                 raise LossSpiked(spikes, step)
         guard = self.lent.numerics.guard
         counted = read.guard.non_finite_losses - guard.forgiven
         suspect = guard.new_non_finite > 0 and counted < guard.spec.max_non_finite_losses
-        if suspect and self.replay is not None and self.spec.on_bad_data == "skip" and not self._precision_suspected:
+        if suspect and self.replay is not None and self.skips_bad_data and not self._precision_suspected:
             raise SuspectSteps("MaxNonFiniteLosses", f"a non-finite loss by step {step}")
 
     # ---------------------------------------------------------------- the rung
     def recover(self, fault: NumericFault, *, step: int, state: TrainingState, checkpoints: Checkpointer) -> None:
         """Roll back, skip and catch up to `step` (1-based, where the loop stands); raises the
         attempt's ending when the rung cannot go on."""
+        if isinstance(fault, LossSpiked) and self.on_spike == "end":
+            raise fault  # the job's faultPolicy ends the attempt on a spike (FallBack or Fail)
         if isinstance(fault, LossSpiked):
             return self._skip(list(fault.steps), "spike", step=step, state=state, checkpoints=checkpoints)
-        if self.replay is None or self.spec.on_bad_data != "skip":
+        if self.replay is None or not self.skips_bad_data:
             raise fault
         ending = self.replay.judge(fault, state=state, checkpoints=checkpoints)
         verdict = self.replay.replayed

@@ -1,0 +1,73 @@
+"""spec.faultPolicy through `mpjob run`: a job's rule overrides the built-in action, in the
+operator's planning (NumericFault, QualityDrift) and in the trainer (bad data, loss spikes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.localrun.test_smarter_fallback import mlp, run
+
+pytestmark = [pytest.mark.unit, pytest.mark.process]
+
+
+def policy(*rules: tuple[str, str]) -> dict[str, Any]:
+    return {"rules": [{"on": on, "action": action} for on, action in rules]}
+
+
+def failed_once(tmp_path: Any, **spec: Any) -> tuple[dict, dict]:
+    code, report, out = run(tmp_path, **spec)
+    assert code == 1 and report["phase"] == "Failed", out
+    (only,) = report["attempts"]
+    failed = next(c for c in report["conditions"] if c["type"] == "Failed")
+    return only, failed
+
+
+def test_an_fp16_overflow_with_numeric_fault_fail_ends_in_one_attempt_naming_the_rule(tmp_path: Any) -> None:
+    only, failed = failed_once(
+        tmp_path,
+        task=mlp(overflowAtStep=15),
+        precision={"mode": "fp16", "fallback": ["bf16", "fp32"]},
+        faultPolicy=policy(("Preempted", "Fail"), ("NumericFault", "Fail")),
+    )
+    assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NumericFault", 42)
+    named = "spec.faultPolicy.rules[1] (on: NumericFault, action: Fail)"
+    assert only["message"].startswith(named) and failed["reason"] == "NumericFault" and named in failed["message"]
+
+
+def test_quality_drift_fail_stops_instead_of_falling_back(tmp_path: Any) -> None:
+    only, failed = failed_once(
+        tmp_path,
+        task={"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 256, "cancellationOffset": 1000}},
+        training={"steps": 60, "batchSize": 16, "logEvery": 5},
+        precision={"mode": "bf16"},
+        validation={"everySteps": 10, "maxLossDelta": 0.05},
+        faultPolicy=policy(("QualityDrift", "Fail")),
+    )
+    assert (only["precision"], only["reason"]) == ("bf16", "NumericFault")
+    assert "spec.faultPolicy.rules[0] (on: QualityDrift, action: Fail)" in failed["message"]
+    assert "QualityDrift:" in only["message"]
+
+
+def test_bad_data_fail_ends_the_attempt_where_the_built_in_action_skips(tmp_path: Any) -> None:
+    only, _ = failed_once(
+        tmp_path,
+        task=mlp(nonFiniteSamples=[5]),
+        precision={"mode": "fp16"},
+        faultPolicy=policy(("NonFiniteInFp32", "Fail")),
+    )
+    assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NonFiniteInFp32", 45)
+    assert only.get("skipped") is None  # nothing quarantined: the rule said fail
+
+
+def test_a_loss_spike_fail_ends_the_job_with_spike_detection_off_in_the_guard(tmp_path: Any) -> None:
+    only, failed = failed_once(
+        tmp_path,
+        task=mlp(batchScale={"atStep": 25, "steps": 3}),
+        training={"steps": 60, "batchSize": 8, "logEvery": 5},
+        precision={"mode": "fp32", "guard": {"spike": {"window": 16}}},
+        faultPolicy=policy(("LossSpike", "Fail")),
+    )
+    assert (only["precision"], only["reason"]) == ("fp32", "NumericFault")
+    assert "LossSpike:" in only["message"] and "spec.faultPolicy.rules[0] (on: LossSpike" in failed["message"]

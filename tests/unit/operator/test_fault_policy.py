@@ -1,0 +1,121 @@
+"""The fault policy as data (mpjob_contract.faults): the table of allowed actions, pair by pair;
+first-match decisions; and the operator's reading of a job's rules (planning.classify)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
+from mpjob_contract.codes import Reason
+from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed, decide, fault_of
+from mpjob_contract.policy import FaultPolicy
+from mpjob_contract.report import TerminationReport
+
+pytestmark = pytest.mark.unit
+
+F, A = Fault, FaultAction
+#: The table written out once more, by hand: every pair not here is refused.
+EXPECTED_ALLOWED = {
+    (F.NUMERIC_FAULT, A.FALL_BACK), (F.NUMERIC_FAULT, A.RETRY), (F.NUMERIC_FAULT, A.FAIL),
+    (F.QUALITY_DRIFT, A.FALL_BACK), (F.QUALITY_DRIFT, A.FAIL),
+    (F.LOSS_SPIKE, A.ROLL_BACK), (F.LOSS_SPIKE, A.FALL_BACK), (F.LOSS_SPIKE, A.FAIL),
+    (F.NON_FINITE_IN_FP32, A.SKIP), (F.NON_FINITE_IN_FP32, A.FAIL),
+    (F.OUT_OF_DEVICE_MEMORY, A.SMALLER_MICRO_BATCH),
+    (F.OUT_OF_DEVICE_MEMORY, A.RETRY), (F.OUT_OF_DEVICE_MEMORY, A.FAIL),
+    (F.PREEMPTED, A.RETRY), (F.PREEMPTED, A.FAIL),
+    (F.INFRA_ERROR, A.RETRY), (F.INFRA_ERROR, A.FAIL),
+}  # fmt: skip
+#: The built-in action of each fault: what today's operator and trainer do without rules.
+BUILT_IN = {
+    F.NUMERIC_FAULT: A.FALL_BACK,
+    F.QUALITY_DRIFT: A.FALL_BACK,
+    F.LOSS_SPIKE: A.ROLL_BACK,
+    F.NON_FINITE_IN_FP32: A.SKIP,
+    F.OUT_OF_DEVICE_MEMORY: A.SMALLER_MICRO_BATCH,
+    F.PREEMPTED: A.RETRY,
+    F.INFRA_ERROR: A.RETRY,
+}
+
+
+@pytest.mark.parametrize(("fault", "action"), list(itertools.product(Fault, FaultAction)))
+def test_every_fault_and_action_pair_is_allowed_exactly_as_the_table_says(fault: Fault, action: FaultAction) -> None:
+    assert allowed(fault, action) is ((fault, action) in EXPECTED_ALLOWED)
+    refused = not allowed(fault, action)
+    try:
+        FaultPolicy.model_validate({"rules": [{"on": fault.value, "action": action.value}]})
+    except ValueError as exc:
+        assert refused and "faultPolicy.rules[].action must be one its fault allows" in str(exc)
+    else:
+        assert not refused
+
+
+def test_without_rules_each_fault_gets_its_built_in_action() -> None:
+    assert {fault: decide([], fault).action for fault in Fault} == BUILT_IN
+    assert {fault: ACTIONS[fault][0] for fault in Fault} == BUILT_IN
+    assert all(decide([], fault).rule is None for fault in Fault)
+
+
+def test_the_first_rule_on_a_fault_decides_and_names_itself() -> None:
+    rules = [(F.PREEMPTED, A.FAIL), (F.NUMERIC_FAULT, A.RETRY), (F.NUMERIC_FAULT, A.FAIL)]
+    decision = decide(rules, F.NUMERIC_FAULT)
+    assert (decision.action, decision.rule) == (A.RETRY, 1)
+    assert decision.names(F.NUMERIC_FAULT) == "spec.faultPolicy.rules[1] (on: NumericFault, action: Retry)"
+    assert decide(rules, F.QUALITY_DRIFT).rule is None  # a drift has a name of its own
+
+
+@pytest.mark.parametrize(
+    ("reason", "rule", "fault"),
+    [
+        (Reason.NUMERIC_FAULT, "MaxConsecutiveOverflows", F.NUMERIC_FAULT),
+        (Reason.NUMERIC_FAULT, None, F.NUMERIC_FAULT),
+        (Reason.NUMERIC_FAULT, "QualityDrift", F.QUALITY_DRIFT),
+        (Reason.NUMERIC_FAULT, "LossSpike", F.LOSS_SPIKE),
+        (Reason.NON_FINITE_IN_FP32, None, F.NON_FINITE_IN_FP32),
+        (Reason.OUT_OF_DEVICE_MEMORY, None, F.OUT_OF_DEVICE_MEMORY),
+        (Reason.PREEMPTED, None, F.PREEMPTED),
+        (Reason.EVICTED, None, F.PREEMPTED),
+        (Reason.DELETED, None, F.INFRA_ERROR),
+        (Reason.INFRA_ERROR, None, F.INFRA_ERROR),
+        (Reason.SUCCEEDED, None, None),
+        (Reason.CONFIG_ERROR, None, None),
+        (Reason.REPROMOTE, None, None),
+    ],
+)
+def test_an_ending_is_the_fault_the_status_names(reason: Reason, rule: str | None, fault: Fault | None) -> None:
+    assert fault_of(reason, rule) == fault
+
+
+def ended(reason: Reason, code: int, rule: str | None = None) -> AttemptOutcome:
+    report = TerminationReport(reason=reason, step=7, precision="fp16", rule=rule, message="what the trainer said")
+    return AttemptOutcome(exit_code=code, report=report)
+
+
+def test_a_jobs_rule_turns_a_fallback_into_a_failure_that_names_it() -> None:
+    outcome = ended(Reason.NUMERIC_FAULT, 42, "MaxConsecutiveOverflows")
+    fails = FaultPolicy.model_validate({"rules": [{"on": "NumericFault", "action": "Fail"}]})
+    assert classify(outcome).action is Action.NEXT_PRECISION
+    result = under_policy(classify(outcome), fails, outcome.report)
+    assert result.action is Action.FAIL and result.reason is Reason.NUMERIC_FAULT
+    assert result.message == "spec.faultPolicy.rules[0] (on: NumericFault, action: Fail): what the trainer said"
+
+
+def test_a_rule_on_quality_drift_leaves_other_numeric_faults_alone() -> None:
+    drift_fails = FaultPolicy.model_validate({"rules": [{"on": "QualityDrift", "action": "Fail"}]})
+    overflow = ended(Reason.NUMERIC_FAULT, 42, "MaxConsecutiveOverflows")
+    drift = ended(Reason.NUMERIC_FAULT, 42, "QualityDrift")
+    assert under_policy(classify(overflow), drift_fails, overflow.report) == classify(overflow)
+    assert under_policy(classify(drift), drift_fails, drift.report).action is Action.FAIL
+
+
+def test_rules_the_operator_does_not_carry_out_or_that_agree_change_nothing() -> None:
+    bad_data = ended(Reason.NON_FINITE_IN_FP32, 45)
+    skips = FaultPolicy.model_validate({"rules": [{"on": "NonFiniteInFp32", "action": "Skip"}]})
+    assert under_policy(classify(bad_data), skips, bad_data.report) == classify(bad_data)  # the trainer's to do
+    preempted = ended(Reason.PREEMPTED, 44)
+    retries = FaultPolicy.model_validate({"rules": [{"on": "Preempted", "action": "Retry"}]})
+    assert under_policy(classify(preempted), retries, preempted.report) == classify(preempted)
+    oom = ended(Reason.OUT_OF_DEVICE_MEMORY, 46)
+    same = FaultPolicy.model_validate({"rules": [{"on": "OutOfDeviceMemory", "action": "Retry"}]})
+    assert under_policy(classify(oom), same, oom.report).action is Action.SAME_PRECISION
