@@ -26,7 +26,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -35,28 +34,16 @@ from mpjob_contract.fp8 import fp8_capable
 from mpjob_contract.launch import AUTO_MARGIN
 from mpjob_contract.report import Measurement
 from mpjob_trainer.distributed import World, all_reduce_max
-from mpjob_trainer.events import EventLog
-from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.modes import Mode
 from mpjob_trainer.session.state import rng_state, set_rng_state
-from mpjob_trainer.session.steps import StepFunction, StepNumerics
+from mpjob_trainer.session.steps import StepFunction
 
 MARGIN = AUTO_MARGIN
 WARM, TIMED = 1, 3
 
 
-@dataclass(frozen=True)
-class Measuring:
-    """What a measurement works with, lent by the session."""
-
-    #: The attempt's precision state (each candidate runs in its PROBE mode) and step numbers.
-    numerics: StepNumerics
-    world: World
-    metrics: TrainerMetrics
-    log: EventLog
-
-
-def measure_and_settle(step: StepFunction, index: int, *, modules: list[nn.Module], at: Measuring) -> Measurement:
+def measure_and_settle(step: StepFunction, index: int, *, modules: list[nn.Module], at: AttemptContext) -> Measurement:
     """Time the loop's `step(index)` in each candidate precision, keeping nothing it changes,
     and train in the one chosen from here on (every rank chooses alike)."""
     precision, tally = at.numerics.precision, at.numerics.tally

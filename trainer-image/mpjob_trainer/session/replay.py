@@ -48,16 +48,14 @@ from dataclasses import dataclass
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef, Replay
-from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
-from mpjob_trainer.events import EventLog
-from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.agreement import RankTable, flatten, gathered, main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.modes import Mode
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.state import TrainingState
-from mpjob_trainer.session.steps import SamplesFunction, StepFunction, StepNumerics, finite
+from mpjob_trainer.session.steps import SamplesFunction, StepFunction, finite
 
 #: Samples and ranks named in a report at most (the report must stay under Kubernetes' 4 KiB).
 MAX_NAMED_SAMPLES = 32
@@ -90,18 +88,6 @@ class Offending:
     samples: list[int]
 
 
-@dataclass(frozen=True)
-class Replaying:
-    """What a replay works with, lent by the session for the attempt."""
-
-    #: The guard (where the trouble began), the precision state (the replay runs in its REPLAY
-    #: mode, session.modes) and the step's numbers (was the replayed step finite?).
-    numerics: StepNumerics
-    world: World
-    log: EventLog
-    metrics: TrainerMetrics
-
-
 class Fp32Replay:
     """The loop's step function and sample lookup, and the verdict of replaying them."""
 
@@ -111,7 +97,7 @@ class Fp32Replay:
         samples: SamplesFunction | None,
         *,
         spec: GuardSpec,
-        lent: Replaying,
+        lent: AttemptContext,
         fresh: FreshStart | None = None,
     ) -> None:
         self.step = step

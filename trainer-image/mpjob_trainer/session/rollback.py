@@ -11,11 +11,15 @@ fp32, the job).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mpjob_trainer.distributed import is_dtensor
+from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.distributed import World, is_dtensor
+from mpjob_trainer.session.agreement import main_says
+from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import StepNumerics
 
@@ -45,6 +49,43 @@ class FreshStart:
         """Copy `state` as it stands (the attempt's step 0) to the host."""
         precision, scaler = numerics.precision.precision, numerics.precision.scaler
         return cls(host_copy(state.capture(0, numerics.applied.count, precision, scaler, in_memory=True)))
+
+
+@dataclass(frozen=True)
+class Target:
+    """A state to roll back to: its step, the state, and its checkpoint (None: the fresh start)."""
+
+    step: int
+    state: dict[str, Any]
+    ref: CheckpointRef | None
+
+
+def rollback_target(before: int, *, checkpoints: Checkpointer, world: World, fresh: FreshStart | None) -> Target | None:
+    """The newest good state at or before step index `before`: the last good checkpoint, else a
+    fresh attempt's step 0 (None: neither). A save still being written counts (the rollback
+    point does not depend on the disk's speed), and every rank takes rank 0's checkpoint (only
+    rank 0 collects asynchronous saves). A collective."""
+    checkpoints.collect(block=True, training_step=before + 1)
+    ref = main_says(checkpoints.last_good, world)
+    if ref is not None and ref.step <= before:
+        return Target(ref.step, checkpoints.state_of(ref), ref)
+    if fresh is not None:
+        return Target(fresh.step, fresh.state, None)
+    return None
+
+
+def restore(target: Target, *, state: TrainingState, numerics: StepNumerics, keep_position: bool) -> None:
+    """Load `target` into the session's objects and numerics. `keep_position`: the data position
+    stays where the loop stands (a loop caught up in place re-runs the same positions, quarantined
+    samples left out, and a later checkpoint must say so); a loop that re-enters runs them again
+    itself, counting from the target's position."""
+    seen = state.samples
+    numerics.applied.count = state.restore(target.state, numerics.precision.precision, numerics.precision.scaler)
+    if keep_position:
+        state.samples = seen
+    numerics.guard.rewind(target.step)
+    numerics.guard.begin_step()  # the replay's optimizer steps are not the loop's
+    numerics.tally.clear()
 
 
 def host_copy(value: Any) -> Any:

@@ -45,20 +45,21 @@ from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.precision import resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.ending import Standing, classify, conclude
 from mpjob_trainer.session.instruments import Instruments
 from mpjob_trainer.session.interval import Cadence, IntervalWork
-from mpjob_trainer.session.measure import Measuring, measure_and_settle
+from mpjob_trainer.session.measure import measure_and_settle
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.quarantine import Quarantine
 from mpjob_trainer.session.reentry import ReEntry
-from mpjob_trainer.session.replay import Fp32Replay, Replaying
+from mpjob_trainer.session.replay import Fp32Replay
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.setup import ModelSetUp
-from mpjob_trainer.session.skipping import DataRung, Lent
+from mpjob_trainer.session.skipping import DataRung
 from mpjob_trainer.session.state import TrainingState, seed_everything
 from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, StepNumerics
 
@@ -102,8 +103,8 @@ class Session(ModelSetUp, ReEntry):
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
         self._wrapper = sharding.Wrapper(world, self.device, spec=self.spec, requested=launch.precision, log=log)
-        lent = Lent(self._numerics, world, log, self._metrics)
-        self._rung = DataRung(self.spec.precision.guard, lent, self.spec.fault_policy)
+        self._context = AttemptContext(self._numerics, world, log, self._metrics)
+        self._rung = DataRung(self.spec.precision.guard, self._context, self.spec.fault_policy)
         cadence = Cadence(self.spec, launch.repromote_after_steps)
         self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
         self._intervals.inspectors.append(self._rung.inspect)
@@ -182,19 +183,17 @@ class Session(ModelSetUp, ReEntry):
         (session.measure) and a numeric fault is replayed in fp32 (session.replay). Call it after resume().
         `modules`: the models whose buffers the measurement puts back (default: those resume() was given;
         a framework adapter, whose framework checkpoints the model, names its model here)."""
-        lent = Replaying(numerics=self._numerics, world=self.world, log=self._log, metrics=self._metrics)
         guard = self._wrapper.replayable(self.spec.precision.guard)
         needed = bool(guard.replay_steps) or self._rung.rolls_back
         fresh = FreshStart.if_needed(
             self._state, self._numerics, fresh=self._checkpoints.last_good is None, needed=needed
         )
-        self._replay = Fp32Replay(step, samples, spec=guard, lent=lent, fresh=fresh)
+        self._replay = Fp32Replay(step, samples, spec=guard, lent=self._context, fresh=fresh)
         self._rung.arm(self._replay, state=self._state, fresh=fresh)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             if modules is None:
                 modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
-            at = Measuring(numerics=self._numerics, world=self.world, metrics=self._metrics, log=self._log)
-            self._measurement = measure_and_settle(step, self.start_step, modules=modules, at=at)
+            self._measurement = measure_and_settle(step, self.start_step, modules=modules, at=self._context)
 
     def evaluate_with(self, evaluate: EvalFunction) -> None:
         """The quality gate's evaluation (spec.validation; session.quality): `evaluate()` returns

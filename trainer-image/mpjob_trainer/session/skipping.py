@@ -1,17 +1,18 @@
 """DataRung: bad data and loss spikes cost a rollback, not the run (guard.onBadData, guard.spike).
 
-Today's ladder gives up a precision when the guard trips; the fp32 replay (session.replay)
-first tells whether the precision is at fault. When it says the data is (the step is
-non-finite in fp32 too), or a finite loss spikes (session.spike), this rung keeps the attempt
-in its precision instead:
+When the fp32 replay (session.replay) says the data is at fault (the step is non-finite in
+fp32 too), or a finite loss spikes (session.spike), this rung keeps the attempt in its
+precision:
 
-1. roll the state back to the last good checkpoint (from the store, or the copy of the state
-   taken at a fresh start when no checkpoint exists yet);
+1. roll the state back to the last good one (session.rollback: a checkpoint, or a fresh
+   attempt's step 0 kept on the host);
 2. quarantine the offending steps' samples (session.quarantine: all ranks' samples, narrowed to
    the ones non-finite alone when the loop gave a screen), or the steps when it names none;
-3. run the steps from the checkpoint up to where the loop stands again, through the loop's
-   registered step function (which leaves quarantined samples out), so the loop goes on at its
-   own next step as if the skipped samples had never been in the data.
+3. run the steps from there up to where the loop stands again, through the loop's registered
+   step function (which leaves quarantined samples out), so the loop goes on at its own next
+   step as if the skipped samples had never been in the data.
+
+Each step of a recovery is a transition of the attempt machine (session.machine).
 
 A loop that cannot be rolled back in place (a framework adapter: HF Trainer and Lightning keep
 their model, optimizer, schedule and data to themselves) re-enters instead (`reenters`): step 1
@@ -25,39 +26,33 @@ steps before the offending one never saw them, and a rollback restores weights, 
 scaler, schedule and generators exactly. Bounded by guard.maxSkippedSteps; past it the attempt
 ends NonFiniteInFp32, naming the steps.
 
-Triggers, at an interval's one read (IntervalWork's inspectors): a non-finite loss below the
-guard's bound (fp16's GradScaler would skip that step and go on, with the sample still in
-the data) is "suspect" and replayed at once; the guard's own trips are replayed as before.
-A suspect step that fp32 finds finite is the precision's: the state is rolled back and the
-same steps run again (deterministic: nothing changes), and no further suspect is raised in
-this attempt, so the guard's bounds rule as before.
+Triggers, at an interval's one read: a non-finite loss below the guard's bound (fp16's
+GradScaler would skip it, the sample still in the data) is "suspect" and replayed at once; a
+suspect step fp32 finds finite is the precision's: rolled back and run again (nothing
+changes), and no further suspect is raised in this attempt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-
-import torch.distributed as dist
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, ranges
-from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
-from mpjob_trainer.events import EventLog
-from mpjob_trainer.metrics import TrainerMetrics
-from mpjob_trainer.session.agreement import main_says
+from mpjob_trainer.session.agreement import gathered
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.machine import AttemptMachine, Event, Phase
 from mpjob_trainer.session.policy import trainer_actions
 from mpjob_trainer.session.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.replay import Fp32Replay
-from mpjob_trainer.session.rollback import FreshStart
+from mpjob_trainer.session.rollback import FreshStart, restore, rollback_target
 from mpjob_trainer.session.spike import SpikeDetector
 from mpjob_trainer.session.state import TrainingState
-from mpjob_trainer.session.steps import Number, Read, StepNumerics
+from mpjob_trainer.session.steps import Number, Read
 
 
 class SuspectSteps(NumericFault):
@@ -81,24 +76,16 @@ class LossSpiked(NumericFault):
         self.steps = steps
 
 
-@dataclass(frozen=True)
-class Lent:
-    """What the rung works with, lent by the session."""
-
-    numerics: StepNumerics
-    world: World
-    log: EventLog
-    metrics: TrainerMetrics
-
-
 class DataRung:
-    def __init__(self, spec: GuardSpec, lent: Lent, policy: FaultPolicy | None = None) -> None:
+    def __init__(self, spec: GuardSpec, lent: AttemptContext, policy: FaultPolicy | None = None) -> None:
         self.spec = spec
         self.lent = lent
         self.quarantine = Quarantine()
         self.quarantine.watcher = self._show
         #: What bad data and a spike do: the guard's settings, or the job's faultPolicy rule on them.
         self.skips_bad_data, self.on_spike = trainer_actions(spec, policy or FaultPolicy())
+        #: Where a recovery stands (session.machine): every step of one goes through it.
+        self.machine = AttemptMachine()
         self.spike: SpikeDetector | None = None
         if self.on_spike != "off":
             self.spike = SpikeDetector(spec.spike, lent.numerics.precision.device)
@@ -156,6 +143,8 @@ class DataRung:
     ) -> None:
         """Close step `step` with `close` (the session's); a fault the rung handles is recovered
         from and the step closed again, now on the re-run step's own loss."""
+        if self.machine.phase is Phase.REENTERING:  # the loop re-entered and closes its first step
+            self.machine.fire(Event.REENTERED)
         while True:
             try:
                 close(step, loss)
@@ -186,37 +175,50 @@ class DataRung:
         """Roll back, skip and catch up to `step` (1-based, where the loop stands); raises the
         attempt's ending when the rung cannot go on."""
         if isinstance(fault, LossSpiked) and self.on_spike == "end":
-            raise fault  # the job's faultPolicy ends the attempt on a spike (FallBack or Fail)
+            raise self._ended(fault)  # the job's faultPolicy ends the attempt on a spike (FallBack or Fail)
         if isinstance(fault, LossSpiked):
+            self.machine.fire(Event.SPIKE)
             return self._skip(list(fault.steps), "spike", step=step, state=state, checkpoints=checkpoints)
         if self.replay is None or not self.skips_bad_data:
-            raise fault
+            raise self._ended(fault)
+        self.machine.fire(Event.FAULT)
         ending = self.replay.judge(fault, state=state, checkpoints=checkpoints)
         verdict = self.replay.replayed
         if isinstance(ending, NonFiniteInFp32) and verdict is not None and verdict.offending_step is not None:
             self.replay.replayed = None
+            self.machine.fire(Event.DATA)
             return self._skip([verdict.offending_step], "data", step=step, state=state, checkpoints=checkpoints)
         if not isinstance(fault, SuspectSteps):
-            raise ending
+            raise self._ended(ending)
         self._precision_suspected = True  # the precision's: today's bounds decide from here
         self.replay.replayed = None
+        self.machine.fire(Event.RERUN)
         self._rewind_and_catch_up(step, state=state, checkpoints=checkpoints)
         return None
+
+    def _ended(self, ending: Exception) -> Exception:
+        """The attempt ends with `ending` (raised by the caller)."""
+        self.machine.fire(Event.END)
+        return ending
 
     def _skip(
         self, steps: list[int], cause: SkipCause, *, step: int, state: TrainingState, checkpoints: Checkpointer
     ) -> None:
         already = self.quarantine.steps
         if cause == "data" and set(steps) & set(already):
-            raise NonFiniteInFp32(
-                f"step {steps[0]} is non-finite in fp32 again after it was skipped: the loop does not leave "
-                "quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
+            raise self._ended(
+                NonFiniteInFp32(
+                    f"step {steps[0]} is non-finite in fp32 again after it was skipped: the loop does not leave "
+                    "quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
+                )
             )
         if len(already) + len(steps) > self.spec.max_skipped_steps:
             shown = ", ".join(str(s) for s in [*already, *steps])
-            raise NonFiniteInFp32(
-                f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
-                "steps to skip; the data or the model is at fault, not the precision"
+            raise self._ended(
+                NonFiniteInFp32(
+                    f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
+                    "steps to skip; the data or the model is at fault, not the precision"
+                )
             )
         forgiven = self.lent.numerics.guard.forgiven
         start = self._rewind(min(steps), state=state, checkpoints=checkpoints)
@@ -246,7 +248,7 @@ class DataRung:
             every = sorted(set(offending.samples))  # gathered by the replay, the same on every rank
         else:
             mine = replay.samples(index) if replay is not None and replay.samples is not None else []
-            every = _gathered(mine, self.lent.world)
+            every = sorted({int(i) for part in gathered(list(mine), self.lent.world) for i in part})
         if cause == "data" and self.quarantine.screen is not None and every:
             narrowed = self.quarantine.screen(every)
             return narrowed or every
@@ -260,35 +262,24 @@ class DataRung:
         """After a rollback to `start`: catch up to `step` in place, or leave the loop to re-enter."""
         if self.reenters:
             assert self._rolled_back_to is not None  # a loop that re-enters has no in-memory start state
+            self.machine.fire(Event.LEFT_LOOP)
             raise RolledBack(self._rolled_back_to)
+        self.machine.fire(Event.RESTORED)
         self._catch_up(start, step)
+        self.machine.fire(Event.CAUGHT_UP)
 
     def _rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int:
         """Restore the newest good state at or before step index `before`; its step."""
-        # A save still being written counts (the rollback point does not depend on the disk's
-        # speed), and every rank takes rank 0's (only rank 0 collects asynchronous saves).
-        checkpoints.collect(block=True, training_step=before + 1)
-        numerics, ref = self.lent.numerics, main_says(checkpoints.last_good, self.lent.world)
-        if ref is not None and ref.step <= before:
-            saved, start = checkpoints.state_of(ref), ref.step
-        elif self._fresh is not None:
-            saved, start = self._fresh.state, self._fresh.step
-        else:
-            raise NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
-        self._rolled_back_to = ref if ref is not None and ref.step == start else None
-        seen = state.samples
-        numerics.applied.count = state.restore(saved, numerics.precision.precision, numerics.precision.scaler)
-        if not self.reenters:
-            # The data position stays where the loop stands: the catch-up re-runs the same positions
-            # (quarantined samples left out of them), and a later checkpoint must say so. A loop
-            # that re-enters runs them again itself, counting from the checkpoint's position.
-            state.samples = seen
-        numerics.guard.rewind(start)
-        numerics.guard.begin_step()  # the replay's optimizer steps are not the loop's
-        numerics.tally.clear()
+        target = rollback_target(before, checkpoints=checkpoints, world=self.lent.world, fresh=self._fresh)
+        if target is None:
+            raise self._ended(
+                NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
+            )
+        self._rolled_back_to = target.ref
+        restore(target, state=state, numerics=self.lent.numerics, keep_position=not self.reenters)
         if self.spike is not None:
             self.spike.forget_spikes()
-        return start
+        return target.step
 
     def _catch_up(self, start: int, step: int) -> None:
         """Run steps start..step-1 (0-based) again; the loop's end_step closes the last."""
@@ -299,12 +290,3 @@ class DataRung:
                 replay.step(index)
             if index + 1 < step:
                 numerics.close(index + 1, None, skipped=self.quarantine.skips_step(index))
-
-
-def _gathered(samples: list[int], world: World) -> list[int]:
-    """Every rank's samples (the same list on all ranks)."""
-    if not world.distributed:
-        return list(samples)
-    parts: list[Any] = [None] * world.size
-    dist.all_gather_object(parts, list(samples))
-    return sorted({int(i) for part in parts for i in part})
