@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.checkpoint import CheckpointStore, sha256_file
 
 pytestmark = pytest.mark.unit
 
@@ -86,3 +86,18 @@ def test_a_malformed_manifest_in_the_folder_neither_breaks_a_save_nor_is_pruned(
         store.save(step, "bf16", {"step": step, "w": torch.zeros(4)})
     assert [s for s, _ in store.steps()] == [10, 30]  # not provably its own: neither counted nor removed
     assert (tmp_path / "step-000000010" / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["dotdot", "absolute"])
+def test_a_manifest_listing_a_file_outside_its_folder_is_refused_even_with_its_true_sha256(
+    tmp_path: Path, relative: bool
+) -> None:
+    _save(tmp_path, 10, 20)
+    outside = tmp_path / "step-000000010" / "state.pt"
+    name = "../step-000000010/state.pt" if relative else str(outside)
+    entry = {"sha256": sha256_file(outside), "bytes": outside.stat().st_size}
+    _write_raw(tmp_path / "step-000000020", lambda m: {**m, "files": {**m["files"], name: entry}})
+    log: list[dict[str, Any]] = []
+    loaded = _store(tmp_path, log).load(prefer=str(tmp_path / "step-000000020"))
+    assert loaded is not None and loaded[0].step == 10
+    assert "unreadable manifest" in log[0]["problem"] and "file name" in log[0]["problem"]
