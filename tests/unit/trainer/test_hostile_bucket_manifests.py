@@ -8,6 +8,7 @@ runs the same store against a real S3 server)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,11 @@ def _escaping_names(tmp_path: Path) -> list[list[str]]:
 
 @pytest.mark.parametrize("case", range(4), ids=["dotdot", "absolute", "inner-dotdot", "backslash"])
 def test_a_manifest_naming_files_outside_its_folder_writes_nothing_and_the_previous_one_is_used(
-    tmp_path: Path, case: int
+    tmp_path: Path, case: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    spools = tmp_path / "spools"  # the stores' local spools, where a restore may write
+    spools.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spools))
     names = _escaping_names(tmp_path)[case]
     bucket, store = _saved(10, 20)
     _plant(bucket, store, 20, names)
@@ -116,7 +120,7 @@ def test_a_manifest_naming_files_outside_its_folder_writes_nothing_and_the_previ
     reader = _store(bucket, log)
     loaded = reader.load()
     assert not (tmp_path / "dotdot").exists() and not (tmp_path / "absolute").exists()
-    assert list(reader.root.parent.rglob("*escaped*")) == []
+    assert reader.root.parent == spools and list(tmp_path.rglob("*escaped*")) == []
     assert loaded is not None and loaded[0].step == 10
     assert [e["event"] for e in log] == ["checkpointRejected"] and "unreadable manifest" in log[0]["problem"]
 
