@@ -209,8 +209,8 @@ class PrecisionSpec(ApiModel):
     fallback: list[Precision] = Field(
         default_factory=lambda: list[Precision](["bf16", "fp32"]),
         max_length=4,
-        description="Precisions tried in order when a precision gives up (distinct entries; fp8 only as the "
-        "first, and only after an fp8 or auto start: the ladder goes fp8 -> bf16 -> fp32).",
+        description="Precisions tried in order when a precision gives up (distinct entries, never fp8: "
+        "a job starts in fp8 with mode fp8 or auto, and the ladder goes fp8 -> bf16 -> fp32).",
     )
     fp8: Fp8Spec = Field(default_factory=Fp8Spec, description="fp8 attempts (mode fp8, or auto on cc >= 8.9).")
     keep_fp32: list[str] = Field(
@@ -242,7 +242,7 @@ class PrecisionSpec(ApiModel):
     @classmethod
     def _distinct(cls, value: list[str]) -> list[str]:
         rules.FALLBACK_DISTINCT.check(value)
-        rules.FALLBACK_FP8_FIRST.check(value)
+        rules.FALLBACK_NO_FP8.check(value)
         return value
 
     @field_validator("keep_fp32")
@@ -582,11 +582,11 @@ def world_size(spec: MixedPrecisionJobSpec) -> int:
 
 
 def precision_ladder(spec: PrecisionSpec, resolved_first: Precision) -> list[Precision]:
-    """The precisions attempts walk through: the first, then the fallback list, no repeats; fp8
-    only as the first rung (a fallback goes to a safer precision, fp8 is the least safe)."""
+    """The precisions attempts walk through: the first, then the fallback list (which holds no
+    fp8: rules.FALLBACK_NO_FP8), no repeats."""
     ladder: list[Precision] = [resolved_first]
     for p in spec.fallback:
-        if p not in ladder and p != "fp8":
+        if p not in ladder:
             ladder.append(p)
     return ladder
 

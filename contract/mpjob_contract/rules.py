@@ -122,13 +122,15 @@ FALLBACK_DISTINCT = Rule(
     message="precision.fallback entries must be distinct",
     holds=_distinct,
 )
-FALLBACK_FP8_FIRST = Rule(
-    name="fallback-fp8-first",
+# fp8 is the least safe rung: a job starts there (precision.mode fp8, or auto on a node that
+# measures it fastest) and never falls back to it; the ladder would drop it silently.
+FALLBACK_NO_FP8 = Rule(
+    name="fallback-no-fp8",
     path="spec.precision.fallback",
-    cel="self.all(p, p != 'fp8') || self[0] == 'fp8'",
-    message="precision.fallback may hold fp8 only as its first entry: a fallback goes to a safer precision "
-    "and fp8 is the least safe rung (fp8 -> bf16 -> fp32)",
-    holds=lambda values: "fp8" not in values or values[0] == "fp8",
+    cel="self.all(p, p != 'fp8')",
+    message="precision.fallback may not hold fp8: a fallback goes to a safer precision and fp8 is the least "
+    "safe one; start in fp8 with precision.mode fp8 (or auto), the ladder then goes fp8 -> bf16 -> fp32",
+    holds=lambda values: "fp8" not in values,
 )
 # Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod mounts
 # none of its own: automountServiceAccountToken is the operator's, always false).
@@ -222,7 +224,7 @@ RULES: tuple[Rule, ...] = (
     TASK_EXACTLY_ONE_KIND,
     TASK_WORKING_DIR_NEEDS_COMMAND,
     FALLBACK_DISTINCT,
-    FALLBACK_FP8_FIRST,
+    FALLBACK_NO_FP8,
     NO_SERVICE_ACCOUNT_TOKEN,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,

@@ -132,6 +132,7 @@ class LocalRun:
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
             return plan.create[0]
         self.status = plan.status = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
+        self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
         self.series = RunSeries.load(self.paths.series)
         if self.status.phase in FINISHED:
             self.view.info(f"{self.paths.report} says this run already ended {self.status.phase}; use --fresh")

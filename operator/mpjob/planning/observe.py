@@ -9,6 +9,7 @@ The rules, written once here:
   the trainer's gauges hold placeholders: a negative value, a zero scale or throughput, a start
   step of -1 while it has not decided where it starts), so the status never claims progress not
   seen and its step never goes below where the attempt began; a loss scale only in fp16;
+- every step a reading names is held to [0, training.steps] (`reported.within`: the report's rule);
 - figures are kept as `planning/figures.py` rounds them;
 - the trainer's own start step replaces the planned one, with an Event that says so;
 - an `auto` attempt takes the precision it measured (`planning/reported.py`);
@@ -99,6 +100,17 @@ def real(reading: Reading, *, precision: str | None) -> Reading:
     return replace(kept, **dropped)
 
 
+def bounded(reading: Reading, status: MixedPrecisionJobStatus) -> Reading:
+    """`reading` (placeholders gone: `real`) with every step it names within the job's range."""
+    ck = reading.checkpoint
+    return replace(
+        reading,
+        step=reported.within(reading.step, status) if reading.step is not None else None,
+        start_step=reported.within(reading.start_step, status) if reading.start_step is not None else None,
+        checkpoint=replace(ck, step=reported.within(ck.step, status)) if ck is not None else None,
+    )
+
+
 def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
     """What `reading` changes in `status` (which is left as it is)."""
     new = status.model_copy(deep=True)
@@ -108,7 +120,7 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
     chosen, seconds = reading.measured_precision, reading.measured_step_seconds
     if current is not None and chosen and seconds is not None and is_auto(current.precision):
         reported.measured(new, current, chosen, seconds)  # relabelled once, by what it measured
-    seen = real(reading, precision=current.precision if current is not None else new.precision)
+    seen = bounded(real(reading, precision=current.precision if current is not None else new.precision), new)
     for name in LIVE:
         value = getattr(seen, name)
         if value is not None:

@@ -2,7 +2,10 @@
 trainer stopped and began, its final counters, and what an `auto` attempt measured.
 
 The report reaching here was validated (mpjob_contract.report): its precision is one the API
-knows and its numbers are bounded, so nothing it says can make the status unwritable.
+knows and its numbers are bounded, so nothing it says can make the status unwritable. Its steps
+are still the tenant's word: `within` holds each one to the job's own range, [0, training.steps],
+as `planning/observe.py` does for a live reading, so no step past the end inflates an attempt's
+endStep, samples or wasted steps.
 """
 
 from __future__ import annotations
@@ -13,10 +16,31 @@ from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJo
 from mpjob_contract.report import TerminationReport
 
 
+def within(step: int, status: MixedPrecisionJobStatus) -> int:
+    """A step a trainer names, held to [0, status.totalSteps] (training.steps, which every
+    reconcile and `mpjob run` write into the status before anything reads a trainer)."""
+    top = status.total_steps if status.total_steps is not None else step
+    return min(max(step, 0), top)
+
+
+def bounded(report: TerminationReport, status: MixedPrecisionJobStatus) -> TerminationReport:
+    """`report` with every step it names `within` the job's range."""
+    ref = report.last_good_checkpoint
+    start = report.start_step
+    return report.model_copy(
+        update={
+            "step": within(report.step, status),
+            "start_step": within(start, status) if start is not None else None,
+            "last_good_checkpoint": ref.model_copy(update={"step": within(ref.step, status)}) if ref else None,
+        }
+    )
+
+
 def record_report(status: MixedPrecisionJobStatus, index: int, report: TerminationReport | None) -> int:
     """What the trainer's report tells: the last good checkpoint, where it stopped and began."""
     if report is None:
         return status.step
+    report = bounded(report, status)
     if report.last_good_checkpoint is not None:
         ref = report.last_good_checkpoint
         status.last_checkpoint = CheckpointStatus(

@@ -46,7 +46,11 @@ def bad(path: str, value: Any) -> dict[str, Any]:
 CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-field", bad("spec.precision.turbo", True), "turbo"),
     ("bad-mode", bad("spec.precision.mode", "fp4"), "spec.precision.mode"),
-    ("fp8-fallback-not-first", bad("spec.precision.fallback", ["bf16", "fp8"]), "fp8 only as its first entry"),
+    # fp8 is never a fallback (the least safe rung); whatever the mode, the list naming it is refused.
+    ("fp8-fallback-not-first", bad("spec.precision.fallback", ["bf16", "fp8"]), "spec.precision.fallback: "),
+    ("fp8-fallback-after-fp16", bad("spec.precision", {"mode": "fp16", "fallback": ["fp8"]}), "fallback: "),
+    ("fp8-fallback-after-bf16", bad("spec.precision", {"mode": "bf16", "fallback": ["fp8", "fp32"]}), "fallback: "),
+    ("fp8-fallback-after-fp8", bad("spec.precision", {"mode": "fp8", "fallback": ["fp8", "bf16"]}), "fallback: "),
     ("bad-fp8-recipe", bad("spec.precision.fp8.recipe", "blockwise"), "spec.precision.fp8.recipe"),
     ("bad-fp8-skip", bad("spec.precision.fp8.skip", ["layers 0"]), "spec.precision.fp8.skip"),
     ("unknown-fp8-field", bad("spec.precision.fp8.scaling", "delayed"), "scaling"),
@@ -222,7 +226,12 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.TASK_EXACTLY_ONE_KIND.name: ("builtin-and-module", "neither-task", "module-and-command"),
     rules.TASK_WORKING_DIR_NEEDS_COMMAND.name: ("working-dir-without-command",),
     rules.FALLBACK_DISTINCT.name: ("duplicate-fallback",),
-    rules.FALLBACK_FP8_FIRST.name: ("fp8-fallback-not-first",),
+    rules.FALLBACK_NO_FP8.name: (
+        "fp8-fallback-not-first",
+        "fp8-fallback-after-fp16",
+        "fp8-fallback-after-bf16",
+        "fp8-fallback-after-fp8",
+    ),
     rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
     rules.ONE_CHECKPOINT_SOURCE.name: ("two-volumes", "no-checkpoint-source"),
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),

@@ -4,6 +4,7 @@ and fp8 never a fallback below a safer precision."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from mpjob.planning.classify import AttemptOutcome, classify
 from mpjob.planning.planner import StartAttempt, after_attempt, first_attempt, ladder, promotion_target
@@ -36,9 +37,14 @@ def test_bf16_after_fp8_repromotes_back_to_fp8() -> None:
     assert isinstance(up, StartAttempt) and (up.precision, up.promoted_from, up.start_step) == ("fp8", "bf16", 30)
 
 
-def test_fp8_in_the_fallback_list_is_a_rung_only_above_the_others() -> None:
-    assert ladder(spec(mode="fp8", fallback=["fp8", "bf16"])) == ["fp8", "bf16"]
-    assert ladder(spec(mode="fp16", fallback=["fp8", "bf16", "fp32"])) == ["fp16", "bf16", "fp32"]
+@pytest.mark.parametrize(
+    ("mode", "fallback"), [("fp16", ["fp8"]), ("bf16", ["fp8", "fp32"]), ("fp8", ["fp8", "bf16"]), ("auto", ["fp8"])]
+)
+def test_fp8_in_the_fallback_list_is_refused_not_dropped(mode: str, fallback: list[str]) -> None:
+    with pytest.raises(ValidationError) as caught:
+        spec(mode=mode, fallback=fallback)
+    assert [e["loc"] for e in caught.value.errors()] == [("precision", "fallback")]
+    assert ladder(spec(mode="fp8", fallback=["bf16"])) == ["fp8", "bf16"]
 
 
 def test_an_auto_attempt_that_measured_fp8_falls_back_to_the_spec_ladder() -> None:

@@ -1,6 +1,7 @@
 """Checkpoints: exact-resume state, written atomically, verified before it is trusted.
 
 - `manifest`: the on-disk format of one checkpoint (files, manifest, format version, hashing);
+- `document`: a manifest's JSON as read (untrusted): its shape, bounds and safe file names;
 - `store`: CheckpointStore, a job's checkpoints in one folder (write, verify, list, prune);
 - `resume`: which checkpoint an attempt resumes from;
 - `migrate`: an older format brought forward to the current one;

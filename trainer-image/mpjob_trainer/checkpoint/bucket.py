@@ -92,10 +92,12 @@ class Bucket:
         except Exception as exc:
             raise self.refused(exc, f"store {key}") from exc
 
-    def get(self, key: str) -> bytes | None:
-        """The object's bytes; None when there is no such object."""
+    def get(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        """The object's bytes (with `max_bytes`, no more than one byte past it: the caller sees
+        that it is longer); None when there is no such object."""
         try:
-            return bytes(self.client.get_object(Bucket=self.name, Key=key)["Body"].read())
+            body = self.client.get_object(Bucket=self.name, Key=key)["Body"]
+            return bytes(body.read() if max_bytes is None else body.read(max_bytes + 1))
         except Exception as exc:
             if _code(exc) == "NoSuchKey":
                 return None

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mpjob_trainer.checkpoint import document
+
 STATE = "state.pt"
 MANIFEST = "manifest.json"
 #: Where an adopted framework checkpoint lies inside an mpjob checkpoint directory.
@@ -100,37 +102,38 @@ def step_of(name: str) -> int | None:
 
 def read_manifest(folder: Path) -> Manifest:
     """The manifest of the checkpoint in `folder`; CorruptCheckpoint when missing, unreadable,
-    or of a format this trainer cannot read."""
+    malformed (checkpoint.document), or of a format this trainer cannot read."""
     path = folder / MANIFEST
     if not path.is_file():
         raise CorruptCheckpoint(f"{folder.name}: manifest missing")
+    with path.open("rb") as f:
+        raw = f.read(document.MAX_MANIFEST_BYTES + 1)
+    return parse_manifest(raw, folder.name)
+
+
+def parse_manifest(raw: bytes, name: str) -> Manifest:
+    """The manifest `raw` of the checkpoint folder `name`; CorruptCheckpoint as read_manifest."""
     try:
-        raw = json.loads(path.read_text())
-        manifest = Manifest(
-            step=int(raw["step"]),
-            precision=str(raw["precision"]),
-            config_digest=raw.get("configDigest"),
-            format_version=int(raw.get("formatVersion", UNVERSIONED)),
-            files=dict(raw["files"]),
-            job=str(raw.get("job", "")),
-            layout=str(raw.get("layout", SINGLE)),
-            world_size=int(raw.get("worldSize", 1)),
-        )
-        manifest.state_sha256  # noqa: B018 - every single-file format has a state.pt
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptCheckpoint(f"{folder.name}: unreadable manifest ({exc!r})") from exc
-    if not UNVERSIONED <= manifest.format_version <= FORMAT_VERSION:
+        doc = document.parse(raw)
+    except document.Malformed as exc:
+        raise CorruptCheckpoint(f"{name}: unreadable manifest ({exc})") from None
+    if not UNVERSIONED <= doc.format_version <= FORMAT_VERSION:
         raise CorruptCheckpoint(
-            f"{folder.name}: checkpoint format {manifest.format_version}, this trainer reads formats "
+            f"{name}: checkpoint format {doc.format_version}, this trainer reads formats "
             f"{UNVERSIONED} to {FORMAT_VERSION}: resume it with a trainer image at least as new as the one "
             "that wrote it"
         )
-    if manifest.layout not in (SINGLE, DCP) or manifest.world_size < 1:
+    if doc.layout not in (SINGLE, DCP):
         raise CorruptCheckpoint(
-            f"{folder.name}: manifest says layout {manifest.layout!r}, world size {manifest.world_size}: "
+            f"{name}: manifest says layout {doc.layout!r}, world size {doc.world_size}: "
             f"this trainer reads layouts {SINGLE} and {DCP}"
         )
-    return manifest
+    if MANIFEST in doc.files or (doc.layout == SINGLE and STATE not in doc.files):
+        raise CorruptCheckpoint(f"{name}: manifest lists itself, or a single-file checkpoint without {STATE}")
+    files = {file: entry.model_dump() for file, entry in doc.files.items()}
+    return Manifest(
+        doc.step, doc.precision, doc.config_digest, doc.format_version, files, doc.job, doc.layout, doc.world_size
+    )
 
 
 def manifest_precision(folder: Path) -> str | None:

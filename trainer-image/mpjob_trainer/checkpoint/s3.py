@@ -11,6 +11,9 @@ marker. Until it exists the folder is not a checkpoint; readers list only folder
 manifest, and a save killed at any moment leaves objects no reader considers (the next save of
 that step writes them again; `clean_stale` aborts its unfinished multipart uploads).
 
+A manifest in the bucket is read as untrusted input (checkpoint.document) before anything it
+names is downloaded or deleted: one that is malformed or names a file outside its folder
+(absolute, `..`, a backslash) is corrupt, never followed, never pruned.
 Loading downloads a checkpoint's files into a local folder of the same name and verifies it
 exactly as the volume store does (manifest, format, every sha256, config digest, step), so a
 deleted object, a damaged one or a manifest without its objects is rejected and the previous
@@ -24,7 +27,6 @@ bucket (bucket.BucketMisconfigured).
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import threading
@@ -36,7 +38,16 @@ from typing import Any
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
-from mpjob_trainer.checkpoint.manifest import MANIFEST, CorruptCheckpoint, folder_name, read_manifest, step_of
+from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
+from mpjob_trainer.checkpoint.manifest import (
+    MANIFEST,
+    CorruptCheckpoint,
+    Manifest,
+    folder_name,
+    parse_manifest,
+    read_manifest,
+    step_of,
+)
 from mpjob_trainer.checkpoint.store import CheckpointStore, CheckpointTaken, Log, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
 
@@ -86,13 +97,17 @@ class BucketCheckpointStore:
         ]
         return sorted(found)
 
-    def _manifest(self, step: int) -> dict[str, Any] | None:
-        """The committed manifest of `step` as JSON (None: not committed, or unreadable)."""
-        raw = self.bucket.get(f"{self.key}/{folder_name(step)}/{MANIFEST}")
+    def _manifest(self, step: int) -> Manifest | None:
+        """The committed manifest of `step` (None: not committed, or not a valid manifest)."""
+        raw = self._manifest_bytes(f"{self.key}/{folder_name(step)}")
         try:
-            return dict(json.loads(raw)) if raw is not None else None
-        except ValueError:
+            return parse_manifest(raw, folder_name(step)) if raw is not None else None
+        except CorruptCheckpoint:
             return None
+
+    def _manifest_bytes(self, prefix: str) -> bytes | None:
+        """The manifest object below `prefix`, read no further than a manifest may go."""
+        return self.bucket.get(f"{prefix}/{MANIFEST}", max_bytes=MAX_MANIFEST_BYTES)
 
     def clean_stale(self) -> None:
         """Abort the multipart uploads of saves that were killed midway (below this job's prefix)."""
@@ -125,11 +140,12 @@ class BucketCheckpointStore:
 
     def _download(self, step: int, folder: Path) -> None:
         prefix = f"{self.key}/{folder.name}"
-        raw = self.bucket.get(f"{prefix}/{MANIFEST}")
+        raw = self._manifest_bytes(prefix)
         if raw is None:
             raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
+        names = parse_manifest(raw, folder.name).files  # checked: every name stays inside `folder`
         (folder / MANIFEST).write_bytes(raw)
-        for name in read_manifest(folder).files:
+        for name in names:
             target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)
             if not self.bucket.download(f"{prefix}/{name}", target):
@@ -158,7 +174,7 @@ class BucketCheckpointStore:
         ahead = [
             url
             for step, url in newest_first
-            if newer_in and step > floor and (self._manifest(step) or {}).get("precision") == newer_in
+            if newer_in and step > floor and (m := self._manifest(step)) and m.precision == newer_in
         ]
         rest = [url for step, url in newest_first if step != floor and url not in ahead]
         return [*ahead, self.url(floor), *rest]
@@ -212,7 +228,7 @@ class BucketCheckpointStore:
         manifest = self._manifest(step)
         if manifest is None:
             return None
-        if manifest.get("job") != self.job:
+        if manifest.job != self.job:
             raise CheckpointTaken(f"{self.url(step)} holds a checkpoint this job did not write: left as it is")
         try:
             return self.verify(self.url(step))[0]
@@ -222,8 +238,8 @@ class BucketCheckpointStore:
 
     def _prune(self) -> None:
         """Keep this job's newest `keep` committed checkpoints; uncommit, then delete, the rest."""
-        ours = [(step, m) for step, _ in self.steps() if (m := self._manifest(step)) and m.get("job") == self.job]
+        ours = [(step, m) for step, _ in self.steps() if (m := self._manifest(step)) and m.job == self.job]
         for step, manifest in ours[: -self.keep]:
             prefix = f"{self.key}/{folder_name(step)}"
             self.bucket.delete([f"{prefix}/{MANIFEST}"])
-            self.bucket.delete([f"{prefix}/{name}" for name in manifest.get("files", {})])
+            self.bucket.delete([f"{prefix}/{name}" for name in manifest.files])  # names checked on reading

@@ -26,10 +26,12 @@ Writing, per rank (`ShardedWriter.start`, then `PendingSave.finish`):
 A rank killed at any moment leaves a `.tmp-*` folder without a manifest: never a checkpoint.
 
 Reading (`read_local`, `restore_shards`): the ranks split the sha256 checks of the files
-between them and agree on the verdict, so that all of them take the same checkpoint; each
-loads the rank file of its own rank (rank r of M reads rank r mod N of the N that wrote it:
-the generators are exact only on the same world size), then DCP reads the shards it needs now,
-whatever the world size that wrote them (resharding), into the objects as they are sharded now.
+between them, read DCP's index without running code (checkpoint.dcp_reader) and agree on the
+verdict, so that all of them take the same checkpoint; each loads the rank file of its own rank
+(rank r of M reads rank r mod N of the N that wrote it: the generators are exact only on the
+same world size), then DCP reads the shards it needs now, whatever the world size that wrote
+them (resharding), into the objects as they are sharded now, through that index reader and a
+planner that reads non-tensor values weights-only.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mpjob_trainer.checkpoint.live import LiveStateDicts
-from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files, read_manifest
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
@@ -166,12 +168,31 @@ def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str])
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    from mpjob_trainer.checkpoint.dcp_reader import ListedReader, WeightsOnlyPlanner
+
     target = state_dicts(objects, names)
-    dcp.load(target, checkpoint_id=str(folder), no_dist=not (dist.is_available() and dist.is_initialized()))
+    reader = ListedReader(folder, read_manifest(folder).files)
+    try:
+        dcp.load(
+            target,
+            storage_reader=reader,
+            planner=WeightsOnlyPlanner(),
+            no_dist=not (dist.is_available() and dist.is_initialized()),
+        )
+    except dcp.CheckpointException as exc:  # a BaseException: what DCP makes of any failure while reading
+        raise CorruptCheckpoint(f"{folder.name}: DCP cannot read its shards ({_first_failure(exc)})") from None
     model: nn.Module = objects[names["module"]]
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
     optim_sd = target[names["optimizer"]] if optimizers else {}
     set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
+
+
+def _first_failure(exc: Any) -> str:
+    """What made DCP fail, from a CheckpointException's per-rank (exception, traceback) pairs."""
+    for rank, failure in sorted(exc.failures.items()):
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        return f"rank {rank}: {str(cause)[:300]}"
+    return str(exc)[:300]
 
 
 def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]:
@@ -180,6 +201,9 @@ def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]
     state: dict[str, Any] = {}
     try:
         check_files(folder, manifest, share=(peers.rank, peers.size))
+        from mpjob_trainer.checkpoint.dcp_reader import INDEX, check_values, read_index
+
+        check_values(folder, read_index(folder / INDEX, manifest.files))  # nothing unpickled unrestricted
         own = folder / rank_file(peers.rank % manifest.world_size)
         state = torch.load(own, map_location="cpu", weights_only=True)
         if int(state.get("step", -1)) != manifest.step:

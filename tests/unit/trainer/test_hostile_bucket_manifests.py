@@ -1,0 +1,150 @@
+"""The bucket store reads a manifest in the bucket as untrusted input, before it downloads or
+deletes anything it names: a file name that would leave the checkpoint's folder (absolute, `..`,
+a backslash) or a malformed manifest makes that checkpoint corrupt, and the previous good one is
+used; nothing is written outside the local spool and nothing outside the step's prefix deleted.
+The bucket is an in-memory one with the store's own Bucket surface (tests/integration/storage
+runs the same store against a real S3 server)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mpjob_contract.storage import S3Storage
+from mpjob_trainer.checkpoint.bucket import Bucket
+from mpjob_trainer.checkpoint.manifest import MANIFEST, folder_name
+from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+
+pytestmark = pytest.mark.unit
+
+SETTINGS = S3Storage(bucket="ckpt", prefix="runs", endpoint="http://s3.test:7070")
+JOB = "ns/job/uid"
+
+
+class MemoryBucket(Bucket):
+    """Objects in a dict; what the store deletes is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(SETTINGS, client=None, transfer=None)
+        self.objects: dict[str, bytes] = {}
+        self.deleted: list[str] = []
+
+    def probe(self) -> None:
+        pass
+
+    def upload(self, key: str, path: Path) -> None:
+        self.objects[key] = path.read_bytes()
+
+    def put(self, key: str, body: bytes) -> None:
+        self.objects[key] = body
+
+    def get(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        body = self.objects.get(key)
+        return body if body is None or max_bytes is None else body[: max_bytes + 1]
+
+    def download(self, key: str, path: Path) -> bool:
+        if key not in self.objects:
+            return False
+        path.write_bytes(self.objects[key])
+        return True
+
+    def folders(self, prefix: str) -> list[str]:
+        below = [key[len(prefix) + 1 :] for key in self.objects if key.startswith(f"{prefix}/")]
+        return sorted({rest.split("/")[0] for rest in below if "/" in rest})
+
+    def delete(self, keys: list[str]) -> None:
+        self.deleted += keys
+        for key in keys:
+            self.objects.pop(key, None)
+
+    def abort_uploads(self, prefix: str) -> int:
+        return 0
+
+
+def _store(bucket: MemoryBucket, log: list[dict[str, Any]] | None = None, keep: int = 5) -> BucketCheckpointStore:
+    def record(event: str, **fields: Any) -> None:
+        if log is not None:
+            log.append({"event": event, **fields})
+
+    location = f"{SETTINGS.url}/ns/job/uid"
+    return BucketCheckpointStore(location, SETTINGS, keep=keep, config_digest="d1", job=JOB, log=record, bucket=bucket)
+
+
+def _saved(*steps: int) -> tuple[MemoryBucket, BucketCheckpointStore]:
+    bucket = MemoryBucket()
+    store = _store(bucket)
+    for step in steps:
+        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+    return bucket, store
+
+
+def _manifest_key(store: BucketCheckpointStore, step: int) -> str:
+    return f"{store.key}/{folder_name(step)}/{MANIFEST}"
+
+
+def _plant(bucket: MemoryBucket, store: BucketCheckpointStore, step: int, names: list[str]) -> None:
+    """Rewrite `step`'s manifest to list `names` too, each an object of the bucket as named."""
+    key = _manifest_key(store, step)
+    manifest = json.loads(bucket.objects[key])
+    for name in names:
+        manifest["files"][name] = {"sha256": "0" * 64, "bytes": 7}
+        bucket.objects[f"{store.key}/{folder_name(step)}/{name}"] = b"planted"
+    bucket.objects[key] = json.dumps(manifest).encode()
+
+
+def _escaping_names(tmp_path: Path) -> list[list[str]]:
+    return [
+        ["../../../../../../../../" + str(tmp_path / "dotdot").lstrip("/")],
+        [str(tmp_path / "absolute")],
+        ["framework/../../escaped"],
+        ["framework\\..\\..\\escaped"],
+    ]
+
+
+@pytest.mark.parametrize("case", range(4), ids=["dotdot", "absolute", "inner-dotdot", "backslash"])
+def test_a_manifest_naming_files_outside_its_folder_writes_nothing_and_the_previous_one_is_used(
+    tmp_path: Path, case: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spools = tmp_path / "spools"  # the stores' local spools, where a restore may write
+    spools.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spools))
+    names = _escaping_names(tmp_path)[case]
+    bucket, store = _saved(10, 20)
+    _plant(bucket, store, 20, names)
+    log: list[dict[str, Any]] = []
+    reader = _store(bucket, log)
+    loaded = reader.load()
+    assert not (tmp_path / "dotdot").exists() and not (tmp_path / "absolute").exists()
+    assert reader.root.parent == spools and list(tmp_path.rglob("*escaped*")) == []
+    assert loaded is not None and loaded[0].step == 10
+    assert [e["event"] for e in log] == ["checkpointRejected"] and "unreadable manifest" in log[0]["problem"]
+
+
+def test_pruning_deletes_only_below_each_checkpoints_own_prefix(tmp_path: Path) -> None:
+    bucket, store = _saved(10)
+    _plant(bucket, store, 10, ["../../../other-job/step-000000010/state.pt", "/other-bucket-root/state.pt"])
+    store = _store(bucket, keep=1)
+    for step in (20, 30):
+        store.save(step, "bf16", {"step": step, "w": torch.zeros(4)})
+    assert all(key.startswith(f"{store.key}/step-") and ".." not in key for key in bucket.deleted), bucket.deleted
+    assert _manifest_key(store, 10) in bucket.objects  # not provably its own: left as it is
+    assert [s for s, _ in store.steps()] == [10, 30]
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"files": {"a": "b"}}', b"\xff" * 64])
+def test_a_malformed_manifest_in_the_bucket_is_a_corrupt_checkpoint(body: bytes) -> None:
+    bucket, store = _saved(10, 20, 30)
+    bucket.objects[_manifest_key(store, 30)] = body
+    bucket.objects[_manifest_key(store, 20)] = body
+    log: list[dict[str, Any]] = []
+    reader = _store(bucket, log, keep=2)
+    loaded = reader.load(prefer=f"{store.location}/{folder_name(30)}", newer_in="bf16")
+    assert loaded is not None and loaded[0].step == 10
+    assert [e["event"] for e in log] == ["checkpointRejected"] * 2
+    reader.save(40, "bf16", {"step": 40, "w": torch.zeros(4)})
+    assert bucket.objects[_manifest_key(store, 20)] == body  # neither pruned nor rewritten

@@ -1,0 +1,127 @@
+"""A sharded checkpoint's DCP files are read without running code from them: a planted index
+(`.metadata`) or a planted non-tensor value, with the manifest recomputed to match, runs nothing;
+the index is checked when the checkpoint is verified, so the previous good one is used."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
+from mpjob_trainer.checkpoint.manifest import hash_files
+from mpjob_trainer.checkpoint.shards import rank_file, restore_shards
+
+pytestmark = pytest.mark.unit
+
+NAMES = {"module": "model", "optimizer": "optimizer"}
+
+
+class Plant:
+    """Unpickled, it makes the folder `marker`: proof that code from the checkpoint ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def _objects(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=0.1)}
+
+
+def _commit(store: CheckpointStore, step: int, lr: Any = 0.1) -> Path:
+    """A sharded checkpoint of one rank at `step`, committed as the trainer commits one."""
+    objects = _objects(step)
+    model_sd, optim_sd = get_state_dict(objects["model"], [objects["optimizer"]])
+    optim_sd["param_groups"][0]["lr"] = lr
+    tmp = store.root / f".tmp-{step:09d}-0"
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
+    torch.save({"step": step}, tmp / rank_file(0))
+    files = hash_files(tmp, [p for p in tmp.rglob("*") if p.is_file()])
+    return Path(store.commit(tmp, step, "bf16", files, world_size=1).ref.path)
+
+
+def _recompute_manifest(folder: Path) -> None:
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"] = hash_files(folder, [folder / name for name in manifest["files"]])
+    path.write_text(json.dumps(manifest))
+
+
+def _store(root: Path, log: list[dict[str, Any]]) -> CheckpointStore:
+    return CheckpointStore(root, keep=5, config_digest="d1", job="ns/j/u1", log=lambda e, **f: log.append(f))
+
+
+def _plant_index(folder: Path, marker: Path) -> None:
+    (folder / ".metadata").write_bytes(pickle.dumps(Plant(marker)))
+    _recompute_manifest(folder)
+
+
+def test_a_planted_index_runs_nothing_and_the_previous_good_checkpoint_is_used(tmp_path: Path) -> None:
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    newest = _commit(store, 20)
+    marker = tmp_path / "ran"
+    _plant_index(newest, marker)
+    loaded = _store(tmp_path / "ckpt", log).load(prefer=str(newest))
+    assert not marker.exists()
+    assert loaded is not None and loaded[0].step == 10
+    assert "step-000000020" in log[0]["problem"] and "not DCP's metadata" in log[0]["problem"]
+    with pytest.raises(CorruptCheckpoint):  # and a restore told to read it anyway runs nothing either
+        restore_shards(newest, _objects(0), NAMES)
+    assert not marker.exists()
+
+
+def test_an_index_naming_a_file_outside_the_checkpoint_is_corrupt(tmp_path: Path) -> None:
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    newest = _commit(store, 20)
+    index = newest / ".metadata"
+    with index.open("rb") as f:
+        metadata = pickle.load(f)  # our own, just written
+    for info in metadata.storage_data.values():
+        info.relative_path = "../step-000000010/__0_0.distcp"
+    index.write_bytes(pickle.dumps(metadata))
+    _recompute_manifest(newest)
+    loaded = _store(tmp_path / "ckpt", log).load(prefer=str(newest))
+    assert loaded is not None and loaded[0].step == 10 and "not a file of the checkpoint" in log[0]["problem"]
+
+
+def test_a_planted_value_in_the_shards_runs_nothing_and_the_previous_good_checkpoint_is_used(tmp_path: Path) -> None:
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    marker = tmp_path / "ran"
+    newest = _commit(store, 20, lr=Plant(marker))
+    shutil.rmtree(marker, ignore_errors=True)  # saving it did not run it; be sure
+    loaded = _store(tmp_path / "ckpt", log).load(prefer=str(newest))
+    assert not marker.exists()
+    assert loaded is not None and loaded[0].step == 10 and "not a plain value" in log[0]["problem"]
+    with pytest.raises(CorruptCheckpoint, match="not a plain value"):  # and a restore runs nothing either
+        restore_shards(newest, _objects(0), NAMES)
+    assert not marker.exists()
+
+
+def test_a_good_sharded_checkpoint_restores_every_value(tmp_path: Path) -> None:
+    store = _store(tmp_path / "ckpt", [])
+    folder = _commit(store, 10, lr=0.25)
+    objects = _objects(0)
+    restore_shards(folder, objects, NAMES)
+    expected = _objects(10)["model"].state_dict()
+    assert all(torch.equal(v, expected[k]) for k, v in objects["model"].state_dict().items())
+    assert objects["optimizer"].param_groups[0]["lr"] == 0.25

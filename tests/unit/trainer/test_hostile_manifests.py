@@ -1,0 +1,103 @@
+"""A checkpoint's manifest is read as untrusted input: whatever is malformed in it makes that
+checkpoint corrupt (logged, the previous good one used, never pruned), never a crash of the job."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mpjob_trainer.checkpoint import CheckpointStore, sha256_file
+
+pytestmark = pytest.mark.unit
+
+JOB = "ns/j/u1"
+Edit = Callable[[dict[str, Any]], Any]
+
+
+def _store(root: Path, log: list[dict[str, Any]] | None = None, keep: int = 5) -> CheckpointStore:
+    def record(event: str, **fields: Any) -> None:
+        if log is not None:
+            log.append({"event": event, **fields})
+
+    return CheckpointStore(root, keep=keep, config_digest="d1", log=record, job=JOB)
+
+
+def _save(root: Path, *steps: int) -> None:
+    store = _store(root)
+    for step in steps:
+        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+
+
+def _deep(manifest: dict[str, Any]) -> str:
+    return "[" * 100_000 + "]" * 100_000  # json.loads: RecursionError
+
+
+def _entry_not_an_object(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {**manifest, "files": {**manifest["files"], "notes.txt": "not an object"}}
+
+
+def _files_a_list(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {**manifest, "files": list(manifest["files"])}
+
+
+def _unknown_precision(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {**manifest, "precision": "fp4"}
+
+
+def _negative_size(manifest: dict[str, Any]) -> dict[str, Any]:
+    files = {name: {**meta, "bytes": -1} for name, meta in manifest["files"].items()}
+    return {**manifest, "files": files}
+
+
+MALFORMED = [_deep, _entry_not_an_object, _files_a_list, _unknown_precision, _negative_size]
+
+
+def _write_raw(folder: Path, edit: Edit) -> None:
+    (folder / "notes.txt").write_text("a file that is there, unlike what the manifest says of it")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    edited = edit(manifest)
+    (folder / "manifest.json").write_text(edited if isinstance(edited, str) else json.dumps(edited))
+
+
+@pytest.mark.parametrize("edit", MALFORMED, ids=[e.__name__.strip("_") for e in MALFORMED])
+def test_a_malformed_newest_manifest_is_a_corrupt_checkpoint_and_the_previous_one_is_used(
+    tmp_path: Path, edit: Edit
+) -> None:
+    _save(tmp_path, 10, 20)
+    _write_raw(tmp_path / "step-000000020", edit)
+    log: list[dict[str, Any]] = []
+    loaded = _store(tmp_path, log).load(prefer=str(tmp_path / "step-000000020"))
+    assert loaded is not None and loaded[0].step == 10 and loaded[1]["step"] == 10
+    assert [e["event"] for e in log] == ["checkpointRejected"] and "step-000000020" in log[0]["problem"]
+
+
+@pytest.mark.parametrize("edit", MALFORMED, ids=[e.__name__.strip("_") for e in MALFORMED])
+def test_a_malformed_manifest_in_the_folder_neither_breaks_a_save_nor_is_pruned(tmp_path: Path, edit: Edit) -> None:
+    _save(tmp_path, 10)
+    _write_raw(tmp_path / "step-000000010", edit)
+    before = (tmp_path / "step-000000010" / "manifest.json").read_bytes()
+    store = _store(tmp_path, keep=1)
+    for step in (20, 30):
+        store.save(step, "bf16", {"step": step, "w": torch.zeros(4)})
+    assert [s for s, _ in store.steps()] == [10, 30]  # not provably its own: neither counted nor removed
+    assert (tmp_path / "step-000000010" / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["dotdot", "absolute"])
+def test_a_manifest_listing_a_file_outside_its_folder_is_refused_even_with_its_true_sha256(
+    tmp_path: Path, relative: bool
+) -> None:
+    _save(tmp_path, 10, 20)
+    outside = tmp_path / "step-000000010" / "state.pt"
+    name = "../step-000000010/state.pt" if relative else str(outside)
+    entry = {"sha256": sha256_file(outside), "bytes": outside.stat().st_size}
+    _write_raw(tmp_path / "step-000000020", lambda m: {**m, "files": {**m["files"], name: entry}})
+    log: list[dict[str, Any]] = []
+    loaded = _store(tmp_path, log).load(prefer=str(tmp_path / "step-000000020"))
+    assert loaded is not None and loaded[0].step == 10
+    assert "unreadable manifest" in log[0]["problem"] and "file name" in log[0]["problem"]

@@ -1,0 +1,132 @@
+"""Reading torch.distributed.checkpoint's files without running code from them.
+
+DCP pickles its index (`.metadata`) and every non-tensor value of a state dict (an optimizer's
+param_groups: lr, betas, ...), and its own reader unpickles both unrestricted: `pickle.load` in
+FileSystemReader.read_metadata, `torch.load(weights_only=False)` in DefaultLoadPlanner.load_bytes.
+Whoever can write the checkpoint folder can recompute its manifest, so a sha256 that matches
+proves nothing about who wrote the file, and an unrestricted unpickle of it would run their code
+in the trainer. Here:
+
+- `read_index` unpickles an index admitting only what DCP writes there (its metadata classes,
+  `torch.Size`, dtypes, a path) and checks what it says: a Metadata whose storage entries name
+  files of the checkpoint's own listing, at non-negative offsets; `check_values` reads each
+  non-tensor value it lists weights-only. A sharded checkpoint's verification
+  (checkpoint.shards.read_local) does both, so a bad index or a planted value is a corrupt
+  checkpoint and the previous good one is used;
+- `ListedReader` is DCP's FileSystemReader with that index reader, and `WeightsOnlyPlanner`
+  DCP's default load planner with the values read by torch's weights-only unpickler; the restore
+  (checkpoint.shards.restore_shards) loads through both.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.planner import ReadItem
+
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+
+#: The name of DCP's index in a checkpoint folder.
+INDEX = ".metadata"
+_METADATA_CLASSES = frozenset(
+    {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",
+    }
+)
+#: (module, name) an index may name: DCP's own classes and the few values they hold.
+_ADMITTED = {
+    "torch.distributed.checkpoint.metadata": _METADATA_CLASSES,
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
+    "torch": frozenset({"Size"}),
+    "torch.serialization": frozenset({"_get_layout"}),
+    "pathlib": frozenset({"PosixPath", "PurePosixPath"}),
+    "builtins": frozenset({"set", "frozenset"}),
+}
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _ADMITTED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+
+
+def read_index(path: Path, listed: Collection[str]) -> dcp_metadata.Metadata:
+    """DCP's index at `path`, read without running code; its storage entries must name files of
+    `listed` (the checkpoint's manifest). CorruptCheckpoint, saying why, when it is not one."""
+    where = f"{path.parent.name}: {path.name}"
+    try:
+        with path.open("rb") as f:
+            metadata = _IndexUnpickler(f).load()
+    except Exception as exc:
+        raise CorruptCheckpoint(f"{where}: not DCP's metadata ({str(exc)[:200]})") from None
+    if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.storage_data, dict):
+        raise CorruptCheckpoint(f"{where}: holds a {type(metadata).__name__}, not DCP's metadata")
+    for info in metadata.storage_data.values():
+        name, offset, length = (getattr(info, field, None) for field in ("relative_path", "offset", "length"))
+        if name not in listed or not all(isinstance(n, int) and n >= 0 for n in (offset, length)):
+            raise CorruptCheckpoint(f"{where}: a storage entry names {str(name)[:100]!r}, not a file of the checkpoint")
+        if getattr(info, "transform_descriptors", None):  # mpjob writes none (no compression)
+            raise CorruptCheckpoint(f"{where}: a storage entry asks for transforms mpjob never writes")
+    return metadata
+
+
+def check_values(folder: Path, metadata: dcp_metadata.Metadata) -> None:
+    """Every non-tensor value `metadata` lists reads weights-only, as the restore will read it
+    (WeightsOnlyPlanner): a planted one makes the checkpoint corrupt when it is verified."""
+    for index, info in metadata.storage_data.items():
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), dcp_metadata.BytesStorageMetadata):
+            continue
+        with (folder / info.relative_path).open("rb") as f:
+            f.seek(info.offset)
+            raw = f.read(info.length)
+        try:
+            torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CorruptCheckpoint(f"{folder.name}: {index.fqn} is not a plain value ({str(exc)[:200]})") from None
+
+
+class ListedReader(FileSystemReader):
+    """DCP's reader of a checkpoint folder whose index is read by `read_index` (files: `listed`)."""
+
+    def __init__(self, folder: Path, listed: Collection[str]) -> None:
+        super().__init__(folder)
+        self.folder, self.listed = folder, frozenset(listed)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+        rank = kwargs.get("rank")
+        metadata = read_index(self.folder / (INDEX if rank is None else f"__{rank}{INDEX}"), self.listed)
+        if metadata.storage_meta is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class WeightsOnlyPlanner(DefaultLoadPlanner):
+    """DCP's default load planner; a state dict's non-tensor values are read weights-only."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CorruptCheckpoint(f"{read_item.dest_index.fqn}: not a plain value ({str(exc)[:200]})") from None
+        plain = io.BytesIO()  # our own pickle of plain values: what the default planner reads safely
+        torch.save(loaded, plain)
+        plain.seek(0)
+        super().load_bytes(read_item, plain)
