@@ -179,6 +179,7 @@ def finish(plan: Plan, decision: Finish, when: When) -> None:
     status.phase = "Succeeded" if decision.succeeded else "Failed"
     status.message = decision.message
     status.completion_time = when.at
+    st.keep_last_figures(status)  # `kubectl get mpj`'s LOSS and SCALE of a job that ended
     condition(plan, when, ConditionType.RUNNING, False, decision.reason, decision.message)
     condition(plan, when, ConditionType(status.phase), True, decision.reason, decision.message)
     plan.events.append(Event("Normal" if decision.succeeded else "Warning", status.phase, decision.message))
