@@ -9,7 +9,6 @@ one; loss and grad norm from the trainer's step lines (the series)."""
 
 from __future__ import annotations
 
-from itertools import pairwise
 from pathlib import Path
 
 import matplotlib
@@ -103,32 +102,36 @@ def _spans(series: RunSeries, timeline: PrecisionTimeline | None) -> list[Span]:
 
 
 def _shade(ax: Axes, spans: list[Span], last_step: int) -> None:
-    """Each attempt's precision from its start to where the next attempt began (or its own end):
-    no two shades overlap. Steps an attempt trained past the next one's start (the next resumed
-    from an earlier checkpoint and trained them again) are hatched instead."""
+    """Each attempt's precision from its start up to where a later attempt began again (or its
+    own end): no two shades overlap, each step in the colour of the attempt that trained it
+    last. Steps a later attempt trained again (it resumed from an earlier checkpoint) are
+    hatched: trained before, in the attempt whose shade ends there."""
     for position, span in enumerate(spans):
-        following = spans[position + 1] if position + 1 < len(spans) else None
         end = max(span.end_step if span.end_step is not None else last_step, span.start_step + 1)
-        shown = min(end, following.start_step) if following is not None else end
-        colour = PRECISION_COLOURS.get(span.precision, "#cccccc")
+        shown = min(end, _later_start(spans, position, default=end))
         if shown > span.start_step:
+            colour = PRECISION_COLOURS.get(span.precision, "#cccccc")
             ax.axvspan(span.start_step, shown, color=colour, alpha=0.18, lw=0)
-        if end > shown:
-            ax.axvspan(shown, end, facecolor="none", edgecolor="#666666", hatch=RETRAINED_HATCH, lw=0)
+        if end > max(shown, span.start_step):
+            ax.axvspan(
+                max(shown, span.start_step), end, facecolor="none", edgecolor="#666666", hatch=RETRAINED_HATCH, lw=0
+            )
+
+
+def _later_start(spans: list[Span], position: int, *, default: int) -> int:
+    """The earliest step an attempt after `spans[position]` began at (`default`: none after it)."""
+    return min((s.start_step for s in spans[position + 1 :]), default=default)
 
 
 def _precision_handles(spans: list[Span]) -> list[Patch]:
     """Legend entries: the precisions the run's attempts used (in the order first used), and the
-    hatch of retrained steps when some attempt ran past the next one's start."""
+    hatch of retrained steps when a later attempt trained some steps again."""
     used = dict.fromkeys(span.precision for span in spans)
     handles = [Patch(color=PRECISION_COLOURS.get(p, "#cccccc"), alpha=0.3, label=p) for p in used]
-    if any(_retrained(span, following) for span, following in pairwise(spans)):
+    ends = [s.end_step for s in spans]
+    if any(end is not None and end > _later_start(spans, i, default=end) for i, end in enumerate(ends)):
         handles.append(Patch(facecolor="none", edgecolor="#666666", hatch=RETRAINED_HATCH, label=RETRAINED_LABEL))
     return handles
-
-
-def _retrained(span: Span, following: Span) -> bool:
-    return span.end_step is not None and span.end_step > following.start_step
 
 
 def _scale_history(ax: Axes, timeline: PrecisionTimeline) -> None:

@@ -75,3 +75,18 @@ def test_an_attempt_is_shaded_until_the_next_began_and_its_retrained_steps_say_s
     (again,) = [p for p in fig.axes[0].patches if p.get_hatch()]
     assert (again.get_x(), again.get_x() + again.get_width()) == (20, 27)
     assert precision_legend(fig) == ["fp16", "bf16", "trained again (rolled back)"]
+
+
+def test_steps_trained_again_by_any_later_attempt_are_hatched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32 resumed from checkpoint 10, before where bf16 began: fp16's steps 10-20 and bf16's
+    20-25 were trained again; each step is shaded in the precision that trained it last."""
+    timeline = PrecisionTimeline(
+        precision=[
+            PrecisionSpan(attempt=0, precision="fp16", from_step=0, to_step=20),
+            PrecisionSpan(attempt=1, precision="bf16", from_step=20, to_step=25),
+            PrecisionSpan(attempt=2, precision="fp32", from_step=10, to_step=60),
+        ],
+    )
+    patches = drawn_figure(monkeypatch, tmp_path, RunSeries(), timeline).axes[0].patches
+    spans = [(p.get_x(), p.get_x() + p.get_width(), bool(p.get_hatch())) for p in patches]
+    assert spans == [(0, 10, False), (10, 20, True), (20, 25, True), (10, 60, False)]
