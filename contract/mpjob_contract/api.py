@@ -478,6 +478,10 @@ class AttemptStatus(ApiModel):
     charged: bool | None = None
     start_time: str | None = None
     finish_time: str | None = None
+    #: Its last loss and loss scale (fp16 only), as status.loss and status.lossScale held them
+    #: when it ended: a finished job whose last attempt logged none shows these.
+    loss: float | None = None
+    loss_scale: float | None = None
     #: What it cost (mpjob_contract.accounting): GPU-seconds seen, samples trained, and the steps
     #: (and their share of GPU-seconds) a later attempt trained again.
     gpu_seconds: float | None = None

@@ -1,6 +1,7 @@
 """The run's picture: loss, loss scale (log axis) and grad norm over steps, each attempt's
-precision shaded, overflow-skipped steps marked, and steps skipped as bad data or loss spikes
-drawn as vertical lines.
+precision shaded (up to where the next attempt began; steps trained again after a rollback
+hatched, so no two colours mix), overflow-skipped steps marked, and steps skipped as bad data
+or loss spikes drawn as vertical lines. The legend names the precisions the run used.
 
 The loss scale and the precision spans are drawn from the status's own timeline
 (`status.timeline`, what `kubectl get mpj -o yaml` shows of a job on a cluster) when the run has
@@ -15,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display: always render to a file
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.patches import Patch
 
 from mpjob.localrun.series import RunSeries, Span
 from mpjob_contract.timeline import PrecisionTimeline
@@ -23,6 +25,9 @@ PRECISION_COLOURS = {"fp8": "#e76f51", "fp16": "#f4a261", "bf16": "#2a9d8f", "fp
 
 
 SKIP_COLOURS = {"data": "#6a040f", "spike": "#7209b7"}
+#: Steps an attempt trained and the next attempt trained again (it resumed from an earlier checkpoint).
+RETRAINED_HATCH = "//"
+RETRAINED_LABEL = "trained again (rolled back)"
 
 
 def _skipped_steps(series: RunSeries, ax: plt.Axes) -> None:
@@ -76,10 +81,11 @@ def render(series: RunSeries, path: Path, title: str, *, timeline: PrecisionTime
     grad_ax.set_ylabel("grad norm")
     grad_ax.set_xlabel("step")
     loss_ax.set_title(title)
-    handles = [matplotlib.patches.Patch(color=c, alpha=0.3, label=p) for p, c in PRECISION_COLOURS.items()]
+    handles = _precision_handles(spans)
     if series.points:
         loss_ax.legend(loc="upper right", fontsize="small")
-    grad_ax.legend(handles=handles, loc="upper right", fontsize="small", title="precision")
+    if handles:
+        grad_ax.legend(handles=handles, loc="upper right", fontsize="small", title="precision")
     if marks or (timeline is not None and timeline.loss_scale):
         scale_ax.legend(loc="lower left", fontsize="small")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,10 +102,36 @@ def _spans(series: RunSeries, timeline: PrecisionTimeline | None) -> list[Span]:
 
 
 def _shade(ax: Axes, spans: list[Span], last_step: int) -> None:
-    for span in spans:
-        end = span.end_step if span.end_step is not None else last_step
-        colour = PRECISION_COLOURS.get(span.precision, "#cccccc")
-        ax.axvspan(span.start_step, max(end, span.start_step + 1), color=colour, alpha=0.18, lw=0)
+    """Each attempt's precision from its start up to where a later attempt began again (or its
+    own end): no two shades overlap, each step in the colour of the attempt that trained it
+    last. Steps a later attempt trained again (it resumed from an earlier checkpoint) are
+    hatched: trained before, in the attempt whose shade ends there."""
+    for position, span in enumerate(spans):
+        end = max(span.end_step if span.end_step is not None else last_step, span.start_step + 1)
+        shown = min(end, _later_start(spans, position, default=end))
+        if shown > span.start_step:
+            colour = PRECISION_COLOURS.get(span.precision, "#cccccc")
+            ax.axvspan(span.start_step, shown, color=colour, alpha=0.18, lw=0)
+        if end > max(shown, span.start_step):
+            ax.axvspan(
+                max(shown, span.start_step), end, facecolor="none", edgecolor="#666666", hatch=RETRAINED_HATCH, lw=0
+            )
+
+
+def _later_start(spans: list[Span], position: int, *, default: int) -> int:
+    """The earliest step an attempt after `spans[position]` began at (`default`: none after it)."""
+    return min((s.start_step for s in spans[position + 1 :]), default=default)
+
+
+def _precision_handles(spans: list[Span]) -> list[Patch]:
+    """Legend entries: the precisions the run's attempts used (in the order first used), and the
+    hatch of retrained steps when a later attempt trained some steps again."""
+    used = dict.fromkeys(span.precision for span in spans)
+    handles = [Patch(color=PRECISION_COLOURS.get(p, "#cccccc"), alpha=0.3, label=p) for p in used]
+    ends = [s.end_step for s in spans]
+    if any(end is not None and end > _later_start(spans, i, default=end) for i, end in enumerate(ends)):
+        handles.append(Patch(facecolor="none", edgecolor="#666666", hatch=RETRAINED_HATCH, label=RETRAINED_LABEL))
+    return handles
 
 
 def _scale_history(ax: Axes, timeline: PrecisionTimeline) -> None:

@@ -5,8 +5,9 @@ attempt's logs and termination reports, report.json (the status the CR would hav
 recorded series and the plot.
 
 Charging (mpjob.planning.charging): no cluster here, so the only stop from outside a trainer is
-the user's (Ctrl-C, or the runner killed): uncharged, as runPolicy.suspend. Whatever a trainer
-does by itself (exit 44 included) is charged, as on a cluster that shows no disruption.
+the user's (Ctrl-C, or the runner killed: `leftover`): the attempt ends Suspended, uncharged, as
+under runPolicy.suspend. Whatever a trainer does by itself (exit 44 included) is charged, as on
+a cluster that shows no disruption.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mpjob.localrun import leftover
+from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import reading_of
-from mpjob.localrun.series import RunSeries
+from mpjob.localrun.series import Point, RunSeries
 from mpjob.localrun.workers import Workers, free_port
 from mpjob.planning import cost, reported
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
-from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import observe
@@ -36,7 +37,7 @@ from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
-from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
 from mpjob_contract.skipping import describe_ranges
@@ -46,30 +47,6 @@ if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the 
 
 #: A CPU machine: `auto` resolves as on a node without GPUs.
 LOCAL_CAPABILITY = None
-
-
-@dataclass
-class Paths:
-    root: Path
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def report(self) -> Path:
-        return self.root / "report.json"
-
-    @property
-    def series(self) -> Path:
-        return self.root / "series.json"
-
-    @property
-    def plot(self) -> Path:
-        return self.root / "training.png"
-
-    def attempt(self, index: int) -> Path:
-        return self.root / "attempts" / f"a{index}"
 
 
 class LocalRun:
@@ -126,39 +103,41 @@ class LocalRun:
 
     def _resume_or_start(self) -> StartAttempt | None:
         """The first attempt, or the one that follows what an earlier `mpjob run` of --out left."""
-        plan, when = self._transition()
         if not self.paths.report.exists():
+            plan, when = self._transition()
             lc.created(plan, when, f"local run in {self.paths.root}")
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
             return plan.create[0]
-        self.status = plan.status = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
+        self.status = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
         self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
         self.series = RunSeries.load(self.paths.series)
         if self.status.phase in FINISHED:
             self.view.info(f"{self.paths.report} says this run already ended {self.status.phase}; use --fresh")
             return None
-        last = self.status.attempts[-1]
-        if last.finish_time is None:  # the runner itself was killed: its workers went with it
-            gone = AttemptOutcome(
-                exit_code=None,
-                platform_reason=Reason.DELETED,
-                message="the local run was killed",
-                disruption=Disruption.USER_SUSPEND,  # the user stopped the runner, as with Ctrl-C
-            )
-            lc.conclude(
-                plan,
-                self.spec,
-                attempt=last,
-                outcome=gone,
-                when=when,
-                capability=LOCAL_CAPABILITY,
-                checkpoint_dir=self._checkpoint_dir,
-            )
-        else:
-            lc.resume(plan, self.spec, when)
-        ckpt = self.status.last_checkpoint
-        self.view.info(f"resuming {self.name} in {self.paths.root} from checkpoint step {ckpt.step if ckpt else 0}")
-        return plan.create[0] if plan.create else None
+        if self.status.attempts[-1].finish_time is None:  # the runner itself was killed
+            self._killed(self.status.attempts[-1])
+        plan, when = self._transition()
+        lc.resume(plan, self.spec, when)
+        cost.account(self.status, self.spec, self.gpu_seconds)
+        if not plan.create:
+            return None
+        self.view.info(f"resuming {self.name} in {self.paths.root} from checkpoint step {plan.create[0].start_step}")
+        return plan.create[0]
+
+    def _killed(self, attempt: AttemptStatus) -> None:
+        """End the attempt a killed runner left running from the event lines it left (`leftover`):
+        where it began, the steps it trained, the checkpoints it committed; as Ctrl-C ends one."""
+        logged = leftover.logged_events(self.paths.attempt(attempt.index))
+        for event in logged:
+            self._absorb(attempt.index, attempt.precision, event)
+        current = self.status.attempts[-1]  # the replay's copy, its start step corrected
+        self.status.step = leftover.last_step(logged, start_step=current.start_step)
+        plan, when = self._transition()
+        lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
+        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
+        self.gpu_seconds[current.index] = gpus * leftover.seconds_seen(current.start_time, logged)
+        self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
+        self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
 
     def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
         """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""
@@ -259,20 +238,27 @@ class LocalRun:
                 self._event(start, event)
 
     def _event(self, start: StartAttempt, event: events.TrainerEvent) -> None:
-        """What one trainer line changes in the status (`planning/observe.py` decides, as for the
-        operator's reads), the series and the view."""
-        if (point := self.series.ingest(start.index, start.precision, event)) is not None:
+        """What one trainer line changes in the status and the series, and what the view shows of it."""
+        if (point := self._absorb(start.index, start.precision, event)) is not None:
             self.view.step(point)
-        self.series.ingest_eval(start.index, event)
-        if self.series.ingest_skip(start.index, event) and isinstance(event, events.DataSkipped):
+        if isinstance(event, events.DataSkipped) and event.steps:
             spans = describe_ranges(event.samples) or "not named"
             self.view.info(f"skipped step(s) {event.steps} ({event.cause}; samples {spans}), back at {event.from_step}")
-        if (reading := reading_of(start.index, event)) is not None:
-            self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):
-            self.series.measured(start.index, event.chosen)
             times = reported.step_times(event.step_seconds)
             self.view.info(f"auto measured {times} per step: training in {event.chosen}")
+
+    def _absorb(self, index: int, precision: str, event: events.TrainerEvent) -> Point | None:
+        """What one trainer line changes in the status (`planning/observe.py` decides, as for the
+        operator's reads) and the series; live, or replayed from a killed run's log."""
+        point = self.series.ingest(index, precision, event)
+        self.series.ingest_eval(index, event)
+        self.series.ingest_skip(index, event)
+        if (reading := reading_of(index, event)) is not None:
+            self.status = observe(self.status, reading).status
+        if isinstance(event, events.PrecisionMeasured):
+            self.series.measured(index, event.chosen)
+        return point
 
     def _interrupt(self) -> None:
         assert self._workers is not None  # Ctrl-C is caught while following the workers

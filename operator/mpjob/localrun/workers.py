@@ -75,7 +75,9 @@ class Workers:
             launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"]), self.python
         )
         for worker in range(self.spec.workers):
-            log = (self.folder / f"worker{worker}.log").open("w")
+            # Line-buffered: the event lines the runner copies here (worker 0's stdout) reach the
+            # file as they come, so a killed runner leaves them for its rerun (`leftover`).
+            log = (self.folder / f"worker{worker}.log").open("w", buffering=1)
             self._logs.append(log)
             self._termination(worker).unlink(missing_ok=True)
             worker_env = {

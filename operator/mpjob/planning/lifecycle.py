@@ -153,12 +153,14 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
     begin(plan, spec, nxt, when, why=ConditionReason.RESUMED)
 
 
-def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When) -> None:
-    """`mpjob run` stopped by Ctrl-C: the attempt ends Suspended (its trainer checkpointed on
-    SIGTERM, as under runPolicy.suspend: the user's own stop, uncharged) and running it again
-    resumes."""
+CTRL_C = "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume"
+
+
+def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When, *, message: str = CTRL_C) -> None:
+    """`mpjob run` stopped by Ctrl-C (its trainer checkpointed on SIGTERM) or killed (its
+    trainers went with it): the attempt ends Suspended, as under runPolicy.suspend: the user's
+    own stop, uncharged; running it again resumes."""
     end_step = record_report(plan.status, index, report)
-    message = "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume"
     user = Disruption.USER_SUSPEND
     st.end_attempt(plan.status, index, Reason.SUSPENDED.value, None, message, end_step, when.at, charged=charged(user))
     suspend(plan, when, message)
@@ -177,6 +179,7 @@ def finish(plan: Plan, decision: Finish, when: When) -> None:
     status.phase = "Succeeded" if decision.succeeded else "Failed"
     status.message = decision.message
     status.completion_time = when.at
+    st.keep_last_figures(status)  # `kubectl get mpj`'s LOSS and SCALE of a job that ended
     condition(plan, when, ConditionType.RUNNING, False, decision.reason, decision.message)
     condition(plan, when, ConditionType(status.phase), True, decision.reason, decision.message)
     plan.events.append(Event("Normal" if decision.succeeded else "Warning", status.phase, decision.message))

@@ -48,12 +48,15 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
         )
     status.step = report.step
     # The trainer's own final counts (a live reading may never have been taken); a loss scale
-    # exists only in fp16 (0 would read as a collapsed scale).
+    # exists only in fp16 (0 would read as a collapsed scale). A figure the report lacks leaves
+    # the last live reading as it is.
     status.overflow_steps = report.counters.overflow_steps
     if report.counters.loss is not None:
         status.loss = report.counters.loss
-    scale = report.counters.loss_scale
-    status.loss_scale = scale if report.precision == "fp16" and scale else None
+    if report.precision != "fp16":
+        status.loss_scale = None
+    elif report.counters.loss_scale:
+        status.loss_scale = report.counters.loss_scale
     for attempt in status.attempts:
         if attempt.index == index and report.start_step is not None:  # where it began, not the plan
             attempt.start_step = report.start_step

@@ -145,4 +145,17 @@ def end_attempt(
             entry.message = message[:1024]
             entry.end_step = end_step
             entry.finish_time = at or now()
+            entry.loss, entry.loss_scale = status.loss, status.loss_scale
             history.ended(status, entry, charged=charged)
+
+
+def keep_last_figures(status: MixedPrecisionJobStatus) -> None:
+    """A finished job shows the last figures it saw when its last attempt logged none (it resumed
+    at the final checkpoint, or ended before its first real reading): the newest loss an attempt
+    ended with, and in fp16 the newest fp16 loss scale (bf16 and fp32 train without one)."""
+    ended = [a for a in reversed(status.attempts) if a.finish_time is not None]
+    if status.loss is None:
+        status.loss = next((a.loss for a in ended if a.loss is not None), None)
+    if status.loss_scale is None and status.precision == "fp16":
+        scales = (a.loss_scale for a in ended if a.precision == "fp16" and a.loss_scale is not None)
+        status.loss_scale = next(scales, None)

@@ -189,3 +189,44 @@ def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
     # Killed, not ended: a worker that outlived the runner trained on until its output broke
     # and then wrote its termination report (and checkpoints on the way).
     assert not list((out / "attempts").rglob("termination-worker*.json"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.process
+def test_a_rerun_after_a_killed_runner_records_what_the_killed_attempt_trained(tmp_path: Path) -> None:
+    """The killed attempt's steps, samples and checkpoints come from what it left (its event
+    lines, kept in its worker0.log); the rerun says where it really resumes; the kill is the
+    user's stop, as Ctrl-C: Suspended, uncharged."""
+    job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wait_for(lambda: _newest_checkpoint(out) >= 20, 180, message="checkpoint 20")
+    workers = _children(proc.pid)
+    ranks = [pid for worker in workers for pid in _children(worker)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    wait_for(lambda: all(_gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
+    newest = _newest_checkpoint(out)
+    logged = (out / "attempts" / "a0" / "worker0.log").read_text()
+    assert '"event": "checkpoint"' in logged and '"event": "step"' in logged  # the event lines, not only stderr
+
+    shorter = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": newest + 10, "batchSize": 4})
+    again = mpjob_run(str(shorter), "--out", str(out), "--plain")
+    assert again.returncode == 0, again.stdout
+    assert f"from checkpoint step {newest}" in again.stdout and "start step 0" not in again.stdout, again.stdout
+    killed, resumed = json.loads((out / "report.json").read_text())["attempts"]
+    assert (killed["reason"], killed["charged"]) == ("Suspended", False)
+    assert killed["endStep"] >= newest and killed["samples"] == killed["endStep"] * 4
+    assert killed["wastedSteps"] == killed["endStep"] - newest
+    assert resumed["startStep"] == newest and resumed["reason"] == "Succeeded"
+
+
+def _newest_checkpoint(out: Path) -> int:
+    """The step of the newest committed checkpoint in `out` (0: none yet)."""
+    steps = [int(m.parent.name.split("-")[1]) for m in (out / "checkpoints").glob("step-*/manifest.json")]
+    return max(steps, default=0)

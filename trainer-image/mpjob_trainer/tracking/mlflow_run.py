@@ -55,6 +55,8 @@ class MlflowRuns:
             )
             found = run.info.run_id
             self._params(found, params)
+        else:  # an earlier attempt ended it as it ended: the job goes on
+            self.client.update_run(found, status="RUNNING")
         self.job_run = found
         mine = f"tags.`{TAG_PARENT}` = '{found}' and tags.`{TAG_ATTEMPT}` = '{attempt}'"
         again = self._find(mine)
@@ -82,15 +84,18 @@ class MlflowRuns:
                     self.client.log_batch(run, metrics=chunk, tags=run_tags, synchronous=True)
 
     def end(self, *, status: str, tags: dict[str, str], job_done: bool) -> None:
-        """End the attempt's run (and the job's, when this attempt finished the job)."""
+        """End the attempt's run and the job's: FINISHED when this attempt finished the job, else
+        as the attempt ended. Whether another attempt follows is the planner's decision, made
+        after this process is gone: the next attempt sets the job's run RUNNING again, so a job
+        that fails for good leaves it FAILED, never RUNNING."""
         if not self.attempt_run:
             return
         for name, value in tags.items():
             self.client.set_tag(self.attempt_run, name, value)
         now = int(time.time() * 1000)
         self.client.set_terminated(self.attempt_run, status=status, end_time=now)
-        if job_done:
-            self.client.set_terminated(self.job_run, status="FINISHED", end_time=now)
+        if job_done or status != "FINISHED":
+            self.client.set_terminated(self.job_run, status="FINISHED" if job_done else status, end_time=now)
 
     def _experiment(self) -> str:
         found = self.client.get_experiment_by_name(self.experiment_name)

@@ -1,0 +1,32 @@
+"""What a killed `mpjob run` left of its attempt: the event lines among worker 0's log lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpjob.localrun import leftover
+from mpjob_contract import events
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_event_lines_tell_the_last_step_and_when_it_was_last_heard_of(tmp_path: Path) -> None:
+    lines = [
+        "mpjob-launch: rank 0 (local 0, world 1) started: pid 1\n",
+        events.format_line(
+            "resume", {"time": 1000.0, "step": 20, "path": "/c/step-20", "sha256": "ab", "fromPrecision": "bf16"}
+        )
+        + "\n",
+        events.format_line("step", {"time": 1004.0, "step": 25, "loss": 3.5}) + "\n",
+        "Traceback (most recent call last): a line of stderr\n",
+        events.format_line("step", {"time": 1009.5, "step": 30, "loss": 3.25}) + "\n",
+        '{"event": "step", "step": 3',  # cut short by the kill
+    ]
+    (tmp_path / leftover.EVENT_LOG).write_text("".join(lines))
+    logged = leftover.logged_events(tmp_path)
+    assert [type(e).__name__ for e in logged] == ["Resume", "Step", "Step"]
+    assert leftover.last_step(logged, start_step=20) == 30 and leftover.last_step(logged[:1], start_step=20) == 20
+    assert leftover.seconds_seen("1970-01-01T00:16:30Z", logged) == 19.5  # started at 990 s
+    assert leftover.seconds_seen(None, logged) == 0.0 and leftover.logged_events(tmp_path / "none") == []

@@ -1,0 +1,50 @@
+"""The job's MLflow run tells how the job stands: each attempt's ending reaches it, so a job
+that fails for good leaves it FAILED, and the next attempt of a job that goes on sets it
+RUNNING again (a local file store stands in for the tracking server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mpjob_trainer.tracking.mlflow_run import MlflowRuns
+from mpjob_trainer.tracking.records import run_status
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A file store (MLflow keeps one for such uses behind this switch)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (tmp_path / "mlruns").as_uri()
+
+
+def attempt(uri: str, index: int) -> MlflowRuns:
+    runs = MlflowRuns(uri=uri, experiment="ladder", key="job-1")
+    runs.open(job_name="j", attempt=index, params={"precision.mode": "fp16"}, tags={})
+    return runs
+
+
+def status_of(uri: str, run_id: str) -> str:
+    return str(MlflowClient(uri).get_run(run_id).info.status)
+
+
+def test_a_job_that_fails_for_good_ends_its_run_failed(uri: str) -> None:
+    first = attempt(uri, 0)
+    first.end(status=run_status(42), tags={}, job_done=False)  # a numeric fault: the ladder goes on
+    assert status_of(uri, first.job_run) == "FAILED"
+
+    second = attempt(uri, 1)  # the fallback attempt finds the same job run and reopens it
+    assert second.job_run == first.job_run and status_of(uri, second.job_run) == "RUNNING"
+    second.end(status=run_status(43), tags={}, job_done=False)  # a configuration error: the job fails
+    assert status_of(uri, second.job_run) == "FAILED" and status_of(uri, second.attempt_run) == "FAILED"
+
+
+def test_the_attempt_that_trains_the_last_step_ends_the_job_run_finished(uri: str) -> None:
+    attempt(uri, 0).end(status=run_status(44), tags={}, job_done=False)  # preempted
+    last = attempt(uri, 1)
+    last.end(status=run_status(0), tags={}, job_done=True)
+    assert status_of(uri, last.job_run) == "FINISHED"
