@@ -219,3 +219,24 @@ def test_two_processes_skip_a_poisoned_batch_together(tmp_path: Path, framework:
     final_ = Path("out/checkpoints/step-000000030/framework")
     a, b = (framework_state(tmp_path / run_ / final_, framework) for run_ in ("poisoned", "seeded"))
     assert_identical(a, b)
+
+
+def grad_norms(lines: list[dict[str, Any]]) -> dict[int, Any]:
+    return {e["step"]: e["gradNorm"] for e in lines if e["event"] == "step"}
+
+
+@pytest.mark.process
+def test_after_a_skip_the_hf_step_lines_carry_each_steps_own_grad_norm(tmp_path: Path) -> None:
+    """The fp32 replay's non-finite norm is not what the steps after the skip report: each log
+    line carries its own step's norm, the one a run that never met the batch reports too."""
+    poisoned = run(tmp_path / "poisoned", "hf", "--poison", POISON["hf"])
+    assert poisoned.code == ExitCode.SUCCESS, poisoned.stderr[-3000:]
+    (skipped,) = poisoned.of("dataSkipped")
+    after = grad_norms(poisoned.events[poisoned.events.index(skipped) :])
+    assert sorted(after) == [5, 10, 15, 20, 25, 30]
+    quarantined = skipped["steps"][0] + 1  # 1-based, as the step lines count
+    assert after[quarantined] == 0.0  # it trained on nothing
+    assert all(isinstance(norm, float) and 0.0 < norm < 1e3 for step, norm in after.items() if step != quarantined)
+    seeded = run(tmp_path / "seeded", "hf", "--quarantine", str(skipped["steps"][0]))
+    assert seeded.code == ExitCode.SUCCESS, seeded.stderr[-3000:]
+    assert after == grad_norms(seeded.events)
