@@ -39,7 +39,7 @@ from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
-from mpjob_contract.skipping import describe_ranges
+from mpjob_contract.skipping import describe_ranges, describe_steps
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
     from mpjob.localrun.progress import ProgressView
@@ -265,7 +265,8 @@ class LocalRun:
         self.series.ingest_eval(start.index, event)
         if self.series.ingest_skip(start.index, event) and isinstance(event, events.DataSkipped):
             spans = describe_ranges(event.samples) or "not named"
-            self.view.info(f"skipped step(s) {event.steps} ({event.cause}; samples {spans}), back at {event.from_step}")
+            steps, back = describe_steps(event.steps), event.from_step
+            self.view.info(f"skipped step(s) {steps} ({event.cause}; samples {spans}), back at checkpoint step {back}")
         if (reading := reading_of(start.index, event)) is not None:
             self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):

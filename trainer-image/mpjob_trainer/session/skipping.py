@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef
-from mpjob_contract.skipping import SkipCause, Skipped, ranges
+from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
 from mpjob_trainer.distributed import World, is_dtensor
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
 from mpjob_trainer.events import EventLog
@@ -206,11 +206,11 @@ class DataRung:
         already = self.quarantine.steps
         if cause == "data" and set(steps) & set(already):
             raise NonFiniteInFp32(
-                f"step {steps[0]} is non-finite in fp32 again after it was skipped: the loop does not leave "
-                "quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
+                f"step {describe_steps(steps[:1])} is non-finite in fp32 again after it was skipped: the loop does "
+                "not leave quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
             )
         if len(already) + len(steps) > self.spec.max_skipped_steps:
-            shown = ", ".join(str(s) for s in [*already, *steps])
+            shown = describe_steps([*already, *steps])
             raise NonFiniteInFp32(
                 f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
                 "steps to skip; the data or the model is at fault, not the precision"
