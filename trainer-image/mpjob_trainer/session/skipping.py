@@ -107,7 +107,7 @@ class DataRung:
         self._rolled_back_to: CheckpointRef | None = None
         self._precision_suspected = False
         #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
-        #: whole counts in mpjob_trainer_skipped_samples_total.
+        #: whole counts in mpjob_trainer_skipped_samples_total and the quarantine's summary.
         self.step_samples = 0
 
     def stateful(self) -> dict[str, Any]:
@@ -220,8 +220,8 @@ class DataRung:
         self.lent.metrics.forgave(self.lent.numerics.guard.forgiven - forgiven)
         named = [self._samples_of(s, cause) for s in steps]  # screened at the restored weights
         for index, samples in zip(steps, named, strict=True):
-            self.quarantine.add(index, cause, samples)
-            self.lent.metrics.skipped(cause, len(samples) or self.step_samples)
+            record = self.quarantine.add(index, cause, samples, whole=self.step_samples)
+            self.lent.metrics.skipped(cause, record.size)
         spans = ranges([i for samples in named for i in samples])
         self.lent.log(
             "dataSkipped",
