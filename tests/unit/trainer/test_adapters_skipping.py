@@ -241,3 +241,14 @@ def test_after_a_skip_the_hf_step_lines_carry_each_steps_own_grad_norm(tmp_path:
     seeded = run(tmp_path / "seeded", "hf", "--quarantine", str(skipped["steps"][0]))
     assert seeded.code == ExitCode.SUCCESS, seeded.stderr[-3000:]
     assert after == grad_norms(seeded.events)
+
+
+@pytest.mark.process
+def test_after_a_skip_the_lightning_step_lines_show_no_replayed_grad_norm(tmp_path: Path) -> None:
+    """Lightning tells the session no gradient norm: its step lines carry none, after a skip
+    too, never the fp32 replay's non-finite one."""
+    poisoned = run(tmp_path, "lightning", "--poison", POISON["lightning"])
+    assert poisoned.code == ExitCode.SUCCESS, poisoned.stderr[-3000:]
+    (skipped,) = poisoned.of("dataSkipped")
+    assert sorted(grad_norms(poisoned.events[poisoned.events.index(skipped) :])) == [15, 20, 25, 30]
+    assert set(grad_norms(poisoned.events).values()) == {None}

@@ -14,8 +14,9 @@ zeroes the gradients and applies nothing.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,16 @@ class StepTally:
             self.lr = lr
         if grad_norm is not None:
             self.grad_norm = grad_norm
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Steps the session runs itself in the block (an fp32 replay) leave the training step's
+        gradient norm and learning rate as they were: the log lines never show the replay's."""
+        saved = (self.grad_norm, self.lr)
+        try:
+            yield
+        finally:
+            self.grad_norm, self.lr = saved
 
     def clear(self) -> None:
         """Forget the losses since the step began (a step the session runs itself begins)."""
