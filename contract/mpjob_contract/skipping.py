@@ -18,6 +18,7 @@ cause and sample ranges, written by `spans_label` and read back by `spans_of`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,6 +91,12 @@ def ranges(indices: list[int]) -> list[SampleRange]:
         else:
             out.append(SampleRange(first=index, last=index))
     return out
+
+
+def describe_steps(indices: Iterable[int]) -> str:
+    """'13, 14' for the 0-based step indices 12 and 13: messages count steps from 1, as the log
+    lines do (docs/sdk.md); events, reports, metric labels and status keep 0-based indexes."""
+    return ", ".join(str(index + 1) for index in indices)
 
 
 def describe_ranges(spans: list[SampleRange]) -> str:

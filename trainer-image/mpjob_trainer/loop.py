@@ -52,7 +52,7 @@ def train(run: Session) -> None:
     tr = run.spec.training  # the attempt's: its micro-batch may be split (AttemptLaunch)
     task = builtin_task(run)
     model = task.model.to(run.device)  # fp32 master weights; autocast casts per op
-    run.keep_fp32(model)  # and, in fp8 attempts, torchao's float8 linears: before compile and wrap
+    run.keep_fp32(model)  # and, in fp8 attempts, torchao's float8 linears (else compile or wrap would convert them)
     # FSDP2 shards the module itself (compile the sharded one); DDP wraps the compiled one.
     if run.spec.parallelism.strategy == "fsdp":
         net = run.compile(run.wrap(model, blocks=task.blocks))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mpjob.validation import InvalidManifest, load_job
 from mpjob_contract.codes import Reason
-from mpjob_contract.skipping import Skipped, describe_ranges
+from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
 
 
 def run_command(argv: list[str]) -> int:
@@ -63,6 +63,9 @@ def run_command(argv: list[str]) -> int:
 
 
 def skipped_line(skipped: Skipped) -> str:
-    """'  skipped: 1 step(s), 1 sample(s): step 4 (data: 30)' for the summary."""
-    shown = ", ".join(f"step {s.step} ({s.cause}: {describe_ranges(s.samples) or 'whole step'})" for s in skipped.steps)
+    """'  skipped: 1 step(s), 1 sample(s): step 5 (data: 30)' for the summary (steps counted from 1)."""
+    shown = ", ".join(
+        f"step {describe_steps([s.step])} ({s.cause}: {describe_ranges(s.samples) or 'whole step'})"
+        for s in skipped.steps
+    )
     return f"  skipped: {skipped.count} step(s), {skipped.samples} sample(s): {shown}"

@@ -40,7 +40,7 @@ from mpjob_contract import events
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
-from mpjob_contract.skipping import describe_ranges
+from mpjob_contract.skipping import describe_ranges, describe_steps
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
     from mpjob.localrun.progress import ProgressView
@@ -243,7 +243,8 @@ class LocalRun:
             self.view.step(point)
         if isinstance(event, events.DataSkipped) and event.steps:
             spans = describe_ranges(event.samples) or "not named"
-            self.view.info(f"skipped step(s) {event.steps} ({event.cause}; samples {spans}), back at {event.from_step}")
+            steps, back = describe_steps(event.steps), event.from_step
+            self.view.info(f"skipped step(s) {steps} ({event.cause}; samples {spans}), back at checkpoint step {back}")
         if isinstance(event, events.PrecisionMeasured):
             times = reported.step_times(event.step_seconds)
             self.view.info(f"auto measured {times} per step: training in {event.chosen}")

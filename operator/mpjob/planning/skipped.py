@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import MixedPrecisionJobStatus
-from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, Skipped, SkippedStep, describe_ranges
+from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, Skipped, SkippedStep, describe_ranges, describe_steps
 
 #: The Event reason of a skipped step, by cause.
 EVENT_REASONS = {"data": ConditionReason.DATA_SKIPPED, "spike": ConditionReason.LOSS_SPIKE}
@@ -62,6 +62,8 @@ def announcement(step: SkippedStep) -> tuple[str, str, str]:
 
 
 def message(step: SkippedStep) -> str:
-    """'step 12 skipped: non-finite in fp32 too (bad data); samples 30' (an Event's message)."""
+    """'step 13 skipped: non-finite in fp32 too (bad data); samples 30' (an Event's message; the
+    step counted from 1, status.skipped's index 12)."""
     samples = describe_ranges(step.samples) or "not named by the loop (the whole step)"
-    return f"step {step.step} skipped: {WHY[step.cause]}; rolled back to the last good checkpoint; samples {samples}"
+    back = "rolled back to the last good checkpoint"
+    return f"step {describe_steps([step.step])} skipped: {WHY[step.cause]}; {back}; samples {samples}"

@@ -44,8 +44,9 @@ def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precisio
     assert (skipped["count"], skipped["samples"]) == (1, 1)
     (step,) = skipped["steps"]
     assert step["cause"] == "data" and step["samples"] == [{"first": 5, "last": 5}]
-    assert f"skipped: 1 step(s), 1 sample(s): step {step['step']} (data: 5)" in out  # the summary
-    assert f"skipped step(s) [{step['step']}] (data; samples 5)" in out  # said as it happened
+    said = step["step"] + 1  # messages count steps from 1; status.skipped holds the 0-based index
+    assert f"skipped: 1 step(s), 1 sample(s): step {said} (data: 5)" in out  # the summary
+    assert f"skipped step(s) {said} (data; samples 5), back at checkpoint step" in out  # said as it happened
     series = json.loads((tmp_path / "out" / "series.json").read_text())
     assert series["skips"] == [{"attempt": 0, "step": step["step"], "cause": "data"}]  # what the plot marks
     # The final weights equal a straight run whose data never held sample 5 (the same order otherwise).
@@ -82,5 +83,5 @@ def test_bad_data_everywhere_fails_in_one_attempt_naming_the_steps(tmp_path: Pat
     assert code == 1 and report["phase"] == "Failed", out
     (only,) = report["attempts"]
     assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NonFiniteInFp32", 45)
-    assert "data at step(s) 0, 1, 2, 3: more than guard.maxSkippedSteps=3" in only["message"]
+    assert "data at step(s) 1, 2, 3, 4: more than guard.maxSkippedSteps=3" in only["message"]
     assert report["skipped"]["count"] == 3

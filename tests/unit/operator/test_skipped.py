@@ -49,7 +49,7 @@ def test_a_skipped_step_lands_in_status_and_is_announced_once_naming_step_and_sa
     assert plan.status.phase == "Succeeded" and plan.status.skipped is not None
     assert plan.status.skipped.count == 1 and plan.status.skipped.steps[0].step == 12
     (event,) = [e for e in plan.events if e.reason == "DataSkipped"]
-    assert event.type == "Warning" and "step 12 skipped: non-finite in fp32 too" in event.message
+    assert event.type == "Warning" and "step 13 skipped: non-finite in fp32 too" in event.message
     assert event.message.endswith("samples 30")
 
 
@@ -59,7 +59,7 @@ def test_a_later_attempt_announces_only_the_steps_it_newly_skipped() -> None:
     second = end(first.status, Reason.SUCCEEDED, skipped(data(12, 30), spike))
     assert [e.reason for e in second.events if e.reason in ("DataSkipped", "LossSpike")] == ["LossSpike"]
     (announced,) = [e for e in second.events if e.reason == "LossSpike"]
-    assert "step 40 skipped: finite loss spike" in announced.message and "samples 3-9" in announced.message
+    assert "step 41 skipped: finite loss spike" in announced.message and "samples 3-9" in announced.message
     assert second.status.skipped is not None and second.status.skipped.count == 2
 
 
@@ -85,7 +85,7 @@ def test_a_skip_seen_live_is_in_status_and_announced_once_and_the_report_does_no
         (
             "Warning",
             "DataSkipped",
-            "step 12 skipped: non-finite in fp32 too (bad data); rolled back to the last good checkpoint; samples 30",
+            "step 13 skipped: non-finite in fp32 too (bad data); rolled back to the last good checkpoint; samples 30",
         )
     ]
     again = live(seen.status, skipped(data(12, 30)))  # the next read shows the same quarantine

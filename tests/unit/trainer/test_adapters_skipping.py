@@ -76,7 +76,8 @@ def test_a_poisoned_batch_is_skipped_in_the_same_attempt_and_precision(tmp_path:
     report = skipping.report
     assert report is not None and report.precision == "fp16" and skipping.of("fault") == []
     assert report.skipped is not None and report.skipped.count == 1 and report.skipped.steps[0].step == step
-    assert sdk_state(tmp_path / "poisoned")["quarantine"]["records"] == [[step, "data", []]]
+    assert report.skipped.samples == 8  # the step skipped whole: its batch
+    assert sdk_state(tmp_path / "poisoned")["quarantine"]["records"] == [[step, "data", [], 8]]
 
     # A straight run whose data has no batch at that step: the adapter's quarantine from the
     # start (no fault, no rollback), and for Lightning also the script's own training_step
@@ -169,14 +170,14 @@ def test_killed_after_a_skip_resumes_with_the_quarantine_and_ends_bit_identical(
     proc.communicate(timeout=60)
     assert not (cut / "ckpt" / f"step-{steps:09d}").exists(), "killed before the end"
     assert torch.load(after_skip.with_name("state.pt"), weights_only=True)["quarantine"]["records"] == [
-        [skipped["steps"][0], "data", []]
+        [skipped["steps"][0], "data", [], 8]
     ]
     resumed = finish(start(cut, spec_, argv, attempt=1))
     (resume,) = [e for e in resumed if e["event"] == "resume"]
     assert 20 <= resume["step"] < steps
     assert [e for e in resumed if e["event"] in ("dataSkipped", "replay")] == []
     report = json.loads((cut / "a1.json").read_text())
-    assert report["skipped"]["count"] == 1 and report["precision"] == "fp16"
+    assert report["skipped"]["count"] == 1 and report["skipped"]["samples"] == 8 and report["precision"] == "fp16"
 
     assert_identical(final(tmp_path / "straight", framework, steps), final(cut, framework, steps))
     assert_identical(sdk_state(tmp_path / "straight", steps), sdk_state(cut, steps))  # quarantine, RNG, scaler
@@ -214,8 +215,40 @@ def test_two_processes_skip_a_poisoned_batch_together(tmp_path: Path, framework:
     (attempt,) = status["attempts"]
     assert (attempt["precision"], attempt["reason"], attempt["worldSize"]) == ("fp16", "Succeeded", 2)
     (skipped,) = status["skipped"]["steps"]
-    assert skipped["cause"] == "data"
+    assert skipped["cause"] == "data" and status["skipped"]["samples"] == 16  # both ranks' batches
     mpjob_run(tmp_path / "seeded", framework, "--quarantine", str(skipped["step"]))
     final_ = Path("out/checkpoints/step-000000030/framework")
     a, b = (framework_state(tmp_path / run_ / final_, framework) for run_ in ("poisoned", "seeded"))
     assert_identical(a, b)
+
+
+def grad_norms(lines: list[dict[str, Any]]) -> dict[int, Any]:
+    return {e["step"]: e["gradNorm"] for e in lines if e["event"] == "step"}
+
+
+@pytest.mark.process
+def test_after_a_skip_the_hf_step_lines_carry_each_steps_own_grad_norm(tmp_path: Path) -> None:
+    """The fp32 replay's non-finite norm is not what the steps after the skip report: each log
+    line carries its own step's norm, the one a run that never met the batch reports too."""
+    poisoned = run(tmp_path / "poisoned", "hf", "--poison", POISON["hf"])
+    assert poisoned.code == ExitCode.SUCCESS, poisoned.stderr[-3000:]
+    (skipped,) = poisoned.of("dataSkipped")
+    after = grad_norms(poisoned.events[poisoned.events.index(skipped) :])
+    assert sorted(after) == [5, 10, 15, 20, 25, 30]
+    quarantined = skipped["steps"][0] + 1  # 1-based, as the step lines count
+    assert after[quarantined] == 0.0  # it trained on nothing
+    assert all(isinstance(norm, float) and 0.0 < norm < 1e3 for step, norm in after.items() if step != quarantined)
+    seeded = run(tmp_path / "seeded", "hf", "--quarantine", str(skipped["steps"][0]))
+    assert seeded.code == ExitCode.SUCCESS, seeded.stderr[-3000:]
+    assert after == grad_norms(seeded.events)
+
+
+@pytest.mark.process
+def test_after_a_skip_the_lightning_step_lines_show_no_replayed_grad_norm(tmp_path: Path) -> None:
+    """Lightning tells the session no gradient norm: its step lines carry none, after a skip
+    too, never the fp32 replay's non-finite one."""
+    poisoned = run(tmp_path, "lightning", "--poison", POISON["lightning"])
+    assert poisoned.code == ExitCode.SUCCESS, poisoned.stderr[-3000:]
+    (skipped,) = poisoned.of("dataSkipped")
+    assert sorted(grad_norms(poisoned.events[poisoned.events.index(skipped) :])) == [15, 20, 25, 30]
+    assert set(grad_norms(poisoned.events).values()) == {None}

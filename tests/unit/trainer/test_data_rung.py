@@ -147,7 +147,7 @@ def test_bad_data_everywhere_fails_after_max_skipped_steps_naming_them(tmp_path:
     assert [e["steps"] for e in run.of("dataSkipped")] == [[0], [1]]
     report = run.report
     assert report is not None and report.reason == "NonFiniteInFp32" and report.precision == "fp16"
-    assert "data at step(s) 0, 1, 2: more than guard.maxSkippedSteps=2" in report.message
+    assert "data at step(s) 1, 2, 3: more than guard.maxSkippedSteps=2" in report.message
     assert report.skipped is not None and report.skipped.count == 2 and report.skipped.samples == 16
 
 

@@ -19,12 +19,13 @@ from mpjob_contract.api import PrecisionSpec
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.fp8 import Fp8Spec
 from mpjob_trainer import float8
+from mpjob_trainer import session as mpjob
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.modes import AttemptPrecision, Mode
 from mpjob_trainer.tasks.mlp import make_task
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import launch_env, run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, launch_env, run_trainer, spec
 from tests.unit.trainer.test_resume import _assert_identical, _state
 
 pytestmark = pytest.mark.unit
@@ -167,5 +168,34 @@ def test_the_fp32_modes_run_the_converted_linears_as_plain_ones() -> None:
             assert type(model[1]) is nn.Linear, mode
         assert type(model[1]).__name__ == "Float8Linear", mode
     bare = AttemptPrecision("fp8", torch.device("cpu"), spec)
-    with pytest.raises(ConfigError, match=r"call run\.keep_fp32\(model\) before compile and wrap"):
+    with pytest.raises(ConfigError, match=r"pass the model to run\.wrap\(model\) .* before the first forward"):
         bare.autocast()
+
+
+@pytest.mark.parametrize("set_up", ["wrap", "compile"])
+def test_an_own_loop_trains_fp8_with_wrap_alone_as_it_does_fp16_and_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, set_up: str
+) -> None:
+    """No run.keep_fp32(model): the first set-up helper the loop calls converts the linears."""
+    job = spec(training={"steps": 4, "batchSize": 16, "logEvery": 2}, checkpoint={"everySteps": 4}, precision=EMULATED)
+    launch = in_process_launch(tmp_path, monkeypatch, job, "fp8")
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    lines = io.StringIO()
+    monkeypatch.setattr("sys.stdout", lines)
+    with mpjob.start(launch=launch) as run:
+        net = run.wrap(run.compile(model) if set_up == "compile" else model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        run.resume(model=model, optimizer=optimizer)
+        for step in range(run.total_steps):
+            with run.autocast():
+                loss = net(torch.randn(16, 16)).float().pow(2).mean()
+            run.backward(loss)
+            run.step(optimizer)
+            run.end_step(step + 1)
+    assert type(model[2]).__name__ == "Float8Linear" and type(model[0]) is nn.Linear  # the default rules
+    events = [json.loads(line) for line in lines.getvalue().splitlines() if line.startswith("{")]
+    assert [e["converted"] for e in events if e["event"] == "fp8"] == [["2"]]  # once
+    steps = [e for e in events if e["event"] == "step"]
+    assert [e["precision"] for e in steps] == ["fp8", "fp8"] and all(e["loss"] is not None for e in steps)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["reason"], report["precision"]) == ("Succeeded", "fp8")

@@ -53,6 +53,19 @@ def test_the_summary_counts_exactly_and_lists_a_bounded_few() -> None:
     assert summary.steps[0].samples[0].model_dump() == {"first": 0, "last": 9}
 
 
+def test_a_step_skipped_whole_counts_its_samples_through_a_checkpoint() -> None:
+    q = Quarantine()
+    q.add(4, "data", whole=8)  # a framework's batch: the loop named no samples, the step held 8
+    q.add(9, "spike", [1, 2], whole=8)  # named samples are counted as named
+    assert q.summary().samples == 10 and q.skips_step(4) and not q.skips_step(9)
+    fresh = Quarantine()
+    fresh.load_state_dict(torch.load(_saved(q.state_dict()), weights_only=True))
+    assert (fresh.summary().count, fresh.summary().samples) == (2, 10) and fresh.skips_step(4)
+    older = Quarantine()
+    older.load_state_dict({"records": [[4, "data", []], [9, "spike", [1, 2]]]})  # a checkpoint before the count
+    assert (older.summary().count, older.summary().samples) == (2, 2) and older.skips_step(4)
+
+
 def test_a_sampler_leaves_quarantined_samples_out_and_keeps_the_rest_in_order() -> None:
     plain = StepSampler(64, 8, 2, 1, 0, 5)
     q = Quarantine()

@@ -38,11 +38,9 @@ global step), runs no forward, and the update it then makes from zero gradients 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +49,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
+from mpjob_trainer.adapters.accelerated import GradNorms, class_forward, use_attempt_scaler
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
@@ -124,6 +123,7 @@ class MpjobCallback(TrainerCallback):
         self._hooks: list[Any] = []
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
         self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
+        self.grad_norms = GradNorms(trainer.accelerator)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.detach()  # a re-entry after a rollback: what the left loop held is gone
@@ -152,7 +152,8 @@ class MpjobCallback(TrainerCallback):
         loss = torch.stack(self._losses).float().mean() if self._losses else None
         self._losses.clear()
         lr = kw["optimizer"].param_groups[0]["lr"]
-        self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr)
+        grad_norm = self.grad_norms.take()
+        self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr, grad_norm=grad_norm)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.detach()
@@ -181,19 +182,6 @@ def skip_quarantined_steps(trainer: Trainer, taken: TakenBack) -> None:
 def _optimizers(trainer: Trainer) -> list[torch.optim.Optimizer]:
     optimizer = trainer.optimizer
     return [getattr(optimizer, "optimizer", optimizer)] if optimizer is not None else []
-
-
-@contextlib.contextmanager
-def class_forward(model: torch.nn.Module) -> Iterator[None]:
-    """Run the model's class forward in the block: accelerate's mixed precision replaces the
-    instance's `forward` with one that enters autocast itself, which no outer autocast (the
-    session's fp32 replay or evaluation) could turn off."""
-    patched = model.__dict__.pop("forward", None)
-    try:
-        yield
-    finally:
-        if patched is not None:
-            model.forward = patched
 
 
 def register(run: Session, trainer: Trainer, recorded: RecordedSteps) -> None:
@@ -253,14 +241,6 @@ def _writer(trainer: Trainer) -> Any:
     return write
 
 
-def _use_attempt_scaler(bridge: FrameworkRun, trainer: Trainer) -> None:
-    """fp16: the attempt's GradScaler is the Trainer's; accelerate takes it at prepare()."""
-    accelerator = trainer.accelerator
-    if bridge.scaler is not None:
-        accelerator.scaler = bridge.scaler
-        accelerator.native_amp = True  # on a CPU accelerate would otherwise run no autocast at all
-
-
 def _resume_view(run: Session, checkpoint: Path | None) -> str | None:
     """The checkpoint the Trainer resumes from. After a fallback out of fp16 its GradScaler state
     must not come along (the scale starts afresh, as in every mpjob attempt), and
@@ -288,7 +268,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
         raise ConfigError("the Trainer has no model (model_init is not supported: build the model first)")
     bridge = FrameworkRun(run)
     bridge.checkpoint_with(_writer(trainer), model.parameters)
-    _use_attempt_scaler(bridge, trainer)
+    use_attempt_scaler(bridge, trainer.accelerator)
     run.keep_fp32(model)
     for noisy in (PrinterCallback, ProgressCallback):  # the session's step lines are the progress
         trainer.remove_callback(noisy)

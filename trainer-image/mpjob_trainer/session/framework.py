@@ -146,13 +146,22 @@ class FrameworkRun:
         its step() only for finite gradients, which tells the guard of skipped steps."""
         self.run.watch(getattr(optimizer, "optimizer", optimizer))
 
-    def end_step(self, step: int, *, loss: torch.Tensor | float | None, samples: int | None, lr: float | None) -> None:
-        """Close optimizer step `step` as a loop's `end_step` does. A numeric fault ends the run
+    def end_step(
+        self,
+        step: int,
+        *,
+        loss: torch.Tensor | float | None,
+        samples: int | None,
+        lr: float | None,
+        grad_norm: torch.Tensor | float | None = None,
+    ) -> None:
+        """Close optimizer step `step` as a loop's `end_step` does (`grad_norm`: the framework's,
+        before clipping, unscaled, where it tells it). A numeric fault ends the run
         here, inside the framework's loop: its fp32 replay needs the loop whole (Lightning unwraps
         DDP and moves the model off the device once the fault leaves it); the fault then goes on
         up, and the session's later close() returns the exit code decided here."""
         try:
-            self.run.end_step(step, loss=loss, samples=samples, lr=lr)
+            self.run.end_step(step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm)
         except NumericFault as fault:
             self.run.close(fault)
             raise

@@ -34,10 +34,10 @@ Invariants:
 
 fp8: an fp8 attempt on a device without fp8 tensor cores (and without precision.fp8.emulate) is
 a configuration error when this state is made, before any step (no retry can give the node
-fp8). `convert_fp8` (run.keep_fp32, before compile and wrap) converts the model's eligible
-linears in an fp8 attempt, and in an `auto` one on a device with fp8 (it measures fp8 among
-its candidates); an fp8 forward pass with nothing converted is a configuration error, since
-it would train bf16 under fp8's name.
+fp8). `convert_fp8` (at the first of run.keep_fp32, run.compile and run.wrap) converts the
+model's eligible linears in an fp8 attempt, and in an `auto` one on a device with fp8 (it
+measures fp8 among its candidates); an fp8 forward pass with nothing converted is a
+configuration error, since it would train bf16 under fp8's name.
 """
 
 from __future__ import annotations
@@ -117,8 +117,9 @@ class AttemptPrecision:
         """The current mode's autocast for forward passes (a no-op in fp32)."""
         if self.precision == "fp8" and self.fp8 is None:
             raise ConfigError(
-                "precision.mode fp8: call run.keep_fp32(model) before compile and wrap (it converts the model's "
-                "linears to fp8); an fp8 attempt with no fp8 linears would train bf16 under fp8's name"
+                "precision.mode fp8: pass the model to run.wrap(model) (or run.keep_fp32 or run.compile) before the "
+                "first forward (it converts the model's linears to fp8); an fp8 attempt with no fp8 linears would "
+                "train bf16 under fp8's name"
             )
         return self.policy.autocast()
 

@@ -33,6 +33,13 @@ class SkipRecord:
     step: int
     cause: SkipCause
     samples: tuple[int, ...] = field(default=())
+    #: A step skipped whole: the samples it held (all ranks'; 0 when its loop did not say).
+    whole: int = 0
+
+    @property
+    def size(self) -> int:
+        """The samples this skip kept out of training."""
+        return len(self.samples) or self.whole
 
 
 class Quarantine:
@@ -74,8 +81,10 @@ class Quarantine:
         return step in self._whole_steps
 
     # ---------------------------------------------------------------- the rung adds
-    def add(self, step: int, cause: SkipCause, samples: Iterable[int] = ()) -> SkipRecord:
-        record = SkipRecord(step, cause, tuple(sorted(set(samples))))
+    def add(self, step: int, cause: SkipCause, samples: Iterable[int] = (), *, whole: int = 0) -> SkipRecord:
+        """Skip step `step`: its `samples`, or (none named) the step whole, which held `whole` samples."""
+        named = tuple(sorted(set(samples)))
+        record = SkipRecord(step, cause, named, 0 if named else whole)
         self.records.append(record)
         if record.samples:
             self._samples.update(record.samples)
@@ -92,16 +101,18 @@ class Quarantine:
             SkippedStep(step=r.step, cause=r.cause, samples=ranges(list(r.samples))[:spans])
             for r in self.records[:steps]
         ]
-        return Skipped(count=len(self.records), samples=len(self._samples), steps=listed)
+        whole = sum(r.whole for r in self.records)  # a sample skipped by name counts once, a whole step's each time
+        return Skipped(count=len(self.records), samples=len(self._samples) + whole, steps=listed)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """weights_only-safe: lists of ints and strings."""
-        return {"records": [[r.step, r.cause, list(r.samples)] for r in self.records]}
+        """weights_only-safe: lists of ints and strings; [step, cause, samples], and a step skipped
+        whole with a known size [step, cause, [], size]."""
+        return {"records": [[r.step, r.cause, list(r.samples), *([r.whole] if r.whole else [])] for r in self.records]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Merge a checkpoint's quarantine into this one (see the invariants above)."""
         known = {(r.step, r.cause) for r in self.records}
-        for step, cause, samples in state.get("records", []):
+        for step, cause, samples, *whole in state.get("records", []):
             if (int(step), str(cause)) not in known:
-                self.add(int(step), cause, [int(i) for i in samples])
+                self.add(int(step), cause, [int(i) for i in samples], whole=int(whole[0]) if whole else 0)

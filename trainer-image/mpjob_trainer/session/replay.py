@@ -175,7 +175,7 @@ class Fp32Replay:
             return inconclusive(first)
         try:
             lent.numerics.tally.clear()
-            with lent.numerics.precision.entered(Mode.REPLAY):
+            with lent.numerics.precision.entered(Mode.REPLAY), lent.numerics.tally.set_aside():
                 replay = self._judge(win)
         except Exception as exc:  # e.g. the process group broke under another rank's error
             lent.log("replaySkipped", why=f"{type(exc).__name__}: {exc}", all_ranks=True)

@@ -229,14 +229,20 @@ class Session(ModelSetUp, ReEntry):
         self._numerics.step(optimizer, clip_norm)
 
     def end_step(
-        self, step: int, *, loss: Number | None = None, samples: int | None = None, lr: float | None = None
+        self,
+        step: int,
+        *,
+        loss: Number | None = None,
+        samples: int | None = None,
+        lr: float | None = None,
+        grad_norm: Number | None = None,
     ) -> None:
         """Close optimizer step `step` (1-based); at intervals: report, guard, checkpoint, preempt.
-        `lr`: the learning rate to report when the loop steps its optimizer itself (a framework)."""
+        `lr`, `grad_norm`: the learning rate and gradient norm (before clipping, unscaled) to report
+        when the loop steps its optimizer itself (a framework); `step()` records them otherwise."""
         if self._state is None:
             raise ConfigError("call run.resume(...) before the first end_step(): it names what checkpoints hold")
-        if lr is not None:
-            self._numerics.tally.lr = lr
+        self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm)
         self._step = step
         self._state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples

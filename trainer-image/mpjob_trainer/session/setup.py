@@ -30,11 +30,16 @@ class ModelSetUp:
     def precision(self) -> Precision:
         raise NotImplementedError
 
-    def keep_fp32(self, model: nn.Module) -> list[str]:
-        """The precision's set-up of the model: fp8 linears in fp8 attempts (session.modes), then
-        keepFp32 module types run in fp32 under autocast (those autocast runs so already left
-        alone); returns the names of the modules wrapped."""
+    def _convert_fp8(self, model: nn.Module) -> None:
+        """fp8 linears in fp8 attempts (session.modes), once, at whichever of keep_fp32, compile
+        and wrap comes first: a loop need not call keep_fp32 for fp8, as for fp16 and bf16."""
         self._amp.convert_fp8(model, auto=self.launch.precision == "auto", log=self._log)
+
+    def keep_fp32(self, model: nn.Module) -> list[str]:
+        """The precision's set-up of the model: fp8 linears in fp8 attempts, then keepFp32
+        module types run in fp32 under autocast (those autocast runs so already left alone);
+        returns the names of the modules wrapped."""
+        self._convert_fp8(model)
         if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
             return []
         kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)
@@ -45,6 +50,7 @@ class ModelSetUp:
     def compile(self, model: nn.Module) -> nn.Module:
         """`torch.compile(model)` as spec.training.compile says (auto: on CUDA), else `model`.
         Call it after keep_fp32 and before wrap; resume() takes the uncompiled module."""
+        self._convert_fp8(model)  # before tracing: the compiled graph holds the fp8 linears
         compiled = speed.compile_model(model, self.spec.training.compile, self.device)
         self._log("compile", mode=self.spec.training.compile, compiled=compiled is not model)
         return compiled
@@ -58,4 +64,5 @@ class ModelSetUp:
     def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
         """The model as spec.parallelism trains it: DDP, or FSDP2 on each of `blocks` and the root,
         in place (make the optimizer after); activation checkpointing per block (mpjob_trainer.sharding)."""
+        self._convert_fp8(model)  # before DDP or FSDP2 takes the parameters
         return self._wrapper.wrap(model, blocks, precision=self.precision)

@@ -40,7 +40,7 @@ from typing import Any
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import CheckpointRef
-from mpjob_contract.skipping import SkipCause, Skipped, ranges
+from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
 from mpjob_trainer.session.agreement import gathered
 from mpjob_trainer.session.checkpointing import Checkpointer
@@ -98,7 +98,7 @@ class DataRung:
         self._rolled_back_to: CheckpointRef | None = None
         self._precision_suspected = False
         #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
-        #: whole counts in mpjob_trainer_skipped_samples_total.
+        #: whole counts in mpjob_trainer_skipped_samples_total and the quarantine's summary.
         self.step_samples = 0
 
     def stateful(self) -> dict[str, Any]:
@@ -208,12 +208,12 @@ class DataRung:
         if cause == "data" and set(steps) & set(already):
             raise self._ended(
                 NonFiniteInFp32(
-                    f"step {steps[0]} is non-finite in fp32 again after it was skipped: the loop does not leave "
-                    "quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
+                    f"step {describe_steps(steps[:1])} is non-finite in fp32 again after it was skipped: the loop "
+                    "does not leave quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
                 )
             )
         if len(already) + len(steps) > self.spec.max_skipped_steps:
-            shown = ", ".join(str(s) for s in [*already, *steps])
+            shown = describe_steps([*already, *steps])
             raise self._ended(
                 NonFiniteInFp32(
                     f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
@@ -225,8 +225,8 @@ class DataRung:
         self.lent.metrics.forgave(self.lent.numerics.guard.forgiven - forgiven)
         named = [self._samples_of(s, cause) for s in steps]  # screened at the restored weights
         for index, samples in zip(steps, named, strict=True):
-            self.quarantine.add(index, cause, samples)
-            self.lent.metrics.skipped(cause, len(samples) or self.step_samples)
+            record = self.quarantine.add(index, cause, samples, whole=self.step_samples)
+            self.lent.metrics.skipped(cause, record.size)
         spans = ranges([i for samples in named for i in samples])
         self.lent.log(
             "dataSkipped",

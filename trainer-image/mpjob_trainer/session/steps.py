@@ -14,8 +14,9 @@ zeroes the gradients and applies nothing.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,7 @@ class StepTally:
     def __init__(self) -> None:
         self.loss_sum: torch.Tensor | None = None  # the losses passed to backward() since the step began
         self.reported: Number | None = None  # the loss the last closed step reported
-        self.grad_norm: torch.Tensor | None = None
+        self.grad_norm: Number | None = None
         self.lr: Number | None = None
 
     def add_loss(self, loss: torch.Tensor) -> None:
@@ -61,6 +62,24 @@ class StepTally:
         reported = self.loss_sum if loss is None else loss
         self.reported = reported.detach() if isinstance(reported, torch.Tensor) else reported
         return self.loss_sum if self.loss_sum is not None else self.reported
+
+    def stepped_elsewhere(self, *, lr: Number | None, grad_norm: Number | None) -> None:
+        """The step's learning rate and gradient norm, from a loop that steps its optimizer
+        itself (a framework); what it does not say stays as `step()` recorded it."""
+        if lr is not None:
+            self.lr = lr
+        if grad_norm is not None:
+            self.grad_norm = grad_norm
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Steps the session runs itself in the block (an fp32 replay) leave the training step's
+        gradient norm and learning rate as they were: the log lines never show the replay's."""
+        saved = (self.grad_norm, self.lr)
+        try:
+            yield
+        finally:
+            self.grad_norm, self.lr = saved
 
     def clear(self) -> None:
         """Forget the losses since the step began (a step the session runs itself begins)."""
