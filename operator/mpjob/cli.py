@@ -1,4 +1,4 @@
-"""The `mpjob` command: run, validate, crd, operator."""
+"""The `mpjob` command: run, status, validate, crd, operator."""
 
 from __future__ import annotations
 
@@ -82,8 +82,15 @@ def _run(argv: list[str]) -> int:
     return run_command(argv)
 
 
+def _status(argv: list[str]) -> int:
+    from mpjob.jobstatus import status_command
+
+    return status_command(argv)
+
+
 COMMANDS = {
     "run": (_run, "run a MixedPrecisionJob on this machine, no cluster"),
+    "status": (_status, "sum up (and plot) a MixedPrecisionJob on a cluster"),
     "validate": (_validate, "check manifests against the same rules as the API server"),
     "crd": (_crd, "print the CustomResourceDefinition generated from the API models"),
     "operator": (_operator, "start the operator (kopf)"),

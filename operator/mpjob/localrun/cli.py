@@ -6,9 +6,8 @@ import argparse
 import shutil
 from pathlib import Path
 
+from mpjob.summary import summary_lines
 from mpjob.validation import InvalidManifest, load_job
-from mpjob_contract.codes import Reason
-from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
 
 
 def run_command(argv: list[str]) -> int:
@@ -43,29 +42,10 @@ def run_command(argv: list[str]) -> int:
     finally:
         view.close()
     plot = run.plot()
-    lines = [f"{job.metadata.name}: {status.phase} in {status.precision} at step {status.step}"]
-    for a in status.attempts:
-        lines.append(
-            f"  attempt {a.index}: {a.precision} steps {a.start_step}-{a.end_step if a.end_step is not None else '?'}"
-            f" {a.reason or 'running'}" + (f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else "")
-        )
-    if status.skipped:
-        lines.append(skipped_line(status.skipped))
-    if status.last_checkpoint:
-        ck = status.last_checkpoint
-        lines.append(f"  last checkpoint: step {ck.step} ({ck.precision}) sha256 {ck.sha256[:16]}")
+    lines = summary_lines(job.metadata.name, status)
     lines.append(f"  report: {run.paths.report}")
     lines.append(f"  plot:   {plot}")
     view.info("\n".join(lines), report=str(run.paths.report), plot=str(plot), phase=status.phase)
     if status.phase == "Succeeded":
         return 0
     return 130 if status.phase == "Suspended" else 1
-
-
-def skipped_line(skipped: Skipped) -> str:
-    """'  skipped: 1 step(s), 1 sample(s): step 5 (data: 30)' for the summary (steps counted from 1)."""
-    shown = ", ".join(
-        f"step {describe_steps([s.step])} ({s.cause}: {describe_ranges(s.samples) or 'whole step'})"
-        for s in skipped.steps
-    )
-    return f"  skipped: {skipped.count} step(s), {skipped.samples} sample(s): {shown}"

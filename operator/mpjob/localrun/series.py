@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mpjob_contract import events
+from mpjob_contract.api import MixedPrecisionJobStatus
 
 
 @dataclass
@@ -147,3 +148,18 @@ class RunSeries:
             spans=[Span(**s) for s in data.get("spans", [])],
             skips=[SkipMark(**s) for s in data.get("skips", [])],
         )
+
+
+def series_of_status(status: MixedPrecisionJobStatus) -> RunSeries:
+    """What a job's status alone says of its run (`mpjob status`): each attempt's span and its
+    last loss and loss scale, and the skipped steps; the loss-scale history is the timeline's."""
+    series = RunSeries()
+    for a in status.attempts:
+        series.begin_attempt(a.index, a.precision, a.start_step)
+        series.end_attempt(a.index, a.end_step, a.reason)
+        if a.end_step is not None and a.loss is not None:
+            series.points.append(Point(a.index, a.precision, a.end_step, a.loss, a.loss_scale, None, 0, None))
+    last = status.attempts[-1].index if status.attempts else 0
+    for skipped in status.skipped.steps if status.skipped else []:
+        series.skips.append(SkipMark(last, skipped.step, skipped.cause))
+    return series

@@ -1,0 +1,85 @@
+"""`mpjob status NAME [-n NAMESPACE] [--kubeconfig FILE] [--plot FILE]`: a job on a cluster,
+summed up as `mpjob run` sums up a local one (attempts, recoveries, skips, the last checkpoint,
+cost), and drawn the same way (precision spans, the loss-scale history of status.timeline, each
+attempt's last loss) so a cluster's user can look instead of reading YAML."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from mpjob.summary import summary_lines
+from mpjob_contract import api
+
+#: Connect and read timeouts of the one API request (seconds): an unreachable cluster is said quickly.
+REQUEST_TIMEOUT = (5, 20)
+
+
+class CannotRead(Exception):
+    """The job could not be read: the message says why, for the user."""
+
+
+def status_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="mpjob status", description=__doc__)
+    parser.add_argument("name", help="the MixedPrecisionJob's name")
+    parser.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's, else default)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    parser.add_argument("--plot", type=Path, metavar="FILE", help="also draw the job into this PNG")
+    args = parser.parse_args(argv)
+    try:
+        namespace, obj = read_job(args.name, args.namespace, args.kubeconfig)
+        status = api.MixedPrecisionJobStatus.model_validate(obj.get("status") or {})
+    except CannotRead as exc:
+        print(f"error: {exc}")
+        return 1
+    except ValidationError as exc:
+        print(f"error: the status of {args.name} is not one this mpjob reads ({exc.error_count()} problem(s))")
+        return 1
+    print("\n".join(summary_lines(f"{namespace}/{args.name}", status)))
+    if args.plot is not None:
+        return _plot(args.plot, f"{namespace}/{args.name}", status)
+    return 0
+
+
+def read_job(name: str, namespace: str | None, kubeconfig: str | None) -> tuple[str, dict[str, Any]]:
+    """(namespace, the MixedPrecisionJob as the API server returns it); CannotRead says why not."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        _, context = config.list_kube_config_contexts(config_file=kubeconfig)
+        api_client = config.new_client_from_config(config_file=kubeconfig)
+    except (ConfigException, OSError) as exc:
+        raise CannotRead(f"no usable kubeconfig ({exc})") from exc
+    api_client.configuration.retries = 0
+    namespace = namespace or (context or {}).get("context", {}).get("namespace") or "default"
+    custom = client.CustomObjectsApi(api_client)
+    try:
+        obj = custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, _request_timeout=REQUEST_TIMEOUT
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            raise CannotRead(f"MixedPrecisionJob {namespace}/{name} not found") from exc
+        raise CannotRead(f"the API server refused to read {namespace}/{name}: {exc.status} {exc.reason}") from exc
+    except Exception as exc:  # urllib3's connection, TLS and timeout errors
+        server = api_client.configuration.host
+        raise CannotRead(f"cannot reach the cluster at {server}: {type(exc).__name__}") from exc
+    if not isinstance(obj, dict):
+        raise CannotRead(f"the API server answered {namespace}/{name} with something other than an object")
+    return namespace, obj
+
+
+def _plot(path: Path, title: str, status: api.MixedPrecisionJobStatus) -> int:
+    try:
+        from mpjob.localrun.plot import render
+        from mpjob.localrun.series import series_of_status
+    except ModuleNotFoundError as exc:  # matplotlib is in the local extra
+        print(f"error: --plot needs the local extra ({exc.name} is missing): pip install 'mpjob[local]'")
+        return 2
+    print(f"  plot: {render(series_of_status(status), path, f'{title}: {status.phase}', timeline=status.timeline)}")
+    return 0

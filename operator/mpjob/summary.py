@@ -1,0 +1,50 @@
+"""What a job did, in a few lines: the summary `mpjob run` prints at its end and `mpjob status`
+prints for a job on a cluster (attempts, skips, recoveries, the last checkpoint, cost)."""
+
+from __future__ import annotations
+
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
+
+
+def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
+    """The job's phase and precision, one line per attempt, then skips, checkpoint and cost."""
+    lines = [f"{name}: {status.phase} in {status.precision} at step {status.step}"]
+    lines += [attempt_line(a) for a in status.attempts]
+    if len(status.attempts) > 1:  # each attempt after the first is a recovery
+        path = " -> ".join(a.precision for a in status.attempts)
+        lines.append(f"  recoveries: {len(status.attempts) - 1} ({path})")
+    if status.skipped:
+        lines.append(skipped_line(status.skipped))
+    if status.last_checkpoint:
+        ck = status.last_checkpoint
+        lines.append(f"  last checkpoint: step {ck.step} ({ck.precision}) sha256 {ck.sha256[:16]}")
+    if status.cost and status.cost.gpu_seconds:
+        lines.append(cost_line(status))
+    return lines
+
+
+def attempt_line(a: AttemptStatus) -> str:
+    end = a.end_step if a.end_step is not None else "?"
+    said = f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else ""
+    return f"  attempt {a.index}: {a.precision} steps {a.start_step}-{end} {a.reason or 'running'}{said}"
+
+
+def skipped_line(skipped: Skipped) -> str:
+    """'  skipped: 1 step(s), 1 sample(s): step 5 (data: 30)' for the summary (steps counted from 1)."""
+    shown = ", ".join(
+        f"step {describe_steps([s.step])} ({s.cause}: {describe_ranges(s.samples) or 'whole step'})"
+        for s in skipped.steps
+    )
+    return f"  skipped: {skipped.count} step(s), {skipped.samples} sample(s): {shown}"
+
+
+def cost_line(status: MixedPrecisionJobStatus) -> str:
+    cost = status.cost
+    assert cost is not None
+    money = f", {cost.amount:.2f} {cost.currency} ({cost.wasted_amount or 0:.2f} wasted)" if cost.amount else ""
+    return (
+        f"  cost: {cost.gpu_seconds:.0f} GPU-seconds, {cost.wasted_gpu_seconds:.0f} wasted "
+        f"({cost.wasted_steps} steps trained again){money}"
+    )

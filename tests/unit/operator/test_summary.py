@@ -1,0 +1,76 @@
+"""The job summary `mpjob run` and `mpjob status` print, the series `mpjob status` plots from a
+status alone, and what `mpjob status` says when it cannot read the job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpjob.localrun.series import series_of_status
+from mpjob.summary import summary_lines
+from mpjob_contract.api import MixedPrecisionJobStatus
+
+pytestmark = pytest.mark.unit
+
+FELL_BACK = MixedPrecisionJobStatus.model_validate(
+    {
+        "phase": "Succeeded",
+        "precision": "bf16",
+        "step": 40,
+        "attempts": [
+            {"index": 0, "precision": "fp16", "startStep": 0, "endStep": 27, "reason": "NumericFault",
+             "message": "MaxConsecutiveOverflows: 20 in a row", "loss": 2.5, "lossScale": 1.0},
+            {"index": 1, "precision": "bf16", "startStep": 20, "endStep": 40, "reason": "Succeeded", "loss": 1.25},
+        ],
+        "skipped": {"count": 1, "samples": 1,
+                    "steps": [{"step": 12, "cause": "data", "samples": [{"first": 5, "last": 5}]}]},
+        "lastCheckpoint": {"step": 40, "path": "/ckpt/step-000000040", "sha256": "ab" * 32, "precision": "bf16"},
+        "cost": {"gpuSeconds": 120.0, "wastedGpuSeconds": 30.0, "wastedSteps": 7},
+    }
+)  # fmt: skip
+
+
+def test_the_summary_names_each_attempt_the_recoveries_skips_checkpoint_and_cost() -> None:
+    assert summary_lines("ns/fell", FELL_BACK) == [
+        "ns/fell: Succeeded in bf16 at step 40",
+        "  attempt 0: fp16 steps 0-27 NumericFault (MaxConsecutiveOverflows: 20 in a row)",
+        "  attempt 1: bf16 steps 20-40 Succeeded",
+        "  recoveries: 1 (fp16 -> bf16)",
+        "  skipped: 1 step(s), 1 sample(s): step 13 (data: 5)",
+        f"  last checkpoint: step 40 (bf16) sha256 {'ab' * 8}",
+        "  cost: 120 GPU-seconds, 30 wasted (7 steps trained again)",
+    ]
+
+
+def test_a_statuss_series_has_each_attempts_span_last_loss_and_the_skips() -> None:
+    series = series_of_status(FELL_BACK)
+    assert [(s.attempt, s.precision, s.start_step, s.end_step) for s in series.spans] == [
+        (0, "fp16", 0, 27),
+        (1, "bf16", 20, 40),
+    ]
+    assert [(p.attempt, p.step, p.loss, p.loss_scale) for p in series.points] == [
+        (0, 27, 2.5, 1.0),
+        (1, 40, 1.25, None),
+    ]
+    assert [(m.step, m.cause) for m in series.skips] == [(12, "data")]
+
+
+def test_status_says_clearly_when_the_cluster_cannot_be_reached(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u, namespace: team}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "mpjob.cli", "status", "job", "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stdout.strip() == "error: cannot reach the cluster at https://127.0.0.1:9: MaxRetryError"
+    assert "Traceback" not in done.stderr
