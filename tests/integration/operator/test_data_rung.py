@@ -34,7 +34,7 @@ def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precisio
     assert step["cause"] == "data" and step["samples"] == [{"first": 17, "last": 17}]
     events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=poisoned").items
     (said,) = [e for e in events if e.reason == "DataSkipped"]
-    assert said.type == "Warning" and f"step {step['step']} skipped" in said.message
+    assert said.type == "Warning" and f"step {step['step'] + 1} skipped" in said.message
     assert said.message.endswith("samples 17")
     final = jobs.checkpoints(kubeconfig, "ckpt", "poisoned") / "step-000000040" / "state.pt"
     held = torch.load(final, weights_only=True)["quarantine"]
@@ -63,7 +63,7 @@ def test_a_skip_shows_in_status_and_events_while_the_attempt_runs_and_a_restart_
     (step,) = status["skipped"]["steps"]
     assert step["cause"] == "data" and step["samples"] == [{"first": 17, "last": 17}]
     (said,) = wait_for(lambda: data_skipped(jobs, namespace, "live"), 30, 0.5, "a DataSkipped Event")
-    assert said.message.startswith(f"step {step['step']} skipped") and said.message.endswith("samples 17")
+    assert said.message.startswith(f"step {step['step'] + 1} skipped") and said.message.endswith("samples 17")
     assert jobs.status("live")["phase"] == "Running"  # announced while the attempt ran
     # A restarted operator reads the status it wrote, reads the trainer again and announces nothing twice.
     operator.kill()
