@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,13 +37,30 @@ def _assert_identical(a: dict, b: dict) -> None:
     assert a["appliedSteps"] == b["appliedSteps"]
 
 
+@pytest.fixture(scope="module")
+def straight_final(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict]:
+    """The final checkpoint of an uninterrupted LONG run per precision, trained once for the
+    module (the SIGKILL and SIGTERM cases compare against the same one)."""
+    runs: dict[str, dict] = {}
+
+    def final(precision: str) -> dict:
+        if precision not in runs:
+            folder = tmp_path_factory.mktemp(f"straight-{precision}")
+            straight = run_trainer(folder, spec(precision={"mode": precision}, **LONG), precision)
+            assert straight.code == 0, straight.stderr
+            runs[precision] = _state(folder / "ckpt" / "step-000000060")
+        return runs[precision]
+
+    return final
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 @pytest.mark.process
-def test_interrupted_and_resumed_run_is_bit_identical(tmp_path: Path, precision: str, how: int) -> None:
+def test_interrupted_and_resumed_run_is_bit_identical(
+    tmp_path: Path, precision: str, how: int, straight_final: Callable[[str], dict]
+) -> None:
     job = spec(precision={"mode": precision}, **LONG)
-    straight = run_trainer(tmp_path / "straight", job, precision)
-    assert straight.code == 0, straight.stderr
 
     env = launch_env(tmp_path / "cut", job, precision, ckpt=tmp_path / "cut" / "ckpt")
     (tmp_path / "cut").mkdir()
@@ -69,9 +87,7 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path: Path, precision:
     )
     assert resumed.code == 0, resumed.stderr
     assert resumed.of("resume") and resumed.of("resume")[0]["step"] >= 20
-    _assert_identical(
-        _state(tmp_path / "straight" / "ckpt" / "step-000000060"), _state(tmp_path / "cut" / "ckpt" / "step-000000060")
-    )
+    _assert_identical(straight_final(precision), _state(tmp_path / "cut" / "ckpt" / "step-000000060"))
 
 
 @pytest.mark.process
