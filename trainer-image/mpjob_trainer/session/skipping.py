@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.faults import GuardRule
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
@@ -72,7 +73,9 @@ class LossSpiked(NumericFault):
     """Finite losses above their window (guard.spike) at `steps`."""
 
     def __init__(self, steps: range, detected_at: int) -> None:
-        super().__init__("LossSpike", f"loss spike at steps {steps.start}-{steps.stop - 1} (detected at {detected_at})")
+        super().__init__(
+            GuardRule.LOSS_SPIKE, f"loss spike at steps {steps.start}-{steps.stop - 1} (detected at {detected_at})"
+        )
         self.steps = steps
 
 
@@ -168,7 +171,7 @@ class DataRung:
         counted = read.guard.non_finite_losses - guard.forgiven
         suspect = guard.new_non_finite > 0 and counted < guard.spec.max_non_finite_losses
         if suspect and self.replay is not None and self.skips_bad_data and not self._precision_suspected:
-            raise SuspectSteps("MaxNonFiniteLosses", f"a non-finite loss by step {step}")
+            raise SuspectSteps(GuardRule.MAX_NON_FINITE_LOSSES, f"a non-finite loss by step {step}")
 
     # ---------------------------------------------------------------- the rung
     def recover(self, fault: NumericFault, *, step: int, state: TrainingState, checkpoints: Checkpointer) -> None:
