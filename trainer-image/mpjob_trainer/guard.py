@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,9 +36,7 @@ from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.faults import GuardRule
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
-
-if TYPE_CHECKING:
-    from mpjob_trainer.session.spike import SpikeDetector
+from mpjob_trainer.spike import SpikeDetector
 
 #: Rules whose trouble is tied to the steps it happened at: a fp32 replay of those steps tells
 #: a precision's fault from the data's. Stagnation is not (it is slow, not non-finite).
@@ -55,7 +52,7 @@ class GuardReading:
     loss_scale: float | None
     #: Largest `flag` any rank passed to read() (used to agree on preemption under DDP).
     flag: float = 0.0
-    #: Steps whose finite loss spiked (guard.spike; session.spike), agreed by all ranks.
+    #: Steps whose finite loss spiked (guard.spike; mpjob_trainer.spike), agreed by all ranks.
     spikes: range | None = None
     #: The attempt's first non-finite loss (1-based step, earliest over the ranks), if any.
     first_non_finite: int | None = None
