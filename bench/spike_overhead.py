@@ -24,7 +24,7 @@ import torch
 
 from bench.sdk_overhead import LOG_EVERY, MODEL, REPEATS, STEPS, host_reads, on_sdk, timed
 from mpjob_contract.skipping import SpikeSpec
-from mpjob_trainer.session.spike import SpikeDetector
+from mpjob_trainer.spike import SpikeDetector
 
 
 def compare(precision: str, folder: Path) -> str:

@@ -31,7 +31,7 @@ ReduceDtype = Literal["fp32", "attempt"]
 
 
 class _Model(BaseModel):
-    # The same wire conventions as mpjob_contract.api.ApiModel (that module imports this one).
+    # The same wire conventions as mpjob_contract.wire.ApiModel (mpjob_contract.spec imports this module).
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
 
 

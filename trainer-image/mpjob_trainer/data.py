@@ -9,7 +9,7 @@ checkpoint's samples_seen). A run that started on one world size and resumed on 
 its samples per step differ from those that led to the checkpoint; on an unchanged world the
 origin is (step, step x P) and the position is the step's, as it always was.
 
-Quarantined samples (session.quarantine: bad data and loss spikes the session rolled back
+Quarantined samples (mpjob_trainer.quarantine: bad data and loss spikes the session rolled back
 from) are left out of the micro-batch they fall in; the rest of the order is unchanged, so a
 run that quarantined a sample equals one whose data never had it in those places. A micro-batch
 left empty is dropped from its step (a step left empty trains nothing).
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from mpjob_trainer.session.quarantine import Quarantine
+from mpjob_trainer.quarantine import Quarantine
 
 
 @dataclass(frozen=True)

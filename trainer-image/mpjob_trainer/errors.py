@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from mpjob_contract.faults import GuardRule
+
 
 class ConfigError(Exception):
     """The job's configuration or the user's code is wrong; retrying cannot help (exit 43)."""
@@ -10,7 +12,7 @@ class ConfigError(Exception):
 class NumericFault(Exception):
     """This precision cannot go on (exit 42)."""
 
-    def __init__(self, rule: str, message: str) -> None:
+    def __init__(self, rule: GuardRule, message: str) -> None:
         super().__init__(message)
         self.rule = rule
 

@@ -29,20 +29,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.faults import GuardRule
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
-
-if TYPE_CHECKING:
-    from mpjob_trainer.session.spike import SpikeDetector
+from mpjob_trainer.spike import SpikeDetector
 
 #: Rules whose trouble is tied to the steps it happened at: a fp32 replay of those steps tells
 #: a precision's fault from the data's. Stagnation is not (it is slow, not non-finite).
-REPLAYABLE_RULES = frozenset({"MaxConsecutiveOverflows", "MaxNonFiniteLosses", "LossScaleCollapsed"})
+REPLAYABLE_RULES = frozenset(
+    {GuardRule.MAX_CONSECUTIVE_OVERFLOWS, GuardRule.MAX_NON_FINITE_LOSSES, GuardRule.LOSS_SCALE_COLLAPSED}
+)
 NO_STEP = 2**62
 
 
@@ -52,7 +52,7 @@ class GuardReading:
     loss_scale: float | None
     #: Largest `flag` any rank passed to read() (used to agree on preemption under DDP).
     flag: float = 0.0
-    #: Steps whose finite loss spiked (guard.spike; session.spike), agreed by all ranks.
+    #: Steps whose finite loss spiked (guard.spike; mpjob_trainer.spike), agreed by all ranks.
     spikes: range | None = None
     #: The attempt's first non-finite loss (1-based step, earliest over the ranks), if any.
     first_non_finite: int | None = None
@@ -130,7 +130,7 @@ class NumericGuard:
         self.overflow_steps += 1
         if self.consecutive_overflows >= self.spec.max_consecutive_overflows:
             raise NumericFault(
-                "MaxConsecutiveOverflows",
+                GuardRule.MAX_CONSECUTIVE_OVERFLOWS,
                 f"{self.consecutive_overflows} consecutive overflow-skipped steps "
                 f"(guard.maxConsecutiveOverflows={self.spec.max_consecutive_overflows}): the first at step "
                 f"{step - self.consecutive_overflows + 1}, detected at step {step} (checked every step)",
@@ -173,7 +173,7 @@ class NumericGuard:
     def check(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> None:
         if reading.non_finite_losses - self.forgiven >= self.spec.max_non_finite_losses:
             raise NumericFault(
-                "MaxNonFiniteLosses",
+                GuardRule.MAX_NON_FINITE_LOSSES,
                 f"{reading.non_finite_losses} non-finite losses in this attempt "
                 f"(guard.maxNonFiniteLosses={self.spec.max_non_finite_losses}): "
                 f"{self._when(reading.first_non_finite, step)}",
@@ -181,7 +181,7 @@ class NumericGuard:
         if reading.loss_scale is not None and reading.loss_scale < self.spec.min_loss_scale:
             first = self._first_overflow + 1 if self._first_overflow is not None else None
             raise NumericFault(
-                "LossScaleCollapsed",
+                GuardRule.LOSS_SCALE_COLLAPSED,
                 f"loss scale {reading.loss_scale:g} below guard.minLossScale={self.spec.min_loss_scale:g}: "
                 f"overflow-skipped steps since the last good checkpoint, {self._when(first, step)}",
             )
@@ -195,7 +195,7 @@ class NumericGuard:
                 self._stagnant_since = step
             elif step - self._stagnant_since >= self.spec.stagnation_steps:
                 raise NumericFault(
-                    "Stagnation",
+                    GuardRule.STAGNATION,
                     f"loss or gradients stuck since step {self._stagnant_since} "
                     f"(guard.stagnationSteps={self.spec.stagnation_steps})",
                 )
@@ -219,16 +219,16 @@ class NumericGuard:
         self._step_index = step
         self.mark_good()
 
-    def first_fault_step(self, rule: str) -> int | None:
+    def first_fault_step(self, rule: GuardRule) -> int | None:
         """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks
         (their earliest); None when the rule does not point at steps (stagnation). Syncs."""
         if rule not in REPLAYABLE_RULES:
             return None
-        if rule == "MaxConsecutiveOverflows":
+        if rule is GuardRule.MAX_CONSECUTIVE_OVERFLOWS:
             candidates = [self._step_index - self.consecutive_overflows]
         else:  # a skipped step alone is GradScaler calibrating: it counts only for a collapsed scale
             candidates = [int(self._first_non_finite.item())]
-            if rule == "LossScaleCollapsed" and self._first_overflow is not None:
+            if rule is GuardRule.LOSS_SCALE_COLLAPSED and self._first_overflow is not None:
                 candidates.append(self._first_overflow)
         mine = min((int(c) for c in candidates if c >= 0), default=NO_STEP)
         earliest = -all_reduce_max(torch.tensor(-float(mine), dtype=torch.float64, device=self.device), self.world)

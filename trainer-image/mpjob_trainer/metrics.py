@@ -12,6 +12,7 @@ import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mpjob_contract import metrics as names
+from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import Skipped, spans_label
 from mpjob_trainer import control
@@ -218,7 +219,7 @@ class TrainerMetrics:
         self.tracking_failures = self._counter(names.TRACKING_FAILURES, "Tracking-server calls that failed.")
         self.tracking_dropped = self._counter(names.TRACKING_DROPPED, "Tracking updates dropped: hand-off queue full.")
 
-    def trip(self, rule: str) -> None:
+    def trip(self, rule: GuardRule) -> None:
         self.guard_trips.labels(**self.labels, rule=rule).inc()
 
     def relabel(self, precision: str) -> None:

@@ -7,176 +7,85 @@ Reads run off the reconcile workers, in a small pool of their own (`ProgressRead
 reconcile asks for a read and applies the one that finished since its last tick, so a slow or
 hostile endpoint delays only its own job's figures, by at most one read's deadline (`scrape.py`).
 An endpoint that failed is asked again only after a backoff. This module only translates the
-exposition into a `Reading`; what a reading changes in the status is `planning/observe.py`'s
-decision, the same one `mpjob run` makes of the trainer's event lines.
+exposition (parsed once, where the text is read: `exposition.py`) into a `Reading`; what a
+reading changes in the status is `planning/observe.py`'s decision, the same one `mpjob run`
+makes of the trainer's event lines.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import re
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, get_args
-
-from prometheus_client.parser import text_string_to_metric_families
+from typing import Any
 
 from mpjob.controller import metrics as om
+from mpjob.controller.exposition import FIGURES, PRECISIONS, Exposition, parse
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning.classify import backoff_seconds
 from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
-from mpjob_contract.skipping import CAUSES, MAX_SKIPPED_ENTRIES, Skipped, SkippedStep, spans_of
+from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, Skipped, SkippedStep
 
 log = logging.getLogger("mpjob.operator.progress")
 
-#: Reading field <- the trainer's metric, and the type the status holds it as.
-FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
-    ("step", tm.STEP, int),
-    ("loss", tm.LOSS, float),
-    ("loss_scale", tm.LOSS_SCALE, float),
-    ("overflow_steps", tm.OVERFLOW_STEPS + "_total", int),
-    ("samples_per_second", tm.SAMPLES_PER_SECOND, float),
-    ("eval_loss", tm.EVAL_LOSS, float),  # -1 (skipped) until the quality gate's first evaluation
-    ("eval_loss_delta", tm.EVAL_LOSS_DELTA, float),
-)
-WANTED = {metric for _, metric, _ in FIGURES} | {
-    tm.START_STEP,
-    tm.LAST_GOOD_CHECKPOINT_STEP,
-    tm.QUARANTINE_STEPS,
-    tm.QUARANTINE_SAMPLES,
-}
-#: Metrics read by one label: kept as "name{value}" (the precision an `auto` attempt chose, and
-#: the step times it measured by candidate).
-LABELLED = {tm.INFO: "precision", tm.MEASURED_STEP_SECONDS: "candidate"}
-PRECISIONS: tuple[Precision, ...] = get_args(Precision)
-#: A checkpoint's sha256 and precision as last_good_checkpoint labels them; anything else is
-#: not a reading (the endpoint is the pod's: bounded and checked, never trusted).
-SHA256 = re.compile(r"^[0-9a-f]{64}$")
-#: A skipped step's label as quarantined_step writes it (a JSON-safe index, like MAX_VALUE).
-STEP_LABEL = re.compile(r"^\d{1,15}$")
-CHECKPOINT_PRECISIONS = ("fp8", *PRECISIONS)
-#: The most metric samples one exposition may hold before the rest is ignored.
-MAX_SAMPLES = 10_000
-#: Figures beyond this are not readings (and no JSON number a status may hold exactly).
-MAX_VALUE = 2.0**53
 #: The longest pause before an endpoint that keeps failing is read again.
 BACKOFF_CAP = 60.0
 
 
-def parse_values(text: str) -> dict[str, float]:
-    """The finite values of the metrics the status uses; whatever cannot be parsed is dropped."""
-    values: dict[str, float] = {}
-    try:
-        for count, sample in enumerate(s for family in text_string_to_metric_families(text) for s in family.samples):
-            if count >= MAX_SAMPLES:
-                break
-            value = sample.value
-            if not (isinstance(value, float | int) and math.isfinite(value) and value < MAX_VALUE):
-                continue
-            if sample.name in WANTED:
-                values[sample.name] = float(value)
-            elif sample.name in LABELLED and sample.labels.get(LABELLED[sample.name]) in PRECISIONS:
-                values[f"{sample.name}{{{sample.labels[LABELLED[sample.name]]}}}"] = float(value)
-            elif (keyed := KEYED.get(sample.name)) is not None and (key := keyed(sample.labels)):
-                values[key] = float(value)
-    except Exception as exc:  # the parser raises what it likes on garbage: keep what came before
-        log.debug("unparsable metrics: %r", exc)
-    return values
-
-
-def _checkpoint_key(labels: dict[str, str]) -> str | None:
-    """ "last_good_checkpoint{sha256:precision}" for a well-formed series, else None."""
-    sha, precision = labels.get("sha256", ""), labels.get("checkpoint_precision", "")
-    if SHA256.match(sha) and precision in CHECKPOINT_PRECISIONS:
-        return f"{tm.LAST_GOOD_CHECKPOINT}{{{sha}:{precision}}}"
-    return None
-
-
-def _skipped_key(labels: dict[str, str]) -> str | None:
-    """ "quarantined_step{step:cause:samples}" for a well-formed series, else None."""
-    step, cause, samples = (labels.get(name, "") for name in tm.QUARANTINED_STEP_LABELS)
-    if STEP_LABEL.match(step) and cause in CAUSES and spans_of(samples) is not None:
-        return f"{tm.QUARANTINED_STEP}{{{step}:{cause}:{samples}}}"
-    return None
-
-
-#: Metrics read by several labels, each with what makes a well-formed series' key (None: not a reading).
-KEYED: dict[str, Callable[[dict[str, str]], str | None]] = {
-    tm.LAST_GOOD_CHECKPOINT: _checkpoint_key,
-    tm.QUARANTINED_STEP: _skipped_key,
-}
-
-
-def quarantine(values: dict[str, float]) -> Skipped | None:
+def quarantine(found: Exposition) -> Skipped | None:
     """The run's quarantine as the reading shows it: its counts (never below its listing) and its
     listed steps in the trainer's order, the first MAX_SKIPPED_ENTRIES; None when it shows none."""
-    places = sorted(
-        (place, key[len(tm.QUARANTINED_STEP) + 1 : -1].split(":", 2))
-        for key, place in values.items()
-        if key.startswith(tm.QUARANTINED_STEP + "{")
-    )
     listed: dict[tuple[int, str], SkippedStep] = {}
-    for _, (step, cause, spans) in places:
+    for skip in sorted(found.skips, key=lambda s: s.place):
         if len(listed) == MAX_SKIPPED_ENTRIES:
             break
-        entry = SkippedStep(step=int(step), cause=cause, samples=spans_of(spans) or [])
-        listed.setdefault((entry.step, entry.cause), entry)
+        listed.setdefault((skip.entry.step, skip.entry.cause), skip.entry)
     steps = list(listed.values())
-    count = max(int(values.get(tm.QUARANTINE_STEPS, 0)), len(steps))
+    count = max(int(found.values.get(tm.QUARANTINE_STEPS, 0)), len(steps))
     if not count:
         return None
-    return Skipped(count=count, samples=max(int(values.get(tm.QUARANTINE_SAMPLES, 0)), 0), steps=steps)
+    return Skipped(count=count, samples=max(int(found.values.get(tm.QUARANTINE_SAMPLES, 0)), 0), steps=steps)
 
 
-def last_checkpoint(values: dict[str, float]) -> CheckpointReading | None:
+def last_checkpoint(found: Exposition) -> CheckpointReading | None:
     """The newest checkpoint a reading names with its sha256 (a scrape may catch the previous
     one's series still there: the newest step wins), else the step of one it names without
     (a trainer that does not label its sha256), else None."""
-    named = [
-        (int(step), key[len(tm.LAST_GOOD_CHECKPOINT) + 1 : -1].split(":"))
-        for key, step in values.items()
-        if key.startswith(tm.LAST_GOOD_CHECKPOINT + "{") and step > 0
-    ]
-    if named:
-        step, (sha, precision) = max(named)
-        return CheckpointReading(step=step, sha256=sha, precision=precision)
-    if values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:
-        return CheckpointReading(step=int(values[tm.LAST_GOOD_CHECKPOINT_STEP]))
+    if found.checkpoints:
+        return max(found.checkpoints, key=lambda c: (c.step, c.sha256, c.precision or ""))
+    if found.values.get(tm.LAST_GOOD_CHECKPOINT_STEP, 0) > 0:
+        return CheckpointReading(step=int(found.values[tm.LAST_GOOD_CHECKPOINT_STEP]))
     return None
 
 
-def reading_of(values: dict[str, float], *, attempt: int | None = None) -> Reading:
-    """The exposition's values as a Reading (what they change in a status: `observe`)."""
+def reading_of(found: Exposition, *, attempt: int | None = None) -> Reading:
+    """The exposition as a Reading (what it changes in a status: `observe`)."""
+    values = found.values
     figures = {name: cast(values[metric]) for name, metric, cast in FIGURES if metric in values}
     start = values.get(tm.START_STEP)
-    chosen, seconds = measured(values)
+    chosen, seconds = measured(found)
     return Reading(
         attempt=attempt,
         **figures,
         start_step=None if start is None else (int(start) if start >= 0 else -1),
-        checkpoint=last_checkpoint(values),
+        checkpoint=last_checkpoint(found),
         measured_precision=chosen,
         measured_step_seconds=seconds,
-        skipped=quarantine(values),
+        skipped=quarantine(found),
     )
 
 
-def measured(values: dict[str, float]) -> tuple[Precision | None, dict[str, float | None] | None]:
+def measured(found: Exposition) -> tuple[Precision | None, dict[str, float | None] | None]:
     """An `auto` attempt's choice and step times, once it has measured (before, its precision
     label is only the provisional one)."""
-    seconds = {
-        p: values[f"{tm.MEASURED_STEP_SECONDS}{{{p}}}"]
-        for p in PRECISIONS
-        if f"{tm.MEASURED_STEP_SECONDS}{{{p}}}" in values
-    }
-    chosen = [p for p in PRECISIONS if values.get(f"{tm.INFO}{{{p}}}") == 1]
+    by_candidate = found.by_precision.get(tm.MEASURED_STEP_SECONDS, {})
+    seconds = {p: by_candidate[p] for p in PRECISIONS if p in by_candidate}
+    chosen = [p for p in PRECISIONS if found.by_precision.get(tm.INFO, {}).get(p) == 1]
     if not seconds or len(chosen) != 1:
         return None, None
     return chosen[0], {p: (s if s >= 0 else None) for p, s in seconds.items()}
@@ -186,10 +95,10 @@ def measured(values: dict[str, float]) -> tuple[Precision | None, dict[str, floa
 _CAMEL = {name: MixedPrecisionJobStatus.model_fields[name].alias or name for name in LIVE}
 
 
-def figures(values: dict[str, float], *, precision: str | None) -> dict[str, Any]:
+def figures(exposition: Exposition, *, precision: str | None) -> dict[str, Any]:
     """What a read found, by status field (plus startStep and the last checkpoint when known):
     the reading's real figures (`observe.real`), in the form a read hands to the reconciler."""
-    seen = real(reading_of(values), precision=precision)
+    seen = real(reading_of(exposition), precision=precision)
     found: dict[str, Any] = {_CAMEL[n]: getattr(seen, n) for n in LIVE if getattr(seen, n) is not None}
     if seen.measured_precision is not None:
         found.update(precision=seen.measured_precision, measuredStepSeconds=seen.measured_step_seconds)
@@ -289,7 +198,7 @@ class ProgressReader:
         target, reading = endpoint.target, None
         try:
             text = fetch(target.ip, target.port, deadline=self.deadline, max_bytes=self.max_bytes)
-            reading = figures(parse_values(text), precision=target.precision)
+            reading = figures(parse(text), precision=target.precision)
         except ScrapeError as exc:
             log.debug("reading %s/%s's progress at %s failed: %s", *key, target.ip, exc)
         except Exception:  # a bug here must not leave the endpoint busy for good

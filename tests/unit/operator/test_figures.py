@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from mpjob.controller.exposition import Exposition
 from mpjob.controller.progress import figures, progress_patch
 from mpjob.planning.figures import SIGNIFICANT_DIGITS, figure, round_figures, round_sig, rounded
 from mpjob.planning.reconcile import JobView, PodView, reconcile
@@ -65,7 +66,7 @@ def test_the_live_progress_patch_holds_rounded_figures() -> None:
         tm.OVERFLOW_STEPS + "_total": 7.0,
     }
     status = MixedPrecisionJobStatus(phase="Running", attempts=[AttemptStatus(index=0, precision="fp16")])
-    patch = progress_patch(status, figures(values, precision="fp16"))
+    patch = progress_patch(status, figures(Exposition(values=values), precision="fp16"))
     assert patch["loss"] == 4.1715 and patch["lossScale"] == 131072.0
     assert patch["samplesPerSecond"] == 1523.5 and patch["evalLoss"] == 4.3333
     assert patch["evalLossDelta"] == 0.0012346 and patch["step"] == 120 and patch["overflowSteps"] == 7
@@ -74,7 +75,7 @@ def test_the_live_progress_patch_holds_rounded_figures() -> None:
     status.eval_loss, status.eval_loss_delta, status.step, status.overflow_steps = 4.3333, 0.0012346, 120, 7
     status.timeline = PrecisionTimeline(loss_scale=[LossScalePoint(step=120, scale=131072.0, attempt=0)])
     values[tm.LOSS] = 4.17149
-    assert progress_patch(status, figures(values, precision="fp16")) == {}
+    assert progress_patch(status, figures(Exposition(values=values), precision="fp16")) == {}
 
 
 def test_the_termination_reports_figures_are_rounded_too() -> None:

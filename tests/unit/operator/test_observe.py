@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpjob.controller.progress import figures, found_reading, parse_values
+from mpjob.controller.exposition import parse
+from mpjob.controller.progress import figures, found_reading
 from mpjob.localrun.readings import reading_of
 from mpjob.planning.observe import CheckpointReading, Reading, changes, observe
 from mpjob_contract import events
@@ -79,7 +80,7 @@ def test_the_last_checkpoint_only_moves_forward_or_gains_its_sha256() -> None:
 
 def test_a_scrape_and_an_event_line_of_the_same_progress_change_the_status_alike() -> None:
     text = f"{tm.STEP} 50\n{tm.START_STEP} 0\n{tm.LOSS} 2.123456\n{tm.LOSS_SCALE} 1024\n{tm.OVERFLOW_STEPS}_total 3\n"
-    scraped = found_reading(figures(parse_values(text), precision="fp16"), attempt=1)
+    scraped = found_reading(figures(parse(text), precision="fp16"), attempt=1)
     line = events.parse_line('{"event": "step", "step": 50, "loss": 2.123456, "lossScale": 1024, "overflowSteps": 3}')
     assert line is not None
     logged = reading_of(1, line)

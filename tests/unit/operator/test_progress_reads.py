@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from mpjob.controller.progress import ProgressReader, Target, figures, parse_values, progress_patch, start_news
+from mpjob.controller.exposition import Exposition, parse
+from mpjob.controller.progress import ProgressReader, Target, figures, progress_patch, start_news
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
@@ -139,13 +140,13 @@ def test_garbage_is_a_failed_read(serve: Callable, body: bytes) -> None:
 
 
 def test_unparsable_and_non_finite_values_are_dropped() -> None:
-    assert parse_values("}}} not the exposition format {{{") == {}
+    assert parse("}}} not the exposition format {{{") == Exposition()
     text = f"{tm.STEP} 30\n{tm.LOSS} NaN\n{tm.LOSS_SCALE} +Inf\n{tm.SAMPLES_PER_SECOND} 1e300\nbroken line ((\n"
-    assert parse_values(text) == {tm.STEP: 30.0}
+    assert parse(text) == Exposition(values={tm.STEP: 30.0})
 
 
 def test_only_real_readings_become_figures() -> None:
-    values = parse_values(HEALTHY)
+    values = parse(HEALTHY)
     assert figures(values, precision="fp16") == {
         "startStep": 20,
         "step": 30,
@@ -154,12 +155,12 @@ def test_only_real_readings_become_figures() -> None:
         "samplesPerSecond": 80.0,
     }
     assert "lossScale" not in figures(values, precision="bf16")  # a scale exists only in fp16
-    placeholders = parse_values(f"{tm.STEP} 20\n{tm.START_STEP} 20\n{tm.LOSS} 0\n{tm.LOSS_SCALE} 0\n")
+    placeholders = parse(f"{tm.STEP} 20\n{tm.START_STEP} 20\n{tm.LOSS} 0\n{tm.LOSS_SCALE} 0\n")
     assert figures(placeholders, precision="fp16") == {"startStep": 20}  # no step logged yet
 
 
 def test_a_read_before_the_trainer_decided_where_it_starts_is_no_reading() -> None:
-    undecided = parse_values(f"{tm.STEP} 0\n{tm.START_STEP} -1\n{tm.LOSS} 0\n{tm.SAMPLES_PER_SECOND} 0\n")
+    undecided = parse(f"{tm.STEP} 0\n{tm.START_STEP} -1\n{tm.LOSS} 0\n{tm.SAMPLES_PER_SECOND} 0\n")
     assert figures(undecided, precision="bf16") == {}  # not a fresh start, not a step, not a loss
 
 
@@ -174,7 +175,7 @@ def test_a_read_before_the_trainer_decided_where_it_starts_is_no_reading() -> No
 def test_the_trainers_own_start_step_replaces_the_planned_one(real: int, news: tuple[str, str] | None) -> None:
     first = AttemptStatus(index=0, precision="fp16", start_step=0, reason="NumericFault", end_step=25)
     status = MixedPrecisionJobStatus(attempts=[first, AttemptStatus(index=1, precision="bf16", start_step=20)])
-    found = figures(parse_values(f"{tm.STEP} {real}\n{tm.START_STEP} {real}\n"), precision="bf16")
+    found = figures(parse(f"{tm.STEP} {real}\n{tm.START_STEP} {real}\n"), precision="bf16")
     patch = progress_patch(status, found)
     said = start_news(status, found)
     if news is None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from mpjob.controller.progress import figures, parse_values, progress_patch, quarantine
+from mpjob.controller.exposition import parse
+from mpjob.controller.progress import figures, progress_patch, quarantine
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, SampleRange, Skipped, SkippedStep, spans_label, spans_of
@@ -39,23 +40,23 @@ def listed(step: str, cause: str, samples: str, place: int) -> str:
 
 
 def test_the_trainers_quarantine_reads_back_as_the_record_it_showed() -> None:
-    assert quarantine(parse_values(exposed(RECORD))) == RECORD
+    assert quarantine(parse(exposed(RECORD))) == RECORD
 
 
 def test_an_auto_attempt_relabelled_after_a_resume_still_shows_its_quarantine_once() -> None:
     text = exposed(RECORD, relabel="bf16")
-    assert quarantine(parse_values(text)) == RECORD
+    assert quarantine(parse(text)) == RECORD
     assert 'precision="fp16"' not in text.split(tm.QUARANTINED_STEP, 1)[1]  # the old label's series went
 
 
 def test_a_trainer_with_nothing_skipped_shows_no_record() -> None:
-    assert quarantine(parse_values(exposed(Skipped()))) is None
-    assert "skipped" not in figures(parse_values(exposed(Skipped())), precision="fp16")
+    assert quarantine(parse(exposed(Skipped()))) is None
+    assert "skipped" not in figures(parse(exposed(Skipped())), precision="fp16")
 
 
 def test_the_listing_keeps_the_trainers_order_not_the_expositions() -> None:
     text = listed("40", "spike", "3-5,9", 2) + listed("12", "data", "30", 1) + f"{tm.QUARANTINE_STEPS} 2\n"
-    record = quarantine(parse_values(text))
+    record = quarantine(parse(text))
     assert record is not None and [s.step for s in record.steps] == [12, 40]
 
 
@@ -75,24 +76,24 @@ def test_the_listing_keeps_the_trainers_order_not_the_expositions() -> None:
     ids=["negative", "float", "huge", "cause", "backwards", "empty-range", "word", "too-many", "too-long"],
 )
 def test_a_series_the_trainer_could_not_have_written_is_no_reading(series: str) -> None:
-    assert quarantine(parse_values(series + listed("7", "data", "1", 2))) == Skipped(
+    assert quarantine(parse(series + listed("7", "data", "1", 2))) == Skipped(
         count=1, samples=0, steps=[SkippedStep(step=7, cause="data", samples=[SampleRange(first=1, last=1)])]
     )
 
 
 def test_a_count_below_the_listing_is_raised_to_it_and_a_negative_one_is_no_claim() -> None:
     text = listed("12", "data", "30", 1) + listed("40", "spike", "", 2) + f"{tm.QUARANTINE_STEPS} 1\n"
-    record = quarantine(parse_values(text))
+    record = quarantine(parse(text))
     assert record is not None and record.count == 2 and record.steps[1].samples == []
     negative = f"{tm.QUARANTINE_STEPS} -3\n{tm.QUARANTINE_SAMPLES} -7\n"
-    assert quarantine(parse_values(negative)) is None
-    one = quarantine(parse_values(negative + listed("12", "data", "30", 1)))
+    assert quarantine(parse(negative)) is None
+    one = quarantine(parse(negative + listed("12", "data", "30", 1)))
     assert one is not None and (one.count, one.samples) == (1, 0)
 
 
 def test_a_flood_of_series_lists_at_most_the_bound() -> None:
     text = "".join(listed(str(step), "data", str(step), step) for step in range(5000))
-    record = quarantine(parse_values(text))
+    record = quarantine(parse(text))
     assert record is not None and [s.step for s in record.steps] == list(range(MAX_SKIPPED_ENTRIES))
 
 
@@ -103,5 +104,5 @@ def test_ranges_round_trip_through_a_label() -> None:
 
 def test_a_read_writes_status_skipped_while_the_attempt_runs() -> None:
     status = MixedPrecisionJobStatus(phase="Running", attempt=0, attempts=[AttemptStatus(index=0, precision="fp16")])
-    found = figures(parse_values(exposed(RECORD)), precision="fp16")
+    found = figures(parse(exposed(RECORD)), precision="fp16")
     assert progress_patch(status, found) == {"skipped": RECORD.model_dump(by_alias=True)}

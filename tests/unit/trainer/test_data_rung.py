@@ -14,7 +14,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from mpjob.controller.progress import parse_values, quarantine
+from mpjob.controller import exposition as scrape_text
+from mpjob.controller.progress import quarantine
 from mpjob_contract import metrics as tm
 from mpjob_contract.codes import ExitCode
 from tests.helpers import free_port
@@ -114,7 +115,7 @@ def test_a_skip_is_on_the_metrics_endpoint_as_the_report_will_say_it_and_forgive
     assert run.code == ExitCode.SUCCESS, run.stderr
     (said,) = run.of("dataSkipped")
     assert run.report is not None and run.report.skipped is not None
-    values = parse_values(exposition.read_text())
+    values = scrape_text.parse(exposition.read_text())
     live = quarantine(values)
     assert live is not None and live == run.report.skipped
     assert said["quarantine"] == live.model_dump(by_alias=True)  # `mpjob run`'s live record: the same

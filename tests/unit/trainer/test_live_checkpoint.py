@@ -14,7 +14,8 @@ import pytest
 import torch
 from prometheus_client import generate_latest
 
-from mpjob.controller.progress import figures, parse_values, progress_patch
+from mpjob.controller.exposition import parse
+from mpjob.controller.progress import figures, progress_patch
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus
 from mpjob_contract.report import CheckpointRef
@@ -39,7 +40,7 @@ def _state_at(step: int) -> Callable[[], dict[str, Any]]:
 
 
 def scraped(metrics: TrainerMetrics) -> dict[str, Any]:
-    return figures(parse_values(generate_latest(metrics.registry).decode()), precision="fp16")
+    return figures(parse(generate_latest(metrics.registry).decode()), precision="fp16")
 
 
 def test_a_checkpoint_written_during_the_run_reaches_the_status_with_its_sha256(tmp_path: Path) -> None:
@@ -76,7 +77,7 @@ def _reading(*series: tuple[str, str, float]) -> dict[str, Any]:
         f'{tm.LAST_GOOD_CHECKPOINT}{{{labels},sha256="{sha}",checkpoint_precision="{p}"}} {step}\n'
         for sha, p, step in series
     )
-    return figures(parse_values(text + f"{tm.LAST_GOOD_CHECKPOINT_STEP}{{{labels}}} 400\n"), precision="fp16")
+    return figures(parse(text + f"{tm.LAST_GOOD_CHECKPOINT_STEP}{{{labels}}} 400\n"), precision="fp16")
 
 
 def test_a_scrape_between_two_checkpoints_takes_the_newest_and_malformed_labels_are_no_reading() -> None:

@@ -13,8 +13,8 @@ from torch.utils.data import TensorDataset
 from mpjob_contract.skipping import SpikeSpec
 from mpjob_trainer.data import StepBatches, StepLoader, StepSampler
 from mpjob_trainer.errors import ConfigError
-from mpjob_trainer.session.quarantine import Quarantine
-from mpjob_trainer.session.spike import SpikeDetector
+from mpjob_trainer.quarantine import Quarantine
+from mpjob_trainer.spike import SpikeDetector
 from mpjob_trainer.tasks.faults import batch_scale
 
 pytestmark = pytest.mark.unit

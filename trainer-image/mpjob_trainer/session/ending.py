@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
+from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import CheckpointRef, Counters, Measurement, Replay, TerminationReport
 from mpjob_contract.skipping import Skipped
 from mpjob_trainer.errors import ConfigError, NonFiniteInFp32, NumericFault, Preempted, Repromote
@@ -43,7 +44,7 @@ class Ending:
     reason: Reason
     message: str
     #: A numeric fault's guard rule (what spec.faultPolicy rules on).
-    rule: str | None = None
+    rule: GuardRule | None = None
 
 
 #: The exceptions that end an attempt on purpose, with their code, reason and message.

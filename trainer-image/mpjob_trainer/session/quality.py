@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from mpjob_contract.api import Validation
+from mpjob_contract.faults import GuardRule
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.events import EventLog
@@ -98,7 +99,7 @@ class QualityGate:
         self.over = self.over + 1 if evaluation.delta > limit else 0
         if self.over >= IN_A_ROW:
             raise NumericFault(
-                "QualityDrift",
+                GuardRule.QUALITY_DRIFT,
                 f"eval loss {evaluation.loss:.6g} vs {evaluation.loss_fp32:.6g} in fp32 at the same weights: "
                 f"relative delta {evaluation.delta:.3g} > validation.maxLossDelta={limit:g} at {IN_A_ROW} "
                 f"evaluations in a row (step {evaluation.step})",

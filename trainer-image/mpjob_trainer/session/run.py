@@ -43,6 +43,7 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.precision import resolve
+from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
@@ -54,7 +55,6 @@ from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
-from mpjob_trainer.session.quarantine import Quarantine
 from mpjob_trainer.session.reentry import ReEntry
 from mpjob_trainer.session.replay import Fp32Replay
 from mpjob_trainer.session.rollback import FreshStart
@@ -131,7 +131,7 @@ class Session(ModelSetUp, ReEntry):
 
     @property
     def quarantined(self) -> Quarantine:
-        """Samples (or steps) never to train on again (session.quarantine); checkpointed."""
+        """Samples (or steps) never to train on again (mpjob_trainer.quarantine); checkpointed."""
         return self._rung.quarantine
 
     @property

@@ -1,12 +1,12 @@
 """DataRung: bad data and loss spikes cost a rollback, not the run (guard.onBadData, guard.spike).
 
 When the fp32 replay (session.replay) says the data is at fault (the step is non-finite in
-fp32 too), or a finite loss spikes (session.spike), this rung keeps the attempt in its
+fp32 too), or a finite loss spikes (mpjob_trainer.spike), this rung keeps the attempt in its
 precision:
 
 1. roll the state back to the last good one (session.rollback: a checkpoint, or a fresh
    attempt's step 0 kept on the host);
-2. quarantine the offending steps' samples (session.quarantine: all ranks' samples, narrowed to
+2. quarantine the offending steps' samples (mpjob_trainer.quarantine: all ranks' samples, narrowed to
    the ones non-finite alone when the loop gave a screen), or the steps when it names none;
 3. run the steps from there up to where the loop stands again, through the loop's registered
    step function (which leaves quarantined samples out), so the loop goes on at its own next
@@ -38,21 +38,22 @@ from collections.abc import Callable
 from typing import Any
 
 from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.faults import GuardRule
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
+from mpjob_trainer.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.agreement import gathered
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.machine import AttemptMachine, Event, Phase
 from mpjob_trainer.session.policy import trainer_actions
-from mpjob_trainer.session.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.replay import Fp32Replay
 from mpjob_trainer.session.rollback import FreshStart, restore, rollback_target
-from mpjob_trainer.session.spike import SpikeDetector
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import Number, Read
+from mpjob_trainer.spike import SpikeDetector
 
 
 class SuspectSteps(NumericFault):
@@ -72,7 +73,9 @@ class LossSpiked(NumericFault):
     """Finite losses above their window (guard.spike) at `steps`."""
 
     def __init__(self, steps: range, detected_at: int) -> None:
-        super().__init__("LossSpike", f"loss spike at steps {steps.start}-{steps.stop - 1} (detected at {detected_at})")
+        super().__init__(
+            GuardRule.LOSS_SPIKE, f"loss spike at steps {steps.start}-{steps.stop - 1} (detected at {detected_at})"
+        )
         self.steps = steps
 
 
@@ -168,7 +171,7 @@ class DataRung:
         counted = read.guard.non_finite_losses - guard.forgiven
         suspect = guard.new_non_finite > 0 and counted < guard.spec.max_non_finite_losses
         if suspect and self.replay is not None and self.skips_bad_data and not self._precision_suspected:
-            raise SuspectSteps("MaxNonFiniteLosses", f"a non-finite loss by step {step}")
+            raise SuspectSteps(GuardRule.MAX_NON_FINITE_LOSSES, f"a non-finite loss by step {step}")
 
     # ---------------------------------------------------------------- the rung
     def recover(self, fault: NumericFault, *, step: int, state: TrainingState, checkpoints: Checkpointer) -> None:

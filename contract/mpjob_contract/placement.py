@@ -1,0 +1,166 @@
+"""Where an attempt runs and keeps its state: checkpoint storage (a volume or a bucket), the
+pods' resources, the run policy and the overrides merged into every trainer pod."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from mpjob_contract import k8s, rules
+from mpjob_contract.storage import S3Storage
+from mpjob_contract.vocabulary import (
+    COMPUTE_CAPABILITY_PATTERN,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_PROCESSES_PER_WORKER,
+    QUANTITY_PATTERN,
+)
+from mpjob_contract.wire import ApiModel
+
+
+class PersistentVolumeClaimRef(ApiModel):
+    claim_name: str = Field(min_length=1, max_length=253)
+    read_only: bool = Field(False, description="Must be false: the job writes its checkpoints to the claim.")
+
+    @model_validator(mode="after")
+    def _writable(self) -> PersistentVolumeClaimRef:
+        rules.WRITABLE_CHECKPOINT_CLAIM.check(rules.wire_self(self))
+        return self
+
+
+class CheckpointVolume(ApiModel):
+    """Where checkpoints live; never deleted by mpjob."""
+
+    persistent_volume_claim: PersistentVolumeClaimRef | None = None
+    empty_dir: dict[str, Any] | None = None  # Kubernetes' EmptyDirVolumeSource (medium, sizeLimit)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_empty_dir(cls, data: Any) -> Any:
+        """emptyDir checked against Kubernetes' own schema of it, as the API server does."""
+        if isinstance(data, dict):
+            value = data.get("emptyDir", data.get("empty_dir"))
+            schema = k8s.spec_schemas()["checkpoint.volume.emptyDir"]
+            violations = k8s.check(value, schema, "emptyDir") if value is not None else []
+            if violations:
+                raise k8s.SchemaViolations(violations)
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CheckpointVolume:
+        rules.ONE_CHECKPOINT_SOURCE.check(rules.wire_self(self))
+        return self
+
+
+class CheckpointStorage(ApiModel):
+    """Where checkpoints live: a volume, or an S3-compatible bucket (mpjob_contract.storage)."""
+
+    volume: CheckpointVolume | None = None
+    s3: S3Storage | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> CheckpointStorage:
+        rules.ONE_STORAGE_KIND.check(rules.wire_self(self))
+        return self
+
+
+class Checkpoint(ApiModel):
+    every_steps: int = Field(200, ge=1, description="Steps between checkpoints.")
+    keep: int = Field(3, ge=1, le=100, description="Checkpoints kept; older ones are pruned.")
+    volume: CheckpointVolume | None = Field(
+        None, description="Checkpoint volume (a PVC for resumes across pods). Default: emptyDir."
+    )
+    storage: CheckpointStorage | None = Field(None, description="A volume or an S3 bucket (instead of volume).")
+
+    @model_validator(mode="after")
+    def _one_place(self) -> Checkpoint:
+        rules.VOLUME_OR_STORAGE.check(rules.wire_self(self))
+        return self
+
+    @property
+    def s3(self) -> S3Storage | None:
+        """The bucket checkpoints go to, if any."""
+        return self.storage.s3 if self.storage is not None else None
+
+    @property
+    def volume_source(self) -> CheckpointVolume | None:
+        """The volume checkpoints go to (None: emptyDir, or a bucket)."""
+        return self.volume if self.volume is not None else self.storage.volume if self.storage else None
+
+
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+
+
+class Resources(ApiModel):
+    gpus_per_worker: int = Field(1, ge=0, le=16, description="nvidia.com/gpu per pod; 0 = CPU job.")
+    processes_per_worker: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_PROCESSES_PER_WORKER,
+        description="Training processes the launcher starts in each pod (default: gpusPerWorker, 1 for CPU jobs).",
+    )
+    min_compute_capability: str = Field(
+        "7.0", pattern=COMPUTE_CAPABILITY_PATTERN, description="Lowest GPU compute capability."
+    )
+    requests: dict[str, int | Quantity] = Field(default_factory=dict)
+    limits: dict[str, int | Quantity] = Field(default_factory=dict)
+
+
+class RunPolicy(ApiModel):
+    max_attempts: int = Field(6, ge=1, le=MAX_ATTEMPTS_LIMIT, description="Attempts in all.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Whole-job deadline.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the children this long after the job finished."
+    )
+    suspend: bool = Field(False, description="Stop the running attempt after a checkpoint.")
+    queue_name: str = Field("", max_length=63, description="Kueue LocalQueue; each attempt Job is labelled with it.")
+    pod_creation_timeout_seconds: int = Field(
+        300,
+        ge=1,
+        description="Fail the job when the Job controller could not create an attempt's pods (Pod Security, "
+        "quota, an admission webhook) this long after the attempt started.",
+    )
+
+
+class PodTemplateOverrides(ApiModel):
+    """Pod fields merged into every trainer pod; the trainer container is never replaced."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    priority_class_name: str | None = None
+    service_account_name: str | None = None
+    image_pull_secrets: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_schemas(cls, data: Any) -> Any:
+        """Each field checked against Kubernetes' own schema of it, as the API server does."""
+        if isinstance(data, dict):
+            aliases: dict[str, str] = {name: field.alias or name for name, field in cls.model_fields.items()}
+            wire = {aliases.get(str(key), str(key)): value for key, value in data.items()}
+            violations = k8s.check_template(wire)
+            if violations:
+                raise k8s.SchemaViolations(violations)
+        return data
+
+    @model_validator(mode="after")
+    def _no_kubernetes_credentials(self) -> PodTemplateOverrides:
+        """Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod
+        mounts none of its own: automountServiceAccountToken is the operator's, always false)."""
+        violations = [
+            found
+            for i, volume in enumerate(self.volumes)
+            for j, source in enumerate((volume.get("projected") or {}).get("sources") or [])
+            if (found := rules.NO_SERVICE_ACCOUNT_TOKEN.violation(source, at=f"volumes[{i}].projected.sources[{j}]"))
+        ]
+        if violations:
+            raise k8s.SchemaViolations(violations)
+        return self

@@ -1,0 +1,124 @@
+"""spec.precision: the first attempt's precision, the fallback ladder, fp16's loss scale and the
+numeric guard that decides when a precision gives up."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import Field, field_validator
+
+from mpjob_contract import rules
+from mpjob_contract.fp8 import Fp8Spec
+from mpjob_contract.skipping import OnBadData, SpikeSpec
+from mpjob_contract.vocabulary import Precision, PrecisionMode
+from mpjob_contract.wire import ApiModel
+
+
+class LossScale(ApiModel):
+    """GradScaler settings for fp16 (see torch.amp.GradScaler)."""
+
+    init: float = Field(65536.0, gt=0, description="Initial loss scale.")
+    growth_factor: float = Field(2.0, gt=1, description="Scale multiplier after growthInterval clean steps.")
+    backoff_factor: float = Field(0.5, gt=0, lt=1, description="Scale multiplier on overflow.")
+    growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
+
+
+class Guard(ApiModel):
+    """When the trainer gives up on a precision (failure modes F1/F2 of the reference)."""
+
+    max_consecutive_overflows: int = Field(
+        20, ge=1, description="Consecutive overflow-skipped steps that end the precision."
+    )
+    min_loss_scale: float = Field(1.0, ge=0, description="A loss scale below this floor ends the precision.")
+    max_non_finite_losses: int = Field(3, ge=1, description="Non-finite losses that end the precision.")
+    stagnation_steps: int = Field(
+        0, ge=0, description="Steps with a stuck loss or zero gradients that end it (0 = off)."
+    )
+    replay_steps: int = Field(
+        4,
+        ge=0,
+        le=1000,
+        description="Before ending a precision, replay up to this many steps ending at the first faulting one "
+        "in fp32 from the last good checkpoint: finite -> the precision is at fault (fallback); non-finite "
+        "-> the data or the model is (Failed, NonFiniteInFp32). 0 = off.",
+    )
+    replay_timeout_seconds: int = Field(
+        300, ge=1, le=86400, description="Time cap of that replay; past it the precision is blamed."
+    )
+    on_bad_data: OnBadData = Field(
+        "skip",
+        description="When the fp32 replay finds a step non-finite in fp32 too: skip: roll back to the last good "
+        "checkpoint, quarantine that step's samples (kept in checkpoints, never served again) and go on in the "
+        "same precision; fail: the attempt ends NonFiniteInFp32.",
+    )
+    max_skipped_steps: int = Field(
+        4, ge=0, le=1000, description="Steps skipped (bad data and loss spikes) before the attempt fails as bad data."
+    )
+    spike: SpikeSpec = Field(default_factory=SpikeSpec, description="Finite loss spikes (see spike.action).")
+
+
+class PrecisionSpec(ApiModel):
+    mode: PrecisionMode = Field(
+        "auto",
+        description="Precision of the first attempt. auto: measured on the node: the fastest of fp32, "
+        "bf16 (compute capability >= 8.0, CPU) and fp16 (>= 7.0) that stays finite, when it beats fp32 "
+        "by 5 %; else fp32 (condition AmpSlowerThanFp32); fp8 (>= 8.9) only when it beats bf16 by 5 % too. "
+        "Fallbacks follow the measured precision. fp8: torchao float8 linears, the rest under bf16 "
+        "autocast (precision.fp8).",
+    )
+    fallback: list[Precision] = Field(
+        default_factory=lambda: list[Precision](["bf16", "fp32"]),
+        max_length=4,
+        description="Precisions tried in order when a precision gives up (distinct entries, never fp8: "
+        "a job starts in fp8 with mode fp8 or auto, and the ladder goes fp8 -> bf16 -> fp32).",
+    )
+    fp8: Fp8Spec = Field(default_factory=Fp8Spec, description="fp8 attempts (mode fp8, or auto on cc >= 8.9).")
+    keep_fp32: list[str] = Field(
+        default_factory=lambda: ["LayerNorm"],
+        description="Module type names (classes) run in fp32 under autocast (F4). Types autocast already runs "
+        "in fp32 cost nothing and are left alone: on CUDA LayerNorm, GroupNorm, RMSNorm (torch >= 2.12), Softmax, "
+        "LogSoftmax, Softplus, CosineSimilarity and most losses (MSELoss, L1Loss, NLLLoss, KLDivLoss, "
+        "BCEWithLogitsLoss, ...; not CrossEntropyLoss); on a CPU only those losses and CrossEntropyLoss. "
+        "Any other type gets a wrapper that turns autocast off and casts its floating inputs to fp32.",
+    )
+    tf32: bool = Field(False, description="Allow TF32 matmuls in fp32 attempts.")
+    fallback_keeps_batch: bool = Field(
+        True,
+        description="An fp32 attempt after an fp16/bf16 one halves the micro-batch and doubles gradient "
+        "accumulation: the same samples per optimizer step, in the same order, in less activation memory.",
+    )
+    repromote_after_steps: int = Field(
+        0,
+        ge=0,
+        description="After a fallback, once this many clean steps have passed and a checkpoint is written, "
+        "go back up to the faster precision from it (0 = off). A precision that faults again after a "
+        "re-promotion is not tried again.",
+    )
+    max_repromotions: int = Field(2, ge=0, le=16, description="Re-promotions a job may make in all.")
+    loss_scale: LossScale = Field(default_factory=LossScale)
+    guard: Guard = Field(default_factory=Guard)
+
+    @field_validator("fallback")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        rules.FALLBACK_DISTINCT.check(value)
+        rules.FALLBACK_NO_FP8.check(value)
+        return value
+
+    @field_validator("keep_fp32")
+    @classmethod
+    def _identifiers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"precision.keepFp32 entry {name!r} is not a module type name")
+        return value
+
+
+def precision_ladder(spec: PrecisionSpec, resolved_first: Precision) -> list[Precision]:
+    """The precisions attempts walk through: the first, then the fallback list (which holds no
+    fp8: rules.FALLBACK_NO_FP8), no repeats."""
+    ladder: list[Precision] = [resolved_first]
+    for p in spec.fallback:
+        if p not in ladder:
+            ladder.append(p)
+    return ladder

@@ -1,0 +1,118 @@
+"""The MixedPrecisionJob's status (operator-written): phase, live figures, the attempts and
+their counts, conditions, cost and timeline."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from mpjob_contract.accounting import JobCost
+from mpjob_contract.skipping import Skipped
+from mpjob_contract.timeline import PrecisionTimeline
+from mpjob_contract.tracking import ProfileStatus
+from mpjob_contract.vocabulary import Phase, RequestedPrecision
+from mpjob_contract.wire import ApiModel
+
+
+class CheckpointStatus(ApiModel):
+    step: int
+    sha256: str = ""
+    precision: str = ""
+    path: str = ""
+
+
+class AttemptStatus(ApiModel):
+    index: int
+    precision: RequestedPrecision
+    start_step: int = 0
+    end_step: int | None = None
+    #: Training processes of the attempt: workers x processesPerWorker.
+    world_size: int | None = None
+    #: Samples per micro-batch per process and micro-batches per optimizer step in this attempt
+    #: (fallback to fp32 and running out of GPU memory split the micro-batch; their product
+    #: stays training.batchSize x training.gradAccumulation).
+    micro_batch: int | None = None
+    grad_accumulation: int | None = None
+    #: This attempt went back up to a faster precision after a fallback (Repromote).
+    repromoted: bool | None = None
+    #: `auto` attempts: seconds per step the trainer measured on its node, by precision (None:
+    #: non-finite); `precision` is the one it chose ("auto" until it has measured).
+    measured_step_seconds: dict[str, float | None] | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    #: Whether the attempt used one of runPolicy.maxAttempts: false only when the cluster showed
+    #: a disruption (the pod's DisruptionTarget, its queue suspending the Job, the node gone) or
+    #: the user suspended the job; a trainer's own word (exit 44, a Preempted report) is charged.
+    charged: bool | None = None
+    start_time: str | None = None
+    finish_time: str | None = None
+    #: Its last loss and loss scale (fp16 only), as status.loss and status.lossScale held them
+    #: when it ended: a finished job whose last attempt logged none shows these.
+    loss: float | None = None
+    loss_scale: float | None = None
+    #: What it cost (mpjob_contract.accounting): GPU-seconds seen, samples trained, and the steps
+    #: (and their share of GPU-seconds) a later attempt trained again.
+    gpu_seconds: float | None = None
+    samples: int | None = None
+    wasted_steps: int | None = None
+    wasted_gpu_seconds: float | None = None
+
+
+class AttemptCounts(ApiModel):
+    """Every attempt of the job, counted: attempts[] keeps only the first and the newest
+    (MAX_ATTEMPT_ENTRIES in all), so these counts, not the entries, decide the attempt budget."""
+
+    #: Attempts begun (the next one's index, as attempts are numbered from 0).
+    started: int = 0
+    #: Ended attempts that used runPolicy.maxAttempts.
+    charged: int = 0
+    #: Attempts that went back up to a faster precision (precision.maxRepromotions).
+    repromotions: int = 0
+    #: Ended attempts by reason (NumericFault, Preempted, ...).
+    by_reason: dict[str, int] = Field(default_factory=dict)
+    #: Entries dropped from attempts[] (between the first and the newest).
+    omitted: int = 0
+
+
+class Condition(ApiModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class MixedPrecisionJobStatus(ApiModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    phase: Phase = "Pending"
+    precision: RequestedPrecision | None = None
+    attempt: int = 0
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    loss_scale: float | None = None
+    overflow_steps: int | None = None
+    samples_per_second: float | None = None
+    #: The quality gate's last evaluation: eval loss in the attempt's precision, and its relative
+    #: delta to fp32 at the same weights.
+    eval_loss: float | None = None
+    eval_loss_delta: float | None = None
+    #: Steps and samples skipped as bad data or loss spikes (guard.onBadData, guard.spike).
+    skipped: Skipped | None = None
+    last_checkpoint: CheckpointStatus | None = None
+    attempts: list[AttemptStatus] = Field(default_factory=list)
+    attempt_counts: AttemptCounts | None = None
+    cost: JobCost | None = None
+    timeline: PrecisionTimeline | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    #: Profiles asked for with the mpjob.dev/profile-steps annotation, newest last (bounded).
+    profiles: list[ProfileStatus] = Field(default_factory=list)
+    observed_generation: int | None = None
+    message: str | None = None
+    start_time: str | None = None
+    completion_time: str | None = None

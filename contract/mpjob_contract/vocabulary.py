@@ -1,0 +1,65 @@
+"""The API's names and bounds: its group, version and kind, the precisions, phases and limits
+that the spec and the status share, and what `auto` means for a precision."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+GROUP = "mpjob.dev"
+VERSION = "v1alpha1"
+KIND = "MixedPrecisionJob"
+PLURAL = "mixedprecisionjobs"
+SINGULAR = "mixedprecisionjob"
+SHORT_NAMES = ("mpjob", "mpj")
+API_VERSION = f"{GROUP}/{VERSION}"
+
+MAX_ATTEMPTS_LIMIT = 99
+#: status.attempts keeps the first attempt and the newest ones, this many in all; the rest are
+#: counted in status.attemptCounts (uncharged attempts have no limit but the deadline).
+MAX_ATTEMPT_ENTRIES = 21
+MAX_WORKERS = 256
+MAX_PROCESSES_PER_WORKER = 64
+#: task.args entries at most (the CRD's maxProperties): they travel in every trainer pod's env.
+MAX_TASK_ARGS = 64
+#: How deep a task.args value nests: a scalar, or lists and maps at most this many levels deep
+#: ({lr: 0.1}, {betas: [0.9, 0.95]}, {layers: [{dim: 64}]}, {opt: {adam: {betas: [0.9]}}}). The
+#: CRD says the same (mpjob.crd), so the API server refuses a deeper document before it is
+#: stored: a free-form field takes thousands of levels, more than a client's JSON parser reads.
+MAX_TASK_ARG_DEPTH = 3
+
+Precision = Literal["fp8", "fp16", "bf16", "fp32"]
+#: A precision, or `auto` until the trainer measured its node: the spec's mode, and an attempt's
+#: precision until its measurement relabels it (`settled`). On the wire, the same strings.
+RequestedPrecision = Literal["auto", "fp8", "fp16", "bf16", "fp32"]
+PrecisionMode = RequestedPrecision
+BuiltinTask = Literal["gpt", "mlp"]
+#: training.compile: `auto` compiles on CUDA devices only (where it pays for its compile time).
+CompileMode = Literal["auto", "always", "never"]
+Phase = Literal["Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"]
+
+TASK_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+COMPUTE_CAPABILITY_PATTERN = r"^[0-9]+\.[0-9]+$"
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
+def is_auto(precision: str | None) -> bool:
+    """Whether `precision` is still `auto`: its trainer has not measured the node yet."""
+    return precision == "auto"
+
+
+def settled(precision: RequestedPrecision, measured: Precision | None) -> RequestedPrecision:
+    """An `auto` precision, once measured, is the measured one; any other stays as it is."""
+    return measured if is_auto(precision) and measured else precision
+
+
+def resolve_auto(mode: PrecisionMode, compute_capability: tuple[int, int] | None) -> Precision:
+    """Resolve `auto` for a device: None means CPU. Explicit modes pass through."""
+    if mode != "auto":
+        return mode
+    if compute_capability is None:
+        return "bf16"
+    if compute_capability >= (8, 0):
+        return "bf16"
+    if compute_capability >= (7, 0):
+        return "fp16"
+    return "fp32"
