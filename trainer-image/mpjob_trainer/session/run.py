@@ -177,17 +177,14 @@ class Session(ModelSetUp, ReEntry):
     def register_step(
         self, step: StepFunction, *, samples: SamplesFunction | None = None, modules: list[nn.Module] | None = None
     ) -> None:
-        """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs optimizer
-        step i (0-based) as the loop does (forward and backward under run.autocast(), run.backward, run.step;
-        not end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision now
-        (session.measure) and a numeric fault is replayed in fp32 (session.replay). Call it after resume().
-        `modules`: the models whose buffers the measurement puts back (default: those resume() was given;
-        a framework adapter, whose framework checkpoints the model, names its model here)."""
+        """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs
+        optimizer step i (0-based) as the loop does (under run.autocast(), run.backward, run.step; not
+        end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision
+        (session.measure) and a fault is replayed in fp32 (session.replay). Call it after resume().
+        `modules`: the models whose buffers the measurement puts back (default: resume()'s)."""
         guard = self._wrapper.replayable(self.spec.precision.guard)
-        needed = bool(guard.replay_steps) or self._rung.rolls_back
-        fresh = FreshStart.if_needed(
-            self._state, self._numerics, fresh=self._checkpoints.last_good is None, needed=needed
-        )
+        first, needed = self._checkpoints.last_good is None, bool(guard.replay_steps) or self._rung.rolls_back
+        fresh = FreshStart.if_needed(self._state, self._numerics, fresh=first, needed=needed)
         self._replay = Fp32Replay(step, samples, spec=guard, lent=self._context, fresh=fresh)
         self._rung.arm(self._replay, state=self._state, fresh=fresh)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
@@ -259,7 +256,6 @@ class Session(ModelSetUp, ReEntry):
             flag = 1.0 if self.preemption.raised else 0.0
             self._intervals.run(step, due, flag=flag, state=self._state, checkpoints=self._checkpoints, gate=gate)
 
-    # ---------------------------------------------------------------- the ending
     def __enter__(self) -> Session:
         return self
 
