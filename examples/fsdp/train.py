@@ -9,8 +9,10 @@ sharded masters; LayerNorms in fp32), and recomputes the layers' activations in 
 Create the optimizer after `run.wrap`: FSDP2 replaces the parameters with sharded ones.
 
 The task: continue a sequence of tokens that counts up modulo the vocabulary from a random
-start, learnable in a few hundred steps. Batches are addressed by step and rank, so the data
-position is the step itself and a resume on any step continues exactly.
+start, learnable in a few hundred steps. Each sample is addressed by its position in the data
+stream, and every step draws the next ones from `run.samples_seen` (the samples all ranks
+consumed, restored from the checkpoint): a resume continues with the very next sample, also on
+another world size (`workers` or `processesPerWorker` edited between attempts, docs/sdk.md).
 
 `--overflow-at STEP` makes the embeddings 1e6 times larger from STEP on: finite in bf16 and
 fp32, inf in fp16 (max 65504). The fp16 attempt then ends NumericFault and the next attempt
@@ -52,10 +54,15 @@ class Transformer(nn.Module):
         return self.head(self.norm(x))
 
 
-def batch(step: int, rank: int, *, size: int, context: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step `step`'s batch on rank `rank`: sequences counting up from random starts."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
-    starts = torch.randint(0, vocab, (size, 1), generator=gen)
+def first_token(position: int, *, vocab: int, seed: int) -> int:
+    """Where the sample at `position` of the stream starts counting: drawn from its position alone."""
+    return int(torch.randint(0, vocab, (1,), generator=torch.Generator().manual_seed(seed * 1_000_003 + position)))
+
+
+def batch(first: int, *, size: int, context: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The samples at positions `first` to `first + size - 1`: sequences counting up, the same
+    whichever rank and step draw them."""
+    starts = torch.tensor([[first_token(k, vocab=vocab, seed=seed)] for k in range(first, first + size)])
     seq = (starts + torch.arange(context + 1)) % vocab
     return seq[:, :-1], seq[:, 1:]
 
@@ -78,16 +85,19 @@ def main() -> None:
         run.keep_fp32(model)
         net = run.wrap(model, blocks=list(model.layers))  # FSDP2 per layer under parallelism.strategy: fsdp
         optimizer = run.adamw(model, lr=args.lr, weight_decay=0.01)  # after wrap: over the sharded parameters
-        start = run.resume(model=model, optimizer=optimizer)  # the data position is the step
+        start = run.resume(model=model, optimizer=optimizer)  # also restores run.samples_seen
         size, seed = run.spec.training.batch_size, run.spec.training.seed
         for step in range(start, run.total_steps):
             model.gain = 1e6 if args.overflow_at is not None and step >= args.overflow_at else 1.0
-            x, y = batch(step, run.world.rank, size=size, context=args.context, vocab=args.vocab, seed=seed)
+            # This rank's share of the next samples: the position is in samples, not step x batch x
+            # world, so it stays right when the world size changed since the checkpoint.
+            first = run.samples_seen + run.world.rank * size
+            x, y = batch(first, size=size, context=args.context, vocab=args.vocab, seed=seed)
             with run.autocast():
                 loss = nn.functional.cross_entropy(net(x.to(run.device)).flatten(0, 1), y.to(run.device).flatten())
             run.backward(loss)
             run.step(optimizer, clip_norm=run.spec.training.grad_clip_norm)
-            run.end_step(step + 1, loss=loss, samples=size * run.world.size)
+            run.end_step(step + 1, loss=loss, samples=size * run.world.size)  # advances run.samples_seen
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ def test_mpjob_validate_accepts_every_job_example() -> None:
 def test_checkpoint_claims_exist_and_fit_the_worker_count() -> None:
     volumes = claims()
     for name, job in jobs().items():
+        if job.spec.checkpoint.s3 is not None:
+            continue  # a bucket: every pod of every attempt reaches it
         volume = job.spec.checkpoint.volume
         if volume is None or volume.persistent_volume_claim is None:
             assert name == "quickstart", f"{name}: a resumable example keeps its checkpoints on a PVC"

@@ -4,8 +4,16 @@ one the operator makes of a read of the trainer's metrics endpoint."""
 
 from __future__ import annotations
 
+import math
+
 from mpjob.planning.observe import CheckpointReading, Reading
 from mpjob_contract import events
+
+
+def finite(value: float | None) -> float | None:
+    """A figure the status may hold: a NaN or inf loss is no reading (report.json stays JSON, and
+    the operator's reads of the metrics endpoint drop them too: controller.progress)."""
+    return value if value is None or math.isfinite(value) else None
 
 
 def reading_of(attempt: int, event: events.TrainerEvent) -> Reading | None:
@@ -14,13 +22,15 @@ def reading_of(attempt: int, event: events.TrainerEvent) -> Reading | None:
         return Reading(
             attempt=attempt,
             step=event.step,
-            loss=event.loss,
-            loss_scale=event.loss_scale,
+            loss=finite(event.loss),
+            loss_scale=finite(event.loss_scale),
             overflow_steps=event.overflow_steps,
-            samples_per_second=event.samples_per_second,
+            samples_per_second=finite(event.samples_per_second),
         )
     if isinstance(event, events.Eval):
-        return Reading(attempt=attempt, step=event.step, eval_loss=event.loss, eval_loss_delta=event.delta)
+        return Reading(
+            attempt=attempt, step=event.step, eval_loss=finite(event.loss), eval_loss_delta=finite(event.delta)
+        )
     if isinstance(event, events.PrecisionMeasured):  # validated: a precision the API knows
         return Reading(attempt=attempt, measured_precision=event.chosen, measured_step_seconds=event.step_seconds)
     if isinstance(event, events.Resume):

@@ -64,7 +64,9 @@ def die_with(parent: int) -> None:
 
 class Workers:
     def __init__(self, spec: MixedPrecisionJobSpec, *, folder: Path, cwd: Path, python: str) -> None:
-        self.spec, self.folder, self.cwd, self.python = spec, folder, cwd, python
+        # Absolute: the workers run in the manifest's folder (a task.command), and a relative
+        # --out would put their termination files below that folder, where nobody reads them.
+        self.spec, self.folder, self.cwd, self.python = spec, folder.resolve(), cwd, python
         self.procs: list[subprocess.Popen[str]] = []
         self._logs: list[IO[str]] = []
 

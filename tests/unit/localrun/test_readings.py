@@ -1,0 +1,34 @@
+"""`mpjob run`'s live readings: a non-finite figure in a trainer's step line is no reading, so
+report.json stays strict JSON and keeps the last finite loss, as the operator's status does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpjob.localrun.readings import reading_of
+from mpjob.planning.observe import observe
+from mpjob_contract import events
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
+
+pytestmark = pytest.mark.unit
+
+
+def step_line(step: int, loss: str, scale: str) -> events.TrainerEvent:
+    line = f'{{"event": "step", "time": 1.0, "step": {step}, "loss": {loss}, "lossScale": {scale}}}'
+    event = events.parse_line(line)
+    assert event is not None
+    return event
+
+
+def test_a_nan_loss_leaves_the_last_finite_one_and_the_status_strict_json() -> None:
+    status = MixedPrecisionJobStatus(
+        phase="Running", precision="fp16", attempt=0, attempts=[AttemptStatus(index=0, precision="fp16", start_step=0)]
+    )
+    for event in (step_line(40, "0.5508", "32768.0"), step_line(50, "NaN", "Infinity")):
+        reading = reading_of(0, event)
+        assert reading is not None
+        status = observe(status, reading).status
+    assert status.step == 50 and status.loss == 0.5508
+    json.dumps(status.to_api(), allow_nan=False)  # report.json: no NaN token

@@ -1,0 +1,137 @@
+"""docs/tutorial.md runs as written: its local shell blocks (```bash tutorial```) run in order,
+each in its own bash in a temporary folder holding a copy of examples/tutorial, with this
+environment's `mpjob` and `python` first on PATH; each must exit 0, and the runs must leave
+what the tutorial says they leave. Blocks marked `s3` need the versitygw binary that
+tests/cluster/build-s3.sh caches: without it (or with the tutorial's port taken) they are
+skipped. The cluster part and `make demo` are `console` blocks the test does not run."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.unit, pytest.mark.process]
+
+REPO = Path(__file__).resolve().parents[2]
+TUTORIAL = REPO / "docs" / "tutorial.md"
+S3_BUILD = REPO / "tests" / "cluster" / "s3-build"
+#: The S3 server's port in the tutorial's commands and in examples/tutorial/tutorial-s3.yaml.
+S3_PORT = 9300
+BLOCK_TIMEOUT = 300
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int
+    tags: frozenset[str]
+    script: str
+
+
+def tutorial_blocks(text: str) -> list[Block]:
+    """The ```bash tutorial ...``` blocks of the text, in order, with the tags after `tutorial`."""
+    blocks = []
+    for match in re.finditer(r"^```bash tutorial([^\n]*)\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(Block(line, frozenset(match.group(1).split()), match.group(2)))
+    return blocks
+
+
+def versitygw_cached() -> bool:
+    """Whether tests/cluster/build-s3.sh would answer from its cache (the same key it computes)."""
+    script = REPO / "tests" / "cluster" / "build-s3.sh"
+    version = re.search(r"github\.com/versity/versitygw (v\S+)", (S3_BUILD / "go.mod").read_text())
+    if version is None:
+        return False
+    digest = hashlib.sha256(
+        (S3_BUILD / "go.mod").read_bytes() + (S3_BUILD / "go.sum").read_bytes() + script.read_bytes()
+    ).hexdigest()[:12]
+    root = os.environ.get("MPJOB_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mpjob"
+    )
+    return (Path(root) / "cluster" / f"versitygw-{version.group(1)}-{digest}" / "bin" / "versitygw").exists()
+
+
+def port_free(port: int) -> bool:
+    """Nothing answers on the port (a connection in TIME_WAIT from an earlier run does not count)."""
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def report(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "report.json").read_text())
+
+
+def test_the_tutorial_has_local_blocks_and_tags_the_s3_ones() -> None:
+    blocks = tutorial_blocks(TUTORIAL.read_text())
+    assert len(blocks) >= 6
+    assert all(b.tags <= {"s3"} for b in blocks)
+    assert any("tutorial-s3.yaml" in b.script and "s3" in b.tags for b in blocks)
+    assert not any("kubectl" in b.script or "make demo" in b.script for b in blocks)  # not run here
+
+
+def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "examples" / "tutorial", tmp_path / "examples" / "tutorial")
+    (tmp_path / "tests").symlink_to(REPO / "tests")  # tests/cluster/build-s3.sh, as from the repository root
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KUBE", "MPJOB_LAUNCH"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    with_s3 = versitygw_cached() and port_free(S3_PORT)
+    shown = os.environ.get("MPJOB_TUTORIAL_OUTPUT")  # a folder: keep each block's output (to paste)
+    ran: list[Block] = []
+    try:
+        for block in tutorial_blocks(TUTORIAL.read_text()):
+            if "s3" in block.tags and not with_s3:
+                continue
+            done = subprocess.run(
+                ["bash", "-c", block.script],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT,
+            )
+            if shown:
+                Path(shown).mkdir(parents=True, exist_ok=True)
+                (Path(shown) / f"line{block.line:04d}.txt").write_text(
+                    block.script + "----\n" + done.stdout + done.stderr
+                )
+            assert done.returncode == 0, (
+                f"docs/tutorial.md line {block.line}:\n{block.script}\n{done.stdout}{done.stderr}"
+            )
+            ran.append(block)
+    finally:
+        pid = tmp_path / "runs" / "s3-server.pid"
+        if pid.exists():  # the tutorial stops its S3 server; a failed block may have left it
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid.read_text()), signal.SIGTERM)
+
+    runs = tmp_path / "runs"
+    fault = report(runs / "tutorial")
+    assert [(a["precision"], a["reason"]) for a in fault["attempts"]] == [
+        ("fp16", "NumericFault"),
+        ("bf16", "Succeeded"),
+    ]
+    assert "fp32 replayed" in fault["attempts"][0]["message"]  # the termination report was read (relative --out)
+    skipped = report(runs / "tutorial-bad-data")
+    assert skipped["phase"] == "Succeeded" and len(skipped["attempts"]) == 1
+    assert skipped["skipped"]["count"] == 1 and skipped["skipped"]["samples"] == 1
+    killed = report(runs / "killed")
+    assert killed["phase"] == "Succeeded" and killed["attempts"][0]["reason"] == "Suspended"
+    assert killed["attempts"][1]["startStep"] > 0  # resumed from a checkpoint of the killed run
+    if with_s3:
+        assert report(runs / "tutorial-s3")["phase"] == "Succeeded"
+        assert list((runs / "s3-data" / "tutorial" / "mpjob").rglob("manifest.json"))
+        assert not (runs / "tutorial-s3" / "checkpoints").exists()  # nothing on the local disk
