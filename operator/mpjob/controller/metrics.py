@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from mpjob.planning.lifecycle import Plan
+    from mpjob_contract.api import MixedPrecisionJobStatus
 
 RECONCILE_SECONDS = Histogram(
     "mpjob_operator_reconcile_duration_seconds",
@@ -59,3 +65,15 @@ WASTED_GPU_COST = Counter(
     "wasted_gpu_seconds at the job's spec.costPerGpuHour (jobs with a price only), by currency and why.",
     ["currency", "reason"],
 )
+
+
+def count_plan(old: MixedPrecisionJobStatus, plan: Plan) -> None:
+    """The operator's attempt metrics for what the plan started, fell back from and ended."""
+    for reason in plan.started_reasons:
+        ATTEMPTS_STARTED.labels(reason=reason).inc()
+    for src, dst in plan.fallbacks:
+        FALLBACKS.labels(from_precision=src, to_precision=dst).inc()
+    before = {attempt.index: attempt.reason for attempt in old.attempts}
+    for after in plan.status.attempts:
+        if after.reason is not None and before.get(after.index) is None:
+            ATTEMPTS_ENDED.labels(reason=after.reason).inc()

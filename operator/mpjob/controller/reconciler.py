@@ -41,7 +41,7 @@ from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import changes, observe
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import FINISHED, JobView, reconcile
-from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob.planning.status import ConditionReason, ConditionType, status_patch
 from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
@@ -251,7 +251,7 @@ class Reconciler:
 
     def _announce(self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan) -> None:
         """The plan's metrics and Events, and the phase the ticker counts."""
-        _count(old, plan)
+        om.count_plan(old, plan)
         for event in plan.events:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
         self.phases[body["metadata"]["uid"]] = plan.status.phase
@@ -283,25 +283,3 @@ class Reconciler:
 
 
 #: The status fields this operator writes (camelCase): only these does a patch ever delete.
-STATUS_FIELDS = frozenset(f.alias or n for n, f in MixedPrecisionJobStatus.model_fields.items())
-
-
-def status_patch(stored: dict[str, Any], new: MixedPrecisionJobStatus) -> dict[str, Any]:
-    """A merge patch from the `stored` status to `new`: the fields that differ, and None for
-    those `new` no longer has (a live figure from an earlier attempt, say)."""
-    after = new.to_api()
-    patch: dict[str, Any] = {k: v for k, v in after.items() if stored.get(k) != v}
-    patch.update({k: None for k in stored if k not in after and k in STATUS_FIELDS})
-    return patch
-
-
-def _count(old: MixedPrecisionJobStatus, plan: Plan) -> None:
-    """The operator's attempt metrics for what the plan started, fell back from and ended."""
-    for reason in plan.started_reasons:
-        om.ATTEMPTS_STARTED.labels(reason=reason).inc()
-    for src, dst in plan.fallbacks:
-        om.FALLBACKS.labels(from_precision=src, to_precision=dst).inc()
-    before = {attempt.index: attempt.reason for attempt in old.attempts}
-    for after in plan.status.attempts:
-        if after.reason is not None and before.get(after.index) is None:
-            om.ATTEMPTS_ENDED.labels(reason=after.reason).inc()

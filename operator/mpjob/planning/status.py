@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 from mpjob.planning import history
 from mpjob.planning.planner import StartAttempt
@@ -159,3 +160,15 @@ def keep_last_figures(status: MixedPrecisionJobStatus) -> None:
     if status.loss_scale is None and status.precision == "fp16":
         scales = (a.loss_scale for a in ended if a.precision == "fp16" and a.loss_scale is not None)
         status.loss_scale = next(scales, None)
+
+
+STATUS_FIELDS = frozenset(f.alias or n for n, f in MixedPrecisionJobStatus.model_fields.items())
+
+
+def status_patch(stored: dict[str, Any], new: MixedPrecisionJobStatus) -> dict[str, Any]:
+    """A merge patch from the `stored` status to `new`: the fields that differ, and None for
+    those `new` no longer has (a live figure from an earlier attempt, say)."""
+    after = new.to_api()
+    patch: dict[str, Any] = {k: v for k, v in after.items() if stored.get(k) != v}
+    patch.update({k: None for k in stored if k not in after and k in STATUS_FIELDS})
+    return patch

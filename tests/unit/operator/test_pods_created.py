@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from mpjob.controller.reconciler import status_patch
 from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob.planning.status import status_patch
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import Counters, TerminationReport
