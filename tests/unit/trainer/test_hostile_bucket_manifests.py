@@ -2,8 +2,7 @@
 deletes anything it names: a file name that would leave the checkpoint's folder (absolute, `..`,
 a backslash) or a malformed manifest makes that checkpoint corrupt, and the previous good one is
 used; nothing is written outside the local spool and nothing outside the step's prefix deleted.
-The bucket is an in-memory one with the store's own Bucket surface (tests/integration/storage
-runs the same store against a real S3 server)."""
+The bucket is an in-memory one with the store's own Bucket surface (memory_bucket)."""
 
 from __future__ import annotations
 
@@ -15,55 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from mpjob_contract.storage import S3Storage
-from mpjob_trainer.checkpoint.bucket import Bucket
 from mpjob_trainer.checkpoint.manifest import MANIFEST, folder_name
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 
 pytestmark = pytest.mark.unit
 
-SETTINGS = S3Storage(bucket="ckpt", prefix="runs", endpoint="http://s3.test:7070")
 JOB = "ns/job/uid"
-
-
-class MemoryBucket(Bucket):
-    """Objects in a dict; what the store deletes is recorded."""
-
-    def __init__(self) -> None:
-        super().__init__(SETTINGS, client=None, transfer=None)
-        self.objects: dict[str, bytes] = {}
-        self.deleted: list[str] = []
-
-    def probe(self) -> None:
-        pass
-
-    def upload(self, key: str, path: Path) -> None:
-        self.objects[key] = path.read_bytes()
-
-    def put(self, key: str, body: bytes) -> None:
-        self.objects[key] = body
-
-    def get(self, key: str, max_bytes: int | None = None) -> bytes | None:
-        body = self.objects.get(key)
-        return body if body is None or max_bytes is None else body[: max_bytes + 1]
-
-    def download(self, key: str, path: Path) -> bool:
-        if key not in self.objects:
-            return False
-        path.write_bytes(self.objects[key])
-        return True
-
-    def folders(self, prefix: str) -> list[str]:
-        below = [key[len(prefix) + 1 :] for key in self.objects if key.startswith(f"{prefix}/")]
-        return sorted({rest.split("/")[0] for rest in below if "/" in rest})
-
-    def delete(self, keys: list[str]) -> None:
-        self.deleted += keys
-        for key in keys:
-            self.objects.pop(key, None)
-
-    def abort_uploads(self, prefix: str) -> int:
-        return 0
 
 
 def _store(bucket: MemoryBucket, log: list[dict[str, Any]] | None = None, keep: int = 5) -> BucketCheckpointStore:

@@ -2,8 +2,11 @@
 
 - `manifest`: the on-disk format of one checkpoint (files, manifest, format version, hashing);
 - `document`: a manifest's JSON as read (untrusted): its shape, bounds and safe file names;
-- `store`: CheckpointStore, a job's checkpoints in one folder (write, verify, list, prune);
-- `resume`: which checkpoint an attempt resumes from;
+- `protocol`: Store, the few operations in which a volume and a bucket differ;
+- `resume`, `ownership`: written once over any Store: which checkpoint an attempt resumes
+  from; which checkpoints are its job's, what a save does at a taken step, keep-K pruning;
+- `store`: CheckpointStore, a job's checkpoints in one folder (write, verify, list);
+- `s3`, `bucket`: BucketCheckpointStore, the same in an S3-compatible bucket;
 - `migrate`: an older format brought forward to the current one;
 - `staging`, `writer`: the private host copy of the state and the thread that writes it
   (session.checkpointing.Checkpointer drives them);
@@ -20,8 +23,10 @@ from mpjob_trainer.checkpoint.manifest import (
     CorruptCheckpoint,
     sha256_file,
 )
+from mpjob_trainer.checkpoint.ownership import CheckpointTaken
+from mpjob_trainer.checkpoint.protocol import Store
 from mpjob_trainer.checkpoint.staging import Staged, StagingBuffers, snapshot
-from mpjob_trainer.checkpoint.store import CheckpointStore, CheckpointTaken, SaveResult
+from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.writer import BackgroundWriter, WriteFailed
 
 __all__ = [
@@ -36,6 +41,7 @@ __all__ = [
     "SaveResult",
     "Staged",
     "StagingBuffers",
+    "Store",
     "WriteFailed",
     "sha256_file",
     "snapshot",

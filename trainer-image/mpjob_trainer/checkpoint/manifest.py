@@ -136,14 +136,6 @@ def parse_manifest(raw: bytes, name: str) -> Manifest:
     )
 
 
-def manifest_precision(folder: Path) -> str | None:
-    """The precision a checkpoint's manifest names (None when unreadable: read_manifest says why)."""
-    try:
-        return read_manifest(folder).precision
-    except CorruptCheckpoint:
-        return None
-
-
 def write_manifest(folder: Path, manifest: Manifest) -> None:
     """Write the manifest durably: it is the last file of a checkpoint, what makes it one."""
     with (folder / MANIFEST).open("w") as f:

@@ -1,4 +1,4 @@
-"""Which checkpoint an attempt resumes from.
+"""Which checkpoint an attempt resumes from, for every store (checkpoint.protocol).
 
 The named one (launch.resumeFrom) if it is valid, else the newest valid one; a checkpoint that
 fails verification is logged (`checkpointRejected`) and the next candidate is tried, so a
@@ -11,40 +11,52 @@ that precision can have gone past the checkpoint it was given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, manifest_precision, step_of
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, step_of
+from mpjob_trainer.checkpoint.protocol import Store, W
 
-Verify = Callable[[Path], tuple[CheckpointRef, dict[str, Any]]]
+Loaded = tuple[CheckpointRef, dict[str, Any]]
 
 
-def candidates(steps: list[tuple[int, Path]], prefer: str | None, *, newer_in: str | None = None) -> list[Path]:
-    """The folders to try, in order, given the store's `steps` (oldest first)."""
-    newest_first = list(reversed(steps))
-    ordered = [path for _, path in newest_first]
-    if not prefer:
+def load(store: Store[W], prefer: str | None = None, *, newer_in: str | None = None) -> Loaded | None:
+    """The checkpoint to resume from and its state, else None."""
+    return first_valid(store, candidates(store, prefer, newer_in=newer_in))
+
+
+def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = None) -> list[W]:
+    """The places to try, in order."""
+    newest_first = list(reversed(store.steps()))
+    ordered = [where for _, where in newest_first]
+    preferred = store.named(prefer) if prefer else None
+    if prefer is None or preferred is None:
         return ordered
-    preferred = Path(prefer)
-    rest = [path for path in ordered if path.resolve() != preferred.resolve()]
-    floor = step_of(preferred.name)
+    floor = step_of(PurePosixPath(prefer).name)
     ahead = [
-        path
-        for step, path in newest_first
-        if newer_in and floor is not None and step > floor and manifest_precision(path) == newer_in
+        where
+        for step, where in newest_first
+        if newer_in and floor is not None and step > floor and precision_of(store, where) == newer_in
     ]
-    return ahead + [preferred] + [path for path in rest if path not in ahead]
+    rest = [where for where in ordered if where != preferred and where not in ahead]
+    return [*ahead, preferred, *rest]
 
 
-def first_valid(
-    folders: list[Path], verify: Verify, *, log: Callable[..., None]
-) -> tuple[CheckpointRef, dict[str, Any]] | None:
-    """The first of `folders` that verifies, with its state; None when none does."""
-    for path in folders:
+def precision_of(store: Store[W], where: W) -> str | None:
+    """The precision the manifest at `where` names (None when there is none, or it is unreadable)."""
+    try:
+        manifest = store.manifest(where)
+    except CorruptCheckpoint:
+        return None
+    return manifest.precision if manifest is not None else None
+
+
+def first_valid(store: Store[W], places: list[W]) -> Loaded | None:
+    """The first of `places` that verifies, with its state; None when none does."""
+    for where in places:
         try:
-            return verify(path)
+            return store.verify(where)
         except CorruptCheckpoint as exc:
-            log("checkpointRejected", path=str(path), problem=str(exc))
+            store.log("checkpointRejected", path=str(where), problem=str(exc))
     return None

@@ -11,16 +11,19 @@ marker. Until it exists the folder is not a checkpoint; readers list only folder
 manifest, and a save killed at any moment leaves objects no reader considers (the next save of
 that step writes them again; `clean_stale` aborts its unfinished multipart uploads).
 
-A manifest in the bucket is read as untrusted input (checkpoint.document) before anything it
-names is downloaded or deleted: one that is malformed or names a file outside its folder
-(absolute, `..`, a backslash) is corrupt, never followed, never pruned.
+The store implements checkpoint.protocol's Store over the bucket (`steps`, `named`,
+`manifest`, `verify`, `set_aside`, `discard`); resume order, ownership, a save's check of its
+step and keep-K pruning are the volume store's, written once (checkpoint.resume,
+checkpoint.ownership). A manifest in the bucket is read as untrusted input
+(checkpoint.document) before anything it names is downloaded or deleted: one that is malformed
+or names a file outside its folder (absolute, `..`, a backslash) is corrupt, never followed,
+never pruned, never replaced (a save of its step writes nothing: CheckpointTaken).
 Loading downloads a checkpoint's files into a local folder of the same name and verifies it
 exactly as the volume store does (manifest, format, every sha256, config digest, step), so a
 deleted object, a damaged one or a manifest without its objects is rejected and the previous
-good checkpoint tried, in checkpoint.resume's order (newer ones of the attempt's precision,
-the named one, then newest first). Pruning keeps this job's newest `keep` committed
-checkpoints; an older one is uncommitted first (its manifest deleted) and then only the
-objects its manifest lists are deleted: nothing the job did not write is ever removed.
+good checkpoint tried. Pruning keeps this job's newest `keep` committed checkpoints; an older
+one is uncommitted first (its manifest deleted) and then only the objects its manifest lists
+are deleted: nothing the job did not write is ever removed.
 Writes happen on the Checkpointer's writer thread; every failure no retry can fix names the
 bucket (bucket.BucketMisconfigured).
 """
@@ -37,6 +40,7 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
+from mpjob_trainer.checkpoint import ownership, resume
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.manifest import (
@@ -48,7 +52,8 @@ from mpjob_trainer.checkpoint.manifest import (
     read_manifest,
     step_of,
 )
-from mpjob_trainer.checkpoint.store import CheckpointStore, CheckpointTaken, Log, SaveResult
+from mpjob_trainer.checkpoint.protocol import Log
+from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
 
 
@@ -97,13 +102,29 @@ class BucketCheckpointStore:
         ]
         return sorted(found)
 
-    def _manifest(self, step: int) -> Manifest | None:
-        """The committed manifest of `step` (None: not committed, or not a valid manifest)."""
-        raw = self._manifest_bytes(f"{self.key}/{folder_name(step)}")
-        try:
-            return parse_manifest(raw, folder_name(step)) if raw is not None else None
-        except CorruptCheckpoint:
-            return None
+    def named(self, prefer: str) -> str | None:
+        """This job's place of the step `prefer` names (None: it names no step)."""
+        step = step_of(PurePosixPath(prefer).name)
+        return self.url(step) if step is not None else None
+
+    def manifest(self, where: str) -> Manifest | None:
+        """The committed manifest at `where` (None: not committed; CorruptCheckpoint: not valid)."""
+        name = PurePosixPath(where).name
+        raw = self._manifest_bytes(f"{self.key}/{name}")
+        return parse_manifest(raw, name) if raw is not None else None
+
+    def set_aside(self, where: str) -> None:
+        """Uncommit the damaged checkpoint at `where` (its manifest deleted)."""
+        self.bucket.delete([f"{self._prefix(where)}/{MANIFEST}"])
+
+    def discard(self, where: str, manifest: Manifest) -> None:
+        """Uncommit the checkpoint at `where`, then delete the objects its manifest lists."""
+        prefix = self._prefix(where)
+        self.bucket.delete([f"{prefix}/{MANIFEST}"])
+        self.bucket.delete([f"{prefix}/{name}" for name in manifest.files])  # names checked on reading
+
+    def _prefix(self, where: str) -> str:
+        return f"{self.key}/{PurePosixPath(where).name}"
 
     def _manifest_bytes(self, prefix: str) -> bytes | None:
         """The manifest object below `prefix`, read no further than a manifest may go."""
@@ -119,7 +140,7 @@ class BucketCheckpointStore:
         return self.local.staging(name)
 
     # -- reading ----------------------------------------------------------------------------
-    def verify(self, path: Path | str) -> tuple[CheckpointRef, dict[str, Any]]:
+    def verify(self, path: Path | str, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
         """Download the checkpoint named by `path` (its last segment is the step folder) and
         verify it as the volume store does; the ref names its place in the bucket."""
         name = PurePosixPath(str(path)).name
@@ -132,7 +153,7 @@ class BucketCheckpointStore:
         folder.mkdir(parents=True)
         try:
             self._download(step, folder)
-            ref, state = self.local.verify(folder)
+            ref, state = self.local.verify(folder, alone=alone)
         finally:
             shutil.rmtree(folder.parent, ignore_errors=True)
         self.metrics.checkpoint_restore_seconds.observe(time.perf_counter() - start)
@@ -155,29 +176,10 @@ class BucketCheckpointStore:
         self, prefer: str | None = None, *, newer_in: str | None = None
     ) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
-        for url in self._candidates(prefer, newer_in):
-            try:
-                loaded = self.verify(url)
-            except CorruptCheckpoint as exc:  # as resume.first_valid: logged, the next one tried
-                self.log("checkpointRejected", path=url, problem=str(exc))
-                continue
+        loaded = resume.load(self, prefer, newer_in=newer_in)
+        if loaded is not None:
             self.last_good = loaded[0]
-            return loaded
-        return None
-
-    def _candidates(self, prefer: str | None, newer_in: str | None) -> list[str]:
-        """Newest first; the preferred one first, after the newer ones in `newer_in` (resume's rule)."""
-        newest_first = list(reversed(self.steps()))
-        floor = step_of(PurePosixPath(prefer).name) if prefer else None
-        if floor is None:
-            return [url for _, url in newest_first]
-        ahead = [
-            url
-            for step, url in newest_first
-            if newer_in and step > floor and (m := self._manifest(step)) and m.precision == newer_in
-        ]
-        rest = [url for step, url in newest_first if step != floor and url not in ahead]
-        return [*ahead, self.url(floor), *rest]
+        return loaded
 
     # -- writing ----------------------------------------------------------------------------
     def save(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
@@ -192,7 +194,7 @@ class BucketCheckpointStore:
         """Write `state` as `step`'s checkpoint: files first, the manifest last (the commit)."""
         with self._writing:
             start = time.perf_counter()
-            kept = self._occupied(step)
+            kept = ownership.occupied(self, self.url(step))
             if kept is not None:
                 return SaveResult(kept, time.perf_counter() - start, 0)
             spooled = self.local.write(step, precision, state, adopt=adopt)
@@ -201,7 +203,7 @@ class BucketCheckpointStore:
                 uploaded = self._upload(folder, step)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            self._prune()
+            ownership.prune(self)
             ref = spooled.ref.model_copy(update={"path": self.url(step)})
             return SaveResult(ref, time.perf_counter() - start, uploaded)
 
@@ -220,26 +222,3 @@ class BucketCheckpointStore:
         self.metrics.checkpoint_upload_seconds.observe(time.perf_counter() - start)
         self.metrics.checkpoint_upload_bytes.inc(size + len(manifest))
         return size
-
-    def _occupied(self, step: int) -> CheckpointRef | None:
-        """A committed checkpoint already at `step`: ours and valid is kept (its ref); ours and
-        damaged is uncommitted (None: the new one takes its place); another's is left as it is
-        and nothing is written (CheckpointTaken)."""
-        manifest = self._manifest(step)
-        if manifest is None:
-            return None
-        if manifest.job != self.job:
-            raise CheckpointTaken(f"{self.url(step)} holds a checkpoint this job did not write: left as it is")
-        try:
-            return self.verify(self.url(step))[0]
-        except CorruptCheckpoint:
-            self.bucket.delete([f"{self.key}/{folder_name(step)}/{MANIFEST}"])
-            return None
-
-    def _prune(self) -> None:
-        """Keep this job's newest `keep` committed checkpoints; uncommit, then delete, the rest."""
-        ours = [(step, m) for step, _ in self.steps() if (m := self._manifest(step)) and m.job == self.job]
-        for step, manifest in ours[: -self.keep]:
-            prefix = f"{self.key}/{folder_name(step)}"
-            self.bucket.delete([f"{prefix}/{MANIFEST}"])
-            self.bucket.delete([f"{prefix}/{name}" for name in manifest.files])  # names checked on reading

@@ -6,14 +6,13 @@ checkpoint.manifest), `.tmp-*` folders being written. A checkpoint is written in
 `.tmp-<step>-<pid>/`, each file fsynced, the manifest last, the folder fsynced, then renamed
 into place: a process killed at any moment leaves either a complete checkpoint or a temp
 folder that loading ignores and `clean_stale` removes. The newest `keep` are kept; older ones
-are pruned only after the new one is durable. Which folders are the store's, how a step is
-claimed and what is pruned are decided in one section below ("the folders this store owns").
+are pruned only after the new one is durable.
 
-The directory is one job's own (`AttemptLaunch.checkpointDir`), and every manifest names the job
-that wrote it (`job`, `AttemptLaunch.job_identity`). A store prunes, and moves aside when corrupt,
-only checkpoints whose manifest names its own job: anything else found there (copied in by hand,
-written by another job, a manifest that cannot be read) is never renamed or deleted, and a save
-that finds such a folder at its own step writes nothing (`CheckpointTaken`).
+The store implements checkpoint.protocol's Store over the folders (`steps`, `named`,
+`manifest`, `verify`, `set_aside`, `discard`); what it decides with them is the same for every
+store: which of them are its job's, how a step is claimed and what keep-K prunes
+(checkpoint.ownership: only checkpoints whose manifest names its own job are pruned or moved
+aside), and which one a resume takes (checkpoint.resume).
 
 A sharded checkpoint (checkpoint.shards: every rank's files, written by all ranks into one
 `.tmp-*` folder) is committed through `commit` by rank 0, the same manifest-last, rename,
@@ -30,7 +29,6 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from typing import Any
 import torch
 
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.checkpoint import resume, shards
+from mpjob_trainer.checkpoint import ownership, resume, shards
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     FORMAT_VERSION,
@@ -56,13 +54,10 @@ from mpjob_trainer.checkpoint.manifest import (
     write_manifest,
 )
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
+from mpjob_trainer.checkpoint.ownership import CheckpointTaken
+from mpjob_trainer.checkpoint.protocol import Log
 
-#: Called as log(event, **fields) for what the store decides on its own (a rejected checkpoint).
-Log = Callable[..., None]
-
-
-class CheckpointTaken(Exception):
-    """The folder of the step to save holds a checkpoint this store's job did not write."""
+__all__ = ["CheckpointStore", "CheckpointTaken", "Log", "SaveResult"]
 
 
 @dataclass
@@ -84,9 +79,9 @@ class CheckpointStore:
         self.last_good: CheckpointRef | None = None
         self._writing = threading.Lock()
 
-    # -- the folders this store owns: listing, claiming a step, pruning ------------------
+    # -- the folders this store owns (checkpoint.protocol's operations) -------------------
     def steps(self) -> list[tuple[int, Path]]:
-        """This store's checkpoints, oldest first."""
+        """The step folders, oldest first."""
         found = []
         for child in self.root.iterdir():
             step = step_of(child.name)
@@ -94,44 +89,37 @@ class CheckpointStore:
                 found.append((step, child))
         return sorted(found)
 
+    def named(self, prefer: str) -> Path:
+        """The folder `prefer` names: as `steps` lists it when it lists it, else as given."""
+        given = Path(prefer)
+        return next((path for _, path in self.steps() if path.resolve() == given.resolve()), given)
+
+    def manifest(self, where: Path) -> Manifest | None:
+        """The manifest of the folder `where` (None: no such folder; CorruptCheckpoint: no valid one)."""
+        return read_manifest(where) if where.exists() else None
+
+    def set_aside(self, where: Path) -> None:
+        where.rename(self.root / f".corrupt-{where.name}-{os.getpid()}")
+
+    def discard(self, where: Path, manifest: Manifest) -> None:
+        shutil.rmtree(where, ignore_errors=True)
+
     def wrote(self, path: Path) -> bool:
         """Whether this store's job wrote the checkpoint at `path` (its manifest names the job)."""
-        try:
-            return read_manifest(path).job == self.job
-        except CorruptCheckpoint:
-            return False
+        return ownership.wrote(self, path)
 
     def _claim(self, tmp: Path, step: int) -> tuple[Path, CheckpointRef | None]:
         """Move the finished `tmp` into place as `step`'s checkpoint; returns the final folder
         and, when that step was already durable (kept, never overwritten), the existing ref."""
         final = self.root / folder_name(step)
-        kept = self._occupied(final) if final.exists() else None
+        kept = ownership.occupied(self, final)
         if kept is not None:
             shutil.rmtree(tmp)
             return final, kept
         tmp.rename(final)
         fsync_dir(self.root)
-        self._prune()
+        ownership.prune(self)
         return final, None
-
-    def _occupied(self, final: Path) -> CheckpointRef | None:
-        """A checkpoint already at the step to save: ours and valid is kept (its ref); ours and
-        corrupt is moved aside (None: the new one takes its place); another's stays untouched
-        and this save writes nothing (CheckpointTaken)."""
-        if not self.wrote(final):
-            raise CheckpointTaken(f"{final} holds a checkpoint this job did not write: left as it is, not replaced")
-        try:
-            ref, _ = self.verify(final, alone=True)
-        except CorruptCheckpoint:
-            final.rename(self.root / f".corrupt-{final.name}-{os.getpid()}")
-            return None
-        return ref
-
-    def _prune(self) -> None:
-        """Keep this job's newest `keep`; what it did not write neither counts nor goes."""
-        ours = [path for _, path in self.steps() if self.wrote(path)]
-        for path in ours[: -self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
 
     def clean_stale(self) -> None:
         """Remove temp directories left by processes that were killed mid-save."""
@@ -187,9 +175,7 @@ class CheckpointStore:
         self, prefer: str | None = None, *, newer_in: str | None = None
     ) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
-        loaded = resume.first_valid(
-            resume.candidates(self.steps(), prefer, newer_in=newer_in), self.verify, log=self.log
-        )
+        loaded = resume.load(self, prefer, newer_in=newer_in)
         if loaded is not None:
             self.last_good = loaded[0]
         return loaded

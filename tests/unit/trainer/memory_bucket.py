@@ -1,0 +1,51 @@
+"""MemoryBucket: a bucket in a dict, with the checkpoint store's own Bucket surface, so the
+bucket store runs in unit tests (tests/integration/storage runs it against a real S3 server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mpjob_contract.storage import S3Storage
+from mpjob_trainer.checkpoint.bucket import Bucket
+
+SETTINGS = S3Storage(bucket="ckpt", prefix="runs", endpoint="http://s3.test:7070")
+
+
+class MemoryBucket(Bucket):
+    """Objects in a dict; what the store deletes is recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(SETTINGS, client=None, transfer=None)
+        self.objects: dict[str, bytes] = {}
+        self.deleted: list[str] = []
+
+    def probe(self) -> None:
+        pass
+
+    def upload(self, key: str, path: Path) -> None:
+        self.objects[key] = path.read_bytes()
+
+    def put(self, key: str, body: bytes) -> None:
+        self.objects[key] = body
+
+    def get(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        body = self.objects.get(key)
+        return body if body is None or max_bytes is None else body[: max_bytes + 1]
+
+    def download(self, key: str, path: Path) -> bool:
+        if key not in self.objects:
+            return False
+        path.write_bytes(self.objects[key])
+        return True
+
+    def folders(self, prefix: str) -> list[str]:
+        below = [key[len(prefix) + 1 :] for key in self.objects if key.startswith(f"{prefix}/")]
+        return sorted({rest.split("/")[0] for rest in below if "/" in rest})
+
+    def delete(self, keys: list[str]) -> None:
+        self.deleted += keys
+        for key in keys:
+            self.objects.pop(key, None)
+
+    def abort_uploads(self, prefix: str) -> int:
+        return 0

@@ -1,0 +1,64 @@
+"""Which checkpoints a store's job owns, for every store (checkpoint.protocol): what keep-K
+prunes and what a save does with a checkpoint already at its step.
+
+A store acts only on checkpoints whose manifest names its own job (`job`,
+AttemptLaunch.job_identity). Anything else found there (copied in by hand, written by another
+job, a manifest that cannot be read) is never replaced, set aside or deleted, and neither
+counts towards `keep` nor goes; a save that finds such a checkpoint at its own step writes
+nothing (CheckpointTaken).
+"""
+
+from __future__ import annotations
+
+from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
+from mpjob_trainer.checkpoint.protocol import Store, W
+
+
+class CheckpointTaken(Exception):
+    """The place of the step to save holds a checkpoint this store's job did not write."""
+
+
+def own_manifest(store: Store[W], where: W) -> Manifest | None:
+    """The manifest at `where` when this store's job wrote it, else None."""
+    try:
+        manifest = store.manifest(where)
+    except CorruptCheckpoint:
+        return None
+    return manifest if manifest is not None and manifest.job == store.job else None
+
+
+def wrote(store: Store[W], where: W) -> bool:
+    """Whether this store's job wrote the checkpoint at `where` (its manifest names the job)."""
+    return own_manifest(store, where) is not None
+
+
+def occupied(store: Store[W], where: W) -> CheckpointRef | None:
+    """What a save finds at its step's place `where`: nothing (None); this job's valid checkpoint
+    (its ref: kept, never overwritten); this job's damaged one, set aside (None: the new one takes
+    its place); anything else is left as it is and the save writes nothing (CheckpointTaken)."""
+    try:
+        manifest = store.manifest(where)
+    except CorruptCheckpoint:
+        raise CheckpointTaken(_taken(where)) from None
+    if manifest is None:
+        return None
+    if manifest.job != store.job:
+        raise CheckpointTaken(_taken(where))
+    try:
+        ref, _ = store.verify(where, alone=True)
+    except CorruptCheckpoint:
+        store.set_aside(where)
+        return None
+    return ref
+
+
+def prune(store: Store[W]) -> None:
+    """Keep this job's newest `keep` checkpoints; what it did not write neither counts nor goes."""
+    ours = [(where, manifest) for _, where in store.steps() if (manifest := own_manifest(store, where)) is not None]
+    for where, manifest in ours[: -store.keep]:
+        store.discard(where, manifest)
+
+
+def _taken(where: object) -> str:
+    return f"{where} holds a checkpoint this job did not write: left as it is, not replaced"

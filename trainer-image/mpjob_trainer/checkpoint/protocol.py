@@ -1,0 +1,63 @@
+"""Store: the few operations in which a volume and a bucket really differ.
+
+Everything a store decides (which checkpoint to resume from, which of them are its job's, what
+happens to a checkpoint already at the step to save, what keep-K prunes) is written once, on
+top of these operations, in checkpoint.resume and checkpoint.ownership. A store names a
+checkpoint by a place of its own (`W`): a folder of the volume (CheckpointStore, whose sharded
+checkpoints are a layout of the same folders, committed through the same claim and pruning), a
+`s3://` location of the bucket (BucketCheckpointStore).
+
+Nothing a store reads is trusted before it is checked: `manifest` parses through
+checkpoint.document, `verify` checks every file's sha256, the config digest and the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint.manifest import Manifest
+
+#: Called as log(event, **fields) for what the store decides on its own (a rejected checkpoint).
+Log = Callable[..., None]
+
+W = TypeVar("W")
+
+
+class Store(Protocol[W]):
+    """A job's checkpoints in one place; `W` is how the store names one checkpoint."""
+
+    #: The job that writes here (AttemptLaunch.job_identity): what this store may prune or replace.
+    job: str
+    #: How many of its job's checkpoints the store keeps.
+    keep: int
+    log: Log
+
+    def steps(self) -> list[tuple[int, W]]:
+        """The step folders found, oldest first (whoever wrote them, whatever their state)."""
+        ...
+
+    def named(self, prefer: str) -> W | None:
+        """The place of the checkpoint a launch's resumeFrom names (the place `steps` gives
+        when it lists it); None when the store cannot name it at all."""
+        ...
+
+    def manifest(self, where: W) -> Manifest | None:
+        """The manifest at `where`, checked; None when nothing is there (no checkpoint to read
+        or to replace), CorruptCheckpoint when something is there that is not a valid one."""
+        ...
+
+    def verify(self, where: W, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
+        """The checkpoint at `where`, checked in full, and its state; CorruptCheckpoint if not.
+        `alone`: checked by this process only (a sharded one is else checked by all ranks)."""
+        ...
+
+    def set_aside(self, where: W) -> None:
+        """Take this job's damaged checkpoint at `where` out of reach (a save replaces it)."""
+        ...
+
+    def discard(self, where: W, manifest: Manifest) -> None:
+        """Delete this job's checkpoint at `where` (pruning; a bucket deletes only the objects
+        its `manifest` lists, the names of which were checked when it was read)."""
+        ...
