@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster.layout import pid_alive
 from tests.cluster.nodeagent.downward import field_value
+from tests.cluster.nodeagent.network import own_rendezvous
 from tests.cluster.nodeagent.state import PodProcess
 
 WRAPPER = 'trap true TERM INT; "$@"; echo $? > "$0"'
@@ -144,6 +145,7 @@ class ProcessRuntime:
             value = self._env_value(sandbox, var, rewrite)
             if value is not None:
                 env[var.name] = value
+        own_rendezvous(sandbox.pod, env)
         if sandbox.kubeconfig:
             env["KUBECONFIG"] = sandbox.kubeconfig
         return env
