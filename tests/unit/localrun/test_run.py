@@ -50,6 +50,21 @@ def mpjob_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
     )
 
 
+def long_bf16_job(tmp: Path) -> Path:
+    """A bf16 job long enough to be killed while it trains."""
+    return manifest(tmp, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
+
+
+def start_runner(job: Path, out: Path) -> subprocess.Popen[bytes]:
+    """`mpjob run` in the background, its output discarded."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
 @pytest.mark.process
 def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
     job = manifest(tmp_path, precision={"mode": "bf16"})
@@ -171,14 +186,8 @@ def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
     """Workers run in their own session (Ctrl-C reaches the runner only), so a SIGKILL of the
     runner's group does not reach them: they must die with the runner, or they train on and
     write checkpoints beside a rerun."""
-    job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
-    out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    job, out = long_bf16_job(tmp_path), tmp_path / "out"
+    proc = start_runner(job, out)
     wait_for(lambda: list((out / "checkpoints").glob("step-*/manifest.json")), 120, message="a checkpoint")
     workers = _children(proc.pid)
     ranks = [pid for worker in workers for pid in _children(worker)]
@@ -197,14 +206,8 @@ def test_a_rerun_after_a_killed_runner_records_what_the_killed_attempt_trained(t
     """The killed attempt's steps, samples and checkpoints come from what it left (its event
     lines, kept in its worker0.log); the rerun says where it really resumes; the kill is the
     user's stop, as Ctrl-C: Suspended, uncharged."""
-    job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
-    out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    job, out = long_bf16_job(tmp_path), tmp_path / "out"
+    proc = start_runner(job, out)
     wait_for(lambda: _newest_checkpoint(out) >= 20, 180, message="checkpoint 20")
     workers = _children(proc.pid)
     ranks = [pid for worker in workers for pid in _children(worker)]
