@@ -11,14 +11,19 @@ Suspended and uncharged (`planning/charging.py`), as runPolicy.suspend on a clus
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from mpjob_contract import events
 
 #: The log of worker 0, whose stdout carries the trainer's event lines.
 EVENT_LOG = "worker0.log"
 KILLED = "the local run was killed and its trainers with it; run again with the same --out to resume"
+#: The most of a manifest read (a single-file checkpoint's is a few hundred bytes).
+MAX_MANIFEST_BYTES = 64 * 1024
 
 
 def logged_events(folder: Path) -> list[events.TrainerEvent]:
@@ -44,3 +49,29 @@ def seconds_seen(started: str | None, logged: list[events.TrainerEvent]) -> floa
         return max(0.0, last - datetime.fromisoformat(started).timestamp())
     except ValueError:
         return 0.0
+
+
+def committed_after(checkpoints: Path, step: int) -> events.Checkpoint | None:
+    """The newest single-file checkpoint committed after `step` (its manifest written, which the
+    trainer does last), as the checkpoint line the runner may not have copied before it was
+    killed; None when there is none (a sharded layout is left to its logged lines)."""
+    folders = sorted(checkpoints.glob("step-*/manifest.json"), reverse=True)
+    for manifest in folders:
+        found = _checkpoint_line(manifest)
+        if found is not None and found.step > step:
+            return found
+        if found is not None:
+            return None
+    return None
+
+
+def _checkpoint_line(manifest: Path) -> events.Checkpoint | None:
+    try:
+        with manifest.open("rb") as f:
+            doc = json.loads(f.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES])
+        state = doc["files"]["state.pt"]
+        line = {"step": doc["step"], "path": str(manifest.parent), "sha256": state["sha256"], "bytes": state["bytes"]}
+        found = events.Checkpoint.model_validate({**line, "seconds": 0.0, "async": False})
+    except (OSError, ValueError, KeyError, TypeError, ValidationError):
+        return None
+    return found if manifest.parent.name == f"step-{found.step:09d}" else None

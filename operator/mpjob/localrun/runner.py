@@ -130,8 +130,12 @@ class LocalRun:
         logged = leftover.logged_events(self.paths.attempt(attempt.index))
         for event in logged:
             self._absorb(attempt.index, attempt.precision, event)
+        known = self.status.last_checkpoint.step if self.status.last_checkpoint else -1
+        if (unlogged := leftover.committed_after(self.paths.checkpoints, known)) is not None:
+            self._absorb(attempt.index, attempt.precision, unlogged)  # committed, its line not yet copied
         current = self.status.attempts[-1]  # the replay's copy, its start step corrected
-        self.status.step = leftover.last_step(logged, start_step=current.start_step)
+        step = leftover.last_step(logged, start_step=current.start_step)
+        self.status.step = max(step, unlogged.step if unlogged else 0)
         plan, when = self._transition()
         lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
         gpus = self.spec.workers * self.spec.resources.gpus_per_worker

@@ -30,3 +30,29 @@ def test_the_event_lines_tell_the_last_step_and_when_it_was_last_heard_of(tmp_pa
     assert leftover.last_step(logged, start_step=20) == 30 and leftover.last_step(logged[:1], start_step=20) == 20
     assert leftover.seconds_seen("1970-01-01T00:16:30Z", logged) == 19.5  # started at 990 s
     assert leftover.seconds_seen(None, logged) == 0.0 and leftover.logged_events(tmp_path / "none") == []
+
+
+def committed(folder: Path, step: int, manifest: str | None = None) -> None:
+    (folder / f"step-{step:09d}").mkdir(parents=True)
+    doc = manifest or (
+        f'{{"step": {step}, "precision": "bf16", "files": {{"state.pt": {{"sha256": "{step:064x}", "bytes": 9}}}}}}'
+    )
+    (folder / f"step-{step:09d}" / "manifest.json").write_text(doc)
+
+
+def test_a_checkpoint_committed_after_the_last_logged_one_stands_in_for_its_lost_line(tmp_path: Path) -> None:
+    committed(tmp_path, 10)
+    committed(tmp_path, 20)
+    (tmp_path / "step-000000030").mkdir()  # being written when the kill came: no manifest yet
+    found = leftover.committed_after(tmp_path, 10)
+    assert found is not None and (found.step, found.sha256) == (20, f"{20:064x}")
+    assert found.path == str(tmp_path / "step-000000020")
+    assert leftover.committed_after(tmp_path, 20) is None  # the log already had it
+
+
+def test_an_unreadable_newest_manifest_is_passed_over(tmp_path: Path) -> None:
+    committed(tmp_path, 10)
+    committed(tmp_path, 20, manifest='{"step": 20, "files": [')  # cut short
+    committed(tmp_path, 30, manifest='{"step": 40, "files": {"state.pt": {"sha256": "ab", "bytes": 1}}}')  # misnamed
+    found = leftover.committed_after(tmp_path, 0)
+    assert found is not None and found.step == 10
