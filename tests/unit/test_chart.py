@@ -185,6 +185,10 @@ def test_changed_operator_values_roll_the_pod(helm: str) -> None:
     assert checksum() == checksum()
     assert checksum() != checksum("operator.tickSeconds=3")
     assert checksum() != checksum("trainerImage=other:1")
+    # A string whatever its digits: an unquoted "12345678" or "123e4567" is a YAML number, and the
+    # API server refuses a Deployment whose annotation is not a string.
+    out = subprocess.run([helm, "template", "r", str(CHART)], capture_output=True, text=True, check=True).stdout
+    assert f'checksum/config: "{checksum()}"' in out
 
 
 def test_peering_gives_the_peers_an_object_rbac_and_rolling_upgrades(helm: str) -> None:
