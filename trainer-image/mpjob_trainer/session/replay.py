@@ -135,10 +135,8 @@ class Fp32Replay:
         if first is None:
             return None
         self.offending = self._offending(first, list(range(self.lent.world.size)))
-        replay = _verdict("data", Window(first, range(first, first), from_checkpoint=False), time.monotonic(), steps=0)
-        replay = replay.model_copy(
-            update={"offending_step": first, "samples": self.offending.samples[:MAX_NAMED_SAMPLES]}
-        )
+        win = Window(first, range(first, first + 1), from_checkpoint=False)
+        replay = _verdict("data", win, time.monotonic(), steps=0, offending=self.offending)
         self.lent.log("replay", all_ranks=True, **replay.model_dump(by_alias=True, exclude_none=True))
         return replay
 
