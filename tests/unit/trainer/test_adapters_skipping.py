@@ -115,6 +115,43 @@ def test_on_bad_data_fail_keeps_ending_the_attempt_non_finite_in_fp32(tmp_path: 
     assert ended.of("dataSkipped") == [] and ended.report is not None and ended.report.skipped is None
 
 
+#: A sample each framework serves before its first interval checkpoint (every 20 steps) in bf16.
+POISON_EARLY = {"hf": "7", "lightning": "30"}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
+def test_a_bad_batch_before_the_first_checkpoint_in_bf16_costs_a_step_not_the_precision(
+    tmp_path: Path, framework: str
+) -> None:
+    """bf16 applies the bad step (no GradScaler), so the weights in memory are non-finite: the
+    replay loads the framework's step-0 checkpoint (the fresh start's) and replays from there in
+    fp32, finds the data at fault, and the step is skipped in bf16."""
+
+    def bf16(*extra: str) -> Any:
+        argv = [SCRIPT, framework, *extra]
+        spec_ = job(framework, *extra)
+        spec_["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+        spec_["checkpoint"]["everySteps"] = 20
+        return run_trainer(tmp_path / "-".join(extra or ("clean",)), spec_, "bf16", argv=argv)
+
+    poisoned = bf16("--poison", POISON_EARLY[framework])
+    assert poisoned.code == ExitCode.SUCCESS and poisoned.of("fault") == [], poisoned.stderr[-3000:]
+    (replay,) = poisoned.of("replay")
+    assert replay["verdict"] == "data" and replay["fromCheckpoint"] is True
+    (skipped,) = poisoned.of("dataSkipped")
+    assert skipped["fromStep"] == 0 and skipped["steps"] == [replay["offendingStep"]] and replay["offendingStep"] < 20
+    assert poisoned.report is not None and poisoned.report.precision == "bf16"
+    seeded = bf16("--quarantine", str(replay["offendingStep"]))
+    assert seeded.code == ExitCode.SUCCESS and seeded.of("replay") == [], seeded.stderr[-3000:]
+    assert_identical(
+        *(
+            final(tmp_path / "-".join(a), framework)
+            for a in (("--poison", POISON_EARLY[framework]), ("--quarantine", str(replay["offendingStep"])))
+        )
+    )
+
+
 def spiking(framework: str, *extra: str) -> dict[str, Any]:
     """bf16 (the loss is finite: a spike, not a fault) with guard.spike on, a short window."""
     spiking_job = job(framework, *extra)

@@ -52,7 +52,8 @@ from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, class_forward, use_attempt_scaler
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
+from mpjob_trainer.adapters.reload import hf_reader
+from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
@@ -203,7 +204,7 @@ def register(run: Session, trainer: Trainer, recorded: RecordedSteps) -> None:
             run.step(optimizer, clip_norm=clip or None)
 
     if run.launch.precision != "auto":
-        run.register_step(step)
+        run.register_step(step, weights=FrameworkWeights(model.parameters, hf_reader(model, optimizer)))
     if run.spec.validation.every_steps:
         if trainer.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the Trainer has no eval_dataset")

@@ -51,13 +51,14 @@ from lightning.pytorch.utilities.data import extract_batch_size
 
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.replaying import RecordedSteps, loss_of, steps_to_keep, weights_finite
+from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_reader
+from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, loss_of, steps_to_keep, weights_finite
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
 from mpjob_trainer.session.skipping import RolledBack
 
-CHECKPOINT = "lightning.ckpt"
+CHECKPOINT = LIGHTNING_CHECKPOINT
 PRECISION = {"bf16": "bf16-mixed", "fp32": "32-true"}
 
 
@@ -198,7 +199,8 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
                 run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
             run.step(optimizer, clip_norm=float(clip) if clip else None)
 
-    run.register_step(step, modules=[module])
+    weights = FrameworkWeights(module.parameters, lightning_reader(module, optimizer))
+    run.register_step(step, modules=[module], weights=weights)
     if run.spec.validation.every_steps:
         run.evaluate_with(lambda: evaluate(run, trainer, module))
 

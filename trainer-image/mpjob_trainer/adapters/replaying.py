@@ -13,7 +13,10 @@ plus guard.replaySteps), enough for the faulting step of a fault the guard sees 
 read after it, or an overflow storm it sees as it happens. A fault found further back (a
 MaxNonFiniteLosses limit above 1 reached over several reads) has had its batches dropped:
 the replay then says so and is inconclusive. The adapters replay from the weights in memory
-(the framework owns its checkpoint's weights), so only the first faulting step is replayed.
+while they are finite (GradScaler kept an fp16 fault out of them), so only the first faulting
+step is replayed; when the fault was applied (bf16, fp32), from the framework's own checkpoint
+inside the last good mpjob checkpoint (`FrameworkWeights`: model and optimizer, read with
+`weights_only`), a fresh start's step-0 checkpoint before the first interval's.
 
 While the session runs a step itself, recording pauses (`replaying`), so the framework's
 hooks do not take the replay's batches or losses for training's.
@@ -23,12 +26,16 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.session.framework import framework_folder
 
 
 class BatchesGone(LookupError):
@@ -94,3 +101,18 @@ def weights_finite(parameters: Any) -> None:
     """Raise NonFiniteWeights unless every parameter is finite (one sync: replays only)."""
     if not all(bool(torch.isfinite(p.detach()).all()) for p in parameters):
         raise NonFiniteWeights("the weights in memory are not finite (the fault was applied): no fp32 replay from them")
+
+
+@dataclass(frozen=True)
+class FrameworkWeights:
+    """A framework's live weights for the fp32 replay (session.replay.LiveWeights): `read` loads
+    the framework's checkpoint folder into its model and optimizer."""
+
+    parameters: Callable[[], Iterable[torch.Tensor]]
+    read: Callable[[Path], None]
+
+    def finite(self) -> bool:
+        return all(bool(torch.isfinite(p.detach()).all()) for p in self.parameters())
+
+    def load(self, ref: CheckpointRef) -> None:
+        self.read(framework_folder(ref))

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef, Replay
@@ -60,6 +61,15 @@ from mpjob_trainer.session.steps import SamplesFunction, StepFunction, finite
 #: Samples and ranks named in a report at most (the report must stay under Kubernetes' 4 KiB).
 MAX_NAMED_SAMPLES = 32
 MAX_NAMED_RANKS = 16
+
+
+class LiveWeights(Protocol):
+    """The weights of a loop whose state the session does not hold (a framework adapter's):
+    are they finite, and load a checkpoint's (the framework's own inside it) into them."""
+
+    def finite(self) -> bool: ...
+
+    def load(self, ref: CheckpointRef) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -99,8 +109,11 @@ class Fp32Replay:
         spec: GuardSpec,
         lent: AttemptContext,
         fresh: FreshStart | None = None,
+        weights: LiveWeights | None = None,
     ) -> None:
         self.step = step
+        #: A framework's weights: replayed from its checkpoint when the fault left them non-finite.
+        self.weights = weights
         #: A fresh attempt's step 0: where the replay starts while no checkpoint exists.
         self.fresh = fresh
         self.samples = samples
@@ -149,8 +162,9 @@ class Fp32Replay:
         if first is None:
             return None
         # A framework adapter's session holds no objects (the weights are in the framework's own
-        # checkpoint): it replays from the weights in memory (its step checks they are finite).
-        restorable = bool(state.objects)
+        # checkpoint): it replays from the weights in memory while they are finite (GradScaler
+        # kept the fault out), else from the framework's checkpoint (bf16 applied the fault).
+        restorable = bool(state.objects) or self._weights_spoilt()
         ref: CheckpointRef | None = main_says(checkpoints.last_good, lent.world) if restorable else None
         # No checkpoint yet and weights the fault made non-finite (no GradScaler kept them): the
         # fresh attempt's step 0 stands in for a checkpoint.
@@ -162,6 +176,14 @@ class Fp32Replay:
             return self._replayed(win, ref, state=state, checkpoints=checkpoints)
         finally:
             state.samples = position
+
+    def _weights_spoilt(self) -> bool:
+        """Did the fault leave a framework's weights non-finite on some rank? (A collective when
+        there are such weights.)"""
+        if self.weights is None:
+            return False
+        spoilt = {"spoilt": not self.weights.finite()}
+        return RankTable.agree(spoilt, self.lent.world, self.lent.numerics.precision.device).any("spoilt")
 
     def _replayed(
         self, win: Window, ref: CheckpointRef | None, *, state: TrainingState, checkpoints: Checkpointer
@@ -188,7 +210,9 @@ class Fp32Replay:
         (the same answer on every rank)."""
         why = ""
         try:
-            if win.from_checkpoint and ref is not None:
+            if win.from_checkpoint and ref is not None and self.weights is not None and not state.objects:
+                self.weights.load(ref)
+            elif win.from_checkpoint and ref is not None:
                 state.restore(checkpoints.state_of(ref), "fp32", None)
             elif win.from_checkpoint and self.fresh is not None:
                 state.restore(self.fresh.state, "fp32", None)

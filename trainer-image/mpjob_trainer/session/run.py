@@ -56,7 +56,7 @@ from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.reentry import ReEntry
-from mpjob_trainer.session.replay import Fp32Replay
+from mpjob_trainer.session.replay import Fp32Replay, LiveWeights
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.setup import ModelSetUp
 from mpjob_trainer.session.skipping import DataRung
@@ -175,17 +175,23 @@ class Session(ModelSetUp, ReEntry):
         return self.start_step
 
     def register_step(
-        self, step: StepFunction, *, samples: SamplesFunction | None = None, modules: list[nn.Module] | None = None
+        self,
+        step: StepFunction,
+        *,
+        samples: SamplesFunction | None = None,
+        modules: list[nn.Module] | None = None,
+        weights: LiveWeights | None = None,
     ) -> None:
         """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs
         optimizer step i (0-based) as the loop does (under run.autocast(), run.backward, run.step; not
         end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision
         (session.measure) and a fault is replayed in fp32 (session.replay). Call it after resume().
-        `modules`: the models whose buffers the measurement puts back (default: resume()'s)."""
+        `modules`: the models whose buffers the measurement puts back (default: resume()'s);
+        `weights`: a framework's, whose state the session does not hold (session.replay)."""
         guard = self._wrapper.replayable(self.spec.precision.guard)
         first, needed = self._checkpoints.last_good is None, bool(guard.replay_steps) or self._rung.rolls_back
         fresh = FreshStart.if_needed(self._state, self._numerics, fresh=first, needed=needed)
-        self._replay = Fp32Replay(step, samples, spec=guard, lent=self._context, fresh=fresh)
+        self._replay = Fp32Replay(step, samples, spec=guard, lent=self._context, fresh=fresh, weights=weights)
         self._rung.arm(self._replay, state=self._state, fresh=fresh)
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             if modules is None:
