@@ -116,25 +116,27 @@ class NumericGuard:
         if self.spike is not None:
             self.spike.observe(loss, self._step_index)
 
-    def end_step(self, step: int, uses_scaler: bool) -> None:
-        """Close optimizer step `step` (1-based), which observe_loss saw as index step - 1."""
+    def end_step(self, step: int, uses_scaler: bool) -> NumericFault | None:
+        """Close optimizer step `step` (1-based), which observe_loss saw as index step - 1; the
+        fault of too many overflow-skipped steps in a row, if so (checked every step)."""
         self._step_index = step
         if not uses_scaler:
-            return
+            return None
         if self._applied:
             self.consecutive_overflows = 0
-            return
+            return None
         if self._first_overflow is None:
             self._first_overflow = step - 1
         self.consecutive_overflows += 1
         self.overflow_steps += 1
-        if self.consecutive_overflows >= self.spec.max_consecutive_overflows:
-            raise NumericFault(
-                GuardRule.MAX_CONSECUTIVE_OVERFLOWS,
-                f"{self.consecutive_overflows} consecutive overflow-skipped steps "
-                f"(guard.maxConsecutiveOverflows={self.spec.max_consecutive_overflows}): the first at step "
-                f"{step - self.consecutive_overflows + 1}, detected at step {step} (checked every step)",
-            )
+        if self.consecutive_overflows < self.spec.max_consecutive_overflows:
+            return None
+        return NumericFault(
+            GuardRule.MAX_CONSECUTIVE_OVERFLOWS,
+            f"{self.consecutive_overflows} consecutive overflow-skipped steps "
+            f"(guard.maxConsecutiveOverflows={self.spec.max_consecutive_overflows}): the first at step "
+            f"{step - self.consecutive_overflows + 1}, detected at step {step} (checked every step)",
+        )
 
     # -- at log intervals: the one sync point -------------------------------------------
     def read(self, scaler: torch.amp.GradScaler | None, flag: float = 0.0) -> GuardReading:
@@ -170,9 +172,12 @@ class NumericGuard:
         began = f"the first at step {first}, " if first is not None else ""
         return f"{began}detected at step {step} (the guard reads its counters at log and checkpoint steps; {since})"
 
-    def check(self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None) -> None:
+    def check(
+        self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None
+    ) -> NumericFault | None:
+        """The fault an interval's read shows, if any (the first rule it breaks)."""
         if reading.non_finite_losses - self.forgiven >= self.spec.max_non_finite_losses:
-            raise NumericFault(
+            return NumericFault(
                 GuardRule.MAX_NON_FINITE_LOSSES,
                 f"{reading.non_finite_losses} non-finite losses in this attempt "
                 f"(guard.maxNonFiniteLosses={self.spec.max_non_finite_losses}): "
@@ -180,11 +185,14 @@ class NumericGuard:
             )
         if reading.loss_scale is not None and reading.loss_scale < self.spec.min_loss_scale:
             first = self._first_overflow + 1 if self._first_overflow is not None else None
-            raise NumericFault(
+            return NumericFault(
                 GuardRule.LOSS_SCALE_COLLAPSED,
                 f"loss scale {reading.loss_scale:g} below guard.minLossScale={self.spec.min_loss_scale:g}: "
                 f"overflow-skipped steps since the last good checkpoint, {self._when(first, step)}",
             )
+        return self._stagnated(step, loss, grad_norm)
+
+    def _stagnated(self, step: int, loss: float | None, grad_norm: float | None) -> NumericFault | None:
         if self.spec.stagnation_steps > 0 and loss is not None:
             stuck = (self._last_loss is not None and abs(loss - self._last_loss) <= 1e-7 * max(1.0, abs(loss))) or (
                 grad_norm is not None and grad_norm == 0.0
@@ -194,12 +202,13 @@ class NumericGuard:
             elif self._stagnant_since is None:
                 self._stagnant_since = step
             elif step - self._stagnant_since >= self.spec.stagnation_steps:
-                raise NumericFault(
+                return NumericFault(
                     GuardRule.STAGNATION,
                     f"loss or gradients stuck since step {self._stagnant_since} "
                     f"(guard.stagnationSteps={self.spec.stagnation_steps})",
                 )
             self._last_loss = loss
+        return None
 
     def start_at(self, step: int) -> None:
         """The attempt's first step is `step` (0-based index: resumed from a checkpoint there)."""

@@ -58,7 +58,7 @@ from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
-from mpjob_trainer.session.skipping import RolledBack
+from mpjob_trainer.session.outcomes import RolledBack
 
 
 def attempt_arguments(run: Session) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, lo
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
-from mpjob_trainer.session.skipping import RolledBack
+from mpjob_trainer.session.outcomes import RolledBack
 
 CHECKPOINT = LIGHTNING_CHECKPOINT
 PRECISION = {"bf16": "bf16-mixed", "fp32": "32-true"}

@@ -40,6 +40,7 @@ from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.state import TrainingState
+from mpjob_trainer.session.steps import StepNumerics
 
 if TYPE_CHECKING:  # imported when a sharded model first saves (DCP: see checkpoint.shards)
     from mpjob_trainer.checkpoint.sharded import PendingSave, ShardedWriter
@@ -88,6 +89,22 @@ class Checkpointer:
             self.clean_stale()
         dist_env.barrier(self.world)
         return self.load(prefer, newer_in=newer_in)
+
+    def resume(self, state: TrainingState, numerics: StepNumerics, prefer: str | None) -> CheckpointRef | None:
+        """Load the attempt's checkpoint (`prefer`, else checkpoint.resume's choice) into `state`
+        and the step's numbers; its ref, or None: a fresh start. The optimizers are hooked after
+        loading (DCP may step an empty optimizer once)."""
+        amp = numerics.precision
+        loaded = self.open(state, prefer, newer_in=amp.precision)
+        if loaded is None:
+            self.log("freshStart", reason=f"no valid checkpoint in {self.root}: starting at step 0")
+        else:
+            ref, saved = loaded
+            numerics.applied.count = state.restore(saved, amp.precision, amp.scaler)
+            self.log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
+        for optimizer in state.optimizers():
+            numerics.applied.watch(optimizer)
+        return loaded[0] if loaded is not None else None
 
     def load(self, prefer: str | None, *, newer_in: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
         """The checkpoint to resume from and its state (checkpoint.resume's policy), else None."""

@@ -37,8 +37,8 @@ from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import FRAMEWORK, snapshot
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.outcomes import RolledBack
 from mpjob_trainer.session.run import Session
-from mpjob_trainer.session.skipping import RolledBack
 
 
 class CheckpointWriter(Protocol):

@@ -22,7 +22,7 @@ from typing import Any
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import Counters
 from mpjob_contract.timeline import ScaleHistory
-from mpjob_trainer.errors import Preempted, Repromote
+from mpjob_trainer.errors import NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.progress import Progress
@@ -93,8 +93,8 @@ class IntervalWork:
         self.progress = progress
         self.log = log
         #: Called with each interval's numbers right after its read, before its log line and checks
-        #: (the data rung's, session.skipping): they may raise to roll back.
-        self.inspectors: list[Callable[[int, Read], None]] = []
+        #: (the data rung's, session.skipping): a fault they return ends the interval there.
+        self.inspectors: list[Callable[[int, Read], NumericFault | None]] = []
         #: The loss and loss scale read at the last interval.
         self.last_loss: float | None = None
         self.loss_scale: float | None = None
@@ -103,7 +103,9 @@ class IntervalWork:
 
     def run(
         self, step: int, due: Due, *, flag: float, state: TrainingState, checkpoints: Checkpointer, gate: Gate
-    ) -> None:
+    ) -> Exception | None:
+        """The interval's work; what ends the step, if anything: a NumericFault (a rung may
+        recover from it), Repromote or Preempted (raised only at the SDK's edge, Session.end_step)."""
         numerics, guard = self.numerics, self.numerics.guard
         read = numerics.read(flag)
         loss, reading = read.loss, read.guard
@@ -111,16 +113,25 @@ class IntervalWork:
         if checkpoints.world.is_main:
             checkpoints.collect(block=False, training_step=step)
         for inspect in self.inspectors:  # before the log line: a rollback logs the step once, after it
-            inspect(step, read)
+            if (seen := inspect(step, read)) is not None:
+                return seen
         if due.log:
             self.progress.report(numerics.numbers(step, read))
         self.scales.seen(step, reading.loss_scale, checkpoint=due.checkpoint)  # before a fault ends the attempt
-        guard.check(step, reading, loss, read.grad_norm)
-        if due.evaluate and gate is not None:
-            gate.check(step, precision=numerics.precision, metrics=self.progress.metrics, log=self.log)
+        fault = guard.check(step, reading, loss, read.grad_norm)
+        if fault is None and due.evaluate and gate is not None:
+            fault = gate.check(step, precision=numerics.precision, metrics=self.progress.metrics, log=self.log)
+        if fault is not None:
+            return fault
+        return self._end_interval(step, due, loss, reading.flag > 0, state=state, checkpoints=checkpoints)
+
+    def _end_interval(
+        self, step: int, due: Due, loss: float | None, stop: bool, *, state: TrainingState, checkpoints: Checkpointer
+    ) -> Exception | None:
+        """A healthy interval's end: checkpoint, then Repromote or Preempted when due."""
+        numerics, guard = self.numerics, self.numerics.guard
         if not guard.healthy(loss):
             self.cadence.trouble(step)
-        stop = reading.flag > 0
         promote = due.checkpoint and self.cadence.repromote_due(step)
         if due.checkpoint or stop:
             final = step == self.cadence.total or stop or promote
@@ -128,12 +139,13 @@ class IntervalWork:
             if promote and saved:
                 clean = self.cadence.clean_steps(step)
                 self.log("repromote", step=step, cleanSteps=clean)
-                raise Repromote(
+                return Repromote(
                     f"{clean} clean steps in {numerics.precision.precision}; checkpoint at step {step} written"
                 )
         if stop:
             self.log("preempted", step=step)
-            raise Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
+            return Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
+        return None
 
     def counters(self) -> Counters:
         """The report's counters: the guard's, and what the last interval read."""

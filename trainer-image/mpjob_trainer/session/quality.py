@@ -65,7 +65,9 @@ class QualityGate:
     def due(self, step: int) -> bool:
         return self.spec.every_steps > 0 and step % self.spec.every_steps == 0
 
-    def check(self, step: int, *, precision: AttemptPrecision, metrics: TrainerMetrics, log: EventLog) -> None:
+    def check(
+        self, step: int, *, precision: AttemptPrecision, metrics: TrainerMetrics, log: EventLog
+    ) -> NumericFault | None:
         """The gate at `step`: evaluate in the attempt's precision and in fp32, record, judge."""
         evaluation = self.measure(step, precision)
         metrics.evaluated(evaluation.loss, evaluation.loss_fp32, evaluation.delta, evaluation.seconds)
@@ -77,7 +79,7 @@ class QualityGate:
             delta=evaluation.delta,
             seconds=round(evaluation.seconds, 4),
         )
-        self.judge(evaluation)
+        return self.judge(evaluation)
 
     def measure(self, step: int, precision: AttemptPrecision) -> Evaluation:
         """Evaluate in the attempt's precision and, when that is a low one, in its EVAL mode (fp32)."""
@@ -93,14 +95,15 @@ class QualityGate:
         agreed = all_reduce_max(torch.tensor(min(mine, 1e300), dtype=torch.float64, device=self.device), self.world)
         return Evaluation(step, loss, reference, float(agreed.item()), time.perf_counter() - began)
 
-    def judge(self, evaluation: Evaluation) -> None:
-        """Count an evaluation; the second in a row above maxLossDelta ends the precision."""
+    def judge(self, evaluation: Evaluation) -> NumericFault | None:
+        """Count an evaluation; the second in a row above maxLossDelta is a QualityDrift fault."""
         limit = self.spec.max_loss_delta
         self.over = self.over + 1 if evaluation.delta > limit else 0
-        if self.over >= IN_A_ROW:
-            raise NumericFault(
-                GuardRule.QUALITY_DRIFT,
-                f"eval loss {evaluation.loss:.6g} vs {evaluation.loss_fp32:.6g} in fp32 at the same weights: "
-                f"relative delta {evaluation.delta:.3g} > validation.maxLossDelta={limit:g} at {IN_A_ROW} "
-                f"evaluations in a row (step {evaluation.step})",
-            )
+        if self.over < IN_A_ROW:
+            return None
+        return NumericFault(
+            GuardRule.QUALITY_DRIFT,
+            f"eval loss {evaluation.loss:.6g} vs {evaluation.loss_fp32:.6g} in fp32 at the same weights: "
+            f"relative delta {evaluation.delta:.3g} > validation.maxLossDelta={limit:g} at {IN_A_ROW} "
+            f"evaluations in a row (step {evaluation.step})",
+        )

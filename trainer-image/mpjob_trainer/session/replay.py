@@ -44,12 +44,11 @@ Cost: one checkpoint load plus at most replaySteps fp32 steps, once per ended pr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef, Replay
-from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
+from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.session.agreement import RankTable, flatten, gathered, main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
@@ -57,10 +56,7 @@ from mpjob_trainer.session.modes import Mode
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import SamplesFunction, StepFunction, finite
-
-#: Samples and ranks named in a report at most (the report must stay under Kubernetes' 4 KiB).
-MAX_NAMED_SAMPLES = 32
-MAX_NAMED_RANKS = 16
+from mpjob_trainer.session.verdict import Offending, Window, ending_for, inconclusive, listed, verdict_of
 
 
 class LiveWeights(Protocol):
@@ -72,30 +68,12 @@ class LiveWeights(Protocol):
     def load(self, ref: CheckpointRef) -> None: ...
 
 
-@dataclass(frozen=True)
-class Window:
-    """The steps to replay (0-based optimizer step indexes) and where their weights come from."""
-
-    first_fault: int
-    steps: range
-    from_checkpoint: bool
-
-
 def window(first_fault: int, *, checkpoint_step: int | None, replay_steps: int) -> Window:
     """Up to `replay_steps` steps ending at the first faulting one, not before the checkpoint."""
     if checkpoint_step is None or checkpoint_step > first_fault:
         return Window(first_fault, range(first_fault, first_fault + 1), from_checkpoint=False)
     start = max(checkpoint_step, first_fault - replay_steps + 1)
     return Window(first_fault, range(start, first_fault + 1), from_checkpoint=True)
-
-
-@dataclass(frozen=True)
-class Offending:
-    """The step fp32 found non-finite, the ranks whose share it was, and all their samples."""
-
-    step: int
-    ranks: list[int]
-    samples: list[int]
 
 
 class Fp32Replay:
@@ -149,7 +127,7 @@ class Fp32Replay:
             return None
         self.offending = self._offending(first, list(range(self.lent.world.size)))
         win = Window(first, range(first, first + 1), from_checkpoint=False)
-        replay = _verdict("data", win, time.monotonic(), steps=0, offending=self.offending)
+        replay = verdict_of("data", win, time.monotonic(), steps=0, offending=self.offending)
         self.lent.log("replay", all_ranks=True, **replay.model_dump(by_alias=True, exclude_none=True))
         return replay
 
@@ -223,7 +201,7 @@ class Fp32Replay:
         table = RankTable.agree({"failed": bool(why)}, self.lent.world, self.lent.numerics.precision.device)
         if not table.any("failed"):
             return None
-        return why or f"rank(s) {_listed(table.ranks('failed'))} could not load the replay's weights"
+        return why or f"rank(s) {listed(table.ranks('failed'))} could not load the replay's weights"
 
     def _judge(self, win: Window) -> Replay:
         """Each step of the window in turn, until one is non-finite on any rank (all ranks stop
@@ -248,71 +226,15 @@ class Fp32Replay:
             table = RankTable.agree(mine, world, device)
             done = index - win.steps.start + 1
             if table.any("raised"):
-                return _verdict("inconclusive", win, began, steps=done)
+                return verdict_of("inconclusive", win, began, steps=done)
             if table.any("loss", "grad"):
                 self.offending = self._offending(index, table.ranks("loss") or table.ranks("grad"))
-                return _verdict("data", win, began, steps=done, offending=self.offending)
+                return verdict_of("data", win, began, steps=done, offending=self.offending)
             if table.any("late") and index != win.steps[-1]:
-                return _verdict("inconclusive", win, began, steps=done)
-        return _verdict("precision", win, began, steps=len(win.steps))
+                return verdict_of("inconclusive", win, began, steps=done)
+        return verdict_of("precision", win, began, steps=len(win.steps))
 
     def _offending(self, index: int, ranks: list[int]) -> Offending:
         """Step `index` of `ranks`, with their samples gathered from them."""
         mine = self.samples(index) if self.samples is not None else []
         return Offending(index, ranks, flatten(gathered(list(mine), self.lent.world), ranks))
-
-
-def _listed(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
-
-
-def _verdict(verdict: str, win: Window, began: float, *, steps: int, offending: Offending | None = None) -> Replay:
-    return Replay(
-        verdict=verdict,
-        first_step=win.first_fault,
-        steps=steps,
-        from_checkpoint=win.from_checkpoint,
-        offending_step=offending.step if offending else None,
-        samples=offending.samples[:MAX_NAMED_SAMPLES] if offending else [],
-        ranks=offending.ranks[:MAX_NAMED_RANKS] if offending else [],
-        seconds=round(time.monotonic() - began, 3),
-    )
-
-
-def inconclusive(first_fault: int) -> Replay:
-    """No replay could be made: the precision is blamed, as before replays existed."""
-    return Replay(verdict="inconclusive", first_step=first_fault)
-
-
-def ending_for(fault: NumericFault, replay: Replay) -> Exception:
-    """What ends the attempt after the replay: NonFiniteInFp32, or the fault, told what fp32 said."""
-    message = describe(replay, f"{fault.rule}: {fault}")
-    if replay.verdict == "data":
-        return NonFiniteInFp32(message)
-    return NumericFault(fault.rule, message.removeprefix(f"{fault.rule}: "))
-
-
-def describe(replay: Replay, rule_message: str) -> str:
-    """The human message of an attempt that ended after a replay. It counts steps from 1, as the
-    log lines and the guard's messages do (the report's fields are 0-based indexes)."""
-    if replay.verdict == "data" and replay.steps == 0:
-        return (
-            f"{rule_message}; the attempt is in fp32, so step {(replay.offending_step or 0) + 1} being non-finite "
-            "is the data's or the model's fault, not the precision's"
-        )
-    if replay.verdict == "data":
-        shown = f"; samples of that step there: [{', '.join(str(i) for i in replay.samples)}]" if replay.samples else ""
-        origin = (
-            "the last good state (checkpoint or first step)"
-            if replay.from_checkpoint
-            else "the weights before the fault"
-        )
-        whose = f"rank {replay.ranks[0]}" if len(replay.ranks) == 1 else f"ranks {_listed(replay.ranks)}"
-        return (
-            f"{rule_message}; replayed in fp32 from {origin}, step {(replay.offending_step or 0) + 1} is "
-            f"non-finite too: the data or the model is at fault, not the precision ({whose}{shown})"
-        )
-    if replay.verdict == "precision":
-        first, last = replay.first_step - replay.steps + 2, replay.first_step + 1
-        return f"{rule_message}; fp32 replayed steps {first}-{last} finitely: the precision is at fault"
-    return f"{rule_message}; no fp32 replay could tell (inconclusive)"

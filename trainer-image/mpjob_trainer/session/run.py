@@ -1,9 +1,6 @@
-"""Session: one process's share of an attempt, as a training loop sees it.
-
-The loop keeps its own model, optimizer, schedule and data; the session owns what mpjob promises
-about every attempt, each through one collaborator: the precision and its modes (session.modes),
-the step's arithmetic and the guard (session.steps), the intervals (session.interval), checkpoints
-and exact resume (Checkpointer, TrainingState), progress, preemption, and the exit code and report (session.ending).
+"""Session: one process's share of an attempt, as a training loop sees it: a facade over the
+attempt's parts (session.assembly), each of which keeps one promise mpjob makes about every
+attempt (precision and modes, step arithmetic and guard, intervals, checkpoints, recovery, report).
 
 | phase    | entered by                  | the loop may call                                          |
 |----------|-----------------------------|------------------------------------------------------------|
@@ -14,12 +11,7 @@ and exact resume (Checkpointer, TrainingState), progress, preemption, and the ex
 `end_step` before `resume` and a second `resume` are configuration errors. `register_step`
 in an `auto` attempt runs the PROBE mode once, then trains in the chosen precision; a
 numeric fault runs the REPLAY mode inside `close`; the quality gate runs EVAL at its steps.
-
-The one sync point: per optimizer step the session never waits for the device beyond
-GradScaler's own found_inf check. Losses, the gradient norm and the guard's counters stay
-device tensors until `end_step` reaches a log, checkpoint or evaluation interval (or a
-single process sees SIGTERM); there one read (NumericGuard.read, all-reduced under DDP)
-serves the log line, the metrics, the guard, the checkpoint decision and preemption.
+The one sync point per interval, and none per step: session.steps.
 """
 
 from __future__ import annotations
@@ -36,35 +28,22 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer import sharding
-from mpjob_trainer.checkpoint.select import open_store
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.events import EventLog
-from mpjob_trainer.guard import NumericGuard
-from mpjob_trainer.metrics import TrainerMetrics
-from mpjob_trainer.precision import resolve
 from mpjob_trainer.quarantine import Quarantine
-from mpjob_trainer.session.attempt import config_digest
+from mpjob_trainer.session.assembly import assemble
 from mpjob_trainer.session.checkpointing import Checkpointer
-from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.ending import Standing, classify, conclude
-from mpjob_trainer.session.instruments import Instruments
-from mpjob_trainer.session.interval import Cadence, IntervalWork
 from mpjob_trainer.session.measure import measure_and_settle
-from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.preemption import PreemptionFlag
-from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
-from mpjob_trainer.session.reentry import ReEntry
-from mpjob_trainer.session.replay import Fp32Replay, LiveWeights
-from mpjob_trainer.session.rollback import FreshStart
-from mpjob_trainer.session.setup import ModelSetUp
-from mpjob_trainer.session.skipping import DataRung
+from mpjob_trainer.session.replay import LiveWeights
 from mpjob_trainer.session.state import TrainingState, seed_everything
-from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, StepNumerics
+from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction
 
 
-class Session(ModelSetUp, ReEntry):
+class Session:
     """Made by `mpjob_trainer.session.start()`; use it as a context manager."""
 
     def __init__(
@@ -86,28 +65,19 @@ class Session(ModelSetUp, ReEntry):
         self.device = dist_env.pick_device(world)
         dist_env.init_process_group(world, self.device)
         seed_everything(self.spec.training.seed)
-        self._amp = AttemptPrecision(resolve(launch.precision, self.device), self.device, self.spec.precision)
-        self._numerics = StepNumerics(self._amp, NumericGuard(self.spec.precision.guard, self.device, world))
-        self._metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, self.precision)
-        self._instruments = Instruments(launch, world=world, device=self.device, log=log, metrics=self._metrics)
-        store = open_store(launch, config_digest=config_digest(launch), log=log, metrics=self._metrics)
-        self._checkpoints = Checkpointer(store, world, log, self._metrics)
-        self._progress = Progress(self._metrics, log, world, self.device, flops_per_sample=None, tokens_per_sample=None)
+        parts = assemble(launch, self.spec, world, log, self.device)
+        self._amp, self._numerics, self._metrics = parts.amp, parts.numerics, parts.metrics
+        self._progress, self._instruments, self._checkpoints = parts.progress, parts.instruments, parts.checkpoints
+        self._setup, self._context, self._intervals = parts.setup, parts.context, parts.intervals
+        self._recovery, self._rung = parts.recovery, parts.recovery.rung
         self.set_sample_cost(flops=flops_per_sample, tokens=tokens_per_sample)
         self._state: TrainingState | None = None
         self.start_step = 0
         self._started_at: int | None = None  # the start step once resume() decided it (the report's)
         self._step = 0
         self._exit_code: int | None = None
-        self._replay: Fp32Replay | None = None
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
-        self._wrapper = sharding.Wrapper(world, self.device, spec=self.spec, requested=launch.precision, log=log)
-        self._context = AttemptContext(self._numerics, world, log, self._metrics)
-        self._rung = DataRung(self.spec.precision.guard, self._context, self.spec.fault_policy)
-        cadence = Cadence(self.spec, launch.repromote_after_steps)
-        self._intervals = IntervalWork(self._numerics, cadence, progress=self._progress, log=log)
-        self._intervals.inspectors.append(self._rung.inspect)
 
     @property
     def precision(self) -> Precision:
@@ -149,6 +119,32 @@ class Session(ModelSetUp, ReEntry):
         self._progress.flops_per_sample, self._progress.tokens_per_sample = flops, tokens
 
     # ---------------------------------------------------------------- set-up (session.setup: the model)
+    def keep_fp32(self, model: nn.Module) -> list[str]:
+        """fp8 linears in fp8 attempts, then spec.precision.keepFp32 module types in fp32 (ModelSetUp)."""
+        return self._setup.keep_fp32(model)
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """`torch.compile(model)` as spec.training.compile says; after keep_fp32, before wrap (ModelSetUp)."""
+        return self._setup.compile(model)
+
+    def adamw(
+        self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
+    ) -> torch.optim.AdamW:
+        """AdamW, no weight decay on parameters of fewer than 2 dimensions, fused on CUDA (ModelSetUp)."""
+        return self._setup.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
+
+    def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
+        """The model as spec.parallelism trains it: DDP, or FSDP2 on `blocks` and the root (ModelSetUp)."""
+        return self._setup.wrap(model, blocks=blocks)
+
+    def reenter_on_rollback(self) -> None:
+        """The loop re-enters from a checkpoint after a rollback instead of being rolled back in place (Recovery)."""
+        self._recovery.reenter_on_rollback()
+
+    def checkpoint_start(self) -> None:
+        """At a fresh start of a loop that re-enters, checkpoint step 0; call it once the loop's own state exists."""
+        self._recovery.checkpoint_start(self._state, self._step, self._checkpoints)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The attempt's autocast for forward passes (a no-op in fp32)."""
         return self._amp.autocast()
@@ -158,16 +154,8 @@ class Session(ModelSetUp, ReEntry):
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful, own=self._rung.stateful())
-        loaded = self._checkpoints.open(self._state, self.launch.resume_from, newer_in=self.precision)
-        if loaded is None:
-            self._log("freshStart", reason=f"no valid checkpoint in {self._checkpoints.root}: starting at step 0")
-        else:
-            ref, state = loaded
-            self._numerics.applied.count = self._state.restore(state, self.precision, self._amp.scaler)
-            self.start_step = self._step = ref.step
-            self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
-        for optimizer in self._state.optimizers():  # after loading: DCP may step an empty optimizer once
-            self._numerics.applied.watch(optimizer)
+        ref = self._checkpoints.resume(self._state, self._numerics, self.launch.resume_from)
+        self.start_step = self._step = ref.step if ref is not None else 0
         self._numerics.guard.start_at(self.start_step)
         self._intervals.cadence.trouble(self.start_step)
         self._started_at = self.start_step
@@ -188,11 +176,10 @@ class Session(ModelSetUp, ReEntry):
         (session.measure) and a fault is replayed in fp32 (session.replay). Call it after resume().
         `modules`: the models whose buffers the measurement puts back (default: resume()'s);
         `weights`: a framework's, whose state the session does not hold (session.replay)."""
-        guard = self._wrapper.replayable(self.spec.precision.guard)
-        first, needed = self._checkpoints.last_good is None, bool(guard.replay_steps) or self._rung.rolls_back
-        fresh = FreshStart.if_needed(self._state, self._numerics, fresh=first, needed=needed)
-        self._replay = Fp32Replay(step, samples, spec=guard, lent=self._context, fresh=fresh, weights=weights)
-        self._rung.arm(self._replay, state=self._state, fresh=fresh)
+        guard = self._setup.wrapper.replayable(self.spec.precision.guard)
+        self._recovery.arm(
+            step, samples, guard=guard, weights=weights, state=self._state, checkpoints=self._checkpoints
+        )
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
             if modules is None:
                 modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
@@ -250,17 +237,25 @@ class Session(ModelSetUp, ReEntry):
         self._state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples
         self._progress.window.add(samples)
-        self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
+        ending = self._rung.closing(
+            step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints
+        )
+        if ending is not None:  # the SDK's edge: what ends the step leaves the loop as an exception
+            raise ending
 
-    def _close_step(self, step: int, loss: Number | None) -> None:
+    def _close_step(self, step: int, loss: Number | None) -> Exception | None:
+        """Step `step`'s guard bookkeeping and, when due, its interval's work: what ends it, if anything."""
         assert self._state is not None  # end_step checked it
-        self._numerics.close(step, loss, skipped=self.quarantined.skips_step(step - 1))
+        fault = self._numerics.close(step, loss, skipped=self.quarantined.skips_step(step - 1))
+        if fault is not None:
+            return fault
         self._instruments.step(step)
         gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
         due = self._intervals.cadence.due(step, evaluate=gate is not None and gate.due(step), stop_alone=alone)
-        if due.any:
-            flag = 1.0 if self.preemption.raised else 0.0
-            self._intervals.run(step, due, flag=flag, state=self._state, checkpoints=self._checkpoints, gate=gate)
+        if not due.any:
+            return None
+        flag = 1.0 if self.preemption.raised else 0.0
+        return self._intervals.run(step, due, flag=flag, state=self._state, checkpoints=self._checkpoints, gate=gate)
 
     def __enter__(self) -> Session:
         return self
@@ -282,9 +277,7 @@ class Session(ModelSetUp, ReEntry):
             self._metrics.trip(exc.rule)
             self._log("fault", step=self._step, rule=exc.rule, message=str(exc), all_ranks=True)
         self._checkpoints.settle(self._step)
-        unjudged = self._replay is not None and self._replay.replayed is None  # else the data rung judged it
-        if isinstance(exc, NumericFault) and self._replay is not None and self._state is not None and unjudged:
-            exc = self._replay.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
+        exc = self._recovery.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
         self._exit_code = conclude(exc, self._standing(), self._log)
         self._instruments.close(self._step, self._exit_code)
         with contextlib.suppress(Exception):
@@ -299,7 +292,7 @@ class Session(ModelSetUp, ReEntry):
             precision=self.precision,
             last_good=self._checkpoints.last_good,
             counters=self._intervals.counters(),
-            replay=self._replay.replayed if self._replay is not None else None,
+            replay=self._recovery.replayed,
             measurement=self._measurement,
             loss_scales=self._intervals.scales.points,
             skipped=self._rung.skipped(),

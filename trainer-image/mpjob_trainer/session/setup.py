@@ -1,5 +1,5 @@
-"""ModelSetUp: the Session's set-up helpers for the loop's model (keepFp32, compile, the
-optimizer, DDP), apart from the attempt's own state so session.run reads as the phases."""
+"""ModelSetUp: the loop's model as the attempt trains it (fp8 linears, keepFp32, compile, the
+optimizer, DDP or FSDP2), the part of the Session the loop calls while it sets up."""
 
 from __future__ import annotations
 
@@ -9,31 +9,35 @@ from torch import nn
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import sharding, speed
-from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.precision import autocast_fp32_types, keep_fp32
 from mpjob_trainer.session.modes import AttemptPrecision
 
 
 class ModelSetUp:
-    """Mixed into Session, which provides these attributes."""
+    """The Session's set-up calls for the loop's model, in the attempt's precision."""
 
-    spec: MixedPrecisionJobSpec
-    device: torch.device
-    world: World
-    _log: EventLog
-    _wrapper: sharding.Wrapper
-    _amp: AttemptPrecision
-    launch: AttemptLaunch
+    def __init__(
+        self,
+        spec: MixedPrecisionJobSpec,
+        launch: AttemptLaunch,
+        amp: AttemptPrecision,
+        wrapper: sharding.Wrapper,
+        *,
+        log: EventLog,
+        device: torch.device,
+    ) -> None:
+        self.spec, self.launch, self.amp, self.wrapper = spec, launch, amp, wrapper
+        self.log, self.device = log, device
 
     @property
     def precision(self) -> Precision:
-        raise NotImplementedError
+        return self.amp.precision
 
     def _convert_fp8(self, model: nn.Module) -> None:
         """fp8 linears in fp8 attempts (session.modes), once, at whichever of keep_fp32, compile
         and wrap comes first: a loop need not call keep_fp32 for fp8, as for fp16 and bf16."""
-        self._amp.convert_fp8(model, auto=self.launch.precision == "auto", log=self._log)
+        self.amp.convert_fp8(model, auto=self.launch.precision == "auto", log=self.log)
 
     def keep_fp32(self, model: nn.Module) -> list[str]:
         """The precision's set-up of the model: fp8 linears in fp8 attempts, then keepFp32
@@ -44,7 +48,7 @@ class ModelSetUp:
             return []
         kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)
         wrapped = keep_fp32(model, kept, self.device)
-        self._log("keepFp32", wrapped=wrapped, skipped=[name for name in kept if name in free])
+        self.log("keepFp32", wrapped=wrapped, skipped=[name for name in kept if name in free])
         return wrapped
 
     def compile(self, model: nn.Module) -> nn.Module:
@@ -52,7 +56,7 @@ class ModelSetUp:
         Call it after keep_fp32 and before wrap; resume() takes the uncompiled module."""
         self._convert_fp8(model)  # before tracing: the compiled graph holds the fp8 linears
         compiled = speed.compile_model(model, self.spec.training.compile, self.device)
-        self._log("compile", mode=self.spec.training.compile, compiled=compiled is not model)
+        self.log("compile", mode=self.spec.training.compile, compiled=compiled is not model)
         return compiled
 
     def adamw(
@@ -65,4 +69,4 @@ class ModelSetUp:
         """The model as spec.parallelism trains it: DDP, or FSDP2 on each of `blocks` and the root,
         in place (make the optimizer after); activation checkpointing per block (mpjob_trainer.sharding)."""
         self._convert_fp8(model)  # before DDP or FSDP2 takes the parameters
-        return self._wrapper.wrap(model, blocks, precision=self.precision)
+        return self.wrapper.wrap(model, blocks, precision=self.precision)

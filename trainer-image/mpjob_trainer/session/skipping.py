@@ -48,35 +48,13 @@ from mpjob_trainer.session.agreement import gathered
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.machine import AttemptMachine, Event, Phase
+from mpjob_trainer.session.outcomes import LossSpiked, RolledBack, SuspectSteps
 from mpjob_trainer.session.policy import trainer_actions
 from mpjob_trainer.session.replay import Fp32Replay
 from mpjob_trainer.session.rollback import FreshStart, restore, rollback_target
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import Number, Read
 from mpjob_trainer.spike import SpikeDetector
-
-
-class SuspectSteps(NumericFault):
-    """A non-finite loss below the guard's bound, replayed before it can do harm."""
-
-
-class RolledBack(Exception):
-    """The session was rolled back to the checkpoint `ref`: the loop re-enters from it (a
-    framework adapter, DataRung.reenters). Not a NumericFault: no precision is given up."""
-
-    def __init__(self, ref: CheckpointRef) -> None:
-        super().__init__(f"rolled back to the checkpoint of step {ref.step}")
-        self.ref = ref
-
-
-class LossSpiked(NumericFault):
-    """Finite losses above their window (guard.spike) at `steps`."""
-
-    def __init__(self, steps: range, detected_at: int) -> None:
-        super().__init__(
-            GuardRule.LOSS_SPIKE, f"loss spike at steps {steps.start}-{steps.stop - 1} (detected at {detected_at})"
-        )
-        self.steps = steps
 
 
 class DataRung:
@@ -140,50 +118,55 @@ class DataRung:
         step: int,
         loss: Number | None,
         *,
-        close: Callable[[int, Number | None], None],
+        close: Callable[[int, Number | None], Exception | None],
         state: TrainingState | None,
         checkpoints: Checkpointer,
-    ) -> None:
+    ) -> Exception | None:
         """Close step `step` with `close` (the session's); a fault the rung handles is recovered
-        from and the step closed again, now on the re-run step's own loss."""
+        from and the step closed again, now on the re-run step's own loss. What ends the step
+        otherwise (the attempt's ending, RolledBack, Preempted, ...) is returned."""
         if self.machine.phase is Phase.REENTERING:  # the loop re-entered and closes its first step
             self.machine.fire(Event.REENTERED)
         while True:
-            try:
-                close(step, loss)
-                return
-            except NumericFault as fault:
-                if state is None:
-                    raise
-                self.recover(fault, step=step, state=state, checkpoints=checkpoints)
-                loss = None
+            outcome = close(step, loss)
+            if not isinstance(outcome, NumericFault) or state is None:
+                return outcome
+            ending = self.recover(outcome, step=step, state=state, checkpoints=checkpoints)
+            if ending is not None:
+                return ending
+            loss = None
 
     # ---------------------------------------------------------------- at an interval's read
-    def inspect(self, step: int, read: Read) -> None:
-        """Raise what the rung handles: a spike, or a non-finite loss the guard would let pass."""
+    def inspect(self, step: int, read: Read) -> NumericFault | None:
+        """What the rung handles, seen at an interval's read: a spike, or a non-finite loss the
+        guard would let pass (suspect: replayed at once)."""
         spikes = read.guard.spikes
         if spikes is not None and self.spike is not None:
             self.lent.log("lossSpike", firstStep=spikes.start, lastStep=spikes.stop - 1, detectedAt=step)
             self.spike.forget_spikes()
             if self.on_spike == "end" or self.replay is not None:  # else nothing to run again: seen only
-                raise LossSpiked(spikes, step)
+                return LossSpiked(spikes, step)
         guard = self.lent.numerics.guard
         counted = read.guard.non_finite_losses - guard.forgiven
         suspect = guard.new_non_finite > 0 and counted < guard.spec.max_non_finite_losses
         if suspect and self.replay is not None and self.skips_bad_data and not self._precision_suspected:
-            raise SuspectSteps(GuardRule.MAX_NON_FINITE_LOSSES, f"a non-finite loss by step {step}")
+            return SuspectSteps(GuardRule.MAX_NON_FINITE_LOSSES, f"a non-finite loss by step {step}")
+        return None
 
     # ---------------------------------------------------------------- the rung
-    def recover(self, fault: NumericFault, *, step: int, state: TrainingState, checkpoints: Checkpointer) -> None:
-        """Roll back, skip and catch up to `step` (1-based, where the loop stands); raises the
-        attempt's ending when the rung cannot go on."""
+    def recover(
+        self, fault: NumericFault, *, step: int, state: TrainingState, checkpoints: Checkpointer
+    ) -> Exception | None:
+        """Roll back, skip and catch up to `step` (1-based, where the loop stands): None, or a
+        fault met while catching up; else what ends the attempt when the rung cannot go on, or
+        RolledBack for a loop that re-enters."""
         if isinstance(fault, LossSpiked) and self.on_spike == "end":
-            raise self._ended(fault)  # the job's faultPolicy ends the attempt on a spike (FallBack or Fail)
+            return self._ended(fault)  # the job's faultPolicy ends the attempt on a spike (FallBack or Fail)
         if isinstance(fault, LossSpiked):
             self.machine.fire(Event.SPIKE)
             return self._skip(list(fault.steps), "spike", step=step, state=state, checkpoints=checkpoints)
         if self.replay is None or not self.skips_bad_data:
-            raise self._ended(fault)
+            return self._ended(fault)
         self.machine.fire(Event.FAULT)
         ending = self.replay.judge(fault, state=state, checkpoints=checkpoints)
         verdict = self.replay.replayed
@@ -192,24 +175,24 @@ class DataRung:
             self.machine.fire(Event.DATA)
             return self._skip([verdict.offending_step], "data", step=step, state=state, checkpoints=checkpoints)
         if not isinstance(fault, SuspectSteps):
-            raise self._ended(ending)
+            return self._ended(ending)
         self._precision_suspected = True  # the precision's: today's bounds decide from here
         self.replay.replayed = None
         self.machine.fire(Event.RERUN)
-        self._rewind_and_catch_up(step, state=state, checkpoints=checkpoints)
-        return None
+        start = self._rewind(step - 1, state=state, checkpoints=checkpoints)
+        return start if isinstance(start, Exception) else self._go_on(start, step)
 
     def _ended(self, ending: Exception) -> Exception:
-        """The attempt ends with `ending` (raised by the caller)."""
+        """The attempt ends with `ending` (returned to the session, which raises it to the loop)."""
         self.machine.fire(Event.END)
         return ending
 
     def _skip(
         self, steps: list[int], cause: SkipCause, *, step: int, state: TrainingState, checkpoints: Checkpointer
-    ) -> None:
+    ) -> Exception | None:
         already = self.quarantine.steps
         if cause == "data" and set(steps) & set(already):
-            raise self._ended(
+            return self._ended(
                 NonFiniteInFp32(
                     f"step {describe_steps(steps[:1])} is non-finite in fp32 again after it was skipped: the loop "
                     "does not leave quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
@@ -217,7 +200,7 @@ class DataRung:
             )
         if len(already) + len(steps) > self.spec.max_skipped_steps:
             shown = describe_steps([*already, *steps])
-            raise self._ended(
+            return self._ended(
                 NonFiniteInFp32(
                     f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
                     "steps to skip; the data or the model is at fault, not the precision"
@@ -225,6 +208,8 @@ class DataRung:
             )
         forgiven = self.lent.numerics.guard.forgiven
         start = self._rewind(min(steps), state=state, checkpoints=checkpoints)
+        if isinstance(start, Exception):
+            return start
         self.lent.metrics.forgave(self.lent.numerics.guard.forgiven - forgiven)
         named = [self._samples_of(s, cause) for s in steps]  # screened at the restored weights
         for index, samples in zip(steps, named, strict=True):
@@ -240,7 +225,7 @@ class DataRung:
             skippedSteps=len(self.quarantine),
             quarantine=self.quarantine.summary(spans=REPORT_RANGES).model_dump(by_alias=True),
         )
-        self._go_on(start, step)
+        return self._go_on(start, step)
 
     def _samples_of(self, index: int, cause: SkipCause) -> list[int]:
         """The samples of step `index`: for bad data those of the ranks the fp32 replay named (all
@@ -257,25 +242,24 @@ class DataRung:
             return narrowed or every
         return every
 
-    def _rewind_and_catch_up(self, step: int, *, state: TrainingState, checkpoints: Checkpointer) -> None:
-        start = self._rewind(step - 1, state=state, checkpoints=checkpoints)
-        self._go_on(start, step)
-
-    def _go_on(self, start: int, step: int) -> None:
-        """After a rollback to `start`: catch up to `step` in place, or leave the loop to re-enter."""
+    def _go_on(self, start: int, step: int) -> Exception | None:
+        """After a rollback to `start`: catch up to `step` in place (None, or a fault met on the
+        way), or leave the loop to re-enter (RolledBack)."""
         if self.reenters:
             assert self._rolled_back_to is not None  # a loop that re-enters has no in-memory start state
             self.machine.fire(Event.LEFT_LOOP)
-            raise RolledBack(self._rolled_back_to)
+            return RolledBack(self._rolled_back_to)
         self.machine.fire(Event.RESTORED)
-        self._catch_up(start, step)
+        fault = self._catch_up(start, step)
         self.machine.fire(Event.CAUGHT_UP)
+        return fault
 
-    def _rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int:
-        """Restore the newest good state at or before step index `before`; its step."""
+    def _rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int | Exception:
+        """Restore the newest good state at or before step index `before`: its step, or the
+        attempt's ending when there is none."""
         target = rollback_target(before, checkpoints=checkpoints, world=self.lent.world, fresh=self._fresh)
         if target is None:
-            raise self._ended(
+            return self._ended(
                 NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
             )
         self._rolled_back_to = target.ref
@@ -284,12 +268,16 @@ class DataRung:
             self.spike.forget_spikes()
         return target.step
 
-    def _catch_up(self, start: int, step: int) -> None:
-        """Run steps start..step-1 (0-based) again; the loop's end_step closes the last."""
+    def _catch_up(self, start: int, step: int) -> NumericFault | None:
+        """Run steps start..step-1 (0-based) again; the loop's end_step closes the last. A fault
+        the guard sees on the way ends the catching up there (the rung judges it next)."""
         replay, numerics = self.replay, self.lent.numerics
         assert replay is not None
         for index in range(start, step):
             if not self.quarantine.skips_step(index):
                 replay.step(index)
-            if index + 1 < step:
-                numerics.close(index + 1, None, skipped=self.quarantine.skips_step(index))
+            if index + 1 < step and (
+                fault := numerics.close(index + 1, None, skipped=self.quarantine.skips_step(index))
+            ):
+                return fault
+        return None

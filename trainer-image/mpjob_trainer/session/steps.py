@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.progress import Interval, host_value
@@ -153,17 +154,16 @@ class StepNumerics:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def close(self, step: int, loss: Number | None, *, skipped: bool = False) -> None:
-        """Per-step guard bookkeeping, host-only (raises on too many overflows in a row). A step
-        `skipped` whole (quarantined: nothing trained) applied no update and is no overflow."""
+    def close(self, step: int, loss: Number | None, *, skipped: bool = False) -> NumericFault | None:
+        """Per-step guard bookkeeping, host-only; the fault of too many overflows in a row, if so.
+        A step `skipped` whole (quarantined: nothing trained) applied no update and is no overflow."""
         observed = self.tally.close(loss)
         if observed is not None:
             self.guard.observe_loss(torch.as_tensor(observed))
-        try:
-            self.guard.end_step(step, self.precision.scaler is not None and not skipped)
-        finally:
-            self.guard.begin_step()
-            self.tally.clear()
+        fault = self.guard.end_step(step, self.precision.scaler is not None and not skipped)
+        self.guard.begin_step()
+        self.tally.clear()
+        return fault
 
     def numbers(self, step: int, read: Read) -> Interval:
         """The log line's numbers for the interval `read` was taken at."""

@@ -1,0 +1,71 @@
+"""How one attempt's parts are built and wired together (the Session's composition root): the
+precision and its step arithmetic, metrics and instruments, the checkpointer over the job's
+store, progress, the model's set-up, the recovery and the interval work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer import sharding
+from mpjob_trainer.checkpoint.select import open_store
+from mpjob_trainer.distributed import World
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.guard import NumericGuard
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.precision import resolve
+from mpjob_trainer.session.attempt import config_digest
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.instruments import Instruments
+from mpjob_trainer.session.interval import Cadence, IntervalWork
+from mpjob_trainer.session.modes import AttemptPrecision
+from mpjob_trainer.session.progress import Progress
+from mpjob_trainer.session.recovery import Recovery
+from mpjob_trainer.session.setup import ModelSetUp
+from mpjob_trainer.session.steps import StepNumerics
+
+
+@dataclass(frozen=True)
+class Parts:
+    amp: AttemptPrecision
+    numerics: StepNumerics
+    metrics: TrainerMetrics
+    instruments: Instruments
+    checkpoints: Checkpointer
+    progress: Progress
+    setup: ModelSetUp
+    context: AttemptContext
+    recovery: Recovery
+    intervals: IntervalWork
+
+
+def assemble(
+    launch: AttemptLaunch, spec: MixedPrecisionJobSpec, world: World, log: EventLog, device: torch.device
+) -> Parts:
+    """The attempt's parts, wired: the data rung inspects every interval's read."""
+    amp = AttemptPrecision(resolve(launch.precision, device), device, spec.precision)
+    numerics = StepNumerics(amp, NumericGuard(spec.precision.guard, device, world))
+    metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, amp.precision)
+    store = open_store(launch, config_digest=config_digest(launch), log=log, metrics=metrics)
+    progress = Progress(metrics, log, world, device, flops_per_sample=None, tokens_per_sample=None)
+    wrapper = sharding.Wrapper(world, device, spec=spec, requested=launch.precision, log=log)
+    context = AttemptContext(numerics, world, log, metrics)
+    recovery = Recovery(spec.precision.guard, context, spec.fault_policy)
+    intervals = IntervalWork(numerics, Cadence(spec, launch.repromote_after_steps), progress=progress, log=log)
+    intervals.inspectors.append(recovery.rung.inspect)
+    return Parts(
+        amp=amp,
+        numerics=numerics,
+        metrics=metrics,
+        instruments=Instruments(launch, world=world, device=device, log=log, metrics=metrics),
+        checkpoints=Checkpointer(store, world, log, metrics),
+        progress=progress,
+        setup=ModelSetUp(spec, launch, amp, wrapper, log=log, device=device),
+        context=context,
+        recovery=recovery,
+        intervals=intervals,
+    )

@@ -1,0 +1,79 @@
+"""Recovery: the one owner of what happens after trouble in an attempt.
+
+It holds the data rung and its attempt machine (session.skipping, session.machine), the fp32
+replay (session.replay) and the state they roll back to before the first checkpoint
+(session.rollback.FreshStart), and how the loop is rolled back: in place, or, for a loop
+whose state the session does not hold (the framework adapters), by re-entering it from a
+checkpoint. The Session hands it the loop's step function (`arm`) and, at the end, a fault no
+rung handled (`judge`): every recovery decision is taken here, never by the Session."""
+
+from __future__ import annotations
+
+from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.policy import FaultPolicy
+from mpjob_contract.report import Replay
+from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.replay import Fp32Replay, LiveWeights
+from mpjob_trainer.session.rollback import FreshStart
+from mpjob_trainer.session.skipping import DataRung
+from mpjob_trainer.session.state import TrainingState
+from mpjob_trainer.session.steps import SamplesFunction, StepFunction
+
+
+class Recovery:
+    def __init__(self, guard: GuardSpec, context: AttemptContext, policy: FaultPolicy | None) -> None:
+        self.context = context
+        self.rung = DataRung(guard, context, policy)
+        self.replay: Fp32Replay | None = None
+
+    @property
+    def replayed(self) -> Replay | None:
+        """The verdict of the replay this attempt made (None: none was made)."""
+        return self.replay.replayed if self.replay is not None else None
+
+    def arm(
+        self,
+        step: StepFunction,
+        samples: SamplesFunction | None,
+        *,
+        guard: GuardSpec,
+        weights: LiveWeights | None,
+        state: TrainingState | None,
+        checkpoints: Checkpointer,
+    ) -> None:
+        """The loop registered its step: replays and rollbacks can run it (`guard`: the settings
+        the parallelism allows, sharding.Wrapper.replayable)."""
+        first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back
+        fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
+        self.replay = Fp32Replay(step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights)
+        self.rung.arm(self.replay, state=state, fresh=fresh)
+
+    def judge(
+        self, exc: BaseException | None, *, state: TrainingState | None, checkpoints: Checkpointer
+    ) -> BaseException | None:
+        """What ends the attempt: a numeric fault no rung judged is replayed in fp32 (data or
+        precision?); anything else as it is."""
+        unjudged = self.replay is not None and self.replay.replayed is None  # else the data rung judged it
+        if isinstance(exc, NumericFault) and self.replay is not None and state is not None and unjudged:
+            return self.replay.judge(exc, state=state, checkpoints=checkpoints)
+        return exc
+
+    # ---------------------------------------------------------------- a loop that re-enters
+    def reenter_on_rollback(self) -> None:
+        """The data rung (guard.onBadData skip, guard.spike) then rolls back the session's own
+        state, quarantines the offending steps whole, and ends `end_step` with RolledBack: the
+        loop re-enters from that checkpoint, training on nothing at a step
+        `quarantined.skips_step` names."""
+        self.rung.reenters = True
+
+    def checkpoint_start(self, state: TrainingState | None, step: int, checkpoints: Checkpointer) -> None:
+        """At a fresh start (`step` 0, no checkpoint), checkpoint step 0 when the data rung may
+        roll back: the state a rollback before the first interval's checkpoint returns to (a
+        loop rolled back in place keeps a host copy instead, DataRung.arm)."""
+        if state is None or step or checkpoints.last_good is not None or not self.rung.rolls_back:
+            return
+        numerics = self.context.numerics
+        amp, applied = numerics.precision, numerics.applied.count
+        checkpoints.save(0, amp.precision, lambda: state.capture(0, applied, amp.precision, amp.scaler), final=True)
