@@ -41,6 +41,26 @@ def test_a_poisoned_sample_is_skipped_and_the_job_succeeds_in_its_first_precisio
     assert held["records"] == [[step["step"], "data", [17]]]  # a later attempt never serves it
 
 
+def test_a_bad_record_before_the_first_checkpoint_costs_bf16_nothing_but_the_record(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
+) -> None:
+    """bf16 applies the bad step and, with checkpoints every 20 steps, none exists when sample 5
+    first poisons the weights (step 1 of 8 per epoch): the trainer replays and rolls back from
+    the attempt's step 0, and the job Succeeds in bf16 in one attempt."""
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=30, every=20)
+    spec["task"] = {"builtin": "mlp", "args": {**MLP, "nonFiniteSamples": [5]}}
+    spec["training"]["batchSize"] = 8
+    spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+    jobs.create("early", spec)
+    status = jobs.wait_phase("early", ("Failed", "Succeeded"), 240)
+    assert status["phase"] == "Succeeded", status
+    (only,) = status["attempts"]
+    assert (only["precision"], only["reason"]) == ("bf16", "Succeeded")
+    (step,) = status["skipped"]["steps"]
+    assert step["step"] < 8 and step["samples"] == [{"first": 5, "last": 5}]
+
+
 def data_skipped(jobs: Jobs, namespace: str, name: str) -> list:
     events = jobs.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
     return [e for e in events if e.reason == "DataSkipped"]

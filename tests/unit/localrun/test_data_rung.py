@@ -85,3 +85,22 @@ def test_bad_data_everywhere_fails_in_one_attempt_naming_the_steps(tmp_path: Pat
     assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NonFiniteInFp32", 45)
     assert "data at step(s) 1, 2, 3, 4: more than guard.maxSkippedSteps=3" in only["message"]
     assert report["skipped"]["count"] == 3
+
+
+@pytest.mark.process
+def test_a_bad_record_before_the_first_checkpoint_costs_bf16_nothing_but_the_record(tmp_path: Path) -> None:
+    """bf16 applies the bad step, and with checkpoints every 20 steps none exists yet when sample 5
+    (served in each 8-step epoch) first poisons the weights: the replay and the rollback start
+    from the attempt's step 0, the sample is quarantined once, and the job Succeeds in bf16."""
+    early = {"mode": "bf16", "fallback": ["fp32"]}
+    code, report, out = run(
+        tmp_path,
+        task=mlp(nonFiniteSamples=[5]),
+        precision=early,
+        checkpoint={**BASE["spec"]["checkpoint"], "everySteps": 20},
+    )
+    assert code == 0 and report["phase"] == "Succeeded", out
+    (only,) = report["attempts"]
+    assert (only["precision"], only["reason"]) == ("bf16", "Succeeded")
+    (step,) = report["skipped"]["steps"]
+    assert step["step"] < 8 and step["samples"] == [{"first": 5, "last": 5}]  # met in the first epoch
