@@ -3,6 +3,7 @@ $KUBECONFIG when set, else a running `make cluster`, else one started for the se
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,30 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+#: Seconds each test file took in a recent whole run (scripts/test_durations.py refreshes it).
+DURATIONS = REPO / "tests" / "durations.json"
+
+
+def slowest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items with the slowest test files first (a file's tests stay together and in order).
+    Parallel workers take files from the front as they free up (scripts/test.sh passes
+    --no-loadscope-reorder), so the long files start early and the short ones fill the end,
+    instead of one worker finishing a long file alone. A file the table lacks counts as fast."""
+    seconds: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(item.nodeid.split("::")[0], index)
+
+    def key(pair: tuple[int, pytest.Item]) -> tuple[float, int, int]:
+        path = pair[1].nodeid.split("::")[0]
+        return (-seconds.get(path, 0.0), first_seen[path], pair[0])
+
+    return [item for _, item in sorted(enumerate(items), key=key)]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _worker(config):
+        items[:] = slowest_files_first(items)
     for item in items:
         if "gpu" in item.keywords:
             try:
