@@ -21,9 +21,19 @@ def per_file(report: Path) -> Counter[str]:
     """Seconds by test file (setup, call and teardown together) in a junit report."""
     seconds: Counter[str] = Counter()
     for case in ET.parse(report).iter("testcase"):
-        path = case.get("classname", "").replace(".", "/") + ".py"
-        seconds[path] += float(case.get("time") or 0.0)
+        if (path := test_file(case.get("classname", ""))) is not None:
+            seconds[path] += float(case.get("time") or 0.0)
     return seconds
+
+
+def test_file(classname: str) -> str | None:
+    """The file of a junit classname (`tests.unit.test_x` or `tests.unit.test_x.TestClass`)."""
+    parts = classname.split(".")
+    for end in range(len(parts), 0, -1):
+        path = "/".join(parts[:end]) + ".py"
+        if (ROOT / path).is_file():
+            return path
+    return None
 
 
 def main(report: str) -> int:
