@@ -208,6 +208,22 @@ class LossSpike(TrainerEvent):
     detected_at: int = Field(alias="detectedAt")
 
 
+class PrecisionChanged(TrainerEvent):
+    """A fallback made in the running processes: the attempt `attempt - 1` ended at `step` (its
+    fault's rule and message), and attempt `attempt` trains in `toPrecision` from `startStep`,
+    `recoverySeconds` after the fault was detected."""
+
+    name = "precisionChanged"
+    attempt: int
+    step: int
+    start_step: int = Field(alias="startStep")
+    from_precision: str = Field(alias="fromPrecision")
+    to_precision: str = Field(alias="toPrecision")
+    rule: str
+    message: str
+    recovery_seconds: float = Field(alias="recoverySeconds")
+
+
 class Repromote(TrainerEvent):
     name = "repromote"
     step: int

@@ -17,7 +17,7 @@ import posixpath
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mpjob_contract.api import MixedPrecisionJobSpec, RequestedPrecision
+from mpjob_contract.api import MixedPrecisionJobSpec, Precision, RequestedPrecision
 from mpjob_contract.environment import LAUNCH_ENV as LAUNCH_ENV  # re-exported: its home is the light module
 
 #: Where the checkpoint volume is mounted in trainer pods.
@@ -73,6 +73,10 @@ class AttemptLaunch(BaseModel):
     #: End this attempt with Repromote (exit 47) at the first checkpoint written after this
     #: many clean steps (None: never; the planner sets it on fallback attempts).
     repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
+    #: The precisions this attempt may fall back to in its running processes, in order (the
+    #: planner's next attempts after a numeric fault that need no restart, within the attempt
+    #: budget); empty: every fallback ends the attempt (precision.inPlace false, or nothing left).
+    in_place_to: list[Precision] = Field(default_factory=list, alias="inPlaceTo")
     spec: MixedPrecisionJobSpec
 
     @model_validator(mode="after")

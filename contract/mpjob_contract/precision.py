@@ -95,6 +95,14 @@ class PrecisionSpec(ApiModel):
         "re-promotion is not tried again.",
     )
     max_repromotions: int = Field(2, ge=0, le=16, description="Re-promotions a job may make in all.")
+    in_place: bool = Field(
+        True,
+        alias="inPlace",
+        description="Fall back in the running processes: restore the last good checkpoint, switch autocast and "
+        "GradScaler, run the steps since it again, go on (a new attempt, inPlace: true, no pod restarted). "
+        "false: every fallback restarts the pods. What cannot change in place (fsdp, a framework adapter, an "
+        "fp32 fallback that splits the micro-batch) restarts either way.",
+    )
     loss_scale: LossScale = Field(default_factory=LossScale)
     guard: Guard = Field(default_factory=Guard)
 

@@ -37,6 +37,11 @@ class AttemptStatus(ApiModel):
     grad_accumulation: int | None = None
     #: This attempt went back up to a faster precision after a fallback (Repromote).
     repromoted: bool | None = None
+    #: The trainer changed to this attempt's precision in its running processes (no pod restarted).
+    in_place: bool | None = None
+    #: Seconds from the fault the previous attempt ended on (the trainer's detection) to this
+    #: attempt's first step, in place or through a restart.
+    recovery_seconds: float | None = None
     #: `auto` attempts: seconds per step the trainer measured on its node, by precision (None:
     #: non-finite); `precision` is the one it chose ("auto" until it has measured).
     measured_step_seconds: dict[str, float | None] | None = None

@@ -63,6 +63,14 @@ class NumericGuard:
         self.spec = spec
         self.world = world
         self.device = device
+        #: The loss spike detector (guard.spike.action rollback), fed and read with the guard.
+        self.spike: SpikeDetector | None = None
+        self.restart_at(0)
+
+    def restart_at(self, step: int) -> None:
+        """Count from nothing, as a new attempt's guard does, from step index `step` (an
+        attempt that starts in place after a fallback, session.inplace)."""
+        device = self.device
         self.consecutive_overflows = 0
         self.overflow_steps = 0
         self._non_finite = torch.zeros((), dtype=torch.int64, device=device)
@@ -75,15 +83,12 @@ class NumericGuard:
         # Since the last good checkpoint (mark_good): 0-based optimizer step indexes, -1 = none.
         self._first_non_finite = torch.full((), -1, dtype=torch.int64, device=device)
         self._first_overflow: int | None = None
-        self._step_index = 0
-        #: The loss spike detector (guard.spike.action rollback), fed and read with the guard.
-        self.spike: SpikeDetector | None = None
         #: Host state of the reads: the attempt's first non-finite loss (1-based) and the step
         #: of the previous read (what a message calls the check interval).
         self.first_non_finite: int | None = None
         self.read_at: int | None = None
         self.previous_read_at: int | None = None
-        self._started_at = 0
+        self._step_index = self._started_at = step
 
     # -- per step, host only ------------------------------------------------------------
     def begin_step(self) -> None:

@@ -55,8 +55,10 @@ def launch_env(
     extra: dict[str, str] | None = None,
     name: str = "report.json",
     shape: tuple[int, int] | None = None,
+    in_place_to: list[str] | None = None,
 ) -> dict[str, str]:
-    """The env of one trainer process; `shape` is the attempt's (microBatch, gradAccumulation)."""
+    """The env of one trainer process; `shape` is the attempt's (microBatch, gradAccumulation),
+    `in_place_to` the precisions it may fall back to in place."""
     launch = {
         "jobName": "t",
         "attempt": attempt,
@@ -67,6 +69,8 @@ def launch_env(
     }
     if shape is not None:
         launch["microBatch"], launch["gradAccumulation"] = shape
+    if in_place_to is not None:
+        launch["inPlaceTo"] = in_place_to
     env = {
         **os.environ,
         "MPJOB_LAUNCH": json.dumps(launch),

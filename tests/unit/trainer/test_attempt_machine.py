@@ -18,6 +18,7 @@ EXPECTED = {
     (P.TRAINING, E.SPIKE): P.ROLLING_BACK,
     (P.JUDGING, E.DATA): P.ROLLING_BACK,
     (P.JUDGING, E.RERUN): P.ROLLING_BACK,
+    (P.JUDGING, E.FALL_BACK): P.ROLLING_BACK,
     (P.ROLLING_BACK, E.RESTORED): P.CATCHING_UP,
     (P.ROLLING_BACK, E.LEFT_LOOP): P.REENTERING,
     (P.CATCHING_UP, E.CAUGHT_UP): P.TRAINING,
@@ -47,6 +48,7 @@ def test_every_phase_and_event_pair(phase: Phase, event: Event) -> None:
     [
         [E.FAULT, E.DATA, E.RESTORED, E.CAUGHT_UP],  # bad data skipped in place
         [E.FAULT, E.RERUN, E.RESTORED, E.CAUGHT_UP],  # a suspect step that was the precision's
+        [E.FAULT, E.FALL_BACK, E.RESTORED, E.CAUGHT_UP],  # the precision's fault: the next one, in place
         [E.SPIKE, E.LEFT_LOOP, E.REENTERED],  # a spike under a framework adapter
     ],
 )

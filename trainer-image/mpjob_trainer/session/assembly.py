@@ -20,6 +20,7 @@ from mpjob_trainer.precision import resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.inplace import InPlace
 from mpjob_trainer.session.instruments import Instruments
 from mpjob_trainer.session.interval import Cadence, IntervalWork
 from mpjob_trainer.session.modes import AttemptPrecision
@@ -54,8 +55,11 @@ def assemble(
     progress = Progress(metrics, log, world, device, flops_per_sample=None, tokens_per_sample=None)
     wrapper = sharding.Wrapper(world, device, spec=spec, requested=launch.precision, log=log)
     context = AttemptContext(numerics, world, log, metrics)
-    recovery = Recovery(spec.precision.guard, context, spec.fault_policy)
-    intervals = IntervalWork(numerics, Cadence(spec, launch.repromote_after_steps), progress=progress, log=log)
+    cadence = Cadence(spec, launch.repromote_after_steps)
+    targets = launch.in_place_to if spec.precision.in_place else []
+    in_place = InPlace(targets, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence)
+    recovery = Recovery(spec.precision.guard, context, spec.fault_policy, in_place)
+    intervals = IntervalWork(numerics, cadence, progress=progress, log=log)
     intervals.inspectors.append(recovery.rung.inspect)
     return Parts(
         amp=amp,

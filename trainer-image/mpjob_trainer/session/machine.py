@@ -8,6 +8,7 @@ another nor end twice.
     Training --Spike--> RollingBack      a loss spike to roll back and skip
     Judging --Data--> RollingBack        the data is at fault: quarantine and roll back
     Judging --Rerun--> RollingBack       a suspect step was the precision's: roll back, run again
+    Judging --FallBack--> RollingBack    the precision is at fault: the next one, in place (session.inplace)
     RollingBack --Restored--> CatchingUp the rollback target is loaded; run the steps again
     RollingBack --LeftLoop--> Reentering the loop re-enters from the checkpoint (adapters)
     CatchingUp --CaughtUp--> Training
@@ -35,6 +36,7 @@ class Event(StrEnum):
     SPIKE = "Spike"
     DATA = "Data"
     RERUN = "Rerun"
+    FALL_BACK = "FallBack"
     RESTORED = "Restored"
     LEFT_LOOP = "LeftLoop"
     CAUGHT_UP = "CaughtUp"
@@ -47,6 +49,7 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.TRAINING, Event.SPIKE): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.DATA): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.RERUN): Phase.ROLLING_BACK,
+    (Phase.JUDGING, Event.FALL_BACK): Phase.ROLLING_BACK,
     (Phase.ROLLING_BACK, Event.RESTORED): Phase.CATCHING_UP,
     (Phase.ROLLING_BACK, Event.LEFT_LOOP): Phase.REENTERING,
     (Phase.CATCHING_UP, Event.CAUGHT_UP): Phase.TRAINING,

@@ -154,11 +154,18 @@ class Progress:
             if value is not None:
                 gauge.set(value)
         overflows, non_finite = self.counted
-        m.overflow_steps.inc(interval.overflow_steps - overflows)
-        m.non_finite.inc(interval.non_finite_losses - non_finite)
+        m.overflow_steps.inc(added(overflows, interval.overflow_steps))
+        m.non_finite.inc(added(non_finite, interval.non_finite_losses))
         self.counted = (interval.overflow_steps, interval.non_finite_losses)
         m.step_seconds.observe(step_seconds)
         m.sample_host_memory()
+
+
+def added(before: int, now: int) -> int:
+    """What a guard count grew by since `before`; a count that fell was started afresh (an
+    attempt begun in place, session.inplace), and all of it is new. The process's counters
+    only grow."""
+    return now - before if now >= before else now
 
 
 def host_value(value: torch.Tensor | float | None) -> float | None:

@@ -15,6 +15,7 @@ from mpjob_contract.report import Replay
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.inplace import InPlace
 from mpjob_trainer.session.replay import Fp32Replay, LiveWeights
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.skipping import DataRung
@@ -23,10 +24,18 @@ from mpjob_trainer.session.steps import SamplesFunction, StepFunction
 
 
 class Recovery:
-    def __init__(self, guard: GuardSpec, context: AttemptContext, policy: FaultPolicy | None) -> None:
+    def __init__(
+        self, guard: GuardSpec, context: AttemptContext, policy: FaultPolicy | None, in_place: InPlace | None = None
+    ) -> None:
         self.context = context
         self.rung = DataRung(guard, context, policy)
+        self.rung.in_place = self.in_place = in_place
         self.replay: Fp32Replay | None = None
+
+    @property
+    def started_at(self) -> int | None:
+        """The start step of the attempt the processes train now, when a change in place began it."""
+        return self.in_place.started_at if self.in_place is not None else None
 
     @property
     def replayed(self) -> Replay | None:
@@ -49,6 +58,18 @@ class Recovery:
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
         self.replay = Fp32Replay(step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights)
         self.rung.arm(self.replay, state=state, fresh=fresh)
+        if self.in_place is not None:
+            self.in_place.why_not = self._not_in_place(state)
+
+    def _not_in_place(self, state: TrainingState | None) -> str | None:
+        """Why this loop cannot change precision in place (None: it can)."""
+        if state is None or not state.objects:
+            return "the session holds none of the loop's state"
+        if self.rung.reenters:
+            return "a framework's loop re-enters from its checkpoint"
+        if state.sharded is not None:
+            return "a sharded model's mixed-precision policy is fixed when it is wrapped"
+        return None
 
     def judge(
         self, exc: BaseException | None, *, state: TrainingState | None, checkpoints: Checkpointer

@@ -288,7 +288,7 @@ class Session:
     def _standing(self) -> Standing:
         return Standing(
             step=self._step,
-            start_step=self._started_at,
+            start_step=self._recovery.started_at if self._recovery.started_at is not None else self._started_at,
             precision=self.precision,
             last_good=self._checkpoints.last_good,
             counters=self._intervals.counters(),

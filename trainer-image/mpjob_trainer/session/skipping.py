@@ -34,6 +34,8 @@ changes), and no further suspect is raised in this attempt.
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +49,7 @@ from mpjob_trainer.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.agreement import gathered
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.inplace import InPlace
 from mpjob_trainer.session.machine import AttemptMachine, Event, Phase
 from mpjob_trainer.session.outcomes import LossSpiked, RolledBack, SuspectSteps
 from mpjob_trainer.session.policy import trainer_actions
@@ -81,6 +84,8 @@ class DataRung:
         #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
         #: whole counts in mpjob_trainer_skipped_samples_total and the quarantine's summary.
         self.step_samples = 0
+        #: Falls back in the running processes when the precision is at fault (session.inplace).
+        self.in_place: InPlace | None = None
 
     def stateful(self) -> dict[str, Any]:
         """What checkpoints hold of the rung (TrainingState's reserved keys)."""
@@ -165,15 +170,25 @@ class DataRung:
         if isinstance(fault, LossSpiked):
             self.machine.fire(Event.SPIKE)
             return self._skip(list(fault.steps), "spike", step=step, state=state, checkpoints=checkpoints)
-        if self.replay is None or not self.skips_bad_data:
+        detected, in_place = time.monotonic(), self.in_place is not None and self.in_place.can(fault)
+        if self.replay is None or not (self.skips_bad_data or in_place):
             return self._ended(fault)
         self.machine.fire(Event.FAULT)
         ending = self.replay.judge(fault, state=state, checkpoints=checkpoints)
         verdict = self.replay.replayed
-        if isinstance(ending, NonFiniteInFp32) and verdict is not None and verdict.offending_step is not None:
+        data = isinstance(ending, NonFiniteInFp32) and verdict is not None and verdict.offending_step is not None
+        if data and self.skips_bad_data:
+            assert verdict is not None and verdict.offending_step is not None
             self.replay.replayed = None
             self.machine.fire(Event.DATA)
             return self._skip([verdict.offending_step], "data", step=step, state=state, checkpoints=checkpoints)
+        if not isinstance(fault, SuspectSteps) and isinstance(ending, NumericFault) and in_place:
+            assert self.in_place is not None
+            self.machine.fire(Event.FALL_BACK)
+            self.replay.replayed, self._precision_suspected = None, False  # the new attempt judges afresh
+            rewind = functools.partial(self._rewind, state=state, checkpoints=checkpoints)
+            start = self.in_place.fall_back(ending, step=step, rewind=rewind, detected=detected)
+            return start if isinstance(start, Exception) else self._go_on(start, step)
         if not isinstance(fault, SuspectSteps):
             return self._ended(ending)
         self._precision_suspected = True  # the precision's: today's bounds decide from here

@@ -1,0 +1,88 @@
+"""InPlace: a fallback made in the running processes (spec.precision.inPlace).
+
+When the fp32 replay says the precision is at fault and the job's fault policy says FallBack,
+the processes need not end: a numeric fault leaves them healthy. Every rank has the same
+verdict (the replay agrees it), so every rank, in step:
+
+1. switches the attempt's precision to the next one the planner allows in place
+   (AttemptLaunch.inPlaceTo: autocast's dtype, a GradScaler only for fp16; fp8's linears run
+   plain outside fp8);
+2. restores the last good state (the checkpoint, else the fresh start's step 0) in it, the
+   guard's counters starting afresh as a new attempt's do;
+3. runs the steps from there up to where the loop stands again through the loop's registered
+   step, and the loop goes on at its next step.
+
+The result is the restart path's, bit for bit: a restarted attempt loads the same checkpoint
+(weights, optimizer, scheduler, generators) and its loop runs the same steps. The change is
+logged as `precisionChanged` (the new attempt's index, the fault, the seconds from detection
+to training again), which `mpjob run` records as an attempt with `inPlace: true`.
+
+Not in place (the attempt ends, and the operator restarts it as before): a sharded model
+(FSDP2 fixes its MixedPrecisionPolicy when it wraps), a loop that re-enters a framework, a
+loop that registered no step, and a fallback that changes the batch shape (the planner then
+leaves that precision out of inPlaceTo)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from mpjob_contract.api import Precision
+from mpjob_contract.codes import Reason
+from mpjob_contract.faults import FaultAction, fault_of
+from mpjob_contract.policy import FaultPolicy
+from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.interval import Cadence
+
+#: Rolls the state back to the newest good one at or before a step index: its step, or the
+#: attempt's ending when there is none.
+Rewind = Callable[[int], "int | Exception"]
+
+
+class InPlace:
+    def __init__(
+        self, targets: list[Precision], *, attempt: int, policy: FaultPolicy, context: AttemptContext, cadence: Cadence
+    ) -> None:
+        self.targets = list(targets)
+        #: The attempt the processes train now (the launched one, plus each change made).
+        self.attempt = attempt
+        self.policy, self.context, self.cadence = policy, context, cadence
+        #: Why no change can be made in place in this attempt (None: it can, targets allowing).
+        self.why_not: str | None = None
+        #: The step the newest in-place attempt started from (None: no change made).
+        self.started_at: int | None = None
+
+    def can(self, fault: NumericFault) -> bool:
+        """May `fault` (the precision's, by the replay's verdict) be answered in place?"""
+        kind = fault_of(Reason.NUMERIC_FAULT, str(fault.rule))
+        if not self.targets or self.why_not is not None or kind is None:
+            return False
+        return self.policy.decide(kind).action is FaultAction.FALL_BACK
+
+    def fall_back(self, fault: NumericFault, *, step: int, rewind: Rewind, detected: float) -> int | Exception:
+        """Switch to the next precision and go back to the last good state in it: the step to run
+        again from (the data rung catches up to `step`), or the ending when there is none."""
+        numerics = self.context.numerics
+        previous, precision = numerics.precision.precision, self.targets.pop(0)
+        numerics.precision.settle(precision)
+        start = rewind(step - 1)
+        if isinstance(start, Exception):
+            return start
+        numerics.guard.restart_at(start)
+        self.cadence.trouble(start)
+        self.cadence.repromote_after = None  # a restart re-promotes: the planner decides it
+        self.attempt, self.started_at = self.attempt + 1, start
+        self.context.metrics.trip(fault.rule)
+        self.context.log(
+            "precisionChanged",
+            attempt=self.attempt,
+            step=step,
+            startStep=start,
+            fromPrecision=previous,
+            toPrecision=precision,
+            rule=str(fault.rule),
+            message=str(fault),
+            recoverySeconds=round(time.monotonic() - detected, 3),
+        )
+        return start
