@@ -12,9 +12,7 @@ a cluster that shows no disruption.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,14 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpjob.localrun import leftover
+from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import reading_of
+from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.series import Point, RunSeries
-from mpjob.localrun.workers import Workers, free_port
+from mpjob.localrun.workers import Workers
 from mpjob.planning import cost, reported
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.inplace import changed_in_place, in_place_targets
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import observe
 from mpjob.planning.planner import StartAttempt, first_attempt
@@ -39,7 +40,6 @@ from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
-from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
 from mpjob_contract.skipping import describe_ranges, describe_steps
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
@@ -73,6 +73,12 @@ class LocalRun:
         self.series = RunSeries()
         #: GPU-seconds of the attempts run here: workers x gpusPerWorker x their wall time.
         self.gpu_seconds: dict[int, float] = {}
+        #: Where this run's trainers keep checkpoints (localrun.launching.checkpoint_dir).
+        self.checkpoint_dir = checkpoint_dir(job, self.paths)
+        #: The attempt the trainers train now: the launched one, or one they changed to in place.
+        self._current: StartAttempt | None = None
+        self._began = 0.0
+        self._clock = RecoveryClock()
 
     # ------------------------------------------------------------------ the plan
     def run(self) -> MixedPrecisionJobStatus:
@@ -81,22 +87,9 @@ class LocalRun:
         start = self._resume_or_start()
         while start is not None:
             outcome = self._run_attempt(start)
-            start = self._conclude(start, outcome)
+            start = self._conclude(self._current or start, outcome)
         self._save()
         return self.status
-
-    @property
-    def _checkpoint_dir(self) -> str:
-        """Where this run's trainers keep checkpoints (AttemptLaunch.checkpointDir): --out's
-        folder, or in checkpoint.storage.s3's bucket the job's folder with --out's digest for
-        the UID (a rerun of the same --out resumes; another --out starts clean). Credentials
-        come from the environment or AWS_SHARED_CREDENTIALS_FILE, as for any S3 client."""
-        s3 = self.spec.checkpoint.s3
-        if s3 is None:
-            return str(self.paths.checkpoints.resolve())
-        run = hashlib.sha256(str(self.paths.root.resolve()).encode()).hexdigest()[:16]
-        namespace = self.job.metadata.namespace or "local"
-        return job_checkpoint_dir(namespace=namespace, name=self.name, uid=f"local-{run}", root=s3.url)
 
     def _transition(self) -> tuple[Plan, When]:
         return Plan(status=self.status), When(st.now())
@@ -156,7 +149,7 @@ class LocalRun:
                 outcome=outcome,
                 when=when,
                 capability=LOCAL_CAPABILITY,
-                checkpoint_dir=self._checkpoint_dir,
+                checkpoint_dir=self.checkpoint_dir,
             )
         cost.account(self.status, self.spec, self.gpu_seconds)
         ended = next(a for a in self.status.attempts if a.index == start.index)
@@ -179,53 +172,26 @@ class LocalRun:
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
 
-        self._workers = Workers(self.spec, folder=folder, cwd=self._working_dir(), python=self.python)
-        began = time.monotonic()
-        worker0 = self._workers.start(self._attempt_env(start))
+        self._workers = Workers(self.spec, folder=folder, cwd=working_dir(self.spec, self.base_dir), python=self.python)
+        self._current, self._began = start, time.monotonic()
+        in_place = in_place_targets(self.spec, start, self.status, LOCAL_CAPABILITY)
+        env = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place_to=in_place)
+        worker0 = self._workers.start(env)
         try:
-            self._follow(worker0, start, self._workers.log0)
+            self._follow(worker0, self._workers.log0)
         finally:
             outcome = self._workers.wait(start.index)
-        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
-        self.gpu_seconds[start.index] = gpus * (time.monotonic() - began)
+        self._charge_time()
         return outcome
 
-    def _attempt_env(self, start: StartAttempt) -> dict[str, str]:
-        launch = AttemptLaunch(
-            job_name=self.name,
-            namespace=self.job.metadata.namespace or "local",
-            attempt=start.index,
-            precision=start.precision,
-            resume_from=start.resume_from,
-            micro_batch=start.micro_batch,
-            grad_accumulation=start.grad_accumulation,
-            repromote_after_steps=start.repromote_after_steps,
-            checkpoint_dir=self._checkpoint_dir,
-            spec=self.spec,
-        )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
-        env.update(
-            {
-                LAUNCH_ENV: launch.to_env(),
-                "MPJOB_METRICS_PORT": "0",
-                "MPJOB_METRICS_HOST": "127.0.0.1",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
-        return env
+    def _charge_time(self) -> None:
+        """The GPU-seconds of the current attempt, up to now."""
+        assert self._current is not None
+        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
+        self.gpu_seconds[self._current.index] = gpus * (time.monotonic() - self._began)
+        self._began = time.monotonic()
 
-    def _working_dir(self) -> Path:
-        """Where a `task.command` runs here: the manifest's folder, so `command: [python, train.py]`
-        finds the script beside it; a relative task.workingDir is taken below that folder, an
-        absolute one as it is."""
-        task = self.spec.task
-        if task.command is None:
-            return Path.cwd()
-        return self.base_dir / task.working_dir if task.working_dir else self.base_dir
-
-    def _follow(self, proc: subprocess.Popen[str], start: StartAttempt, log: object) -> None:
+    def _follow(self, proc: subprocess.Popen[str], log: object) -> None:
         assert proc.stdout is not None
         stream = iter(proc.stdout.readline, "")
         while True:
@@ -239,12 +205,17 @@ class LocalRun:
             log.write(line)  # type: ignore[attr-defined]
             event = events.parse_line(line)
             if event is not None:
-                self._event(start, event)
+                self._event(event)
 
-    def _event(self, start: StartAttempt, event: events.TrainerEvent) -> None:
+    def _event(self, event: events.TrainerEvent) -> None:
         """What one trainer line changes in the status and the series, and what the view shows of it."""
+        start = self._current
+        assert start is not None  # set before the workers start
         if (point := self._absorb(start.index, start.precision, event)) is not None:
             self.view.step(point)
+        self._clock.seen(self.status, start.index, event)
+        if isinstance(event, events.PrecisionChanged):
+            self._changed_in_place(start, event)
         if isinstance(event, events.DataSkipped) and event.steps:
             spans = describe_ranges(event.samples) or "not named"
             steps, back = describe_steps(event.steps), event.from_step
@@ -252,6 +223,24 @@ class LocalRun:
         if isinstance(event, events.PrecisionMeasured):
             times = reported.step_times(event.step_seconds)
             self.view.info(f"auto measured {times} per step: training in {event.chosen}")
+
+    def _changed_in_place(self, start: StartAttempt, change: events.PrecisionChanged) -> None:
+        """The trainers fell back in their processes: the attempt ends and the next one begins."""
+        self._charge_time()
+        plan, when = self._transition()
+        capability, folder = LOCAL_CAPABILITY, self.checkpoint_dir
+        nxt = changed_in_place(
+            plan, self.spec, attempt=start, change=change, when=when, capability=capability, checkpoint_dir=folder
+        )
+        cost.account(self.status, self.spec, self.gpu_seconds)
+        self.series.end_attempt(start.index, change.step, Reason.NUMERIC_FAULT.value)
+        self.view.attempt_ended(start.index, start.precision, Reason.NUMERIC_FAULT.value, change.message)
+        if nxt is not None:
+            self.view.fallback(start.precision, nxt.precision, nxt.start_step, Reason.NUMERIC_FAULT.value)
+            self._current = nxt
+            self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
+            self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")
+        self._save()
 
     def _absorb(self, index: int, precision: str, event: events.TrainerEvent) -> Point | None:
         """What one trainer line changes in the status (`planning/observe.py` decides, as for the

@@ -1,0 +1,69 @@
+"""What `mpjob run` tells each attempt it launches, as a pod is told it: where the checkpoints
+live, where a `task.command` runs, and the attempt's settings in its environment."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from mpjob.localrun.paths import Paths
+from mpjob.localrun.workers import free_port
+from mpjob.planning.planner import StartAttempt
+from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobSpec, Precision
+from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
+
+
+def checkpoint_dir(job: MixedPrecisionJob, paths: Paths) -> str:
+    """Where a run's trainers keep checkpoints (AttemptLaunch.checkpointDir): --out's folder, or
+    in checkpoint.storage.s3's bucket the job's folder with --out's digest for the UID (a rerun
+    of the same --out resumes; another --out starts clean). Credentials come from the
+    environment or AWS_SHARED_CREDENTIALS_FILE, as for any S3 client."""
+    s3 = job.spec.checkpoint.s3
+    if s3 is None:
+        return str(paths.checkpoints.resolve())
+    run = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
+    namespace = job.metadata.namespace or "local"
+    return job_checkpoint_dir(namespace=namespace, name=job.metadata.name, uid=f"local-{run}", root=s3.url)
+
+
+def working_dir(spec: MixedPrecisionJobSpec, base_dir: Path) -> Path:
+    """Where a `task.command` runs: the manifest's folder, so `command: [python, train.py]` finds
+    the script beside it; a relative task.workingDir is taken below that folder, an absolute one
+    as it is."""
+    task = spec.task
+    if task.command is None:
+        return Path.cwd()
+    return base_dir / task.working_dir if task.working_dir else base_dir
+
+
+def attempt_env(
+    job: MixedPrecisionJob, start: StartAttempt, *, checkpoint_dir: str, in_place_to: list[Precision]
+) -> dict[str, str]:
+    """The environment of attempt `start`'s launchers: this one's, less any Kubernetes settings,
+    with the attempt's launch, a metrics port of its own and a free rendezvous port."""
+    launch = AttemptLaunch(
+        job_name=job.metadata.name,
+        namespace=job.metadata.namespace or "local",
+        attempt=start.index,
+        precision=start.precision,
+        resume_from=start.resume_from,
+        micro_batch=start.micro_batch,
+        grad_accumulation=start.grad_accumulation,
+        repromote_after_steps=start.repromote_after_steps,
+        in_place_to=in_place_to,
+        checkpoint_dir=checkpoint_dir,
+        spec=job.spec,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+    env.update(
+        {
+            LAUNCH_ENV: launch.to_env(),
+            "MPJOB_METRICS_PORT": "0",
+            "MPJOB_METRICS_HOST": "127.0.0.1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env

@@ -1,0 +1,84 @@
+"""Fallbacks the trainer makes in its running processes (spec.precision.inPlace; the trainer's
+side is mpjob_trainer.session.inplace), planned and recorded by the same rules as restarts.
+
+- `in_place_targets`: what an attempt's launch allows (AttemptLaunch.inPlaceTo): the precisions
+  the planner would start next after a numeric fault, one after another, as long as the next
+  attempt needs no restart (the same batch shape: an fp32 fallback that splits the micro-batch
+  restarts) and runPolicy.maxAttempts leaves room.
+- `changed_in_place`: the trainer said it changed (its `precisionChanged` line): the attempt
+  ends as a numeric fault ends it (`lifecycle.conclude`, the same events and conditions), and
+  the next one is recorded as begun with `inPlace: true` and its recoverySeconds; no Job or
+  process is started for it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mpjob.planning import history
+from mpjob.planning import lifecycle as lc
+from mpjob.planning.classify import Action, AttemptOutcome, Classification
+from mpjob.planning.planner import StartAttempt, after_attempt
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision
+from mpjob_contract.codes import ExitCode, Reason
+from mpjob_contract.events import PrecisionChanged
+from mpjob_contract.report import TerminationReport
+
+FAULT = Classification(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "")
+
+
+def in_place_targets(
+    spec: MixedPrecisionJobSpec,
+    start: StartAttempt,
+    status: MixedPrecisionJobStatus,
+    capability: tuple[int, int] | str | None = "spec",
+) -> list[Precision]:
+    """The precisions attempt `start` may fall back to in place, in order (empty: none)."""
+    if not spec.precision.in_place or start.precision == "auto":
+        return []
+    targets: list[Precision] = []
+    ended, used = start, history.used(status)
+    while True:
+        used += 1  # the attempt that would end charges one
+        decision = after_attempt(
+            spec, ended.index, ended.precision, FAULT, ended.start_step, None, capability,
+            used=used, shape=ended.shape, history=status.attempts,
+        )  # fmt: skip
+        if not isinstance(decision, StartAttempt) or decision.fallback_from is None or decision.shape != ended.shape:
+            return targets
+        targets.append(decision.precision)  # type: ignore[arg-type]  # a fallback names a precision
+        ended = decision
+
+
+def changed_in_place(
+    plan: lc.Plan,
+    spec: MixedPrecisionJobSpec,
+    *,
+    attempt: StartAttempt,
+    change: PrecisionChanged,
+    when: lc.When,
+    capability: tuple[int, int] | str | None = "spec",
+    checkpoint_dir: str | None = None,
+) -> StartAttempt | None:
+    """End `attempt` on the trainer's word that it fell back in place, and record the attempt it
+    goes on in; that attempt (None: the plan finished the job instead, which the trainer's own
+    bounds make rare: its processes then end on their own)."""
+    report = TerminationReport(
+        reason=Reason.NUMERIC_FAULT,
+        step=change.step,
+        start_step=attempt.start_step,
+        precision=change.from_precision,  # type: ignore[arg-type]
+        rule=change.rule,
+        message=change.message,
+    )
+    outcome = AttemptOutcome(ExitCode.NUMERIC_FAULT, report)
+    lc.conclude(
+        plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability, checkpoint_dir=checkpoint_dir
+    )
+    if not plan.create:
+        return None
+    status = plan.status
+    entry = next(a for a in status.attempts if a.index == plan.create[0].index)
+    entry.precision, entry.start_step = change.to_precision, change.start_step  # type: ignore[assignment]
+    entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
+    status.precision, status.phase = change.to_precision, "Running"  # type: ignore[assignment]
+    return replace(plan.create[0], precision=change.to_precision, start_step=change.start_step)  # type: ignore[arg-type]

@@ -1,0 +1,53 @@
+"""`mpjob run` with precision.inPlace: an fp16 overflow goes on in bf16 in the same trainer
+process, recorded as the attempt a restart would have started (inPlace: true), and the run
+ends where the restart path ends, bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.unit.localrun.test_run import manifest, mpjob_run
+
+pytestmark = pytest.mark.unit
+
+GPT = {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000, "overflowAtStep": 25}
+
+
+def run(tmp: Path, *, in_place: bool) -> tuple[dict, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    precision = {"mode": "fp16", "fallback": ["bf16", "fp32"], "inPlace": in_place}
+    job = manifest(tmp, task={"builtin": "gpt", "args": GPT}, precision=precision)
+    result = mpjob_run(str(job), "--out", str(tmp / "out"), "--plain")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads((tmp / "out" / "report.json").read_text()), result.stdout
+
+
+def final_sha(tmp: Path) -> str:
+    (state,) = (tmp / "out").rglob("step-000000040/state.pt")
+    return hashlib.sha256(state.read_bytes()).hexdigest()
+
+
+@pytest.mark.process
+def test_an_fp16_overflow_falls_back_in_place_and_ends_as_the_restart_path_does(tmp_path: Path) -> None:
+    inplace, said = run(tmp_path / "inplace", in_place=True)
+    restart, _ = run(tmp_path / "restart", in_place=False)
+    for report in (inplace, restart):
+        assert report["phase"] == "Succeeded" and [a["precision"] for a in report["attempts"]] == ["fp16", "bf16"]
+        first, second = report["attempts"]
+        assert first["reason"] == "NumericFault" and 0 < second["startStep"] < first["endStep"]
+        assert second["recoverySeconds"] >= 0
+    assert inplace["attempts"][1]["inPlace"] is True and restart["attempts"][1].get("inPlace") is None
+    assert inplace["attempts"][1]["startStep"] == restart["attempts"][1]["startStep"]
+    assert any(c["type"] == "PrecisionFallback" and c["status"] == "True" for c in inplace["conditions"])
+    assert "in place" in said
+    assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")
+    # One trainer process for the whole in-place run; the restart path started a second.
+    attempts = tmp_path / "inplace" / "out" / "attempts"
+    assert sorted(p.name for p in attempts.iterdir()) == ["a0"]
+    lines = (attempts / "a0" / "worker0.log").read_text().splitlines()
+    assert sum(1 for line in lines if line.startswith("{") and json.loads(line)["event"] == "start") == 1
+    assert sorted(p.name for p in (tmp_path / "restart" / "out" / "attempts").iterdir()) == ["a0", "a1"]
