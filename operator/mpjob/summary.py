@@ -28,7 +28,9 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
 def attempt_line(a: AttemptStatus) -> str:
     end = a.end_step if a.end_step is not None else "?"
     said = f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else ""
-    return f"  attempt {a.index}: {a.precision} steps {a.start_step}-{end} {a.reason or 'running'}{said}"
+    how = " in place" if a.in_place else ""
+    back = f", back in {a.recovery_seconds:.2f} s{how}" if a.recovery_seconds is not None else how
+    return f"  attempt {a.index}: {a.precision} steps {a.start_step}-{end}{back} {a.reason or 'running'}{said}"
 
 
 def skipped_line(skipped: Skipped) -> str:

@@ -1,0 +1,92 @@
+"""Recovery in place vs a restart, through `mpjob run` (the quickstart's fp16 -> bf16 story on
+the smaller GPT the tests use): attempts[].recoverySeconds of the bf16 attempt each way, side by
+side, and the restart path broken down from the trainers' own event lines (target: in place
+<= 1 s on 2 CPU cores).
+
+    PYTHONPATH=. uv run --no-sync python bench/recovery.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+JOB = {
+    "apiVersion": "mpjob.dev/v1alpha1",
+    "kind": "MixedPrecisionJob",
+    "metadata": {"name": "recovery"},
+    "spec": {
+        "task": {
+            "builtin": "gpt",
+            "args": {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64, "overflowAtStep": 60},
+        },
+        "training": {"steps": 80, "batchSize": 8, "logEvery": 10, "seed": 0},
+        "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
+        "checkpoint": {"everySteps": 50},
+        "resources": {"gpusPerWorker": 0},
+    },
+}
+
+
+def run(tmp: Path, *, in_place: bool) -> dict[str, float]:
+    """One run: the bf16 attempt's recoverySeconds and, for a restart, where that time went."""
+    job = json.loads(json.dumps(JOB))
+    job["spec"]["precision"]["inPlace"] = in_place
+    (tmp / "job.yaml").write_text(yaml.safe_dump(job))
+    out = tmp / "out"
+    cmd = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(out), "--plain", "--fresh"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    report = json.loads((out / "report.json").read_text())
+    figures = {"recoverySeconds": float(report["attempts"][1]["recoverySeconds"])}
+    if not in_place:
+        figures.update(breakdown(out))
+    return figures
+
+
+def events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def breakdown(out: Path) -> dict[str, float]:
+    """The restart path from the trainers' clocks: the fault line, the next process's start line
+    (after its imports), its resume line (model built, checkpoint loaded), its first step line."""
+    fault = next(e for e in events(out / "attempts/a0/worker0.log") if e["event"] == "fault")["time"]
+    second = events(out / "attempts/a1/worker0.log")
+    at = {kind: next(e["time"] for e in second if e["event"] == kind) for kind in ("start", "resume")}
+    return {
+        "fault -> next process started (exit, plan, spawn, imports)": at["start"] - fault,
+        "started -> checkpoint loaded (model build, load)": at["resume"] - at["start"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    runs = parser.parse_args().runs
+    rows: dict[str, list[dict[str, float]]] = {"in place": [], "restart": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(runs):
+            for label, in_place in (("in place", True), ("restart", False)):
+                folder = Path(tmp) / f"{label.replace(' ', '-')}-{k}"
+                folder.mkdir()
+                rows[label].append(run(folder, in_place=in_place))
+    for label, figures in rows.items():
+        for key in figures[0]:
+            values = [f[key] for f in figures]
+            each = ", ".join(f"{v:.3f}" for v in values)
+            print(f"{label:9s} {key}: median {statistics.median(values):.3f} s (runs: {each})")
+    ratio = statistics.median(f["recoverySeconds"] for f in rows["in place"]) / statistics.median(
+        f["recoverySeconds"] for f in rows["restart"]
+    )
+    print(f"in place / restart: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
