@@ -53,6 +53,16 @@ def inside_checkpoint_dir(path: str, checkpoint_dir: str) -> bool:
     return relative != "." and relative != ".." and not relative.startswith("../")
 
 
+class InPlaceTarget(BaseModel):
+    """A precision an attempt may fall back to in its running processes, and the re-promotion
+    the planner gives the attempt that trains in it (None: none)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    precision: Precision
+    repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
+
+
 class AttemptLaunch(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -76,7 +86,7 @@ class AttemptLaunch(BaseModel):
     #: The precisions this attempt may fall back to in its running processes, in order (the
     #: planner's next attempts after a numeric fault that need no restart, within the attempt
     #: budget); empty: every fallback ends the attempt (precision.inPlace false, or nothing left).
-    in_place_to: list[Precision] = Field(default_factory=list, alias="inPlaceTo")
+    in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
     spec: MixedPrecisionJobSpec
 
     @model_validator(mode="after")

@@ -18,9 +18,10 @@ from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import Action, AttemptOutcome, Classification
 from mpjob.planning.planner import StartAttempt, after_attempt
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.events import PrecisionChanged
+from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.report import TerminationReport
 
 FAULT = Classification(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "")
@@ -31,11 +32,12 @@ def in_place_targets(
     start: StartAttempt,
     status: MixedPrecisionJobStatus,
     capability: tuple[int, int] | str | None = "spec",
-) -> list[Precision]:
-    """The precisions attempt `start` may fall back to in place, in order (empty: none)."""
+) -> list[InPlaceTarget]:
+    """The precisions attempt `start` may fall back to in place, in order, each with the
+    re-promotion the planner gives that attempt (empty: none)."""
     if not spec.precision.in_place or start.precision == "auto":
         return []
-    targets: list[Precision] = []
+    targets: list[InPlaceTarget] = []
     ended, used = start, history.used(status)
     while True:
         used += 1  # the attempt that would end charges one
@@ -45,7 +47,8 @@ def in_place_targets(
         )  # fmt: skip
         if not isinstance(decision, StartAttempt) or decision.fallback_from is None or decision.shape != ended.shape:
             return targets
-        targets.append(decision.precision)  # type: ignore[arg-type]  # a fallback names a precision
+        precision, repromote = decision.precision, decision.repromote_after_steps
+        targets.append(InPlaceTarget(precision=precision, repromote_after_steps=repromote))  # type: ignore[arg-type]
         ended = decision
 
 

@@ -70,7 +70,7 @@ def launch_env(
     if shape is not None:
         launch["microBatch"], launch["gradAccumulation"] = shape
     if in_place_to is not None:
-        launch["inPlaceTo"] = in_place_to
+        launch["inPlaceTo"] = [{"precision": p} for p in in_place_to]
     env = {
         **os.environ,
         "MPJOB_LAUNCH": json.dumps(launch),

@@ -54,7 +54,7 @@ def assemble(
     store = open_store(launch, config_digest=config_digest(launch), log=log, metrics=metrics)
     progress = Progress(metrics, log, world, device, flops_per_sample=None, tokens_per_sample=None)
     wrapper = sharding.Wrapper(world, device, spec=spec, requested=launch.precision, log=log)
-    context = AttemptContext(numerics, world, log, metrics)
+    context = AttemptContext(numerics, world, log, metrics, tracked=spec.tracking is not None)
     cadence = Cadence(spec, launch.repromote_after_steps)
     targets = launch.in_place_to if spec.precision.in_place else []
     in_place = InPlace(targets, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence)

@@ -27,9 +27,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from mpjob_contract.api import Precision
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
+from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.policy import FaultPolicy
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.session.context import AttemptContext
@@ -42,7 +42,13 @@ Rewind = Callable[[int], "int | Exception"]
 
 class InPlace:
     def __init__(
-        self, targets: list[Precision], *, attempt: int, policy: FaultPolicy, context: AttemptContext, cadence: Cadence
+        self,
+        targets: list[InPlaceTarget],
+        *,
+        attempt: int,
+        policy: FaultPolicy,
+        context: AttemptContext,
+        cadence: Cadence,
     ) -> None:
         self.targets = list(targets)
         #: The attempt the processes train now (the launched one, plus each change made).
@@ -64,14 +70,15 @@ class InPlace:
         """Switch to the next precision and go back to the last good state in it: the step to run
         again from (the data rung catches up to `step`), or the ending when there is none."""
         numerics = self.context.numerics
-        previous, precision = numerics.precision.precision, self.targets.pop(0)
+        previous, target = numerics.precision.precision, self.targets.pop(0)
+        precision = target.precision
         numerics.precision.settle(precision)
         start = rewind(step - 1)
         if isinstance(start, Exception):
             return start
         numerics.guard.restart_at(start)
         self.cadence.trouble(start)
-        self.cadence.repromote_after = None  # a restart re-promotes: the planner decides it
+        self.cadence.repromote_after = target.repromote_after_steps  # as the planner gives a restart
         self.attempt, self.started_at = self.attempt + 1, start
         self.context.metrics.trip(fault.rule)
         self.context.log(
@@ -82,7 +89,7 @@ class InPlace:
             fromPrecision=previous,
             toPrecision=precision,
             rule=str(fault.rule),
-            message=str(fault),
+            message=f"{fault.rule}: {fault}",  # as the restart path's report words it
             recoverySeconds=round(time.monotonic() - detected, 3),
         )
         return start

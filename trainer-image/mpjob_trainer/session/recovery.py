@@ -69,6 +69,8 @@ class Recovery:
             return "a framework's loop re-enters from its checkpoint"
         if state.sharded is not None:
             return "a sharded model's mixed-precision policy is fixed when it is wrapped"
+        if self.context.tracked:
+            return "experiment tracking keeps one run per process of an attempt"
         return None
 
     def judge(
