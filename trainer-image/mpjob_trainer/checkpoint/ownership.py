@@ -5,14 +5,15 @@ A store acts only on checkpoints whose manifest names its own job (`job`,
 AttemptLaunch.job_identity). Anything else found there (copied in by hand, written by another
 job, a manifest that cannot be read) is never replaced, set aside or deleted, and neither
 counts towards `keep` nor goes; a save that finds such a checkpoint at its own step writes
-nothing (CheckpointTaken).
+nothing (CheckpointTaken). A prune examines only the newest `keep + MAX_EXAMINED` step folders
+(each a manifest read): a save prunes as it goes, so its own older ones are within them.
 """
 
 from __future__ import annotations
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
-from mpjob_trainer.checkpoint.protocol import Store, W
+from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
 
 
 class CheckpointTaken(Exception):
@@ -55,7 +56,8 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
 
 def prune(store: Store[W]) -> None:
     """Keep this job's newest `keep` checkpoints; what it did not write neither counts nor goes."""
-    ours = [(where, manifest) for _, where in store.steps() if (manifest := own_manifest(store, where)) is not None]
+    examined = store.steps()[-(store.keep + MAX_EXAMINED) :]
+    ours = [(where, manifest) for _, where in examined if (manifest := own_manifest(store, where)) is not None]
     for where, manifest in ours[: -store.keep]:
         store.discard(where, manifest)
 

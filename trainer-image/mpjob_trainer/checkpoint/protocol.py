@@ -24,6 +24,10 @@ Log = Callable[..., None]
 
 W = TypeVar("W")
 
+#: The newest step folders a resume tries and a prune examines (each costs a manifest read, a
+#: request to a bucket): a store holding thousands of folders costs no more than this many.
+MAX_EXAMINED = 32
+
 
 class Store(Protocol[W]):
     """A job's checkpoints in one place; `W` is how the store names one checkpoint."""

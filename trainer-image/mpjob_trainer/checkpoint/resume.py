@@ -7,6 +7,11 @@ valid checkpoints of that precision newer than the named one come first: the att
 told to resume from `prefer` wrote them itself before it was stopped (a queue preempted it, a
 restarted operator recreated its Job) and restarts with the same launch; no earlier attempt in
 that precision can have gone past the checkpoint it was given.
+
+Only the newest `protocol.MAX_EXAMINED` step folders are candidates (the named one besides):
+each costs a manifest read, a request to a bucket, and a store crowded with folders (thousands
+of damaged or foreign ones) must not turn a restore into thousands of them. Older ones are
+left out with a `checkpointCandidatesCapped` log line.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, step_of
-from mpjob_trainer.checkpoint.protocol import Store, W
+from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
 
 Loaded = tuple[CheckpointRef, dict[str, Any]]
 
@@ -27,8 +32,8 @@ def load(store: Store[W], prefer: str | None = None, *, newer_in: str | None = N
 
 
 def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = None) -> list[W]:
-    """The places to try, in order."""
-    newest_first = list(reversed(store.steps()))
+    """The places to try, in order: the newest MAX_EXAMINED, the named one besides."""
+    newest_first = newest(store)
     ordered = [where for _, where in newest_first]
     preferred = store.named(prefer) if prefer else None
     if prefer is None or preferred is None:
@@ -41,6 +46,14 @@ def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = No
     ]
     rest = [where for where in ordered if where != preferred and where not in ahead]
     return [*ahead, preferred, *rest]
+
+
+def newest(store: Store[W]) -> list[tuple[int, W]]:
+    """The newest MAX_EXAMINED step folders of `store`, newest first (the rest logged as left out)."""
+    found = store.steps()
+    if len(found) > MAX_EXAMINED:
+        store.log("checkpointCandidatesCapped", found=len(found), examined=MAX_EXAMINED)
+    return list(reversed(found[-MAX_EXAMINED:]))
 
 
 def precision_of(store: Store[W], where: W) -> str | None:
