@@ -36,8 +36,9 @@ def wrote(store: Store[W], where: W) -> bool:
 
 def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     """What a save finds at its step's place `where`: nothing (None); this job's valid checkpoint
-    (its ref: kept, never overwritten); this job's damaged one, set aside (None: the new one takes
-    its place); anything else is left as it is and the save writes nothing (CheckpointTaken)."""
+    (its ref: kept, never overwritten); this job's damaged one (or one that did not load), set
+    aside (None: the new one takes its place); anything else is left as it is and the save
+    writes nothing (CheckpointTaken)."""
     try:
         manifest = store.manifest(where)
     except CorruptCheckpoint:
@@ -47,8 +48,11 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     if manifest.job != store.job:
         raise CheckpointTaken(_taken(where))
     try:
+        if where in store.unloadable:
+            raise CorruptCheckpoint(f"{where}: its files did not load")
         ref, _ = store.verify(where, alone=True)
     except CorruptCheckpoint:
+        store.unloadable.discard(where)
         store.set_aside(where)
         return None
     return ref

@@ -37,6 +37,9 @@ class Store(Protocol[W]):
     #: How many of its job's checkpoints the store keeps.
     keep: int
     log: Log
+    #: Places whose checkpoint verified but did not load (checkpoint.resume): corrupt, so a
+    #: save of its step sets it aside instead of keeping it.
+    unloadable: set[W]
 
     def steps(self) -> list[tuple[int, W]]:
         """The step folders found, oldest first (whoever wrote them, whatever their state)."""

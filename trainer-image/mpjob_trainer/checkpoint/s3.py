@@ -89,6 +89,7 @@ class BucketCheckpointStore:
         weakref.finalize(self, shutil.rmtree, self.root, True)
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
         self.last_good: CheckpointRef | None = None
+        self.unloadable: set[str] = set()
         self._writing = threading.Lock()
 
     @property
@@ -189,10 +190,11 @@ class BucketCheckpointStore:
                 raise CorruptCheckpoint(f"{name}: {file} is {found[file]} bytes, its manifest says {size}")
 
     def load(
-        self, prefer: str | None = None, *, newer_in: str | None = None
+        self, prefer: str | None = None, *, newer_in: str | None = None, restore: resume.Restore | None = None
     ) -> tuple[CheckpointRef, dict[str, Any]] | None:
-        """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
-        loaded = resume.load(self, prefer, newer_in=newer_in)
+        """The checkpoint to resume from (checkpoint.resume's policy) and its state, loaded by
+        `restore` when given, else None."""
+        loaded = resume.load(self, prefer, newer_in=newer_in, restore=restore)
         if loaded is not None:
             self.last_good = loaded[0]
         return loaded

@@ -158,12 +158,11 @@ class Session(ModelSetUp, ReEntry):
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful, own=self._rung.stateful())
-        loaded = self._checkpoints.open(self._state, self.launch.resume_from, newer_in=self.precision)
-        if loaded is None:
+        opened = self._checkpoints.open(self._state, self.launch.resume_from, self.precision, self._amp.scaler)
+        if opened is None:
             self._log("freshStart", reason=f"no valid checkpoint in {self._checkpoints.root}: starting at step 0")
         else:
-            ref, state = loaded
-            self._numerics.applied.count = self._state.restore(state, self.precision, self._amp.scaler)
+            ref, self._numerics.applied.count = opened
             self.start_step = self._step = ref.step
             self._log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
         for optimizer in self._state.optimizers():  # after loading: DCP may step an empty optimizer once
