@@ -13,6 +13,7 @@ with the server's message; anything else propagates, and the reconcile is retrie
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, cast
 
@@ -131,6 +132,15 @@ class Cluster:
         networking = self.networking
         calls = (networking.create_namespaced_network_policy, networking.read_namespaced_network_policy)
         _create_job_child(policy, "NetworkPolicy", job=job, calls=calls)
+
+    def create_secret(self, secret: dict[str, Any], *, owner: dict[str, Any]) -> None:
+        """Create an attempt's profile-token Secret, controlled by the MixedPrecisionJob `owner`
+        (it goes with the job). The operator never reads a Secret: one of that name that exists
+        already is left as it is, unread (whoever made it can only break their own profiles)."""
+        core = self.core
+        kopf.adopt(secret, owner=cast(kopf.Body, owner))
+        with contextlib.suppress(_Exists):
+            _refusing(lambda: raw(core.create_namespaced_secret, owner["metadata"]["namespace"], secret))
 
     def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
         """Delete attempt `index`'s Job, if it is still the one whose UID is `uid` (its pods go
