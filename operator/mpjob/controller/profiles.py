@@ -30,8 +30,8 @@ from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning.profiles import ProfileAsk, plan_profiles
 from mpjob_contract import metrics as tm
-from mpjob_contract.api import MixedPrecisionJobStatus
-from mpjob_contract.launch import job_checkpoint_dir
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.launch import checkpoint_root, job_checkpoint_dir
 from mpjob_contract.tracking import MAX_ANSWER_BYTES, PROFILE_ANNOTATION, PROFILE_PATH, ProfileAnswer
 
 log = logging.getLogger("mpjob.operator.profiles")
@@ -50,8 +50,12 @@ class ProfileRequests:
         self._busy: set[str] = set()
         self._answers: dict[str, ProfileAnswer] = {}
 
-    def reconcile(self, body: dict[str, Any], status: MixedPrecisionJobStatus, seen: Observed) -> None:
-        """The job's profiles after its annotation and rank 0's last answer; the next ask."""
+    def reconcile(
+        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, seen: Observed
+    ) -> None:
+        """The job's profiles after its annotation and rank 0's last answer; the next ask. The
+        path recorded is below the job's checkpoint folder in its store (the bucket's URL for
+        a job whose checkpoints are in a bucket), where the trainer writes it."""
         meta = body["metadata"]
         key: Key = (meta["namespace"], meta["name"])
         annotation = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
@@ -60,7 +64,7 @@ class ProfileRequests:
         uid = str(meta["uid"])
         with self._lock:
             answer = self._answers.pop(uid, None)
-        folder = job_checkpoint_dir(namespace=key[0], name=key[1], uid=meta["uid"])
+        folder = job_checkpoint_dir(namespace=key[0], name=key[1], uid=meta["uid"], root=checkpoint_root(spec))
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         plan = plan_profiles(status, annotation, checkpoint_dir=folder, now=now, answer=answer)
         if plan.profiles != status.profiles:

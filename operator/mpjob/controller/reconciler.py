@@ -139,7 +139,7 @@ class Reconciler:
                 plan = self._refused(body, spec, plan, refusal=refusal)
             self._announce(body, old, plan)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
-            self.profiles.reconcile(body, plan.status, seen)
+            self.profiles.reconcile(body, spec, plan.status, seen)
             if progress and plan.status.phase == "Running" and not plan.create:
                 self._progress(body, plan.status, seen)
             elif plan.status.phase in FINISHED:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from mpjob.builders.attempt import attempt_job
 from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
+from mpjob.controller import profiles
 from mpjob.controller.cache import Observed
 from mpjob.controller.profiles import ProfileRequests
 from mpjob.planning.planner import StartAttempt
@@ -23,6 +24,7 @@ from mpjob_trainer import control
 pytestmark = pytest.mark.unit
 
 KEY = b"k" * 32
+SPEC = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}, "training": {"steps": 10}})
 
 
 class StatusWrites:
@@ -74,15 +76,15 @@ def test_answers_are_kept_by_the_jobs_uid_not_its_name() -> None:
         "metadata": {"namespace": "ns", "name": "job", "uid": "uid-2", "annotations": {"mpjob.dev/profile-steps": "5"}}
     }
     nothing = Observed({}, frozenset(), {}, {})
-    requests.reconcile(body, status.model_copy(deep=True), nothing)  # the same name, created again
+    requests.reconcile(body, SPEC, status.model_copy(deep=True), nothing)  # the same name, created again
     assert writes.patches == [] and "uid-1" in requests._answers
     body["metadata"]["uid"] = "uid-1"
-    requests.reconcile(body, status.model_copy(deep=True), nothing)
+    requests.reconcile(body, SPEC, status.model_copy(deep=True), nothing)
     assert "uid-1" not in requests._answers and [p["profiles"][0]["state"] for p in writes.patches] == ["Capturing"]
 
 
 def test_the_token_reaches_the_pods_only_through_the_attempts_secret() -> None:
-    spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}, "training": {"steps": 10}})
+    spec = SPEC
     start = StartAttempt(index=1, precision="bf16", start_step=0, resume_from=None)
     job = attempt_job(job="job", namespace="ns", uid="uid-1", spec=spec, start=start, image="img")
     token = attempt_token(KEY, uid="uid-1", attempt=1)
@@ -92,3 +94,17 @@ def test_the_token_reaches_the_pods_only_through_the_attempts_secret() -> None:
     secret = attempt_profile_secret("job-a1", "ns", {"mpjob.dev/job": "job"}, token)
     assert ref["name"] == secret["metadata"]["name"] == "job-a1-profile" and ref["key"] in secret["data"]
     assert attempt_token(KEY, uid="uid-2", attempt=1) != token != attempt_token(KEY, uid="uid-1", attempt=2)
+
+
+def test_a_bucket_jobs_profile_is_recorded_in_its_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profiles.kopf, "event", lambda *a, **k: None)
+    s3 = {"bucket": "ckpt", "prefix": "runs", "endpoint": "http://s3.test:7070"}
+    spec = SPEC.model_validate({**SPEC.to_api(), "checkpoint": {"storage": {"s3": s3}}})
+    attempts = [AttemptStatus(index=0, precision="bf16")]
+    status = MixedPrecisionJobStatus(phase="Running", attempt=0, attempts=attempts)
+    body = {
+        "metadata": {"namespace": "ns", "name": "job", "uid": "uid-1", "annotations": {"mpjob.dev/profile-steps": "5"}}
+    }
+    writes = StatusWrites()
+    ProfileRequests(writes, 2.0, KEY).reconcile(body, spec, status, Observed({}, frozenset(), {}, {}))  # type: ignore[arg-type]
+    assert writes.patches[0]["profiles"][0]["path"] == "s3://ckpt/runs/ns/job/uid-1/profiles/p1/trace.json.gz"

@@ -5,6 +5,7 @@ checkpoint folder, each id captured once, and the control route on the metrics p
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import urllib.error
 import urllib.request
@@ -20,9 +21,13 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.profiling import ProfileCapture
 from mpjob_trainer.profiling.kernels import kernel_time, op_class
+from mpjob_trainer.profiling.places import BucketProfiles
 from tests.helpers import wait_for
+from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 
 pytestmark = pytest.mark.unit
+
+METRICS = TrainerMetrics("job", "ns", 0, "bf16")
 
 
 def train_steps(capture: ProfileCapture, steps: range, *, low: bool) -> None:
@@ -66,7 +71,7 @@ def test_a_capture_of_n_steps_lands_once_in_the_checkpoint_folder(tmp_path: Path
     lines: list[str] = []
     capture = capture_in(tmp_path, lines)
     first = capture.ask(3, 4)
-    assert first.state == "Requested"
+    assert first is not None and first.state == "Requested"
     assert capture.ask(4, 2) is None  # one capture in flight: another id is refused until it is written
     train_steps(capture, range(1, 9), low=low)  # asked before step 1 ends: steps 2..5 are captured
     done = finished(capture, 3, 4)
@@ -166,3 +171,20 @@ def test_kernel_time_on_a_gpu_trace_counts_kernels_by_their_launching_op() -> No
         ]
     }
     assert kernel_time(trace).low_share == 0.75
+
+
+def test_a_bucket_jobs_profiles_go_to_its_bucket_and_say_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profiling, "KEPT_TRACES", 1)
+    bucket = MemoryBucket()
+    place = BucketProfiles(f"{SETTINGS.url}/ns/job/uid", lambda: bucket)
+    capture = ProfileCapture(place, device=torch.device("cpu"), log=EventLog(0, io.StringIO()), metrics=METRICS)
+    for profile_id in (1, 2):
+        capture.ask(profile_id, 1)
+        train_steps(capture, range(1, 4), low=False)
+        done = finished(capture, profile_id, 1)
+        assert done.state == "Captured", done.message
+    assert done.path == f"{SETTINGS.url}/ns/job/uid/profiles/p2/trace.json.gz"
+    key = f"{SETTINGS.prefix}/ns/job/uid/profiles/p2"
+    assert sorted(bucket.objects) == [f"{key}/summary.json", f"{key}/trace.json.gz"]  # p1 pruned
+    assert json.loads(gzip.decompress(bucket.objects[f"{key}/trace.json.gz"]))["traceEvents"]
+    assert not list(place.spool.iterdir())  # nothing left on the container's disk

@@ -5,7 +5,8 @@ The training thread pays one attribute read per step while nothing is asked. A c
 at the next step boundary, runs `steps` optimizer steps, and stops; exporting, measuring the
 kernel time by precision (`kernels`) and compressing the trace run on a thread of their own.
 The trace lands in the job's checkpoint folder (`profiles/p<ID>/trace.json.gz`, written to a
-temporary name and renamed), bounded: the profiler's trace is read no further than
+temporary name and renamed; uploaded there when the job's checkpoints are in a bucket:
+`places`), bounded: the profiler's trace is read no further than
 MAX_RAW_TRACE_BYTES (a larger one fails unparsed), a compressed trace over MAX_TRACE_BYTES is
 not kept and the profile says so, and an attempt keeps its newest KEPT_TRACES traces (older
 ones are pruned). One capture is in flight at a time, from its request until its trace is
@@ -19,7 +20,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -36,11 +36,11 @@ from mpjob_contract.tracking import (
     SUMMARY_FILE,
     TRACE_FILE,
     ProfileAnswer,
-    profile_dir,
 )
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.profiling.kernels import kernel_time
+from mpjob_trainer.profiling.places import FolderProfiles, ProfilePlace
 
 #: Answers kept for ids asked before (the operator asks until it sees a final state).
 KEPT_ANSWERS = 16
@@ -51,8 +51,12 @@ CLOSE_SECONDS = 30.0
 class ProfileCapture:
     """Rank 0's profiles: one at a time, each id once."""
 
-    def __init__(self, checkpoint_dir: str, *, device: torch.device, log: EventLog, metrics: TrainerMetrics) -> None:
-        self.checkpoint_dir, self.device, self.log = checkpoint_dir, device, log
+    def __init__(
+        self, place: str | ProfilePlace, *, device: torch.device, log: EventLog, metrics: TrainerMetrics
+    ) -> None:
+        """`place`: where profiles go (a checkpoint folder of the volume, or a ProfilePlace)."""
+        self.place = FolderProfiles(place) if isinstance(place, str) else place
+        self.device, self.log = device, log
         self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
         self._lock = threading.Lock()
         self._answers: dict[int, ProfileAnswer] = {}
@@ -62,8 +66,8 @@ class ProfileCapture:
         self._left = 0
         #: A finished capture still being written out (one in flight until then).
         self._writing = False
-        #: This attempt's trace folders, oldest first (the newest KEPT_TRACES stay).
-        self._kept: list[Path] = []
+        #: The ids of this attempt's traces, oldest first (the newest KEPT_TRACES stay).
+        self._kept: list[int] = []
 
     # ---------------------------------------------------------------- the control thread
     def ask(self, profile_id: int, steps: int) -> ProfileAnswer | None:
@@ -133,7 +137,7 @@ class ProfileCapture:
 
     # ---------------------------------------------------------------- the writer thread
     def _write(self, profile_id: int, steps: int, first: int, profiler: Any) -> None:
-        folder = Path(profile_dir(self.checkpoint_dir, profile_id))
+        folder = self.place.folder(profile_id)
         path = folder / TRACE_FILE
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -143,13 +147,15 @@ class ProfileCapture:
             raw.unlink(missing_ok=True)
             share = kernel_time(json.loads(data)).low_share
             size = _compress(data, path)
-            fields: dict[str, Any] = {"steps": steps, "firstStep": first, "path": str(path), "traceBytes": size}
+            where = self.place.where(profile_id)
+            fields: dict[str, Any] = {"steps": steps, "firstStep": first, "path": where, "traceBytes": size}
             answer = ProfileAnswer(id=profile_id, state="Captured", lowPrecisionKernelShare=share, **fields)
             (folder / SUMMARY_FILE).write_text(answer.to_wire())
-            self._prune(folder)
+            self.place.publish(profile_id)
+            self._prune(profile_id)
             if share is not None:
                 self.metrics.low_precision_share.set(share)
-            said: dict[str, Any] = {"path": str(path), "traceBytes": size, "lowPrecisionKernelShare": share}
+            said: dict[str, Any] = {"path": where, "traceBytes": size, "lowPrecisionKernelShare": share}
             self.log("profile", id=profile_id, step=first, steps=steps, **said)
         except Exception as exc:
             for leftover in folder.glob(".tmp-*"):
@@ -160,11 +166,11 @@ class ProfileCapture:
             self._answers[profile_id] = answer
             self._writing = False
 
-    def _prune(self, written: Path) -> None:
-        """Keep this attempt's newest KEPT_TRACES trace folders (`written` the newest)."""
+    def _prune(self, written: int) -> None:
+        """Keep this attempt's newest KEPT_TRACES traces (`written` the newest)."""
         self._kept.append(written)
         while len(self._kept) > KEPT_TRACES:
-            shutil.rmtree(self._kept.pop(0), ignore_errors=True)
+            self.place.drop(self._kept.pop(0))
 
 
 def _bounded_read(raw: Path) -> bytes:
