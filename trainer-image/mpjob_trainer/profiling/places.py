@@ -13,6 +13,7 @@ from __future__ import annotations
 import posixpath
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -68,6 +69,7 @@ class BucketProfiles:
         self.checkpoint_dir, self._open = checkpoint_dir.rstrip("/"), open
         self._bucket: Bucket | None = None
         self.spool = Path(tempfile.mkdtemp(prefix="mpjob-profiles-"))
+        weakref.finalize(self, shutil.rmtree, self.spool, True)
 
     def folder(self, profile_id: int) -> Path:
         return self.spool / f"p{profile_id}"
