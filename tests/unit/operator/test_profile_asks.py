@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
 
 from mpjob.builders.attempt import attempt_job
 from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
 from mpjob.controller import profiles
 from mpjob.controller.cache import Observed
+from mpjob.controller.cluster import Cluster
 from mpjob.controller.profiles import ProfileRequests
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.profiles import ProfileAsk
@@ -108,3 +110,21 @@ def test_a_bucket_jobs_profile_is_recorded_in_its_bucket(monkeypatch: pytest.Mon
     writes = StatusWrites()
     ProfileRequests(writes, 2.0, KEY).reconcile(body, spec, status, Observed({}, frozenset(), {}, {}))  # type: ignore[arg-type]
     assert writes.patches[0]["profiles"][0]["path"] == "s3://ckpt/runs/ns/job/uid-1/profiles/p1/trace.json.gz"
+
+
+@pytest.mark.parametrize(("status", "raises"), [(409, False), (403, False), (500, True)])
+def test_a_profile_secret_that_exists_or_is_refused_never_stops_the_attempt(status: int, raises: bool) -> None:
+    class Core:
+        def create_namespaced_secret(self, *args: Any, **kwargs: Any) -> None:
+            raise ApiException(status=status, reason="no")
+
+    meta = {"namespace": "ns", "name": "job", "uid": "uid-1"}
+    owner: dict[str, Any] = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": meta}
+    secret = attempt_profile_secret("job-a0", "ns", {}, "t0ken")
+    cluster = Cluster(custom=None, batch=None, core=Core())
+    if raises:
+        with pytest.raises(ApiException):
+            cluster.create_secret(secret, owner=owner)
+    else:
+        cluster.create_secret(secret, owner=owner)  # left as it is / logged: the attempt runs
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
