@@ -27,6 +27,9 @@ class AttemptStatus(ApiModel):
     index: int
     precision: RequestedPrecision
     start_step: int = 0
+    #: The trainer's own start step replaced the planned one (from a live reading): taken once
+    #: per attempt, so a trainer whose reported start flaps costs one Event and one write.
+    start_step_reported: bool | None = None
     end_step: int | None = None
     #: Training processes of the attempt: workers x processesPerWorker.
     world_size: int | None = None

@@ -7,7 +7,9 @@ reaches the trainer pods as environment (`credential_env`), and only the trainer
 
 A profile request travels operator -> trainer over rank 0's metrics port (`PROFILE_PATH`), the
 one port the operator already reads with bounded requests; the trainer holds no Kubernetes
-token, so it could not read its job's annotation itself.
+token, so it could not read its job's annotation itself. The request carries the attempt's
+profile token (`Authorization: Bearer ...`), which only the operator and the attempt's pods
+hold: the pods get it as `PROFILE_TOKEN_ENV` from a Secret the operator creates per attempt.
 """
 
 from __future__ import annotations
@@ -74,6 +76,13 @@ MAX_PROFILE_STEPS = 100
 MAX_PROFILE_ENTRIES = 8
 #: A compressed trace larger than this is not kept (the summary still is).
 MAX_TRACE_BYTES = 64 * 1024 * 1024
+#: The most bytes of the profiler's uncompressed trace read (and parsed): a larger one fails.
+MAX_RAW_TRACE_BYTES = 512 * 1024 * 1024
+#: Traces an attempt keeps in its job's folder: a newer one prunes the oldest past this.
+KEPT_TRACES = 4
+#: The trainer's env var holding its attempt's profile token, and the Secret key it is under.
+PROFILE_TOKEN_ENV = "MPJOB_PROFILE_TOKEN"
+PROFILE_TOKEN_KEY = "profileToken"
 #: The trainer's control path on its metrics port, and the most bytes its answer may have.
 PROFILE_PATH = "/profile"
 MAX_ANSWER_BYTES = 4096

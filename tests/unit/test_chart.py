@@ -3,6 +3,7 @@ that still covers every API call the operator makes, peering, the `helm test` ho
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -236,6 +237,7 @@ def _needed(method: str) -> tuple[str, str, str]:
     group, resource = {
         "pod": ("", "pods"),
         "service": ("", "services"),
+        "secret": ("", "secrets"),
         "event": ("", "events"),
         "job": ("batch", "jobs"),
         "network_policy": ("networking.k8s.io", "networkpolicies"),
@@ -288,7 +290,9 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
         roles = [d for d in of_kind(docs, "ClusterRole") + of_kind(docs, "Role") if not _aggregated(d)]
         grants = set().union(*(_grants(r["rules"]) for r in roles))
         assert not {g for g in grants if "*" in g}, "no wildcards"
-        assert not {g for g in grants if g[1] in ("secrets", "configmaps", "serviceaccounts", "nodes")}
+        assert not {g for g in grants if g[1] in ("configmaps", "serviceaccounts", "nodes")}
+        # Secrets: create only (each attempt's profile-token Secret); never read, listed or watched.
+        assert {g for g in grants if g[1] == "secrets"} == {("", "secrets", "create")}
         assert not {g for g in grants if g[1] == "pods" and g[2] not in ("list", "watch")}, "pods: read only"
         operator = [r for r in roles if "helm.sh/hook" not in r["metadata"].get("annotations", {})]
         # Services are created owned by their attempt's Job and go with it: never deleted by
@@ -494,3 +498,13 @@ def test_endpoints_listen_everywhere_or_on_the_pod_ip(helm: str) -> None:
 )
 def test_bad_operator_values_are_refused_naming_the_field(helm: str, value: str, field: str) -> None:
     assert field in render_error(helm, value)
+
+
+def test_the_profile_key_reaches_the_operator_from_the_charts_secret(helm: str) -> None:
+    docs = render(helm)
+    (secret,) = [d for d in of_kind(docs, "Secret") if d["metadata"]["name"] == "r-mpjob-profile-key"]
+    assert len(base64.b64decode(secret["data"]["key"])) == 48
+    (deployment,) = of_kind(docs, "Deployment")
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env["MPJOB_PROFILE_KEY"]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == ("r-mpjob-profile-key", "key") and "value" not in env["MPJOB_PROFILE_KEY"]

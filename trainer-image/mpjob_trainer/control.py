@@ -1,12 +1,17 @@
 """Rank 0's metrics port, with one control route beside /metrics: `POST /profile?id=ID&steps=N`
-(answered with the profile's ProfileAnswer JSON). The operator, which already reads this port
-with bounded requests, is the one caller the attempt's NetworkPolicy admits besides the
-monitoring pods; a request can only ask for a bounded profile once per id, and nothing else
-about the trainer can be changed from here. Everything else is prometheus_client's exposition.
+(answered with the profile's ProfileAnswer JSON). The attempt's NetworkPolicy admits the
+operator and the monitoring pods to this port, so the route also asks for the attempt's profile
+token (`Authorization: Bearer TOKEN`), which only the operator and the attempt's pods hold
+(mpjob_contract.tracking.PROFILE_TOKEN_ENV), compared in constant time: without it, 401; a
+trainer given no token answers no profile request at all (403). One capture at a time: a new id
+asked while another is in flight is refused with 409 (asked again later). A request can only ask
+for a bounded profile once per id, and nothing else about the trainer can be changed from here.
+Everything else is prometheus_client's exposition.
 """
 
 from __future__ import annotations
 
+import hmac
 import socket
 import threading
 from collections.abc import Callable, Iterable
@@ -19,7 +24,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from mpjob_contract.tracking import PROFILE_PATH, ProfileAnswer
 
-Ask = Callable[[int, int], ProfileAnswer]
+#: Asks for profile (id, steps): its answer, or None while another capture is in flight.
+Ask = Callable[[int, int], ProfileAnswer | None]
 Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -38,22 +44,41 @@ def _number(query: dict[str, list[str]], name: str) -> int | None:
     return int(text) if text.isdigit() and len(text) <= 9 else None
 
 
-def routes(registry: CollectorRegistry, ask: Ask | None) -> Wsgi:
-    """/metrics (and any other GET) from the registry; POST /profile to `ask` when profiling."""
+def _plain(start: Callable[..., Any], status: str, text: str, *headers: tuple[str, str]) -> list[bytes]:
+    start(status, [("Content-Type", "text/plain"), *headers])
+    return [text.encode() + b"\n"]
+
+
+def authorized(environ: dict[str, Any], token: str) -> bool:
+    """Whether the request carries `token` as its bearer token (compared in constant time)."""
+    given = str(environ.get("HTTP_AUTHORIZATION", ""))[:512]
+    scheme, _, value = given.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
+
+
+def routes(registry: CollectorRegistry, ask: Ask | None, token: str | None = None) -> Wsgi:
+    """/metrics (and any other GET) from the registry; POST /profile to `ask` when profiling,
+    for a caller that holds `token` (none: no profile request is answered)."""
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != PROFILE_PATH or ask is None:
             return metrics(environ, start)
         if environ.get("REQUEST_METHOD") != "POST":
-            start("405 Method Not Allowed", [("Allow", "POST"), ("Content-Type", "text/plain")])
-            return [b"POST only\n"]
+            return _plain(start, "405 Method Not Allowed", "POST only", ("Allow", "POST"))
+        if not token:
+            return _plain(start, "403 Forbidden", "this attempt was given no profile token")
+        if not authorized(environ, token):
+            challenge = ("WWW-Authenticate", "Bearer")
+            return _plain(start, "401 Unauthorized", "the attempt's profile token is needed", challenge)
         query = parse_qs(str(environ.get("QUERY_STRING", ""))[:256])
         profile_id, steps = _number(query, "id"), _number(query, "steps")
         if not profile_id or steps is None:
-            start("400 Bad Request", [("Content-Type", "text/plain")])
-            return [b"id and steps must be whole numbers\n"]
-        body = ask(profile_id, steps).to_wire().encode()
+            return _plain(start, "400 Bad Request", "id and steps must be whole numbers")
+        answer = ask(profile_id, steps)
+        if answer is None:
+            return _plain(start, "409 Conflict", "another profile is being captured: ask again later")
+        body = answer.to_wire().encode()
         start("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
         return [body]
 

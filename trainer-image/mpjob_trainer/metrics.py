@@ -200,14 +200,15 @@ class TrainerMetrics:
         self.quarantine_steps.set(record.count)
         self.quarantine_samples.set(record.samples)
 
-    def serve(self, ask: control.Ask | None = None) -> int | None:
+    def serve(self, ask: control.Ask | None = None, token: str | None = None) -> int | None:
         """Serve on MPJOB_METRICS_HOST:MPJOB_METRICS_PORT; port 0 picks a free port. `ask`
-        answers the operator's profile requests on the same port (mpjob_trainer.control)."""
+        answers the operator's profile requests on the same port, those that carry `token`
+        (mpjob_trainer.control)."""
         raw = os.environ.get(names.METRICS_PORT_ENV, str(names.DEFAULT_METRICS_PORT))
         if raw.strip().lower() in ("", "off", "none", "-1"):
             return None
         host = os.environ.get("MPJOB_METRICS_HOST", "0.0.0.0")
-        self.port = control.serve(int(raw), host, control.routes(self.registry, ask))
+        self.port = control.serve(int(raw), host, control.routes(self.registry, ask, token))
         return self.port
 
     def _instruments(self) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from copy import deepcopy
 from typing import Any
 
+from mpjob.builders import profile_token
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
@@ -132,6 +133,7 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         *_bucket_credentials(launch.spec),
         *_tracking_env(launch.spec),
+        profile_token.token_env(name),
     ]
 
 

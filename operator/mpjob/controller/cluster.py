@@ -14,6 +14,7 @@ with the server's message; anything else propagates, and the reconcile is retrie
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, cast
 
 import kopf
@@ -27,6 +28,7 @@ from mpjob.planning.classify import NAME_CONFLICT, ApiAction, ApiRule, classify_
 from mpjob_contract import api
 
 CONFLICT, NOT_FOUND = 409, 404
+log = logging.getLogger("mpjob.operator")
 #: (connect, read) seconds for one request: a hung connection must not hold a worker forever.
 REQUEST_TIMEOUT = (5.0, 30.0)
 
@@ -131,6 +133,22 @@ class Cluster:
         networking = self.networking
         calls = (networking.create_namespaced_network_policy, networking.read_namespaced_network_policy)
         _create_job_child(policy, "NetworkPolicy", job=job, calls=calls)
+
+    def create_secret(self, secret: dict[str, Any], *, owner: dict[str, Any]) -> None:
+        """Create an attempt's profile-token Secret, controlled by the MixedPrecisionJob `owner`
+        (it goes with the job). The operator never reads a Secret: one of that name that exists
+        already is left as it is, unread (whoever made it can only break their own profiles).
+        Profiles are an extra: a refusal (an older chart's RBAC, a quota) is logged and the
+        attempt runs without its token, answering no profile request."""
+        core, namespace = self.core, owner["metadata"]["namespace"]
+        kopf.adopt(secret, owner=cast(kopf.Body, owner))
+        try:
+            _refusing(lambda: raw(core.create_namespaced_secret, namespace, secret))
+        except _Exists:
+            pass
+        except Refused as refused:
+            name = secret["metadata"]["name"]
+            log.warning("%s/%s: the profile token's Secret was refused (%s): no profiles", namespace, name, refused)
 
     def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
         """Delete attempt `index`'s Job, if it is still the one whose UID is `uid` (its pods go

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -25,6 +26,9 @@ ENV_TICK_SECONDS = "MPJOB_TICK_SECONDS"
 ENV_MAX_TICKS_PER_SECOND = "MPJOB_MAX_TICKS_PER_SECOND"
 ENV_WORKERS = "MPJOB_WORKERS"
 ENV_NETWORK_POLICY = "MPJOB_NETWORK_POLICY"
+#: The key attempts' profile tokens are derived from (builders.profile_token): environment
+#: only, never a flag (a process's arguments are visible to every user of its node).
+ENV_PROFILE_KEY = "MPJOB_PROFILE_KEY"
 
 DEFAULT_TRAINER_IMAGE = "mpjob-trainer:0.1.0"
 
@@ -72,6 +76,8 @@ class OperatorConfig:
     #: Each attempt gets a NetworkPolicy admitting only its own pods and, to the metrics port,
     #: these readers; None: no policy (the chart turns it on).
     network_policy: MetricsReaders | None = None
+    #: The key of the attempts' profile tokens; none configured: a random one per process.
+    profile_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False, compare=False)
 
 
 def _positive(text: str) -> float:
@@ -210,10 +216,12 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         "operatorLabels, and optionally monitoringNamespaces and monitoringPods (label selectors) of who may "
         "read the trainers' metrics; default: none",
     )
+    parser.set_defaults(profile_key=environ.get(ENV_PROFILE_KEY, ""))
 
 
 def from_arguments(args: argparse.Namespace, *, peering: Peering | None = None) -> OperatorConfig:
     """The configuration of parsed flags (see `add_arguments`)."""
+    key = str(getattr(args, "profile_key", "") or "").encode()
     return OperatorConfig(
         trainer_image=args.trainer_image,
         trainer_command=args.trainer_command,
@@ -223,6 +231,7 @@ def from_arguments(args: argparse.Namespace, *, peering: Peering | None = None) 
         namespaces=tuple(args.namespaces),
         peering=peering,
         network_policy=args.network_policy,
+        profile_key=key or secrets.token_bytes(32),
     )
 
 

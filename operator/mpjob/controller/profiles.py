@@ -7,6 +7,9 @@ operator already makes to the pod: rank 0's metrics port, which the attempt's Ne
 opens to the operator. Asks run in a small pool of their own, each bounded by the scrape
 deadline and MAX_ANSWER_BYTES (`scrape.fetch`), one per job at a time; a reconcile only hands
 an ask over and takes the answer that came back since, so a slow pod never holds a reconcile.
+Each ask carries the attempt's profile token (builders.profile_token), which only this operator
+can derive. Asks and answers are keyed by the job's UID, never its namespace/name: a job
+deleted and created again under the same name is never handed the old one's answer.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ from typing import Any, cast
 import kopf
 from pydantic import ValidationError
 
+from mpjob.builders.profile_token import attempt_token
 from mpjob.controller.cache import Observed
 from mpjob.controller.cluster import Cluster
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning.profiles import ProfileAsk, plan_profiles
 from mpjob_contract import metrics as tm
-from mpjob_contract.api import MixedPrecisionJobStatus
-from mpjob_contract.launch import job_checkpoint_dir
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.launch import checkpoint_root, job_checkpoint_dir
 from mpjob_contract.tracking import MAX_ANSWER_BYTES, PROFILE_ANNOTATION, PROFILE_PATH, ProfileAnswer
 
 log = logging.getLogger("mpjob.operator.profiles")
@@ -36,23 +40,31 @@ log = logging.getLogger("mpjob.operator.profiles")
 class ProfileRequests:
     """The annotation -> status.profiles -> rank 0, for every job this operator reconciles."""
 
-    def __init__(self, cluster: Cluster, deadline: float, *, threads: int = 2) -> None:
-        self.cluster, self.deadline = cluster, deadline
+    def __init__(
+        self, cluster: Cluster, deadline: float, key: bytes, *, threads: int = 2, port: int = tm.DEFAULT_METRICS_PORT
+    ) -> None:
+        self.cluster, self.deadline, self.key, self.port = cluster, deadline, key, port
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mpjob-profiles")
         self._lock = threading.Lock()
-        self._busy: set[Key] = set()
-        self._answers: dict[Key, ProfileAnswer] = {}
+        #: By the job's UID.
+        self._busy: set[str] = set()
+        self._answers: dict[str, ProfileAnswer] = {}
 
-    def reconcile(self, body: dict[str, Any], status: MixedPrecisionJobStatus, seen: Observed) -> None:
-        """The job's profiles after its annotation and rank 0's last answer; the next ask."""
+    def reconcile(
+        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, seen: Observed
+    ) -> None:
+        """The job's profiles after its annotation and rank 0's last answer; the next ask. The
+        path recorded is below the job's checkpoint folder in its store (the bucket's URL for
+        a job whose checkpoints are in a bucket), where the trainer writes it."""
         meta = body["metadata"]
         key: Key = (meta["namespace"], meta["name"])
         annotation = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
         if annotation is None and not status.profiles:
             return
+        uid = str(meta["uid"])
         with self._lock:
-            answer = self._answers.pop(key, None)
-        folder = job_checkpoint_dir(namespace=key[0], name=key[1], uid=meta["uid"])
+            answer = self._answers.pop(uid, None)
+        folder = job_checkpoint_dir(namespace=key[0], name=key[1], uid=meta["uid"], root=checkpoint_root(spec))
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         plan = plan_profiles(status, annotation, checkpoint_dir=folder, now=now, answer=answer)
         if plan.profiles != status.profiles:
@@ -62,21 +74,22 @@ class ProfileRequests:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
         ip = seen.rank0_ip.get(plan.ask.attempt) if plan.ask is not None else None
         if plan.ask is not None and ip:
-            self._submit(key, plan.ask, ip)
+            self._submit(key, uid, plan.ask, ip)
 
-    def _submit(self, key: Key, ask: ProfileAsk, ip: str) -> None:
+    def _submit(self, key: Key, uid: str, ask: ProfileAsk, ip: str) -> None:
         with self._lock:
-            if key in self._busy:
+            if uid in self._busy:
                 return
-            self._busy.add(key)
-        self._pool.submit(self._ask, key, ask, ip)
+            self._busy.add(uid)
+        self._pool.submit(self._ask, key, uid, ask, ip)
 
-    def _ask(self, key: Key, ask: ProfileAsk, ip: str) -> None:
+    def _ask(self, key: Key, uid: str, ask: ProfileAsk, ip: str) -> None:
         path = f"{PROFILE_PATH}?id={ask.id}&steps={ask.steps}"
         answer = None
         try:
-            port, bound = tm.DEFAULT_METRICS_PORT, MAX_ANSWER_BYTES
-            text = fetch(ip, port, path=path, deadline=self.deadline, max_bytes=bound, method="POST")
+            token = attempt_token(self.key, uid=uid, attempt=ask.attempt)
+            bound, post = MAX_ANSWER_BYTES, "POST"
+            text = fetch(ip, self.port, path=path, deadline=self.deadline, max_bytes=bound, method=post, bearer=token)
             answer = ProfileAnswer.model_validate_json(text)
         except (ScrapeError, ValidationError) as exc:
             log.info("asking %s/%s's rank 0 for profile %d: %s", *key, ask.id, str(exc)[:200])
@@ -84,9 +97,9 @@ class ProfileRequests:
             log.exception("asking %s/%s's rank 0 for profile %d failed", *key, ask.id)
         finally:
             with self._lock:
-                self._busy.discard(key)
+                self._busy.discard(uid)
                 if answer is not None:
-                    self._answers[key] = answer
+                    self._answers[uid] = answer
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -20,8 +20,9 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from mpjob.builders.attempt import attempt_job, attempt_service
+from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
 from mpjob.builders.network_policy import attempt_network_policy
+from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
 from mpjob.controller import costs
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
@@ -64,7 +65,10 @@ class Reconciler:
             deadline=config.scrape_timeout_seconds,
             max_bytes=config.scrape_max_bytes,
         )
-        self.queue, self.profiles = QueueReader(cluster), ProfileRequests(cluster, config.scrape_timeout_seconds)
+        self.queue, self.profiles = (
+            QueueReader(cluster),
+            ProfileRequests(cluster, config.scrape_timeout_seconds, config.profile_key),
+        )
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.context = KopfContext()
         #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
@@ -135,7 +139,7 @@ class Reconciler:
                 plan = self._refused(body, spec, plan, refusal=refusal)
             self._announce(body, old, plan)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
-            self.profiles.reconcile(body, plan.status, seen)
+            self.profiles.reconcile(body, spec, plan.status, seen)
             if progress and plan.status.phase == "Running" and not plan.create:
                 self._progress(body, plan.status, seen)
             elif plan.status.phase in FINISHED:
@@ -208,8 +212,13 @@ class Reconciler:
         return None
 
     def _create(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, start: StartAttempt) -> None:
-        """An attempt's Job, then its Service and NetworkPolicy (owned by the Job, so they go with it)."""
+        """An attempt's profile-token Secret (owned by the job), its Job, then its Service and
+        NetworkPolicy (owned by the Job, so they go with it)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        # The profile token's Secret first: the pods find it when they start.
+        token = attempt_token(self.config.profile_key, uid=body["metadata"]["uid"], attempt=start.index)
+        attempt, names = attempt_name(name, start.index), labels(name, start.index, start.precision)
+        self.cluster.create_secret(attempt_profile_secret(attempt, namespace, names, token), owner=body)
         job = attempt_job(
             job=name,
             namespace=namespace,

@@ -23,14 +23,23 @@ class ScrapeError(Exception):
 
 
 def fetch(
-    host: str, port: int, *, path: str = "/metrics", deadline: float, max_bytes: int, method: str = "GET"
+    host: str,
+    port: int,
+    *,
+    path: str = "/metrics",
+    deadline: float,
+    max_bytes: int,
+    method: str = "GET",
+    bearer: str | None = None,
 ) -> str:
-    """The body of `GET http://host:port/path` (or a body-less POST) as text, read within
-    `deadline` seconds and `max_bytes` bytes of body; raises ScrapeError otherwise."""
+    """The body of `GET http://host:port/path` (or a body-less POST, with `bearer` as its
+    Authorization) as text, read within `deadline` seconds and `max_bytes` bytes of body;
+    raises ScrapeError otherwise."""
     end = time.monotonic() + deadline
     length = "Content-Length: 0\r\n" if method == "POST" else ""
+    auth = f"Authorization: Bearer {bearer}\r\n" if bearer is not None else ""
     request = (
-        f"{method} {path} HTTP/1.0\r\nHost: {host}:{port}\r\nAccept: text/plain\r\n{length}"
+        f"{method} {path} HTTP/1.0\r\nHost: {host}:{port}\r\nAccept: text/plain\r\n{length}{auth}"
         "Accept-Encoding: identity\r\n\r\n"
     )
     try:

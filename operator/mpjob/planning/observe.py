@@ -11,7 +11,8 @@ The rules, written once here:
   seen and its step never goes below where the attempt began; a loss scale only in fp16;
 - every step a reading names is held to [0, training.steps] (`reported.within`: the report's rule);
 - figures are kept as `planning/figures.py` rounds them;
-- the trainer's own start step replaces the planned one, with an Event that says so;
+- the trainer's own start step replaces the planned one, with an Event that says so, once per
+  attempt (`startStepReported`): a start step that flaps later changes nothing;
 - an `auto` attempt takes the precision it measured (`planning/reported.py`);
 - lastCheckpoint only moves forward (or gains the sha256 of the step it holds without one);
 - status.skipped takes what the trainer's quarantine adds, each newly listed step with its
@@ -128,14 +129,20 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
     if current is not None and seen.loss_scale is not None and seen.step is not None:
         timeline.live(new, current.index, seen.step, seen.loss_scale)
     news = None
-    if current is not None and seen.start_step is not None and seen.start_step != current.start_step:
-        news = start_news(current, seen.start_step)
-        current.start_step = seen.start_step  # the trainer decides where it resumes: record that
+    if current is not None and (start := seen.start_step) is not None and _corrects(current, start):
+        news = start_news(current, start)
+        current.start_step = start  # the trainer decides where it resumes: record that
+        current.start_step_reported = True
     if seen.checkpoint is not None and _newer(new.last_checkpoint, seen.checkpoint):
         ck = seen.checkpoint
         precision = ck.precision or new.precision or ""
         new.last_checkpoint = CheckpointStatus(step=ck.step, sha256=ck.sha256, precision=precision, path=ck.path)
     return Observation(new, news, tuple(skipped.record(new, reading.skipped)))
+
+
+def _corrects(current: AttemptStatus, start: int) -> bool:
+    """Whether a reading's start step replaces `current`'s: a different one, and the first."""
+    return start != current.start_step and not current.start_step_reported
 
 
 def _newer(held: CheckpointStatus | None, named: CheckpointReading) -> bool:

@@ -114,6 +114,9 @@ class FakeCluster:
     def create_service(self, service: dict[str, Any], *, job: dict[str, Any], owner: dict[str, Any]) -> None:
         pass
 
+    def create_secret(self, secret: dict[str, Any], *, owner: dict[str, Any]) -> None:
+        pass
+
     def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
         self.deleted.append((f"{job}-a{index}", uid))
 

@@ -86,3 +86,15 @@ def test_a_scrape_and_an_event_line_of_the_same_progress_change_the_status_alike
     logged = reading_of(1, line)
     assert logged is not None
     assert observe(running(), scraped).status == observe(running(), logged).status
+
+
+def test_a_flapping_start_step_is_taken_once_per_attempt() -> None:
+    status, news, writes = running(start=20), [], 0
+    for start in (10, 20, 10, 0, 20, 10):
+        seen = observe(status, Reading(start_step=start))
+        writes += "attempts" in changes(status, seen.status)
+        news += [seen.news] if seen.news is not None else []
+        status = seen.status
+    assert len(news) == 1 and news[0][0] == "Resumed" and writes == 1
+    assert status.attempts[-1].start_step == 10 and status.attempts[-1].start_step_reported
+    assert status.to_api()["attempts"][-1]["startStepReported"] is True

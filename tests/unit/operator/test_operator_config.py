@@ -108,3 +108,10 @@ def test_where_the_trainer_resumed_and_its_newest_checkpoint_reach_the_status() 
     assert patch["lastCheckpoint"] == {"step": 200, "precision": "fp16", "sha256": "", "path": ""}
     newer = running(lastCheckpoint={"step": 400, "precision": "fp16", "sha256": "ab", "path": "/c/400"})
     assert "lastCheckpoint" not in progress_patch(newer, {"lastCheckpointStep": 200})
+
+
+def test_the_profile_key_comes_from_the_environment_only_and_is_never_shown() -> None:
+    configured = from_environment({"MPJOB_PROFILE_KEY": "k3y-from-the-charts-secret"})
+    assert configured.profile_key == b"k3y-from-the-charts-secret" and "k3y" not in repr(configured)
+    drawn = from_environment({})
+    assert len(drawn.profile_key) == 32 and drawn.profile_key != from_environment({}).profile_key

@@ -38,9 +38,15 @@ class MemoryBucket(Bucket):
         path.write_bytes(self.objects[key])
         return True
 
-    def folders(self, prefix: str) -> list[str]:
+    def folders(self, prefix: str, limit: int) -> list[str]:
         below = [key[len(prefix) + 1 :] for key in self.objects if key.startswith(f"{prefix}/")]
-        return sorted({rest.split("/")[0] for rest in below if "/" in rest})
+        return sorted({rest.split("/")[0] for rest in below if "/" in rest})[:limit]
+
+    def sizes(self, prefix: str, limit: int) -> dict[str, int]:
+        below = sorted(
+            (key[len(prefix) + 1 :], len(body)) for key, body in self.objects.items() if key.startswith(f"{prefix}/")
+        )
+        return dict(below[:limit])
 
     def delete(self, keys: list[str]) -> None:
         self.deleted += keys

@@ -125,3 +125,33 @@ def test_a_good_sharded_checkpoint_restores_every_value(tmp_path: Path) -> None:
     expected = _objects(10)["model"].state_dict()
     assert all(torch.equal(v, expected[k]) for k, v in objects["model"].state_dict().items())
     assert objects["optimizer"].param_groups[0]["lr"] == 0.25
+
+
+def zero_a_tensor(folder: Path) -> None:
+    """Zero the bytes of one tensor in the shards (its non-tensor values stay readable)."""
+    with (folder / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)  # our own, just written
+    tensors = [k for k, v in metadata.state_dict_metadata.items() if type(v).__name__ == "TensorStorageMetadata"]
+    info = next(v for i, v in metadata.storage_data.items() if i.fqn == tensors[0])
+    shard = bytearray((folder / info.relative_path).read_bytes())
+    shard[info.offset : info.offset + info.length] = b"\0" * info.length
+    (folder / info.relative_path).write_bytes(bytes(shard))
+    _recompute_manifest(folder)
+
+
+def test_a_shard_that_verifies_but_does_not_load_falls_back_to_the_previous_good_checkpoint(tmp_path: Path) -> None:
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    newest = _commit(store, 20)
+    zero_a_tensor(newest)  # damaged, with a manifest recomputed to match
+    objects = _objects(0)
+    reader = _store(tmp_path / "ckpt", log)
+    loaded = reader.load(restore=lambda got: restore_shards(Path(got[1]["shards"]), objects, NAMES))
+    assert loaded is not None and loaded[0].step == 10
+    assert "step-000000020" in log[0]["problem"] and "cannot read its shards" in log[0]["problem"]
+    expected = _objects(10)["model"].state_dict()  # the previous good one's values, all of them
+    assert all(torch.equal(v, expected[k]) for k, v in objects["model"].state_dict().items())
+    _commit(reader, 20)  # a save of its step replaces it rather than keeping it
+    assert list((tmp_path / "ckpt").glob(".corrupt-step-000000020-*"))
+    restore_shards(newest, _objects(0), NAMES)

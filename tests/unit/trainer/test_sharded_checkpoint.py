@@ -7,7 +7,8 @@ FSDP2's fully_shard, run by the launcher in gloo process groups on CPU.
   optimizer state, gathered from the ranks, and the same data position in samples;
 - a truncated shard, a missing shard, a flipped byte and a manifest that does not match are
   each rejected and the previous good checkpoint is used, also when only another rank's share
-  of the checks finds the damage.
+  of the checks finds the damage; so is a shard whose sha256 matches and that still does not
+  load (every rank rejects it together).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.checkpoint.manifest import read_manifest
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
+from tests.unit.trainer.test_hostile_dcp_files import zero_a_tensor
 from tests.unit.trainer.test_own_loop_resume import assert_identical
 
 pytestmark = pytest.mark.unit
@@ -198,3 +200,19 @@ def test_damage_found_by_another_rank_makes_every_rank_resume_the_previous_check
     assert len(rejected) == 1 and "rank 1" in rejected[0]["problem"], rejected
     assert read_manifest(ckpt / f"step-{15:09d}").step == 15  # written again, the damaged one moved aside
     assert list(ckpt.glob(".corrupt-step-000000015-*"))
+
+
+@pytest.mark.process
+def test_a_shard_that_verifies_but_does_not_load_makes_every_rank_resume_the_previous_checkpoint(
+    written: Path, tmp_path: Path
+) -> None:
+    """Its sha256 matches (the manifest recomputed) and its index is sound, but a tensor's bytes
+    do not load: the job goes on from the previous good checkpoint instead of failing."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(written, ckpt)
+    zero_a_tensor(ckpt / f"step-{15:09d}")
+    events = finish(start(tmp_path, ckpt, job(20, "bf16"), nproc=2))
+    assert [e["step"] for e in events if e["event"] == "resume"] == [10]
+    rejected = [e for e in events if e["event"] == "checkpointRejected"]
+    assert len(rejected) == 1 and "cannot read its shards" in rejected[0]["problem"], rejected
+    assert read_manifest(ckpt / f"step-{15:09d}").step == 15 and list(ckpt.glob(".corrupt-step-000000015-*"))

@@ -44,6 +44,8 @@ MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 #: parts using at most 64 MiB of buffers, and a slow part never holds back the others.
 MULTIPART_BYTES = 16 << 20
 CONCURRENCY = 4
+#: Entries one listing request asks for (S3's own maximum).
+LIST_PAGE = 1000
 #: botocore's standard retry mode: this many tries in all, backoff with jitter between them.
 MAX_ATTEMPTS = 8
 
@@ -113,18 +115,31 @@ class Bucket:
                 return False
             raise self.refused(exc, f"read {key}") from exc
 
-    def folders(self, prefix: str) -> list[str]:
-        """The names of the `folders` directly below `prefix/` (S3 common prefixes)."""
-        names: list[str] = []
+    def folders(self, prefix: str, limit: int) -> list[str]:
+        """The names of the folders directly below `prefix/` (S3 common prefixes), in key
+        order, no more than `limit` of them: LIST_PAGE a request, the listing stops there."""
+        return [p["Prefix"][len(prefix) + 1 :].rstrip("/") for p in self._list(prefix, limit, "CommonPrefixes")]
+
+    def sizes(self, prefix: str, limit: int) -> dict[str, int]:
+        """The objects below `prefix/` by their names relative to it, with their sizes, no more
+        than `limit` of them (a bounded listing, as `folders`)."""
+        return {o["Key"][len(prefix) + 1 :]: int(o["Size"]) for o in self._list(prefix, limit, "Contents")}
+
+    def _list(self, prefix: str, limit: int, field: str) -> list[dict[str, Any]]:
+        """Up to `limit` entries of `field` from a paged listing below `prefix/`, in at most
+        ceil(limit / LIST_PAGE) requests (whatever else the pages hold)."""
+        found: list[dict[str, Any]] = []
+        extra: dict[str, str] = {"Delimiter": "/"} if field == "CommonPrefixes" else {}
         try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.name, Prefix=f"{prefix}/", Delimiter="/"
-            )
-            for page in pages:
-                names += [p["Prefix"][len(prefix) + 1 :].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            for _ in range(-(-limit // LIST_PAGE)):
+                page = self.client.list_objects_v2(Bucket=self.name, Prefix=f"{prefix}/", MaxKeys=LIST_PAGE, **extra)
+                found += page.get(field, [])
+                if len(found) >= limit or not page.get("IsTruncated") or not page.get("NextContinuationToken"):
+                    break
+                extra = {**extra, "ContinuationToken": page["NextContinuationToken"]}
         except Exception as exc:
             raise self.refused(exc, f"list {prefix}/") from exc
-        return names
+        return found[:limit]
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:

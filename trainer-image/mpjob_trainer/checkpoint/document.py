@@ -4,7 +4,7 @@ Whoever can write the checkpoint volume or the bucket can write a manifest, and 
 prune and a save's check of its step all act on what one says: the files to download, hash and
 delete. So a manifest is parsed once, here, by one pydantic model (checkpoint.manifest turns it
 into a Manifest; the bucket store reads the same): JSON nested past the parser's limit, a field
-of the wrong type, a precision the API does not know, a size or a count past its bound, and
+of the wrong type, a precision the API does not know, a size, a total or a count past its bound, and
 above all a file name that could leave the checkpoint's folder (absolute, `..`, a backslash, an
 empty segment) all raise `Malformed`, which the readers treat as a corrupt checkpoint: logged,
 the previous good one used, nothing of it pruned.
@@ -24,6 +24,8 @@ MAX_MANIFEST_BYTES = 16 << 20
 MAX_FILES = 65_536
 #: The largest size a manifest may give one file (16 TiB).
 MAX_FILE_BYTES = 1 << 44
+#: The most all files of one checkpoint may add up to (64 TiB), checked before any is read.
+MAX_CHECKPOINT_BYTES = 1 << 46
 #: A file's name: at most this many characters, each segment at most MAX_SEGMENT_CHARS.
 MAX_NAME_CHARS = 1024
 MAX_SEGMENT_CHARS = 255
@@ -72,6 +74,8 @@ class ManifestDocument(BaseModel):
         clash = sorted(folders & files.keys())
         if clash:
             raise ValueError(f"file name {clash[0][:100]!r} is also the folder of another file")
+        if sum(entry.bytes for entry in files.values()) > MAX_CHECKPOINT_BYTES:
+            raise ValueError(f"files add up to more than the {MAX_CHECKPOINT_BYTES} bytes a checkpoint may have")
         return files
 
 

@@ -5,14 +5,15 @@ A store acts only on checkpoints whose manifest names its own job (`job`,
 AttemptLaunch.job_identity). Anything else found there (copied in by hand, written by another
 job, a manifest that cannot be read) is never replaced, set aside or deleted, and neither
 counts towards `keep` nor goes; a save that finds such a checkpoint at its own step writes
-nothing (CheckpointTaken).
+nothing (CheckpointTaken). A prune examines only the newest `keep + MAX_EXAMINED` step folders
+(each a manifest read): a save prunes as it goes, so its own older ones are within them.
 """
 
 from __future__ import annotations
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
-from mpjob_trainer.checkpoint.protocol import Store, W
+from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
 
 
 class CheckpointTaken(Exception):
@@ -35,8 +36,9 @@ def wrote(store: Store[W], where: W) -> bool:
 
 def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     """What a save finds at its step's place `where`: nothing (None); this job's valid checkpoint
-    (its ref: kept, never overwritten); this job's damaged one, set aside (None: the new one takes
-    its place); anything else is left as it is and the save writes nothing (CheckpointTaken)."""
+    (its ref: kept, never overwritten); this job's damaged one (or one that did not load), set
+    aside (None: the new one takes its place); anything else is left as it is and the save
+    writes nothing (CheckpointTaken)."""
     try:
         manifest = store.manifest(where)
     except CorruptCheckpoint:
@@ -46,8 +48,11 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     if manifest.job != store.job:
         raise CheckpointTaken(_taken(where))
     try:
+        if where in store.unloadable:
+            raise CorruptCheckpoint(f"{where}: its files did not load")
         ref, _ = store.verify(where, alone=True)
     except CorruptCheckpoint:
+        store.unloadable.discard(where)
         store.set_aside(where)
         return None
     return ref
@@ -55,7 +60,8 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
 
 def prune(store: Store[W]) -> None:
     """Keep this job's newest `keep` checkpoints; what it did not write neither counts nor goes."""
-    ours = [(where, manifest) for _, where in store.steps() if (manifest := own_manifest(store, where)) is not None]
+    examined = store.steps()[-(store.keep + MAX_EXAMINED) :]
+    ours = [(where, manifest) for _, where in examined if (manifest := own_manifest(store, where)) is not None]
     for where, manifest in ours[: -store.keep]:
         store.discard(where, manifest)
 

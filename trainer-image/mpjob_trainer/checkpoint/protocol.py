@@ -24,6 +24,10 @@ Log = Callable[..., None]
 
 W = TypeVar("W")
 
+#: The newest step folders a resume tries and a prune examines (each costs a manifest read, a
+#: request to a bucket): a store holding thousands of folders costs no more than this many.
+MAX_EXAMINED = 32
+
 
 class Store(Protocol[W]):
     """A job's checkpoints in one place; `W` is how the store names one checkpoint."""
@@ -33,6 +37,9 @@ class Store(Protocol[W]):
     #: How many of its job's checkpoints the store keeps.
     keep: int
     log: Log
+    #: Places whose checkpoint verified but did not load (checkpoint.resume): corrupt, so a
+    #: save of its step sets it aside instead of keeping it.
+    unloadable: set[W]
 
     def steps(self) -> list[tuple[int, W]]:
         """The step folders found, oldest first (whoever wrote them, whatever their state)."""

@@ -7,28 +7,44 @@ valid checkpoints of that precision newer than the named one come first: the att
 told to resume from `prefer` wrote them itself before it was stopped (a queue preempted it, a
 restarted operator recreated its Job) and restarts with the same launch; no earlier attempt in
 that precision can have gone past the checkpoint it was given.
+
+With `restore`, a checkpoint is taken only once its state is loaded into the run: a sharded
+checkpoint's shards are read only then (DCP reads what the run needs now), so a shard that
+passes its sha256 check and still fails to load (a manifest recomputed over a damaged or planted
+file) is rejected like one that fails verification, and the next candidate is tried; the store
+remembers it (`unloadable`), so a save of its step replaces it rather than keeping it.
+
+Only the newest `protocol.MAX_EXAMINED` step folders are candidates (the named one besides):
+each costs a manifest read, a request to a bucket, and a store crowded with folders (thousands
+of damaged or foreign ones) must not turn a restore into thousands of them. Older ones are
+left out with a `checkpointCandidatesCapped` log line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, step_of
-from mpjob_trainer.checkpoint.protocol import Store, W
+from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
 
 Loaded = tuple[CheckpointRef, dict[str, Any]]
+#: Loads a verified checkpoint into the run; CorruptCheckpoint when its files do not load.
+Restore = Callable[[Loaded], None]
 
 
-def load(store: Store[W], prefer: str | None = None, *, newer_in: str | None = None) -> Loaded | None:
-    """The checkpoint to resume from and its state, else None."""
-    return first_valid(store, candidates(store, prefer, newer_in=newer_in))
+def load(
+    store: Store[W], prefer: str | None = None, *, newer_in: str | None = None, restore: Restore | None = None
+) -> Loaded | None:
+    """The checkpoint to resume from and its state (loaded by `restore`), else None."""
+    return first_valid(store, candidates(store, prefer, newer_in=newer_in), restore)
 
 
 def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = None) -> list[W]:
-    """The places to try, in order."""
-    newest_first = list(reversed(store.steps()))
+    """The places to try, in order: the newest MAX_EXAMINED, the named one besides."""
+    newest_first = newest(store)
     ordered = [where for _, where in newest_first]
     preferred = store.named(prefer) if prefer else None
     if prefer is None or preferred is None:
@@ -43,6 +59,14 @@ def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = No
     return [*ahead, preferred, *rest]
 
 
+def newest(store: Store[W]) -> list[tuple[int, W]]:
+    """The newest MAX_EXAMINED step folders of `store`, newest first (the rest logged as left out)."""
+    found = store.steps()
+    if len(found) > MAX_EXAMINED:
+        store.log("checkpointCandidatesCapped", found=len(found), examined=MAX_EXAMINED)
+    return list(reversed(found[-MAX_EXAMINED:]))
+
+
 def precision_of(store: Store[W], where: W) -> str | None:
     """The precision the manifest at `where` names (None when there is none, or it is unreadable)."""
     try:
@@ -52,11 +76,20 @@ def precision_of(store: Store[W], where: W) -> str | None:
     return manifest.precision if manifest is not None else None
 
 
-def first_valid(store: Store[W], places: list[W]) -> Loaded | None:
-    """The first of `places` that verifies, with its state; None when none does."""
+def first_valid(store: Store[W], places: list[W], restore: Restore | None = None) -> Loaded | None:
+    """The first of `places` that verifies (and that `restore` loads), with its state; None
+    when none does."""
     for where in places:
         try:
-            return store.verify(where)
+            loaded = store.verify(where)
         except CorruptCheckpoint as exc:
+            store.log("checkpointRejected", path=str(where), problem=str(exc))
+            continue
+        try:
+            if restore is not None:
+                restore(loaded)
+            return loaded
+        except CorruptCheckpoint as exc:
+            store.unloadable.add(where)
             store.log("checkpointRejected", path=str(where), problem=str(exc))
     return None

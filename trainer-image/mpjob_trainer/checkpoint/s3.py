@@ -40,7 +40,7 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
-from mpjob_trainer.checkpoint import ownership, resume
+from mpjob_trainer.checkpoint import document, ownership, resume
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.manifest import (
@@ -55,6 +55,10 @@ from mpjob_trainer.checkpoint.manifest import (
 from mpjob_trainer.checkpoint.protocol import Log
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
+
+#: The step folders one listing of the job's prefix reads (LIST_PAGE a request): with keep-K
+#: pruning a job holds a few; a prefix crowded past this is read no further (logged).
+MAX_FOLDERS = 10_000
 
 
 class BucketCheckpointStore:
@@ -85,6 +89,7 @@ class BucketCheckpointStore:
         weakref.finalize(self, shutil.rmtree, self.root, True)
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
         self.last_good: CheckpointRef | None = None
+        self.unloadable: set[str] = set()
         self._writing = threading.Lock()
 
     @property
@@ -96,11 +101,12 @@ class BucketCheckpointStore:
 
     # -- what is committed ------------------------------------------------------------------
     def steps(self) -> list[tuple[int, str]]:
-        """The step folders below the job's prefix, oldest first (committed or not)."""
-        found = [
-            (step, self.url(step)) for name in self.bucket.folders(self.key) if (step := step_of(name)) is not None
-        ]
-        return sorted(found)
+        """The step folders below the job's prefix, oldest first (committed or not): the first
+        MAX_FOLDERS the listing gives (a bounded number of requests; more are logged, not read)."""
+        names = self.bucket.folders(self.key, MAX_FOLDERS)
+        if len(names) >= MAX_FOLDERS:
+            self.log("checkpointListingCapped", prefix=self.key, listed=len(names))
+        return sorted((step, self.url(step)) for name in names if (step := step_of(name)) is not None)
 
     def named(self, prefer: str) -> str | None:
         """This job's place of the step `prefer` names (None: it names no step)."""
@@ -165,6 +171,7 @@ class BucketCheckpointStore:
         if raw is None:
             raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
         names = parse_manifest(raw, folder.name).files  # checked: every name stays inside `folder`
+        self._check_sizes(prefix, folder.name, {name: int(meta["bytes"]) for name, meta in names.items()})
         (folder / MANIFEST).write_bytes(raw)
         for name in names:
             target = folder / name
@@ -172,11 +179,22 @@ class BucketCheckpointStore:
             if not self.bucket.download(f"{prefix}/{name}", target):
                 raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
 
+    def _check_sizes(self, prefix: str, name: str, expected: dict[str, int]) -> None:
+        """CorruptCheckpoint unless every file the manifest lists is an object of the size it
+        gives: checked from a bounded listing before anything is downloaded."""
+        found = self.bucket.sizes(prefix, document.MAX_FILES + 1)
+        for file, size in expected.items():
+            if file not in found:
+                raise CorruptCheckpoint(f"{name}: {file} missing from the bucket")
+            if found[file] != size:
+                raise CorruptCheckpoint(f"{name}: {file} is {found[file]} bytes, its manifest says {size}")
+
     def load(
-        self, prefer: str | None = None, *, newer_in: str | None = None
+        self, prefer: str | None = None, *, newer_in: str | None = None, restore: resume.Restore | None = None
     ) -> tuple[CheckpointRef, dict[str, Any]] | None:
-        """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
-        loaded = resume.load(self, prefer, newer_in=newer_in)
+        """The checkpoint to resume from (checkpoint.resume's policy) and its state, loaded by
+        `restore` when given, else None."""
+        loaded = resume.load(self, prefer, newer_in=newer_in, restore=restore)
         if loaded is not None:
             self.last_good = loaded[0]
         return loaded

@@ -77,6 +77,7 @@ class CheckpointStore:
         self.root.mkdir(parents=True, exist_ok=True)
         #: The newest checkpoint known good: loaded, or written and collected.
         self.last_good: CheckpointRef | None = None
+        self.unloadable: set[Path] = set()
         self._writing = threading.Lock()
 
     # -- the folders this store owns (checkpoint.protocol's operations) -------------------
@@ -172,10 +173,11 @@ class CheckpointStore:
         return state
 
     def load(
-        self, prefer: str | None = None, *, newer_in: str | None = None
+        self, prefer: str | None = None, *, newer_in: str | None = None, restore: resume.Restore | None = None
     ) -> tuple[CheckpointRef, dict[str, Any]] | None:
-        """The checkpoint to resume from (checkpoint.resume's policy) and its state, else None."""
-        loaded = resume.load(self, prefer, newer_in=newer_in)
+        """The checkpoint to resume from (checkpoint.resume's policy) and its state, loaded by
+        `restore` when given, else None."""
+        loaded = resume.load(self, prefer, newer_in=newer_in, restore=restore)
         if loaded is not None:
             self.last_good = loaded[0]
         return loaded

@@ -34,6 +34,7 @@ from mpjob_contract import rules
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import BackgroundWriter, CheckpointStore, SaveResult, StagingBuffers, WriteFailed
+from mpjob_trainer.checkpoint.resume import Loaded
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError
@@ -77,38 +78,42 @@ class Checkpointer:
         self.store.clean_stale()
 
     def open(
-        self, state: TrainingState, prefer: str | None, *, newer_in: str | None = None
-    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
+        self, state: TrainingState, prefer: str | None, precision: str, scaler: Any
+    ) -> tuple[CheckpointRef, int] | None:
         """Every rank, once: what killed saves left is removed (rank 0), then the checkpoint to
-        resume from is loaded (`load`). A sharded `state` is written by every rank, and its
-        optimizers wait for a save's staging copy before they step (`before_update`)."""
+        resume from (checkpoint.resume's policy, preferring ones this `precision` wrote after
+        `prefer`) is loaded into `state`: its ref and applied-step count (TrainingState.restore),
+        else None. One whose files verify and still do not load is rejected for the previous
+        good one. A sharded `state` is written by every rank, and its optimizers wait for a
+        save's staging copy before they step (`before_update`)."""
         self.sharded = state.sharded is not None
         for optimizer in state.optimizers() if self.sharded else []:
             optimizer.register_step_pre_hook(lambda *_: self.before_update())
         if self.world.is_main:
             self.clean_stale()
         dist_env.barrier(self.world)
-        return self.load(prefer, newer_in=newer_in)
+        applied: list[int] = []
+
+        def restore(loaded: Loaded) -> None:
+            applied[:] = [state.restore(loaded[1], precision, scaler)]
+
+        loaded = self.store.load(prefer, newer_in=precision, restore=restore)
+        return (loaded[0], applied[0]) if loaded is not None else None
 
     def resume(self, state: TrainingState, numerics: StepNumerics, prefer: str | None) -> CheckpointRef | None:
         """Load the attempt's checkpoint (`prefer`, else checkpoint.resume's choice) into `state`
-        and the step's numbers; its ref, or None: a fresh start. The optimizers are hooked after
-        loading (DCP may step an empty optimizer once)."""
+        and the step's numbers (`open`); its ref, or None: a fresh start. The optimizers are
+        hooked after loading (DCP may step an empty optimizer once)."""
         amp = numerics.precision
-        loaded = self.open(state, prefer, newer_in=amp.precision)
-        if loaded is None:
+        opened = self.open(state, prefer, amp.precision, amp.scaler)
+        if opened is None:
             self.log("freshStart", reason=f"no valid checkpoint in {self.root}: starting at step 0")
         else:
-            ref, saved = loaded
-            numerics.applied.count = state.restore(saved, amp.precision, amp.scaler)
+            ref, numerics.applied.count = opened
             self.log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
         for optimizer in state.optimizers():
             numerics.applied.watch(optimizer)
-        return loaded[0] if loaded is not None else None
-
-    def load(self, prefer: str | None, *, newer_in: str | None = None) -> tuple[CheckpointRef, dict[str, Any]] | None:
-        """The checkpoint to resume from and its state (checkpoint.resume's policy), else None."""
-        return self.store.load(prefer, newer_in=newer_in)
+        return opened[0] if opened is not None else None
 
     def state_of(self, ref: CheckpointRef) -> dict[str, Any]:
         """The state of checkpoint `ref`, verified again (it may have been damaged since)."""

@@ -5,13 +5,17 @@ nothing and track nothing; their hooks cost nothing."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.tracking import PROFILE_TOKEN_ENV
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.profiling import ProfileCapture
+from mpjob_trainer.profiling.places import place_of
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.tracking import RunTracker, track
 
@@ -24,8 +28,8 @@ class Instruments:
         self.tracker: RunTracker | None = None
         if not world.is_main:
             return
-        self.profiles = ProfileCapture(launch.checkpoint_dir, device=device, log=log, metrics=metrics)
-        metrics.serve(self.profiles.ask)
+        self.profiles = ProfileCapture(place_of(launch), device=device, log=log, metrics=metrics)
+        metrics.serve(self.profiles.ask, os.environ.get(PROFILE_TOKEN_ENV) or None)
         self.tracker = track(launch, rank0=True, digest=config_digest(launch), metrics=metrics)
         if self.tracker is not None:
             log.listeners.append(self.tracker)

@@ -1,0 +1,141 @@
+"""A restore and a prune cost a bounded number of requests to the bucket, however many step
+folders its job's prefix holds, and what the bucket says of a checkpoint's size is checked
+before anything is downloaded: an oversize manifest or object is a corrupt checkpoint, and
+the previous good one is used. Against the test cluster's real S3 server (versitygw), the
+store's own boto3 client counted through botocore's event hooks."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import boto3
+import pytest
+import torch
+
+from mpjob_contract.storage import S3Storage
+from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
+from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name
+from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED
+from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+from tests.cluster.s3 import CREDENTIALS, S3Server
+
+pytestmark = pytest.mark.integration
+
+PLANTED = 5000
+
+
+@pytest.fixture
+def settings(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Storage:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return S3Storage(bucket=s3_server.bucket, prefix=f"b-{uuid.uuid4().hex[:8]}", endpoint=s3_server.endpoint)
+
+
+@pytest.fixture
+def raw(settings: S3Storage) -> Any:
+    """A plain client: what anyone with the bucket's credentials can put below the job's prefix."""
+    return boto3.client("s3", endpoint_url=settings.endpoint, region_name=settings.region)
+
+
+def store_of(settings: S3Storage, log: list[dict[str, Any]] | None = None) -> BucketCheckpointStore:
+    def record(event: str, **fields: Any) -> None:
+        if log is not None:
+            log.append({"event": event, **fields})
+
+    location = f"{settings.url}/ns/job/uid"
+    return BucketCheckpointStore(location, settings, keep=2, config_digest="d1", job="ns/job/uid", log=record)
+
+
+def counted(store: BucketCheckpointStore) -> Counter[str]:
+    """Every request the store's client makes from now on, by operation."""
+    calls: Counter[str] = Counter()
+
+    def count(model: Any, **_: Any) -> None:
+        calls[model.name] += 1
+
+    store.bucket.client.meta.events.register("before-call.s3", count)
+    return calls
+
+
+def state(step: int) -> dict[str, Any]:
+    return {"step": step, "w": torch.full((256,), float(step))}
+
+
+def plant_steps(raw: Any, store: BucketCheckpointStore, steps: range) -> None:
+    """A folder for each of `steps` holding a state file and no manifest (a killed save's, or
+    anyone's): each is a step the listing names, none is a checkpoint."""
+
+    def put(step: int) -> None:
+        raw.put_object(Bucket=store.bucket.name, Key=f"{store.key}/{folder_name(step)}/{STATE}", Body=b"x")
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, steps))
+
+
+def test_a_restore_past_thousands_of_listed_steps_costs_a_bounded_number_of_requests(
+    settings: S3Storage, raw: Any
+) -> None:
+    writer = store_of(settings)
+    writer.save(1, "bf16", state(1))
+    plant_steps(raw, writer, range(2, 2 + PLANTED))
+    log: list[dict[str, Any]] = []
+    reader = store_of(settings, log)
+    calls = counted(reader)
+    assert reader.load() is None  # step 1 lies past the newest MAX_EXAMINED: not tried
+    listings = -(-(PLANTED + 1) // 1000)
+    assert calls["ListObjectsV2"] <= listings + 1 and calls["GetObject"] <= MAX_EXAMINED
+    assert sum(calls.values()) <= listings + 1 + MAX_EXAMINED, calls
+    assert [e["event"] for e in log].count("checkpointRejected") == MAX_EXAMINED
+    assert any(e["event"] == "checkpointCandidatesCapped" and e["found"] == PLANTED + 1 for e in log)
+
+
+def test_a_save_prunes_past_thousands_of_listed_steps_in_a_bounded_number_of_requests(
+    settings: S3Storage, raw: Any
+) -> None:
+    writer = store_of(settings)
+    plant_steps(raw, writer, range(1, 1 + PLANTED))
+    writer.save(PLANTED + 10, "bf16", state(10))
+    calls = counted(writer)
+    writer.save(PLANTED + 20, "bf16", state(20))
+    writer.save(PLANTED + 30, "bf16", state(30))  # prunes the first of the three
+    assert sum(calls.values()) <= 2 * (2 * 6 + 2 + MAX_EXAMINED + 2), calls
+    assert [s for s, _ in writer.steps()][-2:] == [PLANTED + 20, PLANTED + 30]
+
+
+def test_an_oversize_manifest_is_a_corrupt_checkpoint(settings: S3Storage, raw: Any) -> None:
+    writer = store_of(settings)
+    writer.save(10, "bf16", state(10))
+    writer.save(20, "bf16", state(20))
+    key = f"{writer.key}/{folder_name(20)}/{MANIFEST}"
+    body = raw.get_object(Bucket=settings.bucket, Key=key)["Body"].read()
+    padded = body.rstrip()[:-1] + b" " * (MAX_MANIFEST_BYTES + 1 - len(body)) + b"}"  # still valid JSON
+    raw.put_object(Bucket=settings.bucket, Key=key, Body=padded)
+    log: list[dict[str, Any]] = []
+    loaded = store_of(settings, log).load()
+    assert loaded is not None and loaded[0].step == 10
+    assert [e["event"] for e in log] == ["checkpointRejected"] and "bytes" in log[0]["problem"]
+
+
+def test_an_object_larger_than_its_manifest_says_is_never_downloaded(settings: S3Storage, raw: Any) -> None:
+    writer = store_of(settings)
+    writer.save(10, "bf16", state(10))
+    writer.save(20, "bf16", state(20))
+    key = f"{writer.key}/{folder_name(20)}/{STATE}"
+    body = raw.get_object(Bucket=settings.bucket, Key=key)["Body"].read()
+    raw.put_object(Bucket=settings.bucket, Key=key, Body=body + b"\0" * (8 << 20))  # a planted giant
+    log: list[dict[str, Any]] = []
+    reader = store_of(settings, log)
+    fetched: list[str] = []
+    reader.bucket.client.meta.events.register(
+        "before-parameter-build.s3", lambda params, **_: fetched.append(params.get("Key", ""))
+    )
+    loaded = reader.load()
+    assert loaded is not None and loaded[0].step == 10
+    assert key not in fetched and [e["event"] for e in log] == ["checkpointRejected"]
+    assert "bytes, its manifest says" in log[0]["problem"]
