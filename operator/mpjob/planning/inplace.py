@@ -18,7 +18,7 @@ from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import Action, AttemptOutcome, Classification
 from mpjob.planning.planner import StartAttempt, after_attempt
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.events import PrecisionChanged
 from mpjob_contract.launch import InPlaceTarget
@@ -38,18 +38,28 @@ def in_place_targets(
     if not spec.precision.in_place or start.precision == "auto":
         return []
     targets: list[InPlaceTarget] = []
-    ended, used = start, history.used(status)
+    ended, used, past = start, history.used(status), [a for a in status.attempts if a.index < start.index]
     while True:
         used += 1  # the attempt that would end charges one
+        past.append(faulted(ended))  # as it would stand then: a re-promoted precision that faults is barred
         decision = after_attempt(
             spec, ended.index, ended.precision, FAULT, ended.start_step, None, capability,
-            used=used, shape=ended.shape, history=status.attempts,
+            used=used, shape=ended.shape, history=past, repromotions=history.counts(status).repromotions,
         )  # fmt: skip
         if not isinstance(decision, StartAttempt) or decision.fallback_from is None or decision.shape != ended.shape:
             return targets
         precision, repromote = decision.precision, decision.repromote_after_steps
         targets.append(InPlaceTarget(precision=precision, repromote_after_steps=repromote))  # type: ignore[arg-type]
         ended = decision
+
+
+def faulted(attempt: StartAttempt) -> AttemptStatus:
+    """`attempt`'s entry as a numeric fault would end it."""
+    repromoted = True if attempt.promoted_from is not None else None
+    return AttemptStatus(
+        index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
+        repromoted=repromoted, reason=Reason.NUMERIC_FAULT.value,
+    )  # fmt: skip
 
 
 def changed_in_place(
