@@ -92,6 +92,9 @@ class MixedPrecisionJobStatus(ApiModel):
     phase: Phase = "Pending"
     precision: RequestedPrecision | None = None
     attempt: int = 0
+    #: Workers (pods) of the current attempt: spec.workers, or fewer while an elastic job runs
+    #: smaller (spec.elastic).
+    workers: int | None = None
     step: int = 0
     total_steps: int | None = None
     loss: float | None = None

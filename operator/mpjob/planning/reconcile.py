@@ -17,6 +17,7 @@ from mpjob.planning import cost
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
+from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
@@ -141,7 +142,7 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
         status.phase = "Pending" if status.phase == "Running" else status.phase
         return
-    finished = job.finished or ended_by_pods(job, spec.workers)
+    finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     if finished is None:
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
@@ -152,7 +153,7 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
 def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
     """The attempt's Job exists and has not ended: waiting for admission, for its pods (which
     the Job controller may be unable to create), or running once a trainer pod runs."""
-    created = {p.index for p in job.pods} >= set(range(spec.workers))
+    created = {p.index for p in job.pods} >= set(range(workers_of(spec, plan.status.attempts[-1])))
     if job.suspended:
         _awaiting_admission(plan, when, queue_message=job.queue_message)
     elif job.create_error is not None and not created:
