@@ -19,10 +19,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpjob.localrun import leftover
+from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import reading_of
 from mpjob.localrun.series import Point, RunSeries
@@ -58,6 +60,7 @@ class LocalRun:
         *,
         base_dir: Path | None = None,
         python: str = sys.executable,
+        schedule: WorkersSchedule | None = None,
     ) -> None:
         self.job = job
         #: The manifest's folder: a `task.command` runs there (or in its workingDir below it).
@@ -69,6 +72,9 @@ class LocalRun:
         self.python = python
         self.interrupted = False
         self._workers: Workers | None = None
+        #: --workers-available: the simulated cluster's capacity (None: always spec.workers).
+        self.schedule = schedule
+        self._watch: CapacityWatch | None = None
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
         #: GPU-seconds of the attempts run here: workers x gpusPerWorker x their wall time.
@@ -80,7 +86,7 @@ class LocalRun:
         self.paths.root.mkdir(parents=True, exist_ok=True)
         start = self._resume_or_start()
         while start is not None:
-            outcome = self._run_attempt(start)
+            outcome = unschedulable(self.spec, self.schedule, start) or self._run_attempt(start)
             start = self._conclude(start, outcome)
         self._save()
         return self.status
@@ -179,16 +185,18 @@ class LocalRun:
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
 
-        self._workers = Workers(self.spec, folder=folder, cwd=self._working_dir(), python=self.python)
+        count = start.workers or self.spec.workers
+        self._workers = Workers(self.spec, folder=folder, cwd=self._working_dir(), python=self.python, count=count)
+        if self.schedule is not None:
+            self._watch = CapacityWatch(self.spec, self.schedule, start, self._workers)
         began = time.monotonic()
         worker0 = self._workers.start(self._attempt_env(start))
         try:
             self._follow(worker0, start, self._workers.log0)
         finally:
             outcome = self._workers.wait(start.index)
-        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
-        self.gpu_seconds[start.index] = gpus * (time.monotonic() - began)
-        return outcome
+        self.gpu_seconds[start.index] = count * self.spec.resources.gpus_per_worker * (time.monotonic() - began)
+        return replace(outcome, resize=self._watch.resize) if self._watch else outcome
 
     def _attempt_env(self, start: StartAttempt) -> dict[str, str]:
         launch = AttemptLaunch(
@@ -200,6 +208,7 @@ class LocalRun:
             micro_batch=start.micro_batch,
             grad_accumulation=start.grad_accumulation,
             repromote_after_steps=start.repromote_after_steps,
+            workers=start.workers,
             checkpoint_dir=self._checkpoint_dir,
             spec=self.spec,
         )
@@ -245,6 +254,8 @@ class LocalRun:
         """What one trainer line changes in the status and the series, and what the view shows of it."""
         if (point := self._absorb(start.index, start.precision, event)) is not None:
             self.view.step(point)
+        if self._watch is not None:
+            self._watch.seen(event)
         if isinstance(event, events.DataSkipped) and event.steps:
             spans = describe_ranges(event.samples) or "not named"
             steps, back = describe_steps(event.steps), event.from_step
