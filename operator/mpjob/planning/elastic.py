@@ -22,9 +22,13 @@ resume at another world size goes on with the very next sample.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 
+from mpjob.planning.classify import PLATFORM_REASONS
+from mpjob.planning.endings import PodView
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, processes_per_worker
 from mpjob_contract.codes import Reason
@@ -66,6 +70,8 @@ class Resize:
 
 #: The reasons an attempt ends with when the job changes size.
 RESIZE_REASONS = frozenset({Reason.SCALED_DOWN, Reason.SCALED_UP})
+#: A pod's reasons (pod status, DisruptionTarget) that say its node went away.
+NODE_LOST = frozenset(name for name, reason in PLATFORM_REASONS.items() if reason is Reason.NODE_LOST)
 
 
 def global_batch(spec: MixedPrecisionJobSpec) -> int:
@@ -129,3 +135,49 @@ def decide(spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capa
     fewer, smaller = found
     why = f"{cause}; the cluster holds {capacity.available} worker(s): {workers} -> {fewer}"
     return Resize(Verdict.SHRINK, fewer, smaller, why)
+
+
+# ---------------------------------------------------------------- what the cluster shows (operator)
+
+
+def _shape(spec: MixedPrecisionJobSpec, attempt: AttemptStatus) -> BatchShape:
+    if attempt.micro_batch is None or attempt.grad_accumulation is None:
+        return BatchShape.of(spec)
+    return BatchShape(attempt.micro_batch, attempt.grad_accumulation)
+
+
+def _shrink(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, capacity: Capacity) -> Resize | None:
+    resize = decide(spec, workers=workers_of(spec, attempt), shape=_shape(spec, attempt), capacity=capacity)
+    return resize if resize.verdict is Verdict.SHRINK else None
+
+
+def unschedulable(
+    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView], now: datetime
+) -> Resize | None:
+    """A running attempt some of whose pods the scheduler has found no node for: shrunk to the
+    pods that were placed once the oldest has waited past elastic.waitSeconds (None: wait on)."""
+    if spec.elastic is None:
+        return None
+    alive = [p for p in pods if p.alive]
+    waiting = [since for p in alive if (since := p.unschedulable_since) is not None]
+    if not waiting:
+        return None
+    oldest = min((t for since in waiting if (t := _time(since)) is not None), default=now)
+    placed = len(alive) - len(waiting)
+    return _shrink(spec, attempt, Capacity(placed, unschedulable_seconds=(now - oldest).total_seconds()))
+
+
+def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView]) -> Resize | None:
+    """An attempt that ended losing nodes: shrunk at once to the workers whose nodes stayed."""
+    lost = sum(1 for p in pods if p.platform_reason in NODE_LOST)
+    if spec.elastic is None or not lost:
+        return None
+    workers = workers_of(spec, attempt)
+    return _shrink(spec, attempt, Capacity(workers - lost, node_lost=True))
+
+
+def _time(value: str) -> datetime | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None

@@ -11,12 +11,14 @@ The status is the operator's memory. Invariants:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import cost
+from mpjob.planning import cost, elastic
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
+from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.lifecycle import Plan, When
@@ -66,7 +68,9 @@ def reconcile(
     elif _past_deadline(spec, status, now) and status.attempts[-1].finish_time is None:
         _deadline(plan, spec, jobs, when)
     elif status.attempts[-1].finish_time is None:
-        _follow(plan, spec, jobs.get(status.attempts[-1].index), when)
+        current = status.attempts[-1].index
+        earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
+        _follow(plan, spec, jobs.get(current), when, lingering=earlier)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -125,8 +129,9 @@ def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView],
     lc.finish(plan, Finish(False, reason, f"runPolicy.activeDeadlineSeconds={deadline} passed"), when)
 
 
-def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: When) -> None:
-    """The current attempt runs: suspend it, (re)create its Job, watch it, or end it."""
+def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: When, *, lingering: bool) -> None:
+    """The current attempt runs: suspend it, (re)create its Job, watch it, shrink it, or end it
+    (`lingering`: some pod of an earlier attempt still stops)."""
     status = plan.status
     current = status.attempts[-1]
     if spec.run_policy.suspend:
@@ -137,16 +142,26 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at, charged=user)
         lc.suspend(plan, when, f"attempt {current.index} stopped by runPolicy.suspend")
         return
+    if job is None and lingering and spec.elastic is not None:
+        return  # a shrunk attempt waits until its predecessor's pods are gone (no two write checkpoints)
     if job is None:
-        # Recorded but not created (the operator stopped in between): create it now.
+        # Recorded but not created (the operator stopped in between, or a shrink): create it now.
         plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
         status.phase = "Pending" if status.phase == "Running" else status.phase
         return
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
-    if finished is None:
+    now = _parse_time(when.at) or datetime.now(UTC)
+    if finished is None and (shrink := elastic.unschedulable(spec, current, job.pods, now)) is not None:
+        plan.delete.append(current.index)  # the placed pods get SIGTERM; the next attempt waits for them
+        lc.conclude(
+            plan, spec, attempt=current, outcome=AttemptOutcome(None, message=shrink.why, resize=shrink), when=when
+        )
+        plan.create.clear()
+    elif finished is None:
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
+        outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
 
 
