@@ -102,6 +102,10 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
     plan.events.append(
         Event("Normal", ConditionReason.ATTEMPT_STARTED, f"attempt {start.index} in {start.precision}{resumed}")
     )
+    if why in elastic.RESIZE_REASONS:  # kubectl get events shows the job changing size
+        was = plan.status.attempts[-2].world_size if len(plan.status.attempts) > 1 else None
+        message = f"{was} -> {workers * per_worker(spec)} processes ({workers} worker(s)){resumed}"
+        plan.events.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
     message = f"attempt {start.index} in {start.precision}: waiting for its pods"
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
 

@@ -148,6 +148,7 @@ def _end(plan: Plan, job: MixedPrecisionJobSpec, start: StartAttempt, outcome: A
     nxt = Plan(status=plan.status)
     lc.conclude(nxt, job, attempt=start, outcome=outcome, when=WHEN, capability=None)
     plan.status = nxt.status
+    plan.events = nxt.events
     assert nxt.create, nxt.status.message
     return nxt.create[0]
 
@@ -168,6 +169,8 @@ def test_shrink_fault_and_grow_through_the_lifecycle() -> None:
     assert (ended.reason, ended.charged) == (Reason.SCALED_DOWN.value, False)
     assert (smaller.precision, smaller.workers, smaller.shape) == ("fp16", 2, BatchShape(3, 2))
     assert (plan.status.workers, plan.status.attempts[1].world_size) == (2, 2)
+    scaled = [e for e in plan.events if e.reason == "ScaledDown"]
+    assert [(e.type, e.message) for e in scaled] == [("Warning", "3 -> 2 processes (2 worker(s))")]
 
     # An fp16 fault on 2 workers: bf16 on 2 workers, the same global batch.
     fallback = _end(plan, job, smaller, AttemptOutcome(42))
@@ -178,6 +181,7 @@ def test_shrink_fault_and_grow_through_the_lifecycle() -> None:
     grow = _resize(job, fallback, Capacity(3))
     bigger = _end(plan, job, fallback, AttemptOutcome(44, resize=grow))
     assert plan.status.attempts[-2].reason == Reason.SCALED_UP.value
+    assert [(e.type, e.reason) for e in plan.events if e.reason == "ScaledUp"] == [("Normal", "ScaledUp")]
     assert plan.status.attempts[-2].charged is False
     assert (bigger.precision, bigger.workers, bigger.shape) == ("bf16", None, FULL)
     assert (plan.status.workers, plan.status.attempts[-1].world_size) == (3, 3)
