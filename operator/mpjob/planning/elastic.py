@@ -167,6 +167,15 @@ def unschedulable(
     return _shrink(spec, attempt, Capacity(placed, unschedulable_seconds=(now - oldest).total_seconds()))
 
 
+def grows(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None) -> Resize | None:
+    """A running attempt below `workers` when `fits` workers fit on the cluster now (None: not
+    known): the size it grows to, or None."""
+    if spec.elastic is None or fits is None:
+        return None
+    resize = decide(spec, workers=workers_of(spec, attempt), shape=_shape(spec, attempt), capacity=Capacity(fits))
+    return resize if resize.verdict is Verdict.GROW else None
+
+
 def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView]) -> Resize | None:
     """An attempt that ended losing nodes: shrunk at once to the workers whose nodes stayed."""
     lost = sum(1 for p in pods if p.platform_reason in NODE_LOST)

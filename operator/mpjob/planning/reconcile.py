@@ -49,9 +49,11 @@ def reconcile(
     jobs: dict[int, JobView],
     now: datetime,
     lingering: frozenset[int] = frozenset(),
+    fits: int | None = None,
 ) -> Plan:
     """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
-    Job is gone but some pod still runs (terminating)."""
+    Job is gone but some pod still runs (terminating); `fits` the workers of the job the cluster
+    holds now (spec.elastic grows on it; None: not read)."""
     status = status.model_copy(deep=True)
     status.observed_generation = generation
     status.total_steps = spec.training.steps
@@ -70,7 +72,7 @@ def reconcile(
     elif status.attempts[-1].finish_time is None:
         current = status.attempts[-1].index
         earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
-        _follow(plan, spec, jobs.get(current), when, lingering=earlier)
+        _follow(plan, spec, jobs.get(current), when, lingering=earlier, fits=fits)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -129,9 +131,11 @@ def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView],
     lc.finish(plan, Finish(False, reason, f"runPolicy.activeDeadlineSeconds={deadline} passed"), when)
 
 
-def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: When, *, lingering: bool) -> None:
-    """The current attempt runs: suspend it, (re)create its Job, watch it, shrink it, or end it
-    (`lingering`: some pod of an earlier attempt still stops)."""
+def _follow(
+    plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: When, *, lingering: bool, fits: int | None
+) -> None:
+    """The current attempt runs: suspend it, (re)create its Job, watch it, resize it, or end it
+    (`lingering`: some pod of an earlier attempt still stops; `fits`: workers the cluster holds)."""
     status = plan.status
     current = status.attempts[-1]
     if spec.run_policy.suspend:
@@ -152,17 +156,36 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     now = _parse_time(when.at) or datetime.now(UTC)
     if finished is None and (shrink := elastic.unschedulable(spec, current, job.pods, now)) is not None:
-        plan.delete.append(current.index)  # the placed pods get SIGTERM; the next attempt waits for them
-        lc.conclude(
-            plan, spec, attempt=current, outcome=AttemptOutcome(None, message=shrink.why, resize=shrink), when=when
-        )
-        plan.create.clear()
+        _resize(plan, spec, shrink, when)
+    elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
+        _resize(plan, spec, grow, when)
     elif finished is None:
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
         outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+
+
+def _grown(status: MixedPrecisionJobStatus, grow: elastic.Resize | None) -> elastic.Resize | None:
+    """Growth once the attempt has committed a checkpoint past the step where more workers began
+    to fit (status.growAfterStep remembers it): None until then."""
+    if grow is None or status.grow_after_step is None:
+        status.grow_after_step = None if grow is None else status.step
+        return None
+    ckpt = status.last_checkpoint
+    return grow if ckpt is not None and ckpt.step > status.grow_after_step else None
+
+
+def _resize(plan: Plan, spec: MixedPrecisionJobSpec, resize: elastic.Resize, when: When) -> None:
+    """End the attempt for a size change and record the next one, whose Job is created once the
+    ended attempt's pods are gone (they get SIGTERM: a trainer checkpoints before it stops)."""
+    current = plan.status.attempts[-1]
+    plan.delete.append(current.index)
+    plan.status.grow_after_step = None
+    outcome = AttemptOutcome(None, message=resize.why, resize=resize)
+    lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+    plan.create.clear()
 
 
 def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
