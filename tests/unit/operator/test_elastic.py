@@ -17,6 +17,7 @@ from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import BatchShape, StartAttempt, first_attempt
 from mpjob.planning.reconcile import reconcile
+from mpjob.summary import summary_lines
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import AttemptLaunch
@@ -279,3 +280,13 @@ def test_a_pod_the_scheduler_finds_no_node_for_reads_as_unschedulable_since_then
     assert pod_view(pod).unschedulable_since == "2026-11-28T12:00:05Z"
     pod["status"]["conditions"] = [{**condition, "status": "True", "reason": ""}]
     assert pod_view(pod).unschedulable_since is None
+
+
+def test_the_summary_names_each_attempts_processes_when_the_size_changed() -> None:
+    job = spec()
+    plan, first = _start(job)
+    lost = _resize(job, first, Capacity(2, node_lost=True))
+    _end(plan, job, first, AttemptOutcome(137, platform_reason="NodeLost", resize=lost))
+    lines = summary_lines("elastic", plan.status)
+    assert lines[1].startswith("  attempt 0: fp16 on 3 process(es) steps 0-0 ScaledDown (a node was lost")
+    assert lines[2] == "  attempt 1: fp16 on 2 process(es) steps 0-? running"
