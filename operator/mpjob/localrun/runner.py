@@ -144,7 +144,7 @@ class LocalRun:
         self.status.step = max(step, unlogged.step if unlogged else 0)
         plan, when = self._transition()
         lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
-        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
+        gpus = (self.status.workers or self.spec.workers) * self.spec.resources.gpus_per_worker
         self.gpu_seconds[current.index] = gpus * leftover.seconds_seen(current.start_time, logged)
         self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
         self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
