@@ -157,6 +157,8 @@ def _follow(
     now = _parse_time(when.at) or datetime.now(UTC)
     if finished is None and (shrink := elastic.unschedulable(spec, current, job.pods, now)) is not None:
         _resize(plan, spec, shrink, when)
+    elif finished is None and (lost := elastic.node_lost(spec, current, job.pods)) is not None:
+        _resize(plan, spec, lost, when)  # at once: the lost pod's evidence may be gone once its peers stop
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
         _resize(plan, spec, grow, when)
     elif finished is None:

@@ -7,6 +7,7 @@ its first checkpoint after that GPU frees."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -82,3 +83,47 @@ def test_a_shrunk_job_grows_back_at_its_next_checkpoint_when_a_gpu_frees(operato
     # checkpoint where it stands, and the bigger attempt resumes there.
     assert big["startStep"] > small["startStep"] and big["startStep"] >= 20
     assert (small["microBatch"], small["gradAccumulation"], big["microBatch"], big["gradAccumulation"]) == (4, 2, 4, 1)
+
+
+def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkpoint(
+    operator: Operator, jobs: Jobs
+) -> None:
+    """The node of worker 2 goes away: its pod gets the taint manager's DisruptionTarget and is
+    deleted, as when a node stays unreachable. The job goes on with 2 workers at once."""
+    jobs.pvc("ckpt")
+    spec = {
+        "workers": 3,
+        "task": {"builtin": "mlp", "args": {"stepDelay": {"bf16": 0.05}}},
+        "training": {"steps": 120, "batchSize": 4, "logEvery": 5},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+        "elastic": {"minWorkers": 2, "waitSeconds": 600},
+        "resources": {"gpusPerWorker": 0},
+    }
+    jobs.create("lost", spec)
+    wait_for(
+        lambda: (jobs.status("lost").get("lastCheckpoint") or {}).get("step", 0) >= 20, 240, message="a checkpoint"
+    )
+    selector = "mpjob.dev/job=lost,mpjob.dev/attempt=0"
+    (pod,) = [
+        p.metadata.name
+        for p in jobs.core.list_namespaced_pod(jobs.namespace, label_selector=selector).items
+        if p.metadata.name.startswith("lost-a0-2-")
+    ]
+    gone = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "DeletionByTaintManager",
+        "message": "Taint manager: deleting due to NoExecute taint",
+        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    jobs.core.patch_namespaced_pod_status(pod, jobs.namespace, {"status": {"conditions": [gone]}})
+    jobs.core.delete_namespaced_pod(pod, jobs.namespace)
+    status = jobs.wait_phase("lost", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["worldSize"], first["reason"], first["charged"]) == (3, "ScaledDown", False), first
+    assert "a node was lost" in first["message"]
+    assert (second["precision"], second["worldSize"], second["reason"]) == ("bf16", 2, "Succeeded")
+    assert second["startStep"] >= 20 and second["startStep"] % 20 == 0  # the last checkpoint
+    assert second["worldSize"] * second["microBatch"] * second["gradAccumulation"] == 3 * 4
