@@ -89,7 +89,8 @@ def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkp
     operator: Operator, jobs: Jobs
 ) -> None:
     """The node of worker 2 goes away: its pod gets the taint manager's DisruptionTarget and is
-    deleted, as when a node stays unreachable. The job goes on with 2 workers at once."""
+    deleted, as when a node stays unreachable. The job goes on with 2 workers at once, from its
+    newest checkpoint."""
     jobs.pvc("ckpt")
     spec = {
         "workers": 3,
@@ -125,5 +126,7 @@ def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkp
     assert (first["worldSize"], first["reason"], first["charged"]) == (3, "ScaledDown", False), first
     assert "a node was lost" in first["message"]
     assert (second["precision"], second["worldSize"], second["reason"]) == ("bf16", 2, "Succeeded")
-    assert second["startStep"] >= 20 and second["startStep"] % 20 == 0  # the last checkpoint
+    # From the newest checkpoint: the last periodic one, or the one the trainers wrote on SIGTERM
+    # (the deleted pod had its grace period; a node that vanishes gives none).
+    assert second["startStep"] >= 20
     assert second["worldSize"] * second["microBatch"] * second["gradAccumulation"] == 3 * 4
