@@ -46,6 +46,12 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     SUSPENDED = "Suspended"
     DELETED = "PodDeleted"
+    #: spec.elastic: the attempt ended so that the job goes on with fewer workers (its pods stayed
+    #: unschedulable past elastic.waitSeconds, or it lost a node): the cluster's doing, uncharged.
+    SCALED_DOWN = "ScaledDown"
+    #: spec.elastic: the cluster holds more workers again; the attempt ended at a checkpoint so
+    #: that the next one runs with more: uncharged.
+    SCALED_UP = "ScaledUp"
 
 
 class FinishReason(StrEnum):

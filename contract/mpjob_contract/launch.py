@@ -87,6 +87,9 @@ class AttemptLaunch(BaseModel):
     #: planner's next attempts after a numeric fault that need no restart, within the attempt
     #: budget); empty: every fallback ends the attempt (precision.inPlace false, or nothing left).
     in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
+    #: Workers (pods) of this attempt when spec.elastic runs it with fewer than spec.workers (None:
+    #: spec.workers); its microBatch x gradAccumulation then keeps the spec's global batch.
+    workers: int | None = Field(None, ge=1)
     spec: MixedPrecisionJobSpec
 
     @model_validator(mode="after")
@@ -103,16 +106,19 @@ class AttemptLaunch(BaseModel):
         tr = self.spec.training
         micro = self.micro_batch or tr.batch_size
         accumulation = self.grad_accumulation or tr.grad_accumulation
-        if micro * accumulation != tr.batch_size * tr.grad_accumulation:
+        workers = self.workers or self.spec.workers
+        if micro * accumulation * workers != tr.batch_size * tr.grad_accumulation * self.spec.workers:
             raise ValueError(
-                f"microBatch {micro} x gradAccumulation {accumulation} must equal the spec's samples per step "
-                f"per process, training.batchSize x training.gradAccumulation = {tr.batch_size * tr.grad_accumulation}"
+                f"microBatch {micro} x gradAccumulation {accumulation} x workers {workers} must equal the spec's "
+                f"training.batchSize x training.gradAccumulation x workers = "
+                f"{tr.batch_size * tr.grad_accumulation * self.spec.workers}: every attempt keeps the global batch"
             )
         return self
 
     def attempt_spec(self) -> MixedPrecisionJobSpec:
-        """The spec as this attempt trains it: spec.training with the attempt's micro-batch split."""
-        if self.micro_batch is None and self.grad_accumulation is None:
+        """The spec as this attempt trains it: spec.training with the attempt's micro-batch split,
+        and its workers (spec.elastic)."""
+        if self.micro_batch is None and self.grad_accumulation is None and self.workers is None:
             return self.spec
         tr = self.spec.training
         training = tr.model_copy(
@@ -121,7 +127,7 @@ class AttemptLaunch(BaseModel):
                 "grad_accumulation": self.grad_accumulation or tr.grad_accumulation,
             }
         )
-        return self.spec.model_copy(update={"training": training})
+        return self.spec.model_copy(update={"training": training, "workers": self.workers or self.spec.workers})
 
     @property
     def job_identity(self) -> str:

@@ -218,6 +218,24 @@ FAULT_RULE_ALLOWED = Rule(
     field_path=".action",
 )
 
+
+def _min_workers_fit(spec: Any) -> bool:
+    elastic = _field(spec, "elastic")
+    if elastic is None:
+        return True
+    least = elastic.get("minWorkers") if isinstance(elastic, Mapping) else elastic.min_workers
+    return int(least or 1) <= int(_field(spec, "workers") or 1)
+
+
+ELASTIC_MIN_WORKERS_FIT = Rule(
+    name="elastic-min-workers-fit",
+    path="spec",
+    cel="!has(self.elastic) || self.elastic.minWorkers <= (has(self.workers) ? self.workers : 1)",
+    message="elastic.minWorkers must be at most workers: it is the fewest workers an attempt may shrink to",
+    holds=_min_workers_fit,
+    field_path=".elastic.minWorkers",
+)
+
 #: Every cross-field rule of the API, in the order the CRD lists them at a path.
 RULES: tuple[Rule, ...] = (
     NAME_FITS_CHILD_NAMES,
@@ -232,6 +250,7 @@ RULES: tuple[Rule, ...] = (
     VOLUME_OR_STORAGE,
     SHARDED_ON_A_VOLUME,
     FAULT_RULE_ALLOWED,
+    ELASTIC_MIN_WORKERS_FIT,
 )
 
 

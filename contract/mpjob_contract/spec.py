@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from mpjob_contract import k8s, rules
 from mpjob_contract.accounting import CostPerGpuHour
+from mpjob_contract.elastic import Elastic
 from mpjob_contract.parallelism import Parallelism
 from mpjob_contract.placement import Checkpoint, PodTemplateOverrides, Resources, RunPolicy
 from mpjob_contract.policy import FaultPolicy
@@ -149,10 +150,17 @@ class MixedPrecisionJobSpec(ApiModel):
         default_factory=FaultPolicy,
         description="What a fault does: rules over the built-in table, first match wins (docs/fault-policy.md).",
     )
+    elastic: Elastic | None = Field(
+        None,
+        description="Go on with fewer workers (down to minWorkers) when the cluster cannot hold them all, "
+        "and grow back up to `workers` when it can (docs/elastic.md).",
+    )
 
     @model_validator(mode="after")
     def _sharded_on_a_volume(self) -> MixedPrecisionJobSpec:
-        rules.SHARDED_ON_A_VOLUME.check(rules.wire_self(self))
+        wire = rules.wire_self(self)
+        rules.SHARDED_ON_A_VOLUME.check(wire)
+        rules.ELASTIC_MIN_WORKERS_FIT.check(wire)
         return self
 
 

@@ -100,6 +100,12 @@ class MixedPrecisionJobStatus(ApiModel):
     phase: Phase = "Pending"
     precision: RequestedPrecision | None = None
     attempt: int = 0
+    #: Workers (pods) of the current attempt: spec.workers, or fewer while an elastic job runs
+    #: smaller (spec.elastic).
+    workers: int | None = None
+    #: spec.elastic: more workers fit again since the attempt was at this step; it ends at its
+    #: first checkpoint past it and the next attempt runs with more (None: no growth pending).
+    grow_after_step: int | None = None
     step: int = 0
     total_steps: int | None = None
     loss: float | None = None

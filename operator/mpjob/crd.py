@@ -40,6 +40,7 @@ PRINTER_COLUMNS = [
     {"name": "Loss", "type": "number", "jsonPath": ".status.loss"},
     {"name": "Scale", "type": "number", "jsonPath": ".status.lossScale"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
+    {"name": "Workers", "type": "integer", "jsonPath": ".status.workers"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

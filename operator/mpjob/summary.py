@@ -11,7 +11,8 @@ from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
 def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
     """The job's phase and precision, one line per attempt, then skips, checkpoint and cost."""
     lines = [f"{name}: {status.phase} in {status.precision} at step {status.step}"]
-    lines += [attempt_line(a) for a in status.attempts]
+    resized = len({a.world_size for a in status.attempts}) > 1  # spec.elastic changed the job's size
+    lines += [attempt_line(a, world=resized) for a in status.attempts]
     if len(status.attempts) > 1:  # each attempt after the first is a recovery
         path = " -> ".join(a.precision for a in status.attempts)
         lines.append(f"  recoveries: {len(status.attempts) - 1} ({path})")
@@ -25,12 +26,14 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
     return lines
 
 
-def attempt_line(a: AttemptStatus) -> str:
+def attempt_line(a: AttemptStatus, *, world: bool = False) -> str:
+    """One attempt; with `world`, the processes it ran on (a job whose size changed)."""
     end = a.end_step if a.end_step is not None else "?"
     said = f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else ""
     how = " in place" if a.in_place else ""
     back = f", back in {a.recovery_seconds:.2f} s{how}" if a.recovery_seconds is not None else how
-    return f"  attempt {a.index}: {a.precision} steps {a.start_step}-{end}{back} {a.reason or 'running'}{said}"
+    on = f" on {a.world_size} process(es)" if world and a.world_size else ""
+    return f"  attempt {a.index}: {a.precision}{on} steps {a.start_step}-{end}{back} {a.reason or 'running'}{said}"
 
 
 def skipped_line(skipped: Skipped) -> str:

@@ -112,6 +112,9 @@ def node_agent(layout: Layout) -> list[str]:
 
 
 def node_agent_env(bins: Path) -> dict[str, str]:
-    """The agent's pods find this interpreter's tools and the cluster's binaries on PATH."""
+    """The agent's pods find this interpreter's tools and the cluster's binaries on PATH, and
+    import this checkout, then what the caller's PYTHONPATH names (a checkout beside the one the
+    environment was installed from puts its own packages there)."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{bins}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "PYTHONPATH": str(REPO)}
+    python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PATH": path, "PYTHONPATH": python_path}

@@ -252,6 +252,8 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 #: Reads of kopf's peering objects (mpjob.controller.peering), made only with peering on.
 PEERING_CALLS = {"get_cluster_custom_object": ("kopf.dev", "clusterkopfpeerings", "get")}
+#: Reads of nodes and pods everywhere (mpjob.controller.capacity), granted only with rbac.elasticCapacity.
+ELASTIC_CALLS = {"list_node": ("", "nodes", "list"), "list_pod_for_all_namespaces": ("", "pods", "list")}
 
 
 def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
@@ -259,6 +261,8 @@ def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
     peering_calls = {PEERING_CALLS[m] for m in calls & PEERING_CALLS.keys()}
     assert peering_calls, "the ticker reads the peering object (the scan works)"
     calls -= PEERING_CALLS.keys()
+    assert calls & ELASTIC_CALLS.keys() == ELASTIC_CALLS.keys()  # spec.elastic's count of free GPUs
+    calls -= ELASTIC_CALLS.keys()
     assert "list_namespaced_pod" in calls and "create_namespaced_job" in calls  # the scan works
     assert "create_namespaced_network_policy" in calls
     needed = {_needed(m) for m in calls} | {
@@ -408,6 +412,15 @@ def test_who_may_read_trainer_metrics_is_configurable(helm: str) -> None:
     assert refused.returncode != 0
     assert "networkPolicy.monitoring.namespaceSelector selects every namespace" in refused.stderr
     assert "networkPolicy" in render_error(helm, "networkPolicy.monitoring.namespaceSelector.labels.a=b")
+
+
+def test_elastic_capacity_is_an_opt_in_read_of_nodes_and_pods(helm: str) -> None:
+    assert not [r for r in of_kind(render(helm), "ClusterRole") if r["metadata"]["name"].endswith("-elastic-capacity")]
+    docs = render(helm, "rbac.elasticCapacity=true")
+    (role,) = [r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"] == "r-mpjob-elastic-capacity"]
+    assert _grants(role["rules"]) == set(ELASTIC_CALLS.values())
+    (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == "r-mpjob-elastic-capacity"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "r-mpjob", "namespace": "mpjob-system"}]
 
 
 def test_cluster_wide_by_default_namespaced_roles_when_listed(helm: str) -> None:

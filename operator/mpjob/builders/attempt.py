@@ -88,12 +88,15 @@ def attempt_service(job: str, namespace: str, index: int, precision: str) -> dic
     }
 
 
-def launcher_argv(spec: MixedPrecisionJobSpec, trainer_command: Sequence[str], launcher: Sequence[str]) -> list[str]:
+def launcher_argv(
+    spec: MixedPrecisionJobSpec, trainer_command: Sequence[str], launcher: Sequence[str], *, workers: int | None = None
+) -> list[str]:
     """What every worker of an attempt runs: the launcher, which starts processesPerWorker
-    copies of the user's `task.command` (or the builtin trainer) and folds their endings."""
+    copies of the user's `task.command` (or the builtin trainer) and folds their endings;
+    `workers`: the attempt's pods (None: spec.workers)."""
     command = list(spec.task.command) if spec.task.command is not None else list(trainer_command)
-    per_worker = str(processes_per_worker(spec))
-    return [*launcher, "--nproc-per-worker", per_worker, "--workers", str(spec.workers), "--", *command]
+    per_worker, pods = str(processes_per_worker(spec)), str(workers or spec.workers)
+    return [*launcher, "--nproc-per-worker", per_worker, "--workers", pods, "--", *command]
 
 
 def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt) -> AttemptLaunch:
@@ -114,6 +117,7 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
         repromote_after_steps=start.repromote_after_steps,
+        workers=start.workers,
         checkpoint_dir=folder,
         spec=spec,
     )
@@ -266,15 +270,15 @@ def attempt_job(
     """The Indexed Job of attempt `start.index` of the job `namespace/job` (UID `uid`): `workers`
     pods, each running the launcher."""
     name = attempt_name(job, start.index)
-    command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND)
+    command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND, workers=start.workers)
     launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start)
     container = _container(env=_env(launch), spec=spec, image=image, command=command)
     job_labels = labels(job, start.index, start.precision)
     pod_labels = {**spec.template.labels, **job_labels}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
-        "completions": spec.workers,
-        "parallelism": spec.workers,
+        "completions": start.workers or spec.workers,
+        "parallelism": start.workers or spec.workers,
         "backoffLimit": 0,
         "template": {
             "metadata": {"labels": pod_labels, "annotations": dict(spec.template.annotations)},

@@ -161,6 +161,14 @@ class Cluster:
             if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or another object took the name
                 raise
 
+    # -------------------------------------------------------------- room for an elastic job
+    def gpu_room(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The Nodes, and the pods of every namespace that have not ended (read rights only)."""
+        nodes = raw(self.core.list_node, _request_timeout=REQUEST_TIMEOUT).get("items") or []
+        selector = "status.phase!=Succeeded,status.phase!=Failed"
+        pods = raw(self.core.list_pod_for_all_namespaces, field_selector=selector, _request_timeout=REQUEST_TIMEOUT)
+        return nodes, pods.get("items") or []
+
     # -------------------------------------------------------------- kopf peering
     def read_peering(self, name: str, namespace: str | None) -> dict[str, Any]:
         """kopf's peering object: the cluster-wide one (namespace None) or a namespace's."""

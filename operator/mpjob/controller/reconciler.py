@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
 from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
-from mpjob.controller import costs
+from mpjob.controller import capacity, costs
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
@@ -132,7 +132,9 @@ class Reconciler:
             seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
             now = datetime.now(UTC)
             jobs = self._with_queue_words(namespace, spec, old, seen)
-            plan = reconcile(spec, old, body["metadata"].get("generation"), jobs, now, lingering=seen.lingering)
+            fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
+            generation = body["metadata"].get("generation")
+            plan = reconcile(spec, old, generation, jobs, now, lingering=seen.lingering, fits=fits)
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)
             if refusal is not None:

@@ -29,6 +29,8 @@ Key = tuple[str, str]  # (namespace, MixedPrecisionJob name)
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: Container waiting reasons that mean the pod will never run.
 IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: The PodScheduled condition's reason while the scheduler finds no node for the pod (spec.elastic waits on it).
+UNSCHEDULABLE = "Unschedulable"
 #: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
 TERMINAL_CONDITIONS = {
     "Complete": "Complete",
@@ -195,7 +197,7 @@ class PodRecord:
     def trigger(self) -> tuple[Any, ...]:
         """What of a pod the planner acts on: whether it runs, how it ended, whether it goes."""
         v = self.view
-        return v.phase == "Running", v.alive, v.exit_code, v.platform_reason, v.deleting
+        return v.phase == "Running", v.alive, v.exit_code, v.platform_reason, v.deleting, v.unschedulable_since
 
     @property
     def namespace(self) -> str:
@@ -234,10 +236,12 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     state = (statuses[0].get("state") or {}) if statuses else {}
     terminated, waiting, running = state.get("terminated"), state.get("waiting"), state.get("running")
     phase = status.get("phase") or "Pending"
-    platform = status.get("reason")  # Evicted, NodeLost, ...
+    platform, unschedulable = status.get("reason"), None  # Evicted, NodeLost, ...
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True" and not platform:
             platform = cond.get("reason") or "DisruptionTarget"
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == UNSCHEDULABLE:
+            unschedulable = _text(cond.get("lastTransitionTime")) or ""
     if terminated is not None and terminated.get("reason") == "OOMKilled":
         platform = "OOMKilled"
     if waiting is not None and waiting.get("reason") in IMAGE_ERRORS:
@@ -253,6 +257,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         deleting=meta.get("deletionTimestamp") is not None,
         started_at=_text((terminated or running or {}).get("startedAt")),
         finished_at=_text((terminated or {}).get("finishedAt")),
+        unschedulable_since=unschedulable,
     )
 
 

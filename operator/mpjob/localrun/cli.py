@@ -12,6 +12,7 @@ from mpjob.validation import InvalidManifest, load_job
 
 def run_command(argv: list[str]) -> int:
     try:
+        from mpjob.localrun.elastic import BadSchedule, WorkersSchedule
         from mpjob.localrun.progress import make_view
         from mpjob.localrun.runner import LocalRun
     except ModuleNotFoundError as exc:  # the progress view and plot are an extra
@@ -24,6 +25,12 @@ def run_command(argv: list[str]) -> int:
     mode.add_argument("--json", action="store_const", const="json", dest="mode", help="JSON lines for scripts")
     mode.add_argument("--plain", action="store_const", const="plain", dest="mode", help="plain lines")
     parser.add_argument("--fresh", action="store_true", help="discard what --out holds and start over")
+    parser.add_argument(
+        "--workers-available",
+        metavar="N[,STEP:N]...",
+        help="spec.elastic: simulate the cluster's capacity over the steps (3,40:2,120:3: 3 workers fit at "
+        "first, 2 from step 40, 3 from step 120); the run shrinks and grows as on a cluster (docs/elastic.md)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -32,11 +39,19 @@ def run_command(argv: list[str]) -> int:
         for problem in exc.problems:
             print(f"error: {problem}")
         return 2
+    schedule = None
+    if args.workers_available is not None:
+        try:
+            schedule = WorkersSchedule.parse(args.workers_available)
+            schedule.check(job.spec)
+        except BadSchedule as exc:
+            print(f"error: --workers-available {exc}")
+            return 2
     out: Path = args.out or Path("runs") / job.metadata.name
     if args.fresh and out.exists():
         shutil.rmtree(out)
     view = make_view(args.mode, job.spec.training.steps)
-    run = LocalRun(job, out, view, base_dir=args.file.parent)
+    run = LocalRun(job, out, view, base_dir=args.file.parent, schedule=schedule)
     try:
         status = run.run()
     finally:

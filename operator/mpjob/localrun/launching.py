@@ -51,6 +51,7 @@ def attempt_env(
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
         repromote_after_steps=start.repromote_after_steps,
+        workers=start.workers,
         in_place_to=in_place_to,
         checkpoint_dir=checkpoint_dir,
         spec=job.spec,

@@ -17,10 +17,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpjob.localrun import leftover
+from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import reading_of
@@ -58,6 +60,7 @@ class LocalRun:
         *,
         base_dir: Path | None = None,
         python: str = sys.executable,
+        schedule: WorkersSchedule | None = None,
     ) -> None:
         self.job = job
         #: The manifest's folder: a `task.command` runs there (or in its workingDir below it).
@@ -69,6 +72,9 @@ class LocalRun:
         self.python = python
         self.interrupted = False
         self._workers: Workers | None = None
+        #: --workers-available: the simulated cluster's capacity (None: always spec.workers).
+        self.schedule = schedule
+        self._watch: CapacityWatch | None = None
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
         #: GPU-seconds of the attempts run here: workers x gpusPerWorker x their wall time.
@@ -78,6 +84,7 @@ class LocalRun:
         #: The attempt the trainers train now: the launched one, or one they changed to in place.
         self._current: StartAttempt | None = None
         self._began = 0.0
+        self._count = self.spec.workers
         self._clock = RecoveryClock()
 
     # ------------------------------------------------------------------ the plan
@@ -86,7 +93,7 @@ class LocalRun:
         self.paths.root.mkdir(parents=True, exist_ok=True)
         start = self._resume_or_start()
         while start is not None:
-            outcome = self._run_attempt(start)
+            outcome = unschedulable(self.spec, self.schedule, start) or self._run_attempt(start)
             start = self._conclude(self._current or start, outcome)
         self._save()
         return self.status
@@ -131,7 +138,7 @@ class LocalRun:
         self.status.step = max(step, unlogged.step if unlogged else 0)
         plan, when = self._transition()
         lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
-        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
+        gpus = (self.status.workers or self.spec.workers) * self.spec.resources.gpus_per_worker
         self.gpu_seconds[current.index] = gpus * leftover.seconds_seen(current.start_time, logged)
         self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
         self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
@@ -172,7 +179,11 @@ class LocalRun:
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
 
-        self._workers = Workers(self.spec, folder=folder, cwd=working_dir(self.spec, self.base_dir), python=self.python)
+        self._count = start.workers or self.spec.workers
+        cwd = working_dir(self.spec, self.base_dir)
+        self._workers = Workers(self.spec, folder=folder, cwd=cwd, python=self.python, count=self._count)
+        if self.schedule is not None:
+            self._watch = CapacityWatch(self.spec, self.schedule, start, self._workers)
         self._current, self._began = start, time.monotonic()
         in_place = in_place_targets(self.spec, start, self.status, LOCAL_CAPABILITY)
         env = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place_to=in_place)
@@ -182,12 +193,12 @@ class LocalRun:
         finally:
             outcome = self._workers.wait(start.index)
         self._charge_time()
-        return outcome
+        return replace(outcome, resize=self._watch.resize) if self._watch else outcome
 
     def _charge_time(self) -> None:
         """The GPU-seconds of the current attempt, up to now."""
         assert self._current is not None
-        gpus = self.spec.workers * self.spec.resources.gpus_per_worker
+        gpus = self._count * self.spec.resources.gpus_per_worker
         self.gpu_seconds[self._current.index] = gpus * (time.monotonic() - self._began)
         self._began = time.monotonic()
 
@@ -214,6 +225,8 @@ class LocalRun:
         if (point := self._absorb(start.index, start.precision, event)) is not None:
             self.view.step(point)
         self._clock.seen(self.status, start.index, event)
+        if self._watch is not None:
+            self._watch.seen(event)
         if isinstance(event, events.PrecisionChanged):
             self._changed_in_place(start, event)
         if isinstance(event, events.DataSkipped) and event.steps:

@@ -63,10 +63,14 @@ def die_with(parent: int) -> None:
 
 
 class Workers:
-    def __init__(self, spec: MixedPrecisionJobSpec, *, folder: Path, cwd: Path, python: str) -> None:
+    def __init__(
+        self, spec: MixedPrecisionJobSpec, *, folder: Path, cwd: Path, python: str, count: int | None = None
+    ) -> None:
         # Absolute: the workers run in the manifest's folder (a task.command), and a relative
         # --out would put their termination files below that folder, where nobody reads them.
         self.spec, self.folder, self.cwd, self.python = spec, folder.resolve(), cwd, python
+        #: Workers of the attempt (spec.elastic may run it with fewer than spec.workers).
+        self.count = count or spec.workers
         self.procs: list[subprocess.Popen[str]] = []
         self._logs: list[IO[str]] = []
 
@@ -74,9 +78,10 @@ class Workers:
         """Start every worker; returns worker 0, whose stdout carries the trainer's events."""
         trainer = [self.python, "-m", "mpjob_trainer"]
         argv = with_interpreter(
-            launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"]), self.python
+            launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"], workers=self.count),
+            self.python,
         )
-        for worker in range(self.spec.workers):
+        for worker in range(self.count):
             # Line-buffered: the event lines the runner copies here (worker 0's stdout) reach the
             # file as they come, so a killed runner leaves them for its rerun (`leftover`).
             log = (self.folder / f"worker{worker}.log").open("w", buffering=1)
@@ -111,6 +116,13 @@ class Workers:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(sig)
+
+    def kill_last(self, count: int) -> None:
+        """SIGKILL the last `count` workers' process groups, as when their nodes go away (the
+        peer watch then stops the rest, as a Job's pods lose their peers)."""
+        for proc in self.procs[len(self.procs) - count :]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def wait(self, index: int) -> AttemptOutcome:
         """Wait for every worker, then read the attempt's ending as the operator would."""

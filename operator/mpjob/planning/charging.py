@@ -32,6 +32,9 @@ class Disruption(StrEnum):
     QUEUE_PREEMPTED = "QueuePreempted"
     #: The pod's node went away (NodeLost, DeletionByPodGC).
     NODE_LOST = "NodeLost"
+    #: spec.elastic: the cluster holds fewer workers (unschedulable pods, a node gone) or more
+    #: (nodes or quota back) than the attempt runs with; the operator resized the job.
+    CAPACITY_CHANGED = "CapacityChanged"
     #: The user stopped the job: runPolicy.suspend, or Ctrl-C / a killed `mpjob run`.
     USER_SUSPEND = "UserSuspend"
 
@@ -49,6 +52,7 @@ CHARGING_POLICY: tuple[ChargeRule, ...] = (
     ChargeRule(Disruption.POD_DISRUPTED, False, "the cluster preempted or evicted the pod (DisruptionTarget)"),
     ChargeRule(Disruption.QUEUE_PREEMPTED, False, "its queue suspended the attempt's Job (Kueue preemption)"),
     ChargeRule(Disruption.NODE_LOST, False, "the pod's node went away"),
+    ChargeRule(Disruption.CAPACITY_CHANGED, False, "spec.elastic: the cluster's capacity changed, the job resized"),
     ChargeRule(Disruption.USER_SUSPEND, False, "the user suspended the job"),
     ChargeRule(None, True, "no disruption seen: the trainer's own ending, exit 44 and Preempted reports included"),
 )

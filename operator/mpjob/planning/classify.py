@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from mpjob.planning.charging import Disruption, charged, evidence_of
 from mpjob_contract.codes import Reason, reason_for_exit_code
 from mpjob_contract.faults import FaultAction, fault_of
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import TerminationReport
+
+if TYPE_CHECKING:  # elastic builds on the planner, which builds on this table
+    from mpjob.planning.elastic import Resize
 
 
 class Action(StrEnum):
@@ -76,6 +80,8 @@ FAILURE_POLICY: tuple[Rule, ...] = (
     Rule(Reason.IMAGE_PULL, Action.FAIL, "the trainer image cannot be pulled"),
     Rule(Reason.DEADLINE_EXCEEDED, Action.FAIL, "runPolicy.activeDeadlineSeconds passed"),
     Rule(Reason.SUSPENDED, Action.SAME_PRECISION, "suspended by the user; resumes in the same precision"),
+    Rule(Reason.SCALED_DOWN, Action.SAME_PRECISION, "spec.elastic: go on with fewer workers from the last checkpoint"),
+    Rule(Reason.SCALED_UP, Action.SAME_PRECISION, "spec.elastic: go on with more workers from the new checkpoint"),
 )
 
 _BY_REASON = {rule.reason: rule for rule in FAILURE_POLICY}
@@ -117,6 +123,9 @@ class AttemptOutcome:
     disruption: Disruption | None = None
     #: The termination message was a report that failed the model: what was wrong with it.
     invalid_report: str | None = None
+    #: spec.elastic: the size the job goes on with (mpjob.planning.elastic), when the attempt
+    #: was ended (or lost a node) because the cluster's capacity changed.
+    resize: Resize | None = None
 
     @property
     def end_step(self) -> int | None:
@@ -156,7 +165,16 @@ def classify(outcome: AttemptOutcome) -> Classification:
             reason = reason_for_exit_code(outcome.exit_code)
     rule = _BY_REASON[reason]
     message = (outcome.report.message if outcome.report and outcome.report.message else outcome.message) or rule.why
-    return Classification(reason, rule.action, message, disruption)
+    return resized(Classification(reason, rule.action, message, disruption), outcome.resize)
+
+
+def resized(result: Classification, resize: Resize | None) -> Classification:
+    """An ending the job resizes after (spec.elastic) is ScaledDown or ScaledUp, uncharged: only
+    an ending that goes on in the same precision anyway (a disruption, a stop from outside); a
+    numeric fault or a user's error keeps its own reason and action."""
+    if resize is None or resize.reason is None or result.action is not Action.SAME_PRECISION:
+        return result
+    return Classification(resize.reason, Action.SAME_PRECISION, resize.why, Disruption.CAPACITY_CHANGED)
 
 
 #: The operator's action for each policy action it carries out (Skip and RollBack are the

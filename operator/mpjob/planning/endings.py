@@ -30,6 +30,9 @@ class PodView:
     #: The trainer container's start and finish (RFC 3339, as the pod's status says), for cost.
     started_at: str | None = None
     finished_at: str | None = None
+    #: Since when the scheduler finds no node for the pod (its PodScheduled condition False,
+    #: reason Unschedulable; RFC 3339), for spec.elastic; None once it is scheduled.
+    unschedulable_since: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from mpjob.planning import history, skipped
+from mpjob.planning import elastic, history, skipped
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
 from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled, world_size
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled
+from mpjob_contract.api import processes_per_worker as per_worker
 from mpjob_contract.codes import FinishReason, Reason
 from mpjob_contract.launch import AUTO_MARGIN, checkpoint_root
 from mpjob_contract.report import Measurement, TerminationReport
@@ -73,6 +74,7 @@ def again(
         micro_batch=attempt.micro_batch,
         grad_accumulation=attempt.grad_accumulation,
         promoted_from=attempt.precision if attempt.repromoted and index == attempt.index else None,
+        workers=workers if (workers := elastic.workers_of(spec, attempt)) != spec.workers else None,
     )
     return with_promotion(spec, start, status.attempts, repromotions=history.counts(status).repromotions)
 
@@ -89,7 +91,9 @@ def created(plan: Plan, when: When, message: str) -> None:
 
 def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, why: str) -> None:
     """Record the attempt (before its children exist) and ask for it to be created."""
-    st.begin_attempt(plan.status, start, world_size=world_size(spec), at=when.at)
+    workers = start.workers or spec.workers
+    st.begin_attempt(plan.status, start, world_size=workers * per_worker(spec), at=when.at)
+    plan.status.workers = workers
     # Not Running before a trainer runs: `running` says so once one does.
     plan.status.phase = "Pending" if start.fallback_from is None else "Recovering"
     plan.create.append(start)
@@ -98,6 +102,10 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
     plan.events.append(
         Event("Normal", ConditionReason.ATTEMPT_STARTED, f"attempt {start.index} in {start.precision}{resumed}")
     )
+    if why in elastic.RESIZE_REASONS:  # kubectl get events shows the job changing size
+        was = plan.status.attempts[-2].world_size if len(plan.status.attempts) > 1 else None
+        message = f"{was} -> {workers * per_worker(spec)} processes ({workers} worker(s)){resumed}"
+        plan.events.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
     message = f"attempt {start.index} in {start.precision}: waiting for its pods"
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
 
@@ -229,7 +237,7 @@ def conclude(
             f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000],
         )
     )
-    ckpt = status.last_checkpoint
+    ckpt, sized = status.last_checkpoint, outcome.resize if result.reason in elastic.RESIZE_REASONS else None
     decision = after_attempt(
         spec,
         index,
@@ -240,9 +248,10 @@ def conclude(
         capability,
         checkpoint_dir=checkpoint_dir or checkpoint_root(spec),
         used=history.used(status),
-        shape=shape_of(attempt),
+        shape=sized.shape if sized else shape_of(attempt),
         history=status.attempts,
         repromotions=history.counts(status).repromotions,
+        workers=sized.workers if sized else elastic.workers_of(spec, attempt),
     )
     if isinstance(decision, Finish):
         finish(plan, decision, when)

@@ -50,6 +50,9 @@ class StartAttempt:
     #: precision this attempt went back up from, when it is a re-promotion.
     repromote_after_steps: int | None = None
     promoted_from: RequestedPrecision | None = None
+    #: Workers (pods) of the attempt when spec.elastic runs it with fewer than spec.workers
+    #: (None: spec.workers); its batch shape then keeps the global batch (mpjob.planning.elastic).
+    workers: int | None = None
 
     @property
     def shape(self) -> BatchShape | None:
@@ -180,6 +183,7 @@ def after_attempt(
     shape: BatchShape | None = None,
     history: Sequence[AttemptStatus] = (),
     repromotions: int | None = None,
+    workers: int | None = None,
 ) -> Decision:
     """Decide what follows attempt `index` (0-based) that ran in `precision` and ended as `result`.
 
@@ -209,7 +213,8 @@ def after_attempt(
     ended = StartAttempt(index, precision, resume_from, last_good_step)
     decision = _next(spec, ended, result, shape or BatchShape.of(spec), capability)
     if isinstance(decision, StartAttempt):
-        return with_promotion(spec, decision, history, capability, repromotions=repromotions)
+        sized = replace(decision, workers=workers if workers != spec.workers else None)
+        return with_promotion(spec, sized, history, capability, repromotions=repromotions)
     return decision
 
 

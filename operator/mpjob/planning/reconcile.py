@@ -11,12 +11,15 @@ The status is the operator's memory. Invariants:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import cost
+from mpjob.planning import cost, elastic
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
@@ -46,9 +49,11 @@ def reconcile(
     jobs: dict[int, JobView],
     now: datetime,
     lingering: frozenset[int] = frozenset(),
+    fits: int | None = None,
 ) -> Plan:
     """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
-    Job is gone but some pod still runs (terminating)."""
+    Job is gone but some pod still runs (terminating); `fits` the workers of the job the cluster
+    holds now (spec.elastic grows on it; None: not read)."""
     status = status.model_copy(deep=True)
     status.observed_generation = generation
     status.total_steps = spec.training.steps
@@ -65,7 +70,9 @@ def reconcile(
     elif _past_deadline(spec, status, now) and status.attempts[-1].finish_time is None:
         _deadline(plan, spec, jobs, when)
     elif status.attempts[-1].finish_time is None:
-        _follow(plan, spec, jobs.get(status.attempts[-1].index), when)
+        current = status.attempts[-1].index
+        earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
+        _follow(plan, spec, jobs.get(current), when, lingering=earlier, fits=fits)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -124,8 +131,11 @@ def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView],
     lc.finish(plan, Finish(False, reason, f"runPolicy.activeDeadlineSeconds={deadline} passed"), when)
 
 
-def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: When) -> None:
-    """The current attempt runs: suspend it, (re)create its Job, watch it, or end it."""
+def _follow(
+    plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: When, *, lingering: bool, fits: int | None
+) -> None:
+    """The current attempt runs: suspend it, (re)create its Job, watch it, resize it, or end it
+    (`lingering`: some pod of an earlier attempt still stops; `fits`: workers the cluster holds)."""
     status = plan.status
     current = status.attempts[-1]
     if spec.run_policy.suspend:
@@ -136,23 +146,54 @@ def _follow(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: 
         st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at, charged=user)
         lc.suspend(plan, when, f"attempt {current.index} stopped by runPolicy.suspend")
         return
+    if job is None and lingering and spec.elastic is not None:
+        return  # a shrunk attempt waits until its predecessor's pods are gone (no two write checkpoints)
     if job is None:
-        # Recorded but not created (the operator stopped in between): create it now.
+        # Recorded but not created (the operator stopped in between, or a shrink): create it now.
         plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
         status.phase = "Pending" if status.phase == "Running" else status.phase
         return
-    finished = job.finished or ended_by_pods(job, spec.workers)
-    if finished is None:
+    finished = job.finished or ended_by_pods(job, workers_of(spec, current))
+    now = _parse_time(when.at) or datetime.now(UTC)
+    if finished is None and (shrink := elastic.unschedulable(spec, current, job.pods, now)) is not None:
+        _resize(plan, spec, shrink, when)
+    elif finished is None and (lost := elastic.node_lost(spec, current, job.pods)) is not None:
+        _resize(plan, spec, lost, when)  # at once: the lost pod's evidence may be gone once its peers stop
+    elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
+        _resize(plan, spec, grow, when)
+    elif finished is None:
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
+        outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+
+
+def _grown(status: MixedPrecisionJobStatus, grow: elastic.Resize | None) -> elastic.Resize | None:
+    """Growth once the attempt has committed a checkpoint past the step where more workers began
+    to fit (status.growAfterStep remembers it): None until then."""
+    if grow is None or status.grow_after_step is None:
+        status.grow_after_step = None if grow is None else status.step
+        return None
+    ckpt = status.last_checkpoint
+    return grow if ckpt is not None and ckpt.step > status.grow_after_step else None
+
+
+def _resize(plan: Plan, spec: MixedPrecisionJobSpec, resize: elastic.Resize, when: When) -> None:
+    """End the attempt for a size change and record the next one, whose Job is created once the
+    ended attempt's pods are gone (they get SIGTERM: a trainer checkpoints before it stops)."""
+    current = plan.status.attempts[-1]
+    plan.delete.append(current.index)
+    plan.status.grow_after_step = None
+    outcome = AttemptOutcome(None, message=resize.why, resize=resize)
+    lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+    plan.create.clear()
 
 
 def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
     """The attempt's Job exists and has not ended: waiting for admission, for its pods (which
     the Job controller may be unable to create), or running once a trainer pod runs."""
-    created = {p.index for p in job.pods} >= set(range(spec.workers))
+    created = {p.index for p in job.pods} >= set(range(workers_of(spec, plan.status.attempts[-1])))
     if job.suspended:
         _awaiting_admission(plan, when, queue_message=job.queue_message)
     elif job.create_error is not None and not created:

@@ -40,7 +40,8 @@ def test_fp16_overflow_falls_back_to_bf16_and_succeeds(
         text=True,
         check=True,
     ).stdout
-    assert kubectl.split("\n")[0].split() == ["NAME", "PHASE", "PRECISION", "STEP", "LOSS", "SCALE", "ATTEMPT", "AGE"]
+    columns = ["NAME", "PHASE", "PRECISION", "STEP", "LOSS", "SCALE", "ATTEMPT", "WORKERS", "AGE"]
+    assert kubectl.split("\n")[0].split() == columns
     assert kubectl.split("\n")[1].split()[:3] == ["recover", "Succeeded", "bf16"]
     # The checkpoint the status names is on the volume, with that sha256.
     manifest = jobs.checkpoints(kubeconfig, "ckpt", "recover") / "step-000000060" / "manifest.json"

@@ -206,6 +206,20 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         },
         "checkpoint.storage.s3 is for ddp jobs",
     ),
+    # spec.elastic: it shrinks to minWorkers at the fewest, which is a worker at least and no more than `workers`.
+    (
+        "elastic-min-workers-above-workers",
+        bad("spec", {**GOOD["spec"], "workers": 2, "elastic": {"minWorkers": 3}}),
+        "spec.elastic.minWorkers",
+    ),
+    (
+        "elastic-min-workers-above-default-workers",
+        bad("spec.elastic", {"minWorkers": 2}),
+        "spec.elastic.minWorkers",
+    ),
+    ("elastic-min-workers-zero", bad("spec.elastic", {"minWorkers": 0}), "spec.elastic.minWorkers"),
+    ("elastic-without-min-workers", bad("spec.elastic", {"waitSeconds": 60}), "spec.elastic.minWorkers"),
+    ("elastic-negative-wait", bad("spec.elastic", {"minWorkers": 1, "waitSeconds": -1}), "spec.elastic.waitSeconds"),
     # spec.tracking: an MLflow URI names its scheme ("mlflow:5000" would parse as the scheme "mlflow").
     (
         "mlflow-uri-without-scheme",
@@ -239,6 +253,10 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.VOLUME_OR_STORAGE.name: ("volume-and-storage",),
     rules.SHARDED_ON_A_VOLUME.name: ("sharded-checkpoints-in-a-bucket",),
     rules.FAULT_RULE_ALLOWED.name: ("fault-rule-action-not-allowed",),
+    rules.ELASTIC_MIN_WORKERS_FIT.name: (
+        "elastic-min-workers-above-workers",
+        "elastic-min-workers-above-default-workers",
+    ),
 }
 
 #: task.args as deep as they may go, with every kind of value: accepted by both, stored as written.

@@ -50,8 +50,10 @@ def test_each_rule_sits_in_the_crd_at_its_path(rule: rules.Rule) -> None:
         node = node["properties"][part.removesuffix("[]")]
         node = node["items"] if part.endswith("[]") else node
     assert rule.x_kubernetes_validation() in node["x-kubernetes-validations"]
-    if rule.field_path:  # the API server refuses a fieldPath that names no field of the node
-        assert rule.field_path.removeprefix(".") in node["properties"]
+    if rule.field_path:  # the API server refuses a fieldPath that names no field below the node
+        for name in rule.field_path.removeprefix(".").split("."):
+            assert name in node["properties"], rule.field_path
+            node = node["properties"][name]
 
 
 def test_rule_names_are_unique_and_each_has_a_bad_manifest_case() -> None:
@@ -111,6 +113,11 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.FAULT_RULE_ALLOWED, {"on": "NonFiniteInFp32", "action": "Skip"}, True),
     (rules.FAULT_RULE_ALLOWED, {"on": "NumericFault", "action": "Skip"}, False),
     (rules.FAULT_RULE_ALLOWED, {"on": "Preempted", "action": "FallBack"}, False),
+    (rules.ELASTIC_MIN_WORKERS_FIT, {"workers": 3}, True),
+    (rules.ELASTIC_MIN_WORKERS_FIT, {"workers": 3, "elastic": {"minWorkers": 3}}, True),
+    (rules.ELASTIC_MIN_WORKERS_FIT, {"elastic": {"minWorkers": 1}}, True),
+    (rules.ELASTIC_MIN_WORKERS_FIT, {"workers": 3, "elastic": {"minWorkers": 4}}, False),
+    (rules.ELASTIC_MIN_WORKERS_FIT, {"elastic": {"minWorkers": 2}}, False),
 ]
 
 

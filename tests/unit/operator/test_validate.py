@@ -72,6 +72,7 @@ def test_crd_has_printer_columns_short_names_and_status() -> None:
         "Loss",
         "Scale",
         "Attempt",
+        "Workers",
         "Age",
     ]
     assert crd["spec"]["names"]["shortNames"] == ["mpjob", "mpj"]

@@ -32,10 +32,21 @@ def test_step_delay_names_the_field_and_what_is_allowed(value: object) -> None:
 
 def test_a_launch_whose_split_changes_the_samples_per_step_is_refused() -> None:
     job = {"task": {"builtin": "mlp"}, "training": {"batchSize": 16}}
-    with pytest.raises(ValidationError, match="microBatch 3 x gradAccumulation 4 must equal"):
+    with pytest.raises(ValidationError, match="microBatch 3 x gradAccumulation 4 x workers 1 must equal"):
         AttemptLaunch.model_validate(
             {"jobName": "j", "precision": "fp32", "spec": job, "microBatch": 3, "gradAccumulation": 4}
         )
+
+
+def test_a_smaller_elastic_attempt_keeps_the_global_batch() -> None:
+    job = {"workers": 3, "task": {"builtin": "mlp"}, "training": {"batchSize": 4}, "elastic": {"minWorkers": 2}}
+    base = {"jobName": "j", "precision": "fp32", "spec": job, "workers": 2}
+    launch = AttemptLaunch.model_validate({**base, "microBatch": 3, "gradAccumulation": 2})
+    trained = launch.attempt_spec()
+    assert (trained.workers, trained.training.batch_size, trained.training.grad_accumulation) == (2, 3, 2)
+    assert launch.spec.workers == 3  # the job's own spec: its config digest stays the same
+    with pytest.raises(ValidationError, match="x workers 2 must equal"):
+        AttemptLaunch.model_validate({**base, "microBatch": 4, "gradAccumulation": 1})
 
 
 @pytest.mark.process

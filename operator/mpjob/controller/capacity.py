@@ -1,0 +1,113 @@
+"""How many workers of a job the cluster's GPU nodes hold now: what an elastic job
+(spec.elastic) running below `workers` grows on.
+
+Pure (the reconciler reads, this counts) over Node and Pod documents as the API returns them;
+the operator lists them with read rights only (nodes, and pods of every namespace). A node
+counts when it is Ready, schedulable, carries the GPU Feature Discovery labels the attempt's
+pods ask for (compute capability at least resources.minComputeCapability) and every label of
+template.nodeSelector. Its free GPUs are its allocatable `nvidia.com/gpu` less what the pods
+bound to it and not yet ended request, the job's own pods left out (their GPUs are the job's).
+Each worker needs gpusPerWorker GPUs on one node. A CPU job (gpusPerWorker 0) has no such
+count: it does not grow on a cluster. `fits_now` reads them only for an elastic job whose
+running attempt has fewer workers than it wants.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client.rest import ApiException
+
+from mpjob.builders.attempt import GPU_RESOURCE as GPU
+from mpjob.builders.attempt import LABEL_JOB
+from mpjob.planning.elastic import workers_of
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+
+if TYPE_CHECKING:
+    from mpjob.controller.cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _eligible(node: Mapping[str, Any], spec: MixedPrecisionJobSpec) -> bool:
+    meta, node_spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    labels = meta.get("labels") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    if not ready or node_spec.get("unschedulable"):
+        return False
+    major, minor = (int(x) for x in spec.resources.min_compute_capability.split("."))
+    try:
+        capability = (int(labels["nvidia.com/gpu.compute.major"]), int(labels["nvidia.com/gpu.compute.minor"]))
+    except (KeyError, ValueError):
+        return False
+    wanted = spec.template.node_selector or {}
+    return capability >= (major, minor) and all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _requested(pod: Mapping[str, Any]) -> int:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    total = 0
+    for container in containers:
+        resources = container.get("resources") or {}
+        total += _quantity((resources.get("requests") or {}).get(GPU, (resources.get("limits") or {}).get(GPU, 0)))
+    return total
+
+
+def _own(pod: Mapping[str, Any], namespace: str, job: str) -> bool:
+    meta = pod.get("metadata") or {}
+    return meta.get("namespace") == namespace and (meta.get("labels") or {}).get(LABEL_JOB) == job
+
+
+def free_workers(
+    spec: MixedPrecisionJobSpec,
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    namespace: str,
+    job: str,
+) -> int | None:
+    """Workers of the job `namespace/job` the GPU nodes hold beside everything else running now,
+    the GPUs its own pods take counted as its (None: a CPU job, whose room the nodes do not say)."""
+    per_worker = spec.resources.gpus_per_worker
+    if per_worker == 0:
+        return None
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if node and phase not in ("Succeeded", "Failed") and not _own(pod, namespace, job):
+            used[node] = used.get(node, 0) + _requested(pod)
+    fit = 0
+    for node in nodes:
+        if _eligible(node, spec):
+            name = (node.get("metadata") or {}).get("name", "")
+            allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
+            fit += max(0, allocatable - used.get(name, 0)) // per_worker
+    return fit
+
+
+def fits_now(
+    cluster: Cluster, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, *, namespace: str, job: str
+) -> int | None:
+    """`free_workers` for an elastic job whose running attempt is below `workers` (None for any
+    other, or when the operator may not read nodes and pods: it does not grow then)."""
+    current = status.attempts[-1] if status.attempts else None
+    if spec.elastic is None or current is None or current.finish_time is not None:
+        return None
+    if workers_of(spec, current) >= spec.workers or spec.resources.gpus_per_worker == 0:
+        return None
+    try:
+        nodes, pods = cluster.gpu_room()
+    except ApiException as exc:
+        log.warning("spec.elastic: cannot read nodes and pods to grow %s/%s: %s", namespace, job, exc.reason)
+        return None
+    return free_workers(spec, nodes, pods, namespace=namespace, job=job)

@@ -1,0 +1,116 @@
+"""`mpjob run --workers-available SCHEDULE`: a simulated cluster whose capacity changes with the
+steps trained, so that a local run of an elastic job (spec.elastic) shrinks and grows through
+the operator's decision (mpjob.planning.elastic) without a cluster.
+
+SCHEDULE is `N[,STEP:N]...`: N workers fit from the start, and from each STEP on the N after it
+(`3,40:2,120:3`: 3 at first, 2 from step 40, 3 from step 120). The runner reads the trainer's
+steps from its event lines (a line per training.logEvery steps), so a change lands at the first
+logged step at or after its STEP. When fewer workers fit than an attempt runs with, the last
+workers' processes are killed, as when their nodes go away: the attempt ends and the next one
+runs with as many as fit, from the last checkpoint. When more fit again, the attempt ends at
+its next checkpoint (SIGTERM, which the trainer honours with a checkpoint) and the next one runs
+with more. A local run has no time to wait in: pods that do not fit at an attempt's start count
+as unschedulable past elastic.waitSeconds.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from dataclasses import dataclass
+
+from mpjob.localrun.workers import Workers
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.elastic import Capacity, Resize, Verdict, decide
+from mpjob.planning.planner import BatchShape, StartAttempt
+from mpjob_contract import events
+from mpjob_contract.api import MixedPrecisionJobSpec
+
+
+class BadSchedule(ValueError):
+    """A --workers-available value that cannot be read or cannot work for the job."""
+
+
+@dataclass(frozen=True)
+class WorkersSchedule:
+    #: (from step, workers that fit), ascending by step, the first from step 0.
+    changes: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> WorkersSchedule:
+        """`N[,STEP:N]...` (module doc)."""
+        parts = [p.strip() for p in text.split(",")]
+        try:
+            changes = [(0, int(parts[0]))]
+            for part in parts[1:]:
+                step, workers = part.split(":")
+                changes.append((int(step), int(workers)))
+        except ValueError:
+            raise BadSchedule(f"{text!r}: expected N[,STEP:N]... (e.g. 3,40:2,120:3)") from None
+        steps = [step for step, _ in changes]
+        if steps != sorted(set(steps)) or any(workers < 1 for _, workers in changes):
+            raise BadSchedule(f"{text!r}: steps must rise from 0 and each count of workers be at least 1")
+        return cls(tuple(changes))
+
+    def available(self, step: int) -> int:
+        return next(workers for since, workers in reversed(self.changes) if step >= since)
+
+    def check(self, spec: MixedPrecisionJobSpec) -> None:
+        """A local run cannot wait for capacity: every count must reach elastic.minWorkers."""
+        if spec.elastic is None:
+            raise BadSchedule("--workers-available needs spec.elastic: without it every attempt has `workers` pods")
+        for step, workers in self.changes:
+            if workers < spec.elastic.min_workers:
+                raise BadSchedule(
+                    f"{workers} worker(s) from step {step} is fewer than elastic.minWorkers={spec.elastic.min_workers}:"
+                    " a local run has no cluster to wait for"
+                )
+
+
+def at_start(spec: MixedPrecisionJobSpec, schedule: WorkersSchedule, start: StartAttempt) -> Resize:
+    """The attempt as it starts: pods that do not fit now count as unschedulable past waitSeconds."""
+    workers, fits = start.workers or spec.workers, schedule.available(start.start_step)
+    capacity = Capacity(fits, unschedulable_seconds=math.inf if fits < workers else 0.0)
+    return decide(spec, workers=workers, shape=start.shape or BatchShape.of(spec), capacity=capacity)
+
+
+class CapacityWatch:
+    """Follows one attempt's steps against the schedule and ends the attempt when the job resizes."""
+
+    def __init__(
+        self, spec: MixedPrecisionJobSpec, schedule: WorkersSchedule, start: StartAttempt, workers: Workers
+    ) -> None:
+        self.spec, self.schedule, self.workers = spec, schedule, workers
+        self.count = start.workers or spec.workers
+        self.shape = start.shape or BatchShape.of(spec)
+        #: The size the job goes on with once this attempt has ended (None: it was not resized).
+        self.resize: Resize | None = None
+        self._grow: Resize | None = None
+
+    def seen(self, event: events.TrainerEvent) -> None:
+        if self.resize is not None:
+            return
+        if isinstance(event, events.Checkpoint) and self._grow is not None:
+            self.resize = self._grow  # its next checkpoint is written: stop it there, and grow
+            self.workers.signal(signal.SIGTERM)
+            return
+        if not isinstance(event, events.Step | events.Checkpoint):
+            return
+        fits = self.schedule.available(event.step)
+        lost = fits < self.count
+        resize = decide(self.spec, workers=self.count, shape=self.shape, capacity=Capacity(fits, node_lost=lost))
+        if resize.verdict is Verdict.SHRINK:
+            self.resize = resize
+            self.workers.kill_last(self.count - fits)  # their nodes went away
+        elif resize.verdict is Verdict.GROW:
+            self._grow = resize
+
+
+def unschedulable(
+    spec: MixedPrecisionJobSpec, schedule: WorkersSchedule | None, start: StartAttempt
+) -> AttemptOutcome | None:
+    """The ending of an attempt whose pods do not all fit at its start (None: it runs): it ends
+    before a trainer starts, and the job goes on with as many workers as fit."""
+    if schedule is None or (resize := at_start(spec, schedule, start)).verdict is not Verdict.SHRINK:
+        return None
+    return AttemptOutcome(None, message=resize.why, resize=resize)

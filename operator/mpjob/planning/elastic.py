@@ -1,0 +1,192 @@
+"""Elastic world size (spec.elastic), decided once: keep the attempt, shrink it, or grow it.
+
+Pure: the operator (from what the cluster shows: unschedulable pods, lost nodes, free GPUs or
+queue quota) and `mpjob run` (from its --workers-available schedule) read the cluster into a
+`Capacity` and call `decide`; neither re-implements the rule.
+
+- Shrink: the attempt's pods stayed unschedulable past elastic.waitSeconds, or it lost a node,
+  and the cluster holds fewer workers than it runs with: the next attempt runs with as many as
+  the cluster holds (never fewer than elastic.minWorkers), in the same precision, from the last
+  good checkpoint. Fewer than minWorkers: keep waiting.
+- Grow: the cluster holds more workers than the attempt runs with and it runs below `workers`:
+  the attempt ends at its next checkpoint and the next one runs with more, up to `workers`.
+
+The global batch (samples per optimizer step over all processes: workers x processesPerWorker
+x batchSize x gradAccumulation, as the spec says) is kept at every size: each process takes
+global / world samples per step, split into micro-batches of at most the attempt's micro-batch
+(shrinking never makes a micro-batch larger; growing may take it back up to batchSize) with the
+accumulation making up the rest. A size whose world does not divide the global batch is
+skipped. The data order is addressed by samples, not steps (mpjob_trainer.data.StepSampler): a
+resume at another world size goes on with the very next sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from mpjob.planning.classify import PLATFORM_REASONS
+from mpjob.planning.endings import PodView
+from mpjob.planning.planner import BatchShape, StartAttempt
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, processes_per_worker
+from mpjob_contract.codes import Reason
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the cluster shows of room for the attempt, now."""
+
+    #: Workers the cluster can hold now, the attempt's own running pods included.
+    available: int
+    #: Seconds the attempt's pods have been unschedulable (0: all scheduled or running).
+    unschedulable_seconds: float = 0.0
+    #: The attempt lost a node while training (a pod's node went away).
+    node_lost: bool = False
+
+
+class Verdict(StrEnum):
+    KEEP = "Keep"
+    SHRINK = "Shrink"
+    GROW = "Grow"
+
+
+@dataclass(frozen=True)
+class Resize:
+    verdict: Verdict
+    #: Workers (pods) of the next attempt; the current attempt's when kept.
+    workers: int
+    #: Its batch shape per process: the global batch kept.
+    shape: BatchShape
+    #: For the status and Events.
+    why: str
+
+    @property
+    def reason(self) -> Reason | None:
+        """The reason the resized attempt ends with (None: kept)."""
+        return {Verdict.SHRINK: Reason.SCALED_DOWN, Verdict.GROW: Reason.SCALED_UP}.get(self.verdict)
+
+
+#: The reasons an attempt ends with when the job changes size.
+RESIZE_REASONS = frozenset({Reason.SCALED_DOWN, Reason.SCALED_UP})
+#: A pod's reasons (pod status, DisruptionTarget) that say its node went away.
+NODE_LOST = frozenset(name for name, reason in PLATFORM_REASONS.items() if reason is Reason.NODE_LOST)
+
+
+def global_batch(spec: MixedPrecisionJobSpec) -> int:
+    """Samples per optimizer step over every process, at the spec's full size."""
+    tr = spec.training
+    return spec.workers * processes_per_worker(spec) * tr.batch_size * tr.grad_accumulation
+
+
+def shape_for(spec: MixedPrecisionJobSpec, workers: int, max_micro_batch: int) -> BatchShape | None:
+    """The batch shape that keeps the global batch on `workers` pods, its micro-batch the largest
+    divisor of the per-process samples up to `max_micro_batch`; None when the world does not
+    divide the global batch."""
+    per_process, rest = divmod(global_batch(spec), workers * processes_per_worker(spec))
+    if rest or per_process == 0:
+        return None
+    micro = max(d for d in range(1, min(max_micro_batch, per_process) + 1) if per_process % d == 0)
+    return BatchShape(micro, per_process // micro)
+
+
+def workers_of(spec: MixedPrecisionJobSpec, attempt: AttemptStatus | StartAttempt) -> int:
+    """The workers an attempt runs with: planned, or from its recorded world size (spec.workers if none)."""
+    if isinstance(attempt, StartAttempt):
+        return attempt.workers or spec.workers
+    if attempt.world_size is None:
+        return spec.workers
+    return max(1, attempt.world_size // processes_per_worker(spec))
+
+
+def _largest(spec: MixedPrecisionJobSpec, sizes: range, max_micro: int) -> tuple[int, BatchShape] | None:
+    for workers in reversed(sizes):
+        if (shape := shape_for(spec, workers, max_micro)) is not None:
+            return workers, shape
+    return None
+
+
+def decide(spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capacity: Capacity) -> Resize:
+    """Keep, shrink or grow the attempt that runs with `workers` pods in `shape` (module doc)."""
+    elastic = spec.elastic
+    keep = Resize(Verdict.KEEP, workers, shape, f"{workers} worker(s), {capacity.available} available")
+    if elastic is None:
+        return keep
+    if capacity.available > workers and workers < spec.workers:
+        sizes = range(workers + 1, min(capacity.available, spec.workers) + 1)
+        if (found := _largest(spec, sizes, spec.training.batch_size)) is not None:
+            more, bigger = found
+            why = f"the cluster holds {capacity.available} worker(s) again: {workers} -> {more}"
+            return Resize(Verdict.GROW, more, bigger, why)
+        return keep
+    short = capacity.node_lost or capacity.unschedulable_seconds > elastic.wait_seconds
+    if not short or capacity.available >= workers:
+        return keep
+    waited = f"pods unschedulable for {capacity.unschedulable_seconds:.0f}s"
+    cause = "a node was lost" if capacity.node_lost else f"{waited} (elastic.waitSeconds={elastic.wait_seconds})"
+    sizes = range(elastic.min_workers, min(capacity.available, workers - 1) + 1)
+    if (found := _largest(spec, sizes, shape.micro_batch)) is None:
+        why = (
+            f"{cause}; the cluster holds {capacity.available} worker(s): no size from elastic.minWorkers="
+            f"{elastic.min_workers} up keeps the global batch: waiting"
+        )
+        return Resize(Verdict.KEEP, workers, shape, why)
+    fewer, smaller = found
+    why = f"{cause}; the cluster holds {capacity.available} worker(s): {workers} -> {fewer}"
+    return Resize(Verdict.SHRINK, fewer, smaller, why)
+
+
+# ---------------------------------------------------------------- what the cluster shows (operator)
+
+
+def _shape(spec: MixedPrecisionJobSpec, attempt: AttemptStatus) -> BatchShape:
+    if attempt.micro_batch is None or attempt.grad_accumulation is None:
+        return BatchShape.of(spec)
+    return BatchShape(attempt.micro_batch, attempt.grad_accumulation)
+
+
+def _shrink(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, capacity: Capacity) -> Resize | None:
+    resize = decide(spec, workers=workers_of(spec, attempt), shape=_shape(spec, attempt), capacity=capacity)
+    return resize if resize.verdict is Verdict.SHRINK else None
+
+
+def unschedulable(
+    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView], now: datetime
+) -> Resize | None:
+    """A running attempt some of whose pods the scheduler has found no node for: shrunk to the
+    pods that were placed once the oldest has waited past elastic.waitSeconds (None: wait on)."""
+    if spec.elastic is None:
+        return None
+    alive = [p for p in pods if p.alive]
+    waiting = [since for p in alive if (since := p.unschedulable_since) is not None]
+    if not waiting:
+        return None
+    oldest = min((t for since in waiting if (t := _time(since)) is not None), default=now)
+    placed = len(alive) - len(waiting)
+    return _shrink(spec, attempt, Capacity(placed, unschedulable_seconds=(now - oldest).total_seconds()))
+
+
+def grows(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None) -> Resize | None:
+    """A running attempt below `workers` when `fits` workers fit on the cluster now (None: not
+    known): the size it grows to, or None."""
+    if spec.elastic is None or fits is None:
+        return None
+    resize = decide(spec, workers=workers_of(spec, attempt), shape=_shape(spec, attempt), capacity=Capacity(fits))
+    return resize if resize.verdict is Verdict.GROW else None
+
+
+def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView]) -> Resize | None:
+    """An attempt that ended losing nodes: shrunk at once to the workers whose nodes stayed."""
+    lost = sum(1 for p in pods if p.platform_reason in NODE_LOST)
+    if spec.elastic is None or not lost:
+        return None
+    workers = workers_of(spec, attempt)
+    return _shrink(spec, attempt, Capacity(workers - lost, node_lost=True))
+
+
+def _time(value: str) -> datetime | None:
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None

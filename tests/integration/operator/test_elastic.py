@@ -1,0 +1,132 @@
+"""spec.elastic on the real control plane: a 3-worker job (a GPU each) on a cluster whose GPU
+node holds 2. The third pod stays unschedulable (the real scheduler says so on the pod); past
+elastic.waitSeconds the operator ends the attempt ScaledDown, uncharged, and the next attempt
+runs with the 2 workers that fit, in the same precision and with the same global batch, to
+Succeeded. With a GPU held by another pod, a 2-worker job shrinks to 1 and grows back to 2 at
+its first checkpoint after that GPU frees."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.helpers import wait_for
+from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
+
+GPU = "nvidia.com/gpu"
+
+pytestmark = pytest.mark.integration
+
+
+def test_pods_unschedulable_past_wait_seconds_shrink_the_job_to_the_workers_that_fit(
+    operator: Operator, jobs: Jobs
+) -> None:
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=30, workers=3, elastic={"minWorkers": 2, "waitSeconds": 5})
+    spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+    jobs.create("elastic", spec)
+    status = jobs.wait_phase("elastic", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["worldSize"], first["reason"], first["charged"]) == (3, "ScaledDown", False)
+    assert "pods unschedulable for" in first["message"] and "3 -> 2" in first["message"]
+    assert (second["precision"], second["worldSize"], second["reason"]) == ("bf16", 2, "Succeeded")
+    assert second["worldSize"] * second["microBatch"] * second["gradAccumulation"] == 3 * 4  # the global batch
+    assert status["workers"] == 2 and status["attemptCounts"]["charged"] == 1
+    job = jobs.batch.read_namespaced_job("elastic-a1", jobs.namespace)
+    assert (job.spec.completions, job.spec.parallelism) == (2, 2)
+
+
+def _blocker(name: str) -> dict[str, Any]:
+    """A pod that holds one GPU of the GPU node until it is deleted."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {"name": "hold", "image": "busybox", "command": ["sleep", "3600"], "resources": {"limits": {GPU: "1"}}}
+            ],
+            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 1,
+        },
+    }
+
+
+def test_a_shrunk_job_grows_back_at_its_next_checkpoint_when_a_gpu_frees(operator: Operator, jobs: Jobs) -> None:
+    jobs.core.create_namespaced_pod(jobs.namespace, _blocker("hold"))
+    wait_for(lambda: jobs.core.read_namespaced_pod("hold", jobs.namespace).status.phase == "Running", 60)
+    jobs.pvc("ckpt")
+    spec = {
+        "workers": 2,
+        "task": {"builtin": "mlp", "args": {"stepDelay": {"bf16": 0.1}}},
+        "training": {"steps": 150, "batchSize": 4, "logEvery": 5},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+        "elastic": {"minWorkers": 1, "waitSeconds": 3},
+        "resources": {"gpusPerWorker": 1},
+    }
+    jobs.create("grows", spec)
+
+    def training_small() -> bool:
+        status = jobs.status("grows")
+        return status.get("attempt") == 1 and status.get("phase") == "Running" and status.get("step", 0) >= 10
+
+    wait_for(training_small, 240, interval=0.5, message="attempt 1 training on 1 worker")
+    jobs.core.delete_namespaced_pod("hold", jobs.namespace)
+    status = jobs.wait_phase("grows", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    sizes = [(a["worldSize"], a["reason"], a["charged"]) for a in status["attempts"]]
+    assert sizes == [(2, "ScaledDown", False), (1, "ScaledUp", False), (2, "Succeeded", True)], status["attempts"]
+    small, big = status["attempts"][1:]
+    # Stopped after a checkpoint past the step where the GPU freed; SIGTERM makes the trainer
+    # checkpoint where it stands, and the bigger attempt resumes there.
+    assert big["startStep"] > small["startStep"] and big["startStep"] >= 20
+    assert (small["microBatch"], small["gradAccumulation"], big["microBatch"], big["gradAccumulation"]) == (4, 2, 4, 1)
+
+
+def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkpoint(
+    operator: Operator, jobs: Jobs
+) -> None:
+    """The node of worker 2 goes away: its pod gets the taint manager's DisruptionTarget and is
+    deleted, as when a node stays unreachable. The job goes on with 2 workers at once, from its
+    newest checkpoint."""
+    jobs.pvc("ckpt")
+    spec = {
+        "workers": 3,
+        "task": {"builtin": "mlp", "args": {"stepDelay": {"bf16": 0.05}}},
+        "training": {"steps": 120, "batchSize": 4, "logEvery": 5},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+        "elastic": {"minWorkers": 2, "waitSeconds": 600},
+        "resources": {"gpusPerWorker": 0},
+    }
+    jobs.create("lost", spec)
+    wait_for(
+        lambda: (jobs.status("lost").get("lastCheckpoint") or {}).get("step", 0) >= 20, 240, message="a checkpoint"
+    )
+    selector = "mpjob.dev/job=lost,mpjob.dev/attempt=0"
+    (pod,) = [
+        p.metadata.name
+        for p in jobs.core.list_namespaced_pod(jobs.namespace, label_selector=selector).items
+        if p.metadata.name.startswith("lost-a0-2-")
+    ]
+    gone = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "DeletionByTaintManager",
+        "message": "Taint manager: deleting due to NoExecute taint",
+        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    jobs.core.patch_namespaced_pod_status(pod, jobs.namespace, {"status": {"conditions": [gone]}})
+    jobs.core.delete_namespaced_pod(pod, jobs.namespace)
+    status = jobs.wait_phase("lost", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["worldSize"], first["reason"], first["charged"]) == (3, "ScaledDown", False), first
+    assert "a node was lost" in first["message"]
+    assert (second["precision"], second["worldSize"], second["reason"]) == ("bf16", 2, "Succeeded")
+    # From the newest checkpoint: the last periodic one, or the one the trainers wrote on SIGTERM
+    # (the deleted pod had its grace period; a node that vanishes gives none).
+    assert second["startStep"] >= 20
+    assert second["worldSize"] * second["microBatch"] * second["gradAccumulation"] == 3 * 4

@@ -1,0 +1,227 @@
+"""spec.elastic: the keep/shrink/grow decision as a table, and the lifecycle it drives (the
+attempts' reasons, sizes and batch shapes, charging, the ladder after a size change)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mpjob.builders.attempt import attempt_job
+from mpjob.planning import lifecycle as lc
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, shape_for
+from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.planner import BatchShape, StartAttempt, first_attempt
+from mpjob.summary import summary_lines
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.launch import AttemptLaunch
+
+pytestmark = pytest.mark.unit
+
+
+def spec(**over: Any) -> MixedPrecisionJobSpec:
+    doc: dict[str, Any] = {
+        "workers": 3,
+        "task": {"builtin": "mlp"},
+        "training": {"batchSize": 4, "gradAccumulation": 1},
+        "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
+        "elastic": {"minWorkers": 2, "waitSeconds": 60},
+        "resources": {"gpusPerWorker": 0},
+    }
+    doc.update(over)
+    return MixedPrecisionJobSpec.model_validate({k: v for k, v in doc.items() if v is not None})
+
+
+FULL = BatchShape(4, 1)
+# (id, spec overrides, running workers, its shape, capacity, verdict, workers after, shape after)
+TABLE: list[tuple[str, dict[str, Any], int, BatchShape, Capacity, Verdict, int, BatchShape]] = [
+    ("not-elastic", {"elastic": None}, 3, FULL, Capacity(1, node_lost=True), Verdict.KEEP, 3, FULL),
+    ("all-there", {}, 3, FULL, Capacity(3), Verdict.KEEP, 3, FULL),
+    ("unschedulable-within-wait", {}, 3, FULL, Capacity(2, unschedulable_seconds=30), Verdict.KEEP, 3, FULL),
+    # 12 samples a step: 6 per process on 2, micro-batches of at most 4 -> 3 x 2.
+    (
+        "unschedulable-past-wait",
+        {},
+        3,
+        FULL,
+        Capacity(2, unschedulable_seconds=61),
+        Verdict.SHRINK,
+        2,
+        BatchShape(3, 2),
+    ),
+    ("node-lost-shrinks-at-once", {}, 3, FULL, Capacity(2, node_lost=True), Verdict.SHRINK, 2, BatchShape(3, 2)),
+    ("node-lost-but-room-elsewhere", {}, 3, FULL, Capacity(3, node_lost=True), Verdict.KEEP, 3, FULL),
+    ("below-min-workers-waits", {}, 3, FULL, Capacity(1, node_lost=True), Verdict.KEEP, 3, FULL),
+    ("grow-back", {}, 2, BatchShape(3, 2), Capacity(3), Verdict.GROW, 3, FULL),
+    ("grow-no-further-than-workers", {}, 2, BatchShape(3, 2), Capacity(8), Verdict.GROW, 3, FULL),
+    ("full-size-never-grows", {}, 3, FULL, Capacity(8), Verdict.KEEP, 3, FULL),
+    # 4 workers x 1 sample: 3 does not divide 4, so 2 workers with 2 micro-batches of one.
+    (
+        "skip-a-size-that-splits-a-sample",
+        {"workers": 4, "training": {"batchSize": 1}, "elastic": {"minWorkers": 1}},
+        4,
+        BatchShape(1, 1),
+        Capacity(3, node_lost=True),
+        Verdict.SHRINK,
+        2,
+        BatchShape(1, 2),
+    ),
+    # No size from minWorkers up keeps 3 samples a step on 2 workers: wait instead.
+    (
+        "no-size-keeps-the-batch",
+        {"training": {"batchSize": 1}},
+        3,
+        BatchShape(1, 1),
+        Capacity(2, node_lost=True),
+        Verdict.KEEP,
+        3,
+        BatchShape(1, 1),
+    ),
+    # Shrinking never makes a micro-batch larger than the attempt's (one split after running out of memory).
+    (
+        "shrink-keeps-a-split-micro-batch",
+        {},
+        3,
+        BatchShape(2, 2),
+        Capacity(2, node_lost=True),
+        Verdict.SHRINK,
+        2,
+        BatchShape(2, 3),
+    ),
+    # Two processes a worker: 2 x 2 x 4 = 16 samples; on one worker 8 per process, 4 x 2.
+    (
+        "processes-per-worker",
+        {"workers": 2, "resources": {"gpusPerWorker": 0, "processesPerWorker": 2}, "elastic": {"minWorkers": 1}},
+        2,
+        FULL,
+        Capacity(1, unschedulable_seconds=400),
+        Verdict.SHRINK,
+        1,
+        BatchShape(4, 2),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("over", "workers", "shape", "capacity", "verdict", "after", "after_shape"),
+    [row[1:] for row in TABLE],
+    ids=[row[0] for row in TABLE],
+)
+def test_the_decision_table(
+    over: dict[str, Any],
+    workers: int,
+    shape: BatchShape,
+    capacity: Capacity,
+    verdict: Verdict,
+    after: int,
+    after_shape: BatchShape,
+) -> None:
+    job = spec(**over)
+    resize = decide(job, workers=workers, shape=shape, capacity=capacity)
+    assert (resize.verdict, resize.workers, resize.shape) == (verdict, after, after_shape), resize.why
+    per_worker = job.resources.processes_per_worker or 1
+    assert resize.workers * per_worker * resize.shape.micro_batch * resize.shape.grad_accumulation == global_batch(job)
+
+
+def test_a_world_that_does_not_divide_the_global_batch_has_no_shape() -> None:
+    assert shape_for(spec(training={"batchSize": 1}), 2, 1) is None
+    assert shape_for(spec(), 2, 4) == BatchShape(3, 2)
+
+
+# ---------------------------------------------------------------- the lifecycle it drives
+
+WHEN = When("2026-11-28T12:00:00Z")
+
+
+def _start(job: MixedPrecisionJobSpec) -> tuple[Plan, StartAttempt]:
+    plan = Plan(status=MixedPrecisionJobStatus())
+    lc.begin(plan, job, first_attempt(job), WHEN, why="Created")
+    return plan, plan.create[0]
+
+
+def _end(plan: Plan, job: MixedPrecisionJobSpec, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt:
+    nxt = Plan(status=plan.status)
+    lc.conclude(nxt, job, attempt=start, outcome=outcome, when=WHEN, capability=None)
+    plan.status = nxt.status
+    plan.events = nxt.events
+    assert nxt.create, nxt.status.message
+    return nxt.create[0]
+
+
+def _resize(job: MixedPrecisionJobSpec, start: StartAttempt, capacity: Capacity) -> Resize:
+    workers = start.workers or job.workers
+    return decide(job, workers=workers, shape=start.shape or BatchShape.of(job), capacity=capacity)
+
+
+def test_shrink_fault_and_grow_through_the_lifecycle() -> None:
+    job = spec()
+    plan, first = _start(job)
+    assert (plan.status.workers, plan.status.attempts[0].world_size) == (3, 3)
+
+    lost = _resize(job, first, Capacity(2, node_lost=True))
+    smaller = _end(plan, job, first, AttemptOutcome(137, platform_reason="NodeLost", resize=lost))
+    ended = plan.status.attempts[0]
+    assert (ended.reason, ended.charged) == (Reason.SCALED_DOWN.value, False)
+    assert (smaller.precision, smaller.workers, smaller.shape) == ("fp16", 2, BatchShape(3, 2))
+    assert (plan.status.workers, plan.status.attempts[1].world_size) == (2, 2)
+    scaled = [e for e in plan.events if e.reason == "ScaledDown"]
+    assert [(e.type, e.message) for e in scaled] == [("Warning", "3 -> 2 processes (2 worker(s))")]
+
+    # An fp16 fault on 2 workers: bf16 on 2 workers, the same global batch.
+    fallback = _end(plan, job, smaller, AttemptOutcome(42))
+    assert (fallback.precision, fallback.workers, fallback.shape) == ("bf16", 2, BatchShape(3, 2))
+    assert plan.status.attempts[-1].world_size == 2
+
+    # The cluster holds 3 again: the attempt stopped at its checkpoint (SIGTERM, exit 44) grows.
+    grow = _resize(job, fallback, Capacity(3))
+    bigger = _end(plan, job, fallback, AttemptOutcome(44, resize=grow))
+    assert plan.status.attempts[-2].reason == Reason.SCALED_UP.value
+    assert [(e.type, e.reason) for e in plan.events if e.reason == "ScaledUp"] == [("Normal", "ScaledUp")]
+    assert plan.status.attempts[-2].charged is False
+    assert (bigger.precision, bigger.workers, bigger.shape) == ("bf16", None, FULL)
+    assert (plan.status.workers, plan.status.attempts[-1].world_size) == (3, 3)
+    assert plan.status.attempt_counts is not None and plan.status.attempt_counts.charged == 1
+
+
+def test_a_numeric_fault_keeps_its_reason_when_the_cluster_shrank_too() -> None:
+    job = spec()
+    plan, first = _start(job)
+    lost = _resize(job, first, Capacity(2, node_lost=True))
+    nxt = _end(plan, job, first, AttemptOutcome(42, resize=lost))
+    assert plan.status.attempts[0].reason == Reason.NUMERIC_FAULT.value
+    assert (nxt.precision, nxt.workers) == ("bf16", None)
+
+
+def test_resuming_a_suspended_small_attempt_keeps_its_size() -> None:
+    job = spec()
+    plan, first = _start(job)
+    lost = _resize(job, first, Capacity(2, node_lost=True))
+    smaller = _end(plan, job, first, AttemptOutcome(137, platform_reason="NodeLost", resize=lost))
+    again = lc.again(job, plan.status, plan.status.attempts[-1], index=smaller.index, start_step=0)
+    assert again.workers == 2
+
+
+def test_a_smaller_attempts_job_has_its_workers_and_keeps_the_global_batch() -> None:
+    job = spec()
+    start = StartAttempt(1, "fp16", None, 20, micro_batch=3, grad_accumulation=2, workers=2)
+    made = attempt_job(job="j", namespace="ml", uid="u", spec=job, start=start, image="i")
+    assert made["spec"]["completions"] == made["spec"]["parallelism"] == 2
+    container = made["spec"]["template"]["spec"]["containers"][0]
+    args = container.get("command", []) + container.get("args", [])
+    assert args[args.index("--workers") + 1] == "2"
+    launch = AttemptLaunch.model_validate_json(
+        next(e["value"] for e in container["env"] if e["name"] == "MPJOB_LAUNCH")
+    )
+    assert (launch.workers, launch.attempt_spec().workers, launch.spec.workers) == (2, 2, 3)
+
+
+def test_the_summary_names_each_attempts_processes_when_the_size_changed() -> None:
+    job = spec()
+    plan, first = _start(job)
+    lost = _resize(job, first, Capacity(2, node_lost=True))
+    _end(plan, job, first, AttemptOutcome(137, platform_reason="NodeLost", resize=lost))
+    lines = summary_lines("elastic", plan.status)
+    assert lines[1].startswith("  attempt 0: fp16 on 3 process(es) steps 0-0 ScaledDown (a node was lost")
+    assert lines[2] == "  attempt 1: fp16 on 2 process(es) steps 0-? running"

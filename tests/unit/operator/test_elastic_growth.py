@@ -1,0 +1,118 @@
+"""spec.elastic grows back on a cluster: the workers the GPU nodes hold (free GPUs, the job's
+own pods counted as its), and the reconcile that ends a smaller attempt ScaledUp at its first
+checkpoint past the step where more workers began to fit."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mpjob.controller.capacity import free_workers
+from mpjob.planning.endings import JobView, PodView
+from mpjob.planning.lifecycle import Plan
+from mpjob.planning.planner import BatchShape
+from mpjob.planning.reconcile import reconcile
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+
+pytestmark = pytest.mark.unit
+
+
+def spec(**over: Any) -> MixedPrecisionJobSpec:
+    doc: dict[str, Any] = {
+        "workers": 3,
+        "task": {"builtin": "mlp"},
+        "training": {"batchSize": 4},
+        "elastic": {"minWorkers": 1, "waitSeconds": 60},
+        "resources": {"gpusPerWorker": 1, "minComputeCapability": "8.0"},
+    }
+    return MixedPrecisionJobSpec.model_validate({**doc, **over})
+
+
+def node(name: str, gpus: int, *, major: str = "9", ready: str = "True", **labels: str) -> dict[str, Any]:
+    gfd = {"nvidia.com/gpu.compute.major": major, "nvidia.com/gpu.compute.minor": "0", **labels}
+    return {
+        "metadata": {"name": name, "labels": gfd},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def pod(node_name: str, gpus: int, *, namespace: str = "other", job: str | None = None, phase: str = "Running") -> Any:
+    labels = {"mpjob.dev/job": job} if job else {}
+    resources = {"requests": {"nvidia.com/gpu": str(gpus)}}
+    return {
+        "metadata": {"namespace": namespace, "labels": labels},
+        "spec": {"nodeName": node_name, "containers": [{"resources": resources}]},
+        "status": {"phase": phase},
+    }
+
+
+NODES = [node("a", 2), node("b", 2), node("old", 4, major="7"), node("down", 4, ready="False")]
+# (id, spec overrides, pods, workers that fit)
+TABLE: list[tuple[str, dict[str, Any], list[Any], int | None]] = [
+    ("empty-cluster", {}, [], 4),
+    ("others-take-gpus", {}, [pod("a", 1), pod("b", 2)], 1),
+    ("ended-pods-free-theirs", {}, [pod("a", 2, phase="Succeeded"), pod("b", 2, phase="Failed")], 4),
+    ("own-pods-count-as-its", {}, [pod("a", 1, namespace="ml", job="j"), pod("b", 1, namespace="ml", job="j")], 4),
+    ("two-gpus-a-worker", {"resources": {"gpusPerWorker": 2, "minComputeCapability": "8.0"}}, [pod("a", 1)], 1),
+    ("node-selector", {"template": {"nodeSelector": {"pool": "x"}}}, [], 0),
+    ("cpu-job-has-no-count", {"resources": {"gpusPerWorker": 0}}, [], None),
+]
+
+
+@pytest.mark.parametrize(("over", "pods", "fit"), [r[1:] for r in TABLE], ids=[r[0] for r in TABLE])
+def test_workers_that_fit_on_free_gpus(over: dict[str, Any], pods: list[Any], fit: int | None) -> None:
+    assert free_workers(spec(**over), NODES, pods, namespace="ml", job="j") == fit
+
+
+T0 = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+
+def _at(job: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, jobs: dict, at: int, **kw: Any) -> Plan:
+    return reconcile(job, status, 1, jobs, T0 + timedelta(seconds=at), **kw)
+
+
+def _shrunk(job: MixedPrecisionJobSpec) -> MixedPrecisionJobStatus:
+    """The job after attempt 0 lost a node: attempt 1 runs with 2 workers, training."""
+    first = _at(job, MixedPrecisionJobStatus(), {}, 0)
+    lost = (
+        PodView("p0", 0, "Failed", False, exit_code=143),
+        PodView("p2", 2, "Failed", False, platform_reason="NodeLost"),
+    )
+    ended = _at(job, first.status, {0: JobView(0, pods=(PodView("p1", 1, "Failed", False, exit_code=143), *lost))}, 5)
+    assert ended.create[0].workers == 2  # one of three nodes lost
+    status = ended.status
+    status.step = 20
+    return status
+
+
+RUNNING = {1: JobView(1, pods=(PodView("q0", 0, "Running", True),))}
+
+
+def test_a_smaller_attempt_grows_at_its_first_checkpoint_after_room_returns() -> None:
+    job = spec()
+    status = _shrunk(job)
+    assert not _at(job, status, RUNNING, 10, fits=2).delete  # still no room
+    noticed = _at(job, status, RUNNING, 20, fits=3)
+    assert noticed.status.grow_after_step == 20 and not noticed.delete
+    status = noticed.status
+    status.last_checkpoint = CheckpointStatus(step=20)
+    assert not _at(job, status, RUNNING, 30, fits=3).delete  # a checkpoint from before: wait for the next
+    status.last_checkpoint, status.step = CheckpointStatus(step=30), 33
+    grown = _at(job, status, RUNNING, 40, fits=3)
+    assert grown.delete == [1] and not grown.create  # created once attempt 1's pods are gone
+    ended, nxt = grown.status.attempts[-2:]
+    assert (ended.reason, ended.charged, nxt.world_size, grown.status.workers) == ("ScaledUp", False, 3, 3)
+    assert grown.status.grow_after_step is None
+    created = _at(job, grown.status, {}, 45).create
+    assert [(c.workers, c.shape) for c in created] == [(None, BatchShape(4, 1))]
+
+
+def test_room_that_goes_again_before_the_checkpoint_cancels_the_growth() -> None:
+    job = spec()
+    status = _shrunk(job)
+    status = _at(job, status, RUNNING, 20, fits=3).status
+    assert status.grow_after_step == 20
+    assert _at(job, status, RUNNING, 30, fits=2).status.grow_after_step is None
