@@ -150,11 +150,6 @@ class MixedPrecisionJobSpec(ApiModel):
         description="What a fault does: rules over the built-in table, first match wins (docs/fault-policy.md).",
     )
 
-    @model_validator(mode="after")
-    def _sharded_on_a_volume(self) -> MixedPrecisionJobSpec:
-        rules.SHARDED_ON_A_VOLUME.check(rules.wire_self(self))
-        return self
-
 
 def processes_per_worker(spec: MixedPrecisionJobSpec) -> int:
     """Processes the launcher starts per pod: the spec's, else one per GPU, else one."""

@@ -194,18 +194,6 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.template.automountServiceAccountToken", True),
         "automountServiceAccountToken",
     ),
-    (
-        "sharded-checkpoints-in-a-bucket",
-        {
-            **GOOD,
-            "spec": {
-                **GOOD["spec"],
-                "parallelism": {"strategy": "fsdp"},
-                "checkpoint": {"storage": {"s3": {"bucket": "ckpt", "endpoint": "http://s3:7070"}}},
-            },
-        },
-        "checkpoint.storage.s3 is for ddp jobs",
-    ),
     # spec.tracking: an MLflow URI names its scheme ("mlflow:5000" would parse as the scheme "mlflow").
     (
         "mlflow-uri-without-scheme",
@@ -237,7 +225,6 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),
     rules.ONE_STORAGE_KIND.name: ("two-storage-kinds", "no-storage-kind"),
     rules.VOLUME_OR_STORAGE.name: ("volume-and-storage",),
-    rules.SHARDED_ON_A_VOLUME.name: ("sharded-checkpoints-in-a-bucket",),
     rules.FAULT_RULE_ALLOWED.name: ("fault-rule-action-not-allowed",),
 }
 
