@@ -6,6 +6,8 @@ to a straight run; a checkpoint two processes wrote to the bucket resumes on one
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import signal
@@ -41,6 +43,7 @@ FSDP = {"parallelism": {"strategy": "fsdp"}, "resources": {"gpusPerWorker": 0, "
 #: What every rank of two leaves under a sharded checkpoint's prefix, and the commit.
 SHARDED_OBJECTS = {".metadata", "__0_0.distcp", "__1_0.distcp", "rank-00000.pt", "rank-00001.pt", "manifest.json"}
 SCRIPT = Path(__file__).resolve().parents[2] / "unit" / "trainer" / "sharded_script.py"
+RANKS = Path(__file__).with_name("sharded_bucket_ranks.py")
 
 
 def objects(folder: str, s3: dict[str, Any], since: float = 0.0) -> dict[str, set[str]]:
@@ -178,3 +181,42 @@ def test_a_checkpoint_two_processes_wrote_to_the_bucket_resumes_on_one(tmp_path:
     resumed = torch.load(tmp_path / "one.pt", weights_only=True)
     assert resumed["optimizer"]["state"], "the optimizer state came back"
     assert_identical(torch.load(tmp_path / "two.pt", weights_only=True), resumed, "on 1")
+
+
+def test_a_rank_that_cannot_upload_leaves_no_manifest_and_another_jobs_step_is_never_written(
+    tmp_path: Path, s3: dict[str, Any]
+) -> None:
+    """ShardedWriter on two ranks (sharded_bucket_ranks.py): the ranks agree on every upload
+    before rank 0 commits, and rank 0 checks the step's place before any rank uploads."""
+    where = f"s3://{s3['bucket']}/{s3['prefix']}/ns/job/uid"
+    bucket, key = split_url(where)
+    other = {"x.bin": {"sha256": hashlib.sha256(b"abc").hexdigest(), "bytes": 3}}
+    doc = {"formatVersion": 2, "step": 6, "precision": "bf16", "configDigest": "digest", "job": "ns/other/uid"}
+    planted = {"x.bin": b"abc", "manifest.json": json.dumps({**doc, "layout": "dcp", "files": other}).encode()}
+    for name, body in planted.items():
+        client(s3).put_object(Bucket=bucket, Key=f"{key}/step-000000006/{name}", Body=body)
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(RANKS), str(rank), str(tmp_path), where, s3["endpoint"], s3["bucket"]],
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for proc in ranks:
+        output, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, output[-4000:]
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in seen:
+        assert rank["saved"] == f"{where}/step-000000002"
+        assert rank["refused"].startswith("OSError: ") and "rank 1: OSError: injected" in rank["refused"]
+        assert rank["taken"].startswith("OSError: CheckpointTaken: ")
+        assert rank["resumed"] == 2  # step 4 was never committed, step 6 is not a checkpoint of ours
+    found = objects(where, s3)
+    assert found["step-000000002"] == SHARDED_OBJECTS
+    assert "manifest.json" not in found["step-000000004"] and "__0_0.distcp" in found["step-000000004"]
+    assert found["step-000000006"] == set(planted)  # nothing uploaded over another job's checkpoint
+    for name, body in planted.items():
+        assert client(s3).get_object(Bucket=bucket, Key=f"{key}/step-000000006/{name}")["Body"].read() == body
