@@ -6,6 +6,7 @@ process group (a FileStore in OUT) and write what each saw to OUT/rank<R>.json:
 - step 2 saved by both;
 - step 4 with rank 1's uploads failing (its bucket refuses every upload);
 - step 6, whose place already holds a checkpoint another job committed;
+- step 8, whose rank-1 shard is then damaged in the bucket;
 - then the checkpoint a resume takes (store.load on both ranks).
 """
 
@@ -60,6 +61,10 @@ def main() -> None:
         del store.bucket.upload  # the class's own again
     dist.barrier()  # the test's other job committed step 6 before the ranks started
     seen["taken"] = save(writer, {"model": model}, 6)
+    seen["damaged"] = save(writer, {"model": model}, 8)
+    if rank == 0:  # rank 1's shard of step 8, replaced in the bucket after the commit
+        store.bucket.put(f"{store.key}/step-000000008/__1_0.distcp", b"not the shard")
+    dist.barrier()
     loaded = store.load()
     seen["resumed"] = loaded[0].step if loaded is not None else None
     (out / f"rank{rank}.json").write_text(json.dumps(seen))

@@ -187,7 +187,8 @@ def test_a_rank_that_cannot_upload_leaves_no_manifest_and_another_jobs_step_is_n
     tmp_path: Path, s3: dict[str, Any]
 ) -> None:
     """ShardedWriter on two ranks (sharded_bucket_ranks.py): the ranks agree on every upload
-    before rank 0 commits, and rank 0 checks the step's place before any rank uploads."""
+    before rank 0 commits, and rank 0 checks the step's place before any rank uploads; a
+    damaged shard in the bucket makes both ranks resume from the previous good checkpoint."""
     where = f"s3://{s3['bucket']}/{s3['prefix']}/ns/job/uid"
     bucket, key = split_url(where)
     other = {"x.bin": {"sha256": hashlib.sha256(b"abc").hexdigest(), "bytes": 3}}
@@ -213,7 +214,8 @@ def test_a_rank_that_cannot_upload_leaves_no_manifest_and_another_jobs_step_is_n
         assert rank["saved"] == f"{where}/step-000000002"
         assert rank["refused"].startswith("OSError: ") and "rank 1: OSError: injected" in rank["refused"]
         assert rank["taken"].startswith("OSError: CheckpointTaken: ")
-        assert rank["resumed"] == 2  # step 4 was never committed, step 6 is not a checkpoint of ours
+        assert rank["damaged"] == f"{where}/step-000000008"
+        assert rank["resumed"] == 2  # 8 is damaged, 4 was never committed, 6 is not a checkpoint of ours
     found = objects(where, s3)
     assert found["step-000000002"] == SHARDED_OBJECTS
     assert "manifest.json" not in found["step-000000004"] and "__0_0.distcp" in found["step-000000004"]
