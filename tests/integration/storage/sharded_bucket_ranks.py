@@ -7,7 +7,8 @@ process group (a FileStore in OUT) and write what each saw to OUT/rank<R>.json:
 - step 4 with rank 1's uploads failing (its bucket refuses every upload);
 - step 6, whose place already holds a checkpoint another job committed;
 - step 8, whose rank-1 shard is then damaged in the bucket;
-- then the checkpoint a resume takes (store.load on both ranks).
+- then the checkpoint a resume takes (store.load on both ranks), and what each rank fetched of it
+  to verify it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def main() -> None:
     dist.barrier()
     loaded = store.load()
     seen["resumed"] = loaded[0].step if loaded is not None else None
+    seen["fetched"] = sorted(p.name for p in Path(loaded[1][SHARDS]).iterdir()) if loaded is not None else []
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
 

@@ -216,6 +216,8 @@ def test_a_rank_that_cannot_upload_leaves_no_manifest_and_another_jobs_step_is_n
         assert rank["taken"].startswith("OSError: CheckpointTaken: ")
         assert rank["damaged"] == f"{where}/step-000000008"
         assert rank["resumed"] == 2  # 8 is damaged, 4 was never committed, 6 is not a checkpoint of ours
+    for r, rank in enumerate(seen):  # verified: DCP's index, its own shards and rank file only
+        assert rank["fetched"] == sorted({".metadata", "manifest.json", f"__{r}_0.distcp", f"rank-0000{r}.pt"})
     found = objects(where, s3)
     assert found["step-000000002"] == SHARDED_OBJECTS
     assert "manifest.json" not in found["step-000000004"] and "__0_0.distcp" in found["step-000000004"]

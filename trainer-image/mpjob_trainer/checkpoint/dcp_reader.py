@@ -13,7 +13,8 @@ in the trainer. Here:
   non-tensor value it lists weights-only. A sharded checkpoint's verification
   (checkpoint.shards.read_local) does both, so a bad index or a planted value is a corrupt
   checkpoint and the previous good one is used;
-- `ListedReader` is DCP's FileSystemReader with that index reader, and `WeightsOnlyPlanner`
+- `ListedReader` is DCP's FileSystemReader with that index reader (which, for a bucket's
+  checkpoint, fetches the files its plan reads first: checkpoint.fetched), and `WeightsOnlyPlanner`
   DCP's default load planner with the values read by torch's weights-only unpickler; the restore
   (checkpoint.shards.restore_shards) loads through both.
 """
@@ -22,19 +23,23 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
 #: The name of DCP's index in a checkpoint folder.
 INDEX = ".metadata"
+#: Folders whose files are fetched as they are read (a bucket's checkpoint: checkpoint.fetched),
+#: by the folder's path: called with the names a read needs, before it reads them.
+FETCHERS: dict[str, Callable[[set[str]], None]] = {}
 _METADATA_CLASSES = frozenset(
     {
         "Metadata",
@@ -87,12 +92,24 @@ def read_index(path: Path, listed: Collection[str]) -> dcp_metadata.Metadata:
     return metadata
 
 
+def _values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
+    """(index, storage info) of every non-tensor value `metadata` lists."""
+    return [
+        (index, info)
+        for index, info in metadata.storage_data.items()
+        if isinstance(metadata.state_dict_metadata.get(index.fqn), dcp_metadata.BytesStorageMetadata)
+    ]
+
+
+def value_files(metadata: dcp_metadata.Metadata) -> set[str]:
+    """The files that hold the non-tensor values `metadata` lists (check_values reads them)."""
+    return {info.relative_path for _, info in _values(metadata)}
+
+
 def check_values(folder: Path, metadata: dcp_metadata.Metadata) -> None:
     """Every non-tensor value `metadata` lists reads weights-only, as the restore will read it
     (WeightsOnlyPlanner): a planted one makes the checkpoint corrupt when it is verified."""
-    for index, info in metadata.storage_data.items():
-        if not isinstance(metadata.state_dict_metadata.get(index.fqn), dcp_metadata.BytesStorageMetadata):
-            continue
+    for index, info in _values(metadata):
         with (folder / info.relative_path).open("rb") as f:
             f.seek(info.offset)
             raw = f.read(info.length)
@@ -116,6 +133,12 @@ class ListedReader(FileSystemReader):
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        fetch = FETCHERS.get(str(self.folder))
+        if fetch is not None:  # a bucket's checkpoint: the files this rank's plan reads, fetched first
+            fetch({self.storage_data[item.storage_index].relative_path for item in plan.items})
+        return super().read_data(plan, planner)
 
 
 class WeightsOnlyPlanner(DefaultLoadPlanner):

@@ -29,8 +29,8 @@ bucket (bucket.BucketMisconfigured).
 
 Sharded (layout dcp, checkpoint.sharded): each rank spools its own DCP files and uploads them
 (`publish`) after rank 0 checked the step's place (`taken`); rank 0 puts the manifest once all
-agreed (`commit`). Every rank downloads a sharded checkpoint whole (any rank may need any shard
-when the world size changed), checks each file, and the ranks agree before any of them uses it.
+agreed (`commit`). A restore fetches on each rank only what that rank reads, each file checked
+as it lands, and the ranks agree before any of them uses it (checkpoint.fetched).
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
-from mpjob_trainer.checkpoint import ownership, resume, shards
+from mpjob_trainer.checkpoint import ownership, resume
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
+from mpjob_trainer.checkpoint.fetched import FetchedCheckpoint, open_sharded
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     FORMAT_VERSION,
@@ -58,7 +59,6 @@ from mpjob_trainer.checkpoint.manifest import (
     folder_name,
     parse_manifest,
     read_manifest,
-    sha256_file,
     step_of,
 )
 from mpjob_trainer.checkpoint.protocol import Log
@@ -95,8 +95,8 @@ class BucketCheckpointStore:
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
         self.last_good: CheckpointRef | None = None
         self._writing = threading.Lock()
-        #: The download a sharded restore reads its shards from (checkpoint.shards.restore_shards).
-        self._restoring: Path | None = None
+        #: The sharded checkpoint a restore reads its shards from (checkpoint.shards.restore_shards).
+        self._restoring: FetchedCheckpoint | None = None
 
     @property
     def config_digest(self) -> str:
@@ -154,7 +154,7 @@ class BucketCheckpointStore:
     def verify(self, path: Path | str, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
         """Download the checkpoint named by `path` (its last segment is the step folder) and
         verify it as the volume store does; the ref names its place in the bucket. A sharded
-        checkpoint's download stays until the next restore: the shards are read from it."""
+        checkpoint's folder stays until the next restore: its shards are fetched into it and read."""
         name = PurePosixPath(str(path)).name
         step = step_of(name)
         if step is None:
@@ -162,47 +162,42 @@ class BucketCheckpointStore:
         start = time.perf_counter()
         folder = Path(tempfile.mkdtemp(prefix=".download-", dir=self.root)) / name
         folder.mkdir()
-        restoring = False
+        fetched = None
         try:
-            self._download(step, folder, alone=alone)
+            fetched = self._download(step, folder, alone=alone)
             ref, state = self.local.verify(folder, alone=alone)
-            restoring = shards.SHARDS in state and not alone
-        finally:
-            if not restoring:
-                shutil.rmtree(folder.parent, ignore_errors=True)
-        if restoring:  # the previous restore has read its shards: only this one's stay
-            previous, self._restoring = self._restoring, folder.parent
+        except BaseException:
+            if fetched is not None:
+                fetched.forget()
+            shutil.rmtree(folder.parent, ignore_errors=True)
+            raise
+        if fetched is None:
+            shutil.rmtree(folder.parent, ignore_errors=True)
+        else:  # the previous restore has read its shards: only this one's stay
+            previous, self._restoring = self._restoring, fetched
             if previous is not None:
-                shutil.rmtree(previous, ignore_errors=True)
+                previous.forget()
+                shutil.rmtree(previous.folder.parent, ignore_errors=True)
         self.metrics.checkpoint_restore_seconds.observe(time.perf_counter() - start)
         return ref.model_copy(update={"path": self.url(step)}), state
 
-    def _download(self, step: int, folder: Path, *, alone: bool) -> None:
-        """The manifest's files into `folder`. A sharded checkpoint is downloaded by every rank
-        (each needs any shard when it reshards), each file checked as it lands, and the ranks
-        agree, so all of them take it or none (unless `alone`)."""
+    def _download(self, step: int, folder: Path, *, alone: bool) -> FetchedCheckpoint | None:
+        """The manifest's files into `folder`; a sharded checkpoint restored by the ranks together
+        only what each one's verification reads (checkpoint.fetched: the rest as it is read)."""
         prefix = f"{self.key}/{folder.name}"
         raw = self._manifest_bytes(prefix)
         if raw is None:
             raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
         manifest = parse_manifest(raw, folder.name)  # checked: every name stays inside `folder`
         (folder / MANIFEST).write_bytes(raw)
-        together = manifest.layout == DCP and not alone
-        problem = None
-        try:
-            for name, meta in manifest.files.items():
-                target = folder / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if not self.bucket.download(f"{prefix}/{name}", target):
-                    raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
-                if together and sha256_file(target) != meta["sha256"]:
-                    raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch")
-        except CorruptCheckpoint as exc:
-            problem = str(exc)
-        if together:
-            _agree(problem, manifest.state_sha256, folder.name)
-        elif problem is not None:
-            raise CorruptCheckpoint(problem)
+        if manifest.layout == DCP and not alone:
+            return open_sharded(self.bucket, prefix, folder, manifest)
+        for name in manifest.files:
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not self.bucket.download(f"{prefix}/{name}", target):
+                raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
+        return None
 
     def load(
         self, prefer: str | None = None, *, newer_in: str | None = None
@@ -288,13 +283,3 @@ class BucketCheckpointStore:
             self.metrics.checkpoint_commit_failures.inc()
             raise
         self.metrics.checkpoint_upload_bytes.inc(len(body))
-
-
-def _agree(problem: str | None, digest: str, name: str) -> None:
-    """Every rank's download of a sharded checkpoint: all good and of one manifest, or
-    CorruptCheckpoint on every rank (a rank that goes on alone would wait for the others forever)."""
-    peers = shards.Peers.current()
-    seen = peers.gather((problem, digest))
-    if problem is None and len({d for _, d in seen}) > 1:
-        problem = f"{name}: the ranks read different manifests (it changed while they read it)"
-    shards.agree(problem, peers)
