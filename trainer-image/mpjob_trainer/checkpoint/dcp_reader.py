@@ -30,16 +30,18 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
 #: The name of DCP's index in a checkpoint folder.
 INDEX = ".metadata"
+#: A read of a plan: (file, offset, length, a non-tensor value).
+Read = tuple[str, int, int, bool]
 #: Folders whose files are fetched as they are read (a bucket's checkpoint: checkpoint.fetched),
-#: by the folder's path: called with the names a read needs, before it reads them.
-FETCHERS: dict[str, Callable[[set[str]], None]] = {}
+#: by the folder's path: called with the reads of a plan, before they are made.
+FETCHERS: dict[str, Callable[[list[Read]], None]] = {}
 _METADATA_CLASSES = frozenset(
     {
         "Metadata",
@@ -101,15 +103,13 @@ def _values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
     ]
 
 
-def value_files(metadata: dcp_metadata.Metadata) -> set[str]:
-    """The files that hold the non-tensor values `metadata` lists (check_values reads them)."""
-    return {info.relative_path for _, info in _values(metadata)}
-
-
-def check_values(folder: Path, metadata: dcp_metadata.Metadata) -> None:
-    """Every non-tensor value `metadata` lists reads weights-only, as the restore will read it
-    (WeightsOnlyPlanner): a planted one makes the checkpoint corrupt when it is verified."""
+def check_values(folder: Path, metadata: dcp_metadata.Metadata, within: Collection[str] | None = None) -> None:
+    """Every non-tensor value `metadata` lists (in the files `within`, when given) reads
+    weights-only, as the restore will read it (WeightsOnlyPlanner): a planted one makes the
+    checkpoint corrupt when it is verified."""
     for index, info in _values(metadata):
+        if within is not None and info.relative_path not in within:
+            continue
         with (folder / info.relative_path).open("rb") as f:
             f.seek(info.offset)
             raw = f.read(info.length)
@@ -137,8 +137,12 @@ class ListedReader(FileSystemReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         fetch = FETCHERS.get(str(self.folder))
         if fetch is not None:  # a bucket's checkpoint: the files this rank's plan reads, fetched first
-            fetch({self.storage_data[item.storage_index].relative_path for item in plan.items})
+            fetch([_read(self.storage_data[item.storage_index], item) for item in plan.items])
         return super().read_data(plan, planner)
+
+
+def _read(info: Any, item: ReadItem) -> Read:
+    return info.relative_path, info.offset, info.length, item.type == LoadItemType.BYTE_IO
 
 
 class WeightsOnlyPlanner(DefaultLoadPlanner):
