@@ -13,7 +13,11 @@ so that a write has finished before the next checkpoint is due (as at the defaul
   the rank-0 path the write on its writer thread, for the sharded one staging, DCP's write,
   hashing, the agreement and the commit).
 
+With `--stores`: the sharded save to a volume against the same to an S3 bucket (the test
+cluster's S3 server: every rank uploads its own files, rank 0 commits), at 2 and 4 processes.
+
 Usage: PYTHONPATH=. uv run --no-sync python bench/sharded_checkpoint.py [--blocks 8 --width 1024]
+       MPJOB_CLUSTER_DIR=... MPJOB_CLUSTER_PORT_BASE=... PYTHONPATH=. ... bench/sharded_checkpoint.py --stores
 """
 
 from __future__ import annotations
@@ -62,15 +66,19 @@ def worker(layout: str, pause: float) -> None:
             time.sleep(max(0.0, pause - (time.perf_counter() - began)))
 
 
-def launch(layout: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+def launch(
+    layout: str, args: argparse.Namespace, folder: Path, *, nproc: int = NPROC, s3: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One run of `nproc` processes; its checkpoints in `folder`, or in the bucket `s3` says."""
     job = {
         "task": {"command": ["python", "bench"], "args": {"blocks": args.blocks, "width": args.width}},
         "training": {"steps": args.saves * args.every, "batchSize": BATCH, "logEvery": args.every},
         "precision": {"mode": "fp32"},
-        "checkpoint": {"everySteps": args.every, "keep": 2},
+        "checkpoint": {"everySteps": args.every, "keep": 2, **({"storage": {"s3": s3}} if s3 else {})},
         "resources": {"gpusPerWorker": 0},
     }
-    launch_doc = {"jobName": f"bench-{layout}", "precision": "fp32", "checkpointDir": str(folder), "spec": job}
+    where = f"s3://{s3['bucket']}/{s3['prefix']}/bench/{layout}-{nproc}" if s3 else str(folder)
+    launch_doc = {"jobName": f"bench-{layout}", "precision": "fp32", "checkpointDir": where, "spec": job}
     env = {
         **os.environ,
         "MPJOB_LAUNCH": json.dumps(launch_doc),
@@ -79,12 +87,38 @@ def launch(layout: str, args: argparse.Namespace, folder: Path) -> list[dict[str
         "OMP_NUM_THREADS": "1",
         "MASTER_PORT": str(args.port),
     }
-    cmd = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(NPROC), "--workers", "1", "--"]
+    if s3:
+        from tests.cluster.s3 import CREDENTIALS
+
+        env.update(CREDENTIALS, AWS_EC2_METADATA_DISABLED="true")
+    cmd = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(nproc), "--workers", "1", "--"]
     cmd += [sys.executable, __file__, "--worker", layout, "--step-seconds", str(args.step_seconds)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"{layout} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def stores(args: argparse.Namespace) -> dict[str, Any]:
+    """The sharded save to a volume against the same to the test cluster's S3 server, at 2 and 4
+    processes (the server started here if it is not running: tests.cluster.s3)."""
+    import uuid
+
+    from tests.cluster.controlplane import start_s3
+    from tests.cluster.layout import Layout
+
+    server = start_s3(Layout.from_env())
+    s3 = {"bucket": server.bucket, "endpoint": server.endpoint, "prefix": f"bench-{uuid.uuid4().hex[:8]}"}
+    result: dict[str, Any] = {"params": args.blocks * (args.width * args.width + args.width)}
+    for nproc in (2, 4):
+        runs: dict[str, Any] = {}
+        for store in ("volume", "s3"):
+            with tempfile.TemporaryDirectory() as tmp:
+                events = launch("sharded", args, Path(tmp), nproc=nproc, s3=s3 if store == "s3" else None)
+                runs[store] = figures(events, args.every)
+        runs["stall_ratio"] = round(runs["s3"]["stall_ms_median"] / runs["volume"]["stall_ms_median"], 3)
+        result[f"processes_{nproc}"] = runs
+    return result
 
 
 def figures(events: list[dict[str, Any]], every: int) -> dict[str, Any]:
@@ -109,9 +143,13 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=4)
     parser.add_argument("--step-seconds", type=float, default=1.5)
     parser.add_argument("--port", type=int, default=17250)
+    parser.add_argument("--stores", action="store_true", help="sharded: a volume against S3, at 2 and 4 processes")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.step_seconds)
+        return
+    if args.stores:
+        print(json.dumps(stores(args), indent=1))
         return
     result: dict[str, Any] = {"processes": NPROC, "params": args.blocks * (args.width * args.width + args.width)}
     for layout in ("rank0", "sharded"):

@@ -175,30 +175,6 @@ VOLUME_OR_STORAGE = Rule(
 )
 
 
-def _field(node: Any, name: str) -> Any:
-    """A field of a wire document or of a model (`wire_self` leaves nested models as they are)."""
-    if isinstance(node, Mapping):
-        return node.get(name)
-    return getattr(node, name, None) if node is not None else None
-
-
-def _unsharded_or_on_a_volume(spec: Any) -> bool:
-    sharded = _field(_field(spec, "parallelism"), "strategy") == "fsdp"
-    return not sharded or _field(_field(_field(spec, "checkpoint"), "storage"), "s3") is None
-
-
-SHARDED_ON_A_VOLUME = Rule(
-    name="sharded-checkpoints-on-a-volume",
-    path="spec",
-    cel="!(has(self.parallelism) && has(self.parallelism.strategy) && self.parallelism.strategy == 'fsdp' "
-    "&& has(self.checkpoint) && has(self.checkpoint.storage) && has(self.checkpoint.storage.s3))",
-    message="parallelism.strategy fsdp writes sharded checkpoints (every rank its own files), which "
-    "mpjob keeps on a volume only for now: checkpoint.storage.s3 is for ddp jobs; give an fsdp job "
-    "checkpoint.volume (a ReadWriteMany claim when it has several workers)",
-    holds=_unsharded_or_on_a_volume,
-)
-
-
 def _allowed_action(rule: Mapping[str, Any]) -> bool:
     try:
         return allowed(Fault(rule["on"]), FaultAction(rule["action"]))
@@ -217,6 +193,13 @@ FAULT_RULE_ALLOWED = Rule(
     holds=_allowed_action,
     field_path=".action",
 )
+
+
+def _field(node: Any, name: str) -> Any:
+    """A field of a wire document or of a model (`wire_self` leaves nested models as they are)."""
+    if isinstance(node, Mapping):
+        return node.get(name)
+    return getattr(node, name, None) if node is not None else None
 
 
 def _min_workers_fit(spec: Any) -> bool:
@@ -248,7 +231,6 @@ RULES: tuple[Rule, ...] = (
     WRITABLE_CHECKPOINT_CLAIM,
     ONE_STORAGE_KIND,
     VOLUME_OR_STORAGE,
-    SHARDED_ON_A_VOLUME,
     FAULT_RULE_ALLOWED,
     ELASTIC_MIN_WORKERS_FIT,
 )

@@ -157,10 +157,8 @@ class MixedPrecisionJobSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _sharded_on_a_volume(self) -> MixedPrecisionJobSpec:
-        wire = rules.wire_self(self)
-        rules.SHARDED_ON_A_VOLUME.check(wire)
-        rules.ELASTIC_MIN_WORKERS_FIT.check(wire)
+    def _elastic_fits(self) -> MixedPrecisionJobSpec:
+        rules.ELASTIC_MIN_WORKERS_FIT.check(rules.wire_self(self))
         return self
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
-from tests.cluster.s3 import CREDENTIALS, S3Server
+from tests.cluster.s3 import CREDENTIALS
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -64,12 +64,6 @@ def mpjob_run(job: Path, out: Path, timeout: float = 300, **override: str) -> su
 
 def report(out: Path) -> dict[str, Any]:
     return dict(json.loads((out / "report.json").read_text()))
-
-
-@pytest.fixture
-def s3(s3_server: S3Server, request: pytest.FixtureRequest) -> dict[str, Any]:
-    prefix = f"run-{request.node.name[:40].replace('[', '-').replace(']', '')}-{os.getpid()}-{time.time_ns()}"
-    return {"bucket": s3_server.bucket, "endpoint": s3_server.endpoint, "prefix": prefix}
 
 
 def client(s3: dict[str, Any]) -> Any:

@@ -194,18 +194,6 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.template.automountServiceAccountToken", True),
         "automountServiceAccountToken",
     ),
-    (
-        "sharded-checkpoints-in-a-bucket",
-        {
-            **GOOD,
-            "spec": {
-                **GOOD["spec"],
-                "parallelism": {"strategy": "fsdp"},
-                "checkpoint": {"storage": {"s3": {"bucket": "ckpt", "endpoint": "http://s3:7070"}}},
-            },
-        },
-        "checkpoint.storage.s3 is for ddp jobs",
-    ),
     # spec.elastic: it shrinks to minWorkers at the fewest, which is a worker at least and no more than `workers`.
     (
         "elastic-min-workers-above-workers",
@@ -251,7 +239,6 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),
     rules.ONE_STORAGE_KIND.name: ("two-storage-kinds", "no-storage-kind"),
     rules.VOLUME_OR_STORAGE.name: ("volume-and-storage",),
-    rules.SHARDED_ON_A_VOLUME.name: ("sharded-checkpoints-in-a-bucket",),
     rules.FAULT_RULE_ALLOWED.name: ("fault-rule-action-not-allowed",),
     rules.ELASTIC_MIN_WORKERS_FIT.name: (
         "elastic-min-workers-above-workers",

@@ -190,10 +190,10 @@ def test_damaged_sharded_checkpoint_is_rejected_for_the_previous_good_one(
 def test_damage_found_by_another_rank_makes_every_rank_resume_the_previous_checkpoint(
     written: Path, tmp_path: Path
 ) -> None:
-    """Rank 1's share of the checks covers __0_0.distcp: rank 0 must reject it too."""
+    """Rank 1's share of the checks covers its own shard, __1_0.distcp: rank 0 must reject it too."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(written, ckpt)
-    flip(ckpt / f"step-{15:09d}", "__0_0.distcp")
+    flip(ckpt / f"step-{15:09d}", "__1_0.distcp")
     events = finish(start(tmp_path, ckpt, job(15, "bf16"), nproc=2))
     assert [e["step"] for e in events if e["event"] == "resume"] == [10]
     rejected = [e for e in events if e["event"] == "checkpointRejected"]

@@ -6,7 +6,9 @@
 - `resume`, `ownership`: written once over any Store: which checkpoint an attempt resumes
   from; which checkpoints are its job's, what a save does at a taken step, keep-K pruning;
 - `store`: CheckpointStore, a job's checkpoints in one folder (write, verify, list);
-- `s3`, `bucket`: BucketCheckpointStore, the same in an S3-compatible bucket;
+- `s3`, `bucket`: BucketCheckpointStore, the same in an S3-compatible bucket (sharded too:
+  every rank uploads its own files); `fetched`: a sharded restore from it, each rank fetching
+  only what it reads;
 - `migrate`: an older format brought forward to the current one;
 - `staging`, `writer`: the private host copy of the state and the thread that writes it
   (session.checkpointing.Checkpointer drives them);

@@ -105,6 +105,16 @@ class Bucket:
                 return None
             raise self.refused(exc, f"read {key}") from exc
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        """`length` bytes of the object from `offset` (a ranged GET); None when there is no such object."""
+        try:
+            body = self.client.get_object(Bucket=self.name, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
+            return bytes(body["Body"].read(length + 1))
+        except Exception as exc:
+            if _code(exc) in MISSING:
+                return None
+            raise self.refused(exc, f"read {key}") from exc
+
     def download(self, key: str, path: Path) -> bool:
         """Fetch `key` into `path` (ranged parts in parallel); False when there is no such object."""
         try:

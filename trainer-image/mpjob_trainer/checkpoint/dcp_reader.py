@@ -13,7 +13,8 @@ in the trainer. Here:
   non-tensor value it lists weights-only. A sharded checkpoint's verification
   (checkpoint.shards.read_local) does both, so a bad index or a planted value is a corrupt
   checkpoint and the previous good one is used;
-- `ListedReader` is DCP's FileSystemReader with that index reader, and `WeightsOnlyPlanner`
+- `ListedReader` is DCP's FileSystemReader with that index reader (which, for a bucket's
+  checkpoint, fetches the files its plan reads first: checkpoint.fetched), and `WeightsOnlyPlanner`
   DCP's default load planner with the values read by torch's weights-only unpickler; the restore
   (checkpoint.shards.restore_shards) loads through both.
 """
@@ -22,19 +23,25 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
 #: The name of DCP's index in a checkpoint folder.
 INDEX = ".metadata"
+#: A read of a plan: (file, offset, length, a non-tensor value).
+Read = tuple[str, int, int, bool]
+#: Folders whose files are fetched as they are read (a bucket's checkpoint: checkpoint.fetched),
+#: by the folder's path: called with the reads of a plan, before they are made.
+FETCHERS: dict[str, Callable[[list[Read]], None]] = {}
 _METADATA_CLASSES = frozenset(
     {
         "Metadata",
@@ -87,11 +94,21 @@ def read_index(path: Path, listed: Collection[str]) -> dcp_metadata.Metadata:
     return metadata
 
 
-def check_values(folder: Path, metadata: dcp_metadata.Metadata) -> None:
-    """Every non-tensor value `metadata` lists reads weights-only, as the restore will read it
-    (WeightsOnlyPlanner): a planted one makes the checkpoint corrupt when it is verified."""
-    for index, info in metadata.storage_data.items():
-        if not isinstance(metadata.state_dict_metadata.get(index.fqn), dcp_metadata.BytesStorageMetadata):
+def _values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
+    """(index, storage info) of every non-tensor value `metadata` lists."""
+    return [
+        (index, info)
+        for index, info in metadata.storage_data.items()
+        if isinstance(metadata.state_dict_metadata.get(index.fqn), dcp_metadata.BytesStorageMetadata)
+    ]
+
+
+def check_values(folder: Path, metadata: dcp_metadata.Metadata, within: Collection[str] | None = None) -> None:
+    """Every non-tensor value `metadata` lists (in the files `within`, when given) reads
+    weights-only, as the restore will read it (WeightsOnlyPlanner): a planted one makes the
+    checkpoint corrupt when it is verified."""
+    for index, info in _values(metadata):
+        if within is not None and info.relative_path not in within:
             continue
         with (folder / info.relative_path).open("rb") as f:
             f.seek(info.offset)
@@ -116,6 +133,16 @@ class ListedReader(FileSystemReader):
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        fetch = FETCHERS.get(str(self.folder))
+        if fetch is not None:  # a bucket's checkpoint: the files this rank's plan reads, fetched first
+            fetch([_read(self.storage_data[item.storage_index], item) for item in plan.items])
+        return super().read_data(plan, planner)
+
+
+def _read(info: Any, item: ReadItem) -> Read:
+    return info.relative_path, info.offset, info.length, item.type == LoadItemType.BYTE_IO
 
 
 class WeightsOnlyPlanner(DefaultLoadPlanner):

@@ -30,6 +30,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ SINGLE, DCP = "single", "dcp"
 #: What a manifest without `formatVersion` is: written before the field existed.
 UNVERSIONED = 1
 _FOLDER = re.compile(r"^step-(\d{9})$")
+#: A file one rank of a sharded checkpoint wrote for itself: its DCP shards, its rank file.
+_RANKS_OWN = re.compile(r"^(?:__(\d+)_\d+\.distcp|rank-(\d+)\.pt)$")
 
 
 class CorruptCheckpoint(Exception):
@@ -146,15 +149,23 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 def check_files(folder: Path, manifest: Manifest, share: tuple[int, int] = (0, 1)) -> None:
     """Every file the manifest lists is there with its sha256 (state.pt and any framework files,
-    or every rank's shards). `share` (rank, ranks): check only every ranks-th file from rank on,
+    or every rank's shards). `share` (rank, ranks): check only this rank's share (`share_of`),
     when the ranks split the reading of a sharded checkpoint between them."""
-    rank, ranks = share
-    for name, meta in sorted(manifest.files.items())[rank::ranks]:
+    for name in share_of(manifest.files, *share):
+        meta = manifest.files[name]
         if not (folder / name).is_file():
             raise CorruptCheckpoint(f"{folder.name}: {name} missing")
         actual, expected = sha256_file(folder / name), str(meta.get("sha256"))
         if actual != expected:
             raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
+
+
+def share_of(names: Iterable[str], rank: int, ranks: int) -> list[str]:
+    """The files rank `rank` of `ranks` checks: a writer's own files go to its rank (mod `ranks`:
+    on the same world size a rank checks what it reads anyway), the others round robin."""
+    others = [name for name in sorted(names) if not _RANKS_OWN.match(name)]
+    own = [name for name in sorted(names) if (m := _RANKS_OWN.match(name)) and int(m[1] or m[2]) % ranks == rank]
+    return own + others[rank::ranks]
 
 
 def sha256_file(path: Path) -> str:

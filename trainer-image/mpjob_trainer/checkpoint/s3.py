@@ -26,10 +26,16 @@ one is uncommitted first (its manifest deleted) and then only the objects its ma
 are deleted: nothing the job did not write is ever removed.
 Writes happen on the Checkpointer's writer thread; every failure no retry can fix names the
 bucket (bucket.BucketMisconfigured).
+
+Sharded (layout dcp, checkpoint.sharded): each rank spools its own DCP files and uploads them
+(`publish`) after rank 0 checked the step's place (`taken`); rank 0 puts the manifest once all
+agreed (`commit`). A restore fetches on each rank only what that rank reads, each file checked
+as it lands, and the ranks agree before any of them uses it (checkpoint.fetched).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -43,7 +49,10 @@ from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint import document, ownership, resume
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
+from mpjob_trainer.checkpoint.fetched import FetchedCheckpoint, open_sharded
 from mpjob_trainer.checkpoint.manifest import (
+    DCP,
+    FORMAT_VERSION,
     MANIFEST,
     CorruptCheckpoint,
     Manifest,
@@ -91,6 +100,8 @@ class BucketCheckpointStore:
         self.last_good: CheckpointRef | None = None
         self.unloadable: set[str] = set()
         self._writing = threading.Lock()
+        #: The sharded checkpoint a restore reads its shards from (checkpoint.shards.restore_shards).
+        self._restoring: FetchedCheckpoint | None = None
 
     @property
     def config_digest(self) -> str:
@@ -148,36 +159,52 @@ class BucketCheckpointStore:
     # -- reading ----------------------------------------------------------------------------
     def verify(self, path: Path | str, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
         """Download the checkpoint named by `path` (its last segment is the step folder) and
-        verify it as the volume store does; the ref names its place in the bucket."""
+        verify it as the volume store does; the ref names its place in the bucket. A sharded
+        checkpoint's folder stays until the next restore: its shards are fetched into it and read."""
         name = PurePosixPath(str(path)).name
         step = step_of(name)
         if step is None:
             raise CorruptCheckpoint(f"{path}: not a checkpoint folder")
         start = time.perf_counter()
-        folder = self.root / f".download-{name}" / name
-        shutil.rmtree(folder.parent, ignore_errors=True)
-        folder.mkdir(parents=True)
+        folder = Path(tempfile.mkdtemp(prefix=".download-", dir=self.root)) / name
+        folder.mkdir()
+        fetched = None
         try:
-            self._download(step, folder)
+            fetched = self._download(step, folder, alone=alone)
             ref, state = self.local.verify(folder, alone=alone)
-        finally:
+        except BaseException:
+            if fetched is not None:
+                fetched.forget()
             shutil.rmtree(folder.parent, ignore_errors=True)
+            raise
+        if fetched is None:
+            shutil.rmtree(folder.parent, ignore_errors=True)
+        else:  # the previous restore has read its shards: only this one's stay
+            previous, self._restoring = self._restoring, fetched
+            if previous is not None:
+                previous.forget()
+                shutil.rmtree(previous.folder.parent, ignore_errors=True)
         self.metrics.checkpoint_restore_seconds.observe(time.perf_counter() - start)
         return ref.model_copy(update={"path": self.url(step)}), state
 
-    def _download(self, step: int, folder: Path) -> None:
+    def _download(self, step: int, folder: Path, *, alone: bool) -> FetchedCheckpoint | None:
+        """The manifest's files into `folder`; a sharded checkpoint restored by the ranks together
+        only what each one's verification reads (checkpoint.fetched: the rest as it is read)."""
         prefix = f"{self.key}/{folder.name}"
         raw = self._manifest_bytes(prefix)
         if raw is None:
             raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
-        names = parse_manifest(raw, folder.name).files  # checked: every name stays inside `folder`
-        self._check_sizes(prefix, folder.name, {name: int(meta["bytes"]) for name, meta in names.items()})
+        manifest = parse_manifest(raw, folder.name)  # checked: every name stays inside `folder`
+        self._check_sizes(prefix, folder.name, {name: int(meta["bytes"]) for name, meta in manifest.files.items()})
         (folder / MANIFEST).write_bytes(raw)
-        for name in names:
+        if manifest.layout == DCP and not alone:
+            return open_sharded(self.bucket, prefix, folder, manifest)
+        for name in manifest.files:
             target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)
             if not self.bucket.download(f"{prefix}/{name}", target):
                 raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
+        return None
 
     def _check_sizes(self, prefix: str, name: str, expected: dict[str, int]) -> None:
         """CorruptCheckpoint unless every file the manifest lists is an object of the size it
@@ -226,17 +253,51 @@ class BucketCheckpointStore:
             return SaveResult(ref, time.perf_counter() - start, uploaded)
 
     def _upload(self, folder: Path, step: int) -> int:
+        size = self.publish(step, folder, read_manifest(folder).files)
+        self._put_manifest(step, (folder / MANIFEST).read_bytes())  # the commit: last, and only now
+        return size
+
+    def taken(self, step: int) -> CheckpointRef | None:
+        """What a sharded save finds at `step`'s place before its ranks upload (as `write`
+        checks: this job's valid checkpoint is kept; CheckpointTaken when it must write nothing)."""
+        return ownership.occupied(self, self.url(step))
+
+    def publish(self, step: int, folder: Path, files: dict[str, dict[str, Any]]) -> int:
+        """Upload `files` (names relative to `folder`) below `step`'s prefix: not yet a
+        checkpoint; the manifest, put last, makes one. Returns their bytes."""
         prefix = f"{self.key}/{folder_name(step)}"
         start, size = time.perf_counter(), 0
         try:
-            for name, meta in read_manifest(folder).files.items():
+            for name, meta in files.items():
                 self.bucket.upload(f"{prefix}/{name}", folder / name)
                 size += int(meta["bytes"])
-            manifest = (folder / MANIFEST).read_bytes()
-            self.bucket.put(f"{prefix}/{MANIFEST}", manifest)  # the commit: last, and only now
         except Exception:
             self.metrics.checkpoint_commit_failures.inc()
             raise
         self.metrics.checkpoint_upload_seconds.observe(time.perf_counter() - start)
-        self.metrics.checkpoint_upload_bytes.inc(size + len(manifest))
+        self.metrics.checkpoint_upload_bytes.inc(size)
         return size
+
+    def commit(
+        self, tmp: Path, step: int, precision: str, files: dict[str, dict[str, Any]], *, world_size: int
+    ) -> SaveResult:
+        """Rank 0, once every rank has published its files of a sharded save (`files`: each
+        one's sha256 and size): the manifest, the commit, then keep-K."""
+        start = time.perf_counter()
+        manifest = Manifest(
+            step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job, layout=DCP, world_size=world_size
+        )
+        shutil.rmtree(tmp, ignore_errors=True)
+        with self._writing:
+            self._put_manifest(step, json.dumps(manifest.to_json()).encode())
+            ownership.prune(self)
+        ref = CheckpointRef(step=step, path=self.url(step), sha256=manifest.state_sha256, precision=precision)
+        return SaveResult(ref, time.perf_counter() - start, sum(int(meta["bytes"]) for meta in files.values()))
+
+    def _put_manifest(self, step: int, body: bytes) -> None:
+        try:
+            self.bucket.put(f"{self.key}/{folder_name(step)}/{MANIFEST}", body)
+        except Exception:
+            self.metrics.checkpoint_commit_failures.inc()
+            raise
+        self.metrics.checkpoint_upload_bytes.inc(len(body))

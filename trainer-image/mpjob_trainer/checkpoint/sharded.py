@@ -1,6 +1,12 @@
 """ShardedWriter: one rank's side of writing a sharded checkpoint (checkpoint.shards has the
 layout and the whole story): DCP's asynchronous save, then the agreement and rank 0's commit.
 
+To a bucket (BucketCheckpointStore) DCP writes the same files into this rank's private spool
+folder; rank 0 first checks the step's place (as a single-file save does: another job's or an
+unreadable checkpoint there means nothing is written, this job's valid one is kept), then every
+rank uploads its own files below the step's prefix (no gather onto one rank), the ranks agree
+that every upload completed, and rank 0 puts the manifest last: the commit, then keep-K.
+
 The training thread only captures (references to its shards, a copy of the small state) and
 hands over; DCP's save begins on the writer thread, so its set-up (planning, the stager's
 and the upload's threads) costs the training thread nothing but the GIL it shares with them."""
@@ -22,9 +28,11 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from mpjob_trainer.checkpoint.manifest import hash_files
+from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
 from mpjob_trainer.checkpoint.staging import snapshot
-from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
+from mpjob_trainer.checkpoint.store import SaveResult
 
 
 @dataclass
@@ -39,7 +47,7 @@ class PendingSave:
 class ShardedWriter:
     """One rank's side of the sharded saves of a run (call every method on every rank)."""
 
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: AnyStore) -> None:
         self.store = store
         cuda = torch.cuda.is_available()
         self.options = StagingOptions(
@@ -101,26 +109,53 @@ class ShardedWriter:
     def _finish(
         self, step: int, precision: str, *, tmp: Path, local: dict[str, Any], upload: Future[Any], started: float
     ) -> SaveResult:
-        peers, mine, problem = self.peers, {}, None
+        peers, remote = self.peers, isinstance(self.store, BucketCheckpointStore)
+        mine, problem = self._own_files(tmp, local, upload)
+        try:
+            if remote:  # nothing goes up before rank 0 knows the step's place is free to take
+                ended = peers.from_main(self._claim(step) if peers.rank == 0 else None)
+                if ended is not None:
+                    return _result(ended, started)
+                problem = problem or self._publish(step, tmp, mine)
+            outcomes = peers.gather((mine, problem))  # the agreement: every rank wrote, or who did not
+            ended = self._commit(step, precision, tmp=tmp, outcomes=outcomes) if peers.rank == 0 else None
+            return _result(peers.from_main(ended), started)
+        finally:
+            if remote:
+                shutil.rmtree(tmp, ignore_errors=True)  # this rank's spool: its files are in the bucket now
+
+    def _own_files(self, tmp: Path, local: dict[str, Any], upload: Future[Any]) -> tuple[dict[str, Any], str | None]:
+        """This rank's files of the save, written and hashed (DCP's and its rank file); or why not."""
+        rank = self.peers.rank
         try:
             upload.result()
-            own = tmp / rank_file(peers.rank)
+            own = tmp / rank_file(rank)
             torch.save(local, own)
-            paths = [own, *tmp.glob(f"__{peers.rank}_*.distcp")]
-            if peers.rank == 0:
+            paths = [own, *tmp.glob(f"__{rank}_*.distcp")]
+            if rank == 0:
                 paths.append(tmp / ".metadata")
-            mine = hash_files(tmp, paths)
+            return hash_files(tmp, paths), None
         except Exception as exc:
-            problem = f"rank {peers.rank}: {type(exc).__name__}: {exc}"
-        outcomes = peers.gather((mine, problem))  # the agreement: every rank wrote, or who did not
-        ended: Any = None
-        if peers.rank == 0:
-            ended = self._commit(step, precision, tmp=tmp, outcomes=outcomes)
-        ended = peers.from_main(ended)
-        if isinstance(ended, str):
-            raise OSError(ended)
-        ref, size = ended
-        return SaveResult(ref, time.perf_counter() - started, size)
+            return {}, f"rank {rank}: {type(exc).__name__}: {exc}"
+
+    def _claim(self, step: int) -> Any:
+        """Rank 0, bucket: None when the step is free; this job's valid checkpoint there (kept,
+        never overwritten: its ref and size); a reason when the save must write nothing."""
+        assert isinstance(self.store, BucketCheckpointStore)
+        try:
+            kept = self.store.taken(step)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return (kept, 0) if kept is not None else None
+
+    def _publish(self, step: int, tmp: Path, files: dict[str, Any]) -> str | None:
+        """Upload this rank's `files` below the step's prefix (not the commit); why not, if it failed."""
+        assert isinstance(self.store, BucketCheckpointStore)
+        try:
+            self.store.publish(step, tmp, files)
+        except Exception as exc:
+            return f"rank {self.peers.rank}: {type(exc).__name__}: {exc}"
+        return None
 
     def _commit(self, step: int, precision: str, *, tmp: Path, outcomes: list[Any]) -> Any:
         """Rank 0: the manifest over every rank's files, then the rename; a reason when not."""
@@ -134,6 +169,14 @@ class ShardedWriter:
             shutil.rmtree(tmp, ignore_errors=True)
             return f"{type(exc).__name__}: {exc}"
         return result.ref, result.bytes
+
+
+def _result(ended: Any, started: float) -> SaveResult:
+    """How rank 0 said the save ended, on every rank: (ref, bytes), or the reason it failed."""
+    if isinstance(ended, str):
+        raise OSError(ended)
+    ref, size = ended
+    return SaveResult(ref, time.perf_counter() - started, size)
 
 
 def _settle(staged: Future[None], done: Future[None]) -> None:

@@ -25,8 +25,9 @@ Writing, per rank (`ShardedWriter.start`, then `PendingSave.finish`):
    pruning: the single-file rules, in one place) and tells every rank how it ended.
 A rank killed at any moment leaves a `.tmp-*` folder without a manifest: never a checkpoint.
 
-Reading (`read_local`, `restore_shards`): the ranks split the sha256 checks of the files
-between them, read DCP's index without running code (checkpoint.dcp_reader) and agree on the
+Reading (`read_local`, `restore_shards`): the ranks split the sha256 checks of the files, and
+of the non-tensor values in them, between them (manifest.share_of), read DCP's index without
+running code (checkpoint.dcp_reader) and agree on the
 verdict, so that all of them take the same checkpoint; each loads the rank file of its own rank
 (rank r of M reads rank r mod N of the N that wrote it: the generators are exact only on the
 same world size), then DCP reads the shards it needs now, whatever the world size that wrote
@@ -45,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mpjob_trainer.checkpoint.live import LiveStateDicts
-from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files, read_manifest
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files, read_manifest, share_of
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
@@ -203,7 +204,9 @@ def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]
         check_files(folder, manifest, share=(peers.rank, peers.size))
         from mpjob_trainer.checkpoint.dcp_reader import INDEX, check_values, read_index
 
-        check_values(folder, read_index(folder / INDEX, manifest.files))  # nothing unpickled unrestricted
+        # nothing unpickled unrestricted: each rank the values in the files of its share
+        index = read_index(folder / INDEX, manifest.files)
+        check_values(folder, index, within=share_of(manifest.files, peers.rank, peers.size))
         own = folder / rank_file(peers.rank % manifest.world_size)
         state = torch.load(own, map_location="cpu", weights_only=True)
         if int(state.get("step", -1)) != manifest.step:

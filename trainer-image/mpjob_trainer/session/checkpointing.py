@@ -12,7 +12,8 @@ it is durable. A failed asynchronous write is counted and logged and training go
 last good checkpoint stays the previous one and the next interval tries again.
 
 Under a sharded model (`sharded`, set when the run registers its state) every rank writes:
-each stages its own shards and writes them in the background (checkpoint.sharded), the
+each stages its own shards and writes them in the background (checkpoint.sharded; to a bucket
+each rank uploads its own files and rank 0 commits the manifest last), the
 training thread waiting for the staging copy only in `before_update`, which an optimizer
 step pre-hook calls before the step may change what is copied; that wait counts into the stall. Collecting a
 save and its outcome happen on every rank (rank 0 alone logs).
@@ -30,14 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mpjob_contract import rules
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import BackgroundWriter, CheckpointStore, SaveResult, StagingBuffers, WriteFailed
+from mpjob_trainer.checkpoint import BackgroundWriter, SaveResult, StagingBuffers, WriteFailed
 from mpjob_trainer.checkpoint.resume import Loaded
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.distributed import World
-from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.state import TrainingState
@@ -153,8 +152,6 @@ class Checkpointer:
         start = time.perf_counter()
         self.collect(block=True, training_step=step)
         if self._shards is None:
-            if not isinstance(self.store, CheckpointStore):  # the API refuses it (rules.SHARDED_ON_A_VOLUME)
-                raise ConfigError(rules.SHARDED_ON_A_VOLUME.message)
             from mpjob_trainer.checkpoint.sharded import ShardedWriter
 
             self._shards = ShardedWriter(self.store)  # its process group is made by all ranks, here
