@@ -18,14 +18,11 @@ checkpoint.ownership). A manifest in the bucket is read as untrusted input
 (checkpoint.document) before anything it names is downloaded or deleted: one that is malformed
 or names a file outside its folder (absolute, `..`, a backslash) is corrupt, never followed,
 never pruned, never replaced (a save of its step writes nothing: CheckpointTaken).
-Loading downloads a checkpoint's files into a local folder of the same name and verifies it
-exactly as the volume store does (manifest, format, every sha256, config digest, step), so a
-deleted object, a damaged one or a manifest without its objects is rejected and the previous
-good checkpoint tried. Pruning keeps this job's newest `keep` committed checkpoints; an older
+Loading checks every listed object's size, downloads them and verifies the folder as the volume
+store does: a deleted, damaged or missing object rejects it for the previous good one. Pruning keeps this job's newest `keep` committed checkpoints; an older
 one is uncommitted first (its manifest deleted) and then only the objects its manifest lists
 are deleted: nothing the job did not write is ever removed.
-Writes happen on the Checkpointer's writer thread; every failure no retry can fix names the
-bucket (bucket.BucketMisconfigured).
+Writes happen on the writer thread; a failure no retry can fix names the bucket (BucketMisconfigured).
 
 Sharded (layout dcp, checkpoint.sharded): each rank spools its own DCP files and uploads them
 (`publish`) after rank 0 checked the step's place (`taken`); rank 0 puts the manifest once all
