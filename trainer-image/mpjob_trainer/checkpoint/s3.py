@@ -19,9 +19,9 @@ checkpoint.ownership). A manifest in the bucket is read as untrusted input
 or names a file outside its folder (absolute, `..`, a backslash) is corrupt, never followed,
 never pruned, never replaced (a save of its step writes nothing: CheckpointTaken).
 Loading checks every listed object's size, downloads them and verifies the folder as the volume
-store does: a deleted, damaged or missing object rejects it for the previous good one. Pruning keeps this job's newest `keep` committed checkpoints; an older
-one is uncommitted first (its manifest deleted) and then only the objects its manifest lists
-are deleted: nothing the job did not write is ever removed.
+store does: a deleted, damaged or missing object rejects it for the previous good one.
+Pruning keeps this job's newest `keep` committed checkpoints; an older one is uncommitted first
+(manifest deleted), then only the objects its manifest lists go: nothing another wrote.
 Writes happen on the writer thread; a failure no retry can fix names the bucket (BucketMisconfigured).
 
 Sharded (layout dcp, checkpoint.sharded): each rank spools its own DCP files and uploads them
