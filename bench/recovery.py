@@ -55,14 +55,16 @@ def events(path: Path) -> list[dict]:
 
 
 def breakdown(out: Path) -> dict[str, float]:
-    """The restart path from the trainers' clocks: the fault line, the next process's start line
-    (after its imports), its resume line (model built, checkpoint loaded), its first step line."""
+    """The restart path from the trainers' clocks: the fault line; the next process's first line
+    (its model built and set up for the precision: keepFp32); its resume line (checkpoint loaded,
+    the first step next)."""
     fault = next(e for e in events(out / "attempts/a0/worker0.log") if e["event"] == "fault")["time"]
     second = events(out / "attempts/a1/worker0.log")
-    at = {kind: next(e["time"] for e in second if e["event"] == kind) for kind in ("start", "resume")}
+    first = second[0]["time"]
+    resumed = next(e["time"] for e in second if e["event"] == "resume")
     return {
-        "fault -> next process started (exit, plan, spawn, imports)": at["start"] - fault,
-        "started -> checkpoint loaded (model build, load)": at["resume"] - at["start"],
+        "fault -> next process's first line (exit, plan, spawn, imports, model build)": first - fault,
+        "first line -> checkpoint loaded": resumed - first,
     }
 
 
