@@ -127,3 +127,27 @@ def test_a_wrong_credential_fails_the_job_in_one_attempt_naming_the_bucket(
     assert status["phase"] == "Failed" and len(status["attempts"]) == 1, status
     assert status["attempts"][0]["reason"] == "ConfigError"
     assert s3_server.bucket in status["attempts"][0]["message"]
+
+
+def test_an_fsdp_job_of_two_workers_falls_back_from_a_sharded_checkpoint_in_the_bucket(
+    operator: Operator, jobs: Jobs, namespace: str, s3_server: S3Server
+) -> None:
+    """fsdp + storage.s3 on the cluster: each worker's rank uploads its own shards under the
+    step's prefix, rank 0 commits the manifest, and the bf16 attempt reshards nothing: it
+    resumes its two ranks from the bucket."""
+    secret(jobs.core, namespace, "ckpt-keys")
+    spec = s3_spec(s3_server, namespace, steps=30, every=10)
+    spec["workers"], spec["parallelism"] = 2, {"strategy": "fsdp"}
+    spec["task"]["args"]["overflowAtStep"] = 15
+    spec["resources"] = {"gpusPerWorker": 0}
+    jobs.create("sharded", spec)
+    status = jobs.wait_phase("sharded", ("Succeeded", "Failed"), 420)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["precision"], first["reason"], first["worldSize"]) == ("fp16", "NumericFault", 2)
+    assert (second["precision"], second["reason"], second["worldSize"]) == ("bf16", "Succeeded", 2)
+    assert second["startStep"] == 10
+    uid = jobs.get("sharded")["metadata"]["uid"]
+    committed = manifests(s3_server, f"e2e-{namespace}/{namespace}/sharded/{uid}")
+    final = next(m for key, m in committed.items() if key.endswith("step-000000030/manifest.json"))
+    assert final["layout"] == "dcp" and {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(final["files"])
