@@ -4,7 +4,8 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
 - `in_place_targets`: what an attempt's launch allows (AttemptLaunch.inPlaceTo): the precisions
   the planner would start next after a numeric fault, one after another, as long as the next
   attempt needs no restart (the same batch shape: an fp32 fallback that splits the micro-batch
-  restarts) and runPolicy.maxAttempts leaves room.
+  restarts) and runPolicy.maxAttempts leaves room; none for an elastic job (its size changes
+  restart its attempts).
 - `changed_in_place`: the trainer said it changed (its `precisionChanged` line): the attempt
   ends as a numeric fault ends it (`lifecycle.conclude`, the same events and conditions), and
   the next one is recorded as begun with `inPlace: true` and its recoverySeconds; no Job or
@@ -35,8 +36,8 @@ def in_place_targets(
 ) -> list[InPlaceTarget]:
     """The precisions attempt `start` may fall back to in place, in order, each with the
     re-promotion the planner gives that attempt (empty: none)."""
-    if not spec.precision.in_place or start.precision == "auto":
-        return []
+    if not spec.precision.in_place or start.precision == "auto" or spec.elastic is not None:
+        return []  # an elastic job's size changes restart its attempts: its fallbacks do too
     targets: list[InPlaceTarget] = []
     ended, used, past = start, history.used(status), [a for a in status.attempts if a.index < start.index]
     while True:

@@ -511,3 +511,14 @@ def test_the_stderr_tail_is_the_last_lines_and_stays_within_the_report_budget() 
     folded = fold_endings(many).report
     assert len(folded.to_message().encode()) <= MAX_REPORT_BYTES
     assert "the last line" in folded.message
+
+
+def test_a_rank_stopped_after_it_reported_keeps_its_report() -> None:
+    """A sibling pod ended first and the launcher passed SIGTERM on to a rank that had already
+    written its report (its session over, SIGTERM back to the default): the report is its end."""
+    folded = fold_endings([ending(0, -signal.SIGTERM, "NonFiniteInFp32", "step 3 is non-finite", stopped=True)])
+    assert folded.code == ExitCode.NON_FINITE_IN_FP32 and folded.report.reason == "NonFiniteInFp32"
+    assert folded.report.message == "step 3 is non-finite"
+    # Killed by SIGTERM with no report, or not stopped by the launcher: an infrastructure failure.
+    assert fold_endings([ending(0, -signal.SIGTERM, None, stopped=True)]).report.reason == "InfraError"
+    assert fold_endings([ending(0, -signal.SIGTERM, "NonFiniteInFp32")]).report.reason == "InfraError"

@@ -39,6 +39,7 @@ the launcher imports it only when a report must be built (launch.exits has the r
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,10 +71,22 @@ class RankEnding:
     invalid_report: str | None = None
 
     @property
+    def reported_then_stopped(self) -> bool:
+        """The launcher passed a SIGTERM on to a rank that had already ended its session: its
+        report is written last of all (the session then gives SIGTERM back to the default, so
+        the signal can only kill it after that), and it is the rank's account of its end."""
+        return self.stopped and self.returncode == -signal.SIGTERM and self.report is not None
+
+    @property
     def outcome(self) -> Reason:
         """The class this ending falls in (a signal death or an invalid report is an
-        infrastructure failure)."""
-        if self.returncode < 0 or self.invalid_report is not None:
+        infrastructure failure, unless the rank was stopped after it reported)."""
+        if self.invalid_report is not None:
+            return Reason.INFRA_ERROR
+        if self.reported_then_stopped:
+            assert self.report is not None
+            return self.report.reason
+        if self.returncode < 0:
             return Reason.INFRA_ERROR
         return reason_for_exit_code(self.returncode)
 
@@ -85,7 +98,7 @@ class RankEnding:
     @property
     def own_report(self) -> TerminationReport | None:
         """The rank's report when it tells the same story as its exit code; None otherwise."""
-        if self.report is None or not agrees(self.report.reason, self.returncode):
+        if self.report is None or not (self.reported_then_stopped or agrees(self.report.reason, self.returncode)):
             return None
         return self.report
 
