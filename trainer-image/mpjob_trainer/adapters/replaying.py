@@ -35,7 +35,7 @@ import torch
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.session.framework import framework_folder
+from mpjob_trainer.session.framework import framework_folder, parameters_finite
 
 
 class BatchesGone(LookupError):
@@ -99,7 +99,7 @@ class NonFiniteWeights(ValueError):
 
 def weights_finite(parameters: Any) -> None:
     """Raise NonFiniteWeights unless every parameter is finite (one sync: replays only)."""
-    if not all(bool(torch.isfinite(p.detach()).all()) for p in parameters):
+    if not parameters_finite(parameters):
         raise NonFiniteWeights("the weights in memory are not finite (the fault was applied): no fp32 replay from them")
 
 
@@ -112,7 +112,7 @@ class FrameworkWeights:
     read: Callable[[Path], None]
 
     def finite(self) -> bool:
-        return all(bool(torch.isfinite(p.detach()).all()) for p in self.parameters())
+        return parameters_finite(self.parameters())
 
     def load(self, ref: CheckpointRef) -> None:
         self.read(framework_folder(ref))

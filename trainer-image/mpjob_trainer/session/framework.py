@@ -68,7 +68,7 @@ class FrameworkCheckpointer(Checkpointer):
 
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
         """Framework save, then adoption on rank 0; synchronous (the framework's save is)."""
-        if not all(bool(torch.isfinite(p).all()) for p in self.parameters()):  # a sync, only when saving
+        if not parameters_finite(self.parameters()):  # a sync, only when saving
             self.log("checkpointSkipped", step=step, why="non-finite weights")
             return
         staging = self.store.root / f".tmp-framework-{step:09d}"
@@ -86,6 +86,11 @@ class FrameworkCheckpointer(Checkpointer):
             else:
                 self._saved(result, asynchronous=False)
         dist_env.barrier(self.world)
+
+
+def parameters_finite(parameters: Iterable[torch.Tensor]) -> bool:
+    """Is every one of a framework's parameters finite? (A sync per parameter: saves and replays only.)"""
+    return all(bool(torch.isfinite(p.detach()).all()) for p in parameters)
 
 
 def framework_folder(ref: CheckpointRef) -> Path:
