@@ -129,8 +129,12 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert skipped["phase"] == "Succeeded" and len(skipped["attempts"]) == 1
     assert skipped["skipped"]["count"] == 1 and skipped["skipped"]["samples"] == 1
     killed = report(runs / "killed")
-    assert killed["phase"] == "Succeeded" and killed["attempts"][0]["reason"] == "Suspended"
-    assert killed["attempts"][1]["startStep"] > 0  # resumed from a checkpoint of the killed run
+    assert killed["phase"] == "Succeeded" and killed["precision"] == "bf16"
+    # the kill lands before or after the in-place fallback, by the machine's speed
+    reasons = [a["reason"] for a in killed["attempts"]]
+    assert reasons.count("Suspended") == 1 and reasons[-1] == "Succeeded"
+    resumed = killed["attempts"][reasons.index("Suspended") + 1]
+    assert resumed["startStep"] > 0 and not resumed.get("inPlace")  # a new process, from a checkpoint
     if with_s3:
         assert report(runs / "tutorial-s3")["phase"] == "Succeeded"
         assert list((runs / "s3-data" / "tutorial" / "mpjob").rglob("manifest.json"))
