@@ -33,6 +33,7 @@ __all__ = [
     "TERMINATION_LOG_ENV",
     "CheckpointRef",
     "Counters",
+    "InPlaceChange",
     "InvalidReport",
     "Measurement",
     "Replay",
@@ -45,6 +46,10 @@ MAX_REPORT_INT = 2**53 - 1
 MAX_MESSAGE_CHARS = 4096
 #: The longest path or digest a report may name.
 MAX_NAME_CHARS = 1024
+#: The longest message an in-place change keeps, and the most changes a report lists (one per
+#: rung of the longest ladder, fp8 -> fp16 -> bf16 -> fp32, with room to spare).
+MAX_CHANGE_MESSAGE_CHARS = 512
+MAX_CHANGES = 8
 
 Count = Annotated[int, Field(ge=0, le=MAX_REPORT_INT)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -114,6 +119,28 @@ class Measurement(_Model):
         return value
 
 
+class InPlaceChange(_Model):
+    """A fallback the trainer's processes made in place (spec.precision.inPlace): attempt
+    `attempt - 1` ended at `step` on its fault (`rule`, `message`), and attempt `attempt` trains
+    in `toPrecision` from `startStep`, `recoverySeconds` after the fault was detected. The
+    trainer says it three ways, each checked here: its `precisionChanged` event line, its
+    metrics endpoint (metrics.PRECISION_CHANGE) and its termination report."""
+
+    attempt: Annotated[int, Field(ge=1, le=MAX_REPORT_INT)]
+    step: Count
+    start_step: Count = Field(alias="startStep")
+    from_precision: Precision = Field(alias="fromPrecision")
+    to_precision: Precision = Field(alias="toPrecision")
+    rule: str = Field(max_length=64, pattern=r"^[A-Za-z0-9]+$")
+    message: str = ""
+    recovery_seconds: Finite = Field(alias="recoverySeconds", ge=0, le=MAX_REPORT_INT)
+
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        return value[:MAX_CHANGE_MESSAGE_CHARS]
+
+
 class TerminationReport(_Model):
     reason: Reason
     step: Count = 0
@@ -133,6 +160,10 @@ class TerminationReport(_Model):
     #: A numeric fault's guard rule (faults.GuardRule): what spec.faultPolicy rules on.
     rule: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9]+$")
     message: str = ""
+    #: The fallbacks the processes made in place before this ending, oldest first.
+    precision_changes: list[InPlaceChange] = Field(
+        default_factory=list, alias="precisionChanges", max_length=MAX_CHANGES
+    )
 
     @field_validator("loss_scales", mode="before")
     @classmethod
@@ -164,7 +195,15 @@ class TerminationReport(_Model):
         scales = clipped.loss_scales
         while len(text.encode()) > MAX_REPORT_BYTES and scales:  # then the oldest loss-scale points
             scales = timeline.first_and_newest(scales, len(scales) // 2)
-            text = clipped.model_copy(update={"loss_scales": scales}).model_dump_json(by_alias=True, exclude_none=True)
+            clipped = clipped.model_copy(update={"loss_scales": scales})
+            text = clipped.model_dump_json(by_alias=True, exclude_none=True)
+        cut = MAX_CHANGE_MESSAGE_CHARS
+        while len(text.encode()) > MAX_REPORT_BYTES and cut:  # then the in-place changes' messages
+            cut //= 2
+            changes = [c.model_copy(update={"message": c.message[:cut]}) for c in clipped.precision_changes]
+            text = clipped.model_copy(update={"precision_changes": changes}).model_dump_json(
+                by_alias=True, exclude_none=True
+            )
         return text
 
     @classmethod

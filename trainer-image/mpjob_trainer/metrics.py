@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mpjob_contract import metrics as names
 from mpjob_contract.faults import GuardRule
-from mpjob_contract.report import CheckpointRef
+from mpjob_contract.report import CheckpointRef, InPlaceChange
 from mpjob_contract.skipping import Skipped, spans_label
 from mpjob_trainer import control
 from mpjob_trainer.checkpoint.transfer import TRANSFER_BUCKETS
@@ -166,6 +166,12 @@ class TrainerMetrics:
             "Non-finite losses of steps rolled back and skipped (the attempt goes on in its precision).",
         )
         self._quarantine_metrics()
+        self.precision_change = Gauge(
+            names.PRECISION_CHANGE,
+            "A fallback made in place (value: its recovery seconds), labelled with the attempt it began.",
+            labelnames=["job", "namespace", *names.PRECISION_CHANGE_LABELS],
+            registry=self.registry,
+        )
         self.measured = Gauge(
             names.MEASURED_STEP_SECONDS,
             "auto: seconds per step measured on this node, by candidate precision (-1: non-finite).",
@@ -223,16 +229,29 @@ class TrainerMetrics:
     def trip(self, rule: GuardRule) -> None:
         self.guard_trips.labels(**self.labels, rule=rule).inc()
 
-    def relabel(self, precision: str) -> None:
-        """Train under another `precision` label (an `auto` attempt measured its device): every
-        series moves to the new label set; nothing has counted yet, so nothing is lost but the
-        gauges set when the attempt started (where it began, its goal, its last checkpoint),
-        which are carried over."""
+    def changed(self, change: InPlaceChange) -> None:
+        """The processes fell back in place: the change's series, then every attempt series
+        under the attempt it began (`relabel`)."""
+        fields = change.model_dump(mode="json")
+        values = {name: str(fields[name]) for name in names.PRECISION_CHANGE_LABELS if name in fields}
+        values["to_attempt"] = str(change.attempt)
+        job = {"job": self.labels["job"], "namespace": self.labels["namespace"]}
+        self.precision_change.labels(**job, **values).set(change.recovery_seconds)
+        self.relabel(change.to_precision, attempt=change.attempt)
+        self.start_step.set(change.start_step)
+
+    def relabel(self, precision: str, *, attempt: int | None = None) -> None:
+        """Train under another `precision` label (an `auto` attempt measured its device), and
+        `attempt` (one begun in place): every series moves to the new label set; what counted
+        under the old one ends with it, but the gauges set when the attempt started (where it
+        began, its goal, its last checkpoint) are carried over."""
         old, checkpoint = dict(self.labels), self._last_good
         held = {attr: self.registry.get_sample_value(name, old) for attr, name in HELD_AT_START}
         self.last_good_checkpoint.clear()
         self._last_good = None
         self.labels["precision"] = precision
+        if attempt is not None:
+            self.labels["attempt"] = str(attempt)
         for name, child in list(vars(self).items()):
             family = self._families.pop(id(child), None)
             if family is None:

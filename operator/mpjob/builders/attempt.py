@@ -1,6 +1,5 @@
 """The attempt's children: an Indexed batch/v1 Job (one pod per worker, backoffLimit 0) and a
-headless Service for rendezvous. Names are deterministic (`<job>-a<N>`), so a restarted
-operator never creates an attempt twice."""
+headless Service for rendezvous, named `<job>-a<N>`: a restarted operator never makes two."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from mpjob_contract.launch import (
     CHECKPOINT_MOUNT,
     LAUNCH_ENV,
     AttemptLaunch,
+    InPlaceTarget,
     checkpoint_root,
     inside_checkpoint_dir,
     job_checkpoint_dir,
@@ -99,10 +99,10 @@ def launcher_argv(
     return [*launcher, "--nproc-per-worker", per_worker, "--workers", pods, "--", *command]
 
 
-def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt) -> AttemptLaunch:
-    """The attempt's launch contract. Its checkpoints go to the job's own folder of the volume;
-    a resume point outside that folder (another job's, or the volume's root) is not passed on:
-    the trainer then resumes from the newest valid checkpoint of its own."""
+def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt,
+            in_place_to: list[InPlaceTarget]) -> AttemptLaunch:  # fmt: skip
+    """The attempt's launch contract (`in_place_to`: planning.inplace), checkpoints in the job's own
+    folder: a resume point outside it is not passed on (the trainer finds its own newest one)."""
     folder = job_checkpoint_dir(namespace=namespace, name=job, uid=uid, root=checkpoint_root(spec))
     resume_from = start.resume_from
     if resume_from is not None and not inside_checkpoint_dir(resume_from, folder):
@@ -118,6 +118,7 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
         grad_accumulation=start.grad_accumulation,
         repromote_after_steps=start.repromote_after_steps,
         workers=start.workers,
+        in_place_to=in_place_to,
         checkpoint_dir=folder,
         spec=spec,
     )
@@ -266,12 +267,13 @@ def attempt_job(
     image: str,
     deadline_seconds: int | None = None,
     trainer_command: Sequence[str] = TRAINER_COMMAND,
+    in_place_to: Sequence[InPlaceTarget] = (),
 ) -> dict[str, Any]:
-    """The Indexed Job of attempt `start.index` of the job `namespace/job` (UID `uid`): `workers`
-    pods, each running the launcher."""
+    """The Indexed Job of attempt `start.index` of `namespace/job` (UID `uid`): `workers` pods, each
+    running the launcher (whose trainers may go on in the attempts `in_place_to` allows)."""
     name = attempt_name(job, start.index)
     command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND, workers=start.workers)
-    launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start)
+    launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start, in_place_to=list(in_place_to))
     container = _container(env=_env(launch), spec=spec, image=image, command=command)
     job_labels = labels(job, start.index, start.precision)
     pod_labels = {**spec.template.labels, **job_labels}

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
 from mpjob.planning.observe import CheckpointReading
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import Precision
+from mpjob_contract.report import InPlaceChange
 from mpjob_contract.skipping import CAUSES, SkippedStep, spans_of
 
 log = logging.getLogger("mpjob.operator.progress")
@@ -76,6 +78,8 @@ class Exposition:
     checkpoints: list[CheckpointReading] = field(default_factory=list)
     #: The quarantine's listed steps, in the exposition's order.
     skips: list[ListedSkip] = field(default_factory=list)
+    #: The fallbacks the processes made in place, by the attempt each began.
+    changes: dict[int, InPlaceChange] = field(default_factory=dict)
 
     def add(self, name: str, labels: dict[str, str], value: float) -> None:
         """Keep one finite sample when its series is one the trainer writes."""
@@ -87,6 +91,8 @@ class Exposition:
             self.checkpoints.append(checkpoint)
         elif name == tm.QUARANTINED_STEP and (entry := _skipped(labels)) is not None:
             self.skips.append(ListedSkip(value, entry))
+        elif name == tm.PRECISION_CHANGE and (change := _changed(labels, value)) is not None:
+            self.changes[change.attempt] = change
 
 
 def parse(text: str) -> Exposition:
@@ -123,3 +129,14 @@ def _skipped(labels: dict[str, str]) -> SkippedStep | None:
     if STEP_LABEL.match(step) and known is not None and spans is not None:
         return SkippedStep(step=int(step), cause=known, samples=spans)
     return None
+
+
+def _changed(labels: dict[str, str], seconds: float) -> InPlaceChange | None:
+    """A precision_change series as the change it names (checked as a report's), else None."""
+    fields = {name: labels.get(name, "") for name in tm.PRECISION_CHANGE_LABELS}
+    if not all(STEP_LABEL.match(fields[name]) for name in ("to_attempt", "step", "start_step")):
+        return None
+    try:
+        return InPlaceChange.model_validate({**fields, "attempt": fields["to_attempt"], "recovery_seconds": seconds})
+    except ValidationError:
+        return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -28,6 +29,7 @@ from mpjob.controller.cache import Observed
 from mpjob.controller.cluster import Cluster
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
+from mpjob.planning import history
 from mpjob.planning.profiles import ProfileAsk, plan_profiles
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -72,9 +74,11 @@ class ProfileRequests:
             status.profiles = plan.profiles
         for event in plan.events:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
-        ip = seen.rank0_ip.get(plan.ask.attempt) if plan.ask is not None else None
-        if plan.ask is not None and ip:
-            self._submit(key, uid, plan.ask, ip)
+        if plan.ask is None:
+            return
+        job = history.job_index(status, plan.ask.attempt)  # an attempt begun in place: its chain's pods
+        if ip := seen.rank0_ip.get(job):
+            self._submit(key, uid, replace(plan.ask, attempt=job), ip)
 
     def _submit(self, key: Key, uid: str, ask: ProfileAsk, ip: str) -> None:
         with self._lock:

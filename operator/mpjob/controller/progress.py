@@ -29,6 +29,7 @@ from mpjob.planning.classify import backoff_seconds
 from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
+from mpjob_contract.report import InPlaceChange
 from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, Skipped, SkippedStep
 
 log = logging.getLogger("mpjob.operator.progress")
@@ -110,7 +111,14 @@ def figures(exposition: Exposition, *, precision: str | None) -> dict[str, Any]:
         found["lastCheckpointStep"] = ck.step
     if seen.skipped is not None:
         found["skipped"] = seen.skipped.model_dump(by_alias=True)
+    if made := exposition.changes:
+        found["precisionChanges"] = [made[i].model_dump(by_alias=True) for i in sorted(made)]
     return found
+
+
+def changes_found(found: dict[str, Any]) -> list[InPlaceChange]:
+    """The fallbacks in place a read found, oldest first."""
+    return [InPlaceChange.model_validate(change) for change in found.get("precisionChanges", [])]
 
 
 def found_reading(found: dict[str, Any], *, attempt: int | None = None) -> Reading:

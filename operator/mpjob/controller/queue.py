@@ -13,11 +13,16 @@ says that the attempt waits, without the queue's words. Any other error is a Non
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from mpjob.controller.cache import Observed
 from mpjob.controller.cluster import Cluster, raw
+from mpjob.planning import history
+from mpjob.planning.endings import JobView
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 GROUP, VERSION, PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
@@ -55,3 +60,16 @@ class QueueReader:
         for workload in listed.get("items") or []:
             return workload_message(workload)
         return None
+
+    def with_words(
+        self, namespace: str, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, seen: Observed
+    ) -> dict[int, JobView]:
+        """The attempt Jobs, the running attempt's with its queue's words while it waits suspended."""
+        if not (spec.run_policy.queue_name and status.attempts):
+            return seen.jobs
+        index = history.job_index(status, status.attempts[-1].index)
+        job, uid = seen.jobs.get(index), seen.uids.get(index)
+        if job is None or uid is None or not job.suspended or job.finished:
+            return seen.jobs
+        words = self.message(namespace, uid)
+        return {**seen.jobs, index: replace(job, queue_message=words)} if words else seen.jobs

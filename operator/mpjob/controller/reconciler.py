@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -31,17 +30,18 @@ from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.profiles import ProfileRequests
-from mpjob.controller.progress import ProgressReader, Target, found_reading
+from mpjob.controller.progress import ProgressReader, Target, changes_found, found_reading
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
+from mpjob.planning import history, skipped
 from mpjob.planning import lifecycle as lc
-from mpjob.planning import skipped
 from mpjob.planning import status as st
+from mpjob.planning.inplace import in_place_targets
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import changes, observe
 from mpjob.planning.planner import StartAttempt
-from mpjob.planning.reconcile import FINISHED, JobView, reconcile
+from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType, status_patch
 from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -131,10 +131,12 @@ class Reconciler:
             uid = body["metadata"]["uid"]
             seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
             now = datetime.now(UTC)
-            jobs = self._with_queue_words(namespace, spec, old, seen)
+            jobs = self.queue.with_words(namespace, spec, old, seen)
             fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
             generation = body["metadata"].get("generation")
-            plan = reconcile(spec, old, generation, jobs, now, lingering=seen.lingering, fits=fits)
+            read = self._read((namespace, name), old, seen) if progress and old.phase == "Running" else None
+            made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
+            plan = reconcile(spec, old, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made)
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)
             if refusal is not None:
@@ -142,8 +144,8 @@ class Reconciler:
             self._announce(body, old, plan)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, spec, plan.status, seen)
-            if progress and plan.status.phase == "Running" and not plan.create:
-                self._progress(body, plan.status, seen)
+            if read and plan.status.phase == "Running" and not plan.create:
+                self._progress(body, plan.status, *read)
             elif plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
             self._settle((namespace, name), plan, seen)
@@ -155,19 +157,6 @@ class Reconciler:
             self.settled.add(key)
         else:
             self.settled.discard(key)
-
-    def _with_queue_words(
-        self, namespace: str, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, seen: Observed
-    ) -> dict[int, JobView]:
-        """The attempt Jobs, the current one with its queue's words while it waits suspended."""
-        if not (spec.run_policy.queue_name and status.attempts):
-            return seen.jobs
-        index = status.attempts[-1].index
-        job, uid = seen.jobs.get(index), seen.uids.get(index)
-        if job is None or uid is None or not job.suspended or job.finished:
-            return seen.jobs
-        words = self.queue.message(namespace, uid)
-        return {**seen.jobs, index: replace(job, queue_message=words)} if words else seen.jobs
 
     def forget(self, uid: str, key: Key | None = None) -> None:
         """A deleted job leaves the phase counts (and the new jobs' bodies)."""
@@ -230,6 +219,7 @@ class Reconciler:
             image=self.config.trainer_image,
             deadline_seconds=plan.deadline_seconds,
             trainer_command=self.config.trainer_command,
+            in_place_to=in_place_targets(spec, start, plan.status),
         )
         created = self.cluster.create_job(job, owner=body)
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next
@@ -267,18 +257,23 @@ class Reconciler:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
         self.phases[body["metadata"]["uid"]] = plan.status.phase
 
-    def _progress(self, body: dict[str, Any], status: MixedPrecisionJobStatus, seen: Observed) -> None:
-        """Write what the last finished read of the running attempt's rank 0 found, and start
-        the next read (off this thread: a slow endpoint never holds a reconcile)."""
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        ip = seen.rank0_ip.get(status.attempt)
+    def _read(self, key: Key, status: MixedPrecisionJobStatus, seen: Observed) -> tuple[Target, dict[str, Any]] | None:
+        """What the last finished read of the running attempt's rank 0 found, if any; the next
+        read starts (off this thread: a slow endpoint never holds a reconcile)."""
+        ip = seen.rank0_ip.get(history.job_index(status, status.attempt))  # one begun in place: its chain's
         if not ip:
-            return
+            return None
         target = Target(attempt=status.attempt, ip=ip, precision=status.precision)
         reading = self.progress.take(key, target)
         self.progress.request(key, target)
-        if not reading:
-            return
+        return (target, reading) if reading else None
+
+    def _progress(
+        self, body: dict[str, Any], status: MixedPrecisionJobStatus, target: Target, reading: dict[str, Any]
+    ) -> None:
+        """Write the figures a read of `target` found (a read of an attempt that ended meanwhile,
+        as a change in place ends it, changes nothing)."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
         observed = observe(status, found_reading(reading, attempt=target.attempt))
         patch = changes(status, observed.status)
         if not patch:

@@ -33,7 +33,7 @@ from mpjob.planning import cost, reported
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.inplace import changed_in_place, in_place_targets
+from mpjob.planning.inplace import changed_in_place, in_place_targets, of_line
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import observe
 from mpjob.planning.planner import StartAttempt, first_attempt
@@ -237,8 +237,10 @@ class LocalRun:
             times = reported.step_times(event.step_seconds)
             self.view.info(f"auto measured {times} per step: training in {event.chosen}")
 
-    def _changed_in_place(self, start: StartAttempt, change: events.PrecisionChanged) -> None:
+    def _changed_in_place(self, start: StartAttempt, line: events.PrecisionChanged) -> None:
         """The trainers fell back in their processes: the attempt ends and the next one begins."""
+        if (change := of_line(line)) is None:
+            return  # not a change the trainer could have made: the attempt's end will tell
         self._charge_time()
         plan, when = self._transition()
         capability, folder = LOCAL_CAPABILITY, self.checkpoint_dir

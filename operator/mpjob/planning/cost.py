@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from mpjob.planning import timeline
+from mpjob.planning import history, timeline
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.figures import round_sig
 from mpjob_contract.accounting import JobCost, WasteReason
@@ -56,13 +56,22 @@ def seen_usage(
     status: MixedPrecisionJobStatus, jobs: Mapping[int, JobView], spec: MixedPrecisionJobSpec, now: datetime
 ) -> dict[int, float]:
     """GPU-seconds of the ended attempts that have no figure yet and whose Job is still seen (an
-    attempt's Job outlives its ending by at least one reconcile, so each ending is seen once)."""
-    gpus = spec.resources.gpus_per_worker
-    return {
-        a.index: gpu_seconds(jobs[a.index].pods, gpus_per_worker=gpus, now=now)
-        for a in status.attempts
-        if a.finish_time is not None and a.gpu_seconds is None and a.index in jobs
-    }
+    attempt's Job outlives its ending by at least one reconcile, so each ending is seen once).
+    Attempts begun in place share their chain's Job: each is charged what the Job's pods ran
+    beyond the figures of the attempts before it in that Job (changes first seen in the Job's
+    report end together: the first of them is charged the Job's time)."""
+    gpus, usage = spec.resources.gpus_per_worker, {}
+    for attempt in status.attempts:
+        job = jobs.get(attempt.index) or jobs.get(history.job_index(status, attempt.index))
+        if attempt.finish_time is None or attempt.gpu_seconds is not None or job is None:
+            continue
+        before = sum(
+            usage.get(a.index, a.gpu_seconds or 0.0)
+            for a in status.attempts
+            if job.index <= a.index < attempt.index and history.job_index(status, a.index) == job.index
+        )
+        usage[attempt.index] = max(0.0, gpu_seconds(job.pods, gpus_per_worker=gpus, now=now) - before)
+    return usage
 
 
 @dataclass(frozen=True)

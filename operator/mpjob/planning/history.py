@@ -79,3 +79,12 @@ def bound(status: MixedPrecisionJobStatus) -> None:
     dropped = [a for a in status.attempts[KEEP_FIRST : KEEP_FIRST + extra] if a.finish_time is not None]
     status.attempts = [a for a in status.attempts if all(a is not d for d in dropped)]
     counts(status).omitted += len(dropped)
+
+
+def job_index(status: MixedPrecisionJobStatus, index: int) -> int:
+    """The attempt whose Job attempt `index` runs in: itself, or for one begun in place
+    (spec.precision.inPlace), the first attempt of its chain of in-place changes."""
+    by_index = {a.index: a for a in status.attempts}
+    while (entry := by_index.get(index)) is not None and entry.in_place and index - 1 in by_index:
+        index -= 1
+    return index

@@ -6,14 +6,21 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
   attempt needs no restart (the same batch shape: an fp32 fallback that splits the micro-batch
   restarts) and runPolicy.maxAttempts leaves room; none for an elastic job (its size changes
   restart its attempts).
-- `changed_in_place`: the trainer said it changed (its `precisionChanged` line): the attempt
-  ends as a numeric fault ends it (`lifecycle.conclude`, the same events and conditions), and
-  the next one is recorded as begun with `inPlace: true` and its recoverySeconds; no Job or
-  process is started for it."""
+- `changed_in_place`: the trainer said it changed (report.InPlaceChange: its
+  `precisionChanged` line to `mpjob run`, its metrics or termination report to the operator):
+  the attempt ends as a numeric fault ends it (`lifecycle.conclude`, the same events and
+  conditions), and the next one is recorded as begun with `inPlace: true` and its
+  recoverySeconds; no Job or process is started for it.
+- `record`: the operator's side: the changes a reading or a report names that the status does
+  not hold yet, each once (an operator restarted in between reads them again and skips those
+  it recorded: a change names the attempt it began).
+An attempt begun in place runs in the Job its chain of changes began with (`history.job_index`)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+from pydantic import ValidationError
 
 from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
@@ -23,7 +30,7 @@ from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecis
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.events import PrecisionChanged
 from mpjob_contract.launch import InPlaceTarget
-from mpjob_contract.report import TerminationReport
+from mpjob_contract.report import InPlaceChange, TerminationReport
 
 FAULT = Classification(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "")
 
@@ -67,8 +74,8 @@ def changed_in_place(
     plan: lc.Plan,
     spec: MixedPrecisionJobSpec,
     *,
-    attempt: StartAttempt,
-    change: PrecisionChanged,
+    attempt: StartAttempt | AttemptStatus,
+    change: InPlaceChange,
     when: lc.When,
     capability: tuple[int, int] | str | None = "spec",
     checkpoint_dir: str | None = None,
@@ -94,5 +101,29 @@ def changed_in_place(
     entry = next(a for a in status.attempts if a.index == plan.create[0].index)
     entry.precision, entry.start_step = change.to_precision, change.start_step  # type: ignore[assignment]
     entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
-    status.precision, status.phase = change.to_precision, "Running"  # type: ignore[assignment]
-    return replace(plan.create[0], precision=change.to_precision, start_step=change.start_step)  # type: ignore[arg-type]
+    status.precision, status.phase = change.to_precision, "Running"
+    return replace(plan.create[0], precision=change.to_precision, start_step=change.start_step)
+
+
+def of_line(line: PrecisionChanged) -> InPlaceChange | None:
+    """A `precisionChanged` line as the change it names; None when it names none it could."""
+    try:
+        return InPlaceChange.model_validate(line.model_dump(by_alias=True))
+    except ValidationError:
+        return None
+
+
+def record(plan: lc.Plan, spec: MixedPrecisionJobSpec, changes: list[InPlaceChange], when: lc.When) -> bool:
+    """Record the changes that begin the attempt after the running one, in order (the others
+    are recorded already, or not this job's attempts); whether any was. No Job is created."""
+    recorded = False
+    for change in changes:
+        current = plan.status.attempts[-1] if plan.status.attempts else None
+        if current is None or current.finish_time is not None or change.attempt != current.index + 1:
+            continue
+        if change.from_precision != current.precision:
+            continue  # not the attempt the status holds running: a reading of something else
+        changed_in_place(plan, spec, attempt=current, change=change, when=when)
+        plan.create.clear()
+        recorded = True
+    return recorded

@@ -11,10 +11,11 @@ The status is the operator's memory. Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import cost, elastic
+from mpjob.planning import cost, elastic, history, inplace
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -26,6 +27,7 @@ from mpjob.planning.planner import Finish, first_attempt
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
+from mpjob_contract.report import InPlaceChange
 
 __all__ = ["FINISHED", "JobView", "PodView", "ended_by_pods", "outcome_of", "preempted_by_queue", "reconcile"]
 
@@ -50,10 +52,12 @@ def reconcile(
     now: datetime,
     lingering: frozenset[int] = frozenset(),
     fits: int | None = None,
+    changes: Sequence[InPlaceChange] = (),
 ) -> Plan:
     """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
     Job is gone but some pod still runs (terminating); `fits` the workers of the job the cluster
-    holds now (spec.elastic grows on it; None: not read)."""
+    holds now (spec.elastic grows on it; None: not read); `changes` the fallbacks in place a
+    read of the running attempt found (`inplace.record` keeps those the status lacks)."""
     status = status.model_copy(deep=True)
     status.observed_generation = generation
     status.total_steps = spec.training.steps
@@ -70,9 +74,11 @@ def reconcile(
     elif _past_deadline(spec, status, now) and status.attempts[-1].finish_time is None:
         _deadline(plan, spec, jobs, when)
     elif status.attempts[-1].finish_time is None:
-        current = status.attempts[-1].index
+        inplace.record(plan, spec, list(changes), when)
+        job = running_job(status, jobs)
+        current = job.index if job is not None else status.attempts[-1].index
         earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
-        _follow(plan, spec, jobs.get(current), when, lingering=earlier, fits=fits)
+        _follow(plan, spec, job, when, lingering=earlier, fits=fits)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -84,6 +90,12 @@ def reconcile(
     return plan
 
 
+def running_job(status: MixedPrecisionJobStatus, jobs: dict[int, JobView]) -> JobView | None:
+    """The Job the newest attempt runs in: its own, else (one begun in place) its chain's."""
+    index = status.attempts[-1].index
+    return jobs.get(index) or jobs.get(history.job_index(status, index))
+
+
 #: Attempts whose children (Job, pods, headless Service) stay: the newest one (running, or the
 #: last) and the one before it, whose pods' logs tell why it ended.
 KEEP_CHILDREN = 2
@@ -93,7 +105,7 @@ def _retire(plan: Plan, jobs: dict[int, JobView]) -> None:
     """The Jobs of ended attempts older than the newest KEEP_CHILDREN go (their pods and Service
     with them): their outcome is in this plan's status, which is written before any delete, so
     a job that is preempted again and again never piles up children."""
-    kept = [a.index for a in plan.status.attempts[-KEEP_CHILDREN:]]
+    kept = [history.job_index(plan.status, a.index) for a in plan.status.attempts[-KEEP_CHILDREN:]]
     oldest_kept = min(kept, default=0)
     plan.delete.extend(i for i in sorted(jobs) if i < oldest_kept and i not in plan.delete)
 
@@ -140,7 +152,7 @@ def _follow(
     current = status.attempts[-1]
     if spec.run_policy.suspend:
         if job is not None:
-            plan.delete.append(current.index)  # pods get SIGTERM: the trainer checkpoints
+            plan.delete.append(job.index)  # pods get SIGTERM: the trainer checkpoints
         message = "suspended: the trainer checkpoints on SIGTERM"
         user = charged(Disruption.USER_SUSPEND)
         st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at, charged=user)
@@ -156,15 +168,17 @@ def _follow(
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     now = _parse_time(when.at) or datetime.now(UTC)
     if finished is None and (shrink := elastic.unschedulable(spec, current, job.pods, now)) is not None:
-        _resize(plan, spec, shrink, when)
+        _resize(plan, spec, shrink, when, job=job.index)
     elif finished is None and (lost := elastic.node_lost(spec, current, job.pods)) is not None:
-        _resize(plan, spec, lost, when)  # at once: the lost pod's evidence may be gone once its peers stop
+        _resize(plan, spec, lost, when, job=job.index)  # at once: the lost pod may leave no trace once peers stop
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
-        _resize(plan, spec, grow, when)
+        _resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
+        if outcome.report is not None and inplace.record(plan, spec, outcome.report.precision_changes, when):
+            current = status.attempts[-1]  # changes no read caught: recorded before the ending
         outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
 
@@ -179,11 +193,11 @@ def _grown(status: MixedPrecisionJobStatus, grow: elastic.Resize | None) -> elas
     return grow if ckpt is not None and ckpt.step > status.grow_after_step else None
 
 
-def _resize(plan: Plan, spec: MixedPrecisionJobSpec, resize: elastic.Resize, when: When) -> None:
+def _resize(plan: Plan, spec: MixedPrecisionJobSpec, resize: elastic.Resize, when: When, *, job: int) -> None:
     """End the attempt for a size change and record the next one, whose Job is created once the
-    ended attempt's pods are gone (they get SIGTERM: a trainer checkpoints before it stops)."""
+    ended attempt's pods (its Job `job`) are gone (they get SIGTERM: a trainer checkpoints first)."""
     current = plan.status.attempts[-1]
-    plan.delete.append(current.index)
+    plan.delete.append(job)
     plan.status.grow_after_step = None
     outcome = AttemptOutcome(None, message=resize.why, resize=resize)
     lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)

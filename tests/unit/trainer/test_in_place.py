@@ -27,6 +27,10 @@ def digest(ckpt: Path) -> str:
     return hashlib.sha256((ckpt / "step-000000050" / "state.pt").read_bytes()).hexdigest()
 
 
+def changed_fields(line: dict) -> dict:
+    return {k: v for k, v in line.items() if k not in ("event", "time", "rank")}
+
+
 @pytest.mark.process
 def test_an_fp16_overflow_goes_on_in_bf16_in_the_same_process_and_ends_as_a_restart_does(tmp_path: Path) -> None:
     # The restart path: attempt 0 ends NumericFault, attempt 1 starts in bf16 from its checkpoint.
@@ -48,6 +52,8 @@ def test_an_fp16_overflow_goes_on_in_bf16_in_the_same_process_and_ends_as_a_rest
     assert "the precision is at fault" in changed["message"]
     report = inplace.report
     assert report is not None and report.precision == "bf16" and report.start_step == resumed_from.step
+    # the report lists the change too: an operator that read none of it still records it
+    assert [c.model_dump(by_alias=True) for c in report.precision_changes] == [changed_fields(changed)]
 
     assert digest(tmp_path / "inplace" / "ckpt") == digest(tmp_path / "restart" / "ckpt")
     ours, theirs = final_state(tmp_path / "inplace" / "ckpt"), final_state(tmp_path / "restart" / "ckpt")

@@ -17,7 +17,7 @@ import torch
 
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.faults import GuardRule
-from mpjob_contract.report import CheckpointRef, Counters, Measurement, Replay, TerminationReport
+from mpjob_contract.report import CheckpointRef, Counters, InPlaceChange, Measurement, Replay, TerminationReport
 from mpjob_contract.skipping import Skipped
 from mpjob_trainer.errors import ConfigError, NonFiniteInFp32, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
@@ -36,6 +36,7 @@ class Standing:
     measurement: Measurement | None = None
     loss_scales: list[tuple[int, float]] = field(default_factory=list)
     skipped: Skipped | None = None
+    precision_changes: list[InPlaceChange] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
         measurement=standing.measurement,
         loss_scales=standing.loss_scales,
         skipped=standing.skipped,
+        precision_changes=standing.precision_changes,
         rule=ending.rule,
         message=ending.message,
     )

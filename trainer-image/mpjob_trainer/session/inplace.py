@@ -14,8 +14,11 @@ verdict (the replay agrees it), so every rank, in step:
 
 The result is the restart path's, bit for bit: a restarted attempt loads the same checkpoint
 (weights, optimizer, scheduler, generators) and its loop runs the same steps. The change is
-logged as `precisionChanged` (the new attempt's index, the fault, the seconds from detection
-to training again), which `mpjob run` records as an attempt with `inPlace: true`.
+told three ways (report.InPlaceChange: the new attempt's index, the fault, the seconds from
+detection to training again): a `precisionChanged` line, which `mpjob run` records as an
+attempt with `inPlace: true`; a series of the metrics endpoint, which the operator records the
+same way, the attempt's metrics moving to the new attempt and precision labels; and the
+termination report's list, so an operator that read none of it still records every change.
 
 Not in place (the attempt ends, and the operator restarts it as before): a sharded model
 (FSDP2 fixes its MixedPrecisionPolicy when it wraps), a loop that re-enters a framework, a
@@ -31,6 +34,7 @@ from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
 from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.policy import FaultPolicy
+from mpjob_contract.report import InPlaceChange
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.interval import Cadence
@@ -58,6 +62,8 @@ class InPlace:
         self.why_not: str | None = None
         #: The step the newest in-place attempt started from (None: no change made).
         self.started_at: int | None = None
+        #: The changes made, oldest first (the termination report lists them).
+        self.changes: list[InPlaceChange] = []
 
     def can(self, fault: NumericFault) -> bool:
         """May `fault` (the precision's, by the replay's verdict) be answered in place?"""
@@ -81,15 +87,17 @@ class InPlace:
         self.cadence.repromote_after = target.repromote_after_steps  # as the planner gives a restart
         self.attempt, self.started_at = self.attempt + 1, start
         self.context.metrics.trip(fault.rule)
-        self.context.log(
-            "precisionChanged",
+        change = InPlaceChange(
             attempt=self.attempt,
             step=step,
-            startStep=start,
-            fromPrecision=previous,
-            toPrecision=precision,
+            start_step=start,
+            from_precision=previous,  # type: ignore[arg-type]
+            to_precision=precision,  # type: ignore[arg-type]
             rule=str(fault.rule),
             message=f"{fault.rule}: {fault}",  # as the restart path's report words it
-            recoverySeconds=round(time.monotonic() - detected, 3),
+            recovery_seconds=round(time.monotonic() - detected, 3),
         )
+        self.changes.append(change)
+        self.context.metrics.changed(change)
+        self.context.log("precisionChanged", **change.model_dump(by_alias=True))
         return start

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.policy import FaultPolicy
-from mpjob_contract.report import Replay
+from mpjob_contract.report import InPlaceChange, Replay
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
@@ -36,6 +36,11 @@ class Recovery:
     def started_at(self) -> int | None:
         """The start step of the attempt the processes train now, when a change in place began it."""
         return self.in_place.started_at if self.in_place is not None else None
+
+    @property
+    def changes(self) -> list[InPlaceChange]:
+        """The fallbacks made in place so far, oldest first."""
+        return list(self.in_place.changes) if self.in_place is not None else []
 
     @property
     def replayed(self) -> Replay | None:

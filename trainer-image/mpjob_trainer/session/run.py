@@ -296,4 +296,5 @@ class Session:
             measurement=self._measurement,
             loss_scales=self._intervals.scales.points,
             skipped=self._rung.skipped(),
+            precision_changes=self._recovery.changes,
         )

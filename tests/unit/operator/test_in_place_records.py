@@ -1,0 +1,142 @@
+"""The operator's record of fallbacks made in place: a change read from the running attempt's
+metrics (or, when no read caught it, from its Job's termination report) ends the attempt as a
+restart's fault would and begins the next one in the same Job, once; the Job is never deleted
+or created for it; the attempts' GPU-seconds split the Job's time; the read parses the
+trainer's series and drops what the trainer could not have written."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mpjob.controller.exposition import parse
+from mpjob.controller.progress import changes_found, figures
+from mpjob.planning import history
+from mpjob.planning.cost import seen_usage
+from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob_contract import metrics as tm
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationReport
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+MESSAGE = "MaxNonFiniteLosses: 5 non-finite losses in this attempt; fp32 replayed steps 43-46 finitely"
+
+
+def spec(**over: object) -> MixedPrecisionJobSpec:
+    doc = {"task": {"builtin": "gpt"}, "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]}, **over}
+    return MixedPrecisionJobSpec.model_validate(doc)
+
+
+def change(attempt: int = 1, *, source: str = "fp16", to: str = "bf16", step: int = 50) -> InPlaceChange:
+    return InPlaceChange.model_validate(
+        {"attempt": attempt, "step": step, "startStep": 40, "fromPrecision": source, "toPrecision": to,
+         "rule": "MaxNonFiniteLosses", "message": MESSAGE, "recoverySeconds": 0.25}
+    )  # fmt: skip
+
+
+def running(started: datetime = NOW - timedelta(seconds=100), *, ended: str | None = None, report: str = "") -> JobView:
+    alive = ended is None
+    pod = PodView(
+        "p0", 0, "Running" if alive else "Succeeded", alive=alive, exit_code=None if alive else 0,
+        started_at=started.isoformat(), finished_at=None if alive else NOW.isoformat(), termination_message=report,
+    )  # fmt: skip
+    return JobView(0, finished=ended, pods=(pod,))
+
+
+def started(s: MixedPrecisionJobSpec) -> MixedPrecisionJobStatus:
+    first = reconcile(s, MixedPrecisionJobStatus(), 1, {}, NOW - timedelta(seconds=100)).status
+    return reconcile(s, first, 1, {0: running()}, NOW - timedelta(seconds=90)).status
+
+
+def test_a_change_read_ends_the_attempt_and_begins_the_next_in_the_same_job() -> None:
+    s = spec(resources={"gpusPerWorker": 1})
+    plan = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change()])
+    first, second = plan.status.attempts
+    assert (first.reason, first.end_step, first.precision) == (Reason.NUMERIC_FAULT.value, 50, "fp16")
+    assert (second.index, second.precision, second.start_step, second.in_place) == (1, "bf16", 40, True)
+    assert second.recovery_seconds == 0.25 and second.finish_time is None
+    assert (plan.status.attempt, plan.status.precision, plan.status.phase) == (1, "bf16", "Running")
+    assert plan.create == [] and plan.delete == []  # no Job made or ended for it
+    assert plan.fallbacks == [("fp16", "bf16")]
+    assert any(e.reason == "PrecisionFallback" for e in plan.events)
+    assert first.message.startswith("MaxNonFiniteLosses: 5 non-finite losses")
+    assert first.gpu_seconds == pytest.approx(100.0)  # the Job's time so far: its pod, one GPU
+    assert history.job_index(plan.status, 1) == 0
+
+
+def test_a_change_read_again_after_an_operator_restart_is_recorded_once() -> None:
+    s = spec()
+    once = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change()]).status
+    again = reconcile(s, once, 1, {0: running()}, NOW + timedelta(seconds=5), changes=[change()])
+    assert [a.index for a in again.status.attempts] == [0, 1] and again.events == []
+    assert again.create == [] and again.delete == []
+
+
+def test_a_change_that_does_not_follow_the_running_attempt_changes_nothing() -> None:
+    s = spec()
+    status = started(s)
+    for other in (change(2), change(1, source="bf16", to="fp32")):
+        plan = reconcile(s, status, 1, {0: running()}, NOW, changes=[other])
+        assert [a.index for a in plan.status.attempts] == [0] and plan.status.precision == "fp16"
+
+
+def test_changes_no_read_caught_are_recorded_from_the_report_before_the_ending() -> None:
+    s = spec(resources={"gpusPerWorker": 1})
+    ref = CheckpointRef(step=100, path="/ckpt/step-100", sha256="ab", precision="fp32")
+    report = TerminationReport(
+        reason=Reason.SUCCEEDED, step=100, start_step=40, precision="fp32", last_good_checkpoint=ref,
+        precision_changes=[change(), change(2, source="bf16", to="fp32", step=60)],
+    ).to_message()  # fmt: skip
+    plan = reconcile(s, started(s), 1, {0: running(ended="Complete", report=report)}, NOW)
+    assert [(a.precision, a.reason, a.in_place) for a in plan.status.attempts] == [
+        ("fp16", "NumericFault", None),
+        ("bf16", "NumericFault", True),
+        ("fp32", "Succeeded", True),
+    ]
+    assert plan.status.phase == "Succeeded" and plan.create == []
+    assert sum(a.gpu_seconds or 0 for a in plan.status.attempts) == pytest.approx(100.0)  # the one Job's time
+
+
+def test_the_in_place_attempt_is_charged_what_its_job_ran_after_the_one_before() -> None:
+    s = spec(resources={"gpusPerWorker": 2})
+    status = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change()]).status
+    status.attempts[1].finish_time = (NOW + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    usage = seen_usage(status, {0: running()}, s, NOW + timedelta(seconds=60))
+    assert usage == {1: pytest.approx(2 * 160.0 - status.attempts[0].gpu_seconds)}
+    assert status.attempts[0].gpu_seconds == pytest.approx(200.0)
+
+
+def exposition(*series: str) -> str:
+    head = f"# HELP {tm.PRECISION_CHANGE} in place\n# TYPE {tm.PRECISION_CHANGE} gauge\n"
+    return head + "".join(f"{tm.PRECISION_CHANGE}{{{labels}}} 0.25\n" for labels in series)
+
+
+GOOD = 'job="j",namespace="n",to_attempt="1",step="50",start_step="40",from_precision="fp16",to_precision="bf16",'
+GOOD += f'rule="MaxNonFiniteLosses",message="{MESSAGE}"'
+
+
+def test_a_read_parses_the_trainers_change_series() -> None:
+    found = figures(parse(exposition(GOOD)), precision="fp16")
+    assert changes_found(found) == [change()]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        GOOD.replace('to_attempt="1"', 'to_attempt="0"'),  # no attempt begins at 0
+        GOOD.replace('step="50"', 'step="-3"'),
+        GOOD.replace('to_precision="bf16"', 'to_precision="fp4"'),
+        GOOD.replace('rule="MaxNonFiniteLosses"', 'rule="rm -rf /"'),
+        GOOD.replace('start_step="40"', 'start_step="9999999999999999999"'),
+    ],
+)
+def test_a_change_series_the_trainer_could_not_have_written_is_no_change(hostile: str) -> None:
+    assert changes_found(figures(parse(exposition(hostile)), precision="fp16")) == []
+
+
+def test_a_long_message_is_cut_not_refused() -> None:
+    found = changes_found(figures(parse(exposition(GOOD.replace(MESSAGE, "x" * 5000))), precision="fp16"))
+    assert len(found) == 1 and len(found[0].message) == 512

@@ -1,0 +1,44 @@
+"""A fallback made in place, as the trainer's metrics endpoint tells it: the change's series (what
+the operator records the new attempt from, parsed by its own reader) and every attempt series
+moved to the new attempt and precision labels, its start step the change's."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from mpjob.controller.exposition import parse
+from mpjob.controller.progress import changes_found, figures
+from mpjob_contract import metrics as names
+from mpjob_contract.report import InPlaceChange
+from mpjob_trainer.metrics import TrainerMetrics
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_change_is_a_series_the_operator_reads_and_the_attempt_series_move_to_its_labels() -> None:
+    metrics = TrainerMetrics("j", "ns", attempt=0, precision="fp16")
+    metrics.step.set(50)
+    metrics.total_steps.set(80)
+    metrics.overflow_steps.inc(3)
+    made = InPlaceChange(
+        attempt=1, step=50, start_step=40, from_precision="fp16", to_precision="bf16",
+        rule="MaxNonFiniteLosses", message='5 non-finite losses; "quoted" \\ and more', recovery_seconds=0.02,
+    )  # fmt: skip
+    metrics.changed(made)
+
+    new = {"job": "j", "namespace": "ns", "attempt": "1", "precision": "bf16"}
+    old = {**new, "attempt": "0", "precision": "fp16"}
+    value = metrics.registry.get_sample_value
+    assert value(names.STEP, new) == 50 and value(names.TOTAL_STEPS, new) == 80
+    assert value(names.START_STEP, new) == 40  # where the new attempt began, not the launch's 0
+    assert value(names.INFO, new) == 1 and value(names.INFO, old) is None
+    assert value(names.OVERFLOW_STEPS + "_total", new) == 0  # a new attempt's counters start afresh
+    assert value(names.STEP, old) is None
+
+    text = generate_latest(metrics.registry).decode()
+    assert changes_found(figures(parse(text), precision="bf16")) == [made]
+
+    metrics.changed(made.model_copy(update={"attempt": 2, "from_precision": "bf16", "to_precision": "fp32"}))
+    found = changes_found(figures(parse(generate_latest(metrics.registry).decode()), precision="fp32"))
+    assert [(c.attempt, c.to_precision) for c in found] == [(1, "bf16"), (2, "fp32")]  # both kept, in order
