@@ -60,7 +60,7 @@ def seen_usage(
     Attempts begun in place share their chain's Job: each is charged what the Job's pods ran
     beyond the figures of the attempts before it in that Job (changes first seen in the Job's
     report end together: the first of them is charged the Job's time)."""
-    gpus, usage = spec.resources.gpus_per_worker, {}
+    gpus, usage = spec.resources.gpus_per_worker, dict[int, float]()
     for attempt in status.attempts:
         job = jobs.get(attempt.index) or jobs.get(history.job_index(status, attempt.index))
         if attempt.finish_time is None or attempt.gpu_seconds is not None or job is None:

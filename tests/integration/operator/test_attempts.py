@@ -21,6 +21,7 @@ def test_fp16_overflow_falls_back_to_bf16_and_succeeds(
     jobs.pvc("ckpt")
     spec = gpt_spec("ckpt")
     spec["task"]["args"] = OVERFLOW
+    spec["precision"]["inPlace"] = False  # the restart path (test_in_place.py has the other)
     jobs.create("recover", spec)
     status = jobs.wait_phase("recover", ("Succeeded", "Failed"), 240)
     assert status["phase"] == "Succeeded", status

@@ -1,10 +1,11 @@
 """docs/tutorial.md, part 7, on the real control plane: the tutorial's manifest applied with
 kubectl as the page says (the test node runs the image's command with this interpreter for the
-image's `python` and the example's own train.py), the fp16 -> bf16 story, and `mpjob status` printing
-the summary the page shows."""
+image's `python` and the example's own train.py), the fp16 -> bf16 story (in place: one Job),
+and `mpjob status` printing the summary the page shows."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,5 +53,7 @@ def test_the_tutorial_manifest_falls_back_on_the_cluster_and_status_tells_it(
     assert lines[0] == f"{namespace}/tutorial: Succeeded in bf16 at step 80"
     assert lines[1].startswith(f"  attempt 0: fp16 steps 0-{first['endStep']} NumericFault (MaxNonFiniteLosses: ")
     assert "the precision is at fault" in lines[1]
-    assert lines[2:4] == ["  attempt 1: bf16 steps 40-80 Succeeded", "  recoveries: 1 (fp16 -> bf16)"]
+    assert re.fullmatch(r"  attempt 1: bf16 steps 40-80, back in \d+\.\d+ s in place Succeeded", lines[2]), lines[2]
+    assert lines[3] == "  recoveries: 1 (fp16 -> bf16)"
+    assert second["inPlace"] is True and jobs.attempt_jobs("tutorial") == ["tutorial-a0"]  # one pod, both attempts
     assert lines[-1] == f"  plot: {tmp_path / 't.png'}"

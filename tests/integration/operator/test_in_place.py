@@ -1,0 +1,65 @@
+"""Recovery in place on the real control plane (spec.precision.inPlace): the tutorial's fp16
+overflow goes on in bf16 inside the attempt's pod, and the operator records it as the restart
+path's attempt (inPlace, recoverySeconds, the same Events and columns), with one Job for the
+whole fp16 -> bf16 -> Succeeded story; with inPlace false the same job restarts in a second
+Job. Both end with the same final weights, bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.integration.operator.conftest import Jobs, Operator
+
+pytestmark = pytest.mark.integration
+
+TUTORIAL = Path(__file__).resolve().parents[3] / "examples" / "tutorial"
+CLAIM = "in-place-claim"
+
+
+def tutorial(in_place: bool) -> dict[str, Any]:
+    spec = yaml.safe_load((TUTORIAL / "tutorial.yaml").read_text())["spec"]
+    spec["task"]["command"] = [sys.executable, str(TUTORIAL / "train.py"), *spec["task"]["command"][2:]]
+    spec["precision"]["inPlace"] = in_place
+    spec["checkpoint"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
+    return spec
+
+
+def final_weights(jobs: Jobs, kubeconfig: str, name: str) -> str:
+    (state,) = jobs.checkpoints(kubeconfig, CLAIM, name).glob("step-000000080/state.pt")
+    return hashlib.sha256(state.read_bytes()).hexdigest()
+
+
+def reasons(api_client: client.ApiClient, namespace: str, name: str) -> list[str]:
+    listed = client.CoreV1Api(api_client).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return [e.reason for e in listed.items]
+
+
+def test_a_fallback_in_place_is_one_job_recorded_as_a_restart_would_be_and_ends_bit_identical(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str, api_client: client.ApiClient
+) -> None:
+    jobs.pvc(CLAIM)
+    jobs.create("inplace", tutorial(True))
+    jobs.create("restart", tutorial(False))
+    done = {name: jobs.wait_phase(name, ("Succeeded", "Failed"), 300) for name in ("inplace", "restart")}
+    for status in done.values():
+        assert (status["phase"], status["precision"], status["step"]) == ("Succeeded", "bf16", 80), status
+        first, second = status["attempts"]
+        assert (first["precision"], first["reason"], second["precision"]) == ("fp16", "NumericFault", "bf16")
+        assert second["startStep"] == 40
+    moved, restarted = done["inplace"]["attempts"][1], done["restart"]["attempts"][1]
+    assert moved["inPlace"] is True and "inPlace" not in restarted
+    assert 0 <= moved["recoverySeconds"] < 30  # the trainer's figure: fault detected to training again
+    assert jobs.attempt_jobs("inplace") == ["inplace-a0"]  # the pod trained both attempts
+    assert jobs.attempt_jobs("restart") == ["restart-a0", "restart-a1"]
+    assert done["inplace"]["attemptCounts"]["charged"] == done["restart"]["attemptCounts"]["charged"] == 2
+    assert {"PrecisionFallback", "AttemptEnded"} <= set(reasons(api_client, namespace, "inplace"))
+    cost = done["inplace"]["cost"]
+    assert cost["gpuSeconds"] == 0 and done["inplace"]["attempts"][0]["wastedSteps"] == 10  # steps 40-50 again
+    assert final_weights(jobs, kubeconfig, "inplace") == final_weights(jobs, kubeconfig, "restart")
