@@ -3,14 +3,13 @@ the smaller GPT the tests use): attempts[].recoverySeconds of the bf16 attempt e
 side, and the restart path broken down from the trainers' own event lines (target: in place
 <= 1 s on 2 CPU cores).
 
-    PYTHONPATH=. uv run --no-sync python bench/recovery.py [--runs 3]
+    PYTHONPATH=. uv run --no-sync python bench/recovery.py [--runs 3] [--cluster]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,23 +70,20 @@ def breakdown(out: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    runs = parser.parse_args().runs
+    parser.add_argument("--cluster", action="store_true", help="also on the test control plane (recovery_cluster.py)")
+    args = parser.parse_args()
     rows: dict[str, list[dict[str, float]]] = {"in place": [], "restart": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for k in range(runs):
+        for k in range(args.runs):
             for label, in_place in (("in place", True), ("restart", False)):
                 folder = Path(tmp) / f"{label.replace(' ', '-')}-{k}"
                 folder.mkdir()
                 rows[label].append(run(folder, in_place=in_place))
-    for label, figures in rows.items():
-        for key in figures[0]:
-            values = [f[key] for f in figures]
-            each = ", ".join(f"{v:.3f}" for v in values)
-            print(f"{label:9s} {key}: median {statistics.median(values):.3f} s (runs: {each})")
-    ratio = statistics.median(f["recoverySeconds"] for f in rows["in place"]) / statistics.median(
-        f["recoverySeconds"] for f in rows["restart"]
-    )
-    print(f"in place / restart: {ratio:.2f}x")
+    from bench.recovery_cluster import measure, show  # the cluster's side imports this file's JOB
+
+    show(rows, "mpjob run")
+    if args.cluster:
+        show(measure(args.runs), "cluster")
 
 
 if __name__ == "__main__":

@@ -222,6 +222,7 @@ class PrecisionChanged(TrainerEvent):
     rule: str
     message: str
     recovery_seconds: float = Field(alias="recoverySeconds")
+    at: float | None = None
 
 
 class Repromote(TrainerEvent):

@@ -63,7 +63,16 @@ QUARANTINED_STEP_LABELS = ("step", "cause", "samples")
 #: series carry the job's labels only (job, namespace), so an attempt's relabel keeps them: the
 #: operator records a change it reads here as the restart path's attempt entry.
 PRECISION_CHANGE = PREFIX + "precision_change"
-PRECISION_CHANGE_LABELS = ("to_attempt", "step", "start_step", "from_precision", "to_precision", "rule", "message")
+PRECISION_CHANGE_LABELS = (
+    "to_attempt",
+    "step",
+    "start_step",
+    "from_precision",
+    "to_precision",
+    "rule",
+    "message",
+    "at",
+)
 #: `auto` attempts: seconds per step measured on the node, by candidate precision (label
 #: `candidate`; -1 = it went non-finite); the chosen one is the attempt's `precision` label.
 MEASURED_STEP_SECONDS = PREFIX + "measured_step_seconds"

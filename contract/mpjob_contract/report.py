@@ -122,7 +122,7 @@ class Measurement(_Model):
 class InPlaceChange(_Model):
     """A fallback the trainer's processes made in place (spec.precision.inPlace): attempt
     `attempt - 1` ended at `step` on its fault (`rule`, `message`), and attempt `attempt` trains
-    in `toPrecision` from `startStep`, `recoverySeconds` after the fault was detected. The
+    in `toPrecision` from `startStep` since `at`, `recoverySeconds` after the fault was detected. The
     trainer says it three ways, each checked here: its `precisionChanged` event line, its
     metrics endpoint (metrics.PRECISION_CHANGE) and its termination report."""
 
@@ -134,6 +134,9 @@ class InPlaceChange(_Model):
     rule: str = Field(max_length=64, pattern=r"^[A-Za-z0-9]+$")
     message: str = ""
     recovery_seconds: Finite = Field(alias="recoverySeconds", ge=0, le=MAX_REPORT_INT)
+    #: When the new attempt began (Unix seconds, the trainer's clock): where its time is split
+    #: from the attempt before it (None: not said; the reader's moment then).
+    at: Finite | None = Field(None, ge=0, le=MAX_REPORT_INT)
 
     @field_validator("message")
     @classmethod

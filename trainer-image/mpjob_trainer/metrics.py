@@ -234,7 +234,7 @@ class TrainerMetrics:
         under the attempt it began (`relabel`)."""
         fields = change.model_dump(mode="json")
         values = {name: str(fields[name]) for name in names.PRECISION_CHANGE_LABELS if name in fields}
-        values["to_attempt"] = str(change.attempt)
+        values["to_attempt"], values["at"] = str(change.attempt), "" if change.at is None else str(change.at)
         job = {"job": self.labels["job"], "namespace": self.labels["namespace"]}
         self.precision_change.labels(**job, **values).set(change.recovery_seconds)
         self.relabel(change.to_precision, attempt=change.attempt)

@@ -52,6 +52,8 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 CHECKPOINT_PRECISIONS = ("fp8", *PRECISIONS)
 #: A skipped step's label as quarantined_step writes it (a JSON-safe index, like MAX_VALUE).
 STEP_LABEL = re.compile(r"^\d{1,15}$")
+#: A moment as precision_change labels it: Unix seconds, or empty when the trainer said none.
+MOMENT_LABEL = re.compile(r"^(\d{1,12}(\.\d{1,6})?)?$")
 #: The most metric samples one exposition may hold before the rest is ignored.
 MAX_SAMPLES = 10_000
 #: Figures beyond this are not readings (and no JSON number a status may hold exactly).
@@ -133,9 +135,12 @@ def _skipped(labels: dict[str, str]) -> SkippedStep | None:
 
 def _changed(labels: dict[str, str], seconds: float) -> InPlaceChange | None:
     """A precision_change series as the change it names (checked as a report's), else None."""
-    fields = {name: labels.get(name, "") for name in tm.PRECISION_CHANGE_LABELS}
-    if not all(STEP_LABEL.match(fields[name]) for name in ("to_attempt", "step", "start_step")):
+    fields: dict[str, str | None] = {name: labels.get(name, "") for name in tm.PRECISION_CHANGE_LABELS}
+    if not all(STEP_LABEL.match(fields[name] or "") for name in ("to_attempt", "step", "start_step")):
         return None
+    if not MOMENT_LABEL.match(fields["at"] or ""):
+        return None
+    fields["at"] = fields["at"] or None
     try:
         return InPlaceChange.model_validate({**fields, "attempt": fields["to_attempt"], "recovery_seconds": seconds})
     except ValidationError:

@@ -12,6 +12,7 @@ Suspended and uncharged (`planning/charging.py`), as runPolicy.suspend on a clus
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -33,6 +34,17 @@ def logged_events(folder: Path) -> list[events.TrainerEvent]:
         return []
     with path.open(errors="replace") as lines:
         return [event for line in lines if (event := events.parse_line(line)) is not None]
+
+
+def attributed(
+    logged: list[events.TrainerEvent], index: int, precision: str
+) -> Iterator[tuple[int, str, events.TrainerEvent]]:
+    """Each line with the attempt it belongs to: a log begins with attempt `index` in
+    `precision`, and every `precisionChanged` line (its own included) begins the attempt it names."""
+    for event in logged:
+        if isinstance(event, events.PrecisionChanged):
+            index, precision = event.attempt, event.to_precision
+        yield index, precision, event
 
 
 def last_step(logged: list[events.TrainerEvent], *, start_step: int) -> int:

@@ -29,11 +29,11 @@ from mpjob.localrun.readings import reading_of
 from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.series import Point, RunSeries
 from mpjob.localrun.workers import Workers
-from mpjob.planning import cost, reported
+from mpjob.planning import cost, history, inplace, reported
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.inplace import changed_in_place, in_place_targets, of_line
+from mpjob.planning.inplace import in_place_targets, of_line
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import observe
 from mpjob.planning.planner import StartAttempt, first_attempt
@@ -127,9 +127,12 @@ class LocalRun:
     def _killed(self, attempt: AttemptStatus) -> None:
         """End the attempt a killed runner left running from the event lines it left (`leftover`):
         where it began, the steps it trained, the checkpoints it committed; as Ctrl-C ends one."""
-        logged = leftover.logged_events(self.paths.attempt(attempt.index))
-        for event in logged:
-            self._absorb(attempt.index, attempt.precision, event)
+        owner = next(a for a in self.status.attempts if a.index == history.job_index(self.status, attempt.index))
+        logged = leftover.logged_events(self.paths.attempt(owner.index))  # one begun in place: its chain's
+        for index, precision, event in leftover.attributed(logged, owner.index, owner.precision):
+            if isinstance(event, events.PrecisionChanged):
+                self._changed_in_place(event, live=False)
+            self._absorb(index, precision, event)
         known = self.status.last_checkpoint.step if self.status.last_checkpoint else -1
         if (unlogged := leftover.committed_after(self.paths.checkpoints, known)) is not None:
             self._absorb(attempt.index, attempt.precision, unlogged)  # committed, its line not yet copied
@@ -228,7 +231,7 @@ class LocalRun:
         if self._watch is not None:
             self._watch.seen(event)
         if isinstance(event, events.PrecisionChanged):
-            self._changed_in_place(start, event)
+            self._changed_in_place(event)
         if isinstance(event, events.DataSkipped) and event.steps:
             spans = describe_ranges(event.samples) or "not named"
             steps, back = describe_steps(event.steps), event.from_step
@@ -237,23 +240,25 @@ class LocalRun:
             times = reported.step_times(event.step_seconds)
             self.view.info(f"auto measured {times} per step: training in {event.chosen}")
 
-    def _changed_in_place(self, start: StartAttempt, line: events.PrecisionChanged) -> None:
-        """The trainers fell back in their processes: the attempt ends and the next one begins."""
-        if (change := of_line(line)) is None:
+    def _changed_in_place(self, line: events.PrecisionChanged, *, live: bool = True) -> None:
+        """The trainers fell back in their processes (`live`, or as a killed run's log says): the
+        attempt ends and the next one begins, once."""
+        current, change = self.status.attempts[-1], of_line(line)
+        if change is None:
             return  # not a change the trainer could have made: the attempt's end will tell
-        self._charge_time()
+        if live:
+            self._charge_time()
         plan, when = self._transition()
-        capability, folder = LOCAL_CAPABILITY, self.checkpoint_dir
-        nxt = changed_in_place(
-            plan, self.spec, attempt=start, change=change, when=when, capability=capability, checkpoint_dir=folder
-        )
+        local = {"capability": LOCAL_CAPABILITY, "checkpoint_dir": self.checkpoint_dir}
+        if (nxt := inplace.record(plan, self.spec, [change], when, **local)) is None:  # type: ignore[arg-type]
+            return
         cost.account(self.status, self.spec, self.gpu_seconds)
-        self.series.end_attempt(start.index, change.step, Reason.NUMERIC_FAULT.value)
-        self.view.attempt_ended(start.index, start.precision, Reason.NUMERIC_FAULT.value, change.message)
-        if nxt is not None:
-            self.view.fallback(start.precision, nxt.precision, nxt.start_step, Reason.NUMERIC_FAULT.value)
+        self.series.end_attempt(current.index, change.step, Reason.NUMERIC_FAULT.value)
+        self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
+        if live:
+            self.view.attempt_ended(current.index, current.precision, Reason.NUMERIC_FAULT.value, change.message)
+            self.view.fallback(current.precision, nxt.precision, nxt.start_step, Reason.NUMERIC_FAULT.value)
             self._current = nxt
-            self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
             self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")
         self._save()
 

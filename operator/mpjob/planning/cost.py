@@ -37,19 +37,23 @@ def _moment(value: str | None) -> datetime | None:
         return None
 
 
-def pod_seconds(pod: PodView, now: datetime) -> float:
+def pod_seconds(pod: PodView, now: datetime, until: datetime | None = None) -> float:
     """Seconds the pod's trainer container ran as seen: start to finish; one still running, to
-    `now`; one never seen starting (or ended with no finish time) adds nothing."""
+    `now`; one never seen starting (or ended with no finish time) adds nothing; none after
+    `until` (an attempt that ended while its pods went on in place)."""
     start = _moment(pod.started_at)
     end = now if pod.alive else _moment(pod.finished_at)
     if start is None or end is None:
         return 0.0
+    end = min(end, until) if until is not None else end
     return max(0.0, (end - start).total_seconds())
 
 
-def gpu_seconds(pods: Iterable[PodView], *, gpus_per_worker: int, now: datetime) -> float:
-    """Pods x GPUs x wall time: each pod's seconds times the GPUs it holds."""
-    return gpus_per_worker * sum(pod_seconds(pod, now) for pod in pods)
+def gpu_seconds(
+    pods: Iterable[PodView], *, gpus_per_worker: int, now: datetime, until: datetime | None = None
+) -> float:
+    """Pods x GPUs x wall time: each pod's seconds (up to `until`) times the GPUs it holds."""
+    return gpus_per_worker * sum(pod_seconds(pod, now, until) for pod in pods)
 
 
 def seen_usage(
@@ -58,8 +62,8 @@ def seen_usage(
     """GPU-seconds of the ended attempts that have no figure yet and whose Job is still seen (an
     attempt's Job outlives its ending by at least one reconcile, so each ending is seen once).
     Attempts begun in place share their chain's Job: each is charged what the Job's pods ran
-    beyond the figures of the attempts before it in that Job (changes first seen in the Job's
-    report end together: the first of them is charged the Job's time)."""
+    up to its end (the trainer's moment of the change) beyond the figures of the attempts before
+    it in that Job."""
     gpus, usage = spec.resources.gpus_per_worker, dict[int, float]()
     for attempt in status.attempts:
         job = jobs.get(attempt.index) or jobs.get(history.job_index(status, attempt.index))
@@ -70,7 +74,9 @@ def seen_usage(
             for a in status.attempts
             if job.index <= a.index < attempt.index and history.job_index(status, a.index) == job.index
         )
-        usage[attempt.index] = max(0.0, gpu_seconds(job.pods, gpus_per_worker=gpus, now=now) - before)
+        until = _moment(attempt.finish_time) if history.job_index(status, attempt.index + 1) == job.index else None
+        ran = gpu_seconds(job.pods, gpus_per_worker=gpus, now=now, until=until)  # its Job went on in place: to its end
+        usage[attempt.index] = max(0.0, ran - before)
     return usage
 
 

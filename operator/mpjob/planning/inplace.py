@@ -19,6 +19,7 @@ An attempt begun in place runs in the Job its chain of changes began with (`hist
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
@@ -92,6 +93,7 @@ def changed_in_place(
         message=change.message,
     )
     outcome = AttemptOutcome(ExitCode.NUMERIC_FAULT, report)
+    when = lc.When(moment(change.at, when.at), when.generation)  # the attempt ended when the trainer changed
     lc.conclude(
         plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability, checkpoint_dir=checkpoint_dir
     )
@@ -113,17 +115,35 @@ def of_line(line: PrecisionChanged) -> InPlaceChange | None:
         return None
 
 
-def record(plan: lc.Plan, spec: MixedPrecisionJobSpec, changes: list[InPlaceChange], when: lc.When) -> bool:
+def moment(at: float | None, now: str) -> str:
+    """The change's moment as the status writes times (`now` when not said, or said to be later:
+    another node's clock)."""
+    if at is None:
+        return now
+    said = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return min(said, now)
+
+
+def record(
+    plan: lc.Plan,
+    spec: MixedPrecisionJobSpec,
+    changes: list[InPlaceChange],
+    when: lc.When,
+    *,
+    capability: tuple[int, int] | str | None = "spec",
+    checkpoint_dir: str | None = None,
+) -> StartAttempt | None:
     """Record the changes that begin the attempt after the running one, in order (the others
-    are recorded already, or not this job's attempts); whether any was. No Job is created."""
-    recorded = False
+    are recorded already, or not this job's attempts); the last attempt begun, if any. No Job
+    or process is created for it."""
+    begun = None
     for change in changes:
         current = plan.status.attempts[-1] if plan.status.attempts else None
         if current is None or current.finish_time is not None or change.attempt != current.index + 1:
             continue
         if change.from_precision != current.precision:
             continue  # not the attempt the status holds running: a reading of something else
-        changed_in_place(plan, spec, attempt=current, change=change, when=when)
+        at = {"when": when, "capability": capability, "checkpoint_dir": checkpoint_dir}
+        begun = changed_in_place(plan, spec, attempt=current, change=change, **at) or begun  # type: ignore[arg-type]
         plan.create.clear()
-        recorded = True
-    return recorded
+    return begun

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mpjob.planning import history
 from mpjob.planning.figures import figure
-from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.timeline import (
     MAX_PRECISION_SPANS,
     MAX_SCALE_POINTS,
@@ -36,11 +37,21 @@ def reported(status: MixedPrecisionJobStatus, attempt: int, points: Sequence[tup
     if not points:
         return
     timeline = _timeline(status)
-    others = [p for p in timeline.loss_scale if p.attempt != attempt]
-    before = [p for p in others if p.attempt < attempt]
+    job = history.job_index(status, attempt)
+    chain = [a for a in status.attempts if job <= a.index <= attempt and history.job_index(status, a.index) == job]
+    others = [p for p in timeline.loss_scale if not job <= p.attempt <= attempt]
+    before = [p for p in others if p.attempt < job]
     after = [p for p in others if p.attempt > attempt]
-    own = [LossScalePoint(step=step, scale=figure(scale), attempt=attempt) for step, scale in points]
+    own = [LossScalePoint(step=s, scale=figure(v), attempt=_owner(chain, attempt, s)) for s, v in points]
     timeline.loss_scale = first_and_newest([*before, *own, *after], MAX_SCALE_POINTS)
+
+
+def _owner(chain: Sequence[AttemptStatus], attempt: int, step: int) -> int:
+    """Whose a report's point is: the reporting attempt's, or in a process that went on in place
+    (its `chain` of attempts, one Job), the newest of them in fp16 (the one precision with a
+    loss scale) begun at or before the step."""
+    scaled = [a.index for a in chain if a.precision == "fp16" and a.start_step <= step]
+    return scaled[-1] if scaled else attempt
 
 
 def live(status: MixedPrecisionJobStatus, attempt: int, step: int, scale: float) -> None:

@@ -116,8 +116,8 @@ def test_operator_killed_at_any_point_never_duplicates_an_attempt(operator: Oper
     operator.start()
     status = jobs.wait_phase("sturdy", ("Succeeded", "Failed"), 240)
     assert status["phase"] == "Succeeded"
-    assert [a["index"] for a in status["attempts"]] == [0, 1]
-    assert jobs.attempt_jobs("sturdy") == ["sturdy-a0", "sturdy-a1"]
+    assert [(a["index"], a.get("inPlace")) for a in status["attempts"]] == [(0, None), (1, True)]
+    assert jobs.attempt_jobs("sturdy") == ["sturdy-a0"]  # the fallback was made in place
 
 
 def test_suspend_then_resume_continues_from_the_checkpoint(

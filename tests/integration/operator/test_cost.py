@@ -67,10 +67,11 @@ def test_a_fallback_shows_what_it_cost_and_where_it_went(
     assert status["phase"] == "Succeeded", status
     first, second = status["attempts"]
     assert (first["precision"], first["reason"], second["precision"]) == ("fp16", "NumericFault", "bf16")
-    # GPU-seconds: 1 pod x gpusPerWorker 1 (the test nodes' fake GPUs) x the seconds it ran.
-    assert first["gpuSeconds"] > 0 and second["gpuSeconds"] > 0
+    # GPU-seconds: 1 pod x gpusPerWorker 1 (the test nodes' fake GPUs) x the seconds it ran, the
+    # one pod's time split where its trainer changed precision in place.
+    assert second["inPlace"] is True and first["gpuSeconds"] > 0 and second["gpuSeconds"] > 0
     # Wasted: the steps between the last good checkpoint (20) and the fault, trained again in bf16.
-    fault = next(e for e in pod_events(kubeconfig, namespace, "costly-a0") if e["event"] == "fault")
+    fault = next(e for e in pod_events(kubeconfig, namespace, "costly-a0") if e["event"] == "precisionChanged")
     assert second["startStep"] == 20
     assert first["wastedSteps"] == fault["step"] - 20 == first["endStep"] - second["startStep"] > 0
     share = first["gpuSeconds"] * first["wastedSteps"] / (first["endStep"] - first["startStep"])

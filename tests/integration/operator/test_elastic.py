@@ -63,7 +63,9 @@ def test_a_shrunk_job_grows_back_at_its_next_checkpoint_when_a_gpu_frees(operato
         "training": {"steps": 150, "batchSize": 4, "logEvery": 5},
         "precision": {"mode": "bf16", "fallback": ["fp32"]},
         "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
-        "elastic": {"minWorkers": 1, "waitSeconds": 3},
+        # Long enough for the scheduler's retry after the smaller attempt's pod is gone (its first
+        # try may find the GPU still taken, and backs off longer on a loaded machine).
+        "elastic": {"minWorkers": 1, "waitSeconds": 10},
         "resources": {"gpusPerWorker": 1},
     }
     jobs.create("grows", spec)

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.integration.operator.conftest import Jobs, Operator
+from tests.helpers import wait_for
+from tests.integration.operator.conftest import Jobs, Operator, pod_events
 
 pytestmark = pytest.mark.integration
 
@@ -63,3 +64,43 @@ def test_a_fallback_in_place_is_one_job_recorded_as_a_restart_would_be_and_ends_
     cost = done["inplace"]["cost"]
     assert cost["gpuSeconds"] == 0 and done["inplace"]["attempts"][0]["wastedSteps"] == 10  # steps 40-50 again
     assert final_weights(jobs, kubeconfig, "inplace") == final_weights(jobs, kubeconfig, "restart")
+
+
+SLOW: dict[str, Any] = {
+    "task": {
+        "builtin": "mlp",
+        "args": {"inputs": 8, "hidden": 16, "samples": 256, "overflowAtStep": 25},
+    },
+    "training": {"steps": 60, "batchSize": 8, "logEvery": 5},
+    "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
+    "checkpoint": {"everySteps": 10, "volume": {"persistentVolumeClaim": {"claimName": CLAIM}}},
+    "resources": {"gpusPerWorker": 0},
+}
+SLOW["task"]["args"]["stepDelay"] = {"fp16": 0.1, "bf16": 0.2}  # seconds to act before and after the change
+
+
+@pytest.mark.parametrize("down", ["before", "after"], ids=["down-during-the-change", "killed-after-recording-it"])
+def test_an_operator_killed_around_a_change_in_place_records_it_once(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str, down: str
+) -> None:
+    """Killed while the pod changes precision (the new operator finds the change in the
+    trainer's metrics, or in its report if the pod finished meanwhile), or right after it wrote
+    the change (the new one reads the same series again): either way the change is one entry."""
+    jobs.pvc(CLAIM)
+    jobs.create("slow", SLOW)
+    if down == "before":
+        jobs.wait_phase("slow", "Running", 120)
+        assert len(jobs.status("slow")["attempts"]) == 1  # the fault comes at step 25, seconds later
+        operator.kill()
+        changed = lambda: any(e["event"] == "precisionChanged" for e in pod_events(kubeconfig, namespace, "slow-a0"))  # noqa: E731
+        wait_for(changed, 120, message="the pod's change in place")
+    else:
+        wait_for(lambda: len(jobs.status("slow").get("attempts", [])) == 2, 120, message="the change recorded")
+        operator.kill()
+    operator.start()
+    status = jobs.wait_phase("slow", ("Succeeded", "Failed"), 180)
+    assert [(a["index"], a["precision"], a["reason"], a.get("inPlace")) for a in status["attempts"]] == [
+        (0, "fp16", "NumericFault", None),
+        (1, "bf16", "Succeeded", True),
+    ], status
+    assert status["attemptCounts"]["started"] == 2 and jobs.attempt_jobs("slow") == ["slow-a0"]

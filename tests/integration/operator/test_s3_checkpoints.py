@@ -70,6 +70,7 @@ def test_fp16_overflow_resumes_in_bf16_from_the_buckets_last_committed_checkpoin
     secret(jobs.core, namespace, "ckpt-keys")
     spec = s3_spec(s3_server, namespace, steps=60, every=10)
     spec["task"]["args"]["overflowAtStep"] = 25
+    spec["precision"]["inPlace"] = False  # a new pod that resumes from the bucket
     jobs.create("recover", spec)
     status = jobs.wait_phase("recover", ("Succeeded", "Failed"), 300)
     assert status["phase"] == "Succeeded", status

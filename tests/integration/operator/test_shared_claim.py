@@ -36,6 +36,7 @@ def test_two_jobs_on_one_claim_keep_their_own_checkpoints_and_resume_from_them(
 
     newer = gpt_spec("ckpt", steps=60, every=10)  # fp16, overflows at step 25
     newer["task"]["args"] = OVERFLOW
+    newer["precision"]["inPlace"] = False  # a new pod that finds its checkpoint on the shared claim
     newer["checkpoint"]["keep"] = 2
     jobs.create("newer", newer)
     done = {name: jobs.wait_phase(name, ("Succeeded", "Failed"), 300) for name in ("older", "newer")}

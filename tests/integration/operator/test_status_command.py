@@ -35,7 +35,8 @@ def test_status_sums_up_and_plots_a_job_that_fell_back(
     assert lines[0] == f"{namespace}/fell: Succeeded in bf16 at step 30"
     first, second = status["attempts"]
     assert lines[1].startswith(f"  attempt 0: fp16 steps 0-{first['endStep']} NumericFault (")
-    assert lines[2] == f"  attempt 1: bf16 steps {second['startStep']}-30 Succeeded"
+    back = f"back in {second['recoverySeconds']:.2f} s in place"  # the fallback was made in the pod
+    assert lines[2] == f"  attempt 1: bf16 steps {second['startStep']}-30, {back} Succeeded"
     assert "  recoveries: 1 (fp16 -> bf16)" in lines
     assert f"  last checkpoint: step 30 (bf16) sha256 {status['lastCheckpoint']['sha256'][:16]}" in lines
     assert lines[-1] == f"  plot: {plot}" and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -22,6 +22,7 @@ from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationRepor
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+EARLIER, LATER = NOW - timedelta(seconds=60), NOW - timedelta(seconds=30)
 MESSAGE = "MaxNonFiniteLosses: 5 non-finite losses in this attempt; fp32 replayed steps 43-46 finitely"
 
 
@@ -30,10 +31,12 @@ def spec(**over: object) -> MixedPrecisionJobSpec:
     return MixedPrecisionJobSpec.model_validate(doc)
 
 
-def change(attempt: int = 1, *, source: str = "fp16", to: str = "bf16", step: int = 50) -> InPlaceChange:
+def change(
+    attempt: int = 1, *, source: str = "fp16", to: str = "bf16", step: int = 50, at: datetime | None = None
+) -> InPlaceChange:
     return InPlaceChange.model_validate(
         {"attempt": attempt, "step": step, "startStep": 40, "fromPrecision": source, "toPrecision": to,
-         "rule": "MaxNonFiniteLosses", "message": MESSAGE, "recoverySeconds": 0.25}
+         "rule": "MaxNonFiniteLosses", "message": MESSAGE, "recoverySeconds": 0.25, "at": at and at.timestamp()}
     )  # fmt: skip
 
 
@@ -88,7 +91,8 @@ def test_changes_no_read_caught_are_recorded_from_the_report_before_the_ending()
     ref = CheckpointRef(step=100, path="/ckpt/step-100", sha256="ab", precision="fp32")
     report = TerminationReport(
         reason=Reason.SUCCEEDED, step=100, start_step=40, precision="fp32", last_good_checkpoint=ref,
-        precision_changes=[change(), change(2, source="bf16", to="fp32", step=60)],
+        precision_changes=[change(at=EARLIER), change(2, source="bf16", to="fp32", step=60, at=LATER)],
+        loss_scales=[(10, 32768.0), (45, 512.0)],  # the process's history: fp16's, attempt 0's
     ).to_message()  # fmt: skip
     plan = reconcile(s, started(s), 1, {0: running(ended="Complete", report=report)}, NOW)
     assert [(a.precision, a.reason, a.in_place) for a in plan.status.attempts] == [
@@ -97,7 +101,14 @@ def test_changes_no_read_caught_are_recorded_from_the_report_before_the_ending()
         ("fp32", "Succeeded", True),
     ]
     assert plan.status.phase == "Succeeded" and plan.create == []
-    assert sum(a.gpu_seconds or 0 for a in plan.status.attempts) == pytest.approx(100.0)  # the one Job's time
+    assert [(p.step, p.attempt) for p in plan.status.timeline.loss_scale] == [(10, 0), (45, 0)]
+    # the one Job's 100 s, split where the trainer changed: 40 s, 30 s, 30 s
+    assert [a.gpu_seconds for a in plan.status.attempts] == [
+        pytest.approx(40.0),
+        pytest.approx(30.0),
+        pytest.approx(30.0),
+    ]
+    assert plan.status.attempts[1].start_time == (NOW - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def test_the_in_place_attempt_is_charged_what_its_job_ran_after_the_one_before() -> None:
@@ -115,7 +126,7 @@ def exposition(*series: str) -> str:
 
 
 GOOD = 'job="j",namespace="n",to_attempt="1",step="50",start_step="40",from_precision="fp16",to_precision="bf16",'
-GOOD += f'rule="MaxNonFiniteLosses",message="{MESSAGE}"'
+GOOD += f'rule="MaxNonFiniteLosses",message="{MESSAGE}",at=""'
 
 
 def test_a_read_parses_the_trainers_change_series() -> None:
@@ -131,6 +142,7 @@ def test_a_read_parses_the_trainers_change_series() -> None:
         GOOD.replace('to_precision="bf16"', 'to_precision="fp4"'),
         GOOD.replace('rule="MaxNonFiniteLosses"', 'rule="rm -rf /"'),
         GOOD.replace('start_step="40"', 'start_step="9999999999999999999"'),
+        GOOD.replace('at=""', 'at="yesterday"'),
     ],
 )
 def test_a_change_series_the_trainer_could_not_have_written_is_no_change(hostile: str) -> None:

@@ -1,6 +1,7 @@
 """Hugging Face Trainer and Lightning scripts through `mpjob run`: a model that genuinely
 overflows in fp16 ends NumericFault in fp16, and the next attempt resumes in bf16 from the
-framework checkpoint the first attempt's report names, and succeeds. Both frameworks refuse
+framework checkpoint the first attempt's report names, and succeeds (a restart: the adapters
+cannot change precision in place, and the first attempt's message says why). Both frameworks refuse
 fp16 on a CPU by themselves (transformers trains fp32 silently, Lightning switches to bf16);
 the adapters run torch's CPU fp16 autocast with the attempt's GradScaler, so this runs here."""
 
@@ -36,6 +37,9 @@ def test_fp16_overflow_falls_back_to_bf16_from_the_framework_checkpoint(tmp_path
     assert (first["precision"], first["reason"], first["exitCode"]) == ("fp16", "NumericFault", 42)
     assert (second["precision"], second["reason"]) == ("bf16", "Succeeded")
     assert report["phase"] == "Succeeded" and report["step"] == 40
+    # mpjob run allowed bf16 in place; a framework's loop re-enters instead, and the message says so
+    assert first["message"].endswith("): the next attempt restarts") and "; not in place (" in first["message"]
+    assert "inPlace" not in second
 
     # The first attempt's report names the last good checkpoint: the framework's own, adopted.
     fault = TerminationReport.parse_message((out / "attempts/a0/termination-worker0.json").read_text())

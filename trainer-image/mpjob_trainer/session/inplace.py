@@ -67,10 +67,17 @@ class InPlace:
 
     def can(self, fault: NumericFault) -> bool:
         """May `fault` (the precision's, by the replay's verdict) be answered in place?"""
+        return self.why_not is None and self._allowed(fault)
+
+    def why_restart(self, ending: BaseException | None) -> str | None:
+        """Why a fallback the launch allows in place ends the attempt instead (the restart path),
+        for the attempt's message; None when it is not such a fallback."""
+        return self.why_not if isinstance(ending, NumericFault) and self._allowed(ending) else None
+
+    def _allowed(self, fault: NumericFault) -> bool:
+        """The launch names a precision to change to, and the job's policy falls back on `fault`."""
         kind = fault_of(Reason.NUMERIC_FAULT, str(fault.rule))
-        if not self.targets or self.why_not is not None or kind is None:
-            return False
-        return self.policy.decide(kind).action is FaultAction.FALL_BACK
+        return bool(self.targets) and kind is not None and self.policy.decide(kind).action is FaultAction.FALL_BACK
 
     def fall_back(self, fault: NumericFault, *, step: int, rewind: Rewind, detected: float) -> int | Exception:
         """Switch to the next precision and go back to the last good state in it: the step to run
@@ -96,6 +103,7 @@ class InPlace:
             rule=str(fault.rule),
             message=f"{fault.rule}: {fault}",  # as the restart path's report words it
             recovery_seconds=round(time.monotonic() - detected, 3),
+            at=round(time.time(), 3),
         )
         self.changes.append(change)
         self.context.metrics.changed(change)

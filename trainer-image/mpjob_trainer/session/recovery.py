@@ -85,7 +85,10 @@ class Recovery:
         precision?); anything else as it is."""
         unjudged = self.replay is not None and self.replay.replayed is None  # else the data rung judged it
         if isinstance(exc, NumericFault) and self.replay is not None and state is not None and unjudged:
-            return self.replay.judge(exc, state=state, checkpoints=checkpoints)
+            exc = self.replay.judge(exc, state=state, checkpoints=checkpoints)
+        why = self.in_place.why_restart(exc) if self.in_place is not None else None
+        if isinstance(exc, NumericFault) and why is not None:  # the attempt's message says why it restarts
+            return NumericFault(exc.rule, f"{exc}; not in place ({why}): the next attempt restarts")
         return exc
 
     # ---------------------------------------------------------------- a loop that re-enters

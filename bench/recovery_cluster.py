@@ -1,0 +1,108 @@
+"""Recovery in place vs a restart on the test control plane: bench/recovery.py's job applied as
+a MixedPrecisionJob, with spec.precision.inPlace true and false, the real trainer in the node
+agent's pods. In place, the bf16 attempt's recoverySeconds (the trainer's figure, as the
+operator recorded it); for the restart, the same span from the trainers' own event lines in the
+pods' logs: attempt 0's `fault` line to attempt 1's `resume` line, broken down at attempt 1's
+first line (pod exit, the operator's reconcile, Job and pod creation, the node's start of the
+process, imports, model build) and its resume (the checkpoint loaded).
+
+    make cluster && PYTHONPATH=. uv run --no-sync python bench/recovery_cluster.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from bench.operator_scale import connect, start_operator, stop_operator, wait_gone
+from bench.recovery import JOB
+from tests.helpers import wait_for
+
+GROUP, VERSION, PLURAL = "mpjob.dev", "v1alpha1", "mixedprecisionjobs"
+CLAIM = "recovery"
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def pod_lines(kubeconfig: str, ns: str, attempt: str) -> list[dict[str, Any]]:
+    """The trainer's event lines of an attempt Job's pod, as the node agent keeps its log."""
+    (log,) = (Path(kubeconfig).parent / "logs" / "pods").glob(f"{ns}_{attempt}-*_trainer.log")
+    return events(log)
+
+
+def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, *, in_place: bool) -> dict[str, float]:
+    spec = json.loads(json.dumps(JOB["spec"]))
+    spec["precision"]["inPlace"] = in_place
+    spec["checkpoint"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
+    custom = client.CustomObjectsApi(api)
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MixedPrecisionJob", "metadata": {"name": name}, "spec": spec}
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+    def finished() -> dict[str, Any] | None:
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    status = wait_for(finished, 600, 0.5, f"{name} to finish")
+    assert status["phase"] == "Succeeded" and [a["precision"] for a in status["attempts"]] == ["fp16", "bf16"]
+    if in_place:
+        return {"recoverySeconds": float(status["attempts"][1]["recoverySeconds"])}
+    fault = next(e["time"] for e in pod_lines(kubeconfig, ns, f"{name}-a0") if e["event"] == "fault")
+    second = pod_lines(kubeconfig, ns, f"{name}-a1")
+    first, resumed = second[0]["time"], next(e["time"] for e in second if e["event"] == "resume")
+    return {
+        "recoverySeconds": resumed - fault,
+        "fault -> next pod's first line (exit, reconcile, Job, pod, process start, imports, model build)": first
+        - fault,
+        "first line -> checkpoint loaded": resumed - first,
+    }
+
+
+def measure(runs: int) -> dict[str, list[dict[str, float]]]:
+    layout, api = connect()
+    kubeconfig, ns = str(layout.kubeconfig), f"recovery-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": ns}})
+    pvc = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": CLAIM}, "spec": pvc})
+    op = start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
+    rows: dict[str, list[dict[str, float]]] = {"in place": [], "restart": []}
+    try:
+        for k in range(runs):
+            for label, in_place in (("in place", True), ("restart", False)):
+                name = f"{label.replace(' ', '')}-{k}"
+                rows[label].append(one_job(api, kubeconfig, ns, name, in_place=in_place))
+    finally:
+        stop_operator(op)
+        core.delete_namespace(ns, propagation_policy="Foreground")
+        wait_gone(core, ns)
+    return rows
+
+
+def show(rows: dict[str, list[dict[str, float]]], where: str) -> None:
+    for label, figures in rows.items():
+        for key in figures[0]:
+            values = [f[key] for f in figures]
+            each = ", ".join(f"{v:.3f}" for v in values)
+            print(f"{where} {label:9s} {key}: median {statistics.median(values):.3f} s (runs: {each})")
+    placed, restarted = (statistics.median(f["recoverySeconds"] for f in rows[k]) for k in ("in place", "restart"))
+    print(f"{where} in place / restart: {placed / restarted:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    show(measure(parser.parse_args().runs), "cluster")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
