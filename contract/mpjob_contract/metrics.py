@@ -59,20 +59,11 @@ QUARANTINE_SAMPLES = PREFIX + "quarantine_samples"
 QUARANTINED_STEP = PREFIX + "quarantined_step"
 QUARANTINED_STEP_LABELS = ("step", "cause", "samples")
 #: Fallbacks made in place (spec.precision.inPlace; report.InPlaceChange): one series per change,
-#: value its recoverySeconds, labelled with the attempt it began and the change's fields. The
-#: series carry the job's labels only (job, namespace), so an attempt's relabel keeps them: the
-#: operator records a change it reads here as the restart path's attempt entry.
+#: value its recoverySeconds, under the labels of the attempt it began (its `attempt` and
+#: `precision`) and the change's fields; an attempt's later relabel leaves them. The operator
+#: records a change it reads here as the restart path's attempt entry.
 PRECISION_CHANGE = PREFIX + "precision_change"
-PRECISION_CHANGE_LABELS = (
-    "to_attempt",
-    "step",
-    "start_step",
-    "from_precision",
-    "to_precision",
-    "rule",
-    "message",
-    "at",
-)
+PRECISION_CHANGE_LABELS = ("step", "start_step", "from_precision", "to_precision", "rule", "message", "at")
 #: `auto` attempts: seconds per step measured on the node, by candidate precision (label
 #: `candidate`; -1 = it went non-finite); the chosen one is the attempt's `precision` label.
 MEASURED_STEP_SECONDS = PREFIX + "measured_step_seconds"

@@ -168,9 +168,8 @@ class TrainerMetrics:
         self._quarantine_metrics()
         self.precision_change = Gauge(
             names.PRECISION_CHANGE,
-            "A fallback made in place (value: its recovery seconds), labelled with the attempt it began.",
-            labelnames=["job", "namespace", *names.PRECISION_CHANGE_LABELS],
-            registry=self.registry,
+            "A fallback made in place (value: its recovery seconds), under the labels of the attempt it began.",
+            **self._on(*names.PRECISION_CHANGE_LABELS),
         )
         self.measured = Gauge(
             names.MEASURED_STEP_SECONDS,
@@ -230,15 +229,13 @@ class TrainerMetrics:
         self.guard_trips.labels(**self.labels, rule=rule).inc()
 
     def changed(self, change: InPlaceChange) -> None:
-        """The processes fell back in place: the change's series, then every attempt series
-        under the attempt it began (`relabel`)."""
-        fields = change.model_dump(mode="json")
-        values = {name: str(fields[name]) for name in names.PRECISION_CHANGE_LABELS if name in fields}
-        values["to_attempt"], values["at"] = str(change.attempt), "" if change.at is None else str(change.at)
-        job = {"job": self.labels["job"], "namespace": self.labels["namespace"]}
-        self.precision_change.labels(**job, **values).set(change.recovery_seconds)
+        """The processes fell back in place: every attempt series moves to the attempt it began
+        (`relabel`), and the change's series is set under its labels."""
         self.relabel(change.to_precision, attempt=change.attempt)
         self.start_step.set(change.start_step)
+        fields = change.model_dump(mode="json")
+        values = {name: "" if fields[name] is None else str(fields[name]) for name in names.PRECISION_CHANGE_LABELS}
+        self.precision_change.labels(**self.labels, **values).set(change.recovery_seconds)
 
     def relabel(self, precision: str, *, attempt: int | None = None) -> None:
         """Train under another `precision` label (an `auto` attempt measured its device), and

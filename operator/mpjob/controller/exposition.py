@@ -135,13 +135,13 @@ def _skipped(labels: dict[str, str]) -> SkippedStep | None:
 
 def _changed(labels: dict[str, str], seconds: float) -> InPlaceChange | None:
     """A precision_change series as the change it names (checked as a report's), else None."""
-    fields: dict[str, str | None] = {name: labels.get(name, "") for name in tm.PRECISION_CHANGE_LABELS}
-    if not all(STEP_LABEL.match(fields[name] or "") for name in ("to_attempt", "step", "start_step")):
+    fields: dict[str, str | None] = {name: labels.get(name, "") for name in ("attempt", *tm.PRECISION_CHANGE_LABELS)}
+    if not all(STEP_LABEL.match(fields[name] or "") for name in ("attempt", "step", "start_step")):
         return None
     if not MOMENT_LABEL.match(fields["at"] or ""):
         return None
     fields["at"] = fields["at"] or None
     try:
-        return InPlaceChange.model_validate({**fields, "attempt": fields["to_attempt"], "recovery_seconds": seconds})
+        return InPlaceChange.model_validate({**fields, "recovery_seconds": seconds})
     except ValidationError:
         return None

@@ -125,8 +125,8 @@ def exposition(*series: str) -> str:
     return head + "".join(f"{tm.PRECISION_CHANGE}{{{labels}}} 0.25\n" for labels in series)
 
 
-GOOD = 'job="j",namespace="n",to_attempt="1",step="50",start_step="40",from_precision="fp16",to_precision="bf16",'
-GOOD += f'rule="MaxNonFiniteLosses",message="{MESSAGE}",at=""'
+GOOD = 'job="j",namespace="n",attempt="1",precision="bf16",step="50",start_step="40",'
+GOOD += f'from_precision="fp16",to_precision="bf16",rule="MaxNonFiniteLosses",message="{MESSAGE}",at=""'
 
 
 def test_a_read_parses_the_trainers_change_series() -> None:
@@ -137,7 +137,7 @@ def test_a_read_parses_the_trainers_change_series() -> None:
 @pytest.mark.parametrize(
     "hostile",
     [
-        GOOD.replace('to_attempt="1"', 'to_attempt="0"'),  # no attempt begins at 0
+        GOOD.replace('attempt="1"', 'attempt="0"'),  # no attempt begins at 0
         GOOD.replace('step="50"', 'step="-3"'),
         GOOD.replace('to_precision="bf16"', 'to_precision="fp4"'),
         GOOD.replace('rule="MaxNonFiniteLosses"', 'rule="rm -rf /"'),

@@ -35,7 +35,7 @@ class KernelTime:
 
 
 def op_class(types: Iterable[Any]) -> str | None:
-    """"low", "fp32" or None (no floating tensor input) for an operator's input types."""
+    """ "low", "fp32" or None (no floating tensor input) for an operator's input types."""
     names = [t for t in types if isinstance(t, str)]
     if any(name.startswith(LOW) for name in names):
         return "low"
