@@ -206,20 +206,17 @@ class LocalRun:
         self._began = time.monotonic()
 
     def _follow(self, proc: subprocess.Popen[str], log: object) -> None:
+        """Worker 0's lines until it ends. Ctrl-C is a handler meanwhile, not a KeyboardInterrupt:
+        one raised wherever the line's handling stood would skip the trainers' checkpoint."""
         assert proc.stdout is not None
-        stream = iter(proc.stdout.readline, "")
-        while True:
-            try:
-                line = next(stream)
-            except StopIteration:
-                return
-            except KeyboardInterrupt:
-                self._interrupt()
-                continue
-            log.write(line)  # type: ignore[attr-defined]
-            event = events.parse_line(line)
-            if event is not None:
-                self._event(event)
+        previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt())
+        try:
+            for line in iter(proc.stdout.readline, ""):
+                log.write(line)  # type: ignore[attr-defined]
+                if (event := events.parse_line(line)) is not None:
+                    self._event(event)
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _event(self, event: events.TrainerEvent) -> None:
         """What one trainer line changes in the status and the series, and what the view shows of it."""
