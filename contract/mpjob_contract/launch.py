@@ -90,6 +90,9 @@ class AttemptLaunch(BaseModel):
     #: Workers (pods) of this attempt when spec.elastic runs it with fewer than spec.workers (None:
     #: spec.workers); its microBatch x gradAccumulation then keeps the spec's global batch.
     workers: int | None = Field(None, ge=1)
+    #: When the attempt before this one ended (its report's endedAt, Unix seconds): this one's
+    #: trainer reports its recoverySeconds from it once it has resumed (None: not a recovery).
+    recovering_since: float | None = Field(None, alias="recoveringSince", ge=0, allow_inf_nan=False)
     spec: MixedPrecisionJobSpec
 
     @model_validator(mode="after")

@@ -40,6 +40,9 @@ CHECKPOINT_COMMIT_FAILURES = PREFIX + "checkpoint_commit_failures"  # counter ->
 CHECKPOINT_RESTORE_SECONDS = PREFIX + "checkpoint_restore_seconds"  # histogram
 TOTAL_STEPS = PREFIX + "total_steps"
 START_STEP = PREFIX + "start_step"  # the step this attempt resumed from
+#: A restarted attempt: seconds from the previous attempt's end (its report's endedAt) to this
+#: one resumed (-1: not a recovery, or not resumed yet); the operator's attempts[].recoverySeconds.
+RECOVERY_SECONDS = PREFIX + "recovery_seconds"
 INFO = PREFIX + "precision"  # info-style gauge, label precision=..., value 1
 GUARD_TRIPS = PREFIX + "guard_trips"  # counter by rule -> *_total
 REPLAYS = PREFIX + "fp32_replays"  # counter by verdict (precision|data|inconclusive) -> *_total

@@ -163,6 +163,12 @@ class TerminationReport(_Model):
     #: A numeric fault's guard rule (faults.GuardRule): what spec.faultPolicy rules on.
     rule: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9]+$")
     message: str = ""
+    #: When the trainer knew the attempt ends (Unix seconds, its clock): a fault's detection, before
+    #: its fp32 replay. The next attempt's recoverySeconds counts from it.
+    ended_at: Finite | None = Field(None, alias="endedAt", ge=0, le=MAX_REPORT_INT)
+    #: The attempt's recoverySeconds: a restart's, its predecessor's end to resumed (the launch's
+    #: recoveringSince); one begun in place, its change's. None: not a recovery.
+    recovery_seconds: Finite | None = Field(None, alias="recoverySeconds", ge=0, le=MAX_REPORT_INT)
     #: The fallbacks the processes made in place before this ending, oldest first.
     precision_changes: list[InPlaceChange] = Field(
         default_factory=list, alias="precisionChanges", max_length=MAX_CHANGES

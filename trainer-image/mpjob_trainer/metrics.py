@@ -36,6 +36,7 @@ HELD_AT_START = (
     ("step", names.STEP),
     ("total_steps", names.TOTAL_STEPS),
     ("last_good_step", names.LAST_GOOD_CHECKPOINT_STEP),
+    ("recovery_seconds", names.RECOVERY_SECONDS),
 )
 
 
@@ -81,6 +82,8 @@ class TrainerMetrics:
             names.START_STEP, "The step this attempt resumed from (0 = fresh start; -1 until it has decided)."
         )
         self.start_step.set(-1)  # a read before the attempt decided must not look like a fresh start
+        self.recovery_seconds = gauge(names.RECOVERY_SECONDS, "A restarted attempt: its predecessor's end to resumed.")
+        self.recovery_seconds.set(-1)
         self.loss = gauge(names.LOSS, "Training loss at the last log interval.")
         self.loss_scale = gauge(names.LOSS_SCALE, "GradScaler loss scale (fp16 only).")
         self.overflow_steps = counter(names.OVERFLOW_STEPS, "Optimizer steps skipped for inf/NaN gradients.")
@@ -233,6 +236,7 @@ class TrainerMetrics:
         (`relabel`), and the change's series is set under its labels."""
         self.relabel(change.to_precision, attempt=change.attempt)
         self.start_step.set(change.start_step)
+        self.recovery_seconds.set(change.recovery_seconds)
         fields = change.model_dump(mode="json")
         values = {name: "" if fields[name] is None else str(fields[name]) for name in names.PRECISION_CHANGE_LABELS}
         self.precision_change.labels(**self.labels, **values).set(change.recovery_seconds)

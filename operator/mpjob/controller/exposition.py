@@ -39,6 +39,7 @@ FIGURES: tuple[tuple[str, str, Callable[[float], Any]], ...] = (
 )
 WANTED = {metric for _, metric, _ in FIGURES} | {
     tm.START_STEP,
+    tm.RECOVERY_SECONDS,
     tm.LAST_GOOD_CHECKPOINT_STEP,
     tm.QUARANTINE_STEPS,
     tm.QUARANTINE_SAMPLES,

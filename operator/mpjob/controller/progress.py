@@ -74,6 +74,7 @@ def reading_of(found: Exposition, *, attempt: int | None = None) -> Reading:
         attempt=attempt,
         **figures,
         start_step=None if start is None else (int(start) if start >= 0 else -1),
+        recovery_seconds=values.get(tm.RECOVERY_SECONDS),
         checkpoint=last_checkpoint(found),
         measured_precision=chosen,
         measured_step_seconds=seconds,
@@ -105,6 +106,8 @@ def figures(exposition: Exposition, *, precision: str | None) -> dict[str, Any]:
         found.update(precision=seen.measured_precision, measuredStepSeconds=seen.measured_step_seconds)
     if seen.start_step is not None:
         found["startStep"] = seen.start_step
+    if seen.recovery_seconds is not None:
+        found["recoverySeconds"] = seen.recovery_seconds
     if (ck := seen.checkpoint) is not None and ck.sha256:
         found["lastCheckpoint"] = {"step": ck.step, "sha256": ck.sha256, "precision": ck.precision}
     elif ck is not None:
@@ -128,6 +131,7 @@ def found_reading(found: dict[str, Any], *, attempt: int | None = None) -> Readi
         attempt=attempt,
         **{n: found[_CAMEL[n]] for n in LIVE if _CAMEL[n] in found},
         start_step=found.get("startStep"),
+        recovery_seconds=found.get("recoverySeconds"),
         checkpoint=CheckpointReading(**named) if named else (CheckpointReading(step=step) if step else None),
         measured_precision=found.get("precision"),
         measured_step_seconds=found.get("measuredStepSeconds"),

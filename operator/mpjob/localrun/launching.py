@@ -52,6 +52,7 @@ def attempt_env(
         grad_accumulation=start.grad_accumulation,
         repromote_after_steps=start.repromote_after_steps,
         workers=start.workers,
+        recovering_since=start.recovering_since,
         in_place_to=in_place_to,
         checkpoint_dir=checkpoint_dir,
         spec=job.spec,

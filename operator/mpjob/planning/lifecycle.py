@@ -9,7 +9,7 @@ conditions for the same endings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from mpjob.planning import elastic, history, skipped
@@ -260,7 +260,8 @@ def conclude(
         _fallback(plan, decision, when, result.reason.value)
     if decision.promoted_from is not None:
         _repromoted(plan, spec, decision, when)
-    begin(plan, spec, decision, when, why=result.reason.value)
+    since = report.ended_at if report is not None else None
+    begin(plan, spec, replace(decision, recovering_since=since), when, why=result.reason.value)
 
 
 def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When) -> None:

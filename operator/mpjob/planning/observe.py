@@ -14,6 +14,7 @@ The rules, written once here:
 - the trainer's own start step replaces the planned one, with an Event that says so, once per
   attempt (`startStepReported`): a start step that flaps later changes nothing;
 - an `auto` attempt takes the precision it measured (`planning/reported.py`);
+- a restarted attempt's recoverySeconds is the trainer's, written once;
 - lastCheckpoint only moves forward (or gains the sha256 of the step it holds without one);
 - status.skipped takes what the trainer's quarantine adds, each newly listed step with its
   Event (`planning/skipped.py`, the rule the attempt's end uses too).
@@ -64,6 +65,8 @@ class Reading:
     eval_loss_delta: float | None = None
     #: Where the trainer really began (negative: not decided yet).
     start_step: int | None = None
+    #: A restarted attempt's seconds from its predecessor's end to resumed (negative: not yet).
+    recovery_seconds: float | None = None
     checkpoint: CheckpointReading | None = None
     #: What an `auto` attempt measured: the precision it chose and the step times behind it.
     measured_precision: Precision | None = None
@@ -88,6 +91,8 @@ def real(reading: Reading, *, precision: str | None) -> Reading:
     only in fp16, no start step before the trainer decided it."""
     start = reading.start_step if reading.start_step is not None else 0
     kept = reading if start >= 0 else replace(reading, start_step=None)
+    if kept.recovery_seconds is not None and kept.recovery_seconds < 0:
+        kept = replace(kept, recovery_seconds=None)
     step = reading.step
     if start < 0 or step is None or step < 0 or step <= start:
         return replace(kept, **{name: None for name in LIVE})
@@ -133,6 +138,8 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
         news = start_news(current, start)
         current.start_step = start  # the trainer decides where it resumes: record that
         current.start_step_reported = True
+    if current is not None and seen.recovery_seconds is not None and current.recovery_seconds is None:
+        current.recovery_seconds = figure(seen.recovery_seconds)  # the trainer's, once: as in place
     if seen.checkpoint is not None and _newer(new.last_checkpoint, seen.checkpoint):
         ck = seen.checkpoint
         precision = ck.precision or new.precision or ""

@@ -53,6 +53,8 @@ class StartAttempt:
     #: Workers (pods) of the attempt when spec.elastic runs it with fewer than spec.workers
     #: (None: spec.workers); its batch shape then keeps the global batch (mpjob.planning.elastic).
     workers: int | None = None
+    #: When the attempt before it ended, by its trainer's clock (Unix seconds; None: not known).
+    recovering_since: float | None = None
 
     @property
     def shape(self) -> BatchShape | None:

@@ -11,7 +11,7 @@ endStep, samples or wasted steps.
 from __future__ import annotations
 
 from mpjob.planning import timeline
-from mpjob.planning.figures import round_figures
+from mpjob.planning.figures import figure, round_figures
 from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, settled
 from mpjob_contract.report import TerminationReport
 
@@ -60,6 +60,8 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     for attempt in status.attempts:
         if attempt.index == index and report.start_step is not None:  # where it began, not the plan
             attempt.start_step = report.start_step
+        if attempt.index == index and attempt.recovery_seconds is None and report.recovery_seconds is not None:
+            attempt.recovery_seconds = figure(report.recovery_seconds)  # no read caught the trainer's figure
         if attempt.index == index and report.measurement is not None:
             measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
     timeline.reported(status, index, report.loss_scales)

@@ -57,6 +57,8 @@ def test_a_fallback_in_place_is_one_job_recorded_as_a_restart_would_be_and_ends_
     moved, restarted = done["inplace"]["attempts"][1], done["restart"]["attempts"][1]
     assert moved["inPlace"] is True and "inPlace" not in restarted
     assert 0 <= moved["recoverySeconds"] < 30  # the trainer's figure: fault detected to training again
+    # the restart's, from its trainer too: the fault's detection (the report's endedAt) to resumed
+    assert moved["recoverySeconds"] < restarted["recoverySeconds"] < 120
     assert jobs.attempt_jobs("inplace") == ["inplace-a0"]  # the pod trained both attempts
     assert jobs.attempt_jobs("restart") == ["restart-a0", "restart-a1"]
     assert done["inplace"]["attemptCounts"]["charged"] == done["restart"]["attemptCounts"]["charged"] == 2

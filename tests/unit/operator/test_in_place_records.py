@@ -11,9 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.controller.exposition import parse
-from mpjob.controller.progress import changes_found, figures
+from mpjob.controller.progress import changes_found, figures, found_reading
 from mpjob.planning import history
 from mpjob.planning.cost import seen_usage
+from mpjob.planning.observe import observe
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -152,3 +153,24 @@ def test_a_change_series_the_trainer_could_not_have_written_is_no_change(hostile
 def test_a_long_message_is_cut_not_refused() -> None:
     found = changes_found(figures(parse(exposition(GOOD.replace(MESSAGE, "x" * 5000))), precision="fp16"))
     assert len(found) == 1 and len(found[0].message) == 512
+
+
+def test_a_restarted_attempt_records_the_trainers_recovery_once_from_a_read_or_its_report() -> None:
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16"], "inPlace": False})
+    fault = TerminationReport(reason=Reason.NUMERIC_FAULT, step=50, precision="fp16", ended_at=1.0e9).to_message()
+    failed = JobView(0, finished="Failed", pods=(PodView("p", 0, "Failed", alive=False, exit_code=42,
+                                                         termination_message=fault),))  # fmt: skip
+    plan = reconcile(s, started(s), 1, {0: failed}, NOW)
+    assert plan.create[0].recovering_since == 1.0e9  # the next attempt's launch counts from the fault
+    read = figures(parse(f"{tm.RECOVERY_SECONDS} 4.2\n{tm.STEP} 45\n{tm.START_STEP} 40\n"), precision="bf16")
+    assert read["recoverySeconds"] == 4.2
+    running = observe(plan.status, found_reading(read)).status
+    assert running.attempts[1].recovery_seconds == 4.2
+    again = observe(running, found_reading({**read, "recoverySeconds": 9.9})).status
+    assert again.attempts[1].recovery_seconds == 4.2  # once
+    unread = TerminationReport(reason=Reason.SUCCEEDED, step=60, precision="bf16", recovery_seconds=3.5)
+    done = JobView(1, finished="Complete", pods=(PodView("q", 0, "Succeeded", alive=False, exit_code=0,
+                                                         termination_message=unread.to_message()),))  # fmt: skip
+    ended = reconcile(s, plan.status, 1, {1: done}, NOW).status
+    assert ended.phase == "Succeeded" and ended.attempts[1].recovery_seconds == 3.5
+    assert figures(parse(f"{tm.RECOVERY_SECONDS} -1\n"), precision="bf16").get("recoverySeconds") is None

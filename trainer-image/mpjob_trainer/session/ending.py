@@ -37,6 +37,8 @@ class Standing:
     loss_scales: list[tuple[int, float]] = field(default_factory=list)
     skipped: Skipped | None = None
     precision_changes: list[InPlaceChange] = field(default_factory=list)
+    ended_at: float | None = None
+    recovery_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
         loss_scales=standing.loss_scales,
         skipped=standing.skipped,
         precision_changes=standing.precision_changes,
+        ended_at=standing.ended_at,
+        recovery_seconds=standing.recovery_seconds,
         rule=ending.rule,
         message=ending.message,
     )

@@ -83,12 +83,22 @@ class Progress:
         #: counters only go up, so each interval adds what the guard counted since the last.
         self.counted = (0, 0)
 
-    def started(self, launch: AttemptLaunch, precision: str, start_step: int, last_good: CheckpointRef | None) -> None:
-        """The "start" line and the gauges that hold for the whole attempt; opens the first window."""
+    def started(
+        self,
+        launch: AttemptLaunch,
+        precision: str,
+        start_step: int,
+        last_good: CheckpointRef | None,
+        recovered_in: float | None = None,
+    ) -> None:
+        """The "start" line and the gauges that hold for the whole attempt (`recovered_in`: a
+        restart's recoverySeconds); opens the first window."""
         m = self.metrics
         m.total_steps.set(launch.spec.training.steps)
         m.step.set(start_step)
         m.start_step.set(start_step)
+        if recovered_in is not None:
+            m.recovery_seconds.set(recovered_in)
         if last_good is not None:
             m.checkpoint_good(last_good)
         self.log(

@@ -9,6 +9,9 @@ rung handled (`judge`): every recovery decision is taken here, never by the Sess
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import InPlaceChange, Replay
@@ -31,11 +34,33 @@ class Recovery:
         self.rung = DataRung(guard, context, policy)
         self.rung.in_place = self.in_place = in_place
         self.replay: Fp32Replay | None = None
+        #: When the attempt's ending was known (Unix seconds; the report's endedAt).
+        self.ended_at: float | None = None
+        #: A restarted attempt's seconds from its predecessor's end to resumed (`resumed`).
+        self.recovered_in: float | None = None
 
     @property
     def started_at(self) -> int | None:
         """The start step of the attempt the processes train now, when a change in place began it."""
         return self.in_place.started_at if self.in_place is not None else None
+
+    def resumed(self, since: float | None) -> float | None:
+        """The attempt resumed: a restart's recoverySeconds, counted from `since` (the launch's
+        recoveringSince: when the attempt before it ended; None: not a recovery)."""
+        self.recovered_in = round(max(0.0, time.time() - since), 3) if since is not None else None
+        return self.recovered_in
+
+    def account(self, started_at: int | None) -> dict[str, Any]:
+        """What the report says of recovery (ending.Standing's fields): where the attempt the
+        processes train now began, the replay's verdict, the changes made in place, when the
+        ending was known, and the attempt's recoverySeconds (in place: its change's)."""
+        return {
+            "start_step": self.started_at if self.started_at is not None else started_at,
+            "replay": self.replayed,
+            "precision_changes": self.changes,
+            "ended_at": self.ended_at,
+            "recovery_seconds": self.changes[-1].recovery_seconds if self.changes else self.recovered_in,
+        }
 
     @property
     def changes(self) -> list[InPlaceChange]:
@@ -83,6 +108,7 @@ class Recovery:
     ) -> BaseException | None:
         """What ends the attempt: a numeric fault no rung judged is replayed in fp32 (data or
         precision?); anything else as it is."""
+        self.ended_at = time.time()  # before the replay: when the ending was known
         unjudged = self.replay is not None and self.replay.replayed is None  # else the data rung judged it
         if isinstance(exc, NumericFault) and self.replay is not None and state is not None and unjudged:
             exc = self.replay.judge(exc, state=state, checkpoints=checkpoints)

@@ -10,9 +10,8 @@ attempt (precision and modes, step arithmetic and guard, intervals, checkpoints,
 
 `end_step` before `resume` and a second `resume` are configuration errors. `register_step`
 in an `auto` attempt runs the PROBE mode once, then trains in the chosen precision; a
-numeric fault runs the REPLAY mode inside `close`; the quality gate runs EVAL at its steps.
-The one sync point per interval, and none per step: session.steps.
-"""
+numeric fault runs the REPLAY mode inside `close`; the quality gate runs EVAL at its steps; one
+sync point per interval, none per step (session.steps)."""
 
 from __future__ import annotations
 
@@ -159,7 +158,8 @@ class Session:
         self._numerics.guard.start_at(self.start_step)
         self._intervals.cadence.trouble(self.start_step)
         self._started_at = self.start_step
-        self._progress.started(self.launch, self.precision, self.start_step, self._checkpoints.last_good)
+        recovered = self._recovery.resumed(self.launch.recovering_since)
+        self._progress.started(self.launch, self.precision, self.start_step, self._checkpoints.last_good, recovered)
         return self.start_step
 
     def register_step(
@@ -288,13 +288,11 @@ class Session:
     def _standing(self) -> Standing:
         return Standing(
             step=self._step,
-            start_step=self._recovery.started_at if self._recovery.started_at is not None else self._started_at,
             precision=self.precision,
             last_good=self._checkpoints.last_good,
             counters=self._intervals.counters(),
-            replay=self._recovery.replayed,
             measurement=self._measurement,
             loss_scales=self._intervals.scales.points,
             skipped=self._rung.skipped(),
-            precision_changes=self._recovery.changes,
+            **self._recovery.account(self._started_at),
         )
