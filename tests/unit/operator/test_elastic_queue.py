@@ -1,0 +1,104 @@
+"""spec.elastic in a Kueue queue: the ClusterQueue's free `nvidia.com/gpu` quota sizes the job.
+A Job held suspended for want of quota past elastic.waitSeconds ends ScaledDown, uncharged, and
+the next attempt runs with the workers the free quota holds; a raised quota grows it back."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mpjob.controller.queue import free_gpus, queue_workers, quota_short
+from mpjob.planning.endings import JobView, PodView
+from mpjob.planning.lifecycle import Plan
+from mpjob.planning.reconcile import reconcile
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+
+pytestmark = pytest.mark.unit
+
+GPU = "nvidia.com/gpu"
+
+
+def spec(**over: Any) -> MixedPrecisionJobSpec:
+    doc: dict[str, Any] = {
+        "workers": 3,
+        "task": {"builtin": "mlp"},
+        "training": {"batchSize": 4},
+        "elastic": {"minWorkers": 1, "waitSeconds": 30},
+        "resources": {"gpusPerWorker": 1},
+        "runPolicy": {"queueName": "team-a"},
+    }
+    return MixedPrecisionJobSpec.model_validate({**doc, **over})
+
+
+def cluster_queue(quota: int, reserved: int | None = None, *, usage_only: bool = False) -> dict[str, Any]:
+    resources = [{"name": "cpu", "nominalQuota": 64}, {"name": GPU, "nominalQuota": quota}]
+    doc: dict[str, Any] = {"spec": {"resourceGroups": [{"flavors": [{"name": "f", "resources": resources}]}]}}
+    if reserved is not None:
+        taken = [{"name": "f", "resources": [{"name": "cpu", "total": "8"}, {"name": GPU, "total": str(reserved)}]}]
+        doc["status"] = {"flavorsUsage" if usage_only else "flavorsReservation": taken}
+    return doc
+
+
+TABLE: list[tuple[str, dict[str, Any], int, int | None]] = [
+    ("empty-queue", cluster_queue(2), 0, 2),
+    ("others-reserve", cluster_queue(4, 3), 0, 1),
+    ("own-admitted-workers-count-as-its", cluster_queue(3, 2), 2, 3),
+    ("over-reserved", cluster_queue(2, 5), 0, 0),
+    ("usage-when-no-reservation", cluster_queue(4, 1, usage_only=True), 0, 3),
+]
+
+
+@pytest.mark.parametrize(("queue", "own", "fit"), [r[1:] for r in TABLE], ids=[r[0] for r in TABLE])
+def test_workers_the_free_quota_holds(queue: dict[str, Any], own: int, fit: int | None) -> None:
+    assert queue_workers(spec(), queue, own) == fit
+
+
+def test_two_gpus_a_worker_and_cpu_jobs() -> None:
+    two = spec(resources={"gpusPerWorker": 2})
+    assert queue_workers(two, cluster_queue(5, 0), 0) == 2
+    assert queue_workers(spec(resources={"gpusPerWorker": 0}), cluster_queue(5), 0) is None
+    groups = [{"flavors": [{"resources": [{"name": GPU, "nominalQuota": "2"}]}]}] * 2
+    assert free_gpus({"spec": {"resourceGroups": groups}}) == 4  # every group and flavor
+
+
+def test_quota_short_reads_kueues_quota_verdict() -> None:
+    pending = {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "insufficient quota"}
+    assert quota_short({"status": {"conditions": [pending]}})
+    assert not quota_short({"status": {"conditions": [{**pending, "status": "True"}]}})
+    assert not quota_short({})
+
+
+T0 = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+
+def _at(job: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, jobs: dict, at: int, **kw: Any) -> Plan:
+    return reconcile(job, status, 1, jobs, T0 + timedelta(seconds=at), **kw)
+
+
+def held(index: int, *, short: bool = True) -> dict[int, JobView]:
+    return {index: JobView(index, suspended=True, queue_message="insufficient quota", quota_short=short)}
+
+
+def test_a_job_held_for_quota_past_wait_seconds_shrinks_to_the_free_quota_and_grows_when_it_is_raised() -> None:
+    job = spec()
+    status = _at(job, MixedPrecisionJobStatus(), {}, 0).status
+    assert not _at(job, status, held(0), 20, fits=2).delete  # within elastic.waitSeconds
+    assert not _at(job, status, held(0, short=False), 40, fits=2).delete  # the queue does not say quota
+    assert not _at(job, status, held(0), 40, fits=None).delete  # the quota unread: wait on
+    assert not _at(job, status, held(0), 40, fits=0).delete  # below minWorkers: wait on
+    shrunk = _at(job, status, held(0), 40, fits=2)
+    assert shrunk.delete == [0] and not shrunk.create
+    first, second = shrunk.status.attempts
+    assert (first.reason, first.charged, first.world_size, second.world_size) == ("ScaledDown", False, 3, 2)
+    assert "its Job waited for its queue's quota for 40s" in (first.message or "")
+    assert "the queue's free quota holds 2 worker(s): 3 -> 2" in (first.message or "")
+    created = _at(job, shrunk.status, {}, 41).create
+    assert [c.workers for c in created] == [2]
+    status = shrunk.status
+    status.step = 20
+    running = {1: JobView(1, pods=(PodView("q0", 0, "Running", True), PodView("q1", 1, "Running", True)))}
+    assert _at(job, status, running, 50, fits=2).status.grow_after_step is None  # its own 2, no more
+    noticed = _at(job, status, running, 60, fits=3)
+    assert noticed.status.grow_after_step == 20
