@@ -4,12 +4,15 @@ the next attempt runs with the workers the free quota holds; a raised quota grow
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from kubernetes.client.rest import ApiException
 
-from mpjob.controller.queue import free_gpus, queue_workers, quota_short
+from mpjob.controller.queue import QueueReader, free_gpus, queue_workers, quota_short
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan
 from mpjob.planning.reconcile import reconcile
@@ -102,3 +105,50 @@ def test_a_job_held_for_quota_past_wait_seconds_shrinks_to_the_free_quota_and_gr
     assert _at(job, status, running, 50, fits=2).status.grow_after_step is None  # its own 2, no more
     noticed = _at(job, status, running, 60, fits=3)
     assert noticed.status.grow_after_step == 20
+
+
+class Response:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.data = json.dumps(doc).encode()
+
+    def release_conn(self) -> None:
+        pass
+
+
+class Custom:
+    """Kueue's objects as the API serves them; `denied`: the kinds a chart without the rule refuses."""
+
+    def __init__(self, cluster_queue: dict[str, Any], denied: frozenset[str] = frozenset()) -> None:
+        self.cluster_queue, self.denied, self.reads = cluster_queue, denied, []
+
+    def _answer(self, plural: str, name: str, doc: dict[str, Any]) -> Response:
+        self.reads.append((plural, name))
+        if plural in self.denied:
+            raise ApiException(status=403)
+        return Response(doc)
+
+    def get_namespaced_custom_object(self, group: str, version: str, ns: str, plural: str, name: str, **_: Any) -> Any:
+        return self._answer(plural, name, {"spec": {"clusterQueue": "cq"}})
+
+    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str, **_: Any) -> Any:
+        return self._answer(plural, name, self.cluster_queue)
+
+
+def reader(custom: Custom) -> QueueReader:
+    return QueueReader(cast(Any, SimpleNamespace(custom=custom)))
+
+
+def test_the_reader_asks_the_queue_only_for_a_waiting_or_small_attempt_and_stops_after_a_403() -> None:
+    job = spec()
+    status = _at(job, MixedPrecisionJobStatus(), {}, 0).status
+    custom = Custom(cluster_queue(2))
+    assert reader(custom).room("ml", job, status, held(0)) == 2
+    assert custom.reads == [("localqueues", "team-a"), ("clusterqueues", "cq")]
+    full = {0: JobView(0, pods=(PodView("p0", 0, "Running", True),))}
+    assert reader(custom).room("ml", job, status, full) is None  # runs at its full size: no read
+    assert reader(custom).room("ml", spec(elastic=None), status, held(0)) is None
+    denied = Custom(cluster_queue(2), denied=frozenset({"clusterqueues"}))
+    quiet = reader(denied)
+    assert quiet.room("ml", job, status, held(0)) is None
+    assert quiet.room("ml", job, status, held(0)) is None
+    assert denied.reads.count(("clusterqueues", "cq")) == 1  # quiet after the 403
