@@ -175,12 +175,12 @@ def unschedulable(
 def queued(
     spec: MixedPrecisionJobSpec, attempt: AttemptStatus, job: JobView, fits: int | None, now: datetime
 ) -> Resize | None:
-    """A running attempt whose Job its queue has held suspended for want of quota since the
-    attempt began: shrunk past elastic.waitSeconds to the workers `fits` (the queue's free quota;
-    None: not read, wait on)."""
+    """A running attempt whose Job its queue has held suspended for want of quota: shrunk once it
+    has waited suspended past elastic.waitSeconds (since its Suspended condition, else since the
+    attempt began) to the workers `fits` (the queue's free quota; None: not read, wait on)."""
     if spec.elastic is None or fits is None or not (job.suspended and job.quota_short) or job.finished:
         return None
-    since = _time(attempt.start_time or "")
+    since = _time(job.suspended_since or attempt.start_time or "")
     if since is None:
         return None
     return _shrink(spec, attempt, Capacity(fits, unschedulable_seconds=(now - since).total_seconds(), queued=True))

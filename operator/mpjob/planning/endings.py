@@ -50,6 +50,8 @@ class JobView:
     #: While the Job waits suspended: its queue said the quota is insufficient (Kueue's Workload
     #: QuotaReserved=False), so an elastic job may go on with fewer workers.
     quota_short: bool = False
+    #: Since when the Job waits suspended (its Suspended condition's time, else its creation's).
+    suspended_since: str | None = None
 
 
 @dataclass(frozen=True)

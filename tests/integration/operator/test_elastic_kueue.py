@@ -66,10 +66,13 @@ def cluster_queue(kueue: None, api_client: client.ApiClient, namespace: str) -> 
     local = {"apiVersion": version, "kind": "LocalQueue", "metadata": {"name": "team-a"},
              "spec": {"clusterQueue": name}}  # fmt: skip
     custom.create_namespaced_custom_object(*KUEUE, namespace, "localqueues", local)
+    before = core.read_node(GPU_NODE).status.allocatable.get(GPU)
     core.patch_node(GPU_NODE, {"metadata": {"annotations": {GPUS_ANNOTATION: "3"}}})
     wait_for(lambda: core.read_node(GPU_NODE).status.allocatable.get(GPU) == "3", 30, message="3 GPUs on the node")
     yield name
     core.patch_node(GPU_NODE, {"metadata": {"annotations": {GPUS_ANNOTATION: None}}})
+    # The next test sees the node as it was (the agent's next heartbeat reports it).
+    wait_for(lambda: core.read_node(GPU_NODE).status.allocatable.get(GPU) == before, 30, message="the node's GPUs back")
     for plural in ("clusterqueues", "resourceflavors"):
         with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(*KUEUE, plural, name)

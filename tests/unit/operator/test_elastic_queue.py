@@ -13,6 +13,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from mpjob.controller.queue import QueueReader, free_gpus, queue_workers, quota_short
+from mpjob.controller.records import job_record
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan
 from mpjob.planning.reconcile import reconcile
@@ -80,8 +81,9 @@ def _at(job: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, jobs: dict,
     return reconcile(job, status, 1, jobs, T0 + timedelta(seconds=at), **kw)
 
 
-def held(index: int, *, short: bool = True) -> dict[int, JobView]:
-    return {index: JobView(index, suspended=True, queue_message="insufficient quota", quota_short=short)}
+def held(index: int, *, short: bool = True, since: str | None = None) -> dict[int, JobView]:
+    words = "insufficient quota"
+    return {index: JobView(index, suspended=True, queue_message=words, quota_short=short, suspended_since=since)}
 
 
 def test_a_job_held_for_quota_past_wait_seconds_shrinks_to_the_free_quota_and_grows_when_it_is_raised() -> None:
@@ -91,6 +93,7 @@ def test_a_job_held_for_quota_past_wait_seconds_shrinks_to_the_free_quota_and_gr
     assert not _at(job, status, held(0, short=False), 40, fits=2).delete  # the queue does not say quota
     assert not _at(job, status, held(0), 40, fits=None).delete  # the quota unread: wait on
     assert not _at(job, status, held(0), 40, fits=0).delete  # below minWorkers: wait on
+    assert not _at(job, status, held(0, since="2026-11-28T12:00:20Z"), 40, fits=2).delete  # suspended 20s only
     shrunk = _at(job, status, held(0), 40, fits=2)
     assert shrunk.delete == [0] and not shrunk.create
     first, second = shrunk.status.attempts
@@ -152,3 +155,19 @@ def test_the_reader_asks_the_queue_only_for_a_waiting_or_small_attempt_and_stops
     assert quiet.room("ml", job, status, held(0)) is None
     assert quiet.room("ml", job, status, held(0)) is None
     assert denied.reads.count(("clusterqueues", "cq")) == 1  # quiet after the 403
+
+
+def test_a_jobs_wait_counts_from_its_suspended_condition_else_its_creation() -> None:
+    owner = {
+        "apiVersion": "mpjob.dev/v1alpha1",
+        "kind": "MixedPrecisionJob",
+        "name": "j",
+        "uid": "u",
+        "controller": True,
+    }
+    meta = {"name": "j-a0", "namespace": "ml", "uid": "v", "creationTimestamp": "T0", "ownerReferences": [owner]}
+    suspended = {"type": "Suspended", "status": "True", "lastTransitionTime": "T1"}
+    record = job_record({"metadata": meta, "spec": {"suspend": True}, "status": {"conditions": [suspended]}})
+    assert record is not None and record.suspended_since == "T1"
+    record = job_record({"metadata": meta, "spec": {"suspend": True}})
+    assert record is not None and record.suspended_since == "T0"
