@@ -441,11 +441,12 @@ def test_cluster_wide_by_default_namespaced_roles_when_listed(helm: str) -> None
         b for b in of_kind(docs, "RoleBinding") if "helm.sh/hook" not in b["metadata"].get("annotations", {})
     ]
     assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
-    # Only read-only cluster-scoped access remains: CRDs (kopf's scan) and namespaces (kopf's listing).
+    # Only read-only cluster-scoped access remains: CRDs (kopf's scan), namespaces (kopf's listing)
+    # and Kueue's ClusterQueues (an elastic job's quota).
     (reader,) = [r for r in of_kind(docs, "ClusterRole") if not _aggregated(r)]
     assert _grants(reader["rules"]) == {
         ("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")
-    } | {("", "namespaces", v) for v in ("list", "watch")}
+    } | {("", "namespaces", v) for v in ("list", "watch")} | {("kueue.x-k8s.io", "clusterqueues", "get")}
 
 
 # ------------------------------------------------------------------ helm test

@@ -96,6 +96,7 @@ class ChildCache:
                 reason=job.reason,
                 pods=tuple(sorted(pods[job.uid], key=lambda p: p.name)),
                 suspended=job.suspended,
+                suspended_since=job.suspended_since,
                 create_error=failure.message if failure is not None else None,
             )
             uids[job.attempt] = job.uid

@@ -132,7 +132,10 @@ class Reconciler:
             seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
             now = datetime.now(UTC)
             jobs = self.queue.with_words(namespace, spec, old, seen)
-            fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
+            if spec.run_policy.queue_name:  # the queue's quota sizes it, not the nodes
+                fits = self.queue.room(namespace, spec, old, jobs)
+            else:
+                fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
             generation = body["metadata"].get("generation")
             read = self._read((namespace, name), old, seen) if progress and old.phase == "Running" else None
             made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them

@@ -32,12 +32,7 @@ IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 #: The PodScheduled condition's reason while the scheduler finds no node for the pod (spec.elastic waits on it).
 UNSCHEDULABLE = "Unschedulable"
 #: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
-TERMINAL_CONDITIONS = {
-    "Complete": "Complete",
-    "SuccessCriteriaMet": "Complete",
-    "Failed": "Failed",
-    "FailureTarget": "Failed",
-}
+TERMINAL_CONDITIONS = dict(Complete="Complete", SuccessCriteriaMet="Complete", Failed="Failed", FailureTarget="Failed")
 
 
 class Malformed(ValueError):
@@ -128,6 +123,8 @@ class JobRecord:
     suspended: bool
     #: Deleted, but some of its pods are still there (they still stop and checkpoint).
     gone: bool = False
+    #: Since when it waits suspended: its Suspended=True condition's time, else its creation's.
+    suspended_since: str | None = None
 
     @property
     def uid(self) -> str:
@@ -153,12 +150,16 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
     name = str(meta.get("name", ""))
     attempt = _attempt_of(name, owner.name)
     finished = reason = None
-    for cond in (job.get("status") or {}).get("conditions") or []:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    for cond in conditions:
         # FailureTarget / SuccessCriteriaMet come first: the Job controller has decided and
         # starts no more pods; the planner still waits for every pod to stop.
         kind = TERMINAL_CONDITIONS.get(cond.get("type"))
         if kind and cond.get("status") == "True" and finished is None:
             finished, reason = kind, cond.get("reason")
+    suspension: dict[str, Any] = next(
+        (c for c in conditions if (c.get("type"), c.get("status")) == ("Suspended", "True")), {}
+    )
     return JobRecord(
         ref=ObjectRef(owner.namespace, "Job", name, _uid(meta)),
         owner=owner,
@@ -166,6 +167,7 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
         finished=finished,
         reason=reason,
         suspended=bool((job.get("spec") or {}).get("suspend")),
+        suspended_since=suspension.get("lastTransitionTime") or meta.get("creationTimestamp"),
     )
 
 

@@ -4,8 +4,9 @@ Pure: the operator (from what the cluster shows: unschedulable pods, lost nodes,
 queue quota) and `mpjob run` (from its --workers-available schedule) read the cluster into a
 `Capacity` and call `decide`; neither re-implements the rule.
 
-- Shrink: the attempt's pods stayed unschedulable past elastic.waitSeconds, or it lost a node,
-  and the cluster holds fewer workers than it runs with: the next attempt runs with as many as
+- Shrink: the attempt's pods stayed unschedulable past elastic.waitSeconds, its Job waited
+  suspended in a queue short of quota that long, or it lost a node, and the cluster (or the
+  queue's free quota) holds fewer workers than it runs with: the next attempt runs with as many as
   the cluster holds (never fewer than elastic.minWorkers), in the same precision, from the last
   good checkpoint. Fewer than minWorkers: keep waiting.
 - Grow: the cluster holds more workers than the attempt runs with and it runs below `workers`:
@@ -28,7 +29,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from mpjob.planning.classify import PLATFORM_REASONS
-from mpjob.planning.endings import PodView
+from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, processes_per_worker
 from mpjob_contract.codes import Reason
@@ -44,6 +45,8 @@ class Capacity:
     unschedulable_seconds: float = 0.0
     #: The attempt lost a node while training (a pod's node went away).
     node_lost: bool = False
+    #: The room is a queue's free quota, the wait its Job's wait to be admitted (not its pods').
+    queued: bool = False
 
 
 class Verdict(StrEnum):
@@ -123,17 +126,19 @@ def decide(spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capa
     short = capacity.node_lost or capacity.unschedulable_seconds > elastic.wait_seconds
     if not short or capacity.available >= workers:
         return keep
-    waited = f"pods unschedulable for {capacity.unschedulable_seconds:.0f}s"
+    held = "its Job waited for its queue's quota" if capacity.queued else "pods unschedulable"
+    waited = f"{held} for {capacity.unschedulable_seconds:.0f}s"
     cause = "a node was lost" if capacity.node_lost else f"{waited} (elastic.waitSeconds={elastic.wait_seconds})"
+    room = "the queue's free quota" if capacity.queued else "the cluster"
     sizes = range(elastic.min_workers, min(capacity.available, workers - 1) + 1)
     if (found := _largest(spec, sizes, shape.micro_batch)) is None:
         why = (
-            f"{cause}; the cluster holds {capacity.available} worker(s): no size from elastic.minWorkers="
+            f"{cause}; {room} holds {capacity.available} worker(s): no size from elastic.minWorkers="
             f"{elastic.min_workers} up keeps the global batch: waiting"
         )
         return Resize(Verdict.KEEP, workers, shape, why)
     fewer, smaller = found
-    why = f"{cause}; the cluster holds {capacity.available} worker(s): {workers} -> {fewer}"
+    why = f"{cause}; {room} holds {capacity.available} worker(s): {workers} -> {fewer}"
     return Resize(Verdict.SHRINK, fewer, smaller, why)
 
 
@@ -165,6 +170,20 @@ def unschedulable(
     oldest = min((t for since in waiting if (t := _time(since)) is not None), default=now)
     placed = len(alive) - len(waiting)
     return _shrink(spec, attempt, Capacity(placed, unschedulable_seconds=(now - oldest).total_seconds()))
+
+
+def queued(
+    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, job: JobView, fits: int | None, now: datetime
+) -> Resize | None:
+    """A running attempt whose Job its queue has held suspended for want of quota: shrunk once it
+    has waited suspended past elastic.waitSeconds (since its Suspended condition, else since the
+    attempt began) to the workers `fits` (the queue's free quota; None: not read, wait on)."""
+    if spec.elastic is None or fits is None or not (job.suspended and job.quota_short) or job.finished:
+        return None
+    since = _time(job.suspended_since or attempt.start_time or "")
+    if since is None:
+        return None
+    return _shrink(spec, attempt, Capacity(fits, unschedulable_seconds=(now - since).total_seconds(), queued=True))
 
 
 def grows(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None) -> Resize | None:

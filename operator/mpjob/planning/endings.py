@@ -47,6 +47,11 @@ class JobView:
     #: While the Job waits suspended: why its queue has not admitted it, in the queue's words
     #: (Kueue's Workload condition), when the operator could read it.
     queue_message: str | None = None
+    #: While the Job waits suspended: its queue said the quota is insufficient (Kueue's Workload
+    #: QuotaReserved=False), so an elastic job may go on with fewer workers.
+    quota_short: bool = False
+    #: Since when the Job waits suspended (its Suspended condition's time, else its creation's).
+    suspended_since: str | None = None
 
 
 @dataclass(frozen=True)

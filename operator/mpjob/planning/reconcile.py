@@ -167,7 +167,8 @@ def _follow(
         return
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     now = _parse_time(when.at) or datetime.now(UTC)
-    if finished is None and (shrink := elastic.unschedulable(spec, current, job.pods, now)) is not None:
+    shrink = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
+    if finished is None and shrink is not None:
         _resize(plan, spec, shrink, when, job=job.index)
     elif finished is None and (lost := elastic.node_lost(spec, current, job.pods)) is not None:
         _resize(plan, spec, lost, when, job=job.index)  # at once: the lost pod may leave no trace once peers stop

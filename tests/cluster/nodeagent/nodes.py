@@ -5,6 +5,10 @@ A GPU node with NVIDIA GPU Feature Discovery's labels, capacity `nvidia.com/gpu:
 exercised for real), and a CPU node. Every 8 s their Ready conditions and their Leases in
 `kube-node-lease` are renewed: without that the node lifecycle controller would taint them
 unreachable and evict the pods.
+
+A test that needs more GPUs on the GPU node (an elastic job growing under a raised Kueue quota)
+annotates it `mpjob.dev/test-gpus: "<n>"`; the heartbeat reports that capacity until the
+annotation goes.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ NODES: dict[str, dict[str, Any]] = {
     },
 }
 HEARTBEAT_SECONDS = 8
+GPUS_ANNOTATION = "mpjob.dev/test-gpus"
 PRESSURES = ("MemoryPressure", "DiskPressure", "PIDPressure")
 LEASE_SECONDS = 40
 
@@ -72,8 +77,17 @@ def heartbeat(core: Any, coord: Any) -> None:
     renew_time = datetime.now(UTC)
     for name, spec in NODES.items():
         with contextlib.suppress(ApiException):
-            core.patch_node_status(name, {"status": node_status(name, spec["capacity"], stamp)})
+            capacity = _capacity(core, name, spec["capacity"])
+            core.patch_node_status(name, {"status": node_status(name, capacity, stamp)})
         _renew_lease(coord, name, renew_time)
+
+
+def _capacity(core: Any, name: str, capacity: dict[str, str]) -> dict[str, str]:
+    """The node's capacity, its GPUs as a test's annotation says (GPUS_ANNOTATION) when it has one."""
+    if "nvidia.com/gpu" not in capacity:
+        return capacity
+    gpus = (core.read_node(name).metadata.annotations or {}).get(GPUS_ANNOTATION)
+    return {**capacity, "nvidia.com/gpu": gpus} if gpus and gpus.isdigit() else capacity
 
 
 def keep_alive(core: Any, coord: Any, stop: threading.Event) -> None:
