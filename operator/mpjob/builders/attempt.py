@@ -31,12 +31,11 @@ COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-ind
 RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 GPU_RESOURCE = "nvidia.com/gpu"
-#: The per-pod launcher (trainer image) and the builtin trainer it starts for builtin/module tasks.
 #: GPU pods get a memory-backed /dev/shm (a container's default is 64 MiB): DataLoader workers
 #: hand batches over in shared memory and NCCL's intra-node transport lives there.
 SHM_VOLUME, SHM_MOUNT = "dshm", "/dev/shm"
-LAUNCHER_COMMAND = ("mpjob-launch",)
-TRAINER_COMMAND = ("mpjob-trainer",)
+#: The per-pod launcher (trainer image) and the builtin trainer it starts for builtin/module tasks.
+LAUNCHER_COMMAND, TRAINER_COMMAND = ("mpjob-launch",), ("mpjob-trainer",)
 
 
 def attempt_name(job: str, index: int) -> str:
