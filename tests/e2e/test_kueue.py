@@ -226,6 +226,7 @@ def test_an_fp16_job_that_overflows_gets_its_bf16_attempt_admitted(
     ns = release.namespace
     job = cpu_sized(example("fp16-recovery"))
     job["spec"].setdefault("runPolicy", {})["queueName"] = "team-a"
+    job["spec"]["precision"]["inPlace"] = False  # the bf16 attempt as a Job of its own, for the queue to admit
     jobs.apply(with_own_claim(jobs, job))
     status = jobs.wait_phase("fp16-recovery", ("Succeeded", "Failed"), 900)
     assert status["phase"] == "Succeeded", status
