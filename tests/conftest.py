@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
-from tests.cluster.controlplane import Layout, down, exclusive, running, start_s3, up
+from tests.cluster.controlplane import Layout, down, exclusive, running, start_kueue, start_s3, up
 from tests.cluster.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,3 +132,17 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
     core.create_namespace({"metadata": {"name": name, "labels": {"mpjob.dev/test": "true"}}})
     yield name
     core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="module")
+def kueue(api_client: client.ApiClient) -> None:
+    """Kueue's controller on the test cluster (started once, by version); against a cluster
+    named by $KUBECONFIG it must be installed there, else the module's tests are skipped."""
+    if not os.environ.get("KUBECONFIG"):
+        layout = Layout.from_env()
+        with exclusive(layout):
+            start_kueue(layout)
+    try:
+        client.ApiextensionsV1Api(api_client).read_custom_resource_definition("workloads.kueue.x-k8s.io")
+    except ApiException as exc:
+        pytest.skip(f"Kueue is not installed on this cluster ({exc.status})")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,20 +27,6 @@ pytestmark = pytest.mark.e2e
 
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-
-
-@pytest.fixture(scope="module")
-def kueue(api_client: client.ApiClient) -> None:
-    if not os.environ.get("KUBECONFIG"):
-        from tests.cluster.controlplane import Layout, exclusive, start_kueue
-
-        layout = Layout.from_env()
-        with exclusive(layout):
-            start_kueue(layout)
-    try:
-        client.ApiextensionsV1Api(api_client).read_custom_resource_definition("workloads.kueue.x-k8s.io")
-    except ApiException as exc:
-        pytest.skip(f"Kueue is not installed on this cluster ({exc.status})")
 
 
 def _cluster_object(custom: client.CustomObjectsApi, plural: str, body: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ against a cluster named by $KUBECONFIG it needs Kueue installed there and is ski
 from __future__ import annotations
 
 import contextlib
-import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -155,20 +154,6 @@ def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkp
 
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
 GPU_NODE = "gpu-node-0"
-
-
-@pytest.fixture(scope="module")
-def kueue(api_client: client.ApiClient) -> None:
-    if not os.environ.get("KUBECONFIG"):
-        from tests.cluster.controlplane import Layout, exclusive, start_kueue
-
-        layout = Layout.from_env()
-        with exclusive(layout):
-            start_kueue(layout)
-    try:
-        client.ApiextensionsV1Api(api_client).read_custom_resource_definition("workloads.kueue.x-k8s.io")
-    except ApiException as exc:
-        pytest.skip(f"Kueue is not installed on this cluster ({exc.status})")
 
 
 def _quota(gpus: int) -> list[dict[str, Any]]:
