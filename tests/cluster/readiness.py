@@ -1,4 +1,4 @@
-"""What "the cluster is ready" means for tests: API up, both nodes Ready, default
+"""What "the cluster is ready" means for tests: API up, every node of the agent Ready, default
 ServiceAccount present (pods can be admitted)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 from kubernetes import client, config
 
 from tests.cluster.layout import ClusterError, Layout
+from tests.cluster.nodeagent.nodes import NODES
 
 
 def wait_ready(layout: Layout, timeout: float = 60) -> None:
@@ -24,7 +25,7 @@ def wait_ready(layout: Layout, timeout: float = 60) -> None:
                 for n in nodes
                 if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
             ]
-            if len(ready) < 2:
+            if len(ready) < len(NODES):
                 problem = f"nodes ready: {ready}"
             else:
                 core.read_namespaced_service_account("default", "default")

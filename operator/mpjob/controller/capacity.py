@@ -5,11 +5,12 @@ Pure (the reconciler reads, this counts) over Node and Pod documents as the API 
 the operator lists them with read rights only (nodes, and pods of every namespace). A node
 counts when it is Ready, schedulable, carries the GPU Feature Discovery labels the attempt's
 pods ask for (compute capability at least resources.minComputeCapability) and every label of
-template.nodeSelector. Its free GPUs are its allocatable `nvidia.com/gpu` less what the pods
-bound to it and not yet ended request, the job's own pods left out (their GPUs are the job's).
-Each worker needs gpusPerWorker GPUs on one node. A CPU job (gpusPerWorker 0) has no such
-count: it does not grow on a cluster. `fits_now` reads them only for an elastic job whose
-running attempt has fewer workers than it wants.
+template.nodeSelector, and the pods tolerate each of its NoSchedule and NoExecute taints (the
+GPU taint the operator tolerates, and template.tolerations). Its free GPUs are its allocatable
+`nvidia.com/gpu` less what the pods bound to it and not yet ended request, the job's own pods
+left out (their GPUs are the job's). Each worker needs gpusPerWorker GPUs on one node. A CPU
+job (gpusPerWorker 0) has no such count: it does not grow on a cluster. `fits_now` reads them
+only for an elastic job whose running attempt has fewer workers than it wants.
 """
 
 from __future__ import annotations
@@ -38,11 +39,30 @@ def _quantity(value: Any) -> int:
         return 0
 
 
+def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a toleration matches the taint (the scheduler's rule: an empty key with Exists
+    matches every key, an empty effect every effect; Equal also needs the value)."""
+    for toleration in tolerations:
+        key, effect = toleration.get("key") or "", toleration.get("effect") or ""
+        if (key and key != taint.get("key")) or (effect and effect != taint.get("effect")):
+            continue
+        if toleration.get("operator") == "Exists" or (key and toleration.get("value") == taint.get("value")):
+            return True
+    return False
+
+
+def _schedulable(node_spec: Mapping[str, Any], spec: MixedPrecisionJobSpec) -> bool:
+    """The node is not cordoned and the attempt's pods tolerate its hard taints."""
+    tolerations = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}, *spec.template.tolerations]
+    hard = [t for t in node_spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
+    return not node_spec.get("unschedulable") and all(_tolerated(t, tolerations) for t in hard)
+
+
 def _eligible(node: Mapping[str, Any], spec: MixedPrecisionJobSpec) -> bool:
     meta, node_spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
     labels = meta.get("labels") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    if not ready or node_spec.get("unschedulable"):
+    if not ready or not _schedulable(node_spec, spec):
         return False
     major, minor = (int(x) for x in spec.resources.min_compute_capability.split("."))
     try:

@@ -1,10 +1,13 @@
-"""The two Nodes the agent stands in for, and what keeps them schedulable.
+"""The Nodes the agent stands in for, and what keeps them schedulable.
 
 A GPU node with NVIDIA GPU Feature Discovery's labels, capacity `nvidia.com/gpu: 2` and the
 `nvidia.com/gpu=present:NoSchedule` taint (so GPU scheduling, affinity and tolerations are
-exercised for real), and a CPU node. Every 8 s their Ready conditions and their Leases in
-`kube-node-lease` are renewed: without that the node lifecycle controller would taint them
-unreachable and evict the pods.
+exercised for real), and a CPU node. A second GPU node, the same but for its label and taint
+`mpjob.dev/test-node=own`, holds only the pods of tests that count its GPUs (elastic jobs that
+shrink to what fits and grow when a GPU frees): the tests beside them, in other workers and in
+the e2e process, take GPUs of the first one and never land there (EXCLUSIVE_PLACEMENT). Every 8
+s their Ready conditions and their Leases in `kube-node-lease` are renewed: without that the
+node lifecycle controller would taint them unreachable and evict the pods.
 
 A test that needs more GPUs on the GPU node (an elastic job growing under a raised Kueue quota)
 annotates it `mpjob.dev/test-gpus: "<n>"`; the heartbeat reports that capacity until the
@@ -35,11 +38,31 @@ NODES: dict[str, dict[str, Any]] = {
         "capacity": {"cpu": "16", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "2"},
         "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
     },
+    "gpu-node-own": {
+        "labels": {
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.compute.major": "9",
+            "nvidia.com/gpu.compute.minor": "0",
+            "nvidia.com/gpu.count": "2",
+            "mpjob.dev/test-node": "own",
+        },
+        "capacity": {"cpu": "16", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "2"},
+        "taints": [
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": "mpjob.dev/test-node", "value": "own", "effect": "NoSchedule"},
+        ],
+    },
     "cpu-node-0": {
         "labels": {},
         "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"},
         "taints": [],
     },
+}
+#: A pod template's placement on the GPU node of its own (spec.template of a MixedPrecisionJob).
+EXCLUSIVE_PLACEMENT: dict[str, Any] = {
+    "nodeSelector": {"mpjob.dev/test-node": "own"},
+    "tolerations": [{"key": "mpjob.dev/test-node", "operator": "Equal", "value": "own", "effect": "NoSchedule"}],
 }
 HEARTBEAT_SECONDS = 8
 GPUS_ANNOTATION = "mpjob.dev/test-gpus"

@@ -149,6 +149,15 @@ class Jobs:
         except AssertionError as exc:  # say the phase it ended in, not the one it started in
             raise AssertionError(f"{exc}; phase at the end: {self.status(name).get('phase')}") from None
 
+    def wait_status(
+        self, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float, message: str
+    ) -> dict[str, Any]:
+        """The job's status once `predicate` holds for it; on timeout the error shows the last one."""
+        try:
+            return wait_for(lambda: predicate(s := self.status(name)) and s, timeout, interval=0.5, message=message)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; status at the end: {self.status(name)}") from None
+
     def attempt_jobs(self, name: str) -> list[str]:
         return sorted(
             j.metadata.name

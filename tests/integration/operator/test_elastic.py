@@ -1,17 +1,19 @@
-"""spec.elastic on the real control plane: a 3-worker job (a GPU each) on a cluster whose GPU
-node holds 2. The third pod stays unschedulable (the real scheduler says so on the pod); past
-elastic.waitSeconds the operator ends the attempt ScaledDown, uncharged, and the next attempt
-runs with the 2 workers that fit, in the same precision and with the same global batch, to
-Succeeded. With a GPU held by another pod, a 2-worker job shrinks to 1 and grows back to 2 at
-its first checkpoint after that GPU frees.
+"""spec.elastic on the real control plane: a 3-worker job (a GPU each) on a GPU node that holds
+2. The GPU jobs here run on the test cluster's GPU node of their own (EXCLUSIVE_PLACEMENT), so
+the GPUs they count are theirs and a blocker's, never those of tests running beside them. The
+third pod stays unschedulable (the real scheduler says so on the pod); past elastic.waitSeconds
+the operator ends the attempt ScaledDown, uncharged, and the next attempt runs with the 2
+workers that fit, in the same precision and with the same global batch, to Succeeded. With a
+GPU held by another pod, a 2-worker job shrinks to 1 and grows back to 2 at its first
+checkpoint after that GPU frees.
 
 In a real Kueue queue (in this file, so that it never runs beside the tests above: it changes
-the GPU node's count): a ClusterQueue with quota for 2 `nvidia.com/gpu` holds a
-3-worker elastic job's Job back (never admitted); past elastic.waitSeconds the operator ends that
-attempt ScaledDown, uncharged, and the next one, with 2 workers, is admitted and trains. Raised
-to 3, the quota grows the job back to 3 (ScaledUp, uncharged) at its next checkpoint, to
-Succeeded. The GPU node is annotated to hold 3 GPUs meanwhile (the test node agent reports it),
-so the scheduler never limits it: only the quota does.
+that node's count): a ClusterQueue with quota for 2 `nvidia.com/gpu` holds a 3-worker elastic
+job's Job back (never admitted); past elastic.waitSeconds the operator ends that attempt
+ScaledDown, uncharged, and the next one, with 2 workers, is admitted and trains. Raised to 3,
+the quota grows the job back to 3 (ScaledUp, uncharged) at its next checkpoint, to Succeeded.
+The GPU node is annotated to hold 3 GPUs meanwhile (the test node agent reports it), so the
+scheduler never limits it: only the quota does.
 
 On the test cluster the module starts Kueue itself (`tests.cluster.controlplane.start_kueue`);
 against a cluster named by $KUBECONFIG it needs Kueue installed there and is skipped otherwise.
@@ -29,7 +31,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.cluster.nodeagent.nodes import GPUS_ANNOTATION
+from tests.cluster.nodeagent.nodes import EXCLUSIVE_PLACEMENT, GPUS_ANNOTATION
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
 
@@ -42,7 +44,9 @@ def test_pods_unschedulable_past_wait_seconds_shrink_the_job_to_the_workers_that
     operator: Operator, jobs: Jobs
 ) -> None:
     jobs.pvc("ckpt")
-    spec = gpt_spec("ckpt", steps=30, workers=3, elastic={"minWorkers": 2, "waitSeconds": 5})
+    spec = gpt_spec(
+        "ckpt", steps=30, workers=3, elastic={"minWorkers": 2, "waitSeconds": 5}, template=EXCLUSIVE_PLACEMENT
+    )
     spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
     jobs.create("elastic", spec)
     status = jobs.wait_phase("elastic", ("Succeeded", "Failed"), 300)
@@ -65,7 +69,11 @@ def _blocker(name: str) -> dict[str, Any]:
             "containers": [
                 {"name": "hold", "image": "busybox", "command": ["sleep", "3600"], "resources": {"limits": {GPU: "1"}}}
             ],
-            "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": EXCLUSIVE_PLACEMENT["nodeSelector"],
+            "tolerations": [
+                {"key": GPU, "operator": "Exists", "effect": "NoSchedule"},
+                *EXCLUSIVE_PLACEMENT["tolerations"],
+            ],
             "terminationGracePeriodSeconds": 1,
         },
     }
@@ -85,14 +93,14 @@ def test_a_shrunk_job_grows_back_at_its_next_checkpoint_when_a_gpu_frees(operato
         # try may find the GPU still taken, and backs off longer on a loaded machine).
         "elastic": {"minWorkers": 1, "waitSeconds": 10},
         "resources": {"gpusPerWorker": 1},
+        "template": EXCLUSIVE_PLACEMENT,
     }
     jobs.create("grows", spec)
 
-    def training_small() -> bool:
-        status = jobs.status("grows")
+    def training_small(status: dict[str, Any]) -> bool:
         return status.get("attempt") == 1 and status.get("phase") == "Running" and status.get("step", 0) >= 10
 
-    wait_for(training_small, 240, interval=0.5, message="attempt 1 training on 1 worker")
+    jobs.wait_status("grows", training_small, 240, "attempt 1 training on 1 worker")
     jobs.core.delete_namespaced_pod("hold", jobs.namespace)
     status = jobs.wait_phase("grows", ("Succeeded", "Failed"), 300)
     assert status["phase"] == "Succeeded", status
@@ -153,7 +161,7 @@ def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkp
 
 
 KUEUE = ("kueue.x-k8s.io", "v1beta1")
-GPU_NODE = "gpu-node-0"
+GPU_NODE = "gpu-node-own"
 
 
 def _quota(gpus: int) -> list[dict[str, Any]]:
@@ -202,14 +210,14 @@ def test_a_queue_short_of_quota_shrinks_the_job_and_a_raised_quota_grows_it(
         "elastic": {"minWorkers": 1, "waitSeconds": 5},
         "resources": {"gpusPerWorker": 1},
         "runPolicy": {"queueName": "team-a"},
+        "template": EXCLUSIVE_PLACEMENT,
     }
     jobs.create("queued", spec)
 
-    def training_at_two() -> bool:
-        status = jobs.status("queued")
+    def training_at_two(status: dict[str, Any]) -> bool:
         return status.get("attempt") == 1 and status.get("phase") == "Running" and status.get("step", 0) >= 5
 
-    wait_for(training_at_two, 180, interval=0.5, message="attempt 1 training on 2 workers")
+    jobs.wait_status("queued", training_at_two, 180, "attempt 1 training on 2 workers")
     jobs.custom.patch_cluster_custom_object(*KUEUE, "clusterqueues", cluster_queue, {"spec": {"resourceGroups": [
         {"coveredResources": ["cpu", "memory", GPU], "flavors": [{"name": cluster_queue, "resources": _quota(3)}]}
     ]}})  # fmt: skip

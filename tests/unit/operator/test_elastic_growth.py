@@ -67,6 +67,34 @@ def test_workers_that_fit_on_free_gpus(over: dict[str, Any], pods: list[Any], fi
     assert free_workers(spec(**over), NODES, pods, namespace="ml", job="j") == fit
 
 
+def tainted(taint: dict[str, str]) -> dict[str, Any]:
+    return {**node("t", 2), "spec": {"taints": [taint]}}
+
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+POOL_TAINT = {"key": "pool", "value": "x", "effect": "NoSchedule"}
+# (id, the node's taint, template.tolerations, workers that fit on it)
+TAINTS: list[tuple[str, dict[str, str], list[dict[str, str]], int]] = [
+    ("gpu-taint-tolerated-by-the-operator", GPU_TAINT, [], 2),
+    ("untolerated-taint-holds-none", POOL_TAINT, [], 0),
+    ("exists-toleration", POOL_TAINT, [{"key": "pool", "operator": "Exists"}], 2),
+    ("equal-toleration", POOL_TAINT, [{"key": "pool", "operator": "Equal", "value": "x", "effect": "NoSchedule"}], 2),
+    ("other-value", POOL_TAINT, [{"key": "pool", "operator": "Equal", "value": "y"}], 0),
+    ("other-effect", POOL_TAINT, [{"key": "pool", "operator": "Exists", "effect": "NoExecute"}], 0),
+    ("no-execute", {**POOL_TAINT, "effect": "NoExecute"}, [], 0),
+    ("prefer-is-soft", {**POOL_TAINT, "effect": "PreferNoSchedule"}, [], 2),
+    ("tolerate-everything", POOL_TAINT, [{"operator": "Exists"}], 2),
+]
+
+
+@pytest.mark.parametrize(("taint", "tolerations", "fit"), [r[1:] for r in TAINTS], ids=[r[0] for r in TAINTS])
+def test_a_tainted_node_counts_only_for_pods_that_tolerate_it(
+    taint: dict[str, str], tolerations: list[dict[str, str]], fit: int
+) -> None:
+    job = spec(template={"tolerations": tolerations})
+    assert free_workers(job, [tainted(taint)], [], namespace="ml", job="j") == fit
+
+
 T0 = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 
 
