@@ -33,9 +33,11 @@ def events(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
-def pod_lines(kubeconfig: str, ns: str, attempt: str) -> list[dict[str, Any]]:
-    """The trainer's event lines of an attempt Job's pod, as the node agent keeps its log."""
-    (log,) = (Path(kubeconfig).parent / "logs" / "pods").glob(f"{ns}_{attempt}-*_trainer.log")
+def pod_lines(kubeconfig: str, ns: str, attempt: str, rank: int | None = None) -> list[dict[str, Any]]:
+    """The trainer's event lines of an attempt Job's pod (of that rank, where it has several), as
+    the node agent keeps its log."""
+    pod = f"{attempt}-*" if rank is None else f"{attempt}-{rank}-*"
+    (log,) = (Path(kubeconfig).parent / "logs" / "pods").glob(f"{ns}_{pod}_trainer.log")
     return events(log)
 
 

@@ -1,6 +1,6 @@
 """The Nodes the agent stands in for, and what keeps them schedulable.
 
-A GPU node with NVIDIA GPU Feature Discovery's labels, capacity `nvidia.com/gpu: 2` and the
+A GPU node with NVIDIA GPU Feature Discovery's labels, capacity `nvidia.com/gpu: 8` and the
 `nvidia.com/gpu=present:NoSchedule` taint (so GPU scheduling, affinity and tolerations are
 exercised for real), and a CPU node. A second GPU node, the same but for its label and taint
 `mpjob.dev/test-node=own`, holds only the pods of tests that count its GPUs (elastic jobs that
@@ -9,7 +9,7 @@ the e2e process, take GPUs of the first one and never land there (EXCLUSIVE_PLAC
 s their Ready conditions and their Leases in `kube-node-lease` are renewed: without that the
 node lifecycle controller would taint them unreachable and evict the pods.
 
-A test that needs more GPUs on the GPU node (an elastic job growing under a raised Kueue quota)
+A test that needs more GPUs on a GPU node (an elastic job growing under a raised Kueue quota)
 annotates it `mpjob.dev/test-gpus: "<n>"`; the heartbeat reports that capacity until the
 annotation goes.
 """
@@ -33,9 +33,9 @@ NODES: dict[str, dict[str, Any]] = {
             "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
             "nvidia.com/gpu.compute.major": "9",
             "nvidia.com/gpu.compute.minor": "0",
-            "nvidia.com/gpu.count": "2",
+            "nvidia.com/gpu.count": "8",
         },
-        "capacity": {"cpu": "16", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "2"},
+        "capacity": {"cpu": "16", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "8"},
         "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
     },
     "gpu-node-own": {

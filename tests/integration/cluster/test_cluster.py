@@ -144,6 +144,7 @@ def test_restarted_container_keeps_its_pod_ip_and_ends_succeeded(core, namespace
 def test_gpu_scheduling(core, namespace) -> None:
     core.create_namespaced_pod(namespace, _gpu_pod("one-gpu", 1))
     core.create_namespaced_pod(namespace, _gpu_pod("three-gpus", 3))
+    core.create_namespaced_pod(namespace, _gpu_pod("nine-gpus", 9))
     core.create_namespaced_pod(namespace, _gpu_pod("no-toleration", 0, tolerate=False))
 
     assert (
@@ -152,14 +153,16 @@ def test_gpu_scheduling(core, namespace) -> None:
     )
 
     def unschedulable() -> bool:
-        pod = core.read_namespaced_pod("three-gpus", namespace)
+        pod = core.read_namespaced_pod("nine-gpus", namespace)
         return any(
             c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
             for c in pod.status.conditions or []
         )
 
-    wait_for(unschedulable, 60, message="three-gpus unschedulable")
-    assert core.read_namespaced_pod("three-gpus", namespace).spec.node_name is None
+    wait_for(unschedulable, 60, message="nine-gpus unschedulable")  # more than any node holds
+    assert core.read_namespaced_pod("nine-gpus", namespace).spec.node_name is None
+    # Three fit the shared GPU node (8 GPUs); the pods never tolerate the other one's taint.
+    assert wait_for(lambda: core.read_namespaced_pod("three-gpus", namespace).spec.node_name, 60) == "gpu-node-0"
     assert (
         wait_for(
             lambda: core.read_namespaced_pod("no-toleration", namespace).spec.node_name,

@@ -3,9 +3,9 @@
 the GPUs they count are theirs and a blocker's, never those of tests running beside them. The
 third pod stays unschedulable (the real scheduler says so on the pod); past elastic.waitSeconds
 the operator ends the attempt ScaledDown, uncharged, and the next attempt runs with the 2
-workers that fit, in the same precision and with the same global batch, to Succeeded. With a
-GPU held by another pod, a 2-worker job shrinks to 1 and grows back to 2 at its first
-checkpoint after that GPU frees.
+workers that fit, in the same precision (fp16) and with the same global batch; an fp16 fault
+there falls back to bf16 on those 2 workers, to Succeeded. With a GPU held by another pod, a
+2-worker job shrinks to 1 and grows back to 2 at its first checkpoint after that GPU frees.
 
 In a real Kueue queue (in this file, so that it never runs beside the tests above: it changes
 that node's count): a ClusterQueue with quota for 2 `nvidia.com/gpu` holds a 3-worker elastic
@@ -40,24 +40,27 @@ GPU = "nvidia.com/gpu"
 pytestmark = pytest.mark.integration
 
 
-def test_pods_unschedulable_past_wait_seconds_shrink_the_job_to_the_workers_that_fit(
+def test_pods_unschedulable_past_wait_seconds_shrink_the_job_and_the_ladder_goes_on_at_the_smaller_size(
     operator: Operator, jobs: Jobs
 ) -> None:
+    """3 workers on a node with 2 GPUs: ScaledDown to 2 in fp16; an fp16 overflow on 2 workers
+    then falls back to bf16 on 2, the global batch kept throughout."""
     jobs.pvc("ckpt")
-    spec = gpt_spec(
-        "ckpt", steps=30, workers=3, elastic={"minWorkers": 2, "waitSeconds": 5}, template=EXCLUSIVE_PLACEMENT
-    )
-    spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+    elastic = {"minWorkers": 2, "waitSeconds": 5}
+    spec = gpt_spec("ckpt", steps=30, workers=3, elastic=elastic, template=EXCLUSIVE_PLACEMENT)
+    spec["task"]["args"]["overflowAtStep"] = 15
     jobs.create("elastic", spec)
     status = jobs.wait_phase("elastic", ("Succeeded", "Failed"), 300)
     assert status["phase"] == "Succeeded", status
-    first, second = status["attempts"]
-    assert (first["worldSize"], first["reason"], first["charged"]) == (3, "ScaledDown", False)
+    rows = [(a["precision"], a["worldSize"], a["reason"], a["charged"]) for a in status["attempts"]]
+    assert rows == [("fp16", 3, "ScaledDown", False), ("fp16", 2, "NumericFault", True), ("bf16", 2, "Succeeded", True)]
+    first, faulted, last = status["attempts"]
     assert "pods unschedulable for" in first["message"] and "3 -> 2" in first["message"]
-    assert (second["precision"], second["worldSize"], second["reason"]) == ("bf16", 2, "Succeeded")
-    assert second["worldSize"] * second["microBatch"] * second["gradAccumulation"] == 3 * 4  # the global batch
-    assert status["workers"] == 2 and status["attemptCounts"]["charged"] == 1
-    job = jobs.batch.read_namespaced_job("elastic-a1", jobs.namespace)
+    assert first["startStep"] == faulted["startStep"] == 0 and 0 < last["startStep"] < 15  # its last good checkpoint
+    for attempt in (faulted, last):
+        assert attempt["worldSize"] * attempt["microBatch"] * attempt["gradAccumulation"] == 3 * 4  # the global batch
+    assert status["workers"] == 2 and status["attemptCounts"]["charged"] == 2
+    job = jobs.batch.read_namespaced_job("elastic-a2", jobs.namespace)
     assert (job.spec.completions, job.spec.parallelism) == (2, 2)
 
 

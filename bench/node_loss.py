@@ -1,0 +1,112 @@
+"""Node loss to training again at the smaller size, on the test control plane (spec.elastic).
+
+A 3-worker elastic job (minWorkers 2, the mlp task on the CPU node) trains past a checkpoint;
+then worker 2's node goes away as the taint manager shows it: its pod gets the DisruptionTarget
+condition (DeletionByTaintManager) and is deleted. The operator ends the attempt ScaledDown and
+the next one trains with 2 workers from the newest checkpoint. Measured from the moment of the
+deletion (this host's clock, which the node agent's pods share) to the smaller attempt's
+first step, broken down at the trainers' own lines: the old attempt's pods stopped (each
+checkpoints on SIGTERM), the new pod's first line (the operator's reconcile, Job and pod
+creation, process start, imports, model build), its resume (checkpoint loaded), its first step.
+
+    make cluster && PYTHONPATH=. uv run --no-sync python bench/node_loss.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+
+from bench.operator_scale import connect, start_operator, stop_operator, wait_gone
+from bench.recovery_cluster import GROUP, PLURAL, VERSION, pod_lines
+from tests.helpers import wait_for
+
+CLAIM = "ckpt"
+SPEC: dict[str, Any] = {
+    "workers": 3,
+    "task": {"builtin": "mlp", "args": {"stepDelay": {"bf16": 0.05}}},
+    "training": {"steps": 200, "batchSize": 4, "logEvery": 1},
+    "precision": {"mode": "bf16", "fallback": ["fp32"]},
+    "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": CLAIM}}},
+    "elastic": {"minWorkers": 2, "waitSeconds": 600},
+    "resources": {"gpusPerWorker": 0},
+}
+GONE = {
+    "type": "DisruptionTarget",
+    "status": "True",
+    "reason": "DeletionByTaintManager",
+    "message": "Taint manager: deleting due to NoExecute taint",
+}
+
+
+def lose_a_node(core: client.CoreV1Api, ns: str, name: str) -> float:
+    """Worker 2's pod shown lost and deleted; the moment of the deletion."""
+    selector = f"mpjob.dev/job={name},mpjob.dev/attempt=0"
+    pods = core.list_namespaced_pod(ns, label_selector=selector).items
+    (pod,) = [p.metadata.name for p in pods if p.metadata.name.startswith(f"{name}-a0-2-")]
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    core.patch_namespaced_pod_status(pod, ns, {"status": {"conditions": [{**GONE, "lastTransitionTime": stamp}]}})
+    lost = time.time()
+    core.delete_namespaced_pod(pod, ns)
+    return lost
+
+
+def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str) -> dict[str, float]:
+    custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MixedPrecisionJob", "metadata": {"name": name}, "spec": SPEC}
+    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+
+    def status() -> dict[str, Any]:
+        return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+
+    wait_for(lambda: (status().get("lastCheckpoint") or {}).get("step", 0) >= 20, 300, 0.5, "a checkpoint")
+    lost = lose_a_node(core, ns, name)
+    done = wait_for(lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s, 600, 0.5, "the end")
+    assert done["phase"] == "Succeeded" and [a["worldSize"] for a in done["attempts"]] == [3, 2], done["attempts"]
+    old = pod_lines(kubeconfig, ns, f"{name}-a0", 0)  # rank 0 writes the event lines
+    new = pod_lines(kubeconfig, ns, f"{name}-a1", 0)
+    resumed = next(e["time"] for e in new if e["event"] == "resume")
+    stepped = next(e["time"] for e in new if e["event"] == "step")
+    return {
+        "node lost -> first step at 2 workers": stepped - lost,
+        "node lost -> old attempt's last line (SIGTERM: checkpoint)": old[-1]["time"] - lost,
+        "node lost -> new pod's first line": new[0]["time"] - lost,
+        "new pod's first line -> checkpoint loaded": resumed - new[0]["time"],
+        "checkpoint loaded -> first step": stepped - resumed,
+    }
+
+
+def measure(runs: int) -> list[dict[str, float]]:
+    layout, api = connect()
+    kubeconfig, ns = str(layout.kubeconfig), f"nodeloss-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": ns}})
+    pvc = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": CLAIM}, "spec": pvc})
+    op = start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
+    try:
+        return [one_job(api, kubeconfig, ns, f"lost-{k}") for k in range(runs)]
+    finally:
+        stop_operator(op)
+        core.delete_namespace(ns, propagation_policy="Foreground")
+        wait_gone(core, ns)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    rows = measure(parser.parse_args().runs)
+    for key in rows[0]:
+        values = [row[key] for row in rows]
+        each = ", ".join(f"{v:.2f}" for v in values)
+        print(f"{key}: median {statistics.median(values):.2f} s (runs: {each})")
+
+
+if __name__ == "__main__":
+    main()
