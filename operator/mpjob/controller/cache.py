@@ -3,13 +3,13 @@ Events, kept current by one list + watch per kind and namespace (as a client-go 
 its store; `watch.py`), read as raw JSON and kept only as the few fields the planner reads
 (`records.py`).
 
-A reconcile reads its children here instead of listing them from the API server, and a change
-the planner would act on (a Job's verdict or suspension, a pod's start, exit or deletion, a pod
-the Job controller cannot create) queues a reconcile of the MixedPrecisionJob it belongs to.
+A reconcile reads its children here, not from the API server; a change the planner would act on
+(a Job's verdict or suspension, a pod's start, exit or deletion, a pod the Job controller cannot
+create) queues a reconcile of the MixedPrecisionJob it belongs to.
 Children are found by their controller ownerReferences, never by label alone, and joined to
 their parent on namespace, kind, name and UID together (`records.ObjectRef`): a pod or Event of
-another namespace that copies a Job's name and UID joins nothing. An object that cannot be read
-is skipped (and logged once).
+another namespace that copies a Job's name and UID joins nothing. An unreadable object is
+skipped (and logged once).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mpjob.builders.attempt import LABEL_JOB
+from mpjob.controller.lostnodes import on_nodes
 from mpjob.controller.records import (
     CreateFailure,
     JobRecord,
@@ -77,12 +78,13 @@ class ChildCache:
         self._stop = threading.Event()
 
     # -------------------------------------------------------------- reading
-    def observe(self, namespace: str, name: str, uid: str) -> Observed:
-        """The attempts of the MixedPrecisionJob `namespace/name` whose UID is `uid`."""
+    def observe(self, namespace: str, name: str, uid: str, nodes: frozenset[str] | None = None) -> Observed:
+        """The attempts of the MixedPrecisionJob `namespace/name` whose UID is `uid` (with `nodes`,
+        the Nodes that exist: a pod running on another is lost, lostnodes.on_nodes)."""
         owner = ObjectRef(namespace, api.KIND, name, uid)
         with self._lock:
             jobs = [self._jobs[j] for j in self._keys.get((namespace, name), ()) if self._jobs[j].owner == owner]
-            pods = {job.uid: [self._pods[p].view for p in self._by_job.get(job.ref, ())] for job in jobs}
+            pods = {j.uid: [on_nodes(self._pods[p].view, nodes) for p in self._by_job.get(j.ref, ())] for j in jobs}
             ips = {job.uid: self._rank0_ip(job.ref) for job in jobs}
             failures = {job.uid: self._failures.get(job.ref) for job in jobs}
         views: dict[int, JobView] = {}
@@ -100,8 +102,7 @@ class ChildCache:
                 create_error=failure.message if failure is not None else None,
             )
             uids[job.attempt] = job.uid
-            ip = ips[job.uid]
-            if ip is not None:
+            if (ip := ips[job.uid]) is not None:
                 rank0_ip[job.attempt] = ip
         lingering = frozenset(j.attempt for j in jobs if j.gone and any(p.alive for p in pods[j.uid]))
         return Observed(views, lingering, rank0_ip, uids)
@@ -198,8 +199,7 @@ class ChildCache:
                 self._by_job.get(old_pod.owner, set()).discard(record.uid)
             self._by_job.setdefault(record.owner, set()).add(record.uid)
             return self._key_of(record.owner) if record.news(old_pod) else None
-        old_failure = self._failures.get(record.owner)
-        self._failures[record.owner] = record
+        old_failure, self._failures[record.owner] = self._failures.get(record.owner), record
         news = old_failure is None or old_failure.message != record.message
         return self._key_of(record.owner) if news else None
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
 from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
-from mpjob.controller import capacity, costs
+from mpjob.controller import capacity, costs, lostnodes
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
@@ -65,8 +65,9 @@ class Reconciler:
             deadline=config.scrape_timeout_seconds,
             max_bytes=config.scrape_max_bytes,
         )
-        self.queue, self.profiles = (
+        self.queue, self.nodes, self.profiles = (
             QueueReader(cluster),
+            lostnodes.NodeReader(cluster),
             ProfileRequests(cluster, config.scrape_timeout_seconds, config.profile_key),
         )
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
@@ -130,6 +131,8 @@ class Reconciler:
                 return None
             uid = body["metadata"]["uid"]
             seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
+            if lostnodes.suspect(seen) and (nodes := self.nodes.existing()) is not None:
+                seen = self.cache.observe(namespace, name, uid, nodes)  # a pod on a node gone is lost
             now = datetime.now(UTC)
             jobs = self.queue.with_words(namespace, spec, old, seen)
             if spec.run_policy.queue_name:  # the queue's quota sizes it, not the nodes

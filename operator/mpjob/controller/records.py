@@ -8,10 +8,9 @@ MixedPrecisionJob of the same namespace, name and UID; a pod, or a FailedCreate 
 of the same namespace, name and UID. All four are compared, never the UID alone: a UID is no
 secret (anyone who may read the Job sees it), and an ownerReference names no namespace, so a pod
 in another namespace whose controller reference copies a Job's name and UID is somebody else's.
-Labels only narrow the watches; a pod that carries a job's labels but no ownerReference to one of
-its Jobs is somebody else's too.
-Anything malformed about an object of ours raises `Malformed` (the cache skips that object and
-says so once); it never escapes into a watch.
+Labels only narrow the watches; a pod with a job's labels but no ownerReference to one of its
+Jobs is somebody else's too. Anything malformed about an object of ours raises `Malformed`
+(the cache skips that object and says so once); it never escapes into a watch.
 """
 
 from __future__ import annotations
@@ -260,6 +259,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         started_at=_text((terminated or running or {}).get("startedAt")),
         finished_at=_text((terminated or {}).get("finishedAt")),
         unschedulable_since=unschedulable,
+        node=_text((pod.get("spec") or {}).get("nodeName")),
     )
 
 

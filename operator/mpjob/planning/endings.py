@@ -33,6 +33,8 @@ class PodView:
     #: Since when the scheduler finds no node for the pod (its PodScheduled condition False,
     #: reason Unschedulable; RFC 3339), for spec.elastic; None once it is scheduled.
     unschedulable_since: str | None = None
+    #: The node the pod is bound to (spec.nodeName), if any.
+    node: str | None = None
 
 
 @dataclass(frozen=True)

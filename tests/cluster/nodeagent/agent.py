@@ -46,7 +46,7 @@ class NodeAgent:
         ensure_storage_class(self.api)
         self.state.publish_hosts()
         loops: list[tuple[Callable[..., None], tuple[object, ...]]] = [
-            (keep_alive, (self.core, self.coord, self.stop)),
+            (keep_alive, (self.core, self.coord, self.stop, self.pods.nodes_gone)),
             (self.watch.run, ()),
             (self.pods.report_exits, (self.stop,)),
             (provision_claims, (self.core, self.dirs.volumes, self.stop)),

@@ -2,12 +2,18 @@
 
 A GPU node with NVIDIA GPU Feature Discovery's labels, capacity `nvidia.com/gpu: 8` and the
 `nvidia.com/gpu=present:NoSchedule` taint (so GPU scheduling, affinity and tolerations are
-exercised for real), and a CPU node. A second GPU node, the same but for its label and taint
-`mpjob.dev/test-node=own`, holds only the pods of tests that count its GPUs (elastic jobs that
-shrink to what fits and grow when a GPU frees): the tests beside them, in other workers and in
-the e2e process, take GPUs of the first one and never land there (EXCLUSIVE_PLACEMENT). Every 8
-s their Ready conditions and their Leases in `kube-node-lease` are renewed: without that the
-node lifecycle controller would taint them unreachable and evict the pods.
+exercised for real), and a CPU node. More GPU nodes, the same but for a pool's label and taint
+(`mpjob.dev/test-node=<pool>`), hold only the pods of the tests that count their GPUs or remove
+them (elastic jobs that shrink to what fits and grow when a GPU or a node returns): the tests
+beside them, in other workers and in the e2e process, take GPUs of the first one and never land
+there (`placement(pool)`). Every 8 s their Ready conditions and their Leases in
+`kube-node-lease` are renewed: without that the node lifecycle controller would taint them
+unreachable and evict the pods.
+
+A node whose Node object is deleted (a machine gone: `remove_node`) is lost: the heartbeat
+that finds it missing kills its pods' processes at once and writes nothing more about them (no
+kubelet is left to); Kubernetes' pod garbage collector deletes them later. Created again
+(`return_node`, as a returning kubelet registers), it is beaten Ready again and takes new pods.
 
 A test that needs more GPUs on a GPU node (an elastic job growing under a raised Kueue quota)
 annotates it `mpjob.dev/test-gpus: "<n>"`; the heartbeat reports that capacity until the
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,44 +33,44 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster.nodeagent.log import log, now
 
+POOL_LABEL = "mpjob.dev/test-node"
+
+
+def _gpu_node(gpus: int, pool: str | None = None) -> dict[str, Any]:
+    """An H100 node of `gpus` GPUs; in a `pool`, labelled and tainted so that only pods placed
+    there (`placement(pool)`) land on it."""
+    labels = {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/gpu.count": str(gpus),
+    }
+    taints = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    if pool is not None:
+        labels[POOL_LABEL] = pool
+        taints.append({"key": POOL_LABEL, "value": pool, "effect": "NoSchedule"})
+    capacity = {"cpu": "16", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    return {"labels": labels, "capacity": capacity, "taints": taints}
+
+
+def placement(pool: str) -> dict[str, Any]:
+    """A pod template's placement on the GPU nodes of `pool` (spec.template of a MixedPrecisionJob)."""
+    return {
+        "nodeSelector": {POOL_LABEL: pool},
+        "tolerations": [{"key": POOL_LABEL, "operator": "Equal", "value": pool, "effect": "NoSchedule"}],
+    }
+
+
+#: The shared GPU node; a node of its own for the elastic tests that count its GPUs (`own`);
+#: three nodes of one GPU each for the tests that remove a node and bring it back (`trio`).
 NODES: dict[str, dict[str, Any]] = {
-    "gpu-node-0": {
-        "labels": {
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-            "nvidia.com/gpu.compute.major": "9",
-            "nvidia.com/gpu.compute.minor": "0",
-            "nvidia.com/gpu.count": "8",
-        },
-        "capacity": {"cpu": "16", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "8"},
-        "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
-    },
-    "gpu-node-own": {
-        "labels": {
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-            "nvidia.com/gpu.compute.major": "9",
-            "nvidia.com/gpu.compute.minor": "0",
-            "nvidia.com/gpu.count": "2",
-            "mpjob.dev/test-node": "own",
-        },
-        "capacity": {"cpu": "16", "memory": "128Gi", "pods": "110", "nvidia.com/gpu": "2"},
-        "taints": [
-            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
-            {"key": "mpjob.dev/test-node", "value": "own", "effect": "NoSchedule"},
-        ],
-    },
-    "cpu-node-0": {
-        "labels": {},
-        "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"},
-        "taints": [],
-    },
+    "gpu-node-0": _gpu_node(8),
+    "gpu-node-own": _gpu_node(2, "own"),
+    **{f"gpu-node-trio-{k}": _gpu_node(1, "trio") for k in range(3)},
+    "cpu-node-0": {"labels": {}, "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"}, "taints": []},
 }
-#: A pod template's placement on the GPU node of its own (spec.template of a MixedPrecisionJob).
-EXCLUSIVE_PLACEMENT: dict[str, Any] = {
-    "nodeSelector": {"mpjob.dev/test-node": "own"},
-    "tolerations": [{"key": "mpjob.dev/test-node", "operator": "Equal", "value": "own", "effect": "NoSchedule"}],
-}
+EXCLUSIVE_PLACEMENT = placement("own")
 HEARTBEAT_SECONDS = 8
 GPUS_ANNOTATION = "mpjob.dev/test-gpus"
 PRESSURES = ("MemoryPressure", "DiskPressure", "PIDPressure")
@@ -72,37 +79,55 @@ LEASE_SECONDS = 40
 
 def register_nodes(core: Any, coord: Any) -> None:
     """Create the Nodes (or bring an existing one's labels and taints up to date), then beat once."""
-    for name, spec in NODES.items():
-        labels = {
-            "kubernetes.io/hostname": name,
-            "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
-            **spec["labels"],
-        }
-        body = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"taints": spec["taints"]},
-        }
+    for name in NODES:
+        body = node_body(name)
         try:
             core.create_node(body)
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            core.patch_node(name, {"metadata": {"labels": labels}, "spec": {"taints": spec["taints"]}})
+            core.patch_node(name, {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]})
     heartbeat(core, coord)
 
 
-def heartbeat(core: Any, coord: Any) -> None:
-    """Report every node Ready (with capacity and node info) and renew its Lease."""
+def node_body(name: str) -> dict[str, Any]:
+    """The Node the agent registers for `name` (labels and taints as NODES has them)."""
+    spec = NODES[name]
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {**labels, **spec["labels"]}},
+        "spec": {"taints": spec["taints"]},
+    }
+
+
+def remove_node(core: Any, name: str) -> None:
+    """The machine `name` is gone: its Node object is deleted, as a cloud's node controller does."""
+    core.delete_node(name)
+
+
+def return_node(core: Any, name: str) -> None:
+    """The machine `name` is back: its Node registered again (the next heartbeat makes it Ready)."""
+    core.create_node(node_body(name))
+
+
+def heartbeat(core: Any, coord: Any) -> set[str]:
+    """Report every node Ready (with capacity and node info) and renew its Lease; the names of
+    the nodes whose Node object is gone (deleted: those are not beaten)."""
     stamp = now()
     renew_time = datetime.now(UTC)
+    gone: set[str] = set()
     for name, spec in NODES.items():
-        with contextlib.suppress(ApiException):
+        try:
             capacity = _capacity(core, name, spec["capacity"])
             core.patch_node_status(name, {"status": node_status(name, capacity, stamp)})
+        except ApiException as exc:
+            if exc.status == 404:
+                gone.add(name)
+                continue
         _renew_lease(coord, name, renew_time)
+    return gone
 
 
 def _capacity(core: Any, name: str, capacity: dict[str, str]) -> dict[str, str]:
@@ -113,11 +138,12 @@ def _capacity(core: Any, name: str, capacity: dict[str, str]) -> dict[str, str]:
     return {**capacity, "nvidia.com/gpu": gpus} if gpus and gpus.isdigit() else capacity
 
 
-def keep_alive(core: Any, coord: Any, stop: threading.Event) -> None:
-    """The heartbeat thread: a failed beat is logged and the next one tries again."""
+def keep_alive(core: Any, coord: Any, stop: threading.Event, gone: Callable[[set[str]], None]) -> None:
+    """The heartbeat thread: `gone` hears the nodes found deleted at each beat; a failed beat is
+    logged and the next one tries again."""
     while not stop.wait(HEARTBEAT_SECONDS):
         try:
-            heartbeat(core, coord)
+            gone(heartbeat(core, coord))
         except Exception as exc:
             log(f"heartbeat failed: {exc}")
 

@@ -118,6 +118,25 @@ class PodLifecycle:
         except Exception as exc:
             log(f"deleting {rec.namespace}/{rec.name}: {exc!r}")
 
+    def nodes_gone(self, gone: set[str]) -> None:
+        """The nodes whose Node objects are gone now: the pods of one newly lost die with its
+        machine (SIGKILL, and no status: no kubelet is left to write one). A node back (its Node
+        created again) reports those pods Failed, as a kubelet that comes back does."""
+        with self.state.lock:
+            lost, back = gone - self.state.lost_nodes, self.state.lost_nodes - gone
+            self.state.lost_nodes = set(gone)
+            dying = [rec for rec in self.state.running.values() if rec.node in lost]
+            for rec in dying:
+                self.state.retire(rec.uid)
+                self.state.lost_pods.setdefault(rec.node, []).append(rec)
+            self.state.save()
+            ended = [rec for name in back for rec in self.state.lost_pods.pop(name, [])]
+        for rec in dying:
+            log(f"node {rec.node} is gone: {rec.namespace}/{rec.name} killed with it")
+            self.runtime.kill(rec, grace=0)
+        for rec in ended:  # a pod collected meanwhile is not written (404)
+            patch_status(self.core, rec.name, rec.namespace, status=terminated_status(rec, 137, ""))
+
     def report_exits(self, stop: threading.Event) -> None:
         """The exit-reporting thread: restart or finish every pod whose container exited."""
         while not stop.wait(EXIT_POLL_SECONDS):
@@ -154,4 +173,5 @@ def _record(sandbox: PodSandbox, ctr: Any, started: Started) -> PodProcess:
         restart_policy=sandbox.pod.spec.restart_policy or "Always",
         hosts=sandbox.hosts,
         mounts=started.mounts,
+        node=sandbox.pod.spec.node_name or "",
     )

@@ -78,6 +78,8 @@ class PodProcess:
     restarts: int = 0
     hosts: list[str] = field(default_factory=list)
     deleting: bool = False
+    #: The node the pod is bound to (records written before it was kept have "").
+    node: str = ""
     #: Local directory -> volume mount path (termination messages name the mount paths).
     mounts: dict[str, str] = field(default_factory=dict)
 
@@ -91,6 +93,10 @@ class AgentState:
         self.running: dict[str, PodProcess] = {}
         self.done: set[str] = set()
         self.hosts: dict[str, list[str]] = {}
+        #: Nodes whose Node object is gone (their machines lost): the agent runs nothing there.
+        self.lost_nodes: set[str] = set()
+        #: The pods that were running on each lost node (reported Failed when it comes back).
+        self.lost_pods: dict[str, list[PodProcess]] = {}
         self._ip_counter = 0
         self._load()
 

@@ -4,7 +4,8 @@ those the scheduler bound to our nodes, level-triggered (each event carries the 
 - bound, not started, not ended: start it (a pod that fails to start is Failed/StartError);
 - deletionTimestamp set: stop it gracefully in a thread of its own (SIGTERM, the pod's grace
   period, SIGKILL), or remove the object at once if nothing of it runs here;
-- gone from the API (DELETED, or missing from a fresh list): kill its processes now.
+- gone from the API (DELETED, or missing from a fresh list): kill its processes now;
+- bound to a node whose Node object is gone (nodes.py): left alone, as no kubelet is there.
 
 A 410 Gone or an ERROR event lists again; any other failure is logged and retried.
 """
@@ -90,8 +91,8 @@ class PodWatch:
 
     def reconcile(self, pod: Any) -> None:
         """Act on one observed pod: start it, stop it, or leave it."""
-        if pod.spec.node_name not in NODES:
-            return
+        if pod.spec.node_name not in NODES or pod.spec.node_name in self.state.lost_nodes:
+            return  # not ours, or its machine is gone: nothing of it runs, nobody reports it
         if pod.metadata.deletion_timestamp:
             self._deleting(pod)
             return

@@ -1,0 +1,107 @@
+"""A node removed under a training job, and its return, on the real control plane (spec.elastic).
+
+A 3-worker job, a GPU each, on the test cluster's three one-GPU nodes of the `trio` pool. Past
+its step-20 checkpoint the node of worker 2 is removed (its Node object deleted, as when the
+machine is gone): the node agent kills that pod's processes with it and writes nothing more
+about them, its peers fail at the next collective, and the operator, seeing a running pod on a
+node that no longer exists, ends the attempt ScaledDown (uncharged) at once, without waiting
+for the pod garbage collector. The next attempt trains with 2 workers from the last checkpoint
+in the same precision with the same global batch. The node comes back (registered again): the
+job grows back to 3 at its next checkpoint, to Succeeded. Across both changes the samples
+trained are exactly the data stream's, none twice, none skipped (the recording task of the
+`mpjob run` elastic test, its lines written by the pods' processes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node
+from tests.helpers import wait_for
+from tests.integration.operator.conftest import Jobs, Operator
+from tests.unit.localrun.test_elastic_run import SAMPLES, SEED, stream, trained
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+TRIO = [name for name in NODES if name.startswith("gpu-node-trio-")]
+STEPS, GLOBAL_BATCH = 120, 12
+
+
+@pytest.fixture
+def trio(core: client.CoreV1Api) -> Iterator[list[str]]:
+    """The pool's three nodes; any of them a test removed is registered again after it."""
+    yield TRIO
+    for name in TRIO:
+        with contextlib.suppress(ApiException):  # 409: it is there
+            return_node(core, name)
+    wait_for(lambda: all(_ready(core, name) for name in TRIO), 60, message="the trio nodes Ready")
+
+
+def _ready(core: client.CoreV1Api, name: str) -> bool:
+    conditions = core.read_node(name).status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _spec(claim: str, record: Path) -> dict[str, Any]:
+    env = [{"name": "PYTHONPATH", "value": str(REPO)}, {"name": "MPJOB_TEST_RECORD", "value": str(record)}]
+    return {
+        "workers": 3,
+        "task": {
+            "module": "tests.unit.localrun.elastic_task:make_task",
+            "args": {"samples": SAMPLES, "stepDelay": {"bf16": 0.1}},
+        },
+        "training": {"steps": STEPS, "batchSize": 4, "logEvery": 5, "learningRate": 1e-3, "seed": SEED},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": claim}}},
+        "elastic": {"minWorkers": 1, "waitSeconds": 600},
+        "resources": {"gpusPerWorker": 1},
+        "template": {**placement("trio"), "env": env},
+    }
+
+
+def _node_of_rank(jobs: Jobs, name: str, attempt: int, rank: int) -> str:
+    selector = f"mpjob.dev/job={name},mpjob.dev/attempt={attempt}"
+    pods = jobs.core.list_namespaced_pod(jobs.namespace, label_selector=selector).items
+    (pod,) = [p for p in pods if p.metadata.name.startswith(f"{name}-a{attempt}-{rank}-")]
+    return str(pod.spec.node_name)
+
+
+def test_a_node_removed_shrinks_the_job_at_once_and_its_return_grows_it_back(
+    operator: Operator, jobs: Jobs, trio: list[str], tmp_path: Path
+) -> None:
+    jobs.pvc("ckpt")
+    record = tmp_path / "samples.txt"
+    jobs.create("trio", _spec("ckpt", record))
+    jobs.wait_status("trio", lambda s: (s.get("lastCheckpoint") or {}).get("step", 0) >= 20, 240, "a checkpoint")
+    lost = _node_of_rank(jobs, "trio", 0, 2)
+    assert lost in trio
+    remove_node(jobs.core, lost)
+
+    def training_at_two(status: dict[str, Any]) -> bool:
+        attempts = status.get("attempts") or []
+        return len(attempts) == 2 and status.get("phase") == "Running" and status.get("step", 0) > 40
+
+    jobs.wait_status("trio", training_at_two, 240, "attempt 1 training on 2 workers")
+    return_node(jobs.core, lost)
+    status = jobs.wait_phase("trio", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    attempts = status["attempts"]
+    sizes = [(a["precision"], a["worldSize"], a["reason"], a["charged"]) for a in attempts]
+    assert sizes == [("bf16", 3, "ScaledDown", False), ("bf16", 2, "ScaledUp", False), ("bf16", 3, "Succeeded", True)]
+    assert "a node was lost" in attempts[0]["message"]
+    # Shrunk from the newest checkpoint (its peers died with no chance to write another); grown
+    # at the checkpoint the smaller attempt wrote on SIGTERM, at or past the last step the
+    # operator read from it before it ended it.
+    assert attempts[1]["startStep"] >= 20 and attempts[1]["startStep"] % 20 == 0
+    assert attempts[2]["startStep"] >= attempts[1]["endStep"] > attempts[1]["startStep"]
+    for a in attempts:
+        assert a["worldSize"] * a["microBatch"] * a["gradAccumulation"] == GLOBAL_BATCH
+    assert trained(attempts, record) == stream(STEPS * GLOBAL_BATCH)
