@@ -252,7 +252,7 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 #: Reads of kopf's peering objects (mpjob.controller.peering), made only with peering on.
 PEERING_CALLS = {"get_cluster_custom_object": ("kopf.dev", "clusterkopfpeerings", "get")}
-#: Reads of nodes and pods everywhere (mpjob.controller.capacity), granted only with rbac.elasticCapacity.
+#: Reads of nodes and pods everywhere (mpjob.controller.capacity, lostnodes), granted only with rbac.elasticCapacity.
 ELASTIC_CALLS = {"list_node": ("", "nodes", "list"), "list_pod_for_all_namespaces": ("", "pods", "list")}
 
 
