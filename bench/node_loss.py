@@ -9,12 +9,19 @@ first step, broken down at the trainers' own lines: the old attempt's pods stopp
 checkpoints on SIGTERM), the new pod's first line (the operator's reconcile, Job and pod
 creation, process start, imports, model build), its resume (checkpoint loaded), its first step.
 
-    make cluster && PYTHONPATH=. uv run --no-sync python bench/node_loss.py [--runs 3]
+With `--remove-node` the node itself goes: the job runs on the test cluster's three one-GPU
+nodes (the `trio` pool) and the Node of worker 2 is deleted, as when its machine is gone (the
+node agent notices at its next heartbeat, within 8 s, and kills that pod's processes; the peers
+fail at their next collective; the operator sees the running pod on a node that no longer
+exists as lost). The node is registered again after each run.
+
+    make cluster && PYTHONPATH=. uv run --no-sync python bench/node_loss.py [--runs 3] [--remove-node]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 import uuid
@@ -25,6 +32,7 @@ from kubernetes import client
 
 from bench.operator_scale import connect, start_operator, stop_operator, wait_gone
 from bench.recovery_cluster import GROUP, PLURAL, VERSION, pod_lines
+from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node
 from tests.helpers import wait_for
 
 CLAIM = "ckpt"
@@ -57,32 +65,55 @@ def lose_a_node(core: client.CoreV1Api, ns: str, name: str) -> float:
     return lost
 
 
-def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str) -> dict[str, float]:
+def remove_its_node(core: client.CoreV1Api, ns: str, name: str) -> tuple[float, str]:
+    """Worker 2's Node deleted; the moment, and the node's name."""
+    selector = f"mpjob.dev/job={name},mpjob.dev/attempt=0"
+    pods = core.list_namespaced_pod(ns, label_selector=selector).items
+    (node,) = [p.spec.node_name for p in pods if p.metadata.name.startswith(f"{name}-a0-2-")]
+    lost = time.time()
+    remove_node(core, node)
+    return lost, node
+
+
+def spec(whole_node: bool) -> dict[str, Any]:
+    if not whole_node:
+        return SPEC
+    return {**SPEC, "resources": {"gpusPerWorker": 1}, "template": placement("trio")}
+
+
+def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, whole_node: bool) -> dict[str, float]:
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MixedPrecisionJob", "metadata": {"name": name}, "spec": SPEC}
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MixedPrecisionJob", "metadata": {"name": name},
+            "spec": spec(whole_node)}  # fmt: skip
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
 
     def status() -> dict[str, Any]:
         return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
 
     wait_for(lambda: (status().get("lastCheckpoint") or {}).get("step", 0) >= 20, 300, 0.5, "a checkpoint")
-    lost = lose_a_node(core, ns, name)
+    if whole_node:
+        lost, node = remove_its_node(core, ns, name)
+        wait_for(lambda: len(status().get("attempts") or []) == 2, 300, 0.5, "the smaller attempt")
+        return_node(core, node)  # the job grows back to 3 at its next checkpoint
+    else:
+        lost = lose_a_node(core, ns, name)
     done = wait_for(lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s, 600, 0.5, "the end")
-    assert done["phase"] == "Succeeded" and [a["worldSize"] for a in done["attempts"]] == [3, 2], done["attempts"]
+    sizes = [a["worldSize"] for a in done["attempts"]]
+    assert done["phase"] == "Succeeded" and sizes[:2] == [3, 2], done["attempts"]
     old = pod_lines(kubeconfig, ns, f"{name}-a0", 0)  # rank 0 writes the event lines
     new = pod_lines(kubeconfig, ns, f"{name}-a1", 0)
     resumed = next(e["time"] for e in new if e["event"] == "resume")
     stepped = next(e["time"] for e in new if e["event"] == "step")
     return {
         "node lost -> first step at 2 workers": stepped - lost,
-        "node lost -> old attempt's last line (SIGTERM: checkpoint)": old[-1]["time"] - lost,
+        "node lost -> old attempt's rank 0 last line (SIGTERM: checkpoint; or its peer's loss)": old[-1]["time"] - lost,
         "node lost -> new pod's first line": new[0]["time"] - lost,
         "new pod's first line -> checkpoint loaded": resumed - new[0]["time"],
         "checkpoint loaded -> first step": stepped - resumed,
     }
 
 
-def measure(runs: int) -> list[dict[str, float]]:
+def measure(runs: int, whole_node: bool) -> list[dict[str, float]]:
     layout, api = connect()
     kubeconfig, ns = str(layout.kubeconfig), f"nodeloss-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
@@ -91,8 +122,11 @@ def measure(runs: int) -> list[dict[str, float]]:
     core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": CLAIM}, "spec": pvc})
     op = start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
     try:
-        return [one_job(api, kubeconfig, ns, f"lost-{k}") for k in range(runs)]
+        return [one_job(api, kubeconfig, ns, f"lost-{k}", whole_node) for k in range(runs)]
     finally:
+        for node in (n for n in NODES if n.startswith("gpu-node-trio-")):
+            with contextlib.suppress(client.ApiException):  # 409: it is there
+                return_node(core, node)
         stop_operator(op)
         core.delete_namespace(ns, propagation_policy="Foreground")
         wait_gone(core, ns)
@@ -101,7 +135,9 @@ def measure(runs: int) -> list[dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    rows = measure(parser.parse_args().runs)
+    parser.add_argument("--remove-node", action="store_true", help="delete the Node itself (the trio pool)")
+    args = parser.parse_args()
+    rows = measure(args.runs, args.remove_node)
     for key in rows[0]:
         values = [row[key] for row in rows]
         each = ", ".join(f"{v:.2f}" for v in values)
