@@ -3,7 +3,8 @@ steps trained, so that a local run of an elastic job (spec.elastic) shrinks and 
 the operator's decision (mpjob.planning.elastic) without a cluster.
 
 SCHEDULE is `N[,STEP:N]...`: N workers fit from the start, and from each STEP on the N after it
-(`3,40:2,120:3`: 3 at first, 2 from step 40, 3 from step 120). The runner reads the trainer's
+(`3,40:2,120:3`: 3 at first, 2 from step 40, 3 from step 120), the steps counted as the furthest
+the job has reached (steps trained again after a resume come later). The runner reads the trainer's
 steps from its event lines (a line per training.logEvery steps), so a change lands at the first
 logged step at or after its STEP. When fewer workers fit than an attempt runs with, the last
 workers' processes are killed, as when their nodes go away: the attempt ends and the next one
@@ -31,10 +32,13 @@ class BadSchedule(ValueError):
     """A --workers-available value that cannot be read or cannot work for the job."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class WorkersSchedule:
     #: (from step, workers that fit), ascending by step, the first from step 0.
     changes: tuple[tuple[int, int], ...]
+    #: The furthest step the job has reached: the schedule's clock. An attempt resumed from a
+    #: checkpoint before it trains those steps again later in time, under the capacity of now.
+    reached: int = 0
 
     @classmethod
     def parse(cls, text: str) -> WorkersSchedule:
@@ -53,7 +57,10 @@ class WorkersSchedule:
         return cls(tuple(changes))
 
     def available(self, step: int) -> int:
-        return next(workers for since, workers in reversed(self.changes) if step >= since)
+        """Workers that fit with the job at `step` (the clock moves on to it; a step trained
+        again after a resume does not turn it back)."""
+        self.reached = max(self.reached, step)
+        return next(workers for since, workers in reversed(self.changes) if self.reached >= since)
 
     def check(self, spec: MixedPrecisionJobSpec) -> None:
         """A local run cannot wait for capacity: every count must reach elastic.minWorkers."""

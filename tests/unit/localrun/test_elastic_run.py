@@ -42,8 +42,8 @@ JOB: dict[str, Any] = {
 }
 
 
-def run(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-    (tmp / "job.yaml").write_text(yaml.safe_dump(JOB))
+def run(tmp: Path, *args: str, job: dict[str, Any] = JOB) -> tuple[subprocess.CompletedProcess[str], Path]:
+    (tmp / "job.yaml").write_text(yaml.safe_dump(job))
     record = tmp / "samples.txt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_TEST_RECORD": str(record)}
     command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), *args]
@@ -93,6 +93,28 @@ def test_an_elastic_run_shrinks_falls_back_and_grows_with_the_data_position_exac
     for a in attempts:  # the global batch, whatever the size: workers x micro-batch x accumulation
         assert a["worldSize"] * a["microBatch"] * a["gradAccumulation"] == GLOBAL_BATCH
     assert trained(attempts, record) == stream(STEPS * GLOBAL_BATCH)
+
+
+@pytest.mark.process
+def test_an_fsdp_job_shrinks_and_grows_resharding_its_checkpoints_with_the_data_position_exact(tmp_path: Path) -> None:
+    """The same under fsdp (FSDP2): each size change reshards the sharded checkpoint 3 -> 2 -> 3."""
+    spec = {**JOB["spec"], "parallelism": {"strategy": "fsdp"}, "precision": {"mode": "bf16", "fallback": ["fp32"]}}
+    spec["task"] = {**spec["task"], "args": {"samples": SAMPLES}}
+    spec["training"] = {**spec["training"], "steps": 50}
+    result, record = run(tmp_path, "--plain", "--workers-available", "3,20:2,35:3", job={**JOB, "spec": spec})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    attempts = report["attempts"]
+    assert [(a["worldSize"], a["reason"], a["charged"]) for a in attempts] == [
+        (3, "ScaledDown", False),
+        (2, "ScaledUp", False),  # grown only once 3 fit again (step 35), not on steps trained again
+        (3, "Succeeded", True),
+    ]
+    assert attempts[1]["startStep"] in (10, 20) and attempts[2]["startStep"] >= 35  # the checkpoints before each
+    wrap = [json.loads(line) for line in (tmp_path / "out/attempts/a1/worker0.log").read_text().splitlines()
+            if line.startswith('{"event": "wrap"')]  # fmt: skip
+    assert wrap and wrap[0]["strategy"] == "fsdp"
+    assert trained(attempts, record) == stream(50 * GLOBAL_BATCH)
 
 
 def test_a_schedule_below_min_workers_or_without_elastic_is_refused(tmp_path: Path) -> None:
