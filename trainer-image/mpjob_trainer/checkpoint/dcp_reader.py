@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,9 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from mpjob_trainer.checkpoint.dcp_files import FETCHERS, INDEX, Read
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
-#: The name of DCP's index in a checkpoint folder.
-INDEX = ".metadata"
-#: A read of a plan: (file, offset, length, a non-tensor value).
-Read = tuple[str, int, int, bool]
-#: Folders whose files are fetched as they are read (a bucket's checkpoint: checkpoint.fetched),
-#: by the folder's path: called with the reads of a plan, before they are made.
-FETCHERS: dict[str, Callable[[list[Read]], None]] = {}
 _METADATA_CLASSES = frozenset(
     {
         "Metadata",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mpjob_trainer.checkpoint import shards
 from mpjob_trainer.checkpoint.bucket import Bucket
-from mpjob_trainer.checkpoint.dcp_reader import FETCHERS, INDEX, Read
+from mpjob_trainer.checkpoint.dcp_files import FETCHERS, INDEX, Read
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, sha256_file, share_of
 
 

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files, read_manifest, share_of
 from mpjob_trainer.distributed import is_dtensor
@@ -202,7 +203,7 @@ def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]
     state: dict[str, Any] = {}
     try:
         check_files(folder, manifest, share=(peers.rank, peers.size))
-        from mpjob_trainer.checkpoint.dcp_reader import INDEX, check_values, read_index
+        from mpjob_trainer.checkpoint.dcp_reader import check_values, read_index
 
         # nothing unpickled unrestricted: each rank the values in the files of its share
         index = read_index(folder / INDEX, manifest.files)
