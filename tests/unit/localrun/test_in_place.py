@@ -1,6 +1,7 @@
 """`mpjob run` with precision.inPlace: an fp16 overflow goes on in bf16 in the same trainer
 process, recorded as the attempt a restart would have started (inPlace: true), and the run
-ends where the restart path ends, bit for bit."""
+ends where the restart path ends, bit for bit. The same with a re-promotion after the fallback
+(a transient overflow: bf16 in place, then fp16 again, by a restart either way)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ pytestmark = pytest.mark.unit
 GPT = {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000, "overflowAtStep": 25}
 
 
-def run(tmp: Path, *, in_place: bool) -> tuple[dict, str]:
+def run(tmp: Path, *, in_place: bool, gpt: dict = GPT, **precision: object) -> tuple[dict, str]:
     tmp.mkdir(parents=True, exist_ok=True)
-    precision = {"mode": "fp16", "fallback": ["bf16", "fp32"], "inPlace": in_place}
-    job = manifest(tmp, task={"builtin": "gpt", "args": GPT}, precision=precision)
+    precision = {"mode": "fp16", "fallback": ["bf16", "fp32"], "inPlace": in_place, **precision}
+    job = manifest(tmp, task={"builtin": "gpt", "args": gpt}, precision=precision)
     result = mpjob_run(str(job), "--out", str(tmp / "out"), "--plain")
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads((tmp / "out" / "report.json").read_text()), result.stdout
@@ -51,3 +52,18 @@ def test_an_fp16_overflow_falls_back_in_place_and_ends_as_the_restart_path_does(
     lines = (attempts / "a0" / "worker0.log").read_text().splitlines()
     assert sum(1 for line in lines if line.startswith("{") and json.loads(line)["event"] == "start") == 1
     assert sorted(p.name for p in (tmp_path / "restart" / "out" / "attempts").iterdir()) == ["a0", "a1"]
+
+
+@pytest.mark.process
+def test_a_fallback_in_place_then_a_repromotion_ends_as_the_restart_path_does(tmp_path: Path) -> None:
+    transient = {**GPT, "overflowAtStep": 12, "overflowUntilStep": 18}
+    runs = {k: run(tmp_path / k, in_place=k == "inplace", gpt=transient, repromoteAfterSteps=10)[0]
+            for k in ("inplace", "restart")}  # fmt: skip
+    for report in runs.values():
+        ends = [(a["precision"], a["reason"]) for a in report["attempts"]]
+        assert ends == [("fp16", "NumericFault"), ("bf16", "Repromote"), ("fp16", "Succeeded")], report["attempts"]
+        assert report["attempts"][2]["repromoted"] is True
+    assert [a.get("inPlace") for a in runs["inplace"]["attempts"]] == [None, True, None]
+    starts = {k: [a["startStep"] for a in report["attempts"]] for k, report in runs.items()}
+    assert starts["inplace"] == starts["restart"]
+    assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")
