@@ -24,14 +24,13 @@ import argparse
 import contextlib
 import statistics
 import time
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 
-from bench.operator_scale import connect, start_operator, stop_operator, wait_gone
-from bench.recovery_cluster import GROUP, PLURAL, VERSION, pod_lines
+from bench.operator_scale import stop_operator, wait_gone
+from bench.recovery_cluster import GROUP, PLURAL, VERSION, namespace_with_operator, pod_lines
 from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node
 from tests.helpers import wait_for
 
@@ -114,13 +113,8 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, whole_no
 
 
 def measure(runs: int, whole_node: bool) -> list[dict[str, float]]:
-    layout, api = connect()
-    kubeconfig, ns = str(layout.kubeconfig), f"nodeloss-{uuid.uuid4().hex[:6]}"
+    api, kubeconfig, ns, op = namespace_with_operator("nodeloss", CLAIM)
     core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": ns}})
-    pvc = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": CLAIM}, "spec": pvc})
-    op = start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
     try:
         return [one_job(api, kubeconfig, ns, f"lost-{k}", whole_node) for k in range(runs)]
     finally:

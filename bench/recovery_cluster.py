@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -68,14 +69,21 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, *, in_pl
     }
 
 
-def measure(runs: int) -> dict[str, list[dict[str, float]]]:
+def namespace_with_operator(prefix: str, claim: str) -> tuple[client.ApiClient, str, str, subprocess.Popen[bytes]]:
+    """On the test cluster: a new namespace `prefix-<random>` with a 1 GiB claim `claim`, and an
+    operator for it running the real trainer; (API client, kubeconfig, namespace, operator)."""
     layout, api = connect()
-    kubeconfig, ns = str(layout.kubeconfig), f"recovery-{uuid.uuid4().hex[:6]}"
+    kubeconfig, ns = str(layout.kubeconfig), f"{prefix}-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": ns}})
     pvc = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": CLAIM}, "spec": pvc})
-    op = start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
+    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": claim}, "spec": pvc})
+    return api, kubeconfig, ns, start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
+
+
+def measure(runs: int) -> dict[str, list[dict[str, float]]]:
+    api, kubeconfig, ns, op = namespace_with_operator("recovery", CLAIM)
+    core = client.CoreV1Api(api)
     rows: dict[str, list[dict[str, float]]] = {"in place": [], "restart": []}
     try:
         for k in range(runs):

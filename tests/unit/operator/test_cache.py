@@ -33,17 +33,26 @@ def job(attempt: int, uid: str = "", namespace: str = "ns", **status: Any) -> di
     }
 
 
-def pod(attempt: int, phase: str = "Running", ip: str = "10.0.0.5", **terminated: Any) -> dict[str, Any]:
+def pod(
+    attempt: int,
+    phase: str = "Running",
+    ip: str = "10.0.0.5",
+    *,
+    rank: int = 0,
+    node: str | None = None,
+    **terminated: Any,
+) -> dict[str, Any]:
     state = {"terminated": terminated} if terminated else {"running": {}}
     return {
         "metadata": {
-            "name": f"j-a{attempt}-0-x",
+            "name": f"j-a{attempt}-{rank}-x",
             "namespace": "ns",
-            "uid": f"pod-{attempt}",
+            "uid": f"pod-{attempt}" if rank == 0 else f"pod-{attempt}-{rank}",
             "labels": {"mpjob.dev/job": "j", "mpjob.dev/attempt": str(attempt)},
-            "annotations": {"batch.kubernetes.io/job-completion-index": "0"},
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(rank)},
             "ownerReferences": owner("Job", f"j-a{attempt}", f"job-{attempt}"),
         },
+        "spec": {"nodeName": node} if node else {},
         "status": {"phase": phase, "podIP": ip, "containerStatuses": [{"name": "trainer", "state": state}]},
     }
 

@@ -5,7 +5,6 @@ shrunk attempt does not wait for the garbage collector; when to list the Nodes a
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
@@ -14,28 +13,9 @@ from mpjob.controller.lostnodes import on_nodes, suspect
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from tests.unit.operator.test_cache import MPJ_UID, job, owner
+from tests.unit.operator.test_cache import MPJ_UID, job, pod
 
 pytestmark = pytest.mark.unit
-
-
-def pod(attempt: int, rank: int, node: str, **terminated: Any) -> dict[str, Any]:
-    state = {"terminated": terminated} if terminated else {"running": {}}
-    return {
-        "metadata": {
-            "name": f"j-a{attempt}-{rank}-x",
-            "namespace": "ns",
-            "uid": f"pod-{attempt}-{rank}",
-            "labels": {"mpjob.dev/job": "j", "mpjob.dev/attempt": str(attempt)},
-            "annotations": {"batch.kubernetes.io/job-completion-index": str(rank)},
-            "ownerReferences": owner("Job", f"j-a{attempt}", f"job-{attempt}"),
-        },
-        "spec": {"nodeName": node},
-        "status": {
-            "phase": "Failed" if terminated else "Running",
-            "containerStatuses": [{"name": "trainer", "state": state}],
-        },
-    }
 
 
 def test_a_running_pod_on_a_node_that_is_gone_has_ended_by_node_loss() -> None:
@@ -67,8 +47,8 @@ def test_the_nodes_are_listed_only_when_an_attempt_looks_like_it_lost_one() -> N
 def test_the_cache_ends_the_pods_of_a_node_gone_and_a_deleted_job_does_not_linger_on_them() -> None:
     cache = ChildCache(lambda key: None)
     cache.apply("jobs", "ADDED", job(0))
-    for rank, node in enumerate(("n0", "n1")):
-        cache.apply("pods", "ADDED", pod(0, rank, node, exitCode=1) if rank == 0 else pod(0, rank, node))
+    cache.apply("pods", "ADDED", pod(0, "Failed", rank=0, node="n0", exitCode=1))
+    cache.apply("pods", "ADDED", pod(0, rank=1, node="n1"))
     seen = cache.observe("ns", "j", MPJ_UID)
     assert [p.alive for p in seen.jobs[0].pods] == [False, True] and suspect(seen)
     seen = cache.observe("ns", "j", MPJ_UID, frozenset({"n0"}))
