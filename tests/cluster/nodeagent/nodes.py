@@ -62,11 +62,13 @@ def placement(pool: str) -> dict[str, Any]:
     }
 
 
-#: The shared GPU node; a node of its own for the elastic tests that count its GPUs (`own`);
-#: three nodes of one GPU each for the tests that remove a node and bring it back (`trio`).
+#: The shared GPU node; a node of its own for the elastic tests that count its GPUs (`own`), one
+#: for the elastic job in a Kueue queue, which raises its count (`quota`); three nodes of one GPU
+#: each for the tests that remove a node and bring it back (`trio`).
 NODES: dict[str, dict[str, Any]] = {
     "gpu-node-0": _gpu_node(8),
     "gpu-node-own": _gpu_node(2, "own"),
+    "gpu-node-quota": _gpu_node(2, "quota"),
     **{f"gpu-node-trio-{k}": _gpu_node(1, "trio") for k in range(3)},
     "cpu-node-0": {"labels": {}, "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"}, "taints": []},
 }

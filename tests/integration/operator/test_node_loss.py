@@ -1,6 +1,9 @@
-"""A node removed under a training job, and its return, on the real control plane (spec.elastic).
+"""A node lost under a training job, and its return, on the real control plane (spec.elastic).
 
-A 3-worker job, a GPU each, on the test cluster's three one-GPU nodes of the `trio` pool. Past
+A 3-worker CPU job whose worker 2 is shown lost by the taint manager (its pod's DisruptionTarget,
+then its deletion) after a checkpoint goes on at once with 2 workers from its newest checkpoint.
+
+And a 3-worker job, a GPU each, on the test cluster's three one-GPU nodes of the `trio` pool. Past
 its step-20 checkpoint the node of worker 2 is removed (its Node object deleted, as when the
 machine is gone): the node agent kills that pod's processes with it and writes nothing more
 about them, its peers fail at the next collective, and the operator, seeing a running pod on a
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +109,50 @@ def test_a_node_removed_shrinks_the_job_at_once_and_its_return_grows_it_back(
     for a in attempts:
         assert a["worldSize"] * a["microBatch"] * a["gradAccumulation"] == GLOBAL_BATCH
     assert trained(attempts, record) == stream(STEPS * GLOBAL_BATCH)
+
+
+def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkpoint(
+    operator: Operator, jobs: Jobs
+) -> None:
+    """The node of worker 2 goes away: its pod gets the taint manager's DisruptionTarget and is
+    deleted, as when a node stays unreachable. The job goes on with 2 workers at once, from its
+    newest checkpoint."""
+    jobs.pvc("ckpt")
+    spec = {
+        "workers": 3,
+        "task": {"builtin": "mlp", "args": {"stepDelay": {"bf16": 0.05}}},
+        "training": {"steps": 120, "batchSize": 4, "logEvery": 5},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+        "elastic": {"minWorkers": 2, "waitSeconds": 600},
+        "resources": {"gpusPerWorker": 0},
+    }
+    jobs.create("lost", spec)
+    wait_for(
+        lambda: (jobs.status("lost").get("lastCheckpoint") or {}).get("step", 0) >= 20, 240, message="a checkpoint"
+    )
+    selector = "mpjob.dev/job=lost,mpjob.dev/attempt=0"
+    (pod,) = [
+        p.metadata.name
+        for p in jobs.core.list_namespaced_pod(jobs.namespace, label_selector=selector).items
+        if p.metadata.name.startswith("lost-a0-2-")
+    ]
+    gone = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "DeletionByTaintManager",
+        "message": "Taint manager: deleting due to NoExecute taint",
+        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    jobs.core.patch_namespaced_pod_status(pod, jobs.namespace, {"status": {"conditions": [gone]}})
+    jobs.core.delete_namespaced_pod(pod, jobs.namespace)
+    status = jobs.wait_phase("lost", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["worldSize"], first["reason"], first["charged"]) == (3, "ScaledDown", False), first
+    assert "a node was lost" in first["message"]
+    assert (second["precision"], second["worldSize"], second["reason"]) == ("bf16", 2, "Succeeded")
+    # From the newest checkpoint: the last periodic one, or the one the trainers wrote on SIGTERM
+    # (the deleted pod had its grace period; a node that vanishes gives none).
+    assert second["startStep"] >= 20
+    assert second["worldSize"] * second["microBatch"] * second["gradAccumulation"] == 3 * 4
