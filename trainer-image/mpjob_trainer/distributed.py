@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, TypeGuard
 
 import torch
@@ -13,6 +15,9 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
+
+#: How long the ranks wait for each other before tearing their group down (a peer gone: not long).
+SHUTDOWN_MEET_SECONDS = 10
 
 
 def is_dtensor(value: object) -> TypeGuard[DTensor]:
@@ -77,7 +82,13 @@ def shutdown(world: World) -> None:
     world of one (accelerate does, seeing the launcher's RANK/LOCAL_RANK). One left at exit is
     torn down with its TCPStore and gloo threads still running: std::terminate (SIGABRT) after
     the report said Succeeded. The group's objects sit in reference cycles: collecting them
-    here joins those threads now, while the interpreter is whole, not at some point of exit."""
+    here joins those threads now, while the interpreter is whole, not at some point of exit.
+    On gloo the ranks first meet (a barrier that gives up after SHUTDOWN_MEET_SECONDS, a peer
+    gone): a rank that tore its group down while a peer's last collective was in flight made
+    that peer abort in gloo (SIGABRT) after both had written their reports."""
     if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+            with contextlib.suppress(Exception):
+                dist.monitored_barrier(timeout=timedelta(seconds=SHUTDOWN_MEET_SECONDS))
         dist.destroy_process_group()
         gc.collect()
