@@ -209,11 +209,12 @@ class LossSpike(TrainerEvent):
 
 
 class PrecisionChanged(TrainerEvent):
-    """A fallback made in the running processes: the attempt `attempt - 1` ended at `step` (its
-    fault's rule and message), and attempt `attempt` trains in `toPrecision` from `startStep`,
-    `recoverySeconds` after the fault was detected."""
+    """A change of precision made in the running processes (report.InPlaceChange): the attempt
+    `attempt - 1` ended at `step` (a `fallback` on its fault's rule and message, or its
+    `repromote`), and attempt `attempt` trains in `toPrecision` from `startStep`."""
 
     name = "precisionChanged"
+    kind: str = "fallback"
     attempt: int
     step: int
     start_step: int = Field(alias="startStep")

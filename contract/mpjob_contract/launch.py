@@ -55,12 +55,15 @@ def inside_checkpoint_dir(path: str, checkpoint_dir: str) -> bool:
 
 class InPlaceTarget(BaseModel):
     """A precision an attempt may fall back to in its running processes, and the re-promotion
-    the planner gives the attempt that trains in it (None: none)."""
+    the planner gives the attempt that trains in it (None: none), with the precision that
+    re-promotion goes to in place when the planner allows that too (`promoteTo`, itself with no
+    re-promotion or further change in place: its own fallback restarts)."""
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
     precision: Precision
     repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
+    promote_to: InPlaceTarget | None = Field(None, alias="promoteTo")
 
 
 class AttemptLaunch(BaseModel):
@@ -87,6 +90,9 @@ class AttemptLaunch(BaseModel):
     #: planner's next attempts after a numeric fault that need no restart, within the attempt
     #: budget); empty: every fallback ends the attempt (precision.inPlace false, or nothing left).
     in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
+    #: Where this attempt's own re-promotion (repromoteAfterSteps) goes in its running processes
+    #: (None: it ends the attempt, exit 47, and the operator restarts it).
+    promote_in_place_to: InPlaceTarget | None = Field(None, alias="promoteInPlaceTo")
     #: Workers (pods) of this attempt when spec.elastic runs it with fewer than spec.workers (None:
     #: spec.workers); its microBatch x gradAccumulation then keeps the spec's global batch.
     workers: int | None = Field(None, ge=1)

@@ -66,7 +66,7 @@ QUARANTINED_STEP_LABELS = ("step", "cause", "samples")
 #: `precision`) and the change's fields; an attempt's later relabel leaves them. The operator
 #: records a change it reads here as the restart path's attempt entry.
 PRECISION_CHANGE = PREFIX + "precision_change"
-PRECISION_CHANGE_LABELS = ("step", "start_step", "from_precision", "to_precision", "rule", "message", "at")
+PRECISION_CHANGE_LABELS = ("kind", "step", "start_step", "from_precision", "to_precision", "rule", "message", "at")
 #: `auto` attempts: seconds per step measured on the node, by candidate precision (label
 #: `candidate`; -1 = it went non-finite); the chosen one is the attempt's `precision` label.
 MEASURED_STEP_SECONDS = PREFIX + "measured_step_seconds"

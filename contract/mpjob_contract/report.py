@@ -120,12 +120,15 @@ class Measurement(_Model):
 
 
 class InPlaceChange(_Model):
-    """A fallback the trainer's processes made in place (spec.precision.inPlace): attempt
-    `attempt - 1` ended at `step` on its fault (`rule`, `message`), and attempt `attempt` trains
-    in `toPrecision` from `startStep` since `at`, `recoverySeconds` after the fault was detected. The
-    trainer says it three ways, each checked here: its `precisionChanged` event line, its
-    metrics endpoint (metrics.PRECISION_CHANGE) and its termination report."""
+    """A change of precision the trainer's processes made in place (spec.precision.inPlace):
+    attempt `attempt - 1` ended at `step`, on its fault (`rule`, `message`) for a `fallback`, or
+    for its re-promotion (`repromote`: its clean steps, a checkpoint at `step`), and attempt
+    `attempt` trains in `toPrecision` from `startStep` since `at`, `recoverySeconds` after the
+    fault was detected (or the re-promotion was due). The trainer says it three ways, each
+    checked here: its `precisionChanged` event line, its metrics endpoint
+    (metrics.PRECISION_CHANGE) and its termination report."""
 
+    kind: Literal["fallback", "repromote"] = "fallback"
     attempt: Annotated[int, Field(ge=1, le=MAX_REPORT_INT)]
     step: Count
     start_step: Count = Field(alias="startStep")

@@ -8,6 +8,7 @@ from copy import deepcopy
 from typing import Any
 
 from mpjob.builders import profile_token
+from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
@@ -15,7 +16,6 @@ from mpjob_contract.launch import (
     CHECKPOINT_MOUNT,
     LAUNCH_ENV,
     AttemptLaunch,
-    InPlaceTarget,
     checkpoint_root,
     inside_checkpoint_dir,
     job_checkpoint_dir,
@@ -30,6 +30,7 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
+NO_CHANGE = InPlacePlan()
 GPU_RESOURCE = "nvidia.com/gpu"
 #: GPU pods get a memory-backed /dev/shm (a container's default is 64 MiB): DataLoader workers
 #: hand batches over in shared memory and NCCL's intra-node transport lives there.
@@ -43,13 +44,8 @@ def attempt_name(job: str, index: int) -> str:
 
 
 def labels(job: str, index: int, precision: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "mpjob-trainer",
-        "app.kubernetes.io/managed-by": "mpjob",
-        LABEL_JOB: job,
-        LABEL_ATTEMPT: str(index),
-        LABEL_PRECISION: precision,
-    }
+    mine = {"app.kubernetes.io/name": "mpjob-trainer", "app.kubernetes.io/managed-by": "mpjob"}
+    return {**mine, LABEL_JOB: job, LABEL_ATTEMPT: str(index), LABEL_PRECISION: precision}
 
 
 def _gpu_affinity(min_cc: str) -> dict[str, Any]:
@@ -99,8 +95,8 @@ def launcher_argv(
 
 
 def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt,
-            in_place_to: list[InPlaceTarget]) -> AttemptLaunch:  # fmt: skip
-    """The attempt's launch contract (`in_place_to`: planning.inplace), checkpoints in the job's own
+            in_place: InPlacePlan) -> AttemptLaunch:  # fmt: skip
+    """The attempt's launch contract (`in_place`: planning.inplace), checkpoints in the job's own
     folder: a resume point outside it is not passed on (the trainer finds its own newest one)."""
     folder = job_checkpoint_dir(namespace=namespace, name=job, uid=uid, root=checkpoint_root(spec))
     resume_from = start.resume_from
@@ -118,7 +114,8 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
         repromote_after_steps=start.repromote_after_steps,
         workers=start.workers,
         recovering_since=start.recovering_since,
-        in_place_to=in_place_to,
+        in_place_to=in_place.to,
+        promote_in_place_to=in_place.promote_to,
         checkpoint_dir=folder,
         spec=spec,
     )
@@ -267,13 +264,13 @@ def attempt_job(
     image: str,
     deadline_seconds: int | None = None,
     trainer_command: Sequence[str] = TRAINER_COMMAND,
-    in_place_to: Sequence[InPlaceTarget] = (),
+    in_place: InPlacePlan = NO_CHANGE,
 ) -> dict[str, Any]:
-    """The Indexed Job of attempt `start.index` of `namespace/job` (UID `uid`): `workers` pods, each
-    running the launcher (whose trainers may go on in the attempts `in_place_to` allows)."""
+    """The Indexed Job of attempt `start.index` of `namespace/job` (UID `uid`): `workers` pods, each running
+    the launcher (whose trainers may go on in the attempts `in_place` allows)."""
     name = attempt_name(job, start.index)
     command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND, workers=start.workers)
-    launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start, in_place_to=list(in_place_to))
+    launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start, in_place=in_place)
     container = _container(env=_env(launch), spec=spec, image=image, command=command)
     job_labels = labels(job, start.index, start.precision)
     pod_labels = {**spec.template.labels, **job_labels}

@@ -141,7 +141,7 @@ def _changed(labels: dict[str, str], seconds: float) -> InPlaceChange | None:
         return None
     if not MOMENT_LABEL.match(fields["at"] or ""):
         return None
-    fields["at"] = fields["at"] or None
+    fields["at"], fields["kind"] = fields["at"] or None, fields["kind"] or "fallback"  # a trainer that said neither
     try:
         return InPlaceChange.model_validate({**fields, "recovery_seconds": seconds})
     except ValidationError:

@@ -37,7 +37,7 @@ from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import history, skipped
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
-from mpjob.planning.inplace import in_place_targets
+from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import changes, observe
 from mpjob.planning.planner import StartAttempt
@@ -225,7 +225,7 @@ class Reconciler:
             image=self.config.trainer_image,
             deadline_seconds=plan.deadline_seconds,
             trainer_command=self.config.trainer_command,
-            in_place_to=in_place_targets(spec, start, plan.status),
+            in_place=in_place_plan(spec, start, plan.status),
         )
         created = self.cluster.create_job(job, owner=body)
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.workers import free_port
+from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobSpec
-from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, InPlaceTarget, job_checkpoint_dir
+from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
 
 
 def checkpoint_dir(job: MixedPrecisionJob, paths: Paths) -> str:
@@ -38,7 +39,7 @@ def working_dir(spec: MixedPrecisionJobSpec, base_dir: Path) -> Path:
 
 
 def attempt_env(
-    job: MixedPrecisionJob, start: StartAttempt, *, checkpoint_dir: str, in_place_to: list[InPlaceTarget]
+    job: MixedPrecisionJob, start: StartAttempt, *, checkpoint_dir: str, in_place: InPlacePlan
 ) -> dict[str, str]:
     """The environment of attempt `start`'s launchers: this one's, less any Kubernetes settings,
     with the attempt's launch, a metrics port of its own and a free rendezvous port."""
@@ -53,7 +54,8 @@ def attempt_env(
         repromote_after_steps=start.repromote_after_steps,
         workers=start.workers,
         recovering_since=start.recovering_since,
-        in_place_to=in_place_to,
+        in_place_to=in_place.to,
+        promote_in_place_to=in_place.promote_to,
         checkpoint_dir=checkpoint_dir,
         spec=job.spec,
     )

@@ -33,7 +33,7 @@ from mpjob.planning import cost, history, inplace, reported
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.inplace import in_place_targets, of_line
+from mpjob.planning.inplace import in_place_plan, of_line
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import observe
 from mpjob.planning.planner import StartAttempt, first_attempt
@@ -188,8 +188,8 @@ class LocalRun:
         if self.schedule is not None:
             self._watch = CapacityWatch(self.spec, self.schedule, start, self._workers)
         self._current, self._began = start, time.monotonic()
-        in_place = in_place_targets(self.spec, start, self.status, LOCAL_CAPABILITY)
-        env = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place_to=in_place)
+        in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
+        env = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
         worker0 = self._workers.start(env)
         try:
             self._follow(worker0, self._workers.log0)

@@ -8,9 +8,12 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
   restart its attempts).
 - `changed_in_place`: the trainer said it changed (report.InPlaceChange: its
   `precisionChanged` line to `mpjob run`, its metrics or termination report to the operator):
-  the attempt ends as a numeric fault ends it (`lifecycle.conclude`, the same events and
-  conditions), and the next one is recorded as begun with `inPlace: true` and its
-  recoverySeconds; no Job or process is started for it.
+  the attempt ends as a numeric fault ends it, or its re-promotion (`lifecycle.conclude`, the
+  same events and conditions), and the next one is recorded as begun with `inPlace: true` and
+  its recoverySeconds; no Job or process is started for it.
+- `promotion_in_place`: where an attempt's own re-promotion goes in place (each fallback
+  target carries its own, `promoteTo`): the precision the planner would start after it, when
+  that needs no restart either.
 - `record`: the operator's side: the changes a reading or a report names that the status does
   not hold yet, each once (an operator restarted in between reads them again and skips those
   it recorded: a change names the attempt it began).
@@ -18,7 +21,7 @@ An attempt begun in place runs in the Job its chain of changes began with (`hist
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
@@ -34,6 +37,27 @@ from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.report import InPlaceChange, TerminationReport
 
 FAULT = Classification(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "")
+REPROMOTION = Classification(Reason.REPROMOTE, Action.REPROMOTE, "")
+
+
+@dataclass(frozen=True)
+class InPlacePlan:
+    """What an attempt may change in its running processes: the fallbacks (AttemptLaunch.inPlaceTo)
+    and its own re-promotion (promoteInPlaceTo)."""
+
+    to: list[InPlaceTarget] = field(default_factory=list)
+    promote_to: InPlaceTarget | None = None
+
+
+def in_place_plan(
+    spec: MixedPrecisionJobSpec,
+    start: StartAttempt,
+    status: MixedPrecisionJobStatus,
+    capability: tuple[int, int] | str | None = "spec",
+) -> InPlacePlan:
+    return InPlacePlan(
+        in_place_targets(spec, start, status, capability), promotion_in_place(spec, start, status, capability)
+    )
 
 
 def in_place_targets(
@@ -43,7 +67,8 @@ def in_place_targets(
     capability: tuple[int, int] | str | None = "spec",
 ) -> list[InPlaceTarget]:
     """The precisions attempt `start` may fall back to in place, in order, each with the
-    re-promotion the planner gives that attempt (empty: none)."""
+    re-promotion the planner gives that attempt and where that re-promotion goes in place, if
+    it may (empty: none)."""
     if not spec.precision.in_place or start.precision == "auto" or spec.elastic is not None:
         return []  # an elastic job's size changes restart its attempts: its fallbacks do too
     targets: list[InPlaceTarget] = []
@@ -57,9 +82,47 @@ def in_place_targets(
         )  # fmt: skip
         if not isinstance(decision, StartAttempt) or decision.fallback_from is None or decision.shape != ended.shape:
             return targets
-        precision, repromote = decision.precision, decision.repromote_after_steps
-        targets.append(InPlaceTarget(precision=precision, repromote_after_steps=repromote))  # type: ignore[arg-type]
+        promote = _promotion(spec, decision, status, past, used, capability)
+        targets.append(InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,
+                                     promote_to=promote))  # type: ignore[arg-type]  # fmt: skip
         ended = decision
+
+
+def promotion_in_place(
+    spec: MixedPrecisionJobSpec,
+    start: StartAttempt,
+    status: MixedPrecisionJobStatus,
+    capability: tuple[int, int] | str | None = "spec",
+) -> InPlaceTarget | None:
+    """Where attempt `start`'s own re-promotion goes in place (None: it restarts, or it has none)."""
+    if not spec.precision.in_place or start.precision == "auto" or spec.elastic is not None:
+        return None
+    past = [a for a in status.attempts if a.index < start.index]
+    return _promotion(spec, start, status, past, history.used(status), capability)
+
+
+def _promotion(
+    spec: MixedPrecisionJobSpec,
+    attempt: StartAttempt,
+    status: MixedPrecisionJobStatus,
+    past: list[AttemptStatus],
+    used: int,
+    capability: tuple[int, int] | str | None,
+) -> InPlaceTarget | None:
+    """The attempt `attempt`'s re-promotion would start, when it has one and needs no restart
+    (the same batch shape, within the attempt budget: `used` before `attempt` ends)."""
+    if attempt.repromote_after_steps is None:
+        return None
+    ended = AttemptStatus(index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
+                          reason=Reason.REPROMOTE.value)  # type: ignore[arg-type]  # fmt: skip
+    decision = after_attempt(
+        spec, attempt.index, attempt.precision, REPROMOTION, attempt.start_step, None, capability,
+        used=used + 1, shape=attempt.shape, history=[*past, ended],
+        repromotions=history.counts(status).repromotions + 1,
+    )  # fmt: skip
+    if not isinstance(decision, StartAttempt) or decision.promoted_from is None or decision.shape != attempt.shape:
+        return None
+    return InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps)  # type: ignore[arg-type]
 
 
 def faulted(attempt: StartAttempt) -> AttemptStatus:
@@ -84,15 +147,16 @@ def changed_in_place(
     """End `attempt` on the trainer's word that it fell back in place, and record the attempt it
     goes on in; that attempt (None: the plan finished the job instead, which the trainer's own
     bounds make rare: its processes then end on their own)."""
+    promoted = change.kind == "repromote"
     report = TerminationReport(
-        reason=Reason.NUMERIC_FAULT,
+        reason=Reason.REPROMOTE if promoted else Reason.NUMERIC_FAULT,
         step=change.step,
         start_step=attempt.start_step,
         precision=change.from_precision,  # type: ignore[arg-type]
-        rule=change.rule,
+        rule=None if promoted else change.rule,
         message=change.message,
     )
-    outcome = AttemptOutcome(ExitCode.NUMERIC_FAULT, report)
+    outcome = AttemptOutcome(ExitCode.REPROMOTE if promoted else ExitCode.NUMERIC_FAULT, report)
     when = lc.When(moment(change.at, when.at), when.generation)  # the attempt ended when the trainer changed
     lc.conclude(
         plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability, checkpoint_dir=checkpoint_dir

@@ -1,7 +1,7 @@
 """`mpjob run` with precision.inPlace: an fp16 overflow goes on in bf16 in the same trainer
 process, recorded as the attempt a restart would have started (inPlace: true), and the run
 ends where the restart path ends, bit for bit. The same with a re-promotion after the fallback
-(a transient overflow: bf16 in place, then fp16 again, by a restart either way)."""
+(a transient overflow): bf16 in place, then fp16 again in place, in one trainer process."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_an_fp16_overflow_falls_back_in_place_and_ends_as_the_restart_path_does(
 
 
 @pytest.mark.process
-def test_a_fallback_in_place_then_a_repromotion_ends_as_the_restart_path_does(tmp_path: Path) -> None:
+def test_a_fallback_and_a_repromotion_in_place_end_as_the_restart_path_does(tmp_path: Path) -> None:
     transient = {**GPT, "overflowAtStep": 12, "overflowUntilStep": 18}
     runs = {k: run(tmp_path / k, in_place=k == "inplace", gpt=transient, repromoteAfterSteps=10)[0]
             for k in ("inplace", "restart")}  # fmt: skip
@@ -63,7 +63,9 @@ def test_a_fallback_in_place_then_a_repromotion_ends_as_the_restart_path_does(tm
         ends = [(a["precision"], a["reason"]) for a in report["attempts"]]
         assert ends == [("fp16", "NumericFault"), ("bf16", "Repromote"), ("fp16", "Succeeded")], report["attempts"]
         assert report["attempts"][2]["repromoted"] is True
-    assert [a.get("inPlace") for a in runs["inplace"]["attempts"]] == [None, True, None]
+    assert [a.get("inPlace") for a in runs["inplace"]["attempts"]] == [None, True, True]
+    assert [a.get("inPlace") for a in runs["restart"]["attempts"]] == [None, None, None]
+    assert sorted(p.name for p in (tmp_path / "inplace" / "out" / "attempts").iterdir()) == ["a0"]  # one process
     starts = {k: [a["startStep"] for a in report["attempts"]] for k, report in runs.items()}
     assert starts["inplace"] == starts["restart"]
     assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")

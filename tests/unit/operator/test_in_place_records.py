@@ -6,6 +6,7 @@ trainer's series and drops what the trainer could not have written."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,11 +15,14 @@ from mpjob.controller.exposition import parse
 from mpjob.controller.progress import changes_found, figures, found_reading
 from mpjob.planning import history
 from mpjob.planning.cost import seen_usage
+from mpjob.planning.inplace import InPlacePlan, in_place_plan
 from mpjob.planning.observe import observe
+from mpjob.planning.planner import first_attempt
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
+from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationReport
 
 pytestmark = pytest.mark.unit
@@ -174,3 +178,35 @@ def test_a_restarted_attempt_records_the_trainers_recovery_once_from_a_read_or_i
     ended = reconcile(s, plan.status, 1, {1: done}, NOW).status
     assert ended.phase == "Succeeded" and ended.attempts[1].recovery_seconds == 3.5
     assert figures(parse(f"{tm.RECOVERY_SECONDS} -1\n"), precision="bf16").get("recoverySeconds") is None
+
+
+def test_a_repromotion_in_place_ends_the_fallback_attempt_repromoted_and_begins_the_faster_one() -> None:
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 10})
+    fell = reconcile(s, started(s), 1, {0: running()}, NOW - timedelta(seconds=20), changes=[change()]).status
+    assert fell.attempts[1].precision == "bf16"
+    up = InPlaceChange.model_validate(
+        {"kind": "repromote", "attempt": 2, "step": 60, "startStep": 60, "fromPrecision": "bf16",
+         "toPrecision": "fp16", "rule": "repromote", "message": "20 clean steps in bf16; checkpoint at step 60 written",
+         "recoverySeconds": 0.01}
+    )  # fmt: skip
+    plan = reconcile(s, fell, 1, {0: running()}, NOW, changes=[up])
+    _, fallback, promoted = plan.status.attempts
+    assert (fallback.reason, fallback.end_step, fallback.charged) == (Reason.REPROMOTE.value, 60, True)
+    assert (promoted.precision, promoted.start_step, promoted.in_place, promoted.repromoted) == ("fp16", 60, True, True)
+    assert plan.create == [] and plan.delete == [] and plan.status.precision == "fp16"
+    assert any(e.reason == "PrecisionRepromoted" for e in plan.events)
+    assert history.job_index(plan.status, 2) == 0  # the same Job all along
+
+
+def test_in_place_plans_name_where_a_fallback_attempt_is_repromoted() -> None:
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 10})
+    status = started(s)
+    start = first_attempt(s)
+    plan = in_place_plan(s, start, status)
+    assert [(t.precision, t.repromote_after_steps) for t in plan.to] == [("bf16", 10)]  # fp32 splits the batch
+    assert plan.to[0].promote_to is not None and plan.to[0].promote_to.precision == "fp16"
+    assert plan.promote_to is None  # the first attempt has no re-promotion of its own
+    restarted = replace(start, index=1, precision="bf16", start_step=40, fallback_from="fp16", repromote_after_steps=10)
+    assert in_place_plan(s, restarted, status).promote_to == InPlaceTarget(precision="fp16")
+    off = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 10, "inPlace": False})
+    assert in_place_plan(off, restarted, status) == InPlacePlan()

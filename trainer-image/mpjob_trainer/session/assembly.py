@@ -57,7 +57,9 @@ def assemble(
     context = AttemptContext(numerics, world, log, metrics, tracked=spec.tracking is not None)
     cadence = Cadence(spec, launch.repromote_after_steps)
     targets = launch.in_place_to if spec.precision.in_place else []
-    in_place = InPlace(targets, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence)
+    promote = launch.promote_in_place_to if spec.precision.in_place else None
+    in_place = InPlace(targets, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence,
+                       promote_to=promote)  # fmt: skip
     recovery = Recovery(spec.precision.guard, context, spec.fault_policy, in_place)
     intervals = IntervalWork(numerics, cadence, progress=progress, log=log)
     intervals.inspectors.append(recovery.rung.inspect)

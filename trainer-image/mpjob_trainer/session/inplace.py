@@ -20,6 +20,10 @@ attempt with `inPlace: true`; a series of the metrics endpoint, which the operat
 same way, the attempt's metrics moving to the new attempt and precision labels; and the
 termination report's list, so an operator that read none of it still records every change.
 
+A re-promotion (launch.repromoteAfterSteps clean steps, a checkpoint written) goes back up in
+place the same way when the launch names where (promoteInPlaceTo, or the fallback target's
+promoteTo): nothing is restored, the state in memory being the checkpoint's (`promote`).
+
 Not in place (the attempt ends, and the operator restarts it as before): a sharded model
 (FSDP2 fixes its MixedPrecisionPolicy when it wraps), a loop that re-enters a framework, a
 loop that registered no step, and a fallback that changes the batch shape (the planner then
@@ -35,7 +39,7 @@ from mpjob_contract.faults import FaultAction, fault_of
 from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import InPlaceChange
-from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.errors import NumericFault, Repromote
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.interval import Cadence
 
@@ -53,8 +57,11 @@ class InPlace:
         policy: FaultPolicy,
         context: AttemptContext,
         cadence: Cadence,
+        promote_to: InPlaceTarget | None = None,
     ) -> None:
         self.targets = list(targets)
+        #: Where the running attempt's re-promotion goes in place (None: it ends the attempt).
+        self.promote_to = promote_to
         #: The attempt the processes train now (the launched one, plus each change made).
         self.attempt = attempt
         self.policy, self.context, self.cadence = policy, context, cadence
@@ -92,6 +99,7 @@ class InPlace:
         numerics.guard.restart_at(start)
         self.cadence.trouble(start)
         self.cadence.repromote_after = target.repromote_after_steps  # as the planner gives a restart
+        self.promote_to = target.promote_to
         self.attempt, self.started_at = self.attempt + 1, start
         self.context.metrics.trip(fault.rule)
         change = InPlaceChange(
@@ -105,7 +113,43 @@ class InPlace:
             recovery_seconds=round(time.monotonic() - detected, 3),
             at=round(time.time(), 3),
         )
+        self._tell(change)
+        return start
+
+    def can_promote(self) -> bool:
+        """May the attempt's re-promotion, due now, be made in place?"""
+        return self.why_not is None and self.promote_to is not None
+
+    def promote(self, why: Repromote, *, step: int) -> None:
+        """Go back up to the precision the planner re-promotes to, from the checkpoint just written
+        at `step`: the state in memory is that checkpoint's, so nothing is restored; the guard and
+        the clean-step count start afresh, as a restarted attempt's do. Its own fallbacks and
+        re-promotion restart (the planner bars a re-promoted precision that faults again)."""
+        assert self.promote_to is not None  # can_promote() said so
+        detected, numerics = time.monotonic(), self.context.numerics
+        previous, target = numerics.precision.precision, self.promote_to
+        numerics.precision.settle(target.precision)
+        numerics.guard.restart_at(step)
+        self.cadence.trouble(step)
+        self.cadence.repromote_after = target.repromote_after_steps
+        self.targets, self.promote_to = [], None
+        self.attempt, self.started_at = self.attempt + 1, step
+        change = InPlaceChange(
+            kind="repromote",
+            attempt=self.attempt,
+            step=step,
+            start_step=step,
+            from_precision=previous,  # type: ignore[arg-type]
+            to_precision=target.precision,
+            rule="repromote",
+            message=str(why),
+            recovery_seconds=round(time.monotonic() - detected, 3),
+            at=round(time.time(), 3),
+        )
+        self._tell(change)
+
+    def _tell(self, change: InPlaceChange) -> None:
+        """The change, three ways: the report's list, the metrics' series, the event line."""
         self.changes.append(change)
         self.context.metrics.changed(change)
         self.context.log("precisionChanged", **change.model_dump(by_alias=True))
-        return start

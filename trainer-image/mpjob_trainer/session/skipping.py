@@ -6,13 +6,14 @@ precision:
 
 1. roll the state back to the last good one (session.rollback: a checkpoint, or a fresh
    attempt's step 0 kept on the host);
-2. quarantine the offending steps' samples (mpjob_trainer.quarantine: all ranks' samples, narrowed to
-   the ones non-finite alone when the loop gave a screen), or the steps when it names none;
+2. quarantine the offending steps' samples (mpjob_trainer.quarantine: all ranks', narrowed to the
+   ones non-finite alone when the loop gave a screen), or the steps when it names none;
 3. run the steps from there up to where the loop stands again, through the loop's registered
    step function (which leaves quarantined samples out), so the loop goes on at its own next
    step as if the skipped samples had never been in the data.
 
-Each step of a recovery is a transition of the attempt machine (session.machine).
+Each step of a recovery is a transition of the attempt machine (session.machine). A
+re-promotion that may be made in place (session.inplace) is made here too, where a step closes.
 
 A loop that cannot be rolled back in place (a framework adapter: HF Trainer and Lightning keep
 their model, optimizer, schedule and data to themselves) re-enters instead (`reenters`): step 1
@@ -21,15 +22,13 @@ leaves the loop, and the adapter re-enters its framework from that checkpoint's 
 checkpoint, its batch stream as before, a quarantined step training on nothing (the
 framework cannot name samples: the step is quarantined whole).
 
-The result equals a straight run whose quarantine held those samples from the start: the
-steps before the offending one never saw them, and a rollback restores weights, optimizer,
-scaler, schedule and generators exactly. Bounded by guard.maxSkippedSteps; past it the attempt
-ends NonFiniteInFp32, naming the steps.
-
-Triggers, at an interval's one read: a non-finite loss below the guard's bound (fp16's
-GradScaler would skip it, the sample still in the data) is "suspect" and replayed at once; a
-suspect step fp32 finds finite is the precision's: rolled back and run again (nothing
-changes), and no further suspect is raised in this attempt.
+The result equals a straight run whose quarantine held those samples from the start: steps
+before the offending one never saw them; a rollback restores every state exactly. Bounded by
+guard.maxSkippedSteps; past it the attempt ends NonFiniteInFp32, naming the steps. Triggers, at
+an interval's one read: a non-finite loss below the guard's bound (fp16's GradScaler would skip
+it, the sample still in the data) is "suspect" and replayed at once; a suspect step fp32 finds
+finite is the precision's: rolled back and run again (nothing changes), and no further suspect
+is raised in this attempt.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from mpjob_contract.faults import GuardRule
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
-from mpjob_trainer.errors import NonFiniteInFp32, NumericFault
+from mpjob_trainer.errors import NonFiniteInFp32, NumericFault, Repromote
 from mpjob_trainer.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
 from mpjob_trainer.session.agreement import gathered
 from mpjob_trainer.session.checkpointing import Checkpointer
@@ -134,6 +133,9 @@ class DataRung:
             self.machine.fire(Event.REENTERED)
         while True:
             outcome = close(step, loss)
+            if isinstance(outcome, Repromote) and self.in_place is not None and self.in_place.can_promote():
+                self.in_place.promote(outcome, step=step)  # the checkpoint at `step` is written: go on up
+                return None
             if not isinstance(outcome, NumericFault) or state is None:
                 return outcome
             ending = self.recover(outcome, step=step, state=state, checkpoints=checkpoints)
