@@ -13,7 +13,7 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
   its recoverySeconds; no Job or process is started for it.
 - `promotion_in_place`: where an attempt's own re-promotion goes in place (each fallback
   target carries its own, `promoteTo`): the precision the planner would start after it, when
-  that needs no restart either.
+  that needs no restart either (fp8 does: its float8 linears are made when the model is built).
 - `record`: the operator's side: the changes a reading or a report names that the status does
   not hold yet, each once (an operator restarted in between reads them again and skips those
   it recorded: a change names the attempt it began).
@@ -121,6 +121,8 @@ def _promotion(
         repromotions=history.counts(status).repromotions + 1,
     )  # fmt: skip
     if not isinstance(decision, StartAttempt) or decision.promoted_from is None or decision.shape != attempt.shape:
+        return None
+    if decision.precision == "fp8":  # its float8 linears are made when the model is built: it restarts
         return None
     return InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps)  # type: ignore[arg-type]
 

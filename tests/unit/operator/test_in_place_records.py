@@ -210,3 +210,12 @@ def test_in_place_plans_name_where_a_fallback_attempt_is_repromoted() -> None:
     assert in_place_plan(s, restarted, status).promote_to == InPlaceTarget(precision="fp16")
     off = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 10, "inPlace": False})
     assert in_place_plan(off, restarted, status) == InPlacePlan()
+
+
+def test_a_repromotion_to_fp8_restarts() -> None:
+    s = spec(
+        precision={"mode": "fp8", "fallback": ["bf16"], "repromoteAfterSteps": 10, "fp8": {"emulate": True}},
+        resources={"gpusPerWorker": 1, "minComputeCapability": "9.0"},
+    )
+    (target,) = in_place_plan(s, first_attempt(s), started(s)).to
+    assert target.precision == "bf16" and target.repromote_after_steps == 10 and target.promote_to is None
