@@ -238,8 +238,8 @@ class LocalRun:
             self.view.info(f"auto measured {times} per step: training in {event.chosen}")
 
     def _changed_in_place(self, line: events.PrecisionChanged, *, live: bool = True) -> None:
-        """The trainers fell back in their processes (`live`, or as a killed run's log says): the
-        attempt ends and the next one begins, once."""
+        """The trainers changed precision in their processes, a fallback or a re-promotion (`live`,
+        or as a killed run's log says): the attempt ends and the next one begins, once."""
         current, change = self.status.attempts[-1], of_line(line)
         if change is None:
             return  # not a change the trainer could have made: the attempt's end will tell
@@ -250,11 +250,12 @@ class LocalRun:
         if (nxt := inplace.record(plan, self.spec, [change], when, **local)) is None:  # type: ignore[arg-type]
             return
         cost.account(self.status, self.spec, self.gpu_seconds)
-        self.series.end_attempt(current.index, change.step, Reason.NUMERIC_FAULT.value)
+        reason = (Reason.REPROMOTE if change.kind == "repromote" else Reason.NUMERIC_FAULT).value
+        self.series.end_attempt(current.index, change.step, reason)
         self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
         if live:
-            self.view.attempt_ended(current.index, current.precision, Reason.NUMERIC_FAULT.value, change.message)
-            self.view.fallback(current.precision, nxt.precision, nxt.start_step, Reason.NUMERIC_FAULT.value)
+            self.view.attempt_ended(current.index, current.precision, reason, change.message)
+            self.view.fallback(current.precision, nxt.precision, nxt.start_step, reason)
             self._current = nxt
             self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")
         self._save()
