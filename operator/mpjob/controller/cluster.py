@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any, cast
 
 import kopf
@@ -55,6 +56,28 @@ def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return dict(documents.loads(response.data))
     finally:
         response.release_conn()
+
+
+class QuietReads:
+    """Reads of what this operator may be refused for good: a 403 (a chart without the rule) or
+    a 404 (an API that is not installed) quiets reads of that kind for `quiet_seconds` (None
+    without asking); any other error is a None this time."""
+
+    def __init__(self, quiet_seconds: float = 300.0) -> None:
+        self.quiet_seconds = quiet_seconds
+        self._quiet_until: dict[str, float] = {}
+
+    def read(self, kind: str, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """`raw(call, ...)`, or None (refused now, or quiet after a refusal of `kind`)."""
+        if time.monotonic() < self._quiet_until.get(kind, 0.0):
+            return None
+        try:
+            return raw(call, *args, **kwargs)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                log.info("cannot read %s (%s): not asked again for %.0f s", kind, exc.status, self.quiet_seconds)
+                self._quiet_until[kind] = time.monotonic() + self.quiet_seconds
+            return None
 
 
 def server_message(exc: ApiException) -> str:

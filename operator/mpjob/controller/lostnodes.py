@@ -16,22 +16,16 @@ ask again for QUIET_SECONDS and waits for the garbage collector, as before.
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from kubernetes.client.rest import ApiException
-
-from mpjob.controller.cluster import REQUEST_TIMEOUT, raw
+from mpjob.controller.cluster import QuietReads
 from mpjob.planning.endings import PodView
 from mpjob_contract.codes import Reason
 
 if TYPE_CHECKING:
     from mpjob.controller.cache import Observed
     from mpjob.controller.cluster import Cluster
-
-log = logging.getLogger(__name__)
 
 QUIET_SECONDS = 300.0
 
@@ -61,16 +55,9 @@ class NodeReader:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self._quiet_until = 0.0
+        self._reads = QuietReads(QUIET_SECONDS)
 
     def existing(self) -> frozenset[str] | None:
-        if time.monotonic() < self._quiet_until:
-            return None
-        try:
-            listed = raw(self.cluster.core.list_node, _request_timeout=REQUEST_TIMEOUT)
-        except ApiException as exc:
-            if exc.status in (403, 404):
-                log.info("cannot list nodes (%s): a lost node is seen when its pods are collected", exc.status)
-                self._quiet_until = time.monotonic() + QUIET_SECONDS
+        if (listed := self._reads.read("nodes", self.cluster.core.list_node)) is None:
             return None
         return frozenset(str((n.get("metadata") or {}).get("name", "")) for n in listed.get("items") or [])

@@ -20,15 +20,12 @@ says that the attempt waits, without the queue's words. Any other error is a Non
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from mpjob.builders.attempt import GPU_RESOURCE as GPU
 from mpjob.controller.cache import Observed
-from mpjob.controller.cluster import Cluster, raw
+from mpjob.controller.cluster import Cluster, QuietReads
 from mpjob.planning import history
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView
@@ -89,18 +86,8 @@ def queue_workers(spec: MixedPrecisionJobSpec, cluster_queue: dict[str, Any], ow
 class QueueReader:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self._quiet_until: dict[str, float] = {}
-
-    def _read(self, kind: str, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        """One read of Kueue's objects of `kind`; None on an error (quiet after a 403 or 404)."""
-        if time.monotonic() < self._quiet_until.get(kind, 0.0):
-            return None
-        try:
-            return dict(raw(call, *args, **kwargs))
-        except ApiException as exc:
-            if exc.status in (403, 404):
-                self._quiet_until[kind] = time.monotonic() + QUIET_SECONDS
-            return None
+        #: Reads of Kueue's objects by kind; None on an error (quiet after a 403 or 404).
+        self._read = QuietReads(QUIET_SECONDS).read
 
     def workload(self, namespace: str, job_uid: str) -> dict[str, Any] | None:
         """Kueue's Workload for the attempt Job with this UID, or None."""

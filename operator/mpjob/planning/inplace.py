@@ -60,6 +60,13 @@ def in_place_plan(
     )
 
 
+def _may_change(spec: MixedPrecisionJobSpec, start: StartAttempt) -> bool:
+    """Whether attempt `start` may change precision in place at all (spec.precision.inPlace; not an
+    `auto` attempt, which measures its node first; not an elastic job, whose size changes restart
+    its attempts: its changes of precision do too)."""
+    return spec.precision.in_place and start.precision != "auto" and spec.elastic is None
+
+
 def in_place_targets(
     spec: MixedPrecisionJobSpec,
     start: StartAttempt,
@@ -69,8 +76,8 @@ def in_place_targets(
     """The precisions attempt `start` may fall back to in place, in order, each with the
     re-promotion the planner gives that attempt and where that re-promotion goes in place, if
     it may (empty: none)."""
-    if not spec.precision.in_place or start.precision == "auto" or spec.elastic is not None:
-        return []  # an elastic job's size changes restart its attempts: its fallbacks do too
+    if not _may_change(spec, start):
+        return []
     targets: list[InPlaceTarget] = []
     ended, used, past = start, history.used(status), [a for a in status.attempts if a.index < start.index]
     while True:
@@ -95,7 +102,7 @@ def promotion_in_place(
     capability: tuple[int, int] | str | None = "spec",
 ) -> InPlaceTarget | None:
     """Where attempt `start`'s own re-promotion goes in place (None: it restarts, or it has none)."""
-    if not spec.precision.in_place or start.precision == "auto" or spec.elastic is not None:
+    if not _may_change(spec, start):
         return None
     past = [a for a in status.attempts if a.index < start.index]
     return _promotion(spec, start, status, past, history.used(status), capability)
