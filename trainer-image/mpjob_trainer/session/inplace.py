@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
@@ -89,31 +90,15 @@ class InPlace:
     def fall_back(self, fault: NumericFault, *, step: int, rewind: Rewind, detected: float) -> int | Exception:
         """Switch to the next precision and go back to the last good state in it: the step to run
         again from (the data rung catches up to `step`), or the ending when there is none."""
-        numerics = self.context.numerics
-        previous, target = numerics.precision.precision, self.targets.pop(0)
-        precision = target.precision
-        numerics.precision.settle(precision)
+        previous, target = self.context.numerics.precision.precision, self.targets.pop(0)
+        self.context.numerics.precision.settle(target.precision)
         start = rewind(step - 1)
         if isinstance(start, Exception):
             return start
-        numerics.guard.restart_at(start)
-        self.cadence.trouble(start)
-        self.cadence.repromote_after = target.repromote_after_steps  # as the planner gives a restart
-        self.promote_to = target.promote_to
-        self.attempt, self.started_at = self.attempt + 1, start
+        self._begin(target, start)
         self.context.metrics.trip(fault.rule)
-        change = InPlaceChange(
-            attempt=self.attempt,
-            step=step,
-            start_step=start,
-            from_precision=previous,  # type: ignore[arg-type]
-            to_precision=precision,  # type: ignore[arg-type]
-            rule=str(fault.rule),
-            message=f"{fault.rule}: {fault}",  # as the restart path's report words it
-            recovery_seconds=round(time.monotonic() - detected, 3),
-            at=round(time.time(), 3),
-        )
-        self._tell(change)
+        message = f"{fault.rule}: {fault}"  # as the restart path's report words it
+        self._tell("fallback", step, start, previous, target, rule=str(fault.rule), message=message, since=detected)
         return start
 
     def can_promote(self) -> bool:
@@ -122,34 +107,44 @@ class InPlace:
 
     def promote(self, why: Repromote, *, step: int) -> None:
         """Go back up to the precision the planner re-promotes to, from the checkpoint just written
-        at `step`: the state in memory is that checkpoint's, so nothing is restored; the guard and
-        the clean-step count start afresh, as a restarted attempt's do. Its own fallbacks and
-        re-promotion restart (the planner bars a re-promoted precision that faults again)."""
+        at `step`: the state in memory is that checkpoint's, so nothing is restored. Its own
+        fallbacks and re-promotion restart (the planner bars a re-promoted precision that faults
+        again)."""
         assert self.promote_to is not None  # can_promote() said so
-        detected, numerics = time.monotonic(), self.context.numerics
-        previous, target = numerics.precision.precision, self.promote_to
-        numerics.precision.settle(target.precision)
-        numerics.guard.restart_at(step)
-        self.cadence.trouble(step)
-        self.cadence.repromote_after = target.repromote_after_steps
+        detected, previous, target = time.monotonic(), self.context.numerics.precision.precision, self.promote_to
+        self.context.numerics.precision.settle(target.precision)
+        self._begin(target, step)
         self.targets, self.promote_to = [], None
-        self.attempt, self.started_at = self.attempt + 1, step
+        self._tell("repromote", step, step, previous, target, rule="repromote", message=str(why), since=detected)
+
+    def _begin(self, target: InPlaceTarget, start: int) -> None:
+        """The processes go on as the next attempt, in `target`, from step `start`: the guard and
+        the clean-step count start afresh and its re-promotion is the planner's, as a restarted
+        attempt's are."""
+        self.context.numerics.guard.restart_at(start)
+        self.cadence.trouble(start)
+        self.cadence.repromote_after = target.repromote_after_steps
+        self.promote_to = target.promote_to
+        self.attempt, self.started_at = self.attempt + 1, start
+
+    def _tell(
+        self, kind: Literal["fallback", "repromote"], step: int, start: int, previous: str, target: InPlaceTarget,
+        *, rule: str, message: str, since: float,
+    ) -> None:  # fmt: skip
+        """The change just made, three ways: the report's list, the metrics' series, the event
+        line (`since`: when it was due, the monotonic clock's)."""
         change = InPlaceChange(
-            kind="repromote",
+            kind=kind,
             attempt=self.attempt,
             step=step,
-            start_step=step,
+            start_step=start,
             from_precision=previous,  # type: ignore[arg-type]
             to_precision=target.precision,
-            rule="repromote",
-            message=str(why),
-            recovery_seconds=round(time.monotonic() - detected, 3),
+            rule=rule,
+            message=message,
+            recovery_seconds=round(time.monotonic() - since, 3),
             at=round(time.time(), 3),
         )
-        self._tell(change)
-
-    def _tell(self, change: InPlaceChange) -> None:
-        """The change, three ways: the report's list, the metrics' series, the event line."""
         self.changes.append(change)
         self.context.metrics.changed(change)
         self.context.log("precisionChanged", **change.model_dump(by_alias=True))
