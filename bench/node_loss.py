@@ -24,13 +24,13 @@ import argparse
 import contextlib
 import statistics
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 
 from bench.operator_scale import stop_operator, wait_gone
 from bench.recovery_cluster import GROUP, PLURAL, VERSION, namespace_with_operator, pod_lines
+from tests.cluster.disruption import lose_pod, rank_pod
 from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node
 from tests.helpers import wait_for
 
@@ -44,31 +44,16 @@ SPEC: dict[str, Any] = {
     "elastic": {"minWorkers": 2, "waitSeconds": 600},
     "resources": {"gpusPerWorker": 0},
 }
-GONE = {
-    "type": "DisruptionTarget",
-    "status": "True",
-    "reason": "DeletionByTaintManager",
-    "message": "Taint manager: deleting due to NoExecute taint",
-}
 
 
 def lose_a_node(core: client.CoreV1Api, ns: str, name: str) -> float:
     """Worker 2's pod shown lost and deleted; the moment of the deletion."""
-    selector = f"mpjob.dev/job={name},mpjob.dev/attempt=0"
-    pods = core.list_namespaced_pod(ns, label_selector=selector).items
-    (pod,) = [p.metadata.name for p in pods if p.metadata.name.startswith(f"{name}-a0-2-")]
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    core.patch_namespaced_pod_status(pod, ns, {"status": {"conditions": [{**GONE, "lastTransitionTime": stamp}]}})
-    lost = time.time()
-    core.delete_namespaced_pod(pod, ns)
-    return lost
+    return lose_pod(core, ns, rank_pod(core, ns, name, 0, 2).metadata.name)
 
 
 def remove_its_node(core: client.CoreV1Api, ns: str, name: str) -> tuple[float, str]:
     """Worker 2's Node deleted; the moment, and the node's name."""
-    selector = f"mpjob.dev/job={name},mpjob.dev/attempt=0"
-    pods = core.list_namespaced_pod(ns, label_selector=selector).items
-    (node,) = [p.spec.node_name for p in pods if p.metadata.name.startswith(f"{name}-a0-2-")]
+    node = rank_pod(core, ns, name, 0, 2).spec.node_name
     lost = time.time()
     remove_node(core, node)
     return lost, node

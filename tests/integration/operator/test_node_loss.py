@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.cluster.disruption import lose_pod, rank_pod
 from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator
@@ -71,13 +71,6 @@ def _spec(claim: str, record: Path) -> dict[str, Any]:
     }
 
 
-def _node_of_rank(jobs: Jobs, name: str, attempt: int, rank: int) -> str:
-    selector = f"mpjob.dev/job={name},mpjob.dev/attempt={attempt}"
-    pods = jobs.core.list_namespaced_pod(jobs.namespace, label_selector=selector).items
-    (pod,) = [p for p in pods if p.metadata.name.startswith(f"{name}-a{attempt}-{rank}-")]
-    return str(pod.spec.node_name)
-
-
 def test_a_node_removed_shrinks_the_job_at_once_and_its_return_grows_it_back(
     operator: Operator, jobs: Jobs, trio: list[str], tmp_path: Path
 ) -> None:
@@ -85,7 +78,7 @@ def test_a_node_removed_shrinks_the_job_at_once_and_its_return_grows_it_back(
     record = tmp_path / "samples.txt"
     jobs.create("trio", _spec("ckpt", record))
     jobs.wait_status("trio", lambda s: (s.get("lastCheckpoint") or {}).get("step", 0) >= 20, 240, "a checkpoint")
-    lost = _node_of_rank(jobs, "trio", 0, 2)
+    lost = str(rank_pod(jobs.core, jobs.namespace, "trio", 0, 2).spec.node_name)
     assert lost in trio
     remove_node(jobs.core, lost)
 
@@ -131,21 +124,7 @@ def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkp
     wait_for(
         lambda: (jobs.status("lost").get("lastCheckpoint") or {}).get("step", 0) >= 20, 240, message="a checkpoint"
     )
-    selector = "mpjob.dev/job=lost,mpjob.dev/attempt=0"
-    (pod,) = [
-        p.metadata.name
-        for p in jobs.core.list_namespaced_pod(jobs.namespace, label_selector=selector).items
-        if p.metadata.name.startswith("lost-a0-2-")
-    ]
-    gone = {
-        "type": "DisruptionTarget",
-        "status": "True",
-        "reason": "DeletionByTaintManager",
-        "message": "Taint manager: deleting due to NoExecute taint",
-        "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    jobs.core.patch_namespaced_pod_status(pod, jobs.namespace, {"status": {"conditions": [gone]}})
-    jobs.core.delete_namespaced_pod(pod, jobs.namespace)
+    lose_pod(jobs.core, jobs.namespace, rank_pod(jobs.core, jobs.namespace, "lost", 0, 2).metadata.name)
     status = jobs.wait_phase("lost", ("Succeeded", "Failed"), 300)
     assert status["phase"] == "Succeeded", status
     first, second = status["attempts"]
