@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeGuard
@@ -62,7 +65,25 @@ def init_process_group(world: World, device: torch.device) -> None:
     if not world.distributed or dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
+    with _stoppable_while_waiting():
+        dist.init_process_group(backend=backend, rank=world.rank, world_size=world.size)
+
+
+@contextlib.contextmanager
+def _stoppable_while_waiting() -> Iterator[None]:
+    """SIGTERM ends the process at once while it waits for its peers. The rendezvous blocks in
+    C++, where no Python handler runs, so a caught SIGTERM would wait for a peer that may never
+    come (the attempt shrank, the group was preempted before it formed) and the pod would hold
+    its GPU until the grace period's SIGKILL. Nothing has trained yet: the launcher folds such
+    a death as Preempted, and the next attempt resumes from the checkpoint this one would have."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def all_reduce_max(tensor: torch.Tensor, world: World) -> torch.Tensor:

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -399,6 +401,30 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_44(tmp_path: Path, pods: 
     assert (Path(ckpt.path) / "manifest.json").exists()
 
 
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+@pytest.mark.process
+def test_sigterm_while_a_rank_waits_for_a_peer_that_never_comes_ends_the_pod_at_once_as_preempted(
+    tmp_path: Path, pods: Any
+) -> None:
+    """The attempt shrank or was preempted before its group formed: rank 0 of 2 waits in the
+    rendezvous (blocked in C++, where no Python handler runs). It must not hold its GPU until
+    the grace period's SIGKILL: it dies at once and the pod ends as a stop, not a crash."""
+    env = trainer_env(tmp_path, spec(training={"steps": 50}), "fp32")
+    flags = ["--workers", "2", "--worker-index", "0", "--nproc-per-worker", "1", "--grace-seconds", "60"]
+    pod = pods(tmp_path, flags, TRAINER, env=env)
+    wait_for(lambda: _listening(int(env["MASTER_PORT"])), 120, message="rank 0's rendezvous store")
+    pod.proc.send_signal(signal.SIGTERM)
+    code, report = pod.wait(20)
+    assert code == ExitCode.PREEMPTED, pod.stderr[-3000:]
+    assert report is not None and report.reason == "Preempted" and report.step == 0
+    assert "was killed by SIGTERM before it trained" in report.message
+
+
 @pytest.mark.process
 def test_a_rank_killed_by_sigkill_stops_its_sibling_and_exits_1(tmp_path: Path, pods: Any) -> None:
     job = spec(training={"steps": 1_000_000, "logEvery": 5}, checkpoint={"everySteps": 1_000_000})
@@ -519,6 +545,9 @@ def test_a_rank_stopped_after_it_reported_keeps_its_report() -> None:
     folded = fold_endings([ending(0, -signal.SIGTERM, "NonFiniteInFp32", "step 3 is non-finite", stopped=True)])
     assert folded.code == ExitCode.NON_FINITE_IN_FP32 and folded.report.reason == "NonFiniteInFp32"
     assert folded.report.message == "step 3 is non-finite"
-    # Killed by SIGTERM with no report, or not stopped by the launcher: an infrastructure failure.
-    assert fold_endings([ending(0, -signal.SIGTERM, None, stopped=True)]).report.reason == "InfraError"
+    # Killed by the SIGTERM passed on, with no report: it had not trained (SIGTERM ends a rank by
+    # default before its session catches it and while it waits for its peers), a stop.
+    stopped = fold_endings([ending(0, -signal.SIGTERM, None, stopped=True)])
+    assert (stopped.code, stopped.report.reason) == (ExitCode.PREEMPTED, "Preempted")
+    # Killed by a SIGTERM the launcher did not pass on: an infrastructure failure.
     assert fold_endings([ending(0, -signal.SIGTERM, "NonFiniteInFp32")]).report.reason == "InfraError"

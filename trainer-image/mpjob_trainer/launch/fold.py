@@ -13,7 +13,8 @@ across pods too), highest first:
 | InfraError        | any other code, a signal death, or | 1         |
 |                   | an invalid termination report      |           |
 | Repromote         | 47                                 | 47        |
-| Preempted         | 44                                 | 44        |
+| Preempted         | 44, or a SIGTERM passed on that    | 44        |
+|                   | killed it before it trained        |           |
 | Succeeded         | 0                                  | 0         |
 
 A sibling the launcher stopped because another rank crashed exits 44 (it honoured SIGTERM
@@ -78,6 +79,13 @@ class RankEnding:
         return self.stopped and self.returncode == -signal.SIGTERM and self.report is not None
 
     @property
+    def stopped_before_training(self) -> bool:
+        """The launcher passed a SIGTERM on and it killed the rank without a report: SIGTERM
+        ends a rank by default until its session catches it, and again while it waits for its
+        peers (mpjob_trainer.distributed), so it had trained nothing and ends as a stop does."""
+        return self.stopped and self.returncode == -signal.SIGTERM and self.report is None
+
+    @property
     def outcome(self) -> Reason:
         """The class this ending falls in (a signal death or an invalid report is an
         infrastructure failure, unless the rank was stopped after it reported)."""
@@ -86,6 +94,8 @@ class RankEnding:
         if self.reported_then_stopped:
             assert self.report is not None
             return self.report.reason
+        if self.stopped_before_training:
+            return Reason.PREEMPTED
         if self.returncode < 0:
             return Reason.INFRA_ERROR
         return reason_for_exit_code(self.returncode)
@@ -188,6 +198,8 @@ def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | 
         why = f" with an {ending.invalid_report}"
     elif ending.report is not None:
         why = f" (its report said {ending.report.reason})"
+    elif ending.stopped_before_training:
+        why = " before it trained (nothing to checkpoint)"
     else:
         why = "" if ending.returncode == 0 else " without a termination report"
     base = donor or TerminationReport(reason=reason)
