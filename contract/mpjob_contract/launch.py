@@ -56,14 +56,16 @@ def inside_checkpoint_dir(path: str, checkpoint_dir: str) -> bool:
 class InPlaceTarget(BaseModel):
     """A precision an attempt may fall back to in its running processes, and the re-promotion
     the planner gives the attempt that trains in it (None: none), with the precision that
-    re-promotion goes to in place when the planner allows that too (`promoteTo`, itself with no
-    re-promotion or further change in place: its own fallback restarts)."""
+    re-promotion goes to in place when the planner allows that too (`promoteTo`). A `promoteTo`
+    target names in turn the precisions its re-promoted attempt may fall back to in place
+    (`inPlaceTo`, as the launch's own); a fallback target's are the ones after it in its list."""
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
     precision: Precision
     repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
     promote_to: InPlaceTarget | None = Field(None, alias="promoteTo")
+    in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
 
 
 class AttemptLaunch(BaseModel):

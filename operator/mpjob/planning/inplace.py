@@ -13,7 +13,9 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
   its recoverySeconds; no Job or process is started for it.
 - `promotion_in_place`: where an attempt's own re-promotion goes in place (each fallback
   target carries its own, `promoteTo`): the precision the planner would start after it, when
-  that needs no restart either (fp8 does: its float8 linears are made when the model is built).
+  that needs no restart either (fp8 does: its float8 linears are made when the model is built),
+  with the fallbacks the re-promoted attempt may make in place in turn (its `inPlaceTo`): the
+  plan is a tree, as deep as the attempt budget and the ladder allow.
 - `record`: the operator's side: the changes a reading or a report names that the status does
   not hold yet, each once (an operator restarted in between reads them again and skips those
   it recorded: a change names the attempt it began).
@@ -67,6 +69,21 @@ def _may_change(spec: MixedPrecisionJobSpec, start: StartAttempt) -> bool:
     return spec.precision.in_place and start.precision != "auto" and spec.elastic is None
 
 
+@dataclass(frozen=True)
+class _Past:
+    """The job's attempts as they would stand when an attempt ends: those before it, the attempt
+    budget they used and the re-promotions made."""
+
+    attempts: list[AttemptStatus]
+    used: int
+    repromotions: int
+
+
+def _past(status: MixedPrecisionJobStatus, start: StartAttempt) -> _Past:
+    before = [a for a in status.attempts if a.index < start.index]
+    return _Past(before, history.used(status), history.counts(status).repromotions)
+
+
 def in_place_targets(
     spec: MixedPrecisionJobSpec,
     start: StartAttempt,
@@ -76,20 +93,26 @@ def in_place_targets(
     """The precisions attempt `start` may fall back to in place, in order, each with the
     re-promotion the planner gives that attempt and where that re-promotion goes in place, if
     it may (empty: none)."""
-    if not _may_change(spec, start):
-        return []
+    return _fallbacks(spec, start, _past(status, start), capability) if _may_change(spec, start) else []
+
+
+def _fallbacks(
+    spec: MixedPrecisionJobSpec, start: StartAttempt, past: _Past, capability: tuple[int, int] | str | None
+) -> list[InPlaceTarget]:
+    """The planner's next attempts after a numeric fault of `start`, one after another, while
+    they need no restart (the same batch shape, the attempt budget)."""
     targets: list[InPlaceTarget] = []
-    ended, used, past = start, history.used(status), [a for a in status.attempts if a.index < start.index]
+    ended, used, attempts = start, past.used, list(past.attempts)
     while True:
         used += 1  # the attempt that would end charges one
-        past.append(faulted(ended))  # as it would stand then: a re-promoted precision that faults is barred
+        attempts.append(faulted(ended))  # as it would stand then: a re-promoted precision that faults is barred
         decision = after_attempt(
             spec, ended.index, ended.precision, FAULT, ended.start_step, None, capability,
-            used=used, shape=ended.shape, history=past, repromotions=history.counts(status).repromotions,
+            used=used, shape=ended.shape, history=attempts, repromotions=past.repromotions,
         )  # fmt: skip
         if not isinstance(decision, StartAttempt) or decision.fallback_from is None or decision.shape != ended.shape:
             return targets
-        promote = _promotion(spec, decision, status, past, used, capability)
+        promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions), capability)
         targets.append(InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,
                                      promote_to=promote))  # type: ignore[arg-type]  # fmt: skip
         ended = decision
@@ -102,36 +125,30 @@ def promotion_in_place(
     capability: tuple[int, int] | str | None = "spec",
 ) -> InPlaceTarget | None:
     """Where attempt `start`'s own re-promotion goes in place (None: it restarts, or it has none)."""
-    if not _may_change(spec, start):
-        return None
-    past = [a for a in status.attempts if a.index < start.index]
-    return _promotion(spec, start, status, past, history.used(status), capability)
+    return _promotion(spec, start, _past(status, start), capability) if _may_change(spec, start) else None
 
 
 def _promotion(
-    spec: MixedPrecisionJobSpec,
-    attempt: StartAttempt,
-    status: MixedPrecisionJobStatus,
-    past: list[AttemptStatus],
-    used: int,
-    capability: tuple[int, int] | str | None,
+    spec: MixedPrecisionJobSpec, attempt: StartAttempt, past: _Past, capability: tuple[int, int] | str | None
 ) -> InPlaceTarget | None:
     """The attempt `attempt`'s re-promotion would start, when it has one and needs no restart
-    (the same batch shape, within the attempt budget: `used` before `attempt` ends)."""
+    (the same batch shape, within the attempt budget: `past.used` before `attempt` ends), with
+    the fallbacks that re-promoted attempt may make in place in turn."""
     if attempt.repromote_after_steps is None:
         return None
     ended = AttemptStatus(index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
                           reason=Reason.REPROMOTE.value)  # type: ignore[arg-type]  # fmt: skip
+    then = _Past([*past.attempts, ended], past.used + 1, past.repromotions + 1)
     decision = after_attempt(
         spec, attempt.index, attempt.precision, REPROMOTION, attempt.start_step, None, capability,
-        used=used + 1, shape=attempt.shape, history=[*past, ended],
-        repromotions=history.counts(status).repromotions + 1,
+        used=then.used, shape=attempt.shape, history=then.attempts, repromotions=then.repromotions,
     )  # fmt: skip
     if not isinstance(decision, StartAttempt) or decision.promoted_from is None or decision.shape != attempt.shape:
         return None
     if decision.precision == "fp8":  # its float8 linears are made when the model is built: it restarts
         return None
-    return InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps)  # type: ignore[arg-type]
+    return InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,  # type: ignore[arg-type]
+                         in_place_to=_fallbacks(spec, decision, then, capability))  # fmt: skip
 
 
 def faulted(attempt: StartAttempt) -> AttemptStatus:

@@ -69,3 +69,23 @@ def test_a_fallback_and_a_repromotion_in_place_end_as_the_restart_path_does(tmp_
     starts = {k: [a["startStep"] for a in report["attempts"]] for k, report in runs.items()}
     assert starts["inplace"] == starts["restart"]
     assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")
+
+
+@pytest.mark.process
+def test_a_repromoted_precision_that_faults_again_falls_back_in_place_too(tmp_path: Path) -> None:
+    """The overflow stays: fp16 faults, bf16 in place, fp16 again in place after 10 clean steps,
+    which faults again, and bf16 goes on in place to the end (no further re-promotion): four
+    attempts in one trainer process, ending where four restarted attempts end."""
+    lasting = {**GPT, "overflowAtStep": 12}
+    runs = {k: run(tmp_path / k, in_place=k == "inplace", gpt=lasting, repromoteAfterSteps=10)[0]
+            for k in ("inplace", "restart")}  # fmt: skip
+    for report in runs.values():
+        ends = [(a["precision"], a["reason"]) for a in report["attempts"]]
+        assert ends == [
+            ("fp16", "NumericFault"), ("bf16", "Repromote"), ("fp16", "NumericFault"), ("bf16", "Succeeded")
+        ], report["attempts"]  # fmt: skip
+    assert [a.get("inPlace") for a in runs["inplace"]["attempts"]] == [None, True, True, True]
+    assert sorted(p.name for p in (tmp_path / "inplace" / "out" / "attempts").iterdir()) == ["a0"]  # one process
+    starts = {k: [a["startStep"] for a in report["attempts"]] for k, report in runs.items()}
+    assert starts["inplace"] == starts["restart"]
+    assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")

@@ -108,13 +108,13 @@ class InPlace:
     def promote(self, why: Repromote, *, step: int) -> None:
         """Go back up to the precision the planner re-promotes to, from the checkpoint just written
         at `step`: the state in memory is that checkpoint's, so nothing is restored. Its own
-        fallbacks and re-promotion restart (the planner bars a re-promoted precision that faults
-        again)."""
+        fallbacks are the ones the planner allows the re-promoted attempt in place (the target's
+        inPlaceTo; the planner bars re-promoting a precision that faults again)."""
         assert self.promote_to is not None  # can_promote() said so
         detected, previous, target = time.monotonic(), self.context.numerics.precision.precision, self.promote_to
         self.context.numerics.precision.settle(target.precision)
         self._begin(target, step)
-        self.targets, self.promote_to = [], None
+        self.targets = list(target.in_place_to)
         self._tell("repromote", step, step, previous, target, rule="repromote", message=str(why), since=detected)
 
     def _begin(self, target: InPlaceTarget, start: int) -> None:
