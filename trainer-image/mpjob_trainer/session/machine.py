@@ -6,6 +6,7 @@ another nor end twice.
 
     Training --Fault--> Judging          a fault the rung may handle: the fp32 replay judges it
     Training --Spike--> RollingBack      a loss spike to roll back and skip
+    Training --OutOfMemory--> RollingBack a smaller micro-batch, in place (session.memory)
     Judging --Data--> RollingBack        the data is at fault: quarantine and roll back
     Judging --Rerun--> RollingBack       a suspect step was the precision's: roll back, run again
     Judging --FallBack--> RollingBack    the precision is at fault: the next one, in place (session.inplace)
@@ -34,6 +35,7 @@ class Phase(StrEnum):
 class Event(StrEnum):
     FAULT = "Fault"
     SPIKE = "Spike"
+    OUT_OF_MEMORY = "OutOfMemory"
     DATA = "Data"
     RERUN = "Rerun"
     FALL_BACK = "FallBack"
@@ -47,6 +49,7 @@ class Event(StrEnum):
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.TRAINING, Event.FAULT): Phase.JUDGING,
     (Phase.TRAINING, Event.SPIKE): Phase.ROLLING_BACK,
+    (Phase.TRAINING, Event.OUT_OF_MEMORY): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.DATA): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.RERUN): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.FALL_BACK): Phase.ROLLING_BACK,
