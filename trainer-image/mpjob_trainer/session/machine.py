@@ -11,6 +11,7 @@ another nor end twice.
     Judging --Rerun--> RollingBack       a suspect step was the precision's: roll back, run again
     Judging --FallBack--> RollingBack    the precision is at fault: the next one, in place (session.inplace)
     RollingBack --Restored--> CatchingUp the rollback target is loaded; run the steps again
+    CatchingUp --OutOfMemory--> RollingBack  out of memory again, catching up: the next split
     RollingBack --LeftLoop--> Reentering the loop re-enters from the checkpoint (adapters)
     CatchingUp --CaughtUp--> Training
     Reentering --Reentered--> Training   the re-entered loop closes its first step
@@ -56,6 +57,7 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.ROLLING_BACK, Event.RESTORED): Phase.CATCHING_UP,
     (Phase.ROLLING_BACK, Event.LEFT_LOOP): Phase.REENTERING,
     (Phase.CATCHING_UP, Event.CAUGHT_UP): Phase.TRAINING,
+    (Phase.CATCHING_UP, Event.OUT_OF_MEMORY): Phase.ROLLING_BACK,
     (Phase.REENTERING, Event.REENTERED): Phase.TRAINING,
     **{(phase, Event.END): Phase.ENDED for phase in Phase if phase is not Phase.ENDED},
 }

@@ -29,6 +29,7 @@ or whose loop registered no `reshape`.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -82,17 +83,20 @@ class SmallerMicroBatch:
         return self.in_place.why_not or self.in_place.why_not_split
 
     def run(self, step_fn: StepFunction, step: int, *, state: TrainingState | None, checkpoints: Checkpointer) -> None:
-        """Run step `step` (0-based) with `step_fn`; out of memory, go on in the next split when the
-        launch allows, else raise."""
-        try:
-            step_fn(step)
-            return
-        except torch.OutOfMemoryError as exc:
-            if self.in_place is None or state is None or not self.in_place.can_split():
-                raise
-            # Leaving the handler drops the failed step's frames, and with them its activations.
-            detected, oom = time.monotonic(), exc.with_traceback(None)
-        ending = self.recover(oom, step=step, detected=detected, state=state, checkpoints=checkpoints)
+        """Run step `step` (0-based) with `step_fn`; out of memory (there, or again while catching up
+        in a split), go on in the next split when the launch allows, else raise."""
+        attempt: Callable[[], Exception | None] = functools.partial(step_fn, step)  # type: ignore[arg-type]
+        while True:
+            try:
+                ending = attempt()
+                break
+            except torch.OutOfMemoryError as exc:
+                if self.in_place is None or state is None or not self.in_place.can_split():
+                    raise
+                # Leaving the handler drops the failed step's frames, and with them its activations.
+                detected, oom = time.monotonic(), exc.with_traceback(None)
+            at = {"step": step, "detected": detected, "state": state, "checkpoints": checkpoints}
+            attempt = functools.partial(self.recover, oom, **at)  # type: ignore[arg-type]
         if ending is not None:
             raise ending
 

@@ -67,8 +67,7 @@ def make_task(args: dict[str, Any]) -> Task:
     if poisoned:
         dataset = PoisonedSamples(dataset, poisoned)
     model, blowup, outlier = _model(args, inputs, hidden, layers)
-    ceiling = model[0]
-    assert isinstance(ceiling, MemoryCeiling)
+    ceiling = next(m for m in model.modules() if isinstance(m, MemoryCeiling))
     spike = batch_scale(args.get("batchScale"))
     n_params = sum(p.numel() for p in model.parameters())
     return Task(
