@@ -12,7 +12,8 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
     """The job's phase and precision, one line per attempt, then skips, checkpoint and cost."""
     lines = [f"{name}: {status.phase} in {status.precision} at step {status.step}"]
     resized = len({a.world_size for a in status.attempts}) > 1  # spec.elastic changed the job's size
-    split = len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1  # out of memory, or fp32
+    # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
+    split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
     lines += [attempt_line(a, world=resized, shape=split) for a in status.attempts]
     if len(status.attempts) > 1:  # each attempt after the first is a recovery
         path = " -> ".join(a.precision for a in status.attempts)
