@@ -209,9 +209,10 @@ class LossSpike(TrainerEvent):
 
 
 class PrecisionChanged(TrainerEvent):
-    """A change of precision made in the running processes (report.InPlaceChange): the attempt
-    `attempt - 1` ended at `step` (a `fallback` on its fault's rule and message, or its
-    `repromote`), and attempt `attempt` trains in `toPrecision` from `startStep`."""
+    """A change made in the running processes (report.InPlaceChange): the attempt `attempt - 1`
+    ended at `step` (a `fallback` on its fault's rule and message, its `repromote`, or out of
+    device memory: `microBatch`, the same precision in a smaller split), and attempt `attempt`
+    trains in `toPrecision` from `startStep`."""
 
     name = "precisionChanged"
     kind: str = "fallback"
@@ -224,6 +225,9 @@ class PrecisionChanged(TrainerEvent):
     message: str
     recovery_seconds: float = Field(alias="recoverySeconds")
     at: float | None = None
+    #: A `microBatch` change's new split (report.InPlaceChange).
+    micro_batch: int | None = Field(None, alias="microBatch")
+    grad_accumulation: int | None = Field(None, alias="gradAccumulation")
 
 
 class Repromote(TrainerEvent):

@@ -68,6 +68,20 @@ class InPlaceTarget(BaseModel):
     in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
 
 
+class InPlaceSplit(BaseModel):
+    """A smaller micro-batch an attempt may go on in, in its running processes, after it ran out
+    of device memory: the planner's next attempt after an OutOfDeviceMemory ending (the same
+    precision and samples per step), with that attempt's re-promotion (None: none) and where the
+    re-promotion goes in place (None: it restarts)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    micro_batch: int = Field(alias="microBatch", ge=1)
+    grad_accumulation: int = Field(alias="gradAccumulation", ge=1)
+    repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
+    promote_to: InPlaceTarget | None = Field(None, alias="promoteTo")
+
+
 class AttemptLaunch(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -95,6 +109,10 @@ class AttemptLaunch(BaseModel):
     #: Where this attempt's own re-promotion (repromoteAfterSteps) goes in its running processes
     #: (None: it ends the attempt, exit 47, and the operator restarts it).
     promote_in_place_to: InPlaceTarget | None = Field(None, alias="promoteInPlaceTo")
+    #: The smaller micro-batches this attempt may go on in, in its running processes, after
+    #: running out of device memory, in order (each the planner's next attempt after the one
+    #: before); empty: an out-of-memory ends the attempt (exit 46) and the next one restarts.
+    in_place_splits: list[InPlaceSplit] = Field(default_factory=list, alias="inPlaceSplits", max_length=8)
     #: Workers (pods) of this attempt when spec.elastic runs it with fewer than spec.workers (None:
     #: spec.workers); its microBatch x gradAccumulation then keeps the spec's global batch.
     workers: int | None = Field(None, ge=1)
@@ -118,13 +136,19 @@ class AttemptLaunch(BaseModel):
         micro = self.micro_batch or tr.batch_size
         accumulation = self.grad_accumulation or tr.grad_accumulation
         workers = self.workers or self.spec.workers
+        shapes = [(micro, accumulation), *((s.micro_batch, s.grad_accumulation) for s in self.in_place_splits)]
+        for micro, accumulation in shapes:
+            self._keeps_global_batch(micro, accumulation, workers)
+        return self
+
+    def _keeps_global_batch(self, micro: int, accumulation: int, workers: int) -> None:
+        tr = self.spec.training
         if micro * accumulation * workers != tr.batch_size * tr.grad_accumulation * self.spec.workers:
             raise ValueError(
                 f"microBatch {micro} x gradAccumulation {accumulation} x workers {workers} must equal the spec's "
                 f"training.batchSize x training.gradAccumulation x workers = "
                 f"{tr.batch_size * tr.grad_accumulation * self.spec.workers}: every attempt keeps the global batch"
             )
-        return self
 
     def attempt_spec(self) -> MixedPrecisionJobSpec:
         """The spec as this attempt trains it: spec.training with the attempt's micro-batch split,
@@ -139,6 +163,10 @@ class AttemptLaunch(BaseModel):
             }
         )
         return self.spec.model_copy(update={"training": training, "workers": self.workers or self.spec.workers})
+
+    def split(self, micro_batch: int, grad_accumulation: int) -> AttemptLaunch:
+        """This launch in another micro-batch split (one its trainer made in place)."""
+        return self.model_copy(update={"micro_batch": micro_batch, "grad_accumulation": grad_accumulation})
 
     @property
     def job_identity(self) -> str:

@@ -122,13 +122,14 @@ class Measurement(_Model):
 class InPlaceChange(_Model):
     """A change of precision the trainer's processes made in place (spec.precision.inPlace):
     attempt `attempt - 1` ended at `step`, on its fault (`rule`, `message`) for a `fallback`, or
-    for its re-promotion (`repromote`: its clean steps, a checkpoint at `step`), and attempt
-    `attempt` trains in `toPrecision` from `startStep` since `at`, `recoverySeconds` after the
-    fault was detected (or the re-promotion was due). The trainer says it three ways, each
-    checked here: its `precisionChanged` event line, its metrics endpoint
-    (metrics.PRECISION_CHANGE) and its termination report."""
+    for its re-promotion (`repromote`: its clean steps, a checkpoint at `step`), or out of device
+    memory (`microBatch`: the same precision goes on in the smaller split `microBatch` x
+    `gradAccumulation`), and attempt `attempt` trains in `toPrecision` from `startStep` since
+    `at`, `recoverySeconds` after the fault was detected (or the re-promotion was due). The
+    trainer says it three ways, each checked here: its `precisionChanged` event line, its
+    metrics endpoint (metrics.PRECISION_CHANGE) and its termination report."""
 
-    kind: Literal["fallback", "repromote"] = "fallback"
+    kind: Literal["fallback", "repromote", "microBatch"] = "fallback"
     attempt: Annotated[int, Field(ge=1, le=MAX_REPORT_INT)]
     step: Count
     start_step: Count = Field(alias="startStep")
@@ -140,6 +141,10 @@ class InPlaceChange(_Model):
     #: When the new attempt began (Unix seconds, the trainer's clock): where its time is split
     #: from the attempt before it (None: not said; the reader's moment then).
     at: Finite | None = Field(None, ge=0, le=MAX_REPORT_INT)
+    #: A `microBatch` change's new split (the same precision, the same samples per step):
+    #: samples per micro-batch and micro-batches per optimizer step (None: not said).
+    micro_batch: Annotated[int, Field(ge=1, le=MAX_REPORT_INT)] | None = Field(None, alias="microBatch")
+    grad_accumulation: Annotated[int, Field(ge=1, le=MAX_REPORT_INT)] | None = Field(None, alias="gradAccumulation")
 
     @field_validator("message")
     @classmethod

@@ -12,7 +12,9 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
     """The job's phase and precision, one line per attempt, then skips, checkpoint and cost."""
     lines = [f"{name}: {status.phase} in {status.precision} at step {status.step}"]
     resized = len({a.world_size for a in status.attempts}) > 1  # spec.elastic changed the job's size
-    lines += [attempt_line(a, world=resized) for a in status.attempts]
+    # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
+    split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
+    lines += [attempt_line(a, world=resized, shape=split) for a in status.attempts]
     if len(status.attempts) > 1:  # each attempt after the first is a recovery
         path = " -> ".join(a.precision for a in status.attempts)
         lines.append(f"  recoveries: {len(status.attempts) - 1} ({path})")
@@ -26,13 +28,16 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
     return lines
 
 
-def attempt_line(a: AttemptStatus, *, world: bool = False) -> str:
-    """One attempt; with `world`, the processes it ran on (a job whose size changed)."""
+def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False) -> str:
+    """One attempt; with `world`, the processes it ran on (a job whose size changed); with
+    `shape`, its micro-batch split (a job whose split changed)."""
     end = a.end_step if a.end_step is not None else "?"
     said = f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else ""
     how = " in place" if a.in_place else ""
     back = f", back in {a.recovery_seconds:.2f} s{how}" if a.recovery_seconds is not None else how
     on = f" on {a.world_size} process(es)" if world and a.world_size else ""
+    if shape and a.micro_batch is not None:
+        on += f" micro-batch {a.micro_batch} x {a.grad_accumulation}"
     return f"  attempt {a.index}: {a.precision}{on} steps {a.start_step}-{end}{back} {a.reason or 'running'}{said}"
 
 

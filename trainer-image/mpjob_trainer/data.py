@@ -154,9 +154,14 @@ class StepLoader:
         self._batches: Iterator[Any] | None = None
         self._start(span.start)
 
+    @property
+    def _stamp(self) -> tuple[int, int, int]:
+        """What the collated batches depend on besides the order: the quarantine and the split."""
+        return self.sampler.quarantine.version, self.sampler.batch, self.sampler.accumulation
+
     def _start(self, step: int) -> None:
-        """Collate ahead from `step` on (again, when the quarantine changed under the workers)."""
-        self._batches, self._next, self._version = None, step, self.sampler.quarantine.version
+        """Collate ahead from `step` on (again, when the quarantine or the split changed under the workers)."""
+        self._batches, self._next, self._version = None, step, self._stamp
         if self._workers > 0 and step < self._stop:
             loader = DataLoader(
                 self.dataset,
@@ -170,7 +175,7 @@ class StepLoader:
 
     def micro_batches(self, step: int) -> list[Any]:
         """The micro-batches of optimizer step `step` that hold samples, in order."""
-        if self._batches is not None and self._version != self.sampler.quarantine.version and step >= self._next:
+        if self._batches is not None and self._version != self._stamp and step >= self._next:
             self._start(step)
         if self._batches is not None and step == self._next and step < self._stop:
             self._next += 1

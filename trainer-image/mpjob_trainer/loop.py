@@ -87,7 +87,11 @@ def train(run: Session) -> None:
             forward_backward(run, net, task, micro_batches)
             run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
-    run.register_step(one_step, samples=sampler.step_indices)
+    def reshape(micro: int, accumulation: int) -> None:
+        """Another split of the same samples per step, in the same order (session.memory)."""
+        sampler.batch, sampler.accumulation = micro, accumulation
+
+    run.register_step(one_step, samples=sampler.step_indices, reshape=reshape)
     run.quarantined.screen = lambda indices: non_finite_alone(run, model, task, indices)
     if run.spec.validation.every_steps:
         if task.eval_dataset is None:
@@ -95,7 +99,7 @@ def train(run: Session) -> None:
         run.evaluate_with(lambda: evaluate(run, model, task))
     try:
         for step in range(start, run.total_steps):
-            one_step(step)
+            run.run_step(step)  # one_step, out of device memory in a smaller micro-batch when allowed
             run.end_step(step + 1, samples=samples_per_step)
     finally:
         data.close()

@@ -116,6 +116,7 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
         recovering_since=start.recovering_since,
         in_place_to=in_place.to,
         promote_in_place_to=in_place.promote_to,
+        in_place_splits=in_place.splits,
         checkpoint_dir=folder,
         spec=spec,
     )

@@ -56,6 +56,7 @@ def attempt_env(
         recovering_since=start.recovering_since,
         in_place_to=in_place.to,
         promote_in_place_to=in_place.promote_to,
+        in_place_splits=in_place.splits,
         checkpoint_dir=checkpoint_dir,
         spec=job.spec,
     )

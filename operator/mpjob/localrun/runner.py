@@ -250,12 +250,16 @@ class LocalRun:
         if (nxt := inplace.record(plan, self.spec, [change], when, **local)) is None:  # type: ignore[arg-type]
             return
         cost.account(self.status, self.spec, self.gpu_seconds)
-        reason = (Reason.REPROMOTE if change.kind == "repromote" else Reason.NUMERIC_FAULT).value
+        reason = inplace.ENDED_BY[change.kind][0].value
         self.series.end_attempt(current.index, change.step, reason)
         self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
         if live:
             self.view.attempt_ended(current.index, current.precision, reason, change.message)
-            self.view.fallback(current.precision, nxt.precision, nxt.start_step, reason)
+            if change.kind == "microBatch":
+                split = f"micro-batch {current.micro_batch} -> {nxt.micro_batch} x {nxt.grad_accumulation}"
+                self.view.info(f"{split} at step {nxt.start_step} in place ({reason})")
+            else:
+                self.view.fallback(current.precision, nxt.precision, nxt.start_step, reason)
             self._current = nxt
             self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")
         self._save()

@@ -11,6 +11,11 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
   the attempt ends as a numeric fault ends it, or its re-promotion (`lifecycle.conclude`, the
   same events and conditions), and the next one is recorded as begun with `inPlace: true` and
   its recoverySeconds; no Job or process is started for it.
+- `in_place_splits`: the smaller micro-batches an attempt may go on in after running out of
+  device memory (AttemptLaunch.inPlaceSplits): the planner's next attempts after an
+  OutOfDeviceMemory ending, one after another, as long as each keeps the precision and splits
+  the micro-batch (the job's faultPolicy may say otherwise), runPolicy.maxAttempts leaves room
+  and the model is not sharded (FSDP2 is wrapped for one shape of its step).
 - `promotion_in_place`: where an attempt's own re-promotion goes in place (each fallback
   target carries its own, `promoteTo`): the precision the planner would start after it, when
   that needs no restart either (fp8 does: its float8 linears are made when the model is built),
@@ -30,16 +35,23 @@ from pydantic import ValidationError
 
 from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
-from mpjob.planning.classify import Action, AttemptOutcome, Classification
-from mpjob.planning.planner import StartAttempt, after_attempt
+from mpjob.planning.classify import Action, AttemptOutcome, Classification, under_policy
+from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.events import PrecisionChanged
-from mpjob_contract.launch import InPlaceTarget
+from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
 from mpjob_contract.report import InPlaceChange, TerminationReport
 
 FAULT = Classification(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "")
 REPROMOTION = Classification(Reason.REPROMOTE, Action.REPROMOTE, "")
+OUT_OF_MEMORY = Classification(Reason.OUT_OF_DEVICE_MEMORY, Action.SMALLER_MICRO_BATCH, "")
+#: What ends the attempt before an in-place change of each kind, as a restart's report says it.
+ENDED_BY = {
+    "fallback": (Reason.NUMERIC_FAULT, ExitCode.NUMERIC_FAULT),
+    "repromote": (Reason.REPROMOTE, ExitCode.REPROMOTE),
+    "microBatch": (Reason.OUT_OF_DEVICE_MEMORY, ExitCode.OUT_OF_DEVICE_MEMORY),
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,8 @@ class InPlacePlan:
 
     to: list[InPlaceTarget] = field(default_factory=list)
     promote_to: InPlaceTarget | None = None
+    #: The smaller micro-batches it may go on in after running out of device memory.
+    splits: list[InPlaceSplit] = field(default_factory=list)
 
 
 def in_place_plan(
@@ -58,7 +72,9 @@ def in_place_plan(
     capability: tuple[int, int] | str | None = "spec",
 ) -> InPlacePlan:
     return InPlacePlan(
-        in_place_targets(spec, start, status, capability), promotion_in_place(spec, start, status, capability)
+        in_place_targets(spec, start, status, capability),
+        promotion_in_place(spec, start, status, capability),
+        in_place_splits(spec, start, status, capability),
     )
 
 
@@ -118,6 +134,43 @@ def _fallbacks(
         ended = decision
 
 
+def in_place_splits(
+    spec: MixedPrecisionJobSpec,
+    start: StartAttempt,
+    status: MixedPrecisionJobStatus,
+    capability: tuple[int, int] | str | None = "spec",
+) -> list[InPlaceSplit]:
+    """The smaller micro-batches attempt `start` may go on in after running out of device memory,
+    in order, each with the re-promotion the planner gives that attempt and where it goes in place
+    (empty: none; an out-of-memory then restarts)."""
+    if not _may_change(spec, start) or spec.parallelism.strategy == "fsdp":
+        return []
+    splits: list[InPlaceSplit] = []
+    past = _past(status, start)
+    ended, used, attempts = start, past.used, list(past.attempts)
+    result = under_policy(OUT_OF_MEMORY, spec.fault_policy, None)  # the job's faultPolicy may retry or fail
+    while len(splits) < 8:
+        used += 1
+        shape = ended.shape or BatchShape.of(spec)
+        attempts.append(AttemptStatus(index=ended.index, precision=ended.precision, start_step=ended.start_step,
+                                      reason=Reason.OUT_OF_DEVICE_MEMORY.value))  # type: ignore[arg-type]  # fmt: skip
+        decision = after_attempt(
+            spec, ended.index, ended.precision, result, ended.start_step, None, capability,
+            used=used, shape=shape, history=attempts, repromotions=past.repromotions,
+        )  # fmt: skip
+        if not isinstance(decision, StartAttempt) or decision.precision != ended.precision:
+            return splits
+        if decision.shape is None or decision.shape == shape:
+            return splits
+        promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions), capability)
+        split = decision.shape
+        again = decision.repromote_after_steps
+        splits.append(InPlaceSplit(micro_batch=split.micro_batch, grad_accumulation=split.grad_accumulation,
+                                   repromote_after_steps=again, promote_to=promote))  # fmt: skip
+        ended = decision
+    return splits
+
+
 def promotion_in_place(
     spec: MixedPrecisionJobSpec,
     start: StartAttempt,
@@ -173,16 +226,16 @@ def changed_in_place(
     """End `attempt` on the trainer's word that it fell back in place, and record the attempt it
     goes on in; that attempt (None: the plan finished the job instead, which the trainer's own
     bounds make rare: its processes then end on their own)."""
-    promoted = change.kind == "repromote"
+    reason, code = ENDED_BY[change.kind]
     report = TerminationReport(
-        reason=Reason.REPROMOTE if promoted else Reason.NUMERIC_FAULT,
+        reason=reason,
         step=change.step,
         start_step=attempt.start_step,
         precision=change.from_precision,  # type: ignore[arg-type]
-        rule=None if promoted else change.rule,
+        rule=change.rule if change.kind == "fallback" else None,
         message=change.message,
     )
-    outcome = AttemptOutcome(ExitCode.REPROMOTE if promoted else ExitCode.NUMERIC_FAULT, report)
+    outcome = AttemptOutcome(code, report)
     when = lc.When(moment(change.at, when.at), when.generation)  # the attempt ended when the trainer changed
     lc.conclude(
         plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability, checkpoint_dir=checkpoint_dir
@@ -194,7 +247,11 @@ def changed_in_place(
     entry.precision, entry.start_step = change.to_precision, change.start_step  # type: ignore[assignment]
     entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
     status.precision, status.phase = change.to_precision, "Running"
-    return replace(plan.create[0], precision=change.to_precision, start_step=change.start_step)
+    begun = replace(plan.create[0], precision=change.to_precision, start_step=change.start_step)
+    if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
+        entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
+        begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)
+    return begun
 
 
 def of_line(line: PrecisionChanged) -> InPlaceChange | None:

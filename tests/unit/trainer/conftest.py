@@ -56,9 +56,11 @@ def launch_env(
     name: str = "report.json",
     shape: tuple[int, int] | None = None,
     in_place_to: list[str] | None = None,
+    splits: list[tuple[int, int]] | None = None,
 ) -> dict[str, str]:
     """The env of one trainer process; `shape` is the attempt's (microBatch, gradAccumulation),
-    `in_place_to` the precisions it may fall back to in place."""
+    `in_place_to` the precisions it may fall back to in place, `splits` the (microBatch,
+    gradAccumulation) it may go on in after running out of device memory."""
     launch = {
         "jobName": "t",
         "attempt": attempt,
@@ -71,6 +73,8 @@ def launch_env(
         launch["microBatch"], launch["gradAccumulation"] = shape
     if in_place_to is not None:
         launch["inPlaceTo"] = [{"precision": p} for p in in_place_to]
+    if splits is not None:
+        launch["inPlaceSplits"] = [{"microBatch": m, "gradAccumulation": a} for m, a in splits]
     env = {
         **os.environ,
         "MPJOB_LAUNCH": json.dumps(launch),

@@ -16,6 +16,8 @@ P, E = Phase, Event
 EXPECTED = {
     (P.TRAINING, E.FAULT): P.JUDGING,
     (P.TRAINING, E.SPIKE): P.ROLLING_BACK,
+    (P.TRAINING, E.OUT_OF_MEMORY): P.ROLLING_BACK,
+    (P.CATCHING_UP, E.OUT_OF_MEMORY): P.ROLLING_BACK,
     (P.JUDGING, E.DATA): P.ROLLING_BACK,
     (P.JUDGING, E.RERUN): P.ROLLING_BACK,
     (P.JUDGING, E.FALL_BACK): P.ROLLING_BACK,
@@ -50,6 +52,7 @@ def test_every_phase_and_event_pair(phase: Phase, event: Event) -> None:
         [E.FAULT, E.RERUN, E.RESTORED, E.CAUGHT_UP],  # a suspect step that was the precision's
         [E.FAULT, E.FALL_BACK, E.RESTORED, E.CAUGHT_UP],  # the precision's fault: the next one, in place
         [E.SPIKE, E.LEFT_LOOP, E.REENTERED],  # a spike under a framework adapter
+        [E.OUT_OF_MEMORY, E.RESTORED, E.OUT_OF_MEMORY, E.RESTORED, E.CAUGHT_UP],  # out of memory twice: two splits
     ],
 )
 def test_each_recovery_comes_back_to_training_and_ends_once(path: list[Event]) -> None:

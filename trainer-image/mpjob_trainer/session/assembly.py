@@ -58,9 +58,10 @@ def assemble(
     cadence = Cadence(spec, launch.repromote_after_steps)
     targets = launch.in_place_to if spec.precision.in_place else []
     promote = launch.promote_in_place_to if spec.precision.in_place else None
+    splits = launch.in_place_splits if spec.precision.in_place else []
     in_place = InPlace(targets, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence,
-                       promote_to=promote)  # fmt: skip
-    recovery = Recovery(spec.precision.guard, context, spec.fault_policy, in_place)
+                       promote_to=promote, splits=splits)  # fmt: skip
+    recovery = Recovery(spec.precision.guard, context, spec.fault_policy, in_place, launch=launch)
     intervals = IntervalWork(numerics, cadence, progress=progress, log=log)
     intervals.inspectors.append(recovery.rung.inspect)
     return Parts(

@@ -95,6 +95,14 @@ def _compile_failure(exc: BaseException) -> bool:
     return dynamo_exc is not None and isinstance(exc, dynamo_exc.TorchDynamoException)
 
 
+def announce(exc: BaseException | None, step: int, loss: float | None, applied: int, *, log: EventLog) -> None:
+    """The run's `done` line, or a numeric fault's `fault` line, before its ending is judged."""
+    if classify(exc, Standing()).code == ExitCode.SUCCESS:
+        log("done", step=step, loss=loss, appliedSteps=applied)
+    elif isinstance(exc, NumericFault):
+        log("fault", step=step, rule=exc.rule, message=str(exc), all_ranks=True)
+
+
 def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> int:
     """Say why the run ended (stderr, event line) and write the report; returns the exit code."""
     ending = classify(exc, standing)

@@ -24,6 +24,11 @@ A re-promotion (launch.repromoteAfterSteps clean steps, a checkpoint written) go
 place the same way when the launch names where (promoteInPlaceTo, or the fallback target's
 promoteTo): nothing is restored, the state in memory being the checkpoint's (`promote`).
 
+Running out of device memory goes on in place too when the launch names a smaller split
+(inPlaceSplits) and the loop registered how to change its own (session.memory): the same
+precision, the last good state restored, the loop's data and accumulation in the new split. The
+split attempt's own fallbacks and the splits after a change of precision restart.
+
 Not in place (the attempt ends, and the operator restarts it as before): a sharded model
 (FSDP2 fixes its MixedPrecisionPolicy when it wraps), a loop that re-enters a framework, a
 loop that registered no step, and a fallback that changes the batch shape (the planner then
@@ -37,7 +42,7 @@ from typing import Literal
 
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
-from mpjob_contract.launch import InPlaceTarget
+from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import InPlaceChange
 from mpjob_trainer.errors import NumericFault, Repromote
@@ -47,6 +52,8 @@ from mpjob_trainer.session.interval import Cadence
 #: Rolls the state back to the newest good one at or before a step index: its step, or the
 #: attempt's ending when there is none.
 Rewind = Callable[[int], "int | Exception"]
+
+Kind = Literal["fallback", "repromote", "microBatch"]
 
 
 class InPlace:
@@ -59,8 +66,11 @@ class InPlace:
         context: AttemptContext,
         cadence: Cadence,
         promote_to: InPlaceTarget | None = None,
+        splits: list[InPlaceSplit] | None = None,
     ) -> None:
         self.targets = list(targets)
+        #: The smaller micro-batches the attempt may go on in after running out of device memory.
+        self.splits = list(splits or [])
         #: Where the running attempt's re-promotion goes in place (None: it ends the attempt).
         self.promote_to = promote_to
         #: The attempt the processes train now (the launched one, plus each change made).
@@ -68,6 +78,8 @@ class InPlace:
         self.policy, self.context, self.cadence = policy, context, cadence
         #: Why no change can be made in place in this attempt (None: it can, targets allowing).
         self.why_not: str | None = None
+        #: Why no split can be made in place (None: it can, splits allowing; session.memory).
+        self.why_not_split: str | None = None
         #: The step the newest in-place attempt started from (None: no change made).
         self.started_at: int | None = None
         #: The changes made, oldest first (the termination report lists them).
@@ -96,10 +108,27 @@ class InPlace:
         if isinstance(start, Exception):
             return start
         self._begin(target, start)
+        self.splits = []  # planned for the precision it leaves
         self.context.metrics.trip(fault.rule)
         message = f"{fault.rule}: {fault}"  # as the restart path's report words it
-        self._tell("fallback", step, start, previous, target, rule=str(fault.rule), message=message, since=detected)
+        self._tell("fallback", step, start, previous, target.precision, rule=str(fault.rule), message=message,
+                   since=detected)  # fmt: skip
         return start
+
+    def can_split(self) -> bool:
+        """May the attempt go on in a smaller micro-batch in place after running out of device memory?"""
+        return self.why_not is None and self.why_not_split is None and bool(self.splits)
+
+    def split(self, *, step: int, start: int, message: str, detected: float) -> InPlaceSplit:
+        """Go on as the next attempt in the next smaller split, in the same precision, from step
+        `start` (the last good state, restored): its fallbacks restart (the planner planned those
+        for the split before it)."""
+        target, precision = self.splits.pop(0), self.context.numerics.precision.precision
+        self._begin(target, start)
+        self.targets = []
+        self._tell("microBatch", step, start, precision, precision, rule="OutOfDeviceMemory", message=message,
+                   since=detected, split=target)  # fmt: skip
+        return target
 
     def can_promote(self) -> bool:
         """May the attempt's re-promotion, due now, be made in place?"""
@@ -114,10 +143,11 @@ class InPlace:
         detected, previous, target = time.monotonic(), self.context.numerics.precision.precision, self.promote_to
         self.context.numerics.precision.settle(target.precision)
         self._begin(target, step)
-        self.targets = list(target.in_place_to)
-        self._tell("repromote", step, step, previous, target, rule="repromote", message=str(why), since=detected)
+        self.targets, self.splits = list(target.in_place_to), []
+        self._tell("repromote", step, step, previous, target.precision, rule="repromote", message=str(why),
+                   since=detected)  # fmt: skip
 
-    def _begin(self, target: InPlaceTarget, start: int) -> None:
+    def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int) -> None:
         """The processes go on as the next attempt, in `target`, from step `start`: the guard and
         the clean-step count start afresh and its re-promotion is the planner's, as a restarted
         attempt's are."""
@@ -128,8 +158,8 @@ class InPlace:
         self.attempt, self.started_at = self.attempt + 1, start
 
     def _tell(
-        self, kind: Literal["fallback", "repromote"], step: int, start: int, previous: str, target: InPlaceTarget,
-        *, rule: str, message: str, since: float,
+        self, kind: Kind, step: int, start: int, previous: str, to: str,
+        *, rule: str, message: str, since: float, split: InPlaceSplit | None = None,
     ) -> None:  # fmt: skip
         """The change just made, three ways: the report's list, the metrics' series, the event
         line (`since`: when it was due, the monotonic clock's)."""
@@ -139,11 +169,13 @@ class InPlace:
             step=step,
             start_step=start,
             from_precision=previous,  # type: ignore[arg-type]
-            to_precision=target.precision,
+            to_precision=to,  # type: ignore[arg-type]
             rule=rule,
             message=message,
             recovery_seconds=round(time.monotonic() - since, 3),
             at=round(time.time(), 3),
+            micro_batch=split.micro_batch if split is not None else None,
+            grad_accumulation=split.grad_accumulation if split is not None else None,
         )
         self.changes.append(change)
         self.context.metrics.changed(change)

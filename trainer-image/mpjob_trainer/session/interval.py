@@ -147,6 +147,10 @@ class IntervalWork:
             return Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
         return None
 
+    def account(self) -> dict[str, Any]:
+        """What the report says of the attempt's intervals (ending.Standing's fields)."""
+        return {"counters": self.counters(), "loss_scales": self.scales.points}
+
     def counters(self) -> Counters:
         """The report's counters: the guard's, and what the last interval read."""
         guard, loss = self.numerics.guard, self.last_loss

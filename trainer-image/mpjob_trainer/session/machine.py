@@ -6,10 +6,12 @@ another nor end twice.
 
     Training --Fault--> Judging          a fault the rung may handle: the fp32 replay judges it
     Training --Spike--> RollingBack      a loss spike to roll back and skip
+    Training --OutOfMemory--> RollingBack a smaller micro-batch, in place (session.memory)
     Judging --Data--> RollingBack        the data is at fault: quarantine and roll back
     Judging --Rerun--> RollingBack       a suspect step was the precision's: roll back, run again
     Judging --FallBack--> RollingBack    the precision is at fault: the next one, in place (session.inplace)
     RollingBack --Restored--> CatchingUp the rollback target is loaded; run the steps again
+    CatchingUp --OutOfMemory--> RollingBack  out of memory again, catching up: the next split
     RollingBack --LeftLoop--> Reentering the loop re-enters from the checkpoint (adapters)
     CatchingUp --CaughtUp--> Training
     Reentering --Reentered--> Training   the re-entered loop closes its first step
@@ -34,6 +36,7 @@ class Phase(StrEnum):
 class Event(StrEnum):
     FAULT = "Fault"
     SPIKE = "Spike"
+    OUT_OF_MEMORY = "OutOfMemory"
     DATA = "Data"
     RERUN = "Rerun"
     FALL_BACK = "FallBack"
@@ -47,12 +50,14 @@ class Event(StrEnum):
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.TRAINING, Event.FAULT): Phase.JUDGING,
     (Phase.TRAINING, Event.SPIKE): Phase.ROLLING_BACK,
+    (Phase.TRAINING, Event.OUT_OF_MEMORY): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.DATA): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.RERUN): Phase.ROLLING_BACK,
     (Phase.JUDGING, Event.FALL_BACK): Phase.ROLLING_BACK,
     (Phase.ROLLING_BACK, Event.RESTORED): Phase.CATCHING_UP,
     (Phase.ROLLING_BACK, Event.LEFT_LOOP): Phase.REENTERING,
     (Phase.CATCHING_UP, Event.CAUGHT_UP): Phase.TRAINING,
+    (Phase.CATCHING_UP, Event.OUT_OF_MEMORY): Phase.ROLLING_BACK,
     (Phase.REENTERING, Event.REENTERED): Phase.TRAINING,
     **{(phase, Event.END): Phase.ENDED for phase in Phase if phase is not Phase.ENDED},
 }

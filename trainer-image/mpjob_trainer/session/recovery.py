@@ -4,21 +4,26 @@ It holds the data rung and its attempt machine (session.skipping, session.machin
 replay (session.replay) and the state they roll back to before the first checkpoint
 (session.rollback.FreshStart), and how the loop is rolled back: in place, or, for a loop
 whose state the session does not hold (the framework adapters), by re-entering it from a
-checkpoint. The Session hands it the loop's step function (`arm`) and, at the end, a fault no
-rung handled (`judge`): every recovery decision is taken here, never by the Session."""
+checkpoint; and a smaller micro-batch after running out of device memory (session.memory). The
+Session hands it the loop's step function (`arm`), each step to run (`run_step`) and, at the
+end, a fault no rung handled (`judge`): every recovery decision is taken here, never by the Session."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import torch
+
 from mpjob_contract.api import Guard as GuardSpec
+from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import InPlaceChange, Replay
-from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
+from mpjob_trainer.session.memory import Reshape, SmallerMicroBatch
 from mpjob_trainer.session.replay import Fp32Replay, LiveWeights
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.skipping import DataRung
@@ -28,11 +33,18 @@ from mpjob_trainer.session.steps import SamplesFunction, StepFunction
 
 class Recovery:
     def __init__(
-        self, guard: GuardSpec, context: AttemptContext, policy: FaultPolicy | None, in_place: InPlace | None = None
+        self,
+        guard: GuardSpec,
+        context: AttemptContext,
+        policy: FaultPolicy | None,
+        in_place: InPlace | None = None,
+        *,
+        launch: AttemptLaunch,
     ) -> None:
         self.context = context
         self.rung = DataRung(guard, context, policy)
         self.rung.in_place = self.in_place = in_place
+        self.memory = SmallerMicroBatch(self.rung, in_place, context, launch)
         self.replay: Fp32Replay | None = None
         #: When the attempt's ending was known (Unix seconds; the report's endedAt).
         self.ended_at: float | None = None
@@ -52,10 +64,11 @@ class Recovery:
 
     def account(self, started_at: int | None) -> dict[str, Any]:
         """What the report says of recovery (ending.Standing's fields): where the attempt the
-        processes train now began, the replay's verdict, the changes made in place, when the
+        processes train now began, what it skipped, the replay's verdict, the changes made in place, when the
         ending was known, and the attempt's recoverySeconds (in place: its change's)."""
         return {
             "start_step": self.started_at if self.started_at is not None else started_at,
+            "skipped": self.rung.skipped(),
             "replay": self.replayed,
             "precision_changes": self.changes,
             "ended_at": self.ended_at,
@@ -81,15 +94,25 @@ class Recovery:
         weights: LiveWeights | None,
         state: TrainingState | None,
         checkpoints: Checkpointer,
+        reshape: Reshape | None = None,
     ) -> None:
         """The loop registered its step: replays and rollbacks can run it (`guard`: the settings
-        the parallelism allows, sharding.Wrapper.replayable)."""
-        first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back
+        the parallelism allows, sharding.Wrapper.replayable), and `reshape` changes its split."""
+        splits = self.in_place is not None and bool(self.in_place.splits)
+        first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or splits
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
         self.replay = Fp32Replay(step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights)
         self.rung.arm(self.replay, state=state, fresh=fresh)
         if self.in_place is not None:
             self.in_place.why_not = self._not_in_place(state)
+        self.memory.arm(reshape)
+
+    def run_step(self, step: int, *, state: TrainingState | None, checkpoints: Checkpointer) -> None:
+        """Run the registered step `step` (0-based); out of device memory, in a smaller split in
+        place when the launch allows (session.memory)."""
+        if self.replay is None:
+            raise ConfigError("run_step() runs the step register_step() registered: register it first")
+        self.memory.run(self.replay.step, step, state=state, checkpoints=checkpoints)
 
     def _not_in_place(self, state: TrainingState | None) -> str | None:
         """Why this loop cannot change precision in place (None: it can)."""
@@ -115,6 +138,9 @@ class Recovery:
         why = self.in_place.why_restart(exc) if self.in_place is not None else None
         if isinstance(exc, NumericFault) and why is not None:  # the attempt's message says why it restarts
             return NumericFault(exc.rule, f"{exc}; not in place ({why}): the next attempt restarts")
+        if isinstance(exc, torch.OutOfMemoryError) and (why := self.memory.why_restart()) is not None:
+            first = str(exc).splitlines()[0] if str(exc) else "torch.OutOfMemoryError"
+            return torch.OutOfMemoryError(f"{first}; not in place ({why}): the next attempt restarts")
         return exc
 
     # ---------------------------------------------------------------- a loop that re-enters

@@ -5,7 +5,7 @@ attempt (precision and modes, step arithmetic and guard, intervals, checkpoints,
 | phase    | entered by                  | the loop may call                                          |
 |----------|-----------------------------|------------------------------------------------------------|
 | OPEN     | `start()`                   | the set-up helpers (`keep_fp32`, `compile`, `wrap`, ...), `resume` |
-| TRAINING | `resume()`                  | `register_step`, `evaluate_with`, `backward`, `step`, `end_step` |
+| TRAINING | `resume()`                  | `register_step`, `run_step`, `evaluate_with`, `backward`, `step`, `end_step`|
 | CLOSED   | `close()` / leaving `with`  | nothing: `close()` again returns the same exit code        |
 
 `end_step` before `resume` and a second `resume` are configuration errors. `register_step`
@@ -33,8 +33,9 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.assembly import assemble
 from mpjob_trainer.session.checkpointing import Checkpointer
-from mpjob_trainer.session.ending import Standing, classify, conclude
+from mpjob_trainer.session.ending import Standing, announce, conclude
 from mpjob_trainer.session.measure import measure_and_settle
+from mpjob_trainer.session.memory import Reshape
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.replay import LiveWeights
@@ -55,28 +56,30 @@ class Session:
         flops_per_sample: float | None = None,
         tokens_per_sample: int | None = None,
     ) -> None:
-        self.launch = launch
-        #: The job's spec as this attempt trains it (its micro-batch split, see AttemptLaunch).
-        self.spec: MixedPrecisionJobSpec = launch.attempt_spec()
+        self.launch, spec = launch, launch.attempt_spec()
         self.world = world
         self.preemption = preemption
         self._log = log
         self.device = dist_env.pick_device(world)
         dist_env.init_process_group(world, self.device)
-        seed_everything(self.spec.training.seed)
-        parts = assemble(launch, self.spec, world, log, self.device)
+        seed_everything(spec.training.seed)
+        parts = assemble(launch, spec, world, log, self.device)
         self._amp, self._numerics, self._metrics = parts.amp, parts.numerics, parts.metrics
         self._progress, self._instruments, self._checkpoints = parts.progress, parts.instruments, parts.checkpoints
         self._setup, self._context, self._intervals = parts.setup, parts.context, parts.intervals
         self._recovery, self._rung = parts.recovery, parts.recovery.rung
         self.set_sample_cost(flops=flops_per_sample, tokens=tokens_per_sample)
         self._state: TrainingState | None = None
-        self.start_step = 0
+        self.start_step = self._step = 0
         self._started_at: int | None = None  # the start step once resume() decided it (the report's)
-        self._step = 0
         self._exit_code: int | None = None
         self._measurement: Measurement | None = None
         self._gate: QualityGate | None = None
+
+    @property
+    def spec(self) -> MixedPrecisionJobSpec:
+        """The job's spec as this attempt trains it (its micro-batch split: AttemptLaunch, session.memory)."""
+        return self._recovery.memory.spec
 
     @property
     def precision(self) -> Precision:
@@ -113,8 +116,7 @@ class Session:
         return self.spec.training.steps
 
     def set_sample_cost(self, *, flops: float | None = None, tokens: int | None = None) -> None:
-        """What one sample costs, for MFU and tokens/s, when start() could not be told (the
-        builtin learns it from the task it loads inside the session)."""
+        """What one sample costs (MFU, tokens/s) when start() could not be told (the builtin: its task)."""
         self._progress.flops_per_sample, self._progress.tokens_per_sample = flops, tokens
 
     # ---------------------------------------------------------------- set-up (session.setup: the model)
@@ -169,21 +171,25 @@ class Session:
         samples: SamplesFunction | None = None,
         modules: list[nn.Module] | None = None,
         weights: LiveWeights | None = None,
+        reshape: Reshape | None = None,
     ) -> None:
         """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs
         optimizer step i (0-based) as the loop does (under run.autocast(), run.backward, run.step; not
         end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision
         (session.measure) and a fault is replayed in fp32 (session.replay). Call it after resume().
-        `modules`: the models whose buffers the measurement puts back (default: resume()'s);
-        `weights`: a framework's, whose state the session does not hold (session.replay)."""
+        `modules`: the models whose buffers the measurement puts back (default: resume()'s); `weights`: a
+        framework's, whose state the session does not hold (session.replay); `reshape(micro, accumulation)`:
+        train in that micro-batch split from the next step on (run_step, session.memory)."""
         guard = self._setup.wrapper.replayable(self.spec.precision.guard)
-        self._recovery.arm(
-            step, samples, guard=guard, weights=weights, state=self._state, checkpoints=self._checkpoints
-        )
+        self._recovery.arm(step, samples, guard=guard, weights=weights, reshape=reshape,
+                           state=self._state, checkpoints=self._checkpoints)  # fmt: skip
         if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
-            if modules is None:
-                modules = [o for o in self._state.objects.values() if isinstance(o, nn.Module)]
-            self._measurement = measure_and_settle(step, self.start_step, modules=modules, at=self._context)
+            held = modules if modules is not None else self._state.modules
+            self._measurement = measure_and_settle(step, self.start_step, modules=held, at=self._context)
+
+    def run_step(self, step: int) -> None:
+        """Run the registered step `step` (0-based), out of device memory in place when allowed (session.memory)."""
+        self._recovery.run_step(step, state=self._state, checkpoints=self._checkpoints)
 
     def evaluate_with(self, evaluate: EvalFunction) -> None:
         """The quality gate's evaluation (spec.validation; session.quality): `evaluate()` returns
@@ -271,11 +277,9 @@ class Session:
         Only the first call ends it (a framework callback may close before `__exit__` does)."""
         if self._exit_code is not None:
             return self._exit_code
-        if classify(exc, Standing()).code == ExitCode.SUCCESS:
-            self._log("done", step=self._step, loss=self.last_loss, appliedSteps=self.applied_steps)
-        elif isinstance(exc, NumericFault):
+        if isinstance(exc, NumericFault):
             self._metrics.trip(exc.rule)
-            self._log("fault", step=self._step, rule=exc.rule, message=str(exc), all_ranks=True)
+        announce(exc, self._step, self.last_loss, self.applied_steps, log=self._log)
         self._checkpoints.settle(self._step)
         exc = self._recovery.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
         self._exit_code = conclude(exc, self._standing(), self._log)
@@ -290,9 +294,7 @@ class Session:
             step=self._step,
             precision=self.precision,
             last_good=self._checkpoints.last_good,
-            counters=self._intervals.counters(),
             measurement=self._measurement,
-            loss_scales=self._intervals.scales.points,
-            skipped=self._rung.skipped(),
+            **self._intervals.account(),
             **self._recovery.account(self._started_at),
         )

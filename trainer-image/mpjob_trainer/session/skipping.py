@@ -188,16 +188,16 @@ class DataRung:
             assert self.in_place is not None
             self.machine.fire(Event.FALL_BACK)
             self.replay.replayed, self._precision_suspected = None, False  # the new attempt judges afresh
-            rewind = functools.partial(self._rewind, state=state, checkpoints=checkpoints)
+            rewind = functools.partial(self.rewind, state=state, checkpoints=checkpoints)
             start = self.in_place.fall_back(ending, step=step, rewind=rewind, detected=detected)
-            return start if isinstance(start, Exception) else self._go_on(start, step)
+            return start if isinstance(start, Exception) else self.go_on(start, step)
         if not isinstance(fault, SuspectSteps):
             return self._ended(ending)
         self._precision_suspected = True  # the precision's: today's bounds decide from here
         self.replay.replayed = None
         self.machine.fire(Event.RERUN)
-        start = self._rewind(step - 1, state=state, checkpoints=checkpoints)
-        return start if isinstance(start, Exception) else self._go_on(start, step)
+        start = self.rewind(step - 1, state=state, checkpoints=checkpoints)
+        return start if isinstance(start, Exception) else self.go_on(start, step)
 
     def _ended(self, ending: Exception) -> Exception:
         """The attempt ends with `ending` (returned to the session, which raises it to the loop)."""
@@ -224,7 +224,7 @@ class DataRung:
                 )
             )
         forgiven = self.lent.numerics.guard.forgiven
-        start = self._rewind(min(steps), state=state, checkpoints=checkpoints)
+        start = self.rewind(min(steps), state=state, checkpoints=checkpoints)
         if isinstance(start, Exception):
             return start
         self.lent.metrics.forgave(self.lent.numerics.guard.forgiven - forgiven)
@@ -242,7 +242,7 @@ class DataRung:
             skippedSteps=len(self.quarantine),
             quarantine=self.quarantine.summary(spans=REPORT_RANGES).model_dump(by_alias=True),
         )
-        return self._go_on(start, step)
+        return self.go_on(start, step)
 
     def _samples_of(self, index: int, cause: SkipCause) -> list[int]:
         """The samples of step `index`: for bad data those of the ranks the fp32 replay named (all
@@ -259,7 +259,7 @@ class DataRung:
             return narrowed or every
         return every
 
-    def _go_on(self, start: int, step: int) -> Exception | None:
+    def go_on(self, start: int, step: int) -> Exception | None:
         """After a rollback to `start`: catch up to `step` in place (None, or a fault met on the
         way), or leave the loop to re-enter (RolledBack)."""
         if self.reenters:
@@ -271,7 +271,7 @@ class DataRung:
         self.machine.fire(Event.CAUGHT_UP)
         return fault
 
-    def _rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int | Exception:
+    def rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int | Exception:
         """Restore the newest good state at or before step index `before`: its step, or the
         attempt's ending when there is none."""
         target = rollback_target(before, checkpoints=checkpoints, world=self.lent.world, fresh=self._fresh)

@@ -110,6 +110,10 @@ class TrainingState:
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [o for o in self.objects.values() if isinstance(o, torch.optim.Optimizer)]
 
+    @property
+    def modules(self) -> list[torch.nn.Module]:
+        return [o for o in self.objects.values() if isinstance(o, torch.nn.Module)]
+
     def parameters(self) -> list[torch.Tensor]:
         """What is trained: the optimizers' parameters, else the modules'."""
         params = [p for opt in self.optimizers() for group in opt.param_groups for p in group["params"]]

@@ -26,7 +26,9 @@ trainer's recovery paths (task.args of the `mlp` workload):
   the quality gate catches (rowwise scaling, one scale per sample, is not hurt).
 - `outOfMemoryAbove: n`: a forward pass over more than `n` samples raises
   torch.OutOfMemoryError, as a GPU does when a micro-batch does not fit; the next attempt
-  splits the micro-batch (OutOfDeviceMemory).
+  splits the micro-batch (OutOfDeviceMemory), or the attempt goes on in it in place
+  (precision.inPlace). With `outOfMemoryFromStep: s`, only from optimizer step s on (as when
+  longer sequences or a memory leak arrive mid-run).
 """
 
 from __future__ import annotations
@@ -100,14 +102,19 @@ def batch_scale(value: Any) -> BatchScale:
 
 
 class MemoryCeiling(nn.Module):
-    """Identity, except that a batch of more than `limit` samples raises torch.OutOfMemoryError."""
+    """Identity, except that a batch of more than `limit` samples raises torch.OutOfMemoryError
+    (from optimizer step `from_step` on: set_step)."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, from_step: int | None = None) -> None:
         super().__init__()
-        self.limit = limit
+        self.limit, self.from_step = limit, from_step
+        self.active = from_step is None
+
+    def set_step(self, step: int) -> None:
+        self.active = self.from_step is None or step >= self.from_step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.limit is not None and x.shape[0] > self.limit:
+        if self.limit is not None and self.active and x.shape[0] > self.limit:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory (task.args.outOfMemoryAbove={self.limit}): a micro-batch of {x.shape[0]} "
                 "samples does not fit"

@@ -1,7 +1,7 @@
 """The built-in `mlp` workload: a small regression on synthetic data.
 
 Args (all optional): inputs, hidden, layers, samples, overflowAtStep, overflowGain, overflowUntilStep, and the
-faults of mpjob_trainer.tasks.faults: nonFiniteSamples, batchScale, outOfMemoryAbove, stepDelay,
+faults of mpjob_trainer.tasks.faults: nonFiniteSamples, batchScale, outOfMemoryAbove (outOfMemoryFromStep), stepDelay,
 cancellationOffset, fp8OutlierAtStep, fp8OutlierUntilStep; evalSamples (held-out samples for the quality gate,
 default 256).
 """
@@ -41,6 +41,7 @@ KNOWN = {
     "nonFiniteSamples",
     "batchScale",
     "outOfMemoryAbove",
+    "outOfMemoryFromStep",
     "stepDelay",
     "cancellationOffset",
     "fp8OutlierAtStep",
@@ -66,6 +67,7 @@ def make_task(args: dict[str, Any]) -> Task:
     if poisoned:
         dataset = PoisonedSamples(dataset, poisoned)
     model, blowup, outlier = _model(args, inputs, hidden, layers)
+    ceiling = next(m for m in model.modules() if isinstance(m, MemoryCeiling))
     spike = batch_scale(args.get("batchScale"))
     n_params = sum(p.numel() for p in model.parameters())
     return Task(
@@ -74,11 +76,11 @@ def make_task(args: dict[str, Any]) -> Task:
         eval_dataset=_regression(torch.randn(held_out, inputs, generator=torch.Generator().manual_seed(8642)), w),
         loss=lambda out, target: F.mse_loss(out.float(), spike(target)),
         flops_per_sample=float(6 * n_params),
-        set_step=_stepped(blowup, outlier, spike),
+        set_step=_stepped(blowup, outlier, spike, ceiling),
     )
 
 
-def _stepped(*faults: ActivationBlowUp | OutlierRow | BatchScale) -> Callable[[int], None]:
+def _stepped(*faults: ActivationBlowUp | OutlierRow | BatchScale | MemoryCeiling) -> Callable[[int], None]:
     """One set_step for the faults that switch on and off by step."""
 
     def set_step(step: int) -> None:
@@ -103,7 +105,7 @@ def _model(
         arg(args, "overflowUntilStep", None, int),
     )
     mods: list[nn.Module] = [
-        MemoryCeiling(arg(args, "outOfMemoryAbove", None, int)),
+        MemoryCeiling(arg(args, "outOfMemoryAbove", None, int), arg(args, "outOfMemoryFromStep", None, int)),
         PrecisionDelay(step_delays(args.get("stepDelay"))),
         nn.Linear(inputs, hidden),
         Cancellation(arg(args, "cancellationOffset", None, float)),

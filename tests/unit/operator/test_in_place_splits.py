@@ -1,0 +1,79 @@
+"""The planner's smaller micro-batches in place (AttemptLaunch.inPlaceSplits): after running out
+of device memory an attempt goes on in its processes in the split the restart path's next attempt
+would take, when the job allows a change in place, the split keeps the precision and divides the
+micro-batch, attempts are left and the model is not sharded; the operator records such a change
+as it records a restart after OutOfDeviceMemory."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpjob.planning import lifecycle as lc
+from mpjob.planning.inplace import in_place_plan, in_place_splits, record
+from mpjob.planning.planner import first_attempt
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.launch import InPlaceSplit
+from mpjob_contract.report import InPlaceChange
+
+pytestmark = pytest.mark.unit
+NOW = "2026-11-29T12:00:00Z"
+
+
+def spec(*, batch: int = 8, **over: object) -> MixedPrecisionJobSpec:
+    precision = {"mode": "fp16", "fallback": ["bf16"], **over.pop("precision", {})}  # type: ignore[dict-item]
+    doc = {"task": {"builtin": "gpt"}, "training": {"batchSize": batch}, "precision": precision, **over}
+    return MixedPrecisionJobSpec.model_validate(doc)
+
+
+def splits(s: MixedPrecisionJobSpec) -> list[tuple[int, int]]:
+    found = in_place_splits(s, first_attempt(s), MixedPrecisionJobStatus())
+    return [(split.micro_batch, split.grad_accumulation) for split in found]
+
+
+def test_each_smaller_split_down_to_one_sample_is_planned_in_place() -> None:
+    assert splits(spec()) == [(4, 2), (2, 4), (1, 8)]
+    assert splits(spec(batch=12)) == [(6, 2), (3, 4), (1, 12)]  # the smallest prime factor each time
+
+
+def test_the_split_attempts_carry_their_repromotion_as_a_restarts_would() -> None:
+    s = spec(precision={"repromoteAfterSteps": 20})
+    plan = in_place_plan(s, first_attempt(s), MixedPrecisionJobStatus())
+    assert plan.splits[0] == InPlaceSplit(micro_batch=4, grad_accumulation=2)  # fp16 is on top: nothing to go back to
+
+
+@pytest.mark.parametrize(
+    ("why", "job"),
+    [
+        ("precision.inPlace false", spec(precision={"inPlace": False})),
+        ("a micro-batch of one sample", spec(batch=1)),
+        ("no attempt left", spec(runPolicy={"maxAttempts": 1})),
+        ("a sharded model", spec(parallelism={"strategy": "fsdp"}, workers=2)),
+        ("the faultPolicy retries", spec(faultPolicy={"rules": [{"on": "OutOfDeviceMemory", "action": "Retry"}]})),
+        ("an elastic job", spec(workers=2, elastic={"minWorkers": 1})),
+    ],
+)
+def test_no_split_is_planned_in_place_when(why: str, job: MixedPrecisionJobSpec) -> None:
+    assert splits(job) == [], why
+
+
+def test_the_attempt_budget_bounds_the_splits() -> None:
+    assert splits(spec(runPolicy={"maxAttempts": 3})) == [(4, 2), (2, 4)]
+
+
+def test_a_split_made_in_place_is_recorded_as_a_restart_after_out_of_memory() -> None:
+    s = spec()
+    plan = lc.Plan(MixedPrecisionJobStatus())
+    lc.begin(plan, s, first_attempt(s), lc.When(NOW, 1), why="")
+    plan.create.clear()  # its Job is created
+    made = InPlaceChange.model_validate(
+        {"kind": "microBatch", "attempt": 1, "step": 15, "startStep": 10, "fromPrecision": "fp16",
+         "toPrecision": "fp16", "rule": "OutOfDeviceMemory", "message": "out of GPU memory: CUDA out of memory",
+         "recoverySeconds": 0.1, "microBatch": 4, "gradAccumulation": 2}
+    )  # fmt: skip
+    begun = record(plan, s, [made], lc.When(NOW, 1))
+    assert begun is not None and (begun.micro_batch, begun.grad_accumulation, begun.start_step) == (4, 2, 10)
+    ended, now = plan.status.attempts
+    assert (ended.reason, ended.exit_code, ended.end_step, ended.micro_batch) == ("OutOfDeviceMemory", 46, 15, 8)
+    assert (now.precision, now.in_place, now.micro_batch, now.grad_accumulation) == ("fp16", True, 4, 2)
+    assert not plan.create  # no Job or process for it
+    assert record(plan, s, [made], lc.When(NOW, 1)) is None  # read again: recorded once

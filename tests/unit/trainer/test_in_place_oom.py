@@ -1,0 +1,67 @@
+"""Out of device memory in the running process (session.memory): the step that did not fit goes
+on in the next smaller split the launch names, again while splits are left; at the smallest one,
+or where the attempt cannot agree or reshape, the attempt ends OutOfDeviceMemory and restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer.session.memory import SmallerMicroBatch
+from tests.unit.trainer.conftest import run_trainer, spec
+
+pytestmark = pytest.mark.unit
+
+SPLITS = [(4, 2), (2, 4), (1, 8)]
+
+
+def tight(limit: int) -> dict[str, Any]:
+    return spec(task={"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 512, "outOfMemoryAbove": limit,
+                                                 "outOfMemoryFromStep": 12}},
+                precision={"mode": "fp16", "fallback": ["bf16"]})  # fmt: skip
+
+
+@pytest.mark.process
+def test_an_out_of_memory_splits_in_place_again_until_the_step_fits(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, tight(2), "fp16", splits=SPLITS)
+    assert run.code == ExitCode.SUCCESS, run.stderr
+    assert len(run.of("start")) == 1
+    made = [(c["kind"], c["attempt"], c["microBatch"], c["gradAccumulation"], c["startStep"], c["step"])
+            for c in run.of("precisionChanged")]  # fmt: skip
+    assert made == [("microBatch", 1, 4, 2, 10, 12), ("microBatch", 2, 2, 4, 10, 12)]
+    assert all(c["fromPrecision"] == c["toPrecision"] == "fp16" for c in run.of("precisionChanged"))
+    assert run.report is not None and [c.micro_batch for c in run.report.precision_changes] == [4, 2]
+
+
+@pytest.mark.process
+def test_an_out_of_memory_at_the_smallest_split_ends_the_attempt(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, tight(2), "fp16", splits=SPLITS[:1])
+    assert run.code == ExitCode.OUT_OF_DEVICE_MEMORY, run.stderr
+    assert run.report is not None and [c.micro_batch for c in run.report.precision_changes] == [4]
+    assert run.report.reason == "OutOfDeviceMemory" and run.report.start_step == 10
+
+
+@pytest.mark.process
+def test_without_splits_an_out_of_memory_ends_the_attempt_as_before(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, tight(4), "fp16")
+    assert run.code == ExitCode.OUT_OF_DEVICE_MEMORY and run.of("precisionChanged") == [], run.stderr
+
+
+def memory(*, distributed: bool, reshape: bool) -> SmallerMicroBatch:
+    launch = AttemptLaunch.model_validate({"jobName": "t", "precision": "fp16", "spec": tight(4)})
+    context = SimpleNamespace(world=SimpleNamespace(distributed=distributed))
+    in_place = SimpleNamespace(splits=[object()], why_not=None, why_not_split=None)
+    made = SmallerMicroBatch(None, in_place, context, launch)  # type: ignore[arg-type]
+    made.arm((lambda micro, accumulation: None) if reshape else None)
+    return made
+
+
+def test_several_ranks_or_a_loop_that_cannot_reshape_restart_saying_why() -> None:
+    assert memory(distributed=False, reshape=True).why_restart() is None
+    assert "several ranks" in (memory(distributed=True, reshape=True).why_restart() or "")
+    assert "no reshape" in (memory(distributed=False, reshape=False).why_restart() or "")
