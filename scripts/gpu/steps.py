@@ -148,7 +148,10 @@ def mpjob_run(name: str, manifest: Callable[[], dict[str, Any]]) -> Callable[[Co
     return command
 
 
-ATTEMPT_FIELDS = ("precision", "reason", "startStep", "microBatch", "gradAccumulation", "worldSize", "exitCode")
+#: What the results keep of each attempt (inPlace: the change was made in the running process).
+ATTEMPT_FIELDS = (
+    "precision", "reason", "startStep", "microBatch", "gradAccumulation", "worldSize", "exitCode", "inPlace",
+)  # fmt: skip
 #: Of an attempt's message, in summary.json.
 MESSAGE_CHARS = 300
 
