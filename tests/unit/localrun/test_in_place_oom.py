@@ -59,6 +59,7 @@ def test_out_of_memory_goes_on_in_a_smaller_micro_batch_in_place_as_the_restart_
         assert shapes(report) == [("fp16", "OutOfDeviceMemory", 8, 1, 0, None), ("fp16", "Succeeded", 4, 2, back, how)]
         assert report["attempts"][0]["endStep"] == (from_step or 0)
         assert "out of GPU memory" in report["attempts"][0]["message"]
+        assert report["attempts"][1]["recoverySeconds"] >= 0  # the trainer's figure, or the fault line's clock
     assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")
     # One trainer process, started once, for the whole in-place run; the restart path started a second.
     assert sorted(p.name for p in (tmp_path / "inplace" / "out" / "attempts").iterdir()) == ["a0"]
