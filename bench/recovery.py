@@ -1,7 +1,8 @@
 """Recovery in place vs a restart, through `mpjob run` (the quickstart's fp16 -> bf16 story on
 the smaller GPT the tests use): attempts[].recoverySeconds of the bf16 attempt each way, side by
 side, and the restart path broken down from the trainers' own event lines (target: in place
-<= 1 s on 2 CPU cores).
+<= 1 s on 2 CPU cores). Then the same for an out-of-memory at step 60 (the mlp's injected one):
+the attempt in the smaller micro-batch, in place and restarted.
 
     PYTHONPATH=. uv run --no-sync python bench/recovery.py [--runs 3] [--cluster]
 """
@@ -9,6 +10,7 @@ side, and the restart path broken down from the trainers' own event lines (targe
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -34,9 +36,18 @@ JOB = {
 }
 
 
-def run(tmp: Path, *, in_place: bool) -> dict[str, float]:
-    """One run: the bf16 attempt's recoverySeconds and, for a restart, where that time went."""
-    job = json.loads(json.dumps(JOB))
+#: An out-of-memory from step 60 on at micro-batches over 4 samples: the next attempt splits 8 into 4 x 2.
+OOM_JOB = json.loads(json.dumps(JOB))
+OOM_JOB["spec"]["task"] = {
+    "builtin": "mlp",
+    "args": {"inputs": 8, "hidden": 16, "samples": 256, "outOfMemoryAbove": 4, "outOfMemoryFromStep": 60},
+}
+
+
+def run(tmp: Path, *, in_place: bool, base: dict = JOB) -> dict[str, float]:
+    """One run: the second attempt's recoverySeconds and, for a restart after a numeric fault,
+    where that time went."""
+    job = json.loads(json.dumps(base))
     job["spec"]["precision"]["inPlace"] = in_place
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
     out = tmp / "out"
@@ -44,7 +55,7 @@ def run(tmp: Path, *, in_place: bool) -> dict[str, float]:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     report = json.loads((out / "report.json").read_text())
     figures = {"recoverySeconds": float(report["attempts"][1]["recoverySeconds"])}
-    if not in_place:
+    if not in_place and base is JOB:
         figures.update(breakdown(out))
     return figures
 
@@ -67,21 +78,26 @@ def breakdown(out: Path) -> dict[str, float]:
     }
 
 
+PATHS = (("in place", True), ("restart", False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cluster", action="store_true", help="also on the test control plane (recovery_cluster.py)")
     args = parser.parse_args()
-    rows: dict[str, list[dict[str, float]]] = {"in place": [], "restart": []}
+    cases = {"mpjob run": JOB, "mpjob run, out of memory": OOM_JOB}
+    rows: dict[str, dict[str, list[dict[str, float]]]] = {case: {"in place": [], "restart": []} for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.runs):
-            for label, in_place in (("in place", True), ("restart", False)):
-                folder = Path(tmp) / f"{label.replace(' ', '-')}-{k}"
+            for (case, base), (label, in_place) in itertools.product(cases.items(), PATHS):
+                folder = Path(tmp) / "-".join(f"{case} {label} {k}".replace(",", "").split())
                 folder.mkdir()
-                rows[label].append(run(folder, in_place=in_place))
+                rows[case][label].append(run(folder, in_place=in_place, base=base))
     from bench.recovery_cluster import measure, show  # the cluster's side imports this file's JOB
 
-    show(rows, "mpjob run")
+    for case in cases:
+        show(rows[case], case)
     if args.cluster:
         show(measure(args.runs), "cluster")
 
