@@ -71,8 +71,9 @@ class InPlaceTarget(BaseModel):
 class InPlaceSplit(BaseModel):
     """A smaller micro-batch an attempt may go on in, in its running processes, after it ran out
     of device memory: the planner's next attempt after an OutOfDeviceMemory ending (the same
-    precision and samples per step), with that attempt's re-promotion (None: none) and where the
-    re-promotion goes in place (None: it restarts)."""
+    precision and samples per step), with that attempt's re-promotion (None: none), where the
+    re-promotion goes in place (None: it restarts) and the precisions that attempt may fall back
+    to in place (`inPlaceTo`, as the launch's own)."""
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -80,6 +81,7 @@ class InPlaceSplit(BaseModel):
     grad_accumulation: int = Field(alias="gradAccumulation", ge=1)
     repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
     promote_to: InPlaceTarget | None = Field(None, alias="promoteTo")
+    in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
 
 
 class AttemptLaunch(BaseModel):

@@ -162,11 +162,11 @@ def in_place_splits(
             return splits
         if decision.shape is None or decision.shape == shape:
             return splits
-        promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions), capability)
-        split = decision.shape
-        again = decision.repromote_after_steps
+        then = _Past(list(attempts), used, past.repromotions)
+        split, again = decision.shape, decision.repromote_after_steps
         splits.append(InPlaceSplit(micro_batch=split.micro_batch, grad_accumulation=split.grad_accumulation,
-                                   repromote_after_steps=again, promote_to=promote))  # fmt: skip
+                                   repromote_after_steps=again, promote_to=_promotion(spec, decision, then, capability),
+                                   in_place_to=_fallbacks(spec, decision, then, capability)))  # fmt: skip
         ended = decision
     return splits
 

@@ -66,3 +66,19 @@ def test_out_of_memory_goes_on_in_a_smaller_micro_batch_in_place_as_the_restart_
     assert starts(tmp_path / "inplace") == 1
     assert sorted(p.name for p in (tmp_path / "restart" / "out" / "attempts").iterdir()) == ["a0", "a1"]
     assert "micro-batch 8 -> 4 x 2" in said and "micro-batch 4 x 2" in said  # live, and in the summary
+
+
+@pytest.mark.process
+def test_a_numeric_fault_after_a_split_made_in_place_falls_back_in_place_too(tmp_path: Path) -> None:
+    """Out of memory at step 15 (back to step 10 in 4 x 2), then fp16 overflows at step 22: bf16
+    goes on in the same process, in the same split, as a restarted bf16 attempt would."""
+    faults = {"outOfMemoryFromStep": 15, "overflowAtStep": 22}
+    inplace, _ = run(tmp_path / "inplace", in_place=True, **faults)
+    restart, _ = run(tmp_path / "restart", in_place=False, **faults)
+    for report in (inplace, restart):
+        ends = [(a["precision"], a["reason"], a["microBatch"]) for a in report["attempts"]]
+        assert ends == [("fp16", "OutOfDeviceMemory", 8), ("fp16", "NumericFault", 4), ("bf16", "Succeeded", 4)], ends
+    assert [a.get("inPlace") for a in inplace["attempts"]] == [None, True, True]
+    assert starts(tmp_path / "inplace") == 1
+    assert [a["startStep"] for a in inplace["attempts"]] == [a["startStep"] for a in restart["attempts"]]
+    assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")

@@ -12,7 +12,6 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning.inplace import in_place_plan, in_place_splits, record
 from mpjob.planning.planner import first_attempt
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.launch import InPlaceSplit
 from mpjob_contract.report import InPlaceChange
 
 pytestmark = pytest.mark.unit
@@ -38,7 +37,12 @@ def test_each_smaller_split_down_to_one_sample_is_planned_in_place() -> None:
 def test_the_split_attempts_carry_their_repromotion_as_a_restarts_would() -> None:
     s = spec(precision={"repromoteAfterSteps": 20})
     plan = in_place_plan(s, first_attempt(s), MixedPrecisionJobStatus())
-    assert plan.splits[0] == InPlaceSplit(micro_batch=4, grad_accumulation=2)  # fp16 is on top: nothing to go back to
+    first = plan.splits[0]  # fp16 is on top: nothing to go back up to
+    shape = (first.micro_batch, first.grad_accumulation, first.repromote_after_steps, first.promote_to)
+    assert shape == (4, 2, None, None)
+    # A numeric fault of the split attempt falls back in place too, in the same split, with the
+    # re-promotion a restarted bf16 attempt would get.
+    assert [(t.precision, t.repromote_after_steps) for t in first.in_place_to] == [("bf16", 20)]
 
 
 @pytest.mark.parametrize(

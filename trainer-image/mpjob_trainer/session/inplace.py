@@ -121,11 +121,11 @@ class InPlace:
 
     def split(self, *, step: int, start: int, message: str, detected: float) -> InPlaceSplit:
         """Go on as the next attempt in the next smaller split, in the same precision, from step
-        `start` (the last good state, restored): its fallbacks restart (the planner planned those
-        for the split before it)."""
+        `start` (the last good state, restored), with the fallbacks the planner allows that
+        attempt in place (the split's inPlaceTo)."""
         target, precision = self.splits.pop(0), self.context.numerics.precision.precision
         self._begin(target, start)
-        self.targets = []
+        self.targets = list(target.in_place_to)
         self._tell("microBatch", step, start, precision, precision, rule="OutOfDeviceMemory", message=message,
                    since=detected, split=target)  # fmt: skip
         return target
