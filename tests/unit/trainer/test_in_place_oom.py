@@ -9,10 +9,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
+from mpjob_contract.api import PrecisionSpec
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
-from mpjob_trainer.session.memory import SmallerMicroBatch
+from mpjob_trainer.session.memory import SmallerMicroBatch, free
+from mpjob_trainer.session.modes import AttemptPrecision
 from tests.unit.trainer.conftest import run_trainer, spec
 
 pytestmark = pytest.mark.unit
@@ -65,3 +68,23 @@ def test_several_ranks_or_a_loop_that_cannot_reshape_restart_saying_why() -> Non
     assert memory(distributed=False, reshape=True).why_restart() is None
     assert "several ranks" in (memory(distributed=True, reshape=True).why_restart() or "")
     assert "no reshape" in (memory(distributed=False, reshape=False).why_restart() or "")
+
+
+def test_an_out_of_memory_inside_the_scalers_step_leaves_a_scaler_that_steps_again() -> None:
+    """The first optimizer step allocates its state: an out-of-memory there comes after
+    `unscale_`, and a GradScaler that kept that stage would refuse the next step's `unscale_`."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = AttemptPrecision("fp16", torch.device("cpu"), PrecisionSpec())
+    assert precision.scaler is not None
+    precision.scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+    precision.scaler.unscale_(optimizer)  # then the step ran out of memory
+    free(
+        SimpleNamespace(objects={"model": model, "optimizer": optimizer}),
+        SimpleNamespace(precision=precision, tally=[]),
+    )  # type: ignore[arg-type]
+    assert all(p.grad is None for p in model.parameters())
+    precision.scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+    precision.scaler.unscale_(optimizer)  # would raise "unscale_() has already been called"
+    precision.scaler.step(optimizer)
+    precision.scaler.update()

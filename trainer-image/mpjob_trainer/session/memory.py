@@ -124,9 +124,9 @@ def free(state: TrainingState, numerics: StepNumerics) -> None:
     for held in state.objects.values():
         if isinstance(held, nn.Module | torch.optim.Optimizer):
             held.zero_grad(set_to_none=True)
-    scaler = numerics.precision.scaler
-    if scaler is not None:  # a step cut short after unscale_ left its optimizer's stage behind
-        scaler._per_optimizer_states.clear()
+    precision = numerics.precision
+    if precision.scaler is not None:  # a step cut short after unscale_ left its optimizer's stage behind:
+        precision.settle(precision.precision)  # a fresh GradScaler, its scale restored with the rest
     numerics.tally.clear()
     gc.collect()
     if numerics.precision.device.type == "cuda":
