@@ -119,6 +119,10 @@ class Measurement(_Model):
         return value
 
 
+#: What an in-place change did: a fallback, a re-promotion, or a smaller micro-batch (out of memory).
+ChangeKind = Literal["fallback", "repromote", "microBatch"]
+
+
 class InPlaceChange(_Model):
     """A change of precision the trainer's processes made in place (spec.precision.inPlace):
     attempt `attempt - 1` ended at `step`, on its fault (`rule`, `message`) for a `fallback`, or
@@ -129,7 +133,7 @@ class InPlaceChange(_Model):
     trainer says it three ways, each checked here: its `precisionChanged` event line, its
     metrics endpoint (metrics.PRECISION_CHANGE) and its termination report."""
 
-    kind: Literal["fallback", "repromote", "microBatch"] = "fallback"
+    kind: ChangeKind = "fallback"
     attempt: Annotated[int, Field(ge=1, le=MAX_REPORT_INT)]
     step: Count
     start_step: Count = Field(alias="startStep")

@@ -41,13 +41,13 @@ from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecis
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.events import PrecisionChanged
 from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
-from mpjob_contract.report import InPlaceChange, TerminationReport
+from mpjob_contract.report import ChangeKind, InPlaceChange, TerminationReport
 
 FAULT = Classification(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "")
 REPROMOTION = Classification(Reason.REPROMOTE, Action.REPROMOTE, "")
 OUT_OF_MEMORY = Classification(Reason.OUT_OF_DEVICE_MEMORY, Action.SMALLER_MICRO_BATCH, "")
 #: What ends the attempt before an in-place change of each kind, as a restart's report says it.
-ENDED_BY = {
+ENDED_BY: dict[ChangeKind, tuple[Reason, ExitCode]] = {
     "fallback": (Reason.NUMERIC_FAULT, ExitCode.NUMERIC_FAULT),
     "repromote": (Reason.REPROMOTE, ExitCode.REPROMOTE),
     "microBatch": (Reason.OUT_OF_DEVICE_MEMORY, ExitCode.OUT_OF_DEVICE_MEMORY),

@@ -26,8 +26,9 @@ promoteTo): nothing is restored, the state in memory being the checkpoint's (`pr
 
 Running out of device memory goes on in place too when the launch names a smaller split
 (inPlaceSplits) and the loop registered how to change its own (session.memory): the same
-precision, the last good state restored, the loop's data and accumulation in the new split. The
-split attempt's own fallbacks and the splits after a change of precision restart.
+precision, the last good state restored, the loop's data and accumulation in the new split. A
+split attempt's own fallbacks go on in place too (the split's inPlaceTo); an out-of-memory after
+a change of precision restarts (the planner names splits for the launched precision only).
 
 Not in place (the attempt ends, and the operator restarts it as before): a sharded model
 (FSDP2 fixes its MixedPrecisionPolicy when it wraps), a loop that re-enters a framework, a
@@ -38,13 +39,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Literal
 
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
 from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
 from mpjob_contract.policy import FaultPolicy
-from mpjob_contract.report import InPlaceChange
+from mpjob_contract.report import ChangeKind, InPlaceChange
 from mpjob_trainer.errors import NumericFault, Repromote
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.interval import Cadence
@@ -52,8 +52,6 @@ from mpjob_trainer.session.interval import Cadence
 #: Rolls the state back to the newest good one at or before a step index: its step, or the
 #: attempt's ending when there is none.
 Rewind = Callable[[int], "int | Exception"]
-
-Kind = Literal["fallback", "repromote", "microBatch"]
 
 
 class InPlace:
@@ -126,8 +124,9 @@ class InPlace:
         target, precision = self.splits.pop(0), self.context.numerics.precision.precision
         self._begin(target, start)
         self.targets = list(target.in_place_to)
-        self._tell("microBatch", step, start, precision, precision, rule="OutOfDeviceMemory", message=message,
-                   since=detected, split=target)  # fmt: skip
+        rule = Reason.OUT_OF_DEVICE_MEMORY.value
+        self._tell("microBatch", step, start, precision, precision, rule=rule, message=message, since=detected,
+                   split=target)  # fmt: skip
         return target
 
     def can_promote(self) -> bool:
@@ -158,7 +157,7 @@ class InPlace:
         self.attempt, self.started_at = self.attempt + 1, start
 
     def _tell(
-        self, kind: Kind, step: int, start: int, previous: str, to: str,
+        self, kind: ChangeKind, step: int, start: int, previous: str, to: str,
         *, rule: str, message: str, since: float, split: InPlaceSplit | None = None,
     ) -> None:  # fmt: skip
         """The change just made, three ways: the report's list, the metrics' series, the event
