@@ -14,53 +14,22 @@ it is copied into summary.json.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-CUDA = torch.cuda.is_available()
-NO_CUDA = "skipped: no CUDA"
-#: Seconds a stopped step's processes get between SIGTERM and SIGKILL.
-GRACE_S = 10
+if __package__ in (None, ""):  # run as a script (scripts/gpu-run.sh): the repository holds its sibling
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-@dataclass
-class Context:
-    work: Path
-    python: str = sys.executable
-
-    def folder(self, name: str) -> Path:
-        path = self.work / name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    budget_s: int
-    log: str  # file under $OUT; steps may share one (appended, each under a header)
-    command: Callable[[Context], list[str]]  # writes what the command reads, returns its argv
-    result: Callable[[Context], tuple[dict[str, Any], str | None]]  # (figures, problem or None)
-    cuda_only: bool = False
-    imports: tuple[str, ...] = ()  # what a CUDA-only step checks without CUDA
-    env: dict[str, str] = field(default_factory=dict)
+from scripts.gpu.runner import CUDA, REPO, Context, Step
+from scripts.gpu.runner import main as run_steps
 
 
 # ---------------------------------------------------------------- pytest -m gpu
@@ -270,108 +239,8 @@ STEPS = [
 ]  # fmt: skip
 
 
-# ---------------------------------------------------------------- running them
-def run_command(argv: list[str], log: Path, budget_s: int, env: dict[str, str]) -> tuple[int | None, float]:
-    """The command's exit code (None: out of time, its process group stopped) and seconds."""
-    start = time.monotonic()
-    with log.open("a") as sink:
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code: int | None = proc.wait(timeout=budget_s)
-        except subprocess.TimeoutExpired:
-            code = None
-            for sig, wait_s in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, None)):
-                try:
-                    os.killpg(proc.pid, sig)
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-                except ProcessLookupError:
-                    break
-    return code, time.monotonic() - start
-
-
-def step_env(step: Step) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **step.env}
-    if not CUDA:
-        env["OMP_NUM_THREADS"] = "1"  # a CPU rehearsal shares few cores
-    return env
-
-
-def run_step(step: Step, ctx: Context, out: Path, budget_scale: float) -> dict[str, Any]:
-    log, budget_s = out / step.log, round(step.budget_s * budget_scale)
-    argv = step.command(ctx)
-    if step.cuda_only and not CUDA:
-        argv = [ctx.python, "-c", "; ".join(f"import {module}" for module in step.imports)]
-    with log.open("a") as sink:
-        sink.write(f"\n===== step {step.name} (budget {budget_s} s): {' '.join(argv)}\n")
-    print(f"step {step.name}: start (budget {budget_s} s)", flush=True)
-    code, seconds = run_command(argv, log, budget_s, step_env(step))
-    record: dict[str, Any] = {"name": step.name, "budgetSeconds": budget_s, "seconds": round(seconds, 1),
-                              "exitCode": code, "log": step.log}  # fmt: skip
-    if step.cuda_only and not CUDA:
-        record["status"] = NO_CUDA if code == 0 else "failed"
-        record["problem"] = None if code == 0 else f"imports of {', '.join(step.imports)} failed"
-    else:
-        figures, problem = step.result(ctx)
-        if code is None:
-            status, problem = "timed out", f"out of its {budget_s} s budget"
-        elif code != 0:
-            status, problem = "failed", problem or f"exit code {code}"
-        else:
-            status = "failed" if problem else "passed"
-        record.update(status=status, problem=problem, result=figures)
-    problem = f" ({record['problem']})" if record.get("problem") else ""
-    print(f"step {step.name}: {record['status']} in {seconds:.0f} s{problem}", flush=True)
-    return record
-
-
-def nvidia_smi() -> str | None:
-    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-    try:
-        return subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def environment() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": CUDA,
-                            "cudaVersion": torch.version.cuda}  # fmt: skip
-    if CUDA:
-        info["device"] = torch.cuda.get_device_name(0)
-        info["computeCapability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
-        info["nvidiaSmi"] = nvidia_smi()
-    pip_check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False)
-    info["pipCheck"] = pip_check.stdout.strip().splitlines()
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--out", type=Path, required=True, help="summary.json and the logs")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/mpjob-gpu-work"), help="what the steps write besides")
-    parser.add_argument("--only", nargs="*", choices=[s.name for s in STEPS], help="these steps alone")
-    parser.add_argument("--budget-scale", type=float, default=1.0, help="every budget times this (a CPU rehearsal)")
-    opts = parser.parse_args(argv)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(work=opts.work)
-    began = time.monotonic()
-    summary: dict[str, Any] = {"started": datetime.now(UTC).isoformat(timespec="seconds"),
-                               "environment": environment(), "steps": []}  # fmt: skip
-    for step in STEPS:
-        if opts.only and step.name not in opts.only:
-            continue
-        summary["steps"].append(run_step(step, ctx, opts.out, opts.budget_scale))
-        summary["wallSeconds"] = round(time.monotonic() - began, 1)
-        (opts.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"summary: {opts.out / 'summary.json'}, {summary.get('wallSeconds')} s")
-    for record in summary["steps"]:
-        print(
-            f"  {record['name']:<11} {record['status']:<16} {record['seconds']:>6.0f} s  {record.get('problem') or ''}"
-        )
-    ok = all(r["status"] in ("passed", NO_CUDA) for r in summary["steps"])
-    return 0 if ok else 1
+    return run_steps(STEPS, argv, description=__doc__.split("\n\n")[0] if __doc__ else None)
 
 
 if __name__ == "__main__":

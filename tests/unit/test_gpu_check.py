@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import trainer_gpu
-from scripts.gpu import requirements, steps
+from scripts.gpu import requirements, runner, steps
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.unit
@@ -34,8 +34,8 @@ def test_pytest_collects_only_the_files_with_gpu_marked_tests() -> None:
 
 def test_a_command_past_its_budget_is_stopped_with_its_children(tmp_path: Path) -> None:
     script = "import subprocess, time; print(subprocess.Popen(['sleep', '60']).pid, flush=True); time.sleep(60)"
-    code, seconds = steps.run_command([sys.executable, "-c", script], tmp_path / "log", 1, {})
-    assert code is None and seconds < steps.GRACE_S + 5
+    code, seconds = runner.run_command([sys.executable, "-c", script], tmp_path / "log", 1, {})
+    assert code is None and seconds < runner.GRACE_S + 5
     child = int((tmp_path / "log").read_text().split()[0])
     gone = wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in stat(child), timeout=10)
     assert gone
