@@ -48,7 +48,13 @@ def builtin_task(run: Session) -> Task:
 
 
 def train(run: Session) -> None:
-    """Train the job's builtin or module task from the attempt's checkpoint to the last step."""
+    """Train the job's builtin or module task from the attempt's checkpoint to the last step; a
+    sharded model changing precision in place is built and wrapped anew (Session.reentering)."""
+    run.reentering(lambda: train_once(run))
+
+
+def train_once(run: Session) -> None:
+    """Build, wrap, resume and train to the last step (or until the session leaves the loop)."""
     tr = run.spec.training  # the attempt's: its micro-batch may be split (AttemptLaunch)
     task = builtin_task(run)
     model = task.model.to(run.device)  # fp32 master weights; autocast casts per op

@@ -23,6 +23,7 @@ EXPECTED = {
     (P.JUDGING, E.FALL_BACK): P.ROLLING_BACK,
     (P.ROLLING_BACK, E.RESTORED): P.CATCHING_UP,
     (P.ROLLING_BACK, E.LEFT_LOOP): P.REENTERING,
+    (P.TRAINING, E.LEFT_LOOP): P.REENTERING,
     (P.CATCHING_UP, E.CAUGHT_UP): P.TRAINING,
     (P.REENTERING, E.REENTERED): P.TRAINING,
     (P.TRAINING, E.END): P.ENDED,
@@ -52,6 +53,8 @@ def test_every_phase_and_event_pair(phase: Phase, event: Event) -> None:
         [E.FAULT, E.RERUN, E.RESTORED, E.CAUGHT_UP],  # a suspect step that was the precision's
         [E.FAULT, E.FALL_BACK, E.RESTORED, E.CAUGHT_UP],  # the precision's fault: the next one, in place
         [E.SPIKE, E.LEFT_LOOP, E.REENTERED],  # a spike under a framework adapter
+        [E.FAULT, E.FALL_BACK, E.LEFT_LOOP, E.REENTERED],  # a sharded model's fallback: wrapped anew
+        [E.LEFT_LOOP, E.REENTERED],  # a sharded model's re-promotion: wrapped anew
         [E.OUT_OF_MEMORY, E.RESTORED, E.OUT_OF_MEMORY, E.RESTORED, E.CAUGHT_UP],  # out of memory twice: two splits
     ],
 )

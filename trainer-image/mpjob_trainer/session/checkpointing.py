@@ -85,9 +85,7 @@ class Checkpointer:
         else None. One whose files verify and still do not load is rejected for the previous
         good one. A sharded `state` is written by every rank, and its optimizers wait for a
         save's staging copy before they step (`before_update`)."""
-        self.sharded = state.sharded is not None
-        for optimizer in state.optimizers() if self.sharded else []:
-            optimizer.register_step_pre_hook(lambda *_: self.before_update())
+        self.hook(state)
         if self.world.is_main:
             self.clean_stale()
         dist_env.barrier(self.world)
@@ -110,9 +108,22 @@ class Checkpointer:
         else:
             ref, numerics.applied.count = opened
             self.log("resume", step=ref.step, path=ref.path, sha256=ref.sha256, fromPrecision=ref.precision)
+        self.watch(state, numerics)
+        return opened[0] if opened is not None else None
+
+    def hook(self, state: TrainingState) -> None:
+        """Write what `state` holds from now on: a sharded one by every rank, its optimizers waiting
+        for a save's staging copy before they step (`before_update`)."""
+        self.sharded = state.sharded is not None
+        for optimizer in state.optimizers() if self.sharded else []:
+            optimizer.register_step_pre_hook(lambda *_: self.before_update())
+
+    @staticmethod
+    def watch(state: TrainingState, numerics: StepNumerics) -> None:
+        """Hook `state`'s optimizers for the guard once a checkpoint is loaded into them (DCP may
+        step an empty optimizer once while loading)."""
         for optimizer in state.optimizers():
             numerics.applied.watch(optimizer)
-        return opened[0] if opened is not None else None
 
     def state_of(self, ref: CheckpointRef) -> dict[str, Any]:
         """The state of checkpoint `ref`, verified again (it may have been damaged since)."""

@@ -30,15 +30,25 @@ precision, the last good state restored, the loop's data and accumulation in the
 split attempt's own fallbacks go on in place too (the split's inPlaceTo); an out-of-memory after
 a change of precision restarts (the planner names splits for the launched precision only).
 
-Not in place (the attempt ends, and the operator restarts it as before): a sharded model
-(FSDP2 fixes its MixedPrecisionPolicy when it wraps), a loop that re-enters a framework, a
-loop that registered no step, and a fallback that changes the batch shape (the planner then
-leaves that precision out of inPlaceTo)."""
+A sharded model changes precision in place by being wrapped anew (`rewraps`): FSDP2 fixes its
+MixedPrecisionPolicy when it wraps, and torch has no setter for it. The loop, run through
+Session.reentering (the builtin is), is left (outcomes.Rewrap) and runs again in the same
+processes: it builds its model, wraps it in the new precision, and its resume() loads the state
+a restarted attempt would load (the last good checkpoint, else the fresh start's step 0; after a
+re-promotion, the checkpoint just written). The processes, their imports and their process
+group stay; the change is told once the state is loaded, its recoverySeconds counting the
+rebuild.
+
+Not in place (the attempt ends, and the operator restarts it as before): a sharded model whose
+loop does not re-enter, a loop that re-enters a framework, a loop that registered no step, and a
+fallback that changes the batch shape (the planner then leaves that precision out of inPlaceTo)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
+from typing import Any
 
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
@@ -82,6 +92,10 @@ class InPlace:
         self.started_at: int | None = None
         #: The changes made, oldest first (the termination report lists them).
         self.changes: list[InPlaceChange] = []
+        #: A change is made by the loop re-entering, its model wrapped anew (a sharded model's).
+        self.rewraps = False
+        #: A change made whose loop has not re-entered yet: told by `reentered`.
+        self._untold: Callable[[], None] | None = None
 
     def can(self, fault: NumericFault) -> bool:
         """May `fault` (the precision's, by the replay's verdict) be answered in place?"""
@@ -109,7 +123,7 @@ class InPlace:
         self.splits = []  # planned for the precision it leaves
         self.context.metrics.trip(fault.rule)
         message = f"{fault.rule}: {fault}"  # as the restart path's report words it
-        self._tell("fallback", step, start, previous, target.precision, rule=str(fault.rule), message=message,
+        self._told("fallback", step, start, previous, target.precision, rule=str(fault.rule), message=message,
                    since=detected)  # fmt: skip
         return start
 
@@ -143,8 +157,22 @@ class InPlace:
         self.context.numerics.precision.settle(target.precision)
         self._begin(target, step)
         self.targets, self.splits = list(target.in_place_to), []
-        self._tell("repromote", step, step, previous, target.precision, rule="repromote", message=str(why),
+        self._told("repromote", step, step, previous, target.precision, rule="repromote", message=str(why),
                    since=detected)  # fmt: skip
+
+    def reentered(self) -> None:
+        """The loop re-entered, its model wrapped anew and the state loaded: the change is told now,
+        its recoverySeconds counting the rebuild."""
+        untold, self._untold = self._untold, None
+        if untold is not None:
+            untold()
+
+    def _told(self, *args: Any, **kwargs: Any) -> None:
+        """`_tell` now, or once the loop re-entered when the model is wrapped anew."""
+        if self.rewraps:
+            self._untold = functools.partial(self._tell, *args, **kwargs)
+        else:
+            self._tell(*args, **kwargs)
 
     def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int) -> None:
         """The processes go on as the next attempt, in `target`, from step `start`: the guard and

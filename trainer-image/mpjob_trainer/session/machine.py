@@ -12,7 +12,9 @@ another nor end twice.
     Judging --FallBack--> RollingBack    the precision is at fault: the next one, in place (session.inplace)
     RollingBack --Restored--> CatchingUp the rollback target is loaded; run the steps again
     CatchingUp --OutOfMemory--> RollingBack  out of memory again, catching up: the next split
-    RollingBack --LeftLoop--> Reentering the loop re-enters from the checkpoint (adapters)
+    RollingBack --LeftLoop--> Reentering the loop re-enters from the checkpoint (adapters), or
+                                         wrapped anew in the next precision (a sharded model)
+    Training --LeftLoop--> Reentering    a sharded model re-promoted in place is wrapped anew
     CatchingUp --CaughtUp--> Training
     Reentering --Reentered--> Training   the re-entered loop closes its first step
     any but Ended --End--> Ended         the attempt ends (a verdict, a bound, an error)
@@ -56,6 +58,7 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.JUDGING, Event.FALL_BACK): Phase.ROLLING_BACK,
     (Phase.ROLLING_BACK, Event.RESTORED): Phase.CATCHING_UP,
     (Phase.ROLLING_BACK, Event.LEFT_LOOP): Phase.REENTERING,
+    (Phase.TRAINING, Event.LEFT_LOOP): Phase.REENTERING,
     (Phase.CATCHING_UP, Event.CAUGHT_UP): Phase.TRAINING,
     (Phase.CATCHING_UP, Event.OUT_OF_MEMORY): Phase.ROLLING_BACK,
     (Phase.REENTERING, Event.REENTERED): Phase.TRAINING,

@@ -1,12 +1,18 @@
 """What the data rung hands on instead of raising: the faults it recovers from (a suspect
-non-finite loss, a loss spike) and RolledBack, which only the SDK's edge raises (Session.end_step)
-so that a framework adapter's loop is left and re-entered from the checkpoint it names."""
+non-finite loss, a loss spike), RolledBack and Rewrap, which only the SDK's edge raises (Session.end_step)
+so that the loop is left and re-entered: a framework adapter's from the checkpoint RolledBack names,
+a loop whose sharded model changed precision in place wrapped anew (Session.reentering)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.errors import NumericFault
+
+if TYPE_CHECKING:
+    from mpjob_trainer.session.rollback import Target
 
 
 class SuspectSteps(NumericFault):
@@ -20,6 +26,16 @@ class RolledBack(Exception):
     def __init__(self, ref: CheckpointRef) -> None:
         super().__init__(f"rolled back to the checkpoint of step {ref.step}")
         self.ref = ref
+
+
+class Rewrap(Exception):
+    """The precision changed in place under a sharded model, whose MixedPrecisionPolicy is fixed
+    when it is wrapped: the loop re-enters (Session.reentering), builds and wraps its model in the
+    new precision, and its resume() loads `target`. Not a NumericFault: the change is made."""
+
+    def __init__(self, target: Target) -> None:
+        super().__init__(f"wrapped anew from the state of step {target.step}")
+        self.target = target
 
 
 class LossSpiked(NumericFault):

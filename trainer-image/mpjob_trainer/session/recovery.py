@@ -10,6 +10,7 @@ end, a fault no rung handled (`judge`): every recovery decision is taken here, n
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -25,7 +26,7 @@ from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
 from mpjob_trainer.session.memory import Reshape, SmallerMicroBatch
 from mpjob_trainer.session.replay import Fp32Replay, LiveWeights
-from mpjob_trainer.session.rollback import FreshStart
+from mpjob_trainer.session.rollback import FreshStart, Target, restore
 from mpjob_trainer.session.skipping import DataRung
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import SamplesFunction, StepFunction
@@ -50,6 +51,10 @@ class Recovery:
         self.ended_at: float | None = None
         #: A restarted attempt's seconds from its predecessor's end to resumed (`resumed`).
         self.recovered_in: float | None = None
+        #: The loop runs through Session.reentering: it may be left to wrap its model anew.
+        self.loop_reenters = False
+        #: The state the loop, left to be wrapped anew, loads when it re-enters (`reenter`).
+        self.reentry: Target | None = None
 
     @property
     def started_at(self) -> int | None:
@@ -98,13 +103,14 @@ class Recovery:
     ) -> None:
         """The loop registered its step: replays and rollbacks can run it (`guard`: the settings
         the parallelism allows, sharding.Wrapper.replayable), and `reshape` changes its split."""
-        splits = self.in_place is not None and bool(self.in_place.splits)
-        first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or splits
+        changes = self.in_place is not None and bool(self.in_place.splits or self.in_place.targets)
+        first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or changes
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
         self.replay = Fp32Replay(step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights)
         self.rung.arm(self.replay, state=state, fresh=fresh)
         if self.in_place is not None:
             self.in_place.why_not = self._not_in_place(state)
+            self.in_place.rewraps = state is not None and state.sharded is not None
         self.memory.arm(reshape)
 
     def run_step(self, step: int, *, state: TrainingState | None, checkpoints: Checkpointer) -> None:
@@ -114,14 +120,35 @@ class Recovery:
             raise ConfigError("run_step() runs the step register_step() registered: register it first")
         self.memory.run(self.replay.step, step, state=state, checkpoints=checkpoints)
 
+    # ---------------------------------------------------------------- a loop wrapped anew
+    def left_loop(self, target: Target) -> None:
+        """The loop was left to wrap its sharded model anew (outcomes.Rewrap): what held its old
+        objects lets go of them before it builds new ones, and its resume() loads `target`."""
+        self.reentry, self.replay = target, None
+        self.rung.replay, self.rung.quarantine.screen = None, None  # armed again by the re-entered loop
+        gc.collect()
+        if self.context.numerics.precision.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def reenter(self, state: TrainingState, checkpoints: Checkpointer) -> int:
+        """The re-entered loop's resume(): load the state it was left for into its new objects, as
+        a restarted attempt's resume loads it, and tell the change; the step it goes on from."""
+        assert self.reentry is not None and self.in_place is not None  # only a change made in place leaves
+        target, self.reentry, numerics = self.reentry, None, self.context.numerics
+        checkpoints.hook(state)
+        restore(target, state=state, numerics=numerics, keep_position=False)
+        checkpoints.watch(state, numerics)
+        self.in_place.reentered()
+        return target.step
+
     def _not_in_place(self, state: TrainingState | None) -> str | None:
         """Why this loop cannot change precision in place (None: it can)."""
         if state is None or not state.objects:
             return "the session holds none of the loop's state"
         if self.rung.reenters:
             return "a framework's loop re-enters from its checkpoint"
-        if state.sharded is not None:
-            return "a sharded model's mixed-precision policy is fixed when it is wrapped"
+        if state.sharded is not None and not self.loop_reenters:
+            return "a sharded model is wrapped for one precision, and the loop does not re-enter to wrap it anew"
         if self.context.tracked:
             return "experiment tracking keeps one run per process of an attempt"
         return None

@@ -48,7 +48,9 @@ from typing import Protocol
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef, Replay
+from mpjob_contract.skipping import SkipCause
 from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.quarantine import ScreenFunction
 from mpjob_trainer.session.agreement import RankTable, flatten, gathered, main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
@@ -233,6 +235,20 @@ class Fp32Replay:
             if table.any("late") and index != win.steps[-1]:
                 return verdict_of("inconclusive", win, began, steps=done)
         return verdict_of("precision", win, began, steps=len(win.steps))
+
+    def samples_named(self, index: int, cause: SkipCause, screen: ScreenFunction | None) -> list[int]:
+        """The samples of step `index` to quarantine: for bad data those of the ranks this replay
+        named (all ranks' when it named none), narrowed by the loop's `screen`; for a spike all
+        ranks'. A collective unless the replay named them (then the same on every rank)."""
+        offending = self.offending if cause == "data" else None
+        if offending is not None and offending.step == index and offending.samples:
+            every = sorted(set(offending.samples))
+        else:
+            mine = self.samples(index) if self.samples is not None else []
+            every = sorted({int(i) for part in gathered(list(mine), self.lent.world) for i in part})
+        if cause == "data" and screen is not None and every:
+            return screen(every) or every
+        return every
 
     def _offending(self, index: int, ranks: list[int]) -> Offending:
         """Step `index` of `ranks`, with their samples gathered from them."""

@@ -6,6 +6,7 @@ attempt (precision and modes, step arithmetic and guard, intervals, checkpoints,
 |----------|-----------------------------|------------------------------------------------------------|
 | OPEN     | `start()`                   | the set-up helpers (`keep_fp32`, `compile`, `wrap`, ...), `resume` |
 | TRAINING | `resume()`                  | `register_step`, `run_step`, `evaluate_with`, `backward`, `step`, `end_step`|
+| (again)  | `reentering(loop)` runs it again | set-up helpers, `resume`: a sharded model wrapped anew (inplace) |
 | CLOSED   | `close()` / leaving `with`  | nothing: `close()` again returns the same exit code        |
 
 `end_step` before `resume` and a second `resume` are configuration errors. `register_step`
@@ -16,6 +17,7 @@ sync point per interval, none per step (session.steps)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +28,6 @@ from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer import sharding
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.events import EventLog
@@ -36,14 +37,16 @@ from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, announce, conclude
 from mpjob_trainer.session.measure import measure_and_settle
 from mpjob_trainer.session.memory import Reshape
+from mpjob_trainer.session.outcomes import Rewrap
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.replay import LiveWeights
+from mpjob_trainer.session.setup import SetUpCalls
 from mpjob_trainer.session.state import TrainingState, seed_everything
 from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction
 
 
-class Session:
+class Session(SetUpCalls):
     """Made by `mpjob_trainer.session.start()`; use it as a context manager."""
 
     def __init__(
@@ -119,24 +122,18 @@ class Session:
         """What one sample costs (MFU, tokens/s) when start() could not be told (the builtin: its task)."""
         self._progress.flops_per_sample, self._progress.tokens_per_sample = flops, tokens
 
-    # ---------------------------------------------------------------- set-up (session.setup: the model)
-    def keep_fp32(self, model: nn.Module) -> list[str]:
-        """fp8 linears in fp8 attempts, then spec.precision.keepFp32 module types in fp32 (ModelSetUp)."""
-        return self._setup.keep_fp32(model)
-
-    def compile(self, model: nn.Module) -> nn.Module:
-        """`torch.compile(model)` as spec.training.compile says; after keep_fp32, before wrap (ModelSetUp)."""
-        return self._setup.compile(model)
-
-    def adamw(
-        self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
-    ) -> torch.optim.AdamW:
-        """AdamW, no weight decay on parameters of fewer than 2 dimensions, fused on CUDA (ModelSetUp)."""
-        return self._setup.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
-
-    def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
-        """The model as spec.parallelism trains it: DDP, or FSDP2 on `blocks` and the root (ModelSetUp)."""
-        return self._setup.wrap(model, blocks=blocks)
+    # ---------------------------------------------------------------- set-up (SetUpCalls: keep_fp32, wrap, ...)
+    def reentering(self, loop: Callable[[], None]) -> None:
+        """Run `loop()` (build, wrap, resume, train), again in this process when the session leaves it
+        to wrap a sharded model anew in another precision (session.inplace): resume() loads its state."""
+        self._recovery.loop_reenters = True
+        while True:
+            try:
+                loop()
+                return
+            except Rewrap as left:
+                self._state, self._gate = None, None  # the old model and optimizer go with the loop
+                self._recovery.left_loop(left.target)
 
     def reenter_on_rollback(self) -> None:
         """The loop re-enters from a checkpoint after a rollback instead of being rolled back in place (Recovery)."""
@@ -155,6 +152,9 @@ class Session:
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful, own=self._rung.stateful())
+        if self._recovery.reentry is not None:  # the loop re-entered to wrap its model anew (`reentering`)
+            self.start_step = self._step = self._recovery.reenter(self._state, self._checkpoints)
+            return self.start_step
         ref = self._checkpoints.resume(self._state, self._numerics, self.launch.resume_from)
         self.start_step = self._step = ref.step if ref is not None else 0
         self._numerics.guard.start_at(self.start_step)

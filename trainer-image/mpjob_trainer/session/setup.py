@@ -70,3 +70,28 @@ class ModelSetUp:
         in place (make the optimizer after); activation checkpointing per block (mpjob_trainer.sharding)."""
         self._convert_fp8(model)  # before DDP or FSDP2 takes the parameters
         return self.wrapper.wrap(model, blocks, precision=self.precision)
+
+
+class SetUpCalls:
+    """The Session's set-up calls (its OPEN phase, and again in a loop re-entered to wrap anew),
+    each ModelSetUp's in the attempt's precision."""
+
+    _setup: ModelSetUp
+
+    def keep_fp32(self, model: nn.Module) -> list[str]:
+        """fp8 linears in fp8 attempts, then spec.precision.keepFp32 module types in fp32 (ModelSetUp)."""
+        return self._setup.keep_fp32(model)
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """`torch.compile(model)` as spec.training.compile says; after keep_fp32, before wrap (ModelSetUp)."""
+        return self._setup.compile(model)
+
+    def adamw(
+        self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
+    ) -> torch.optim.AdamW:
+        """AdamW, no weight decay on parameters of fewer than 2 dimensions, fused on CUDA (ModelSetUp)."""
+        return self._setup.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
+
+    def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
+        """The model as spec.parallelism trains it: DDP, or FSDP2 on `blocks` and the root (ModelSetUp)."""
+        return self._setup.wrap(model, blocks=blocks)

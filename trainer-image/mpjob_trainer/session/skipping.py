@@ -45,15 +45,14 @@ from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault, Repromote
 from mpjob_trainer.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
-from mpjob_trainer.session.agreement import gathered
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
 from mpjob_trainer.session.machine import AttemptMachine, Event, Phase
-from mpjob_trainer.session.outcomes import LossSpiked, RolledBack, SuspectSteps
+from mpjob_trainer.session.outcomes import LossSpiked, Rewrap, RolledBack, SuspectSteps
 from mpjob_trainer.session.policy import trainer_actions
 from mpjob_trainer.session.replay import Fp32Replay
-from mpjob_trainer.session.rollback import FreshStart, restore, rollback_target
+from mpjob_trainer.session.rollback import FreshStart, Target, restore, rollback_target
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import Number, Read
 from mpjob_trainer.spike import SpikeDetector
@@ -79,6 +78,7 @@ class DataRung:
         self.reenters = False
         self._fresh: FreshStart | None = None
         self._rolled_back_to: CheckpointRef | None = None
+        self._reentry: Target | None = None  # found to be loaded by the loop wrapped anew (`rewind`)
         self._precision_suspected = False
         #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
         #: whole counts in mpjob_trainer_skipped_samples_total and the quarantine's summary.
@@ -135,7 +135,10 @@ class DataRung:
             outcome = close(step, loss)
             if isinstance(outcome, Repromote) and self.in_place is not None and self.in_place.can_promote():
                 self.in_place.promote(outcome, step=step)  # the checkpoint at `step` is written: go on up
-                return None
+                if not self.in_place.rewraps or state is None:
+                    return None
+                start = self.rewind(step, state=state, checkpoints=checkpoints, wrap_anew=True)  # that checkpoint
+                return start if isinstance(start, Exception) else self.go_on(start, step)
             if not isinstance(outcome, NumericFault) or state is None:
                 return outcome
             ending = self.recover(outcome, step=step, state=state, checkpoints=checkpoints)
@@ -188,7 +191,8 @@ class DataRung:
             assert self.in_place is not None
             self.machine.fire(Event.FALL_BACK)
             self.replay.replayed, self._precision_suspected = None, False  # the new attempt judges afresh
-            rewind = functools.partial(self.rewind, state=state, checkpoints=checkpoints)
+            wrap_anew = self.in_place.rewraps  # a sharded model: the loop re-enters, wrapped in the next precision
+            rewind = functools.partial(self.rewind, state=state, checkpoints=checkpoints, wrap_anew=wrap_anew)
             start = self.in_place.fall_back(ending, step=step, rewind=rewind, detected=detected)
             return start if isinstance(start, Exception) else self.go_on(start, step)
         if not isinstance(fault, SuspectSteps):
@@ -228,7 +232,8 @@ class DataRung:
         if isinstance(start, Exception):
             return start
         self.lent.metrics.forgave(self.lent.numerics.guard.forgiven - forgiven)
-        named = [self._samples_of(s, cause) for s in steps]  # screened at the restored weights
+        assert self.replay is not None  # armed: a rung that skips has a replay
+        named = [self.replay.samples_named(s, cause, self.quarantine.screen) for s in steps]  # at the restored weights
         for index, samples in zip(steps, named, strict=True):
             record = self.quarantine.add(index, cause, samples, whole=self.step_samples)
             self.lent.metrics.skipped(cause, record.size)
@@ -244,24 +249,13 @@ class DataRung:
         )
         return self.go_on(start, step)
 
-    def _samples_of(self, index: int, cause: SkipCause) -> list[int]:
-        """The samples of step `index`: for bad data those of the ranks the fp32 replay named (all
-        ranks' when it named none), narrowed by the loop's screen; for a spike all ranks'."""
-        replay = self.replay
-        offending = replay.offending if replay is not None and cause == "data" else None
-        if offending is not None and offending.step == index and offending.samples:
-            every = sorted(set(offending.samples))  # gathered by the replay, the same on every rank
-        else:
-            mine = replay.samples(index) if replay is not None and replay.samples is not None else []
-            every = sorted({int(i) for part in gathered(list(mine), self.lent.world) for i in part})
-        if cause == "data" and self.quarantine.screen is not None and every:
-            narrowed = self.quarantine.screen(every)
-            return narrowed or every
-        return every
-
     def go_on(self, start: int, step: int) -> Exception | None:
         """After a rollback to `start`: catch up to `step` in place (None, or a fault met on the
-        way), or leave the loop to re-enter (RolledBack)."""
+        way), or leave the loop to re-enter (RolledBack; Rewrap, to be wrapped anew from `rewind`'s target)."""
+        if self._reentry is not None:
+            left, self._reentry = Rewrap(self._reentry), None
+            self.machine.fire(Event.LEFT_LOOP)
+            return left
         if self.reenters:
             assert self._rolled_back_to is not None  # a loop that re-enters has no in-memory start state
             self.machine.fire(Event.LEFT_LOOP)
@@ -271,15 +265,21 @@ class DataRung:
         self.machine.fire(Event.CAUGHT_UP)
         return fault
 
-    def rewind(self, before: int, *, state: TrainingState, checkpoints: Checkpointer) -> int | Exception:
+    def rewind(
+        self, before: int, *, state: TrainingState, checkpoints: Checkpointer, wrap_anew: bool = False
+    ) -> int | Exception:
         """Restore the newest good state at or before step index `before`: its step, or the
-        attempt's ending when there is none."""
+        attempt's ending when there is none. `wrap_anew`: found, not loaded; the loop leaves
+        (`go_on`) and its resume() loads it into the objects it builds anew (session.inplace)."""
         target = rollback_target(before, checkpoints=checkpoints, world=self.lent.world, fresh=self._fresh)
         if target is None:
             return self._ended(
                 NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
             )
         self._rolled_back_to = target.ref
+        if wrap_anew:
+            self._reentry = target
+            return target.step
         restore(target, state=state, numerics=self.lent.numerics, keep_position=not self.reenters)
         if self.spike is not None:
             self.spike.forget_spikes()

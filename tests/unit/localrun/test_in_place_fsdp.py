@@ -1,0 +1,84 @@
+"""`mpjob run` of an fsdp (FSDP2) job on 2 processes changing precision in place: FSDP2 fixes its
+MixedPrecisionPolicy when it wraps, so the builtin loop is left and runs again in the same
+processes, its model wrapped anew in the next precision and its state loaded as a restarted
+attempt's would be (session.inplace). A fallback and a re-promotion in place end with the same
+shards, bit for bit, as the restart path, in one pair of trainer processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.localrun import test_fsdp_run as fsdp_run
+
+pytestmark = pytest.mark.unit
+
+OVERFLOW = {"overflowAtStep": 15, "overflowUntilStep": 20}
+MLP = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 64, **OVERFLOW}}
+
+
+def run_job(tmp: Path, *, in_place: bool, task: dict[str, Any] = MLP, **precision: Any) -> tuple[dict[str, Any], Path]:
+    """fp16 on 2 processes, the default policy (gathered in the attempt's precision), a transient overflow."""
+    _, report, out = fsdp_run.run_job(
+        tmp,
+        "inplace" if in_place else "restart",
+        task=task,
+        training={"steps": 40, "batchSize": 8, "logEvery": 5},
+        checkpoint={"everySteps": 5},
+        resources={"gpusPerWorker": 0, "processesPerWorker": 2},
+        precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "inPlace": in_place, **precision},
+    )
+    return report, out
+
+
+def one_pair_of_processes(out: Path, wraps: int) -> None:
+    """The run's one attempt folder; each rank started once and wrapped its model `wraps` times."""
+    attempts = out / "attempts"
+    assert sorted(p.name for p in attempts.iterdir()) == ["a0"]
+    for log in sorted(attempts.glob("a0/worker*.log")):
+        events = [json.loads(line)["event"] for line in log.read_text().splitlines() if line.startswith("{")]
+        assert events.count("start") == 1 and events.count("wrap") == wraps, log
+
+
+def final_shards(out: Path) -> dict[str, str]:
+    """The final checkpoint's files by sha256: each rank's shards and state; DCP's `.metadata` names
+    the folder it was written in, which differs between the two runs."""
+    manifest = json.loads(next(out.rglob("step-000000040/manifest.json")).read_text())
+    return {name: meta["sha256"] for name, meta in manifest["files"].items() if name != ".metadata"}
+
+
+@pytest.mark.process
+def test_a_sharded_model_falls_back_and_is_repromoted_in_place_as_the_restart_path_ends(tmp_path: Path) -> None:
+    runs = {k: run_job(tmp_path, in_place=k == "inplace", repromoteAfterSteps=10) for k in ("inplace", "restart")}
+    for report, _ in runs.values():
+        ends = [(a["precision"], a["reason"], a["startStep"], a["worldSize"]) for a in report["attempts"]]
+        assert ends == [("fp16", "NumericFault", 0, 2), ("bf16", "Repromote", 15, 2), ("fp16", "Succeeded", 25, 2)]
+        assert report["phase"] == "Succeeded"
+    (inplace, out), (restart, restarted) = runs["inplace"], runs["restart"]
+    assert [a.get("inPlace") for a in inplace["attempts"]] == [None, True, True]
+    assert [a.get("inPlace") for a in restart["attempts"]] == [None, None, None]
+    assert all(a["recoverySeconds"] >= 0 for a in inplace["attempts"][1:])
+    shards = final_shards(out)
+    assert sorted(shards) == ["__0_0.distcp", "__1_0.distcp", "rank-00000.pt", "rank-00001.pt"]
+    assert shards == final_shards(restarted)
+    one_pair_of_processes(out, wraps=3)
+    assert sorted(p.name for p in (restarted / "attempts").iterdir()) == ["a0", "a1", "a2"]
+
+
+@pytest.mark.process
+def test_a_sharded_model_faulting_before_its_first_checkpoint_starts_over_in_place(tmp_path: Path) -> None:
+    """No checkpoint yet and nothing else keeps the fresh start (no replay under this policy, bad
+    data not skipped): the in-place fallback keeps it, and bf16 starts from step 0 as a restart would."""
+    early = {**MLP, "args": {**MLP["args"], "overflowAtStep": 2, "overflowUntilStep": 40}}
+    fail = {"onBadData": "fail"}
+    runs = {k: run_job(tmp_path, in_place=k == "inplace", task=early, guard=fail) for k in ("inplace", "restart")}
+    for report, _ in runs.values():
+        ends = [(a["precision"], a["reason"], a["startStep"]) for a in report["attempts"]]
+        assert ends == [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 0)] and report["phase"] == "Succeeded"
+    (inplace, out), (_, restarted) = runs["inplace"], runs["restart"]
+    assert inplace["attempts"][1]["inPlace"] is True
+    assert final_shards(out) == final_shards(restarted)
+    one_pair_of_processes(out, wraps=2)
