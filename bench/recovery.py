@@ -2,7 +2,8 @@
 the smaller GPT the tests use): attempts[].recoverySeconds of the bf16 attempt each way, side by
 side, and the restart path broken down from the trainers' own event lines (target: in place
 <= 1 s on 2 CPU cores). Then the same for an out-of-memory at step 60 (the mlp's injected one):
-the attempt in the smaller micro-batch, in place and restarted.
+the attempt in the smaller micro-batch, in place and restarted; and the quickstart's story on a
+model sharded over 2 processes (FSDP2), whose model is wrapped anew in bf16 in the same processes.
 
     PYTHONPATH=. uv run --no-sync python bench/recovery.py [--runs 3] [--cluster]
 """
@@ -42,6 +43,12 @@ OOM_JOB["spec"]["task"] = {
     "builtin": "mlp",
     "args": {"inputs": 8, "hidden": 16, "samples": 256, "outOfMemoryAbove": 4, "outOfMemoryFromStep": 60},
 }
+
+
+#: The quickstart's story sharded over 2 processes (FSDP2, gathered in the attempt's precision).
+FSDP_JOB = json.loads(json.dumps(JOB))
+FSDP_JOB["spec"]["parallelism"] = {"strategy": "fsdp"}
+FSDP_JOB["spec"]["resources"] = {"gpusPerWorker": 0, "processesPerWorker": 2}
 
 
 def run(tmp: Path, *, in_place: bool, base: dict = JOB) -> dict[str, float]:
@@ -86,7 +93,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cluster", action="store_true", help="also on the test control plane (recovery_cluster.py)")
     args = parser.parse_args()
-    cases = {"mpjob run": JOB, "mpjob run, out of memory": OOM_JOB}
+    cases = {"mpjob run": JOB, "mpjob run, out of memory": OOM_JOB, "mpjob run, fsdp 2 processes": FSDP_JOB}
     rows: dict[str, dict[str, list[dict[str, float]]]] = {case: {"in place": [], "restart": []} for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.runs):

@@ -7,6 +7,7 @@ Job. Both end with the same final weights, bit for bit."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,48 @@ def test_an_operator_killed_around_a_change_in_place_records_it_once(
         (1, "bf16", "Succeeded", True),
     ], status
     assert status["attemptCounts"]["started"] == 2 and jobs.attempt_jobs("slow") == ["slow-a0"]
+
+
+def sharded(in_place: bool) -> dict[str, Any]:
+    """FSDP2 over 2 pods, gathering in the attempt's precision: fp16 overflows from step 15 on."""
+    return {
+        "workers": 2,
+        "task": {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 64, "overflowAtStep": 15}},
+        "training": {"steps": 30, "batchSize": 8, "logEvery": 5},
+        "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"], "inPlace": in_place},
+        "parallelism": {"strategy": "fsdp"},
+        "checkpoint": {"everySteps": 5, "volume": {"persistentVolumeClaim": {"claimName": CLAIM}}},
+        "resources": {"gpusPerWorker": 0},
+    }
+
+
+def final_shards(jobs: Jobs, kubeconfig: str, name: str) -> dict[str, str]:
+    """The final checkpoint's files by sha256 (DCP's `.metadata` names the folder it was written in)."""
+    (manifest,) = jobs.checkpoints(kubeconfig, CLAIM, name).glob("step-000000030/manifest.json")
+    files = json.loads(manifest.read_text())["files"]
+    return {file: meta["sha256"] for file, meta in files.items() if file != ".metadata"}
+
+
+def test_a_sharded_job_of_two_pods_falls_back_in_place_in_one_job_and_ends_bit_identical(
+    operator: Operator, jobs: Jobs, kubeconfig: str
+) -> None:
+    """Both pods leave their loop and wrap their shards anew in bf16 (FSDP2's policy is fixed when
+    it wraps), with no new Job; the shards at the end are the restart path's."""
+    jobs.pvc(CLAIM)
+    jobs.create("sharded", sharded(True))
+    jobs.create("resharded", sharded(False))
+    done = {name: jobs.wait_phase(name, ("Succeeded", "Failed"), 420) for name in ("sharded", "resharded")}
+    for status in done.values():
+        assert (status["phase"], status["precision"], status["step"]) == ("Succeeded", "bf16", 30), status
+        ends = [(a["precision"], a["reason"], a["startStep"], a["worldSize"]) for a in status["attempts"]]
+        assert ends == [("fp16", "NumericFault", 0, 2), ("bf16", "Succeeded", 15, 2)]
+    moved, restarted = done["sharded"]["attempts"][1], done["resharded"]["attempts"][1]
+    assert moved["inPlace"] is True and "inPlace" not in restarted
+    assert moved["recoverySeconds"] < restarted["recoverySeconds"]
+    assert jobs.attempt_jobs("sharded") == ["sharded-a0"] and jobs.attempt_jobs("resharded") == [
+        "resharded-a0",
+        "resharded-a1",
+    ]
+    shards = final_shards(jobs, kubeconfig, "sharded")
+    assert sorted(shards) == ["__0_0.distcp", "__1_0.distcp", "rank-00000.pt", "rank-00001.pt"]
+    assert shards == final_shards(jobs, kubeconfig, "resharded")
