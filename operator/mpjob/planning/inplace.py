@@ -152,8 +152,7 @@ def in_place_splits(
     while len(splits) < 8:
         used += 1
         shape = ended.shape or BatchShape.of(spec)
-        attempts.append(AttemptStatus(index=ended.index, precision=ended.precision, start_step=ended.start_step,
-                                      reason=Reason.OUT_OF_DEVICE_MEMORY.value))  # type: ignore[arg-type]  # fmt: skip
+        attempts.append(faulted(ended, Reason.OUT_OF_DEVICE_MEMORY))
         decision = after_attempt(
             spec, ended.index, ended.precision, result, ended.start_step, None, capability,
             used=used, shape=shape, history=attempts, repromotions=past.repromotions,
@@ -204,12 +203,13 @@ def _promotion(
                          in_place_to=_fallbacks(spec, decision, then, capability))  # fmt: skip
 
 
-def faulted(attempt: StartAttempt) -> AttemptStatus:
-    """`attempt`'s entry as a numeric fault would end it."""
+def faulted(attempt: StartAttempt, reason: Reason = Reason.NUMERIC_FAULT) -> AttemptStatus:
+    """`attempt`'s entry as `reason` (a numeric fault, running out of memory) would end it, re-promoted
+    or not as the status would say (the planner bars re-promoting a precision that faults again)."""
     repromoted = True if attempt.promoted_from is not None else None
     return AttemptStatus(
-        index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
-        repromoted=repromoted, reason=Reason.NUMERIC_FAULT.value,
+        index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,  # type: ignore[arg-type]
+        repromoted=repromoted, reason=reason.value,
     )  # fmt: skip
 
 

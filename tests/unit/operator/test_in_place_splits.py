@@ -6,6 +6,8 @@ as it records a restart after OutOfDeviceMemory."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mpjob.planning import lifecycle as lc
@@ -81,3 +83,21 @@ def test_a_split_made_in_place_is_recorded_as_a_restart_after_out_of_memory() ->
     assert (now.precision, now.in_place, now.micro_batch, now.grad_accumulation) == ("fp16", True, 4, 2)
     assert not plan.create  # no Job or process for it
     assert record(plan, s, [made], lc.When(NOW, 1)) is None  # read again: recorded once
+
+
+def test_a_split_of_a_repromoted_attempt_does_not_repromote_into_the_precision_that_faults_again() -> None:
+    """fp16 faulted, bf16 went back up, and the re-promoted fp16 attempt runs out of memory: its
+    split runs in fp16 and, if it faults, falls back to bf16 for good, as the restart path decides
+    (the re-promoted fp16 attempt's entry says it was re-promoted; a re-promoted precision that
+    faults again is barred)."""
+    s = spec(precision={"repromoteAfterSteps": 20})
+    status = MixedPrecisionJobStatus.model_validate(
+        {"attempts": [
+            {"index": 0, "precision": "fp16", "startStep": 0, "reason": "NumericFault", "finishTime": NOW},
+            {"index": 1, "precision": "bf16", "startStep": 10, "reason": "Repromote", "finishTime": NOW},
+        ]}
+    )  # fmt: skip
+    repromoted = replace(first_attempt(s), index=2, start_step=30, promoted_from="bf16")
+    (first, *_) = in_place_splits(s, repromoted, status)
+    (fallback,) = first.in_place_to
+    assert (fallback.precision, fallback.repromote_after_steps, fallback.promote_to) == ("bf16", None, None)
