@@ -7,6 +7,7 @@ shards, bit for bit, as the restart path, in one pair of trainer processes."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,22 @@ def test_a_sharded_model_faulting_before_its_first_checkpoint_starts_over_in_pla
     for report, _ in runs.values():
         ends = [(a["precision"], a["reason"], a["startStep"]) for a in report["attempts"]]
         assert ends == [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 0)] and report["phase"] == "Succeeded"
+    (inplace, out), (_, restarted) = runs["inplace"], runs["restart"]
+    assert inplace["attempts"][1]["inPlace"] is True
+    assert final_shards(out) == final_shards(restarted)
+    one_pair_of_processes(out, wraps=2)
+
+
+@pytest.mark.process
+def test_an_sdk_loop_run_through_reentering_is_wrapped_anew_in_place(tmp_path: Path) -> None:
+    """The public path: a script's loop on the SDK (run.reentering, run.register_step) is left
+    with Rewrap and runs again with its sharded model wrapped in bf16; the shards at the end are
+    those of the same script restarted."""
+    script = {"command": [sys.executable, str(Path(__file__).with_name("reentering_script.py")), "12"]}
+    runs = {k: run_job(tmp_path, in_place=k == "inplace", task=script) for k in ("inplace", "restart")}
+    for report, _ in runs.values():
+        ends = [(a["precision"], a["reason"], a["startStep"]) for a in report["attempts"]]
+        assert ends == [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 10)] and report["phase"] == "Succeeded"
     (inplace, out), (_, restarted) = runs["inplace"], runs["restart"]
     assert inplace["attempts"][1]["inPlace"] is True
     assert final_shards(out) == final_shards(restarted)

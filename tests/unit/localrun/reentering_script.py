@@ -1,0 +1,48 @@
+"""A loop on the SDK that trains the builtin gpt sharded and runs through `run.reentering`, as
+docs/sdk.md shows: it registers its step, so a fault is handled by the session, and a change of
+precision in place leaves the loop, which runs again with its model wrapped anew.
+`reentering_script.py STEP`: the gpt's activations overflow fp16 from STEP on."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from mpjob_trainer import session as mpjob
+from mpjob_trainer.tasks.gpt import make_task
+
+SHAPE = {"nLayer": 2, "nEmbd": 32, "nHead": 2, "blockSize": 16, "data": "random", "samples": 256}
+
+
+def train(run: mpjob.Session, overflow_at: int) -> None:
+    task = make_task({**SHAPE, "overflowAtStep": overflow_at})
+    net = run.wrap(task.model, blocks=task.blocks)
+    optimizer = run.adamw(task.model, lr=3e-3, weight_decay=0.0)
+    start = run.resume(model=task.model, optimizer=optimizer)
+    size = run.spec.training.batch_size
+
+    def one_step(step: int) -> None:
+        if task.set_step is not None:
+            task.set_step(step)
+        first = ((step % 4) * run.world.size + run.world.rank) * size  # four batches, seen again
+        items = [task.dataset[first + i] for i in range(size)]
+        x, y = torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+        with run.autocast():
+            loss = task.loss(net(x), y)
+        run.backward(loss)
+        run.step(optimizer, clip_norm=1.0)
+
+    run.register_step(one_step)
+    for step in range(start, run.total_steps):
+        run.run_step(step)
+        run.end_step(step + 1, samples=size * run.world.size)
+
+
+def main() -> None:
+    with mpjob.start() as run:
+        run.reentering(lambda: train(run, int(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()
