@@ -219,6 +219,37 @@ ELASTIC_MIN_WORKERS_FIT = Rule(
     field_path=".elastic.minWorkers",
 )
 
+
+def _wire(node: Any, wire: str, attr: str) -> Any:
+    """A field of a wire document (its camelCase name) or of a model (its attribute)."""
+    if isinstance(node, Mapping):
+        return node.get(wire)
+    return getattr(node, attr, None) if node is not None else None
+
+
+def _gate_computes_fp32(spec: Any) -> bool:
+    validation, parallelism = _field(spec, "validation"), _field(spec, "parallelism")
+    if not _wire(validation, "everySteps", "every_steps") or _wire(parallelism, "strategy", "strategy") != "fsdp":
+        return True
+    gathered = _wire(_wire(parallelism, "fsdp", "fsdp"), "mixedPrecisionParam", "mixed_precision_param")
+    return gathered == "fp32" or _wire(_field(spec, "precision"), "mode", "mode") == "fp32"
+
+
+GATE_NEEDS_FP32_GATHERING = Rule(
+    name="gate-needs-fp32-gathering",
+    path="spec",
+    cel="!(has(self.validation) && has(self.validation.everySteps) && self.validation.everySteps > 0"
+    " && has(self.parallelism) && has(self.parallelism.strategy) && self.parallelism.strategy == 'fsdp'"
+    " && !(has(self.parallelism.fsdp) && has(self.parallelism.fsdp.mixedPrecisionParam)"
+    " && self.parallelism.fsdp.mixedPrecisionParam == 'fp32')"
+    " && !(has(self.precision) && has(self.precision.mode) && self.precision.mode == 'fp32'))",
+    message="validation.everySteps evaluates in fp32 too, which a sharded model gathered in the attempt's "
+    "precision cannot compute: set parallelism.fsdp.mixedPrecisionParam: fp32 (autocast casts per op), "
+    "or validation.everySteps: 0",
+    holds=_gate_computes_fp32,
+    field_path=".validation.everySteps",
+)
+
 #: Every cross-field rule of the API, in the order the CRD lists them at a path.
 RULES: tuple[Rule, ...] = (
     NAME_FITS_CHILD_NAMES,
@@ -233,6 +264,7 @@ RULES: tuple[Rule, ...] = (
     VOLUME_OR_STORAGE,
     FAULT_RULE_ALLOWED,
     ELASTIC_MIN_WORKERS_FIT,
+    GATE_NEEDS_FP32_GATHERING,
 )
 
 

@@ -161,6 +161,11 @@ class MixedPrecisionJobSpec(ApiModel):
         rules.ELASTIC_MIN_WORKERS_FIT.check(rules.wire_self(self))
         return self
 
+    @model_validator(mode="after")
+    def _gate_computes_fp32(self) -> MixedPrecisionJobSpec:
+        rules.GATE_NEEDS_FP32_GATHERING.check(rules.wire_self(self))
+        return self
+
 
 def processes_per_worker(spec: MixedPrecisionJobSpec) -> int:
     """Processes the launcher starts per pod: the spec's, else one per GPU, else one."""

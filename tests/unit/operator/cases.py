@@ -43,6 +43,9 @@ def bad(path: str, value: Any) -> dict[str, Any]:
 
 
 # (id, manifest, text the error must contain)
+#: FSDP2 gathering the weights in the attempt's precision, said outright.
+GATHERED_LOW = {"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "attempt"}}
+
 CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-field", bad("spec.precision.turbo", True), "turbo"),
     ("bad-mode", bad("spec.precision.mode", "fp4"), "spec.precision.mode"),
@@ -205,6 +208,17 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.elastic", {"minWorkers": 2}),
         "spec.elastic.minWorkers",
     ),
+    # spec.validation under fsdp: the gate's fp32 pass needs the weights gathered in fp32.
+    (
+        "gate-on-weights-gathered-low",
+        bad("spec", {**GOOD["spec"], "parallelism": {"strategy": "fsdp"}, "validation": {"everySteps": 10}}),
+        "spec.validation.everySteps",
+    ),
+    (
+        "gate-on-weights-gathered-in-the-attempts-precision",
+        bad("spec", {**GOOD["spec"], "validation": {"everySteps": 10}, "parallelism": GATHERED_LOW}),
+        "spec.validation.everySteps",
+    ),
     ("elastic-min-workers-zero", bad("spec.elastic", {"minWorkers": 0}), "spec.elastic.minWorkers"),
     ("elastic-without-min-workers", bad("spec.elastic", {"waitSeconds": 60}), "spec.elastic.minWorkers"),
     ("elastic-negative-wait", bad("spec.elastic", {"minWorkers": 1, "waitSeconds": -1}), "spec.elastic.waitSeconds"),
@@ -243,6 +257,10 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.ELASTIC_MIN_WORKERS_FIT.name: (
         "elastic-min-workers-above-workers",
         "elastic-min-workers-above-default-workers",
+    ),
+    rules.GATE_NEEDS_FP32_GATHERING.name: (
+        "gate-on-weights-gathered-low",
+        "gate-on-weights-gathered-in-the-attempts-precision",
     ),
 }
 

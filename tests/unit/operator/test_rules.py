@@ -12,6 +12,7 @@ import yaml
 from mpjob.crd import CEL_RULES, crd_yaml
 from mpjob.validation import check_text
 from mpjob_contract import rules
+from mpjob_contract.api import MixedPrecisionJobSpec
 from tests.unit.operator.cases import CASES, RULE_CASES
 
 pytestmark = pytest.mark.unit
@@ -114,6 +115,13 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.ELASTIC_MIN_WORKERS_FIT, {"elastic": {"minWorkers": 1}}, True),
     (rules.ELASTIC_MIN_WORKERS_FIT, {"workers": 3, "elastic": {"minWorkers": 4}}, False),
     (rules.ELASTIC_MIN_WORKERS_FIT, {"elastic": {"minWorkers": 2}}, False),
+    (rules.GATE_NEEDS_FP32_GATHERING, {"parallelism": {"strategy": "fsdp"}, "validation": {"everySteps": 0}}, True),
+    (rules.GATE_NEEDS_FP32_GATHERING, {"parallelism": {"strategy": "fsdp"}, "validation": {"everySteps": 5}}, False),
+    (
+        rules.GATE_NEEDS_FP32_GATHERING,
+        {"parallelism": {"strategy": "fsdp"}, "validation": {"everySteps": 5}, "precision": {"mode": "bf16"}},
+        False,
+    ),
 ]
 
 
@@ -133,3 +141,23 @@ def test_a_rule_with_a_field_path_names_that_field() -> None:
     with pytest.raises(ValueError, match="readOnly must be false") as caught:
         rules.WRITABLE_CHECKPOINT_CLAIM.check({"readOnly": True})
     assert caught.value.violations == [("readOnly", rules.READ_ONLY_CLAIM)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {
+            "parallelism": {"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "fp32"}},
+            "validation": {"everySteps": 10},
+        },
+        {"parallelism": {"strategy": "fsdp"}, "validation": {"everySteps": 10}, "precision": {"mode": "fp32"}},
+        {"parallelism": {"strategy": "fsdp"}, "validation": {"everySteps": 0}},
+        {"parallelism": {"strategy": "ddp"}, "validation": {"everySteps": 10}},
+    ],
+    ids=["gathered-in-fp32", "fp32-only", "no-gate", "ddp"],
+)
+def test_a_quality_gate_that_can_compute_in_fp32_is_accepted(spec: dict[str, Any]) -> None:
+    """The gate's rule refuses only a sharded model gathered in a low precision for good; the
+    spec's own check (mpjob validate, the operator) says the same."""
+    assert rules.GATE_NEEDS_FP32_GATHERING.holds(spec)
+    assert MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **spec}).validation.every_steps in (0, 10)

@@ -103,6 +103,11 @@ class AttemptPrecision:
             log("fp8", converted=linears.names, kept=linears.kept, recipe=fp8.recipe, emulate=fp8.emulate)
         return self.fp8.names if self.fp8 is not None else []
 
+    def release_model(self) -> None:
+        """The loop's model is being built anew (Session.reentering): let go of the old one's fp8
+        linears (their weights with them); a new model is converted when this mode trains fp8."""
+        self.fp8 = None
+
     def attach_fp8(self, linears: Fp8Linears) -> None:
         """Switch these fp8 linears with the mode's precision from now on."""
         self.fp8 = linears

@@ -126,6 +126,7 @@ class Recovery:
         objects lets go of them before it builds new ones, and its resume() loads `target`."""
         self.reentry, self.replay = target, None
         self.rung.replay, self.rung.quarantine.screen = None, None  # armed again by the re-entered loop
+        self.context.numerics.precision.release_model()
         gc.collect()
         if self.context.numerics.precision.device.type == "cuda":
             torch.cuda.empty_cache()
