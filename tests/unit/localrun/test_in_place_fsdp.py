@@ -99,3 +99,31 @@ def test_an_sdk_loop_run_through_reentering_is_wrapped_anew_in_place(tmp_path: P
     assert inplace["attempts"][1]["inPlace"] is True
     assert final_shards(out) == final_shards(restarted)
     one_pair_of_processes(out, wraps=2)
+
+
+@pytest.mark.process
+def test_an_fp8_drift_on_a_sharded_model_goes_on_in_bf16_in_place(tmp_path: Path) -> None:
+    """fp8 (torchao, emulated) on a sharded model gathered in fp32, so the quality gate has its
+    fp32 reference: a drift in fp8 only ends fp8, and the model is built anew without fp8 linears
+    and sharded for bf16 in the same processes, ending with the restart path's shards."""
+    drift = {"builtin": "mlp", "args": {"inputs": 16, "hidden": 32, "samples": 256, "fp8OutlierAtStep": 15}}
+    fp8 = {"mode": "fp8", "fp8": {"emulate": True}}
+    runs = {}
+    for k in ("inplace", "restart"):
+        _, report, out = fsdp_run.run_job(
+            tmp_path,
+            k,
+            task=drift,
+            training={"steps": 40, "batchSize": 16, "logEvery": 5},
+            checkpoint={"everySteps": 5},
+            validation={"everySteps": 10, "maxLossDelta": 0.05},
+            resources={"gpusPerWorker": 0, "processesPerWorker": 2},
+            parallelism={"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "fp32"}},
+            precision={**fp8, "fallback": ["bf16", "fp32"], "inPlace": k == "inplace"},
+        )
+        ends = [(a["precision"], a["reason"], a.get("inPlace")) for a in report["attempts"]]
+        assert ends == [("fp8", "NumericFault", None), ("bf16", "Succeeded", True if k == "inplace" else None)]
+        assert "QualityDrift: eval loss" in report["attempts"][0]["message"]
+        runs[k] = out
+    assert final_shards(runs["inplace"]) == final_shards(runs["restart"])
+    one_pair_of_processes(runs["inplace"], wraps=2)
