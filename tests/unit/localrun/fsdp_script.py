@@ -10,7 +10,18 @@ import sys
 import torch
 
 from mpjob_trainer import session as mpjob
+from mpjob_trainer.tasks import Task
 from mpjob_trainer.tasks.gpt import make_task
+
+
+def batch(task: Task, run: mpjob.Session, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's batch of step `step` (0-based), the task told the step: four batches, seen again."""
+    if task.set_step is not None:
+        task.set_step(step)
+    size = run.spec.training.batch_size
+    first = ((step % 4) * run.world.size + run.world.rank) * size
+    items = [task.dataset[first + i] for i in range(size)]
+    return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
 
 
 def main() -> None:
@@ -24,11 +35,7 @@ def main() -> None:
         size = run.spec.training.batch_size
         losses = []
         for step in range(start, run.total_steps):
-            if task.set_step is not None:
-                task.set_step(step)
-            first = ((step % 4) * run.world.size + run.world.rank) * size  # four batches, seen again
-            items = [task.dataset[first + i] for i in range(size)]
-            x, y = torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+            x, y = batch(task, run, step)
             with run.autocast():
                 loss = task.loss(net(x), y)
             run.backward(loss)

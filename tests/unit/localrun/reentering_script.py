@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-import torch
+from fsdp_script import batch  # beside this script
 
 from mpjob_trainer import session as mpjob
 from mpjob_trainer.tasks.gpt import make_task
@@ -23,11 +23,7 @@ def train(run: mpjob.Session, overflow_at: int) -> None:
     size = run.spec.training.batch_size
 
     def one_step(step: int) -> None:
-        if task.set_step is not None:
-            task.set_step(step)
-        first = ((step % 4) * run.world.size + run.world.rank) * size  # four batches, seen again
-        items = [task.dataset[first + i] for i in range(size)]
-        x, y = torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+        x, y = batch(task, run, step)
         with run.autocast():
             loss = task.loss(net(x), y)
         run.backward(loss)
