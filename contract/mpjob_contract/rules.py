@@ -195,18 +195,19 @@ FAULT_RULE_ALLOWED = Rule(
 )
 
 
-def _field(node: Any, name: str) -> Any:
-    """A field of a wire document or of a model (`wire_self` leaves nested models as they are)."""
+def _field(node: Any, name: str, attr: str | None = None) -> Any:
+    """A field of a wire document (`name`, camelCase) or of a model (`attr`, default `name`;
+    `wire_self` leaves nested models as they are)."""
     if isinstance(node, Mapping):
         return node.get(name)
-    return getattr(node, name, None) if node is not None else None
+    return getattr(node, attr or name, None) if node is not None else None
 
 
 def _min_workers_fit(spec: Any) -> bool:
     elastic = _field(spec, "elastic")
     if elastic is None:
         return True
-    least = elastic.get("minWorkers") if isinstance(elastic, Mapping) else elastic.min_workers
+    least = _field(elastic, "minWorkers", "min_workers")
     return int(least or 1) <= int(_field(spec, "workers") or 1)
 
 
@@ -220,19 +221,12 @@ ELASTIC_MIN_WORKERS_FIT = Rule(
 )
 
 
-def _wire(node: Any, wire: str, attr: str) -> Any:
-    """A field of a wire document (its camelCase name) or of a model (its attribute)."""
-    if isinstance(node, Mapping):
-        return node.get(wire)
-    return getattr(node, attr, None) if node is not None else None
-
-
 def _gate_computes_fp32(spec: Any) -> bool:
     validation, parallelism = _field(spec, "validation"), _field(spec, "parallelism")
-    if not _wire(validation, "everySteps", "every_steps") or _wire(parallelism, "strategy", "strategy") != "fsdp":
+    if not _field(validation, "everySteps", "every_steps") or _field(parallelism, "strategy") != "fsdp":
         return True
-    gathered = _wire(_wire(parallelism, "fsdp", "fsdp"), "mixedPrecisionParam", "mixed_precision_param")
-    return gathered == "fp32" or _wire(_field(spec, "precision"), "mode", "mode") == "fp32"
+    gathered = _field(_field(parallelism, "fsdp"), "mixedPrecisionParam", "mixed_precision_param")
+    return gathered == "fp32" or _field(_field(spec, "precision"), "mode") == "fp32"
 
 
 GATE_NEEDS_FP32_GATHERING = Rule(

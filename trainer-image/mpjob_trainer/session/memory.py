@@ -128,6 +128,11 @@ def free(state: TrainingState, numerics: StepNumerics) -> None:
     if precision.scaler is not None:  # a step cut short after unscale_ left its optimizer's stage behind:
         precision.settle(precision.precision)  # a fresh GradScaler, its scale restored with the rest
     numerics.tally.clear()
+    release_cached(numerics.precision.device)
+
+
+def release_cached(device: torch.device) -> None:
+    """Collect what nothing holds any more and, on CUDA, hand the allocator's cached blocks back."""
     gc.collect()
-    if numerics.precision.device.type == "cuda":
+    if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -10,7 +10,6 @@ end, a fault no rung handled (`judge`): every recovery decision is taken here, n
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any
 
@@ -24,7 +23,7 @@ from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
-from mpjob_trainer.session.memory import Reshape, SmallerMicroBatch
+from mpjob_trainer.session.memory import Reshape, SmallerMicroBatch, release_cached
 from mpjob_trainer.session.replay import Fp32Replay, LiveWeights
 from mpjob_trainer.session.rollback import FreshStart, Target, restore
 from mpjob_trainer.session.skipping import DataRung
@@ -127,9 +126,7 @@ class Recovery:
         self.reentry, self.replay = target, None
         self.rung.replay, self.rung.quarantine.screen = None, None  # armed again by the re-entered loop
         self.context.numerics.precision.release_model()
-        gc.collect()
-        if self.context.numerics.precision.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_cached(self.context.numerics.precision.device)
 
     def reenter(self, state: TrainingState, checkpoints: Checkpointer) -> int:
         """The re-entered loop's resume(): load the state it was left for into its new objects, as
