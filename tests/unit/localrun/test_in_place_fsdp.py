@@ -21,18 +21,39 @@ OVERFLOW = {"overflowAtStep": 15, "overflowUntilStep": 20}
 MLP = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 64, **OVERFLOW}}
 
 
-def run_job(tmp: Path, *, in_place: bool, task: dict[str, Any] = MLP, **precision: Any) -> tuple[dict[str, Any], Path]:
-    """fp16 on 2 processes, the default policy (gathered in the attempt's precision), a transient overflow."""
-    _, report, out = fsdp_run.run_job(
-        tmp,
-        "inplace" if in_place else "restart",
-        task=task,
-        training={"steps": 40, "batchSize": 8, "logEvery": 5},
-        checkpoint={"everySteps": 5},
-        resources={"gpusPerWorker": 0, "processesPerWorker": 2},
-        precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "inPlace": in_place, **precision},
-    )
+def run_job(
+    tmp: Path, *, in_place: bool, task: dict[str, Any] = MLP, precision: dict[str, Any] | None = None, **spec: Any
+) -> tuple[dict[str, Any], Path]:
+    """fp16 on 2 processes, the default policy (gathered in the attempt's precision), a transient
+    overflow; `precision` and `spec` change the job's precision fields and other spec fields."""
+    two = {
+        "training": {"steps": 40, "batchSize": 8, "logEvery": 5},
+        "checkpoint": {"everySteps": 5},
+        "resources": {"gpusPerWorker": 0, "processesPerWorker": 2},
+    }
+    ladder = {"mode": "fp16", "fallback": ["bf16", "fp32"], **(precision or {}), "inPlace": in_place}
+    name = "inplace" if in_place else "restart"
+    _, report, out = fsdp_run.run_job(tmp, name, task=task, precision=ladder, **{**two, **spec})
     return report, out
+
+
+def both_ways(tmp: Path, **job: Any) -> dict[str, tuple[dict[str, Any], Path]]:
+    """The job with `inPlace: true` and with `inPlace: false`."""
+    return {k: run_job(tmp, in_place=k == "inplace", **job) for k in ("inplace", "restart")}
+
+
+def fell_back_in_place_as_restarted(runs: dict[str, tuple[dict[str, Any], Path]], ends: list[Any]) -> None:
+    """Both ways the attempts end as `ends` (precision, reason, start step); in place the second
+    attempt was made in one pair of processes, its model wrapped twice, and the final shards are
+    the restart path's."""
+    for report, _ in runs.values():
+        assert [(a["precision"], a["reason"], a["startStep"]) for a in report["attempts"]] == ends
+        assert report["phase"] == "Succeeded"
+    (inplace, out), (restart, restarted) = runs["inplace"], runs["restart"]
+    assert [a.get("inPlace") for a in inplace["attempts"]] == [None, True]
+    assert [a.get("inPlace") for a in restart["attempts"]] == [None, None]
+    assert final_shards(out) == final_shards(restarted)
+    one_pair_of_processes(out, wraps=2)
 
 
 def one_pair_of_processes(out: Path, wraps: int) -> None:
@@ -53,7 +74,7 @@ def final_shards(out: Path) -> dict[str, str]:
 
 @pytest.mark.process
 def test_a_sharded_model_falls_back_and_is_repromoted_in_place_as_the_restart_path_ends(tmp_path: Path) -> None:
-    runs = {k: run_job(tmp_path, in_place=k == "inplace", repromoteAfterSteps=10) for k in ("inplace", "restart")}
+    runs = both_ways(tmp_path, precision={"repromoteAfterSteps": 10})
     for report, _ in runs.values():
         ends = [(a["precision"], a["reason"], a["startStep"], a["worldSize"]) for a in report["attempts"]]
         assert ends == [("fp16", "NumericFault", 0, 2), ("bf16", "Repromote", 15, 2), ("fp16", "Succeeded", 25, 2)]
@@ -74,15 +95,8 @@ def test_a_sharded_model_faulting_before_its_first_checkpoint_starts_over_in_pla
     """No checkpoint yet and nothing else keeps the fresh start (no replay under this policy, bad
     data not skipped): the in-place fallback keeps it, and bf16 starts from step 0 as a restart would."""
     early = {**MLP, "args": {**MLP["args"], "overflowAtStep": 2, "overflowUntilStep": 40}}
-    fail = {"onBadData": "fail"}
-    runs = {k: run_job(tmp_path, in_place=k == "inplace", task=early, guard=fail) for k in ("inplace", "restart")}
-    for report, _ in runs.values():
-        ends = [(a["precision"], a["reason"], a["startStep"]) for a in report["attempts"]]
-        assert ends == [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 0)] and report["phase"] == "Succeeded"
-    (inplace, out), (_, restarted) = runs["inplace"], runs["restart"]
-    assert inplace["attempts"][1]["inPlace"] is True
-    assert final_shards(out) == final_shards(restarted)
-    one_pair_of_processes(out, wraps=2)
+    runs = both_ways(tmp_path, task=early, precision={"guard": {"onBadData": "fail"}})
+    fell_back_in_place_as_restarted(runs, [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 0)])
 
 
 @pytest.mark.process
@@ -91,14 +105,8 @@ def test_an_sdk_loop_run_through_reentering_is_wrapped_anew_in_place(tmp_path: P
     with Rewrap and runs again with its sharded model wrapped in bf16; the shards at the end are
     those of the same script restarted."""
     script = {"command": [sys.executable, str(Path(__file__).with_name("reentering_script.py")), "12"]}
-    runs = {k: run_job(tmp_path, in_place=k == "inplace", task=script) for k in ("inplace", "restart")}
-    for report, _ in runs.values():
-        ends = [(a["precision"], a["reason"], a["startStep"]) for a in report["attempts"]]
-        assert ends == [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 10)] and report["phase"] == "Succeeded"
-    (inplace, out), (_, restarted) = runs["inplace"], runs["restart"]
-    assert inplace["attempts"][1]["inPlace"] is True
-    assert final_shards(out) == final_shards(restarted)
-    one_pair_of_processes(out, wraps=2)
+    runs = both_ways(tmp_path, task=script)
+    fell_back_in_place_as_restarted(runs, [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 10)])
 
 
 @pytest.mark.process
@@ -107,23 +115,14 @@ def test_an_fp8_drift_on_a_sharded_model_goes_on_in_bf16_in_place(tmp_path: Path
     fp32 reference: a drift in fp8 only ends fp8, and the model is built anew without fp8 linears
     and sharded for bf16 in the same processes, ending with the restart path's shards."""
     drift = {"builtin": "mlp", "args": {"inputs": 16, "hidden": 32, "samples": 256, "fp8OutlierAtStep": 15}}
-    fp8 = {"mode": "fp8", "fp8": {"emulate": True}}
-    runs = {}
-    for k in ("inplace", "restart"):
-        _, report, out = fsdp_run.run_job(
-            tmp_path,
-            k,
-            task=drift,
-            training={"steps": 40, "batchSize": 16, "logEvery": 5},
-            checkpoint={"everySteps": 5},
-            validation={"everySteps": 10, "maxLossDelta": 0.05},
-            resources={"gpusPerWorker": 0, "processesPerWorker": 2},
-            parallelism={"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "fp32"}},
-            precision={**fp8, "fallback": ["bf16", "fp32"], "inPlace": k == "inplace"},
-        )
-        ends = [(a["precision"], a["reason"], a.get("inPlace")) for a in report["attempts"]]
-        assert ends == [("fp8", "NumericFault", None), ("bf16", "Succeeded", True if k == "inplace" else None)]
+    runs = both_ways(
+        tmp_path,
+        task=drift,
+        precision={"mode": "fp8", "fp8": {"emulate": True}},
+        training={"steps": 40, "batchSize": 16, "logEvery": 5},
+        validation={"everySteps": 10, "maxLossDelta": 0.05},
+        parallelism={"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "fp32"}},
+    )
+    for report, _ in runs.values():
         assert "QualityDrift: eval loss" in report["attempts"][0]["message"]
-        runs[k] = out
-    assert final_shards(runs["inplace"]) == final_shards(runs["restart"])
-    one_pair_of_processes(runs["inplace"], wraps=2)
+    fell_back_in_place_as_restarted(runs, [("fp8", "NumericFault", 0), ("bf16", "Succeeded", 25)])
