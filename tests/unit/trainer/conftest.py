@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from mpjob_contract import events
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
+from tests import warm
 
 
 def spec(**over: Any) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def run_trainer(
 ) -> Run:
     """Run `python -m mpjob_trainer` (or `python *argv`, a script on the SDK) for one attempt."""
     env = launch_env(tmp, job_spec, precision, **kw)
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, *(argv or ["-m", "mpjob_trainer"])], env=env, capture_output=True, text=True, timeout=timeout
     )
     report_path = Path(env["MPJOB_TERMINATION_LOG"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.adapter_jobs import FRAMEWORKS, WEIGHTS, command, job
 from tests.unit.trainer.conftest import launch_env, run_trainer
@@ -44,12 +44,12 @@ def test_a_corrupted_newest_framework_checkpoint_is_skipped(tmp_path: Path, fram
     assert second.report is not None and second.report.start_step == 10 and second.report.step == 30
 
 
-def start(tmp: Path, spec: dict[str, Any], framework: str, attempt: int) -> subprocess.Popen[str]:
+def start(tmp: Path, spec: dict[str, Any], framework: str, attempt: int) -> warm.Popen:
     env = launch_env(tmp, spec, "fp16", attempt=attempt, name=f"a{attempt}.json")
-    return subprocess.Popen(command(framework), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return warm.Popen(command(framework), env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+def finish(proc: warm.Popen) -> list[dict[str, Any]]:
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 import yaml
 
 from mpjob_contract.codes import ExitCode
+from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 from tests.unit.trainer.test_adapters_resume import framework_state
@@ -177,14 +177,14 @@ def test_a_loss_spike_rolls_back_and_skips_its_steps_under_a_framework(tmp_path:
     assert_identical(final(tmp_path / "spiked", framework), final(tmp_path / "seeded", framework))
 
 
-def start(tmp: Path, spec_: dict[str, Any], argv: list[str], attempt: int) -> subprocess.Popen[str]:
+def start(tmp: Path, spec_: dict[str, Any], argv: list[str], attempt: int) -> warm.Popen:
     env = launch_env(tmp, spec_, "fp16", attempt=attempt, name=f"a{attempt}.json")
-    return subprocess.Popen(
-        [sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    return warm.Popen(
+        [sys.executable, *argv], env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True
     )
 
 
-def finish(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+def finish(proc: warm.Popen) -> list[dict[str, Any]]:
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
     return parse("\n".join(line for line in out.splitlines() if line.startswith("{")))
@@ -236,7 +236,7 @@ def mpjob_run(tmp: Path, framework: str, *extra: str) -> dict[str, Any]:
     tmp.mkdir(parents=True)
     (tmp / "job.yaml").write_text(yaml.safe_dump(manifest(framework, *extra)))
     command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out")]
-    result = subprocess.run(
+    result = warm.run(
         command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
     assert result.returncode == 0, result.stdout[-3000:]

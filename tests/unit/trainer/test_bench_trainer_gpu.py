@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests import warm
+
 pytestmark = [pytest.mark.unit, pytest.mark.process]
 REPO = Path(__file__).resolve().parents[3]
 LABELS = ("fp32", "fp32+TF32", "fp16", "bf16")
@@ -28,7 +30,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Completed
     figures = tmp_path_factory.mktemp("bench") / "figures.json"
     # One thread a process, as scripts/bench.sh's CPU benchmarks: two busy cores are shared.
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MPJOB_METRICS_PORT": "off"}
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "bench/trainer_gpu.py", "--tiny", "--json", str(figures)],
         cwd=REPO,
         env=env,

@@ -5,7 +5,6 @@ resuming a 4-process FSDP2 checkpoint on 2 processes through the launcher, gloo 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from mpjob_trainer.data import Origin, StepSampler
+from tests import warm
 from tests.helpers import free_port
 from tests.unit.trainer.conftest import launch_env, parse, spec
 
@@ -72,7 +72,7 @@ def launch(tmp: Path, job: dict[str, Any], *, nproc: int, record: Path) -> list[
     extra = {"PYTHONPATH": str(REPO), "MPJOB_TEST_RECORD": str(record), "MASTER_PORT": str(free_port())}
     env = launch_env(tmp, job, "fp32", ckpt=tmp / "ckpt", extra=extra, name=f"report-{nproc}.json")
     launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(nproc), "--workers", "1"]
-    proc = subprocess.run(
+    proc = warm.run(
         [*launcher, "--", sys.executable, "-m", "mpjob_trainer"], env=env, capture_output=True, text=True, timeout=400
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

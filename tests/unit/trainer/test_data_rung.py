@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from mpjob.controller import exposition as scrape_text
 from mpjob.controller.progress import quarantine
 from mpjob_contract import metrics as tm
 from mpjob_contract.codes import ExitCode
+from tests import warm
 from tests.helpers import free_port
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 
@@ -159,7 +159,7 @@ def test_a_sigkilled_run_resumes_with_its_quarantine_bit_identical(tmp_path: Pat
     assert whole.code == 0 and len(whole.of("dataSkipped")) == 1, whole.stderr
     cut = tmp_path / "cut"
     env = launch_env(cut, slow, "fp16")
-    proc = subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True)
+    proc = warm.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.PIPE, text=True)
     seen = []
     assert proc.stdout is not None
     for line in proc.stdout:  # until a checkpoint after the skip is durable

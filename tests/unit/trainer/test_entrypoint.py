@@ -11,6 +11,7 @@ import pytest
 
 from mpjob_contract import metrics as names
 from mpjob_contract.codes import ExitCode
+from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 
@@ -66,12 +67,12 @@ def _ddp(tmp: Path, steps: int, attempt: int) -> list[subprocess.CompletedProces
             },
         )
         procs.append(
-            subprocess.Popen(
+            warm.Popen(
                 [sys.executable, "-m", "mpjob_trainer"],
                 env=env,
                 text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=warm.PIPE,
+                stderr=warm.PIPE,
             )
         )
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=240), *p.communicate()) for p in procs]
@@ -100,7 +101,7 @@ def test_metrics_endpoint_serves_the_contract_names(tmp_path: Path) -> None:
         "fp32",
         extra={"MPJOB_METRICS_PORT": str(port), "MPJOB_METRICS_HOST": "127.0.0.1"},
     )
-    proc = subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.DEVNULL)
+    proc = warm.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.DEVNULL)
     try:
 
         def scrape() -> str | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.modes import AttemptPrecision, Mode
 from mpjob_trainer.tasks.mlp import make_task
+from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import in_process_launch, launch_env, run_trainer, spec
 from tests.unit.trainer.test_resume import _assert_identical, _state
@@ -141,7 +141,7 @@ def test_an_fp8_run_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
     assert straight.code == 0, straight.stderr
     (tmp_path / "cut").mkdir()
     env = launch_env(tmp_path / "cut", job, "fp8", ckpt=tmp_path / "cut" / "ckpt")
-    proc = subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True)
+    proc = warm.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.PIPE, text=True)
     checkpoint = tmp_path / "cut" / "ckpt" / "step-000000020" / "manifest.json"
     wait_for(checkpoint.exists, 120, interval=0.02, message="checkpoint 20")
     proc.send_signal(signal.SIGKILL)

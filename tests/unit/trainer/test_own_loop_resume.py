@@ -5,7 +5,6 @@ again, ends bit for bit where an uninterrupted run ends."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import launch_env, spec
 
@@ -27,13 +27,13 @@ COMMAND = [
 ]  # fmt: skip
 
 
-def start(tmp: Path, job: dict[str, Any], precision: str, attempt: int) -> subprocess.Popen[str]:
+def start(tmp: Path, job: dict[str, Any], precision: str, attempt: int) -> warm.Popen:
     env = launch_env(tmp, job, precision, attempt=attempt, ckpt=tmp / "ckpt", name=f"report{attempt}.json")
     env["MASTER_PORT"] = str(29600 + attempt + (7 if precision == "bf16" else 0) + hash(str(tmp)) % 300)
-    return subprocess.Popen(COMMAND, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return warm.Popen(COMMAND, env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> None:
+def finish(proc: warm.Popen) -> None:
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-3000:]
 

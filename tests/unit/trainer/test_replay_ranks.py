@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import yaml
 
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer.data import StepSampler
+from tests import warm
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +50,7 @@ def run(tmp: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], Terminatio
     """`mpjob run` of a job that fails in its first attempt: the status and that attempt's report."""
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "job.yaml").write_text(yaml.safe_dump(manifest))
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out")],
         capture_output=True,
         text=True,
@@ -117,7 +117,7 @@ def test_bad_data_on_one_rank_is_skipped_by_every_rank_and_the_job_succeeds(tmp_
     rank = world - 1
     bad = shares(world, FAULT)[rank][2]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(world, {"nonFiniteSamples": [bad]}, on_bad_data="skip")))
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "-m", "mpjob.cli", "run", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "out")],
         capture_output=True,
         text=True,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from mpjob_contract.codes import ExitCode
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken
+from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 
@@ -64,7 +64,7 @@ def test_interrupted_and_resumed_run_is_bit_identical(
 
     env = launch_env(tmp_path / "cut", job, precision, ckpt=tmp_path / "cut" / "ckpt")
     (tmp_path / "cut").mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True)
+    proc = warm.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.PIPE, text=True)
     wait_for(
         lambda: (tmp_path / "cut" / "ckpt" / "step-000000020" / "manifest.json").exists(),
         120,
@@ -265,10 +265,10 @@ def test_failed_checkpoint_writes_are_counted_and_training_goes_on(tmp_path: Pat
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         [sys.executable, "-m", "mpjob_trainer"],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=warm.PIPE,
         text=True,
         preexec_fn=small_files,
     )

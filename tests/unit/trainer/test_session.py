@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
+from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import Run, in_process_launch, launch_env, parse, run_trainer, spec
 
@@ -91,12 +91,12 @@ def test_fp16_overflow_in_an_own_loop_is_a_numeric_fault_naming_the_rule(tmp_pat
 def test_sigterm_checkpoints_exits_44_and_the_resumed_run_is_bit_identical(tmp_path: Path) -> None:
     job = own(training={"steps": 40, "logEvery": 5}, checkpoint={"everySteps": 10, "keep": 10})
     straight_env = launch_env(tmp_path / "straight", job, "bf16")
-    straight = subprocess.Popen([sys.executable, str(SCRIPT)], env=straight_env, stdout=subprocess.DEVNULL)
+    straight = warm.Popen([sys.executable, str(SCRIPT)], env=straight_env, stdout=warm.DEVNULL)
 
     cut = tmp_path / "cut"
     env = launch_env(cut, job, "bf16", extra={"SDK_SCRIPT_STEP_SECONDS": "0.05"})
     cut.mkdir()
-    proc = subprocess.Popen([sys.executable, str(SCRIPT)], env=env, stdout=subprocess.PIPE, text=True)
+    proc = warm.Popen([sys.executable, str(SCRIPT)], env=env, stdout=warm.PIPE, text=True)
     wait_for(lambda: (cut / "ckpt" / "step-000000010" / "manifest.json").exists(), 120, interval=0.02)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)

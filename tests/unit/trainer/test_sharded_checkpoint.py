@@ -18,7 +18,6 @@ import json
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.checkpoint.manifest import read_manifest
+from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
 from tests.unit.trainer.test_hostile_dcp_files import zero_a_tensor
@@ -62,10 +62,10 @@ def start(tmp: Path, ckpt: Path, job_spec: dict[str, Any], *, nproc: int, env: d
     precision = job_spec["precision"]["mode"]
     extra = {"MASTER_PORT": str(free_port()), **(env or {})}
     full_env = launch_env(tmp, job_spec, precision, ckpt=ckpt, extra=extra, name=f"report-{next(RUNS)}.json")
-    return subprocess.Popen(command(nproc), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return warm.Popen(command(nproc), env=full_env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen[str]) -> list[dict[str, Any]]:
+def finish(proc: warm.Popen) -> list[dict[str, Any]]:
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-4000:]
     return parse(out)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 from mpjob_contract.api import Guard
 from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer import sharding
+from tests import warm
 
 pytestmark = pytest.mark.unit
 
@@ -30,11 +30,11 @@ def ranks(tmp_path: Path, case: str, world: int, timeout: float = 240) -> list[d
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(key, None)
     procs = [
-        subprocess.Popen(
+        warm.Popen(
             [sys.executable, str(RANKS), case, str(r), str(world), str(tmp_path)],
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stdout=warm.PIPE,
+            stderr=warm.STDOUT,
             text=True,
         )
         for r in range(world)

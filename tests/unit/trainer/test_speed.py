@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from mpjob_trainer import speed
 from mpjob_trainer.data import StepLoader, StepSampler, data_workers, micro_batch
 from mpjob_trainer.session.ending import Standing, classify
 from mpjob_trainer.tasks.mlp import make_task
+from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import in_process_launch, launch_env, parse, run_trainer, spec
 
@@ -133,8 +133,8 @@ def test_preempted_with_data_workers_and_resumed_is_bit_identical(tmp_path: Path
     cut = tmp_path / "cut"
     cut.mkdir()
     env = launch_env(cut, job, "fp32")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    proc = warm.Popen(
+        [sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.PIPE, text=True, start_new_session=True
     )
     wait_for(lambda: (cut / "ckpt" / "step-000000020").exists(), 120, interval=0.02, message="checkpoint 20")
     os.killpg(proc.pid, signal.SIGTERM)  # the trainer and its DataLoader workers, as a pod's stop does

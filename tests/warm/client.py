@@ -1,0 +1,295 @@
+"""`Popen` and `run` as in `subprocess`, for the trainer processes the tests start: a command
+`python -m MODULE ...` or `python SCRIPT ...` (this interpreter, no options) is forked by a
+warm-start server that has imported torch already (tests/warm/server.py); anything else, or
+every command when MPJOB_TEST_COLD=1, starts cold through `subprocess`.
+
+A warm child has a real pid (signals, `os.killpg` with `start_new_session`), its own standard
+streams, and its exit status as Popen reports it. The server starts on first use, once per
+test process and kind (the framework scripts' server has imported transformers and Lightning
+too), and ends with that process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+REPO = Path(__file__).resolve().parents[2]
+PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
+#: Scripts on the framework adapters: their server has imported transformers and Lightning.
+FRAMEWORK_SCRIPTS = {"framework_script.py", "hf_script.py", "lightning_script.py"}
+_SUPPORTED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session", "preexec_fn"}
+
+
+def cold() -> bool:
+    return os.environ.get("MPJOB_TEST_COLD") == "1"
+
+
+def _target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
+    """(module?, module or script, its arguments) of a warm-able command, else None."""
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return None
+    if argv[1] == "-m" and len(argv) > 2:
+        return True, argv[2], argv[3:]
+    if argv[1].endswith(".py") and Path(argv[1]).is_file():
+        return False, argv[1], argv[2:]
+    return None
+
+
+#: Read once, at start-up, by the interpreter or the math libraries torch loads.
+_AT_START = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def _start_env(env: dict[str, str]) -> dict[str, str]:
+    """What a request's environment must share with its server's for a fork to be the same as
+    a fresh start (PYTHONUNBUFFERED is applied in the child)."""
+    return {k: v for k, v in env.items() if (k.startswith("PYTHON") and k != "PYTHONUNBUFFERED") or k in _AT_START}
+
+
+class _Servers:
+    """One server per kind for this process, started on first use."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started: dict[str, tuple[subprocess.Popen[bytes], str, dict[str, str]]] = {}
+        self.folder = tempfile.mkdtemp(prefix="mpjob-warm-")
+        atexit.register(self.stop)
+
+    def path(self, kind: str) -> tuple[str, dict[str, str]] | None:
+        """The server's socket and start-up environment; None when it could not start (the
+        children then start cold, and its stderr, the test process's, says why)."""
+        with self.lock:
+            if kind not in self.started:
+                path = os.path.join(self.folder, f"{kind}.sock")
+                env = dict(os.environ)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "tests.warm.server", path, kind, str(os.getpid())],
+                    cwd=REPO,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                self.started[kind] = (proc, path, _start_env(env))
+            proc, path, start_env = self.started[kind]
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+        return path, start_env
+
+    def stop(self) -> None:
+        for proc, _, _ in self.started.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.folder):
+                os.unlink(os.path.join(self.folder, name))
+            os.rmdir(self.folder)
+
+
+_servers = _Servers()
+
+
+def _fd(spec: Any, default: int, opened: list[int], keep: list[int]) -> int:
+    """The descriptor a child's stream gets: inherited, /dev/null, a file's, or a pipe's write end."""
+    if spec is None:
+        return default
+    if spec == DEVNULL:
+        fd = os.open(os.devnull, os.O_RDWR)
+        opened.append(fd)
+        return fd
+    if spec == PIPE:
+        read, write = os.pipe()
+        keep.append(read)
+        opened.append(write)
+        return write
+    return spec if isinstance(spec, int) else spec.fileno()
+
+
+class Popen:
+    """A started process, warm when it can be (see the module's text), with Popen's surface."""
+
+    def __init__(self, args: list[Any], **kw: Any) -> None:
+        unknown = set(kw) - _SUPPORTED
+        if unknown:
+            raise TypeError(f"tests.warm.Popen does not take {sorted(unknown)}")
+        self.args = [str(a) for a in args]
+        self.returncode: int | None = None
+        self.stdin: IO[Any] | None = None
+        self.stdout: IO[Any] | None = None
+        self.stderr: IO[Any] | None = None
+        self._cold: subprocess.Popen[Any] | None = None
+        self._conn: socket.socket | None = None
+        env = dict(os.environ if kw.get("env") is None else kw["env"])
+        kw["env"] = env
+        served = self._server(env, kw)
+        if served is None:
+            self._cold = subprocess.Popen(self.args, **kw)
+            self.pid, self.stdin, self.stdout, self.stderr = (
+                self._cold.pid,
+                self._cold.stdin,
+                self._cold.stdout,
+                self._cold.stderr,
+            )
+        else:
+            self._start(served, env, kw)
+
+    def _server(self, env: dict[str, str], kw: dict[str, Any]) -> tuple[str, bool, str, list[str]] | None:
+        target = _target(self.args)
+        if target is None or cold() or kw.get("stdin") == PIPE or kw.get("preexec_fn") is not None:
+            return None
+        module, name, rest = target
+        kind = "frameworks" if not module and Path(name).name in FRAMEWORK_SCRIPTS else "trainer"
+        server = _servers.path(kind)
+        if server is None or _start_env(env) != server[1]:
+            return None
+        return server[0], module, name, rest
+
+    def _start(self, served: tuple[str, bool, str, list[str]], env: dict[str, str], kw: dict[str, Any]) -> None:
+        path, module, name, rest = served
+        opened: list[int] = []
+        reads: list[int] = []
+        fds = [_fd(kw.get("stdin"), 0, opened, [])]
+        fds.append(_fd(kw.get("stdout"), 1, opened, reads))
+        stdout_read = reads[-1] if kw.get("stdout") == PIPE else None
+        fds.append(fds[1] if kw.get("stderr") == STDOUT else _fd(kw.get("stderr"), 2, opened, reads))
+        stderr_read = reads[-1] if kw.get("stderr") == PIPE else None
+        request = {
+            "module": module,
+            "target": name,
+            "args": rest,
+            "env": env,
+            "cwd": str(kw.get("cwd") or os.getcwd()),
+            "new_session": bool(kw.get("start_new_session")),
+        }
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._conn.connect(path)
+            socket.send_fds(self._conn, [json.dumps(request).encode() + b"\n"], fds)
+        finally:
+            for fd in opened:
+                os.close(fd)
+        self._buffer = b""
+        reply = self._reply(None)
+        assert reply is not None
+        self.pid = int(reply["pid"])
+        mode = "r" if kw.get("text") else "rb"
+        self.stdout = open(stdout_read, mode) if stdout_read is not None else None  # noqa: SIM115
+        self.stderr = open(stderr_read, mode) if stderr_read is not None else None  # noqa: SIM115
+
+    def _reply(self, timeout: float | None) -> dict[str, Any] | None:
+        """The server's next line; None when none came within `timeout` seconds."""
+        assert self._conn is not None
+        while b"\n" not in self._buffer:
+            if not select.select([self._conn], [], [], timeout)[0]:
+                return None
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                raise ConnectionError("the warm-start server went away")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def poll(self) -> int | None:
+        if self._cold is not None:
+            self.returncode = self._cold.poll()
+        elif self.returncode is None:
+            self._ended(0)
+        return self.returncode
+
+    def _ended(self, timeout: float | None) -> bool:
+        reply = self._reply(timeout)
+        if reply is None:
+            return False
+        self.returncode = int(reply["returncode"])
+        assert self._conn is not None
+        self._conn.close()
+        return True
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._cold is not None:
+            self.returncode = self._cold.wait(timeout)
+            return self.returncode
+        if self.returncode is None and not self._ended(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        if self._cold is not None:
+            out, err = self._cold.communicate(timeout=timeout)
+            self.returncode = self._cold.returncode
+            return out, err
+        if not hasattr(self, "_readers"):  # a second call (after a timeout) joins the same readers
+            self._read: dict[str, Any] = {}
+            self._readers = [
+                threading.Thread(target=lambda n=n, f=f: self._read.__setitem__(n, f.read()), daemon=True)
+                for n, f in (("out", self.stdout), ("err", self.stderr))
+                if f is not None
+            ]
+            for reader in self._readers:
+                reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        return self._read.get("out"), self._read.get("err")
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> Popen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self.wait()
+
+
+def run(
+    args: list[Any], *, capture_output: bool = False, timeout: float | None = None, check: bool = False, **kw: Any
+) -> subprocess.CompletedProcess[Any]:
+    """subprocess.run over Popen above: a child still running at `timeout` is killed."""
+    if capture_output:
+        kw["stdout"] = kw["stderr"] = PIPE
+    with Popen(args, **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    done = subprocess.CompletedProcess(proc.args, proc.wait(), out, err)
+    if check:
+        done.check_returncode()
+    return done

@@ -1,0 +1,146 @@
+"""The warm-start server: one Python process that has imported torch and the trainer once, and
+forks a child for each process a test starts (`python -m mpjob_trainer`, `python script.py`).
+
+A fresh trainer process spends most of its CPU importing torch (about 2.3 s of the 3 s a short
+test run takes on this machine; transformers' Trainer or Lightning add 3-4 s more). The tests
+start well over a thousand of them, two or three side by side on two cores, so the imports
+were most of the suite's time. A child forked here has them already and runs the same code: the
+module or script as `__main__`, with the request's argv, environment, working directory and
+standard streams, in a session of its own when asked. The client (tests/warm/client.py) gets
+its real pid (signals and process groups work as for any child) and its exit status.
+
+Protocol, one connection per child: the client sends one JSON line and its three standard
+streams as file descriptors (SCM_RIGHTS); the server answers `{"pid": N}`, then, when the child
+ends, `{"returncode": R}` (negative: killed by that signal, as Popen has it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from typing import Any
+
+#: What every server imports before it serves (what `python -m mpjob_trainer` imports first).
+BASE = ("torch", "mpjob_trainer.__main__", "mpjob_trainer.session", "mpjob_contract.report")
+#: The framework adapters' imports, for the server of the framework scripts.
+FRAMEWORKS = ("transformers", "lightning.pytorch", "mpjob_trainer.adapters.hf", "mpjob_trainer.adapters.lightning")
+PRELOADS = {"trainer": BASE, "frameworks": BASE + FRAMEWORKS}
+
+
+def native_threads() -> int:
+    """Threads of this process as the kernel sees them (fork copies only the calling one)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def preload(kind: str) -> None:
+    for name in PRELOADS[kind]:
+        importlib.import_module(name)
+    # Out of the collector's sight: a child's collections and its exit's final one then leave
+    # these objects' pages alone instead of copying every one of them (copy-on-write), which
+    # made a child's exit slower than a fresh process's whole teardown.
+    gc.freeze()
+    if native_threads() != 1:  # a fork would leave a lock held by a thread that is not there
+        raise SystemExit(f"warm server: {native_threads()} threads after the imports; cannot fork safely")
+
+
+def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            raise ConnectionError("request cut short")
+        data += more
+    return json.loads(data), fds
+
+
+def returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+class Server:
+    """Accepts requests, forks one child for each and reports its ending on its connection."""
+
+    def __init__(self, path: str, parent: int) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ)
+        self.parent = os.pidfd_open(parent)  # the test process: the server ends with it
+        self.selector.register(self.parent, selectors.EVENT_READ)
+        #: pidfd -> (pid, the connection waiting for its ending)
+        self.children: dict[int, tuple[int, socket.socket]] = {}
+
+    def serve(self) -> tuple[dict[str, Any], list[int]]:
+        """Serve until the listener is closed; returns only in a forked child, with its request."""
+        while True:
+            for key, _ in self.selector.select():
+                if key.fileobj == self.parent:
+                    os._exit(0)
+                if key.fileobj is self.listener:
+                    child = self.accept()
+                    if child is not None:
+                        return child
+                else:
+                    self.reap(int(key.fd))
+
+    def accept(self) -> tuple[dict[str, Any], list[int]] | None:
+        conn, _ = self.listener.accept()
+        try:
+            request, fds = receive(conn)
+        except (OSError, ValueError):
+            conn.close()
+            return None
+        pid = os.fork()
+        if pid == 0:
+            self.close_all(conn)
+            return request, fds
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = (pid, conn)
+        self.selector.register(pidfd, selectors.EVENT_READ)
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        return None
+
+    def reap(self, pidfd: int) -> None:
+        pid, conn = self.children.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):  # the client went away first
+            conn.sendall(json.dumps({"returncode": returncode(status)}).encode() + b"\n")
+        conn.close()
+
+    def close_all(self, conn: socket.socket) -> None:
+        """In a child: none of the server's descriptors stay open."""
+        for pidfd, (_, other) in self.children.items():
+            os.close(pidfd)
+            other.close()
+        self.selector.close()
+        self.listener.close()
+        os.close(self.parent)
+        conn.close()
+
+
+def main() -> None:
+    path, kind, parent = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    preload(kind)
+    server = Server(path + ".tmp", parent)
+    os.rename(path + ".tmp", path)  # the client waits for the path: it appears ready to connect
+    request, fds = server.serve()
+    from tests.warm.child import become
+
+    become(request, fds)
+
+
+if __name__ == "__main__":
+    main()
