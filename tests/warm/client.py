@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -28,8 +29,8 @@ from typing import IO, Any
 
 REPO = Path(__file__).resolve().parents[2]
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
-#: Scripts on the framework adapters: their server has imported transformers and Lightning.
-FRAMEWORK_SCRIPTS = {"framework_script.py", "hf_script.py", "lightning_script.py"}
+#: A script that names one of these is served by the server that has imported the frameworks.
+_FRAMEWORK = re.compile(r"\b(import|from) (transformers|lightning)\b|mpjob_trainer\.adapters")
 _SUPPORTED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session", "preexec_fn"}
 
 
@@ -153,7 +154,7 @@ class Popen:
         if target is None or cold() or kw.get("stdin") == PIPE or kw.get("preexec_fn") is not None:
             return None
         module, name, rest = target
-        kind = "frameworks" if not module and Path(name).name in FRAMEWORK_SCRIPTS else "trainer"
+        kind = "frameworks" if not module and _FRAMEWORK.search(Path(name).read_text()) else "trainer"
         server = _servers.path(kind)
         if server is None or _start_env(env) != server[1]:
             return None

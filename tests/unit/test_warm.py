@@ -1,0 +1,131 @@
+"""The warm starts the trainer tests run their processes with (tests/warm): a forked child must
+be the process a fresh `python -m ...` or `python script.py` would have been, and must really
+be forked (a silent fall back to fresh starts would cost the suite its time again)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import warm
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.unit, pytest.mark.process]
+
+PROBE = """
+import json, os, sys
+print(json.dumps({
+    "argv": sys.argv, "cwd": os.getcwd(), "name": __name__, "ppid": os.getppid(),
+    "pgid": os.getpgid(0), "pid": os.getpid(), "path0": sys.path[0],
+    "env": os.environ.get("PROBE_VALUE"), "torch": "torch" in sys.modules,
+}))
+sys.stderr.write("to stderr\\n")
+raise SystemExit(int(sys.argv[1]))
+"""
+
+
+def probe(tmp_path: Path) -> Path:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    return script
+
+
+def test_a_script_runs_as_main_with_its_argv_cwd_env_streams_and_exit_status(tmp_path: Path) -> None:
+    script, cwd = probe(tmp_path), tmp_path / "elsewhere"
+    cwd.mkdir()
+    env = {**os.environ, "PROBE_VALUE": "given"}
+    done = warm.run([sys.executable, str(script), "3"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    seen = json.loads(done.stdout)
+    assert done.returncode == 3 and done.stderr == "to stderr\n"
+    assert seen["argv"] == [str(script), "3"] and seen["name"] == "__main__"
+    assert (seen["cwd"], seen["path0"], seen["env"]) == (str(cwd), str(tmp_path), "given")
+    # Forked by the server, which imported torch before: not a child of this process.
+    assert seen["torch"] and seen["ppid"] != os.getpid()
+
+
+def test_a_module_runs_as_main_with_the_working_directory_first_on_its_path(tmp_path: Path) -> None:
+    (tmp_path / "probe_module.py").write_text(PROBE)
+    done = warm.run(
+        [sys.executable, "-m", "probe_module", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    seen = json.loads(done.stdout)
+    assert done.returncode == 0 and seen["name"] == "__main__" and seen["path0"] == str(tmp_path)
+    assert seen["argv"] == [str(tmp_path / "probe_module.py"), "0"] and seen["ppid"] != os.getpid()
+
+
+def test_an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path: Path) -> None:
+    script = tmp_path / "boom.py"
+    script.write_text("raise ValueError('boom')\n")
+    done = warm.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "ValueError: boom" in done.stderr
+
+
+def test_a_child_in_its_own_session_dies_by_its_process_group_and_reports_the_signal(tmp_path: Path) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(60)\n")
+    proc = warm.Popen([sys.executable, str(script)], stdout=warm.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    assert proc.poll() is None and os.getpgid(proc.pid) == proc.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc.stdout.close()
+
+
+def test_a_timeout_kills_the_child_and_raises_as_subprocess_does(tmp_path: Path) -> None:
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        warm.run([sys.executable, str(script)], capture_output=True, timeout=0.5)
+
+
+def test_what_a_fork_cannot_honour_starts_fresh(tmp_path: Path) -> None:
+    """A start-up setting of the interpreter that differs from the server's (here PYTHONPATH)
+    cannot be applied after the fork: that process starts fresh, as this process's child."""
+    script = probe(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = warm.run([sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=120)
+    seen = json.loads(done.stdout)
+    assert seen["ppid"] == os.getpid() and not seen["torch"]
+
+
+def test_the_server_ends_with_the_test_process_that_started_it(tmp_path: Path) -> None:
+    """A test process killed outright leaves no server behind."""
+    code = (
+        "import sys, time; from tests import warm\n"
+        f"warm.run([sys.executable, {str(probe(tmp_path))!r}, '0'], capture_output=True, timeout=60)\n"
+        "print(flush=True); time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None and parent.stdout.readline() == "\n"
+    servers = [p for p in os.listdir("/proc") if p.isdigit() and _parent_of(int(p)) == parent.pid]
+    assert servers, "the warm-start server is not running"
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: not any(_alive(int(pid)) for pid in servers), 30, message="the server ended")
+    parent.stdout.close()
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name (state, parent, ...); [] when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
