@@ -84,11 +84,23 @@ def test_a_timeout_kills_the_child_and_raises_as_subprocess_does(tmp_path: Path)
         warm.run([sys.executable, str(script)], capture_output=True, timeout=0.5)
 
 
+def test_pythonpath_comes_after_the_scripts_folder_as_in_a_fresh_interpreter(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "probe_helper.py").write_text("WHERE = 'lib'\n")
+    script = tmp_path / "uses.py"
+    script.write_text("import sys, probe_helper\nprint(probe_helper.WHERE, sys.path[:2])\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "lib")}
+    done = warm.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    fresh = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == fresh.stdout, done.stderr
+
+
 def test_what_a_fork_cannot_honour_starts_fresh(tmp_path: Path) -> None:
-    """A start-up setting of the interpreter that differs from the server's (here PYTHONPATH)
-    cannot be applied after the fork: that process starts fresh, as this process's child."""
+    """A start-up setting of the interpreter that differs from the server's (here the thread
+    count the math libraries read as they load) cannot be applied after the fork: that process
+    starts fresh, as this process's child."""
     script = probe(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
     done = warm.run([sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=120)
     seen = json.loads(done.stdout)
     assert seen["ppid"] == os.getpid() and not seen["torch"]

@@ -36,21 +36,34 @@ def streams(fds: list[int], unbuffered: bool) -> None:
     )  # type: ignore[arg-type]
 
 
+def _entries(python_path: str | None) -> list[str]:
+    return [p for p in (python_path or "").split(os.pathsep) if p]
+
+
+def search_path(first: str, python_path: str | None) -> list[str]:
+    """sys.path as a fresh interpreter builds it: the script's folder (or, for -m, the working
+    directory), then PYTHONPATH's entries, then the rest as the server has it."""
+    own = _entries(os.environ.get("PYTHONPATH"))  # the server's, right after its own first entry
+    rest = sys.path[1:]
+    if rest[: len(own)] == own:
+        rest = rest[len(own) :]
+    return [first, *_entries(python_path), *rest]
+
+
 def become(request: dict[str, Any], fds: list[int]) -> None:
     if request.get("new_session"):
         os.setsid()
     for sig, handler in _DEFAULTS.items():
         signal.signal(sig, handler)
-    os.environ.clear()
-    os.environ.update(request["env"])
+    target, args, env = request["target"], request["args"], request["env"]
     os.chdir(request["cwd"])
+    first = os.getcwd() if request["module"] else os.path.dirname(os.path.abspath(target))
+    sys.path[:] = search_path(first, env.get("PYTHONPATH"))
+    os.environ.clear()
+    os.environ.update(env)
     streams(fds, bool(os.environ.get("PYTHONUNBUFFERED")))
-    target, args = request["target"], request["args"]
+    sys.argv = [target, *args]  # for a module, runpy puts its file in argv[0]
     if request["module"]:
-        sys.argv = [target, *args]  # runpy puts the module's file in argv[0]
-        sys.path[0] = os.getcwd()
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
-        sys.argv = [target, *args]
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
