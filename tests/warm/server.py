@@ -27,8 +27,10 @@ import socket
 import sys
 from typing import Any
 
-#: What every server imports before it serves (what `python -m mpjob_trainer` imports first).
-BASE = ("torch", "mpjob_trainer.__main__", "mpjob_trainer.session", "mpjob_contract.report")
+#: What every server imports before it serves: what `python -m mpjob_trainer` imports first, and
+#: torch._dynamo, which the first optimizer a process builds imports (torch's optimizers are
+#: wrapped to keep dynamo out, and the wrapper imports it on first call): 1.6 s more a process.
+BASE = ("torch", "torch._dynamo", "mpjob_trainer.__main__", "mpjob_trainer.session", "mpjob_contract.report")
 #: The framework adapters' imports, for the server of the framework scripts.
 FRAMEWORKS = ("transformers", "lightning.pytorch", "mpjob_trainer.adapters.hf", "mpjob_trainer.adapters.lightning")
 PRELOADS = {"trainer": BASE, "frameworks": BASE + FRAMEWORKS}
