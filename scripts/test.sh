@@ -26,7 +26,7 @@ e2e_pid=$!
 # Files go to the workers slowest first (tests/durations.json; the root conftest orders them),
 # and each test's time lands in .test-report.xml: `python scripts/test_durations.py
 # .test-report.xml` refreshes the table when files grow or new slow ones appear.
-MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
   --junitxml=.test-report.xml -m "not e2e" "$@"
 rest=$?
 wait "$e2e_pid"

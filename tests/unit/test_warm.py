@@ -141,3 +141,12 @@ def _parent_of(pid: int) -> int | None:
 def _alive(pid: int) -> bool:
     fields = _stat(pid)
     return bool(fields) and fields[0] != "Z"
+
+
+def test_the_trainer_module_runs_with_nothing_on_stderr_a_fresh_start_would_not_print(tmp_path: Path) -> None:
+    """The server imported mpjob_trainer.__main__; running it as `-m` must not warn of that."""
+    done = warm.run([sys.executable, "-m", "mpjob_trainer", "--help"], capture_output=True, text=True, timeout=60)
+    fresh = subprocess.run(
+        [sys.executable, "-m", "mpjob_trainer", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)

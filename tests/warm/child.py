@@ -5,6 +5,8 @@ end of the module) is the interpreter's own, atexit handlers included."""
 
 from __future__ import annotations
 
+import atexit
+import gc
 import io
 import os
 import runpy
@@ -51,6 +53,10 @@ def search_path(first: str, python_path: str | None) -> list[str]:
 
 
 def become(request: dict[str, Any], fds: list[int]) -> None:
+    # The server froze its objects out of the collector's sight (see server.preload); a fresh
+    # interpreter's last collection frees them at exit, and some libraries check that it did
+    # (triton's bindings print the instances they find leaked), so they go back in at exit.
+    atexit.register(gc.unfreeze)
     if request.get("new_session"):
         os.setsid()
     for sig, handler in _DEFAULTS.items():
@@ -64,6 +70,11 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     streams(fds, bool(os.environ.get("PYTHONUNBUFFERED")))
     sys.argv = [target, *args]  # for a module, runpy puts its file in argv[0]
     if request["module"]:
+        # Run as a fresh interpreter runs it: its code once more, not the copy the server
+        # imported (runpy warns of a module it finds imported already).
+        for name in (f"{target}.__main__", target):
+            if name in sys.modules and not hasattr(sys.modules[name], "__path__"):
+                del sys.modules[name]
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         runpy.run_path(target, run_name="__main__")
