@@ -88,11 +88,21 @@ def test_pythonpath_comes_after_the_scripts_folder_as_in_a_fresh_interpreter(tmp
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "probe_helper.py").write_text("WHERE = 'lib'\n")
     script = tmp_path / "uses.py"
-    script.write_text("import sys, probe_helper\nprint(probe_helper.WHERE, sys.path[:2])\n")
+    script.write_text(
+        "import json, os, sys, probe_helper\n"
+        "print(json.dumps({'where': probe_helper.WHERE, 'path': sys.path[:2], 'ppid': os.getppid()}))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "lib")}
     done = warm.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
     fresh = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout == fresh.stdout, done.stderr
+    assert done.returncode == 0, done.stderr
+    seen, expected = json.loads(done.stdout), json.loads(fresh.stdout)
+    assert (
+        (seen["where"], seen["path"])
+        == (expected["where"], expected["path"])
+        == ("lib", [str(tmp_path), str(tmp_path / "lib")])
+    )
+    assert seen["ppid"] != os.getpid()  # forked by the server, not started fresh
 
 
 def test_what_a_fork_cannot_honour_starts_fresh(tmp_path: Path) -> None:

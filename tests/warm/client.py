@@ -49,14 +49,23 @@ def _target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
     return None
 
 
-#: Read once, at start-up, by the interpreter or the math libraries torch loads.
+#: Read once, at start-up, by the interpreter or the math libraries torch loads (and every
+#: PYTHON*, TORCH* and TRITON* variable: torch's and triton's configs read theirs on import).
 _AT_START = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+#: Applied in the child: the search path and the stream buffering.
+_IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
 
 
 def _start_env(env: dict[str, str]) -> dict[str, str]:
     """What a request's environment must share with its server's for a fork to be the same as
-    a fresh start (PYTHONUNBUFFERED is applied in the child)."""
-    return {k: v for k, v in env.items() if (k.startswith("PYTHON") and k != "PYTHONUNBUFFERED") or k in _AT_START}
+    a fresh start."""
+    return {
+        k: v
+        for k, v in env.items()
+        if (k.startswith(("PYTHON", "TORCH", "TRITON")) and k not in _IN_CHILD) or k in _AT_START
+    }
 
 
 class _Servers:
