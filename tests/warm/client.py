@@ -53,8 +53,6 @@ def _target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
 #: PYTHON* variable). TORCH* variables are not compared: in the one whole run that compared
 #: them, one test process's later starts all went cold (which variable differed: not found).
 _AT_START = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
-
-
 #: Applied in the child: the search path and the stream buffering.
 _IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
 
@@ -141,6 +139,9 @@ class Popen:
         self.stderr: IO[Any] | None = None
         self._cold: subprocess.Popen[Any] | None = None
         self._conn: socket.socket | None = None
+        #: communicate's readers of stdout and stderr, started by its first call, and what they read
+        self._readers: list[threading.Thread] | None = None
+        self._read: dict[str, Any] = {}
         env = dict(os.environ if kw.get("env") is None else kw["env"])
         kw["env"] = env
         served = self._server(env, kw)
@@ -242,8 +243,7 @@ class Popen:
             out, err = self._cold.communicate(timeout=timeout)
             self.returncode = self._cold.returncode
             return out, err
-        if not hasattr(self, "_readers"):  # a second call (after a timeout) joins the same readers
-            self._read: dict[str, Any] = {}
+        if self._readers is None:  # a second call (after a timeout) joins the same readers
             self._readers = [
                 threading.Thread(target=lambda n=n, f=f: self._read.__setitem__(n, f.read()), daemon=True)
                 for n, f in (("out", self.stdout), ("err", self.stderr))
@@ -257,10 +257,13 @@ class Popen:
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._close_streams()
+        return self._read.get("out"), self._read.get("err")
+
+    def _close_streams(self) -> None:
         for stream in (self.stdout, self.stderr):
             if stream is not None:
                 stream.close()
-        return self._read.get("out"), self._read.get("err")
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -277,9 +280,7 @@ class Popen:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for stream in (self.stdout, self.stderr):
-            if stream is not None:
-                stream.close()
+        self._close_streams()
         self.wait()
 
 

@@ -62,10 +62,6 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data), fds
 
 
-def returncode(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 class Server:
     """Accepts requests, forks one child for each and reports its ending on its connection."""
 
@@ -118,7 +114,7 @@ class Server:
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)
         with contextlib.suppress(OSError):  # the client went away first
-            conn.sendall(json.dumps({"returncode": returncode(status)}).encode() + b"\n")
+            conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
         conn.close()
 
     def close_all(self, conn: socket.socket) -> None:
