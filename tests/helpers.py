@@ -1,5 +1,6 @@
 """Shared by tests and benchmarks: waiting on conditions with timeouts (never sleep-and-hope),
-a free loopback port, and `mpjob run` of a manifest as a user runs it."""
+a free loopback port, `mpjob run` of a manifest as a user runs it, and what Linux's /proc says
+of a process (its children, whether it has ended)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def wait_for(
         time.sleep(interval)
     detail = f" (last error: {last_error!r})" if last_error else ""
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {message}{detail}")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether the process has ended: no longer there, or a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from bench import trainer_gpu
 from scripts.gpu import requirements, runner, steps
-from tests.helpers import wait_for
+from tests.helpers import gone, wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -37,16 +37,7 @@ def test_a_command_past_its_budget_is_stopped_with_its_children(tmp_path: Path) 
     code, seconds = runner.run_command([sys.executable, "-c", script], tmp_path / "log", 1, {})
     assert code is None and seconds < runner.GRACE_S + 5
     child = int((tmp_path / "log").read_text().split()[0])
-    gone = wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in stat(child), timeout=10)
-    assert gone
-
-
-def stat(pid: int) -> str:
-    """The process state letter of /proc/PID/stat (Z: a zombie, dead and not yet reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
+    assert wait_for(lambda: gone(child), timeout=10)
 
 
 def attempt(precision: str, reason: str, micro_batch: int = 8, message: str = "") -> dict[str, object]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import warm
-from tests.helpers import wait_for
+from tests.helpers import children, gone, wait_for
 
 pytestmark = [pytest.mark.unit, pytest.mark.process]
 
@@ -127,30 +127,12 @@ def test_the_server_ends_with_the_test_process_that_started_it(tmp_path: Path) -
         [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True
     )
     assert parent.stdout is not None and parent.stdout.readline() == "\n"
-    servers = [p for p in os.listdir("/proc") if p.isdigit() and _parent_of(int(p)) == parent.pid]
+    servers = children(parent.pid)
     assert servers, "the warm-start server is not running"
     parent.kill()
     parent.wait()
-    wait_for(lambda: not any(_alive(int(pid)) for pid in servers), 30, message="the server ended")
+    wait_for(lambda: all(gone(pid) for pid in servers), 30, message="the server ended")
     parent.stdout.close()
-
-
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command's name (state, parent, ...); [] when gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return []
-
-
-def _parent_of(pid: int) -> int | None:
-    fields = _stat(pid)
-    return int(fields[1]) if fields else None
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return bool(fields) and fields[0] != "Z"
 
 
 def test_the_trainer_module_runs_with_nothing_on_stderr_a_fresh_start_would_not_print(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mpjob.planning.figures import round_sig
-from tests.helpers import wait_for
+from tests.helpers import children, gone, wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -164,22 +164,6 @@ def test_two_local_workers_fall_back_together_and_resume(tmp_path: Path) -> None
     assert manifests and json.loads(manifests[-1].read_text())["step"] == 40
 
 
-def _children(pid: int) -> list[int]:
-    """The live child processes of `pid` (Linux /proc)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
-
-
-def _gone(pid: int) -> bool:
-    """Exited (a zombie waiting for init to reap it counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.process
 def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
@@ -189,12 +173,12 @@ def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
     job, out = long_bf16_job(tmp_path), tmp_path / "out"
     proc = start_runner(job, out)
     wait_for(lambda: list((out / "checkpoints").glob("step-*/manifest.json")), 120, message="a checkpoint")
-    workers = _children(proc.pid)
-    ranks = [pid for worker in workers for pid in _children(worker)]
+    workers = children(proc.pid)
+    ranks = [pid for worker in workers for pid in children(worker)]
     assert workers and ranks, "the runner has no workers, or they have no training processes"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    wait_for(lambda: all(_gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
+    wait_for(lambda: all(gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
     # Killed, not ended: a worker that outlived the runner trained on until its output broke
     # and then wrote its termination report (and checkpoints on the way).
     assert not list((out / "attempts").rglob("termination-worker*.json"))
@@ -209,11 +193,11 @@ def test_a_rerun_after_a_killed_runner_records_what_the_killed_attempt_trained(t
     job, out = long_bf16_job(tmp_path), tmp_path / "out"
     proc = start_runner(job, out)
     wait_for(lambda: _newest_checkpoint(out) >= 20, 180, message="checkpoint 20")
-    workers = _children(proc.pid)
-    ranks = [pid for worker in workers for pid in _children(worker)]
+    workers = children(proc.pid)
+    ranks = [pid for worker in workers for pid in children(worker)]
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    wait_for(lambda: all(_gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
+    wait_for(lambda: all(gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
     newest = _newest_checkpoint(out)
     logged = (out / "attempts" / "a0" / "worker0.log").read_text()
     assert '"event": "checkpoint"' in logged and '"event": "step"' in logged  # the event lines, not only stderr
