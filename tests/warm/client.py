@@ -69,7 +69,7 @@ class _Servers:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.started: dict[str, tuple[subprocess.Popen[bytes], str, dict[str, str]]] = {}
-        self.folder = tempfile.mkdtemp(prefix="mpjob-warm-")
+        self.folder = ""  # made with the first server
         atexit.register(self.stop)
 
     def path(self, kind: str) -> tuple[str, dict[str, str]] | None:
@@ -77,6 +77,7 @@ class _Servers:
         children then start cold, and its stderr, the test process's, says why)."""
         with self.lock:
             if kind not in self.started:
+                self.folder = self.folder or tempfile.mkdtemp(prefix="mpjob-warm-")
                 path = os.path.join(self.folder, f"{kind}.sock")
                 env = dict(os.environ)
                 proc = subprocess.Popen(
@@ -100,6 +101,8 @@ class _Servers:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
+        if not self.folder:
+            return
         with contextlib.suppress(OSError):
             for name in os.listdir(self.folder):
                 os.unlink(os.path.join(self.folder, name))
