@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import wait_for
-from tests.unit.localrun.test_run import _children, _gone, manifest, mpjob_run, start_runner
+from tests.helpers import children, gone, wait_for
+from tests.unit.localrun.test_run import manifest, mpjob_run, start_runner
 
 pytestmark = pytest.mark.unit
 
@@ -47,11 +47,11 @@ def logged(out: Path) -> list[dict[str, Any]]:
 
 def kill_when(out: Path, proc: Any, seen: Any) -> None:
     wait_for(lambda: (out / "attempts" / "a0" / "worker0.log").exists() and any(seen(e) for e in logged(out)), 180)
-    workers = _children(proc.pid)
-    ranks = [pid for worker in workers for pid in _children(worker)]
+    workers = children(proc.pid)
+    ranks = [pid for worker in workers for pid in children(worker)]
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    wait_for(lambda: all(_gone(pid) for pid in workers + ranks), 30, message="the trainers to die with the runner")
+    wait_for(lambda: all(gone(pid) for pid in workers + ranks), 30, message="the trainers to die with the runner")
 
 
 @pytest.fixture(scope="module")
