@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from tests import warm
+
 T = TypeVar("T")
 
 
@@ -62,10 +64,11 @@ def free_port() -> int:
 
 
 def mpjob_run_json(
-    folder: Path, manifest: dict[str, Any], timeout: float = 300
+    folder: Path, manifest: dict[str, Any], timeout: float = 300, frameworks: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
     """`mpjob run --json` of `manifest` written to folder/job.yaml (a command job runs there);
-    asserts it ended 0 and returns its JSON events, report.json and the run directory."""
+    asserts it ended 0 and returns its JSON events, report.json and the run directory. Its
+    ranks start warm (tests/warm); `frameworks`: they import transformers or Lightning."""
     folder.mkdir(parents=True, exist_ok=True)
     path, out = folder / "job.yaml", folder / "out"
     path.write_text(yaml.safe_dump(manifest))
@@ -74,7 +77,7 @@ def mpjob_run_json(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}, frameworks=frameworks),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

@@ -142,3 +142,79 @@ def test_the_trainer_module_runs_with_nothing_on_stderr_a_fresh_start_would_not_
         [sys.executable, "-m", "mpjob_trainer", "--help"], capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout, done.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+# The ranks a launcher starts: a cold interpreter stands in for each (tests/warm/standin.py).
+
+RANK = """
+import json, os, signal, sys
+def ended(sig, frame):
+    print("got", sig, flush=True)
+    raise SystemExit(44)
+signal.signal(signal.SIGTERM, ended)
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "torch": "torch" in sys.modules,
+                  "argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE_VALUE")}), flush=True)
+sys.stderr.write("to stderr\\n")
+how = sys.argv[1]
+if how == "wait":
+    signal.pause()
+elif how == "abort":
+    os.abort()
+raise SystemExit(int(how))
+"""
+
+
+def start_rank(tmp_path: Path, how: str, **env: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """A rank as a launcher starts it: a plain subprocess, its own session, the ranks' environment."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), how],
+        env={**warm.for_ranks(), "PROBE_VALUE": "given", **env},
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def test_a_launchers_rank_is_forked_by_the_server_and_ends_with_its_exit_status(tmp_path: Path) -> None:
+    proc, seen = start_rank(tmp_path, "3")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3 and (out, err) == ("", "to stderr\n")
+    assert seen["torch"] and seen["ppid"] != proc.pid and seen["pid"] != proc.pid  # forked, not run here
+    assert (seen["argv"], seen["cwd"], seen["env"]) == ([str(tmp_path / "rank.py"), "3"], str(tmp_path), "given")
+
+
+def test_a_signal_to_the_stand_in_reaches_the_rank_and_its_ending_comes_back(tmp_path: Path) -> None:
+    proc, seen = start_rank(tmp_path, "wait")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 44 and out == f"got {int(signal.SIGTERM)}\n"
+    assert gone(int(seen["pid"]))  # type: ignore[call-overload]
+
+
+def test_a_rank_killed_by_a_signal_leaves_its_stand_in_killed_by_the_same_signal(tmp_path: Path) -> None:
+    proc, _ = start_rank(tmp_path, "abort")
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGABRT
+
+
+def test_a_sigkilled_stand_in_takes_its_rank_with_it(tmp_path: Path) -> None:
+    """The launcher's SIGKILL (or its death signal) cannot be passed on: the server kills the
+    rank when the stand-in's connection closes."""
+    proc, seen = start_rank(tmp_path, "wait")
+    rank = int(seen["pid"])  # type: ignore[call-overload]
+    assert not gone(rank)
+    proc.kill()
+    proc.communicate(timeout=60)
+    wait_for(lambda: gone(rank), 30, message="the rank to die with its stand-in")
+
+
+def test_a_rank_whose_start_up_environment_differs_runs_cold_in_its_own_interpreter(tmp_path: Path) -> None:
+    proc, seen = start_rank(tmp_path, "0", OMP_NUM_THREADS="2")
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0 and seen["pid"] == proc.pid and not seen["torch"]

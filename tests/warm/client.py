@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import json
 import os
-import re
 import select
 import signal
 import socket
@@ -27,40 +26,17 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from tests.warm import rules
+
 REPO = Path(__file__).resolve().parents[2]
+#: Its sitecustomize runs the stand-in in a rank's interpreter (for_ranks).
+HOOK = Path(__file__).resolve().with_name("hook")
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
-#: A script that names one of these is served by the server that has imported the frameworks.
-_FRAMEWORK = re.compile(r"\b(import|from) (transformers|lightning)\b|mpjob_trainer\.adapters")
 _SUPPORTED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session", "preexec_fn"}
 
 
 def cold() -> bool:
     return os.environ.get("MPJOB_TEST_COLD") == "1"
-
-
-def _target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
-    """(module?, module or script, its arguments) of a warm-able command, else None."""
-    if len(argv) < 2 or argv[0] != sys.executable:
-        return None
-    if argv[1] == "-m" and len(argv) > 2:
-        return True, argv[2], argv[3:]
-    if argv[1].endswith(".py") and Path(argv[1]).is_file():
-        return False, argv[1], argv[2:]
-    return None
-
-
-#: Read once, at start-up, by the interpreter or the math libraries torch loads (and every
-#: PYTHON* variable). TORCH* variables are not compared: in the one whole run that compared
-#: them, one test process's later starts all went cold (which variable differed: not found).
-_AT_START = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
-#: Applied in the child: the search path and the stream buffering.
-_IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
-
-
-def _start_env(env: dict[str, str]) -> dict[str, str]:
-    """What a request's environment must share with its server's for a fork to be the same as
-    a fresh start."""
-    return {k: v for k, v in env.items() if (k.startswith("PYTHON") and k not in _IN_CHILD) or k in _AT_START}
 
 
 class _Servers:
@@ -87,7 +63,7 @@ class _Servers:
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
                 )
-                self.started[kind] = (proc, path, _start_env(env))
+                self.started[kind] = (proc, path, rules.start_env(env))
             proc, path, start_env = self.started[kind]
         deadline = time.monotonic() + 120
         while not os.path.exists(path):
@@ -110,6 +86,21 @@ class _Servers:
 
 
 _servers = _Servers()
+
+
+def for_ranks(env: dict[str, str] | None = None, *, frameworks: bool = False) -> dict[str, str]:
+    """`env` (default: this process's) for a launcher (`mpjob run`, `mpjob_trainer.launch`)
+    whose ranks should start warm: each rank's interpreter stands in for it and has this
+    process's server fork it (tests/warm/standin.py). `frameworks`: the ranks run scripts that
+    import transformers or Lightning (that server costs a few seconds to start)."""
+    env = dict(os.environ if env is None else env)
+    if cold():
+        return env
+    for kind in ("trainer", "frameworks") if frameworks else ("trainer",):
+        if _servers.path(kind) is None:
+            return env
+    search = [str(HOOK), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return {**env, "MPJOB_WARM_DIR": _servers.folder, "PYTHONPATH": os.pathsep.join(search)}
 
 
 def _fd(spec: Any, default: int, opened: list[int], keep: list[int]) -> int:
@@ -160,13 +151,12 @@ class Popen:
             self._start(served, env, kw)
 
     def _server(self, env: dict[str, str], kw: dict[str, Any]) -> tuple[str, bool, str, list[str]] | None:
-        target = _target(self.args)
+        target = rules.target(self.args) if self.args[0] == sys.executable else None
         if target is None or cold() or kw.get("stdin") == PIPE or kw.get("preexec_fn") is not None:
             return None
         module, name, rest = target
-        kind = "frameworks" if not module and _FRAMEWORK.search(Path(name).read_text()) else "trainer"
-        server = _servers.path(kind)
-        if server is None or _start_env(env) != server[1]:
+        server = _servers.path(rules.kind(module, name))
+        if server is None or rules.start_env(env) != server[1]:
             return None
         return server[0], module, name, rest
 

@@ -11,7 +11,11 @@ its real pid (signals and process groups work as for any child) and its exit sta
 
 Protocol, one connection per child: the client sends one JSON line and its three standard
 streams as file descriptors (SCM_RIGHTS); the server answers `{"pid": N}`, then, when the child
-ends, `{"returncode": R}` (negative: killed by that signal, as Popen has it).
+ends, `{"returncode": R}` (negative: killed by that signal, as Popen has it). A request from a
+stand-in (tests/warm/standin.py: a cold interpreter that a launcher started as its rank) is
+`tied`: it carries its interpreter's prefix, the server answers `{"cold": why}` when the
+interpreter or the start-up environment differs from its own, and its child is killed with
+its process group when the stand-in's connection closes (the stand-in was SIGKILLed).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import signal
 import socket
 import sys
 from typing import Any
+
+from tests.warm import rules
 
 #: What every server imports before it serves: what `python -m mpjob_trainer` imports first, and
 #: torch._dynamo, which the first optimizer a process builds imports (torch's optimizers are
@@ -75,6 +81,9 @@ class Server:
         self.selector.register(self.parent, selectors.EVENT_READ)
         #: pidfd -> (pid, the connection waiting for its ending)
         self.children: dict[int, tuple[int, socket.socket]] = {}
+        #: a tied request's connection -> its child's pid, while both are there
+        self.tied: dict[socket.socket, int] = {}
+        self.start_env = rules.start_env(dict(os.environ))
 
     def serve(self) -> tuple[dict[str, Any], list[int]]:
         """Serve until the listener is closed; returns only in a forked child, with its request."""
@@ -86,6 +95,8 @@ class Server:
                     child = self.accept()
                     if child is not None:
                         return child
+                elif isinstance(key.fileobj, socket.socket):
+                    self.untie(key.fileobj, kill=True)
                 else:
                     self.reap(int(key.fd))
 
@@ -94,6 +105,14 @@ class Server:
         try:
             request, fds = receive(conn)
         except (OSError, ValueError):
+            conn.close()
+            return None
+        refused = self.refusal(request) if request.get("tied") else None
+        if refused is not None:
+            for fd in fds:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"cold": refused}).encode() + b"\n")
             conn.close()
             return None
         pid = os.fork()
@@ -105,11 +124,34 @@ class Server:
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = (pid, conn)
         self.selector.register(pidfd, selectors.EVENT_READ)
+        if request.get("tied"):
+            self.tied[conn] = pid
+            self.selector.register(conn, selectors.EVENT_READ)
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         return None
 
+    def refusal(self, request: dict[str, Any]) -> str | None:
+        """Why a stand-in's request must start cold: another interpreter, or a start-up setting
+        a fork cannot change (rules.start_env); None when it can be forked here."""
+        if request.get("prefix") != sys.prefix:
+            return f"interpreter {request.get('prefix')}, not {sys.prefix}"
+        differs = sorted(set(rules.start_env(request["env"]).items()) ^ set(self.start_env.items()))
+        return f"start-up environment differs: {sorted({k for k, _ in differs})}" if differs else None
+
+    def untie(self, conn: socket.socket, kill: bool) -> None:
+        """A tied child's stand-in is gone (kill) or the child ended: stop watching the connection."""
+        pid = self.tied.pop(conn, None)
+        if pid is None:
+            return
+        self.selector.unregister(conn)
+        if kill:  # the stand-in's own SIGKILL, passed on to what it stood in for
+            for send in (os.kill, os.killpg):  # the child itself, even before its setsid
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    send(pid, signal.SIGKILL)
+
     def reap(self, pidfd: int) -> None:
         pid, conn = self.children.pop(pidfd)
+        self.untie(conn, kill=False)
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status = os.waitpid(pid, 0)

@@ -23,6 +23,7 @@ import yaml
 
 from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+from tests import warm
 from tests.cluster.s3 import CREDENTIALS
 from tests.helpers import wait_for
 
@@ -54,7 +55,8 @@ def manifest(tmp: Path, s3: dict[str, Any], name: str = "s3run", **spec: Any) ->
 
 def env(**override: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    return {**base, **CREDENTIALS, "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1", **override}
+    ours = {**base, **CREDENTIALS, "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1", **override}
+    return warm.for_ranks(ours)  # `mpjob run`'s ranks start warm
 
 
 def mpjob_run(job: Path, out: Path, timeout: float = 300, **override: str) -> subprocess.CompletedProcess[str]:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from mpjob_trainer.data import StepSampler
+from tests import warm
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +46,7 @@ JOB: dict[str, Any] = {
 def run(tmp: Path, *args: str, job: dict[str, Any] = JOB) -> tuple[subprocess.CompletedProcess[str], Path]:
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
     record = tmp / "samples.txt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_TEST_RECORD": str(record)}
+    env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_TEST_RECORD": str(record)})
     command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=540, env=env), record
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from mpjob.planning.figures import round_sig
+from tests import warm
 from tests.helpers import children, gone, wait_for
 
 pytestmark = pytest.mark.unit
@@ -44,7 +45,7 @@ def manifest(tmp: Path, **spec: object) -> Path:
 
 
 def mpjob_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"})
     return subprocess.run(
         [sys.executable, "-m", "mpjob.cli", "run", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
@@ -61,7 +62,7 @@ def start_runner(job: Path, out: Path) -> subprocess.Popen[bytes]:
         [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}),
     )
 
 
@@ -130,7 +131,7 @@ def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}),
     )
     wait_for(lambda: list((out / "checkpoints").glob("step-*/manifest.json")), 120, message="a checkpoint")
     proc.send_signal(signal.SIGINT)

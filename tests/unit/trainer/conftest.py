@@ -86,7 +86,7 @@ def launch_env(
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(key, None)
     env.update(extra or {})
-    return env
+    return warm.for_ranks(env)  # a launcher's ranks start warm too
 
 
 def parse(stdout: str) -> list[dict[str, Any]]:

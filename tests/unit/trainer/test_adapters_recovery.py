@@ -31,7 +31,7 @@ def test_fp16_overflow_falls_back_to_bf16_from_the_framework_checkpoint(tmp_path
         resources={"gpusPerWorker": 0},
     )
     manifest = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": framework}}
-    events, report, out = mpjob_run_json(tmp_path, {**manifest, "spec": spec}, timeout=240)
+    events, report, out = mpjob_run_json(tmp_path, {**manifest, "spec": spec}, timeout=240, frameworks=True)
 
     first, second = report["attempts"]
     assert (first["precision"], first["reason"], first["exitCode"]) == ("fp16", "NumericFault", 42)

@@ -179,9 +179,7 @@ def test_a_loss_spike_rolls_back_and_skips_its_steps_under_a_framework(tmp_path:
 
 def start(tmp: Path, spec_: dict[str, Any], argv: list[str], attempt: int) -> warm.Popen:
     env = launch_env(tmp, spec_, "fp16", attempt=attempt, name=f"a{attempt}.json")
-    return warm.Popen(
-        [sys.executable, *argv], env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True
-    )
+    return warm.Popen([sys.executable, *argv], env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 
 def finish(proc: warm.Popen) -> list[dict[str, Any]]:
@@ -237,7 +235,11 @@ def mpjob_run(tmp: Path, framework: str, *extra: str) -> dict[str, Any]:
     (tmp / "job.yaml").write_text(yaml.safe_dump(manifest(framework, *extra)))
     command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out")]
     result = warm.run(
-        command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}, frameworks=True),
     )
     assert result.returncode == 0, result.stdout[-3000:]
     return json.loads((tmp / "out" / "report.json").read_text())

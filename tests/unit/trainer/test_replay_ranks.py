@@ -55,7 +55,7 @@ def run(tmp: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], Terminatio
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}),
     )
     assert result.returncode != 0, result.stdout[-3000:]
     status = json.loads((tmp / "out" / "report.json").read_text())
@@ -122,7 +122,7 @@ def test_bad_data_on_one_rank_is_skipped_by_every_rank_and_the_job_succeeds(tmp_
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}),
     )
     assert result.returncode == 0, result.stdout[-3000:]
     status = json.loads((tmp_path / "out" / "report.json").read_text())

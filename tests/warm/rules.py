@@ -1,0 +1,40 @@
+"""What may start warm, shared by the client (tests/warm/client.py), the stand-in
+(tests/warm/standin.py) and the server: which commands, which server kind, and which part of
+an environment a fork cannot change after the interpreter started."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+#: A script that names one of these is served by the server that has imported the frameworks.
+_FRAMEWORK = re.compile(r"\b(import|from) (transformers|lightning)\b|mpjob_trainer\.adapters")
+#: Read once, at start-up, by the interpreter or the math libraries torch loads (and every
+#: PYTHON* variable). TORCH* variables are not compared: in the one whole run that compared
+#: them, one test process's later starts all went cold (which variable differed: not found).
+_AT_START = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+#: Applied in the child: the search path and the stream buffering.
+_IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
+
+
+def target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
+    """(module?, module or script, its arguments) of `python -m MODULE ...` or
+    `python SCRIPT.py ...` (argv[0] the interpreter, no options), else None."""
+    if len(argv) < 2:
+        return None
+    if argv[1] == "-m" and len(argv) > 2:
+        return True, argv[2], argv[3:]
+    if argv[1].endswith(".py") and Path(argv[1]).is_file():
+        return False, argv[1], argv[2:]
+    return None
+
+
+def kind(module: bool, name: str) -> str:
+    """The server that runs it: "frameworks" for a script that imports one, else "trainer"."""
+    return "frameworks" if not module and _FRAMEWORK.search(Path(name).read_text()) else "trainer"
+
+
+def start_env(env: dict[str, str]) -> dict[str, str]:
+    """What a request's environment must share with its server's for a fork to be the same as
+    a fresh start."""
+    return {k: v for k, v in env.items() if (k.startswith("PYTHON") and k not in _IN_CHILD) or k in _AT_START}
