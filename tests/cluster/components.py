@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.cluster.layout import REPO, Layout
 from tests.cluster.pki import kubeconfig_path
+from tests.warm import client as warm
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -111,10 +112,15 @@ def node_agent(layout: Layout) -> list[str]:
     ]
 
 
-def node_agent_env(bins: Path) -> dict[str, str]:
+def warm_server(layout: Layout, kind: str) -> list[str]:
+    """A warm-start server of the pods' ranks (tests/warm), ended by `down`, not by a process."""
+    return [sys.executable, "-m", "tests.warm.server", str(layout.warm / f"{kind}.sock"), kind, "0"]
+
+
+def node_agent_env(layout: Layout, bins: Path) -> dict[str, str]:
     """The agent's pods find this interpreter's tools and the cluster's binaries on PATH, and
     import this checkout, then what the caller's PYTHONPATH names (a checkout beside the one the
-    environment was installed from puts its own packages there)."""
+    environment was installed from puts its own packages there); their ranks start warm."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{bins}{os.pathsep}{os.environ.get('PATH', '')}"
     python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PATH": path, "PYTHONPATH": python_path}
+    return warm.with_stand_ins({**os.environ, "PATH": path, "PYTHONPATH": python_path}, layout.warm)

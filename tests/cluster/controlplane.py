@@ -35,6 +35,7 @@ from tests.cluster.layout import (
     COMPONENTS,
     OPTIONAL_COMPONENTS,
     REPO,
+    WARM_SERVERS,
     ClusterError,
     Layout,
     pid_alive,
@@ -44,6 +45,7 @@ from tests.cluster.layout import (
 from tests.cluster.nodeagent.state import kill_recorded_pods
 from tests.cluster.pki import check_openssl, write_credentials
 from tests.cluster.readiness import wait_ready
+from tests.warm import rules
 
 __all__ = [
     "COMPONENTS",
@@ -149,13 +151,14 @@ def up(layout: Layout, *, with_kueue: bool = False) -> float:
     started = time.monotonic()
     alive = running(layout)
     if set(COMPONENTS) <= set(alive) and (layout.pki / "ca.crt").exists() and api_ready(layout):
+        start_warm(layout)
         if "s3" not in alive:
             start_s3(layout)
         if not with_kueue or "kueue" in alive:
             return 0.0 if "s3" in alive else time.monotonic() - started
         start_kueue(layout)
         return time.monotonic() - started
-    if set(alive) - set(OPTIONAL_COMPONENTS):  # a partial control plane: start it anew
+    if set(alive) - set(OPTIONAL_COMPONENTS + WARM_SERVERS):  # a partial control plane: start it anew
         down(layout)
         alive = {}
     # The S3 server alone may be up (store tests need no control plane) and in use: keep it.
@@ -168,12 +171,25 @@ def up(layout: Layout, *, with_kueue: bool = False) -> float:
     _wait(layout, "kube-apiserver", lambda: api_ready(layout), timeout=START_TIMEOUT)
     _start(layout, "kube-controller-manager", components.kube_controller_manager(layout, bins))
     _start(layout, "kube-scheduler", components.kube_scheduler(layout, bins))
-    _start(layout, "node-agent", components.node_agent(layout), env=components.node_agent_env(bins))
+    start_warm(layout)
+    _start(layout, "node-agent", components.node_agent(layout), env=components.node_agent_env(layout, bins))
     wait_ready(layout, timeout=START_TIMEOUT)
     start_s3(layout)
     if with_kueue:
         start_kueue(layout)
     return time.monotonic() - started
+
+
+def start_warm(layout: Layout) -> None:
+    """Start the warm-start servers that are not running (none with MPJOB_TEST_COLD=1); the
+    pods' ranks start cold until a server is ready, and from then on are forked by it."""
+    if rules.cold():
+        return
+    layout.warm.mkdir(parents=True, exist_ok=True)
+    alive = running(layout)
+    for component in WARM_SERVERS:
+        if component not in alive:
+            _start(layout, component, components.warm_server(layout, component.removeprefix("warm-")))
 
 
 def start_s3(layout: Layout) -> s3.S3Server:

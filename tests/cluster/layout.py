@@ -20,7 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 # Started in this order; stopped in reverse (the node agent first, so it stops its pods).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
 OPTIONAL_COMPONENTS = ("kueue", "s3")
-ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
+#: The warm-start servers that fork the pods' ranks (tests/warm): started before the node agent,
+#: stopped after it, and not tied to it, so the pods of a restarted agent keep their ranks.
+WARM_SERVERS = ("warm-trainer", "warm-frameworks")
+ALL_COMPONENTS = WARM_SERVERS + COMPONENTS + OPTIONAL_COMPONENTS
 
 
 class ClusterError(Exception):
@@ -66,6 +69,11 @@ class Layout:
     @property
     def pids(self) -> Path:
         return self.root / "pids"
+
+    @property
+    def warm(self) -> Path:
+        """The warm-start servers' sockets."""
+        return self.root / "warm"
 
     @property
     def kubeconfig(self) -> Path:

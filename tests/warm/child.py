@@ -6,6 +6,7 @@ end of the module) is the interpreter's own, atexit handlers included."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import io
 import os
@@ -14,6 +15,7 @@ import signal
 import sys
 from typing import Any
 
+_PR_SET_PDEATHSIG = 1
 #: Signals the server leaves as they were at its start; a fresh interpreter has these.
 _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGCHLD: signal.SIG_DFL}
 
@@ -52,7 +54,17 @@ def search_path(first: str, python_path: str | None) -> list[str]:
     return [first, *_entries(python_path), *rest]
 
 
+def die_with_the_server() -> None:
+    """The kernel kills this child when its server dies (the test process or the test cluster
+    that owned it ended), as a fresh process dies with whoever supervises it."""
+    server = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != server:  # it died before the line above
+        os._exit(1)
+
+
 def become(request: dict[str, Any], fds: list[int]) -> None:
+    die_with_the_server()
     # The server froze its objects out of the collector's sight (see server.preload); a fresh
     # interpreter's last collection frees them at exit, and some libraries check that it did
     # (triton's bindings print the instances they find leaked), so they go back in at exit.

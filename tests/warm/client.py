@@ -35,10 +35,6 @@ PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 _SUPPORTED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session", "preexec_fn"}
 
 
-def cold() -> bool:
-    return os.environ.get("MPJOB_TEST_COLD") == "1"
-
-
 class _Servers:
     """One server per kind for this process, started on first use."""
 
@@ -94,13 +90,21 @@ def for_ranks(env: dict[str, str] | None = None, *, frameworks: bool = False) ->
     process's server fork it (tests/warm/standin.py). `frameworks`: the ranks run scripts that
     import transformers or Lightning (that server costs a few seconds to start)."""
     env = dict(os.environ if env is None else env)
-    if cold():
+    if rules.cold():
         return env
     for kind in ("trainer", "frameworks") if frameworks else ("trainer",):
         if _servers.path(kind) is None:
             return env
+    return with_stand_ins(env, Path(_servers.folder))
+
+
+def with_stand_ins(env: dict[str, str], servers: Path) -> dict[str, str]:
+    """`env` with the stand-in on its search path and `servers` as the folder of the servers'
+    sockets (`KIND.sock`); unchanged with MPJOB_TEST_COLD=1."""
+    if rules.cold():
+        return env
     search = [str(HOOK), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
-    return {**env, "MPJOB_WARM_DIR": _servers.folder, "PYTHONPATH": os.pathsep.join(search)}
+    return {**env, "MPJOB_WARM_DIR": str(servers), "PYTHONPATH": os.pathsep.join(search)}
 
 
 def _fd(spec: Any, default: int, opened: list[int], keep: list[int]) -> int:
@@ -152,7 +156,7 @@ class Popen:
 
     def _server(self, env: dict[str, str], kw: dict[str, Any]) -> tuple[str, bool, str, list[str]] | None:
         target = rules.target(self.args) if self.args[0] == sys.executable else None
-        if target is None or cold() or kw.get("stdin") == PIPE or kw.get("preexec_fn") is not None:
+        if target is None or rules.cold() or kw.get("stdin") == PIPE or kw.get("preexec_fn") is not None:
             return None
         module, name, rest = target
         server = _servers.path(rules.kind(module, name))

@@ -4,6 +4,7 @@ an environment a fork cannot change after the interpreter started."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,6 +16,11 @@ _FRAMEWORK = re.compile(r"\b(import|from) (transformers|lightning)\b|mpjob_train
 _AT_START = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
 #: Applied in the child: the search path and the stream buffering.
 _IN_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED")
+
+
+def cold() -> bool:
+    """MPJOB_TEST_COLD=1: every process starts cold, as it would outside the tests."""
+    return os.environ.get("MPJOB_TEST_COLD") == "1"
 
 
 def target(argv: list[str]) -> tuple[bool, str, list[str]] | None:

@@ -71,14 +71,16 @@ def receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 class Server:
     """Accepts requests, forks one child for each and reports its ending on its connection."""
 
-    def __init__(self, path: str, parent: int) -> None:
+    def __init__(self, path: str, parent: int | None) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(64)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ)
-        self.parent = os.pidfd_open(parent)  # the test process: the server ends with it
-        self.selector.register(self.parent, selectors.EVENT_READ)
+        #: the test process, if any: the server ends with it (the test cluster's end when stopped)
+        self.parent = None if parent is None else os.pidfd_open(parent)
+        if self.parent is not None:
+            self.selector.register(self.parent, selectors.EVENT_READ)
         #: pidfd -> (pid, the connection waiting for its ending)
         self.children: dict[int, tuple[int, socket.socket]] = {}
         #: a tied request's connection -> its child's pid, while both are there
@@ -166,7 +168,8 @@ class Server:
             other.close()
         self.selector.close()
         self.listener.close()
-        os.close(self.parent)
+        if self.parent is not None:
+            os.close(self.parent)
         conn.close()
 
 
@@ -174,7 +177,9 @@ def main() -> None:
     path, kind, parent = sys.argv[1], sys.argv[2], int(sys.argv[3])
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     preload(kind)
-    server = Server(path + ".tmp", parent)
+    with contextlib.suppress(FileNotFoundError):  # a socket a stopped server left
+        os.unlink(path + ".tmp")
+    server = Server(path + ".tmp", parent or None)
     os.rename(path + ".tmp", path)  # the client waits for the path: it appears ready to connect
     request, fds = server.serve()
     from tests.warm.child import become

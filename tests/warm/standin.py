@@ -112,7 +112,11 @@ def stand_in(path: str, message: dict[str, Any]) -> None:
     rank.append(int(first["pid"]))
     for sig in pending:
         os.kill(rank[0], sig)
-    end_as(int(replies.next()["returncode"]))
+    try:
+        ending = int(replies.next()["returncode"])
+    except ConnectionError:  # the server died, and its children with it (child.die_with_the_server)
+        ending = -signal.SIGKILL
+    end_as(ending)
 
 
 def main() -> None:

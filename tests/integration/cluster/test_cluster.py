@@ -312,3 +312,25 @@ def test_pods_of_a_job_reach_each_other_through_a_headless_service(core, batch, 
     ]
     batch.create_namespaced_job(namespace, job)
     assert wait_for(lambda: _job_condition(batch, namespace, "echo"), 90, message="echo job done")[0] == "Complete"
+
+
+def test_a_pods_script_is_forked_by_the_clusters_warm_start_server(core, namespace, kubeconfig, tmp_path) -> None:
+    """The pods' ranks start warm (tests/warm): a silent fall back to fresh interpreters would
+    cost every cluster test its time again without failing anything. The script's exit status
+    and output still come back as the container's."""
+    server = Path(kubeconfig).parent / "warm" / "trainer.sock"
+    wait_for(server.exists, 120, message="the cluster's warm-start server")  # it starts beside the agent
+    probe = tmp_path / "probe.py"
+    probe.write_text("import json, sys\nprint(json.dumps({'torch': 'torch' in sys.modules}))\nraise SystemExit(3)\n")
+    pod = _pod("probe", "")
+    pod["spec"]["containers"][0]["command"] = [PY, str(probe)]
+    core.create_namespaced_pod(namespace, pod)
+
+    def exit_code() -> int | None:
+        statuses = core.read_namespaced_pod("probe", namespace).status.container_statuses or []
+        state = statuses[0].state if statuses else None
+        return state.terminated.exit_code if state and state.terminated else None
+
+    assert wait_for(exit_code, 90, message="the probe pod to end") == 3
+    log = core.read_namespaced_pod_log("probe", namespace)
+    assert json.loads(log.splitlines()[-1]) == {"torch": True}, log
