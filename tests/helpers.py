@@ -63,6 +63,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def worker_logs(out: Path, tail: int = 2000) -> str:
+    """The end of each worker's log of an `mpjob run` in `out`: what a run that timed out was doing."""
+    logs = sorted(out.rglob("worker*.log"))
+    return "\n".join(f"--- {log}\n{log.read_text(errors='replace')[-tail:]}" for log in logs)
+
+
+def run_to_end(argv: list[str], out: Path, timeout: float, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """`mpjob run` (argv) writing to `out`, its output captured; past `timeout` it is killed and
+    the test fails with its workers' logs."""
+    try:
+        return warm.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"mpjob run still running after {timeout:g}s:\n{worker_logs(out)}") from None
+
+
 def mpjob_run_json(
     folder: Path, manifest: dict[str, Any], timeout: float = 300, frameworks: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
@@ -72,11 +87,10 @@ def mpjob_run_json(
     folder.mkdir(parents=True, exist_ok=True)
     path, out = folder / "job.yaml", folder / "out"
     path.write_text(yaml.safe_dump(manifest))
-    result = subprocess.run(
+    result = run_to_end(
         [sys.executable, "-m", "mpjob.cli", "run", str(path), "--out", str(out), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        out,
+        timeout,
         env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}, frameworks=frameworks),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
