@@ -218,3 +218,15 @@ def test_a_rank_whose_start_up_environment_differs_runs_cold_in_its_own_interpre
     proc, seen = start_rank(tmp_path, "0", OMP_NUM_THREADS="2")
     proc.communicate(timeout=120)
     assert proc.returncode == 0 and seen["pid"] == proc.pid and not seen["torch"]
+
+
+def test_a_rank_command_started_cold_on_purpose_is_not_handed_to_a_server(tmp_path: Path) -> None:
+    """What made the client start it cold (here a preexec_fn, which sets a limit in the child)
+    holds for the process itself: its interpreter does not stand in for it."""
+    script = probe(tmp_path)
+    done = warm.Popen(
+        [sys.executable, str(script), "0"], env=warm.for_ranks(), stdout=warm.PIPE, text=True, preexec_fn=os.getpid
+    )
+    out, _ = done.communicate(timeout=120)
+    seen = json.loads(out)
+    assert done.returncode == 0 and seen["ppid"] == os.getpid() and not seen["torch"]

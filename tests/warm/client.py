@@ -144,6 +144,8 @@ class Popen:
         kw["env"] = env
         served = self._server(env, kw)
         if served is None:
+            if rules.rank_target(self.args) is not None:  # cold as asked: no stand-in either
+                env.pop("MPJOB_WARM_DIR", None)
             self._cold = subprocess.Popen(self.args, **kw)
             self.pid, self.stdin, self.stdout, self.stderr = (
                 self._cold.pid,

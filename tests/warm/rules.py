@@ -35,6 +35,17 @@ def target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
     return None
 
 
+#: The modules a launcher starts as ranks that a stand-in hands to a server (standin.py).
+RANK_MODULES = frozenset({"mpjob_trainer"})
+
+
+def rank_target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
+    """target(argv) when a stand-in would hand it to a server: `python -m mpjob_trainer` or a
+    script; None for anything else (the launcher itself, `mpjob run`, torch's helpers)."""
+    found = target(argv)
+    return None if found is None or (found[0] and found[1] not in RANK_MODULES) else found
+
+
 def kind(module: bool, name: str) -> str:
     """The server that runs it: "frameworks" for a script that imports one, else "trainer"."""
     return "frameworks" if not module and _FRAMEWORK.search(Path(name).read_text()) else "trainer"

@@ -25,16 +25,14 @@ from typing import Any
 
 from tests.warm import rules
 
-#: The modules a launcher starts as ranks that a warm server may fork.
-RANK_MODULES = frozenset({"mpjob_trainer"})
 #: Signals the stand-in passes on (the rest keep their default action: the stand-in's own).
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def request(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     """The server's socket and the request for a rank command, or None (run cold)."""
-    found = rules.target(argv)
-    if found is None or (found[0] and found[1] not in RANK_MODULES):
+    found = rules.rank_target(argv)
+    if found is None:
         return None
     module, name, args = found
     path = os.path.join(os.environ["MPJOB_WARM_DIR"], f"{rules.kind(module, name)}.sock")
