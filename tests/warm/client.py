@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tests.warm import rules
+from tests.warm.replies import Replies
 
 REPO = Path(__file__).resolve().parents[2]
 #: Its sitecustomize runs the stand-in in a rank's interpreter (for_ranks).
@@ -190,27 +190,13 @@ class Popen:
         finally:
             for fd in opened:
                 os.close(fd)
-        self._buffer = b""
-        reply = self._reply(None)
+        self._replies = Replies(self._conn)
+        reply = self._replies.next()
         assert reply is not None
         self.pid = int(reply["pid"])
         mode = "r" if kw.get("text") else "rb"
         self.stdout = open(stdout_read, mode) if stdout_read is not None else None  # noqa: SIM115
         self.stderr = open(stderr_read, mode) if stderr_read is not None else None  # noqa: SIM115
-
-    def _reply(self, timeout: float | None) -> dict[str, Any] | None:
-        """The server's next line; None when none came within `timeout` seconds."""
-        assert self._conn is not None
-        while b"\n" not in self._buffer:
-            if not select.select([self._conn], [], [], timeout)[0]:
-                return None
-            chunk = self._conn.recv(4096)
-            if not chunk:
-                raise ConnectionError("the warm-start server went away")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        reply: dict[str, Any] = json.loads(line)
-        return reply
 
     def poll(self) -> int | None:
         if self._cold is not None:
@@ -220,7 +206,7 @@ class Popen:
         return self.returncode
 
     def _ended(self, timeout: float | None) -> bool:
-        reply = self._reply(timeout)
+        reply = self._replies.next(timeout)
         if reply is None:
             return False
         self.returncode = int(reply["returncode"])

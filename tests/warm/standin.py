@@ -24,6 +24,7 @@ import sys
 from typing import Any
 
 from tests.warm import rules
+from tests.warm.replies import Replies
 
 #: Signals the stand-in passes on (the rest keep their default action: the stand-in's own).
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -48,23 +49,6 @@ def request(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
         "tied": True,
         "prefix": sys.prefix,
     }
-
-
-class Replies:
-    """The server's answer lines on the connection."""
-
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn, self.buffer = conn, b""
-
-    def next(self) -> dict[str, Any]:
-        while b"\n" not in self.buffer:
-            chunk = self.conn.recv(4096)  # retried after a forwarded signal's handler (PEP 475)
-            if not chunk:
-                raise ConnectionError("the warm-start server went away")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        reply: dict[str, Any] = json.loads(line)
-        return reply
 
 
 def end_as(returncode: int) -> None:
@@ -99,8 +83,11 @@ def stand_in(path: str, message: dict[str, Any]) -> None:
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     socket.send_fds(conn, [json.dumps(message).encode() + b"\n"], [0, 1, 2])
     replies = Replies(conn)
-    first = replies.next()
-    if "cold" in first:
+    try:
+        first = replies.next()
+    except ConnectionError:  # stopped before it answered
+        first = None
+    if first is None or "cold" in first:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         conn.close()
@@ -111,10 +98,10 @@ def stand_in(path: str, message: dict[str, Any]) -> None:
     for sig in pending:
         os.kill(rank[0], sig)
     try:
-        ending = int(replies.next()["returncode"])
+        ended = replies.next()
     except ConnectionError:  # the server died, and its children with it (child.die_with_the_server)
-        ending = -signal.SIGKILL
-    end_as(ending)
+        ended = None
+    end_as(-signal.SIGKILL if ended is None else int(ended["returncode"]))
 
 
 def main() -> None:

@@ -1,10 +1,19 @@
 """On the search path of the ranks a test's launcher starts (client.for_ranks): hands a rank
-command to its warm-start server (tests/warm/standin.py) before this interpreter runs it."""
+command to its warm-start server (tests/warm/standin.py) before this interpreter runs it.
+
+Every Python process under that launcher runs this (the launcher and `mpjob run` too), so what
+is plainly no rank (`python -m` of another module, no script) leaves before any import;
+standin.request decides the rest."""
 
 import os
 import sys
 
-if os.environ.get("MPJOB_WARM_DIR"):
+
+def _maybe_rank(argv: list) -> bool:
+    return len(argv) > 1 and (argv[1:3] == ["-m", "mpjob_trainer"] or argv[1].endswith(".py"))
+
+
+if os.environ.get("MPJOB_WARM_DIR") and _maybe_rank(sys.orig_argv):
     _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.path.insert(0, _REPO)
     try:
