@@ -117,10 +117,19 @@ def warm_server(layout: Layout, kind: str) -> list[str]:
     return [sys.executable, "-m", "tests.warm.server", str(layout.warm / f"{kind}.sock"), kind, "0"]
 
 
+def pods_env() -> dict[str, str]:
+    """What the node agent's pods and the warm-start servers that fork their ranks start with:
+    this environment, one OpenMP thread unless it says otherwise (as every test process: idle
+    math threads of parallel pods took the cores from each other, and a server with them cannot
+    fork safely). The servers refuse a rank whose start-up environment differs from theirs, so
+    both come from here, whichever process (`scripts/test.sh`, a test worker) starts them."""
+    return {"OMP_NUM_THREADS": "1", **os.environ}
+
+
 def node_agent_env(layout: Layout, bins: Path) -> dict[str, str]:
     """The agent's pods find this interpreter's tools and the cluster's binaries on PATH, and
     import this checkout, then what the caller's PYTHONPATH names (a checkout beside the one the
     environment was installed from puts its own packages there); their ranks start warm."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{bins}{os.pathsep}{os.environ.get('PATH', '')}"
     python_path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return warm.with_stand_ins({**os.environ, "PATH": path, "PYTHONPATH": python_path}, layout.warm)
+    return warm.with_stand_ins({**pods_env(), "PATH": path, "PYTHONPATH": python_path}, layout.warm)

@@ -189,7 +189,8 @@ def start_warm(layout: Layout) -> None:
     alive = running(layout)
     for component in WARM_SERVERS:
         if component not in alive:
-            _start(layout, component, components.warm_server(layout, component.removeprefix("warm-")))
+            argv = components.warm_server(layout, component.removeprefix("warm-"))
+            _start(layout, component, argv, env=components.pods_env())
 
 
 def start_s3(layout: Layout) -> s3.S3Server:
