@@ -230,3 +230,20 @@ def test_a_rank_command_started_cold_on_purpose_is_not_handed_to_a_server(tmp_pa
     out, _ = done.communicate(timeout=120)
     seen = json.loads(out)
     assert done.returncode == 0 and seen["ppid"] == os.getpid() and not seen["torch"]
+
+
+def test_the_trainers_console_script_as_a_pod_names_it_is_forked_and_says_what_a_fresh_start_says(
+    tmp_path: Path,
+) -> None:
+    """The operator's pods run `mpjob-launch ... -- mpjob-trainer`: the launcher execs the
+    console script, whose shebang line starts the interpreter on it."""
+    console = tmp_path / "mpjob-trainer"  # a console script of that name, here the probe
+    console.write_text(PROBE)
+    proc = subprocess.run(
+        [sys.executable, str(console), "0"], env=warm.for_ranks(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout)["torch"], proc.stderr
+    real = str(Path(sys.executable).with_name("mpjob-trainer"))
+    stood_in = subprocess.run([real, "--help"], env=warm.for_ranks(), capture_output=True, text=True, timeout=60)
+    fresh = subprocess.run([real, "--help"], capture_output=True, text=True, timeout=120)
+    assert (stood_in.returncode, stood_in.stdout, stood_in.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)

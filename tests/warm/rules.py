@@ -37,11 +37,16 @@ def target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
 
 #: The modules a launcher starts as ranks that a stand-in hands to a server (standin.py).
 RANK_MODULES = frozenset({"mpjob_trainer"})
+#: ... and the console script the operator's pods name (`mpjob-launch ... -- mpjob-trainer`),
+#: run as the script it is (`python /venv/bin/mpjob-trainer`, as its shebang line starts it).
+RANK_SCRIPTS = frozenset({"mpjob-trainer"})
 
 
 def rank_target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
-    """target(argv) when a stand-in would hand it to a server: `python -m mpjob_trainer` or a
-    script; None for anything else (the launcher itself, `mpjob run`, torch's helpers)."""
+    """What a stand-in hands to a server: `python -m mpjob_trainer`, a script, or the trainer's
+    console script; None for anything else (the launcher itself, `mpjob run`, torch's helpers)."""
+    if len(argv) > 1 and os.path.basename(argv[1]) in RANK_SCRIPTS and os.path.isfile(argv[1]):
+        return False, argv[1], argv[2:]
     found = target(argv)
     return None if found is None or (found[0] and found[1] not in RANK_MODULES) else found
 

@@ -10,7 +10,7 @@ import sys
 
 
 def _maybe_rank(argv: list) -> bool:
-    return len(argv) > 1 and (argv[1:3] == ["-m", "mpjob_trainer"] or argv[1].endswith(".py"))
+    return len(argv) > 1 and (argv[1:3] == ["-m", "mpjob_trainer"] or argv[1].endswith((".py", "/mpjob-trainer")))
 
 
 if os.environ.get("MPJOB_WARM_DIR") and _maybe_rank(sys.orig_argv):
