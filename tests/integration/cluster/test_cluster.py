@@ -320,10 +320,14 @@ def test_a_pods_script_is_forked_by_the_clusters_warm_start_server(core, namespa
     and output still come back as the container's."""
     server = Path(kubeconfig).parent / "warm" / "trainer.sock"
     wait_for(server.exists, 120, message="the cluster's warm-start server")  # it starts beside the agent
-    probe = tmp_path / "probe.py"
-    probe.write_text("import json, sys\nprint(json.dumps({'torch': 'torch' in sys.modules}))\nraise SystemExit(3)\n")
+    probe, seen = tmp_path / "probe.py", tmp_path / "seen.json"
+    probe.write_text(
+        "import json, pathlib, sys\n"
+        "pathlib.Path(sys.argv[1]).write_text(json.dumps({'torch': 'torch' in sys.modules}))\n"
+        "raise SystemExit(3)\n"
+    )
     pod = _pod("probe", "")
-    pod["spec"]["containers"][0]["command"] = [PY, str(probe)]
+    pod["spec"]["containers"][0]["command"] = [PY, str(probe), str(seen)]  # the agent runs pods on this machine
     core.create_namespaced_pod(namespace, pod)
 
     def exit_code() -> int | None:
@@ -332,5 +336,4 @@ def test_a_pods_script_is_forked_by_the_clusters_warm_start_server(core, namespa
         return state.terminated.exit_code if state and state.terminated else None
 
     assert wait_for(exit_code, 90, message="the probe pod to end") == 3
-    log = core.read_namespaced_pod_log("probe", namespace)
-    assert json.loads(log.splitlines()[-1]) == {"torch": True}, log
+    assert json.loads(seen.read_text()) == {"torch": True}  # torch was there before its first line

@@ -220,8 +220,9 @@ class Checkpointer:
         return result
 
     def settle(self, training_step: int) -> None:
-        """At the end of the attempt: wait for the save in flight and report it (never raises:
-        the attempt's ending is decided by what it knows already)."""
+        """At the end of the attempt, and before an fp32 replay picks the last good checkpoint:
+        wait for the save in flight and report it (never raises: the attempt's ending is decided
+        by what it knows already)."""
         if self.world.is_main or self.sharded:
             with contextlib.suppress(Exception):
                 self.collect(block=True, training_step=training_step)

@@ -145,6 +145,8 @@ class Fp32Replay:
         # checkpoint): it replays from the weights in memory while they are finite (GradScaler
         # kept the fault out), else from the framework's checkpoint (bf16 applied the fault).
         restorable = bool(state.objects) or self._weights_spoilt()
+        if restorable:  # a save staged before the fault may still be writing: it is the newest good state
+            checkpoints.settle(lent.numerics.guard.read_at or first)
         ref: CheckpointRef | None = main_says(checkpoints.last_good, lent.world) if restorable else None
         # No checkpoint yet and weights the fault made non-finite (no GradScaler kept them): the
         # fresh attempt's step 0 stands in for a checkpoint.
