@@ -137,8 +137,8 @@ class Server:
         a fork cannot change (rules.start_env); None when it can be forked here."""
         if request.get("prefix") != sys.prefix:
             return f"interpreter {request.get('prefix')}, not {sys.prefix}"
-        differs = sorted(set(rules.start_env(request["env"]).items()) ^ set(self.start_env.items()))
-        return f"start-up environment differs: {sorted({k for k, _ in differs})}" if differs else None
+        differs = {k for k, _ in set(rules.start_env(request["env"]).items()) ^ set(self.start_env.items())}
+        return f"start-up environment differs: {sorted(differs)}" if differs else None
 
     def untie(self, conn: socket.socket, kill: bool) -> None:
         """A tied child's stand-in is gone (kill) or the child ended: stop watching the connection."""
