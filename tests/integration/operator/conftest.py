@@ -158,6 +158,23 @@ class Jobs:
         except AssertionError as exc:
             raise AssertionError(f"{exc}; status at the end: {self.status(name)}") from None
 
+    def events(self, name: str, *reasons: str, timeout: float = 30) -> list[Any]:
+        """The Events about `name` once one of each of `reasons` is among them. The operator posts a
+        plan's Events after it writes the plan's status, so a status seen is not yet its Events."""
+
+        def listed() -> tuple[list[Any]] | None:
+            selector = f"involvedObject.name={name}"
+            found = self.core.list_namespaced_event(self.namespace, field_selector=selector).items
+            return (found,) if set(reasons) <= {e.reason for e in found} else None
+
+        try:
+            (found,) = wait_for(listed, timeout, interval=0.25, message=f"Events {reasons} about {name}")
+        except AssertionError as exc:
+            selector = f"involvedObject.name={name}"
+            seen = [e.reason for e in self.core.list_namespaced_event(self.namespace, field_selector=selector).items]
+            raise AssertionError(f"{exc}; Events seen: {seen}") from None
+        return found
+
     def attempt_jobs(self, name: str) -> list[str]:
         return sorted(
             j.metadata.name

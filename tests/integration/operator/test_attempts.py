@@ -33,7 +33,7 @@ def test_fp16_overflow_falls_back_to_bf16_and_succeeds(
     fallback = next(c for c in status["conditions"] if c["type"] == "PrecisionFallback")
     assert fallback["status"] == "True" and fallback["reason"] == "NumericFault"
     assert jobs.attempt_jobs("recover") == ["recover-a0", "recover-a1"]
-    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=recover").items
+    events = jobs.events("recover", "AttemptStarted", "PrecisionFallback", "AttemptEnded", "Succeeded")
     assert {"AttemptStarted", "PrecisionFallback", "AttemptEnded", "Succeeded"} <= {e.reason for e in events}
     kubectl = subprocess.run(
         [str(cluster_bin / "kubectl"), "--kubeconfig", kubeconfig, "-n", namespace, "get", "mpj"],

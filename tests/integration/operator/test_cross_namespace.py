@@ -143,7 +143,7 @@ def test_a_pod_in_another_namespace_naming_the_victims_job_changes_nothing(
     status = jobs.wait_phase("victim", ("Succeeded", "Failed"), 120)
     assert (status["phase"], status["precision"], status["step"]) == ("Succeeded", "bf16", 60), status
     assert [(a["precision"], a["reason"]) for a in status["attempts"]] == [("bf16", "Succeeded")]
-    events = jobs.core.list_namespaced_event(jobs.namespace, field_selector="involvedObject.name=victim").items
+    events = jobs.events("victim", "Succeeded")  # the last of the plan's Events: the others were posted
     assert not [e for e in events if e.reason == Reason.NON_FINITE_IN_FP32.value]
 
 
@@ -188,5 +188,5 @@ def test_a_failed_create_in_another_namespace_naming_the_victims_job_changes_not
     assert "forged" not in json.dumps(seen)  # never its condition, message or phase
     status = seen[-1]
     assert (status["phase"], len(status["attempts"])) == ("Succeeded", 1), status
-    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=victim").items
+    events = jobs.events("victim", "Succeeded")
     assert not [e for e in events if "forged" in (e.message or "")]

@@ -36,7 +36,7 @@ def test_an_fp8_drift_falls_back_to_bf16_with_events_and_attempts(
     fallback = next(c for c in status["conditions"] if c["type"] == "PrecisionFallback")
     assert fallback["status"] == "True" and fallback["reason"] == "NumericFault"
     assert second["inPlace"] is True and jobs.attempt_jobs("drift8") == ["drift8-a0"]  # fp8's linears undone in place
-    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=drift8").items
+    events = jobs.events("drift8", "AttemptStarted", "PrecisionFallback", "AttemptEnded", "Succeeded")
     assert {"AttemptStarted", "PrecisionFallback", "AttemptEnded", "Succeeded"} <= {e.reason for e in events}
     assert any(e.reason == "PrecisionFallback" and "fp8" in e.message and "bf16" in e.message for e in events)
 

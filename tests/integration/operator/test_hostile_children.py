@@ -71,7 +71,7 @@ def test_a_child_the_api_server_rejects_fails_the_job_with_its_message(operator:
     assert (failed["status"], failed["reason"]) == ("True", "InvalidPodTemplate")
     assert [a["reason"] for a in status["attempts"]] == ["InvalidPodTemplate"]
     assert jobs.attempt_jobs("rejected") == []
-    events = jobs.core.list_namespaced_event(jobs.namespace, field_selector="involvedObject.name=rejected").items
+    events = jobs.events("rejected", "Failed")
     assert any(e.reason == "Failed" and "nodeSelector" in e.message for e in events)
     assert refusals(operator) == 1  # asked once, never again
 
@@ -153,7 +153,7 @@ def test_pods_that_cannot_be_created_show_at_once_and_fail_after_the_timeout(
     pods_created = condition(status, "PodsCreated")
     assert pods_created["reason"] == "FailedCreate" and "violates PodSecurity" in pods_created["message"]
     assert status["phase"] == "Pending"
-    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=hostpath").items
+    events = jobs.events("hostpath", "FailedCreate")
     assert any(e.reason == "FailedCreate" and "hostPath" in e.message for e in events)
     status = jobs.wait_phase("hostpath", ("Failed", "Succeeded"), 60)
     failed = condition(status, "Failed")

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator, pod_events
@@ -38,13 +37,8 @@ def final_weights(jobs: Jobs, kubeconfig: str, name: str) -> str:
     return hashlib.sha256(state.read_bytes()).hexdigest()
 
 
-def reasons(api_client: client.ApiClient, namespace: str, name: str) -> list[str]:
-    listed = client.CoreV1Api(api_client).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
-    return [e.reason for e in listed.items]
-
-
 def test_a_fallback_in_place_is_one_job_recorded_as_a_restart_would_be_and_ends_bit_identical(
-    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str, api_client: client.ApiClient
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
 ) -> None:
     jobs.pvc(CLAIM)
     jobs.create("inplace", tutorial(True))
@@ -63,7 +57,7 @@ def test_a_fallback_in_place_is_one_job_recorded_as_a_restart_would_be_and_ends_
     assert jobs.attempt_jobs("inplace") == ["inplace-a0"]  # the pod trained both attempts
     assert jobs.attempt_jobs("restart") == ["restart-a0", "restart-a1"]
     assert done["inplace"]["attemptCounts"]["charged"] == done["restart"]["attemptCounts"]["charged"] == 2
-    assert {"PrecisionFallback", "AttemptEnded"} <= set(reasons(api_client, namespace, "inplace"))
+    jobs.events("inplace", "PrecisionFallback", "AttemptEnded")
     cost = done["inplace"]["cost"]
     assert cost["gpuSeconds"] == 0 and done["inplace"]["attempts"][0]["wastedSteps"] == 10  # steps 40-50 again
     assert final_weights(jobs, kubeconfig, "inplace") == final_weights(jobs, kubeconfig, "restart")

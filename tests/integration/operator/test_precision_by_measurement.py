@@ -31,7 +31,7 @@ def test_auto_slower_than_fp32_trains_in_fp32_with_a_condition_and_an_event(
     assert set(seconds) == {"bf16", "fp32"} and seconds["bf16"] > 0.3 > seconds["fp32"]
     slower = next(c for c in status["conditions"] if c["type"] == "AmpSlowerThanFp32")
     assert slower["status"] == "True" and "bf16" in slower["message"] and "fp32" in slower["message"]
-    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=measured").items
+    events = jobs.events("measured", "AmpSlowerThanFp32", "Succeeded")
     assert [e.type for e in events if e.reason == "AmpSlowerThanFp32"] == ["Warning"]
 
 

@@ -66,5 +66,5 @@ def test_a_transient_fault_falls_back_then_repromotes_to_fp16(operator: Operator
     assert status["attempts"][1]["exitCode"] == 47 and status["precision"] == "fp16"
     fallback = next(c for c in status["conditions"] if c["type"] == "PrecisionFallback")
     assert (fallback["status"], fallback["reason"]) == ("False", "Repromoted")
-    events = jobs.core.list_namespaced_event(namespace, field_selector="involvedObject.name=transient").items
+    events = jobs.events("transient", "PrecisionRepromoted")
     assert any(e.reason == "PrecisionRepromoted" and "bf16 -> fp16" in e.message for e in events)

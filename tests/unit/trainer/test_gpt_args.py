@@ -4,6 +4,7 @@ and a job that sets none of them trains the model it always did."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,19 @@ def test_the_trainer_ends_a_bad_vocab_size_as_a_configuration_error_naming_the_f
     run = run_trainer(tmp_path, job, "fp32")
     assert run.code == ExitCode.CONFIG_ERROR, run.stderr
     assert run.report is not None and "task.args.vocabSize: expected an integer >= 256" in run.report.message
+
+
+def test_step_delay_slows_only_its_precision_and_leaves_the_state_dict_alone() -> None:
+    delayed, plain = make_task({**SMALL, "stepDelay": {"bf16": 0.2}}), make_task(dict(SMALL))
+    assert delayed.model.state_dict().keys() == plain.model.state_dict().keys()
+    inputs, _ = delayed.dataset[0]
+
+    def seconds(autocast: bool) -> float:
+        began = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            delayed.model(inputs[None])
+        return time.perf_counter() - began
+
+    assert seconds(True) >= 0.2 > seconds(False)
+    with pytest.raises(ConfigError, match=r"task\.args\.stepDelay"):
+        make_task({**SMALL, "stepDelay": {"fp8": 1}})

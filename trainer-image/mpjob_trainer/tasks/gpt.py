@@ -7,7 +7,8 @@ One readable file in the spirit of nanoGPT. Args (camelCase, all optional):
 - data: `data: text` (default; the byte-level corpus of mpjob_trainer.tasks.corpus, sized by
   corpusBytes, 200000) or `data: random` (token ids drawn uniformly over the vocabulary from a
   seeded generator, `samples` windows of blockSize + 1, default 1024);
-- faults: overflowAtStep, overflowGain, overflowUntilStep (mpjob_trainer.tasks.blowup).
+- faults: overflowAtStep, overflowGain, overflowUntilStep (mpjob_trainer.tasks.blowup);
+  stepDelay (mpjob_trainer.tasks.faults: seconds per forward pass in a precision).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.tasks import Task, arg, check_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
 from mpjob_trainer.tasks.corpus import corpus
+from mpjob_trainer.tasks.faults import PrecisionDelay, step_delays
 
 BYTE_VOCAB = 256  # the text data's ids are bytes
 
@@ -81,9 +83,10 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig, blowup: ActivationBlowUp) -> None:
+    def __init__(self, config: GPTConfig, blowup: ActivationBlowUp, delay: PrecisionDelay | None = None) -> None:
         super().__init__()
         self.config = config
+        self.delay = delay or PrecisionDelay({})  # no parameters: the state dict is the same either way
         self.block_size = config.block_size
         c = config
         self.wte = nn.Embedding(c.vocab_size, c.n_embd)
@@ -121,7 +124,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.drop(self.delay(self.wte(idx) + self.wpe(pos)))
         for block in self.blocks:
             x = block(x)
         return self.lm_head(self.ln_f(x))
@@ -180,6 +183,7 @@ KNOWN = {
     "overflowAtStep",
     "overflowGain",
     "overflowUntilStep",
+    "stepDelay",
 }
 DATA_KINDS = ("text", "random")
 #: Seeds of the synthetic data: the same bytes or tokens in every run, process and attempt.
@@ -237,7 +241,7 @@ def make_task(args: dict[str, Any]) -> Task:
         arg(args, "overflowGain", 1e6, float),
         arg(args, "overflowUntilStep", None, int),
     )
-    model = GPT(config, blowup)
+    model = GPT(config, blowup, PrecisionDelay(step_delays(args.get("stepDelay"))))
     train, held_out = datasets(args, config)
     return Task(
         model=model,
