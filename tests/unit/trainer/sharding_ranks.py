@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,13 @@ from torch.distributed.tensor import DTensor
 from mpjob_contract.api import Guard, PrecisionSpec
 from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer import sharding
+from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.distributed import World
+from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.framework import FrameworkCheckpointer
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.steps import StepNumerics
 from mpjob_trainer.tasks.gpt import make_task
@@ -188,6 +195,29 @@ def case_live(world: World) -> dict[str, Any]:
     agreed.append(identical(live(), get_state_dict(net, [opt])))
     lrs = [group["lr"] for group in live()[1]["param_groups"]]
     return {"agreed": agreed, "renamed": live.renaming, "lrs": lrs, "expectedLr": opt.param_groups[0]["lr"]}
+
+
+def case_framework_save(world: World) -> dict[str, Any]:
+    """A framework's collective save as the HF Trainer makes it: rank 0 makes the checkpoint's
+    folder and writes its files, a slower rank 1 writes its own file into that folder later
+    (its RNG state); the session adopts the folder once."""
+    root = Path(sys.argv[4]) / "ckpt"
+    store = CheckpointStore(root, keep=2, config_digest="d")
+    base = Checkpointer(store, world, EventLog(stream=io.StringIO()), TrainerMetrics("j", "ns", world.rank, "fp16"))
+
+    def write(staging: Path) -> Path:
+        folder = staging / "checkpoint-5"
+        if world.is_main:
+            folder.mkdir()
+            (folder / "model.bin").write_bytes(b"weights")
+        else:
+            time.sleep(1.0)
+        (folder / f"rng_state_{world.rank}.pth").write_bytes(bytes([world.rank]))
+        return folder
+
+    FrameworkCheckpointer(base, write, parameters=list).save(5, "fp16", lambda: {"step": 5}, final=True)
+    manifest = json.loads((root / "step-000000005" / "manifest.json").read_text())
+    return {"files": sorted(manifest["files"])}
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from mpjob_trainer.checkpoint import FRAMEWORK, CheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.guard import NumericGuard
 from tests.unit.test_images import TRAINER, lock_closure, parse, run_commands
+from tests.unit.trainer.test_sharding import ranks
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
@@ -30,6 +31,15 @@ def framework_save(store: CheckpointStore, step: int) -> Path:
     (written / "model.bin").write_bytes(bytes([step]) * 1000)
     (written / "nested/optimizer.bin").write_bytes(b"adam" * step)
     return written
+
+
+@pytest.mark.process
+def test_a_framework_folder_is_adopted_only_once_every_rank_has_written_into_it(tmp_path: Path) -> None:
+    """Two ranks save collectively, the second one's file last: it is in the checkpoint (its
+    rank neither failed writing into a folder already moved nor was left out)."""
+    for seen in ranks(tmp_path, "framework_save", 2):
+        framework = ["framework/model.bin", "framework/rng_state_0.pth", "framework/rng_state_1.pth"]
+        assert seen["files"] == [*framework, "state.pt"]
 
 
 def test_store_adopts_a_framework_folder_and_checks_every_file(tmp_path: Path) -> None:

@@ -76,6 +76,9 @@ class FrameworkCheckpointer(Checkpointer):
             staging = self.store.staging(staging.name)
         dist_env.barrier(self.world)
         written = self.write(staging)
+        # Every rank has written before the folder is adopted (moved): a framework's save is
+        # not one collective, and a rank writes its own files (the HF Trainer's RNG state) last.
+        dist_env.barrier(self.world)
         if self.world.is_main:
             try:
                 result = self.store.save(step, precision, snapshot(capture()), adopt=written)
