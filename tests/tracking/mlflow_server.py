@@ -12,10 +12,19 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import free_port, wait_for
 
 START_SECONDS = 300
+
+
+def tracking_client(uri: str) -> Any:
+    """An MlflowClient of the server at `uri` (mlflow is imported here, on first use: importing
+    it with the test modules cost every test process about 2 s of CPU at collection)."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
 
 
 def _healthy(uri: str, proc: subprocess.Popen[bytes]) -> bool:

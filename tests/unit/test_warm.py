@@ -144,6 +144,28 @@ def test_the_trainer_module_runs_with_nothing_on_stderr_a_fresh_start_would_not_
     assert (done.returncode, done.stdout, done.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
 
 
+@pytest.mark.parametrize("argv", [["operator", "--help"], ["run", "--help"], ["run", "missing.yaml"]])
+def test_the_mpjob_command_is_forked_by_its_own_server_and_says_what_a_fresh_start_says(argv: list[str]) -> None:
+    """The operator and `mpjob run` start from the server that has imported their modules."""
+    command = [sys.executable, "-m", "mpjob.cli", *argv]
+    with warm.Popen(command, stdout=warm.PIPE, stderr=warm.PIPE, text=True) as proc:
+        out, err = proc.communicate(timeout=60)
+    fresh = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert proc.forked and (proc.returncode, out, err) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+def test_a_forked_kubernetes_client_loads_the_kubeconfig_its_own_environment_names(tmp_path: Path) -> None:
+    """The client reads KUBECONFIG when it is imported, which was in the server."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\ncurrent-context: named-by-the-env\ncontexts: []\n")
+    command = [sys.executable, "-m", "mpjob.cli", "status", "some-job"]
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    done = warm.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "named-by-the-env" in done.stdout + done.stderr, done
+    fresh = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert (done.stdout, done.stderr) == (fresh.stdout, fresh.stderr)
+
+
 # The ranks a launcher starts: a cold interpreter stands in for each (tests/warm/standin.py).
 
 RANK = """

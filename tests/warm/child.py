@@ -78,6 +78,15 @@ def die_with_the_server() -> None:
         os._exit(1)
 
 
+def settings_from_the_environment() -> None:
+    """What an imported library read from the environment at its import, read again from the
+    child's: the Kubernetes client's default kubeconfig (KUBECONFIG), which the operator and
+    `mpjob status` load."""
+    for name in ("kubernetes.config.kube_config", "kubernetes.config"):  # the package keeps a copy
+        if name in sys.modules:
+            sys.modules[name].KUBE_CONFIG_DEFAULT_LOCATION = os.environ.get("KUBECONFIG", "~/.kube/config")
+
+
 def become(request: dict[str, Any], fds: list[int]) -> None:
     die_with_the_server()
     atexit.register(quiet_teardown)  # registered first: the last to run
@@ -91,6 +100,7 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     sys.path[:] = search_path(first, env.get("PYTHONPATH"))
     os.environ.clear()
     os.environ.update(env)
+    settings_from_the_environment()
     streams(fds, bool(os.environ.get("PYTHONUNBUFFERED")))
     sys.argv = [target, *args]  # for a module, runpy puts its file in argv[0]
     if request["module"]:

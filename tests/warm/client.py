@@ -198,6 +198,11 @@ class Popen:
         self.stdout = open(stdout_read, mode) if stdout_read is not None else None  # noqa: SIM115
         self.stderr = open(stderr_read, mode) if stderr_read is not None else None  # noqa: SIM115
 
+    @property
+    def forked(self) -> bool:
+        """True when a server forked it, False when it started cold."""
+        return self._cold is None
+
     def poll(self) -> int | None:
         if self._cold is not None:
             self.returncode = self._cold.poll()

@@ -51,9 +51,17 @@ def rank_target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
     return None if found is None or (found[0] and found[1] not in RANK_MODULES) else found
 
 
+#: Served by the server that has imported the `mpjob` command's own parts (no torch there):
+#: the operator and the local runner's parent process.
+CLI_MODULES = frozenset({"mpjob.cli"})
+
+
 def kind(module: bool, name: str) -> str:
-    """The server that runs it: "frameworks" for a script that imports one, else "trainer"."""
-    return "frameworks" if not module and _FRAMEWORK.search(Path(name).read_text()) else "trainer"
+    """The server that runs it: "cli" for the `mpjob` command, "frameworks" for a script that
+    imports one, else "trainer"."""
+    if module:
+        return "cli" if name in CLI_MODULES else "trainer"
+    return "frameworks" if _FRAMEWORK.search(Path(name).read_text()) else "trainer"
 
 
 def start_env(env: dict[str, str]) -> dict[str, str]:

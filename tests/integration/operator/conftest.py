@@ -16,6 +16,7 @@ import yaml
 from kubernetes import client
 
 from mpjob_contract import api
+from tests import warm
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -65,12 +66,12 @@ class Operator:
         self.metrics_port = metrics_port  # 0: no metrics endpoint
         self.env = env or {}
         self.also = also  # more namespaces to serve (watches there too)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: warm.Popen | None = None
 
     def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MPJOB_TICK_SECONDS": "1", **self.env}
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = warm.Popen(  # forked by a server that has imported the operator's modules
             [
                 sys.executable,
                 "-m",

@@ -118,10 +118,11 @@ def check_kubectl_shows_it(cluster_bin: Path, kubeconfig: str, namespace: str) -
 
 def check_counted_once(op: Operator, *, first: dict[str, Any], second: dict[str, Any]) -> None:
     """The counters hold each attempt's figures once; a restarted operator counts none again."""
-    port = op.metrics_port
-    seen = wait_for(lambda: scrape(port), 30, message="operator metrics")
+    port, succeeded = op.metrics_port, 'mpjob_operator_gpu_seconds_total{outcome="Succeeded"}'
+    # counted right after the status write that showed them: wait for the last attempt's figure
+    seen = wait_for(lambda: (got := scrape(port)) and succeeded in got and got, 30, message="the counted figures")
     assert seen['mpjob_operator_gpu_seconds_total{outcome="NumericFault"}'] == pytest.approx(first["gpuSeconds"])
-    assert seen['mpjob_operator_gpu_seconds_total{outcome="Succeeded"}'] == pytest.approx(second["gpuSeconds"])
+    assert seen[succeeded] == pytest.approx(second["gpuSeconds"])
     wasted = seen['mpjob_operator_wasted_gpu_seconds_total{reason="rollback"}']
     assert wasted == pytest.approx(first["wastedGpuSeconds"], abs=1e-3)
     money = seen['mpjob_operator_gpu_cost_total{currency="EUR",outcome="NumericFault"}']

@@ -25,6 +25,7 @@ import yaml
 from kubernetes import client
 
 from mpjob.controller.watch import FAILING_SECONDS
+from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.integration.operator.conftest import CRD, Jobs, Operator
 from tests.integration.operator.test_hostile_children import standin
@@ -47,7 +48,7 @@ class Watching(Operator):
         command = [sys.executable, "-m", "mpjob.cli", "operator", *flags, "--metrics-port", "0"]
         command += ["--bind-address", "127.0.0.1", "--health-port", str(self.health_port)]
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = warm.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def health(self) -> tuple[int, str]:
         try:

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.tracking import MAX_TRACE_BYTES, PROFILE_ANNOTATION
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
-from tests.tracking.mlflow_server import mlflow_server
+from tests.tracking.mlflow_server import mlflow_server, tracking_client
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +96,7 @@ def test_a_fallback_job_reaches_mlflow_from_its_pods_with_the_secrets_credential
             ("fp16", "NumericFault"),
             ("bf16", "Succeeded"),
         ]
-        client = MlflowClient(uri)
+        client = tracking_client(uri)
         experiment = client.get_experiment_by_name(namespace)
         assert experiment is not None
         runs = client.search_runs([experiment.experiment_id])

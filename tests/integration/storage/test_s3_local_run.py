@@ -61,7 +61,7 @@ def env(**override: str) -> dict[str, str]:
 
 def mpjob_run(job: Path, out: Path, timeout: float = 300, **override: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env(**override))
+    return warm.run(argv, capture_output=True, text=True, timeout=timeout, env=env(**override))
 
 
 def report(out: Path) -> dict[str, Any]:
@@ -163,9 +163,7 @@ def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_i
     argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"]
     kills, torn = 0, 0
     for delay in (0.0, rng.uniform(0.0, 0.2), rng.uniform(0.0, 0.2)):
-        proc = subprocess.Popen(
-            argv, env=env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
+        proc = warm.Popen(argv, env=env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_for(
             lambda run=proc: run.poll() is not None or uploads_in_flight(s3) > 0,
             240,

@@ -22,6 +22,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from mpjob_contract.storage import split_url
+from tests import warm
 from tests.cluster.s3 import CREDENTIALS
 from tests.helpers import free_port, wait_for
 from tests.integration.storage.test_s3_local_run import (
@@ -131,9 +132,7 @@ def test_sigkill_while_shards_go_up_never_shows_a_partial_checkpoint_and_the_rer
     argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"]
     kills, torn = 0, 0
     for delay in (0.0, rng.uniform(0.0, 0.1), rng.uniform(0.0, 0.1)):
-        proc = subprocess.Popen(
-            argv, env=env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
+        proc = warm.Popen(argv, env=env(), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         since = float(int(time.time()))  # S3 times objects to the second: this run's are not older
         wait_for(
             lambda run=proc, t=since: run.poll() is not None or uncommitted(s3, t) > 0,

@@ -48,7 +48,7 @@ def run(tmp: Path, *args: str, job: dict[str, Any] = JOB) -> tuple[subprocess.Co
     record = tmp / "samples.txt"
     env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_TEST_RECORD": str(record)})
     command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=540, env=env), record
+    return warm.run(command, capture_output=True, text=True, timeout=540, env=env), record
 
 
 def trained(attempts: list[dict[str, Any]], record: Path) -> Counter[int]:

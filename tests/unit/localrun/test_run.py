@@ -46,7 +46,7 @@ def manifest(tmp: Path, **spec: object) -> Path:
 
 def mpjob_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"})
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "mpjob.cli", "run", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
@@ -56,9 +56,9 @@ def long_bf16_job(tmp: Path) -> Path:
     return manifest(tmp, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
 
 
-def start_runner(job: Path, out: Path) -> subprocess.Popen[bytes]:
+def start_runner(job: Path, out: Path) -> warm.Popen:
     """`mpjob run` in the background, its output discarded."""
-    return subprocess.Popen(
+    return warm.Popen(
         [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
@@ -126,7 +126,7 @@ def test_an_invalid_manifest_is_rejected_before_running(tmp_path: Path) -> None:
 def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
     job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
     out = tmp_path / "out"
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -8,10 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from tests.helpers import mpjob_run_json
-from tests.tracking.mlflow_server import mlflow_server
+from tests.tracking.mlflow_server import mlflow_server, tracking_client
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +41,7 @@ def test_a_fallback_job_is_one_mlflow_run_with_both_attempts(tmp_path: Path) -> 
 
 
 def check_tracked(uri: str, events: list[dict], report: dict) -> None:
-    client = MlflowClient(uri)
+    client = tracking_client(uri)
     experiment = client.get_experiment_by_name("ladder")
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
@@ -84,4 +83,4 @@ def check_tracked(uri: str, events: list[dict], report: dict) -> None:
 
 
 def client_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
-    return [(m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key)]
+    return [(m.step, m.value) for m in tracking_client(uri).get_metric_history(run_id, key)]

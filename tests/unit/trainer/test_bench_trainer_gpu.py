@@ -28,8 +28,9 @@ CUDA = torch.cuda.is_available()
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     figures = tmp_path_factory.mktemp("bench") / "figures.json"
-    # One thread a process, as scripts/bench.sh's CPU benchmarks: two busy cores are shared.
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MPJOB_METRICS_PORT": "off"}
+    # One thread a process, as scripts/bench.sh's CPU benchmarks: two busy cores are shared. The
+    # trainer processes the bench starts (`python -m mpjob_trainer`) start warm too.
+    env = warm.for_ranks({**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MPJOB_METRICS_PORT": "off"})
     proc = warm.run(
         [sys.executable, "bench/trainer_gpu.py", "--tiny", "--json", str(figures)],
         cwd=REPO,

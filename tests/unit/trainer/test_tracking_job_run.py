@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 from mpjob_trainer.tracking.mlflow_run import MlflowRuns
 from mpjob_trainer.tracking.records import run_status
+from tests.tracking.mlflow_server import tracking_client
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +29,7 @@ def attempt(uri: str, index: int) -> MlflowRuns:
 
 
 def status_of(uri: str, run_id: str) -> str:
-    return str(MlflowClient(uri).get_run(run_id).info.status)
+    return str(tracking_client(uri).get_run(run_id).info.status)
 
 
 def test_a_job_that_fails_for_good_ends_its_run_failed(uri: str) -> None:
