@@ -240,6 +240,9 @@ def test_a_rank_whose_start_up_environment_differs_runs_cold_in_its_own_interpre
     proc, seen = start_rank(tmp_path, "0", OMP_NUM_THREADS="2")
     proc.communicate(timeout=120)
     assert proc.returncode == 0 and seen["pid"] == proc.pid and not seen["torch"]
+    said = [json.loads(line) for line in (Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "cold.log").open()]
+    (why,) = [line["why"] for line in said if line["pid"] == proc.pid]  # where the suite's cold starts are found
+    assert "start-up environment differs" in why and "OMP_NUM_THREADS" in why
 
 
 def test_a_rank_command_started_cold_on_purpose_is_not_handed_to_a_server(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ def request(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     module, name, args = found
     path = os.path.join(os.environ["MPJOB_WARM_DIR"], f"{rules.kind(module, name)}.sock")
     if not os.path.exists(path):
+        went_cold({"target": name, "args": args}, f"no server at {path}")
         return None
     return path, {
         "module": module,
@@ -49,6 +50,17 @@ def request(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
         "tied": True,
         "prefix": sys.prefix,
     }
+
+
+def went_cold(message: dict[str, Any], why: str) -> None:
+    """Say why a rank runs cold where the suite looks for it: a line in the servers' folder
+    (cold.log), not on the rank's own streams."""
+    line = json.dumps({"pid": os.getpid(), "argv": [message["target"], *message["args"]], "why": why}) + "\n"
+    try:
+        with open(os.path.join(os.environ["MPJOB_WARM_DIR"], "cold.log"), "a") as log:
+            log.write(line)
+    except OSError:
+        pass
 
 
 def end_as(returncode: int) -> None:
@@ -78,8 +90,9 @@ def stand_in(path: str, message: dict[str, Any]) -> None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
-    except OSError:
-        return  # the server ended with its test process: run cold
+    except OSError as exc:
+        went_cold(message, f"the server does not answer (ended with its test process?): {exc}")
+        return
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     socket.send_fds(conn, [json.dumps(message).encode() + b"\n"], [0, 1, 2])
     replies = Replies(conn)
@@ -88,6 +101,7 @@ def stand_in(path: str, message: dict[str, Any]) -> None:
     except ConnectionError:  # stopped before it answered
         first = None
     if first is None or "cold" in first:
+        went_cold(message, (first or {}).get("cold", "the server stopped before it answered"))
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         conn.close()
