@@ -86,6 +86,9 @@ class ProcessRuntime:
         self.core = core
         self.logs_dir = logs_dir
         self.procs: dict[int, subprocess.Popen[bytes]] = {}  # pid -> Popen for our own children
+        #: Containers this runtime reaped: their numbers may be another process's (and process
+        #: group's) by now (pid_max is 32768 here and the suite wraps it), so never signal them.
+        self.reaped: set[int] = set()
 
     def run_init(self, sandbox: PodSandbox, ctr: Any) -> None:
         """Run an init container to its end; raise unless it exited 0."""
@@ -98,6 +101,7 @@ class ProcessRuntime:
         """Start the pod's main container and keep its process to poll."""
         proc, started = self._launch(sandbox, ctr)
         self.procs[proc.pid] = proc
+        self.reaped.discard(proc.pid)
         return started
 
     def _launch(self, sandbox: PodSandbox, ctr: Any) -> tuple[subprocess.Popen[bytes], Started]:
@@ -188,13 +192,18 @@ class ProcessRuntime:
             if proc.poll() is None:
                 return None
             self.procs.pop(rec.pid, None)
-        elif pid_alive(rec.pid):
+            self.reaped.add(rec.pid)
+        elif rec.pid not in self.reaped and pid_alive(rec.pid):
             return None
         code = exit_code(rec.exit_file)
         return KILLED if code is None else code
 
     def kill(self, rec: PodProcess, grace: float) -> int:
-        """SIGTERM the container's process group, SIGKILL it after `grace` seconds; its exit code."""
+        """SIGTERM the container's process group, SIGKILL it after `grace` seconds; its exit code.
+        A container that has exited is not signalled: its group may be another's by now."""
+        code = self.exited(rec)
+        if code is not None:
+            return code
         _signal_group(rec.pid, signal.SIGTERM)
         code = self._wait_exit(rec, grace)
         if code is not None:

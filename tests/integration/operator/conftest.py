@@ -61,17 +61,21 @@ class Operator:
         *,
         also: tuple[str, ...] = (),
         metrics_port: int = 0,
+        forked: bool = True,
     ) -> None:
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
         self.metrics_port = metrics_port  # 0: no metrics endpoint
         self.env = env or {}
         self.also = also  # more namespaces to serve (watches there too)
-        self.proc: warm.Popen | None = None
+        #: started by the warm-start server (False: a fresh interpreter, for a test that reads
+        #: the process's own memory: a forked one's counts the server's pages too)
+        self.forked = forked
+        self.proc: warm.Popen | subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "MPJOB_TICK_SECONDS": "1", **self.env}
         out = self.log.open("ab")
-        self.proc = warm.Popen(  # forked by a server that has imported the operator's modules
+        self.proc = (warm.Popen if self.forked else subprocess.Popen)(
             [
                 sys.executable,
                 "-m",
@@ -89,14 +93,28 @@ class Operator:
             start_new_session=True,
         )
 
+    def _signal(self, sig: signal.Signals) -> bool:
+        """Send `sig` to the operator's process group; False when it had ended already (a
+        forked operator is reaped by its server, so its group can be gone before poll says so)."""
+        if not self.proc or self.proc.poll() is not None:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            code = self.proc.wait()
+            with self.log.open("a") as log:  # said where a test's failure would send a reader
+                log.write(f"test: the operator had ended (status {code}) before it was sent {sig.name}\n")
+            return False
+        return True
+
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self._signal(signal.SIGKILL):
+            assert self.proc is not None
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        if self._signal(signal.SIGTERM):
+            assert self.proc is not None
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
