@@ -121,6 +121,8 @@ class Workers:
         """SIGKILL the last `count` workers' process groups, as when their nodes go away (the
         peer watch then stops the rest, as a Job's pods lose their peers)."""
         for proc in self.procs[len(self.procs) - count :]:
+            if proc.poll() is not None:  # reaped: its group's number may be another's by now
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
 
