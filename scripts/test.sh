@@ -30,14 +30,20 @@ e2e_pid=$!
 # Files go to the workers slowest first (tests/durations.json; the root conftest orders them),
 # and each test's time lands in .test-report.xml: `python scripts/test_durations.py
 # .test-report.xml` refreshes the table when files grow or new slow ones appear.
+rest_log="$(mktemp)"
 MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
-  --junitxml=.test-report.xml -m "not e2e" "$@"
-rest=$?
+  --junitxml=.test-report.xml -m "not e2e" "$@" | tee "$rest_log"
+rest=${PIPESTATUS[0]}
 wait "$e2e_pid"
 e2e=$?
 echo "=== e2e (tests/e2e, one process beside the workers) ==="
 cat "$e2e_log"
-rm -f "$e2e_log"
+# The last lines are what a CI page shows: name every test that failed or errored there.
+if grep -qhE '^(FAILED|ERROR) ' "$rest_log" "$e2e_log"; then
+  echo "=== tests that failed or errored (their output is above) ==="
+  grep -hE '^(FAILED|ERROR) ' "$rest_log" "$e2e_log"
+fi
+rm -f "$e2e_log" "$rest_log"
 if [[ $was_running -eq 0 && -z "${MPJOB_KEEP_CLUSTER:-}" ]]; then
   uv run --no-sync python -m tests.cluster down >/dev/null
 fi
