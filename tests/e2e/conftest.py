@@ -144,10 +144,13 @@ def example(name: str) -> dict[str, Any]:
 
 def endless(name: str) -> dict[str, Any]:
     """The quickstart renamed, as a tiny bf16 MLP that trains until stopped: a job that is
-    still running whenever a test looks."""
+    still running whenever a test looks. It trains at a pace (20 ms a step: task.args.stepDelay)
+    so that it leaves the cores to the control plane and the operator the test is watching."""
     job = example("quickstart")
     job["metadata"]["name"] = name
-    job["spec"]["task"] = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512}}
+    pace = dict.fromkeys(("bf16", "fp32"), 0.02)
+    args = {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512, "stepDelay": pace}
+    job["spec"]["task"] = {"builtin": "mlp", "args": args}
     job["spec"]["training"] = {"steps": 1_000_000, "batchSize": 8, "logEvery": 5}
     job["spec"]["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
     return job

@@ -156,9 +156,11 @@ def test_kueue_preempts_a_running_attempt_and_the_job_resumes_in_the_same_precis
     release: Release, jobs: Jobs, batch: client.BatchV1Api, queue: str
 ) -> None:
     ns = release.namespace
-    # Long enough to be preempted mid-run on any machine; periodic checkpoints far apart, so
-    # the step it resumes at tells the SIGTERM checkpoint from a periodic one.
-    job = cpu_sized(example("kueue-queued"), steps=1500)
+    # Long enough to be preempted mid-run on any machine: 600 steps of at least 50 ms each
+    # (task.args.stepDelay: the clock makes it long, not the cores). Periodic checkpoints far
+    # apart, so the step it resumes at tells the SIGTERM checkpoint from a periodic one.
+    job = cpu_sized(example("kueue-queued"), steps=600)
+    job["spec"]["task"]["args"]["stepDelay"] = dict.fromkeys(("fp16", "bf16", "fp32"), 0.05)
     job["spec"]["checkpoint"]["everySteps"] = 1000
     job["metadata"]["name"] = "preempted"
     job["spec"]["runPolicy"]["maxAttempts"] = 1  # a preemption must use none of it

@@ -48,7 +48,10 @@ def mlflow_server(folder: Path, host: str = "127.0.0.1") -> Iterator[str]:
         "--default-artifact-root", (folder / "artifacts").as_uri(),
         "--host", host, "--port", str(port), "--workers", "1",
     ]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder)
+    # Without its job runner: a process (and its queue consumers) that imports MLflow again,
+    # for server-side jobs no test uses.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder, env=env)
     try:
         wait_for(lambda: _healthy(uri, proc), timeout=START_SECONDS, interval=0.5, message="the MLflow server")
         yield uri

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests import warm
+
 pytestmark = [pytest.mark.unit, pytest.mark.process]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +90,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / "tests").symlink_to(REPO / "tests")  # tests/cluster/build-s3.sh, as from the repository root
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KUBE", "MPJOB_LAUNCH"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env = warm.for_ranks(env)  # the trainer processes `mpjob run` starts are forked warm
     with_s3 = versitygw_cached() and port_free(S3_PORT)
     shown = os.environ.get("MPJOB_TUTORIAL_OUTPUT")  # a folder: keep each block's output (to paste)
     ran: list[Block] = []

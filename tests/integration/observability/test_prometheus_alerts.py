@@ -22,6 +22,7 @@ import yaml
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import LAUNCH_ENV
 from mpjob_contract.metrics import METRICS_PORT_ENV
+from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.unit.observability.promtool import RULES, require
 
@@ -29,10 +30,15 @@ pytestmark = pytest.mark.integration
 
 SCRAPE = "250ms"
 EVALUATE = "1s"
-TASK = {"builtin": "gpt", "args": {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000}}
-# The guard allows a long run of overflowing steps (one log line each) before it ends fp16,
-# so the scrapes see the non-finite losses climb before the trainer exits 42.
-OVERFLOW_GUARD = {"maxNonFiniteLosses": 1500, "maxConsecutiveOverflows": 1500, "minLossScale": 0}
+#: Each fp16 step sleeps 20 ms (stepDelay): the runs last as long as the scrapes need while
+#: their cores stay mostly free (the stable run trains until the test has seen the alert).
+TASK = {
+    "builtin": "gpt",
+    "args": {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000, "stepDelay": {"fp16": 0.02}},
+}
+# The guard allows a run of overflowing steps (one log line each, ~5 s of them) before it
+# ends fp16, so the scrapes (every 250 ms) see the non-finite losses climb before it exits 42.
+OVERFLOW_GUARD = {"maxNonFiniteLosses": 200, "maxConsecutiveOverflows": 200, "minLossScale": 0}
 
 
 @dataclass
@@ -54,7 +60,7 @@ class Prometheus:
         return [a for a in alerts if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
 
 
-def trainer(tmp: Path, job: str, port: int, overflow_at: int | None, steps: int) -> subprocess.Popen[bytes]:
+def trainer(tmp: Path, job: str, port: int, overflow_at: int | None, steps: int) -> warm.Popen:
     args = dict(TASK["args"]) | ({"overflowAtStep": overflow_at} if overflow_at is not None else {})
     precision: dict[str, Any] = {"mode": "fp16"} | ({"guard": OVERFLOW_GUARD} if overflow_at is not None else {})
     spec = {
@@ -84,7 +90,7 @@ def trainer(tmp: Path, job: str, port: int, overflow_at: int | None, steps: int)
         env.pop(key, None)
     (tmp / job).mkdir()
     with (tmp / job / "stdout.log").open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return warm.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture

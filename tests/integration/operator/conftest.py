@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -120,13 +121,22 @@ class Operator:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, kubeconfig: str, namespace: str, log: Path, **options: Any) -> Iterator[Operator]:
+        """An operator serving `namespace` for the block (`options`: the constructor's), stopped after it."""
+        op = cls(kubeconfig, namespace, log, **options)
+        op.start()
+        try:
+            yield op
+        finally:
+            op.stop()
+
 
 @pytest.fixture
 def operator(kubeconfig: str, namespace: str, crd_installed: None, tmp_path: Path) -> Iterator[Operator]:
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
+    with Operator.running(kubeconfig, namespace, tmp_path / "operator.log") as op:
+        yield op
 
 
 class Jobs:
@@ -182,17 +192,18 @@ class Jobs:
         plan's Events after it writes the plan's status, so a status seen is not yet its Events."""
 
         def listed() -> tuple[list[Any]] | None:
-            selector = f"involvedObject.name={name}"
-            found = self.core.list_namespaced_event(self.namespace, field_selector=selector).items
+            found = self._events(name)
             return (found,) if set(reasons) <= {e.reason for e in found} else None
 
         try:
             (found,) = wait_for(listed, timeout, interval=0.25, message=f"Events {reasons} about {name}")
         except AssertionError as exc:
-            selector = f"involvedObject.name={name}"
-            seen = [e.reason for e in self.core.list_namespaced_event(self.namespace, field_selector=selector).items]
-            raise AssertionError(f"{exc}; Events seen: {seen}") from None
+            raise AssertionError(f"{exc}; Events seen: {[e.reason for e in self._events(name)]}") from None
         return found
+
+    def _events(self, name: str) -> list[Any]:
+        selector = f"involvedObject.name={name}"
+        return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
 
     def attempt_jobs(self, name: str) -> list[str]:
         return sorted(
@@ -221,12 +232,20 @@ def jobs(api_client: client.ApiClient, namespace: str) -> Jobs:
     return Jobs(api_client, namespace)
 
 
+#: The length of a run that the test ends itself (a suspend, a deletion, a lost pod). Such a run
+#: trains at PACE (seconds a step, in every precision: task.args.stepDelay), so that while the
+#: test waits on the cluster it leaves the cores to what it waits on instead of racing through
+#: steps nobody reads.
+UNTIL_STOPPED = 100_000
+PACE = dict.fromkeys(("fp32", "bf16", "fp16"), 0.02)
+
+
 def gpt_spec(claim: str, steps: int = 60, every: int = 10, **over: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000}
+    if steps == UNTIL_STOPPED:
+        args["stepDelay"] = PACE
     spec: dict[str, Any] = {
-        "task": {
-            "builtin": "gpt",
-            "args": {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000},
-        },
+        "task": {"builtin": "gpt", "args": args},
         "training": {"steps": steps, "batchSize": 4, "logEvery": 5},
         "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
         "checkpoint": {"everySteps": every, "volume": {"persistentVolumeClaim": {"claimName": claim}}},

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import Jobs, Operator, gpt_spec, pod_events
+from tests.integration.operator.conftest import UNTIL_STOPPED, Jobs, Operator, gpt_spec, pod_events
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ def test_a_deleted_pod_resumes_in_the_same_precision(
     operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
 ) -> None:
     jobs.pvc("ckpt")
-    spec = gpt_spec("ckpt", steps=100000, every=20)
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=20)
     spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
     jobs.create("evicted", spec)
     volume = jobs.checkpoints(kubeconfig, "ckpt", "evicted")
@@ -124,7 +124,7 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
 ) -> None:
     jobs.pvc("ckpt")
-    spec = gpt_spec("ckpt", steps=100000, every=20)
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=20)
     spec["precision"] = {"mode": "bf16"}
     jobs.create("pausable", spec)
     volume = jobs.checkpoints(kubeconfig, "ckpt", "pausable")
@@ -159,7 +159,7 @@ def test_ttl_removes_children_and_keeps_the_job(operator: Operator, jobs: Jobs) 
 
 def test_deleting_the_job_removes_its_children_but_not_the_volume(operator: Operator, jobs: Jobs) -> None:
     jobs.pvc("ckpt")
-    spec = gpt_spec("ckpt", steps=100000, every=50)
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=50)
     spec["precision"] = {"mode": "bf16"}
     jobs.create("doomed", spec)
     wait_for(lambda: jobs.attempt_jobs("doomed"), 60, message="attempt Job")
@@ -179,7 +179,7 @@ def test_a_job_carries_no_finalizer_and_deletes_with_the_operator_gone(operator:
     """The periodic tick is an index plus one loop, not a kopf timer (which would put a finalizer on
     every job): after `helm uninstall` a job still deletes, and its children follow."""
     jobs.pvc("ckpt")
-    spec = gpt_spec("ckpt", steps=100000, every=50)
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=50)
     spec["precision"] = {"mode": "bf16"}
     jobs.create("orphan", spec)
     # Live progress comes from the ticker: it runs without a timer's finalizer.

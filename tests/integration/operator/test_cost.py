@@ -31,10 +31,8 @@ def metrics_port() -> int:
 
 @pytest.fixture
 def counted(kubeconfig: str, namespace: str, crd_installed: None, tmp_path: Path) -> Iterator[Operator]:
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", metrics_port=metrics_port())
-    op.start()
-    yield op
-    op.stop()
+    with Operator.running(kubeconfig, namespace, tmp_path / "operator.log", metrics_port=metrics_port()) as op:
+        yield op
 
 
 def samples(port: int) -> dict[str, float]:

@@ -60,10 +60,8 @@ def attacker(core: client.CoreV1Api) -> Iterator[str]:
 @pytest.fixture
 def operator(kubeconfig: str, namespace: str, attacker: str, crd_installed: None, tmp_path: Path) -> Iterator[Operator]:
     """The operator serving the victim's namespace and the attacker's."""
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", also=(attacker,))
-    op.start()
-    yield op
-    op.stop()
+    with Operator.running(kubeconfig, namespace, tmp_path / "operator.log", also=(attacker,)) as op:
+        yield op
 
 
 def victims_job(jobs: Jobs, name: str) -> client.V1Job:

@@ -83,10 +83,8 @@ class Canary(http.server.ThreadingHTTPServer):
 @pytest.fixture
 def operator(kubeconfig: str, namespace: str, crd_installed: None, tmp_path: Path) -> Iterator[Operator]:
     """A fresh interpreter, not a forked one: its peak memory is the operator's own."""
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", forked=False)
-    op.start()
-    yield op
-    op.stop()
+    with Operator.running(kubeconfig, namespace, tmp_path / "operator.log", forked=False) as op:
+        yield op
 
 
 @pytest.fixture

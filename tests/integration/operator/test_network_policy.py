@@ -36,10 +36,10 @@ SETTING = {
 @pytest.fixture
 def fencing_operator(kubeconfig: str, namespace: str, crd_installed: None, tmp_path: Path) -> Iterator[Operator]:
     """The operator as the chart configures it by default: a NetworkPolicy per attempt."""
-    op = Operator(kubeconfig, namespace, tmp_path / "operator.log", env={"MPJOB_NETWORK_POLICY": json.dumps(SETTING)})
-    op.start()
-    yield op
-    op.stop()
+    with Operator.running(
+        kubeconfig, namespace, tmp_path / "operator.log", env={"MPJOB_NETWORK_POLICY": json.dumps(SETTING)}
+    ) as op:
+        yield op
 
 
 def sleeper(workers: int) -> dict[str, Any]:

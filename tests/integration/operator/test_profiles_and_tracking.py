@@ -18,7 +18,7 @@ import pytest
 from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.tracking import MAX_TRACE_BYTES, PROFILE_ANNOTATION
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import Jobs, Operator, gpt_spec
+from tests.integration.operator.conftest import UNTIL_STOPPED, Jobs, Operator, gpt_spec
 from tests.tracking.mlflow_server import mlflow_server, tracking_client
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def test_an_annotation_profiles_the_running_attempt_once_and_bad_counts_are_refu
     operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str, cluster_bin: Path
 ) -> None:
     jobs.pvc("ckpt")
-    spec = gpt_spec("ckpt", steps=100000, every=50)
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=50)
     spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
     jobs.create("profiled", spec)
     wait_for(lambda: jobs.status("profiled").get("step", 0) >= 5, 240, message="training under way")

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from tests.cluster.s3 import CREDENTIALS, S3Server
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import Jobs, Operator, pod_events
+from tests.integration.operator.conftest import PACE, UNTIL_STOPPED, Jobs, Operator, pod_events
 
 pytestmark = pytest.mark.integration
 
@@ -36,8 +36,9 @@ def s3_spec(
         "endpoint": server.endpoint,
         "credentialsSecret": secret_name,
     }
+    args = {**ARGS, "stepDelay": PACE} if steps == UNTIL_STOPPED else dict(ARGS)
     return {
-        "task": {"builtin": "gpt", "args": dict(ARGS)},
+        "task": {"builtin": "gpt", "args": args},
         "training": {"steps": steps, "batchSize": 4, "logEvery": 5},
         "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
         "checkpoint": {"everySteps": every, "storage": {"s3": s3}},
@@ -95,7 +96,7 @@ def test_two_workers_without_a_shared_volume_resume_from_the_bucket_after_a_pod_
     operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str, s3_server: S3Server
 ) -> None:
     secret(jobs.core, namespace, "ckpt-keys")
-    spec = s3_spec(s3_server, namespace, steps=100000, every=20)
+    spec = s3_spec(s3_server, namespace, steps=UNTIL_STOPPED, every=20)
     spec.update(workers=2, precision={"mode": "bf16", "fallback": ["fp32"]}, resources={"gpusPerWorker": 0})
     jobs.create("evicted", spec)
     wait_for(lambda: manifests(s3_server, f"e2e-{namespace}"), 240, message="a checkpoint in the bucket")

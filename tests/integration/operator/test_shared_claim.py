@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import Jobs, Operator, gpt_spec, pod_events
+from tests.integration.operator.conftest import UNTIL_STOPPED, Jobs, Operator, gpt_spec, pod_events
 from tests.integration.operator.test_attempts import OVERFLOW
 
 pytestmark = pytest.mark.integration
@@ -72,7 +72,7 @@ def test_a_resume_that_finds_no_checkpoint_records_the_fresh_start_not_the_plan(
     operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
 ) -> None:
     jobs.pvc("ckpt")
-    spec = gpt_spec("ckpt", steps=100000, every=10)
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=10)
     spec["precision"] = {"mode": "bf16"}
     jobs.create("emptied", spec)
     folder = jobs.checkpoints(kubeconfig, "ckpt", "emptied")

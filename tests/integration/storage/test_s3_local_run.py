@@ -150,11 +150,12 @@ def uploads_in_flight(s3: dict[str, Any]) -> int:
 def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_is_bit_identical(
     tmp_path: Path, s3: dict[str, Any]
 ) -> None:
-    """Checkpoints of ~40 MiB (multipart: 16 MiB parts) every 4 steps keep the writer thread
-    uploading most of the time; each run is killed (its whole process group) a random few
+    """Checkpoints of ~40 MiB (multipart: 16 MiB parts) every 4 steps of 16 keep the writer
+    thread uploading most of the time; each run is killed (its whole process group) a random few
     milliseconds after an upload was seen in flight, three times (the first at once: the moment
     this test is about, which a delay lets the upload outrun), then rerun to the end."""
-    job = manifest(tmp_path, s3, task={"builtin": "gpt", "args": BIG})
+    training = {"steps": 16, "batchSize": 4, "logEvery": 4}
+    job = manifest(tmp_path, s3, task={"builtin": "gpt", "args": BIG}, training=training)
     straight = mpjob_run(job, tmp_path / "straight")
     assert straight.returncode == 0, straight.stdout + straight.stderr
     reference = report(tmp_path / "straight")["lastCheckpoint"]["path"]
@@ -183,7 +184,7 @@ def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_i
     rerun = mpjob_run(job, out)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     final = report(out)
-    assert final["phase"] == "Succeeded" and final["lastCheckpoint"]["step"] == 40
+    assert final["phase"] == "Succeeded" and final["lastCheckpoint"]["step"] == training["steps"]
     assert_identical(state_of(reference, s3), state_of(final["lastCheckpoint"]["path"], s3))
     assert uploads_in_flight(s3) == 0  # the rerun aborted what the killed runs left
 
