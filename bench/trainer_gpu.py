@@ -67,7 +67,7 @@ CUDA = torch.cuda.is_available()
 NA = "n/a (no CUDA)"
 NOT_MEASURED = "not measured (left out of this run)"
 GPT2_124M = {"nLayer": 12, "nHead": 12, "nEmbd": 768, "blockSize": 1024, "vocabSize": 50304, "data": "random"}
-TINY = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 64, "vocabSize": 512, "data": "random"}
+TINY = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 32, "vocabSize": 512, "data": "random"}
 PRECISIONS = ("fp32", "fp32+TF32", "fp16", "bf16")
 #: What a run measures, in this order (--parts): the precisions side by side, the fp8 rows, the
 #: guard's A/B, the host syncs per step.
@@ -450,7 +450,7 @@ def options_from(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU: the same code paths")
     parser.add_argument("--batch", type=int, help="samples per step (default 16; --tiny 4)")
-    parser.add_argument("--steps", type=int, help="steps of each side-by-side run (default 240; --tiny 40)")
+    parser.add_argument("--steps", type=int, help="steps of each side-by-side run (default 240; --tiny 30)")
     parser.add_argument("--compile", choices=["always", "never"], help="both sides (default: always)")
     parser.add_argument("--precisions", type=listed(PRECISIONS), default=PRECISIONS, help="side by side in these")
     parser.add_argument("--parts", type=listed(PARTS), default=PARTS, help="measure these")
@@ -462,8 +462,8 @@ def options_from(argv: list[str] | None) -> Options:
     if not opts.tiny and not CUDA:
         parser.error("no CUDA device: GPT-2 124M needs a GPU (--tiny runs the same code paths on the CPU)")
     if opts.tiny:
-        base = Setup(args=TINY, batch=4, steps=40, compile=TINY_COMPILE, log_every=5, warmup=10, checkpoint_every=20,
-                     ab_pairs=2, ab_steps=30)  # fmt: skip
+        base = Setup(args=TINY, batch=4, steps=30, compile=TINY_COMPILE, log_every=5, warmup=10, checkpoint_every=20,
+                     ab_pairs=2, ab_steps=20)  # fmt: skip
     else:
         base = Setup(args=GPT2_124M, batch=16, steps=240, compile="always")
     setup = dataclasses.replace(

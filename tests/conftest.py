@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster.controlplane import Layout, down, exclusive, running, start_kueue, start_s3, up
 from tests.cluster.s3 import S3Server
+from tests.helpers import build_cache
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,6 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 # Set before anything imports torch; the processes tests start (trainers, operators, the test
 # cluster's node agent and so its pods) inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The kernels torch.compile builds are kept beside the test cluster's builds (the same cache
+# root as tests/cluster/build.sh), not in /tmp: a fresh clone on a machine with a warm build
+# cache compiles from cache (a cold compile of the bench's tiny model is ~10 s a precision).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(build_cache() / "inductor"))
 
 
 #: Seconds each test file took in a recent whole run (scripts/test_durations.py refreshes it).

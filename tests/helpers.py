@@ -1,6 +1,6 @@
 """Shared by tests and benchmarks: waiting on conditions with timeouts (never sleep-and-hope),
-a free loopback port, `mpjob run` of a manifest as a user runs it, and what Linux's /proc says
-of a process (its children, whether it has ended)."""
+a free loopback port, `mpjob run` of a manifest as a user runs it, what Linux's /proc says
+of a process (its children, whether it has ended), and where the build cache lies."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ import yaml
 from tests import warm
 
 T = TypeVar("T")
+
+
+def build_cache() -> Path:
+    """The build cache's root, as tests/cluster/build*.sh compute it: $MPJOB_CACHE, else mpjob
+    below $XDG_CACHE_HOME or ~/.cache."""
+    if os.environ.get("MPJOB_CACHE"):
+        return Path(os.environ["MPJOB_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mpjob"
 
 
 def wait_for(

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests import warm
+from tests.helpers import build_cache
 
 pytestmark = [pytest.mark.unit, pytest.mark.process]
 
@@ -60,10 +61,8 @@ def versitygw_cached() -> bool:
     digest = hashlib.sha256(
         (S3_BUILD / "go.mod").read_bytes() + (S3_BUILD / "go.sum").read_bytes() + script.read_bytes()
     ).hexdigest()[:12]
-    root = os.environ.get("MPJOB_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mpjob"
-    )
-    return (Path(root) / "cluster" / f"versitygw-{version.group(1)}-{digest}" / "bin" / "versitygw").exists()
+    root = build_cache()
+    return (root / "cluster" / f"versitygw-{version.group(1)}-{digest}" / "bin" / "versitygw").exists()
 
 
 def port_free(port: int) -> bool:
