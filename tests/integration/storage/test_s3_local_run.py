@@ -155,7 +155,9 @@ def test_sigkill_during_uploads_never_shows_a_partial_checkpoint_and_the_rerun_i
     milliseconds after an upload was seen in flight, three times (the first at once: the moment
     this test is about, which a delay lets the upload outrun), then rerun to the end."""
     training = {"steps": 16, "batchSize": 4, "logEvery": 4}
-    job = manifest(tmp_path, s3, task={"builtin": "gpt", "args": BIG}, training=training)
+    # fp32: the uploads are what this is about, and a bf16 step on the CPU costs 2-5x an fp32 one.
+    precision = {"mode": "fp32"}
+    job = manifest(tmp_path, s3, task={"builtin": "gpt", "args": BIG}, training=training, precision=precision)
     straight = mpjob_run(job, tmp_path / "straight")
     assert straight.returncode == 0, straight.stdout + straight.stderr
     reference = report(tmp_path / "straight")["lastCheckpoint"]["path"]
