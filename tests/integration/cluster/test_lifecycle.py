@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 @pytest.fixture
 def private(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {**os.environ, "MPJOB_CLUSTER_DIR": str(tmp_path / "cluster"), "MPJOB_CLUSTER_PORT_BASE": "17380"}
+    env["MPJOB_TEST_COLD"] = "1"  # no warm-start servers (torch and the frameworks imported): no rank runs here
     env.pop("KUBECONFIG", None)
     yield env
     subprocess.run([sys.executable, "-m", "tests.cluster", "down"], env=env, cwd=REPO, capture_output=True)

@@ -33,6 +33,7 @@ def local_layout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Layout]:
         pytest.skip("needs the test control plane (not a cluster named by $KUBECONFIG)")
     layout = Layout(tmp_path_factory.mktemp("restarts") / "cluster", PORT_BASE)
     env = {**os.environ, "MPJOB_CLUSTER_DIR": str(layout.root), "MPJOB_CLUSTER_PORT_BASE": str(PORT_BASE)}
+    env["MPJOB_TEST_COLD"] = "1"  # no warm-start servers (torch and the frameworks imported): no rank runs here
 
     def cluster(command: str) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "tests.cluster", command]
