@@ -251,6 +251,8 @@ class Popen:
         return self._read.get("out"), self._read.get("err")
 
     def _close_streams(self) -> None:
+        if self._readers is not None and any(reader.is_alive() for reader in self._readers):
+            return  # a reader blocked in read() holds its stream's lock: close() would wait on it forever
         for stream in (self.stdout, self.stderr):
             if stream is not None:
                 stream.close()
@@ -285,7 +287,10 @@ def run(
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            # Bounded: a process it started that outlived it (a hung rank) may still hold its
+            # pipes, and the test must fail with the timeout rather than wait on them forever.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=30)
             raise
     done = subprocess.CompletedProcess(proc.args, proc.wait(), out, err)
     if check:
