@@ -29,6 +29,12 @@ def build_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mpjob"
 
 
+def paced(seconds: float) -> dict[str, float]:
+    """task.args.stepDelay that makes each step of a builtin task last at least `seconds` in every
+    precision: a run that must last a while lasts by the clock, not by the cores it takes."""
+    return dict.fromkeys(("fp32", "bf16", "fp16"), seconds)
+
+
 def wait_for(
     predicate: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2, message: str = "condition"
 ) -> T:

@@ -27,7 +27,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from mpjob_contract import api
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, paced, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm/mpjob"
@@ -148,8 +148,7 @@ def endless(name: str) -> dict[str, Any]:
     so that it leaves the cores to the control plane and the operator the test is watching."""
     job = example("quickstart")
     job["metadata"]["name"] = name
-    pace = dict.fromkeys(("bf16", "fp32"), 0.02)
-    args = {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512, "stepDelay": pace}
+    args = {"inputs": 8, "hidden": 16, "layers": 1, "samples": 512, "stepDelay": paced(0.02)}
     job["spec"]["task"] = {"builtin": "mlp", "args": args}
     job["spec"]["training"] = {"steps": 1_000_000, "batchSize": 8, "logEvery": 5}
     job["spec"]["precision"] = {"mode": "bf16", "fallback": ["fp32"]}

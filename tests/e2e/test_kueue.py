@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.builders.attempt import KUEUE_QUEUE_LABEL
 from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, example, example_docs
-from tests.helpers import wait_for
+from tests.helpers import paced, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -160,7 +160,7 @@ def test_kueue_preempts_a_running_attempt_and_the_job_resumes_in_the_same_precis
     # (task.args.stepDelay: the clock makes it long, not the cores). Periodic checkpoints far
     # apart, so the step it resumes at tells the SIGTERM checkpoint from a periodic one.
     job = cpu_sized(example("kueue-queued"), steps=600)
-    job["spec"]["task"]["args"]["stepDelay"] = dict.fromkeys(("fp16", "bf16", "fp32"), 0.05)
+    job["spec"]["task"]["args"]["stepDelay"] = paced(0.05)
     job["spec"]["checkpoint"]["everySteps"] = 1000
     job["metadata"]["name"] = "preempted"
     job["spec"]["runPolicy"]["maxAttempts"] = 1  # a preemption must use none of it

@@ -61,8 +61,7 @@ def versitygw_cached() -> bool:
     digest = hashlib.sha256(
         (S3_BUILD / "go.mod").read_bytes() + (S3_BUILD / "go.sum").read_bytes() + script.read_bytes()
     ).hexdigest()[:12]
-    root = build_cache()
-    return (root / "cluster" / f"versitygw-{version.group(1)}-{digest}" / "bin" / "versitygw").exists()
+    return (build_cache() / "cluster" / f"versitygw-{version.group(1)}-{digest}" / "bin" / "versitygw").exists()
 
 
 def port_free(port: int) -> bool:

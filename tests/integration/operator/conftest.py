@@ -18,7 +18,7 @@ from kubernetes import client
 
 from mpjob_contract import api
 from tests import warm
-from tests.helpers import wait_for
+from tests.helpers import paced, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "mixedprecisionjobs.mpjob.dev.yaml"
@@ -232,18 +232,19 @@ def jobs(api_client: client.ApiClient, namespace: str) -> Jobs:
     return Jobs(api_client, namespace)
 
 
-#: The length of a run that the test ends itself (a suspend, a deletion, a lost pod). Such a run
-#: trains at PACE (seconds a step, in every precision: task.args.stepDelay), so that while the
-#: test waits on the cluster it leaves the cores to what it waits on instead of racing through
-#: steps nobody reads.
+#: The length of a run that the test ends itself (a suspend, a deletion, a lost pod).
 UNTIL_STOPPED = 100_000
-PACE = dict.fromkeys(("fp32", "bf16", "fp16"), 0.02)
+
+
+def paced_if_until_stopped(args: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A builtin task's `args` for a run of `steps`: one the test ends itself trains at 20 ms a
+    step, so that while the test waits on the cluster it leaves the cores to what it waits on
+    instead of racing through steps nobody reads."""
+    return {**args, "stepDelay": paced(0.02)} if steps == UNTIL_STOPPED else dict(args)
 
 
 def gpt_spec(claim: str, steps: int = 60, every: int = 10, **over: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000}
-    if steps == UNTIL_STOPPED:
-        args["stepDelay"] = PACE
+    args = paced_if_until_stopped({"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000}, steps)
     spec: dict[str, Any] = {
         "task": {"builtin": "gpt", "args": args},
         "training": {"steps": steps, "batchSize": 4, "logEvery": 5},

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from tests.cluster.s3 import CREDENTIALS, S3Server
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import PACE, UNTIL_STOPPED, Jobs, Operator, pod_events
+from tests.integration.operator.conftest import UNTIL_STOPPED, Jobs, Operator, paced_if_until_stopped, pod_events
 
 pytestmark = pytest.mark.integration
 
@@ -36,9 +36,8 @@ def s3_spec(
         "endpoint": server.endpoint,
         "credentialsSecret": secret_name,
     }
-    args = {**ARGS, "stepDelay": PACE} if steps == UNTIL_STOPPED else dict(ARGS)
     return {
-        "task": {"builtin": "gpt", "args": args},
+        "task": {"builtin": "gpt", "args": paced_if_until_stopped(ARGS, steps)},
         "training": {"steps": steps, "batchSize": 4, "logEvery": 5},
         "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
         "checkpoint": {"everySteps": every, "storage": {"s3": s3}},
