@@ -34,6 +34,7 @@ from tests.unit.localrun.test_elastic_run import SAMPLES, SEED, stream, trained
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[3]
 TRIO = [name for name in NODES if name.startswith("gpu-node-trio-")]
 STEPS, GLOBAL_BATCH = 120, 12
 
@@ -54,9 +55,7 @@ def _ready(core: client.CoreV1Api, name: str) -> bool:
 
 
 def _spec(claim: str, record: Path) -> dict[str, Any]:
-    # No PYTHONPATH: the test node's pods import this checkout already, and one set here would
-    # replace the node's, warm-start hook and all (every rank then started cold).
-    env = [{"name": "MPJOB_TEST_RECORD", "value": str(record)}]
+    env = [{"name": "PYTHONPATH", "value": str(REPO)}, {"name": "MPJOB_TEST_RECORD", "value": str(record)}]
     return {
         "workers": 3,
         "task": {
