@@ -25,7 +25,8 @@ e2e_log="$(mktemp)"
 # to deselect it cost this process 15-17 s of CPU.
 e2e_paths=("$@")
 [[ $# -eq 0 ]] && e2e_paths=(tests/e2e)
-MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -m e2e "${e2e_paths[@]}" >"$e2e_log" 2>&1 &
+rm -f .test-report.xml .test-report-e2e.xml
+MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -m e2e --junitxml=.test-report-e2e.xml "${e2e_paths[@]}" >"$e2e_log" 2>&1 &
 e2e_pid=$!
 # Files go to the workers slowest first (tests/durations.json; the root conftest orders them),
 # and each test's time lands in .test-report.xml: `python scripts/test_durations.py
@@ -42,6 +43,8 @@ cat "$e2e_log"
 if grep -qhE '^(FAILED|ERROR) ' "$rest_log" "$e2e_log"; then
   echo "=== tests that failed or errored (their output is above) ==="
   grep -hE '^(FAILED|ERROR) ' "$rest_log" "$e2e_log"
+  echo "=== where each stopped (the last frames of its traceback) ==="
+  uv run --no-sync python scripts/failures.py .test-report.xml .test-report-e2e.xml
 fi
 rm -f "$e2e_log" "$rest_log"
 if [[ $was_running -eq 0 && -z "${MPJOB_KEEP_CLUSTER:-}" ]]; then

@@ -70,6 +70,19 @@ def gone(pid: int) -> bool:
         return True
 
 
+def process_state(pid: int) -> str:
+    """What /proc says a process is doing, for a message about one that would not end: its
+    state, threads and where in the kernel it waits; "gone" once it is."""
+    try:
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+    except OSError:
+        return f"pid {pid}: gone"
+    return f"pid {pid}: state {status['State'].strip()}, {status['Threads'].strip()} threads, waiting in {wchan}"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 #: Its sitecustomize runs the stand-in in a rank's interpreter (for_ranks).
 HOOK = Path(__file__).resolve().with_name("hook")
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
+#: How long a start waits for the server's answer (its child's pid).
+START_ANSWER_SECONDS = 60
 _SUPPORTED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session", "preexec_fn"}
 
 
@@ -191,8 +193,9 @@ class Popen:
             for fd in opened:
                 os.close(fd)
         self._replies = Replies(self._conn)
-        reply = self._replies.next()
-        assert reply is not None
+        reply = self._replies.next(START_ANSWER_SECONDS)
+        if reply is None:  # the server forks at once: one that does not answer is stuck, not busy
+            raise RuntimeError(f"the warm-start server at {path} did not answer in {START_ANSWER_SECONDS} s")
         self.pid = int(reply["pid"])
         mode = "r" if kw.get("text") else "rb"
         self.stdout = open(stdout_read, mode) if stdout_read is not None else None  # noqa: SIM115

@@ -18,7 +18,7 @@ from kubernetes import client
 
 from mpjob_contract import api
 from tests import warm
-from tests.helpers import paced, wait_for
+from tests.helpers import paced, process_state, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "mixedprecisionjobs.mpjob.dev.yaml"
@@ -111,7 +111,10 @@ class Operator:
     def kill(self) -> None:
         if self._signal(signal.SIGKILL):
             assert self.proc is not None
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # said, not waited on forever: what holds it up
+                raise AssertionError(f"the operator outlived SIGKILL by 60 s: {process_state(self.proc.pid)}") from None
 
     def stop(self) -> None:
         if self._signal(signal.SIGTERM):
