@@ -16,6 +16,11 @@ State machine and invariants:
   the previous read (the interval the fault lay in). The first non-finite loss since the last
   good checkpoint rides in the interval's one all-reduce (no extra sync); the first one read
   is the attempt's first, since a checkpoint is only marked good after a clean interval.
+- `healthy` (may the state be checkpointed as good?) reads only values the interval's
+  all-reduce agreed on: overflows (skipped on every rank alike), the most non-finite losses any
+  rank observed since the previous read, and whether any rank reports a non-finite loss. A
+  checkpoint is a collective (sharded saves, the finite-state check), so ranks that decided
+  apart would wait in different collectives for ever.
 - `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay):
   the first overflow-skipped step and the first non-finite loss since the last good checkpoint.
   The first is host state; the second a device tensor updated with torch.where (no sync),
@@ -27,7 +32,6 @@ State machine and invariants:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -75,7 +79,11 @@ class NumericGuard:
         self.overflow_steps = 0
         self._non_finite = torch.zeros((), dtype=torch.int64, device=device)
         self.non_finite_losses = 0
-        self.new_non_finite = 0  # since the previous read
+        #: Non-finite losses since the previous read on the rank that saw most (agreed by all).
+        self.new_non_finite = 0
+        self._non_finite_at_read = torch.zeros((), dtype=torch.int64, device=device)
+        #: Did any rank report a non-finite loss at the last read (agreed by all)?
+        self.reported_non_finite = False
         self.forgiven = 0  # counted before the last rollback (session.skipping): not held against the guard
         self._applied = False
         self._last_loss: float | None = None
@@ -144,7 +152,9 @@ class NumericGuard:
         )
 
     # -- at log intervals: the one sync point -------------------------------------------
-    def read(self, scaler: torch.amp.GradScaler | None, flag: float = 0.0) -> GuardReading:
+    def read(
+        self, scaler: torch.amp.GradScaler | None, flag: float = 0.0, reported: torch.Tensor | float | None = None
+    ) -> GuardReading:
         """The interval's one wait for the device: the non-finite count and `flag`, all-reduced
         (max) in one tensor read. The loss scale is read after it with GradScaler's public
         `get_scale()`, whose `.item()` then copies one number the finished steps have already
@@ -155,16 +165,19 @@ class NumericGuard:
             self._non_finite.to(torch.float64),
             torch.tensor(flag, dtype=torch.float64, device=self.device),
             -torch.where(first >= 0, first, NO_STEP).to(torch.float64),  # max of the negated: the earliest
+            (self._non_finite - self._non_finite_at_read).to(torch.float64),  # this rank's, since its last read
+            self._non_finite_value(reported),
             *(self.spike.values() if self.spike is not None else []),
         ]
         packed = all_reduce_max(torch.stack(values), self.world).tolist()
-        self.new_non_finite = int(packed[0]) - self.non_finite_losses
+        self._non_finite_at_read = self._non_finite.clone()
         self.non_finite_losses = int(packed[0])
+        self.new_non_finite, self.reported_non_finite = int(packed[3]), packed[4] > 0
         if self.first_non_finite is None and -packed[2] < NO_STEP:
             self.first_non_finite = int(-packed[2]) + 1
         self.previous_read_at, self.read_at = self.read_at, self._step_index
         scale = scaler.get_scale() if scaler is not None else None
-        spikes = self.spike.agreed(packed[3:]) if self.spike is not None else None
+        spikes = self.spike.agreed(packed[5:]) if self.spike is not None else None
         return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite)
 
     def _when(self, first: int | None, step: int) -> str:
@@ -248,6 +261,14 @@ class NumericGuard:
         earliest = -all_reduce_max(torch.tensor(-float(mine), dtype=torch.float64, device=self.device), self.world)
         return None if earliest >= NO_STEP else int(earliest)
 
-    def healthy(self, loss: float | None) -> bool:
-        """May the current state be checkpointed as good? (Call right after `read`.)"""
-        return self.consecutive_overflows == 0 and self.new_non_finite == 0 and (loss is None or math.isfinite(loss))
+    def _non_finite_value(self, reported: torch.Tensor | float | None) -> torch.Tensor:
+        """1.0 when the loss this rank reports is NaN/Inf, else 0.0, on the device (no sync)."""
+        if reported is None:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        value = torch.as_tensor(reported, device=self.device).detach()
+        return (~torch.isfinite(value)).any().to(torch.float64)
+
+    def healthy(self) -> bool:
+        """May the current state be checkpointed as good? (Call right after `read`.) Decided from
+        values every rank agrees on, so all ranks take the checkpoint's collectives or none does."""
+        return self.consecutive_overflows == 0 and self.new_non_finite == 0 and not self.reported_non_finite

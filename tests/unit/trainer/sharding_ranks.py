@@ -114,6 +114,25 @@ def case_overflow(world: World) -> dict[str, Any]:
     }
 
 
+def case_guard_agrees(world: World) -> dict[str, Any]:
+    """Ranks that see different losses: does each read's `healthy` agree, and is it right?
+    Rank 1 observes a NaN at step 2, rank 0 one at step 7 (the largest count stays 1), rank 0
+    reports a NaN at step 15 that it did not train on; steps 16-20 are clean."""
+    guard = NumericGuard(Guard(maxNonFiniteLosses=100), CPU, world)
+    nan = float("nan")
+    observed_nan = {1: {2}, 0: {7}}[world.rank]
+    healthy = []
+    for step in range(1, 21):
+        guard.begin_step()
+        guard.observe_loss(torch.tensor(nan if step in observed_nan else 1.0))
+        guard.optimizer_stepped()
+        guard.end_step(step, uses_scaler=True)
+        if step % 5 == 0:
+            guard.read(None, reported=nan if (world.rank, step) == (0, 15) else 1.0)
+            healthy.append(guard.healthy())
+    return {"healthy": healthy, "nonFinite": guard.non_finite_losses}
+
+
 def case_clip(world: World) -> dict[str, Any]:
     """The clipped norm of the sharded gradients vs an unsharded copy of the model on the
     whole batch (FSDP averages gradients over ranks: the reference averages the ranks' losses)."""

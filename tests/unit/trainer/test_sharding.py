@@ -98,6 +98,16 @@ def test_every_rank_skips_the_same_fp16_overflow_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.process
+def test_ranks_that_see_different_losses_agree_whether_the_state_may_be_checkpointed(tmp_path: Path) -> None:
+    """A checkpoint is a collective: a rank that skips it while another takes it waits in another
+    collective for ever. Every read's verdict is the same on both ranks, and says unhealthy for a
+    NaN seen by one rank only (even when the largest count did not grow) or reported by one rank."""
+    seen = ranks(tmp_path, "guard_agrees", 2)
+    assert [r["healthy"] for r in seen] == [[False, False, False, True]] * 2
+    assert [r["nonFinite"] for r in seen] == [1, 1]
+
+
+@pytest.mark.process
 def test_the_clip_norm_is_the_unsharded_models(tmp_path: Path) -> None:
     for seen in ranks(tmp_path, "clip", 2):
         assert not seen["isDTensor"]  # a plain device tensor: the guard reads it like DDP's

@@ -123,19 +123,19 @@ class IntervalWork:
             fault = gate.check(step, precision=numerics.precision, metrics=self.progress.metrics, log=self.log)
         if fault is not None:
             return fault
-        return self._end_interval(step, due, loss, reading.flag > 0, state=state, checkpoints=checkpoints)
+        return self._end_interval(step, due, reading.flag > 0, state=state, checkpoints=checkpoints)
 
     def _end_interval(
-        self, step: int, due: Due, loss: float | None, stop: bool, *, state: TrainingState, checkpoints: Checkpointer
+        self, step: int, due: Due, stop: bool, *, state: TrainingState, checkpoints: Checkpointer
     ) -> Exception | None:
         """A healthy interval's end: checkpoint, then Repromote or Preempted when due."""
         numerics, guard = self.numerics, self.numerics.guard
-        if not guard.healthy(loss):
+        if not guard.healthy():
             self.cadence.trouble(step)
         promote = due.checkpoint and self.cadence.repromote_due(step)
         if due.checkpoint or stop:
             final = step == self.cadence.total or stop or promote
-            saved = self._checkpoint(step, loss, state=state, checkpoints=checkpoints, final=final)
+            saved = self._checkpoint(step, state=state, checkpoints=checkpoints, final=final)
             if promote and saved:
                 clean = self.cadence.clean_steps(step)
                 self.log("repromote", step=step, cleanSteps=clean)
@@ -161,12 +161,10 @@ class IntervalWork:
             loss=loss if loss is not None and math.isfinite(loss) else None,
         )
 
-    def _checkpoint(
-        self, step: int, loss: float | None, *, state: TrainingState, checkpoints: Checkpointer, final: bool
-    ) -> bool:
+    def _checkpoint(self, step: int, *, state: TrainingState, checkpoints: Checkpointer, final: bool) -> bool:
         """Save the state at `step`, unless this interval saw numeric trouble (never a bad one)."""
         guard, precision = self.numerics.guard, self.numerics.precision
-        if not (guard.healthy(loss) and state.finite()):
+        if not (guard.healthy() and state.finite()):
             self.log("checkpointSkipped", step=step, why="numeric trouble in this window")
             return False
 

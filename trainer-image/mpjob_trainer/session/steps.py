@@ -182,5 +182,5 @@ class StepNumerics:
     def read(self, flag: float) -> Read:
         """The interval's one sync point: the guard's counters and the loss scale, then the
         loss and gradient norm, on the host."""
-        reading = self.guard.read(self.precision.scaler, flag=flag)
+        reading = self.guard.read(self.precision.scaler, flag=flag, reported=self.tally.reported)
         return Read(reading, host_value(self.tally.reported), host_value(self.tally.grad_norm))
