@@ -17,10 +17,12 @@ State machine and invariants:
   good checkpoint rides in the interval's one all-reduce (no extra sync); the first one read
   is the attempt's first, since a checkpoint is only marked good after a clean interval.
 - `healthy` (may the state be checkpointed as good?) reads only values the interval's
-  all-reduce agreed on: overflows (skipped on every rank alike), the most non-finite losses any
+  all-reduce agreed on: whether a rank's last step was skipped, the most non-finite losses any
   rank observed since the previous read, and whether any rank reports a non-finite loss. A
   checkpoint is a collective (sharded saves, the finite-state check), so ranks that decided
-  apart would wait in different collectives for ever.
+  apart would wait in different collectives for ever. (Ranks skip the same steps, so the
+  overflow count agrees by itself; it rides in the read all the same, so that a rank whose
+  count went astray cannot split the ranks' checkpoints.)
 - `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay):
   the first overflow-skipped step and the first non-finite loss since the last good checkpoint.
   The first is host state; the second a device tensor updated with torch.where (no sync),
@@ -82,8 +84,8 @@ class NumericGuard:
         #: Non-finite losses since the previous read on the rank that saw most (agreed by all).
         self.new_non_finite = 0
         self._non_finite_at_read = torch.zeros((), dtype=torch.int64, device=device)
-        #: Did any rank report a non-finite loss at the last read (agreed by all)?
-        self.reported_non_finite = False
+        #: Did any rank report a non-finite loss, or end its step skipped, at the last read (agreed)?
+        self.reported_non_finite = self.overflowing = False
         self.forgiven = 0  # counted before the last rollback (session.skipping): not held against the guard
         self._applied = False
         self._last_loss: float | None = None
@@ -167,17 +169,18 @@ class NumericGuard:
             -torch.where(first >= 0, first, NO_STEP).to(torch.float64),  # max of the negated: the earliest
             (self._non_finite - self._non_finite_at_read).to(torch.float64),  # this rank's, since its last read
             self._non_finite_value(reported),
+            torch.tensor(self.consecutive_overflows, dtype=torch.float64, device=self.device),
             *(self.spike.values() if self.spike is not None else []),
         ]
         packed = all_reduce_max(torch.stack(values), self.world).tolist()
         self._non_finite_at_read = self._non_finite.clone()
         self.non_finite_losses = int(packed[0])
-        self.new_non_finite, self.reported_non_finite = int(packed[3]), packed[4] > 0
+        self.new_non_finite, self.reported_non_finite, self.overflowing = int(packed[3]), packed[4] > 0, packed[5] > 0
         if self.first_non_finite is None and -packed[2] < NO_STEP:
             self.first_non_finite = int(-packed[2]) + 1
         self.previous_read_at, self.read_at = self.read_at, self._step_index
         scale = scaler.get_scale() if scaler is not None else None
-        spikes = self.spike.agreed(packed[5:]) if self.spike is not None else None
+        spikes = self.spike.agreed(packed[6:]) if self.spike is not None else None
         return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite)
 
     def _when(self, first: int | None, step: int) -> str:
@@ -271,4 +274,4 @@ class NumericGuard:
     def healthy(self) -> bool:
         """May the current state be checkpointed as good? (Call right after `read`.) Decided from
         values every rank agrees on, so all ranks take the checkpoint's collectives or none does."""
-        return self.consecutive_overflows == 0 and self.new_non_finite == 0 and not self.reported_non_finite
+        return not self.overflowing and self.new_non_finite == 0 and not self.reported_non_finite

@@ -96,6 +96,25 @@ def test_a_probe_step_zeroes_the_gradients_and_applies_nothing() -> None:
     assert not torch.equal(before[0], model.weight) and numerics.applied.count == 1
 
 
+def test_an_optimizer_made_where_a_freed_one_lay_is_watched_too() -> None:
+    """A model wrapped anew in place makes a new optimizer after the old one is freed, often at
+    the old one's address: it is hooked all the same, so its fp16 steps count as applied, not as
+    overflows (which on one rank only made it skip a checkpoint the others took, and wait)."""
+    state = amp("fp16")
+    numerics = StepNumerics(state, NumericGuard(Guard(), CPU, World(rank=0, size=1, local_rank=0)))
+    model = nn.Linear(4, 1)
+    addresses = set()
+    for step in range(1, 11):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        addresses.add(id(optimizer))
+        numerics.backward(model(torch.ones(2, 4)).sum())
+        numerics.step(optimizer, clip_norm=None)
+        assert numerics.close(step, None) is None
+        del optimizer
+    assert len(addresses) < 10  # the case in question: an address was used again
+    assert numerics.applied.count == 10 and numerics.guard.consecutive_overflows == 0
+
+
 def test_the_interval_reads_the_loss_scale_through_gradscalers_public_api() -> None:
     state = amp("fp16", lossScale={"init": 1024.0})
     numerics = StepNumerics(state, NumericGuard(Guard(), CPU, World(rank=0, size=1, local_rank=0)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -100,12 +101,15 @@ class AppliedSteps:
     def __init__(self, guard: NumericGuard) -> None:
         self.guard = guard
         self.count = 0
-        self._watched: set[int] = set()
+        #: The optimizers hooked, held weakly: not by id(), which a new optimizer made after an
+        #: old one was freed (a model wrapped anew in place) can share, leaving it unhooked and
+        #: every one of its steps counted as an overflow, on the ranks where the ids met only.
+        self._watched: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook the optimizer (once) so the guard and the count see which steps were applied."""
-        if id(optimizer) not in self._watched:
-            self._watched.add(id(optimizer))
+        if optimizer not in self._watched:
+            self._watched.add(optimizer)
             optimizer.register_step_post_hook(self._stepped)
 
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
