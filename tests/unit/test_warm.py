@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -223,6 +224,34 @@ def test_a_rank_killed_by_a_signal_leaves_its_stand_in_killed_by_the_same_signal
     proc, _ = start_rank(tmp_path, "abort")
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGABRT
+
+
+def test_a_client_gone_before_its_answer_leaves_the_server_serving(tmp_path: Path) -> None:
+    """A start whose client is gone by the time the server answers with the pid (a launcher that
+    SIGKILLs its ranks' stand-ins as they start): the answer finds no one, and the server serves
+    the next start (it once died there, and every later start of its test process failed)."""
+    script = probe(tmp_path)
+    sock = Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "trainer.sock"
+    request = {"module": False, "target": str(script), "args": ["0"], "env": dict(os.environ),
+               "cwd": str(tmp_path), "new_session": True}  # fmt: skip
+    with open(os.devnull, "wb") as null:
+        for _ in range(3):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.connect(str(sock))
+                socket.send_fds(client, [json.dumps(request).encode() + b"\n"], [null.fileno()] * 3)
+    done = warm.run([sys.executable, str(script), "0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout)["ppid"] != os.getpid()
+
+
+def test_a_server_that_died_is_started_again_on_the_next_start(tmp_path: Path) -> None:
+    script = probe(tmp_path)
+    sock = str(Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "trainer.sock")
+    (server,) = [pid for pid in children(os.getpid()) if sock in Path(f"/proc/{pid}/cmdline").read_text()]
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: gone(server), 30, message="the server killed")
+    done = warm.run([sys.executable, str(script), "0"], capture_output=True, text=True, timeout=60)
+    seen = json.loads(done.stdout)
+    assert done.returncode == 0 and seen["ppid"] not in (os.getpid(), server) and seen["torch"]
 
 
 def test_a_sigkilled_stand_in_takes_its_rank_with_it(tmp_path: Path) -> None:

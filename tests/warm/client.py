@@ -50,17 +50,27 @@ class _Servers:
         """The server's socket and start-up environment; None when it could not start (the
         children then start cold, and its stderr, the test process's, says why)."""
         with self.lock:
+            if kind in self.started and self.started[kind][0].poll() is not None:
+                ended, stale, _ = self.started.pop(kind)  # a server that died is started again, and said so
+                said = Path(self.folder, f"{kind}.log").read_text(errors="replace")[-2000:]
+                print(f"tests.warm: the {kind} server ended ({ended.returncode}); starting another. It said:\n{said}",
+                      file=sys.stderr)  # fmt: skip
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)  # its socket: the new one's appearing says it is ready
             if kind not in self.started:
                 self.folder = self.folder or tempfile.mkdtemp(prefix="mpjob-warm-")
                 path = os.path.join(self.folder, f"{kind}.sock")
                 env = dict(os.environ)
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "tests.warm.server", path, kind, str(os.getpid())],
-                    cwd=REPO,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+                with open(os.path.join(self.folder, f"{kind}.log"), "ab") as log:  # what it says if it dies
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "tests.warm.server", path, kind, str(os.getpid())],
+                        cwd=REPO,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                        start_new_session=True,
+                    )
                 self.started[kind] = (proc, path, rules.start_env(env))
             proc, path, start_env = self.started[kind]
         deadline = time.monotonic() + 120

@@ -97,6 +97,8 @@ class Server:
             self.selector.register(self.parent, selectors.EVENT_READ)
         #: pidfd -> (pid, the connection waiting for its ending)
         self.children: dict[int, tuple[int, socket.socket]] = {}
+        #: pid -> what it was asked to run, for the CPU account (MPJOB_TEST_CPU_LOG)
+        self.requests: dict[int, dict[str, str]] = {}
         #: a tied request's connection -> its child's pid, while both are there
         self.tied: dict[socket.socket, int] = {}
         self.start_env = rules.start_env(dict(os.environ))
@@ -139,11 +141,20 @@ class Server:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = (pid, conn)
+        env = request["env"]
+        self.requests[pid] = {
+            "command": " ".join([request["target"], *request["args"]])[:200],
+            "test": env.get("PYTEST_CURRENT_TEST", ""),  # set by pytest in a test's own children
+            "host": env.get("HOSTNAME", ""),  # a pod's name, in the test node agent's children
+        }
         self.selector.register(pidfd, selectors.EVENT_READ)
         if request.get("tied"):
             self.tied[conn] = pid
             self.selector.register(conn, selectors.EVENT_READ)
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        # A client gone already (a stand-in SIGKILLed as it started) is no reason to stop serving:
+        # a tied child is killed when its connection's end is read, another runs and is reaped.
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         return None
 
     def refusal(self, request: dict[str, Any]) -> str | None:
@@ -170,7 +181,8 @@ class Server:
         self.untie(conn, kill=False)
         self.selector.unregister(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
+        account(self.requests.pop(pid, {}), usage)
         with contextlib.suppress(OSError):  # the client went away first
             conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
         conn.close()
@@ -185,6 +197,16 @@ class Server:
         if self.parent is not None:
             os.close(self.parent)
         conn.close()
+
+
+def account(request: dict[str, str], usage: Any) -> None:
+    """With MPJOB_TEST_CPU_LOG set, a JSON line there per child that ended: what it ran and the
+    CPU seconds it and the children it waited for used (where a suite's CPU goes, by process)."""
+    path = os.environ.get("MPJOB_TEST_CPU_LOG")
+    if path:
+        line = {**request, "cpu": round(usage.ru_utime + usage.ru_stime, 3), "server": os.getpid()}
+        with open(path, "a") as log:
+            log.write(json.dumps(line) + "\n")
 
 
 def main() -> None:

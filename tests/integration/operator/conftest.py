@@ -102,7 +102,11 @@ class Operator:
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
-            code = self.proc.wait()
+            try:  # a child forked a moment ago may not lead its own group yet
+                os.kill(self.proc.pid, sig)
+                return True
+            except ProcessLookupError:
+                code = self.proc.wait(timeout=60)
             with self.log.open("a") as log:  # said where a test's failure would send a reader
                 log.write(f"test: the operator had ended (status {code}) before it was sent {sig.name}\n")
             return False
