@@ -84,8 +84,9 @@ class NumericGuard:
         #: Non-finite losses since the previous read on the rank that saw most (agreed by all).
         self.new_non_finite = 0
         self._non_finite_at_read = torch.zeros((), dtype=torch.int64, device=device)
-        #: Did any rank report a non-finite loss, or end its step skipped, at the last read (agreed)?
-        self.reported_non_finite = self.overflowing = False
+        #: Did any rank, at the last read, report a non-finite loss or stand in overflow-skipped
+        #: steps (agreed by all)?
+        self.unfit = False
         self.forgiven = 0  # counted before the last rollback (session.skipping): not held against the guard
         self._applied = False
         self._last_loss: float | None = None
@@ -157,7 +158,8 @@ class NumericGuard:
     def read(
         self, scaler: torch.amp.GradScaler | None, flag: float = 0.0, reported: torch.Tensor | float | None = None
     ) -> GuardReading:
-        """The interval's one wait for the device: the non-finite count and `flag`, all-reduced
+        """The interval's one wait for the device: the non-finite counts, `flag` and whether the
+        state is fit to keep (`healthy`; `reported`: the loss this rank reports), all-reduced
         (max) in one tensor read. The loss scale is read after it with GradScaler's public
         `get_scale()`, whose `.item()` then copies one number the finished steps have already
         computed (nothing is left queued to wait for); it needs no all-reduce, since every rank
@@ -168,19 +170,18 @@ class NumericGuard:
             torch.tensor(flag, dtype=torch.float64, device=self.device),
             -torch.where(first >= 0, first, NO_STEP).to(torch.float64),  # max of the negated: the earliest
             (self._non_finite - self._non_finite_at_read).to(torch.float64),  # this rank's, since its last read
-            self._non_finite_value(reported),
-            torch.tensor(self.consecutive_overflows, dtype=torch.float64, device=self.device),
+            self._unfit(reported),
             *(self.spike.values() if self.spike is not None else []),
         ]
         packed = all_reduce_max(torch.stack(values), self.world).tolist()
         self._non_finite_at_read = self._non_finite.clone()
         self.non_finite_losses = int(packed[0])
-        self.new_non_finite, self.reported_non_finite, self.overflowing = int(packed[3]), packed[4] > 0, packed[5] > 0
+        self.new_non_finite, self.unfit = int(packed[3]), packed[4] > 0
         if self.first_non_finite is None and -packed[2] < NO_STEP:
             self.first_non_finite = int(-packed[2]) + 1
         self.previous_read_at, self.read_at = self.read_at, self._step_index
         scale = scaler.get_scale() if scaler is not None else None
-        spikes = self.spike.agreed(packed[6:]) if self.spike is not None else None
+        spikes = self.spike.agreed(packed[5:]) if self.spike is not None else None
         return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite)
 
     def _when(self, first: int | None, step: int) -> str:
@@ -264,14 +265,15 @@ class NumericGuard:
         earliest = -all_reduce_max(torch.tensor(-float(mine), dtype=torch.float64, device=self.device), self.world)
         return None if earliest >= NO_STEP else int(earliest)
 
-    def _non_finite_value(self, reported: torch.Tensor | float | None) -> torch.Tensor:
-        """1.0 when the loss this rank reports is NaN/Inf, else 0.0, on the device (no sync)."""
-        if reported is None:
-            return torch.zeros((), dtype=torch.float64, device=self.device)
+    def _unfit(self, reported: torch.Tensor | float | None) -> torch.Tensor:
+        """1.0 when this rank's state is unfit to keep (it stands in overflow-skipped steps, or the
+        loss it reports is NaN/Inf), else 0.0, on the device (no sync)."""
+        if self.consecutive_overflows > 0 or reported is None:
+            return torch.tensor(float(self.consecutive_overflows > 0), dtype=torch.float64, device=self.device)
         value = torch.as_tensor(reported, device=self.device).detach()
         return (~torch.isfinite(value)).any().to(torch.float64)
 
     def healthy(self) -> bool:
         """May the current state be checkpointed as good? (Call right after `read`.) Decided from
         values every rank agrees on, so all ranks take the checkpoint's collectives or none does."""
-        return not self.overflowing and self.new_non_finite == 0 and not self.reported_non_finite
+        return not self.unfit and self.new_non_finite == 0
