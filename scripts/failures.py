@@ -28,7 +28,7 @@ def failures(report: Path) -> Iterator[tuple[str, str, list[str]]]:
             if outcome.tag not in ("failure", "error"):
                 continue
             test = f"{case.get('classname', '')}::{case.get('name', '')}"
-            message = (outcome.get("message") or "").splitlines()[0][:300] if outcome.get("message") else ""
+            message = (outcome.get("message") or "").split("\n", 1)[0][:300]
             frames = [line for line in (outcome.text or "").splitlines() if LOCATION.match(line)]
             yield test, f"{outcome.tag}: {message}", frames[-FRAMES:]
 

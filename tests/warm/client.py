@@ -48,13 +48,12 @@ class _Servers:
 
     def path(self, kind: str) -> tuple[str, dict[str, str]] | None:
         """The server's socket and start-up environment; None when it could not start (the
-        children then start cold, and its stderr, the test process's, says why)."""
+        children then start cold, and the test process's stderr says why). A server that died
+        is started again."""
         with self.lock:
             if kind in self.started and self.started[kind][0].poll() is not None:
-                ended, stale, _ = self.started.pop(kind)  # a server that died is started again, and said so
-                said = Path(self.folder, f"{kind}.log").read_text(errors="replace")[-2000:]
-                print(f"tests.warm: the {kind} server ended ({ended.returncode}); starting another. It said:\n{said}",
-                      file=sys.stderr)  # fmt: skip
+                ended, stale, _ = self.started.pop(kind)
+                self.tell_ended(kind, ended, "starting another")
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(stale)  # its socket: the new one's appearing says it is ready
             if kind not in self.started:
@@ -76,9 +75,15 @@ class _Servers:
         deadline = time.monotonic() + 120
         while not os.path.exists(path):
             if proc.poll() is not None or time.monotonic() > deadline:
+                self.tell_ended(kind, proc, "its children start cold")
                 return None
             time.sleep(0.05)
         return path, start_env
+
+    def tell_ended(self, kind: str, proc: subprocess.Popen[bytes], then: str) -> None:
+        """Say on stderr that the `kind` server ended (or never came up), with the end of its log."""
+        said = Path(self.folder, f"{kind}.log").read_text(errors="replace")[-2000:]
+        print(f"tests.warm: the {kind} server ended ({proc.poll()}); {then}. It said:\n{said}", file=sys.stderr)
 
     def stop(self) -> None:
         for proc, _, _ in self.started.values():

@@ -97,7 +97,9 @@ class Server:
             self.selector.register(self.parent, selectors.EVENT_READ)
         #: pidfd -> (pid, the connection waiting for its ending)
         self.children: dict[int, tuple[int, socket.socket]] = {}
-        #: pid -> what it was asked to run, for the CPU account (MPJOB_TEST_CPU_LOG)
+        #: Where each child's CPU is written when it ends (MPJOB_TEST_CPU_LOG), and what each
+        #: child was asked to run, by pid, for that line; both empty when no log is asked for.
+        self.cpu_log = os.environ.get("MPJOB_TEST_CPU_LOG")
         self.requests: dict[int, dict[str, str]] = {}
         #: a tied request's connection -> its child's pid, while both are there
         self.tied: dict[socket.socket, int] = {}
@@ -141,12 +143,8 @@ class Server:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = (pid, conn)
-        env = request["env"]
-        self.requests[pid] = {
-            "command": " ".join([request["target"], *request["args"]])[:200],
-            "test": env.get("PYTEST_CURRENT_TEST", ""),  # set by pytest in a test's own children
-            "host": env.get("HOSTNAME", ""),  # a pod's name, in the test node agent's children
-        }
+        if self.cpu_log:
+            self.requests[pid] = described(request)
         self.selector.register(pidfd, selectors.EVENT_READ)
         if request.get("tied"):
             self.tied[conn] = pid
@@ -182,7 +180,8 @@ class Server:
         self.selector.unregister(pidfd)
         os.close(pidfd)
         _, status, usage = os.wait4(pid, 0)
-        account(self.requests.pop(pid, {}), usage)
+        if self.cpu_log:
+            account(self.cpu_log, self.requests.pop(pid), usage)
         with contextlib.suppress(OSError):  # the client went away first
             conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
         conn.close()
@@ -199,14 +198,22 @@ class Server:
         conn.close()
 
 
-def account(request: dict[str, str], usage: Any) -> None:
-    """With MPJOB_TEST_CPU_LOG set, a JSON line there per child that ended: what it ran and the
-    CPU seconds it and the children it waited for used (where a suite's CPU goes, by process)."""
-    path = os.environ.get("MPJOB_TEST_CPU_LOG")
-    if path:
-        line = {**request, "cpu": round(usage.ru_utime + usage.ru_stime, 3), "server": os.getpid()}
-        with open(path, "a") as log:
-            log.write(json.dumps(line) + "\n")
+def described(request: dict[str, Any]) -> dict[str, str]:
+    """What a child was asked to run, for its line in the CPU log."""
+    env = request["env"]
+    return {
+        "command": " ".join([request["target"], *request["args"]])[:200],
+        "test": env.get("PYTEST_CURRENT_TEST", ""),  # set by pytest in a test's own children
+        "host": env.get("HOSTNAME", ""),  # a pod's name, in the test node agent's children
+    }
+
+
+def account(path: str, described: dict[str, str], usage: Any) -> None:
+    """A JSON line in the CPU log (`path`) for a child that ended: what it ran and the CPU
+    seconds it and the children it waited for used (where a suite's CPU goes, by process)."""
+    line = {**described, "cpu": round(usage.ru_utime + usage.ru_stime, 3), "server": os.getpid()}
+    with open(path, "a") as log:
+        log.write(json.dumps(line) + "\n")
 
 
 def main() -> None:
