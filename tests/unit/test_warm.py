@@ -67,6 +67,41 @@ def test_an_uncaught_exception_prints_its_traceback_and_exits_1(tmp_path: Path) 
     assert done.returncode == 1 and "ValueError: boom" in done.stderr
 
 
+ENDINGS = {
+    "end of the module": "",
+    "exit with a message": "sys.exit('stopped: bad input')",
+    "exit 300 (the status is its low byte)": "sys.exit(300)",
+    "exit True": "sys.exit(True)",
+    "an uncaught KeyboardInterrupt": "raise KeyboardInterrupt",
+    "an exception in an atexit handler": "atexit.register(lambda: 1 / 0)",
+}
+ENDING = """
+import atexit, sys, threading, time
+atexit.register(lambda: print('atexit ran', flush=False))
+def late():
+    time.sleep(0.3)
+    print('thread joined', flush=False)
+threading.Thread(target=late).start()
+print('buffered', end='')
+{ending}
+"""
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS.values()), ids=list(ENDINGS))
+def test_a_child_ends_as_a_fresh_interpreter_ends(tmp_path: Path, ending: str) -> None:
+    """The child skips the interpreter's release of every module (its exit would copy the
+    server's heap page by page): what comes before it must be the same as a fresh start's,
+    the non-daemon threads joined, the atexit handlers run, buffered output flushed, the status
+    or the signal."""
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING.format(ending=ending))
+    done = warm.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    fresh = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (fresh.returncode, fresh.stdout)
+    assert done.stdout.startswith("bufferedthread joined\natexit ran")
+    assert done.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
+
+
 def test_a_child_in_its_own_session_dies_by_its_process_group_and_reports_the_signal(tmp_path: Path) -> None:
     script = tmp_path / "wait.py"
     script.write_text("import sys, time\nprint('up', flush=True)\ntime.sleep(60)\n")

@@ -1,7 +1,9 @@
 """In a child the warm-start server forked: become the process the request asked for, as
 `python -m MODULE ARGS` or `python SCRIPT ARGS` would have started it, then run it as
 `__main__`. Its exit (a SystemExit, an uncaught exception's traceback and status 1, or the
-end of the module) is the interpreter's own, atexit handlers included."""
+end of the module) is the interpreter's own up to the last atexit handler: non-daemon threads
+joined, atexit handlers run, the traceback or SystemExit message printed; then it ends with
+that status without releasing every module (end_now)."""
 
 from __future__ import annotations
 
@@ -54,19 +56,41 @@ def search_path(first: str, python_path: str | None) -> list[str]:
     return [first, *_entries(python_path), *rest]
 
 
-def quiet_teardown() -> None:
-    """The last atexit handler: what the interpreter's teardown prints from here on goes to
-    /dev/null. The server's objects stay frozen (server.preload), out of the final collection:
-    handing them back to the collector made a child's exit 1.1 s of CPU (a fresh process's is
-    0.6 s), long enough that the siblings of a failed rank outlived the launcher's 1 s settle
-    and were SIGTERMed. Still frozen at teardown, triton's bindings count them as leaked and
-    say so on stderr, which a fresh process does not."""
+class Ending:
+    """How the run as `__main__` ended, recorded before the interpreter's exit begins: the
+    status it exits with, or an interrupt (an uncaught KeyboardInterrupt ends a fresh
+    interpreter by SIGINT, after its teardown)."""
+
+    status = 1
+    interrupted = False
+
+    @classmethod
+    def record(cls, error: BaseException | None) -> None:
+        cls.interrupted = isinstance(error, KeyboardInterrupt)
+        cls.status = 0 if error is None else status_of(error)
+
+
+def status_of(error: BaseException) -> int:
+    """The exit status an uncaught exception gives a fresh interpreter."""
+    if not isinstance(error, SystemExit):
+        return 1
+    if error.code is None:
+        return 0
+    return error.code if isinstance(error.code, int) else 1  # a message, printed: status 1
+
+
+def end_now() -> None:
+    """The last atexit handler: flush the standard streams and end with the run's status, as
+    the interpreter would after releasing every module. The server's objects are most of this
+    process's heap; releasing them copies each of their pages (copy-on-write), 0.45 s of CPU
+    a child, which made a rank's exit outlive the launcher's settle for its failed siblings."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    quiet = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 2)
-    os.close(quiet)
+    if Ending.interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(Ending.status & 0xFF)
 
 
 def die_with_the_server() -> None:
@@ -89,7 +113,7 @@ def settings_from_the_environment() -> None:
 
 def become(request: dict[str, Any], fds: list[int]) -> None:
     die_with_the_server()
-    atexit.register(quiet_teardown)  # registered first: the last to run
+    atexit.register(end_now)  # registered first: the last to run
     if request.get("new_session"):
         os.setsid()
     for sig, handler in _DEFAULTS.items():
@@ -103,7 +127,16 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     settings_from_the_environment()
     streams(fds, bool(os.environ.get("PYTHONUNBUFFERED")))
     sys.argv = [target, *args]  # for a module, runpy puts its file in argv[0]
-    if request["module"]:
+    try:
+        run_as_main(target, bool(request["module"]))
+    except BaseException as error:
+        Ending.record(error)
+        raise
+    Ending.record(None)
+
+
+def run_as_main(target: str, module: bool) -> None:
+    if module:
         # Run as a fresh interpreter runs it: its code once more, not the copy the server
         # imported (runpy warns of a module it finds imported already).
         for name in (f"{target}.__main__", target):
