@@ -51,6 +51,16 @@ def slowest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
     return [item for _, item in sorted(enumerate(items), key=key)]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The process that starts parallel workers (pytest-xdist), before it starts them: one
+    warm-start server of each kind serves them all (tests/warm)."""
+    workers = config.getoption("numprocesses", default=None)
+    if not _worker(config) and isinstance(workers, int) and workers > 1:
+        from tests import warm
+
+        warm.share_with_workers()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _worker(config):
         items[:] = slowest_files_first(items)

@@ -10,12 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import warm
 from tests.helpers import children, gone, wait_for
+from tests.warm.client import OWNER, SHARED
 
 pytestmark = [pytest.mark.unit, pytest.mark.process]
 
@@ -159,8 +161,13 @@ def test_the_server_ends_with_the_test_process_that_started_it(tmp_path: Path) -
         f"warm.run([sys.executable, {str(probe(tmp_path))!r}, '0'], capture_output=True, timeout=60)\n"
         "print(flush=True); time.sleep(60)\n"
     )
+    alone = {k: v for k, v in os.environ.items() if k not in (SHARED, OWNER)}  # not the workers' servers
     parent = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=alone,
     )
     assert parent.stdout is not None and parent.stdout.readline() == "\n"
     servers = children(parent.pid)
@@ -168,6 +175,35 @@ def test_the_server_ends_with_the_test_process_that_started_it(tmp_path: Path) -
     parent.kill()
     parent.wait()
     wait_for(lambda: all(gone(pid) for pid in servers), 30, message="the server ended")
+    parent.stdout.close()
+
+
+def test_parallel_workers_share_one_server_that_ends_with_their_parent(tmp_path: Path) -> None:
+    """Under parallel workers one server of a kind serves them all: the second worker's child is
+    forked by the server the first worker started, which outlived it; their parent's end ends it."""
+    worker = (
+        "import sys; from tests import warm\n"
+        f"done = warm.run([sys.executable, {str(probe(tmp_path))!r}, '0'], capture_output=True, text=True)\n"
+        "print(done.stdout.strip(), flush=True)\n"
+    )
+    parent_code = (
+        "import subprocess, sys, time; from tests import warm\n"
+        "warm.share_with_workers()\n"
+        f"for _ in range(2): subprocess.run([sys.executable, '-c', {worker!r}], check=True)\n"
+        "print('both ended', flush=True); time.sleep(60)\n"
+    )
+    alone = {k: v for k, v in os.environ.items() if k not in (SHARED, OWNER)}  # not this run's workers' servers
+    repo = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], cwd=repo, stdout=subprocess.PIPE, text=True, env=alone
+    )
+    assert parent.stdout is not None
+    first, second = (json.loads(parent.stdout.readline()) for _ in range(2))
+    assert first["ppid"] == second["ppid"] and first["torch"] and second["torch"]
+    assert parent.stdout.readline() == "both ended\n" and not gone(first["ppid"])
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: gone(first["ppid"]), 30, message="the shared server ended with the workers' parent")
     parent.stdout.close()
 
 
@@ -261,6 +297,15 @@ def test_a_rank_killed_by_a_signal_leaves_its_stand_in_killed_by_the_same_signal
     assert proc.returncode == -signal.SIGABRT
 
 
+@pytest.fixture
+def own_servers() -> Iterator[None]:
+    """Servers of this test's own: it kills one or hands it broken requests, which the servers
+    the workers share must not meet."""
+    with warm.own_servers():
+        yield
+
+
+@pytest.mark.usefixtures("own_servers")
 def test_a_client_gone_before_its_answer_leaves_the_server_serving(tmp_path: Path) -> None:
     """A start whose client is gone by the time the server answers with the pid (a launcher that
     SIGKILLs its ranks' stand-ins as they start): the answer finds no one, and the server serves
@@ -278,6 +323,7 @@ def test_a_client_gone_before_its_answer_leaves_the_server_serving(tmp_path: Pat
     assert done.returncode == 0 and json.loads(done.stdout)["ppid"] != os.getpid()
 
 
+@pytest.mark.usefixtures("own_servers")
 def test_a_server_that_died_is_started_again_on_the_next_start(tmp_path: Path) -> None:
     script = probe(tmp_path)
     sock = str(Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "trainer.sock")

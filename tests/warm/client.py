@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,20 +39,27 @@ START_ANSWER_SECONDS = 60
 _SUPPORTED = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session", "preexec_fn"}
 
 
-class _Servers:
-    """One server per kind for this process, started on first use."""
+#: Set by the process whose parallel workers run the tests (tests/conftest.py): the folder
+#: where one server of each kind serves every worker, and the pid they end with.
+SHARED, OWNER = "MPJOB_TEST_WARM_SHARED", "MPJOB_TEST_WARM_OWNER"
 
-    def __init__(self) -> None:
+
+class _Servers:
+    """One server per kind for this process, started on first use; or, under parallel workers,
+    one per kind for all of them (their imports are 4-15 s of CPU a kind: started once, not
+    once a worker), started by the first worker that needs it and ending with their parent."""
+
+    def __init__(self, shared: str) -> None:
         self.lock = threading.Lock()
-        self.started: dict[str, tuple[subprocess.Popen[bytes], str, dict[str, str]]] = {}
-        self.folder = ""  # made with the first server
-        atexit.register(self.stop)
+        self.started: dict[str, tuple[subprocess.Popen[bytes] | _Elsewhere, str, dict[str, str]]] = {}
+        self.shared = shared
+        self.folder = shared  # else made with the first server
 
     def path(self, kind: str) -> tuple[str, dict[str, str]] | None:
         """The server's socket and start-up environment; None when it could not start (the
         children then start cold, and the test process's stderr says why). A server that died
         is started again."""
-        with self.lock:
+        with self.lock, self.across_workers(kind):
             if kind in self.started and self.started[kind][0].poll() is not None:
                 ended, stale, _ = self.started.pop(kind)
                 self.tell_ended(kind, ended, "starting another")
@@ -58,19 +67,7 @@ class _Servers:
                     os.unlink(stale)  # its socket: the new one's appearing says it is ready
             if kind not in self.started:
                 self.folder = self.folder or tempfile.mkdtemp(prefix="mpjob-warm-")
-                path = os.path.join(self.folder, f"{kind}.sock")
-                env = dict(os.environ)
-                with open(os.path.join(self.folder, f"{kind}.log"), "ab") as log:  # what it says if it dies
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "tests.warm.server", path, kind, str(os.getpid())],
-                        cwd=REPO,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=log,
-                        start_new_session=True,
-                    )
-                self.started[kind] = (proc, path, rules.start_env(env))
+                self.started[kind] = self.found(kind) or self.start(kind)
             proc, path, start_env = self.started[kind]
         deadline = time.monotonic() + 120
         while not os.path.exists(path):
@@ -80,25 +77,116 @@ class _Servers:
             time.sleep(0.05)
         return path, start_env
 
-    def tell_ended(self, kind: str, proc: subprocess.Popen[bytes], then: str) -> None:
+    @contextlib.contextmanager
+    def across_workers(self, kind: str) -> Iterator[None]:
+        """Held while a shared server is looked for or started: one worker at a time."""
+        if not self.shared:
+            yield
+            return
+        with open(os.path.join(self.shared, f"{kind}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def pid_of(self, kind: str) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            return int(Path(self.folder, f"{kind}.pid").read_text())
+        return 0
+
+    def found(self, kind: str) -> tuple[_Elsewhere, str, dict[str, str]] | None:
+        """A shared server another worker started, serving or on its way (its socket appears
+        when it is ready)."""
+        pid = self.pid_of(kind)
+        if not self.shared or not running(pid):
+            return None
+        return _Elsewhere(pid), os.path.join(self.folder, f"{kind}.sock"), rules.start_env(dict(os.environ))
+
+    def start(self, kind: str) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+        path = os.path.join(self.folder, f"{kind}.sock")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a shared server's that died
+        env = dict(os.environ)
+        owner = os.environ.get(OWNER, "") if self.shared else str(os.getpid())
+        with open(os.path.join(self.folder, f"{kind}.log"), "ab") as log:  # what it says if it dies
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.warm.server", path, kind, owner],
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        Path(self.folder, f"{kind}.pid").write_text(str(proc.pid))
+        return proc, path, rules.start_env(env)
+
+    def tell_ended(self, kind: str, proc: subprocess.Popen[bytes] | _Elsewhere, then: str) -> None:
         """Say on stderr that the `kind` server ended (or never came up), with the end of its log."""
         said = Path(self.folder, f"{kind}.log").read_text(errors="replace")[-2000:]
         print(f"tests.warm: the {kind} server ended ({proc.poll()}); {then}. It said:\n{said}", file=sys.stderr)
 
     def stop(self) -> None:
+        """Stop the servers this process owns: none under parallel workers (they end with
+        their parent, which removes their folder: share_with_workers)."""
+        if self.shared:
+            return
         for proc, _, _ in self.started.values():
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
-        if not self.folder:
-            return
-        with contextlib.suppress(OSError):
-            for name in os.listdir(self.folder):
-                os.unlink(os.path.join(self.folder, name))
-            os.rmdir(self.folder)
+        if self.folder:
+            remove_folder(self.folder)
 
 
-_servers = _Servers()
+class _Elsewhere:
+    """A shared server another worker started: not this process's child to wait for."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return None if running(self.pid) else -1
+
+
+def running(pid: int) -> bool:
+    """A process with this pid exists and has not ended (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return pid > 0 and stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def remove_folder(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+
+
+def share_with_workers() -> None:
+    """In the process that starts parallel test workers, before it starts them: one server of
+    each kind serves them all, in a folder that this process removes at its exit (its end ends
+    the servers)."""
+    folder = tempfile.mkdtemp(prefix="mpjob-warm-")
+    os.environ[SHARED], os.environ[OWNER] = folder, str(os.getpid())
+    atexit.register(remove_folder, folder)
+
+
+_servers = _Servers(os.environ.get(SHARED, ""))
+atexit.register(lambda: _servers.stop())
+
+
+@contextlib.contextmanager
+def own_servers() -> Iterator[None]:
+    """For a test of the servers themselves: servers of this process's own for the block (one of
+    the shared servers killed would end every worker's children with it), stopped after it."""
+    global _servers
+    shared, _servers = _servers, _Servers("")
+    try:
+        yield
+    finally:
+        _servers.stop()
+        _servers = shared
 
 
 def for_ranks(env: dict[str, str] | None = None, *, frameworks: bool = False) -> dict[str, str]:
