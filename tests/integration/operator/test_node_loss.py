@@ -34,7 +34,6 @@ from tests.unit.localrun.test_elastic_run import SAMPLES, SEED, stream, trained
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[3]
 TRIO = [name for name in NODES if name.startswith("gpu-node-trio-")]
 STEPS, GLOBAL_BATCH = 120, 12
 
@@ -55,13 +54,16 @@ def _ready(core: client.CoreV1Api, name: str) -> bool:
 
 
 def _spec(claim: str, record: Path) -> dict[str, Any]:
-    env = [{"name": "PYTHONPATH", "value": str(REPO)}, {"name": "MPJOB_TEST_RECORD", "value": str(record)}]
+    # No PYTHONPATH: the test node's pods import this checkout already, and one set here would
+    # replace the node's, warm-start hook and all (every rank would start cold).
+    env = [{"name": "MPJOB_TEST_RECORD", "value": str(record)}]
+    # The first two attempts serve their samples slowly (0.3 and 0.4 s a step), however fast
+    # their ranks start: the node agent sees a node gone at its next heartbeat (up to 8 s) and a
+    # node back Ready at the one after, and each attempt must still be training by then.
+    task_args = {"samples": SAMPLES, "stepDelay": {"bf16": 0.1}, "sampleDelay": {"0": 0.05, "1": 0.05}}
     return {
         "workers": 3,
-        "task": {
-            "module": "tests.unit.localrun.elastic_task:make_task",
-            "args": {"samples": SAMPLES, "stepDelay": {"bf16": 0.1}},
-        },
+        "task": {"module": "tests.unit.localrun.elastic_task:make_task", "args": task_args},
         "training": {"steps": STEPS, "batchSize": 4, "logEvery": 5, "learningRate": 1e-3, "seed": SEED},
         "precision": {"mode": "bf16", "fallback": ["fp32"]},
         "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": claim}}},
@@ -92,7 +94,8 @@ def test_a_node_removed_shrinks_the_job_at_once_and_its_return_grows_it_back(
     assert status["phase"] == "Succeeded", status
     attempts = status["attempts"]
     sizes = [(a["precision"], a["worldSize"], a["reason"], a["charged"]) for a in attempts]
-    assert sizes == [("bf16", 3, "ScaledDown", False), ("bf16", 2, "ScaledUp", False), ("bf16", 3, "Succeeded", True)]
+    expected = [("bf16", 3, "ScaledDown", False), ("bf16", 2, "ScaledUp", False), ("bf16", 3, "Succeeded", True)]
+    assert sizes == expected, [(a["startStep"], a.get("endStep"), a.get("message")) for a in attempts]
     assert "a node was lost" in attempts[0]["message"]
     # Shrunk from the newest checkpoint (its peers died with no chance to write another); grown
     # at the checkpoint the smaller attempt wrote on SIGTERM, at or past the last step the
