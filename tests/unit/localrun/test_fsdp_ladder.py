@@ -25,8 +25,8 @@ def mlp(**args: object) -> dict[str, Any]:
 
 
 def run_job(tmp: Path, name: str, **spec: Any) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
-    """test_fsdp_run's job on 2 processes gathering in fp32, with a checkpoint every 5 steps."""
-    two = {"training": {"steps": 40, "batchSize": 8, "logEvery": 5}, "checkpoint": {"everySteps": 5}}
+    """test_fsdp_run's job on 2 processes gathering in fp32, 20 steps with a checkpoint every 5."""
+    two = {"training": {"steps": 20, "batchSize": 8, "logEvery": 5}, "checkpoint": {"everySteps": 5}}
     two |= {"parallelism": FSDP, "resources": {"gpusPerWorker": 0, "processesPerWorker": 2}}
     return fsdp_run.run_job(tmp, name, **{**two, **spec})
 
@@ -37,7 +37,7 @@ def test_a_transient_fault_is_replayed_falls_back_and_is_repromoted_sharded(tmp_
         tmp_path,
         "promote",
         task=mlp(overflowAtStep=15, overflowUntilStep=20),
-        training={"steps": 60, "batchSize": 8, "logEvery": 5},
+        training={"steps": 35, "batchSize": 8, "logEvery": 5},
         precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 10},
     )
     ends = [(a["precision"], a["reason"], a["startStep"], a["worldSize"]) for a in report["attempts"]]
@@ -53,7 +53,7 @@ def test_the_quality_gate_falls_back_from_a_drifting_precision_sharded(tmp_path:
         tmp_path,
         "gate",
         task=mlp(samples=256, cancellationOffset=1000),
-        training={"steps": 60, "batchSize": 16, "logEvery": 5},
+        training={"steps": 30, "batchSize": 16, "logEvery": 5},
         checkpoint={"everySteps": 10},
         precision={"mode": "bf16", "fallback": ["fp32"]},
         validation={"everySteps": 10, "maxLossDelta": 0.05},
@@ -72,7 +72,7 @@ def test_a_poisoned_sample_is_skipped_in_the_same_precision_sharded(tmp_path: Pa
     assert (only["precision"], only["reason"], only["worldSize"]) == ("fp16", "Succeeded", 2)
     (step,) = report["skipped"]["steps"]
     assert step["cause"] == "data" and step["samples"] == [{"first": 5, "last": 5}]
-    assert report["phase"] == "Succeeded" and report["step"] == 40
+    assert report["phase"] == "Succeeded" and report["step"] == 20
 
 
 @pytest.mark.process
@@ -85,8 +85,8 @@ def test_arming_the_data_rung_leaves_a_sharded_run_bit_identical(tmp_path: Path)
         _, report, out = run_job(
             tmp_path, on_bad_data, task=mlp(), precision={"mode": "bf16", "guard": {"onBadData": on_bad_data}}
         )
-        assert report["phase"] == "Succeeded" and report["lastCheckpoint"]["step"] == 40
-        manifest = json.loads(next(out.rglob("step-000000040/manifest.json")).read_text())
+        assert report["phase"] == "Succeeded" and report["lastCheckpoint"]["step"] == 20
+        manifest = json.loads(next(out.rglob("step-000000020/manifest.json")).read_text())
         shards[on_bad_data] = {
             name: meta["sha256"] for name, meta in manifest["files"].items() if name.endswith(".distcp")
         }

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.unit
 SCRIPT = Path(__file__).with_name("fsdp_script.py")
 FSDP = {"strategy": "fsdp"}
 GPT = {"nLayer": 2, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000}
+#: The ladder's tests: 20 steps, an overflow at 15, a checkpoint every 10.
+SHORT = {"steps": 20, "batchSize": 4, "logEvery": 5, "learningRate": 3e-3}
 
 
 def run_job(tmp: Path, name: str, **spec: Any) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
@@ -54,7 +56,11 @@ def test_fp16_overflow_on_a_sharded_model_ends_the_attempt_on_every_rank_and_bf1
     agreed over the mesh), the guard ends fp16 at the same step on each, and the bf16 attempt
     finishes. (This script's checkpoints hold no model: the weights' resume is the next test's.)"""
     _, report, _ = run_job(
-        tmp_path, "fp16", task={"command": [sys.executable, str(SCRIPT), "15"]}, precision={"mode": "fp16"}
+        tmp_path,
+        "fp16",
+        task={"command": [sys.executable, str(SCRIPT), "15"]},
+        precision={"mode": "fp16"},
+        training=SHORT,
     )
     first, second = report["attempts"]
     assert (first["precision"], first["reason"], first["exitCode"], first["worldSize"]) == (
@@ -70,13 +76,17 @@ def test_fp16_overflow_on_a_sharded_model_ends_the_attempt_on_every_rank_and_bf1
 @pytest.mark.process
 def test_fp16_overflow_falls_back_to_bf16_from_a_sharded_checkpoint(tmp_path: Path) -> None:
     _, report, _ = run_job(
-        tmp_path, "ladder", task={"builtin": "gpt", "args": {**GPT, "overflowAtStep": 15}}, precision={"mode": "fp16"}
+        tmp_path,
+        "ladder",
+        task={"builtin": "gpt", "args": {**GPT, "overflowAtStep": 15}},
+        precision={"mode": "fp16"},
+        training=SHORT,
     )
     first, second = report["attempts"]
     assert (first["precision"], first["reason"], first["worldSize"]) == ("fp16", "NumericFault", 4)
     assert (second["precision"], second["reason"], second["worldSize"]) == ("bf16", "Succeeded", 4)
     assert second["startStep"] == 10  # the last good sharded checkpoint before the overflow
-    assert report["phase"] == "Succeeded" and report["lastCheckpoint"]["step"] == 30
+    assert report["phase"] == "Succeeded" and report["lastCheckpoint"]["step"] == 20
 
 
 @pytest.mark.process
@@ -88,7 +98,7 @@ def test_out_of_memory_then_an_fp32_fallback_keep_the_samples_per_step_sharded(t
         tmp_path,
         "split",
         task=mlp,
-        training={"steps": 30, "batchSize": 8, "logEvery": 5},
+        training={"steps": 20, "batchSize": 8, "logEvery": 5},
         precision={"mode": "fp16", "fallback": ["fp32"]},
     )
     shapes = [(a["precision"], a["reason"], a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]]
