@@ -24,7 +24,7 @@ def fsdp_spec(claim: str, command: list[str], **over: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "workers": 2,
         "task": {"command": [sys.executable, *command]},
-        "training": {"steps": 30, "batchSize": 4, "logEvery": 5, "seed": 0},
+        "training": {"steps": 20, "batchSize": 4, "logEvery": 5, "seed": 0},
         "precision": {"mode": "bf16", "fallback": ["fp32"]},
         "parallelism": {"strategy": "fsdp", "activationCheckpointing": "selective"},
         "checkpoint": {"everySteps": 10, "volume": {"persistentVolumeClaim": {"claimName": claim}}},
