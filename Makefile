@@ -2,6 +2,10 @@
 SHELL := /bin/bash
 UV_VERSION := 0.13.8
 export UV_PYTHON := 3.11
+# Python may write bytecode here even where the shell says not to: pytest then keeps each test
+# module's rewritten asserts (__pycache__, ignored by git) instead of rewriting all 230 in every
+# worker of every run (5 s of CPU a process), and the tests' helper processes keep theirs.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help setup demo test test-fast lint cluster cluster-down cluster-reset crd bench gpu-pack gpu-rehearse
 
