@@ -105,17 +105,22 @@ def run_to_end(argv: list[str], out: Path, timeout: float, **kw: Any) -> subproc
         raise AssertionError(f"mpjob run still running after {timeout:g}s:\n{worker_logs(out)}") from None
 
 
+#: `mpjob run`'s flag for runs whose plot no test looks at.
+NO_PLOT = ["--no-plot"]
+
+
 def mpjob_run_json(
-    folder: Path, manifest: dict[str, Any], timeout: float = 300, frameworks: bool = False
+    folder: Path, manifest: dict[str, Any], timeout: float = 300, frameworks: bool = False, plot: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
     """`mpjob run --json` of `manifest` written to folder/job.yaml (a command job runs there);
     asserts it ended 0 and returns its JSON events, report.json and the run directory. Its
-    ranks start warm (tests/warm); `frameworks`: they import transformers or Lightning."""
+    ranks start warm (tests/warm); `frameworks`: they import transformers or Lightning; `plot`:
+    it draws training.png (0.3 s of CPU; most tests read the report only)."""
     folder.mkdir(parents=True, exist_ok=True)
     path, out = folder / "job.yaml", folder / "out"
     path.write_text(yaml.safe_dump(manifest))
     result = run_to_end(
-        [sys.executable, "-m", "mpjob.cli", "run", str(path), "--out", str(out), "--json"],
+        [sys.executable, "-m", "mpjob.cli", "run", str(path), "--out", str(out), "--json", *([] if plot else NO_PLOT)],
         out,
         timeout,
         env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}, frameworks=frameworks),

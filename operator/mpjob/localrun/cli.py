@@ -26,6 +26,9 @@ def run_command(argv: list[str]) -> int:
     mode.add_argument("--plain", action="store_const", const="plain", dest="mode", help="plain lines")
     parser.add_argument("--fresh", action="store_true", help="discard what --out holds and start over")
     parser.add_argument(
+        "--no-plot", action="store_true", help="draw no training.png at the end (report.json and series.json as always)"
+    )
+    parser.add_argument(
         "--workers-available",
         metavar="N[,STEP:N]...",
         help="spec.elastic: simulate the cluster's capacity over the steps (3,40:2,120:3: 3 workers fit at "
@@ -56,11 +59,13 @@ def run_command(argv: list[str]) -> int:
         status = run.run()
     finally:
         view.close()
-    plot = run.plot()
     lines = summary_lines(job.metadata.name, status)
     lines.append(f"  report: {run.paths.report}")
-    lines.append(f"  plot:   {plot}")
-    view.info("\n".join(lines), report=str(run.paths.report), plot=str(plot), phase=status.phase)
+    shown = {"report": str(run.paths.report)}
+    if not args.no_plot:
+        shown["plot"] = str(run.plot())
+        lines.append(f"  plot:   {shown['plot']}")
+    view.info("\n".join(lines), **shown, phase=status.phase)
     if status.phase == "Succeeded":
         return 0
     return 130 if status.phase == "Suspended" else 1

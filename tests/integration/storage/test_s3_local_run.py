@@ -25,7 +25,7 @@ from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from tests import warm
 from tests.cluster.s3 import CREDENTIALS
-from tests.helpers import wait_for
+from tests.helpers import NO_PLOT, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def env(**override: str) -> dict[str, str]:
 
 
 def mpjob_run(job: Path, out: Path, timeout: float = 300, **override: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"]
+    argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain", *NO_PLOT]
     return warm.run(argv, capture_output=True, text=True, timeout=timeout, env=env(**override))
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from mpjob_trainer.data import StepSampler
 from tests import warm
+from tests.helpers import NO_PLOT
 
 pytestmark = pytest.mark.unit
 
@@ -47,8 +48,8 @@ def run(tmp: Path, *args: str, job: dict[str, Any] = JOB) -> tuple[subprocess.Co
     (tmp / "job.yaml").write_text(yaml.safe_dump(job))
     record = tmp / "samples.txt"
     env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_TEST_RECORD": str(record)})
-    command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), *args]
-    return warm.run(command, capture_output=True, text=True, timeout=540, env=env), record
+    command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out")]
+    return warm.run([*command, *args, *NO_PLOT], capture_output=True, text=True, timeout=540, env=env), record
 
 
 def trained(attempts: list[dict[str, Any]], record: Path) -> Counter[int]:

@@ -36,7 +36,7 @@ BUILTIN = {
 
 def run_job(tmp: Path, name: str, spec: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any], Path]:
     doc = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": name}}
-    return mpjob_run_json(tmp / name, {**doc, "spec": {**SHARED, **spec}})
+    return mpjob_run_json(tmp / name, {**doc, "spec": {**SHARED, **spec}}, plot=True)
 
 
 def shape(events: list[dict[str, Any]], report: dict[str, Any]) -> dict[str, Any]:

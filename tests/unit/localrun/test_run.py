@@ -15,7 +15,7 @@ import yaml
 
 from mpjob.planning.figures import round_sig
 from tests import warm
-from tests.helpers import children, gone, wait_for
+from tests.helpers import NO_PLOT, children, gone, wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -44,11 +44,11 @@ def manifest(tmp: Path, **spec: object) -> Path:
     return path
 
 
-def mpjob_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def mpjob_run(*args: str, timeout: float = 300, plot: bool = False) -> subprocess.CompletedProcess[str]:
+    """`mpjob run ARGS`, its ranks warm; `plot`: it draws training.png (not asked for otherwise)."""
     env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"})
-    return warm.run(
-        [sys.executable, "-m", "mpjob.cli", "run", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    argv = [sys.executable, "-m", "mpjob.cli", "run", *args, *([] if plot else NO_PLOT)]
+    return warm.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def long_bf16_job(tmp: Path) -> Path:
@@ -69,7 +69,7 @@ def start_runner(job: Path, out: Path) -> warm.Popen:
 @pytest.mark.process
 def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
     job = manifest(tmp_path, precision={"mode": "bf16"})
-    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--plain")
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--plain", plot=True)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["phase"] == "Succeeded" and report["step"] == 40 and len(report["attempts"]) == 1
@@ -78,6 +78,19 @@ def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
         assert isinstance(report[figure], float) and report[figure] == round_sig(report[figure])
     assert (tmp_path / "out" / "training.png").read_bytes()[:4] == b"\x89PNG"
     assert "report: " in result.stdout and "training.png" in result.stdout
+
+
+@pytest.mark.process
+def test_no_plot_draws_nothing_and_the_last_line_names_only_the_report(tmp_path: Path) -> None:
+    """`--no-plot` (this module's runs but the one above pass it): the run ends the same,
+    series.json written, no training.png, and the summary's last JSON line names no plot."""
+    job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 10, "batchSize": 4, "logEvery": 5})
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = json.loads(result.stdout.splitlines()[-1])
+    assert last["phase"] == "Succeeded" and last["report"] == str(tmp_path / "out" / "report.json")
+    assert "plot" not in last and "training.png" not in last["message"]
+    assert (tmp_path / "out" / "series.json").exists() and not (tmp_path / "out" / "training.png").exists()
 
 
 def run_overflowing(tmp_path: Path, **spec: object) -> tuple[subprocess.CompletedProcess[str], dict]:

@@ -21,7 +21,7 @@ import yaml
 
 from mpjob_contract.codes import ExitCode
 from tests import warm
-from tests.helpers import run_to_end, wait_for
+from tests.helpers import NO_PLOT, run_to_end, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
 from tests.unit.trainer.test_adapters_resume import framework_state
 from tests.unit.trainer.test_own_loop_resume import assert_identical
@@ -233,7 +233,7 @@ def manifest(framework: str, *extra: str) -> dict[str, Any]:
 def mpjob_run(tmp: Path, framework: str, *extra: str) -> dict[str, Any]:
     tmp.mkdir(parents=True)
     (tmp / "job.yaml").write_text(yaml.safe_dump(manifest(framework, *extra)))
-    command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out")]
+    command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), *NO_PLOT]
     env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}, frameworks=True)
     result = run_to_end(command, tmp / "out", 300, env=env)
     assert result.returncode == 0, result.stdout[-3000:]

@@ -16,6 +16,7 @@ import yaml
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer.data import StepSampler
 from tests import warm
+from tests.helpers import NO_PLOT
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +52,7 @@ def run(tmp: Path, manifest: dict[str, Any]) -> tuple[dict[str, Any], Terminatio
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "job.yaml").write_text(yaml.safe_dump(manifest))
     result = warm.run(
-        [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out")],
+        [sys.executable, "-m", "mpjob.cli", "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), *NO_PLOT],
         capture_output=True,
         text=True,
         timeout=300,
@@ -118,7 +119,16 @@ def test_bad_data_on_one_rank_is_skipped_by_every_rank_and_the_job_succeeds(tmp_
     bad = shares(world, FAULT)[rank][2]
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job(world, {"nonFiniteSamples": [bad]}, on_bad_data="skip")))
     result = warm.run(
-        [sys.executable, "-m", "mpjob.cli", "run", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "out")],
+        [
+            sys.executable,
+            "-m",
+            "mpjob.cli",
+            "run",
+            str(tmp_path / "job.yaml"),
+            "--out",
+            str(tmp_path / "out"),
+            *NO_PLOT,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
