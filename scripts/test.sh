@@ -38,7 +38,7 @@ e2e_pid=$!
 # and each test's time lands in .test-report.xml: `python scripts/test_durations.py
 # .test-report.xml` refreshes the table when files grow or new slow ones appear.
 rest_log="$(mktemp)"
-MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
+MPJOB_KEEP_CLUSTER=1 uv run --no-sync pytest -n "${MPJOB_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder \
   --junitxml=.test-report.xml -m "not e2e" "$@" | tee "$rest_log"
 rest=${PIPESTATUS[0]}
 wait "$e2e_pid"
