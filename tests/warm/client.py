@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from tests.cluster.layout import pid_alive
 from tests.warm import rules
 from tests.warm.replies import Replies
 
@@ -96,7 +97,7 @@ class _Servers:
         """A shared server another worker started, serving or on its way (its socket appears
         when it is ready)."""
         pid = self.pid_of(kind)
-        if not self.shared or not running(pid):
+        if not self.shared or pid <= 0 or not pid_alive(pid):
             return None
         return _Elsewhere(pid), os.path.join(self.folder, f"{kind}.sock"), rules.start_env(dict(os.environ))
 
@@ -144,16 +145,7 @@ class _Elsewhere:
         self.pid = pid
 
     def poll(self) -> int | None:
-        return None if running(self.pid) else -1
-
-
-def running(pid: int) -> bool:
-    """A process with this pid exists and has not ended (a zombie has)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return pid > 0 and stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return None if pid_alive(self.pid) else -1
 
 
 def remove_folder(folder: str) -> None:
