@@ -33,6 +33,12 @@ raise SystemExit(int(sys.argv[1]))
 """
 
 
+def alone() -> dict[str, str]:
+    """This environment without the parallel workers' shared servers: a process started with it
+    starts its own."""
+    return {k: v for k, v in os.environ.items() if k not in (SHARED, OWNER)}
+
+
 def probe(tmp_path: Path) -> Path:
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
@@ -161,13 +167,12 @@ def test_the_server_ends_with_the_test_process_that_started_it(tmp_path: Path) -
         f"warm.run([sys.executable, {str(probe(tmp_path))!r}, '0'], capture_output=True, timeout=60)\n"
         "print(flush=True); time.sleep(60)\n"
     )
-    alone = {k: v for k, v in os.environ.items() if k not in (SHARED, OWNER)}  # not the workers' servers
     parent = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=Path(__file__).resolve().parents[2],
         stdout=subprocess.PIPE,
         text=True,
-        env=alone,
+        env=alone(),
     )
     assert parent.stdout is not None and parent.stdout.readline() == "\n"
     servers = children(parent.pid)
@@ -192,10 +197,9 @@ def test_parallel_workers_share_one_server_that_ends_with_their_parent(tmp_path:
         f"for _ in range(2): subprocess.run([sys.executable, '-c', {worker!r}], check=True)\n"
         "print('both ended', flush=True); time.sleep(60)\n"
     )
-    alone = {k: v for k, v in os.environ.items() if k not in (SHARED, OWNER)}  # not this run's workers' servers
     repo = Path(__file__).resolve().parents[2]
     parent = subprocess.Popen(
-        [sys.executable, "-c", parent_code], cwd=repo, stdout=subprocess.PIPE, text=True, env=alone
+        [sys.executable, "-c", parent_code], cwd=repo, stdout=subprocess.PIPE, text=True, env=alone()
     )
     assert parent.stdout is not None
     first, second = (json.loads(parent.stdout.readline()) for _ in range(2))
