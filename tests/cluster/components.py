@@ -79,7 +79,11 @@ def kube_controller_manager(layout: Layout, bins: Path) -> list[str]:
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         f"--secure-port={layout.ports['kube-controller-manager']}",
-        "--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle,-persistentvolume-expander",
+        # No endpoint controllers: a pod's IP here is a loopback address (127.164.x.y), which an
+        # Endpoints or EndpointSlice object may not hold, so they only retried their failed writes
+        # and reported each one as an Event. Nothing reads Services' endpoints on this cluster.
+        "--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle,-persistentvolume-expander,"
+        "-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller",
         "--concurrent-job-syncs=10",
         # The Job controller's client would otherwise hold every Job's status writes to 20/s:
         # with a hundred attempts ending at once that alone is seconds of queueing.

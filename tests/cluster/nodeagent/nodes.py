@@ -189,9 +189,11 @@ def _renew_lease(coord: Any, name: str, renew_time: datetime) -> None:
         "metadata": {"name": name, "namespace": "kube-node-lease"},
         "spec": {"holderIdentity": name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": renew_time},
     }
-    try:
-        coord.replace_namespaced_lease(name, "kube-node-lease", lease)
+    try:  # a merge patch: a replace would need the Lease's resourceVersion (422 without it)
+        coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": lease["spec"]})
     except ApiException as exc:
-        if exc.status == 404:
-            with contextlib.suppress(ApiException):
-                coord.create_namespaced_lease("kube-node-lease", lease)
+        if exc.status != 404:
+            log(f"renewing the Lease of {name} failed: {exc.status} {exc.reason}")
+            return
+        with contextlib.suppress(ApiException):
+            coord.create_namespaced_lease("kube-node-lease", lease)

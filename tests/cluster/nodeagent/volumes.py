@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from tests.cluster.nodeagent.downward import field_value
@@ -40,18 +40,33 @@ def ensure_storage_class(api: Any) -> None:
 
 
 def provision_claims(core: Any, volumes_dir: Path, stop: threading.Event) -> None:
-    """The stand-in provisioner's thread: a PersistentVolume for every unbound claim."""
-    while not stop.wait(0.5):
+    """The stand-in provisioner's thread: a PersistentVolume for every unbound claim, as a watch
+    of the claims shows them (listed again when a watch ends, every minute, or fails)."""
+    claims = core.list_persistent_volume_claim_for_all_namespaces
+    while not stop.is_set():
         try:
-            for pvc in core.list_persistent_volume_claim_for_all_namespaces().items:
-                if pvc.spec.volume_name or (pvc.status and pvc.status.phase == "Bound"):
-                    continue
-                path = volumes_dir / pvc.metadata.namespace / pvc.metadata.name
-                path.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(ApiException):
-                    core.create_persistent_volume(persistent_volume(pvc, path))
+            listing = claims()
+            for pvc in listing.items:
+                provide(core, volumes_dir, pvc)
+            version = listing.metadata.resource_version
+            for event in watch.Watch().stream(claims, resource_version=version, timeout_seconds=60):
+                if stop.is_set():
+                    return
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    provide(core, volumes_dir, event["object"])
         except Exception as exc:
             log(f"provisioner: {exc!r}")
+            stop.wait(1)
+
+
+def provide(core: Any, volumes_dir: Path, pvc: Any) -> None:
+    """A volume directory and a PersistentVolume bound to `pvc`, unless it is bound already."""
+    if pvc.spec.volume_name or (pvc.status and pvc.status.phase == "Bound"):
+        return
+    path = volumes_dir / pvc.metadata.namespace / pvc.metadata.name
+    path.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(ApiException):  # 409: made by an earlier event or listing
+        core.create_persistent_volume(persistent_volume(pvc, path))
 
 
 def persistent_volume(pvc: Any, path: Path) -> dict[str, Any]:
