@@ -173,6 +173,18 @@ def test_gpu_scheduling(core, namespace) -> None:
     )
 
 
+def test_the_agent_renews_each_nodes_lease(api_client) -> None:
+    """The node lifecycle controller reads a node's Lease in kube-node-lease as its heartbeat."""
+    coord = client.CoordinationV1Api(api_client)
+    nodes = ("gpu-node-0", "cpu-node-0")  # no test removes these
+
+    def renewed(node: str) -> object:
+        return coord.read_namespaced_lease(node, "kube-node-lease").spec.renew_time
+
+    first = wait_for(lambda: {n: renewed(n) for n in nodes}, 30, message="both nodes' Leases")
+    wait_for(lambda: all(renewed(n) > first[n] for n in nodes), 30, message="both Leases renewed")
+
+
 def test_deleting_a_running_pod_sends_sigterm_within_the_grace_period(core, namespace, kubeconfig) -> None:
     claim = "signals"
     code = textwrap.dedent("""
@@ -337,3 +349,27 @@ def test_a_pods_script_is_forked_by_the_clusters_warm_start_server(core, namespa
 
     assert wait_for(exit_code, 90, message="the probe pod to end") == 3
     assert json.loads(seen.read_text()) == {"torch": True}  # torch was there before its first line
+
+
+def test_an_operator_pod_is_forked_by_the_clusters_server_of_the_mpjob_command(
+    core, namespace, kubeconfig, tmp_path
+) -> None:
+    """The chart's operator pods run `mpjob operator`; the `mpjob` command's warm-start server
+    forks it (here a probe of that name writes whether the server's imports were there)."""
+    server = Path(kubeconfig).parent / "warm" / "cli.sock"
+    wait_for(server.exists, 120, message="the cluster's warm-start server of the mpjob command")
+    probe, seen = tmp_path / "mpjob", tmp_path / "seen.json"
+    probe.write_text(
+        "import json, pathlib, sys\n"
+        "pathlib.Path(sys.argv[2]).write_text(json.dumps({'cli': 'mpjob.cli' in sys.modules}))\n"
+    )
+    pod = _pod("operator-probe", "")
+    pod["spec"]["containers"][0]["command"] = [PY, str(probe), "operator", str(seen)]
+    core.create_namespaced_pod(namespace, pod)
+
+    def ended() -> str | None:
+        phase = core.read_namespaced_pod("operator-probe", namespace).status.phase
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(ended, 90, message="the probe pod to end")
+    assert phase == "Succeeded" and json.loads(seen.read_text()) == {"cli": True}
