@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Started in this order; stopped in reverse (the node agent first, so it stops its pods).
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "node-agent")
 OPTIONAL_COMPONENTS = ("kueue", "s3")
-#: The warm-start servers that fork the pods' ranks (tests/warm): started before the node agent,
+#: The warm-start servers that fork the pods' ranks and operators (tests/warm): started before the node agent,
 #: stopped after it, and not tied to it, so the pods of a restarted agent keep their ranks.
-WARM_SERVERS = ("warm-trainer", "warm-frameworks")
+WARM_SERVERS = ("warm-trainer", "warm-frameworks", "warm-cli")
 ALL_COMPONENTS = WARM_SERVERS + COMPONENTS + OPTIONAL_COMPONENTS
 
 

@@ -359,6 +359,36 @@ def test_a_rank_whose_start_up_environment_differs_runs_cold_in_its_own_interpre
     assert "start-up environment differs" in why and "OMP_NUM_THREADS" in why
 
 
+#: Stands in for the `mpjob` console script: says whether the `mpjob` command's server forked it.
+CLI_PROBE = """
+import json, sys
+print(json.dumps({"argv": sys.argv[1:], "forked": "mpjob.cli" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize(("argv", "forked"), [(["operator", "--namespace=a"], True), (["run", "job.yaml"], False)])
+def test_the_operator_a_pod_starts_is_forked_by_the_mpjob_commands_server_and_nothing_else_of_it(
+    tmp_path: Path, argv: list[str], forked: bool
+) -> None:
+    """The chart's pods run `mpjob operator`, the console script whose shebang line starts the
+    interpreter on it: that interpreter stands in for the operator. Another `mpjob` command in a
+    pod (none today) is no operator and starts as it came."""
+    console = tmp_path / "mpjob"  # a console script of that name, here the probe
+    console.write_text(CLI_PROBE)
+    env = warm.for_ranks(cli=True)
+    done = subprocess.run([sys.executable, str(console), *argv], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout) == {"argv": argv, "forked": forked}, done.stderr
+
+
+def test_the_real_operator_command_stood_in_for_says_what_a_fresh_start_says() -> None:
+    real = str(Path(sys.executable).with_name("mpjob"))
+    command = [real, "operator", "--help"]
+    stood_in = subprocess.run(command, env=warm.for_ranks(cli=True), capture_output=True, text=True, timeout=60)
+    fresh = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert stood_in.returncode == 0 and "--namespace" in stood_in.stdout, stood_in.stderr
+    assert (stood_in.returncode, stood_in.stdout, stood_in.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
 def test_a_rank_command_started_cold_on_purpose_is_not_handed_to_a_server(tmp_path: Path) -> None:
     """What made the client start it cold (here a preexec_fn, which sets a limit in the child)
     holds for the process itself: its interpreter does not stand in for it."""

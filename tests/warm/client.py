@@ -181,15 +181,17 @@ def own_servers() -> Iterator[None]:
         _servers = shared
 
 
-def for_ranks(env: dict[str, str] | None = None, *, frameworks: bool = False) -> dict[str, str]:
+def for_ranks(env: dict[str, str] | None = None, *, frameworks: bool = False, cli: bool = False) -> dict[str, str]:
     """`env` (default: this process's) for a launcher (`mpjob run`, `mpjob_trainer.launch`)
     whose ranks should start warm: each rank's interpreter stands in for it and has this
     process's server fork it (tests/warm/standin.py). `frameworks`: the ranks run scripts that
-    import transformers or Lightning (that server costs a few seconds to start)."""
+    import transformers or Lightning (that server costs a few seconds to start); `cli`: the
+    `mpjob` command's server too (`mpjob operator` as a pod starts it)."""
     env = dict(os.environ if env is None else env)
     if rules.cold():
         return env
-    for kind in ("trainer", "frameworks") if frameworks else ("trainer",):
+    kinds = ("trainer", *(("frameworks",) if frameworks else ()), *(("cli",) if cli else ()))
+    for kind in kinds:
         if _servers.path(kind) is None:
             return env
     return with_stand_ins(env, Path(_servers.folder))

@@ -42,11 +42,20 @@ RANK_MODULES = frozenset({"mpjob_trainer"})
 RANK_SCRIPTS = frozenset({"mpjob-trainer"})
 
 
+#: The operator the chart's pods start (`mpjob operator`, the console script run the same way),
+#: handed to the server of the `mpjob` command ("cli"); any other `mpjob` command runs cold.
+CLI_SCRIPTS = frozenset({"mpjob"})
+CLI_SCRIPT_COMMANDS = frozenset({"operator"})
+
+
 def rank_target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
-    """What a stand-in hands to a server: `python -m mpjob_trainer`, a script, or the trainer's
-    console script; None for anything else (the launcher itself, `mpjob run`, torch's helpers)."""
-    if len(argv) > 1 and os.path.basename(argv[1]) in RANK_SCRIPTS and os.path.isfile(argv[1]):
-        return False, argv[1], argv[2:]
+    """What a stand-in hands to a server: `python -m mpjob_trainer`, a script, the trainer's
+    console script or the operator's; None for anything else (the launcher itself, `mpjob run`,
+    torch's helpers)."""
+    if len(argv) > 1 and os.path.isfile(argv[1]):
+        script = os.path.basename(argv[1])
+        if script in RANK_SCRIPTS or (script in CLI_SCRIPTS and argv[2:3] and argv[2] in CLI_SCRIPT_COMMANDS):
+            return False, argv[1], argv[2:]
     found = target(argv)
     return None if found is None or (found[0] and found[1] not in RANK_MODULES) else found
 
@@ -57,10 +66,12 @@ CLI_MODULES = frozenset({"mpjob.cli"})
 
 
 def kind(module: bool, name: str) -> str:
-    """The server that runs it: "cli" for the `mpjob` command, "frameworks" for a script that
-    imports one, else "trainer"."""
+    """The server that runs it: "cli" for the `mpjob` command (module or console script),
+    "frameworks" for a script that imports one, else "trainer"."""
     if module:
         return "cli" if name in CLI_MODULES else "trainer"
+    if os.path.basename(name) in CLI_SCRIPTS:
+        return "cli"
     return "frameworks" if _FRAMEWORK.search(Path(name).read_text()) else "trainer"
 
 

@@ -1,5 +1,6 @@
-"""On the search path of the ranks a test's launcher starts (client.for_ranks): hands a rank
-command to its warm-start server (tests/warm/standin.py) before this interpreter runs it.
+"""On the search path of the ranks a test's launcher starts (client.for_ranks) and of the test
+cluster's pods: hands a rank command, or the operator a chart's pod starts, to its warm-start
+server (tests/warm/standin.py) before this interpreter runs it.
 
 Every Python process under that launcher runs this (the launcher and `mpjob run` too), so what
 is plainly no rank (`python -m` of another module, no script) leaves before any import;
@@ -10,6 +11,9 @@ import sys
 
 
 def _maybe_rank(argv: list) -> bool:
+    """A rank, or the operator a chart's pod starts (`mpjob operator`)."""
+    if len(argv) > 1 and argv[1].endswith("/mpjob"):
+        return argv[2:3] == ["operator"]
     return len(argv) > 1 and (argv[1:3] == ["-m", "mpjob_trainer"] or argv[1].endswith((".py", "/mpjob-trainer")))
 
 
