@@ -25,7 +25,7 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 log="$cache/build-kueue.log"
 if [[ ! -x "$bin/kueue" ]]; then
   echo "mpjob test cluster: building sigs.k8s.io/kueue/cmd/kueue@$KUEUE (log: $log)" >&2
-  if ! (cd "$mod" && go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE" \
+  if ! (cd "$mod" && go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE" \
       -o "$bin/" sigs.k8s.io/kueue/cmd/kueue) >"$log" 2>&1; then
     if grep -qE "dial tcp|proxy.golang.org|no such host|i/o timeout|TLS handshake" "$log"; then
       die "downloading Go modules for Kueue failed (see $log); check the Go module proxy is reachable (GOPROXY=$(go env GOPROXY))"

@@ -22,7 +22,7 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 log="$cache/build-s3.log"
 if [[ ! -x "$bin/versitygw" ]]; then
   echo "mpjob test cluster: building github.com/versity/versitygw/cmd/versitygw@$VGW (log: $log)" >&2
-  if ! (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$bin/" github.com/versity/versitygw/cmd/versitygw) >"$log" 2>&1; then
+  if ! (cd "$mod" && go build -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" -o "$bin/" github.com/versity/versitygw/cmd/versitygw) >"$log" 2>&1; then
     if grep -qE "dial tcp|proxy.golang.org|no such host|i/o timeout|TLS handshake" "$log"; then
       die "downloading Go modules for versitygw failed (see $log); check the Go module proxy is reachable (GOPROXY=$(go env GOPROXY))"
     fi
