@@ -5,7 +5,8 @@ its store; `watch.py`), read as raw JSON and kept only as the few fields the pla
 
 A reconcile reads its children here, not from the API server; a change the planner would act on
 (a Job's verdict or suspension, a pod's start, exit or deletion, a pod the Job controller cannot
-create) queues a reconcile of the MixedPrecisionJob it belongs to.
+create) queues a reconcile of the MixedPrecisionJob it belongs to. What is kept, and for how
+long (a removed pod stays as last seen while its Job is held), is `children.py`'s.
 Children are found by their controller ownerReferences, never by label alone, and joined to
 their parent on namespace, kind, name and UID together (`records.ObjectRef`): a pod or Event of
 another namespace that copies a Job's name and UID joins nothing. An unreadable object is
@@ -17,13 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from mpjob.builders.attempt import LABEL_JOB
+from mpjob.controller.children import Children, Record
 from mpjob.controller.lostnodes import on_nodes
 from mpjob.controller.records import (
-    CreateFailure,
     JobRecord,
     Key,
     Malformed,
@@ -41,7 +42,6 @@ log = logging.getLogger("mpjob.operator.cache")
 
 #: The Events worth watching: the Job controller's pods it could not create.
 FAILED_CREATE = "involvedObject.kind=Job,reason=FailedCreate"
-Record = JobRecord | PodRecord | CreateFailure
 MAKERS: dict[str, Callable[[dict[str, Any]], Record | None]] = {
     "jobs": job_record,
     "pods": pod_record,
@@ -67,11 +67,7 @@ class ChildCache:
     def __init__(self, changed: Callable[[Key], None]) -> None:
         self._changed = changed
         self._lock = threading.Lock()
-        self._jobs: dict[str, JobRecord] = {}  # by Job UID; a deleted one stays while pods remain
-        self._keys: dict[Key, set[str]] = {}  # MixedPrecisionJob -> its Jobs' UIDs
-        self._pods: dict[str, PodRecord] = {}  # by pod UID
-        self._by_job: dict[ObjectRef, set[str]] = {}  # the Job pods name -> their UIDs
-        self._failures: dict[ObjectRef, CreateFailure] = {}  # the Job it names -> its latest FailedCreate
+        self._children = Children()  # read and written under the lock
         self._skipped: set[str] = set()  # UIDs of objects already logged as unreadable
         self._synced: dict[str, threading.Event] = {}
         self._watches: list[ListWatch] = []
@@ -81,17 +77,14 @@ class ChildCache:
     def observe(self, namespace: str, name: str, uid: str, nodes: frozenset[str] | None = None) -> Observed:
         """The attempts of the MixedPrecisionJob `namespace/name` whose UID is `uid` (with `nodes`,
         the Nodes that exist: a pod running on another is lost, lostnodes.on_nodes)."""
-        owner = ObjectRef(namespace, api.KIND, name, uid)
         with self._lock:
-            jobs = [self._jobs[j] for j in self._keys.get((namespace, name), ()) if self._jobs[j].owner == owner]
-            pods = {j.uid: [on_nodes(self._pods[p].view, nodes) for p in self._by_job.get(j.ref, ())] for j in jobs}
-            ips = {job.uid: self._rank0_ip(job.ref) for job in jobs}
-            failures = {job.uid: self._failures.get(job.ref) for job in jobs}
+            held = self._children.of(ObjectRef(namespace, api.KIND, name, uid))
+        pods = {job: [on_nodes(p.view, nodes) for p in records] for job, records in held.pods.items()}
         views: dict[int, JobView] = {}
         rank0_ip: dict[int, str] = {}
         uids: dict[int, str] = {}
-        for job in (j for j in jobs if not j.gone):
-            failure = failures[job.uid]
+        for job in (j for j in held.jobs if not j.gone):
+            failure = held.failures[job.uid]
             views[job.attempt] = JobView(
                 index=job.attempt,
                 finished=job.finished,
@@ -102,17 +95,10 @@ class ChildCache:
                 create_error=failure.message if failure is not None else None,
             )
             uids[job.attempt] = job.uid
-            if (ip := ips[job.uid]) is not None:
+            if (ip := _rank0_ip(held.pods[job.uid])) is not None:
                 rank0_ip[job.attempt] = ip
-        lingering = frozenset(j.attempt for j in jobs if j.gone and any(p.alive for p in pods[j.uid]))
+        lingering = frozenset(j.attempt for j in held.jobs if j.gone and any(p.alive for p in pods[j.uid]))
         return Observed(views, lingering, rank0_ip, uids)
-
-    def _rank0_ip(self, job: ObjectRef) -> str | None:
-        for pod in (self._pods[p] for p in self._by_job.get(job, ())):
-            view: PodView = pod.view
-            if view.index == 0 and view.phase == "Running" and view.alive and pod.ip:
-                return pod.ip
-        return None
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         """Whether every watch has had its first listing (before that, reads see nothing)."""
@@ -126,8 +112,8 @@ class ChildCache:
         record = job_record(job)
         if record is not None:
             with self._lock:
-                if record.uid not in self._jobs:
-                    self._put(record)
+                if not self._children.has_job(record.uid):
+                    self._children.put(record)
 
     def apply(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         """One watch event (`kind` ADDED, MODIFIED or DELETED) of a Job, pod or Event
@@ -136,15 +122,16 @@ class ChildCache:
         if not isinstance(uid, str):
             return
         if kind == "DELETED":
+            last = self._read(resource, obj) if resource == "pods" else None  # how it was when it went
             with self._lock:
-                due = self._drop(resource, uid)
+                due = self._children.drop(resource, uid, last=last)
                 self._skipped.discard(uid)
         else:
             record = self._read(resource, obj)
             if record is None:
                 return
             with self._lock:
-                due = self._put(record)
+                due = self._children.put(record)
         if due is not None:
             self._changed(due)
 
@@ -154,12 +141,12 @@ class ChildCache:
         fresh = {r.uid: r for r in (self._read(resource, obj) for obj in objects) if r is not None}
         due: set[Key | None] = set()
         with self._lock:
-            held = self._store(resource)
+            held = self._children.held(resource)
             for uid in [u for u, r in held.items() if namespace is None or _namespace(r) == namespace]:
                 if uid not in fresh:
-                    due.add(self._drop(resource, uid))
+                    due.add(self._children.drop(resource, uid))
             for record in fresh.values():
-                due.add(self._put(record))
+                due.add(self._children.put(record))
         for key in due:
             if key is not None:
                 self._changed(key)
@@ -177,79 +164,6 @@ class ChildCache:
                 name = f"{(meta or {}).get('namespace')}/{(meta or {}).get('name')}"
                 log.warning("skipping %s %s: %s", resource.removesuffix("s"), name, exc)
             return None
-
-    def _store(self, resource: str) -> dict[str, Record]:
-        """What is held of `resource`, by object UID (a copy: the caller may change the store)."""
-        if resource == "events":
-            return {f.uid: f for f in self._failures.values()}
-        return dict(self._jobs if resource == "jobs" else self._pods)
-
-    # -------------------------------------------------------------- the stores (under the lock)
-    def _put(self, record: Record) -> Key | None:
-        """Keep `record`; the job whose reconcile is due, if any."""
-        if isinstance(record, JobRecord):
-            old = self._jobs.get(record.uid)
-            self._jobs[record.uid] = record
-            self._keys.setdefault(record.key, set()).add(record.uid)
-            return record.key if record.news(old) else None
-        if isinstance(record, PodRecord):
-            old_pod = self._pods.get(record.uid)
-            self._pods[record.uid] = record
-            if old_pod is not None and old_pod.owner != record.owner:  # an owner reference moved
-                self._by_job.get(old_pod.owner, set()).discard(record.uid)
-            self._by_job.setdefault(record.owner, set()).add(record.uid)
-            return self._key_of(record.owner) if record.news(old_pod) else None
-        old_failure, self._failures[record.owner] = self._failures.get(record.owner), record
-        news = old_failure is None or old_failure.message != record.message
-        return self._key_of(record.owner) if news else None
-
-    def _drop(self, resource: str, uid: str) -> Key | None:
-        """Forget the object `uid` of `resource`; the job whose reconcile is due, if any."""
-        if resource == "jobs":
-            return self._drop_job(uid)
-        if resource == "pods":
-            pod = self._pods.pop(uid, None)
-            if pod is None:
-                return None
-            siblings = self._by_job.get(pod.owner, set())
-            siblings.discard(uid)
-            job = self._job(pod.owner)
-            if not siblings:
-                self._by_job.pop(pod.owner, None)
-                if job is not None and job.gone:
-                    self._forget_job(job)
-            return job.key if job is not None else None
-        failure = next((f for f in self._failures.values() if f.uid == uid), None)
-        if failure is not None:
-            del self._failures[failure.owner]
-        return None
-
-    def _drop_job(self, uid: str) -> Key | None:
-        job = self._jobs.get(uid)
-        if job is None:
-            return None
-        if self._by_job.get(job.ref):  # its pods still stop: remember whose they are
-            self._jobs[uid] = replace(job, gone=True)
-        else:
-            self._forget_job(job)
-        return job.key
-
-    def _forget_job(self, job: JobRecord) -> None:
-        self._jobs.pop(job.uid, None)
-        self._failures.pop(job.ref, None)
-        uids = self._keys.get(job.key, set())
-        uids.discard(job.uid)
-        if not uids:
-            self._keys.pop(job.key, None)
-
-    def _job(self, ref: ObjectRef) -> JobRecord | None:
-        """The Job a child names, if it is the one held: same namespace, name and UID (the join)."""
-        job = self._jobs.get(ref.uid)
-        return job if job is not None and job.ref == ref else None
-
-    def _key_of(self, ref: ObjectRef) -> Key | None:
-        job = self._job(ref)
-        return job.key if job is not None else None
 
     # -------------------------------------------------------------- watching
     def start(self, namespaces: Iterable[str | None], batch: Any, core: Any) -> None:
@@ -294,6 +208,15 @@ def sources(namespace: str | None, *, batch: Any, core: Any) -> list[Source]:
             selectors={"field_selector": FAILED_CREATE},
         ),
     ]
+
+
+def _rank0_ip(pods: list[PodRecord]) -> str | None:
+    """The address of the Job's running rank-0 pod (its metrics endpoint), if any."""
+    for pod in pods:
+        view: PodView = pod.view
+        if view.index == 0 and view.phase == "Running" and view.alive and pod.ip:
+            return pod.ip
+    return None
 
 
 def _namespace(record: Record) -> str:

@@ -58,9 +58,10 @@ def test_a_fallback_shows_what_it_cost_and_where_it_went(
 ) -> None:
     jobs.pvc("ckpt")
     spec = gpt_spec("ckpt", every=20)
-    # fp16's 25 steps take over a second: the status's times have whole seconds, and the in-place
-    # change splits the pod's time at the trainer's moment of it.
-    spec["task"]["args"] = {**OVERFLOW, "stepDelay": {"fp16": 0.05}}
+    # fp16's 25 steps and bf16's 40 each take over a second: the status's times have whole
+    # seconds, and the in-place change splits the pod's time at the trainer's moment of it (bf16
+    # alone once ran its 40 steps within the second of the change, and was charged 0 s).
+    spec["task"]["args"] = {**OVERFLOW, "stepDelay": {"fp16": 0.05, "bf16": 0.05}}
     spec["costPerGpuHour"] = PRICE
     jobs.create("costly", spec)
     status = jobs.wait_phase("costly", ("Succeeded", "Failed"), 300)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mpjob.controller.cache import ChildCache
+from mpjob.planning.endings import outcome_of
 
 pytestmark = pytest.mark.unit
 
@@ -114,7 +115,7 @@ def test_observe_groups_pods_by_attempt_with_rank0s_address_and_lingering_pods(c
     assert seen.lingering == frozenset({0})
     c.apply("pods", "DELETED", lingering)
     assert c.observe("ns", "j", MPJ_UID).lingering == frozenset()
-    assert c._jobs.keys() == {"job-1"}  # the deleted Job is forgotten with its last pod
+    assert c._children.held("jobs").keys() == {"job-1"}  # the deleted Job is forgotten with its last pod
     assert c.observe("ns", "other", MPJ_UID).jobs == {}
 
 
@@ -150,3 +151,65 @@ def test_a_failed_create_shows_on_its_job_and_queues_a_reconcile(cache: tuple[Ch
     assert changed == [("ns", "j")]  # the same message again is no news
     c.apply("events", "DELETED", event)
     assert c.observe("ns", "j", MPJ_UID).jobs[0].create_error is None
+
+
+def evicted(attempt: int, *, rank: int = 0) -> dict[str, Any]:
+    """Attempt `attempt`'s pod as the Eviction API leaves it: DisruptionTarget, being deleted,
+    and its launcher's exit (44, Preempted) reported."""
+    gone = pod(attempt, "Failed", rank=rank, exitCode=44, message="")
+    gone["metadata"]["deletionTimestamp"] = "2026-11-30T12:41:43Z"
+    condition = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    gone["status"]["conditions"] = [condition]
+    return gone
+
+
+def test_a_pod_removed_before_a_reconcile_read_it_still_tells_how_it_ended(cache: tuple[ChildCache, list]) -> None:
+    """An evicted pod is gone a second after its eviction; a busy operator's reconcile comes
+    after that, beside a Job that says only BackoffLimitExceeded. The pod stays as last seen."""
+    c, changed = cache
+    c.apply("jobs", "ADDED", job(0))
+    c.apply("pods", "ADDED", pod(0))
+    changed.clear()
+    c.apply("pods", "DELETED", evicted(0))  # its last MODIFIED events never reached a reconcile
+    c.apply("jobs", "MODIFIED", job(0, failed=1, conditions=[{"type": "Failed", "status": "True"}]))
+    assert changed == [("ns", "j")] * 2
+    seen = c.observe("ns", "j", MPJ_UID)
+    (kept,) = seen.jobs[0].pods
+    ended = (kept.alive, kept.deleting, kept.exit_code, kept.platform_reason)
+    assert ended == (False, True, 44, "EvictionByEvictionAPI")
+    assert seen.rank0_ip == {} and seen.lingering == frozenset()
+    assert outcome_of(seen.jobs[0]).platform_reason == "EvictionByEvictionAPI"  # Evicted: uncharged
+
+
+def test_a_pod_removed_while_running_is_kept_as_stopped(cache: tuple[ChildCache, list]) -> None:
+    """Deleted at once (grace 0, or its node's kubelet gone): its last state says Running, but it
+    runs no more, so no reconcile waits for it to stop."""
+    c, _ = cache
+    c.apply("jobs", "ADDED", job(0))
+    c.apply("pods", "ADDED", pod(0))
+    c.apply("pods", "DELETED", pod(0))
+    (kept,) = c.observe("ns", "j", MPJ_UID).jobs[0].pods
+    assert (kept.alive, kept.deleting, kept.exit_code) == (False, True, None)
+
+
+def test_a_removed_pod_is_kept_until_its_index_runs_again_or_its_job_goes(cache: tuple[ChildCache, list]) -> None:
+    c, changed = cache
+    c.apply("jobs", "ADDED", job(0))
+    c.apply("pods", "ADDED", pod(0, rank=0))
+    c.apply("pods", "ADDED", pod(0, rank=1))
+    c.apply("pods", "DELETED", evicted(0, rank=0))
+    c.apply("pods", "DELETED", evicted(0, rank=1))
+    changed.clear()
+    c.relist("pods", "ns", [])  # a relisting lacks them, as it should: they stay as last seen
+    assert changed == [] and len(c.observe("ns", "j", MPJ_UID).jobs[0].pods) == 2
+    # Its queue admitted the Job again: index 0 runs anew in a new pod, which replaces the old one.
+    again = pod(0, rank=0)
+    again["metadata"].update(uid="pod-0-again", name="j-a0-0-y")
+    c.apply("pods", "ADDED", again)
+    pods = c.observe("ns", "j", MPJ_UID).jobs[0].pods
+    assert sorted((p.index, p.alive) for p in pods) == [(0, True), (1, False)]
+    c.apply("pods", "DELETED", again)
+    c.apply("jobs", "DELETED", job(0))  # the Job goes: what was kept of its pods goes with it
+    assert c.observe("ns", "j", MPJ_UID).jobs == {}
+    c.apply("jobs", "ADDED", job(0))  # the same Job seen again (a stale listing): nothing of it was kept
+    assert c.observe("ns", "j", MPJ_UID).jobs[0].pods == ()
