@@ -22,7 +22,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
-NO_CUDA = "skipped: no CUDA"
 #: Seconds a stopped step's processes get between SIGTERM and SIGKILL.
 GRACE_S = 10
 
@@ -45,8 +44,6 @@ class Step:
     log: str  # file under $OUT; steps may share one (appended, each under a header)
     command: Callable[[Context], list[str]]  # writes what the command reads, returns its argv
     result: Callable[[Context], tuple[dict[str, Any], str | None]]  # (figures, problem or None)
-    cuda_only: bool = False
-    imports: tuple[str, ...] = ()  # what a CUDA-only step checks without CUDA
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -82,26 +79,20 @@ def step_env(step: Step) -> dict[str, str]:
 def run_step(step: Step, ctx: Context, out: Path, budget_scale: float) -> dict[str, Any]:
     log, budget_s = out / step.log, round(step.budget_s * budget_scale)
     argv = step.command(ctx)
-    if step.cuda_only and not CUDA:
-        argv = [ctx.python, "-c", "; ".join(f"import {module}" for module in step.imports)]
     with log.open("a") as sink:
         sink.write(f"\n===== step {step.name} (budget {budget_s} s): {' '.join(argv)}\n")
     print(f"step {step.name}: start (budget {budget_s} s)", flush=True)
     code, seconds = run_command(argv, log, budget_s, step_env(step))
     record: dict[str, Any] = {"name": step.name, "budgetSeconds": budget_s, "seconds": round(seconds, 1),
                               "exitCode": code, "log": step.log}  # fmt: skip
-    if step.cuda_only and not CUDA:
-        record["status"] = NO_CUDA if code == 0 else "failed"
-        record["problem"] = None if code == 0 else f"imports of {', '.join(step.imports)} failed"
+    figures, problem = step.result(ctx)
+    if code is None:
+        status, problem = "timed out", f"out of its {budget_s} s budget"
+    elif code != 0:
+        status, problem = "failed", problem or f"exit code {code}"
     else:
-        figures, problem = step.result(ctx)
-        if code is None:
-            status, problem = "timed out", f"out of its {budget_s} s budget"
-        elif code != 0:
-            status, problem = "failed", problem or f"exit code {code}"
-        else:
-            status = "failed" if problem else "passed"
-        record.update(status=status, problem=problem, result=figures)
+        status = "failed" if problem else "passed"
+    record.update(status=status, problem=problem, result=figures)
     problem = f" ({record['problem']})" if record.get("problem") else ""
     print(f"step {step.name}: {record['status']} in {seconds:.0f} s{problem}", flush=True)
     return record
@@ -128,7 +119,7 @@ def environment() -> dict[str, Any]:
 
 
 def main(steps: list[Step], argv: list[str] | None = None, *, description: str | None = None) -> int:
-    """Run `steps` (all, or --only those), writing summary.json; 0 when each passed or was skipped for want of CUDA."""
+    """Run `steps` (all, or --only those), writing summary.json; 0 when each passed."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True, help="summary.json and the logs")
     parser.add_argument("--work", type=Path, default=Path("/tmp/mpjob-gpu-work"), help="what the steps write besides")
@@ -151,5 +142,5 @@ def main(steps: list[Step], argv: list[str] | None = None, *, description: str |
         print(
             f"  {record['name']:<11} {record['status']:<16} {record['seconds']:>6.0f} s  {record.get('problem') or ''}"
         )
-    ok = all(r["status"] in ("passed", NO_CUDA) for r in summary["steps"])
+    ok = all(r["status"] == "passed" for r in summary["steps"])
     return 0 if ok else 1

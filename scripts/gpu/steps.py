@@ -2,8 +2,9 @@
 in the venv it made over the image's torch; docs/benchmarks.md, "A GPU check in one call").
 
 A step is one command. One out of time is stopped (its whole process group) and recorded as
-"timed out", and the next step runs. Without CUDA a CUDA-only step only imports what it would
-run and is recorded as "skipped: no CUDA"; the other steps run on the CPU at a smaller size.
+"timed out", and the next step runs. Without CUDA every step runs on the CPU at a smaller size:
+the benchmark's steps with `--tiny` (the same code paths, a 2-layer model), the `mpjob run`
+steps with a shorter story of the same ending.
 $OUT gets summary.json, rewritten after every step (a call cut short still returns what ran),
 and the logs (at most 8 files in all: the device call returns no more). What the steps write
 besides (run directories, JUnit XML, the benchmark's JSON) stays in --work, and what matters of
@@ -68,14 +69,17 @@ def pytest_result(ctx: Context) -> tuple[dict[str, Any], str | None]:
 # ---------------------------------------------------------------- bench/trainer_gpu.py
 #: The benchmark sized to its budget: fp32 (strict) and bf16 side by side (the targets' ratios),
 #: a save inside the runs, two A/B pairs; fp8 is its own step.
-BENCH_ARGS = ["--steps", "80", "--precisions", "fp32,bf16", "--parts", "side,guard,syncs",
-              "--checkpoint-every", "50", "--ab-pairs", "2"]  # fmt: skip
+BENCH_PARTS = ["--precisions", "fp32,bf16", "--parts", "side,guard,syncs"]
+BENCH_ARGS = ["--steps", "80", *BENCH_PARTS, "--checkpoint-every", "50", "--ab-pairs", "2"]
 FP8_ARGS = ["--steps", "60", "--parts", "fp8"]
+#: Without CUDA: the same parts at --tiny's own sizes (a save inside its runs too).
+TINY_BENCH_ARGS, TINY_FP8_ARGS = ["--tiny", *BENCH_PARTS], ["--tiny", "--parts", "fp8"]
 
 
-def bench_command(name: str, args: list[str]) -> Callable[[Context], list[str]]:
+def bench_command(name: str, args: list[str], tiny: list[str]) -> Callable[[Context], list[str]]:
     def command(ctx: Context) -> list[str]:
-        return [ctx.python, "bench/trainer_gpu.py", "--json", str(ctx.folder(name) / "figures.json"), *args]
+        figures = str(ctx.folder(name) / "figures.json")
+        return [ctx.python, "bench/trainer_gpu.py", "--json", figures, *(args if CUDA else tiny)]
 
     return command
 
@@ -225,15 +229,13 @@ def fp8_fault() -> dict[str, Any]:
 # ---------------------------------------------------------------- the steps, in order
 STEPS = [
     Step("pytest", 75, "pytest.log", pytest_command, pytest_result),
-    Step("bench", 160, "bench.log", bench_command("bench", BENCH_ARGS), bench_result("bench"), cuda_only=True,
-         imports=("bench.trainer_gpu",)),
+    Step("bench", 160, "bench.log", bench_command("bench", BENCH_ARGS, TINY_BENCH_ARGS), bench_result("bench")),
     Step("quickstart", 50, "runs.log", mpjob_run("quickstart", quickstart),
          run_result("quickstart", ladder(("fp16", "NumericFault"), ("bf16", "Succeeded")))),
     Step("oom", 45, "runs.log", mpjob_run("oom", out_of_memory), run_result("oom", split_then_succeeded)),
     Step("fsdp", 35, "runs.log", mpjob_run("fsdp", fsdp_one_device),
          run_result("fsdp", ladder(("fp16", "NumericFault"), ("bf16", "Succeeded")))),
-    Step("fp8_large", 65, "fp8.log", bench_command("fp8_large", FP8_ARGS), bench_result("fp8_large"),
-         cuda_only=True, imports=("bench.trainer_gpu", "torchao.float8")),
+    Step("fp8_large", 65, "fp8.log", bench_command("fp8_large", FP8_ARGS, TINY_FP8_ARGS), bench_result("fp8_large")),
     Step("fp8_fault", 25, "fp8.log", mpjob_run("fp8_fault", fp8_fault),
          run_result("fp8_fault", ladder(("fp8", "NumericFault"), ("bf16", "Succeeded"), first_message="QualityDrift"))),
 ]  # fmt: skip

@@ -68,3 +68,17 @@ def test_the_benchmark_runs_the_parts_and_precisions_asked_for_in_its_own_order(
 def test_targets_left_out_of_a_run_read_not_measured() -> None:
     rows = trainer_gpu.targets({}, {})
     assert len(rows) == 6 and all(figure == trainer_gpu.NOT_MEASURED for _, figure, _ in rows)
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_the_benchmark_steps_run_the_same_parts_on_cuda_and_tiny_without(
+    cuda: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without CUDA (the rehearsal) the benchmark itself runs on torch 2.11, at --tiny's sizes."""
+    monkeypatch.setattr(steps, "CUDA", cuda)
+    ctx = runner.Context(work=tmp_path)
+    argv = {step.name: step.command(ctx) for step in steps.STEPS if step.name in ("bench", "fp8_large")}
+    for name, parts in (("bench", "side,guard,syncs"), ("fp8_large", "fp8")):
+        assert argv[name][1] == "bench/trainer_gpu.py" and argv[name][argv[name].index("--parts") + 1] == parts
+        assert ("--tiny" in argv[name]) is not cuda and ("--steps" in argv[name]) is cuda
+    assert argv["bench"][argv["bench"].index("--precisions") + 1] == "fp32,bf16"
