@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import trainer_gpu
+from bench import gpu_report, trainer_gpu
 from scripts.gpu import requirements, runner, steps
 from tests.helpers import gone, wait_for
 
@@ -66,8 +66,8 @@ def test_the_benchmark_runs_the_parts_and_precisions_asked_for_in_its_own_order(
 
 
 def test_targets_left_out_of_a_run_read_not_measured() -> None:
-    rows = trainer_gpu.targets({}, {})
-    assert len(rows) == 6 and all(figure == trainer_gpu.NOT_MEASURED for _, figure, _ in rows)
+    rows = gpu_report.targets({}, {})
+    assert len(rows) == 6 and all(figure == gpu_report.NOT_MEASURED for _, figure, _ in rows)
 
 
 @pytest.mark.parametrize("cuda", [True, False])

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from bench import fp8_rows
-from bench.trainer_gpu import TINY, Setup, job_spec
+from bench.gpu_setup import Setup
+from bench.gpu_trainer import job_spec
+from bench.trainer_gpu import TINY
 
 pytestmark = pytest.mark.unit
 
