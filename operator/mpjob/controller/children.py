@@ -99,7 +99,7 @@ class Children:
         if job is not None and not job.gone:
             if uid in self._gone:
                 return None  # kept already (a relisting lacks it, as it should)
-            seen = last if last is not None and last.uid == uid and last.owner == pod.owner else pod
+            seen = last if last is not None and last.owner == pod.owner else pod  # `last`: the same UID
             self._pods[uid] = deleted(seen)
             self._gone.add(uid)
             return job.key
