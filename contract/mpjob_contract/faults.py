@@ -104,12 +104,12 @@ class Decision:
         """Where the decision came from, for messages."""
         if self.rule is None:
             return f"the built-in policy ({fault.value}: {self.action.value})"
-        return f"spec.faultPolicy.rules[{self.rule}] (on: {fault.value}, action: {self.action.value})"
+        return f"spec.faultPolicy.rules[{self.rule}] (fault: {fault.value}, action: {self.action.value})"
 
 
 def decide(rules: Sequence[tuple[Fault, FaultAction]], fault: Fault) -> Decision:
     """The job's first rule on `fault`, else the built-in action."""
-    for index, (on, action) in enumerate(rules):
-        if on == fault:
+    for index, (named, action) in enumerate(rules):
+        if named == fault:
             return Decision(action, index)
     return Decision(ACTIONS[fault][0])

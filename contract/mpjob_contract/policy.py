@@ -12,14 +12,34 @@ from mpjob_contract.wire import ApiModel
 MAX_FAULT_RULES = 16
 
 
+# The fault's field was first named `on`, which YAML 1.1 (kubectl's reader and PyYAML) reads
+# unquoted as the boolean true: `{on: NumericFault}` reached the API server as `{"true": ...}`.
+# It is `fault` now; `on` is still read (quoted), so jobs stored with it keep their rules.
 class FaultRule(ApiModel):
-    on: Fault = Field(description="What happened: the reason the status gives an attempt, or the guard rule.")
+    """One rule: a fault and what to do about it."""
+
+    fault: Fault | None = Field(
+        None, description="What happened: the reason the status gives an attempt, or the guard rule. Required."
+    )
+    on: Fault | None = Field(
+        None,
+        description="The former name of `fault`, still read; YAML reads an unquoted on as true, so it needs "
+        'quotes ("on": NumericFault). Write fault instead.',
+    )
     action: FaultAction = Field(description="What to do about it (docs/fault-policy.md: what each fault allows).")
 
     @model_validator(mode="after")
     def _allowed(self) -> FaultRule:
+        rules.FAULT_RULE_NAMES_ONE_FAULT.check(rules.wire_self(self))
         rules.FAULT_RULE_ALLOWED.check(rules.wire_self(self))
         return self
+
+    @property
+    def named(self) -> Fault:
+        """The fault this rule is on, by whichever name the manifest gave it."""
+        fault = self.fault if self.fault is not None else self.on
+        assert fault is not None, "checked by FAULT_RULE_NAMES_ONE_FAULT"
+        return fault
 
 
 class FaultPolicy(ApiModel):
@@ -28,9 +48,9 @@ class FaultPolicy(ApiModel):
     rules: list[FaultRule] = Field(
         default_factory=list,
         max_length=MAX_FAULT_RULES,
-        description="Checked in order, the first whose `on` matches decides; faults no rule names keep the "
+        description="Checked in order, the first whose `fault` matches decides; faults no rule names keep the "
         "built-in action (docs/fault-policy.md).",
     )
 
     def decide(self, fault: Fault) -> Decision:
-        return decide([(rule.on, rule.action) for rule in self.rules], fault)
+        return decide([(rule.named, rule.action) for rule in self.rules], fault)

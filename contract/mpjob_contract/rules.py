@@ -175,17 +175,27 @@ VOLUME_OR_STORAGE = Rule(
 )
 
 
+FAULT_RULE_NAMES_ONE_FAULT = Rule(
+    name="fault-rule-names-one-fault",
+    path="spec.faultPolicy.rules[]",
+    cel="has(self.fault) != has(self.on)",
+    message="faultPolicy.rules[] names its fault once, as fault (on is its former name: YAML reads an "
+    "unquoted on as the boolean true)",
+    holds=lambda rule: (rule.get("fault") is None) != (rule.get("on") is None),
+)
+
+
 def _allowed_action(rule: Mapping[str, Any]) -> bool:
     try:
-        return allowed(Fault(rule["on"]), FaultAction(rule["action"]))
+        return allowed(Fault(rule.get("fault", rule.get("on"))), FaultAction(rule["action"]))
     except (KeyError, ValueError):
-        return True  # an unknown name is the field's own enum's to refuse
+        return True  # no fault named is the rule above's to refuse, an unknown name its field's enum's
 
 
 FAULT_RULE_ALLOWED = Rule(
     name="fault-rule-allowed",
     path="spec.faultPolicy.rules[]",
-    cel="(self.on + '/' + self.action) in ["
+    cel="!(has(self.fault) || has(self.on)) || ((has(self.fault) ? self.fault : self.on) + '/' + self.action) in ["
     + ", ".join(f"'{fault.value}/{action.value}'" for fault, actions in ACTIONS.items() for action in actions)
     + "]",
     message="faultPolicy.rules[].action must be one its fault allows: "
@@ -256,6 +266,7 @@ RULES: tuple[Rule, ...] = (
     WRITABLE_CHECKPOINT_CLAIM,
     ONE_STORAGE_KIND,
     VOLUME_OR_STORAGE,
+    FAULT_RULE_NAMES_ONE_FAULT,
     FAULT_RULE_ALLOWED,
     ELASTIC_MIN_WORKERS_FIT,
     GATE_NEEDS_FP32_GATHERING,

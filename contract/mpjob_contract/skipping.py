@@ -41,12 +41,13 @@ class _Wire(BaseModel):
 class SpikeSpec(_Wire):
     """guard.spike: what a finite loss spike does."""
 
-    action: Literal["rollback", "off"] = Field(
-        "off",
+    action: Literal["rollback", "none", "off"] = Field(
+        "none",
         description="rollback: a finite loss whose z-score over the last `window` accepted losses exceeds "
         "`zScore` rolls back to the last good checkpoint and skips the spiking steps (bounded by "
-        "maxSkippedSteps). Off by default: a spike is finite, the run would finish anyway, and a false "
-        "positive silently drops good data; turn it on for long runs where a spike costs more than a rollback.",
+        "maxSkippedSteps). none by default: a spike is finite, the run would finish anyway, and a false "
+        "positive silently drops good data; turn it on for long runs where a spike costs more than a rollback. "
+        '"off" is the former name of none, still read (YAML reads an unquoted off as false).',
     )
     z_score: float = Field(6.0, gt=0, le=1000, description="How many standard deviations above the window's mean.")
     window: int = Field(

@@ -95,7 +95,40 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+#: YAML 1.1, which kubectl and PyYAML read, takes these words unquoted as booleans.
+_YAML_BOOLEANS = "YAML reads an unquoted on, off, yes, no, true or false as a boolean"
+
+
+def _boolean_keys(doc: Any) -> list[str]:
+    """The paths of mapping keys YAML read as booleans (`{on: NumericFault}` has the key true)."""
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if isinstance(key, bool):
+                found.append(f"{where}.{str(key).lower()}".lstrip("."))
+            else:
+                stack.append((f"{where}[{key}]" if isinstance(node, list) else f"{where}.{key}".lstrip("."), value))
+    return sorted(found)
+
+
+def _scalar_hint(error: Any) -> str:
+    """What YAML did to a value that should have been a string ("" when it did nothing)."""
+    value, kind = error.get("input"), error["type"]
+    if isinstance(value, bool) and kind in ("string_type", "literal_error", "enum"):
+        return f" ({_YAML_BOOLEANS}: put the value in quotes)"
+    if isinstance(value, int | float) and kind == "string_type":
+        return f' (YAML read it as the number {value}: put it in quotes, "{value}")'
+    return ""
+
+
 def _message(error: Any) -> str:
+    return _plain_message(error) + _scalar_hint(error)
+
+
+def _plain_message(error: Any) -> str:
     msg = str(error["msg"])
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
@@ -121,6 +154,9 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
         problems.append(Problem(source, index, "kind", f"must be {KIND}, got {doc.get('kind')!r}"))
     if problems:
         return None, problems
+    if keys := _boolean_keys(doc):
+        why = f"a key read as a boolean: {_YAML_BOOLEANS}; quote it (a fault rule's on is now fault)"
+        return None, [Problem(source, index, key, why) for key in keys]
     try:
         job = MixedPrecisionJob.model_validate(doc)
     except ValidationError as exc:

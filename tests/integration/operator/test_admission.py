@@ -12,7 +12,9 @@ from kubernetes import client
 
 from mpjob.validation import check_text
 from mpjob_contract import rules
+from mpjob_contract.faults import Fault, FaultAction
 from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, RULE_CASES, bad, nested_json
+from tests.unit.test_docs_manifests import shown_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +93,28 @@ def test_a_1500_level_document_is_refused_at_apply_naming_the_field(
     assert out.returncode != 0 and "spec.task.args.deep.deep.deep.deep" in out.stderr, out
     listed = subprocess.run([*kubectl, "get", "mpj", "-o", "name"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and listed.stdout.strip() == ""
+
+
+def test_kubectl_applies_every_job_the_docs_show(
+    kubeconfig: str, cluster_bin: Path, crd_installed: None, namespace: str, tmp_path: Path
+) -> None:
+    """kubectl reads YAML as 1.1 does (an unquoted `on` is true): the docs' own manifests and
+    spec fragments, written back as kubectl would send them, are all accepted."""
+    path = tmp_path / "docs.yaml"
+    jobs = [dict(job, metadata={"name": f"docs-{i}"}) for i, (_, job) in enumerate(shown_jobs())]
+    path.write_text(yaml.safe_dump_all(jobs))
+    kubectl = [str(cluster_bin / "kubectl"), "--kubeconfig", kubeconfig, "-n", namespace]
+    out = subprocess.run(
+        [*kubectl, "apply", "--dry-run=server", "-f", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.count("created (server dry run)") == len(jobs), out
+
+
+def test_a_job_stored_with_the_former_name_on_keeps_its_rule(api_client, crd_installed, namespace) -> None:
+    """`"on"` (quoted) is still read: the server stores it as written and the models decide by it."""
+    custom = client.CustomObjectsApi(api_client)
+    manifest = bad("spec.faultPolicy", {"rules": [{"on": "NumericFault", "action": "Fail"}]})
+    made = custom.create_namespaced_custom_object("mpjob.dev", "v1alpha1", namespace, "mixedprecisionjobs", manifest)
+    assert made["spec"]["faultPolicy"]["rules"] == [{"on": "NumericFault", "action": "Fail"}]
+    (job,), problems = check_text(yaml.safe_dump(made))
+    assert problems == [] and job.spec.fault_policy.decide(Fault.NUMERIC_FAULT).action is FaultAction.FAIL

@@ -40,12 +40,12 @@ def test_numeric_fault_fail_ends_an_fp16_overflow_in_one_attempt_naming_the_rule
 ) -> None:
     jobs.pvc("ckpt")
     spec = mlp_spec("ckpt", "fp16", every=10, overflowAtStep=15)
-    spec["faultPolicy"] = {"rules": [{"on": "NumericFault", "action": "Fail"}]}
+    spec["faultPolicy"] = {"rules": [{"fault": "NumericFault", "action": "Fail"}]}
     jobs.create("strict", spec)
     status = jobs.wait_phase("strict", ("Succeeded", "Failed"), 240)
     assert status["phase"] == "Failed", status
     (only,) = status["attempts"]
     assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NumericFault", 42)
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-    assert "spec.faultPolicy.rules[0] (on: NumericFault, action: Fail)" in failed["message"]
+    assert "spec.faultPolicy.rules[0] (fault: NumericFault, action: Fail)" in failed["message"]
     assert jobs.attempt_jobs("strict") == ["strict-a0"]

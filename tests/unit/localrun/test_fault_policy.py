@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.process]
 
 
 def policy(*rules: tuple[str, str]) -> dict[str, Any]:
-    return {"rules": [{"on": on, "action": action} for on, action in rules]}
+    return {"rules": [{"fault": fault, "action": action} for fault, action in rules]}
 
 
 def failed_once(tmp_path: Any, **spec: Any) -> tuple[dict, dict]:
@@ -32,7 +32,7 @@ def test_an_fp16_overflow_with_numeric_fault_fail_ends_in_one_attempt_naming_the
         faultPolicy=policy(("Preempted", "Fail"), ("NumericFault", "Fail")),
     )
     assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NumericFault", 42)
-    named = "spec.faultPolicy.rules[1] (on: NumericFault, action: Fail)"
+    named = "spec.faultPolicy.rules[1] (fault: NumericFault, action: Fail)"
     assert only["message"].startswith(named) and failed["reason"] == "NumericFault" and named in failed["message"]
 
 
@@ -46,7 +46,7 @@ def test_quality_drift_fail_stops_instead_of_falling_back(tmp_path: Any) -> None
         faultPolicy=policy(("QualityDrift", "Fail")),
     )
     assert (only["precision"], only["reason"]) == ("bf16", "NumericFault")
-    assert "spec.faultPolicy.rules[0] (on: QualityDrift, action: Fail)" in failed["message"]
+    assert "spec.faultPolicy.rules[0] (fault: QualityDrift, action: Fail)" in failed["message"]
     assert "QualityDrift:" in only["message"]
 
 
@@ -70,4 +70,4 @@ def test_a_loss_spike_fail_ends_the_job_with_spike_detection_off_in_the_guard(tm
         faultPolicy=policy(("LossSpike", "Fail")),
     )
     assert (only["precision"], only["reason"]) == ("fp32", "NumericFault")
-    assert "LossSpike:" in only["message"] and "spec.faultPolicy.rules[0] (on: LossSpike" in failed["message"]
+    assert "LossSpike:" in only["message"] and "spec.faultPolicy.rules[0] (fault: LossSpike" in failed["message"]

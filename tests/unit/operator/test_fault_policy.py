@@ -9,7 +9,7 @@ import pytest
 
 from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
 from mpjob_contract.codes import Reason
-from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed, decide, fault_of
+from mpjob_contract.faults import ACTIONS, Decision, Fault, FaultAction, allowed, decide, fault_of
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import TerminationReport
 
@@ -44,7 +44,7 @@ def test_every_fault_and_action_pair_is_allowed_exactly_as_the_table_says(fault:
     assert allowed(fault, action) is ((fault, action) in EXPECTED_ALLOWED)
     refused = not allowed(fault, action)
     try:
-        FaultPolicy.model_validate({"rules": [{"on": fault.value, "action": action.value}]})
+        FaultPolicy.model_validate({"rules": [{"fault": fault.value, "action": action.value}]})
     except ValueError as exc:
         assert refused and "faultPolicy.rules[].action must be one its fault allows" in str(exc)
     else:
@@ -61,7 +61,7 @@ def test_the_first_rule_on_a_fault_decides_and_names_itself() -> None:
     rules = [(F.PREEMPTED, A.FAIL), (F.NUMERIC_FAULT, A.RETRY), (F.NUMERIC_FAULT, A.FAIL)]
     decision = decide(rules, F.NUMERIC_FAULT)
     assert (decision.action, decision.rule) == (A.RETRY, 1)
-    assert decision.names(F.NUMERIC_FAULT) == "spec.faultPolicy.rules[1] (on: NumericFault, action: Retry)"
+    assert decision.names(F.NUMERIC_FAULT) == "spec.faultPolicy.rules[1] (fault: NumericFault, action: Retry)"
     assert decide(rules, F.QUALITY_DRIFT).rule is None  # a drift has a name of its own
 
 
@@ -94,15 +94,15 @@ def ended(reason: Reason, code: int, rule: str | None = None) -> AttemptOutcome:
 
 def test_a_jobs_rule_turns_a_fallback_into_a_failure_that_names_it() -> None:
     outcome = ended(Reason.NUMERIC_FAULT, 42, "MaxConsecutiveOverflows")
-    fails = FaultPolicy.model_validate({"rules": [{"on": "NumericFault", "action": "Fail"}]})
+    fails = FaultPolicy.model_validate({"rules": [{"fault": "NumericFault", "action": "Fail"}]})
     assert classify(outcome).action is Action.NEXT_PRECISION
     result = under_policy(classify(outcome), fails, outcome.report)
     assert result.action is Action.FAIL and result.reason is Reason.NUMERIC_FAULT
-    assert result.message == "spec.faultPolicy.rules[0] (on: NumericFault, action: Fail): what the trainer said"
+    assert result.message == "spec.faultPolicy.rules[0] (fault: NumericFault, action: Fail): what the trainer said"
 
 
 def test_a_rule_on_quality_drift_leaves_other_numeric_faults_alone() -> None:
-    drift_fails = FaultPolicy.model_validate({"rules": [{"on": "QualityDrift", "action": "Fail"}]})
+    drift_fails = FaultPolicy.model_validate({"rules": [{"fault": "QualityDrift", "action": "Fail"}]})
     overflow = ended(Reason.NUMERIC_FAULT, 42, "MaxConsecutiveOverflows")
     drift = ended(Reason.NUMERIC_FAULT, 42, "QualityDrift")
     assert under_policy(classify(overflow), drift_fails, overflow.report) == classify(overflow)
@@ -111,11 +111,19 @@ def test_a_rule_on_quality_drift_leaves_other_numeric_faults_alone() -> None:
 
 def test_rules_the_operator_does_not_carry_out_or_that_agree_change_nothing() -> None:
     bad_data = ended(Reason.NON_FINITE_IN_FP32, 45)
-    skips = FaultPolicy.model_validate({"rules": [{"on": "NonFiniteInFp32", "action": "Skip"}]})
+    skips = FaultPolicy.model_validate({"rules": [{"fault": "NonFiniteInFp32", "action": "Skip"}]})
     assert under_policy(classify(bad_data), skips, bad_data.report) == classify(bad_data)  # the trainer's to do
     preempted = ended(Reason.PREEMPTED, 44)
-    retries = FaultPolicy.model_validate({"rules": [{"on": "Preempted", "action": "Retry"}]})
+    retries = FaultPolicy.model_validate({"rules": [{"fault": "Preempted", "action": "Retry"}]})
     assert under_policy(classify(preempted), retries, preempted.report) == classify(preempted)
     oom = ended(Reason.OUT_OF_DEVICE_MEMORY, 46)
-    same = FaultPolicy.model_validate({"rules": [{"on": "OutOfDeviceMemory", "action": "Retry"}]})
+    same = FaultPolicy.model_validate({"rules": [{"fault": "OutOfDeviceMemory", "action": "Retry"}]})
     assert under_policy(classify(oom), same, oom.report).action is Action.SAME_PRECISION
+
+
+def test_a_rule_under_the_former_name_on_decides_as_one_under_fault() -> None:
+    """Jobs stored with `"on"` (quoted: unquoted, YAML makes it true) keep their rules."""
+    former = FaultPolicy.model_validate({"rules": [{"on": "NumericFault", "action": "Fail"}]})
+    current = FaultPolicy.model_validate({"rules": [{"fault": "NumericFault", "action": "Fail"}]})
+    assert former.decide(F.NUMERIC_FAULT) == current.decide(F.NUMERIC_FAULT) == Decision(A.FAIL, 0)
+    assert former.decide(F.QUALITY_DRIFT).rule is None

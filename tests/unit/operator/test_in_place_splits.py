@@ -54,7 +54,7 @@ def test_the_split_attempts_carry_their_repromotion_as_a_restarts_would() -> Non
         ("a micro-batch of one sample", spec(batch=1)),
         ("no attempt left", spec(runPolicy={"maxAttempts": 1})),
         ("a sharded model", spec(parallelism={"strategy": "fsdp"}, workers=2)),
-        ("the faultPolicy retries", spec(faultPolicy={"rules": [{"on": "OutOfDeviceMemory", "action": "Retry"}]})),
+        ("the faultPolicy retries", spec(faultPolicy={"rules": [{"fault": "OutOfDeviceMemory", "action": "Retry"}]})),
         ("an elastic job", spec(workers=2, elastic={"minWorkers": 1})),
     ],
 )

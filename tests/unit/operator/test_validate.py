@@ -38,6 +38,36 @@ def test_yaml_syntax_error_names_the_line() -> None:
     assert len(problems) == 1 and "line " in str(problems[0])
 
 
+HEAD = "apiVersion: mpjob.dev/v1alpha1\nkind: MixedPrecisionJob\nmetadata: {name: j}\nspec:\n  task: {builtin: gpt}\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "needles"),
+    [
+        ("  faultPolicy: {rules: [{on: NumericFault, action: Fail}]}\n", "spec.faultPolicy.rules[0].true",
+         ["read as a boolean", "quote it", "on is now fault"]),
+        ("  precision: {guard: {spike: {action: off}}}\n", "spec.precision.guard.spike.action",
+         ["got False", "unquoted on, off", "put the value in quotes"]),
+        ("  resources: {minComputeCapability: 8.0}\n", "spec.resources.minComputeCapability",
+         ['the number 8.0: put it in quotes, "8.0"']),
+    ],
+    ids=["on-as-a-key", "off-as-a-value", "a-number-for-a-string"],
+)  # fmt: skip
+def test_what_yaml_made_of_an_unquoted_word_is_said(spec: str, field: str, needles: list[str]) -> None:
+    """YAML 1.1 (kubectl's reader too) takes on/off/yes/no as booleans and 8.0 as a number: the
+    message names the field and says how to write it."""
+    jobs, problems = check_text(HEAD + spec)
+    assert not jobs and [p.field for p in problems] == [field]
+    assert all(needle in problems[0].message for needle in needles), problems[0].message
+
+
+def test_the_words_yaml_keeps_as_written_validate() -> None:
+    rule = "  faultPolicy: {rules: [{fault: NumericFault, action: Fail}]}\n"
+    (job,), problems = check_text(HEAD + rule + "  precision: {guard: {spike: {action: none}}}\n")
+    assert problems == [] and job.spec.fault_policy.rules[0].named.value == "NumericFault"
+    assert job.spec.precision.guard.spike.action == "none"
+
+
 def test_cli_exit_codes_and_multi_document_files(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(GOOD) + "---\n" + yaml.safe_dump(dict(GOOD, metadata={"name": "two"})))

@@ -1,0 +1,47 @@
+"""The manifests the docs show are ones the API accepts: every MixedPrecisionJob, and every
+`spec:` fragment (completed with a builtin task), in README.md's and docs/'s YAML blocks,
+read as kubectl reads YAML (1.1: an unquoted `on` is true)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.validation import check_document
+from mpjob_contract.api import API_VERSION, KIND
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+BLOCK = re.compile(r"^```ya?ml\n(.*?)^```", re.S | re.M)
+
+
+def shown_jobs() -> list[tuple[str, dict[str, Any]]]:
+    """(page:line, the job) for each manifest or spec fragment a page shows."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for block in BLOCK.finditer(text):
+            where = f"{page.relative_to(REPO)}:{text.count(chr(10), 0, block.start()) + 1}"
+            for doc in yaml.safe_load_all(block.group(1)):
+                if isinstance(doc, dict) and isinstance(doc.get("spec"), dict) and doc.get("kind", KIND) == KIND:
+                    job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "docs"}, **doc}
+                    job["spec"] = {"task": {"builtin": "gpt"}, **doc["spec"]}
+                    found.append((where, job))
+    return found
+
+
+def test_the_docs_show_jobs_and_spec_fragments() -> None:
+    places = {where.split(":")[0] for where, _ in shown_jobs()}
+    assert {"README.md", "docs/fault-policy.md", "docs/sdk.md", "docs/elastic.md"} <= places
+
+
+@pytest.mark.parametrize(("where", "job"), shown_jobs(), ids=[where for where, _ in shown_jobs()])
+def test_each_job_the_docs_show_validates(where: str, job: dict[str, Any]) -> None:
+    valid, problems = check_document(job, where)
+    assert valid is not None, [str(p) for p in problems]
