@@ -21,9 +21,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-#: ISO 4217 currency code: three capital letters (EUR, USD, CHF). Also a metric label value,
-#: so a bounded, plain alphabet.
-CURRENCY_PATTERN = r"^[A-Z]{3}$"
+from mpjob_contract import formats
+
 #: The highest price of a GPU-hour the API takes (a typo guard, not a market view).
 MAX_PRICE_PER_GPU_HOUR = 1_000_000.0
 
@@ -46,7 +45,7 @@ class CostPerGpuHour(_Model):
         ge=0, le=MAX_PRICE_PER_GPU_HOUR, allow_inf_nan=False, description="Price of one GPU-hour (>= 0)."
     )
     currency: str = Field(
-        pattern=CURRENCY_PATTERN, description="ISO 4217 currency code: three capital letters (EUR, USD)."
+        pattern=formats.CURRENCY.pattern, description="ISO 4217 currency code: three capital letters (EUR, USD)."
     )
 
 

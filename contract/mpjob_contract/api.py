@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mpjob_contract import rules
+from mpjob_contract import formats, rules
 from mpjob_contract.placement import (
     Checkpoint,
     CheckpointStorage,
@@ -34,7 +34,6 @@ from mpjob_contract.spec import MixedPrecisionJobSpec, Task, Training, Validatio
 from mpjob_contract.status import AttemptCounts, AttemptStatus, CheckpointStatus, Condition, MixedPrecisionJobStatus
 from mpjob_contract.vocabulary import (
     API_VERSION,
-    COMPUTE_CAPABILITY_PATTERN,
     GROUP,
     KIND,
     MAX_ATTEMPT_ENTRIES,
@@ -44,10 +43,8 @@ from mpjob_contract.vocabulary import (
     MAX_TASK_ARGS,
     MAX_WORKERS,
     PLURAL,
-    QUANTITY_PATTERN,
     SHORT_NAMES,
     SINGULAR,
-    TASK_MODULE_PATTERN,
     VERSION,
     BuiltinTask,
     CompileMode,
@@ -62,7 +59,6 @@ from mpjob_contract.vocabulary import (
 
 __all__ = [
     "API_VERSION",
-    "COMPUTE_CAPABILITY_PATTERN",
     "GROUP",
     "KIND",
     "MAX_ATTEMPTS_LIMIT",
@@ -72,10 +68,8 @@ __all__ = [
     "MAX_TASK_ARG_DEPTH",
     "MAX_WORKERS",
     "PLURAL",
-    "QUANTITY_PATTERN",
     "SHORT_NAMES",
     "SINGULAR",
-    "TASK_MODULE_PATTERN",
     "VERSION",
     "AttemptCounts",
     "AttemptStatus",
@@ -117,7 +111,7 @@ __all__ = [
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(min_length=1, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    name: str = Field(min_length=1, pattern=formats.JOB_NAME.pattern)
     namespace: str | None = None
 
     @field_validator("name")

@@ -16,14 +16,13 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from mpjob_contract import formats
+
 #: The lowest compute capability with fp8 tensor cores (Ada Lovelace sm_89, Hopper sm_90).
 FP8_MIN_CAPABILITY = (8, 9)
 #: torchao's float8 recipes (Float8LinearConfig.from_recipe_name): one scale per tensor; one per
 #: row (more robust to outliers, slower); per row with the weight gradient kept in bf16.
 Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]
-#: A skip pattern: a module's dotted name (as model.named_modules() gives it) or an fnmatch
-#: pattern over it (`layers.0.*`, `*.lm_head`): letters, digits, `_ . -` and `* ? [ ] !`.
-SKIP_PATTERN = r"^[A-Za-z0-9_.*?\[\]!-]+$"
 #: fp8 kernels (torch._scaled_mm) take only matrices whose dimensions are multiples of 16.
 FP8_DIM_MULTIPLE = 16
 
@@ -38,7 +37,7 @@ class Fp8Spec(BaseModel):
         description="torchao float8 recipe: tensorwise (fastest), rowwise (one scale per row: robust to "
         "outliers), rowwise_with_gw_hp (rowwise, weight gradients in bf16).",
     )
-    skip: list[Annotated[str, Field(min_length=1, max_length=253, pattern=SKIP_PATTERN)]] = Field(
+    skip: list[Annotated[str, Field(min_length=1, max_length=253, pattern=formats.FP8_SKIP.pattern)]] = Field(
         default_factory=list,
         max_length=256,
         description="Linear modules kept in bf16, by dotted name or fnmatch pattern (`layers.0.*`), besides the "

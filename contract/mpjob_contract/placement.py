@@ -8,13 +8,11 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from mpjob_contract import k8s, rules
+from mpjob_contract import formats, k8s, rules
 from mpjob_contract.storage import S3Storage
 from mpjob_contract.vocabulary import (
-    COMPUTE_CAPABILITY_PATTERN,
     MAX_ATTEMPTS_LIMIT,
     MAX_PROCESSES_PER_WORKER,
-    QUANTITY_PATTERN,
 )
 from mpjob_contract.wire import ApiModel
 
@@ -89,7 +87,7 @@ class Checkpoint(ApiModel):
         return self.volume if self.volume is not None else self.storage.volume if self.storage else None
 
 
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+Quantity = Annotated[str, Field(pattern=formats.QUANTITY.pattern)]
 
 
 class Resources(ApiModel):
@@ -101,7 +99,7 @@ class Resources(ApiModel):
         description="Training processes the launcher starts in each pod (default: gpusPerWorker, 1 for CPU jobs).",
     )
     min_compute_capability: str = Field(
-        "7.0", pattern=COMPUTE_CAPABILITY_PATTERN, description="Lowest GPU compute capability."
+        "7.0", pattern=formats.COMPUTE_CAPABILITY.pattern, description="Lowest GPU compute capability."
     )
     requests: dict[str, int | Quantity] = Field(default_factory=dict)
     limits: dict[str, int | Quantity] = Field(default_factory=dict)

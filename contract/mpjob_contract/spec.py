@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from mpjob_contract import k8s, rules
+from mpjob_contract import formats, k8s, rules
 from mpjob_contract.accounting import CostPerGpuHour
 from mpjob_contract.elastic import Elastic
 from mpjob_contract.parallelism import Parallelism
@@ -20,7 +20,6 @@ from mpjob_contract.vocabulary import (
     MAX_TASK_ARG_DEPTH,
     MAX_TASK_ARGS,
     MAX_WORKERS,
-    TASK_MODULE_PATTERN,
     BuiltinTask,
     CompileMode,
 )
@@ -34,7 +33,7 @@ class Task(ApiModel):
     builtin: BuiltinTask | None = Field(None, description="A workload shipped with the trainer: gpt or mlp.")
     module: str | None = Field(
         None,
-        pattern=TASK_MODULE_PATTERN,
+        pattern=formats.TASK_MODULE.pattern,
         description="User task factory `package.module:function`, importable in the image.",
     )
     command: list[Annotated[str, Field(min_length=1)]] | None = Field(

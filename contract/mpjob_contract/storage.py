@@ -17,15 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-#: S3's bucket naming rules (3-63 characters; lowercase letters, digits, hyphens and dots;
-#: labels start and end with a letter or digit), in RE2 so that the API server checks the same.
-BUCKET_PATTERN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$"
-#: Key prefix: segments of letters, digits, `_`, `-`, joined by `/` or `.`; never a `.`/`..`
-#: segment, a leading or trailing `/` (the job's folder is appended below it).
-PREFIX_PATTERN = r"^[A-Za-z0-9_-]+([./][A-Za-z0-9_-]+)*$"
-ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9.:\[\]_-]+(/[A-Za-z0-9._~/-]*)?$"
-#: Secret names are DNS subdomains.
-SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+from mpjob_contract import formats
+
 #: The keys the credentials Secret must hold; trainer pods get them as these variables, the
 #: names every S3 client reads.
 ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
@@ -43,21 +36,24 @@ class S3Storage(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
 
     bucket: str = Field(
-        min_length=3, max_length=63, pattern=BUCKET_PATTERN, description="Bucket name (S3's naming rules)."
+        min_length=3, max_length=63, pattern=formats.BUCKET.pattern, description="Bucket name (S3's naming rules)."
     )
     prefix: str = Field(
-        "mpjob", max_length=512, pattern=PREFIX_PATTERN, description="Key prefix; the job's folder goes below it."
+        "mpjob",
+        max_length=512,
+        pattern=formats.PREFIX.pattern,
+        description="Key prefix; the job's folder goes below it.",
     )
     endpoint: str = Field(
         max_length=2048,
-        pattern=ENDPOINT_PATTERN,
+        pattern=formats.ENDPOINT.pattern,
         description="The S3 API's URL, e.g. https://s3.eu-west-1.amazonaws.com or http://minio.storage:9000.",
     )
-    region: str = Field("us-east-1", min_length=1, max_length=64, pattern=r"^[a-z0-9-]+$")
+    region: str = Field("us-east-1", min_length=1, max_length=64, pattern=formats.REGION.pattern)
     credentials_secret: str | None = Field(
         None,
         max_length=253,
-        pattern=SECRET_NAME_PATTERN,
+        pattern=formats.SECRET_NAME.pattern,
         description=f"Secret in the job's namespace with keys {ACCESS_KEY_ID} and {SECRET_ACCESS_KEY}, "
         "given to trainer pods as environment (the operator never reads it). Unset: the pods' own "
         "credentials (workload identity).",

@@ -19,12 +19,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mpjob_contract import formats
 from mpjob_contract.wire import ApiModel
 
-#: An MLflow tracking URI must name its scheme: `mlflow:5000` would parse as the scheme
-#: `mlflow`, and a bare path would make the trainer write runs into its own container.
-MLFLOW_URI_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]*://[^\s]+$"
-SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 #: Keys of the credentials Secret -> the variables MLflow's client reads (each key optional).
 CREDENTIAL_KEYS = {
     "username": "MLFLOW_TRACKING_USERNAME",
@@ -40,7 +37,7 @@ class MlflowTracking(ApiModel):
     """An MLflow tracking server: the trainer (rank 0) logs one run per job to it."""
 
     uri: str = Field(
-        pattern=MLFLOW_URI_PATTERN,
+        pattern=formats.MLFLOW_URI.pattern,
         max_length=2048,
         description="Tracking server URI with its scheme, e.g. http://mlflow.mlflow.svc:5000 or https://... .",
     )
@@ -48,7 +45,7 @@ class MlflowTracking(ApiModel):
     credentials_secret: str | None = Field(
         None,
         max_length=253,
-        pattern=SECRET_NAME_PATTERN,
+        pattern=formats.SECRET_NAME.pattern,
         description="Secret in the job's namespace whose keys username/password or token become "
         "MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN in the trainer pods.",
     )

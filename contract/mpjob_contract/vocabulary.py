@@ -37,10 +37,6 @@ BuiltinTask = Literal["gpt", "mlp"]
 CompileMode = Literal["auto", "always", "never"]
 Phase = Literal["Pending", "Running", "Recovering", "Succeeded", "Failed", "Suspended"]
 
-TASK_MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-COMPUTE_CAPABILITY_PATTERN = r"^[0-9]+\.[0-9]+$"
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-
 
 def is_auto(precision: str | None) -> bool:
     """Whether `precision` is still `auto`: its trainer has not measured the node yet."""

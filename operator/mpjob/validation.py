@@ -17,7 +17,7 @@ from typing import Any, cast
 import yaml
 from pydantic import ValidationError
 
-from mpjob_contract import k8s
+from mpjob_contract import formats, k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
 from mpjob_contract.tracking import PROFILE_ANNOTATION, BadProfileRequest, profile_steps
 
@@ -82,15 +82,19 @@ def _abridged(parts: list[str], shown: int = 8) -> str:
     return path + (f"... ({len(parts) - shown} levels more)" if len(parts) > shown else "")
 
 
+def _is_tag(part: Any) -> bool:
+    """A union member's tag in an error's location, not a field (a prefix test would drop fields
+    such as `strategy`)."""
+    tags = ("function-after", "function-before", "str", "int", "constrained-str")
+    return isinstance(part, str) and (part in tags or part.startswith("literal["))
+
+
 def _path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("function-after", "function-before", "str", "int") or str(part).startswith("literal["):
-            # a union member's tag, not a field (a prefix test would drop fields such as `strategy`)
-            continue
-        else:
+        elif not _is_tag(part):
             out += ("." if out else "") + str(part)
     return out
 
@@ -137,6 +141,8 @@ def _plain_message(error: Any) -> str:
     if error["type"] == "missing":
         return "required field is missing"
     ctx = error.get("ctx") or {}
+    if error["type"] == "string_pattern_mismatch" and (words := formats.allowed_by(ctx.get("pattern"))):
+        return f"must be {words}, got {error.get('input')!r}"
     if "expected" in ctx and error["type"] in ("literal_error", "enum"):
         return f"must be one of {ctx['expected']}, got {error.get('input')!r}"
     if error["type"] == "too_long" and isinstance(error.get("input"), dict | list):
@@ -171,14 +177,21 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
 
 
 def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
-    """One Problem per error; a Kubernetes schema check's violations each name their own field."""
+    """One Problem per error, a union's members' errors on one field said once (by its last member:
+    `int | Quantity` says what a quantity is); a Kubernetes schema check's violations each name
+    their own field."""
     problems: list[Problem] = []
+    member_said: dict[str, int] = {}  # a field -> where its union member's problem is in `problems`
     for error in exc.errors():
         where = _path(error["loc"])
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, k8s.SchemaViolations):
             problems += [Problem(source, index, f"{where}.{sub}", message) for sub, message in cause.violations]
+        elif any(_is_tag(part) for part in error["loc"]) and where in member_said:
+            problems[member_said[where]] = Problem(source, index, where, _message(error))
         else:
+            if any(_is_tag(part) for part in error["loc"]):
+                member_said[where] = len(problems)
             problems.append(Problem(source, index, where, _message(error)))
     return problems
 

@@ -6,12 +6,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from mpjob.crd import crd_yaml
 from mpjob.validation import MAX_DEPTH, MAX_MANIFEST_BYTES, InvalidManifest, check_document, check_text, load_job
+from mpjob_contract import formats
 from mpjob_contract.api import MAX_TASK_ARG_DEPTH, MAX_TASK_ARGS
 from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, bad, nested, nested_json
 
@@ -66,6 +68,42 @@ def test_the_words_yaml_keeps_as_written_validate() -> None:
     (job,), problems = check_text(HEAD + rule + "  precision: {guard: {spike: {action: none}}}\n")
     assert problems == [] and job.spec.fault_policy.rules[0].named.value == "NumericFault"
     assert job.spec.precision.guard.spike.action == "none"
+
+
+def patterns(node: Any) -> list[str]:
+    """Every `pattern` in a schema, without recursion."""
+    found, stack = [], [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            found += [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+            stack += list(node.values())
+        elif isinstance(node, list):
+            stack += node
+    return found
+
+
+def test_every_pattern_the_crd_checks_has_its_words() -> None:
+    crd = yaml.safe_load(crd_yaml())
+    found = patterns(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    assert len(found) >= 10 and [p for p in found if formats.allowed_by(p) is None] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fmt"),
+    [
+        ("spec.checkpoint.storage", {"s3": {"bucket": "My_Bucket", "endpoint": "http://s3:9000"}}, formats.BUCKET),
+        ("spec.tracking", {"mlflow": {"uri": "http://m:5000", "credentialsSecret": "My_Secret"}}, formats.SECRET_NAME),
+        ("spec.costPerGpuHour", {"amount": 2, "currency": "euro"}, formats.CURRENCY),
+        ("spec.resources.requests", {"cpu": "four"}, formats.QUANTITY),
+        ("spec.task", {"module": "my-pkg.train"}, formats.TASK_MODULE),
+    ],
+    ids=["bucket", "secret", "currency", "quantity", "module"],
+)
+def test_a_value_off_its_format_is_told_what_is_allowed_once(path: str, value: Any, fmt: formats.Format) -> None:
+    """The words, not the pattern; a union (`int | Quantity`) says it once, as its last member."""
+    (problem,) = check_text(yaml.safe_dump(bad(path, value)))[1]
+    assert problem.message.startswith(f"must be {fmt.allows}, got '") and fmt.pattern not in problem.message
 
 
 def test_cli_exit_codes_and_multi_document_files(tmp_path: Path) -> None:
