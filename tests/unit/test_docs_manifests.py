@@ -1,6 +1,6 @@
-"""The manifests the docs show are ones the API accepts: every MixedPrecisionJob, and every
-`spec:` fragment (completed with a builtin task), in README.md's and docs/'s YAML blocks,
-read as kubectl reads YAML (1.1: an unquoted `on` is true)."""
+"""What the docs show is what the API has: every MixedPrecisionJob, and every `spec:` fragment
+(completed with a builtin task), in README.md's and docs/'s YAML blocks validates, read as
+kubectl reads YAML (1.1: an unquoted `on` is true); the column lists name the CRD's columns."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mpjob.crd import PRINTER_COLUMNS
 from mpjob.validation import check_document
 from mpjob_contract.api import API_VERSION, KIND
 
@@ -45,3 +46,11 @@ def test_the_docs_show_jobs_and_spec_fragments() -> None:
 def test_each_job_the_docs_show_validates(where: str, job: dict[str, Any]) -> None:
     valid, problems = check_document(job, where)
     assert valid is not None, [str(p) for p in problems]
+
+
+def test_every_list_of_kubectl_get_mpj_columns_names_the_crds() -> None:
+    columns = " ".join(column["name"].upper() for column in PRINTER_COLUMNS)
+    places = [*PAGES, REPO / "helm/mpjob/templates/NOTES.txt"]
+    lines = [(page.name, line) for page in places for line in page.read_text().splitlines()]
+    lists = [(name, line) for name, line in lines if "PHASE PRECISION" in line]
+    assert len(lists) >= 3 and all(columns in line for _, line in lists), (columns, lists)
