@@ -18,7 +18,7 @@ from mpjob_contract.wire import ApiModel
 
 
 class PersistentVolumeClaimRef(ApiModel):
-    claim_name: str = Field(min_length=1, max_length=253)
+    claim_name: str = Field(min_length=1, max_length=253, description="The claim's name, in the job's namespace.")
     read_only: bool = Field(False, description="Must be false: the job writes its checkpoints to the claim.")
 
     @model_validator(mode="after")
@@ -30,7 +30,9 @@ class PersistentVolumeClaimRef(ApiModel):
 class CheckpointVolume(ApiModel):
     """Where checkpoints live; never deleted by mpjob."""
 
-    persistent_volume_claim: PersistentVolumeClaimRef | None = None
+    persistent_volume_claim: PersistentVolumeClaimRef | None = Field(
+        None, description="A claim every pod of every attempt mounts (several workers need ReadWriteMany)."
+    )
     empty_dir: dict[str, Any] | None = None  # Kubernetes' EmptyDirVolumeSource (medium, sizeLimit)
 
     @model_validator(mode="before")
@@ -101,8 +103,13 @@ class Resources(ApiModel):
     min_compute_capability: str = Field(
         "7.0", pattern=formats.COMPUTE_CAPABILITY.pattern, description="Lowest GPU compute capability."
     )
-    requests: dict[str, int | Quantity] = Field(default_factory=dict)
-    limits: dict[str, int | Quantity] = Field(default_factory=dict)
+    requests: dict[str, int | Quantity] = Field(
+        default_factory=dict, description=f"What each pod requests (cpu, memory, ...): {formats.QUANTITY.allows}."
+    )
+    limits: dict[str, int | Quantity] = Field(
+        default_factory=dict,
+        description=f"The most each pod uses: {formats.QUANTITY.allows}; nvidia.com/gpu comes from gpusPerWorker.",
+    )
 
 
 class RunPolicy(ApiModel):

@@ -135,13 +135,25 @@ class MixedPrecisionJobSpec(ApiModel):
     workers: int = Field(1, ge=1, le=MAX_WORKERS, description="Pods of each attempt.")
     image: str | None = Field(None, description="Trainer image; default from the operator.")
     task: Task
-    training: Training = Field(default_factory=Training)
-    precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
-    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    training: Training = Field(
+        default_factory=Training, description="Steps, batch size, accumulation, learning rate, clipping, seed, logging."
+    )
+    precision: PrecisionSpec = Field(
+        default_factory=PrecisionSpec,
+        description="The precision, the ladder to fall back along, loss scaling, the numeric guard, fp8.",
+    )
+    checkpoint: Checkpoint = Field(
+        default_factory=Checkpoint, description="How often checkpoints are written, how many kept, where they live."
+    )
     validation: Validation = Field(default_factory=Validation)
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="GPUs and training processes per worker, the lowest compute capability, CPU and memory.",
+    )
     parallelism: Parallelism = Field(default_factory=Parallelism)
-    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    run_policy: RunPolicy = Field(
+        default_factory=RunPolicy, description="The attempt budget, deadlines, clean-up, suspension and queueing."
+    )
     template: PodTemplateOverrides = Field(default_factory=PodTemplateOverrides)
     cost_per_gpu_hour: CostPerGpuHour | None = Field(None, description="Price of a GPU-hour: status.cost in money too.")
     tracking: Tracking | None = Field(None, description="Experiment tracking the trainer logs the run to (MLflow).")

@@ -49,7 +49,13 @@ class S3Storage(BaseModel):
         pattern=formats.ENDPOINT.pattern,
         description="The S3 API's URL, e.g. https://s3.eu-west-1.amazonaws.com or http://minio.storage:9000.",
     )
-    region: str = Field("us-east-1", min_length=1, max_length=64, pattern=formats.REGION.pattern)
+    region: str = Field(
+        "us-east-1",
+        min_length=1,
+        max_length=64,
+        pattern=formats.REGION.pattern,
+        description=f"The bucket's region, signed into requests: {formats.REGION.allows}.",
+    )
     credentials_secret: str | None = Field(
         None,
         max_length=253,

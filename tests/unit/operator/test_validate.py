@@ -150,6 +150,27 @@ def test_crd_has_printer_columns_short_names_and_status() -> None:
     assert "description" in precision["properties"]["fallback"]
 
 
+def undescribed(node: dict[str, Any], where: str) -> list[str]:
+    """Fields below `node` without a description, but for Kubernetes' own schemas (the template's
+    pod fields, a checkpoint volume's emptyDir), which the CRD carries as Kubernetes has them."""
+    missing, stack = [], [(where, node)]
+    while stack:
+        where, node = stack.pop()
+        for name, field in (node.get("properties") or {}).items():
+            path = f"{where}.{name}"
+            if path == "spec.template" or name == "emptyDir":
+                continue
+            missing += [] if "description" in field else [path]
+            stack += [(path, field), (f"{path}[]", field.get("items") or {})]
+    return missing
+
+
+def test_every_field_of_the_spec_says_what_it_is() -> None:
+    """kubectl explain has something to say about each field."""
+    spec = yaml.safe_load(crd_yaml())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert undescribed(spec, "spec") == []
+
+
 def test_a_template_of_kubernetes_pod_fields_validates() -> None:
     jobs, problems = check_text(yaml.safe_dump(bad("spec.template", FULL_TEMPLATE)))
     assert jobs and not problems, [str(p) for p in problems]
