@@ -9,6 +9,7 @@ MAX_DEPTH deep, and YAML aliases are refused (a few lines of aliases expand to g
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,16 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, cast(int, index))
         finally:
             self._path.pop()
+
+
+# kubectl's YAML reader takes 1e-3, 3e5 and 1.5e3 as numbers; YAML 1.1's float needs a dot and a
+# signed exponent, so PyYAML kept them as strings: `mpjob run` handed `task.args: {lr: 1e-3}` to
+# the task as "1e-3" where the cluster's pods got 0.001. The same manifest reads the same here.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
 
 
 def _abridged(parts: list[str], shown: int = 8) -> str:

@@ -118,3 +118,32 @@ def test_a_job_stored_with_the_former_name_on_keeps_its_rule(api_client, crd_ins
     assert made["spec"]["faultPolicy"]["rules"] == [{"on": "NumericFault", "action": "Fail"}]
     (job,), problems = check_text(yaml.safe_dump(made))
     assert problems == [] and job.spec.fault_policy.decide(Fault.NUMERIC_FAULT).action is FaultAction.FAIL
+
+
+ARGS_AS_WRITTEN = """apiVersion: mpjob.dev/v1alpha1
+kind: MixedPrecisionJob
+metadata: {name: scalars}
+spec:
+  task:
+    builtin: gpt
+    args: {lr: 1e-3, eps: 1e-8, warmup: 3e2, decay: 1.5e3, half: .5, big: 1_000, hex: 0x1F, tag: "1e-3"}
+  training: {learningRate: 6e-4}
+"""
+
+
+def test_mpjob_reads_a_manifests_numbers_as_kubectl_does(
+    kubeconfig: str, cluster_bin: Path, crd_installed: None, namespace: str, tmp_path: Path
+) -> None:
+    """`mpjob run` and `mpjob validate` read the scalars kubectl sends to the API server: 1e-3 is a
+    number to both (YAML 1.1 alone keeps it a string), so a task gets the same args locally."""
+    path = tmp_path / "scalars.yaml"
+    path.write_text(ARGS_AS_WRITTEN)
+    kubectl = [str(cluster_bin / "kubectl"), "--kubeconfig", kubeconfig, "-n", namespace]
+    out = subprocess.run([*kubectl, "create", "--dry-run=server", "-o", "json", "-f", str(path)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    stored = json.loads(out.stdout)["spec"]
+    (job,), problems = check_text(ARGS_AS_WRITTEN)
+    assert problems == [] and job.spec.task.args == stored["task"]["args"]
+    assert stored["task"]["args"]["lr"] == 0.001 and stored["task"]["args"]["tag"] == "1e-3"
+    assert job.spec.training.learning_rate == stored["training"]["learningRate"] == 6e-4
