@@ -79,12 +79,15 @@ class _BoundedLoader(yaml.SafeLoader):
 
 # kubectl's YAML reader takes 1e-3, 3e5 and 1.5e3 as numbers; YAML 1.1's float needs a dot and a
 # signed exponent, so PyYAML kept them as strings: `mpjob run` handed `task.args: {lr: 1e-3}` to
-# the task as "1e-3" where the cluster's pods got 0.001. The same manifest reads the same here.
+# the task as "1e-3" where the cluster's pods got 0.001. kubectl also reads y and n as booleans.
+# The same manifest reads the same here.
 _BoundedLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
     list("-+.0123456789"),
 )
+_BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
+_BoundedLoader.bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
 
 
 def _abridged(parts: list[str], shown: int = 8) -> str:
@@ -111,7 +114,7 @@ def _path(loc: tuple[Any, ...]) -> str:
 
 
 #: YAML 1.1, which kubectl and PyYAML read, takes these words unquoted as booleans.
-_YAML_BOOLEANS = "YAML reads an unquoted on, off, yes, no, true or false as a boolean"
+_YAML_BOOLEANS = "YAML reads an unquoted on, off, yes, no, y, n, true or false as a boolean"
 
 
 def _boolean_keys(doc: Any) -> list[str]:

@@ -126,7 +126,8 @@ metadata: {name: scalars}
 spec:
   task:
     builtin: gpt
-    args: {lr: 1e-3, eps: 1e-8, warmup: 3e2, decay: 1.5e3, half: .5, big: 1_000, hex: 0x1F, tag: "1e-3"}
+    args: {lr: 1e-3, eps: 1e-8, warmup: 3e2, decay: 1.5e3, half: .5, big: 1_000, hex: 0x1F, tag: "1e-3",
+           answer: y, maybe: n}
   training: {learningRate: 6e-4}
 """
 

@@ -65,8 +65,8 @@ def test_what_yaml_made_of_an_unquoted_word_is_said(spec: str, field: str, needl
 
 def test_numbers_with_an_exponent_are_numbers_as_kubectl_reads_them() -> None:
     """YAML 1.1 wants a dot and a signed exponent; kubectl does not, nor does mpjob (run, validate)."""
-    (job,), _ = check_text(HEAD.replace("{builtin: gpt}", "{builtin: gpt, args: {lr: 1e-3, n: 3e5, s: '1e-3'}}"))
-    assert job.spec.task.args == {"lr": 0.001, "n": 300000.0, "s": "1e-3"}
+    (job,), _ = check_text(HEAD.replace("{builtin: gpt}", "{builtin: gpt, args: {lr: 1e-3, steps: 3e5, s: '1e-3'}}"))
+    assert job.spec.task.args == {"lr": 0.001, "steps": 300000.0, "s": "1e-3"}
 
 
 def test_the_words_yaml_keeps_as_written_validate() -> None:
