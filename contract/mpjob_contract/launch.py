@@ -23,6 +23,17 @@ from mpjob_contract.environment import LAUNCH_ENV as LAUNCH_ENV  # re-exported: 
 #: Where the checkpoint volume is mounted in trainer pods.
 CHECKPOINT_MOUNT = "/var/lib/mpjob/checkpoints"
 
+
+def contract_version() -> str:
+    """This mpjob-contract's release: what a launch says it was written with (`contract`)."""
+    from importlib.metadata import PackageNotFoundError, version  # only where a launch is written or refused
+
+    try:
+        return version("mpjob-contract")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 #: `auto` attempts: a low precision is chosen only when its measured step is this much faster
 #: than fp32's (0.05: 5 % less time per step).
 AUTO_MARGIN = 0.05
@@ -122,6 +133,9 @@ class AttemptLaunch(BaseModel):
     #: trainer reports its recoverySeconds from it once it has resumed (None: not a recovery).
     recovering_since: float | None = Field(None, alias="recoveringSince", ge=0, allow_inf_nan=False)
     spec: MixedPrecisionJobSpec
+    #: The mpjob-contract release the writer (the operator, `mpjob run`) was built with: a trainer
+    #: image from another release that cannot read the launch says so (a pinned spec.image).
+    contract: str = Field(default_factory=contract_version, max_length=64)
 
     @model_validator(mode="after")
     def _resume_inside_checkpoints(self) -> AttemptLaunch:

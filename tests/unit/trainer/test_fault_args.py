@@ -3,14 +3,16 @@ error names the field and what is allowed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from mpjob_contract.codes import ExitCode
-from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.launch import AttemptLaunch, contract_version
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.attempt import read_launch
 from mpjob_trainer.tasks.faults import poisoned_indices, step_delays
 from tests.unit.trainer.conftest import run_trainer, spec
 
@@ -59,3 +61,27 @@ def test_validation_on_a_task_without_an_eval_set_is_a_config_error_naming_the_f
     assert run.code == ExitCode.CONFIG_ERROR, run.stderr
     assert run.report is not None and "validation.everySteps" in run.report.message
     assert "eval_dataset" in run.report.message
+
+
+def launch_text(**extra: object) -> str:
+    launch = AttemptLaunch.model_validate({"jobName": "j", "precision": "fp32", "spec": {"task": {"builtin": "mlp"}}})
+    return json.dumps({**json.loads(launch.to_env()), **extra})
+
+
+def test_a_launch_says_which_release_wrote_it() -> None:
+    assert json.loads(launch_text())["contract"] == contract_version() != "unknown"
+
+
+@pytest.mark.parametrize(("release", "told"), [("9.9.9", True), (None, False)], ids=["other", "same"])
+def test_a_launch_this_trainer_cannot_read_names_both_releases_when_they_differ(
+    tmp_path: Path, release: str | None, told: bool
+) -> None:
+    """A spec.image pinned to an older trainer image meets a field it does not know: the error
+    says the operator and the image are different releases."""
+    path = tmp_path / "launch.json"
+    path.write_text(launch_text(newField=1, **({"contract": release} if release else {})))
+    with pytest.raises(ConfigError) as refused:
+        read_launch(path)
+    said = str(refused.value)
+    assert "newField" in said
+    assert ("the operator is mpjob 9.9.9, this trainer image mpjob " + contract_version() in said) is told

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch
+from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, contract_version
 from mpjob_trainer.errors import ConfigError
 
 LaunchSource = AttemptLaunch | str | os.PathLike[str] | None
@@ -37,7 +37,21 @@ def read_launch(source: LaunchSource = None) -> AttemptLaunch:
         return AttemptLaunch.model_validate_json(text)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"invalid attempt description: {problems}") from exc
+        raise ConfigError(f"invalid attempt description: {problems}{_other_release(text)}") from exc
+
+
+def _other_release(text: str) -> str:
+    """Why a launch may be unreadable: the operator and this trainer image are different releases
+    (a spec.image pinned to an older image); "" when they are the same or it cannot tell."""
+    try:
+        said = json.loads(text).get("contract")
+    except (ValueError, AttributeError):
+        return ""
+    mine = contract_version()
+    if not isinstance(said, str) or said == mine:
+        return ""
+    images = f"the operator is mpjob {said[:64]}, this trainer image mpjob {mine}"
+    return f" ({images}: use the operator's trainer image, or build yours on it)"
 
 
 def config_digest(launch: AttemptLaunch) -> str:
