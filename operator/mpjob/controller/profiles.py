@@ -18,7 +18,6 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
@@ -30,6 +29,7 @@ from mpjob.controller.cluster import Cluster
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning import history
+from mpjob.planning import status as st
 from mpjob.planning.profiles import ProfileAsk, plan_profiles
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -67,7 +67,7 @@ class ProfileRequests:
         with self._lock:
             answer = self._answers.pop(uid, None)
         folder = job_checkpoint_dir(namespace=key[0], name=key[1], uid=meta["uid"], root=checkpoint_root(spec))
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = st.now()
         plan = plan_profiles(status, annotation, checkpoint_dir=folder, now=now, answer=answer)
         if plan.profiles != status.profiles:
             self.cluster.patch_status(key[0], key[1], {"profiles": [p.to_api() for p in plan.profiles]})

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
+from mpjob.planning import status as st
 from mpjob.planning.classify import Action, AttemptOutcome, Classification, under_policy
 from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -267,7 +268,7 @@ def moment(at: float | None, now: str) -> str:
     another node's clock)."""
     if at is None:
         return now
-    said = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    said = st.stamp(datetime.fromtimestamp(at, UTC))
     return min(said, now)
 
 

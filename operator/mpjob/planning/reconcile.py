@@ -37,11 +37,7 @@ FINISHED = ("Succeeded", "Failed")
 def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-
-
-def _fmt(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.strptime(value, st.TIME_FORMAT).replace(tzinfo=UTC)
 
 
 def reconcile(
@@ -62,7 +58,7 @@ def reconcile(
     status.observed_generation = generation
     status.total_steps = spec.training.steps
     plan = Plan(status=status)
-    when = When(_fmt(now), generation)
+    when = When(st.stamp(now), generation)
     if status.phase in FINISHED:
         _expire(plan, spec, jobs, now)
     elif not status.attempts:

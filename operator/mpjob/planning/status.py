@@ -58,8 +58,17 @@ class ConditionReason(StrEnum):
     POD_CREATION_TIMEOUT = "PodCreationTimeout"
 
 
+#: How the status writes a moment: RFC 3339 in UTC, whole seconds, as Kubernetes writes its own.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return stamp(datetime.now(UTC))
+
+
+def stamp(moment: datetime) -> str:
+    """A moment (in UTC) as the status writes it."""
+    return moment.strftime(TIME_FORMAT)
 
 
 def set_condition(
