@@ -58,6 +58,7 @@ class Task(ApiModel):
         task = rules.wire_self(self)
         rules.TASK_EXACTLY_ONE_KIND.check(task)
         rules.TASK_WORKING_DIR_NEEDS_COMMAND.check(task)
+        rules.TASK_ARGS_NO_BOOLEAN_NAMES.check(task)
         return self
 
     @field_validator("args")
