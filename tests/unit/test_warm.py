@@ -350,6 +350,24 @@ def test_a_sigkilled_stand_in_takes_its_rank_with_it(tmp_path: Path) -> None:
     wait_for(lambda: gone(rank), 30, message="the rank to die with its stand-in")
 
 
+@pytest.mark.usefixtures("own_servers")
+def test_a_rank_dies_with_its_sigkilled_stand_in_by_itself_as_a_fresh_rank_dies_with_its_launcher(
+    tmp_path: Path,
+) -> None:
+    """Not when the server gets round to it: with the server stopped, the rank still goes (a rank
+    that outlived its SIGKILLed launcher once checkpointed with its peers after its node was lost)."""
+    proc, seen = start_rank(tmp_path, "wait")
+    rank, sock = int(seen["pid"]), str(Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "trainer.sock")  # type: ignore[call-overload]
+    (server,) = [pid for pid in children(os.getpid()) if sock in Path(f"/proc/{pid}/cmdline").read_text()]
+    os.kill(server, signal.SIGSTOP)
+    try:
+        proc.kill()
+        proc.communicate(timeout=60)
+        wait_for(lambda: gone(rank), 30, message="the rank to die with its stand-in, the server stopped")
+    finally:
+        os.kill(server, signal.SIGCONT)
+
+
 def test_a_rank_whose_start_up_environment_differs_runs_cold_in_its_own_interpreter(tmp_path: Path) -> None:
     proc, seen = start_rank(tmp_path, "0", OMP_NUM_THREADS="2")
     proc.communicate(timeout=120)

@@ -13,8 +13,10 @@ import ctypes
 import io
 import os
 import runpy
+import select
 import signal
 import sys
+import threading
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -102,6 +104,25 @@ def die_with_the_server() -> None:
         os._exit(1)
 
 
+def die_with_the_standin(standin: int) -> None:
+    """A rank dies with its stand-in at once, as a fresh rank dies with the launcher that started it
+    (PR_SET_PDEATHSIG), not when the server next reads the stand-in's closed connection (its kill
+    stays the backstop). Under load that read came late enough for a rank whose launcher `mpjob
+    run` had SIGKILLed (a node lost) to go on and checkpoint with its peers."""
+    try:
+        standin_exit = os.pidfd_open(standin)
+    except ProcessLookupError:
+        os._exit(1)  # gone before this child was ready
+
+    def watch() -> None:
+        select.select([standin_exit], [], [])  # readable once the stand-in has ended
+        if os.getpgid(0) == os.getpid():  # its own session (stand-ins ask for one): what it started too
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-the-standin", daemon=True).start()
+
+
 def settings_from_the_environment() -> None:
     """What an imported library read from the environment at its import, read again from the
     child's: the Kubernetes client's default kubeconfig (KUBECONFIG), which the operator and
@@ -116,6 +137,8 @@ def become(request: dict[str, Any], fds: list[int]) -> None:
     atexit.register(end_now)  # registered first: the last to run
     if request.get("new_session"):
         os.setsid()
+    if request.get("standin"):
+        die_with_the_standin(int(request["standin"]))
     for sig, handler in _DEFAULTS.items():
         signal.signal(sig, handler)
     target, args, env = request["target"], request["args"], request["env"]

@@ -48,6 +48,7 @@ def request(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
         "cwd": os.getcwd(),
         "new_session": True,
         "tied": True,
+        "standin": os.getpid(),
         "prefix": sys.prefix,
     }
 
