@@ -115,17 +115,6 @@ TASK_WORKING_DIR_NEEDS_COMMAND = Rule(
     message="task.workingDir is only allowed with task.command",
     holds=lambda task: "workingDir" not in task or "command" in task,
 )
-#: kubectl's YAML reader turns an unquoted y, n, on, off, yes or no key into "true" or "false";
-#: task.args is free-form, so the API server would store it and the task get the wrong name.
-TASK_ARGS_NO_BOOLEAN_NAMES = Rule(
-    name="task-args-no-boolean-names",
-    path="spec.task",
-    cel="!has(self.args) || !('true' in self.args || 'false' in self.args)",
-    message="task.args names an argument true or false: YAML reads an unquoted y, n, on, off, yes or no as "
-    "a boolean, which kubectl sends as that name; quote the argument's name",
-    holds=lambda task: not {"true", "false"} & set(task.get("args") or {}),
-    field_path=".args",
-)
 FALLBACK_DISTINCT = Rule(
     name="fallback-distinct",
     path="spec.precision.fallback",
@@ -270,7 +259,6 @@ RULES: tuple[Rule, ...] = (
     NAME_FITS_CHILD_NAMES,
     TASK_EXACTLY_ONE_KIND,
     TASK_WORKING_DIR_NEEDS_COMMAND,
-    TASK_ARGS_NO_BOOLEAN_NAMES,
     FALLBACK_DISTINCT,
     FALLBACK_NO_FP8,
     NO_SERVICE_ACCOUNT_TOKEN,

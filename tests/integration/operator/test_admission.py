@@ -13,6 +13,7 @@ from kubernetes import client
 from mpjob.validation import check_text
 from mpjob_contract import rules
 from mpjob_contract.faults import Fault, FaultAction
+from tests.integration.operator.conftest import Jobs, Operator
 from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, RULE_CASES, bad, nested_json
 from tests.unit.test_docs_manifests import shown_jobs
 
@@ -148,3 +149,14 @@ def test_mpjob_reads_a_manifests_numbers_as_kubectl_does(
     assert problems == [] and job.spec.task.args == stored["task"]["args"]
     assert stored["task"]["args"]["lr"] == 0.001 and stored["task"]["args"]["tag"] == "1e-3"
     assert job.spec.training.learning_rate == stored["training"]["learningRate"] == 6e-4
+
+
+def test_the_operator_fails_a_stored_job_whose_task_args_name_an_argument_false(operator: Operator, jobs: Jobs) -> None:
+    """kubectl turns an unquoted `n: 4` into `"false": 4` and the API server stores it (task.args is
+    free-form): the operator refuses the spec before any pod, naming the field and the fix."""
+    jobs.create("boolean-name", {"task": {"builtin": "mlp", "args": {"false": 4}}, "resources": {"gpusPerWorker": 0}})
+    status = jobs.wait_phase("boolean-name", "Failed", 60)
+    assert status["message"].startswith("invalid spec: spec.task.args: names an argument false"), status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec" and "quote the argument's name" in failed["message"]
+    assert jobs.attempt_jobs("boolean-name") == []

@@ -100,7 +100,6 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "names its fault once",
     ),
     ("fault-rule-names-no-fault", bad("spec.faultPolicy", {"rules": [{"action": "Fail"}]}), "names its fault once"),
-    ("task-arg-named-false", bad("spec.task", {"builtin": "gpt", "args": {"false": 4}}), "quote the argument"),
     ("unknown-fault", bad("spec.faultPolicy", {"rules": [{"fault": "Gremlins", "action": "Fail"}]}), "rules[0].fault"),
     ("unknown-fault-action", bad("spec.faultPolicy", {"rules": [{"fault": "LossSpike", "action": "Pray"}]}), "action"),
     ("fault-rule-without-action", bad("spec.faultPolicy", {"rules": [{"fault": "LossSpike"}]}), "action"),
@@ -253,7 +252,6 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.NAME_FITS_CHILD_NAMES.name: ("long-name",),
     rules.TASK_EXACTLY_ONE_KIND.name: ("builtin-and-module", "neither-task", "module-and-command"),
     rules.TASK_WORKING_DIR_NEEDS_COMMAND.name: ("working-dir-without-command",),
-    rules.TASK_ARGS_NO_BOOLEAN_NAMES.name: ("task-arg-named-false",),
     rules.FALLBACK_DISTINCT.name: ("duplicate-fallback",),
     rules.FALLBACK_NO_FP8.name: (
         "fp8-fallback-not-first",

@@ -1,0 +1,98 @@
+"""How `mpjob validate` and `mpjob run` read a manifest's YAML: as kubectl does (YAML 1.1 with
+its booleans, numbers with an exponent), and what they say of what YAML made of a word: a
+key or a value read as a boolean or a number, a string off its format (in words, not the
+pattern)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.crd import crd_yaml
+from mpjob.validation import check_text
+from mpjob_contract import formats
+from tests.unit.operator.cases import bad
+
+pytestmark = pytest.mark.unit
+
+
+HEAD = "apiVersion: mpjob.dev/v1alpha1\nkind: MixedPrecisionJob\nmetadata: {name: j}\nspec:\n  task: {builtin: gpt}\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "needles"),
+    [
+        ("  faultPolicy: {rules: [{on: NumericFault, action: Fail}]}\n", "spec.faultPolicy.rules[0].true",
+         ["read as a boolean", "quote it", "on is now fault"]),
+        ("  precision: {guard: {spike: {action: off}}}\n", "spec.precision.guard.spike.action",
+         ["got False", "unquoted on, off", "put the value in quotes"]),
+        ("  resources: {minComputeCapability: 8.0}\n", "spec.resources.minComputeCapability",
+         ['the number 8.0: put it in quotes, "8.0"']),
+    ],
+    ids=["on-as-a-key", "off-as-a-value", "a-number-for-a-string"],
+)  # fmt: skip
+def test_what_yaml_made_of_an_unquoted_word_is_said(spec: str, field: str, needles: list[str]) -> None:
+    """YAML 1.1 (kubectl's reader too) takes on/off/yes/no as booleans and 8.0 as a number: the
+    message names the field and says how to write it."""
+    jobs, problems = check_text(HEAD + spec)
+    assert not jobs and [p.field for p in problems] == [field]
+    assert all(needle in problems[0].message for needle in needles), problems[0].message
+
+
+def test_numbers_with_an_exponent_are_numbers_as_kubectl_reads_them() -> None:
+    """YAML 1.1 wants a dot and a signed exponent; kubectl does not, nor does mpjob (run, validate)."""
+    (job,), _ = check_text(HEAD.replace("{builtin: gpt}", "{builtin: gpt, args: {lr: 1e-3, steps: 3e5, s: '1e-3'}}"))
+    assert job.spec.task.args == {"lr": 0.001, "steps": 300000.0, "s": "1e-3"}
+
+
+def test_an_argument_named_true_or_false_is_refused_naming_what_yaml_did() -> None:
+    """What kubectl sends for an unquoted `n:` (a JSON manifest can say it too)."""
+    (problem,) = check_text(json.dumps(bad("spec.task", {"builtin": "gpt", "args": {"false": 4, "lr": 0.1}})))[1]
+    assert problem.field == "spec.task.args" and "names an argument false" in problem.message
+    assert "quote the argument's name" in problem.message
+
+
+def test_the_words_yaml_keeps_as_written_validate() -> None:
+    rule = "  faultPolicy: {rules: [{fault: NumericFault, action: Fail}]}\n"
+    (job,), problems = check_text(HEAD + rule + "  precision: {guard: {spike: {action: none}}}\n")
+    assert problems == [] and job.spec.fault_policy.rules[0].named.value == "NumericFault"
+    assert job.spec.precision.guard.spike.action == "none"
+
+
+def patterns(node: Any) -> list[str]:
+    """Every `pattern` in a schema, without recursion."""
+    found, stack = [], [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            found += [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+            stack += list(node.values())
+        elif isinstance(node, list):
+            stack += node
+    return found
+
+
+def test_every_pattern_the_crd_checks_has_its_words() -> None:
+    crd = yaml.safe_load(crd_yaml())
+    found = patterns(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    assert len(found) >= 10 and [p for p in found if formats.allowed_by(p) is None] == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fmt"),
+    [
+        ("spec.checkpoint.storage", {"s3": {"bucket": "My_Bucket", "endpoint": "http://s3:9000"}}, formats.BUCKET),
+        ("spec.tracking", {"mlflow": {"uri": "http://m:5000", "credentialsSecret": "My_Secret"}}, formats.SECRET_NAME),
+        ("spec.costPerGpuHour", {"amount": 2, "currency": "euro"}, formats.CURRENCY),
+        ("spec.resources.requests", {"cpu": "four"}, formats.QUANTITY),
+        ("spec.task", {"module": "my-pkg.train"}, formats.TASK_MODULE),
+    ],
+    ids=["bucket", "secret", "currency", "quantity", "module"],
+)
+def test_a_value_off_its_format_is_told_what_is_allowed_once(path: str, value: Any, fmt: formats.Format) -> None:
+    """The words, not the pattern; a union (`int | Quantity`) says it once, as its last member."""
+    (problem,) = check_text(yaml.safe_dump(bad(path, value)))[1]
+    assert problem.message.startswith(f"must be {fmt.allows}, got '") and fmt.pattern not in problem.message
