@@ -238,9 +238,8 @@ def changed_in_place(
     )
     outcome = AttemptOutcome(code, report)
     when = lc.When(moment(change.at, when.at), when.generation)  # the attempt ended when the trainer changed
-    lc.conclude(
-        plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability, checkpoint_dir=checkpoint_dir
-    )
+    lc.conclude(plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability,
+                checkpoint_dir=checkpoint_dir, resumed_at=change.start_step)  # fmt: skip
     if not plan.create:
         return None
     status = plan.status

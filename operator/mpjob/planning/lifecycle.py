@@ -214,10 +214,13 @@ def conclude(
     when: When,
     capability: tuple[int, int] | str | None = "spec",
     checkpoint_dir: str | None = None,
+    resumed_at: int | None = None,
 ) -> None:
     """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
     from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs; by
-    default below the spec's store: the volume's mount or the bucket's prefix)."""
+    default below the spec's store: the volume's mount or the bucket's prefix). `resumed_at`:
+    the step the trainer already went on from (a change in place), which the status's last
+    checkpoint may not have seen yet."""
     status, report = plan.status, outcome.report
     result = under_policy(classify(outcome), spec.fault_policy, report)
     end_step = record_report(status, attempt.index, report)
@@ -238,13 +241,16 @@ def conclude(
         )
     )
     ckpt, sized = status.last_checkpoint, outcome.resize if result.reason in elastic.RESIZE_REASONS else None
+    resume_step, resume_path = (ckpt.step, ckpt.path) if ckpt else (0, None)
+    if resumed_at is not None and resumed_at != resume_step:
+        resume_step, resume_path = resumed_at, None  # no Job starts from it: the trainer restored it already
     decision = after_attempt(
         spec,
         index,
         precision,
         result,
-        ckpt.step if ckpt else 0,
-        ckpt.path if ckpt else None,
+        resume_step,
+        resume_path,
         capability,
         checkpoint_dir=checkpoint_dir or checkpoint_root(spec),
         used=history.used(status),

@@ -116,6 +116,22 @@ def test_changes_no_read_caught_are_recorded_from_the_report_before_the_ending()
     assert plan.status.attempts[1].start_time == (NOW - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def test_a_change_recorded_before_any_checkpoint_was_read_says_where_the_trainer_went_on() -> None:
+    """A short run ends within one tick: the operator learns of the change and of checkpoint 40
+    from the report together. Its events say step 40, as the status does, not the plan's 0."""
+    s = spec()
+    report = TerminationReport(
+        reason=Reason.SUCCEEDED, step=100, start_step=40, precision="bf16", precision_changes=[change(at=EARLIER)]
+    ).to_message()
+    plan = reconcile(s, started(s), 1, {0: running(ended="Complete", report=report)}, NOW)
+    assert plan.status.attempts[1].start_step == 40
+    said = [e.message for e in plan.events if e.reason in ("PrecisionFallback", "AttemptStarted")]
+    assert said == ["fp16 -> bf16 after NumericFault, to resume from checkpoint step 40",
+                    "attempt 1 in bf16, to resume from checkpoint step 40"]  # fmt: skip
+    fallback = next(c for c in plan.status.conditions if c.type == "PrecisionFallback")
+    assert fallback.message == "fp16 -> bf16 from checkpoint step 40"
+
+
 def test_the_in_place_attempt_is_charged_what_its_job_ran_after_the_one_before() -> None:
     s = spec(resources={"gpusPerWorker": 2})
     status = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change()]).status
