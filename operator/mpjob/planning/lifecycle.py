@@ -218,9 +218,7 @@ def conclude(
 ) -> None:
     """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
     from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs; by
-    default below the spec's store: the volume's mount or the bucket's prefix). `resumed_at`:
-    the step the trainer already went on from (a change in place), which the status's last
-    checkpoint may not have seen yet."""
+    default below the spec's store: the volume's mount or the bucket's prefix; `_resume_point`)."""
     status, report = plan.status, outcome.report
     result = under_policy(classify(outcome), spec.fault_policy, report)
     end_step = record_report(status, attempt.index, report)
@@ -240,10 +238,8 @@ def conclude(
             f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000],
         )
     )
-    ckpt, sized = status.last_checkpoint, outcome.resize if result.reason in elastic.RESIZE_REASONS else None
-    resume_step, resume_path = (ckpt.step, ckpt.path) if ckpt else (0, None)
-    if resumed_at is not None and resumed_at != resume_step:
-        resume_step, resume_path = resumed_at, None  # no Job starts from it: the trainer restored it already
+    sized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
+    resume_step, resume_path = _resume_point(status, resumed_at)
     decision = after_attempt(
         spec,
         index,
@@ -268,6 +264,15 @@ def conclude(
         _repromoted(plan, spec, decision, when)
     since = report.ended_at if report is not None else None
     begin(plan, spec, replace(decision, recovering_since=since), when, why=result.reason.value)
+
+
+def _resume_point(status: MixedPrecisionJobStatus, resumed_at: int | None) -> tuple[int, str | None]:
+    """Where the next attempt resumes: the status's last checkpoint, or `resumed_at`, the step the
+    trainer went on from already (a change in place), which the status may not have seen yet."""
+    ckpt = status.last_checkpoint
+    if resumed_at is not None and resumed_at != (ckpt.step if ckpt else 0):
+        return resumed_at, None  # no Job starts from it: the trainer has restored it
+    return (ckpt.step, ckpt.path) if ckpt else (0, None)
 
 
 def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When) -> None:
