@@ -42,3 +42,24 @@ def test_a_change_is_a_series_the_operator_reads_and_the_attempt_series_move_to_
     metrics.changed(made.model_copy(update={"attempt": 2, "from_precision": "bf16", "to_precision": "fp32"}))
     found = changes_found(figures(parse(generate_latest(metrics.registry).decode()), precision="fp32"))
     assert [(c.attempt, c.to_precision) for c in found] == [(1, "bf16"), (2, "fp32")]  # both kept, in order
+
+
+@pytest.mark.parametrize("how", ["in place", "auto measured"])
+def test_an_attempt_under_new_labels_shows_no_evaluation_it_has_not_made(how: str) -> None:
+    """The gate's gauges are -1 (none yet) under the new labels too, so the operator's reading has
+    no eval loss: a fresh gauge's 0 once reached status.evalLoss after every change in place."""
+    metrics = TrainerMetrics("j", "ns", attempt=0, precision="fp16" if how == "in place" else "auto")
+    metrics.start_step.set(40)  # the trainer has resumed: its figures are readings
+    metrics.step.set(50)
+    metrics.evaluated(2.5, 2.4, 0.04, 0.1)
+    if how == "in place":
+        metrics.changed(InPlaceChange(attempt=1, step=50, start_step=40, from_precision="fp16", to_precision="bf16",
+                                      rule="MaxNonFiniteLosses", message="m", recovery_seconds=0.02))  # fmt: skip
+    else:
+        metrics.relabel("bf16")
+    metrics.step.set(60)
+    seen = figures(parse(generate_latest(metrics.registry).decode()), precision="bf16")
+    assert seen["step"] == 60 and "evalLoss" not in seen and "evalLossDelta" not in seen
+    metrics.evaluated(2.2, 2.1, 0.05, 0.1)
+    seen = figures(parse(generate_latest(metrics.registry).decode()), precision="bf16")
+    assert (seen["evalLoss"], seen["evalLossDelta"]) == (2.2, 0.05)
