@@ -238,9 +238,10 @@ class TrainerMetrics:
 
     def changed(self, change: InPlaceChange) -> None:
         """The processes fell back in place: every attempt series moves to the attempt it began
-        (`relabel`), and the change's series is set under its labels."""
+        (`relabel`), at the step it began from, and the change's series is set under its labels."""
         self.relabel(change.to_precision, attempt=change.attempt)
         self.start_step.set(change.start_step)
+        self.step.set(change.start_step)  # until it trains: its fresh gauges (a loss of 0) are no reading
         self.recovery_seconds.set(change.recovery_seconds)
         fields = change.model_dump(mode="json")
         values = {name: "" if fields[name] is None else str(fields[name]) for name in names.PRECISION_CHANGE_LABELS}

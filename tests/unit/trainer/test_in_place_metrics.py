@@ -30,7 +30,7 @@ def test_a_change_is_a_series_the_operator_reads_and_the_attempt_series_move_to_
     new = {"job": "j", "namespace": "ns", "attempt": "1", "precision": "bf16"}
     old = {**new, "attempt": "0", "precision": "fp16"}
     value = metrics.registry.get_sample_value
-    assert value(names.STEP, new) == 50 and value(names.TOTAL_STEPS, new) == 80
+    assert value(names.STEP, new) == 40 and value(names.TOTAL_STEPS, new) == 80  # at its start until it trains
     assert value(names.START_STEP, new) == 40  # where the new attempt began, not the launch's 0
     assert value(names.INFO, new) == 1 and value(names.INFO, old) is None
     assert value(names.OVERFLOW_STEPS + "_total", new) == 0  # a new attempt's counters start afresh
@@ -38,6 +38,7 @@ def test_a_change_is_a_series_the_operator_reads_and_the_attempt_series_move_to_
 
     text = generate_latest(metrics.registry).decode()
     assert changes_found(figures(parse(text), precision="bf16")) == [made]
+    assert "loss" not in figures(parse(text), precision="bf16")  # the new attempt's fresh 0 is no loss
 
     metrics.changed(made.model_copy(update={"attempt": 2, "from_precision": "bf16", "to_precision": "fp32"}))
     found = changes_found(figures(parse(generate_latest(metrics.registry).decode()), precision="fp32"))
