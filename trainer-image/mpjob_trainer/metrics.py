@@ -183,11 +183,6 @@ class TrainerMetrics:
         self.eval_loss_fp32 = gauge(names.EVAL_LOSS_FP32, "Quality gate: eval loss in fp32 at the same weights.")
         self.eval_loss_delta = gauge(names.EVAL_LOSS_DELTA, "Quality gate: relative delta of the two (-1: none yet).")
         self.eval_seconds = counter(names.EVAL_SECONDS, "Seconds spent evaluating for the quality gate.")
-        self._not_yet_evaluated()
-
-    def _not_yet_evaluated(self) -> None:
-        """-1 until the quality gate evaluates under these labels: a fresh gauge's 0 would read
-        as an eval loss of 0 (the operator skips -1, and wrote 0 after every change in place)."""
         for unset in (self.eval_loss, self.eval_loss_fp32, self.eval_loss_delta):
             unset.set(-1)
 
@@ -270,7 +265,7 @@ class TrainerMetrics:
         for attr, value in held.items():
             if value is not None:
                 getattr(self, attr).set(value)
-        self._not_yet_evaluated()
+        self.evaluated(-1, -1, -1, 0.0)  # the gate: none yet under these labels (a fresh 0 reads as a loss)
         self.info.set(1)
         if checkpoint is not None:
             self.checkpoint_good(checkpoint)
