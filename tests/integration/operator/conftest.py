@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -24,8 +25,34 @@ REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "mixedprecisionjobs.mpjob.dev.yaml"
 
 
+@contextlib.contextmanager
+def crd_lock(kubeconfig: str) -> Iterator[None]:
+    """One CRD writer at a time across the test workers. A test that installs a CRD of its own for
+    a while (test_hostile_documents' free-form one) holds it throughout, so that a worker whose
+    first test starts meanwhile does not put the shipped CRD back under it."""
+    with open(Path(kubeconfig).parent / "crd.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def crd_installed(api_client: client.ApiClient) -> None:
+def crd_installed(api_client: client.ApiClient, kubeconfig: str) -> None:
+    with crd_lock(kubeconfig):
+        install_shipped_crd(api_client)
+
+
+@pytest.fixture
+def shipped_crd(crd_installed: None, kubeconfig: str) -> Iterator[None]:
+    """For a test of what the shipped CRD refuses: no other CRD (test_hostile_documents' free-form
+    one) is installed while it runs, on any worker."""
+    with crd_lock(kubeconfig):
+        yield
+
+
+def install_shipped_crd(api_client: client.ApiClient) -> None:
     ext = client.ApiextensionsV1Api(api_client)
     body = yaml.safe_load(CRD.read_text())
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize(("manifest", "needle"), [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
-def test_api_server_rejects_with_the_field_named(api_client, crd_installed, namespace, manifest, needle) -> None:
+def test_api_server_rejects_with_the_field_named(api_client, shipped_crd, namespace, manifest, needle) -> None:
     custom = client.CustomObjectsApi(api_client)
     with pytest.raises(client.rest.ApiException) as caught:
         custom.create_namespaced_custom_object(
@@ -81,7 +81,7 @@ def test_task_args_as_deep_as_allowed_are_stored_as_written(api_client, crd_inst
 
 @pytest.mark.parametrize("how", [["apply"], ["apply", "--server-side"], ["create"]])
 def test_a_1500_level_document_is_refused_at_apply_naming_the_field(
-    kubeconfig: str, cluster_bin: Path, crd_installed: None, namespace: str, tmp_path: Path, how: list[str]
+    kubeconfig: str, cluster_bin: Path, shipped_crd: None, namespace: str, tmp_path: Path, how: list[str]
 ) -> None:
     """The API server itself refuses it: the CRD bounds task.args, so nothing stores a document a
     client's JSON parser cannot read (the operator's watch died on one)."""

@@ -27,7 +27,7 @@ from kubernetes import client
 from mpjob.controller.watch import FAILING_SECONDS
 from tests import warm
 from tests.helpers import free_port, wait_for
-from tests.integration.operator.conftest import CRD, Jobs, Operator
+from tests.integration.operator.conftest import CRD, Jobs, Operator, crd_lock
 from tests.integration.operator.test_hostile_children import standin
 from tests.unit.operator.cases import bad, nested_json
 
@@ -74,20 +74,22 @@ def install_crd(api_client: client.ApiClient, body: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def free_form_crd(api_client: client.ApiClient, crd_installed: None) -> Iterator[None]:
+def free_form_crd(api_client: client.ApiClient, crd_installed: None, kubeconfig: str) -> Iterator[None]:
     """The CRD as it was before task.args were bounded (free-form), for this test; the shipped
-    one again afterwards. Objects stored meanwhile stay as they are."""
+    one again afterwards. Objects stored meanwhile stay as they are. The CRD lock is held
+    throughout: another worker's first test once installed the shipped CRD in between."""
     shipped = yaml.safe_load(CRD.read_text())
     old = copy.deepcopy(shipped)
     spec = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     args = spec["properties"]["task"]["properties"]["args"]
     del args["additionalProperties"]
     args["x-kubernetes-preserve-unknown-fields"] = True
-    install_crd(api_client, old)
-    try:
-        yield
-    finally:
-        install_crd(api_client, shipped)
+    with crd_lock(kubeconfig):
+        install_crd(api_client, old)
+        try:
+            yield
+        finally:
+            install_crd(api_client, shipped)
 
 
 @pytest.fixture
