@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 
+from mpjob.planning import status as st
 from mpjob.planning.classify import PLATFORM_REASONS
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.planner import BatchShape, StartAttempt
@@ -206,6 +207,6 @@ def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequenc
 
 def _time(value: str) -> datetime | None:
     try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        return st.read_stamp(value)
     except ValueError:
         return None

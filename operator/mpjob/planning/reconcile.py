@@ -37,7 +37,7 @@ FINISHED = ("Succeeded", "Failed")
 def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
-    return datetime.strptime(value, st.TIME_FORMAT).replace(tzinfo=UTC)
+    return st.read_stamp(value)
 
 
 def reconcile(

@@ -71,6 +71,11 @@ def stamp(moment: datetime) -> str:
     return moment.strftime(TIME_FORMAT)
 
 
+def read_stamp(value: str) -> datetime:
+    """A moment as the status (and Kubernetes, for its own times) writes it; ValueError if not one."""
+    return datetime.strptime(value, TIME_FORMAT).replace(tzinfo=UTC)
+
+
 def set_condition(
     status: MixedPrecisionJobStatus,
     type_: str,
