@@ -201,12 +201,14 @@ def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, k8s.SchemaViolations):
             problems += [Problem(source, index, f"{where}.{sub}", message) for sub, message in cause.violations]
-        elif any(_is_tag(part) for part in error["loc"]) and where in member_said:
-            problems[member_said[where]] = Problem(source, index, where, _message(error))
-        else:
-            if any(_is_tag(part) for part in error["loc"]):
-                member_said[where] = len(problems)
-            problems.append(Problem(source, index, where, _message(error)))
+            continue
+        problem, member = Problem(source, index, where, _message(error)), any(_is_tag(p) for p in error["loc"])
+        if member and where in member_said:
+            problems[member_said[where]] = problem
+            continue
+        if member:
+            member_said[where] = len(problems)
+        problems.append(problem)
     return problems
 
 

@@ -183,8 +183,7 @@ class TrainerMetrics:
         self.eval_loss_fp32 = gauge(names.EVAL_LOSS_FP32, "Quality gate: eval loss in fp32 at the same weights.")
         self.eval_loss_delta = gauge(names.EVAL_LOSS_DELTA, "Quality gate: relative delta of the two (-1: none yet).")
         self.eval_seconds = counter(names.EVAL_SECONDS, "Seconds spent evaluating for the quality gate.")
-        for unset in (self.eval_loss, self.eval_loss_fp32, self.eval_loss_delta):
-            unset.set(-1)
+        self.evaluated(-1, -1, -1, 0.0)  # none yet: -1, which the operator skips (a fresh 0 reads as a loss)
 
     def _quarantine_metrics(self) -> None:
         """The run's quarantine as the trainer holds it now (what the operator writes to status.skipped)."""
@@ -265,7 +264,7 @@ class TrainerMetrics:
         for attr, value in held.items():
             if value is not None:
                 getattr(self, attr).set(value)
-        self.evaluated(-1, -1, -1, 0.0)  # the gate: none yet under these labels (a fresh 0 reads as a loss)
+        self.evaluated(-1, -1, -1, 0.0)  # the gate has not evaluated under these labels either
         self.info.set(1)
         if checkpoint is not None:
             self.checkpoint_good(checkpoint)
