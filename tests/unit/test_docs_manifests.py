@@ -38,11 +38,14 @@ def shown_jobs() -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_the_docs_show_jobs_and_spec_fragments() -> None:
-    places = {where.split(":")[0] for where, _ in shown_jobs()}
+    places = {where.split(":")[0] for where, _ in SHOWN}
     assert {"README.md", "docs/fault-policy.md", "docs/sdk.md", "docs/elastic.md"} <= places
 
 
-@pytest.mark.parametrize(("where", "job"), shown_jobs(), ids=[where for where, _ in shown_jobs()])
+SHOWN = shown_jobs()
+
+
+@pytest.mark.parametrize(("where", "job"), SHOWN, ids=[where for where, _ in SHOWN])
 def test_each_job_the_docs_show_validates(where: str, job: dict[str, Any]) -> None:
     valid, problems = check_document(job, where)
     assert valid is not None, [str(p) for p in problems]

@@ -309,6 +309,13 @@ def own_servers() -> Iterator[None]:
         yield
 
 
+def trainer_server() -> int:
+    """The pid of this test process's own trainer warm-start server."""
+    sock = str(Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "trainer.sock")
+    (server,) = [pid for pid in children(os.getpid()) if sock in Path(f"/proc/{pid}/cmdline").read_text()]
+    return server
+
+
 @pytest.mark.usefixtures("own_servers")
 def test_a_client_gone_before_its_answer_leaves_the_server_serving(tmp_path: Path) -> None:
     """A start whose client is gone by the time the server answers with the pid (a launcher that
@@ -330,8 +337,7 @@ def test_a_client_gone_before_its_answer_leaves_the_server_serving(tmp_path: Pat
 @pytest.mark.usefixtures("own_servers")
 def test_a_server_that_died_is_started_again_on_the_next_start(tmp_path: Path) -> None:
     script = probe(tmp_path)
-    sock = str(Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "trainer.sock")
-    (server,) = [pid for pid in children(os.getpid()) if sock in Path(f"/proc/{pid}/cmdline").read_text()]
+    server = trainer_server()
     os.kill(server, signal.SIGKILL)
     wait_for(lambda: gone(server), 30, message="the server killed")
     done = warm.run([sys.executable, str(script), "0"], capture_output=True, text=True, timeout=60)
@@ -357,8 +363,7 @@ def test_a_rank_dies_with_its_sigkilled_stand_in_by_itself_as_a_fresh_rank_dies_
     """Not when the server gets round to it: with the server stopped, the rank still goes (a rank
     that outlived its SIGKILLed launcher once checkpointed with its peers after its node was lost)."""
     proc, seen = start_rank(tmp_path, "wait")
-    rank, sock = int(seen["pid"]), str(Path(warm.for_ranks()["MPJOB_WARM_DIR"]) / "trainer.sock")  # type: ignore[call-overload]
-    (server,) = [pid for pid in children(os.getpid()) if sock in Path(f"/proc/{pid}/cmdline").read_text()]
+    rank, server = int(seen["pid"]), trainer_server()  # type: ignore[call-overload]
     os.kill(server, signal.SIGSTOP)
     try:
         proc.kill()
