@@ -34,19 +34,20 @@ def _validations(node: Any, path: str) -> dict[str, list[dict[str, str]]]:
     return found
 
 
-def _crd_schema() -> dict[str, Any]:
+def crd_schema() -> dict[str, Any]:
+    """The generated CRD's schema of the object (its root)."""
     return yaml.safe_load(crd_yaml())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
 
 
 def test_every_cel_rule_of_the_crd_comes_from_the_table() -> None:
     from_table = rules.cel_by_path()
     assert from_table == CEL_RULES
-    assert from_table == _validations(_crd_schema(), "")
+    assert from_table == _validations(crd_schema(), "")
 
 
 @pytest.mark.parametrize("rule", rules.RULES, ids=[r.name for r in rules.RULES])
 def test_each_rule_sits_in_the_crd_at_its_path(rule: rules.Rule) -> None:
-    node = _crd_schema()
+    node = crd_schema()
     for part in [p for p in rule.path.split(".") if p]:
         node = node["properties"][part.removesuffix("[]")]
         node = node["items"] if part.endswith("[]") else node
