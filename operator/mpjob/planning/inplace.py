@@ -244,10 +244,10 @@ def changed_in_place(
         return None
     status = plan.status
     entry = next(a for a in status.attempts if a.index == plan.create[0].index)
-    entry.precision, entry.start_step = change.to_precision, change.start_step  # type: ignore[assignment]
+    entry.precision = change.to_precision  # type: ignore[assignment]  # its start: conclude's resumed_at
     entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
     status.precision, status.phase = change.to_precision, "Running"
-    begun = replace(plan.create[0], precision=change.to_precision, start_step=change.start_step)
+    begun = replace(plan.create[0], precision=change.to_precision)
     if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
         entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
         begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)
