@@ -5,6 +5,11 @@ inner activation is multiplied by `overflowGain` before a
 non-linearity and divided by it after. In fp32 and bf16 (8 exponent bits) the product stays
 finite and the block keeps training; in fp16 (max 65504) it overflows to inf, the loss turns
 non-finite and GradScaler skips every step: the failure mode F1 of the reference article.
+
+The blown-up product runs eagerly even in a compiled model: inductor computes a chain of
+pointwise ops in fp32 and rounds only what it stores, so a fused gelu(g * x) / g never holds
+g * x in fp16 and never overflows (seen on an H200 with training.compile auto). Eagerly the
+product is stored in the autocast dtype, as a real overflowing activation is.
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ class StepSwitched(nn.Module):
         self.active = within(step, self.at_step, self.until_step)
 
 
+@torch.compiler.disable
+def blown_up(x: torch.Tensor, gain: float) -> torch.Tensor:
+    """gelu(gain * x) / gain with gain * x stored in x's dtype (see the module docstring)."""
+    return nn.functional.gelu(x * gain) / gain
+
+
 class ActivationBlowUp(StepSwitched):
     """gelu(g * x) / g, with g = 1 until the switch step and `gain` afterwards."""
 
@@ -42,4 +53,4 @@ class ActivationBlowUp(StepSwitched):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return nn.functional.gelu(x)
-        return nn.functional.gelu(x * self.gain) / self.gain
+        return blown_up(x, self.gain)
