@@ -119,9 +119,13 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def in_process(spec: dict, label: str) -> list[dict[str, Any]]:
-    """One attempt trained in this process, as `python -m mpjob_trainer` trains it; its events."""
-    release()  # compile afresh, as a new pod does (inductor's disk cache stays)
+def in_process(spec: dict, label: str, *, again: bool = False) -> list[dict[str, Any]]:
+    """One attempt trained in this process, as `python -m mpjob_trainer` trains it; its events.
+    It compiles afresh, as a new pod does (inductor's disk cache stays), unless it runs `again`
+    the model of the run before it: the A/B and sync runs then reuse its graphs (on the H200
+    each fresh compile of GPT-2 cost tens of seconds: eleven of them outlived the step's budget)."""
+    if not again:
+        release()
     out = io.StringIO()
     with tempfile.TemporaryDirectory() as tmp, environment(trainer_env(tmp)):
         attempt = AttemptLaunch.model_validate(launch(spec, label, tmp))
@@ -154,7 +158,7 @@ def guard_ab(setup: Setup, label: str = "bf16") -> dict[str, Any]:
     for _ in range(setup.ab_pairs):
         for side in ("A", "B"):
             with guard_per_step_off() if side == "B" else contextlib.nullcontext():
-                events = in_process(spec, label)
+                events = in_process(spec, label, again=True)
             times[side].append(statistics.median(e["stepSeconds"] for e in windows(events, setup.warmup)))
     a, b = statistics.median(times["A"]), statistics.median(times["B"])
     return {"precision": label, "pairs": setup.ab_pairs, "steps": setup.ab_steps, "guardOnSeconds": a,
@@ -167,7 +171,7 @@ def sync_warnings(spec: dict, label: str) -> int:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            in_process(spec, label)
+            in_process(spec, label, again=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchronizing" in str(w.message) for w in caught)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,11 +59,13 @@ def side_by_side(
     """Each precision, nanoGPT's loop then the trainer; the trainer's events by precision."""
     results, events = {}, {}
     for label in precisions:
+        began = time.monotonic()
         baseline = baseline_run(setup, label)
-        print(row(label, "nanoGPT", baseline), flush=True)
+        print(f"{row(label, 'nanoGPT', baseline)}  run {time.monotonic() - began:.0f} s", flush=True)
+        began = time.monotonic()
         events[label] = trainer_run(setup, label)
         mpjob = trainer_figures(events[label], setup.warmup)
-        print(row(label, "mpjob", mpjob), flush=True)
+        print(f"{row(label, 'mpjob', mpjob)}  run {time.monotonic() - began:.0f} s", flush=True)
         results[label] = {"nanoGPT": baseline, "mpjob": mpjob}
     return results, events
 
@@ -158,10 +161,14 @@ def main(argv: list[str] | None = None) -> None:
         document["fp8"] = fp8_json(fp8)
         write()
     if "guard" in opts.parts:
+        began = time.monotonic()
         extra["guard"] = guard_ab(setup)
+        print(f"guard A/B: {time.monotonic() - began:.0f} s", flush=True)
         write()
     if "syncs" in opts.parts:
+        began = time.monotonic()
         extra["syncsPerStep"] = {label: syncs_per_step(setup, label) for label in ("bf16", "fp16")}
+        print(f"host syncs: {time.monotonic() - began:.0f} s", flush=True)
     print_extras(extra)
     print("targets (H100/H200; a CPU run says nothing about them):")
     for what, figure, target in targets(results, extra):

@@ -8,6 +8,7 @@ import torch
 
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
 
+
 def blown_up_module(step: int) -> ActivationBlowUp:
     module = ActivationBlowUp(at_step=10, gain=1e6)
     module.set_step(step)

@@ -62,6 +62,46 @@ def test_staging_reuses_one_unpinned_buffer_per_cpu_tensor_across_saves() -> Non
         assert not second[place].is_pinned(), "pinned memory is for CUDA tensors only"
 
 
+def test_reserved_buffers_are_allocated_off_the_calling_thread_and_filled_by_the_first_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model, opt = _trained()
+    allocated_on: list[str] = []
+    empty = torch.empty
+
+    def recording_empty(*args: Any, **kw: Any) -> torch.Tensor:
+        allocated_on.append(threading.current_thread().name)
+        return empty(*args, **kw)
+
+    monkeypatch.setattr(torch, "empty", recording_empty)
+    staging = StagingBuffers()
+    staging.reserve({"model": model.state_dict(), "optimizer": opt.state_dict()})
+    staging.reserved()
+    places = _tensors({"model": model.state_dict(), "optimizer": opt.state_dict()})
+    reserved = {place: staging.buffer(place) for place in places}
+    assert len(reserved) >= 10 and all(buffer is not None for buffer in reserved.values())
+    assert allocated_on and threading.current_thread().name not in allocated_on
+    _step(model, opt)
+    staged = _tensors(staging.stage({"model": model.state_dict(), "optimizer": opt.state_dict()}).state)
+    assert all(staged[place] is reserved[place] for place in places), "the first save fills what was reserved"
+    assert len(allocated_on) == len(reserved), "and allocates nothing itself"
+    assert torch.equal(staged[("model", "0.weight")], model[0].weight.detach())
+
+
+def test_only_rank_0_reserves_staging_buffers(tmp_path: Path) -> None:
+    model, _ = _trained()
+    for rank in (1, 0):
+        checkpoints = Checkpointer(
+            CheckpointStore(tmp_path / str(rank), keep=2, config_digest="d"),
+            World(rank, 2, rank),
+            EventLog(stream=io.StringIO()),
+            TrainerMetrics("j", "ns", rank, "fp32"),
+        )
+        checkpoints.reserve(lambda: {"model": model.state_dict()})
+        checkpoints.staging.reserved()
+        assert (checkpoints.staging.buffer(("model", "0.weight")) is not None) is (rank == 0)
+
+
 def test_a_tensor_that_changes_shape_or_dtype_gets_a_new_buffer_and_a_gone_one_is_dropped() -> None:
     staging = StagingBuffers()
     staging.stage({"w": torch.zeros(3), "b": torch.zeros(2), "gone": torch.zeros(1)})
@@ -90,6 +130,23 @@ def test_cuda_tensors_stage_into_pinned_buffers_without_a_host_sync() -> None:
     assert len(staged.events) == 1
     staged.ready()
     assert torch.equal(staged.state["w"], expected.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_after_a_reservation_the_first_cuda_stage_is_pinned_and_syncs_nothing() -> None:
+    weights = torch.randn(1 << 20, device="cuda")
+    staging = StagingBuffers()
+    staging.reserve({"w": weights})
+    staging.reserved()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        staged = staging.stage({"w": weights})
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert staged.state["w"].is_pinned()
+    staged.ready()
+    assert torch.equal(staged.state["w"], weights.cpu())
 
 
 class _Held:

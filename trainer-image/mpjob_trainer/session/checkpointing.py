@@ -60,6 +60,8 @@ class Checkpointer:
         self._shards: ShardedWriter | None = None
         #: A sharded save whose staging copy the next optimizer step waits for, and the stall so far.
         self._staging: tuple[int, PendingSave, float] | None = None
+        #: The staging buffers have been reserved (or a save allocated them).
+        self._reserved = False
 
     @property
     def last_good(self) -> CheckpointRef | None:
@@ -142,10 +144,18 @@ class Checkpointer:
         if final:
             dist_env.barrier(self.world)
 
+    def reserve(self, capture: Callable[[], dict[str, Any]]) -> None:
+        """Before the first asynchronous save (rank 0, a model not sharded): allocate its staging
+        buffers in the background (StagingBuffers.reserve), once; `capture` is the state's."""
+        if self.world.is_main and not self.sharded and not self._reserved:
+            self._reserved = True
+            self.staging.reserve(capture())
+
     def _save_async(self, step: int, precision: str, capture: Callable[[], dict[str, Any]]) -> None:
         """Stage now, write in the background; log how long the training thread was held."""
         start = time.perf_counter()
         self.collect(block=True, training_step=step)  # the previous write is done: buffers are free
+        self._reserved = True
         staged = self.staging.stage(capture())
         store = self.store
 

@@ -133,6 +133,8 @@ class IntervalWork:
         if not guard.healthy():
             self.cadence.trouble(step)
         promote = due.checkpoint and self.cadence.repromote_due(step)
+        if not (due.checkpoint or stop):
+            checkpoints.reserve(lambda: self._capture(step, state))  # the first save's buffers, ahead
         if due.checkpoint or stop:
             final = step == self.cadence.total or stop or promote
             saved = self._checkpoint(step, state=state, checkpoints=checkpoints, final=final)
@@ -161,6 +163,10 @@ class IntervalWork:
             loss=loss if loss is not None and math.isfinite(loss) else None,
         )
 
+    def _capture(self, step: int, state: TrainingState) -> dict[str, Any]:
+        precision = self.numerics.precision
+        return state.capture(step, self.numerics.applied.count, precision.precision, precision.scaler)
+
     def _checkpoint(self, step: int, *, state: TrainingState, checkpoints: Checkpointer, final: bool) -> bool:
         """Save the state at `step`, unless this interval saw numeric trouble (never a bad one)."""
         guard, precision = self.numerics.guard, self.numerics.precision
@@ -168,9 +174,6 @@ class IntervalWork:
             self.log("checkpointSkipped", step=step, why="numeric trouble in this window")
             return False
 
-        def capture() -> dict[str, Any]:
-            return state.capture(step, self.numerics.applied.count, precision.precision, precision.scaler)
-
-        checkpoints.save(step, precision.precision, capture, final=final)
+        checkpoints.save(step, precision.precision, lambda: self._capture(step, state), final=final)
         guard.mark_good()
         return True
