@@ -83,3 +83,18 @@ def test_the_benchmark_steps_run_the_same_parts_on_cuda_and_tiny_without(
         assert ("--tiny" in argv[name]) is not cuda and ("--steps" in argv[name]) is cuda
     assert argv["bench"][argv["bench"].index("--precisions") + 1] == "bf16"
     assert argv["bench_fp32"][argv["bench_fp32"].index("--precisions") + 1] == "fp32"
+
+
+def test_the_recompiles_of_a_run_are_read_from_its_worker_logs_without_their_prefixes(tmp_path: Path) -> None:
+    log = tmp_path / "attempts" / "a1" / "worker0.log"
+    log.parent.mkdir(parents=True)
+    prefix = "V1130 17:44:04.009000 8439 torch/_dynamo/guards.py:6374] [2/1] [__recompiles]"
+    log.write_text(
+        f"{prefix} Recompiling function forward in gpt.py:70\n"
+        f"{prefix}     triggered by the following guard failure(s):\n"
+        f"{prefix}     - 2/0: GLOBAL_STATE changed: autocast(cuda)_dtype \n"
+        f"{prefix}     - User stack trace:\n"
+        "a line of the trainer's own\n"
+    )
+    found = steps.recompiles(tmp_path)
+    assert found == ["Recompiling function forward in gpt.py:70", "- 2/0: GLOBAL_STATE changed: autocast(cuda)_dtype "]
