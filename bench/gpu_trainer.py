@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from bench.fp8_rows import fp8_settings
+from bench.gpu_profile import step_profile
 from bench.gpu_setup import CUDA, Figures, Setup, precision_of, release
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import session
@@ -163,6 +164,16 @@ def guard_ab(setup: Setup, label: str = "bf16") -> dict[str, Any]:
     a, b = statistics.median(times["A"]), statistics.median(times["B"])
     return {"precision": label, "pairs": setup.ab_pairs, "steps": setup.ab_steps, "guardOnSeconds": a,
             "guardOffSeconds": b, "overheadPercent": 100 * (a - b) / b, "runs": times}  # fmt: skip
+
+
+def step_breakdown(setup: Setup, label: str = "bf16", *, warm: bool) -> dict[str, Any]:
+    """Where the time of `label`'s steps goes (bench.gpu_profile): a profiled in-process run;
+    `warm`: the run before it compiled this model in this precision (the guard's A/B did),
+    else one run compiles first, unprofiled."""
+    spec = job_spec(setup, label, steps=setup.warmup + 2 * setup.log_every, log_every=setup.log_every, every=NEVER)
+    if not warm:
+        in_process(spec, label)
+    return step_profile(lambda: in_process(spec, label, again=True), warmup=setup.warmup, cuda=CUDA)
 
 
 def sync_warnings(spec: dict, label: str) -> int:

@@ -78,7 +78,7 @@ def pytest_result(ctx: Context) -> tuple[dict[str, Any], str | None]:
 #: 35-45 s, mostly compiling): bf16 side by side with a save inside the runs, two A/B pairs and
 #: the host syncs; fp32 (strict) side by side is its own step, as is fp8. The save at step 50
 #: comes 40 steps (1.7 s there) after the first interval reserved its staging buffers.
-BENCH_PARTS = ["--precisions", "bf16", "--parts", "side,guard,syncs"]
+BENCH_PARTS = ["--precisions", "bf16", "--parts", "side,guard,profile,syncs"]
 BENCH_ARGS = ["--steps", "60", *BENCH_PARTS, "--checkpoint-every", "50", "--ab-pairs", "2"]
 FP32_PARTS = ["--precisions", "fp32", "--parts", "side"]
 FP32_ARGS = ["--steps", "40", *FP32_PARTS]
@@ -262,7 +262,7 @@ def fp8_fault() -> dict[str, Any]:
 # ---------------------------------------------------------------- the steps, in order
 STEPS = [
     Step("pytest", 150, "pytest.log", pytest_command, pytest_result, PYTEST_ENV),
-    Step("bench", 150, "bench.log", bench_command("bench", BENCH_ARGS, TINY_BENCH_ARGS), bench_result("bench")),
+    Step("bench", 165, "bench.log", bench_command("bench", BENCH_ARGS, TINY_BENCH_ARGS), bench_result("bench")),
     Step("quickstart", 90, "runs.log", mpjob_run("quickstart", quickstart),
          run_result("quickstart", ladder(("fp16", "NumericFault"), ("bf16", "Succeeded"))), QUICKSTART_ENV),
     Step("oom", 30, "runs.log", mpjob_run("oom", out_of_memory), run_result("oom", split_then_succeeded)),

@@ -78,7 +78,7 @@ def test_the_benchmark_steps_run_the_same_parts_on_cuda_and_tiny_without(
     monkeypatch.setattr(steps, "CUDA", cuda)
     ctx = runner.Context(work=tmp_path)
     argv = {step.name: step.command(ctx) for step in steps.STEPS if step.name.startswith(("bench", "fp8"))}
-    for name, parts in (("bench", "side,guard,syncs"), ("bench_fp32", "side"), ("fp8_large", "fp8")):
+    for name, parts in (("bench", "side,guard,profile,syncs"), ("bench_fp32", "side"), ("fp8_large", "fp8")):
         assert argv[name][1] == "bench/trainer_gpu.py" and argv[name][argv[name].index("--parts") + 1] == parts
         assert ("--tiny" in argv[name]) is not cuda and ("--steps" in argv[name]) is cuda
     assert argv["bench"][argv["bench"].index("--precisions") + 1] == "bf16"
