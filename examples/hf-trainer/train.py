@@ -23,6 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback
 
 from mpjob_trainer import session as mpjob
 from mpjob_trainer.adapters import hf as mpjob_hf
+from mpjob_trainer.tasks.blowup import amplified  # eager even when the Trainer compiles the model
 
 
 class Sequences(Dataset[dict[str, torch.Tensor]]):
@@ -41,19 +42,12 @@ class Sequences(Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-@torch.compiler.disable
-def scaled(out: torch.Tensor, gain: float) -> torch.Tensor:
-    """out * gain stored in out's dtype, eagerly even when the Trainer compiles the model: fused
-    into the residual add, inductor would compute it in fp32 and it would never overflow fp16."""
-    return out * gain
-
-
 class Overflow(TrainerCallback):
     """From optimizer step `at` on, the first block's MLP output is 1e6 times larger."""
 
     def __init__(self, model: GPT2LMHeadModel, at: int | None) -> None:
         self.at, self.gain = at, 1.0
-        model.transformer.h[0].mlp.register_forward_hook(lambda mod, args, out: scaled(out, self.gain))
+        model.transformer.h[0].mlp.register_forward_hook(lambda mod, args, out: amplified(out, self.gain))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.gain = 1e6 if self.at is not None and state.global_step >= self.at else 1.0

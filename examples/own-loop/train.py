@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from mpjob_trainer import session as mpjob
+from mpjob_trainer.tasks.blowup import amplified  # eager even when run.compile compiles the model
 
 
 class Teacher(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -75,7 +76,7 @@ class Net(nn.Module):
         self.gain = 1e6 if self.overflow_at is not None and step >= self.overflow_at else 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x) * self.gain  # inf in fp16 once the gain is on; LayerNorm undoes it elsewhere
+        h = amplified(self.inp(x), self.gain)  # inf in fp16 once the gain is on; LayerNorm undoes it elsewhere
         return self.out(torch.relu(self.norm(h)))
 
 
