@@ -20,6 +20,7 @@ from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.framework import FrameworkCheckpointer
 from mpjob_trainer.session.state import TrainingState
 from tests.unit.trainer.conftest import run_trainer, spec
 
@@ -88,7 +89,7 @@ def test_reserved_buffers_are_allocated_off_the_calling_thread_and_filled_by_the
     assert torch.equal(staged[("model", "0.weight")], model[0].weight.detach())
 
 
-def test_only_rank_0_reserves_staging_buffers(tmp_path: Path) -> None:
+def test_only_rank_0_reserves_staging_buffers_and_a_framework_none(tmp_path: Path) -> None:
     model, _ = _trained()
     for rank in (1, 0):
         checkpoints = Checkpointer(
@@ -100,6 +101,10 @@ def test_only_rank_0_reserves_staging_buffers(tmp_path: Path) -> None:
         checkpoints.reserve(lambda: {"model": model.state_dict()})
         checkpoints.staging.reserved()
         assert (checkpoints.staging.buffer(("model", "0.weight")) is not None) is (rank == 0)
+    framework = FrameworkCheckpointer(checkpoints, write=lambda folder: folder, parameters=model.parameters)
+    framework.reserve(lambda: {"model": model.state_dict()})  # its saves are synchronous: no buffers
+    framework.staging.reserved()
+    assert framework.staging.buffer(("model", "0.weight")) is None
 
 
 def test_a_tensor_that_changes_shape_or_dtype_gets_a_new_buffer_and_a_gone_one_is_dropped() -> None:

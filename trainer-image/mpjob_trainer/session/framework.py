@@ -66,6 +66,9 @@ class FrameworkCheckpointer(Checkpointer):
         self.write = write
         self.parameters = parameters
 
+    def reserve(self, capture: Callable[[], dict[str, Any]]) -> None:
+        """Nothing: a framework's save is synchronous and stages nothing (no buffers to hold)."""
+
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
         """Framework save, then adoption on rank 0; synchronous (the framework's save is)."""
         if not parameters_finite(self.parameters()):  # a sync, only when saving
