@@ -7,8 +7,9 @@ tokens (the `gpt` task's `data: random`), measured in these parts (--parts), in 
   then mpjob's trainer run as `python -m mpjob_trainer` the way the pod runs it
   (bench/gpu_trainer.py), both compiled (training.compile always); the bf16 run's checkpoint
   stall;
-- fp8: the trainer in fp8 (torchao float8, compute capability >= 8.9) at that shape, and bf16
-  and fp8 at a ~1B-parameter shape at sequence 2048 where fp8 pays (bench/fp8_rows.py);
+- fp8: the trainer in bf16 and fp8 (torchao float8, compute capability >= 8.9) at a
+  ~1B-parameter shape at sequence 2048 where fp8 pays, then in fp8 at that shape
+  (bench/fp8_rows.py);
 - guard: the numeric guard's cost, as interleaved A/B runs in this process;
 - profile: where a bf16 step's time goes, by kind of kernel, and how busy the GPU was
   (bench/gpu_profile.py), in this process;
