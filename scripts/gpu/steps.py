@@ -82,7 +82,7 @@ BENCH_PARTS = ["--precisions", "bf16", "--parts", "side,guard,profile,syncs"]
 BENCH_ARGS = ["--steps", "60", *BENCH_PARTS, "--checkpoint-every", "50", "--ab-pairs", "2"]
 FP32_PARTS = ["--precisions", "fp32", "--parts", "side"]
 FP32_ARGS = ["--steps", "40", *FP32_PARTS]
-FP8_ARGS = ["--steps", "60", "--parts", "fp8"]
+FP8_ARGS = ["--steps", "40", "--parts", "fp8"]
 #: Without CUDA: the same parts at --tiny's own sizes (a save inside its runs too).
 TINY_BENCH_ARGS, TINY_FP8_ARGS = ["--tiny", *BENCH_PARTS], ["--tiny", "--parts", "fp8"]
 TINY_FP32_ARGS = ["--tiny", *FP32_PARTS]
