@@ -200,7 +200,8 @@ def split_then_succeeded(attempts: list[dict[str, Any]]) -> str | None:
 
 
 #: On the H200 the bf16 attempt that followed the fp16 fault in place (compiled) read non-finite
-#: losses, as it never does on the CPU: inductor's recompiles, and why, go to runs.log.
+#: losses (torch 2.11's AOTAutograd cache, since turned off there): the recompiles, and why,
+#: go to summary.json, to see what a precision change compiles.
 QUICKSTART_ENV = {"TORCH_LOGS": "recompiles"}
 
 

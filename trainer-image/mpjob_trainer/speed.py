@@ -30,14 +30,33 @@ def compiles(mode: CompileMode, device: torch.device) -> bool:
     return mode == "always" or (mode == "auto" and device.type == "cuda")
 
 
+#: The first torch whose AOTAutograd cache is known to key a training graph by the ambient
+#: autocast dtype. torch 2.11's does not: a graph trained in fp16 and run again in bf16 in the
+#: same process (an in-place precision change) got the fp16 kernels back, so the bf16 attempt
+#: read fp16 activations and overflowed (seen on an H200 and on the CPU; 2.15 is right, the
+#: releases between were not tried).
+AUTOGRAD_CACHE_KEYS_AUTOCAST = (2, 15)
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string such as '2.11.0+cu130'."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
 def prepare_compile(mode: CompileMode, device: torch.device) -> bool:
     """Whether to compile on `device`; when so, how failures go: under `auto` a frame dynamo
-    cannot compile runs eagerly (suppress_errors), under `always` the failure is raised."""
+    cannot compile runs eagerly (suppress_errors), under `always` the failure is raised. On a
+    torch older than AUTOGRAD_CACHE_KEYS_AUTOCAST the AOTAutograd cache is off (inductor's own
+    FX graph cache stays on)."""
     if not compiles(mode, device):
         return False
     import torch._dynamo
+    import torch._functorch.config
 
     torch._dynamo.config.suppress_errors = mode == "auto"
+    if torch_release(torch.__version__) < AUTOGRAD_CACHE_KEYS_AUTOCAST:
+        torch._functorch.config.enable_autograd_cache = False
     return True
 
 

@@ -1,8 +1,9 @@
 """On a CUDA machine: test_in_place's story (fp16 overflows, bf16 goes on in the same process
 from the last checkpoint), eager and compiled: every bf16 step after the change is finite. On an
-H200 the quickstart's bf16 attempt after its in-place change read non-finite losses while the
-same story on the CPU, eager or compiled, trains through (docs/benchmarks.md, "The first run on
-a GPU"); these tell whether compiling is what differs (skipped without CUDA)."""
+H200 (torch 2.11) the quickstart's bf16 attempt after its in-place change read non-finite
+losses: torch 2.11's AOTAutograd cache served the graph compiled for fp16 to bf16, which
+mpjob_trainer.speed now turns off on such a torch (docs/benchmarks.md, "The first run on a
+GPU"); skipped without CUDA."""
 
 from __future__ import annotations
 

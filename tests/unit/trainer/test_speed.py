@@ -74,6 +74,19 @@ def test_compile_modes(mode: str, device: torch.device, expected: bool) -> None:
     assert speed.compiles(mode, device) is expected  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("version", "cache"), [("2.11.0+cu130", False), ("2.15.0+cu132", True), ("3.0.0", True)])
+def test_a_torch_whose_autograd_cache_ignores_autocast_compiles_without_it(
+    monkeypatch: pytest.MonkeyPatch, version: str, cache: bool
+) -> None:
+    import torch._functorch.config
+
+    monkeypatch.setattr(torch, "__version__", version)
+    with torch._functorch.config.patch(enable_autograd_cache=True), torch._dynamo.config.patch(suppress_errors=False):
+        assert speed.prepare_compile("always", CPU) is True
+        assert torch._functorch.config.enable_autograd_cache is cache
+    assert speed.torch_release(version) == tuple(int(n) for n in version.split("+")[0].split(".")[:2])
+
+
 def test_data_workers_default_by_device_unless_set() -> None:
     assert (data_workers(None, CPU), data_workers(None, CUDA), data_workers(3, CPU)) == (0, 2, 3)
 
