@@ -37,6 +37,12 @@ ALLOWED: dict[str, str] = {
         "troubleshooting guide documents for running frames that fail to compile eagerly; "
         "torch.compiler.config has no public equivalent"
     ),
+    "torch._functorch": (
+        "torch._functorch.config.enable_autograd_cache (mpjob_trainer.speed) is the AOTAutograd "
+        "cache's switch; its environment variable is read at import, too late for a running "
+        "process, and torch.compiler.config has no public equivalent. torch 2.11's cache ignores "
+        "the autocast dtype, so the trainer turns it off there"
+    ),
     "trainer._save_checkpoint": (
         "adapters/hf.py: transformers.Trainer has no public method that writes the checkpoint its own "
         "resume_from_checkpoint reads (weights, optimizer, scheduler, scaler, RNG, trainer "
