@@ -59,7 +59,8 @@ def step_profile(run: Callable[[], list[dict[str, Any]]], *, warmup: int, cuda: 
     busy = sum(seconds for _, seconds in rows)
     by_kind: dict[str, float] = {}
     for name, seconds in rows:
-        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + seconds
+        kind = kind_of(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + seconds
     step_s = statistics.median(timed) if timed else None
     per_step = busy / total if total else None
     return {
