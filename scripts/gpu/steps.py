@@ -7,7 +7,7 @@ the benchmark's steps with `--tiny` (the same code paths, a 2-layer model), the 
 steps with a shorter story of the same ending.
 $OUT gets summary.json, rewritten after every step (a call cut short still returns what ran),
 and the logs (at most 8 files in all: the device call returns no more). What the steps write
-besides (run directories, JUnit XML, the benchmark's JSON) stays in --work, and what matters of
+besides (run directories, the tests' progress log, the benchmark's JSON) stays in --work, and what matters of
 it is copied into summary.json.
 
     python scripts/gpu/steps.py --out OUT [--work DIR] [--only NAME ...]
@@ -20,7 +20,6 @@ import itertools
 import json
 import re
 import sys
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import yaml
 if __package__ in (None, ""):  # run as a script (scripts/gpu-run.sh): the repository holds its sibling
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from scripts.gpu.pytest_progress import progress
 from scripts.gpu.runner import CUDA, REPO, Context, Step
 from scripts.gpu.runner import main as run_steps
 
@@ -43,10 +43,11 @@ def gpu_test_files() -> list[str]:
 
 
 def pytest_command(ctx: Context) -> list[str]:
-    xml = ctx.folder("pytest") / "junit.xml"
+    log = ctx.folder("pytest") / "progress.jsonl"
+    log.unlink(missing_ok=True)
     workers = ["-n", "4"] if CUDA else []  # the device's 16 cores; one GPU is enough for their small models
     return [ctx.python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "--timeout", "75", "-v", *workers,
-            f"--junitxml={xml}", *gpu_test_files()]  # fmt: skip
+            "-p", "scripts.gpu.pytest_progress", f"--progress-log={log}", *gpu_test_files()]  # fmt: skip
 
 
 #: Trainer processes start cold (a fork of a warm server that imported transformers and
@@ -55,22 +56,18 @@ PYTEST_ENV = {"MPJOB_TEST_COLD": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def pytest_result(ctx: Context) -> tuple[dict[str, Any], str | None]:
-    xml = ctx.work / "pytest" / "junit.xml"
-    if not xml.exists():
-        return {}, "no JUnit XML written"
-    suite = ET.parse(xml).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")  # type: ignore[assignment]
-    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
-    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    failed = [
-        f"{case.get('classname')}::{case.get('name')}"
-        for case in suite.iter("testcase")
-        if case.find("failure") is not None or case.find("error") is not None
-    ]
-    problem = f"{len(failed)} failed" if failed else None
+    """The tests' outcomes from the progress log (pytest_progress): also of a step stopped at its
+    budget, with the tests still running then named."""
+    log = ctx.work / "pytest" / "progress.jsonl"
+    if not log.exists():
+        return {}, "no progress log written"
+    counts = progress(log)
+    problem = f"{len(counts['failedTests'])} failed" if counts["failedTests"] else None
     if CUDA and counts["skipped"]:
         problem = problem or f"{counts['skipped']} skipped on a CUDA machine"
-    return {**counts, "failedTests": failed}, problem
+    if counts["unfinished"] + counts["notStarted"]:
+        problem = problem or f"{counts['unfinished'] + counts['notStarted']} of {counts['tests']} never finished"
+    return counts, problem
 
 
 # ---------------------------------------------------------------- bench/trainer_gpu.py
