@@ -45,7 +45,9 @@ def gpu_test_files() -> list[str]:
 def pytest_command(ctx: Context) -> list[str]:
     log = ctx.folder("pytest") / "progress.jsonl"
     log.unlink(missing_ok=True)
-    workers = ["-n", "4"] if CUDA else []  # the device's 16 cores; one GPU is enough for their small models
+    # The device's 16 cores; one GPU is enough for their small models. A worker with nothing left
+    # takes queued tests from a busy one (the dozen trainer runs among 42 quick checks).
+    workers = ["-n", "4", "--dist", "worksteal"] if CUDA else []
     return [ctx.python, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "--timeout", "75", "-v", *workers,
             "-p", "scripts.gpu.pytest_progress", f"--progress-log={log}", *gpu_test_files()]  # fmt: skip
 
