@@ -32,14 +32,17 @@ METRICS = TrainerMetrics("job", "ns", 0, "bf16")
 
 def train_steps(capture: ProfileCapture, steps: range, *, low: bool) -> None:
     torch.manual_seed(0)
-    # Wide enough that the bf16 matmuls outweigh the fp32 loss and optimizer ops on a loaded CPU:
-    # the share is measured in op time, and a preemption inside a small fp32 op skews it (at
-    # 64x64x512 it ranged 0.46-0.99 at load average 8 on 2 cores; here 0.88-0.98, 0.35 s a run).
+    # Wide enough that the bf16 matmuls outweigh the fp32 optimizer ops on a loaded CPU: the share
+    # is measured in op time, and a preemption inside a small fp32 op skews it. The batch is made
+    # once: drawing it (aten::normal_) is an fp32 op too. (Drawn each step at 128 rows, it ranged
+    # 0.35-0.96 beside 2 busy loops on 2 cores and once failed a whole suite's run at 0.41; made
+    # once at 512 rows, 0.77-0.98 beside 3.)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = torch.randn(512, 256)
     for step in steps:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
-            loss = model(torch.randn(128, 256)).float().pow(2).mean()
+            loss = model(batch).float().pow(2).mean()
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
