@@ -112,9 +112,7 @@ def test_the_recompiles_of_a_run_are_read_from_its_worker_logs_without_their_pre
 
 def test_a_run_again_reuses_the_graphs_compiled_before_it_and_a_fresh_run_compiles_anew() -> None:
     """The benchmark's A/B, profile and sync runs fit their budget on a GPU only because they reuse
-    the warm-up's graphs (the H200 spent tens of seconds on each fresh GPT-2 compile). keepFp32 is
-    empty as it is on CUDA, where autocast runs LayerNorm in fp32 already: an Fp32Forward is an
-    object of each model's own, and dynamo guards on it."""
+    the warm-up's graphs (the H200 spent tens of seconds on each fresh GPT-2 compile)."""
     from torch._dynamo.utils import counters
 
     from bench import gpu_trainer
@@ -123,7 +121,6 @@ def test_a_run_again_reuses_the_graphs_compiled_before_it_and_a_fresh_run_compil
     setup = Setup(args={}, batch=8, steps=10, compile="always", log_every=5, warmup=0)
     spec = gpu_trainer.job_spec(setup, "bf16", steps=6, log_every=3, every=gpu_trainer.NEVER)
     spec["task"] = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 64}}
-    spec["precision"]["keepFp32"] = []
     compiled = []
     for again in (False, True, False):
         graphs = counters["stats"]["unique_graphs"]

@@ -8,7 +8,7 @@ autocast, no scaler (bf16 has fp32's exponent range).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import types
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -135,31 +135,46 @@ def _fp32(value: Any) -> Any:
     return value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
-class Fp32Forward:
-    """A kept module's `forward`: the one it had, with autocast off and floating tensor arguments
-    (positional and keyword, not nested) cast to fp32.
+#: The attribute of a kept module holding (the forward it had, the autocast device type).
+KEPT = "mpjob_kept_fp32"
 
-    Set on the instance, so the module's class, parameters and state_dict keys stay as they were,
-    and a deepcopy rebinds it to the copy. torch.compile traces the `with torch.autocast` branch
-    (the form it supports on every torch the trainer runs on) without a graph break; eager calls
-    flip the autocast flag directly, which costs a quarter of the context manager's host time.
+
+def fp32_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """A kept module's `forward`, bound to it: the one it had, with autocast off and floating
+    tensor arguments (positional and keyword, not nested) cast to fp32.
+
+    Bound on the instance, so the module's class, parameters and state_dict keys stay as they
+    were, and a deepcopy rebinds both methods to the copy. One function bound to each module,
+    not an object per module: torch.compile guards a callable object by identity, so every new
+    model instance in a process recompiled (and past dynamo's cache limit ran eagerly); a bound
+    function it guards by its code. torch.compile traces the `with torch.autocast` branch (the
+    form it supports on every torch the trainer runs on) without a graph break; eager calls flip
+    the autocast flag directly, which costs a quarter of the context manager's host time.
     """
+    forward, device_type = getattr(module, KEPT)
+    positional, named = [_fp32(a) for a in args], {k: _fp32(v) for k, v in kwargs.items()}
+    if torch.compiler.is_compiling():
+        with torch.autocast(device_type, enabled=False):
+            return forward(*positional, **named)
+    enabled = torch.is_autocast_enabled(device_type)
+    torch.set_autocast_enabled(device_type, False)
+    try:
+        return forward(*positional, **named)
+    finally:
+        torch.set_autocast_enabled(device_type, enabled)
 
-    def __init__(self, forward: Callable[..., Any], device_type: str) -> None:
-        self.forward = forward
-        self.device_type = device_type
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        positional, named = [_fp32(a) for a in args], {k: _fp32(v) for k, v in kwargs.items()}
-        if torch.compiler.is_compiling():
-            with torch.autocast(self.device_type, enabled=False):
-                return self.forward(*positional, **named)
-        enabled = torch.is_autocast_enabled(self.device_type)
-        torch.set_autocast_enabled(self.device_type, False)
-        try:
-            return self.forward(*positional, **named)
-        finally:
-            torch.set_autocast_enabled(self.device_type, enabled)
+def kept_in_fp32(module: nn.Module) -> bool:
+    """Whether keep_fp32 runs this module in fp32 (its forward is fp32_forward, bound to it)."""
+    forward = vars(module).get("forward")
+    return isinstance(forward, types.MethodType) and forward.__func__ is fp32_forward
+
+
+def keep_module_in_fp32(module: nn.Module, device_type: str) -> None:
+    """Run `module` in fp32 under autocast (once: a module kept already is left as it is)."""
+    if not kept_in_fp32(module):
+        setattr(module, KEPT, (module.forward, device_type))
+        module.forward = types.MethodType(fp32_forward, module)  # type: ignore[method-assign]
 
 
 def keep_fp32(model: nn.Module, type_names: list[str], device: torch.device) -> list[str]:
@@ -167,7 +182,7 @@ def keep_fp32(model: nn.Module, type_names: list[str], device: torch.device) -> 
 
     torch.nn's own class of a type in autocast_fp32_types(device) is not touched: autocast runs it
     in fp32 already. Anything else of a listed name (a class of your own called LayerNorm too) gets
-    an Fp32Forward. Calling it again wraps nothing twice.
+    fp32_forward. Calling it again wraps nothing twice.
     """
     wanted, free = set(type_names), autocast_fp32_types(device)
     wrapped: list[str] = []
@@ -175,7 +190,6 @@ def keep_fp32(model: nn.Module, type_names: list[str], device: torch.device) -> 
         kind = type(module).__name__
         if kind not in wanted or (kind in free and type(module) is getattr(nn, kind, None)):
             continue
-        if not isinstance(vars(module).get("forward"), Fp32Forward):
-            module.forward = Fp32Forward(module.forward, device.type)  # type: ignore[method-assign]
+        keep_module_in_fp32(module, device.type)
         wrapped.append(name)
     return wrapped

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import precision, session
-from mpjob_trainer.precision import AUTOCAST_FP32, Fp32Forward, autocast_fp32_types, keep_fp32
+from mpjob_trainer.precision import AUTOCAST_FP32, autocast_fp32_types, keep_fp32, keep_module_in_fp32, kept_in_fp32
 from tests.unit.trainer.conftest import in_process_launch, spec
 
 pytestmark = pytest.mark.unit
@@ -235,7 +235,7 @@ def test_types_autocast_keeps_in_fp32_are_not_wrapped() -> None:
     net = _net()
     assert keep_fp32(net, ["LayerNorm", "MSELoss", "Gate"], CPU) == ["norm", "gate"]
     assert "forward" not in vars(net.loss)  # MSELoss: fp32 under CPU autocast already
-    assert isinstance(vars(net.norm)["forward"], Fp32Forward)  # LayerNorm: not on a CPU
+    assert kept_in_fp32(net.norm)  # LayerNorm: not on a CPU
     on_cuda = _net()
     assert keep_fp32(on_cuda, ["LayerNorm", "MSELoss", "Gate"], CUDA) == ["gate"]
     assert "forward" not in vars(on_cuda.norm) and "forward" not in vars(on_cuda.loss)
@@ -262,9 +262,10 @@ def test_state_dict_keys_and_loading_are_unchanged() -> None:
 def test_keeping_twice_wraps_once_and_a_deepcopy_runs_its_own_weights() -> None:
     net = _net()
     assert keep_fp32(net, ["LayerNorm"], CPU) == keep_fp32(net, ["LayerNorm"], CPU) == ["norm"]
-    forward = vars(net.norm)["forward"]
-    assert not isinstance(forward.forward, Fp32Forward)
+    forward, _ = vars(net.norm)[precision.KEPT]
+    assert forward.__func__ is nn.LayerNorm.forward  # the forward it had, not fp32_forward again
     twin = copy.deepcopy(net)
+    assert kept_in_fp32(twin.norm) and vars(twin.norm)["forward"].__self__ is twin.norm
     with torch.no_grad():
         twin.norm.bias.add_(1.0)
     x = torch.randn(2, 16)
@@ -279,7 +280,7 @@ def test_no_graph_breaks_and_compiled_matches_eager() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
     keep_fp32(model, ["LayerNorm"], CPU)
-    model[2].forward = Fp32Forward(model[2].forward, "cpu")  # type: ignore[method-assign]
+    keep_module_in_fp32(model[2], "cpu")
     x = torch.randn(8, 16)
     torch._dynamo.reset()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -317,6 +318,27 @@ def test_a_kept_module_is_not_served_the_graph_compiled_for_a_bare_one() -> None
         kept = block()
         keep_fp32(kept, ["LayerNorm"], CPU)
         assert torch.compile(kept, backend="aot_eager")(x).dtype == torch.float32
+
+
+def test_a_new_kept_model_reuses_the_graph_compiled_for_the_one_before() -> None:
+    """An object per kept module was guarded by identity: each new model in a process
+    recompiled, and past dynamo's cache limit ran eagerly (the GPU benchmark's runs)."""
+    from torch._dynamo.utils import counters
+
+    def kept() -> nn.Module:
+        model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16))
+        keep_fp32(model, ["LayerNorm"], CPU)
+        return model
+
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    graphs = []
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        for _ in range(3):
+            before = counters["stats"]["unique_graphs"]
+            assert torch.compile(kept(), backend="aot_eager")(x).dtype == torch.float32
+            graphs.append(counters["stats"]["unique_graphs"] - before)
+    assert graphs == [1, 0, 0]
 
 
 def test_distributed_data_parallel_trains_a_kept_model() -> None:
