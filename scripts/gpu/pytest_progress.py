@@ -42,12 +42,19 @@ class ProgressLog:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         self.write("collected", tests=list(ids))
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:  # a test file that does not import: pytest then runs nothing
+            self.write("collectError", test=report.nodeid)
+
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         self.write("start", test=nodeid)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.write("report", test=report.nodeid, when=report.when, outcome=report.outcome,
                    seconds=round(report.duration, 3))  # fmt: skip
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.sink.close()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -87,10 +94,12 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 
 def progress(path: Path) -> dict[str, Any]:
-    """The step's counts, the tests that failed or never finished, and the slowest ones."""
+    """The step's counts, the tests that failed or never finished, the slowest ones, and the
+    test files that failed to collect."""
     collected: list[str] = []
     reports: dict[str, list[dict[str, Any]]] = {}
     started: dict[str, float] = {}
+    uncollected: list[str] = []
     for event in events(path):
         if event["event"] == "collected" and not collected:  # each xdist worker says it; all alike
             collected = event["tests"]
@@ -99,6 +108,8 @@ def progress(path: Path) -> dict[str, Any]:
             reports.setdefault(event["test"], [])
         elif event["event"] == "report":
             reports.setdefault(event["test"], []).append(event)
+        elif event["event"] == "collectError" and event["test"] not in uncollected:
+            uncollected.append(event["test"])
     tests = collected or list(reports)
     outcomes = {test: outcome(test in reports, reports.get(test, [])) for test in tests}
     counts = {field: sum(1 for o in outcomes.values() if o == kind) for kind, field in OUTCOMES.items()}
@@ -112,4 +123,5 @@ def progress(path: Path) -> dict[str, Any]:
             f"{test}: started at {started[test]} s" for test, o in outcomes.items() if o == "unfinished"
         ],
         "slowestTests": [f"{test}: {s} s" for test, s in slowest],
+        "collectErrors": uncollected,
     }

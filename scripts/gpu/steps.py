@@ -7,8 +7,8 @@ the benchmark's steps with `--tiny` (the same code paths, a 2-layer model), the 
 steps with a shorter story of the same ending.
 $OUT gets summary.json, rewritten after every step (a call cut short still returns what ran),
 and the logs (at most 8 files in all: the device call returns no more). What the steps write
-besides (run directories, the tests' progress log, the benchmark's JSON) stays in --work, and what matters of
-it is copied into summary.json.
+besides (run directories, the tests' progress log, the benchmark's JSON) stays in --work, and
+what matters of it is copied into summary.json.
 
     python scripts/gpu/steps.py --out OUT [--work DIR] [--only NAME ...]
 """
@@ -65,6 +65,8 @@ def pytest_result(ctx: Context) -> tuple[dict[str, Any], str | None]:
         return {}, "no progress log written"
     counts = progress(log)
     problem = f"{len(counts['failedTests'])} failed" if counts["failedTests"] else None
+    if counts["collectErrors"]:
+        problem = f"not collected: {', '.join(counts['collectErrors'])}"
     if CUDA and counts["skipped"]:
         problem = problem or f"{counts['skipped']} skipped on a CUDA machine"
     if counts["unfinished"] + counts["notStarted"]:

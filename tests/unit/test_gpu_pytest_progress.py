@@ -65,6 +65,21 @@ def test_a_stopped_run_counts_what_finished_and_names_what_was_running(tmp_path:
     assert slowest == "test_passes" and float(seconds.removesuffix(" s")) >= 0.5  # setup, call and teardown
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_test_file_that_does_not_import_is_named(tmp_path: Path, workers: int) -> None:
+    (tmp_path / "test_fine.py").write_text("def test_fine(): pass\n")
+    (tmp_path / "test_broken.py").write_text("from nowhere import nothing\n\ndef test_never(): pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    log = tmp_path / "progress.jsonl"
+    xdist = ["-n", str(workers)] if workers else ["-p", "no:xdist"]
+    argv = [sys.executable, "-m", "pytest", "-c", str(tmp_path / "pytest.ini"), "-p", "scripts.gpu.pytest_progress",
+            f"--progress-log={log}", *xdist, str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(runner.REPO)}
+    out = subprocess.run(argv, cwd=runner.REPO, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert [Path(name).name for name in progress(log)["collectErrors"]] == ["test_broken.py"]
+
+
 def test_tests_never_started_are_counted_and_a_torn_last_line_is_left_out(tmp_path: Path) -> None:
     log = tmp_path / "progress.jsonl"
     lines = [
@@ -94,3 +109,6 @@ def test_the_gpu_step_runs_pytest_with_the_progress_log_and_reads_it_back(tmp_pa
     log.write_text('{"event": "collected", "t": 0.1, "tests": ["a.py::one"]}\n')
     figures, problem = steps.pytest_result(ctx)
     assert figures["notStarted"] == 1 and problem == "1 of 1 never finished"
+    with log.open("a") as sink:
+        sink.write('{"event": "collectError", "t": 0.2, "test": "tests/test_x.py"}\n')
+    assert steps.pytest_result(ctx)[1] == "not collected: tests/test_x.py"
