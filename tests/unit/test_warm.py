@@ -356,6 +356,19 @@ def test_a_sigkilled_stand_in_takes_its_rank_with_it(tmp_path: Path) -> None:
     wait_for(lambda: gone(rank), 30, message="the rank to die with its stand-in")
 
 
+@pytest.mark.skipif(os.environ.get("MPJOB_TEST_COLD") == "1", reason="every process starts cold: no stand-ins")
+def test_a_stand_in_names_the_rank_forked_for_it_while_it_lives(tmp_path: Path) -> None:
+    """A test that SIGKILLs a launcher waits for its ranks: warm ones are the server's children."""
+    proc, seen = start_rank(tmp_path, "wait")
+    rank = int(seen["pid"])  # type: ignore[call-overload]
+    wait_for(lambda: warm.forked_for([proc.pid]) == [rank], 30, message="the stand-in's record of its rank")
+    assert warm.forked_for([os.getpid()]) == []  # this process stands in for none
+    proc.kill()
+    proc.communicate(timeout=60)
+    wait_for(lambda: gone(rank), 30, message="the rank to die with its stand-in")
+    assert warm.forked_for([proc.pid]) == []  # the record outlives its stand-in and names nothing
+
+
 @pytest.mark.usefixtures("own_servers")
 def test_a_rank_dies_with_its_sigkilled_stand_in_by_itself_as_a_fresh_rank_dies_with_its_launcher(
     tmp_path: Path,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DEVNULL", "PIPE", "STDOUT", "Popen", "for_ranks", "own_servers", "run", "share_with_workers"]
+__all__ = ["DEVNULL", "PIPE", "STDOUT", "Popen", "for_ranks", "forked_for", "own_servers", "run", "share_with_workers"]
 
 
 def __getattr__(name: str) -> Any:

@@ -181,6 +181,23 @@ def own_servers() -> Iterator[None]:
         _servers = shared
 
 
+def forked_for(standins: list[int]) -> list[int]:
+    """The ranks the servers forked for these stand-ins (a process that stands in for none has
+    none): a test that SIGKILLs a launcher waits for these too, not only for its children. Ask
+    while the stand-ins live: a record whose start time is not the live process's is stale."""
+    if not _servers.folder:
+        return []
+    found = []
+    for pid in standins:
+        try:
+            rank, started = rules.rank_record(_servers.folder, pid).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if started == rules.started_at(pid):
+            found.append(int(rank))
+    return found
+
+
 def for_ranks(env: dict[str, str] | None = None, *, frameworks: bool = False, cli: bool = False) -> dict[str, str]:
     """`env` (default: this process's) for a launcher (`mpjob run`, `mpjob_trainer.launch`)
     whose ranks should start warm: each rank's interpreter stands in for it and has this

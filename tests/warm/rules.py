@@ -79,3 +79,18 @@ def start_env(env: dict[str, str]) -> dict[str, str]:
     """What a request's environment must share with its server's for a fork to be the same as
     a fresh start."""
     return {k: v for k, v in env.items() if (k.startswith("PYTHON") and k not in _IN_CHILD) or k in _AT_START}
+
+
+def started_at(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat, field 22): with its pid,
+    what names one process even after the pid is reused. None: no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def rank_record(folder: str, standin: int) -> Path:
+    """Where a stand-in records the rank the server forked for it: `RANK STARTED_AT`, the second
+    the stand-in's own start time (client.forked_for)."""
+    return Path(folder, "ranks", str(standin))

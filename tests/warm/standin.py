@@ -76,6 +76,17 @@ def end_as(returncode: int) -> None:
     os._exit(128 + sig)  # a signal whose default action is to ignore it
 
 
+def record(rank: int) -> None:
+    """Name the forked rank where a test that SIGKILLs its launcher can wait for it too: it is the
+    server's child, not this stand-in's, and dies a moment after it (child.die_with_the_standin)."""
+    path = rules.rank_record(os.environ["MPJOB_WARM_DIR"], os.getpid())
+    try:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"{rank} {rules.started_at(os.getpid())}")
+    except OSError:
+        pass
+
+
 def stand_in(path: str, message: dict[str, Any]) -> None:
     """Have the server fork the rank, pass signals on, end as it ends; returns only when the
     server refused the request (the caller then runs cold)."""
@@ -110,6 +121,7 @@ def stand_in(path: str, message: dict[str, Any]) -> None:
             os.kill(os.getpid(), sig)
         return
     rank.append(int(first["pid"]))
+    record(rank[0])
     for sig in pending:
         os.kill(rank[0], sig)
     try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests import warm
 from tests.helpers import children, gone, wait_for
 from tests.unit.localrun.test_run import manifest, mpjob_run, start_runner
 
@@ -49,6 +50,7 @@ def kill_when(out: Path, proc: Any, seen: Any) -> None:
     wait_for(lambda: (out / "attempts" / "a0" / "worker0.log").exists() and any(seen(e) for e in logged(out)), 180)
     workers = children(proc.pid)
     ranks = [pid for worker in workers for pid in children(worker)]
+    ranks += warm.forked_for(workers + ranks)  # warm ranks: the server's children, not the stand-ins'
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     wait_for(lambda: all(gone(pid) for pid in workers + ranks), 30, message="the trainers to die with the runner")

@@ -189,6 +189,7 @@ def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
     wait_for(lambda: list((out / "checkpoints").glob("step-*/manifest.json")), 120, message="a checkpoint")
     workers = children(proc.pid)
     ranks = [pid for worker in workers for pid in children(worker)]
+    ranks += warm.forked_for(workers + ranks)  # warm ranks: the server's children, not the stand-ins'
     assert workers and ranks, "the runner has no workers, or they have no training processes"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -209,6 +210,7 @@ def test_a_rerun_after_a_killed_runner_records_what_the_killed_attempt_trained(t
     wait_for(lambda: _newest_checkpoint(out) >= 20, 180, message="checkpoint 20")
     workers = children(proc.pid)
     ranks = [pid for worker in workers for pid in children(worker)]
+    ranks += warm.forked_for(workers + ranks)  # warm ranks: the server's children, not the stand-ins'
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     wait_for(lambda: all(gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
