@@ -105,13 +105,12 @@ def progress(path: Path) -> dict[str, Any]:
             collected = event["tests"]
         elif event["event"] == "start":
             started[event["test"]] = event["t"]
-            reports.setdefault(event["test"], [])
         elif event["event"] == "report":
             reports.setdefault(event["test"], []).append(event)
         elif event["event"] == "collectError" and event["test"] not in uncollected:
             uncollected.append(event["test"])
-    tests = collected or list(reports)
-    outcomes = {test: outcome(test in reports, reports.get(test, [])) for test in tests}
+    tests = collected or list(started)
+    outcomes = {test: outcome(test in started, reports.get(test, [])) for test in tests}
     counts = {field: sum(1 for o in outcomes.values() if o == kind) for kind, field in OUTCOMES.items()}
     seconds = {test: round(sum(r["seconds"] for r in rs), 1) for test, rs in reports.items()}
     slowest = sorted(seconds.items(), key=lambda item: -item[1])[:SLOWEST]

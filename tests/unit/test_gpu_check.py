@@ -78,21 +78,15 @@ def test_the_benchmark_steps_run_the_same_parts_on_cuda_and_tiny_without(
     monkeypatch.setattr(steps, "CUDA", cuda)
     ctx = runner.Context(work=tmp_path)
     argv = {step.name: step.command(ctx) for step in steps.STEPS if step.name.startswith(("bench", "fp8"))}
-    named = (
-        ("bench", "side,guard,profile,syncs"),
-        ("bench_fp32", "side"),
-        ("bench_batch", "side"),
-        ("fp8_large", "fp8"),
-    )
-    for name, parts in named:
+    parts_of = {"bench": "side,guard,profile,syncs", "bench_fp32": "side", "bench_batch": "side", "fp8_large": "fp8"}
+    for name, parts in parts_of.items():
         assert argv[name][1] == "bench/trainer_gpu.py" and argv[name][argv[name].index("--parts") + 1] == parts
         assert ("--tiny" in argv[name]) is not cuda and ("--steps" in argv[name]) is cuda
     assert argv["bench"][argv["bench"].index("--precisions") + 1] == "bf16"
     assert argv["bench_fp32"][argv["bench_fp32"].index("--precisions") + 1] == "fp32"
     batch = argv["bench_batch"]
-    assert batch[batch.index("--precisions") + 1] == "bf16" and batch[batch.index("--batch") + 1] == (
-        "64" if cuda else "16"
-    )
+    assert batch[batch.index("--precisions") + 1] == "bf16"
+    assert batch[batch.index("--batch") + 1] == ("64" if cuda else "16")
 
 
 def test_the_recompiles_of_a_run_are_read_from_its_worker_logs_without_their_prefixes(tmp_path: Path) -> None:
