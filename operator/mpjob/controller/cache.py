@@ -8,7 +8,7 @@ A reconcile reads its children here, not from the API server; a change the plann
 create) queues a reconcile of the MixedPrecisionJob it belongs to. What is kept, and for how
 long (a removed pod stays as last seen while its Job is held), is `children.py`'s.
 Children are found by their controller ownerReferences, never by label alone, and joined to
-their parent on namespace, kind, name and UID together (`records.ObjectRef`): a pod or Event of
+their parent on namespace, kind, name and UID together (`ownership.ObjectRef`): a pod or Event of
 another namespace that copies a Job's name and UID joins nothing. An unreadable object is
 skipped (and logged once).
 """
@@ -23,17 +23,9 @@ from typing import Any
 
 from mpjob.builders.attempt import LABEL_JOB
 from mpjob.controller.children import Children, Record
-from mpjob.controller.lostnodes import on_nodes
-from mpjob.controller.records import (
-    JobRecord,
-    Key,
-    Malformed,
-    ObjectRef,
-    PodRecord,
-    create_failure,
-    job_record,
-    pod_record,
-)
+from mpjob.controller.lostnodes import Nodes, on_nodes
+from mpjob.controller.ownership import Malformed, ObjectRef
+from mpjob.controller.records import JobRecord, Key, PodRecord, create_failure, job_record, pod_record
 from mpjob.controller.watch import ListWatch, Source
 from mpjob.planning.reconcile import JobView, PodView
 from mpjob_contract import api
@@ -74,9 +66,9 @@ class ChildCache:
         self._stop = threading.Event()
 
     # -------------------------------------------------------------- reading
-    def observe(self, namespace: str, name: str, uid: str, nodes: frozenset[str] | None = None) -> Observed:
+    def observe(self, namespace: str, name: str, uid: str, nodes: Nodes | None = None) -> Observed:
         """The attempts of the MixedPrecisionJob `namespace/name` whose UID is `uid` (with `nodes`,
-        the Nodes that exist: a pod running on another is lost, lostnodes.on_nodes)."""
+        the Nodes as listed: a pod running on one gone or unreachable is lost, lostnodes.on_nodes)."""
         with self._lock:
             held = self._children.of(ObjectRef(namespace, api.KIND, name, uid))
         pods = {job: [on_nodes(p.view, nodes) for p in records] for job, records in held.pods.items()}

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from mpjob.controller.records import CreateFailure, JobRecord, Key, ObjectRef, PodRecord
+from mpjob.controller.ownership import ObjectRef
+from mpjob.controller.records import CreateFailure, JobRecord, Key, PodRecord
 
 Record = JobRecord | PodRecord | CreateFailure
 

@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.builders.attempt import attempt_name
 from mpjob.controller import documents
-from mpjob.controller.records import Claim, claim
+from mpjob.controller.ownership import Claim, claim
 from mpjob.planning.classify import NAME_CONFLICT, ApiAction, ApiRule, classify_api_error
 from mpjob_contract import api
 

@@ -131,8 +131,8 @@ class Reconciler:
                 return None
             uid = body["metadata"]["uid"]
             seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
-            if lostnodes.suspect(seen) and (nodes := self.nodes.existing()) is not None:
-                seen = self.cache.observe(namespace, name, uid, nodes)  # a pod on a node gone is lost
+            if lostnodes.suspect(seen) and (nodes := self.nodes.seen()) is not None:
+                seen = self.cache.observe(namespace, name, uid, nodes)  # a pod on a node lost has ended
             now = datetime.now(UTC)
             jobs = self.queue.with_words(namespace, spec, old, seen)
             if spec.run_policy.queue_name:  # the queue's quota sizes it, not the nodes

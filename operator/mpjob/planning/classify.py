@@ -95,6 +95,7 @@ PLATFORM_REASONS: dict[str, Reason] = {
     "PreemptionByScheduler": Reason.EVICTED,
     "EvictionByEvictionAPI": Reason.EVICTED,
     "NodeLost": Reason.NODE_LOST,
+    "NodeUnreachable": Reason.NODE_LOST,
     "DeletionByTaintManager": Reason.NODE_LOST,
     "DeletionByPodGC": Reason.NODE_LOST,
     "OOMKilled": Reason.OOM_KILLED,

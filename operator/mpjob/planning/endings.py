@@ -35,6 +35,10 @@ class PodView:
     unschedulable_since: str | None = None
     #: The node the pod is bound to (spec.nodeName), if any.
     node: str | None = None
+    #: Its Ready condition is False while its containers are ready: a kubelet keeps the two
+    #: alike, so this is the node lifecycle controller's mark on the pods of a node that stopped
+    #: answering (mpjob.controller.lostnodes).
+    marked_unready: bool = False
 
 
 @dataclass(frozen=True)

@@ -154,8 +154,8 @@ def _follow(
         st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at, charged=user)
         lc.suspend(plan, when, f"attempt {current.index} stopped by runPolicy.suspend")
         return
-    if job is None and lingering and spec.elastic is not None:
-        return  # a shrunk attempt waits until its predecessor's pods are gone (no two write checkpoints)
+    if job is None and lingering:
+        return  # a new attempt waits until its predecessor's pods are gone (no two write checkpoints)
     if job is None:
         # Recorded but not created (the operator stopped in between, or a shrink): create it now.
         plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
@@ -166,8 +166,8 @@ def _follow(
     shrink = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
     if finished is None and shrink is not None:
         _resize(plan, spec, shrink, when, job=job.index)
-    elif finished is None and (lost := elastic.node_lost(spec, current, job.pods)) is not None:
-        _resize(plan, spec, lost, when, job=job.index)  # at once: the lost pod may leave no trace once peers stop
+    elif (lost := _lost_pod(job)) is not None and any(p.alive for p in job.pods):
+        _end_lost(plan, spec, job, lost, when)  # at once: the lost pod may leave no trace once peers stop
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
         _resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
@@ -198,6 +198,27 @@ def _resize(plan: Plan, spec: MixedPrecisionJobSpec, resize: elastic.Resize, whe
     plan.status.grow_after_step = None
     outcome = AttemptOutcome(None, message=resize.why, resize=resize)
     lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+    plan.create.clear()
+
+
+def _lost_pod(job: JobView) -> PodView | None:
+    """A pod of the attempt that its node took with it (gone, unreachable, or evicted from it by
+    the taint manager), if any."""
+    return next((p for p in job.pods if p.platform_reason in elastic.NODE_LOST), None)
+
+
+def _end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodView, when: When) -> None:
+    """End at once an attempt that lost a node while other ranks run: they would block in their
+    next collective until its timeout (minutes) before they fail. An elastic job shrinks to the
+    workers left; any other goes on in a new attempt. Its pods are deleted (a rank not blocked
+    checkpoints on SIGTERM) and the next attempt's Job is created once they are gone (`_follow`)."""
+    if (shrink := elastic.node_lost(spec, plan.status.attempts[-1], job.pods)) is not None:
+        _resize(plan, spec, shrink, when, job=job.index)
+        return
+    plan.delete.append(job.index)
+    why = f"pod {lost.name} was lost with its node ({lost.platform_reason}): its peers are stopped, not waited for"
+    outcome = AttemptOutcome(None, platform_reason=lost.platform_reason, message=why)
+    lc.conclude(plan, spec, attempt=plan.status.attempts[-1], outcome=outcome, when=when)
     plan.create.clear()
 
 

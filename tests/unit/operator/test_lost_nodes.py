@@ -1,6 +1,7 @@
-"""A pod on a node that is gone: the cache sees it ended by NodeLost once the reconcile passes
-the Nodes that exist (mpjob.controller.lostnodes), so a lost rank's attempt ends at once and a
-shrunk attempt does not wait for the garbage collector; when to list the Nodes at all."""
+"""A pod on a node that is gone or has stopped answering: the cache sees it ended (NodeLost,
+NodeUnreachable) once the reconcile passes the Nodes as listed (mpjob.controller.lostnodes), so
+a lost rank's attempt ends at once, elastic or not, and the next attempt does not wait for the
+garbage collector or the taint manager; when to list the Nodes at all."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from mpjob.controller.cache import ChildCache, Observed
-from mpjob.controller.lostnodes import on_nodes, suspect
+from mpjob.controller.lostnodes import Nodes, on_nodes, suspect
+from mpjob.controller.records import pod_view
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -17,16 +19,56 @@ from tests.unit.operator.test_cache import MPJ_UID, job, pod
 
 pytestmark = pytest.mark.unit
 
+UNREACHABLE = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2026-11-30T00:00:00Z"}
+
+
+def nodes(*names: str, unreachable: tuple[str, ...] = ()) -> Nodes:
+    return Nodes(frozenset(names), frozenset(unreachable))
+
 
 def test_a_running_pod_on_a_node_that_is_gone_has_ended_by_node_loss() -> None:
     running = PodView("p", 0, "Running", True, node="n2")
-    lost = on_nodes(running, frozenset({"n0", "n1"}))
+    lost = on_nodes(running, nodes("n0", "n1"))
     assert (lost.alive, lost.phase, lost.platform_reason) == (False, "Failed", "NodeLost")
-    assert on_nodes(running, frozenset({"n2"})) == running  # its node is there
+    assert on_nodes(running, nodes("n2")) == running  # its node is there
     assert on_nodes(running, None) == running  # the nodes are not known: nothing is judged
     ended = PodView("p", 0, "Failed", False, exit_code=1, node="n2")
-    assert on_nodes(ended, frozenset()) == ended  # it ended on its own: its own words stand
-    assert on_nodes(PodView("p", 0, "Pending", True), frozenset()).alive  # not bound yet
+    assert on_nodes(ended, nodes()) == ended  # it ended on its own: its own words stand
+    assert on_nodes(PodView("p", 0, "Pending", True), nodes()).alive  # not bound yet
+
+
+def test_a_running_pod_on_a_node_tainted_unreachable_has_ended_and_one_not_ready_has_not() -> None:
+    listed = Nodes.listed(
+        [
+            {"metadata": {"name": "n0"}, "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}},
+            {"metadata": {"name": "n1"}, "spec": {"taints": [UNREACHABLE]}},
+            {"metadata": {"name": "n2"}, "spec": {"taints": [{"key": "node.kubernetes.io/not-ready"}]}},
+            {"metadata": {"name": "n3"}},
+        ]
+    )
+    assert listed == nodes("n0", "n1", "n2", "n3", unreachable=("n1",))
+    cut_off = on_nodes(PodView("p", 0, "Running", True, node="n1"), listed)
+    assert (cut_off.alive, cut_off.phase, cut_off.platform_reason) == (False, "Failed", "NodeUnreachable")
+    # A kubelet that says its node is not ready still answers: its containers may train on.
+    assert on_nodes(PodView("p", 0, "Running", True, node="n2"), listed).alive
+    # The taint manager's word, once it has evicted the pod, stands before ours.
+    evicted = PodView("p", 0, "Running", True, platform_reason="DeletionByTaintManager", node="n1")
+    assert on_nodes(evicted, listed).platform_reason == "DeletionByTaintManager"
+
+
+def test_the_node_lifecycle_controllers_mark_is_read_from_the_pods_conditions() -> None:
+    def conditions(ready: str, containers: str) -> dict[str, object]:
+        body = pod(0, node="n1")
+        body["status"]["conditions"] = [
+            {"type": "Ready", "status": ready},
+            {"type": "ContainersReady", "status": containers},
+        ]
+        return body
+
+    assert pod_view(conditions("False", "True")).marked_unready  # Ready flipped alone: the mark
+    assert not pod_view(conditions("False", "False")).marked_unready  # a kubelet's own not-ready
+    assert not pod_view(conditions("True", "True")).marked_unready
+    assert not pod_view(pod(0, node="n1")).marked_unready  # no conditions yet
 
 
 def observed(*pods: PodView, finished: str | None = None, lingering: frozenset[int] = frozenset()) -> Observed:
@@ -42,6 +84,9 @@ def test_the_nodes_are_listed_only_when_an_attempt_looks_like_it_lost_one() -> N
     assert suspect(observed(up, finished="Failed"))
     assert suspect(observed(lingering=frozenset({0})))  # a Job gone, a pod of it still running
     assert not suspect(observed(PodView("c", 0, "Pending", True), failed))  # not bound: no node to lose
+    # Every rank runs, but the node lifecycle controller marked one not ready: its node stopped
+    # answering, and its peers may be blocked already.
+    assert suspect(observed(up, PodView("d", 1, "Running", True, node="n1", marked_unready=True)))
 
 
 def test_the_cache_ends_the_pods_of_a_node_gone_and_a_deleted_job_does_not_linger_on_them() -> None:
@@ -51,11 +96,28 @@ def test_the_cache_ends_the_pods_of_a_node_gone_and_a_deleted_job_does_not_linge
     cache.apply("pods", "ADDED", pod(0, rank=1, node="n1"))
     seen = cache.observe("ns", "j", MPJ_UID)
     assert [p.alive for p in seen.jobs[0].pods] == [False, True] and suspect(seen)
-    seen = cache.observe("ns", "j", MPJ_UID, frozenset({"n0"}))
+    seen = cache.observe("ns", "j", MPJ_UID, nodes("n0"))
     assert [(p.alive, p.platform_reason) for p in seen.jobs[0].pods] == [(False, None), (False, "NodeLost")]
     cache.apply("jobs", "DELETED", job(0))
     assert cache.observe("ns", "j", MPJ_UID).lingering == frozenset({0})
-    assert cache.observe("ns", "j", MPJ_UID, frozenset({"n0"})).lingering == frozenset()
+    assert cache.observe("ns", "j", MPJ_UID, nodes("n0")).lingering == frozenset()
+    assert cache.observe("ns", "j", MPJ_UID, nodes("n0", "n1", unreachable=("n1",))).lingering == frozenset()
+    assert cache.observe("ns", "j", MPJ_UID, nodes("n0", "n1")).lingering == frozenset({0})
+
+
+def test_the_mark_alone_queues_a_reconcile() -> None:
+    changed: list[object] = []
+    cache = ChildCache(changed.append)
+    cache.apply("jobs", "ADDED", job(0))
+    cache.apply("pods", "ADDED", pod(0, rank=1, node="n1"))
+    changed.clear()
+    marked = pod(0, rank=1, node="n1")
+    marked["status"]["conditions"] = [
+        {"type": "Ready", "status": "False"},
+        {"type": "ContainersReady", "status": "True"},
+    ]
+    cache.apply("pods", "MODIFIED", marked)
+    assert changed, "the node lifecycle controller's mark changed nothing the planner acts on"
 
 
 def test_a_peer_failed_beside_a_lost_node_shrinks_an_elastic_job_uncharged() -> None:
@@ -79,9 +141,48 @@ def test_a_peer_failed_beside_a_lost_node_shrinks_an_elastic_job_uncharged() -> 
     )
     failed = PodView("j-a0-0", 0, "Failed", False, exit_code=1, termination_message="peer lost", node="n0")
     also = PodView("j-a0-1", 1, "Failed", False, exit_code=1, termination_message="peer lost", node="n1")
-    lost = on_nodes(PodView("j-a0-2", 2, "Running", True, node="n2"), frozenset({"n0", "n1"}))
+    lost = on_nodes(PodView("j-a0-2", 2, "Running", True, node="n2"), nodes("n0", "n1"))
     jobs = {0: JobView(0, finished="Failed", pods=(failed, also, lost))}
     plan = reconcile(spec, status, 1, jobs, datetime.now(UTC))
     first, second = plan.status.attempts
     assert (first.reason, first.charged, second.world_size) == ("ScaledDown", False, 2), plan.status.attempts
     assert "a node was lost" in (first.message or "") and second.start_step == 20
+
+
+def test_an_attempt_that_cannot_shrink_ends_at_once_when_a_node_stops_answering() -> None:
+    """Rank 0 still runs, blocked in a collective with the rank whose node stopped answering:
+    the attempt is not left to wait for the collective's timeout. It ends NodeLost, uncharged,
+    its Job deleted; the next attempt, in the same precision from the last checkpoint, has its
+    Job created once the stopped attempt's pods are gone."""
+    spec = MixedPrecisionJobSpec.model_validate(
+        {
+            "workers": 2,
+            "task": {"builtin": "mlp"},
+            "training": {"batchSize": 4},
+            "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        }
+    )
+    status = MixedPrecisionJobStatus.model_validate(
+        {
+            "phase": "Running",
+            "attempt": 0,
+            "precision": "bf16",
+            "attempts": [{"index": 0, "precision": "bf16", "startStep": 0, "worldSize": 2}],
+            "lastCheckpoint": {"step": 20, "path": "/ck/step-000000020"},
+        }
+    )
+    blocked = PodView("j-a0-0", 0, "Running", True, node="n0")
+    cut_off = PodView("j-a0-1", 1, "Running", True, node="n1", marked_unready=True)
+    now = datetime.now(UTC)
+    waiting = reconcile(spec, status, 1, {0: JobView(0, pods=(blocked, cut_off))}, now)
+    assert (waiting.delete, len(waiting.status.attempts)) == ([], 1)  # the nodes not read yet: nothing judged
+    lost = on_nodes(cut_off, nodes("n0", "n1", unreachable=("n1",)))
+    plan = reconcile(spec, status, 1, {0: JobView(0, pods=(blocked, lost))}, now)
+    first, second = plan.status.attempts
+    assert (plan.delete, plan.create) == ([0], [])
+    assert (first.reason, first.charged) == ("NodeLost", False), first
+    assert "j-a0-1" in (first.message or "") and "NodeUnreachable" in (first.message or "")
+    assert (second.precision, second.start_step, second.world_size) == ("bf16", 20, 2)
+    assert reconcile(spec, plan.status, 1, {}, now, lingering=frozenset({0})).create == []  # rank 0 still stops
+    (created,) = reconcile(spec, plan.status, 1, {}, now).create
+    assert created.index == 1

@@ -14,7 +14,8 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.controller.cache import ChildCache
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
-from mpjob.controller.records import Claim, ObjectRef, claim, create_failure, job_record, pod_record
+from mpjob.controller.ownership import Claim, ObjectRef, claim
+from mpjob.controller.records import create_failure, job_record, pod_record
 from mpjob.controller.watch import ListWatch, Source
 from tests.unit.operator.test_cache import MPJ_UID, job, owner, pod
 
