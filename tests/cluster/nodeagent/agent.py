@@ -11,7 +11,7 @@ from kubernetes import client, config
 
 from tests.cluster.nodeagent.hosts import write_hosts
 from tests.cluster.nodeagent.log import log
-from tests.cluster.nodeagent.nodes import keep_alive, register_nodes
+from tests.cluster.nodeagent.nodes import Beat, keep_alive, register_nodes
 from tests.cluster.nodeagent.pods import PodLifecycle
 from tests.cluster.nodeagent.processes import ProcessRuntime
 from tests.cluster.nodeagent.state import AgentDirs, AgentState
@@ -46,7 +46,7 @@ class NodeAgent:
         ensure_storage_class(self.api)
         self.state.publish_hosts()
         loops: list[tuple[Callable[..., None], tuple[object, ...]]] = [
-            (keep_alive, (self.core, self.coord, self.stop, self.pods.nodes_gone)),
+            (keep_alive, (self.core, self.coord, self.stop, self.heard)),
             (self.watch.run, ()),
             (self.pods.report_exits, (self.stop,)),
             (provision_claims, (self.core, self.dirs.volumes, self.stop)),
@@ -56,9 +56,16 @@ class NodeAgent:
         log("node agent running")
         self.stop.wait()
 
+    def heard(self, beat: Beat) -> None:
+        """What a heartbeat found: nodes gone, nodes silent, and those that answer again."""
+        self.pods.nodes_gone(set(beat.gone))
+        for node in self.pods.nodes_silent(beat.silent):
+            self.watch.node_back(node)
+
     def shutdown(self) -> None:
         """Stop every pod process (the cluster is going away) and the hosts block."""
         self.stop.set()
+        self.pods.nodes_silent(frozenset())  # stopped processes go on, to be stopped for good
         for rec in list(self.state.running.values()):
             self.runtime.kill(rec, grace=SHUTDOWN_GRACE_SECONDS)
         self.state.running.clear()

@@ -15,6 +15,13 @@ that finds it missing kills its pods' processes at once and writes nothing more 
 kubelet is left to); Kubernetes' pod garbage collector deletes them later. Created again
 (`return_node`, as a returning kubelet registers), it is beaten Ready again and takes new pods.
 
+A node a test silences (`silence_node`: the annotation `mpjob.dev/test-silent`) has stopped
+answering, as a hung or cut-off machine does: its Ready condition and Lease are no longer renewed
+(the node lifecycle controller marks it Unknown and taints it `node.kubernetes.io/unreachable`
+once its grace period passes), its pods' processes are stopped where they stand, and nothing of
+its pods is written or acted on. Woken (`wake_node`), it is beaten Ready again, its processes
+go on, and its pods' pending deletions are carried out, as a kubelet that comes back does.
+
 A test that needs more GPUs on a GPU node (an elastic job growing under a raised Kueue quota)
 annotates it `mpjob.dev/test-gpus: "<n>"`; the heartbeat reports that capacity until the
 annotation goes.
@@ -26,6 +33,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -75,6 +83,7 @@ NODES: dict[str, dict[str, Any]] = {
 EXCLUSIVE_PLACEMENT = placement("own")
 HEARTBEAT_SECONDS = 8
 GPUS_ANNOTATION = "mpjob.dev/test-gpus"
+SILENT_ANNOTATION = "mpjob.dev/test-silent"
 PRESSURES = ("MemoryPressure", "DiskPressure", "PIDPressure")
 LEASE_SECONDS = 40
 
@@ -114,38 +123,61 @@ def return_node(core: Any, name: str) -> None:
     core.create_node(node_body(name))
 
 
-def heartbeat(core: Any, coord: Any) -> set[str]:
-    """Report every node Ready (with capacity and node info) and renew its Lease; the names of
-    the nodes whose Node object is gone (deleted: those are not beaten)."""
+def silence_node(core: Any, name: str) -> None:
+    """The machine `name` stops answering (module doc), from the agent's next heartbeat on."""
+    core.patch_node(name, {"metadata": {"annotations": {SILENT_ANNOTATION: "true"}}})
+
+
+def wake_node(core: Any, name: str) -> None:
+    """The machine `name` answers again, from the agent's next heartbeat on."""
+    core.patch_node(name, {"metadata": {"annotations": {SILENT_ANNOTATION: None}}})
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What one heartbeat found: the nodes whose Node object is gone, and those silenced."""
+
+    gone: frozenset[str]
+    silent: frozenset[str]
+
+
+def heartbeat(core: Any, coord: Any) -> Beat:
+    """Report every node Ready (with capacity and node info) and renew its Lease, but for the
+    nodes gone (deleted) and those silenced, which are not beaten."""
     stamp = now()
     renew_time = datetime.now(UTC)
     gone: set[str] = set()
+    silent: set[str] = set()
     for name, spec in NODES.items():
         try:
-            capacity = _capacity(core, name, spec["capacity"])
+            annotations = core.read_node(name).metadata.annotations or {}
+            if annotations.get(SILENT_ANNOTATION):
+                silent.add(name)
+                continue
+            capacity = _capacity(annotations, spec["capacity"])
             core.patch_node_status(name, {"status": node_status(name, capacity, stamp)})
         except ApiException as exc:
             if exc.status == 404:
                 gone.add(name)
                 continue
         _renew_lease(coord, name, renew_time)
-    return gone
+    return Beat(frozenset(gone), frozenset(silent))
 
 
-def _capacity(core: Any, name: str, capacity: dict[str, str]) -> dict[str, str]:
+def _capacity(annotations: dict[str, str], capacity: dict[str, str]) -> dict[str, str]:
     """The node's capacity, its GPUs as a test's annotation says (GPUS_ANNOTATION) when it has one."""
     if "nvidia.com/gpu" not in capacity:
         return capacity
-    gpus = (core.read_node(name).metadata.annotations or {}).get(GPUS_ANNOTATION)
+    gpus = annotations.get(GPUS_ANNOTATION)
     return {**capacity, "nvidia.com/gpu": gpus} if gpus and gpus.isdigit() else capacity
 
 
-def keep_alive(core: Any, coord: Any, stop: threading.Event, gone: Callable[[set[str]], None]) -> None:
-    """The heartbeat thread: `gone` hears the nodes found deleted at each beat; a failed beat is
-    logged and the next one tries again."""
+def keep_alive(core: Any, coord: Any, stop: threading.Event, heard: Callable[[Beat], None]) -> None:
+    """The heartbeat thread: `heard` hears what each beat found; a failed beat is logged and the
+    next one tries again."""
     while not stop.wait(HEARTBEAT_SECONDS):
         try:
-            gone(heartbeat(core, coord))
+            heard(heartbeat(core, coord))
         except Exception as exc:
             log(f"heartbeat failed: {exc}")
 

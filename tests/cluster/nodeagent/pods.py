@@ -10,13 +10,17 @@ later pod Running).
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.cluster.nodeagent import freeze
 from tests.cluster.nodeagent.credentials import service_account_kubeconfig
 from tests.cluster.nodeagent.hosts import pod_hosts
 from tests.cluster.nodeagent.log import log, now
@@ -47,6 +51,9 @@ class PodLifecycle:
         self.runtime = runtime
         self.server = server  # for the pods' ServiceAccount kubeconfigs
         self.ca = ca
+        #: The warm-start servers' folder, where their stand-ins name the ranks forked for them.
+        self.warm = Path(os.environ.get("MPJOB_WARM_DIR", "/nonexistent"))
+        self.stopped: dict[str, list[int]] = {}  # a silent node -> the processes stopped on it
 
     def start(self, pod: Any) -> None:
         """Start a pod bound to one of our nodes; raises if it cannot start."""
@@ -137,10 +144,29 @@ class PodLifecycle:
         for rec in ended:  # a pod collected meanwhile is not written (404)
             patch_status(self.core, rec.name, rec.namespace, status=terminated_status(rec, 137, ""))
 
+    def nodes_silent(self, silent: frozenset[str]) -> set[str]:
+        """The nodes silenced now (nodes.py): the pods of one newly silent stop where they stand;
+        those of one that answers again go on. The names of the nodes that came back."""
+        with self.state.lock:
+            hushed, woken = silent - self.state.silent_nodes, self.state.silent_nodes - silent
+            self.state.silent_nodes = set(silent)
+            stopping = [rec for rec in self.state.running.values() if rec.node in hushed]
+        for rec in stopping:
+            pids = freeze.processes(rec.pid, self.warm)
+            freeze.signal_all(pids, signal.SIGSTOP)
+            self.stopped.setdefault(rec.node, []).extend(pids)
+            log(f"node {rec.node} is silent: {rec.namespace}/{rec.name} stopped (pids {pids})")
+        for name in woken:  # the pids stopped, not a tree read now: a stopped rank's stand-in may be gone
+            freeze.signal_all(self.stopped.pop(name, []), signal.SIGCONT)
+            log(f"node {name} answers again: its processes go on")
+        return woken
+
     def report_exits(self, stop: threading.Event) -> None:
         """The exit-reporting thread: restart or finish every pod whose container exited."""
         while not stop.wait(EXIT_POLL_SECONDS):
             for rec in list(self.state.running.values()):
+                if rec.node in self.state.silent_nodes:
+                    continue  # nobody is there to report it
                 code = self.runtime.exited(rec)
                 if code is None or rec.deleting:
                     continue  # a deleting pod is reported by its deletion thread

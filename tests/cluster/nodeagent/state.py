@@ -97,6 +97,8 @@ class AgentState:
         self.lost_nodes: set[str] = set()
         #: The pods that were running on each lost node (reported Failed when it comes back).
         self.lost_pods: dict[str, list[PodProcess]] = {}
+        #: Nodes a test silenced (nodes.py): their pods' processes are stopped, nothing is written.
+        self.silent_nodes: set[str] = set()
         self._ip_counter = 0
         self._load()
 

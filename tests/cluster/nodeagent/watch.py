@@ -5,7 +5,8 @@ those the scheduler bound to our nodes, level-triggered (each event carries the 
 - deletionTimestamp set: stop it gracefully in a thread of its own (SIGTERM, the pod's grace
   period, SIGKILL), or remove the object at once if nothing of it runs here;
 - gone from the API (DELETED, or missing from a fresh list): kill its processes now;
-- bound to a node whose Node object is gone (nodes.py): left alone, as no kubelet is there.
+- bound to a node whose Node object is gone, or that is silent (nodes.py): left alone, as no
+  kubelet is there (a silent node's pods are acted on as they are when it answers again).
 
 A 410 Gone or an ERROR event lists again; any other failure is logged and retried.
 """
@@ -84,15 +85,16 @@ class PodWatch:
             self._rv = obj.metadata.resource_version
             if event["type"] == "DELETED":
                 rec = self.state.running.get(obj.metadata.uid)
-                if rec:
+                if rec and rec.node not in self.state.silent_nodes:  # else killed when it answers
                     self.pods.kill(rec, grace=0)
             elif event["type"] != "BOOKMARK":
                 self.reconcile(obj)
 
     def reconcile(self, pod: Any) -> None:
         """Act on one observed pod: start it, stop it, or leave it."""
-        if pod.spec.node_name not in NODES or pod.spec.node_name in self.state.lost_nodes:
-            return  # not ours, or its machine is gone: nothing of it runs, nobody reports it
+        node = pod.spec.node_name
+        if node not in NODES or node in self.state.lost_nodes or node in self.state.silent_nodes:
+            return  # not ours, or its machine is gone or silent: nobody acts on it or reports it
         if pod.metadata.deletion_timestamp:
             self._deleting(pod)
             return
@@ -109,6 +111,16 @@ class PodWatch:
             except Exception as exc:
                 log(f"pod {pod.metadata.namespace}/{pod.metadata.name} failed to start: {exc!r}")
                 self.pods.fail_start(pod, str(exc))
+
+    def node_back(self, node: str) -> None:
+        """A silent node answers again: act on its pods as they are now (a deletion that came
+        meanwhile is carried out)."""
+        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+        for pod in pods:
+            self.reconcile(pod)
+        listed = {pod.metadata.uid for pod in pods}
+        for rec in [r for r in list(self.state.running.values()) if r.node == node and r.uid not in listed]:
+            self.pods.kill(rec, grace=0)  # its pod went meanwhile
 
     def _deleting(self, pod: Any) -> None:
         meta = pod.metadata

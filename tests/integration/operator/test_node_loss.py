@@ -13,6 +13,14 @@ in the same precision with the same global batch. The node comes back (registere
 job grows back to 3 at its next checkpoint, to Succeeded. Across both changes the samples
 trained are exactly the data stream's, none twice, none skipped (the recording task of the
 `mpjob run` elastic test, its lines written by the pods' processes).
+
+A node can also stop answering while its Node object stays (a hung machine, a cut network): the
+node agent silences it, stopping its pods' processes where they stand, so their peers block in
+the next collective (Gloo's timeout is 30 minutes). The node lifecycle controller marks it once
+its grace period passes (the pods' Ready condition, the `unreachable` taint), and the operator
+acts on that mark, long before the taint manager would evict the pods (five minutes more): the
+elastic job shrinks and grows back when the node answers again, and a job that cannot shrink
+restarts at once on the nodes that answer, its blocked ranks stopped, not waited for.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.cluster.disruption import lose_pod, rank_pod
-from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node
+from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node, silence_node, wake_node
 from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.unit.localrun.test_elastic_run import SAMPLES, SEED, stream, trained
@@ -40,11 +48,12 @@ STEPS, GLOBAL_BATCH = 120, 12
 
 @pytest.fixture
 def trio(core: client.CoreV1Api) -> Iterator[list[str]]:
-    """The pool's three nodes; any of them a test removed is registered again after it."""
+    """The pool's three nodes; any of them a test removed or silenced is back after it."""
     yield TRIO
     for name in TRIO:
         with contextlib.suppress(ApiException):  # 409: it is there
             return_node(core, name)
+        wake_node(core, name)
     wait_for(lambda: all(_ready(core, name) for name in TRIO), 60, message="the trio nodes Ready")
 
 
@@ -53,7 +62,7 @@ def _ready(core: client.CoreV1Api, name: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
-def _spec(claim: str, record: Path) -> dict[str, Any]:
+def _spec(claim: str, record: Path, workers: int = 3) -> dict[str, Any]:
     # No PYTHONPATH: the test node's pods import this checkout already, and one set here would
     # replace the node's, warm-start hook and all (every rank would start cold).
     env = [{"name": "MPJOB_TEST_RECORD", "value": str(record)}]
@@ -62,7 +71,7 @@ def _spec(claim: str, record: Path) -> dict[str, Any]:
     # node back Ready at the one after, and each attempt must still be training by then.
     task_args = {"samples": SAMPLES, "stepDelay": {"bf16": 0.1}, "sampleDelay": {"0": 0.05, "1": 0.05}}
     return {
-        "workers": 3,
+        "workers": workers,
         "task": {"module": "tests.unit.localrun.elastic_task:make_task", "args": task_args},
         "training": {"steps": STEPS, "batchSize": 4, "logEvery": 5, "learningRate": 1e-3, "seed": SEED},
         "precision": {"mode": "bf16", "fallback": ["fp32"]},
@@ -105,6 +114,76 @@ def test_a_node_removed_shrinks_the_job_at_once_and_its_return_grows_it_back(
     for a in attempts:
         assert a["worldSize"] * a["microBatch"] * a["gradAccumulation"] == GLOBAL_BATCH
     assert trained(attempts, record) == stream(STEPS * GLOBAL_BATCH)
+
+
+def _silenced_at_a_checkpoint(jobs: Jobs, name: str, rank: int) -> str:
+    """Once job `name` has a checkpoint, the node of `rank` (of its first attempt) is silenced."""
+    jobs.wait_status(name, lambda s: (s.get("lastCheckpoint") or {}).get("step", 0) >= 20, 240, "a checkpoint")
+    node = str(rank_pod(jobs.core, jobs.namespace, name, 0, rank).spec.node_name)
+    assert node in TRIO
+    silence_node(jobs.core, node)
+    return node
+
+
+def _not_evicted(jobs: Jobs, name: str, rank: int) -> None:
+    """The first attempt's pod of `rank` was never evicted by the taint manager: the operator
+    acted on the node lifecycle controller's mark, not on an eviction."""
+    selector = f"mpjob.dev/job={name},mpjob.dev/attempt=0"
+    for pod in jobs.core.list_namespaced_pod(jobs.namespace, label_selector=selector).items:
+        if pod.metadata.name.startswith(f"{name}-a0-{rank}-"):
+            reasons = [c.reason for c in pod.status.conditions or [] if c.type == "DisruptionTarget"]
+            assert reasons == [], reasons
+
+
+def test_a_node_that_stops_answering_shrinks_the_job_at_its_mark_and_grows_it_back_when_it_answers(
+    operator: Operator, jobs: Jobs, trio: list[str], tmp_path: Path
+) -> None:
+    jobs.pvc("ckpt")
+    record = tmp_path / "samples.txt"
+    jobs.create("hush", _spec("ckpt", record))
+    silent = _silenced_at_a_checkpoint(jobs, "hush", 2)
+
+    def training_at_two(status: dict[str, Any]) -> bool:
+        attempts = status.get("attempts") or []
+        return len(attempts) == 2 and status.get("phase") == "Running" and status.get("step", 0) > 40
+
+    # The mark comes after the controller's grace period (50 s); the eviction 300 s after that.
+    jobs.wait_status("hush", training_at_two, 240, "attempt 1 training on 2 workers")
+    _not_evicted(jobs, "hush", 2)
+    wake_node(jobs.core, silent)
+    status = jobs.wait_phase("hush", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    attempts = status["attempts"]
+    sizes = [(a["precision"], a["worldSize"], a["reason"], a["charged"]) for a in attempts]
+    expected = [("bf16", 3, "ScaledDown", False), ("bf16", 2, "ScaledUp", False), ("bf16", 3, "Succeeded", True)]
+    assert sizes == expected, [(a["startStep"], a.get("endStep"), a.get("message")) for a in attempts]
+    assert "a node was lost" in attempts[0]["message"]
+    assert attempts[1]["startStep"] >= 20 and attempts[1]["startStep"] % 20 == 0
+    assert trained(attempts, record) == stream(STEPS * GLOBAL_BATCH)
+
+
+def test_a_job_that_cannot_shrink_restarts_at_once_on_the_nodes_that_answer(
+    operator: Operator, jobs: Jobs, trio: list[str], tmp_path: Path
+) -> None:
+    jobs.pvc("ckpt")
+    record = tmp_path / "samples.txt"
+    spec = {**_spec("ckpt", record, workers=2), "elastic": None}
+    jobs.create("stuck", {k: v for k, v in spec.items() if v is not None})
+    silent = _silenced_at_a_checkpoint(jobs, "stuck", 1)
+    status = jobs.wait_phase("stuck", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    _not_evicted(jobs, "stuck", 1)
+    first, second = status["attempts"]
+    assert (first["precision"], first["reason"], first["charged"]) == ("bf16", "NodeLost", False), first
+    assert "NodeUnreachable" in first["message"]
+    assert (second["precision"], second["worldSize"], second["reason"]) == ("bf16", 2, "Succeeded")
+    assert second["startStep"] >= 20 and second["startStep"] % 20 == 0
+    placed = {
+        p.spec.node_name
+        for p in jobs.core.list_namespaced_pod(jobs.namespace, label_selector="mpjob.dev/attempt=1").items
+    }
+    assert silent not in placed and len(placed) == 2, placed
+    assert trained(status["attempts"], record) == stream(STEPS * 2 * 4)
 
 
 def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkpoint(
