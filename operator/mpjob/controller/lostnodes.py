@@ -24,6 +24,8 @@ and waits for the garbage collector and the taint manager, as before.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from mpjob.controller.cluster import Cluster
 
 QUIET_SECONDS = 300.0
+#: How long one list of the Nodes answers for (NodeReader).
+FRESH_SECONDS = 5.0
 #: The taint the node lifecycle controller puts on a node whose kubelet stopped renewing its
 #: Lease and status (its Ready condition Unknown).
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -91,13 +95,23 @@ def suspect(seen: Observed) -> bool:
 
 
 class NodeReader:
-    """The Nodes, read on demand (quiet after a 403 or 404)."""
+    """The Nodes, read on demand (quiet after a 403 or 404). A list is used for FRESH_SECONDS:
+    every job with a pod on a lost node asks at each of its reconciles (while that pod stays in
+    the API, which for a node that stopped answering is until it returns or is deleted), and a
+    cluster's Node list is large."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._list = cluster.core.list_node
         self._reads = QuietReads(QUIET_SECONDS)
+        self._clock = clock
+        self._last: tuple[float, Nodes] | None = None  # replaced whole: a reader thread sees one or the other
 
     def seen(self) -> Nodes | None:
-        if (listed := self._reads.read("nodes", self.cluster.core.list_node)) is None:
+        now, last = self._clock(), self._last
+        if last is not None and now - last[0] < FRESH_SECONDS:
+            return last[1]
+        if (listed := self._reads.read("nodes", self._list)) is None:
             return None
-        return Nodes.listed(listed.get("items") or [])
+        nodes = Nodes.listed(listed.get("items") or [])
+        self._last = (now, nodes)
+        return nodes

@@ -6,16 +6,20 @@ garbage collector or the taint manager; when to list the Nodes at all."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from mpjob.controller.cache import ChildCache, Observed
-from mpjob.controller.lostnodes import Nodes, on_nodes, suspect
+from mpjob.controller.lostnodes import FRESH_SECONDS, NodeReader, Nodes, on_nodes, suspect
 from mpjob.controller.records import pod_view
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from tests.unit.operator.test_cache import MPJ_UID, job, pod
+from tests.unit.operator.test_elastic_queue import Response
 
 pytestmark = pytest.mark.unit
 
@@ -186,3 +190,33 @@ def test_an_attempt_that_cannot_shrink_ends_at_once_when_a_node_stops_answering(
     assert reconcile(spec, plan.status, 1, {}, now, lingering=frozenset({0})).create == []  # rank 0 still stops
     (created,) = reconcile(spec, plan.status, 1, {}, now).create
     assert created.index == 1
+
+
+class Core:
+    """The Node list as the API serves it, counting the lists; `denied`: a chart without the rule."""
+
+    def __init__(self, denied: bool = False) -> None:
+        self.denied, self.lists, self.taints = denied, 0, [UNREACHABLE]
+
+    def list_node(self, **_: Any) -> Response:
+        self.lists += 1
+        if self.denied:
+            raise ApiException(status=403)
+        return Response(
+            {"items": [{"metadata": {"name": "n0"}}, {"metadata": {"name": "n1"}, "spec": {"taints": self.taints}}]}
+        )
+
+
+def test_one_list_of_the_nodes_answers_every_reconcile_for_a_few_seconds_and_a_403_quiets_them() -> None:
+    now = [0.0]
+    core = Core()
+    reader = NodeReader(cast(Any, SimpleNamespace(core=core)), clock=lambda: now[0])
+    assert reader.seen() == nodes("n0", "n1", unreachable=("n1",))
+    core.taints = []  # n1 answers again
+    now[0] = FRESH_SECONDS - 0.1
+    assert reader.seen() == nodes("n0", "n1", unreachable=("n1",)) and core.lists == 1
+    now[0] = FRESH_SECONDS
+    assert reader.seen() == nodes("n0", "n1") and core.lists == 2
+    refused = Core(denied=True)
+    quiet = NodeReader(cast(Any, SimpleNamespace(core=refused)), clock=lambda: now[0])
+    assert (quiet.seen(), quiet.seen(), refused.lists) == (None, None, 1)
