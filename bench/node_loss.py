@@ -15,7 +15,14 @@ node agent notices at its next heartbeat, within 8 s, and kills that pod's proce
 fail at their next collective; the operator sees the running pod on a node that no longer
 exists as lost). The node is registered again after each run.
 
-    make cluster && PYTHONPATH=. uv run --no-sync python bench/node_loss.py [--runs 3] [--remove-node]
+With `--silence-node` worker 2's node stops answering instead (the node agent renews neither its
+Ready condition nor its Lease and stops its pods' processes where they stand, so the peers block
+in their next collective): the node lifecycle controller marks it after its grace period, the
+operator ends the attempt at that mark, and the blocked ranks are stopped (SIGTERM, then SIGKILL
+after the pod's grace period) before the smaller attempt starts. The node answers again after
+each run.
+
+    make cluster && PYTHONPATH=. uv run --no-sync python bench/node_loss.py [--runs 3] [--remove-node | --silence-node]
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from kubernetes import client
 from bench.operator_scale import stop_operator, wait_gone
 from bench.recovery_cluster import GROUP, PLURAL, VERSION, namespace_with_operator, pod_lines
 from tests.cluster.disruption import lose_pod, rank_pod
-from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node
+from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node, silence_node, wake_node
 from tests.helpers import wait_for
 
 CLAIM = "ckpt"
@@ -51,36 +58,33 @@ def lose_a_node(core: client.CoreV1Api, ns: str, name: str) -> float:
     return lose_pod(core, ns, rank_pod(core, ns, name, 0, 2).metadata.name)
 
 
-def remove_its_node(core: client.CoreV1Api, ns: str, name: str) -> tuple[float, str]:
-    """Worker 2's Node deleted; the moment, and the node's name."""
-    node = rank_pod(core, ns, name, 0, 2).spec.node_name
-    lost = time.time()
-    remove_node(core, node)
-    return lost, node
-
-
-def spec(whole_node: bool) -> dict[str, Any]:
-    if not whole_node:
+def spec(how: str) -> dict[str, Any]:
+    if how == "pod":
         return SPEC
     return {**SPEC, "resources": {"gpusPerWorker": 1}, "template": placement("trio")}
 
 
-def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, whole_node: bool) -> dict[str, float]:
+def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, how: str) -> dict[str, float]:
+    """One job through the loss `how` ("pod", "remove", "silence"): the spans from the loss."""
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MixedPrecisionJob", "metadata": {"name": name},
-            "spec": spec(whole_node)}  # fmt: skip
+            "spec": spec(how)}  # fmt: skip
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
 
     def status() -> dict[str, Any]:
         return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
 
     wait_for(lambda: (status().get("lastCheckpoint") or {}).get("step", 0) >= 20, 300, 0.5, "a checkpoint")
-    if whole_node:
-        lost, node = remove_its_node(core, ns, name)
-        wait_for(lambda: len(status().get("attempts") or []) == 2, 300, 0.5, "the smaller attempt")
-        return_node(core, node)  # the job grows back to 3 at its next checkpoint
-    else:
+    spans: dict[str, float] = {}
+    if how == "pod":
         lost = lose_a_node(core, ns, name)
+    else:
+        node = rank_pod(core, ns, name, 0, 2).spec.node_name
+        lost = time.time()
+        (remove_node if how == "remove" else silence_node)(core, node)
+        wait_for(lambda: len(status().get("attempts") or []) == 2, 600, 0.5, "the smaller attempt")
+        spans["node lost -> attempt ended (seen in its status)"] = time.time() - lost
+        (return_node if how == "remove" else wake_node)(core, node)  # it grows back at its next checkpoint
     done = wait_for(lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s, 600, 0.5, "the end")
     sizes = [a["worldSize"] for a in done["attempts"]]
     assert done["phase"] == "Succeeded" and sizes[:2] == [3, 2], done["attempts"]
@@ -90,6 +94,7 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, whole_no
     stepped = next(e["time"] for e in new if e["event"] == "step")
     return {
         "node lost -> first step at 2 workers": stepped - lost,
+        **spans,
         "node lost -> old attempt's rank 0 last line (SIGTERM: checkpoint; or its peer's loss)": old[-1]["time"] - lost,
         "node lost -> new pod's first line": new[0]["time"] - lost,
         "new pod's first line -> checkpoint loaded": resumed - new[0]["time"],
@@ -97,15 +102,16 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, whole_no
     }
 
 
-def measure(runs: int, whole_node: bool) -> list[dict[str, float]]:
+def measure(runs: int, how: str) -> list[dict[str, float]]:
     api, kubeconfig, ns, op = namespace_with_operator("nodeloss", CLAIM)
     core = client.CoreV1Api(api)
     try:
-        return [one_job(api, kubeconfig, ns, f"lost-{k}", whole_node) for k in range(runs)]
+        return [one_job(api, kubeconfig, ns, f"lost-{k}", how) for k in range(runs)]
     finally:
         for node in (n for n in NODES if n.startswith("gpu-node-trio-")):
             with contextlib.suppress(client.ApiException):  # 409: it is there
                 return_node(core, node)
+            wake_node(core, node)
         stop_operator(op)
         core.delete_namespace(ns, propagation_policy="Foreground")
         wait_gone(core, ns)
@@ -114,9 +120,11 @@ def measure(runs: int, whole_node: bool) -> list[dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--remove-node", action="store_true", help="delete the Node itself (the trio pool)")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--remove-node", action="store_true", help="delete the Node itself (the trio pool)")
+    how.add_argument("--silence-node", action="store_true", help="the node stops answering (the trio pool)")
     args = parser.parse_args()
-    rows = measure(args.runs, args.remove_node)
+    rows = measure(args.runs, "remove" if args.remove_node else "silence" if args.silence_node else "pod")
     for key in rows[0]:
         values = [row[key] for row in rows]
         each = ", ".join(f"{v:.2f}" for v in values)
