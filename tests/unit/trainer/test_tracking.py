@@ -4,7 +4,10 @@ that refuses or never answers costs the training thread nothing, and is counted.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -103,3 +106,20 @@ def test_a_refused_server_is_counted_and_never_raised(
     wait_for(lambda: failures(metrics) >= 1, 60, message="a counted failure")
     assert "mpjob: tracking failed" in capsys.readouterr().err
     assert track(launch("http://x:1"), rank0=False, digest="d", metrics=metrics) is None
+
+
+@pytest.mark.process
+def test_mlflows_usage_telemetry_is_off_in_a_trainer_that_tracks() -> None:
+    """A process outside CI and tests (where MLflow turns it off by itself) that opens the
+    tracking client: MLflow starts no telemetry client (and no thread fetching its settings)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_CURRENT_TEST", "GITHUB_ACTIONS")}
+    env.pop("MLFLOW_DISABLE_TELEMETRY", None)
+    code = (
+        "from mpjob_trainer.tracking.mlflow_run import MlflowRuns\n"
+        "MlflowRuns(uri='http://127.0.0.1:1', experiment='e', key='k')\n"
+        "from mlflow.telemetry.client import get_telemetry_client\n"
+        "print(get_telemetry_client())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "None", out.stdout

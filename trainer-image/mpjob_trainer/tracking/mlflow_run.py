@@ -25,8 +25,16 @@ from mpjob_trainer.tracking.records import (
 )
 
 #: MLflow's client retries a failed request for minutes by default; the tracking thread may
-#: not hold the end of an attempt that long. The user's own settings win.
-CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+#: not hold the end of an attempt that long. Its usage telemetry is off: a trainer pod reaches
+#: the tracking server it was given and nothing else, and the thread that fetched the telemetry
+#: settings at import, failing (no route out), removed an environment variable while the
+#: client's first request read it (a KeyError that failed the attempt's run). The user's own
+#: settings win.
+CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}
 #: MLflow's log_batch limit on metrics per request.
 BATCH_METRICS = 1000
 
