@@ -101,7 +101,7 @@ class NodeReader:
     cluster's Node list is large."""
 
     def __init__(self, cluster: Cluster, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._list = cluster.core.list_node
+        self.cluster = cluster
         self._reads = QuietReads(QUIET_SECONDS)
         self._clock = clock
         self._last: tuple[float, Nodes] | None = None  # replaced whole: a reader thread sees one or the other
@@ -110,7 +110,7 @@ class NodeReader:
         now, last = self._clock(), self._last
         if last is not None and now - last[0] < FRESH_SECONDS:
             return last[1]
-        if (listed := self._reads.read("nodes", self._list)) is None:
+        if (listed := self._reads.read("nodes", self.cluster.core.list_node)) is None:
             return None
         nodes = Nodes.listed(listed.get("items") or [])
         self._last = (now, nodes)
