@@ -52,6 +52,9 @@ class Reason(StrEnum):
     #: spec.elastic: the cluster holds more workers again; the attempt ended at a checkpoint so
     #: that the next one runs with more: uncharged.
     SCALED_UP = "ScaledUp"
+    #: runPolicy.progressDeadlineSeconds: the attempt's step did not advance that long while its
+    #: rank 0 was read (a hung collective, a stuck data loader or filesystem): ended by the operator.
+    STALLED = "Stalled"
 
 
 class FinishReason(StrEnum):

@@ -38,6 +38,7 @@ class Fault(StrEnum):
     OUT_OF_DEVICE_MEMORY = "OutOfDeviceMemory"
     PREEMPTED = "Preempted"
     INFRA_ERROR = "InfraError"
+    STALLED = "Stalled"
 
 
 class FaultAction(StrEnum):
@@ -64,6 +65,7 @@ ACTIONS: dict[Fault, tuple[FaultAction, ...]] = {
     Fault.OUT_OF_DEVICE_MEMORY: (FaultAction.SMALLER_MICRO_BATCH, FaultAction.RETRY, FaultAction.FAIL),
     Fault.PREEMPTED: (FaultAction.RETRY, FaultAction.FAIL),
     Fault.INFRA_ERROR: (FaultAction.RETRY, FaultAction.FAIL),
+    Fault.STALLED: (FaultAction.RETRY, FaultAction.FAIL),
 }
 #: An attempt's reason -> the fault it is (reasons not listed are not faults a policy rules on).
 _FAULT_OF_REASON: dict[Reason, Fault] = {
@@ -75,6 +77,7 @@ _FAULT_OF_REASON: dict[Reason, Fault] = {
     Reason.INFRA_ERROR: Fault.INFRA_ERROR,
     Reason.DELETED: Fault.INFRA_ERROR,
     Reason.NODE_LOST: Fault.INFRA_ERROR,
+    Reason.STALLED: Fault.STALLED,
 }
 #: A numeric fault's guard rule that is a fault of its own.
 _FAULT_OF_RULE: dict[str, Fault] = {

@@ -112,9 +112,23 @@ class Resources(ApiModel):
     )
 
 
+#: runPolicy.progressDeadlineSeconds' bounds: a hung attempt is never judged on a few missed reads, nor
+#: allowed to hold its GPUs longer than a week.
+MIN_PROGRESS_DEADLINE_SECONDS, MAX_PROGRESS_DEADLINE_SECONDS = 30, 7 * 24 * 3600
+
+
 class RunPolicy(ApiModel):
     max_attempts: int = Field(6, ge=1, le=MAX_ATTEMPTS_LIMIT, description="Attempts in all.")
     active_deadline_seconds: int | None = Field(None, ge=1, description="Whole-job deadline.")
+    progress_deadline_seconds: int | None = Field(
+        None,
+        ge=MIN_PROGRESS_DEADLINE_SECONDS,
+        le=MAX_PROGRESS_DEADLINE_SECONDS,
+        description="End a running attempt whose step has not advanced this long, counted from the operator's "
+        "first read of its rank 0's metrics (so its start-up, compile and checkpoint saves count: leave room for "
+        "them), as Stalled: retried in the same precision from the newest checkpoint (faultPolicy fault Stalled). "
+        "Unset: never.",
+    )
     ttl_seconds_after_finished: int | None = Field(
         None, ge=0, description="Delete the children this long after the job finished."
     )

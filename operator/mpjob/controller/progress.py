@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from mpjob.controller import metrics as om
 from mpjob.controller.exposition import FIGURES, PRECISIONS, Exposition, parse
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
+from mpjob.planning import history
 from mpjob.planning.classify import backoff_seconds
 from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
@@ -160,6 +162,12 @@ class Target:
     port: int = tm.DEFAULT_METRICS_PORT
 
 
+#: A poll of a running attempt: what the last finished read found (its target and figures), and
+#: how long the attempt's step has stood still (ProgressReader.still_for).
+Read = tuple[tuple[Target, dict[str, Any]] | None, float | None]
+NOT_READ: Read = (None, None)
+
+
 @dataclass
 class _Endpoint:
     target: Target
@@ -167,14 +175,20 @@ class _Endpoint:
     reading: dict[str, Any] | None = None
     failures: int = 0
     not_before: float = 0.0
+    #: The step the last answering read showed (None: no real step yet), and since when (the
+    #: clock's time; None: no read has answered).
+    step: int | None = None
+    moved: float | None = None
 
 
 class ProgressReader:
     """Reads of rank-0 endpoints in a pool of `concurrency` threads, each read bounded by
     `deadline` seconds and `max_bytes` bytes; at most one read per job at a time."""
 
-    def __init__(self, *, concurrency: int, deadline: float, max_bytes: int) -> None:
-        self.deadline, self.max_bytes = deadline, max_bytes
+    def __init__(
+        self, *, concurrency: int, deadline: float, max_bytes: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.deadline, self.max_bytes, self._clock = deadline, max_bytes, clock
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="mpjob-progress")
         self._lock = threading.Lock()
         self._endpoints: dict[Key, _Endpoint] = {}
@@ -194,10 +208,32 @@ class ProgressReader:
             endpoint = self._endpoints.get(key)
             if endpoint is None or endpoint.target != target:
                 endpoint = self._endpoints[key] = _Endpoint(target)
-            if endpoint.busy or time.monotonic() < endpoint.not_before:
+            if endpoint.busy or self._clock() < endpoint.not_before:
                 return
             endpoint.busy = True
         self._pool.submit(self._read, key, endpoint)
+
+    def poll(self, key: Key, status: MixedPrecisionJobStatus, rank0_ip: dict[int, str]) -> Read:
+        """For a running job: what the last finished read of its attempt's rank 0 (at its address
+        in `rank0_ip`) found, if any, and how long its step has stood still (None: not known); the
+        next read starts (off the caller's thread: a slow endpoint never holds a reconcile)."""
+        ip = rank0_ip.get(history.job_index(status, status.attempt))  # one begun in place: its chain's
+        if status.phase != "Running" or not ip:
+            return NOT_READ
+        target = Target(attempt=status.attempt, ip=ip, precision=status.precision)
+        reading = self.take(key, target)
+        self.request(key, target)
+        return ((target, reading) if reading else None), self.still_for(key, target)
+
+    def still_for(self, key: Key, target: Target) -> float | None:
+        """Seconds since `target`'s step last moved as its answering reads showed, counted from
+        the first that answered (None: none has). Reads that fail meanwhile do not stop it: a
+        trainer hung hard enough not to answer has not moved either."""
+        with self._lock:
+            endpoint = self._endpoints.get(key)
+            if endpoint is None or endpoint.target != target or endpoint.moved is None:
+                return None
+            return self._clock() - endpoint.moved
 
     def forget(self, key: Key) -> None:
         with self._lock:
@@ -225,6 +261,9 @@ class ProgressReader:
                 om.SCRAPE_FAILURES.inc()
                 endpoint.failures += 1
                 delay = backoff_seconds(endpoint.failures, base=self.deadline, cap=BACKOFF_CAP)
-                endpoint.not_before = time.monotonic() + delay
+                endpoint.not_before = self._clock() + delay
             else:
                 endpoint.failures, endpoint.reading = 0, reading
+                step = reading.get("step")
+                if endpoint.moved is None or step != endpoint.step:
+                    endpoint.step, endpoint.moved = step, self._clock()

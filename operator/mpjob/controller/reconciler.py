@@ -30,12 +30,12 @@ from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.profiles import ProfileRequests
-from mpjob.controller.progress import ProgressReader, Target, changes_found, found_reading
+from mpjob.controller.progress import NOT_READ, ProgressReader, Target, changes_found, found_reading
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
-from mpjob.planning import history, skipped
 from mpjob.planning import lifecycle as lc
+from mpjob.planning import skipped
 from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.lifecycle import Plan, When
@@ -140,9 +140,11 @@ class Reconciler:
             else:
                 fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
             generation = body["metadata"].get("generation")
-            read = self._read((namespace, name), old, seen) if progress and old.phase == "Running" else None
+            read, still = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else NOT_READ
             made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
-            plan = reconcile(spec, old, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made)
+            plan = reconcile(
+                spec, old, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made, still_for=still
+            )
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)
             if refusal is not None:
@@ -262,17 +264,6 @@ class Reconciler:
         for event in plan.events:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
         self.phases[body["metadata"]["uid"]] = plan.status.phase
-
-    def _read(self, key: Key, status: MixedPrecisionJobStatus, seen: Observed) -> tuple[Target, dict[str, Any]] | None:
-        """What the last finished read of the running attempt's rank 0 found, if any; the next
-        read starts (off this thread: a slow endpoint never holds a reconcile)."""
-        ip = seen.rank0_ip.get(history.job_index(status, status.attempt))  # one begun in place: its chain's
-        if not ip:
-            return None
-        target = Target(attempt=status.attempt, ip=ip, precision=status.precision)
-        reading = self.progress.take(key, target)
-        self.progress.request(key, target)
-        return (target, reading) if reading else None
 
     def _progress(
         self, body: dict[str, Any], status: MixedPrecisionJobStatus, target: Target, reading: dict[str, Any]

@@ -76,6 +76,11 @@ FAILURE_POLICY: tuple[Rule, ...] = (
     Rule(Reason.DELETED, Action.SAME_PRECISION, "the pod was deleted or killed by a signal"),
     Rule(Reason.NODE_LOST, Action.SAME_PRECISION, "the node went away"),
     Rule(Reason.INFRA_ERROR, Action.SAME_PRECISION, "an infrastructure failure: try again"),
+    Rule(
+        Reason.STALLED,
+        Action.SAME_PRECISION,
+        "no step for runPolicy.progressDeadlineSeconds (a hung collective, data loader or filesystem): try again",
+    ),
     Rule(Reason.OOM_KILLED, Action.FAIL, "host memory ran out (the kernel killed the container): raise its limit"),
     Rule(Reason.IMAGE_PULL, Action.FAIL, "the trainer image cannot be pulled"),
     Rule(Reason.DEADLINE_EXCEEDED, Action.FAIL, "runPolicy.activeDeadlineSeconds passed"),
@@ -103,6 +108,7 @@ PLATFORM_REASONS: dict[str, Reason] = {
     "ImagePullBackOff": Reason.IMAGE_PULL,
     "InvalidImageName": Reason.IMAGE_PULL,
     "DeadlineExceeded": Reason.DEADLINE_EXCEEDED,
+    "Stalled": Reason.STALLED,  # the operator's own verdict (runPolicy.progressDeadlineSeconds)
     "PodDeleted": Reason.DELETED,
 }
 

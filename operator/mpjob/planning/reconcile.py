@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import cost, elastic, history, inplace
+from mpjob.planning import cost, cutoff, elastic, history, inplace
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -49,11 +49,14 @@ def reconcile(
     lingering: frozenset[int] = frozenset(),
     fits: int | None = None,
     changes: Sequence[InPlaceChange] = (),
+    still_for: float | None = None,
 ) -> Plan:
     """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
     Job is gone but some pod still runs (terminating); `fits` the workers of the job the cluster
     holds now (spec.elastic grows on it; None: not read); `changes` the fallbacks in place a
-    read of the running attempt found (`inplace.record` keeps those the status lacks)."""
+    read of the running attempt found (`inplace.record` keeps those the status lacks);
+    `still_for` the seconds the running attempt's step has not moved as its reads saw (None: not
+    read; runPolicy.progressDeadlineSeconds judges it)."""
     status = status.model_copy(deep=True)
     status.observed_generation = generation
     status.total_steps = spec.training.steps
@@ -74,7 +77,7 @@ def reconcile(
         job = running_job(status, jobs)
         current = job.index if job is not None else status.attempts[-1].index
         earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
-        _follow(plan, spec, job, when, lingering=earlier, fits=fits)
+        _follow(plan, spec, job, when, lingering=earlier, fits=fits, still_for=still_for)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -140,10 +143,18 @@ def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView],
 
 
 def _follow(
-    plan: Plan, spec: MixedPrecisionJobSpec, job: JobView | None, when: When, *, lingering: bool, fits: int | None
+    plan: Plan,
+    spec: MixedPrecisionJobSpec,
+    job: JobView | None,
+    when: When,
+    *,
+    lingering: bool,
+    fits: int | None,
+    still_for: float | None = None,
 ) -> None:
     """The current attempt runs: suspend it, (re)create its Job, watch it, resize it, or end it
-    (`lingering`: some pod of an earlier attempt still stops; `fits`: workers the cluster holds)."""
+    (`lingering`: some pod of an earlier attempt still stops; `fits`: workers the cluster holds;
+    `still_for`: seconds its step has not moved)."""
     status = plan.status
     current = status.attempts[-1]
     if spec.run_policy.suspend:
@@ -165,11 +176,13 @@ def _follow(
     now = _parse_time(when.at) or datetime.now(UTC)
     shrink = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
     if finished is None and shrink is not None:
-        _resize(plan, spec, shrink, when, job=job.index)
-    elif (lost := _lost_pod(job)) is not None and any(p.alive for p in job.pods):
-        _end_lost(plan, spec, job, lost, when)  # at once: the lost pod may leave no trace once peers stop
+        cutoff.resize(plan, spec, shrink, when, job=job.index)
+    elif (lost := cutoff.lost_pod(job)) is not None and any(p.alive for p in job.pods):
+        cutoff.end_lost(plan, spec, job, lost, when)  # at once: the lost pod may leave no trace once peers stop
+    elif finished is None and (stall := cutoff.stalled(spec, still_for)) is not None:
+        cutoff.end_now(plan, spec, job, AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=stall), when)
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
-        _resize(plan, spec, grow, when, job=job.index)
+        cutoff.resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
@@ -188,38 +201,6 @@ def _grown(status: MixedPrecisionJobStatus, grow: elastic.Resize | None) -> elas
         return None
     ckpt = status.last_checkpoint
     return grow if ckpt is not None and ckpt.step > status.grow_after_step else None
-
-
-def _resize(plan: Plan, spec: MixedPrecisionJobSpec, resize: elastic.Resize, when: When, *, job: int) -> None:
-    """End the attempt for a size change and record the next one, whose Job is created once the
-    ended attempt's pods (its Job `job`) are gone (they get SIGTERM: a trainer checkpoints first)."""
-    current = plan.status.attempts[-1]
-    plan.delete.append(job)
-    plan.status.grow_after_step = None
-    outcome = AttemptOutcome(None, message=resize.why, resize=resize)
-    lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
-    plan.create.clear()
-
-
-def _lost_pod(job: JobView) -> PodView | None:
-    """A pod of the attempt that its node took with it (gone, unreachable, or evicted from it by
-    the taint manager), if any."""
-    return next((p for p in job.pods if p.platform_reason in elastic.NODE_LOST), None)
-
-
-def _end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodView, when: When) -> None:
-    """End at once an attempt that lost a node while other ranks run: they would block in their
-    next collective until its timeout (minutes) before they fail. An elastic job shrinks to the
-    workers left; any other goes on in a new attempt. Its pods are deleted (a rank not blocked
-    checkpoints on SIGTERM) and the next attempt's Job is created once they are gone (`_follow`)."""
-    if (shrink := elastic.node_lost(spec, plan.status.attempts[-1], job.pods)) is not None:
-        _resize(plan, spec, shrink, when, job=job.index)
-        return
-    plan.delete.append(job.index)
-    why = f"pod {lost.name} was lost with its node ({lost.platform_reason}): its peers are stopped, not waited for"
-    outcome = AttemptOutcome(None, platform_reason=lost.platform_reason, message=why)
-    lc.conclude(plan, spec, attempt=plan.status.attempts[-1], outcome=outcome, when=when)
-    plan.create.clear()
 
 
 def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:

@@ -65,6 +65,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("working-dir-without-command", bad("spec.task", {"builtin": "gpt", "workingDir": "/app"}), "task.workingDir"),
     ("zero-processes", bad("spec.resources.processesPerWorker", 0), "processesPerWorker"),
     ("zero-workers", bad("spec.workers", 0), "spec.workers"),
+    ("progress-deadline-too-short", bad("spec.runPolicy.progressDeadlineSeconds", 5), "progressDeadlineSeconds"),
     ("negative-steps", bad("spec.training.steps", -5), "spec.training.steps"),
     ("unknown-compile-mode", bad("spec.training.compile", "fast"), "spec.training.compile"),
     ("too-many-data-workers", bad("spec.training.dataWorkers", 65), "spec.training.dataWorkers"),

@@ -26,6 +26,7 @@ EXPECTED_ALLOWED = {
     (F.OUT_OF_DEVICE_MEMORY, A.RETRY), (F.OUT_OF_DEVICE_MEMORY, A.FAIL),
     (F.PREEMPTED, A.RETRY), (F.PREEMPTED, A.FAIL),
     (F.INFRA_ERROR, A.RETRY), (F.INFRA_ERROR, A.FAIL),
+    (F.STALLED, A.RETRY), (F.STALLED, A.FAIL),
 }  # fmt: skip
 #: The built-in action of each fault: what today's operator and trainer do without rules.
 BUILT_IN = {
@@ -36,6 +37,7 @@ BUILT_IN = {
     F.OUT_OF_DEVICE_MEMORY: A.SMALLER_MICRO_BATCH,
     F.PREEMPTED: A.RETRY,
     F.INFRA_ERROR: A.RETRY,
+    F.STALLED: A.RETRY,
 }
 
 
@@ -78,6 +80,7 @@ def test_the_first_rule_on_a_fault_decides_and_names_itself() -> None:
         (Reason.EVICTED, None, F.PREEMPTED),
         (Reason.DELETED, None, F.INFRA_ERROR),
         (Reason.INFRA_ERROR, None, F.INFRA_ERROR),
+        (Reason.STALLED, None, F.STALLED),
         (Reason.SUCCEEDED, None, None),
         (Reason.CONFIG_ERROR, None, None),
         (Reason.REPROMOTE, None, None),

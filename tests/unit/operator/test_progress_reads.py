@@ -225,3 +225,50 @@ def test_a_failing_endpoint_is_asked_again_only_after_a_backoff(serve: Callable)
         reader.request(("ns", "j"), target)
     assert server.hits == 1
     reader.close()
+
+
+def test_how_long_a_step_has_stood_still_counts_from_the_first_answer_and_anew_from_each_move(serve: Callable) -> None:
+    """ProgressReader.still_for, which runPolicy.progressDeadlineSeconds judges: from the first
+    read that answers (its start-up counts), reset when the step moves, and not stopped by reads
+    that fail (a trainer that no longer answers has not moved either)."""
+    answer = {"step": 30, "fail": False}
+
+    def behave(sock: socket.socket) -> None:
+        if answer["fail"]:
+            sock.sendall(b"HTTP/1.0 500 Oops\r\n\r\n")
+        else:
+            sock.sendall(ok(HEALTHY.replace(f"{tm.STEP} 30", f"{tm.STEP} {answer['step']}").encode()))
+
+    server, now = serve(behave), [100.0]
+    reader = ProgressReader(concurrency=1, deadline=DEADLINE, max_bytes=CAP, clock=lambda: now[0])
+    key, target = ("ns", "j"), Target(0, "127.0.0.1", "fp16", server.port)
+
+    def read_once() -> None:
+        def answered() -> object:
+            reader.request(key, target)  # once the last read is done and its backoff over
+            return reader.take(key, target)
+
+        assert wait_until(answered, 5)
+
+    assert reader.still_for(key, target) is None  # nothing has answered yet
+    read_once()
+    now[0] = 130.0
+    assert reader.still_for(key, target) == 30.0
+    read_once()  # the same step again
+    now[0] = 160.0
+    assert reader.still_for(key, target) == 60.0
+    answer["step"] = 31
+    read_once()  # it moved, at 160
+    now[0] = 170.0
+    assert reader.still_for(key, target) == 10.0
+    answer["fail"] = True
+    hits = server.hits
+    reader.request(key, target)
+    assert wait_until(lambda: server.hits > hits, 5)
+    answer["fail"] = False
+    now[0] = 190.0  # past the failed read's backoff: the next read answers, with step 31 still
+    read_once()
+    now[0] = 200.0
+    assert reader.still_for(key, target) == 40.0  # the failed read and the one after changed nothing
+    assert reader.still_for(key, Target(1, "127.0.0.1", "fp16", server.port)) is None  # another attempt's
+    reader.close()

@@ -1,0 +1,63 @@
+"""Ending a running attempt at once, on the operator's own word, without waiting for its pods to
+end by themselves: a change of size (spec.elastic), a node lost while other ranks run (they
+would block in their next collective until its timeout), a stall (runPolicy.progressDeadlineSeconds).
+Its Job is deleted, so its pods get SIGTERM (a rank not blocked checkpoints first), and the next
+attempt's Job is created only once they are gone (`reconcile._follow` waits while an earlier
+attempt's pod is alive): two attempts never write checkpoints at once.
+"""
+
+from __future__ import annotations
+
+from mpjob.planning import elastic
+from mpjob.planning import lifecycle as lc
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.endings import JobView, PodView
+from mpjob.planning.lifecycle import Plan, When
+from mpjob_contract.api import MixedPrecisionJobSpec
+
+
+def resize(plan: Plan, spec: MixedPrecisionJobSpec, change: elastic.Resize, when: When, *, job: int) -> None:
+    """End the attempt for a size change and record the next one, whose Job is created once the
+    ended attempt's pods (its Job `job`) are gone (they get SIGTERM: a trainer checkpoints first)."""
+    current = plan.status.attempts[-1]
+    plan.delete.append(job)
+    plan.status.grow_after_step = None
+    outcome = AttemptOutcome(None, message=change.why, resize=change)
+    lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+    plan.create.clear()
+
+
+def lost_pod(job: JobView) -> PodView | None:
+    """A pod of the attempt that its node took with it (gone, unreachable, or evicted from it by
+    the taint manager), if any."""
+    return next((p for p in job.pods if p.platform_reason in elastic.NODE_LOST), None)
+
+
+def end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodView, when: When) -> None:
+    """End at once an attempt that lost a node while other ranks run: they would block in their
+    next collective until its timeout (minutes) before they fail. An elastic job shrinks to the
+    workers left; any other goes on in a new attempt."""
+    if (shrink := elastic.node_lost(spec, plan.status.attempts[-1], job.pods)) is not None:
+        resize(plan, spec, shrink, when, job=job.index)
+        return
+    why = f"pod {lost.name} was lost with its node ({lost.platform_reason}): its peers are stopped, not waited for"
+    end_now(plan, spec, job, AttemptOutcome(None, platform_reason=lost.platform_reason, message=why), when)
+
+
+def stalled(spec: MixedPrecisionJobSpec, still_for: float | None) -> str | None:
+    """Why the running attempt is stalled (runPolicy.progressDeadlineSeconds), or None."""
+    deadline = spec.run_policy.progress_deadline_seconds
+    if deadline is None or still_for is None or still_for < deadline:
+        return None
+    return (
+        f"its step has not moved for {still_for:.0f}s as rank 0's metrics showed (progressDeadlineSeconds={deadline})"
+    )
+
+
+def end_now(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, outcome: AttemptOutcome, when: When) -> None:
+    """End the running attempt as `outcome` says without waiting for its pods to stop. They are
+    deleted (a rank not blocked checkpoints on SIGTERM) and the next attempt's Job is created
+    once they are gone (the module doc)."""
+    plan.delete.append(job.index)
+    lc.conclude(plan, spec, attempt=plan.status.attempts[-1], outcome=outcome, when=when)
+    plan.create.clear()
