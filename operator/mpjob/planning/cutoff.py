@@ -8,8 +8,11 @@ attempt's pod is alive): two attempts never write checkpoints at once.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from mpjob.planning import elastic
 from mpjob.planning import lifecycle as lc
+from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan, When
@@ -44,14 +47,30 @@ def end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodVie
     end_now(plan, spec, job, AttemptOutcome(None, platform_reason=lost.platform_reason, message=why), when)
 
 
-def stalled(spec: MixedPrecisionJobSpec, still_for: float | None) -> str | None:
-    """Why the running attempt is stalled (runPolicy.progressDeadlineSeconds), or None."""
+def stalled(
+    spec: MixedPrecisionJobSpec, job: JobView, workers: int, still_for: float | None, now: datetime
+) -> str | None:
+    """Why the running attempt is stalled (runPolicy.progressDeadlineSeconds), or None. Its step
+    stands still for `still_for` seconds as its reads saw, but a stall counts only from when its
+    last pod's trainer started: while a rank waits for a peer the cluster has not started yet
+    (a pod still pending), the attempt is not hung."""
     deadline = spec.run_policy.progress_deadline_seconds
     if deadline is None or still_for is None or still_for < deadline:
         return None
-    return (
-        f"its step has not moved for {still_for:.0f}s as rank 0's metrics showed (progressDeadlineSeconds={deadline})"
-    )
+    starts = [_stamp(p.started_at) for p in job.pods if p.alive]
+    if len(starts) < workers or None in starts:
+        return None
+    still = min(still_for, (now - max(s for s in starts if s is not None)).total_seconds())
+    if still < deadline:
+        return None
+    return f"its step has not moved for {still:.0f}s as rank 0's metrics showed (progressDeadlineSeconds={deadline})"
+
+
+def _stamp(value: str | None) -> datetime | None:
+    try:
+        return st.read_stamp(value) if value else None
+    except ValueError:
+        return None
 
 
 def end_now(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, outcome: AttemptOutcome, when: When) -> None:

@@ -179,7 +179,7 @@ def _follow(
         cutoff.resize(plan, spec, shrink, when, job=job.index)
     elif (lost := cutoff.lost_pod(job)) is not None and any(p.alive for p in job.pods):
         cutoff.end_lost(plan, spec, job, lost, when)  # at once: the lost pod may leave no trace once peers stop
-    elif finished is None and (stall := cutoff.stalled(spec, still_for)) is not None:
+    elif finished is None and (stall := cutoff.stalled(spec, job, workers_of(spec, current), still_for, now)):
         cutoff.end_now(plan, spec, job, AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=stall), when)
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
         cutoff.resize(plan, spec, grow, when, job=job.index)

@@ -5,7 +5,7 @@ the stalled attempt's pods are gone. A job's fault policy may fail it instead.""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,12 +17,23 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-RUNNING = {0: JobView(0, pods=(PodView("j-a0-0", 0, "Running", True, node="n0"),))}
 
 
-def spec(**run_policy: Any) -> MixedPrecisionJobSpec:
+def pod(rank: int, started: float | None) -> PodView:
+    """A running pod whose trainer started `started` seconds before NOW (None: pending)."""
+    if started is None:
+        return PodView(f"j-a0-{rank}", rank, "Pending", True)
+    stamp = (NOW - timedelta(seconds=started)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return PodView(f"j-a0-{rank}", rank, "Running", True, started_at=stamp, node=f"n{rank}")
+
+
+RUNNING = {0: JobView(0, pods=(pod(0, 600),))}
+
+
+def spec(workers: int = 1, **run_policy: Any) -> MixedPrecisionJobSpec:
     return MixedPrecisionJobSpec.model_validate(
         {
+            "workers": workers,
             "task": {"builtin": "mlp"},
             "precision": {"mode": "bf16", "fallback": ["fp32"]},
             "runPolicy": run_policy,
@@ -37,7 +48,7 @@ def running() -> MixedPrecisionJobStatus:
             "attempt": 0,
             "precision": "bf16",
             "step": 25,
-            "attempts": [{"index": 0, "precision": "bf16", "startStep": 0, "worldSize": 1}],
+            "attempts": [{"index": 0, "precision": "bf16", "startStep": 0}],
             "lastCheckpoint": {"step": 20, "path": "/ck/step-000000020"},
         }
     )
@@ -72,3 +83,19 @@ def test_a_fault_policy_rule_on_stalled_fails_the_job_and_names_itself() -> None
     plan = reconcile(job, running(), 1, RUNNING, NOW, still_for=120.0)
     assert plan.status.phase == "Failed" and plan.delete == [0]
     assert "spec.faultPolicy.rules[0] (fault: Stalled, action: Fail)" in (plan.status.message or "")
+
+
+@pytest.mark.parametrize(
+    ("started", "stalled"),
+    [
+        ((600, None), False),  # rank 1's pod is pending: rank 0 waits for it, it is not hung
+        ((600, 30), False),  # rank 1 started 30 s ago: the stall counts from there
+        ((600, 61), True),
+    ],
+)
+def test_a_stall_counts_from_when_the_last_pod_started(started: tuple[float, float | None], stalled: bool) -> None:
+    pods = {0: JobView(0, pods=tuple(pod(rank, s) for rank, s in enumerate(started)))}
+    plan = reconcile(spec(2, progressDeadlineSeconds=60), running(), 1, pods, NOW, still_for=1000.0)
+    assert (plan.status.attempts[0].reason == "Stalled") is stalled, plan.status.attempts[0]
+    if stalled:
+        assert "has not moved for 61s" in (plan.status.attempts[0].message or "")
