@@ -124,25 +124,23 @@ def test_the_mark_alone_queues_a_reconcile() -> None:
     assert changed, "the node lifecycle controller's mark changed nothing the planner acts on"
 
 
+def running(workers: int, **more: Any) -> tuple[MixedPrecisionJobSpec, MixedPrecisionJobStatus]:
+    """A bf16 job of `workers` (and `more` of spec) whose first attempt runs past its step-20
+    checkpoint."""
+    body = {"task": {"builtin": "mlp"}, "training": {"batchSize": 4}, "precision": {"mode": "bf16"}, **more}
+    status = {
+        "phase": "Running",
+        "attempt": 0,
+        "precision": "bf16",
+        "attempts": [{"index": 0, "precision": "bf16", "startStep": 0, "worldSize": workers}],
+        "lastCheckpoint": {"step": 20, "path": "/ck/step-000000020"},
+    }
+    spec = MixedPrecisionJobSpec.model_validate({"workers": workers, **body})
+    return spec, MixedPrecisionJobStatus.model_validate(status)
+
+
 def test_a_peer_failed_beside_a_lost_node_shrinks_an_elastic_job_uncharged() -> None:
-    spec = MixedPrecisionJobSpec.model_validate(
-        {
-            "workers": 3,
-            "task": {"builtin": "mlp"},
-            "training": {"batchSize": 4},
-            "precision": {"mode": "bf16", "fallback": ["fp32"]},
-            "elastic": {"minWorkers": 2, "waitSeconds": 600},
-        }
-    )
-    status = MixedPrecisionJobStatus.model_validate(
-        {
-            "phase": "Running",
-            "attempt": 0,
-            "precision": "bf16",
-            "attempts": [{"index": 0, "precision": "bf16", "startStep": 0, "worldSize": 3}],
-            "lastCheckpoint": {"step": 20, "path": "/ck/step-000000020"},
-        }
-    )
+    spec, status = running(3, elastic={"minWorkers": 2, "waitSeconds": 600})
     failed = PodView("j-a0-0", 0, "Failed", False, exit_code=1, termination_message="peer lost", node="n0")
     also = PodView("j-a0-1", 1, "Failed", False, exit_code=1, termination_message="peer lost", node="n1")
     lost = on_nodes(PodView("j-a0-2", 2, "Running", True, node="n2"), nodes("n0", "n1"))
@@ -158,23 +156,7 @@ def test_an_attempt_that_cannot_shrink_ends_at_once_when_a_node_stops_answering(
     the attempt is not left to wait for the collective's timeout. It ends NodeLost, uncharged,
     its Job deleted; the next attempt, in the same precision from the last checkpoint, has its
     Job created once the stopped attempt's pods are gone."""
-    spec = MixedPrecisionJobSpec.model_validate(
-        {
-            "workers": 2,
-            "task": {"builtin": "mlp"},
-            "training": {"batchSize": 4},
-            "precision": {"mode": "bf16", "fallback": ["fp32"]},
-        }
-    )
-    status = MixedPrecisionJobStatus.model_validate(
-        {
-            "phase": "Running",
-            "attempt": 0,
-            "precision": "bf16",
-            "attempts": [{"index": 0, "precision": "bf16", "startStep": 0, "worldSize": 2}],
-            "lastCheckpoint": {"step": 20, "path": "/ck/step-000000020"},
-        }
-    )
+    spec, status = running(2)
     blocked = PodView("j-a0-0", 0, "Running", True, node="n0")
     cut_off = PodView("j-a0-1", 1, "Running", True, node="n1", marked_unready=True)
     now = datetime.now(UTC)
