@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mpjob.localrun.workers import Workers
 from mpjob.planning.classify import AttemptOutcome
@@ -93,6 +93,10 @@ class CapacityWatch:
         #: The size the job goes on with once this attempt has ended (None: it was not resized).
         self.resize: Resize | None = None
         self._grow: Resize | None = None
+
+    def ended(self, outcome: AttemptOutcome) -> AttemptOutcome:
+        """How the attempt ended, with the size the job goes on with when this watch resized it."""
+        return replace(outcome, resize=self.resize)
 
     def seen(self, event: events.TrainerEvent) -> None:
         if self.resize is not None:

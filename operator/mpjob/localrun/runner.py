@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import reading_of
 from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.series import Point, RunSeries
+from mpjob.localrun.stall import StallWatch
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cost, history, inplace, reported
 from mpjob.planning import lifecycle as lc
@@ -74,7 +75,7 @@ class LocalRun:
         self._workers: Workers | None = None
         #: --workers-available: the simulated cluster's capacity (None: always spec.workers).
         self.schedule = schedule
-        self._watch: CapacityWatch | None = None
+        self._watches: list[CapacityWatch | StallWatch] = []  # see the attempt's events, may stop it
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
         #: GPU-seconds of the attempts run here: workers x gpusPerWorker x their wall time.
@@ -181,12 +182,12 @@ class LocalRun:
         self.series.begin_attempt(start.index, start.precision, start.start_step)
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
-
         self._count = start.workers or self.spec.workers
         cwd = working_dir(self.spec, self.base_dir)
         self._workers = Workers(self.spec, folder=folder, cwd=cwd, python=self.python, count=self._count)
+        self._watches = [StallWatch(self.spec, self._workers)]
         if self.schedule is not None:
-            self._watch = CapacityWatch(self.spec, self.schedule, start, self._workers)
+            self._watches.append(CapacityWatch(self.spec, self.schedule, start, self._workers))
         self._current, self._began = start, time.monotonic()
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
@@ -196,7 +197,7 @@ class LocalRun:
         finally:
             outcome = self._workers.wait(start.index)
         self._charge_time()
-        return replace(outcome, resize=self._watch.resize) if self._watch else outcome
+        return reduce(lambda said, watch: watch.ended(said), self._watches, outcome)  # a watch that stopped it says how
 
     def _charge_time(self) -> None:
         """The GPU-seconds of the current attempt, up to now."""
@@ -225,8 +226,8 @@ class LocalRun:
         if (point := self._absorb(start.index, start.precision, event)) is not None:
             self.view.step(point)
         self._clock.seen(self.status, start.index, event)
-        if self._watch is not None:
-            self._watch.seen(event)
+        for watch in self._watches:
+            watch.seen(event)
         if isinstance(event, events.PrecisionChanged):
             self._changed_in_place(event)
         if isinstance(event, events.DataSkipped) and event.steps:

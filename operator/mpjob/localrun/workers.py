@@ -117,6 +117,14 @@ class Workers:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(sig)
 
+    def stop(self, grace: float) -> None:
+        """SIGTERM every worker, then SIGKILL those still running `grace` seconds later."""
+        deadline = time.monotonic() + grace
+        self.signal(signal.SIGTERM)
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.1)
+        self.signal(signal.SIGKILL)
+
     def kill_last(self, count: int) -> None:
         """SIGKILL the last `count` workers' process groups, as when their nodes go away (the
         peer watch then stops the rest, as a Job's pods lose their peers)."""
@@ -155,10 +163,6 @@ class Workers:
             if all(c is not None for c in codes):
                 return
             if any(c not in (None, 0) for c in codes):
-                deadline = time.monotonic() + PEER_GRACE_SECONDS
-                self.signal(signal.SIGTERM)
-                while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
-                    time.sleep(0.1)
-                self.signal(signal.SIGKILL)
+                self.stop(PEER_GRACE_SECONDS)
                 return
             time.sleep(0.2)

@@ -55,15 +55,21 @@ def stalled(
     last pod's trainer started: while a rank waits for a peer the cluster has not started yet
     (a pod still pending), the attempt is not hung."""
     deadline = spec.run_policy.progress_deadline_seconds
-    if deadline is None or still_for is None or still_for < deadline:
+    if stall(deadline, still_for, "") is None:
         return None
     starts = [_stamp(p.started_at) for p in job.pods if p.alive]
     if len(starts) < workers or None in starts:
         return None
-    still = min(still_for, (now - max(s for s in starts if s is not None)).total_seconds())
-    if still < deadline:
+    still = min(still_for or 0.0, (now - max(s for s in starts if s is not None)).total_seconds())
+    return stall(deadline, still, "rank 0's metrics")
+
+
+def stall(deadline: int | None, still: float | None, source: str) -> str | None:
+    """Why an attempt whose step has stood still for `still` seconds, as `source` showed, is
+    stalled under runPolicy.progressDeadlineSeconds=`deadline` (None: it is not)."""
+    if deadline is None or still is None or still < deadline:
         return None
-    return f"its step has not moved for {still:.0f}s as rank 0's metrics showed (progressDeadlineSeconds={deadline})"
+    return f"its step has not moved for {still:.0f}s as {source} showed (progressDeadlineSeconds={deadline})"
 
 
 def _stamp(value: str | None) -> datetime | None:

@@ -19,7 +19,7 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_stopped_and_ret
     jobs.pvc("ckpt")
     spec = {
         "task": {
-            "module": "tests.integration.operator.stall_task:make_task",
+            "module": "tests.unit.localrun.stall_task:make_task",
             "args": {"inputs": 8, "hidden": 16, "samples": 256, "hangAfter": {"0": 25 * 4}},
         },
         "training": {"steps": 40, "batchSize": 4, "logEvery": 1},

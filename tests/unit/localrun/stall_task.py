@@ -1,7 +1,8 @@
-"""A `task.module` factory for the progress-deadline test: the builtin mlp whose dataset, in the
-attempts `hangAfter` names ({attempt: samples}), blocks for good once it has served that many
-samples, as a data loader does on a filesystem that stopped answering. The trainer's metrics
-endpoint answers on (its own thread), showing a step that no longer moves."""
+"""A `task.module` factory for the progress-deadline tests (`mpjob run` and the operator): the
+builtin mlp whose dataset, in the attempts `hangAfter` names ({attempt: samples}), blocks for
+good once it has served that many samples, as a data loader does on a filesystem that stopped
+answering. The trainer's metrics endpoint answers on (its own thread), showing a step that no
+longer moves; worker 0 prints no further step line."""
 
 from __future__ import annotations
 

@@ -1,0 +1,52 @@
+"""runPolicy.progressDeadlineSeconds through `mpjob run`: an attempt whose data loader hangs at
+step 25 (worker 0 prints no further step line) is stopped once its step has stood still 30 s,
+its workers SIGTERMed and then SIGKILLed (the hung rank cannot act on SIGTERM), and ends
+Stalled, charged; the next attempt goes on in the same precision from the step-20 checkpoint to
+Succeeded, as through the operator (tests/integration/operator/test_progress_deadline.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import warm
+from tests.helpers import NO_PLOT
+
+pytestmark = [pytest.mark.unit, pytest.mark.process]
+
+JOB = {
+    "apiVersion": "mpjob.dev/v1alpha1",
+    "kind": "MixedPrecisionJob",
+    "metadata": {"name": "hung"},
+    "spec": {
+        "task": {
+            "module": "tests.unit.localrun.stall_task:make_task",
+            "args": {"inputs": 8, "hidden": 16, "samples": 256, "hangAfter": {"0": 25 * 4}},
+        },
+        "training": {"steps": 40, "batchSize": 4, "logEvery": 1},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 10},
+        "resources": {"gpusPerWorker": 0},
+        "runPolicy": {"progressDeadlineSeconds": 30},
+    },
+}
+
+
+def test_a_local_attempt_whose_step_stands_still_past_its_deadline_is_stopped_and_retried(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(JOB))
+    env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "out")]
+    result = warm.run([*command, *NO_PLOT], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    first, second = report["attempts"]
+    assert (first["precision"], first["reason"], first["charged"]) == ("bf16", "Stalled", True), first
+    assert "worker 0's step lines" in first["message"] and "progressDeadlineSeconds=30" in first["message"]
+    assert first["endStep"] == 25, first
+    assert (second["precision"], second["startStep"], second["reason"]) == ("bf16", 20, "Succeeded")
+    assert (report["phase"], report["step"]) == ("Succeeded", 40)
