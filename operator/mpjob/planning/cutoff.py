@@ -54,14 +54,11 @@ def stalled(
     stands still for `still_for` seconds as its reads saw, but a stall counts only from when its
     last pod's trainer started: while a rank waits for a peer the cluster has not started yet
     (a pod still pending), the attempt is not hung."""
-    deadline = spec.run_policy.progress_deadline_seconds
-    if stall(deadline, still_for, "") is None:
-        return None
     starts = [_stamp(p.started_at) for p in job.pods if p.alive]
-    if len(starts) < workers or None in starts:
+    if still_for is None or len(starts) < workers or None in starts:
         return None
-    still = min(still_for or 0.0, (now - max(s for s in starts if s is not None)).total_seconds())
-    return stall(deadline, still, "rank 0's metrics")
+    since_all = (now - max(s for s in starts if s is not None)).total_seconds()
+    return stall(spec.run_policy.progress_deadline_seconds, min(still_for, since_all), "rank 0's metrics")
 
 
 def stall(deadline: int | None, still: float | None, source: str) -> str | None:
@@ -72,13 +69,6 @@ def stall(deadline: int | None, still: float | None, source: str) -> str | None:
     return f"its step has not moved for {still:.0f}s as {source} showed (progressDeadlineSeconds={deadline})"
 
 
-def _stamp(value: str | None) -> datetime | None:
-    try:
-        return st.read_stamp(value) if value else None
-    except ValueError:
-        return None
-
-
 def end_now(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, outcome: AttemptOutcome, when: When) -> None:
     """End the running attempt as `outcome` says without waiting for its pods to stop. They are
     deleted (a rank not blocked checkpoints on SIGTERM) and the next attempt's Job is created
@@ -86,3 +76,10 @@ def end_now(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, outcome: Atte
     plan.delete.append(job.index)
     lc.conclude(plan, spec, attempt=plan.status.attempts[-1], outcome=outcome, when=when)
     plan.create.clear()
+
+
+def _stamp(value: str | None) -> datetime | None:
+    try:
+        return st.read_stamp(value) if value else None
+    except ValueError:
+        return None
