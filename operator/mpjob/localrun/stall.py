@@ -1,6 +1,7 @@
 """runPolicy.progressDeadlineSeconds in `mpjob run`: the operator's rule (mpjob.planning.cutoff)
-on what a local run sees of its attempt, worker 0's step lines. Counted from the workers' start
-(they all start at once), anew at each step that moves; once past the deadline the workers are
+on what a local run sees of its attempt, worker 0's event lines. Counted from its first line (as
+the operator counts from the first read of rank 0's metrics that answers: a trainer still
+importing is not judged), anew at each step that moves; once past the deadline the workers are
 stopped (SIGTERM; a rank hung where it cannot act on it gets SIGKILL STOP_GRACE_SECONDS later)
 and the attempt ends Stalled, to go on in the same precision from the newest checkpoint.
 """
@@ -28,7 +29,7 @@ class StallWatch:
     def __init__(self, spec: MixedPrecisionJobSpec, workers: Workers, clock: Callable[[], float] = time.monotonic):
         self.deadline, self.workers, self._clock = spec.run_policy.progress_deadline_seconds, workers, clock
         self._step: int | None = None
-        self._moved = clock()
+        self._moved: float | None = None  # None: no line yet
         #: Why the attempt was stopped (None: it was not).
         self.why: str | None = None
         self._done = threading.Event()
@@ -36,8 +37,9 @@ class StallWatch:
             threading.Thread(target=self._watch, name="mpjob-stall-watch", daemon=True).start()
 
     def seen(self, event: events.TrainerEvent) -> None:
-        if isinstance(event, events.Step) and event.step != self._step:
-            self._step, self._moved = event.step, self._clock()
+        step = event.step if isinstance(event, events.Step) else self._step
+        if self._moved is None or step != self._step:
+            self._step, self._moved = step, self._clock()
 
     def ended(self, outcome: AttemptOutcome) -> AttemptOutcome:
         """How the attempt ended: Stalled when this watch stopped it, else as its workers said."""
@@ -48,7 +50,8 @@ class StallWatch:
 
     def _watch(self) -> None:
         while not self._done.wait(POLL_SECONDS):
-            if (why := cutoff.stall(self.deadline, self._clock() - self._moved, "worker 0's step lines")) is not None:
+            still = None if self._moved is None else self._clock() - self._moved
+            if (why := cutoff.stall(self.deadline, still, "worker 0's step lines")) is not None:
                 self.why = why
                 self.workers.stop(STOP_GRACE_SECONDS)
                 return
