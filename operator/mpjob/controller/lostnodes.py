@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpjob.controller.cluster import QuietReads
 from mpjob.planning.endings import PodView
+from mpjob_contract.codes import Reason
 
 if TYPE_CHECKING:
     from mpjob.controller.cache import Observed
@@ -43,7 +44,7 @@ FRESH_SECONDS = 5.0
 #: Lease and status (its Ready condition Unknown).
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 #: The pod reasons `on_nodes` writes (mpjob.planning.classify maps both to NodeLost).
-GONE, UNREACHABLE = "NodeLost", "NodeUnreachable"
+GONE, UNREACHABLE = Reason.NODE_LOST.value, "NodeUnreachable"
 
 
 @dataclass(frozen=True, slots=True)

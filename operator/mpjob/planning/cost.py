@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from mpjob.planning import history, timeline
+from mpjob.planning import status as st
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.figures import round_sig
 from mpjob_contract.accounting import JobCost, WasteReason
@@ -28,21 +29,12 @@ from mpjob_contract.codes import Reason
 SECONDS_PER_HOUR = 3600.0
 
 
-def _moment(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
 def pod_seconds(pod: PodView, now: datetime, until: datetime | None = None) -> float:
     """Seconds the pod's trainer container ran as seen: start to finish; one still running, to
     `now`; one never seen starting (or ended with no finish time) adds nothing; none after
     `until` (an attempt that ended while its pods went on in place)."""
-    start = _moment(pod.started_at)
-    end = now if pod.alive else _moment(pod.finished_at)
+    start = st.moment(pod.started_at)
+    end = now if pod.alive else st.moment(pod.finished_at)
     if start is None or end is None:
         return 0.0
     end = min(end, until) if until is not None else end
@@ -74,7 +66,7 @@ def seen_usage(
             for a in status.attempts
             if job.index <= a.index < attempt.index and history.job_index(status, a.index) == job.index
         )
-        until = _moment(attempt.finish_time) if history.job_index(status, attempt.index + 1) == job.index else None
+        until = st.moment(attempt.finish_time) if history.job_index(status, attempt.index + 1) == job.index else None
         ran = gpu_seconds(job.pods, gpus_per_worker=gpus, now=now, until=until)  # its Job went on in place: to its end
         usage[attempt.index] = max(0.0, ran - before)
     return usage

@@ -54,7 +54,7 @@ def stalled(
     stands still for `still_for` seconds as its reads saw, but a stall counts only from when its
     last pod's trainer started: while a rank waits for a peer the cluster has not started yet
     (a pod still pending), the attempt is not hung."""
-    starts = [_stamp(p.started_at) for p in job.pods if p.alive]
+    starts = [st.moment(p.started_at) for p in job.pods if p.alive]
     if still_for is None or len(starts) < workers or None in starts:
         return None
     since_all = (now - max(s for s in starts if s is not None)).total_seconds()
@@ -76,10 +76,3 @@ def end_now(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, outcome: Atte
     plan.delete.append(job.index)
     lc.conclude(plan, spec, attempt=plan.status.attempts[-1], outcome=outcome, when=when)
     plan.create.clear()
-
-
-def _stamp(value: str | None) -> datetime | None:
-    try:
-        return st.read_stamp(value) if value else None
-    except ValueError:
-        return None

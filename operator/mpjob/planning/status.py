@@ -76,6 +76,17 @@ def read_stamp(value: str) -> datetime:
     return datetime.strptime(value, TIME_FORMAT).replace(tzinfo=UTC)
 
 
+def moment(value: str | None) -> datetime | None:
+    """A moment a pod's status or ours names (RFC 3339), or None when it names none or none
+    that reads."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
 def set_condition(
     status: MixedPrecisionJobStatus,
     type_: str,
