@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from tests import warm
+from tests.warm import rules
 
 T = TypeVar("T")
 
@@ -64,10 +65,8 @@ def children(pid: int) -> list[int]:
 
 def gone(pid: int) -> bool:
     """Whether the process has ended: no longer there, or a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    fields = rules.proc_stat(pid)
+    return fields is None or fields[0] == "Z"
 
 
 def process_state(pid: int) -> str:

@@ -29,7 +29,9 @@ CONTAINER = (
 
 def state(pid: int) -> str:
     """The process's state letter (/proc/PID/stat): T when stopped."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    fields = rules.proc_stat(pid)
+    assert fields is not None, pid
+    return fields[0]
 
 
 @pytest.fixture

@@ -187,15 +187,7 @@ def forked_for(standins: list[int]) -> list[int]:
     while the stand-ins live: a record whose start time is not the live process's is stale."""
     if not _servers.folder:
         return []
-    found = []
-    for pid in standins:
-        try:
-            rank, started = rules.rank_record(_servers.folder, pid).read_text().split()
-        except (OSError, ValueError):
-            continue
-        if started == rules.started_at(pid):
-            found.append(int(rank))
-    return found
+    return [rank for pid in standins if (rank := rules.forked_rank(_servers.folder, pid)) is not None]
 
 
 def for_ranks(env: dict[str, str] | None = None, *, frameworks: bool = False, cli: bool = False) -> dict[str, str]:

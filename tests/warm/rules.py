@@ -81,16 +81,33 @@ def start_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if (k.startswith("PYTHON") and k not in _IN_CHILD) or k in _AT_START}
 
 
-def started_at(pid: int) -> str | None:
-    """A process's start time in clock ticks since boot (/proc/PID/stat, field 22): with its pid,
-    what names one process even after the pid is reused. None: no such process."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (the first is the state, the
+    second the parent's pid); None: no such process."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
 
+def started_at(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat, field 22): with its pid,
+    what names one process even after the pid is reused. None: no such process."""
+    fields = proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
 def rank_record(folder: str, standin: int) -> Path:
     """Where a stand-in records the rank the server forked for it: `RANK STARTED_AT`, the second
-    the stand-in's own start time (client.forked_for)."""
+    the stand-in's own start time (forked_rank)."""
     return Path(folder, "ranks", str(standin))
+
+
+def forked_rank(folder: str, standin: int) -> int | None:
+    """The rank the servers whose folder is `folder` forked for the live process `standin`, as its
+    record says (None: it stands in for none, or the record is another process's of that pid)."""
+    try:
+        rank, started = rank_record(folder, standin).read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(rank) if started == started_at(standin) else None
