@@ -17,6 +17,32 @@ from mpjob_contract.launch import LAUNCH_ENV
 from mpjob_trainer.tasks import Task
 from mpjob_trainer.tasks.mlp import make_task as make_mlp
 
+#: The job both tests run: attempt 0's data loader hangs after 25 steps of 4 samples, a
+#: checkpoint every 10 steps, a 30 s deadline (its store is each test's own).
+SPEC: dict[str, Any] = {
+    "task": {
+        "module": "tests.unit.localrun.stall_task:make_task",
+        "args": {"inputs": 8, "hidden": 16, "samples": 256, "hangAfter": {"0": 25 * 4}},
+    },
+    "training": {"steps": 40, "batchSize": 4, "logEvery": 1},
+    "precision": {"mode": "bf16", "fallback": ["fp32"]},
+    "checkpoint": {"everySteps": 10},
+    "resources": {"gpusPerWorker": 0},
+    "runPolicy": {"progressDeadlineSeconds": 30},
+}
+
+
+def stalled_then_retried(status: dict[str, Any], source: str) -> None:
+    """What both tests assert of the job's end: attempt 0 Stalled, charged, at the last step
+    `source` showed; attempt 1 in the same precision from the step-20 checkpoint to Succeeded."""
+    assert (status["phase"], status["step"]) == ("Succeeded", 40), status
+    first, second = status["attempts"]
+    assert (first["precision"], first["reason"], first["charged"]) == ("bf16", "Stalled", True), first
+    message = first["message"]
+    assert "has not moved for" in message and f"as {source} showed (progressDeadlineSeconds=30)" in message, first
+    assert first["endStep"] == 25, first
+    assert (second["precision"], second["startStep"], second["reason"]) == ("bf16", 20, "Succeeded")
+
 
 class Hanging(Dataset[Any]):
     def __init__(self, inner: Dataset[Any], after: int | None) -> None:

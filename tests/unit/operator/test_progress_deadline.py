@@ -10,77 +10,62 @@ from typing import Any
 
 import pytest
 
+from mpjob.planning import status as st
 from mpjob.planning.endings import JobView, PodView
+from mpjob.planning.lifecycle import Plan
 from mpjob.planning.reconcile import reconcile
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.unit.operator.test_lost_nodes import running
 
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+DEADLINE = {"runPolicy": {"progressDeadlineSeconds": 60}}
 
 
 def pod(rank: int, started: float | None) -> PodView:
     """A running pod whose trainer started `started` seconds before NOW (None: pending)."""
     if started is None:
         return PodView(f"j-a0-{rank}", rank, "Pending", True)
-    stamp = (NOW - timedelta(seconds=started)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = st.stamp(NOW - timedelta(seconds=started))
     return PodView(f"j-a0-{rank}", rank, "Running", True, started_at=stamp, node=f"n{rank}")
 
 
 RUNNING = {0: JobView(0, pods=(pod(0, 600),))}
 
 
-def spec(workers: int = 1, **run_policy: Any) -> MixedPrecisionJobSpec:
-    return MixedPrecisionJobSpec.model_validate(
-        {
-            "workers": workers,
-            "task": {"builtin": "mlp"},
-            "precision": {"mode": "bf16", "fallback": ["fp32"]},
-            "runPolicy": run_policy,
-        }
-    )
-
-
-def running() -> MixedPrecisionJobStatus:
-    return MixedPrecisionJobStatus.model_validate(
-        {
-            "phase": "Running",
-            "attempt": 0,
-            "precision": "bf16",
-            "step": 25,
-            "attempts": [{"index": 0, "precision": "bf16", "startStep": 0}],
-            "lastCheckpoint": {"step": 20, "path": "/ck/step-000000020"},
-        }
-    )
+def ended(still_for: float | None, workers: int = 1, jobs: dict[int, JobView] = RUNNING, **more: Any) -> Plan:
+    """The plan for a job of `workers` running its first attempt, whose step has stood still
+    `still_for` seconds, with `more` of spec."""
+    spec, status = running(workers, **more)
+    return reconcile(spec, status, 1, jobs, NOW, still_for=still_for)
 
 
 @pytest.mark.parametrize("still_for", [None, 0.0, 59.9])
 def test_an_attempt_within_its_deadline_or_not_read_runs_on(still_for: float | None) -> None:
-    plan = reconcile(spec(progressDeadlineSeconds=60), running(), 1, RUNNING, NOW, still_for=still_for)
+    plan = ended(still_for, **DEADLINE)
     assert (plan.delete, len(plan.status.attempts), plan.status.phase) == ([], 1, "Running")
 
 
 def test_without_a_deadline_a_step_may_stand_still_for_ever() -> None:
-    plan = reconcile(spec(), running(), 1, RUNNING, NOW, still_for=1e9)
+    plan = ended(1e9)
     assert (plan.delete, len(plan.status.attempts)) == ([], 1)
 
 
 def test_a_stalled_attempt_ends_at_once_charged_and_the_next_waits_for_its_pods() -> None:
-    plan = reconcile(spec(progressDeadlineSeconds=60), running(), 1, RUNNING, NOW, still_for=61.0)
+    plan = ended(61.0, **DEADLINE)
+    spec = running(1, **DEADLINE)[0]
     first, second = plan.status.attempts
     assert (plan.delete, plan.create) == ([0], [])
     assert (first.reason, first.charged) == ("Stalled", True), first
     assert "has not moved for 61s" in (first.message or "") and "progressDeadlineSeconds=60" in (first.message or "")
     assert (second.precision, second.start_step) == ("bf16", 20)
-    assert reconcile(spec(progressDeadlineSeconds=60), plan.status, 1, {}, NOW, lingering=frozenset({0})).create == []
-    (created,) = reconcile(spec(progressDeadlineSeconds=60), plan.status, 1, {}, NOW).create
+    assert reconcile(spec, plan.status, 1, {}, NOW, lingering=frozenset({0})).create == []
+    (created,) = reconcile(spec, plan.status, 1, {}, NOW).create
     assert (created.index, created.precision) == (1, "bf16")
 
 
 def test_a_fault_policy_rule_on_stalled_fails_the_job_and_names_itself() -> None:
-    policy = {"faultPolicy": {"rules": [{"fault": "Stalled", "action": "Fail"}]}}
-    job = MixedPrecisionJobSpec.model_validate({**spec(progressDeadlineSeconds=60).model_dump(by_alias=True), **policy})
-    plan = reconcile(job, running(), 1, RUNNING, NOW, still_for=120.0)
+    plan = ended(120.0, **DEADLINE, faultPolicy={"rules": [{"fault": "Stalled", "action": "Fail"}]})
     assert plan.status.phase == "Failed" and plan.delete == [0]
     assert "spec.faultPolicy.rules[0] (fault: Stalled, action: Fail)" in (plan.status.message or "")
 
@@ -95,7 +80,7 @@ def test_a_fault_policy_rule_on_stalled_fails_the_job_and_names_itself() -> None
 )
 def test_a_stall_counts_from_when_the_last_pod_started(started: tuple[float, float | None], stalled: bool) -> None:
     pods = {0: JobView(0, pods=tuple(pod(rank, s) for rank, s in enumerate(started)))}
-    plan = reconcile(spec(2, progressDeadlineSeconds=60), running(), 1, pods, NOW, still_for=1000.0)
+    plan = ended(1000.0, 2, pods, **DEADLINE)
     assert (plan.status.attempts[0].reason == "Stalled") is stalled, plan.status.attempts[0]
     if stalled:
         assert "has not moved for 61s" in (plan.status.attempts[0].message or "")
