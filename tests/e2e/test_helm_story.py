@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.conftest import Cli, Jobs, PhaseWatch, Release, cpu_sized, endless, example
-from tests.helpers import wait_for
+from tests.helpers import paced, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -144,6 +144,9 @@ def test_two_ddp_workers_rendezvous_and_resume_after_losing_a_pod(
 ) -> None:
     jobs.claims("mpjob-checkpoints-shared")
     job = cpu_sized(example("ddp-2workers"), steps=400)
+    # At a pace (100 ms a step, 40 s in all): unpaced, on idle cores, the tiny model trained
+    # all 400 steps in 5 s, before the test saw its first checkpoint and could take a pod away.
+    job["spec"]["task"]["args"]["stepDelay"] = paced(0.1)
     jobs.apply(job)
     service = wait_for(lambda: core.read_namespaced_service("ddp-2workers-a0", release.namespace), 60)
     assert service.spec.cluster_ip == "None", "rendezvous through a headless Service"
