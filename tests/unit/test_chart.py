@@ -297,7 +297,10 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
         assert not {g for g in grants if g[1] in ("configmaps", "serviceaccounts", "nodes")}
         # Secrets: create only (each attempt's profile-token Secret); never read, listed or watched.
         assert {g for g in grants if g[1] == "secrets"} == {("", "secrets", "create")}
-        assert not {g for g in grants if g[1] == "pods" and g[2] not in ("list", "watch")}, "pods: read only"
+        # Pods: read, and deleted only when an attempt is cut (mpjob.planning.cutoff); never
+        # created, changed or exec'd into.
+        assert {g[2] for g in grants if g[1] == "pods"} <= {"list", "watch", "delete"}, "pods: read and delete only"
+        assert not {g for g in grants if g[1].startswith("pods/")}, "no pods/exec, pods/log, pods/eviction"
         operator = [r for r in roles if "helm.sh/hook" not in r["metadata"].get("annotations", {})]
         # Services are created owned by their attempt's Job and go with it: never deleted by
         # name (a Service of that name mpjob did not create stays).

@@ -184,6 +184,19 @@ class Cluster:
             if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or another object took the name
                 raise
 
+    def cut_pod(self, namespace: str, pod: str, *, uid: str, grace: int) -> None:
+        """Delete an attempt's pod, if it is still the one whose UID is `uid`, with `grace`
+        seconds before SIGKILL: a deletion under way (its Job's) with a longer grace period is
+        shortened to it. Anything but its being gone is logged, not raised: the attempt has
+        ended in the status already, and the pod still goes with its own grace period."""
+        options = {"preconditions": {"uid": uid}, "gracePeriodSeconds": grace}
+        try:
+            self.core.delete_namespaced_pod(pod, namespace, body=options, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or another pod took the name
+                why = f"{exc.status} {exc.reason}"
+                log.warning("%s/%s: not cut short (%s): it keeps its grace period", namespace, pod, why)
+
     # -------------------------------------------------------------- room for an elastic job
     def gpu_room(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The Nodes, and the pods of every namespace that have not ended (read rights only)."""

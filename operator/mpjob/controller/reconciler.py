@@ -34,8 +34,8 @@ from mpjob.controller.progress import NOT_READ, ProgressReader, Target, changes_
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
+from mpjob.planning import cutoff, skipped
 from mpjob.planning import lifecycle as lc
-from mpjob.planning import skipped
 from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.lifecycle import Plan, When
@@ -197,12 +197,17 @@ class Reconciler:
     def _act(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed
     ) -> tuple[int, Refused] | None:
-        """Delete the attempts the plan ends (only Jobs of ours, by UID), create the ones it
-        starts; the attempt whose children the API server refused for good, if any."""
+        """Delete the attempts the plan ends (only Jobs of ours, by UID; the pods of those it cuts
+        with a short grace period), create the ones it starts; the attempt whose children the API
+        server refused for good, if any."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
+        for index in plan.cut:  # after its Job: the Job controller then makes no pod in their place
+            for pod in seen.jobs[index].pods if index in seen.jobs else ():
+                if pod.alive and pod.uid:
+                    self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
         for start in plan.create:
             try:
                 self._create(body, spec, plan, start=start)

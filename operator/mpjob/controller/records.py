@@ -192,6 +192,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         unschedulable_since=unschedulable,
         node=_text((pod.get("spec") or {}).get("nodeName")),
         marked_unready=_marked_unready(status.get("conditions") or []),
+        uid=str(meta.get("uid", "")),
     )
 
 

@@ -2,7 +2,8 @@
 on what a local run sees of its attempt, worker 0's event lines. Counted from its first line (as
 the operator counts from the first read of rank 0's metrics that answers: a trainer still
 importing is not judged), anew at each step that moves; once past the deadline the workers are
-stopped (SIGTERM; a rank hung where it cannot act on it gets SIGKILL STOP_GRACE_SECONDS later)
+stopped (SIGTERM; a rank hung where it cannot act on it gets SIGKILL cutoff.CUT_GRACE_SECONDS later,
+as the operator cuts a stalled attempt's pods)
 and the attempt ends Stalled, to go on in the same precision from the newest checkpoint.
 """
 
@@ -19,8 +20,8 @@ from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.codes import Reason
 
-#: How often the watch looks at the clock, and how long stopped workers get before SIGKILL.
-POLL_SECONDS, STOP_GRACE_SECONDS = 1.0, 10.0
+#: How often the watch looks at the clock.
+POLL_SECONDS = 1.0
 
 
 class StallWatch:
@@ -53,5 +54,5 @@ class StallWatch:
             still = None if self._moved is None else self._clock() - self._moved
             if (why := cutoff.stall(self.deadline, still, "worker 0's step lines")) is not None:
                 self.why = why
-                self.workers.stop(STOP_GRACE_SECONDS)
+                self.workers.stop(cutoff.CUT_GRACE_SECONDS)
                 return

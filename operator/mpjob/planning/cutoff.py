@@ -4,6 +4,13 @@ would block in their next collective until its timeout), a stall (runPolicy.prog
 Its Job is deleted, so its pods get SIGTERM (a rank not blocked checkpoints first), and the next
 attempt's Job is created only once they are gone (`reconcile._follow` waits while an earlier
 attempt's pod is alive): two attempts never write checkpoints at once.
+
+An attempt ended because a rank is lost or hung is also cut (`Plan.cut`): its pods still alive
+get CUT_GRACE_SECONDS, not their own grace period (60 s), before SIGKILL. Their SIGTERM cannot
+buy a checkpoint: under DDP or FSDP every rank agrees on the stop and writes its part, and the
+lost or hung rank never will, so the others would sit blocked in a collective (in C++, where no
+Python handler runs) for the whole grace period, holding their GPUs from the next attempt. A
+resize that is not a loss keeps the full grace: its ranks are whole and checkpoint on SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,12 +25,21 @@ from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan, When
 from mpjob_contract.api import MixedPrecisionJobSpec
 
+#: Seconds between SIGTERM and SIGKILL for the ranks of an attempt that was cut (the module doc);
+#: `mpjob run` gives its stalled workers the same.
+CUT_GRACE_SECONDS = 10
 
-def resize(plan: Plan, spec: MixedPrecisionJobSpec, change: elastic.Resize, when: When, *, job: int) -> None:
+
+def resize(
+    plan: Plan, spec: MixedPrecisionJobSpec, change: elastic.Resize, when: When, *, job: int, cut: bool = False
+) -> None:
     """End the attempt for a size change and record the next one, whose Job is created once the
-    ended attempt's pods (its Job `job`) are gone (they get SIGTERM: a trainer checkpoints first)."""
+    ended attempt's pods (its Job `job`) are gone (they get SIGTERM: a trainer checkpoints first;
+    `cut`: a rank was lost, so the others cannot and are cut, as the module doc says)."""
     current = plan.status.attempts[-1]
     plan.delete.append(job)
+    if cut:
+        plan.cut.append(job)
     plan.status.grow_after_step = None
     outcome = AttemptOutcome(None, message=change.why, resize=change)
     lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
@@ -41,7 +57,7 @@ def end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodVie
     next collective until its timeout (minutes) before they fail. An elastic job shrinks to the
     workers left; any other goes on in a new attempt."""
     if (shrink := elastic.node_lost(spec, plan.status.attempts[-1], job.pods)) is not None:
-        resize(plan, spec, shrink, when, job=job.index)
+        resize(plan, spec, shrink, when, job=job.index, cut=True)
         return
     why = f"pod {lost.name} was lost with its node ({lost.platform_reason}): its peers are stopped, not waited for"
     end_now(plan, spec, job, AttemptOutcome(None, platform_reason=lost.platform_reason, message=why), when)
@@ -70,9 +86,10 @@ def stall(deadline: int | None, still: float | None, source: str) -> str | None:
 
 
 def end_now(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, outcome: AttemptOutcome, when: When) -> None:
-    """End the running attempt as `outcome` says without waiting for its pods to stop. They are
-    deleted (a rank not blocked checkpoints on SIGTERM) and the next attempt's Job is created
-    once they are gone (the module doc)."""
+    """End the running attempt, whose ranks are lost or hung, as `outcome` says without waiting
+    for its pods to stop. They are deleted and cut (the module doc), and the next attempt's Job
+    is created once they are gone."""
     plan.delete.append(job.index)
+    plan.cut.append(job.index)
     lc.conclude(plan, spec, attempt=plan.status.attempts[-1], outcome=outcome, when=when)
     plan.create.clear()

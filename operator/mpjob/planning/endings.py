@@ -39,6 +39,8 @@ class PodView:
     #: alike, so this is the node lifecycle controller's mark on the pods of a node that stopped
     #: answering (mpjob.controller.lostnodes).
     marked_unready: bool = False
+    #: The pod's UID (a delete of it carries it as a precondition); "" where not known.
+    uid: str = ""
 
 
 @dataclass(frozen=True)

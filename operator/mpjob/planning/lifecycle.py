@@ -46,11 +46,11 @@ class Plan:
     status: MixedPrecisionJobStatus
     create: list[StartAttempt] = field(default_factory=list)
     delete: list[int] = field(default_factory=list)  # attempt indexes whose Job (+Service) to delete
+    cut: list[int] = field(default_factory=list)  # of those, the ones whose live pods are cut (cutoff)
     events: list[Event] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     started_reasons: list[str] = field(default_factory=list)
-    #: What ended the last attempt (set by `conclude`), for views that narrate it.
-    ended: Event | None = None
+    ended: Event | None = None  # what ended the last attempt (set by `conclude`), for views that narrate it
     #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
     deadline_seconds: int | None = None
 

@@ -1,24 +1,62 @@
 """runPolicy.progressDeadlineSeconds on the real control plane: an attempt whose data loader
 hangs at step 25 (its metrics endpoint answers on, showing a step that no longer moves) is
-ended Stalled once its step has stood still 30 s as the operator's reads saw, its pod stopped
-(SIGTERM, then SIGKILL: the hung rank cannot act on it), and the next attempt goes on in the
-same precision from the step-20 checkpoint to Succeeded."""
+ended Stalled once its step has stood still 30 s as the operator's reads saw, its pod cut
+(SIGTERM, then SIGKILL after cutoff.CUT_GRACE_SECONDS, not the pod's own 60 s: the hung rank
+cannot act on SIGTERM), and the next attempt goes on in the same precision from the step-20
+checkpoint to Succeeded."""
 
 from __future__ import annotations
 
-import pytest
+import contextlib
+import threading
+from collections.abc import Iterator
 
+import pytest
+from kubernetes import client, watch
+
+from mpjob.planning.cutoff import CUT_GRACE_SECONDS
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
 
 pytestmark = pytest.mark.integration
 
 
-def test_an_attempt_whose_step_stands_still_past_its_deadline_is_stopped_and_retried(
-    operator: Operator, jobs: Jobs
+@contextlib.contextmanager
+def deletion_graces(api_client: client.ApiClient, namespace: str) -> Iterator[dict[str, list[int]]]:
+    """Each pod of `namespace` deleted meanwhile -> the grace periods it was deleted with, in the
+    order the API server's watch showed them (every change; the node's last removal is a 0)."""
+    graces: dict[str, list[int]] = {}
+    pods, stream, stopping = client.CoreV1Api(api_client), watch.Watch(), threading.Event()
+
+    def follow() -> None:
+        try:
+            for event in stream.stream(pods.list_namespaced_pod, namespace, timeout_seconds=600):
+                meta = event["object"].metadata
+                seen = graces.setdefault(meta.name, [])
+                if meta.deletion_grace_period_seconds is not None and meta.deletion_grace_period_seconds not in seen:
+                    seen.append(meta.deletion_grace_period_seconds)
+        except Exception:
+            if not stopping.is_set():  # stopping closes the stream under the read
+                raise
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    try:
+        yield graces
+    finally:
+        stopping.set()
+        stream.stop()
+
+
+def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried(
+    operator: Operator, jobs: Jobs, api_client: client.ApiClient, namespace: str
 ) -> None:
     jobs.pvc("ckpt")
     claim = {"persistentVolumeClaim": {"claimName": "ckpt"}}
-    jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": claim}})
-    status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
+    with deletion_graces(api_client, namespace) as graces:
+        jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": claim}})
+        status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
     stalled_then_retried(status, "rank 0's metrics")
+    (cut,) = [seen for name, seen in graces.items() if name.startswith("hung-a0-")]
+    # Not its own 60 s: a hung rank cannot checkpoint. (0: the node removes it once it has stopped.)
+    assert min(g for g in cut if g > 0) == CUT_GRACE_SECONDS, graces

@@ -131,6 +131,7 @@ def test_a_smaller_attempt_grows_at_its_first_checkpoint_after_room_returns() ->
     status.last_checkpoint, status.step = CheckpointStatus(step=30), 33
     grown = _at(job, status, RUNNING, 40, fits=3)
     assert grown.delete == [1] and not grown.create  # created once attempt 1's pods are gone
+    assert grown.cut == []  # whole ranks: their SIGTERM checkpoint gets the pods' full grace period
     ended, nxt = grown.status.attempts[-2:]
     assert (ended.reason, ended.charged, nxt.world_size, grown.status.workers) == ("ScaledUp", False, 3, 3)
     assert grown.status.grow_after_step is None

@@ -148,14 +148,29 @@ def test_a_peer_failed_beside_a_lost_node_shrinks_an_elastic_job_uncharged() -> 
     plan = reconcile(spec, status, 1, jobs, datetime.now(UTC))
     first, second = plan.status.attempts
     assert (first.reason, first.charged, second.world_size) == ("ScaledDown", False, 2), plan.status.attempts
+    assert plan.cut == []  # no pod of it is left to stop
     assert "a node was lost" in (first.message or "") and second.start_step == 20
+
+
+def test_an_elastic_attempt_shrinks_at_once_and_its_blocked_ranks_are_cut() -> None:
+    spec, status = running(3, elastic={"minWorkers": 2, "waitSeconds": 600})
+    blocked = tuple(PodView(f"j-a0-{i}", i, "Running", True, node=f"n{i}") for i in (0, 1))
+    silent = on_nodes(
+        PodView("j-a0-2", 2, "Running", True, node="n2", marked_unready=True),
+        nodes("n0", "n1", "n2", unreachable=("n2",)),
+    )
+    plan = reconcile(spec, status, 1, {0: JobView(0, pods=(*blocked, silent))}, datetime.now(UTC))
+    first, second = plan.status.attempts
+    assert (first.reason, second.world_size) == ("ScaledDown", 2), plan.status.attempts
+    assert (plan.delete, plan.cut, plan.create) == ([0], [0], [])  # its ranks cannot checkpoint: cut
 
 
 def test_an_attempt_that_cannot_shrink_ends_at_once_when_a_node_stops_answering() -> None:
     """Rank 0 still runs, blocked in a collective with the rank whose node stopped answering:
     the attempt is not left to wait for the collective's timeout. It ends NodeLost, uncharged,
-    its Job deleted; the next attempt, in the same precision from the last checkpoint, has its
-    Job created once the stopped attempt's pods are gone."""
+    its Job deleted and its pods cut (cutoff.CUT_GRACE_SECONDS); the next attempt, in the same
+    precision from the last checkpoint, has its Job created once the stopped attempt's pods are
+    gone."""
     spec, status = running(2)
     blocked = PodView("j-a0-0", 0, "Running", True, node="n0")
     cut_off = PodView("j-a0-1", 1, "Running", True, node="n1", marked_unready=True)
@@ -165,7 +180,7 @@ def test_an_attempt_that_cannot_shrink_ends_at_once_when_a_node_stops_answering(
     lost = on_nodes(cut_off, nodes("n0", "n1", unreachable=("n1",)))
     plan = reconcile(spec, status, 1, {0: JobView(0, pods=(blocked, lost))}, now)
     first, second = plan.status.attempts
-    assert (plan.delete, plan.create) == ([0], [])
+    assert (plan.delete, plan.cut, plan.create) == ([0], [0], [])  # rank 0 is cut, not left its grace period
     assert (first.reason, first.charged) == ("NodeLost", False), first
     assert "j-a0-1" in (first.message or "") and "NodeUnreachable" in (first.message or "")
     assert (second.precision, second.start_step, second.world_size) == ("bf16", 20, 2)

@@ -51,11 +51,11 @@ def test_without_a_deadline_a_step_may_stand_still_for_ever() -> None:
     assert (plan.delete, len(plan.status.attempts)) == ([], 1)
 
 
-def test_a_stalled_attempt_ends_at_once_charged_and_the_next_waits_for_its_pods() -> None:
+def test_a_stalled_attempt_is_cut_at_once_charged_and_the_next_waits_for_its_pods() -> None:
     plan = ended(61.0, **DEADLINE)
     spec = running(1, **DEADLINE)[0]
     first, second = plan.status.attempts
-    assert (plan.delete, plan.create) == ([0], [])
+    assert (plan.delete, plan.cut, plan.create) == ([0], [0], [])  # cut: a hung rank cannot checkpoint
     assert (first.reason, first.charged) == ("Stalled", True), first
     assert "has not moved for 61s" in (first.message or "") and "progressDeadlineSeconds=60" in (first.message or "")
     assert (second.precision, second.start_step) == ("bf16", 20)
