@@ -104,12 +104,22 @@ def shutdown(world: World) -> None:
     torn down with its TCPStore and gloo threads still running: std::terminate (SIGABRT) after
     the report said Succeeded. The group's objects sit in reference cycles: collecting them
     here joins those threads now, while the interpreter is whole, not at some point of exit.
-    On gloo the ranks first meet (a barrier that gives up after SHUTDOWN_MEET_SECONDS, a peer
-    gone): a rank that tore its group down while a peer's last collective was in flight made
-    that peer abort in gloo (SIGABRT) after both had written their reports."""
+    On gloo the ranks first meet (`_meet`): a rank that tore its group down while a peer's last
+    collective was in flight made that peer abort in gloo (SIGABRT) after both had written their
+    reports. A rank the others do not meet (gone, or alive but hung where it is) leaves the group
+    as it is: tearing it down would wait for that rank for good, and the process exits anyway."""
     if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
-            with contextlib.suppress(Exception):
-                dist.monitored_barrier(timeout=timedelta(seconds=SHUTDOWN_MEET_SECONDS))
+        if dist.get_backend() == "gloo" and dist.get_world_size() > 1 and not _meet():
+            return
         dist.destroy_process_group()
         gc.collect()
+
+
+def _meet() -> bool:
+    """Whether every rank reached its shutdown within SHUTDOWN_MEET_SECONDS. A barrier whose
+    wait is bounded: monitored_barrier's is not, on a rank whose peer lives but never answers
+    (a rank that crashed beside one hung in its data loader waited there for good)."""
+    try:
+        return dist.barrier(async_op=True).wait(timeout=timedelta(seconds=SHUTDOWN_MEET_SECONDS)) is not False
+    except RuntimeError:  # the wait timed out, or a peer is gone (DistBackendError is one)
+        return False
