@@ -18,8 +18,8 @@ exists as lost). The node is registered again after each run.
 With `--silence-node` worker 2's node stops answering instead (the node agent renews neither its
 Ready condition nor its Lease and stops its pods' processes where they stand, so the peers block
 in their next collective): the node lifecycle controller marks it after its grace period, the
-operator ends the attempt at that mark, and the blocked ranks are stopped (SIGTERM, then SIGKILL
-after the pod's grace period) before the smaller attempt starts. The node answers again after
+operator ends the attempt at that mark, and the blocked ranks are cut (SIGTERM, then SIGKILL 10 s
+later, cutoff.CUT_GRACE_SECONDS) before the smaller attempt starts. The node answers again after
 each run.
 
     make cluster && PYTHONPATH=. uv run --no-sync python bench/node_loss.py [--runs 3] [--remove-node | --silence-node]

@@ -205,9 +205,8 @@ class Reconciler:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
         for index in plan.cut:  # after its Job: the Job controller then makes no pod in their place
-            for pod in seen.jobs[index].pods if index in seen.jobs else ():
-                if pod.alive and pod.uid:
-                    self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
+            for pod in cutoff.to_cut(seen.jobs[index]) if index in seen.jobs else ():
+                self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
         for start in plan.create:
             try:
                 self._create(body, spec, plan, start=start)

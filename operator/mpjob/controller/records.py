@@ -193,6 +193,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         node=_text((pod.get("spec") or {}).get("nodeName")),
         marked_unready=_marked_unready(status.get("conditions") or []),
         uid=str(meta.get("uid", "")),
+        grace=_grace(meta.get("deletionGracePeriodSeconds")),
     )
 
 
@@ -201,6 +202,10 @@ def _marked_unready(conditions: list[dict[str, Any]]) -> bool:
     one without the other (a kubelet sets both)."""
     states = {c.get("type"): c.get("status") for c in conditions if isinstance(c, dict)}
     return states.get("Ready") == "False" and states.get("ContainersReady") == "True"
+
+
+def _grace(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _text(value: Any) -> str | None:

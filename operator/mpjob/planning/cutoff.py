@@ -5,12 +5,14 @@ Its Job is deleted, so its pods get SIGTERM (a rank not blocked checkpoints firs
 attempt's Job is created only once they are gone (`reconcile._follow` waits while an earlier
 attempt's pod is alive): two attempts never write checkpoints at once.
 
-An attempt ended because a rank is lost or hung is also cut (`Plan.cut`): its pods still alive
-get CUT_GRACE_SECONDS, not their own grace period (60 s), before SIGKILL. Their SIGTERM cannot
-buy a checkpoint: under DDP or FSDP every rank agrees on the stop and writes its part, and the
-lost or hung rank never will, so the others would sit blocked in a collective (in C++, where no
-Python handler runs) for the whole grace period, holding their GPUs from the next attempt. A
-resize that is not a loss keeps the full grace: its ranks are whole and checkpoint on SIGTERM.
+An attempt ended because a rank is lost, hung or crashed is also cut (`Plan.cut`): its pods
+still alive get CUT_GRACE_SECONDS, not their own grace period (60 s), before SIGKILL. Their
+SIGTERM cannot buy a checkpoint: under DDP or FSDP every rank agrees on the stop and writes its
+part, and the lost, hung or crashed rank never will, so the others would sit blocked in a
+collective (in C++, where no Python handler runs; NCCL's own timeout is minutes) for the whole
+grace period, holding their GPUs from the next attempt. A resize that is not a loss, a
+suspension, a queue's preemption and a deadline keep the full grace: their ranks are whole and
+checkpoint on SIGTERM. (A crashed attempt's Job is kept for its logs: only its pods are cut.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan, When
 from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.codes import ExitCode
 
 #: Seconds between SIGTERM and SIGKILL for the ranks of an attempt that was cut (the module doc);
 #: `mpjob run` gives its stalled workers the same.
@@ -44,6 +47,22 @@ def resize(
     outcome = AttemptOutcome(None, message=change.why, resize=change)
     lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
     plan.create.clear()
+
+
+def to_cut(job: JobView) -> list[PodView]:
+    """The pods of a cut attempt still to cut: alive, and not yet deleted with CUT_GRACE_SECONDS
+    or less (a reconcile that comes again before they are gone asks nothing twice)."""
+    return [p for p in job.pods if p.alive and p.uid and (p.grace is None or p.grace > CUT_GRACE_SECONDS)]
+
+
+def crashed(job: JobView) -> bool:
+    """Whether a pod of the attempt failed by itself while another still runs: it exited with
+    neither success nor a stop the ranks agree on (SIGTERM's checkpoint, a re-promotion's), so
+    the others wait for it in their next collective, and their SIGTERM, which the Job controller
+    sends, cannot buy a checkpoint either (the module doc)."""
+    agreed = (ExitCode.SUCCESS, ExitCode.PREEMPTED, ExitCode.REPROMOTE)
+    failed = any(not p.alive and p.exit_code is not None and p.exit_code not in agreed for p in job.pods)
+    return failed and any(p.alive for p in job.pods)
 
 
 def lost_pod(job: JobView) -> PodView | None:

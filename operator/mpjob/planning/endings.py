@@ -41,6 +41,8 @@ class PodView:
     marked_unready: bool = False
     #: The pod's UID (a delete of it carries it as a precondition); "" where not known.
     uid: str = ""
+    #: The grace period it is being deleted with (metadata.deletionGracePeriodSeconds), if any.
+    grace: int | None = None
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,8 @@ def _follow(
         cutoff.resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
         _running(plan, spec, job=job, when=when)
+    elif finished == "Failed" and cutoff.crashed(job):
+        plan.cut.append(job.index)  # its Job is kept for its logs; its live ranks are cut, then it ends
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
         if outcome.report is not None and inplace.record(plan, spec, outcome.report.precision_changes, when):

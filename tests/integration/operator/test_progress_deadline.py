@@ -3,7 +3,8 @@ hangs at step 25 (its metrics endpoint answers on, showing a step that no longer
 ended Stalled once its step has stood still 30 s as the operator's reads saw, its pod cut
 (SIGTERM, then SIGKILL after cutoff.CUT_GRACE_SECONDS, not the pod's own 60 s: the hung rank
 cannot act on SIGTERM), and the next attempt goes on in the same precision from the step-20
-checkpoint to Succeeded."""
+checkpoint to Succeeded. And a rank that crashes while its peer cannot act on SIGTERM: the
+peer's pod is cut too, rather than left the grace period the Job controller's deletion gives it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tests.integration.operator.conftest import Jobs, Operator
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
 
 pytestmark = pytest.mark.integration
+
+CLAIM = {"persistentVolumeClaim": {"claimName": "ckpt"}}
 
 
 @contextlib.contextmanager
@@ -52,11 +55,29 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
     operator: Operator, jobs: Jobs, api_client: client.ApiClient, namespace: str
 ) -> None:
     jobs.pvc("ckpt")
-    claim = {"persistentVolumeClaim": {"claimName": "ckpt"}}
     with deletion_graces(api_client, namespace) as graces:
-        jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": claim}})
+        jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
         status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
     stalled_then_retried(status, "rank 0's metrics")
     (cut,) = [seen for name, seen in graces.items() if name.startswith("hung-a0-")]
     # Not its own 60 s: a hung rank cannot checkpoint. (0: the node removes it once it has stopped.)
     assert min(g for g in cut if g > 0) == CUT_GRACE_SECONDS, graces
+
+
+def test_a_peer_of_a_rank_that_crashed_is_cut_not_left_its_grace_period(
+    operator: Operator, jobs: Jobs, api_client: client.ApiClient, namespace: str
+) -> None:
+    """Both ranks fetch step 26's batch: rank 1 crashes there (exit 1: the Job fails), rank 0
+    hangs there, where SIGTERM cannot reach it, as a rank blocked on a dead peer in NCCL."""
+    jobs.pvc("ckpt")
+    args = {**SPEC["task"]["args"], "crashAfter": {"0": 25 * 4}}
+    spec = {**SPEC, "workers": 2, "task": {**SPEC["task"], "args": args}, "runPolicy": {}}
+    with deletion_graces(api_client, namespace) as graces:
+        jobs.create("crash", {**spec, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
+        status = jobs.wait_phase("crash", ("Succeeded", "Failed"), 300)
+    assert (status["phase"], status["step"]) == ("Succeeded", 40), status
+    first, second = status["attempts"]
+    assert (first["reason"], first["endStep"]) == ("InfraError", 25), first
+    assert (second["precision"], second["startStep"], second["reason"]) == ("bf16", 20, "Succeeded"), second
+    (cut,) = [seen for name, seen in graces.items() if name.startswith("crash-a0-0-")]
+    assert min(g for g in cut if g > 0) == CUT_GRACE_SECONDS, graces  # the Job controller's own delete says 60

@@ -1,8 +1,9 @@
-"""A `task.module` factory for the progress-deadline tests (`mpjob run` and the operator): the
-builtin mlp whose dataset, in the attempts `hangAfter` names ({attempt: samples}), blocks for
-good once it has served that many samples, as a data loader does on a filesystem that stopped
-answering. The trainer's metrics endpoint answers on (its own thread), showing a step that no
-longer moves; worker 0 prints no further step line."""
+"""A `task.module` factory for the progress-deadline tests (`mpjob run` and the operator) and the
+cut tests: the builtin mlp whose dataset, in the attempts `hangAfter` names ({attempt: samples}),
+blocks for good once it has served that many samples, as a data loader does on a filesystem
+that stopped answering. The trainer's metrics endpoint answers on (its own thread), showing a
+step that no longer moves; worker 0 prints no further step line. In the attempts `crashAfter`
+names, every rank but 0 raises instead (a crash: exit 1) once it has served that many."""
 
 from __future__ import annotations
 
@@ -45,22 +46,25 @@ def stalled_then_retried(status: dict[str, Any], source: str) -> None:
 
 
 class Hanging(Dataset[Any]):
-    def __init__(self, inner: Dataset[Any], after: int | None) -> None:
-        self.inner, self.after, self.served = inner, after, 0
+    def __init__(self, inner: Dataset[Any], after: int | None, crash: bool = False) -> None:
+        self.inner, self.after, self.crash, self.served = inner, after, crash, 0
 
     def __len__(self) -> int:
         return len(self.inner)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> Any:
         if self.after is not None and self.served >= self.after:
+            if self.crash:
+                raise RuntimeError(f"this rank crashes after {self.after} samples (crashAfter)")
             threading.Event().wait()  # never set: SIGTERM's handler runs, and the wait goes on
         self.served += 1
         return self.inner[index]
 
 
 def make_task(args: dict[str, Any]) -> Task:
-    after = {int(k): int(v) for k, v in (args.get("hangAfter") or {}).items()}
-    task = make_mlp({k: v for k, v in args.items() if k != "hangAfter"})
+    hang, crash = ({int(k): int(v) for k, v in (args.get(key) or {}).items()} for key in ("hangAfter", "crashAfter"))
+    task = make_mlp({k: v for k, v in args.items() if k not in ("hangAfter", "crashAfter")})
     attempt = json.loads(os.environ[LAUNCH_ENV])["attempt"]
-    task.dataset = Hanging(task.dataset, after.get(attempt))
+    crashes = attempt in crash and int(os.environ.get("RANK") or 0) > 0
+    task.dataset = Hanging(task.dataset, crash[attempt] if crashes else hang.get(attempt), crashes)
     return task

@@ -1,0 +1,53 @@
+"""Which attempts are cut (mpjob.planning.cutoff): when a rank crashed, was lost or hangs, the
+ranks still alive cannot checkpoint on SIGTERM, so their pods are deleted with CUT_GRACE_SECONDS
+instead of waiting out their own grace period; a stop the ranks agreed on is never cut short."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from mpjob.controller.records import pod_view
+from mpjob.planning import cutoff
+from mpjob.planning.endings import JobView, PodView
+from mpjob.planning.reconcile import reconcile
+from mpjob_contract.codes import ExitCode
+from tests.unit.operator.test_cache import pod
+from tests.unit.operator.test_lost_nodes import running
+
+pytestmark = pytest.mark.unit
+
+ALIVE = PodView("j-a0-0", 0, "Running", True, uid="u0", node="n0")
+
+
+def ended(code: int) -> PodView:
+    return PodView("j-a0-1", 1, "Failed" if code else "Succeeded", False, exit_code=code, uid="u1", node="n1")
+
+
+@pytest.mark.parametrize("code", [ExitCode.INFRA_ERROR, ExitCode.NUMERIC_FAULT, ExitCode.OUT_OF_DEVICE_MEMORY, 137])
+def test_a_rank_that_crashed_beside_live_peers_gets_them_cut_and_its_job_kept(code: int) -> None:
+    spec, status = running(2)
+    plan = reconcile(spec, status, 1, {0: JobView(0, finished="Failed", pods=(ALIVE, ended(code)))}, datetime.now(UTC))
+    assert (plan.cut, plan.delete, plan.create) == ([0], [], [])  # the Job stays for its logs
+    assert len(plan.status.attempts) == 1  # it ends once rank 0's pod has stopped, as before
+
+
+@pytest.mark.parametrize("code", [ExitCode.PREEMPTED, ExitCode.REPROMOTE])
+def test_a_stop_the_ranks_agreed_on_keeps_the_grace_to_checkpoint(code: int) -> None:
+    spec, status = running(2)
+    plan = reconcile(spec, status, 1, {0: JobView(0, finished="Failed", pods=(ALIVE, ended(code)))}, datetime.now(UTC))
+    assert (plan.cut, plan.delete, len(plan.status.attempts)) == ([], [], 1)
+
+
+def test_only_live_pods_not_yet_deleted_that_briefly_are_cut() -> None:
+    going = [PodView(f"p{g}", 0, "Running", True, uid=f"u{g}", grace=g) for g in (None, 60, 10, 0)]
+    gone = PodView("p-ended", 1, "Failed", False, exit_code=1, uid="u-ended")
+    assert [p.name for p in cutoff.to_cut(JobView(0, pods=(*going, gone)))] == ["pNone", "p60"]
+
+
+def test_the_pod_view_carries_the_uid_and_the_grace_it_is_deleted_with() -> None:
+    body = pod(0)
+    assert (pod_view(body).uid, pod_view(body).grace) == ("pod-0", None)
+    body["metadata"] |= {"deletionTimestamp": "2026-12-01T00:00:00Z", "deletionGracePeriodSeconds": 60}
+    assert (pod_view(body).deleting, pod_view(body).grace) == (True, 60)
