@@ -44,7 +44,7 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str) -> dict[
     status = wait_for(finished, 600, 0.5, f"{name} to finish")
     stalled_then_retried(status, "rank 0's metrics")
     hung = max(e["time"] for e in pod_lines(kubeconfig, ns, f"{name}-a0") if e["event"] == "step")
-    ended = datetime.fromisoformat(status["attempts"][0]["endTime"]).timestamp()
+    ended = datetime.fromisoformat(status["attempts"][0]["finishTime"]).timestamp()
     new = pod_lines(kubeconfig, ns, f"{name}-a1")
     resumed = next(e["time"] for e in new if e["event"] == "resume")
     stepped = next(e["time"] for e in new if e["event"] == "step")
