@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import IO
 
 from mpjob.builders.attempt import launcher_argv
+from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.reconcile import JobView, PodView, outcome_of
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import TERMINATION_LOG_ENV
 
-#: Seconds the other workers get to stop after one of them failed (as a Job would).
-PEER_GRACE_SECONDS = 10.0
 #: A task.command that starts with one of these runs in `mpjob run`'s own interpreter, as
 #: torchrun starts `python` with sys.executable: `mpjob run` called by its path, with its
 #: environment not on PATH, still trains with the torch and mpjob_trainer it was installed with.
@@ -163,6 +162,6 @@ class Workers:
             if all(c is not None for c in codes):
                 return
             if any(c not in (None, 0) for c in codes):
-                self.stop(PEER_GRACE_SECONDS)
+                self.stop(cutoff.CUT_GRACE_SECONDS)  # as the operator cuts the peers of a crash
                 return
             time.sleep(0.2)
