@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import time
 from typing import Any
 
 from kubernetes import client
 
-from bench.operator_scale import stop_operator, wait_gone
-from bench.recovery_cluster import GROUP, PLURAL, VERSION, namespace_with_operator, pod_lines
+from bench.recovery_cluster import GROUP, PLURAL, VERSION, close, medians, namespace_with_operator, pod_lines
 from tests.cluster.disruption import lose_pod, rank_pod
 from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node, silence_node, wake_node
 from tests.helpers import wait_for
@@ -112,9 +110,7 @@ def measure(runs: int, how: str) -> list[dict[str, float]]:
             with contextlib.suppress(client.ApiException):  # 409: it is there
                 return_node(core, node)
             wake_node(core, node)
-        stop_operator(op)
-        core.delete_namespace(ns, propagation_policy="Foreground")
-        wait_gone(core, ns)
+        close(api, ns, op)
 
 
 def main() -> None:
@@ -124,11 +120,7 @@ def main() -> None:
     how.add_argument("--remove-node", action="store_true", help="delete the Node itself (the trio pool)")
     how.add_argument("--silence-node", action="store_true", help="the node stops answering (the trio pool)")
     args = parser.parse_args()
-    rows = measure(args.runs, "remove" if args.remove_node else "silence" if args.silence_node else "pod")
-    for key in rows[0]:
-        values = [row[key] for row in rows]
-        each = ", ".join(f"{v:.2f}" for v in values)
-        print(f"{key}: median {statistics.median(values):.2f} s (runs: {each})")
+    medians(measure(args.runs, "remove" if args.remove_node else "silence" if args.silence_node else "pod"))
 
 
 if __name__ == "__main__":

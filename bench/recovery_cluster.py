@@ -42,10 +42,8 @@ def pod_lines(kubeconfig: str, ns: str, attempt: str, rank: int | None = None) -
     return events(log)
 
 
-def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, *, in_place: bool) -> dict[str, float]:
-    spec = json.loads(json.dumps(JOB["spec"]))
-    spec["precision"]["inPlace"] = in_place
-    spec["checkpoint"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
+def run_job(api: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Apply the MixedPrecisionJob `name` of `spec` and wait for its end: its status."""
     custom = client.CustomObjectsApi(api)
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MixedPrecisionJob", "metadata": {"name": name}, "spec": spec}
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
@@ -54,7 +52,14 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, *, in_pl
         status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
         return status if status.get("phase") in ("Succeeded", "Failed") else None
 
-    status = wait_for(finished, 600, 0.5, f"{name} to finish")
+    return wait_for(finished, 600, 0.5, f"{name} to finish")
+
+
+def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, *, in_place: bool) -> dict[str, float]:
+    spec = json.loads(json.dumps(JOB["spec"]))
+    spec["precision"]["inPlace"] = in_place
+    spec["checkpoint"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
+    status = run_job(api, ns, name, spec)
     assert status["phase"] == "Succeeded" and [a["precision"] for a in status["attempts"]] == ["fp16", "bf16"]
     if in_place:
         return {"recoverySeconds": float(status["attempts"][1]["recoverySeconds"])}
@@ -81,9 +86,24 @@ def namespace_with_operator(prefix: str, claim: str) -> tuple[client.ApiClient, 
     return api, kubeconfig, ns, start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
 
 
+def close(api: client.ApiClient, ns: str, op: subprocess.Popen[bytes]) -> None:
+    """Stop `namespace_with_operator`'s operator and delete its namespace."""
+    core = client.CoreV1Api(api)
+    stop_operator(op)
+    core.delete_namespace(ns, propagation_policy="Foreground")
+    wait_gone(core, ns)
+
+
+def medians(rows: list[dict[str, float]]) -> None:
+    """Print each span's median over the runs, and the runs."""
+    for key in rows[0]:
+        values = [row[key] for row in rows]
+        each = ", ".join(f"{v:.2f}" for v in values)
+        print(f"{key}: median {statistics.median(values):.2f} s (runs: {each})")
+
+
 def measure(runs: int) -> dict[str, list[dict[str, float]]]:
     api, kubeconfig, ns, op = namespace_with_operator("recovery", CLAIM)
-    core = client.CoreV1Api(api)
     rows: dict[str, list[dict[str, float]]] = {"in place": [], "restart": []}
     try:
         for k in range(runs):
@@ -91,9 +111,7 @@ def measure(runs: int) -> dict[str, list[dict[str, float]]]:
                 name = f"{label.replace(' ', '')}-{k}"
                 rows[label].append(one_job(api, kubeconfig, ns, name, in_place=in_place))
     finally:
-        stop_operator(op)
-        core.delete_namespace(ns, propagation_policy="Foreground")
-        wait_gone(core, ns)
+        close(api, ns, op)
     return rows
 
 

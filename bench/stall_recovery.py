@@ -16,15 +16,11 @@ Job and pod creation, process start, imports, model build), its resume and its f
 from __future__ import annotations
 
 import argparse
-import statistics
 from datetime import datetime
-from typing import Any
 
 from kubernetes import client
 
-from bench.operator_scale import stop_operator, wait_gone
-from bench.recovery_cluster import GROUP, PLURAL, VERSION, namespace_with_operator, pod_lines
-from tests.helpers import wait_for
+from bench.recovery_cluster import close, medians, namespace_with_operator, pod_lines, run_job
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
 
 CLAIM = "stall"
@@ -32,16 +28,8 @@ CLAIM = "stall"
 
 def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str) -> dict[str, float]:
     """One hung job to its end: the spans from its hang."""
-    custom = client.CustomObjectsApi(api)
     spec = {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": {"persistentVolumeClaim": {"claimName": CLAIM}}}}
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "MixedPrecisionJob", "metadata": {"name": name}, "spec": spec}
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-
-    def finished() -> dict[str, Any] | None:
-        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
-        return status if status.get("phase") in ("Succeeded", "Failed") else None
-
-    status = wait_for(finished, 600, 0.5, f"{name} to finish")
+    status = run_job(api, ns, name, spec)
     stalled_then_retried(status, "rank 0's metrics")
     hung = max(e["time"] for e in pod_lines(kubeconfig, ns, f"{name}-a0") if e["event"] == "step")
     ended = datetime.fromisoformat(status["attempts"][0]["finishTime"]).timestamp()
@@ -59,23 +47,16 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str) -> dict[
 
 def measure(runs: int) -> list[dict[str, float]]:
     api, kubeconfig, ns, op = namespace_with_operator("stall", CLAIM)
-    core = client.CoreV1Api(api)
     try:
         return [one_job(api, kubeconfig, ns, f"hung-{k}") for k in range(runs)]
     finally:
-        stop_operator(op)
-        core.delete_namespace(ns, propagation_policy="Foreground")
-        wait_gone(core, ns)
+        close(api, ns, op)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    rows = measure(parser.parse_args().runs)
-    for key in rows[0]:
-        values = [row[key] for row in rows]
-        each = ", ".join(f"{v:.2f}" for v in values)
-        print(f"{key}: median {statistics.median(values):.2f} s (runs: {each})")
+    medians(measure(parser.parse_args().runs))
 
 
 if __name__ == "__main__":
