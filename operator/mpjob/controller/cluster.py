@@ -186,9 +186,10 @@ class Cluster:
 
     def cut_pod(self, namespace: str, pod: str, *, uid: str, grace: int) -> None:
         """Delete an attempt's pod, if it is still the one whose UID is `uid`, with `grace`
-        seconds before SIGKILL: a deletion under way (its Job's) with a longer grace period is
-        shortened to it. Anything but its being gone is logged, not raised: the attempt has
-        ended in the status already, and the pod still goes with its own grace period."""
+        seconds before SIGKILL. Only a pod's first deletion counts: the API server records a
+        shorter grace given later, but a kubelet runs out the one its stop began with. Anything
+        but the pod's being gone is logged, not raised: the attempt has ended in the status
+        already, and the pod still goes, with its own grace period."""
         options = {"preconditions": {"uid": uid}, "gracePeriodSeconds": grace}
         try:
             self.core.delete_namespaced_pod(pod, namespace, body=options, _request_timeout=REQUEST_TIMEOUT)

@@ -201,12 +201,12 @@ class Reconciler:
         with a short grace period), create the ones it starts; the attempt whose children the API
         server refused for good, if any."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        for index in plan.cut:  # before its Job: a kubelet keeps the grace a pod's first deletion gave
+            for pod in cutoff.to_cut(seen.jobs[index]) if index in seen.jobs else ():
+                self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
-        for index in plan.cut:  # after its Job: the Job controller then makes no pod in their place
-            for pod in cutoff.to_cut(seen.jobs[index]) if index in seen.jobs else ():
-                self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
         for start in plan.create:
             try:
                 self._create(body, spec, plan, start=start)

@@ -12,7 +12,14 @@ part, and the lost, hung or crashed rank never will, so the others would sit blo
 collective (in C++, where no Python handler runs; NCCL's own timeout is minutes) for the whole
 grace period, holding their GPUs from the next attempt. A resize that is not a loss, a
 suspension, a queue's preemption and a deadline keep the full grace: their ranks are whole and
-checkpoint on SIGTERM. (A crashed attempt's Job is kept for its logs: only its pods are cut.)
+checkpoint on SIGTERM.
+
+A kubelet keeps the grace period a pod's first deletion gave it (a shorter one asked for later
+shows in the API, but the container's stop under way runs out the first), so the pods are cut
+before their Job is deleted, whose garbage collection would delete them with their own. After a
+crash the Job controller deletes the other pods itself, a second or so after the failure (it
+batches a Job's pod events): the cut races it and, once the operator has seen the failure,
+usually wins. (A crashed attempt's Job is kept for its logs: only its pods are cut.)
 """
 
 from __future__ import annotations

@@ -116,10 +116,6 @@ class PodLifecycle:
         """Stop the pod's container now; the exit reporter writes what follows."""
         return self.runtime.kill(rec, grace)
 
-    def shorten(self, rec: PodProcess, grace: float) -> None:
-        """A pod being deleted was deleted again with `grace`: SIGKILL comes no later than that."""
-        self.runtime.shorten(rec, grace)
-
     def delete(self, rec: PodProcess, grace: float) -> None:
         """Graceful deletion: SIGTERM, up to `grace` seconds, SIGKILL; report the exit, remove the pod."""
         try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import math
 import os
 import signal
 import subprocess
@@ -90,9 +89,6 @@ class ProcessRuntime:
         #: Containers this runtime reaped: their numbers may be another process's (and process
         #: group's) by now (pid_max is 32768 here and the suite wraps it), so never signal them.
         self.reaped: set[int] = set()
-        #: Pod UID -> when (time.monotonic) a container being stopped gets SIGKILL; a deletion
-        #: with a shorter grace period brings it forward (`shorten`), as a kubelet does.
-        self.kill_at: dict[str, float] = {}
 
     def run_init(self, sandbox: PodSandbox, ctr: Any) -> None:
         """Run an init container to its end; raise unless it exited 0."""
@@ -208,25 +204,17 @@ class ProcessRuntime:
         code = self.exited(rec)
         if code is not None:
             return code
-        self.kill_at[rec.uid] = min(self.kill_at.get(rec.uid, math.inf), time.monotonic() + grace)
         _signal_group(rec.pid, signal.SIGTERM)
-        code = self._wait_exit(rec, lambda: self.kill_at.get(rec.uid, 0.0))
-        self.kill_at.pop(rec.uid, None)
+        code = self._wait_exit(rec, grace)
         if code is not None:
             return code
         _signal_group(rec.pid, signal.SIGKILL)
-        killed = time.monotonic() + SIGKILL_WAIT
-        code = self._wait_exit(rec, lambda: killed)
+        code = self._wait_exit(rec, SIGKILL_WAIT)
         return KILLED if code is None else code
 
-    def shorten(self, rec: PodProcess, grace: float) -> None:
-        """A container being stopped (or about to be: `kill` keeps the sooner) gets SIGKILL `grace`
-        seconds from now, if that is sooner."""
-        self.kill_at[rec.uid] = min(self.kill_at.get(rec.uid, math.inf), time.monotonic() + grace)
-
-    def _wait_exit(self, rec: PodProcess, deadline: Callable[[], float]) -> int | None:
-        """Its exit code once it exits, or None once `deadline()` (which may move) has passed."""
-        while time.monotonic() < deadline():
+    def _wait_exit(self, rec: PodProcess, seconds: float) -> int | None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
             code = self.exited(rec)
             if code is not None:
                 return code

@@ -125,14 +125,12 @@ class PodWatch:
     def _deleting(self, pod: Any) -> None:
         meta = pod.metadata
         rec = self.state.running.get(meta.uid)
-        grace = meta.deletion_grace_period_seconds
-        if grace is None:
-            grace = pod.spec.termination_grace_period_seconds or DEFAULT_GRACE_SECONDS
-        if rec and not rec.deleting:
-            rec.deleting = True
+        if rec and not rec.deleting:  # a later, shorter grace does not cut a stop under way short: a
+            rec.deleting = True  # kubelet's StopContainer runs out the grace it was first given
+            grace = meta.deletion_grace_period_seconds
+            if grace is None:
+                grace = pod.spec.termination_grace_period_seconds or DEFAULT_GRACE_SECONDS
             threading.Thread(target=self.pods.delete, args=(rec, grace), daemon=True).start()
-        elif rec:
-            self.pods.shorten(rec, grace)  # deleted again with a shorter grace period
         elif not rec and not (meta.finalizers or []):
             with contextlib.suppress(ApiException):
                 remove_pod(self.core, meta.name, meta.namespace, uid=meta.uid)

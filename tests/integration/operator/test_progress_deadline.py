@@ -1,8 +1,8 @@
 """runPolicy.progressDeadlineSeconds on the real control plane: an attempt whose data loader
 hangs at step 25 (its metrics endpoint answers on, showing a step that no longer moves) is
 ended Stalled once its step has stood still 30 s as the operator's reads saw, its pod cut
-(SIGTERM, then SIGKILL after cutoff.CUT_GRACE_SECONDS, not the pod's own 60 s: the hung rank
-cannot act on SIGTERM), and the next attempt goes on in the same precision from the step-20
+(deleted, before its Job, with cutoff.CUT_GRACE_SECONDS: SIGKILL comes 10 s after SIGTERM, not
+60, since the hung rank cannot act on SIGTERM), and the next attempt goes on in the same precision from the step-20
 checkpoint to Succeeded. And a rank that crashes while its peer cannot act on SIGTERM: the
 peer's pod is cut too, rather than left the grace period the Job controller's deletion gives it."""
 
@@ -60,8 +60,9 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
         status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
     stalled_then_retried(status, "rank 0's metrics")
     (cut,) = [seen for name, seen in graces.items() if name.startswith("hung-a0-")]
-    # Not its own 60 s: a hung rank cannot checkpoint. (0: the node removes it once it has stopped.)
-    assert min(g for g in cut if g > 0) == CUT_GRACE_SECONDS, graces
+    # Its first deletion (the one a kubelet keeps) was the cut, not its Job's with its own 60 s:
+    # a hung rank cannot checkpoint. (0: the node removes the pod once it has stopped.)
+    assert cut[0] == CUT_GRACE_SECONDS, graces
 
 
 def test_a_peer_of_a_rank_that_crashed_is_cut_not_left_its_grace_period(
@@ -80,4 +81,6 @@ def test_a_peer_of_a_rank_that_crashed_is_cut_not_left_its_grace_period(
     assert (first["reason"], first["endStep"]) == ("InfraError", 25), first
     assert (second["precision"], second["startStep"], second["reason"]) == ("bf16", 20, "Succeeded"), second
     (cut,) = [seen for name, seen in graces.items() if name.startswith("crash-a0-0-")]
-    assert min(g for g in cut if g > 0) == CUT_GRACE_SECONDS, graces  # the Job controller's own delete says 60
+    # Cut, where the Job controller's own deletion gives 60 s; the two race (cutoff's module doc),
+    # so which came first is not asserted.
+    assert CUT_GRACE_SECONDS in cut, graces
