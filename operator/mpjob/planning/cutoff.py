@@ -66,10 +66,11 @@ def crashed(job: JobView) -> bool:
     """Whether a pod of the attempt failed by itself while another still runs: it exited with
     neither success nor a stop the ranks agree on (SIGTERM's checkpoint, a re-promotion's), so
     the others wait for it in their next collective, and their SIGTERM, which the Job controller
-    sends, cannot buy a checkpoint either (the module doc)."""
+    sends, cannot buy a checkpoint either (the module doc). Read from the pods, before the Job
+    controller fails the Job (backoffLimit 0) and deletes the others with their own grace."""
     agreed = (ExitCode.SUCCESS, ExitCode.PREEMPTED, ExitCode.REPROMOTE)
     failed = any(not p.alive and p.exit_code is not None and p.exit_code not in agreed for p in job.pods)
-    return failed and any(p.alive for p in job.pods)
+    return failed and any(p.alive for p in job.pods) and not job.suspended  # suspended: its queue stops it
 
 
 def lost_pod(job: JobView) -> PodView | None:

@@ -179,14 +179,14 @@ def _follow(
         cutoff.resize(plan, spec, shrink, when, job=job.index)
     elif (lost := cutoff.lost_pod(job)) is not None and any(p.alive for p in job.pods):
         cutoff.end_lost(plan, spec, job, lost, when)  # at once: the lost pod may leave no trace once peers stop
+    elif cutoff.crashed(job):
+        plan.cut.append(job.index)  # its live ranks are cut (its Job kept for its logs); it ends once they stop
     elif finished is None and (stall := cutoff.stalled(spec, job, workers_of(spec, current), still_for, now)):
         cutoff.end_now(plan, spec, job, AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=stall), when)
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
         cutoff.resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
         _running(plan, spec, job=job, when=when)
-    elif finished == "Failed" and cutoff.crashed(job):
-        plan.cut.append(job.index)  # its Job is kept for its logs; its live ranks are cut, then it ends
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
         if outcome.report is not None and inplace.record(plan, spec, outcome.report.precision_changes, when):

@@ -26,11 +26,18 @@ def ended(code: int) -> PodView:
 
 
 @pytest.mark.parametrize("code", [ExitCode.INFRA_ERROR, ExitCode.NUMERIC_FAULT, ExitCode.OUT_OF_DEVICE_MEMORY, 137])
-def test_a_rank_that_crashed_beside_live_peers_gets_them_cut_and_its_job_kept(code: int) -> None:
+@pytest.mark.parametrize("finished", [None, "Failed"])  # seen before the Job controller fails the Job, or after
+def test_a_rank_that_crashed_beside_live_peers_gets_them_cut_and_its_job_kept(code: int, finished: str | None) -> None:
     spec, status = running(2)
-    plan = reconcile(spec, status, 1, {0: JobView(0, finished="Failed", pods=(ALIVE, ended(code)))}, datetime.now(UTC))
+    plan = reconcile(spec, status, 1, {0: JobView(0, finished=finished, pods=(ALIVE, ended(code)))}, datetime.now(UTC))
     assert (plan.cut, plan.delete, plan.create) == ([0], [], [])  # the Job stays for its logs
     assert len(plan.status.attempts) == 1  # it ends once rank 0's pod has stopped, as before
+
+
+def test_a_job_its_queue_suspended_is_left_to_its_queue() -> None:
+    spec, status = running(2)
+    job = JobView(0, pods=(ALIVE, ended(137)), suspended=True)
+    assert reconcile(spec, status, 1, {0: job}, datetime.now(UTC)).cut == []
 
 
 @pytest.mark.parametrize("code", [ExitCode.PREEMPTED, ExitCode.REPROMOTE])
