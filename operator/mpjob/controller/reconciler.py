@@ -201,9 +201,11 @@ class Reconciler:
         with a short grace period), create the ones it starts; the attempt whose children the API
         server refused for good, if any."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        for index in plan.cut:  # before its Job: a kubelet keeps the grace a pod's first deletion gave
-            for pod in cutoff.to_cut(seen.jobs[index]) if index in seen.jobs else ():
-                self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
+        cut = [pod for index in plan.cut if index in seen.jobs for pod in cutoff.to_cut(seen.jobs[index])]
+        for pod in cut:  # before their Job: a kubelet keeps the grace a pod's first deletion gave
+            self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
+        if cut:
+            plan.events.append(cutoff.cut_event(cut))
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])

@@ -32,6 +32,7 @@ from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.codes import ExitCode
 
@@ -60,6 +61,13 @@ def to_cut(job: JobView) -> list[PodView]:
     """The pods of a cut attempt still to cut: alive, and not yet deleted with CUT_GRACE_SECONDS
     or less (a reconcile that comes again before they are gone asks nothing twice)."""
     return [p for p in job.pods if p.alive and p.uid and (p.grace is None or p.grace > CUT_GRACE_SECONDS)]
+
+
+def cut_event(pods: list[PodView]) -> lc.Event:
+    """The Event that says which pods were cut, and why: the operator deleted them."""
+    names = ", ".join(p.name for p in pods)
+    why = "a rank of their attempt was lost, hung or crashed: no checkpoint can be agreed without it"
+    return lc.Event("Normal", ConditionReason.RANKS_CUT, f"{names} deleted with a {CUT_GRACE_SECONDS}-s grace: {why}")
 
 
 def crashed(job: JobView) -> bool:

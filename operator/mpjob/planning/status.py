@@ -56,6 +56,9 @@ class ConditionReason(StrEnum):
     PODS_CREATED = "PodsCreated"
     #: runPolicy.podCreationTimeoutSeconds passed with pods still refused.
     POD_CREATION_TIMEOUT = "PodCreationTimeout"
+    #: The operator deleted the live pods of an attempt whose rank was lost, hung or crashed,
+    #: with a short grace period (mpjob.planning.cutoff; an Event's reason).
+    RANKS_CUT = "RanksCut"
 
 
 #: How the status writes a moment: RFC 3339 in UTC, whole seconds, as Kubernetes writes its own.

@@ -59,6 +59,8 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
         jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
         status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
     stalled_then_retried(status, "rank 0's metrics")
+    (said,) = [e for e in jobs.events("hung", "RanksCut") if e.reason == "RanksCut"]
+    assert said.message.startswith("hung-a0-0-") and "10-s grace" in said.message, said.message
     (cut,) = [seen for name, seen in graces.items() if name.startswith("hung-a0-")]
     # Its first deletion (the one a kubelet keeps) was the cut, not its Job's with its own 60 s:
     # a hung rank cannot checkpoint. (0: the node removes the pod once it has stopped.)

@@ -58,3 +58,9 @@ def test_the_pod_view_carries_the_uid_and_the_grace_it_is_deleted_with() -> None
     assert (pod_view(body).uid, pod_view(body).grace) == ("pod-0", None)
     body["metadata"] |= {"deletionTimestamp": "2026-12-01T00:00:00Z", "deletionGracePeriodSeconds": 60}
     assert (pod_view(body).deleting, pod_view(body).grace) == (True, 60)
+
+
+def test_the_cut_is_said_in_an_event_naming_the_pods() -> None:
+    event = cutoff.cut_event([ALIVE, PodView("j-a0-2", 2, "Running", True, uid="u2")])
+    assert (event.type, event.reason) == ("Normal", "RanksCut")
+    assert event.message.startswith(f"j-a0-0, j-a0-2 deleted with a {cutoff.CUT_GRACE_SECONDS}-s grace: "), event
