@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from mpjob.planning import elastic
+from mpjob.planning import elastic, history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
@@ -34,7 +34,7 @@ from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import MixedPrecisionJobSpec
-from mpjob_contract.codes import ExitCode
+from mpjob_contract.codes import ExitCode, Reason
 
 #: Seconds between SIGTERM and SIGKILL for the ranks of an attempt that was cut (the module doc);
 #: `mpjob run` gives its stalled workers the same.
@@ -128,3 +128,27 @@ def end_now(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, outcome: Atte
     plan.cut.append(job.index)
     lc.conclude(plan, spec, attempt=plan.status.attempts[-1], outcome=outcome, when=when)
     plan.create.clear()
+
+
+#: Endings whose ranks are cut when `sweep` carries out their Job's deletion: a rank hung or lost.
+CUT_REASONS = frozenset({Reason.STALLED.value, Reason.NODE_LOST.value})
+
+
+def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
+    """Carry out an ending the status records but whose Job still runs: an operator that stopped
+    between writing an ending of its own word (a resize, a stall, a node lost, a suspension, a
+    failure by policy) and deleting the Job would otherwise leave those pods running for good,
+    and the next attempt waiting for them. The Job goes now, its pods cut when a rank was hung or
+    lost. A Job that finished, or that the newest running attempt runs in, is not touched."""
+    status = plan.status
+    newest = status.attempts[-1] if status.attempts else None
+    running = history.job_index(status, newest.index) if newest and newest.finish_time is None else None
+    ended = {history.job_index(status, a.index): a for a in status.attempts if a.finish_time is not None}
+    for index, job in sorted(jobs.items()):
+        attempt = ended.get(index)
+        if index == running or index in plan.delete or attempt is None or job.finished or job.suspended:
+            continue
+        if any(p.alive for p in job.pods):
+            plan.delete.append(index)
+            if attempt.reason in CUT_REASONS:
+                plan.cut.append(index)

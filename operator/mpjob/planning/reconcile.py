@@ -83,6 +83,7 @@ def reconcile(
         if not (spec.run_policy.suspend or busy):
             lc.resume(plan, spec, when)
     _retire(plan, jobs)
+    cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now))
     if plan.create:
         plan.deadline_seconds = _deadline_left(spec, status, now)

@@ -8,13 +8,14 @@ from datetime import UTC, datetime
 
 import pytest
 
+from mpjob.controller.lostnodes import on_nodes
 from mpjob.controller.records import pod_view
 from mpjob.planning import cutoff
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.codes import ExitCode
 from tests.unit.operator.test_cache import pod
-from tests.unit.operator.test_lost_nodes import running
+from tests.unit.operator.test_lost_nodes import nodes, running
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +65,34 @@ def test_the_cut_is_said_in_an_event_naming_the_pods() -> None:
     event = cutoff.cut_event([ALIVE, PodView("j-a0-2", 2, "Running", True, uid="u2")])
     assert (event.type, event.reason) == ("Normal", "RanksCut")
     assert event.message.startswith(f"j-a0-0, j-a0-2 deleted with a {cutoff.CUT_GRACE_SECONDS}-s grace: "), event
+
+
+def test_an_ending_whose_job_was_never_deleted_is_carried_out_after_a_restart() -> None:
+    """The operator wrote a NodeLost ending, then stopped before deleting the Job: the next
+    reconcile deletes it and cuts its ranks (before, the next attempt waited for them for good)."""
+    spec, status = running(2)
+    blocked = PodView("j-a0-0", 0, "Running", True, node="n0", uid="u0")
+    lost = on_nodes(PodView("j-a0-1", 1, "Running", True, node="n1", uid="u1"), nodes("n0"))
+    jobs = {0: JobView(0, pods=(blocked, lost))}
+    written = reconcile(spec, status, 1, jobs, datetime.now(UTC)).status
+    assert [a.reason for a in written.attempts] == ["NodeLost", None]
+    again = reconcile(spec, written, 1, {0: JobView(0, pods=(blocked,))}, datetime.now(UTC))
+    assert (again.delete, again.cut, again.create) == ([0], [0], [])
+
+
+def test_a_suspension_whose_job_was_never_deleted_is_carried_out_with_the_full_grace() -> None:
+    spec, status = running(1)
+    suspended = spec.model_copy(update={"run_policy": spec.run_policy.model_copy(update={"suspend": True})})
+    jobs = {0: JobView(0, pods=(ALIVE,))}
+    written = reconcile(suspended, status, 1, jobs, datetime.now(UTC)).status
+    assert written.phase == "Suspended"
+    again = reconcile(suspended, written, 1, jobs, datetime.now(UTC))
+    assert (again.delete, again.cut) == ([0], [])  # SIGTERM: its trainer checkpoints
+
+
+def test_a_job_that_finished_or_that_the_attempt_runs_in_is_not_swept() -> None:
+    spec, status = running(2)
+    written = reconcile(spec, status, 1, {0: JobView(0, pods=(ALIVE, ended(1)))}, datetime.now(UTC)).status
+    assert written.attempts[-1].finish_time is None  # rank 0 still stops: the attempt runs on
+    failed = {0: JobView(0, finished="Failed", pods=(ALIVE, ended(1)))}
+    assert reconcile(spec, written, 1, failed, datetime.now(UTC)).delete == []
