@@ -17,9 +17,10 @@ checkpoint on SIGTERM.
 A kubelet keeps the grace period a pod's first deletion gave it (a shorter one asked for later
 shows in the API, but the container's stop under way runs out the first), so the pods are cut
 before their Job is deleted, whose garbage collection would delete them with their own. After a
-crash the Job controller deletes the other pods itself, a second or so after the failure (it
-batches a Job's pod events): the cut races it and, once the operator has seen the failure,
-usually wins. (A crashed attempt's Job is kept for its logs: only its pods are cut.)
+crash the Job controller deletes the other pods itself, with their own grace, once it has failed
+the Job: the cut races it, decided from the pods as soon as they show the failure (`crashed`),
+and the pods keep 60 s where the Job controller is first. (A crashed attempt's Job is kept for
+its logs: only its pods are cut.)
 """
 
 from __future__ import annotations
