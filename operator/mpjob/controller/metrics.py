@@ -43,6 +43,9 @@ REFUSALS = Counter(
     ["reason"],
 )
 SCRAPE_FAILURES = Counter("mpjob_operator_progress_scrape_failures", "Failed reads of a trainer's metrics endpoint.")
+PODS_CUT = Counter(
+    "mpjob_operator_pods_cut", "Pods deleted with a short grace: a rank of their attempt lost, hung, crashed."
+)
 QUEUE_DEPTH = Gauge("mpjob_operator_workqueue_depth", "MixedPrecisionJobs waiting for a reconcile (changes and ticks).")
 GPU_SECONDS = Counter(
     "mpjob_operator_gpu_seconds",

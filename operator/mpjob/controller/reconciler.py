@@ -206,6 +206,7 @@ class Reconciler:
             self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
         if cut:
             plan.events.append(cutoff.cut_event(cut))
+            om.PODS_CUT.inc(len(cut))
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client, watch
 
 from mpjob.planning.cutoff import CUT_GRACE_SECONDS
+from tests.helpers import free_port
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
 
@@ -52,12 +55,17 @@ def deletion_graces(api_client: client.ApiClient, namespace: str) -> Iterator[di
 
 
 def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried(
-    operator: Operator, jobs: Jobs, api_client: client.ApiClient, namespace: str
+    kubeconfig: str, jobs: Jobs, api_client: client.ApiClient, namespace: str, crd_installed: None, tmp_path: Path
 ) -> None:
     jobs.pvc("ckpt")
-    with deletion_graces(api_client, namespace) as graces:
+    port = free_port()
+    with (
+        deletion_graces(api_client, namespace) as graces,
+        Operator.running(kubeconfig, namespace, tmp_path / "operator.log", metrics_port=port),
+    ):
         jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
         status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
+        assert pods_cut(port) == 1.0
     stalled_then_retried(status, "rank 0's metrics")
     (said,) = [e for e in jobs.events("hung", "RanksCut") if e.reason == "RanksCut"]
     assert said.message.startswith("hung-a0-0-") and "10-s grace" in said.message, said.message
@@ -65,6 +73,14 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
     # Its first deletion (the one a kubelet keeps) was the cut, not its Job's with its own 60 s:
     # a hung rank cannot checkpoint. (0: the node removes the pod once it has stopped.)
     assert cut[0] == CUT_GRACE_SECONDS, graces
+
+
+def pods_cut(port: int) -> float:
+    """mpjob_operator_pods_cut_total as the operator's metrics endpoint serves it."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read(1 << 20).decode()
+    (line,) = [line for line in text.splitlines() if line.startswith("mpjob_operator_pods_cut_total ")]
+    return float(line.split()[1])
 
 
 def test_a_peer_of_a_rank_that_crashed_is_cut_not_left_its_grace_period(
