@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpjob.controller import metrics as om
@@ -28,6 +28,7 @@ from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning import history
 from mpjob.planning.classify import backoff_seconds
+from mpjob.planning.cutoff import StillClock
 from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
@@ -175,10 +176,8 @@ class _Endpoint:
     reading: dict[str, Any] | None = None
     failures: int = 0
     not_before: float = 0.0
-    #: The step the last answering read showed (None: no real step yet), and since when (the
-    #: clock's time; None: no read has answered).
-    step: int | None = None
-    moved: float | None = None
+    #: Since when the step the answering reads showed has stood still.
+    still: StillClock = field(default_factory=StillClock)
 
 
 class ProgressReader:
@@ -231,9 +230,9 @@ class ProgressReader:
         trainer hung hard enough not to answer has not moved either."""
         with self._lock:
             endpoint = self._endpoints.get(key)
-            if endpoint is None or endpoint.target != target or endpoint.moved is None:
+            if endpoint is None or endpoint.target != target:
                 return None
-            return self._clock() - endpoint.moved
+            return endpoint.still.still(self._clock())
 
     def forget(self, key: Key) -> None:
         with self._lock:
@@ -264,6 +263,4 @@ class ProgressReader:
                 endpoint.not_before = self._clock() + delay
             else:
                 endpoint.failures, endpoint.reading = 0, reading
-                step = reading.get("step")
-                if endpoint.moved is None or step != endpoint.step:
-                    endpoint.step, endpoint.moved = step, self._clock()
+                endpoint.still.saw(reading.get("step"), self._clock())

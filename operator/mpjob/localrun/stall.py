@@ -29,8 +29,7 @@ class StallWatch:
 
     def __init__(self, spec: MixedPrecisionJobSpec, workers: Workers, clock: Callable[[], float] = time.monotonic):
         self.deadline, self.workers, self._clock = spec.run_policy.progress_deadline_seconds, workers, clock
-        self._step: int | None = None
-        self._moved: float | None = None  # None: no line yet
+        self._still = cutoff.StillClock()
         #: Why the attempt was stopped (None: it was not).
         self.why: str | None = None
         self._done = threading.Event()
@@ -38,9 +37,7 @@ class StallWatch:
             threading.Thread(target=self._watch, name="mpjob-stall-watch", daemon=True).start()
 
     def seen(self, event: events.TrainerEvent) -> None:
-        step = event.step if isinstance(event, events.Step) else self._step
-        if self._moved is None or step != self._step:
-            self._step, self._moved = step, self._clock()
+        self._still.saw(event.step if isinstance(event, events.Step) else self._still.step, self._clock())
 
     def ended(self, outcome: AttemptOutcome) -> AttemptOutcome:
         """How the attempt ended: Stalled when this watch stopped it, else as its workers said."""
@@ -51,7 +48,7 @@ class StallWatch:
 
     def _watch(self) -> None:
         while not self._done.wait(POLL_SECONDS):
-            still = None if self._moved is None else self._clock() - self._moved
+            still = self._still.still(self._clock())
             if (why := cutoff.stall(self.deadline, still, "worker 0's step lines")) is not None:
                 self.why = why
                 self.workers.stop(cutoff.CUT_GRACE_SECONDS)

@@ -113,6 +113,24 @@ def stalled(
     return stall(spec.run_policy.progress_deadline_seconds, min(still_for, since_all), "rank 0's metrics")
 
 
+class StillClock:
+    """How long an attempt's step has stood still, as one watcher sees it (the operator's reads
+    of rank 0, `mpjob run`'s lines of worker 0): counted from the first sighting, so a trainer
+    still starting is not judged, and anew each time the step moves. Times are the caller's
+    clock."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.moved: float | None = None  # None: nothing seen yet
+
+    def saw(self, step: int | None, now: float) -> None:
+        if self.moved is None or step != self.step:
+            self.step, self.moved = step, now
+
+    def still(self, now: float) -> float | None:
+        return None if self.moved is None else now - self.moved
+
+
 def stall(deadline: int | None, still: float | None, source: str) -> str | None:
     """Why an attempt whose step has stood still for `still` seconds, as `source` showed, is
     stalled under runPolicy.progressDeadlineSeconds=`deadline` (None: it is not)."""
