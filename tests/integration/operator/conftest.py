@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,18 @@ def pod_events(kubeconfig: str, namespace: str, attempt: str) -> list[dict[str, 
             if line.startswith("{"):
                 out.append(json.loads(line))
     return out
+
+
+def operator_samples(port: int, *prefixes: str) -> dict[str, float]:
+    """The samples (`name{labels}` -> value) whose names start with one of `prefixes` that an
+    operator's metrics endpoint on `port` serves (no `_created` series)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read(1 << 20).decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefixes) and "_created" not in line
+    }
 
 
 Spec = Callable[..., dict[str, Any]]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 import yaml
 
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import Jobs, Operator, gpt_spec, pod_events
+from tests.integration.operator.conftest import Jobs, Operator, gpt_spec, operator_samples, pod_events
 from tests.integration.operator.test_attempts import OVERFLOW
 
 pytestmark = pytest.mark.integration
@@ -37,13 +36,7 @@ def counted(kubeconfig: str, namespace: str, crd_installed: None, tmp_path: Path
 
 def samples(port: int) -> dict[str, float]:
     """The operator's cost samples (`name{labels}` -> value) from its metrics endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read(1 << 20).decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith((*COUNTERS, "mpjob_operator_jobs{")) and "_created" not in line
-    }
+    return operator_samples(port, *COUNTERS, "mpjob_operator_jobs{")
 
 
 def scrape(port: int) -> dict[str, float] | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from kubernetes import client, watch
 
 from mpjob.planning.cutoff import CUT_GRACE_SECONDS
 from tests.helpers import free_port
-from tests.integration.operator.conftest import Jobs, Operator
+from tests.integration.operator.conftest import Jobs, Operator, operator_samples
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
 
 pytestmark = pytest.mark.integration
@@ -65,7 +64,7 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
     ):
         jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
         status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
-        assert pods_cut(port) == 1.0
+        assert operator_samples(port, "mpjob_operator_pods_cut_total ") == {"mpjob_operator_pods_cut_total": 1.0}
     stalled_then_retried(status, "rank 0's metrics")
     (said,) = [e for e in jobs.events("hung", "RanksCut") if e.reason == "RanksCut"]
     assert said.message.startswith("hung-a0-0-") and "10-s grace" in said.message, said.message
@@ -73,14 +72,6 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
     # Its first deletion (the one a kubelet keeps) was the cut, not its Job's with its own 60 s:
     # a hung rank cannot checkpoint. (0: the node removes the pod once it has stopped.)
     assert cut[0] == CUT_GRACE_SECONDS, graces
-
-
-def pods_cut(port: int) -> float:
-    """mpjob_operator_pods_cut_total as the operator's metrics endpoint serves it."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read(1 << 20).decode()
-    (line,) = [line for line in text.splitlines() if line.startswith("mpjob_operator_pods_cut_total ")]
-    return float(line.split()[1])
 
 
 def test_a_peer_of_a_rank_that_crashed_is_cut_not_left_its_grace_period(
