@@ -57,6 +57,10 @@ class AttemptStatus(ApiModel):
     charged: bool | None = None
     start_time: str | None = None
     finish_time: str | None = None
+    #: When a live reading first showed the attempt, and then each time it showed its step move:
+    #: runPolicy.progressDeadlineSeconds counts from it, so an operator that restarts meanwhile
+    #: goes on counting where the one before it left off.
+    progress_time: str | None = None
     #: Its last loss and loss scale (fp16 only), as status.loss and status.lossScale held them
     #: when it ended: a finished job whose last attempt logged none shows these.
     loss: float | None = None

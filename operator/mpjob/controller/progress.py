@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mpjob.controller import metrics as om
@@ -28,7 +28,6 @@ from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning import history
 from mpjob.planning.classify import backoff_seconds
-from mpjob.planning.cutoff import StillClock
 from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
@@ -163,10 +162,8 @@ class Target:
     port: int = tm.DEFAULT_METRICS_PORT
 
 
-#: A poll of a running attempt: what the last finished read found (its target and figures), and
-#: how long the attempt's step has stood still (ProgressReader.still_for).
-Read = tuple[tuple[Target, dict[str, Any]] | None, float | None]
-NOT_READ: Read = (None, None)
+#: What the last finished read of a running attempt found: its target and figures.
+Read = tuple[Target, dict[str, Any]]
 
 
 @dataclass
@@ -176,8 +173,6 @@ class _Endpoint:
     reading: dict[str, Any] | None = None
     failures: int = 0
     not_before: float = 0.0
-    #: Since when the step the answering reads showed has stood still.
-    still: StillClock = field(default_factory=StillClock)
 
 
 class ProgressReader:
@@ -212,27 +207,17 @@ class ProgressReader:
             endpoint.busy = True
         self._pool.submit(self._read, key, endpoint)
 
-    def poll(self, key: Key, status: MixedPrecisionJobStatus, rank0_ip: dict[int, str]) -> Read:
+    def poll(self, key: Key, status: MixedPrecisionJobStatus, rank0_ip: dict[int, str]) -> Read | None:
         """For a running job: what the last finished read of its attempt's rank 0 (at its address
-        in `rank0_ip`) found, if any, and how long its step has stood still (None: not known); the
-        next read starts (off the caller's thread: a slow endpoint never holds a reconcile)."""
+        in `rank0_ip`) found, if any; the next read starts (off the caller's thread: a slow
+        endpoint never holds a reconcile)."""
         ip = rank0_ip.get(history.job_index(status, status.attempt))  # one begun in place: its chain's
         if status.phase != "Running" or not ip:
-            return NOT_READ
+            return None
         target = Target(attempt=status.attempt, ip=ip, precision=status.precision)
         reading = self.take(key, target)
         self.request(key, target)
-        return ((target, reading) if reading else None), self.still_for(key, target)
-
-    def still_for(self, key: Key, target: Target) -> float | None:
-        """Seconds since `target`'s step last moved as its answering reads showed, counted from
-        the first that answered (None: none has). Reads that fail meanwhile do not stop it: a
-        trainer hung hard enough not to answer has not moved either."""
-        with self._lock:
-            endpoint = self._endpoints.get(key)
-            if endpoint is None or endpoint.target != target:
-                return None
-            return endpoint.still.still(self._clock())
+        return (target, reading) if reading else None
 
     def forget(self, key: Key) -> None:
         with self._lock:
@@ -263,4 +248,3 @@ class ProgressReader:
                 endpoint.not_before = self._clock() + delay
             else:
                 endpoint.failures, endpoint.reading = 0, reading
-                endpoint.still.saw(reading.get("step"), self._clock())

@@ -30,7 +30,7 @@ from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.profiles import ProfileRequests
-from mpjob.controller.progress import NOT_READ, ProgressReader, Target, changes_found, found_reading
+from mpjob.controller.progress import ProgressReader, Read, changes_found, found_reading
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
@@ -39,7 +39,7 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.lifecycle import Plan, When
-from mpjob.planning.observe import changes, observe
+from mpjob.planning.observe import Observation, observe
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType, status_patch
@@ -140,21 +140,20 @@ class Reconciler:
             else:
                 fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
             generation = body["metadata"].get("generation")
-            read, still = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else NOT_READ
+            read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
+            observed = observed_in(old, read, now)  # the plan decides on the newest figures
             made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
             plan = reconcile(
-                spec, old, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made, still_for=still
+                spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made
             )
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)
             if refusal is not None:
                 plan = self._refused(body, spec, plan, refusal=refusal)
-            self._announce(body, old, plan)
+            self._announce(body, observed, plan)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, spec, plan.status, seen)
-            if read and plan.status.phase == "Running" and not plan.create:
-                self._progress(body, plan.status, *read)
-            elif plan.status.phase in FINISHED:
+            if plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
             self._settle((namespace, name), plan, seen)
             return plan.status
@@ -265,31 +264,28 @@ class Reconciler:
         self._act(body, spec, failed, seen=self.cache.observe(meta["namespace"], meta["name"], meta["uid"]))
         return failed
 
-    def _announce(self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan) -> None:
-        """The plan's metrics and Events, and the phase the ticker counts."""
-        om.count_plan(old, plan)
-        for event in plan.events:
-            kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
+    def _announce(self, body: dict[str, Any], observed: Observation, plan: Plan) -> None:
+        """The plan's metrics and Events, the reading's (after the status that records them: a
+        step it lists is never announced again, also by an operator that restarts right after;
+        an Event lost then is the price of never posting one twice), and the phase the ticker
+        counts."""
+        om.count_plan(observed.status, plan)
+        told = [(e.type, e.reason, e.message) for e in plan.events]
+        if (news := observed.news) is not None:
+            told.append(("Normal", *news))
+        told.extend(skipped.announcement(step) for step in observed.skips)
+        for kind, reason, message in told:
+            kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
         self.phases[body["metadata"]["uid"]] = plan.status.phase
 
-    def _progress(
-        self, body: dict[str, Any], status: MixedPrecisionJobStatus, target: Target, reading: dict[str, Any]
-    ) -> None:
-        """Write the figures a read of `target` found (a read of an attempt that ended meanwhile,
-        as a change in place ends it, changes nothing)."""
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        observed = observe(status, found_reading(reading, attempt=target.attempt))
-        patch = changes(status, observed.status)
-        if not patch:
-            return
-        # The status first: a step it lists is never announced again, also by an operator that
-        # restarts right after (an Event lost then is the price of never posting one twice).
-        self.cluster.patch_status(key[0], key[1], patch)
-        if (news := observed.news) is not None:
-            kopf.event(cast(kopf.Body, body), type="Normal", reason=news[0], message=news[1])
-        for step in observed.skips:
-            kind, reason, message = skipped.announcement(step)
-            kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
+
+def observed_in(old: MixedPrecisionJobStatus, read: Read | None, now: datetime) -> Observation:
+    """`old` with what a read of its running attempt found, if any (a read of an attempt that
+    ended meanwhile, as a change in place ends it, changes nothing)."""
+    if read is None:
+        return Observation(old)
+    target, reading = read
+    return observe(old, found_reading(reading, attempt=target.attempt), at=st.stamp(now))
 
 
 #: The status fields this operator writes (camelCase): only these does a patch ever delete.

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.observe import moved
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.codes import Reason
@@ -24,12 +25,29 @@ from mpjob_contract.codes import Reason
 POLL_SECONDS = 1.0
 
 
+class StillClock:
+    """How long the attempt's step has stood still, as worker 0's lines showed it: counted from
+    the first line, and anew each time the step moves (`observe.moved`, the operator's rule).
+    Times are the caller's clock."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.moved: float | None = None  # None: nothing seen yet
+
+    def saw(self, step: int | None, now: float) -> None:
+        if moved(self.step, self.moved, step):
+            self.step, self.moved = step, now
+
+    def still(self, now: float) -> float | None:
+        return None if self.moved is None else now - self.moved
+
+
 class StallWatch:
     """Watches one attempt's steps; stops its workers when they stand still past the deadline."""
 
     def __init__(self, spec: MixedPrecisionJobSpec, workers: Workers, clock: Callable[[], float] = time.monotonic):
         self.deadline, self.workers, self._clock = spec.run_policy.progress_deadline_seconds, workers, clock
-        self._still = cutoff.StillClock()
+        self._still = StillClock()
         #: Why the attempt was stopped (None: it was not).
         self.why: str | None = None
         self._done = threading.Event()

@@ -34,7 +34,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.status import ConditionReason
-from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec
 from mpjob_contract.codes import ExitCode, Reason
 
 #: Seconds between SIGTERM and SIGKILL for the ranks of an attempt that was cut (the module doc);
@@ -99,36 +99,18 @@ def end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodVie
     end_now(plan, spec, job, AttemptOutcome(None, platform_reason=lost.platform_reason, message=why), when)
 
 
-def stalled(
-    spec: MixedPrecisionJobSpec, job: JobView, workers: int, still_for: float | None, now: datetime
-) -> str | None:
-    """Why the running attempt is stalled (runPolicy.progressDeadlineSeconds), or None. Its step
-    stands still for `still_for` seconds as its reads saw, but a stall counts only from when its
-    last pod's trainer started: while a rank waits for a peer the cluster has not started yet
-    (a pod still pending), the attempt is not hung."""
+def stalled(spec: MixedPrecisionJobSpec, job: JobView, attempt: AttemptStatus, now: datetime) -> str | None:
+    """Why the running `attempt` is stalled (runPolicy.progressDeadlineSeconds), or None. Its step
+    has stood still since its progressTime, as the reads of rank 0 saw (`observe.moved`; kept in
+    the status, so an operator that restarts goes on counting), but a stall counts only from
+    when its last pod's trainer started: while a rank waits for a peer the cluster has not
+    started yet (a pod still pending), the attempt is not hung."""
     starts = [st.moment(p.started_at) for p in job.pods if p.alive]
-    if still_for is None or len(starts) < workers or None in starts:
+    since = st.moment(attempt.progress_time)
+    if since is None or len(starts) < elastic.workers_of(spec, attempt) or None in starts:
         return None
-    since_all = (now - max(s for s in starts if s is not None)).total_seconds()
-    return stall(spec.run_policy.progress_deadline_seconds, min(still_for, since_all), "rank 0's metrics")
-
-
-class StillClock:
-    """How long an attempt's step has stood still, as one watcher sees it (the operator's reads
-    of rank 0, `mpjob run`'s lines of worker 0): counted from the first sighting, so a trainer
-    still starting is not judged, and anew each time the step moves. Times are the caller's
-    clock."""
-
-    def __init__(self) -> None:
-        self.step: int | None = None
-        self.moved: float | None = None  # None: nothing seen yet
-
-    def saw(self, step: int | None, now: float) -> None:
-        if self.moved is None or step != self.step:
-            self.step, self.moved = step, now
-
-    def still(self, now: float) -> float | None:
-        return None if self.moved is None else now - self.moved
+    still = (now - max([since, *(s for s in starts if s is not None)])).total_seconds()
+    return stall(spec.run_policy.progress_deadline_seconds, still, "rank 0's metrics")
 
 
 def stall(deadline: int | None, still: float | None, source: str) -> str | None:

@@ -15,6 +15,8 @@ The rules, written once here:
   attempt (`startStepReported`): a start step that flaps later changes nothing;
 - an `auto` attempt takes the precision it measured (`planning/reported.py`);
 - a restarted attempt's recoverySeconds is the trainer's, written once;
+- the attempt's progressTime is when a reading first showed it and then each one that showed its
+  step move (`moved`): runPolicy.progressDeadlineSeconds counts from it (`cutoff.stalled`);
 - lastCheckpoint only moves forward (or gains the sha256 of the step it holds without one);
 - status.skipped takes what the trainer's quarantine adds, each newly listed step with its
   Event (`planning/skipped.py`, the rule the attempt's end uses too).
@@ -117,8 +119,9 @@ def bounded(reading: Reading, status: MixedPrecisionJobStatus) -> Reading:
     )
 
 
-def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
-    """What `reading` changes in `status` (which is left as it is)."""
+def observe(status: MixedPrecisionJobStatus, reading: Reading, *, at: str | None = None) -> Observation:
+    """What `reading`, taken at `at` (a status timestamp; None: its progressTime is not kept),
+    changes in `status` (which is left as it is)."""
     new = status.model_copy(deep=True)
     current = new.attempts[-1] if new.attempts else None
     if reading.attempt is not None and (current is None or current.index != reading.attempt):
@@ -131,6 +134,8 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
         value = getattr(seen, name)
         if value is not None:
             setattr(new, name, figure(value) if name in ROUNDED else value)
+    if current is not None and at is not None and moved(status.step, current.progress_time, new.step):
+        current.progress_time = at
     if current is not None and seen.loss_scale is not None and seen.step is not None:
         timeline.live(new, current.index, seen.step, seen.loss_scale)
     news = None
@@ -145,6 +150,14 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading) -> Observation:
         precision = ck.precision or new.precision or ""
         new.last_checkpoint = CheckpointStatus(step=ck.step, sha256=ck.sha256, precision=precision, path=ck.path)
     return Observation(new, news, tuple(skipped.record(new, reading.skipped)))
+
+
+def moved(before: int | None, since: object | None, step: int | None) -> bool:
+    """Whether a reading that leaves the attempt at `step` is progress, for a watcher that saw it
+    at `before` last, `since` then (None: nothing seen yet): the first sighting, and any step
+    other than the last one. runPolicy.progressDeadlineSeconds counts from the last progress, so
+    a trainer still starting (its step a placeholder) is counted from its first sighting."""
+    return since is None or step != before
 
 
 def _corrects(current: AttemptStatus, start: int) -> bool:

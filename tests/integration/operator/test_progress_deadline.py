@@ -1,6 +1,7 @@
 """runPolicy.progressDeadlineSeconds on the real control plane: an attempt whose data loader
 hangs at step 25 (its metrics endpoint answers on, showing a step that no longer moves) is
-ended Stalled once its step has stood still 30 s as the operator's reads saw, its pod cut
+ended Stalled once its step has stood still 30 s as the operator's reads saw (counted from the
+progressTime its status keeps, also across an operator restart), its pod cut
 (deleted, before its Job, with cutoff.CUT_GRACE_SECONDS: SIGKILL comes 10 s after SIGTERM, not
 60, since the hung rank cannot act on SIGTERM), and the next attempt goes on in the same precision from the step-20
 checkpoint to Succeeded. And a rank that crashes while its peer cannot act on SIGTERM: the
@@ -11,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from kubernetes import client, watch
 
 from mpjob.planning.cutoff import CUT_GRACE_SECONDS
-from tests.helpers import free_port
+from mpjob.planning.status import read_stamp
+from tests.helpers import free_port, wait_for
 from tests.integration.operator.conftest import Jobs, Operator, operator_samples
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
 
@@ -56,16 +59,24 @@ def deletion_graces(api_client: client.ApiClient, namespace: str) -> Iterator[di
 def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried(
     kubeconfig: str, jobs: Jobs, api_client: client.ApiClient, namespace: str, crd_installed: None, tmp_path: Path
 ) -> None:
+    """The operator is away while the deadline passes (stopped once the status shows the hung
+    step): the one that starts then judges the stall at once from the progressTime the status
+    kept, rather than counting 30 s anew from its own first read."""
     jobs.pvc("ckpt")
-    port = free_port()
-    with (
-        deletion_graces(api_client, namespace) as graces,
-        Operator.running(kubeconfig, namespace, tmp_path / "operator.log", metrics_port=port),
-    ):
-        jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
-        status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
-        assert operator_samples(port, "mpjob_operator_pods_cut_total ") == {"mpjob_operator_pods_cut_total": 1.0}
+    port, log = free_port(), tmp_path / "operator.log"
+    with deletion_graces(api_client, namespace) as graces:
+        with Operator.running(kubeconfig, namespace, log):
+            jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
+            hung = jobs.wait_status("hung", lambda s: s.get("step") == 25, 120, "attempt 0 at its last step")
+        since = read_stamp(hung["attempts"][-1]["progressTime"])
+        wait_for(lambda: datetime.now(UTC) >= since + timedelta(seconds=30), 60, message="the deadline passed")
+        restarted = datetime.now(UTC)
+        with Operator.running(kubeconfig, namespace, log, metrics_port=port):
+            status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
+            assert operator_samples(port, "mpjob_operator_pods_cut_total ") == {"mpjob_operator_pods_cut_total": 1.0}
     stalled_then_retried(status, "rank 0's metrics")
+    judged = read_stamp(status["attempts"][0]["finishTime"]) - restarted
+    assert judged < timedelta(seconds=15), (judged, status["attempts"][0])
     (said,) = [e for e in jobs.events("hung", "RanksCut") if e.reason == "RanksCut"]
     assert said.message.startswith("hung-a0-0-") and "10-s grace" in said.message, said.message
     (cut,) = [seen for name, seen in graces.items() if name.startswith("hung-a0-")]

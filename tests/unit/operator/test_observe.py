@@ -98,3 +98,21 @@ def test_a_flapping_start_step_is_taken_once_per_attempt() -> None:
     assert len(news) == 1 and news[0][0] == "Resumed" and writes == 1
     assert status.attempts[-1].start_step == 10 and status.attempts[-1].start_step_reported
     assert status.to_api()["attempts"][-1]["startStepReported"] is True
+
+
+def test_the_progress_time_is_the_first_sighting_and_each_move_of_the_step_after() -> None:
+    """runPolicy.progressDeadlineSeconds counts from attempts[-1].progressTime: a reading's time
+    when it first showed the attempt (its start-up counts: a placeholder step is a sighting),
+    then each time its step moved. It lives in the status, so an operator that restarts goes on
+    counting from it; a reading of another attempt, or one given no time, leaves it."""
+    first = observe(running(start=20), Reading(step=20, start_step=20), at="2026-12-01T10:00:00Z").status
+    assert (first.attempts[-1].progress_time, first.step) == ("2026-12-01T10:00:00Z", 40)  # a placeholder
+    same = observe(first, Reading(step=20, start_step=20), at="2026-12-01T10:00:30Z").status
+    assert same.attempts[-1].progress_time == "2026-12-01T10:00:00Z"
+    moved = observe(same, Reading(step=41), at="2026-12-01T10:01:00Z").status
+    assert moved.attempts[-1].progress_time == "2026-12-01T10:01:00Z"
+    still = observe(moved, Reading(step=41), at="2026-12-01T10:02:00Z").status
+    assert still.attempts[-1].progress_time == "2026-12-01T10:01:00Z"
+    other = observe(still, Reading(attempt=0, step=90), at="2026-12-01T10:03:00Z").status
+    untimed = observe(still, Reading(step=42)).status
+    assert other.attempts[-1].progress_time == untimed.attempts[-1].progress_time == "2026-12-01T10:01:00Z"

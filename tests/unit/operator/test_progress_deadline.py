@@ -1,5 +1,6 @@
 """runPolicy.progressDeadlineSeconds: a running attempt whose step has stood still that long, as
-the reads of its rank 0 saw (`still_for`), is ended Stalled at once, charged, its Job deleted;
+the reads of its rank 0 saw (its progressTime, in the status: an operator that restarts goes on
+counting from it), is ended Stalled at once, charged, its Job deleted;
 the next attempt, in the same precision from the newest checkpoint, has its Job created once
 the stalled attempt's pods are gone. A job's fault policy may fail it instead."""
 
@@ -35,12 +36,14 @@ RUNNING = {0: JobView(0, pods=(pod(0, 600),))}
 
 def ended(still_for: float | None, workers: int = 1, jobs: dict[int, JobView] = RUNNING, **more: Any) -> Plan:
     """The plan for a job of `workers` running its first attempt, whose step has stood still
-    `still_for` seconds, with `more` of spec."""
+    `still_for` seconds as its status records (None: no read has answered), with `more` of spec."""
     spec, status = running(workers, **more)
-    return reconcile(spec, status, 1, jobs, NOW, still_for=still_for)
+    if still_for is not None:
+        status.attempts[0].progress_time = st.stamp(NOW - timedelta(seconds=still_for))
+    return reconcile(spec, status, 1, jobs, NOW)
 
 
-@pytest.mark.parametrize("still_for", [None, 0.0, 59.9])
+@pytest.mark.parametrize("still_for", [None, 0.0, 59.0])
 def test_an_attempt_within_its_deadline_or_not_read_runs_on(still_for: float | None) -> None:
     plan = ended(still_for, **DEADLINE)
     assert (plan.delete, len(plan.status.attempts), plan.status.phase) == ([], 1, "Running")
