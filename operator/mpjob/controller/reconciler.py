@@ -45,6 +45,7 @@ from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType, status_patch
 from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.report import InPlaceChange
 
 log = logging.getLogger("mpjob.operator")
 
@@ -141,8 +142,8 @@ class Reconciler:
                 fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
             generation = body["metadata"].get("generation")
             read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
-            observed = observed_in(old, read, now)  # the plan decides on the newest figures
             made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
+            observed = observed_in(old, read, made, now)  # the plan decides on the newest figures
             plan = reconcile(
                 spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made
             )
@@ -279,13 +280,17 @@ class Reconciler:
         self.phases[body["metadata"]["uid"]] = plan.status.phase
 
 
-def observed_in(old: MixedPrecisionJobStatus, read: Read | None, now: datetime) -> Observation:
-    """`old` with what a read of its running attempt found, if any (a read of an attempt that
-    ended meanwhile, as a change in place ends it, changes nothing)."""
+def observed_in(
+    old: MixedPrecisionJobStatus, read: Read | None, made: list[InPlaceChange], now: datetime
+) -> Observation:
+    """`old` with what a read of its running attempt found, if any. A read that lists changes in
+    place (`made`) holds the figures of the attempt the last one began: they go in once the plan
+    has recorded it (a read of an attempt that ended meanwhile changes nothing)."""
     if read is None:
         return Observation(old)
     target, reading = read
-    return observe(old, found_reading(reading, attempt=target.attempt), at=st.stamp(now))
+    whose = max([target.attempt, *(change.attempt for change in made)])
+    return observe(old, found_reading(reading, attempt=whose), at=st.stamp(now))
 
 
 #: The status fields this operator writes (camelCase): only these does a patch ever delete.

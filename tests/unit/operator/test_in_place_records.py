@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.controller.exposition import parse
-from mpjob.controller.progress import changes_found, figures, found_reading
+from mpjob.controller.progress import Target, changes_found, figures, found_reading
+from mpjob.controller.reconciler import observed_in
 from mpjob.planning import history
 from mpjob.planning.cost import seen_usage
 from mpjob.planning.inplace import InPlacePlan, in_place_plan
@@ -81,6 +82,25 @@ def test_a_change_read_again_after_an_operator_restart_is_recorded_once() -> Non
     again = reconcile(s, once, 1, {0: running()}, NOW + timedelta(seconds=5), changes=[change()])
     assert [a.index for a in again.status.attempts] == [0, 1] and again.events == []
     assert again.create == [] and again.delete == []
+
+
+def test_a_read_that_lists_a_change_holds_the_new_attempts_figures_once_the_plan_recorded_it() -> None:
+    """The operator applies a read before it plans (`observed_in`): the figures of a read of
+    attempt 0 that lists the change to attempt 1 are attempt 1's (bf16 at step 52), so they go
+    in only once the plan has recorded that change, never into attempt 0's."""
+    s, target = spec(), Target(attempt=0, ip="10.0.0.1", precision="fp16")
+    found = {"step": 52, "loss": 1.5, "precisionChanges": [change().model_dump(by_alias=True)]}
+    status = started(s)
+    held = observed_in(status, (target, found), changes_found(found), NOW)
+    assert held.status == status and held.news is None  # attempt 0's figures are left as they were
+    recorded = reconcile(s, held.status, 1, {0: running()}, NOW, changes=changes_found(found)).status
+    moved = observed_in(recorded, (replace(target, attempt=1), found), changes_found(found), NOW).status
+    assert (moved.step, moved.loss, moved.attempts[-1].index, moved.attempts[-1].progress_time) == (
+        52,
+        1.5,
+        1,
+        "2026-11-29T12:00:00Z",
+    )
 
 
 def test_a_change_that_does_not_follow_the_running_attempt_changes_nothing() -> None:
