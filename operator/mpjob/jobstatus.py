@@ -6,6 +6,7 @@ attempt's last loss) so a cluster's user can look instead of reading YAML."""
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def status_command(argv: list[str]) -> int:
     except ValidationError as exc:
         print(f"error: the status of {args.name} is not one this mpjob reads ({exc.error_count()} problem(s))")
         return 1
-    print("\n".join(summary_lines(f"{namespace}/{args.name}", status)))
+    print("\n".join(summary_lines(f"{namespace}/{args.name}", status, now=datetime.now(UTC))))
     if args.plot is not None:
         return _plot(args.plot, f"{namespace}/{args.name}", status)
     return 0

@@ -3,18 +3,22 @@ prints for a job on a cluster (attempts, skips, recoveries, the last checkpoint,
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from mpjob.planning.status import moment
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
 
 
-def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
-    """The job's phase and precision, one line per attempt, then skips, checkpoint and cost."""
+def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | None = None) -> list[str]:
+    """The job's phase and precision, one line per attempt, then skips, checkpoint and cost; at
+    `now`, a running attempt's line says how long ago its step last moved."""
     lines = [f"{name}: {status.phase} in {status.precision} at step {status.step}"]
     resized = len({a.world_size for a in status.attempts}) > 1  # spec.elastic changed the job's size
     # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
     split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
-    lines += [attempt_line(a, world=resized, shape=split) for a in status.attempts]
+    lines += [attempt_line(a, world=resized, shape=split, now=now) for a in status.attempts]
     if len(status.attempts) > 1:  # each attempt after the first is a recovery
         path = " -> ".join(a.precision for a in status.attempts)
         lines.append(f"  recoveries: {len(status.attempts) - 1} ({path})")
@@ -28,9 +32,10 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus) -> list[str]:
     return lines
 
 
-def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False) -> str:
+def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, now: datetime | None = None) -> str:
     """One attempt; with `world`, the processes it ran on (a job whose size changed); with
-    `shape`, its micro-batch split (a job whose split changed)."""
+    `shape`, its micro-batch split (a job whose split changed); at `now`, how long ago the step
+    of one still running last moved (its progressTime: runPolicy.progressDeadlineSeconds)."""
     end = a.end_step if a.end_step is not None else "?"
     said = f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else ""
     how = " in place" if a.in_place else ""
@@ -38,7 +43,16 @@ def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False) 
     on = f" on {a.world_size} process(es)" if world and a.world_size else ""
     if shape and a.micro_batch is not None:
         on += f" micro-batch {a.micro_batch} x {a.grad_accumulation}"
-    return f"  attempt {a.index}: {a.precision}{on} steps {a.start_step}-{end}{back} {a.reason or 'running'}{said}"
+    ended = a.reason or running(a, now)
+    return f"  attempt {a.index}: {a.precision}{on} steps {a.start_step}-{end}{back} {ended}{said}"
+
+
+def running(a: AttemptStatus, now: datetime | None) -> str:
+    """'running', and how long ago its step last moved when `now` and its progressTime say."""
+    moved = moment(a.progress_time) if now is not None and a.finish_time is None else None
+    if now is None or moved is None:
+        return "running"
+    return f"running, its step last moved {max(0.0, (now - moved).total_seconds()):.0f} s ago"
 
 
 def skipped_line(skipped: Skipped) -> str:

@@ -10,6 +10,7 @@ peer's pod is cut too, rather than left the grace period the Job controller's de
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from mpjob.planning.cutoff import CUT_GRACE_SECONDS
 from mpjob.planning.status import read_stamp
 from tests.helpers import free_port, wait_for
 from tests.integration.operator.conftest import Jobs, Operator, operator_samples
+from tests.integration.operator.test_status_command import mpjob_status
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
 
 pytestmark = pytest.mark.integration
@@ -60,8 +62,9 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
     kubeconfig: str, jobs: Jobs, api_client: client.ApiClient, namespace: str, crd_installed: None, tmp_path: Path
 ) -> None:
     """The operator is away while the deadline passes (stopped once the status shows the hung
-    step): the one that starts then judges the stall at once from the progressTime the status
-    kept, rather than counting 30 s anew from its own first read."""
+    step; `mpjob status` then says how long ago the step last moved): the one that starts then
+    judges the stall at once from the progressTime the status kept, rather than counting 30 s
+    anew from its own first read."""
     jobs.pvc("ckpt")
     port, log = free_port(), tmp_path / "operator.log"
     with deletion_graces(api_client, namespace) as graces:
@@ -70,6 +73,11 @@ def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried
             hung = jobs.wait_status("hung", lambda s: s.get("step") == 25, 120, "attempt 0 at its last step")
         since = read_stamp(hung["attempts"][-1]["progressTime"])
         wait_for(lambda: datetime.now(UTC) >= since + timedelta(seconds=30), 60, message="the deadline passed")
+        told = mpjob_status("hung", "-n", namespace, "--kubeconfig", kubeconfig)
+        (line,) = [line for line in told.stdout.splitlines() if line.startswith("  attempt 0:")]
+        ago = re.fullmatch(r"  attempt 0: bf16 steps 0-\? running, its step last moved (\d+) s ago", line)
+        assert ago, line
+        assert int(ago[1]) >= 30, line
         restarted = datetime.now(UTC)
         with Operator.running(kubeconfig, namespace, log, metrics_port=port):
             status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,16 @@ def test_status_says_clearly_when_the_cluster_cannot_be_reached(tmp_path: Path) 
     assert done.returncode == 1
     assert done.stdout.strip() == "error: cannot reach the cluster at https://127.0.0.1:9: MaxRetryError"
     assert "Traceback" not in done.stderr
+
+
+def test_a_running_attempts_line_says_how_long_ago_its_step_last_moved() -> None:
+    """`mpjob status` of a hung job: its step's progressTime (runPolicy.progressDeadlineSeconds
+    counts from it) as seconds ago; a local run's summary, given no time, says only running."""
+    status = MixedPrecisionJobStatus.model_validate(
+        {"phase": "Running", "precision": "bf16", "step": 25,
+         "attempts": [{"index": 0, "precision": "bf16", "progressTime": "2026-12-01T10:00:00Z"}]}
+    )  # fmt: skip
+    now = datetime(2026, 12, 1, 10, 0, 42, tzinfo=UTC)
+    hung = summary_lines("ns/hung", status, now=now)[1]
+    assert hung == "  attempt 0: bf16 steps 0-? running, its step last moved 42 s ago"
+    assert summary_lines("ns/hung", status)[1] == "  attempt 0: bf16 steps 0-? running"
