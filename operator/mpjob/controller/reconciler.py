@@ -1,6 +1,7 @@
 """One MixedPrecisionJob's reconcile: observe (the CR from the API server, its children from the
-cache), decide (`mpjob.planning.reconcile`, pure), act (status first, then children, metrics,
-Events), and on a tick record the running attempt's live progress (`progress.py`).
+cache, and on a tick the running attempt's live progress: `progress.py`), decide
+(`mpjob.planning.reconcile`, pure, on the status with that progress in it), act (status first,
+then children, metrics, Events).
 
 The work queue calls `Reconciler.handle` for a job key and never for one job in two threads at
 once; the status is written before children are created, so it stays the operator's memory
