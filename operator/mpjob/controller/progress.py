@@ -173,6 +173,10 @@ class _Endpoint:
     reading: dict[str, Any] | None = None
     failures: int = 0
     not_before: float = 0.0
+    #: When this process first asked for a read of `target` (its clock), and whether it has taken
+    #: one since: until it has, the status's progressTime is another process's sight.
+    since: float = 0.0
+    taken: bool = False
 
 
 class ProgressReader:
@@ -194,6 +198,7 @@ class ProgressReader:
             if endpoint is None or endpoint.target != target:
                 return None
             reading, endpoint.reading = endpoint.reading, None
+            endpoint.taken = endpoint.taken or reading is not None
             return reading
 
     def request(self, key: Key, target: Target) -> None:
@@ -201,7 +206,7 @@ class ProgressReader:
         with self._lock:
             endpoint = self._endpoints.get(key)
             if endpoint is None or endpoint.target != target:
-                endpoint = self._endpoints[key] = _Endpoint(target)
+                endpoint = self._endpoints[key] = _Endpoint(target, since=self._clock())
             if endpoint.busy or self._clock() < endpoint.not_before:
                 return
             endpoint.busy = True
@@ -218,6 +223,17 @@ class ProgressReader:
         reading = self.take(key, target)
         self.request(key, target)
         return (target, reading) if reading else None
+
+    def unseen_for(self, key: Key, attempt: int) -> float | None:
+        """Seconds this process has been reading `attempt` without taking a reading of it (0.0:
+        it has not asked yet); None once it has taken one. Until then the attempt's progressTime
+        is what an earlier process saw (an operator restarted, or another peer): its step may
+        have moved since, so a stall is not judged on that alone (`cutoff.stalled`)."""
+        with self._lock:
+            endpoint = self._endpoints.get(key)
+            if endpoint is None or endpoint.target.attempt != attempt:
+                return 0.0
+            return None if endpoint.taken else self._clock() - endpoint.since
 
     def forget(self, key: Key) -> None:
         with self._lock:

@@ -145,9 +145,11 @@ class Reconciler:
             read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
             made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
             observed = observed_in(old, read, made, now)  # the plan decides on the newest figures
+            unseen_for = self.progress.unseen_for((namespace, name), old.attempt)  # after the poll's take
             plan = reconcile(
-                spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made
-            )
+                spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
+                unseen_for=unseen_for,
+            )  # fmt: skip
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)
             if refusal is not None:

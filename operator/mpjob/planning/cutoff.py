@@ -99,17 +99,24 @@ def end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodVie
     end_now(plan, spec, job, AttemptOutcome(None, platform_reason=lost.platform_reason, message=why), when)
 
 
-def stalled(spec: MixedPrecisionJobSpec, job: JobView, attempt: AttemptStatus, now: datetime) -> str | None:
+def stalled(
+    spec: MixedPrecisionJobSpec, job: JobView, attempt: AttemptStatus, now: datetime, unseen_for: float | None = None
+) -> str | None:
     """Why the running `attempt` is stalled (runPolicy.progressDeadlineSeconds), or None. Its step
     has stood still since its progressTime, as the reads of rank 0 saw (`observe.moved`; kept in
     the status, so an operator that restarts goes on counting), but a stall counts only from
-    when its last pod's trainer started: while a rank waits for a peer the cluster has not
-    started yet (a pod still pending), the attempt is not hung."""
+    when its last pod's trainer started (while a rank waits for a peer the cluster has not
+    started yet, a pod still pending, the attempt is not hung), and, while this operator has
+    taken no reading of its own (`unseen_for` seconds it has been reading: it restarted, and the
+    step may have moved while no operator looked), at most from when it began to read. None:
+    it has taken one, which either moved the progressTime or showed the step where it was."""
     starts = [st.moment(p.started_at) for p in job.pods if p.alive]
     since = st.moment(attempt.progress_time)
     if since is None or len(starts) < elastic.workers_of(spec, attempt) or None in starts:
         return None
     still = (now - max([since, *(s for s in starts if s is not None)])).total_seconds()
+    if unseen_for is not None:
+        still = min(still, unseen_for)
     return stall(spec.run_policy.progress_deadline_seconds, still, "rank 0's metrics")
 
 

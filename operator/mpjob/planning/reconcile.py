@@ -49,11 +49,14 @@ def reconcile(
     lingering: frozenset[int] = frozenset(),
     fits: int | None = None,
     changes: Sequence[InPlaceChange] = (),
+    unseen_for: float | None = None,
 ) -> Plan:
     """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
     Job is gone but some pod still runs (terminating); `fits` the workers of the job the cluster
     holds now (spec.elastic grows on it; None: not read); `changes` the fallbacks in place a
-    read of the running attempt found (`inplace.record` keeps those the status lacks)."""
+    read of the running attempt found (`inplace.record` keeps those the status lacks);
+    `unseen_for` the seconds the operator has been reading the running attempt without a reading
+    of its own yet (None: it has one; `cutoff.stalled`)."""
     status = status.model_copy(deep=True)
     status.observed_generation = generation
     status.total_steps = spec.training.steps
@@ -74,7 +77,7 @@ def reconcile(
         job = running_job(status, jobs)
         current = job.index if job is not None else status.attempts[-1].index
         earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
-        _follow(plan, spec, job, when, lingering=earlier, fits=fits)
+        _follow(plan, spec, job, when, lingering=earlier, fits=fits, unseen_for=unseen_for)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -148,6 +151,7 @@ def _follow(
     *,
     lingering: bool,
     fits: int | None,
+    unseen_for: float | None = None,
 ) -> None:
     """The current attempt runs: suspend it, (re)create its Job, watch it, resize it, or end it
     (`lingering`: some pod of an earlier attempt still stops; `fits`: workers the cluster holds;
@@ -178,7 +182,7 @@ def _follow(
         cutoff.end_lost(plan, spec, job, lost, when)  # at once: the lost pod may leave no trace once peers stop
     elif cutoff.crashed(job):
         plan.cut.append(job.index)  # its live ranks are cut (its Job kept for its logs); it ends once they stop
-    elif finished is None and (stall := cutoff.stalled(spec, job, current, now)):
+    elif finished is None and (stall := cutoff.stalled(spec, job, current, now, unseen_for)):
         cutoff.end_now(plan, spec, job, AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=stall), when)
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits))) is not None:
         cutoff.resize(plan, spec, grow, when, job=job.index)

@@ -15,13 +15,14 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client, watch
 
 from mpjob.planning.cutoff import CUT_GRACE_SECONDS
 from mpjob.planning.status import read_stamp
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, paced, wait_for
 from tests.integration.operator.conftest import Jobs, Operator, operator_samples
 from tests.integration.operator.test_status_command import mpjob_status
 from tests.unit.localrun.stall_task import SPEC, stalled_then_retried
@@ -58,27 +59,50 @@ def deletion_graces(api_client: client.ApiClient, namespace: str) -> Iterator[di
         stream.stop()
 
 
+def progress_time(status: dict[str, Any]) -> str | None:
+    return status["attempts"][-1].get("progressTime")
+
+
+def away_past_deadline(status: dict[str, Any]) -> datetime:
+    """With no operator running, wait until the 30 s deadline has passed since the progressTime
+    `status` shows; the moment it has."""
+    since = read_stamp(progress_time(status) or "")
+    wait_for(lambda: datetime.now(UTC) >= since + timedelta(seconds=31), 60, message="the deadline passed")
+    return datetime.now(UTC)
+
+
 def test_an_attempt_whose_step_stands_still_past_its_deadline_is_cut_and_retried(
     kubeconfig: str, jobs: Jobs, api_client: client.ApiClient, namespace: str, crd_installed: None, tmp_path: Path
 ) -> None:
-    """The operator is away while the deadline passes (stopped once the status shows the hung
-    step; `mpjob status` then says how long ago the step last moved): the one that starts then
-    judges the stall at once from the progressTime the status kept, rather than counting 30 s
-    anew from its own first read."""
+    """Three operators in turn, no operator running for a deadline between them. The first is
+    stopped a few steps in (steps of 0.5 s): while none looks, the step moves on to 25 and hangs.
+    The second must not judge a stall on the first's 31-s-old progressTime: its own first reading
+    shows the step moved, and it is stopped once it has recorded that. The third finds the step
+    where the second saw it a deadline ago (`mpjob status` says how long ago it moved) and ends
+    the attempt at once, rather than counting 30 s anew from its own first reading."""
     jobs.pvc("ckpt")
+    args = {**SPEC["task"]["args"], "stepDelay": paced(0.5)}
+    spec = {**SPEC, "task": {**SPEC["task"], "args": args}, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}}
     port, log = free_port(), tmp_path / "operator.log"
     with deletion_graces(api_client, namespace) as graces:
         with Operator.running(kubeconfig, namespace, log):
-            jobs.create("hung", {**SPEC, "checkpoint": {**SPEC["checkpoint"], "volume": CLAIM}})
-            hung = jobs.wait_status("hung", lambda s: s.get("step") == 25, 120, "attempt 0 at its last step")
-        since = read_stamp(hung["attempts"][-1]["progressTime"])
-        wait_for(lambda: datetime.now(UTC) >= since + timedelta(seconds=30), 60, message="the deadline passed")
+            jobs.create("hung", spec)
+            first = jobs.wait_status("hung", lambda s: s.get("step", 0) >= 3 and progress_time(s), 120, "step 3")
+        back = away_past_deadline(first)
+        with Operator.running(kubeconfig, namespace, log):
+            seen = jobs.wait_status(
+                "hung",
+                lambda s: len(s["attempts"]) > 1 or (s["step"] == 25 and progress_time(s) != progress_time(first)),
+                60,
+                "the second operator's own reading of step 25",
+            )
+        assert len(seen["attempts"]) == 1 and "finishTime" not in seen["attempts"][0], seen["attempts"]
+        assert read_stamp(progress_time(seen) or "") >= back - timedelta(seconds=1), (back, seen["attempts"])
+        restarted = away_past_deadline(seen)
         told = mpjob_status("hung", "-n", namespace, "--kubeconfig", kubeconfig)
         (line,) = [line for line in told.stdout.splitlines() if line.startswith("  attempt 0:")]
         ago = re.fullmatch(r"  attempt 0: bf16 steps 0-\? running, its step last moved (\d+) s ago", line)
-        assert ago, line
-        assert int(ago[1]) >= 30, line
-        restarted = datetime.now(UTC)
+        assert ago and int(ago[1]) >= 30, line
         with Operator.running(kubeconfig, namespace, log, metrics_port=port):
             status = jobs.wait_phase("hung", ("Succeeded", "Failed"), 300)
             assert operator_samples(port, "mpjob_operator_pods_cut_total ") == {"mpjob_operator_pods_cut_total": 1.0}

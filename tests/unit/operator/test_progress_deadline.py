@@ -34,13 +34,21 @@ def pod(rank: int, started: float | None) -> PodView:
 RUNNING = {0: JobView(0, pods=(pod(0, 600),))}
 
 
-def ended(still_for: float | None, workers: int = 1, jobs: dict[int, JobView] = RUNNING, **more: Any) -> Plan:
+def ended(
+    still_for: float | None,
+    workers: int = 1,
+    jobs: dict[int, JobView] = RUNNING,
+    unseen_for: float | None = None,
+    **more: Any,
+) -> Plan:
     """The plan for a job of `workers` running its first attempt, whose step has stood still
-    `still_for` seconds as its status records (None: no read has answered), with `more` of spec."""
+    `still_for` seconds as its status records (None: no read has answered), read by this
+    operator `unseen_for` seconds without a reading of its own (None: it has one), with `more`
+    of spec."""
     spec, status = running(workers, **more)
     if still_for is not None:
         status.attempts[0].progress_time = st.stamp(NOW - timedelta(seconds=still_for))
-    return reconcile(spec, status, 1, jobs, NOW)
+    return reconcile(spec, status, 1, jobs, NOW, unseen_for=unseen_for)
 
 
 @pytest.mark.parametrize("still_for", [None, 0.0, 59.0])
@@ -87,3 +95,16 @@ def test_a_stall_counts_from_when_the_last_pod_started(started: tuple[float, flo
     assert (plan.status.attempts[0].reason == "Stalled") is stalled, plan.status.attempts[0]
     if stalled:
         assert "has not moved for 61s" in (plan.status.attempts[0].message or "")
+
+
+@pytest.mark.parametrize(("unseen_for", "stalled"), [(0.0, False), (59.0, False), (61.0, True), (None, True)])
+def test_an_operator_with_no_reading_of_its_own_counts_from_when_it_began_to_read(
+    unseen_for: float | None, stalled: bool
+) -> None:
+    """A restarted operator finds a progressTime 10 minutes old: the step may have moved while
+    no operator looked, so it judges a stall once a reading of its own showed the step where it
+    was (None: then from the progressTime), or once it has read that long with no answer."""
+    first = ended(600.0, unseen_for=unseen_for, **DEADLINE).status.attempts[0]
+    assert (first.reason == "Stalled") is stalled, first
+    if stalled:
+        assert f"has not moved for {600 if unseen_for is None else 61}s" in (first.message or ""), first

@@ -225,3 +225,33 @@ def test_a_failing_endpoint_is_asked_again_only_after_a_backoff(serve: Callable)
         reader.request(("ns", "j"), target)
     assert server.hits == 1
     reader.close()
+
+
+def test_a_process_counts_how_long_it_has_read_an_attempt_without_taking_a_reading(serve: Callable) -> None:
+    """ProgressReader.unseen_for, which keeps a restarted operator from judging a stall on the
+    progressTime another process saw: from this process's first request of the attempt (0.0
+    before any), through reads that fail, until it takes a reading (None from then on)."""
+    answer = {"fail": True}
+
+    def behave(sock: socket.socket) -> None:
+        sock.sendall(b"HTTP/1.0 500 Oops\r\n\r\n" if answer["fail"] else ok(HEALTHY.encode()))
+
+    server, now = serve(behave), [100.0]
+    reader = ProgressReader(concurrency=1, deadline=DEADLINE, max_bytes=CAP, clock=lambda: now[0])
+    key, target = ("ns", "j"), Target(3, "127.0.0.1", "fp16", server.port)
+    assert reader.unseen_for(key, 3) == 0.0  # not asked yet
+    reader.request(key, target)
+    assert wait_until(lambda: server.hits == 1, 5)
+    now[0] = 170.0
+    assert reader.unseen_for(key, 3) == 70.0  # its read failed: still unseen
+    answer["fail"] = False
+
+    def answered() -> object:
+        reader.request(key, target)  # past the failed read's backoff on the next pass
+        now[0] += 1.0
+        return reader.take(key, target)
+
+    assert wait_until(answered, 5)
+    assert reader.unseen_for(key, 3) is None
+    assert reader.unseen_for(key, 4) == 0.0  # another attempt: this process has not read it
+    reader.close()
