@@ -94,7 +94,10 @@ class Reconciler:
         self.cache.wait_synced()  # as controllers wait for their informers: never plan from half a listing
         self.context.wait()  # kopf.event works only in a context kopf has set up
         if not self.peering.active(namespace):
-            return  # a standby: kopf's own watch is paused too; the ticker comes back to the job
+            # A standby: kopf's own watch is paused too; the ticker comes back to the job. What it
+            # read while it acted is forgotten: acting again, it reads anew (`unseen_for`).
+            self.progress.forget(key)
+            return
         if tick and self.backoff.waiting(key):
             return
         started = time.monotonic()

@@ -19,6 +19,8 @@ from mpjob.controller.progress import ProgressReader, Target, figures, progress_
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
+from tests.helpers import free_port
+from tests.unit.operator.test_api_errors import FakeCluster, reconciler
 
 pytestmark = pytest.mark.unit
 
@@ -255,3 +257,23 @@ def test_a_process_counts_how_long_it_has_read_an_attempt_without_taking_a_readi
     assert reader.unseen_for(key, 3) is None
     assert reader.unseen_for(key, 4) == 0.0  # another attempt: this process has not read it
     reader.close()
+
+
+def test_a_standby_forgets_what_it_read_while_it_acted() -> None:
+    """A replica outranked by a peer stops acting; what its reads saw then is not its sight once
+    it acts again (the peer may have run long after): `unseen_for` starts anew."""
+    now = [100.0]
+    made = reconciler(FakeCluster(None))
+    made.progress = ProgressReader(concurrency=1, deadline=DEADLINE, max_bytes=CAP, clock=lambda: now[0])
+    made.progress.request(("ns", "j"), Target(0, "127.0.0.1", "fp16", free_port()))
+    now[0] = 150.0
+    assert made.progress.unseen_for(("ns", "j"), 0) == 50.0
+    made.peering = Outranked()  # type: ignore[assignment]
+    made.handle(("ns", "j"), True)
+    assert made.progress.unseen_for(("ns", "j"), 0) == 0.0
+    made.progress.close()
+
+
+class Outranked:
+    def active(self, namespace: str) -> bool:
+        return False
