@@ -1,7 +1,7 @@
 """Live progress: a running attempt's figures (step, loss, loss scale, overflow steps,
 throughput, where it resumed, its last good checkpoint, what the run skipped), read from rank
 0's Prometheus endpoint (the one Prometheus scrapes; the trainer holds no Kubernetes token), and
-the status patch that records them.
+the status they make (`observed_in`), which the reconcile plans from and writes.
 
 Reads run off the reconcile workers, in a small pool of their own (`ProgressReader`): a tick's
 reconcile asks for a read and applies the one that finished since its last tick, so a slow or
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from mpjob.controller import metrics as om
@@ -27,8 +28,9 @@ from mpjob.controller.exposition import FIGURES, PRECISIONS, Exposition, parse
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning import history
+from mpjob.planning import status as st
 from mpjob.planning.classify import backoff_seconds
-from mpjob.planning.observe import LIVE, CheckpointReading, Reading, changes, observe, real
+from mpjob.planning.observe import LIVE, CheckpointReading, Observation, Reading, changes, observe, real
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
 from mpjob_contract.report import InPlaceChange
@@ -119,6 +121,19 @@ def figures(exposition: Exposition, *, precision: str | None) -> dict[str, Any]:
     if made := exposition.changes:
         found["precisionChanges"] = [made[i].model_dump(by_alias=True) for i in sorted(made)]
     return found
+
+
+def observed_in(
+    old: MixedPrecisionJobStatus, read: Read | None, made: list[InPlaceChange], now: datetime
+) -> Observation:
+    """`old` with what a read of its running attempt found, if any. A read that lists changes in
+    place (`made`) holds the figures of the attempt the last one began: they go in once the plan
+    has recorded it (a read of an attempt that ended meanwhile changes nothing)."""
+    if read is None:
+        return Observation(old)
+    target, reading = read
+    whose = max([target.attempt, *(change.attempt for change in made)])
+    return observe(old, found_reading(reading, attempt=whose), at=st.stamp(now))
 
 
 def changes_found(found: dict[str, Any]) -> list[InPlaceChange]:

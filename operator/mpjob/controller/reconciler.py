@@ -31,7 +31,7 @@ from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.profiles import ProfileRequests
-from mpjob.controller.progress import ProgressReader, Read, changes_found, found_reading
+from mpjob.controller.progress import ProgressReader, changes_found, observed_in
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
@@ -40,13 +40,12 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.lifecycle import Plan, When
-from mpjob.planning.observe import Observation, observe
+from mpjob.planning.observe import Observation
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType, status_patch
 from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.report import InPlaceChange
 
 log = logging.getLogger("mpjob.operator")
 
@@ -284,19 +283,6 @@ class Reconciler:
         for kind, reason, message in told:
             kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
         self.phases[body["metadata"]["uid"]] = plan.status.phase
-
-
-def observed_in(
-    old: MixedPrecisionJobStatus, read: Read | None, made: list[InPlaceChange], now: datetime
-) -> Observation:
-    """`old` with what a read of its running attempt found, if any. A read that lists changes in
-    place (`made`) holds the figures of the attempt the last one began: they go in once the plan
-    has recorded it (a read of an attempt that ended meanwhile changes nothing)."""
-    if read is None:
-        return Observation(old)
-    target, reading = read
-    whose = max([target.attempt, *(change.attempt for change in made)])
-    return observe(old, found_reading(reading, attempt=whose), at=st.stamp(now))
 
 
 #: The status fields this operator writes (camelCase): only these does a patch ever delete.

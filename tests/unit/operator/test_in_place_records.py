@@ -12,8 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.controller.exposition import parse
-from mpjob.controller.progress import Target, changes_found, figures, found_reading
-from mpjob.controller.reconciler import observed_in
+from mpjob.controller.progress import Target, changes_found, figures, found_reading, observed_in
 from mpjob.planning import history
 from mpjob.planning.cost import seen_usage
 from mpjob.planning.inplace import InPlacePlan, in_place_plan
