@@ -29,6 +29,7 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.k8s import mpjobs, new_namespace
 from bench.operator_scale import connect, pct, start_operator, stop_operator, wait_gone
 from tests.cluster.controlplane import Layout, api_ready
 from tests.helpers import wait_for
@@ -127,7 +128,7 @@ def converged(custom: client.CustomObjectsApi, ns: str, jobs: int) -> dict[str, 
 
     def check() -> bool:
         try:
-            items = custom.list_namespaced_custom_object("mpjob.dev", "v1alpha1", ns, "mixedprecisionjobs")["items"]
+            items = mpjobs(custom, ns)
         except (client.rest.ApiException, OSError):
             return False
         for item in items:
@@ -142,12 +143,14 @@ def converged(custom: client.CustomObjectsApi, ns: str, jobs: int) -> dict[str, 
 def audit(api: client.ApiClient, ns: str, jobs: int) -> tuple[list[str], list[str], list[str]]:
     """(not Succeeded, duplicate, missing): attempt Jobs by name and owner, and attempts[] in status."""
     custom, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
-    items = custom.list_namespaced_custom_object("mpjob.dev", "v1alpha1", ns, "mixedprecisionjobs")["items"]
+    items = mpjobs(custom, ns)
     by_name = {i["metadata"]["name"]: i for i in items}
     attempt_jobs: dict[str, set[str]] = {}
     for job in batch.list_namespaced_job(ns).items:
-        owner = next((o.name for o in job.metadata.owner_references or [] if o.controller), "")
-        attempt_jobs.setdefault(owner, set()).add(job.metadata.name)
+        meta = job.metadata
+        assert meta is not None and meta.name is not None  # the API server names every Job
+        owner = next((o.name for o in meta.owner_references or [] if o.controller), "")
+        attempt_jobs.setdefault(owner, set()).add(meta.name)
     failed, duplicate, missing = [], [], []
     for i in range(jobs):
         name, falls_back = f"j{i}", i % 2 == 0
@@ -165,7 +168,7 @@ def audit(api: client.ApiClient, ns: str, jobs: int) -> tuple[list[str], list[st
 def run(layout: Layout, api: client.ApiClient, *, jobs: int, kills: int, seed: int) -> None:
     core = client.CoreV1Api(api)
     ns = f"chaos-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns, "labels": {"mpjob.dev/bench": "chaos"}}})
+    new_namespace(core, ns, {"mpjob.dev/bench": "chaos"})
     chaos = Chaos(ns, str(layout.kubeconfig), layout, api, random.Random(seed))
     started = time.monotonic()
     try:

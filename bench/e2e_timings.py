@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 
+from bench.k8s import mpjob, mpjobs, new_namespace
 from mpjob_contract import api
 from tests.helpers import free_port
 
@@ -71,14 +72,13 @@ class Bench:
 
     def namespace(self) -> str:
         name = f"mpjob-bench-{uuid.uuid4().hex[:6]}"
-        self.core.create_namespace({"metadata": {"name": name}})
-        return name
+        return new_namespace(self.core, name)
 
     def cleanup(self, ns: str) -> None:
         subprocess.run(
             [self.helm, "--kubeconfig", self.kubeconfig, "uninstall", "mpjob", "-n", ns, "--wait"], capture_output=True
         )
-        for item in self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL)["items"]:
+        for item in mpjobs(self.custom, ns):
             self.custom.patch_namespaced_custom_object(
                 api.GROUP, api.VERSION, ns, api.PLURAL, item["metadata"]["name"], {"metadata": {"finalizers": None}}
             )
@@ -115,10 +115,7 @@ class Bench:
             "spec": {"task": {"builtin": "mlp"}, "resources": {"gpusPerWorker": 0}, "runPolicy": {"suspend": True}},
         }
         self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, probe)
-        while not (
-            self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, "probe").get("status")
-            or {}
-        ).get("phase"):
+        while not (mpjob(self.custom, ns, "probe").get("status") or {}).get("phase"):
             time.sleep(0.05)
         out["first job reconciled"] = time.monotonic() - start
         return out

@@ -22,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -69,7 +70,7 @@ def rank_main(strategy: str, rank: int, world: int, args: argparse.Namespace) ->
     optimizer = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
 
     def step(i: int) -> None:
-        items = [task.dataset[(i * world * 8 + rank * 8 + k) % len(task.dataset)] for k in range(8)]
+        items = [task.dataset[(i * world * 8 + rank * 8 + k) % len(cast(Sized, task.dataset))] for k in range(8)]
         x, y = torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
         task.loss(net(x), y).backward()
         sharding.clip_gradients(list(task.model.parameters()), 1.0)

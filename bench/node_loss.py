@@ -34,6 +34,7 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.k8s import mpjob
 from bench.recovery_cluster import GROUP, PLURAL, VERSION, close, medians, namespace_with_operator, pod_lines
 from tests.cluster.disruption import lose_pod, rank_pod
 from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node, silence_node, wake_node
@@ -70,7 +71,7 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, how: str
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
 
     def status() -> dict[str, Any]:
-        return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+        return mpjob(custom, ns, name).get("status") or {}
 
     wait_for(lambda: (status().get("lastCheckpoint") or {}).get("step", 0) >= 20, 300, 0.5, "a checkpoint")
     spans: dict[str, float] = {}
@@ -83,7 +84,11 @@ def one_job(api: client.ApiClient, kubeconfig: str, ns: str, name: str, how: str
         wait_for(lambda: len(status().get("attempts") or []) == 2, 600, 0.5, "the smaller attempt")
         spans["node lost -> attempt ended (seen in its status)"] = time.time() - lost
         (return_node if how == "remove" else wake_node)(core, node)  # it grows back at its next checkpoint
-    done = wait_for(lambda: (s := status()).get("phase") in ("Succeeded", "Failed") and s, 600, 0.5, "the end")
+
+    def ended() -> dict[str, Any] | None:
+        return s if (s := status()).get("phase") in ("Succeeded", "Failed") else None
+
+    done = wait_for(ended, 600, 0.5, "the end")
     sizes = [a["worldSize"] for a in done["attempts"]]
     assert done["phase"] == "Succeeded" and sizes[:2] == [3, 2], done["attempts"]
     old = pod_lines(kubeconfig, ns, f"{name}-a0", 0)  # rank 0 writes the event lines

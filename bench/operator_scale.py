@@ -31,11 +31,12 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from kubernetes import client, config, watch
 
+from bench.k8s import new_namespace
 from tests.cluster.controlplane import Layout, api_ready, running, up
 from tests.helpers import free_port, wait_for
 
@@ -148,7 +149,7 @@ def create_load(n: int, ns: str, api: client.ApiClient, t: Timings) -> None:
         body["spec"] = SPEC
         custom.create_namespaced_custom_object("mpjob.dev", "v1alpha1", ns, "mixedprecisionjobs", body)
         t.created[f"j{i}"] = time.monotonic()
-        batch.create_namespaced_job(ns, reference_job(f"ref{i}"))
+        batch.create_namespaced_job(ns, cast(Any, reference_job(f"ref{i}")))  # a body sent as it is
         t.created[f"ref{i}"] = time.monotonic()
 
 
@@ -183,7 +184,7 @@ def stop_operator(op: subprocess.Popen[bytes]) -> None:
 def run(n: int, api: client.ApiClient, kubeconfig: str, tick_seconds: float) -> None:
     core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
     ns = f"scale-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": ns, "labels": {"mpjob.dev/bench": "operator-scale"}}})
+    new_namespace(core, ns, {"mpjob.dev/bench": "operator-scale"})
     t = Timings()
     op = start_operator(ns, kubeconfig, tick_seconds)
     try:
@@ -214,7 +215,8 @@ def install_crd(api: client.ApiClient) -> None:
 
     def established() -> bool:
         crd = ext.read_custom_resource_definition(body["metadata"]["name"])
-        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+        conditions = (crd.status.conditions if crd.status else None) or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
 
     wait_for(established, 30, 0.2, "CRD established")
 

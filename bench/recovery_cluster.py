@@ -22,6 +22,7 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.k8s import mpjob, new_namespace
 from bench.operator_scale import connect, start_operator, stop_operator, wait_gone
 from bench.recovery import JOB
 from tests.helpers import wait_for
@@ -49,7 +50,7 @@ def run_job(api: client.ApiClient, ns: str, name: str, spec: dict[str, Any]) -> 
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
 
     def finished() -> dict[str, Any] | None:
-        status = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name).get("status") or {}
+        status = mpjob(custom, ns, name).get("status") or {}
         return status if status.get("phase") in ("Succeeded", "Failed") else None
 
     return wait_for(finished, 600, 0.5, f"{name} to finish")
@@ -80,9 +81,10 @@ def namespace_with_operator(prefix: str, claim: str) -> tuple[client.ApiClient, 
     layout, api = connect()
     kubeconfig, ns = str(layout.kubeconfig), f"{prefix}-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": ns}})
+    new_namespace(core, ns)
     pvc = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    core.create_namespaced_persistent_volume_claim(ns, {"metadata": {"name": claim}, "spec": pvc})
+    body: Any = {"metadata": {"name": claim}, "spec": pvc}  # sent as it is
+    core.create_namespaced_persistent_volume_claim(ns, body)
     return api, kubeconfig, ns, start_operator(ns, kubeconfig, 1.0, trainer=["mpjob-trainer"])
 
 

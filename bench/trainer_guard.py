@@ -29,7 +29,11 @@ def loop(with_guard: bool) -> float:
     scaler = torch.amp.GradScaler("cpu")
     guard = NumericGuard(Guard(), device, World(0, 1, 0)) if with_guard else None
     if guard:
-        opt.register_step_post_hook(lambda *_: guard.optimizer_stepped())
+
+        def stepped(*_: object) -> None:
+            guard.optimizer_stepped()
+
+        opt.register_step_post_hook(stepped)
     xs = [task.dataset[i] for i in range(16)]
     x = torch.stack([a for a, _ in xs])
     y = torch.stack([b for _, b in xs])

@@ -131,6 +131,7 @@ class _Servers:
         if self.shared:
             return
         for proc, _, _ in self.started.values():
+            assert isinstance(proc, subprocess.Popen)  # not shared: this process started each one
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
