@@ -25,29 +25,13 @@ from mpjob_contract.codes import Reason
 POLL_SECONDS = 1.0
 
 
-class StillClock:
-    """How long the attempt's step has stood still, as worker 0's lines showed it: counted from
-    the first line, and anew each time the step moves (`observe.moved`, the operator's rule).
-    Times are the caller's clock."""
-
-    def __init__(self) -> None:
-        self.step: int | None = None
-        self.moved: float | None = None  # None: nothing seen yet
-
-    def saw(self, step: int | None, now: float) -> None:
-        if moved(self.step, self.moved, step):
-            self.step, self.moved = step, now
-
-    def still(self, now: float) -> float | None:
-        return None if self.moved is None else now - self.moved
-
-
 class StallWatch:
     """Watches one attempt's steps; stops its workers when they stand still past the deadline."""
 
     def __init__(self, spec: MixedPrecisionJobSpec, workers: Workers, clock: Callable[[], float] = time.monotonic):
         self.deadline, self.workers, self._clock = spec.run_policy.progress_deadline_seconds, workers, clock
-        self._still = StillClock()
+        self._step: int | None = None
+        self._moved: float | None = None  # None: no line yet
         #: Why the attempt was stopped (None: it was not).
         self.why: str | None = None
         self._done = threading.Event()
@@ -55,7 +39,9 @@ class StallWatch:
             threading.Thread(target=self._watch, name="mpjob-stall-watch", daemon=True).start()
 
     def seen(self, event: events.TrainerEvent) -> None:
-        self._still.saw(event.step if isinstance(event, events.Step) else self._still.step, self._clock())
+        step = event.step if isinstance(event, events.Step) else self._step
+        if moved(self._step, self._moved, step):  # the operator's rule
+            self._step, self._moved = step, self._clock()
 
     def ended(self, outcome: AttemptOutcome) -> AttemptOutcome:
         """How the attempt ended: Stalled when this watch stopped it, else as its workers said."""
@@ -66,7 +52,7 @@ class StallWatch:
 
     def _watch(self) -> None:
         while not self._done.wait(POLL_SECONDS):
-            still = self._still.still(self._clock())
+            still = None if self._moved is None else self._clock() - self._moved
             if (why := cutoff.stall(self.deadline, still, "worker 0's step lines")) is not None:
                 self.why = why
                 self.workers.stop(cutoff.CUT_GRACE_SECONDS)
