@@ -49,8 +49,8 @@ def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, 
 
 def running(a: AttemptStatus, now: datetime | None) -> str:
     """'running', and how long ago its step last moved when `now` and its progressTime say."""
-    moved = moment(a.progress_time) if now is not None and a.finish_time is None else None
-    if now is None or moved is None:
+    moved = moment(a.progress_time)
+    if now is None or moved is None or a.finish_time is not None:
         return "running"
     return f"running, its step last moved {max(0.0, (now - moved).total_seconds()):.0f} s ago"
 
