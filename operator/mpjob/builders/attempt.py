@@ -9,6 +9,7 @@ from typing import Any
 
 from mpjob.builders import profile_token
 from mpjob.planning.inplace import InPlacePlan
+from mpjob.planning.launch import attempt_launch
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
@@ -102,23 +103,15 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
     resume_from = start.resume_from
     if resume_from is not None and not inside_checkpoint_dir(resume_from, folder):
         resume_from = None
-    return AttemptLaunch(
+    return attempt_launch(
+        spec,
+        start,
+        in_place,
         job_name=job,
         namespace=namespace,
-        job_uid=uid,
-        attempt=start.index,
-        precision=start.precision,
-        resume_from=resume_from,
-        micro_batch=start.micro_batch,
-        grad_accumulation=start.grad_accumulation,
-        repromote_after_steps=start.repromote_after_steps,
-        workers=start.workers,
-        recovering_since=start.recovering_since,
-        in_place_to=in_place.to,
-        promote_in_place_to=in_place.promote_to,
-        in_place_splits=in_place.splits,
         checkpoint_dir=folder,
-        spec=spec,
+        resume_from=resume_from,
+        job_uid=uid,
     )
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.workers import free_port
 from mpjob.planning.inplace import InPlacePlan
+from mpjob.planning.launch import attempt_launch
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobSpec
-from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, job_checkpoint_dir
+from mpjob_contract.launch import LAUNCH_ENV, job_checkpoint_dir
 
 
 def checkpoint_dir(job: MixedPrecisionJob, paths: Paths) -> str:
@@ -43,22 +44,14 @@ def attempt_env(
 ) -> dict[str, str]:
     """The environment of attempt `start`'s launchers: this one's, less any Kubernetes settings,
     with the attempt's launch, a metrics port of its own and a free rendezvous port."""
-    launch = AttemptLaunch(
+    launch = attempt_launch(
+        job.spec,
+        start,
+        in_place,
         job_name=job.metadata.name,
         namespace=job.metadata.namespace or "local",
-        attempt=start.index,
-        precision=start.precision,
-        resume_from=start.resume_from,
-        micro_batch=start.micro_batch,
-        grad_accumulation=start.grad_accumulation,
-        repromote_after_steps=start.repromote_after_steps,
-        workers=start.workers,
-        recovering_since=start.recovering_since,
-        in_place_to=in_place.to,
-        promote_in_place_to=in_place.promote_to,
-        in_place_splits=in_place.splits,
         checkpoint_dir=checkpoint_dir,
-        spec=job.spec,
+        resume_from=start.resume_from,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
     env.update(

@@ -1,0 +1,45 @@
+"""An attempt's launch contract (mpjob_contract.launch.AttemptLaunch), made from what the planner
+decided: the attempt it starts (`planner.StartAttempt`) and what it may change in its running
+processes (`inplace.InPlacePlan`). One mapping for both runners: the operator's pods
+(builders.attempt) and `mpjob run`'s processes (localrun.launching)."""
+
+from __future__ import annotations
+
+from mpjob.planning.inplace import InPlacePlan
+from mpjob.planning.planner import StartAttempt
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.launch import AttemptLaunch
+
+
+def attempt_launch(
+    spec: MixedPrecisionJobSpec,
+    start: StartAttempt,
+    in_place: InPlacePlan,
+    *,
+    job_name: str,
+    namespace: str,
+    checkpoint_dir: str,
+    resume_from: str | None,
+    job_uid: str | None = None,
+) -> AttemptLaunch:
+    """The launch of attempt `start` of job `job_name` (`job_uid`: None for a local run), with its
+    checkpoints in `checkpoint_dir` and resumed from `resume_from` (None: the trainer takes the
+    newest valid checkpoint there)."""
+    return AttemptLaunch(
+        job_name=job_name,
+        namespace=namespace,
+        job_uid=job_uid,
+        attempt=start.index,
+        precision=start.precision,
+        resume_from=resume_from,
+        micro_batch=start.micro_batch,
+        grad_accumulation=start.grad_accumulation,
+        repromote_after_steps=start.repromote_after_steps,
+        workers=start.workers,
+        recovering_since=start.recovering_since,
+        in_place_to=in_place.to,
+        promote_in_place_to=in_place.promote_to,
+        in_place_splits=in_place.splits,
+        checkpoint_dir=checkpoint_dir,
+        spec=spec,
+    )
