@@ -220,10 +220,10 @@ def test_peering_gives_the_peers_an_object_rbac_and_rolling_upgrades(helm: str) 
 
 
 def _api_calls() -> set[str]:
-    """Kubernetes client methods the operator uses (core./batch./custom./networking.), called
-    directly or handed to a helper such as `raw(batch.create_namespaced_job, ...)`."""
+    """Kubernetes client methods the operator uses (core./batch./custom./networking./extensions.),
+    called directly or handed to a helper such as `raw(batch.create_namespaced_job, ...)`."""
     source = "\n".join(p.read_text() for p in sorted(OPERATOR.glob("*.py")))
-    return set(re.findall(r"\b(?:core|batch|custom|networking)\.([a-z]+_\w+)\b", source))
+    return set(re.findall(r"\b(?:core|batch|custom|networking|extensions)\.([a-z]+_\w+)\b", source))
 
 
 def _needed(method: str) -> tuple[str, str, str]:
@@ -252,6 +252,8 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 #: Reads of kopf's peering objects (mpjob.controller.peering), made only with peering on.
 PEERING_CALLS = {"get_cluster_custom_object": ("kopf.dev", "clusterkopfpeerings", "get")}
+#: The read of the installed CRD at start (mpjob.controller.crdcheck), in the cluster reader's role.
+CRD_CALLS = {"read_custom_resource_definition": ("apiextensions.k8s.io", "customresourcedefinitions", "get")}
 #: Reads of nodes and pods everywhere (mpjob.controller.capacity, lostnodes), granted only with rbac.elasticCapacity.
 ELASTIC_CALLS = {"list_node": ("", "nodes", "list"), "list_pod_for_all_namespaces": ("", "pods", "list")}
 
@@ -263,6 +265,10 @@ def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:
     calls -= PEERING_CALLS.keys()
     assert calls & ELASTIC_CALLS.keys() == ELASTIC_CALLS.keys()  # spec.elastic's count of free GPUs
     calls -= ELASTIC_CALLS.keys()
+    assert calls & CRD_CALLS.keys() == CRD_CALLS.keys()  # the installed CRD's check at start
+    calls -= CRD_CALLS.keys()
+    (reader,) = [d for d in of_kind(render(helm), "ClusterRole") if d["metadata"]["name"] == "r-mpjob-cluster-reader"]
+    assert set(CRD_CALLS.values()) <= _grants(reader["rules"])
     assert "list_namespaced_pod" in calls and "create_namespaced_job" in calls  # the scan works
     assert "create_namespaced_network_policy" in calls
     needed = {_needed(m) for m in calls} | {

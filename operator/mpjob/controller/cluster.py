@@ -58,6 +58,14 @@ def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         response.release_conn()
 
 
+def load_credentials() -> None:
+    """The client's default credentials: the pod's ServiceAccount, or the kubeconfig outside a cluster."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
 class QuietReads:
     """Reads of what this operator may be refused for good: a 403 (a chart without the rule) or
     a 404 (an API that is not installed) quiets reads of that kind for `quiet_seconds` (None
@@ -99,10 +107,7 @@ class Cluster:
     @classmethod
     def connect(cls) -> Cluster:
         """Clients for the pod's ServiceAccount, or for the kubeconfig outside a cluster."""
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
+        load_credentials()
         return cls(
             custom=client.CustomObjectsApi(),
             batch=client.BatchV1Api(),

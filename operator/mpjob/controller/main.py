@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     settings = config.from_arguments(args, peering=peering)
 
-    from mpjob.controller import handlers  # noqa: F401  (registers the handlers)
+    from mpjob.controller import crdcheck, handlers  # noqa: F401  (handlers: registers them)
+
+    crdcheck.at_start()  # a CRD older than this release: a warning (crdcheck's doc)
 
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind_address)
