@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.unit.observability.promtool import DASHBOARDS, METRICS_DOC, check_exprs, metric_names
+from tests.unit.observability.promtool import DASHBOARDS, METRICS_DOC, RULES, check_exprs, metric_names
 
 pytestmark = pytest.mark.unit
 
@@ -150,3 +151,11 @@ def test_the_oncall_board_shows_each_jobs_current_precision_fp8_included() -> No
     (target,) = current["targets"]
     assert target["expr"] == "max by (namespace, job, attempt, precision) (mpjob_trainer_precision)"
     assert "fp8" in current["description"] and "fp8" in titles["Attempts by precision"]["description"]
+
+
+def test_the_oncall_board_lists_every_alert_of_the_rule_file() -> None:
+    """The firing-alerts table selects each alert the rules define, and only those."""
+    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    (expr,) = [e for e in exprs(load("oncall")).values() if e.startswith("ALERTS{")]
+    listed = re.search(r'alertname=~"([^"]*)"', expr)
+    assert listed and set(listed.group(1).split("|")) == alerts
