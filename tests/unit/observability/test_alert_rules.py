@@ -3,13 +3,23 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.unit.observability.promtool import REPO, RULES, RUNBOOKS, metric_names, promtool
+from tests.unit.observability.promtool import (
+    REPO,
+    RULES,
+    RUNBOOKS,
+    label_problems,
+    metric_names,
+    promtool,
+    selectors,
+    series_labels,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -84,6 +94,25 @@ def test_every_alert_has_firing_and_quiet_promtool_cases() -> None:
         for check in case["alert_rule_test"]:
             (fires if check["exp_alerts"] else quiet).add(check["alertname"])
     assert fires == set(ALERTS) and quiet == set(ALERTS)
+
+
+def known_series() -> dict[str, frozenset[str] | None]:
+    """docs/metrics.md's series, and the rule file's recorded ones with their metrics' labels."""
+    known = series_labels()
+    for rule in rules():
+        if "record" in rule:
+            labels = [known.get(name) for name, _ in selectors(rule["expr"])]
+            known[rule["record"]] = None if None in labels else frozenset().union(*labels)  # type: ignore[arg-type]
+    return known
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r.get("alert") or r["record"])
+def test_rules_use_only_documented_series_and_labels_they_carry(rule: dict[str, Any]) -> None:
+    """Every series is on docs/metrics.md (a histogram by its _bucket/_sum/_count), and every
+    matcher, by/on list and $labels.x of the annotations names a label the result has."""
+    texts = " ".join(rule.get("annotations", {}).values())
+    shown = set(re.findall(r"\$labels\.(\w+)", texts)) - set(rule.get("labels", {}))
+    assert label_problems(rule["expr"], known_series(), shown) == []
 
 
 def test_per_job_alerts_group_by_job_not_by_pod_or_rule() -> None:

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.observability.promtool import DASHBOARDS, METRICS_DOC, RULES, check_exprs, metric_names
+from tests.unit.observability.promtool import (
+    DASHBOARDS,
+    RULES,
+    check_exprs,
+    label_problems,
+    metric_names,
+    series_labels,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -60,14 +67,13 @@ def substitute(expr: str, board: dict[str, Any]) -> str:
 
 
 def catalogue() -> set[str]:
-    """Names docs/metrics.md lists, with a histogram's _bucket/_sum/_count series."""
-    allowed = set()
-    for match in re.finditer(r"^\| `([a-zA-Z_:][\w:]*)` \| (\w+(?: [\w ]+)?)", METRICS_DOC.read_text(), re.M):
-        name, kind = match.groups()
-        allowed.add(name)
-        if kind == "histogram":
-            allowed |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
-    return allowed
+    """Series docs/metrics.md lists: a histogram as its _bucket/_sum/_count series only."""
+    return set(series_labels())
+
+
+def legend_labels(target: dict[str, Any]) -> set[str]:
+    """Labels a target's legend shows, as Grafana reads {{ label }}."""
+    return set(re.findall(r"\{\{\s*(.+?)\s*\}\}", target.get("legendFormat") or ""))
 
 
 def test_metric_name_extraction_ignores_functions_labels_strings_and_durations() -> None:
@@ -100,6 +106,28 @@ def test_panels_use_only_catalogued_metrics(name: str) -> None:
     unknown = {key: names - allowed for key, names in used.items() if names - allowed}
     assert not unknown, f"not in docs/metrics.md: {unknown}"
     assert all(used.values()), "every query selects at least one metric"
+
+
+@pytest.mark.parametrize("name", BOARDS)
+def test_panels_select_group_and_show_only_labels_their_metrics_carry(name: str) -> None:
+    """A matcher, a by/on list or a legend naming a label no selected series has shows nothing."""
+    board, known = load(name), series_labels()
+    problems = {
+        f"{panel['title']} {target['refId']}": found
+        for panel in panels(board)
+        for target in panel.get("targets", [])
+        if (found := label_problems(substitute(target["expr"], board), known, legend_labels(target)))
+    }
+    assert not problems
+
+
+def test_label_check_sees_a_label_never_set() -> None:
+    known = series_labels()
+    assert label_problems('mpjob_trainer_loss{rule="x"}', known) == ["mpjob_trainer_loss has no label rule"]
+    assert label_problems("sum by (phase) (mpjob_trainer_loss)", known) == ["no metric carries phase (grouping)"]
+    assert label_problems("sum by (job) (mpjob_trainer_loss)", known, {"attempt"}) == ["attempt is not in the result"]
+    assert label_problems("mpjob_trainer_step_seconds", known) == ["mpjob_trainer_step_seconds is no known series"]
+    assert not label_problems('DCGM_FI_DEV_GPU_UTIL{gpu="0"}', known, {"gpu"})
 
 
 def test_dashboards_have_unique_uids_and_panel_ids() -> None:

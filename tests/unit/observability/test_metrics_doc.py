@@ -9,28 +9,13 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
 from mpjob_contract import metrics as names
-from tests.unit.observability.promtool import METRICS_DOC
+from tests.unit.observability.promtool import METRICS_DOC, documented
 
 pytestmark = pytest.mark.unit
-
-_ROW = re.compile(r"^\| `(?P<name>[a-zA-Z_:][\w:]*)` \| (?P<type>\w+) \| (?P<labels>[^|]*) \|")
 
 
 def exported(name: str, kind: str) -> str:
     return name + "_total" if kind == "counter" else name
-
-
-def documented(section: str) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """{name: (type, labels)} from the table under '## <section>'."""
-    text = METRICS_DOC.read_text()
-    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for line in body.splitlines():
-        if match := _ROW.match(line):
-            labels = tuple(re.findall(r"[a-z_][a-z0-9_]*", match["labels"])) if match["labels"].strip() != "—" else ()
-            assert match["name"] not in rows, f"{match['name']} documented twice"
-            rows[match["name"]] = (match["type"], labels)
-    return rows
 
 
 def trainer_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
