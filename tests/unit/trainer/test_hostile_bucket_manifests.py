@@ -105,3 +105,14 @@ def test_a_malformed_manifest_in_the_bucket_is_a_corrupt_checkpoint(body: bytes)
     assert [e["event"] for e in log] == ["checkpointRejected"] * 2
     reader.save(40, "bf16", {"step": 40, "w": torch.zeros(4)})
     assert bucket.objects[_manifest_key(store, 20)] == body  # neither pruned nor rewritten
+
+
+@pytest.mark.parametrize("odd", ["step-000000020\n", "step-" + "\uff10" * 7 + "\uff12\uff10", "step-000000020 "])
+def test_a_folder_whose_name_only_looks_like_a_kept_step_is_no_checkpoint_and_prunes_nothing(odd: str) -> None:
+    bucket, store = _saved(10, 20)
+    bucket.objects[f"{store.key}/{odd}/{MANIFEST}"] = bucket.objects[_manifest_key(store, 20)]
+    store = _store(bucket, keep=2)
+    assert [s for s, _ in store.steps()] == [10, 20]
+    store.save(30, "bf16", {"step": 30, "w": torch.zeros(4)})
+    assert [s for s, _ in store.steps()] == [20, 30]  # keep=2: the newest two, step 20 among them
+    assert _manifest_key(store, 20) in bucket.objects

@@ -47,7 +47,9 @@ FORMAT_VERSION = 2
 SINGLE, DCP = "single", "dcp"
 #: What a manifest without `formatVersion` is: written before the field existed.
 UNVERSIONED = 1
-_FOLDER = re.compile(r"^step-(\d{9})$")
+#: ASCII digits only, the whole name: `\d` takes any script's digits and `$` a trailing newline, and
+#: names that parse to one step and differ (a bucket's listing, a folder) would be two checkpoints.
+_FOLDER = re.compile(r"step-([0-9]{9})")
 #: A file one rank of a sharded checkpoint wrote for itself: its DCP shards, its rank file.
 _RANKS_OWN = re.compile(r"^(?:__(\d+)_\d+\.distcp|rank-(\d+)\.pt)$")
 
@@ -99,7 +101,7 @@ def folder_name(step: int) -> str:
 
 def step_of(name: str) -> int | None:
     """The step a checkpoint folder's name holds; None for any other name."""
-    m = _FOLDER.match(name)
+    m = _FOLDER.fullmatch(name)
     return int(m.group(1)) if m else None
 
 

@@ -114,7 +114,7 @@ class BucketCheckpointStore:
         names = self.bucket.folders(self.key, MAX_FOLDERS)
         if len(names) >= MAX_FOLDERS:
             self.log("checkpointListingCapped", prefix=self.key, listed=len(names))
-        return sorted((step, self.url(step)) for name in names if (step := step_of(name)) is not None)
+        return sorted({(step, self.url(step)) for name in names if (step := step_of(name)) is not None})
 
     def named(self, prefer: str) -> str | None:
         """This job's place of the step `prefer` names (None: it names no step)."""
