@@ -138,3 +138,22 @@ def test_a_save_keeps_its_jobs_valid_checkpoint_and_replaces_a_damaged_one(place
     store.save(20, "bf16", {"step": 20, "w": torch.zeros(4)})
     loaded = place.store().load()
     assert loaded is not None and torch.equal(loaded[1]["w"], torch.zeros(4))
+
+
+def test_a_copy_of_another_steps_checkpoint_is_not_its_steps_and_a_save_replaces_it(
+    place: Place, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    store = place.store()
+    for step in (10, 20):
+        _save(store, step)
+    copy = CheckpointStore(tmp_path_factory.mktemp("copy"), keep=5, config_digest="d1", job=JOB)
+    _save(copy, 10)
+    for name in (STATE, MANIFEST):  # step 10's checkpoint, byte for byte, in step 20's place
+        place.overwrite(20, name, (copy.root / folder_name(10) / name).read_bytes())
+    reader = place.store()
+    loaded = reader.load()
+    assert loaded is not None and loaded[0].step == 10 and loaded[0].path == _at(store, 10)
+    assert [e["path"] for e in place.log] == [_at(store, 20)] and "of step 10" in place.log[0]["problem"]
+    assert reader.save(20, "bf16", {"step": 20, "w": torch.zeros(4)}).ref.step == 20
+    loaded = place.store().load()
+    assert loaded is not None and loaded[0].step == 20 and torch.equal(loaded[1]["w"], torch.zeros(4))

@@ -138,12 +138,16 @@ class CheckpointStore:
 
     # -- reading ----------------------------------------------------------------------------
     def verify(self, path: Path, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
-        """Check manifest, sha256 and config digest; return the ref and the loaded state. A
-        state of an older format says so under FORMAT_KEY (TrainingState.restore migrates it);
-        one of a sharded checkpoint is this rank's small state, with its folder under
-        shards.SHARDS for TrainingState.restore to read the shards from. A sharded checkpoint
-        is checked by every rank of the process group together, unless `alone`."""
+        """Check manifest (its step the folder's), sha256 and config digest; return the ref and
+        the loaded state. A state of an older format says so under FORMAT_KEY
+        (TrainingState.restore migrates it); one of a sharded checkpoint is this rank's small
+        state, with its folder under shards.SHARDS for TrainingState.restore to read the shards
+        from. A sharded checkpoint is checked by every rank of the process group together,
+        unless `alone`."""
         manifest = read_manifest(path)
+        named = step_of(path.name)
+        if named is not None and named != manifest.step:  # a copy of another step's folder: not this step's
+            raise CorruptCheckpoint(f"{path.name}: its manifest is of step {manifest.step}")
         if manifest.config_digest != self.config_digest:
             raise CorruptCheckpoint(
                 f"{path.name}: config digest {manifest.config_digest!r} does not match this "
