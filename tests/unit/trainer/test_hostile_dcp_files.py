@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,38 @@ def test_a_shard_that_verifies_but_does_not_load_falls_back_to_the_previous_good
     _commit(reader, 20)  # a save of its step replaces it rather than keeping it
     assert list((tmp_path / "ckpt").glob(".corrupt-step-000000020-*"))
     restore_shards(newest, _objects(0), NAMES)
+
+
+def _unlist(name: str) -> Callable[[dict[str, Any]], None]:
+    return lambda manifest: manifest["files"].pop(name)
+
+
+def _world_size(size: int) -> Callable[[dict[str, Any]], None]:
+    return lambda manifest: manifest.update(worldSize=size)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_unlist(rank_file(0)), "does not list rank-00000.pt"),
+        (_unlist(".metadata"), "does not list DCP's index"),
+        (_world_size(2), "does not list rank-00001.pt"),
+    ],
+    ids=["rank-file", "index", "world-size"],
+)
+def test_a_sharded_manifest_that_leaves_out_a_file_every_restore_reads_is_corrupt(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], None], problem: str
+) -> None:
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    newest = _commit(store, 20)
+    manifest = json.loads((newest / "manifest.json").read_text())
+    edit(manifest)
+    for rank in (0, 1):  # a rank file the manifest does not list, planted: it would be read unchecked
+        if rank_file(rank) not in manifest["files"]:
+            torch.save({"step": 20, "planted": True}, newest / rank_file(rank))
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    loaded = _store(tmp_path / "ckpt", log).load()
+    assert loaded is not None and loaded[0].step == 10 and "planted" not in loaded[1]
+    assert "step-000000020" in log[0]["problem"] and problem in log[0]["problem"], log

@@ -37,6 +37,7 @@ planner that reads non-tensor values weights-only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,10 @@ from mpjob_trainer.errors import ConfigError
 SHARDS = "shards"
 #: In a captured state: which registered names are in the shards ({"module": ..., "optimizer": ...}).
 SHARDED_OBJECTS = "shardedObjects"
+
+
+#: What names a rank file, well formed or not (rank_file writes them).
+_RANK_FILE = re.compile(r"rank-[0-9]+\.pt")
 
 
 def rank_file(rank: int) -> str:
@@ -197,11 +202,30 @@ def _first_failure(exc: Any) -> str:
     return str(exc)[:300]
 
 
+def listing_problem(manifest: Manifest) -> str | None:
+    """What a sharded checkpoint's manifest fails to list (None: nothing): DCP's index and the
+    rank file of each of its worldSize ranks, and no other rank file. A rank reads the index and
+    a rank file whether listed or not: unlisted, they would be read unchecked."""
+    if INDEX not in manifest.files:
+        return f"does not list DCP's index {INDEX}"
+    listed = {name for name in manifest.files if _RANK_FILE.fullmatch(name)}
+    expected = {rank_file(rank) for rank in range(manifest.world_size)}
+    missing, extra = sorted(expected - listed), sorted(listed - expected)
+    if missing:
+        return f"does not list {missing[0]}, the rank file of one of its {manifest.world_size} ranks"
+    if extra:
+        return f"lists {extra[0][:100]}, not a rank file of its {manifest.world_size} ranks"
+    return None
+
+
 def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]:
     """Check the files (each rank its share), agree, and return this rank's small state."""
     problem = None
     state: dict[str, Any] = {}
     try:
+        unlisted = listing_problem(manifest)
+        if unlisted is not None:
+            raise CorruptCheckpoint(f"{folder.name}: its manifest {unlisted}")
         check_files(folder, manifest, share=(peers.rank, peers.size))
         from mpjob_trainer.checkpoint.dcp_reader import check_values, read_index
 
