@@ -57,7 +57,7 @@ def test_store_adopts_a_framework_folder_and_checks_every_file(tmp_path: Path) -
     ref, state = store.load()  # type: ignore[misc]
     assert (ref.step, state["step"]) == (20, 20)
     (problem,) = rejected
-    assert problem.startswith("step-000000030: framework/nested/optimizer.bin sha256 mismatch")
+    assert problem.startswith("step-000000030: framework/nested/optimizer.bin is 4 bytes, its manifest says")
 
     framework_save(store, 40)  # a framework killed mid-save leaves its staging folder
     store.clean_stale()

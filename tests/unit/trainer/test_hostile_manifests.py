@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from mpjob_trainer.checkpoint import CheckpointStore, sha256_file
+from mpjob_trainer.checkpoint import CheckpointStore, manifest, sha256_file
 
 pytestmark = pytest.mark.unit
 
@@ -101,3 +101,32 @@ def test_a_manifest_listing_a_file_outside_its_folder_is_refused_even_with_its_t
     loaded = _store(tmp_path, log).load(prefer=str(tmp_path / "step-000000020"))
     assert loaded is not None and loaded[0].step == 10
     assert "unreadable manifest" in log[0]["problem"] and "file name" in log[0]["problem"]
+
+
+def test_a_listed_file_that_links_out_of_its_folder_is_refused_even_with_its_true_sha256(tmp_path: Path) -> None:
+    _save(tmp_path / "ckpt", 10, 20)
+    outside = tmp_path / "elsewhere.pt"
+    torch.save({"step": 20, "w": torch.full((4,), 99.0)}, outside)
+    newest = tmp_path / "ckpt" / "step-000000020"
+    (newest / "state.pt").unlink()
+    (newest / "state.pt").symlink_to(outside)
+    entry = {"sha256": sha256_file(outside), "bytes": outside.stat().st_size}
+    _write_raw(newest, lambda m: {**m, "files": {**m["files"], "state.pt": entry}})
+    log: list[dict[str, Any]] = []
+    loaded = _store(tmp_path / "ckpt", log).load()
+    assert loaded is not None and loaded[0].step == 10 and torch.equal(loaded[1]["w"], torch.ones(4) * 10)
+    assert "step-000000020" in log[0]["problem"] and "outside the checkpoint" in log[0]["problem"]
+
+
+def test_a_file_of_another_size_than_its_manifest_says_is_refused_before_it_is_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _save(tmp_path, 10, 20)
+    newest = tmp_path / "step-000000020"
+    _write_raw(newest, lambda m: {**m, "files": {**m["files"], "notes.txt": {"sha256": "0" * 64, "bytes": 3}}})
+    hashed: list[str] = []
+    monkeypatch.setattr(manifest, "sha256_file", lambda path: hashed.append(path.name) or sha256_file(path))
+    log: list[dict[str, Any]] = []
+    loaded = _store(tmp_path, log).load()
+    assert loaded is not None and loaded[0].step == 10
+    assert "notes.txt is 57 bytes, its manifest says 3" in log[0]["problem"] and "notes.txt" not in hashed

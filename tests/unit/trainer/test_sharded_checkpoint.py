@@ -165,7 +165,12 @@ def mismatch(folder: Path) -> None:
 
 @pytest.mark.parametrize(
     ("damage", "problem"),
-    [(truncate, "sha256 mismatch"), (remove, "missing"), (flip, "sha256 mismatch"), (mismatch, "!= manifest step")],
+    [
+        (truncate, "bytes, its manifest says"),
+        (remove, "missing"),
+        (flip, "sha256 mismatch"),
+        (mismatch, "!= manifest step"),
+    ],
 )
 @pytest.mark.process
 def test_damaged_sharded_checkpoint_is_rejected_for_the_previous_good_one(

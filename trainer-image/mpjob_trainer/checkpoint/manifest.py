@@ -150,14 +150,21 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 
 def check_files(folder: Path, manifest: Manifest, share: tuple[int, int] = (0, 1)) -> None:
-    """Every file the manifest lists is there with its sha256 (state.pt and any framework files,
-    or every rank's shards). `share` (rank, ranks): check only this rank's share (`share_of`),
-    when the ranks split the reading of a sharded checkpoint between them."""
+    """Every file the manifest lists is there, inside `folder` (not a link out of it), with its
+    size and sha256 (state.pt and any framework files, or every rank's shards). `share` (rank,
+    ranks): check only this rank's share (`share_of`), when the ranks split the reading of a
+    sharded checkpoint between them."""
+    inside = folder.resolve()
     for name in share_of(manifest.files, *share):
-        meta = manifest.files[name]
-        if not (folder / name).is_file():
+        meta, path = manifest.files[name], folder / name
+        if not path.is_file():
             raise CorruptCheckpoint(f"{folder.name}: {name} missing")
-        actual, expected = sha256_file(folder / name), str(meta.get("sha256"))
+        if not path.resolve().is_relative_to(inside):  # a link: the name stays inside, the file does not
+            raise CorruptCheckpoint(f"{folder.name}: {name} is a link to a file outside the checkpoint")
+        size = path.stat().st_size
+        if size != meta["bytes"]:  # before hashing: a planted file of any size is not read through
+            raise CorruptCheckpoint(f"{folder.name}: {name} is {size} bytes, its manifest says {meta['bytes']}")
+        actual, expected = sha256_file(path), str(meta.get("sha256"))
         if actual != expected:
             raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
 
