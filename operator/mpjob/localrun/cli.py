@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
+from mpjob.localrun.paths import UnusableOut, prepare
 from mpjob.summary import summary_lines
 from mpjob.validation import InvalidManifest, load_job
 
@@ -18,23 +18,7 @@ def run_command(argv: list[str]) -> int:
     except ModuleNotFoundError as exc:  # the progress view and plot are an extra
         print(f"error: `mpjob run` needs the local extra ({exc.name} is missing): pip install 'mpjob[local]'")
         return 2
-    parser = argparse.ArgumentParser(prog="mpjob run", description=__doc__)
-    parser.add_argument("file", type=Path, help="a MixedPrecisionJob manifest")
-    parser.add_argument("--out", type=Path, help="run directory (default: runs/<name>); reused to resume")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--json", action="store_const", const="json", dest="mode", help="JSON lines for scripts")
-    mode.add_argument("--plain", action="store_const", const="plain", dest="mode", help="plain lines")
-    parser.add_argument("--fresh", action="store_true", help="discard what --out holds and start over")
-    parser.add_argument(
-        "--no-plot", action="store_true", help="draw no training.png at the end (report.json and series.json as always)"
-    )
-    parser.add_argument(
-        "--workers-available",
-        metavar="N[,STEP:N]...",
-        help="spec.elastic: simulate the cluster's capacity over the steps (3,40:2,120:3: 3 workers fit at "
-        "first, 2 from step 40, 3 from step 120); the run shrinks and grows as on a cluster (docs/elastic.md)",
-    )
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
 
     try:
         job = load_job(args.file)
@@ -51,14 +35,17 @@ def run_command(argv: list[str]) -> int:
             print(f"error: --workers-available {exc}")
             return 2
     out: Path = args.out or Path("runs") / job.metadata.name
-    if args.fresh and out.exists():
-        shutil.rmtree(out)
-    view = make_view(args.mode, job.spec.training.steps)
-    run = LocalRun(job, out, view, base_dir=args.file.parent, schedule=schedule)
     try:
-        status = run.run()
-    finally:
-        view.close()
+        prepare(out, fresh=args.fresh)
+        view = make_view(args.mode, job.spec.training.steps)
+        run = LocalRun(job, out, view, base_dir=args.file.parent, schedule=schedule)
+        try:
+            status = run.run()
+        finally:
+            view.close()
+    except UnusableOut as exc:
+        print(f"error: --out {exc}")
+        return 2
     lines = summary_lines(job.metadata.name, status)
     lines.append(f"  report: {run.paths.report}")
     shown = {"report": str(run.paths.report)}
@@ -69,3 +56,23 @@ def run_command(argv: list[str]) -> int:
     if status.phase == "Succeeded":
         return 0
     return 130 if status.phase == "Suspended" else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpjob run", description=__doc__)
+    parser.add_argument("file", type=Path, help="a MixedPrecisionJob manifest")
+    parser.add_argument("--out", type=Path, help="run directory (default: runs/<name>); reused to resume")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--json", action="store_const", const="json", dest="mode", help="JSON lines for scripts")
+    mode.add_argument("--plain", action="store_const", const="plain", dest="mode", help="plain lines")
+    parser.add_argument("--fresh", action="store_true", help="discard what --out holds (a run's only) and start over")
+    parser.add_argument(
+        "--no-plot", action="store_true", help="draw no training.png at the end (report.json and series.json as always)"
+    )
+    parser.add_argument(
+        "--workers-available",
+        metavar="N[,STEP:N]...",
+        help="spec.elastic: simulate the cluster's capacity over the steps (3,40:2,120:3: 3 workers fit at "
+        "first, 2 from step 40, 3 from step 120); the run shrinks and grows as on a cluster (docs/elastic.md)",
+    )
+    return parser

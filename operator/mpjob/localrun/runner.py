@@ -104,12 +104,12 @@ class LocalRun:
 
     def _resume_or_start(self) -> StartAttempt | None:
         """The first attempt, or the one that follows what an earlier `mpjob run` of --out left."""
-        if not self.paths.report.exists():
+        if (earlier := self.paths.earlier_status()) is None:
             plan, when = self._transition()
             lc.created(plan, when, f"local run in {self.paths.root}")
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
             return plan.create[0]
-        self.status = MixedPrecisionJobStatus.model_validate_json(self.paths.report.read_text())
+        self.status = earlier
         self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
         self.series = RunSeries.load(self.paths.series)
         if self.status.phase in FINISHED:

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mpjob.localrun.paths import START_OVER, UnusableOut
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobStatus
 
@@ -139,15 +140,20 @@ class RunSeries:
 
     @classmethod
     def load(cls, path: Path) -> RunSeries:
+        """What an earlier run of the folder left (UnusableOut: a file it cannot read)."""
         if not path.exists():
             return cls()
-        data = json.loads(path.read_text())
-        return cls(
-            points=[Point(**p) for p in data.get("points", [])],
-            evals=[EvalPoint(**e) for e in data.get("evals", [])],
-            spans=[Span(**s) for s in data.get("spans", [])],
-            skips=[SkipMark(**s) for s in data.get("skips", [])],
-        )
+        try:
+            data = json.loads(path.read_bytes())
+            return cls(
+                points=[Point(**p) for p in data.get("points", [])],
+                evals=[EvalPoint(**e) for e in data.get("evals", [])],
+                spans=[Span(**s) for s in data.get("spans", [])],
+                skips=[SkipMark(**s) for s in data.get("skips", [])],
+            )
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            why = f"{type(exc).__name__}: {exc}"[:200]
+            raise UnusableOut(f"{path.parent}: series.json is not a run's series ({why}): {START_OVER}") from exc
 
 
 def series_of_status(status: MixedPrecisionJobStatus) -> RunSeries:

@@ -1,0 +1,108 @@
+"""`mpjob run --out DIR`: a DIR that cannot hold the run is refused before anything starts,
+naming --out and what to do, and `--fresh` deletes only a run's own folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mpjob.localrun.cli import run_command
+from mpjob.localrun.runner import LocalRun
+from mpjob_contract.api import MixedPrecisionJobStatus
+
+pytestmark = pytest.mark.unit
+
+JOB = {
+    "apiVersion": "mpjob.dev/v1alpha1",
+    "kind": "MixedPrecisionJob",
+    "metadata": {"name": "local"},
+    "spec": {"task": {"builtin": "mlp"}, "training": {"steps": 2}, "resources": {"gpusPerWorker": 0}},
+}
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(JOB))
+    return path
+
+
+@pytest.fixture
+def never_launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that would start trainers fails the test instead."""
+
+    def launched(self: LocalRun) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(LocalRun, "run", launched)
+
+
+@pytest.mark.usefixtures("never_launched")
+def test_fresh_leaves_a_folder_that_holds_more_than_a_run(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = job.parent  # `--out . --fresh` from the project's folder
+    (folder / "train.py").write_text("precious\n")
+    (folder / "attempts").mkdir()
+    assert run_command([str(job), "--out", str(folder), "--fresh"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith(f"error: --out {folder}: ") and "job.yaml, train.py" in out and "--fresh" in out, out
+    assert (folder / "train.py").read_text() == "precious\n" and job.exists()
+
+
+@pytest.mark.usefixtures("never_launched")
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_an_out_that_is_not_a_folder_is_refused(job: Path, where: str, capsys: pytest.CaptureFixture[str]) -> None:
+    (job.parent / "a-file").write_text("kept\n")
+    for fresh in ([], ["--fresh"]):
+        assert run_command([str(job), "--out", str(job.parent / where), *fresh]) == 2
+        out = capsys.readouterr().out
+        assert out.startswith(f"error: --out {job.parent / where}: ") and "folder" in out, out
+    assert (job.parent / "a-file").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needle"),
+    [
+        ("report.json", "junk", "report.json is not a run's report"),
+        ("report.json", "{}", "report.json names no attempt"),
+        ("report.json", None, "report.json is not a run's report"),
+        ("series.json", "[1, 2]", "series.json is not a run's series"),
+    ],
+    ids=["report-not-json", "report-no-attempt", "report-a-folder", "series-not-a-series"],
+)
+def test_a_run_folder_it_cannot_read_is_refused_and_fresh_starts_over(
+    job: Path, name: str, content: str | None, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = job.parent / "out"
+    out.mkdir()
+    if name == "series.json":  # beside a report that reads
+        report = {"phase": "Running", "attempts": [{"index": 0, "precision": "fp32", "startStep": 0}]}
+        (out / "report.json").write_text(json.dumps(report))
+    if content is None:
+        (out / name).mkdir()
+    else:
+        (out / name).write_text(content)
+    assert run_command([str(job), "--out", str(out), "--plain"]) == 2
+    said = capsys.readouterr().out
+    assert f"error: --out {out}: {needle}" in said and "--fresh" in said, said
+    assert (out / name).exists()  # nothing of it lost
+
+
+def test_fresh_empties_a_run_folder_and_starts_over(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = job.parent / "out"
+    (out / "attempts" / "a0").mkdir(parents=True)
+    (out / "checkpoints").mkdir()
+    (out / "report.json").write_text("junk")
+    found: list[list[str]] = []
+
+    def started(self: LocalRun) -> MixedPrecisionJobStatus:
+        found.append(sorted(p.name for p in out.iterdir()))
+        return MixedPrecisionJobStatus(phase="Succeeded")
+
+    monkeypatch.setattr(LocalRun, "run", started)
+    assert run_command([str(job), "--out", str(out), "--fresh", "--plain", "--no-plot"]) == 0, capsys.readouterr()
+    assert found == [[]]
