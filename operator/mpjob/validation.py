@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import yaml
 from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 from mpjob_contract import formats, k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
@@ -151,7 +152,9 @@ def _plain_message(error: Any) -> str:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if error["type"] == "extra_forbidden":
-        return "unknown field (not allowed by the MixedPrecisionJob schema)"
+        name = str(error["loc"][-1])
+        camel = f"; its names are camelCase: {to_camel(name)}" if "_" in name.strip("_") else ""
+        return f"unknown field (not allowed by the MixedPrecisionJob schema{camel})"
     if error["type"] == "missing":
         return "required field is missing"
     ctx = error.get("ctx") or {}
@@ -178,7 +181,9 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
         why = f"a key read as a boolean: {_YAML_BOOLEANS}; quote it (a fault rule's on is now fault)"
         return None, [Problem(source, index, key, why) for key in keys]
     try:
-        job = MixedPrecisionJob.model_validate(doc)
+        # By the wire's (camelCase) names only: the API server knows no other, and a Python name
+        # (`run_policy`) would train here what the cluster refuses.
+        job = MixedPrecisionJob.model_validate(doc, by_alias=True, by_name=False)
     except ValidationError as exc:
         return None, _problems(exc, source, index)
     annotations = (doc.get("metadata") or {}).get("annotations") or {}

@@ -42,12 +42,20 @@ def bad(path: str, value: Any) -> dict[str, Any]:
     return doc
 
 
+#: A bucket that validates.
+S3 = {"bucket": "checkpoints", "endpoint": "http://minio.storage:9000"}
+
 # (id, manifest, text the error must contain)
 #: FSDP2 gathering the weights in the attempt's precision, said outright.
 GATHERED_LOW = {"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "attempt"}}
 
 CASES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-field", bad("spec.precision.turbo", True), "turbo"),
+    # The API's names are camelCase; the Python name of a field is not one (the API server drops
+    # or refuses it, so `mpjob run` may not train with it).
+    ("snake-case-field", bad("spec.run_policy", {"maxAttempts": 2}), "run_policy"),
+    ("snake-case-nested-field", bad("spec.precision.loss_scale", {"init": 1024}), "loss_scale"),
+    ("snake-case-bucket-field", bad("spec.checkpoint.storage.s3", S3 | {"credentials_secret": "s3"}), "credentials_"),
     ("bad-mode", bad("spec.precision.mode", "fp4"), "spec.precision.mode"),
     # fp8 is never a fallback (the least safe rung); whatever the mode, the list naming it is refused.
     ("fp8-fallback-not-first", bad("spec.precision.fallback", ["bf16", "fp8"]), "spec.precision.fallback: "),

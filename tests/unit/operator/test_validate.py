@@ -217,3 +217,11 @@ def test_validate_reads_stdin() -> None:
     args = [sys.executable, "-m", "mpjob.cli", "validate", "-"]
     out = subprocess.run(args, input=GOOD_TEXT, capture_output=True, text=True)
     assert out.returncode == 0 and "-: ok (1 MixedPrecisionJob)" in out.stdout, out
+
+
+def test_a_python_field_name_is_refused_with_its_api_name() -> None:
+    _, problems = check_text(yaml.safe_dump(bad("spec.precision", {"in_place": False, "lossScale": {"init": 8.0}})))
+    assert [str(p) for p in problems] == [
+        "<input>: spec.precision.in_place: unknown field (not allowed by the MixedPrecisionJob schema; "
+        "its names are camelCase: inPlace)"
+    ]
