@@ -1,7 +1,8 @@
 """Manifest checking with the same models the CRD is generated from.
 
 `check_text` returns every problem at once, each naming its field path (camelCase, as the
-user wrote it) and what is allowed; YAML syntax errors name the line. The template's pod
+user wrote it) and what is allowed; YAML syntax errors name the line. Values are held to the
+CRD's types first (mpjob.structural: the models alone would read "2" as 2). The template's pod
 fields are checked against Kubernetes' own schemas (mpjob_contract.k8s), as the API server
 does. A manifest is untrusted input: it is read only up to MAX_MANIFEST_BYTES, nested at most
 MAX_DEPTH deep, and YAML aliases are refused (a few lines of aliases expand to gigabytes).
@@ -19,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
+from mpjob import structural
 from mpjob_contract import formats, k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
 from mpjob_contract.tracking import PROFILE_ANNOTATION, BadProfileRequest, profile_steps
@@ -180,12 +182,17 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
     if keys := _boolean_keys(doc):
         why = f"a key read as a boolean: {_YAML_BOOLEANS}; quote it (a fault rule's on is now fault)"
         return None, [Problem(source, index, key, why) for key in keys]
+    # The CRD's types first: the models would take "2" for an integer, the API server does not.
+    mistyped = [Problem(source, index, field, why) for field, why in structural.violations(doc.get("spec"))]
     try:
         # By the wire's (camelCase) names only: the API server knows no other, and a Python name
         # (`run_policy`) would train here what the cluster refuses.
         job = MixedPrecisionJob.model_validate(doc, by_alias=True, by_name=False)
     except ValidationError as exc:
-        return None, _problems(exc, source, index)
+        named = {p.field for p in mistyped}
+        return None, mistyped + [p for p in _problems(exc, source, index) if p.field not in named]
+    if mistyped:
+        return None, mistyped
     annotations = (doc.get("metadata") or {}).get("annotations") or {}
     try:  # annotations are free-form to the API server: this one is checked here and by the operator
         if isinstance(annotations, dict) and PROFILE_ANNOTATION in annotations:

@@ -55,6 +55,13 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     # or refuses it, so `mpjob run` may not train with it).
     ("snake-case-field", bad("spec.run_policy", {"maxAttempts": 2}), "run_policy"),
     ("snake-case-nested-field", bad("spec.precision.loss_scale", {"init": 1024}), "loss_scale"),
+    # The CRD's types: the models alone would read "2" as 2 and "true" or 1 as true.
+    ("quoted-integer", bad("spec.workers", "2"), "spec.workers"),
+    ("boolean-for-integer", bad("spec.training.steps", True), "spec.training.steps"),
+    ("quoted-number", bad("spec.training.learningRate", "0.001"), "spec.training.learningRate"),
+    ("quoted-boolean", bad("spec.precision.tf32", "true"), "spec.precision.tf32"),
+    ("integer-for-boolean", bad("spec.runPolicy.suspend", 1), "spec.runPolicy.suspend"),
+    ("boolean-for-quantity", bad("spec.resources.requests", {"cpu": True}), "spec.resources.requests"),
     ("snake-case-bucket-field", bad("spec.checkpoint.storage.s3", S3 | {"credentials_secret": "s3"}), "credentials_"),
     ("bad-mode", bad("spec.precision.mode", "fp4"), "spec.precision.mode"),
     # fp8 is never a fallback (the least safe rung); whatever the mode, the list naming it is refused.

@@ -1,0 +1,93 @@
+"""A manifest's values checked against the CRD's types, as the API server checks them first.
+
+The models read a value in pydantic's lax mode: "2" for an integer, "yes" or 1 for a boolean,
+true for a number all pass, where the API server answers `must be of type integer` (and `mpjob
+run` trained with them). YAML's .inf and .nan are numbers JSON cannot carry, so kubectl cannot
+send them at all. This walks the spec along the generated CRD schema (mpjob.crd, the one the API
+server holds) and names each such value; the template's pod fields and a volume's emptyDir take
+Kubernetes' own schemas, checked whole where the models read them (mpjob_contract.k8s).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Any
+
+from mpjob.crd import openapi_schema
+from mpjob_contract import k8s
+
+#: Spec fields whose schema is Kubernetes' own (k8s.check types them).
+KUBERNETES_TYPED = frozenset({"template", "emptyDir"})
+#: The largest integer a JSON number holds exactly (a larger one is refused as not an integer).
+MAX_EXACT_INTEGER = 2**53
+NOT_FINITE = "must be a finite number: JSON, which kubectl sends, has no .inf or .nan"
+QUOTED = "write it without quotes"
+BOOLEAN = "YAML reads an unquoted on, off, yes, no, y, n, true or false as a boolean"
+
+
+@cache
+def _spec_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = openapi_schema()["properties"]["spec"]
+    return schema
+
+
+def violations(spec: Any) -> list[k8s.Violation]:
+    """Every value below `spec` whose type the API server refuses, and every .inf or .nan."""
+    found: list[k8s.Violation] = []
+    pending: list[tuple[str, Any, dict[str, Any] | None]] = [("spec", spec, _spec_schema())]
+    while pending:
+        where, value, schema = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append((where, NOT_FINITE))
+        elif schema is not None and (wrong := _wrong_type(value, schema)):
+            found.append((where, wrong))
+        if isinstance(value, dict):
+            properties = (schema or {}).get("properties", {})
+            below = (schema or {}).get("additionalProperties")
+            for key, item in value.items():
+                known = properties.get(key, below if isinstance(below, dict) else None)
+                pending.append((f"{where}.{key}", item, None if key in KUBERNETES_TYPED else known))
+        elif isinstance(value, list):
+            items = (schema or {}).get("items")
+            pending += [(f"{where}[{i}]", item, items) for i, item in enumerate(value)]
+    return sorted(found)
+
+
+def _wrong_type(value: Any, schema: dict[str, Any]) -> str | None:
+    """What is wrong with a scalar of a number, boolean or int-or-string field (None: nothing)."""
+    if schema.get("x-kubernetes-int-or-string"):
+        expected, ok = "an integer or a string", isinstance(value, str) or _is_integer(value)
+    elif schema.get("type") == "integer":
+        expected, ok = "an integer", _is_integer(value)
+    elif schema.get("type") == "number":
+        expected, ok = "a number", isinstance(value, int | float) and not isinstance(value, bool)
+    elif schema.get("type") == "boolean":
+        expected, ok = "a boolean (true or false)", isinstance(value, bool)
+    else:
+        return None
+    if ok or isinstance(value, dict | list) or value is None:  # containers and nulls: the models' to name
+        return None
+    hint = f" ({BOOLEAN})" if isinstance(value, bool) else f" ({QUOTED})" if _reads_as(value, schema) else ""
+    return f"must be {expected}, got {value!r}{hint}"
+
+
+def _reads_as(value: Any, schema: dict[str, Any]) -> bool:
+    """Whether a quoted string would, unquoted, be what the field takes ("2", "0.5", "true")."""
+    if not isinstance(value, str):
+        return False
+    if schema.get("type") == "boolean":
+        return value.lower() in ("true", "false")
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
+def _is_integer(value: Any) -> bool:
+    """An integer as the API server takes one: a whole JSON number, not a boolean."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, float):
+        return value.is_integer() and abs(value) <= MAX_EXACT_INTEGER
+    return isinstance(value, int)

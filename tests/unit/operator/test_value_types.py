@@ -1,0 +1,74 @@
+"""`mpjob validate` holds a manifest's values to the CRD's types, as the API server does: a value
+YAML quoted, or read as a boolean, is refused where the models alone would have converted it,
+and a number JSON cannot carry (YAML's .inf, .nan) is named before kubectl fails on it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from mpjob.validation import check_text
+from tests.unit.operator.cases import bad
+
+pytestmark = pytest.mark.unit
+
+
+def said(doc: dict) -> list[str]:
+    return [str(p) for p in check_text(yaml.safe_dump(doc), "job.yaml")[1]]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("spec.workers", "2", "must be an integer, got '2' (write it without quotes)"),
+        ("spec.workers", "two", "must be an integer, got 'two'"),
+        ("spec.precision.guard.replaySteps", True, "must be an integer, got True (YAML reads an unquoted on, "),
+        ("spec.training.learningRate", "0.001", "must be a number, got '0.001' (write it without quotes)"),
+        ("spec.precision.inPlace", "false", "must be a boolean (true or false), got 'false' (write it without"),
+        ("spec.runPolicy.suspend", "no", "must be a boolean (true or false), got 'no'"),
+        ("spec.resources.limits", {"memory": False}, "must be an integer or a string, got False"),
+    ],
+)
+def test_a_value_of_another_type_is_refused_naming_the_field(path: str, value: object, message: str) -> None:
+    field = path + (".memory" if isinstance(value, dict) else "")
+    problems = said(bad(path, value))
+    assert len(problems) == 1 and problems[0].startswith(f"job.yaml: {field}: {message}"), problems
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("spec.precision.lossScale.init", float("inf")),
+        ("spec.training.gradClipNorm", float("inf")),
+        ("spec.training.learningRate", float("nan")),
+        ("spec.precision.guard.minLossScale", float("-inf")),
+        ("spec.task.args", {"lr": float("nan")}),
+    ],
+)
+def test_inf_and_nan_are_refused_naming_the_field(path: str, value: object) -> None:
+    field = path + (".lr" if isinstance(value, dict) else "")
+    assert said(bad(path, value)) == [
+        f"job.yaml: {field}: must be a finite number: JSON, which kubectl sends, has no .inf or .nan"
+    ]
+
+
+def test_whole_numbers_written_as_floats_are_integers_as_on_the_api_server() -> None:
+    text = yaml.safe_dump(bad("spec.training", {"steps": "STEPS", "batchSize": 8.0}))
+    jobs, problems = check_text(text.replace("STEPS", "1e5"))  # kubectl reads 1e5 as a number too
+    assert not problems and (jobs[0].spec.training.steps, jobs[0].spec.training.batch_size) == (100_000, 8), problems
+
+
+def test_every_problem_is_said_once_and_quickly() -> None:
+    doc = bad("spec.workers", "300")
+    doc["spec"]["training"] = {"steps": "ten", "learningRate": float("inf"), "batchSize": 0}
+    started = time.monotonic()
+    problems = said(doc)
+    assert time.monotonic() - started < 1
+    assert [p.split(": ")[1] for p in problems] == [
+        "spec.training.learningRate",
+        "spec.training.steps",
+        "spec.workers",
+        "spec.training.batchSize",
+    ], problems
