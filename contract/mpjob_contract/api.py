@@ -14,11 +14,11 @@ and bounds they share).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mpjob_contract import formats, rules
+from mpjob_contract import formats, k8s, rules
 from mpjob_contract.placement import (
     Checkpoint,
     CheckpointStorage,
@@ -112,7 +112,23 @@ class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str = Field(min_length=1, pattern=formats.JOB_NAME.pattern)
-    namespace: str | None = None
+    namespace: str | None = Field(None, max_length=63, pattern=formats.NAMESPACE.pattern)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kubernetes_maps(cls, data: Any) -> Any:
+        """labels and annotations checked against Kubernetes' own schemas, as the API server does."""
+        if isinstance(data, dict):
+            schemas = k8s.template_schemas()  # the template's labels and annotations are ObjectMeta's
+            violations = [
+                found
+                for name in ("labels", "annotations")
+                if data.get(name) is not None
+                for found in k8s.check(data[name], schemas[name], name)
+            ]
+            if violations:
+                raise k8s.SchemaViolations(violations)
+        return data
 
     @field_validator("name")
     @classmethod

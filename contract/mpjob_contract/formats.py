@@ -23,6 +23,11 @@ JOB_NAME = Format(
     r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
     "lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (gpt-small)",
 )
+#: A namespace's name: a DNS label.
+NAMESPACE = Format(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    "lowercase letters, digits and '-', starting and ending with a letter or digit (team-a)",
+)
 #: Secret names are DNS subdomains.
 SECRET_NAME = Format(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
@@ -70,8 +75,8 @@ FP8_SKIP = Format(
 )
 
 _ALL = (
-    JOB_NAME, SECRET_NAME, BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY, QUANTITY,
-    CURRENCY, FP8_SKIP,
+    JOB_NAME, NAMESPACE, SECRET_NAME, BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY,
+    QUANTITY, CURRENCY, FP8_SKIP,
 )  # fmt: skip
 _BY_PATTERN = {fmt.pattern: fmt for fmt in _ALL}
 assert len(_BY_PATTERN) == len(_ALL), "each format its own pattern: the words are found by it"

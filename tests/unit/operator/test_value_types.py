@@ -72,3 +72,18 @@ def test_every_problem_is_said_once_and_quickly() -> None:
         "spec.workers",
         "spec.training.batchSize",
     ], problems
+
+
+@pytest.mark.parametrize(
+    ("metadata", "field", "message"),
+    [
+        ({"labels": {"team": 7}}, "metadata.labels[team]", "must be a string, got an integer"),
+        ({"annotations": {"mpjob.dev/profile-steps": 5}}, "metadata.annotations[mpjob.dev/profile-steps]", "must be a"),
+        ({"annotations": ["a=b"]}, "metadata.annotations", "must be an object, got an array"),
+        ({"namespace": "Team A"}, "metadata.namespace", "must be lowercase letters, digits and '-'"),
+    ],
+)
+def test_metadata_the_api_server_would_refuse_is_named(metadata: dict, field: str, message: str) -> None:
+    doc = bad("metadata", {"name": "ok", **metadata})
+    problems = said(doc)
+    assert len(problems) == 1 and problems[0].startswith(f"job.yaml: {field}: {message}"), problems
