@@ -51,8 +51,12 @@ def _crd(argv: list[str]) -> int:
     if not targets and args.k8s_schemas is None:
         sys.stdout.write(text)
     for target in targets:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        except OSError as exc:
+            print(f"error: --out {target}: cannot write it ({exc.strerror or exc}: {exc.filename})")
+            return 1
         print(f"wrote {target}")
     return 0
 
