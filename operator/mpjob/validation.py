@@ -237,6 +237,9 @@ def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJ
         docs = [d for d in yaml.load_all(text, Loader=_BoundedLoader) if d is not None]
     except _ManifestLimit as exc:
         return [], [Problem(source, 0, exc.field, f"YAML refused at {exc}")]
+    except yaml.reader.ReaderError as exc:  # a character YAML refuses: it names an offset, not a line
+        problem = f"line {text[: exc.position].count(chr(10)) + 1}: unacceptable character #x{exc.character:04x}"
+        return [], [Problem(source, 0, "", f"YAML syntax error at {problem}: {exc.reason}")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

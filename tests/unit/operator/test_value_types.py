@@ -87,3 +87,11 @@ def test_metadata_the_api_server_would_refuse_is_named(metadata: dict, field: st
     doc = bad("metadata", {"name": "ok", **metadata})
     problems = said(doc)
     assert len(problems) == 1 and problems[0].startswith(f"job.yaml: {field}: {message}"), problems
+
+
+def test_a_control_character_is_named_by_its_line() -> None:
+    text = yaml.safe_dump(bad("spec.task.builtin", "gpt")).replace("kind:", "x: a\x07b\nkind:")
+    line = text[: text.index("\x07")].count("\n") + 1
+    assert [str(p) for p in check_text(text, "job.yaml")[1]] == [
+        f"job.yaml: YAML syntax error at line {line}: unacceptable character #x0007: special characters are not allowed"
+    ]
