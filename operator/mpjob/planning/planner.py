@@ -109,6 +109,21 @@ def ladder(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None
     return precision_ladder(spec.precision, resolve_auto(spec.precision.mode, cap))
 
 
+def walked(
+    spec: MixedPrecisionJobSpec, history: Sequence[AttemptStatus], capability: tuple[int, int] | str | None = "spec"
+) -> list[Precision]:
+    """The ladder the job walks: the spec's, from the precision its first attempt trained in. An
+    `auto` attempt trains in what it measured on its node, which the spec's capability may not
+    predict: its fallbacks follow it, and a re-promotion goes back up to it, never above it."""
+    steps = ladder(spec, capability)
+    first = next((a.precision for a in history if a.index == 0), None)
+    if first is None or first == "auto":
+        return steps
+    if first in steps:
+        return steps[steps.index(first) :]
+    return [first, *(p for p in dict.fromkeys(spec.precision.fallback) if p != first)]
+
+
 def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None = "spec") -> StartAttempt:
     """Attempt 0: in `auto` mode the trainer measures the precision on its node (the report and
     the metrics say which; the ladder's fallbacks follow it), else the mode's precision."""
@@ -140,7 +155,7 @@ def promotion_target(
     made = sum(1 for a in history if a.repromoted) if repromotions is None else repromotions
     if made >= spec.precision.max_repromotions:
         return None
-    steps = ladder(spec, capability)
+    steps = walked(spec, history, capability)
     if precision not in steps or steps.index(precision) == 0:
         return None
     above = steps[steps.index(precision) - 1]
@@ -213,7 +228,7 @@ def after_attempt(
         )
     resume_from = last_good_path if last_good_path and inside_checkpoint_dir(last_good_path, checkpoint_dir) else None
     ended = StartAttempt(index, precision, resume_from, last_good_step)
-    decision = _next(spec, ended, result, shape or BatchShape.of(spec), capability)
+    decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability))
     if isinstance(decision, StartAttempt):
         sized = replace(decision, workers=workers if workers != spec.workers else None)
         return with_promotion(spec, sized, history, capability, repromotions=repromotions)
@@ -225,9 +240,10 @@ def _next(
     ended: StartAttempt,
     result: Classification,
     shape: BatchShape,
-    capability: tuple[int, int] | str | None,
+    steps: Sequence[RequestedPrecision],
 ) -> Decision:
-    """The attempt after `ended` (its resume_from/start_step: the checkpoint to go on from)."""
+    """The attempt after `ended` (its resume_from/start_step: the checkpoint to go on from) on the
+    job's ladder (`walked`)."""
     index, precision, step = ended.index + 1, ended.precision, ended.start_step
     if result.action is Action.SAME_PRECISION:
         return _shaped(StartAttempt(index, precision, None, step), shape)
@@ -240,10 +256,9 @@ def _next(
                 f"out of GPU memory with a micro-batch of one sample; nothing left to split: {result.message}",
             )
         return _shaped(StartAttempt(index, precision, None, step), smaller)
-    steps: list[RequestedPrecision] = [*ladder(spec, capability)]
     if precision not in steps:  # an `auto` attempt measured a precision the spec's capability did not predict
-        steps = [precision]  # (or never measured: its fallbacks follow it all the same)
-        steps += [p for p in dict.fromkeys(spec.precision.fallback) if p != precision]
+        # (or never measured; or `history` lacks the first attempt): its fallbacks follow it all the same
+        steps = [precision, *(p for p in dict.fromkeys(spec.precision.fallback) if p != precision)]
     position = steps.index(precision)
     if result.action is Action.REPROMOTE and position > 0:
         up = StartAttempt(index, steps[position - 1], ended.resume_from, step, promoted_from=precision)
