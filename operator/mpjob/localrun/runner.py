@@ -94,6 +94,7 @@ class LocalRun:
         self.paths.root.mkdir(parents=True, exist_ok=True)
         start = self._resume_or_start()
         while start is not None:
+            self._current = None  # set once its workers start: one that never ran ends as itself
             outcome = unschedulable(self.spec, self.schedule, start) or self._run_attempt(start)
             start = self._conclude(self._current or start, outcome)
         self._save()
@@ -177,8 +178,7 @@ class LocalRun:
         processesPerWorker training processes."""
         folder = self.paths.attempt(start.index)
         folder.mkdir(parents=True, exist_ok=True)
-        plan, when = self._transition()
-        lc.running(plan, when)
+        lc.running(*self._transition())
         self.series.begin_attempt(start.index, start.precision, start.start_step)
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
