@@ -83,6 +83,10 @@ class AttemptCounts(ApiModel):
     charged: int = 0
     #: Attempts that went back up to a faster precision (precision.maxRepromotions).
     repromotions: int = 0
+    #: The first attempt each precision was re-promoted into, by precision; and the precisions
+    #: that faulted again after it, which a re-promotion never goes back up to.
+    repromoted_at: dict[str, int] = Field(default_factory=dict)
+    barred: list[str] = Field(default_factory=list, max_length=8)
     #: Ended attempts by reason (NumericFault, Preempted, ...).
     by_reason: dict[str, int] = Field(default_factory=dict)
     #: Entries dropped from attempts[] (between the first and the newest).

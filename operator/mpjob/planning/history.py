@@ -4,11 +4,14 @@
 ones, MAX_ATTEMPT_ENTRIES in all, so a job that is preempted a thousand times never brings its
 status near etcd's object size limit (each entry is about a kilobyte). What the planner
 decides on never depends on a dropped entry: `status.attemptCounts` counts every attempt
-begun, every charged one, every re-promotion and every ending by reason. Indexes stay
-monotonic (`<job>-a<N>` names are never reused): the next index is `started`.
+begun, every charged one, every re-promotion (and the precisions barred from another) and
+every ending by reason. Indexes stay monotonic (`<job>-a<N>` names are never reused): the next
+index is `started`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, AttemptCounts, AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -17,6 +20,8 @@ from mpjob_contract.codes import Reason
 KEEP_FIRST = 1
 #: Before counts existed these endings used none of the budget (a status written then).
 _UNCHARGED_BEFORE_COUNTS = frozenset({Reason.PREEMPTED.value, Reason.SUSPENDED.value})
+#: Endings that bar a precision from re-promotion when they come after a re-promotion into it.
+FAULTED = frozenset({Reason.NUMERIC_FAULT.value, Reason.NON_FINITE_IN_FP32.value})
 
 
 def counts(status: MixedPrecisionJobStatus) -> AttemptCounts:
@@ -31,9 +36,30 @@ def counts(status: MixedPrecisionJobStatus) -> AttemptCounts:
             started=max((a.index + 1 for a in status.attempts), default=0),
             charged=sum(1 for a in ended if _was_charged(a)),
             repromotions=sum(1 for a in status.attempts if a.repromoted),
+            repromoted_at=repromoted_at(status.attempts),
+            barred=sorted(barred(status.attempts)),
             by_reason=by_reason,
         )
     return status.attempt_counts
+
+
+def repromoted_at(attempts: Sequence[AttemptStatus], counts: AttemptCounts | None = None) -> dict[str, int]:
+    """The first attempt each precision was re-promoted into: in `attempts`, or in `counts` (an
+    entry no longer in attempts[])."""
+    first = dict(counts.repromoted_at) if counts is not None else {}
+    for a in attempts:
+        if a.repromoted:
+            first[a.precision] = min(first.get(a.precision, a.index), a.index)
+    return first
+
+
+def barred(attempts: Sequence[AttemptStatus], counts: AttemptCounts | None = None) -> frozenset[str]:
+    """The precisions a re-promotion never goes back up to: each faulted again after the first
+    re-promotion into it, as `attempts` (the planner may add the endings it foresees) and, for
+    entries no longer in attempts[], `counts` show."""
+    first = repromoted_at(attempts, counts)
+    again = {a.precision for a in attempts if a.reason in FAULTED and a.index >= first.get(a.precision, a.index + 1)}
+    return frozenset(again | set(counts.barred if counts is not None else ()))
 
 
 def _was_charged(attempt: AttemptStatus) -> bool:
@@ -57,6 +83,7 @@ def started(status: MixedPrecisionJobStatus, entry: AttemptStatus) -> None:
     tally = counts(status)
     tally.started = max(tally.started, entry.index + 1)
     tally.repromotions += 1 if entry.repromoted else 0
+    tally.repromoted_at = repromoted_at([entry], tally)
     status.attempts.append(entry)
     bound(status)
 
@@ -68,6 +95,7 @@ def ended(status: MixedPrecisionJobStatus, entry: AttemptStatus, *, charged: boo
     tally.by_reason[reason] = tally.by_reason.get(reason, 0) + 1
     tally.charged += 1 if charged else 0
     entry.charged = charged
+    tally.barred = sorted(barred([entry], tally))
 
 
 def bound(status: MixedPrecisionJobStatus) -> None:

@@ -38,7 +38,7 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import Action, AttemptOutcome, Classification, under_policy
 from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.events import PrecisionChanged
 from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
@@ -94,11 +94,14 @@ class _Past:
     attempts: list[AttemptStatus]
     used: int
     repromotions: int
+    #: The status's counts (what the planner reads of entries no longer in attempts[]).
+    counts: AttemptCounts | None = None
 
 
 def _past(status: MixedPrecisionJobStatus, start: StartAttempt) -> _Past:
     before = [a for a in status.attempts if a.index < start.index]
-    return _Past(before, history.used(status), history.counts(status).repromotions)
+    tally = history.counts(status)
+    return _Past(before, history.used(status), tally.repromotions, tally)
 
 
 def in_place_targets(
@@ -125,11 +128,11 @@ def _fallbacks(
         attempts.append(faulted(ended))  # as it would stand then: a re-promoted precision that faults is barred
         decision = after_attempt(
             spec, ended.index, ended.precision, FAULT, ended.start_step, None, capability,
-            used=used, shape=ended.shape, history=attempts, repromotions=past.repromotions,
+            used=used, shape=ended.shape, history=attempts, repromotions=past.repromotions, counts=past.counts,
         )  # fmt: skip
         if not isinstance(decision, StartAttempt) or decision.fallback_from is None or decision.shape != ended.shape:
             return targets
-        promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions), capability)
+        promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions, past.counts), capability)
         targets.append(InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,
                                      promote_to=promote))  # type: ignore[arg-type]  # fmt: skip
         ended = decision
@@ -156,13 +159,13 @@ def in_place_splits(
         attempts.append(faulted(ended, Reason.OUT_OF_DEVICE_MEMORY))
         decision = after_attempt(
             spec, ended.index, ended.precision, result, ended.start_step, None, capability,
-            used=used, shape=shape, history=attempts, repromotions=past.repromotions,
+            used=used, shape=shape, history=attempts, repromotions=past.repromotions, counts=past.counts,
         )  # fmt: skip
         if not isinstance(decision, StartAttempt) or decision.precision != ended.precision:
             return splits
         if decision.shape is None or decision.shape == shape:
             return splits
-        then = _Past(list(attempts), used, past.repromotions)
+        then = _Past(list(attempts), used, past.repromotions, past.counts)
         split, again = decision.shape, decision.repromote_after_steps
         splits.append(InPlaceSplit(micro_batch=split.micro_batch, grad_accumulation=split.grad_accumulation,
                                    repromote_after_steps=again, promote_to=_promotion(spec, decision, then, capability),
@@ -191,10 +194,11 @@ def _promotion(
         return None
     ended = AttemptStatus(index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
                           reason=Reason.REPROMOTE.value)  # type: ignore[arg-type]  # fmt: skip
-    then = _Past([*past.attempts, ended], past.used + 1, past.repromotions + 1)
+    then = _Past([*past.attempts, ended], past.used + 1, past.repromotions + 1, past.counts)
     decision = after_attempt(
         spec, attempt.index, attempt.precision, REPROMOTION, attempt.start_step, None, capability,
         used=then.used, shape=attempt.shape, history=then.attempts, repromotions=then.repromotions,
+        counts=then.counts,
     )  # fmt: skip
     if not isinstance(decision, StartAttempt) or decision.promoted_from is None or decision.shape != attempt.shape:
         return None

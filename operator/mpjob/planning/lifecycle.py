@@ -76,7 +76,7 @@ def again(
         promoted_from=attempt.precision if attempt.repromoted and index == attempt.index else None,
         workers=workers if (workers := elastic.workers_of(spec, attempt)) != spec.workers else None,
     )
-    return with_promotion(spec, start, status.attempts, repromotions=history.counts(status).repromotions)
+    return with_promotion(spec, start, status.attempts, counts=history.counts(status))
 
 
 def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:
@@ -252,7 +252,7 @@ def conclude(
         used=history.used(status),
         shape=sized.shape if sized else shape_of(attempt),
         history=status.attempts,
-        repromotions=history.counts(status).repromotions,
+        counts=history.counts(status),
         workers=sized.workers if sized else elastic.workers_of(spec, attempt),
     )
     if isinstance(decision, Finish):

@@ -19,8 +19,10 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from mpjob.planning.classify import Action, Classification
+from mpjob.planning.history import barred
 from mpjob.planning.repeat import REPEATED_FAILURE, repeated_early_failure
 from mpjob_contract.api import (
+    AttemptCounts,
     AttemptStatus,
     MixedPrecisionJobSpec,
     Precision,
@@ -145,27 +147,23 @@ def promotion_target(
     capability: tuple[int, int] | str | None = "spec",
     *,
     repromotions: int | None = None,
+    counts: AttemptCounts | None = None,
 ) -> Precision | None:
     """The faster precision an attempt in `precision` may go back up to (the rung above it in the
-    ladder), or None: re-promotion off, the budget used (`repromotions` so far, from the
-    status's counts; None: those in `history`), or that precision barred because it faulted
-    again after a re-promotion into it."""
+    ladder), or None: re-promotion off, the budget used (`repromotions` so far; None: the status's
+    `counts`, else those in `history`), or that precision barred because it faulted again after a
+    re-promotion into it (as `history` and `counts` show: attempts[] drops old entries)."""
     if spec.precision.repromote_after_steps == 0:
         return None
-    made = sum(1 for a in history if a.repromoted) if repromotions is None else repromotions
-    if made >= spec.precision.max_repromotions:
+    if repromotions is None:
+        repromotions = counts.repromotions if counts is not None else sum(1 for a in history if a.repromoted)
+    if repromotions >= spec.precision.max_repromotions:
         return None
     steps = walked(spec, history, capability)
     if precision not in steps or steps.index(precision) == 0:
         return None
     above = steps[steps.index(precision) - 1]
-    promoted_at = min((a.index for a in history if a.repromoted and a.precision == above), default=None)
-    faulted = (Reason.NUMERIC_FAULT.value, Reason.NON_FINITE_IN_FP32.value)
-    if promoted_at is not None and any(
-        a.precision == above and a.index >= promoted_at and a.reason in faulted for a in history
-    ):
-        return None
-    return above
+    return None if above in barred(history, counts) else above
 
 
 def with_promotion(
@@ -175,9 +173,10 @@ def with_promotion(
     capability: tuple[int, int] | str | None = "spec",
     *,
     repromotions: int | None = None,
+    counts: AttemptCounts | None = None,
 ) -> StartAttempt:
     """`start`, told to re-promote after precision.repromoteAfterSteps when it may."""
-    if promotion_target(spec, start.precision, history, capability, repromotions=repromotions) is None:
+    if promotion_target(spec, start.precision, history, capability, repromotions=repromotions, counts=counts) is None:
         return replace(start, repromote_after_steps=None)
     return replace(start, repromote_after_steps=spec.precision.repromote_after_steps)
 
@@ -200,6 +199,7 @@ def after_attempt(
     shape: BatchShape | None = None,
     history: Sequence[AttemptStatus] = (),
     repromotions: int | None = None,
+    counts: AttemptCounts | None = None,
     workers: int | None = None,
 ) -> Decision:
     """Decide what follows attempt `index` (0-based) that ran in `precision` and ended as `result`.
@@ -210,7 +210,8 @@ def after_attempt(
     `used` counts the attempts that used runPolicy.maxAttempts, the ended one included when it
     was charged (the status's counts; None: every attempt up to `index`); `shape` is the ended
     attempt's batch shape (None: spec.training's); `history` the job's attempts so far, the
-    ended one included, and `repromotions` the re-promotions made (for re-promotion).
+    ended one included, `counts` the status's (attempts[] drops old entries) and `repromotions` the
+    re-promotions made (None: as `counts` has them), for re-promotion.
     """
     if result.action is Action.SUCCEED:
         return Finish(True, Reason.SUCCEEDED, result.message)
@@ -231,7 +232,7 @@ def after_attempt(
     decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability))
     if isinstance(decision, StartAttempt):
         sized = replace(decision, workers=workers if workers != spec.workers else None)
-        return with_promotion(spec, sized, history, capability, repromotions=repromotions)
+        return with_promotion(spec, sized, history, capability, repromotions=repromotions, counts=counts)
     return decision
 
 
