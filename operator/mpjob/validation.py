@@ -39,7 +39,8 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.source}" + (f" (document {self.document + 1})" if self.document else "")
+        source = self.source or "''"  # an empty argument (`mpjob run ''`) is named as one
+        where = source + (f" (document {self.document + 1})" if self.document else "")
         return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
 
 
@@ -275,7 +276,7 @@ def read_manifest(source: str) -> str:
         raise InvalidManifest([Problem(source, 0, "", f"not UTF-8 text (byte {exc.start})")]) from exc
 
 
-def load_job(path: Path) -> MixedPrecisionJob:
+def load_job(path: str | Path) -> MixedPrecisionJob:
     """The one MixedPrecisionJob in a file, or InvalidManifest naming every problem."""
     jobs, problems = check_text(read_manifest(str(path)), str(path))
     if problems:

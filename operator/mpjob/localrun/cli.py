@@ -38,7 +38,7 @@ def run_command(argv: list[str]) -> int:
     try:
         prepare(out, fresh=args.fresh)
         view = make_view(args.mode, job.spec.training.steps)
-        run = LocalRun(job, out, view, base_dir=args.file.parent, schedule=schedule)
+        run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule)
         try:
             status = run.run()
         finally:
@@ -60,7 +60,8 @@ def run_command(argv: list[str]) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpjob run", description=__doc__)
-    parser.add_argument("file", type=Path, help="a MixedPrecisionJob manifest")
+    # A str, not a Path: Path("") is ".", and `mpjob run ''` would name the current folder.
+    parser.add_argument("file", help="a MixedPrecisionJob manifest")
     parser.add_argument("--out", type=Path, help="run directory (default: runs/<name>); reused to resume")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_const", const="json", dest="mode", help="JSON lines for scripts")

@@ -213,6 +213,15 @@ def test_run_refuses_aliases_before_anything_is_launched(tmp_path: Path) -> None
         load_job(bomb)
 
 
+def test_an_empty_file_argument_is_named_as_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from mpjob.cli import main
+
+    assert main(["run", ""]) == 2  # not ".: cannot read: Is a directory" (Path("") is ".")
+    assert capsys.readouterr().out == "error: '': cannot read: No such file or directory\n"
+    assert main(["validate", ""]) == 1
+    assert capsys.readouterr().out == "'': cannot read: No such file or directory\n"
+
+
 def test_validate_reads_stdin() -> None:
     args = [sys.executable, "-m", "mpjob.cli", "validate", "-"]
     out = subprocess.run(args, input=GOOD_TEXT, capture_output=True, text=True)
