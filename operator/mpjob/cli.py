@@ -8,23 +8,37 @@ from pathlib import Path
 
 
 def _validate(argv: list[str]) -> int:
+    from mpjob.kinds import Skipped
     from mpjob.validation import InvalidManifest, check_text, read_manifest
 
-    parser = argparse.ArgumentParser(prog="mpjob validate", description="Check manifests against the CRD's rules.")
+    parser = argparse.ArgumentParser(
+        prog="mpjob validate",
+        description="Check manifests against the CRD's rules. Documents of other kinds (a PersistentVolumeClaim "
+        "applied beside the jobs) are named as skipped; the files must hold at least one MixedPrecisionJob.",
+    )
     parser.add_argument("files", nargs="+", help="manifest files (`-` reads stdin)")
     args = parser.parse_args(argv)
-    failed = False
+    failed, found = False, 0
     for path in args.files:
+        skipped: list[Skipped] = []
         try:
-            jobs, problems = check_text(read_manifest(path), path)
+            jobs, problems = check_text(read_manifest(path), path, skipped)
         except InvalidManifest as exc:
             jobs, problems = [], exc.problems
+        for note in skipped:
+            print(note)
         for problem in problems:
             print(problem)
+        found += len(jobs)
         if problems:
             failed = True
-        else:
+        elif jobs:
             print(f"{path}: ok ({len(jobs)} MixedPrecisionJob{'s' if len(jobs) != 1 else ''})")
+        else:
+            print(f"{path}: no MixedPrecisionJob, only other kinds")
+    if not failed and not found:
+        print(f"error: no MixedPrecisionJob in {', '.join(args.files)}; give the jobs' manifests too")
+        failed = True
     return 1 if failed else 0
 
 

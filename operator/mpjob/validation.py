@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from mpjob import structural
+from mpjob.kinds import Skipped, other_kind
 from mpjob_contract import formats, k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
 from mpjob_contract.tracking import PROFILE_ANNOTATION, BadProfileRequest, profile_steps
@@ -230,7 +231,12 @@ def spec_problems(exc: ValidationError) -> list[str]:
     return [f"spec.{p.field}: {p.message}" if p.field else p.message for p in _problems(exc, "", 0)]
 
 
-def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJob], list[Problem]]:
+def check_text(
+    text: str, source: str = "<input>", skipped: list[Skipped] | None = None
+) -> tuple[list[MixedPrecisionJob], list[Problem]]:
+    """The MixedPrecisionJobs of a manifest and every problem. Given a `skipped` list, documents of
+    another kind (other_kind) go there instead of being problems (`mpjob validate`); without one,
+    every document must be a MixedPrecisionJob (`mpjob run`)."""
     size = len(text.encode())
     if size > MAX_MANIFEST_BYTES:
         return [], [Problem(source, 0, "", f"manifest is {size} bytes; at most {MAX_MANIFEST_BYTES} are read")]
@@ -251,6 +257,9 @@ def check_text(text: str, source: str = "<input>") -> tuple[list[MixedPrecisionJ
     jobs: list[MixedPrecisionJob] = []
     problems: list[Problem] = []
     for i, doc in enumerate(docs):
+        if skipped is not None and (other := other_kind(doc, source, i)) is not None:
+            skipped.append(other)
+            continue
         job, found = check_document(doc, source, i)
         problems += found
         if job is not None:

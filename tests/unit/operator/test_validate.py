@@ -51,6 +51,61 @@ def test_cli_exit_codes_and_multi_document_files(tmp_path: Path) -> None:
     assert no.returncode == 1 and "spec.precision.turbo" in no.stdout
 
 
+CLAIM = {
+    "apiVersion": "v1",
+    "kind": "PersistentVolumeClaim",
+    "metadata": {"name": "checkpoints"},
+    "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+}
+
+
+def test_validate_skips_documents_of_other_kinds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mpjob.cli import main
+
+    mixed, claims, job = tmp_path / "mixed.yaml", tmp_path / "claims.yaml", tmp_path / "job.yaml"
+    mixed.write_text(yaml.safe_dump(CLAIM) + "---\n" + yaml.safe_dump(GOOD))
+    claims.write_text(yaml.safe_dump(CLAIM))
+    job.write_text(yaml.safe_dump(GOOD))
+    assert main(["validate", str(mixed)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{mixed}: skipped: PersistentVolumeClaim checkpoints (not a MixedPrecisionJob)",
+        f"{mixed}: ok (1 MixedPrecisionJob)",
+    ]
+    assert main(["validate", str(claims), str(job)]) == 0  # as `kubectl apply -f claims.yaml -f job.yaml`
+    assert f"{claims}: no MixedPrecisionJob, only other kinds" in capsys.readouterr().out
+    assert main(["validate", str(claims)]) == 1  # nothing to validate is not a pass
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"error: no MixedPrecisionJob in {claims}; give the jobs' manifests too"
+    )
+    mixed.write_text(yaml.safe_dump(CLAIM) + "---\n" + yaml.safe_dump(bad("spec.workers", 0)))
+    assert main(["validate", str(mixed)]) == 1  # a skipped claim does not hide a bad job
+    assert "(document 2): spec.workers" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind"),
+    [("v1", "MixedPrecisionJobs"), ("mpjob.dev/v1alpha1", "MixedPrecisionJob2"), ("v1", "mixedprecisionjob")],
+    ids=["another-kind-name", "mpjob-group", "another-case"],
+)
+def test_a_document_that_may_be_meant_as_a_job_is_checked_not_skipped(api_version: str, kind: str) -> None:
+    skipped: list = []
+    doc = dict(GOOD, apiVersion=api_version, kind=kind)
+    jobs, problems = check_text(yaml.safe_dump(doc), "job.yaml", skipped)
+    if kind == "MixedPrecisionJobs":  # v1 and another name: plainly another kind
+        assert skipped and not problems and not jobs
+    else:
+        assert not skipped and any(p.field in ("kind", "apiVersion") for p in problems), problems
+
+
+def test_run_takes_only_a_mixed_precision_job(tmp_path: Path) -> None:
+    mixed, claims = tmp_path / "mixed.yaml", tmp_path / "claims.yaml"
+    mixed.write_text(yaml.safe_dump(CLAIM) + "---\n" + yaml.safe_dump(GOOD))
+    claims.write_text(yaml.safe_dump(CLAIM))
+    for path in (mixed, claims):
+        with pytest.raises(InvalidManifest, match="kind: must be MixedPrecisionJob, got 'PersistentVolumeClaim'"):
+            load_job(path)  # what `mpjob run` reads a manifest with
+
+
 def test_every_example_validates() -> None:
     for example in sorted((REPO / "examples").glob("*.yaml")):
         jobs, problems = check_text(example.read_text(), str(example))
