@@ -29,7 +29,7 @@ from mpjob_contract.placement import (
     Resources,
     RunPolicy,
 )
-from mpjob_contract.precision import Guard, LossScale, PrecisionSpec, precision_ladder
+from mpjob_contract.precision import Guard, LossScale, PrecisionSpec, fallbacks_after, precision_ladder
 from mpjob_contract.spec import MixedPrecisionJobSpec, Task, Training, Validation, processes_per_worker, world_size
 from mpjob_contract.status import AttemptCounts, AttemptStatus, CheckpointStatus, Condition, MixedPrecisionJobStatus
 from mpjob_contract.vocabulary import (
@@ -99,6 +99,7 @@ __all__ = [
     "Task",
     "Training",
     "Validation",
+    "fallbacks_after",
     "is_auto",
     "precision_ladder",
     "processes_per_worker",

@@ -4,13 +4,14 @@ numeric guard that decides when a precision gives up."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from mpjob_contract import rules
 from mpjob_contract.fp8 import Fp8Spec
 from mpjob_contract.skipping import OnBadData, SpikeSpec
-from mpjob_contract.vocabulary import Precision, PrecisionMode
+from mpjob_contract.vocabulary import Precision, PrecisionMode, RequestedPrecision, safer_than
 from mpjob_contract.wire import ApiModel
 
 
@@ -67,10 +68,11 @@ class PrecisionSpec(ApiModel):
         "autocast (precision.fp8).",
     )
     fallback: list[Precision] = Field(
-        default_factory=lambda: list[Precision](["bf16", "fp32"]),
+        default_factory=lambda data: default_fallback(data.get("mode", "auto")),
         max_length=4,
-        description="Precisions tried in order when a precision gives up (distinct entries, never fp8: "
-        "a job starts in fp8 with mode fp8 or auto, and the ladder goes fp8 -> bf16 -> fp32).",
+        description="Precisions tried in order when a precision gives up, each safer than mode and than the "
+        "one before it (fp8 < fp16 < bf16 < fp32; never fp8: a job starts in fp8 with mode fp8 or auto, and "
+        "the ladder goes fp8 -> bf16 -> fp32). Unset: those of [bf16, fp32] safer than mode (fp32: none).",
     )
     fp8: Fp8Spec = Field(default_factory=Fp8Spec, description="fp8 attempts (mode fp8, or auto on cc >= 8.9).")
     keep_fp32: list[str] = Field(
@@ -113,6 +115,11 @@ class PrecisionSpec(ApiModel):
         rules.FALLBACK_NO_FP8.check(value)
         return value
 
+    @model_validator(mode="after")
+    def _safer_in_order(self) -> PrecisionSpec:
+        rules.FALLBACK_SAFER_IN_ORDER.check(rules.wire_self(self))
+        return self
+
     @field_validator("keep_fp32")
     @classmethod
     def _identifiers(cls, value: list[str]) -> list[str]:
@@ -122,11 +129,22 @@ class PrecisionSpec(ApiModel):
         return value
 
 
+#: The fallback ladder a job gets when it names none: the rungs of this one safer than its mode.
+DEFAULT_FALLBACK: tuple[Precision, ...] = ("bf16", "fp32")
+
+
+def default_fallback(mode: Any) -> list[Precision]:
+    """spec.precision.fallback when unset: DEFAULT_FALLBACK's rungs safer than `mode` (auto: all)."""
+    return [p for p in DEFAULT_FALLBACK if safer_than(p, mode if isinstance(mode, str) else "auto")]
+
+
+def fallbacks_after(spec: PrecisionSpec, first: RequestedPrecision) -> list[Precision]:
+    """The fallback list's rungs safer than `first`, in order: all of them for an `auto` first (a
+    measured precision off the list keeps only those above it; an explicit mode has no others)."""
+    return [p for p in dict.fromkeys(spec.fallback) if safer_than(p, first)]
+
+
 def precision_ladder(spec: PrecisionSpec, resolved_first: Precision) -> list[Precision]:
-    """The precisions attempts walk through: the first, then the fallback list (which holds no
-    fp8: rules.FALLBACK_NO_FP8), no repeats."""
-    ladder: list[Precision] = [resolved_first]
-    for p in spec.fallback:
-        if p not in ladder:
-            ladder.append(p)
-    return ladder
+    """The precisions attempts walk through: the first, then the fallback list's rungs safer than
+    it (rules.FALLBACK_SAFER_IN_ORDER: for an explicit mode, the whole list)."""
+    return [resolved_first, *fallbacks_after(spec, resolved_first)]

@@ -15,14 +15,13 @@ maximum, pattern, enum) stay on the models' fields, where the JSON schema carrie
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
-from mpjob_contract import k8s
+from mpjob_contract.cel import Rule as Rule
+from mpjob_contract.cel import wire_self as wire_self
 from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed
+from mpjob_contract.vocabulary import SAFETY, safer_than
 
 #: A job's name must leave room for "-a<NN>" (attempt) and "-<index>" (pod hostname)
 #: inside a 63-character DNS label.
@@ -36,57 +35,6 @@ READ_ONLY_CLAIM = (
     "checkpoint.volume.persistentVolumeClaim.readOnly must be false: the job writes its checkpoints to this "
     "claim, and a read-only volume cannot hold them"
 )
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One cross-field rule: where it sits in the schema, its CEL, its message, its Python check."""
-
-    #: Names the rule in tests and in the bad-manifest cases.
-    name: str
-    #: The schema node the rule is attached to: dotted camelCase from the object's root ("" is
-    #: the object itself); `name[]` is each item of the list `name`.
-    path: str
-    #: The CEL expression, over `self` (the node at `path`).
-    cel: str
-    #: What both the API server and `mpjob validate` say when the rule is broken.
-    message: str
-    #: The same rule in Python, over the same `self` (see the module docstring).
-    holds: Callable[[Any], bool]
-    #: The field below `path` the error names (CEL's fieldPath, e.g. ".readOnly"); "" names `path`.
-    field_path: str = ""
-    #: The API server's reason (e.g. FieldValueForbidden); "" is its default, FieldValueInvalid.
-    reason: str = ""
-
-    def x_kubernetes_validation(self) -> dict[str, str]:
-        """The rule as one entry of the CRD's `x-kubernetes-validations`."""
-        entry = {"rule": self.cel, "message": self.message}
-        if self.field_path:
-            entry["fieldPath"] = self.field_path
-        if self.reason:
-            entry["reason"] = self.reason
-        return entry
-
-    def violation(self, value: Any, at: str = "") -> tuple[str, str] | None:
-        """(field, message) when `value` breaks the rule; the field is `at` plus the fieldPath."""
-        if self.holds(value):
-            return None
-        return f"{at}{self.field_path}".lstrip("."), self.message
-
-    def check(self, value: Any) -> None:
-        """Raise when `value` breaks the rule, naming the fieldPath's field when there is one."""
-        found = self.violation(value)
-        if found is None:
-            return
-        if self.field_path:
-            raise k8s.SchemaViolations([found])
-        raise ValueError(self.message)
-
-
-def wire_self(model: BaseModel) -> dict[str, Any]:
-    """A model as a rule's `self` sees it: its set fields by wire name (values as they are)."""
-    fields = type(model).model_fields
-    return {field.alias or name: value for name, field in fields.items() if (value := getattr(model, name)) is not None}
 
 
 def _distinct(values: Sequence[Any]) -> bool:
@@ -131,6 +79,40 @@ FALLBACK_NO_FP8 = Rule(
     message="precision.fallback may not hold fp8: a fallback goes to a safer precision and fp8 is the least "
     "safe one; start in fp8 with precision.mode fp8 (or auto), the ladder then goes fp8 -> bf16 -> fp32",
     holds=lambda values: "fp8" not in values,
+)
+
+
+def unsafe_fallback(precision: Mapping[str, Any]) -> int | None:
+    """The first entry of spec.precision's fallback that is not safer than the mode and than the
+    entries before it, or None. fp8 and an entry repeated right after itself are the two rules
+    above's to refuse."""
+    floor, last = precision.get("mode", "auto"), None
+    for index, entry in enumerate(precision.get("fallback") or ()):
+        if entry == "fp8" or entry == last:
+            continue
+        if not safer_than(entry, floor):
+            return index
+        floor = last = entry
+    return None
+
+
+_RANK = "{" + ", ".join(f"'{p}': {i}" for i, p in enumerate(SAFETY)) + "}"
+_RUNGS = [p for p in SAFETY if p != "fp8"]
+# The ladder only goes to safer precisions (SAFETY): fp32 -> fp16 would be a "fallback" to a less
+# safe one, and a rung naming the mode or one before it would be dropped silently.
+FALLBACK_SAFER_IN_ORDER = Rule(
+    name="fallback-safer-in-order",
+    path="spec.precision",
+    cel="!has(self.fallback) || (self.fallback.filter(p, p != 'fp8') == "
+    + " + ".join(f"self.fallback.filter(p, p == '{p}')" for p in _RUNGS)
+    + f" && (!has(self.mode) || self.mode == 'auto' || self.fallback.all(p, p == 'fp8' || {_RANK}[p] > "
+    f"{_RANK}[self.mode])))",
+    message="precision.fallback must climb the ladder fp8 < fp16 < bf16 < fp32: each entry safer than "
+    "precision.mode and than the entry before it, none repeating the mode (mode fp16: [bf16, fp32] or a part "
+    "of it; bf16: [fp32] or []; fp32: []; fp8 and auto: any of fp16, bf16, fp32 in that order)",
+    holds=lambda precision: unsafe_fallback(precision) is None,
+    field_path=".fallback",
+    item=lambda precision: f"[{unsafe_fallback(precision)}]",
 )
 # Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod mounts
 # none of its own: automountServiceAccountToken is the operator's, always false).
@@ -261,6 +243,7 @@ RULES: tuple[Rule, ...] = (
     TASK_WORKING_DIR_NEEDS_COMMAND,
     FALLBACK_DISTINCT,
     FALLBACK_NO_FP8,
+    FALLBACK_SAFER_IN_ORDER,
     NO_SERVICE_ACCOUNT_TOKEN,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,

@@ -28,6 +28,9 @@ MAX_TASK_ARGS = 64
 MAX_TASK_ARG_DEPTH = 3
 
 Precision = Literal["fp8", "fp16", "bf16", "fp32"]
+#: The precisions from the least safe to the safest: a fallback only ever goes right, a
+#: re-promotion left (fp8 < fp16 < bf16 < fp32).
+SAFETY: tuple[Precision, ...] = ("fp8", "fp16", "bf16", "fp32")
 #: A precision, or `auto` until the trainer measured its node: the spec's mode, and an attempt's
 #: precision until its measurement relabels it (`settled`). On the wire, the same strings.
 RequestedPrecision = Literal["auto", "fp8", "fp16", "bf16", "fp32"]
@@ -46,6 +49,13 @@ def is_auto(precision: str | None) -> bool:
 def settled(precision: RequestedPrecision, measured: Precision | None) -> RequestedPrecision:
     """An `auto` precision, once measured, is the measured one; any other stays as it is."""
     return measured if is_auto(precision) and measured else precision
+
+
+def safer_than(precision: str, than: str) -> bool:
+    """Whether `precision` is a safer rung than `than` (`auto`, or no precision: any is)."""
+    if than not in SAFETY:
+        return True
+    return precision in SAFETY and SAFETY.index(precision) > SAFETY.index(than)
 
 
 def resolve_auto(mode: PrecisionMode, compute_capability: tuple[int, int] | None) -> Precision:

@@ -27,6 +27,7 @@ from mpjob_contract.api import (
     MixedPrecisionJobSpec,
     Precision,
     RequestedPrecision,
+    fallbacks_after,
     is_auto,
     precision_ladder,
     resolve_auto,
@@ -123,7 +124,7 @@ def walked(
         return steps
     if first in steps:
         return steps[steps.index(first) :]
-    return [first, *(p for p in dict.fromkeys(spec.precision.fallback) if p != first)]
+    return [first, *fallbacks_after(spec.precision, first)]
 
 
 def first_attempt(spec: MixedPrecisionJobSpec, capability: tuple[int, int] | str | None = "spec") -> StartAttempt:
@@ -259,7 +260,7 @@ def _next(
         return _shaped(StartAttempt(index, precision, None, step), smaller)
     if precision not in steps:  # an `auto` attempt measured a precision the spec's capability did not predict
         # (or never measured; or `history` lacks the first attempt): its fallbacks follow it all the same
-        steps = [precision, *(p for p in dict.fromkeys(spec.precision.fallback) if p != precision)]
+        steps = [precision, *fallbacks_after(spec.precision, precision)]
     position = steps.index(precision)
     if result.action is Action.REPROMOTE and position > 0:
         up = StartAttempt(index, steps[position - 1], ended.resume_from, step, promoted_from=precision)

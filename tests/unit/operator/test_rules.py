@@ -4,6 +4,7 @@ refuses with the rule's message (tests/integration/operator/test_admission.py: t
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -72,7 +73,9 @@ def test_rule_names_are_unique_and_each_has_a_bad_manifest_case() -> None:
 def test_validate_refuses_each_rules_case_with_the_rules_message(rule: rules.Rule, case: str) -> None:
     _, problems = check_text(yaml.safe_dump(CASE_MANIFESTS[case]))
     assert [p.message for p in problems] == [rule.message], [str(p) for p in problems]
-    assert problems[0].field.endswith(rule.field_path.removeprefix(".")), problems[0].field
+    # A rule's item (`[1]`) names the entry of the list its fieldPath names (CEL's cannot index).
+    field = re.sub(r"\[\d+\]$", "", problems[0].field) if rule.item is not None else problems[0].field
+    assert field.endswith(rule.field_path.removeprefix(".")), problems[0].field
 
 
 # What each rule's Python check says of a `self`, written as its CEL reads it (has(): set).
@@ -92,6 +95,15 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.FALLBACK_NO_FP8, ["bf16", "fp32"], True),
     (rules.FALLBACK_NO_FP8, ["fp8", "bf16", "fp32"], False),
     (rules.FALLBACK_NO_FP8, ["bf16", "fp8"], False),
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "fp16", "fallback": ["bf16", "fp32"]}, True),
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "fp32", "fallback": []}, True),
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "auto", "fallback": ["fp16", "fp32"]}, True),
+    (rules.FALLBACK_SAFER_IN_ORDER, {"fallback": ["fp16", "bf16", "fp32"]}, True),  # mode unset: auto
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "fp16", "fallback": ["bf16", "bf16", "fp8"]}, True),  # other rules'
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "fp32", "fallback": ["fp16"]}, False),
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "bf16", "fallback": ["bf16"]}, False),
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "fp16", "fallback": ["fp32", "bf16"]}, False),
+    (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "auto", "fallback": ["bf16", "fp16"]}, False),
     (rules.NO_SERVICE_ACCOUNT_TOKEN, {"configMap": {"name": "c"}}, True),
     (rules.NO_SERVICE_ACCOUNT_TOKEN, {"serviceAccountToken": {"path": "t"}}, False),
     (rules.ONE_CHECKPOINT_SOURCE, {"emptyDir": {}}, True),
