@@ -12,7 +12,9 @@ from mpjob_contract import formats, k8s, rules
 from mpjob_contract.storage import S3Storage
 from mpjob_contract.vocabulary import (
     MAX_ATTEMPTS_LIMIT,
+    MAX_POLICY_SECONDS,
     MAX_PROCESSES_PER_WORKER,
+    MAX_STEPS,
 )
 from mpjob_contract.wire import ApiModel
 
@@ -66,7 +68,7 @@ class CheckpointStorage(ApiModel):
 
 
 class Checkpoint(ApiModel):
-    every_steps: int = Field(200, ge=1, description="Steps between checkpoints.")
+    every_steps: int = Field(200, ge=1, le=MAX_STEPS, description="Steps between checkpoints.")
     keep: int = Field(3, ge=1, le=100, description="Checkpoints kept; older ones are pruned.")
     volume: CheckpointVolume | None = Field(
         None, description="Checkpoint volume (a PVC for resumes across pods). Default: emptyDir."
@@ -119,7 +121,7 @@ MIN_PROGRESS_DEADLINE_SECONDS, MAX_PROGRESS_DEADLINE_SECONDS = 30, 7 * 24 * 3600
 
 class RunPolicy(ApiModel):
     max_attempts: int = Field(6, ge=1, le=MAX_ATTEMPTS_LIMIT, description="Attempts in all.")
-    active_deadline_seconds: int | None = Field(None, ge=1, description="Whole-job deadline.")
+    active_deadline_seconds: int | None = Field(None, ge=1, le=MAX_POLICY_SECONDS, description="Whole-job deadline.")
     progress_deadline_seconds: int | None = Field(
         None,
         ge=MIN_PROGRESS_DEADLINE_SECONDS,
@@ -130,13 +132,14 @@ class RunPolicy(ApiModel):
         "Unset: never.",
     )
     ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="Delete the children this long after the job finished."
+        None, ge=0, le=MAX_POLICY_SECONDS, description="Delete the children this long after the job finished."
     )
     suspend: bool = Field(False, description="Stop the running attempt after a checkpoint.")
     queue_name: str = Field("", max_length=63, description="Kueue LocalQueue; each attempt Job is labelled with it.")
     pod_creation_timeout_seconds: int = Field(
         300,
         ge=1,
+        le=MAX_PROGRESS_DEADLINE_SECONDS,
         description="Fail the job when the Job controller could not create an attempt's pods (Pod Security, "
         "quota, an admission webhook) this long after the attempt started.",
     )

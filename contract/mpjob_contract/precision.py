@@ -11,29 +11,38 @@ from pydantic import Field, field_validator, model_validator
 from mpjob_contract import rules
 from mpjob_contract.fp8 import Fp8Spec
 from mpjob_contract.skipping import OnBadData, SpikeSpec
-from mpjob_contract.vocabulary import Precision, PrecisionMode, RequestedPrecision, safer_than
+from mpjob_contract.vocabulary import (
+    MAX_LOSS_SCALE,
+    MAX_STEPS,
+    Precision,
+    PrecisionMode,
+    RequestedPrecision,
+    safer_than,
+)
 from mpjob_contract.wire import ApiModel
 
 
 class LossScale(ApiModel):
     """GradScaler settings for fp16 (see torch.amp.GradScaler)."""
 
-    init: float = Field(65536.0, gt=0, description="Initial loss scale.")
-    growth_factor: float = Field(2.0, gt=1, description="Scale multiplier after growthInterval clean steps.")
+    init: float = Field(65536.0, gt=0, le=MAX_LOSS_SCALE, description="Initial loss scale.")
+    growth_factor: float = Field(2.0, gt=1, le=1000, description="Scale multiplier after growthInterval clean steps.")
     backoff_factor: float = Field(0.5, gt=0, lt=1, description="Scale multiplier on overflow.")
-    growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
+    growth_interval: int = Field(2000, ge=1, le=MAX_STEPS, description="Clean steps before the scale grows.")
 
 
 class Guard(ApiModel):
     """When the trainer gives up on a precision (failure modes F1/F2 of the reference)."""
 
     max_consecutive_overflows: int = Field(
-        20, ge=1, description="Consecutive overflow-skipped steps that end the precision."
+        20, ge=1, le=MAX_STEPS, description="Consecutive overflow-skipped steps that end the precision."
     )
-    min_loss_scale: float = Field(1.0, ge=0, description="A loss scale below this floor ends the precision.")
-    max_non_finite_losses: int = Field(3, ge=1, description="Non-finite losses that end the precision.")
+    min_loss_scale: float = Field(
+        1.0, ge=0, le=MAX_LOSS_SCALE, description="A loss scale below this floor ends the precision."
+    )
+    max_non_finite_losses: int = Field(3, ge=1, le=MAX_STEPS, description="Non-finite losses that end the precision.")
     stagnation_steps: int = Field(
-        0, ge=0, description="Steps with a stuck loss or zero gradients that end it (0 = off)."
+        0, ge=0, le=MAX_STEPS, description="Steps with a stuck loss or zero gradients that end it (0 = off)."
     )
     replay_steps: int = Field(
         4,
@@ -92,6 +101,7 @@ class PrecisionSpec(ApiModel):
     repromote_after_steps: int = Field(
         0,
         ge=0,
+        le=MAX_STEPS,
         description="After a fallback, once this many clean steps have passed and a checkpoint is written, "
         "go back up to the faster precision from it (0 = off). A precision that faults again after a "
         "re-promotion is not tried again.",

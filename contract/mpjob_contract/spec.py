@@ -17,6 +17,7 @@ from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.precision import PrecisionSpec
 from mpjob_contract.tracking import Tracking
 from mpjob_contract.vocabulary import (
+    MAX_STEPS,
     MAX_TASK_ARG_DEPTH,
     MAX_TASK_ARGS,
     MAX_WORKERS,
@@ -101,16 +102,22 @@ def _nested_too_deep(path: str, value: Any) -> tuple[str, str] | None:
     return None
 
 
+#: training.gradClipNorm's largest: a norm no gradient reaches (0 turns clipping off).
+MAX_GRAD_CLIP_NORM = 1_000_000.0
+
+
 class Training(ApiModel):
-    steps: int = Field(2000, ge=1, le=100_000_000, description="Optimizer steps to train.")
+    steps: int = Field(2000, ge=1, le=MAX_STEPS, description="Optimizer steps to train.")
     batch_size: int = Field(16, ge=1, le=1_000_000, description="Samples per micro-batch per worker.")
     grad_accumulation: int = Field(1, ge=1, le=4096, description="Micro-batches per optimizer step.")
     learning_rate: float = Field(6.0e-4, gt=0, le=10, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
-    grad_clip_norm: float = Field(1.0, ge=0, description="Clip the unscaled global gradient norm to this (0 = off).")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear learning-rate warm-up steps.")
+    grad_clip_norm: float = Field(
+        1.0, ge=0, le=MAX_GRAD_CLIP_NORM, description="Clip the unscaled global gradient norm to this (0 = off)."
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init and data order.")
-    log_every: int = Field(10, ge=1, description="Steps between log lines and metric updates.")
+    log_every: int = Field(10, ge=1, le=MAX_STEPS, description="Steps between log lines and metric updates.")
     compile: CompileMode = Field(
         "auto",
         description="torch.compile the model (the builtin loop; run.compile in your own): auto = on CUDA "
@@ -130,7 +137,7 @@ class Validation(ApiModel):
     regression in low precision): at intervals the trainer evaluates the current weights in the
     attempt's precision and in fp32 (eval only) on the task's evaluation set."""
 
-    every_steps: int = Field(0, ge=0, description="Steps between evaluations (0 = off).")
+    every_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Steps between evaluations (0 = off).")
     max_loss_delta: float = Field(
         0.05,
         gt=0,

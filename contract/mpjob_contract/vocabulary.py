@@ -14,6 +14,14 @@ SHORT_NAMES = ("mpjob", "mpj")
 API_VERSION = f"{GROUP}/{VERSION}"
 
 MAX_ATTEMPTS_LIMIT = 99
+#: The most optimizer steps a job trains (training.steps), and so the bound of every field that
+#: counts steps (warm-up, intervals, the guard's step counts): a larger one could never be reached.
+MAX_STEPS = 100_000_000
+#: A year: the longest deadline or wait a job's runPolicy may state, in seconds.
+MAX_POLICY_SECONDS = 365 * 24 * 3600
+#: The largest loss scale (precision.lossScale.init, guard.minLossScale): 2^32 times any loss
+#: overflows fp16's 65504 on the first step, and the scale backs off from there.
+MAX_LOSS_SCALE = float(2**32)
 #: status.attempts keeps the first attempt and the newest ones, this many in all; the rest are
 #: counted in status.attemptCounts (uncharged attempts have no limit but the deadline).
 MAX_ATTEMPT_ENTRIES = 21

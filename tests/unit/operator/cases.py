@@ -89,6 +89,13 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("negative-steps", bad("spec.training.steps", -5), "spec.training.steps"),
     ("unknown-compile-mode", bad("spec.training.compile", "fast"), "spec.training.compile"),
     ("too-many-data-workers", bad("spec.training.dataWorkers", 65), "spec.training.dataWorkers"),
+    # Every number has a largest value (the CRD's maximum): none takes one past int64.
+    ("warmup-steps-past-int64", bad("spec.training.warmupSteps", 10**21), "spec.training.warmupSteps"),
+    ("log-every-past-int64", bad("spec.training.logEvery", 10**21), "spec.training.logEvery"),
+    ("grad-clip-norm-past-int64", bad("spec.training.gradClipNorm", 10**21), "spec.training.gradClipNorm"),
+    ("checkpoint-every-past-steps", bad("spec.checkpoint.everySteps", 100_000_001), "spec.checkpoint.everySteps"),
+    ("deadline-past-a-year", bad("spec.runPolicy.activeDeadlineSeconds", 10**21), "activeDeadlineSeconds"),
+    ("loss-scale-past-2-32", bad("spec.precision.lossScale.init", 1e21), "spec.precision.lossScale.init"),
     ("bad-module-path", bad("spec.task", {"module": "not a module"}), "spec.task.module"),
     ("bad-capability", bad("spec.resources.minComputeCapability", "eight"), "minComputeCapability"),
     (
