@@ -46,9 +46,13 @@ PREFIX = Format(
     r"^[A-Za-z0-9_-]+([./][A-Za-z0-9_-]+)*$",
     "parts of letters, digits, '_' and '-' joined by '/' or '.', with no '/' at either end (mpjob/team-a)",
 )
+#: A TCP port, 1-65535, without leading zeros.
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+#: A host name or IPv4 address, or an IPv6 address in brackets; then a port, if any, that exists.
 ENDPOINT = Format(
-    r"^https?://[A-Za-z0-9.:\[\]_-]+(/[A-Za-z0-9._~/-]*)?$",
-    "an http:// or https:// URL: a host, an optional port and path, no query (http://minio.storage:9000)",
+    r"^https?://([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(:" + _PORT + r")?(/[A-Za-z0-9._~/-]*)?$",
+    "an http:// or https:// URL: a host (an IPv6 address in brackets), an optional port from 1 to 65535 "
+    "and an optional path, no query (http://minio.storage:9000)",
 )
 REGION = Format(r"^[a-z0-9-]+$", "lowercase letters, digits and '-' (us-east-1)")
 #: `mlflow:5000` would parse as the scheme `mlflow`, and a bare path would make the trainer

@@ -15,6 +15,7 @@ maximum, pattern, enum) stay on the models' fields, where the JSON schema carrie
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -140,6 +141,15 @@ WRITABLE_CHECKPOINT_CLAIM = Rule(
     holds=lambda claim: not claim.get("readOnly", False),
     field_path=".readOnly",
 )
+# S3's naming rules: a bucket is never named like an IPv4 address (its DNS-style URL would be a host).
+BUCKET_NOT_AN_IP_ADDRESS = Rule(
+    name="bucket-not-an-ip-address",
+    path="spec.checkpoint.storage.s3.bucket",
+    cel="!self.matches('^[0-9]+([.][0-9]+){3}$')",
+    message="checkpoint.storage.s3.bucket must not be formatted as an IP address (192.168.1.1): S3's naming "
+    "rules forbid it; name the bucket with letters too (training-checkpoints)",
+    holds=lambda bucket: re.fullmatch(r"[0-9]+([.][0-9]+){3}", bucket) is None,
+)
 ONE_STORAGE_KIND = Rule(
     name="one-storage-kind",
     path="spec.checkpoint.storage",
@@ -247,6 +257,7 @@ RULES: tuple[Rule, ...] = (
     NO_SERVICE_ACCOUNT_TOKEN,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,
+    BUCKET_NOT_AN_IP_ADDRESS,
     ONE_STORAGE_KIND,
     VOLUME_OR_STORAGE,
     FAULT_RULE_NAMES_ONE_FAULT,

@@ -6,18 +6,19 @@ environment) and optional server-side encryption. A checkpoint's objects lie und
 `s3://<bucket>/<prefix>/<namespace>/<job>/<uid>/step-N/`: the same per-job folder rule as on a
 volume (launch.job_checkpoint_dir), with `s3://<bucket>/<prefix>` as the root.
 
-Single-field rules (the bucket's name, the endpoint's form) sit on the fields, where the JSON
-schema carries them to the API server; the cross-field ones are in mpjob_contract.rules.
+Single-field rules (the bucket's name, the endpoint's form and port) sit on the fields, where the
+JSON schema carries them to the API server; the cross-field ones, and the bucket's "not an IP
+address" (a pattern cannot say "not"; CEL on the field does), are in mpjob_contract.rules.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from mpjob_contract import formats
+from mpjob_contract import formats, rules
 
 #: The keys the credentials Secret must hold; trainer pods get them as these variables, the
 #: names every S3 client reads.
@@ -65,6 +66,12 @@ class S3Storage(BaseModel):
         "credentials (workload identity).",
     )
     sse: ServerSideEncryption | None = Field(None, description="Server-side encryption of every object written.")
+
+    @field_validator("bucket")
+    @classmethod
+    def _not_an_ip_address(cls, value: str) -> str:
+        rules.BUCKET_NOT_AN_IP_ADDRESS.check(value)
+        return value
 
     @property
     def url(self) -> str:

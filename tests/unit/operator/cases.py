@@ -213,6 +213,21 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "spec.checkpoint.storage.s3.bucket",
     ),
     (
+        "bucket-named-like-an-ip-address",
+        bad("spec.checkpoint", {"storage": {"s3": {"bucket": "192.168.1.1", "endpoint": "http://s3:7070"}}}),
+        "spec.checkpoint.storage.s3.bucket",
+    ),
+    (
+        "endpoint-port-out-of-range",
+        bad("spec.checkpoint", {"storage": {"s3": {"bucket": "ckpt", "endpoint": "http://x:99999999"}}}),
+        "spec.checkpoint.storage.s3.endpoint",
+    ),
+    (
+        "endpoint-port-zero",
+        bad("spec.checkpoint", {"storage": {"s3": {"bucket": "ckpt", "endpoint": "https://x:0/s3"}}}),
+        "spec.checkpoint.storage.s3.endpoint",
+    ),
+    (
         "s3-without-endpoint",
         bad("spec.checkpoint", {"storage": {"s3": {"bucket": "ckpt"}}}),
         "spec.checkpoint.storage.s3.endpoint",
@@ -296,6 +311,7 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
     rules.ONE_CHECKPOINT_SOURCE.name: ("two-volumes", "no-checkpoint-source"),
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),
+    rules.BUCKET_NOT_AN_IP_ADDRESS.name: ("bucket-named-like-an-ip-address",),
     rules.ONE_STORAGE_KIND.name: ("two-storage-kinds", "no-storage-kind"),
     rules.VOLUME_OR_STORAGE.name: ("volume-and-storage",),
     rules.FAULT_RULE_NAMES_ONE_FAULT.name: ("fault-rule-names-two-faults", "fault-rule-names-no-fault"),
