@@ -147,16 +147,24 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
     between writing an ending of its own word (a resize, a stall, a node lost, a suspension, a
     failure by policy) and deleting the Job would otherwise leave those pods running for good,
     and the next attempt waiting for them. The Job goes now, its pods cut when a rank was hung or
-    lost. A Job that finished, or that the newest running attempt runs in, is not touched."""
+    lost. A Job that finished, or that the newest running attempt runs in, is not touched.
+
+    So does an ended attempt's Job that waits suspended in its queue, pods or none (its attempt
+    ended on the operator's word while it waited: a queued shrink, runPolicy.suspend): left
+    there, the queue could admit it while the next attempt runs, and two trainers would write
+    checkpoints at once. A Job its queue suspended while its attempt runs is the running one's
+    (it waits for readmission), and one the queue preempted for good has failed
+    (`endings.preempted_by_queue`): neither is swept."""
     status = plan.status
     newest = status.attempts[-1] if status.attempts else None
     running = history.job_index(status, newest.index) if newest and newest.finish_time is None else None
     ended = {history.job_index(status, a.index): a for a in status.attempts if a.finish_time is not None}
     for index, job in sorted(jobs.items()):
         attempt = ended.get(index)
-        if index == running or index in plan.delete or attempt is None or job.finished or job.suspended:
+        if index == running or index in plan.delete or attempt is None or job.finished:
             continue
-        if any(p.alive for p in job.pods):
+        alive = any(p.alive for p in job.pods)
+        if alive or job.suspended:
             plan.delete.append(index)
-            if attempt.reason in CUT_REASONS:
-                plan.cut.append(index)
+        if alive and attempt.reason in CUT_REASONS and not job.suspended:
+            plan.cut.append(index)

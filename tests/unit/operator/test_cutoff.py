@@ -4,7 +4,7 @@ instead of waiting out their own grace period; a stop the ranks agreed on is nev
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -13,6 +13,7 @@ from mpjob.controller.records import pod_view
 from mpjob.planning import cutoff
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode
 from tests.unit.operator.test_cache import pod
 from tests.unit.operator.test_lost_nodes import nodes, running
@@ -96,3 +97,55 @@ def test_a_job_that_finished_or_that_the_attempt_runs_in_is_not_swept() -> None:
     assert written.attempts[-1].finish_time is None  # rank 0 still stops: the attempt runs on
     failed = {0: JobView(0, finished="Failed", pods=(ALIVE, ended(1)))}
     assert reconcile(spec, written, 1, failed, datetime.now(UTC)).delete == []
+
+
+def _suspending(spec: MixedPrecisionJobSpec) -> MixedPrecisionJobSpec:
+    return spec.model_copy(update={"run_policy": spec.run_policy.model_copy(update={"suspend": True})})
+
+
+def test_a_suspension_whose_job_waits_in_its_queue_deletes_that_job_after_a_restart() -> None:
+    """runPolicy.suspend ends an attempt whose Job waits suspended in its queue (no pods yet); the
+    operator stops before deleting the Job. The next reconcile deletes it: left there, the queue
+    could admit it once the job is resumed and its next attempt runs, two trainers writing
+    checkpoints at once (it stayed until `_retire` reached it, two attempts later)."""
+    spec, status = running(1)
+    status.phase = "Pending"  # queued: Kueue has not admitted attempt 0's Job
+    stopped = _suspending(spec)
+    queued = {0: JobView(0, suspended=True)}
+    written = reconcile(stopped, status, 1, queued, datetime.now(UTC))
+    assert (written.status.phase, written.delete) == ("Suspended", [0])
+    again = reconcile(stopped, written.status, 1, queued, datetime.now(UTC))  # the delete never happened
+    assert (again.delete, again.cut, again.create) == ([0], [], [])
+    resumed = reconcile(spec, written.status, 1, queued, datetime.now(UTC))
+    assert resumed.delete == [0] and [c.index for c in resumed.create] == [1]
+
+
+def test_a_queued_shrink_whose_job_was_never_deleted_is_carried_out_after_a_restart() -> None:
+    job = MixedPrecisionJobSpec.model_validate(
+        {
+            "workers": 3,
+            "task": {"builtin": "mlp"},
+            "training": {"batchSize": 4},
+            "elastic": {"minWorkers": 1, "waitSeconds": 30},
+            "resources": {"gpusPerWorker": 1},
+            "runPolicy": {"queueName": "team-a"},
+        }
+    )
+    start = datetime.now(UTC)
+    status = reconcile(job, MixedPrecisionJobStatus(), 1, {}, start).status
+    held = {0: JobView(0, suspended=True, queue_message="insufficient quota", quota_short=True)}
+    shrunk = reconcile(job, status, 1, held, start + timedelta(seconds=40), fits=2)
+    assert shrunk.delete == [0] and [a.reason for a in shrunk.status.attempts] == ["ScaledDown", None]
+    again = reconcile(job, shrunk.status, 1, held, start + timedelta(seconds=41), fits=2)
+    assert again.delete == [0] and [c.workers for c in again.create] == [2]
+
+
+def test_a_job_its_queue_suspended_while_its_attempt_runs_is_not_swept() -> None:
+    """Kueue preempting the running attempt: its Job waits for readmission, the same attempt."""
+    spec, status = running(2)
+    preempted = JobView(0, pods=(PodView("j-a0-0", 0, "Running", True, uid="u0", deleting=True),), suspended=True)
+    plan = reconcile(spec, status, 1, {0: preempted}, datetime.now(UTC))
+    assert (plan.delete, plan.cut, len(plan.status.attempts)) == ([], [], 1)
+    failed = JobView(0, "Failed", "BackoffLimitExceeded", suspended=True)  # preempted for good: it ends Preempted
+    ended = reconcile(spec, plan.status, 1, {0: failed}, datetime.now(UTC))
+    assert [a.reason for a in ended.status.attempts] == ["Preempted", None] and ended.delete == []
