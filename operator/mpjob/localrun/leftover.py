@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import datetime
+from functools import reduce
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from mpjob.localrun.readings import reached
 from mpjob_contract import events
 
 #: The log of worker 0, whose stdout carries the trainer's event lines.
@@ -47,9 +49,9 @@ def attributed(
         yield index, precision, event
 
 
-def last_step(logged: list[events.TrainerEvent], *, start_step: int) -> int:
-    """The last step the attempt logged (`start_step`: none past where it began)."""
-    return max([e.step for e in logged if isinstance(e, events.Step)], default=start_step)
+def reached_step(logged: list[events.TrainerEvent]) -> int | None:
+    """The step the attempt's lines put it at (`readings.reached`); None when none names one."""
+    return reduce(reached, logged, None)
 
 
 def seconds_seen(started: str | None, logged: list[events.TrainerEvent]) -> float:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 
+from mpjob.planning import reported
 from mpjob.planning.observe import CheckpointReading, Reading
 from mpjob_contract import events
+from mpjob_contract.skipping import describe_ranges, describe_steps
 
 
 def finite(value: float | None) -> float | None:
@@ -41,4 +43,30 @@ def reading_of(attempt: int, event: events.TrainerEvent) -> Reading | None:
         return Reading(attempt=attempt, skipped=event.quarantine) if event.quarantine is not None else None
     if isinstance(event, events.Checkpoint):
         return Reading(attempt=attempt, checkpoint=CheckpointReading(event.step, event.sha256, path=event.path))
+    return None
+
+
+def reached(step: int | None, event: events.TrainerEvent) -> int | None:
+    """The step an attempt's lines put it at after `event` (`step`: before it, None while no line
+    named one): a step or eval line's own (a replay after a rollback goes back), raised by a
+    checkpoint, preempted or done line that names a later one (the save on SIGTERM falls between
+    step lines); a save reported after later steps (asynchronous) never moves it back. A change
+    of precision in place begins the next attempt: none named yet."""
+    if isinstance(event, events.PrecisionChanged):
+        return None
+    if isinstance(event, events.Step | events.Eval):
+        return event.step
+    if isinstance(event, events.Checkpoint | events.Preempted | events.Done):
+        return event.step if step is None else max(step, event.step)
+    return step
+
+
+def noted(event: events.TrainerEvent) -> str | None:
+    """The line a trainer's event earns in the run's output beside its step lines, if any."""
+    if isinstance(event, events.DataSkipped) and event.steps:
+        spans = describe_ranges(event.samples) or "not named"
+        steps, back = describe_steps(event.steps), event.from_step
+        return f"skipped step(s) {steps} ({event.cause}; samples {spans}), back at checkpoint step {back}"
+    if isinstance(event, events.PrecisionMeasured):
+        return f"auto measured {reported.step_times(event.step_seconds)} per step: training in {event.chosen}"
     return None

@@ -13,7 +13,6 @@ a cluster that shows no disruption.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -21,16 +20,17 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpjob.localrun import leftover
+from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir
 from mpjob.localrun.paths import Paths
-from mpjob.localrun.readings import reading_of
+from mpjob.localrun.readings import noted, reached, reading_of
 from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.series import Point, RunSeries
 from mpjob.localrun.stall import StallWatch
+from mpjob.localrun.stops import CtrlC, Stop
 from mpjob.localrun.workers import Workers
-from mpjob.planning import cost, history, inplace, reported
+from mpjob.planning import cost, history, inplace
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
@@ -43,7 +43,6 @@ from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
-from mpjob_contract.skipping import describe_ranges, describe_steps
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
     from mpjob.localrun.progress import ProgressView
@@ -71,7 +70,7 @@ class LocalRun:
         self.paths = Paths(out)
         self.view = view
         self.python = python
-        self.interrupted = False
+        self.ctrl_c = CtrlC(view)  # the user's stop: checkpoint and stop, or killed (`stops`)
         self._workers: Workers | None = None
         #: --workers-available: the simulated cluster's capacity (None: always spec.workers).
         self.schedule = schedule
@@ -85,6 +84,7 @@ class LocalRun:
         #: The attempt the trainers train now: the launched one, or one they changed to in place.
         self._current: StartAttempt | None = None
         self._began = 0.0
+        self._reached: int | None = None  # the step the current attempt's lines put it at
         self._count = self.spec.workers
         self._clock = RecoveryClock()
 
@@ -123,7 +123,7 @@ class LocalRun:
         cost.account(self.status, self.spec, self.gpu_seconds)
         if not plan.create:
             return None
-        self.view.info(f"resuming {self.name} in {self.paths.root} from checkpoint step {plan.create[0].start_step}")
+        self.view.info(stops.resume_line(self.name, self.paths.root, self.status.last_checkpoint))
         return plan.create[0]
 
     def _killed(self, attempt: AttemptStatus) -> None:
@@ -135,12 +135,8 @@ class LocalRun:
             if isinstance(event, events.PrecisionChanged):
                 self._changed_in_place(event, live=False)
             self._absorb(index, precision, event)
-        known = self.status.last_checkpoint.step if self.status.last_checkpoint else -1
-        if (unlogged := leftover.committed_after(self.paths.checkpoints, known)) is not None:
-            self._absorb(attempt.index, attempt.precision, unlogged)  # committed, its line not yet copied
+        self._ends_where_seen(leftover.reached_step(logged))
         current = self.status.attempts[-1]  # the replay's copy, its start step corrected
-        step = leftover.last_step(logged, start_step=current.start_step)
-        self.status.step = max(step, unlogged.step if unlogged else 0)
         plan, when = self._transition()
         lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
         gpus = (self.status.workers or self.spec.workers) * self.spec.resources.gpus_per_worker
@@ -148,11 +144,32 @@ class LocalRun:
         self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
         self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
 
+    def _ends_where_seen(self, seen: int | None) -> None:
+        """A killed attempt (no report) ends where its lines put it (`seen`; None: where it began),
+        or at a checkpoint committed on disk after them whose line never came, taken in as that line."""
+        current = self.status.attempts[-1]
+        known = self.status.last_checkpoint.step if self.status.last_checkpoint else -1
+        if (unlogged := leftover.committed_after(self.paths.checkpoints, known)) is not None:
+            self._absorb(current.index, current.precision, unlogged)
+            seen = reached(seen, unlogged)
+        self.status.step = current.start_step if seen is None else seen
+
+    def _stopped(self, outcome: AttemptOutcome) -> str | None:
+        """The message of an attempt the user stopped (None: not stopped); one a second Ctrl-C
+        killed before its trainers reported ends where it was seen, naming the checkpoint known."""
+        if self.ctrl_c.stop is Stop.NONE:
+            return None
+        if self.ctrl_c.stop is Stop.ASKED or outcome.report is not None:
+            return lc.CTRL_C  # the trainers checkpointed and reported before any kill landed
+        self._ends_where_seen(self._reached)
+        return stops.killed_message(self.status.last_checkpoint)
+
     def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
         """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""
+        stopped = self._stopped(outcome)
         plan, when = self._transition()
-        if self.interrupted:
-            lc.interrupt(plan, start.index, outcome.report, when)
+        if stopped is not None:
+            lc.interrupt(plan, start.index, outcome.report, when, message=stopped)
         else:
             lc.conclude(
                 plan,
@@ -188,14 +205,15 @@ class LocalRun:
         self._watches = [StallWatch(self.spec, self._workers)]
         if self.schedule is not None:
             self._watches.append(CapacityWatch(self.spec, self.schedule, start, self._workers))
-        self._current, self._began = start, time.monotonic()
+        self._current, self._began, self._reached = start, time.monotonic(), None
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
         worker0 = self._workers.start(env)
-        try:
-            self._follow(worker0, self._workers.log0)
-        finally:
-            outcome = self._workers.wait(start.index)
+        with self.ctrl_c.caught(self._workers):
+            try:
+                self._follow(worker0, self._workers.log0)
+            finally:
+                outcome = self._workers.wait(start.index)
         self._charge_time()
         return reduce(lambda said, watch: watch.ended(said), self._watches, outcome)  # a watch that stopped it says how
 
@@ -207,17 +225,12 @@ class LocalRun:
         self._began = time.monotonic()
 
     def _follow(self, proc: subprocess.Popen[str], log: object) -> None:
-        """Worker 0's lines until it ends. Ctrl-C is a handler meanwhile, not a KeyboardInterrupt:
-        one raised wherever the line's handling stood would skip the trainers' checkpoint."""
+        """Worker 0's lines until it ends."""
         assert proc.stdout is not None
-        previous = signal.signal(signal.SIGINT, lambda *_: self._interrupt())
-        try:
-            for line in iter(proc.stdout.readline, ""):
-                log.write(line)  # type: ignore[attr-defined]
-                if (event := events.parse_line(line)) is not None:
-                    self._event(event)
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        for line in iter(proc.stdout.readline, ""):
+            log.write(line)  # type: ignore[attr-defined]
+            if (event := events.parse_line(line)) is not None:
+                self._event(event)
 
     def _event(self, event: events.TrainerEvent) -> None:
         """What one trainer line changes in the status and the series, and what the view shows of it."""
@@ -226,17 +239,13 @@ class LocalRun:
         if (point := self._absorb(start.index, start.precision, event)) is not None:
             self.view.step(point)
         self._clock.seen(self.status, start.index, event)
+        self._reached = reached(self._reached, event)
         for watch in self._watches:
             watch.seen(event)
         if isinstance(event, events.PrecisionChanged):
             self._changed_in_place(event)
-        if isinstance(event, events.DataSkipped) and event.steps:
-            spans = describe_ranges(event.samples) or "not named"
-            steps, back = describe_steps(event.steps), event.from_step
-            self.view.info(f"skipped step(s) {steps} ({event.cause}; samples {spans}), back at checkpoint step {back}")
-        if isinstance(event, events.PrecisionMeasured):
-            times = reported.step_times(event.step_seconds)
-            self.view.info(f"auto measured {times} per step: training in {event.chosen}")
+        if (note := noted(event)) is not None:
+            self.view.info(note)
 
     def _changed_in_place(self, line: events.PrecisionChanged, *, live: bool = True) -> None:
         """The trainers changed precision in their processes, a fallback or a re-promotion (`live`,
@@ -276,15 +285,6 @@ class LocalRun:
         if isinstance(event, events.PrecisionMeasured):
             self.series.measured(index, event.chosen)
         return point
-
-    def _interrupt(self) -> None:
-        assert self._workers is not None  # Ctrl-C is caught while following the workers
-        if self.interrupted:  # second Ctrl-C: stop now
-            self._workers.signal(signal.SIGKILL)
-            return
-        self.interrupted = True
-        self.view.info("interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)")
-        self._workers.signal(signal.SIGTERM)
 
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:

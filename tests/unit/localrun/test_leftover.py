@@ -27,7 +27,7 @@ def test_the_event_lines_tell_the_last_step_and_when_it_was_last_heard_of(tmp_pa
     (tmp_path / leftover.EVENT_LOG).write_text("".join(lines))
     logged = leftover.logged_events(tmp_path)
     assert [type(e).__name__ for e in logged] == ["Resume", "Step", "Step"]
-    assert leftover.last_step(logged, start_step=20) == 30 and leftover.last_step(logged[:1], start_step=20) == 20
+    assert leftover.reached_step(logged) == 30 and leftover.reached_step(logged[:1]) is None
     assert leftover.seconds_seen("1970-01-01T00:16:30Z", logged) == 19.5  # started at 990 s
     assert leftover.seconds_seen(None, logged) == 0.0 and leftover.logged_events(tmp_path / "none") == []
 

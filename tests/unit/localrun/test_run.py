@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ import yaml
 from mpjob.planning.figures import round_sig
 from tests import warm
 from tests.helpers import NO_PLOT, children, gone, wait_for
+from tests.unit.localrun.stall_task import SPEC
 
 pytestmark = pytest.mark.unit
 
@@ -165,6 +167,59 @@ def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
     assert report["phase"] == "Succeeded"
     assert [a["precision"] for a in report["attempts"]] == ["bf16", "bf16"]
     assert report["attempts"][1]["startStep"] == stopped_at
+
+
+def read_until(stream: IO[str], prefix: str) -> list[str]:
+    """The lines of `stream` up to the first that starts with `prefix`, that one included."""
+    lines: list[str] = []
+    while not (lines and lines[-1].startswith(prefix)):
+        lines.append(stream.readline())
+        assert lines[-1], "".join(lines)  # it ended first
+    return lines
+
+
+@pytest.mark.parametrize(("hang_at", "checkpoint"), [(25, 20), (5, None)])
+@pytest.mark.process
+def test_a_second_ctrl_c_kills_the_trainers_and_records_only_what_was_written(
+    tmp_path: Path, hang_at: int, checkpoint: int | None
+) -> None:
+    """Attempt 0's data loader hangs after step `hang_at` (tests/unit/localrun/stall_task.py), so
+    its trainer cannot act on the first Ctrl-C: the second kills it. The attempt ends where its
+    lines put it, naming the last checkpoint committed (or none), and the rerun starts there."""
+    spec = {**SPEC, "runPolicy": {}}
+    spec["task"] = {**SPEC["task"], "args": {**SPEC["task"]["args"], "hangAfter": {"0": hang_at * 4}}}
+    job, out = manifest(tmp_path, **spec), tmp_path / "out"
+    proc = warm.Popen(
+        [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain", *NO_PLOT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}),
+    )
+    assert proc.stdout is not None
+    shown = read_until(proc.stdout, f"step {hang_at}/")  # then its data loader hangs
+    # An asynchronous save commits behind the steps (its line may never come: the hung loop no
+    # longer collects it); the kill must not land while it is written, or it is rightly not named.
+    wait_for(lambda: _newest_checkpoint(out) == (checkpoint or 0), 60, message=f"checkpoint {checkpoint}")
+    proc.send_signal(signal.SIGINT)
+    shown += read_until(proc.stdout, "interrupted:")  # the first press was taken
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(shown) + output
+    assert output.startswith("second Ctrl-C: killing the trainers; no checkpoint is written now\n"), output
+    report = json.loads((out / "report.json").read_text())
+    (killed,) = report["attempts"]
+    assert (report["step"], killed["endStep"], killed["reason"]) == (hang_at, hang_at, "Suspended")
+    rerun = f"resumes from checkpoint step {checkpoint}" if checkpoint else "starts over: no checkpoint"
+    assert killed["message"].startswith("killed by a second Ctrl-C") and killed["message"].endswith(rerun)
+    assert report.get("lastCheckpoint", {}).get("step") == checkpoint
+    assert not list((out / "attempts").rglob("termination-worker*.json"))
+
+    again = mpjob_run(str(job), "--out", str(out), "--plain")
+    assert again.returncode == 0, again.stdout
+    said = f"from checkpoint step {checkpoint}" if checkpoint else ", starting over: no checkpoint"
+    assert f"resuming local in {out}{' ' if checkpoint else ''}{said}" in again.stdout, again.stdout
+    assert json.loads((out / "report.json").read_text())["attempts"][1]["startStep"] == (checkpoint or 0)
 
 
 @pytest.mark.process

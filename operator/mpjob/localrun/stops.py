@@ -1,0 +1,90 @@
+"""The user's stop of a local run, by Ctrl-C: the first press asks the trainers to checkpoint and
+stop (SIGTERM: they save, write their termination report and exit); a second press kills them
+(SIGKILL: no checkpoint, no report). What the run records of a stop is what it saw: an attempt
+killed before its trainers reported ends where its own event lines put it, and its message names
+the checkpoint a rerun resumes from, the newest one known to be committed, or none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mpjob_contract.api import CheckpointStatus
+
+if TYPE_CHECKING:
+    from mpjob.localrun.progress import ProgressView
+    from mpjob.localrun.workers import Workers
+
+
+class Stop(Enum):
+    """Where the user's stop of the current attempt stands."""
+
+    NONE = "none"  # no Ctrl-C yet
+    ASKED = "asked"  # one Ctrl-C: the trainers were asked to checkpoint and stop
+    KILLED = "killed"  # a second Ctrl-C: the trainers were killed
+
+
+@dataclass(frozen=True)
+class Press:
+    """What one Ctrl-C does: the state it leads to, the signal the workers get, the line shown."""
+
+    stop: Stop
+    signal: int
+    line: str
+
+
+ASKED_LINE = "interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)"
+KILLED_LINE = "second Ctrl-C: killing the trainers; no checkpoint is written now"
+
+
+def pressed(stop: Stop) -> Press:
+    """Ctrl-C in state `stop`: the first asks (SIGTERM), any later one kills (SIGKILL)."""
+    if stop is Stop.NONE:
+        return Press(Stop.ASKED, signal.SIGTERM, ASKED_LINE)
+    return Press(Stop.KILLED, signal.SIGKILL, KILLED_LINE)
+
+
+class CtrlC:
+    """The user's Ctrl-C while an attempt's workers run: a handler then, not a KeyboardInterrupt
+    (one raised wherever the runner stood would skip the trainers' checkpoint), each press
+    shown at once and passed on to the workers (`pressed`)."""
+
+    def __init__(self, view: ProgressView) -> None:
+        self.view = view
+        self.stop = Stop.NONE
+
+    @contextlib.contextmanager
+    def caught(self, workers: Workers) -> Iterator[None]:
+        """Ctrl-C stops `workers` for as long as the block runs (their lines, then their endings)."""
+        previous = signal.signal(signal.SIGINT, lambda *_: self.press(workers))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def press(self, workers: Workers) -> None:
+        press = pressed(self.stop)
+        self.stop = press.stop
+        self.view.info(press.line)
+        workers.signal(press.signal)
+
+
+def killed_message(checkpoint: CheckpointStatus | None) -> str:
+    """The message of an attempt a second Ctrl-C killed before its trainers finished stopping:
+    `checkpoint` is the newest one known committed (a line or its manifest said so), if any."""
+    rerun = "starts over: no checkpoint" if checkpoint is None else f"resumes from checkpoint step {checkpoint.step}"
+    return f"killed by a second Ctrl-C before the trainers finished stopping; a rerun with the same --out {rerun}"
+
+
+def resume_line(name: str, root: Path, checkpoint: CheckpointStatus | None) -> str:
+    """What a rerun of the same --out says before its first attempt (`lifecycle.resume` starts it
+    at the last checkpoint's step, or at 0 with none)."""
+    if checkpoint is None:
+        return f"resuming {name} in {root}, starting over: no checkpoint"
+    return f"resuming {name} in {root} from checkpoint step {checkpoint.step}"

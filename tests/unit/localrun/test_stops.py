@@ -1,0 +1,170 @@
+"""Ctrl-C on `mpjob run`: the first press asks the trainers to checkpoint and stop, a second kills
+them, and what the run records of a killed attempt is what it saw: where its lines put it, the
+newest checkpoint known committed (or none), and a rerun that says where it really starts. The
+trainers are stood in for by scripted event lines (no process starts)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mpjob.localrun import stops
+from mpjob.localrun.readings import reached
+from mpjob.localrun.runner import LocalRun
+from mpjob.localrun.stops import CtrlC, Stop
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.planner import StartAttempt
+from mpjob_contract import events
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob
+
+pytestmark = pytest.mark.unit
+
+JOB: dict[str, Any] = {
+    "apiVersion": "mpjob.dev/v1alpha1",
+    "kind": "MixedPrecisionJob",
+    "metadata": {"name": "stops"},
+    "spec": {
+        "task": {"builtin": "mlp"},
+        "training": {"steps": 300, "batchSize": 4, "logEvery": 10},
+        "precision": {"mode": "bf16"},
+        "checkpoint": {"everySteps": 50},
+        "resources": {"gpusPerWorker": 0},
+    },
+}
+
+
+def line(name: str, **fields: Any) -> events.TrainerEvent:
+    event = events.parse_line(events.format_line(name, {"time": 1000.0, **fields}))
+    assert event is not None
+    return event
+
+
+def started(at: int) -> events.TrainerEvent:
+    fields = {"attempt": 0, "precision": "bf16", "requestedPrecision": "bf16", "device": "cpu", "worldSize": 1}
+    return line("start", **fields, startStep=at, totalSteps=300)
+
+
+def step(n: int) -> events.TrainerEvent:
+    return line("step", step=n, loss=2.5)
+
+
+def checkpoint(n: int, out: Path | None = None) -> events.TrainerEvent:
+    where = str(out / "checkpoints" / f"step-{n:09d}") if out else f"/c/step-{n:09d}"
+    return line("checkpoint", step=n, path=where, sha256=f"{n:064x}", seconds=0.1, bytes=9, **{"async": False})
+
+
+class Shown:
+    """A view that keeps the lines it was asked to show."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, text: str, **fields: Any) -> None:
+        self.lines.append(text)
+
+    def attempt_ended(self, attempt: int, precision: str, reason: str, message: str) -> None:
+        self.lines.append(f"attempt {attempt} ended: {reason}: {message}")
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class Signalled:
+    """Workers that keep the signals they were sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def signal(self, sig: int) -> None:
+        self.sent.append(sig)
+
+
+class Killed(LocalRun):
+    """A local run whose one attempt prints `lines`, then is killed by a second Ctrl-C."""
+
+    def __init__(self, out: Path, lines: list[events.TrainerEvent]) -> None:
+        super().__init__(MixedPrecisionJob.model_validate(JOB), out, Shown())  # type: ignore[arg-type]
+        self.lines = lines
+
+    def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
+        self._current, self._reached = start, None
+        for event in self.lines:
+            self._event(event)
+        self.ctrl_c.stop = Stop.KILLED
+        return AttemptOutcome(137, None, message="the trainer exited 137 without a report")
+
+
+def test_the_first_ctrl_c_asks_and_every_later_one_kills_each_said_at_once() -> None:
+    view, workers = Shown(), Signalled()
+    ctrl_c = CtrlC(view)  # type: ignore[arg-type]
+    before = signal.getsignal(signal.SIGINT)
+    with ctrl_c.caught(workers):  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next line
+        assert (ctrl_c.stop, workers.sent, view.lines) == (Stop.ASKED, [signal.SIGTERM], [stops.ASKED_LINE])
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert ctrl_c.stop is Stop.KILLED and workers.sent == [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL]
+    assert view.lines[1] == "second Ctrl-C: killing the trainers; no checkpoint is written now"
+
+
+def test_the_step_an_attempts_lines_reach() -> None:
+    assert reached(None, started(20)) is None
+    assert reached(40, checkpoint(43)) == 43  # the save on SIGTERM, between step lines
+    assert reached(43, line("preempted", step=43)) == 43
+    assert reached(60, checkpoint(50)) == 60  # an asynchronous save reported after later steps
+    assert reached(60, step(41)) == 41  # a replay after a rollback goes back
+    change = {"attempt": 1, "startStep": 40, "fromPrecision": "fp16", "toPrecision": "bf16", "rule": "F1"}
+    changed = line("precisionChanged", step=60, **change, message="overflow", recoverySeconds=1.0)
+    assert reached(60, changed) is None  # the next attempt begins: no line of its own named a step yet
+
+
+def test_a_rerun_names_the_checkpoint_it_resumes_from_or_says_it_starts_over() -> None:
+    ck = CheckpointStatus(step=40, sha256="ab", precision="bf16", path="/c/step-000000040")
+    assert stops.resume_line("job", Path("/o"), ck) == "resuming job in /o from checkpoint step 40"
+    assert stops.resume_line("job", Path("/o"), None) == "resuming job in /o, starting over: no checkpoint"
+    assert stops.killed_message(ck).endswith("a rerun with the same --out resumes from checkpoint step 40")
+    assert stops.killed_message(None).endswith("a rerun with the same --out starts over: no checkpoint")
+
+
+def test_a_killed_attempt_ends_at_the_checkpoint_its_sigterm_save_reported(tmp_path: Path) -> None:
+    """The save the first Ctrl-C asked for committed (its line came) before the kill: the attempt
+    ended there, not at the last step line, and the summary's step and checkpoint agree."""
+    run = Killed(tmp_path, [step(10), step(20), step(30), step(40), checkpoint(43), line("preempted", step=43)])
+    status = run.run()
+    (attempt,) = status.attempts
+    assert status.phase == "Suspended" and (status.step, attempt.end_step) == (43, 43)
+    assert status.last_checkpoint is not None and status.last_checkpoint.step == 43
+    assert attempt.message is not None and "killed by a second Ctrl-C" in attempt.message
+    assert attempt.message.endswith("resumes from checkpoint step 43") and not attempt.charged
+
+
+def test_a_checkpoint_committed_without_its_line_counts_and_nothing_past_it(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints" / "step-000000050"
+    folder.mkdir(parents=True)
+    manifest = f'{{"step": 50, "files": {{"state.pt": {{"sha256": "{50:064x}", "bytes": 9}}}}}}'
+    (folder / "manifest.json").write_text(manifest)
+    status = Killed(tmp_path, [step(10), step(20), checkpoint(20, tmp_path), step(40)]).run()
+    assert status.last_checkpoint is not None and status.last_checkpoint.step == 50
+    assert status.step == 50 and status.attempts[0].end_step == 50
+
+
+def test_killed_before_any_checkpoint_the_rerun_starts_over_and_says_so(tmp_path: Path) -> None:
+    status = Killed(tmp_path, [line("freshStart", reason="none"), step(10)]).run()
+    (attempt,) = status.attempts
+    assert status.last_checkpoint is None and (attempt.start_step, attempt.end_step) == (0, 10)
+    assert attempt.message is not None and attempt.message.endswith("starts over: no checkpoint")
+
+    again = Killed(tmp_path, [])
+    again.run()
+    assert again.view.lines[0] == f"resuming stops in {tmp_path}, starting over: no checkpoint"  # type: ignore[attr-defined]
+    assert again.status.attempts[1].start_step == 0
+
+
+def test_killed_before_any_line_named_a_step_it_ends_where_it_began(tmp_path: Path) -> None:
+    status = Killed(tmp_path, [started(0)]).run()
+    assert status.step == 0 and status.attempts[0].end_step == 0
