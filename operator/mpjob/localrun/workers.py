@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import IO
 
 from mpjob.builders.attempt import launcher_argv
+from mpjob.localrun.files import read_regular
 from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.reconcile import JobView, PodView, outcome_of
 from mpjob_contract.api import MixedPrecisionJobSpec
-from mpjob_contract.report import TERMINATION_LOG_ENV
+from mpjob_contract.report import MAX_REPORT_BYTES, TERMINATION_LOG_ENV
 
 #: A task.command that starts with one of these runs in `mpjob run`'s own interpreter, as
 #: torchrun starts `python` with sys.executable: `mpjob run` called by its path, with its
@@ -45,6 +46,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def termination_message(path: Path) -> str | None:
+    """A worker's termination file as the operator gets a pod's message: its last bytes, as the
+    kubelet keeps a message's last 4096, here at most MAX_REPORT_BYTES (a report the trainer
+    writes fits: a longer file is no report), from a regular file only; None when there is none."""
+    raw = read_regular(path, MAX_REPORT_BYTES, last=True)
+    return None if raw is None else raw.decode("utf-8", errors="replace")
 
 
 _PR_SET_PDEATHSIG = 1
@@ -141,7 +150,7 @@ class Workers:
         pods = []
         for worker, code in enumerate(codes):
             path = self._termination(worker)
-            message = path.read_text() if path.exists() else None
+            message = termination_message(path)
             exit_code = 128 - code if code < 0 else code  # killed by signal N: a container's 128+N
             pods.append(
                 PodView(f"worker{worker}", worker, "Succeeded" if code == 0 else "Failed", False, exit_code, message)
