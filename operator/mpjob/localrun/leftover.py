@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from mpjob.localrun.files import read_regular
 from mpjob.localrun.readings import reached
 from mpjob_contract import events
 
@@ -80,12 +81,19 @@ def committed_after(checkpoints: Path, step: int) -> events.Checkpoint | None:
 
 
 def _checkpoint_line(manifest: Path) -> events.Checkpoint | None:
+    """The checkpoint line a manifest stands for; None unless it is a regular file (not a FIFO,
+    which would hang the rerun, nor a link) in a real step folder (not a link out of the store)
+    that reads back, whole, as a single-file checkpoint's manifest of its folder's step."""
+    if manifest.parent.is_symlink():
+        return None
+    raw = read_regular(manifest, MAX_MANIFEST_BYTES + 1)
+    if raw is None or len(raw) > MAX_MANIFEST_BYTES:
+        return None
     try:
-        with manifest.open("rb") as f:
-            doc = json.loads(f.read(MAX_MANIFEST_BYTES + 1)[:MAX_MANIFEST_BYTES])
+        doc = json.loads(raw)
         state = doc["files"]["state.pt"]
         line = {"step": doc["step"], "path": str(manifest.parent), "sha256": state["sha256"], "bytes": state["bytes"]}
         found = events.Checkpoint.model_validate({**line, "seconds": 0.0, "async": False})
-    except (OSError, ValueError, KeyError, TypeError, ValidationError):
+    except (ValueError, KeyError, TypeError, ValidationError):
         return None
     return found if manifest.parent.name == f"step-{found.step:09d}" else None

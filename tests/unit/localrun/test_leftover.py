@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,28 @@ def test_an_unreadable_newest_manifest_is_passed_over(tmp_path: Path) -> None:
     committed(tmp_path, 30, manifest='{"step": 40, "files": {"state.pt": {"sha256": "ab", "bytes": 1}}}')  # misnamed
     found = leftover.committed_after(tmp_path, 0)
     assert found is not None and found.step == 10
+
+
+def test_what_is_not_a_regular_manifest_in_a_step_folder_is_passed_over_without_waiting(tmp_path: Path) -> None:
+    """A FIFO where a manifest should be (opened as a file it waits for a writer, and the rerun
+    with it), a link to a manifest, a step folder that links out of the store, a manifest past
+    the size any checkpoint writes: none is a committed checkpoint."""
+    store, elsewhere = tmp_path / "checkpoints", tmp_path / "elsewhere"
+    committed(store, 10)
+    committed(elsewhere, 70)
+    committed(elsewhere, 80)
+    (store / "step-000000099").mkdir()
+    os.mkfifo(store / "step-000000099" / "manifest.json")
+    (store / "step-000000090").mkdir()
+    (store / "step-000000090" / "manifest.json").symlink_to(elsewhere / "step-000000080" / "manifest.json")
+    (store / "step-000000070").symlink_to(elsewhere / "step-000000070")
+    committed(store, 60, manifest='{"step": 60, "files": {"state.pt": {"sha256": "ab", "bytes": 1}}}' + " " * 65536)
+    found: list[object] = []
+    reader = threading.Thread(target=lambda: found.append(leftover.committed_after(store, 0)), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # let the blocked open go before failing
+        os.close(os.open(store / "step-000000099" / "manifest.json", os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive(), "reading the checkpoints waited on a FIFO"
+    (ck,) = found
+    assert isinstance(ck, events.Checkpoint) and ck.step == 10
