@@ -159,10 +159,9 @@ class LocalRun:
         killed before its trainers reported ends where it was seen, naming the checkpoint known."""
         if self.ctrl_c.stop is Stop.NONE:
             return None
-        if self.ctrl_c.stop is Stop.ASKED or outcome.report is not None:
-            return lc.CTRL_C  # the trainers checkpointed and reported before any kill landed
-        self._ends_where_seen(self._reached)
-        return stops.killed_message(self.status.last_checkpoint)
+        if outcome.report is None:  # killed, or ended without one: the attempt ends where it was seen
+            self._ends_where_seen(self._reached)
+        return stops.stop_message(self.ctrl_c.stop, outcome.report, self.status.last_checkpoint)
 
     def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
         """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""

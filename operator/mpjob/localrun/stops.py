@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpjob_contract.api import CheckpointStatus
+from mpjob_contract.report import TerminationReport
 
 if TYPE_CHECKING:
     from mpjob.localrun.progress import ProgressView
@@ -75,11 +76,21 @@ class CtrlC:
         workers.signal(press.signal)
 
 
-def killed_message(checkpoint: CheckpointStatus | None) -> str:
-    """The message of an attempt a second Ctrl-C killed before its trainers finished stopping:
-    `checkpoint` is the newest one known committed (a line or its manifest said so), if any."""
-    rerun = "starts over: no checkpoint" if checkpoint is None else f"resumes from checkpoint step {checkpoint.step}"
-    return f"killed by a second Ctrl-C before the trainers finished stopping; a rerun with the same --out {rerun}"
+def stop_message(stop: Stop, report: TerminationReport | None, checkpoint: CheckpointStatus | None) -> str:
+    """The message of an attempt the user stopped, from what the run saw: the trainers' `report`
+    names the checkpoint they stopped after (their last good one), or that there is none; without
+    a report (a second Ctrl-C killed them, or they ended without one), `checkpoint` is the newest
+    one known committed (a line or its manifest said so), if any."""
+    rerun = "a rerun with the same --out"
+    if report is not None:
+        if report.last_good_checkpoint is None:
+            return f"stopped by Ctrl-C before any checkpoint; {rerun} starts over"
+        return f"stopped by Ctrl-C after the checkpoint of step {report.last_good_checkpoint.step}; {rerun} resumes"
+    how = "killed by a second Ctrl-C before the trainers finished stopping"
+    if stop is Stop.ASKED:
+        how = "stopped by Ctrl-C; the trainers ended without a report"
+    then = "starts over: no checkpoint" if checkpoint is None else f"resumes from checkpoint step {checkpoint.step}"
+    return f"{how}; {rerun} {then}"
 
 
 def resume_line(name: str, root: Path, checkpoint: CheckpointStatus | None) -> str:

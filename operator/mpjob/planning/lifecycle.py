@@ -161,10 +161,7 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
     begin(plan, spec, nxt, when, why=ConditionReason.RESUMED)
 
 
-CTRL_C = "stopped by Ctrl-C after a checkpoint; run again with the same --out to resume"
-
-
-def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When, *, message: str = CTRL_C) -> None:
+def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When, *, message: str) -> None:
     """`mpjob run` stopped by Ctrl-C (its trainer checkpointed on SIGTERM) or killed (its
     trainers went with it): the attempt ends Suspended, as under runPolicy.suspend: the user's
     own stop, uncharged; running it again resumes."""

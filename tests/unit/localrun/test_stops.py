@@ -20,6 +20,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import events
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob
+from mpjob_contract.report import TerminationReport
 
 pytestmark = pytest.mark.unit
 
@@ -127,8 +128,27 @@ def test_a_rerun_names_the_checkpoint_it_resumes_from_or_says_it_starts_over() -
     ck = CheckpointStatus(step=40, sha256="ab", precision="bf16", path="/c/step-000000040")
     assert stops.resume_line("job", Path("/o"), ck) == "resuming job in /o from checkpoint step 40"
     assert stops.resume_line("job", Path("/o"), None) == "resuming job in /o, starting over: no checkpoint"
-    assert stops.killed_message(ck).endswith("a rerun with the same --out resumes from checkpoint step 40")
-    assert stops.killed_message(None).endswith("a rerun with the same --out starts over: no checkpoint")
+    killed, asked = stops.Stop.KILLED, stops.Stop.ASKED
+    assert stops.stop_message(killed, None, ck) == (
+        "killed by a second Ctrl-C before the trainers finished stopping; "
+        "a rerun with the same --out resumes from checkpoint step 40"
+    )
+    assert stops.stop_message(killed, None, None).endswith("a rerun with the same --out starts over: no checkpoint")
+    assert stops.stop_message(asked, None, ck).startswith("stopped by Ctrl-C; the trainers ended without a report")
+
+
+def test_a_stop_the_trainers_reported_names_the_checkpoint_they_stopped_after_or_none() -> None:
+    """Their report, not an assumption: a Ctrl-C before the first save leaves no checkpoint."""
+    ref = {"step": 30, "path": "/c/step-000000030", "sha256": "ab", "precision": "fp16"}
+    after = TerminationReport.model_validate({"reason": "Preempted", "step": 31, "lastGoodCheckpoint": ref})
+    before = TerminationReport.model_validate({"reason": "Preempted", "step": 3})
+    for stop in (stops.Stop.ASKED, stops.Stop.KILLED):  # a report came: it says what was written
+        assert stops.stop_message(stop, after, None) == (
+            "stopped by Ctrl-C after the checkpoint of step 30; a rerun with the same --out resumes"
+        )
+        assert stops.stop_message(stop, before, None) == (
+            "stopped by Ctrl-C before any checkpoint; a rerun with the same --out starts over"
+        )
 
 
 def test_a_killed_attempt_ends_at_the_checkpoint_its_sigterm_save_reported(tmp_path: Path) -> None:
