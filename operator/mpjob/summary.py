@@ -19,9 +19,9 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
     split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
     lines += [attempt_line(a, world=resized, shape=split, now=now) for a in status.attempts]
-    if len(status.attempts) > 1:  # each attempt after the first is a recovery
+    if count := recoveries(status):
         path = " -> ".join(a.precision for a in status.attempts)
-        lines.append(f"  recoveries: {len(status.attempts) - 1} ({path})")
+        lines.append(f"  recoveries: {count} ({path})")
     if status.skipped:
         lines.append(skipped_line(status.skipped))
     if status.last_checkpoint:
@@ -30,6 +30,24 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     if status.cost and status.cost.gpu_seconds:
         lines.append(cost_line(status))
     return lines
+
+
+#: Endings whose next attempt is no recovery: the user's stop (Ctrl-C, runPolicy.suspend) and its
+#: resume, a growth at a checkpoint (spec.elastic), a re-promotion to the faster precision.
+NOT_RECOVERED = frozenset({Reason.SUSPENDED, Reason.SCALED_UP, Reason.REPROMOTE})
+
+
+def recoveries(status: MixedPrecisionJobStatus) -> int:
+    """The attempts begun after one ended by a fault, a failure or the cluster (a fallback, a
+    retry, a resume after a preemption, a shrink), counted over every attempt (attemptCounts:
+    attempts[] keeps only the first and the newest) or, without counts, over the entries."""
+    counts = status.attempt_counts
+    if counts is None or counts.started == 0:
+        return sum(1 for a in status.attempts[:-1] if a.reason not in NOT_RECOVERED)
+    newest = status.attempts[-1] if status.attempts else None
+    last_has_none = newest is not None and newest.reason in NOT_RECOVERED  # nothing began after it
+    not_recovered = sum(counts.by_reason.get(reason, 0) for reason in NOT_RECOVERED) - last_has_none
+    return max(0, counts.started - 1 - not_recovered)
 
 
 def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, now: datetime | None = None) -> str:

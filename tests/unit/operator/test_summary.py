@@ -88,3 +88,40 @@ def test_a_running_attempts_line_says_how_long_ago_its_step_last_moved() -> None
     hung = summary_lines("ns/hung", status, now=now)[1]
     assert hung == "  attempt 0: bf16 steps 0-? running, its step last moved 42 s ago"
     assert summary_lines("ns/hung", status)[1] == "  attempt 0: bf16 steps 0-? running"
+
+
+def _attempts(*ends: tuple[str, str | None]) -> list[dict[str, object]]:
+    return [{"index": i, "precision": p, "reason": r} for i, (p, r) in enumerate(ends)]
+
+
+def _recoveries_line(status: dict[str, object]) -> list[str]:
+    lines = summary_lines("job", MixedPrecisionJobStatus.model_validate(status))
+    return [line for line in lines if line.startswith("  recoveries")]
+
+
+def test_a_resume_after_the_users_stop_is_no_recovery() -> None:
+    """Ctrl-C (or runPolicy.suspend) and run again: two attempts, nothing recovered."""
+    resumed = _attempts(("fp16", "Suspended"), ("fp16", "Succeeded"))
+    counts = {"started": 2, "byReason": {"Suspended": 1, "Succeeded": 1}}
+    assert _recoveries_line({"attempts": resumed, "attemptCounts": counts}) == []
+    assert _recoveries_line({"attempts": resumed}) == []  # a status without counts: from the entries
+
+
+def test_recoveries_count_the_fallbacks_and_resumes_after_the_cluster_not_the_stops_or_promotions() -> None:
+    ends = _attempts(
+        ("fp16", "NumericFault"), ("bf16", "Suspended"), ("bf16", "Repromote"), ("fp16", "Preempted"), ("fp16", None)
+    )
+    counts = {"started": 5, "byReason": {"NumericFault": 1, "Suspended": 1, "Repromote": 1, "Preempted": 1}}
+    expected = ["  recoveries: 2 (fp16 -> bf16 -> bf16 -> fp16 -> fp16)"]
+    assert _recoveries_line({"attempts": ends, "attemptCounts": counts}) == expected
+    assert _recoveries_line({"attempts": ends}) == expected
+
+
+def test_recoveries_count_every_attempt_also_those_attempts_no_longer_lists() -> None:
+    """30 preemptions, of which attempts[] keeps the first and the newest 20 (the counts say all)."""
+    kept = [{"index": 0, "precision": "bf16", "reason": "Preempted"}]
+    kept += [{"index": i, "precision": "bf16", "reason": "Preempted"} for i in range(10, 30)]
+    kept[-1]["reason"] = "Succeeded"
+    counts = {"started": 30, "byReason": {"Preempted": 29, "Succeeded": 1}, "omitted": 9}
+    (line,) = _recoveries_line({"attempts": kept, "attemptCounts": counts})
+    assert line.startswith("  recoveries: 29 (")
