@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -37,6 +38,33 @@ def crd_lock(kubeconfig: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def install_crd(api_client: client.ApiClient, body: dict[str, Any]) -> None:
+    """Replace the installed CRD with `body`."""
+    ext = client.ApiextensionsV1Api(api_client)
+    current = ext.read_custom_resource_definition(body["metadata"]["name"])
+    body = copy.deepcopy(body)
+    body["metadata"]["resourceVersion"] = current.metadata.resource_version
+    ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+
+
+@contextlib.contextmanager
+def another_crd(
+    api_client: client.ApiClient, kubeconfig: str, change: Callable[[dict[str, Any]], None]
+) -> Iterator[None]:
+    """The shipped CRD as `change` makes it (given its version's openAPIV3Schema) while the block
+    runs, the shipped one again after. Objects stored meanwhile stay as they are. The CRD lock is
+    held throughout: another worker's first test once installed the shipped CRD in between."""
+    shipped = yaml.safe_load(CRD.read_text())
+    other = copy.deepcopy(shipped)
+    change(other["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    with crd_lock(kubeconfig):
+        install_crd(api_client, other)
+        try:
+            yield
+        finally:
+            install_crd(api_client, shipped)
 
 
 @pytest.fixture(scope="session")

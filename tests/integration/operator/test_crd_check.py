@@ -6,7 +6,6 @@ field, any other loses it."""
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -15,14 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from mpjob_contract import api
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import CRD, Jobs, Operator, crd_lock
+from tests.integration.operator.conftest import Jobs, Operator, another_crd
 from tests.integration.operator.test_hostile_children import standin
-from tests.integration.operator.test_hostile_documents import install_crd
 
 #: The field the older CRD lacks: one no other test sets, so tests running beside this one are
 #: not touched by its absence.
@@ -32,16 +29,12 @@ MISSING = "weightDecay"
 @pytest.fixture
 def older_crd(api_client: client.ApiClient, crd_installed: None, kubeconfig: str) -> Iterator[None]:
     """The shipped CRD less spec.training.weightDecay, for this test; the shipped one again after."""
-    shipped = yaml.safe_load(CRD.read_text())
-    old = copy.deepcopy(shipped)
-    training = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]
-    del training["properties"][MISSING]
-    with crd_lock(kubeconfig):
-        install_crd(api_client, old)
-        try:
-            yield
-        finally:
-            install_crd(api_client, shipped)
+
+    def older(schema: dict[str, Any]) -> None:
+        del schema["properties"]["spec"]["properties"]["training"]["properties"][MISSING]
+
+    with another_crd(api_client, kubeconfig, older):
+        yield
 
 
 def _create(custom: client.CustomObjectsApi, namespace: str, name: str, validation: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ namespaces; and /healthz fails while the operator's watches are dead, and recove
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import socket
@@ -27,7 +26,7 @@ from kubernetes import client
 from mpjob.controller.watch import FAILING_SECONDS
 from tests import warm
 from tests.helpers import free_port, wait_for
-from tests.integration.operator.conftest import CRD, Jobs, Operator, crd_lock
+from tests.integration.operator.conftest import Jobs, Operator, another_crd
 from tests.integration.operator.test_hostile_children import standin
 from tests.unit.operator.cases import bad, nested_json
 
@@ -65,31 +64,17 @@ def kubectl(cluster_bin: Path, kubeconfig: str, *args: str) -> subprocess.Comple
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
-def install_crd(api_client: client.ApiClient, body: dict[str, Any]) -> None:
-    ext = client.ApiextensionsV1Api(api_client)
-    current = ext.read_custom_resource_definition(body["metadata"]["name"])
-    body = copy.deepcopy(body)
-    body["metadata"]["resourceVersion"] = current.metadata.resource_version
-    ext.replace_custom_resource_definition(body["metadata"]["name"], body)
-
-
 @pytest.fixture
 def free_form_crd(api_client: client.ApiClient, crd_installed: None, kubeconfig: str) -> Iterator[None]:
-    """The CRD as it was before task.args were bounded (free-form), for this test; the shipped
-    one again afterwards. Objects stored meanwhile stay as they are. The CRD lock is held
-    throughout: another worker's first test once installed the shipped CRD in between."""
-    shipped = yaml.safe_load(CRD.read_text())
-    old = copy.deepcopy(shipped)
-    spec = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    args = spec["properties"]["task"]["properties"]["args"]
-    del args["additionalProperties"]
-    args["x-kubernetes-preserve-unknown-fields"] = True
-    with crd_lock(kubeconfig):
-        install_crd(api_client, old)
-        try:
-            yield
-        finally:
-            install_crd(api_client, shipped)
+    """The CRD as it was before task.args were bounded (free-form), for this test."""
+
+    def free_form(schema: dict[str, Any]) -> None:
+        args = schema["properties"]["spec"]["properties"]["task"]["properties"]["args"]
+        del args["additionalProperties"]
+        args["x-kubernetes-preserve-unknown-fields"] = True
+
+    with another_crd(api_client, kubeconfig, free_form):
+        yield
 
 
 @pytest.fixture
