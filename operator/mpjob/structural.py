@@ -54,6 +54,24 @@ def violations(spec: Any) -> list[k8s.Violation]:
     return sorted(found)
 
 
+def without_nulls(value: Any, schema: dict[str, Any] | None = None) -> Any:
+    """`value` (the spec) as the API server stores it: a null where the CRD's schema names a field
+    or a map's value (none of them nullable) is dropped, so the field takes its default, as
+    `kubectl apply` of `workers: null` gives 1 (a task's args, a template's nodeSelector alike)."""
+    schema = _spec_schema() if schema is None else schema
+    if not isinstance(value, dict):
+        return value
+    properties, below = schema.get("properties", {}), schema.get("additionalProperties")
+    kept = {}
+    for key, item in value.items():
+        known = properties.get(key, below if isinstance(below, dict) else None)
+        if known is None:
+            kept[key] = item
+        elif item is not None:
+            kept[key] = without_nulls(item, known)
+    return kept
+
+
 def _wrong_type(value: Any, schema: dict[str, Any]) -> str | None:
     """What is wrong with a scalar of a number, boolean or int-or-string field (None: nothing)."""
     if schema.get("x-kubernetes-int-or-string"):

@@ -184,6 +184,8 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
     if keys := _boolean_keys(doc):
         why = f"a key read as a boolean: {_YAML_BOOLEANS}; quote it (a fault rule's on is now fault)"
         return None, [Problem(source, index, key, why) for key in keys]
+    if "spec" in doc:  # as the API server stores it: a null takes the field's default
+        doc = {**doc, "spec": structural.without_nulls(doc["spec"])}
     # The CRD's types first: the models would take "2" for an integer, the API server does not.
     mistyped = [Problem(source, index, field, why) for field, why in structural.violations(doc.get("spec"))]
     try:

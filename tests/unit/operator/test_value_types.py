@@ -95,3 +95,27 @@ def test_a_control_character_is_named_by_its_line() -> None:
     assert [str(p) for p in check_text(text, "job.yaml")[1]] == [
         f"job.yaml: YAML syntax error at line {line}: unacceptable character #x0007: special characters are not allowed"
     ]
+
+
+def test_a_null_takes_the_fields_default_as_the_api_server_stores_it() -> None:
+    """`kubectl apply` of `workers: null` stores workers 1 (a null where the CRD names a field, none
+    of them nullable, is dropped before defaulting): `mpjob validate` and `mpjob run` read the same."""
+    doc = bad("spec.workers", None)
+    doc["spec"]["precision"] = {"mode": "bf16", "fallback": None, "lossScale": None}
+    doc["spec"]["training"] = {**doc["spec"].get("training", {}), "logEvery": None}
+    jobs, problems = check_text(yaml.safe_dump(doc), "job.yaml")
+    assert problems == []
+    (job,) = jobs
+    assert job.spec.workers == 1 and job.spec.training.log_every == 10
+    assert job.spec.precision.fallback == ["fp32"]  # the default ladder's rungs safer than bf16
+    assert job.spec.precision.loss_scale.init == 65536.0
+
+
+def test_a_null_in_a_map_or_a_pod_template_field_is_dropped_as_well() -> None:
+    """As the API server stores them (seen with `kubectl apply --dry-run=server`): a task's args
+    lose their null values, a template's `nodeSelector: null` is no field at all."""
+    doc = bad("spec.task.args", {"depth": None, "width": 3})
+    doc["spec"]["template"] = {"nodeSelector": None, "tolerations": None}
+    jobs, problems = check_text(yaml.safe_dump(doc), "job.yaml")
+    assert problems == []
+    assert jobs[0].spec.task.args == {"width": 3}
