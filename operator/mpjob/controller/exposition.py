@@ -57,6 +57,11 @@ STEP_LABEL = re.compile(r"^\d{1,15}$")
 MOMENT_LABEL = re.compile(r"^(\d{1,12}(\.\d{1,6})?)?$")
 #: The most metric samples one exposition may hold before the rest is ignored.
 MAX_SAMPLES = 10_000
+#: The longest line parsed. The trainer's longest (a precision_change series, its message cut at
+#: 512 characters, each escaped in at most two) stays under 2,048; prometheus_client's parser
+#: takes time that grows with the square of a line's length (a 1 MiB line of labels: seconds of
+#: the operator's CPU, on every read), so a longer line is dropped before it is parsed.
+MAX_LINE = 4096
 #: Figures beyond this are not readings (and no JSON number a status may hold exactly).
 MAX_VALUE = 2.0**53
 
@@ -99,8 +104,13 @@ class Exposition:
 
 
 def parse(text: str) -> Exposition:
-    """The exposition's series the status uses; at most MAX_SAMPLES samples are looked at."""
+    """The exposition's series the status uses; at most MAX_SAMPLES samples are looked at, and
+    no line longer than MAX_LINE."""
     found = Exposition()
+    lines = text.split("\n")
+    if any(len(line) > MAX_LINE for line in lines):
+        log.debug("metrics lines longer than %d characters dropped", MAX_LINE)
+        text = "\n".join(line for line in lines if len(line) <= MAX_LINE)
     try:
         for count, sample in enumerate(s for family in text_string_to_metric_families(text) for s in family.samples):
             if count >= MAX_SAMPLES:
