@@ -135,7 +135,7 @@ class PrecisionSpec(ApiModel):
     def _identifiers(cls, value: list[str]) -> list[str]:
         for name in value:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"precision.keepFp32 entry {name!r} is not a module type name")
+                raise ValueError(f"precision.keepFp32 entry {name[:64]!r} is not a module type name")
         return value
 
 

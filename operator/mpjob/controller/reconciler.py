@@ -189,11 +189,12 @@ class Reconciler:
             self.cluster.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
 
     def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
-        """A spec the models refuse: the job fails with the first problem (once)."""
+        """A spec the models refuse: the job fails with the first problem (once), cut as every
+        message the status holds (a problem may name the field or echo the value it refuses)."""
         if old.phase == "Failed":
             return
         failed = old.model_copy(deep=True)
-        failed.phase, failed.message = "Failed", f"invalid spec: {spec_problems(exc)[0]}"
+        failed.phase, failed.message = "Failed", f"invalid spec: {spec_problems(exc)[0]}"[:1024]
         generation = body["metadata"].get("generation")
         reason = ConditionReason.INVALID_SPEC
         st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)

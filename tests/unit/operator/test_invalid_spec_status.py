@@ -1,0 +1,36 @@
+"""A job whose spec the models refuse fails once, with the first problem named in a message the
+status can hold: a problem names the field and may echo the value it refuses, and both are the
+user's (a keepFp32 entry the CRD takes at any length, an unknown field of an object stored
+under an older CRD), so the message is cut as every other message in the status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.unit.operator.test_api_errors import FakeCluster, reconciler
+
+pytestmark = pytest.mark.unit
+
+LONG = 300_000
+
+
+@pytest.mark.parametrize(
+    ("spec", "starts"),
+    [
+        ({"precision": {"keepFp32": ["x-" * LONG]}}, "invalid spec: spec.precision.keepFp32"),
+        ({"b" * LONG: 1}, "invalid spec: spec.bbbb"),
+        ({"task": {"builtin": "gpt", "args": {"a" * LONG: [[[[1]]]]}}}, "invalid spec: spec.task.args.aaaa"),
+    ],
+    ids=["refused-value", "unknown-field", "deep-argument"],
+)
+def test_an_invalid_spec_fails_the_job_with_a_bounded_message(spec: dict[str, Any], starts: str) -> None:
+    cluster = FakeCluster()
+    cluster.body["spec"].update(spec)
+    reconciler(cluster).handle(("ns", "j"), False)
+    status = cluster.body["status"]
+    assert status["phase"] == "Failed" and status["message"].startswith(starts)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec" and failed["message"] == status["message"]
+    assert len(status["message"]) <= 1024
