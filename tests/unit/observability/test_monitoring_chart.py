@@ -105,14 +105,28 @@ def test_service_monitor_selects_the_metrics_service_as_job_mpjob_operator(helm:
     assert {"targetLabel": "job", "replacement": "mpjob-operator"} in endpoint["relabelings"]
 
 
-def test_pod_monitor_selects_rank0_trainer_pods_with_honor_labels(helm: str) -> None:
+def test_pod_monitor_selects_rank0_trainer_pods(helm: str) -> None:
     (monitor,) = of_kind(render(helm, *ALL_ON), "PodMonitor")
     selector = dict(monitor["spec"]["selector"]["matchLabels"])
     assert selector.pop("batch.kubernetes.io/job-completion-index") == "0"
     assert selector.items() <= attempt_labels("gpt", 0, "fp16").items(), "labels the operator puts on attempt pods"
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
+    assert endpoint["port"] == "metrics"
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_a_trainers_series_carry_its_pods_job_and_namespace_never_its_own_word(helm: str) -> None:
+    """A trainer runs the tenant's code: the labels that say whose a series is come from the pod
+    (its namespace, its mpjob.dev/job label), and only the trainer's own metric names are kept,
+    so no job writes series under another namespace's job or the operator's names."""
+    (monitor,) = of_kind(render(helm, *ALL_ON), "PodMonitor")
+    job_label = monitor["spec"]["jobLabel"]
+    assert attempt_labels("gpt", 0, "fp16")[job_label] == "gpt"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is False
+    keep, drop = endpoint["metricRelabelings"]
+    assert keep == {"sourceLabels": ["__name__"], "regex": "mpjob_trainer_.+", "action": "keep"}
+    assert drop == {"regex": "exported_(job|namespace)", "action": "labeldrop"}
 
 
 def test_pod_monitor_follows_watch_namespaces(helm: str) -> None:
