@@ -149,7 +149,7 @@ def parse_line(line: str) -> TrainerEvent | None:
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: not a line we wrote
         return None
     model = EVENTS.get(str(data.get("event"))) if isinstance(data, dict) else None
     if model is None:

@@ -62,3 +62,10 @@ def test_nested_models_are_the_report_s_own() -> None:
     assert parsed.step_seconds == {"bf16": 0.1, "fp32": None} and parsed.amp_slower_than_fp32 is False
     replay = events.parse_line(json.dumps({"event": "replay", "verdict": "data", "firstStep": 3, "samples": [1, 2]}))
     assert isinstance(replay, events.ReplayDone) and replay.samples == [1, 2]
+
+
+def test_a_line_nested_deeper_than_the_parser_reads_is_no_event() -> None:
+    """What a trainer's processes print is theirs: a JSON line nested past the interpreter's
+    recursion limit is a plain line to the reader, never an exception out of it."""
+    assert events.parse_line('{"event": "step", "step": ' + "[" * 100_000) is None
+    assert events.parse_line('{"event": "step", "x": ' + '{"a": ' * 100_000 + "1" + "}" * 100_001) is None
