@@ -500,6 +500,42 @@ def test_helm_test_pod_may_only_create_get_delete_jobs_in_a_watched_namespace(he
     assert role["metadata"]["namespace"] == env["MPJOB_TEST_NAMESPACE"] == "team-a"
 
 
+def render_notes(helm: str, workdir: Path, *sets: str) -> str:
+    """NOTES.txt as `helm install` prints it (`helm template` leaves it out): rendered through a
+    copy of the chart that also puts it into a ConfigMap."""
+    chart = workdir / "mpjob"
+    if not chart.exists():
+        shutil.copytree(CHART, chart)
+        notes = (CHART / "templates/NOTES.txt").read_text()
+        (chart / "templates/_notes.tpl").write_text('{{- define "notes" -}}\n' + notes + "\n{{- end -}}\n")
+        configmap = "kind: ConfigMap\napiVersion: v1\nmetadata: {name: notes}\n"
+        (chart / "templates/zz-notes.yaml").write_text(configmap + 'data: {notes: {{ include "notes" . | quote }}}\n')
+    args = [helm, "template", "r", str(chart), "-n", "mpjob-system", "--show-only", "templates/zz-notes.yaml"]
+    out = subprocess.run(args + [x for s in sets for x in ("--set", s)], capture_output=True, text=True, check=True)
+    return str(yaml.safe_load(out.stdout)["data"]["notes"])
+
+
+def test_helm_test_is_given_the_time_the_test_job_may_take(helm: str, tmp_path: Path) -> None:
+    """`helm test` waits 5 minutes unless told otherwise; the test job may take
+    tests.timeoutSeconds once its pod runs (and pulling the images comes first)."""
+
+    def helm_test(*sets: str) -> list[str]:
+        notes = render_notes(helm, tmp_path, *sets)
+        return [line.strip() for line in notes.splitlines() if line.strip().startswith("helm test")]
+
+    (command,) = helm_test()
+    timeout = re.fullmatch(r"helm test -n mpjob-system r --timeout (\d+)s", command)
+    default = yaml.safe_load((CHART / "values.yaml").read_text())["tests"]["timeoutSeconds"]
+    assert timeout and int(timeout.group(1)) > default
+    (command,) = helm_test("tests.timeoutSeconds=1800")
+    assert int(command.rsplit(" ", 1)[1].rstrip("s")) > 1800
+    assert helm_test("tests.enabled=false") == [], "no test to run"
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    lines = [line for page in pages for line in page.read_text().splitlines()]
+    shown = [line for line in lines if re.search(r"^\s*\$? ?helm test ", line)]
+    assert shown and all("--timeout" in line for line in shown), shown
+
+
 def test_endpoints_listen_everywhere_or_on_the_pod_ip(helm: str) -> None:
     def container(*sets: str) -> dict[str, Any]:
         (deployment,) = of_kind(render(helm, *sets), "Deployment")

@@ -63,6 +63,11 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* How long `helm test` must wait: the test job's own deadline, and its pod's start (image pull). */}}
+{{- define "mpjob.testTimeout" -}}
+{{- printf "%ds" (add (int .Values.tests.timeoutSeconds) 120) -}}
+{{- end -}}
+
 {{/*
 The operator's --network-policy JSON (MPJOB_NETWORK_POLICY): who besides an attempt's own pods
 may connect to its trainers' metrics port. The operator's own pods are found by the
