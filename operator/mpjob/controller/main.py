@@ -61,6 +61,15 @@ def priority_of(text: str) -> int:
     return int(text)
 
 
+def liveness_endpoint(bind_address: str, port: int) -> str | None:
+    """kopf's liveness URL on the address the metrics listen on (None: --health-port 0). An IPv6
+    address (`::`, or a pod's IP on an IPv6 cluster) is bracketed, as a URL needs it."""
+    if not port:
+        return None
+    host = f"[{bind_address}]" if ":" in bind_address and not bind_address.startswith("[") else bind_address
+    return f"http://{host}:{port}/healthz"
+
+
 def main(argv: list[str] | None = None) -> int:
     flags = parser(os.environ)
     args = flags.parse_args(argv)
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         peering_name=args.peering,
         priority=priority,
         identity=identity,
-        liveness_endpoint=f"http://{args.bind_address}:{args.health_port}/healthz" if args.health_port else None,
+        liveness_endpoint=liveness_endpoint(args.bind_address, args.health_port),
         memo=kopf.Memo(config=settings),
     )
     return 0

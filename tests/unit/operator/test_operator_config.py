@@ -4,11 +4,12 @@ its live-progress patch: the pure parts of mpjob.controller."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 import pytest
 
 from mpjob.controller.config import OperatorConfig, Peering, from_environment
-from mpjob.controller.main import parser
+from mpjob.controller.main import liveness_endpoint, parser
 from mpjob.controller.peering import outranked
 from mpjob.controller.progress import progress_patch
 from mpjob_contract.api import MixedPrecisionJobStatus
@@ -40,6 +41,24 @@ def test_flags_win_over_the_environment() -> None:
         ["--tick-seconds", "3", "--trainer-image", "b:2", "-n", "team-a", "-n", "team-b"]
     )
     assert (args.tick_seconds, args.trainer_image, args.namespaces) == (3.0, "b:2", ["team-a", "team-b"])
+
+
+@pytest.mark.parametrize(
+    ("address", "url"),
+    [
+        ("0.0.0.0", "http://0.0.0.0:8081/healthz"),
+        ("10.1.2.3", "http://10.1.2.3:8081/healthz"),
+        ("::", "http://[::]:8081/healthz"),  # every interface of an IPv6 pod
+        ("fd00:10:244::5", "http://[fd00:10:244::5]:8081/healthz"),  # the chart's podIP on an IPv6 cluster
+    ],
+)
+def test_the_liveness_endpoint_listens_where_the_metrics_do(address: str, url: str) -> None:
+    """kopf reads host and port from the URL: an IPv6 address must be bracketed, or the
+    operator stops at start ('Port could not be cast to integer')."""
+    assert liveness_endpoint(address, 8081) == url
+    parsed = urlsplit(url)
+    assert (parsed.hostname, parsed.port) == (address, 8081)
+    assert liveness_endpoint(address, 0) is None
 
 
 @pytest.mark.parametrize(
