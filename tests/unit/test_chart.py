@@ -553,9 +553,16 @@ def test_endpoints_listen_everywhere_or_on_the_pod_ip(helm: str) -> None:
 
 @pytest.mark.parametrize(
     ("value", "field"),
-    [("operator.maxTicksPerSecond=0", "maxTicksPerSecond"), ("operator.bindAddress=", "bindAddress")],
+    [
+        ("operator.maxTicksPerSecond=0", "maxTicksPerSecond"),
+        ("operator.bindAddress=", "bindAddress"),
+        ("operator.bindAddress=my-host", "bindAddress"),  # an IP (or podIP): not a name
+        ("operator.healthPort=8080", "operator.metricsPort and operator.healthPort must differ"),
+        # Unknown keys of a selector would be dropped by the API server: the policy would bind everywhere.
+        ("admissionPolicy.namespaceSelector.labels.team=a", "admissionPolicy/namespaceSelector"),
+    ],
 )
-def test_bad_operator_values_are_refused_naming_the_field(helm: str, value: str, field: str) -> None:
+def test_bad_values_are_refused_naming_the_field(helm: str, value: str, field: str) -> None:
     assert field in render_error(helm, value)
 
 
