@@ -216,6 +216,33 @@ def test_peering_gives_the_peers_an_object_rbac_and_rolling_upgrades(helm: str) 
     assert not of_kind(docs, "ClusterKopfPeering")
 
 
+def test_turning_peering_on_replaces_a_standalone_operator_instead_of_rolling_beside_it(
+    helm: str, tmp_path: Path
+) -> None:
+    """The strategy follows the Deployment running in the cluster (`lookup`, empty in `helm
+    template`): a standalone operator knows no peering, so a new peered one rolled in beside it
+    would act at once, and both would until it has gone."""
+    chart = tmp_path / "mpjob"
+    shutil.copytree(CHART, chart)
+    running = '(.Files.Get "files/running.yaml" | fromYaml)'
+    probe = f'{{{{ include "mpjob.rolls" (dict "peering" .Values.peering.enabled "running" {running}) }}}}'
+    configmap = "kind: ConfigMap\napiVersion: v1\nmetadata: {name: rolls}\n"
+    (chart / "templates/zz-rolls.yaml").write_text(configmap + f"data: {{rolls: '{probe}'}}\n")
+
+    def rolls(running: dict[str, Any] | None, *sets: str) -> bool:
+        (chart / "files/running.yaml").write_text(yaml.safe_dump(running) if running else "")
+        args = [helm, "template", "r", str(chart), "--show-only", "templates/zz-rolls.yaml"]
+        out = subprocess.run(args + [x for s in sets for x in ("--set", s)], capture_output=True, text=True, check=True)
+        return bool(yaml.safe_load(out.stdout)["data"]["rolls"])
+
+    (standalone,) = of_kind(render(helm), "Deployment")
+    (peered,) = of_kind(render(helm, "peering.enabled=true"), "Deployment")
+    assert rolls(None, "peering.enabled=true"), "a first install with peering rolls"
+    assert rolls(peered, "peering.enabled=true"), "peers hand over"
+    assert not rolls(standalone, "peering.enabled=true"), "the standalone operator would not stand by"
+    assert not rolls(peered) and not rolls(None), "peering off: never two at once"
+
+
 # ------------------------------------------------------------------ RBAC
 
 

@@ -63,6 +63,28 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/*
+Whether the operator Deployment rolls (RollingUpdate) rather than being replaced (Recreate),
+given (dict "peering" <peering.enabled> "running" <the Deployment in the cluster, or empty>).
+Peers see each other, so with peering the new operator stands by beside the old one. Not when
+the running operator is standalone (peering being turned on): it knows no peering, and both
+would act until it has gone, so it is replaced this once.
+*/}}
+{{- define "mpjob.rolls" -}}
+{{- if .peering -}}
+{{- $standalone := false -}}
+{{- range (dig "spec" "template" "spec" "containers" list .running) -}}
+{{- if eq (get . "name") "operator" -}}
+{{- $standalone = true -}}
+{{- range (get . "args" | default list) -}}
+{{- if hasPrefix "--peering=" . }}{{ $standalone = false }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $standalone }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* How long `helm test` must wait: the test job's own deadline, and its pod's start (image pull). */}}
 {{- define "mpjob.testTimeout" -}}
 {{- printf "%ds" (add (int .Values.tests.timeoutSeconds) 120) -}}
