@@ -103,6 +103,10 @@ def test_service_monitor_selects_the_metrics_service_as_job_mpjob_operator(helm:
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "metrics"
     assert {"targetLabel": "job", "replacement": "mpjob-operator"} in endpoint["relabelings"]
+    # Without the Service it would select nothing, and the operator would go unscraped.
+    args = [helm, "template", "r", str(CHART), "--set", ALL_ON[2], "--set", "metrics.service.enabled=false"]
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode != 0 and "metrics.service.enabled" in refused.stderr
 
 
 def test_pod_monitor_selects_rank0_trainer_pods(helm: str) -> None:
