@@ -243,9 +243,13 @@ class NumericGuard:
 
     def rewind(self, step: int) -> None:
         """The state was rolled back to `step` (0-based index; session.skipping): trouble, and the
-        non-finite count the guard checks, are counted from there again."""
+        non-finite count the guard checks, are counted from there again. Those of the rolled-back
+        steps are forgiven as counted now, on the device (a fault seen at a step's end, not at a
+        read, leaves some unread); a collective, as every rollback is."""
         self.consecutive_overflows = 0
-        self.forgiven = self.non_finite_losses  # those of the rolled-back steps no longer count
+        counted = all_reduce_max(self._non_finite.to(torch.float64), self.world)
+        self.forgiven = int(counted.item())  # those of the rolled-back steps no longer count
+        self._non_finite_at_read = self._non_finite.clone()  # nor are they new at the next read
         self.first_non_finite = None  # a later message names the first fault after the rollback
         self._step_index = step
         self.mark_good()

@@ -1,0 +1,81 @@
+"""A rollback forgives the non-finite losses of the steps it undoes, all of them: also those the
+guard counted on the device after its last read (a fault seen at a step's end, not at a read:
+guard.maxConsecutiveOverflows). Left counted, they came back at the next read as a new
+non-finite loss (a rollback for nothing) and, three of them, ended the precision for bad data
+that was skipped already."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from mpjob_contract.api import Guard
+from mpjob_contract.report import TerminationReport
+from mpjob_trainer import session as mpjob
+from mpjob_trainer.distributed import World
+from mpjob_trainer.guard import NumericGuard
+from tests.unit.trainer.conftest import in_process_launch, spec
+
+pytestmark = pytest.mark.unit
+
+
+def close(g: NumericGuard, step: int, loss: float) -> None:
+    """Close 1-based step `step`: an applied update unless its loss is non-finite (GradScaler)."""
+    g.begin_step()
+    g.observe_loss(torch.tensor(loss))
+    if math.isfinite(loss):
+        g.optimizer_stepped()
+    g.end_step(step, uses_scaler=True)
+
+
+def test_a_rollback_after_a_fault_between_reads_forgives_the_losses_not_read_yet() -> None:
+    g = NumericGuard(Guard(), torch.device("cpu"), World(rank=0, size=1, local_rank=0))
+    for step in range(1, 6):
+        close(g, step, 1.0)
+    g.read(None)
+    close(g, 6, 1.0)
+    close(g, 7, math.nan)  # the bad step; its fault is seen at its end, before any read
+    g.rewind(5)  # the data rung rolls back to the checkpoint at step 5
+    for step in range(6, 11):
+        close(g, step, 1.0)  # run again, the bad sample left out
+    reading = g.read(None)
+    assert reading.non_finite_losses - g.forgiven == 0
+    assert g.new_non_finite == 0 and g.healthy()
+
+
+def test_bad_data_skipped_at_overflows_does_not_end_the_precision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard = {"maxConsecutiveOverflows": 1, "maxNonFiniteLosses": 3}
+    job = spec(
+        training={"steps": 20, "batchSize": 4, "logEvery": 10},
+        precision={"mode": "fp16", "lossScale": {"init": 128.0}, "guard": guard},
+    )
+    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
+    bad = {2, 4, 6}  # each a step of its own: every one a fault, a replay and a skip before the read at 10
+    with mpjob.start(launch=launch) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        start = run.resume(model=model, optimizer=optimizer)
+
+        def one_step(i: int) -> None:
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+            if i in bad and i not in run.quarantined:  # sample i, the step's one bad one, left out
+                x[0, 0] = math.nan
+            with run.autocast():
+                loss = model(x).pow(2).mean()
+            run.backward(loss)
+            run.step(optimizer)
+
+        run.register_step(one_step, samples=lambda i: [i])
+        for i in range(start, run.total_steps):
+            one_step(i)
+            run.end_step(i + 1, samples=4)
+    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert report.reason == "Succeeded", report.message
+    assert report.skipped is not None and report.skipped.count == 3
