@@ -42,9 +42,12 @@ class ModelSetUp:
     def keep_fp32(self, model: nn.Module) -> list[str]:
         """The precision's set-up of the model: fp8 linears in fp8 attempts, then keepFp32
         module types run in fp32 under autocast (those autocast runs so already left alone);
-        returns the names of the modules wrapped."""
+        returns the names of the modules wrapped. An fp32 attempt wraps none (no autocast: they
+        run in fp32 already), unless it re-promotes in place: its model then trains on in a low
+        precision, set up as the restarted attempt's would be (the wrappers change nothing in fp32)."""
         self._convert_fp8(model)
-        if self.precision == "fp32":  # no autocast: they run in fp32 already, untouched
+        lowers = self.spec.precision.in_place and self.launch.promote_in_place_to is not None
+        if self.precision == "fp32" and not lowers:
             return []
         kept, free = self.spec.precision.keep_fp32, autocast_fp32_types(self.device)
         wrapped = keep_fp32(model, kept, self.device)
