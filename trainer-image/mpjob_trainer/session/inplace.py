@@ -175,11 +175,11 @@ class InPlace:
             self._tell(*args, **kwargs)
 
     def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int) -> None:
-        """The processes go on as the next attempt, in `target`, from step `start`: the guard and
-        the clean-step count start afresh and its re-promotion is the planner's, as a restarted
-        attempt's are."""
+        """The processes go on as the next attempt, in `target`, from step `start`: the guard, the
+        quality gate's streak and the clean-step count start afresh and its re-promotion is the
+        planner's, as a restarted attempt's are."""
         self.context.numerics.guard.restart_at(start)
-        self.cadence.trouble(start)
+        self.cadence.begin(start)
         self.cadence.repromote_after = target.repromote_after_steps
         self.promote_to = target.promote_to
         self.attempt, self.started_at = self.attempt + 1, start

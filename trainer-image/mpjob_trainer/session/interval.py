@@ -53,6 +53,8 @@ class Cadence:
         self.repromote_after = repromote_after
         #: The last step of an interval with numeric trouble (re-promotion counts clean steps from it).
         self.trouble_at = 0
+        #: Attempts begun in place in these processes (session.inplace): the quality gate's streak is one attempt's.
+        self.begun = 0
 
     @property
     def total(self) -> int:
@@ -72,6 +74,11 @@ class Cadence:
     def trouble(self, step: int) -> None:
         """The interval ending at `step` saw numeric trouble (or the attempt starts there)."""
         self.trouble_at = step
+
+    def begin(self, step: int) -> None:
+        """An attempt begins in place at `step`: its clean steps and its quality gate count from there."""
+        self.trouble(step)
+        self.begun += 1
 
     def clean_steps(self, step: int) -> int:
         return step - self.trouble_at
@@ -120,7 +127,8 @@ class IntervalWork:
         self.scales.seen(step, reading.loss_scale, checkpoint=due.checkpoint)  # before a fault ends the attempt
         fault = guard.check(step, reading, loss, read.grad_norm)
         if fault is None and due.evaluate and gate is not None:
-            fault = gate.check(step, precision=numerics.precision, metrics=self.progress.metrics, log=self.log)
+            metrics, attempt = self.progress.metrics, self.cadence.begun
+            fault = gate.check(step, precision=numerics.precision, metrics=metrics, log=self.log, attempt=attempt)
         if fault is not None:
             return fault
         return self._end_interval(step, due, reading.flag > 0, state=state, checkpoints=checkpoints)

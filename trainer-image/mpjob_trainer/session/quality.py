@@ -60,15 +60,20 @@ class QualityGate:
         self.spec = spec
         self.world = world
         self.device = device
-        self.over = 0  # evaluations in a row above maxLossDelta
+        self.over = 0  # evaluations in a row above maxLossDelta, in the attempt `_attempt`
+        self._attempt = 0
 
     def due(self, step: int) -> bool:
         return self.spec.every_steps > 0 and step % self.spec.every_steps == 0
 
     def check(
-        self, step: int, *, precision: AttemptPrecision, metrics: TrainerMetrics, log: EventLog
+        self, step: int, *, precision: AttemptPrecision, metrics: TrainerMetrics, log: EventLog, attempt: int = 0
     ) -> NumericFault | None:
-        """The gate at `step`: evaluate in the attempt's precision and in fp32, record, judge."""
+        """The gate at `step`: evaluate in the attempt's precision and in fp32, record, judge.
+        `attempt`: which attempt begun in these processes it judges (Cadence.begun); a new one
+        (a fallback in place) counts its evaluations in a row from none, as a restarted one does."""
+        if attempt != self._attempt:
+            self.over, self._attempt = 0, attempt
         evaluation = self.measure(step, precision)
         metrics.evaluated(evaluation.loss, evaluation.loss_fp32, evaluation.delta, evaluation.seconds)
         log(
