@@ -113,8 +113,9 @@ def _check(run: Session, args: TrainingArguments) -> None:
 
 
 class MpjobCallback(TrainerCallback):
-    """Closes each optimizer step in the session; losses are read from the model's outputs
-    (a forward hook keeps them on the device: no sync per step)."""
+    """Closes each optimizer step in the session; each micro-batch's loss is the one the Trainer's
+    `training_step` returns (kept on the device: no sync per step), summed over the step as the
+    Trainer's own log sums it (`steps_losses`)."""
 
     def __init__(self, bridge: FrameworkRun, samples_per_step: int, trainer: Trainer) -> None:
         self.bridge = bridge
@@ -132,10 +133,7 @@ class MpjobCallback(TrainerCallback):
         self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
         model = kw["model"]
-        self._hooks = [
-            model.register_forward_hook(self._observe),
-            model.register_forward_pre_hook(self._record, with_kwargs=True),
-        ]
+        self._hooks = [model.register_forward_pre_hook(self._record, with_kwargs=True)]
         register(self.bridge.run, self.trainer, self.recorded)
         self.bridge.checkpoint_start()
 
@@ -143,14 +141,14 @@ class MpjobCallback(TrainerCallback):
         if module.training:
             self.recorded.add(self.trainer.state.global_step, dict(kwargs))
 
-    def _observe(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
-        if module.training and isinstance(loss, torch.Tensor) and not self.recorded.replaying:
-            self._losses.append(loss.detach())
+    def observe(self, loss: torch.Tensor) -> None:
+        """A micro-batch's loss as `training_step` returned it: divided by the step's micro-batches,
+        or normalised over the whole step's items by a model given `num_items_in_batch`."""
+        self._losses.append(loss.detach())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.quarantined.take_back()  # before the session may checkpoint this step
-        loss = torch.stack(self._losses).float().mean() if self._losses else None
+        loss = torch.stack(self._losses).float().sum() if self._losses else None
         self._losses.clear()
         lr = kw["optimizer"].param_groups[0]["lr"]
         grad_norm = self.grad_norms.take()
@@ -166,14 +164,17 @@ class MpjobCallback(TrainerCallback):
         self._hooks = []
 
 
-def skip_quarantined_steps(trainer: Trainer, taken: TakenBack) -> None:
-    """The Trainer's `training_step` (an instance attribute now) runs no forward at a quarantined
-    step: it gives zero gradients, and the callback takes the update back (adapters.quarantined)."""
-    original = trainer.training_step
+def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
+    """The Trainer's `training_step` (an instance attribute now) hands the callback the loss it
+    returns, the one the Trainer logs; at a quarantined step it runs no forward: it gives zero
+    gradients, and the callback takes the update back (adapters.quarantined)."""
+    original, taken = trainer.training_step, callback.quarantined
 
     def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         if not taken.skips(trainer.state.global_step):
-            return original(model, inputs, num_items_in_batch)
+            loss = original(model, inputs, num_items_in_batch)
+            callback.observe(loss)
+            return loss
         taken.zero_gradients()
         return torch.zeros((), device=trainer.args.device)
 
@@ -277,7 +278,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
     callback = MpjobCallback(bridge, samples, trainer)
     trainer.add_callback(callback)
-    skip_quarantined_steps(trainer, callback.quarantined)
+    steps_losses(trainer, callback)
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
         return None
