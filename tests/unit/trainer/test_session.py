@@ -202,6 +202,7 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.resume(rng=Position()), "'rng' is reserved"),
         (lambda run: run.resume(model=object()), "no state_dict()"),
         (lambda run: run.end_step(1), "call run.resume(...) before the first end_step()"),
+        (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
     ],
 )
 def test_misusing_the_sdk_is_a_config_error(launch: AttemptLaunch, misuse: Any, says: str) -> None:

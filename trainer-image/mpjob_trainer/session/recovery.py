@@ -102,6 +102,8 @@ class Recovery:
     ) -> None:
         """The loop registered its step: replays and rollbacks can run it (`guard`: the settings
         the parallelism allows, sharding.Wrapper.replayable), and `reshape` changes its split."""
+        if state is None:  # the step runs on what resume() registers, and an `auto` attempt measures on it
+            raise ConfigError("call run.resume(...) before register_step(): the step trains what resume() registers")
         changes = self.in_place is not None and bool(self.in_place.splits or self.in_place.targets)
         first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or changes
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)

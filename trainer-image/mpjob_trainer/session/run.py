@@ -9,8 +9,8 @@ attempt (precision and modes, step arithmetic and guard, intervals, checkpoints,
 | (again)  | `reentering(loop)` runs it again | set-up helpers, `resume`: a sharded model wrapped anew (inplace) |
 | CLOSED   | `close()` / leaving `with`  | nothing: `close()` again returns the same exit code        |
 
-`end_step` before `resume` and a second `resume` are configuration errors. `register_step`
-in an `auto` attempt runs the PROBE mode once, then trains in the chosen precision; a
+`end_step` or `register_step` before `resume` and a second `resume` are configuration errors.
+`register_step` in an `auto` attempt runs the PROBE mode once, then trains in the chosen precision; a
 numeric fault runs the REPLAY mode inside `close`; the quality gate runs EVAL at its steps; one
 sync point per interval, none per step (session.steps)."""
 
