@@ -17,6 +17,7 @@ from mpjob_trainer.checkpoint import FRAMEWORK, CheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.guard import NumericGuard
 from tests.unit.test_images import TRAINER, lock_closure, parse, run_commands
+from tests.unit.trainer.conftest import in_process_launch, spec
 from tests.unit.trainer.test_sharding import ranks
 
 pytestmark = pytest.mark.unit
@@ -105,3 +106,33 @@ def test_framework_extras_are_pinned_installed_by_the_image_and_free_of_kubernet
     assert {"include-group": "frameworks"} in groups["dev"]
     assert groups["frameworks"] == ["mpjob-trainer[hf,lightning,fp8,s3]"]
     assert {"include-group": "tracking"} in groups["dev"] and "mpjob-trainer[mlflow]" in groups["tracking"]
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_lightning_settings_keep_a_scripts_callback_and_plugin_given_alone_or_in_a_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_list: bool
+) -> None:
+    """Lightning takes one callback (or plugin) or a list of them: mpjob's come first either way."""
+    import lightning as L
+    from lightning.pytorch.callbacks import LearningRateMonitor
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    job = spec(task={"command": ["python", "train.py"]}, precision={"mode": "bf16"})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "bf16"))
+    try:
+        mine, environment = LearningRateMonitor(), LightningEnvironment()
+        given = (
+            {"callbacks": [mine], "plugins": [environment]} if as_list else {"callbacks": mine, "plugins": environment}
+        )
+        settings = mpjob_lightning.trainer_settings(run, logger=False, **given)
+        assert [type(c) for c in settings["callbacks"]] == [mpjob_lightning.MpjobCallback, LearningRateMonitor]
+        assert settings["plugins"][-1] is environment and isinstance(
+            settings["plugins"][0], mpjob_lightning.SessionAutocast
+        )
+        trainer = L.Trainer(**settings)
+        assert mine in trainer.callbacks  # Lightning took both
+    finally:
+        run.close()

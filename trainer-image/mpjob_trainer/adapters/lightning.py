@@ -175,9 +175,14 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
         **({} if plugins else {"precision": PRECISION[mixed]}),
     }
     settings.update(kwargs)
-    settings["callbacks"] = [callback, *kwargs.get("callbacks", [])]
-    settings["plugins"] = [*plugins, *kwargs.get("plugins", [])]
+    settings["callbacks"] = [callback, *_listed(kwargs.get("callbacks"))]
+    settings["plugins"] = [*plugins, *_listed(kwargs.get("plugins"))]
     return settings
+
+
+def _listed(given: Any) -> list[Any]:
+    """Lightning's `callbacks` and `plugins`: one, or a list of them, or None."""
+    return [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
 
 
 def register(run: Session, trainer: L.Trainer, module: L.LightningModule, recorded: RecordedSteps) -> None:
