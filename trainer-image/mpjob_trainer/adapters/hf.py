@@ -122,6 +122,7 @@ class MpjobCallback(TrainerCallback):
         self.samples_per_step = samples_per_step
         self.trainer = trainer
         self._losses: list[torch.Tensor] = []
+        self._lr: float | None = None
         self._hooks: list[Any] = []
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
         self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
@@ -146,11 +147,14 @@ class MpjobCallback(TrainerCallback):
         or normalised over the whole step's items by a model given `num_items_in_batch`."""
         self._losses.append(loss.detach())
 
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._lr = kw["optimizer"].param_groups[0]["lr"]  # the step's: the schedule steps after this
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.quarantined.take_back()  # before the session may checkpoint this step
         loss = torch.stack(self._losses).float().sum() if self._losses else None
         self._losses.clear()
-        lr = kw["optimizer"].param_groups[0]["lr"]
+        lr, self._lr = self._lr, None
         grad_norm = self.grad_norms.take()
         self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr, grad_norm=grad_norm)
 
