@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from mpjob.localrun.runner import LocalRun
+from mpjob.localrun.stops import Stop
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import JobView, PodView, outcome_of, reconcile
@@ -109,8 +110,8 @@ class ScriptedRun(LocalRun):
 
     def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
         ending = self.endings.pop(0)
-        if ending == SUSPEND:  # Ctrl-C: the trainer was stopped before it wrote a report
-            self.interrupted = True
+        if ending == SUSPEND:  # Ctrl-C: the trainer was asked to stop and left before it wrote a report
+            self.ctrl_c.stop = Stop.ASKED
             return AttemptOutcome(exit_code=44)
         return outcome_of(JobView(start.index, pods=ending))
 
