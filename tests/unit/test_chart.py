@@ -601,3 +601,58 @@ def test_the_profile_key_reaches_the_operator_from_the_charts_secret(helm: str) 
     env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     ref = env["MPJOB_PROFILE_KEY"]["valueFrom"]["secretKeyRef"]
     assert (ref["name"], ref["key"]) == ("r-mpjob-profile-key", "key") and "value" not in env["MPJOB_PROFILE_KEY"]
+
+
+# ------------------------------------------------------------------ object names
+
+# The longest release name Helm accepts; the chart's full name adds "-mpjob" unless it is there.
+LONGEST_RELEASES = ["r" * 53, "mpjob-" + "r" * 47]
+# Kinds whose names are DNS labels (RFC 1035, 63 characters); every other kind the chart
+# renders takes a DNS subdomain (253) or, for RBAC objects, a path segment (held to 253 too).
+DNS_LABEL_KINDS = {"Service"}
+
+
+def test_helm_refuses_release_names_over_53_characters(helm: str) -> None:
+    result = subprocess.run([helm, "template", "r" * 54, str(CHART)], capture_output=True, text=True)
+    assert result.returncode != 0 and "53" in result.stderr
+
+
+@pytest.mark.parametrize("release", LONGEST_RELEASES)
+@pytest.mark.parametrize("watch", [[], ["watchNamespaces={a,b}"]])
+def test_every_object_name_fits_its_kind_with_the_longest_release_name(
+    helm: str, release: str, watch: list[str]
+) -> None:
+    sets = [
+        *watch,
+        "peering.enabled=true",
+        "replicaCount=2",
+        "rbac.elasticCapacity=true",
+        "admissionPolicy.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.dashboards.enabled=true",
+        "monitoring.serviceMonitor.enabled=true",
+        "monitoring.podMonitor.enabled=true",
+    ]
+    args = [helm, "template", release, str(CHART), "--namespace", "mpjob-system"]
+    args += [x for s in sets for x in ("--set", s)]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert {"Service", "ClusterRole", "Pod", "ValidatingAdmissionPolicy", "ServiceMonitor"} <= {d["kind"] for d in docs}
+    seen: set[tuple[str, str, str]] = set()
+    for doc in docs:
+        kind, meta = doc["kind"], doc["metadata"]
+        name, limit = meta["name"], 63 if doc["kind"] in DNS_LABEL_KINDS else 253
+        assert len(name) <= limit, f"{kind} {name}: {len(name)} characters, over {limit}"
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), f"{kind} {name}"
+        key = (kind, meta.get("namespace", ""), name)
+        assert key not in seen, f"two {kind}s named {name}"
+        seen.add(key)
+        for label, value in meta.get("labels", {}).items():
+            assert len(str(value)) <= 63, f"{kind} {name}: label {label}={value} over 63 characters"
+    (service,) = of_kind(docs, "Service")
+    assert service["metadata"]["name"].endswith("-metrics")
+    (monitor,) = of_kind(docs, "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    # Deterministic: the same release renders the same names.
+    again = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(again) if d] == [d["metadata"]["name"] for d in docs]

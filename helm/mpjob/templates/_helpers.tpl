@@ -12,6 +12,19 @@
 {{- end -}}
 {{- end -}}
 
+{{/*
+A name that must be a DNS label (63 characters: a Service's), made of the full name and a
+suffix, given (list . "<suffix>"). The full name is shortened, never the suffix: the same
+release always gets the same name, and it still says what the object is. The chart's other
+objects take DNS subdomains or path segments (253 characters), which the full name (at most
+63) with its suffix always fits: their names are not shortened.
+*/}}
+{{- define "mpjob.dnsLabelName" -}}
+{{- $suffix := index . 1 -}}
+{{- $base := include "mpjob.fullname" (index . 0) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base $suffix -}}
+{{- end -}}
+
 {{- define "mpjob.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "mpjob.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
