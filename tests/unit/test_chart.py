@@ -656,3 +656,39 @@ def test_every_object_name_fits_its_kind_with_the_longest_release_name(
     # Deterministic: the same release renders the same names.
     again = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     assert [d["metadata"]["name"] for d in yaml.safe_load_all(again) if d] == [d["metadata"]["name"] for d in docs]
+
+
+# ------------------------------------------------------------------ admission policy API
+
+VAP = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+
+def _template(helm: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [helm, "template", "r", str(CHART), "--set", "admissionPolicy.enabled=true", *extra]
+    return subprocess.run(args, capture_output=True, text=True)
+
+
+def test_admission_policy_on_a_cluster_without_the_api_fails_naming_the_value_and_version(helm: str) -> None:
+    result = _template(helm, "--kube-version", "1.29.0")
+    assert result.returncode != 0
+    assert "admissionPolicy.enabled" in result.stderr and "1.30" in result.stderr, result.stderr
+    # A cluster's discovery lists kinds: one that lacks the policy's fails whatever its version.
+    discovered = _template(helm, "--kube-version", "1.31.0", "--api-versions", "apps/v1/Deployment")
+    assert discovered.returncode != 0 and "admissionPolicy.enabled" in discovered.stderr
+    # Off, the chart still installs on 1.29 (its kubeVersion allows it).
+    off = subprocess.run(
+        [helm, "template", "r", str(CHART), "--kube-version", "1.29.0"], capture_output=True, text=True
+    )
+    assert off.returncode == 0, off.stderr
+
+
+def test_admission_policy_renders_where_the_api_is_served(helm: str) -> None:
+    # The API listed (as a cluster's discovery lists it), whatever the version says.
+    listed = _template(helm, "--kube-version", "1.29.0", "--api-versions", VAP)
+    assert listed.returncode == 0, listed.stderr
+    assert "kind: ValidatingAdmissionPolicy" in listed.stdout
+    # `helm template`'s defaults list API groups, not kinds: a Kubernetes version that serves it.
+    for extra in ([], ["--kube-version", "1.30.0"]):
+        result = _template(helm, *extra)
+        assert result.returncode == 0, result.stderr
+        assert "kind: ValidatingAdmissionPolicyBinding" in result.stdout
