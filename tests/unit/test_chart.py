@@ -692,3 +692,52 @@ def test_admission_policy_renders_where_the_api_is_served(helm: str) -> None:
         result = _template(helm, *extra)
         assert result.returncode == 0, result.stderr
         assert "kind: ValidatingAdmissionPolicyBinding" in result.stdout
+
+
+# ------------------------------------------------------------------ values.yaml
+
+
+def _value_comments() -> dict[str, str]:
+    """Each key of values.yaml (dotted) and the comment lines right above it or on its line."""
+    comments: dict[str, str] = {}
+    path: list[tuple[int, str]] = []
+    pending: list[str] = []
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("# "))
+            continue
+        match = re.match(r"^( *)([A-Za-z][\w.]*):(.*)$", line)
+        if not match:
+            pending = []
+            continue
+        indent, key, rest = len(match[1]), match[2], match[3]
+        path = [(i, k) for i, k in path if i < indent] + [(indent, key)]
+        inline = rest.split(" #", 1)[1].strip() if " #" in rest else ""
+        comments[".".join(k for _, k in path)] = " ".join([*pending, inline]).strip()
+        pending = []
+    return comments
+
+
+def test_values_say_what_they_do() -> None:
+    comments = _value_comments()
+    for key in [
+        "imagePullSecrets",
+        "serviceAccount.create",
+        "serviceAccount.name",
+        "serviceAccount.annotations",
+        "rbac.create",
+        "rbac.userRoles",
+        "metrics.service.enabled",
+        "metrics.service.type",
+        "metrics.service.port",
+        "metrics.service.annotations",
+        "livenessProbe",
+        "readinessProbe",
+        "operator.extraArgs",
+        "operator.extraEnv",
+    ]:
+        assert comments.get(key), f"values.yaml: {key} has no comment"
+    # rbac.create is the operator's own RBAC only: the user roles have their own switch.
+    assert "rbac.userRoles" in comments["rbac.create"]
+    assert "rbac.create" in comments["rbac.userRoles"]
