@@ -1,30 +1,68 @@
-"""Reads of the files a run's trainers leave in its folder (a worker's termination report, a
-checkpoint's manifest). Whatever runs in the trainer's processes can put anything there, so a
-read takes a regular file only (never a FIFO or a device, which would hang the runner or never
-end, nor a link, which may lead out of the folder) and at most a bounded number of its bytes."""
+"""The files of a run's folder that its trainers can reach.
+
+Reads of what they leave there (a worker's termination report, a checkpoint's manifest, worker
+0's log): whatever runs in the trainer's processes can put anything there, so a read takes a
+regular file only (never a FIFO or a device, which would hang the runner or never end, nor a
+link, which may lead out of the folder) and at most a bounded number of its bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 #: Opened without following a final link and without waiting for a FIFO's writer.
 _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+@contextlib.contextmanager
+def _regular(path: Path) -> Iterator[tuple[IO[bytes], int] | None]:
+    """The regular file `path` open for reading, with its size; None when it is missing, a link
+    or not a regular file."""
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError:
+        yield None
+        return
+    with os.fdopen(fd, "rb") as file:
+        found = os.fstat(fd)
+        yield (file, found.st_size) if stat.S_ISREG(found.st_mode) else None
 
 
 def read_regular(path: Path, most: int, *, last: bool = False) -> bytes | None:
     """At most `most` bytes of the regular file `path`: its first, or with `last` its last (as
     the kubelet keeps a termination message); None when it is missing, a link or not a regular
     file."""
-    try:
-        fd = os.open(path, _FLAGS)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as file:
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode):
+    with _regular(path) as found:
+        if found is None:
             return None
-        if last and found.st_size > most:
-            file.seek(found.st_size - most)
+        file, size = found
+        if last and size > most:
+            file.seek(size - most)
         return file.read(most)
+
+
+def regular_lines(path: Path, longest: int, most: int) -> Iterator[bytes]:
+    """The lines of the regular file `path` (none when it is missing, a link or not a regular
+    file) among its first `most` bytes; a line of more than `longest` bytes (its newline
+    included) is passed over, so no more than `longest` bytes are held at a time."""
+    with _regular(path) as found:
+        if found is None:
+            return
+        file, left = found[0], most
+        while left > 0:
+            line = file.readline(min(longest + 1, left))
+            if not line:
+                return
+            left -= len(line)
+            if len(line) <= longest:
+                yield line
+                continue
+            while not line.endswith(b"\n") and left > 0:  # the rest of the over-long line
+                line = file.readline(min(longest + 1, left))
+                if not line:
+                    return
+                left -= len(line)

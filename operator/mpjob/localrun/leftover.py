@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from mpjob.localrun.files import read_regular
+from mpjob.localrun.files import read_regular, regular_lines
 from mpjob.localrun.readings import reached
 from mpjob_contract import events
 
@@ -28,15 +28,19 @@ EVENT_LOG = "worker0.log"
 KILLED = "the local run was killed and its trainers with it; run again with the same --out to resume"
 #: The most of a manifest read (a single-file checkpoint's is a few hundred bytes).
 MAX_MANIFEST_BYTES = 64 * 1024
+#: The longest line replayed as an event; a longer one is passed over as a plain log line (what
+#: is read of the log is held a line at a time, so this bounds the memory a read takes).
+MAX_EVENT_LINE_BYTES = 1024 * 1024
+#: The most of worker 0's log replayed (lines past it are not read).
+MAX_LOG_BYTES = 64 * 1024 * 1024
 
 
 def logged_events(folder: Path) -> list[events.TrainerEvent]:
-    """The event lines of the attempt whose files are in `folder`, in the order they came."""
-    path = folder / EVENT_LOG
-    if not path.exists():
-        return []
-    with path.open(errors="replace") as lines:
-        return [event for line in lines if (event := events.parse_line(line)) is not None]
+    """The event lines of the attempt whose files are in `folder`, in the order they came: of its
+    log only a regular file (a FIFO would hang the rerun, a link may lead anywhere), read a
+    bounded line at a time within MAX_LOG_BYTES."""
+    lines = regular_lines(folder / EVENT_LOG, MAX_EVENT_LINE_BYTES, MAX_LOG_BYTES)
+    return [event for line in lines if (event := events.parse_line(line.decode(errors="replace"))) is not None]
 
 
 def attributed(

@@ -83,3 +83,39 @@ def test_what_is_not_a_regular_manifest_in_a_step_folder_is_passed_over_without_
     assert not reader.is_alive(), "reading the checkpoints waited on a FIFO"
     (ck,) = found
     assert isinstance(ck, events.Checkpoint) and ck.step == 10
+
+
+def test_a_log_that_is_not_a_regular_file_is_not_replayed_and_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO planted as worker 0's log (opened as a file it waits for a writer, and the rerun with
+    it) and a link (which may lead to /dev/zero, a line that never ends) leave nothing to replay."""
+    fifo, linked = tmp_path / "fifo", tmp_path / "linked"
+    fifo.mkdir()
+    linked.mkdir()
+    os.mkfifo(fifo / leftover.EVENT_LOG)
+    (tmp_path / "elsewhere.log").write_text(events.format_line("step", {"step": 5, "loss": 2.0}) + "\n")
+    (linked / leftover.EVENT_LOG).symlink_to(tmp_path / "elsewhere.log")
+    assert leftover.logged_events(tmp_path / "none") == []
+    found: list[object] = []
+    reader = threading.Thread(
+        target=lambda: found.extend([leftover.logged_events(fifo), leftover.logged_events(linked)]), daemon=True
+    )
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():  # let the blocked open go before failing
+        os.close(os.open(fifo / leftover.EVENT_LOG, os.O_WRONLY | os.O_NONBLOCK))
+    assert not reader.is_alive(), "reading the log waited on a FIFO"
+    assert found == [[], []]
+
+
+def test_an_over_long_line_is_passed_over_and_the_log_is_read_only_so_far(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    step = events.format_line("step", {"time": 1.0, "step": 5, "loss": 2.0})
+    huge = '{"event": "step", "step": 7, "loss": 1.0, "pad": "' + "x" * 5000 + '"}'
+    later = [events.format_line("step", {"time": 2.0, "step": n, "loss": 1.5}) for n in (9, 11)]
+    (tmp_path / leftover.EVENT_LOG).write_text("\n".join([step, huge, *later]) + "\n")
+    monkeypatch.setattr(leftover, "MAX_EVENT_LINE_BYTES", 4096)
+    assert leftover.reached_step(leftover.logged_events(tmp_path)) == 11  # step 7's line is skipped whole
+    assert [e.step for e in leftover.logged_events(tmp_path) if isinstance(e, events.Step)] == [5, 9, 11]
+    monkeypatch.setattr(leftover, "MAX_LOG_BYTES", len(step) + len(huge) + len(later[0]) + 3)
+    assert leftover.reached_step(leftover.logged_events(tmp_path)) == 9  # the last line lies past the bound
