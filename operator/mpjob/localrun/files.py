@@ -3,7 +3,10 @@
 Reads of what they leave there (a worker's termination report, a checkpoint's manifest, worker
 0's log): whatever runs in the trainer's processes can put anything there, so a read takes a
 regular file only (never a FIFO or a device, which would hang the runner or never end, nor a
-link, which may lead out of the folder) and at most a bounded number of its bytes."""
+link, which may lead out of the folder) and at most a bounded number of its bytes.
+
+Writes of the runner's own files there (the workers' logs, the report and series): a link the
+trainers planted at one of those names is replaced, never followed out of the folder."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from typing import IO
 
 #: Opened without following a final link and without waiting for a FIFO's writer.
 _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+#: Created afresh: never an entry already there (a link, a FIFO), never through a final link.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 @contextlib.contextmanager
@@ -66,3 +71,20 @@ def regular_lines(path: Path, longest: int, most: int) -> Iterator[bytes]:
                 if not line:
                     return
                 left -= len(line)
+
+
+def created(path: Path) -> int:
+    """A descriptor for writing the new, empty regular file `path`, replacing whatever entry was
+    there (a link is removed, not followed; FileExistsError when one comes back in between)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return os.open(path, _CREATE, 0o644)
+
+
+def write_replacing(path: Path, data: str) -> None:
+    """`path` holds `data`, written whole to a fresh `.tmp` beside it and renamed over it (the
+    rename replaces a link at `path` itself, never the file it leads to)."""
+    tmp = path.with_suffix(".tmp")
+    with os.fdopen(created(tmp), "w") as file:
+        file.write(data)
+    os.replace(tmp, path)

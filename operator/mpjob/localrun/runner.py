@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
+from mpjob.localrun.files import write_replacing
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached, reading_of
@@ -287,9 +288,7 @@ class LocalRun:
 
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:
-        tmp = self.paths.report.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.status.to_api(), indent=2) + "\n")
-        tmp.replace(self.paths.report)
+        write_replacing(self.paths.report, json.dumps(self.status.to_api(), indent=2) + "\n")
         self.series.save(self.paths.series)
 
     def plot(self) -> Path:

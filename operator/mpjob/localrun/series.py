@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mpjob.localrun.files import write_replacing
 from mpjob.localrun.paths import START_OVER, UnusableOut
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobStatus
@@ -134,9 +135,7 @@ class RunSeries:
             "evals": [asdict(e) for e in self.evals],
             "skips": [asdict(s) for s in self.skips],
         }
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(path)
+        write_replacing(path, json.dumps(data))
 
     @classmethod
     def load(cls, path: Path) -> RunSeries:

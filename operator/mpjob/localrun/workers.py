@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from mpjob.builders.attempt import launcher_argv
-from mpjob.localrun.files import read_regular
+from mpjob.localrun.files import created, read_regular
 from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.reconcile import JobView, PodView, outcome_of
@@ -92,7 +92,8 @@ class Workers:
         for worker in range(self.count):
             # Line-buffered: the event lines the runner copies here (worker 0's stdout) reach the
             # file as they come, so a killed runner leaves them for its rerun (`leftover`).
-            log = (self.folder / f"worker{worker}.log").open("w", buffering=1)
+            # Created afresh: a link planted at the name is replaced, never written through.
+            log = os.fdopen(created(self.folder / f"worker{worker}.log"), "w", buffering=1)
             self._logs.append(log)
             self._termination(worker).unlink(missing_ok=True)
             worker_env = {
