@@ -9,31 +9,28 @@
         trainer = Trainer(model=model, args=args, train_dataset=data)
         mpjob_hf.train(run, trainer)
 
-`training_arguments` turns the attempt into TrainingArguments (fp16/bf16 from its precision,
-fp8 as bf16 around the float8 linears (adapters.mixed), max_steps, seed, the spec's batch
-size, accumulation, learning rate and clip norm; no saving of its own). `train` gives the
-Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate
-runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on),
-keeps spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
-`Trainer.train(resume_from_checkpoint=...)` from the attempt's checkpoint. The callback
-closes each optimizer step in the session (guard, progress, checkpoint decision, SIGTERM); a
-checkpoint is the Trainer's own `checkpoint-N` folder (weights, optimizer, scheduler,
-scaler, RNG, trainer state), adopted by mpjob's store.
+`training_arguments` turns the attempt into TrainingArguments (fp16/bf16 from its precision, fp8 as bf16 around
+the float8 linears (adapters.mixed), max_steps, seed, the spec's batch size, accumulation, learning rate and
+clip norm; no saving of its own; a Trainer built with arguments that save checkpoints of their own is refused).
+`train` gives the Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate
+runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on), keeps
+spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
+`Trainer.train(resume_from_checkpoint=...)` from the attempt's checkpoint. The callback closes each optimizer
+step in the session (guard, progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own
+`checkpoint-N` folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
 
-The session runs the Trainer's step itself for the fp32 replay and the quality gate
-(adapters.replaying): a forward pre-hook keeps the last steps' inputs as the Trainer fed
-them; the step re-runs the model through the Trainer's wrapper (`model_wrapped`: DDP's
-gradient sync as in training) under the session's autocast, with the class's own forward
-(accelerate puts its autocast on the instance's forward, which would override fp32), and
+The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.replaying): a
+forward pre-hook keeps the last steps' inputs as the Trainer fed them; the step re-runs the model through the
+Trainer's wrapper (`model_wrapped`: DDP's gradient sync as in training) under the session's autocast, with the
+class's own forward (accelerate puts its autocast on the instance's forward, which would override fp32), and
 steps the Trainer's optimizer; the gate evaluates the Trainer's eval set.
 
-Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state
-back and RolledBack leaves `Trainer.train`; `train` calls it again from that checkpoint
-(transformers supports a second `train()`: accelerate keeps what it prepared, the model's
-autocast forward included, and the optimizer, scheduler, scaler and RNG are loaded from the
-checkpoint as in a new process). A quarantined step trains on nothing (adapters.quarantined):
-the Trainer draws its batches as ever (its fast-forward on resume stays a function of the
-global step), runs no forward, and the update it then makes from zero gradients is taken back.
+Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state back and
+RolledBack leaves `Trainer.train`; `train` calls it again from that checkpoint (transformers supports a second
+`train()`: accelerate keeps what it prepared, the model's autocast forward included, and the optimizer,
+scheduler, scaler and RNG are loaded from the checkpoint as in a new process). A quarantined step trains on
+nothing (adapters.quarantined): the Trainer draws its batches as ever (its fast-forward on resume stays a
+function of the global step), runs no forward, and the update it then makes from zero gradients is taken back.
 """
 
 from __future__ import annotations
@@ -102,13 +99,20 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
 
 
 def _check(run: Session, args: TrainingArguments) -> None:
-    """A Trainer built with other arguments would train in a precision the attempt does not report."""
+    """Other arguments would train in a precision the attempt does not report, or save of their own."""
     wanted = {k: v for k, v in attempt_arguments(run).items() if k in ("fp16", "bf16", "max_steps")}
     wrong = {k: getattr(args, k) for k, v in wanted.items() if getattr(args, k) != v}
     if wrong:
         raise ConfigError(
             f"the Trainer's TrainingArguments disagree with the attempt ({run.precision}, "
             f"{run.total_steps} steps): {wrong}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
+        )
+    given = args.to_dict()  # the Trainer's own checkpoints, outside mpjob's store, or ones without the optimizer:
+    saving = [f"{k}={given[k]!r}" for k in ("save_strategy", "save_only_model") if given[k] not in ("no", False)]
+    if saving:
+        raise ConfigError(
+            f"TrainingArguments({', '.join(saving)}): mpjob saves and resumes the Trainer's checkpoints itself "
+            "(spec.checkpoint); leave save_strategy='no' and save_only_model=False"
         )
 
 

@@ -1,0 +1,73 @@
+"""A framework's own settings the adapters must own: a Hugging Face Trainer given its own
+TrainingArguments that save checkpoints (its `save_strategy`, or mpjob's without the optimizer
+through `save_only_model`) is refused before it trains, naming the argument; the arguments
+that only shape those saves, logging or reporting pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mpjob_trainer.errors import ConfigError
+from tests.unit.trainer.conftest import in_process_launch, spec
+
+pytestmark = pytest.mark.unit
+
+
+class Regression(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+
+def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: bool = True, **given: Any) -> None:
+    """`train` with a Trainer built from the script's own TrainingArguments (those the attempt
+    sets, plus `given`)."""
+    from transformers import Trainer, TrainingArguments
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    job = spec(task={"command": ["python", "train.py"]})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        attempt = mpjob_hf.attempt_arguments(run)
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], **{**attempt, **given})
+        trainer = Trainer(model=Regression(), args=args)
+        if not model:
+            trainer.model = None  # stops `train` right after the arguments are checked
+        mpjob_hf.train(run, trainer)
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"save_strategy": "steps", "save_steps": 5}, "save_strategy='steps'"),
+        ({"save_strategy": "epoch"}, "save_strategy='epoch'"),
+        ({"save_only_model": True}, "save_only_model=True"),
+    ],
+)
+def test_a_trainer_that_saves_its_own_checkpoints_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _train(tmp_path, monkeypatch, **given)
+    message = str(refused.value)
+    assert named in message and "spec.checkpoint" in message and "save_strategy='no'" in message
+    assert not list(tmp_path.glob("out/checkpoint-*"))  # refused before the Trainer trained or saved
+
+
+def test_arguments_that_only_shape_saves_and_reports_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_steps, save_total_limit, load_best_model_at_end (which saves nothing without a
+    save_strategy) and report_to do not save: `train` goes past the check."""
+    given = {"save_steps": 5, "save_total_limit": 2, "load_best_model_at_end": True, "logging_steps": 3}
+    with pytest.raises(ConfigError, match="the Trainer has no model"):
+        _train(tmp_path, monkeypatch, model=False, **given)
