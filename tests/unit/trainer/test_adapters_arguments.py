@@ -1,13 +1,15 @@
 """A framework's own settings the adapters must own: a Hugging Face Trainer given its own
 TrainingArguments that save checkpoints (its `save_strategy`, or mpjob's without the optimizer
 through `save_only_model`) is refused before it trains, naming the argument; the arguments
-that only shape those saves, logging or reporting pass."""
+that only shape those saves, logging or reporting pass. Lightning's fp32 replay clips the
+gradients as its training does: by value or by norm (gradient_clip_algorithm)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 
@@ -71,3 +73,46 @@ def test_arguments_that_only_shape_saves_and_reports_pass(tmp_path: Path, monkey
     given = {"save_steps": 5, "save_total_limit": 2, "load_best_model_at_end": True, "logging_steps": 3}
     with pytest.raises(ConfigError, match="the Trainer has no model"):
         _train(tmp_path, monkeypatch, model=False, **given)
+
+
+class Linear(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y) * 100  # gradients far over the clip
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+@pytest.mark.parametrize("algorithm", ["value", "norm"])
+def test_the_lightning_replay_clips_gradients_as_training_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str
+) -> None:
+    """The replayed step clips by the Trainer's gradient_clip_algorithm and gradient_clip_val: by
+    value, SGD at lr 1 moves each weight by exactly the clip value; by norm, all of them by that much."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16) + 10)
+    job = spec(task={"command": ["python", "train.py"]}, training={"steps": 2, "batchSize": 8, "seed": 0})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        settings = mpjob_lightning.trainer_settings(
+            run, logger=False, gradient_clip_val=0.01, gradient_clip_algorithm=algorithm
+        )
+        trainer, module = L.Trainer(**settings), Linear()
+        mpjob_lightning.fit(run, trainer, module, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=8))
+        before = torch.cat([p.detach().flatten().clone() for p in module.parameters()])
+        run.run_step(1)  # the replay's step, on the batch Lightning trained step 1 on
+        moved = torch.cat([p.detach().flatten() for p in module.parameters()]) - before
+    finally:
+        run.close()
+    if algorithm == "value":
+        assert torch.allclose(moved.abs(), torch.full_like(moved, 0.01))
+    else:
+        assert float(moved.norm()) == pytest.approx(0.01, rel=1e-4)

@@ -193,21 +193,36 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
     zero_grad would drop."""
     if len(trainer.optimizers) != 1:
         return  # manual optimization with several optimizers: no one step to re-run
-    optimizer, clip = trainer.optimizers[0], trainer.gradient_clip_val
+    optimizer, clip = trainer.optimizers[0], float(trainer.gradient_clip_val or 0) or None
+    by_value = trainer.gradient_clip_algorithm == "value"  # else by norm, Lightning's default
 
     def step(index: int) -> None:
         batches = recorded.batches(index)
         weights_finite(module.parameters())
         optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients are still there
-        with recorded.paused():
+        with recorded.paused(), clipping_values(optimizer, clip if by_value else None):
             for k, batch in enumerate(batches):
                 run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
-            run.step(optimizer, clip_norm=float(clip) if clip else None)
+            run.step(optimizer, clip_norm=None if by_value else clip)
 
     weights = FrameworkWeights(module.parameters, lightning_reader(module, optimizer))
     run.register_step(step, modules=[module], weights=weights)
     if run.spec.validation.every_steps:
         run.evaluate_with(lambda: evaluate(run, trainer, module))
+
+
+@contextlib.contextmanager
+def clipping_values(optimizer: torch.optim.Optimizer, value: float | None) -> Iterator[None]:
+    """In the block, the optimizer's step first clips each gradient element to [-value, value], as
+    Lightning's `gradient_clip_algorithm="value"` does: after `run.step` unscaled them and measured
+    their norm (the reported one, before clipping), and only for a step GradScaler takes."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    clip = (lambda *_: torch.nn.utils.clip_grad_value_(params, value)) if value else (lambda *_: None)
+    hook = optimizer.register_step_pre_hook(clip)
+    try:
+        yield
+    finally:
+        hook.remove()
 
 
 def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> float:
