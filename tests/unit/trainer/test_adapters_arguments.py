@@ -6,14 +6,20 @@ gradients as its training does: by value or by norm (gradient_clip_algorithm).""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
 import torch
+import yaml
 
 from mpjob_trainer.errors import ConfigError
+from tests import warm
+from tests.helpers import NO_PLOT, run_to_end
 from tests.unit.trainer.conftest import in_process_launch, spec
 
 pytestmark = pytest.mark.unit
@@ -116,3 +122,25 @@ def test_the_lightning_replay_clips_gradients_as_training_does(
         assert torch.allclose(moved.abs(), torch.full_like(moved, 0.01))
     else:
         assert float(moved.norm()) == pytest.approx(0.01, rel=1e-4)
+
+
+@pytest.mark.process
+def test_the_hf_replay_under_ddp_steps_with_the_gradients_training_stepped_with(tmp_path: Path) -> None:
+    """A model normalising its loss over the step's items on every process (`num_items_in_batch`,
+    averaged across processes): the Trainer multiplies its loss by the world size before DDP
+    averages the gradients, and the fp32 replay of a step must too, or it steps with half of them."""
+    items = Path(__file__).with_name("hf_items_script.py")
+    job = spec(
+        task={"command": [sys.executable, str(items), str(tmp_path)]},
+        training={"steps": 3, "batchSize": 4, "learningRate": 1e-12, "gradClipNorm": 0},
+    )  # the weights stay where the replayed step found them
+    job["resources"] = {"gpusPerWorker": 0, "processesPerWorker": 2}
+    manifest = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": "items"}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({**manifest, "spec": job}))
+    command = [sys.executable, "-m", "mpjob.cli", "run", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "out")]
+    env = warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}, frameworks=True)
+    result = run_to_end([*command, *NO_PLOT], tmp_path / "out", 300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["replayed"] == pytest.approx(seen["trained"], rel=1e-5)

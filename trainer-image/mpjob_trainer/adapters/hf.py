@@ -19,11 +19,11 @@ spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
 step in the session (guard, progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own
 `checkpoint-N` folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
 
-The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.replaying): a
-forward pre-hook keeps the last steps' inputs as the Trainer fed them; the step re-runs the model through the
-Trainer's wrapper (`model_wrapped`: DDP's gradient sync as in training) under the session's autocast, with the
-class's own forward (accelerate puts its autocast on the instance's forward, which would override fp32), and
-steps the Trainer's optimizer; the gate evaluates the Trainer's eval set.
+The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.replaying): a forward
+pre-hook keeps the last steps' inputs as the Trainer fed them; the step re-runs the model through the Trainer's
+wrapper (`model_wrapped`: DDP's gradient sync as in training) under the session's autocast, with the class's own
+forward (accelerate's autocast forward would override fp32), scales a loss over all processes' items by their
+number as the Trainer does, and steps the Trainer's optimizer; the gate evaluates the Trainer's eval set.
 
 Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state back and
 RolledBack leaves `Trainer.train`; `train` calls it again from that checkpoint (transformers supports a second
@@ -46,7 +46,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
-from mpjob_trainer.adapters.accelerated import GradNorms, class_forward, use_attempt_scaler
+from mpjob_trainer.adapters.accelerated import GradNorms, class_forward, token_average_factor, use_attempt_scaler
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.reload import hf_reader
@@ -199,7 +199,7 @@ def register(run: Session, trainer: Trainer, recorded: RecordedSteps) -> None:
     `auto` attempt: accelerate fixes the precision when the Trainer is built, before any batch."""
     model, optimizer = trainer.model, getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     assert model is not None and optimizer is not None
-    clip = trainer.args.max_grad_norm
+    clip, processes = trainer.args.max_grad_norm, token_average_factor(trainer)
 
     def step(index: int) -> None:
         batches = recorded.batches(index)
@@ -209,7 +209,7 @@ def register(run: Session, trainer: Trainer, recorded: RecordedSteps) -> None:
             for inputs in batches:
                 with run.autocast():
                     loss = loss_of(trainer.model_wrapped(**inputs))
-                run.backward(loss if "num_items_in_batch" in inputs else loss / len(batches))
+                run.backward(loss * processes if "num_items_in_batch" in inputs else loss / len(batches))
             run.step(optimizer, clip_norm=clip or None)
 
     if run.launch.precision != "auto":
