@@ -119,6 +119,12 @@ FOLDS = {
         "InfraError",
         "(rank 1) was killed by SIGKILL",
     ),
+    "a rank killed from outside before the peer that lost it, whichever was reaped first": Fold(
+        [ending(0, 1, "InfraError", "gloo: Connection reset by peer", order=0), ending(1, -9, order=1)],
+        1,
+        "InfraError",
+        "(rank 1) was killed by SIGKILL",
+    ),
     "a rank that ended by itself before one that was stopped": Fold(
         [ending(0, 1, "InfraError", "gloo: closed", stopped=True, order=0), ending(1, 3, order=1)],
         1,

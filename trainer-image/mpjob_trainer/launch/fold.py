@@ -20,8 +20,9 @@ across pods too), highest first:
 A sibling the launcher stopped because another rank crashed exits 44 (it honoured SIGTERM
 and checkpointed); the crash, not the stop, explains the pod, hence InfraError > Preempted.
 Among ranks of the winning class: one that ended by itself before one the launcher stopped;
-for infrastructure failures, then the one that ended first (the cause: a sibling whose
-collective lost its peer fails a moment later); then the lowest rank (the other classes
+for infrastructure failures, then one killed by a signal from outside (the OOM killer, a kill:
+its peers' collectives fail because it is gone), then the one that ended first (the cause: a
+sibling whose collective lost its peer fails a moment later); then the lowest rank (the other classes
 are collective decisions or stops, and rank 0 writes the checkpoints).
 
 Each rank's report is read through the contract's model (`TerminationReport.parse_message`),
@@ -185,11 +186,14 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
     return PodEnding(int(code), folded)
 
 
-def _precedence(ending: RankEnding) -> tuple[int, bool, int, int]:
+def _precedence(ending: RankEnding) -> tuple[int, bool, bool, int, int]:
     """Sort key, smallest explains the pod: class (the contract's `ending_rank`), stopped or not,
-    (infra) order of ending, rank."""
-    order = ending.order if ending.outcome is Reason.INFRA_ERROR else 0
-    return (ending_rank(ending.outcome), ending.stopped, order, ending.rank)
+    (infra) killed from outside or not, order of ending, rank. A signal the launcher did not send
+    (the kernel's OOM killer, a kill) is the cause its peers' failing collectives follow; the
+    order of ending cannot say so when both had ended by the time the launcher reaped them."""
+    infra = ending.outcome is Reason.INFRA_ERROR
+    from_outside = infra and ending.returncode < 0 and not ending.stopped
+    return (ending_rank(ending.outcome), ending.stopped, not from_outside, ending.order if infra else 0, ending.rank)
 
 
 def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | None) -> TerminationReport:
