@@ -43,11 +43,9 @@ def violations(spec: Any) -> list[k8s.Violation]:
         elif schema is not None and (wrong := _wrong_type(value, schema)):
             found.append((where, wrong))
         if isinstance(value, dict):
-            properties = (schema or {}).get("properties", {})
-            below = (schema or {}).get("additionalProperties")
             for key, item in value.items():
-                known = properties.get(key, below if isinstance(below, dict) else None)
-                pending.append((f"{where}.{key}", item, None if key in KUBERNETES_TYPED else known))
+                known = None if key in KUBERNETES_TYPED else _member(schema, key)
+                pending.append((f"{where}.{key}", item, known))
         elif isinstance(value, list):
             items = (schema or {}).get("items")
             pending += [(f"{where}[{i}]", item, items) for i, item in enumerate(value)]
@@ -61,15 +59,23 @@ def without_nulls(value: Any, schema: dict[str, Any] | None = None) -> Any:
     schema = _spec_schema() if schema is None else schema
     if not isinstance(value, dict):
         return value
-    properties, below = schema.get("properties", {}), schema.get("additionalProperties")
     kept = {}
     for key, item in value.items():
-        known = properties.get(key, below if isinstance(below, dict) else None)
+        known = _member(schema, key)
         if known is None:
             kept[key] = item
         elif item is not None:
             kept[key] = without_nulls(item, known)
     return kept
+
+
+def _member(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    """The schema of a mapping's `key`: its property's, else the map's values'
+    (additionalProperties); None where the CRD names neither."""
+    properties = (schema or {}).get("properties", {})
+    below = (schema or {}).get("additionalProperties")
+    known: dict[str, Any] | None = properties.get(key, below if isinstance(below, dict) else None)
+    return known
 
 
 def _wrong_type(value: Any, schema: dict[str, Any]) -> str | None:
