@@ -60,7 +60,10 @@ def straight_final(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
 def test_interrupted_and_resumed_run_is_bit_identical(
     tmp_path: Path, precision: str, how: int, straight_final: Callable[[str], dict]
 ) -> None:
-    job = spec(precision={"mode": precision}, **LONG)
+    # Each forward pass sleeps 50 ms (an identity, no parameters: the weights are the straight run's),
+    # so the signal lands inside the run, not after it, however slow this machine is to send it.
+    args = {**spec()["task"]["args"], "stepDelay": {precision: 0.05}}
+    job = spec(precision={"mode": precision}, task={"builtin": "mlp", "args": args}, **LONG)
 
     env = launch_env(tmp_path / "cut", job, precision, ckpt=tmp_path / "cut" / "ckpt")
     (tmp_path / "cut").mkdir()
