@@ -50,27 +50,42 @@ def read_regular(path: Path, most: int, *, last: bool = False) -> bytes | None:
         return file.read(most)
 
 
-def regular_lines(path: Path, longest: int, most: int) -> Iterator[bytes]:
+def regular_lines(path: Path, longest: int, most: int, *, first: int = 0) -> Iterator[bytes]:
     """The lines of the regular file `path` (none when it is missing, a link or not a regular
-    file) among its first `most` bytes; a line of more than `longest` bytes (its newline
-    included) is passed over, so no more than `longest` bytes are held at a time."""
+    file) among at most `most` of its bytes: all of them when it has no more, else its first
+    `first` bytes and its last `most - first`, from the first line that begins in them (the lines
+    between are not read). A line of more than `longest` bytes (its newline included) is passed
+    over, so no more than `longest` bytes are held at a time."""
     with _regular(path) as found:
         if found is None:
             return
-        file, left = found[0], most
-        while left > 0:
+        file, size = found
+        if size <= most:
+            yield from _lines(file, longest, most)
+            return
+        yield from _lines(file, longest, first)
+        last = most - first
+        file.seek(size - last - 1)  # the byte before the last ones: is a line begun there?
+        yield from _lines(file, longest, last, cut=file.read(1) != b"\n")
+
+
+def _lines(file: IO[bytes], longest: int, left: int, *, cut: bool = False) -> Iterator[bytes]:
+    """The lines among the next `left` bytes of `file`, a line over `longest` bytes passed over;
+    with `cut`, its first piece too (the end of a line begun before them)."""
+    while left > 0:
+        line = file.readline(min(longest + 1, left))
+        if not line:
+            return
+        left -= len(line)
+        if len(line) <= longest and not cut:
+            yield line
+            continue
+        cut = False
+        while not line.endswith(b"\n") and left > 0:  # the rest of the line passed over
             line = file.readline(min(longest + 1, left))
             if not line:
                 return
             left -= len(line)
-            if len(line) <= longest:
-                yield line
-                continue
-            while not line.endswith(b"\n") and left > 0:  # the rest of the over-long line
-                line = file.readline(min(longest + 1, left))
-                if not line:
-                    return
-                left -= len(line)
 
 
 def created(path: Path) -> int:

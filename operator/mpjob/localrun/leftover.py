@@ -31,15 +31,18 @@ MAX_MANIFEST_BYTES = 64 * 1024
 #: The longest line replayed as an event; a longer one is passed over as a plain log line (what
 #: is read of the log is held a line at a time, so this bounds the memory a read takes).
 MAX_EVENT_LINE_BYTES = 1024 * 1024
-#: The most of worker 0's log replayed (lines past it are not read).
+#: The most of worker 0's log replayed: of a longer one, its first MAX_LOG_HEAD_BYTES (where the
+#: attempt began) and its newest lines (where it got to); the lines between are not read.
 MAX_LOG_BYTES = 64 * 1024 * 1024
+MAX_LOG_HEAD_BYTES = 1024 * 1024
 
 
 def logged_events(folder: Path) -> list[events.TrainerEvent]:
     """The event lines of the attempt whose files are in `folder`, in the order they came: of its
     log only a regular file (a FIFO would hang the rerun, a link may lead anywhere), read a
-    bounded line at a time within MAX_LOG_BYTES."""
-    lines = regular_lines(folder / EVENT_LOG, MAX_EVENT_LINE_BYTES, MAX_LOG_BYTES)
+    bounded line at a time within MAX_LOG_BYTES, its start and its newest lines (a change of
+    precision in place logged between them is not seen)."""
+    lines = regular_lines(folder / EVENT_LOG, MAX_EVENT_LINE_BYTES, MAX_LOG_BYTES, first=MAX_LOG_HEAD_BYTES)
     return [event for line in lines if (event := events.parse_line(line.decode(errors="replace"))) is not None]
 
 

@@ -107,9 +107,7 @@ def test_a_log_that_is_not_a_regular_file_is_not_replayed_and_not_waited_on(tmp_
     assert found == [[], []]
 
 
-def test_an_over_long_line_is_passed_over_and_the_log_is_read_only_so_far(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_over_long_line_is_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     step = events.format_line("step", {"time": 1.0, "step": 5, "loss": 2.0})
     huge = '{"event": "step", "step": 7, "loss": 1.0, "pad": "' + "x" * 5000 + '"}'
     later = [events.format_line("step", {"time": 2.0, "step": n, "loss": 1.5}) for n in (9, 11)]
@@ -117,5 +115,30 @@ def test_an_over_long_line_is_passed_over_and_the_log_is_read_only_so_far(
     monkeypatch.setattr(leftover, "MAX_EVENT_LINE_BYTES", 4096)
     assert leftover.reached_step(leftover.logged_events(tmp_path)) == 11  # step 7's line is skipped whole
     assert [e.step for e in leftover.logged_events(tmp_path) if isinstance(e, events.Step)] == [5, 9, 11]
-    monkeypatch.setattr(leftover, "MAX_LOG_BYTES", len(step) + len(huge) + len(later[0]) + 3)
-    assert leftover.reached_step(leftover.logged_events(tmp_path)) == 9  # the last line lies past the bound
+
+
+def long_log(folder: Path, last: int) -> tuple[str, list[str]]:
+    """A log whose attempt resumed at step 20 and trained to `last`, a checkpoint at its end."""
+    begun = events.format_line("resume", {"step": 20, "path": "/c/step-20", "sha256": "ab", "fromPrecision": "bf16"})
+    steps = [events.format_line("step", {"step": n, "loss": 2.0}) for n in range(21, last + 1)]
+    saved = events.format_line(
+        "checkpoint",
+        {"step": last, "path": f"/c/step-{last}", "sha256": "cd", "bytes": 9, "seconds": 0.1, "async": False},
+    )
+    lines = [begun + "\n", *(line + "\n" for line in steps), saved + "\n"]
+    (folder / leftover.EVENT_LOG).write_text("".join(lines))
+    return lines[0], lines[-3:]
+
+
+@pytest.mark.parametrize("cut", [0, 5], ids=["at-a-line-start", "inside-a-line"])
+def test_a_log_over_the_bound_is_read_at_its_start_and_its_newest_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: int
+) -> None:
+    first, newest = long_log(tmp_path, 500)
+    monkeypatch.setattr(leftover, "MAX_LOG_HEAD_BYTES", len(first))
+    monkeypatch.setattr(leftover, "MAX_LOG_BYTES", len(first) + len("".join(newest)) + cut)
+    assert (tmp_path / leftover.EVENT_LOG).stat().st_size > leftover.MAX_LOG_BYTES
+    logged = leftover.logged_events(tmp_path)
+    assert [type(e).__name__ for e in logged] == ["Resume", "Step", "Step", "Checkpoint"]  # no piece of a line
+    assert logged[0].step == 20 and [e.step for e in logged[1:]] == [499, 500, 500]
+    assert leftover.reached_step(logged) == 500
