@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +17,9 @@ from mpjob_contract import events
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from tests import warm
+
+if TYPE_CHECKING:  # launcher_pods reads the trainer's events with `parse`, below
+    from tests.unit.trainer.launcher_pods import Pod
 
 
 def spec(**over: Any) -> dict[str, Any]:
@@ -134,3 +138,22 @@ def in_process_launch(
 @pytest.fixture
 def trainer_spec() -> Any:
     return spec
+
+
+@pytest.fixture
+def pods() -> Iterator[Callable[..., Pod]]:
+    """Start launchers (`launcher_pods.launch`); any still running at the end is SIGKILLed (its
+    ranks die with it)."""
+    from tests.unit.trainer.launcher_pods import launch
+
+    started: list[Pod] = []
+
+    def start(*args: Any, **kw: Any) -> Pod:
+        started.append(launch(*args, **kw))
+        return started[-1]
+
+    yield start
+    for pod in started:
+        if pod.proc.poll() is None:
+            pod.proc.kill()
+            pod.proc.wait()

@@ -24,12 +24,11 @@ from mpjob_trainer.launch import LaunchConfigError, RankEnding, fold_endings, pa
 from mpjob_trainer.launch.exits import RankExit
 from mpjob_trainer.launch.fold import rank_ending
 from tests.helpers import free_port, wait_for
-from tests.unit.trainer.conftest import launch_env, parse, spec
+from tests.unit.trainer.conftest import launch_env, spec
+from tests.unit.trainer.launcher_pods import Pod, stand_ins
 
 pytestmark = pytest.mark.unit
 
-LAUNCHER = Path(sys.executable).with_name("mpjob-launch")
-RANK_SCRIPT = Path(__file__).with_name("launcher_scripts") / "rank.py"
 TRAINER = [sys.executable, "-m", "mpjob_trainer"]
 
 
@@ -244,61 +243,6 @@ def test_the_launchers_start_path_imports_no_pydantic_and_no_torch() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
-
-
-@dataclass
-class Pod:
-    """One launcher run: its process, stdout/stderr files and the pod's termination report."""
-
-    proc: subprocess.Popen[bytes]
-    folder: Path
-
-    def wait(self, timeout: float) -> tuple[int, TerminationReport | None]:
-        code = self.proc.wait(timeout=timeout)
-        path = self.folder / "pod.json"
-        return code, TerminationReport.parse_message(path.read_text()) if path.exists() else None
-
-    @property
-    def stderr(self) -> str:
-        return (self.folder / "stderr").read_text()
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return parse((self.folder / "stdout").read_text())
-
-    def child_pid(self, rank: int) -> int:
-        found = re.search(rf"rank {rank} \(local \d+, world \d+\) started: pid (\d+)", self.stderr)
-        assert found, self.stderr
-        return int(found.group(1))
-
-
-def launch(folder: Path, flags: list[str], command: list[str], env: dict[str, str] | None = None) -> Pod:
-    folder.mkdir(parents=True, exist_ok=True)
-    env = dict(env or os.environ)
-    env.setdefault("MPJOB_TERMINATION_LOG", str(folder / "pod.json"))
-    with (folder / "stdout").open("wb") as out, (folder / "stderr").open("wb") as err:
-        proc = subprocess.Popen([str(LAUNCHER), *flags, "--", *command], env=env, stdout=out, stderr=err)
-    return Pod(proc, folder)
-
-
-@pytest.fixture
-def pods() -> Any:
-    """Start launchers; any still running at the end is SIGKILLed (its ranks die with it)."""
-    started: list[Pod] = []
-
-    def start(*args: Any, **kw: Any) -> Pod:
-        started.append(launch(*args, **kw))
-        return started[-1]
-
-    yield start
-    for pod in started:
-        if pod.proc.poll() is None:
-            pod.proc.kill()
-            pod.proc.wait()
-
-
-def stand_ins(tmp: Path, *behaviours: str) -> list[str]:
-    return [sys.executable, str(RANK_SCRIPT), str(tmp), *behaviours]
 
 
 def test_each_rank_gets_torchruns_environment(tmp_path: Path, pods: Any) -> None:
