@@ -15,23 +15,27 @@ has the whole story.
 Parts: `signals` (the inbox, installed first), `plan` (flags and env -> LaunchPlan, each
 rank's env), `supervise` (processes and signals), `tee` (each rank's stderr and its tail),
 `exits` (how ranks ended; a lone rank's own ending passed through), `fold` (pure: endings ->
-the pod's code and report). The start path is the standard library and the contract's
-light modules only: pydantic is imported when a report must be built (`fold`), torch never.
+the pod's code and report), `provisional` (the pod's report while its ranks stop, which a pod
+killed before they end leaves), `reports` (where the ranks write theirs). The start path is
+the standard library and the contract's light modules only: pydantic is imported when a
+report must be built (`fold`), torch never.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, TERMINATION_LOG_ENV
 from mpjob_trainer.launch.exits import Passthrough, RankExit, passthrough
 from mpjob_trainer.launch.plan import LaunchConfigError, LaunchPlan, parse_plan
+from mpjob_trainer.launch.provisional import provisional_message
+from mpjob_trainer.launch.reports import private_folder
 from mpjob_trainer.launch.signals import Inbox, say, signal_inbox
-from mpjob_trainer.launch.supervise import Supervisor, private_folder
+from mpjob_trainer.launch.supervise import Supervisor
 
 if TYPE_CHECKING:
     from mpjob_trainer.launch.fold import PodEnding, RankEnding, fold_endings
@@ -64,7 +68,7 @@ def _launch(argv: Sequence[str], inbox: Inbox) -> int:
         return _made(Reason.CONFIG_ERROR, ExitCode.CONFIG_ERROR, f"mpjob-launch: {exc}", report_path)
     try:
         with private_folder() as folder:
-            exits = Supervisor(plan, env, folder, inbox).run()
+            exits = Supervisor(plan, env, folder, inbox, on_stopping=_provisional(report_path)).run()
     except Exception as exc:  # the launcher's own failure: still one code and one report
         import traceback
 
@@ -75,6 +79,15 @@ def _launch(argv: Sequence[str], inbox: Inbox) -> int:
     if direct is not None:
         return _pass(direct, report_path)
     return _folded(exits, report_path)
+
+
+def _provisional(report_path: str) -> Callable[[Sequence[RankExit], int, str], None]:
+    """What the pod's report says while its ranks stop, until the fold replaces it."""
+
+    def write(so_far: Sequence[RankExit], ended: int, why: str) -> None:
+        _write(report_path, provisional_message(so_far, ended, why))
+
+    return write
 
 
 def _pass(ending: Passthrough, report_path: str) -> int:

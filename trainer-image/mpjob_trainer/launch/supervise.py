@@ -22,20 +22,18 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_trainer.launch.exits import RankExit, StartError, how
 from mpjob_trainer.launch.plan import LaunchPlan
+from mpjob_trainer.launch.reports import read_report
 from mpjob_trainer.launch.signals import FORWARDED, Inbox, received, say, stop_received
 from mpjob_trainer.launch.spawn import spawn
 from mpjob_trainer.launch.tee import Tee
 
 #: How long the siblings of a failed rank get to end by themselves before SIGTERM.
 SETTLE_SECONDS = 1.0
-#: A rank's termination report is read up to this size (the contract's is 3 KiB): a rank
-#: cannot make the launcher read an unbounded file.
-_REPORT_READ_BYTES = 16 << 10
 
 
 class LocalRank:
@@ -56,48 +54,26 @@ class LocalRank:
 
     def ending(self) -> RankExit:
         assert self.returncode is not None
+        return self._exit(self.returncode, self.stopped, self.order)
+
+    def ending_if_killed(self, order: int) -> RankExit:
+        """Its ending so far: as it ended, or, still running, as it ends if SIGKILL ends it now
+        (with the launcher: PR_SET_PDEATHSIG), stopped from outside, never the cause."""
+        if self.returncode is not None:
+            return self.ending()
+        return self._exit(-signal.SIGKILL, True, order)
+
+    def _exit(self, returncode: int, stopped: bool, order: int) -> RankExit:
         return RankExit(
             self.local_rank,
             self.rank,
-            self.returncode,
-            report_text=None if self.start_error is not None else _read_report(self.report_path),
-            stopped=self.stopped,
-            order=self.order,
+            returncode,
+            report_text=None if self.start_error is not None else read_report(self.report_path),
+            stopped=stopped,
+            order=order,
             stderr_tail=self.tee.tail.text() if self.tee is not None else "",
             start_error=self.start_error,
         )
-
-
-def _read_report(path: str) -> str | None:
-    try:
-        with open(path, "rb") as file:
-            return file.read(_REPORT_READ_BYTES).decode("utf-8", errors="replace")
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def private_folder() -> Iterator[str]:
-    """A new folder of mode 0700 under $TMPDIR for the ranks' reports, removed afterwards (what
-    tempfile.TemporaryDirectory does, without its imports on the start path)."""
-    base = os.environ.get("TMPDIR") or "/tmp"
-    for attempt in range(100):
-        path = os.path.join(base, f"mpjob-launch-{os.getpid()}-{attempt}")
-        try:
-            os.mkdir(path, 0o700)  # never follows a link: a name taken by anyone is skipped
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"no free name for the launcher's folder under {base}")
-    try:
-        yield path
-    finally:
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(path):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-            os.rmdir(path)
 
 
 def _send(pid: int, sig: signal.Signals, *, group: bool = False) -> None:
@@ -134,18 +110,34 @@ class Supervisor:
     they write their reports), then SIGTERM (the trainer checkpoints and exits 44), then
     SIGKILL once the plan's grace period has passed. After an outside SIGTERM/SIGINT the
     launcher sets no deadline of its own: the sender (kubelet) owns it.
+
+    From the moment it begins stopping ranks (either way) until they have all ended, it hands
+    `on_stopping` their endings so far (`LocalRank.ending_if_killed`), how many have ended and
+    why it stops, again each time one more has ended (launch.provisional).
     """
 
-    def __init__(self, plan: LaunchPlan, env: Mapping[str, str], report_dir: str, inbox: Inbox) -> None:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        env: Mapping[str, str],
+        report_dir: str,
+        inbox: Inbox,
+        on_stopping: Callable[[Sequence[RankExit], int, str], None] | None = None,
+    ) -> None:
         self.plan = plan
         self.env = env
         self.inbox = inbox
+        self.on_stopping = on_stopping
         self.ranks = [
             LocalRank(i, plan.global_rank(i), os.path.join(report_dir, f"rank-{plan.global_rank(i)}.json"))
             for i in range(plan.nproc)
         ]
         self.told_to_stop = False
         self.failed: LocalRank | None = None
+        #: Why the launcher stops its ranks (None: it does not), and how many had ended when it
+        #: last handed their endings to `on_stopping` (None: not yet).
+        self.stopping: str | None = None
+        self.told_at: int | None = None
         #: Sibling stop deadlines (time.monotonic()): SIGTERM at term_at, SIGKILL at kill_at.
         self.term_at: float | None = None
         self.kill_at: float | None = None
@@ -166,6 +158,7 @@ class Supervisor:
                 self._stop_siblings_on_time()
                 if not self._running():
                     break
+                self._tell_stopping()
                 for signum in self._wait():
                     self._forward(signum)
         finally:
@@ -175,6 +168,14 @@ class Supervisor:
 
     def _running(self) -> list[LocalRank]:
         return [rank for rank in self.ranks if rank.running]
+
+    def _tell_stopping(self) -> None:
+        """While ranks are being stopped: their endings so far, when more have ended than last told."""
+        ended = sum(rank.returncode is not None for rank in self.ranks)
+        if self.stopping is None or self.on_stopping is None or ended == self.told_at:
+            return
+        self.told_at = ended
+        self.on_stopping([rank.ending_if_killed(ended) for rank in self.ranks], ended, self.stopping)
 
     def _start_all(self) -> None:
         for rank in self.ranks:
@@ -209,6 +210,7 @@ class Supervisor:
             return  # SIGCHLD: the next reap picks the ending up
         sig = signal.Signals(signum)
         self.told_to_stop = True
+        self.stopping = self.stopping or f"{sig.name} received"
         running = self._running()
         say(f"{sig.name} received: passing it on to {len(running)} running local rank(s)")
         for rank in running:
@@ -237,6 +239,7 @@ class Supervisor:
         self.failed = next((r for r in self.ranks if r.returncode not in (None, 0)), None)
         if self.failed is None or not self._running():
             return
+        self.stopping = f"rank {self.failed.rank} failed"
         settle = min(SETTLE_SECONDS, self.plan.grace_seconds)
         self.term_at = time.monotonic() + settle
         say(f"rank {self.failed.rank} failed: SIGTERM to the others if still running in {settle:g}s")

@@ -3,7 +3,7 @@
 Standard library only (starts in milliseconds). Every behaviour first writes OUT/ready-<RANK>
 (its pid) so a test can wait for it. Behaviours:
   env           dump the environment to OUT/env-<RANK>.json and exit 0
-  wait          wait for SIGTERM, then write a Preempted report and exit 44
+  wait          wait for SIGTERM, then write a Preempted report (step 7, its checkpoint) and exit 44
   stubborn      ignore SIGTERM and wait forever (the launcher must SIGKILL it)
   config-error  write a ConfigError report and exit 43
   exit:N        exit N without a report
@@ -44,7 +44,8 @@ def main() -> int:
 
 
 def preempted(rank: str) -> int:
-    report("Preempted", f"rank {rank} stopped", step=7)
+    checkpoint = {"step": 7, "path": "/ckpt/step-7", "sha256": "ab", "precision": "fp32"}
+    report("Preempted", f"rank {rank} stopped", step=7, lastGoodCheckpoint=checkpoint)
     return 44
 
 
