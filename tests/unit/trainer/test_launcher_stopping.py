@@ -5,6 +5,7 @@ message, true as it stands; the fold replaces it when the ranks end."""
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,15 @@ def test_killed_before_any_rank_ended_the_pod_says_it_was_stopping_and_claims_no
     assert outcome.report is None and outcome.platform_reason == Reason.DELETED and outcome.message == text
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux only")
 def test_killed_after_a_rank_checkpointed_the_pod_reports_its_step_and_checkpoint(tmp_path: Path, pods: Any) -> None:
     pod = pods(tmp_path, ["--nproc-per-worker", "2", *GRACE], stand_ins(tmp_path, "wait", "stubborn"))
     ready(tmp_path, 0, 1)
     pod.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: report_saying(pod, "InfraError"), 30, message="the report once rank 0 ended")
     report = TerminationReport.parse_message(left(pod))
+    stubborn = Path(f"/proc/{(tmp_path / 'ready-1').read_text()}")
+    wait_for(lambda: not stubborn.exists(), 10, message="rank 1 killed with the launcher, as the report says")
     assert report is not None and report.reason == "InfraError"  # rank 1 never ended: killed with the pod
     assert report.step == 7 and report.last_good_checkpoint is not None and report.last_good_checkpoint.step == 7
     assert "[rank 0 exited 44, rank 1 was killed by SIGKILL] (SIGTERM received; " + PROVISIONAL in report.message
