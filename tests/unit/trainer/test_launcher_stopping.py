@@ -62,13 +62,19 @@ def test_killed_after_a_rank_checkpointed_the_pod_reports_its_step_and_checkpoin
     pod = pods(tmp_path, ["--nproc-per-worker", "2", *GRACE], stand_ins(tmp_path, "wait", "stubborn"))
     ready(tmp_path, 0, 1)
     pod.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: report_saying(pod, "InfraError"), 30, message="the report once rank 0 ended")
-    report = TerminationReport.parse_message(left(pod))
+    wait_for(lambda: report_saying(pod, "Preempted"), 30, message="the report once rank 0 ended")
+    left_text = left(pod)
+    report = TerminationReport.parse_message(left_text)
     stubborn = Path(f"/proc/{(tmp_path / 'ready-1').read_text()}")
-    wait_for(lambda: not stubborn.exists(), 10, message="rank 1 killed with the launcher, as the report says")
-    assert report is not None and report.reason == "InfraError"  # rank 1 never ended: killed with the pod
+    wait_for(lambda: not stubborn.exists(), 10, message="rank 1 killed with the launcher")
+    # Rank 1 still had grace left: a stop, not a crash, so a crashed sibling pod still explains the attempt.
+    assert report is not None and report.reason == "Preempted"
     assert report.step == 7 and report.last_good_checkpoint is not None and report.last_good_checkpoint.step == 7
-    assert "[rank 0 exited 44, rank 1 was killed by SIGKILL] (SIGTERM received; " + PROVISIONAL in report.message
+    assert "(SIGTERM received; " + PROVISIONAL + ": 1 of 2 rank(s) still stopping then)" in report.message
+    cut = PodView("pod-0", 0, "Failed", alive=False, exit_code=137, termination_message=left_text, deleting=True)
+    crashed = PodView("pod-1", 1, "Failed", alive=False, exit_code=1, termination_message="Segmentation fault")
+    outcome = outcome_of(JobView(index=0, pods=(cut, crashed)))
+    assert outcome.exit_code == 1 and outcome.message == "Segmentation fault"
 
 
 def test_killed_while_the_sibling_of_a_failed_rank_stops_the_pod_reports_the_failure(tmp_path: Path, pods: Any) -> None:
@@ -76,8 +82,8 @@ def test_killed_while_the_sibling_of_a_failed_rank_stops_the_pod_reports_the_fai
     wait_for(lambda: report_saying(pod, "ConfigError"), 30, message="the report once rank 1 failed")
     report = TerminationReport.parse_message(left(pod))
     assert report is not None and report.reason == "ConfigError"
-    assert report.message.startswith("rank 1: rank 1: cannot read its data shard")
-    assert "(rank 1 failed; " + PROVISIONAL in report.message
+    assert report.message.startswith("rank 1: cannot read its data shard")
+    assert "(rank 1 failed; " + PROVISIONAL + ": 1 of 2 rank(s) still stopping then)" in report.message
 
 
 def test_the_fold_replaces_the_provisional_report_when_the_ranks_end(tmp_path: Path, pods: Any) -> None:

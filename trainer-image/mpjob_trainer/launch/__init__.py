@@ -84,8 +84,8 @@ def _launch(argv: Sequence[str], inbox: Inbox) -> int:
 def _provisional(report_path: str) -> Callable[[Sequence[RankExit], int, str], None]:
     """What the pod's report says while its ranks stop, until the fold replaces it."""
 
-    def write(so_far: Sequence[RankExit], ended: int, why: str) -> None:
-        _write(report_path, provisional_message(so_far, ended, why))
+    def write(ended: Sequence[RankExit], ranks: int, why: str) -> None:
+        _write(report_path, provisional_message(ended, ranks, why))
 
     return write
 

@@ -56,13 +56,6 @@ class LocalRank:
         assert self.returncode is not None
         return self._exit(self.returncode, self.stopped, self.order)
 
-    def ending_if_killed(self, order: int) -> RankExit:
-        """Its ending so far: as it ended, or, still running, as it ends if SIGKILL ends it now
-        (with the launcher: PR_SET_PDEATHSIG), stopped from outside, never the cause."""
-        if self.returncode is not None:
-            return self.ending()
-        return self._exit(-signal.SIGKILL, True, order)
-
     def _exit(self, returncode: int, stopped: bool, order: int) -> RankExit:
         return RankExit(
             self.local_rank,
@@ -112,8 +105,8 @@ class Supervisor:
     launcher sets no deadline of its own: the sender (kubelet) owns it.
 
     From the moment it begins stopping ranks (either way) until they have all ended, it hands
-    `on_stopping` their endings so far (`LocalRank.ending_if_killed`), how many have ended and
-    why it stops, again each time one more has ended (launch.provisional).
+    `on_stopping` the endings of those that have ended, how many ranks it has and why it stops,
+    again each time one more has ended (launch.provisional).
     """
 
     def __init__(
@@ -175,7 +168,9 @@ class Supervisor:
         if self.stopping is None or self.on_stopping is None or ended == self.told_at:
             return
         self.told_at = ended
-        self.on_stopping([rank.ending_if_killed(ended) for rank in self.ranks], ended, self.stopping)
+        self.on_stopping(
+            [rank.ending() for rank in self.ranks if rank.returncode is not None], len(self.ranks), self.stopping
+        )
 
     def _start_all(self) -> None:
         for rank in self.ranks:
