@@ -19,7 +19,7 @@ spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
 step in the session (guard, progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own
 `checkpoint-N` folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
 
-The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.replaying): a forward
+The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.hf_step): a forward
 pre-hook keeps the last steps' inputs as the Trainer fed them; the step re-runs the model through the Trainer's
 wrapper (`model_wrapped`: DDP's gradient sync as in training) under the session's autocast, with the class's own
 forward (accelerate's autocast forward would override fp32), scales a loss over all processes' items by their
@@ -35,7 +35,6 @@ function of the global step), runs no forward, and the update it then makes from
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 from pathlib import Path
@@ -46,11 +45,11 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
-from mpjob_trainer.adapters.accelerated import GradNorms, class_forward, token_average_factor, use_attempt_scaler
+from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
+from mpjob_trainer.adapters.hf_step import register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.reload import hf_reader
-from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, loss_of, steps_to_keep, weights_finite
+from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
@@ -192,49 +191,6 @@ def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
 def _optimizers(trainer: Trainer) -> list[torch.optim.Optimizer]:
     optimizer = trainer.optimizer
     return [getattr(optimizer, "optimizer", optimizer)] if optimizer is not None else []
-
-
-def register(run: Session, trainer: Trainer, recorded: RecordedSteps) -> None:
-    """Give the session the Trainer's step (fp32 replay) and evaluation (quality gate). Not in an
-    `auto` attempt: accelerate fixes the precision when the Trainer is built, before any batch."""
-    model, optimizer = trainer.model, getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    assert model is not None and optimizer is not None
-    clip, processes = trainer.args.max_grad_norm, token_average_factor(trainer)
-
-    def step(index: int) -> None:
-        batches = recorded.batches(index)
-        weights_finite(model.parameters())
-        optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients may still be there
-        with recorded.paused(), class_forward(model):
-            for inputs in batches:
-                with run.autocast():
-                    loss = loss_of(trainer.model_wrapped(**inputs))
-                run.backward(loss * processes if "num_items_in_batch" in inputs else loss / len(batches))
-            run.step(optimizer, clip_norm=clip or None)
-
-    if run.launch.precision != "auto":
-        run.register_step(step, weights=FrameworkWeights(model.parameters, hf_reader(model, optimizer)))
-    if run.spec.validation.every_steps:
-        if trainer.eval_dataset is None:
-            raise ConfigError("validation.everySteps is set but the Trainer has no eval_dataset")
-        run.evaluate_with(lambda: evaluate(run, trainer))
-
-
-def evaluate(run: Session, trainer: Trainer) -> float:
-    """Mean loss over the first validation.batches batches of the Trainer's eval set, under the
-    session's autocast (the gate runs it in the attempt's precision and in fp32)."""
-    model = trainer.model
-    assert model is not None
-    model.eval()
-    try:
-        losses = []
-        with class_forward(model):
-            for inputs in itertools.islice(trainer.get_eval_dataloader(), run.spec.validation.batches):
-                with run.autocast():
-                    losses.append(float(loss_of(model(**inputs))))
-    finally:
-        model.train()
-    return sum(losses) / max(1, len(losses))
 
 
 def _writer(trainer: Trainer) -> Any:
