@@ -57,12 +57,3 @@ def class_forward(model: torch.nn.Module) -> Iterator[None]:
     finally:
         if patched is not None:
             model.forward = patched
-
-
-def token_average_factor(trainer: Any) -> int:
-    """What the Trainer multiplies a loss normalised over the step's items (`num_items_in_batch`,
-    counted over every process with `average_tokens_across_devices`) by before backward: the
-    processes whose gradients DDP then averages (tensor-parallel ranks share their batch)."""
-    if not trainer.args.average_tokens_across_devices:
-        return 1
-    return int(trainer.accelerator.num_processes // trainer.get_tp_size())

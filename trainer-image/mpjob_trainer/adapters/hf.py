@@ -19,11 +19,12 @@ spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
 step in the session (guard, progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own
 `checkpoint-N` folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
 
-The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.hf_step): a forward
-pre-hook keeps the last steps' inputs as the Trainer fed them; the step re-runs the model through the Trainer's
-wrapper (`model_wrapped`: DDP's gradient sync as in training) under the session's autocast, with the class's own
-forward (accelerate's autocast forward would override fp32), scales a loss over all processes' items by their
-number as the Trainer does, and steps the Trainer's optimizer; the gate evaluates the Trainer's eval set.
+The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.hf_step): the
+Trainer's `compute_loss` keeps the last steps' calls as the Trainer made them; the step makes them again (the
+Trainer's own loss: its compute_loss_func, label smoother or a subclass's override) through the Trainer's wrapper
+(`model_wrapped`: DDP's gradient sync as in training) under the session's autocast, with the class's own forward
+(accelerate's autocast forward would override fp32), scales for accumulation as the Trainer does, and steps the
+Trainer's optimizer; the gate evaluates the Trainer's eval set.
 
 Bad data (guard.onBadData skip) and loss spikes (guard.spike): the session rolls its own state back and
 RolledBack leaves `Trainer.train`; `train` calls it again from that checkpoint (transformers supports a second
@@ -46,7 +47,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
-from mpjob_trainer.adapters.hf_step import register
+from mpjob_trainer.adapters.hf_step import TrainerLosses, register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
@@ -126,24 +127,17 @@ class MpjobCallback(TrainerCallback):
         self.trainer = trainer
         self._losses: list[torch.Tensor] = []
         self._lr: float | None = None
-        self._hooks: list[Any] = []
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
+        self.losses = TrainerLosses(trainer, self.recorded)
         self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
         self.grad_norms = GradNorms(trainer.accelerator)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.detach()  # a re-entry after a rollback: what the left loop held is gone
-        self._losses.clear()
+        self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
         self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
-        model = kw["model"]
-        self._hooks = [model.register_forward_pre_hook(self._record, with_kwargs=True)]
-        register(self.bridge.run, self.trainer, self.recorded)
+        register(self.bridge.run, self.trainer, self.losses)
         self.bridge.checkpoint_start()
-
-    def _record(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        if module.training:
-            self.recorded.add(self.trainer.state.global_step, dict(kwargs))
 
     def observe(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss as `training_step` returned it: divided by the step's micro-batches,
@@ -160,15 +154,6 @@ class MpjobCallback(TrainerCallback):
         lr, self._lr = self._lr, None
         grad_norm = self.grad_norms.take()
         self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr, grad_norm=grad_norm)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.detach()
-
-    def detach(self) -> None:
-        """Remove the model hooks (at the end of `Trainer.train`, however it ends)."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
 
 
 def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
@@ -252,5 +237,3 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
             return trainer.train(resume_from_checkpoint=_resume_view(run, checkpoint), **train_kwargs)
         except RolledBack as back:
             checkpoint = bridge.reentry(back)  # Trainer.train again: accelerate wraps nothing twice
-        finally:
-            callback.detach()

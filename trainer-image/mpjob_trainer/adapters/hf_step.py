@@ -1,35 +1,91 @@
 """The Hugging Face Trainer's step and evaluation, as the session runs them itself (fp32 replay,
-quality gate; adapters.replaying)."""
+quality gate; adapters.replaying).
+
+A replayed step must compute the loss training computed, and the Trainer computes it in
+`compute_loss`: it takes the labels for a `compute_loss_func` or its label smoother
+(`label_smoothing_factor`), hands the model `num_items_in_batch`, multiplies by the processes
+that average tokens, and a subclass may override all of it. So the adapter does not compute a
+loss of its own: `TrainerLosses` keeps each training micro-batch's `compute_loss` call
+(its inputs as the Trainer passed them, before `compute_loss` takes the labels out), and the
+step makes the Trainer's own `compute_loss` call again, under the session's autocast, then
+scales for gradient accumulation as `Trainer.training_step` does (`scaled_for_accumulation`).
+"""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Any
 
 from transformers import Trainer
 
-from mpjob_trainer.adapters.accelerated import class_forward, token_average_factor
+from mpjob_trainer.adapters.accelerated import class_forward
 from mpjob_trainer.adapters.reload import hf_reader
 from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, loss_of, weights_finite
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 
 
-def register(run: Session, trainer: Trainer, recorded: RecordedSteps) -> None:
+@dataclass(frozen=True)
+class LossCall:
+    """One training micro-batch's `compute_loss(model, inputs, *args, **kwargs)` call, as made."""
+
+    inputs: dict[str, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def scaled_for_accumulation(trainer: Trainer, num_items_in_batch: Any) -> bool:
+    """Whether `compute_loss` returned a loss already normalised over the whole step, as
+    `Trainer.training_step` decides it (else it divides the loss by the step's micro-batches)."""
+    if trainer.loss_is_scaled_for_ga is not None:
+        return trainer.loss_is_scaled_for_ga
+    given_items = trainer.model_accepts_loss_kwargs and num_items_in_batch is not None
+    return bool(given_items or trainer.compute_loss_func is not None)
+
+
+class TrainerLosses:
+    """The Trainer's `compute_loss` (a subclass's override included): each training call is
+    recorded under the Trainer's global step, and the session's step makes it again. The
+    Trainer calls the instance attribute this sets; evaluation's calls (a model in eval mode)
+    are no step's."""
+
+    def __init__(self, trainer: Trainer, recorded: RecordedSteps) -> None:
+        self.trainer, self.recorded = trainer, recorded
+        self.compute_loss = trainer.compute_loss
+        trainer.compute_loss = self.recording  # type: ignore[method-assign]
+
+    def recording(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """`Trainer.compute_loss`, recorded (a copy of `inputs`: it pops the labels from them)."""
+        if model.training:
+            self.recorded.add(self.trainer.state.global_step, LossCall(dict(inputs), args, dict(kwargs)))
+        return self.compute_loss(model, inputs, *args, **kwargs)
+
+    def again(self, call: LossCall, micro_batches: int) -> Any:
+        """The loss `call` computed, for backward as `Trainer.training_step` scales it; through the
+        Trainer's wrapper (DDP's gradient sync as in training)."""
+        result = self.compute_loss(self.trainer.model_wrapped, dict(call.inputs), *call.args, **call.kwargs)
+        loss = result[0] if isinstance(result, tuple) else result  # called with return_outputs=True
+        items = call.kwargs.get("num_items_in_batch")  # the Trainer passes it by keyword
+        return loss if scaled_for_accumulation(self.trainer, items) else loss / micro_batches
+
+
+def register(run: Session, trainer: Trainer, losses: TrainerLosses) -> None:
     """Give the session the Trainer's step (fp32 replay) and evaluation (quality gate). Not in an
     `auto` attempt: accelerate fixes the precision when the Trainer is built, before any batch."""
     model, optimizer = trainer.model, getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     assert model is not None and optimizer is not None
-    clip, processes = trainer.args.max_grad_norm, token_average_factor(trainer)
+    clip, recorded = trainer.args.max_grad_norm, losses.recorded
 
     def step(index: int) -> None:
-        batches = recorded.batches(index)
+        calls = recorded.batches(index)
         weights_finite(model.parameters())
         optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients may still be there
         with recorded.paused(), class_forward(model):
-            for inputs in batches:
+            for call in calls:
                 with run.autocast():
-                    loss = loss_of(trainer.model_wrapped(**inputs))
-                run.backward(loss * processes if "num_items_in_batch" in inputs else loss / len(batches))
+                    loss = losses.again(call, len(calls))
+                run.backward(loss)
             run.step(optimizer, clip_norm=clip or None)
 
     if run.launch.precision != "auto":
