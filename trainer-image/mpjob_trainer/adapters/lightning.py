@@ -18,7 +18,7 @@ accumulation, no checkpointing of its own, and MpjobCallback. `fit` resumes thro
 schedulers, the scaler, loops (global step) and callbacks, as Lightning saved them.
 
 The session runs Lightning's step itself for the fp32 replay and the quality gate
-(adapters.replaying): the callback keeps the last steps' batches as Lightning fed them, the
+(adapters.lightning_step): the callback keeps the last steps' batches as Lightning fed them, the
 step re-runs `training_step` through the strategy (DDP's gradient sync as in training) under
 the session's autocast, which the precision plugin (SessionAutocast) follows in every mode,
 and the gate evaluates the module's `validation_step` on its `val_dataloader()`. An `auto`
@@ -38,7 +38,6 @@ loader's position stays a function of the global step.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -49,10 +48,11 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from mpjob_trainer.adapters.lightning_step import register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_reader
-from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, loss_of, steps_to_keep, weights_finite
+from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT
+from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
@@ -183,64 +183,6 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
 def _listed(given: Any) -> list[Any]:
     """Lightning's `callbacks` and `plugins`: one, or a list of them, or None."""
     return [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
-
-
-def register(run: Session, trainer: L.Trainer, module: L.LightningModule, recorded: RecordedSteps) -> None:
-    """Give the session Lightning's step (fp32 replay; an `auto` attempt's measurement) and
-    evaluation (quality gate). Called at the first micro-batch of the first step, before
-    Lightning trains on it: an `auto` attempt measures on that batch there (session.measure),
-    the one point inside `fit` where no gradient has been accumulated that the step's
-    zero_grad would drop."""
-    if len(trainer.optimizers) != 1:
-        return  # manual optimization with several optimizers: no one step to re-run
-    optimizer, clip = trainer.optimizers[0], float(trainer.gradient_clip_val or 0) or None
-    by_value = trainer.gradient_clip_algorithm == "value"  # else by norm, Lightning's default
-
-    def step(index: int) -> None:
-        batches = recorded.batches(index)
-        weights_finite(module.parameters())
-        optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients are still there
-        with recorded.paused(), clipping_values(optimizer, clip if by_value else None):
-            for k, batch in enumerate(batches):
-                run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
-            run.step(optimizer, clip_norm=None if by_value else clip)
-
-    weights = FrameworkWeights(module.parameters, lightning_reader(module, optimizer))
-    run.register_step(step, modules=[module], weights=weights)
-    if run.spec.validation.every_steps:
-        run.evaluate_with(lambda: evaluate(run, trainer, module))
-
-
-@contextlib.contextmanager
-def clipping_values(optimizer: torch.optim.Optimizer, value: float | None) -> Iterator[None]:
-    """In the block, the optimizer's step first clips each gradient element to [-value, value], as
-    Lightning's `gradient_clip_algorithm="value"` does: after `run.step` unscaled them and measured
-    their norm (the reported one, before clipping), and only for a step GradScaler takes."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    clip = (lambda *_: torch.nn.utils.clip_grad_value_(params, value)) if value else (lambda *_: None)
-    hook = optimizer.register_step_pre_hook(clip)
-    try:
-        yield
-    finally:
-        hook.remove()
-
-
-def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> float:
-    """Mean `validation_step` loss over the first validation.batches batches of `val_dataloader()`,
-    under the session's autocast (the gate runs it in the attempt's precision and in fp32)."""
-    if type(module).validation_step is L.LightningModule.validation_step:
-        raise ConfigError("validation.everySteps is set but the LightningModule has no validation_step")
-    module.eval()
-    try:
-        losses = []
-        for k, batch in enumerate(itertools.islice(module.val_dataloader(), run.spec.validation.batches)):
-            with run.autocast():
-                losses.append(float(loss_of(module.validation_step(trainer.strategy.batch_to_device(batch), k))))
-    finally:
-        module.train()
-    if not losses:
-        raise ConfigError("validation.everySteps is set but the LightningModule's val_dataloader() is empty")
-    return sum(losses) / len(losses)
 
 
 def _callback(trainer: L.Trainer) -> MpjobCallback:
