@@ -2,7 +2,8 @@
 TrainingArguments that save checkpoints (its `save_strategy`, or mpjob's without the optimizer
 through `save_only_model`) is refused before it trains, naming the argument; the arguments
 that only shape those saves, logging or reporting pass. Lightning's fp32 replay clips the
-gradients as its training does: by value or by norm (gradient_clip_algorithm)."""
+gradients as its training does: by value or by norm (gradient_clip_algorithm), or as the
+module's own `configure_gradient_clipping` does."""
 
 from __future__ import annotations
 
@@ -122,6 +123,48 @@ def test_the_lightning_replay_clips_gradients_as_training_does(
         assert torch.allclose(moved.abs(), torch.full_like(moved, 0.01))
     else:
         assert float(moved.norm()) == pytest.approx(0.01, rel=1e-4)
+
+
+class OwnClipping(Linear):
+    """Clips each gradient element to 0.01 in its own `configure_gradient_clipping`, whatever the
+    Trainer's gradient_clip_val; keeps how far each optimizer step moved its weights."""
+
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: Any = None, gradient_clip_algorithm: Any = None
+    ) -> None:
+        torch.nn.utils.clip_grad_value_(self.parameters(), 0.01)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        optimizer = super().configure_optimizers()
+        weights = lambda: torch.cat([p.detach().flatten().clone() for p in self.parameters()])  # noqa: E731
+        self.moves: list[torch.Tensor] = []
+        optimizer.register_step_pre_hook(lambda *_: self.moves.append(weights()))
+        optimizer.register_step_post_hook(lambda *_: self.moves.append(weights() - self.moves.pop()))
+        return optimizer
+
+
+def test_the_lightning_replay_clips_gradients_as_the_modules_configure_gradient_clipping_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning clips through the module's `configure_gradient_clipping` hook: an override clips
+    in training (SGD at lr 1 moves each weight by exactly its 0.01) and in the replayed step too."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16) + 10)
+    training = {"steps": 2, "batchSize": 8, "seed": 0, "gradClipNorm": 1.0}  # the Trainer's: by norm at 1
+    job = spec(task={"command": ["python", "train.py"]}, training=training)
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        trainer, module = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False)), OwnClipping()
+        mpjob_lightning.fit(run, trainer, module, train_dataloaders=torch.utils.data.DataLoader(data, batch_size=8))
+        run.run_step(1)  # the replay's step, on the batch Lightning trained step 1 on
+    finally:
+        run.close()
+    trained, replayed = module.moves[1], module.moves[2]
+    assert len(module.moves) == 3 and torch.allclose(trained.abs(), torch.full_like(trained, 0.01))
+    torch.testing.assert_close(replayed, trained)
 
 
 @pytest.mark.process

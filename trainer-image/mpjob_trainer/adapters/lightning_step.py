@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import lightning as L
 import torch
@@ -24,17 +25,16 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
     zero_grad would drop."""
     if len(trainer.optimizers) != 1:
         return  # manual optimization with several optimizers: no one step to re-run
-    optimizer, clip = trainer.optimizers[0], float(trainer.gradient_clip_val or 0) or None
-    by_value = trainer.gradient_clip_algorithm == "value"  # else by norm, Lightning's default
+    optimizer = trainer.optimizers[0]
 
     def step(index: int) -> None:
         batches = recorded.batches(index)
         weights_finite(module.parameters())
         optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients are still there
-        with recorded.paused(), clipping_values(optimizer, clip if by_value else None):
+        with recorded.paused(), clipping(trainer, module, optimizer):
             for k, batch in enumerate(batches):
                 run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
-            run.step(optimizer, clip_norm=None if by_value else clip)
+            run.step(optimizer)
 
     weights = FrameworkWeights(module.parameters, lightning_reader(module, optimizer))
     run.register_step(step, modules=[module], weights=weights)
@@ -43,17 +43,26 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
 
 
 @contextlib.contextmanager
-def clipping_values(optimizer: torch.optim.Optimizer, value: float | None) -> Iterator[None]:
-    """In the block, the optimizer's step first clips each gradient element to [-value, value], as
-    Lightning's `gradient_clip_algorithm="value"` does: after `run.step` unscaled them and measured
-    their norm (the reported one, before clipping), and only for a step GradScaler takes."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    clip = (lambda *_: torch.nn.utils.clip_grad_value_(params, value)) if value else (lambda *_: None)
-    hook = optimizer.register_step_pre_hook(clip)
+def clipping(trainer: L.Trainer, module: L.LightningModule, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """In the block, the optimizer's step first clips the gradients as Lightning's automatic
+    optimization does before each step: the module's `configure_gradient_clipping` with the
+    Trainer's gradient_clip_val and gradient_clip_algorithm (Lightning's own clips by norm or by
+    value; a module's override as it likes). It runs after `run.step` unscaled the gradients and
+    measured their norm (the reported one, before clipping), and only for a step GradScaler takes."""
+
+    def clip(*_: Any) -> None:
+        module.configure_gradient_clipping(
+            optimizer,
+            gradient_clip_val=trainer.gradient_clip_val,
+            gradient_clip_algorithm=trainer.gradient_clip_algorithm,
+        )
+
+    hook = optimizer.register_step_pre_hook(clip) if module.automatic_optimization else None
     try:
         yield
     finally:
-        hook.remove()
+        if hook is not None:
+            hook.remove()
 
 
 def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> float:
