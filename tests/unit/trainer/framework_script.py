@@ -2,7 +2,7 @@
 
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
                                               [--quarantine STEP,...] [--empty-step STEP] [--pace S]
-                                              [--spike-at STEP]
+                                              [--spike-at STEP] [--loss-func]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -18,7 +18,9 @@ step I // batch of the first epoch.
 (the adapters train on nothing there). `--spike-at STEP`: at steps STEP..STEP+2 the output is
 1e3 times larger, a finite loss spike (guard.spike). `--empty-step STEP` (Lightning): the script's own
 `training_step` returns None at STEP, a run whose data has no batch there. `--pace S`: each
-optimizer step sleeps S seconds (a test can stop the run mid-way).
+optimizer step sleeps S seconds (a test can stop the run mid-way). `--loss-func` (HF): the
+Trainer computes the loss with a `compute_loss_func` (it takes the labels: the model, given
+none, returns its prediction only).
 """
 
 from __future__ import annotations
@@ -73,11 +75,20 @@ class Net(nn.Module):
         if deep:
             self.inp.register_forward_hook(log_activation_once)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         gain = 1e6 if self.overflow_at is not None and self.step >= self.overflow_at else 1.0
         h = self.out(self.mid(torch.relu(self.norm(self.inp(x) * gain))))
         h = h * 1e3 if self.step in self.spikes else h
-        return {"loss": nn.functional.mse_loss(h.float(), labels)}
+        return {"prediction": h} if labels is None else {"loss": squared_error(h, labels)}
+
+
+def squared_error(prediction: torch.Tensor, labels: torch.Tensor, **_: Any) -> torch.Tensor:
+    return nn.functional.mse_loss(prediction.float(), labels)
+
+
+def squared_error_of(outputs: dict[str, torch.Tensor], labels: torch.Tensor, **_: Any) -> torch.Tensor:
+    """A Trainer's `compute_loss_func`."""
+    return squared_error(outputs["prediction"], labels)
 
 
 class InOrder(Sampler[list[int]]):
@@ -93,7 +104,7 @@ class InOrder(Sampler[list[int]]):
             yield [(first + j) % SAMPLES for j in range(self.batch)]
 
 
-def hf(run: Any, net: Net, data: Regression, pace: float = 0.0) -> None:
+def hf(run: Any, net: Net, data: Regression, pace: float = 0.0, loss_func: bool = False) -> None:
     from transformers import Trainer, TrainerCallback
 
     from mpjob_trainer.adapters import hf as mpjob_hf
@@ -105,7 +116,8 @@ def hf(run: Any, net: Net, data: Regression, pace: float = 0.0) -> None:
 
     args = mpjob_hf.training_arguments(run, remove_unused_columns=False, dataloader_num_workers=0)
     eval_set = torch.utils.data.Subset(data, range(64))
-    trainer = Trainer(model=net, args=args, train_dataset=data, eval_dataset=eval_set, callbacks=[Steps()])
+    loss = {"compute_loss_func": squared_error_of} if loss_func else {}
+    trainer = Trainer(model=net, args=args, train_dataset=data, eval_dataset=eval_set, callbacks=[Steps()], **loss)
     mpjob_hf.train(run, trainer)
 
 
@@ -160,13 +172,14 @@ def main() -> None:
     parser.add_argument("--spike-at", type=int, default=None)
     parser.add_argument("--empty-step", type=int, default=None)
     parser.add_argument("--pace", type=float, default=0.0)
+    parser.add_argument("--loss-func", action="store_true")
     opts = parser.parse_args()
     with mpjob.start() as run:
         for step in opts.quarantine.split(",") if opts.quarantine else []:
             run.quarantined.add(int(step), "data")
         net = Net(opts.overflow_at, deep=opts.deep, spike_at=opts.spike_at)
         if opts.framework == "hf":
-            hf(run, net, Regression(opts.poison), opts.pace)
+            hf(run, net, Regression(opts.poison), opts.pace, opts.loss_func)
         else:
             lightning(run, net, Regression(opts.poison), opts)
 

@@ -32,10 +32,15 @@ def job(framework: str, *extra: str, on_bad_data: str = "fail", **over: object) 
     )
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize(
+    ("framework", "extra"),
+    [("hf", []), ("hf", ["--loss-func"]), ("lightning", [])],
+    ids=["hf", "hf-compute_loss_func", "lightning"],
+)
 @pytest.mark.process
-def test_bad_data_under_a_framework_replays_non_finite_in_fp32(tmp_path: Path, framework: str) -> None:
-    argv = [SCRIPT, framework, "--poison", POISON[framework]]
+def test_bad_data_under_a_framework_replays_non_finite_in_fp32(tmp_path: Path, framework: str, extra: list) -> None:
+    """Also under a Trainer whose loss is its `compute_loss_func`'s: the replay computes that loss."""
+    argv = [SCRIPT, framework, "--poison", POISON[framework], *extra]
     run = run_trainer(tmp_path, job(framework, *argv[2:]), "fp16", argv=argv)
     assert run.code == ExitCode.NON_FINITE_IN_FP32, run.stderr[-3000:]
     replay = run.report.replay if run.report else None
