@@ -47,7 +47,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
-from mpjob_trainer.adapters.hf_step import TrainerLosses, register
+from mpjob_trainer.adapters.hf_step import TrainerLoss, register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
@@ -128,7 +128,7 @@ class MpjobCallback(TrainerCallback):
         self._losses: list[torch.Tensor] = []
         self._lr: float | None = None
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
-        self.losses = TrainerLosses(trainer, self.recorded)
+        self.trainer_loss = TrainerLoss(trainer, self.recorded)
         self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
         self.grad_norms = GradNorms(trainer.accelerator)
 
@@ -136,7 +136,7 @@ class MpjobCallback(TrainerCallback):
         self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
         self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
-        register(self.bridge.run, self.trainer, self.losses)
+        register(self.bridge.run, self.trainer, self.trainer_loss)
         self.bridge.checkpoint_start()
 
     def observe(self, loss: torch.Tensor) -> None:

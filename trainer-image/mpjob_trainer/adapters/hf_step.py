@@ -5,7 +5,7 @@ A replayed step must compute the loss training computed, and the Trainer compute
 `compute_loss`: it takes the labels for a `compute_loss_func` or its label smoother
 (`label_smoothing_factor`), hands the model `num_items_in_batch`, multiplies by the processes
 that average tokens, and a subclass may override all of it. So the adapter does not compute a
-loss of its own: `TrainerLosses` keeps each training micro-batch's `compute_loss` call
+loss of its own: `TrainerLoss` keeps each training micro-batch's `compute_loss` call
 (its inputs as the Trainer passed them, before `compute_loss` takes the labels out), and the
 step makes the Trainer's own `compute_loss` call again, under the session's autocast, then
 scales for gradient accumulation as `Trainer.training_step` does (`scaled_for_accumulation`).
@@ -44,7 +44,7 @@ def scaled_for_accumulation(trainer: Trainer, num_items_in_batch: Any) -> bool:
     return bool(given_items or trainer.compute_loss_func is not None)
 
 
-class TrainerLosses:
+class TrainerLoss:
     """The Trainer's `compute_loss` (a subclass's override included): each training call is
     recorded under the Trainer's global step, and the session's step makes it again. The
     Trainer calls the instance attribute this sets; evaluation's calls (a model in eval mode)
@@ -70,12 +70,12 @@ class TrainerLosses:
         return loss if scaled_for_accumulation(self.trainer, items) else loss / micro_batches
 
 
-def register(run: Session, trainer: Trainer, losses: TrainerLosses) -> None:
+def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
     """Give the session the Trainer's step (fp32 replay) and evaluation (quality gate). Not in an
     `auto` attempt: accelerate fixes the precision when the Trainer is built, before any batch."""
     model, optimizer = trainer.model, getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     assert model is not None and optimizer is not None
-    clip, recorded = trainer.args.max_grad_norm, losses.recorded
+    clip, recorded = trainer.args.max_grad_norm, trainer_loss.recorded
 
     def step(index: int) -> None:
         calls = recorded.batches(index)
@@ -84,7 +84,7 @@ def register(run: Session, trainer: Trainer, losses: TrainerLosses) -> None:
         with recorded.paused(), class_forward(model):
             for call in calls:
                 with run.autocast():
-                    loss = losses.again(call, len(calls))
+                    loss = trainer_loss.again(call, len(calls))
                 run.backward(loss)
             run.step(optimizer, clip_norm=clip or None)
 
