@@ -55,8 +55,12 @@ def violations(spec: Any) -> list[k8s.Violation]:
 def without_nulls(value: Any, schema: dict[str, Any] | None = None) -> Any:
     """`value` (the spec) as the API server stores it: a null where the CRD's schema names a field
     or a map's value (none of them nullable) is dropped, so the field takes its default, as
-    `kubectl apply` of `workers: null` gives 1 (a task's args, a template's nodeSelector alike)."""
+    `kubectl apply` of `workers: null` gives 1 (a task's args, a template's nodeSelector alike);
+    in a list's items too, as the API server's pruning descends along `items` (a null item stays)."""
     schema = _spec_schema() if schema is None else schema
+    if isinstance(value, list):
+        items = schema.get("items")
+        return [without_nulls(item, items) for item in value] if isinstance(items, dict) else value
     if not isinstance(value, dict):
         return value
     kept = {}

@@ -119,3 +119,19 @@ def test_a_null_in_a_map_or_a_pod_template_field_is_dropped_as_well() -> None:
     jobs, problems = check_text(yaml.safe_dump(doc), "job.yaml")
     assert problems == []
     assert jobs[0].spec.task.args == {"width": 3}
+
+
+def test_a_null_inside_a_list_item_is_dropped_as_the_api_server_drops_it() -> None:
+    """The API server prunes nulls in a list's objects too (and below them): `mpjob run` trains with
+    the task.args and the template `kubectl apply` would have stored."""
+    doc = bad("spec.task.args", {"layers": [{"dim": None, "acts": ["relu"]}, [{"deep": None, "x": 1}]]})
+    doc["spec"]["template"] = {
+        "env": [{"name": "A", "value": None}],
+        "tolerations": [{"operator": "Exists", "key": None}],
+    }
+    jobs, problems = check_text(yaml.safe_dump(doc), "job.yaml")
+    assert problems == []
+    (job,) = jobs
+    assert job.spec.task.args == {"layers": [{"acts": ["relu"]}, [{"x": 1}]]}
+    assert job.spec.template.env == [{"name": "A"}]
+    assert job.spec.template.tolerations == [{"operator": "Exists"}]
