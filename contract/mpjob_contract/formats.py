@@ -16,6 +16,21 @@ class Format:
     pattern: str
     #: What it allows, as "must be ..." goes on.
     allows: str
+    #: The longest value Kubernetes takes, where it bounds one (None: no bound of its own).
+    max_length: int | None = None
+
+    def schema(self) -> dict[str, str | int]:
+        """The format as the keys of a schema node (pattern, and maxLength where it has one)."""
+        bound = {"maxLength": self.max_length} if self.max_length is not None else {}
+        return {"pattern": self.pattern, **bound}
+
+
+#: Kubernetes' own name rules, as k8s.io/apimachinery/pkg/util/validation spells them.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = _DNS_LABEL + r"(\." + _DNS_LABEL + r")*"
+#: A label value, and a qualified name's name part: 63 characters at most, which a pattern says here
+#: because a qualified name's prefix has its own bound.
+_QUALIFIED_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 
 
 #: A job's name: a DNS label starting with a letter (its children's names are built from it).
@@ -23,17 +38,44 @@ JOB_NAME = Format(
     r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
     "lowercase letters, digits and '-', starting with a letter and ending with a letter or digit (gpt-small)",
 )
-#: A namespace's name: a DNS label.
-NAMESPACE = Format(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-    "lowercase letters, digits and '-', starting and ending with a letter or digit (team-a)",
+#: A DNS label (RFC 1123): a namespace's name, a pod volume's name.
+DNS_LABEL = Format(
+    f"^{_DNS_LABEL}$",
+    "lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit (team-a)",
+    max_length=63,
 )
-#: Secret names are DNS subdomains.
-SECRET_NAME = Format(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-    "a Secret's name: lowercase letters, digits, '-' and '.', each part between dots starting and ending "
-    "with a letter or digit (s3-credentials)",
+NAMESPACE = DNS_LABEL
+#: A DNS subdomain (RFC 1123): the name of a Secret, a PersistentVolumeClaim, a ServiceAccount, a
+#: PriorityClass.
+DNS_SUBDOMAIN = Format(
+    f"^{_DNS_SUBDOMAIN}$",
+    "a Kubernetes object's name: lowercase letters, digits, '-' and '.', at most 253, each part between "
+    "dots starting and ending with a letter or digit (s3-credentials)",
+    max_length=253,
 )
+SECRET_NAME = DNS_SUBDOMAIN
+#: A name Kubernetes treats as unset when empty (a pod's serviceAccountName, priorityClassName).
+DNS_SUBDOMAIN_OR_EMPTY = Format(
+    f"^({_DNS_SUBDOMAIN})?$", DNS_SUBDOMAIN.allows.replace(" (", ", or empty (", 1), max_length=253
+)
+#: A label's value (also a node selector's, a toleration's, Kueue's queue name label's).
+LABEL_VALUE = Format(
+    f"^({_QUALIFIED_NAME})?$",
+    "a label value: letters, digits, '-', '_' and '.', at most 63, starting and ending with a letter or "
+    "digit, or empty (gpu-a100)",
+    max_length=63,
+)
+#: A label's key, or a toleration's (empty there: every taint): an optional DNS subdomain prefix and
+#: '/', then a name part of at most 63 characters. 253 + 1 + 63 bounds the whole; the prefix's own
+#: 253 is left to Kubernetes (a pattern cannot count the part before the '/').
+TOLERATION_KEY = Format(
+    f"^(({_DNS_SUBDOMAIN}/)?{_QUALIFIED_NAME})?$",
+    "a label key: an optional DNS subdomain and '/', then letters, digits, '-', '_' and '.', at most 63, "
+    "starting and ending with a letter or digit; or empty (nvidia.com/gpu)",
+    max_length=317,
+)
+#: An environment variable's name: printable ASCII but '=' (Kubernetes 1.34's relaxed rule, GA).
+ENV_VAR_NAME = Format(r"^[ -<>-~]+$", "printable ASCII characters other than '=' (MY_SETTING)")
 #: S3's bucket naming rules (3-63 characters, the field's bounds).
 BUCKET = Format(
     r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$",
@@ -66,9 +108,15 @@ TASK_MODULE = Format(
     "a Python module's dotted path, ':' and a function's name (my_pkg.train:make_task)",
 )
 COMPUTE_CAPABILITY = Format(r"^[0-9]+\.[0-9]+$", 'major.minor, in quotes in YAML ("8.0")')
+#: resource.ParseQuantity's grammar (k8s.io/apimachinery/pkg/api/resource/quantity.go), not the
+#: looser regular expression its error quotes ("1.2.3" and "4KiB" match that one, and fail to
+#: parse), with no '-': every quantity the pod API takes (requests, limits, an emptyDir's
+#: sizeLimit, a divisor) must be at least 0. Degenerate forms ParseQuantity reads as 0 ("+",
+#: "Ki", "-0") are left out.
 QUANTITY = Format(
-    r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$",
-    "a Kubernetes quantity: a number, or one with a unit (4, 500m, 32Gi)",
+    r"^[+]?([0-9]+([.][0-9]*)?|[.][0-9]*)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$",
+    "a Kubernetes quantity of at least 0: a number with an optional suffix, one of Ki Mi Gi Ti Pi Ei, "
+    "n u m k M G T P E, or an exponent e<N> (4, 500m, 1.5Gi, 1e3)",
 )
 #: Also a metric label value, so a bounded, plain alphabet.
 CURRENCY = Format(r"^[A-Z]{3}$", "an ISO 4217 currency code: three capital letters (EUR, USD)")
@@ -79,8 +127,8 @@ FP8_SKIP = Format(
 )
 
 _ALL = (
-    JOB_NAME, NAMESPACE, SECRET_NAME, BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY,
-    QUANTITY, CURRENCY, FP8_SKIP,
+    JOB_NAME, DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_OR_EMPTY, LABEL_VALUE, TOLERATION_KEY, ENV_VAR_NAME,
+    BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY, QUANTITY, CURRENCY, FP8_SKIP,
 )  # fmt: skip
 _BY_PATTERN = {fmt.pattern: fmt for fmt in _ALL}
 assert len(_BY_PATTERN) == len(_ALL), "each format its own pattern: the words are found by it"

@@ -20,7 +20,12 @@ from mpjob_contract.wire import ApiModel
 
 
 class PersistentVolumeClaimRef(ApiModel):
-    claim_name: str = Field(min_length=1, max_length=253, description="The claim's name, in the job's namespace.")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=formats.DNS_SUBDOMAIN.pattern,
+        description="The claim's name, in the job's namespace (a claim is named like every Kubernetes object).",
+    )
     read_only: bool = Field(False, description="Must be false: the job writes its checkpoints to the claim.")
 
     @model_validator(mode="after")
@@ -92,6 +97,9 @@ class Checkpoint(ApiModel):
 
 
 Quantity = Annotated[str, Field(pattern=formats.QUANTITY.pattern)]
+#: A quantity as a request or a limit takes it: a whole number, or a quantity string (strict: " 1"
+#: is no integer to the API server, which holds it to the quantity's pattern).
+ResourceAmount = Annotated[int, Field(ge=0, strict=True)] | Quantity
 
 
 class Resources(ApiModel):
@@ -105,10 +113,10 @@ class Resources(ApiModel):
     min_compute_capability: str = Field(
         "7.0", pattern=formats.COMPUTE_CAPABILITY.pattern, description="Lowest GPU compute capability."
     )
-    requests: dict[str, int | Quantity] = Field(
+    requests: dict[str, ResourceAmount] = Field(
         default_factory=dict, description=f"What each pod requests (cpu, memory, ...): {formats.QUANTITY.allows}."
     )
-    limits: dict[str, int | Quantity] = Field(
+    limits: dict[str, ResourceAmount] = Field(
         default_factory=dict,
         description=f"The most each pod uses: {formats.QUANTITY.allows}; nvidia.com/gpu comes from gpusPerWorker.",
     )
@@ -135,7 +143,12 @@ class RunPolicy(ApiModel):
         None, ge=0, le=MAX_POLICY_SECONDS, description="Delete the children this long after the job finished."
     )
     suspend: bool = Field(False, description="Stop the running attempt after a checkpoint.")
-    queue_name: str = Field("", max_length=63, description="Kueue LocalQueue; each attempt Job is labelled with it.")
+    queue_name: str = Field(
+        "",
+        max_length=63,
+        pattern=formats.LABEL_VALUE.pattern,
+        description="Kueue LocalQueue; each attempt Job is labelled with it (so it is a label value).",
+    )
     pod_creation_timeout_seconds: int = Field(
         300,
         ge=1,

@@ -81,10 +81,12 @@ def _union(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any] | None:
     if not {o.get("type") for o in options} <= {"integer", "string"}:
         raise ValueError(f"cannot express a union of {options} structurally")
     node.update({"x-kubernetes-int-or-string": True})
-    pattern = next((o.get("pattern") for o in options if o.get("pattern")), None)
     node["anyOf"] = [{"type": "integer"}, {"type": "string"}]  # the only structural int-or-string
-    if pattern:
-        node["pattern"] = pattern
+    # Each option's bounds on the node: a pattern holds strings only, a minimum numbers only.
+    for key in ("minimum", "pattern"):
+        bound = next((o[key] for o in options if key in o), None)
+        if bound is not None:
+            node[key] = bound
     return None
 
 

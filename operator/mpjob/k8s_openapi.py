@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mpjob_contract import k8s
+from mpjob_contract import formats, k8s
 
 CORE = "io.k8s.api.core.v1."
 META = "io.k8s.apimachinery.pkg.apis.meta.v1."
@@ -39,6 +39,28 @@ TEMPLATE_FIELDS: dict[str, tuple[str, str]] = {
 SPEC_FIELDS: dict[str, tuple[str, str]] = {
     "checkpoint.volume.emptyDir": (CORE + "Volume", "emptyDir"),
 }
+#: Kubernetes' value rules that its OpenAPI document does not carry: its Go validation applies them
+#: when the Job controller creates the pod, long after the CRD stored the value. Each adds to the
+#: schema of one definition's property (wherever that definition appears) a pattern and a length
+#: (mpjob_contract.formats) or an enum.
+VALUE_RULES: dict[tuple[str, str], dict[str, Any]] = {
+    (CORE + "Volume", "name"): formats.DNS_LABEL.schema(),
+    (CORE + "PersistentVolumeClaimVolumeSource", "claimName"): formats.DNS_SUBDOMAIN.schema(),
+    (CORE + "EnvVar", "name"): formats.ENV_VAR_NAME.schema(),
+    (CORE + "PodSpec", "priorityClassName"): formats.DNS_SUBDOMAIN_OR_EMPTY.schema(),
+    (CORE + "PodSpec", "serviceAccountName"): formats.DNS_SUBDOMAIN_OR_EMPTY.schema(),
+    (CORE + "Toleration", "key"): formats.TOLERATION_KEY.schema(),
+    (CORE + "Toleration", "value"): formats.LABEL_VALUE.schema(),
+    (CORE + "Toleration", "operator"): {"enum": ["", "Equal", "Exists"]},
+    (CORE + "Toleration", "effect"): {"enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
+}
+#: Maps whose values are label values. Their keys are label keys, which only a CEL rule over the
+#: whole map could check, and its estimated cost on a map of unbounded size would exceed the API
+#: server's budget: keys are left to the pod API.
+LABEL_VALUE_MAPS = frozenset({(META + "ObjectMeta", "labels"), (CORE + "PodSpec", "nodeSelector")})
+QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+#: Every quantity the pod API takes is ParseQuantity's grammar and at least 0.
+QUANTITY_RULE: dict[str, Any] = {**formats.QUANTITY.schema(), "minimum": 0}
 #: Properties left out of Kubernetes' schemas, by definition. ObjectMeta.managedFields holds
 #: FieldsV1, a free-form object: in a CRD it would accept a document nested thousands of levels
 #: deep (more than a client's JSON parser reads). The template meets ObjectMeta only in an
@@ -113,7 +135,8 @@ def _field(defs: dict[str, Any], definition: str, prop: str, *, version: str) ->
     explain = f"{EXPLAIN.get(kind, kind.lower())}.{prop}"
     origin = f"Kubernetes {version} {kind}.{prop}; `kubectl explain {explain}` describes its fields."
     text = source.get("description", "")
-    return {"description": f"{text} ({origin})" if text else origin, **_convert(source, defs, (definition,))}
+    converted = _with_value_rules(_convert(source, defs, (definition,)), definition, prop)
+    return {"description": f"{text} ({origin})" if text else origin, **converted}
 
 
 def write(source: Path, version: str, out: Path | None = None) -> Path:
@@ -148,7 +171,11 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], stack: tuple[str, ...])
             out[key] = value
     if "properties" in out:
         omitted = OMITTED.get(stack[-1], frozenset())
-        out["properties"] = {k: _convert(v, defs, stack) for k, v in out["properties"].items() if k not in omitted}
+        out["properties"] = {
+            k: _with_value_rules(_convert(v, defs, stack), stack[-1], k)
+            for k, v in out["properties"].items()
+            if k not in omitted
+        }
     if isinstance(out.get("additionalProperties"), dict):
         out["additionalProperties"] = _convert(out["additionalProperties"], defs, stack)
     if "items" in out:
@@ -156,7 +183,17 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], stack: tuple[str, ...])
         _map_key_defaults(out, node["items"], defs, stack)
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True  # free-form (FieldsV1)
+    if stack[-1] == QUANTITY:
+        out.update(QUANTITY_RULE)
     return out
+
+
+def _with_value_rules(node: dict[str, Any], definition: str, prop: str) -> dict[str, Any]:
+    """`definition.prop`'s converted schema with the value rules Kubernetes applies to it."""
+    node.update(VALUE_RULES.get((definition, prop), {}))
+    if (definition, prop) in LABEL_VALUE_MAPS:
+        node["additionalProperties"] = {**node["additionalProperties"], **formats.LABEL_VALUE.schema()}
+    return node
 
 
 def _kept(key: str, value: Any, stack: tuple[str, ...]) -> bool:

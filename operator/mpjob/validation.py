@@ -104,7 +104,7 @@ def _abridged(parts: list[str], shown: int = 8) -> str:
 def _is_tag(part: Any) -> bool:
     """A union member's tag in an error's location, not a field (a prefix test would drop fields
     such as `strategy`)."""
-    tags = ("function-after", "function-before", "str", "int", "constrained-str")
+    tags = ("function-after", "function-before", "str", "int", "constrained-str", "constrained-int")
     return isinstance(part, str) and (part in tags or part.startswith("literal["))
 
 
@@ -207,11 +207,11 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
 
 
 def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
-    """One Problem per error, a union's members' errors on one field said once (by its last member:
-    `int | Quantity` says what a quantity is); a Kubernetes schema check's violations each name
-    their own field."""
+    """One Problem per error, a union's members' errors on one field said once: by the member of the
+    value's type (-1 is too small, not "not a string"), else by the last (`int | Quantity` says what
+    a quantity is); a Kubernetes schema check's violations each name their own field."""
     problems: list[Problem] = []
-    member_said: dict[str, int] = {}  # a field -> where its union member's problem is in `problems`
+    member_said: dict[str, tuple[int, bool]] = {}  # a field -> where its member's problem is, and if of type
     for error in exc.errors():
         where = _path(error["loc"])
         cause = (error.get("ctx") or {}).get("error")
@@ -219,11 +219,14 @@ def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
             problems += [Problem(source, index, f"{where}.{sub}", message) for sub, message in cause.violations]
             continue
         problem, member = Problem(source, index, where, _message(error)), any(_is_tag(p) for p in error["loc"])
+        mistyped = str(error["type"]).endswith(("_type", "_parsing"))
         if member and where in member_said:
-            problems[member_said[where]] = problem
+            said, said_mistyped = member_said[where]
+            if said_mistyped or not mistyped:
+                problems[said], member_said[where] = problem, (said, mistyped)
             continue
         if member:
-            member_said[where] = len(problems)
+            member_said[where] = (len(problems), mistyped)
         problems.append(problem)
     return problems
 

@@ -5,6 +5,9 @@ The schemas live in `core_v1_<version>.json` beside this file, generated from th
 Kubernetes version's OpenAPI document (`mpjob crd --k8s-schemas PATH`; never hand-written).
 The CRD embeds them, so the API server checks `spec.template` with them; `check` reads the
 same nodes so that `mpjob validate` refuses what `kubectl apply` would, naming the field.
+The generator adds the value rules Kubernetes' Go validation applies but its OpenAPI document
+does not say (names, label values, quantities: mpjob.k8s_openapi.VALUE_RULES) as patterns,
+lengths and enums, so both refuse at `kubectl apply` what the pod API would refuse only later.
 It reads exactly the keys in SCHEMA_KEYS (a test holds the file to that) but `format`, which
 only a string's `date-time` deep inside an ephemeral volume's claim template would make count.
 """
@@ -12,9 +15,12 @@ only a string's `date-time` deep inside an ephemeral volume's claim template wou
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from mpjob_contract import formats
 
 #: The Kubernetes version the test cluster pins (tests/cluster/build/kubernetes/go.mod).
 KUBERNETES_VERSION = "v1.34.4"
@@ -22,6 +28,9 @@ KUBERNETES_VERSION = "v1.34.4"
 SCHEMA_KEYS = (
     "type",
     "description",
+    "pattern",
+    "maxLength",
+    "minimum",
     "format",
     "enum",
     "properties",
@@ -78,19 +87,40 @@ def check_template(template: dict[str, Any]) -> list[Violation]:
 
 
 def check(value: Any, schema: dict[str, Any], path: str) -> list[Violation]:
-    """What in `value` breaks `schema` (required, types, enums, unknown fields, list keys)."""
-    if schema.get("x-kubernetes-int-or-string"):
-        ok = _is_integer(value) or isinstance(value, str)
-        return [] if ok else [(path, f"must be an integer or a string, got {_kind(value)}")]
-    expected = schema.get("type")
-    if expected and not _TYPES[expected](value):
-        return [(path, f"must be {_ARTICLE.get(expected, 'a')} {expected}, got {_kind(value)}")]
+    """What in `value` breaks `schema` (required, types, enums, unknown fields, list keys, and a
+    scalar's pattern, length and minimum)."""
+    if wrong := _wrong_type(value, schema):
+        return [(path, wrong)]
     if "enum" in schema and value not in schema["enum"]:
         return [(path, f"must be one of {schema['enum']}, got {value!r}")]
     if isinstance(value, dict):
         return _check_object(value, schema, path)
     if isinstance(value, list):
         return _check_array(value, schema, path)
+    return _check_scalar(value, schema, path)
+
+
+def _wrong_type(value: Any, schema: dict[str, Any]) -> str | None:
+    if schema.get("x-kubernetes-int-or-string"):
+        ok = _is_integer(value) or isinstance(value, str)
+        return None if ok else f"must be an integer or a string, got {_kind(value)}"
+    expected = schema.get("type")
+    if expected and not _TYPES[expected](value):
+        return f"must be {_ARTICLE.get(expected, 'a')} {expected}, got {_kind(value)}"
+    return None
+
+
+def _check_scalar(value: Any, schema: dict[str, Any], path: str) -> list[Violation]:
+    """The value rules Kubernetes applies when it creates the pod (the schema file carries them:
+    mpjob.k8s_openapi.VALUE_RULES), named in formats' words."""
+    if isinstance(value, str):
+        if len(value) > schema.get("maxLength", len(value)):
+            return [(path, f"must be at most {schema['maxLength']} characters, got {len(value)}")]
+        if "pattern" in schema and re.fullmatch(schema["pattern"], value) is None:
+            words = formats.allowed_by(schema["pattern"]) or f"matched by {schema['pattern']}"
+            return [(path, f"must be {words}, got {value!r}")]
+    elif "minimum" in schema and _TYPES["number"](value) and value < schema["minimum"]:
+        return [(path, f"must be at least {schema['minimum']}, got {value!r}")]
     return []
 
 

@@ -283,6 +283,55 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "spec.tracking.mlflow.uri",
     ),
     ("mlflow-uri-missing", bad("spec.tracking", {"mlflow": {"experiment": "x"}}), "spec.tracking.mlflow.uri"),
+    # Values Kubernetes refuses only when the Job controller creates the pod (or never finds: a claim
+    # is named like every object), refused at `kubectl apply` by the CRD's patterns instead.
+    (
+        "claim-name-not-a-name",
+        bad("spec.checkpoint.volume", {"persistentVolumeClaim": {"claimName": "Bad Name"}}),
+        "spec.checkpoint.volume.persistentVolumeClaim.claimName",
+    ),
+    (
+        "empty-dir-size-not-a-quantity",
+        bad("spec.checkpoint.volume", {"emptyDir": {"sizeLimit": "lots"}}),
+        "spec.checkpoint.volume.emptyDir.sizeLimit",
+    ),
+    (
+        "negative-empty-dir-size",
+        bad("spec.checkpoint.storage", {"volume": {"emptyDir": {"sizeLimit": -1}}}),
+        "spec.checkpoint.storage.volume.emptyDir.sizeLimit",
+    ),
+    ("request-quantity-two-points", bad("spec.resources.requests", {"memory": "1.2.3Gi"}), "spec.resources.requests"),
+    ("negative-limit", bad("spec.resources.limits", {"cpu": -1}), "spec.resources.limits"),
+    ("queue-name-not-a-label-value", bad("spec.runPolicy.queueName", "team queue"), "spec.runPolicy.queueName"),
+    (
+        "volume-name-not-a-dns-label",
+        bad("spec.template.volumes", [{"name": "Data", "emptyDir": {}}]),
+        "volumes[0].name",
+    ),
+    (
+        "template-empty-dir-size-not-a-quantity",
+        bad("spec.template.volumes", [{"name": "s", "emptyDir": {"sizeLimit": "1K"}}]),
+        "spec.template.volumes[0].emptyDir.sizeLimit",
+    ),
+    ("env-name-with-equals", bad("spec.template.env", [{"name": "A=B", "value": "1"}]), "spec.template.env[0].name"),
+    ("priority-class-not-a-name", bad("spec.template.priorityClassName", "High"), "spec.template.priorityClassName"),
+    ("service-account-not-a-name", bad("spec.template.serviceAccountName", "a_b"), "spec.template.serviceAccountName"),
+    ("label-value-with-a-space", bad("spec.template.labels", {"team": "ml team"}), "spec.template.labels"),
+    (
+        "node-selector-value-too-long",
+        bad("spec.template.nodeSelector", {"pool": "p" * 64}),
+        "spec.template.nodeSelector",
+    ),
+    (
+        "toleration-key-not-a-label-key",
+        bad("spec.template.tolerations", [{"key": "gpu type", "operator": "Exists"}]),
+        "spec.template.tolerations[0].key",
+    ),
+    (
+        "toleration-operator-lowercase",
+        bad("spec.template.tolerations", [{"key": "gpu", "operator": "exists"}]),
+        "spec.template.tolerations[0].operator",
+    ),
     (
         "mlflow-secret-not-a-name",
         bad("spec.tracking", {"mlflow": {"uri": "http://m:5000", "credentialsSecret": "My Secret"}}),
