@@ -199,3 +199,16 @@ class PodTemplateOverrides(ApiModel):
         if violations:
             raise k8s.SchemaViolations(violations)
         return self
+
+    @model_validator(mode="after")
+    def _tolerations_hold(self) -> PodTemplateOverrides:
+        """The pod API's rules between a toleration's fields (rules.TOLERATION_RULES)."""
+        violations = [
+            found
+            for i, toleration in enumerate(self.tolerations)
+            for rule in rules.TOLERATION_RULES
+            if (found := rule.violation(toleration, at=f"tolerations[{i}]"))
+        ]
+        if violations:
+            raise k8s.SchemaViolations(violations)
+        return self

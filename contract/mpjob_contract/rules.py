@@ -22,6 +22,10 @@ from typing import Any
 from mpjob_contract.cel import Rule as Rule
 from mpjob_contract.cel import wire_self as wire_self
 from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed
+from mpjob_contract.pod_rules import TOLERATION_EMPTY_KEY_EXISTS as TOLERATION_EMPTY_KEY_EXISTS
+from mpjob_contract.pod_rules import TOLERATION_EXISTS_WITHOUT_VALUE as TOLERATION_EXISTS_WITHOUT_VALUE
+from mpjob_contract.pod_rules import TOLERATION_RULES as TOLERATION_RULES
+from mpjob_contract.pod_rules import TOLERATION_SECONDS_NEED_NO_EXECUTE as TOLERATION_SECONDS_NEED_NO_EXECUTE
 from mpjob_contract.vocabulary import SAFETY, safer_than
 
 #: A job's name must leave room for "-a<NN>" (attempt) and "-<index>" (pod hostname)
@@ -255,6 +259,7 @@ RULES: tuple[Rule, ...] = (
     FALLBACK_NO_FP8,
     FALLBACK_SAFER_IN_ORDER,
     NO_SERVICE_ACCOUNT_TOKEN,
+    *TOLERATION_RULES,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,
     BUCKET_NOT_AN_IP_ADDRESS,

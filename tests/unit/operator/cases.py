@@ -332,6 +332,25 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.template.tolerations", [{"key": "gpu", "operator": "exists"}]),
         "spec.template.tolerations[0].operator",
     ),
+    # The pod API's rules between a toleration's fields (mpjob_contract.pod_rules).
+    (
+        "toleration-seconds-without-no-execute",
+        bad(
+            "spec.template.tolerations",
+            [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}],
+        ),
+        "spec.template.tolerations[0].effect",
+    ),
+    (
+        "toleration-empty-key-equal",
+        bad("spec.template.tolerations", [{"operator": "Equal", "value": "a100"}]),
+        "spec.template.tolerations[0].operator",
+    ),
+    (
+        "toleration-exists-with-value",
+        bad("spec.template.tolerations", [{"key": "gpu", "operator": "Exists", "value": "a100"}]),
+        "spec.template.tolerations[0].value",
+    ),
     (
         "mlflow-secret-not-a-name",
         bad("spec.tracking", {"mlflow": {"uri": "http://m:5000", "credentialsSecret": "My Secret"}}),
@@ -358,6 +377,9 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
         "auto-fallback-out-of-order",
     ),
     rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
+    rules.TOLERATION_SECONDS_NEED_NO_EXECUTE.name: ("toleration-seconds-without-no-execute",),
+    rules.TOLERATION_EMPTY_KEY_EXISTS.name: ("toleration-empty-key-equal",),
+    rules.TOLERATION_EXISTS_WITHOUT_VALUE.name: ("toleration-exists-with-value",),
     rules.ONE_CHECKPOINT_SOURCE.name: ("two-volumes", "no-checkpoint-source"),
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),
     rules.BUCKET_NOT_AN_IP_ADDRESS.name: ("bucket-named-like-an-ip-address",),
@@ -398,7 +420,11 @@ FULL_TEMPLATE: dict[str, Any] = {
     "labels": {"team": "ml"},
     "annotations": {"note": "x"},
     "nodeSelector": {"pool": "gpu"},
-    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}],
+    "tolerations": [
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+        {"key": "pool", "value": "a100"},
+    ],
     "env": [
         {"name": "A", "value": "1"},
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token", "optional": True}}},
