@@ -108,6 +108,22 @@ TASK_MODULE = Format(
     "a Python module's dotted path, ':' and a function's name (my_pkg.train:make_task)",
 )
 COMPUTE_CAPABILITY = Format(r"^[0-9]+\.[0-9]+$", 'major.minor, in quotes in YAML ("8.0")')
+#: A container image reference as the kubelet parses it (github.com/distribution/reference's grammar,
+#: which k8s.io/kubernetes/pkg/util/parsers uses): an optional registry host and port, a lowercase
+#: repository path, an optional tag and digest. What the grammar leaves to code is left to the
+#: kubelet: a path past 255 characters, a digest's algorithm and length, a bare 64-hex name. Empty
+#: is the operator's default image, as unset.
+_HOST = (
+    r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:[.](?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*"
+)
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+IMAGE = Format(
+    rf"^((?:(?:{_HOST}|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?)?$",
+    "an image reference: [registry[:port]/]repository[:tag][@digest], the repository in lowercase letters, "
+    "digits and '.', '_', '-' between them, the tag of letters, digits, '_', '.' and '-'; or empty for the "
+    "operator's default (ghcr.io/team/trainer:1.4)",
+)
 #: resource.ParseQuantity's grammar (k8s.io/apimachinery/pkg/api/resource/quantity.go), not the
 #: looser regular expression its error quotes ("1.2.3" and "4KiB" match that one, and fail to
 #: parse), with no '-': every quantity the pod API takes (requests, limits, an emptyDir's
@@ -128,7 +144,8 @@ FP8_SKIP = Format(
 
 _ALL = (
     JOB_NAME, DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_OR_EMPTY, LABEL_VALUE, TOLERATION_KEY, ENV_VAR_NAME,
-    BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY, QUANTITY, CURRENCY, FP8_SKIP,
+    BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY, IMAGE, QUANTITY, CURRENCY,
+    FP8_SKIP,
 )  # fmt: skip
 _BY_PATTERN = {fmt.pattern: fmt for fmt in _ALL}
 assert len(_BY_PATTERN) == len(_ALL), "each format its own pattern: the words are found by it"

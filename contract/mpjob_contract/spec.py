@@ -150,7 +150,9 @@ class Validation(ApiModel):
 
 class MixedPrecisionJobSpec(ApiModel):
     workers: int = Field(1, ge=1, le=MAX_WORKERS, description="Pods of each attempt.")
-    image: str | None = Field(None, description="Trainer image; default from the operator.")
+    image: str | None = Field(
+        None, pattern=formats.IMAGE.pattern, description="Trainer image; default from the operator."
+    )
     task: Task
     training: Training = Field(
         default_factory=Training, description="Steps, batch size, accumulation, learning rate, clipping, seed, logging."

@@ -302,6 +302,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("request-quantity-two-points", bad("spec.resources.requests", {"memory": "1.2.3Gi"}), "spec.resources.requests"),
     ("negative-limit", bad("spec.resources.limits", {"cpu": -1}), "spec.resources.limits"),
+    ("image-with-uppercase-repository", bad("spec.image", "ghcr.io/Team/Trainer:1.4"), "spec.image"),
     ("queue-name-not-a-label-value", bad("spec.runPolicy.queueName", "team queue"), "spec.runPolicy.queueName"),
     (
         "volume-name-not-a-dns-label",
