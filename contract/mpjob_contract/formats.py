@@ -74,6 +74,12 @@ TOLERATION_KEY = Format(
     "starting and ending with a letter or digit; or empty (nvidia.com/gpu)",
     max_length=317,
 )
+#: A key of a ConfigMap or Secret (IsConfigMapKey): never '.', '..' or starting with '..'.
+CONFIG_KEY = Format(
+    r"^[.]?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$",
+    "a ConfigMap or Secret key: letters, digits, '-', '_' and '.', at most 253, not starting with '..' (token.json)",
+    max_length=253,
+)
 #: An environment variable's name: printable ASCII but '=' (Kubernetes 1.34's relaxed rule, GA).
 ENV_VAR_NAME = Format(r"^[ -<>-~]+$", "printable ASCII characters other than '=' (MY_SETTING)")
 #: S3's bucket naming rules (3-63 characters, the field's bounds).
@@ -143,7 +149,7 @@ FP8_SKIP = Format(
 )
 
 _ALL = (
-    JOB_NAME, DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_OR_EMPTY, LABEL_VALUE, TOLERATION_KEY, ENV_VAR_NAME,
+    JOB_NAME, DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_OR_EMPTY, LABEL_VALUE, TOLERATION_KEY, CONFIG_KEY, ENV_VAR_NAME,
     BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY, IMAGE, QUANTITY, CURRENCY,
     FP8_SKIP,
 )  # fmt: skip

@@ -315,6 +315,11 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "spec.template.volumes[0].emptyDir.sizeLimit",
     ),
     ("env-name-with-equals", bad("spec.template.env", [{"name": "A=B", "value": "1"}]), "spec.template.env[0].name"),
+    (
+        "secret-key-ref-key-with-a-slash",
+        bad("spec.template.env", [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "a/b"}}}]),
+        "spec.template.env[0].valueFrom.secretKeyRef.key",
+    ),
     ("priority-class-not-a-name", bad("spec.template.priorityClassName", "High"), "spec.template.priorityClassName"),
     ("service-account-not-a-name", bad("spec.template.serviceAccountName", "a_b"), "spec.template.serviceAccountName"),
     ("label-value-with-a-space", bad("spec.template.labels", {"team": "ml team"}), "spec.template.labels"),

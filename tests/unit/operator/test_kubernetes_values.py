@@ -54,6 +54,11 @@ def test_a_quantity_kubernetes_refuses_is_named_with_what_is_allowed(field: str,
     assert why in problem, problem
 
 
+def _from(source: str, name: str, key: str) -> dict[str, Any]:
+    """An env var taken from a Secret's or ConfigMap's key."""
+    return {"name": "V", "valueFrom": {source: {"name": name, "key": key}}}
+
+
 # (field, values Kubernetes takes, values it refuses), each refused value a class of its own.
 NAMES: list[tuple[str, list[Any], list[Any]]] = [
     (
@@ -95,6 +100,18 @@ NAMES: list[tuple[str, list[Any], list[Any]]] = [
     ("spec.template.priorityClassName", ["", "high", "system-node-critical"], ["High", "a b", "p" * 254]),
     ("spec.template.serviceAccountName", ["", "trainer", "a.b"], ["a_b", "Trainer", ".a"]),
     ("spec.template.env", [[{"name": "my.var-1 x"}], [{"name": "_A"}]], [[{"name": "A=B"}], [{"name": "é"}]]),
+    (
+        "spec.template.env",
+        [[_from("secretKeyRef", "s3.creds", ".token_1.json")], [_from("configMapKeyRef", "cfg", "k" * 253)]],
+        [
+            [_from("secretKeyRef", "S3", "k")],
+            [_from("secretKeyRef", "s", "..k")],
+            [_from("secretKeyRef", "s", "a/b")],
+            [_from("configMapKeyRef", "a_b", "k")],
+            [_from("configMapKeyRef", "c", ".")],
+            [_from("configMapKeyRef", "c", "k" * 254)],
+        ],
+    ),
     ("spec.template.volumes", [[{"name": "d" * 63, "emptyDir": {}}]], [[{"name": "d" * 64, "emptyDir": {}}]]),
     ("spec.template.labels", [{"team": ""}, {"team": "ML_team.a-1"}], [{"team": "ml team"}, {"team": "t" * 64}]),
     ("spec.template.nodeSelector", [{"pool": "gpu-a100"}], [{"pool": "-gpu"}]),
@@ -153,6 +170,8 @@ def _node(schema: dict[str, Any], path: str) -> dict[str, Any]:
         ("spec.template.volumes[].name", formats.DNS_LABEL.schema()),
         ("spec.template.volumes[].persistentVolumeClaim.claimName", formats.DNS_SUBDOMAIN.schema()),
         ("spec.template.env[].name", formats.ENV_VAR_NAME.schema()),
+        ("spec.template.env[].valueFrom.secretKeyRef.key", formats.CONFIG_KEY.schema()),
+        ("spec.template.env[].valueFrom.configMapKeyRef.name", formats.DNS_SUBDOMAIN.schema()),
         ("spec.template.priorityClassName", formats.DNS_SUBDOMAIN_OR_EMPTY.schema()),
         ("spec.template.tolerations[].key", formats.TOLERATION_KEY.schema()),
         ("spec.template.labels{}", formats.LABEL_VALUE.schema()),
