@@ -19,8 +19,8 @@ step I // batch of the first epoch.
 1e3 times larger, a finite loss spike (guard.spike). `--empty-step STEP` (Lightning): the script's own
 `training_step` returns None at STEP, a run whose data has no batch there. `--pace S`: each
 optimizer step sleeps S seconds (a test can stop the run mid-way). `--loss-func` (HF): the
-Trainer computes the loss with a `compute_loss_func` (it takes the labels: the model, given
-none, returns its prediction only).
+Trainer computes the loss with a `compute_loss_func` (it takes the labels): the model computes
+no loss of its own, it returns its prediction only, labels or not.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def log_activation_once(module: nn.Module, inputs: Any, output: torch.Tensor) ->
 
 
 class Net(nn.Module):
-    def __init__(self, overflow_at: int | None, *, deep: bool = False, spike_at: int | None = None) -> None:
+    def __init__(
+        self, overflow_at: int | None, *, deep: bool = False, spike_at: int | None = None, predicts_only: bool = False
+    ) -> None:
         super().__init__()
         inp, norm, out = nn.Linear(FEATURES, 32), nn.LayerNorm(32), nn.Linear(32, 1)
         # Registered in the order they run (fp8 keeps the first and last linear in bf16), made
@@ -70,7 +72,7 @@ class Net(nn.Module):
         self.inp, self.norm = inp, norm
         self.mid = nn.Sequential(nn.Linear(32, 32), nn.ReLU()) if deep else nn.Identity()
         self.out = out
-        self.overflow_at, self.step = overflow_at, 0
+        self.overflow_at, self.step, self.predicts_only = overflow_at, 0, predicts_only
         self.spikes = range(spike_at, spike_at + 3) if spike_at is not None else range(0)
         if deep:
             self.inp.register_forward_hook(log_activation_once)
@@ -79,7 +81,7 @@ class Net(nn.Module):
         gain = 1e6 if self.overflow_at is not None and self.step >= self.overflow_at else 1.0
         h = self.out(self.mid(torch.relu(self.norm(self.inp(x) * gain))))
         h = h * 1e3 if self.step in self.spikes else h
-        return {"prediction": h} if labels is None else {"loss": squared_error(h, labels)}
+        return {"prediction": h} if labels is None or self.predicts_only else {"loss": squared_error(h, labels)}
 
 
 def squared_error(prediction: torch.Tensor, labels: torch.Tensor, **_: Any) -> torch.Tensor:
@@ -177,7 +179,7 @@ def main() -> None:
     with mpjob.start() as run:
         for step in opts.quarantine.split(",") if opts.quarantine else []:
             run.quarantined.add(int(step), "data")
-        net = Net(opts.overflow_at, deep=opts.deep, spike_at=opts.spike_at)
+        net = Net(opts.overflow_at, deep=opts.deep, spike_at=opts.spike_at, predicts_only=opts.loss_func)
         if opts.framework == "hf":
             hf(run, net, Regression(opts.poison), opts.pace, opts.loss_func)
         else:

@@ -1,9 +1,10 @@
-"""The Hugging Face adapter's fp32 replay computes a step's loss the way the Trainer computed it
-in training: through the Trainer's own `compute_loss`, so a `compute_loss_func`, the label
-smoother (`label_smoothing_factor`) and a subclass's `compute_loss` override all hold, with the
-Trainer's scaling for gradient accumulation. A replayed step steps with the gradients training
+"""The Hugging Face adapter's fp32 replay and quality gate compute the loss the way the Trainer
+computes it in training: through the Trainer's own `compute_loss`, so a `compute_loss_func`, the
+label smoother (`label_smoothing_factor`) and a subclass's `compute_loss` override all hold, with
+the Trainer's scaling for gradient accumulation. A replayed step steps with the gradients training
 stepped with; a replay of the model's own loss would step with others (or find no loss at all,
-the labels being the Trainer's to take), and could not tell bad data from a precision's fault."""
+the labels being the Trainer's to take), and could not tell bad data from a precision's fault.
+The gate gates the loss training optimizes, a per-batch mean as the Trainer's evaluation has it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback
 
-from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.conftest import in_process_launch, parse, spec
 
 pytestmark = pytest.mark.unit
 
@@ -56,8 +57,9 @@ class Penalised(Trainer):
     def compute_loss(
         self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
-        loss = super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        return loss + 0.1 * sum(p.pow(2).sum() for p in model.parameters())
+        loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch=num_items_in_batch)
+        loss = loss + 0.1 * sum(p.pow(2).sum() for p in model.parameters())
+        return (loss, outputs) if return_outputs else loss
 
 
 class Gradients(TrainerCallback):
@@ -105,3 +107,32 @@ def test_the_hf_replay_steps_with_the_gradients_of_the_trainers_own_loss(
         run.close()
     assert len(gradients.seen) == run.total_steps + 1
     torch.testing.assert_close(replayed, trained, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("how", sorted(LOSSES))
+def test_the_hf_quality_gate_measures_the_trainers_own_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """The gate's eval loss at the last step is the one the Trainer's own evaluation computes
+    at the same weights (every eval batch full: its sample mean is the gate's batch mean)."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    trainer_class, built_with, arguments = LOSSES[how]
+    training = {"steps": 4, "batchSize": 4, "learningRate": 1e-3}
+    validation = {"everySteps": 4, "batches": 4}
+    job = spec(task={"command": ["python", "train.py"]}, training=training, validation=validation)
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        args = mpjob_hf.training_arguments(run, dataloader_num_workers=0, per_device_eval_batch_size=4, **arguments)
+        eval_set = torch.utils.data.Subset(Tokens(), range(16))
+        trainer = trainer_class(
+            model=tiny_gpt2(), args=args, train_dataset=Tokens(), eval_dataset=eval_set, **built_with
+        )
+        mpjob_hf.train(run, trainer)
+        trainers = trainer.evaluate()["eval_loss"]
+    finally:
+        run.close()
+    gated = [e for e in parse(capsys.readouterr().out) if e["event"] == "eval"]
+    assert [e["step"] for e in gated] == [4]
+    assert gated[0]["loss"] == pytest.approx(trainers, rel=1e-5)

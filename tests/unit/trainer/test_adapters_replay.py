@@ -61,11 +61,19 @@ def test_an_fp16_overflow_under_a_framework_replays_finite_in_fp32(tmp_path: Pat
     assert run.report is not None and "finitely: the precision is at fault" in run.report.message
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize(
+    ("framework", "extra"),
+    [("hf", []), ("hf", ["--loss-func"]), ("lightning", [])],
+    ids=["hf", "hf-compute_loss_func", "lightning"],
+)
 @pytest.mark.process
-def test_the_quality_gate_evaluates_a_frameworks_eval_set_in_fp32_too(tmp_path: Path, framework: str) -> None:
+def test_the_quality_gate_evaluates_a_frameworks_eval_set_in_fp32_too(
+    tmp_path: Path, framework: str, extra: list
+) -> None:
+    """Also under a Trainer whose loss is its `compute_loss_func`'s (the model computes none): the gate computes it."""
     validation = {"everySteps": 10, "batches": 2, "maxLossDelta": 0.5}
-    run = run_trainer(tmp_path, job(framework, validation=validation), "bf16", argv=[SCRIPT, framework])
+    argv = [SCRIPT, framework, *extra]
+    run = run_trainer(tmp_path, job(framework, *extra, validation=validation), "bf16", argv=argv)
     assert run.code == 0, run.stderr[-3000:]
     evals = run.of("eval")
     assert [e["step"] for e in evals] == [10, 20, 30]

@@ -9,6 +9,8 @@ loss of its own: `TrainerLoss` keeps each training micro-batch's `compute_loss` 
 (its inputs as the Trainer passed them, before `compute_loss` takes the labels out), and the
 step makes the Trainer's own `compute_loss` call again, under the session's autocast, then
 scales for gradient accumulation as `Trainer.training_step` does (`scaled_for_accumulation`).
+The quality gate measures that loss too (`TrainerLoss.evaluated`): a model may compute none
+itself (a `compute_loss_func` does, from its outputs and the labels), or not the one trained on.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from transformers import Trainer
 
 from mpjob_trainer.adapters.accelerated import class_forward
 from mpjob_trainer.adapters.reload import hf_reader
-from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, loss_of, weights_finite
+from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, weights_finite
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 
@@ -44,11 +46,17 @@ def scaled_for_accumulation(trainer: Trainer, num_items_in_batch: Any) -> bool:
     return bool(given_items or trainer.compute_loss_func is not None)
 
 
+def loss_in(result: Any) -> Any:
+    """The loss of a `compute_loss` result (a tuple of the loss and the outputs when it was called
+    with `return_outputs=True`)."""
+    return result[0] if isinstance(result, tuple) else result
+
+
 class TrainerLoss:
     """The Trainer's `compute_loss` (a subclass's override included): each training call is
     recorded under the Trainer's global step, and the session's step makes it again. The
-    Trainer calls the instance attribute this sets; evaluation's calls (a model in eval mode)
-    are no step's."""
+    Trainer calls the instance attribute this sets; its evaluation's calls (a model in eval
+    mode) are no step's, nor are the quality gate's (`evaluated`: not through the attribute)."""
 
     def __init__(self, trainer: Trainer, recorded: RecordedSteps) -> None:
         self.trainer, self.recorded = trainer, recorded
@@ -64,10 +72,19 @@ class TrainerLoss:
     def again(self, call: LossCall, micro_batches: int) -> Any:
         """The loss `call` computed, for backward as `Trainer.training_step` scales it; through the
         Trainer's wrapper (DDP's gradient sync as in training)."""
-        result = self.compute_loss(self.trainer.model_wrapped, dict(call.inputs), *call.args, **call.kwargs)
-        loss = result[0] if isinstance(result, tuple) else result  # called with return_outputs=True
+        loss = loss_in(self.compute_loss(self.trainer.model_wrapped, dict(call.inputs), *call.args, **call.kwargs))
         items = call.kwargs.get("num_items_in_batch")  # the Trainer passes it by keyword
         return loss if scaled_for_accumulation(self.trainer, items) else loss / micro_batches
+
+    def evaluated(self, inputs: dict[str, Any]) -> float:
+        """The Trainer's `compute_loss` of evaluation batch `inputs` (model in eval mode), never
+        recorded. Normalised over the batch's own items, counted as the Trainer's evaluation counts
+        them (`num_items_in_batch`; a `compute_loss_func` may divide by it): a per-batch mean."""
+        model = self.trainer.model
+        assert model is not None
+        _, items = self.trainer.get_batch_samples(iter([inputs]), 1, self.trainer.args.device)
+        loss = loss_in(self.compute_loss(model, dict(inputs), num_items_in_batch=items))
+        return float(loss.mean())  # several GPUs in one process (DataParallel): a loss each
 
 
 def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
@@ -93,12 +110,14 @@ def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
     if run.spec.validation.every_steps:
         if trainer.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the Trainer has no eval_dataset")
-        run.evaluate_with(lambda: evaluate(run, trainer))
+        run.evaluate_with(lambda: evaluate(run, trainer_loss))
 
 
-def evaluate(run: Session, trainer: Trainer) -> float:
-    """Mean loss over the first validation.batches batches of the Trainer's eval set, under the
-    session's autocast (the gate runs it in the attempt's precision and in fp32)."""
+def evaluate(run: Session, trainer_loss: TrainerLoss) -> float:
+    """Mean loss over the first validation.batches batches of the Trainer's eval set, as training
+    computes it (`TrainerLoss.evaluated`), under the session's autocast (the gate runs it in the
+    attempt's precision and in fp32)."""
+    trainer = trainer_loss.trainer
     model = trainer.model
     assert model is not None
     model.eval()
@@ -107,7 +126,7 @@ def evaluate(run: Session, trainer: Trainer) -> float:
         with class_forward(model):
             for inputs in itertools.islice(trainer.get_eval_dataloader(), run.spec.validation.batches):
                 with run.autocast():
-                    losses.append(float(loss_of(model(**inputs))))
+                    losses.append(trainer_loss.evaluated(inputs))
     finally:
         model.train()
     return sum(losses) / max(1, len(losses))
