@@ -2,7 +2,7 @@
 
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
                                               [--quarantine STEP,...] [--empty-step STEP] [--pace S]
-                                              [--spike-at STEP] [--loss-func]
+                                              [--spike-at STEP] [--loss-func] [--val-output K]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -20,7 +20,9 @@ step I // batch of the first epoch.
 `training_step` returns None at STEP, a run whose data has no batch there. `--pace S`: each
 optimizer step sleeps S seconds (a test can stop the run mid-way). `--loss-func` (HF): the
 Trainer computes the loss with a `compute_loss_func` (it takes the labels): the model computes
-no loss of its own, it returns its prediction only, labels or not.
+no loss of its own, it returns its prediction only, labels or not. `--val-output K`
+(Lightning): `validation_step` returns None (Lightning's "skip this batch") at odd batch
+indexes (`odd-none`) or at every one (`none`), or a dict without "loss" (`dict`).
 """
 
 from __future__ import annotations
@@ -142,8 +144,11 @@ def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) ->
             time.sleep(0.3 if run.precision == opts.slow else opts.pace)
             return net(**b)["loss"]
 
-        def validation_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor:
-            return net(**b)["loss"]
+        def validation_step(self, b: dict[str, torch.Tensor], i: int) -> Any:
+            if opts.val_output == "dict":
+                return {"prediction": net(b["x"])["prediction"]}
+            skipped = opts.val_output == "none" or (opts.val_output == "odd-none" and i % 2)
+            return None if skipped else net(**b)["loss"]
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=run.spec.training.learning_rate)
@@ -175,6 +180,7 @@ def main() -> None:
     parser.add_argument("--empty-step", type=int, default=None)
     parser.add_argument("--pace", type=float, default=0.0)
     parser.add_argument("--loss-func", action="store_true")
+    parser.add_argument("--val-output", choices=["odd-none", "none", "dict"], default=None)
     opts = parser.parse_args()
     with mpjob.start() as run:
         for step in opts.quarantine.split(",") if opts.quarantine else []:

@@ -79,3 +79,35 @@ def test_the_quality_gate_evaluates_a_frameworks_eval_set_in_fp32_too(
     assert [e["step"] for e in evals] == [10, 20, 30]
     for e in evals:  # bf16 and fp32 at the same weights: close, not equal
         assert e["loss"] != e["lossFp32"] and abs(e["loss"] - e["lossFp32"]) <= 0.05 * e["lossFp32"]
+
+
+def _lightning_evals(tmp: Path, batches: int, *extra: str) -> list[float]:
+    validation = {"everySteps": 10, "batches": batches, "maxLossDelta": 0.5}
+    argv = [SCRIPT, "lightning", *extra]
+    run = run_trainer(tmp, job("lightning", *extra, validation=validation), "bf16", argv=argv)
+    assert run.code == 0, run.stderr[-3000:]
+    return [e["loss"] for e in run.of("eval")]
+
+
+@pytest.mark.process
+def test_the_lightning_gate_leaves_out_the_batches_validation_step_skips(tmp_path: Path) -> None:
+    """A `validation_step` that returns None for a batch skips it, as in Lightning's validation loop:
+    of two batches, the gate's loss is the first's alone."""
+    skipping = _lightning_evals(tmp_path / "skipping", 2, "--val-output", "odd-none")
+    first_only = _lightning_evals(tmp_path / "first", 1)
+    assert len(skipping) == 3 and skipping == first_only
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [("none", "validation_step returned no loss"), ("dict", "validation_step returned a dict without 'loss'")],
+)
+@pytest.mark.process
+def test_a_lightning_validation_step_that_returns_no_loss_is_a_config_error(
+    tmp_path: Path, output: str, message: str
+) -> None:
+    validation = {"everySteps": 10, "batches": 2}
+    argv = [SCRIPT, "lightning", "--val-output", output]
+    run = run_trainer(tmp_path, job("lightning", *argv[2:], validation=validation), "bf16", argv=argv)
+    assert run.code == ExitCode.CONFIG_ERROR, run.stderr[-3000:]
+    assert run.report is not None and message in run.report.message

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning as L
@@ -67,17 +67,35 @@ def clipping(trainer: L.Trainer, module: L.LightningModule, optimizer: torch.opt
 
 def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> float:
     """Mean `validation_step` loss over the first validation.batches batches of `val_dataloader()`,
-    under the session's autocast (the gate runs it in the attempt's precision and in fp32)."""
+    under the session's autocast (the gate runs it in the attempt's precision and in fp32); a
+    batch the step skips (None, as Lightning's validation loop allows) is not counted."""
     if type(module).validation_step is L.LightningModule.validation_step:
         raise ConfigError("validation.everySteps is set but the LightningModule has no validation_step")
     module.eval()
     try:
-        losses = []
+        outputs = []
         for k, batch in enumerate(itertools.islice(module.val_dataloader(), run.spec.validation.batches)):
             with run.autocast():
-                losses.append(float(loss_of(module.validation_step(trainer.strategy.batch_to_device(batch), k))))
+                outputs.append(module.validation_step(trainer.strategy.batch_to_device(batch), k))
     finally:
         module.train()
-    if not losses:
+    if not outputs:
         raise ConfigError("validation.everySteps is set but the LightningModule's val_dataloader() is empty")
+    losses = [validation_loss(output) for output in outputs if output is not None]
+    if not losses:
+        raise ConfigError(
+            f"validation.everySteps is set but the LightningModule's validation_step returned no loss for any of "
+            f"the {len(outputs)} batches of val_dataloader() the gate evaluates (validation.batches="
+            f"{run.spec.validation.batches}): return the loss tensor, or a dict with 'loss'"
+        )
     return sum(losses) / len(losses)
+
+
+def validation_loss(output: Any) -> float:
+    """The loss a `validation_step` returned: a tensor, or a dict's "loss" (Lightning's contract)."""
+    if isinstance(output, Mapping) and "loss" not in output:
+        raise ConfigError(
+            f"validation.everySteps is set but the LightningModule's validation_step returned a dict without "
+            f"'loss' (keys: {', '.join(map(str, output))})"
+        )
+    return float(loss_of(output))
