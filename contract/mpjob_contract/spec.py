@@ -145,7 +145,12 @@ class Validation(ApiModel):
         description="Relative eval-loss delta |low - fp32| / |fp32| that, two evaluations in a row, "
         "ends the precision (QualityDrift, a numeric fault: the ladder goes on).",
     )
-    batches: int = Field(4, ge=1, le=1000, description="Eval batches of training.batchSize per evaluation.")
+    batches: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="Eval batches per evaluation: of training.batchSize, or as a framework adapter's eval loader gives them (HF: per_device_eval_batch_size, Lightning: its val_dataloader's).",
+    )
 
 
 class MixedPrecisionJobSpec(ApiModel):
