@@ -17,6 +17,7 @@ from mpjob_contract import events
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from tests import warm
+from tests.helpers import paced
 
 if TYPE_CHECKING:  # launcher_pods reads the trainer's events with `parse`, below
     from tests.unit.trainer.launcher_pods import Pod
@@ -36,6 +37,15 @@ def spec(**over: Any) -> dict[str, Any]:
         else:
             base[key] = value
     return base
+
+
+def paced_spec(seconds: float, **over: Any) -> dict[str, Any]:
+    """spec(**over) whose builtin task's forward passes each take `seconds` longer in every precision
+    (task.args.stepDelay: an identity without parameters, so it trains an unpaced run's weights). A
+    run a test stops after seeing a step lasts on by the clock however late the test acts."""
+    job = spec(**over)
+    job["task"] = {**job["task"], "args": {**job["task"]["args"], "stepDelay": paced(seconds)}}
+    return job
 
 
 @dataclass

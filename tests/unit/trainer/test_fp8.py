@@ -25,7 +25,7 @@ from mpjob_trainer.session.modes import AttemptPrecision, Mode
 from mpjob_trainer.tasks.mlp import make_task
 from tests import warm
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import in_process_launch, launch_env, run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, launch_env, paced_spec, run_trainer, spec
 from tests.unit.trainer.test_resume import _assert_identical, _state
 
 pytestmark = pytest.mark.unit
@@ -136,20 +136,23 @@ def test_a_checkpoint_written_in_fp8_resumes_in_bf16_and_fp32_with_identical_wei
 
 @pytest.mark.process
 def test_an_fp8_run_killed_and_resumed_is_bit_identical(tmp_path: Path) -> None:
-    job = spec(precision=EMULATED, training={"steps": 60, "logEvery": 5}, checkpoint={"everySteps": 10, "keep": 10})
-    straight = run_trainer(tmp_path / "straight", job, "fp8")
+    settings = {"precision": EMULATED, "training": {"steps": 60, "logEvery": 5}, "checkpoint": {"everySteps": 10}}
+    straight = run_trainer(tmp_path / "straight", spec(**settings), "fp8")
     assert straight.code == 0, straight.stderr
+    # 100 ms a step: the 50 steps after checkpoint 10 last 5 s, so the kill lands inside the run
+    # however late this test, starved on a busy machine, sends it.
+    job = paced_spec(0.1, **settings)
     (tmp_path / "cut").mkdir()
     env = launch_env(tmp_path / "cut", job, "fp8", ckpt=tmp_path / "cut" / "ckpt")
     proc = warm.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.PIPE, text=True)
-    checkpoint = tmp_path / "cut" / "ckpt" / "step-000000020" / "manifest.json"
-    wait_for(checkpoint.exists, 120, interval=0.02, message="checkpoint 20")
+    checkpoint = tmp_path / "cut" / "ckpt" / "step-000000010" / "manifest.json"
+    wait_for(checkpoint.exists, 120, interval=0.02, message="checkpoint 10")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     resumed = run_trainer(tmp_path / "cut", job, "fp8", attempt=1, ckpt=tmp_path / "cut" / "ckpt", name="r2.json")
     assert resumed.code == 0, resumed.stderr
-    assert resumed.of("resume")[0]["step"] >= 20
+    assert resumed.of("resume")[0]["step"] >= 10
     _assert_identical(
         _state(tmp_path / "straight" / "ckpt" / "step-000000060"), _state(tmp_path / "cut" / "ckpt" / "step-000000060")
     )

@@ -19,7 +19,7 @@ from mpjob_trainer.session.ending import Standing, classify
 from mpjob_trainer.tasks.mlp import make_task
 from tests import warm
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import in_process_launch, launch_env, parse, run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, launch_env, paced_spec, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
@@ -140,16 +140,20 @@ def test_data_workers_train_bit_identically_to_the_training_process(tmp_path: Pa
 
 @pytest.mark.process
 def test_preempted_with_data_workers_and_resumed_is_bit_identical(tmp_path: Path) -> None:
-    job = spec(**{**LONG, "training": {**LONG["training"], "dataWorkers": 2, "steps": 80}})
-    straight = run_trainer(tmp_path / "straight", job)
+    settings = {**LONG, "training": {**LONG["training"], "dataWorkers": 2, "steps": 80}}
+    straight = run_trainer(tmp_path / "straight", spec(**settings))
     assert straight.code == 0, straight.stderr
+    # 30 ms a forward pass, two a step: the 70 steps after checkpoint 10 last 4 s, so SIGTERM
+    # lands inside the run however late this test, starved on a busy machine, sends it.
+    job = paced_spec(0.03, **settings)
     cut = tmp_path / "cut"
     cut.mkdir()
     env = launch_env(cut, job, "fp32")
     proc = warm.Popen(
         [sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.PIPE, text=True, start_new_session=True
     )
-    wait_for(lambda: (cut / "ckpt" / "step-000000020").exists(), 120, interval=0.02, message="checkpoint 20")
+    done = cut / "ckpt" / "step-000000010" / "manifest.json"
+    wait_for(done.exists, 120, interval=0.02, message="checkpoint 10")
     os.killpg(proc.pid, signal.SIGTERM)  # the trainer and its DataLoader workers, as a pod's stop does
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == ExitCode.PREEMPTED, out  # the workers left SIGTERM to the trainer
