@@ -1,7 +1,7 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
-                                              [--quarantine STEP,...] [--empty-step STEP] [--pace S]
+                                              [--quarantine STEP,...] [--empty-step STEP]
                                               [--spike-at STEP] [--loss-func] [--val-output K]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
@@ -17,17 +17,20 @@ step I // batch of the first epoch.
 `--quarantine STEP,...`: the run starts with these optimizer steps (0-based) quarantined whole
 (the adapters train on nothing there). `--spike-at STEP`: at steps STEP..STEP+2 the output is
 1e3 times larger, a finite loss spike (guard.spike). `--empty-step STEP` (Lightning): the script's own
-`training_step` returns None at STEP, a run whose data has no batch there. `--pace S`: each
-optimizer step sleeps S seconds (a test can stop the run mid-way). `--loss-func` (HF): the
+`training_step` returns None at STEP, a run whose data has no batch there. `--loss-func` (HF): the
 Trainer computes the loss with a `compute_loss_func` (it takes the labels): the model computes
 no loss of its own, it returns its prediction only, labels or not. `--val-output K`
 (Lightning): `validation_step` returns None (Lightning's "skip this batch") at odd batch
 indexes (`odd-none`) or at every one (`none`), or a dict without "loss" (`dict`).
+$FRAMEWORK_SCRIPT_STEP_SECONDS: each optimizer step sleeps that long (a test can stop the run
+mid-way), without changing the command, which checkpoints' config digest names: a run that
+resumes the paced one's checkpoints need not be paced.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -178,9 +181,9 @@ def main() -> None:
     parser.add_argument("--quarantine", default=None)
     parser.add_argument("--spike-at", type=int, default=None)
     parser.add_argument("--empty-step", type=int, default=None)
-    parser.add_argument("--pace", type=float, default=0.0)
     parser.add_argument("--loss-func", action="store_true")
     parser.add_argument("--val-output", choices=["odd-none", "none", "dict"], default=None)
+    parser.set_defaults(pace=float(os.environ.get("FRAMEWORK_SCRIPT_STEP_SECONDS", "0")))
     opts = parser.parse_args()
     with mpjob.start() as run:
         for step in opts.quarantine.split(",") if opts.quarantine else []:

@@ -177,8 +177,9 @@ def test_a_loss_spike_rolls_back_and_skips_its_steps_under_a_framework(tmp_path:
     assert_identical(final(tmp_path / "spiked", framework), final(tmp_path / "seeded", framework))
 
 
-def start(tmp: Path, spec_: dict[str, Any], argv: list[str], attempt: int) -> warm.Popen:
-    env = launch_env(tmp, spec_, "fp16", attempt=attempt, name=f"a{attempt}.json")
+def start(tmp: Path, spec_: dict[str, Any], argv: list[str], attempt: int, pace: float = 0.0) -> warm.Popen:
+    extra = {"FRAMEWORK_SCRIPT_STEP_SECONDS": str(pace)}
+    env = launch_env(tmp, spec_, "fp16", attempt=attempt, name=f"a{attempt}.json", extra=extra)
     return warm.Popen([sys.executable, *argv], env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 
@@ -192,13 +193,15 @@ def finish(proc: warm.Popen) -> list[dict[str, Any]]:
 @pytest.mark.process
 def test_killed_after_a_skip_resumes_with_the_quarantine_and_ends_bit_identical(tmp_path: Path, framework: str) -> None:
     steps = 60
-    argv = [SCRIPT, framework, "--poison", POISON[framework], "--pace", "0.05"]
+    argv = [SCRIPT, framework, "--poison", POISON[framework]]
     spec_ = job(framework, *argv[2:], steps=steps)
     straight = finish(start(tmp_path / "straight", spec_, argv, attempt=0))
     (skipped,) = [e for e in straight if e["event"] == "dataSkipped"]
 
     cut = tmp_path / "cut"
-    proc = start(cut, spec_, argv, attempt=0)
+    # 100 ms a step (the straight and resumed runs are not paced): the 40 steps after checkpoint 20
+    # last 4 s, so the kill lands inside the run however late this test, starved, sends it.
+    proc = start(cut, spec_, argv, attempt=0, pace=0.1)
     after_skip = cut / "ckpt" / "step-000000020" / "manifest.json"  # written after the rollback
     wait_for(after_skip.exists, 120, interval=0.02, message="a checkpoint after the skip")
     proc.send_signal(signal.SIGKILL)

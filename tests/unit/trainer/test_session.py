@@ -94,7 +94,9 @@ def test_sigterm_checkpoints_exits_44_and_the_resumed_run_is_bit_identical(tmp_p
     straight = warm.Popen([sys.executable, str(SCRIPT)], env=straight_env, stdout=warm.DEVNULL)
 
     cut = tmp_path / "cut"
-    env = launch_env(cut, job, "bf16", extra={"SDK_SCRIPT_STEP_SECONDS": "0.05"})
+    # 120 ms a step (the resumed run is not paced): the 30 steps after checkpoint 10 last 3.6 s, so
+    # SIGTERM lands inside the run however late this test, starved on a busy machine, sends it.
+    env = launch_env(cut, job, "bf16", extra={"SDK_SCRIPT_STEP_SECONDS": "0.12"})
     cut.mkdir()
     proc = warm.Popen([sys.executable, str(SCRIPT)], env=env, stdout=warm.PIPE, text=True)
     wait_for(lambda: (cut / "ckpt" / "step-000000010" / "manifest.json").exists(), 120, interval=0.02)

@@ -87,13 +87,16 @@ def contents(folder: Path, out: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.process
 def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path, precision: str) -> None:
-    steps, nproc, chance = 40, 2, random.Random()
+    # 100 ms a step in the cut runs: each kill waits for a checkpoint at most 10 steps on, so a
+    # prompt second kill leaves some 35 steps (3.5 s) to the end, and a starved test's late kill
+    # still lands inside the run.
+    steps, nproc, chance = 60, 2, random.Random()
     spec_ = job(steps, precision)
     finish(start(tmp_path / "straight", tmp_path / "straight" / "ckpt", spec_, nproc=nproc))
 
     ckpt = tmp_path / "cut" / "ckpt"
     for kill in range(2):
-        proc = start(tmp_path / "cut", ckpt, spec_, nproc=nproc, env={"SHARDED_SCRIPT_STEP_SECONDS": "0.03"})
+        proc = start(tmp_path / "cut", ckpt, spec_, nproc=nproc, env={"SHARDED_SCRIPT_STEP_SECONDS": "0.1"})
         wanted = newest(ckpt) + 5 * chance.randint(1, 2)
         wait_for(lambda w=wanted: newest(ckpt) >= w, 180, interval=0.01, message=f"the checkpoint of step {wanted}")
         time.sleep(chance.uniform(0.0, 0.3))  # not a wait for anything: it picks the random moment to kill at
