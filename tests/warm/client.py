@@ -270,7 +270,7 @@ class Popen:
         if target is None or rules.cold() or kw.get("stdin") == PIPE or kw.get("preexec_fn") is not None:
             return None
         module, name, rest = target
-        server = _servers.path(rules.kind(module, name))
+        server = _servers.path(rules.kind(module, name, rest))
         if server is None or rules.start_env(env) != server[1]:
             return None
         return server[0], module, name, rest

@@ -65,14 +65,17 @@ def rank_target(argv: list[str]) -> tuple[bool, str, list[str]] | None:
 CLI_MODULES = frozenset({"mpjob.cli"})
 
 
-def kind(module: bool, name: str) -> str:
+def kind(module: bool, name: str, args: list[str] | None = None) -> str:
     """The server that runs it: "cli" for the `mpjob` command (module or console script),
-    "frameworks" for a script that imports one, else "trainer"."""
+    "frameworks" for a script that imports one or runs one (a wrapper such as
+    tests/unit/trainer/paced_script.py, its first argument the script), else "trainer"."""
     if module:
         return "cli" if name in CLI_MODULES else "trainer"
     if os.path.basename(name) in CLI_SCRIPTS:
         return "cli"
-    return "frameworks" if _FRAMEWORK.search(Path(name).read_text()) else "trainer"
+    scripts = [name, *(args or [])[:1]]
+    named = any(_FRAMEWORK.search(Path(s).read_text()) for s in scripts if s.endswith(".py") and Path(s).is_file())
+    return "frameworks" if named else "trainer"
 
 
 def start_env(env: dict[str, str]) -> dict[str, str]:

@@ -36,7 +36,7 @@ def request(argv: list[str]) -> tuple[str, dict[str, Any]] | None:
     if found is None:
         return None
     module, name, args = found
-    path = os.path.join(os.environ["MPJOB_WARM_DIR"], f"{rules.kind(module, name)}.sock")
+    path = os.path.join(os.environ["MPJOB_WARM_DIR"], f"{rules.kind(module, name, args)}.sock")
     if not os.path.exists(path):
         went_cold({"target": name, "args": args}, f"no server at {path}")
         return None

@@ -44,9 +44,11 @@ def test_a_corrupted_newest_framework_checkpoint_is_skipped(tmp_path: Path, fram
     assert second.report is not None and second.report.start_step == 10 and second.report.step == 30
 
 
-def start(tmp: Path, spec: dict[str, Any], framework: str, attempt: int) -> warm.Popen:
-    env = launch_env(tmp, spec, "fp16", attempt=attempt, name=f"a{attempt}.json")
-    return warm.Popen(command(framework), env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
+def start(tmp: Path, spec: dict[str, Any], attempt: int, pace: float = 0.0) -> warm.Popen:
+    """The spec's command as attempt `attempt`, each optimizer step `pace` seconds longer."""
+    extra = {"PACED_STEP_SECONDS": str(pace)}
+    env = launch_env(tmp, spec, "fp16", attempt=attempt, name=f"a{attempt}.json", extra=extra)
+    return warm.Popen(spec["task"]["command"], env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 
 def finish(proc: warm.Popen) -> list[dict[str, Any]]:
@@ -77,12 +79,16 @@ def framework_state(folder: Path, framework: str) -> dict[str, Any]:
 @pytest.mark.process
 def test_killed_and_rerun_ends_bit_identical(tmp_path: Path, framework: str) -> None:
     steps = 120
-    spec = job(framework, training={"steps": steps}, precision={"mode": "fp16"}, checkpoint={"everySteps": 10})
-    straight = finish(start(tmp_path / "straight", spec, framework, attempt=0))
+    spec = job(
+        framework, training={"steps": steps}, precision={"mode": "fp16"}, checkpoint={"everySteps": 10}, paceable=True
+    )
+    straight = finish(start(tmp_path / "straight", spec, attempt=0))
     assert straight[-1]["event"] == "done"
 
     cut = tmp_path / "cut"
-    proc = start(cut, spec, framework, attempt=0)
+    # 50 ms a step (the other runs are not paced): the 110 steps after the first checkpoint last
+    # 5.5 s, so the kill lands inside the run however late this test, starved, sends it.
+    proc = start(cut, spec, attempt=0, pace=0.05)
 
     def trained() -> list[Path]:  # a checkpoint after training began (a fresh start also checkpoints step 0)
         return [m for m in (cut / "ckpt").glob("step-*/manifest.json") if m.parent.name != "step-000000000"]
@@ -91,7 +97,7 @@ def test_killed_and_rerun_ends_bit_identical(tmp_path: Path, framework: str) -> 
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert not (cut / "ckpt" / f"step-{steps:09d}").exists(), "killed before the end"
-    resumed = finish(start(cut, spec, framework, attempt=1))
+    resumed = finish(start(cut, spec, attempt=1))
     (resume,) = [e for e in resumed if e["event"] == "resume"]
     assert 0 < resume["step"] < steps
 

@@ -22,13 +22,15 @@ REPO = Path(__file__).resolve().parents[3]
 STEPS = 300
 COMMAND = [
     sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", "2", "--workers", "1", "--",
-    sys.executable, str(REPO / "examples" / "own-loop" / "train.py"),
+    sys.executable, str(Path(__file__).with_name("paced_script.py")), str(REPO / "examples" / "own-loop" / "train.py"),
     "--samples", "1024", "--hidden", "32", "--loader-workers", "1",
 ]  # fmt: skip
 
 
-def start(tmp: Path, job: dict[str, Any], precision: str, attempt: int) -> warm.Popen:
-    env = launch_env(tmp, job, precision, attempt=attempt, ckpt=tmp / "ckpt", name=f"report{attempt}.json")
+def start(tmp: Path, job: dict[str, Any], precision: str, attempt: int, pace: float = 0.0) -> warm.Popen:
+    """The launcher's two ranks as attempt `attempt`, each optimizer step `pace` seconds longer."""
+    extra = {"PACED_STEP_SECONDS": str(pace)}
+    env = launch_env(tmp, job, precision, attempt=attempt, ckpt=tmp / "ckpt", name=f"report{attempt}.json", extra=extra)
     env["MASTER_PORT"] = str(29600 + attempt + (7 if precision == "bf16" else 0) + hash(str(tmp)) % 300)
     return warm.Popen(COMMAND, env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
@@ -66,7 +68,9 @@ def test_own_loop_killed_and_rerun_ends_bit_identical(tmp_path: Path, precision:
     finish(start(tmp_path / "straight", job, precision, attempt=0))
 
     cut = tmp_path / "cut"
-    proc = start(cut, job, precision, attempt=0)
+    # 20 ms a step (the other runs are not paced): the 290 steps after the first checkpoint last
+    # 5.8 s, so the kill lands inside the run however late this test, starved, sends it.
+    proc = start(cut, job, precision, attempt=0, pace=0.02)
     wait_for(lambda: list((cut / "ckpt").glob("step-*/manifest.json")), 120, interval=0.02, message="a checkpoint")
     proc.send_signal(signal.SIGKILL)  # the launcher; its ranks die with it
     proc.communicate(timeout=60)
