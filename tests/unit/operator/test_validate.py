@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
@@ -205,17 +206,26 @@ def test_a_1500_level_document_is_refused_quickly_naming_the_field(tmp_path: Pat
     deep = bad("spec.task.args", nested(1500))
     path = tmp_path / "deep.json"  # JSON, as `kubectl apply -f` would send it
     path.write_text(nested_json(bad("spec.task.args", "HERE"), 1500))
-    started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "mpjob.cli", "validate", str(path)], capture_output=True, text=True)
+    # "Quickly" in CPU seconds, the command's and then this thread's: what a starved machine adds
+    # to the wall clock is not the check's work.
+    started = children_cpu_seconds()
+    validate = [sys.executable, "-m", "mpjob.cli", "validate", str(path)]
+    out = subprocess.run(validate, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "spec.task.args.deep.deep.deep.deep" in out.stdout, out
     assert f"nested deeper than {MAX_DEPTH} levels" in out.stdout
-    assert time.monotonic() - started < 20  # the interpreter's start is most of it
+    assert children_cpu_seconds() - started < 20  # the interpreter's start is most of it
     # Already parsed (the operator's path): the model stops at the bound, whatever lies below.
-    started = time.monotonic()
+    started = time.thread_time()
     _, problems = check_document(deep)
     assert [p.field for p in problems] == ["spec.task.args.deep.deep.deep.deep"]
     assert f"nested deeper than {MAX_TASK_ARG_DEPTH} levels" in problems[0].message
-    assert time.monotonic() - started < 1
+    assert time.thread_time() - started < 1
+
+
+def children_cpu_seconds() -> float:
+    """The CPU seconds this process's ended (waited-for) children have used."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 GOOD_TEXT = yaml.safe_dump(GOOD)

@@ -63,9 +63,9 @@ def test_whole_numbers_written_as_floats_are_integers_as_on_the_api_server() -> 
 def test_every_problem_is_said_once_and_quickly() -> None:
     doc = bad("spec.workers", "300")
     doc["spec"]["training"] = {"steps": "ten", "learningRate": float("inf"), "batchSize": 0}
-    started = time.monotonic()
+    started = time.thread_time()  # CPU seconds: what a starved machine adds to the wall clock is not the check's
     problems = said(doc)
-    assert time.monotonic() - started < 1
+    assert time.thread_time() - started < 1
     assert [p.split(": ")[1] for p in problems] == [
         "spec.training.learningRate",
         "spec.training.steps",
