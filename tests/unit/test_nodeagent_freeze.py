@@ -52,7 +52,7 @@ def test_a_silent_nodes_pod_is_stopped_whole_and_goes_on_when_continued(
     rank = int(container.stdout.readline())
     forked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], text=True)  # a warm rank
     started.append(forked)
-    wait_for(lambda: rules.started_at(rank) is not None, 10, message="the rank")
+    wait_for(lambda: rules.started_at(rank) is not None, 60, message="the rank")
     record = rules.rank_record(str(tmp_path), rank)
     record.parent.mkdir(parents=True)
     record.write_text(f"{forked.pid} {rules.started_at(rank)}")  # as a stand-in names its rank
@@ -60,9 +60,9 @@ def test_a_silent_nodes_pod_is_stopped_whole_and_goes_on_when_continued(
     pids = processes(container.pid, tmp_path)
     assert set(pids) == {container.pid, rank, forked.pid}
     signal_all(pids, signal.SIGSTOP)
-    wait_for(lambda: all(state(p) == "T" for p in pids), 10, message="all stopped")
+    wait_for(lambda: all(state(p) == "T" for p in pids), 60, message="all stopped")
     signal_all(pids, signal.SIGCONT)
-    wait_for(lambda: all(state(p) != "T" for p in pids), 10, message="all going on")
+    wait_for(lambda: all(state(p) != "T" for p in pids), 60, message="all going on")
     record.write_text(f"{forked.pid} 1")  # a stale record (another process's start time) names none
     assert set(processes(container.pid, tmp_path)) == {container.pid, rank}
     signal_all([rank], signal.SIGKILL)  # no child of ours: the fixture does not reach it
