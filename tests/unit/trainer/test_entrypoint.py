@@ -13,7 +13,7 @@ from mpjob_contract import metrics as names
 from mpjob_contract.codes import ExitCode
 from tests import warm
 from tests.helpers import free_port, wait_for
-from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
+from tests.unit.trainer.conftest import launch_env, paced_spec, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
@@ -97,7 +97,9 @@ def test_metrics_endpoint_serves_the_contract_names(tmp_path: Path) -> None:
     port = free_port()
     env = launch_env(
         tmp_path,
-        spec(training={"steps": 400, "logEvery": 5}),
+        # 100 ms a step: the endpoint serves for 40 s (the test kills the run once it has read it),
+        # where 400 unpaced steps could end before a starved test's first scrape.
+        paced_spec(0.1, training={"steps": 400, "logEvery": 5}),
         "fp32",
         extra={"MPJOB_METRICS_PORT": str(port), "MPJOB_METRICS_HOST": "127.0.0.1"},
     )
