@@ -77,7 +77,7 @@ def test_what_is_not_a_regular_manifest_in_a_step_folder_is_passed_over_without_
     found: list[object] = []
     reader = threading.Thread(target=lambda: found.append(leftover.committed_after(store, 0)), daemon=True)
     reader.start()
-    reader.join(timeout=10)
+    reader.join(timeout=60)  # a blocked open never returns; a starved one does
     if reader.is_alive():  # let the blocked open go before failing
         os.close(os.open(store / "step-000000099" / "manifest.json", os.O_WRONLY | os.O_NONBLOCK))
     assert not reader.is_alive(), "reading the checkpoints waited on a FIFO"
@@ -100,7 +100,7 @@ def test_a_log_that_is_not_a_regular_file_is_not_replayed_and_not_waited_on(tmp_
         target=lambda: found.extend([leftover.logged_events(fifo), leftover.logged_events(linked)]), daemon=True
     )
     reader.start()
-    reader.join(timeout=10)
+    reader.join(timeout=60)  # a blocked open never returns; a starved one does
     if reader.is_alive():  # let the blocked open go before failing
         os.close(os.open(fifo / leftover.EVENT_LOG, os.O_WRONLY | os.O_NONBLOCK))
     assert not reader.is_alive(), "reading the log waited on a FIFO"
