@@ -97,7 +97,7 @@ def test_restarted_agent_readopts_running_pods(private: dict[str, str]) -> None:
     agent = read_pid(layout, "node-agent")
     assert agent
     os.killpg(agent, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(agent), 10, message="agent gone")
+    wait_for(lambda: not pid_alive(agent), 60, message="agent gone")
     # Start a new agent the way `up` does (up restarts everything when a component is missing).
     log = (layout.logs / "node-agent.log").open("ab")
     proc = subprocess.Popen(
