@@ -17,7 +17,7 @@ import yaml
 from mpjob.planning.figures import round_sig
 from mpjob_contract.report import TerminationReport
 from tests import warm
-from tests.helpers import NO_PLOT, children, gone, wait_for
+from tests.helpers import NO_PLOT, children, gone, paced, wait_for
 from tests.unit.localrun.stall_task import SPEC
 
 pytestmark = pytest.mark.unit
@@ -54,9 +54,13 @@ def mpjob_run(*args: str, timeout: float = 300, plot: bool = False) -> subproces
     return warm.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def long_bf16_job(tmp: Path) -> Path:
-    """A bf16 job long enough to be killed while it trains."""
-    return manifest(tmp, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
+def long_bf16_job(tmp: Path, steps: int = 3000) -> Path:
+    """A bf16 job long enough to be stopped while it trains, by the clock (50 ms a step: minutes)
+    however fast this machine trains and however late a starved test stops it; a rerun of
+    `steps` (the same task: its checkpoints' digest) trains the few steps left."""
+    args = {**BASE["spec"]["task"]["args"], "stepDelay": paced(0.05)}
+    training = {"steps": steps, "batchSize": 4, "logEvery": 5}
+    return manifest(tmp, task={"builtin": "gpt", "args": args}, precision={"mode": "bf16"}, training=training)
 
 
 def start_runner(job: Path, out: Path) -> warm.Popen:
@@ -140,8 +144,7 @@ def test_an_invalid_manifest_is_rejected_before_running(tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
-    job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 3000, "batchSize": 4, "logEvery": 5})
-    out = tmp_path / "out"
+    job, out = long_bf16_job(tmp_path), tmp_path / "out"
     proc = warm.Popen(
         [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain"],
         stdout=subprocess.PIPE,
@@ -159,10 +162,7 @@ def test_ctrl_c_checkpoints_and_a_rerun_resumes(tmp_path: Path) -> None:
     stopped_at = report["attempts"][0]["endStep"]
     assert stopped_at >= 10
 
-    shorter = manifest(
-        tmp_path, precision={"mode": "bf16"}, training={"steps": stopped_at + 10, "batchSize": 4, "logEvery": 5}
-    )
-    again = mpjob_run(str(shorter), "--out", str(out), "--plain")
+    again = mpjob_run(str(long_bf16_job(tmp_path, stopped_at + 10)), "--out", str(out), "--plain")
     assert again.returncode == 0, again.stdout
     report = json.loads((out / "report.json").read_text())
     assert report["phase"] == "Succeeded"
@@ -276,8 +276,7 @@ def test_a_rerun_after_a_killed_runner_records_what_the_killed_attempt_trained(t
     logged = (out / "attempts" / "a0" / "worker0.log").read_text()
     assert '"event": "checkpoint"' in logged and '"event": "step"' in logged  # the event lines, not only stderr
 
-    shorter = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": newest + 10, "batchSize": 4})
-    again = mpjob_run(str(shorter), "--out", str(out), "--plain")
+    again = mpjob_run(str(long_bf16_job(tmp_path, newest + 10)), "--out", str(out), "--plain")
     assert again.returncode == 0, again.stdout
     assert f"from checkpoint step {newest}" in again.stdout and "start step 0" not in again.stdout, again.stdout
     killed, resumed = json.loads((out / "report.json").read_text())["attempts"]
