@@ -149,7 +149,8 @@ class Validation(ApiModel):
         4,
         ge=1,
         le=1000,
-        description="Eval batches per evaluation: of training.batchSize, or as a framework adapter's eval loader gives them (HF: per_device_eval_batch_size, Lightning: its val_dataloader's).",
+        description="Eval batches per evaluation: of training.batchSize, or as a framework adapter's eval "
+        "loader gives them (HF: per_device_eval_batch_size, Lightning: its val_dataloader's).",
     )
 
 

@@ -253,8 +253,7 @@ def test_a_sigkilled_runner_takes_its_workers_with_it(tmp_path: Path) -> None:
     wait_for(lambda: all(gone(pid) for pid in workers + ranks), 30, message="the workers to die with the runner")
     # Killed, not ended: a worker that outlived the runner trained on until its output broke
     # and then wrote its termination report (and checkpoints on the way).
-    for left in (out / "attempts").rglob("termination-worker*.json"):  # the launcher's line while stopping, no report
-        assert TerminationReport.parse_message(left.read_text()) is None, left.read_text()
+    assert not list((out / "attempts").rglob("termination-worker*.json"))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
