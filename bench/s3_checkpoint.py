@@ -7,8 +7,8 @@ started here if it is not running: tests.cluster.s3), so the figures are the sto
 costs (spool write, sha256, multipart upload, manifest commit; download and verification),
 not a network's. The volume store writes to a temporary folder on the same disk.
 
-- save: best of three synchronous `store.save` calls (what the final checkpoint costs);
-- restore: best of three `store.load()` calls (newest valid checkpoint: read or download,
+- save: best of three synchronous `store.write` calls (what the final checkpoint costs);
+- restore: best of three `resume.load(store)` calls (newest valid checkpoint: read or download,
   sha256 of every file, torch.load);
 - stall: the training thread's time in `Checkpointer.save` for a periodic checkpoint, over
   `--saves` saves with a real optimizer step between them, the previous write joined outside
@@ -28,12 +28,13 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from bench.trainer_checkpoint import INTERVAL, Workload, sync
 from mpjob_contract.storage import S3Storage
-from mpjob_trainer.checkpoint import CheckpointStore, snapshot
+from mpjob_trainer.checkpoint import CheckpointStore, Store, resume, snapshot
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.distributed import World
@@ -50,16 +51,16 @@ def saves(store: AnyStore, work: Workload) -> tuple[float, int]:
     for step in range(1, 4):
         state = snapshot(work.capture(step)())
         start = time.perf_counter()
-        result = store.save(step, "fp32", state)
+        result = store.write(step, "fp32", state)
         best, size = min(best, time.perf_counter() - start), max(size, result.bytes)
     return best, size
 
 
-def restores(store: AnyStore) -> float:
+def restores(store: Store[Any]) -> float:
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        assert store.load() is not None
+        assert resume.load(store) is not None
         best = min(best, time.perf_counter() - start)
     return best
 

@@ -82,7 +82,7 @@ def synchronous(work: Workload, root: Path) -> tuple[float, int]:
     best, size = float("inf"), 0
     for step in range(1, 4):
         start = time.perf_counter()
-        result = store.save(step, "fp32", snapshot(work.capture(step)()))
+        result = store.write(step, "fp32", snapshot(work.capture(step)()))
         best, size = min(best, time.perf_counter() - start), result.bytes
     return best, size
 

@@ -7,7 +7,7 @@ process group (a FileStore in OUT) and write what each saw to OUT/rank<R>.json:
 - step 4 with rank 1's uploads failing (its bucket refuses every upload);
 - step 6, whose place already holds a checkpoint another job committed;
 - step 8, whose rank-1 shard is then damaged in the bucket;
-- then the checkpoint a resume takes (store.load on both ranks), and what each rank fetched of it
+- then the checkpoint a resume takes (resume.load on both ranks), and what each rank fetched of it
   to verify it.
 """
 
@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from mpjob_contract.storage import S3Storage
+from mpjob_trainer.checkpoint import resume
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.sharded import ShardedWriter
 from mpjob_trainer.checkpoint.shards import SHARDED_OBJECTS, SHARDS, state_dicts
@@ -66,7 +67,7 @@ def main() -> None:
     if rank == 0:  # rank 1's shard of step 8, replaced in the bucket after the commit
         store.bucket.put(f"{store.key}/step-000000008/__1_0.distcp", b"not the shard")
     dist.barrier()
-    loaded = store.load()
+    loaded = resume.load(store)
     seen["resumed"] = loaded[0].step if loaded is not None else None
     seen["fetched"] = sorted(p.name for p in Path(loaded[1][SHARDS]).iterdir()) if loaded is not None else []
     (out / f"rank{rank}.json").write_text(json.dumps(seen))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mpjob_contract.storage import S3Storage
+from mpjob_trainer.checkpoint import resume
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED
@@ -84,12 +85,12 @@ def test_a_restore_past_thousands_of_listed_steps_costs_a_bounded_number_of_requ
     settings: S3Storage, raw: Any
 ) -> None:
     writer = store_of(settings)
-    writer.save(1, "bf16", state(1))
+    writer.write(1, "bf16", state(1))
     plant_steps(raw, writer, range(2, 2 + PLANTED))
     log: list[dict[str, Any]] = []
     reader = store_of(settings, log)
     calls = counted(reader)
-    assert reader.load() is None  # step 1 lies past the newest MAX_EXAMINED: not tried
+    assert resume.load(reader) is None  # step 1 lies past the newest MAX_EXAMINED: not tried
     listings = -(-(PLANTED + 1) // 1000)
     assert calls["ListObjectsV2"] <= listings + 1 and calls["GetObject"] <= MAX_EXAMINED
     assert sum(calls.values()) <= listings + 1 + MAX_EXAMINED, calls
@@ -102,32 +103,32 @@ def test_a_save_prunes_past_thousands_of_listed_steps_in_a_bounded_number_of_req
 ) -> None:
     writer = store_of(settings)
     plant_steps(raw, writer, range(1, 1 + PLANTED))
-    writer.save(PLANTED + 10, "bf16", state(10))
+    writer.write(PLANTED + 10, "bf16", state(10))
     calls = counted(writer)
-    writer.save(PLANTED + 20, "bf16", state(20))
-    writer.save(PLANTED + 30, "bf16", state(30))  # prunes the first of the three
+    writer.write(PLANTED + 20, "bf16", state(20))
+    writer.write(PLANTED + 30, "bf16", state(30))  # prunes the first of the three
     assert sum(calls.values()) <= 2 * (2 * 6 + 2 + MAX_EXAMINED + 2), calls
     assert [s for s, _ in writer.steps()][-2:] == [PLANTED + 20, PLANTED + 30]
 
 
 def test_an_oversize_manifest_is_a_corrupt_checkpoint(settings: S3Storage, raw: Any) -> None:
     writer = store_of(settings)
-    writer.save(10, "bf16", state(10))
-    writer.save(20, "bf16", state(20))
+    writer.write(10, "bf16", state(10))
+    writer.write(20, "bf16", state(20))
     key = f"{writer.key}/{folder_name(20)}/{MANIFEST}"
     body = raw.get_object(Bucket=settings.bucket, Key=key)["Body"].read()
     padded = body.rstrip()[:-1] + b" " * (MAX_MANIFEST_BYTES + 1 - len(body)) + b"}"  # still valid JSON
     raw.put_object(Bucket=settings.bucket, Key=key, Body=padded)
     log: list[dict[str, Any]] = []
-    loaded = store_of(settings, log).load()
+    loaded = resume.load(store_of(settings, log))
     assert loaded is not None and loaded[0].step == 10
     assert [e["event"] for e in log] == ["checkpointRejected"] and "bytes" in log[0]["problem"]
 
 
 def test_an_object_larger_than_its_manifest_says_is_never_downloaded(settings: S3Storage, raw: Any) -> None:
     writer = store_of(settings)
-    writer.save(10, "bf16", state(10))
-    writer.save(20, "bf16", state(20))
+    writer.write(10, "bf16", state(10))
+    writer.write(20, "bf16", state(20))
     key = f"{writer.key}/{folder_name(20)}/{STATE}"
     body = raw.get_object(Bucket=settings.bucket, Key=key)["Body"].read()
     raw.put_object(Bucket=settings.bucket, Key=key, Body=body + b"\0" * (8 << 20))  # a planted giant
@@ -137,7 +138,7 @@ def test_an_object_larger_than_its_manifest_says_is_never_downloaded(settings: S
     reader.bucket.client.meta.events.register(
         "before-parameter-build.s3", lambda params, **_: fetched.append(params.get("Key", ""))
     )
-    loaded = reader.load()
+    loaded = resume.load(reader)
     assert loaded is not None and loaded[0].step == 10
     assert key not in fetched and [e["event"] for e in log] == ["checkpointRejected"]
     assert "bytes, its manifest says" in log[0]["problem"]

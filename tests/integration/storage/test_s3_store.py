@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mpjob_contract.storage import S3Storage
+from mpjob_trainer.checkpoint import resume
 from mpjob_trainer.checkpoint.bucket import BucketMisconfigured, open_bucket
 from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
@@ -58,9 +59,9 @@ def key(store: BucketCheckpointStore, step: int, name: str) -> str:
 
 def test_a_checkpoint_round_trips_and_its_ref_names_the_bucket(settings: S3Storage) -> None:
     store = store_of(settings)
-    saved = store.save(10, "fp16", state(10))
+    saved = store.write(10, "fp16", state(10))
     assert saved.ref.path == f"{settings.url}/ns/job/uid/step-000000010"
-    loaded = store_of(settings).load()
+    loaded = resume.load(store_of(settings))
     assert loaded is not None
     ref, got = loaded
     assert ref == saved.ref
@@ -69,18 +70,18 @@ def test_a_checkpoint_round_trips_and_its_ref_names_the_bucket(settings: S3Stora
 
 def test_files_without_a_manifest_are_not_a_checkpoint(settings: S3Storage, raw: Any) -> None:
     store = store_of(settings)
-    store.save(10, "fp16", state(10))
-    store.save(20, "fp16", state(20))
+    store.write(10, "fp16", state(10))
+    store.write(20, "fp16", state(20))
     raw.delete_object(Bucket=settings.bucket, Key=key(store, 20, MANIFEST))  # an upload killed before its commit
-    loaded = store_of(settings).load()
+    loaded = resume.load(store_of(settings))
     assert loaded is not None and loaded[0].step == 10
 
 
 @pytest.mark.parametrize("damage", ["deleted-object", "corrupted-object", "manifest-without-objects"])
 def test_a_damaged_checkpoint_is_rejected_for_the_previous_good_one(settings: S3Storage, raw: Any, damage: str) -> None:
     store = store_of(settings)
-    store.save(10, "fp16", state(10))
-    store.save(20, "fp16", state(20))
+    store.write(10, "fp16", state(10))
+    store.write(20, "fp16", state(20))
     if damage == "deleted-object":
         raw.delete_object(Bucket=settings.bucket, Key=key(store, 20, STATE))
     elif damage == "corrupted-object":
@@ -93,7 +94,7 @@ def test_a_damaged_checkpoint_is_rejected_for_the_previous_good_one(settings: S3
     rejected: list[dict[str, Any]] = []
     reader = store_of(settings)
     reader.log = lambda event, **fields: rejected.append({"event": event, **fields})
-    loaded = reader.load()
+    loaded = resume.load(reader)
     assert loaded is not None
     assert loaded[0].step == 10 if damage != "manifest-without-objects" else loaded[0].step == 20
     assert [r["event"] for r in rejected] == ["checkpointRejected"]
@@ -101,10 +102,10 @@ def test_a_damaged_checkpoint_is_rejected_for_the_previous_good_one(settings: S3
 
 def test_keep_prunes_only_this_jobs_older_checkpoints(settings: S3Storage, raw: Any) -> None:
     other = store_of(settings, job="ns/other/uid2", keep=1)
-    other.save(5, "fp16", state(5))  # another job's, in the same folder: never pruned
+    other.write(5, "fp16", state(5))  # another job's, in the same folder: never pruned
     store = store_of(settings, keep=2)
     for step in (10, 20, 30):
-        store.save(step, "fp16", state(step))
+        store.write(step, "fp16", state(step))
     assert [s for s, _ in store.steps()] == [5, 20, 30]
     listed = raw.list_objects_v2(Bucket=settings.bucket, Prefix=f"{store.key}/{folder_name(10)}/")
     assert listed.get("KeyCount", 0) == 0
@@ -113,8 +114,8 @@ def test_keep_prunes_only_this_jobs_older_checkpoints(settings: S3Storage, raw: 
 def test_a_large_checkpoint_goes_up_in_parts_and_comes_back_whole(settings: S3Storage) -> None:
     store = store_of(settings)
     big = {"step": 1, "weights": torch.randn(10 << 20)}  # 40 MiB: above the multipart threshold
-    store.save(1, "bf16", big)
-    loaded = store_of(settings).load()
+    store.write(1, "bf16", big)
+    loaded = resume.load(store_of(settings))
     assert loaded is not None and torch.equal(loaded[1]["weights"], big["weights"])
     assert store.metrics.checkpoint_upload_bytes._value.get() > 40 << 20
 

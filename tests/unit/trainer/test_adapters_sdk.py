@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mpjob_contract.api import Guard
-from mpjob_trainer.checkpoint import FRAMEWORK, CheckpointStore
+from mpjob_trainer.checkpoint import FRAMEWORK, CheckpointStore, resume
 from mpjob_trainer.distributed import World
 from mpjob_trainer.guard import NumericGuard
 from tests.unit.test_images import TRAINER, lock_closure, parse, run_commands
@@ -46,7 +46,7 @@ def test_a_framework_folder_is_adopted_only_once_every_rank_has_written_into_it(
 def test_store_adopts_a_framework_folder_and_checks_every_file(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=2, config_digest="d")
     for step in (10, 20, 30):
-        store.save(step, "fp16", {"step": step}, adopt=framework_save(store, step))
+        store.write(step, "fp16", {"step": step}, adopt=framework_save(store, step))
     assert [s for s, _ in store.steps()] == [20, 30]  # keep 2
     manifest = json.loads((tmp_path / "step-000000030/manifest.json").read_text())
     assert set(manifest["files"]) == {"state.pt", "framework/model.bin", "framework/nested/optimizer.bin"}
@@ -55,7 +55,7 @@ def test_store_adopts_a_framework_folder_and_checks_every_file(tmp_path: Path) -
     (tmp_path / "step-000000030/framework/nested/optimizer.bin").write_bytes(b"torn")
     rejected: list[str] = []
     store.log = lambda event, **f: rejected.append(f["problem"])
-    ref, state = store.load()  # type: ignore[misc]
+    ref, state = resume.load(store)  # type: ignore[misc]
     assert (ref.step, state["step"]) == (20, 20)
     (problem,) = rejected
     assert problem.startswith("step-000000030: framework/nested/optimizer.bin is 4 bytes, its manifest says")

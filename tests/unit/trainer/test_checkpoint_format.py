@@ -18,7 +18,7 @@ from torch import nn
 from mpjob_contract.api import Task
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import speed
-from mpjob_trainer.checkpoint import FORMAT_VERSION, CheckpointStore
+from mpjob_trainer.checkpoint import FORMAT_VERSION, CheckpointStore, resume
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.state import TrainingState
@@ -62,7 +62,7 @@ def test_a_format_1_builtin_checkpoint_resumes_with_adam_state_moved_by_paramete
     job = _job()
     store = _store(tmp_path / "ckpt", job)
     _copy_fixture(tmp_path / "ckpt")
-    loaded = store.load()
+    loaded = resume.load(store)
     assert loaded is not None
     ref, state = loaded
     assert ref.step == 10 and state["formatVersion"] == 1
@@ -117,7 +117,7 @@ def _sdk_state(tmp_path: Path, groups: int) -> tuple[CheckpointStore, Path, nn.M
     optimizer.step()
     store = CheckpointStore(tmp_path, keep=5, config_digest="d")
     state = TrainingState({"model": model, "optimizer": optimizer}).capture(5, 5, "fp32", None)
-    folder = Path(store.save(5, "fp32", state).ref.path)
+    folder = Path(store.write(5, "fp32", state).ref.path)
     manifest = _manifest(folder)
     assert manifest.pop("formatVersion") == 2
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -149,14 +149,14 @@ def test_a_format_1_optimizer_that_cannot_be_mapped_names_the_format_and_what_to
 def test_a_checkpoint_of_a_newer_format_is_refused_by_name_and_the_previous_one_used(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=5, config_digest="d")
     for step in (10, 20):
-        store.save(step, "fp32", {"step": step})
+        store.write(step, "fp32", {"step": step})
     newest = tmp_path / "step-000000020"
     manifest = _manifest(newest)
     manifest["formatVersion"] = FORMAT_VERSION + 1
     (newest / "manifest.json").write_text(json.dumps(manifest))
     rejected: list[str] = []
     store.log = lambda event, **f: rejected.append(f["problem"])
-    loaded = store.load()
+    loaded = resume.load(store)
     assert loaded is not None and loaded[0].step == 10
     assert rejected == [
         f"step-000000020: checkpoint format {FORMAT_VERSION + 1}, this trainer reads formats 1 to {FORMAT_VERSION}: "

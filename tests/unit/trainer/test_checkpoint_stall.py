@@ -234,8 +234,8 @@ def test_a_final_save_is_written_before_save_returns_and_logs_no_stall(tmp_path:
     weights = torch.ones(3)
     checkpoints.save(30, "fp32", _capture(30, weights, {}), final=True)
     weights.zero_()
-    assert store.last_good is not None and store.last_good.step == 30
-    assert torch.equal(store.verify(Path(store.last_good.path))[1]["w"], torch.ones(3))
+    ref = checkpoints.last_good
+    assert ref is not None and ref.step == 30 and torch.equal(store.verify(Path(ref.path))[1]["w"], torch.ones(3))
     assert "checkpointStaged" not in out.getvalue()
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from mpjob_trainer.checkpoint import resume
 from mpjob_trainer.checkpoint.manifest import MANIFEST, folder_name
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
@@ -36,7 +37,7 @@ def _saved(*steps: int) -> tuple[MemoryBucket, BucketCheckpointStore]:
     bucket = MemoryBucket()
     store = _store(bucket)
     for step in steps:
-        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+        store.write(step, "bf16", {"step": step, "w": torch.ones(4) * step})
     return bucket, store
 
 
@@ -75,7 +76,7 @@ def test_a_manifest_naming_files_outside_its_folder_writes_nothing_and_the_previ
     _plant(bucket, store, 20, names)
     log: list[dict[str, Any]] = []
     reader = _store(bucket, log)
-    loaded = reader.load()
+    loaded = resume.load(reader)
     assert not (tmp_path / "dotdot").exists() and not (tmp_path / "absolute").exists()
     assert reader.root.parent == spools and list(tmp_path.rglob("*escaped*")) == []
     assert loaded is not None and loaded[0].step == 10
@@ -87,7 +88,7 @@ def test_pruning_deletes_only_below_each_checkpoints_own_prefix(tmp_path: Path) 
     _plant(bucket, store, 10, ["../../../other-job/step-000000010/state.pt", "/other-bucket-root/state.pt"])
     store = _store(bucket, keep=1)
     for step in (20, 30):
-        store.save(step, "bf16", {"step": step, "w": torch.zeros(4)})
+        store.write(step, "bf16", {"step": step, "w": torch.zeros(4)})
     assert all(key.startswith(f"{store.key}/step-") and ".." not in key for key in bucket.deleted), bucket.deleted
     assert _manifest_key(store, 10) in bucket.objects  # not provably its own: left as it is
     assert [s for s, _ in store.steps()] == [10, 30]
@@ -100,10 +101,10 @@ def test_a_malformed_manifest_in_the_bucket_is_a_corrupt_checkpoint(body: bytes)
     bucket.objects[_manifest_key(store, 20)] = body
     log: list[dict[str, Any]] = []
     reader = _store(bucket, log, keep=2)
-    loaded = reader.load(prefer=f"{store.location}/{folder_name(30)}", newer_in="bf16")
+    loaded = resume.load(reader, prefer=f"{store.location}/{folder_name(30)}", newer_in="bf16")
     assert loaded is not None and loaded[0].step == 10
     assert [e["event"] for e in log] == ["checkpointRejected"] * 2
-    reader.save(40, "bf16", {"step": 40, "w": torch.zeros(4)})
+    reader.write(40, "bf16", {"step": 40, "w": torch.zeros(4)})
     assert bucket.objects[_manifest_key(store, 20)] == body  # neither pruned nor rewritten
 
 
@@ -113,6 +114,6 @@ def test_a_folder_whose_name_only_looks_like_a_kept_step_is_no_checkpoint_and_pr
     bucket.objects[f"{store.key}/{odd}/{MANIFEST}"] = bucket.objects[_manifest_key(store, 20)]
     store = _store(bucket, keep=2)
     assert [s for s, _ in store.steps()] == [10, 20]
-    store.save(30, "bf16", {"step": 30, "w": torch.zeros(4)})
+    store.write(30, "bf16", {"step": 30, "w": torch.zeros(4)})
     assert [s for s, _ in store.steps()] == [20, 30]  # keep=2: the newest two, step 20 among them
     assert _manifest_key(store, 20) in bucket.objects

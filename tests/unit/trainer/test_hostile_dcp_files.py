@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
+from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
 from mpjob_trainer.checkpoint.manifest import hash_files
 from mpjob_trainer.checkpoint.shards import rank_file, restore_shards
 
@@ -78,7 +78,7 @@ def test_a_planted_index_runs_nothing_and_the_previous_good_checkpoint_is_used(t
     newest = _commit(store, 20)
     marker = tmp_path / "ran"
     _plant_index(newest, marker)
-    loaded = _store(tmp_path / "ckpt", log).load(prefer=str(newest))
+    loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
     assert not marker.exists()
     assert loaded is not None and loaded[0].step == 10
     assert "step-000000020" in log[0]["problem"] and "not DCP's metadata" in log[0]["problem"]
@@ -99,7 +99,7 @@ def test_an_index_naming_a_file_outside_the_checkpoint_is_corrupt(tmp_path: Path
         info.relative_path = "../step-000000010/__0_0.distcp"
     index.write_bytes(pickle.dumps(metadata))
     _recompute_manifest(newest)
-    loaded = _store(tmp_path / "ckpt", log).load(prefer=str(newest))
+    loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
     assert loaded is not None and loaded[0].step == 10 and "not a file of the checkpoint" in log[0]["problem"]
 
 
@@ -110,7 +110,7 @@ def test_a_planted_value_in_the_shards_runs_nothing_and_the_previous_good_checkp
     marker = tmp_path / "ran"
     newest = _commit(store, 20, lr=Plant(marker))
     shutil.rmtree(marker, ignore_errors=True)  # saving it did not run it; be sure
-    loaded = _store(tmp_path / "ckpt", log).load(prefer=str(newest))
+    loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
     assert not marker.exists()
     assert loaded is not None and loaded[0].step == 10 and "not a plain value" in log[0]["problem"]
     with pytest.raises(CorruptCheckpoint, match="not a plain value"):  # and a restore runs nothing either
@@ -148,7 +148,7 @@ def test_a_shard_that_verifies_but_does_not_load_falls_back_to_the_previous_good
     zero_a_tensor(newest)  # damaged, with a manifest recomputed to match
     objects = _objects(0)
     reader = _store(tmp_path / "ckpt", log)
-    loaded = reader.load(restore=lambda got: restore_shards(Path(got[1]["shards"]), objects, NAMES))
+    loaded = resume.load(reader, restore=lambda got: restore_shards(Path(got[1]["shards"]), objects, NAMES))
     assert loaded is not None and loaded[0].step == 10
     assert "step-000000020" in log[0]["problem"] and "cannot read its shards" in log[0]["problem"]
     expected = _objects(10)["model"].state_dict()  # the previous good one's values, all of them
@@ -188,6 +188,6 @@ def test_a_sharded_manifest_that_leaves_out_a_file_every_restore_reads_is_corrup
         if rank_file(rank) not in manifest["files"]:
             torch.save({"step": 20, "planted": True}, newest / rank_file(rank))
     (newest / "manifest.json").write_text(json.dumps(manifest))
-    loaded = _store(tmp_path / "ckpt", log).load()
+    loaded = resume.load(_store(tmp_path / "ckpt", log))
     assert loaded is not None and loaded[0].step == 10 and "planted" not in loaded[1]
     assert "step-000000020" in log[0]["problem"] and problem in log[0]["problem"], log

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from mpjob_trainer.checkpoint import CheckpointStore, manifest, sha256_file
+from mpjob_trainer.checkpoint import CheckpointStore, manifest, resume, sha256_file
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def _store(root: Path, log: list[dict[str, Any]] | None = None, keep: int = 5) -
 def _save(root: Path, *steps: int) -> None:
     store = _store(root)
     for step in steps:
-        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+        store.write(step, "bf16", {"step": step, "w": torch.ones(4) * step})
 
 
 def _deep(manifest: dict[str, Any]) -> str:
@@ -71,7 +71,7 @@ def test_a_malformed_newest_manifest_is_a_corrupt_checkpoint_and_the_previous_on
     _save(tmp_path, 10, 20)
     _write_raw(tmp_path / "step-000000020", edit)
     log: list[dict[str, Any]] = []
-    loaded = _store(tmp_path, log).load(prefer=str(tmp_path / "step-000000020"))
+    loaded = resume.load(_store(tmp_path, log), prefer=str(tmp_path / "step-000000020"))
     assert loaded is not None and loaded[0].step == 10 and loaded[1]["step"] == 10
     assert [e["event"] for e in log] == ["checkpointRejected"] and "step-000000020" in log[0]["problem"]
 
@@ -83,7 +83,7 @@ def test_a_malformed_manifest_in_the_folder_neither_breaks_a_save_nor_is_pruned(
     before = (tmp_path / "step-000000010" / "manifest.json").read_bytes()
     store = _store(tmp_path, keep=1)
     for step in (20, 30):
-        store.save(step, "bf16", {"step": step, "w": torch.zeros(4)})
+        store.write(step, "bf16", {"step": step, "w": torch.zeros(4)})
     assert [s for s, _ in store.steps()] == [10, 30]  # not provably its own: neither counted nor removed
     assert (tmp_path / "step-000000010" / "manifest.json").read_bytes() == before
 
@@ -98,7 +98,7 @@ def test_a_manifest_listing_a_file_outside_its_folder_is_refused_even_with_its_t
     entry = {"sha256": sha256_file(outside), "bytes": outside.stat().st_size}
     _write_raw(tmp_path / "step-000000020", lambda m: {**m, "files": {**m["files"], name: entry}})
     log: list[dict[str, Any]] = []
-    loaded = _store(tmp_path, log).load(prefer=str(tmp_path / "step-000000020"))
+    loaded = resume.load(_store(tmp_path, log), prefer=str(tmp_path / "step-000000020"))
     assert loaded is not None and loaded[0].step == 10
     assert "unreadable manifest" in log[0]["problem"] and "file name" in log[0]["problem"]
 
@@ -113,7 +113,7 @@ def test_a_listed_file_that_links_out_of_its_folder_is_refused_even_with_its_tru
     entry = {"sha256": sha256_file(outside), "bytes": outside.stat().st_size}
     _write_raw(newest, lambda m: {**m, "files": {**m["files"], "state.pt": entry}})
     log: list[dict[str, Any]] = []
-    loaded = _store(tmp_path / "ckpt", log).load()
+    loaded = resume.load(_store(tmp_path / "ckpt", log))
     assert loaded is not None and loaded[0].step == 10 and torch.equal(loaded[1]["w"], torch.ones(4) * 10)
     assert "step-000000020" in log[0]["problem"] and "outside the checkpoint" in log[0]["problem"]
 
@@ -127,6 +127,6 @@ def test_a_file_of_another_size_than_its_manifest_says_is_refused_before_it_is_h
     hashed: list[str] = []
     monkeypatch.setattr(manifest, "sha256_file", lambda path: hashed.append(path.name) or sha256_file(path))
     log: list[dict[str, Any]] = []
-    loaded = _store(tmp_path, log).load()
+    loaded = resume.load(_store(tmp_path, log))
     assert loaded is not None and loaded[0].step == 10
     assert "notes.txt is 57 bytes, its manifest says 3" in log[0]["problem"] and "notes.txt" not in hashed

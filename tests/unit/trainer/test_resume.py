@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mpjob_contract.codes import ExitCode
-from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken
+from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
 from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
@@ -128,7 +128,7 @@ def _store(root: Path, digest: str = "d1") -> CheckpointStore:
 def _save_two(root: Path) -> CheckpointStore:
     store = _store(root)
     for step in (10, 20):
-        store.save(step, "fp16", {"step": step, "w": torch.full((64,), float(step))})
+        store.write(step, "fp16", {"step": step, "w": torch.full((64,), float(step))})
     return store
 
 
@@ -159,7 +159,7 @@ def test_a_bad_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path: P
     damage(tmp_path / "step-000000020")
     rejected: list[dict] = []
     store = CheckpointStore(tmp_path, keep=5, config_digest="d1", log=lambda e, **f: rejected.append(f))
-    loaded = store.load(prefer=str(tmp_path / "step-000000020"))
+    loaded = resume.load(store, prefer=str(tmp_path / "step-000000020"))
     assert loaded is not None
     ref, state = loaded
     assert ref.step == 10 and state["step"] == 10
@@ -170,7 +170,7 @@ def test_no_good_checkpoint_means_step_zero(tmp_path: Path) -> None:
     _save_two(tmp_path)
     for step in (10, 20):
         _flip(tmp_path / f"step-{step:09d}")
-    assert _store(tmp_path).load() is None
+    assert resume.load(_store(tmp_path)) is None
 
 
 @pytest.mark.process
@@ -182,10 +182,10 @@ def test_the_trainer_says_when_it_starts_from_zero(tmp_path: Path) -> None:
 def test_checkpoints_are_pruned_to_keep_and_never_overwritten(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=2, config_digest="d1")
     for step in (10, 20, 30):
-        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+        store.write(step, "bf16", {"step": step, "w": torch.ones(4) * step})
     assert [s for s, _ in store.steps()] == [20, 30]
     before = (tmp_path / "step-000000030" / "state.pt").read_bytes()
-    store.save(30, "bf16", {"step": 30, "w": torch.zeros(4)})  # same step again
+    store.write(30, "bf16", {"step": 30, "w": torch.zeros(4)})  # same step again
     assert (tmp_path / "step-000000030" / "state.pt").read_bytes() == before
 
 
@@ -196,13 +196,13 @@ def _tree(root: Path) -> dict[str, bytes]:
 def test_a_store_prunes_only_what_its_job_wrote(tmp_path: Path) -> None:
     other = CheckpointStore(tmp_path, keep=5, config_digest="d2", job="ns/other/u2")
     for step in (5, 15):
-        other.save(step, "fp16", {"step": step, "w": torch.zeros(4)})
+        other.write(step, "fp16", {"step": step, "w": torch.zeros(4)})
     (tmp_path / "step-000000001").mkdir()  # no manifest: nobody's to remove
     (tmp_path / "step-000000001" / "notes").write_text("copied in by hand")
     theirs = _tree(tmp_path)
     store = CheckpointStore(tmp_path, keep=2, config_digest="d1", job="ns/j/u1")
     for step in (10, 20, 30, 40):
-        store.save(step, "bf16", {"step": step, "w": torch.ones(4) * step})
+        store.write(step, "bf16", {"step": step, "w": torch.ones(4) * step})
     assert [s for s, p in store.steps() if store.wrote(p)] == [30, 40]  # keep 2 of its own
     assert {k: v for k, v in _tree(tmp_path).items() if k in theirs} == theirs  # the others', byte for byte
     assert [s for s, _ in store.steps()] == [1, 5, 15, 30, 40]
@@ -215,24 +215,24 @@ def test_a_checkpoint_it_did_not_write_at_its_step_is_never_renamed_or_replaced(
         final.mkdir()
         (final / "manifest.json").write_text("{not json")
     else:
-        CheckpointStore(tmp_path, keep=5, config_digest="d2", job="ns/other/u2").save(20, "fp16", {"step": 20})
+        CheckpointStore(tmp_path, keep=5, config_digest="d2", job="ns/other/u2").write(20, "fp16", {"step": 20})
         if theirs.endswith("corrupt"):
             _flip(final)
     before = _tree(tmp_path)
     store = CheckpointStore(tmp_path, keep=1, config_digest="d1", job="ns/j/u1")
-    store.save(10, "bf16", {"step": 10, "w": torch.ones(4)})
+    store.write(10, "bf16", {"step": 10, "w": torch.ones(4)})
     with pytest.raises(CheckpointTaken, match="did not write"):
-        store.save(20, "bf16", {"step": 20, "w": torch.ones(4)})
+        store.write(20, "bf16", {"step": 20, "w": torch.ones(4)})
     assert {k: v for k, v in _tree(tmp_path).items() if k.startswith("step-000000020")} == before
     assert not list(tmp_path.glob(".corrupt-*")) and not list(tmp_path.glob(".tmp-*"))
-    assert store.last_good is not None and store.last_good.step == 10  # its own last good stays
+    assert resume.load(store)[0].step == 10  # type: ignore[index]  # its own last good stays
 
 
 def test_its_own_corrupt_checkpoint_at_the_same_step_is_moved_aside_and_replaced(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
-    store.save(20, "bf16", {"step": 20, "w": torch.ones(4)})
+    store.write(20, "bf16", {"step": 20, "w": torch.ones(4)})
     _flip(tmp_path / "step-000000020")
-    ref = store.save(20, "bf16", {"step": 20, "w": torch.zeros(4)}).ref
+    ref = store.write(20, "bf16", {"step": 20, "w": torch.zeros(4)}).ref
     assert ref.step == 20 and store.verify(Path(ref.path))[0].sha256 == ref.sha256
     assert len(list(tmp_path.glob(".corrupt-step-000000020-*"))) == 1  # kept for inspection, its own
 
@@ -242,7 +242,7 @@ def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Pat
     tmp = tmp_path / ".tmp-000000030-999"
     tmp.mkdir()
     (tmp / "state.pt").write_bytes(b"partial")
-    ref, _ = store.load()
+    ref, _ = resume.load(store)
     assert ref.step == 20
     store.clean_stale()
     assert not tmp.exists()
@@ -309,10 +309,10 @@ def test_a_relaunched_attempt_resumes_from_its_own_newer_checkpoint_not_the_name
     queue preempted it; readmitted with the same launch, it goes on from 40, not 20."""
     store = _save_two(tmp_path)
     for step in (30, 40):
-        store.save(step, "bf16", {"step": step, "w": torch.full((64,), float(step))})
+        store.write(step, "bf16", {"step": step, "w": torch.full((64,), float(step))})
     named = str(tmp_path / "step-000000020")
-    assert store.load(named, newer_in="bf16")[0].step == 40  # type: ignore[index]
-    assert store.load(named, newer_in="fp32")[0].step == 20  # type: ignore[index]
-    assert store.load(named)[0].step == 20  # type: ignore[index]
+    assert resume.load(store, named, newer_in="bf16")[0].step == 40  # type: ignore[index]
+    assert resume.load(store, named, newer_in="fp32")[0].step == 20  # type: ignore[index]
+    assert resume.load(store, named)[0].step == 20  # type: ignore[index]
     _flip(tmp_path / "step-000000040")
-    assert store.load(named, newer_in="bf16")[0].step == 30  # type: ignore[index]  # a bad one is skipped
+    assert resume.load(store, named, newer_in="bf16")[0].step == 30  # type: ignore[index]  # a bad one is skipped

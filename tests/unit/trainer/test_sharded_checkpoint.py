@@ -28,7 +28,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.checkpoint import CheckpointStore, resume
 from mpjob_trainer.checkpoint.manifest import read_manifest
 from tests import warm
 from tests.helpers import free_port, wait_for
@@ -187,7 +187,7 @@ def test_damaged_sharded_checkpoint_is_rejected_for_the_previous_good_one(
     store = CheckpointStore(
         ckpt, 3, str(manifest.config_digest), lambda event, **f: logged.append({"event": event, **f}), job=manifest.job
     )
-    loaded = store.load()
+    loaded = resume.load(store)
     assert loaded is not None
     ref, state = loaded
     assert ref.step == 10 and state["step"] == 10

@@ -7,6 +7,9 @@ checkpoint by a place of its own (`W`): a folder of the volume (CheckpointStore,
 checkpoints are a layout of the same folders, committed through the same claim and pruning), a
 `s3://` location of the bucket (BucketCheckpointStore).
 
+A store persists and reads; it holds no run's knowledge: which checkpoint is good (the one
+resumed from, the last save reported) is the session's (session.checkpointing.Checkpointer).
+
 Nothing a store reads is trusted before it is checked: `manifest` parses through
 checkpoint.document, `verify` checks every file's sha256, the config digest and the step.
 """

@@ -43,7 +43,7 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
-from mpjob_trainer.checkpoint import document, ownership, resume
+from mpjob_trainer.checkpoint import document, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.fetched import FetchedCheckpoint, open_sharded
@@ -94,7 +94,6 @@ class BucketCheckpointStore:
         self.root = Path(tempfile.mkdtemp(prefix="mpjob-checkpoints-"))
         weakref.finalize(self, shutil.rmtree, self.root, True)
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
-        self.last_good: CheckpointRef | None = None
         self.unloadable: set[str] = set()
         self._writing = threading.Lock()
         #: The sharded checkpoint a restore reads its shards from (checkpoint.shards.restore_shards).
@@ -213,25 +212,7 @@ class BucketCheckpointStore:
             if found[file] != size:
                 raise CorruptCheckpoint(f"{name}: {file} is {found[file]} bytes, its manifest says {size}")
 
-    def load(
-        self, prefer: str | None = None, *, newer_in: str | None = None, restore: resume.Restore | None = None
-    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
-        """The checkpoint to resume from (checkpoint.resume's policy) and its state, loaded by
-        `restore` when given, else None."""
-        loaded = resume.load(self, prefer, newer_in=newer_in, restore=restore)
-        if loaded is not None:
-            self.last_good = loaded[0]
-        return loaded
-
     # -- writing ----------------------------------------------------------------------------
-    def save(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
-        result = self.write(step, precision, state, adopt=adopt)
-        self.last_good = result.ref
-        return result
-
-    def mark_good(self, ref: CheckpointRef) -> None:
-        self.last_good = ref
-
     def write(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
         """Write `state` as `step`'s checkpoint: files first, the manifest last (the commit)."""
         with self._writing:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.checkpoint import ownership, resume, shards
+from mpjob_trainer.checkpoint import ownership, shards
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     FORMAT_VERSION,
@@ -75,8 +75,6 @@ class CheckpointStore:
         self.job = job  # written into every manifest: what this store may prune or move aside
         self.log: Log = log or (lambda *a, **k: None)
         self.root.mkdir(parents=True, exist_ok=True)
-        #: The newest checkpoint known good: loaded, or written and collected.
-        self.last_good: CheckpointRef | None = None
         self.unloadable: set[Path] = set()
         self._writing = threading.Lock()
 
@@ -129,7 +127,7 @@ class CheckpointStore:
 
     def staging(self, name: str) -> Path:
         """An empty folder `.tmp-*` on the store's filesystem for a framework to write its
-        checkpoint into before `save(..., adopt=...)` moves it in (leftovers: clean_stale)."""
+        checkpoint into before `write(..., adopt=...)` moves it in (leftovers: clean_stale)."""
         assert name.startswith(".tmp-"), name
         folder = self.root / name
         shutil.rmtree(folder, ignore_errors=True)
@@ -176,32 +174,12 @@ class CheckpointStore:
             raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {manifest.step}")
         return state
 
-    def load(
-        self, prefer: str | None = None, *, newer_in: str | None = None, restore: resume.Restore | None = None
-    ) -> tuple[CheckpointRef, dict[str, Any]] | None:
-        """The checkpoint to resume from (checkpoint.resume's policy) and its state, loaded by
-        `restore` when given, else None."""
-        loaded = resume.load(self, prefer, newer_in=newer_in, restore=restore)
-        if loaded is not None:
-            self.last_good = loaded[0]
-        return loaded
-
     # -- writing ----------------------------------------------------------------------------
-    def save(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
-        """Write a checkpoint now and hold it as the last good one; `adopt`: the folder of a
-        framework's finished checkpoint (on this filesystem), moved in as `framework/` and
-        covered by the manifest."""
-        result = self.write(step, precision, state, adopt=adopt)
-        self.last_good = result.ref
-        return result
-
-    def mark_good(self, ref: CheckpointRef) -> None:
-        """Hold `ref`, written in the background and collected, as the last good checkpoint."""
-        self.last_good = ref
-
     def write(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
         """Write `state` as `step`'s checkpoint, atomically; a failed write leaves nothing behind.
-        `state` must be a private copy: it is read while training may go on."""
+        `state` must be a private copy: it is read while training may go on. `adopt`: the folder
+        of a framework's finished checkpoint (on this filesystem), moved in as `framework/` and
+        covered by the manifest."""
         tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
         with self._writing:
             try:

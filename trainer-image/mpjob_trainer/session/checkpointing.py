@@ -11,6 +11,9 @@ every rank waits for it at a barrier: the attempt may not claim success, or exit
 it is durable. A failed asynchronous write is counted and logged and training goes on: the
 last good checkpoint stays the previous one and the next interval tries again.
 
+The Checkpointer alone knows which checkpoint is good (`last_good`): the one resumed from, then
+each save once it is durable and reported (`_saved`). The stores only persist and read.
+
 Under a sharded model (`sharded`, set when the run registers its state) every rank writes:
 each stages its own shards and writes them in the background (checkpoint.sharded; to a bucket
 each rank uploads its own files and rank 0 commits the manifest last), the
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import BackgroundWriter, SaveResult, StagingBuffers, WriteFailed
+from mpjob_trainer.checkpoint import BackgroundWriter, SaveResult, StagingBuffers, Store, WriteFailed, resume
 from mpjob_trainer.checkpoint.resume import Loaded
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.distributed import World
@@ -62,11 +65,8 @@ class Checkpointer:
         self._staging: tuple[int, PendingSave, float] | None = None
         #: The staging buffers have been reserved (or a save allocated them).
         self._reserved = False
-
-    @property
-    def last_good(self) -> CheckpointRef | None:
-        """The newest checkpoint known good: the one resumed from, or the last one collected."""
-        return self.store.last_good
+        #: The newest checkpoint known good: the one resumed from, or the last save reported.
+        self.last_good: CheckpointRef | None = None
 
     @property
     def root(self) -> Path:
@@ -96,8 +96,12 @@ class Checkpointer:
         def restore(loaded: Loaded) -> None:
             applied[:] = [state.restore(loaded[1], precision, scaler)]
 
-        loaded = self.store.load(prefer, newer_in=precision, restore=restore)
-        return (loaded[0], applied[0]) if loaded is not None else None
+        store: Store[Any] = self.store  # a volume's places or a bucket's: resume.load takes either
+        loaded = resume.load(store, prefer, newer_in=precision, restore=restore)
+        if loaded is None:
+            return None
+        self.last_good = loaded[0]
+        return loaded[0], applied[0]
 
     def resume(self, state: TrainingState, numerics: StepNumerics, prefer: str | None) -> CheckpointRef | None:
         """Load the attempt's checkpoint (`prefer`, else checkpoint.resume's choice) into `state`
@@ -183,7 +187,6 @@ class Checkpointer:
             except Exception as exc:
                 self._failed(step, step, exc)
                 raise  # no final checkpoint: this attempt cannot claim success
-            self.store.mark_good(result.ref)
             self._saved(result, asynchronous=False)
             return
         self.writer.submit(step, pending.finish)
@@ -208,7 +211,7 @@ class Checkpointer:
         staged = self.staging.stage(capture())
         try:
             staged.ready()
-            result = self.store.save(step, precision, staged.state)
+            result = self.store.write(step, precision, staged.state)
         except Exception as exc:
             self._failed(step, step, exc)
             raise  # no final checkpoint: this attempt cannot claim success
@@ -225,7 +228,6 @@ class Checkpointer:
             self._failed(failed.step, training_step, failed.cause)
             return None
         if result is not None:
-            self.store.mark_good(result.ref)
             self._saved(result, asynchronous=True)
         return result
 
@@ -249,6 +251,8 @@ class Checkpointer:
         )
 
     def _saved(self, result: SaveResult, asynchronous: bool) -> None:
+        """A save is durable: its checkpoint is the last good one; report it."""
+        self.last_good = result.ref
         self.metrics.checkpoint_seconds.observe(result.seconds)
         self.metrics.checkpoint_bytes.set(result.bytes)
         self.metrics.checkpoint_good(result.ref)

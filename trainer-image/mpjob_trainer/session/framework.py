@@ -63,6 +63,7 @@ class FrameworkCheckpointer(Checkpointer):
 
     def __init__(self, base: Checkpointer, write: CheckpointWriter, parameters: Callable[[], Iterable[torch.Tensor]]):
         super().__init__(base.store, base.world, base.log, base.metrics)
+        self.last_good = base.last_good  # it takes over from `base`, what it knows included
         self.write = write
         self.parameters = parameters
 
@@ -84,7 +85,7 @@ class FrameworkCheckpointer(Checkpointer):
         dist_env.barrier(self.world)
         if self.world.is_main:
             try:
-                result = self.store.save(step, precision, snapshot(capture()), adopt=written)
+                result = self.store.write(step, precision, snapshot(capture()), adopt=written)
             except Exception as exc:
                 self._failed(step, step, exc)
                 if final:

@@ -1,0 +1,102 @@
+"""Which checkpoint is good is the run's knowledge, held by the Checkpointer alone (a store only
+persists): the checkpoint resumed from, then each save once it is durable and reported; a save
+that fails leaves it as it was; a framework's Checkpointer takes over what the loop's knew."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import torch
+
+from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken
+from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+from mpjob_trainer.checkpoint.select import AnyStore
+from mpjob_trainer.distributed import World
+from mpjob_trainer.events import EventLog
+from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.framework import FrameworkCheckpointer
+from mpjob_trainer.session.state import TrainingState
+from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
+
+pytestmark = pytest.mark.unit
+
+JOB = "ns/j/u1"
+
+
+class _State:
+    """What Checkpointer.open asks of a TrainingState: no sharded model, no optimizer to hook;
+    a restore gives the applied-step count."""
+
+    sharded = None
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return []
+
+    def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
+        return int(state["step"])
+
+
+def _places(kind: str, root: Path) -> Callable[[], AnyStore]:
+    """Stores of one place (a folder, or a prefix of one in-memory bucket), opened afresh."""
+    if kind == "volume":
+        return lambda: CheckpointStore(root, keep=5, config_digest="d", job=JOB)
+    bucket = MemoryBucket()
+    return lambda: BucketCheckpointStore(
+        f"{SETTINGS.url}/ns/j/u1", SETTINGS, keep=5, config_digest="d", job=JOB, bucket=bucket
+    )
+
+
+def _checkpointer(store: AnyStore) -> Checkpointer:
+    return Checkpointer(store, World(0, 1, 0), EventLog(stream=io.StringIO()), TrainerMetrics("j", "ns", 0, "fp32"))
+
+
+def _state(step: int) -> Callable[[], dict[str, Any]]:
+    return lambda: {"step": step, "w": torch.full((2,), float(step))}
+
+
+@pytest.mark.parametrize("kind", ["volume", "bucket"])
+def test_the_checkpoint_resumed_from_is_the_last_good_one(tmp_path: Path, kind: str) -> None:
+    store = _places(kind, tmp_path)
+    fresh = _checkpointer(store())
+    assert fresh.open(cast(TrainingState, _State()), None, "fp32", None) is None and fresh.last_good is None
+    for step in (10, 20):
+        store().write(step, "fp32", _state(step)())
+    checkpoints = _checkpointer(store())
+    opened = checkpoints.open(cast(TrainingState, _State()), None, "fp32", None)
+    assert opened is not None and opened[0].step == 20 and opened[1] == 20
+    assert checkpoints.last_good == opened[0]
+
+
+def test_a_save_is_the_last_good_one_once_it_is_durable_and_reported(tmp_path: Path) -> None:
+    checkpoints = _checkpointer(CheckpointStore(tmp_path, keep=5, config_digest="d", job=JOB))
+    checkpoints.save(10, "fp32", _state(10), final=True)
+    assert checkpoints.last_good is not None and checkpoints.last_good.step == 10
+    checkpoints.save(20, "fp32", _state(20), final=False)
+    checkpoints.collect(block=True, training_step=20)
+    assert checkpoints.last_good is not None and checkpoints.last_good.step == 20
+
+
+def test_a_save_that_fails_leaves_the_last_good_one(tmp_path: Path) -> None:
+    CheckpointStore(tmp_path, keep=5, config_digest="d", job="ns/other/u2").write(20, "fp32", _state(20)())
+    checkpoints = _checkpointer(CheckpointStore(tmp_path, keep=5, config_digest="d", job=JOB))
+    checkpoints.save(10, "fp32", _state(10), final=True)
+    with pytest.raises(CheckpointTaken):
+        checkpoints.save(20, "fp32", _state(20), final=True)
+    checkpoints.save(20, "fp32", _state(20), final=False)
+    assert checkpoints.collect(block=True, training_step=20) is None and checkpoints.failures == 2
+    assert checkpoints.last_good is not None and checkpoints.last_good.step == 10
+
+
+def test_a_framework_checkpointer_takes_over_the_last_good_one_and_moves_it_on(tmp_path: Path) -> None:
+    base = _checkpointer(CheckpointStore(tmp_path, keep=5, config_digest="d", job=JOB))
+    base.save(10, "fp32", _state(10), final=True)
+    framework = FrameworkCheckpointer(base, write=lambda staging: staging, parameters=lambda: [torch.ones(2)])
+    assert framework.last_good == base.last_good
+    framework.save(20, "fp32", _state(20), final=True)
+    assert framework.last_good is not None and framework.last_good.step == 20
+    assert (Path(framework.last_good.path) / "framework").is_dir()
