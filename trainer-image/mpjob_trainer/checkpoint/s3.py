@@ -49,7 +49,6 @@ from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.fetched import FetchedCheckpoint, open_sharded
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
-    FORMAT_VERSION,
     MANIFEST,
     CorruptCheckpoint,
     Manifest,
@@ -262,9 +261,7 @@ class BucketCheckpointStore:
         """Rank 0, once every rank has published its files of a sharded save (`files`: each
         one's sha256 and size): the manifest, the commit, then keep-K."""
         start = time.perf_counter()
-        manifest = Manifest(
-            step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job, layout=DCP, world_size=world_size
-        )
+        manifest = self.local.sharded_manifest(step, precision, files, world_size=world_size)
         shutil.rmtree(tmp, ignore_errors=True)
         with self._writing:
             self._put_manifest(step, json.dumps(manifest.to_json()).encode())

@@ -206,15 +206,22 @@ class CheckpointStore:
         """Make the sharded checkpoint every rank wrote into `tmp` (`files`: each file's sha256
         and size, as the ranks hashed them) `step`'s: manifest last, then the rename (rank 0)."""
         start = time.perf_counter()
-        manifest = Manifest(
-            step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job, layout=DCP, world_size=world_size
-        )
+        manifest = self.sharded_manifest(step, precision, files, world_size=world_size)
         with self._writing:
             try:
                 return self._commit(tmp, manifest, start)
             except Exception:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
+
+    def sharded_manifest(
+        self, step: int, precision: str, files: dict[str, dict[str, Any]], *, world_size: int
+    ) -> Manifest:
+        """The manifest that commits `step`'s sharded checkpoint of this job (`files`: every
+        rank's, as the ranks hashed them); a bucket's commit writes the same."""
+        return Manifest(
+            step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job, layout=DCP, world_size=world_size
+        )
 
     def _commit(self, tmp: Path, manifest: Manifest, start: float) -> SaveResult:
         write_manifest(tmp, manifest)
