@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests import warm
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, spec
 
 pytestmark = pytest.mark.unit
@@ -31,7 +31,7 @@ def start(tmp: Path, job: dict[str, Any], precision: str, attempt: int, pace: fl
     """The launcher's two ranks as attempt `attempt`, each optimizer step `pace` seconds longer."""
     extra = {"PACED_STEP_SECONDS": str(pace)}
     env = launch_env(tmp, job, precision, attempt=attempt, ckpt=tmp / "ckpt", name=f"report{attempt}.json", extra=extra)
-    env["MASTER_PORT"] = str(29600 + attempt + (7 if precision == "bf16" else 0) + hash(str(tmp)) % 300)
+    env["MASTER_PORT"] = str(free_port())  # other workers rendezvous beside it
     return warm.Popen(COMMAND, env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 

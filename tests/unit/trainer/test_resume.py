@@ -15,7 +15,7 @@ from mpjob_contract.codes import ExitCode
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
 from tests import warm
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import launch_env, parse, run_trainer, spec
+from tests.unit.trainer.conftest import launch_env, paced_spec, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
@@ -60,19 +60,18 @@ def straight_final(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
 def test_interrupted_and_resumed_run_is_bit_identical(
     tmp_path: Path, precision: str, how: int, straight_final: Callable[[str], dict]
 ) -> None:
-    # Each forward pass sleeps 50 ms (an identity, no parameters: the weights are the straight run's),
-    # so the signal lands inside the run, not after it, however slow this machine is to send it.
-    args = {**spec()["task"]["args"], "stepDelay": {precision: 0.05}}
-    job = spec(precision={"mode": precision}, task={"builtin": "mlp", "args": args}, **LONG)
+    # 80 ms a step (the weights are the straight run's): the signal lands inside the run, 4 s of it
+    # left after checkpoint 10, however slow this machine is to send it.
+    job = paced_spec(0.08, precision={"mode": precision}, **LONG)
 
     env = launch_env(tmp_path / "cut", job, precision, ckpt=tmp_path / "cut" / "ckpt")
     (tmp_path / "cut").mkdir()
     proc = warm.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=warm.PIPE, text=True)
     wait_for(
-        lambda: (tmp_path / "cut" / "ckpt" / "step-000000020" / "manifest.json").exists(),
+        lambda: (tmp_path / "cut" / "ckpt" / "step-000000010" / "manifest.json").exists(),
         120,
         interval=0.02,
-        message="checkpoint 20",
+        message="checkpoint 10",
     )
     proc.send_signal(how)
     out, _ = proc.communicate(timeout=60)
@@ -89,7 +88,7 @@ def test_interrupted_and_resumed_run_is_bit_identical(
         tmp_path / "cut", job, precision, attempt=1, ckpt=tmp_path / "cut" / "ckpt", name="report2.json"
     )
     assert resumed.code == 0, resumed.stderr
-    assert resumed.of("resume") and resumed.of("resume")[0]["step"] >= 20
+    assert resumed.of("resume") and resumed.of("resume")[0]["step"] >= 10
     _assert_identical(straight_final(precision), _state(tmp_path / "cut" / "ckpt" / "step-000000060"))
 
 
