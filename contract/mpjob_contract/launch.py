@@ -19,9 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision, RequestedPrecision
 from mpjob_contract.environment import LAUNCH_ENV as LAUNCH_ENV  # re-exported: its home is the light module
-
-#: Where the checkpoint volume is mounted in trainer pods.
-CHECKPOINT_MOUNT = "/var/lib/mpjob/checkpoints"
+from mpjob_contract.pod_volumes import CHECKPOINT_MOUNT as CHECKPOINT_MOUNT  # re-exported: the rules read it too
 
 
 def contract_version() -> str:

@@ -14,13 +14,13 @@ from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
 from mpjob_contract.launch import (
-    CHECKPOINT_MOUNT,
     LAUNCH_ENV,
     AttemptLaunch,
     checkpoint_root,
     inside_checkpoint_dir,
     job_checkpoint_dir,
 )
+from mpjob_contract.pod_volumes import CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, SHM_MOUNT, SHM_VOLUME, adds_shared_memory
 from mpjob_contract.storage import CREDENTIAL_KEYS
 from mpjob_contract.tracking import IMAGE_ENV, credential_env
 
@@ -33,9 +33,6 @@ RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 NO_CHANGE = InPlacePlan()
 GPU_RESOURCE = "nvidia.com/gpu"
-#: GPU pods get a memory-backed /dev/shm (a container's default is 64 MiB): DataLoader workers
-#: hand batches over in shared memory and NCCL's intra-node transport lives there.
-SHM_VOLUME, SHM_MOUNT = "dshm", "/dev/shm"
 #: The per-pod launcher (trainer image) and the builtin trainer it starts for builtin/module tasks.
 LAUNCHER_COMMAND, TRAINER_COMMAND = ("mpjob-launch",), ("mpjob-trainer",)
 
@@ -161,7 +158,7 @@ def _resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
 
 
 def _checkpoint_volume(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
-    volume: dict[str, Any] = {"name": "checkpoints"}
+    volume: dict[str, Any] = {"name": CHECKPOINT_VOLUME}
     vol = spec.checkpoint.volume_source
     if vol is not None and vol.persistent_volume_claim is not None:
         volume["persistentVolumeClaim"] = {"claimName": vol.persistent_volume_claim.claim_name}
@@ -171,13 +168,9 @@ def _checkpoint_volume(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
 
 
 def _shared_memory(spec: MixedPrecisionJobSpec) -> bool:
-    """Does the pod get our /dev/shm? GPU pods do, unless the template mounts its own there or
-    names a volume like ours (the user's wins; we never shadow it)."""
+    """Does the pod get our /dev/shm (mpjob_contract.pod_volumes.adds_shared_memory)?"""
     tpl = spec.template
-    taken = any(m.get("mountPath") == SHM_MOUNT for m in tpl.volume_mounts) or any(
-        v.get("name") == SHM_VOLUME for v in tpl.volumes
-    )
-    return spec.resources.gpus_per_worker > 0 and not taken
+    return adds_shared_memory(spec.resources.gpus_per_worker, tpl.volume_mounts, tpl.volumes)
 
 
 def _container(
@@ -193,7 +186,7 @@ def _container(
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},
         ],
         "volumeMounts": [
-            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+            {"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT},
             *([{"name": SHM_VOLUME, "mountPath": SHM_MOUNT}] if _shared_memory(spec) else []),
             *deepcopy(spec.template.volume_mounts),
         ],

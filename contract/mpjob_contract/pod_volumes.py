@@ -1,0 +1,24 @@
+"""The volumes the operator adds to every trainer pod, named once for the pod builder
+(mpjob.builders.attempt) and for the contract.
+
+Light on purpose (no pydantic, no API models): `launch` re-exports CHECKPOINT_MOUNT from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: The operator's checkpoint volume, in every trainer pod, and where the trainer container mounts it.
+CHECKPOINT_VOLUME, CHECKPOINT_MOUNT = "checkpoints", "/var/lib/mpjob/checkpoints"
+#: GPU pods get a memory-backed /dev/shm (a container's default is 64 MiB): DataLoader workers
+#: hand batches over in shared memory and NCCL's intra-node transport lives there.
+SHM_VOLUME, SHM_MOUNT = "dshm", "/dev/shm"
+
+
+def adds_shared_memory(gpus: int, mounts: Sequence[Mapping[str, Any]], volumes: Sequence[Mapping[str, Any]]) -> bool:
+    """Does the operator add its /dev/shm volume to the pod? GPU pods get it, unless the
+    template mounts its own there or names a volume like ours (the user's wins; we never
+    shadow it)."""
+    taken = any(m.get("mountPath") == SHM_MOUNT for m in mounts) or any(v.get("name") == SHM_VOLUME for v in volumes)
+    return gpus > 0 and not taken
