@@ -14,6 +14,11 @@ CHECKPOINT_VOLUME, CHECKPOINT_MOUNT = "checkpoints", "/var/lib/mpjob/checkpoints
 #: GPU pods get a memory-backed /dev/shm (a container's default is 64 MiB): DataLoader workers
 #: hand batches over in shared memory and NCCL's intra-node transport lives there.
 SHM_VOLUME, SHM_MOUNT = "dshm", "/dev/shm"
+#: The most volumes and volume mounts a template may add, and the longest mountPath (Linux's
+#: PATH_MAX). Not the pod API's bounds (it has none): the API server estimates a CEL rule's cost
+#: from the largest list and string a schema allows, and the rule that looks up every mount's
+#: volume fits its budget only with these bounds. Far above what a trainer pod uses.
+MAX_TEMPLATE_VOLUMES, MAX_TEMPLATE_VOLUME_MOUNTS, MAX_MOUNT_PATH = 256, 256, 4096
 
 
 def adds_shared_memory(gpus: int, mounts: Sequence[Mapping[str, Any]], volumes: Sequence[Mapping[str, Any]]) -> bool:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mpjob_contract import formats, k8s
+from mpjob_contract.pod_volumes import MAX_MOUNT_PATH, MAX_TEMPLATE_VOLUME_MOUNTS, MAX_TEMPLATE_VOLUMES
 
 CORE = "io.k8s.api.core.v1."
 META = "io.k8s.apimachinery.pkg.apis.meta.v1."
@@ -57,6 +58,12 @@ VALUE_RULES: dict[tuple[str, str], dict[str, Any]] = {
     (CORE + "Toleration", "value"): formats.LABEL_VALUE.schema(),
     (CORE + "Toleration", "operator"): {"enum": ["", "Equal", "Exists"]},
     (CORE + "Toleration", "effect"): {"enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]},
+}
+#: Our bounds, not Kubernetes' (mpjob_contract.pod_volumes says why): added like VALUE_RULES.
+COST_BOUNDS: dict[tuple[str, str], dict[str, Any]] = {
+    (CORE + "PodSpec", "volumes"): {"maxItems": MAX_TEMPLATE_VOLUMES},
+    (CORE + "Container", "volumeMounts"): {"maxItems": MAX_TEMPLATE_VOLUME_MOUNTS},
+    (CORE + "VolumeMount", "mountPath"): {"maxLength": MAX_MOUNT_PATH},
 }
 #: Maps whose values are label values. Their keys are label keys, which only a CEL rule over the
 #: whole map could check, and its estimated cost on a map of unbounded size would exceed the API
@@ -193,8 +200,10 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], stack: tuple[str, ...])
 
 
 def _with_value_rules(node: dict[str, Any], definition: str, prop: str) -> dict[str, Any]:
-    """`definition.prop`'s converted schema with the value rules Kubernetes applies to it."""
+    """`definition.prop`'s converted schema with the value rules Kubernetes applies to it (and our
+    COST_BOUNDS)."""
     node.update(VALUE_RULES.get((definition, prop), {}))
+    node.update(COST_BOUNDS.get((definition, prop), {}))
     if (definition, prop) in LABEL_VALUE_MAPS:
         node["additionalProperties"] = {**node["additionalProperties"], **formats.LABEL_VALUE.schema()}
     return node

@@ -30,6 +30,7 @@ SCHEMA_KEYS = (
     "description",
     "pattern",
     "maxLength",
+    "maxItems",
     "minimum",
     "format",
     "enum",
@@ -87,8 +88,8 @@ def check_template(template: dict[str, Any]) -> list[Violation]:
 
 
 def check(value: Any, schema: dict[str, Any], path: str) -> list[Violation]:
-    """What in `value` breaks `schema` (required, types, enums, unknown fields, list keys, and a
-    scalar's pattern, length and minimum)."""
+    """What in `value` breaks `schema` (required, types, enums, unknown fields, list keys and
+    length, and a scalar's pattern, length and minimum)."""
     if wrong := _wrong_type(value, schema):
         return [(path, wrong)]
     if "enum" in schema and value not in schema["enum"]:
@@ -143,6 +144,8 @@ def _check_object(value: dict[Any, Any], schema: dict[str, Any], path: str) -> l
 
 
 def _check_array(value: list[Any], schema: dict[str, Any], path: str) -> list[Violation]:
+    if len(value) > schema.get("maxItems", len(value)):
+        return [(path, f"must have at most {schema['maxItems']} items, got {len(value)}")]
     found: list[Violation] = []
     items = schema.get("items", {})
     for i, item in enumerate(value):

@@ -9,6 +9,7 @@ from typing import Any
 
 from mpjob_contract import rules
 from mpjob_contract.api import MAX_TASK_ARG_DEPTH, MAX_TASK_ARGS
+from mpjob_contract.pod_volumes import MAX_MOUNT_PATH, MAX_TEMPLATE_VOLUME_MOUNTS, MAX_TEMPLATE_VOLUMES
 
 GOOD: dict[str, Any] = {
     "apiVersion": "mpjob.dev/v1alpha1",
@@ -44,6 +45,16 @@ def bad(path: str, value: Any) -> dict[str, Any]:
 
 #: A bucket that validates.
 S3 = {"bucket": "checkpoints", "endpoint": "http://minio.storage:9000"}
+
+#: A template volume.
+DATA = {"name": "data", "emptyDir": {}}
+
+
+def mounting(*mounts: dict[str, Any], gpus: int = 1, volumes: tuple[dict[str, Any], ...] = (DATA,)) -> dict[str, Any]:
+    """GOOD with `gpus` per worker and a template of `volumes` and `mounts`."""
+    template = {"volumes": list(volumes), "volumeMounts": list(mounts)}
+    return bad("spec", {**GOOD["spec"], "resources": {"gpusPerWorker": gpus}, "template": template})
+
 
 # (id, manifest, text the error must contain)
 #: FSDP2 gathering the weights in the attempt's precision, said outright.
@@ -356,6 +367,22 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         "toleration-exists-with-value",
         bad("spec.template.tolerations", [{"key": "gpu", "operator": "Exists", "value": "a100"}]),
         "spec.template.tolerations[0].value",
+    ),
+    # Bounded so that the rules' CEL fits the API server's cost budget (pod_volumes).
+    (
+        "too-many-volumes",
+        bad("spec.template.volumes", [{"name": f"v{i}", "emptyDir": {}} for i in range(MAX_TEMPLATE_VOLUMES + 1)]),
+        "spec.template.volumes",
+    ),
+    (
+        "too-many-volume-mounts",
+        mounting(*({"name": "data", "mountPath": f"/m{i}"} for i in range(MAX_TEMPLATE_VOLUME_MOUNTS + 1))),
+        "spec.template.volumeMounts",
+    ),
+    (
+        "mount-path-too-long",
+        mounting({"name": "data", "mountPath": "/" + "m" * MAX_MOUNT_PATH}),
+        "spec.template.volumeMounts[0].mountPath",
     ),
     (
         "mlflow-secret-not-a-name",
