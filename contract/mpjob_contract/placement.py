@@ -201,13 +201,15 @@ class PodTemplateOverrides(ApiModel):
         return self
 
     @model_validator(mode="after")
-    def _tolerations_hold(self) -> PodTemplateOverrides:
-        """The pod API's rules between a toleration's fields (rules.TOLERATION_RULES)."""
+    def _items_hold(self) -> PodTemplateOverrides:
+        """The pod API's rules on each toleration, volume and volume mount (rules.ITEM_RULES)."""
+        items = {"tolerations": self.tolerations, "volumes": self.volumes, "volumeMounts": self.volume_mounts}
         violations = [
             found
-            for i, toleration in enumerate(self.tolerations)
-            for rule in rules.TOLERATION_RULES
-            if (found := rule.violation(toleration, at=f"tolerations[{i}]"))
+            for field, field_rules in rules.ITEM_RULES.items()
+            for i, item in enumerate(items[field])
+            for rule in field_rules
+            if (found := rule.violation(item, at=f"{field}[{i}]"))
         ]
         if violations:
             raise k8s.SchemaViolations(violations)

@@ -1,19 +1,25 @@
-"""The pod API's rules between a toleration's fields, as cross-field rules of the API (the table
-is mpjob_contract.rules): the API server refuses them only when the Job controller creates the
-pod, long after the job was accepted. A toleration's single fields (key, value, operator,
+"""The pod API's rules between a toleration's fields, and between the template's volumes and
+mounts and the ones the operator adds (mpjob_contract.pod_volumes), as cross-field rules of the
+API (the table is mpjob_contract.rules): the API server refuses them only when the Job
+controller creates the pod, long after the job was accepted (the job then fails after
+runPolicy.podCreationTimeoutSeconds). A toleration's single fields (key, value, operator,
 effect) are held by the template's Kubernetes schemas (mpjob.k8s_openapi.VALUE_RULES), which
-also bound the strings these rules compare, so their CEL stays within the API server's budget.
+also bound the strings these rules compare, and the template's lists of volumes and mounts are
+bounded (mpjob.k8s_openapi.COST_BOUNDS), so their CEL stays within the API server's budget.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from mpjob_contract.cel import Rule
+from mpjob_contract.pod_volumes import CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, SHM_MOUNT, SHM_VOLUME, adds_shared_memory
 
-#: Where each toleration's rules sit.
+#: Where each toleration's, template volume's and volume mount's rules sit.
 TOLERATION = "spec.template.tolerations[]"
+VOLUME, VOLUME_MOUNT = "spec.template.volumes[]", "spec.template.volumeMounts[]"
 
 
 def _field(toleration: Any, name: str) -> Any:
@@ -49,3 +55,70 @@ TOLERATION_EXISTS_WITHOUT_VALUE = Rule(
 )
 #: A toleration's rules, in the order the CRD lists them.
 TOLERATION_RULES = (TOLERATION_SECONDS_NEED_NO_EXECUTE, TOLERATION_EMPTY_KEY_EXISTS, TOLERATION_EXISTS_WITHOUT_VALUE)
+
+TEMPLATE_VOLUME_NOT_CHECKPOINTS = Rule(
+    name="template-volume-not-checkpoints",
+    path=VOLUME,
+    cel=f"self.name != '{CHECKPOINT_VOLUME}'",
+    message=f"template.volumes[].name must not be {CHECKPOINT_VOLUME}: the operator adds its checkpoint volume "
+    "(checkpoint.volume) to every trainer pod under that name; name yours otherwise (mount the checkpoint "
+    f"volume elsewhere with a template.volumeMounts entry named {CHECKPOINT_VOLUME})",
+    holds=lambda volume: _field(volume, "name") != CHECKPOINT_VOLUME,
+    field_path=".name",
+)
+
+
+def _same_directory(path: str) -> str:
+    """A regex of the absolute `path` however it is spelled: `/` doubled, `.` segments between
+    and after. RE2 (CEL) and Python read it alike (no backslash: a CEL string would take it as
+    an escape); unanchored, as `re.fullmatch` takes it."""
+    literal = "".join(c if c.isalnum() else f"[{c}]" for c in path.strip("/"))
+    return "/([.]?/)*" + literal.replace("[/]", "/([.]?/)*") + "(/[.]?)*"
+
+
+#: The checkpoint mount as a mountPath may spell it: the pod API compares mountPaths as written,
+#: so `/var/lib/mpjob/checkpoints/` would pass it and put a second volume on the checkpoint mount.
+AT_CHECKPOINT_MOUNT = _same_directory(CHECKPOINT_MOUNT)
+MOUNT_NOT_AT_CHECKPOINTS = Rule(
+    name="mount-not-at-checkpoints",
+    path=VOLUME_MOUNT,
+    cel=f"!self.mountPath.matches('^{AT_CHECKPOINT_MOUNT}$')",
+    message=f"template.volumeMounts[].mountPath must not be {CHECKPOINT_MOUNT} (however spelled): the operator "
+    "mounts the checkpoint volume there; mount yours elsewhere (below it is fine)",
+    holds=lambda mount: re.fullmatch(AT_CHECKPOINT_MOUNT, str(_field(mount, "mountPath"))) is None,
+    field_path=".mountPath",
+)
+#: A toleration's, a template volume's and a volume mount's rules, by template field.
+ITEM_RULES: dict[str, tuple[Rule, ...]] = {
+    "tolerations": TOLERATION_RULES,
+    "volumes": (TEMPLATE_VOLUME_NOT_CHECKPOINTS,),
+    "volumeMounts": (MOUNT_NOT_AT_CHECKPOINTS,),
+}
+
+
+def unknown_mount(spec: Mapping[str, Any]) -> int | None:
+    """The first template mount (of the wire-form spec) that names no volume of the pod, or None:
+    a volume of the template, the operator's checkpoint volume, or its /dev/shm when it adds one."""
+    template, gpus = spec.get("template") or {}, (spec.get("resources") or {}).get("gpusPerWorker", 1)
+    mounts, volumes = template.get("volumeMounts") or [], template.get("volumes") or []
+    known = {volume.get("name") for volume in volumes} | {CHECKPOINT_VOLUME}
+    if adds_shared_memory(gpus, mounts, volumes):
+        known.add(SHM_VOLUME)
+    return next((i for i, mount in enumerate(mounts) if mount.get("name") not in known), None)
+
+
+_GPUS = "(has(self.resources) && has(self.resources.gpusPerWorker) ? self.resources.gpusPerWorker : 1)"
+_MOUNTS, _VOLUMES = "self.template.volumeMounts", "self.template.volumes"
+MOUNT_NAMES_A_VOLUME = Rule(
+    name="mount-names-a-volume",
+    path="spec",
+    cel=f"!has(self.template) || !has({_MOUNTS}) || {_MOUNTS}.all(m, m.name == '{CHECKPOINT_VOLUME}' || "
+    f"(has({_VOLUMES}) && {_VOLUMES}.exists(v, v.name == m.name)) || (m.name == '{SHM_VOLUME}' && {_GPUS} > 0 "
+    f"&& !{_MOUNTS}.exists(n, n.mountPath == '{SHM_MOUNT}')))",
+    message="template.volumeMounts[].name must name a volume of the pod: one of template.volumes, "
+    f"{CHECKPOINT_VOLUME} (the checkpoint volume) or, in a GPU pod whose template mounts nothing at {SHM_MOUNT}, "
+    f"{SHM_VOLUME} (the operator's shared memory)",
+    holds=lambda spec: unknown_mount(spec) is None,
+    field_path=".template.volumeMounts",
+    item=lambda spec: f"[{unknown_mount(spec)}]",
+)

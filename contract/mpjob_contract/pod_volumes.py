@@ -1,7 +1,9 @@
 """The volumes the operator adds to every trainer pod, named once for the pod builder
-(mpjob.builders.attempt) and for the contract.
+(mpjob.builders.attempt) and for the rules (mpjob_contract.pod_rules) that keep the template's
+own volumes and mounts from colliding with them.
 
-Light on purpose (no pydantic, no API models): `launch` re-exports CHECKPOINT_MOUNT from here.
+Light on purpose (no pydantic, no API models): `launch` re-exports CHECKPOINT_MOUNT from here,
+and the rules, which the API models import, read these names too.
 """
 
 from __future__ import annotations

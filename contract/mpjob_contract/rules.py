@@ -22,6 +22,10 @@ from typing import Any
 from mpjob_contract.cel import Rule as Rule
 from mpjob_contract.cel import wire_self as wire_self
 from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed
+from mpjob_contract.pod_rules import ITEM_RULES as ITEM_RULES
+from mpjob_contract.pod_rules import MOUNT_NAMES_A_VOLUME as MOUNT_NAMES_A_VOLUME
+from mpjob_contract.pod_rules import MOUNT_NOT_AT_CHECKPOINTS as MOUNT_NOT_AT_CHECKPOINTS
+from mpjob_contract.pod_rules import TEMPLATE_VOLUME_NOT_CHECKPOINTS as TEMPLATE_VOLUME_NOT_CHECKPOINTS
 from mpjob_contract.pod_rules import TOLERATION_EMPTY_KEY_EXISTS as TOLERATION_EMPTY_KEY_EXISTS
 from mpjob_contract.pod_rules import TOLERATION_EXISTS_WITHOUT_VALUE as TOLERATION_EXISTS_WITHOUT_VALUE
 from mpjob_contract.pod_rules import TOLERATION_RULES as TOLERATION_RULES
@@ -260,6 +264,9 @@ RULES: tuple[Rule, ...] = (
     FALLBACK_SAFER_IN_ORDER,
     NO_SERVICE_ACCOUNT_TOKEN,
     *TOLERATION_RULES,
+    TEMPLATE_VOLUME_NOT_CHECKPOINTS,
+    MOUNT_NOT_AT_CHECKPOINTS,
+    MOUNT_NAMES_A_VOLUME,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,
     BUCKET_NOT_AN_IP_ADDRESS,

@@ -202,6 +202,11 @@ class MixedPrecisionJobSpec(ApiModel):
         rules.GATE_NEEDS_FP32_GATHERING.check(rules.wire_self(self))
         return self
 
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> MixedPrecisionJobSpec:
+        rules.MOUNT_NAMES_A_VOLUME.check(self.model_dump(by_alias=True, include={"resources", "template"}))
+        return self
+
 
 def processes_per_worker(spec: MixedPrecisionJobSpec) -> int:
     """Processes the launcher starts per pod: the spec's, else one per GPU, else one."""

@@ -368,6 +368,30 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.template.tolerations", [{"key": "gpu", "operator": "Exists", "value": "a100"}]),
         "spec.template.tolerations[0].value",
     ),
+    # The pod API's rules between the template's volumes and mounts and the operator's own (pod_rules).
+    (
+        "template-volume-named-checkpoints",
+        bad("spec.template.volumes", [{"name": "checkpoints", "emptyDir": {}}]),
+        "spec.template.volumes[0].name",
+    ),
+    (
+        "mount-at-the-checkpoint-mount",
+        mounting({"name": "data", "mountPath": "/var/lib/mpjob/checkpoints"}),
+        "spec.template.volumeMounts[0].mountPath",
+    ),
+    (
+        "mount-over-the-checkpoint-mount-spelled-otherwise",
+        mounting({"name": "data", "mountPath": "/x"}, {"name": "data", "mountPath": "//var/lib/./mpjob/checkpoints/"}),
+        "spec.template.volumeMounts[1].mountPath",
+    ),
+    ("mount-names-no-volume", mounting({"name": "nothere", "mountPath": "/x"}), "spec.template.volumeMounts"),
+    # The operator adds dshm to GPU pods only, and not beside a template's own /dev/shm.
+    ("cpu-pod-mounts-dshm", mounting({"name": "dshm", "mountPath": "/shm"}, gpus=0), "spec.template.volumeMounts"),
+    (
+        "dshm-mounted-beside-the-templates-own-shm",
+        mounting({"name": "data", "mountPath": "/dev/shm"}, {"name": "dshm", "mountPath": "/shm"}),
+        "spec.template.volumeMounts",
+    ),
     # Bounded so that the rules' CEL fits the API server's cost budget (pod_volumes).
     (
         "too-many-volumes",
@@ -413,6 +437,16 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.TOLERATION_SECONDS_NEED_NO_EXECUTE.name: ("toleration-seconds-without-no-execute",),
     rules.TOLERATION_EMPTY_KEY_EXISTS.name: ("toleration-empty-key-equal",),
     rules.TOLERATION_EXISTS_WITHOUT_VALUE.name: ("toleration-exists-with-value",),
+    rules.TEMPLATE_VOLUME_NOT_CHECKPOINTS.name: ("template-volume-named-checkpoints",),
+    rules.MOUNT_NOT_AT_CHECKPOINTS.name: (
+        "mount-at-the-checkpoint-mount",
+        "mount-over-the-checkpoint-mount-spelled-otherwise",
+    ),
+    rules.MOUNT_NAMES_A_VOLUME.name: (
+        "mount-names-no-volume",
+        "cpu-pod-mounts-dshm",
+        "dshm-mounted-beside-the-templates-own-shm",
+    ),
     rules.ONE_CHECKPOINT_SOURCE.name: ("two-volumes", "no-checkpoint-source"),
     rules.WRITABLE_CHECKPOINT_CLAIM.name: ("read-only-checkpoint-claim",),
     rules.BUCKET_NOT_AN_IP_ADDRESS.name: ("bucket-named-like-an-ip-address",),
@@ -485,7 +519,14 @@ FULL_TEMPLATE: dict[str, Any] = {
             },
         },
     ],
-    "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True, "subPath": "x"}],
+    # Beside the operator's: its checkpoint volume mounted elsewhere, its /dev/shm (a GPU pod's) too,
+    # and a volume mounted below the checkpoint mount.
+    "volumeMounts": [
+        {"name": "data", "mountPath": "/data", "readOnly": True, "subPath": "x"},
+        {"name": "checkpoints", "mountPath": "/checkpoints-read-only", "readOnly": True},
+        {"name": "dshm", "mountPath": "/shm-too"},
+        {"name": "scratch", "mountPath": "/var/lib/mpjob/checkpoints/sub"},
+    ],
     "priorityClassName": "high",
     "serviceAccountName": "trainer",
     "imagePullSecrets": [{"name": "regcred"}],

@@ -117,6 +117,39 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.TOLERATION_EXISTS_WITHOUT_VALUE, {"key": "k", "operator": "Exists", "value": ""}, True),
     (rules.TOLERATION_EXISTS_WITHOUT_VALUE, {"key": "k", "value": "v"}, True),
     (rules.TOLERATION_EXISTS_WITHOUT_VALUE, {"key": "k", "operator": "Exists", "value": "v"}, False),
+    (rules.TEMPLATE_VOLUME_NOT_CHECKPOINTS, {"name": "data", "emptyDir": {}}, True),
+    (rules.TEMPLATE_VOLUME_NOT_CHECKPOINTS, {"name": "dshm", "emptyDir": {}}, True),
+    (rules.TEMPLATE_VOLUME_NOT_CHECKPOINTS, {"name": "checkpoints", "emptyDir": {}}, False),
+    (rules.MOUNT_NOT_AT_CHECKPOINTS, {"name": "checkpoints", "mountPath": "/c", "readOnly": True}, True),
+    (rules.MOUNT_NOT_AT_CHECKPOINTS, {"name": "d", "mountPath": "/var/lib/mpjob/checkpoints/sub"}, True),
+    (rules.MOUNT_NOT_AT_CHECKPOINTS, {"name": "d", "mountPath": "/var/lib/mpjob/checkpoints/.."}, True),
+    (rules.MOUNT_NOT_AT_CHECKPOINTS, {"name": "d", "mountPath": "/var/lib/mpjob/.checkpoints"}, True),
+    (rules.MOUNT_NOT_AT_CHECKPOINTS, {"name": "d", "mountPath": "/var/lib/mpjob/checkpoints"}, False),
+    (rules.MOUNT_NOT_AT_CHECKPOINTS, {"name": "d", "mountPath": "/var/lib/mpjob/checkpoints/"}, False),
+    (rules.MOUNT_NOT_AT_CHECKPOINTS, {"name": "d", "mountPath": "/var//lib/./mpjob/checkpoints/."}, False),
+    (rules.MOUNT_NAMES_A_VOLUME, {}, True),
+    (rules.MOUNT_NAMES_A_VOLUME, {"template": {"volumeMounts": [{"name": "checkpoints", "mountPath": "/c"}]}}, True),
+    (rules.MOUNT_NAMES_A_VOLUME, {"template": {"volumeMounts": [{"name": "dshm", "mountPath": "/s"}]}}, True),
+    (
+        rules.MOUNT_NAMES_A_VOLUME,
+        {"template": {"volumes": [{"name": "d"}], "volumeMounts": [{"name": "d", "mountPath": "/d"}]}},
+        True,
+    ),
+    (rules.MOUNT_NAMES_A_VOLUME, {"template": {"volumeMounts": [{"name": "d", "mountPath": "/d"}]}}, False),
+    (
+        rules.MOUNT_NAMES_A_VOLUME,
+        {"resources": {"gpusPerWorker": 0}, "template": {"volumeMounts": [{"name": "dshm", "mountPath": "/s"}]}},
+        False,
+    ),
+    (
+        rules.MOUNT_NAMES_A_VOLUME,
+        {
+            "template": {
+                "volumeMounts": [{"name": "checkpoints", "mountPath": "/dev/shm"}, {"name": "dshm", "mountPath": "/s"}]
+            }
+        },
+        False,
+    ),
     (rules.ONE_CHECKPOINT_SOURCE, {"emptyDir": {}}, True),
     (rules.ONE_CHECKPOINT_SOURCE, {"persistentVolumeClaim": {"claimName": "c"}}, True),
     (rules.ONE_CHECKPOINT_SOURCE, {}, False),
