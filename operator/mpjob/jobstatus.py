@@ -49,13 +49,15 @@ def read_job(name: str, namespace: str | None, kubeconfig: str | None) -> tuple[
     """(namespace, the MixedPrecisionJob as the API server returns it); CannotRead says why not."""
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
-    from kubernetes.config.config_exception import ConfigException
+
+    from mpjob import credentials
 
     try:
-        _, context = config.list_kube_config_contexts(config_file=kubeconfig)
-        api_client = config.new_client_from_config(config_file=kubeconfig)
-    except (ConfigException, OSError) as exc:
-        raise CannotRead(f"no usable kubeconfig ({exc})") from exc
+        with credentials.reading_kubeconfig():
+            _, context = config.list_kube_config_contexts(config_file=kubeconfig)
+            api_client = config.new_client_from_config(config_file=kubeconfig)
+    except credentials.NoCluster as exc:
+        raise CannotRead(str(exc)) from exc
     api_client.configuration.retries = 0
     namespace = namespace or (context or {}).get("context", {}).get("namespace") or "default"
     custom = client.CustomObjectsApi(api_client)
@@ -68,8 +70,7 @@ def read_job(name: str, namespace: str | None, kubeconfig: str | None) -> tuple[
             raise CannotRead(f"MixedPrecisionJob {namespace}/{name} not found") from exc
         raise CannotRead(f"the API server refused to read {namespace}/{name}: {exc.status} {exc.reason}") from exc
     except Exception as exc:  # urllib3's connection, TLS and timeout errors
-        server = api_client.configuration.host
-        raise CannotRead(f"cannot reach the cluster at {server}: {type(exc).__name__}") from exc
+        raise CannotRead(str(credentials.unreachable(api_client.configuration.host, exc))) from exc
     if not isinstance(obj, dict):
         raise CannotRead(f"the API server answered {namespace}/{name} with something other than an object")
     return namespace, obj

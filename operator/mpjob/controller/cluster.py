@@ -19,9 +19,10 @@ import time
 from typing import Any, cast
 
 import kopf
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from mpjob import credentials
 from mpjob.builders.attempt import attempt_name
 from mpjob.controller import documents
 from mpjob.controller.ownership import Claim, claim
@@ -60,10 +61,7 @@ def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 def load_credentials() -> None:
     """The client's default credentials: the pod's ServiceAccount, or the kubeconfig outside a cluster."""
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    credentials.load_default()
 
 
 class QuietReads:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import kopf
 from prometheus_client import start_http_server
 
+from mpjob import credentials
 from mpjob.controller import config
 
 
@@ -89,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
             name=args.peering, identity=identity, priority=priority, clusterwide=not args.namespaces
         )
     settings = config.from_arguments(args, peering=peering)
+    try:  # before anything starts: kopf and the cache would retry a missing cluster forever
+        credentials.reach()
+    except credentials.NoCluster as exc:
+        print(f"error: {exc}")
+        return 1
 
     from mpjob.controller import crdcheck, handlers  # noqa: F401  (handlers: registers them)
 

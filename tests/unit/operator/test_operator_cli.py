@@ -1,9 +1,12 @@
-"""`mpjob operator` refuses bad flags before it touches a cluster, naming the flag."""
+"""`mpjob operator` refuses bad flags before it touches a cluster, naming the flag, and a missing
+or unreachable cluster at once, in one line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +23,37 @@ def test_a_bad_priority_is_refused_naming_the_flag() -> None:
     )
     assert result.returncode == 2
     assert "--priority: an integer or 'oldest', not 'newest'" in result.stderr
+
+
+CLOSED_PORT_KUBECONFIG = (
+    "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+    "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\n"
+    "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("kubeconfig", "said"),
+    [
+        (None, "error: no usable kubeconfig (Invalid kube-config file. No configuration found.)"),
+        (CLOSED_PORT_KUBECONFIG, "error: cannot reach the cluster at https://127.0.0.1:9: MaxRetryError"),
+        ("\xff\xfe not text", "error: no usable kubeconfig (not UTF-8 text (byte 0))"),
+    ],
+    ids=["no-kubeconfig", "closed-port", "not-text"],
+)
+def test_without_a_cluster_the_operator_says_so_in_one_line_and_ends(
+    tmp_path: Path, kubeconfig: str | None, said: str
+) -> None:
+    """Not a traceback, nor watches retried forever (it outlived SIGTERM so): one line, exit 1."""
+    path = tmp_path / "kubeconfig"
+    if kubeconfig is not None:
+        path.write_bytes(kubeconfig.encode("latin-1"))
+    result = subprocess.run(
+        [sys.executable, "-m", "mpjob.cli", "operator"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", "KUBECONFIG": str(path), "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
+    assert (result.returncode, result.stdout.strip()) == (1, said), result.stderr
+    assert "Traceback" not in result.stderr

@@ -77,6 +77,28 @@ def test_status_says_clearly_when_the_cluster_cannot_be_reached(tmp_path: Path) 
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"\xff\xfe not text", "not UTF-8 text (byte 0)"),
+        (b"clusters: [\n", "not YAML: "),
+        (b"- a list\n", "not a kubeconfig (TypeError: "),
+    ],
+    ids=["not-text", "not-yaml", "not-a-mapping"],
+)
+def test_status_says_in_one_line_what_is_wrong_with_the_kubeconfig(tmp_path: Path, content: bytes, why: str) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_bytes(content)
+    done = subprocess.run(
+        [sys.executable, "-m", "mpjob.cli", "status", "job", "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (1, "")
+    assert done.stdout.startswith(f"error: no usable kubeconfig ({why}") and done.stdout.count("\n") == 1, done.stdout
+
+
 def test_a_running_attempts_line_says_how_long_ago_its_step_last_moved() -> None:
     """`mpjob status` of a hung job: its step's progressTime (runPolicy.progressDeadlineSeconds
     counts from it) as seconds ago; a local run's summary, given no time, says only running."""
