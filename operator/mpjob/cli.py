@@ -115,15 +115,29 @@ COMMANDS = {
 }
 
 
+#: The exit code of a command the user interrupted (Ctrl-C), as a shell reports SIGINT.
+INTERRUPTED = 130
+
+
+def _usage(argv: list[str]) -> int:
+    if argv and argv[0] not in ("-h", "--help"):
+        print(f"error: unknown command {argv[0]!r}")
+    print("usage: mpjob {" + ",".join(COMMANDS) + "} ...\n")
+    for name, (_, text) in COMMANDS.items():
+        print(f"  {name:<9} {text}")
+    return 0 if argv and argv[0] in ("-h", "--help") else 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: mpjob {" + ",".join(COMMANDS) + "} ...\n")
-        for name, (_, text) in COMMANDS.items():
-            print(f"  {name:<9} {text}")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if not argv or argv[0] not in COMMANDS:
+        return _usage(argv)
     func, _ = COMMANDS[argv[0]]
-    return func(argv[1:])
+    try:
+        return func(argv[1:])
+    except KeyboardInterrupt:  # before a command's own handling (`mpjob run`'s) or in one without
+        print("interrupted")
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

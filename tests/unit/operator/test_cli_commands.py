@@ -1,0 +1,43 @@
+"""`mpjob` itself: a mistyped command is named, and Ctrl-C ends any command with one line and
+exit code 130 (README: 130 when stopped by Ctrl-C), not a traceback."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from mpjob.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+class _CtrlCTerminal(io.TextIOWrapper):
+    """A terminal whose user presses Ctrl-C while a command waits for its input."""
+
+    def __init__(self) -> None:
+        super().__init__(io.BytesIO())
+
+    @property
+    def buffer(self) -> io.BufferedReader:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_validate_reads_stdin_ends_it_with_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", _CtrlCTerminal())
+    assert main(["validate", "-"]) == 130
+    assert capsys.readouterr().out == "interrupted\n"
+
+
+def test_a_mistyped_command_is_named_before_the_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["stauts", "job"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error: unknown command 'stauts'\nusage: mpjob {run,status,validate,crd,operator}"), out
+
+
+def test_help_is_the_usage_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: mpjob {")
