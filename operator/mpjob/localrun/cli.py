@@ -36,7 +36,7 @@ def run_command(argv: list[str]) -> int:
             return 2
     out: Path = args.out or Path("runs") / job.metadata.name
     try:
-        prepare(out, fresh=args.fresh)
+        prepare(out, fresh=args.fresh, job=job.metadata.name)
         view = make_view(args.mode, job.spec.training.steps)
         run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule)
         try:

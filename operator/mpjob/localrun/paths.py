@@ -9,18 +9,28 @@ same way: a report.json or series.json it cannot read ends the run with that sai
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from mpjob.localrun.files import read_regular, write_replacing
 from mpjob_contract.api import MixedPrecisionJobStatus
 
-#: Everything `mpjob run` writes in --out (the .tmp files: a report or series being replaced).
+#: The job whose run --out holds ({"name": metadata.name}), written as it starts.
+JOB_FILE = "job.json"
+#: Everything `mpjob run` writes in --out (the .tmp files: a report, series or job file being replaced).
 RUN_ENTRIES = frozenset(
-    {"report.json", "report.tmp", "series.json", "series.tmp", "training.png", "attempts", "checkpoints"}
+    {
+        *(JOB_FILE, "job.tmp"),
+        *("report.json", "report.tmp", "series.json", "series.tmp", "training.png"),
+        *("attempts", "checkpoints"),
+    }
 )
+#: More than a job file of a name the API server takes (253 characters) ever needs.
+_JOB_FILE_BYTES = 4096
 #: What a refusal of an earlier run's files suggests.
 START_OVER = "start over with --fresh, or pick another --out"
 
@@ -66,8 +76,9 @@ class Paths:
         return status
 
 
-def prepare(root: Path, *, fresh: bool) -> None:
-    """--out made ready for the run: a folder, emptied first with `fresh` when it is a run's."""
+def prepare(root: Path, *, fresh: bool, job: str) -> None:
+    """--out made ready for the run of the job named `job`: a folder, emptied first with `fresh`
+    when it is a run's; refused when it holds another job's run."""
     try:
         if root.exists() and not root.is_dir():
             raise UnusableOut(f"{root}: not a folder; pick a folder for the run's files")
@@ -81,5 +92,24 @@ def prepare(root: Path, *, fresh: bool) -> None:
                 )
             shutil.rmtree(root)
         root.mkdir(parents=True, exist_ok=True)
+        _claim(root, job)
     except OSError as exc:
         raise UnusableOut(f"{root}: cannot use it as the run's folder ({exc.strerror or exc})") from exc
+
+
+def _claim(root: Path, job: str) -> None:
+    """The folder's run is the job `job`'s from now on; UnusableOut when an earlier run there was
+    another job's (its report would be taken for this one's, its checkpoints resumed). A folder
+    of a run from before job.json was written is taken as it is."""
+    data = read_regular(root / JOB_FILE, _JOB_FILE_BYTES)
+    if data is None:
+        write_replacing(root / JOB_FILE, json.dumps({"name": job}) + "\n")
+        return
+    try:
+        found = json.loads(data).get("name")
+    except (ValueError, AttributeError):
+        found = None
+    if not isinstance(found, str):
+        raise UnusableOut(f"{root}: {JOB_FILE} does not name the job its run was of: {START_OVER}")
+    if found != job:
+        raise UnusableOut(f"{root}: it holds a run of the job {found!r}, not {job!r}: {START_OVER}")

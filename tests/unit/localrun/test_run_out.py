@@ -105,4 +105,20 @@ def test_fresh_empties_a_run_folder_and_starts_over(
 
     monkeypatch.setattr(LocalRun, "run", started)
     assert run_command([str(job), "--out", str(out), "--fresh", "--plain", "--no-plot"]) == 0, capsys.readouterr()
-    assert found == [[]]
+    assert found == [["job.json"]]  # the job it is a run of, and nothing else
+
+
+def test_an_out_that_holds_another_jobs_run_is_refused(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not taken for this job's run (it said the other job's Succeeded as its own, exit 0)."""
+    out = job.parent / "out"
+    assert run_command([str(job), "--out", str(out), "--plain", "--no-plot"]) == 0, capsys.readouterr()
+    report = (out / "report.json").read_text()
+    other = job.parent / "other.yaml"
+    other.write_text(yaml.safe_dump({**JOB, "metadata": {"name": "other"}}))
+    capsys.readouterr()
+    assert run_command([str(other), "--out", str(out), "--plain", "--no-plot"]) == 2
+    said = capsys.readouterr().out
+    assert said.startswith(f"error: --out {out}: it holds a run of the job 'local', not 'other'") and "--fresh" in said
+    assert (out / "report.json").read_text() == report
+    assert run_command([str(job), "--out", str(out), "--plain", "--no-plot"]) == 0  # its own job's: as before
+    assert "already ended Succeeded" in capsys.readouterr().out
