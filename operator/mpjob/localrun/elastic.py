@@ -65,7 +65,7 @@ class WorkersSchedule:
     def check(self, spec: MixedPrecisionJobSpec) -> None:
         """A local run cannot wait for capacity: every count must reach elastic.minWorkers."""
         if spec.elastic is None:
-            raise BadSchedule("--workers-available needs spec.elastic: without it every attempt has `workers` pods")
+            raise BadSchedule("needs spec.elastic: without it every attempt has `workers` pods")
         for step, workers in self.changes:
             if workers < spec.elastic.min_workers:
                 raise BadSchedule(

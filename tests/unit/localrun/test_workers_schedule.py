@@ -3,11 +3,22 @@ clock the furthest step reached, so steps trained again after a resume keep toda
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import yaml
+
+from mpjob.localrun.cli import run_command
 from mpjob.localrun.elastic import BadSchedule, WorkersSchedule
 
 pytestmark = pytest.mark.unit
+
+JOB = {
+    "apiVersion": "mpjob.dev/v1alpha1",
+    "kind": "MixedPrecisionJob",
+    "metadata": {"name": "fixed"},
+    "spec": {"task": {"builtin": "mlp"}, "training": {"steps": 2}, "resources": {"gpusPerWorker": 0}},
+}
 
 
 def test_the_workers_that_fit_follow_the_furthest_step_reached() -> None:
@@ -23,3 +34,14 @@ def test_the_workers_that_fit_follow_the_furthest_step_reached() -> None:
 def test_a_schedule_that_cannot_be_read_is_refused(text: str) -> None:
     with pytest.raises(BadSchedule):
         WorkersSchedule.parse(text)
+
+
+def test_a_schedule_for_a_job_without_elastic_is_refused_naming_the_flag_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(JOB))
+    assert run_command([str(job), "--workers-available", "2", "--out", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().out
+    assert said == "error: --workers-available needs spec.elastic: without it every attempt has `workers` pods\n"
+    assert not (tmp_path / "out").exists()
