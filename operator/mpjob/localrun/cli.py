@@ -58,11 +58,19 @@ def run_command(argv: list[str]) -> int:
     return 130 if status.phase == "Suspended" else 1
 
 
+def _folder(text: str) -> Path:
+    """--out's folder; an empty one is refused (Path("") is the current folder, and `--out "$DIR"`
+    with DIR unset would fill it with the run's files)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path; name the run's folder")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpjob run", description=__doc__)
     # A str, not a Path: Path("") is ".", and `mpjob run ''` would name the current folder.
     parser.add_argument("file", help="a MixedPrecisionJob manifest")
-    parser.add_argument("--out", type=Path, help="run directory (default: runs/<name>); reused to resume")
+    parser.add_argument("--out", type=_folder, help="run directory (default: runs/<name>); reused to resume")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_const", const="json", dest="mode", help="JSON lines for scripts")
     mode.add_argument("--plain", action="store_const", const="plain", dest="mode", help="plain lines")

@@ -122,3 +122,18 @@ def test_an_out_that_holds_another_jobs_run_is_refused(job: Path, capsys: pytest
     assert (out / "report.json").read_text() == report
     assert run_command([str(job), "--out", str(out), "--plain", "--no-plot"]) == 0  # its own job's: as before
     assert "already ended Succeeded" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("never_launched")
+def test_an_empty_out_is_refused_not_taken_for_the_current_folder(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--out "$DIR"` with DIR unset: Path("") is ".", and the run's files went into the current folder."""
+    here = job.parent / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with pytest.raises(SystemExit) as ended:
+        run_command([str(job), "--out", ""])
+    assert ended.value.code == 2
+    assert "argument --out: an empty path; name the run's folder" in capsys.readouterr().err
+    assert list(here.iterdir()) == []
