@@ -21,33 +21,48 @@ from mpjob.controller import config
 
 def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The operator's flags: its configuration's (config.py) and the process's own."""
-    parser = argparse.ArgumentParser(prog="mpjob operator", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="mpjob operator",
+        description=__doc__,
+        epilog=f"Environment only: {config.ENV_PROFILE_KEY}, the key the attempts' profile tokens are derived "
+        "from (never a flag: a process's arguments are visible to every user of its node).",
+    )
     config.add_arguments(parser, environ)
     parser.add_argument(
         "--metrics-port",
         type=int,
         default=int(environ.get("MPJOB_METRICS_PORT", "8080")),
-        help="operator metrics on :PORT/metrics (0 = off)",
+        metavar="PORT",
+        help="operator metrics on :PORT/metrics, 0 = off (env MPJOB_METRICS_PORT; default 8080)",
     )
     parser.add_argument(
         "--bind-address",
         default=environ.get("MPJOB_BIND_ADDRESS") or "0.0.0.0",
+        metavar="ADDRESS",
         help="address of the metrics and health endpoints (env MPJOB_BIND_ADDRESS; default every interface)",
     )
-    parser.add_argument("--health-port", type=int, default=8081, help="kopf liveness on :PORT/healthz (0 = off)")
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=8081,
+        metavar="PORT",
+        help="kopf liveness on :PORT/healthz, 0 = off (default 8081)",
+    )
     parser.add_argument(
         "--peering",
         default=None,
+        metavar="NAME",
         help="kopf peering name for several replicas (needs kopf's peering CRDs); default: standalone",
     )
     parser.add_argument(
         "--priority",
         default=environ.get("MPJOB_PEERING_PRIORITY", "oldest"),
-        help="kopf peering priority: an integer (the highest live peer acts, the others stand by), or "
+        help="kopf peering priority (env MPJOB_PEERING_PRIORITY): an integer (the highest live peer acts, the "
+        "others stand by), or "
         "'oldest' (default): the longest-running replica acts, so a rolling upgrade hands over only "
         "when the old operator leaves and extra replicas are hot standbys",
     )
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG, kopf's too (default: INFO)")
     return parser
 
 

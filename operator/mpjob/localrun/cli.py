@@ -69,8 +69,12 @@ def _folder(text: str) -> Path:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mpjob run", description=__doc__)
     # A str, not a Path: Path("") is ".", and `mpjob run ''` would name the current folder.
-    parser.add_argument("file", help="a MixedPrecisionJob manifest")
-    parser.add_argument("--out", type=_folder, help="run directory (default: runs/<name>); reused to resume")
+    parser.add_argument(
+        "file", help="a MixedPrecisionJob manifest (`-` reads stdin; a task.command then runs in the current folder)"
+    )
+    parser.add_argument(
+        "--out", type=_folder, metavar="DIR", help="run directory (default: runs/<name>); reused to resume"
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_const", const="json", dest="mode", help="JSON lines for scripts")
     mode.add_argument("--plain", action="store_const", const="plain", dest="mode", help="plain lines")

@@ -41,3 +41,11 @@ def test_a_mistyped_command_is_named_before_the_usage(capsys: pytest.CaptureFixt
 def test_help_is_the_usage_alone(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     assert capsys.readouterr().out.startswith("usage: mpjob {")
+
+
+def test_run_help_says_stdin_is_read_from_a_dash(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["run", "--help"])
+    assert ended.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "`-` reads stdin" in text and "--out DIR run directory (default: runs/<name>)" in text

@@ -4,6 +4,7 @@ its live-progress patch: the pure parts of mpjob.controller."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -34,6 +35,28 @@ def test_the_environment_gives_the_defaults_that_the_chart_and_benchmarks_set() 
         workers=4,
     )
     assert from_environment({}) == OperatorConfig()
+
+
+class _Recording(dict[str, str]):
+    """An empty environment that notes each variable asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.asked.add(key)
+        return default
+
+
+def test_the_help_names_every_variable_the_flags_read_and_the_ports_defaults() -> None:
+    environ = _Recording()
+    text = " ".join(parser(environ).format_help().split())
+    assert environ.asked, "the flags read the environment (the recording works)"
+    assert {name for name in environ.asked if name not in text} == set()
+    ports = ("--metrics-port PORT operator metrics", "default 8080)", "--health-port PORT", "default 8081)")
+    assert [said for said in ports if said not in text] == []
+    assert "-v, --verbose log at DEBUG" in text
 
 
 def test_flags_win_over_the_environment() -> None:
