@@ -86,12 +86,19 @@ def liveness_endpoint(bind_address: str, port: int) -> str | None:
     return f"http://{host}:{port}/healthz"
 
 
+def configure_logging(*, verbose: bool) -> None:
+    """Every log line once, as `time LEVEL logger message` (what the integration tests read): kopf's
+    own lines go through the same handler, so kopf.configure, which adds a handler of its own, is
+    not called."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     flags = parser(os.environ)
     args = flags.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(verbose=args.verbose)
     try:
         priority = priority_of(args.priority)
     except ValueError:
@@ -117,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.bind_address)
-    kopf.configure(verbose=args.verbose)
     kopf.run(
         clusterwide=not args.namespaces,
         namespaces=args.namespaces,

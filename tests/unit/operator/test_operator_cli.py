@@ -57,3 +57,17 @@ def test_without_a_cluster_the_operator_says_so_in_one_line_and_ends(
     )
     assert (result.returncode, result.stdout.strip()) == (1, said), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_operator_logs_each_line_once() -> None:
+    """kopf's own handler beside the operator's printed every line twice, in two formats."""
+    script = (
+        "import logging; from mpjob.controller.main import configure_logging; configure_logging(verbose=False); "
+        "logging.getLogger('mpjob.operator').warning('said once'); logging.getLogger('kopf.objects').info('kopf too')"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    lines = result.stderr.splitlines()
+    assert [line.split(" ", 2)[2] for line in lines] == [
+        "WARNING mpjob.operator said once",
+        "INFO kopf.objects kopf too",
+    ]
