@@ -6,6 +6,8 @@ attempt's last loss) so a cluster's user can look instead of reading YAML."""
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mpjob.summary import summary_lines
-from mpjob_contract import api
+from mpjob_contract import api, formats
 
 #: Connect and read timeouts of the one API request (seconds): an unreachable cluster is said quickly.
 REQUEST_TIMEOUT = (5, 20)
@@ -25,8 +27,13 @@ class CannotRead(Exception):
 
 def status_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mpjob status", description=__doc__)
-    parser.add_argument("name", help="the MixedPrecisionJob's name")
-    parser.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's, else default)")
+    parser.add_argument("name", type=_named(formats.JOB_NAME), help="the MixedPrecisionJob's name")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        type=_named(formats.NAMESPACE),
+        help="its namespace (default: the kubeconfig context's, else default)",
+    )
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="also draw the job into this PNG")
     args = parser.parse_args(argv)
@@ -43,6 +50,18 @@ def status_command(argv: list[str]) -> int:
     if args.plot is not None:
         return _plot(args.plot, f"{namespace}/{args.name}", status)
     return 0
+
+
+def _named(rule: formats.Format) -> Callable[[str], str]:
+    """An argument checked against a name's format before it goes into a request's URL (an empty
+    name read the whole collection, a `/` reached another path)."""
+
+    def checked(text: str) -> str:
+        if not re.fullmatch(rule.pattern, text):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {rule.allows}")
+        return text
+
+    return checked
 
 
 def read_job(name: str, namespace: str | None, kubeconfig: str | None) -> tuple[str, dict[str, Any]]:

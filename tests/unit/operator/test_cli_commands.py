@@ -49,3 +49,22 @@ def test_run_help_says_stdin_is_read_from_a_dash(capsys: pytest.CaptureFixture[s
     assert ended.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "`-` reads stdin" in text and "--out DIR run directory (default: runs/<name>)" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["", "--kubeconfig", "/nonexistent"], "argument name: '': must be lowercase letters"),
+        (["a/b", "--kubeconfig", "/nonexistent"], "argument name: 'a/b': must be lowercase letters"),
+        (["job", "-n", "Team/x", "--kubeconfig", "/nonexistent"], "argument -n/--namespace: 'Team/x': must be"),
+    ],
+    ids=["empty-name", "name-with-a-slash", "bad-namespace"],
+)
+def test_status_refuses_a_name_no_object_can_have_before_any_request(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty name read the whole collection, a `/` another path: neither is a job's name."""
+    with pytest.raises(SystemExit) as ended:
+        main(["status", *argv])
+    assert ended.value.code == 2
+    assert said in capsys.readouterr().err
