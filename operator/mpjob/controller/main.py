@@ -95,6 +95,18 @@ def configure_logging(*, verbose: bool) -> None:
     )
 
 
+def serve_metrics(port: int, bind_address: str) -> str | None:
+    """The operator's metrics served on `port` (0: not served); what is wrong when it cannot
+    listen there (the port taken by another process, an address not this host's)."""
+    if not port:
+        return None
+    try:
+        start_http_server(port, addr=bind_address)
+    except OSError as exc:
+        return f"--metrics-port {port}: cannot listen on {bind_address} ({exc.strerror or exc})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     flags = parser(os.environ)
     args = flags.parse_args(argv)
@@ -122,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
     crdcheck.at_start()  # a CRD older than this release: a warning (crdcheck's doc)
 
-    if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.bind_address)
+    if (refused := serve_metrics(args.metrics_port, args.bind_address)) is not None:
+        print(f"error: {refused}")
+        return 1
     kopf.run(
         clusterwide=not args.namespaces,
         namespaces=args.namespaces,

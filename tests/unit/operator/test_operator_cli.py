@@ -3,9 +3,13 @@ or unreachable cluster at once, in one line."""
 
 from __future__ import annotations
 
+import http.server
 import os
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,3 +75,51 @@ def test_the_operator_logs_each_line_once() -> None:
         "WARNING mpjob.operator said once",
         "INFO kopf.objects kopf too",
     ]
+
+
+class _VersionOnly(http.server.BaseHTTPRequestHandler):
+    """An API server that answers /version and nothing else."""
+
+    def do_GET(self) -> None:
+        body = b'{"major": "1", "minor": "34"}' if self.path == "/version" else b"{}"
+        self.send_response(200 if self.path == "/version" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def answering_cluster(tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig of a cluster that answers."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _VersionOnly)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = tmp_path / "kubeconfig"
+    path.write_text(CLOSED_PORT_KUBECONFIG.replace("https://127.0.0.1:9", f"http://127.0.0.1:{server.server_port}"))
+    yield path
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_metrics_port_in_use_is_said_in_one_line(answering_cluster: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "mpjob.cli", "operator", "--metrics-port", str(port), "--bind-address", "127.0.0.1"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "KUBECONFIG": str(answering_cluster),
+                "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            },
+        )
+    said = f"error: --metrics-port {port}: cannot listen on 127.0.0.1 (Address already in use)"
+    assert (result.returncode, result.stdout.strip()) == (1, said), result.stderr
+    assert "Traceback" not in result.stderr
