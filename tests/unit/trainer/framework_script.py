@@ -3,6 +3,7 @@
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
                                               [--quarantine STEP,...] [--empty-step STEP]
                                               [--spike-at STEP] [--loss-func] [--val-output K]
+                                              [--log-losses]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -21,7 +22,10 @@ step I // batch of the first epoch.
 Trainer computes the loss with a `compute_loss_func` (it takes the labels): the model computes
 no loss of its own, it returns its prediction only, labels or not. `--val-output K`
 (Lightning): `validation_step` returns None (Lightning's "skip this batch") at odd batch
-indexes (`odd-none`) or at every one (`none`), or a dict without "loss" (`dict`).
+indexes (`odd-none`) or at every one (`none`), or a dict without "loss" (`dict`). `--log-losses`
+(Lightning): `training_step` logs "train_loss" and `validation_step` "val_loss" (`self.log`), and
+the script prints the Trainer's `callback_metrics` on stderr after fit (`callback metrics: {JSON}`);
+Lightning's own validation loop never runs (the epoch does not end).
 $FRAMEWORK_SCRIPT_STEP_SECONDS: each optimizer step sleeps that long (a test can stop the run
 mid-way), without changing the command, which checkpoints' config digest names: a run that
 resumes the paced one's checkpoints need not be paced.
@@ -30,6 +34,7 @@ resumes the paced one's checkpoints need not be paced.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -145,13 +150,19 @@ def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) ->
             if self.global_step == opts.empty_step:
                 return None
             time.sleep(0.3 if run.precision == opts.slow else opts.pace)
-            return net(**b)["loss"]
+            loss = net(**b)["loss"]
+            if opts.log_losses:
+                self.log("train_loss", loss)
+            return loss
 
         def validation_step(self, b: dict[str, torch.Tensor], i: int) -> Any:
             if opts.val_output == "dict":
                 return {"prediction": net(b["x"])["prediction"]}
             skipped = opts.val_output == "none" or (opts.val_output == "odd-none" and i % 2)
-            return None if skipped else net(**b)["loss"]
+            loss = None if skipped else net(**b)["loss"]
+            if opts.log_losses and loss is not None:
+                self.log("val_loss", loss)
+            return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=run.spec.training.learning_rate)
@@ -169,6 +180,9 @@ def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) ->
     settings = mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False)
     trainer = L.Trainer(**settings, use_distributed_sampler=False)  # InOrder shares the data out
     mpjob_lightning.fit(run, trainer, Module())
+    if opts.log_losses:
+        metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
+        print(f"callback metrics: {json.dumps(metrics)}", file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -183,6 +197,7 @@ def main() -> None:
     parser.add_argument("--empty-step", type=int, default=None)
     parser.add_argument("--loss-func", action="store_true")
     parser.add_argument("--val-output", choices=["odd-none", "none", "dict"], default=None)
+    parser.add_argument("--log-losses", action="store_true")
     parser.set_defaults(pace=float(os.environ.get("FRAMEWORK_SCRIPT_STEP_SECONDS", "0")))
     opts = parser.parse_args()
     with mpjob.start() as run:

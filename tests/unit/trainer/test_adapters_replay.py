@@ -6,6 +6,8 @@ framework's eval set in the attempt's precision and in fp32."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -111,3 +113,18 @@ def test_a_lightning_validation_step_that_returns_no_loss_is_a_config_error(
     run = run_trainer(tmp_path, job("lightning", *argv[2:], validation=validation), "bf16", argv=argv)
     assert run.code == ExitCode.CONFIG_ERROR, run.stderr[-3000:]
     assert run.report is not None and message in run.report.message
+
+
+@pytest.mark.process
+def test_the_lightning_gate_logs_nothing_of_the_modules(tmp_path: Path) -> None:
+    """The gate calls `validation_step` from a training hook: a `self.log("val_loss", ...)` there would
+    become a training metric of that step (callback_metrics, loggers, a monitor), holding the gate's
+    last batch. The module's own training-time logging still lands."""
+    validation = {"everySteps": 10, "batches": 2, "maxLossDelta": 0.5}
+    argv = [SCRIPT, "lightning", "--log-losses"]
+    run = run_trainer(tmp_path, job("lightning", *argv[2:], validation=validation), "bf16", argv=argv)
+    assert run.code == 0, run.stderr[-3000:]
+    assert [e["step"] for e in run.of("eval")] == [10, 20, 30]
+    found = re.search(r"^callback metrics: (.*)$", run.stderr, re.M)
+    assert found is not None, run.stderr[-3000:]
+    assert set(json.loads(found.group(1))) == {"train_loss"}

@@ -74,9 +74,10 @@ def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> flo
     module.eval()
     try:
         outputs = []
-        for k, batch in enumerate(itertools.islice(module.val_dataloader(), run.spec.validation.batches)):
-            with run.autocast():
-                outputs.append(module.validation_step(trainer.strategy.batch_to_device(batch), k))
+        with unlogged(module):
+            for k, batch in enumerate(itertools.islice(module.val_dataloader(), run.spec.validation.batches)):
+                with run.autocast():
+                    outputs.append(module.validation_step(trainer.strategy.batch_to_device(batch), k))
     finally:
         module.train()
     if not outputs:
@@ -89,6 +90,23 @@ def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> flo
             f"{run.spec.validation.batches}): return the loss tensor, or a dict with 'loss'"
         )
     return sum(losses) / len(losses)
+
+
+@contextlib.contextmanager
+def unlogged(module: L.LightningModule) -> Iterator[None]:
+    """In the block, the module's `self.log` (and `log_dict`, which calls it) records nothing. The
+    gate runs `validation_step` inside a training hook (the callback's on_train_batch_end), where
+    Lightning would take a logged "val_loss" for a metric of that training step: callback_metrics,
+    the loggers and a checkpoint's or early stop's monitor would hold the gate's last batch."""
+
+    def log(*_: Any, **__: Any) -> None:
+        pass
+
+    module.log = log  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.log  # the class's again
 
 
 def validation_loss(output: Any) -> float:
