@@ -3,28 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.paths import UnusableOut, prepare
 from mpjob.summary import summary_lines
 from mpjob.validation import InvalidManifest, load_job
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 
 def run_command(argv: list[str]) -> int:
+    json_out = _wants_json(argv)
     try:
         from mpjob.localrun.elastic import BadSchedule, WorkersSchedule
         from mpjob.localrun.progress import make_view
         from mpjob.localrun.runner import LocalRun
     except ModuleNotFoundError as exc:  # the progress view and plot are an extra
-        print(f"error: `mpjob run` needs the local extra ({exc.name} is missing): pip install 'mpjob[local]'")
+        _error(json_out, f"`mpjob run` needs the local extra ({exc.name} is missing): pip install 'mpjob[local]'")
         return 2
-    args = _parser().parse_args(argv)
+    args = _parser(json_errors=json_out).parse_args(argv)
 
     try:
         job = load_job(args.file)
     except InvalidManifest as exc:
         for problem in exc.problems:
-            print(f"error: {problem}")
+            _error(json_out, str(problem), **({"field": problem.field} if problem.field else {}))
         return 2
     schedule = None
     if args.workers_available is not None:
@@ -32,7 +39,7 @@ def run_command(argv: list[str]) -> int:
             schedule = WorkersSchedule.parse(args.workers_available)
             schedule.check(job.spec)
         except BadSchedule as exc:
-            print(f"error: --workers-available {exc}")
+            _error(json_out, f"--workers-available {exc}")
             return 2
     out: Path = args.out or Path("runs") / job.metadata.name
     try:
@@ -44,7 +51,7 @@ def run_command(argv: list[str]) -> int:
         finally:
             view.close()
     except UnusableOut as exc:
-        print(f"error: --out {exc}")
+        _error(json_out, f"--out {exc}")
         return 2
     lines = summary_lines(job.metadata.name, status)
     lines.append(f"  report: {run.paths.report}")
@@ -58,6 +65,36 @@ def run_command(argv: list[str]) -> int:
     return 130 if status.phase == "Suspended" else 1
 
 
+def _error(json_out: bool, message: str, **fields: Any) -> None:
+    """An error that ends the command before the run: an `error` event with --json, else an `error:` line."""
+    print(error_line(message, **fields) if json_out else f"error: {message}", flush=True)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """Whether argv asks for --json, read as the parser reads it (an abbreviation counts, a `--json`
+    after `--` is a file's name): known before the other arguments are, so their errors follow it."""
+    probe = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    probe.add_argument("--json", action="store_true")
+    try:
+        known, _ = probe.parse_known_args(argv)
+    except argparse.ArgumentError:  # `--json=x`: the parser refuses it, in plain words
+        return False
+    return bool(known.json)
+
+
+class _JsonErrorsParser(argparse.ArgumentParser):
+    """The parser under --json: a usage error is an `error` event on stdout (exit 2, as argparse's),
+    the usage and --help go to stderr, so stdout holds JSON lines only."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(error_line(message), flush=True)
+        self.exit(2)
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        super().print_help(file or sys.stderr)
+
+
 def _folder(text: str) -> Path:
     """--out's folder; an empty one is refused (Path("") is the current folder, and `--out "$DIR"`
     with DIR unset would fill it with the run's files)."""
@@ -66,8 +103,9 @@ def _folder(text: str) -> Path:
     return Path(text)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpjob run", description=__doc__)
+def _parser(*, json_errors: bool) -> argparse.ArgumentParser:
+    kind = _JsonErrorsParser if json_errors else argparse.ArgumentParser
+    parser = kind(prog="mpjob run", description=__doc__)
     # A str, not a Path: Path("") is ".", and `mpjob run ''` would name the current folder.
     parser.add_argument(
         "file", help="a MixedPrecisionJob manifest (`-` reads stdin; a task.command then runs in the current folder)"

@@ -3,7 +3,6 @@ JSON lines with --json (one object per event, for scripts)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, Literal, Protocol
 
@@ -17,6 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from mpjob.localrun.jsonlines import json_line
 from mpjob.localrun.series import Point
 from mpjob_contract.codes import Reason
 
@@ -134,7 +134,7 @@ class JsonView:
         self.stream = stream or sys.stdout
 
     def _emit(self, event: str, **fields: Any) -> None:
-        print(json.dumps({"event": event, **fields}), file=self.stream, flush=True)
+        print(json_line(event, **fields), file=self.stream, flush=True)
 
     def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
         self._emit("attemptStarted", attempt=attempt, precision=precision, startStep=start_step, resumeFrom=resumed)
