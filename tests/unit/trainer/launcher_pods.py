@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,13 +46,33 @@ class Pod:
         return int(found.group(1))
 
 
-def launch(folder: Path, flags: list[str], command: list[str], env: dict[str, str] | None = None) -> Pod:
+def launch(
+    folder: Path,
+    flags: list[str],
+    command: list[str],
+    env: dict[str, str] | None = None,
+    pending: signal.Signals | None = None,
+) -> Pod:
+    """Start the launcher; `pending`: a signal already sent to it before its exec, held pending
+    by the mask it starts with (a mask and pending signals survive exec) until it unblocks it."""
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(env or os.environ)
     env.setdefault("MPJOB_TERMINATION_LOG", str(folder / "pod.json"))
     with (folder / "stdout").open("wb") as out, (folder / "stderr").open("wb") as err:
-        proc = subprocess.Popen([str(LAUNCHER), *flags, "--", *command], env=env, stdout=out, stderr=err)
+        argv = [str(LAUNCHER), *flags, "--", *command]
+        hold = None if pending is None else _sent_while_blocked(pending)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, preexec_fn=hold)
     return Pod(proc, folder)
+
+
+def _sent_while_blocked(sig: signal.Signals) -> Callable[[], None]:
+    """Run in the forked child before exec: block `sig`, then send it to itself."""
+
+    def hold() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+        os.kill(os.getpid(), sig)
+
+    return hold
 
 
 def stand_ins(tmp: Path, *behaviours: str) -> list[str]:

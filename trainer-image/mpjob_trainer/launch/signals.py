@@ -4,7 +4,10 @@ SIGTERM, SIGINT and SIGCHLD land in a pipe (signal.set_wakeup_fd): the handlers 
 the signal, the supervisor's select() loop acts on it. `main` installs them first, before
 it parses its flags or imports anything heavy: in a container the launcher is PID 1, and
 PID 1 ignores a signal it has no handler for, so a SIGTERM that arrived before the handler
-would be lost and the pod would wait out its whole grace period for the SIGKILL.
+would be lost and the pod would wait out its whole grace period for the SIGKILL. They are
+also unblocked: a signal mask is inherited across exec, and a parent that started the launcher
+with them blocked would leave it (and every rank it starts) deaf to the stop. One that arrived
+while blocked waits, pending, and is handled as soon as they are unblocked, ahead of the ranks.
 """
 
 from __future__ import annotations
@@ -48,11 +51,15 @@ def signal_inbox() -> Iterator[Inbox]:
         """The byte in the socket is the news; the loop acts on it."""
 
     old_fd = signal.set_wakeup_fd(send, warn_on_full_buffer=False)
+    old_mask: set[int | signal.Signals] | None = None
     try:
         for sig in watched:
             signal.signal(sig, noted)
+        old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)  # a pending one lands now
         yield Inbox(receive)
     finally:
+        if old_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         signal.set_wakeup_fd(old_fd)
