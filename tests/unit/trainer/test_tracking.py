@@ -5,6 +5,7 @@ that refuses or never answers costs the training thread nothing, and is counted.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -62,36 +63,52 @@ def test_event_lines_become_metrics_and_tags() -> None:
 
 
 @pytest.fixture
-def black_hole() -> Iterator[int]:
-    """A port that accepts connections and never answers."""
+def black_hole() -> Iterator[socket.socket]:
+    """A server that never answers: a listening socket that accepts nothing (a client's
+    connection completes in its backlog and its request waits) until the test closes it (then
+    the connection is reset and the request fails at once)."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(4096)
-        yield int(server.getsockname()[1])
+        yield server
+
+
+def held(server: socket.socket) -> bool:
+    """Whether a client's connection waits in the server's backlog (the listener is readable)."""
+    return bool(select.select([server], [], [], 0)[0])
 
 
 def failures(metrics: TrainerMetrics) -> float:
     return metrics.registry.get_sample_value(names.TRACKING_FAILURES + "_total", metrics.labels) or 0.0
 
 
+def dropped(metrics: TrainerMetrics) -> float:
+    return metrics.registry.get_sample_value(names.TRACKING_DROPPED + "_total", metrics.labels) or 0.0
+
+
 @pytest.mark.process
+@pytest.mark.timeout(180)  # a put or a close that waited for the held thread would hang here
 def test_a_server_that_never_answers_costs_the_training_thread_nothing(
-    black_hole: int, monkeypatch: pytest.MonkeyPatch
+    black_hole: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
-    monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "2")
+    # No client timeout within reach: the tracking thread stays in its first request, and takes
+    # nothing from the queue, until the test closes the server; no clock decides the outcome.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3600")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "0.5")
     metrics = TrainerMetrics("j", "ns", 0, "fp16")
-    tracker = RunTracker(launch(f"http://127.0.0.1:{black_hole}"), digest="d", metrics=metrics)
-    started = time.perf_counter()
+    port = black_hole.getsockname()[1]
+    tracker = RunTracker(launch(f"http://127.0.0.1:{port}"), digest="d", metrics=metrics)
+    wait_for(lambda: held(black_hole), 120, 0.01, message="the tracking thread's first request")
+    cpu = time.thread_time()  # this thread's CPU: a starved machine does not add to it
     for step in range(1, 2 * QUEUE_SIZE):
         tracker("step", {"time": 1.0, "step": step, "loss": 1.0})
-    assert time.perf_counter() - started < 2.0  # a put that never waits (and drops when full)
-    dropped = metrics.registry.get_sample_value(names.TRACKING_DROPPED + "_total", metrics.labels)
-    assert dropped is not None and dropped > 0
-    started = time.perf_counter()
-    tracker.close(0)
-    assert time.perf_counter() - started < 5.0  # bounded, whatever the server does
-    wait_for(lambda: failures(metrics) >= 1, 60, message="the hung call counted as a failure")
+    assert time.thread_time() - cpu < 2.0
+    assert dropped(metrics) == QUEUE_SIZE - 1  # the queue filled, then every put dropped: none waited
+    tracker.close(0)  # bounded by its own deadline: the server still holds the request
+    assert failures(metrics) == 0 and dropped(metrics) == QUEUE_SIZE  # the end too, on a full queue
+    black_hole.close()
+    wait_for(lambda: failures(metrics) >= 1, 60, message="the held request counted as a failure")
 
 
 def test_a_refused_server_is_counted_and_never_raised(
