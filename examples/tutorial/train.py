@@ -12,12 +12,18 @@ resumes in bf16 from the last good checkpoint.
 `--poison INDEX`: dataset sample INDEX holds inf, non-finite in every precision. Bad data: the
 fp32 replay blames it, the session rolls back to the last good checkpoint, quarantines the
 sample and goes on in the same precision.
+`TUTORIAL_HOLD_AT=STEP` (in the environment): the script trains the steps before STEP, then
+waits there until it is killed: a stand-in for a job far from its end, so that a kill lands
+mid-run. The environment, not a flag: a flag would change the command, which is part of what
+a checkpoint must agree with to be resumed, and the rerun runs the job unheld.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
+import time
 
 import torch
 from torch import nn
@@ -87,7 +93,10 @@ def main() -> None:
 
         run.register_step(one_step, samples=samples)
         run.quarantined.screen = non_finite_alone
+        hold_at = int(os.environ.get("TUTORIAL_HOLD_AT", "0"))
         for step in range(start, run.total_steps):
+            while step + 1 == hold_at:  # wait to be killed, before training step `hold_at`
+                time.sleep(1)
             one_step(step)
             run.end_step(step + 1, samples=batch * world)
 
