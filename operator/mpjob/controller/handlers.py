@@ -29,6 +29,10 @@ from mpjob.controller.ticker import has_work, tick
 from mpjob.controller.workqueue import WorkQueue
 from mpjob_contract import api
 
+log = logging.getLogger("mpjob.operator")
+#: How often the startup looks whether the cache has listed everything.
+SYNC_POLL_SECONDS = 0.2
+
 
 @dataclass
 class Controller:
@@ -82,13 +86,25 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     controller = memo["controller"] = Controller.assemble(config)
     om.QUEUE_DEPTH.set_function(controller.queue.__len__)
     controller.cache.start(config.namespaces or [None], controller.cluster.batch, controller.cluster.core)
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, controller.cache.wait_synced)
+    try:
+        await first_listing(controller.cache)
+    except asyncio.CancelledError:  # stopped meanwhile: kopf runs no cleanup for a startup it cancelled
+        controller.stop()
+        raise
     reconciler = controller.reconciler
     ticks = tick(
         watched_jobs, queue=controller.queue, phases=reconciler.phases, config=config, settled=reconciler.settled
     )
     controller.ticker = asyncio.create_task(ticks)
+
+
+async def first_listing(cache: ChildCache) -> None:
+    """Until every list + watch of the cache has listed once (a reconcile before that would see
+    no children). Awaited, not waited on in a thread, so that a stop cancels it: kopf starts,
+    and /healthz answers, only after it."""
+    log.info("waiting for the first listing of attempt Jobs, pods and Events")
+    while not cache.wait_synced(0):
+        await asyncio.sleep(SYNC_POLL_SECONDS)
 
 
 @kopf.on.probe(id="watches")

@@ -1,6 +1,11 @@
 """`mpjob operator`: run the kopf operator (`kopf run -m mpjob.controller.handlers` runs the same
 handlers, configured from the environment alone, and its cache of attempt Jobs and pods then
-watches every namespace)."""
+watches every namespace).
+
+SIGTERM and SIGINT stop it, exit 0, at every stage: before kopf runs they end the process at
+once (a request to an API server that does not answer included); once kopf runs, kopf's own
+handlers take over and stop it gracefully (handlers.configure gives way to them while the
+cache waits for its first listing)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import argparse
 import logging
 import os
 import secrets
+import signal
 import socket
 import time
 from collections.abc import Mapping
@@ -17,6 +23,8 @@ from prometheus_client import start_http_server
 
 from mpjob import credentials
 from mpjob.controller import config
+
+log = logging.getLogger("mpjob.operator")
 
 
 def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -95,6 +103,17 @@ def configure_logging(*, verbose: bool) -> None:
     )
 
 
+def stop_on_signals() -> None:
+    """Until kopf puts its own handlers in place, SIGTERM and SIGINT end the process, exit 0."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
+
+
+def _stop(signum: int, _frame: object) -> None:
+    log.info("%s received: stopping", signal.Signals(signum).name)
+    raise SystemExit(0)  # not an Exception: no `except Exception` on the way takes it for a failure
+
+
 def serve_metrics(port: int, bind_address: str) -> str | None:
     """The operator's metrics served on `port` (0: not served); what is wrong when it cannot
     listen there (the port taken by another process, an address not this host's)."""
@@ -111,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = parser(os.environ)
     args = flags.parse_args(argv)
     configure_logging(verbose=args.verbose)
+    stop_on_signals()
     try:
         priority = priority_of(args.priority)
     except ValueError:

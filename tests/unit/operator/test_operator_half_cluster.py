@@ -1,0 +1,172 @@
+"""`mpjob operator` against a cluster that is only half there: an API server that answers
+/version but refuses (403) or never answers the rest. The operator stops promptly, exit 0, on
+SIGTERM or SIGINT at every stage of its start."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.unit
+
+#: How long a stop may take on a starved 2-core machine (kopf's own shutdown included).
+STOP_SECONDS = 30
+NAMESPACE = "team-a"
+JOBS = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
+CRD = "/apis/apiextensions.k8s.io/"
+#: /version as a v1.34 API server answers it (the client reads every field).
+VERSION = {
+    **{"major": "1", "minor": "34", "gitVersion": "v1.34.0", "gitCommit": "0", "gitTreeState": "clean"},
+    **{"buildDate": "2025-08-27T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"},
+}
+FORBIDDEN = (
+    'jobs.batch is forbidden: User "system:serviceaccount:mpjob-system:mpjob" cannot list resource "jobs" '
+    f'in API group "batch" in the namespace "{NAMESPACE}"'
+)
+
+
+@dataclass
+class HalfCluster:
+    """What the fake API server does: answer /version, hang on paths starting with `hang`, and
+    refuse the rest with 403; every request seen, as (monotonic time, path)."""
+
+    hang: str | None = None
+    seen: list[tuple[float, str]] = field(default_factory=list)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def requests(self, prefix: str) -> list[float]:
+        return [t for t, path in list(self.seen) if path.startswith(prefix)]
+
+
+def handler_for(cluster: HalfCluster) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            cluster.seen.append((time.monotonic(), self.path))
+            if cluster.hang is not None and self.path.startswith(cluster.hang):
+                cluster.released.wait(120)
+                return
+            if self.path.rstrip("/") == "/version":
+                self._answer(200, VERSION)
+            else:
+                status = {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
+                self._answer(403, {**status, "message": FORBIDDEN})
+
+        def _answer(self, code: int, body: dict[str, object]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@dataclass
+class Operator:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        """Send `signum`; the exit code, or a failure when it outlives STOP_SECONDS."""
+        self.process.send_signal(signum)
+        try:
+            return self.process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"still running {STOP_SECONDS} s after {signum!r}:\n{self.text()[-3000:]}") from None
+
+
+@contextlib.contextmanager
+def serve(cluster: HalfCluster, tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig of the fake API server, which runs until the test ends."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_for(cluster))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{server.server_port}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    try:
+        yield path
+    finally:
+        cluster.released.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def forbidding() -> HalfCluster:
+    return HalfCluster()
+
+
+@pytest.fixture
+def kubeconfig(forbidding: HalfCluster, tmp_path: Path) -> Iterator[Path]:
+    with serve(forbidding, tmp_path) as path:
+        yield path
+
+
+@contextlib.contextmanager
+def start(kubeconfig: Path, tmp_path: Path, *flags: str) -> Iterator[Operator]:
+    log = tmp_path / "operator.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mpjob.cli", "operator", "-n", NAMESPACE, "--metrics-port", "0", *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "KUBECONFIG": str(kubeconfig),
+                "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            },
+        )
+    try:
+        yield Operator(process, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_while_the_cache_waits_to_sync_ends_the_operator_at_once(
+    kubeconfig: Path, forbidding: HalfCluster, tmp_path: Path, signum: int
+) -> None:
+    with start(kubeconfig, tmp_path, "--health-port", "0") as operator:
+        wait_for(lambda: forbidding.requests(JOBS), timeout=60, message="the cache's listing of jobs")
+        assert operator.stop(signum) == 0, operator.text()[-3000:]
+        assert "Traceback" not in operator.text()
+
+
+@pytest.mark.parametrize("hang", ["/version", CRD, JOBS], ids=["reaching", "crd-check", "cache-sync"])
+def test_a_sigterm_while_a_request_hangs_ends_the_operator_at_once(hang: str, tmp_path: Path) -> None:
+    """Each stage of the start waits on the API server: none of them outlives a SIGTERM."""
+    cluster = HalfCluster(hang=hang)
+    with serve(cluster, tmp_path) as kubeconfig, start(kubeconfig, tmp_path, "--health-port", "0") as operator:
+        wait_for(lambda: cluster.requests(hang), timeout=60, message=f"a request to {hang}")
+        assert operator.stop(signal.SIGTERM) == 0, operator.text()[-3000:]
+        assert "Traceback" not in operator.text()
