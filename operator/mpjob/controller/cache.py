@@ -186,6 +186,7 @@ def sources(namespace: str | None, *, batch: Any, core: Any) -> list[Source]:
             namespace=namespace,
             call=batch.list_job_for_all_namespaces if everywhere else batch.list_namespaced_job,
             selectors={"label_selector": LABEL_JOB},
+            group="batch",
         ),
         Source(
             resource="pods",

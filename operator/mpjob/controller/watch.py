@@ -4,7 +4,10 @@ version is too old (410) or the stream broke.
 
 Nothing one object carries can stop it: the cache turns each object into a record or skips it,
 a line that is not JSON (or nests deeper than this process decodes, `documents`) is skipped, and
-any other failure is logged and followed by a fresh listing a second later.
+any other failure is followed by a fresh listing after a backoff (1 s, doubled per failure in a
+row, at most 30 s). A failure is logged once while it repeats, in one line that names the
+resource and namespace and says what the API server answered: a 403 is the operator's RBAC, and
+a refusal that lasts must neither flood the log nor the API server.
 
 Each watch says when it last made progress (a listing, an event, a watch the server ended), so
 the liveness probe can tell a watch that is dead (its thread gone, failing for a minute, or
@@ -25,12 +28,20 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from mpjob.controller import documents
 from mpjob.controller.cluster import REQUEST_TIMEOUT, raw
+from mpjob.planning.classify import backoff_seconds
 
 log = logging.getLogger("mpjob.operator.cache")
 
 #: A watch request's server-side timeout; the watch is then resumed from its last version.
 WATCH_SECONDS = 300
-GONE = 410
+GONE, FORBIDDEN = 410, 403
+#: The pause before the first retry of a failed listing or watch, and the longest (doubled per
+#: failure in a row in between).
+RETRY_SECONDS, RETRY_MAX_SECONDS = 1.0, 30.0
+#: The most characters of the API server's message a log line repeats.
+MESSAGE_CHARS = 300
+#: What a 403 asks of whoever installed the operator.
+GRANT = "the operator's RBAC (helm/mpjob/templates/rbac.yaml) must grant list and watch"
 #: A watch failing without a break this long is dead (an outage of the API server included:
 #: the operator can do nothing meanwhile, and a restart starts it afresh; kopf itself stops the
 #: operator after about a minute of failed requests). The chart's probe restarts the pod after
@@ -55,10 +66,17 @@ class Source:
     namespace: str | None
     call: Callable[..., Any]
     selectors: dict[str, str] = field(default_factory=dict)
+    group: str = ""  # the API group ("" for the core group's pods and events)
 
     @property
     def args(self) -> tuple[str, ...]:
         return () if self.namespace is None else (self.namespace,)
+
+    @property
+    def where(self) -> str:
+        """`jobs.batch in namespace team-a`, as the API server and RBAC rules name them."""
+        name = f"{self.resource}.{self.group}" if self.group else self.resource
+        return f"{name} in namespace {self.namespace}" if self.namespace else f"{name} in every namespace"
 
 
 class ListWatch(threading.Thread):
@@ -67,6 +85,8 @@ class ListWatch(threading.Thread):
         self.source, self.cache, self.synced, self.stop = source, cache, synced, stop
         self.progressed = time.monotonic()  # the last listing, event or watch the server ended
         self.failing = False  # the last listing or watch failed
+        self._failures = 0  # listings and watches failed in a row
+        self._problem: str | None = None  # the failure last logged, while it repeats
 
     def dead(self, now: float | None = None) -> str | None:
         """Why this watch is dead (for the liveness probe), or None while it lives."""
@@ -83,26 +103,32 @@ class ListWatch(threading.Thread):
 
     def run(self) -> None:
         version: str | None = None
-        what = self.source.resource
         while not self.stop.is_set():
+            doing = "listing" if version is None else "watching"
             try:
                 if version is None:
-                    version = self._list()
+                    version, doing = self._list(), "watching"
                 version = self._watch(version)
             except ApiException as exc:
-                self.failing = exc.status != GONE
-                if exc.status != GONE:
-                    log.warning("watch of %s failed (%s %s); listing again in 1 s", what, exc.status, exc.reason)
-                    self.stop.wait(1)
                 version = None
+                if exc.status != GONE:  # too old a version: list again at once
+                    self._retry_after(problem(doing, self.source, exc))
             except Exception as exc:  # never let one error stop the cache for good
-                self.failing = True
-                log.warning("watch of %s failed (%r); listing again in 1 s", what, exc)
                 version = None
-                self.stop.wait(1)
+                self._retry_after(problem(doing, self.source, exc))
+
+    def _retry_after(self, said: str) -> None:
+        """Log a failure (once while it repeats) and wait out its backoff, or until stopped."""
+        self.failing, self._failures = True, self._failures + 1
+        if said != self._problem:
+            log.warning("%s; retrying with backoff (at most every %.0f s)", said, RETRY_MAX_SECONDS)
+            self._problem = said
+        self.stop.wait(backoff_seconds(self._failures, base=RETRY_SECONDS, cap=RETRY_MAX_SECONDS))
 
     def _progress(self) -> None:
-        self.progressed, self.failing = time.monotonic(), False
+        if self._problem is not None:
+            log.info("%s: answered again after %d failures", self.source.where, self._failures)
+        self.progressed, self.failing, self._failures, self._problem = time.monotonic(), False, 0, None
 
     def _list(self) -> str:
         """List everything and hand it to the cache; the listing's resourceVersion."""
@@ -139,7 +165,7 @@ class ListWatch(threading.Thread):
                 if kind == "ERROR":
                     if obj.get("code") == GONE:  # too old a version: list again
                         return None
-                    raise RuntimeError(f"watch of {src.resource}: {obj.get('message')}")
+                    raise RuntimeError(f"the server ended the watch: {obj.get('message')}")
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind != "BOOKMARK":
                     self.cache.apply(src.resource, kind, obj)
@@ -162,3 +188,33 @@ def _event(line: str | bytes) -> tuple[str, dict[str, Any]] | None:
     if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
         return None
     return str(event.get("type")), event["object"]
+
+
+def problem(doing: str, source: Source, exc: Exception) -> str:
+    """What a failed listing or watch of `source` says, in one line: what the API server answered
+    (and, for a 403, what to grant), or what kept it from answering."""
+    what = f"{doing} {source.where}"
+    if not isinstance(exc, ApiException):
+        return f"{what}: {type(exc).__name__}: {_one_line(str(exc))}"
+    said = f"{what}: {exc.status} {exc.reason}"
+    if message := _message(exc.body):
+        said += f": {message}"
+    return f"{said} — {GRANT}" if exc.status == FORBIDDEN else said
+
+
+def _message(body: str | bytes | None) -> str:
+    """The message of an API server's Status body (a body that is not one, as it came), in one line."""
+    if not body:
+        return ""
+    try:
+        status = documents.loads(body)
+    except ValueError:
+        status = None
+    text = status.get("message") if isinstance(status, dict) else None
+    if not isinstance(text, str):
+        text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+    return _one_line(text)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:MESSAGE_CHARS]

@@ -1,6 +1,8 @@
 """`mpjob operator` against a cluster that is only half there: an API server that answers
 /version but refuses (403) or never answers the rest. The operator stops promptly, exit 0, on
-SIGTERM or SIGINT at every stage of its start."""
+SIGTERM or SIGINT at every stage of its start; says once why its cache cannot list, naming the
+resource and the RBAC to grant; retries with backoff, not once a second; keeps /healthz down
+until its cache has synced."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -150,6 +152,36 @@ def start(kubeconfig: Path, tmp_path: Path, *flags: str) -> Iterator[Operator]:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def healthz(port: int) -> int | None:
+    """The status /healthz answers on `port`, None when nothing listens there."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", "/healthz")
+        return connection.getresponse().status
+    except ConnectionRefusedError:
+        return None
+    finally:
+        connection.close()
+
+
+def test_a_forbidden_cache_is_said_once_retried_with_backoff_and_stopped_by_sigterm(
+    kubeconfig: Path, forbidding: HalfCluster, tmp_path: Path
+) -> None:
+    health = free_port()
+    with start(kubeconfig, tmp_path, "--health-port", str(health), "--bind-address", "127.0.0.1") as operator:
+        first = wait_for(lambda: forbidding.requests(JOBS)[:1], timeout=60, message="the cache's listing of jobs")[0]
+        window = 10.0
+        wait_for(lambda: time.monotonic() > first + window, timeout=window + 5, message="the end of the window")
+        listings = [t for t in forbidding.requests(JOBS) if t <= first + window]
+        assert 2 <= len(listings) <= 5, f"{len(listings)} listings of jobs in {window} s: {listings}"
+        assert healthz(health) in (None, 500), "/healthz answered before the cache synced"
+        said = [line for line in operator.text().splitlines() if "listing jobs.batch" in line]
+        assert len(said) == 1, said
+        assert f"listing jobs.batch in namespace {NAMESPACE}: 403 Forbidden: {FORBIDDEN}" in said[0]
+        assert "helm/mpjob/templates" in said[0] and "list and watch" in said[0]
+        assert operator.stop(signal.SIGTERM) == 0, operator.text()[-3000:]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
