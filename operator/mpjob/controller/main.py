@@ -114,15 +114,39 @@ def _stop(signum: int, _frame: object) -> None:
     raise SystemExit(0)  # not an Exception: no `except Exception` on the way takes it for a failure
 
 
+def cannot_listen(flag: str, port: int, bind_address: str, exc: OSError) -> str:
+    """What is said of a port the operator cannot listen on (taken, or an address not this host's)."""
+    return f"{flag} {port}: cannot listen on {bind_address} ({exc.strerror or exc})"
+
+
 def serve_metrics(port: int, bind_address: str) -> str | None:
     """The operator's metrics served on `port` (0: not served); what is wrong when it cannot
-    listen there (the port taken by another process, an address not this host's)."""
+    listen there."""
     if not port:
         return None
     try:
         start_http_server(port, addr=bind_address)
     except OSError as exc:
-        return f"--metrics-port {port}: cannot listen on {bind_address} ({exc.strerror or exc})"
+        return cannot_listen("--metrics-port", port, bind_address, exc)
+    return None
+
+
+def check_health_port(port: int, bind_address: str) -> str | None:
+    """What is wrong with --health-port `port` (None: kopf can listen there, or 0: off). kopf
+    listens only once its startup is done, after the cache's first listing, and a taken port
+    would then end it with a traceback: so a socket is bound here first, with the SO_REUSEADDR
+    that kopf's server (aiohttp) sets too."""
+    if not port:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            bind_address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return cannot_listen("--health-port", port, bind_address, exc)
     return None
 
 
@@ -154,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
 
     crdcheck.at_start()  # a CRD older than this release: a warning (crdcheck's doc)
 
-    if (refused := serve_metrics(args.metrics_port, args.bind_address)) is not None:
+    refused = check_health_port(args.health_port, args.bind_address) or serve_metrics(
+        args.metrics_port, args.bind_address
+    )
+    if refused is not None:
         print(f"error: {refused}")
         return 1
     kopf.run(

@@ -2,7 +2,7 @@
 /version but refuses (403) or never answers the rest. The operator stops promptly, exit 0, on
 SIGTERM or SIGINT at every stage of its start; says once why its cache cannot list, naming the
 resource and the RBAC to grant; retries with backoff, not once a second; keeps /healthz down
-until its cache has synced."""
+until its cache has synced; and a health port it cannot listen on is one line and exit 1."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -202,3 +203,18 @@ def test_a_sigterm_while_a_request_hangs_ends_the_operator_at_once(hang: str, tm
         wait_for(lambda: cluster.requests(hang), timeout=60, message=f"a request to {hang}")
         assert operator.stop(signal.SIGTERM) == 0, operator.text()[-3000:]
         assert "Traceback" not in operator.text()
+
+
+def test_a_health_port_in_use_is_said_in_one_line(kubeconfig: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with start(kubeconfig, tmp_path, "--health-port", str(port), "--bind-address", "127.0.0.1") as operator:
+            try:
+                code = operator.process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"still running:\n{operator.text()[-3000:]}") from None
+            said = f"error: --health-port {port}: cannot listen on 127.0.0.1 (Address already in use)"
+            assert (code, operator.text().strip().splitlines()[-1]) == (1, said)
+            assert "Traceback" not in operator.text()
