@@ -54,7 +54,8 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         type=int,
         default=8081,
         metavar="PORT",
-        help="kopf liveness on :PORT/healthz, 0 = off (default 8081)",
+        help="kopf liveness on :PORT/healthz, answering once the cache has listed the attempts' Jobs, pods "
+        "and Events; 0 = off (default 8081)",
     )
     parser.add_argument(
         "--peering",
