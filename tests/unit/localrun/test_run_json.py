@@ -13,15 +13,11 @@ import pytest
 import yaml
 
 from tests import warm
+from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
 
-JOB = {
-    "apiVersion": "mpjob.dev/v1alpha1",
-    "kind": "MixedPrecisionJob",
-    "metadata": {"name": "local"},
-    "spec": {"task": {"builtin": "mlp"}, "training": {"steps": 2}, "resources": {"gpusPerWorker": 0}},
-}
+JOB = tiny_job()
 
 
 def mpjob_run(folder: Path, *argv: str) -> tuple[int, list[dict[str, Any]], str]:

@@ -12,15 +12,11 @@ import yaml
 from mpjob.localrun.cli import run_command
 from mpjob.localrun.runner import LocalRun
 from mpjob_contract.api import MixedPrecisionJobStatus
+from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
 
-JOB = {
-    "apiVersion": "mpjob.dev/v1alpha1",
-    "kind": "MixedPrecisionJob",
-    "metadata": {"name": "local"},
-    "spec": {"task": {"builtin": "mlp"}, "training": {"steps": 2}, "resources": {"gpusPerWorker": 0}},
-}
+JOB = tiny_job()
 
 
 @pytest.fixture

@@ -10,15 +10,11 @@ import yaml
 
 from mpjob.localrun.cli import run_command
 from mpjob.localrun.elastic import BadSchedule, WorkersSchedule
+from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
 
-JOB = {
-    "apiVersion": "mpjob.dev/v1alpha1",
-    "kind": "MixedPrecisionJob",
-    "metadata": {"name": "fixed"},
-    "spec": {"task": {"builtin": "mlp"}, "training": {"steps": 2}, "resources": {"gpusPerWorker": 0}},
-}
+JOB = tiny_job("fixed")
 
 
 def test_the_workers_that_fit_follow_the_furthest_step_reached() -> None:
