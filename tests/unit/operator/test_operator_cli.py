@@ -3,16 +3,16 @@ or unreachable cluster at once, in one line."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.unit.operator.fake_apiserver import HalfCluster, serve
 
 pytestmark = pytest.mark.unit
 
@@ -77,31 +77,11 @@ def test_the_operator_logs_each_line_once() -> None:
     ]
 
 
-class _VersionOnly(http.server.BaseHTTPRequestHandler):
-    """An API server that answers /version and nothing else."""
-
-    def do_GET(self) -> None:
-        body = b'{"major": "1", "minor": "34"}' if self.path == "/version" else b"{}"
-        self.send_response(200 if self.path == "/version" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def answering_cluster(tmp_path: Path) -> Iterator[Path]:
-    """A kubeconfig of a cluster that answers."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _VersionOnly)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    path = tmp_path / "kubeconfig"
-    path.write_text(CLOSED_PORT_KUBECONFIG.replace("https://127.0.0.1:9", f"http://127.0.0.1:{server.server_port}"))
-    yield path
-    server.shutdown()
-    server.server_close()
+    """A kubeconfig of a cluster that answers (/version; the operator fails before it lists)."""
+    with serve(HalfCluster(), tmp_path) as path:
+        yield path
 
 
 def test_a_metrics_port_in_use_is_said_in_one_line(answering_cluster: Path) -> None:
