@@ -23,9 +23,10 @@ Trainer computes the loss with a `compute_loss_func` (it takes the labels): the 
 no loss of its own, it returns its prediction only, labels or not. `--val-output K`
 (Lightning): `validation_step` returns None (Lightning's "skip this batch") at odd batch
 indexes (`odd-none`) or at every one (`none`), or a dict without "loss" (`dict`). `--log-losses`
-(Lightning): `training_step` logs "train_loss" and `validation_step` "val_loss" (`self.log`), and
-the script prints the Trainer's `callback_metrics` on stderr after fit (`callback metrics: {JSON}`);
-Lightning's own validation loop never runs (the epoch does not end).
+(Lightning): `training_step` logs "train_loss" and `validation_step` "val_loss" (`self.log`); each
+value the module logs is printed on stderr with the global step (`logged: {"name", "step", "value"}`),
+and the Trainer's `callback_metrics` after fit (`callback metrics: {JSON}`); Lightning's own
+validation loop never runs (the epoch does not end).
 $FRAMEWORK_SCRIPT_STEP_SECONDS: each optimizer step sleeps that long (a test can stop the run
 mid-way), without changing the command, which checkpoints' config digest names: a run that
 resumes the paced one's checkpoints need not be paced.
@@ -133,6 +134,12 @@ def hf(run: Any, net: Net, data: Regression, pace: float = 0.0, loss_func: bool 
     mpjob_hf.train(run, trainer)
 
 
+def logged_steps(stderr: str, name: str) -> list[int]:
+    """The global steps at which the module logged `name` (`--log-losses`), in the order logged."""
+    found = (json.loads(line.removeprefix("logged: ")) for line in stderr.splitlines() if line.startswith("logged: "))
+    return [entry["step"] for entry in found if entry["name"] == name]
+
+
 def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) -> None:
     import lightning as L
 
@@ -154,6 +161,11 @@ def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) ->
             if opts.log_losses:
                 self.log("train_loss", loss)
             return loss
+
+        def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+            logged = {"name": name, "step": self.global_step, "value": float(value)}
+            print(f"logged: {json.dumps(logged)}", file=sys.stderr, flush=True)
+            super().log(name, value, *args, **kwargs)
 
         def validation_step(self, b: dict[str, torch.Tensor], i: int) -> Any:
             if opts.val_output == "dict":

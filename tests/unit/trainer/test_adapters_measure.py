@@ -12,6 +12,7 @@ import torch
 
 from mpjob_trainer.session.measure import choose
 from tests.unit.trainer.conftest import run_trainer, spec
+from tests.unit.trainer.framework_script import logged_steps
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +65,15 @@ def test_measuring_under_lightning_keeps_nothing_it_trains_as_if_started_in_the_
     b = torch.load(tmp_path / chosen / framework, weights_only=False)["state_dict"]
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.process
+def test_measuring_under_lightning_logs_nothing_of_the_modules(tmp_path: Path) -> None:
+    """The probes run `training_step` from a training hook at the first batch: a `self.log("train_loss",
+    ...)` there would log each probe's loss as a metric of step 0. Each step's loss is logged once, by
+    Lightning's loop."""
+    argv = [SCRIPT, "lightning", "--log-losses"]
+    run = run_trainer(tmp_path, auto_job("--log-losses"), "auto", argv=argv)
+    assert run.code == 0, run.stderr[-3000:]
+    assert len(run.of("precisionMeasured")) == 1
+    assert logged_steps(run.stderr, "train_loss") == list(range(STEPS))

@@ -15,6 +15,7 @@ import pytest
 
 from mpjob_contract.codes import ExitCode
 from tests.unit.trainer.conftest import run_trainer, spec
+from tests.unit.trainer.framework_script import logged_steps
 
 pytestmark = pytest.mark.unit
 
@@ -128,3 +129,15 @@ def test_the_lightning_gate_logs_nothing_of_the_modules(tmp_path: Path) -> None:
     found = re.search(r"^callback metrics: (.*)$", run.stderr, re.M)
     assert found is not None, run.stderr[-3000:]
     assert set(json.loads(found.group(1))) == {"train_loss"}
+
+
+@pytest.mark.process
+def test_the_lightning_replay_logs_nothing_of_the_modules(tmp_path: Path) -> None:
+    """The fp32 replay re-runs `training_step` from a training hook, after the faulting step: a
+    `self.log("train_loss", ...)` there would log the replay's finite fp32 loss as a metric of the next
+    step, which never trains. The loss is logged once for each step the loop trained, and for no other."""
+    argv = [SCRIPT, "lightning", "--overflow-at", "12", "--log-losses"]
+    run = run_trainer(tmp_path, job("lightning", *argv[2:]), "fp16", argv=argv)
+    assert run.code == ExitCode.NUMERIC_FAULT, run.stderr[-3000:]
+    assert run.report is not None and run.report.replay is not None and run.report.replay.verdict == "precision"
+    assert logged_steps(run.stderr, "train_loss") == list(range(run.report.step))  # steps 0 .. the faulting one

@@ -31,7 +31,7 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
         batches = recorded.batches(index)
         weights_finite(module.parameters())
         optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients are still there
-        with recorded.paused(), clipping(trainer, module, optimizer):
+        with recorded.paused(), clipping(trainer, module, optimizer), unlogged(module):
             for k, batch in enumerate(batches):
                 run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
             run.step(optimizer)
@@ -95,9 +95,11 @@ def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> flo
 @contextlib.contextmanager
 def unlogged(module: L.LightningModule) -> Iterator[None]:
     """In the block, the module's `self.log` (and `log_dict`, which calls it) records nothing. The
-    gate runs `validation_step` inside a training hook (the callback's on_train_batch_end), where
-    Lightning would take a logged "val_loss" for a metric of that training step: callback_metrics,
-    the loggers and a checkpoint's or early stop's monitor would hold the gate's last batch."""
+    session runs the module's steps inside training hooks (the callback's on_train_batch_start and
+    on_train_batch_end): the gate's `validation_step`, the replay's and the measurement's
+    `training_step`. Lightning would take what they log for a metric of that training step
+    (callback_metrics, the loggers, a checkpoint's or early stop's monitor): the gate's last batch,
+    a replay's fp32 loss or a probe's beside the one the loop logged."""
 
     def log(*_: Any, **__: Any) -> None:
         pass
