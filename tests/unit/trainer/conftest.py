@@ -20,6 +20,9 @@ from tests import warm
 from tests.helpers import paced
 
 if TYPE_CHECKING:  # launcher_pods reads the trainer's events with `parse`, below
+    import torch
+
+    from mpjob_trainer.session import Session
     from tests.unit.trainer.launcher_pods import Pod
 
 
@@ -143,6 +146,29 @@ def in_process_launch(
     return AttemptLaunch.model_validate(
         {"jobName": "t", "precision": precision, "checkpointDir": str(tmp_path / "ckpt"), "spec": job_spec}
     )
+
+
+def train_squares(
+    run: Session,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    start: int,
+    inputs: Callable[[int], torch.Tensor],
+) -> None:
+    """The SDK's own loop in this process, from step `start` to the end: step i trains the mean
+    square of `model(inputs(i))` (4 samples, registered for replay), then ends the step."""
+
+    def one_step(i: int) -> None:
+        x = inputs(i)
+        with run.autocast():
+            loss = model(x).pow(2).mean()
+        run.backward(loss)
+        run.step(optimizer)
+
+    run.register_step(one_step, samples=lambda i: [i])
+    for i in range(start, run.total_steps):
+        one_step(i)
+        run.end_step(i + 1, samples=4)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from torch import nn
 from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
-from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.conftest import in_process_launch, spec, train_squares
 
 pytestmark = pytest.mark.unit
 
@@ -33,18 +33,8 @@ def test_the_next_precision_in_place_drifts_twice_in_a_row_before_the_gate_ends_
         model = nn.Linear(4, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         start = run.resume(model=model, optimizer=optimizer)
-
-        def one_step(i: int) -> None:
-            with run.autocast():
-                loss = model(torch.ones(4, 4)).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
-
-        run.register_step(one_step, samples=lambda i: [i])
         run.evaluate_with(lambda: 1.5 if run.precision != "fp32" else 1.0)  # every low precision drifts
-        for i in range(start, run.total_steps):
-            one_step(i)
-            run.end_step(i + 1, samples=4)
+        train_squares(run, model, optimizer, start, lambda i: torch.ones(4, 4))
     report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
     assert report.reason == "Succeeded" and report.precision == "fp32", report.message
     fp16, bf16 = report.precision_changes

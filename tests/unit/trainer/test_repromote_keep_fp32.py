@@ -14,7 +14,7 @@ from torch import nn
 from mpjob_contract.launch import AttemptLaunch, InPlaceTarget
 from mpjob_trainer import session as mpjob
 from mpjob_trainer.precision import kept_in_fp32
-from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.conftest import in_process_launch, spec, train_squares
 
 pytestmark = pytest.mark.unit
 
@@ -35,18 +35,9 @@ def train(launch: AttemptLaunch, *, repromotes: bool = False) -> tuple[str, bool
         run.keep_fp32(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         start = run.resume(model=model, optimizer=optimizer)
-
-        def one_step(i: int) -> None:
-            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) * 3
-            with run.autocast():
-                loss = model(x).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
-
-        run.register_step(one_step, samples=lambda i: [i])
-        for i in range(start, run.total_steps):
-            one_step(i)
-            run.end_step(i + 1, samples=4)
+        train_squares(
+            run, model, optimizer, start, lambda i: torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) * 3
+        )
     return run.precision, kept_in_fp32(model[1])
 
 

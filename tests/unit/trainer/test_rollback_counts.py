@@ -18,7 +18,7 @@ from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from mpjob_trainer.distributed import World
 from mpjob_trainer.guard import NumericGuard
-from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.conftest import in_process_launch, spec, train_squares
 
 pytestmark = pytest.mark.unit
 
@@ -63,19 +63,13 @@ def test_bad_data_skipped_at_overflows_does_not_end_the_precision(
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         start = run.resume(model=model, optimizer=optimizer)
 
-        def one_step(i: int) -> None:
+        def inputs(i: int) -> torch.Tensor:
             x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
             if i in bad and i not in run.quarantined:  # sample i, the step's one bad one, left out
                 x[0, 0] = math.nan
-            with run.autocast():
-                loss = model(x).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
+            return x
 
-        run.register_step(one_step, samples=lambda i: [i])
-        for i in range(start, run.total_steps):
-            one_step(i)
-            run.end_step(i + 1, samples=4)
+        train_squares(run, model, optimizer, start, inputs)
     report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
     assert report.reason == "Succeeded", report.message
     assert report.skipped is not None and report.skipped.count == 3
