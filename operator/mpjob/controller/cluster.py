@@ -13,7 +13,6 @@ with the server's message; anything else propagates, and the reconcile is retrie
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any, cast
@@ -86,14 +85,22 @@ class QuietReads:
             return None
 
 
+def status_message(body: str | bytes | None) -> str | None:
+    """The message of an API server's Status body; None when the body is not one (or its message
+    is not text)."""
+    if not body:
+        return None
+    try:
+        status = documents.loads(body)
+    except ValueError:
+        return None
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) else None
+
+
 def server_message(exc: ApiException) -> str:
     """The API server's own words for a refusal (its Status message), else the HTTP reason."""
-    try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
-        body = None
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message or exc.reason or f"HTTP {exc.status}")
+    return status_message(exc.body) or exc.reason or f"HTTP {exc.status}"
 
 
 class Cluster:

@@ -27,7 +27,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from mpjob.controller import documents
-from mpjob.controller.cluster import REQUEST_TIMEOUT, raw
+from mpjob.controller.cluster import REQUEST_TIMEOUT, raw, status_message
 from mpjob.planning.classify import backoff_seconds
 
 log = logging.getLogger("mpjob.operator.cache")
@@ -206,12 +206,8 @@ def _message(body: str | bytes | None) -> str:
     """The message of an API server's Status body (a body that is not one, as it came), in one line."""
     if not body:
         return ""
-    try:
-        status = documents.loads(body)
-    except ValueError:
-        status = None
-    text = status.get("message") if isinstance(status, dict) else None
-    if not isinstance(text, str):
+    text = status_message(body)
+    if text is None:
         text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
     return _one_line(text)
 
