@@ -15,12 +15,17 @@ from collections.abc import Iterator
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from urllib3.util.retry import Retry
 
 #: Connect and read timeouts of a request that checks the cluster answers (seconds).
 REQUEST_TIMEOUT = (5, 20)
 #: What the client raises for a kubeconfig it cannot use (UnicodeDecodeError is a ValueError).
 _UNUSABLE = (config.ConfigException, OSError, yaml.YAMLError, TypeError, KeyError, AttributeError, ValueError)
 UNAUTHORIZED = 401
+#: The client's own retries: a refused connection is tried twice more at once, but a request the
+#: server took and never answered is not sent again unseen (urllib3 would, three times: minutes of
+#: silence at a 30-s read timeout). Callers retry with their own backoff, and say so.
+RETRIES = Retry(total=2, read=0, redirect=0, status=0)
 
 
 class NoCluster(Exception):
@@ -56,12 +61,15 @@ def unreachable(host: str, exc: BaseException) -> NoCluster:
 
 def load_default() -> None:
     """The client's default credentials: the pod's ServiceAccount, else the kubeconfig
-    ($KUBECONFIG, else ~/.kube/config); NoCluster when neither is usable."""
+    ($KUBECONFIG, else ~/.kube/config), with RETRIES; NoCluster when neither is usable."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         with reading_kubeconfig():
             config.load_kube_config()
+    configuration = client.Configuration.get_default_copy()
+    configuration.retries = RETRIES
+    client.Configuration.set_default(configuration)
 
 
 def check_answers() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from mpjob.controller.cluster import REQUEST_TIMEOUT
 from tests.helpers import free_port, wait_for
 from tests.unit.operator.fake_apiserver import FORBIDDEN, NAMESPACE, HalfCluster, serve
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.unit
 STOP_SECONDS = 30
 JOBS = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
 CRD = "/apis/apiextensions.k8s.io/"
+REQUEST_READ_SECONDS = REQUEST_TIMEOUT[1]
 
 
 @dataclass
@@ -132,6 +134,26 @@ def test_a_sigterm_while_a_request_hangs_ends_the_operator_at_once(hang: str, tm
         wait_for(lambda: cluster.requests(hang), timeout=60, message=f"a request to {hang}")
         assert operator.stop(signal.SIGTERM) == 0, operator.text()[-3000:]
         assert "Traceback" not in operator.text()
+
+
+def test_a_listing_the_server_never_answers_is_said_after_one_read_timeout_not_retried_unseen(
+    tmp_path: Path,
+) -> None:
+    """The client's own retries would ask a hung server again three times, unlogged, before the
+    cache could say anything: the user would wait minutes for the first line. The read timeout
+    (30 s) is waited once; the cache's backoff asks again, and says so."""
+    cluster = HalfCluster(hang=JOBS)
+    with serve(cluster, tmp_path) as kubeconfig, start(kubeconfig, tmp_path, "--health-port", "0") as operator:
+        first = wait_for(lambda: cluster.requests(JOBS)[:1], timeout=60, message="the cache's listing of jobs")[0]
+        said = wait_for(
+            lambda: [line for line in operator.text().splitlines() if "listing jobs.batch" in line],
+            timeout=REQUEST_READ_SECONDS + STOP_SECONDS,
+            message="the failed listing said",
+        )
+        assert "ReadTimeoutError" in said[0] or "timed out" in said[0], said
+        asked_before = [t for t in cluster.requests(JOBS) if t < first + REQUEST_READ_SECONDS - 1]
+        assert len(asked_before) == 1, f"the hung listing was asked again unseen: {asked_before}"
+        assert operator.stop(signal.SIGTERM) == 0, operator.text()[-3000:]
 
 
 def test_a_health_port_in_use_is_said_in_one_line(kubeconfig: Path, tmp_path: Path) -> None:
