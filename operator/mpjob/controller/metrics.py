@@ -27,7 +27,12 @@ ATTEMPTS_ENDED = Counter(
 )
 FALLBACKS = Counter(
     "mpjob_operator_precision_fallbacks",
-    "Precision fallbacks, by from and to precision.",
+    "Precision fallbacks (down the ladder after a fault), by from and to precision.",
+    ["from_precision", "to_precision"],
+)
+REPROMOTIONS = Counter(
+    "mpjob_operator_precision_repromotions",
+    "Re-promotions (back up the ladder after precision.repromoteAfterSteps clean steps), by from and to precision.",
     ["from_precision", "to_precision"],
 )
 JOBS_BY_PHASE = Gauge("mpjob_operator_jobs", "MixedPrecisionJobs this operator watches, by phase.", ["phase"])
@@ -76,6 +81,8 @@ def count_plan(old: MixedPrecisionJobStatus, plan: Plan) -> None:
         ATTEMPTS_STARTED.labels(reason=reason).inc()
     for src, dst in plan.fallbacks:
         FALLBACKS.labels(from_precision=src, to_precision=dst).inc()
+    for src, dst in plan.repromotions:
+        REPROMOTIONS.labels(from_precision=src, to_precision=dst).inc()
     before = {attempt.index: attempt.reason for attempt in old.attempts}
     for after in plan.status.attempts:
         if after.reason is not None and before.get(after.index) is None:

@@ -265,6 +265,7 @@ class Reconciler:
         log.warning("%s/%s: the API server refused attempt %d: %s", meta["namespace"], meta["name"], index, refused)
         failed = Plan(status=plan.status.model_copy(deep=True), events=list(plan.events))
         failed.started_reasons, failed.fallbacks = plan.started_reasons, plan.fallbacks
+        failed.repromotions = plan.repromotions
         when = When(st.now(), meta.get("generation"))
         lc.refused(failed, index=index, reason=refused.rule.reason, message=refused.message, when=when)
         self._write(body, plan.status.to_api(), failed.status)

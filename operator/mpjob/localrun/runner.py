@@ -184,7 +184,7 @@ class LocalRun:
         ended = next(a for a in self.status.attempts if a.index == start.index)
         self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
         self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")
-        for src, dst in plan.fallbacks:
+        for src, dst in [*plan.fallbacks, *plan.repromotions]:
             self.view.fallback(src, dst, plan.create[0].start_step, ended.reason or "")
         self._save()
         return plan.create[0] if plan.create else None

@@ -48,7 +48,8 @@ class Plan:
     delete: list[int] = field(default_factory=list)  # attempt indexes whose Job (+Service) to delete
     cut: list[int] = field(default_factory=list)  # of those, the ones whose live pods are cut (cutoff)
     events: list[Event] = field(default_factory=list)
-    fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (from, to): down the ladder after a fault
+    repromotions: list[tuple[str, str]] = field(default_factory=list)  # (from, to): back up after clean steps
     started_reasons: list[str] = field(default_factory=list)
     ended: Event | None = None  # what ended the last attempt (set by `conclude`), for views that narrate it
     #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
@@ -280,7 +281,7 @@ def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, wh
     reason = ConditionReason.REPROMOTED
     condition(plan, when, ConditionType.PRECISION_FALLBACK, start.precision != first, reason, message)
     plan.events.append(Event("Normal", ConditionReason.PRECISION_REPROMOTED, message))
-    plan.fallbacks.append((start.promoted_from or "", start.precision))
+    plan.repromotions.append((start.promoted_from or "", start.precision))
 
 
 def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:
