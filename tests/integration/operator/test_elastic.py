@@ -74,7 +74,9 @@ def test_a_shrunk_job_grows_back_at_its_next_checkpoint_when_a_gpu_frees(operato
     spec = {
         "workers": 2,
         "task": {"builtin": "mlp", "args": {"stepDelay": {"bf16": 0.1}}},
-        "training": {"steps": 150, "batchSize": 4, "logEvery": 5},
+        # 0.1 s a step: the 1-worker attempt has about 29 s left once the GPU frees, for the
+        # operator to see it and stop that attempt at a checkpoint, on a starved machine too.
+        "training": {"steps": 300, "batchSize": 4, "logEvery": 5},
         "precision": {"mode": "bf16", "fallback": ["fp32"]},
         "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
         # Long enough for the scheduler's retry after the smaller attempt's pod is gone (its first
