@@ -95,8 +95,9 @@ class PrecisionSpec(ApiModel):
     tf32: bool = Field(False, description="Allow TF32 matmuls in fp32 attempts.")
     fallback_keeps_batch: bool = Field(
         True,
-        description="An fp32 attempt after an fp16/bf16 one halves the micro-batch and doubles gradient "
-        "accumulation: the same samples per optimizer step, in the same order, in less activation memory.",
+        description="An fp32 attempt after an fp16/bf16 one splits the micro-batch (divided by its smallest prime "
+        "factor, gradient accumulation multiplied by it): the same samples per optimizer step, in the same order, "
+        "in less activation memory.",
     )
     repromote_after_steps: int = Field(
         0,
