@@ -3,10 +3,12 @@ that explains an attempt both call `mpjob_contract.codes.ending_rank`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mpjob.planning.endings import JobView, PodView, outcome_of
-from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, ending_rank
+from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, ending_rank, exit_code_for
 from mpjob_trainer.launch.fold import RankEnding, fold_endings
 
 pytestmark = pytest.mark.unit
@@ -38,3 +40,12 @@ def test_a_pod_and_an_attempt_tell_the_same_story() -> None:
         folded = fold_endings([RankEnding(0, 0, second), RankEnding(1, 1, first)])
         pods = (PodView("p0", 0, "Failed", False, second), PodView("p1", 1, "Failed", False, first))
         assert folded.code == first == outcome_of(JobView(0, "Failed", pods=pods)).exit_code
+
+
+def test_the_launcher_page_lists_the_precedence_in_order() -> None:
+    """docs/launcher.md's table: every class of the contract, highest first, with the pod's exit code."""
+    page = (Path(__file__).resolve().parents[2] / "docs/launcher.md").read_text()
+    table = page.split("## One exit code, one report: the precedence", 1)[1].split("\n\n")[2]
+    rows = [line.split("|")[1:4] for line in table.splitlines()[2:]]
+    shown = [(name.strip(), code.split()[0]) for name, _, code in rows]
+    assert shown == [(reason.value, str(int(exit_code_for(reason)))) for reason in ENDING_PRECEDENCE]
