@@ -50,7 +50,7 @@ class Guard(ApiModel):
         le=1000,
         description="Before ending a precision, replay up to this many steps ending at the first faulting one "
         "in fp32 from the last good checkpoint: finite -> the precision is at fault (fallback); non-finite "
-        "-> the data or the model is (Failed, NonFiniteInFp32). 0 = off.",
+        "-> the data or the model is (guard.onBadData: skip the step, or fail NonFiniteInFp32). 0 = off.",
     )
     replay_timeout_seconds: int = Field(
         300, ge=1, le=86400, description="Time cap of that replay; past it the precision is blamed."
