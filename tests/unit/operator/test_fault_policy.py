@@ -4,6 +4,8 @@ first-match decisions; and the operator's reading of a job's rules (planning.cla
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +132,23 @@ def test_a_rule_under_the_former_name_on_decides_as_one_under_fault() -> None:
     current = FaultPolicy.model_validate({"rules": [{"fault": "NumericFault", "action": "Fail"}]})
     assert former.decide(F.NUMERIC_FAULT) == current.decide(F.NUMERIC_FAULT) == Decision(A.FAIL, 0)
     assert former.decide(F.QUALITY_DRIFT).rule is None
+
+
+def fault_policy_page() -> str:
+    return (Path(__file__).resolve().parents[3] / "docs/fault-policy.md").read_text()
+
+
+def test_the_pages_table_shows_each_faults_actions_built_in_first() -> None:
+    rows = [line.split("|")[1:5] for line in fault_policy_page().splitlines() if line.startswith("| `")]
+    shown = {}
+    for fault, _, built_in, others in rows:
+        actions = [a for a in re.findall(r"`(\w+)`", built_in + others) if a in set(FaultAction)]
+        shown[fault.strip(" `")] = actions
+    faults = {f.value: [a.value for a in ACTIONS[f]] for f in Fault}
+    assert {f: shown.get(f) for f in faults} == faults
+
+
+def test_the_page_names_every_ending_no_rule_applies_to() -> None:
+    page = " ".join(fault_policy_page().split())
+    listed = page.split("about endings the policy does not rule on (", 1)[1].split(")", 1)[0]
+    assert {r.value for r in Reason if fault_of(r) is None} == set(re.findall(r"[A-Z]\w+", listed))
