@@ -108,7 +108,12 @@ MAX_GRAD_CLIP_NORM = 1_000_000.0
 
 class Training(ApiModel):
     steps: int = Field(2000, ge=1, le=MAX_STEPS, description="Optimizer steps to train.")
-    batch_size: int = Field(16, ge=1, le=1_000_000, description="Samples per micro-batch per worker.")
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=1_000_000,
+        description="Samples per micro-batch per training process (each of workers x processesPerWorker).",
+    )
     grad_accumulation: int = Field(1, ge=1, le=4096, description="Micro-batches per optimizer step.")
     learning_rate: float = Field(6.0e-4, gt=0, le=10, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.1, ge=0, le=10, description="AdamW weight decay.")
