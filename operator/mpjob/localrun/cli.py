@@ -43,21 +43,22 @@ def run_command(argv: list[str]) -> int:
             return 2
     out: Path = args.out or Path("runs") / job.metadata.name
     try:
-        prepare(out, fresh=args.fresh, job=job.metadata.name)
-        view = make_view(args.mode, job.spec.training.steps)
-        run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule)
-        try:
-            status = run.run()
-        finally:
-            view.close()
+        with prepare(out, fresh=args.fresh, job=job.metadata.name):
+            view = make_view(args.mode, job.spec.training.steps)
+            run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule)
+            try:
+                status = run.run()
+            finally:
+                view.close()
+            plot = None if args.no_plot else run.plot()  # drawn while the folder is still held
     except UnusableOut as exc:
         _error(json_out, f"--out {exc}")
         return 2
     lines = summary_lines(job.metadata.name, status)
     lines.append(f"  report: {run.paths.report}")
     shown = {"report": str(run.paths.report)}
-    if not args.no_plot:
-        shown["plot"] = str(run.plot())
+    if plot is not None:
+        shown["plot"] = str(plot)
         lines.append(f"  plot:   {shown['plot']}")
     view.info("\n".join(lines), **shown, phase=status.phase)
     if status.phase == "Succeeded":

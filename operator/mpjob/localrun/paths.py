@@ -2,15 +2,21 @@
 
 --out is the user's word, so it is checked before anything starts (`prepare`): a file, a folder
 that cannot be made, or one holding what no run wrote is refused with what to do, and `--fresh`
-deletes a folder only when it is a run's own (`mpjob run job.yaml --out . --fresh` from a
-project's folder must not take the project with it). What an earlier run left is read back the
+empties a folder only when it is a run's own (`mpjob run job.yaml --out . --fresh` from a
+project's folder must not take the project with it). A run holds its folder (a lock on it) until
+it ends: a second `mpjob run` of it meanwhile would take the running attempt for a killed one and
+train beside it, or with `--fresh` delete its checkpoints. What an earlier run left is read back the
 same way: a report.json or series.json it cannot read ends the run with that said, not a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,25 +82,55 @@ class Paths:
         return status
 
 
-def prepare(root: Path, *, fresh: bool, job: str) -> None:
-    """--out made ready for the run of the job named `job`: a folder, emptied first with `fresh`
-    when it is a run's; refused when it holds another job's run."""
+@contextlib.contextmanager
+def prepare(root: Path, *, fresh: bool, job: str) -> Iterator[None]:
+    """--out made ready for the run of the job named `job` and held while the block runs: a
+    folder, emptied first with `fresh` when it is a run's; refused when it holds another job's
+    run, or another `mpjob run` holds it."""
+    with contextlib.ExitStack() as held:
+        try:
+            if root.exists() and not root.is_dir():
+                raise UnusableOut(f"{root}: not a folder; pick a folder for the run's files")
+            root.mkdir(parents=True, exist_ok=True)
+            held.callback(os.close, _held(root))  # closed when the block ends: the folder is free again
+            if fresh:
+                _emptied(root)
+            _claim(root, job)
+        except OSError as exc:
+            raise UnusableOut(f"{root}: cannot use it as the run's folder ({exc.strerror or exc})") from exc
+        yield
+
+
+def _held(root: Path) -> int:
+    """A descriptor of the folder `root` that holds it (an exclusive lock, not passed to the
+    trainers); UnusableOut when another `mpjob run` holds it."""
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        if root.exists() and not root.is_dir():
-            raise UnusableOut(f"{root}: not a folder; pick a folder for the run's files")
-        if fresh and root.exists():
-            foreign = sorted(entry.name for entry in root.iterdir() if entry.name not in RUN_ENTRIES)
-            if foreign:
-                shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-                raise UnusableOut(
-                    f"{root}: --fresh deletes the folder, and it holds what no run wrote ({shown}); "
-                    "pick another --out, or delete it yourself"
-                )
-            shutil.rmtree(root)
-        root.mkdir(parents=True, exist_ok=True)
-        _claim(root, job)
-    except OSError as exc:
-        raise UnusableOut(f"{root}: cannot use it as the run's folder ({exc.strerror or exc})") from exc
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UnusableOut(
+            f"{root}: another `mpjob run` is using it until it ends; wait for it, or pick another --out"
+        ) from None
+    return fd
+
+
+def _emptied(root: Path) -> None:
+    """`--fresh`: the run's entries of `root` deleted (the folder itself stays: it is held);
+    UnusableOut when it holds anything else."""
+    entries = sorted(root.iterdir())
+    foreign = [entry.name for entry in entries if entry.name not in RUN_ENTRIES]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UnusableOut(
+            f"{root}: --fresh deletes the folder, and it holds what no run wrote ({shown}); "
+            "pick another --out, or delete it yourself"
+        )
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _claim(root: Path, job: str) -> None:

@@ -133,3 +133,29 @@ def test_an_empty_out_is_refused_not_taken_for_the_current_folder(
     assert ended.value.code == 2
     assert "argument --out: an empty path; name the run's folder" in capsys.readouterr().err
     assert list(here.iterdir()) == []
+
+
+def test_a_run_folder_in_use_is_refused_until_its_run_ends(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second `mpjob run` of the same --out while the first runs took the first's attempt for a
+    killed one and trained beside it (and `--fresh` deleted its checkpoints): it is refused."""
+    out = job.parent / "out"
+    runs: list[str] = []  # the runs that got as far as training
+    second: list[int] = []
+
+    def running(self: LocalRun) -> MixedPrecisionJobStatus:
+        runs.append(self.name)
+        if len(runs) == 1:  # the first run: meanwhile, a second one of its folder
+            (out / "checkpoints").mkdir()
+            for fresh in ([], ["--fresh"]):
+                second.append(run_command([str(job), "--out", str(out), *fresh, "--plain", "--no-plot"]))
+        return MixedPrecisionJobStatus(phase="Succeeded")
+
+    monkeypatch.setattr(LocalRun, "run", running)
+    assert run_command([str(job), "--out", str(out), "--plain", "--no-plot"]) == 0
+    said = capsys.readouterr().out
+    assert second == [2, 2] and len(runs) == 1, said
+    assert said.count(f"error: --out {out}: another `mpjob run` is using it") == 2, said
+    assert (out / "checkpoints").is_dir() and (out / "job.json").exists()  # nothing of the first run's lost
+    assert run_command([str(job), "--out", str(out), "--fresh", "--plain", "--no-plot"]) == 0  # free once it ended
