@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mpjob.localrun.jsonlines import error_line
+from mpjob.localrun.launching import unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, prepare
 from mpjob.summary import summary_lines
 from mpjob.validation import InvalidManifest, load_job
@@ -41,6 +42,9 @@ def run_command(argv: list[str]) -> int:
         except BadSchedule as exc:
             _error(json_out, f"--workers-available {exc}")
             return 2
+    if (why := unusable_working_dir(job.spec, Path(args.file).parent)) is not None:
+        _error(json_out, f"{args.file}: spec.task.workingDir: {why}", field="spec.task.workingDir")
+        return 2
     out: Path = args.out or Path("runs") / job.metadata.name
     try:
         with prepare(out, fresh=args.fresh, job=job.metadata.name):

@@ -39,6 +39,14 @@ def working_dir(spec: MixedPrecisionJobSpec, base_dir: Path) -> Path:
     return base_dir / task.working_dir if task.working_dir else base_dir
 
 
+def unusable_working_dir(spec: MixedPrecisionJobSpec, base_dir: Path) -> str | None:
+    """Why a `task.workingDir` cannot be where its command runs (None: it can): a folder that is
+    not there, or not a folder, known before any worker is started in it."""
+    if spec.task.working_dir is None or (where := working_dir(spec, base_dir)).is_dir():
+        return None
+    return f"{where} is not a folder (a relative workingDir is taken below the manifest's folder)"
+
+
 def attempt_env(
     job: MixedPrecisionJob, start: StartAttempt, *, checkpoint_dir: str, in_place: InPlacePlan
 ) -> dict[str, str]:

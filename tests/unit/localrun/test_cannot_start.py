@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from mpjob.localrun.cli import run_command
+
 pytestmark = pytest.mark.unit
 
 MPJOB = Path(sys.executable).with_name("mpjob")
@@ -73,3 +75,29 @@ def test_a_commands_python_is_mpjob_runs_own_interpreter(tmp_path: Path) -> None
     code, report, said = run(tmp_path, ["python", "train.py"], env=bare)
     assert code == 0 and report["phase"] == "Succeeded", said
     assert (tmp_path / "interpreter").read_text() == sys.executable
+
+
+@pytest.mark.parametrize("where", ["no-such-folder", "train.py"], ids=["missing", "a-file"])
+def test_a_working_dir_that_is_no_folder_is_refused_before_the_run(
+    tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task.workingDir below the manifest's folder that is no folder there ended `mpjob run` in a
+    traceback once the first attempt's workers were started, its report left Running."""
+    (tmp_path / "train.py").write_text("pass\n")
+    doc = {
+        "apiVersion": "mpjob.dev/v1alpha1",
+        "kind": "MixedPrecisionJob",
+        "metadata": {"name": "own"},
+        "spec": {
+            "task": {"command": ["python", "train.py"], "workingDir": where},
+            "training": {"steps": 2},
+            "resources": {"gpusPerWorker": 0},
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    assert run_command([str(tmp_path / "job.yaml"), "--out", str(out), "--json"]) == 2
+    said = json.loads(capsys.readouterr().out)
+    assert said["event"] == "error" and said["field"] == "spec.task.workingDir", said
+    assert f"{tmp_path / where} is not a folder" in said["message"], said
+    assert not out.exists()  # refused before anything was written
