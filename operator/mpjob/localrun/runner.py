@@ -29,7 +29,6 @@ from mpjob.localrun.readings import noted, reached, reading_of
 from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.series import Point, RunSeries
 from mpjob.localrun.stall import StallWatch
-from mpjob.localrun.stops import CtrlC, Stop
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cost, history, inplace
 from mpjob.planning import lifecycle as lc
@@ -71,7 +70,7 @@ class LocalRun:
         self.paths = Paths(out)
         self.view = view
         self.python = python
-        self.ctrl_c = CtrlC(view)  # the user's stop: checkpoint and stop, or killed (`stops`)
+        self.ctrl_c = stops.CtrlC(view)  # the user's stop: checkpoint and stop, or killed (`stops`)
         self._workers: Workers | None = None
         #: --workers-available: the simulated cluster's capacity (None: always spec.workers).
         self.schedule = schedule
@@ -93,11 +92,13 @@ class LocalRun:
     def run(self) -> MixedPrecisionJobStatus:
         """Attempt after attempt, through the operator's lifecycle (mpjob.planning.lifecycle)."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        start = self._resume_or_start()
-        while start is not None:
-            self._current = None  # set once its workers start: one that never ran ends as itself
-            outcome = unschedulable(self.spec, self.schedule, start) or self._run_attempt(start)
-            start = self._conclude(self._current or start, outcome)
+        with self.ctrl_c.caught():  # between attempts too: a stop then ends the run before the next one
+            start = self._resume_or_start()
+            while start is not None:
+                self._current, self._reached = None, None  # set once it starts: one that never ran ends as itself
+                held = self.ctrl_c.held_back()
+                outcome = held or unschedulable(self.spec, self.schedule, start) or self._run_attempt(start)
+                start = self._conclude(self._current or start, outcome)
         self._save()
         return self.status
 
@@ -158,11 +159,12 @@ class LocalRun:
     def _stopped(self, outcome: AttemptOutcome) -> str | None:
         """The message of an attempt the user stopped (None: not stopped); one a second Ctrl-C
         killed before its trainers reported ends where it was seen, naming the checkpoint known."""
-        if self.ctrl_c.stop is Stop.NONE:
+        if self.ctrl_c.stop is stops.Stop.NONE:
             return None
         if outcome.report is None:  # killed, or ended without one: the attempt ends where it was seen
             self._ends_where_seen(self._reached)
-        return stops.stop_message(self.ctrl_c.stop, outcome.report, self.status.last_checkpoint)
+        checkpoint, started = self.status.last_checkpoint, self._current is not None
+        return stops.stop_message(self.ctrl_c.stop, outcome.report, checkpoint, started=started)
 
     def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
         """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""

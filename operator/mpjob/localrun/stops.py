@@ -15,6 +15,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mpjob.planning.classify import AttemptOutcome
 from mpjob_contract.api import CheckpointStatus
 from mpjob_contract.report import TerminationReport
 
@@ -42,6 +43,8 @@ class Press:
 
 ASKED_LINE = "interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)"
 KILLED_LINE = "second Ctrl-C: killing the trainers; no checkpoint is written now"
+#: A press while no attempt's trainers run (the runner between two attempts).
+BETWEEN_LINE = "interrupted: stopping before the next attempt starts"
 
 
 def pressed(stop: Stop) -> Press:
@@ -52,42 +55,57 @@ def pressed(stop: Stop) -> Press:
 
 
 class CtrlC:
-    """The user's Ctrl-C while an attempt's workers run: a handler then, not a KeyboardInterrupt
-    (one raised wherever the runner stood would skip the trainers' checkpoint), each press
-    shown at once and passed on to the workers (`pressed`)."""
+    """The user's Ctrl-C while a run goes on: a handler, not a KeyboardInterrupt (one raised
+    wherever the runner stood would skip the trainers' checkpoint, or leave report.json behind
+    what happened), each press shown at once and passed on to the workers running (`pressed`);
+    between attempts it stops the run before the next one starts."""
 
     def __init__(self, view: ProgressView) -> None:
         self.view = view
         self.stop = Stop.NONE
+        self._last: Press | None = None  # the latest press
 
     @contextlib.contextmanager
-    def caught(self, workers: Workers) -> Iterator[None]:
-        """Ctrl-C stops `workers` for as long as the block runs (their lines, then their endings)."""
+    def caught(self, workers: Workers | None = None) -> Iterator[None]:
+        """Ctrl-C stops `workers` for as long as the block runs (their lines, then their endings);
+        without workers, it only records the stop (the runner ends the run at the next attempt).
+        A press that came as the workers started, before the block, reaches them as it begins."""
         previous = signal.signal(signal.SIGINT, lambda *_: self.press(workers))
+        if workers is not None and self._last is not None:
+            workers.signal(self._last.signal)
         try:
             yield
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def press(self, workers: Workers) -> None:
-        press = pressed(self.stop)
+    def held_back(self) -> AttemptOutcome | None:
+        """The ending of the next attempt, not started: the user stopped the run before it (None: it starts)."""
+        return None if self.stop is Stop.NONE else AttemptOutcome(None)
+
+    def press(self, workers: Workers | None) -> None:
+        press = self._last = pressed(self.stop)
         self.stop = press.stop
-        self.view.info(press.line)
-        workers.signal(press.signal)
+        self.view.info(press.line if workers is not None else BETWEEN_LINE)
+        if workers is not None:
+            workers.signal(press.signal)
 
 
-def stop_message(stop: Stop, report: TerminationReport | None, checkpoint: CheckpointStatus | None) -> str:
+def stop_message(
+    stop: Stop, report: TerminationReport | None, checkpoint: CheckpointStatus | None, *, started: bool = True
+) -> str:
     """The message of an attempt the user stopped, from what the run saw: the trainers' `report`
     names the checkpoint they stopped after (their last good one), or that there is none; without
-    a report (a second Ctrl-C killed them, or they ended without one), `checkpoint` is the newest
-    one known committed (a line or its manifest said so), if any."""
+    a report (a second Ctrl-C killed them, they ended without one, or the attempt was not
+    `started`), `checkpoint` is the newest one known committed (a line or its manifest said so), if any."""
     rerun = "a rerun with the same --out"
     if report is not None:
         if report.last_good_checkpoint is None:
             return f"stopped by Ctrl-C before any checkpoint; {rerun} starts over"
         return f"stopped by Ctrl-C after the checkpoint of step {report.last_good_checkpoint.step}; {rerun} resumes"
     how = "killed by a second Ctrl-C before the trainers finished stopping"
-    if stop is Stop.ASKED:
+    if not started:
+        how = "stopped by Ctrl-C before it started"
+    elif stop is Stop.ASKED:
         how = "stopped by Ctrl-C; the trainers ended without a report"
     then = "starts over: no checkpoint" if checkpoint is None else f"resumes from checkpoint step {checkpoint.step}"
     return f"{how}; {rerun} {then}"

@@ -19,7 +19,7 @@ from mpjob.localrun.stops import CtrlC, Stop
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import events
-from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.report import TerminationReport
 
 pytestmark = pytest.mark.unit
@@ -188,3 +188,54 @@ def test_killed_before_any_checkpoint_the_rerun_starts_over_and_says_so(tmp_path
 def test_killed_before_any_line_named_a_step_it_ends_where_it_began(tmp_path: Path) -> None:
     status = Killed(tmp_path, [started(0)]).run()
     assert status.step == 0 and status.attempts[0].end_step == 0
+
+
+class PressedWhileFallingBack(LocalRun):
+    """A local run (fp16, falling back to bf16) whose first attempt ends in a numeric fault, and
+    the user presses Ctrl-C as the fallback is shown, between that attempt and the next."""
+
+    def __init__(self, out: Path) -> None:
+        spec = {**JOB["spec"], "precision": {"mode": "fp16", "fallback": ["bf16"], "inPlace": False}}
+        super().__init__(MixedPrecisionJob.model_validate({**JOB, "spec": spec}), out, Shown())  # type: ignore[arg-type]
+        self.started: list[int] = []
+
+    def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
+        self.started.append(start.index)
+        ref = {"step": 50, "path": "/c/step-000000050", "sha256": "ab", "precision": "fp16"}
+        fields = {"reason": "NumericFault", "step": 60, "precision": "fp16", "message": "overflow"}
+        return AttemptOutcome(42, TerminationReport.model_validate({**fields, "lastGoodCheckpoint": ref}))
+
+    def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
+        nxt = super()._conclude(start, outcome)
+        if start.index == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next line
+        return nxt
+
+
+def test_a_ctrl_c_between_attempts_suspends_the_run_before_the_next_one_starts(tmp_path: Path) -> None:
+    """It raised a KeyboardInterrupt wherever the runner stood: report.json was left saying the
+    faulted attempt still ran, and the rerun took it for a killed one and ran fp16 again."""
+    run = PressedWhileFallingBack(tmp_path)
+    status = run.run()
+    fault, held = status.attempts
+    assert run.started == [0] and status.phase == "Suspended"
+    assert (fault.precision, fault.reason) == ("fp16", "NumericFault")
+    assert (held.precision, held.reason, held.start_step, held.end_step) == ("bf16", "Suspended", 50, 50)
+    assert (
+        held.message
+        == "stopped by Ctrl-C before it started; a rerun with the same --out resumes from checkpoint step 50"
+    )
+    assert not held.charged and status.step == 50
+    assert MixedPrecisionJobStatus.model_validate_json(run.paths.report.read_text()) == status  # on disk too
+    assert stops.BETWEEN_LINE in run.view.lines  # type: ignore[attr-defined]
+
+
+def test_a_ctrl_c_pressed_as_the_workers_start_reaches_them_once_they_run() -> None:
+    """Pressed between the attempt's start and its workers' handler: they would have trained on."""
+    view, workers = Shown(), Signalled()
+    ctrl_c = CtrlC(view)  # type: ignore[arg-type]
+    with ctrl_c.caught():  # the runner's, between attempts
+        os.kill(os.getpid(), signal.SIGINT)
+        with ctrl_c.caught(workers):  # type: ignore[arg-type]
+            assert workers.sent == [signal.SIGTERM]
+    assert ctrl_c.stop is Stop.ASKED and view.lines == [stops.BETWEEN_LINE]
