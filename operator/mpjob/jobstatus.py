@@ -102,5 +102,6 @@ def _plot(path: Path, title: str, status: api.MixedPrecisionJobStatus) -> int:
     except ModuleNotFoundError as exc:  # matplotlib is in the local extra
         print(f"error: --plot needs the local extra ({exc.name} is missing): pip install 'mpjob[local]'")
         return 2
-    print(f"  plot: {render(series_of_status(status), path, f'{title}: {status.phase}', timeline=status.timeline)}")
+    render(series_of_status(status), path, f"{title}: {status.phase}", timeline=status.timeline)
+    print(f"  plot: {path}")
     return 0

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from mpjob.localrun.files import created
 from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, prepare
@@ -15,6 +17,8 @@ from mpjob.validation import InvalidManifest, load_job
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
+
+    from mpjob.localrun.runner import LocalRun
 
 
 def run_command(argv: list[str]) -> int:
@@ -54,7 +58,7 @@ def run_command(argv: list[str]) -> int:
                 status = run.run()
             finally:
                 view.close()
-            plot = None if args.no_plot else run.plot()  # drawn while the folder is still held
+            plot = None if args.no_plot else _plot(run)  # drawn while the folder is still held
     except UnusableOut as exc:
         _error(json_out, f"--out {exc}")
         return 2
@@ -68,6 +72,16 @@ def run_command(argv: list[str]) -> int:
     if status.phase == "Succeeded":
         return 0
     return 130 if status.phase == "Suspended" else 1
+
+
+def _plot(run: LocalRun) -> Path:
+    """The run's training.png, drawn from its series and status; a link planted at its name (by
+    what ran in the trainers) is replaced, not written through."""
+    from mpjob.localrun.plot import render  # matplotlib loads only when the plot is drawn
+
+    with os.fdopen(created(run.paths.plot), "wb") as file:
+        render(run.series, file, f"{run.name}: {run.status.phase}", timeline=run.status.timeline)
+    return run.paths.plot
 
 
 def _error(json_out: bool, message: str, **fields: Any) -> None:

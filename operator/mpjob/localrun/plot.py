@@ -10,6 +10,7 @@ one; loss and grad norm from the trainer's step lines (the series)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import IO
 
 import matplotlib
 
@@ -39,8 +40,8 @@ def _skipped_steps(series: RunSeries, ax: plt.Axes) -> None:
         ax.axvline(skip.step, color=SKIP_COLOURS.get(skip.cause, "#000"), ls="--", lw=1, label=label)
 
 
-def render(series: RunSeries, path: Path, title: str, *, timeline: PrecisionTimeline | None = None) -> Path:
-    """Draw the series (and the status's timeline, when given) into a PNG at `path` and return it."""
+def render(series: RunSeries, into: Path | IO[bytes], title: str, *, timeline: PrecisionTimeline | None = None) -> None:
+    """Draw the series (and the status's timeline, when given) as a PNG into a file (a path, or one open)."""
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     # Fixed margins, room for the axis labels and the title: a layout engine measuring every
     # text's extent doubled the drawing's CPU (0.48 s -> 0.27 s), paid at the end of each run.
@@ -91,10 +92,10 @@ def render(series: RunSeries, path: Path, title: str, *, timeline: PrecisionTime
         grad_ax.legend(handles=handles, loc="upper right", fontsize="small", title="precision")
     if marks or (timeline is not None and timeline.loss_scale):
         scale_ax.legend(loc="lower left", fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    if isinstance(into, Path):
+        into.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(into, dpi=100, format="png")
     plt.close(fig)
-    return path
 
 
 def _spans(series: RunSeries, timeline: PrecisionTimeline | None) -> list[Span]:

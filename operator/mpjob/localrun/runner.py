@@ -292,9 +292,3 @@ class LocalRun:
     def _save(self) -> None:
         write_replacing(self.paths.report, json.dumps(self.status.to_api(), indent=2) + "\n")
         self.series.save(self.paths.series)
-
-    def plot(self) -> Path:
-        from mpjob.localrun.plot import render  # matplotlib loads only when the plot is drawn
-
-        title = f"{self.name}: {self.status.phase}"
-        return render(self.series, self.paths.plot, title, timeline=self.status.timeline)

@@ -1,4 +1,4 @@
-"""`mpjob run` writes its own files in --out (the workers' logs, report.json, series.json)
+"""`mpjob run` writes its own files in --out (the workers' logs, report.json, series.json, the plot)
 without following a link planted at their names: what runs in the trainers runs as the same
 user and could otherwise have the runner write over a file anywhere it may write."""
 
@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 
 from mpjob.localrun import workers as workers_module
+from mpjob.localrun.cli import run_command
 from mpjob.localrun.files import write_replacing
+from mpjob.localrun.runner import LocalRun
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.workers import Workers
-from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +81,16 @@ def test_the_workers_logs_are_written_in_out_not_through_a_link(
     assert [t.read_text() for t in targets] == [KEPT, KEPT]
     assert [(out / f"worker{n}.log").is_symlink() for n in range(2)] == [False, False]
     assert (out / "worker0.log").read_text() == "oops\n" and (out / "worker1.log").read_text() == "hello\noops\n"
+
+
+def test_the_plot_is_drawn_in_out_not_through_a_link(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, outside = dirs
+    target = planted(out, "training.png", outside)
+    job = outside / "job.yaml"
+    job.write_text(json.dumps(tiny_job()))
+    monkeypatch.setattr(LocalRun, "run", lambda self: MixedPrecisionJobStatus(phase="Succeeded"))
+    assert run_command([str(job), "--out", str(out), "--plain"]) == 0, capsys.readouterr()
+    assert target.read_text() == KEPT
+    assert not (out / "training.png").is_symlink() and (out / "training.png").read_bytes()[:4] == b"\x89PNG"

@@ -27,7 +27,8 @@ def test_the_loss_scale_panel_is_the_status_timeline(tmp_path: Path, monkeypatch
             PrecisionSpan(attempt=1, precision="bf16", from_step=20, to_step=60),
         ],
     )
-    path = plot.render(RunSeries(), tmp_path / "training.png", "job", timeline=timeline)
+    path = tmp_path / "training.png"
+    plot.render(RunSeries(), path, "job", timeline=timeline)
     assert path.read_bytes()[:4] == b"\x89PNG"
     (fig,) = drawn
     scale_ax = fig.axes[1]
