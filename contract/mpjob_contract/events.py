@@ -116,11 +116,13 @@ EVENTS: dict[str, type[TrainerEvent]] = {
 }
 
 
-def _wire(value: Any) -> Any:
+def wire(value: Any) -> Any:
+    """A value as an event line writes it (the trainer's, `mpjob run --json`'s): a non-finite float
+    by its name."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # "inf", "-inf", "nan": JSON has none of them
     if isinstance(value, dict):
-        return {k: _wire(v) for k, v in value.items()}
+        return {k: wire(v) for k, v in value.items()}
     return value
 
 
@@ -138,7 +140,7 @@ def format_line(event: str, fields: dict[str, Any]) -> str:
     if unknown:
         raise ValueError(f"event {event!r} has no field(s) {', '.join(sorted(unknown))}")
     model.model_validate(fields)
-    return json.dumps({"event": event, **{k: _wire(v) for k, v in fields.items()}})
+    return json.dumps({"event": event, **{k: wire(v) for k, v in fields.items()}})
 
 
 def parse_line(line: str) -> TrainerEvent | None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mpjob_contract.events import wire
+
 
 def json_line(event: str, **fields: Any) -> str:
-    """One event as one line of JSON."""
-    return json.dumps({"event": event, **fields})
+    """One event as one line of JSON, a non-finite figure (a faulting step's loss) as the trainer's lines write it."""
+    return json.dumps({"event": event, **{k: wire(v) for k, v in fields.items()}})
 
 
 def error_line(message: str, **fields: Any) -> str:

@@ -4,7 +4,9 @@ run (a manifest it cannot read or that fails validation, a bad argument, argpars
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from mpjob.localrun.progress import JsonView
+from mpjob.localrun.series import Point
 from tests import warm
 from tests.unit.localrun.tiny import tiny_job
 
@@ -69,3 +73,19 @@ def test_a_bad_argument_is_an_error_event_whatever_its_place(tmp_path: Path, arg
 def test_help_under_json_leaves_stdout_to_json(tmp_path: Path) -> None:
     code, lines, stderr = mpjob_run(tmp_path, "--json", "--help")
     assert (code, lines) == (0, []) and "usage: mpjob run" in stderr
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is no JSON")
+
+
+def test_a_non_finite_figure_is_written_as_the_trainers_lines_write_it() -> None:
+    """A faulting attempt's steps log a nan loss: a bare NaN made the line no JSON for a strict
+    parser (JavaScript's, Go's); the trainer's own event lines write "nan" and "inf"."""
+    out = io.StringIO()
+    point = Point(
+        0, "fp16", 20, loss=math.nan, loss_scale=2048.0, grad_norm=math.inf, overflow_steps=5, samples_per_second=9.5
+    )
+    JsonView(out).step(point)
+    line = json.loads(out.getvalue(), parse_constant=_no_constants)
+    assert (line["loss"], line["gradNorm"], line["lossScale"]) == ("nan", "inf", 2048.0)
