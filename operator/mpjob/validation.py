@@ -84,15 +84,15 @@ class _BoundedLoader(yaml.SafeLoader):
 
 # kubectl's YAML reader takes 1e-3, 3e5 and 1.5e3 as numbers; YAML 1.1's float needs a dot and a
 # signed exponent, so PyYAML kept them as strings: `mpjob run` handed `task.args: {lr: 1e-3}` to
-# the task as "1e-3" where the cluster's pods got 0.001. kubectl also reads y and n as booleans.
-# The same manifest reads the same here.
-_BoundedLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"),
-)
+# the task as "1e-3" where the cluster's pods got 0.001. kubectl also reads y and n as booleans, and
+# keeps a date or time (2024-05-01: a label value) as written. The same manifest reads the same here.
+_EXPONENT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$")
+_BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+.0123456789"))
 _BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
 _BoundedLoader.bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
+_BoundedLoader.add_constructor(
+    "tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(cast(yaml.ScalarNode, node))
+)
 
 
 def _abridged(parts: list[str], shown: int = 8) -> str:

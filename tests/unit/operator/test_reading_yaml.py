@@ -48,6 +48,20 @@ def test_numbers_with_an_exponent_are_numbers_as_kubectl_reads_them() -> None:
     assert job.spec.task.args == {"lr": 0.001, "steps": 300000.0, "s": "1e-3"}
 
 
+def test_dates_are_strings_as_kubectl_reads_them() -> None:
+    """kubectl's YAML reader keeps an unquoted date or time as the string written (YAML 1.1 makes it
+    a timestamp): a label value `2024-05-01` was refused as "got date", and a task argument
+    reached the trainers rewritten."""
+    meta = "metadata: {name: j, labels: {release: 2024-05-01}, annotations: {at: 2001-12-14t21:59:43.10-05:00}}"
+    text = HEAD.replace("metadata: {name: j}", meta).replace(
+        "{builtin: gpt}", "{builtin: gpt, args: {since: 2024-05-01}}"
+    )
+    (job,), problems = check_text(text)
+    assert problems == [] and job.metadata.labels == {"release": "2024-05-01"}
+    assert job.metadata.annotations == {"at": "2001-12-14t21:59:43.10-05:00"}
+    assert job.spec.task.args == {"since": "2024-05-01"}
+
+
 def test_an_argument_named_true_or_false_is_refused_naming_what_yaml_did() -> None:
     """What kubectl sends for an unquoted `n:` (a JSON manifest can say it too)."""
     (problem,) = check_text(json.dumps(bad("spec.task", {"builtin": "gpt", "args": {"false": 4, "lr": 0.1}})))[1]
