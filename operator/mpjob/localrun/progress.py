@@ -3,6 +3,7 @@ JSON lines with --json (one object per event, for scripts)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Literal, Protocol
 
@@ -25,6 +26,17 @@ Mode = Literal["rich", "plain", "json"]
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _line(text: str, stream: Any) -> None:
+    """One line on `stream`; once its reader is gone (`mpjob run job.yaml | head`), the lines go
+    nowhere and the run goes on: report.json keeps its record, a traceback would not."""
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nowhere, stream.fileno())  # its buffer's flush at exit too
+        os.close(nowhere)
 
 
 class ProgressView(Protocol):
@@ -101,7 +113,7 @@ class PlainView:
         self.stream = stream or sys.stdout
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        _line(text, self.stream)
 
     def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
         resuming = f", resuming from {resumed}" if resumed else ""
@@ -134,7 +146,7 @@ class JsonView:
         self.stream = stream or sys.stdout
 
     def _emit(self, event: str, **fields: Any) -> None:
-        print(json_line(event, **fields), file=self.stream, flush=True)
+        _line(json_line(event, **fields), self.stream)
 
     def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
         self._emit("attemptStarted", attempt=attempt, precision=precision, startStep=start_step, resumeFrom=resumed)

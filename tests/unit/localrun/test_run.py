@@ -19,6 +19,7 @@ from mpjob_contract.report import TerminationReport
 from tests import warm
 from tests.helpers import NO_PLOT, children, gone, paced, wait_for
 from tests.unit.localrun.stall_task import SPEC
+from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
 
@@ -289,3 +290,22 @@ def _newest_checkpoint(out: Path) -> int:
     """The step of the newest committed checkpoint in `out` (0: none yet)."""
     steps = [int(m.parent.name.split("-")[1]) for m in (out / "checkpoints").glob("step-*/manifest.json")]
     return max(steps, default=0)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("mode", ["--plain", "--json"])
+def test_a_reader_that_stops_reading_leaves_the_run_to_end_and_be_recorded(tmp_path: Path, mode: str) -> None:
+    """`mpjob run job.yaml | head -1`: the next line raised BrokenPipeError in the runner, which
+    waited for its trainers to finish, then ended in a traceback with report.json still saying
+    the first attempt ran at step 0."""
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(tiny_job()))
+    command = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(tmp_path / "out"), mode, *NO_PLOT]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        assert proc.stdout is not None and proc.stdout.readline()  # the first line, before any trainer starts
+        proc.stdout.close()  # the reader is gone
+        _, said = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in said and "BrokenPipe" not in said, said
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["phase"] == "Succeeded" and report["step"] == 2
