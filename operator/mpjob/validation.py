@@ -76,23 +76,23 @@ class _BoundedLoader(yaml.SafeLoader):
             raise _ManifestLimit(f"{line}: nested deeper than {MAX_DEPTH} levels", field=_abridged(self._path))
         self._path.append(f"[{index}]" if isinstance(index, int) else f".{getattr(index, 'value', '?')}")
         try:
-            # PyYAML passes a mapping value's key node as `index`; its stub says int.
-            return super().compose_node(parent, cast(int, index))
+            return super().compose_node(parent, cast(int, index))  # a key node as `index`: its stub says int
         finally:
             self._path.pop()
 
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        """A plain scalar's tag as kubectl's reader has it: a date (2024-05-01) or a base-60 number (1:30), a string."""
+        tag = super().resolve(kind, value, implicit)
+        kept = tag.endswith(":timestamp") or (tag.endswith((":int", ":float")) and ":" in value)
+        return "tag:yaml.org,2002:str" if kept else tag
 
-# kubectl's YAML reader takes 1e-3, 3e5 and 1.5e3 as numbers; YAML 1.1's float needs a dot and a
-# signed exponent, so PyYAML kept them as strings: `mpjob run` handed `task.args: {lr: 1e-3}` to
-# the task as "1e-3" where the cluster's pods got 0.001. kubectl also reads y and n as booleans, and
-# keeps a date or time (2024-05-01: a label value) as written. The same manifest reads the same here.
+
+# kubectl's YAML reader takes 1e-3 and 3e5 as numbers (YAML 1.1's float needs a dot and a signed exponent:
+# `mpjob run` handed `task.args: {lr: 1e-3}` to the task as "1e-3") and y and n as booleans, as mpjob does.
 _EXPONENT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$")
 _BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT, list("-+.0123456789"))
 _BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN"))
 _BoundedLoader.bool_values = {**yaml.SafeLoader.bool_values, "y": True, "n": False}
-_BoundedLoader.add_constructor(
-    "tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(cast(yaml.ScalarNode, node))
-)
 
 
 def _abridged(parts: list[str], shown: int = 8) -> str:

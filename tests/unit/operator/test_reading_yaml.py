@@ -62,6 +62,17 @@ def test_dates_are_strings_as_kubectl_reads_them() -> None:
     assert job.spec.task.args == {"since": "2024-05-01"}
 
 
+def test_times_of_day_are_strings_as_kubectl_reads_them() -> None:
+    """YAML 1.1's base-60 numbers (12:30 was 750, 1:30:00.5 was 5400.5) are no numbers to kubectl's reader."""
+    meta = "metadata: {name: j, annotations: {window: 10:30}}"
+    text = HEAD.replace("metadata: {name: j}", meta).replace(
+        "{builtin: gpt}", "{builtin: gpt, args: {at: 12:30, t: 1:30:00.5}}"
+    )
+    (job,), problems = check_text(text)
+    assert problems == [] and job.metadata.annotations == {"window": "10:30"}
+    assert job.spec.task.args == {"at": "12:30", "t": "1:30:00.5"}
+
+
 def test_an_argument_named_true_or_false_is_refused_naming_what_yaml_did() -> None:
     """What kubectl sends for an unquoted `n:` (a JSON manifest can say it too)."""
     (problem,) = check_text(json.dumps(bad("spec.task", {"builtin": "gpt", "args": {"false": 4, "lr": 0.1}})))[1]
