@@ -81,9 +81,9 @@ class _BoundedLoader(yaml.SafeLoader):
             self._path.pop()
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
-        """A plain scalar's tag as kubectl's reader has it: a date (2024-05-01) or a base-60 number (1:30), a string."""
+        """A plain scalar's tag as kubectl's reader has it: a date (2024-05-01), base-60 (1:30) or `=` is a string."""
         tag = super().resolve(kind, value, implicit)
-        kept = tag.endswith(":timestamp") or (tag.endswith((":int", ":float")) and ":" in value)
+        kept = tag.endswith((":timestamp", ":value")) or (tag.endswith((":int", ":float")) and ":" in value)
         return "tag:yaml.org,2002:str" if kept else tag
 
 

@@ -73,6 +73,12 @@ def test_times_of_day_are_strings_as_kubectl_reads_them() -> None:
     assert job.spec.task.args == {"at": "12:30", "t": "1:30:00.5"}
 
 
+def test_an_equals_sign_is_a_string_as_kubectl_reads_it() -> None:
+    """YAML 1.1's `=` (its value key) has no constructor: `sep: =` was a "YAML syntax error"."""
+    (job,), problems = check_text(HEAD.replace("metadata: {name: j}", "metadata: {name: j, annotations: {sep: =}}"))
+    assert problems == [] and job.metadata.annotations == {"sep": "="}
+
+
 def test_an_argument_named_true_or_false_is_refused_naming_what_yaml_did() -> None:
     """What kubectl sends for an unquoted `n:` (a JSON manifest can say it too)."""
     (problem,) = check_text(json.dumps(bad("spec.task", {"builtin": "gpt", "args": {"false": 4, "lr": 0.1}})))[1]
