@@ -12,6 +12,7 @@ same way: a report.json or series.json it cannot read ends the run with that sai
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -103,7 +104,8 @@ def prepare(root: Path, *, fresh: bool, job: str) -> Iterator[None]:
 
 def _held(root: Path) -> int:
     """A descriptor of the folder `root` that holds it (an exclusive lock, not passed to the
-    trainers); UnusableOut when another `mpjob run` holds it."""
+    trainers); UnusableOut when another `mpjob run` holds it. A filesystem that keeps no locks
+    (an NFS mount without its lock service) leaves the folder unheld, not unusable."""
     fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,6 +114,10 @@ def _held(root: Path) -> int:
         raise UnusableOut(
             f"{root}: another `mpjob run` is using it until it ends; wait for it, or pick another --out"
         ) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            os.close(fd)
+            raise
     return fd
 
 

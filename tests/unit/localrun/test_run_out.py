@@ -3,7 +3,10 @@ naming --out and what to do, and `--fresh` deletes only a run's own folder."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,16 @@ def test_a_run_folder_in_use_is_refused_until_its_run_ends(
     assert said.count(f"error: --out {out}: another `mpjob run` is using it") == 2, said
     assert (out / "checkpoints").is_dir() and (out / "job.json").exists()  # nothing of the first run's lost
     assert run_command([str(job), "--out", str(out), "--fresh", "--plain", "--no-plot"]) == 0  # free once it ended
+
+
+def test_a_folder_on_a_filesystem_without_locks_is_used_unheld(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An NFS mount without its lock service answers ENOLCK: the run goes on as before the lock was taken."""
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(LocalRun, "run", lambda self: MixedPrecisionJobStatus(phase="Succeeded"))
+    assert run_command([str(job), "--out", str(job.parent / "out"), "--plain", "--no-plot"]) == 0, capsys.readouterr()
