@@ -117,12 +117,14 @@ EVENTS: dict[str, type[TrainerEvent]] = {
 
 
 def wire(value: Any) -> Any:
-    """A value as an event line writes it (the trainer's, `mpjob run --json`'s): a non-finite float
-    by its name."""
+    """A value as an event line writes it (the trainer's, `mpjob run --json`'s, series.json): a
+    non-finite float by its name."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # "inf", "-inf", "nan": JSON has none of them
     if isinstance(value, dict):
         return {k: wire(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [wire(v) for v in value]
     return value
 
 

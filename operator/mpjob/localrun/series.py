@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mpjob.localrun.files import write_replacing
 from mpjob.localrun.paths import START_OVER, UnusableOut
@@ -135,7 +136,7 @@ class RunSeries:
             "evals": [asdict(e) for e in self.evals],
             "skips": [asdict(s) for s in self.skips],
         }
-        write_replacing(path, json.dumps(data))
+        write_replacing(path, json.dumps(events.wire(data)))  # a nan loss as "nan": JSON has no NaN
 
     @classmethod
     def load(cls, path: Path) -> RunSeries:
@@ -145,14 +146,19 @@ class RunSeries:
         try:
             data = json.loads(path.read_bytes())
             return cls(
-                points=[Point(**p) for p in data.get("points", [])],
-                evals=[EvalPoint(**e) for e in data.get("evals", [])],
+                points=[Point(**_figures(p)) for p in data.get("points", [])],
+                evals=[EvalPoint(**_figures(e)) for e in data.get("evals", [])],
                 spans=[Span(**s) for s in data.get("spans", [])],
                 skips=[SkipMark(**s) for s in data.get("skips", [])],
             )
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             why = f"{type(exc).__name__}: {exc}"[:200]
             raise UnusableOut(f"{path.parent}: series.json is not a run's series ({why}): {START_OVER}") from exc
+
+
+def _figures(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved point with its non-finite figures, written by name ("nan", "inf"), numbers again."""
+    return {k: float(v) if isinstance(v, str) and v in ("nan", "inf", "-inf") else v for k, v in saved.items()}
 
 
 def series_of_status(status: MixedPrecisionJobStatus) -> RunSeries:

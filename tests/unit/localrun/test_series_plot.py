@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -64,6 +65,22 @@ def test_series_round_trips_through_disk(tmp_path: Path) -> None:
     series.save(tmp_path / "series.json")
     loaded = RunSeries.load(tmp_path / "series.json")
     assert loaded == series
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is no JSON")
+
+
+def test_a_non_finite_figure_is_saved_as_json_and_read_back(tmp_path: Path) -> None:
+    """A faulting step's nan loss made series.json hold a bare NaN, which no strict JSON parser reads."""
+    series = RunSeries()
+    series.begin_attempt(0, "fp16", 0)
+    series.ingest(0, "fp16", line(event="step", step=20, loss="nan", lossScale=2048.0, gradNorm="inf", overflowSteps=5))
+    series.save(tmp_path / "series.json")
+    (point,) = json.loads((tmp_path / "series.json").read_text(), parse_constant=_no_constants)["points"]
+    assert (point["loss"], point["grad_norm"], point["loss_scale"]) == ("nan", "inf", 2048.0)
+    (loaded,) = RunSeries.load(tmp_path / "series.json").points
+    assert math.isnan(loaded.loss or 0.0) and loaded.grad_norm == math.inf and loaded.loss_scale == 2048.0
 
 
 def test_plot_is_a_real_png_of_the_series(tmp_path: Path) -> None:
