@@ -422,6 +422,21 @@ def test_a_lone_ranks_own_report_passes_through_as_written(tmp_path: Path, pods:
     assert report is not None and (report.step, report.message) == (12, "nan storm")
 
 
+def test_a_lone_ranks_report_nested_too_deep_to_decode_still_ends_the_pod_with_one_code_and_report(
+    tmp_path: Path, pods: Any
+) -> None:
+    """A rank's report is the tenant's word: one nested deeper than the JSON parser recurses
+    (within the report's byte budget) is no report, never the launcher's own crash."""
+    deep = '{"reason": "NumericFault", "message": "deep", "x": ' + "[" * 1400 + "]" * 1400 + "}"
+    assert len(deep.encode()) <= MAX_REPORT_BYTES
+    script = f"import os, sys; open(os.environ['MPJOB_TERMINATION_LOG'], 'w').write({deep!r}); sys.exit(42)"
+    pod = pods(tmp_path, ["--nproc-per-worker", "1"], [sys.executable, "-c", script])
+    code, report = pod.wait(30)
+    assert code == ExitCode.NUMERIC_FAULT, pod.stderr
+    assert report is not None and report.reason == "NumericFault", pod.stderr
+    assert "Traceback" not in pod.stderr
+
+
 CANNOT_START = {
     "a script that does not exist": (["/no/such/dir/train.py"], "can't open file '/no/such/dir/train.py'"),
     "a module that fails to import": (

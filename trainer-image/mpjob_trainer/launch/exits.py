@@ -92,7 +92,7 @@ def passthrough(exits: Sequence[RankExit]) -> Passthrough | None:
 
     try:
         report = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser recurses: the fold judges it
         return None
     reason = report.get("reason") if isinstance(report, dict) else None
     if not isinstance(reason, str) or reason not in _KNOWN:
