@@ -233,15 +233,12 @@ def changed_in_place(
     bounds make rare: its processes then end on their own)."""
     reason, code = ENDED_BY[change.kind]
     report = TerminationReport(
-        reason=reason,
-        step=change.step,
-        start_step=attempt.start_step,
-        precision=change.from_precision,  # type: ignore[arg-type]
-        rule=change.rule if change.kind == "fallback" else None,
-        message=change.message,
-    )
+        reason=reason, step=change.step, start_step=attempt.start_step, precision=change.from_precision,  # type: ignore[arg-type]
+        rule=change.rule if change.kind == "fallback" else None, message=change.message,
+    )  # fmt: skip
     outcome = AttemptOutcome(code, report)
-    when = lc.When(moment(change.at, when.at), when.generation)  # the attempt ended when the trainer changed
+    began = next((a.start_time for a in plan.status.attempts if a.index == attempt.index), None)
+    when = lc.When(moment(change.at, when.at, earliest=began), when.generation)  # when the trainer changed
     lc.conclude(plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability,
                 checkpoint_dir=checkpoint_dir, resumed_at=change.start_step)  # fmt: skip
     if not plan.create:
@@ -266,13 +263,14 @@ def of_line(line: PrecisionChanged) -> InPlaceChange | None:
         return None
 
 
-def moment(at: float | None, now: str) -> str:
-    """The change's moment as the status writes times (`now` when not said, or said to be later:
-    another node's clock)."""
-    if at is None:
-        return now
-    said = st.stamp(datetime.fromtimestamp(at, UTC))
-    return min(said, now)
+def moment(at: float | None, now: str, *, earliest: str | None = None) -> str:
+    """The change's moment as the status writes times, held to [`earliest`, `now`] (another
+    node's clock, or the trainer's word): `now` when not said, or past what a date holds."""
+    try:
+        said = now if at is None else min(st.stamp(datetime.fromtimestamp(at, UTC)), now)
+    except (ValueError, OverflowError, OSError):  # past the year 9999: no moment a clock read
+        said = now
+    return max(said, earliest) if earliest is not None else said
 
 
 def record(

@@ -160,6 +160,26 @@ def test_the_in_place_attempt_is_charged_what_its_job_ran_after_the_one_before()
     assert status.attempts[0].gpu_seconds == pytest.approx(200.0)
 
 
+@pytest.mark.parametrize(
+    ("at", "ended"),
+    [
+        (999_999_999_999.0, NOW),  # the largest moment a read admits: past the year 9999
+        (2.0**53 - 1, NOW),  # the largest a report admits
+        (0.0, NOW - timedelta(seconds=100)),  # before the attempt began: it ends no earlier
+    ],
+    ids=["past-year-9999", "largest-report", "before-the-attempt"],
+)
+def test_a_change_moment_no_clock_could_say_is_held_to_the_attempts_time(at: float, ended: datetime) -> None:
+    """The moment is the trainer's word: one a date cannot hold never stops the reconcile, and
+    one outside the attempt's own time (its start to now) ends it at the nearer end."""
+    s = spec(resources={"gpusPerWorker": 1})
+    plan = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change().model_copy(update={"at": at})])
+    first, second = plan.status.attempts
+    stamp = ended.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (first.finish_time, second.start_time, second.precision) == (stamp, stamp, "bf16")
+    assert first.start_time is not None and first.start_time <= stamp
+
+
 def exposition(*series: str) -> str:
     head = f"# HELP {tm.PRECISION_CHANGE} in place\n# TYPE {tm.PRECISION_CHANGE} gauge\n"
     return head + "".join(f"{tm.PRECISION_CHANGE}{{{labels}}} 0.25\n" for labels in series)
