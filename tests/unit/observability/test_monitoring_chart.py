@@ -13,6 +13,9 @@ import pytest
 import yaml
 
 from mpjob.builders.attempt import labels as attempt_labels
+from mpjob.controller import exposition
+from mpjob.controller.config import OperatorConfig
+from mpjob_contract.metrics import PRECISION_CHANGE_LABELS
 from tests.unit.observability.promtool import DASHBOARDS, REPO, RULES
 
 pytestmark = pytest.mark.unit
@@ -131,6 +134,23 @@ def test_a_trainers_series_carry_its_pods_job_and_namespace_never_its_own_word(h
     keep, drop = endpoint["metricRelabelings"]
     assert keep == {"sourceLabels": ["__name__"], "regex": "mpjob_trainer_.+", "action": "keep"}
     assert drop == {"regex": "exported_(job|namespace)", "action": "labeldrop"}
+
+
+def test_prometheus_reads_a_trainer_no_further_than_the_operator_does(helm: str) -> None:
+    """What a trainer serves is the tenant's word, and the cluster's Prometheus is shared: each
+    scrape is bounded as the operator's own read is (`controller/scrape.py`, `exposition.py`),
+    so no job can fill Prometheus' memory with a huge body or its storage with a series bomb,
+    while everything the trainer writes still fits."""
+    (monitor,) = of_kind(render(helm, *ALL_ON), "PodMonitor")
+    spec = monitor["spec"]
+    assert spec["sampleLimit"] == exposition.MAX_SAMPLES
+    assert spec["labelValueLengthLimit"] == exposition.MAX_LINE
+    assert spec["bodySizeLimit"] == "1MiB" and OperatorConfig().scrape_max_bytes == 1 << 20
+    # The trainer's longest label set (a precision change) and the labels Prometheus adds.
+    assert len(PRECISION_CHANGE_LABELS) + 4 + 8 <= spec["labelLimit"] <= 64
+    bigger = ["monitoring.podMonitor.sampleLimit=2000000", "monitoring.podMonitor.bodySizeLimit=4MiB"]
+    (monitor,) = of_kind(render(helm, *ALL_ON, *bigger), "PodMonitor")
+    assert (monitor["spec"]["sampleLimit"], monitor["spec"]["bodySizeLimit"]) == (2_000_000, "4MiB")
 
 
 def test_pod_monitor_follows_watch_namespaces(helm: str) -> None:
