@@ -7,6 +7,8 @@ only when it must build a report, so the names it reads at start-up live here; `
 
 from __future__ import annotations
 
+import re
+
 #: The environment variable that carries the AttemptLaunch JSON to the trainer.
 LAUNCH_ENV = "MPJOB_LAUNCH"
 #: Kubernetes' default terminationMessagePath; the trainer writes here unless told otherwise.
@@ -14,3 +16,13 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LOG_ENV = "MPJOB_TERMINATION_LOG"
 #: Hard budget for the serialized report (Kubernetes truncates at 4096 bytes).
 MAX_REPORT_BYTES = 3072
+#: Colour and cursor codes (CSI sequences, ESC [ ... final byte): dropped whole from a message.
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+#: Any other control character but a newline or a tab (C0, DEL, C1): shown as U+FFFD.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def readable(text: str) -> str:
+    """A message the tenant's process wrote, safe for whoever reads it in a terminal (the status,
+    its Events, `mpjob status`): no escape sequence, no carriage return; its lines kept."""
+    return _CONTROL.sub("\ufffd", _CSI.sub("", text.replace("\r\n", "\n")))

@@ -7,7 +7,8 @@ A report is the tenant's word: any process in the trainer's container can write 
 So it is validated at the boundary, here, by every reader (the operator, `mpjob run`, the
 launcher folding its ranks): a precision is one the API knows, a reason one of `Reason`,
 steps and counters are integers in [0, 2^53), floats are finite, strings are bounded (the
-message is cut to MAX_MESSAGE_CHARS, a path or digest too long is refused). A
+message is cut to MAX_MESSAGE_CHARS and rid of terminal control (`environment.readable`), a
+path or digest too long is refused). A
 message that looks like a report and fails the model raises `InvalidReport`, naming the
 fields; the reader makes that an infrastructure failure of the attempt, never a value it
 stores, plans with or puts in a metric label.
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mpjob_contract import timeline
 from mpjob_contract.api import Precision
 from mpjob_contract.codes import Reason
-from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV
+from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV, readable
 from mpjob_contract.skipping import Skipped
 
 __all__ = [
@@ -153,7 +154,7 @@ class InPlaceChange(_Model):
     @field_validator("message")
     @classmethod
     def _bounded(cls, value: str) -> str:
-        return value[:MAX_CHANGE_MESSAGE_CHARS]
+        return readable(value)[:MAX_CHANGE_MESSAGE_CHARS]
 
 
 class TerminationReport(_Model):
@@ -196,7 +197,7 @@ class TerminationReport(_Model):
     @classmethod
     def _bounded(cls, value: str) -> str:
         """Cut, not refused: a long traceback is still the trainer's best account of its end."""
-        return value[:MAX_MESSAGE_CHARS]
+        return readable(value)[:MAX_MESSAGE_CHARS]
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -17,9 +17,10 @@ from __future__ import annotations
 import posixpath
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mpjob_contract import formats
+from mpjob_contract.environment import readable
 from mpjob_contract.wire import ApiModel
 
 #: Keys of the credentials Secret -> the variables MLflow's client reads (each key optional).
@@ -150,6 +151,12 @@ class ProfileAnswer(BaseModel):
     trace_bytes: int | None = Field(None, alias="traceBytes", ge=0, le=2**53 - 1)
     low_precision_kernel_share: Share | None = Field(None, alias="lowPrecisionKernelShare")
     message: str | None = Field(None, max_length=512)
+
+    @field_validator("message")
+    @classmethod
+    def _readable(cls, value: str | None) -> str | None:
+        """Shown in the status and its Events: no terminal control (`environment.readable`)."""
+        return readable(value) if value is not None else None
 
     def to_wire(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True)

@@ -18,6 +18,7 @@ from mpjob_contract.report import (
     Measurement,
     TerminationReport,
 )
+from mpjob_contract.tracking import ProfileAnswer
 
 pytestmark = pytest.mark.unit
 
@@ -84,3 +85,28 @@ def test_a_valid_report_round_trips_within_the_budget() -> None:
 def test_an_empty_precision_means_not_known_yet() -> None:
     early = TerminationReport.parse_message(report(reason="ConfigError", precision=""))
     assert early is not None and early.precision is None
+
+
+#: What a hostile trainer writes to take over the terminal of whoever reads its job's status: a
+#: colour, a cleared screen, a cursor moved up over the lines before, a title and a hyperlink
+#: (OSC), a carriage return that writes over the line, a bell, a C1 control (CSI as one byte).
+ESCAPES = "\x1b[31mred\x1b[0m \x1b[2J\x1b[1A\x1b]0;pwned\x07\x1b]8;;http://evil\x1b\\link\rover\x07 \x9b31m"
+
+
+def _controls(text: str) -> list[str]:
+    return [c for c in text if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F]
+
+
+def test_a_reports_messages_reach_no_terminal_with_control_characters() -> None:
+    """A report's messages end up in the status, its Events and `mpjob status`, which other users
+    read in their terminals: colour codes go, any other control character is shown as U+FFFD, and
+    a traceback keeps its lines."""
+    change = {"attempt": 1, "step": 5, "startStep": 0, "fromPrecision": "fp16", "toPrecision": "bf16",
+              "rule": "MaxNonFiniteLosses", "message": ESCAPES, "recoverySeconds": 0.1}  # fmt: skip
+    text = report(message=f"Traceback:\n\tline 1\r\n{ESCAPES}", precisionChanges=[change])
+    read = TerminationReport.parse_message(text)
+    assert read is not None
+    assert _controls(read.message) == [] and _controls(read.precision_changes[0].message) == []
+    assert read.message.startswith("Traceback:\n\tline 1\nred ")
+    profile = ProfileAnswer.model_validate({"id": 1, "state": "Failed", "message": ESCAPES})
+    assert profile.message is not None and _controls(profile.message) == []
