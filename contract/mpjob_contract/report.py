@@ -8,7 +8,7 @@ So it is validated at the boundary, here, by every reader (the operator, `mpjob 
 launcher folding its ranks): a precision is one the API knows, a reason one of `Reason`,
 steps and counters are integers in [0, 2^53), floats are finite, strings are bounded (the
 message is cut to MAX_MESSAGE_CHARS and rid of terminal control (`environment.readable`), a
-path or digest too long is refused). A
+path or digest too long or holding a control character is refused). A
 message that looks like a report and fails the model raises `InvalidReport`, naming the
 fields; the reader makes that an infrastructure failure of the attempt, never a value it
 stores, plans with or puts in a metric label.
@@ -45,8 +45,10 @@ __all__ = [
 MAX_REPORT_INT = 2**53 - 1
 #: The longest human message a report keeps (longer ones are cut; Kubernetes keeps 4096 bytes).
 MAX_MESSAGE_CHARS = 4096
-#: The longest path or digest a report may name.
+#: The longest path or digest a report may name, and what it may not hold: a control character
+#: (the status shows it, `mpjob status` prints it to a terminal).
 MAX_NAME_CHARS = 1024
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
 #: The longest message an in-place change keeps, and the most changes a report lists (one per
 #: rung of the longest ladder, fp8 -> fp16 -> bf16 -> fp32, with room to spare).
 MAX_CHANGE_MESSAGE_CHARS = 512
@@ -68,8 +70,8 @@ class CheckpointRef(_Model):
     """A checkpoint that was verified good (its manifest and sha256 match)."""
 
     step: Count
-    path: str = Field(max_length=MAX_NAME_CHARS)
-    sha256: str = Field(max_length=MAX_NAME_CHARS)
+    path: str = Field(max_length=MAX_NAME_CHARS, pattern=NO_CONTROL)
+    sha256: str = Field(max_length=MAX_NAME_CHARS, pattern=NO_CONTROL)
     precision: Precision
 
 

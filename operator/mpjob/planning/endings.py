@@ -14,6 +14,7 @@ from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
 from mpjob_contract import codes
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
+from mpjob_contract.environment import readable
 from mpjob_contract.report import InvalidReport, TerminationReport
 
 
@@ -99,7 +100,7 @@ def outcome_of(job: JobView) -> AttemptOutcome:
         )
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
-    message = "" if read.report or read.invalid else (pod.termination_message or "")[-512:]
+    message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
     platform = pod.platform_reason
     if platform is None and read.report is None and read.invalid is None and pod.deleting:
         platform = Reason.DELETED

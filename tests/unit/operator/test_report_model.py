@@ -5,9 +5,13 @@ else is refused with the field named, never stored, planned with or used as a me
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
+from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob.summary import summary_lines
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import (
     MAX_MESSAGE_CHARS,
@@ -21,6 +25,7 @@ from mpjob_contract.report import (
 from mpjob_contract.tracking import ProfileAnswer
 
 pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def report(**fields: object) -> str:
@@ -42,6 +47,8 @@ def report(**fields: object) -> str:
         ('{"reason": "Preempted", "counters": {"lossScale": Infinity}}', "counters.lossScale"),
         (report(lastGoodCheckpoint={"step": 1, "path": "/c", "sha256": "ab", "precision": "fp4"}), "precision"),
         (report(lastGoodCheckpoint={"step": 1, "path": "/c" * 600, "sha256": "ab", "precision": "fp16"}), "path"),
+        (report(lastGoodCheckpoint={"step": 1, "path": "/c\x1b[2J", "sha256": "ab", "precision": "fp16"}), "path"),
+        (report(lastGoodCheckpoint={"step": 1, "path": "/c", "sha256": "\x1b]0;x\x07", "precision": "fp16"}), "sha256"),
         (report(measurement={"chosen": "tf32", "stepSeconds": {}}), "measurement.chosen"),
         (report(measurement={"chosen": "fp16", "stepSeconds": {"int8": 0.1}}), "measurement.stepSeconds"),
         (report(replay={"verdict": "maybe", "firstStep": 1}), "replay.verdict"),
@@ -110,3 +117,18 @@ def test_a_reports_messages_reach_no_terminal_with_control_characters() -> None:
     assert read.message.startswith("Traceback:\n\tline 1\nred ")
     profile = ProfileAnswer.model_validate({"id": 1, "state": "Failed", "message": ESCAPES})
     assert profile.message is not None and _controls(profile.message) == []
+
+
+def test_a_log_tail_in_place_of_a_report_reaches_the_status_without_control_characters() -> None:
+    """A pod that wrote no report leaves its log's tail as its termination message (the pod's
+    FallbackToLogsOnError), the tenant's word as much as a report: the attempt's message and
+    `mpjob status` get it without terminal control."""
+    spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, "precision": {"mode": "fp32"}})
+    began = reconcile(spec, MixedPrecisionJobStatus(), 1, {}, NOW).status
+    tail = f"Traceback (most recent call last):\n  boom\n{ESCAPES}"
+    pod = PodView("p0", 0, "Failed", alive=False, exit_code=1, termination_message=tail,
+                  started_at=NOW.isoformat(), finished_at=NOW.isoformat())  # fmt: skip
+    ended = reconcile(spec, began, 1, {0: JobView(0, finished="Failed", pods=(pod,))}, NOW).status
+    first = ended.attempts[0]
+    assert "boom" in first.message and _controls(first.message) == []
+    assert _controls("\n".join(summary_lines("j", ended))) == []
