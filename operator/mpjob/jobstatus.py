@@ -102,6 +102,11 @@ def _plot(path: Path, title: str, status: api.MixedPrecisionJobStatus) -> int:
     except ModuleNotFoundError as exc:  # matplotlib is in the local extra
         print(f"error: --plot needs the local extra ({exc.name} is missing): pip install 'mpjob[local]'")
         return 2
-    render(series_of_status(status), path, f"{title}: {status.phase}", timeline=status.timeline)
+    try:
+        with path.open("wb") as file:
+            render(series_of_status(status), file, f"{title}: {status.phase}", timeline=status.timeline)
+    except OSError as exc:
+        print(f"error: --plot {path}: cannot write it ({exc.strerror or exc})")
+        return 2
     print(f"  plot: {path}")
     return 0

@@ -1,5 +1,6 @@
 """`mpjob status` against the real control plane: the summary `mpjob run` prints and the same
-plot, for a job that fell back from fp16 to bf16; a clear error for a job that is not there."""
+plot, for a job that fell back from fp16 to bf16; a clear error for a job that is not there and
+for a plot it cannot write."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def test_status_sums_up_and_plots_a_job_that_fell_back(
     assert "  recoveries: 1 (fp16 -> bf16)" in lines
     assert f"  last checkpoint: step 30 (bf16) sha256 {status['lastCheckpoint']['sha256'][:16]}" in lines
     assert lines[-1] == f"  plot: {plot}" and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    folder = mpjob_status("fell", "-n", namespace, "--kubeconfig", kubeconfig, "--plot", str(tmp_path))
+    said = folder.stdout.splitlines()[-1:]
+    assert (folder.returncode, said) == (2, [f"error: --plot {tmp_path}: cannot write it (Is a directory)"])
+    assert "Traceback" not in folder.stderr, folder.stderr
 
 
 def test_status_of_a_job_that_is_not_there_says_so(operator: Operator, namespace: str, kubeconfig: str) -> None:
