@@ -113,6 +113,20 @@ def test_keep_prunes_only_this_jobs_oldest_checkpoints(place: Place) -> None:
     assert [step for step, where in store.steps() if ownership.wrote(store, where)] == [30, 40]
 
 
+def test_keep_never_prunes_a_save_for_this_jobs_checkpoints_of_later_steps(place: Place) -> None:
+    store = place.store(keep=2)
+    for step in (200, 300):
+        _save(store, step)
+    for step in (200, 300):  # damaged: a resume passes over both and starts at step 0
+        place.overwrite(step, STATE, b"damaged")
+    saved = store.write(50, "bf16", {"step": 50, "w": torch.full((4,), 50.0)}).ref
+    loaded = resume.load(place.store())
+    assert loaded is not None and loaded[0].path == saved.path and loaded[0].sha256 == saved.sha256
+    for step in (100, 150):
+        _save(store, step)
+    assert _steps(store) == [100, 150, 200, 300]  # keep-K counts up to the save: 50 goes, 200 and 300 stay
+
+
 def test_a_save_refuses_a_step_another_job_holds_or_that_holds_no_valid_manifest(place: Place) -> None:
     _save(place.store(OTHER), 20)
     store = place.store()

@@ -5,8 +5,9 @@ A store acts only on checkpoints whose manifest names its own job (`job`,
 AttemptLaunch.job_identity). Anything else found there (copied in by hand, written by another
 job, a manifest that cannot be read) is never replaced, set aside or deleted, and neither
 counts towards `keep` nor goes; a save that finds such a checkpoint at its own step writes
-nothing (CheckpointTaken). A prune examines only the newest `keep + MAX_EXAMINED` step folders
-(each a manifest read): a save prunes as it goes, so its own older ones are within them.
+nothing (CheckpointTaken). A prune counts and removes only checkpoints up to the step just saved,
+and examines only the newest `keep + MAX_EXAMINED` of those step folders (each a manifest read):
+a save prunes as it goes, so its own older ones are within them.
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     return ref
 
 
-def prune(store: Store[W]) -> None:
-    """Keep this job's newest `keep` checkpoints; what it did not write neither counts nor goes."""
-    examined = store.steps()[-(store.keep + MAX_EXAMINED) :]
+def prune(store: Store[W], saved: int) -> None:
+    """Keep this job's newest `keep` checkpoints up to step `saved` (the save just made), so that
+    save is never one that goes; what the job did not write, and its checkpoints of later steps (a
+    run this one did not go on from: damaged, of another config digest), neither count nor go."""
+    examined = [(step, where) for step, where in store.steps() if step <= saved][-(store.keep + MAX_EXAMINED) :]
     ours = [(where, manifest) for _, where in examined if (manifest := own_manifest(store, where)) is not None]
     for where, manifest in ours[: -store.keep]:
         store.discard(where, manifest)

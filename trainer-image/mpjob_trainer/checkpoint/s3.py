@@ -225,7 +225,7 @@ class BucketCheckpointStore:
                 uploaded = self._upload(folder, step)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            ownership.prune(self)
+            ownership.prune(self, step)
             ref = spooled.ref.model_copy(update={"path": self.url(step)})
             return SaveResult(ref, time.perf_counter() - start, uploaded)
 
@@ -265,7 +265,7 @@ class BucketCheckpointStore:
         shutil.rmtree(tmp, ignore_errors=True)
         with self._writing:
             self._put_manifest(step, json.dumps(manifest.to_json()).encode())
-            ownership.prune(self)
+            ownership.prune(self, step)
         ref = CheckpointRef(step=step, path=self.url(step), sha256=manifest.state_sha256, precision=precision)
         return SaveResult(ref, time.perf_counter() - start, sum(int(meta["bytes"]) for meta in files.values()))
 

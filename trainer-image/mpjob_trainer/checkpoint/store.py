@@ -117,7 +117,7 @@ class CheckpointStore:
             return final, kept
         tmp.rename(final)
         fsync_dir(self.root)
-        ownership.prune(self)
+        ownership.prune(self, step)
         return final, None
 
     def clean_stale(self) -> None:
