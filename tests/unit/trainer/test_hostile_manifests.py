@@ -130,3 +130,22 @@ def test_a_file_of_another_size_than_its_manifest_says_is_refused_before_it_is_h
     loaded = resume.load(_store(tmp_path, log))
     assert loaded is not None and loaded[0].step == 10
     assert "notes.txt is 57 bytes, its manifest says 3" in log[0]["problem"] and "notes.txt" not in hashed
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [[20, 1], {"step": "20"}, {"step": {"n": 20}}, {"step": 20.5}, {"step": torch.tensor([20, 1])}, {"w": 1}],
+    ids=["a-list", "step-a-string", "step-a-dict", "step-a-float", "step-a-tensor", "no-step"],
+)
+def test_a_state_that_is_no_state_of_its_step_is_refused_even_with_its_true_sha256(
+    tmp_path: Path, planted: Any
+) -> None:
+    _save(tmp_path, 10, 20)
+    newest = tmp_path / "step-000000020"
+    torch.save(planted, newest / "state.pt")  # weights-only loadable, and the manifest recomputed over it
+    entry = {"sha256": sha256_file(newest / "state.pt"), "bytes": (newest / "state.pt").stat().st_size}
+    _write_raw(newest, lambda m: {**m, "files": {**m["files"], "state.pt": entry}})
+    log: list[dict[str, Any]] = []
+    loaded = resume.load(_store(tmp_path, log))
+    assert loaded is not None and loaded[0].step == 10 and loaded[1]["step"] == 10
+    assert "step-000000020" in log[0]["problem"] and "the manifest's step 20" in log[0]["problem"]

@@ -172,7 +172,7 @@ def mismatch(folder: Path) -> None:
         (truncate, "bytes, its manifest says"),
         (remove, "missing"),
         (flip, "sha256 mismatch"),
-        (mismatch, "!= manifest step"),
+        (mismatch, "not the manifest's step 14"),
     ],
 )
 @pytest.mark.process

@@ -169,6 +169,17 @@ def check_files(folder: Path, manifest: Manifest, share: tuple[int, int] = (0, 1
             raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
 
 
+def state_problem(state: Any, step: int) -> str | None:
+    """What makes a loaded state.pt or rank file no state of the manifest's `step` (None: nothing):
+    a weights-only pickle may hold any plain value, so it must be a dict whose `step` is that integer."""
+    if not isinstance(state, dict):
+        return f"holds a {type(state).__name__}, not a training state of the manifest's step {step}"
+    found = state.get("step")
+    if type(found) is not int or found != step:
+        return f"holds step {repr(found)[:40]}, not the manifest's step {step}"
+    return None
+
+
 def share_of(names: Iterable[str], rank: int, ranks: int) -> list[str]:
     """The files rank `rank` of `ranks` checks: a writer's own files go to its rank (mod `ranks`:
     on the same world size a rank checks what it reads anyway), the others round robin."""

@@ -48,7 +48,14 @@ from torch import nn
 
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.live import LiveStateDicts
-from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, check_files, read_manifest, share_of
+from mpjob_trainer.checkpoint.manifest import (
+    CorruptCheckpoint,
+    Manifest,
+    check_files,
+    read_manifest,
+    share_of,
+    state_problem,
+)
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
@@ -234,8 +241,9 @@ def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]
         check_values(folder, index, within=share_of(manifest.files, peers.rank, peers.size))
         own = folder / rank_file(peers.rank % manifest.world_size)
         state = torch.load(own, map_location="cpu", weights_only=True)
-        if int(state.get("step", -1)) != manifest.step:
-            problem = f"{folder.name}: {own.name} step {state.get('step')} != manifest step {manifest.step}"
+        unfit = state_problem(state, manifest.step)
+        if unfit is not None:
+            problem = f"{folder.name}: {own.name} {unfit}"
     except CorruptCheckpoint as exc:
         problem = str(exc)
     except Exception as exc:

@@ -50,6 +50,7 @@ from mpjob_trainer.checkpoint.manifest import (
     fsync_dir,
     hash_tree,
     read_manifest,
+    state_problem,
     step_of,
     write_manifest,
 )
@@ -170,8 +171,9 @@ class CheckpointStore:
             state: dict[str, Any] = torch.load(path / STATE, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise CorruptCheckpoint(f"{path.name}: cannot load ({exc!r})") from exc
-        if int(state.get("step", -1)) != manifest.step:
-            raise CorruptCheckpoint(f"{path.name}: state step {state.get('step')} != manifest step {manifest.step}")
+        problem = state_problem(state, manifest.step)
+        if problem is not None:
+            raise CorruptCheckpoint(f"{path.name}: {STATE} {problem}")
         return state
 
     # -- writing ----------------------------------------------------------------------------
