@@ -178,6 +178,15 @@ def test_the_trainer_says_when_it_starts_from_zero(tmp_path: Path) -> None:
     assert run.of("freshStart") and "starting at step 0" in run.of("freshStart")[0]["reason"]
 
 
+@pytest.mark.process
+def test_a_checkpoint_folder_that_is_a_file_ends_the_attempt_as_a_configuration_error(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").write_text("a file where the job's checkpoint folder goes")
+    run = run_trainer(tmp_path, spec(training={"steps": 2}))
+    assert run.code == ExitCode.CONFIG_ERROR, run.stderr
+    assert run.report is not None and f"checkpointDir {tmp_path / 'ckpt'}" in run.report.message
+    assert "not a folder" in run.report.message and "Traceback" not in run.stderr
+
+
 def test_checkpoints_are_pruned_to_keep_and_never_overwritten(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=2, config_digest="d1")
     for step in (10, 20, 30):

@@ -25,6 +25,7 @@ serialised by a lock, so a synchronous save never interleaves with a background 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
@@ -57,8 +58,13 @@ from mpjob_trainer.checkpoint.manifest import (
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
 from mpjob_trainer.checkpoint.ownership import CheckpointTaken
 from mpjob_trainer.checkpoint.protocol import Log
+from mpjob_trainer.errors import ConfigError
 
 __all__ = ["CheckpointStore", "CheckpointTaken", "Log", "SaveResult"]
+
+#: Why a checkpoint folder cannot be made that no retry fixes: a file in its place or on its
+#: path, no permission, a read-only volume.
+_NO_FOLDER = frozenset({errno.EEXIST, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS})
 
 
 @dataclass
@@ -75,7 +81,15 @@ class CheckpointStore:
         self.config_digest = config_digest
         self.job = job  # written into every manifest: what this store may prune or move aside
         self.log: Log = log or (lambda *a, **k: None)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            if exc.errno not in _NO_FOLDER:
+                raise
+            raise ConfigError(
+                f"checkpointDir {root}: not a folder this trainer can create ({exc.strerror}): the job's "
+                "checkpoint folder must be a writable folder of the checkpoint volume"
+            ) from None
         self.unloadable: set[Path] = set()
         self._writing = threading.Lock()
 
