@@ -245,6 +245,16 @@ def test_its_own_corrupt_checkpoint_at_the_same_step_is_moved_aside_and_replaced
     assert len(list(tmp_path.glob(".corrupt-step-000000020-*"))) == 1  # kept for inspection, its own
 
 
+def test_its_own_checkpoint_damaged_again_at_the_same_step_is_moved_aside_again_and_replaced(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    store.write(20, "bf16", {"step": 20, "w": torch.ones(4)})
+    for value in (2.0, 3.0):  # the same process (the same pid) meets a damaged step 20 twice
+        _flip(tmp_path / "step-000000020")
+        ref = store.write(20, "bf16", {"step": 20, "w": torch.full((4,), value)}).ref
+        assert torch.equal(store.verify(Path(ref.path))[1]["w"], torch.full((4,), value))
+    assert len(list(tmp_path.glob(".corrupt-step-000000020-*"))) == 2  # both kept for inspection
+
+
 def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Path) -> None:
     store = _save_two(tmp_path)
     tmp = tmp_path / ".tmp-000000030-999"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -113,7 +114,8 @@ class CheckpointStore:
         return read_manifest(where) if where.exists() else None
 
     def set_aside(self, where: Path) -> None:
-        where.rename(self.root / f".corrupt-{where.name}-{os.getpid()}")
+        """Move `where` aside, under a name no checkpoint set aside before has (the same step's too)."""
+        where.rename(tempfile.mkdtemp(prefix=f".corrupt-{where.name}-", dir=self.root))  # onto that empty folder
 
     def discard(self, where: Path, manifest: Manifest) -> None:
         shutil.rmtree(where, ignore_errors=True)
