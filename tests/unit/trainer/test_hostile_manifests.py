@@ -4,6 +4,10 @@ checkpoint corrupt (logged, the previous good one used, never pruned), never a c
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -149,3 +153,52 @@ def test_a_state_that_is_no_state_of_its_step_is_refused_even_with_its_true_sha2
     loaded = resume.load(_store(tmp_path, log))
     assert loaded is not None and loaded[0].step == 10 and loaded[1]["step"] == 10
     assert "step-000000020" in log[0]["problem"] and "the manifest's step 20" in log[0]["problem"]
+
+
+#: Resume, then save step 30 (keep 2), in a process that file permissions bind; prints what it saw.
+_RESUME_AND_SAVE = """
+import json, sys, torch
+from pathlib import Path
+from mpjob_trainer.checkpoint import CheckpointStore, resume
+log = []
+store = CheckpointStore(Path(sys.argv[1]), keep=2, config_digest="d1", log=lambda e, **f: log.append(f), job="ns/j/u1")
+loaded = resume.load(store)
+store.write(30, "bf16", {"step": 30, "w": torch.zeros(4)})
+print(json.dumps({"resumed": loaded and loaded[0].step, "problems": [e["problem"] for e in log]}))
+"""
+
+
+def _bound_by_permissions() -> list[str]:
+    """The command prefix that makes a process honour file permissions as a pod's trainer does
+    (root: setpriv drops the capabilities that pass over them)."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+@pytest.mark.process
+@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root, and no setpriv to bind it")
+def test_a_checkpoint_it_cannot_read_is_skipped_for_the_previous_one_and_never_breaks_a_save(tmp_path: Path) -> None:
+    _save(tmp_path, 10, 20)
+    foreign = tmp_path / "step-000000025"  # copied in by another user, unreadable to the trainer
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text("{}")
+    (tmp_path / "step-000000020" / "state.pt").chmod(0)
+    foreign.chmod(0)
+    try:
+        done = subprocess.run(
+            [*_bound_by_permissions(), sys.executable, "-c", _RESUME_AND_SAVE, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        foreign.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["resumed"] == 10
+    assert seen["problems"] == [
+        "step-000000025: cannot read manifest.json (Permission denied)",
+        "step-000000020: cannot read state.pt (Permission denied)",
+    ]
+    assert [step for step, _ in _store(tmp_path).steps()] == [20, 25, 30]  # keep 2 of its own; 25 left as it is

@@ -109,10 +109,13 @@ def read_manifest(folder: Path) -> Manifest:
     """The manifest of the checkpoint in `folder`; CorruptCheckpoint when missing, unreadable,
     malformed (checkpoint.document), or of a format this trainer cannot read."""
     path = folder / MANIFEST
-    if not path.is_file():
-        raise CorruptCheckpoint(f"{folder.name}: manifest missing")
-    with path.open("rb") as f:
-        raw = f.read(document.MAX_MANIFEST_BYTES + 1)
+    try:
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{folder.name}: manifest missing")
+        with path.open("rb") as f:
+            raw = f.read(document.MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:  # a folder or file this process may not read: not a checkpoint it can use
+        raise CorruptCheckpoint(f"{folder.name}: cannot read {MANIFEST} ({exc.strerror})") from None
     return parse_manifest(raw, folder.name)
 
 
@@ -156,17 +159,25 @@ def check_files(folder: Path, manifest: Manifest, share: tuple[int, int] = (0, 1
     sharded checkpoint between them."""
     inside = folder.resolve()
     for name in share_of(manifest.files, *share):
-        meta, path = manifest.files[name], folder / name
-        if not path.is_file():
-            raise CorruptCheckpoint(f"{folder.name}: {name} missing")
-        if not path.resolve().is_relative_to(inside):  # a link: the name stays inside, the file does not
-            raise CorruptCheckpoint(f"{folder.name}: {name} is a link to a file outside the checkpoint")
-        size = path.stat().st_size
-        if size != meta["bytes"]:  # before hashing: a planted file of any size is not read through
-            raise CorruptCheckpoint(f"{folder.name}: {name} is {size} bytes, its manifest says {meta['bytes']}")
-        actual, expected = sha256_file(path), str(meta.get("sha256"))
-        if actual != expected:
-            raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
+        try:
+            _check_file(folder, inside, name, manifest.files[name])
+        except OSError as exc:  # a file this process may not read, or one that fails to be read
+            raise CorruptCheckpoint(f"{folder.name}: cannot read {name} ({exc.strerror})") from None
+
+
+def _check_file(folder: Path, inside: Path, name: str, meta: dict[str, Any]) -> None:
+    """The file `name` of the checkpoint in `folder` (resolved: `inside`) is as `meta` says."""
+    path = folder / name
+    if not path.is_file():
+        raise CorruptCheckpoint(f"{folder.name}: {name} missing")
+    if not path.resolve().is_relative_to(inside):  # a link: the name stays inside, the file does not
+        raise CorruptCheckpoint(f"{folder.name}: {name} is a link to a file outside the checkpoint")
+    size = path.stat().st_size
+    if size != meta["bytes"]:  # before hashing: a planted file of any size is not read through
+        raise CorruptCheckpoint(f"{folder.name}: {name} is {size} bytes, its manifest says {meta['bytes']}")
+    actual, expected = sha256_file(path), str(meta.get("sha256"))
+    if actual != expected:
+        raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
 
 
 def state_problem(state: Any, step: int) -> str | None:
