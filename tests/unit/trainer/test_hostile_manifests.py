@@ -58,7 +58,24 @@ def _negative_size(manifest: dict[str, Any]) -> dict[str, Any]:
     return {**manifest, "files": files}
 
 
-MALFORMED = [_deep, _entry_not_an_object, _files_a_list, _unknown_precision, _negative_size]
+def _step_a_string(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {**manifest, "step": str(manifest["step"])}
+
+
+def _size_a_bool(manifest: dict[str, Any]) -> dict[str, Any]:
+    files = {name: {**meta, "bytes": True} for name, meta in manifest["files"].items()}
+    return {**manifest, "files": {**files, "notes.txt": {"sha256": "0" * 64, "bytes": True}}}
+
+
+MALFORMED = [
+    _deep,
+    _entry_not_an_object,
+    _files_a_list,
+    _unknown_precision,
+    _negative_size,
+    _step_a_string,
+    _size_a_bool,
+]
 
 
 def _write_raw(folder: Path, edit: Edit) -> None:

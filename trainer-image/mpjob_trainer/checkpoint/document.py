@@ -41,7 +41,7 @@ class Malformed(ValueError):
 
 
 class FileEntry(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     bytes: int = Field(ge=0, le=MAX_FILE_BYTES)
@@ -50,7 +50,8 @@ class FileEntry(BaseModel):
 class ManifestDocument(BaseModel):
     """manifest.json, as checkpoint.manifest.Manifest.to_json writes it (createdAt is not read)."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    #: strict: a number is a JSON number, never a string or a boolean that would coerce to one.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
     format_version: int = Field(1, alias="formatVersion")
     step: int = Field(ge=0, le=MAX_STEP)
