@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +26,20 @@ if TYPE_CHECKING:  # launcher_pods reads the trainer's events with `parse`, belo
 
     from mpjob_trainer.session import Session
     from tests.unit.trainer.launcher_pods import Pod
+
+
+#: Marks a test that needs a process file permissions bind (root passes over them: `unprivileged`).
+binds_permissions = pytest.mark.skipif(
+    os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root, and no setpriv to drop its pass"
+)
+
+
+def unprivileged(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -c script args` as a pod's trainer runs, bound by file permissions (under root,
+    setpriv drops the capabilities that pass over them)."""
+    bound = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    command = [*(bound if os.geteuid() == 0 else []), sys.executable, "-c", script, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def spec(**over: Any) -> dict[str, Any]:

@@ -4,10 +4,6 @@ checkpoint corrupt (logged, the previous good one used, never pruned), never a c
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +12,7 @@ import pytest
 import torch
 
 from mpjob_trainer.checkpoint import CheckpointStore, manifest, resume, sha256_file
+from tests.unit.trainer.conftest import binds_permissions, unprivileged
 
 pytestmark = pytest.mark.unit
 
@@ -185,16 +182,8 @@ print(json.dumps({"resumed": loaded and loaded[0].step, "problems": [e["problem"
 """
 
 
-def _bound_by_permissions() -> list[str]:
-    """The command prefix that makes a process honour file permissions as a pod's trainer does
-    (root: setpriv drops the capabilities that pass over them)."""
-    if os.geteuid() != 0:
-        return []
-    return ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
-
-
 @pytest.mark.process
-@pytest.mark.skipif(os.geteuid() == 0 and shutil.which("setpriv") is None, reason="root, and no setpriv to bind it")
+@binds_permissions
 def test_a_checkpoint_it_cannot_read_is_skipped_for_the_previous_one_and_never_breaks_a_save(tmp_path: Path) -> None:
     _save(tmp_path, 10, 20)
     foreign = tmp_path / "step-000000025"  # copied in by another user, unreadable to the trainer
@@ -203,12 +192,7 @@ def test_a_checkpoint_it_cannot_read_is_skipped_for_the_previous_one_and_never_b
     (tmp_path / "step-000000020" / "state.pt").chmod(0)
     foreign.chmod(0)
     try:
-        done = subprocess.run(
-            [*_bound_by_permissions(), sys.executable, "-c", _RESUME_AND_SAVE, str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = unprivileged(_RESUME_AND_SAVE, str(tmp_path))
     finally:
         foreign.chmod(0o755)
     assert done.returncode == 0, done.stderr

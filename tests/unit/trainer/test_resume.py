@@ -15,7 +15,15 @@ from mpjob_contract.codes import ExitCode
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
 from tests import warm
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import launch_env, paced_spec, parse, run_trainer, spec
+from tests.unit.trainer.conftest import (
+    binds_permissions,
+    launch_env,
+    paced_spec,
+    parse,
+    run_trainer,
+    spec,
+    unprivileged,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -185,6 +193,29 @@ def test_a_checkpoint_folder_that_is_a_file_ends_the_attempt_as_a_configuration_
     assert run.code == ExitCode.CONFIG_ERROR, run.stderr
     assert run.report is not None and f"checkpointDir {tmp_path / 'ckpt'}" in run.report.message
     assert "not a folder" in run.report.message and "Traceback" not in run.stderr
+
+
+#: Open a store on the folder argv[1] in a process that file permissions bind; prints what it raised.
+_OPEN_STORE = """
+import sys
+from pathlib import Path
+from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.errors import ConfigError
+try:
+    CheckpointStore(Path(sys.argv[1]), keep=2, config_digest="d1")
+except ConfigError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.process
+@binds_permissions
+def test_a_checkpoint_folder_it_may_not_write_is_a_configuration_error_before_any_training(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    folder.mkdir(mode=0o555)  # another user's, or a volume mounted read-only: no save could ever land
+    done = unprivileged(_OPEN_STORE, str(folder))
+    assert done.returncode == 0, done.stderr
+    assert f"checkpointDir {folder}: this trainer may not write into it" in done.stdout
 
 
 def test_checkpoints_are_pruned_to_keep_and_never_overwritten(tmp_path: Path) -> None:

@@ -68,6 +68,25 @@ __all__ = ["CheckpointStore", "CheckpointTaken", "Log", "SaveResult"]
 _NO_FOLDER = frozenset({errno.EEXIST, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS})
 
 
+def _writable_folder(root: Path) -> None:
+    """Make `root`, a folder this process writes checkpoints into; a ConfigError naming it when it
+    cannot be one (no retry helps: every save would fail, the final one the attempt)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno not in _NO_FOLDER:
+            raise
+        raise ConfigError(
+            f"checkpointDir {root}: not a folder this trainer can create ({exc.strerror}): the job's "
+            "checkpoint folder must be a writable folder of the checkpoint volume"
+        ) from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"checkpointDir {root}: this trainer may not write into it (uid {os.getuid()}; a read-only "
+            "volume, or a folder of another user): the job's checkpoint folder must be writable"
+        )
+
+
 @dataclass
 class SaveResult:
     ref: CheckpointRef
@@ -82,15 +101,7 @@ class CheckpointStore:
         self.config_digest = config_digest
         self.job = job  # written into every manifest: what this store may prune or move aside
         self.log: Log = log or (lambda *a, **k: None)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            if exc.errno not in _NO_FOLDER:
-                raise
-            raise ConfigError(
-                f"checkpointDir {root}: not a folder this trainer can create ({exc.strerror}): the job's "
-                "checkpoint folder must be a writable folder of the checkpoint volume"
-            ) from None
+        _writable_folder(root)
         self.unloadable: set[Path] = set()
         self._writing = threading.Lock()
 
