@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mpjob_trainer.checkpoint import CheckpointStore, manifest, resume, sha256_file
+from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from tests.unit.trainer.conftest import binds_permissions, unprivileged
 
 pytestmark = pytest.mark.unit
@@ -203,3 +204,14 @@ def test_a_checkpoint_it_cannot_read_is_skipped_for_the_previous_one_and_never_b
         "step-000000020: cannot read state.pt (Permission denied)",
     ]
     assert [step for step, _ in _store(tmp_path).steps()] == [20, 25, 30]  # keep 2 of its own; 25 left as it is
+
+
+def test_a_state_naming_its_own_format_is_read_in_the_format_its_manifest_gives(tmp_path: Path) -> None:
+    _save(tmp_path, 10, 20)
+    newest = tmp_path / "step-000000020"
+    torch.save({"step": 20, "w": torch.ones(4), FORMAT_KEY: "not a version"}, newest / "state.pt")
+    entry = {"sha256": sha256_file(newest / "state.pt"), "bytes": (newest / "state.pt").stat().st_size}
+    _write_raw(newest, lambda m: {**m, "files": {**m["files"], "state.pt": entry}})
+    loaded = resume.load(_store(tmp_path), restore=lambda loaded: None)
+    assert loaded is not None and loaded[0].step == 20 and FORMAT_KEY not in loaded[1]  # format 2, as written
+    assert upgrade(loaded[1], {}) == loaded[1]

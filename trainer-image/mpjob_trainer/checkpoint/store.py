@@ -184,6 +184,7 @@ class CheckpointStore:
             state[shards.SHARDS] = str(path)
         else:
             state = self._read_single(path, manifest)
+        state.pop(FORMAT_KEY, None)  # the format is the manifest's word, never the state's own
         if manifest.layout == SINGLE and manifest.format_version != FORMAT_VERSION:
             state[FORMAT_KEY] = manifest.format_version
         ref = CheckpointRef(
