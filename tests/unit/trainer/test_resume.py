@@ -286,6 +286,24 @@ def test_its_own_checkpoint_damaged_again_at_the_same_step_is_moved_aside_again_
     assert len(list(tmp_path.glob(".corrupt-step-000000020-*"))) == 2  # both kept for inspection
 
 
+def test_a_prune_killed_midway_leaves_no_step_folder_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(tmp_path, keep=1, config_digest="d1", job="ns/j/u1")
+    store.write(10, "bf16", {"step": 10, "w": torch.ones(4)})
+
+    def killed(path: Path, ignore_errors: bool = False) -> None:  # the process dies a file into the delete
+        (Path(path) / "manifest.json").unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("shutil.rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.write(20, "bf16", {"step": 20, "w": torch.ones(4)})  # durable, then it prunes step 10
+    monkeypatch.undo()
+    restarted = CheckpointStore(tmp_path, keep=1, config_digest="d1", job="ns/j/u1")
+    restarted.clean_stale()
+    assert [step for step, _ in restarted.steps()] == [20]  # no manifest-less step 10 left, never pruned
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000020"]
+
+
 def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Path) -> None:
     store = _save_two(tmp_path)
     tmp = tmp_path / ".tmp-000000030-999"

@@ -2,11 +2,12 @@
 in place, verified before they are trusted.
 
 Layout under the checkpoint directory: `step-000000200/` per checkpoint (its format:
-checkpoint.manifest), `.tmp-*` folders being written. A checkpoint is written into
-`.tmp-<step>-<pid>/`, each file fsynced, the manifest last, the folder fsynced, then renamed
-into place: a process killed at any moment leaves either a complete checkpoint or a temp
-folder that loading ignores and `clean_stale` removes. The newest `keep` are kept; older ones
-are pruned only after the new one is durable.
+checkpoint.manifest), `.tmp-*` folders being written or deleted, `.corrupt-*` ones set aside.
+A checkpoint is written into `.tmp-<step>-<pid>/`, each file fsynced, the manifest last, the
+folder fsynced, then renamed into place: a process killed at any moment leaves either a
+complete checkpoint or a temp folder that loading ignores and `clean_stale` removes. The newest
+`keep` are kept; older ones are pruned only after the new one is durable, each renamed to a
+`.tmp-pruned-*` folder before its files go.
 
 The store implements checkpoint.protocol's Store over the folders (`steps`, `named`,
 `manifest`, `verify`, `set_aside`, `discard`); what it decides with them is the same for every
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -125,11 +126,23 @@ class CheckpointStore:
         return read_manifest(where) if where.exists() else None
 
     def set_aside(self, where: Path) -> None:
-        """Move `where` aside, under a name no checkpoint set aside before has (the same step's too)."""
-        where.rename(tempfile.mkdtemp(prefix=f".corrupt-{where.name}-", dir=self.root))  # onto that empty folder
+        self._out_of_sight(where, ".corrupt-")
 
     def discard(self, where: Path, manifest: Manifest) -> None:
-        shutil.rmtree(where, ignore_errors=True)
+        """Delete `where`, out of sight first: a process killed midway leaves a `.tmp-*` folder
+        (clean_stale's), never a step folder with part of its files."""
+        try:
+            gone = self._out_of_sight(where, ".tmp-pruned-")
+        except OSError:  # not this process's to move (a sticky folder of another user): left as it is
+            return
+        shutil.rmtree(gone, ignore_errors=True)
+
+    def _out_of_sight(self, where: Path, kind: str) -> Path:
+        """`where` renamed to `<kind><its name>-<random>`: no step folder, and a name no folder moved
+        before has (the same step's, moved by a process of the same pid, included)."""
+        moved = self.root / f"{kind}{where.name}-{secrets.token_hex(6)}"
+        where.rename(moved)
+        return moved
 
     def wrote(self, path: Path) -> bool:
         """Whether this store's job wrote the checkpoint at `path` (its manifest names the job)."""
