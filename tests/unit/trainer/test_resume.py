@@ -8,11 +8,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from mpjob_contract.codes import ExitCode
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
+from mpjob_trainer.errors import ConfigError
 from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import (
@@ -226,6 +228,24 @@ def test_checkpoints_are_pruned_to_keep_and_never_overwritten(tmp_path: Path) ->
     before = (tmp_path / "step-000000030" / "state.pt").read_bytes()
     store.write(30, "bf16", {"step": 30, "w": torch.zeros(4)})  # same step again
     assert (tmp_path / "step-000000030" / "state.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [(np.int64(3), "numpy.int64"), ({"epochs": [np.float64(0.5)]}, "numpy.float64"), (range(3), "builtins.range")],
+)
+def test_a_state_a_restore_could_not_read_back_is_never_written_and_names_the_value(
+    tmp_path: Path, value: object, named: str
+) -> None:
+    """torch.load(weights_only=True), the restore's reader, refuses such values: written, the
+    checkpoint would be reported good and every resume would pass over it (to step 0)."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1")
+    store.write(10, "bf16", {"step": 10, "sampler": {"epoch": 1}})
+    with pytest.raises(ConfigError, match=rf"step 20 holds sampler\.epoch.*{named}.*weights_only=True"):
+        store.write(20, "bf16", {"step": 20, "sampler": {"epoch": value}})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000010"]  # nothing of step 20 left
+    loaded = resume.load(store)
+    assert loaded is not None and loaded[0].step == 10
 
 
 def _tree(root: Path) -> dict[str, bytes]:

@@ -24,12 +24,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from mpjob_trainer.checkpoint import CheckpointStore, resume
 from mpjob_trainer.checkpoint.manifest import read_manifest
+from mpjob_trainer.checkpoint.sharded import ShardedWriter
+from mpjob_trainer.checkpoint.shards import SHARDS
 from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
@@ -225,3 +229,11 @@ def test_a_shard_that_verifies_but_does_not_load_makes_every_rank_resume_the_pre
     rejected = [e for e in events if e["event"] == "checkpointRejected"]
     assert len(rejected) == 1 and "cannot read its shards" in rejected[0]["problem"], rejected
     assert read_manifest(ckpt / f"step-{15:09d}").step == 15 and list(ckpt.glob(".corrupt-step-000000015-*"))
+
+
+def test_a_rank_file_a_restore_could_not_read_back_is_never_committed(tmp_path: Path) -> None:
+    writer = ShardedWriter(CheckpointStore(tmp_path, keep=3, config_digest="test"))
+    state = {SHARDS: {"model": nn.Linear(4, 4).state_dict()}, "step": 5, "sampler": {"epoch": np.int64(1)}}
+    with pytest.raises(OSError, match=r"step 5 holds sampler\.epoch, a numpy\.int64"):
+        writer.start(5, "bf16", state).finish()
+    assert not list(tmp_path.iterdir())  # no step folder, and its .tmp-* removed

@@ -26,16 +26,21 @@ misread, and teach checkpoint.migrate to bring the previous version forward.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mpjob_trainer.checkpoint import document
+from mpjob_trainer.errors import ConfigError
 
 STATE = "state.pt"
 MANIFEST = "manifest.json"
@@ -188,6 +193,46 @@ def state_problem(state: Any, step: int) -> str | None:
     found = state.get("step")
     if type(found) is not int or found != step:
         return f"holds step {repr(found)[:40]}, not the manifest's step {step}"
+    return None
+
+
+#: Why a state with a value torch's weights-only unpickler refuses is not written, and what to do.
+_UNREADABLE = (
+    "which a restore cannot read back (torch.load(weights_only=True) admits tensors, Python numbers, "
+    "strings, bytes, None and lists, tuples, sets and dicts of them): make state_dict() return plain values"
+)
+#: Values the weights-only unpickler reads back, known without pickling them (exact types).
+_PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None), torch.Size, torch.dtype, torch.device})
+
+
+def readable(state: dict[str, Any], step: int) -> None:
+    """A ConfigError naming the value when a restore could not read `state` (step `step`'s) back."""
+    unreadable = unreadable_value(state)
+    if unreadable is not None:
+        raise ConfigError(f"the checkpoint of step {step} holds {unreadable}, {_UNREADABLE}")
+
+
+def unreadable_value(value: Any, place: str = "") -> str | None:
+    """Where in `value` (a state to torch.save) lies one that torch.load(weights_only=True), the
+    restore's reader, refuses, and its type (None: nowhere). Plain values and containers are
+    judged by their type, anything else by a weights-only reading of its own pickle."""
+    if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
+        return None
+    if type(value) in (dict, OrderedDict):
+        for key, item in value.items():
+            found = unreadable_value(key, place) or unreadable_value(item, f"{place}.{key}" if place else str(key))
+            if found is not None:
+                return found
+        return None
+    if type(value) in (list, tuple, set, frozenset):
+        return next((found for i, item in enumerate(value) if (found := unreadable_value(item, f"{place}[{i}]"))), None)
+    pickled = io.BytesIO()
+    torch.save(value, pickled)
+    pickled.seek(0)
+    try:
+        torch.load(pickled, weights_only=True)
+    except Exception:
+        return f"{place or 'the state'}, a {type(value).__module__}.{type(value).__qualname__}"
     return None
 
 

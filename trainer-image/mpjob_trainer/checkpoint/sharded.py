@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from mpjob_trainer.checkpoint.manifest import hash_files
+from mpjob_trainer.checkpoint.manifest import hash_files, readable
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
@@ -110,7 +110,7 @@ class ShardedWriter:
         self, step: int, precision: str, *, tmp: Path, local: dict[str, Any], upload: Future[Any], started: float
     ) -> SaveResult:
         peers, remote = self.peers, isinstance(self.store, BucketCheckpointStore)
-        mine, problem = self._own_files(tmp, local, upload)
+        mine, problem = self._own_files(step, tmp, local, upload)
         try:
             if remote:  # nothing goes up before rank 0 knows the step's place is free to take
                 ended = peers.from_main(self._claim(step) if peers.rank == 0 else None)
@@ -124,11 +124,14 @@ class ShardedWriter:
             if remote:
                 shutil.rmtree(tmp, ignore_errors=True)  # this rank's spool: its files are in the bucket now
 
-    def _own_files(self, tmp: Path, local: dict[str, Any], upload: Future[Any]) -> tuple[dict[str, Any], str | None]:
+    def _own_files(
+        self, step: int, tmp: Path, local: dict[str, Any], upload: Future[Any]
+    ) -> tuple[dict[str, Any], str | None]:
         """This rank's files of the save, written and hashed (DCP's and its rank file); or why not."""
         rank = self.peers.rank
         try:
             upload.result()
+            readable(local, step)
             own = tmp / rank_file(rank)
             torch.save(local, own)
             paths = [own, *tmp.glob(f"__{rank}_*.distcp")]

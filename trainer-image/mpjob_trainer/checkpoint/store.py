@@ -53,6 +53,7 @@ from mpjob_trainer.checkpoint.manifest import (
     fsync_dir,
     hash_tree,
     read_manifest,
+    readable,
     state_problem,
     step_of,
     write_manifest,
@@ -223,6 +224,7 @@ class CheckpointStore:
         `state` must be a private copy: it is read while training may go on. `adopt`: the folder
         of a framework's finished checkpoint (on this filesystem), moved in as `framework/` and
         covered by the manifest."""
+        readable(state, step)
         tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
         with self._writing:
             try:
