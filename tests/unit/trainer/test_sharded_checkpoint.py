@@ -237,3 +237,14 @@ def test_a_rank_file_a_restore_could_not_read_back_is_never_committed(tmp_path: 
     with pytest.raises(OSError, match=r"step 5 holds sampler\.epoch, a numpy\.int64"):
         writer.start(5, "bf16", state).finish()
     assert not list(tmp_path.iterdir())  # no step folder, and its .tmp-* removed
+
+
+def test_shards_a_restore_could_not_read_back_are_never_committed(tmp_path: Path) -> None:
+    """DCP writes an optimizer's non-tensor values with an unrestricted pickle; the restore reads
+    them weights-only (WeightsOnlyPlanner), so a numpy learning rate must stop the save, named."""
+    writer = ShardedWriter(CheckpointStore(tmp_path, keep=3, config_digest="test"))
+    optimizer = {"state": {}, "param_groups": [{"lr": np.float64(0.1), "params": ["weight"]}]}
+    state = {SHARDS: {"model": nn.Linear(4, 4).state_dict(), "optimizer": optimizer}, "step": 5}
+    with pytest.raises(OSError, match=r"step 5 holds shards\.optimizer\.param_groups\[0\]\.lr, a numpy\.float64"):
+        writer.start(5, "bf16", state).finish()
+    assert not list(tmp_path.iterdir())

@@ -72,7 +72,10 @@ class ShardedWriter:
             except BaseException as exc:
                 staged.set_exception(exc)  # the training thread must not wait for a copy never made
                 raise
-            return self._finish(step, precision, tmp=self._folder(step), local=local, upload=upload, started=started)
+            written = {**local, SHARDS: shards}  # what the rank file and DCP hold of the save
+            return self._finish(
+                step, precision, tmp=self._folder(step), written=written, upload=upload, started=started
+            )
 
         return PendingSave(staged, finish)
 
@@ -107,10 +110,10 @@ class ShardedWriter:
         return self.stager
 
     def _finish(
-        self, step: int, precision: str, *, tmp: Path, local: dict[str, Any], upload: Future[Any], started: float
+        self, step: int, precision: str, *, tmp: Path, written: dict[str, Any], upload: Future[Any], started: float
     ) -> SaveResult:
         peers, remote = self.peers, isinstance(self.store, BucketCheckpointStore)
-        mine, problem = self._own_files(step, tmp, local, upload)
+        mine, problem = self._own_files(step, tmp, written, upload)
         try:
             if remote:  # nothing goes up before rank 0 knows the step's place is free to take
                 ended = peers.from_main(self._claim(step) if peers.rank == 0 else None)
@@ -125,15 +128,17 @@ class ShardedWriter:
                 shutil.rmtree(tmp, ignore_errors=True)  # this rank's spool: its files are in the bucket now
 
     def _own_files(
-        self, step: int, tmp: Path, local: dict[str, Any], upload: Future[Any]
+        self, step: int, tmp: Path, written: dict[str, Any], upload: Future[Any]
     ) -> tuple[dict[str, Any], str | None]:
-        """This rank's files of the save, written and hashed (DCP's and its rank file); or why not."""
+        """This rank's files of the save (`written`: its small state, and its shards under SHARDS),
+        written and hashed (DCP's and its rank file), once a restore is known to read them back
+        weights-only; or why not."""
         rank = self.peers.rank
         try:
             upload.result()
-            readable(local, step)
+            readable(written, step)
             own = tmp / rank_file(rank)
-            torch.save(local, own)
+            torch.save({k: v for k, v in written.items() if k != SHARDS}, own)
             paths = [own, *tmp.glob(f"__{rank}_*.distcp")]
             if rank == 0:
                 paths.append(tmp / ".metadata")
