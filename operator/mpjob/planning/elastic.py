@@ -146,10 +146,32 @@ def decide(spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capa
 # ---------------------------------------------------------------- what the cluster shows (operator)
 
 
-def _shape(spec: MixedPrecisionJobSpec, attempt: AttemptStatus) -> BatchShape:
+def shape_of(attempt: AttemptStatus | StartAttempt) -> BatchShape | None:
+    """The batch shape an attempt ran with (None: spec.training's, or not recorded)."""
     if attempt.micro_batch is None or attempt.grad_accumulation is None:
-        return BatchShape.of(spec)
+        return None
     return BatchShape(attempt.micro_batch, attempt.grad_accumulation)
+
+
+def _shape(spec: MixedPrecisionJobSpec, attempt: AttemptStatus) -> BatchShape:
+    return shape_of(attempt) or BatchShape.of(spec)
+
+
+def next_size(
+    spec: MixedPrecisionJobSpec, attempt: AttemptStatus | StartAttempt, resize: Resize | None
+) -> tuple[int, BatchShape | None]:
+    """The workers and batch shape of the attempt after `attempt`: the resize's; else the shape
+    `attempt` ran in, on the workers it ran with under spec.elastic (a shrunk job grows back at a
+    checkpoint, not by a restart), else on spec.workers. The spec's own when it was edited since
+    so that they no longer keep its global batch (docs/sdk.md: under fsdp a user may edit workers
+    and processesPerWorker of a running job, and the next attempt runs with the new ones)."""
+    if resize is not None:
+        return resize.workers, resize.shape
+    workers = workers_of(spec, attempt) if spec.elastic is not None else spec.workers
+    ran = shape_of(attempt) or BatchShape.of(spec)
+    if ran.micro_batch * ran.grad_accumulation * workers * processes_per_worker(spec) != global_batch(spec):
+        return spec.workers, None
+    return workers, shape_of(attempt)
 
 
 def _shrink(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, capacity: Capacity) -> Resize | None:

@@ -16,7 +16,7 @@ from mpjob.planning import elastic, history, skipped
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
-from mpjob.planning.planner import BatchShape, Finish, StartAttempt, after_attempt, with_promotion
+from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled
@@ -56,26 +56,21 @@ class Plan:
     deadline_seconds: int | None = None
 
 
-def shape_of(attempt: AttemptStatus | StartAttempt) -> BatchShape | None:
-    """The batch shape an attempt ran with (None: spec.training's, or not recorded)."""
-    if attempt.micro_batch is None or attempt.grad_accumulation is None:
-        return None
-    return BatchShape(attempt.micro_batch, attempt.grad_accumulation)
-
-
 def again(
     spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, attempt: AttemptStatus, *, index: int, start_step: int
 ) -> StartAttempt:
-    """Attempt `index` in the same precision and batch shape as `attempt`, from the newest checkpoint."""
+    """Attempt `index` in the same precision and batch shape as `attempt` (`elastic.next_size`),
+    from the newest checkpoint."""
+    workers, shape = elastic.next_size(spec, attempt, None)
     start = StartAttempt(
         index,
         attempt.precision,
         None,
         start_step,
-        micro_batch=attempt.micro_batch,
-        grad_accumulation=attempt.grad_accumulation,
+        micro_batch=shape.micro_batch if shape else None,
+        grad_accumulation=shape.grad_accumulation if shape else None,
         promoted_from=attempt.precision if attempt.repromoted and index == attempt.index else None,
-        workers=workers if (workers := elastic.workers_of(spec, attempt)) != spec.workers else None,
+        workers=workers if workers != spec.workers else None,
     )
     return with_promotion(spec, start, status.attempts, counts=history.counts(status))
 
@@ -236,7 +231,8 @@ def conclude(
             f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000],
         )
     )
-    sized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
+    resized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
+    workers, shape = elastic.next_size(spec, attempt, resized)
     resume_step, resume_path = _resume_point(status, resumed_at)
     decision = after_attempt(
         spec,
@@ -248,10 +244,10 @@ def conclude(
         capability,
         checkpoint_dir=checkpoint_dir or checkpoint_root(spec),
         used=history.used(status),
-        shape=sized.shape if sized else shape_of(attempt),
+        shape=shape,
         history=status.attempts,
         counts=history.counts(status),
-        workers=sized.workers if sized else elastic.workers_of(spec, attempt),
+        workers=workers,
     )
     if isinstance(decision, Finish):
         finish(plan, decision, when)

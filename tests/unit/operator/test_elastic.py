@@ -11,12 +11,14 @@ from mpjob.builders.attempt import attempt_job
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, shape_for
+from mpjob.planning.inplace import InPlacePlan
+from mpjob.planning.launch import attempt_launch
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import BatchShape, StartAttempt, first_attempt
 from mpjob.summary import summary_lines
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
-from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
 
 pytestmark = pytest.mark.unit
 
@@ -225,3 +227,26 @@ def test_the_summary_names_each_attempts_processes_when_the_size_changed() -> No
     lines = summary_lines("elastic", plan.status)
     assert lines[1].startswith("  attempt 0: fp16 on 3 process(es) steps 0-0 ScaledDown (a node was lost")
     assert lines[2] == "  attempt 1: fp16 on 2 process(es) steps 0-? running"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [{"resources": {"gpusPerWorker": 0, "processesPerWorker": 1}}, {"workers": 1}],
+    ids=["processesPerWorker", "workers"],
+)
+def test_the_attempt_after_an_edit_of_the_world_runs_with_the_edited_spec(edit: dict[str, Any]) -> None:
+    """docs/sdk.md: under fsdp a user may edit workers and processesPerWorker of a running job,
+    and the next attempt runs with the new ones (not a size read back from the last one's world)."""
+    resources = {"gpusPerWorker": 0, "processesPerWorker": 2}
+    two = {"workers": 2, "elastic": None, "parallelism": {"strategy": "fsdp"}, "resources": resources}
+    job = spec(**two)
+    plan, _ = _start(job)
+    edited = spec(**{**two, **edit})
+    ended = Plan(status=plan.status)  # preempted, as the operator reads it: the same precision, the new world
+    lc.conclude(ended, edited, attempt=plan.status.attempts[-1], outcome=AttemptOutcome(44), when=WHEN)
+    [nxt] = ended.create
+    assert nxt.workers is None and ended.status.workers == edited.workers
+    launch = attempt_launch(
+        edited, nxt, InPlacePlan(), job_name="j", namespace="ml", checkpoint_dir=CHECKPOINT_MOUNT, resume_from=None
+    )
+    assert launch.attempt_spec().workers == edited.workers
