@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from mpjob_contract import formats, k8s, rules
 from mpjob_contract.placement import (
@@ -112,10 +113,28 @@ __all__ = [
 
 
 class ObjectMeta(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """metadata: name and namespace checked, labels and annotations against Kubernetes' schemas,
+    its other fields admitted as written (the API server sets most of them; `kubectl get -o yaml`
+    writes them); a field Kubernetes' ObjectMeta does not have (a misspelt `nmae`) is refused, as
+    the API server's strict field validation (kubectl's default) refuses it."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
     name: str = Field(min_length=1, pattern=formats.JOB_NAME.pattern)
     namespace: str | None = Field(None, max_length=63, pattern=formats.NAMESPACE.pattern)
+    labels: Any = None
+    annotations: Any = None
+    generate_name: Any = None
+    uid: Any = None
+    resource_version: Any = None
+    generation: Any = None
+    creation_timestamp: Any = None
+    deletion_timestamp: Any = None
+    deletion_grace_period_seconds: Any = None
+    owner_references: Any = None
+    finalizers: Any = None
+    managed_fields: Any = None
+    self_link: Any = None
 
     @model_validator(mode="before")
     @classmethod

@@ -249,14 +249,14 @@ def test_hostile_yaml_is_refused_with_a_clear_error(text: str, needle: str) -> N
 
 
 def test_nesting_up_to_the_limit_is_fine_and_one_more_is_not() -> None:
-    # metadata takes fields the schema does not know (the API server's own), so the YAML limit is
-    # the only one there; task.args has its own, far lower bound (test_task_args_nest_...).
+    # metadata.managedFields is taken as written (the API server's own), so the YAML limit is the
+    # only one there; task.args has its own, far lower bound (test_task_args_nest_...).
     deep: dict[str, object] = {"deep": 1}
     for _ in range(MAX_DEPTH - 4):  # the root, metadata and the scalar 1 make MAX_DEPTH levels
         deep = {"deep": deep}
-    jobs, problems = check_text(yaml.safe_dump(bad("metadata.nested", deep)))
+    jobs, problems = check_text(yaml.safe_dump(bad("metadata.managedFields", deep)))
     assert jobs and not problems, [str(p) for p in problems]
-    _, problems = check_text(yaml.safe_dump(bad("metadata.nested", {"deep": deep})))
+    _, problems = check_text(yaml.safe_dump(bad("metadata.managedFields", {"deep": deep})))
     assert len(problems) == 1 and problems[0].message.endswith(f": nested deeper than {MAX_DEPTH} levels")
 
 
@@ -298,4 +298,21 @@ def test_a_python_field_name_is_refused_with_its_api_name() -> None:
     assert [str(p) for p in problems] == [
         "<input>: spec.precision.in_place: unknown field (not allowed by the MixedPrecisionJob schema; "
         "its names are camelCase: inPlace)"
+    ]
+
+
+def test_metadata_takes_kubernetes_object_meta_fields_and_refuses_others() -> None:
+    """A misspelt metadata field is refused, as the API server's strict field validation refuses
+    it; what `kubectl get -o yaml` writes into metadata validates."""
+    served = {
+        **GOOD["metadata"],
+        **{"uid": "6f0c", "resourceVersion": "42", "generation": 3, "creationTimestamp": "2026-12-01T12:00:00Z"},
+        **{"finalizers": ["x.io/keep"], "managedFields": [{"manager": "kubectl", "operation": "Update"}]},
+        **{"labels": {"team": "ml"}, "annotations": {"note": "kept"}, "generateName": "q-"},
+    }
+    jobs, problems = check_text(yaml.safe_dump({**GOOD, "metadata": served}))
+    assert (len(jobs), [str(p) for p in problems]) == (1, [])
+    _, problems = check_text(yaml.safe_dump({**GOOD, "metadata": {**GOOD["metadata"], "nmae": "x"}}))
+    assert [(p.field, p.message) for p in problems] == [
+        ("metadata.nmae", "unknown field (not allowed by the MixedPrecisionJob schema)")
     ]
