@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
-from mpjob_trainer.checkpoint.manifest import hash_files
-from mpjob_trainer.checkpoint.shards import rank_file, restore_shards
+from mpjob_trainer.checkpoint.manifest import DCP, Manifest, hash_files
+from mpjob_trainer.checkpoint.shards import INDEX, listing_problem, rank_file, restore_shards
 
 pytestmark = pytest.mark.unit
 
@@ -191,3 +192,14 @@ def test_a_sharded_manifest_that_leaves_out_a_file_every_restore_reads_is_corrup
     loaded = resume.load(_store(tmp_path / "ckpt", log))
     assert loaded is not None and loaded[0].step == 10 and "planted" not in loaded[1]
     assert "step-000000020" in log[0]["problem"] and problem in log[0]["problem"], log
+
+
+def test_a_planted_world_size_of_millions_is_refused_as_quickly_as_a_true_one() -> None:
+    """A restore looks at up to 32 candidates: a manifest claiming 4 million ranks must not make
+    it build a name for each of them (seconds of CPU and hundreds of MiB a candidate)."""
+    files = {name: {"sha256": "0" * 64, "bytes": 1} for name in (INDEX, rank_file(0))}
+    planted = Manifest(20, "bf16", None, format_version=3, files=files, layout=DCP, world_size=2**22)
+    started = time.process_time()
+    problem = listing_problem(planted)
+    assert time.process_time() - started < 0.5
+    assert problem == f"does not list {rank_file(1)}, the rank file of one of its {2**22} ranks"

@@ -216,10 +216,13 @@ def listing_problem(manifest: Manifest) -> str | None:
     if INDEX not in manifest.files:
         return f"does not list DCP's index {INDEX}"
     listed = {name for name in manifest.files if _RANK_FILE.fullmatch(name)}
-    expected = {rank_file(rank) for rank in range(manifest.world_size)}
-    missing, extra = sorted(expected - listed), sorted(listed - expected)
-    if missing:
-        return f"does not list {missing[0]}, the rank file of one of its {manifest.world_size} ranks"
+    # The first rank file missing, looked for no further than one past those listed: a planted
+    # worldSize of millions costs no more than a true one.
+    ranks = range(manifest.world_size)
+    missing = next((name for rank in ranks if (name := rank_file(rank)) not in listed), None)
+    if missing is not None:
+        return f"does not list {missing}, the rank file of one of its {manifest.world_size} ranks"
+    extra = sorted(listed - {rank_file(rank) for rank in ranks})  # every rank's is listed: no more names
     if extra:
         return f"lists {extra[0][:100]}, not a rank file of its {manifest.world_size} ranks"
     return None
