@@ -57,8 +57,9 @@ def _gpu_affinity(min_cc: str) -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
 
 
-def _merge_named(base: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Append the user's items; ours win on a name clash (the trainer's contract env)."""
+def merge_named(base: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Append the user's items; ours win on a name clash (the trainer's contract env; `mpjob run`
+    merges spec.template.env into its trainers' environment by the same rule)."""
     names = {item.get("name") for item in base}
     return base + [deepcopy(item) for item in extra if item.get("name") not in names]
 
@@ -180,7 +181,7 @@ def _container(
         "name": TRAINER_CONTAINER,
         "image": spec.image or image,
         "command": command,
-        "env": _merge_named([*env, {"name": IMAGE_ENV, "value": spec.image or image}], spec.template.env),
+        "env": merge_named([*env, {"name": IMAGE_ENV, "value": spec.image or image}], spec.template.env),
         "ports": [
             {"name": "metrics", "containerPort": metric_names.DEFAULT_METRICS_PORT},
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},

@@ -7,6 +7,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from mpjob.builders.attempt import merge_named
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.workers import free_port
 from mpjob.planning.inplace import InPlacePlan
@@ -51,7 +52,8 @@ def attempt_env(
     job: MixedPrecisionJob, start: StartAttempt, *, checkpoint_dir: str, in_place: InPlacePlan
 ) -> dict[str, str]:
     """The environment of attempt `start`'s launchers: this one's, less any Kubernetes settings,
-    with the attempt's launch, a metrics port of its own and a free rendezvous port."""
+    with spec.template.env's values (`template_values`) and, over them, the attempt's launch, a
+    metrics port of its own and a free rendezvous port."""
     launch = attempt_launch(
         job.spec,
         start,
@@ -61,15 +63,36 @@ def attempt_env(
         checkpoint_dir=checkpoint_dir,
         resume_from=start.resume_from,
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
-    env.update(
-        {
-            LAUNCH_ENV: launch.to_env(),
-            "MPJOB_METRICS_PORT": "0",
-            "MPJOB_METRICS_HOST": "127.0.0.1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    return env
+    ours = {
+        LAUNCH_ENV: launch.to_env(),
+        "MPJOB_METRICS_PORT": "0",
+        "MPJOB_METRICS_HOST": "127.0.0.1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "PYTHONUNBUFFERED": "1",
+    }
+    shell = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
+    return {**shell, **template_values(job.spec, ours)}
+
+
+def template_values(spec: MixedPrecisionJobSpec, ours: dict[str, str]) -> dict[str, str]:
+    """`ours` and spec.template.env merged as the trainer container's env is on a cluster (ours
+    win a name clash: builders.attempt.merge_named), less the entries read from the cluster
+    (valueFrom: `unresolved_env` names them); an entry with neither is the empty string, as there."""
+    merged = merge_named([{"name": name, "value": value} for name, value in ours.items()], spec.template.env)
+    return {str(item["name"]): str(item.get("value", "")) for item in merged if "valueFrom" not in item}
+
+
+def unresolved_env(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
+    """(field, message) for each spec.template.env entry read from the cluster (a secretKeyRef,
+    configMapKeyRef, fieldRef or resourceFieldRef): `mpjob run` has no cluster to read it from."""
+    said = []
+    for i, item in enumerate(spec.template.env):
+        if "valueFrom" in item:
+            name, source = item.get("name"), " or ".join(sorted(item["valueFrom"] or {})) or "valueFrom"
+            message = (
+                f"spec.template.env[{i}] ({name}): its valueFrom.{source} is read on a cluster only; "
+                f"mpjob run leaves it unset from the manifest (the trainers get this shell's {name}, if any)"
+            )
+            said.append((f"spec.template.env[{i}].valueFrom", message))
+    return said

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.files import write_replacing
-from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir
+from mpjob.localrun.launching import attempt_env, checkpoint_dir, unresolved_env, working_dir
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached, reading_of
 from mpjob.localrun.recoveries import RecoveryClock
@@ -92,6 +92,8 @@ class LocalRun:
     def run(self) -> MixedPrecisionJobStatus:
         """Attempt after attempt, through the operator's lifecycle (mpjob.planning.lifecycle)."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
+        for field, message in unresolved_env(self.spec):  # once, before any attempt
+            self.view.info(message, field=field)
         with self.ctrl_c.caught():  # between attempts too: a stop then ends the run before the next one
             start = self._resume_or_start()
             while start is not None:
