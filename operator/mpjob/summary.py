@@ -14,7 +14,8 @@ from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
 def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | None = None) -> list[str]:
     """The job's phase and precision, one line per attempt, then skips, checkpoint and cost; at
     `now`, a running attempt's line says how long ago its step last moved."""
-    lines = [f"{name}: {status.phase} in {status.precision} at step {status.step}"]
+    precision = f" in {status.precision}" if status.precision else ""  # none before a first attempt
+    lines = [f"{name}: {status.phase}{precision} at step {status.step}"]
     resized = len({a.world_size for a in status.attempts}) > 1  # spec.elastic changed the job's size
     # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
     split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from mpjob.localrun.files import created
 from mpjob.localrun.jsonlines import error_line
-from mpjob.localrun.launching import unusable_working_dir
+from mpjob.localrun.launching import unresolved_env, unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, prepare
 from mpjob.summary import summary_lines
 from mpjob.validation import InvalidManifest, load_job
@@ -53,6 +53,8 @@ def run_command(argv: list[str]) -> int:
     try:
         with prepare(out, fresh=args.fresh, job=job.metadata.name):
             view = make_view(args.mode, job.spec.training.steps)
+            for field, message in unresolved_env(job.spec):  # once, before any attempt
+                view.info(message, field=field)
             run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule)
             try:
                 status = run.run()

@@ -78,7 +78,7 @@ class Paths:
         except (OSError, ValidationError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else exc.errors()[0]["msg"]
             raise UnusableOut(f"{self.root}: report.json is not a run's report ({why}): {START_OVER}") from exc
-        if not status.attempts:
+        if not status.attempts and status.phase != "Suspended":  # runPolicy.suspend starts none
             raise UnusableOut(f"{self.root}: report.json names no attempt to resume from: {START_OVER}")
         return status
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.files import write_replacing
-from mpjob.localrun.launching import attempt_env, checkpoint_dir, unresolved_env, working_dir
+from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached, reading_of
 from mpjob.localrun.recoveries import RecoveryClock
@@ -92,8 +92,6 @@ class LocalRun:
     def run(self) -> MixedPrecisionJobStatus:
         """Attempt after attempt, through the operator's lifecycle (mpjob.planning.lifecycle)."""
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        for field, message in unresolved_env(self.spec):  # once, before any attempt
-            self.view.info(message, field=field)
         with self.ctrl_c.caught():  # between attempts too: a stop then ends the run before the next one
             start = self._resume_or_start()
             while start is not None:
@@ -108,21 +106,26 @@ class LocalRun:
         return Plan(status=self.status), When(st.now())
 
     def _resume_or_start(self) -> StartAttempt | None:
-        """The first attempt, or the one that follows what an earlier `mpjob run` of --out left."""
-        if (earlier := self.paths.earlier_status()) is None:
-            plan, when = self._transition()
+        """The first attempt, or the one that follows what an earlier `mpjob run` of --out left;
+        none under runPolicy.suspend, as the operator starts none."""
+        if (earlier := self.paths.earlier_status()) is not None:
+            self.status = earlier
+            self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
+            self.series = RunSeries.load(self.paths.series)
+            if self.status.phase in FINISHED:
+                self.view.info(f"{self.paths.report} says this run already ended {self.status.phase}; use --fresh")
+                return None
+            if self.status.attempts and self.status.attempts[-1].finish_time is None:  # the runner was killed
+                self._killed(self.status.attempts[-1])
+        plan, when = self._transition()
+        if not self.status.attempts:  # a new run, or one suspended before its first attempt
             lc.created(plan, when, f"local run in {self.paths.root}")
+        if self.spec.run_policy.suspend:
+            self.view.info(stops.held(plan, when, self.paths.root))
+            return None
+        if not self.status.attempts:
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
             return plan.create[0]
-        self.status = earlier
-        self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
-        self.series = RunSeries.load(self.paths.series)
-        if self.status.phase in FINISHED:
-            self.view.info(f"{self.paths.report} says this run already ended {self.status.phase}; use --fresh")
-            return None
-        if self.status.attempts[-1].finish_time is None:  # the runner itself was killed
-            self._killed(self.status.attempts[-1])
-        plan, when = self._transition()
         lc.resume(plan, self.spec, when)
         cost.account(self.status, self.spec, self.gpu_seconds)
         if not plan.create:

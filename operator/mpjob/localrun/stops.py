@@ -2,7 +2,8 @@
 stop (SIGTERM: they save, write their termination report and exit); a second press kills them
 (SIGKILL: no checkpoint, no report). What the run records of a stop is what it saw: an attempt
 killed before its trainers reported ends where its own event lines put it, and its message names
-the checkpoint a rerun resumes from, the newest one known to be committed, or none.
+the checkpoint a rerun resumes from, the newest one known to be committed, or none. The stop the
+manifest asks for, runPolicy.suspend, starts no attempt (`held`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.lifecycle import Plan, When
 from mpjob_contract.api import CheckpointStatus
 from mpjob_contract.report import TerminationReport
 
@@ -117,3 +120,15 @@ def resume_line(name: str, root: Path, checkpoint: CheckpointStatus | None) -> s
     if checkpoint is None:
         return f"resuming {name} in {root}, starting over: no checkpoint"
     return f"resuming {name} in {root} from checkpoint step {checkpoint.step}"
+
+
+def held(plan: Plan, when: When, root: Path) -> str:
+    """runPolicy.suspend: the job is recorded Suspended, no attempt starts (as the operator starts
+    none); the message, also the status's, says how to run it."""
+    message = (
+        "suspended by runPolicy.suspend: no attempt starts; set runPolicy.suspend to false "
+        f"and run `mpjob run` again with the same --out ({root})"
+    )
+    lc.suspend(plan, when, message)
+    plan.status.message = message
+    return message
