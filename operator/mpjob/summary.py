@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from mpjob.planning.history import KEEP_FIRST
 from mpjob.planning.status import moment
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -21,8 +22,7 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
     lines += [attempt_line(a, world=resized, shape=split, now=now) for a in status.attempts]
     if count := recoveries(status):
-        path = " -> ".join(a.precision for a in status.attempts)
-        lines.append(f"  recoveries: {count} ({path})")
+        lines.append(f"  recoveries: {count} ({precision_path(status)})")
     if status.skipped:
         lines.append(skipped_line(status.skipped))
     if status.last_checkpoint:
@@ -49,6 +49,18 @@ def recoveries(status: MixedPrecisionJobStatus) -> int:
     last_has_none = newest is not None and newest.reason in NOT_RECOVERED  # nothing began after it
     not_recovered = sum(counts.by_reason.get(reason, 0) for reason in NOT_RECOVERED) - last_has_none
     return max(0, counts.started - 1 - not_recovered)
+
+
+def precision_path(status: MixedPrecisionJobStatus) -> str:
+    """The precisions the job trained in, each change once (fallbacks and re-promotions: 'fp16 ->
+    bf16'), or 'all in fp16' when none changed; '...' where attempts[] dropped entries (after
+    its first), whose precisions are not known."""
+    omitted = status.attempt_counts.omitted if status.attempt_counts else 0
+    names: list[str] = [a.precision for a in status.attempts]
+    if omitted and names:
+        names.insert(KEEP_FIRST, "...")
+    path = [name for i, name in enumerate(names) if i == 0 or name != names[i - 1]]
+    return f"all in {path[0]}" if len(path) == 1 else " -> ".join(path)
 
 
 def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, now: datetime | None = None) -> str:

@@ -134,7 +134,7 @@ def test_recoveries_count_the_fallbacks_and_resumes_after_the_cluster_not_the_st
         ("fp16", "NumericFault"), ("bf16", "Suspended"), ("bf16", "Repromote"), ("fp16", "Preempted"), ("fp16", None)
     )
     counts = {"started": 5, "byReason": {"NumericFault": 1, "Suspended": 1, "Repromote": 1, "Preempted": 1}}
-    expected = ["  recoveries: 2 (fp16 -> bf16 -> bf16 -> fp16 -> fp16)"]
+    expected = ["  recoveries: 2 (fp16 -> bf16 -> fp16)"]  # the precision changes, not every attempt
     assert _recoveries_line({"attempts": ends, "attemptCounts": counts}) == expected
     assert _recoveries_line({"attempts": ends}) == expected
 
@@ -146,4 +146,10 @@ def test_recoveries_count_every_attempt_also_those_attempts_no_longer_lists() ->
     kept[-1]["reason"] = "Succeeded"
     counts = {"started": 30, "byReason": {"Preempted": 29, "Succeeded": 1}, "omitted": 9}
     (line,) = _recoveries_line({"attempts": kept, "attemptCounts": counts})
-    assert line.startswith("  recoveries: 29 (")
+    assert line == "  recoveries: 29 (bf16 -> ... -> bf16)"  # what the dropped entries ran in is not known
+
+
+def test_recoveries_in_one_precision_name_no_path() -> None:
+    """A preempted attempt and a retry: resumed twice in fp16, no precision changed."""
+    ends = _attempts(("fp16", "Preempted"), ("fp16", "Failed"), ("fp16", "Succeeded"))
+    assert _recoveries_line({"attempts": ends}) == ["  recoveries: 2 (all in fp16)"]
