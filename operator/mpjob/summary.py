@@ -68,7 +68,7 @@ def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, 
     `shape`, its micro-batch split (a job whose split changed); at `now`, how long ago the step
     of one still running last moved (its progressTime: runPolicy.progressDeadlineSeconds)."""
     end = a.end_step if a.end_step is not None else "?"
-    said = f" ({a.message})" if a.message and a.reason != Reason.SUCCEEDED else ""
+    said = f" ({one_line(a.message)})" if a.message and a.reason != Reason.SUCCEEDED else ""
     how = " in place" if a.in_place else ""
     back = f", back in {a.recovery_seconds:.2f} s{how}" if a.recovery_seconds is not None else how
     on = f" on {a.world_size} process(es)" if world and a.world_size else ""
@@ -76,6 +76,22 @@ def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, 
         on += f" micro-batch {a.micro_batch} x {a.grad_accumulation}"
     ended = a.reason or running(a, now)
     return f"  attempt {a.index}: {a.precision}{on} steps {a.start_step}-{end}{back} {ended}{said}"
+
+
+#: The most of an attempt's message its summary line shows (the status holds all of it).
+SUMMARY_MESSAGE_CHARS = 400
+_CUT = " [...] "
+
+
+def one_line(message: str) -> str:
+    """`message` on one line (a quoted stderr's lines joined by ' | ', blank ones left out), at
+    most SUMMARY_MESSAGE_CHARS: a longer one keeps its beginning and its end (a traceback's
+    error), the middle cut."""
+    flat = " | ".join(part.strip() for part in message.splitlines() if part.strip())
+    if len(flat) <= SUMMARY_MESSAGE_CHARS:
+        return flat
+    half = (SUMMARY_MESSAGE_CHARS - len(_CUT)) // 2
+    return flat[:half].rstrip() + _CUT + flat[-half:].lstrip()
 
 
 def running(a: AttemptStatus, now: datetime | None) -> str:

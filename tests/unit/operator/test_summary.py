@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mpjob.localrun.series import series_of_status
-from mpjob.summary import summary_lines
+from mpjob.summary import SUMMARY_MESSAGE_CHARS, summary_lines
 from mpjob_contract.api import MixedPrecisionJobStatus
 
 pytestmark = pytest.mark.unit
@@ -153,3 +153,21 @@ def test_recoveries_in_one_precision_name_no_path() -> None:
     """A preempted attempt and a retry: resumed twice in fp16, no precision changed."""
     ends = _attempts(("fp16", "Preempted"), ("fp16", "Failed"), ("fp16", "Succeeded"))
     assert _recoveries_line({"attempts": ends}) == ["  recoveries: 2 (all in fp16)"]
+
+
+def test_an_attempt_that_quoted_stderr_keeps_to_one_line() -> None:
+    """A message quoting a traceback over several lines is one line, its lines joined; one past
+    SUMMARY_MESSAGE_CHARS keeps its beginning and its end (the error), its middle cut."""
+    stderr = "exited 1 without a termination report; its stderr ended:\nTraceback (most recent call last):\n"
+    said = stderr + '  File "train.py", line 1, in <module>\n\nModuleNotFoundError: No module named x\n'
+    ended = [{"index": 0, "precision": "bf16", "reason": "InfraError", "message": said}]
+    lines = summary_lines("job", MixedPrecisionJobStatus.model_validate({"attempts": ended}))
+    assert lines[1] == (
+        "  attempt 0: bf16 steps 0-? InfraError (exited 1 without a termination report; its stderr ended: | "
+        'Traceback (most recent call last): | File "train.py", line 1, in <module> | '
+        "ModuleNotFoundError: No module named x)"
+    )
+    ended[0]["message"] = "first line\n" + "x" * 2000 + "\nthe error"
+    (line,) = summary_lines("job", MixedPrecisionJobStatus.model_validate({"attempts": ended}))[1:]
+    assert "\n" not in line and len(line) < 60 + SUMMARY_MESSAGE_CHARS
+    assert "(first line | xxx" in line and "xxx [...] xxx" in line and line.endswith("x | the error)")
