@@ -10,10 +10,12 @@ from pathlib import Path
 from mpjob.builders.attempt import merge_named
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.workers import free_port
+from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobSpec
+from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import LAUNCH_ENV, job_checkpoint_dir
 
 
@@ -46,6 +48,15 @@ def unusable_working_dir(spec: MixedPrecisionJobSpec, base_dir: Path) -> str | N
     if spec.task.working_dir is None or (where := working_dir(spec, base_dir)).is_dir():
         return None
     return f"{where} is not a folder (a relative workingDir is taken below the manifest's folder)"
+
+
+def working_dir_gone(spec: MixedPrecisionJobSpec, base_dir: Path) -> AttemptOutcome | None:
+    """The ending of an attempt whose task.workingDir is no folder any more (checked before the
+    run, deleted since: by an earlier attempt's command, by hand): a configuration error naming
+    it, as a trainer's exit 43 is; None: it is there."""
+    if (why := unusable_working_dir(spec, base_dir)) is None:
+        return None
+    return AttemptOutcome(ExitCode.CONFIG_ERROR, message=f"spec.task.workingDir: {why}")
 
 
 def attempt_env(

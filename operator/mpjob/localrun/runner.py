@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.files import write_replacing
-from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir
+from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir, working_dir_gone
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached, reading_of
 from mpjob.localrun.recoveries import RecoveryClock
@@ -97,7 +97,8 @@ class LocalRun:
             while start is not None:
                 self._current, self._reached = None, None  # set once it starts: one that never ran ends as itself
                 held = self.ctrl_c.held_back()
-                outcome = held or unschedulable(self.spec, self.schedule, start) or self._run_attempt(start)
+                cannot = unschedulable(self.spec, self.schedule, start) or working_dir_gone(self.spec, self.base_dir)
+                outcome = held or cannot or self._run_attempt(start)
                 start = self._conclude(self._current or start, outcome)
         self._save()
         return self.status

@@ -101,3 +101,32 @@ def test_a_working_dir_that_is_no_folder_is_refused_before_the_run(
     assert said["event"] == "error" and said["field"] == "spec.task.workingDir", said
     assert f"{tmp_path / where} is not a folder" in said["message"], said
     assert not out.exists()  # refused before anything was written
+
+
+def test_a_working_dir_gone_before_the_next_attempt_ends_it_as_a_configuration_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first attempt's command deletes its workingDir and fails: the next attempt cannot
+    start there. It ended `mpjob run` in Popen's traceback, its report left Running."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("import os, shutil, sys\nshutil.rmtree(os.getcwd())\nsys.exit(1)\n")
+    doc = {
+        "apiVersion": "mpjob.dev/v1alpha1",
+        "kind": "MixedPrecisionJob",
+        "metadata": {"name": "own"},
+        "spec": {
+            "task": {"command": ["python", "train.py"], "workingDir": "work"},
+            "training": {"steps": 2},
+            "resources": {"gpusPerWorker": 0},
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    assert run_command([str(tmp_path / "job.yaml"), "--out", str(out), "--json", "--no-plot"]) == 1
+    report = json.loads((out / "report.json").read_text())
+    first, second = report["attempts"]
+    assert first["reason"] == "InfraError" and second["reason"] == "ConfigError", report["attempts"]
+    assert f"spec.task.workingDir: {work} is not a folder" in second["message"]
+    assert report["phase"] == "Failed" and f"{work} is not a folder" in report["message"]
+    assert "Traceback" not in capsys.readouterr().err
