@@ -8,13 +8,14 @@ from pathlib import Path
 
 
 def _validate(argv: list[str]) -> int:
-    from mpjob.kinds import Skipped
-    from mpjob.validation import InvalidManifest, check_text, read_manifest
+    from mpjob.kinds import Skipped, listed_items
+    from mpjob.validation import InvalidManifest, check_document, check_text, read_manifest
 
     parser = argparse.ArgumentParser(
         prog="mpjob validate",
         description="Check manifests against the CRD's rules. Documents of other kinds (a PersistentVolumeClaim "
-        "applied beside the jobs) are named as skipped; the files must hold at least one MixedPrecisionJob.",
+        "applied beside the jobs) are named as skipped; a kind: List's items are checked as documents; the files "
+        "must hold at least one MixedPrecisionJob.",
     )
     parser.add_argument("files", nargs="+", help="manifest files (`-` reads stdin)")
     args = parser.parse_args(argv)
@@ -23,6 +24,8 @@ def _validate(argv: list[str]) -> int:
         skipped: list[Skipped] = []
         try:
             jobs, problems = check_text(read_manifest(path), path, skipped)
+            in_lists = listed_items(skipped, check_document)  # kind: List, as `kubectl get -o yaml` writes
+            jobs, problems = jobs + in_lists[0], problems + in_lists[1]
         except InvalidManifest as exc:
             jobs, problems = [], exc.problems
         for note in skipped:

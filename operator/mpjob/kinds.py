@@ -1,13 +1,22 @@
 """Documents of other kinds beside the jobs in a manifest file (a PersistentVolumeClaim applied
 with them): `mpjob validate` names them as skipped instead of refusing them (validation.check_text
-given a list to put them in); `mpjob run` still takes one MixedPrecisionJob and nothing else."""
+given a list to put them in); `mpjob run` still takes one MixedPrecisionJob and nothing else.
+
+A `kind: List` (`kubectl get -o yaml` of several objects) is set aside with them as a `Listed`,
+and `mpjob validate` then checks its items as documents of their own (`listed_items`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from mpjob_contract.api import GROUP, KIND
+
+if TYPE_CHECKING:  # validation imports this module for check_text: its checks are passed in
+    from collections.abc import Callable
+
+    from mpjob.validation import Problem
+    from mpjob_contract.api import MixedPrecisionJob
 
 
 @dataclass(frozen=True)
@@ -18,10 +27,42 @@ class Skipped:
     document: int
     kind: str
     name: str
+    #: Its index among a List's items (None: a document of its own).
+    item: int | None = None
 
     def __str__(self) -> str:
         where = (self.source or "''") + (f" (document {self.document + 1})" if self.document else "")
+        where += f" items[{self.item}]" if self.item is not None else ""
         return f"{where}: skipped: {' '.join(filter(None, (self.kind, self.name)))} (not a {KIND})"
+
+
+@dataclass(frozen=True)
+class Listed(Skipped):
+    """A `kind: List` document: not a job itself, its items are checked one by one (`listed_items`)."""
+
+    items: tuple[Any, ...] = ()
+
+
+def listed_items(
+    skipped: list[Skipped], check: Callable[[Any, str, int], tuple[MixedPrecisionJob | None, list[Problem]]]
+) -> tuple[list[MixedPrecisionJob], list[Problem]]:
+    """The jobs and problems of the Lists among `skipped`, each item checked by `check` as a
+    document (a problem's field then starts items[i]); each List is replaced in `skipped` by its
+    items of other kinds."""
+    jobs: list[MixedPrecisionJob] = []
+    problems: list[Problem] = []
+    for listed in [s for s in skipped if isinstance(s, Listed)]:
+        others: list[Skipped] = []
+        for i, item in enumerate(listed.items):
+            if (other := other_kind(item, listed.source, listed.document)) is not None:
+                others.append(replace(other, item=i))
+                continue
+            job, found = check(item, listed.source, listed.document)
+            problems += [replace(p, field=f"items[{i}]" + (f".{p.field}" if p.field else "")) for p in found]
+            jobs += [job] if job is not None else []
+        at = skipped.index(listed)
+        skipped[at : at + 1] = others
+    return jobs, problems
 
 
 def other_kind(doc: Any, source: str = "<input>", index: int = 0) -> Skipped | None:
@@ -35,5 +76,7 @@ def other_kind(doc: Any, source: str = "<input>", index: int = 0) -> Skipped | N
         return None
     if kind.lower() == KIND.lower() or api_version.split("/")[0] == GROUP:
         return None
+    if (kind, api_version) == ("List", "v1") and isinstance(items := doc.get("items"), list):
+        return Listed(source, index, kind, "", items=tuple(items))
     name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
     return Skipped(source, index, kind, name if isinstance(name, str) else "")

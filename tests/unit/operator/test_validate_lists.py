@@ -1,0 +1,54 @@
+"""`kind: List` manifests, as `kubectl get -o yaml` writes several objects: `mpjob validate`
+checks the MixedPrecisionJobs among the items (their fields named items[i]...) and names the
+other kinds as skipped; `mpjob run` refuses a List, naming its kind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.cli import main
+from mpjob.localrun.cli import run_command
+from tests.unit.operator.cases import GOOD, bad
+
+pytestmark = pytest.mark.unit
+
+CLAIM = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "checkpoints"}}
+
+
+def as_list(*items: dict[str, Any]) -> str:
+    """The List `kubectl get -o yaml` writes (each item written out: no YAML aliases)."""
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": json.loads(json.dumps(items))})
+
+
+def test_validate_checks_the_jobs_of_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    listed = tmp_path / "jobs.yaml"
+    listed.write_text(as_list(GOOD, CLAIM, GOOD))
+    assert main(["validate", str(listed)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{listed} items[1]: skipped: PersistentVolumeClaim checkpoints (not a MixedPrecisionJob)",
+        f"{listed}: ok (2 MixedPrecisionJobs)",
+    ]
+    listed.write_text(yaml.safe_dump(CLAIM) + "---\n" + as_list(GOOD, bad("spec.workers", 0)))
+    assert main(["validate", str(listed)]) == 1
+    said = capsys.readouterr().out
+    assert f"{listed} (document 2): items[1].spec.workers: " in said, said
+    listed.write_text(as_list(CLAIM))
+    assert main(["validate", str(listed)]) == 1  # a List of other kinds holds no job
+    assert f"{listed}: no MixedPrecisionJob, only other kinds" in capsys.readouterr().out
+
+
+def test_run_refuses_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`mpjob run` takes one MixedPrecisionJob's own manifest: a List, even of one job, is refused
+    before anything is written, its kind named."""
+    listed = tmp_path / "jobs.yaml"
+    listed.write_text(as_list(GOOD))
+    assert run_command([str(listed), "--out", str(tmp_path / "out"), "--json"]) == 2
+    said = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    refused = {"event": "error", "message": f"{listed}: kind: must be MixedPrecisionJob, got 'List'", "field": "kind"}
+    assert refused in said, said
+    assert not (tmp_path / "out").exists()
