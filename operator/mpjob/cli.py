@@ -17,8 +17,10 @@ def _validate(argv: list[str]) -> int:
         "applied beside the jobs) are named as skipped; a kind: List's items are checked as documents; the files "
         "must hold at least one MixedPrecisionJob.",
     )
-    parser.add_argument("files", nargs="+", help="manifest files (`-` reads stdin)")
+    parser.add_argument("files", nargs="+", help="manifest files (`-` reads stdin; name it once)")
     args = parser.parse_args(argv)
+    if (stdin := args.files.count("-")) > 1:
+        parser.error(f"`-` (stdin) is given {stdin} times; it is read once: name it once")
     failed, found = False, 0
     for path in args.files:
         skipped: list[Skipped] = []

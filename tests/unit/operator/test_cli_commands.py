@@ -68,3 +68,17 @@ def test_status_refuses_a_name_no_object_can_have_before_any_request(
         main(["status", *argv])
     assert ended.value.code == 2
     assert said in capsys.readouterr().err
+
+
+def test_validate_refuses_stdin_named_twice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stdin is read once: a second `-` was reported empty ("no YAML documents found"), failing
+    the run for a reason the manifest had no part in."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"kind: MixedPrecisionJob\n")))
+    with pytest.raises(SystemExit) as ended:
+        main(["validate", "-", "job.yaml", "-"])
+    assert ended.value.code == 2
+    said = capsys.readouterr()
+    assert said.out == "" and "`-` (stdin) is given 2 times; it is read once: name it once" in said.err
+    assert sys.stdin.buffer.read() == b"kind: MixedPrecisionJob\n"  # refused before anything was read
