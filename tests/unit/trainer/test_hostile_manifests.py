@@ -13,6 +13,7 @@ import torch
 
 from mpjob_trainer.checkpoint import CheckpointStore, manifest, resume, sha256_file
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
+from mpjob_trainer.session.state import TrainingState
 from tests.unit.trainer.conftest import binds_permissions, unprivileged
 
 pytestmark = pytest.mark.unit
@@ -215,3 +216,36 @@ def test_a_state_naming_its_own_format_is_read_in_the_format_its_manifest_gives(
     loaded = resume.load(_store(tmp_path), restore=lambda loaded: None)
     assert loaded is not None and loaded[0].step == 20 and FORMAT_KEY not in loaded[1]  # format 2, as written
     assert upgrade(loaded[1], {}) == loaded[1]
+
+
+def _session_state(step: int, model: torch.nn.Module) -> dict[str, Any]:
+    return TrainingState({"model": model}).capture(step, step, "bf16", None)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda s: s.pop("rng"), "holds no generator state (rng)"),
+        (lambda s: s["rng"].update(torch=torch.zeros(3)), "holds a torch generator state of torch.float32 [3]"),
+        (lambda s: s["rng"].update(python=[3]), "holds no Python generator state"),
+        (lambda s: s.update(samples=[1]), "holds samples [1], not a count"),
+        (lambda s: s.update(appliedSteps=-5), "holds appliedSteps -5, not a count"),
+    ],
+    ids=["no-rng", "torch-rng", "python-rng", "samples", "applied-steps"],
+)
+def test_a_state_whose_own_fields_are_unusable_is_passed_over_for_the_previous_one(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], Any], problem: str
+) -> None:
+    """Weights-only loadable, its manifest true to it, its step right: the SDK's own fields are
+    still the file's word, checked before anything is loaded (never a KeyError out of a resume)."""
+    model, store = torch.nn.Linear(2, 2), _store(tmp_path)
+    for step in (10, 20):
+        state = _session_state(step, model)
+        if step == 20:
+            edit(state)
+        store.write(step, "bf16", state)
+    log: list[dict[str, Any]] = []
+    into = TrainingState({"model": torch.nn.Linear(2, 2)})
+    loaded = resume.load(_store(tmp_path, log), restore=lambda got: into.restore(got[1], "bf16", None))
+    assert loaded is not None and loaded[0].step == 10
+    assert "step-000000020" in log[0]["path"] and problem in log[0]["problem"], log

@@ -33,7 +33,7 @@ try:  # numpy is the user's, not a dependency of ours: its generator is kept whe
 except ImportError:  # pragma: no cover - torch runs without numpy
     np = None  # type: ignore[assignment]
 
-from mpjob_trainer.checkpoint import shards
+from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
@@ -58,6 +58,27 @@ def rng_state() -> dict[str, Any]:
         np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
         state["numpy"] = [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]
     return state
+
+
+def own_fields_problem(state: dict[str, Any]) -> str | None:
+    """What makes the fields the SDK writes itself unusable (None: nothing): generators not as
+    `rng_state` captures them, or a count (samples, appliedSteps) that is no count. A weights-only
+    pickle may hold any plain value there, so they are checked before anything is loaded."""
+    rng = state.get("rng")
+    like = torch.get_rng_state()
+    if not isinstance(rng, dict) or not isinstance(torch_rng := rng.get("torch"), torch.Tensor):
+        return "holds no generator state (rng) as the trainer writes it"
+    if torch_rng.dtype != like.dtype or torch_rng.shape != like.shape:
+        found, wanted = f"{torch_rng.dtype} {list(torch_rng.shape)}", f"{like.dtype} {list(like.shape)}"
+        return f"holds a torch generator state of {found}, not {wanted}"
+    python = rng.get("python")
+    if not (isinstance(python, list | tuple) and len(python) == 3 and isinstance(python[1], list | tuple)):
+        return "holds no Python generator state as random.getstate() gives it"
+    for key in ("samples", "appliedSteps"):
+        value = state.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            return f"holds {key} {value!r:.40}, not a count"
+    return None
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -164,8 +185,12 @@ class TrainingState:
         return state
 
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
-        """Load a checkpoint into the objects and generators; returns its applied-step count."""
+        """Load a checkpoint into the objects and generators; returns its applied-step count.
+        CorruptCheckpoint when its own fields are unusable (`own_fields_problem`): the previous
+        good checkpoint is used."""
         state = upgrade(state, self.objects)
+        if (problem := own_fields_problem(state)) is not None:
+            raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
         folder = state.get(shards.SHARDS)
         if isinstance(folder, str):  # a sharded checkpoint: its pair is read from the shards
             names: dict[str, str] = state[shards.SHARDED_OBJECTS]
