@@ -8,6 +8,7 @@ Subprocess tests run tests/unit/trainer/sdk_script.py (and the example in docs/s
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import sys
@@ -169,6 +170,10 @@ def _objects() -> dict[str, Any]:
     return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": Position()}
 
 
+def _sgd() -> torch.optim.SGD:
+    return torch.optim.SGD(nn.Linear(4, 1).parameters(), lr=0.1)
+
+
 def _report(launch: AttemptLaunch) -> TerminationReport:
     path = Path(launch.checkpoint_dir).parent / "report.json"
     return TerminationReport.model_validate_json(path.read_text())
@@ -205,6 +210,8 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.resume(model=object()), "no state_dict()"),
         (lambda run: run.end_step(1), "call run.resume(...) before the first end_step()"),
         (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
+        (lambda run: run.step(_sgd(), clip_norm=-1.0), "step(clip_norm=-1.0): clip_norm is a gradient norm"),
+        (lambda run: run.step(_sgd(), clip_norm=math.nan), "step(clip_norm=nan): clip_norm is a gradient norm"),
     ],
 )
 def test_misusing_the_sdk_is_a_config_error(launch: AttemptLaunch, misuse: Any, says: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.progress import Interval, host_value
@@ -141,6 +141,11 @@ class StepNumerics:
         self.tally.add_loss(loss)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
+        if clip_norm is not None and not clip_norm >= 0:  # a negative norm would turn the update around
+            raise ConfigError(
+                f"step(clip_norm={clip_norm!r}): clip_norm is a gradient norm to clip to, a positive number, "
+                "or None or 0 for no clipping"
+            )
         if not self.precision.mode.applies_updates:
             optimizer.zero_grad(set_to_none=True)
             return
