@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
-from mpjob_trainer.session.measure import choose
+from mpjob_trainer.session.measure import choose, nothing_kept
 from tests.unit.trainer.conftest import run_trainer, spec
 
 pytestmark = pytest.mark.unit
@@ -83,3 +84,19 @@ def test_measuring_keeps_nothing_the_run_trains_as_if_it_had_started_in_the_chos
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert a["appliedSteps"] == b["appliedSteps"] == 12
+
+
+def test_measuring_puts_back_the_buffers_a_step_rebinds_as_well_as_those_it_changes_in_place() -> None:
+    """A running statistic kept out of place (`self.mean = 0.9 * self.mean + ...`) binds a new
+    tensor to the buffer's name: the probe's steps must leave no trace in it either."""
+    model = nn.Sequential(nn.BatchNorm1d(2))
+    model.register_buffer("mean", torch.zeros(2))
+    model[0].register_buffer("seen", torch.zeros((), dtype=torch.long))
+    before = {name: (b, b.clone()) for name, b in model.named_buffers()}
+    with nothing_kept([model]):
+        model(torch.randn(4, 2))  # BatchNorm's statistics, in place
+        model.mean = 0.9 * model.mean + 0.1 * torch.ones(2)
+        model[0].seen = model[0].seen + 1
+    for name, live in model.named_buffers():
+        original, value = before[name]
+        assert live is original and torch.equal(live, value), name

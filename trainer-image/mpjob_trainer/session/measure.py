@@ -11,8 +11,9 @@ when it beats bf16 by the margin as well, since it is the less safe of the two.
 
 Nothing a probe step does is kept: each candidate runs in the PROBE mode of the attempt's
 precision state (session.modes), where `run.step()` only zeroes the gradients and the
-attempt's own precision and GradScaler come back afterwards; module buffers (BatchNorm statistics) and every
-random generator are put back afterwards, and the data position is the step index itself.
+attempt's own precision and GradScaler come back afterwards; module buffers (BatchNorm statistics,
+and those a step rebinds to a new tensor) and every random generator are put back afterwards, and
+the data position is the step index itself.
 Each candidate runs `WARM` untimed steps (autocast caches, allocator, kernels chosen) then
 `TIMED` timed ones; the median counts. On CUDA each timed step ends with a synchronize.
 
@@ -94,15 +95,19 @@ def choose(seconds: dict[str, float | None], *, margin: float = MARGIN) -> Measu
 
 @contextmanager
 def nothing_kept(modules: list[nn.Module]) -> Iterator[None]:
-    """Put back every module buffer and random generator the block changes."""
-    buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+    """Put back every module buffer and random generator the block changes: each buffer's value,
+    and the tensor itself where the block bound a new one to its name (a statistic kept out of place)."""
+    buffers = [(m, name, b, b.detach().clone()) for m in modules for name, b in m.named_buffers()]
     rng = rng_state()
     try:
         yield
     finally:
         with torch.no_grad():
-            for live, saved in buffers:
-                live.copy_(saved)
+            for module, name, original, saved in buffers:
+                original.copy_(saved)
+                if module.get_buffer(name) is not original:
+                    owner, _, leaf = name.rpartition(".")
+                    setattr(module.get_submodule(owner), leaf, original)
         set_rng_state(rng)
 
 
