@@ -233,6 +233,24 @@ def test_an_unexpected_exception_is_an_infra_error_with_its_traceback(
     assert "Traceback" in err and json.loads(out.splitlines()[-1])["kind"] == "RuntimeError"
 
 
+def test_an_fp16_step_that_asks_for_no_update_is_no_overflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step closed without run.step (a model with no parameters, a step that only evaluates)
+    had no gradients to overflow: fp16 counts no overflow-skipped step for it, as bf16 does not."""
+    guard = {"maxConsecutiveOverflows": 3}
+    job = spec(training={"steps": 6, "logEvery": 3}, precision={"mode": "fp16", "guard": guard})
+    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
+    with mpjob.start(launch=launch) as run:
+        model = nn.ReLU()
+        run.resume(model=model)
+        for step in range(run.total_steps):
+            with run.autocast():
+                loss = model(torch.randn(2, 4)).sum()
+            run.end_step(step + 1, loss=loss, samples=2)
+    report = _report(launch)
+    assert report.reason == "Succeeded", report.message
+    assert report.counters.overflow_steps == 0
+
+
 def test_start_without_an_attempt_is_a_config_error(launch: AttemptLaunch) -> None:
     with pytest.raises(SystemExit) as ended:
         mpjob.start()

@@ -213,7 +213,7 @@ class Session(SetUpCalls):
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook an optimizer the session does not step itself (a framework's), as `resume` and
         `step` hook the loop's: the guard learns which steps GradScaler applied (no sync)."""
-        self._numerics.applied.watch(optimizer)
+        self._numerics.watch(optimizer)
 
     # ---------------------------------------------------------------- one step
     def backward(self, loss: torch.Tensor) -> None:

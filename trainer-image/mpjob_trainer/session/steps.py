@@ -53,6 +53,7 @@ class StepTally:
         self.reported: Number | None = None  # the loss the last closed step reported
         self.grad_norm: Number | None = None
         self.lr: Number | None = None
+        self.stepped = False  # did the loop ask run.step() for an update since the step began?
 
     def add_loss(self, loss: torch.Tensor) -> None:
         detached = loss.detach().float()
@@ -86,6 +87,7 @@ class StepTally:
     def clear(self) -> None:
         """Forget the losses since the step began (a step the session runs itself begins)."""
         self.loss_sum = None
+        self.stepped = False
 
     def finite_and_clear(self, *, grad_norm: bool) -> bool:
         """Were the losses since the last clear (and, with `grad_norm`, the gradient norm)
@@ -134,6 +136,14 @@ class StepNumerics:
         self.guard = guard
         self.tally = StepTally()
         self.applied = AppliedSteps(guard)
+        #: A framework steps its optimizer with the attempt's GradScaler itself (`watch`): each of
+        #: its steps asked for an update, though not through `step()`.
+        self.steps_elsewhere = False
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook an optimizer the loop steps itself (a framework's), not through `step()`."""
+        self.steps_elsewhere = True
+        self.applied.watch(optimizer)
 
     def backward(self, loss: torch.Tensor) -> None:
         scaler = self.precision.scaler
@@ -150,6 +160,7 @@ class StepNumerics:
             optimizer.zero_grad(set_to_none=True)
             return
         self.applied.watch(optimizer)
+        self.tally.stepped = True
         self.tally.lr = optimizer.param_groups[0]["lr"]
         params = [p for group in optimizer.param_groups for p in group["params"]]
         scaler = self.precision.scaler
@@ -165,11 +176,13 @@ class StepNumerics:
 
     def close(self, step: int, loss: Number | None, *, skipped: bool = False) -> NumericFault | None:
         """Per-step guard bookkeeping, host-only; the fault of too many overflows in a row, if so.
-        A step `skipped` whole (quarantined: nothing trained) applied no update and is no overflow."""
+        A step `skipped` whole (quarantined: nothing trained), or one that asked for no update (no
+        `step()`: a model without parameters, an evaluation), applied none and is no overflow."""
         observed = self.tally.close(loss)
         if observed is not None:
             self.guard.observe_loss(torch.as_tensor(observed))
-        fault = self.guard.end_step(step, self.precision.scaler is not None and not skipped)
+        asked = self.tally.stepped or self.steps_elsewhere
+        fault = self.guard.end_step(step, self.precision.scaler is not None and asked and not skipped)
         self.guard.begin_step()
         self.tally.clear()
         return fault
