@@ -210,6 +210,7 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.resume(model=object()), "no state_dict()"),
         (lambda run: run.end_step(1), "call run.resume(...) before the first end_step()"),
         (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
+        (lambda run: run.step(nn.Linear(4, 1)), "step(Linear): step() takes the torch.optim.Optimizer to step"),
         (lambda run: run.step(_sgd(), clip_norm=-1.0), "step(clip_norm=-1.0): clip_norm is a gradient norm"),
         (lambda run: run.step(_sgd(), clip_norm=math.nan), "step(clip_norm=nan): clip_norm is a gradient norm"),
     ],

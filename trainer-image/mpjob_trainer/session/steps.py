@@ -151,6 +151,11 @@ class StepNumerics:
         self.tally.add_loss(loss)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(
+                f"step({type(optimizer).__name__}): step() takes the torch.optim.Optimizer to step "
+                "(the one whose parameters run.backward() gave gradients)"
+            )
         if clip_norm is not None and not clip_norm >= 0:  # a negative norm would turn the update around
             raise ConfigError(
                 f"step(clip_norm={clip_norm!r}): clip_norm is a gradient norm to clip to, a positive number, "
