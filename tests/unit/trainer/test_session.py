@@ -234,6 +234,35 @@ def test_an_unexpected_exception_is_an_infra_error_with_its_traceback(
     assert "Traceback" in err and json.loads(out.splitlines()[-1])["kind"] == "RuntimeError"
 
 
+@pytest.mark.parametrize(
+    ("steps", "says"),
+    [
+        ([0], "end_step(0): optimizer steps are numbered from 1"),  # a loop that counts from 0
+        ([1, 2, 2], "end_step(2): optimizer steps are numbered from 1"),
+        ([1, 2, 1], "end_step(1): optimizer steps are numbered from 1"),
+        ([1, 2, 3, 4, 5, 6, 7], "end_step(7): optimizer steps are numbered from 1"),  # past training.steps
+    ],
+)
+def test_closing_a_step_out_of_order_is_a_config_error_before_it_is_checkpointed(
+    launch: AttemptLaunch, steps: list[int], says: str
+) -> None:
+    """Every step closes once, counting up to training.steps: a loop that numbers its steps
+    otherwise would checkpoint weights under another step's number and never write the last."""
+    with pytest.raises(SystemExit) as ended, mpjob.start(launch=launch) as run:
+        objs = _objects()
+        run.resume(**objs)
+        for step in steps:
+            run.backward(objs["model"](torch.randn(8, 4)).pow(2).mean())
+            run.step(objs["optimizer"])
+            run.end_step(step)
+    assert ended.value.code == ExitCode.CONFIG_ERROR
+    report = _report(launch)
+    assert report.message.startswith(says), report.message
+    assert f"after step {steps[-2] if len(steps) > 1 else 0}" in report.message
+    written = sorted(p.name for p in Path(launch.checkpoint_dir).glob("step-*"))
+    assert written == [f"step-{s:09d}" for s in sorted(set(steps[:-1])) if s % 3 == 0]
+
+
 def test_an_fp16_step_that_asks_for_no_update_is_no_overflow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step closed without run.step (a model with no parameters, a step that only evaluates)
     had no gradients to overflow: fp16 counts no overflow-skipped step for it, as bf16 does not."""

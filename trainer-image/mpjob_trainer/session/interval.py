@@ -22,7 +22,7 @@ from typing import Any
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import Counters
 from mpjob_contract.timeline import ScaleHistory
-from mpjob_trainer.errors import NumericFault, Preempted, Repromote
+from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.progress import Progress
@@ -70,6 +70,15 @@ class Cadence:
             evaluate=evaluate,
             stop=stop_alone,
         )
+
+    def follows(self, last: int, step: int) -> None:
+        """May the loop close step `step` after step `last` (resume's start step at first)? Else the
+        checkpoints would hold weights under another step's number, and the last one never."""
+        if not last < step <= self.total:
+            raise ConfigError(
+                f"end_step({step}): optimizer steps are numbered from 1 to spec.training.steps={self.total} and "
+                f"each is closed once, counting up: after step {last} the next is {last + 1}"
+            )
 
     def trouble(self, step: int) -> None:
         """The interval ending at `step` saw numeric trouble (or the attempt starts there)."""

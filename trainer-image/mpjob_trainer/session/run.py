@@ -9,7 +9,7 @@ attempt (precision and modes, step arithmetic and guard, intervals, checkpoints,
 | (again)  | `reentering(loop)` runs it again | set-up helpers, `resume`: a sharded model wrapped anew (inplace) |
 | CLOSED   | `close()` / leaving `with`  | nothing: `close()` again returns the same exit code        |
 
-`end_step` or `register_step` before `resume` and a second `resume` are configuration errors.
+`end_step` or `register_step` before `resume`, a second `resume` and a step closed out of order are config errors.
 `register_step` in an `auto` attempt runs the PROBE mode once, then trains in the chosen precision; a
 numeric fault runs the REPLAY mode inside `close`; the quality gate runs EVAL at its steps; one
 sync point per interval, none per step (session.steps)."""
@@ -35,6 +35,7 @@ from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.assembly import assemble
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.ending import Standing, announce, conclude
+from mpjob_trainer.session.machine import Phase
 from mpjob_trainer.session.measure import measure_and_settle
 from mpjob_trainer.session.memory import Reshape
 from mpjob_trainer.session.outcomes import Rewrap
@@ -233,21 +234,20 @@ class Session(SetUpCalls):
         lr: float | None = None,
         grad_norm: Number | None = None,
     ) -> None:
-        """Close optimizer step `step` (1-based); at intervals: report, guard, checkpoint, preempt.
-        `lr`, `grad_norm`: the learning rate and gradient norm (before clipping, unscaled) to report
-        when the loop steps its optimizer itself (a framework); `step()` records them otherwise."""
+        """Close optimizer step `step` (1-based, counting up); at intervals: report, guard, checkpoint, preempt.
+        `lr`, `grad_norm` (before clipping, unscaled): to report when the loop steps its optimizer itself."""
         if self._state is None:
             raise ConfigError("call run.resume(...) before the first end_step(): it names what checkpoints hold")
+        if self._rung.machine.phase is not Phase.REENTERING:  # re-entered: it goes on from a checkpoint's step
+            self._intervals.cadence.follows(self._step, step)
         self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm)
         self._step = step
         self._state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples
         self._progress.window.add(samples)
-        ending = self._rung.closing(
-            step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints
-        )
-        if ending is not None:  # the SDK's edge: what ends the step leaves the loop as an exception
-            raise ending
+        end = self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
+        if end is not None:  # the SDK's edge: what ends the step leaves the loop as an exception
+            raise end
 
     def _close_step(self, step: int, loss: Number | None) -> Exception | None:
         """Step `step`'s guard bookkeeping and, when due, its interval's work: what ends it, if anything."""
