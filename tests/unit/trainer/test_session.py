@@ -174,6 +174,16 @@ def _sgd() -> torch.optim.SGD:
     return torch.optim.SGD(nn.Linear(4, 1).parameters(), lr=0.1)
 
 
+def _close_one(run: mpjob.Session, **end: Any) -> None:
+    """Train and close step 1 (end_step with `end`)."""
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.resume(model=model, optimizer=optimizer)
+    run.backward(model(torch.randn(8, 4)).pow(2).mean())
+    run.step(optimizer)
+    run.end_step(1, **end)
+
+
 def _report(launch: AttemptLaunch) -> TerminationReport:
     path = Path(launch.checkpoint_dir).parent / "report.json"
     return TerminationReport.model_validate_json(path.read_text())
@@ -210,6 +220,8 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.resume(model=object()), "no state_dict()"),
         (lambda run: run.end_step(1), "call run.resume(...) before the first end_step()"),
         (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
+        (lambda run: _close_one(run, loss=torch.ones(8)), "end_step(loss=a tensor of shape (8,)): the loss"),
+        (lambda run: _close_one(run, loss=[0.5]), "end_step(loss=a list): the loss"),
         (lambda run: run.step(nn.Linear(4, 1)), "step(Linear): step() takes the torch.optim.Optimizer to step"),
         (lambda run: run.step(_sgd(), clip_norm=-1.0), "step(clip_norm=-1.0): clip_norm is a gradient norm"),
         (lambda run: run.step(_sgd(), clip_norm=math.nan), "step(clip_norm=nan): clip_norm is a gradient norm"),

@@ -45,6 +45,14 @@ def finite(value: Number | None) -> bool:
     return math.isfinite(value)
 
 
+def require_one_number(loss: object) -> None:
+    """A loss `end_step` is given to report is one number (else a configuration error, at the call)."""
+    if loss is None or isinstance(loss, int | float) or (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        return
+    given = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
+    raise ConfigError(f"end_step(loss={given}): the loss to report is one number, a float or a one-element tensor")
+
+
 class StepTally:
     """The current optimizer step's losses, gradient norm and learning rate (device values)."""
 
@@ -62,6 +70,7 @@ class StepTally:
     def close(self, loss: Number | None) -> Number | None:
         """End the step: what it reports (`loss`, else the losses summed); returns what the
         guard observes (the losses summed when there were any)."""
+        require_one_number(loss)
         reported = self.loss_sum if loss is None else loss
         self.reported = reported.detach() if isinstance(reported, torch.Tensor) else reported
         return self.loss_sum if self.loss_sum is not None else self.reported
