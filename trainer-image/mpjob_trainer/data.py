@@ -98,6 +98,8 @@ def micro_batch(dataset: Dataset[Any], sampler: StepSampler, step: int, micro: i
 def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple takes its fields by position
+        return type(batch)(*(to_device(b, device) for b in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(b, device) for b in batch)
     if isinstance(batch, dict):

@@ -7,14 +7,16 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import default_collate
 
 from mpjob_contract.codes import ExitCode
 from mpjob_trainer import speed
-from mpjob_trainer.data import StepLoader, StepSampler, data_workers, micro_batch
+from mpjob_trainer.data import StepLoader, StepSampler, data_workers, micro_batch, to_device
 from mpjob_trainer.session.ending import Standing, classify
 from mpjob_trainer.tasks.mlp import make_task
 from tests import warm
@@ -126,6 +128,20 @@ def _final(tmp: Path, step: int) -> dict:
 
 
 @pytest.mark.process
+class Inputs(NamedTuple):
+    tokens: torch.Tensor
+    mask: torch.Tensor
+
+
+def test_a_batch_goes_to_the_device_in_the_shape_the_dataset_gave_it_namedtuples_too() -> None:
+    """A task's input may be a namedtuple (default_collate keeps one): the builtin loop hands the
+    model the same type, each field on the device."""
+    items = [(Inputs(torch.ones(3), torch.zeros(3, dtype=torch.bool)), {"y": torch.ones(1)}) for _ in range(2)]
+    inputs, targets = to_device(default_collate(items), torch.device("cpu"))
+    assert isinstance(inputs, Inputs) and inputs.tokens.shape == (2, 3) and inputs.mask.dtype == torch.bool
+    assert set(targets) == {"y"} and targets["y"].shape == (2, 1)
+
+
 def test_data_workers_train_bit_identically_to_the_training_process(tmp_path: Path) -> None:
     runs = {}
     for workers in (0, 2):
