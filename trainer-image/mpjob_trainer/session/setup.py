@@ -9,6 +9,7 @@ from torch import nn
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import sharding, speed
+from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.precision import autocast_fp32_types, keep_fp32
 from mpjob_trainer.session.modes import AttemptPrecision
@@ -66,6 +67,11 @@ class ModelSetUp:
         self, model: nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
     ) -> torch.optim.AdamW:
         """AdamW with no weight decay on parameters of fewer than 2 dimensions, fused on CUDA."""
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError(
+                f"adamw({type(model).__name__}): the model has no trainable parameters (none with requires_grad): "
+                "nothing for an optimizer to train; a loop without one closes its steps with run.end_step alone"
+            )
         return speed.adamw(model, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def wrap(self, model: nn.Module, *, blocks: sharding.Blocks = None) -> nn.Module:
