@@ -294,6 +294,29 @@ def test_an_fp16_step_that_asks_for_no_update_is_no_overflow(tmp_path: Path, mon
     assert report.counters.overflow_steps == 0
 
 
+def test_fp16_steps_each_of_several_optimizers_with_its_true_gradients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One loss, two optimizers (GradScaler's multi-optimizer use): the first one's gradients
+    overflow and it skips its step; the second still steps with its own gradients unscaled by the
+    scale they were scaled with, and the scale backs off once for the step, not once per optimizer."""
+    job = spec(training={"steps": 1, "logEvery": 1}, checkpoint={"everySteps": 1}, precision={"mode": "fp16"})
+    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
+    with mpjob.start(launch=launch) as run:
+        a, b = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
+        first, second = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+        run.resume(a=a, b=b, first=first, second=second)
+        before_a, before_b = a.weight.detach().clone(), b.weight.detach().clone()
+        x = torch.ones(1, 1)
+        run.backward(a(x).sum() * 1e35 + b(x).sum())  # a's gradient overflows once scaled; b's is 1
+        run.step(first)
+        run.step(second)
+        run.end_step(1, samples=1)
+        assert run.scaler is not None and run.scaler.get_scale() == 32768.0
+    assert torch.equal(a.weight, before_a)  # skipped
+    assert torch.allclose(b.weight, before_b - 0.1)  # its true gradient, 1
+
+
 def test_start_without_an_attempt_is_a_config_error(launch: AttemptLaunch) -> None:
     with pytest.raises(SystemExit) as ended:
         mpjob.start()

@@ -148,6 +148,9 @@ class StepNumerics:
         #: A framework steps its optimizer with the attempt's GradScaler itself (`watch`): each of
         #: its steps asked for an update, though not through `step()`.
         self.steps_elsewhere = False
+        #: Optimizers GradScaler unscaled since its last update: it updates once per step, after
+        #: every optimizer of the step has stepped (its multi-optimizer contract), at `close`.
+        self._unscaled: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook an optimizer the loop steps itself (a framework's), not through `step()`."""
@@ -179,11 +182,13 @@ class StepNumerics:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         scaler = self.precision.scaler
         if scaler is not None:
+            if optimizer in self._unscaled:  # stepped again within one step: the scale moves first
+                self._update_scale()
             scaler.unscale_(optimizer)  # clipping sees true gradients
+            self._unscaled.add(optimizer)
         self.tally.grad_norm = clip_gradients(params, clip_norm)  # sharded or not: the global norm
         if scaler is not None:
             scaler.step(optimizer)
-            scaler.update()
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -192,6 +197,7 @@ class StepNumerics:
         """Per-step guard bookkeeping, host-only; the fault of too many overflows in a row, if so.
         A step `skipped` whole (quarantined: nothing trained), or one that asked for no update (no
         `step()`: a model without parameters, an evaluation), applied none and is no overflow."""
+        self._update_scale()
         observed = self.tally.close(loss)
         if observed is not None:
             self.guard.observe_loss(torch.as_tensor(observed))
@@ -200,6 +206,12 @@ class StepNumerics:
         self.guard.begin_step()
         self.tally.clear()
         return fault
+
+    def _update_scale(self) -> None:
+        """GradScaler's update, once for the optimizers it unscaled since the last one."""
+        if self.precision.scaler is not None and len(self._unscaled):
+            self.precision.scaler.update()
+        self._unscaled.clear()
 
     def numbers(self, step: int, read: Read) -> Interval:
         """The log line's numbers for the interval `read` was taken at."""
