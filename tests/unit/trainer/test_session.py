@@ -317,6 +317,29 @@ def test_fp16_steps_each_of_several_optimizers_with_its_true_gradients(
     assert torch.allclose(b.weight, before_b - 0.1)  # its true gradient, 1
 
 
+def test_an_fp16_optimizer_without_gradients_steps_as_it_does_in_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An optimizer none of whose parameters got a gradient this step (frozen ones, the idle half of
+    an alternating loop, a first step with nothing to train) changes nothing, in fp16 as in bf16,
+    instead of ending the attempt in GradScaler's "no inf checks were recorded"."""
+    job = spec(training={"steps": 3, "logEvery": 1}, checkpoint={"everySteps": 3}, precision={"mode": "fp16"})
+    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
+    with mpjob.start(launch=launch) as run:
+        a, b = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
+        first, second = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+        run.resume(a=a, b=b, first=first, second=second)
+        before_a, before_b = a.weight.detach().clone(), b.weight.detach().clone()
+        for step in range(run.total_steps):
+            if step:  # step 1 trains nothing: no backward at all
+                run.backward(a(torch.ones(1, 1)).sum())
+            run.step(first)
+            run.step(second)
+            run.end_step(step + 1, samples=1)
+    assert _report(launch).reason == "Succeeded"
+    assert torch.equal(b.weight, before_b) and not torch.equal(a.weight, before_a)
+
+
 def test_start_without_an_attempt_is_a_config_error(launch: AttemptLaunch) -> None:
     with pytest.raises(SystemExit) as ended:
         mpjob.start()

@@ -180,7 +180,9 @@ class StepNumerics:
         self.tally.stepped = True
         self.tally.lr = optimizer.param_groups[0]["lr"]
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        scaler = self.precision.scaler
+        # No gradient: nothing was scaled, nothing can overflow, and GradScaler would refuse a step it
+        # has no inf check for. It steps as in bf16 (its parameters stay as they are).
+        scaler = self.precision.scaler if any(p.grad is not None for p in params) else None
         if scaler is not None:
             if optimizer in self._unscaled:  # stepped again within one step: the scale moves first
                 self._update_scale()
