@@ -121,6 +121,7 @@ def test_the_interval_reads_the_loss_scale_through_gradscalers_public_api() -> N
     model = nn.Linear(4, 1)
     numerics.backward(model(torch.ones(2, 4)).sum() * float("inf"))  # inf gradients: skipped, the scale backs off
     numerics.step(torch.optim.SGD(model.parameters(), lr=0.1), clip_norm=None)
+    numerics.close(1, None)  # end_step: the scaler updates once the step's optimizers have stepped
     assert state.scaler is not None
     assert numerics.read(flag=0.0).guard.loss_scale == state.scaler.get_scale() == 512.0
 

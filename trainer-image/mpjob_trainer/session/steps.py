@@ -148,8 +148,10 @@ class StepNumerics:
         #: A framework steps its optimizer with the attempt's GradScaler itself (`watch`): each of
         #: its steps asked for an update, though not through `step()`.
         self.steps_elsewhere = False
-        #: Optimizers GradScaler unscaled since its last update: it updates once per step, after
-        #: every optimizer of the step has stepped (its multi-optimizer contract), at `close`.
+        #: GradScaler updates once per step, after every optimizer of the step has stepped (its
+        #: multi-optimizer contract), at `close`: due once it unscaled one, whether that one lives on
+        #: or not; those it unscaled since (held weakly, as AppliedSteps holds them).
+        self._update_due = False
         self._unscaled: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
@@ -188,6 +190,7 @@ class StepNumerics:
                 self._update_scale()
             scaler.unscale_(optimizer)  # clipping sees true gradients
             self._unscaled.add(optimizer)
+            self._update_due = True
         self.tally.grad_norm = clip_gradients(params, clip_norm)  # sharded or not: the global norm
         if scaler is not None:
             scaler.step(optimizer)
@@ -211,8 +214,9 @@ class StepNumerics:
 
     def _update_scale(self) -> None:
         """GradScaler's update, once for the optimizers it unscaled since the last one."""
-        if self.precision.scaler is not None and len(self._unscaled):
+        if self.precision.scaler is not None and self._update_due:
             self.precision.scaler.update()
+        self._update_due = False
         self._unscaled.clear()
 
     def numbers(self, step: int, read: Read) -> Interval:
