@@ -7,6 +7,7 @@ Subprocess tests run tests/unit/trainer/sdk_script.py (and the example in docs/s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -25,7 +26,7 @@ from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from tests import warm
 from tests.helpers import wait_for
-from tests.unit.trainer.conftest import Run, in_process_launch, launch_env, parse, run_trainer, spec
+from tests.unit.trainer.conftest import Run, in_process_launch, launch_env, parse, run_trainer, spec, train_squares
 
 pytestmark = pytest.mark.unit
 
@@ -360,3 +361,44 @@ def test_generators_are_kept_without_numpy(monkeypatch: pytest.MonkeyPatch) -> N
     first = (torch.rand(3), random.random())
     state.set_rng_state(saved)
     assert torch.equal(first[0], torch.rand(3)) and first[1] == random.random()
+
+
+def _ends_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, last: torch.Tensor, **guard: Any) -> Any:
+    """Six steps of the SDK's loop (checkpoints at 3 and 6) whose last step's inputs are `last`:
+    the report, the checkpoints written and the weights the run ended on."""
+    job = spec(
+        training={"steps": 6, "logEvery": 3},
+        checkpoint={"everySteps": 3},
+        precision={"mode": precision, "guard": guard},
+    )
+    launch = in_process_launch(tmp_path, monkeypatch, job, precision)
+    model = nn.Linear(4, 1)
+    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        run.resume(model=model, optimizer=optimizer)
+        train_squares(run, model, optimizer, 0, lambda i: last if i == 5 else torch.ones(4, 4))
+    saved = sorted(p.name for p in Path(launch.checkpoint_dir).glob("step-*"))
+    return _report(launch), saved, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_an_fp16_run_that_ends_in_an_overflow_skipped_step_writes_its_final_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last step overflowed and was skipped: the weights are the step before's, finite, and
+    the run ends on them; its final checkpoint holds them (not the one of step 3)."""
+    report, saved, weights = _ends_on(tmp_path, monkeypatch, "fp16", torch.full((4, 4), 1e6))
+    assert report.reason == "Succeeded" and report.counters.overflow_steps >= 1, report.message
+    assert saved == ["step-000000003", "step-000000006"] and report.last_good_checkpoint.step == 6
+    assert torch.isfinite(weights).all()
+
+
+def test_a_run_whose_last_step_leaves_non_finite_weights_does_not_end_succeeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no replay to tell data from precision (guard.replaySteps 0), a NaN at the last step
+    in bf16 leaves NaN weights: no final checkpoint can hold them, and the run must not end
+    Succeeded on them, but as a numeric fault resumed from the last good checkpoint."""
+    report, saved, weights = _ends_on(tmp_path, monkeypatch, "bf16", torch.full((4, 4), math.nan), replaySteps=0)
+    assert not torch.isfinite(weights).all()
+    assert (report.reason, report.last_good_checkpoint.step, saved) == ("NumericFault", 3, ["step-000000003"])
+    assert "non-finite" in report.message and "step 6" in report.message, report.message

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import Counters
 from mpjob_contract.timeline import ScaleHistory
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
@@ -155,6 +156,11 @@ class IntervalWork:
         if due.checkpoint or stop:
             final = step == self.cadence.total or stop or promote
             saved = self._checkpoint(step, state=state, checkpoints=checkpoints, final=final)
+            if not saved and step == self.cadence.total:  # no later step can heal what it ends on
+                return NumericFault(
+                    GuardRule.MAX_NON_FINITE_LOSSES,
+                    f"the weights are non-finite at the last step, step {step}: the run cannot end on them",
+                )
             if promote and saved:
                 clean = self.cadence.clean_steps(step)
                 self.log("repromote", step=step, cleanSteps=clean)
@@ -185,9 +191,11 @@ class IntervalWork:
         return state.capture(step, self.numerics.applied.count, precision.precision, precision.scaler)
 
     def _checkpoint(self, step: int, *, state: TrainingState, checkpoints: Checkpointer, final: bool) -> bool:
-        """Save the state at `step`, unless this interval saw numeric trouble (never a bad one)."""
+        """Save the state at `step`, unless this interval saw numeric trouble (never a bad one).
+        The last step's is saved whenever its weights are finite: the run ends on them (steps
+        skipped as overflowing left them as they were)."""
         guard, precision = self.numerics.guard, self.numerics.precision
-        if not (guard.healthy() and state.finite()):
+        if not ((guard.healthy() or step == self.cadence.total) and state.finite()):
             self.log("checkpointSkipped", step=step, why="numeric trouble in this window")
             return False
 
