@@ -8,6 +8,7 @@ from copy import deepcopy
 from typing import Any
 
 from mpjob.builders import profile_token
+from mpjob.builders.expansion import literal
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
 from mpjob.planning.planner import StartAttempt
@@ -55,6 +56,11 @@ def _gpu_affinity(min_cc: str) -> dict[str, Any]:
         same_major.append({"key": "nvidia.com/gpu.compute.minor", "operator": "Gt", "values": [str(minor - 1)]})
     terms.append({"matchExpressions": same_major})
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+def escaped(env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's env entries, their values data the kubelet must not expand (`expansion`)."""
+    return [{**item, "value": literal(item["value"])} if "value" in item else item for item in env]
 
 
 def merge_named(base: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -181,7 +187,7 @@ def _container(
         "name": TRAINER_CONTAINER,
         "image": spec.image or image,
         "command": command,
-        "env": merge_named([*env, {"name": IMAGE_ENV, "value": spec.image or image}], spec.template.env),
+        "env": merge_named(escaped([*env, {"name": IMAGE_ENV, "value": spec.image or image}]), spec.template.env),
         "ports": [
             {"name": "metrics", "containerPort": metric_names.DEFAULT_METRICS_PORT},
             {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from mpjob.builders.attempt import merge_named
+from mpjob.builders.expansion import expanded
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.workers import free_port
 from mpjob.planning.classify import AttemptOutcome
@@ -89,9 +90,15 @@ def attempt_env(
 def template_values(spec: MixedPrecisionJobSpec, ours: dict[str, str]) -> dict[str, str]:
     """`ours` and spec.template.env merged as the trainer container's env is on a cluster (ours
     win a name clash: builders.attempt.merge_named), less the entries read from the cluster
-    (valueFrom: `unresolved_env` names them); an entry with neither is the empty string, as there."""
+    (valueFrom: `unresolved_env` names them); an entry with neither is the empty string, as there.
+    The manifest's values are expanded as the kubelet expands them (`$(NAME)` of an entry before
+    it, `$$` a `$`: builders.expansion); ours are data, taken as they are."""
     merged = merge_named([{"name": name, "value": value} for name, value in ours.items()], spec.template.env)
-    return {str(item["name"]): str(item.get("value", "")) for item in merged if "valueFrom" not in item}
+    values: dict[str, str] = {}
+    for item in (item for item in merged if "valueFrom" not in item):
+        name, value = str(item["name"]), str(item.get("value", ""))
+        values[name] = value if name in ours else expanded(value, values)
+    return values
 
 
 def unresolved_env(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:

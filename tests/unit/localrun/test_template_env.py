@@ -1,6 +1,7 @@
 """`mpjob run` gives the trainers spec.template.env as a cluster gives the trainer container:
 its plain values reach the processes, the product's own variables win a name clash, and an
-entry read from the cluster (valueFrom) is named once at the start as unset here."""
+entry read from the cluster (valueFrom) is named once at the start as unset here; `$(NAME)` in a
+value is expanded as the kubelet expands it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 #: Writes the variables the test asks about, as its processes see them.
 SCRIPT = """import json, os
-names = ["MY_SETTING", "EMPTY_ONE", "MASTER_ADDR", "FROM_SECRET", "SHELL_ONLY"]
+names = ["MY_SETTING", "EMPTY_ONE", "MASTER_ADDR", "FROM_SECRET", "SHELL_ONLY", "DERIVED"]
 open("seen.json", "w").write(json.dumps({n: os.environ.get(n) for n in names}))
 """
 
@@ -32,6 +33,8 @@ def test_template_env_reaches_the_trainers_under_the_products_own(
         {"name": "EMPTY_ONE"},
         {"name": "MASTER_ADDR", "value": "10.0.0.1"},  # the product's: the rendezvous stays on loopback
         {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+        # Expanded as the kubelet expands it: an entry before it, a `$$`, one never defined.
+        {"name": "DERIVED", "value": "$(MY_SETTING)/$(MASTER_ADDR) $$HOME $(SHELL_ONLY)"},
     ]
     doc = {
         "apiVersion": "mpjob.dev/v1alpha1",
@@ -52,6 +55,7 @@ def test_template_env_reaches_the_trainers_under_the_products_own(
         "MASTER_ADDR": "127.0.0.1",
         "FROM_SECRET": None,
         "SHELL_ONLY": "from the shell",
+        "DERIVED": "from the manifest/127.0.0.1 $HOME $(SHELL_ONLY)",
     }
     said = [e for e in events if e["event"] == "info" and "valueFrom" in e["message"]]
     assert len(said) == 1, events

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mpjob.builders.attempt import attempt_job, attempt_service
+from mpjob.builders.expansion import expanded, literal
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
@@ -189,3 +190,31 @@ def test_parallelism_reaches_the_trainer_in_the_attempts_launch() -> None:
     assert launch.spec.parallelism.activation_checkpointing == "selective"
     assert launch.spec.parallelism.fsdp.reshard_after_forward is False
     assert AttemptLaunch.model_validate_json(_env(build())["MPJOB_LAUNCH"]["value"]).spec.parallelism.strategy == "ddp"
+
+
+def test_the_kubelet_hands_the_launch_over_as_written_whatever_dollars_the_spec_holds() -> None:
+    """The kubelet expands `$(NAME)` in env values (`$$` is a `$`), with a Service's variables
+    defined: the launch carries the user's spec, so its value is escaped to arrive as written;
+    the manifest's own env entries are left for the kubelet to expand, as the user wrote them."""
+    args = {"pattern": "^a$$b$", "host": "$(KUBERNETES_SERVICE_HOST)", "open": "$(unclosed"}
+    env = [{"name": "OUT", "value": "/data/$(POD_NAME)"}]
+    job = build(task={"builtin": "gpt", "args": args}, template={"env": env})
+    kubelet = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "POD_NAME": "gpt-a2-0"}
+    handed = expanded(_env(job)["MPJOB_LAUNCH"]["value"], kubelet)
+    assert AttemptLaunch.model_validate_json(handed).spec.task.args == args
+    assert _env(job)["OUT"] == {"name": "OUT", "value": "/data/$(POD_NAME)"}
+
+
+@pytest.mark.parametrize(
+    ("text", "defined", "handed"),
+    [
+        ("a$$b", {}, "a$b"),
+        ("$(X)/y", {"X": "1"}, "1/y"),
+        ("$(Y)", {}, "$(Y)"),  # not defined: left as written
+        ("$$(X)", {"X": "1"}, "$(X)"),  # escaped
+        ("$x $(", {}, "$x $("),
+    ],
+)
+def test_expansion_follows_the_kubelets_rules(text: str, defined: dict[str, str], handed: str) -> None:
+    assert expanded(text, defined) == handed
+    assert expanded(literal(text), defined) == text
