@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.nodeagent.processes import ProcessRuntime
+from tests.cluster.nodeagent.processes import ProcessRuntime, kubelet_expand
 from tests.cluster.nodeagent.state import PodProcess
 
 pytestmark = pytest.mark.unit
@@ -44,3 +44,11 @@ def test_a_reaped_containers_number_is_never_signalled_again(tmp_path: Path) -> 
     finally:
         os.killpg(stranger.pid, signal.SIGKILL)
         stranger.wait()
+
+
+@pytest.mark.parametrize(
+    ("text", "handed"),
+    [("a$$b", "a$b"), ("$(X)/y", "1/y"), ("$(Y)", "$(Y)"), ("$$(X)", "$(X)"), ("$x $(", "$x $(")],
+)
+def test_the_agent_expands_env_values_as_the_kubelet_does(text: str, handed: str) -> None:
+    assert kubelet_expand(text, {"X": "1"}) == handed

@@ -145,19 +145,21 @@ class ProcessRuntime:
                 "HOME": str(sandbox.pod_dir),
             }
         )
+        defined: dict[str, str] = {}
         for var in ctr.env or []:
-            value = self._env_value(sandbox, var, rewrite)
+            value = self._env_value(sandbox, var, rewrite, defined)
             if value is not None:
-                env[var.name] = value
+                env[var.name] = defined[var.name] = value
         own_rendezvous(sandbox.pod, env)
         if sandbox.kubeconfig:
             env["KUBECONFIG"] = sandbox.kubeconfig
         return env
 
-    def _env_value(self, sandbox: PodSandbox, var: Any, rewrite: PathRewrites) -> str | None:
-        """One env var: a literal (paths rewritten), a fieldRef, a configMap or secret key."""
+    def _env_value(self, sandbox: PodSandbox, var: Any, rewrite: PathRewrites, defined: dict[str, str]) -> str | None:
+        """One env var: a literal (its `$(NAME)` expanded as the kubelet does, paths rewritten),
+        a fieldRef, a configMap or secret key."""
         if var.value is not None:
-            return rewrite(var.value)
+            return rewrite(kubelet_expand(var.value, defined))
         source, namespace = var.value_from, sandbox.pod.metadata.namespace
         if source and source.field_ref:
             return field_value(sandbox.pod, source.field_ref.field_path, sandbox.ip)
@@ -273,3 +275,21 @@ def termination_message(rec: PodProcess, code: int) -> str:
         except OSError:
             pass
     return text
+
+
+def kubelet_expand(text: str, defined: dict[str, str]) -> str:
+    """An env value as the kubelet expands it: `$$` is `$`; `$(NAME)` is NAME's value when an entry
+    before it defines it, else left as written; any other `$` stays."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("$(", i) and (end := text.find(")", i + 2)) >= 0:
+            name = text[i + 2 : end]
+            out.append(defined.get(name, text[i : end + 1]))
+            i = end + 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
