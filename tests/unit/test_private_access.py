@@ -43,9 +43,9 @@ ALLOWED: dict[str, str] = {
         "process, and torch.compiler.config has no public equivalent. torch 2.11's cache ignores "
         "the autocast dtype, so the trainer turns it off there"
     ),
-    "hasattr(batch, '_fields')": (
-        "data.py: `_fields` is the documented public API of namedtuples (the underscore keeps field names "
-        "free), how torch's default_collate itself tells a namedtuple, which takes its fields by position"
+    "hasattr(value, '_fields')": (
+        "data.py is_namedtuple: `_fields` is the documented public API of namedtuples (the underscore keeps "
+        "field names free), how torch's default_collate itself tells a namedtuple, which takes its fields by position"
     ),
     "trainer._save_checkpoint": (
         "adapters/hf.py: transformers.Trainer has no public method that writes the checkpoint its own "

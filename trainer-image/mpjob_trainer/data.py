@@ -95,10 +95,15 @@ def micro_batch(dataset: Dataset[Any], sampler: StepSampler, step: int, micro: i
     return default_collate([dataset[i] for i in sampler.indices(step, micro)])
 
 
+def is_namedtuple(value: Any) -> bool:
+    """A namedtuple takes its fields by position, not as one iterable as a tuple does."""
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple takes its fields by position
+    if is_namedtuple(batch):
         return type(batch)(*(to_device(b, device) for b in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(b, device) for b in batch)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from mpjob_contract.api import Precision, PrecisionSpec, resolve_auto
+from mpjob_trainer.data import is_namedtuple
 
 #: Autocast dtypes; fp8 runs all but its float8 linears (mpjob_trainer.float8) under bf16 autocast.
 DTYPES = {"fp8": torch.bfloat16, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -132,7 +133,22 @@ def autocast_fp32_types(device: torch.device | str) -> frozenset[str]:
 
 
 def _fp32(value: Any) -> Any:
-    return value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+    """`value` with its floating tensors in fp32, also those nested in tuples (named ones too),
+    lists and dicts. A container holding none is returned itself, not copied; anything else
+    (integer tensors, other objects, other container types) is passed as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() else value
+    kind = type(value)
+    if kind is dict:
+        items = {key: _fp32(item) for key, item in value.items()}
+        changed = any(items[key] is not item for key, item in value.items())
+        return items if changed else value
+    if kind is list or kind is tuple or is_namedtuple(value):
+        converted = [_fp32(item) for item in value]
+        if all(new is old for new, old in zip(converted, value, strict=True)):
+            return value
+        return converted if kind is list else tuple(converted) if kind is tuple else kind(*converted)
+    return value
 
 
 #: The attribute of a kept module holding (the forward it had, the autocast device type).
@@ -141,7 +157,8 @@ KEPT = "mpjob_kept_fp32"
 
 def fp32_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """A kept module's `forward`, bound to it: the one it had, with autocast off and floating
-    tensor arguments (positional and keyword, not nested) cast to fp32.
+    tensor arguments (positional and keyword, also nested in tuples, lists and dicts) cast to
+    fp32.
 
     Bound on the instance, so the module's class, parameters and state_dict keys stay as they
     were, and a deepcopy rebinds both methods to the copy. One function bound to each module,
