@@ -219,7 +219,7 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
     [
         (lambda run: run.resume(rng=Position()), "'rng' is reserved"),
         (lambda run: run.resume(model=object()), "no state_dict()"),
-        (lambda run: run.end_step(1), "call run.resume(...) before the first end_step()"),
+        (lambda run: run.end_step(1), "call run.resume(...) before end_step(1): it names what the session"),
         (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
         (lambda run: _close_one(run, loss=torch.ones(8)), "end_step(loss=a tensor of shape (8,)): the loss"),
         (lambda run: _close_one(run, loss=[0.5]), "end_step(loss=a list): the loss"),

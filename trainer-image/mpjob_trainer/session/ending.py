@@ -95,6 +95,15 @@ def _compile_failure(exc: BaseException) -> bool:
     return dynamo_exc is not None and isinstance(exc, dynamo_exc.TorchDynamoException)
 
 
+def after_close(call: str, *, step: int) -> ConfigError:
+    """`call` came after the session closed at `step`: its report is written, and nothing after it
+    may train or write a checkpoint the report does not name."""
+    return ConfigError(
+        f"{call} after the session closed at step {step} (close(), or the end of its `with` block): "
+        "its report is written; close the session after the loop's last step"
+    )
+
+
 def announce(exc: BaseException | None, step: int, loss: float | None, applied: int, *, log: EventLog) -> None:
     """The run's `done` line, or a numeric fault's `fault` line, before its ending is judged."""
     if classify(exc, Standing()).code == ExitCode.SUCCESS:

@@ -96,14 +96,13 @@ class Recovery:
         *,
         guard: GuardSpec,
         weights: LiveWeights | None,
-        state: TrainingState | None,
+        state: TrainingState,
         checkpoints: Checkpointer,
         reshape: Reshape | None = None,
     ) -> None:
-        """The loop registered its step: replays and rollbacks can run it (`guard`: the settings
-        the parallelism allows, sharding.Wrapper.replayable), and `reshape` changes its split."""
-        if state is None:  # the step runs on what resume() registers, and an `auto` attempt measures on it
-            raise ConfigError("call run.resume(...) before register_step(): the step trains what resume() registers")
+        """The loop registered its step (after resume(): it trains what resume() registered): replays
+        and rollbacks can run it (`guard`: the settings the parallelism allows,
+        sharding.Wrapper.replayable), and `reshape` changes its split."""
         changes = self.in_place is not None and bool(self.in_place.splits or self.in_place.targets)
         first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or changes
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
@@ -111,7 +110,7 @@ class Recovery:
         self.rung.arm(self.replay, state=state, fresh=fresh)
         if self.in_place is not None:
             self.in_place.why_not = self._not_in_place(state)
-            self.in_place.rewraps = state is not None and state.sharded is not None
+            self.in_place.rewraps = state.sharded is not None
         self.memory.arm(reshape)
 
     def run_step(self, step: int, *, state: TrainingState | None, checkpoints: Checkpointer) -> None:

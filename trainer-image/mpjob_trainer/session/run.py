@@ -9,10 +9,10 @@ attempt (precision and modes, step arithmetic and guard, intervals, checkpoints,
 | (again)  | `reentering(loop)` runs it again | set-up helpers, `resume`: a sharded model wrapped anew (inplace) |
 | CLOSED   | `close()` / leaving `with`  | nothing: `close()` again returns the same exit code        |
 
-`end_step` or `register_step` before `resume`, a second `resume` and a step closed out of order are config errors.
-`register_step` in an `auto` attempt runs the PROBE mode once, then trains in the chosen precision; a
-numeric fault runs the REPLAY mode inside `close`; the quality gate runs EVAL at its steps; one
-sync point per interval, none per step (session.steps)."""
+Config errors: `end_step` or `register_step` before `resume` or after `close` (its report is written),
+a second `resume`, a step closed out of order. `register_step` in an `auto` attempt runs the PROBE mode
+once, then trains in the chosen precision; a numeric fault runs the REPLAY mode inside `close`; the
+quality gate runs EVAL at its steps; one sync point per interval, none per step (session.steps)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.assembly import assemble
 from mpjob_trainer.session.checkpointing import Checkpointer
-from mpjob_trainer.session.ending import Standing, announce, conclude
+from mpjob_trainer.session.ending import Standing, after_close, announce, conclude
 from mpjob_trainer.session.machine import Phase
 from mpjob_trainer.session.measure import measure_and_settle
 from mpjob_trainer.session.memory import Reshape
@@ -60,11 +60,8 @@ class Session(SetUpCalls):
         flops_per_sample: float | None = None,
         tokens_per_sample: int | None = None,
     ) -> None:
-        self.launch, spec = launch, launch.attempt_spec()
-        self.world = world
-        self.preemption = preemption
-        self._log = log
-        self.device = dist_env.pick_device(world)
+        self.launch, self.world, self.preemption, self._log = launch, world, preemption, log
+        self.device, spec = dist_env.pick_device(world), launch.attempt_spec()
         dist_env.init_process_group(world, self.device)
         seed_everything(spec.training.seed)
         parts = assemble(launch, spec, world, log, self.device)
@@ -130,8 +127,7 @@ class Session(SetUpCalls):
         self._recovery.loop_reenters = True
         while True:
             try:
-                loop()
-                return
+                return loop()
             except Rewrap as left:
                 self._state, self._gate = None, None  # the old model and optimizer go with the loop
                 self._recovery.left_loop(left.target)
@@ -181,11 +177,11 @@ class Session(SetUpCalls):
         `modules`: the models whose buffers the measurement puts back (default: resume()'s); `weights`: a
         framework's, whose state the session does not hold (session.replay); `reshape(micro, accumulation)`:
         train in that micro-batch split from the next step on (run_step, session.memory)."""
-        guard = self._setup.wrapper.replayable(self.spec.precision.guard)
+        state, guard = self._training("register_step()"), self._setup.wrapper.replayable(self.spec.precision.guard)
         self._recovery.arm(step, samples, guard=guard, weights=weights, reshape=reshape,
-                           state=self._state, checkpoints=self._checkpoints)  # fmt: skip
-        if self.launch.precision == "auto" and self._measurement is None and self._state is not None:
-            held = modules if modules is not None else self._state.modules
+                           state=state, checkpoints=self._checkpoints)  # fmt: skip
+        if self.launch.precision == "auto" and self._measurement is None:
+            held = modules if modules is not None else state.modules
             self._measurement = measure_and_settle(step, self.start_step, modules=held, at=self._context)
 
     def run_step(self, step: int) -> None:
@@ -236,16 +232,15 @@ class Session(SetUpCalls):
     ) -> None:
         """Close optimizer step `step` (1-based, counting up); at intervals: report, guard, checkpoint, preempt.
         `lr`, `grad_norm` (before clipping, unscaled): to report when the loop steps its optimizer itself."""
-        if self._state is None:
-            raise ConfigError("call run.resume(...) before the first end_step(): it names what checkpoints hold")
+        state = self._training(f"end_step({step})")
         if self._rung.machine.phase is not Phase.REENTERING:  # re-entered: it goes on from a checkpoint's step
             self._intervals.cadence.follows(self._step, step)
         self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm)
         self._step = step
-        self._state.samples += samples or 0
+        state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples
         self._progress.window.add(samples)
-        end = self._rung.closing(step, loss, close=self._close_step, state=self._state, checkpoints=self._checkpoints)
+        end = self._rung.closing(step, loss, close=self._close_step, state=state, checkpoints=self._checkpoints)
         if end is not None:  # the SDK's edge: what ends the step leaves the loop as an exception
             raise end
 
@@ -262,6 +257,13 @@ class Session(SetUpCalls):
             return None
         flag = 1.0 if self.preemption.raised else 0.0
         return self._intervals.run(step, due, flag=flag, state=self._state, checkpoints=self._checkpoints, gate=gate)
+
+    def _training(self, call: str) -> TrainingState:  # what resume() registered, between resume() and close()
+        if self._exit_code is not None:
+            raise after_close(call, step=self._step)
+        if self._state is None:
+            raise ConfigError(f"call run.resume(...) before {call}: it names what the session trains and checkpoints")
+        return self._state
 
     def __enter__(self) -> Session:
         return self
@@ -282,15 +284,7 @@ class Session(SetUpCalls):
         announce(exc, self._step, self.last_loss, self.applied_steps, log=self._log)
         self._checkpoints.settle(self._step)
         exc = self._recovery.judge(exc, state=self._state, checkpoints=self._checkpoints)  # data or precision?
-        self._exit_code = conclude(exc, self._standing(), self._log)
-        self._instruments.close(self._step, self._exit_code)
-        with contextlib.suppress(Exception):
-            dist_env.shutdown(self.world)
-        self.preemption.restore()
-        return self._exit_code
-
-    def _standing(self) -> Standing:
-        return Standing(
+        standing = Standing(
             step=self._step,
             precision=self.precision,
             last_good=self._checkpoints.last_good,
@@ -298,3 +292,9 @@ class Session(SetUpCalls):
             **self._intervals.account(),
             **self._recovery.account(self._started_at),
         )
+        self._exit_code = conclude(exc, standing, self._log)
+        self._instruments.close(self._step, self._exit_code)
+        with contextlib.suppress(Exception):
+            dist_env.shutdown(self.world)
+        self.preemption.restore()
+        return self._exit_code
