@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
@@ -63,3 +64,21 @@ def test_registering_a_step_after_the_session_closed_is_refused(launch: AttemptL
         run.resume(model=nn.Linear(4, 1))
     with pytest.raises(ConfigError, match=r"register_step\(\) after the session closed at step 0"):
         run.register_step(lambda i: None)
+
+
+def test_checkpoint_start_before_resume_is_a_config_error_naming_the_order(launch: AttemptLaunch) -> None:
+    """checkpoint_start() writes step 0 of what resume() registered: called first, it wrote nothing,
+    silently, and a rollback before the first interval's checkpoint had nothing to return to."""
+    with pytest.raises(SystemExit) as ended, mpjob.start(launch=launch) as run:
+        run.checkpoint_start()
+    assert ended.value.code == ExitCode.CONFIG_ERROR
+    message = TerminationReport.model_validate_json(_report(launch)).message
+    assert message.startswith("call run.resume(...) before checkpoint_start()"), message
+
+
+def test_checkpoint_start_after_the_session_closed_is_refused(launch: AttemptLaunch) -> None:
+    with mpjob.start(launch=launch) as run:
+        run.resume(model=nn.Linear(4, 1))
+    with pytest.raises(ConfigError, match=r"checkpoint_start\(\) after the session closed at step 0"):
+        run.checkpoint_start()
+    assert _written(launch) == []

@@ -177,11 +177,12 @@ class Recovery:
         `quarantined.skips_step` names."""
         self.rung.reenters = True
 
-    def checkpoint_start(self, state: TrainingState | None, step: int, checkpoints: Checkpointer) -> None:
-        """At a fresh start (`step` 0, no checkpoint), checkpoint step 0 when the data rung may
-        roll back: the state a rollback before the first interval's checkpoint returns to (a
-        loop rolled back in place keeps a host copy instead, DataRung.arm)."""
-        if state is None or step or checkpoints.last_good is not None or not self.rung.rolls_back:
+    def checkpoint_start(self, state: TrainingState, step: int, checkpoints: Checkpointer) -> None:
+        """At a fresh start (`step` 0, no checkpoint), checkpoint step 0 of `state` (what resume()
+        registered) when the data rung may roll back: the state a rollback before the first
+        interval's checkpoint returns to (a loop rolled back in place keeps a host copy instead,
+        DataRung.arm)."""
+        if step or checkpoints.last_good is not None or not self.rung.rolls_back:
             return
         numerics = self.context.numerics
         amp, applied = numerics.precision, numerics.applied.count

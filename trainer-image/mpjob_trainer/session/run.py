@@ -9,7 +9,7 @@ attempt (precision and modes, step arithmetic and guard, intervals, checkpoints,
 | (again)  | `reentering(loop)` runs it again | set-up helpers, `resume`: a sharded model wrapped anew (inplace) |
 | CLOSED   | `close()` / leaving `with`  | nothing: `close()` again returns the same exit code        |
 
-Config errors: `end_step` or `register_step` before `resume` or after `close` (its report is written),
+Config errors: `end_step`, `register_step`, `checkpoint_start` before `resume` or after `close` (report written),
 a second `resume`, a step closed out of order. `register_step` in an `auto` attempt runs the PROBE mode
 once, then trains in the chosen precision; a numeric fault runs the REPLAY mode inside `close`; the
 quality gate runs EVAL at its steps; one sync point per interval, none per step (session.steps)."""
@@ -137,8 +137,8 @@ class Session(SetUpCalls):
         self._recovery.reenter_on_rollback()
 
     def checkpoint_start(self) -> None:
-        """At a fresh start of a loop that re-enters, checkpoint step 0; call it once the loop's own state exists."""
-        self._recovery.checkpoint_start(self._state, self._step, self._checkpoints)
+        """At a fresh start of a loop that re-enters, checkpoint step 0 of what resume() registered (call it after)."""
+        self._recovery.checkpoint_start(self._training("checkpoint_start()"), self._step, self._checkpoints)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The attempt's autocast for forward passes (a no-op in fp32)."""
