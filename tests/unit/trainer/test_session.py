@@ -227,6 +227,11 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.step(nn.Linear(4, 1)), "step(Linear): step() takes the torch.optim.Optimizer to step"),
         (lambda run: run.step(_sgd(), clip_norm=-1.0), "step(clip_norm=-1.0): clip_norm is a gradient norm"),
         (lambda run: run.step(_sgd(), clip_norm=math.nan), "step(clip_norm=nan): clip_norm is a gradient norm"),
+        (lambda run: run.set_sample_cost(flops=-1), "set_sample_cost(flops=-1): flops is the training FLOPs of one"),
+        (lambda run: run.set_sample_cost(flops=math.nan), "set_sample_cost(flops=nan): flops is the training FLOPs"),
+        (lambda run: run.set_sample_cost(flops=math.inf), "set_sample_cost(flops=inf): flops is the training FLOPs"),
+        (lambda run: run.set_sample_cost(tokens=0), "set_sample_cost(tokens=0): tokens is the number of tokens"),
+        (lambda run: run.set_sample_cost(tokens=2.5), "set_sample_cost(tokens=2.5): tokens is the number of tokens"),
     ],
 )
 def test_misusing_the_sdk_is_a_config_error(launch: AttemptLaunch, misuse: Any, says: str) -> None:
@@ -235,6 +240,15 @@ def test_misusing_the_sdk_is_a_config_error(launch: AttemptLaunch, misuse: Any, 
     assert ended.value.code == ExitCode.CONFIG_ERROR
     report = _report(launch)
     assert report.reason == "ConfigError" and says in report.message
+
+
+def test_a_sample_cost_start_cannot_use_is_a_config_error_naming_its_argument(launch: AttemptLaunch) -> None:
+    with pytest.raises(SystemExit) as ended:
+        mpjob.start(flops_per_sample=-6.0, launch=launch)
+    assert ended.value.code == ExitCode.CONFIG_ERROR
+    message = _report(launch).message
+    assert message.startswith("start(flops_per_sample=-6.0): flops_per_sample is the training FLOPs"), message
+    assert "a finite number above 0, or None" in message
 
 
 def test_an_unexpected_exception_is_an_infra_error_with_its_traceback(

@@ -52,7 +52,7 @@ def assemble(
     numerics = StepNumerics(amp, NumericGuard(spec.precision.guard, device, world))
     metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, amp.precision)
     store = open_store(launch, config_digest=config_digest(launch), log=log, metrics=metrics)
-    progress = Progress(metrics, log, world, device, flops_per_sample=None, tokens_per_sample=None)
+    progress = Progress(metrics, log, world, device)
     wrapper = sharding.Wrapper(world, device, spec=spec, requested=launch.precision, log=log)
     context = AttemptContext(numerics, world, log, metrics, tracked=spec.tracking is not None)
     cadence = Cadence(spec, launch.repromote_after_steps)

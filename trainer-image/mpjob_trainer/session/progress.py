@@ -8,14 +8,18 @@ line costs no extra device sync: it is taken right after the guard's interval re
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.distributed import World
+from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics, peak_flops
 
@@ -60,28 +64,50 @@ class ThroughputWindow:
         return sps, elapsed / max(1, self.steps)
 
 
+#: The SDK's calls that tell a sample's cost, and their names for (FLOPs, tokens).
+COST_ARGUMENTS = {"start": ("flops_per_sample", "tokens_per_sample"), "set_sample_cost": ("flops", "tokens")}
+
+
+def _above_zero(value: Any, kind: type[Any]) -> bool:
+    """A finite number of `kind` above 0 (a bool is no count)."""
+    return isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def sample_cost(flops: float | None, tokens: int | None, *, call: str) -> tuple[float | None, int | None]:
+    """One sample's training FLOPs (MFU) and tokens (tokens/s) as told to `call`, when usable:
+    else a ConfigError naming the argument and what it may be."""
+    flops_name, tokens_name = COST_ARGUMENTS[call]
+    if flops is not None and not _above_zero(flops, numbers.Real):
+        raise ConfigError(
+            f"{call}({flops_name}={flops!r}): {flops_name} is the training FLOPs of one sample (about 6 x "
+            "parameters for a dense model; MFU is computed from it): a finite number above 0, or None when not known"
+        )
+    if tokens is not None and not _above_zero(tokens, numbers.Integral):
+        raise ConfigError(
+            f"{call}({tokens_name}={tokens!r}): {tokens_name} is the number of tokens in one sample (tokens/s "
+            "is computed from it): an integer above 0, or None when not known"
+        )
+    return (float(flops) if flops is not None else None), (int(tokens) if tokens is not None else None)
+
+
 class Progress:
-    def __init__(
-        self,
-        metrics: TrainerMetrics,
-        log: EventLog,
-        world: World,
-        device: torch.device,
-        *,
-        flops_per_sample: float | None,
-        tokens_per_sample: int | None,
-    ) -> None:
+    def __init__(self, metrics: TrainerMetrics, log: EventLog, world: World, device: torch.device) -> None:
         self.metrics = metrics
         self.log = log
         self.world = world
         self.device = device
-        self.flops_per_sample = flops_per_sample
-        self.tokens_per_sample = tokens_per_sample
+        #: One sample's cost, when told (`cost`): MFU and tokens/s need it.
+        self.flops_per_sample: float | None = None
+        self.tokens_per_sample: int | None = None
         self.peak = peak_flops(device)
         self.window = ThroughputWindow()
         #: What the counters were told so far (overflow steps, non-finite losses): Prometheus
         #: counters only go up, so each interval adds what the guard counted since the last.
         self.counted = (0, 0)
+
+    def cost(self, flops: float | None, tokens: int | None, *, call: str) -> None:
+        """What one sample costs, as told to the SDK's `call` (`sample_cost`)."""
+        self.flops_per_sample, self.tokens_per_sample = sample_cost(flops, tokens, call=call)
 
     def started(
         self,

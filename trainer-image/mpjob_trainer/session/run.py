@@ -69,7 +69,7 @@ class Session(SetUpCalls):
         self._progress, self._instruments, self._checkpoints = parts.progress, parts.instruments, parts.checkpoints
         self._setup, self._context, self._intervals = parts.setup, parts.context, parts.intervals
         self._recovery, self._rung = parts.recovery, parts.recovery.rung
-        self.set_sample_cost(flops=flops_per_sample, tokens=tokens_per_sample)
+        self._progress.cost(flops_per_sample, tokens_per_sample, call="start")
         self._state: TrainingState | None = None
         self.start_step = self._step = 0
         self._started_at: int | None = None  # the start step once resume() decided it (the report's)
@@ -118,7 +118,7 @@ class Session(SetUpCalls):
 
     def set_sample_cost(self, *, flops: float | None = None, tokens: int | None = None) -> None:
         """What one sample costs (MFU, tokens/s) when start() could not be told (the builtin: its task)."""
-        self._progress.flops_per_sample, self._progress.tokens_per_sample = flops, tokens
+        self._progress.cost(flops, tokens, call="set_sample_cost")
 
     # ---------------------------------------------------------------- set-up (SetUpCalls: keep_fp32, wrap, ...)
     def reentering(self, loop: Callable[[], None]) -> None:
