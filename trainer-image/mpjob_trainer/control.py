@@ -23,6 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from mpjob_contract.tracking import PROFILE_PATH, ProfileAnswer
+from mpjob_trainer.errors import ConfigError
 
 #: Asks for profile (id, steps): its answer, or None while another capture is in flight.
 Ask = Callable[[int, int], ProfileAnswer | None]
@@ -83,6 +84,23 @@ def routes(registry: CollectorRegistry, ask: Ask | None, token: str | None = Non
         return [body]
 
     return app
+
+
+#: What the port variable may say for "serve no metrics".
+NO_PORT = ("", "off", "none", "-1")
+
+
+def port_setting(variable: str, raw: str) -> int | None:
+    """The port `variable` (set to `raw`) asks for: None for none (NO_PORT), 0 for any free one."""
+    if raw.strip().lower() in NO_PORT:
+        return None
+    port = int(raw) if raw.strip().isdigit() else -1
+    if not 0 <= port <= 65535:
+        raise ConfigError(
+            f"{variable}={raw!r}: not a port the trainer can serve metrics on: an integer port from 0 to 65535 "
+            "(0: any free port), or off (also none, -1 or empty: serve no metrics)"
+        )
+    return port
 
 
 def serve(port: int, host: str, app: Wsgi) -> int:

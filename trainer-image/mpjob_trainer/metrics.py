@@ -212,10 +212,11 @@ class TrainerMetrics:
         answers the operator's profile requests on the same port, those that carry `token`
         (mpjob_trainer.control)."""
         raw = os.environ.get(names.METRICS_PORT_ENV, str(names.DEFAULT_METRICS_PORT))
-        if raw.strip().lower() in ("", "off", "none", "-1"):
+        port = control.port_setting(names.METRICS_PORT_ENV, raw)
+        if port is None:
             return None
         host = os.environ.get("MPJOB_METRICS_HOST", "0.0.0.0")
-        self.port = control.serve(int(raw), host, control.routes(self.registry, ask, token))
+        self.port = control.serve(port, host, control.routes(self.registry, ask, token))
         return self.port
 
     def _instruments(self) -> None:

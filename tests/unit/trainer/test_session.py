@@ -251,6 +251,19 @@ def test_a_sample_cost_start_cannot_use_is_a_config_error_naming_its_argument(la
     assert "a finite number above 0, or None" in message
 
 
+@pytest.mark.parametrize("port", ["abc", "70000", "-5", "80.5"])
+def test_a_metrics_port_that_is_no_port_is_a_config_error_naming_the_variable(
+    launch: AttemptLaunch, monkeypatch: pytest.MonkeyPatch, port: str
+) -> None:
+    monkeypatch.setenv("MPJOB_METRICS_PORT", port)
+    with pytest.raises(SystemExit) as ended:
+        mpjob.start(launch=launch)
+    assert ended.value.code == ExitCode.CONFIG_ERROR
+    message = _report(launch).message
+    assert message.startswith(f"MPJOB_METRICS_PORT={port!r}: "), message
+    assert "an integer port from 0 to 65535 (0: any free port), or off" in message
+
+
 def test_an_unexpected_exception_is_an_infra_error_with_its_traceback(
     launch: AttemptLaunch, capsys: pytest.CaptureFixture[str]
 ) -> None:
