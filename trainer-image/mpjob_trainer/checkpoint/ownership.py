@@ -5,9 +5,10 @@ A store acts only on checkpoints whose manifest names its own job (`job`,
 AttemptLaunch.job_identity). Anything else found there (copied in by hand, written by another
 job, a manifest that cannot be read) is never replaced, set aside or deleted, and neither
 counts towards `keep` nor goes; a save that finds such a checkpoint at its own step writes
-nothing (CheckpointTaken). A prune counts and removes only checkpoints up to the step just saved,
-and examines only the newest `keep + MAX_EXAMINED` of those step folders (each a manifest read):
-a save prunes as it goes, so its own older ones are within them.
+nothing (CheckpointTaken: at the job's last step a configuration error, session.interval). A
+prune counts and removes only checkpoints up to the step just saved, and examines only the
+newest `keep + MAX_EXAMINED` of those step folders (each a manifest read): a save prunes as it
+goes, so its own older ones are within them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
 
 
 class CheckpointTaken(Exception):
-    """The place of the step to save holds a checkpoint this store's job did not write."""
+    """The place of the step to save (`where`) holds a checkpoint this store's job did not write."""
+
+    def __init__(self, where: object) -> None:
+        super().__init__(f"{where} holds a checkpoint this job did not write: left as it is, not replaced")
+        self.where = where
 
 
 def own_manifest(store: Store[W], where: W) -> Manifest | None:
@@ -43,11 +48,11 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     try:
         manifest = store.manifest(where)
     except CorruptCheckpoint:
-        raise CheckpointTaken(_taken(where)) from None
+        raise CheckpointTaken(where) from None
     if manifest is None:
         return None
     if manifest.job != store.job:
-        raise CheckpointTaken(_taken(where))
+        raise CheckpointTaken(where)
     try:
         if where in store.unloadable:
             raise CorruptCheckpoint(f"{where}: its files did not load")
@@ -67,7 +72,3 @@ def prune(store: Store[W], saved: int) -> None:
     ours = [(where, manifest) for _, where in examined if (manifest := own_manifest(store, where)) is not None]
     for where, manifest in ours[: -store.keep]:
         store.discard(where, manifest)
-
-
-def _taken(where: object) -> str:
-    return f"{where} holds a checkpoint this job did not write: left as it is, not replaced"

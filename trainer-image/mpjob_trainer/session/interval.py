@@ -23,6 +23,7 @@ from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import Counters
 from mpjob_contract.timeline import ScaleHistory
+from mpjob_trainer.checkpoint import CheckpointTaken
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
@@ -198,7 +199,21 @@ class IntervalWork:
         if not ((guard.healthy() or step == self.cadence.total) and state.finite()):
             self.log("checkpointSkipped", step=step, why="numeric trouble in this window")
             return False
-
-        checkpoints.save(step, precision.precision, lambda: self._capture(step, state), final=final)
+        try:
+            checkpoints.save(step, precision.precision, lambda: self._capture(step, state), final=final)
+        except CheckpointTaken as taken:
+            if step == self.cadence.total:  # every attempt would train back to it: retrying cannot help
+                raise ConfigError(last_step_taken(step, taken.where)) from None
+            raise  # a SIGTERM's (or re-promotion's) save: a later attempt stops at another step
         guard.mark_good()
         return True
+
+
+def last_step_taken(step: int, where: object) -> str:
+    """Why a job cannot end while another job's checkpoint holds the place of its last step."""
+    return (
+        f"the last step's checkpoint (step {step}) cannot be written: {where}, in this job's checkpoint folder, "
+        "holds a checkpoint another job wrote (or one whose manifest cannot be read), which is never replaced; "
+        f"every attempt would train to step {step} and end here again. Move it out of the folder (or give this "
+        "job a checkpoint folder of its own), then run the job again"
+    )
