@@ -59,7 +59,11 @@ def reconcile(
     of its own yet (None: it has one; `cutoff.stalled`)."""
     status = status.model_copy(deep=True)
     status.observed_generation = generation
-    status.total_steps = spec.training.steps
+    # The bound of every step a trainer names (planning/reported.py). Never lowered: an attempt
+    # trains to the training.steps it was launched with, so an edit that lowers them reaches the
+    # next attempt only, and the steps the running one (or one resumed past the new end) names
+    # stay its own.
+    status.total_steps = max(spec.training.steps, status.total_steps or 0)
     plan = Plan(status=status)
     when = When(st.stamp(now), generation)
     if status.phase in FINISHED:

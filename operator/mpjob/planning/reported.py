@@ -17,8 +17,9 @@ from mpjob_contract.report import TerminationReport
 
 
 def within(step: int, status: MixedPrecisionJobStatus) -> int:
-    """A step a trainer names, held to [0, status.totalSteps] (training.steps, which every
-    reconcile and `mpjob run` write into the status before anything reads a trainer)."""
+    """A step a trainer names, held to [0, status.totalSteps] (the largest training.steps the job
+    has had, which every reconcile and `mpjob run` write into the status before anything reads a
+    trainer: an attempt trains to the steps it was launched with, an edit lowering them aside)."""
     top = status.total_steps if status.total_steps is not None else step
     return min(max(step, 0), top)
 

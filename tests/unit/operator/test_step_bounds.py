@@ -67,3 +67,23 @@ def test_a_live_reading_past_the_end_is_held_to_it() -> None:
     assert status.last_checkpoint is not None and status.last_checkpoint.step == STEPS
     assert progress_patch(_running(), {"step": HUGE}) == {"step": STEPS}
     assert progress_patch(_running(), {"step": STEPS - 1}) == {"step": STEPS - 1}
+
+
+def test_steps_lowered_while_an_attempt_runs_leave_its_steps_and_checkpoints_as_it_names_them() -> None:
+    """The running attempt trains to the training.steps it was launched with: an edit that lowers
+    them reaches the next attempt only, so the steps the running one names past the new end are
+    its own, not a tenant's inflation (they once read as the new end: a checkpoint of step 90
+    recorded as step 20 with step 90's digest, and a step that stood still)."""
+    spec = job_spec(workers=1, training={"steps": STEPS, "batchSize": 4}, precision={"mode": "fp16"})
+    status = reconcile(spec, MixedPrecisionJobStatus(), 1, {}, T0).status
+    lowered = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": 20})})
+    status = observe(status, Reading(attempt=0, step=80, checkpoint=CheckpointReading(80, "a" * 64))).status
+    running = JobView(0, pods=(PodView("p0", 0, "Running", True, started_at=stamp(2)),))
+    status = reconcile(lowered, status, 2, {0: running}, T0 + timedelta(seconds=30)).status
+    assert status.step == 80 and progress_patch(status, {"step": 85}) == {"step": 85}
+    pod = PodView("p0", 0, "Failed", False, 42, _report(90, 80), started_at=stamp(2), finished_at=stamp(32))
+    status = reconcile(lowered, status, 2, {0: JobView(0, "Failed", pods=(pod,))}, T0 + timedelta(seconds=40)).status
+    first = status.attempts[0]
+    assert (first.end_step, status.step) == (90, 90)
+    assert status.last_checkpoint is not None and status.last_checkpoint.step == 80
+    assert status.attempts[1].start_step == 80
