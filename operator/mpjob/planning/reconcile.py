@@ -173,9 +173,15 @@ def _follow(
     if job is None and lingering:
         return  # a new attempt waits until its predecessor's pods are gone (no two write checkpoints)
     if job is None:
-        # Recorded but not created (the operator stopped in between, or a shrink): create it now.
+        # Recorded but not created (the operator stopped in between, or a shrink), or deleted while its
+        # pods ran (the phase says so; they have stopped): create it now, in the same attempt.
         plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
-        status.phase = "Pending" if status.phase == "Running" else status.phase
+        if status.phase == "Running":
+            message = f"attempt {current.index}'s Job was deleted while it ran: created again, in the same attempt"
+            message += " (uncharged), to resume from its newest checkpoint"
+            plan.events.append(lc.Event("Warning", ConditionReason.JOB_RECREATED, message))
+            status.phase = "Pending"
+            current.start_step_reported = True  # it began where it says: the new pods resume further on
         return
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     now = _parse_time(when.at) or datetime.now(UTC)

@@ -59,8 +59,8 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     elif report.counters.loss_scale:
         status.loss_scale = report.counters.loss_scale
     for attempt in status.attempts:
-        if attempt.index == index and report.start_step is not None:  # where it began, not the plan
-            attempt.start_step = report.start_step
+        if attempt.index == index and report.start_step is not None and not attempt.start_step_reported:
+            attempt.start_step = report.start_step  # where it began, not the plan (a read may have said so)
         if attempt.index == index and attempt.recovery_seconds is None and report.recovery_seconds is not None:
             attempt.recovery_seconds = figure(report.recovery_seconds)  # no read caught the trainer's figure
         if attempt.index == index and report.measurement is not None:

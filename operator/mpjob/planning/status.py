@@ -59,6 +59,8 @@ class ConditionReason(StrEnum):
     #: The operator deleted the live pods of an attempt whose rank was lost, hung or crashed,
     #: with a short grace period (mpjob.planning.cutoff; an Event's reason).
     RANKS_CUT = "RanksCut"
+    #: The running attempt's Job was deleted (not by the operator): created again (an Event's reason).
+    JOB_RECREATED = "JobRecreated"
 
 
 #: How the status writes a moment: RFC 3339 in UTC, whole seconds, as Kubernetes writes its own.

@@ -1,0 +1,38 @@
+"""An attempt's Job deleted by hand on the real control plane while its pods run: the operator
+creates it again in the same attempt, uncharged, says so in a Warning Event, and the attempt keeps
+the start step it began at (docs/walkthrough.md, "Change a running job")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import paced, wait_for
+from tests.integration.operator.conftest import Jobs, Operator
+from tests.integration.operator.test_fault_policy import mlp_spec
+
+pytestmark = pytest.mark.integration
+
+STEPS = 160
+
+
+def test_a_running_attempt_s_job_deleted_by_hand_is_created_again_and_said(operator: Operator, jobs: Jobs) -> None:
+    jobs.pvc("ckpt")
+    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
+    spec["training"]["steps"] = STEPS
+    jobs.create("hand", spec)
+    jobs.wait_status("hand", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
+    first = jobs.batch.read_namespaced_job("hand-a0", jobs.namespace).metadata.uid
+    jobs.batch.delete_namespaced_job("hand-a0", jobs.namespace, propagation_policy="Background")
+
+    def created_again() -> bool:
+        found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector="metadata.name=hand-a0").items
+        return bool(found) and found[0].metadata.uid != first
+
+    wait_for(created_again, 120, message="hand-a0 created again")
+    (event,) = [e for e in jobs.events("hand", "JobRecreated") if e.reason == "JobRecreated"]
+    assert event.type == "Warning" and "attempt 0" in event.message, event.message
+    status = jobs.wait_phase("hand", ("Succeeded", "Failed"), 180)
+    assert status["phase"] == "Succeeded", status
+    (attempt,) = status["attempts"]
+    assert (attempt["startStep"], attempt["endStep"], status["step"]) == (0, STEPS, STEPS), attempt
+    assert status["attemptCounts"]["started"] == 1 and jobs.attempt_jobs("hand") == ["hand-a0"]
