@@ -77,6 +77,14 @@ def test_a_commands_python_is_mpjob_runs_own_interpreter(tmp_path: Path) -> None
     assert (tmp_path / "interpreter").read_text() == sys.executable
 
 
+def _write_job(folder: Path, *, working_dir: str) -> None:
+    """job.yaml in `folder`: `python train.py` in `working_dir`, two steps on the CPU."""
+    task = {"command": ["python", "train.py"], "workingDir": working_dir}
+    spec = {"task": task, "training": {"steps": 2}, "resources": {"gpusPerWorker": 0}}
+    doc = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": "own"}, "spec": spec}
+    (folder / "job.yaml").write_text(yaml.safe_dump(doc))
+
+
 @pytest.mark.parametrize("where", ["no-such-folder", "train.py"], ids=["missing", "a-file"])
 def test_a_working_dir_that_is_no_folder_is_refused_before_the_run(
     tmp_path: Path, where: str, capsys: pytest.CaptureFixture[str]
@@ -84,17 +92,7 @@ def test_a_working_dir_that_is_no_folder_is_refused_before_the_run(
     """A task.workingDir below the manifest's folder that is no folder there ended `mpjob run` in a
     traceback once the first attempt's workers were started, its report left Running."""
     (tmp_path / "train.py").write_text("pass\n")
-    doc = {
-        "apiVersion": "mpjob.dev/v1alpha1",
-        "kind": "MixedPrecisionJob",
-        "metadata": {"name": "own"},
-        "spec": {
-            "task": {"command": ["python", "train.py"], "workingDir": where},
-            "training": {"steps": 2},
-            "resources": {"gpusPerWorker": 0},
-        },
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    _write_job(tmp_path, working_dir=where)
     out = tmp_path / "out"
     assert run_command([str(tmp_path / "job.yaml"), "--out", str(out), "--json"]) == 2
     said = json.loads(capsys.readouterr().out)
@@ -111,17 +109,7 @@ def test_a_working_dir_gone_before_the_next_attempt_ends_it_as_a_configuration_e
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text("import os, shutil, sys\nshutil.rmtree(os.getcwd())\nsys.exit(1)\n")
-    doc = {
-        "apiVersion": "mpjob.dev/v1alpha1",
-        "kind": "MixedPrecisionJob",
-        "metadata": {"name": "own"},
-        "spec": {
-            "task": {"command": ["python", "train.py"], "workingDir": "work"},
-            "training": {"steps": 2},
-            "resources": {"gpusPerWorker": 0},
-        },
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    _write_job(tmp_path, working_dir="work")
     out = tmp_path / "out"
     assert run_command([str(tmp_path / "job.yaml"), "--out", str(out), "--json", "--no-plot"]) == 1
     report = json.loads((out / "report.json").read_text())

@@ -322,6 +322,15 @@ def test_an_fp16_step_that_asks_for_no_update_is_no_overflow(tmp_path: Path, mon
     assert report.counters.overflow_steps == 0
 
 
+def _two_optimizers(run: mpjob.Session) -> list[tuple[nn.Linear, torch.optim.SGD]]:
+    """Two one-weight models, each with its own SGD, resumed in `run`."""
+    models = (nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False))
+    pairs = [(model, torch.optim.SGD(model.parameters(), lr=0.1)) for model in models]
+    (a, first), (b, second) = pairs
+    run.resume(a=a, b=b, first=first, second=second)
+    return pairs
+
+
 def test_fp16_steps_each_of_several_optimizers_with_its_true_gradients(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,9 +340,7 @@ def test_fp16_steps_each_of_several_optimizers_with_its_true_gradients(
     job = spec(training={"steps": 1, "logEvery": 1}, checkpoint={"everySteps": 1}, precision={"mode": "fp16"})
     launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
     with mpjob.start(launch=launch) as run:
-        a, b = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
-        first, second = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
-        run.resume(a=a, b=b, first=first, second=second)
+        (a, first), (b, second) = _two_optimizers(run)
         before_a, before_b = a.weight.detach().clone(), b.weight.detach().clone()
         x = torch.ones(1, 1)
         run.backward(a(x).sum() * 1e35 + b(x).sum())  # a's gradient overflows once scaled; b's is 1
@@ -354,9 +361,7 @@ def test_an_fp16_optimizer_without_gradients_steps_as_it_does_in_bf16(
     job = spec(training={"steps": 3, "logEvery": 1}, checkpoint={"everySteps": 3}, precision={"mode": "fp16"})
     launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
     with mpjob.start(launch=launch) as run:
-        a, b = nn.Linear(1, 1, bias=False), nn.Linear(1, 1, bias=False)
-        first, second = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
-        run.resume(a=a, b=b, first=first, second=second)
+        (a, first), (b, second) = _two_optimizers(run)
         before_a, before_b = a.weight.detach().clone(), b.weight.detach().clone()
         for step in range(run.total_steps):
             if step:  # step 1 trains nothing: no backward at all
