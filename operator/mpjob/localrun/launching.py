@@ -62,10 +62,11 @@ def working_dir_gone(spec: MixedPrecisionJobSpec, base_dir: Path) -> AttemptOutc
 
 def attempt_env(
     job: MixedPrecisionJob, start: StartAttempt, *, checkpoint_dir: str, in_place: InPlacePlan
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, str]]:
     """The environment of attempt `start`'s launchers: this one's, less any Kubernetes settings,
     with spec.template.env's values (`template_values`) and, over them, the attempt's launch, a
-    metrics port of its own and a free rendezvous port."""
+    metrics port of its own and a free rendezvous port; and the container's own variables of it
+    (those the kubelet expands a task.command's `$(NAME)` with)."""
     launch = attempt_launch(
         job.spec,
         start,
@@ -84,7 +85,8 @@ def attempt_env(
         "PYTHONUNBUFFERED": "1",
     }
     shell = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
-    return {**shell, **template_values(job.spec, ours)}
+    container = template_values(job.spec, ours)
+    return {**shell, **container}, container
 
 
 def template_values(spec: MixedPrecisionJobSpec, ours: dict[str, str]) -> dict[str, str]:

@@ -215,8 +215,8 @@ class LocalRun:
             self._watches.append(CapacityWatch(self.spec, self.schedule, start, self._workers))
         self._current, self._began, self._reached = start, time.monotonic(), None
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
-        env = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
-        worker0 = self._workers.start(env)
+        env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
+        worker0 = self._workers.start(env, container)
         with self.ctrl_c.caught(self._workers):
             try:
                 self._follow(worker0, self._workers.log0)

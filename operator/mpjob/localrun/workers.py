@@ -15,11 +15,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
 from mpjob.builders.attempt import launcher_argv
+from mpjob.builders.expansion import expanded
 from mpjob.localrun.files import created, read_regular
 from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
@@ -82,13 +84,16 @@ class Workers:
         self.procs: list[subprocess.Popen[str]] = []
         self._logs: list[IO[str]] = []
 
-    def start(self, env: dict[str, str]) -> subprocess.Popen[str]:
-        """Start every worker; returns worker 0, whose stdout carries the trainer's events."""
+    def start(self, env: dict[str, str], container: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start every worker; returns worker 0, whose stdout carries the trainer's events. A
+        task.command's `$(NAME)` is expanded with `container`, as the kubelet expands a pod's."""
         trainer = [self.python, "-m", "mpjob_trainer"]
         argv = with_interpreter(
             launcher_argv(self.spec, trainer, [self.python, "-m", "mpjob_trainer.launch"], workers=self.count),
             self.python,
         )
+        cut = argv.index("--") + 1
+        argv = [*argv[:cut], *(expanded(arg, container or {}) for arg in argv[cut:])]
         for worker in range(self.count):
             # Line-buffered: the event lines the runner copies here (worker 0's stdout) reach the
             # file as they come, so a killed runner leaves them for its rerun (`leftover`).

@@ -1,7 +1,7 @@
 """`mpjob run` gives the trainers spec.template.env as a cluster gives the trainer container:
 its plain values reach the processes, the product's own variables win a name clash, and an
 entry read from the cluster (valueFrom) is named once at the start as unset here; `$(NAME)` in a
-value is expanded as the kubelet expands it."""
+value and in task.command is expanded as the kubelet expands it."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from tests.helpers import mpjob_run_json
 pytestmark = pytest.mark.unit
 
 #: Writes the variables the test asks about, as its processes see them.
-SCRIPT = """import json, os
+SCRIPT = """import json, os, sys
 names = ["MY_SETTING", "EMPTY_ONE", "MASTER_ADDR", "FROM_SECRET", "SHELL_ONLY", "DERIVED"]
-open("seen.json", "w").write(json.dumps({n: os.environ.get(n) for n in names}))
+open("seen.json", "w").write(json.dumps({**{n: os.environ.get(n) for n in names}, "argv": sys.argv[1:]}))
 """
 
 
@@ -41,7 +41,8 @@ def test_template_env_reaches_the_trainers_under_the_products_own(
         "kind": "MixedPrecisionJob",
         "metadata": {"name": "env"},
         "spec": {
-            "task": {"command": ["python", "train.py"]},
+            # The kubelet expands a command's `$(NAME)` with the container's variables only.
+            "task": {"command": ["python", "train.py", "--out=$(MY_SETTING)", "$(SHELL_ONLY)", "$$5"]},
             "training": {"steps": 2},
             "resources": {"gpusPerWorker": 0},
             "template": {"env": env},
@@ -56,6 +57,7 @@ def test_template_env_reaches_the_trainers_under_the_products_own(
         "FROM_SECRET": None,
         "SHELL_ONLY": "from the shell",
         "DERIVED": "from the manifest/127.0.0.1 $HOME $(SHELL_ONLY)",
+        "argv": ["--out=from the manifest", "$(SHELL_ONLY)", "$5"],
     }
     said = [e for e in events if e["event"] == "info" and "valueFrom" in e["message"]]
     assert len(said) == 1, events
