@@ -142,7 +142,12 @@ def format_line(event: str, fields: dict[str, Any]) -> str:
     if unknown:
         raise ValueError(f"event {event!r} has no field(s) {', '.join(sorted(unknown))}")
     model.model_validate(fields)
-    return json.dumps({"event": event, **{k: wire(v) for k, v in fields.items()}})
+    return line_of(event, fields)
+
+
+def line_of(event: str, fields: dict[str, Any]) -> str:
+    """An event and its fields as one line of JSON, unchecked (`format_line` checks a trainer's)."""
+    return json.dumps({"event": event, **wire(fields)})
 
 
 def parse_line(line: str) -> TrainerEvent | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -263,9 +264,10 @@ class Reconciler:
         (index, refused), meta = refusal, body["metadata"]
         om.REFUSALS.labels(reason=refused.rule.reason).inc()
         log.warning("%s/%s: the API server refused attempt %d: %s", meta["namespace"], meta["name"], index, refused)
-        failed = Plan(status=plan.status.model_copy(deep=True), events=list(plan.events))
-        failed.started_reasons, failed.fallbacks = plan.started_reasons, plan.fallbacks
-        failed.repromotions = plan.repromotions
+        # The plan as it was, less the children it asked for (none of them is made now).
+        failed = replace(
+            plan, status=plan.status.model_copy(deep=True), events=list(plan.events), create=[], delete=[], cut=[]
+        )
         when = When(st.now(), meta.get("generation"))
         lc.refused(failed, index=index, reason=refused.rule.reason, message=refused.message, when=when)
         self._write(body, plan.status.to_api(), failed.status)

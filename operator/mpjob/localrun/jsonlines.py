@@ -4,15 +4,14 @@ apart from the view, which needs the local extra: that extra missing is such an 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from mpjob_contract.events import wire
+from mpjob_contract.events import line_of
 
 
 def json_line(event: str, **fields: Any) -> str:
     """One event as one line of JSON, a non-finite figure (a faulting step's loss) as the trainer's lines write it."""
-    return json.dumps({"event": event, **{k: wire(v) for k, v in fields.items()}})
+    return line_of(event, fields)
 
 
 def error_line(message: str, **fields: Any) -> str:

@@ -168,10 +168,11 @@ def next_size(
     if resize is not None:
         return resize.workers, resize.shape
     workers = workers_of(spec, attempt) if spec.elastic is not None else spec.workers
-    ran = shape_of(attempt) or BatchShape.of(spec)
+    shape = shape_of(attempt)
+    ran = shape or BatchShape.of(spec)
     if ran.micro_batch * ran.grad_accumulation * workers * processes_per_worker(spec) != global_batch(spec):
         return spec.workers, None
-    return workers, shape_of(attempt)
+    return workers, shape
 
 
 def _shrink(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, capacity: Capacity) -> Resize | None:

@@ -205,7 +205,7 @@ _UNREADABLE = (
 _PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None), torch.Size, torch.dtype, torch.device})
 
 
-def readable(state: dict[str, Any], step: int) -> None:
+def check_loadable(state: dict[str, Any], step: int) -> None:
     """A ConfigError naming the value when a restore could not read `state` (step `step`'s) back."""
     unreadable = unreadable_value(state)
     if unreadable is not None:

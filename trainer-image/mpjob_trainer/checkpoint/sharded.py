@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from mpjob_trainer.checkpoint.manifest import hash_files, readable
+from mpjob_trainer.checkpoint.manifest import check_loadable, hash_files
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
@@ -136,7 +136,7 @@ class ShardedWriter:
         rank = self.peers.rank
         try:
             upload.result()
-            readable(written, step)
+            check_loadable(written, step)
             own = tmp / rank_file(rank)
             torch.save({k: v for k, v in written.items() if k != SHARDS}, own)
             paths = [own, *tmp.glob(f"__{rank}_*.distcp")]

@@ -49,11 +49,11 @@ from mpjob_trainer.checkpoint.manifest import (
     CorruptCheckpoint,
     Manifest,
     check_files,
+    check_loadable,
     folder_name,
     fsync_dir,
     hash_tree,
     read_manifest,
-    readable,
     state_problem,
     step_of,
     write_manifest,
@@ -224,7 +224,7 @@ class CheckpointStore:
         `state` must be a private copy: it is read while training may go on. `adopt`: the folder
         of a framework's finished checkpoint (on this filesystem), moved in as `framework/` and
         covered by the manifest."""
-        readable(state, step)
+        check_loadable(state, step)
         tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
         with self._writing:
             try:
