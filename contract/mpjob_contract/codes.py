@@ -67,6 +67,9 @@ class FinishReason(StrEnum):
     NO_PRECISION_LEFT = "NoPrecisionLeft"
     #: Attempts kept failing the same way before their first step: retrying cannot help.
     FAILED_BEFORE_FIRST_STEP = "FailedBeforeFirstStep"
+    #: Two attempts in a row failed the same way at the same step (an exception the script
+    #: raises there whatever the attempt): retrying cannot help.
+    FAILED_AT_THE_SAME_STEP = "FailedAtTheSameStep"
 
 
 #: What each of the trainer's own exit codes stands for; any other code is an infrastructure failure.

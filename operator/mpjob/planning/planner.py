@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from mpjob.planning.classify import Action, Classification
 from mpjob.planning.history import barred
-from mpjob.planning.repeat import REPEATED_FAILURE, repeated_early_failure
+from mpjob.planning.repeat import repeated_failure
 from mpjob_contract.api import (
     AttemptCounts,
     AttemptStatus,
@@ -218,8 +218,8 @@ def after_attempt(
         return Finish(True, Reason.SUCCEEDED, result.message)
     if result.action is Action.FAIL:
         return Finish(False, result.reason, result.message)
-    if (repeated := repeated_early_failure(history)) is not None:
-        return Finish(False, REPEATED_FAILURE, repeated)
+    if (repeated := repeated_failure(history)) is not None:
+        return Finish(False, *repeated)
     attempts_used = index + 1 if used is None else used
     if attempts_used >= spec.run_policy.max_attempts:
         return Finish(

@@ -1,7 +1,8 @@
-"""`mpjob run` of a command that cannot start: the job fails in at most two attempts with the
-cause in its status message (the launcher quotes the rank's stderr; the planner stops the
-second identical failure before a first step); and a command's `python` is `mpjob run`'s own
-interpreter, so `mpjob run` called by its path, its environment not on PATH, still works."""
+"""`mpjob run` of a command that cannot start, or that raises at the same step whatever the
+attempt: the job fails in two attempts with the cause in its status message (the launcher
+quotes the rank's stderr; the planner stops the second identical failure at the same step);
+and a command's `python` is `mpjob run`'s own interpreter, so `mpjob run` called by its path,
+its environment not on PATH, still works."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ pytestmark = pytest.mark.unit
 MPJOB = Path(sys.executable).with_name("mpjob")
 
 
-def run(tmp: Path, command: list[str], *, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
-    """`mpjob run` (by its path) of a task.command job in `tmp`; its exit code, report.json, output."""
-    doc = {
+def run(
+    tmp: Path, command: list[str], *, env: dict[str, str] | None = None, every: int | None = None
+) -> tuple[int, dict[str, Any], str]:
+    """`mpjob run` (by its path) of a task.command job in `tmp` (a checkpoint `every` steps); its
+    exit code, report.json, output."""
+    doc: dict[str, Any] = {
         "apiVersion": "mpjob.dev/v1alpha1",
         "kind": "MixedPrecisionJob",
         "metadata": {"name": "own"},
@@ -36,6 +40,8 @@ def run(tmp: Path, command: list[str], *, env: dict[str, str] | None = None) -> 
             "runPolicy": {"maxAttempts": 6},
         },
     }
+    if every is not None:
+        doc["spec"]["checkpoint"] = {"everySteps": every}
     (tmp / "job.yaml").write_text(yaml.safe_dump(doc))
     result = subprocess.run(
         [str(MPJOB), "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), "--plain"],
@@ -67,6 +73,38 @@ def test_a_command_that_cannot_start_fails_in_two_attempts_with_its_cause(
     assert "before their first step" in report["message"]
     failed = next(c for c in report["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "FailedBeforeFirstStep" and cause in failed["message"]
+
+
+RAISES_AT_STEP_7 = """
+import torch
+from mpjob_trainer import session as mpjob
+
+with mpjob.start() as run:
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = run.resume(model=model, optimizer=optimizer)
+    for step in range(start, run.total_steps):
+        if step + 1 == 7:
+            raise KeyError("labels")  # what the data holds at step 7, whatever the attempt
+        with run.autocast():
+            loss = model(torch.randn(4, 4)).square().mean()
+        run.backward(loss)
+        run.step(optimizer)
+        run.end_step(step + 1, loss=loss, samples=4)
+"""
+
+
+def test_a_script_that_raises_at_the_same_step_again_fails_in_two_attempts(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(RAISES_AT_STEP_7)
+    code, report, said = run(tmp_path, ["python", "train.py"], every=4)
+    assert code != 0, said
+    assert report["phase"] == "Failed", said
+    first, second = report["attempts"]
+    assert (first["startStep"], first["endStep"]) == (0, 6), first
+    assert (second["startStep"], second["endStep"]) == (4, 6), second  # resumed from step 4, raised again
+    failed = next(c for c in report["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "FailedAtTheSameStep", failed
+    assert "at step 6" in failed["message"] and "KeyError: 'labels'" in failed["message"]
 
 
 def test_a_commands_python_is_mpjob_runs_own_interpreter(tmp_path: Path) -> None:
