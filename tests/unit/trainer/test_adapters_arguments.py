@@ -1,9 +1,10 @@
 """A framework's own settings the adapters must own: a Hugging Face Trainer given its own
 TrainingArguments that save checkpoints (its `save_strategy`, or mpjob's without the optimizer
 through `save_only_model`) is refused before it trains, naming the argument; the arguments
-that only shape those saves, logging or reporting pass. Lightning's fp32 replay clips the
-gradients as its training does: by value or by norm (gradient_clip_algorithm), or as the
-module's own `configure_gradient_clipping` does."""
+that only shape those saves, logging or reporting pass; a Lightning Trainer the script built
+itself whose precision, steps or checkpoints are not the attempt's is refused too. Lightning's
+fp32 replay clips the gradients as its training does: by value or by norm
+(gradient_clip_algorithm), or as the module's own `configure_gradient_clipping` does."""
 
 from __future__ import annotations
 
@@ -93,6 +94,40 @@ class Linear(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+@pytest.mark.parametrize(
+    ("precision", "given", "named"),
+    [
+        ("fp16", {"precision": "16-mixed", "max_steps": 2}, "precision"),  # on a CPU Lightning trains it in bf16
+        ("fp32", {"precision": "bf16-mixed", "max_steps": 2}, "precision"),
+        ("fp32", {"precision": "32-true", "max_steps": 100}, "max_steps"),
+        ("fp32", {"precision": "32-true", "max_steps": 2, "enable_checkpointing": True}, "ModelCheckpoint"),
+    ],
+)
+def test_a_lightning_trainer_not_built_from_the_attempts_settings_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, given: dict[str, Any], named: str
+) -> None:
+    """A Trainer the script builds itself, with mpjob's callback but its own precision, steps or
+    checkpoints, would train in a precision the attempt does not report (and without its
+    GradScaler), past the attempt's steps, or save outside mpjob's store: `fit` refuses it,
+    naming the setting, before it trains."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    job = spec(task={"command": ["python", "train.py"]}, training={"steps": 2, "batchSize": 8, "seed": 0})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, precision))
+    try:
+        callback = mpjob_lightning.MpjobCallback(run)
+        trainer = L.Trainer(callbacks=[callback], logger=False, default_root_dir=str(tmp_path / "own"), **given)
+        with pytest.raises(ConfigError) as refused:
+            mpjob_lightning.fit(run, trainer, Linear(), train_dataloaders=loader)
+    finally:
+        run.close()
+    assert named in str(refused.value) and "trainer_settings(run" in str(refused.value)
+    assert trainer.global_step == 0 and not list(tmp_path.glob("ckpt/step-*"))  # refused before it trained
 
 
 @pytest.mark.parametrize("algorithm", ["value", "norm"])

@@ -157,9 +157,7 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
         )
     tr = run.spec.training
     callback = MpjobCallback(run)
-    mixed = framework_precision(run.precision)
-    measured = run.launch.precision == "auto"  # may settle on any precision once fit has begun
-    plugins: list[Any] = [SessionAutocast(run)] if mixed != "fp32" or measured else []
+    plugins: list[Any] = [SessionAutocast(run)] if _session_autocast(run) else []
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     settings: dict[str, Any] = {
         "max_steps": run.total_steps,
@@ -172,12 +170,39 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
         "log_every_n_steps": tr.log_every,
         "enable_progress_bar": False,
         "num_sanity_val_steps": 0,
-        **({} if plugins else {"precision": PRECISION[mixed]}),
+        **({} if plugins else {"precision": PRECISION["fp32"]}),
     }
     settings.update(kwargs)
     settings["callbacks"] = [callback, *_listed(kwargs.get("callbacks"))]
     settings["plugins"] = [*plugins, *_listed(kwargs.get("plugins"))]
     return settings
+
+
+def _session_autocast(run: Session) -> bool:
+    """Does the attempt train under SessionAutocast? Mixed precision does, and so does an `auto`
+    attempt, which may settle on any precision once fit has begun; fp32 is Lightning's "32-true"."""
+    return framework_precision(run.precision) != "fp32" or run.launch.precision == "auto"
+
+
+def _check(run: Session, trainer: L.Trainer) -> None:
+    """A Trainer not built from trainer_settings(run) would train in a precision the attempt does
+    not report (or without its GradScaler), past its steps, or save checkpoints of its own."""
+    wrong: dict[str, Any] = {}
+    if _session_autocast(run):
+        if not isinstance(trainer.precision_plugin, SessionAutocast):
+            wrong["precision"] = trainer.precision
+    elif trainer.precision != PRECISION["fp32"]:
+        wrong["precision"] = trainer.precision
+    if trainer.max_steps != run.total_steps:
+        wrong["max_steps"] = trainer.max_steps
+    if trainer.checkpoint_callbacks:
+        wrong["callbacks"] = [type(c).__name__ for c in trainer.checkpoint_callbacks]  # a ModelCheckpoint
+    if wrong:
+        raise ConfigError(
+            f"the Trainer's settings disagree with the attempt ({run.precision}, {run.total_steps} steps, "
+            f"checkpoints by mpjob): {wrong}; build it with "
+            "lightning.Trainer(**mpjob_trainer.adapters.lightning.trainer_settings(run, ...))"
+        )
 
 
 def _listed(given: Any) -> list[Any]:
@@ -218,6 +243,7 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     if "ckpt_path" in fit_kwargs:
         raise ConfigError("fit(ckpt_path=...): the attempt names the checkpoint to resume from")
     callback = _callback(trainer)
+    _check(run, trainer)
     bridge = callback.bridge
 
     def write(staging: Path) -> Path:
