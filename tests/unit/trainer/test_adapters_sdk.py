@@ -136,3 +136,28 @@ def test_lightning_settings_keep_a_scripts_callback_and_plugin_given_alone_or_in
         assert mine in trainer.callbacks  # Lightning took both
     finally:
         run.close()
+
+
+def test_a_hugging_face_trainers_checkpoints_leave_no_staging_folder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Trainer writes `checkpoint-N` into a staging folder and the store moves that folder in:
+    the staging folder itself goes too, not one empty `.tmp-framework-*` per checkpoint for the
+    whole attempt."""
+    from transformers import Trainer
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+    from tests.unit.trainer.test_adapters_arguments import Regression
+
+    data = [{"x": x, "labels": y} for x, y in zip(torch.randn(32, 4), torch.randn(32), strict=True)]
+    training = {"steps": 6, "batchSize": 4, "seed": 0}
+    job = spec(task={"command": ["python", "train.py"]}, training=training, checkpoint={"everySteps": 2, "keep": 5})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        args = mpjob_hf.training_arguments(run)
+        mpjob_hf.train(run, Trainer(model=Regression(), args=args, train_dataset=data))  # type: ignore[arg-type]
+    finally:
+        run.close()
+    folders = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name != ".hf-output")  # the output_dir
+    assert folders == [f"step-{step:09d}" for step in (0, 2, 4, 6)]

@@ -25,6 +25,7 @@ the same way, so they do not reimplement any of it; they reach the session throu
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,8 @@ class FrameworkCheckpointer(Checkpointer):
                     raise  # no final checkpoint: this attempt cannot claim success
             else:
                 self._saved(result, asynchronous=False)
+            finally:  # what `written` left of it (the HF Trainer writes a folder inside), or a failed save's files
+                shutil.rmtree(staging, ignore_errors=True)
         dist_env.barrier(self.world)
 
 
