@@ -2,18 +2,22 @@
 the step is split into micro-batches: a Hugging Face model that takes `num_items_in_batch`
 (every causal LM) normalises each micro-batch's loss over the whole step, so the step's loss is
 the sum of the micro-batches' (the Trainer's own log sums them too), not their mean. The
-learning rate: the one the optimizer stepped with."""
+learning rate: the one the optimizer stepped with. The samples: those the step trained on, also
+at the end of an epoch whose last batch is short."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
+import torch
 
 from mpjob_contract.codes import ExitCode
 from tests.unit.trainer.adapter_jobs import SCRIPTS, job
-from tests.unit.trainer.conftest import run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, run_trainer, spec
+from tests.unit.trainer.test_adapters_arguments import Linear, Regression
 
 pytestmark = pytest.mark.unit
 
@@ -47,3 +51,33 @@ def test_the_hf_adapter_reports_the_learning_rate_the_step_was_taken_with(tmp_pa
     assert run.code == ExitCode.SUCCESS, run.stderr[-3000:]
     steps = run.of("step")
     assert steps and all(e["lr"] == pytest.approx(1e-3 * (1 - (e["step"] - 1) / 30)) for e in steps)
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_the_samples_a_step_reports_are_those_it_trained_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, framework: str
+) -> None:
+    """20 samples in batches of 8: the third step trains on the epoch's last 4, and the data
+    position (the samples behind samples/s, and a skipped step's count) is 20, not 3 x 8."""
+    from transformers import Trainer
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    x, y = torch.randn(20, 4), torch.randn(20)
+    job = spec(task={"command": ["python", "train.py"]}, training={"steps": 3, "batchSize": 8, "seed": 0})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        if framework == "hf":
+            data = [{"x": x[i], "labels": y[i]} for i in range(20)]
+            trainer = Trainer(model=Regression(), args=mpjob_hf.training_arguments(run), train_dataset=data)  # type: ignore[arg-type]
+            mpjob_hf.train(run, trainer)
+        else:
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+            lightning = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False))
+            mpjob_lightning.fit(run, lightning, Linear(), train_dataloaders=loader)
+        seen = run.samples_seen
+    finally:
+        run.close()
+    assert seen == 20

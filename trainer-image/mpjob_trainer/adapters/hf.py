@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_pt_utils import find_batch_size
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
@@ -119,13 +120,13 @@ def _check(run: Session, args: TrainingArguments) -> None:
 class MpjobCallback(TrainerCallback):
     """Closes each optimizer step in the session; each micro-batch's loss is the one the Trainer's
     `training_step` returns (kept on the device: no sync per step), summed over the step as the
-    Trainer's own log sums it (`steps_losses`)."""
+    Trainer's own log sums it, and its samples counted (`steps_losses`)."""
 
-    def __init__(self, bridge: FrameworkRun, samples_per_step: int, trainer: Trainer) -> None:
+    def __init__(self, bridge: FrameworkRun, trainer: Trainer) -> None:
         self.bridge = bridge
-        self.samples_per_step = samples_per_step
         self.trainer = trainer
         self._losses: list[torch.Tensor] = []
+        self._samples = 0
         self._lr: float | None = None
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
         self.trainer_loss = TrainerLoss(trainer, self.recorded)
@@ -134,10 +135,15 @@ class MpjobCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
+        self._samples = 0
         self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
         register(self.bridge.run, self.trainer, self.trainer_loss)
         self.bridge.checkpoint_start()
+
+    def drew(self, inputs: dict[str, Any]) -> None:
+        """A micro-batch the Trainer drew for the step: its samples (an epoch's last may be short)."""
+        self._samples += find_batch_size(inputs) or self.trainer.args.per_device_train_batch_size
 
     def observe(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss as `training_step` returned it: divided by the step's micro-batches,
@@ -152,17 +158,19 @@ class MpjobCallback(TrainerCallback):
         loss = torch.stack(self._losses).float().sum() if self._losses else None
         self._losses.clear()
         lr, self._lr = self._lr, None
+        samples, self._samples = self._samples * self.bridge.run.world.size, 0
         grad_norm = self.grad_norms.take()
-        self.bridge.end_step(state.global_step, loss=loss, samples=self.samples_per_step, lr=lr, grad_norm=grad_norm)
+        self.bridge.end_step(state.global_step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm)
 
 
 def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
-    """The Trainer's `training_step` (an instance attribute now) hands the callback the loss it
-    returns, the one the Trainer logs; at a quarantined step it runs no forward: it gives zero
+    """The Trainer's `training_step` (an instance attribute now) hands the callback each micro-batch
+    and the loss it returns, the one the Trainer logs; at a quarantined step it runs no forward: it gives zero
     gradients, and the callback takes the update back (adapters.quarantined)."""
     original, taken = trainer.training_step, callback.quarantined
 
     def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        callback.drew(inputs)
         if not taken.skips(trainer.state.global_step):
             loss = original(model, inputs, num_items_in_batch)
             callback.observe(loss)
@@ -223,9 +231,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     run.keep_fp32(model)
     for noisy in (PrinterCallback, ProgressCallback):  # the session's step lines are the progress
         trainer.remove_callback(noisy)
-    args = trainer.args
-    samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world.size
-    callback = MpjobCallback(bridge, samples, trainer)
+    callback = MpjobCallback(bridge, trainer)
     trainer.add_callback(callback)
     steps_losses(trainer, callback)
     point = bridge.resume()
