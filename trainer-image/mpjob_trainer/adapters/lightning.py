@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.data import extract_batch_size
 
@@ -155,6 +156,12 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
             f"trainer_settings({', '.join(clash)}=...): set by the attempt (precision, spec.training.steps, "
             "the launcher's processes, checkpoints by mpjob); change the job's spec instead"
         )
+    saving = _saving(_listed(kwargs.get("callbacks")))
+    if saving:
+        raise ConfigError(
+            f"trainer_settings(callbacks=[{', '.join(saving)}]): mpjob saves and resumes Lightning's checkpoints "
+            "itself (spec.checkpoint); leave the Trainer's own checkpoint callbacks out"
+        )
     tr = run.spec.training
     callback = MpjobCallback(run)
     plugins: list[Any] = [SessionAutocast(run)] if _session_autocast(run) else []
@@ -195,14 +202,20 @@ def _check(run: Session, trainer: L.Trainer) -> None:
         wrong["precision"] = trainer.precision
     if trainer.max_steps != run.total_steps:
         wrong["max_steps"] = trainer.max_steps
-    if trainer.checkpoint_callbacks:
-        wrong["callbacks"] = [type(c).__name__ for c in trainer.checkpoint_callbacks]  # a ModelCheckpoint
+    saving = _saving(trainer.callbacks)  # type: ignore[attr-defined]
+    if saving:
+        wrong["callbacks"] = saving
     if wrong:
         raise ConfigError(
             f"the Trainer's settings disagree with the attempt ({run.precision}, {run.total_steps} steps, "
             f"checkpoints by mpjob): {wrong}; build it with "
             "lightning.Trainer(**mpjob_trainer.adapters.lightning.trainer_settings(run, ...))"
         )
+
+
+def _saving(callbacks: list[Any]) -> list[str]:
+    """The callbacks that would save checkpoints of their own, outside mpjob's store (a ModelCheckpoint)."""
+    return [type(c).__name__ for c in callbacks if isinstance(c, Checkpoint)]
 
 
 def _listed(given: Any) -> list[Any]:
