@@ -10,12 +10,16 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from mpjob_contract.codes import ExitCode
-from tests.unit.trainer.conftest import run_trainer, spec
+from mpjob_trainer.errors import ConfigError
+from tests.unit.trainer.conftest import in_process_launch, run_trainer, spec
 from tests.unit.trainer.framework_script import logged_steps
+from tests.unit.trainer.test_adapters_arguments import Linear, Regression
 
 pytestmark = pytest.mark.unit
 
@@ -141,3 +145,71 @@ def test_the_lightning_replay_logs_nothing_of_the_modules(tmp_path: Path) -> Non
     assert run.code == ExitCode.NUMERIC_FAULT, run.stderr[-3000:]
     assert run.report is not None and run.report.replay is not None and run.report.replay.verdict == "precision"
     assert logged_steps(run.stderr, "train_loss") == list(range(run.report.step))  # steps 0 .. the faulting one
+
+
+class Validated(Linear):
+    """`validation_step` returns the loss; no val_dataloader() (its loaders are given to `fit`)."""
+
+    def validation_step(self, batch: Any, index: int, dataloader_idx: int = 0) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)
+
+
+class TwoLoaders(Validated):
+    def val_dataloader(self) -> Any:
+        return [_loader(), _loader()]
+
+
+def _loader() -> torch.utils.data.DataLoader[Any]:
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16)), batch_size=8
+    )
+
+
+def _gated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from mpjob_trainer import session as mpjob
+
+    validation = {"everySteps": 1, "batches": 2}
+    job = spec(task={"command": ["python", "train.py"]}, training={"steps": 2, "batchSize": 8}, validation=validation)
+    return mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [(Validated, "has no val_dataloader()"), (TwoLoaders, "val_dataloader() returns 2 loaders")],
+    ids=["val_dataloaders-given-to-fit", "two-val-loaders"],
+)
+def test_a_lightning_gate_without_one_val_dataloader_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: type[Validated], message: str
+) -> None:
+    """The gate evaluates `validation_step` on the module's one `val_dataloader()`: loaders given to
+    `fit` (Lightning's own validation runs on them), or several (told apart by a `dataloader_idx`),
+    are a configuration error that says so, not Lightning's exception or a failed unpacking."""
+    import lightning as L
+
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    run = _gated(tmp_path, monkeypatch)
+    try:
+        trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False))
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            mpjob_lightning.fit(run, trainer, module(), train_dataloaders=_loader(), val_dataloaders=_loader())
+    finally:
+        run.close()
+
+
+def test_a_hf_gate_with_a_dict_of_eval_sets_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Trainer takes several eval sets as a dict; the gate evaluates one, and says so."""
+    from transformers import Trainer
+
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    data = [{"x": x, "labels": y} for x, y in zip(torch.randn(16, 4), torch.randn(16), strict=True)]
+    run = _gated(tmp_path, monkeypatch)
+    try:
+        args = mpjob_hf.training_arguments(run)
+        trainer = Trainer(model=Regression(), args=args, train_dataset=data, eval_dataset={"a": data, "b": data})  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match=re.escape("eval_dataset is a dict of eval sets (a, b)")):
+            mpjob_hf.train(run, trainer)
+    finally:
+        run.close()

@@ -110,6 +110,11 @@ def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
     if run.spec.validation.every_steps:
         if trainer.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the Trainer has no eval_dataset")
+        if isinstance(trainer.eval_dataset, dict):
+            raise ConfigError(
+                f"validation.everySteps is set but the Trainer's eval_dataset is a dict of eval sets "
+                f"({', '.join(map(str, trainer.eval_dataset))}): the quality gate evaluates one; give the Trainer one"
+            )
         run.evaluate_with(lambda: evaluate(run, trainer_loss))
 
 

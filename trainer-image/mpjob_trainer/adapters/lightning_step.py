@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import lightning as L
@@ -71,11 +71,12 @@ def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> flo
     batch the step skips (None, as Lightning's validation loop allows) is not counted."""
     if type(module).validation_step is L.LightningModule.validation_step:
         raise ConfigError("validation.everySteps is set but the LightningModule has no validation_step")
+    loader = validation_loader(module)
     module.eval()
     try:
         outputs = []
         with unlogged(module):
-            for k, batch in enumerate(itertools.islice(module.val_dataloader(), run.spec.validation.batches)):
+            for k, batch in enumerate(itertools.islice(loader, run.spec.validation.batches)):
                 with run.autocast():
                     outputs.append(module.validation_step(trainer.strategy.batch_to_device(batch), k))
     finally:
@@ -90,6 +91,24 @@ def evaluate(run: Session, trainer: L.Trainer, module: L.LightningModule) -> flo
             f"{run.spec.validation.batches}): return the loss tensor, or a dict with 'loss'"
         )
     return sum(losses) / len(losses)
+
+
+def validation_loader(module: L.LightningModule) -> Iterable[Any]:
+    """The module's one `val_dataloader()`, which the gate evaluates. Loaders given to `fit` or a
+    datamodule are Lightning's own validation's; several are told apart by a `dataloader_idx`."""
+    if type(module).val_dataloader is L.LightningModule.val_dataloader:
+        raise ConfigError(
+            "validation.everySteps is set but the LightningModule has no val_dataloader(): the quality gate "
+            "evaluates validation_step on the batches it returns (not on val_dataloaders given to fit, nor a "
+            "datamodule's)"
+        )
+    loader = module.val_dataloader()
+    if isinstance(loader, list | tuple | Mapping):
+        raise ConfigError(
+            f"validation.everySteps is set but the LightningModule's val_dataloader() returns {len(loader)} "
+            "loaders: the quality gate evaluates one; return one DataLoader"
+        )
+    return loader
 
 
 @contextlib.contextmanager
