@@ -130,25 +130,36 @@ def test_a_lightning_trainer_not_built_from_the_attempts_settings_is_a_configura
     assert trainer.global_step == 0 and not list(tmp_path.glob("ckpt/step-*"))  # refused before it trained
 
 
-def test_a_scripts_own_lightning_model_checkpoint_is_a_configuration_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ("callbacks", "ModelCheckpoint"),
+        ("plugins", "MixedPrecision"),
+    ],
+)
+def test_a_scripts_own_lightning_checkpoint_callback_or_precision_plugin_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, named: str
 ) -> None:
-    """A script that keeps its ModelCheckpoint callback would get Lightning's own exception at
-    `L.Trainer(...)` (enable_checkpointing=False), a failure of no known kind that is retried:
-    trainer_settings refuses it as the Hugging Face adapter refuses a save_strategy."""
+    """A script that keeps its ModelCheckpoint callback or a precision plugin would get Lightning's
+    own exception at `L.Trainer(...)` (enable_checkpointing=False; a precision given twice), a
+    failure of no known kind that is retried: trainer_settings refuses them, as it refuses
+    `precision=` and the Hugging Face adapter refuses a save_strategy."""
     from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.precision import MixedPrecision
 
     from mpjob_trainer import session as mpjob
     from mpjob_trainer.adapters import lightning as mpjob_lightning
 
     job = spec(task={"command": ["python", "train.py"]}, training={"steps": 2, "batchSize": 8, "seed": 0})
     run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    mine = {"callbacks": ModelCheckpoint(dirpath=str(tmp_path)), "plugins": MixedPrecision("bf16-mixed", "cpu")}
     try:
         with pytest.raises(ConfigError) as refused:
-            mpjob_lightning.trainer_settings(run, logger=False, callbacks=[ModelCheckpoint(dirpath=str(tmp_path))])
+            mpjob_lightning.trainer_settings(run, logger=False, **{given: [mine[given]]})
     finally:
         run.close()
-    assert "ModelCheckpoint" in str(refused.value) and "spec.checkpoint" in str(refused.value)
+    message = str(refused.value)
+    assert named in message and "spec.checkpoint" in message and "spec.precision" in message
 
 
 @pytest.mark.parametrize("algorithm", ["value", "norm"])

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from mpjob_trainer.adapters.lightning_step import register
@@ -156,11 +156,11 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
             f"trainer_settings({', '.join(clash)}=...): set by the attempt (precision, spec.training.steps, "
             "the launcher's processes, checkpoints by mpjob); change the job's spec instead"
         )
-    saving = _saving(_listed(kwargs.get("callbacks")))
-    if saving:
+    taken = _attempts_own([*_listed(kwargs.get("callbacks")), *_listed(kwargs.get("plugins"))])
+    if taken:
         raise ConfigError(
-            f"trainer_settings(callbacks=[{', '.join(saving)}]): mpjob saves and resumes Lightning's checkpoints "
-            "itself (spec.checkpoint); leave the Trainer's own checkpoint callbacks out"
+            f"trainer_settings(callbacks/plugins=[{', '.join(taken)}]): the attempt sets the precision "
+            "(spec.precision) and mpjob saves and resumes Lightning's checkpoints (spec.checkpoint); leave them out"
         )
     tr = run.spec.training
     callback = MpjobCallback(run)
@@ -202,7 +202,7 @@ def _check(run: Session, trainer: L.Trainer) -> None:
         wrong["precision"] = trainer.precision
     if trainer.max_steps != run.total_steps:
         wrong["max_steps"] = trainer.max_steps
-    saving = _saving(trainer.callbacks)  # type: ignore[attr-defined]
+    saving = _attempts_own(trainer.callbacks)  # type: ignore[attr-defined]
     if saving:
         wrong["callbacks"] = saving
     if wrong:
@@ -213,9 +213,10 @@ def _check(run: Session, trainer: L.Trainer) -> None:
         )
 
 
-def _saving(callbacks: list[Any]) -> list[str]:
-    """The callbacks that would save checkpoints of their own, outside mpjob's store (a ModelCheckpoint)."""
-    return [type(c).__name__ for c in callbacks if isinstance(c, Checkpoint)]
+def _attempts_own(given: list[Any]) -> list[str]:
+    """The script's callbacks and plugins that would do the attempt's part: save checkpoints outside
+    mpjob's store (a ModelCheckpoint) or set the precision (a precision plugin)."""
+    return [type(c).__name__ for c in given if isinstance(c, Checkpoint | Precision)]
 
 
 def _listed(given: Any) -> list[Any]:
