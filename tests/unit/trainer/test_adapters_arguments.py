@@ -83,6 +83,31 @@ def test_arguments_that_only_shape_saves_and_reports_pass(tmp_path: Path, monkey
         _train(tmp_path, monkeypatch, model=False, **given)
 
 
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"eval_strategy": "steps", "load_best_model_at_end": True}, "load_best_model_at_end"),
+        ({"lr_scheduler_type": "sawtooth"}, "sawtooth"),
+    ],
+)
+def test_training_arguments_transformers_refuses_are_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: dict[str, Any], named: str
+) -> None:
+    """Arguments TrainingArguments refuses (its ValueError) end the attempt as a ConfigError with
+    transformers' reason, not as a failure of no known kind that is retried."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    job = spec(task={"command": ["python", "train.py"]})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        with pytest.raises(ConfigError) as refused:
+            mpjob_hf.training_arguments(run, **given)
+    finally:
+        run.close()
+    assert named in str(refused.value) and "TrainingArguments" in str(refused.value)
+
+
 class Linear(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()

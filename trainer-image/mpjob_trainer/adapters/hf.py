@@ -96,7 +96,10 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
         "dataloader_num_workers": data_workers(tr.data_workers, run.device),
         "dataloader_pin_memory": run.device.type == "cuda",
     }
-    return TrainingArguments(**{**defaults, **kwargs, **owned})
+    try:
+        return TrainingArguments(**{**defaults, **kwargs, **owned})
+    except ValueError as refused:  # the script's arguments, as transformers checks them: not worth a retry
+        raise ConfigError(f"training_arguments(...): TrainingArguments refused them: {refused}") from refused
 
 
 def _check(run: Session, args: TrainingArguments) -> None:
