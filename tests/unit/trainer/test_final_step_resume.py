@@ -9,10 +9,11 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.unit.trainer.adapter_jobs import command as adapter_command
 from tests.unit.trainer.adapter_jobs import job as adapter_job
-from tests.unit.trainer.conftest import run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +62,28 @@ def test_an_attempt_resumed_at_the_last_step_succeeds_at_once(tmp_path: Path, lo
     assert report.last_good_checkpoint == first.report.last_good_checkpoint
     assert not again.of("step"), again.of("step")  # nothing trained
     assert fingerprint(ckpt) == before  # no new checkpoint, the final weights untouched
+
+
+def test_the_hf_adapter_resumed_at_the_last_step_returns_a_train_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mpjob_hf.train` returns what `Trainer.train` returns, also when nothing is left to train: a
+    script that reads its result (`train(...).metrics`, as the Trainer's own examples do) must not
+    fail the retry that resumes at the last step."""
+    from transformers import Trainer
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+    from tests.unit.trainer.test_adapters_arguments import Regression
+
+    data = [{"x": x, "labels": y} for x, y in zip(torch.randn(16, 4), torch.randn(16), strict=True)]
+    training, checkpoint = {"steps": 2, "batchSize": 8}, {"everySteps": 10}
+    job = spec(task={"command": ["python", "train.py"]}, training=training, checkpoint=checkpoint)
+    outputs = []
+    for _ in range(2):  # the run, then its retry from the final checkpoint
+        with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32")) as run:
+            trainer = Trainer(model=Regression(), args=mpjob_hf.training_arguments(run), train_dataset=data)  # type: ignore[arg-type]
+            outputs.append(mpjob_hf.train(run, trainer))
+    trained, retried = outputs
+    assert trained.global_step == retried.global_step == 2
+    assert isinstance(retried.metrics, dict) and isinstance(retried.training_loss, float)

@@ -45,6 +45,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import find_batch_size
+from transformers.trainer_utils import TrainOutput
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
@@ -239,7 +240,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     steps_losses(trainer, callback)
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
-        return None
+        return TrainOutput(point.step, 0.0, {})  # what it returns for a run that trains no step
     checkpoint = point.framework_checkpoint
     while True:
         try:
