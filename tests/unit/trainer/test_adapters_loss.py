@@ -2,13 +2,16 @@
 the step is split into micro-batches: a Hugging Face model that takes `num_items_in_batch`
 (every causal LM) normalises each micro-batch's loss over the whole step, so the step's loss is
 the sum of the micro-batches' (the Trainer's own log sums them too), not their mean. The
-learning rate: the one the optimizer stepped with. The samples: those the step trained on, also
+learning rate: the one the optimizer stepped with (Lightning steps a per-step schedule before
+the batch ends). The samples: those the step trained on, also
 at the end of an epoch whose last batch is short."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -81,3 +84,32 @@ def test_the_samples_a_step_reports_are_those_it_trained_on(
     finally:
         run.close()
     assert seen == 20
+
+
+class Scheduled(Linear):
+    """SGD at 1.0 times a per-step schedule of step + 1: step s (1-based) is taken at rate s."""
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=1.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: step + 1.0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def test_the_lightning_adapter_reports_the_learning_rate_the_step_was_taken_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning steps a step-interval schedule before `on_train_batch_end`: the rate then is the
+    next step's. The step's is the one its optimizer stepped with, as under HF and an SDK loop."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32)), 8)
+    job = spec(task={"command": ["python", "train.py"]}, training={"steps": 3, "batchSize": 8, "logEvery": 1})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False))
+        mpjob_lightning.fit(run, trainer, Scheduled(), train_dataloaders=loader)
+    finally:
+        run.close()
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [(e["step"], e["lr"]) for e in events if e["event"] == "step"] == [(1, 1.0), (2, 2.0), (3, 3.0)]

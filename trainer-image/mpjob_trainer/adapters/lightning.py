@@ -104,6 +104,7 @@ class MpjobCallback(L.Callback):
         self.bridge = FrameworkRun(run)
         self._loss: torch.Tensor | None = None
         self._samples = 0
+        self._lr: float | None = None
         self._step = 0
         self._registered = False
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
@@ -117,7 +118,7 @@ class MpjobCallback(L.Callback):
         self.optimizers = list(trainer.optimizers)
         self._step = trainer.global_step
         self._registered = False
-        self._loss, self._samples = None, 0  # a re-entry after a rollback: the left step is gone
+        self._loss, self._samples, self._lr = None, 0, None  # a re-entry after a rollback: the left step is gone
         self.recorded.clear()
         self.bridge.checkpoint_start()
 
@@ -128,6 +129,12 @@ class MpjobCallback(L.Callback):
         if not self._registered:  # the step runs on recorded batches: now there is one
             self._registered = True
             register(self.run, trainer, pl_module, self.recorded)
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if optimizer is trainer.optimizers[0]:  # the step's: a step-interval schedule steps before the batch end
+            self._lr = optimizer.param_groups[0]["lr"]
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -140,7 +147,7 @@ class MpjobCallback(L.Callback):
         if trainer.global_step == self._step:
             return  # accumulating gradients: no optimizer step yet
         self._step = trainer.global_step
-        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else None
+        lr, self._lr = self._lr, None
         loss, samples, self._loss, self._samples = self._loss, self._samples * self.run.world.size, None, 0
         self.quarantined.take_back()  # before the session may checkpoint this step
         self.bridge.end_step(trainer.global_step, loss=loss, samples=samples, lr=lr)
