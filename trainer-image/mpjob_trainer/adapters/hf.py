@@ -169,8 +169,8 @@ class MpjobCallback(TrainerCallback):
 
 def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
     """The Trainer's `training_step` (an instance attribute now) hands the callback each micro-batch
-    and the loss it returns, the one the Trainer logs; at a quarantined step it runs no forward: it gives zero
-    gradients, and the callback takes the update back (adapters.quarantined)."""
+    and the loss it returns, the one the Trainer logs; at a quarantined step it runs no forward: it
+    gives zero gradients, and the callback takes the update back (adapters.quarantined)."""
     original, taken = trainer.training_step, callback.quarantined
 
     def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
