@@ -5,8 +5,10 @@ the SDK and both framework adapters."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -87,3 +89,47 @@ def test_the_hf_adapter_resumed_at_the_last_step_returns_a_train_output(
     trained, retried = outputs
     assert trained.global_step == retried.global_step == 2
     assert isinstance(retried.metrics, dict) and isinstance(retried.training_loss, float)
+
+
+def _trained(framework: str, run: Any) -> torch.nn.Module:
+    """The model after the adapter's train / fit on a small regression (the same data every time)."""
+    import lightning as L
+    from transformers import Trainer
+
+    from mpjob_trainer.adapters import hf as mpjob_hf
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+    from tests.unit.trainer.test_adapters_arguments import Linear, Regression
+
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 4, generator=generator), torch.randn(16, generator=generator)
+    if framework == "hf":
+        data = [{"x": x[i], "labels": y[i]} for i in range(16)]
+        model: torch.nn.Module = Regression()
+        mpjob_hf.train(run, Trainer(model=model, args=mpjob_hf.training_arguments(run), train_dataset=data))  # type: ignore[arg-type]
+        return model
+    module = Linear()
+    module.save_hyperparameters(argparse.Namespace(hidden=4))  # in the checkpoint: no weights_only load
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    mpjob_lightning.fit(
+        run, L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False)), module, train_dataloaders=loader
+    )
+    return module
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_a_retry_at_the_last_step_leaves_the_trained_weights_in_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, framework: str
+) -> None:
+    """A script may save, export or evaluate its model once train / fit returns: on the retry that
+    resumes at the last step (nothing left to train) the model holds the trained weights of the final
+    checkpoint, not the ones it was built with."""
+    from mpjob_trainer import session as mpjob
+
+    training, checkpoint = {"steps": 2, "batchSize": 8, "learningRate": 0.1}, {"everySteps": 10}
+    job = spec(task={"command": ["python", "train.py"]}, training=training, checkpoint=checkpoint)
+    finals = []
+    for _ in range(2):  # the run, then its retry from the final checkpoint
+        with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32")) as run:
+            finals.append({k: v.detach().clone() for k, v in _trained(framework, run).state_dict().items()})
+    trained, retried = finals
+    assert trained.keys() == retried.keys() and all(torch.equal(trained[k], retried[k]) for k in trained)

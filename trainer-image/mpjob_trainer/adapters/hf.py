@@ -52,6 +52,7 @@ from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
 from mpjob_trainer.adapters.hf_step import TrainerLoss, register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
+from mpjob_trainer.adapters.reload import hf_weights
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
@@ -240,6 +241,8 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     steps_losses(trainer, callback)
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
+        assert point.framework_checkpoint is not None
+        hf_weights(model, point.framework_checkpoint)  # trained, as after train(): the script may save or evaluate
         return TrainOutput(point.step, 0.0, {})  # what it returns for a run that trains no step
     checkpoint = point.framework_checkpoint
     while True:

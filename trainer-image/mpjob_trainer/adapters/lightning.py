@@ -274,9 +274,11 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     bridge.checkpoint_with(write, model.parameters)
     run.keep_fp32(model)
     point = bridge.resume()
-    if point.done:  # the last step's checkpoint: nothing left to fit
-        return
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None
+    if point.done:  # the last step's checkpoint: nothing left to fit
+        assert ckpt is not None  # its weights, as after fit (the script may save or evaluate), read as fit reads it
+        model.load_state_dict(trainer.strategy.load_checkpoint(ckpt)["state_dict"])
+        return
     with quarantined_steps(model, callback.quarantined):
         while True:
             try:

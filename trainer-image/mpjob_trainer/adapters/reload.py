@@ -21,14 +21,19 @@ HF_WEIGHTS, HF_OPTIMIZER = "model.safetensors", "optimizer.pt"
 LIGHTNING_CHECKPOINT = "lightning.ckpt"
 
 
+def hf_weights(model: nn.Module, folder: Path) -> None:
+    """The weights of the Trainer's checkpoint `folder` into `model`."""
+    from safetensors.torch import load_file  # the Trainer's own dependency
+
+    weights = load_file(folder / HF_WEIGHTS, device=str(_device(model)))
+    unexpected = model.load_state_dict(weights, strict=False).unexpected_keys
+    if unexpected:  # missing keys are tied weights the file holds once
+        raise ValueError(f"{folder / HF_WEIGHTS} holds weights the model has not: {unexpected[:5]}")
+
+
 def hf_reader(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Path], None]:
     def read(folder: Path) -> None:
-        from safetensors.torch import load_file  # the Trainer's own dependency
-
-        weights = load_file(folder / HF_WEIGHTS, device=str(_device(model)))
-        unexpected = model.load_state_dict(weights, strict=False).unexpected_keys
-        if unexpected:  # missing keys are tied weights the file holds once
-            raise ValueError(f"{folder / HF_WEIGHTS} holds weights the model has not: {unexpected[:5]}")
+        hf_weights(model, folder)
         optimizer.load_state_dict(torch.load(folder / HF_OPTIMIZER, map_location=_device(model), weights_only=True))
 
     return read
