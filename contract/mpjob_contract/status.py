@@ -45,6 +45,9 @@ class AttemptStatus(ApiModel):
     #: Seconds from the fault the previous attempt ended on (the trainer's detection) to this
     #: attempt's first step, in place or through a restart.
     recovery_seconds: float | None = None
+    #: When the attempt before it ended, by its trainer's clock (Unix seconds; None: not a
+    #: recovery): a Job made again for this attempt hands it to its trainer as the first did.
+    recovering_since: float | None = None
     #: `auto` attempts: seconds per step the trainer measured on its node, by precision (None:
     #: non-finite); `precision` is the one it chose ("auto" until it has measured).
     measured_step_seconds: dict[str, float | None] | None = None

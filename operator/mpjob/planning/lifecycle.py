@@ -60,7 +60,7 @@ def again(
     spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, attempt: AttemptStatus, *, index: int, start_step: int
 ) -> StartAttempt:
     """Attempt `index` in the same precision and batch shape as `attempt` (`elastic.next_size`),
-    from the newest checkpoint."""
+    from the newest checkpoint; `attempt` itself made again, its recovery counted from where it was."""
     workers, shape = elastic.next_size(spec, attempt, None)
     start = StartAttempt(
         index,
@@ -71,6 +71,7 @@ def again(
         grad_accumulation=shape.grad_accumulation if shape else None,
         promoted_from=attempt.precision if attempt.repromoted and index == attempt.index else None,
         workers=workers if workers != spec.workers else None,
+        recovering_since=attempt.recovering_since if index == attempt.index else None,
     )
     return with_promotion(spec, start, status.attempts, counts=history.counts(status))
 

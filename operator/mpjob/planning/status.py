@@ -144,6 +144,7 @@ def begin_attempt(
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
         repromoted=True if start.promoted_from is not None else None,
+        recovering_since=start.recovering_since,
         start_time=at or now(),
     )
     history.started(status, entry)

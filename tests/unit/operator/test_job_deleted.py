@@ -56,3 +56,17 @@ def test_the_second_job_s_report_leaves_the_attempt_s_start() -> None:
     plan = reconcile(SPEC, status, 1, {0: JobView(0, "Complete", pods=(pod,))}, T0 + timedelta(seconds=70))
     (attempt,) = plan.status.attempts
     assert plan.status.phase == "Succeeded" and (attempt.start_step, attempt.end_step) == (0, 100)
+
+
+def test_an_attempt_created_again_keeps_the_moment_its_recovery_began() -> None:
+    spec = SPEC.model_copy(update={"precision": SPEC.precision.model_copy(update={"fallback": ["bf16"]})})
+    status = reconcile(spec, MixedPrecisionJobStatus(), 1, {}, T0).status
+    fault = TerminationReport(reason=Reason.NUMERIC_FAULT, step=30, precision="fp16", ended_at=1.0e9).to_message()
+    pod = PodView("p0", 0, "Failed", False, 42, fault, started_at=stamp(2), finished_at=stamp(20))
+    plan = reconcile(spec, status, 1, {0: JobView(0, "Failed", pods=(pod,))}, T0 + timedelta(seconds=21))
+    assert [(start.index, start.recovering_since) for start in plan.create] == [(1, 1.0e9)]
+    # The operator stopped before attempt 1's Job was made (or it was deleted): made again, the
+    # trainer still counts its recoverySeconds from the fault.
+    stored = MixedPrecisionJobStatus.model_validate(plan.status.model_dump(by_alias=True, mode="json"))
+    again = reconcile(spec, stored, 1, {}, T0 + timedelta(seconds=40))
+    assert [(start.index, start.recovering_since) for start in again.create] == [(1, 1.0e9)]
