@@ -73,7 +73,7 @@ def again(
         workers=workers if workers != spec.workers else None,
         recovering_since=attempt.recovering_since if index == attempt.index else None,
     )
-    return with_promotion(spec, start, status.attempts, counts=history.counts(status))
+    return with_promotion(spec, start, status.attempts, counts=history.counts(status), used=history.used(status))
 
 
 def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:

@@ -175,9 +175,14 @@ def with_promotion(
     *,
     repromotions: int | None = None,
     counts: AttemptCounts | None = None,
+    used: int = 0,
 ) -> StartAttempt:
-    """`start`, told to re-promote after precision.repromoteAfterSteps when it may."""
-    if promotion_target(spec, start.precision, history, capability, repromotions=repromotions, counts=counts) is None:
+    """`start`, told to re-promote after precision.repromoteAfterSteps when it may: a rung above
+    it, and an attempt of runPolicy.maxAttempts left after its Repromote ending uses one (`used`:
+    the attempts used before it ends), else its re-promotion would end the job AttemptsExhausted."""
+    room = used + 1 < spec.run_policy.max_attempts
+    target = promotion_target(spec, start.precision, history, capability, repromotions=repromotions, counts=counts)
+    if not room or target is None:
         return replace(start, repromote_after_steps=None)
     return replace(start, repromote_after_steps=spec.precision.repromote_after_steps)
 
@@ -233,7 +238,9 @@ def after_attempt(
     decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability))
     if isinstance(decision, StartAttempt):
         sized = replace(decision, workers=workers if workers != spec.workers else None)
-        return with_promotion(spec, sized, history, capability, repromotions=repromotions, counts=counts)
+        return with_promotion(
+            spec, sized, history, capability, repromotions=repromotions, counts=counts, used=attempts_used
+        )
     return decision
 
 

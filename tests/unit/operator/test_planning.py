@@ -338,6 +338,17 @@ def test_a_precision_that_faults_again_after_a_repromotion_is_not_tried_again() 
     assert promotion_target(s, "bf16", history[:2]) == "fp16"  # before the second fault it was allowed
 
 
+def test_an_attempt_is_told_to_repromote_only_when_an_attempt_is_left_to_go_up_in() -> None:
+    # A Repromote ending uses one of runPolicy.maxAttempts: told to re-promote with none left
+    # after it, a healthy attempt would end the job Failed (AttemptsExhausted) at its clean steps.
+    history = [_attempt(0, "fp16", "NumericFault")]
+    for attempts, told in ((2, None), (3, 50)):
+        s = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 50},
+                 runPolicy={"maxAttempts": attempts})  # fmt: skip
+        down = after_attempt(s, 0, "fp16", classify(AttemptOutcome(42)), 20, None, history=history, used=1)
+        assert isinstance(down, StartAttempt) and (down.precision, down.repromote_after_steps) == ("bf16", told)
+
+
 def test_repromotions_are_bounded_and_off_by_default() -> None:
     off = spec(precision={"mode": "fp16", "fallback": ["bf16"]})
     assert promotion_target(off, "bf16", []) is None
