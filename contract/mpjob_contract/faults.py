@@ -90,6 +90,11 @@ def allowed(fault: Fault, action: FaultAction) -> bool:
     return action in ACTIONS[fault]
 
 
+def built_in(fault: Fault) -> FaultAction:
+    """What is done about `fault` when no rule names it."""
+    return ACTIONS[fault][0]
+
+
 def fault_of(reason: Reason, rule: str | None = None) -> Fault | None:
     """The fault an attempt's ending is (None: not one a policy rules on, e.g. Succeeded)."""
     if reason == Reason.NUMERIC_FAULT and rule in _FAULT_OF_RULE:
@@ -115,4 +120,4 @@ def decide(rules: Sequence[tuple[Fault, FaultAction]], fault: Fault) -> Decision
     for index, (named, action) in enumerate(rules):
         if named == fault:
             return Decision(action, index)
-    return Decision(ACTIONS[fault][0])
+    return Decision(built_in(fault))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from mpjob.planning.charging import Disruption, charged, evidence_of
 from mpjob_contract.codes import Reason, reason_for_exit_code
-from mpjob_contract.faults import FaultAction, fault_of
+from mpjob_contract.faults import FaultAction, built_in, fault_of
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import TerminationReport
 
@@ -196,13 +196,14 @@ OPERATOR_ACTIONS: dict[FaultAction, Action] = {
 
 def under_policy(result: Classification, policy: FaultPolicy, report: TerminationReport | None) -> Classification:
     """`result` as the job's spec.faultPolicy has it: the first of its rules on the fault the
-    attempt ended with decides, and the message names that rule; no rule, the table above."""
+    attempt ended with decides, and the message names that rule; no rule, or one that says what
+    the built-in policy does, the table above."""
     fault = fault_of(result.reason, report.rule if report else None)
     if fault is None:
         return result
     decision = policy.decide(fault)
     action = OPERATOR_ACTIONS.get(decision.action)
-    if decision.rule is None or action is None or action is result.action:
+    if decision.rule is None or action is None or decision.action is built_in(fault):
         return result
     return replace(result, action=action, message=f"{decision.names(fault)}: {result.message}")
 

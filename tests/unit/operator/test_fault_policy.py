@@ -106,6 +106,16 @@ def test_a_jobs_rule_turns_a_fallback_into_a_failure_that_names_it() -> None:
     assert result.message == "spec.faultPolicy.rules[0] (fault: NumericFault, action: Fail): what the trainer said"
 
 
+def test_a_rule_that_fails_bad_data_names_itself_though_the_operator_fails_it_anyway() -> None:
+    # The built-in action is the trainer's Skip: the attempt ends NonFiniteInFp32 (which the
+    # operator fails) only because the rule said Fail, and the job's message says which rule.
+    bad_data = ended(Reason.NON_FINITE_IN_FP32, 45)
+    fails = FaultPolicy.model_validate({"rules": [{"fault": "NonFiniteInFp32", "action": "Fail"}]})
+    result = under_policy(classify(bad_data), fails, bad_data.report)
+    assert result.action is Action.FAIL
+    assert result.message == "spec.faultPolicy.rules[0] (fault: NonFiniteInFp32, action: Fail): what the trainer said"
+
+
 def test_a_rule_on_quality_drift_leaves_other_numeric_faults_alone() -> None:
     drift_fails = FaultPolicy.model_validate({"rules": [{"fault": "QualityDrift", "action": "Fail"}]})
     overflow = ended(Reason.NUMERIC_FAULT, 42, "MaxConsecutiveOverflows")
