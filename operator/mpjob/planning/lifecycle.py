@@ -281,15 +281,15 @@ def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, wh
     plan.repromotions.append((start.promoted_from or "", start.precision))
 
 
+#: Where an attempt goes on from when no checkpoint was written before it (start step 0).
+NO_CHECKPOINT = "starting over: no checkpoint"
+
+
 def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:
-    message = f"{start.fallback_from} -> {start.precision} from checkpoint step {start.start_step}"
+    moved, step = f"{start.fallback_from} -> {start.precision}", start.start_step
+    message = f"{moved} from checkpoint step {step}" if step else f"{moved}, {NO_CHECKPOINT}"
     condition(plan, when, ConditionType.PRECISION_FALLBACK, True, reason, message)
-    resuming = f"to resume from checkpoint step {start.start_step}"  # the trainer's own start corrects it
-    plan.events.append(
-        Event(
-            "Warning",
-            ConditionType.PRECISION_FALLBACK,
-            f"{start.fallback_from} -> {start.precision} after {reason}, {resuming}",
-        )
-    )
+    # the trainer's own start corrects it
+    resuming = f"to resume from checkpoint step {step}" if step else NO_CHECKPOINT
+    plan.events.append(Event("Warning", ConditionType.PRECISION_FALLBACK, f"{moved} after {reason}, {resuming}"))
     plan.fallbacks.append((start.fallback_from or "", start.precision))

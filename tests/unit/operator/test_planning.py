@@ -194,6 +194,20 @@ def test_a_numeric_fault_starts_the_next_precision() -> None:
     assert cond.status == "True" and cond.reason == "NumericFault"
 
 
+def test_a_fallback_before_any_checkpoint_claims_none() -> None:
+    s = spec(precision={"mode": "fp16"})
+    first = reconcile(s, _status(), 1, {}, NOW).status
+    fault = PodView(
+        "p", 0, "Failed", alive=False, exit_code=42, termination_message=report(Reason.NUMERIC_FAULT, 5, None)
+    )
+    plan = reconcile(s, first, 1, {0: JobView(0, "Failed", pods=(fault,))}, NOW)
+    assert [(c.precision, c.start_step, c.resume_from) for c in plan.create] == [("bf16", 0, None)]
+    said = [e.message for e in plan.events if e.reason in ("PrecisionFallback", "AttemptStarted")]
+    assert said == ["fp16 -> bf16 after NumericFault, starting over: no checkpoint", "attempt 1 in bf16"]
+    cond = next(c for c in plan.status.conditions if c.type == "PrecisionFallback")
+    assert cond.message == "fp16 -> bf16, starting over: no checkpoint"
+
+
 def test_the_next_attempt_waits_for_every_pod_of_the_failed_one() -> None:
     s = spec(precision={"mode": "fp16"}, workers=2)
     first = reconcile(s, _status(), 1, {}, NOW).status
