@@ -34,6 +34,8 @@ RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 NO_CHANGE = InPlacePlan()
 GPU_RESOURCE = "nvidia.com/gpu"
+#: Seconds a trainer pod has between SIGTERM (it checkpoints) and SIGKILL.
+TERMINATION_GRACE_SECONDS = 60
 #: The per-pod launcher (trainer image) and the builtin trainer it starts for builtin/module tasks.
 LAUNCHER_COMMAND, TRAINER_COMMAND = ("mpjob-launch",), ("mpjob-trainer",)
 
@@ -223,7 +225,7 @@ def _pod_spec(name: str, spec: MixedPrecisionJobSpec, container: dict[str, Any])
         "subdomain": name,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "securityContext": {"runAsNonRoot": True, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [

@@ -28,7 +28,7 @@ from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached, reading_of
 from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.series import Point, RunSeries
-from mpjob.localrun.stall import StallWatch
+from mpjob.localrun.stall import DeadlineWatch, StallWatch
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cost, history, inplace
 from mpjob.planning import lifecycle as lc
@@ -74,7 +74,7 @@ class LocalRun:
         self._workers: Workers | None = None
         #: --workers-available: the simulated cluster's capacity (None: always spec.workers).
         self.schedule = schedule
-        self._watches: list[CapacityWatch | StallWatch] = []  # see the attempt's events, may stop it
+        self._watches: list[CapacityWatch | StallWatch | DeadlineWatch] = []  # see the attempt's events, may stop it
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
         #: GPU-seconds of the attempts run here: workers x gpusPerWorker x their wall time.
@@ -210,9 +210,9 @@ class LocalRun:
         self._count = start.workers or self.spec.workers
         cwd = working_dir(self.spec, self.base_dir)
         self._workers = Workers(self.spec, folder=folder, cwd=cwd, python=self.python, count=self._count)
-        self._watches = [StallWatch(self.spec, self._workers)]
-        if self.schedule is not None:
-            self._watches.append(CapacityWatch(self.spec, self.schedule, start, self._workers))
+        self._watches = [StallWatch(self.spec, self._workers), DeadlineWatch(self.spec, self.status, self._workers)]
+        if self.schedule is not None:  # before the deadline's, which outranks a resize as on a cluster
+            self._watches.insert(1, CapacityWatch(self.spec, self.schedule, start, self._workers))
         self._current, self._began, self._reached = start, time.monotonic(), None
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)

@@ -1,10 +1,18 @@
-"""runPolicy.progressDeadlineSeconds in `mpjob run`: the operator's rule (mpjob.planning.cutoff)
-on what a local run sees of its attempt, worker 0's event lines. Counted from its first line (as
-the operator counts from the first read of rank 0's metrics that answers: a trainer still
-importing is not judged), anew at each step that moves; once past the deadline the workers are
-stopped (SIGTERM; a rank hung where it cannot act on it gets SIGKILL cutoff.CUT_GRACE_SECONDS later,
-as the operator cuts a stalled attempt's pods)
-and the attempt ends Stalled, to go on in the same precision from the newest checkpoint.
+"""runPolicy's deadlines in `mpjob run`.
+
+progressDeadlineSeconds: the operator's rule (mpjob.planning.cutoff) on what a local run sees of
+its attempt, worker 0's event lines. Counted from its first line (as the operator counts from the
+first read of rank 0's metrics that answers: a trainer still importing is not judged), anew at
+each step that moves; once past the deadline the workers are stopped (SIGTERM; a rank hung where
+it cannot act on it gets SIGKILL cutoff.CUT_GRACE_SECONDS later, as the operator cuts a stalled
+attempt's pods) and the attempt ends Stalled, to go on in the same precision from the newest
+checkpoint.
+
+activeDeadlineSeconds: the job's whole deadline, counted from its start (status.startTime, as the
+operator counts it). Each attempt gets what is left of it, at least a second (the operator's rule
+for an attempt Job's own activeDeadlineSeconds, `reconcile.deadline_left`); when that runs out its
+workers are stopped as the Job controller stops the pods (SIGTERM: the trainers checkpoint;
+SIGKILL a pod's grace later) and the attempt ends DeadlineExceeded, which fails the job.
 """
 
 from __future__ import annotations
@@ -12,13 +20,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
+from mpjob.builders.attempt import TERMINATION_GRACE_SECONDS
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.endings import DEADLINE_EXCEEDED
 from mpjob.planning.observe import moved
+from mpjob.planning.reconcile import deadline_left
 from mpjob_contract import events
-from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 
 #: How often the watch looks at the clock.
@@ -57,3 +69,29 @@ class StallWatch:
                 self.why = why
                 self.workers.stop(cutoff.CUT_GRACE_SECONDS)
                 return
+
+
+class DeadlineWatch:
+    """Stops one attempt's workers once what is left of the job's deadline has passed."""
+
+    def __init__(self, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, workers: Workers) -> None:
+        self.workers = workers
+        left = deadline_left(spec, status, datetime.now(UTC))
+        #: Whether the deadline stopped the attempt.
+        self.passed = False
+        self._done = threading.Event()
+        if left is not None:
+            threading.Thread(target=self._watch, args=(left,), name="mpjob-deadline-watch", daemon=True).start()
+
+    def seen(self, event: events.TrainerEvent) -> None:
+        """The deadline counts wall time, whatever the trainers say."""
+
+    def ended(self, outcome: AttemptOutcome) -> AttemptOutcome:
+        """How the attempt ended: DeadlineExceeded when this watch stopped it, else as it said."""
+        self._done.set()
+        return DEADLINE_EXCEEDED if self.passed else outcome
+
+    def _watch(self, left: int) -> None:
+        if not self._done.wait(left):
+            self.passed = True
+            self.workers.stop(TERMINATION_GRACE_SECONDS)

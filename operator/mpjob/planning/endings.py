@@ -65,6 +65,15 @@ class JobView:
     suspended_since: str | None = None
 
 
+#: The ending of an attempt stopped at runPolicy.activeDeadlineSeconds (its Job's own deadline,
+#: what is left of the job's: `reconcile.deadline_left`).
+DEADLINE_EXCEEDED = AttemptOutcome(
+    exit_code=None,
+    platform_reason=Reason.DEADLINE_EXCEEDED,
+    message="the attempt ran past runPolicy.activeDeadlineSeconds",
+)
+
+
 @dataclass(frozen=True)
 class Said:
     """A pod's termination message, read: its report, or what made it an invalid one."""
@@ -86,11 +95,7 @@ def outcome_of(job: JobView) -> AttemptOutcome:
     report is invalid ranks as a crash (an infrastructure failure, with what was invalid)."""
 
     if job.finished == "Failed" and job.reason == "DeadlineExceeded":
-        return AttemptOutcome(
-            exit_code=None,
-            platform_reason=Reason.DEADLINE_EXCEEDED,
-            message="the attempt ran past runPolicy.activeDeadlineSeconds",
-        )
+        return DEADLINE_EXCEEDED
     ended = [p for p in job.pods if not p.alive]
     if not ended:
         if job.finished == "Complete":

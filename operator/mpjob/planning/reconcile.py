@@ -29,7 +29,16 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import InPlaceChange
 
-__all__ = ["FINISHED", "JobView", "PodView", "ended_by_pods", "outcome_of", "preempted_by_queue", "reconcile"]
+__all__ = [
+    "FINISHED",
+    "JobView",
+    "PodView",
+    "deadline_left",
+    "ended_by_pods",
+    "outcome_of",
+    "preempted_by_queue",
+    "reconcile",
+]
 
 FINISHED = ("Succeeded", "Failed")
 
@@ -90,7 +99,7 @@ def reconcile(
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now))
     if plan.create:
-        plan.deadline_seconds = _deadline_left(spec, status, now)
+        plan.deadline_seconds = deadline_left(spec, status, now)
     return plan
 
 
@@ -114,7 +123,7 @@ def _retire(plan: Plan, jobs: dict[int, JobView]) -> None:
     plan.delete.extend(i for i in sorted(jobs) if i < oldest_kept and i not in plan.delete)
 
 
-def _deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
+def deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
     """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job (at least 1 s)."""
     deadline = spec.run_policy.active_deadline_seconds
     started = _parse_time(status.start_time)
