@@ -149,6 +149,7 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
     """Out of a suspension: the next attempt, same precision, from the last checkpoint. The
     suspension used none of runPolicy.maxAttempts; only the charged attempts count."""
     status, current = plan.status, plan.status.attempts[-1]
+    status.message = None  # what the stop said (`interrupt`) no longer holds
     condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
     step = status.last_checkpoint.step if status.last_checkpoint else 0
     nxt = again(spec, status, current, index=history.next_index(status), start_step=step)

@@ -190,6 +190,27 @@ def test_killed_before_any_line_named_a_step_it_ends_where_it_began(tmp_path: Pa
     assert status.step == 0 and status.attempts[0].end_step == 0
 
 
+class Resumed(LocalRun):
+    """A rerun of a stopped run whose attempt keeps what the status said while it ran."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__(MixedPrecisionJob.model_validate(JOB), out, Shown())  # type: ignore[arg-type]
+        self.said_while_running: list[str | None] = []
+
+    def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
+        self.said_while_running.append(self.status.message)
+        return AttemptOutcome(0, TerminationReport(reason="Succeeded", step=300, precision="bf16"))
+
+
+def test_a_resumed_run_no_longer_says_it_was_interrupted(tmp_path: Path) -> None:
+    """The status of the resumed attempt (report.json, rewritten as it starts) said the run was
+    interrupted and asked for the very rerun that was running."""
+    assert Killed(tmp_path, [step(10), checkpoint(10)]).run().message is not None
+    rerun = Resumed(tmp_path)
+    assert rerun.run().phase == "Succeeded"
+    assert rerun.said_while_running == [None]
+
+
 class PressedWhileFallingBack(LocalRun):
     """A local run (fp16, falling back to bf16) whose first attempt ends in a numeric fault, and
     the user presses Ctrl-C as the fallback is shown, between that attempt and the next."""
