@@ -104,8 +104,8 @@ class PrecisionSpec(ApiModel):
         ge=0,
         le=MAX_STEPS,
         description="After a fallback, once this many clean steps have passed and a checkpoint is written, "
-        "go back up to the faster precision from it (0 = off). A precision that faults again after a "
-        "re-promotion is not tried again.",
+        "go back up to the faster precision from it (0 = off), while runPolicy.maxAttempts leaves an attempt "
+        "for it. A precision that faults again after a re-promotion is not tried again.",
     )
     max_repromotions: int = Field(2, ge=0, le=16, description="Re-promotions a job may make in all.")
     in_place: bool = Field(
