@@ -11,7 +11,8 @@ workers' processes are killed, as when their nodes go away: the attempt ends and
 runs with as many as fit, from the last checkpoint. When more fit again, the attempt ends at
 its next checkpoint (SIGTERM, which the trainer honours with a checkpoint) and the next one runs
 with more. A local run has no time to wait in: pods that do not fit at an attempt's start count
-as unschedulable past elastic.waitSeconds.
+as unschedulable past elastic.waitSeconds; a count below elastic.minWorkers, or one at which no
+size keeps the global batch, is refused.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from mpjob.localrun.workers import Workers
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.elastic import Capacity, Resize, Verdict, decide
+from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, shape_for
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec
@@ -63,14 +64,22 @@ class WorkersSchedule:
         return next(workers for since, workers in reversed(self.changes) if self.reached >= since)
 
     def check(self, spec: MixedPrecisionJobSpec) -> None:
-        """A local run cannot wait for capacity: every count must reach elastic.minWorkers."""
+        """A local run cannot wait for capacity: every count must reach elastic.minWorkers, and one
+        below `workers` must hold a size from there that keeps the global batch."""
         if spec.elastic is None:
             raise BadSchedule("needs spec.elastic: without it every attempt has `workers` pods")
+        least = spec.elastic.min_workers
         for step, workers in self.changes:
-            if workers < spec.elastic.min_workers:
+            if workers < least:
                 raise BadSchedule(
-                    f"{workers} worker(s) from step {step} is fewer than elastic.minWorkers={spec.elastic.min_workers}:"
+                    f"{workers} worker(s) from step {step} is fewer than elastic.minWorkers={least}:"
                     " a local run has no cluster to wait for"
+                )
+            sizes = range(least, min(workers, spec.workers - 1) + 1)
+            if workers < spec.workers and all(shape_for(spec, n, spec.training.batch_size) is None for n in sizes):
+                raise BadSchedule(
+                    f"{workers} worker(s) from step {step}: no size from elastic.minWorkers={least} up keeps the"
+                    f" global batch of {global_batch(spec)} samples: a local run has no cluster to wait for"
                 )
 
 

@@ -41,3 +41,21 @@ def test_a_schedule_for_a_job_without_elastic_is_refused_naming_the_flag_once(
     said = capsys.readouterr().out
     assert said == "error: --workers-available needs spec.elastic: without it every attempt has `workers` pods\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_count_no_size_of_the_job_can_run_at_is_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """3 workers of 1 sample (3 a step): 2 workers cannot keep the global batch and minWorkers is
+    2, so a cluster of 2 would leave the job waiting; a local run cannot wait, and training on
+    with 3 processes would not be what the schedule says."""
+    spec = {**JOB["spec"], "workers": 3, "training": {"steps": 2, "batchSize": 1}, "elastic": {"minWorkers": 2}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({**JOB, "spec": spec}))
+    assert run_command([str(job), "--workers-available", "3,10:2", "--out", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().out
+    assert said == (
+        "error: --workers-available 2 worker(s) from step 10: no size from elastic.minWorkers=2 up keeps"
+        " the global batch of 3 samples: a local run has no cluster to wait for\n"
+    )
+    assert not (tmp_path / "out").exists()
