@@ -23,6 +23,7 @@ resume at another world size goes on with the very next sample.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,7 +43,8 @@ class Capacity:
 
     #: Workers the cluster can hold now, the attempt's own running pods included.
     available: int
-    #: Seconds the attempt's pods have been unschedulable (0: all scheduled or running).
+    #: Seconds the attempt's pods have been unschedulable (0: all scheduled or running; inf: at
+    #: the start of a local run, which has no time to wait in).
     unschedulable_seconds: float = 0.0
     #: The attempt lost a node while training (a pod's node went away).
     node_lost: bool = False
@@ -127,9 +129,7 @@ def decide(spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capa
     short = capacity.node_lost or capacity.unschedulable_seconds > elastic.wait_seconds
     if not short or capacity.available >= workers:
         return keep
-    held = "its Job waited for its queue's quota" if capacity.queued else "pods unschedulable"
-    waited = f"{held} for {capacity.unschedulable_seconds:.0f}s"
-    cause = "a node was lost" if capacity.node_lost else f"{waited} (elastic.waitSeconds={elastic.wait_seconds})"
+    cause = "a node was lost" if capacity.node_lost else _waited(capacity, elastic.wait_seconds)
     room = "the queue's free quota" if capacity.queued else "the cluster"
     sizes = range(elastic.min_workers, min(capacity.available, workers - 1) + 1)
     if (found := _largest(spec, sizes, shape.micro_batch)) is None:
@@ -141,6 +141,14 @@ def decide(spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capa
     fewer, smaller = found
     why = f"{cause}; {room} holds {capacity.available} worker(s): {workers} -> {fewer}"
     return Resize(Verdict.SHRINK, fewer, smaller, why)
+
+
+def _waited(capacity: Capacity, wait_seconds: int) -> str:
+    """How long the attempt waited for room (unbounded: at a local run's start, which does not wait)."""
+    held = "its Job waited for its queue's quota" if capacity.queued else "pods unschedulable"
+    if math.isinf(capacity.unschedulable_seconds):
+        return f"{held} at the attempt's start (a local run does not wait out elastic.waitSeconds={wait_seconds})"
+    return f"{held} for {capacity.unschedulable_seconds:.0f}s (elastic.waitSeconds={wait_seconds})"
 
 
 # ---------------------------------------------------------------- what the cluster shows (operator)

@@ -93,3 +93,13 @@ def test_a_grown_attempt_that_no_longer_fits_ends_scaled_down(tmp_path: Path) ->
         (2, "ScaledDown", 3),
         (3, "Succeeded", 2),
     ]
+
+
+def test_an_attempt_that_does_not_fit_at_its_start_says_why_without_a_wait_it_never_had(tmp_path: Path) -> None:
+    run = Scripted(tmp_path, WorkersSchedule.parse("2"), [(80, AttemptOutcome(0))])
+    first = run.run().attempts[0]
+    assert (first.reason, first.message) == (
+        "ScaledDown",
+        "pods unschedulable at the attempt's start (a local run does not wait out elastic.waitSeconds=300);"
+        " the cluster holds 2 worker(s): 3 -> 2",
+    )
