@@ -10,9 +10,10 @@ logged step at or after its STEP. When fewer workers fit than an attempt runs wi
 workers' processes are killed, as when their nodes go away: the attempt ends and the next one
 runs with as many as fit, from the last checkpoint. When more fit again, the attempt ends at
 its next checkpoint (SIGTERM, which the trainer honours with a checkpoint) and the next one runs
-with more. A local run has no time to wait in: pods that do not fit at an attempt's start count
-as unschedulable past elastic.waitSeconds; a count below elastic.minWorkers, or one at which no
-size keeps the global batch, is refused.
+with more; when the room goes before that checkpoint, the growth is called off. A local run
+has no time to wait in: pods that do not fit at an attempt's start count as unschedulable past
+elastic.waitSeconds; a count below elastic.minWorkers, or one at which no size keeps the global
+batch, is refused.
 """
 
 from __future__ import annotations
@@ -108,13 +109,7 @@ class CapacityWatch:
         return replace(outcome, resize=self.resize)
 
     def seen(self, event: events.TrainerEvent) -> None:
-        if self.resize is not None:
-            return
-        if isinstance(event, events.Checkpoint) and self._grow is not None:
-            self.resize = self._grow  # its next checkpoint is written: stop it there, and grow
-            self.workers.signal(signal.SIGTERM)
-            return
-        if not isinstance(event, events.Step | events.Checkpoint):
+        if self.resize is not None or not isinstance(event, events.Step | events.Checkpoint):
             return
         fits = self.schedule.available(event.step)
         lost = fits < self.count
@@ -122,8 +117,11 @@ class CapacityWatch:
         if resize.verdict is Verdict.SHRINK:
             self.resize = resize
             self.workers.kill_last(self.count - fits)  # their nodes went away
-        elif resize.verdict is Verdict.GROW:
-            self._grow = resize
+        elif resize.verdict is Verdict.GROW and isinstance(event, events.Checkpoint) and self._grow is not None:
+            self.resize = resize  # its next checkpoint is written: stop it there, and grow to what fits now
+            self.workers.signal(signal.SIGTERM)
+        else:
+            self._grow = resize if resize.verdict is Verdict.GROW else None  # the room went: growth called off
 
 
 def unschedulable(

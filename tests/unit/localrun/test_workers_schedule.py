@@ -3,13 +3,18 @@ clock the furthest step reached, so steps trained again after a resume keep toda
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 import yaml
 
 from mpjob.localrun.cli import run_command
-from mpjob.localrun.elastic import BadSchedule, WorkersSchedule
+from mpjob.localrun.elastic import BadSchedule, CapacityWatch, WorkersSchedule
+from mpjob.planning.elastic import Verdict
+from mpjob.planning.planner import BatchShape, StartAttempt
+from mpjob_contract import events
+from mpjob_contract.api import MixedPrecisionJob
 from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
@@ -59,3 +64,53 @@ def test_a_count_no_size_of_the_job_can_run_at_is_refused_not_ignored(
         " the global batch of 3 samples: a local run has no cluster to wait for\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+class Signalled:
+    """The attempt's processes as the watch drives them: the signals sent, the workers killed."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.killed = 0
+
+    def signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def kill_last(self, count: int) -> None:
+        self.killed += count
+
+
+def step(n: int) -> events.TrainerEvent:
+    return events.Step.model_validate({"step": n})
+
+
+def checkpoint(n: int) -> events.TrainerEvent:
+    ckpt = {"step": n, "path": f"/ckpt/step-{n}", "sha256": "ab", "seconds": 0.1, "bytes": 1, "async": False}
+    return events.Checkpoint.model_validate(ckpt)
+
+
+def watch(schedule: str) -> tuple[CapacityWatch, Signalled]:
+    spec = {**JOB["spec"], "workers": 2, "training": {"steps": 40, "batchSize": 3}, "elastic": {"minWorkers": 1}}
+    job = MixedPrecisionJob.model_validate({**JOB, "spec": spec})
+    start = StartAttempt(1, "fp16", None, 0, micro_batch=3, grad_accumulation=2, workers=1)
+    workers = Signalled()
+    return CapacityWatch(job.spec, WorkersSchedule.parse(schedule), start, workers), workers  # type: ignore[arg-type]
+
+
+def test_a_growth_is_called_off_when_the_room_goes_before_the_next_checkpoint() -> None:
+    # 2 fit at step 14, only 1 again from 16: the checkpoint at 20 must not stop the attempt to grow.
+    capacity, workers = watch("1,14:2,16:1")
+    for event in (step(13), step(14), step(15), step(16), step(17), checkpoint(20), step(21)):
+        capacity.seen(event)
+    assert capacity.resize is None and workers.signals == []
+
+
+def test_a_growth_stops_the_attempt_at_its_next_checkpoint_while_the_room_lasts() -> None:
+    capacity, workers = watch("1,14:2")
+    for event in (step(13), step(14), step(15)):
+        capacity.seen(event)
+    assert capacity.resize is None and workers.signals == []
+    capacity.seen(checkpoint(20))
+    assert capacity.resize is not None and capacity.resize.verdict is Verdict.GROW
+    assert (capacity.resize.workers, capacity.resize.shape) == (2, BatchShape(3, 1))
+    assert workers.signals == [signal.SIGTERM] and workers.killed == 0
