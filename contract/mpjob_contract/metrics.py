@@ -61,10 +61,11 @@ QUARANTINE_STEPS = PREFIX + "quarantine_steps"
 QUARANTINE_SAMPLES = PREFIX + "quarantine_samples"
 QUARANTINED_STEP = PREFIX + "quarantined_step"
 QUARANTINED_STEP_LABELS = ("step", "cause", "samples")
-#: Fallbacks made in place (spec.precision.inPlace; report.InPlaceChange): one series per change,
-#: value its recoverySeconds, under the labels of the attempt it began (its `attempt` and
-#: `precision`) and the change's fields; an attempt's later relabel leaves them. The operator
-#: records a change it reads here as the restart path's attempt entry.
+#: Changes made in place (spec.precision.inPlace; report.InPlaceChange: fallbacks, re-promotions,
+#: smaller micro-batches): one series per change, value its recoverySeconds, under the labels of
+#: the attempt it began (its `attempt` and `precision`) and the change's fields; an attempt's
+#: later relabel leaves them. The operator records a change it reads here as the restart path's
+#: attempt entry.
 PRECISION_CHANGE = PREFIX + "precision_change"
 PRECISION_CHANGE_LABELS = ("kind", "step", "start_step", "from_precision", "to_precision", "rule", "message", "at")
 #: `auto` attempts: seconds per step measured on the node, by candidate precision (label

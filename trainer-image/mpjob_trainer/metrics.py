@@ -171,7 +171,8 @@ class TrainerMetrics:
         self._quarantine_metrics()
         self.precision_change = Gauge(
             names.PRECISION_CHANGE,
-            "A fallback made in place (value: its recovery seconds), under the labels of the attempt it began.",
+            "A change made in place (a fallback, a re-promotion, a smaller micro-batch; value: its recovery seconds),"
+            " under the labels of the attempt it began.",
             **self._on(*names.PRECISION_CHANGE_LABELS),
         )
         self.measured = Gauge(

@@ -73,3 +73,15 @@ def test_doc_parser_sees_a_missing_metric() -> None:
     assert len(trainer) == len(trainer_metrics()) >= 20
     assert "mpjob_trainer_overflow_steps_total" in trainer
     assert "mpjob_operator_precision_fallbacks_total" in documented("Operator")
+
+
+def test_the_change_series_row_names_every_kind_of_change_the_trainer_serves() -> None:
+    """A split made in place after running out of memory is a series too (kind microBatch)."""
+    from typing import get_args
+
+    from mpjob_contract.report import ChangeKind
+
+    row = next(
+        line for line in METRICS_DOC.read_text().splitlines() if line.startswith(f"| `{names.PRECISION_CHANGE}` |")
+    )
+    assert {kind for kind in get_args(ChangeKind) if f"`{kind}`" not in row} == set()
