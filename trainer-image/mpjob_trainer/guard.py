@@ -198,11 +198,12 @@ class NumericGuard:
         self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None
     ) -> NumericFault | None:
         """The fault an interval's read shows, if any (the first rule it breaks)."""
-        if reading.non_finite_losses - self.forgiven >= self.spec.max_non_finite_losses:
+        if (held := reading.non_finite_losses - self.forgiven) >= self.spec.max_non_finite_losses:
+            forgiven = f"; {self.forgiven} more before a rollback, not held against it" if self.forgiven else ""
             return NumericFault(
                 GuardRule.MAX_NON_FINITE_LOSSES,
-                f"{reading.non_finite_losses} non-finite losses in this attempt "
-                f"(guard.maxNonFiniteLosses={self.spec.max_non_finite_losses}): "
+                f"{held} non-finite losses in this attempt "
+                f"(guard.maxNonFiniteLosses={self.spec.max_non_finite_losses}{forgiven}): "
                 f"{self._when(reading.first_non_finite, step)}",
             )
         if reading.loss_scale is not None and reading.loss_scale < self.spec.min_loss_scale:

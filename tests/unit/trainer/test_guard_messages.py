@@ -49,6 +49,23 @@ def test_non_finite_losses_name_the_first_step_the_detection_and_the_previous_re
     )
 
 
+def test_non_finite_losses_of_rolled_back_steps_are_not_counted_in_the_message_as_they_are_not_by_the_rule() -> None:
+    """A suspect step rolled back and run again (the data rung): its first non-finite loss is
+    forgiven, so the guard trips at 3 of its own, and says 3, not 4."""
+    g = guard(maxNonFiniteLosses=3)
+    train(g, range(1, 11))
+    assert g.check(10, g.read(None), 1.0, 1.0) is None
+    train(g, range(11, 15), non_finite_from=14)
+    assert g.check(14, g.read(None), math.nan, None) is None  # 1: a suspect, replayed and run again
+    g.rewind(10)
+    train(g, range(11, 17), non_finite_from=14)
+    fault = g.check(16, g.read(None), math.nan, None)
+    assert fault is not None and str(fault).startswith(
+        "3 non-finite losses in this attempt (guard.maxNonFiniteLosses=3; 1 more before a rollback, not held"
+        " against it): the first at step 14, detected at step 16"
+    )
+
+
 def test_the_first_non_finite_step_is_the_attempts_not_the_last_read_windows() -> None:
     g = guard(maxNonFiniteLosses=5)
     g.start_at(40)
