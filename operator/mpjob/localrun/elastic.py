@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import math
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from mpjob.localrun.workers import Workers
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, shape_for
+from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, growth_micro_batch, shape_for
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract import events
-from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec
 
 
 class BadSchedule(ValueError):
@@ -95,11 +96,18 @@ class CapacityWatch:
     """Follows one attempt's steps against the schedule and ends the attempt when the job resizes."""
 
     def __init__(
-        self, spec: MixedPrecisionJobSpec, schedule: WorkersSchedule, start: StartAttempt, workers: Workers
+        self,
+        spec: MixedPrecisionJobSpec,
+        schedule: WorkersSchedule,
+        start: StartAttempt,
+        workers: Workers,
+        attempts: Sequence[AttemptStatus],
     ) -> None:
         self.spec, self.schedule, self.workers = spec, schedule, workers
         self.count = start.workers or spec.workers
         self.shape = start.shape or BatchShape.of(spec)
+        #: A grown attempt's largest micro-batch (below those the job's `attempts` ran out of memory in).
+        self.grow_micro = growth_micro_batch(spec, attempts)
         #: The size the job goes on with once this attempt has ended (None: it was not resized).
         self.resize: Resize | None = None
         self._grow: Resize | None = None
@@ -113,7 +121,8 @@ class CapacityWatch:
             return
         fits = self.schedule.available(event.step)
         lost = fits < self.count
-        resize = decide(self.spec, workers=self.count, shape=self.shape, capacity=Capacity(fits, node_lost=lost))
+        capacity = Capacity(fits, node_lost=lost)
+        resize = decide(self.spec, workers=self.count, shape=self.shape, capacity=capacity, grow_micro=self.grow_micro)
         if resize.verdict is Verdict.SHRINK:
             self.resize = resize
             self.workers.kill_last(self.count - fits)  # their nodes went away

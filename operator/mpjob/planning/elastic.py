@@ -15,10 +15,11 @@ queue quota) and `mpjob run` (from its --workers-available schedule) read the cl
 The global batch (samples per optimizer step over all processes: workers x processesPerWorker
 x batchSize x gradAccumulation, as the spec says) is kept at every size: each process takes
 global / world samples per step, split into micro-batches of at most the attempt's micro-batch
-(shrinking never makes a micro-batch larger; growing may take it back up to batchSize) with the
-accumulation making up the rest. A size whose world does not divide the global batch is
-skipped. The data order is addressed by samples, not steps (mpjob_trainer.data.StepSampler): a
-resume at another world size goes on with the very next sample.
+(shrinking never makes a micro-batch larger; growing may take it back up to batchSize, but not
+to one the job ran out of device memory in) with the accumulation making up the rest. A size
+whose world does not divide the global batch is skipped. The data order is addressed by
+samples, not steps (mpjob_trainer.data.StepSampler): a resume at another world size goes on
+with the very next sample.
 """
 
 from __future__ import annotations
@@ -113,15 +114,26 @@ def _largest(spec: MixedPrecisionJobSpec, sizes: range, max_micro: int) -> tuple
     return None
 
 
-def decide(spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capacity: Capacity) -> Resize:
-    """Keep, shrink or grow the attempt that runs with `workers` pods in `shape` (module doc)."""
+def growth_micro_batch(spec: MixedPrecisionJobSpec, attempts: Sequence[AttemptStatus]) -> int:
+    """The largest micro-batch a grown attempt may take: training.batchSize, below each micro-batch
+    an attempt of the job ran out of device memory in (growing does not undo the split that made
+    the job fit)."""
+    too_big = [a.micro_batch for a in attempts if a.reason == Reason.OUT_OF_DEVICE_MEMORY and a.micro_batch]
+    return max(1, min([spec.training.batch_size, *(micro - 1 for micro in too_big)]))
+
+
+def decide(
+    spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capacity: Capacity, grow_micro: int | None = None
+) -> Resize:
+    """Keep, shrink or grow the attempt that runs with `workers` pods in `shape` (module doc); a
+    grown one's micro-batches of at most `grow_micro` (None: training.batchSize; growth_micro_batch)."""
     elastic = spec.elastic
     keep = Resize(Verdict.KEEP, workers, shape, f"{workers} worker(s), {capacity.available} available")
     if elastic is None:
         return keep
     if capacity.available > workers and workers < spec.workers:
         sizes = range(workers + 1, min(capacity.available, spec.workers) + 1)
-        if (found := _largest(spec, sizes, spec.training.batch_size)) is not None:
+        if (found := _largest(spec, sizes, grow_micro or spec.training.batch_size)) is not None:
             more, bigger = found
             why = f"the cluster holds {capacity.available} worker(s) again: {workers} -> {more}"
             return Resize(Verdict.GROW, more, bigger, why)
@@ -218,12 +230,16 @@ def queued(
     return _shrink(spec, attempt, Capacity(fits, unschedulable_seconds=(now - since).total_seconds(), queued=True))
 
 
-def grows(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None) -> Resize | None:
+def grows(
+    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None, attempts: Sequence[AttemptStatus]
+) -> Resize | None:
     """A running attempt below `workers` when `fits` workers fit on the cluster now (None: not
-    known): the size it grows to, or None."""
+    known): the size it grows to (below the micro-batches the job's `attempts` ran out of memory
+    in), or None."""
     if spec.elastic is None or fits is None:
         return None
-    resize = decide(spec, workers=workers_of(spec, attempt), shape=_shape(spec, attempt), capacity=Capacity(fits))
+    workers, shape, micro = workers_of(spec, attempt), _shape(spec, attempt), growth_micro_batch(spec, attempts)
+    resize = decide(spec, workers=workers, shape=shape, capacity=Capacity(fits), grow_micro=micro)
     return resize if resize.verdict is Verdict.GROW else None
 
 

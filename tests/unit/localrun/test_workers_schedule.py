@@ -14,7 +14,7 @@ from mpjob.localrun.elastic import BadSchedule, CapacityWatch, WorkersSchedule
 from mpjob.planning.elastic import Verdict
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract import events
-from mpjob_contract.api import MixedPrecisionJob
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJob
 from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
@@ -89,12 +89,13 @@ def checkpoint(n: int) -> events.TrainerEvent:
     return events.Checkpoint.model_validate(ckpt)
 
 
-def watch(schedule: str) -> tuple[CapacityWatch, Signalled]:
+def watch(schedule: str, attempts: list[AttemptStatus] | None = None) -> tuple[CapacityWatch, Signalled]:
     spec = {**JOB["spec"], "workers": 2, "training": {"steps": 40, "batchSize": 3}, "elastic": {"minWorkers": 1}}
     job = MixedPrecisionJob.model_validate({**JOB, "spec": spec})
     start = StartAttempt(1, "fp16", None, 0, micro_batch=3, grad_accumulation=2, workers=1)
     workers = Signalled()
-    return CapacityWatch(job.spec, WorkersSchedule.parse(schedule), start, workers), workers  # type: ignore[arg-type]
+    capacity = CapacityWatch(job.spec, WorkersSchedule.parse(schedule), start, workers, attempts or [])  # type: ignore[arg-type]
+    return capacity, workers
 
 
 def test_a_growth_is_called_off_when_the_room_goes_before_the_next_checkpoint() -> None:
@@ -114,3 +115,11 @@ def test_a_growth_stops_the_attempt_at_its_next_checkpoint_while_the_room_lasts(
     assert capacity.resize is not None and capacity.resize.verdict is Verdict.GROW
     assert (capacity.resize.workers, capacity.resize.shape) == (2, BatchShape(3, 1))
     assert workers.signals == [signal.SIGTERM] and workers.killed == 0
+
+
+def test_a_growth_keeps_below_a_micro_batch_the_job_ran_out_of_memory_in() -> None:
+    ran_out = AttemptStatus(index=0, precision="fp16", start_step=0, micro_batch=3, reason="OutOfDeviceMemory")
+    capacity, _ = watch("1,14:2", [ran_out])
+    for event in (step(14), checkpoint(20)):
+        capacity.seen(event)
+    assert capacity.resize is not None and (capacity.resize.workers, capacity.resize.shape) == (2, BatchShape(1, 3))

@@ -10,7 +10,7 @@ import pytest
 from mpjob.builders.attempt import attempt_job
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, shape_for
+from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, grows, shape_for
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
 from mpjob.planning.lifecycle import Plan, When
@@ -250,3 +250,18 @@ def test_the_attempt_after_an_edit_of_the_world_runs_with_the_edited_spec(edit: 
         edited, nxt, InPlacePlan(), job_name="j", namespace="ml", checkpoint_dir=CHECKPOINT_MOUNT, resume_from=None
     )
     assert launch.attempt_spec().workers == edited.workers
+
+
+def test_growing_back_keeps_below_a_micro_batch_that_ran_out_of_memory() -> None:
+    """2 workers of 4 samples ran out of memory (split to 2 x 2), a node was lost (1 worker, 2 x 4):
+    growing back to 2 keeps micro-batches of 2, not batchSize's 4, which ran out of memory."""
+    job = spec(workers=2, elastic={"minWorkers": 1})
+    plan, first = _start(job)
+    split = _end(plan, job, first, AttemptOutcome(46))  # OutOfDeviceMemory
+    assert (split.workers, split.shape) == (None, BatchShape(2, 2))
+    smaller = _end(plan, job, split, AttemptOutcome(137, resize=_resize(job, split, Capacity(1, node_lost=True))))
+    assert (smaller.workers, smaller.shape) == (1, BatchShape(2, 4))
+    grow = grows(job, plan.status.attempts[-1], 2, plan.status.attempts)
+    assert grow is not None and (grow.workers, grow.shape) == (2, BatchShape(2, 2))
+    # Without that ending the job grows back to batchSize's micro-batch.
+    assert decide(job, workers=1, shape=BatchShape(2, 4), capacity=Capacity(2)).shape == BatchShape(4, 1)
