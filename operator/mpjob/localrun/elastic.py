@@ -107,7 +107,7 @@ class CapacityWatch:
         self.count = start.workers or spec.workers
         self.shape = start.shape or BatchShape.of(spec)
         #: A grown attempt's largest micro-batch (below those the job's `attempts` ran out of memory in).
-        self.grow_micro = growth_micro_batch(spec, attempts)
+        self.grow_micro = growth_micro_batch(spec, start.precision, attempts)
         #: The size the job goes on with once this attempt has ended (None: it was not resized).
         self.resize: Resize | None = None
         self._grow: Resize | None = None

@@ -16,7 +16,8 @@ The global batch (samples per optimizer step over all processes: workers x proce
 x batchSize x gradAccumulation, as the spec says) is kept at every size: each process takes
 global / world samples per step, split into micro-batches of at most the attempt's micro-batch
 (shrinking never makes a micro-batch larger; growing may take it back up to batchSize, but not
-to one the job ran out of device memory in) with the accumulation making up the rest. A size
+to one the job ran out of device memory in, nor past fp32's split of precision.fallbackKeepsBatch)
+with the accumulation making up the rest. A size
 whose world does not divide the global batch is skipped. The data order is addressed by
 samples, not steps (mpjob_trainer.data.StepSampler): a resume at another world size goes on
 with the very next sample.
@@ -33,7 +34,7 @@ from enum import StrEnum
 from mpjob.planning import status as st
 from mpjob.planning.classify import PLATFORM_REASONS
 from mpjob.planning.endings import JobView, PodView
-from mpjob.planning.planner import BatchShape, StartAttempt
+from mpjob.planning.planner import ACTIVATION_BYTES, BatchShape, StartAttempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, processes_per_worker
 from mpjob_contract.codes import Reason
 
@@ -114,12 +115,17 @@ def _largest(spec: MixedPrecisionJobSpec, sizes: range, max_micro: int) -> tuple
     return None
 
 
-def growth_micro_batch(spec: MixedPrecisionJobSpec, attempts: Sequence[AttemptStatus]) -> int:
-    """The largest micro-batch a grown attempt may take: training.batchSize, below each micro-batch
-    an attempt of the job ran out of device memory in (growing does not undo the split that made
-    the job fit)."""
+def growth_micro_batch(spec: MixedPrecisionJobSpec, precision: str, attempts: Sequence[AttemptStatus]) -> int:
+    """The largest micro-batch a grown attempt in `precision` may take: training.batchSize, split
+    as the fallback into a wider precision than one the job's `attempts` trained in splits it
+    (precision.fallbackKeepsBatch), and below each micro-batch an attempt ran out of device memory
+    in: growing does not undo a split that keeps the job within memory."""
+    largest = BatchShape.of(spec)
+    wider = any(ACTIVATION_BYTES.get(a.precision, 4) < ACTIVATION_BYTES.get(precision, 4) for a in attempts)
+    if wider and spec.precision.fallback_keeps_batch:
+        largest = largest.split() or largest
     too_big = [a.micro_batch for a in attempts if a.reason == Reason.OUT_OF_DEVICE_MEMORY and a.micro_batch]
-    return max(1, min([spec.training.batch_size, *(micro - 1 for micro in too_big)]))
+    return max(1, min([largest.micro_batch, *(micro - 1 for micro in too_big)]))
 
 
 def decide(
@@ -234,11 +240,12 @@ def grows(
     spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None, attempts: Sequence[AttemptStatus]
 ) -> Resize | None:
     """A running attempt below `workers` when `fits` workers fit on the cluster now (None: not
-    known): the size it grows to (below the micro-batches the job's `attempts` ran out of memory
-    in), or None."""
+    known): the size it grows to, its micro-batches within growth_micro_batch of the job's
+    `attempts`, or None."""
     if spec.elastic is None or fits is None:
         return None
-    workers, shape, micro = workers_of(spec, attempt), _shape(spec, attempt), growth_micro_batch(spec, attempts)
+    micro = growth_micro_batch(spec, attempt.precision, attempts)
+    workers, shape = workers_of(spec, attempt), _shape(spec, attempt)
     resize = decide(spec, workers=workers, shape=shape, capacity=Capacity(fits), grow_micro=micro)
     return resize if resize.verdict is Verdict.GROW else None
 

@@ -265,3 +265,21 @@ def test_growing_back_keeps_below_a_micro_batch_that_ran_out_of_memory() -> None
     assert grow is not None and (grow.workers, grow.shape) == (2, BatchShape(2, 2))
     # Without that ending the job grows back to batchSize's micro-batch.
     assert decide(job, workers=1, shape=BatchShape(2, 4), capacity=Capacity(2)).shape == BatchShape(4, 1)
+
+
+def test_growing_back_in_fp32_keeps_the_split_of_precision_fallbackkeepsbatch() -> None:
+    """fp16, bf16, then fp32 in micro-batches of 2 (fallbackKeepsBatch: fp32 activations take twice
+    the memory), a node lost (1 worker, 2 x 4): growing back keeps fp32's split, as the fallback did."""
+    job = spec(workers=2, elastic={"minWorkers": 1})
+    plan, first = _start(job)
+    bf16 = _end(plan, job, first, AttemptOutcome(42))
+    fp32 = _end(plan, job, bf16, AttemptOutcome(42))
+    assert (fp32.precision, fp32.shape) == ("fp32", BatchShape(2, 2))
+    smaller = _end(plan, job, fp32, AttemptOutcome(137, resize=_resize(job, fp32, Capacity(1, node_lost=True))))
+    assert (smaller.precision, smaller.workers, smaller.shape) == ("fp32", 1, BatchShape(2, 4))
+    grow = grows(job, plan.status.attempts[-1], 2, plan.status.attempts)
+    assert grow is not None and (grow.workers, grow.shape) == (2, BatchShape(2, 2))
+    # Without fallbackKeepsBatch the fp32 fallback kept batchSize's micro-batch, and so does growing.
+    keeps = spec(workers=2, elastic={"minWorkers": 1}, precision={"mode": "fp16", "fallback": ["bf16", "fp32"],
+                                                                    "fallbackKeepsBatch": False})  # fmt: skip
+    assert grows(keeps, plan.status.attempts[-1], 2, plan.status.attempts).shape == BatchShape(4, 1)  # type: ignore[union-attr]
