@@ -30,13 +30,18 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from mpjob_trainer.checkpoint import CheckpointStore, resume
+from mpjob_contract.codes import ExitCode
+from mpjob_contract.report import TerminationReport
+from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
 from mpjob_trainer.checkpoint.manifest import read_manifest
+from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.sharded import ShardedWriter
 from mpjob_trainer.checkpoint.shards import SHARDS
 from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
+from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 from tests.unit.trainer.test_hostile_dcp_files import zero_a_tensor
 from tests.unit.trainer.test_own_loop_resume import assert_identical
 
@@ -137,6 +142,23 @@ def test_checkpoint_of_4_processes_resumes_on_2_and_on_1_with_identical_full_sta
         resumed = torch.load(dump, weights_only=True)
         assert resumed["optimizer"]["state"], "the optimizer state came back"
         assert_identical(reference, resumed, f"on {nproc}")
+
+
+# ---------------------------------------------------------------- another job's checkpoint
+@pytest.mark.process
+def test_another_jobs_checkpoint_at_the_last_step_ends_a_sharded_run_as_a_config_error(tmp_path: Path) -> None:
+    """Every retry would train back to the last step and meet it again: a configuration error
+    naming the folder on every rank (as a whole-model run's, test_foreign_checkpoint)."""
+    ckpt = tmp_path / "ckpt"
+    theirs = CheckpointStore(ckpt, keep=3, config_digest="other", job="ns/other/u2").write(10, "fp32", {})
+    proc = start(tmp_path, ckpt, job(10, "bf16"), nproc=2)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.CONFIG_ERROR, out[-4000:]
+    (written,) = tmp_path.glob("report-*.json")
+    report = TerminationReport.model_validate_json(written.read_text())
+    assert report.reason == "ConfigError" and f"{theirs.ref.path}, in this job's checkpoint folder" in report.message
+    assert report.last_good_checkpoint is not None and report.last_good_checkpoint.step == 5
+    assert read_manifest(Path(theirs.ref.path)).job == "ns/other/u2"  # left as it is
 
 
 # ---------------------------------------------------------------- corruption
@@ -248,3 +270,37 @@ def test_shards_a_restore_could_not_read_back_are_never_committed(tmp_path: Path
     with pytest.raises(OSError, match=r"step 5 holds shards\.optimizer\.param_groups\[0\]\.lr, a numpy\.float64"):
         writer.start(5, "bf16", state).finish()
     assert not list(tmp_path.iterdir())
+
+
+def _another_jobs(store: AnyStore, step: int) -> None:
+    """Another job's checkpoint of `step` where `store` keeps its own (its folder, or its bucket prefix)."""
+    if isinstance(store, BucketCheckpointStore):
+        theirs = BucketCheckpointStore(
+            store.location, SETTINGS, keep=3, config_digest="other", job="ns/other/u2", bucket=store.bucket
+        )
+        theirs.write(step, "fp32", {"w": torch.zeros(1)})
+    else:
+        CheckpointStore(store.root, keep=3, config_digest="other", job="ns/other/u2").write(step, "fp32", {})
+
+
+@pytest.mark.parametrize("where", ["volume", "bucket"])
+def test_a_sharded_save_at_another_jobs_checkpoint_is_checkpoint_taken_and_writes_nothing(
+    tmp_path: Path, where: str
+) -> None:
+    """As a whole-model save: CheckpointTaken (at the last step a configuration error,
+    session.interval), not a failed write every retry would meet again."""
+    store: AnyStore = (
+        BucketCheckpointStore(
+            f"{SETTINGS.url}/ns/job/u1", SETTINGS, keep=3, config_digest="test", job="ns/job/u1", bucket=MemoryBucket()
+        )
+        if where == "bucket"
+        else CheckpointStore(tmp_path, keep=3, config_digest="test", job="ns/job/u1")
+    )
+    _another_jobs(store, 5)
+    writer = ShardedWriter(store)
+    state = {SHARDS: {"model": nn.Linear(4, 4).state_dict()}, "step": 5}
+    with pytest.raises(CheckpointTaken) as taken:
+        writer.start(5, "bf16", state).finish()
+    assert str(taken.value.where).endswith(f"step-{5:09d}")
+    assert store.manifest(taken.value.where).job == "ns/other/u2"  # left as it is
+    assert not list(store.root.glob(".tmp-*"))

@@ -25,6 +25,10 @@ class CheckpointTaken(Exception):
         super().__init__(f"{where} holds a checkpoint this job did not write: left as it is, not replaced")
         self.where = where
 
+    def __reduce__(self) -> tuple[type[CheckpointTaken], tuple[object]]:
+        """Pickled as its `where` (rank 0 tells the other ranks of a sharded save, checkpoint.sharded)."""
+        return CheckpointTaken, (self.where,)
+
 
 def own_manifest(store: Store[W], where: W) -> Manifest | None:
     """The manifest at `where` when this store's job wrote it, else None."""

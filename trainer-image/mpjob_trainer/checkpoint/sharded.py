@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from mpjob_trainer.checkpoint.manifest import check_loadable, hash_files
+from mpjob_trainer.checkpoint.ownership import CheckpointTaken
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
@@ -148,10 +149,13 @@ class ShardedWriter:
 
     def _claim(self, step: int) -> Any:
         """Rank 0, bucket: None when the step is free; this job's valid checkpoint there (kept,
-        never overwritten: its ref and size); a reason when the save must write nothing."""
+        never overwritten: its ref and size); a reason (or CheckpointTaken) when the save must
+        write nothing."""
         assert isinstance(self.store, BucketCheckpointStore)
         try:
             kept = self.store.taken(step)
+        except CheckpointTaken as taken:
+            return taken  # every rank raises it: the step's place holds what this job did not write
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         return (kept, 0) if kept is not None else None
@@ -166,13 +170,16 @@ class ShardedWriter:
         return None
 
     def _commit(self, step: int, precision: str, *, tmp: Path, outcomes: list[Any]) -> Any:
-        """Rank 0: the manifest over every rank's files, then the rename; a reason when not."""
+        """Rank 0: the manifest over every rank's files, then the rename; a reason when not
+        (CheckpointTaken: the step's place holds what this job did not write)."""
         problems = [problem for _, problem in outcomes if problem]
         try:
             if problems:
                 raise OSError("; ".join(problems))
             files = {name: meta for files, _ in outcomes for name, meta in files.items()}
             result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size)
+        except CheckpointTaken as taken:
+            return taken  # the store removed `tmp`: nothing written
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             return f"{type(exc).__name__}: {exc}"
@@ -180,7 +187,10 @@ class ShardedWriter:
 
 
 def _result(ended: Any, started: float) -> SaveResult:
-    """How rank 0 said the save ended, on every rank: (ref, bytes), or the reason it failed."""
+    """How rank 0 said the save ended, on every rank: (ref, bytes), CheckpointTaken (as a
+    whole-model save raises it), or the reason it failed."""
+    if isinstance(ended, CheckpointTaken):
+        raise ended
     if isinstance(ended, str):
         raise OSError(ended)
     ref, size = ended
