@@ -14,6 +14,7 @@ import torch
 
 from mpjob_contract.codes import ExitCode
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
+from mpjob_trainer.checkpoint.store import CORRUPT_KEPT
 from mpjob_trainer.errors import ConfigError
 from tests import warm
 from tests.helpers import wait_for
@@ -304,6 +305,35 @@ def test_its_own_checkpoint_damaged_again_at_the_same_step_is_moved_aside_again_
         ref = store.write(20, "bf16", {"step": 20, "w": torch.full((4,), value)}).ref
         assert torch.equal(store.verify(Path(ref.path))[1]["w"], torch.full((4,), value))
     assert len(list(tmp_path.glob(".corrupt-step-000000020-*"))) == 2  # both kept for inspection
+
+
+def _set_aside(root: Path) -> dict[Path, str]:
+    """The folders set aside as damaged in `root`: the sha256 of the state their manifest lists."""
+    return {
+        p: json.loads((p / "manifest.json").read_text())["files"]["state.pt"]["sha256"] for p in root.glob(".corrupt-*")
+    }
+
+
+def test_only_the_newest_of_its_checkpoints_set_aside_as_damaged_are_kept(tmp_path: Path) -> None:
+    """A volume that keeps damaging checkpoints must not fill up with them: this job keeps the
+    CORRUPT_KEPT it set aside last (of the newest steps), another job's stay as they are."""
+    other = CheckpointStore(tmp_path, keep=5, config_digest="d2", job="ns/other/u2")
+    other.write(5, "fp16", {"step": 5})
+    _flip(tmp_path / "step-000000005")
+    other.write(5, "fp16", {"step": 5})
+    theirs = _set_aside(tmp_path)
+    store = CheckpointStore(tmp_path, keep=2, config_digest="d1", job="ns/j/u1")
+    aside = []
+    for step, times in [(10, 1), (20, 1), (30, 3), (40, 1)]:
+        sha = store.write(step, "bf16", {"step": step, "w": torch.zeros(4)}).ref.sha256
+        for value in range(times):
+            _flip(tmp_path / f"step-{step:09d}")
+            aside.append(sha)
+            sha = store.write(step, "bf16", {"step": step, "w": torch.full((4,), value + 1.0)}).ref.sha256
+    found = _set_aside(tmp_path)
+    assert {p: sha for p, sha in found.items() if p in theirs} == theirs
+    assert sorted(sha for p, sha in found.items() if p not in theirs) == sorted(aside[-CORRUPT_KEPT:])
+    assert not list(tmp_path.glob(".tmp-*"))
 
 
 def test_a_prune_killed_midway_leaves_no_step_folder_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

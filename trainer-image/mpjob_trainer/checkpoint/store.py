@@ -7,7 +7,8 @@ A checkpoint is written into `.tmp-<step>-<pid>/`, each file fsynced, the manife
 folder fsynced, then renamed into place: a process killed at any moment leaves either a
 complete checkpoint or a temp folder that loading ignores and `clean_stale` removes. The newest
 `keep` are kept; older ones are pruned only after the new one is durable, each renamed to a
-`.tmp-pruned-*` folder before its files go.
+`.tmp-pruned-*` folder before its files go. Of the job's damaged checkpoints set aside (a save
+of their step replaces them), the newest CORRUPT_KEPT stay for diagnosis, pruned the same way.
 
 The store implements checkpoint.protocol's Store over the folders (`steps`, `named`,
 `manifest`, `verify`, `set_aside`, `discard`); what it decides with them is the same for every
@@ -26,6 +27,7 @@ serialised by a lock, so a synchronous save never interleaves with a background 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -60,10 +62,14 @@ from mpjob_trainer.checkpoint.manifest import (
 )
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
 from mpjob_trainer.checkpoint.ownership import CheckpointTaken
-from mpjob_trainer.checkpoint.protocol import Log
+from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Log
 from mpjob_trainer.errors import ConfigError
 
 __all__ = ["CheckpointStore", "CheckpointTaken", "Log", "SaveResult"]
+
+#: How many of the folders this job set aside as damaged (`.corrupt-*`) it keeps for diagnosis.
+CORRUPT_KEPT = 3
+_SET_ASIDE = ".corrupt-"
 
 #: Why a checkpoint folder cannot be made that no retry fixes: a file in its place or on its
 #: path, no permission, a read-only volume.
@@ -87,6 +93,14 @@ def _writable_folder(root: Path) -> None:
             f"checkpointDir {root}: this trainer may not write into it (uid {os.getuid()}; a read-only "
             "volume, or a folder of another user): the job's checkpoint folder must be writable"
         )
+
+
+def _set_aside_order(folder: Path) -> tuple[int, int]:
+    """How new a `.corrupt-<step folder>-<random>` folder is: its step, then when it was set aside."""
+    step = step_of(folder.name.removeprefix(_SET_ASIDE).rsplit("-", 1)[0])
+    with contextlib.suppress(OSError):  # gone meanwhile (another job's, deleted by it): oldest
+        return (step if step is not None else -1, folder.stat().st_ctime_ns)
+    return (-1, 0)
 
 
 @dataclass
@@ -127,7 +141,13 @@ class CheckpointStore:
         return read_manifest(where) if where.exists() else None
 
     def set_aside(self, where: Path) -> None:
-        self._out_of_sight(where, ".corrupt-")
+        """Move this job's damaged checkpoint at `where` out of sight; of those it set aside the newest
+        CORRUPT_KEPT stay (MAX_EXAMINED more examined, each a manifest read: a backlog drains)."""
+        self._out_of_sight(where, _SET_ASIDE)
+        aside = sorted(self.root.glob(f"{_SET_ASIDE}*"), key=_set_aside_order)[-(CORRUPT_KEPT + MAX_EXAMINED) :]
+        ours = [(folder, manifest) for folder in aside if (manifest := ownership.own_manifest(self, folder))]
+        for folder, manifest in ours[:-CORRUPT_KEPT]:
+            self.discard(folder, manifest)
 
     def discard(self, where: Path, manifest: Manifest) -> None:
         """Delete `where`, out of sight first: a process killed midway leaves a `.tmp-*` folder
