@@ -7,6 +7,8 @@ and batches drawn from the data position the session keeps in samples, so that a
 on another world size goes on with the very next sample. task.args:
   blocks, width   the model's size
 $SHARDED_SCRIPT_STEP_SECONDS slows each step (a test interrupts the run mid-way);
+$SHARDED_SCRIPT_BLOCKS, when set, is the number of blocks whatever task.args say (a script
+edited between two runs of a job);
 $SHARDED_SCRIPT_FULL_STATE names a file where rank 0 saves, at the end, the full model and
 optimizer state gathered from all ranks and the data position (what the tests compare).
 """
@@ -50,7 +52,8 @@ def sample(index: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tenso
 def main() -> None:
     pause = float(os.environ.get("SHARDED_SCRIPT_STEP_SECONDS", "0"))
     with mpjob.start() as run:
-        blocks, width = int(run.args.get("blocks", 3)), int(run.args.get("width", 32))
+        blocks = int(os.environ.get("SHARDED_SCRIPT_BLOCKS") or run.args.get("blocks", 3))
+        width = int(run.args.get("width", 32))
         model = build(blocks, width).to(run.device)
         if run.world.distributed:
             shard(model)

@@ -37,7 +37,8 @@ from mpjob_trainer.checkpoint.manifest import read_manifest
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.sharded import ShardedWriter
-from mpjob_trainer.checkpoint.shards import SHARDS
+from mpjob_trainer.checkpoint.shards import SHARDED_OBJECTS, SHARDS, restore_shards, state_dicts
+from mpjob_trainer.errors import ConfigError
 from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
@@ -304,3 +305,44 @@ def test_a_sharded_save_at_another_jobs_checkpoint_is_checkpoint_taken_and_write
     assert str(taken.value.where).endswith(f"step-{5:09d}")
     assert store.manifest(taken.value.where).job == "ns/other/u2"  # left as it is
     assert not list(store.root.glob(".tmp-*"))
+
+
+# ---------------------------------------------------------------- another model's checkpoint
+@pytest.mark.process
+def test_a_sharded_run_whose_script_changed_its_model_ends_as_a_config_error(tmp_path: Path) -> None:
+    """Every rank says so (the same task.args: the config digest matches); the checkpoint stays."""
+    ckpt = tmp_path / "ckpt"
+    finish(start(tmp_path / "before", ckpt, job(5, "bf16"), nproc=2))
+    proc = start(tmp_path / "after", ckpt, job(10, "bf16"), nproc=2, env={"SHARDED_SCRIPT_BLOCKS": "4"})
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == ExitCode.CONFIG_ERROR, out[-4000:]
+    (written,) = (tmp_path / "after").glob("report-*.json")
+    report = TerminationReport.model_validate_json(written.read_text())
+    assert report.reason == "ConfigError" and "the script no longer matches" in report.message, report.message
+    assert newest(ckpt) == 5 and not list(ckpt.glob(".corrupt-*"))
+
+
+@pytest.mark.parametrize(
+    ("now", "names"),
+    [
+        (nn.Linear(4, 8), "size mismatch"),
+        (nn.Sequential(nn.Linear(4, 4)), "missing key"),
+        (nn.Linear(4, 4, bias=False), "unexpected key in checkpoint state_dict: model.bias"),
+    ],
+)
+def test_a_sharded_checkpoint_of_another_model_is_a_config_error_not_a_corrupt_one(
+    tmp_path: Path, now: nn.Module, names: str
+) -> None:
+    """Its files verify: the script no longer matches the run that wrote it (as a single-file
+    checkpoint whose state does not load, docs/sdk.md), never a reason to start at step 0."""
+    store = CheckpointStore(tmp_path, keep=3, config_digest="test", job="ns/job/u1")
+    pair = {"module": "model"}
+    state = {SHARDS: state_dicts({"model": nn.Linear(4, 4)}, pair), "step": 5, SHARDED_OBJECTS: pair}
+    ShardedWriter(store).start(5, "bf16", state).finish()
+
+    def restore(loaded: resume.Loaded) -> None:
+        restore_shards(Path(loaded[1][SHARDS]), {"model": now}, loaded[1][SHARDED_OBJECTS])
+
+    with pytest.raises(ConfigError, match=r"step-000000005.* this run's model") as error:
+        resume.load(store, restore=restore)
+    assert names in str(error.value).lower()

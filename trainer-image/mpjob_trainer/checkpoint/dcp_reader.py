@@ -15,8 +15,9 @@ in the trainer. Here:
   checkpoint and the previous good one is used;
 - `ListedReader` is DCP's FileSystemReader with that index reader (which, for a bucket's
   checkpoint, fetches the files its plan reads first: checkpoint.fetched), and `WeightsOnlyPlanner`
-  DCP's default load planner with the values read by torch's weights-only unpickler; the restore
-  (checkpoint.shards.restore_shards) loads through both.
+  DCP's default load planner with the values read by torch's weights-only unpickler, which tells
+  objects that do not fit the index (ShardsDoNotFit: a configuration error, not damage); the
+  restore (checkpoint.shards.restore_shards) loads through both.
 """
 
 from __future__ import annotations
@@ -139,8 +140,33 @@ def _read(info: Any, item: ReadItem) -> Read:
     return info.relative_path, info.offset, info.length, item.type == LoadItemType.BYTE_IO
 
 
+class ShardsDoNotFit(Exception):
+    """This run's objects hold a key or a size the checkpoint's index does not (checked: its files
+    verified): the objects are not the ones that wrote it."""
+
+
 class WeightsOnlyPlanner(DefaultLoadPlanner):
-    """DCP's default load planner; a state dict's non-tensor values are read weights-only."""
+    """DCP's default load planner; a state dict's non-tensor values are read weights-only. The
+    checkpoint must fit the objects as a module's strict load_state_dict wants: every key of
+    theirs, of its size, and none more of the module's (`module`: its name in the state dict)."""
+
+    def __init__(self, module: str) -> None:
+        super().__init__()
+        self.module = module
+
+    def create_local_plan(self) -> LoadPlan:
+        """DCP's plan; ShardsDoNotFit when this run's objects and the index differ (DCP's planning
+        reads only those two: a missing key, another size; a key of the module too many)."""
+        try:
+            plan = super().create_local_plan()
+        except (RuntimeError, ValueError) as exc:
+            raise ShardsDoNotFit(str(exc)[:300]) from None
+        assert self.metadata is not None  # set up by DCP before it plans
+        held = (fqn for fqn in sorted(self.metadata.state_dict_metadata) if fqn.startswith(f"{self.module}."))
+        extra = next((fqn for fqn in held if fqn not in self.state_dict), None)
+        if extra is not None:
+            raise ShardsDoNotFit(f"Unexpected key in checkpoint state_dict: {extra[:200]}")
+        return plan
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:

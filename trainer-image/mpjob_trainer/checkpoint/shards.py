@@ -190,23 +190,32 @@ def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str])
         dcp.load(
             target,
             storage_reader=reader,
-            planner=WeightsOnlyPlanner(),
+            planner=WeightsOnlyPlanner(names["module"]),
             no_dist=not (dist.is_available() and dist.is_initialized()),
         )
     except dcp.CheckpointException as exc:  # a BaseException: what DCP makes of any failure while reading
-        raise CorruptCheckpoint(f"{folder.name}: DCP cannot read its shards ({_first_failure(exc)})") from None
+        raise _not_read(folder, names, exc) from None
     model: nn.Module = objects[names["module"]]
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
     optim_sd = target[names["optimizer"]] if optimizers else {}
     set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
 
 
-def _first_failure(exc: Any) -> str:
-    """What made DCP fail, from a CheckpointException's per-rank (exception, traceback) pairs."""
-    for rank, failure in sorted(exc.failures.items()):
-        cause = failure[0] if isinstance(failure, tuple) else failure
-        return f"rank {rank}: {str(cause)[:300]}"
-    return str(exc)[:300]
+def _not_read(folder: Path, names: dict[str, str], exc: Any) -> Exception:
+    """Why DCP did not read the shards, from a CheckpointException's per-rank (exception, traceback)
+    pairs (every rank sees every rank's): objects that do not fit them (ShardsDoNotFit) are a
+    ConfigError, as a single-file state that does not load; anything else makes them corrupt."""
+    from mpjob_trainer.checkpoint.dcp_reader import ShardsDoNotFit
+
+    failures = [(rank, f[0] if isinstance(f, tuple) else f) for rank, f in sorted(exc.failures.items())]
+    misfit = next((f"rank {rank}: {cause}" for rank, cause in failures if isinstance(cause, ShardsDoNotFit)), None)
+    if misfit is not None:
+        return ConfigError(
+            f"cannot load the sharded checkpoint {folder.name} into this run's {', '.join(names.values())} "
+            f"({misfit}): the script no longer matches the run that wrote it"
+        )
+    rank, cause = failures[0] if failures else (0, exc)
+    return CorruptCheckpoint(f"{folder.name}: DCP cannot read its shards (rank {rank}: {str(cause)[:300]})")
 
 
 def listing_problem(manifest: Manifest) -> str | None:
