@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import torch
 
 from mpjob_contract.codes import ExitCode
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
+from mpjob_trainer.checkpoint import store as store_module
 from mpjob_trainer.checkpoint.store import CORRUPT_KEPT
 from mpjob_trainer.errors import ConfigError
 from tests import warm
@@ -352,6 +355,45 @@ def test_a_prune_killed_midway_leaves_no_step_folder_behind(tmp_path: Path, monk
     restarted.clean_stale()
     assert [step for step, _ in restarted.steps()] == [20]  # no manifest-less step 10 left, never pruned
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000020"]
+
+
+def test_two_writers_of_one_step_never_write_into_each_others_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two trainers (an attempt's pod still running beside the next one's, each pid the same in
+    its own pid namespace: here one process) save step 20 into one volume at once. Neither may
+    delete or fill the folder the other is writing: the step holds one writer's checkpoint whole."""
+    first = CheckpointStore(tmp_path, keep=3, config_digest="d1", job="ns/j/u1")
+    second = CheckpointStore(tmp_path, keep=3, config_digest="d1", job="ns/j/u1")
+    hash_tree = store_module.hash_tree
+    second_hashing, first_done = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+
+    def write_second() -> None:
+        try:
+            outcome.append(second.write(20, "bf16", {"step": 20, "w": torch.full((4,), 2.0)}).ref)
+        except Exception as exc:
+            outcome.append(exc)
+
+    other = threading.Thread(target=write_second)
+
+    def hashing(root: Path) -> dict[str, Any]:
+        if threading.current_thread() is other:  # the second has written its state: it waits
+            second_hashing.set()
+            assert first_done.wait(60)
+        elif not other.is_alive():  # the first is about to hash its files: the second starts
+            other.start()
+            assert second_hashing.wait(60)
+        return hash_tree(root)
+
+    monkeypatch.setattr(store_module, "hash_tree", hashing)
+    ref = first.write(20, "bf16", {"step": 20, "w": torch.ones(4)}).ref
+    first_done.set()
+    other.join(60)
+    verified, state = first.verify(tmp_path / "step-000000020")
+    assert torch.equal(state["w"], torch.ones(4)) and verified.sha256 == ref.sha256  # the first's, whole
+    assert outcome and getattr(outcome[0], "sha256", None) == ref.sha256, outcome  # kept, not overwritten
+    assert not list(tmp_path.glob(".tmp-*"))
 
 
 def test_a_killed_save_leaves_only_a_temp_dir_that_loading_ignores(tmp_path: Path) -> None:

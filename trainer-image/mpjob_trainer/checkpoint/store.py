@@ -3,12 +3,13 @@ in place, verified before they are trusted.
 
 Layout under the checkpoint directory: `step-000000200/` per checkpoint (its format:
 checkpoint.manifest), `.tmp-*` folders being written or deleted, `.corrupt-*` ones set aside.
-A checkpoint is written into `.tmp-<step>-<pid>/`, each file fsynced, the manifest last, the
-folder fsynced, then renamed into place: a process killed at any moment leaves either a
-complete checkpoint or a temp folder that loading ignores and `clean_stale` removes. The newest
-`keep` are kept; older ones are pruned only after the new one is durable, each renamed to a
-`.tmp-pruned-*` folder before its files go. Of the job's damaged checkpoints set aside (a save
-of their step replaces them), the newest CORRUPT_KEPT stay for diagnosis, pruned the same way.
+A checkpoint is written into `.tmp-<step>-<pid>-<random>/` (never another writer's: two pods'
+trainers have the same pid), each file fsynced, the manifest last, the folder fsynced, then
+renamed into place: a process killed at any moment leaves either a complete checkpoint or a
+temp folder that loading ignores and `clean_stale` removes. The newest `keep` are kept; older
+ones are pruned only after the new one is durable, each renamed to a `.tmp-pruned-*` folder
+before its files go. Of the job's damaged checkpoints set aside (a save of their step replaces
+them), the newest CORRUPT_KEPT stay for diagnosis, pruned the same way.
 
 The store implements checkpoint.protocol's Store over the folders (`steps`, `named`,
 `manifest`, `verify`, `set_aside`, `discard`); what it decides with them is the same for every
@@ -245,7 +246,7 @@ class CheckpointStore:
         of a framework's finished checkpoint (on this filesystem), moved in as `framework/` and
         covered by the manifest."""
         check_loadable(state, step)
-        tmp = self.root / f".tmp-{step:09d}-{os.getpid()}"
+        tmp = self.root / f".tmp-{step:09d}-{os.getpid()}-{secrets.token_hex(6)}"  # no other writer's
         with self._writing:
             try:
                 return self._write_via(tmp, step, precision, state, adopt)
@@ -255,8 +256,6 @@ class CheckpointStore:
 
     def _write_via(self, tmp: Path, step: int, precision: str, state: dict[str, Any], adopt: Path | None) -> SaveResult:
         start = time.perf_counter()
-        if tmp.exists():
-            shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         if adopt is not None:
             adopt.rename(tmp / FRAMEWORK)  # the framework has finished writing: now it is ours
