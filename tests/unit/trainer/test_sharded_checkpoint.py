@@ -19,6 +19,7 @@ import random
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
+from mpjob_trainer.checkpoint import sharded as sharded_module
 from mpjob_trainer.checkpoint.manifest import read_manifest
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
@@ -346,3 +348,57 @@ def test_a_sharded_checkpoint_of_another_model_is_a_config_error_not_a_corrupt_o
     with pytest.raises(ConfigError, match=r"step-000000005.* this run's model") as error:
         resume.load(store, restore=restore)
     assert names in str(error.value).lower()
+
+
+# ---------------------------------------------------------------- two writers of one step
+def test_two_sharded_writers_of_one_step_never_write_into_each_others_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt's ranks still writing beside the next attempt's (one volume, the same step):
+    neither may write into the folder the other commits; the step holds one writer's shards."""
+    pair = {"module": "model"}
+
+    def save(value: float) -> Callable[[], Any]:
+        model = nn.Linear(4, 4)
+        nn.init.constant_(model.weight, value)
+        writer = ShardedWriter(CheckpointStore(tmp_path, keep=3, config_digest="test", job="ns/job/u1"))
+        state = {SHARDS: state_dicts({"model": model}, pair), "step": 20, SHARDED_OBJECTS: pair}
+        return writer.start(20, "bf16", state).finish
+
+    hash_files = sharded_module.hash_files
+    second_hashing, first_done = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+    second_save = save(2.0)
+    other = threading.Thread(target=lambda: outcome.append(_outcome(second_save)))
+
+    def hashing(root: Path, paths: list[Path]) -> dict[str, Any]:
+        if threading.current_thread() is other:  # the second has written its shards: it waits
+            second_hashing.set()
+            assert first_done.wait(60)
+        elif not other.is_alive():  # the first is about to hash its shards: the second writes
+            other.start()
+            assert second_hashing.wait(60)
+        return hash_files(root, paths)
+
+    monkeypatch.setattr(sharded_module, "hash_files", hashing)
+    ref = save(1.0)().ref
+    first_done.set()
+    other.join(60)
+    loaded = nn.Linear(4, 4)
+
+    def restore(found: resume.Loaded) -> None:
+        restore_shards(Path(found[1][SHARDS]), {"model": loaded}, found[1][SHARDED_OBJECTS])
+
+    store = CheckpointStore(tmp_path, keep=3, config_digest="test", job="ns/job/u1")
+    found = resume.load(store, restore=restore)
+    assert found is not None and found[0].sha256 == ref.sha256
+    assert torch.equal(loaded.weight, torch.ones(4, 4)), "the first writer's shards, whole"
+    assert outcome and getattr(outcome[0], "ref", None) == ref, outcome  # kept, not overwritten
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def _outcome(finish: Callable[[], Any]) -> Any:
+    try:
+        return finish()
+    except Exception as exc:
+        return exc

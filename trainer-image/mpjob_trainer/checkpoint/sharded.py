@@ -13,6 +13,7 @@ and the upload's threads) costs the training thread nothing but the GIL it share
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -58,6 +59,8 @@ class ShardedWriter:
         group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
         #: The checkpoint's own group (made collectively, here on the training thread).
         self.peers = Peers.current(group if isinstance(group, dist.ProcessGroup) else None)
+        #: Names this writer's folders (rank 0's, agreed): no other writer's (another attempt's ranks) are the same.
+        self.name = self.peers.from_main(secrets.token_hex(6))
 
     def start(self, step: int, precision: str, state: dict[str, Any]) -> PendingSave:
         """Take `state` (a TrainingState capture: live shards under SHARDS) as `step`'s
@@ -81,7 +84,7 @@ class ShardedWriter:
         return PendingSave(staged, finish)
 
     def _folder(self, step: int) -> Path:
-        return self.store.root / f".tmp-{step:09d}-dcp"
+        return self.store.root / f".tmp-{step:09d}-dcp-{self.name}"
 
     def _begin(self, step: int, shards: dict[str, Any], staged: Future[None]) -> Future[Any]:
         """DCP's asynchronous save of this rank's shards; `staged` completes with the copy."""
