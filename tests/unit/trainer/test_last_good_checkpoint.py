@@ -5,6 +5,7 @@ that fails leaves it as it was; a framework's Checkpointer takes over what the l
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -100,3 +101,36 @@ def test_a_framework_checkpointer_takes_over_the_last_good_one_and_moves_it_on(t
     framework.save(20, "fp32", _state(20), final=True)
     assert framework.last_good is not None and framework.last_good.step == 20
     assert (Path(framework.last_good.path) / "framework").is_dir()
+
+
+def test_two_framework_saves_of_one_step_never_write_into_each_others_staging(tmp_path: Path) -> None:
+    """An attempt's trainer still saving beside the next one's (one volume, the same step): the
+    framework files committed as the first's, and claimed as its last good, are the first's."""
+    second_wrote, first_done = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: second.save(20, "fp32", _state(20), final=False))
+
+    def write(name: str) -> Callable[[Path], Path]:
+        def into(staging: Path) -> Path:
+            (staging / "weights").write_text(name)
+            if name == "second":  # written: it waits while the first saves
+                second_wrote.set()
+                assert first_done.wait(60)
+            else:  # written: the second writes now
+                other.start()
+                assert second_wrote.wait(60)
+            return staging
+
+        return into
+
+    def framework(name: str) -> FrameworkCheckpointer:
+        base = _checkpointer(CheckpointStore(tmp_path, keep=5, config_digest="d", job=JOB))
+        return FrameworkCheckpointer(base, write=write(name), parameters=lambda: [torch.ones(2)])
+
+    first, second = framework("first"), framework("second")
+    first.save(20, "fp32", _state(20), final=True)
+    first_done.set()
+    other.join(60)
+    assert first.last_good is not None
+    assert (Path(first.last_good.path) / "framework" / "weights").read_text() == "first"
+    assert second.last_good == first.last_good  # kept, not overwritten
+    assert not list(tmp_path.glob(".tmp-*"))

@@ -25,6 +25,7 @@ the same way, so they do not reimplement any of it; they reach the session throu
 
 from __future__ import annotations
 
+import secrets
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import FRAMEWORK, snapshot
 from mpjob_trainer.errors import ConfigError, NumericFault
+from mpjob_trainer.session.agreement import main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.outcomes import RolledBack
 from mpjob_trainer.session.run import Session
@@ -76,7 +78,8 @@ class FrameworkCheckpointer(Checkpointer):
         if not parameters_finite(self.parameters()):  # a sync, only when saving
             self.log("checkpointSkipped", step=step, why="non-finite weights")
             return
-        staging = self.store.root / f".tmp-framework-{step:09d}"
+        # rank 0's name, on every rank: no other trainer's staging (another attempt's, saving this step) has it
+        staging = self.store.root / main_says(f".tmp-framework-{step:09d}-{secrets.token_hex(6)}", self.world)
         if self.world.is_main:
             staging = self.store.staging(staging.name)
         dist_env.barrier(self.world)
