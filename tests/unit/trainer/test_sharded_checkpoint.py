@@ -35,6 +35,7 @@ from mpjob_contract.codes import ExitCode
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
 from mpjob_trainer.checkpoint import sharded as sharded_module
+from mpjob_trainer.checkpoint.bucket import BucketMisconfigured
 from mpjob_trainer.checkpoint.manifest import read_manifest
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
@@ -259,20 +260,39 @@ def test_a_shard_that_verifies_but_does_not_load_makes_every_rank_resume_the_pre
 def test_a_rank_file_a_restore_could_not_read_back_is_never_committed(tmp_path: Path) -> None:
     writer = ShardedWriter(CheckpointStore(tmp_path, keep=3, config_digest="test"))
     state = {SHARDS: {"model": nn.Linear(4, 4).state_dict()}, "step": 5, "sampler": {"epoch": np.int64(1)}}
-    with pytest.raises(OSError, match=r"step 5 holds sampler\.epoch, a numpy\.int64"):
+    with pytest.raises(ConfigError, match=r"step 5 holds sampler\.epoch, a numpy\.int64"):
         writer.start(5, "bf16", state).finish()
     assert not list(tmp_path.iterdir())  # no step folder, and its .tmp-* removed
 
 
 def test_shards_a_restore_could_not_read_back_are_never_committed(tmp_path: Path) -> None:
     """DCP writes an optimizer's non-tensor values with an unrestricted pickle; the restore reads
-    them weights-only (WeightsOnlyPlanner), so a numpy learning rate must stop the save, named."""
+    them weights-only (WeightsOnlyPlanner), so a numpy learning rate must stop the save, named: a
+    ConfigError on every rank, as a single-file save's (no retry writes it)."""
     writer = ShardedWriter(CheckpointStore(tmp_path, keep=3, config_digest="test"))
     optimizer = {"state": {}, "param_groups": [{"lr": np.float64(0.1), "params": ["weight"]}]}
     state = {SHARDS: {"model": nn.Linear(4, 4).state_dict(), "optimizer": optimizer}, "step": 5}
-    with pytest.raises(OSError, match=r"step 5 holds shards\.optimizer\.param_groups\[0\]\.lr, a numpy\.float64"):
+    with pytest.raises(ConfigError, match=r"step 5 holds shards\.optimizer\.param_groups\[0\]\.lr, a numpy\.float64"):
         writer.start(5, "bf16", state).finish()
     assert not list(tmp_path.iterdir())
+
+
+class RefusingBucket(MemoryBucket):
+    """A bucket whose credentials may read and not write (BucketMisconfigured on every upload)."""
+
+    def upload(self, key: str, path: Path) -> None:
+        raise BucketMisconfigured(f"checkpoint bucket 'ckpt' refused to store {key}: AccessDenied")
+
+
+def test_a_bucket_refusing_a_sharded_saves_files_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    """As a single-file save to it: BucketMisconfigured (a ConfigError, the attempt not retried)."""
+    store = BucketCheckpointStore(
+        f"{SETTINGS.url}/ns/job/u1", SETTINGS, keep=3, config_digest="test", job="ns/job/u1", bucket=RefusingBucket()
+    )
+    state = {SHARDS: {"model": nn.Linear(4, 4).state_dict()}, "step": 5}
+    with pytest.raises(BucketMisconfigured, match=r"refused to store .*step-000000005.*AccessDenied"):
+        ShardedWriter(store).start(5, "bf16", state).finish()
+    assert store.manifest(store.url(5)) is None
 
 
 def _another_jobs(store: AnyStore, step: int) -> None:

@@ -6,6 +6,8 @@ folder; rank 0 first checks the step's place (as a single-file save does: anothe
 unreadable checkpoint there means nothing is written, this job's valid one is kept), then every
 rank uploads its own files below the step's prefix (no gather onto one rank), the ranks agree
 that every upload completed, and rank 0 puts the manifest last: the commit, then keep-K.
+What no retry fixes (CheckpointTaken, a ConfigError: a value a restore could not read back, a
+bucket refusing us) ends the save on every rank as itself, as it ends a single-file save.
 
 The training thread only captures (references to its shards, a copy of the small state) and
 hands over; DCP's save begins on the writer thread, so its set-up (planning, the stager's
@@ -35,6 +37,7 @@ from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
 from mpjob_trainer.checkpoint.staging import snapshot
 from mpjob_trainer.checkpoint.store import SaveResult
+from mpjob_trainer.errors import ConfigError
 
 
 @dataclass
@@ -133,7 +136,7 @@ class ShardedWriter:
 
     def _own_files(
         self, step: int, tmp: Path, written: dict[str, Any], upload: Future[Any]
-    ) -> tuple[dict[str, Any], str | None]:
+    ) -> tuple[dict[str, Any], str | Exception | None]:
         """This rank's files of the save (`written`: its small state, and its shards under SHARDS),
         written and hashed (DCP's and its rank file), once a restore is known to read them back
         weights-only; or why not."""
@@ -148,51 +151,52 @@ class ShardedWriter:
                 paths.append(tmp / ".metadata")
             return hash_files(tmp, paths), None
         except Exception as exc:
-            return {}, f"rank {rank}: {type(exc).__name__}: {exc}"
+            return {}, _why(exc, f"rank {rank}: ")
 
     def _claim(self, step: int) -> Any:
         """Rank 0, bucket: None when the step is free; this job's valid checkpoint there (kept,
-        never overwritten: its ref and size); a reason (or CheckpointTaken) when the save must
-        write nothing."""
+        never overwritten: its ref and size); why the save must write nothing (`_why`)."""
         assert isinstance(self.store, BucketCheckpointStore)
         try:
             kept = self.store.taken(step)
-        except CheckpointTaken as taken:
-            return taken  # every rank raises it: the step's place holds what this job did not write
         except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
+            return _why(exc)
         return (kept, 0) if kept is not None else None
 
-    def _publish(self, step: int, tmp: Path, files: dict[str, Any]) -> str | None:
+    def _publish(self, step: int, tmp: Path, files: dict[str, Any]) -> str | Exception | None:
         """Upload this rank's `files` below the step's prefix (not the commit); why not, if it failed."""
         assert isinstance(self.store, BucketCheckpointStore)
         try:
             self.store.publish(step, tmp, files)
         except Exception as exc:
-            return f"rank {self.peers.rank}: {type(exc).__name__}: {exc}"
+            return _why(exc, f"rank {self.peers.rank}: ")
         return None
 
     def _commit(self, step: int, precision: str, *, tmp: Path, outcomes: list[Any]) -> Any:
-        """Rank 0: the manifest over every rank's files, then the rename; a reason when not
-        (CheckpointTaken: the step's place holds what this job did not write)."""
+        """Rank 0: the manifest over every rank's files, then the rename; why not (`_why`), when not."""
         problems = [problem for _, problem in outcomes if problem]
         try:
             if problems:
-                raise OSError("; ".join(problems))
+                raise next((p for p in problems if isinstance(p, Exception)), OSError("; ".join(map(str, problems))))
             files = {name: meta for files, _ in outcomes for name, meta in files.items()}
             result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size)
-        except CheckpointTaken as taken:
-            return taken  # the store removed `tmp`: nothing written
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            return f"{type(exc).__name__}: {exc}"
+            return _why(exc)
         return result.ref, result.bytes
 
 
+def _why(exc: Exception, rank: str = "") -> str | Exception:
+    """How a rank tells the others why its part failed: what no retry fixes (CheckpointTaken, a
+    ConfigError such as a value a restore cannot read or BucketMisconfigured) as itself, to be
+    raised on every rank as a single-file save raises it; anything else as a reason."""
+    return exc if isinstance(exc, (CheckpointTaken, ConfigError)) else f"{rank}{type(exc).__name__}: {exc}"
+
+
 def _result(ended: Any, started: float) -> SaveResult:
-    """How rank 0 said the save ended, on every rank: (ref, bytes), CheckpointTaken (as a
-    whole-model save raises it), or the reason it failed."""
-    if isinstance(ended, CheckpointTaken):
+    """How rank 0 said the save ended, on every rank: (ref, bytes), what no retry fixes (`_why`:
+    raised as itself), or the reason it failed (OSError)."""
+    if isinstance(ended, Exception):
         raise ended
     if isinstance(ended, str):
         raise OSError(ended)
