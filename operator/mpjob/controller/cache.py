@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpjob.builders.attempt import LABEL_JOB
@@ -47,6 +47,8 @@ class Observed:
     lingering: frozenset[int]  # attempts whose Job is gone but some pod still runs
     rank0_ip: dict[int, str]  # attempt -> the running rank-0 pod's IP (its metrics endpoint)
     uids: dict[int, str]  # attempt -> its Job's UID (deletes carry it as a precondition)
+    #: attempt -> its Job that is gone, whose pods have all stopped (as last seen: `children.py`)
+    stopped: dict[int, JobView] = field(default_factory=dict)
 
 
 NOTHING_SEEN = Observed({}, frozenset(), {}, {})
@@ -77,20 +79,20 @@ class ChildCache:
         uids: dict[int, str] = {}
         for job in (j for j in held.jobs if not j.gone):
             failure = held.failures[job.uid]
-            views[job.attempt] = JobView(
-                index=job.attempt,
-                finished=job.finished,
-                reason=job.reason,
-                pods=tuple(sorted(pods[job.uid], key=lambda p: p.name)),
-                suspended=job.suspended,
-                suspended_since=job.suspended_since,
-                create_error=failure.message if failure is not None else None,
-            )
+            views[job.attempt] = _view(job, pods[job.uid], failure.message if failure is not None else None)
             uids[job.attempt] = job.uid
             if (ip := _rank0_ip(held.pods[job.uid])) is not None:
                 rank0_ip[job.attempt] = ip
-        lingering = frozenset(j.attempt for j in held.jobs if j.gone and any(p.alive for p in pods[j.uid]))
-        return Observed(views, lingering, rank0_ip, uids)
+        gone = [j for j in held.jobs if j.gone]
+        lingering = frozenset(j.attempt for j in gone if any(p.alive for p in pods[j.uid]))
+        stopped = {j.attempt: _view(j, pods[j.uid], None) for j in gone if j.attempt not in lingering}
+        return Observed(views, lingering, rank0_ip, uids, stopped)
+
+    def forget_gone(self, namespace: str, name: str) -> None:
+        """The MixedPrecisionJob `namespace/name` is gone: so are its removed Jobs that were kept
+        for what their pods said when they stopped (`children.py`)."""
+        with self._lock:
+            self._children.forget_gone((namespace, name))
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         """Whether every watch has had its first listing (before that, reads see nothing)."""
@@ -201,6 +203,19 @@ def sources(namespace: str | None, *, batch: Any, core: Any) -> list[Source]:
             selectors={"field_selector": FAILED_CREATE},
         ),
     ]
+
+
+def _view(job: JobRecord, pods: list[PodView], create_error: str | None) -> JobView:
+    """What the planner reads of the attempt Job `job` with its `pods`."""
+    return JobView(
+        index=job.attempt,
+        finished=job.finished,
+        reason=job.reason,
+        pods=tuple(sorted(pods, key=lambda p: p.name)),
+        suspended=job.suspended,
+        suspended_since=job.suspended_since,
+        create_error=create_error,
+    )
 
 
 def _rank0_ip(pods: list[PodRecord]) -> str | None:

@@ -3,11 +3,17 @@ pods and the Job controller's FailedCreate Events, indexed by the MixedPrecision
 they belong to, and how long each is kept.
 
 A Job the API server removed stays while any of its pods does (its attempt is lingering while
-one still runs). A pod the API server removed stays as it was last seen, stopped, while its Job
-is held (`deleted`): how an attempt ended is written on its pods (the cluster's
-DisruptionTarget, the exit code, the trainer's report) while the Job's verdict says only that a
-pod failed, and an evicted pod can be gone before the reconcile that ends its attempt runs. It
-goes when its index runs again in a new pod (its queue admitted the Job again), or with its Job.
+one still runs), and after that with its pods as last seen until the operator has gone past it:
+a Job of a later attempt of its MixedPrecisionJob is held (or of the same one, created again), or
+the operator found the MixedPrecisionJob gone (`forget_gone`). A Job deleted while its pods ran
+(a suspension, a resize, a hand deletion) tells what they did only once they have stopped (the
+trainer's report of the checkpoint it wrote on SIGTERM, the seconds they ran), and their removal
+follows that stop at once, usually before the reconcile it queued has run.
+A pod the API server removed stays as it was last seen, stopped, while its Job is held
+(`deleted`): how an attempt ended is written on its pods (the cluster's DisruptionTarget, the
+exit code, the trainer's report) while the Job's verdict says only that a pod failed, and an
+evicted pod can be gone before the reconcile that ends its attempt runs. It goes when its index
+runs again in a new pod (its queue admitted the Job again), or with its Job.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ class Children:
         """Keep `record`; the job whose reconcile is due, if any."""
         if isinstance(record, JobRecord):
             old = self._jobs.get(record.uid)
+            if old is None or old.gone:  # (a Job removed, seen again: a stale listing, kept as new)
+                self._forget_gone(record.key, up_to=record.attempt)  # the operator went on past them
             self._jobs[record.uid] = record
             self._keys.setdefault(record.key, set()).add(record.uid)
             return record.key if record.news(old) else None
@@ -91,23 +99,21 @@ class Children:
         return self._key_of(record.owner) if record.news(old) else None
 
     def _drop_pod(self, uid: str, last: PodRecord | None) -> Key | None:
-        """Keep the removed pod as last seen while its Job is held (else forget it, and its Job
-        with it once that is gone too)."""
+        """Keep the removed pod as last seen while its Job is held, gone or not (else forget it)."""
         pod = self._pods.get(uid)
         if pod is None:
             return None
         job = self._job(pod.owner)
-        if job is not None and not job.gone:
-            if uid in self._gone:
-                return None  # kept already (a relisting lacks it, as it should)
-            seen = last if last is not None and last.owner == pod.owner else pod  # `last`: the same UID
-            self._pods[uid] = deleted(seen)
-            self._gone.add(uid)
-            return job.key
-        self._remove_pod(uid)
-        if job is not None and job.gone and not self._by_job.get(pod.owner):
-            self._forget_job(job)
-        return job.key if job is not None else None
+        if job is None:
+            self._remove_pod(uid)
+            return None
+        if uid in self._gone:
+            return None  # kept already (a relisting lacks it, as it should)
+        seen = last if last is not None and last.owner == pod.owner else pod  # `last`: the same UID
+        self._pods[uid] = deleted(seen)
+        self._gone.add(uid)
+        self._forget_gone(job.key, up_to=self._newest(job.key))
+        return job.key
 
     def _remove_pod(self, uid: str) -> None:
         pod = self._pods.pop(uid)
@@ -126,13 +132,31 @@ class Children:
         job = self._jobs.get(uid)
         if job is None:
             return None
-        for gone in self._gone_pods(job.ref):  # kept for the Job's verdict: it has none now
-            self._remove_pod(gone)
-        if self._by_job.get(job.ref):  # its pods still stop: remember whose they are
+        if self._by_job.get(job.ref):  # its pods still stop, or tell how they stopped: whose they are
             self._jobs[uid] = replace(job, gone=True)
+            self._forget_gone(job.key, up_to=self._newest(job.key))
         else:
             self._forget_job(job)
         return job.key
+
+    def forget_gone(self, key: Key) -> None:
+        """Forget the removed Jobs of the MixedPrecisionJob `key` whose pods have all stopped, with
+        those pods (the operator found the MixedPrecisionJob gone)."""
+        self._forget_gone(key, up_to=None)
+
+    def _forget_gone(self, key: Key, *, up_to: int | None) -> None:
+        """Forget `key`'s removed Jobs none of whose pods runs, of attempts up to `up_to` (None: all)."""
+        for uid in list(self._keys.get(key, ())):
+            job = self._jobs[uid]
+            pods = [self._pods[p] for p in self._by_job.get(job.ref, ())]
+            if job.gone and (up_to is None or job.attempt <= up_to) and not any(p.view.alive for p in pods):
+                for pod in pods:
+                    self._remove_pod(pod.uid)
+                self._forget_job(job)
+
+    def _newest(self, key: Key) -> int:
+        """The newest attempt of `key` whose Job is held and not gone (-1: none)."""
+        return max((j.attempt for j in (self._jobs[u] for u in self._keys.get(key, ())) if not j.gone), default=-1)
 
     def _forget_job(self, job: JobRecord) -> None:
         self._jobs.pop(job.uid, None)

@@ -127,6 +127,7 @@ class Reconciler:
             body = self.unseen.pop((namespace, name), None) or self.cluster.read_job(namespace, name)
             if body is None:
                 self.progress.forget((namespace, name))
+                self.cache.forget_gone(namespace, name)
                 return None
             old = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
             try:
@@ -151,7 +152,7 @@ class Reconciler:
             unseen_for = self.progress.unseen_for((namespace, name), old.attempt)  # after the poll's take
             plan = reconcile(
                 spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
-                unseen_for=unseen_for,
+                unseen_for=unseen_for, stopped=seen.stopped,
             )  # fmt: skip
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)

@@ -31,8 +31,9 @@ from mpjob.planning import elastic, history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.endings import JobView, PodView
+from mpjob.planning.endings import JobView, PodView, outcome_of
 from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.reported import record_report
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec
 from mpjob_contract.codes import ExitCode, Reason
@@ -168,3 +169,30 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
             plan.delete.append(index)
         if alive and attempt.reason in CUT_REASONS and not job.suspended:
             plan.cut.append(index)
+
+
+#: Endings recorded while the attempt's ranks ran whole: their SIGTERM buys a checkpoint that the
+#: ending, written at once, cannot know of (`heard`).
+HEARD_LATE = frozenset({Reason.SUSPENDED, *elastic.RESIZE_REASONS})
+
+
+def heard(plan: Plan, jobs: dict[int, JobView], stopped: dict[int, JobView]) -> None:
+    """What the trainer of an attempt ended while its ranks ran whole (a suspension, a resize)
+    reported once its pods stopped, read from its Job that is gone (`stopped`, its pods as last
+    seen): the step it stopped at ends the attempt, the checkpoint it wrote on SIGTERM is the
+    job's last one, and the next attempt, whose Job waits for those pods, plans to resume from it.
+    Only while no later attempt has a Job, so nothing newer is overwritten; an attempt whose pods
+    reported nothing keeps the ending as recorded."""
+    status = plan.status
+    for index, job in sorted(stopped.items()):
+        chain = [a for a in status.attempts if history.job_index(status, a.index) == index]
+        if not chain or chain[-1].finish_time is None or chain[-1].reason not in HEARD_LATE:
+            continue
+        attempt, later = chain[-1], [a for a in status.attempts if a.index > chain[-1].index]
+        report = outcome_of(job).report
+        if report is None or any(history.job_index(status, a.index) in jobs for a in later):
+            continue
+        attempt.end_step = record_report(status, attempt.index, report)
+        ckpt = status.last_checkpoint
+        for following in (a for a in later if not a.start_step_reported):
+            following.start_step = ckpt.step if ckpt is not None else following.start_step

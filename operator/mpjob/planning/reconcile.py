@@ -59,9 +59,11 @@ def reconcile(
     fits: int | None = None,
     changes: Sequence[InPlaceChange] = (),
     unseen_for: float | None = None,
+    stopped: dict[int, JobView] | None = None,
 ) -> Plan:
     """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
-    Job is gone but some pod still runs (terminating); `fits` the workers of the job the cluster
+    Job is gone but some pod still runs (terminating); `stopped` those whose Job is gone and whose
+    pods have all stopped, as last seen (`cutoff.heard`); `fits` the workers of the job the cluster
     holds now (spec.elastic grows on it; None: not read); `changes` the fallbacks in place a
     read of the running attempt found (`inplace.record` keeps those the status lacks);
     `unseen_for` the seconds the operator has been reading the running attempt without a reading
@@ -75,6 +77,7 @@ def reconcile(
     status.total_steps = max(spec.training.steps, status.total_steps or 0)
     plan = Plan(status=status)
     when = When(st.stamp(now), generation)
+    cutoff.heard(plan, jobs, stopped or {})  # before anything resumes from the last checkpoint
     if status.phase in FINISHED:
         _expire(plan, spec, jobs, now)
     elif not status.attempts:

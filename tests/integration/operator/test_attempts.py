@@ -145,6 +145,28 @@ def test_suspend_then_resume_continues_from_the_checkpoint(
     assert status["attempts"][1]["startStep"] == stopped  # resumed from the SIGTERM checkpoint
 
 
+def test_a_suspended_attempt_ends_where_its_trainer_stopped(
+    operator: Operator, jobs: Jobs, namespace: str, kubeconfig: str
+) -> None:
+    """The suspension ends the attempt at once; its trainer checkpoints on SIGTERM afterwards and
+    reports that step when it stops: the attempt's endStep and the job's lastCheckpoint say it."""
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=20)
+    spec["precision"] = {"mode": "bf16"}
+    jobs.create("halted", spec)
+    jobs.wait_status("halted", lambda s: (s.get("lastCheckpoint") or {}).get("step", 0) >= 20, 120, "a checkpoint")
+    jobs.patch_spec("halted", {"runPolicy": {"suspend": True}})
+    jobs.wait_phase("halted", "Suspended", 60)
+    pods = jobs.core.list_namespaced_pod
+    wait_for(lambda: not pods(namespace, label_selector="mpjob.dev/job=halted").items, 60, message="attempt pod gone")
+    volume = jobs.checkpoints(kubeconfig, "ckpt", "halted")
+    stopped = max(int(p.parent.name.split("-")[1]) for p in volume.glob("step-*/manifest.json"))
+    status = jobs.wait_status(
+        "halted", lambda s: s["attempts"][0].get("endStep") == stopped, 30, f"attempt 0 ended at step {stopped}"
+    )
+    assert (status["lastCheckpoint"]["step"], status["step"], status["phase"]) == (stopped, stopped, "Suspended")
+
+
 def test_ttl_removes_children_and_keeps_the_job(operator: Operator, jobs: Jobs) -> None:
     jobs.pvc("ckpt")
     spec = gpt_spec("ckpt", steps=10)

@@ -213,3 +213,47 @@ def test_a_removed_pod_is_kept_until_its_index_runs_again_or_its_job_goes(cache:
     assert c.observe("ns", "j", MPJ_UID).jobs == {}
     c.apply("jobs", "ADDED", job(0))  # the same Job seen again (a stale listing): nothing of it was kept
     assert c.observe("ns", "j", MPJ_UID).jobs[0].pods == ()
+
+
+def stopping(attempt: int, **terminated: Any) -> dict[str, Any]:
+    """Attempt `attempt`'s pod being deleted (its Job was): running, or once stopped as `terminated`."""
+    going = pod(attempt, "Failed", **terminated) if terminated else pod(attempt)
+    going["metadata"]["deletionTimestamp"] = "2026-12-01T12:00:00Z"
+    return going
+
+
+def test_a_job_removed_while_its_pod_ran_is_kept_with_what_the_pod_said_until_a_later_job(
+    cache: tuple[ChildCache, list],
+) -> None:
+    """Suspended: the Job goes first, its pod checkpoints on SIGTERM, says so and is removed, all
+    before the reconcile its stop queued runs. That reconcile still reads what the pod said."""
+    c, changed = cache
+    c.apply("jobs", "ADDED", job(0))
+    c.apply("pods", "ADDED", stopping(0))
+    c.apply("jobs", "DELETED", job(0))
+    assert (c.observe("ns", "j", MPJ_UID).lingering, c.observe("ns", "j", MPJ_UID).stopped) == (frozenset({0}), {})
+    said = stopping(0, exitCode=44, message='{"reason": "Preempted"}')
+    c.apply("pods", "MODIFIED", said)
+    changed.clear()
+    c.apply("pods", "DELETED", said)
+    c.relist("pods", "ns", [])  # a relisting lacks it, as it should: it stays as last seen
+    seen = c.observe("ns", "j", MPJ_UID)
+    assert changed == [("ns", "j")] and (seen.jobs, seen.lingering) == ({}, frozenset())
+    (kept,) = seen.stopped[0].pods
+    assert (kept.alive, kept.exit_code, kept.termination_message) == (False, 44, '{"reason": "Preempted"}')
+    c.apply("jobs", "ADDED", job(1))  # the next attempt: the operator went on
+    assert c.observe("ns", "j", MPJ_UID).stopped == {} and set(c.observe("ns", "j", MPJ_UID).jobs) == {1}
+
+
+def test_a_kept_job_goes_once_its_mixed_precision_job_is_found_gone(cache: tuple[ChildCache, list]) -> None:
+    c, _ = cache
+    c.apply("jobs", "ADDED", job(0))
+    c.apply("pods", "ADDED", stopping(0))
+    c.apply("jobs", "DELETED", job(0))
+    c.forget_gone("ns", "j")  # its pod still runs: it is still lingering
+    assert c.observe("ns", "j", MPJ_UID).lingering == frozenset({0})
+    c.apply("pods", "DELETED", stopping(0, exitCode=143))
+    assert set(c.observe("ns", "j", MPJ_UID).stopped) == {0}
+    c.forget_gone("ns", "j")
+    seen = c.observe("ns", "j", MPJ_UID)
+    assert (seen.stopped, seen.lingering, seen.jobs) == ({}, frozenset(), {})

@@ -14,7 +14,8 @@ from mpjob.planning import cutoff
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.codes import ExitCode
+from mpjob_contract.codes import ExitCode, Reason
+from mpjob_contract.report import CheckpointRef, TerminationReport
 from tests.unit.operator.test_cache import pod
 from tests.unit.operator.test_lost_nodes import nodes, running
 
@@ -149,3 +150,51 @@ def test_a_job_its_queue_suspended_while_its_attempt_runs_is_not_swept() -> None
     failed = JobView(0, "Failed", "BackoffLimitExceeded", suspended=True)  # preempted for good: it ends Preempted
     ended = reconcile(spec, plan.status, 1, {0: failed}, datetime.now(UTC))
     assert [a.reason for a in ended.status.attempts] == ["Preempted", None] and ended.delete == []
+
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def stopped_at(step: int, attempt: int = 0, *, reported: bool = True) -> JobView:
+    """Attempt `attempt`'s Job as kept once gone: its pod stopped after SIGTERM, reporting (or not)
+    the checkpoint it wrote at `step`."""
+    ckpt = CheckpointRef(step=step, path=f"/ck/step-{step:09d}", sha256="ab", precision="bf16")
+    said = TerminationReport(reason=Reason.PREEMPTED, step=step, precision="bf16", last_good_checkpoint=ckpt)
+    message = said.to_message() if reported else None
+    pod = PodView(f"j-a{attempt}-0", 0, "Failed", False, exit_code=ExitCode.PREEMPTED, termination_message=message)
+    return JobView(attempt, pods=(pod,))
+
+
+def test_a_suspended_attempt_ends_where_its_trainer_stopped_and_the_next_resumes_there() -> None:
+    spec, status = running(1)
+    status.step = 40  # the last live reading; the trainer goes on to step 87 before it stops
+    suspended = spec.model_copy(update={"run_policy": spec.run_policy.model_copy(update={"suspend": True})})
+    written = reconcile(suspended, status, 1, {0: JobView(0, pods=(ALIVE,))}, NOW).status
+    assert written.attempts[0].end_step == 40  # all that is known while its pod stops
+    waiting = reconcile(suspended, written, 1, {}, NOW, lingering=frozenset({0})).status
+    silent = reconcile(suspended, waiting, 1, {}, NOW, stopped={0: stopped_at(87, reported=False)}).status
+    assert (silent.attempts[0].end_step, silent.last_checkpoint, silent.step) == (40, status.last_checkpoint, 40)
+    heard = reconcile(suspended, waiting, 1, {}, NOW, stopped={0: stopped_at(87)}).status
+    assert heard.last_checkpoint is not None and heard.phase == "Suspended"
+    assert (heard.attempts[0].end_step, heard.last_checkpoint.step, heard.step) == (87, 87, 87)
+    resumed = reconcile(spec, heard, 2, {}, NOW + timedelta(seconds=1), stopped={0: stopped_at(87)})
+    assert [a.start_step for a in resumed.create] == [87] and resumed.status.attempts[1].start_step == 87
+    # Suspended again before its trainer said anything: it trained nothing, and nothing was wasted.
+    again = reconcile(suspended, resumed.status, 3, {1: JobView(1)}, NOW + timedelta(seconds=2)).status
+    assert [(a.start_step, a.end_step) for a in again.attempts] == [(0, 87), (87, 87)]
+    assert again.cost is not None and again.cost.wasted_steps == 0
+
+
+def test_a_resized_attempt_s_report_moves_the_next_attempt_s_start_until_that_one_has_a_job() -> None:
+    spec, status = running(2)
+    status.step = 40
+    status.attempts[0] = status.attempts[0].model_copy(
+        update={"reason": Reason.SCALED_DOWN.value, "end_step": 40, "finish_time": "2026-12-01T11:59:00Z"}
+    )
+    status.attempts.append(status.attempts[0].model_copy(update={"index": 1, "start_step": 20, "world_size": 1}))
+    status.attempts[1] = status.attempts[1].model_copy(update={"reason": None, "end_step": None, "finish_time": None})
+    status.attempt, status.phase = 1, "Pending"
+    plan = reconcile(spec, status, 1, {}, NOW, stopped={0: stopped_at(50)})
+    assert (plan.status.attempts[0].end_step, [a.start_step for a in plan.create]) == (50, [50])
+    created = reconcile(spec, status, 1, {1: JobView(1)}, NOW, stopped={0: stopped_at(50)}).status
+    assert (created.attempts[0].end_step, created.attempts[1].start_step, created.step) == (40, 20, 40)
