@@ -71,6 +71,9 @@ class AttemptStatus(ApiModel):
     #: What it cost (mpjob_contract.accounting): GPU-seconds seen, samples trained, and the steps
     #: (and their share of GPU-seconds) a later attempt trained again.
     gpu_seconds: float | None = None
+    #: GPU-seconds of its Jobs deleted by hand while it ran (each created again in the same
+    #: attempt), as seen once their pods had stopped: its gpuSeconds adds them to its last Job's.
+    deleted_jobs_gpu_seconds: float | None = None
     samples: int | None = None
     wasted_steps: int | None = None
     wasted_gpu_seconds: float | None = None

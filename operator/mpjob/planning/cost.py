@@ -68,8 +68,23 @@ def seen_usage(
         )
         until = st.moment(attempt.finish_time) if history.job_index(status, attempt.index + 1) == job.index else None
         ran = gpu_seconds(job.pods, gpus_per_worker=gpus, now=now, until=until)  # its Job went on in place: to its end
-        usage[attempt.index] = max(0.0, ran - before)
+        usage[attempt.index] = max(0.0, ran - before) + (attempt.deleted_jobs_gpu_seconds or 0.0)
     return usage
+
+
+def deleted_job(
+    status: MixedPrecisionJobStatus, attempt: AttemptStatus, job: JobView, spec: MixedPrecisionJobSpec, now: datetime
+) -> None:
+    """The running `attempt`'s Job `job` was deleted by hand, its pods have stopped, and it is
+    created again in the same attempt: what they ran (beyond the figures of the attempts before it
+    in that Job, as `seen_usage` counts) is kept for the attempt's gpuSeconds."""
+    ran = gpu_seconds(job.pods, gpus_per_worker=spec.resources.gpus_per_worker, now=now)
+    before = sum(
+        a.gpu_seconds or 0.0
+        for a in status.attempts
+        if job.index <= a.index < attempt.index and history.job_index(status, a.index) == job.index
+    )
+    attempt.deleted_jobs_gpu_seconds = round((attempt.deleted_jobs_gpu_seconds or 0.0) + max(0.0, ran - before), 3)
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ def reconcile(
         job = running_job(status, jobs)
         current = job.index if job is not None else status.attempts[-1].index
         earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
-        _follow(plan, spec, job, when, lingering=earlier, fits=fits, unseen_for=unseen_for)
+        gone = running_job(status, stopped or {})  # its Job, deleted: as its pods were last seen
+        _follow(plan, spec, job, when, lingering=earlier, fits=fits, unseen_for=unseen_for, gone=gone)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -168,10 +169,12 @@ def _follow(
     lingering: bool,
     fits: int | None,
     unseen_for: float | None = None,
+    gone: JobView | None = None,
 ) -> None:
     """The current attempt runs: suspend it, (re)create its Job, watch it, resize it, or end it
     (`lingering`: some pod of an earlier attempt still stops; `fits`: workers the cluster holds;
-    its step standing still past runPolicy.progressDeadlineSeconds ends it `Stalled`)."""
+    `gone`: its Job that was deleted, its pods stopped; its step standing still past
+    runPolicy.progressDeadlineSeconds ends it `Stalled`)."""
     status = plan.status
     current = status.attempts[-1]
     if spec.run_policy.suspend:
@@ -185,15 +188,7 @@ def _follow(
     if job is None and lingering:
         return  # a new attempt waits until its predecessor's pods are gone (no two write checkpoints)
     if job is None:
-        # Recorded but not created (the operator stopped in between, or a shrink), or deleted while its
-        # pods ran (the phase says so; they have stopped): create it now, in the same attempt.
-        plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
-        if status.phase == "Running":
-            message = f"attempt {current.index}'s Job was deleted while it ran: created again, in the same attempt"
-            message += " (uncharged), to resume from its newest checkpoint"
-            plan.events.append(lc.Event("Warning", ConditionReason.JOB_RECREATED, message))
-            status.phase = "Pending"
-            current.start_step_reported = True  # it began where it says: the new pods resume further on
+        _create(plan, spec, when, gone=gone)
         return
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     now = _parse_time(when.at) or datetime.now(UTC)
@@ -216,6 +211,22 @@ def _follow(
             current = status.attempts[-1]  # changes no read caught: recorded before the ending
         outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+
+
+def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobView | None) -> None:
+    """Create the current attempt's Job, recorded but not created (the operator stopped in between,
+    or a shrink), or deleted while its pods ran (the phase says so; they have stopped: `gone`, as
+    last seen), in the same attempt."""
+    status, current = plan.status, plan.status.attempts[-1]
+    plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
+    if status.phase == "Running":
+        message = f"attempt {current.index}'s Job was deleted while it ran: created again, in the same attempt"
+        message += " (uncharged), to resume from its newest checkpoint"
+        plan.events.append(lc.Event("Warning", ConditionReason.JOB_RECREATED, message))
+        if gone is not None:  # once: the phase below makes this the only such reconcile
+            cost.deleted_job(status, current, gone, spec, _parse_time(when.at) or datetime.now(UTC))
+        status.phase = "Pending"
+        current.start_step_reported = True  # it began where it says: the new pods resume further on
 
 
 def _grown(status: MixedPrecisionJobStatus, grow: elastic.Resize | None) -> elastic.Resize | None:

@@ -4,6 +4,9 @@ the start step it began at (docs/walkthrough.md, "Change a running job")."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 
 from tests.helpers import paced, wait_for
@@ -24,7 +27,9 @@ def test_a_running_attempt_s_job_deleted_by_hand_is_created_again_and_said(opera
     jobs.create("hand", spec)
     jobs.wait_status("hand", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
     first = jobs.batch.read_namespaced_job("hand-a0", jobs.namespace).metadata.uid
+    (ran,) = trainer_states(jobs)
     jobs.batch.delete_namespaced_job("hand-a0", jobs.namespace, propagation_policy="Background")
+    first_seconds = (datetime.now(UTC) - ran.running.started_at).total_seconds()  # at least
 
     def created_again() -> bool:
         found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector="metadata.name=hand-a0").items
@@ -38,3 +43,14 @@ def test_a_running_attempt_s_job_deleted_by_hand_is_created_again_and_said(opera
     (attempt,) = status["attempts"]
     assert (attempt["startStep"], attempt["endStep"], status["step"]) == (0, STEPS, STEPS), attempt
     assert status["attemptCounts"]["started"] == 1 and jobs.attempt_jobs("hand") == ["hand-a0"]
+    # Its GPU-seconds are both Jobs' (one GPU a pod; the pods' times are whole seconds).
+    (done,) = trainer_states(jobs)
+    second_seconds = (done.terminated.finished_at - done.terminated.started_at).total_seconds()
+    assert attempt["gpuSeconds"] >= first_seconds + second_seconds - 2, (attempt, first_seconds, second_seconds)
+    assert status["cost"]["gpuSeconds"] == attempt["gpuSeconds"]
+
+
+def trainer_states(jobs: Jobs) -> list[Any]:
+    """The trainer container's state in each pod of the job's attempt 0."""
+    pods = jobs.core.list_namespaced_pod(jobs.namespace, label_selector="mpjob.dev/job=hand").items
+    return [c.state for p in pods for c in p.status.container_statuses or [] if c.name == "trainer"]

@@ -207,3 +207,20 @@ def test_a_fallback_through_the_reconcile_charges_its_pods_and_its_rollback() ->
     assert [(p.step, p.scale, p.attempt) for p in status.timeline.loss_scale] == [(20, 65536, 0), (27, 512, 0)]
     spans = [(s.attempt, s.precision, s.from_step, s.to_step) for s in status.timeline.precision]
     assert spans == [(0, "fp16", 0, 27), (1, "bf16", 20, None)]
+
+
+def test_a_job_deleted_by_hand_and_created_again_adds_its_pods_seconds_to_the_attempt_s() -> None:
+    spec = job_spec()
+    status = reconcile(spec, MixedPrecisionJobStatus(), 1, {}, T0).status
+    first = (PodView("p0", 0, "Running", True, started_at=stamp(2)),)
+    status = reconcile(spec, status, 1, {0: JobView(0, pods=first)}, T0 + timedelta(seconds=5)).status
+    assert status.phase == "Running"
+    stopped = {0: JobView(0, pods=(ran(0, stamp(2), stamp(12)),))}  # its Job deleted, its pod stopped
+    again = reconcile(spec, status, 1, {}, T0 + timedelta(seconds=15), stopped=stopped)
+    assert [a.index for a in again.create] == [0] and again.status.attempts[0].deleted_jobs_gpu_seconds == 2 * 10
+    status = reconcile(spec, again.status, 1, {}, T0 + timedelta(seconds=16), stopped=stopped).status
+    assert status.attempts[0].deleted_jobs_gpu_seconds == 2 * 10  # seen once, not at each reconcile
+    done = PodView("p0", 0, "Succeeded", False, 0, started_at=stamp(20), finished_at=stamp(50))
+    status = reconcile(spec, status, 1, {0: JobView(0, "Complete", pods=(done,))}, T0 + timedelta(seconds=55)).status
+    (attempt,) = status.attempts
+    assert attempt.gpu_seconds == 2 * (10 + 30) and status.cost is not None and status.cost.gpu_seconds == 80
