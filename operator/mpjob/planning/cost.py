@@ -49,17 +49,25 @@ def gpu_seconds(
 
 
 def seen_usage(
-    status: MixedPrecisionJobStatus, jobs: Mapping[int, JobView], spec: MixedPrecisionJobSpec, now: datetime
+    status: MixedPrecisionJobStatus,
+    jobs: Mapping[int, JobView],
+    spec: MixedPrecisionJobSpec,
+    now: datetime,
+    stopped: Mapping[int, JobView] | None = None,
 ) -> dict[int, float]:
     """GPU-seconds of the ended attempts that have no figure yet and whose Job is still seen (an
-    attempt's Job outlives its ending by at least one reconcile, so each ending is seen once).
-    Attempts begun in place share their chain's Job: each is charged what the Job's pods ran
-    up to its end (the trainer's moment of the change) beyond the figures of the attempts before
-    it in that Job."""
-    gpus, usage = spec.resources.gpus_per_worker, dict[int, float]()
+    attempt's Job outlives its ending by at least one reconcile, so each ending is seen once), and
+    of those whose Job is gone with its pods all stopped (`stopped`, as last seen): the whole time
+    they ran, more than was seen of an attempt ended while they ran on to checkpoint (a
+    suspension, a resize; `settle` raises its figure). Attempts begun in place share their chain's
+    Job: each is charged what the Job's pods ran up to its end (the trainer's moment of the
+    change) beyond the figures of the attempts before it in that Job."""
+    gpus, usage, stopped = spec.resources.gpus_per_worker, dict[int, float](), stopped or {}
     for attempt in status.attempts:
-        job = jobs.get(attempt.index) or jobs.get(history.job_index(status, attempt.index))
-        if attempt.finish_time is None or attempt.gpu_seconds is not None or job is None:
+        at = history.job_index(status, attempt.index)
+        final = stopped.get(attempt.index) or stopped.get(at)
+        job = final or jobs.get(attempt.index) or jobs.get(at)
+        if attempt.finish_time is None or (attempt.gpu_seconds is not None and final is None) or job is None:
             continue
         before = sum(
             usage.get(a.index, a.gpu_seconds or 0.0)
@@ -121,16 +129,17 @@ def samples_of(attempt: AttemptStatus, spec: MixedPrecisionJobSpec) -> int:
 
 
 def settle(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, usage: Mapping[int, float]) -> None:
-    """Each ended attempt's figures (with `usage`: GPU-seconds seen of attempts that had none),
-    and status.cost as their sums (in place; idempotent)."""
+    """Each ended attempt's figures (with `usage`: GPU-seconds seen of attempts that had none, or
+    more than they had: never fewer), and status.cost as their sums (in place; idempotent)."""
     cost = status.cost or JobCost()
     entries = status.attempts
     for position, entry in enumerate(entries):
         if entry.finish_time is None:
             continue
-        if entry.gpu_seconds is None and entry.index in usage:
-            entry.gpu_seconds = round(usage[entry.index], 3)
-            cost.gpu_seconds += entry.gpu_seconds
+        if entry.index in usage and (entry.gpu_seconds is None or usage[entry.index] > entry.gpu_seconds):
+            seconds = round(usage[entry.index], 3)
+            cost.gpu_seconds += seconds - (entry.gpu_seconds or 0.0)
+            entry.gpu_seconds = seconds
         entry.samples = samples_of(entry, spec)
         after = entries[position + 1] if position + 1 < len(entries) else None
         if after is not None and after.index != entry.index + 1:

@@ -101,7 +101,7 @@ def reconcile(
             lc.resume(plan, spec, when)
     _retire(plan, jobs)
     cutoff.sweep(plan, jobs)
-    cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now))
+    cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
     if plan.create:
         plan.deadline_seconds = deadline_left(spec, status, now)
     return plan

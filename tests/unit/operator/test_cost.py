@@ -69,7 +69,7 @@ def test_an_ended_attempt_is_charged_once_from_its_job_and_never_again() -> None
     cost.settle(status, spec, usage)
     assert status.attempts[0].gpu_seconds == 90.0
     assert cost.seen_usage(status, jobs, spec, T0) == {}  # it has its figure now
-    cost.settle(status, spec, {0: 500.0})
+    cost.settle(status, spec, {0: 50.0})  # never fewer
     assert status.attempts[0].gpu_seconds == 90.0 and status.cost is not None and status.cost.gpu_seconds == 90.0
 
 
@@ -224,3 +224,19 @@ def test_a_job_deleted_by_hand_and_created_again_adds_its_pods_seconds_to_the_at
     status = reconcile(spec, status, 1, {0: JobView(0, "Complete", pods=(done,))}, T0 + timedelta(seconds=55)).status
     (attempt,) = status.attempts
     assert attempt.gpu_seconds == 2 * (10 + 30) and status.cost is not None and status.cost.gpu_seconds == 80
+
+
+def test_an_attempt_ended_while_its_pods_ran_is_charged_their_whole_time_once_they_have_stopped() -> None:
+    """Suspended: charged what was seen at once (its pod running), then, once its Job is gone and
+    its pod has stopped after checkpointing on SIGTERM, the whole time it ran: once."""
+    spec = job_spec()
+    suspended = job_spec(runPolicy={"suspend": True})
+    status = reconcile(spec, MixedPrecisionJobStatus(), 1, {}, T0).status
+    running = (PodView("p0", 0, "Running", True, started_at=stamp(2)),)
+    status = reconcile(spec, status, 1, {0: JobView(0, pods=running)}, T0 + timedelta(seconds=5)).status
+    status = reconcile(suspended, status, 2, {0: JobView(0, pods=running)}, T0 + timedelta(seconds=12)).status
+    assert status.attempts[0].gpu_seconds == 2 * 10 and status.cost is not None and status.cost.gpu_seconds == 20
+    stopped = {0: JobView(0, pods=(ran(0, stamp(2), stamp(42)),))}
+    for seconds in (45, 46):  # each reconcile while it is kept
+        status = reconcile(suspended, status, 2, {}, T0 + timedelta(seconds=seconds), stopped=stopped).status
+        assert status.attempts[0].gpu_seconds == 2 * 40 and status.cost is not None and status.cost.gpu_seconds == 80
