@@ -10,6 +10,7 @@ import pytest
 
 from mpjob.controller.cache import ChildCache
 from mpjob.planning.endings import outcome_of
+from tests.unit.operator.test_api_errors import FakeCluster, reconciler
 
 pytestmark = pytest.mark.unit
 
@@ -257,3 +258,16 @@ def test_a_kept_job_goes_once_its_mixed_precision_job_is_found_gone(cache: tuple
     c.forget_gone("ns", "j")
     seen = c.observe("ns", "j", MPJ_UID)
     assert (seen.stopped, seen.lingering, seen.jobs) == ({}, frozenset(), {})
+
+
+def test_a_deleted_mixed_precision_job_takes_what_was_kept_of_its_removed_jobs_with_it() -> None:
+    """A finished job whose Jobs its TTL removed has nothing left that would queue a reconcile:
+    its deletion itself forgets what the cache kept of them."""
+    made = reconciler(FakeCluster())
+    made.cache.apply("jobs", "ADDED", job(0))
+    made.cache.apply("pods", "ADDED", pod(0, "Succeeded", exitCode=0))
+    made.cache.apply("jobs", "DELETED", job(0))
+    made.cache.apply("pods", "DELETED", pod(0, "Succeeded", exitCode=0))
+    assert set(made.cache.observe("ns", "j", MPJ_UID).stopped) == {0}
+    made.forget(MPJ_UID, ("ns", "j"))  # kopf saw the MixedPrecisionJob deleted
+    assert made.cache.observe("ns", "j", MPJ_UID).stopped == {}
