@@ -171,10 +171,14 @@ def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: Wh
 
 
 def suspend(plan: Plan, when: When, message: str) -> None:
+    """The job is Suspended; the Event says so when it becomes so (a job suspended before its
+    first attempt is reconciled again at every tick and spec edit)."""
+    news = plan.status.phase != "Suspended"
     plan.status.phase = "Suspended"
     condition(plan, when, ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED, message)
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.SUSPENDED, message)
-    plan.events.append(Event("Normal", ConditionReason.SUSPENDED, message))
+    if news:
+        plan.events.append(Event("Normal", ConditionReason.SUSPENDED, message))
 
 
 def finish(plan: Plan, decision: Finish, when: When) -> None:

@@ -275,6 +275,16 @@ def test_suspend_stops_the_attempt_and_resume_starts_the_same_precision() -> Non
     assert [(c.index, c.precision, c.resume_from) for c in resumed.create] == [(1, "bf16", None)]
 
 
+def test_a_job_created_suspended_says_so_once_not_at_every_reconcile() -> None:
+    held = spec(precision={"mode": "bf16"}, runPolicy={"suspend": True})
+    first = reconcile(held, _status(), 1, {}, NOW)
+    assert first.status.phase == "Suspended" and [e.reason for e in first.events] == ["Suspended"]
+    for seconds in (5, 10):  # the ticker's reconciles, and a spec edit's
+        later = reconcile(held, first.status, 1 + seconds // 5, {}, NOW + timedelta(seconds=seconds))
+        assert later.status.phase == "Suspended" and later.events == []
+        assert all(c.observed_generation == 1 + seconds // 5 for c in later.status.conditions if c.type == "Suspended")
+
+
 def test_the_whole_job_deadline_fails_it() -> None:
     s = spec(runPolicy={"activeDeadlineSeconds": 10})
     first = reconcile(s, _status(), 1, {}, NOW).status
