@@ -10,7 +10,7 @@ checkpoint.
 
 activeDeadlineSeconds: the job's whole deadline, counted from its start (status.startTime, as the
 operator counts it). Each attempt gets what is left of it, at least a second (the operator's rule
-for an attempt Job's own activeDeadlineSeconds, `reconcile.deadline_left`); when that runs out its
+for an attempt Job's own activeDeadlineSeconds, `status.deadline_left`); when that runs out its
 workers are stopped as the Job controller stops the pods (SIGTERM: the trainers checkpoint;
 SIGKILL a pod's grace later) and the attempt ends DeadlineExceeded, which fails the job.
 """
@@ -28,7 +28,7 @@ from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.endings import DEADLINE_EXCEEDED
 from mpjob.planning.observe import moved
-from mpjob.planning.reconcile import deadline_left
+from mpjob.planning.status import deadline_left
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason

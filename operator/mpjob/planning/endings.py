@@ -66,7 +66,7 @@ class JobView:
 
 
 #: The ending of an attempt stopped at runPolicy.activeDeadlineSeconds (its Job's own deadline,
-#: what is left of the job's: `reconcile.deadline_left`).
+#: what is left of the job's: `status.deadline_left`).
 DEADLINE_EXCEEDED = AttemptOutcome(
     exit_code=None,
     platform_reason=Reason.DEADLINE_EXCEEDED,

@@ -29,16 +29,7 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import InPlaceChange
 
-__all__ = [
-    "FINISHED",
-    "JobView",
-    "PodView",
-    "deadline_left",
-    "ended_by_pods",
-    "outcome_of",
-    "preempted_by_queue",
-    "reconcile",
-]
+__all__ = ["FINISHED", "JobView", "PodView", "ended_by_pods", "outcome_of", "preempted_by_queue", "reconcile"]
 
 FINISHED = ("Succeeded", "Failed")
 
@@ -103,7 +94,7 @@ def reconcile(
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
     if plan.create:
-        plan.deadline_seconds = deadline_left(spec, status, now)
+        plan.deadline_seconds = st.deadline_left(spec, status, now)
     return plan
 
 
@@ -125,15 +116,6 @@ def _retire(plan: Plan, jobs: dict[int, JobView]) -> None:
     kept = [history.job_index(plan.status, a.index) for a in plan.status.attempts[-KEEP_CHILDREN:]]
     oldest_kept = min(kept, default=0)
     plan.delete.extend(i for i in sorted(jobs) if i < oldest_kept and i not in plan.delete)
-
-
-def deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
-    """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job (at least 1 s)."""
-    deadline = spec.run_policy.active_deadline_seconds
-    started = _parse_time(status.start_time)
-    if not (deadline and started):
-        return None
-    return max(1, deadline - int((now - started).total_seconds()))
 
 
 def _expire(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], now: datetime) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from mpjob.planning import history
 from mpjob.planning.planner import StartAttempt
-from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 
 class ConditionType(StrEnum):
@@ -90,6 +90,15 @@ def moment(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value)
     except ValueError:
         return None
+
+
+def deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
+    """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job (at least 1 s)."""
+    deadline = spec.run_policy.active_deadline_seconds
+    started = read_stamp(status.start_time) if status.start_time else None
+    if not (deadline and started):
+        return None
+    return max(1, deadline - int((now - started).total_seconds()))
 
 
 def set_condition(
