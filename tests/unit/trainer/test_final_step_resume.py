@@ -5,7 +5,6 @@ the SDK and both framework adapters."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -108,7 +107,6 @@ def _trained(framework: str, run: Any) -> torch.nn.Module:
         mpjob_hf.train(run, Trainer(model=model, args=mpjob_hf.training_arguments(run), train_dataset=data))  # type: ignore[arg-type]
         return model
     module = Linear()
-    module.save_hyperparameters(argparse.Namespace(hidden=4))  # in the checkpoint: no weights_only load
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
     mpjob_lightning.fit(
         run, L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False)), module, train_dataloaders=loader
