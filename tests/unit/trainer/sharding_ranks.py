@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from mpjob_contract.api import Guard, PrecisionSpec
 from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer import sharding
-from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
@@ -237,6 +237,57 @@ def case_framework_save(world: World) -> dict[str, Any]:
     FrameworkCheckpointer(base, write, parameters=list).save(5, "fp16", lambda: {"step": 5}, final=True)
     manifest = json.loads((root / "step-000000005" / "manifest.json").read_text())
     return {"files": sorted(manifest["files"])}
+
+
+class _Resumed:
+    """What Checkpointer.open asks of a TrainingState (no sharded model, no optimizer); its
+    restore fails on rank 1 for the checkpoint of step `fails_at` (that rank could not load it)."""
+
+    sharded = None
+
+    def __init__(self, world: World, fails_at: int | None = None) -> None:
+        self.world, self.fails_at = world, fails_at
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return []
+
+    def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
+        if self.world.rank == 1 and state["step"] == self.fails_at:
+            raise CorruptCheckpoint(f"step {self.fails_at}: rank 1 cannot load it")
+        return int(state["step"])
+
+
+def _resumed(world: World, root: Path, state: _Resumed) -> dict[str, Any]:
+    """The step this rank resumes from in `root` (None: a fresh start)."""
+    store = CheckpointStore(root, keep=5, config_digest="d", job="ns/j/u1")
+    checkpointer = Checkpointer(store, world, EventLog(stream=io.StringIO()), TrainerMetrics("j", "ns", 0, "fp32"))
+    opened = checkpointer.open(state, None, "fp32", None)  # type: ignore[arg-type]
+    return {"step": opened[0].step if opened is not None else None}
+
+
+def _written(root: Path, *steps: int) -> Path:
+    store = CheckpointStore(root, keep=5, config_digest="d", job="ns/j/u1")
+    for step in steps:
+        store.write(step, "fp32", {"step": step, "w": torch.full((2,), float(step))})
+    return root
+
+
+def case_resume_one_cannot_load(world: World) -> dict[str, Any]:
+    """Rank 1 cannot load the newest checkpoint, rank 0 can: both must resume the same one."""
+    root = Path(sys.argv[4]) / "ckpt"
+    if world.is_main:
+        _written(root, 10, 15)
+    dist.barrier()
+    return _resumed(world, root, _Resumed(world, fails_at=15))
+
+
+def case_resume_listed_apart(world: World) -> dict[str, Any]:
+    """Another writer commits step 15 between the ranks' listings of the folder (here: rank 1
+    lists a folder holding it, rank 0 one without): both must resume the same checkpoint."""
+    out = Path(sys.argv[4])
+    root = _written(out / f"ckpt-{world.rank}", *((10, 15) if world.rank == 1 else (10,)))
+    dist.barrier()
+    return _resumed(world, root, _Resumed(world))
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.framework import FrameworkCheckpointer
 from mpjob_trainer.session.state import TrainingState
 from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
+from tests.unit.trainer.test_sharding import ranks
 
 pytestmark = pytest.mark.unit
 
@@ -134,3 +135,12 @@ def test_two_framework_saves_of_one_step_never_write_into_each_others_staging(tm
     assert (Path(first.last_good.path) / "framework" / "weights").read_text() == "first"
     assert second.last_good == first.last_good  # kept, not overwritten
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("case", ["resume_one_cannot_load", "resume_listed_apart"])
+def test_every_rank_resumes_the_same_checkpoint(tmp_path: Path, case: str) -> None:
+    """A rank that cannot load the newest checkpoint, or that listed the folder after another
+    writer committed a newer one, must not resume elsewhere than the others (DDP ranks at two
+    steps, with two states): the ranks take rank 0's candidates, and skip one any rank rejects."""
+    assert [seen["step"] for seen in ranks(tmp_path, case, 2)] == [10, 10]

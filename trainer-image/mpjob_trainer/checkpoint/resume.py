@@ -14,6 +14,10 @@ passes its sha256 check and still fails to load (a manifest recomputed over a da
 file) is rejected like one that fails verification, and the next candidate is tried; the store
 remembers it (`unloadable`), so a save of its step replaces it rather than keeping it.
 
+Under a process group every rank resumes the same checkpoint: the ranks try rank 0's candidates
+(another writer's save landing between two ranks' listings changes no list), and a checkpoint
+any rank rejects (its files, or its restore, failed there) is rejected by all of them.
+
 Only the newest `protocol.MAX_EXAMINED` step folders are candidates (the named one besides):
 each costs a manifest read, a request to a bucket, and a store crowded with folders (thousands
 of damaged or foreign ones) must not turn a restore into thousands of them. Older ones are
@@ -29,6 +33,7 @@ from typing import Any
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, step_of
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
+from mpjob_trainer.checkpoint.shards import Peers, agree
 
 Loaded = tuple[CheckpointRef, dict[str, Any]]
 #: Loads a verified checkpoint into the run; CorruptCheckpoint when its files do not load.
@@ -38,8 +43,12 @@ Restore = Callable[[Loaded], None]
 def load(
     store: Store[W], prefer: str | None = None, *, newer_in: str | None = None, restore: Restore | None = None
 ) -> Loaded | None:
-    """The checkpoint to resume from and its state (loaded by `restore`), else None."""
-    return first_valid(store, candidates(store, prefer, newer_in=newer_in), restore)
+    """The checkpoint to resume from and its state (loaded by `restore`), else None; call on
+    every rank: they try rank 0's candidates (a save landing between two ranks' listings
+    changes no rank's list)."""
+    peers = Peers.current()
+    places = peers.from_main(candidates(store, prefer, newer_in=newer_in) if peers.rank == 0 else None)
+    return first_valid(store, places, restore)
 
 
 def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = None) -> list[W]:
@@ -77,19 +86,32 @@ def precision_of(store: Store[W], where: W) -> str | None:
 
 
 def first_valid(store: Store[W], places: list[W], restore: Restore | None = None) -> Loaded | None:
-    """The first of `places` that verifies (and that `restore` loads), with its state; None
-    when none does."""
+    """The first of `places` that verifies (and that `restore` loads) on every rank, with its
+    state; None when none does. A place any rank rejects is rejected by all of them: ranks that
+    resumed apart would train two states from two steps."""
+    peers = Peers.current()
     for where in places:
+        loaded, problem = _read(store, where, restore)
         try:
-            loaded = store.verify(where)
+            agree(problem, peers)
         except CorruptCheckpoint as exc:
             store.log("checkpointRejected", path=str(where), problem=str(exc))
             continue
-        try:
-            if restore is not None:
-                restore(loaded)
-            return loaded
-        except CorruptCheckpoint as exc:
-            store.unloadable.add(where)
-            store.log("checkpointRejected", path=str(where), problem=str(exc))
+        assert loaded is not None  # no rank found a problem, this one included
+        return loaded
     return None
+
+
+def _read(store: Store[W], where: W, restore: Restore | None) -> tuple[Loaded | None, str | None]:
+    """This rank's reading of the checkpoint at `where`: its state, loaded by `restore`, or why not."""
+    try:
+        loaded = store.verify(where)
+    except CorruptCheckpoint as exc:
+        return None, str(exc)
+    try:
+        if restore is not None:
+            restore(loaded)
+    except CorruptCheckpoint as exc:
+        store.unloadable.add(where)
+        return None, str(exc)
+    return loaded, None
