@@ -15,7 +15,7 @@ from enum import StrEnum
 from mpjob.planning import elastic, history, skipped
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
-from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
+from mpjob.planning.classify import AttemptOutcome, classify, under_policy
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report, step_times
 from mpjob.planning.status import ConditionReason, ConditionType
@@ -31,6 +31,10 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
+
+
+#: Endings that are no trouble: their AttemptEnded Event is Normal, any other's a Warning (look).
+NO_TROUBLE = frozenset({Reason.SUCCEEDED, Reason.REPROMOTE, Reason.SCALED_UP})
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,7 @@ def conclude(
     index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)
     reason, code = result.reason.value, outcome.exit_code
     st.end_attempt(status, index, reason, code, result.message, end_step, when.at, charged=result.charged)
-    kind = "Normal" if result.action is Action.SUCCEED else "Warning"
+    kind = "Normal" if result.reason in NO_TROUBLE else "Warning"
     plan.ended = Event(kind, result.reason, result.message)
     plan.events.append(
         Event(

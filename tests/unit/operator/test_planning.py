@@ -373,6 +373,19 @@ def test_an_attempt_is_told_to_repromote_only_when_an_attempt_is_left_to_go_up_i
         assert isinstance(down, StartAttempt) and (down.precision, down.repromote_after_steps) == ("bf16", told)
 
 
+def test_a_repromotion_ends_its_attempt_with_a_normal_event() -> None:
+    """A re-promotion is the job getting better: no Warning (those ask someone to look)."""
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 10})
+    status = reconcile(s, _status(), 1, {}, NOW).status
+    for index, code, reason in ((0, 42, Reason.NUMERIC_FAULT), (1, 47, Reason.REPROMOTE)):
+        pod = PodView("p", 0, "Failed", alive=False, exit_code=code, termination_message=report(reason, 40, 40))
+        plan = reconcile(s, status, 1, {index: JobView(index, "Failed", pods=(pod,))}, NOW)
+        status = plan.status
+    ended = [(e.type, e.message.split(":")[0]) for e in plan.events if e.reason == "AttemptEnded"]
+    assert ended == [("Normal", "attempt 1 (bf16) ended Repromote")]
+    assert [a.precision for a in status.attempts] == ["fp16", "bf16", "fp16"]
+
+
 def test_repromotions_are_bounded_and_off_by_default() -> None:
     off = spec(precision={"mode": "fp16", "fallback": ["bf16"]})
     assert promotion_target(off, "bf16", []) is None
