@@ -266,7 +266,7 @@ def conclude(
         _fallback(plan, decision, when, result.reason.value)
     if decision.promoted_from is not None:
         _repromoted(plan, spec, decision, when)
-    since = report.ended_at if report is not None else None
+    since = (report.ended_at if report is not None else None) or st.read_stamp(when.at).timestamp()  # a stall's: now
     begin(plan, spec, replace(decision, recovering_since=since), when, why=result.reason.value)
 
 
@@ -298,7 +298,6 @@ def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:
     moved, step = f"{start.fallback_from} -> {start.precision}", start.start_step
     message = f"{moved} from checkpoint step {step}" if step else f"{moved}, {NO_CHECKPOINT}"
     condition(plan, when, ConditionType.PRECISION_FALLBACK, True, reason, message)
-    # the trainer's own start corrects it
-    resuming = f"to resume from checkpoint step {step}" if step else NO_CHECKPOINT
+    resuming = f"to resume from checkpoint step {step}" if step else NO_CHECKPOINT  # the trainer's start corrects it
     plan.events.append(Event("Warning", ConditionType.PRECISION_FALLBACK, f"{moved} after {reason}, {resuming}"))
     plan.fallbacks.append((start.fallback_from or "", start.precision))

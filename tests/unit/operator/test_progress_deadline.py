@@ -75,6 +75,15 @@ def test_a_stalled_attempt_is_cut_at_once_charged_and_the_next_waits_for_its_pod
     assert (created.index, created.precision) == (1, "bf16")
 
 
+def test_the_attempt_after_a_stall_counts_its_recovery_from_the_stall() -> None:
+    """No report says when a hung attempt ended: the moment the operator ended it does, so the
+    next attempt's recoverySeconds (its trainer's, from its launch's recoveringSince) is recorded."""
+    plan = ended(61.0, **DEADLINE)
+    spec = running(1, **DEADLINE)[0]
+    (created,) = reconcile(spec, plan.status, 1, {}, NOW + timedelta(seconds=12)).create
+    assert (created.index, created.recovering_since) == (1, NOW.timestamp())
+
+
 def test_a_fault_policy_rule_on_stalled_fails_the_job_and_names_itself() -> None:
     plan = ended(120.0, **DEADLINE, faultPolicy={"rules": [{"fault": "Stalled", "action": "Fail"}]})
     assert plan.status.phase == "Failed" and plan.delete == [0]
