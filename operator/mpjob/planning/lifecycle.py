@@ -234,13 +234,8 @@ def conclude(
     st.end_attempt(status, index, reason, code, result.message, end_step, when.at, charged=result.charged)
     kind = "Normal" if result.reason in NO_TROUBLE else "Warning"
     plan.ended = Event(kind, result.reason, result.message)
-    plan.events.append(
-        Event(
-            kind,
-            ConditionReason.ATTEMPT_ENDED,
-            f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000],
-        )
-    )
+    line = f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000]
+    plan.events.append(Event(kind, ConditionReason.ATTEMPT_ENDED, line))
     resized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
     workers, shape = elastic.next_size(spec, attempt, resized)
     resume_step, resume_path = _resume_point(status, resumed_at)
