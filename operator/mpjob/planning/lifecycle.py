@@ -277,7 +277,8 @@ def _resume_point(status: MixedPrecisionJobStatus, resumed_at: int | None) -> tu
 def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When) -> None:
     """Back up the ladder: PrecisionFallback stays True only while below the first precision."""
     clean, step = spec.precision.repromote_after_steps, start.start_step
-    message = f"{start.promoted_from} -> {start.precision} after {clean} clean steps, from checkpoint step {step}"
+    message = f"{start.promoted_from} -> {start.precision} after at least {clean} clean steps (repromoteAfterSteps)"
+    message += f", from checkpoint step {step}"  # the trainer's ending says how many
     first = plan.status.attempts[0].precision if plan.status.attempts else start.precision
     reason = ConditionReason.REPROMOTED
     condition(plan, when, ConditionType.PRECISION_FALLBACK, start.precision != first, reason, message)

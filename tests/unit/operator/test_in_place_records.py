@@ -249,7 +249,9 @@ def test_a_repromotion_in_place_ends_the_fallback_attempt_repromoted_and_begins_
     assert (fallback.reason, fallback.end_step, fallback.charged) == (Reason.REPROMOTE.value, 60, True)
     assert (promoted.precision, promoted.start_step, promoted.in_place, promoted.repromoted) == ("fp16", 60, True, True)
     assert plan.create == [] and plan.delete == [] and plan.status.precision == "fp16"
-    assert any(e.reason == "PrecisionRepromoted" for e in plan.events)
+    (said,) = [e.message for e in plan.events if e.reason == "PrecisionRepromoted"]
+    # 20 clean steps passed (the trainer's ending says so): the setting is the least, not the count
+    assert "after at least 10 clean steps" in said and "from checkpoint step 60" in said, said
     assert history.job_index(plan.status, 2) == 0  # the same Job all along
 
 
