@@ -216,7 +216,7 @@ def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
         where = _path(error["loc"])
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, k8s.SchemaViolations):
-            problems += [Problem(source, index, f"{where}.{sub}", message) for sub, message in cause.violations]
+            problems += [Problem(source, index, f"{where}.{sub}".lstrip("."), why) for sub, why in cause.violations]
             continue
         problem, member = Problem(source, index, where, _message(error)), any(_is_tag(p) for p in error["loc"])
         mistyped = str(error["type"]).endswith(("_type", "_parsing"))

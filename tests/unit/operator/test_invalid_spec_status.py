@@ -22,8 +22,13 @@ LONG = 300_000
         ({"precision": {"keepFp32": ["x-" * LONG]}}, "invalid spec: spec.precision.keepFp32"),
         ({"b" * LONG: 1}, "invalid spec: spec.bbbb"),
         ({"task": {"builtin": "gpt", "args": {"a" * LONG: [[[[1]]]]}}}, "invalid spec: spec.task.args.aaaa"),
+        # A rule over the whole spec names its field below spec, once.
+        (
+            {"workers": 2, "elastic": {"minWorkers": 3}},
+            "invalid spec: spec.elastic.minWorkers: elastic.minWorkers must be",
+        ),
     ],
-    ids=["refused-value", "unknown-field", "deep-argument"],
+    ids=["refused-value", "unknown-field", "deep-argument", "spec-wide-rule"],
 )
 def test_an_invalid_spec_fails_the_job_with_a_bounded_message(spec: dict[str, Any], starts: str) -> None:
     cluster = FakeCluster()
