@@ -58,6 +58,8 @@ class Verdict(StrEnum):
     KEEP = "Keep"
     SHRINK = "Shrink"
     GROW = "Grow"
+    #: Short of room, but no size from elastic.minWorkers up to what fits keeps the global batch.
+    WAIT = "Wait"
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,9 @@ def growth_micro_batch(spec: MixedPrecisionJobSpec, precision: str, attempts: Se
 def decide(
     spec: MixedPrecisionJobSpec, *, workers: int, shape: BatchShape, capacity: Capacity, grow_micro: int | None = None
 ) -> Resize:
-    """Keep, shrink or grow the attempt that runs with `workers` pods in `shape` (module doc); a
-    grown one's micro-batches of at most `grow_micro` (None: training.batchSize; growth_micro_batch)."""
+    """Keep, shrink or grow the attempt that runs with `workers` pods in `shape` (module doc), or
+    wait when it is short of room that no smaller size takes; a grown one's micro-batches of at
+    most `grow_micro` (None: training.batchSize; growth_micro_batch)."""
     elastic = spec.elastic
     keep = Resize(Verdict.KEEP, workers, shape, f"{workers} worker(s), {capacity.available} available")
     if elastic is None:
@@ -150,12 +153,12 @@ def decide(
     cause = "a node was lost" if capacity.node_lost else _waited(capacity, elastic.wait_seconds)
     room = "the queue's free quota" if capacity.queued else "the cluster"
     sizes = range(elastic.min_workers, min(capacity.available, workers - 1) + 1)
-    if (found := _largest(spec, sizes, shape.micro_batch)) is None:
+    if (found := _largest(spec, sizes, shape.micro_batch)) is None:  # said as it stands, not how long
         why = (
-            f"{cause}; {room} holds {capacity.available} worker(s): no size from elastic.minWorkers="
-            f"{elastic.min_workers} up keeps the global batch: waiting"
+            f"{room} holds {capacity.available} of {workers} worker(s): no size from elastic.minWorkers="
+            f"{elastic.min_workers} up keeps the global batch of {global_batch(spec)} samples: waiting"
         )
-        return Resize(Verdict.KEEP, workers, shape, why)
+        return Resize(Verdict.WAIT, workers, shape, why)
     fewer, smaller = found
     why = f"{cause}; {room} holds {capacity.available} worker(s): {workers} -> {fewer}"
     return Resize(Verdict.SHRINK, fewer, smaller, why)
@@ -202,15 +205,17 @@ def next_size(
 
 
 def _shrink(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, capacity: Capacity) -> Resize | None:
+    """The attempt shrunk, or left waiting when no smaller size fits (None: it keeps its size)."""
     resize = decide(spec, workers=workers_of(spec, attempt), shape=_shape(spec, attempt), capacity=capacity)
-    return resize if resize.verdict is Verdict.SHRINK else None
+    return resize if resize.verdict in (Verdict.SHRINK, Verdict.WAIT) else None
 
 
 def unschedulable(
     spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView], now: datetime
 ) -> Resize | None:
     """A running attempt some of whose pods the scheduler has found no node for: shrunk to the
-    pods that were placed once the oldest has waited past elastic.waitSeconds (None: wait on)."""
+    pods that were placed once the oldest has waited past elastic.waitSeconds, or left waiting
+    (Verdict.WAIT, saying why) when no smaller size keeps the global batch (None: wait on)."""
     if spec.elastic is None:
         return None
     alive = [p for p in pods if p.alive]
@@ -227,7 +232,8 @@ def queued(
 ) -> Resize | None:
     """A running attempt whose Job its queue has held suspended for want of quota: shrunk once it
     has waited suspended past elastic.waitSeconds (since its Suspended condition, else since the
-    attempt began) to the workers `fits` (the queue's free quota; None: not read, wait on)."""
+    attempt began) to the workers `fits` (the queue's free quota; None: not read, wait on), or
+    left waiting (Verdict.WAIT) as `unschedulable` is."""
     if spec.elastic is None or fits is None or not (job.suspended and job.quota_short) or job.finished:
         return None
     since = _time(job.suspended_since or attempt.start_time or "")
@@ -256,7 +262,8 @@ def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequenc
     if spec.elastic is None or not lost:
         return None
     workers = workers_of(spec, attempt)
-    return _shrink(spec, attempt, Capacity(workers - lost, node_lost=True))
+    resize = _shrink(spec, attempt, Capacity(workers - lost, node_lost=True))
+    return resize if resize is not None and resize.verdict is Verdict.SHRINK else None
 
 
 def _time(value: str) -> datetime | None:

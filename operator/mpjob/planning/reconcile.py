@@ -174,9 +174,9 @@ def _follow(
         return
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     now = _parse_time(when.at) or datetime.now(UTC)
-    shrink = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
-    if finished is None and shrink is not None:
-        cutoff.resize(plan, spec, shrink, when, job=job.index)
+    short = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
+    if finished is None and short is not None and short.verdict is elastic.Verdict.SHRINK:
+        cutoff.resize(plan, spec, short, when, job=job.index)
     elif (lost := cutoff.lost_pod(job)) is not None and any(p.alive for p in job.pods):
         cutoff.end_lost(plan, spec, job, lost, when)  # at once: the lost pod may leave no trace once peers stop
     elif cutoff.crashed(job):
@@ -186,6 +186,7 @@ def _follow(
     elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits, status.attempts))) is not None:
         cutoff.resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
+        _awaiting_workers(plan, when, short)
         _running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
@@ -219,6 +220,20 @@ def _grown(status: MixedPrecisionJobStatus, grow: elastic.Resize | None) -> elas
         return None
     ckpt = status.last_checkpoint
     return grow if ckpt is not None and ckpt.step > status.grow_after_step else None
+
+
+def _awaiting_workers(plan: Plan, when: When, short: elastic.Resize | None) -> None:
+    """AwaitingWorkers while no smaller size can take the attempt short of room; a Warning Event once."""
+    known = next((c for c in plan.status.conditions if c.type == ConditionType.AWAITING_WORKERS), None)
+    index = plan.status.attempts[-1].index
+    if short is not None and short.verdict is elastic.Verdict.WAIT:
+        message, reason = f"attempt {index}: {short.why}", ConditionReason.NO_SMALLER_SIZE
+        if known is None or known.status != "True" or known.message != message:
+            plan.events.append(lc.Event("Warning", reason, message))
+            lc.condition(plan, when, ConditionType.AWAITING_WORKERS, True, reason, message)
+    elif known is not None and known.status == "True":
+        message, reason = f"attempt {index} no longer waits for workers", ConditionReason.WORKERS_PLACED
+        lc.condition(plan, when, ConditionType.AWAITING_WORKERS, False, reason, message)
 
 
 def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:

@@ -23,6 +23,8 @@ class ConditionType(StrEnum):
     PODS_CREATED = "PodsCreated"
     #: An `auto` attempt measured no low precision faster than fp32 on its node (F6).
     AMP_SLOWER_THAN_FP32 = "AmpSlowerThanFp32"
+    #: True while an elastic attempt is short of room that no smaller size can take (docs/elastic.md).
+    AWAITING_WORKERS = "AwaitingWorkers"
 
 
 class ConditionReason(StrEnum):
@@ -61,6 +63,9 @@ class ConditionReason(StrEnum):
     RANKS_CUT = "RanksCut"
     #: The running attempt's Job was deleted (not by the operator): created again (an Event's reason).
     JOB_RECREATED = "JobRecreated"
+    #: No size from elastic.minWorkers up to what fits keeps the global batch: the attempt waits.
+    NO_SMALLER_SIZE = "NoSmallerSize"
+    WORKERS_PLACED = "WorkersPlaced"
 
 
 #: How the status writes a moment: RFC 3339 in UTC, whole seconds, as Kubernetes writes its own.

@@ -91,3 +91,27 @@ def test_the_operator_shrinks_at_once_when_a_running_attempt_loses_a_node() -> N
     first, second = shrunk.status.attempts
     assert (first.reason, first.charged, second.world_size) == ("ScaledDown", False, 2)
     assert "a node was lost" in (first.message or "")
+
+
+def test_an_attempt_no_smaller_size_can_take_says_why_it_waits_once() -> None:
+    """12 workers of 1 sample, minWorkers 5: with 5 placed past waitSeconds, no size from 5 up to the
+    5 that fit keeps 12 samples a step, so the job waits at its size; the status says why (a
+    condition) and a Warning Event says it once, not at every reconcile; placed, it no longer waits."""
+    job = spec(workers=12, training={"batchSize": 1}, elastic={"minWorkers": 5, "waitSeconds": 60})
+    plan = _reconcile(job, MixedPrecisionJobStatus(), {}, 0)
+    since = "2026-11-28T12:00:05Z"
+    placed = [PodView(f"p{i}", i, "Running", True) for i in range(5)]
+    pending = [PodView(f"p{i}", i, "Pending", True, unschedulable_since=since) for i in range(5, 12)]
+    first = _reconcile(job, plan.status, _pods(*placed, *pending), 70)
+    assert not first.delete and not first.create and len(first.status.attempts) == 1
+    waits = [c for c in first.status.conditions if c.type == "AwaitingWorkers"]
+    assert [(c.status, c.reason) for c in waits] == [("True", "NoSmallerSize")]
+    assert "no size from elastic.minWorkers=5 up keeps the global batch of 12 samples" in waits[0].message
+    assert [(e.type, e.reason, e.message) for e in first.events] == [("Warning", "NoSmallerSize", waits[0].message)]
+    again = _reconcile(job, first.status, _pods(*placed, *pending), 80)
+    assert again.events == [] and again.status.conditions == first.status.conditions
+    running = [PodView(f"p{i}", i, "Running", True) for i in range(12)]
+    fits = _reconcile(job, again.status, _pods(*running), 90)
+    assert [(c.status, c.reason) for c in fits.status.conditions if c.type == "AwaitingWorkers"] == [
+        ("False", "WorkersPlaced")
+    ]
