@@ -97,6 +97,9 @@ class AttemptCounts(ApiModel):
     by_reason: dict[str, int] = Field(default_factory=dict)
     #: Entries dropped from attempts[] (between the first and the newest).
     omitted: int = 0
+    #: The smallest micro-batch an attempt ran out of device memory in (OutOfDeviceMemory): an
+    #: elastic job that grows back stays below it (None: none did).
+    out_of_memory_micro_batch: int | None = Field(None, ge=1)
 
 
 class Condition(ApiModel):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from mpjob.localrun.workers import Workers
@@ -28,7 +27,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, growth_micro_batch, shape_for
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract import events
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 
 class BadSchedule(ValueError):
@@ -101,13 +100,13 @@ class CapacityWatch:
         schedule: WorkersSchedule,
         start: StartAttempt,
         workers: Workers,
-        attempts: Sequence[AttemptStatus],
+        status: MixedPrecisionJobStatus,
     ) -> None:
         self.spec, self.schedule, self.workers = spec, schedule, workers
         self.count = start.workers or spec.workers
         self.shape = start.shape or BatchShape.of(spec)
-        #: A grown attempt's largest micro-batch (below those the job's `attempts` ran out of memory in).
-        self.grow_micro = growth_micro_batch(spec, start.precision, attempts)
+        #: A grown attempt's largest micro-batch (below those the job's attempts ran out of memory in).
+        self.grow_micro = growth_micro_batch(spec, start.precision, status)
         #: The size the job goes on with once this attempt has ended (None: it was not resized).
         self.resize: Resize | None = None
         self._grow: Resize | None = None

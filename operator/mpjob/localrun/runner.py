@@ -212,7 +212,7 @@ class LocalRun:
         self._workers = Workers(self.spec, folder=folder, cwd=cwd, python=self.python, count=self._count)
         self._watches = [StallWatch(self.spec, self._workers), DeadlineWatch(self.spec, self.status, self._workers)]
         if self.schedule is not None:  # before the deadline's, which outranks a resize as on a cluster
-            self._watches.insert(1, CapacityWatch(self.spec, self.schedule, start, self._workers, self.status.attempts))
+            self._watches.insert(1, CapacityWatch(self.spec, self.schedule, start, self._workers, self.status))
         self._current, self._began, self._reached = start, time.monotonic(), None
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)

@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from mpjob.planning import history
 from mpjob.planning import status as st
 from mpjob.planning.classify import PLATFORM_REASONS
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.planner import ACTIVATION_BYTES, BatchShape, StartAttempt
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, processes_per_worker
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, processes_per_worker
 from mpjob_contract.codes import Reason
 
 
@@ -117,17 +118,18 @@ def _largest(spec: MixedPrecisionJobSpec, sizes: range, max_micro: int) -> tuple
     return None
 
 
-def growth_micro_batch(spec: MixedPrecisionJobSpec, precision: str, attempts: Sequence[AttemptStatus]) -> int:
+def growth_micro_batch(spec: MixedPrecisionJobSpec, precision: str, status: MixedPrecisionJobStatus) -> int:
     """The largest micro-batch a grown attempt in `precision` may take: training.batchSize, split
-    as the fallback into a wider precision than one the job's `attempts` trained in splits it
-    (precision.fallbackKeepsBatch), and below each micro-batch an attempt ran out of device memory
-    in: growing does not undo a split that keeps the job within memory."""
-    largest = BatchShape.of(spec)
+    as the fallback into a wider precision than one the job's attempts trained in splits it
+    (precision.fallbackKeepsBatch), and below the micro-batch an attempt of the job ran out of
+    device memory in (counted: its entry may be gone from attempts[]): growing does not undo a
+    split that keeps the job within memory."""
+    largest, attempts = BatchShape.of(spec), status.attempts
     wider = any(ACTIVATION_BYTES.get(a.precision, 4) < ACTIVATION_BYTES.get(precision, 4) for a in attempts)
     if wider and spec.precision.fallback_keeps_batch:
         largest = largest.split() or largest
-    too_big = [a.micro_batch for a in attempts if a.reason == Reason.OUT_OF_DEVICE_MEMORY and a.micro_batch]
-    return max(1, min([largest.micro_batch, *(micro - 1 for micro in too_big)]))
+    too_big = history.out_of_memory_micro_batch(attempts, history.counts(status))
+    return max(1, min(largest.micro_batch, too_big - 1 if too_big is not None else largest.micro_batch))
 
 
 def decide(
@@ -243,14 +245,14 @@ def queued(
 
 
 def grows(
-    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None, attempts: Sequence[AttemptStatus]
+    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None, status: MixedPrecisionJobStatus
 ) -> Resize | None:
     """A running attempt below `workers` when `fits` workers fit on the cluster now (None: not
     known): the size it grows to, its micro-batches within growth_micro_batch of the job's
-    `attempts`, or None."""
+    `status`, or None."""
     if spec.elastic is None or fits is None:
         return None
-    micro = growth_micro_batch(spec, attempt.precision, attempts)
+    micro = growth_micro_batch(spec, attempt.precision, status)
     workers, shape = workers_of(spec, attempt), _shape(spec, attempt)
     resize = decide(spec, workers=workers, shape=shape, capacity=Capacity(fits), grow_micro=micro)
     return resize if resize.verdict is Verdict.GROW else None

@@ -183,7 +183,7 @@ def _follow(
         plan.cut.append(job.index)  # its live ranks are cut (its Job kept for its logs); it ends once they stop
     elif finished is None and (stall := cutoff.stalled(spec, job, current, now, unseen_for)):
         cutoff.end_now(plan, spec, job, AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=stall), when)
-    elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits, status.attempts))) is not None:
+    elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits, status))) is not None:
         cutoff.resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
         _awaiting_workers(plan, when, short)

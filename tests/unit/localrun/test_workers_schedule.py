@@ -14,7 +14,7 @@ from mpjob.localrun.elastic import BadSchedule, CapacityWatch, WorkersSchedule
 from mpjob.planning.elastic import Verdict
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract import events
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJob
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJob, MixedPrecisionJobStatus
 from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
@@ -94,7 +94,8 @@ def watch(schedule: str, attempts: list[AttemptStatus] | None = None) -> tuple[C
     job = MixedPrecisionJob.model_validate({**JOB, "spec": spec})
     start = StartAttempt(1, "fp16", None, 0, micro_batch=3, grad_accumulation=2, workers=1)
     workers = Signalled()
-    capacity = CapacityWatch(job.spec, WorkersSchedule.parse(schedule), start, workers, attempts or [])  # type: ignore[arg-type]
+    status = MixedPrecisionJobStatus(attempts=attempts or [])
+    capacity = CapacityWatch(job.spec, WorkersSchedule.parse(schedule), start, workers, status)  # type: ignore[arg-type]
     return capacity, workers
 
 

@@ -16,7 +16,7 @@ from mpjob.planning.launch import attempt_launch
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import BatchShape, StartAttempt, first_attempt
 from mpjob.summary import summary_lines
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
 
@@ -261,7 +261,7 @@ def test_growing_back_keeps_below_a_micro_batch_that_ran_out_of_memory() -> None
     assert (split.workers, split.shape) == (None, BatchShape(2, 2))
     smaller = _end(plan, job, split, AttemptOutcome(137, resize=_resize(job, split, Capacity(1, node_lost=True))))
     assert (smaller.workers, smaller.shape) == (1, BatchShape(2, 4))
-    grow = grows(job, plan.status.attempts[-1], 2, plan.status.attempts)
+    grow = grows(job, plan.status.attempts[-1], 2, plan.status)
     assert grow is not None and (grow.workers, grow.shape) == (2, BatchShape(2, 2))
     # Without that ending the job grows back to batchSize's micro-batch.
     assert decide(job, workers=1, shape=BatchShape(2, 4), capacity=Capacity(2)).shape == BatchShape(4, 1)
@@ -277,9 +277,26 @@ def test_growing_back_in_fp32_keeps_the_split_of_precision_fallbackkeepsbatch() 
     assert (fp32.precision, fp32.shape) == ("fp32", BatchShape(2, 2))
     smaller = _end(plan, job, fp32, AttemptOutcome(137, resize=_resize(job, fp32, Capacity(1, node_lost=True))))
     assert (smaller.precision, smaller.workers, smaller.shape) == ("fp32", 1, BatchShape(2, 4))
-    grow = grows(job, plan.status.attempts[-1], 2, plan.status.attempts)
+    grow = grows(job, plan.status.attempts[-1], 2, plan.status)
     assert grow is not None and (grow.workers, grow.shape) == (2, BatchShape(2, 2))
     # Without fallbackKeepsBatch the fp32 fallback kept batchSize's micro-batch, and so does growing.
     keeps = spec(workers=2, elastic={"minWorkers": 1}, precision={"mode": "fp16", "fallback": ["bf16", "fp32"],
                                                                     "fallbackKeepsBatch": False})  # fmt: skip
-    assert grows(keeps, plan.status.attempts[-1], 2, plan.status.attempts).shape == BatchShape(4, 1)  # type: ignore[union-attr]
+    assert grows(keeps, plan.status.attempts[-1], 2, plan.status).shape == BatchShape(4, 1)  # type: ignore[union-attr]
+
+
+def test_growing_back_keeps_below_a_micro_batch_that_ran_out_of_memory_once_its_entry_is_gone() -> None:
+    """attempts[] keeps the first and the newest entries: an ending out of memory dropped from it
+    still keeps a grown attempt below its micro-batch (the counts keep it)."""
+    job = spec(workers=2, elastic={"minWorkers": 1})
+    evicted = AttemptOutcome(44, platform_reason="EvictionByEvictionAPI")
+    plan, start = _start(job)
+    start = _end(plan, job, start, evicted)  # the first entry, always kept: not the one that runs out
+    start = _end(plan, job, start, AttemptOutcome(46))  # OutOfDeviceMemory in micro-batches of 4: 2 x 2
+    start = _end(plan, job, start, AttemptOutcome(137, resize=_resize(job, start, Capacity(1, node_lost=True))))
+    for _ in range(MAX_ATTEMPT_ENTRIES):
+        start = _end(plan, job, start, evicted)
+    assert (start.workers, start.shape) == (1, BatchShape(2, 4))
+    assert "OutOfDeviceMemory" not in {a.reason for a in plan.status.attempts}
+    grow = grows(job, plan.status.attempts[-1], 2, plan.status)
+    assert grow is not None and (grow.workers, grow.shape) == (2, BatchShape(2, 2))
