@@ -5,15 +5,16 @@ the operator's decision (mpjob.planning.elastic) without a cluster.
 SCHEDULE is `N[,STEP:N]...`: N workers fit from the start, and from each STEP on the N after it
 (`3,40:2,120:3`: 3 at first, 2 from step 40, 3 from step 120), the steps counted as the furthest
 the job has reached (steps trained again after a resume come later). The runner reads the trainer's
-steps from its event lines (a line per training.logEvery steps), so a change lands at the first
-logged step at or after its STEP. When fewer workers fit than an attempt runs with, the last
-workers' processes are killed, as when their nodes go away: the attempt ends and the next one
-runs with as many as fit, from the last checkpoint. When more fit again, the attempt ends at
-its next checkpoint (SIGTERM, which the trainer honours with a checkpoint) and the next one runs
-with more; when the room goes before that checkpoint, the growth is called off. A local run
-has no time to wait in: pods that do not fit at an attempt's start count as unschedulable past
-elastic.waitSeconds; a count below elastic.minWorkers, or one at which no size keeps the global
-batch, is refused.
+steps from its event lines (a line per training.logEvery steps) and acts on a change when it reads
+the first logged step at or after its STEP; the trainers do not wait for that read, so the change
+lands at the step they have reached by then, which may be further. When fewer workers fit than
+an attempt runs with, the last workers' processes are killed, as when their nodes go away: the
+attempt ends and the next one runs with as many as fit, from the last checkpoint. When more fit
+again, the attempt ends at its next checkpoint (SIGTERM, which the trainer honours with a
+checkpoint) and the next one runs with more; when the room goes before that checkpoint, the
+growth is called off. A local run has no time to wait in: pods that do not fit at an attempt's
+start count as unschedulable past elastic.waitSeconds; a count below elastic.minWorkers, or one
+at which no size keeps the global batch, is refused.
 """
 
 from __future__ import annotations
