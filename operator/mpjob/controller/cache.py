@@ -9,8 +9,10 @@ create) queues a reconcile of the MixedPrecisionJob it belongs to. What is kept,
 long (a removed pod stays as last seen while its Job is held), is `children.py`'s.
 Children are found by their controller ownerReferences, never by label alone, and joined to
 their parent on namespace, kind, name and UID together (`ownership.ObjectRef`): a pod or Event of
-another namespace that copies a Job's name and UID joins nothing. An unreadable object is
-skipped (and logged once).
+another namespace that copies a Job's name and UID joins nothing. One exception, which can only
+make an attempt wait: a running pod whose Job was removed before this operator listed it (it
+restarted while the pod stopped) is lingering for the attempt its Job's name names
+(`children.Children._strays`). An unreadable object is skipped (and logged once).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ MAKERS: dict[str, Callable[[dict[str, Any]], Record | None]] = {
 @dataclass(frozen=True)
 class Observed:
     jobs: dict[int, JobView]
-    lingering: frozenset[int]  # attempts whose Job is gone but some pod still runs
+    #: attempts whose Job is gone but some pod still runs (also one whose Job this operator never
+    #: saw: removed before it listed, while it restarted; `children.Children._strays`)
+    lingering: frozenset[int]
     rank0_ip: dict[int, str]  # attempt -> the running rank-0 pod's IP (its metrics endpoint)
     uids: dict[int, str]  # attempt -> its Job's UID (deletes carry it as a precondition)
     #: attempt -> its Job that is gone, whose pods have all stopped (as last seen: `children.py`)
@@ -84,7 +88,10 @@ class ChildCache:
             if (ip := _rank0_ip(held.pods[job.uid])) is not None:
                 rank0_ip[job.attempt] = ip
         gone = [j for j in held.jobs if j.gone]
-        lingering = frozenset(j.attempt for j in gone if any(p.alive for p in pods[j.uid]))
+        strays = {a: [on_nodes(p.view, nodes) for p in records] for a, records in held.strays.items()}
+        lingering = frozenset(j.attempt for j in gone if any(p.alive for p in pods[j.uid])) | frozenset(
+            a for a, stray in strays.items() if any(p.alive for p in stray)
+        )
         stopped = {j.attempt: _view(j, pods[j.uid], None) for j in gone if j.attempt not in lingering}
         return Observed(views, lingering, rank0_ip, uids, stopped)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from mpjob.controller.ownership import ObjectRef
-from mpjob.controller.records import CreateFailure, JobRecord, Key, PodRecord
+from mpjob.controller.records import CreateFailure, JobRecord, Key, PodRecord, attempt_named
 
 Record = JobRecord | PodRecord | CreateFailure
 
@@ -33,6 +33,8 @@ class Held:
     jobs: list[JobRecord]
     pods: dict[str, list[PodRecord]]  # by Job UID
     failures: dict[str, CreateFailure | None]  # by Job UID: its latest FailedCreate
+    #: By attempt: pods of an attempt Job of its name that is not held (`strays`).
+    strays: dict[int, list[PodRecord]]
 
 
 class Children:
@@ -49,7 +51,20 @@ class Children:
         jobs = [self._jobs[uid] for uid in self._keys.get((owner.namespace, owner.name), ())]
         jobs = [job for job in jobs if job.owner == owner]
         pods = {job.uid: [self._pods[uid] for uid in self._by_job.get(job.ref, ())] for job in jobs}
-        return Held(jobs, pods, {job.uid: self._failures.get(job.ref) for job in jobs})
+        return Held(jobs, pods, {job.uid: self._failures.get(job.ref) for job in jobs}, self._strays(owner))
+
+    def _strays(self, owner: ObjectRef) -> dict[int, list[PodRecord]]:
+        """Pods whose Job, named as an attempt of `owner` in its namespace, is not held: it was
+        removed before this operator listed it (it restarted while they stopped). Their Job's
+        UID, and so whose they are, cannot be checked any more: they only ever make the next
+        attempt wait (`cache.Observed.lingering`), as pods of that name may still write checkpoints."""
+        strays: dict[int, list[PodRecord]] = {}
+        for ref, uids in self._by_job.items():
+            if ref.namespace != owner.namespace or self._job(ref) is not None:
+                continue
+            if (attempt := attempt_named(ref.name, owner.name)) is not None:
+                strays.setdefault(attempt, []).extend(self._pods[uid] for uid in uids)
+        return strays
 
     def has_job(self, uid: str) -> bool:
         return uid in self._jobs

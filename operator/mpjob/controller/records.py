@@ -94,9 +94,16 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
 
 
 def _attempt_of(name: str, owner: str) -> int:
+    if (attempt := attempt_named(name, owner)) is None:
+        raise Malformed(f"the Job's name {name!r} is not an attempt of {owner!r} (<job>-a<N>)")
+    return attempt
+
+
+def attempt_named(name: str, owner: str) -> int | None:
+    """The attempt of the MixedPrecisionJob `owner` whose Job is named `name` (`<job>-a<N>`), if any."""
     suffix = name.removeprefix(f"{owner}-a")
     if suffix == name or not suffix.isdigit() or attempt_name(owner, int(suffix)) != name:
-        raise Malformed(f"the Job's name {name!r} is not an attempt of {owner!r} (<job>-a<N>)")
+        return None
     return int(suffix)
 
 

@@ -37,7 +37,7 @@ from kubernetes.client.rest import ApiException
 from tests.cluster.disruption import lose_pod, rank_pod
 from tests.cluster.nodeagent.nodes import NODES, placement, remove_node, return_node, silence_node, wake_node
 from tests.helpers import wait_for
-from tests.integration.operator.conftest import Jobs, Operator
+from tests.integration.operator.conftest import UNTIL_STOPPED, Jobs, Operator, gpt_spec
 from tests.unit.localrun.test_elastic_run import SAMPLES, SEED, stream, trained
 
 pytestmark = pytest.mark.integration
@@ -206,3 +206,34 @@ def test_a_node_lost_while_training_shrinks_the_job_at_once_from_the_last_checkp
     # (the deleted pod had its grace period; a node that vanishes gives none).
     assert second["startStep"] >= 20
     assert second["worldSize"] * second["microBatch"] * second["gradAccumulation"] == 3 * 4
+
+
+def test_an_operator_restarted_while_a_suspended_attempt_s_pod_stops_resumes_only_once_it_has(
+    operator: Operator, jobs: Jobs, trio: list[str], kubeconfig: str
+) -> None:
+    """Suspended: the operator deletes the attempt's Job and its pod checkpoints on SIGTERM. The
+    operator restarts meanwhile: its first listing has that pod but not its Job. The pod's node
+    does not answer, so the pod stops only once it does: the resume waits for it (two attempts
+    never write checkpoints at once), then starts from the checkpoint it wrote."""
+    jobs.pvc("ckpt")
+    spec = gpt_spec("ckpt", steps=UNTIL_STOPPED, every=20)
+    spec["precision"], spec["template"] = {"mode": "bf16"}, placement("trio")
+    jobs.create("restart", spec)
+    node = _at_a_checkpoint(jobs, "restart", 0)
+    pod = rank_pod(jobs.core, jobs.namespace, "restart", 0, 0).metadata.name
+    silence_node(jobs.core, node)
+    agent = Path(kubeconfig).parent / "logs" / "node-agent.log"
+    wait_for(lambda: f"{jobs.namespace}/{pod} stopped" in agent.read_text(), 30, message="its pod stopped")
+    jobs.patch_spec("restart", {"runPolicy": {"suspend": True}})
+    jobs.wait_phase("restart", "Suspended", 60)
+    wait_for(lambda: not jobs.attempt_jobs("restart"), 60, message="attempt 0's Job removed")
+    operator.kill()
+    operator.start()
+    jobs.patch_spec("restart", {"runPolicy": {"suspend": False}})
+    generation = jobs.get("restart")["metadata"]["generation"]
+    status = jobs.wait_status("restart", lambda s: s.get("observedGeneration") == generation, 60, "the resume read")
+    assert (status["phase"], len(status["attempts"]), jobs.attempt_jobs("restart")) == ("Suspended", 1, []), status
+    wake_node(jobs.core, node)
+    status = jobs.wait_status("restart", lambda s: len(s.get("attempts", [])) == 2, 120, "resumed once the pod stopped")
+    assert status["attempts"][1]["startStep"] >= 20
+    jobs.patch_spec("restart", {"runPolicy": {"suspend": True}})  # the run ends here

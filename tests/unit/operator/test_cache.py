@@ -271,3 +271,21 @@ def test_a_deleted_mixed_precision_job_takes_what_was_kept_of_its_removed_jobs_w
     assert set(made.cache.observe("ns", "j", MPJ_UID).stopped) == {0}
     made.forget(MPJ_UID, ("ns", "j"))  # kopf saw the MixedPrecisionJob deleted
     assert made.cache.observe("ns", "j", MPJ_UID).stopped == {}
+
+
+def test_a_restarted_operator_waits_for_the_pods_of_a_job_removed_before_it_listed(
+    cache: tuple[ChildCache, list],
+) -> None:
+    """Suspended, then the operator restarted while the pod checkpointed on SIGTERM: its first
+    listing has the pod but not its Job. The pod still runs: the next attempt waits for it."""
+    c, _ = cache
+    elsewhere = stopping(0)
+    elsewhere["metadata"].update(namespace="other", uid="pod-elsewhere")
+    somebody_else = stopping(0)
+    somebody_else["metadata"].update(uid="pod-other-job", ownerReferences=owner("Job", "jo-a0", "job-x"))
+    c.relist("jobs", None, [job(1)])
+    c.relist("pods", None, [stopping(0), elsewhere, somebody_else])
+    seen = c.observe("ns", "j", MPJ_UID)
+    assert (seen.lingering, set(seen.jobs), seen.stopped) == (frozenset({0}), {1}, {})
+    c.apply("pods", "DELETED", stopping(0, exitCode=44))
+    assert c.observe("ns", "j", MPJ_UID).lingering == frozenset()
