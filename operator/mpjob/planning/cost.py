@@ -69,11 +69,7 @@ def seen_usage(
         job = final or jobs.get(attempt.index) or jobs.get(at)
         if attempt.finish_time is None or (attempt.gpu_seconds is not None and final is None) or job is None:
             continue
-        before = sum(
-            usage.get(a.index, a.gpu_seconds or 0.0)
-            for a in status.attempts
-            if job.index <= a.index < attempt.index and history.job_index(status, a.index) == job.index
-        )
+        before = _charged_before(status, attempt, job, usage)
         until = st.moment(attempt.finish_time) if history.job_index(status, attempt.index + 1) == job.index else None
         ran = gpu_seconds(job.pods, gpus_per_worker=gpus, now=now, until=until)  # its Job went on in place: to its end
         usage[attempt.index] = max(0.0, ran - before) + (attempt.deleted_jobs_gpu_seconds or 0.0)
@@ -87,12 +83,20 @@ def deleted_job(
     created again in the same attempt: what they ran (beyond the figures of the attempts before it
     in that Job, as `seen_usage` counts) is kept for the attempt's gpuSeconds."""
     ran = gpu_seconds(job.pods, gpus_per_worker=spec.resources.gpus_per_worker, now=now)
-    before = sum(
-        a.gpu_seconds or 0.0
+    more = max(0.0, ran - _charged_before(status, attempt, job, {}))
+    attempt.deleted_jobs_gpu_seconds = round((attempt.deleted_jobs_gpu_seconds or 0.0) + more, 3)
+
+
+def _charged_before(
+    status: MixedPrecisionJobStatus, attempt: AttemptStatus, job: JobView, usage: Mapping[int, float]
+) -> float:
+    """The GPU-seconds charged to the attempts before `attempt` that ran in its Job `job` (begun in
+    place: its chain), with `usage`'s figures where it has them."""
+    return sum(
+        usage.get(a.index, a.gpu_seconds or 0.0)
         for a in status.attempts
         if job.index <= a.index < attempt.index and history.job_index(status, a.index) == job.index
     )
-    attempt.deleted_jobs_gpu_seconds = round((attempt.deleted_jobs_gpu_seconds or 0.0) + max(0.0, ran - before), 3)
 
 
 @dataclass(frozen=True)
