@@ -3,7 +3,8 @@ end by themselves: a change of size (spec.elastic), a node lost while other rank
 would block in their next collective until its timeout), a stall (runPolicy.progressDeadlineSeconds).
 Its Job is deleted, so its pods get SIGTERM (a rank not blocked checkpoints first), and the next
 attempt's Job is created only once they are gone (`reconcile._follow` waits while an earlier
-attempt's pod is alive): two attempts never write checkpoints at once.
+attempt's pod is alive): two attempts never write checkpoints at once. What the trainer of a
+suspended or resized attempt reports once its pods have stopped completes its ending (`heard`).
 
 An attempt ended because a rank is lost, hung or crashed is also cut (`Plan.cut`): its pods
 still alive get CUT_GRACE_SECONDS, not their own grace period (60 s), before SIGKILL. Their
