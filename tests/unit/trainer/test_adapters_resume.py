@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mpjob_trainer.adapters.hf import resume_view
 from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.adapter_jobs import FRAMEWORKS, WEIGHTS, command, job
@@ -109,3 +110,38 @@ def test_killed_and_rerun_ends_bit_identical(tmp_path: Path, framework: str) -> 
     sdk_a = torch.load(tmp_path / "straight/ckpt" / final / "state.pt", weights_only=True)
     sdk_b = torch.load(cut / "ckpt" / final / "state.pt", weights_only=True)
     assert_identical(sdk_a, sdk_b)  # applied steps, the session's scaler, RNG states
+
+
+@pytest.mark.process
+def test_a_trainer_resumed_out_of_fp16_leaves_no_view_of_the_checkpoint_behind(tmp_path: Path) -> None:
+    """The bf16 attempt after an fp16 one resumes from a view of the fp16 checkpoint without its
+    scaler state; the view is gone once the Trainer has trained, the checkpoint untouched."""
+    spec = job("hf", training={"steps": 20}, precision={"mode": "fp16"}, checkpoint={"everySteps": 10})
+    first = run_trainer(tmp_path, spec, "fp16", argv=command("hf")[1:], name="a0.json")
+    assert first.code == 0, first.stderr[-3000:]
+    longer = job("hf", training={"steps": 30}, precision={"mode": "fp16"}, checkpoint={"everySteps": 10})
+    second = run_trainer(tmp_path, longer, "bf16", argv=command("hf")[1:], attempt=1, name="a1.json")
+    assert second.code == 0, second.stderr[-3000:]
+    assert second.of("resume")[0]["step"] == 20 and second.of("resume")[0]["fromPrecision"] == "fp16"
+    assert second.report is not None and second.report.step == 30
+    assert (tmp_path / "ckpt/step-000000020/framework/scaler.pt").is_file()
+    assert not list((tmp_path / "ckpt").glob(".tmp-*"))
+
+
+def test_each_rank_resumes_from_its_own_view_removed_when_the_trainer_is_done(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt/step-000000020/framework"
+    checkpoint.mkdir(parents=True)
+    for name in ("model.safetensors", "scaler.pt", "rng_state_1.pth"):
+        (checkpoint / name).write_text(name)
+    with pytest.raises(RuntimeError), resume_view(checkpoint, "bf16", 0) as zero:
+        with resume_view(checkpoint, "bf16", 1) as one:  # ranks of two pods, and both of the same pid
+            assert zero is not None and one is not None and zero != one
+            for view in (Path(zero), Path(one)):
+                assert sorted(p.name for p in view.iterdir()) == ["model.safetensors", "rng_state_1.pth"]
+                assert (view / "model.safetensors").read_text() == "model.safetensors"
+        assert not Path(one).exists() and Path(zero).exists()
+        raise RuntimeError("the Trainer failed")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000000020"]
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["model.safetensors", "rng_state_1.pth", "scaler.pt"]
+    with resume_view(checkpoint, "fp16", 0) as same:  # fp16 resumes its scaler: the checkpoint itself
+        assert same == str(checkpoint)

@@ -36,8 +36,10 @@ function of the global step), runs no forward, and the update it then makes from
 
 from __future__ import annotations
 
-import os
+import secrets
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -205,20 +207,25 @@ def _writer(trainer: Trainer) -> Any:
     return write
 
 
-def _resume_view(run: Session, checkpoint: Path | None) -> str | None:
-    """The checkpoint the Trainer resumes from. After a fallback out of fp16 its GradScaler state
-    must not come along (the scale starts afresh, as in every mpjob attempt), and
-    transformers would load scaler.pt into a Trainer that has no scaler: it then reads a view
-    of the checkpoint without that file (links: the adopted checkpoint is never changed)."""
-    if checkpoint is None or run.precision == "fp16" or not (checkpoint / "scaler.pt").exists():
-        return None if checkpoint is None else str(checkpoint)
-    view = checkpoint.parents[1] / f".tmp-resume-{os.getpid()}"
-    shutil.rmtree(view, ignore_errors=True)
+@contextmanager
+def resume_view(checkpoint: Path | None, precision: str, rank: int) -> Iterator[str | None]:
+    """The checkpoint the Trainer resumes from, while it trains. After a fallback out of fp16 its
+    GradScaler state must not come along (the scale starts afresh, as in every mpjob attempt), and
+    transformers would load scaler.pt into a Trainer that has no scaler: it then reads a view of
+    the checkpoint without that file (links: the adopted checkpoint is never changed), this rank's
+    own (ranks on other pods may share a pid), removed when the Trainer is done with it."""
+    if checkpoint is None or precision == "fp16" or not (checkpoint / "scaler.pt").exists():
+        yield None if checkpoint is None else str(checkpoint)
+        return
+    view = checkpoint.parents[1] / f".tmp-resume-{rank}-{secrets.token_hex(6)}"  # a killed one's: clean_stale
     view.mkdir()
-    for entry in checkpoint.iterdir():
-        if entry.name != "scaler.pt":
-            (view / entry.name).symlink_to(entry.resolve())
-    return str(view)
+    try:
+        for entry in checkpoint.iterdir():
+            if entry.name != "scaler.pt":
+                (view / entry.name).symlink_to(entry.resolve())
+        yield str(view)
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
 
 
 def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
@@ -247,6 +254,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     checkpoint = point.framework_checkpoint
     while True:
         try:
-            return trainer.train(resume_from_checkpoint=_resume_view(run, checkpoint), **train_kwargs)
+            with resume_view(checkpoint, run.precision, run.world.rank) as resume_from:
+                return trainer.train(resume_from_checkpoint=resume_from, **train_kwargs)
         except RolledBack as back:
             checkpoint = bridge.reentry(back)  # Trainer.train again: accelerate wraps nothing twice
