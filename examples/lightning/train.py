@@ -28,18 +28,20 @@ from mpjob_trainer.adapters import lightning as mpjob_lightning
 
 
 class Batches(Sampler[list[int]]):
-    """Endless batches from batch `start` on, a seeded permutation per epoch: the data order is
-    a function of the position alone, so a resumed run reads what a straight one reads."""
+    """This rank's endless batches from batch `start` on: a seeded permutation per epoch, whose
+    batches the ranks share out (rank r of w takes batches r, r + w, ...). The data order is a
+    function of the position alone, so a resumed run reads what a straight one reads."""
 
-    def __init__(self, size: int, batch: int, *, seed: int, start: int) -> None:
-        self.size, self.batch, self.seed, self.start = size, batch, seed, start
+    def __init__(self, size: int, batch: int, rank: int, world: int, *, seed: int, start: int) -> None:
+        self.size, self.batch, self.rank, self.world, self.seed, self.start = size, batch, rank, world, seed, start
 
     def __iter__(self) -> Iterator[list[int]]:
-        per_epoch = self.size // self.batch
+        per_epoch = self.size // (self.batch * self.world)
         for b in range(self.start, self.start + 10**9):
             epoch, k = divmod(b, per_epoch)
             perm = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 1000 + epoch))
-            yield perm[k * self.batch : (k + 1) * self.batch].tolist()
+            first = (k * self.world + self.rank) * self.batch
+            yield perm[first : first + self.batch].tolist()
 
 
 class Classifier(L.LightningModule):
@@ -77,7 +79,8 @@ class Classifier(L.LightningModule):
         # The loader's own generator keeps its iterator from drawing on torch's global one,
         # which mpjob restored to the checkpoint's state (Lightning itself saves no RNG state).
         start = self.trainer.global_step * self.trainer.accumulate_grad_batches
-        batches = Batches(len(self.data), self.batch, seed=self.seed, start=start)
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        batches = Batches(len(self.data), self.batch, rank, world, seed=self.seed, start=start)
         return DataLoader(self.data, batch_sampler=batches, generator=torch.Generator().manual_seed(self.seed))
 
 
@@ -97,7 +100,11 @@ def main() -> None:
     with mpjob.start() as run:
         tr = run.spec.training
         model = Classifier(opts, steps=run.total_steps, batch=tr.batch_size, seed=tr.seed)
-        trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False))
+        # Batches shares the data out between the ranks itself: Lightning must not put a sampler in
+        settings = mpjob_lightning.trainer_settings(
+            run, logger=False, enable_model_summary=False, use_distributed_sampler=False
+        )
+        trainer = L.Trainer(**settings)
         mpjob_lightning.fit(run, trainer, model)
 
 

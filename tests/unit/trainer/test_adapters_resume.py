@@ -1,10 +1,12 @@
 """Framework checkpoints as mpjob checkpoints: a corrupted newest one is skipped for the
 previous good one, and a run SIGKILLed mid-way resumes through the framework's own resume
 (global step, optimizer, LR scheduler, GradScaler, RNG) and ends bit for bit where a straight
-run ends (both frameworks, fp16 on a CPU: the scaler state is part of what must match)."""
+run ends (both frameworks, fp16 on a CPU: the scaler state is part of what must match). The
+Lightning example shares its data out between DDP ranks, so a resumed rank reads where it was."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -16,8 +18,8 @@ from safetensors.torch import load_file
 
 from mpjob_trainer.adapters.hf import resume_view
 from tests import warm
-from tests.helpers import wait_for
-from tests.unit.trainer.adapter_jobs import FRAMEWORKS, WEIGHTS, command, job
+from tests.helpers import mpjob_run_json, wait_for
+from tests.unit.trainer.adapter_jobs import FRAMEWORKS, REPO, WEIGHTS, command, job
 from tests.unit.trainer.conftest import launch_env, run_trainer
 from tests.unit.trainer.test_own_loop_resume import assert_identical
 
@@ -145,3 +147,29 @@ def test_each_rank_resumes_from_its_own_view_removed_when_the_trainer_is_done(tm
     assert sorted(p.name for p in checkpoint.iterdir()) == ["model.safetensors", "rng_state_1.pth", "scaler.pt"]
     with resume_view(checkpoint, "fp16", 0) as same:  # fp16 resumes its scaler: the checkpoint itself
         assert same == str(checkpoint)
+
+
+def test_the_lightning_examples_ranks_read_disjoint_batches_and_resume_where_they_were() -> None:
+    found = importlib.util.spec_from_file_location("lightning_example", REPO / "examples/lightning/train.py")
+    assert found is not None and found.loader is not None
+    example = importlib.util.module_from_spec(found)
+    found.loader.exec_module(example)
+
+    def batches(rank: int, start: int, count: int) -> list[list[int]]:
+        drawn = iter(example.Batches(64, 4, rank, 2, seed=0, start=start))
+        return [next(drawn) for _ in range(count)]
+
+    zero, one = batches(0, 0, 12), batches(1, 0, 12)
+    for epoch in (slice(0, 8), slice(8, 12)):  # 64 samples: 8 global batches of 2 ranks x 4
+        seen = [i for b in zero[epoch] + one[epoch] for i in b]
+        assert len(seen) == len(set(seen))  # no sample read by both ranks within an epoch
+    assert sorted(i for b in zero[:8] + one[:8] for i in b) == list(range(64))
+    assert batches(0, 5, 7) == zero[5:] and batches(1, 5, 7) == one[5:]
+
+
+@pytest.mark.process
+def test_the_lightning_example_trains_in_two_processes(tmp_path: Path) -> None:
+    spec = job("lightning", training={"steps": 20}, resources={"gpusPerWorker": 0, "processesPerWorker": 2})
+    manifest = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": {"name": "ddp"}}
+    _, report, _ = mpjob_run_json(tmp_path, {**manifest, "spec": spec}, timeout=240, frameworks=True)
+    assert report["phase"] == "Succeeded" and report["step"] == 20 and len(report["attempts"]) == 1
