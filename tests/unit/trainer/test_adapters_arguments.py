@@ -108,6 +108,22 @@ def test_training_arguments_transformers_refuses_are_a_configuration_error(
     assert named in str(refused.value) and "TrainingArguments" in str(refused.value)
 
 
+def test_training_arguments_take_the_specs_weight_decay_and_warmup_unless_the_script_sets_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    job = spec(task={"command": ["python", "train.py"]}, training={"weightDecay": 0.05, "warmupSteps": 7})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        specs, own = mpjob_hf.training_arguments(run), mpjob_hf.training_arguments(run, weight_decay=0, warmup_steps=2)
+    finally:
+        run.close()
+    assert (specs.weight_decay, specs.warmup_steps) == (0.05, 7)
+    assert (own.weight_decay, own.warmup_steps) == (0, 2)
+
+
 class Linear(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()

@@ -10,8 +10,9 @@
         mpjob_hf.train(run, trainer)
 
 `training_arguments` turns the attempt into TrainingArguments (fp16/bf16 from its precision, fp8 as bf16 around
-the float8 linears (adapters.mixed), max_steps, seed, the spec's batch size, accumulation, learning rate and
-clip norm; no saving of its own; a Trainer built with arguments that save checkpoints of their own is refused).
+the float8 linears (adapters.mixed), max_steps, seed, the spec's batch size, accumulation, learning rate, weight
+decay, warm-up and clip norm; no saving of its own; a Trainer built with arguments that save checkpoints of their own
+is refused).
 `train` gives the Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate
 runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on), keeps
 spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
@@ -91,6 +92,8 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
         "per_device_train_batch_size": tr.batch_size,
         "gradient_accumulation_steps": tr.grad_accumulation,
         "learning_rate": tr.learning_rate,
+        "weight_decay": tr.weight_decay,
+        "warmup_steps": tr.warmup_steps,
         "max_grad_norm": tr.grad_clip_norm or 0.0,
         "logging_steps": tr.log_every,
         "report_to": [],
