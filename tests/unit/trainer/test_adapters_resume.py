@@ -130,6 +130,14 @@ def test_a_trainer_resumed_out_of_fp16_leaves_no_view_of_the_checkpoint_behind(t
     assert not list((tmp_path / "ckpt").glob(".tmp-*"))
 
 
+@pytest.mark.process
+def test_the_hf_adapters_saves_print_no_progress_bars(tmp_path: Path) -> None:
+    run = run_trainer(tmp_path, job("hf", training={"steps": 4}, checkpoint={"everySteps": 2}), argv=command("hf")[1:])
+    assert run.code == 0, run.stderr[-3000:]
+    assert len(list((tmp_path / "ckpt").glob("step-*"))) == 3  # steps 0, 2 and 4 saved
+    assert "Writing model shards" not in run.stderr and "it/s]" not in run.stderr
+
+
 def test_each_rank_resumes_from_its_own_view_removed_when_the_trainer_is_done(tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt/step-000000020/framework"
     checkpoint.mkdir(parents=True)

@@ -49,6 +49,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import TrainOutput
+from transformers.utils import logging as hf_logging
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
@@ -202,12 +203,33 @@ def _writer(trainer: Trainer) -> Any:
         output_dir = trainer.args.output_dir
         trainer.args.output_dir = str(staging)
         try:
-            trainer._save_checkpoint(trainer.model, trial=None)  # type: ignore[arg-type]
+            with _bars_off(bool(trainer.args.disable_tqdm)):
+                trainer._save_checkpoint(trainer.model, trial=None)  # type: ignore[arg-type]
         finally:
             trainer.args.output_dir = output_dir
         return staging / f"checkpoint-{trainer.state.global_step}"
 
     return write
+
+
+@contextmanager
+def _bars_off(off: bool) -> Iterator[None]:
+    """No progress bars from transformers while `off` (the Trainer's `disable_tqdm`, which its
+    `save_pretrained` does not read: it would print 'Writing model shards' at every checkpoint)."""
+    if not off:
+        yield
+        return
+    hook = hf_logging.set_tqdm_hook(None)
+
+    def silent(factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        kwargs = {**kwargs, "disable": True}
+        return hook(factory, args, kwargs) if hook is not None else factory(*args, **kwargs)
+
+    hf_logging.set_tqdm_hook(silent)
+    try:
+        yield
+    finally:
+        hf_logging.set_tqdm_hook(hook)
 
 
 @contextmanager
