@@ -34,12 +34,6 @@ __all__ = ["FINISHED", "JobView", "PodView", "ended_by_pods", "outcome_of", "pre
 FINISHED = ("Succeeded", "Failed")
 
 
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return st.read_stamp(value)
-
-
 def reconcile(
     spec: MixedPrecisionJobSpec,
     status: MixedPrecisionJobStatus,
@@ -90,6 +84,8 @@ def reconcile(
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
             lc.resume(plan, spec, when)
+    if plan.status.attempts and plan.status.phase in (*FINISHED, "Suspended"):
+        _awaiting_workers(plan, when, None)  # it waits for no worker any more
     _retire(plan, jobs)
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
@@ -121,14 +117,14 @@ def _retire(plan: Plan, jobs: dict[int, JobView]) -> None:
 def _expire(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], now: datetime) -> None:
     """ttlSecondsAfterFinished: the children go this long after the job finished."""
     ttl = spec.run_policy.ttl_seconds_after_finished
-    done = _parse_time(plan.status.completion_time)
+    done = st.moment(plan.status.completion_time)
     if ttl is not None and done is not None and now >= done + timedelta(seconds=ttl):
         plan.delete = sorted(jobs)
 
 
 def _past_deadline(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> bool:
     deadline = spec.run_policy.active_deadline_seconds
-    started = _parse_time(status.start_time)
+    started = st.moment(status.start_time)
     return bool(deadline and started and now >= started + timedelta(seconds=deadline))
 
 
@@ -173,7 +169,7 @@ def _follow(
         _create(plan, spec, when, gone=gone)
         return
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
-    now = _parse_time(when.at) or datetime.now(UTC)
+    now = st.moment(when.at) or datetime.now(UTC)
     short = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
     if finished is None and short is not None and short.verdict is elastic.Verdict.SHRINK:
         cutoff.resize(plan, spec, short, when, job=job.index)
@@ -207,7 +203,7 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
         message += " (uncharged), to resume from its newest checkpoint"
         plan.events.append(lc.Event("Warning", ConditionReason.JOB_RECREATED, message))
         if gone is not None:  # once: the phase below makes this the only such reconcile
-            cost.deleted_job(status, current, gone, spec, _parse_time(when.at) or datetime.now(UTC))
+            cost.deleted_job(status, current, gone, spec, st.moment(when.at) or datetime.now(UTC))
         status.phase = "Pending"
         current.start_step_reported = True  # it began where it says: the new pods resume further on
 
@@ -232,8 +228,11 @@ def _awaiting_workers(plan: Plan, when: When, short: elastic.Resize | None) -> N
             plan.events.append(lc.Event("Warning", reason, message))
             lc.condition(plan, when, ConditionType.AWAITING_WORKERS, True, reason, message)
     elif known is not None and known.status == "True":
-        message, reason = f"attempt {index} no longer waits for workers", ConditionReason.WORKERS_PLACED
-        lc.condition(plan, when, ConditionType.AWAITING_WORKERS, False, reason, message)
+        phase = plan.status.phase
+        stopped = phase in (*FINISHED, "Suspended")
+        message = f"attempt {index} no longer waits for workers" + (f": the job is {phase}" if stopped else "")
+        placed = phase if stopped else ConditionReason.WORKERS_PLACED.value
+        lc.condition(plan, when, ConditionType.AWAITING_WORKERS, False, placed, message)
 
 
 def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
@@ -291,7 +290,7 @@ def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when
     runPolicy.podCreationTimeoutSeconds from the attempt's start (quota may free up meanwhile)."""
     current = plan.status.attempts[-1]
     timeout = spec.run_policy.pod_creation_timeout_seconds
-    started, now = _parse_time(current.start_time), _parse_time(when.at)
+    started, now = st.moment(current.start_time), st.moment(when.at)
     if started is None or now is None or now < started + timedelta(seconds=timeout):
         lc.pods_refused(plan, when, message)
         return

@@ -115,3 +115,23 @@ def test_an_attempt_no_smaller_size_can_take_says_why_it_waits_once() -> None:
     assert [(c.status, c.reason) for c in fits.status.conditions if c.type == "AwaitingWorkers"] == [
         ("False", "WorkersPlaced")
     ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "phase"),
+    [({"runPolicy": {"suspend": True}}, "Suspended"), ({"runPolicy": {"activeDeadlineSeconds": 60}}, "Failed")],
+    ids=["suspended", "past-its-deadline"],
+)
+def test_a_job_that_stops_while_it_waits_for_workers_no_longer_says_it_waits(edit: dict, phase: str) -> None:
+    job = spec(workers=12, training={"batchSize": 1}, elastic={"minWorkers": 5, "waitSeconds": 60})
+    plan = _reconcile(job, MixedPrecisionJobStatus(), {}, 0)
+    since = "2026-11-28T12:00:05Z"
+    placed = [PodView(f"p{i}", i, "Running", True) for i in range(5)]
+    pending = [PodView(f"p{i}", i, "Pending", True, unschedulable_since=since) for i in range(5, 12)]
+    waiting = _reconcile(job, plan.status, _pods(*placed, *pending), 70).status
+    edited = spec(workers=12, training={"batchSize": 1}, elastic={"minWorkers": 5, "waitSeconds": 60}, **edit)
+    stopped = _reconcile(edited, waiting, _pods(*placed, *pending), 80)
+    assert stopped.status.phase == phase
+    (waits,) = [c for c in stopped.status.conditions if c.type == "AwaitingWorkers"]
+    assert (waits.status, waits.reason) == ("False", phase), waits
+    assert waits.message.endswith(f"no longer waits for workers: the job is {phase}")
