@@ -100,3 +100,34 @@ def test_the_report_names_the_attempts_precision_not_the_replays(tmp_path: Path)
     run = run_trainer(tmp_path, spec(**OVERFLOWING, precision={"mode": "fp16"}), "fp16")
     assert run.report is not None and run.report.replay is not None
     assert run.report.precision == "fp16"
+
+
+def overflowing_from(step: int) -> dict:
+    """OVERFLOWING's fp16 overflow from `step` on: one non-finite loss by the read at 30 (a
+    suspect, replayed at once), the guard's bound at the read at 35."""
+    task = {**OVERFLOWING["task"], "args": {**OVERFLOWING["task"]["args"], "overflowAtStep": step}}
+    return spec(**{**OVERFLOWING, "task": task}, precision={"mode": "fp16"})
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("in_place_to", [None, ["bf16"]])
+def test_steps_fp32_cleared_as_a_suspect_are_not_replayed_again_when_the_guard_ends_the_precision(
+    tmp_path: Path, in_place_to: list[str] | None
+) -> None:
+    run = run_trainer(tmp_path, overflowing_from(29), "fp16", in_place_to=in_place_to)
+    (replay,) = run.of("replay")  # the suspect's: its verdict stands for the guard's fault
+    assert (replay["verdict"], replay["firstStep"], replay["steps"]) == ("precision", 29, 4)
+    if in_place_to is None:
+        assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
+        assert run.report is not None and run.report.replay is not None and run.report.replay.first_step == 29
+        assert "fp32 replayed steps 27-30 finitely: the precision is at fault" in run.report.message
+        assert run.report.last_good_checkpoint is not None and run.report.last_good_checkpoint.step == 20
+        return
+    assert run.code == ExitCode.SUCCESS, run.stderr
+    (changed,) = run.of("precisionChanged")
+    assert changed["startStep"] == 20 and "fp32 replayed steps 27-30 finitely" in changed["message"]
+
+
+def test_a_later_window_starts_after_the_steps_fp32_replayed_finitely_already() -> None:
+    win = window(31, checkpoint_step=20, replay_steps=4, after=29)
+    assert (win.steps, win.from_checkpoint) == (range(30, 32), True)
