@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import sys
@@ -15,19 +16,24 @@ import pytest
 import torch
 
 from mpjob_contract.codes import ExitCode
+from mpjob_contract.report import TerminationReport
+from mpjob_trainer import session as mpjob
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
 from mpjob_trainer.checkpoint import store as store_module
 from mpjob_trainer.checkpoint.store import CORRUPT_KEPT
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.state import TrainingState
 from tests import warm
 from tests.helpers import wait_for
 from tests.unit.trainer.conftest import (
     binds_permissions,
+    in_process_launch,
     launch_env,
     paced_spec,
     parse,
     run_trainer,
     spec,
+    train_squares,
     unprivileged,
 )
 
@@ -207,6 +213,7 @@ import sys
 from pathlib import Path
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.state import TrainingState
 try:
     CheckpointStore(Path(sys.argv[1]), keep=2, config_digest="d1")
 except ConfigError as exc:
@@ -475,3 +482,71 @@ def test_a_relaunched_attempt_resumes_from_its_own_newer_checkpoint_not_the_name
     assert resume.load(store, named)[0].step == 20  # type: ignore[index]
     _flip(tmp_path / "step-000000040")
     assert resume.load(store, named, newer_in="bf16")[0].step == 30  # type: ignore[index]  # a bad one is skipped
+
+
+def _train_with(launch: Any, make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]) -> tuple[int, Any]:
+    """The SDK's loop in this process with the optimizer `make` builds: its exit code and report."""
+    code = ExitCode.SUCCESS
+    try:
+        with mpjob.start(launch=launch) as run:
+            torch.manual_seed(0)
+            model = torch.nn.Linear(4, 1)
+            optimizer = make(list(model.parameters()))
+            start = run.resume(model=model, optimizer=optimizer)
+            train_squares(run, model, optimizer, start, lambda i: torch.full((4, 4), float(i % 3)))
+    except SystemExit as ended:
+        code = ended.code  # type: ignore[assignment]
+    report = TerminationReport.model_validate_json((Path(launch.checkpoint_dir).parent / "report.json").read_text())
+    return code, report
+
+
+def test_an_optimizer_state_of_another_kind_is_a_configuration_error_naming_what_does_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = spec(training={"steps": 10, "logEvery": 5}, checkpoint={"everySteps": 5})
+    sgd_code, _ = _train_with(in_process_launch(tmp_path, monkeypatch, job), lambda p: torch.optim.SGD(p, lr=0.01))
+    assert sgd_code == ExitCode.SUCCESS
+    longer = spec(training={"steps": 20, "logEvery": 5}, checkpoint={"everySteps": 5})
+    code, report = _train_with(in_process_launch(tmp_path, monkeypatch, longer), lambda p: torch.optim.AdamW(p))
+    assert code == ExitCode.CONFIG_ERROR and report.reason == "ConfigError", report.message
+    assert "'optimizer'" in report.message and "AdamW" in report.message and "betas" in report.message
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
+        lambda p: torch.optim.AdamW(p, lr=0.01, foreach=True),
+        lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, nesterov=True),
+    ],
+    ids=["fused-adamw", "foreach-adamw", "sgd-momentum"],
+)
+def test_an_optimizer_of_the_same_kind_resumes_exactly_with_its_schedule(
+    make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+) -> None:
+    def built() -> tuple[torch.nn.Linear, torch.optim.Optimizer, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        optimizer = make(list(model.parameters()))
+        return model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+
+    def train(model: torch.nn.Linear, optimizer: torch.optim.Optimizer, schedule: Any, steps: range) -> None:
+        for i in steps:
+            model(torch.full((3, 4), float(i))).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            schedule.step()
+
+    model, optimizer, schedule = built()
+    train(model, optimizer, schedule, range(3))
+    objects = {"model": model, "optimizer": optimizer, "schedule": schedule}
+    written = io.BytesIO()
+    torch.save(TrainingState(objects).capture(3, 3, "fp32", None), written)  # as a checkpoint holds it
+    written.seek(0)
+    saved = torch.load(written, weights_only=True)
+    train(model, optimizer, schedule, range(3, 6))
+    again, resumed, resumed_schedule = built()
+    TrainingState({"model": again, "optimizer": resumed, "schedule": resumed_schedule}).restore(saved, "fp32", None)
+    train(again, resumed, resumed_schedule, range(3, 6))
+    assert torch.equal(again.weight, model.weight) and torch.equal(again.bias, model.bias)
+    assert resumed.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]

@@ -81,6 +81,23 @@ def own_fields_problem(state: dict[str, Any]) -> str | None:
     return None
 
 
+def check_fits(obj: Any) -> None:
+    """A ValueError naming what does not fit when `obj` is an optimizer whose just-loaded state
+    another kind of optimizer wrote (SGD's into AdamW): a param group without one of its kind's
+    hyperparameters (`defaults`), which its first step would fail on. load_state_dict has checked
+    the group and parameter counts already, and put in the flags newer than the checkpoint."""
+    if not isinstance(obj, torch.optim.Optimizer):
+        return
+    for index, group in enumerate(obj.param_groups):
+        if lacking := sorted(set(obj.defaults) - set(group)):
+            held = ", ".join(sorted(set(group) - {"params"}))
+            raise ValueError(
+                f"its param group {index} holds no {', '.join(lacking)} (it holds {held}): another kind of "
+                f"optimizer than this run's {type(obj).__name__} wrote it; build the optimizer the run that wrote "
+                "it built, or start afresh in a new checkpoint folder"
+            )
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
     """Put back what `rng_state` captured."""
     torch.set_rng_state(state["torch"])
@@ -213,6 +230,7 @@ class TrainingState:
                 continue  # read from the shards above
             try:
                 obj.load_state_dict(state[name])
+                check_fits(obj)
             except Exception as exc:
                 raise ConfigError(f"cannot load the checkpoint's {name!r} into this run's {name}: {exc}") from exc
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
