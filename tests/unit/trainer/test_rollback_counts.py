@@ -73,3 +73,30 @@ def test_bad_data_skipped_at_overflows_does_not_end_the_precision(
     report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
     assert report.reason == "Succeeded", report.message
     assert report.skipped is not None and report.skipped.count == 3
+
+
+def test_with_replays_off_a_lone_non_finite_loss_costs_no_rollback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = spec(
+        training={"steps": 10, "batchSize": 4, "logEvery": 5},
+        precision={"mode": "fp16", "lossScale": {"init": 128.0}, "guard": {"replaySteps": 0}},
+    )
+    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
+    ran: list[int] = []
+    with mpjob.start(launch=launch) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        start = run.resume(model=model, optimizer=optimizer)
+
+        def inputs(i: int) -> torch.Tensor:
+            ran.append(i)
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+            x[0, 0] = math.nan if i == 3 else x[0, 0]  # GradScaler skips it: nothing to replay, nothing to roll back
+            return x
+
+        train_squares(run, model, optimizer, start, inputs)
+    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert report.reason == "Succeeded" and report.replay is None, report.message
+    assert ran == list(range(10))  # each step once: no suspect rolled back and run again

@@ -109,6 +109,11 @@ class Fp32Replay:
         #: second replay, and a later replay starts after it (no step is replayed twice).
         self.cleared: Replay | None = None
 
+    @property
+    def enabled(self) -> bool:
+        """Are replays on (guard.replaySteps above 0)? Off, no fault is replayed."""
+        return self.spec.replay_steps > 0
+
     def judge(self, fault: NumericFault, *, state: TrainingState, checkpoints: Checkpointer) -> Exception:
         """What ends the attempt after `fault`: the fault, told what fp32 said, or NonFiniteInFp32.
         An fp32 attempt's non-finite step needs no replay: fp32 is what a replay would run, so the
@@ -141,7 +146,7 @@ class Fp32Replay:
     def _in_fp32_already(self, fault: NumericFault) -> Replay | None:
         """The data verdict of an fp32 attempt's first faulting step, with every rank's samples
         of it (None: replays are off, or the rule points at no step). A collective."""
-        first = self.lent.numerics.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
+        first = self.lent.numerics.guard.first_fault_step(fault.rule) if self.enabled else None
         if first is None:
             return None
         self.offending = self._offending(first, list(range(self.lent.world.size)))
@@ -155,7 +160,7 @@ class Fp32Replay:
         on every rank) into `state`; None when replays are off or the rule does not point at
         steps. A collective: every rank calls it."""
         lent = self.lent
-        first = lent.numerics.guard.first_fault_step(fault.rule) if self.spec.replay_steps else None
+        first = lent.numerics.guard.first_fault_step(fault.rule) if self.enabled else None
         if first is None:
             return None
         # A framework adapter's session holds no objects (the weights are in the framework's own

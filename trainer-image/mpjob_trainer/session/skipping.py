@@ -22,13 +22,13 @@ leaves the loop, and the adapter re-enters its framework from that checkpoint's 
 checkpoint, its batch stream as before, a quarantined step training on nothing (the
 framework cannot name samples: the step is quarantined whole).
 
-The result equals a straight run whose quarantine held those samples from the start: steps
-before the offending one never saw them; a rollback restores every state exactly. Bounded by
-guard.maxSkippedSteps; past it the attempt ends NonFiniteInFp32, naming the steps. Triggers, at
-an interval's one read: a non-finite loss below the guard's bound (fp16's GradScaler would skip
-it, the sample still in the data) is "suspect" and replayed at once; a suspect step fp32 finds
-finite is the precision's: rolled back and run again (nothing changes), no further suspect is
-raised in this attempt, and its verdict judges a guard fault on its steps (Fp32Replay.cleared).
+The result equals a straight run whose quarantine held those samples from the start: steps before
+the offending one never saw them; a rollback restores every state exactly. Bounded by
+guard.maxSkippedSteps; past it the attempt ends NonFiniteInFp32, naming the steps. Triggers, at an
+interval's one read: with replays on, a non-finite loss below the guard's bound (fp16's GradScaler
+would skip it, the sample still in the data) is "suspect" and replayed at once; a suspect step fp32
+finds finite is the precision's: rolled back and run again (nothing changes), no further suspect
+is raised in this attempt, and its verdict judges a guard fault on its steps (Fp32Replay.cleared).
 """
 
 from __future__ import annotations
@@ -158,8 +158,8 @@ class DataRung:
                 return LossSpiked(spikes, step)
         guard = self.lent.numerics.guard
         counted = read.guard.non_finite_losses - guard.forgiven
-        suspect = guard.new_non_finite > 0 and counted < guard.spec.max_non_finite_losses
-        if suspect and self.replay is not None and self.skips_bad_data and not self._precision_suspected:
+        suspect = guard.new_non_finite > 0 and counted < guard.spec.max_non_finite_losses and self.skips_bad_data
+        if suspect and self.replay is not None and self.replay.enabled and not self._precision_suspected:
             return SuspectSteps(GuardRule.MAX_NON_FINITE_LOSSES, f"a non-finite loss by step {step}")
         return None
 
