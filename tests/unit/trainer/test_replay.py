@@ -131,3 +131,18 @@ def test_steps_fp32_cleared_as_a_suspect_are_not_replayed_again_when_the_guard_e
 def test_a_later_window_starts_after_the_steps_fp32_replayed_finitely_already() -> None:
     win = window(31, checkpoint_step=20, replay_steps=4, after=29)
     assert (win.steps, win.from_checkpoint) == (range(30, 32), True)
+
+
+@pytest.mark.process
+def test_steps_a_suspects_replay_ran_past_its_time_cap_are_not_replayed_again(tmp_path: Path) -> None:
+    slow = {**MLP, "overflowAtStep": 29, "stepDelay": {"fp32": 1.2}}  # each fp32 step past the 1 s cap
+    job = spec(
+        task={"builtin": "mlp", "args": slow},
+        precision={"mode": "fp16", "guard": {"replayTimeoutSeconds": 1}},
+        training={"steps": 40, "batchSize": 8, "logEvery": 5},
+    )
+    run = run_trainer(tmp_path, job, "fp16")
+    assert run.code == ExitCode.NUMERIC_FAULT, run.stderr
+    (replay,) = run.of("replay")  # the suspect's: the guard's fault at step 35 does not spend the cap again
+    assert (replay["verdict"], replay["firstStep"], replay["steps"]) == ("inconclusive", 29, 1)
+    assert run.report is not None and "no fp32 replay could tell (inconclusive)" in run.report.message

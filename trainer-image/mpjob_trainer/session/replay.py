@@ -72,7 +72,7 @@ class LiveWeights(Protocol):
 
 def window(first_fault: int, *, checkpoint_step: int | None, replay_steps: int, after: int = -1) -> Window:
     """Up to `replay_steps` steps ending at the first faulting one, not before the checkpoint,
-    nor at or before step `after` (replayed finitely already in this attempt)."""
+    nor at or before step `after` (replayed already in this attempt)."""
     if checkpoint_step is None or checkpoint_step > first_fault:
         return Window(first_fault, range(first_fault, first_fault + 1), from_checkpoint=False)
     start = max(checkpoint_step, first_fault - replay_steps + 1, after + 1)
@@ -104,10 +104,11 @@ class Fp32Replay:
         self.replayed: Replay | None = None
         #: A data verdict's step, ranks and every one of their samples (the report caps them).
         self.offending: Offending | None = None
-        #: This attempt's last precision verdict (None: none): fp32 ran its steps finitely, so a
-        #: later fault that begins at or before its first step is the precision's without a
-        #: second replay, and a later replay starts after it (no step is replayed twice).
-        self.cleared: Replay | None = None
+        #: This attempt's last replay that ran steps and found none non-finite (None: none): a
+        #: precision verdict, or an inconclusive one (past the time cap, a step raised). A later
+        #: fault that begins at or before its first step is judged by it without a second
+        #: replay, and a later replay starts after it (no step is replayed twice).
+        self.known: Replay | None = None
 
     @property
     def enabled(self) -> bool:
@@ -121,9 +122,9 @@ class Fp32Replay:
         before its loop is torn down) stays judged."""
         if self.replayed is not None:
             return fault
-        if (cleared := self._cleared_before(fault)) is not None:
-            self.replayed = cleared
-            return ending_for(fault, cleared)
+        if (known := self._known_for(fault)) is not None:
+            self.replayed = known
+            return ending_for(fault, known)
         if self.lent.numerics.precision.precision == "fp32":
             replay = self._in_fp32_already(fault)
         else:
@@ -131,17 +132,17 @@ class Fp32Replay:
         if replay is None:
             return fault
         self.replayed = replay
-        self.cleared = replay if replay.verdict == "precision" else self.cleared
+        self.known = replay if replay.verdict != "data" and replay.steps else self.known
         self.lent.metrics.replayed(replay.verdict, replay.seconds)
         return ending_for(fault, replay)
 
-    def _cleared_before(self, fault: NumericFault) -> Replay | None:
-        """The precision verdict that judged `fault`'s first faulting step already (a collective
+    def _known_for(self, fault: NumericFault) -> Replay | None:
+        """The verdict of a replay of `fault`'s first faulting step made already (a collective
         when there is one to ask about)."""
-        if self.cleared is None:
+        if self.known is None:
             return None
         first = self.lent.numerics.guard.first_fault_step(fault.rule)
-        return self.cleared if first is not None and first <= self.cleared.first_step else None
+        return self.known if first is not None and first <= self.known.first_step else None
 
     def _in_fp32_already(self, fault: NumericFault) -> Replay | None:
         """The data verdict of an fp32 attempt's first faulting step, with every rank's samples
@@ -174,7 +175,7 @@ class Fp32Replay:
         # fresh attempt's step 0 stands in for a checkpoint.
         fresh = self.fresh if restorable and ref is None and not state.finite() else None
         start = ref.step if ref else (fresh.step if fresh else None)
-        after = self.cleared.first_step if self.cleared is not None else -1
+        after = self.known.first_step if self.known is not None else -1
         win = window(first, checkpoint_step=start, replay_steps=self.spec.replay_steps, after=after)
         position = state.samples  # where the loop's data stands: a replay does not move it
         try:

@@ -28,7 +28,7 @@ guard.maxSkippedSteps; past it the attempt ends NonFiniteInFp32, naming the step
 interval's one read: with replays on, a non-finite loss below the guard's bound (fp16's GradScaler
 would skip it, the sample still in the data) is "suspect" and replayed at once; a suspect step fp32
 finds finite is the precision's: rolled back and run again (nothing changes), no further suspect
-is raised in this attempt, and its verdict judges a guard fault on its steps (Fp32Replay.cleared).
+is raised in this attempt, and its verdict judges a guard fault on its steps (Fp32Replay.known).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class DataRung:
         if not isinstance(fault, SuspectSteps) and isinstance(ending, NumericFault) and in_place:
             assert self.in_place is not None
             self.machine.fire(Event.FALL_BACK)
-            self.replay.replayed, self.replay.cleared, self._precision_suspected = None, None, False  # judged afresh
+            self.replay.replayed, self.replay.known, self._precision_suspected = None, None, False  # judged afresh
             wrap_anew = self.in_place.rewraps  # a sharded model: the loop re-enters, wrapped in the next precision
             rewind = functools.partial(self.rewind, state=state, checkpoints=checkpoints, wrap_anew=wrap_anew)
             start = self.in_place.fall_back(ending, step=step, rewind=rewind, detected=detected)
@@ -198,7 +198,7 @@ class DataRung:
         if not isinstance(fault, SuspectSteps):
             return self._ended(ending)
         self._precision_suspected = True  # the precision's: today's bounds decide from here
-        self.replay.replayed = None  # judged: its steps stay cleared (Fp32Replay.cleared)
+        self.replay.replayed = None  # judged: its verdict stays known for its steps (Fp32Replay.known)
         self.machine.fire(Event.RERUN)
         start = self.rewind(step - 1, state=state, checkpoints=checkpoints)
         return start if isinstance(start, Exception) else self.go_on(start, step)
