@@ -213,3 +213,19 @@ def test_a_hf_gate_with_a_dict_of_eval_sets_is_a_config_error(tmp_path: Path, mo
             mpjob_hf.train(run, trainer)
     finally:
         run.close()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
+def test_a_suspect_replayed_under_a_framework_is_not_replayed_again_after_the_loop_re_enters(
+    tmp_path: Path, framework: str
+) -> None:
+    """One non-finite loss by the read at 15 is a suspect (replayed, the precision's: the loop re-enters
+    from its checkpoint); the guard's fault at 20 on the same steps is judged by that replay."""
+    argv = [SCRIPT, framework, "--overflow-at", "14"]
+    skipping = {**job(framework, *argv[2:]), "precision": {"mode": "fp16", "fallback": []}}  # the default guard
+    run = run_trainer(tmp_path, skipping, "fp16", argv=argv)
+    assert run.code == ExitCode.NUMERIC_FAULT, run.stderr[-3000:]
+    (replay,) = run.of("replay")
+    assert (replay["verdict"], replay["firstStep"]) == ("precision", 14)
+    assert run.report is not None and "finitely: the precision is at fault" in run.report.message

@@ -106,7 +106,9 @@ class Recovery:
         changes = self.in_place is not None and bool(self.in_place.splits or self.in_place.targets)
         first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or changes
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
+        known = self.replay.known if self.replay is not None else None  # a loop that re-entered registers again
         self.replay = Fp32Replay(step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights)
+        self.replay.known = known  # what this attempt replayed stays replayed
         self.rung.arm(self.replay, state=state, fresh=fresh)
         if self.in_place is not None:
             self.in_place.why_not = self._not_in_place(state)
