@@ -5,7 +5,6 @@ that fails leaves it as it was; a framework's Checkpointer takes over what the l
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +21,7 @@ from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.framework import FrameworkCheckpointer
 from mpjob_trainer.session.state import TrainingState
+from tests.unit.trainer.interleaving import Interleaving
 from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 from tests.unit.trainer.test_sharding import ranks
 
@@ -107,18 +107,12 @@ def test_a_framework_checkpointer_takes_over_the_last_good_one_and_moves_it_on(t
 def test_two_framework_saves_of_one_step_never_write_into_each_others_staging(tmp_path: Path) -> None:
     """An attempt's trainer still saving beside the next one's (one volume, the same step): the
     framework files committed as the first's, and claimed as its last good, are the first's."""
-    second_wrote, first_done = threading.Event(), threading.Event()
-    other = threading.Thread(target=lambda: second.save(20, "fp32", _state(20), final=False))
+    race = Interleaving(lambda: second.save(20, "fp32", _state(20), final=False))
 
     def write(name: str) -> Callable[[Path], Path]:
         def into(staging: Path) -> Path:
             (staging / "weights").write_text(name)
-            if name == "second":  # written: it waits while the first saves
-                second_wrote.set()
-                assert first_done.wait(60)
-            else:  # written: the second writes now
-                other.start()
-                assert second_wrote.wait(60)
+            race.pause()  # written: the first lets the second write now, the second waits for the first
             return staging
 
         return into
@@ -129,8 +123,7 @@ def test_two_framework_saves_of_one_step_never_write_into_each_others_staging(tm
 
     first, second = framework("first"), framework("second")
     first.save(20, "fp32", _state(20), final=True)
-    first_done.set()
-    other.join(60)
+    race.finish()
     assert first.last_good is not None
     assert (Path(first.last_good.path) / "framework" / "weights").read_text() == "first"
     assert second.last_good == first.last_good  # kept, not overwritten

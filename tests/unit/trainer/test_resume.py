@@ -6,7 +6,6 @@ import io
 import json
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from tests.unit.trainer.conftest import (
     train_squares,
     unprivileged,
 )
+from tests.unit.trainer.interleaving import Interleaving
 
 pytestmark = pytest.mark.unit
 
@@ -372,34 +372,14 @@ def test_two_writers_of_one_step_never_write_into_each_others_folder(
     delete or fill the folder the other is writing: the step holds one writer's checkpoint whole."""
     first = CheckpointStore(tmp_path, keep=3, config_digest="d1", job="ns/j/u1")
     second = CheckpointStore(tmp_path, keep=3, config_digest="d1", job="ns/j/u1")
-    hash_tree = store_module.hash_tree
-    second_hashing, first_done = threading.Event(), threading.Event()
-    outcome: list[Any] = []
-
-    def write_second() -> None:
-        try:
-            outcome.append(second.write(20, "bf16", {"step": 20, "w": torch.full((4,), 2.0)}).ref)
-        except Exception as exc:
-            outcome.append(exc)
-
-    other = threading.Thread(target=write_second)
-
-    def hashing(root: Path) -> dict[str, Any]:
-        if threading.current_thread() is other:  # the second has written its state: it waits
-            second_hashing.set()
-            assert first_done.wait(60)
-        elif not other.is_alive():  # the first is about to hash its files: the second starts
-            other.start()
-            assert second_hashing.wait(60)
-        return hash_tree(root)
-
-    monkeypatch.setattr(store_module, "hash_tree", hashing)
+    race = Interleaving(lambda: second.write(20, "bf16", {"step": 20, "w": torch.full((4,), 2.0)}).ref)
+    # the second writes its state while the first is about to hash its files, then waits for it
+    monkeypatch.setattr(store_module, "hash_tree", race.before(store_module.hash_tree))
     ref = first.write(20, "bf16", {"step": 20, "w": torch.ones(4)}).ref
-    first_done.set()
-    other.join(60)
+    race.finish()
     verified, state = first.verify(tmp_path / "step-000000020")
     assert torch.equal(state["w"], torch.ones(4)) and verified.sha256 == ref.sha256  # the first's, whole
-    assert outcome and getattr(outcome[0], "sha256", None) == ref.sha256, outcome  # kept, not overwritten
+    assert getattr(race.outcome[0], "sha256", None) == ref.sha256, race.outcome  # kept, not overwritten
     assert not list(tmp_path.glob(".tmp-*"))
 
 

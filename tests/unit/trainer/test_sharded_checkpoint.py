@@ -19,7 +19,6 @@ import random
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +44,7 @@ from mpjob_trainer.errors import ConfigError
 from tests import warm
 from tests.helpers import free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
+from tests.unit.trainer.interleaving import Interleaving
 from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 from tests.unit.trainer.test_hostile_dcp_files import zero_a_tensor
 from tests.unit.trainer.test_own_loop_resume import assert_identical
@@ -385,25 +385,11 @@ def test_two_sharded_writers_of_one_step_never_write_into_each_others_folder(
         state = {SHARDS: state_dicts({"model": model}, pair), "step": 20, SHARDED_OBJECTS: pair}
         return writer.start(20, "bf16", state).finish
 
-    hash_files = sharded_module.hash_files
-    second_hashing, first_done = threading.Event(), threading.Event()
-    outcome: list[Any] = []
     second_save = save(2.0)
-    other = threading.Thread(target=lambda: outcome.append(_outcome(second_save)))
-
-    def hashing(root: Path, paths: list[Path]) -> dict[str, Any]:
-        if threading.current_thread() is other:  # the second has written its shards: it waits
-            second_hashing.set()
-            assert first_done.wait(60)
-        elif not other.is_alive():  # the first is about to hash its shards: the second writes
-            other.start()
-            assert second_hashing.wait(60)
-        return hash_files(root, paths)
-
-    monkeypatch.setattr(sharded_module, "hash_files", hashing)
+    race = Interleaving(second_save)  # it writes its shards while the first is about to hash its own
+    monkeypatch.setattr(sharded_module, "hash_files", race.before(sharded_module.hash_files))
     ref = save(1.0)().ref
-    first_done.set()
-    other.join(60)
+    race.finish()
     loaded = nn.Linear(4, 4)
 
     def restore(found: resume.Loaded) -> None:
@@ -413,7 +399,7 @@ def test_two_sharded_writers_of_one_step_never_write_into_each_others_folder(
     found = resume.load(store, restore=restore)
     assert found is not None and found[0].sha256 == ref.sha256
     assert torch.equal(loaded.weight, torch.ones(4, 4)), "the first writer's shards, whole"
-    assert outcome and getattr(outcome[0], "ref", None) == ref, outcome  # kept, not overwritten
+    assert getattr(race.outcome[0], "ref", None) == ref, race.outcome  # kept, not overwritten
     assert not list(tmp_path.glob(".tmp-*"))
 
 
