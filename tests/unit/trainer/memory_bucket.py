@@ -32,6 +32,10 @@ class MemoryBucket(Bucket):
         body = self.objects.get(key)
         return body if body is None or max_bytes is None else body[: max_bytes + 1]
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        body = self.objects.get(key)
+        return None if body is None else body[offset : offset + length]
+
     def download(self, key: str, path: Path) -> bool:
         if key not in self.objects:
             return False

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import io
 import json
+import pickle
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,6 +24,8 @@ from mpjob_contract.api import Guard, PrecisionSpec
 from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer import sharding
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
+from mpjob_trainer.checkpoint.manifest import DCP, Manifest, folder_name, hash_files, read_manifest, write_manifest
+from mpjob_trainer.checkpoint.shards import rank_file
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
@@ -288,6 +292,68 @@ def case_resume_listed_apart(world: World) -> dict[str, Any]:
     root = _written(out / f"ckpt-{world.rank}", *((10, 15) if world.rank == 1 else (10,)))
     dist.barrier()
     return _resumed(world, root, _Resumed(world))
+
+
+def _one_writer(folder: Path, lr: float) -> None:
+    """A sharded checkpoint of step 5 as one process writes it into `folder`, committed (a small
+    model and an optimizer's param_groups of lr `lr`, a non-tensor value)."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    state = {"model": nn.Linear(4, 4).state_dict(), "optimizer": {"param_groups": [{"lr": lr, "params": [0, 1]}]}}
+    dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+    torch.save({"step": 5}, folder / rank_file(0))
+    files = hash_files(folder, [p for p in folder.rglob("*") if p.is_file()])
+    write_manifest(folder, Manifest(5, "fp32", "d", 2, files, "ns/j/u1", layout=DCP, world_size=1))
+
+
+def _copy(world: World, name: str) -> Path:
+    """This rank's own copy of the checkpoint rank 0 wrote into OUT/written (as a download is)."""
+    out = Path(sys.argv[4])
+    if world.is_main:
+        _one_writer(out / "written" / name, 0.1)
+    dist.barrier()
+    return Path(shutil.copytree(out / "written" / name, out / f"copy{world.rank}" / name))
+
+
+def _ranged_value(world: World, changed: bool) -> dict[str, Any]:
+    """A checkpoint of one process in a bucket, fetched by two: rank 1 reads the non-tensor value
+    in __0_0.distcp (rank 0's share) by a ranged read; `changed`: the object has changed (another
+    lr, the same size) since rank 0 checked it."""
+    from memory_bucket import MemoryBucket
+
+    from mpjob_trainer.checkpoint.fetched import open_sharded
+
+    out, name = Path(sys.argv[4]), folder_name(5)
+    if world.is_main:
+        _one_writer(out / "later" / name, 0.5)
+    source = _copy(world, name)
+    bucket = MemoryBucket()
+    for path in source.iterdir():
+        bucket.put(f"ckpt/{name}/{path.name}", path.read_bytes())
+    if changed and world.rank == 1:
+        bucket.put(f"ckpt/{name}/__0_0.distcp", (out / "later" / name / "__0_0.distcp").read_bytes())
+    folder = out / f"fetched{world.rank}" / name
+    folder.mkdir(parents=True)
+    fetched = open_sharded(bucket, f"ckpt/{name}", folder, read_manifest(source))
+    with (folder / ".metadata").open("rb") as f:
+        index = pickle.load(f)  # our own, just written
+    info = next(info for i, info in index.storage_data.items() if i.fqn.endswith(".lr"))
+    try:
+        fetched.reads([(info.relative_path, info.offset, info.length, True)])
+    except CorruptCheckpoint as exc:
+        return {"problem": str(exc)}
+    with (folder / info.relative_path).open("rb") as f:
+        f.seek(info.offset)
+        return {"value": torch.load(io.BytesIO(f.read(info.length)), weights_only=True)}
+
+
+def case_ranged_value_changed(world: World) -> dict[str, Any]:
+    return _ranged_value(world, changed=True)
+
+
+def case_ranged_value_unchanged(world: World) -> dict[str, Any]:
+    return _ranged_value(world, changed=False)
 
 
 def main() -> None:

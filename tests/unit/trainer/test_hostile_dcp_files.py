@@ -1,6 +1,7 @@
 """A sharded checkpoint's DCP files are read without running code from them: a planted index
 (`.metadata`) or a planted non-tensor value, with the manifest recomputed to match, runs nothing;
-the index is checked when the checkpoint is verified, so the previous good one is used."""
+the index is checked when the checkpoint is verified, so the previous good one is used. A value
+a rank reads from a bucket by range is one it checked itself."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
 from mpjob_trainer.checkpoint.manifest import DCP, Manifest, hash_files
 from mpjob_trainer.checkpoint.shards import INDEX, listing_problem, rank_file, restore_shards
+from tests.unit.trainer.test_sharding import ranks
 
 pytestmark = pytest.mark.unit
 
@@ -203,3 +205,15 @@ def test_a_planted_world_size_of_millions_is_refused_as_quickly_as_a_true_one() 
     problem = listing_problem(planted)
     assert time.process_time() - started < 0.5
     assert problem == f"does not list {rank_file(1)}, the rank file of one of its {2**22} ranks"
+
+
+@pytest.mark.process
+def test_a_value_read_by_range_is_checked_by_the_rank_reading_it(tmp_path: Path) -> None:
+    """Rank 1 reads the lr in __0_0.distcp (rank 0's share) by a ranged read, after the object
+    changed in the bucket: it refuses the bytes; unchanged, it reads the lr written."""
+    (tmp_path / "changed").mkdir()
+    changed = ranks(tmp_path / "changed", "ranged_value_changed", 2)
+    assert "not what" in changed[1].get("problem", ""), changed
+    (tmp_path / "unchanged").mkdir()
+    unchanged = ranks(tmp_path / "unchanged", "ranged_value_unchanged", 2)
+    assert [rank["value"] for rank in unchanged] == [0.1, 0.1]

@@ -98,6 +98,12 @@ def _values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
     ]
 
 
+def value_spans(metadata: dcp_metadata.Metadata, within: Collection[str]) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of every non-tensor value `metadata` lists in the files `within`."""
+    spans = [(info.relative_path, info.offset, info.length) for _, info in _values(metadata)]
+    return [span for span in spans if span[0] in within]
+
+
 def check_values(folder: Path, metadata: dcp_metadata.Metadata, within: Collection[str] | None = None) -> None:
     """Every non-tensor value `metadata` lists (in the files `within`, when given) reads
     weights-only, as the restore will read it (WeightsOnlyPlanner): a planted one makes the

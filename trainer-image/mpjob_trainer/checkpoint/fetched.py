@@ -6,13 +6,17 @@ sha256 and value checks (checkpoint.shards.read_local), then what its load plan 
 (checkpoint.shards.restore_shards): the shard files that hold its tensors (on the same world size
 its own, on another those its new slices overlap), and the non-tensor values (the optimizer's
 param_groups, which DCP spreads over the ranks' files) by ranged reads; not the whole checkpoint
-on every rank. `open_sharded` fetches what the verification reads and has the ranks agree (every
+on every rank. A ranged read is checked by the rank that makes it: the rank whose share holds
+the file hashes each value in it (the file checked whole against its manifest), the ranks
+exchange those sha256 as they agree, and bytes of a range that differ (the object changed since)
+make the checkpoint corrupt. `open_sharded` fetches what the verification reads and has the ranks agree (every
 file there and right, one manifest on all ranks) before any of them goes on; DCP's reader
 (checkpoint.dcp_reader.ListedReader) asks for its plan's files through `FETCHERS` first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +26,9 @@ from mpjob_trainer.checkpoint import shards
 from mpjob_trainer.checkpoint.bucket import Bucket
 from mpjob_trainer.checkpoint.dcp_files import FETCHERS, INDEX, Read
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, sha256_file, share_of
+
+#: Where a non-tensor value lies: (file, offset, length).
+Span = tuple[str, int, int]
 
 
 @dataclass
@@ -33,6 +40,9 @@ class FetchedCheckpoint:
     folder: Path
     manifest: Manifest
     fetched: set[str] = field(default_factory=set)
+    #: The sha256 of each non-tensor value (file, offset, length), hashed by the rank whose share
+    #: checked its file: what a ranged read of it must match.
+    values: dict[Span, str] = field(default_factory=dict)
 
     def need(self, names: Iterable[str]) -> None:
         """Fetch those of `names` not here yet; CorruptCheckpoint when one is not in the manifest,
@@ -49,16 +59,30 @@ class FetchedCheckpoint:
                 raise CorruptCheckpoint(f"{self.folder.name}: {name} sha256 mismatch")
             self.fetched.add(name)
 
-    def for_verification(self, peers: shards.Peers) -> None:
+    def for_verification(self, peers: shards.Peers) -> dict[Span, str]:
         """What this rank's verification reads: DCP's index, its rank file and its share of the
-        checks (the files, and the non-tensor values in them: checkpoint.shards.read_local)."""
+        checks (the files, and the non-tensor values in them: checkpoint.shards.read_local);
+        returns the sha256 of each value in the files of its share (`values`)."""
         share = share_of(self.manifest.files, peers.rank, peers.size)
         self.need([INDEX, shards.rank_file(peers.rank % self.manifest.world_size), *share])
+        return self._value_digests(share)
+
+    def _value_digests(self, names: list[str]) -> dict[Span, str]:
+        """The sha256 of each non-tensor value DCP's index lists in the files `names` (fetched, checked)."""
+        from mpjob_trainer.checkpoint.dcp_reader import read_index, value_spans
+
+        digests: dict[Span, str] = {}
+        for name, offset, length in value_spans(read_index(self.folder / INDEX, self.manifest.files), set(names)):
+            with (self.folder / name).open("rb") as f:
+                f.seek(offset)
+                digests[(name, offset, length)] = hashlib.sha256(f.read(length)).hexdigest()
+        return digests
 
     def reads(self, reads: list[Read]) -> None:
         """Fetch what a DCP load plan reads: a file with a tensor of the plan whole (checked), the
         non-tensor values in other files by ranged reads (the rank whose share holds the file
-        checked it whole, and its values weights-only, before the ranks agreed)."""
+        checked it whole, and its values weights-only, before the ranks agreed), each checked
+        against the sha256 that rank read (`values`)."""
         values: dict[str, list[tuple[int, int]]] = {}
         for name, offset, length, value in reads:
             if value:
@@ -69,7 +93,8 @@ class FetchedCheckpoint:
                 self._ranges(name, spans)
 
     def _ranges(self, name: str, spans: list[tuple[int, int]]) -> None:
-        """The bytes `spans` of `name`, written at their offsets into a local (sparse) file."""
+        """The bytes `spans` of `name`, written at their offsets into a local (sparse) file, each
+        the bytes the rank that checked the file read (CorruptCheckpoint when not)."""
         if name not in self.manifest.files:
             raise CorruptCheckpoint(f"{self.folder.name}: {name[:100]} is not a file of its manifest")
         target = self.folder / name
@@ -80,6 +105,11 @@ class FetchedCheckpoint:
                 body = self.bucket.get_range(f"{self.prefix}/{name}", offset, length)
                 if body is None or len(body) != length:
                     raise CorruptCheckpoint(f"{self.folder.name}: {name} missing or shorter in the bucket")
+                if hashlib.sha256(body).hexdigest() != self.values.get((name, offset, length)):
+                    raise CorruptCheckpoint(
+                        f"{self.folder.name}: {name} at {offset} is not what the rank that checked it read "
+                        "(changed in the bucket since)"
+                    )
                 os.pwrite(fd, body, offset)
         finally:
             os.close(fd)
@@ -95,14 +125,15 @@ def open_sharded(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) 
     wait for the others forever). Later reads of the folder's shards fetch what they need."""
     fetched = FetchedCheckpoint(bucket, prefix, folder, manifest)
     peers = shards.Peers.current()
-    problem = None
+    problem, values = None, {}
     try:
-        fetched.for_verification(peers)
+        values = fetched.for_verification(peers)
     except CorruptCheckpoint as exc:
         problem = str(exc)
-    seen = peers.gather((problem, manifest.state_sha256))
-    if problem is None and len({digest for _, digest in seen}) > 1:
+    seen = peers.gather((problem, manifest.state_sha256, values))
+    if problem is None and len({digest for _, digest, _ in seen}) > 1:
         problem = f"{folder.name}: the ranks read different manifests (it changed while they read it)"
     shards.agree(problem, peers)
+    fetched.values = {span: digest for _, _, checked in seen for span, digest in checked.items()}
     FETCHERS[str(folder)] = fetched.reads
     return fetched
