@@ -25,7 +25,7 @@ from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer import sharding
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
 from mpjob_trainer.checkpoint.manifest import DCP, Manifest, folder_name, hash_files, read_manifest, write_manifest
-from mpjob_trainer.checkpoint.shards import rank_file
+from mpjob_trainer.checkpoint.shards import Peers, rank_file, read_local
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
@@ -314,6 +314,19 @@ def _copy(world: World, name: str) -> Path:
         _one_writer(out / "written" / name, 0.1)
     dist.barrier()
     return Path(shutil.copytree(out / "written" / name, out / f"copy{world.rank}" / name))
+
+
+def case_rank_file_checked_elsewhere(world: World) -> dict[str, Any]:
+    """A checkpoint of one process resumed on two: rank 1 loads rank-00000.pt, which rank 0's
+    share of the checks reads. Rank 1's copy of it is not the one rank 0 checked."""
+    folder = _copy(world, folder_name(5))
+    if world.rank == 1:
+        torch.save({"step": 5, "planted": True}, folder / rank_file(0))
+    try:
+        state = read_local(folder, read_manifest(folder), Peers.current())
+    except CorruptCheckpoint as exc:
+        return {"problem": str(exc)}
+    return {"loaded": sorted(state)}
 
 
 def _ranged_value(world: World, changed: bool) -> dict[str, Any]:

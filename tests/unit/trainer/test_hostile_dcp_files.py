@@ -1,7 +1,7 @@
 """A sharded checkpoint's DCP files are read without running code from them: a planted index
 (`.metadata`) or a planted non-tensor value, with the manifest recomputed to match, runs nothing;
 the index is checked when the checkpoint is verified, so the previous good one is used. A value
-a rank reads from a bucket by range is one it checked itself."""
+a rank reads from a bucket by range, and the rank file it loads, are ones it checked itself."""
 
 from __future__ import annotations
 
@@ -205,6 +205,14 @@ def test_a_planted_world_size_of_millions_is_refused_as_quickly_as_a_true_one() 
     problem = listing_problem(planted)
     assert time.process_time() - started < 0.5
     assert problem == f"does not list {rank_file(1)}, the rank file of one of its {2**22} ranks"
+
+
+@pytest.mark.process
+def test_a_rank_file_another_rank_checked_is_not_loaded_unchecked(tmp_path: Path) -> None:
+    """Resumed on more processes than wrote it, rank 1 loads rank-00000.pt, in rank 0's share
+    of the checks: a copy unlike the one rank 0 checked makes the checkpoint corrupt on both."""
+    seen = ranks(tmp_path, "rank_file_checked_elsewhere", 2)
+    assert all("rank-00000.pt sha256 mismatch" in rank.get("problem", "") for rank in seen), seen
 
 
 @pytest.mark.process

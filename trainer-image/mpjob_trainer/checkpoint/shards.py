@@ -30,13 +30,15 @@ of the non-tensor values in them, between them (manifest.share_of), read DCP's i
 running code (checkpoint.dcp_reader) and agree on the
 verdict, so that all of them take the same checkpoint; each loads the rank file of its own rank
 (rank r of M reads rank r mod N of the N that wrote it: the generators are exact only on the
-same world size), then DCP reads the shards it needs now, whatever the world size that wrote
+same world size) from the bytes it hashed against the manifest itself (on more ranks than wrote
+it, that file is in another rank's share), then DCP reads the shards it needs now, whatever the world size that wrote
 them (resharding), into the objects as they are sharded now, through that index reader and a
 planner that reads non-tensor values weights-only.
 """
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +54,7 @@ from mpjob_trainer.checkpoint.manifest import (
     CorruptCheckpoint,
     Manifest,
     check_files,
+    read_checked,
     read_manifest,
     share_of,
     state_problem,
@@ -251,11 +254,13 @@ def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]
         # nothing unpickled unrestricted: each rank the values in the files of its share
         index = read_index(folder / INDEX, manifest.files)
         check_values(folder, index, within=share_of(manifest.files, peers.rank, peers.size))
-        own = folder / rank_file(peers.rank % manifest.world_size)
-        state = torch.load(own, map_location="cpu", weights_only=True)
+        # the bytes this rank hashed itself: on more ranks than wrote it, its rank file is in another's share
+        own = rank_file(peers.rank % manifest.world_size)
+        raw = read_checked(folder, own, manifest.files[own])
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
         unfit = state_problem(state, manifest.step)
         if unfit is not None:
-            problem = f"{folder.name}: {own.name} {unfit}"
+            problem = f"{folder.name}: {own} {unfit}"
     except CorruptCheckpoint as exc:
         problem = str(exc)
     except Exception as exc:
