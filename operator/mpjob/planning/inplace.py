@@ -197,7 +197,7 @@ def _promotion(
     then = _Past([*past.attempts, ended], past.used + 1, past.repromotions + 1, past.counts)
     decision = after_attempt(
         spec, attempt.index, attempt.precision, REPROMOTION, attempt.start_step, None, capability,
-        used=then.used, shape=attempt.shape, history=then.attempts, repromotions=then.repromotions,
+        used=then.used, shape=attempt.shape, history=then.attempts, repromotions=past.repromotions,
         counts=then.counts,
     )  # fmt: skip
     if not isinstance(decision, StartAttempt) or decision.promoted_from is None or decision.shape != attempt.shape:

@@ -156,15 +156,20 @@ def promotion_target(
     re-promotion into it (as `history` and `counts` show: attempts[] drops old entries)."""
     if spec.precision.repromote_after_steps == 0:
         return None
-    if repromotions is None:
-        repromotions = counts.repromotions if counts is not None else sum(1 for a in history if a.repromoted)
-    if repromotions >= spec.precision.max_repromotions:
+    if made(history, repromotions, counts) >= spec.precision.max_repromotions:
         return None
     steps = walked(spec, history, capability)
     if precision not in steps or steps.index(precision) == 0:
         return None
     above = steps[steps.index(precision) - 1]
     return None if above in barred(history, counts) else above
+
+
+def made(history: Sequence[AttemptStatus], repromotions: int | None, counts: AttemptCounts | None) -> int:
+    """The re-promotions made so far: `repromotions`, else the status's `counts`, else `history`'s."""
+    if repromotions is not None:
+        return repromotions
+    return counts.repromotions if counts is not None else sum(1 for a in history if a.repromoted)
 
 
 def with_promotion(
@@ -235,7 +240,8 @@ def after_attempt(
         )
     resume_from = last_good_path if last_good_path and inside_checkpoint_dir(last_good_path, checkpoint_dir) else None
     ended = StartAttempt(index, precision, resume_from, last_good_step)
-    decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability))
+    up = promotion_target(spec, precision, history, capability, repromotions=repromotions, counts=counts)
+    decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability), up)
     if isinstance(decision, StartAttempt):
         sized = replace(decision, workers=workers if workers != spec.workers else None)
         return with_promotion(
@@ -250,9 +256,11 @@ def _next(
     result: Classification,
     shape: BatchShape,
     steps: Sequence[RequestedPrecision],
+    up: Precision | None,
 ) -> Decision:
     """The attempt after `ended` (its resume_from/start_step: the checkpoint to go on from) on the
-    job's ladder (`walked`)."""
+    job's ladder (`walked`); a Repromote ending goes `up` (`promotion_target`: the rung an attempt
+    is told to re-promote to), and with none, as a script's own exit 47, goes on where it was."""
     index, precision, step = ended.index + 1, ended.precision, ended.start_step
     if result.action is Action.SAME_PRECISION:
         return _shaped(StartAttempt(index, precision, None, step), shape)
@@ -265,15 +273,14 @@ def _next(
                 f"out of GPU memory with a micro-batch of one sample; nothing left to split: {result.message}",
             )
         return _shaped(StartAttempt(index, precision, None, step), smaller)
+    if result.action is Action.REPROMOTE and up is not None:
+        return _shaped(StartAttempt(index, up, ended.resume_from, step, promoted_from=precision), shape)
+    if result.action is Action.REPROMOTE:  # not told to, or nothing to go up to: go on where it was
+        return _shaped(StartAttempt(index, precision, ended.resume_from, step), shape)
     if precision not in steps:  # an `auto` attempt measured a precision the spec's capability did not predict
         # (or never measured; or `history` lacks the first attempt): its fallbacks follow it all the same
         steps = [precision, *fallbacks_after(spec.precision, precision)]
     position = steps.index(precision)
-    if result.action is Action.REPROMOTE and position > 0:
-        up = StartAttempt(index, steps[position - 1], ended.resume_from, step, promoted_from=precision)
-        return _shaped(up, shape)
-    if result.action is Action.REPROMOTE:  # nothing above: go on where it was
-        return _shaped(StartAttempt(index, precision, ended.resume_from, step), shape)
     if position + 1 >= len(steps):
         return Finish(
             False,

@@ -373,6 +373,35 @@ def test_an_attempt_is_told_to_repromote_only_when_an_attempt_is_left_to_go_up_i
         assert isinstance(down, StartAttempt) and (down.precision, down.repromote_after_steps) == ("bf16", told)
 
 
+@pytest.mark.parametrize(
+    ("precision", "history"),
+    [
+        ({"mode": "fp16", "fallback": ["bf16"]}, [_attempt(0, "fp16", "NumericFault")]),  # re-promotion off
+        (  # precision.maxRepromotions used
+            {"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 5, "maxRepromotions": 1},
+            [
+                _attempt(0, "fp16", "NumericFault"),
+                _attempt(1, "bf16", "Repromote"),
+                _attempt(2, "fp16", "NumericFault", True),
+            ],
+        ),
+    ],
+)
+def test_an_exit_47_of_an_attempt_never_told_to_repromote_does_not_go_up(
+    precision: dict[str, object], history: list[AttemptStatus]
+) -> None:
+    """A script's own sys.exit(47) reads as Repromote: only an attempt the planner told to
+    re-promote (`promotion_target`) goes up; another goes on in its precision, from its checkpoint."""
+    s = spec(precision=precision)
+    assert promotion_target(s, "bf16", history) is None  # so the planner never told it to
+    ended = len(history)
+    path = f"{CHECKPOINT_MOUNT}/step-80"
+    history = [*history, _attempt(ended, "bf16", "Repromote")]
+    nxt = after_attempt(s, ended, "bf16", classify(AttemptOutcome(47)), 80, path, history=history)
+    assert isinstance(nxt, StartAttempt)
+    assert (nxt.precision, nxt.promoted_from, nxt.start_step, nxt.resume_from) == ("bf16", None, 80, path)
+
+
 def test_a_repromotion_ends_its_attempt_with_a_normal_event() -> None:
     """A re-promotion is the job getting better: no Warning (those ask someone to look)."""
     s = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 10})
