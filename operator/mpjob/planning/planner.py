@@ -222,7 +222,7 @@ def after_attempt(
     was charged (the status's counts; None: every attempt up to `index`); `shape` is the ended
     attempt's batch shape (None: spec.training's); `history` the job's attempts so far, the
     ended one included, `counts` the status's (attempts[] drops old entries) and `repromotions` the
-    re-promotions made (None: as `counts` has them), for re-promotion.
+    re-promotions made before the next attempt (None: as `counts` has them), for re-promotion.
     """
     if result.action is Action.SUCCEED:
         return Finish(True, Reason.SUCCEEDED, result.message)
@@ -244,9 +244,9 @@ def after_attempt(
     decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability), up)
     if isinstance(decision, StartAttempt):
         sized = replace(decision, workers=workers if workers != spec.workers else None)
-        return with_promotion(
-            spec, sized, history, capability, repromotions=repromotions, counts=counts, used=attempts_used
-        )
+        # a re-promoted attempt counts itself against precision.maxRepromotions
+        ahead = made(history, repromotions, counts) + (decision.promoted_from is not None)
+        return with_promotion(spec, sized, history, capability, repromotions=ahead, counts=counts, used=attempts_used)
     return decision
 
 

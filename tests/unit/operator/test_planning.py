@@ -402,6 +402,20 @@ def test_an_exit_47_of_an_attempt_never_told_to_repromote_does_not_go_up(
     assert (nxt.precision, nxt.promoted_from, nxt.start_step, nxt.resume_from) == ("bf16", None, 80, path)
 
 
+def test_a_repromoted_attempt_counts_itself_against_max_repromotions() -> None:
+    """With precision.maxRepromotions 1, the attempt a re-promotion starts is that one: it is not
+    told to re-promote again (its exit 47 would not go up)."""
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 5, "maxRepromotions": 1})
+    history = [
+        _attempt(0, "fp16", "NumericFault"),
+        _attempt(1, "bf16", "NumericFault"),
+        _attempt(2, "fp32", "Repromote"),
+    ]
+    up = after_attempt(s, 2, "fp32", classify(AttemptOutcome(47)), 80, None, history=history)
+    assert isinstance(up, StartAttempt) and (up.precision, up.promoted_from) == ("bf16", "fp32")
+    assert up.repromote_after_steps is None
+
+
 def test_a_repromotion_ends_its_attempt_with_a_normal_event() -> None:
     """A re-promotion is the job getting better: no Warning (those ask someone to look)."""
     s = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 10})
