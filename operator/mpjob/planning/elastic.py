@@ -259,13 +259,12 @@ def grows(
 
 
 def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView]) -> Resize | None:
-    """An attempt that ended losing nodes: shrunk at once to the workers whose nodes stayed."""
+    """An attempt that ended losing nodes: shrunk at once to the workers whose nodes stayed, or
+    (Verdict.WAIT, saying why) not, when no size from elastic.minWorkers up keeps the global batch."""
     lost = sum(1 for p in pods if p.platform_reason in NODE_LOST)
     if spec.elastic is None or not lost:
         return None
-    workers = workers_of(spec, attempt)
-    resize = _shrink(spec, attempt, Capacity(workers - lost, node_lost=True))
-    return resize if resize is not None and resize.verdict is Verdict.SHRINK else None
+    return _shrink(spec, attempt, Capacity(workers_of(spec, attempt) - lost, node_lost=True))
 
 
 def _time(value: str) -> datetime | None:

@@ -189,6 +189,18 @@ def test_an_attempt_that_cannot_shrink_ends_at_once_when_a_node_stops_answering(
     assert created.index == 1
 
 
+def test_an_elastic_attempt_that_no_smaller_size_can_take_says_so_when_it_ends_node_lost() -> None:
+    """Two workers and elastic.minWorkers 2: one lost leaves no size that keeps the global batch.
+    The attempt ends NodeLost, and its message says why it did not shrink (as AwaitingWorkers does)."""
+    spec, status = running(2, elastic={"minWorkers": 2, "waitSeconds": 600})
+    blocked = PodView("j-a0-0", 0, "Running", True, node="n0")
+    lost = on_nodes(PodView("j-a0-1", 1, "Running", True, node="n1"), nodes("n0"))
+    plan = reconcile(spec, status, 1, {0: JobView(0, pods=(blocked, lost))}, datetime.now(UTC))
+    first, second = plan.status.attempts
+    assert (first.reason, second.world_size, plan.cut) == ("NodeLost", 2, [0])
+    assert "j-a0-1" in (first.message or "") and "no size from elastic.minWorkers=2 up" in (first.message or "")
+
+
 class Core:
     """The Node list as the API serves it, counting the lists; `denied`: a chart without the rule."""
 
