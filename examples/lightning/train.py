@@ -1,5 +1,6 @@
 """A PyTorch Lightning script run by mpjob: a small LightningModule (a classifier with a
-LayerNorm, AdamW and a step-driven cosine schedule) on data made here; nothing is downloaded.
+LayerNorm, AdamW and a step-driven cosine schedule after a linear warm-up, all three set by the
+job's training.learningRate, weightDecay and warmupSteps) on data made here; nothing is downloaded.
 
 It is an ordinary Lightning script with three mpjob lines: `mpjob.start()`,
 `L.Trainer(**trainer_settings(run))` and `mpjob_lightning.fit(run, trainer, model)`. The
@@ -45,9 +46,14 @@ class Batches(Sampler[list[int]]):
 
 
 class Classifier(L.LightningModule):
-    def __init__(self, opts: argparse.Namespace, *, steps: int, batch: int, seed: int) -> None:
+    """`optimizer`: AdamW's peak learning rate, weight decay and warm-up steps."""
+
+    def __init__(
+        self, opts: argparse.Namespace, optimizer: tuple[float, float, int], *, steps: int, batch: int, seed: int
+    ) -> None:
         super().__init__()
         self.opts, self.steps, self.batch, self.seed = opts, steps, batch, seed
+        self.lr, self.weight_decay, self.warmup = optimizer
         self.inp, self.norm = nn.Linear(opts.features, opts.hidden), nn.LayerNorm(opts.hidden)
         self.out = nn.Linear(opts.hidden, opts.classes)
         gen = torch.Generator().manual_seed(seed)
@@ -66,10 +72,12 @@ class Classifier(L.LightningModule):
         return nn.functional.cross_entropy(self(x).float(), y)
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
-        opt = torch.optim.AdamW(self.parameters(), lr=self.opts.lr, weight_decay=0.01)
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
 
         def factor(step: int) -> float:
-            return min(1.0, (step + 1) / 10) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.steps)))
+            return (
+                min(1.0, (step + 1) / max(1, self.warmup)) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.steps)))
+            )
 
         schedule = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
@@ -91,15 +99,16 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--samples", type=int, default=4096)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=None, help="AdamW's peak learning rate (default: training.learningRate)")
     return p.parse_args()
 
 
 def main() -> None:
     opts = parse()
     with mpjob.start() as run:
-        tr = run.spec.training
-        model = Classifier(opts, steps=run.total_steps, batch=tr.batch_size, seed=tr.seed)
+        tr = run.spec.training  # Lightning's module builds its optimizer: the spec's settings are handed to it
+        optimizer = (tr.learning_rate if opts.lr is None else opts.lr, tr.weight_decay, tr.warmup_steps)
+        model = Classifier(opts, optimizer, steps=run.total_steps, batch=tr.batch_size, seed=tr.seed)
         # Batches shares the data out between the ranks itself: Lightning must not put a sampler in
         settings = mpjob_lightning.trainer_settings(
             run, logger=False, enable_model_summary=False, use_distributed_sampler=False

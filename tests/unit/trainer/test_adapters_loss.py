@@ -9,6 +9,7 @@ at the end of an epoch whose last batch is short."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from mpjob_contract.codes import ExitCode
-from tests.unit.trainer.adapter_jobs import SCRIPTS, job
+from tests.unit.trainer.adapter_jobs import SCRIPTS, command, job
 from tests.unit.trainer.conftest import in_process_launch, run_trainer, spec
 from tests.unit.trainer.test_adapters_arguments import Linear, Regression
 
@@ -113,3 +114,22 @@ def test_the_lightning_adapter_reports_the_learning_rate_the_step_was_taken_with
         run.close()
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [(e["step"], e["lr"]) for e in events if e["event"] == "step"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("extra", "peak"), [((), 2e-3), (("--lr", "5e-3"), 5e-3)])
+def test_the_lightning_example_takes_its_optimizer_from_the_spec(
+    tmp_path: Path, extra: tuple[str, ...], peak: float
+) -> None:
+    """training.learningRate, weightDecay and warmupSteps drive the example's AdamW and schedule
+    (its own --lr, when given, wins over learningRate)."""
+    training = {"steps": 10, "learningRate": 2e-3, "weightDecay": 0.05, "warmupSteps": 4}
+    example = job("lightning", *extra, training=training, checkpoint={"everySteps": 10})
+    run = run_trainer(tmp_path, example, "fp32", argv=command("lightning", *extra)[1:])
+    assert run.code == 0, run.stderr[-3000:]
+    lrs = [(e["step"], e["lr"]) for e in run.of("step")]
+    assert lrs and all(
+        lr == pytest.approx(peak * min(1.0, s / 4) * 0.5 * (1 + math.cos(math.pi * (s - 1) / 10))) for s, lr in lrs
+    )
+    ckpt = torch.load(next((tmp_path / "ckpt").rglob("lightning.ckpt")), weights_only=False)
+    assert {g["weight_decay"] for g in ckpt["optimizer_states"][0]["param_groups"]} == {0.05}
