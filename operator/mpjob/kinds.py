@@ -1,6 +1,7 @@
 """Documents of other kinds beside the jobs in a manifest file (a PersistentVolumeClaim applied
 with them): `mpjob validate` names them as skipped instead of refusing them (validation.check_text
-given a list to put them in); `mpjob run` still takes one MixedPrecisionJob and nothing else.
+given a list to put them in); `mpjob run` still takes one MixedPrecisionJob and nothing else
+(a List, even of one job, in one problem that says what it holds: `Listed.refused`).
 
 A `kind: List` (`kubectl get -o yaml` of several objects) is set aside with them as a `Listed`,
 and `mpjob validate` then checks its items as documents of their own (`listed_items`)."""
@@ -41,6 +42,14 @@ class Listed(Skipped):
     """A `kind: List` document: not a job itself, its items are checked one by one (`listed_items`)."""
 
     items: tuple[Any, ...] = ()
+
+    def refused(self) -> str:
+        """Why `mpjob run` refuses it: it runs one MixedPrecisionJob, from that job's own manifest."""
+        jobs = sum(1 for item in self.items if isinstance(item, dict) and other_kind(item) is None)
+        return (
+            f"a List of {len(self.items)} item(s), {jobs} of them {KIND}(s): `mpjob run` runs one {KIND}; "
+            "give it the job's own manifest (kubectl get mpj NAME -o yaml)"
+        )
 
 
 def listed_items(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, cast
 
 import yaml
@@ -21,7 +20,7 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from mpjob import structural
-from mpjob.kinds import Skipped, other_kind
+from mpjob.kinds import Listed, Skipped, other_kind
 from mpjob_contract import formats, k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
 from mpjob_contract.tracking import PROFILE_ANNOTATION, BadProfileRequest, profile_steps
@@ -174,6 +173,8 @@ def _plain_message(error: Any) -> str:
 def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[MixedPrecisionJob | None, list[Problem]]:
     if not isinstance(doc, dict):
         return None, [Problem(source, index, "", f"expected a mapping (a Kubernetes object), got {type(doc).__name__}")]
+    if isinstance(listed := other_kind(doc, source, index), Listed):  # `mpjob run`'s: one problem, not two
+        return None, [Problem(source, index, "kind", listed.refused())]
     problems: list[Problem] = []
     if doc.get("apiVersion") != API_VERSION:
         problems.append(Problem(source, index, "apiVersion", f"must be {API_VERSION}, got {doc.get('apiVersion')!r}"))
@@ -288,13 +289,3 @@ def read_manifest(source: str) -> str:
         return data.decode()
     except UnicodeDecodeError as exc:
         raise InvalidManifest([Problem(source, 0, "", f"not UTF-8 text (byte {exc.start})")]) from exc
-
-
-def load_job(path: str | Path) -> MixedPrecisionJob:
-    """The one MixedPrecisionJob in a file, or InvalidManifest naming every problem."""
-    jobs, problems = check_text(read_manifest(str(path)), str(path))
-    if problems:
-        raise InvalidManifest(problems)
-    if len(jobs) != 1:
-        raise InvalidManifest([Problem(str(path), 0, "", f"expected one MixedPrecisionJob, found {len(jobs)}")])
-    return jobs[0]

@@ -13,12 +13,23 @@ from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unresolved_env, unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, prepare
 from mpjob.summary import summary_lines
-from mpjob.validation import InvalidManifest, load_job
+from mpjob.validation import InvalidManifest, Problem, check_text, read_manifest
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
     from mpjob.localrun.runner import LocalRun
+    from mpjob_contract.api import MixedPrecisionJob
+
+
+def load_job(path: str | Path) -> MixedPrecisionJob:
+    """The one MixedPrecisionJob in a file, or InvalidManifest naming every problem."""
+    jobs, problems = check_text(read_manifest(str(path)), str(path))
+    if problems:
+        raise InvalidManifest(problems)
+    if len(jobs) != 1:
+        raise InvalidManifest([Problem(str(path), 0, "", f"expected one MixedPrecisionJob, found {len(jobs)}")])
+    return jobs[0]
 
 
 def run_command(argv: list[str]) -> int:

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from mpjob.crd import crd_yaml
-from mpjob.validation import MAX_DEPTH, MAX_MANIFEST_BYTES, InvalidManifest, check_document, check_text, load_job
+from mpjob.localrun.cli import load_job
+from mpjob.validation import MAX_DEPTH, MAX_MANIFEST_BYTES, InvalidManifest, check_document, check_text
 from mpjob_contract.api import MAX_TASK_ARG_DEPTH, MAX_TASK_ARGS
 from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, bad, nested, nested_json
 from tests.unit.operator.test_rules import crd_schema

@@ -42,13 +42,17 @@ def test_validate_checks_the_jobs_of_a_list(tmp_path: Path, capsys: pytest.Captu
     assert f"{listed}: no MixedPrecisionJob, only other kinds" in capsys.readouterr().out
 
 
-def test_run_refuses_a_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("items", "jobs"), [((GOOD,), 1), ((GOOD, CLAIM, GOOD), 2)])
+def test_run_refuses_a_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], items: tuple[dict[str, Any], ...], jobs: int
+) -> None:
     """`mpjob run` takes one MixedPrecisionJob's own manifest: a List, even of one job, is refused
-    before anything is written, its kind named."""
+    before anything is written, in one error that says what it holds and what to give instead."""
     listed = tmp_path / "jobs.yaml"
-    listed.write_text(as_list(GOOD))
+    listed.write_text(as_list(*items))
     assert run_command([str(listed), "--out", str(tmp_path / "out"), "--json"]) == 2
     said = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    refused = {"event": "error", "message": f"{listed}: kind: must be MixedPrecisionJob, got 'List'", "field": "kind"}
-    assert refused in said, said
+    holds = f"a List of {len(items)} item(s), {jobs} of them MixedPrecisionJob(s): `mpjob run` runs one"
+    assert len(said) == 1 and said[0]["field"] == "kind" and holds in said[0]["message"], said
+    assert "kubectl get mpj NAME -o yaml" in said[0]["message"]
     assert not (tmp_path / "out").exists()
