@@ -178,8 +178,13 @@ def classify(outcome: AttemptOutcome) -> Classification:
 def resized(result: Classification, resize: Resize | None) -> Classification:
     """An ending the job resizes after (spec.elastic) is ScaledDown or ScaledUp, uncharged: only
     an ending that goes on in the same precision anyway (a disruption, a stop from outside); a
-    numeric fault or a user's error keeps its own reason and action."""
-    if resize is None or resize.reason is None or result.action is not Action.SAME_PRECISION:
+    numeric fault or a user's error keeps its own reason and action. One that no smaller size can
+    take keeps its reason, and its message says why it was not shrunk."""
+    if resize is None or result.action is not Action.SAME_PRECISION:
+        return result
+    if resize.short is not None:
+        return replace(result, message=f"{result.message}; not shrunk: {resize.short}")
+    if resize.reason is None:
         return result
     return Classification(resize.reason, Action.SAME_PRECISION, resize.why, Disruption.CAPACITY_CHANGED)
 

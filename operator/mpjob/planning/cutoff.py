@@ -93,15 +93,14 @@ def lost_pod(job: JobView) -> PodView | None:
 def end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodView, when: When) -> None:
     """End at once an attempt that lost a node while other ranks run: they would block in their
     next collective until its timeout (minutes) before they fail. An elastic job shrinks to the
-    workers left, when a size keeps its global batch (its message says why not); any other goes
-    on in a new attempt."""
+    workers left, when a size keeps its global batch; any other goes on in a new attempt."""
     shrink = elastic.node_lost(spec, plan.status.attempts[-1], job.pods)
     if shrink is not None and shrink.verdict is elastic.Verdict.SHRINK:
         resize(plan, spec, shrink, when, job=job.index, cut=True)
         return
     why = f"pod {lost.name} was lost with its node ({lost.platform_reason}): its peers are stopped, not waited for"
-    why += f"; not shrunk: {shrink.why}" if shrink is not None else ""
-    end_now(plan, spec, job, AttemptOutcome(None, platform_reason=lost.platform_reason, message=why), when)
+    outcome = AttemptOutcome(None, platform_reason=lost.platform_reason, message=why, resize=shrink)
+    end_now(plan, spec, job, outcome, when)  # `shrink`, a wait: the message says why it did not shrink
 
 
 def stalled(

@@ -78,6 +78,11 @@ class Resize:
         """The reason the resized attempt ends with (None: kept)."""
         return {Verdict.SHRINK: Reason.SCALED_DOWN, Verdict.GROW: Reason.SCALED_UP}.get(self.verdict)
 
+    @property
+    def short(self) -> str | None:
+        """Why the attempt, short of room, keeps its size (None: it does not wait)."""
+        return self.why if self.verdict is Verdict.WAIT else None
+
 
 #: The reasons an attempt ends with when the job changes size.
 RESIZE_REASONS = frozenset({Reason.SCALED_DOWN, Reason.SCALED_UP})

@@ -199,6 +199,10 @@ def test_an_elastic_attempt_that_no_smaller_size_can_take_says_so_when_it_ends_n
     first, second = plan.status.attempts
     assert (first.reason, second.world_size, plan.cut) == ("NodeLost", 2, [0])
     assert "j-a0-1" in (first.message or "") and "no size from elastic.minWorkers=2 up" in (first.message or "")
+    failed = PodView("j-a0-0", 0, "Failed", False, exit_code=1, termination_message="peer lost", node="n0")
+    stopped = reconcile(spec, status, 1, {0: JobView(0, finished="Failed", pods=(failed, lost))}, datetime.now(UTC))
+    first = stopped.status.attempts[0]  # seen once every pod has stopped: it says so too
+    assert first.reason == "NodeLost" and "no size from elastic.minWorkers=2 up" in (first.message or ""), first
 
 
 class Core:
