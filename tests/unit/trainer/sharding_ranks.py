@@ -244,13 +244,15 @@ def case_framework_save(world: World) -> dict[str, Any]:
 
 
 class _Resumed:
-    """What Checkpointer.open asks of a TrainingState (no sharded model, no optimizer); its
-    restore fails on rank 1 for the checkpoint of step `fails_at` (that rank could not load it)."""
+    """What Checkpointer.open asks of a TrainingState (no sharded model, no optimizer): its weights
+    `w`, 0 until a checkpoint is loaded; its restore fails on rank 1 for the checkpoint of step
+    `fails_at` (that rank could not load it)."""
 
     sharded = None
 
     def __init__(self, world: World, fails_at: int | None = None) -> None:
         self.world, self.fails_at = world, fails_at
+        self.w = 0.0
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return []
@@ -258,15 +260,34 @@ class _Resumed:
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
         if self.world.rank == 1 and state["step"] == self.fails_at:
             raise CorruptCheckpoint(f"step {self.fails_at}: rank 1 cannot load it")
+        self.w = float(state["w"][0])
         return int(state["step"])
 
 
-def _resumed(world: World, root: Path, state: _Resumed) -> dict[str, Any]:
-    """The step this rank resumes from in `root` (None: a fresh start)."""
-    store = CheckpointStore(root, keep=5, config_digest="d", job="ns/j/u1")
+class _Unread(CheckpointStore):
+    """A store whose verification of the checkpoint of step `unread` fails on rank 1 (its read of
+    the files failed there)."""
+
+    def __init__(self, root: Path, rank: int, unread: int | None) -> None:
+        super().__init__(root, keep=5, config_digest="d", job="ns/j/u1")
+        self.rank, self.unread = rank, unread
+
+    def verify(self, path: Path, *, alone: bool = False) -> tuple[Any, dict[str, Any]]:
+        if self.rank == 1 and self.unread is not None and path.name == f"step-{self.unread:09d}":
+            raise CorruptCheckpoint(f"{path.name}: rank 1 cannot read it")
+        return super().verify(path, alone=alone)
+
+
+def _resumed(world: World, root: Path, state: _Resumed, unread: int | None = None) -> dict[str, Any]:
+    """The step this rank resumes from in `root` (None: a fresh start) and the weights it holds
+    then, or the error that ended the attempt instead."""
+    store = _Unread(root, world.rank, unread)
     checkpointer = Checkpointer(store, world, EventLog(stream=io.StringIO()), TrainerMetrics("j", "ns", 0, "fp32"))
-    opened = checkpointer.open(state, None, "fp32", None)  # type: ignore[arg-type]
-    return {"step": opened[0].step if opened is not None else None}
+    try:
+        opened = checkpointer.open(state, None, "fp32", None)  # type: ignore[arg-type]
+    except Exception as exc:
+        return {"error": type(exc).__name__, "w": state.w}
+    return {"step": opened[0].step if opened is not None else None, "w": state.w}
 
 
 def _written(root: Path, *steps: int) -> Path:
@@ -281,6 +302,24 @@ def case_resume_one_cannot_load(world: World) -> dict[str, Any]:
     root = Path(sys.argv[4]) / "ckpt"
     if world.is_main:
         _written(root, 10, 15)
+    dist.barrier()
+    return _resumed(world, root, _Resumed(world, fails_at=15))
+
+
+def case_resume_one_cannot_read(world: World) -> dict[str, Any]:
+    """Rank 1 cannot read the only checkpoint, rank 0 can: both start fresh from the same weights."""
+    root = Path(sys.argv[4]) / "ckpt"
+    if world.is_main:
+        _written(root, 15)
+    dist.barrier()
+    return _resumed(world, root, _Resumed(world), unread=15)
+
+
+def case_resume_loaded_apart(world: World) -> dict[str, Any]:
+    """Rank 1 cannot load the only checkpoint, rank 0 loaded it: no fresh start from two states."""
+    root = Path(sys.argv[4]) / "ckpt"
+    if world.is_main:
+        _written(root, 15)
     dist.barrier()
     return _resumed(world, root, _Resumed(world, fails_at=15))
 

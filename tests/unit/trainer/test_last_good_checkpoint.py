@@ -136,4 +136,20 @@ def test_every_rank_resumes_the_same_checkpoint(tmp_path: Path, case: str) -> No
     """A rank that cannot load the newest checkpoint, or that listed the folder after another
     writer committed a newer one, must not resume elsewhere than the others (DDP ranks at two
     steps, with two states): the ranks take rank 0's candidates, and skip one any rank rejects."""
-    assert [seen["step"] for seen in ranks(tmp_path, case, 2)] == [10, 10]
+    assert [(seen["step"], seen["w"]) for seen in ranks(tmp_path, case, 2)] == [(10, 10.0), (10, 10.0)]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("case", "ended"),
+    [
+        ("resume_one_cannot_read", [{"step": None, "w": 0.0}] * 2),
+        ("resume_loaded_apart", [{"error": "ResumedApart", "w": 15.0}, {"error": "ResumedApart", "w": 0.0}]),
+    ],
+)
+def test_ranks_never_start_fresh_from_two_states(tmp_path: Path, case: str, ended: list[dict[str, Any]]) -> None:
+    """The only checkpoint, rejected because one rank cannot read or load it, must not stay
+    loaded on the others for a start at step 0 (DDP would train two weights for good): the
+    ranks agree on its files before any loads it, and when a rank loaded one the others could
+    not, with none left to load on every rank, the attempt ends instead of starting fresh."""
+    assert ranks(tmp_path, case, 2) == ended

@@ -16,7 +16,15 @@ remembers it (`unloadable`), so a save of its step replaces it rather than keepi
 
 Under a process group every rank resumes the same checkpoint: the ranks try rank 0's candidates
 (another writer's save landing between two ranks' listings changes no list), and a checkpoint
-any rank rejects (its files, or its restore, failed there) is rejected by all of them.
+any rank rejects (its files, or its restore, failed there) is rejected by all of them. The ranks
+agree on a checkpoint's files before any of them loads it, so one rejected for its files is
+loaded nowhere. One that verifies on every rank and still fails to load on some (its restore)
+may be loaded on the others already: the next candidate, loaded on every rank, makes their
+states one again, and with none left the attempt ends (ResumedApart, an InfraError) instead of
+starting at step 0 from states that differ (DDP never re-syncs parameters). The retry's new
+processes start from their initial state (`unloadable` is this process's memory: it tries the
+same checkpoint again), and one that keeps failing so ends two attempts alike, before their first
+step, and the job with them (operator planning.repeat). A single process still starts at step 0.
 
 Only the newest `protocol.MAX_EXAMINED` step folders are candidates (the named one besides):
 each costs a manifest read, a request to a bucket, and a store crowded with folders (thousands
@@ -85,33 +93,62 @@ def precision_of(store: Store[W], where: W) -> str | None:
     return manifest.precision if manifest is not None else None
 
 
+class ResumedApart(Exception):
+    """Some rank loaded a checkpoint the others could not, and no other one loads on every rank:
+    the ranks' states differ, so this attempt cannot start at step 0 (an InfraError; the next
+    attempt's processes start from their initial state)."""
+
+
 def first_valid(store: Store[W], places: list[W], restore: Restore | None = None) -> Loaded | None:
     """The first of `places` that verifies (and that `restore` loads) on every rank, with its
     state; None when none does. A place any rank rejects is rejected by all of them: ranks that
-    resumed apart would train two states from two steps."""
+    resumed apart would train two states from two steps. The ranks agree on a place's files
+    before any of them loads it; ResumedApart when a rank loaded one the others rejected and no
+    later one loads on every rank (a start at step 0 would train from two states)."""
     peers = Peers.current()
+    apart: W | None = None  # a checkpoint some rank loaded and another could not
     for where in places:
-        loaded, problem = _read(store, where, restore)
-        try:
-            agree(problem, peers)
-        except CorruptCheckpoint as exc:
-            store.log("checkpointRejected", path=str(where), problem=str(exc))
-            continue
-        assert loaded is not None  # no rank found a problem, this one included
-        return loaded
+        loaded, problem = _verified(store, where)
+        if _agreed(store, where, problem, peers):
+            assert loaded is not None  # no rank found a problem, this one included
+            if restore is None:
+                return loaded
+            problem = _restored(store, where, loaded, restore)
+            if _agreed(store, where, problem, peers):
+                return loaded
+            if None in peers.gather(problem) and apart is None:
+                apart = where
+    if apart is not None:
+        raise ResumedApart(
+            f"{apart}: some ranks loaded it and another could not, and no other checkpoint loads on every "
+            "rank: the ranks' states differ, so this attempt cannot start at step 0"
+        )
     return None
 
 
-def _read(store: Store[W], where: W, restore: Restore | None) -> tuple[Loaded | None, str | None]:
-    """This rank's reading of the checkpoint at `where`: its state, loaded by `restore`, or why not."""
+def _agreed(store: Store[W], where: W, problem: str | None, peers: Peers) -> bool:
+    """Whether no rank found a `problem` with the place `where` (else it is logged as rejected)."""
     try:
-        loaded = store.verify(where)
+        agree(problem, peers)
+    except CorruptCheckpoint as exc:
+        store.log("checkpointRejected", path=str(where), problem=str(exc))
+        return False
+    return True
+
+
+def _verified(store: Store[W], where: W) -> tuple[Loaded | None, str | None]:
+    """This rank's reading of the checkpoint at `where`: its verified state, or why not."""
+    try:
+        return store.verify(where), None
     except CorruptCheckpoint as exc:
         return None, str(exc)
+
+
+def _restored(store: Store[W], where: W, loaded: Loaded, restore: Restore) -> str | None:
+    """Why `restore` could not load the verified checkpoint at `where` on this rank (None: it did)."""
     try:
-        if restore is not None:
-            restore(loaded)
+        restore(loaded)
     except CorruptCheckpoint as exc:
         store.unloadable.add(where)
-        return None, str(exc)
-    return loaded, None
+        return str(exc)
+    return None
