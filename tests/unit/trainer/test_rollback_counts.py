@@ -7,7 +7,9 @@ that was skipped already."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -55,22 +57,15 @@ def test_bad_data_skipped_at_overflows_does_not_end_the_precision(
         training={"steps": 20, "batchSize": 4, "logEvery": 10},
         precision={"mode": "fp16", "lossScale": {"init": 128.0}, "guard": guard},
     )
-    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
     bad = {2, 4, 6}  # each a step of its own: every one a fault, a replay and a skip before the read at 10
-    with mpjob.start(launch=launch) as run:
-        torch.manual_seed(0)
-        model = nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        start = run.resume(model=model, optimizer=optimizer)
 
-        def inputs(i: int) -> torch.Tensor:
-            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
-            if i in bad and i not in run.quarantined:  # sample i, the step's one bad one, left out
-                x[0, 0] = math.nan
-            return x
+    def inputs(run: mpjob.Session, i: int) -> torch.Tensor:
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+        if i in bad and i not in run.quarantined:  # sample i, the step's one bad one, left out
+            x[0, 0] = math.nan
+        return x
 
-        train_squares(run, model, optimizer, start, inputs)
-    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    report = _train_fp16(tmp_path, monkeypatch, job, inputs)
     assert report.reason == "Succeeded", report.message
     assert report.skipped is not None and report.skipped.count == 3
 
@@ -82,21 +77,31 @@ def test_with_replays_off_a_lone_non_finite_loss_costs_no_rollback(
         training={"steps": 10, "batchSize": 4, "logEvery": 5},
         precision={"mode": "fp16", "lossScale": {"init": 128.0}, "guard": {"replaySteps": 0}},
     )
-    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
     ran: list[int] = []
-    with mpjob.start(launch=launch) as run:
+
+    def inputs(run: mpjob.Session, i: int) -> torch.Tensor:
+        ran.append(i)
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+        x[0, 0] = math.nan if i == 3 else x[0, 0]  # GradScaler skips it: nothing to replay, nothing to roll back
+        return x
+
+    report = _train_fp16(tmp_path, monkeypatch, job, inputs)
+    assert report.reason == "Succeeded" and report.replay is None, report.message
+    assert ran == list(range(10))  # each step once: no suspect rolled back and run again
+
+
+def _train_fp16(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    job: dict[str, Any],
+    inputs: Callable[[mpjob.Session, int], torch.Tensor],
+) -> TerminationReport:
+    """`train_squares` of a seeded linear model through an fp16 attempt of `job` in this process,
+    step i's inputs `inputs(run, i)`; the attempt's report."""
+    with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp16")) as run:
         torch.manual_seed(0)
         model = nn.Linear(4, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         start = run.resume(model=model, optimizer=optimizer)
-
-        def inputs(i: int) -> torch.Tensor:
-            ran.append(i)
-            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
-            x[0, 0] = math.nan if i == 3 else x[0, 0]  # GradScaler skips it: nothing to replay, nothing to roll back
-            return x
-
-        train_squares(run, model, optimizer, start, inputs)
-    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
-    assert report.reason == "Succeeded" and report.replay is None, report.message
-    assert ran == list(range(10))  # each step once: no suspect rolled back and run again
+        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
+    return TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
