@@ -1,5 +1,6 @@
 """A plain PyTorch training script of your own, run by mpjob: its own model, optimizer, LR
-schedule and DataLoader (with worker processes). The mpjob SDK gives it the attempt's
+schedule (AdamW, a linear warm-up, then a cosine; training.learningRate, weightDecay and
+warmupSteps set them) and DataLoader (with worker processes). The mpjob SDK gives it the attempt's
 precision, the numeric guard, exact-resume checkpoints, live progress and the exit code the
 operator reads. Run it with `mpjob run examples/own-loop/own-loop.yaml` or on a cluster.
 
@@ -87,8 +88,8 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=None, help="peak LR (default: training.learningRate)")
+    parser.add_argument("--warmup", type=int, default=None, help="linear warm-up steps (default: training.warmupSteps)")
     parser.add_argument("--loader-workers", type=int, default=2)
     parser.add_argument("--overflow-at", type=int, default=None, help="inject an fp16 overflow from this step on")
     args = parser.parse_args()
@@ -97,11 +98,14 @@ def main() -> None:
         model = Net(args.features, args.hidden, args.classes, args.overflow_at).to(run.device)
         run.keep_fp32(model)
         net = run.wrap(run.compile(model))  # compiled on CUDA (training.compile: auto)
-        optimizer = run.adamw(model, lr=args.lr, weight_decay=0.01)  # fused on CUDA; no decay on biases, norms
+        tr = run.spec.training  # the job sets the optimizer; a flag given on the command line wins
+        lr = tr.learning_rate if args.lr is None else args.lr
+        warmup = max(1, tr.warmup_steps if args.warmup is None else args.warmup)
+        optimizer = run.adamw(model, lr=lr, weight_decay=tr.weight_decay)  # fused on CUDA; no decay on biases, norms
         total = run.total_steps
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer,
-            lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))),
+            lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))),
         )
         position = DataPosition()
         start = run.resume(model=model, optimizer=optimizer, scheduler=schedule, data=position)
