@@ -17,6 +17,9 @@ another world size (`workers` or `processesPerWorker` edited between attempts, d
 `--overflow-at STEP` makes the embeddings 1e6 times larger from STEP on: finite in bf16 and
 fp32, inf in fp16 (max 65504). The fp16 attempt then ends NumericFault and the next attempt
 resumes in bf16 from the last good checkpoint.
+
+AdamW's learning rate (after a linear warm-up) and weight decay are the job's
+training.learningRate, weightDecay and warmupSteps; `--lr`, when given, wins over learningRate.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ def batch(first: int, *, size: int, context: int, vocab: int, seed: int) -> tupl
     return seq[:, :-1], seq[:, 1:]
 
 
+def warm_up(optimizer: torch.optim.Optimizer, lr: float, *, step: int, steps: int) -> None:
+    """Step `step`'s learning rate: a linear warm-up over `steps` steps to `lr`, then `lr`. Set
+    from the step alone, so a resumed attempt goes on with the very same rates."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * min(1.0, (step + 1) / max(1, steps))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--vocab", type=int, default=64)
@@ -74,7 +84,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--context", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=None, help="peak LR (default: training.learningRate)")
     parser.add_argument("--overflow-at", type=int, default=None, help="inject an fp16 overflow from this step on")
     args = parser.parse_args()
 
@@ -84,11 +94,14 @@ def main() -> None:
         ).to(run.device)
         run.keep_fp32(model)
         net = run.wrap(model, blocks=list(model.layers))  # FSDP2 per layer under parallelism.strategy: fsdp
-        optimizer = run.adamw(model, lr=args.lr, weight_decay=0.01)  # after wrap: over the sharded parameters
+        tr = run.spec.training  # the job sets the optimizer; --lr, when given, wins
+        lr = tr.learning_rate if args.lr is None else args.lr
+        optimizer = run.adamw(model, lr=lr, weight_decay=tr.weight_decay)  # after wrap: over the sharded parameters
         start = run.resume(model=model, optimizer=optimizer)  # also restores run.samples_seen
-        size, seed = run.spec.training.batch_size, run.spec.training.seed
+        size, seed = tr.batch_size, tr.seed
         for step in range(start, run.total_steps):
             model.gain = 1e6 if args.overflow_at is not None and step >= args.overflow_at else 1.0
+            warm_up(optimizer, lr, step=step, steps=tr.warmup_steps)
             # This rank's share of the next samples: the position is in samples, not step x batch x
             # world, so it stays right when the world size changed since the checkpoint.
             first = run.samples_seen + run.world.rank * size
@@ -96,7 +109,7 @@ def main() -> None:
             with run.autocast():
                 loss = nn.functional.cross_entropy(net(x.to(run.device)).flatten(0, 1), y.to(run.device).flatten())
             run.backward(loss)
-            run.step(optimizer, clip_norm=run.spec.training.grad_clip_norm)
+            run.step(optimizer, clip_norm=tr.grad_clip_norm)
             run.end_step(step + 1, loss=loss, samples=size * run.world.size)  # advances run.samples_seen
 
 

@@ -19,13 +19,15 @@ REPO = Path(__file__).resolve().parents[3]
 #: Each example at its smallest, in this process's world of one (no DataLoader workers).
 SCRIPTS = {
     "own-loop": [str(REPO / "examples/own-loop/train.py"), "--samples", "512", "--hidden", "32", "--loader-workers=0"],
+    "fsdp": [str(REPO / "examples/fsdp/train.py"), "--layers", "1", "--width", "16", "--context", "8"],
 }
 STEPS, WARMUP = 10, 4
 
 
 def _factor(example: str, step: int) -> float:
     """The learning rate's share of its peak for the optimizer step logged as `step`."""
-    return min(1.0, step / WARMUP) * 0.5 * (1 + math.cos(math.pi * (step - 1) / STEPS))
+    warm = min(1.0, step / WARMUP)
+    return warm * 0.5 * (1 + math.cos(math.pi * (step - 1) / STEPS)) if example == "own-loop" else warm
 
 
 @pytest.mark.parametrize("example", sorted(SCRIPTS))
