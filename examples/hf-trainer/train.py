@@ -88,7 +88,7 @@ def main() -> None:
         )
         model = GPT2LMHeadModel(config)  # random init, seeded by mpjob.start()
         run.set_sample_cost(flops=6 * model.num_parameters() * opts.length, tokens=opts.length)
-        args = mpjob_hf.training_arguments(run, warmup_steps=10, weight_decay=0.01, lr_scheduler_type="cosine")
+        args = mpjob_hf.training_arguments(run, lr_scheduler_type="cosine")  # lr, weight decay, warm-up: the spec's
         data = Sequences(opts.samples, opts.length, opts.vocab, seed=run.spec.training.seed)
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Overflow(model, opts.overflow_at)])
         mpjob_hf.train(run, trainer)
