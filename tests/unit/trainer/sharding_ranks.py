@@ -265,17 +265,18 @@ class _Resumed:
 
 
 class _Unread(CheckpointStore):
-    """A store whose verification of the checkpoint of step `unread` fails on rank 1 (its read of
-    the files failed there)."""
+    """A store whose verification of the checkpoint of step `unread` fails on rank 1 once the
+    ranks agreed on its manifest (its read of the files failed there)."""
 
     def __init__(self, root: Path, rank: int, unread: int | None) -> None:
         super().__init__(root, keep=5, config_digest="d", job="ns/j/u1")
         self.rank, self.unread = rank, unread
 
     def verify(self, path: Path, *, alone: bool = False) -> tuple[Any, dict[str, Any]]:
+        verified = super().verify(path, alone=alone)
         if self.rank == 1 and self.unread is not None and path.name == f"step-{self.unread:09d}":
             raise CorruptCheckpoint(f"{path.name}: rank 1 cannot read it")
-        return super().verify(path, alone=alone)
+        return verified
 
 
 def _resumed(world: World, root: Path, state: _Resumed, unread: int | None = None) -> dict[str, Any]:
@@ -344,6 +345,41 @@ def _one_writer(folder: Path, lr: float) -> None:
     torch.save({"step": 5}, folder / rank_file(0))
     files = hash_files(folder, [p for p in folder.rglob("*") if p.is_file()])
     write_manifest(folder, Manifest(5, "fp32", "d", 2, files, "ns/j/u1", layout=DCP, world_size=1))
+
+
+def case_resume_manifest_rejected_on_one_rank(world: World) -> dict[str, Any]:
+    """Rank 1's check of the only (sharded) checkpoint's manifest fails (here: its job's config
+    digest differs; a stale or damaged copy would do the same), rank 0's passes: both reject it."""
+    from mpjob_trainer.checkpoint import resume
+
+    root = Path(sys.argv[4]) / "ckpt"
+    if world.is_main:
+        (root / folder_name(5)).mkdir(parents=True)
+        _one_writer(root / folder_name(5), 0.1)
+    dist.barrier()
+    store = CheckpointStore(root, keep=5, config_digest="d" if world.is_main else "changed", job="ns/j/u1")
+    loaded = resume.load(store)
+    return {"step": loaded[0].step if loaded is not None else None}
+
+
+def case_bucket_manifest_missing_on_one_rank(world: World) -> dict[str, Any]:
+    """Rank 1 finds no manifest of the only (sharded) checkpoint in the bucket, rank 0 finds it:
+    both reject it, rank 1 without leaving rank 0 alone in the ranks' fetch of its files."""
+    from memory_bucket import SETTINGS, MemoryBucket
+
+    from mpjob_trainer.checkpoint import resume
+    from mpjob_trainer.checkpoint.manifest import MANIFEST
+    from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+
+    source = _copy(world, folder_name(5))
+    bucket = MemoryBucket()
+    for path in source.iterdir():
+        if world.is_main or path.name != MANIFEST:
+            bucket.put(f"runs/ns/j/u1/{source.name}/{path.name}", path.read_bytes())
+    location = f"{SETTINGS.url}/ns/j/u1"
+    store = BucketCheckpointStore(location, SETTINGS, keep=5, config_digest="d", job="ns/j/u1", bucket=bucket)
+    loaded = resume.load(store)
+    return {"step": loaded[0].step if loaded is not None else None}
 
 
 def _copy(world: World, name: str) -> Path:

@@ -153,3 +153,14 @@ def test_ranks_never_start_fresh_from_two_states(tmp_path: Path, case: str, ende
     ranks agree on its files before any loads it, and when a rank loaded one the others could
     not, with none left to load on every rank, the attempt ends instead of starting fresh."""
     assert ranks(tmp_path, case, 2) == ended
+
+
+@pytest.mark.process
+def test_a_manifest_one_rank_rejects_is_rejected_by_every_rank(tmp_path: Path) -> None:
+    """A rank whose copy of a sharded checkpoint's manifest fails its checks must not leave the
+    others alone in the joint check of its files (they would wait for it forever): every rank
+    reaches the agreement with its own verdict, and all reject it together."""
+    assert ranks(tmp_path, "resume_manifest_rejected_on_one_rank", 2, timeout=60) == [{"step": None}] * 2
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    assert ranks(bucket, "bucket_manifest_missing_on_one_rank", 2, timeout=60) == [{"step": None}] * 2

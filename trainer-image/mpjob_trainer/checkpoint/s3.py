@@ -58,6 +58,7 @@ from mpjob_trainer.checkpoint.manifest import (
     step_of,
 )
 from mpjob_trainer.checkpoint.protocol import Log
+from mpjob_trainer.checkpoint.shards import Peers, agreed
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
 
@@ -184,22 +185,32 @@ class BucketCheckpointStore:
 
     def _download(self, step: int, folder: Path, *, alone: bool) -> FetchedCheckpoint | None:
         """The manifest's files into `folder`; a sharded checkpoint restored by the ranks together
-        only what each one's verification reads (checkpoint.fetched: the rest as it is read)."""
+        only what each one's verification reads (checkpoint.fetched: the rest as it is read). The
+        ranks reject it together when any one's fetch fails (a rank that went on alone, or left
+        alone, would wait for the others' collectives forever)."""
         prefix = f"{self.key}/{folder.name}"
+        peers = Peers(0, 1) if alone else Peers.current()
+        manifest = agreed(lambda: self._fetch_manifest(prefix, folder), peers)
+        if manifest.layout == DCP and not alone:
+            return open_sharded(self.bucket, prefix, folder, manifest)
+        agreed(lambda: self._fetch_files(prefix, folder, manifest), peers)
+        return None
+
+    def _fetch_files(self, prefix: str, folder: Path, manifest: Manifest) -> None:
+        for name in manifest.files:
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not self.bucket.download(f"{prefix}/{name}", target):
+                raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
+
+    def _fetch_manifest(self, prefix: str, folder: Path) -> Manifest:
         raw = self._manifest_bytes(prefix)
         if raw is None:
             raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
         manifest = parse_manifest(raw, folder.name)  # checked: every name stays inside `folder`
         self._check_sizes(prefix, folder.name, {name: int(meta["bytes"]) for name, meta in manifest.files.items()})
         (folder / MANIFEST).write_bytes(raw)
-        if manifest.layout == DCP and not alone:
-            return open_sharded(self.bucket, prefix, folder, manifest)
-        for name in manifest.files:
-            target = folder / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not self.bucket.download(f"{prefix}/{name}", target):
-                raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
-        return None
+        return manifest
 
     def _check_sizes(self, prefix: str, name: str, expected: dict[str, int]) -> None:
         """CorruptCheckpoint unless every file the manifest lists is an object of the size it

@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -70,6 +71,8 @@ SHARDS = "shards"
 #: In a captured state: which registered names are in the shards ({"module": ..., "optimizer": ...}).
 SHARDED_OBJECTS = "shardedObjects"
 
+
+T = TypeVar("T")
 
 #: What names a rank file, well formed or not (rank_file writes them).
 _RANK_FILE = re.compile(r"rank-[0-9]+\.pt")
@@ -134,6 +137,20 @@ def agree(problem: str | None, peers: Peers) -> None:
     if found:
         rank, first = found[0]
         raise CorruptCheckpoint(first if rank == peers.rank else f"rank {rank}: {first}")
+
+
+def agreed(check: Callable[[], T], peers: Peers, found: str | None = None) -> T:
+    """`check()`'s answer, once every rank of `peers` has checked: CorruptCheckpoint on all of
+    them when it raised one on any (or a rank `found` a problem before): a rank that raised alone
+    would leave the others waiting in the collectives that follow."""
+    answer, problem = None, found
+    if problem is None:
+        try:
+            answer = check()
+        except CorruptCheckpoint as exc:
+            problem = str(exc)
+    agree(problem, peers)
+    return cast(T, answer)
 
 
 # ---------------------------------------------------------------- the state dicts DCP sees

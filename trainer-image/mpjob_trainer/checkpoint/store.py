@@ -19,11 +19,9 @@ aside), and which one a resume takes (checkpoint.resume).
 
 A sharded checkpoint (checkpoint.shards: every rank's files, written by all ranks into one
 `.tmp-*` folder) is committed through `commit` by rank 0, the same manifest-last, rename,
-keep-K path; its verification is split between the ranks, who agree on the verdict.
-
-Loading verifies the manifest (format version included), every file's sha256, the config
-digest and the step; which checkpoint to load is checkpoint.resume's policy. Writes are
-serialised by a lock, so a synchronous save never interleaves with a background one.
+keep-K path. Loading verifies the manifest (format version included), every file's sha256, the
+config digest and the step (which checkpoint to load: checkpoint.resume); the ranks agree on each
+verdict. Writes are serialised by a lock: a synchronous save never interleaves with a background one.
 """
 
 from __future__ import annotations
@@ -199,23 +197,15 @@ class CheckpointStore:
 
     # -- reading ----------------------------------------------------------------------------
     def verify(self, path: Path, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
-        """Check manifest (its step the folder's), sha256 and config digest; return the ref and
-        the loaded state. A state of an older format says so under FORMAT_KEY
-        (TrainingState.restore migrates it); one of a sharded checkpoint is this rank's small
-        state, with its folder under shards.SHARDS for TrainingState.restore to read the shards
-        from. A sharded checkpoint is checked by every rank of the process group together,
-        unless `alone`."""
-        manifest = read_manifest(path)
-        named = step_of(path.name)
-        if named is not None and named != manifest.step:  # a copy of another step's folder: not this step's
-            raise CorruptCheckpoint(f"{path.name}: its manifest is of step {manifest.step}")
-        if manifest.config_digest != self.config_digest:
-            raise CorruptCheckpoint(
-                f"{path.name}: config digest {manifest.config_digest!r} does not match this "
-                f"job's {self.config_digest!r} (task or training settings changed)"
-            )
+        """Check manifest (its step the folder's), sha256 and config digest; return the ref and the
+        loaded state. An older format's says so under FORMAT_KEY (TrainingState.restore migrates it);
+        a sharded checkpoint's is this rank's small state, its folder under shards.SHARDS (where
+        TrainingState.restore reads the shards). Unless `alone`, the process group's ranks reject it
+        together: for its manifest (one rank's copy may be stale or damaged), then its files."""
+        peers = shards.Peers(0, 1) if alone else shards.Peers.current()
+        manifest = shards.agreed(lambda: self._manifest_of(path), peers)
         if manifest.layout == DCP:
-            state = shards.read_local(path, manifest, shards.Peers(0, 1) if alone else shards.Peers.current())
+            state = shards.read_local(path, manifest, peers)
             state[shards.SHARDS] = str(path)
         else:
             state = self._read_single(path, manifest)
@@ -226,6 +216,17 @@ class CheckpointStore:
             step=manifest.step, path=str(path), sha256=manifest.state_sha256, precision=manifest.precision
         )
         return ref, state
+
+    def _manifest_of(self, path: Path) -> Manifest:
+        manifest = read_manifest(path)
+        if step_of(path.name) not in (None, manifest.step):  # a copy of another step's folder: not this step's
+            raise CorruptCheckpoint(f"{path.name}: its manifest is of step {manifest.step}")
+        if manifest.config_digest != self.config_digest:
+            raise CorruptCheckpoint(
+                f"{path.name}: config digest {manifest.config_digest!r} does not match this "
+                f"job's {self.config_digest!r} (task or training settings changed)"
+            )
+        return manifest
 
     @staticmethod
     def _read_single(path: Path, manifest: Manifest) -> dict[str, Any]:
