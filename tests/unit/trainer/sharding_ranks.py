@@ -382,6 +382,28 @@ def case_bucket_manifest_missing_on_one_rank(world: World) -> dict[str, Any]:
     return {"step": loaded[0].step if loaded is not None else None}
 
 
+def case_restore_fields_rejected_on_one_rank(world: World) -> dict[str, Any]:
+    """A sharded checkpoint whose rank file holds no generator state on rank 1, a good one on rank
+    0: both reject it, rank 1 without leaving rank 0 alone in the ranks' read of the shards."""
+    import torch.distributed.checkpoint as dcp
+
+    from mpjob_trainer.checkpoint.shards import SHARDED_OBJECTS, SHARDS, state_dicts
+    from mpjob_trainer.session.state import TrainingState, rng_state
+
+    folder, names = Path(sys.argv[4]) / folder_name(5), {"module": "model"}
+    net = wrap(gpt(1), world, "fp32")
+    dcp.save(state_dicts({"model": net}, names), checkpoint_id=str(folder))
+    if world.is_main:
+        files = hash_files(folder, [p for p in folder.rglob("*") if p.is_file()])
+        write_manifest(folder, Manifest(5, "fp32", "d", 2, files, "ns/j/u1", layout=DCP, world_size=2))
+    dist.barrier()
+    own = {"step": 5, "rng": rng_state() if world.is_main else None, SHARDS: str(folder), SHARDED_OBJECTS: names}
+    try:
+        return {"applied": TrainingState({"model": net}).restore(own, "fp32", None)}
+    except CorruptCheckpoint:
+        return {"rejected": True}
+
+
 def _copy(world: World, name: str) -> Path:
     """This rank's own copy of the checkpoint rank 0 wrote into OUT/written (as a download is)."""
     out = Path(sys.argv[4])

@@ -164,3 +164,10 @@ def test_a_manifest_one_rank_rejects_is_rejected_by_every_rank(tmp_path: Path) -
     bucket = tmp_path / "bucket"
     bucket.mkdir()
     assert ranks(bucket, "bucket_manifest_missing_on_one_rank", 2, timeout=60) == [{"step": None}] * 2
+
+
+@pytest.mark.process
+def test_a_sharded_checkpoints_own_fields_one_rank_rejects_are_rejected_by_every_rank(tmp_path: Path) -> None:
+    """A rank whose own rank file of a sharded checkpoint holds unusable fields must not leave the
+    others alone in the joint read of its shards (they would wait for it forever)."""
+    assert ranks(tmp_path, "restore_fields_rejected_on_one_rank", 2, timeout=60) == [{"rejected": True}] * 2

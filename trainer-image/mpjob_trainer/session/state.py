@@ -204,15 +204,18 @@ class TrainingState:
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
         """Load a checkpoint into the objects and generators; returns its applied-step count.
         CorruptCheckpoint when its own fields are unusable (`own_fields_problem`): the previous
-        good checkpoint is used."""
+        good checkpoint is used; a sharded one's on every rank when they are on any."""
         state = upgrade(state, self.objects)
-        if (problem := own_fields_problem(state)) is not None:
-            raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
+        problem = own_fields_problem(state)
+        why = None if problem is None else f"the checkpoint of step {state.get('step')} {problem}"
         folder = state.get(shards.SHARDS)
         if isinstance(folder, str):  # a sharded checkpoint: its pair is read from the shards
+            shards.agree(why, shards.Peers.current())  # by all ranks together: they reject it together
             names: dict[str, str] = state[shards.SHARDED_OBJECTS]
             shards.restore_shards(Path(folder), self.objects, names)
             state = {**state, **{name: None for name in names.values()}}
+        elif why is not None:
+            raise CorruptCheckpoint(why)
         elif self.sharded and not state.get(IN_MEMORY):
             raise ConfigError(
                 f"the checkpoint of step {state.get('step')} is a single-file checkpoint and this run's model is "
