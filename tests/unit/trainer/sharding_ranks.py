@@ -307,6 +307,19 @@ def case_resume_one_cannot_load(world: World) -> dict[str, Any]:
     return _resumed(world, root, _Resumed(world, fails_at=15))
 
 
+def case_resume_unloadable_on_every_rank(world: World) -> dict[str, Any]:
+    """Rank 1 cannot load the newest checkpoint: every rank remembers it as unloadable (rank 0,
+    which saves, must replace it when it saves its step again)."""
+    root = Path(sys.argv[4]) / "ckpt"
+    if world.is_main:
+        _written(root, 10, 15)
+    dist.barrier()
+    store = _Unread(root, world.rank, None)
+    checkpointer = Checkpointer(store, world, EventLog(stream=io.StringIO()), TrainerMetrics("j", "ns", 0, "fp32"))
+    checkpointer.open(_Resumed(world, fails_at=15), None, "fp32", None)  # type: ignore[arg-type]
+    return {"unloadable": sorted(path.name for path in store.unloadable)}
+
+
 def case_resume_one_cannot_read(world: World) -> dict[str, Any]:
     """Rank 1 cannot read the only checkpoint, rank 0 can: both start fresh from the same weights."""
     root = Path(sys.argv[4]) / "ckpt"

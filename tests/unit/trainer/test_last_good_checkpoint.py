@@ -171,3 +171,11 @@ def test_a_sharded_checkpoints_own_fields_one_rank_rejects_are_rejected_by_every
     """A rank whose own rank file of a sharded checkpoint holds unusable fields must not leave the
     others alone in the joint read of its shards (they would wait for it forever)."""
     assert ranks(tmp_path, "restore_fields_rejected_on_one_rank", 2, timeout=60) == [{"rejected": True}] * 2
+
+
+@pytest.mark.process
+def test_a_checkpoint_one_rank_cannot_load_is_replaced_by_the_saving_rank(tmp_path: Path) -> None:
+    """Rank 0 writes the saves: it must know a checkpoint rank 1 could not load is unloadable, or
+    its next save of that step would keep the bad checkpoint rather than replace it."""
+    expected = [{"unloadable": ["step-000000015"]}] * 2
+    assert ranks(tmp_path, "resume_unloadable_on_every_rank", 2, timeout=60) == expected

@@ -12,7 +12,8 @@ With `restore`, a checkpoint is taken only once its state is loaded into the run
 checkpoint's shards are read only then (DCP reads what the run needs now), so a shard that
 passes its sha256 check and still fails to load (a manifest recomputed over a damaged or planted
 file) is rejected like one that fails verification, and the next candidate is tried; the store
-remembers it (`unloadable`), so a save of its step replaces it rather than keeping it.
+remembers it (`unloadable`, on every rank when any rank failed to load it), so a save of its
+step replaces it rather than keeping it.
 
 Under a process group every rank resumes the same checkpoint: the ranks try rank 0's candidates
 (another writer's save landing between two ranks' listings changes no list), and a checkpoint
@@ -113,9 +114,10 @@ def first_valid(store: Store[W], places: list[W], restore: Restore | None = None
             assert loaded is not None  # no rank found a problem, this one included
             if restore is None:
                 return loaded
-            problem = _restored(store, where, loaded, restore)
+            problem = _restored(loaded, restore)
             if _agreed(store, where, problem, peers):
                 return loaded
+            store.unloadable.add(where)  # on every rank: rank 0's save of its step replaces it
             if None in peers.gather(problem) and apart is None:
                 apart = where
     if apart is not None:
@@ -144,11 +146,10 @@ def _verified(store: Store[W], where: W) -> tuple[Loaded | None, str | None]:
         return None, str(exc)
 
 
-def _restored(store: Store[W], where: W, loaded: Loaded, restore: Restore) -> str | None:
-    """Why `restore` could not load the verified checkpoint at `where` on this rank (None: it did)."""
+def _restored(loaded: Loaded, restore: Restore) -> str | None:
+    """Why `restore` could not load the verified checkpoint `loaded` on this rank (None: it did)."""
     try:
         restore(loaded)
     except CorruptCheckpoint as exc:
-        store.unloadable.add(where)
         return str(exc)
     return None
