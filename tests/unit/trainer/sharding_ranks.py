@@ -375,6 +375,23 @@ def case_resume_manifest_rejected_on_one_rank(world: World) -> dict[str, Any]:
     return {"step": loaded[0].step if loaded is not None else None}
 
 
+def case_agreed_read_failing_on_one_rank(world: World) -> dict[str, Any]:
+    """Rank 1's read of a checkpoint fails (an I/O error, no verdict on the checkpoint), rank 0's
+    passes: rank 1 raises its error, rank 0 a PeerFailed naming it; neither waits for the other."""
+    from mpjob_trainer.checkpoint.shards import Peers, agreed
+
+    def check() -> str:
+        if world.rank == 1:
+            raise OSError(5, "Input/output error")
+        return "manifest"
+
+    try:
+        agreed(check, Peers.current())
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"raised": None}
+
+
 def case_bucket_manifest_missing_on_one_rank(world: World) -> dict[str, Any]:
     """Rank 1 finds no manifest of the only (sharded) checkpoint in the bucket, rank 0 finds it:
     both reject it, rank 1 without leaving rank 0 alone in the ranks' fetch of its files."""

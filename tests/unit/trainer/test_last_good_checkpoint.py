@@ -167,6 +167,17 @@ def test_a_manifest_one_rank_rejects_is_rejected_by_every_rank(tmp_path: Path) -
 
 
 @pytest.mark.process
+def test_a_read_that_fails_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
+    """A rank whose read of a checkpoint raises (an I/O or bucket error: no verdict on the
+    checkpoint, so not a rejection) must not leave the others alone in the ranks' agreement: it
+    raises its error, the others a PeerFailed that names it (the attempt ends InfraError)."""
+    failed, raised = ranks(tmp_path, "agreed_read_failing_on_one_rank", 2, timeout=60)
+    assert failed["raised"] == "PeerFailed" and "rank 1 failed" in failed["message"], failed
+    assert "OSError: [Errno 5] Input/output error" in failed["message"]
+    assert raised == {"raised": "OSError", "message": "[Errno 5] Input/output error"}
+
+
+@pytest.mark.process
 def test_a_sharded_checkpoints_own_fields_one_rank_rejects_are_rejected_by_every_rank(tmp_path: Path) -> None:
     """A rank whose own rank file of a sharded checkpoint holds unusable fields must not leave the
     others alone in the joint read of its shards (they would wait for it forever)."""

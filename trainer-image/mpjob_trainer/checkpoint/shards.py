@@ -131,25 +131,39 @@ def all_ranks(verdict: torch.Tensor) -> torch.Tensor:
     return verdict
 
 
-def agree(problem: str | None, peers: Peers) -> None:
-    """Raise CorruptCheckpoint on every rank when any rank found a `problem`."""
-    found = [(rank, p) for rank, p in enumerate(peers.gather(problem)) if p is not None]
+class PeerFailed(Exception):
+    """Another rank failed (an I/O or bucket error, no verdict on the checkpoint) while the ranks
+    read one together: this one stops too (InfraError) rather than wait alone in a collective."""
+
+
+def agree(problem: str | None, peers: Peers, failure: Exception | None = None) -> None:
+    """Raise CorruptCheckpoint on every rank when any rank found a `problem`; a rank's `failure`
+    is raised on it, and PeerFailed on the others, before any verdict."""
+    said = peers.gather((problem, None if failure is None else f"{type(failure).__name__}: {failure}"))
+    if failure is not None:
+        raise failure
+    if failed := [(rank, error) for rank, (_, error) in enumerate(said) if error is not None]:
+        rank, error = failed[0]
+        raise PeerFailed(f"rank {rank} failed while the ranks read a checkpoint together: {error}")
+    found = [(rank, p) for rank, (p, _) in enumerate(said) if p is not None]
     if found:
         rank, first = found[0]
         raise CorruptCheckpoint(first if rank == peers.rank else f"rank {rank}: {first}")
 
 
 def agreed(check: Callable[[], T], peers: Peers, found: str | None = None) -> T:
-    """`check()`'s answer, once every rank of `peers` has checked: CorruptCheckpoint on all of
-    them when it raised one on any (or a rank `found` a problem before): a rank that raised alone
-    would leave the others waiting in the collectives that follow."""
-    answer, problem = None, found
+    """`check()`'s answer, once every rank of `peers` has checked: CorruptCheckpoint on all when it
+    raised one on any (or a rank `found` a problem before); another exception on its rank and
+    PeerFailed on the others (a rank that raised alone would leave them waiting in a collective)."""
+    answer, problem, failure = None, found, None
     if problem is None:
         try:
             answer = check()
         except CorruptCheckpoint as exc:
             problem = str(exc)
-    agree(problem, peers)
+        except Exception as exc:
+            failure = exc
+    agree(problem, peers, failure)
     return cast(T, answer)
 
 
