@@ -17,10 +17,9 @@ x batchSize x gradAccumulation, as the spec says) is kept at every size: each pr
 global / world samples per step, split into micro-batches of at most the attempt's micro-batch
 (shrinking never makes a micro-batch larger; growing may take it back up to batchSize, but not
 to one the job ran out of device memory in, nor past fp32's split of precision.fallbackKeepsBatch)
-with the accumulation making up the rest. A size
-whose world does not divide the global batch is skipped. The data order is addressed by
-samples, not steps (mpjob_trainer.data.StepSampler): a resume at another world size goes on
-with the very next sample.
+with the accumulation making up the rest. A size whose world does not divide the global batch
+is skipped. The data order is addressed by samples, not steps (mpjob_trainer.data.StepSampler):
+a resume at another world size goes on with the very next sample.
 """
 
 from __future__ import annotations

@@ -61,12 +61,7 @@ def repeated_failure(history: Sequence[AttemptStatus]) -> tuple[FinishReason, st
     for attempt in (before, last):
         if attempt.reason not in COUNTED or attempt.exit_code is None or not _reached(attempt):
             return None
-    if (before.reason, before.exit_code, before.message, before.end_step) != (
-        last.reason,
-        last.exit_code,
-        last.message,
-        last.end_step,
-    ):
+    if _failure(before) != _failure(last):
         return None
     where = f"exit {last.exit_code}, {last.reason}"
     if before_first_step(before) and before_first_step(last):
@@ -74,3 +69,8 @@ def repeated_failure(history: Sequence[AttemptStatus]) -> tuple[FinishReason, st
         return BEFORE_FIRST_STEP, f"{said}; not retried: {last.message}"
     said = f"attempts {before.index} and {last.index} failed the same way at step {last.end_step} ({where})"
     return AT_THE_SAME_STEP, f"{said}; not retried: {last.message}"
+
+
+def _failure(attempt: AttemptStatus) -> tuple[str | None, int | None, str | None, int | None]:
+    """What makes two attempts' failures the same: their reason, exit code, message and end step."""
+    return attempt.reason, attempt.exit_code, attempt.message, attempt.end_step

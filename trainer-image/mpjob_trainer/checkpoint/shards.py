@@ -31,9 +31,9 @@ running code (checkpoint.dcp_reader) and agree on the
 verdict, so that all of them take the same checkpoint; each loads the rank file of its own rank
 (rank r of M reads rank r mod N of the N that wrote it: the generators are exact only on the
 same world size) from the bytes it hashed against the manifest itself (on more ranks than wrote
-it, that file is in another rank's share), then DCP reads the shards it needs now, whatever the world size that wrote
-them (resharding), into the objects as they are sharded now, through that index reader and a
-planner that reads non-tensor values weights-only.
+it, that file is in another rank's share), then DCP reads the shards it needs now, whatever the
+world size that wrote them (resharding), into the objects as they are sharded now, through that
+index reader and a planner that reads non-tensor values weights-only.
 """
 
 from __future__ import annotations
