@@ -6,6 +6,10 @@ a seeded shuffle per epoch, so the session can run any step again by its index
 (`run.register_step`: the fp32 replay of a fault, the catch-up after a skip) and a resume needs
 no data state of its own.
 
+The job sets the optimizer: AdamW with training.learningRate and weightDecay, after a linear
+warm-up over training.warmupSteps (each step's rate set from its index, so a replay or a resume
+trains with the very same rates).
+
 `--overflow-at STEP`: from STEP on an activation is 1e6 times larger: inf in fp16, finite in
 bf16 and fp32. A precision fault: the fp16 attempt ends NumericFault and the next attempt
 resumes in bf16 from the last good checkpoint.
@@ -63,7 +67,8 @@ def main() -> None:
         model = Net(args.features, args.hidden).to(run.device)
         run.keep_fp32(model)  # spec.precision.keepFp32: the LayerNorm
         net = run.wrap(model)
-        optimizer = run.adamw(model, lr=run.spec.training.learning_rate, weight_decay=0.01)
+        tr = run.spec.training  # the job sets the optimizer: learningRate, weightDecay, warmupSteps
+        optimizer = run.adamw(model, lr=tr.learning_rate, weight_decay=tr.weight_decay)
         start = run.resume(model=model, optimizer=optimizer)
 
         @functools.lru_cache(maxsize=2)
@@ -78,6 +83,8 @@ def main() -> None:
         def one_step(step: int) -> None:
             """Optimizer step `step` as the loop runs it; the session runs it too (replay, catch-up)."""
             model.gain = 1e6 if args.overflow_at is not None and step >= args.overflow_at else 1.0
+            for group in optimizer.param_groups:  # a linear warm-up, set from the step alone
+                group["lr"] = tr.learning_rate * min(1.0, (step + 1) / max(1, tr.warmup_steps))
             indices = run.quarantined.keep(samples(step))  # never train on a quarantined sample
             if not indices:  # every sample of the step is quarantined: nothing to train on
                 return
