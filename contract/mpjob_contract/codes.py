@@ -89,6 +89,25 @@ def reason_for_exit_code(code: int) -> Reason:
     return REASON_OF_EXIT_CODE.get(code, Reason.INFRA_ERROR)
 
 
+#: The endings only the session can claim, from what it saw: the guard's verdict, a replay's,
+#: a SIGTERM it honoured with a checkpoint, a device out of memory, a re-promotion it decided.
+#: It writes the reason into the process's report before it exits with the code, so one of
+#: these codes without that report is the script's own exit (a `sys.exit(42)`, before, after or
+#: without the session): a script failure, not a fault to fall back from or a stop to resume
+#: after. ConfigError (43) is not among them: a script's own exit 43 says what the code means.
+WITNESSED: frozenset[Reason] = frozenset(
+    {Reason.NUMERIC_FAULT, Reason.PREEMPTED, Reason.NON_FINITE_IN_FP32, Reason.OUT_OF_DEVICE_MEMORY, Reason.REPROMOTE}
+)
+
+
+def reason_for_process_exit(code: int, reported: str | None) -> Reason:
+    """What a trainer process's exit code stands for, given the reason its own termination
+    report gives (None: it wrote none): a WITNESSED code stands for its reason only when the
+    report says so, and for a script failure (InfraError) otherwise."""
+    reason = reason_for_exit_code(code)
+    return Reason.INFRA_ERROR if reason in WITNESSED and reported != reason else reason
+
+
 #: How trainer endings rank when several processes of one attempt ended differently: the
 #: first class any of them ended in explains the attempt. The launcher folds a pod's local
 #: ranks with it and the operator picks the pod that explains an attempt with it, so a pod

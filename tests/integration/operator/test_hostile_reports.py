@@ -20,7 +20,14 @@ from tests.integration.operator.test_hostile_children import FOREVER, condition,
 
 pytestmark = pytest.mark.integration
 
-ALWAYS_44 = [sys.executable, "-c", "import sys; sys.exit(44)"]
+#: A Preempted report, then exit 44: what a trainer's own preemption leaves (a bare exit 44, with
+#: no report of the session's, is the script's own exit: a script failure, docs/launcher.md).
+ALWAYS_44 = [
+    sys.executable,
+    "-c",
+    "import os, sys; open(os.environ['MPJOB_TERMINATION_LOG'], 'w').write("
+    '\'{"reason": "Preempted", "step": 0}\'); sys.exit(44)',
+]
 
 
 def cpu_command(command: list[str], **run_policy: Any) -> dict[str, Any]:

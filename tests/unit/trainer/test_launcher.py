@@ -131,7 +131,17 @@ FOLDS = {
         "InfraError",
         "(rank 1) exited 3 without a termination report",
     ),
-    "an exit code without a report": Fold([ending(0, 42)], 42, "NumericFault", "exited 42 without a termination"),
+    "an exit code without a report": Fold([ending(0, 43)], 43, "ConfigError", "exited 43 without a termination"),
+    # 42 and 44-47 stand for what only the session decides, and it says so in its report first
+    "a session's code without its report is the script's own exit": Fold(
+        [ending(0, 42)], 1, "InfraError", "exited 42 without a termination report (42 means NumericFault only"
+    ),
+    "a script's own exit 44 after its session succeeded": Fold(
+        [ending(0, 44, "Succeeded", "trained 30 steps")], 1, "InfraError", "exited 44 (its report said Succeeded)"
+    ),
+    "the session's own report of a crash passes through": Fold(
+        [ending(0, 1, "InfraError", "KeyError: 'labels'")], 1, "InfraError", "KeyError: 'labels'"
+    ),
     "exit 137 is infrastructure": Fold([ending(0, 137), ending(1, 0, "Succeeded")], 1, "InfraError", "exited 137"),
     "a report that contradicts its code": Fold(
         [ending(0, 1, "Succeeded", "done")], 1, "InfraError", "exited 1 (its report said Succeeded)"
@@ -426,14 +436,15 @@ def test_a_lone_ranks_report_nested_too_deep_to_decode_still_ends_the_pod_with_o
     tmp_path: Path, pods: Any
 ) -> None:
     """A rank's report is the tenant's word: one nested deeper than the JSON parser recurses
-    (within the report's byte budget) is no report, never the launcher's own crash."""
+    (within the report's byte budget) is no report, never the launcher's own crash; and its exit
+    42, with no report the session wrote to say so, is no numeric fault."""
     deep = '{"reason": "NumericFault", "message": "deep", "x": ' + "[" * 1400 + "]" * 1400 + "}"
     assert len(deep.encode()) <= MAX_REPORT_BYTES
     script = f"import os, sys; open(os.environ['MPJOB_TERMINATION_LOG'], 'w').write({deep!r}); sys.exit(42)"
     pod = pods(tmp_path, ["--nproc-per-worker", "1"], [sys.executable, "-c", script])
     code, report = pod.wait(30)
-    assert code == ExitCode.NUMERIC_FAULT, pod.stderr
-    assert report is not None and report.reason == "NumericFault", pod.stderr
+    assert code == ExitCode.INFRA_ERROR, pod.stderr
+    assert report is not None and report.reason == "InfraError", pod.stderr
     assert "Traceback" not in pod.stderr
 
 

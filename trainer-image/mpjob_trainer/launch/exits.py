@@ -18,8 +18,9 @@ from typing import NamedTuple
 from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, reason_for_exit_code
 from mpjob_contract.environment import MAX_REPORT_BYTES
 
-#: The endings the contract decides by exit code (ENDING_PRECEDENCE's classes).
-_DECIDED = frozenset(ENDING_PRECEDENCE)
+#: The endings the contract decides by exit code (ENDING_PRECEDENCE's classes but InfraError,
+#: which stands for every other code: a report that says InfraError agrees with any of them).
+_DECIDED = frozenset(ENDING_PRECEDENCE) - {Reason.INFRA_ERROR}
 _KNOWN = frozenset(reason.value for reason in Reason)
 
 

@@ -11,7 +11,9 @@ across pods too), highest first:
 | NumericFault      | 42                                 | 42        |
 | OutOfDeviceMemory | 46                                 | 46        |
 | InfraError        | any other code, a signal death, or | 1         |
-|                   | an invalid termination report      |           |
+|                   | an invalid termination report; 42, |           |
+|                   | 44-47 with no report of its own    |           |
+|                   | that says so (the script's exit)   |           |
 | Repromote         | 47                                 | 47        |
 | Preempted         | 44, or a SIGTERM passed on that    | 44        |
 |                   | killed it before it trained        |           |
@@ -45,7 +47,16 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpjob_contract.codes import ENDING_PRECEDENCE, ExitCode, Reason, ending_rank, exit_code_for, reason_for_exit_code
+from mpjob_contract.codes import (
+    ENDING_PRECEDENCE,
+    WITNESSED,
+    ExitCode,
+    Reason,
+    ending_rank,
+    exit_code_for,
+    reason_for_exit_code,
+    reason_for_process_exit,
+)
 from mpjob_contract.report import InvalidReport, TerminationReport
 from mpjob_trainer.launch.exits import RankExit, agrees, how
 
@@ -99,7 +110,7 @@ class RankEnding:
             return Reason.PREEMPTED
         if self.returncode < 0:
             return Reason.INFRA_ERROR
-        return reason_for_exit_code(self.returncode)
+        return reason_for_process_exit(self.returncode, self.report.reason if self.report else None)
 
     @property
     def how(self) -> str:
@@ -206,6 +217,9 @@ def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | 
         why = " before it trained (nothing to checkpoint)"
     else:
         why = "" if ending.returncode == 0 else " without a termination report"
+    coded = reason_for_exit_code(ending.returncode)
+    if coded in WITNESSED and reason is Reason.INFRA_ERROR and ending.invalid_report is None:
+        why += f" ({ending.returncode} means {coded} only with the session's report saying so: the script's own exit)"
     base = donor or TerminationReport(reason=reason)
     said = f"; its stderr ended:\n{ending.stderr_tail}" if ending.stderr_tail else ""
     return base.model_copy(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
+from mpjob_contract.codes import WITNESSED, ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import CheckpointRef, Counters, InPlaceChange, Measurement, Replay, TerminationReport
 from mpjob_contract.skipping import Skipped
@@ -81,11 +81,27 @@ def classify(exc: BaseException | None, standing: Standing) -> Ending:
         )
         return Ending(ExitCode.CONFIG_ERROR, Reason.CONFIG_ERROR, said)
     if isinstance(exc, SystemExit):  # the script called sys.exit() inside the session
-        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else int(ExitCode.INFRA_ERROR))
-        if status == ExitCode.SUCCESS:
-            return classify(None, standing)
-        return Ending(status, reason_for_exit_code(status), f"the script exited with code {status}")
+        return _script_exit(exc, standing)
     return Ending(ExitCode.INFRA_ERROR, Reason.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _script_exit(exc: SystemExit, standing: Standing) -> Ending:
+    """The script's own sys.exit(code): its code by the code's meaning, except the codes of what
+    only the session decides (codes.WITNESSED: 42, 44-47), which the script cannot have seen
+    decided: exit 1, a script failure, retried (and ended after the same failure twice)."""
+    if exc.code is None or isinstance(exc.code, int):
+        status = exc.code or 0
+        said = f"the script exited with code {status}"
+    else:  # sys.exit("a message"): Python's exit 1, the message printed; the report keeps it
+        status, said = int(ExitCode.INFRA_ERROR), f"the script exited: {exc.code}"
+    reason = reason_for_exit_code(status)
+    if status == ExitCode.SUCCESS:
+        return classify(None, standing)
+    if reason in WITNESSED:
+        said += f" (sys.exit({status})): {status} means {reason} only when the session decides it"
+        said += "; read as the script's failure"
+        return Ending(ExitCode.INFRA_ERROR, Reason.INFRA_ERROR, said)
+    return Ending(status, reason, said)
 
 
 def _compile_failure(exc: BaseException) -> bool:
