@@ -16,7 +16,7 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     """The job's phase and precision, one line per attempt, then skips, checkpoint and cost; at
     `now`, a running attempt's line says how long ago its step last moved."""
     precision = f" in {status.precision}" if status.precision else ""  # none before a first attempt
-    lines = [f"{name}: {status.phase}{precision} at step {status.step}"]
+    lines = [f"{name}: {status.phase}{precision} at step {status.step}{failed_because(status)}"]
     resized = len({a.world_size for a in status.attempts}) > 1  # spec.elastic changed the job's size
     # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
     split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
@@ -31,6 +31,13 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     if status.cost and status.cost.gpu_seconds:
         lines.append(cost_line(status))
     return lines
+
+
+def failed_because(status: MixedPrecisionJobStatus) -> str:
+    """Why a Failed job stopped trying, from its Failed condition (' (FailedAtTheSameStep)',
+    ' (AttemptsExhausted)': a job that failed in two of its six attempts says why); else ''."""
+    failed = next((c for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
+    return f" ({failed.reason})" if status.phase == "Failed" and failed is not None and failed.reason else ""
 
 
 #: Endings whose next attempt is no recovery: the user's stop (Ctrl-C, runPolicy.suspend) and its

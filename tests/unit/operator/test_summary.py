@@ -171,3 +171,15 @@ def test_an_attempt_that_quoted_stderr_keeps_to_one_line() -> None:
     (line,) = summary_lines("job", MixedPrecisionJobStatus.model_validate({"attempts": ended}))[1:]
     assert "\n" not in line and len(line) < 60 + SUMMARY_MESSAGE_CHARS
     assert "(first line | xxx" in line and "xxx [...] xxx" in line and line.endswith("x | the error)")
+
+
+def test_a_failed_jobs_headline_names_why_it_stopped_trying() -> None:
+    """A job that failed after two of its six attempts said only `Failed in fp16 at step 5`: the
+    Failed condition's reason (the same failure twice at one step) is what a user acts on."""
+    attempt = {"precision": "fp16", "startStep": 0, "endStep": 5, "reason": "InfraError", "message": "KeyError: 'x'"}
+    failed = {"type": "Failed", "status": "True", "reason": "FailedAtTheSameStep", "lastTransitionTime": "t"}
+    status = {"phase": "Failed", "precision": "fp16", "step": 5, "conditions": [failed],
+              "attempts": [{"index": 0, **attempt}, {"index": 1, **attempt}]}  # fmt: skip
+    lines = summary_lines("job", MixedPrecisionJobStatus.model_validate(status))
+    assert lines[0] == "job: Failed in fp16 at step 5 (FailedAtTheSameStep)"
+    assert summary_lines("ns/fell", FELL_BACK)[0] == "ns/fell: Succeeded in bf16 at step 40"  # only a failure says why
