@@ -156,6 +156,7 @@ def conclude(exc: BaseException | None, standing: Standing, log: EventLog) -> in
     )
     try:
         report.write()
-    except OSError as exc_write:  # e.g. no /dev/termination-log outside a container: the code still tells
+    except OSError as exc_write:  # no /dev/termination-log outside a container; under the launcher a
+        # code of codes.WITNESSED without its report reads as a script failure (retried in its precision)
         print(f"mpjob: cannot write the termination report: {exc_write}", file=sys.stderr)
     return int(ending.code)
