@@ -65,7 +65,7 @@ def main() -> None:
     seen["taken"] = save(writer, {"model": model}, 6)
     seen["damaged"] = save(writer, {"model": model}, 8)
     if rank == 0:  # rank 1's shard of step 8, replaced in the bucket after the commit
-        store.bucket.put(f"{store.key}/step-000000008/__1_0.distcp", b"not the shard")
+        store.bucket.put(f"{store.key}/step-000000008/{writer.name}/__1_0.distcp", b"not the shard")
     dist.barrier()
     loaded = resume.load(store)
     seen["resumed"] = loaded[0].step if loaded is not None else None

@@ -6,6 +6,7 @@ store's own boto3 client counted through botocore's event hooks."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -129,7 +130,10 @@ def test_an_object_larger_than_its_manifest_says_is_never_downloaded(settings: S
     writer = store_of(settings)
     writer.write(10, "bf16", state(10))
     writer.write(20, "bf16", state(20))
-    key = f"{writer.key}/{folder_name(20)}/{STATE}"
+    manifest = json.loads(
+        raw.get_object(Bucket=settings.bucket, Key=f"{writer.key}/{folder_name(20)}/{MANIFEST}")["Body"].read()
+    )
+    key = f"{writer.key}/{folder_name(20)}/{manifest['writer']}/{STATE}"
     body = raw.get_object(Bucket=settings.bucket, Key=key)["Body"].read()
     raw.put_object(Bucket=settings.bucket, Key=key, Body=body + b"\0" * (8 << 20))  # a planted giant
     log: list[dict[str, Any]] = []

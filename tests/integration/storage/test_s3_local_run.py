@@ -90,7 +90,7 @@ def committed_all_verify(folder: str, s3: dict[str, Any]) -> list[int]:
     steps = []
     for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{key}/"):
         for obj in page.get("Contents", []):
-            if obj["Key"].endswith("/manifest.json"):
+            if obj["Key"].endswith("/manifest.json") and "/.corrupt/" not in obj["Key"]:
                 manifest = json.loads(c.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
                 steps.append((obj["Key"].rsplit("/", 2)[-2], manifest))
     os.environ.update(CREDENTIALS)
@@ -106,7 +106,8 @@ def committed_all_verify(folder: str, s3: dict[str, Any]) -> list[int]:
 
 def state_of(path: str, s3: dict[str, Any]) -> dict[str, Any]:
     bucket, key = split_url(path)
-    body = client(s3).get_object(Bucket=bucket, Key=f"{key}/state.pt")["Body"].read()
+    written = json.loads(client(s3).get_object(Bucket=bucket, Key=f"{key}/manifest.json")["Body"].read())
+    body = client(s3).get_object(Bucket=bucket, Key=f"{key}/{written['writer']}/state.pt")["Body"].read()
     return dict(torch.load(io.BytesIO(body), weights_only=True))
 
 

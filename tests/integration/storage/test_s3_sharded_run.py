@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -42,13 +43,16 @@ pytestmark = pytest.mark.integration
 
 FSDP = {"parallelism": {"strategy": "fsdp"}, "resources": {"gpusPerWorker": 0, "processesPerWorker": 2}}
 #: What every rank of two leaves under a sharded checkpoint's prefix, and the commit.
+#: A writer's own folder below a step's prefix; a step folder and an object's name below it.
+WRITER, STEP = re.compile(r"^w-[0-9a-f]{12}/"), re.compile(r"^(.*/step-[0-9]{9})/(.*)$")
 SHARDED_OBJECTS = {".metadata", "__0_0.distcp", "__1_0.distcp", "rank-00000.pt", "rank-00001.pt", "manifest.json"}
 SCRIPT = Path(__file__).resolve().parents[2] / "unit" / "trainer" / "sharded_script.py"
 RANKS = Path(__file__).with_name("sharded_bucket_ranks.py")
 
 
 def objects(folder: str, s3: dict[str, Any], since: float = 0.0) -> dict[str, set[str]]:
-    """The object names below each step folder of the job `folder` (last written at `since` or later)."""
+    """The object names below each step folder of the job `folder` (last written at `since` or
+    later), as a manifest names them (its writer's folder left out)."""
     bucket, key = split_url(folder)
     pages = client(s3).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{key}/")
     found: dict[str, set[str]] = {}
@@ -56,7 +60,7 @@ def objects(folder: str, s3: dict[str, Any], since: float = 0.0) -> dict[str, se
         for obj in page.get("Contents", []):
             if obj["LastModified"].timestamp() >= since:
                 step, name = obj["Key"][len(key) + 1 :].split("/", 1)
-                found.setdefault(step, set()).add(name)
+                found.setdefault(step, set()).add(WRITER.sub("", name))
     return found
 
 
@@ -68,7 +72,7 @@ def uncommitted(s3: dict[str, Any], since: float = 0.0) -> int:
     recent: set[str] = set()
     for page in pages:
         for obj in page.get("Contents", []):
-            folder, _, name = obj["Key"].rpartition("/")
+            folder, name = m.groups() if (m := STEP.match(obj["Key"])) else ("", "")  # a step's, any writer's
             names.setdefault(folder, set()).add(name)
             if obj["LastModified"].timestamp() >= since:
                 recent.add(folder)
@@ -79,8 +83,9 @@ def contents(path: str, s3: dict[str, Any], into: Path) -> dict[str, Any]:
     """A sharded checkpoint of the bucket as plain tensors (DCP's shards joined) and its rank files."""
     bucket, key = split_url(path)
     into.mkdir(parents=True)
-    for name in objects(path.rsplit("/", 1)[0], s3)[path.rsplit("/", 1)[1]]:
-        client(s3).download_file(bucket, f"{key}/{name}", str(into / name))
+    written = json.loads(client(s3).get_object(Bucket=bucket, Key=f"{key}/manifest.json")["Body"].read())
+    for name in written["files"]:
+        client(s3).download_file(bucket, f"{key}/{written['writer']}/{name}", str(into / name))
     dcp_to_torch_save(into, into / "joined.pt")
     ranks = {p.name: torch.load(p, weights_only=True) for p in sorted(into.glob("rank-*.pt"))}
     return {"shards": torch.load(into / "joined.pt", weights_only=True), "ranks": ranks}
@@ -229,7 +234,7 @@ def test_a_rank_that_cannot_upload_leaves_no_manifest_and_another_jobs_step_is_n
         assert rank["fetched"] == sorted({".metadata", "manifest.json", f"__{r}_0.distcp", f"rank-0000{r}.pt"})
     found = objects(where, s3)
     assert found["step-000000002"] == SHARDED_OBJECTS
-    assert "manifest.json" not in found["step-000000004"] and "__0_0.distcp" in found["step-000000004"]
+    assert "step-000000004" not in found  # rank 1 could not upload: rank 0's shards withdrawn too
     assert found["step-000000006"] == set(planted)  # nothing uploaded over another job's checkpoint
     for name, body in planted.items():
         assert client(s3).get_object(Bucket=bucket, Key=f"{key}/step-000000006/{name}")["Body"].read() == body

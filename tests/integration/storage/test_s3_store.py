@@ -4,6 +4,7 @@ only this job's own, and a wrong bucket or credential is a configuration error n
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -54,7 +55,13 @@ def state(step: int) -> dict[str, Any]:
 
 
 def key(store: BucketCheckpointStore, step: int, name: str) -> str:
-    return f"{store.key}/{folder_name(step)}/{name}"
+    """The object of `name` in `step`'s checkpoint: in the folder of the writer its manifest names."""
+    prefix = f"{store.key}/{folder_name(step)}"
+    if name == MANIFEST:
+        return f"{prefix}/{name}"
+    manifest = store.bucket.get(f"{prefix}/{MANIFEST}")
+    assert manifest is not None
+    return f"{prefix}/{json.loads(manifest)['writer']}/{name}"
 
 
 def test_a_checkpoint_round_trips_and_its_ref_names_the_bucket(settings: S3Storage) -> None:

@@ -5,6 +5,7 @@ with the store's own Bucket surface: memory_bucket)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 
 from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, ownership, resume
 from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name
+from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 
@@ -31,6 +33,8 @@ class Place:
 
     open: Callable[[str, int, Callable[..., None]], AnyStore]
     overwrite: Callable[[int, str, bytes], None]
+    #: How many files (objects) hold `body`, wherever they are.
+    holding: Callable[[bytes], int]
     log: list[dict[str, Any]] = field(default_factory=list)
 
     def store(self, job: str = JOB, keep: int = 5) -> AnyStore:
@@ -44,7 +48,7 @@ def _volume(root: Path) -> Place:
     def overwrite(step: int, name: str, body: bytes) -> None:
         (root / folder_name(step) / name).write_bytes(body)
 
-    return Place(open_, overwrite)
+    return Place(open_, overwrite, lambda body: sum(p.read_bytes() == body for p in root.rglob("*") if p.is_file()))
 
 
 def _bucket() -> Place:
@@ -54,9 +58,11 @@ def _bucket() -> Place:
         return BucketCheckpointStore(location, SETTINGS, keep=keep, config_digest="d1", job=job, log=log, bucket=bucket)
 
     def overwrite(step: int, name: str, body: bytes) -> None:
-        bucket.objects[f"runs/ns/job/uid/{folder_name(step)}/{name}"] = body
+        prefix = f"runs/ns/job/uid/{folder_name(step)}"  # a file goes where the manifest there names it
+        writer = json.loads(bucket.objects[f"{prefix}/{MANIFEST}"]).get("writer") if name != MANIFEST else None
+        bucket.objects[f"{prefix}/{writer}/{name}" if writer else f"{prefix}/{name}"] = body
 
-    return Place(open_, overwrite)
+    return Place(open_, overwrite, lambda body: sum(found == body for found in bucket.objects.values()))
 
 
 @pytest.fixture(params=["volume", "bucket"])
@@ -153,6 +159,18 @@ def test_a_save_keeps_its_jobs_valid_checkpoint_and_replaces_a_damaged_one(place
     assert loaded is not None and torch.equal(loaded[1]["w"], torch.zeros(4))
 
 
+def test_of_the_checkpoints_set_aside_as_damaged_the_newest_are_kept_and_the_rest_deleted(place: Place) -> None:
+    store = place.store(keep=10)
+    for step in (10, 20, 30, 40, 50):
+        _save(store, step)
+        place.overwrite(step, STATE, b"damaged %d" % step)
+        _save(store, step)  # finds it damaged: set aside, replaced
+    assert len(store.aside()) == CORRUPT_KEPT
+    kept = [place.holding(b"damaged %d" % step) for step in (10, 20, 30, 40, 50)]
+    assert kept == [0] * (5 - CORRUPT_KEPT) + [1] * CORRUPT_KEPT
+    assert _steps(store) == [10, 20, 30, 40, 50] and resume.load(place.store()) is not None
+
+
 def test_a_copy_of_another_steps_checkpoint_is_not_its_steps_and_a_save_replaces_it(
     place: Place, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -161,7 +179,7 @@ def test_a_copy_of_another_steps_checkpoint_is_not_its_steps_and_a_save_replaces
         _save(store, step)
     copy = CheckpointStore(tmp_path_factory.mktemp("copy"), keep=5, config_digest="d1", job=JOB)
     _save(copy, 10)
-    for name in (STATE, MANIFEST):  # step 10's checkpoint, byte for byte, in step 20's place
+    for name in (MANIFEST, STATE):  # step 10's checkpoint, byte for byte, in step 20's place
         place.overwrite(20, name, (copy.root / folder_name(10) / name).read_bytes())
     reader = place.store()
     loaded = resume.load(reader)

@@ -32,6 +32,8 @@ MAX_SEGMENT_CHARS = 255
 #: A step's folder name has nine digits (checkpoint.manifest.folder_name).
 MAX_STEP = 10**9 - 1
 MAX_WORLD_SIZE = 1 << 20
+#: A bucket writer's folder below the step's prefix (checkpoint.objects): one plain segment.
+WRITER = r"^w-[0-9a-f]{12}$"
 
 Short = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
@@ -61,6 +63,7 @@ class ManifestDocument(BaseModel):
     layout: Annotated[str, Field(max_length=32)] = "single"
     world_size: int = Field(1, alias="worldSize", ge=1, le=MAX_WORLD_SIZE)
     files: dict[str, FileEntry] = Field(max_length=MAX_FILES)
+    writer: str | None = Field(None, pattern=WRITER)
 
     @field_validator("files")
     @classmethod

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mpjob_trainer.checkpoint import shards
+from mpjob_trainer.checkpoint import document, shards
 from mpjob_trainer.checkpoint.bucket import Bucket
 from mpjob_trainer.checkpoint.dcp_files import FETCHERS, INDEX, Read
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, sha256_file, share_of
@@ -137,3 +137,24 @@ def open_sharded(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) 
     fetched.values = {span: digest for _, _, checked in seen for span, digest in checked.items()}
     FETCHERS[str(folder)] = fetched.reads
     return fetched
+
+
+def check_sizes(bucket: Bucket, prefix: str, name: str, manifest: Manifest) -> None:
+    """CorruptCheckpoint unless every file `manifest` lists is an object below `prefix` of the size
+    it gives: checked from a bounded listing before anything is downloaded."""
+    found = bucket.sizes(prefix, document.MAX_FILES + 1)
+    for file, meta in manifest.files.items():
+        if file not in found:
+            raise CorruptCheckpoint(f"{name}: {file} missing from the bucket")
+        if found[file] != int(meta["bytes"]):
+            raise CorruptCheckpoint(f"{name}: {file} is {found[file]} bytes, its manifest says {meta['bytes']}")
+
+
+def fetch_files(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) -> None:
+    """Download every file `manifest` lists from below `prefix` into `folder` (its names checked on
+    reading: inside it); CorruptCheckpoint when one is missing."""
+    for name in manifest.files:
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not bucket.download(f"{prefix}/{name}", target):
+            raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")

@@ -6,7 +6,7 @@ A checkpoint is a folder:
     framework/      what a framework adapter wrote (Hugging Face Trainer, Lightning), if any
     manifest.json   written last: formatVersion, step, precision, configDigest, job (the
                     `<namespace>/<name>/<uid>` that wrote it), createdAt and `files`, the
-                    sha256 and size of every other file in the folder
+                    sha256 and size of every other file in the folder (bucket: `writer`, checkpoint.objects)
 
 Format versions (`formatVersion`; a manifest without the field is version 1):
     1  the layout above, and the builtin loop's AdamW had ONE parameter group
@@ -76,6 +76,7 @@ class Manifest:
     #: SINGLE or DCP; and how many processes wrote it (a sharded checkpoint has one file per rank).
     layout: str = SINGLE
     world_size: int = 1
+    writer: str | None = None  # a bucket's: the folder below the step's prefix of `files` (checkpoint.objects)
 
     @property
     def state_sha256(self) -> str:
@@ -96,6 +97,7 @@ class Manifest:
             "worldSize": self.world_size,
             "files": self.files,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **({"writer": self.writer} if self.writer else {}),
         }
 
 
@@ -144,9 +146,8 @@ def parse_manifest(raw: bytes, name: str) -> Manifest:
     if MANIFEST in doc.files or (doc.layout == SINGLE and STATE not in doc.files):
         raise CorruptCheckpoint(f"{name}: manifest lists itself, or a single-file checkpoint without {STATE}")
     files = {file: entry.model_dump() for file, entry in doc.files.items()}
-    return Manifest(
-        doc.step, doc.precision, doc.config_digest, doc.format_version, files, doc.job, doc.layout, doc.world_size
-    )
+    fields = (doc.step, doc.precision, doc.config_digest, doc.format_version, files, doc.job, doc.layout)
+    return Manifest(*fields, doc.world_size, doc.writer)
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

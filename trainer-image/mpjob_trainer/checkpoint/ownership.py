@@ -8,7 +8,8 @@ counts towards `keep` nor goes; a save that finds such a checkpoint at its own s
 nothing (CheckpointTaken: at the job's last step a configuration error, session.interval). A
 prune counts and removes only checkpoints up to the step just saved, and examines only the
 newest `keep + MAX_EXAMINED` of those step folders (each a manifest read): a save prunes as it
-goes, so its own older ones are within them.
+goes, so its own older ones are within them. Of the job's damaged checkpoints a save set aside,
+the newest CORRUPT_KEPT stay for diagnosis and older ones go (`bound_aside`), on every store.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from __future__ import annotations
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
+
+#: How many of the checkpoints its job set aside as damaged a store keeps for diagnosis.
+CORRUPT_KEPT = 3
 
 
 class CheckpointTaken(Exception):
@@ -75,4 +79,13 @@ def prune(store: Store[W], saved: int) -> None:
     examined = [(step, where) for step, where in store.steps() if step <= saved][-(store.keep + MAX_EXAMINED) :]
     ours = [(where, manifest) for _, where in examined if (manifest := own_manifest(store, where)) is not None]
     for where, manifest in ours[: -store.keep]:
+        store.discard(where, manifest)
+
+
+def bound_aside(store: Store[W]) -> None:
+    """Of the checkpoints this store's job set aside, keep the newest CORRUPT_KEPT and delete the
+    rest (MAX_EXAMINED more examined, each a manifest read: a backlog drains); others' stay."""
+    examined = store.aside()[-(CORRUPT_KEPT + MAX_EXAMINED) :]
+    ours = [(where, manifest) for where in examined if (manifest := own_manifest(store, where)) is not None]
+    for where, manifest in ours[:-CORRUPT_KEPT]:
         store.discard(where, manifest)

@@ -64,10 +64,16 @@ class Store(Protocol[W]):
         ...
 
     def set_aside(self, where: W) -> None:
-        """Take this job's damaged checkpoint at `where` out of reach (a save replaces it)."""
+        """Take this job's damaged checkpoint at `where` out of reach (a save replaces it), then
+        bound those set aside (checkpoint.ownership.bound_aside)."""
+        ...
+
+    def aside(self) -> list[W]:
+        """The places of the checkpoints set aside here, oldest first (by step, then when)."""
         ...
 
     def discard(self, where: W, manifest: Manifest) -> None:
-        """Delete this job's checkpoint at `where` (pruning; a bucket deletes only the objects
-        its `manifest` lists, the names of which were checked when it was read)."""
+        """Delete this job's checkpoint at `where`, committed or set aside (pruning; a bucket
+        deletes only the objects its `manifest` lists, the names of which were checked when it
+        was read)."""
         ...

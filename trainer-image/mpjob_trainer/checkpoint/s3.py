@@ -1,33 +1,27 @@
-"""BucketCheckpointStore: a job's checkpoints in an S3-compatible bucket, with the guarantees of
-the volume store (checkpoint.store) and the same public surface, so the Checkpointer drives
-either.
+"""BucketCheckpointStore: a job's checkpoints in an S3-compatible bucket, with the guarantees and the
+public surface of the volume store (checkpoint.store), so the Checkpointer drives either.
 
-Layout: `s3://<bucket>/<prefix>/<namespace>/<job>/<uid>/step-000000200/` holds the files of one
-checkpoint (checkpoint.manifest's format, unchanged) and its `manifest.json`. A checkpoint is
-written by the volume store into a private local spool folder (torch.save, sha256 of every
-file, the manifest), then uploaded file by file (multipart, parts in parallel: bucket.Bucket)
-and the manifest uploaded LAST: an object store has no rename, so the manifest is the commit
-marker. Until it exists the folder is not a checkpoint; readers list only folders with a
-manifest, and a save killed at any moment leaves objects no reader considers (the next save of
-that step writes them again; `clean_stale` aborts its unfinished multipart uploads).
+Layout (checkpoint.objects): `s3://<bucket>/<prefix>/<namespace>/<job>/<uid>/step-000000200/`
+holds one checkpoint's manifest and, in a folder of its writer's own, its files (checkpoint.manifest's
+format). A save writes through the volume store into a private local spool folder (torch.save,
+sha256 of every file, the manifest), uploads file by file (multipart, parts in parallel:
+bucket.Bucket), then the manifest naming the writer's folder, LAST: an object store has no
+rename, so the manifest is the commit. A folder without one is no checkpoint; two writers of one
+step share no key, so whichever manifest lands last names only its own writer's objects. A save
+that fails deletes what it uploaded (`withdraw`); a killed one's objects stay (nothing in the
+bucket tells a killed writer from one still uploading, whose manifest would then name deleted
+objects); `clean_stale` aborts unfinished multipart uploads. It implements
+checkpoint.protocol's Store over the bucket: resume order, ownership, a save's check of its step,
+keep-K and the bound on set-aside checkpoints (their manifests moved below `.corrupt/`) are the
+volume store's (checkpoint.resume, checkpoint.ownership). A manifest is untrusted input
+(checkpoint.document): a malformed one, or one naming a file outside its folder, is corrupt,
+never followed, pruned or replaced. Loading checks every listed object's size, downloads and
+verifies as the volume store does; a pruned checkpoint is uncommitted, then only the objects its
+manifest lists go. A failure no retry can fix names the bucket (BucketMisconfigured).
 
-The store implements checkpoint.protocol's Store over the bucket (`steps`, `named`,
-`manifest`, `verify`, `set_aside`, `discard`); resume order, ownership, a save's check of its
-step and keep-K pruning are the volume store's, written once (checkpoint.resume,
-checkpoint.ownership). A manifest in the bucket is read as untrusted input
-(checkpoint.document) before anything it names is downloaded or deleted: one that is malformed
-or names a file outside its folder (absolute, `..`, a backslash) is corrupt, never followed,
-never pruned, never replaced (a save of its step writes nothing: CheckpointTaken).
-Loading checks every listed object's size, downloads them and verifies the folder as the volume
-store does: a deleted, damaged or missing object rejects it for the previous good one.
-Pruning keeps this job's newest `keep` committed checkpoints; an older one is uncommitted first
-(manifest deleted), then only the objects its manifest lists go: nothing another wrote.
-Writes happen on the writer thread; a failure no retry can fix names the bucket (BucketMisconfigured).
-
-Sharded (layout dcp, checkpoint.sharded): each rank spools its own DCP files and uploads them
-(`publish`) after rank 0 checked the step's place (`taken`); rank 0 puts the manifest once all
-agreed (`commit`). A restore fetches on each rank only what that rank reads, each file checked
-as it lands, and the ranks agree before any of them uses it (checkpoint.fetched).
+Sharded (checkpoint.sharded): after rank 0 checked the step's place (`taken`) each rank uploads
+its own files (`publish`), rank 0 puts the manifest once all agreed (`commit`) or else deletes
+them (`withdraw`). A restore fetches on each rank only what it reads (checkpoint.fetched).
 """
 
 from __future__ import annotations
@@ -38,15 +32,16 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
-from mpjob_trainer.checkpoint import document, ownership
+from mpjob_trainer.checkpoint import objects, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
-from mpjob_trainer.checkpoint.fetched import FetchedCheckpoint, open_sharded
+from mpjob_trainer.checkpoint.fetched import FetchedCheckpoint, check_sizes, fetch_files, open_sharded
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     MANIFEST,
@@ -106,6 +101,9 @@ class BucketCheckpointStore:
     def url(self, step: int) -> str:
         return f"{self.location}/{folder_name(step)}"
 
+    def _step_prefix(self, step: int) -> str:
+        return f"{self.key}/{folder_name(step)}"
+
     # -- what is committed ------------------------------------------------------------------
     def steps(self) -> list[tuple[int, str]]:
         """The step folders below the job's prefix, oldest first (committed or not): the first
@@ -122,22 +120,39 @@ class BucketCheckpointStore:
 
     def manifest(self, where: str) -> Manifest | None:
         """The committed manifest at `where` (None: not committed; CorruptCheckpoint: not valid)."""
-        name = PurePosixPath(where).name
-        raw = self._manifest_bytes(f"{self.key}/{name}")
-        return parse_manifest(raw, name) if raw is not None else None
+        place = objects.place_prefix(self.key, where)
+        raw = self._manifest_bytes(place)
+        return parse_manifest(raw, PurePosixPath(place).name) if raw is not None else None
 
     def set_aside(self, where: str) -> None:
-        """Uncommit the damaged checkpoint at `where` (its manifest deleted)."""
-        self.bucket.delete([f"{self._prefix(where)}/{MANIFEST}"])
+        """Uncommit the damaged checkpoint at `where`, its manifest moved below `.corrupt/` (its objects
+        stay where they are); of those set aside the newest CORRUPT_KEPT stay (ownership.bound_aside)."""
+        place = objects.place_prefix(self.key, where)
+        raw, step = self._manifest_bytes(place), step_of(PurePosixPath(place).name)
+        if raw is not None and step is not None:
+            self.bucket.put(f"{self.key}/{objects.ASIDE}/{objects.aside_name(step)}/{MANIFEST}", raw)
+        self.bucket.delete([f"{place}/{MANIFEST}"])
+        ownership.bound_aside(self)
+
+    def aside(self) -> list[str]:
+        """The set-aside checkpoints below `.corrupt/` (the first MAX_FOLDERS listed), oldest first."""
+        names = sorted(self.bucket.folders(f"{self.key}/{objects.ASIDE}", MAX_FOLDERS))
+        return [f"{self.location}/{objects.ASIDE}/{name}" for name in names if objects.aside_step(name) is not None]
 
     def discard(self, where: str, manifest: Manifest) -> None:
-        """Uncommit the checkpoint at `where`, then delete the objects its manifest lists."""
-        prefix = self._prefix(where)
-        self.bucket.delete([f"{prefix}/{MANIFEST}"])
-        self.bucket.delete([f"{prefix}/{name}" for name in manifest.files])  # names checked on reading
-
-    def _prefix(self, where: str) -> str:
-        return f"{self.key}/{PurePosixPath(where).name}"
+        """A committed checkpoint: uncommitted (manifest deleted), then the objects it lists go. One
+        set aside: the objects it lists that the step's committed manifest does not, then its own."""
+        place = objects.place_prefix(self.key, where)
+        step = objects.aside_step(PurePosixPath(place).name)
+        if step is None:
+            self.bucket.delete([f"{place}/{MANIFEST}"])
+            self.bucket.delete(objects.file_keys(place, manifest))
+            return
+        try:
+            unshared = objects.unshared(self._step_prefix(step), manifest, self.manifest(self.url(step)))
+        except CorruptCheckpoint:  # what the step's unreadable one (a newer trainer's?) names cannot be known
+            unshared = []
+        self.bucket.delete([*unshared, f"{place}/{MANIFEST}"])  # its own last: a prune killed midway is redone
 
     def _manifest_bytes(self, prefix: str) -> bytes | None:
         """The manifest object below `prefix`, read no further than a manifest may go."""
@@ -188,39 +203,22 @@ class BucketCheckpointStore:
         only what each one's verification reads (checkpoint.fetched: the rest as it is read). The
         ranks reject it together when any one's fetch fails (a rank that went on alone, or left
         alone, would wait for the others' collectives forever)."""
-        prefix = f"{self.key}/{folder.name}"
         peers = Peers(0, 1) if alone else Peers.current()
-        manifest = agreed(lambda: self._fetch_manifest(prefix, folder), peers)
+        manifest = agreed(lambda: self._fetch_manifest(f"{self.key}/{folder.name}", folder), peers)
+        files = objects.files_prefix(f"{self.key}/{folder.name}", manifest)
         if manifest.layout == DCP and not alone:
-            return open_sharded(self.bucket, prefix, folder, manifest)
-        agreed(lambda: self._fetch_files(prefix, folder, manifest), peers)
+            return open_sharded(self.bucket, files, folder, manifest)
+        agreed(lambda: fetch_files(self.bucket, files, folder, manifest), peers)
         return None
-
-    def _fetch_files(self, prefix: str, folder: Path, manifest: Manifest) -> None:
-        for name in manifest.files:
-            target = folder / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if not self.bucket.download(f"{prefix}/{name}", target):
-                raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
 
     def _fetch_manifest(self, prefix: str, folder: Path) -> Manifest:
         raw = self._manifest_bytes(prefix)
         if raw is None:
             raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
         manifest = parse_manifest(raw, folder.name)  # checked: every name stays inside `folder`
-        self._check_sizes(prefix, folder.name, {name: int(meta["bytes"]) for name, meta in manifest.files.items()})
+        check_sizes(self.bucket, objects.files_prefix(prefix, manifest), folder.name, manifest)
         (folder / MANIFEST).write_bytes(raw)
         return manifest
-
-    def _check_sizes(self, prefix: str, name: str, expected: dict[str, int]) -> None:
-        """CorruptCheckpoint unless every file the manifest lists is an object of the size it
-        gives: checked from a bounded listing before anything is downloaded."""
-        found = self.bucket.sizes(prefix, document.MAX_FILES + 1)
-        for file, size in expected.items():
-            if file not in found:
-                raise CorruptCheckpoint(f"{name}: {file} missing from the bucket")
-            if found[file] != size:
-                raise CorruptCheckpoint(f"{name}: {file} is {found[file]} bytes, its manifest says {size}")
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
@@ -241,8 +239,10 @@ class BucketCheckpointStore:
             return SaveResult(ref, time.perf_counter() - start, uploaded)
 
     def _upload(self, folder: Path, step: int) -> int:
-        size = self.publish(step, folder, read_manifest(folder).files)
-        self._put_manifest(step, (folder / MANIFEST).read_bytes())  # the commit: last, and only now
+        writer = objects.new_writer()
+        manifest = replace(read_manifest(folder), writer=writer)
+        size = self.publish(step, folder, manifest.files, writer=writer)
+        self._put_manifest(step, json.dumps(manifest.to_json()).encode())  # the commit: last, and only now
         return size
 
     def taken(self, step: int) -> CheckpointRef | None:
@@ -250,29 +250,40 @@ class BucketCheckpointStore:
         checks: this job's valid checkpoint is kept; CheckpointTaken when it must write nothing)."""
         return ownership.occupied(self, self.url(step))
 
-    def publish(self, step: int, folder: Path, files: dict[str, dict[str, Any]]) -> int:
-        """Upload `files` (names relative to `folder`) below `step`'s prefix: not yet a
-        checkpoint; the manifest, put last, makes one. Returns their bytes."""
-        prefix = f"{self.key}/{folder_name(step)}"
-        start, size = time.perf_counter(), 0
+    def publish(self, step: int, folder: Path, files: dict[str, dict[str, Any]], *, writer: str) -> int:
+        """Upload `files` (names relative to `folder`) into `writer`'s folder below `step`'s prefix:
+        not yet a checkpoint; the manifest, put last, makes one. Returns their bytes; a failed
+        upload withdraws what went up before it raises."""
+        prefix = f"{self._step_prefix(step)}/{writer}"
+        start, size, sent = time.perf_counter(), 0, []
         try:
             for name, meta in files.items():
+                sent.append(name)  # before: an upload that fails may have landed all the same
                 self.bucket.upload(f"{prefix}/{name}", folder / name)
                 size += int(meta["bytes"])
         except Exception:
             self.metrics.checkpoint_commit_failures.inc()
+            self.withdraw(step, sent, writer=writer)
             raise
         self.metrics.checkpoint_upload_seconds.observe(time.perf_counter() - start)
         self.metrics.checkpoint_upload_bytes.inc(size)
         return size
 
+    def withdraw(self, step: int, names: list[str], *, writer: str) -> None:
+        """Delete the files `names` a save that will not commit uploaded into `writer`'s folder of
+        `step` (no manifest names them); logged when it fails: the save's own failure is raised."""
+        try:
+            self.bucket.delete([f"{self._step_prefix(step)}/{writer}/{name}" for name in names])
+        except Exception as exc:
+            self.log("checkpointUploadsLeft", prefix=f"{self._step_prefix(step)}/{writer}", problem=str(exc))
+
     def commit(
-        self, tmp: Path, step: int, precision: str, files: dict[str, dict[str, Any]], *, world_size: int
+        self, tmp: Path, step: int, precision: str, files: dict[str, dict[str, Any]], *, world_size: int, writer: str
     ) -> SaveResult:
-        """Rank 0, once every rank has published its files of a sharded save (`files`: each
-        one's sha256 and size): the manifest, the commit, then keep-K."""
+        """Rank 0, once every rank has published its files of a sharded save into `writer`'s
+        folder (`files`: each one's sha256 and size): the manifest, the commit, then keep-K."""
         start = time.perf_counter()
-        manifest = self.local.sharded_manifest(step, precision, files, world_size=world_size)
+        manifest = replace(self.local.sharded_manifest(step, precision, files, world_size=world_size), writer=writer)
         shutil.rmtree(tmp, ignore_errors=True)
         with self._writing:
             self._put_manifest(step, json.dumps(manifest.to_json()).encode())
@@ -282,7 +293,7 @@ class BucketCheckpointStore:
 
     def _put_manifest(self, step: int, body: bytes) -> None:
         try:
-            self.bucket.put(f"{self.key}/{folder_name(step)}/{MANIFEST}", body)
+            self.bucket.put(f"{self._step_prefix(step)}/{MANIFEST}", body)
         except Exception:
             self.metrics.checkpoint_commit_failures.inc()
             raise

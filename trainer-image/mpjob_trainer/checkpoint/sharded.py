@@ -4,8 +4,10 @@ layout and the whole story): DCP's asynchronous save, then the agreement and ran
 To a bucket (BucketCheckpointStore) DCP writes the same files into this rank's private spool
 folder; rank 0 first checks the step's place (as a single-file save does: another job's or an
 unreadable checkpoint there means nothing is written, this job's valid one is kept), then every
-rank uploads its own files below the step's prefix (no gather onto one rank), the ranks agree
-that every upload completed, and rank 0 puts the manifest last: the commit, then keep-K.
+rank uploads its own files into the writer's folder below the step's prefix (`name`, rank 0's:
+checkpoint.objects; no gather onto one rank), the ranks agree that every upload completed, and
+rank 0 puts the manifest last: the commit, then keep-K; or, when a rank failed, deletes what
+the others uploaded (a failing rank deletes its own).
 What no retry fixes (CheckpointTaken, a ConfigError: a value a restore could not read back, a
 bucket refusing us) ends the save on every rank as itself, as it ends a single-file save.
 
@@ -15,7 +17,6 @@ and the upload's threads) costs the training thread nothing but the GIL it share
 
 from __future__ import annotations
 
-import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from mpjob_trainer.checkpoint.manifest import check_loadable, hash_files
+from mpjob_trainer.checkpoint.objects import new_writer
 from mpjob_trainer.checkpoint.ownership import CheckpointTaken
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
@@ -62,8 +64,9 @@ class ShardedWriter:
         group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
         #: The checkpoint's own group (made collectively, here on the training thread).
         self.peers = Peers.current(group if isinstance(group, dist.ProcessGroup) else None)
-        #: Names this writer's folders (rank 0's, agreed): no other writer's (another attempt's ranks) are the same.
-        self.name = self.peers.from_main(secrets.token_hex(6))
+        #: Names this writer's folders, local and in a bucket (rank 0's, agreed): no other writer's
+        #: (another attempt's ranks) are the same.
+        self.name = self.peers.from_main(new_writer())
 
     def start(self, step: int, precision: str, state: dict[str, Any]) -> PendingSave:
         """Take `state` (a TrainingState capture: live shards under SHARDS) as `step`'s
@@ -167,7 +170,7 @@ class ShardedWriter:
         """Upload this rank's `files` below the step's prefix (not the commit); why not, if it failed."""
         assert isinstance(self.store, BucketCheckpointStore)
         try:
-            self.store.publish(step, tmp, files)
+            self.store.publish(step, tmp, files, writer=self.name)
         except Exception as exc:
             return _why(exc, f"rank {self.peers.rank}: ")
         return None
@@ -175,15 +178,24 @@ class ShardedWriter:
     def _commit(self, step: int, precision: str, *, tmp: Path, outcomes: list[Any]) -> Any:
         """Rank 0: the manifest over every rank's files, then the rename; why not (`_why`), when not."""
         problems = [problem for _, problem in outcomes if problem]
+        files = {name: meta for files, problem in outcomes if not problem for name, meta in files.items()}
         try:
             if problems:
+                self._withdraw(step, files)
                 raise next((p for p in problems if isinstance(p, Exception)), OSError("; ".join(map(str, problems))))
-            files = {name: meta for files, _ in outcomes for name, meta in files.items()}
-            result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size)
+            if isinstance(self.store, BucketCheckpointStore):
+                result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size, writer=self.name)
+            else:
+                result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size)
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             return _why(exc)
         return result.ref, result.bytes
+
+    def _withdraw(self, step: int, files: dict[str, Any]) -> None:
+        """Rank 0, bucket, a rank failed: the files the others uploaded go (no manifest will name them)."""
+        if isinstance(self.store, BucketCheckpointStore):
+            self.store.withdraw(step, sorted(files), writer=self.name)
 
 
 def _why(exc: Exception, rank: str = "") -> str | Exception:

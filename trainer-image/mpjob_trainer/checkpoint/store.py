@@ -60,14 +60,12 @@ from mpjob_trainer.checkpoint.manifest import (
     write_manifest,
 )
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
-from mpjob_trainer.checkpoint.ownership import CheckpointTaken
-from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Log
+from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT, CheckpointTaken
+from mpjob_trainer.checkpoint.protocol import Log
 from mpjob_trainer.errors import ConfigError
 
-__all__ = ["CheckpointStore", "CheckpointTaken", "Log", "SaveResult"]
+__all__ = ["CORRUPT_KEPT", "CheckpointStore", "CheckpointTaken", "Log", "SaveResult"]
 
-#: How many of the folders this job set aside as damaged (`.corrupt-*`) it keeps for diagnosis.
-CORRUPT_KEPT = 3
 _SET_ASIDE = ".corrupt-"
 
 #: Why a checkpoint folder cannot be made that no retry fixes: a file in its place or on its
@@ -140,13 +138,14 @@ class CheckpointStore:
         return read_manifest(where) if where.exists() else None
 
     def set_aside(self, where: Path) -> None:
-        """Move this job's damaged checkpoint at `where` out of sight; of those it set aside the newest
-        CORRUPT_KEPT stay (MAX_EXAMINED more examined, each a manifest read: a backlog drains)."""
+        """Move this job's damaged checkpoint at `where` out of sight (`.corrupt-*`); of those it set
+        aside the newest CORRUPT_KEPT stay (checkpoint.ownership.bound_aside)."""
         self._out_of_sight(where, _SET_ASIDE)
-        aside = sorted(self.root.glob(f"{_SET_ASIDE}*"), key=_set_aside_order)[-(CORRUPT_KEPT + MAX_EXAMINED) :]
-        ours = [(folder, manifest) for folder in aside if (manifest := ownership.own_manifest(self, folder))]
-        for folder, manifest in ours[:-CORRUPT_KEPT]:
-            self.discard(folder, manifest)
+        ownership.bound_aside(self)
+
+    def aside(self) -> list[Path]:
+        """The `.corrupt-*` folders, oldest first (by step, then when they were set aside)."""
+        return sorted(self.root.glob(f"{_SET_ASIDE}*"), key=_set_aside_order)
 
     def discard(self, where: Path, manifest: Manifest) -> None:
         """Delete `where`, out of sight first: a process killed midway leaves a `.tmp-*` folder

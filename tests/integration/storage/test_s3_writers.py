@@ -1,0 +1,153 @@
+"""Writers of one bucket, against a real S3 server (the test cluster's versitygw): two writers of
+one step (an attempt's pod still saving beside the next one's) never mix their objects, a
+checkpoint written before writers had folders of their own is still read and pruned, the
+checkpoints set aside as damaged are bounded as on a volume (with their objects), and a save
+whose upload fails leaves none of its objects behind."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import torch
+
+from mpjob_contract.storage import S3Storage
+from mpjob_trainer.checkpoint import CheckpointStore, resume
+from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name, read_manifest, sha256_file
+from mpjob_trainer.checkpoint.objects import ASIDE, new_writer
+from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT
+from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+from tests.cluster.s3 import CREDENTIALS, S3Server
+
+pytestmark = pytest.mark.integration
+
+JOB = "ns/job/uid"
+
+
+@pytest.fixture
+def settings(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Storage:
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return S3Storage(bucket=s3_server.bucket, prefix=f"w-{uuid.uuid4().hex[:8]}", endpoint=s3_server.endpoint)
+
+
+@pytest.fixture
+def raw(settings: S3Storage) -> Any:
+    """A plain client: what a person (or an older trainer) with the bucket's credentials does."""
+    return boto3.client("s3", endpoint_url=settings.endpoint, region_name=settings.region)
+
+
+def store_of(settings: S3Storage, log: list[dict[str, Any]] | None = None, keep: int = 10) -> BucketCheckpointStore:
+    def record(event: str, **fields: Any) -> None:
+        if log is not None:
+            log.append({"event": event, **fields})
+
+    location = f"{settings.url}/ns/job/uid"
+    return BucketCheckpointStore(location, settings, keep=keep, config_digest="d1", job=JOB, log=record)
+
+
+def state(step: int, value: float) -> dict[str, Any]:
+    return {"step": step, "w": torch.full((1024,), value)}
+
+
+def keys(raw: Any, settings: S3Storage, prefix: str) -> set[str]:
+    listed = raw.list_objects_v2(Bucket=settings.bucket, Prefix=f"{prefix}/", MaxKeys=1000)
+    return {o["Key"] for o in listed.get("Contents", [])}
+
+
+def file_key(raw: Any, store: BucketCheckpointStore, step: int, name: str) -> str:
+    """Where the committed manifest of `step` says its file `name` lies."""
+    prefix = f"{store.key}/{folder_name(step)}"
+    manifest = json.loads(raw.get_object(Bucket=store.bucket.name, Key=f"{prefix}/{MANIFEST}")["Body"].read())
+    return f"{prefix}/{manifest['writer']}/{name}" if manifest.get("writer") else f"{prefix}/{name}"
+
+
+def test_two_writers_of_one_step_never_mix_and_the_last_manifest_names_only_its_own_objects(
+    settings: S3Storage,
+) -> None:
+    """Writer A's manifest goes up just after writer B saved the same step whole (B's upload
+    landed between A's files and A's commit): the step's checkpoint is A's, whole."""
+    first, second = store_of(settings), store_of(settings)
+    first.write(10, "bf16", state(10, 1.0))
+    raced: list[str] = []
+
+    def the_other_saves_first(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Key", "").endswith(f"{folder_name(20)}/{MANIFEST}") and not raced:
+            raced.append(second.write(20, "bf16", state(20, 3.0)).ref.sha256)
+
+    first.bucket.client.meta.events.register("before-parameter-build.s3.PutObject", the_other_saves_first)
+    reported = first.write(20, "bf16", state(20, 2.0)).ref
+    assert raced and raced[0] != reported.sha256
+    log: list[dict[str, Any]] = []
+    loaded = resume.load(store_of(settings, log))
+    assert loaded is not None and loaded[0] == reported  # what the writer reported is what is there
+    assert torch.equal(loaded[1]["w"], state(20, 2.0)["w"]) and log == []
+
+
+def legacy_write(raw: Any, store: BucketCheckpointStore, tmp: Path, step: int, value: float) -> None:
+    """A checkpoint as writers without folders of their own put it: every file directly below the
+    step's prefix, then the manifest (no `writer`), last."""
+    volume = CheckpointStore(tmp, keep=10, config_digest="d1", job=JOB)
+    folder = Path(volume.write(step, "bf16", state(step, value)).ref.path)
+    prefix = f"{store.key}/{folder.name}"
+    for name in read_manifest(folder).files:
+        raw.upload_file(str(folder / name), store.bucket.name, f"{prefix}/{name}")
+    raw.upload_file(str(folder / MANIFEST), store.bucket.name, f"{prefix}/{MANIFEST}")
+    assert "writer" not in json.loads((folder / MANIFEST).read_text())
+
+
+def test_a_checkpoint_without_a_writer_folder_is_read_and_pruned(settings: S3Storage, raw: Any, tmp_path: Path) -> None:
+    store = store_of(settings, keep=1)
+    legacy_write(raw, store, tmp_path, 10, 5.0)
+    loaded = resume.load(store_of(settings))
+    assert loaded is not None and loaded[0].step == 10 and torch.equal(loaded[1]["w"], state(10, 5.0)["w"])
+    store.write(20, "bf16", state(20, 6.0))  # keep=1: the old one goes, its objects with it
+    assert keys(raw, settings, f"{store.key}/{folder_name(10)}") == set()
+    assert [step for step, _ in store.steps()] == [20]
+
+
+def test_checkpoints_set_aside_in_a_bucket_are_bounded_with_their_objects(settings: S3Storage, raw: Any) -> None:
+    """A job that keeps damaging checkpoints keeps the newest CORRUPT_KEPT it set aside: the
+    older ones' objects go; its live checkpoints, another job's set-aside one and anything
+    outside the job's prefix stay."""
+    outside = f"{settings.prefix}/ns/job/elsewhere.bin"
+    raw.put_object(Bucket=settings.bucket, Key=outside, Body=b"not the job's")
+    other = BucketCheckpointStore(
+        f"{settings.url}/ns/job/uid", settings, keep=10, config_digest="d2", job="ns/other/u2"
+    )
+    other.write(5, "bf16", state(5, 0.5))
+    other.unloadable.add(other.url(5))
+    other.write(5, "bf16", state(5, 0.6))  # set aside by the other job
+    store = store_of(settings)
+    aside: list[str] = []  # the damaged checkpoints' state objects, oldest first
+    for step in (10, 20, 30, 40, 50):
+        store.write(step, "bf16", state(step, 1.0))
+        aside.append(file_key(raw, store, step, STATE))
+        body = bytearray(raw.get_object(Bucket=settings.bucket, Key=aside[-1])["Body"].read())
+        body[len(body) // 2] ^= 0xFF
+        raw.put_object(Bucket=settings.bucket, Key=aside[-1], Body=bytes(body))
+        store.write(step, "bf16", state(step, 2.0))  # finds it damaged: set aside, replaced
+    everything = keys(raw, settings, settings.prefix)
+    assert [key in everything for key in aside] == [False] * (5 - CORRUPT_KEPT) + [True] * CORRUPT_KEPT
+    assert outside in everything and file_key(raw, store, 5, STATE) in everything
+    records = {key.split("/")[-2] for key in everything if f"/{ASIDE}/" in key}
+    assert len(records) == CORRUPT_KEPT + 1  # the other job's besides
+    for step in (10, 20, 30, 40, 50):
+        _, loaded = store.verify(store.url(step), alone=True)
+        assert torch.equal(loaded["w"], state(step, 2.0)["w"])
+
+
+def test_a_save_whose_upload_fails_leaves_none_of_its_objects(settings: S3Storage, raw: Any, tmp_path: Path) -> None:
+    store = store_of(settings)
+    (tmp_path / "a.bin").write_bytes(b"a" * 4096)
+    files = {name: {"sha256": sha256_file(tmp_path / "a.bin"), "bytes": 4096} for name in ("a.bin", "b.bin")}
+    with pytest.raises(OSError):  # b.bin is not there to upload: the save fails after a.bin went up
+        store.publish(30, tmp_path, files, writer=new_writer())
+    assert keys(raw, settings, f"{store.key}/{folder_name(30)}") == set()
