@@ -171,24 +171,12 @@ def check_files(folder: Path, manifest: Manifest, share: tuple[int, int] = (0, 1
             raise CorruptCheckpoint(f"{folder.name}: cannot read {name} ({exc.strerror})") from None
 
 
-def read_checked(folder: Path, name: str, meta: dict[str, Any]) -> bytes:
-    """The file `name` of the checkpoint in `folder`, checked as check_files checks it, read once:
-    a reader loads the bytes it hashed, not a file changed since (or checked by another rank)."""
-    try:
-        with _sized(folder, folder.resolve(), name, meta).open("rb") as f:
-            raw = f.read(int(meta["bytes"]) + 1)
-    except OSError as exc:
-        raise CorruptCheckpoint(f"{folder.name}: cannot read {name} ({exc.strerror})") from None
-    _same_sha256(folder, name, hashlib.sha256(raw).hexdigest(), meta)
-    return raw
-
-
 def _check_file(folder: Path, inside: Path, name: str, meta: dict[str, Any]) -> None:
     """The file `name` of the checkpoint in `folder` (resolved: `inside`) is as `meta` says."""
-    _same_sha256(folder, name, sha256_file(_sized(folder, inside, name, meta)), meta)
+    same_sha256(folder, name, sha256_file(sized_file(folder, inside, name, meta)), meta)
 
 
-def _sized(folder: Path, inside: Path, name: str, meta: dict[str, Any]) -> Path:
+def sized_file(folder: Path, inside: Path, name: str, meta: dict[str, Any]) -> Path:
     """The file `name`, there, inside the checkpoint and of the size `meta` gives."""
     path = folder / name
     if not path.is_file():
@@ -201,7 +189,7 @@ def _sized(folder: Path, inside: Path, name: str, meta: dict[str, Any]) -> Path:
     return path
 
 
-def _same_sha256(folder: Path, name: str, actual: str, meta: dict[str, Any]) -> None:
+def same_sha256(folder: Path, name: str, actual: str, meta: dict[str, Any]) -> None:
     if actual != (expected := str(meta.get("sha256"))):
         raise CorruptCheckpoint(f"{folder.name}: {name} sha256 mismatch ({actual[:12]} != {expected[:12]})")
 

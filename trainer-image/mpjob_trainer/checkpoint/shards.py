@@ -49,13 +49,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mpjob_trainer.checkpoint.checked import read_checked
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import (
     CorruptCheckpoint,
     Manifest,
     check_files,
-    read_checked,
     read_manifest,
     share_of,
     state_problem,

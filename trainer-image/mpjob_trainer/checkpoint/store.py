@@ -33,7 +33,7 @@ import secrets
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint import ownership, shards
+from mpjob_trainer.checkpoint.checked import load_checked
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     FORMAT_VERSION,
@@ -229,11 +230,8 @@ class CheckpointStore:
 
     @staticmethod
     def _read_single(path: Path, manifest: Manifest) -> dict[str, Any]:
-        check_files(path, manifest)
-        try:
-            state: dict[str, Any] = torch.load(path / STATE, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise CorruptCheckpoint(f"{path.name}: cannot load ({exc!r})") from exc
+        check_files(path, replace(manifest, files={k: v for k, v in manifest.files.items() if k != STATE}))
+        state = load_checked(path, STATE, manifest.files[STATE])  # the bytes hashed, read once
         problem = state_problem(state, manifest.step)
         if problem is not None:
             raise CorruptCheckpoint(f"{path.name}: {STATE} {problem}")
