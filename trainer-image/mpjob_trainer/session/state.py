@@ -37,6 +37,7 @@ from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.fits import check_fits, hyperparameters
 
 #: In a capture: held in memory, every object by its own state_dict() (never written).
 IN_MEMORY = "heldInMemory"
@@ -79,23 +80,6 @@ def own_fields_problem(state: dict[str, Any]) -> str | None:
         if value is not None and (type(value) is not int or value < 0):
             return f"holds {key} {value!r:.40}, not a count"
     return None
-
-
-def check_fits(obj: Any) -> None:
-    """A ValueError naming what does not fit when `obj` is an optimizer whose just-loaded state
-    another kind of optimizer wrote (SGD's into AdamW): a param group without one of its kind's
-    hyperparameters (`defaults`), which its first step would fail on. load_state_dict has checked
-    the group and parameter counts already, and put in the flags newer than the checkpoint."""
-    if not isinstance(obj, torch.optim.Optimizer):
-        return
-    for index, group in enumerate(obj.param_groups):
-        if lacking := sorted(set(obj.defaults) - set(group)):
-            held = ", ".join(sorted(set(group) - {"params"}))
-            raise ValueError(
-                f"its param group {index} holds no {', '.join(lacking)} (it holds {held}): another kind of "
-                f"optimizer than this run's {type(obj).__name__} wrote it; build the optimizer the run that wrote "
-                "it built, or start afresh in a new checkpoint folder"
-            )
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -231,9 +215,10 @@ class TrainingState:
         for name, obj in self.objects.items():
             if state[name] is None and isinstance(folder, str):
                 continue  # read from the shards above
+            defaults = hyperparameters(obj)  # as built: loading may add newer flags to its defaults
             try:
                 obj.load_state_dict(state[name])
-                check_fits(obj)
+                check_fits(obj, defaults)
             except Exception as exc:
                 raise ConfigError(f"cannot load the checkpoint's {name!r} into this run's {name}: {exc}") from exc
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":

@@ -1,0 +1,74 @@
+"""Whether an optimizer's just-loaded state is one its own kind wrote (`check_fits`).
+
+torch's load_state_dict checks the group and parameter counts only: the state of another kind
+of optimizer loads, and its first step fails (a KeyError, taken for an infrastructure failure
+and retried). Two things are compared, both from torch's own answers, no table of optimizers:
+- each param group holds every hyperparameter of this run's kind (its `defaults`, as built:
+  SGD's state lacks AdamW's betas);
+- each parameter's state holds every entry a step of this kind keeps under that group's
+  settings (Adam's lacks Adamax's exp_inf): found by one step of a scratch optimizer of the
+  same class, built with those settings, over one scratch parameter of the same dtype and
+  device. A kind whose step cannot be taken so (LBFGS wants a closure) is not compared.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+def check_fits(obj: Any, defaults: Iterable[str]) -> None:
+    """A ValueError naming what does not fit when `obj` is an optimizer whose just-loaded state
+    another kind of optimizer wrote; `defaults`: its hyperparameters' names as the run built it."""
+    if not isinstance(obj, torch.optim.Optimizer):
+        return
+    kind = type(obj).__name__
+    advice = "build the optimizer the run that wrote it built, or start afresh in a new checkpoint folder"
+    position = 0
+    for index, group in enumerate(obj.param_groups):
+        if lacking := sorted(set(defaults) - set(group)):
+            held = ", ".join(sorted(set(group) - {"params"}))
+            raise ValueError(
+                f"its param group {index} holds no {', '.join(lacking)} (it holds {held}): another kind of "
+                f"optimizer than this run's {kind} wrote it; {advice}"
+            )
+        needed = _kept(obj, group)
+        for param in group["params"]:
+            held_state = obj.state.get(param)
+            if needed and held_state and (missing := sorted(needed - set(held_state))):
+                raise ValueError(
+                    f"its state for parameter {position} holds no {', '.join(missing)} (it holds "
+                    f"{', '.join(sorted(held_state))}; a step of this run's {kind} keeps {', '.join(sorted(needed))}): "
+                    f"another kind of optimizer wrote it; {advice}"
+                )
+            position += 1
+
+
+def hyperparameters(obj: Any) -> set[str]:
+    """The hyperparameters an optimizer `obj`'s param groups hold (before a load: as the run built
+    it; a load adds newer flags to its `defaults` that a group it loads may not hold)."""
+    if not isinstance(obj, torch.optim.Optimizer):
+        return set()
+    return set(obj.defaults) & {key for group in obj.param_groups for key in group}
+
+
+def _kept(obj: torch.optim.Optimizer, group: dict[str, Any]) -> set[str] | None:
+    """The per-parameter state entries one step of `obj`'s kind keeps under `group`'s settings
+    (None: a scratch step of its kind cannot be taken)."""
+    if not group["params"]:
+        return None
+    like: torch.Tensor = group["params"][0]
+    scratch = torch.zeros(1, dtype=like.dtype, device=like.device, requires_grad=True)
+    accepted = inspect.signature(type(obj)).parameters
+    anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    settings = {key: value for key, value in group.items() if key != "params" and (anything or key in accepted)}
+    try:
+        probe = type(obj)([scratch], **settings)
+        scratch.grad = torch.zeros_like(scratch)
+        probe.step()
+    except Exception:
+        return None
+    return set(probe.state[scratch])
