@@ -25,7 +25,8 @@ from mpjob_contract.parallelism import Parallelism
 from mpjob_trainer import sharding
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
 from mpjob_trainer.checkpoint.manifest import DCP, Manifest, folder_name, hash_files, read_manifest, write_manifest
-from mpjob_trainer.checkpoint.shards import Peers, rank_file, read_local
+from mpjob_trainer.checkpoint.peers import Peers
+from mpjob_trainer.checkpoint.shards import rank_file, read_local
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.guard import NumericGuard
@@ -347,6 +348,40 @@ def case_resume_listed_apart(world: World) -> dict[str, Any]:
     return _resumed(world, root, _Resumed(world))
 
 
+def case_resume_upgrade_fails_on_one_rank(world: World) -> dict[str, Any]:
+    """A format-1 checkpoint whose optimizer rank 1 cannot bring forward (its optimizer has two
+    groups over no registered module's parameters: a ConfigError there), rank 0 can (one group):
+    both end with the ConfigError, rank 0 without waiting alone in the ranks' agreement."""
+    from mpjob_trainer.session.state import TrainingState
+
+    root = Path(sys.argv[4]) / "ckpt"
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    if world.is_main:
+        state = TrainingState({"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)})
+        folder = Path(_store(root).write(5, "fp32", state.capture(5, 5, "fp32", None)).ref.path)
+        written = json.loads((folder / "manifest.json").read_text())
+        del written["formatVersion"]  # format 1: written before the builtin's optimizer had two groups
+        (folder / "manifest.json").write_text(json.dumps(written))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:
+        other = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD([{"params": [other.weight]}, {"params": [other.bias]}], lr=0.1)
+    dist.barrier()
+    checkpointer = Checkpointer(
+        _store(root), world, EventLog(stream=io.StringIO()), TrainerMetrics("j", "ns", 0, "fp32")
+    )
+    try:
+        checkpointer.open(TrainingState({"model": model, "optimizer": optimizer}), None, "fp32", None)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def _store(root: Path) -> CheckpointStore:
+    return CheckpointStore(root, keep=5, config_digest="d", job="ns/j/u1")
+
+
 def _one_writer(folder: Path, lr: float) -> None:
     """A sharded checkpoint of step 5 as one process writes it into `folder`, committed (a small
     model and an optimizer's param_groups of lr `lr`, a non-tensor value)."""
@@ -378,7 +413,7 @@ def case_resume_manifest_rejected_on_one_rank(world: World) -> dict[str, Any]:
 def case_agreed_read_failing_on_one_rank(world: World) -> dict[str, Any]:
     """Rank 1's read of a checkpoint fails (an I/O error, no verdict on the checkpoint), rank 0's
     passes: rank 1 raises its error, rank 0 a PeerFailed naming it; neither waits for the other."""
-    from mpjob_trainer.checkpoint.shards import Peers, agreed
+    from mpjob_trainer.checkpoint.peers import Peers, agreed
 
     def check() -> str:
         if world.rank == 1:

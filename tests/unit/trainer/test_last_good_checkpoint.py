@@ -178,6 +178,16 @@ def test_a_read_that_fails_on_one_rank_stops_every_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.process
+def test_a_checkpoint_one_rank_cannot_bring_forward_ends_every_rank_alike(tmp_path: Path) -> None:
+    """A rank whose restore raises a ConfigError (an older format it cannot bring forward) must not
+    leave the others waiting in the ranks' agreement on the restore: every rank raises it."""
+    forward, failed = ranks(tmp_path, "resume_upgrade_fails_on_one_rank", 2, timeout=60)
+    assert failed["error"] == "ConfigError" and "checkpoint format 1" in failed["message"], failed
+    assert forward["error"] == "ConfigError" and forward["message"].startswith("rank 1: "), forward
+    assert "checkpoint format 1" in forward["message"], forward
+
+
+@pytest.mark.process
 def test_a_sharded_checkpoints_own_fields_one_rank_rejects_are_rejected_by_every_rank(tmp_path: Path) -> None:
     """A rank whose own rank file of a sharded checkpoint holds unusable fields must not leave the
     others alone in the joint read of its shards (they would wait for it forever)."""

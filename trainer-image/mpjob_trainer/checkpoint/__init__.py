@@ -3,6 +3,7 @@
 - `manifest`: the on-disk format of one checkpoint (files, manifest, format version, hashing);
 - `document`: a manifest's JSON as read (untrusted): its shape, bounds and safe file names;
 - `checked`: a file read once, hashed as it is read, and loaded from the bytes checked;
+- `peers`: the ranks that read or write one checkpoint together, and how they agree on it;
 - `protocol`: Store, the few operations in which a volume and a bucket differ;
 - `resume`, `ownership`: written once over any Store: which checkpoint an attempt resumes
   from; which checkpoints are its job's, what a save does at a taken step, keep-K pruning;

@@ -26,6 +26,7 @@ from mpjob_trainer.checkpoint import document, shards
 from mpjob_trainer.checkpoint.bucket import Bucket
 from mpjob_trainer.checkpoint.dcp_files import FETCHERS, INDEX, Read
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest, sha256_file, share_of
+from mpjob_trainer.checkpoint.peers import Peers, agree
 
 #: Where a non-tensor value lies: (file, offset, length).
 Span = tuple[str, int, int]
@@ -59,7 +60,7 @@ class FetchedCheckpoint:
                 raise CorruptCheckpoint(f"{self.folder.name}: {name} sha256 mismatch")
             self.fetched.add(name)
 
-    def for_verification(self, peers: shards.Peers) -> dict[Span, str]:
+    def for_verification(self, peers: Peers) -> dict[Span, str]:
         """What this rank's verification reads: DCP's index, its rank file and its share of the
         checks (the files, and the non-tensor values in them: checkpoint.shards.read_local);
         returns the sha256 of each value in the files of its share (`values`)."""
@@ -124,7 +125,7 @@ def open_sharded(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) 
     ranks go on with it, or CorruptCheckpoint on all of them (a rank that went on alone would
     wait for the others forever). Later reads of the folder's shards fetch what they need."""
     fetched = FetchedCheckpoint(bucket, prefix, folder, manifest)
-    peers = shards.Peers.current()
+    peers = Peers.current()
     problem, values = None, {}
     try:
         values = fetched.for_verification(peers)
@@ -133,7 +134,7 @@ def open_sharded(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) 
     seen = peers.gather((problem, manifest.state_sha256, values))
     if problem is None and len({digest for _, digest, _ in seen}) > 1:
         problem = f"{folder.name}: the ranks read different manifests (it changed while they read it)"
-    shards.agree(problem, peers)
+    agree(problem, peers)
     fetched.values = {span: digest for _, _, checked in seen for span, digest in checked.items()}
     FETCHERS[str(folder)] = fetched.reads
     return fetched

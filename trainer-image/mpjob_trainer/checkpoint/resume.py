@@ -26,6 +26,9 @@ starting at step 0 from states that differ (DDP never re-syncs parameters). The 
 processes start from their initial state (`unloadable` is this process's memory: it tries the
 same checkpoint again), and one that keeps failing so ends two attempts alike, before their first
 step, and the job with them (operator planning.repeat). A single process still starts at step 0.
+A rank whose reading or restore of a checkpoint fails without a verdict on it (an I/O error; a
+ConfigError: the run does not fit it) ends the resume on every rank (checkpoint.peers): its error
+there, PeerFailed on the others, or the same ConfigError, never a rank left alone in an agreement.
 
 Only the newest `protocol.MAX_EXAMINED` step folders are candidates (the named one besides):
 each costs a manifest read, a request to a bucket, and a store crowded with folders (thousands
@@ -41,8 +44,8 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, step_of
+from mpjob_trainer.checkpoint.peers import Peers, agree
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
-from mpjob_trainer.checkpoint.shards import Peers, agree
 
 Loaded = tuple[CheckpointRef, dict[str, Any]]
 #: Loads a verified checkpoint into the run; CorruptCheckpoint when its files do not load.
@@ -109,13 +112,13 @@ def first_valid(store: Store[W], places: list[W], restore: Restore | None = None
     peers = Peers.current()
     apart: W | None = None  # a checkpoint some rank loaded and another could not
     for where in places:
-        loaded, problem = _verified(store, where)
-        if _agreed(store, where, problem, peers):
+        loaded, problem, failure = _verified(store, where)
+        if _agreed(store, where, problem, peers, failure):
             assert loaded is not None  # no rank found a problem, this one included
             if restore is None:
                 return loaded
-            problem = _restored(loaded, restore)
-            if _agreed(store, where, problem, peers):
+            problem, failure = _restored(loaded, restore)
+            if _agreed(store, where, problem, peers, failure):
                 return loaded
             store.unloadable.add(where)  # on every rank: rank 0's save of its step replaces it
             if None in peers.gather(problem) and apart is None:
@@ -128,28 +131,35 @@ def first_valid(store: Store[W], places: list[W], restore: Restore | None = None
     return None
 
 
-def _agreed(store: Store[W], where: W, problem: str | None, peers: Peers) -> bool:
-    """Whether no rank found a `problem` with the place `where` (else it is logged as rejected)."""
+def _agreed(store: Store[W], where: W, problem: str | None, peers: Peers, failure: Exception | None) -> bool:
+    """Whether no rank found a `problem` with the place `where` (else it is logged as rejected); a
+    rank's `failure` (no verdict: an I/O error, a ConfigError) ends the resume on every rank."""
     try:
-        agree(problem, peers)
+        agree(problem, peers, failure)
     except CorruptCheckpoint as exc:
         store.log("checkpointRejected", path=str(where), problem=str(exc))
         return False
     return True
 
 
-def _verified(store: Store[W], where: W) -> tuple[Loaded | None, str | None]:
-    """This rank's reading of the checkpoint at `where`: its verified state, or why not."""
+def _verified(store: Store[W], where: W) -> tuple[Loaded | None, str | None, Exception | None]:
+    """This rank's reading of the checkpoint at `where`: its verified state, or why not (a problem
+    with it), or how the reading failed (no verdict on it)."""
     try:
-        return store.verify(where), None
+        return store.verify(where), None, None
     except CorruptCheckpoint as exc:
-        return None, str(exc)
+        return None, str(exc), None
+    except Exception as exc:  # raised on every rank by the agreement: none left waiting in it
+        return None, None, exc
 
 
-def _restored(loaded: Loaded, restore: Restore) -> str | None:
-    """Why `restore` could not load the verified checkpoint `loaded` on this rank (None: it did)."""
+def _restored(loaded: Loaded, restore: Restore) -> tuple[str | None, Exception | None]:
+    """Why `restore` could not load the verified checkpoint `loaded` on this rank (None: it did),
+    or how it failed (a ConfigError: the run does not fit it)."""
     try:
         restore(loaded)
     except CorruptCheckpoint as exc:
-        return str(exc)
-    return None
+        return str(exc), None
+    except Exception as exc:  # raised on every rank by the agreement: none left waiting in it
+        return None, exc
+    return None, None

@@ -52,8 +52,8 @@ from mpjob_trainer.checkpoint.manifest import (
     read_manifest,
     step_of,
 )
+from mpjob_trainer.checkpoint.peers import Peers, agreed
 from mpjob_trainer.checkpoint.protocol import Log
-from mpjob_trainer.checkpoint.shards import Peers, agreed
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
 

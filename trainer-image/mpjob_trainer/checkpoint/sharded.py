@@ -34,9 +34,10 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from mpjob_trainer.checkpoint.manifest import check_loadable, hash_files
 from mpjob_trainer.checkpoint.objects import new_writer
 from mpjob_trainer.checkpoint.ownership import CheckpointTaken
+from mpjob_trainer.checkpoint.peers import Peers
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.select import AnyStore
-from mpjob_trainer.checkpoint.shards import SHARDS, Peers, rank_file
+from mpjob_trainer.checkpoint.shards import SHARDS, rank_file
 from mpjob_trainer.checkpoint.staging import snapshot
 from mpjob_trainer.checkpoint.store import SaveResult
 from mpjob_trainer.errors import ConfigError

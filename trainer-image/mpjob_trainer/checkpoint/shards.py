@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,6 +58,7 @@ from mpjob_trainer.checkpoint.manifest import (
     share_of,
     state_problem,
 )
+from mpjob_trainer.checkpoint.peers import Peers, agree
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
@@ -71,8 +70,6 @@ SHARDS = "shards"
 #: In a captured state: which registered names are in the shards ({"module": ..., "optimizer": ...}).
 SHARDED_OBJECTS = "shardedObjects"
 
-
-T = TypeVar("T")
 
 #: What names a rank file, well formed or not (rank_file writes them).
 _RANK_FILE = re.compile(r"rank-[0-9]+\.pt")
@@ -89,82 +86,6 @@ def is_sharded(obj: Any) -> bool:
     if isinstance(obj, torch.optim.Optimizer):
         return any(is_dtensor(p) for group in obj.param_groups for p in group["params"])
     return False
-
-
-@dataclass(frozen=True)
-class Peers:
-    """The ranks that write or read one checkpoint together, and the group they talk on."""
-
-    rank: int
-    size: int
-    group: dist.ProcessGroup | None = None
-
-    @classmethod
-    def current(cls, group: dist.ProcessGroup | None = None) -> Peers:
-        if not (dist.is_available() and dist.is_initialized()):
-            return cls(0, 1)
-        return cls(dist.get_rank(), dist.get_world_size(), group)
-
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's `obj`, in rank order, on every rank."""
-        if self.size == 1:
-            return [obj]
-        out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
-
-    def from_main(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank."""
-        if self.size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-
-def all_ranks(verdict: torch.Tensor) -> torch.Tensor:
-    """A boolean tensor true on every rank only when it is true on all of them."""
-    if dist.is_available() and dist.is_initialized():
-        flag = verdict.to(torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return flag.bool()
-    return verdict
-
-
-class PeerFailed(Exception):
-    """Another rank failed (an I/O or bucket error, no verdict on the checkpoint) while the ranks
-    read one together: this one stops too (InfraError) rather than wait alone in a collective."""
-
-
-def agree(problem: str | None, peers: Peers, failure: Exception | None = None) -> None:
-    """Raise CorruptCheckpoint on every rank when any rank found a `problem`; a rank's `failure`
-    is raised on it, and PeerFailed on the others, before any verdict."""
-    said = peers.gather((problem, None if failure is None else f"{type(failure).__name__}: {failure}"))
-    if failure is not None:
-        raise failure
-    if failed := [(rank, error) for rank, (_, error) in enumerate(said) if error is not None]:
-        rank, error = failed[0]
-        raise PeerFailed(f"rank {rank} failed while the ranks read a checkpoint together: {error}")
-    found = [(rank, p) for rank, (p, _) in enumerate(said) if p is not None]
-    if found:
-        rank, first = found[0]
-        raise CorruptCheckpoint(first if rank == peers.rank else f"rank {rank}: {first}")
-
-
-def agreed(check: Callable[[], T], peers: Peers, found: str | None = None) -> T:
-    """`check()`'s answer, once every rank of `peers` has checked: CorruptCheckpoint on all when it
-    raised one on any (or a rank `found` a problem before); another exception on its rank and
-    PeerFailed on the others (a rank that raised alone would leave them waiting in a collective)."""
-    answer, problem, failure = None, found, None
-    if problem is None:
-        try:
-            answer = check()
-        except CorruptCheckpoint as exc:
-            problem = str(exc)
-        except Exception as exc:
-            failure = exc
-    agree(problem, peers, failure)
-    return cast(T, answer)
 
 
 # ---------------------------------------------------------------- the state dicts DCP sees

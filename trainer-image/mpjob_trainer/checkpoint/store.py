@@ -62,6 +62,7 @@ from mpjob_trainer.checkpoint.manifest import (
 )
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
 from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT, CheckpointTaken
+from mpjob_trainer.checkpoint.peers import Peers, agreed
 from mpjob_trainer.checkpoint.protocol import Log
 from mpjob_trainer.errors import ConfigError
 
@@ -202,8 +203,8 @@ class CheckpointStore:
         a sharded checkpoint's is this rank's small state, its folder under shards.SHARDS (where
         TrainingState.restore reads the shards). Unless `alone`, the process group's ranks reject it
         together: for its manifest (one rank's copy may be stale or damaged), then its files."""
-        peers = shards.Peers(0, 1) if alone else shards.Peers.current()
-        manifest = shards.agreed(lambda: self._manifest_of(path), peers)
+        peers = Peers(0, 1) if alone else Peers.current()
+        manifest = agreed(lambda: self._manifest_of(path), peers)
         if manifest.layout == DCP:
             state = shards.read_local(path, manifest, peers)
             state[shards.SHARDS] = str(path)

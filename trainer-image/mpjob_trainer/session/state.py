@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - torch runs without numpy
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
+from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session.fits import check_fits, hyperparameters
@@ -153,7 +154,7 @@ class TrainingState:
         target = next((p.device for p in params if p.device.type == "cuda"), params[0].device)
         verdict = torch.stack([torch.isfinite(p.detach()).all().to(target) for p in params]).all()
         if self.sharded:  # each rank sees its shards only: every rank must take the same decision
-            verdict = shards.all_ranks(verdict)
+            verdict = all_ranks(verdict)
         return bool(verdict)
 
     def capture(
@@ -185,21 +186,27 @@ class TrainingState:
             state[shards.SHARDS] = self._shard_dicts()
         return state
 
+    def _usable(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` in the current format (a ConfigError when it cannot be brought to it), with its
+        own fields usable (else CorruptCheckpoint)."""
+        state = upgrade(state, self.objects)
+        problem = own_fields_problem(state)
+        if problem is not None:
+            raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
+        return state
+
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
         """Load a checkpoint into the objects and generators; returns its applied-step count.
         CorruptCheckpoint when its own fields are unusable (`own_fields_problem`): the previous
-        good checkpoint is used; a sharded one's on every rank when they are on any."""
-        state = upgrade(state, self.objects)
-        problem = own_fields_problem(state)
-        why = None if problem is None else f"the checkpoint of step {state.get('step')} {problem}"
+        good checkpoint is used; a sharded one's on every rank when they are on any, and on every
+        rank the error of one that cannot bring it to this format (`upgrade`) before the shards."""
         folder = state.get(shards.SHARDS)
+        peers = Peers.current() if isinstance(folder, str) else Peers(0, 1)  # a single file: resume agrees
+        state = agreed(lambda: self._usable(state), peers)
         if isinstance(folder, str):  # a sharded checkpoint: its pair is read from the shards
-            shards.agree(why, shards.Peers.current())  # by all ranks together: they reject it together
             names: dict[str, str] = state[shards.SHARDED_OBJECTS]
             shards.restore_shards(Path(folder), self.objects, names)
             state = {**state, **{name: None for name in names.values()}}
-        elif why is not None:
-            raise CorruptCheckpoint(why)
         elif self.sharded and not state.get(IN_MEMORY):
             raise ConfigError(
                 f"the checkpoint of step {state.get('step')} is a single-file checkpoint and this run's model is "
