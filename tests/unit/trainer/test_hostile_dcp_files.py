@@ -225,3 +225,31 @@ def test_a_value_read_by_range_is_checked_by_the_rank_reading_it(tmp_path: Path)
     (tmp_path / "unchanged").mkdir()
     unchanged = ranks(tmp_path / "unchanged", "ranged_value_unchanged", 2)
     assert [rank["value"] for rank in unchanged] == [0.1, 0.1]
+
+
+def _zero_the_last_tensor(folder: Path) -> None:
+    """Zero the bytes of the tensor read last from its shard file (those before it load)."""
+    with (folder / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)  # our own, just written
+    tensors = {k for k, v in metadata.state_dict_metadata.items() if type(v).__name__ == "TensorStorageMetadata"}
+    info = max((v for i, v in metadata.storage_data.items() if i.fqn in tensors), key=lambda v: v.offset)
+    shard = bytearray((folder / info.relative_path).read_bytes())
+    shard[info.offset : info.offset + info.length] = b"\0" * info.length
+    (folder / info.relative_path).write_bytes(bytes(shard))
+    _recompute_manifest(folder)
+
+
+def test_shards_that_fail_to_load_after_part_of_them_was_read_never_make_a_fresh_start(tmp_path: Path) -> None:
+    """The only checkpoint's shards verify and fail to load once some of them are in the weights: the
+    run must not start at step 0 from those half-loaded weights; the attempt ends, naming it."""
+    log: list[dict[str, Any]] = []
+    only = _commit(_store(tmp_path / "ckpt", log), 20)
+    _zero_the_last_tensor(only)
+    objects = _objects(0)
+    initial = {k: v.clone() for k, v in objects["model"].state_dict().items()}
+    with pytest.raises(resume.ResumedApart) as ended:
+        resume.load(_store(tmp_path / "ckpt", log), restore=lambda got: restore_shards(only, objects, NAMES))
+    assert "step-000000020" in str(ended.value) and "in part" in str(ended.value), ended.value
+    assert "cannot read its shards" in log[0]["problem"]
+    changed = [k for k, v in objects["model"].state_dict().items() if not torch.equal(v, initial[k])]
+    assert changed, "the load had begun: no longer the initial weights (why a fresh start is refused)"

@@ -63,6 +63,10 @@ class CorruptCheckpoint(Exception):
     """A checkpoint that must not be resumed from (damaged, from another job, or unreadable)."""
 
 
+class PartlyLoaded(CorruptCheckpoint):
+    """A checkpoint rejected once its loading into the run's objects had begun: part of it may be there."""
+
+
 @dataclass(frozen=True)
 class Manifest:
     step: int

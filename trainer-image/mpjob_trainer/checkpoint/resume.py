@@ -20,12 +20,15 @@ Under a process group every rank resumes the same checkpoint: the ranks try rank
 any rank rejects (its files, or its restore, failed there) is rejected by all of them. The ranks
 agree on a checkpoint's files before any of them loads it, so one rejected for its files is
 loaded nowhere. One that verifies on every rank and still fails to load on some (its restore)
-may be loaded on the others already: the next candidate, loaded on every rank, makes their
-states one again, and with none left the attempt ends (ResumedApart, an InfraError) instead of
-starting at step 0 from states that differ (DDP never re-syncs parameters). The retry's new
+may be loaded on the others already, and one whose loading failed midway (a sharded one's shards
+that DCP could not read to the end: PartlyLoaded) may be in part on every rank: the next
+candidate, loaded on every rank, makes their states one again, and with none left the attempt
+ends (ResumedApart, an InfraError) instead of starting at step 0 from states that differ (DDP
+never re-syncs parameters) or from half-loaded weights. The retry's new
 processes start from their initial state (`unloadable` is this process's memory: it tries the
 same checkpoint again), and one that keeps failing so ends two attempts alike, before their first
-step, and the job with them (operator planning.repeat). A single process still starts at step 0.
+step, and the job with them (operator planning.repeat). A single process that could not load one
+at all still starts at step 0.
 A rank whose reading or restore of a checkpoint fails without a verdict on it (an I/O error; a
 ConfigError: the run does not fit it) ends the resume on every rank (checkpoint.peers): its error
 there, PeerFailed on the others, or the same ConfigError, never a rank left alone in an agreement.
@@ -43,7 +46,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, step_of
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, PartlyLoaded, step_of
 from mpjob_trainer.checkpoint.peers import Peers, agree
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
 
@@ -98,9 +101,10 @@ def precision_of(store: Store[W], where: W) -> str | None:
 
 
 class ResumedApart(Exception):
-    """Some rank loaded a checkpoint the others could not, and no other one loads on every rank:
-    the ranks' states differ, so this attempt cannot start at step 0 (an InfraError; the next
-    attempt's processes start from their initial state)."""
+    """Some rank loaded a checkpoint, in whole or in part, that was then rejected, and no other one
+    loads on every rank: the ranks' states are not their initial ones (nor one another's), so this
+    attempt cannot start at step 0 (an InfraError; the next attempt's processes start from their
+    initial state)."""
 
 
 def first_valid(store: Store[W], places: list[W], restore: Restore | None = None) -> Loaded | None:
@@ -117,16 +121,17 @@ def first_valid(store: Store[W], places: list[W], restore: Restore | None = None
             assert loaded is not None  # no rank found a problem, this one included
             if restore is None:
                 return loaded
-            problem, failure = _restored(loaded, restore)
+            problem, failure, changed = _restored(loaded, restore)
             if _agreed(store, where, problem, peers, failure):
                 return loaded
             store.unloadable.add(where)  # on every rank: rank 0's save of its step replaces it
-            if None in peers.gather(problem) and apart is None:
+            if any(peers.gather(changed)) and apart is None:
                 apart = where
     if apart is not None:
         raise ResumedApart(
-            f"{apart}: some ranks loaded it and another could not, and no other checkpoint loads on every "
-            "rank: the ranks' states differ, so this attempt cannot start at step 0"
+            f"{apart}: it was loaded, in whole or in part, on some rank and then rejected, and no other "
+            "checkpoint loads on every rank: the ranks' states are no longer their initial ones, so this "
+            "attempt cannot start at step 0"
         )
     return None
 
@@ -153,13 +158,14 @@ def _verified(store: Store[W], where: W) -> tuple[Loaded | None, str | None, Exc
         return None, None, exc
 
 
-def _restored(loaded: Loaded, restore: Restore) -> tuple[str | None, Exception | None]:
+def _restored(loaded: Loaded, restore: Restore) -> tuple[str | None, Exception | None, bool]:
     """Why `restore` could not load the verified checkpoint `loaded` on this rank (None: it did),
-    or how it failed (a ConfigError: the run does not fit it)."""
+    or how it failed (a ConfigError: the run does not fit it); and whether this rank's state may
+    have changed (it loaded it, or part of it)."""
     try:
         restore(loaded)
     except CorruptCheckpoint as exc:
-        return str(exc), None
+        return str(exc), None, isinstance(exc, PartlyLoaded)
     except Exception as exc:  # raised on every rank by the agreement: none left waiting in it
-        return None, exc
-    return None, None
+        return None, exc, True
+    return None, None, True

@@ -53,6 +53,7 @@ from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import (
     CorruptCheckpoint,
     Manifest,
+    PartlyLoaded,
     check_files,
     read_manifest,
     share_of,
@@ -159,7 +160,8 @@ def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str])
 def _not_read(folder: Path, names: dict[str, str], exc: Any) -> Exception:
     """Why DCP did not read the shards, from a CheckpointException's per-rank (exception, traceback)
     pairs (every rank sees every rank's): objects that do not fit them (ShardsDoNotFit) are a
-    ConfigError, as a single-file state that does not load; anything else makes them corrupt."""
+    ConfigError, as a single-file state that does not load; anything else makes them corrupt, and
+    what DCP had read before it failed may be in the objects already (PartlyLoaded)."""
     from mpjob_trainer.checkpoint.dcp_reader import ShardsDoNotFit
 
     failures = [(rank, f[0] if isinstance(f, tuple) else f) for rank, f in sorted(exc.failures.items())]
@@ -170,7 +172,7 @@ def _not_read(folder: Path, names: dict[str, str], exc: Any) -> Exception:
             f"({misfit}): the script no longer matches the run that wrote it"
         )
     rank, cause = failures[0] if failures else (0, exc)
-    return CorruptCheckpoint(f"{folder.name}: DCP cannot read its shards (rank {rank}: {str(cause)[:300]})")
+    return PartlyLoaded(f"{folder.name}: DCP cannot read its shards (rank {rank}: {str(cause)[:300]})")
 
 
 def listing_problem(manifest: Manifest) -> str | None:
