@@ -253,3 +253,32 @@ def test_shards_that_fail_to_load_after_part_of_them_was_read_never_make_a_fresh
     assert "cannot read its shards" in log[0]["problem"]
     changed = [k for k, v in objects["model"].state_dict().items() if not torch.equal(v, initial[k])]
     assert changed, "the load had begun: no longer the initial weights (why a fresh start is refused)"
+
+
+def test_a_manifest_replaced_after_verification_lets_the_index_name_no_unchecked_file(tmp_path: Path) -> None:
+    """Between a sharded checkpoint's verification and the read of its shards, its manifest is
+    replaced by one listing a planted shard file, and its index by one pointing there: the restore
+    reads through the listing that was verified, so the planted weights are never loaded."""
+    from mpjob_trainer.session.state import TrainingState, rng_state
+
+    store = _store(tmp_path / "ckpt", [])
+    folder = _commit(store, 20)
+    torch.save({"step": 20, "rng": rng_state(), "shardedObjects": NAMES}, folder / rank_file(0))
+    _recompute_manifest(folder)
+    planted = _commit(_store(tmp_path / "other", []), 30)  # the same shapes, other values
+    _, state = store.verify(folder)
+    shutil.copy(planted / "__0_0.distcp", folder / "__9_0.distcp")
+    with (planted / INDEX).open("rb") as f:
+        index = pickle.load(f)  # our own, just written
+    for info in index.storage_data.values():
+        info.relative_path = "__9_0.distcp"
+    (folder / INDEX).write_bytes(pickle.dumps(index))
+    _recompute_manifest(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"].update(hash_files(folder, [folder / "__9_0.distcp"]))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    objects = _objects(0)
+    with pytest.raises(CorruptCheckpoint, match=r"__9_0\.distcp"):
+        TrainingState(objects).restore(state, "fp32", None)
+    initial = _objects(0)["model"].state_dict()  # nothing of the planted file was read into them
+    assert all(torch.equal(v, initial[k]) for k, v in objects["model"].state_dict().items())

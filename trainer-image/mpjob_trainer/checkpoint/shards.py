@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,8 @@ from mpjob_trainer.errors import ConfigError
 SHARDS = "shards"
 #: In a captured state: which registered names are in the shards ({"module": ..., "optimizer": ...}).
 SHARDED_OBJECTS = "shardedObjects"
+#: In a state read from a sharded checkpoint: the files its verified manifest lists (never written).
+LISTED = "shardFiles"
 
 
 #: What names a rank file, well formed or not (rank_file writes them).
@@ -129,8 +132,12 @@ def _by_name(names: dict[str, str], model_sd: dict[str, Any], optim_sd: dict[str
     return {names["module"]: model_sd, **({names["optimizer"]: optim_sd} if "optimizer" in names else {})}
 
 
-def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str]) -> None:
-    """Read the shards in `folder` into the objects `names` picks, as they are sharded now."""
+def restore_shards(
+    folder: Path, objects: dict[str, Any], names: dict[str, str], listed: Collection[str] | None = None
+) -> None:
+    """Read the shards in `folder` into the objects `names` picks, as they are sharded now; DCP's
+    index may name only the files `listed` (the manifest verified: a state's LISTED), else those
+    the manifest there lists now."""
     missing = [name for name in names.values() if name not in objects]
     if missing:
         held = ", ".join(missing)
@@ -141,7 +148,7 @@ def restore_shards(folder: Path, objects: dict[str, Any], names: dict[str, str])
     from mpjob_trainer.checkpoint.dcp_reader import ListedReader, WeightsOnlyPlanner
 
     target = state_dicts(objects, names)
-    reader = ListedReader(folder, read_manifest(folder).files)
+    reader = ListedReader(folder, read_manifest(folder).files if listed is None else listed)
     try:
         dcp.load(
             target,

@@ -208,6 +208,7 @@ class CheckpointStore:
         if manifest.layout == DCP:
             state = shards.read_local(path, manifest, peers)
             state[shards.SHARDS] = str(path)
+            state[shards.LISTED] = sorted(manifest.files)  # what the restore reads, as verified
         else:
             state = self._read_single(path, manifest)
         state.pop(FORMAT_KEY, None)  # the format is the manifest's word, never the state's own

@@ -45,7 +45,7 @@ IN_MEMORY = "heldInMemory"
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
 RESERVED = frozenset(
     {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", FORMAT_KEY}
-    | {shards.SHARDS, shards.SHARDED_OBJECTS, IN_MEMORY}
+    | {shards.SHARDS, shards.SHARDED_OBJECTS, shards.LISTED, IN_MEMORY}
 )
 
 
@@ -205,7 +205,7 @@ class TrainingState:
         state = agreed(lambda: self._usable(state), peers)
         if isinstance(folder, str):  # a sharded checkpoint: its pair is read from the shards
             names: dict[str, str] = state[shards.SHARDED_OBJECTS]
-            shards.restore_shards(Path(folder), self.objects, names)
+            shards.restore_shards(Path(folder), self.objects, names, state.get(shards.LISTED))
             state = {**state, **{name: None for name in names.values()}}
         elif self.sharded and not state.get(IN_MEMORY):
             raise ConfigError(
