@@ -42,10 +42,16 @@ def upgrade(state: dict[str, Any], objects: dict[str, Any]) -> dict[str, Any]:
         saved = upgraded.get(name)
         if not isinstance(optimizer, torch.optim.Optimizer) or not isinstance(saved, dict):
             continue
-        if len(saved.get("param_groups", [])) == len(optimizer.param_groups):
-            continue  # the grouping is unchanged: torch loads it as it is
         problem = f"the checkpoint of step {state.get('step')} is in checkpoint format {version}"
-        upgraded[name] = split_groups(saved, optimizer, _trained_module(optimizer, modules, saved), name, problem)
+        try:
+            if len(saved.get("param_groups", [])) == len(optimizer.param_groups):
+                continue  # the grouping is unchanged: torch loads it as it is
+            upgraded[name] = split_groups(saved, optimizer, _trained_module(optimizer, modules, saved), name, problem)
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:  # read from a store: any shape
+            raise ConfigError(
+                f"{problem}: its {name!r} is no optimizer state of that format ({exc!r:.200}): resume with the "
+                "optimizer built as the run that wrote it built it, or start afresh in a new checkpoint folder"
+            ) from None
     return upgraded
 
 
