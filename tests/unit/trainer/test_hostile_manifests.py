@@ -228,10 +228,24 @@ def _session_state(step: int, model: torch.nn.Module) -> dict[str, Any]:
         (lambda s: s.pop("rng"), "holds no generator state (rng)"),
         (lambda s: s["rng"].update(torch=torch.zeros(3)), "holds a torch generator state of torch.float32 [3]"),
         (lambda s: s["rng"].update(python=[3]), "holds no Python generator state"),
+        (lambda s: s["rng"].update(python=[3, [1, 2, 3], None]), "holds no Python generator state"),
+        (lambda s: s["rng"].update(python=[3, ["a"] * 625, None]), "holds no Python generator state"),
+        (lambda s: s["rng"]["numpy"].__setitem__(1, torch.zeros(3, dtype=torch.int64)), "no numpy generator state"),
+        (lambda s: s["rng"].update(numpy=["MT19937"]), "no numpy generator state"),
         (lambda s: s.update(samples=[1]), "holds samples [1], not a count"),
         (lambda s: s.update(appliedSteps=-5), "holds appliedSteps -5, not a count"),
     ],
-    ids=["no-rng", "torch-rng", "python-rng", "samples", "applied-steps"],
+    ids=[
+        "no-rng",
+        "torch-rng",
+        "python-rng",
+        "python-rng-short",
+        "python-rng-strings",
+        "numpy-rng-short",
+        "numpy-rng-cut",
+        "samples",
+        "applied-steps",
+    ],
 )
 def test_a_state_whose_own_fields_are_unusable_is_passed_over_for_the_previous_one(
     tmp_path: Path, edit: Callable[[dict[str, Any]], Any], problem: str

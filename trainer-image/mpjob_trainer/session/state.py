@@ -73,9 +73,10 @@ def own_fields_problem(state: dict[str, Any]) -> str | None:
     if torch_rng.dtype != like.dtype or torch_rng.shape != like.shape:
         found, wanted = f"{torch_rng.dtype} {list(torch_rng.shape)}", f"{like.dtype} {list(like.shape)}"
         return f"holds a torch generator state of {found}, not {wanted}"
-    python = rng.get("python")
-    if not (isinstance(python, list | tuple) and len(python) == 3 and isinstance(python[1], list | tuple)):
+    if _python_state(rng.get("python")) is None:
         return "holds no Python generator state as random.getstate() gives it"
+    if np is not None and "numpy" in rng and _numpy_state(rng["numpy"]) is None:
+        return "holds no numpy generator state as numpy.random.get_state() gives it"
     for key in ("samples", "appliedSteps"):
         value = state.get(key)
         if value is not None and (type(value) is not int or value < 0):
@@ -83,16 +84,41 @@ def own_fields_problem(state: dict[str, Any]) -> str | None:
     return None
 
 
+def _python_state(value: Any) -> tuple[Any, ...] | None:
+    """`value` (rng_state's python entry) as random.setstate takes it; None when a scratch
+    generator does not take it (of another size, not integers)."""
+    try:
+        state = (value[0], tuple(value[1]), value[2])
+        random.Random().setstate(state)
+    except Exception:
+        return None
+    return state
+
+
+def _numpy_state(value: Any) -> tuple[Any, ...] | None:
+    """`value` (rng_state's numpy entry) as numpy.random.set_state takes it; None when a scratch
+    generator does not take it."""
+    try:
+        name, keys, *rest = value
+        state = (name, keys.numpy().astype(np.uint32), *rest)
+        np.random.RandomState().set_state(state)
+    except Exception:
+        return None
+    return state
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Put back what `rng_state` captured."""
+    """Put back what `rng_state` captured (own_fields_problem has checked it)."""
     torch.set_rng_state(state["torch"])
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
+    python = _python_state(state["python"])
+    assert python is not None, "own_fields_problem checks it before a restore"
+    random.setstate(python)
     if np is not None and "numpy" in state:
-        name, keys, *rest = state["numpy"]
-        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+        numpy_state = _numpy_state(state["numpy"])
+        assert numpy_state is not None, "own_fields_problem checks it before a restore"
+        np.random.set_state(numpy_state)
 
 
 def seed_everything(seed: int) -> None:
