@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mpjob.planning.endings import JobView, PodView, outcome_of
-from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, ending_rank, exit_code_for
+from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, ending_rank, exit_code_for, reason_for_exit_code
+from mpjob_contract.report import TerminationReport
 from mpjob_trainer.launch.fold import RankEnding, fold_endings
 
 pytestmark = pytest.mark.unit
@@ -34,10 +35,15 @@ def test_the_table_ranks_endings_in_the_contracts_order() -> None:
     assert sorted(ENDING_PRECEDENCE, key=ending_rank) == list(ENDING_PRECEDENCE)
 
 
+def _ended(rank: int, code: int) -> RankEnding:
+    """A rank that ended with `code` and, as the session does, the report of the code's reason."""
+    return RankEnding(rank, rank, code, TerminationReport(reason=reason_for_exit_code(code)))
+
+
 def test_a_pod_and_an_attempt_tell_the_same_story() -> None:
     """Two ranks of one pod and two one-rank pods ending alike are explained by the same ending."""
     for first, second in [(43, 42), (42, 1), (1, 44), (47, 44), (46, 1)]:
-        folded = fold_endings([RankEnding(0, 0, second), RankEnding(1, 1, first)])
+        folded = fold_endings([_ended(0, second), _ended(1, first)])
         pods = (PodView("p0", 0, "Failed", False, second), PodView("p1", 1, "Failed", False, first))
         assert folded.code == first == outcome_of(JobView(0, "Failed", pods=pods)).exit_code
 
