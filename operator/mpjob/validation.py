@@ -17,11 +17,11 @@ from typing import Any, cast
 
 import yaml
 from pydantic import ValidationError
-from pydantic.alias_generators import to_camel
 
 from mpjob import structural
 from mpjob.kinds import Listed, Skipped, other_kind
-from mpjob_contract import formats, k8s
+from mpjob.wording import YAML_BOOLEANS, message
+from mpjob_contract import k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
 from mpjob_contract.tracking import PROFILE_ANNOTATION, BadProfileRequest, profile_steps
 
@@ -117,10 +117,6 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-#: YAML 1.1, which kubectl and PyYAML read, takes these words unquoted as booleans.
-_YAML_BOOLEANS = "YAML reads an unquoted on, off, yes, no, y, n, true or false as a boolean"
-
-
 def _boolean_keys(doc: Any) -> list[str]:
     """The paths of mapping keys YAML read as booleans (`{on: NumericFault}` has the key true)."""
     found: list[str] = []
@@ -136,38 +132,11 @@ def _boolean_keys(doc: Any) -> list[str]:
     return sorted(found)
 
 
-def _scalar_hint(error: Any) -> str:
-    """What YAML did to a value that should have been a string ("" when it did nothing)."""
-    value, kind = error.get("input"), error["type"]
-    if isinstance(value, bool) and kind in ("string_type", "literal_error", "enum"):
-        return f" ({_YAML_BOOLEANS}: put the value in quotes)"
-    if isinstance(value, int | float) and kind == "string_type":
-        return f' (YAML read it as the number {value}: put it in quotes, "{value}")'
-    return ""
-
-
-def _message(error: Any) -> str:
-    return _plain_message(error) + _scalar_hint(error)
-
-
-def _plain_message(error: Any) -> str:
-    msg = str(error["msg"])
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    if error["type"] == "extra_forbidden":
-        name = str(error["loc"][-1])
-        camel = f"; its names are camelCase: {to_camel(name)}" if "_" in name.strip("_") else ""
-        return f"unknown field (not allowed by the MixedPrecisionJob schema{camel})"
-    if error["type"] == "missing":
-        return "required field is missing"
-    ctx = error.get("ctx") or {}
-    if error["type"] == "string_pattern_mismatch" and (words := formats.allowed_by(ctx.get("pattern"))):
-        return f"must be {words}, got {error.get('input')!r}"
-    if "expected" in ctx and error["type"] in ("literal_error", "enum"):
-        return f"must be one of {ctx['expected']}, got {error.get('input')!r}"
-    if error["type"] == "too_long" and isinstance(error.get("input"), dict | list):
-        return f"at most {ctx.get('max_length')} entries allowed, got {len(error['input'])}"
-    return msg
+def _header(doc: dict[Any, Any], field: str, wanted: str) -> str:
+    """What is wrong with a document's apiVersion or kind, and the line that is right."""
+    if doc.get(field) is None:
+        return f"missing; it must be {wanted} (write `{field}: {wanted}` at the top of the document)"
+    return f"must be {wanted}, got {doc[field]!r}"
 
 
 def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[MixedPrecisionJob | None, list[Problem]]:
@@ -175,15 +144,15 @@ def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[M
         return None, [Problem(source, index, "", f"expected a mapping (a Kubernetes object), got {type(doc).__name__}")]
     if isinstance(listed := other_kind(doc, source, index), Listed):  # `mpjob run`'s: one problem, not two
         return None, [Problem(source, index, "kind", listed.refused())]
-    problems: list[Problem] = []
-    if doc.get("apiVersion") != API_VERSION:
-        problems.append(Problem(source, index, "apiVersion", f"must be {API_VERSION}, got {doc.get('apiVersion')!r}"))
-    if doc.get("kind") != KIND:
-        problems.append(Problem(source, index, "kind", f"must be {KIND}, got {doc.get('kind')!r}"))
+    problems = [
+        Problem(source, index, field, _header(doc, field, wanted))
+        for field, wanted in (("apiVersion", API_VERSION), ("kind", KIND))
+        if doc.get(field) != wanted
+    ]
     if problems:
         return None, problems
     if keys := _boolean_keys(doc):
-        why = f"a key read as a boolean: {_YAML_BOOLEANS}; quote it (a fault rule's on is now fault)"
+        why = f"a key read as a boolean: {YAML_BOOLEANS}; quote it (a fault rule's on is now fault)"
         return None, [Problem(source, index, key, why) for key in keys]
     if "spec" in doc:  # as the API server stores it: a null takes the field's default
         doc = {**doc, "spec": structural.without_nulls(doc["spec"])}
@@ -219,7 +188,8 @@ def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
         if isinstance(cause, k8s.SchemaViolations):
             problems += [Problem(source, index, f"{where}.{sub}".lstrip("."), why) for sub, why in cause.violations]
             continue
-        problem, member = Problem(source, index, where, _message(error)), any(_is_tag(p) for p in error["loc"])
+        loc = tuple(part for part in error["loc"] if not _is_tag(part))
+        problem, member = Problem(source, index, where, message(error, loc)), any(_is_tag(p) for p in error["loc"])
         mistyped = str(error["type"]).endswith(("_type", "_parsing"))
         if member and where in member_said:
             said, said_mistyped = member_said[where]

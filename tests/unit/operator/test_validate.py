@@ -315,5 +315,5 @@ def test_metadata_takes_kubernetes_object_meta_fields_and_refuses_others() -> No
     assert (len(jobs), [str(p) for p in problems]) == (1, [])
     _, problems = check_text(yaml.safe_dump({**GOOD, "metadata": {**GOOD["metadata"], "nmae": "x"}}))
     assert [(p.field, p.message) for p in problems] == [
-        ("metadata.nmae", "unknown field (not allowed by the MixedPrecisionJob schema)")
+        ("metadata.nmae", "unknown field (not allowed by the MixedPrecisionJob schema; did you mean name?)")
     ]
