@@ -59,6 +59,7 @@ CANNOT_START = {
 }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("source", "cause"), CANNOT_START.values(), ids=CANNOT_START.keys())
 def test_a_command_that_cannot_start_fails_in_two_attempts_with_its_cause(
     tmp_path: Path, source: str, cause: str
@@ -94,6 +95,7 @@ with mpjob.start() as run:
 """
 
 
+@pytest.mark.process
 def test_a_script_that_raises_at_the_same_step_again_fails_in_two_attempts(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(RAISES_AT_STEP_7)
     code, report, said = run(tmp_path, ["python", "train.py"], every=4)
@@ -107,6 +109,7 @@ def test_a_script_that_raises_at_the_same_step_again_fails_in_two_attempts(tmp_p
     assert "at step 6" in failed["message"] and "KeyError: 'labels'" in failed["message"]
 
 
+@pytest.mark.process
 def test_a_commands_python_is_mpjob_runs_own_interpreter(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("import sys\nopen('interpreter', 'w').write(sys.executable)\n")
     bare = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1"}
@@ -139,6 +142,7 @@ def test_a_working_dir_that_is_no_folder_is_refused_before_the_run(
     assert not out.exists()  # refused before anything was written
 
 
+@pytest.mark.process
 def test_a_working_dir_gone_before_the_next_attempt_ends_it_as_a_configuration_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

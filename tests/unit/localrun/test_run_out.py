@@ -107,6 +107,7 @@ def test_fresh_empties_a_run_folder_and_starts_over(
     assert found == [["job.json"]]  # the job it is a run of, and nothing else
 
 
+@pytest.mark.process
 def test_an_out_that_holds_another_jobs_run_is_refused(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Not taken for this job's run (it said the other job's Succeeded as its own, exit 0)."""
     out = job.parent / "out"
