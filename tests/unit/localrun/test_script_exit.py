@@ -91,5 +91,6 @@ def test_a_script_that_raises_keeps_the_sessions_message(tmp_path: Path) -> None
     and put `exited 1 (its report said InfraError)` in its place."""
     status, report, said = run(tmp_path, ENDS_AT_STEP_7.replace("CODE", "None"))
     assert status == 1, said
-    assert report["attempts"][0]["message"] == "KeyError: 'labels'", report["attempts"][0]
+    ended = report["attempts"][0]
+    assert ended["message"] == "KeyError: 'labels' (raised at train.py:13 in <module>)", ended
     assert "its report said" not in said

@@ -270,7 +270,8 @@ def test_an_unexpected_exception_is_an_infra_error_with_its_traceback(
     with pytest.raises(SystemExit) as ended, mpjob.start(launch=launch):
         raise RuntimeError("disk on fire")
     assert ended.value.code == ExitCode.INFRA_ERROR
-    assert _report(launch).message == "RuntimeError: disk on fire"
+    message = _report(launch).message
+    assert message.startswith("RuntimeError: disk on fire (raised at tests/unit/trainer/test_session.py:"), message
     out, err = capsys.readouterr()
     assert "Traceback" in err and json.loads(out.splitlines()[-1])["kind"] == "RuntimeError"
 

@@ -8,13 +8,17 @@ folds the local ranks' reports into the pod's; each rank writes its own.
 
 from __future__ import annotations
 
+import os
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+import mpjob_contract
 from mpjob_contract.codes import WITNESSED, ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import CheckpointRef, Counters, InPlaceChange, Measurement, Replay, TerminationReport
@@ -82,7 +86,50 @@ def classify(exc: BaseException | None, standing: Standing) -> Ending:
         return Ending(ExitCode.CONFIG_ERROR, Reason.CONFIG_ERROR, said)
     if isinstance(exc, SystemExit):  # the script called sys.exit() inside the session
         return _script_exit(exc, standing)
-    return Ending(ExitCode.INFRA_ERROR, Reason.INFRA_ERROR, f"{type(exc).__name__}: {exc}")
+    return Ending(ExitCode.INFRA_ERROR, Reason.INFRA_ERROR, raised(exc))
+
+
+#: The most of an exception's own text an attempt's message keeps (its place is said after it).
+MAX_ERROR_CHARS = 1000
+#: The most of the place it was raised the message keeps (a deep path's end: the file's name).
+MAX_PLACE_CHARS = 200
+#: Where code that is not the user's lives: the trainer, the contract, torch, the standard
+#: library and installed packages.
+_NOT_THEIRS = tuple(
+    str(Path(p).resolve()) + os.sep
+    for p in (
+        Path(__file__).parents[1],  # mpjob_trainer
+        Path(mpjob_contract.__file__).parent,
+        Path(torch.__file__).parent,
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+    )
+)
+
+
+def raised(exc: BaseException) -> str:
+    """'KeyError: 'labels' (raised at train.py:12 in loss_of)': the exception, its text bounded,
+    and the innermost frame of the user's own code it passed through (none: the exception alone)."""
+    text = str(exc)
+    text = text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " [...]"
+    said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    place = user_frame(exc)
+    return f"{said} (raised at {place})" if place else said
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """'train.py:12 in loss_of': the innermost frame of `exc`'s traceback in the user's code (not
+    the trainer's, torch's, the standard library's or an installed package's), the path relative to
+    the working folder when below it, at most MAX_PLACE_CHARS (its end kept)."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename)
+        if frame.filename.startswith("<") or str(path.resolve()).startswith(_NOT_THEIRS):
+            continue
+        shown = os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
+        place = f"{shown}:{frame.lineno} in {frame.name}"
+        return place if len(place) <= MAX_PLACE_CHARS else "..." + place[-(MAX_PLACE_CHARS - 3) :]
+    return None
 
 
 def _script_exit(exc: SystemExit, standing: Standing) -> Ending:
