@@ -1,13 +1,12 @@
-"""LocalRun: a MixedPrecisionJob on this machine, attempt by attempt, with the operator's
-planner and failure policy (mpjob.planning). Each attempt is `workers` local trainer
-processes (gloo rendezvous on loopback); the run directory holds the checkpoints, each
-attempt's logs and termination reports, report.json (the status the CR would have), the
-recorded series and the plot.
+"""LocalRun: a MixedPrecisionJob on this machine, attempt by attempt, with the operator's planner
+and failure policy (mpjob.planning). Each attempt is `workers` local trainer processes (gloo
+rendezvous on loopback); the run directory holds the checkpoints, each attempt's logs and
+termination reports, report.json (the status the CR would have), the recorded series and the plot.
 
 Charging (mpjob.planning.charging): no cluster here, so the only stop from outside a trainer is
 the user's (Ctrl-C, or the runner killed: `leftover`): the attempt ends Suspended, uncharged, as
 under runPolicy.suspend. Whatever a trainer does by itself (exit 44 included) is charged, as on
-a cluster that shows no disruption.
+a cluster that shows no disruption; in GPU-seconds only when its trainers ran on a GPU (`cost`).
 """
 
 from __future__ import annotations
@@ -77,15 +76,15 @@ class LocalRun:
         self._watches: list[CapacityWatch | StallWatch | DeadlineWatch] = []  # see the attempt's events, may stop it
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
-        #: GPU-seconds of the attempts run here: workers x gpusPerWorker x their wall time.
+        #: GPU-seconds of the attempts run here: workers x the GPUs each ran on x their wall time.
         self.gpu_seconds: dict[int, float] = {}
+        self._device: str | None = None  # the device its trainers' start line named (None: not yet)
         #: Where this run's trainers keep checkpoints (localrun.launching.checkpoint_dir).
         self.checkpoint_dir = checkpoint_dir(job, self.paths)
         #: The attempt the trainers train now: the launched one, or one they changed to in place.
         self._current: StartAttempt | None = None
-        self._began = 0.0
+        self._began, self._count = 0.0, self.spec.workers
         self._reached: int | None = None  # the step the current attempt's lines put it at
-        self._count = self.spec.workers
         self._clock = RecoveryClock()
 
     # ------------------------------------------------------------------ the plan
@@ -147,7 +146,7 @@ class LocalRun:
         current = self.status.attempts[-1]  # the replay's copy, its start step corrected
         plan, when = self._transition()
         lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
-        gpus = (self.status.workers or self.spec.workers) * self.spec.resources.gpus_per_worker
+        gpus = (self.status.workers or self.spec.workers) * cost.gpus_per_worker(self.spec, self._device)
         self.gpu_seconds[current.index] = gpus * leftover.seconds_seen(current.start_time, logged)
         self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
         self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
@@ -213,7 +212,7 @@ class LocalRun:
         self._watches = [StallWatch(self.spec, self._workers), DeadlineWatch(self.spec, self.status, self._workers)]
         if self.schedule is not None:  # before the deadline's, which outranks a resize as on a cluster
             self._watches.insert(1, CapacityWatch(self.spec, self.schedule, start, self._workers, self.status))
-        self._current, self._began, self._reached = start, time.monotonic(), None
+        self._current, self._began, self._reached, self._device = start, time.monotonic(), None, None
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
         worker0 = self._workers.start(env, container)
@@ -228,7 +227,7 @@ class LocalRun:
     def _charge_time(self) -> None:
         """The GPU-seconds of the current attempt, up to now."""
         assert self._current is not None
-        gpus = self._count * self.spec.resources.gpus_per_worker
+        gpus = self._count * cost.gpus_per_worker(self.spec, self._device)
         self.gpu_seconds[self._current.index] = gpus * (time.monotonic() - self._began)
         self._began = time.monotonic()
 
@@ -292,6 +291,7 @@ class LocalRun:
             self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):
             self.series.measured(index, event.chosen)
+        self._device = event.device if isinstance(event, events.Start) else self._device  # what it is charged
         return point
 
     # ------------------------------------------------------------------ persistence

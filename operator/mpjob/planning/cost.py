@@ -29,6 +29,18 @@ from mpjob_contract.codes import Reason
 SECONDS_PER_HOUR = 3600.0
 
 
+#: The device a cluster's trainer pod runs on: the GPUs it asked for are its (nvidia.com/gpu).
+ON_GPU = "cuda"
+
+
+def gpus_per_worker(spec: MixedPrecisionJobSpec, device: str | None = ON_GPU) -> int:
+    """The GPUs each worker of an attempt is charged for: spec.resources.gpusPerWorker when its
+    trainers ran on a GPU (`device`, as the trainer's start line names it: a cluster's pods hold
+    the GPUs they asked for), none when they ran on the CPU or never said (`mpjob run` on a
+    machine without a GPU trains on the CPU whatever the spec asks: no GPU-seconds claimed)."""
+    return spec.resources.gpus_per_worker if device is not None and device.startswith(ON_GPU) else 0
+
+
 def pod_seconds(pod: PodView, now: datetime, until: datetime | None = None) -> float:
     """Seconds the pod's trainer container ran as seen: start to finish; one still running, to
     `now`; one never seen starting (or ended with no finish time) adds nothing; none after
@@ -62,7 +74,7 @@ def seen_usage(
     suspension, a resize; `settle` raises its figure). Attempts begun in place share their chain's
     Job: each is charged what the Job's pods ran up to its end (the trainer's moment of the
     change) beyond the figures of the attempts before it in that Job."""
-    gpus, usage, stopped = spec.resources.gpus_per_worker, dict[int, float](), stopped or {}
+    gpus, usage, stopped = gpus_per_worker(spec), dict[int, float](), stopped or {}
     for attempt in status.attempts:
         at = history.job_index(status, attempt.index)
         final = stopped.get(attempt.index) or stopped.get(at)
@@ -82,7 +94,7 @@ def deleted_job(
     """The running `attempt`'s Job `job` was deleted by hand, its pods have stopped, and it is
     created again in the same attempt: what they ran (beyond the figures of the attempts before it
     in that Job, as `seen_usage` counts) is kept for the attempt's gpuSeconds."""
-    ran = gpu_seconds(job.pods, gpus_per_worker=spec.resources.gpus_per_worker, now=now)
+    ran = gpu_seconds(job.pods, gpus_per_worker=gpus_per_worker(spec), now=now)
     more = max(0.0, ran - _charged_before(status, attempt, job, {}))
     attempt.deleted_jobs_gpu_seconds = round((attempt.deleted_jobs_gpu_seconds or 0.0) + more, 3)
 

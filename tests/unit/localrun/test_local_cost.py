@@ -1,0 +1,50 @@
+"""`mpjob run` charges only what its trainers ran on: a manifest that asks for a GPU per worker,
+run on a machine without one, trains on the CPU and claims no GPU-seconds (it said `cost: 21
+GPU-seconds`) in its summary, its report.json or its attempts; on a GPU the same run is charged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mpjob.localrun.cli import run_command
+from mpjob.planning.cost import gpus_per_worker
+from mpjob_contract.api import MixedPrecisionJobSpec
+from tests.unit.localrun.tiny import tiny_job
+
+pytestmark = pytest.mark.unit
+
+
+def spec(gpus: int) -> MixedPrecisionJobSpec:
+    return MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}, "resources": {"gpusPerWorker": gpus}})
+
+
+@pytest.mark.parametrize(("device", "charged"), [("cuda", 2), ("cuda:1", 2), ("cpu", 0), (None, 0)])
+def test_a_worker_is_charged_its_gpus_only_when_it_ran_on_one(device: str | None, charged: int) -> None:
+    assert gpus_per_worker(spec(2), device) == charged
+
+
+def test_a_clusters_pod_is_charged_the_gpus_it_asked_for() -> None:
+    assert gpus_per_worker(spec(2)) == 2 and gpus_per_worker(spec(0)) == 0
+
+
+@pytest.mark.process
+def test_a_gpu_job_run_on_the_cpu_claims_no_gpu_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = tiny_job()
+    doc["spec"]["resources"] = {"gpusPerWorker": 1}
+    doc["spec"]["training"] = {"steps": 4, "logEvery": 2}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    assert run_command([str(tmp_path / "job.yaml"), "--out", str(out), "--plain", "--no-plot"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    (attempt,) = report["attempts"]
+    said = capsys.readouterr().out
+    if torch.cuda.is_available():  # the trainers took the GPU: the run is charged for it
+        assert attempt["gpuSeconds"] > 0 and report["cost"]["gpuSeconds"] > 0 and "GPU-seconds" in said
+        return
+    assert attempt["gpuSeconds"] == 0 and report["cost"]["gpuSeconds"] == 0, report
+    assert "GPU-seconds" not in said, said
