@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -126,7 +127,8 @@ INTERRUPTED = 130
 
 def _usage(argv: list[str]) -> int:
     if argv and argv[0] not in ("-h", "--help"):
-        print(f"error: unknown command {argv[0]!r}")
+        close = difflib.get_close_matches(argv[0], list(COMMANDS), n=1)
+        print(f"error: unknown command {argv[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
     print("usage: mpjob {" + ",".join(COMMANDS) + "} ...\n")
     for name, (_, text) in COMMANDS.items():
         print(f"  {name:<9} {text}")

@@ -35,7 +35,11 @@ def test_ctrl_c_while_validate_reads_stdin_ends_it_with_130(
 def test_a_mistyped_command_is_named_before_the_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["stauts", "job"]) == 2
     out = capsys.readouterr().out
-    assert out.startswith("error: unknown command 'stauts'\nusage: mpjob {run,status,validate,crd,operator}"), out
+    assert out.startswith(
+        "error: unknown command 'stauts'; did you mean status?\nusage: mpjob {run,status,validate,crd,operator}"
+    ), out
+    assert main(["xyz"]) == 2
+    assert capsys.readouterr().out.startswith("error: unknown command 'xyz'\nusage: ")  # nothing close: none said
 
 
 def test_help_is_the_usage_alone(capsys: pytest.CaptureFixture[str]) -> None:
