@@ -9,7 +9,10 @@ create) queues a reconcile of the MixedPrecisionJob it belongs to. What is kept,
 long (a removed pod stays as last seen while its Job is held), is `children.py`'s.
 Children are found by their controller ownerReferences, never by label alone, and joined to
 their parent on namespace, kind, name and UID together (`ownership.ObjectRef`): a pod or Event of
-another namespace that copies a Job's name and UID joins nothing. One exception, which can only
+another namespace that copies a Job's name and UID joins nothing. A pod its Job left behind when
+it was deleted with --cascade=orphan has no ownerReference left: the Job controller's labels name
+its Job (`records.orphan_owner`), it joins one held on the same four, and it is deleted
+(`Observed.orphans`) as the Job's own deletion would have deleted it. One exception, which can only
 make an attempt wait: a running pod whose Job was removed before this operator listed it (it
 restarted while the pod stopped) is lingering for the attempt its Job's name names
 (`children.Children._strays`). An unreadable object is skipped (and logged once).
@@ -53,6 +56,9 @@ class Observed:
     uids: dict[int, str]  # attempt -> its Job's UID (deletes carry it as a precondition)
     #: attempt -> its Job that is gone, whose pods have all stopped (as last seen: `children.py`)
     stopped: dict[int, JobView] = field(default_factory=dict)
+    #: Pods a Job of this job's left behind when it was deleted (--cascade=orphan), not yet
+    #: deleted: they are stopped as the Job's deletion would have stopped them (`orphans_of`).
+    orphans: dict[int, tuple[PodView, ...]] = field(default_factory=dict)  # by attempt
 
 
 NOTHING_SEEN = Observed({}, frozenset(), {}, {})
@@ -93,7 +99,7 @@ class ChildCache:
             a for a, stray in strays.items() if any(p.alive for p in stray)
         )
         stopped = {j.attempt: _view(j, pods[j.uid], None) for j in gone if j.attempt not in lingering}
-        return Observed(views, lingering, rank0_ip, uids, stopped)
+        return Observed(views, lingering, rank0_ip, uids, stopped, orphans_of(gone, held.pods))
 
     def forget_gone(self, namespace: str, name: str) -> None:
         """The MixedPrecisionJob `namespace/name` is gone: so are its removed Jobs that were kept
@@ -223,6 +229,22 @@ def _view(job: JobRecord, pods: list[PodView], create_error: str | None) -> JobV
         suspended_since=job.suspended_since,
         create_error=create_error,
     )
+
+
+def orphans_of(gone: list[JobRecord], pods: dict[str, list[PodRecord]]) -> dict[int, tuple[PodView, ...]]:
+    """By attempt, the pods still there that the deleted Jobs `gone` (held: of this very UID, so
+    this operator made them) left behind without an owner, and that nobody deletes yet. Nothing
+    else would ever stop them: the attempt would wait for them for good, and an operator that
+    restarts no longer knows their Job's UID (`children.Children._strays`)."""
+    left = {
+        job.attempt: tuple(sorted((p.view for p in pods[job.uid] if p.orphan and not p.view.deleting), key=_name))
+        for job in gone
+    }
+    return {attempt: views for attempt, views in left.items() if views}
+
+
+def _name(view: PodView) -> str:
+    return view.name
 
 
 def _rank0_ip(pods: list[PodRecord]) -> str | None:

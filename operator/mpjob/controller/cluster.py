@@ -154,15 +154,17 @@ class Cluster:
 
     def create_service(self, service: dict[str, Any], *, job: dict[str, Any], owner: dict[str, Any]) -> None:
         """Create an attempt's headless Service, controlled by its Job (so it goes with the Job;
-        the operator never deletes a Service). One of ours that exists already is left as is
-        (an operator before this one made it controlled by the MixedPrecisionJob)."""
+        the operator deletes a Service only when that Job left it: controller/leftovers.py). One
+        of ours that exists already is left as is (an operator before this one made it
+        controlled by the MixedPrecisionJob)."""
         core, earlier = self.core, {uid_of(owner): (api.KIND, owner["metadata"]["name"])}
         calls = (core.create_namespaced_service, core.read_namespaced_service)
         _create_job_child(service, "Service", job=job, calls=calls, also_ours=earlier)
 
     def create_network_policy(self, policy: dict[str, Any], *, job: dict[str, Any]) -> None:
         """Create an attempt's NetworkPolicy, controlled by its Job (it goes with the Job; the
-        operator never deletes one). One of ours that exists already is left as is."""
+        operator deletes one only when that Job left it: controller/leftovers.py). One of ours
+        that exists already is left as is."""
         networking = self.networking
         calls = (networking.create_namespaced_network_policy, networking.read_namespaced_network_policy)
         _create_job_child(policy, "NetworkPolicy", job=job, calls=calls)

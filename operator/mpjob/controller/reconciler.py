@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
 from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
-from mpjob.controller import capacity, costs, lostnodes
+from mpjob.controller import capacity, costs, leftovers, lostnodes
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
@@ -217,6 +217,9 @@ class Reconciler:
         if cut:
             plan.events.append(cutoff.cut_event(cut))
             om.PODS_CUT.inc(len(cut))
+        policies = self.config.network_policy is not None  # what a Job deleted leaving its children left
+        if (left := leftovers.stop(self.cluster, namespace, name, seen.orphans, policies=policies)) is not None:
+            plan.events.append(left)
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])

@@ -3,7 +3,11 @@ planner reads, made from raw JSON.
 
 Each is kept only as the child of its controller (mpjob.controller.ownership): a Job of its
 MixedPrecisionJob, a pod or a FailedCreate Event of its Job. Labels only narrow the watches; a
-pod with a job's labels but no ownerReference to one of its Jobs is somebody else's. Anything
+pod with a job's labels but another controller is somebody else's. One exception: a pod with no
+controller at all, whose Job was deleted leaving it (`kubectl delete job --cascade=orphan`: the
+garbage collector removes the ownerReference), names its Job only by the Job controller's labels
+(`orphan_owner`); it joins a Job only where the cache holds one of that namespace, name and UID
+(`children.py`), and is one of its pods again (`PodRecord.orphan`). Anything
 malformed about an object of ours raises `Malformed` (the cache skips that object and says so
 once); it never escapes into a watch.
 """
@@ -14,13 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpjob.builders.attempt import TRAINER_CONTAINER, attempt_name
-from mpjob.controller.ownership import Malformed, ObjectRef, owner_ref
+from mpjob.controller.ownership import Malformed, ObjectRef, controller_of, owner_ref
 from mpjob.planning.reconcile import PodView
 from mpjob_contract import api
 
 Key = tuple[str, str]  # (namespace, MixedPrecisionJob name)
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+#: The labels the Job controller puts on every pod of a Job (its generated selector): they stay
+#: when the pod's ownerReference goes with an orphaning deletion of the Job.
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 #: Container waiting reasons that mean the pod will never run.
 IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 #: The PodScheduled condition's reason while the scheduler finds no node for the pod (spec.elastic waits on it).
@@ -123,6 +131,8 @@ class PodRecord:
     owner: ObjectRef  # its Job
     view: PodView
     ip: str | None
+    #: Its ownerReference is gone (its Job was deleted leaving it): `owner` is read from its labels.
+    orphan: bool = False
 
     @property
     def trigger(self) -> tuple[Any, ...]:
@@ -136,6 +146,7 @@ class PodRecord:
             v.deleting,
             v.unschedulable_since,
             v.marked_unready,
+            self.orphan,
         )
 
     @property
@@ -151,13 +162,26 @@ class PodRecord:
 
 
 def pod_record(pod: dict[str, Any]) -> PodRecord | None:
-    """The record of a pod a Job controls, or None when no Job controls it."""
+    """The record of a pod a Job controls, or of one a Job left (`orphan_owner`); None for any other."""
     meta = pod.get("metadata") or {}
-    owner = owner_ref(meta, "Job")
+    owner, orphan = owner_ref(meta, "Job"), False
+    if owner is None and controller_of(meta) is None:
+        owner, orphan = orphan_owner(meta), True
     if owner is None:
         return None
     ip = (pod.get("status") or {}).get("podIP")
-    return PodRecord(_uid(meta), owner, pod_view(pod), ip if isinstance(ip, str) else None)
+    return PodRecord(_uid(meta), owner, pod_view(pod), ip if isinstance(ip, str) else None, orphan=orphan)
+
+
+def orphan_owner(meta: dict[str, Any]) -> ObjectRef | None:
+    """The Job a pod with no controller was made for, as the Job controller's labels name it (in
+    the pod's own namespace), or None without both labels. Labels anyone may copy: whose the pod
+    is follows only from a Job the cache holds of that very namespace, name and UID."""
+    labels = meta.get("labels") or {}
+    uid, name = labels.get(JOB_UID_LABEL), labels.get(JOB_NAME_LABEL)
+    if not (isinstance(uid, str) and uid and isinstance(name, str) and name):
+        return None
+    return ObjectRef(str(meta.get("namespace", "")), "Job", name, uid)
 
 
 def completion_index(meta: dict[str, Any]) -> int:

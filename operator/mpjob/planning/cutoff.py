@@ -26,6 +26,7 @@ its logs: only its pods are cut.)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from mpjob.planning import elastic, history
@@ -71,6 +72,13 @@ def cut_event(pods: list[PodView]) -> lc.Event:
     names = ", ".join(p.name for p in pods)
     why = "a rank of their attempt was lost, hung or crashed: no checkpoint can be agreed without it"
     return lc.Event("Normal", ConditionReason.RANKS_CUT, f"{names} deleted with a {CUT_GRACE_SECONDS}-s grace: {why}")
+
+
+def orphans_event(pods: Sequence[PodView]) -> lc.Event:
+    """The Event that says which pods a deleted Job left behind the operator deleted, and why."""
+    names = ", ".join(p.name for p in pods)
+    why = "their Job was deleted leaving them (--cascade=orphan); they stop as its deletion would have stopped them"
+    return lc.Event("Warning", ConditionReason.ORPHANS_STOPPED, f"{names} deleted: {why}")
 
 
 def crashed(job: JobView) -> bool:

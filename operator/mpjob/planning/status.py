@@ -63,6 +63,8 @@ class ConditionReason(StrEnum):
     RANKS_CUT = "RanksCut"
     #: The running attempt's Job was deleted (not by the operator): created again (an Event's reason).
     JOB_RECREATED = "JobRecreated"
+    #: Pods an attempt's Job left behind when it was deleted (--cascade=orphan): deleted (an Event's reason).
+    ORPHANS_STOPPED = "OrphanedPodsStopped"
     #: No size from elastic.minWorkers up to what fits keeps the global batch: the attempt waits.
     NO_SMALLER_SIZE = "NoSmallerSize"
     WORKERS_PLACED = "WorkersPlaced"

@@ -1,6 +1,8 @@
 """An attempt's Job deleted by hand on the real control plane while its pods run: the operator
 creates it again in the same attempt, uncharged, says so in a Warning Event, and the attempt keeps
-the start step it began at (docs/walkthrough.md, "Change a running job")."""
+the start step it began at (docs/walkthrough.md, "Change a running job"). One deleted with
+--cascade=orphan leaves its pods running without an owner: the operator deletes them (their
+trainer checkpoints on SIGTERM) and goes on once they have stopped, as after any deletion."""
 
 from __future__ import annotations
 
@@ -48,6 +50,48 @@ def test_a_running_attempt_s_job_deleted_by_hand_is_created_again_and_said(opera
     second_seconds = (done.terminated.finished_at - done.terminated.started_at).total_seconds()
     assert attempt["gpuSeconds"] >= first_seconds + second_seconds - 2, (attempt, first_seconds, second_seconds)
     assert status["cost"]["gpuSeconds"] == attempt["gpuSeconds"]
+
+
+def test_pods_a_job_deleted_with_cascade_orphan_left_are_stopped_before_it_is_created_again(
+    operator: Operator, jobs: Jobs
+) -> None:
+    jobs.pvc("ckpt")
+    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
+    spec["training"]["steps"] = STEPS
+    jobs.create("left", spec)
+    jobs.wait_status("left", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
+    first = jobs.batch.read_namespaced_job("left-a0", jobs.namespace).metadata.uid
+    (orphan,) = jobs.core.list_namespaced_pod(jobs.namespace, label_selector="mpjob.dev/job=left").items
+    jobs.batch.delete_namespaced_job("left-a0", jobs.namespace, propagation_policy="Orphan")  # kubectl --cascade=orphan
+
+    def created_again() -> bool:
+        found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector="metadata.name=left-a0").items
+        return bool(found) and found[0].metadata.uid != first
+
+    wait_for(created_again, 120, message="left-a0 created again")
+    # The pod left behind was deleted by the operator, and had stopped before the new Job was
+    # made (no two attempts write checkpoints at once): no trainer of it runs any more.
+    still = jobs.core.list_namespaced_pod(jobs.namespace, field_selector=f"metadata.name={orphan.metadata.name}").items
+    assert all(p.metadata.uid != orphan.metadata.uid or not running(p) for p in still), still
+    wait_for(lambda: not left_pod(jobs, orphan.metadata.uid), 60, message="the pod left behind deleted")
+    stopped = [e for e in jobs.events("left", "OrphanedPodsStopped") if e.reason == "OrphanedPodsStopped"]
+    assert stopped and orphan.metadata.name in stopped[0].message, stopped
+    status = jobs.wait_phase("left", ("Succeeded", "Failed"), 180)
+    assert status["phase"] == "Succeeded", status
+    (attempt,) = status["attempts"]
+    assert (attempt["startStep"], attempt["endStep"], status["step"]) == (0, STEPS, STEPS), attempt
+    assert attempt["deletedJobsGpuSeconds"] >= 1, attempt  # the pod left behind ran (and was charged) too
+    assert status["attemptCounts"]["started"] == 1 and jobs.attempt_jobs("left") == ["left-a0"]
+
+
+def running(pod: Any) -> bool:
+    return any(c.state.running is not None for c in pod.status.container_statuses or [] if c.name == "trainer")
+
+
+def left_pod(jobs: Jobs, uid: str) -> bool:
+    """Whether the pod of UID `uid` is still there."""
+    pods = jobs.core.list_namespaced_pod(jobs.namespace, label_selector="mpjob.dev/job=left").items
+    return any(p.metadata.uid == uid for p in pods)
 
 
 def trainer_states(jobs: Jobs) -> list[Any]:
