@@ -26,7 +26,7 @@ from mpjob.builders.attempt import TERMINATION_GRACE_SECONDS
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.endings import DEADLINE_EXCEEDED
+from mpjob.planning.endings import past_deadline
 from mpjob.planning.observe import moved
 from mpjob.planning.status import deadline_left
 from mpjob_contract import events
@@ -89,7 +89,7 @@ class DeadlineWatch:
     def ended(self, outcome: AttemptOutcome) -> AttemptOutcome:
         """How the attempt ended: DeadlineExceeded when this watch stopped it, else as it said."""
         self._done.set()
-        return DEADLINE_EXCEEDED if self.passed else outcome
+        return past_deadline(outcome) if self.passed else outcome
 
     def _watch(self, left: int) -> None:
         if not self._done.wait(left):

@@ -182,16 +182,20 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
             plan.cut.append(index)
 
 
-#: Endings recorded while the attempt's ranks ran whole: their SIGTERM buys a checkpoint that the
-#: ending, written at once, cannot know of (`heard`).
-HEARD_LATE = frozenset({Reason.SUSPENDED, *elastic.RESIZE_REASONS})
+#: Endings recorded while the attempt's ranks still ran: their SIGTERM may buy a checkpoint that
+#: the ending, written at once, cannot know of (`heard`). Whole ranks (a suspension, a resize, the
+#: job's activeDeadlineSeconds) checkpoint; stalled ones may, where they can still act on
+#: SIGTERM in their CUT_GRACE_SECONDS.
+HEARD_LATE = frozenset({Reason.SUSPENDED, Reason.DEADLINE_EXCEEDED, Reason.STALLED, *elastic.RESIZE_REASONS})
 
 
 def heard(plan: Plan, jobs: dict[int, JobView], stopped: dict[int, JobView]) -> None:
-    """What the trainer of an attempt ended while its ranks ran whole (a suspension, a resize)
-    reported once its pods stopped, read from its Job that is gone (`stopped`, its pods as last
-    seen): the step it stopped at ends the attempt, the checkpoint it wrote on SIGTERM is the
-    job's last one, and the next attempt, whose Job waits for those pods, plans to resume from it.
+    """What the trainer of an attempt ended while its ranks ran (HEARD_LATE) reported once its
+    pods stopped, read from its Job that is gone (`stopped`, its pods as last seen): the step it
+    stopped at ends the attempt, the checkpoint it wrote on SIGTERM is the job's last one, and the
+    next attempt, whose Job waits for those pods, plans to resume from it. A job that has
+    finished (at its deadline) records them too: the report is progress seen, and a user who
+    raises the deadline, or reads the status for the newest checkpoint, is told of it.
     Only while no later attempt has a Job, so nothing newer is overwritten; an attempt whose pods
     reported nothing keeps the ending as recorded."""
     status = plan.status

@@ -8,7 +8,7 @@ and Job status (`mpjob.planning.charging`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
@@ -94,8 +94,21 @@ def outcome_of(job: JobView) -> AttemptOutcome:
     """The attempt's ending as the pods tell it: the most telling pod explains it. A pod whose
     report is invalid ranks as a crash (an infrastructure failure, with what was invalid)."""
 
-    if job.finished == "Failed" and job.reason == "DeadlineExceeded":
-        return DEADLINE_EXCEEDED
+    if job.finished == "Failed" and job.reason == "DeadlineExceeded":  # the Job controller stopped the pods
+        return past_deadline(_told(job))
+    return _told(job)
+
+
+def past_deadline(told: AttemptOutcome) -> AttemptOutcome:
+    """The ending of an attempt stopped at runPolicy.activeDeadlineSeconds whose trainers told
+    `told`: the deadline's, with their report (the step they stopped at, the checkpoint they wrote
+    on SIGTERM: progress seen), less its message (the deadline, not the SIGTERM, ended it)."""
+    report = told.report
+    return replace(DEADLINE_EXCEEDED, report=report.model_copy(update={"message": ""}) if report else None)
+
+
+def _told(job: JobView) -> AttemptOutcome:
+    """The attempt's ending as its pods tell it (`outcome_of`)."""
     ended = [p for p in job.pods if not p.alive]
     if not ended:
         if job.finished == "Complete":

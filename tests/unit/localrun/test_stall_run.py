@@ -4,7 +4,8 @@ still 30 s, its workers SIGTERMed and then SIGKILLed (the hung rank cannot act o
 ends Stalled, charged; the next attempt goes on in the same precision from the step-20 checkpoint
 to Succeeded, as through the operator (tests/integration/operator/test_progress_deadline.py).
 activeDeadlineSeconds: an attempt still training when it passes is stopped (SIGTERM: the
-trainer checkpoints) and the job ends Failed, DeadlineExceeded, as the operator ends it."""
+trainer checkpoints) and the job ends Failed, DeadlineExceeded, as the operator ends it, its
+lastCheckpoint the one written on SIGTERM."""
 
 from __future__ import annotations
 
@@ -56,3 +57,7 @@ def test_a_local_run_past_its_active_deadline_is_stopped_and_fails(tmp_path: Pat
         True,
     )
     assert "runPolicy.activeDeadlineSeconds" in status["message"], status["message"]
+    # Where its trainer stopped, and the checkpoint it wrote on SIGTERM (between the periodic ones).
+    ckpt = status["lastCheckpoint"]
+    assert ckpt is not None and ckpt["step"] == attempt["endStep"] == status["step"] > 0, status
+    assert ckpt["step"] % 1000 != 0 and Path(ckpt["path"]).exists(), ckpt
