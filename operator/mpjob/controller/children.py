@@ -43,6 +43,8 @@ class Children:
         self._keys: dict[Key, set[str]] = {}  # MixedPrecisionJob -> its Jobs' UIDs
         self._pods: dict[str, PodRecord] = {}  # by pod UID
         self._by_job: dict[ObjectRef, set[str]] = {}  # the Job pods name -> their UIDs
+        #: (namespace, the MixedPrecisionJob a Job's name names) -> the Jobs pods name (`_strays`)
+        self._named: dict[tuple[str, str], set[ObjectRef]] = {}
         self._failures: dict[ObjectRef, CreateFailure] = {}  # the Job it names -> its latest FailedCreate
         self._gone: set[str] = set()  # pods the API server removed, held as last seen
 
@@ -55,15 +57,17 @@ class Children:
 
     def _strays(self, owner: ObjectRef) -> dict[int, list[PodRecord]]:
         """Pods whose Job, named as an attempt of `owner` in its namespace, is not held: it was
-        removed before this operator listed it (it restarted while they stopped). Their Job's
+        removed before this operator listed it (it restarted while they stopped, or while they ran
+        on, left behind by a deletion with --cascade=orphan). Found by that name (`_named`), not
+        by a scan of every Job's pods. Their Job's
         UID, and so whose they are, cannot be checked any more: they only ever make the next
         attempt wait (`cache.Observed.lingering`), as pods of that name may still write checkpoints."""
         strays: dict[int, list[PodRecord]] = {}
-        for ref, uids in self._by_job.items():
-            if ref.namespace != owner.namespace or self._job(ref) is not None:
+        for ref in self._named.get((owner.namespace, owner.name), ()):
+            if self._job(ref) is not None:
                 continue
             if (attempt := attempt_named(ref.name, owner.name)) is not None:
-                strays.setdefault(attempt, []).extend(self._pods[uid] for uid in uids)
+                strays.setdefault(attempt, []).extend(self._pods[uid] for uid in self._by_job.get(ref, ()))
         return strays
 
     def has_job(self, uid: str) -> bool:
@@ -106,8 +110,9 @@ class Children:
         old = self._pods.get(record.uid)
         self._pods[record.uid] = record
         if old is not None and old.owner != record.owner:  # an owner reference moved
-            self._by_job.get(old.owner, set()).discard(record.uid)
+            self._unlink(old.owner, record.uid)
         self._by_job.setdefault(record.owner, set()).add(record.uid)
+        self._named.setdefault(_named(record.owner), set()).add(record.owner)
         for replaced in self._gone_pods(record.owner, index=record.view.index):  # its index runs again
             if replaced != record.uid:
                 self._remove_pod(replaced)
@@ -133,10 +138,19 @@ class Children:
     def _remove_pod(self, uid: str) -> None:
         pod = self._pods.pop(uid)
         self._gone.discard(uid)
-        siblings = self._by_job.get(pod.owner, set())
+        self._unlink(pod.owner, uid)
+
+    def _unlink(self, job: ObjectRef, uid: str) -> None:
+        """The pod `uid` is no longer one of `job`'s (a Job none of whose pods is held leaves both indexes)."""
+        siblings = self._by_job.get(job, set())
         siblings.discard(uid)
-        if not siblings:
-            self._by_job.pop(pod.owner, None)
+        if siblings:
+            return
+        self._by_job.pop(job, None)
+        named = self._named.get(_named(job), set())
+        named.discard(job)
+        if not named:
+            self._named.pop(_named(job), None)
 
     def _gone_pods(self, job: ObjectRef, *, index: int | None = None) -> list[str]:
         """The UIDs of `job`'s pods kept after the API server removed them (of one index)."""
@@ -189,6 +203,12 @@ class Children:
     def _key_of(self, ref: ObjectRef) -> Key | None:
         job = self._job(ref)
         return job.key if job is not None else None
+
+
+def _named(job: ObjectRef) -> tuple[str, str]:
+    """The namespace and the MixedPrecisionJob a Job's name `<job>-a<N>` names (`attempt_named`
+    checks the rest)."""
+    return job.namespace, job.name.rpartition("-a")[0]
 
 
 def deleted(pod: PodRecord) -> PodRecord:
