@@ -7,12 +7,10 @@ store's own boto3 client counted through botocore's event hooks."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import boto3
 import pytest
 import torch
 
@@ -22,29 +20,12 @@ from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
-from tests.cluster.s3 import CREDENTIALS, S3Server
 
 pytestmark = pytest.mark.integration
 
 #: Steps a test plants: three listing pages (S3 lists 1,000 keys a page), so a bounded restore
 #: or prune has pages it must not read all of.
 PLANTED = 2500
-
-
-@pytest.fixture
-def settings(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Storage:
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return S3Storage(bucket=s3_server.bucket, prefix=f"b-{uuid.uuid4().hex[:8]}", endpoint=s3_server.endpoint)
-
-
-@pytest.fixture
-def raw(settings: S3Storage) -> Any:
-    """A plain client: what anyone with the bucket's credentials can put below the job's prefix."""
-    return boto3.client("s3", endpoint_url=settings.endpoint, region_name=settings.region)
 
 
 def store_of(settings: S3Storage, log: list[dict[str, Any]] | None = None) -> BucketCheckpointStore:

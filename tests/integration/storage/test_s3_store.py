@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 import torch
 
@@ -25,23 +23,6 @@ from tests.cluster.s3 import CREDENTIALS, S3Server
 pytestmark = pytest.mark.integration
 
 DIGEST = "digest-1"
-
-
-@pytest.fixture
-def creds(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in CREDENTIALS.items():
-        monkeypatch.setenv(key, value)
-
-
-@pytest.fixture
-def settings(s3_server: S3Server, creds: None) -> S3Storage:
-    return S3Storage(bucket=s3_server.bucket, prefix=f"t-{uuid.uuid4().hex[:8]}", endpoint=s3_server.endpoint)
-
-
-@pytest.fixture
-def raw(settings: S3Storage) -> Any:
-    """A plain client: what a person with the bucket's credentials can do behind the store's back."""
-    return boto3.client("s3", endpoint_url=settings.endpoint, region_name=settings.region)
 
 
 def store_of(settings: S3Storage, job: str = "ns/job/uid", keep: int = 3) -> BucketCheckpointStore:

@@ -7,11 +7,9 @@ whose upload fails leaves none of its objects behind."""
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import torch
 
@@ -21,27 +19,10 @@ from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name, read
 from mpjob_trainer.checkpoint.objects import ASIDE, new_writer
 from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
-from tests.cluster.s3 import CREDENTIALS, S3Server
 
 pytestmark = pytest.mark.integration
 
 JOB = "ns/job/uid"
-
-
-@pytest.fixture
-def settings(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Storage:
-    for name, value in CREDENTIALS.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return S3Storage(bucket=s3_server.bucket, prefix=f"w-{uuid.uuid4().hex[:8]}", endpoint=s3_server.endpoint)
-
-
-@pytest.fixture
-def raw(settings: S3Storage) -> Any:
-    """A plain client: what a person (or an older trainer) with the bucket's credentials does."""
-    return boto3.client("s3", endpoint_url=settings.endpoint, region_name=settings.region)
 
 
 def store_of(settings: S3Storage, log: list[dict[str, Any]] | None = None, keep: int = 10) -> BucketCheckpointStore:
