@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,8 +188,15 @@ class ChildCache:
         """Why each dead list + watch is dead (the liveness probe's; `ListWatch.dead`)."""
         return [reason for reason in (w.dead() for w in self._watches) if reason is not None]
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 0.0) -> list[str]:
+        """Stop every list + watch and wait up to `timeout` s in all for them to end; the names of
+        those still running (in a request the API server has not answered: they end with the
+        process, never running Python again while it finalizes)."""
         self._stop.set()
+        deadline = time.monotonic() + timeout
+        for watch in self._watches:
+            watch.join(max(0.0, deadline - time.monotonic()))
+        return [watch.name for watch in self._watches if watch.is_alive()]
 
 
 def sources(namespace: str | None, *, batch: Any, core: Any) -> list[Source]:

@@ -32,6 +32,12 @@ from mpjob_contract import api
 log = logging.getLogger("mpjob.operator")
 #: How often the startup looks whether the cache has listed everything.
 SYNC_POLL_SECONDS = 0.2
+#: How long a stop waits for the cache's watches, and then for the queue's workers, to end. A
+#: thread of ours still running Python as the interpreter finalizes can abort the process
+#: (SIGABRT: Python 3.11 ends it with pthread_exit the next time it takes the GIL, which aborts
+#: in native frames or while it holds stderr's lock), so each is stopped and joined; one still in
+#: a request the API server has not answered stays blocked in the socket until the process ends.
+STOP_JOIN_SECONDS = 5.0
 
 
 @dataclass
@@ -57,12 +63,14 @@ class Controller:
         return cls(config=config, cluster=cluster, cache=cache, queue=queue, reconciler=reconciler, liveness=liveness)
 
     def stop(self) -> None:
+        """Stop every part, and join the threads that can end (STOP_JOIN_SECONDS)."""
         if self.ticker is not None:
             self.ticker.cancel()
-        self.cache.stop()
-        self.queue.close()
+        running = self.cache.stop(STOP_JOIN_SECONDS) + self.queue.close(STOP_JOIN_SECONDS)
         self.reconciler.progress.close()
         self.reconciler.profiles.close()
+        if running:
+            log.info("stopped; still waiting on the API server, ending with the process: %s", ", ".join(running))
 
 
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)
@@ -89,7 +97,7 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     try:
         await first_listing(controller.cache)
     except asyncio.CancelledError:  # stopped meanwhile: kopf runs no cleanup for a startup it cancelled
-        controller.stop()
+        await asyncio.to_thread(controller.stop)
         raise
     reconciler = controller.reconciler
     ticks = tick(
@@ -121,7 +129,7 @@ async def watches_alive(memo: kopf.Memo, **_: Any) -> str:
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     controller: Controller | None = memo.get("controller")
     if controller is not None:
-        controller.stop()
+        await asyncio.to_thread(controller.stop)
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)

@@ -120,7 +120,7 @@ class ListWatch(threading.Thread):
     def _retry_after(self, said: str) -> None:
         """Log a failure (once while it repeats) and wait out its backoff, or until stopped."""
         self.failing, self._failures = True, self._failures + 1
-        if said != self._problem:
+        if said != self._problem and not self.stop.is_set():  # a stop's own failure is no news
             log.warning("%s; retrying with backoff (at most every %.0f s)", said, RETRY_MAX_SECONDS)
             self._problem = said
         self.stop.wait(backoff_seconds(self._failures, base=RETRY_SECONDS, cap=RETRY_MAX_SECONDS))

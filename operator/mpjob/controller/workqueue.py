@@ -72,11 +72,17 @@ class WorkQueue:
         with self._cv:
             return len(self._queued)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 0.0) -> list[str]:
+        """Take no more keys and wait up to `timeout` s in all for the workers to end; the names of
+        those still handling a key."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
             self._due.notify()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [thread.name for thread in self._threads if thread.is_alive()]
 
     def _next(self) -> tuple[Key, bool] | None:
         with self._cv:

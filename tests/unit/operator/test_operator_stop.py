@@ -1,0 +1,59 @@
+"""A stop ends the operator's own threads before the process does: a thread of ours still running
+Python while the interpreter finalizes can abort it (SIGABRT on Python 3.11: it is ended with
+pthread_exit as it next takes the GIL, which aborts in native frames or while it holds stderr's
+lock). The cache's watches and the queue's workers are stopped and joined; a watch in a request
+the API server never answers is named, and stays blocked in its socket until the process ends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from mpjob.controller.cache import ChildCache
+from mpjob.controller.workqueue import WorkQueue
+from tests.helpers import wait_for
+from tests.unit.operator.fake_apiserver import NAMESPACE, HalfCluster, serve
+
+pytestmark = pytest.mark.unit
+
+JOBS = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs"
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
+
+
+def configuration_of(kubeconfig: Path) -> client.Configuration:
+    """The client configuration of the fake API server the kubeconfig names."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    return configuration
+
+
+def test_a_stopped_cache_has_ended_every_watch_but_the_one_the_server_never_answers(tmp_path: Path) -> None:
+    cluster = HalfCluster(hang=JOBS)  # jobs: never answered; pods and events: 403, retried with backoff
+    with serve(cluster, tmp_path) as kubeconfig:
+        api = client.ApiClient(configuration_of(kubeconfig))
+        cache = ChildCache(changed=lambda key: None)
+        cache.start([NAMESPACE], client.BatchV1Api(api), client.CoreV1Api(api))
+        wait_for(lambda: all(cluster.requests(p) for p in (JOBS, PODS, EVENTS)), 60, message="every listing")
+        assert cache.stop(timeout=3) == [f"mpjob-watch-jobs-{NAMESPACE}"]
+        cluster.released.set()
+
+
+def test_a_closed_queue_has_ended_its_idle_workers_and_names_a_busy_one() -> None:
+    busy, release = threading.Event(), threading.Event()
+
+    def handle(key: Hashable, tick: bool) -> None:
+        busy.set()
+        release.wait(60)
+
+    queue = WorkQueue(handle, workers=3, name="w")
+    queue.add("slow")
+    wait_for(busy.is_set, 60, 0.01, "the key handled")
+    still = queue.close(timeout=1)
+    assert len(still) == 1 and still[0] in ("w-0", "w-1", "w-2"), still
+    release.set()
+    assert queue.close(timeout=30) == []
