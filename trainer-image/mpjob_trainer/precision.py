@@ -8,6 +8,7 @@ autocast, no scaler (bf16 has fp32's exponent range).
 from __future__ import annotations
 
 import contextlib
+import math
 import types
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -72,6 +73,31 @@ class PrecisionPolicy:
             backoff_factor=ls.backoff_factor,
             growth_interval=ls.growth_interval,
         )
+
+
+#: What GradScaler.load_state_dict reads: the positive real numbers, and the counts.
+_SCALER_NUMBERS = ("scale", "growth_factor", "backoff_factor")
+_SCALER_COUNTS = ("growth_interval", "_growth_tracker")
+
+
+def scaler_state_problem(value: Any) -> str | None:
+    """What makes a checkpoint's GradScaler state unusable (None: nothing, or no state: None or the
+    empty dict of a disabled scaler): a key GradScaler.load_state_dict reads missing, a scale or
+    factor that is no finite positive number, a count that is no count. The scaler stores what it
+    is given unchecked (a NaN scale would make every fp16 step non-finite), so it is checked here."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        return "that is no mapping"
+    for key in (*_SCALER_NUMBERS, *_SCALER_COUNTS):
+        if key not in value:
+            return f"without {key}"
+        item, counted = value[key], key in _SCALER_COUNTS
+        if type(item) is bool or not isinstance(item, int if counted else int | float):
+            return f"whose {key} is {item!r:.40}"
+        if not math.isfinite(item) or item < 0 or (item == 0 and key != "_growth_tracker"):
+            return f"whose {key} is {item!r:.40}"
+    return None
 
 
 # ---------------------------------------------------------------- keepFp32

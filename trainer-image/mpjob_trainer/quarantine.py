@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, SkipCause, Skipped, SkippedStep, ranges
+from mpjob_contract.skipping import CAUSES, MAX_SKIPPED_ENTRIES, SkipCause, Skipped, SkippedStep, ranges
 
 #: What a termination report lists at most (it must stay under Kubernetes' 4 KiB).
 REPORT_STEPS = 8
@@ -110,9 +110,35 @@ class Quarantine:
         whole with a known size [step, cause, [], size]."""
         return {"records": [[r.step, r.cause, list(r.samples), *([r.whole] if r.whole else [])] for r in self.records]}
 
+    @staticmethod
+    def state_problem(state: Any) -> str | None:
+        """What makes a checkpoint's quarantine unusable (None: nothing): records not as
+        `state_dict` writes them. Checked before anything is loaded: a merge never stops midway."""
+        records = state.get("records", []) if isinstance(state, dict) else None
+        if not isinstance(records, list):
+            return "a quarantine whose records are no list"
+        for record in records:
+            if not _well_formed(record):
+                return f"a quarantine record {record!r:.80}"
+        return None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Merge a checkpoint's quarantine into this one (see the invariants above)."""
+        """Merge a checkpoint's quarantine (`state_problem` checked it) into this one (see the
+        invariants above)."""
         known = {(r.step, r.cause) for r in self.records}
         for step, cause, samples, *whole in state.get("records", []):
             if (int(step), str(cause)) not in known:
                 self.add(int(step), cause, [int(i) for i in samples], whole=int(whole[0]) if whole else 0)
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _well_formed(record: Any) -> bool:
+    """[step, cause, samples] or [step, cause, [], size], as Quarantine.state_dict writes them."""
+    if not isinstance(record, list) or len(record) not in (3, 4):
+        return False
+    step, cause, samples, *whole = record
+    counts = _count(step) and all(_count(size) for size in whole)
+    return counts and cause in CAUSES and isinstance(samples, list) and all(_count(i) for i in samples)

@@ -97,7 +97,26 @@ class SpikeDetector:
     def state_dict(self) -> dict[str, Any]:
         return {"window": self.window[: self.spec.window], "accepted": self.accepted}
 
+    @staticmethod
+    def state_problem(state: Any) -> str | None:
+        """What makes a checkpoint's spike window unusable (None: nothing): not as `state_dict`
+        writes it (finite float losses, a count of those accepted). Checked before anything is loaded."""
+        if not isinstance(state, dict):
+            return "a spike window that is no mapping"
+        if (missing := next((key for key in ("window", "accepted") if key not in state), None)) is not None:
+            return f"a spike window without {missing}"
+        window, accepted = state["window"], state["accepted"]
+        if not isinstance(window, torch.Tensor) or not window.is_floating_point() or window.dim() != 1:
+            return "a spike window that is no float tensor"
+        if not bool(torch.isfinite(window).all()):
+            return "a spike window of non-finite losses"
+        count = accepted.item() if isinstance(accepted, torch.Tensor) and accepted.numel() == 1 else accepted
+        if type(count) is not int or count < 0:
+            return f"a spike window whose accepted is no count ({accepted!r:.40})"
+        return None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The checkpoint's window (`state_problem` checked it)."""
         window = state["window"].to(self.device, torch.float32)
         if window.numel() == self.spec.window:
             self.window[: self.spec.window].copy_(window)

@@ -385,14 +385,14 @@ def test_generators_are_kept_without_numpy(monkeypatch: pytest.MonkeyPatch) -> N
     """numpy is not a dependency: without it the torch and Python generators still round-trip."""
     import random
 
-    from mpjob_trainer.session import state
+    from mpjob_trainer.session import generators
 
-    monkeypatch.setattr(state, "np", None)
-    state.seed_everything(5)
-    saved = state.rng_state()
+    monkeypatch.setattr(generators, "np", None)
+    generators.seed_everything(5)
+    saved = generators.rng_state()
     assert "numpy" not in saved
     first = (torch.rand(3), random.random())
-    state.set_rng_state(saved)
+    generators.set_rng_state(saved)
     assert torch.equal(first[0], torch.rand(3)) and first[1] == random.random()
 
 

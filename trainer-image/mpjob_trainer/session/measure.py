@@ -36,8 +36,8 @@ from mpjob_contract.launch import AUTO_MARGIN
 from mpjob_contract.report import Measurement
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.session.context import AttemptContext
+from mpjob_trainer.session.generators import rng_state, set_rng_state
 from mpjob_trainer.session.modes import Mode
-from mpjob_trainer.session.state import rng_state, set_rng_state
 from mpjob_trainer.session.steps import StepFunction
 
 MARGIN = AUTO_MARGIN

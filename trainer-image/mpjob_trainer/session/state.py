@@ -22,23 +22,19 @@ therefore reserved names.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-
-try:  # numpy is the user's, not a dependency of ours: its generator is kept when it is there
-    import numpy as np
-except ImportError:  # pragma: no cover - torch runs without numpy
-    np = None  # type: ignore[assignment]
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.precision import scaler_state_problem
 from mpjob_trainer.session.fits import check_fits, hyperparameters
+from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
 #: In a capture: held in memory, every object by its own state_dict() (never written).
 IN_MEMORY = "heldInMemory"
@@ -47,86 +43,39 @@ RESERVED = frozenset(
     {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", FORMAT_KEY}
     | {shards.SHARDS, shards.SHARDED_OBJECTS, shards.LISTED, IN_MEMORY}
 )
+__all__ = ["TrainingState", "own_fields_problem", "rng_state", "seed_everything"]  # the generators: session.generators
 
 
-def rng_state() -> dict[str, Any]:
-    """Every generator a training step may draw from, in a weights_only-safe form."""
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python": list(random.getstate()),
-    }
-    if np is not None:
-        np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]
-        state["numpy"] = [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]]
-    return state
+class OwnPart(Protocol):
+    """One of the SDK's own stateful parts (the quarantine, the spike window): it says what makes
+    a checkpoint's state of it unusable (None: nothing) before anything is loaded."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def state_problem(self, state: Any) -> str | None: ...
 
 
-def own_fields_problem(state: dict[str, Any]) -> str | None:
+def own_fields_problem(state: dict[str, Any], own: dict[str, OwnPart] | None = None) -> str | None:
     """What makes the fields the SDK writes itself unusable (None: nothing): generators not as
-    `rng_state` captures them, or a count (samples, appliedSteps) that is no count. A weights-only
-    pickle may hold any plain value there, so they are checked before anything is loaded."""
-    rng = state.get("rng")
-    like = torch.get_rng_state()
-    if not isinstance(rng, dict) or not isinstance(torch_rng := rng.get("torch"), torch.Tensor):
-        return "holds no generator state (rng) as the trainer writes it"
-    if torch_rng.dtype != like.dtype or torch_rng.shape != like.shape:
-        found, wanted = f"{torch_rng.dtype} {list(torch_rng.shape)}", f"{like.dtype} {list(like.shape)}"
-        return f"holds a torch generator state of {found}, not {wanted}"
-    if _python_state(rng.get("python")) is None:
-        return "holds no Python generator state as random.getstate() gives it"
-    if np is not None and "numpy" in rng and _numpy_state(rng["numpy"]) is None:
-        return "holds no numpy generator state as numpy.random.get_state() gives it"
+    `rng_state` captures them, a count (samples, appliedSteps) that is no count, a GradScaler state
+    GradScaler.load_state_dict cannot take, or a state of one of the `own` parts it refuses. A
+    weights-only pickle may hold any plain value there, so they are checked before anything is
+    loaded: a checkpoint is rejected whole, never loaded in part."""
+    problem = rng_problem(state.get("rng"))
+    if problem is not None:
+        return problem
     for key in ("samples", "appliedSteps"):
         value = state.get(key)
         if value is not None and (type(value) is not int or value < 0):
             return f"holds {key} {value!r:.40}, not a count"
+    if (scaler := scaler_state_problem(state.get("scaler"))) is not None:
+        return f"holds a GradScaler state {scaler}"
+    for name, part in (own or {}).items():
+        if name in state and (problem := part.state_problem(state[name])) is not None:
+            return f"holds {problem}"
     return None
-
-
-def _python_state(value: Any) -> tuple[Any, ...] | None:
-    """`value` (rng_state's python entry) as random.setstate takes it; None when a scratch
-    generator does not take it (of another size, not integers)."""
-    try:
-        state = (value[0], tuple(value[1]), value[2])
-        random.Random().setstate(state)
-    except Exception:
-        return None
-    return state
-
-
-def _numpy_state(value: Any) -> tuple[Any, ...] | None:
-    """`value` (rng_state's numpy entry) as numpy.random.set_state takes it; None when a scratch
-    generator does not take it."""
-    try:
-        name, keys, *rest = value
-        state = (name, keys.numpy().astype(np.uint32), *rest)
-        np.random.RandomState().set_state(state)
-    except Exception:
-        return None
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Put back what `rng_state` captured (own_fields_problem has checked it)."""
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    python = _python_state(state["python"])
-    assert python is not None, "own_fields_problem checks it before a restore"
-    random.setstate(python)
-    if np is not None and "numpy" in state:
-        numpy_state = _numpy_state(state["numpy"])
-        assert numpy_state is not None, "own_fields_problem checks it before a restore"
-        np.random.set_state(numpy_state)
-
-
-def seed_everything(seed: int) -> None:
-    """Same initial weights on every rank, and the same draws in every run of the job."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    if np is not None:
-        np.random.seed(seed)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -137,7 +86,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class TrainingState:
     """The named stateful objects of a run (anything with state_dict/load_state_dict)."""
 
-    def __init__(self, objects: dict[str, Any], own: dict[str, Any] | None = None) -> None:
+    def __init__(self, objects: dict[str, Any], own: dict[str, OwnPart] | None = None) -> None:
         for name, obj in objects.items():
             if name in RESERVED:
                 raise ConfigError(f"resume({name}=...): {name!r} is reserved; reserved: {', '.join(sorted(RESERVED))}")
@@ -149,7 +98,7 @@ class TrainingState:
         self.objects = dict(objects)
         #: The SDK's own stateful parts (the quarantine, the spike window), under reserved keys;
         #: a checkpoint written before them has none, and they keep what they hold.
-        self.own = dict(own or {})
+        self.own: dict[str, OwnPart] = dict(own or {})
         #: The sharded model and optimizer among the objects (checkpoint.shards), if any.
         self.sharded = shards.shard_names(self.objects) if any(map(shards.is_sharded, objects.values())) else None
         #: The data position: samples all ranks consumed so far (end_step adds each step's).
@@ -216,7 +165,7 @@ class TrainingState:
         """`state` in the current format (a ConfigError when it cannot be brought to it), with its
         own fields usable (else CorruptCheckpoint)."""
         state = upgrade(state, self.objects)
-        problem = own_fields_problem(state)
+        problem = own_fields_problem(state, self.own)
         if problem is not None:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
         return state
