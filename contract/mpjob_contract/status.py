@@ -60,6 +60,11 @@ class AttemptStatus(ApiModel):
     charged: bool | None = None
     start_time: str | None = None
     finish_time: str | None = None
+    #: The UID of the Job made for this attempt (its newest, if made again; none for an attempt
+    #: in place, which runs in an earlier attempt's Job), written as soon as it is made: an
+    #: operator that restarts knows by it which pods and objects a Job deleted with
+    #: --cascade=orphan left are its own.
+    job_uid: str | None = None
     #: When a live reading first showed the attempt, and then each time it showed its step move:
     #: runPolicy.progressDeadlineSeconds counts from it, so an operator that restarts meanwhile
     #: goes on counting where the one before it left off.

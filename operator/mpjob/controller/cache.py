@@ -12,10 +12,12 @@ their parent on namespace, kind, name and UID together (`ownership.ObjectRef`): 
 another namespace that copies a Job's name and UID joins nothing. A pod its Job left behind when
 it was deleted with --cascade=orphan has no ownerReference left: the Job controller's labels name
 its Job (`records.orphan_owner`), it joins one held on the same four, and it is deleted
-(`Observed.orphans`) as the Job's own deletion would have deleted it. One exception, which can only
-make an attempt wait: a running pod whose Job was removed before this operator listed it (it
-restarted while the pod stopped) is lingering for the attempt its Job's name names
-(`children.Children._strays`). An unreadable object is skipped (and logged once).
+(`Observed.orphans`) as the Job's own deletion would have deleted it. A Job removed before this operator
+listed it (it restarted meanwhile) is joined the same way when the MixedPrecisionJob's status
+records its UID (`status.attempts[].jobUid`, `children.Children.adopt`). One exception, which can
+only make an attempt wait: a running pod of an attempt's name whose Job is not known so is
+lingering for the attempt its Job's name names (`children.Children._strays`). An unreadable
+object is skipped (and logged once).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,11 +81,22 @@ class ChildCache:
         self._stop = threading.Event()
 
     # -------------------------------------------------------------- reading
-    def observe(self, namespace: str, name: str, uid: str, nodes: Nodes | None = None) -> Observed:
+    def observe(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        nodes: Nodes | None = None,
+        *,
+        recorded: Mapping[int, str] | None = None,
+    ) -> Observed:
         """The attempts of the MixedPrecisionJob `namespace/name` whose UID is `uid` (with `nodes`,
-        the Nodes as listed: a pod running on one gone or unreachable is lost, lostnodes.on_nodes)."""
+        the Nodes as listed: a pod running on one gone or unreachable is lost, lostnodes.on_nodes;
+        `recorded`: the UIDs of its attempts' Jobs its status records, `children.Children.adopt`)."""
+        owner = ObjectRef(namespace, api.KIND, name, uid)
         with self._lock:
-            held = self._children.of(ObjectRef(namespace, api.KIND, name, uid))
+            self._children.adopt(owner, recorded or {})
+            held = self._children.of(owner)
         pods = {job: [on_nodes(p.view, nodes) for p in records] for job, records in held.pods.items()}
         views: dict[int, JobView] = {}
         rank0_ip: dict[int, str] = {}
@@ -242,8 +255,8 @@ def _view(job: JobRecord, pods: list[PodView], create_error: str | None) -> JobV
 def orphans_of(gone: list[JobRecord], pods: dict[str, list[PodRecord]]) -> dict[int, tuple[PodView, ...]]:
     """By attempt, the pods still there that the deleted Jobs `gone` (held: of this very UID, so
     this operator made them) left behind without an owner, and that nobody deletes yet. Nothing
-    else would ever stop them: the attempt would wait for them for good, and an operator that
-    restarts no longer knows their Job's UID (`children.Children._strays`)."""
+    else would ever stop them: the attempt would wait for them for good (an operator that restarts
+    knows their Job's UID only from the status: `children.Children.adopt`)."""
     left = {
         job.attempt: tuple(sorted((p.view for p in pods[job.uid] if p.orphan and not p.view.deleting), key=_name))
         for job in gone

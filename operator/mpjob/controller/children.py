@@ -18,6 +18,7 @@ runs again in a new pod (its queue admitted the Job again), or with its Job.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from mpjob.controller.ownership import ObjectRef
@@ -59,9 +60,9 @@ class Children:
         """Pods whose Job, named as an attempt of `owner` in its namespace, is not held: it was
         removed before this operator listed it (it restarted while they stopped, or while they ran
         on, left behind by a deletion with --cascade=orphan). Found by that name (`_named`), not
-        by a scan of every Job's pods. Their Job's
-        UID, and so whose they are, cannot be checked any more: they only ever make the next
-        attempt wait (`cache.Observed.lingering`), as pods of that name may still write checkpoints."""
+        by a scan of every Job's pods. Unless `owner`'s status recorded their Job's UID (`adopt`),
+        whose they are cannot be checked: they only ever make the next attempt wait
+        (`cache.Observed.lingering`), as pods of that name may still write checkpoints."""
         strays: dict[int, list[PodRecord]] = {}
         for ref in self._named.get((owner.namespace, owner.name), ()):
             if self._job(ref) is not None:
@@ -69,6 +70,21 @@ class Children:
             if (attempt := attempt_named(ref.name, owner.name)) is not None:
                 strays.setdefault(attempt, []).extend(self._pods[uid] for uid in self._by_job.get(ref, ()))
         return strays
+
+    def adopt(self, owner: ObjectRef, recorded: Mapping[int, str]) -> None:
+        """Hold, as removed, each Job of `owner`'s that is not held but that its status records
+        (`recorded`: attempt -> the UID of the Job made for it) and that left pods with no
+        controller (deleted with --cascade=orphan while this operator was away): of that very
+        namespace, name and UID, this operator made it, and its pods are followed, stopped and
+        counted as if it had held it throughout. Pods whose Job's UID is not recorded stay strays."""
+        for ref in list(self._named.get((owner.namespace, owner.name), ())):
+            attempt = attempt_named(ref.name, owner.name)
+            if attempt is None or recorded.get(attempt) != ref.uid or ref.uid in self._jobs:
+                continue
+            if any(self._pods[uid].orphan for uid in self._by_job.get(ref, ())):
+                job = JobRecord(ref, owner, attempt, finished=None, reason=None, suspended=False, gone=True)
+                self._jobs[ref.uid] = job
+                self._keys.setdefault(job.key, set()).add(ref.uid)
 
     def has_job(self, uid: str) -> bool:
         return uid in self._jobs

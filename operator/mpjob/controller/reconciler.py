@@ -135,10 +135,10 @@ class Reconciler:
             except ValidationError as exc:
                 self._refuse_spec(body, old, exc)
                 return None
-            uid = body["metadata"]["uid"]
-            seen = self.cache.observe(namespace, name, uid) if old.attempts else NOTHING_SEEN
+            uid, ours = body["metadata"]["uid"], st.job_uids(old)  # ours: also a Job deleted while it restarted
+            seen = self.cache.observe(namespace, name, uid, recorded=ours) if old.attempts else NOTHING_SEEN
             if lostnodes.suspect(seen) and (nodes := self.nodes.seen()) is not None:
-                seen = self.cache.observe(namespace, name, uid, nodes)  # a pod on a node lost has ended
+                seen = self.cache.observe(namespace, name, uid, nodes, recorded=ours)  # a pod on a lost node ended
             now = datetime.now(UTC)
             jobs = self.queue.with_words(namespace, spec, old, seen)
             if spec.run_policy.queue_name:  # the queue's quota sizes it, not the nodes
@@ -154,6 +154,7 @@ class Reconciler:
                 spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
                 unseen_for=unseen_for, stopped=seen.stopped,
             )  # fmt: skip
+            st.record_job_uids(plan.status, seen.uids)  # (of a Job made before they were recorded)
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
             refusal = self._act(body, spec, plan, seen=seen)
             if refusal is not None:
@@ -239,17 +240,13 @@ class Reconciler:
         attempt, names = attempt_name(name, start.index), labels(name, start.index, start.precision)
         self.cluster.create_secret(attempt_profile_secret(attempt, namespace, names, token), owner=body)
         job = attempt_job(
-            job=name,
-            namespace=namespace,
-            uid=body["metadata"]["uid"],
-            spec=spec,
-            start=start,
-            image=self.config.trainer_image,
-            deadline_seconds=plan.deadline_seconds,
-            trainer_command=self.config.trainer_command,
-            in_place=in_place_plan(spec, start, plan.status),
-        )
-        created = self.cluster.create_job(job, owner=body)
+            job=name, namespace=namespace, uid=body["metadata"]["uid"], spec=spec, start=start,
+            image=self.config.trainer_image, deadline_seconds=plan.deadline_seconds,
+            trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
+        )  # fmt: skip
+        created, before = self.cluster.create_job(job, owner=body), plan.status.to_api()
+        if st.record_job_uids(plan.status, {start.index: created["metadata"]["uid"]}):  # before its children
+            self._write(body, before, plan.status)  # are made: a restart knows what it leaves as ours
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next
         # reconcile sees the Job even before its event arrives.
         self.cache.record_job(created)

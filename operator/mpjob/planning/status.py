@@ -3,6 +3,7 @@ following the Kubernetes API conventions (CamelCase reasons, lastTransitionTime)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -207,6 +208,21 @@ def keep_last_figures(status: MixedPrecisionJobStatus) -> None:
     if status.loss_scale is None and status.precision == "fp16":
         scales = (a.loss_scale for a in ended if a.precision == "fp16" and a.loss_scale is not None)
         status.loss_scale = next(scales, None)
+
+
+def job_uids(status: MixedPrecisionJobStatus) -> dict[int, str]:
+    """By attempt, the UID of the Job made for it, as the status records it."""
+    return {entry.index: entry.job_uid for entry in status.attempts if entry.job_uid}
+
+
+def record_job_uids(status: MixedPrecisionJobStatus, uids: Mapping[int, str]) -> bool:
+    """Record on the attempts' entries the UIDs of their Jobs (`uids`, by attempt: a Job made now,
+    or held by the cache, so of this job's); whether any entry changed."""
+    changed = False
+    for entry in status.attempts:
+        if (uid := uids.get(entry.index)) is not None and entry.job_uid != uid:
+            entry.job_uid, changed = uid, True
+    return changed
 
 
 STATUS_FIELDS = frozenset(f.alias or n for n, f in MixedPrecisionJobStatus.model_fields.items())

@@ -84,6 +84,41 @@ def test_pods_a_job_deleted_with_cascade_orphan_left_are_stopped_before_it_is_cr
     assert status["attemptCounts"]["started"] == 1 and jobs.attempt_jobs("left") == ["left-a0"]
 
 
+def test_pods_a_job_deleted_with_cascade_orphan_left_while_the_operator_was_down_are_stopped_once_it_is_back(
+    operator: Operator, jobs: Jobs
+) -> None:
+    jobs.pvc("ckpt")
+    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
+    spec["training"]["steps"] = STEPS
+    jobs.create("left", spec)
+    jobs.wait_status("left", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
+    first = jobs.batch.read_namespaced_job("left-a0", jobs.namespace).metadata.uid
+    assert jobs.status("left")["attempts"][0]["jobUid"] == first  # recorded: a restart still knows it
+    (orphan,) = jobs.core.list_namespaced_pod(jobs.namespace, label_selector="mpjob.dev/job=left").items
+    operator.kill()
+    jobs.batch.delete_namespaced_job("left-a0", jobs.namespace, propagation_policy="Orphan")  # kubectl --cascade=orphan
+    wait_for(lambda: not jobs.attempt_jobs("left"), 60, message="left-a0 gone, its children left")
+    operator.start()
+
+    def created_again() -> bool:
+        found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector="metadata.name=left-a0").items
+        return bool(found) and found[0].metadata.uid != first
+
+    wait_for(created_again, 120, message="left-a0 created again by the restarted operator")
+    still = jobs.core.list_namespaced_pod(jobs.namespace, field_selector=f"metadata.name={orphan.metadata.name}").items
+    assert all(p.metadata.uid != orphan.metadata.uid or not running(p) for p in still), still
+    wait_for(lambda: not left_pod(jobs, orphan.metadata.uid), 60, message="the pod left behind deleted")
+    stopped = [e for e in jobs.events("left", "OrphanedPodsStopped") if e.reason == "OrphanedPodsStopped"]
+    assert len(stopped) == 1 and orphan.metadata.name in stopped[0].message, stopped
+    status = jobs.wait_phase("left", ("Succeeded", "Failed"), 180)
+    assert status["phase"] == "Succeeded", status  # its Service was the attempt's again: no NameConflict
+    (attempt,) = status["attempts"]
+    assert (attempt["startStep"], attempt["endStep"], status["step"]) == (0, STEPS, STEPS), attempt
+    assert attempt["jobUid"] not in ("", first), attempt
+    assert attempt["deletedJobsGpuSeconds"] >= 1, attempt  # the pod left behind ran (and was charged) too
+    assert status["attemptCounts"]["started"] == 1 and jobs.attempt_jobs("left") == ["left-a0"]
+
+
 def running(pod: Any) -> bool:
     return any(c.state.running is not None for c in pod.status.container_statuses or [] if c.name == "trainer")
 

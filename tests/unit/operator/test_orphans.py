@@ -104,3 +104,26 @@ def test_a_watch_relisted_keeps_a_pod_its_deleted_job_left() -> None:
     c.relist("pods", "ns", [orphaned(0)])  # the watch fell behind: the listing still has it
     seen = c.observe("ns", "j", MPJ_UID)
     assert seen.lingering == {0} and [p.uid for p in seen.orphans[0]] == ["pod-0"]
+
+
+def test_an_operator_that_restarts_stops_the_pods_a_job_its_status_records_left_and_counts_them() -> None:
+    changed: list[tuple[str, str]] = []
+    c = ChildCache(changed.append)
+    c.relist("jobs", "ns", [])
+    c.relist("pods", "ns", [orphaned(0)])  # left by attempt 0's Job, deleted while the operator was away
+    seen = c.observe("ns", "j", MPJ_UID, recorded={0: "job-0"})
+    assert seen.lingering == {0} and not seen.jobs
+    assert {a: [p.uid for p in pods] for a, pods in seen.orphans.items()} == {0: ["pod-0"]}
+    c.apply("pods", "MODIFIED", orphaned(0, "Failed", exitCode=143, message="{}"))
+    assert changed == [("ns", "j")]  # its stop is news: the attempt goes on
+    seen = c.observe("ns", "j", MPJ_UID, recorded={0: "job-0"})
+    assert seen.lingering == frozenset() and [p.exit_code for p in seen.stopped[0].pods] == [143]  # counted
+
+
+def test_a_restarted_operator_stops_no_pod_whose_job_uid_its_status_does_not_record() -> None:
+    c = ChildCache(lambda key: None)
+    c.relist("jobs", "ns", [])
+    copied = orphaned(1, job_uid="copied-labels")  # attempt 1's name and labels, another Job's UID
+    c.relist("pods", "ns", [orphaned(0), copied])
+    seen = c.observe("ns", "j", MPJ_UID, recorded={0: "another-job", 1: "job-1"})
+    assert seen.orphans == {} and seen.lingering == {0, 1} and not seen.stopped
