@@ -136,6 +136,12 @@ class ChildCache:
                 if not self._children.has_job(record.uid):
                     self._children.put(record)
 
+    def stopping(self, pods: Iterable[PodView]) -> None:
+        """The operator asked for the deletion of `pods`: none is to be stopped again (and said
+        again) by a reconcile that runs before the watch shows it going."""
+        with self._lock:
+            self._children.deleting(pod.uid for pod in pods)
+
     def apply(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         """One watch event (`kind` ADDED, MODIFIED or DELETED) of a Job, pod or Event
         (`resource` jobs, pods or events); queues a reconcile of its job when it is news."""

@@ -18,7 +18,7 @@ runs again in a new pod (its queue admitted the Job again), or with its Job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from mpjob.controller.ownership import ObjectRef
@@ -48,6 +48,7 @@ class Children:
         self._named: dict[tuple[str, str], set[ObjectRef]] = {}
         self._failures: dict[ObjectRef, CreateFailure] = {}  # the Job it names -> its latest FailedCreate
         self._gone: set[str] = set()  # pods the API server removed, held as last seen
+        self._asked: set[str] = set()  # pods the operator asked to delete (`deleting`)
 
     def of(self, owner: ObjectRef) -> Held:
         """The attempt Jobs the MixedPrecisionJob `owner` controls, with their pods and failures."""
@@ -85,6 +86,14 @@ class Children:
                 job = JobRecord(ref, owner, attempt, finished=None, reason=None, suspended=False, gone=True)
                 self._jobs[ref.uid] = job
                 self._keys.setdefault(job.key, set()).add(ref.uid)
+
+    def deleting(self, uids: Iterable[str]) -> None:
+        """The operator asked for the deletion of the pods `uids`: each is held as going from now
+        on, also before (or against a stale event from before) the watch shows it."""
+        for uid in uids:
+            if (pod := self._pods.get(uid)) is not None:
+                self._asked.add(uid)
+                self._pods[uid] = _asked(pod)
 
     def has_job(self, uid: str) -> bool:
         return uid in self._jobs
@@ -124,6 +133,8 @@ class Children:
 
     def _put_pod(self, record: PodRecord) -> Key | None:
         old = self._pods.get(record.uid)
+        if record.uid in self._asked:
+            record = _asked(record)
         self._pods[record.uid] = record
         if old is not None and old.owner != record.owner:  # an owner reference moved
             self._unlink(old.owner, record.uid)
@@ -154,6 +165,7 @@ class Children:
     def _remove_pod(self, uid: str) -> None:
         pod = self._pods.pop(uid)
         self._gone.discard(uid)
+        self._asked.discard(uid)
         self._unlink(pod.owner, uid)
 
     def _unlink(self, job: ObjectRef, uid: str) -> None:
@@ -225,6 +237,11 @@ def _named(job: ObjectRef) -> tuple[str, str]:
     """The namespace and the MixedPrecisionJob a Job's name `<job>-a<N>` names (`attempt_named`
     checks the rest)."""
     return job.namespace, job.name.rpartition("-a")[0]
+
+
+def _asked(pod: PodRecord) -> PodRecord:
+    """`pod` once the operator asked for its deletion: going, as the API server will show it."""
+    return pod if pod.view.deleting else replace(pod, view=replace(pod.view, deleting=True))
 
 
 def deleted(pod: PodRecord) -> PodRecord:

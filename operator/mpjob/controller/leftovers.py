@@ -22,8 +22,6 @@ from kubernetes.client.rest import ApiException
 from mpjob.builders.attempt import LABEL_ATTEMPT, LABEL_JOB, attempt_name
 from mpjob.controller.cluster import CONFLICT, NOT_FOUND, REQUEST_TIMEOUT, Cluster, raw
 from mpjob.controller.ownership import Malformed, controller_of
-from mpjob.planning import cutoff
-from mpjob.planning import lifecycle as lc
 from mpjob.planning.endings import PodView
 
 log = logging.getLogger("mpjob.operator")
@@ -31,12 +29,13 @@ log = logging.getLogger("mpjob.operator")
 
 def stop(
     cluster: Cluster, namespace: str, job: str, orphans: Mapping[int, tuple[PodView, ...]], *, policies: bool
-) -> lc.Event | None:
+) -> list[PodView]:
     """Delete what the deleted Jobs of the attempts in `orphans` left behind (their NetworkPolicy
-    too with `policies`: the operator makes one); the Event that names the pods, if any."""
+    too with `policies`: the operator makes one); the pods this deleted (not those gone already,
+    nor one whose name another pod has taken): `cutoff.orphans_event` names them."""
     if not orphans:
-        return None
-    core = cluster.core
+        return []
+    core, stopped = cluster.core, list[PodView]()
     for index, pods in sorted(orphans.items()):
         mine = {LABEL_JOB: job, LABEL_ATTEMPT: str(index)}
         name = attempt_name(job, index)
@@ -46,8 +45,9 @@ def stop(
             read, delete = networking.read_namespaced_network_policy, networking.delete_namespaced_network_policy
             _release(read, delete, namespace, name, mine)
         for pod in pods:  # last: while one is there, a failed release above is tried again
-            _delete(core.delete_namespaced_pod, namespace, pod.name, pod.uid)
-    return cutoff.orphans_event([pod for pods in orphans.values() for pod in pods])
+            if _delete(core.delete_namespaced_pod, namespace, pod.name, pod.uid):
+                stopped.append(pod)
+    return stopped
 
 
 def _release(
@@ -72,10 +72,13 @@ def _release(
         log.info("%s/%s: not left by its attempt's Job: kept", namespace, name)
 
 
-def _delete(delete: Callable[..., Any], namespace: str, name: str, uid: str) -> None:
-    """Delete `name` if it is still the object of UID `uid` (its own grace period, if a pod)."""
+def _delete(delete: Callable[..., Any], namespace: str, name: str, uid: str) -> bool:
+    """Delete `name` if it is still the object of UID `uid` (its own grace period, if a pod);
+    whether it was."""
     try:
         delete(name, namespace, body={"preconditions": {"uid": uid}}, _request_timeout=REQUEST_TIMEOUT)
     except ApiException as exc:
         if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or another object took the name
             raise
+        return False
+    return True

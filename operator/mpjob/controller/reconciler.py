@@ -219,8 +219,9 @@ class Reconciler:
             plan.events.append(cutoff.cut_event(cut))
             om.PODS_CUT.inc(len(cut))
         policies = self.config.network_policy is not None  # what a Job deleted leaving its children left
-        if (left := leftovers.stop(self.cluster, namespace, name, seen.orphans, policies=policies)) is not None:
-            plan.events.append(left)
+        if left := leftovers.stop(self.cluster, namespace, name, seen.orphans, policies=policies):
+            self.cache.stopping(left)  # said once: a reconcile before the watch shows them going stops none again
+            plan.events.append(cutoff.orphans_event(left))
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])

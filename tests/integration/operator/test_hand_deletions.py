@@ -75,7 +75,7 @@ def test_pods_a_job_deleted_with_cascade_orphan_left_are_stopped_before_it_is_cr
     assert all(p.metadata.uid != orphan.metadata.uid or not running(p) for p in still), still
     wait_for(lambda: not left_pod(jobs, orphan.metadata.uid), 60, message="the pod left behind deleted")
     stopped = [e for e in jobs.events("left", "OrphanedPodsStopped") if e.reason == "OrphanedPodsStopped"]
-    assert stopped and orphan.metadata.name in stopped[0].message, stopped
+    assert len(stopped) == 1 and orphan.metadata.name in stopped[0].message, stopped  # said once
     status = jobs.wait_phase("left", ("Succeeded", "Failed"), 180)
     assert status["phase"] == "Succeeded", status
     (attempt,) = status["attempts"]

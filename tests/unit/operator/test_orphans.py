@@ -127,3 +127,13 @@ def test_a_restarted_operator_stops_no_pod_whose_job_uid_its_status_does_not_rec
     c.relist("pods", "ns", [orphaned(0), copied])
     seen = c.observe("ns", "j", MPJ_UID, recorded={0: "another-job", 1: "job-1"})
     assert seen.orphans == {} and seen.lingering == {0, 1} and not seen.stopped
+
+
+def test_pods_asked_to_stop_are_not_stopped_again_before_the_watch_shows_them_going() -> None:
+    c = ChildCache(lambda key: None)
+    left_behind(c)
+    c.stopping(c.observe("ns", "j", MPJ_UID).orphans[0])
+    assert c.observe("ns", "j", MPJ_UID).orphans == {}
+    c.apply("pods", "MODIFIED", orphaned(0))  # an event from before the deletion, late
+    seen = c.observe("ns", "j", MPJ_UID)
+    assert seen.orphans == {} and seen.lingering == {0}  # still waited for until it stops
