@@ -5,9 +5,10 @@ write checkpoints if it did not), and its headless Service and NetworkPolicy kee
 name, which the Job made again in the same attempt needs (one of that name mpjob does not own
 fails the attempt, NameConflict).
 
-The operator deletes them, each with its UID as a precondition, only for a Job it held (of that
-very UID, so it made it) that left pods behind: the evidence that a deletion orphaned its
-children. The pods go with their own grace (the trainer checkpoints on SIGTERM); the Service and
+The operator deletes them, each with its UID as a precondition, only for a Job it held, or
+whose UID the job's status records (`status.attempts[].jobUid`: after a restart), of that very
+UID, so it made it, that left pods behind: the evidence that a deletion orphaned its children.
+The pods go with their own grace (the trainer checkpoints on SIGTERM); the Service and
 NetworkPolicy of the Job's name only when they have no controller and carry the attempt's labels.
 """
 
