@@ -23,21 +23,11 @@ STEPS = 400
 
 
 def test_a_running_attempt_s_job_deleted_by_hand_is_created_again_and_said(operator: Operator, jobs: Jobs) -> None:
-    jobs.pvc("ckpt")
-    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
-    spec["training"]["steps"] = STEPS
-    jobs.create("hand", spec)
-    jobs.wait_status("hand", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
-    first = jobs.batch.read_namespaced_job("hand-a0", jobs.namespace).metadata.uid
+    first = running_past_step_30(jobs, "hand")
     (ran,) = trainer_states(jobs)
     jobs.batch.delete_namespaced_job("hand-a0", jobs.namespace, propagation_policy="Background")
     first_seconds = (datetime.now(UTC) - ran.running.started_at).total_seconds()  # at least
-
-    def created_again() -> bool:
-        found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector="metadata.name=hand-a0").items
-        return bool(found) and found[0].metadata.uid != first
-
-    wait_for(created_again, 120, message="hand-a0 created again")
+    wait_for(lambda: created_again(jobs, "hand-a0", first), 120, message="hand-a0 created again")
     (event,) = [e for e in jobs.events("hand", "JobRecreated") if e.reason == "JobRecreated"]
     assert event.type == "Warning" and "attempt 0" in event.message, event.message
     status = jobs.wait_phase("hand", ("Succeeded", "Failed"), 180)
@@ -52,23 +42,22 @@ def test_a_running_attempt_s_job_deleted_by_hand_is_created_again_and_said(opera
     assert status["cost"]["gpuSeconds"] == attempt["gpuSeconds"]
 
 
+@pytest.mark.parametrize("operator_down", [False, True], ids=["operator-up", "operator-down"])
 def test_pods_a_job_deleted_with_cascade_orphan_left_are_stopped_before_it_is_created_again(
-    operator: Operator, jobs: Jobs
+    operator: Operator, jobs: Jobs, operator_down: bool
 ) -> None:
-    jobs.pvc("ckpt")
-    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
-    spec["training"]["steps"] = STEPS
-    jobs.create("left", spec)
-    jobs.wait_status("left", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
-    first = jobs.batch.read_namespaced_job("left-a0", jobs.namespace).metadata.uid
+    """Also when the operator was down as the Job went: the UID its status recorded tells the
+    restarted operator the pods left behind are its attempt's."""
+    first = running_past_step_30(jobs, "left")
+    assert jobs.status("left")["attempts"][0]["jobUid"] == first  # recorded: a restart still knows it
     (orphan,) = jobs.core.list_namespaced_pod(jobs.namespace, label_selector="mpjob.dev/job=left").items
+    if operator_down:
+        operator.kill()
     jobs.batch.delete_namespaced_job("left-a0", jobs.namespace, propagation_policy="Orphan")  # kubectl --cascade=orphan
-
-    def created_again() -> bool:
-        found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector="metadata.name=left-a0").items
-        return bool(found) and found[0].metadata.uid != first
-
-    wait_for(created_again, 120, message="left-a0 created again")
+    if operator_down:
+        wait_for(lambda: not jobs.attempt_jobs("left"), 60, message="left-a0 gone, its children left")
+        operator.start()
+    wait_for(lambda: created_again(jobs, "left-a0", first), 120, message="left-a0 created again")
     # The pod left behind was deleted by the operator, and had stopped before the new Job was
     # made (no two attempts write checkpoints at once): no trainer of it runs any more.
     still = jobs.core.list_namespaced_pod(jobs.namespace, field_selector=f"metadata.name={orphan.metadata.name}").items
@@ -77,46 +66,29 @@ def test_pods_a_job_deleted_with_cascade_orphan_left_are_stopped_before_it_is_cr
     stopped = [e for e in jobs.events("left", "OrphanedPodsStopped") if e.reason == "OrphanedPodsStopped"]
     assert len(stopped) == 1 and orphan.metadata.name in stopped[0].message, stopped  # said once
     status = jobs.wait_phase("left", ("Succeeded", "Failed"), 180)
-    assert status["phase"] == "Succeeded", status
-    (attempt,) = status["attempts"]
-    assert (attempt["startStep"], attempt["endStep"], status["step"]) == (0, STEPS, STEPS), attempt
-    assert attempt["deletedJobsGpuSeconds"] >= 1, attempt  # the pod left behind ran (and was charged) too
-    assert status["attemptCounts"]["started"] == 1 and jobs.attempt_jobs("left") == ["left-a0"]
-
-
-def test_pods_a_job_deleted_with_cascade_orphan_left_while_the_operator_was_down_are_stopped_once_it_is_back(
-    operator: Operator, jobs: Jobs
-) -> None:
-    jobs.pvc("ckpt")
-    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
-    spec["training"]["steps"] = STEPS
-    jobs.create("left", spec)
-    jobs.wait_status("left", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
-    first = jobs.batch.read_namespaced_job("left-a0", jobs.namespace).metadata.uid
-    assert jobs.status("left")["attempts"][0]["jobUid"] == first  # recorded: a restart still knows it
-    (orphan,) = jobs.core.list_namespaced_pod(jobs.namespace, label_selector="mpjob.dev/job=left").items
-    operator.kill()
-    jobs.batch.delete_namespaced_job("left-a0", jobs.namespace, propagation_policy="Orphan")  # kubectl --cascade=orphan
-    wait_for(lambda: not jobs.attempt_jobs("left"), 60, message="left-a0 gone, its children left")
-    operator.start()
-
-    def created_again() -> bool:
-        found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector="metadata.name=left-a0").items
-        return bool(found) and found[0].metadata.uid != first
-
-    wait_for(created_again, 120, message="left-a0 created again by the restarted operator")
-    still = jobs.core.list_namespaced_pod(jobs.namespace, field_selector=f"metadata.name={orphan.metadata.name}").items
-    assert all(p.metadata.uid != orphan.metadata.uid or not running(p) for p in still), still
-    wait_for(lambda: not left_pod(jobs, orphan.metadata.uid), 60, message="the pod left behind deleted")
-    stopped = [e for e in jobs.events("left", "OrphanedPodsStopped") if e.reason == "OrphanedPodsStopped"]
-    assert len(stopped) == 1 and orphan.metadata.name in stopped[0].message, stopped
-    status = jobs.wait_phase("left", ("Succeeded", "Failed"), 180)
     assert status["phase"] == "Succeeded", status  # its Service was the attempt's again: no NameConflict
     (attempt,) = status["attempts"]
     assert (attempt["startStep"], attempt["endStep"], status["step"]) == (0, STEPS, STEPS), attempt
     assert attempt["jobUid"] not in ("", first), attempt
     assert attempt["deletedJobsGpuSeconds"] >= 1, attempt  # the pod left behind ran (and was charged) too
     assert status["attemptCounts"]["started"] == 1 and jobs.attempt_jobs("left") == ["left-a0"]
+
+
+def running_past_step_30(jobs: Jobs, name: str) -> str:
+    """Create job `name` (fp16, STEPS paced steps, a checkpoint every 20) and wait until its
+    status shows step 30: the UID of its attempt 0's Job."""
+    jobs.pvc("ckpt")
+    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
+    spec["training"]["steps"] = STEPS
+    jobs.create(name, spec)
+    jobs.wait_status(name, lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
+    return str(jobs.batch.read_namespaced_job(f"{name}-a0", jobs.namespace).metadata.uid)
+
+
+def created_again(jobs: Jobs, job: str, first: str) -> bool:
+    """Whether Job `job` is there again, not the one of UID `first`."""
+    found = jobs.batch.list_namespaced_job(jobs.namespace, field_selector=f"metadata.name={job}").items
+    return bool(found) and found[0].metadata.uid != first
 
 
 def running(pod: Any) -> bool:
