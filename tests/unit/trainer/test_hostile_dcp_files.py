@@ -258,7 +258,7 @@ def test_shards_that_fail_to_load_after_part_of_them_was_read_never_make_a_fresh
 def test_a_manifest_replaced_after_verification_lets_the_index_name_no_unchecked_file(tmp_path: Path) -> None:
     """Between a sharded checkpoint's verification and the read of its shards, its manifest is
     replaced by one listing a planted shard file, and its index by one pointing there: the restore
-    reads through the listing that was verified, so the planted weights are never loaded."""
+    reads the index and the shards as they were verified, so the planted weights are never loaded."""
     from mpjob_trainer.session.state import TrainingState, rng_state
 
     store = _store(tmp_path / "ckpt", [])
@@ -278,7 +278,6 @@ def test_a_manifest_replaced_after_verification_lets_the_index_name_no_unchecked
     manifest["files"].update(hash_files(folder, [folder / "__9_0.distcp"]))
     (folder / "manifest.json").write_text(json.dumps(manifest))
     objects = _objects(0)
-    with pytest.raises(CorruptCheckpoint, match=r"__9_0\.distcp"):
-        TrainingState(objects).restore(state, "fp32", None)
-    initial = _objects(0)["model"].state_dict()  # nothing of the planted file was read into them
-    assert all(torch.equal(v, initial[k]) for k, v in objects["model"].state_dict().items())
+    TrainingState(objects).restore(state, "fp32", None)
+    written = _objects(20)["model"].state_dict()  # the verified checkpoint's values, none of the planted file's
+    assert all(torch.equal(v, written[k]) for k, v in objects["model"].state_dict().items())

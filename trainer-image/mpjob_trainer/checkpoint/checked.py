@@ -9,6 +9,7 @@ tensors map that copy rather than being copied out of it. Peak memory is one sta
 torch.load read the file itself (a 191 MiB state: +198 MiB; loading from one bytes buffer instead,
 +384 MiB). A tensor a restore keeps as it was loaded (a CPU optimizer's state) keeps that copy.
 Where there is no memfd (not Linux), the state is loaded from the bytes `read_checked` returns.
+`CheckedCopy` keeps such a copy for ranged reads (a sharded checkpoint's files: checkpoint.shard_copies).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import mmap
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -39,14 +42,50 @@ def read_checked(folder: Path, name: str, meta: dict[str, Any]) -> bytes:
 def load_checked(folder: Path, name: str, meta: dict[str, Any]) -> Any:
     """torch.load (weights only, onto the CPU) of the file `name` of the checkpoint in `folder`
     from the bytes checked against `meta`: CorruptCheckpoint when they differ from it or do not load."""
-    if not hasattr(os, "memfd_create"):
-        return _load(folder, name, io.BytesIO(read_checked(folder, name, meta)), mmap=False)
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    copy = CheckedCopy(folder, name, meta)
     try:
-        _copy_checked(folder, name, meta, lambda chunk: _write_all(fd, chunk))
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-        return _load(folder, name, f"/proc/self/fd/{fd}", mmap=True)
+        if copy.fd < 0:
+            return _load(folder, name, io.BytesIO(copy.read(0, copy.size)), mmap=False)
+        return _load(folder, name, f"/proc/self/fd/{copy.fd}", mmap=True)
     finally:
+        copy.close()
+
+
+class CheckedCopy:
+    """The file `name` of the checkpoint in `folder` as it was checked against `meta`, read once
+    into a sealed memfd mapped read-only (where there is none: the bytes); its ranges are served
+    from that copy, never from the file again. Closed when dropped, if not before."""
+
+    def __init__(self, folder: Path, name: str, meta: dict[str, Any]) -> None:
+        self.where, self.size, self.fd = f"{folder.name}: {name}", int(meta["bytes"]), -1
+        if not hasattr(os, "memfd_create"):
+            self.view: Any = read_checked(folder, name, meta)
+            self.release = weakref.finalize(self, _close, self.fd, self.view)
+            return
+        self.fd = fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            _copy_checked(folder, name, meta, lambda chunk: _write_all(fd, chunk))
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            self.view = mmap.mmap(fd, self.size, prot=mmap.PROT_READ) if self.size else b""
+        except BaseException:
+            os.close(fd)
+            raise
+        self.release = weakref.finalize(self, _close, fd, self.view)
+
+    def read(self, offset: int, length: int) -> bytes:
+        """The `length` bytes at `offset` (a copy); CorruptCheckpoint when they reach past its end."""
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise CorruptCheckpoint(f"{self.where}: {length} bytes at {offset} reach past its {self.size}")
+        return bytes(self.view[offset : offset + length])
+
+    def close(self) -> None:
+        self.release()
+
+
+def _close(fd: int, view: Any) -> None:
+    if isinstance(view, mmap.mmap):
+        view.close()
+    if fd >= 0:
         os.close(fd)
 
 

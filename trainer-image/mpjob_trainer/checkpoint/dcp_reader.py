@@ -13,8 +13,9 @@ in the trainer. Here:
   non-tensor value it lists weights-only. A sharded checkpoint's verification
   (checkpoint.shards.read_local) does both, so a bad index or a planted value is a corrupt
   checkpoint and the previous good one is used;
-- `ListedReader` is DCP's FileSystemReader with that index reader (which, for a bucket's
-  checkpoint, fetches the files its plan reads first: checkpoint.fetched), and `WeightsOnlyPlanner`
+- `CheckedReader` is DCP's FileSystemReader reading only bytes checked against the manifest
+  (checkpoint.shard_copies), its index with that unpickler (a bucket's checkpoint fetches the
+  files its plan reads first: checkpoint.fetched), and `WeightsOnlyPlanner`
   DCP's default load planner with the values read by torch's weights-only unpickler, which tells
   objects that do not fit the index (ShardsDoNotFit: a configuration error, not damage); the
   restore (checkpoint.shards.restore_shards) loads through both.
@@ -22,11 +23,12 @@ in the trainer. Here:
 
 from __future__ import annotations
 
+import hashlib
 import io
 import pickle
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
@@ -36,6 +38,12 @@ from torch.futures import Future
 
 from mpjob_trainer.checkpoint.dcp_files import FETCHERS, INDEX, Read
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+
+if TYPE_CHECKING:
+    from mpjob_trainer.checkpoint.shard_copies import CheckedShards
+
+#: Where a non-tensor value lies: (file, offset, length).
+Span = tuple[str, int, int]
 
 _METADATA_CLASSES = frozenset(
     {
@@ -70,12 +78,15 @@ class _IndexUnpickler(pickle.Unpickler):
 
 
 def read_index(path: Path, listed: Collection[str]) -> dcp_metadata.Metadata:
-    """DCP's index at `path`, read without running code; its storage entries must name files of
-    `listed` (the checkpoint's manifest). CorruptCheckpoint, saying why, when it is not one."""
-    where = f"{path.parent.name}: {path.name}"
+    """DCP's index at `path` (`parse_index`)."""
+    return parse_index(path.read_bytes(), f"{path.parent.name}: {path.name}", listed)
+
+
+def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata.Metadata:
+    """DCP's index from its bytes `raw`, read without running code; its storage entries must name
+    files of `listed` (the checkpoint's manifest). CorruptCheckpoint, saying why, when it is not one."""
     try:
-        with path.open("rb") as f:
-            metadata = _IndexUnpickler(f).load()
+        metadata = _IndexUnpickler(io.BytesIO(raw)).load()
     except Exception as exc:
         raise CorruptCheckpoint(f"{where}: not DCP's metadata ({str(exc)[:200]})") from None
     if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.storage_data, dict):
@@ -104,42 +115,79 @@ def value_spans(metadata: dcp_metadata.Metadata, within: Collection[str]) -> lis
     return [span for span in spans if span[0] in within]
 
 
-def check_values(folder: Path, metadata: dcp_metadata.Metadata, within: Collection[str] | None = None) -> None:
-    """Every non-tensor value `metadata` lists (in the files `within`, when given) reads
-    weights-only, as the restore will read it (WeightsOnlyPlanner): a planted one makes the
-    checkpoint corrupt when it is verified."""
+def check_values(
+    where: str, metadata: dcp_metadata.Metadata, read: Callable[[str, int, int], bytes], within: Collection[str]
+) -> dict[Span, str]:
+    """Every non-tensor value `metadata` lists in the files `within` reads weights-only, as the
+    restore will read it (WeightsOnlyPlanner), from the bytes `read` (file, offset, length) gives:
+    a planted one makes the checkpoint corrupt when it is verified. Returns the sha256 of each."""
+    digests: dict[Span, str] = {}
     for index, info in _values(metadata):
-        if within is not None and info.relative_path not in within:
+        if info.relative_path not in within:
             continue
-        with (folder / info.relative_path).open("rb") as f:
-            f.seek(info.offset)
-            raw = f.read(info.length)
+        span = (info.relative_path, info.offset, info.length)
+        raw = read(*span)
         try:
             torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise CorruptCheckpoint(f"{folder.name}: {index.fqn} is not a plain value ({str(exc)[:200]})") from None
+            raise CorruptCheckpoint(f"{where}: {index.fqn} is not a plain value ({str(exc)[:200]})") from None
+        digests[span] = hashlib.sha256(raw).hexdigest()
+    return digests
 
 
-class ListedReader(FileSystemReader):
-    """DCP's reader of a checkpoint folder whose index is read by `read_index` (files: `listed`)."""
+class CheckedReader(FileSystemReader):
+    """DCP's reader of a sharded checkpoint that reads only checked bytes (`shards`): the index
+    from the bytes hashed against the manifest (read by `parse_index`), a file with a tensor of the
+    plan whole, once, and non-tensor values from the copy of a file this rank checked or by ranged
+    reads checked against the sha256 its checker took (checkpoint.shard_copies). A bucket's
+    checkpoint fetches the files its plan reads first (checkpoint.fetched)."""
 
-    def __init__(self, folder: Path, listed: Collection[str]) -> None:
-        super().__init__(folder)
-        self.folder, self.listed = folder, frozenset(listed)
+    def __init__(self, shards: CheckedShards) -> None:
+        super().__init__(shards.folder)
+        self.shards = shards
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
-        rank = kwargs.get("rank")
-        metadata = read_index(self.folder / (INDEX if rank is None else f"__{rank}{INDEX}"), self.listed)
+        if kwargs.get("rank") is not None:  # DCP's fallback to a rank's own index: mpjob writes one for all
+            raise CorruptCheckpoint(f"{self.shards.folder.name}: no index {INDEX} to read")
+        metadata = self.shards.index()
         if metadata.storage_meta is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        fetch = FETCHERS.get(str(self.folder))
+        fetch = FETCHERS.get(str(self.shards.folder))
         if fetch is not None:  # a bucket's checkpoint: the files this rank's plan reads, fetched first
             fetch([_read(self.storage_data[item.storage_index], item) for item in plan.items])
-        return super().read_data(plan, planner)
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in sorted(per_file.items()):
+            whole = any(item.type != LoadItemType.BYTE_IO for item in items)
+            for item in items:
+                info = self.storage_data[item.storage_index]
+                raw = self.shards.read(name, info.offset, info.length, whole=whole)
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(raw))
+                else:
+                    _load_tensor(item, raw, planner)
+            self.shards.drop(name)  # loaded: its copy's memory goes before the next file's
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+
+def _load_tensor(item: ReadItem, raw: bytes, planner: LoadPlanner) -> None:
+    """Copy the slice `item` reads of the tensor saved in `raw` into the planner's target, as
+    DCP's FileSystemReader does."""
+    tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+        tensor = tensor.narrow(dim, offset, length)
+    target = planner.resolve_tensor(item).detach()
+    if target.size() != tensor.size():
+        raise CorruptCheckpoint(f"{item.storage_index.fqn}: {tuple(tensor.size())} read, {tuple(target.size())} held")
+    target.copy_(tensor)
+    planner.commit_tensor(item, target)
 
 
 def _read(info: Any, item: ReadItem) -> Read:

@@ -11,7 +11,7 @@ the file hashes each value in it (the file checked whole against its manifest), 
 exchange those sha256 as they agree, and bytes of a range that differ (the object changed since)
 make the checkpoint corrupt. `open_sharded` fetches what the verification reads and has the ranks agree (every
 file there and right, one manifest on all ranks) before any of them goes on; DCP's reader
-(checkpoint.dcp_reader.ListedReader) asks for its plan's files through `FETCHERS` first.
+(checkpoint.dcp_reader.CheckedReader) asks for its plan's files through `FETCHERS` first.
 """
 
 from __future__ import annotations

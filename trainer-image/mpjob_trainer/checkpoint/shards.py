@@ -32,30 +32,29 @@ verdict, so that all of them take the same checkpoint; each loads the rank file 
 (rank r of M reads rank r mod N of the N that wrote it: the generators are exact only on the
 same world size) from the bytes it hashed against the manifest itself (on more ranks than wrote
 it, that file is in another rank's share), then DCP reads the shards it needs now, whatever the
-world size that wrote them (resharding), into the objects as they are sharded now, through that
-index reader and a planner that reads non-tensor values weights-only.
+world size that wrote them (resharding), into the objects as they are sharded now, through a
+reader of checked bytes only and a planner that reads non-tensor values weights-only. Every
+byte DCP loads is one hashed against the manifest, each file read once per rank: the files a
+rank checked are held, as checked, until its restore reads them (checkpoint.shard_copies).
 """
 
 from __future__ import annotations
 
 import io
 import re
-from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from mpjob_trainer.checkpoint.checked import read_checked
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import (
     CorruptCheckpoint,
     Manifest,
     PartlyLoaded,
-    check_files,
     read_manifest,
     share_of,
     state_problem,
@@ -64,6 +63,9 @@ from mpjob_trainer.checkpoint.peers import Peers, agree
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
+if TYPE_CHECKING:
+    from mpjob_trainer.checkpoint.shard_copies import CheckedShards
+
 # DCP (and the DTensor it brings) is imported where a sharded checkpoint is read or written:
 # a run that never shards never loads it, about a second off each trainer start.
 
@@ -71,7 +73,8 @@ from mpjob_trainer.errors import ConfigError
 SHARDS = "shards"
 #: In a captured state: which registered names are in the shards ({"module": ..., "optimizer": ...}).
 SHARDED_OBJECTS = "shardedObjects"
-#: In a state read from a sharded checkpoint: the files its verified manifest lists (never written).
+#: In a state read from a sharded checkpoint: its files as this rank checked them (CheckedShards:
+#: what the restore reads; never written).
 LISTED = "shardFiles"
 
 
@@ -133,11 +136,11 @@ def _by_name(names: dict[str, str], model_sd: dict[str, Any], optim_sd: dict[str
 
 
 def restore_shards(
-    folder: Path, objects: dict[str, Any], names: dict[str, str], listed: Collection[str] | None = None
+    folder: Path, objects: dict[str, Any], names: dict[str, str], checked: CheckedShards | None = None
 ) -> None:
-    """Read the shards in `folder` into the objects `names` picks, as they are sharded now; DCP's
-    index may name only the files `listed` (the manifest verified: a state's LISTED), else those
-    the manifest there lists now."""
+    """Read the shards in `folder` into the objects `names` picks, as they are sharded now, from
+    bytes checked against its manifest: those `checked` (a state's LISTED: its verification's)
+    holds or checks, else checked against the manifest there now. Its copies go once read."""
     missing = [name for name in names.values() if name not in objects]
     if missing:
         held = ", ".join(missing)
@@ -145,19 +148,22 @@ def restore_shards(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    from mpjob_trainer.checkpoint.dcp_reader import ListedReader, WeightsOnlyPlanner
+    from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
+    from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
     target = state_dicts(objects, names)
-    reader = ListedReader(folder, read_manifest(folder).files if listed is None else listed)
+    shards = checked if checked is not None else CheckedShards(folder, read_manifest(folder).files)
     try:
         dcp.load(
             target,
-            storage_reader=reader,
+            storage_reader=CheckedReader(shards),
             planner=WeightsOnlyPlanner(names["module"]),
             no_dist=not (dist.is_available() and dist.is_initialized()),
         )
     except dcp.CheckpointException as exc:  # a BaseException: what DCP makes of any failure while reading
         raise _not_read(folder, names, exc) from None
+    finally:
+        shards.close()
     model: nn.Module = objects[names["module"]]
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
     optim_sd = target[names["optimizer"]] if optimizers else {}
@@ -201,24 +207,24 @@ def listing_problem(manifest: Manifest) -> str | None:
     return None
 
 
-def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]:
-    """Check the files (each rank its share), agree, and return this rank's small state."""
-    problem = None
-    state: dict[str, Any] = {}
+def read_local(folder: Path, manifest: Manifest, peers: Peers, *, hold: bool = True) -> dict[str, Any]:
+    """Check the files (each rank its share), agree, and return this rank's small state; under
+    LISTED the files as this rank checked them (CheckedShards), which the restore reads, unless
+    not `hold` (a verification that loads nothing: their copies go at once)."""
+    problem, state, shards, checked = None, {}, None, {}
     try:
         unlisted = listing_problem(manifest)
         if unlisted is not None:
             raise CorruptCheckpoint(f"{folder.name}: its manifest {unlisted}")
-        check_files(folder, manifest, share=(peers.rank, peers.size))
-        from mpjob_trainer.checkpoint.dcp_reader import check_values, read_index
+        from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
-        # nothing unpickled unrestricted: each rank the values in the files of its share
-        index = read_index(folder / INDEX, manifest.files)
-        check_values(folder, index, within=share_of(manifest.files, peers.rank, peers.size))
+        shards = CheckedShards(folder, manifest.files)  # DCP's index, checked and read without running code
+        # each rank its share of the files, and of the values in them, nothing unpickled unrestricted
+        checked = shards.check_share(share_of(manifest.files, peers.rank, peers.size))
         # the bytes this rank hashed itself: on more ranks than wrote it, its rank file is in another's share
         own = rank_file(peers.rank % manifest.world_size)
-        raw = read_checked(folder, own, manifest.files[own])
-        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(shards.contents(own)), map_location="cpu", weights_only=True)
+        shards.drop(own)
         unfit = state_problem(state, manifest.step)
         if unfit is not None:
             problem = f"{folder.name}: {own} {unfit}"
@@ -226,5 +232,17 @@ def read_local(folder: Path, manifest: Manifest, peers: Peers) -> dict[str, Any]
         problem = str(exc)
     except Exception as exc:
         problem = f"{folder.name}: cannot load ({exc!r})"
-    agree(problem, peers)
+    values = peers.gather(checked)  # what a ranged read of a value in another rank's share must match
+    try:
+        agree(problem, peers)
+    except BaseException:
+        if shards is not None:
+            shards.close()
+        raise
+    assert shards is not None  # no rank found a problem, this one included
+    if not hold:
+        shards.close()
+    else:
+        shards.values = {span: digest for digests in values for span, digest in digests.items()}
+        state[LISTED] = shards
     return state

@@ -206,9 +206,8 @@ class CheckpointStore:
         peers = Peers(0, 1) if alone else Peers.current()
         manifest = agreed(lambda: self._manifest_of(path), peers)
         if manifest.layout == DCP:
-            state = shards.read_local(path, manifest, peers)
+            state = shards.read_local(path, manifest, peers, hold=not alone)  # LISTED: what the restore reads
             state[shards.SHARDS] = str(path)
-            state[shards.LISTED] = sorted(manifest.files)  # what the restore reads, as verified
         else:
             state = self._read_single(path, manifest)
         state.pop(FORMAT_KEY, None)  # the format is the manifest's word, never the state's own

@@ -1,0 +1,107 @@
+"""CheckedShards: a sharded checkpoint's files as one rank checked them, from its verification
+to its restore, so that DCP loads only bytes hashed against the manifest, each file read once.
+
+A file checked and then replaced or changed in the folder is never loaded: what this rank reads
+whole (DCP's index, its rank file, the files of its share of the checks) is hashed as it is
+copied into memory (checkpoint.checked.CheckedCopy), and the restore reads from that copy; a file
+of another rank's share it reads whole the same way when its plan loads a tensor from it. A
+non-tensor value in a file it does not hold (DCP spreads an optimizer's param_groups over the
+ranks' files) it reads by range, checked against the sha256 the rank that checked the file took
+of it from its own copy (`values`, exchanged as the ranks agreed on the checkpoint); with none
+(a restore without a verification), it reads that file whole. A file's copy goes once its
+items are loaded (`drop`), so a restore holds at most the files it reads, one at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint import metadata as dcp_metadata
+
+from mpjob_trainer.checkpoint.checked import CheckedCopy
+from mpjob_trainer.checkpoint.dcp_files import INDEX
+from mpjob_trainer.checkpoint.dcp_reader import Span, check_values, parse_index
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+
+
+class CheckedShards:
+    """The files of the sharded checkpoint in `folder` that `files` (its manifest's) lists, read
+    only as checked against it; DCP's index is read (and checked) when it is made."""
+
+    def __init__(self, folder: Path, files: dict[str, dict[str, Any]]) -> None:
+        self.folder, self.files = folder, files
+        #: The files held as checked, by name.
+        self.held: dict[str, CheckedCopy] = {}
+        #: The sha256 of each non-tensor value (file, offset, length), from the rank that checked its file.
+        self.values: dict[Span, str] = {}
+        index = self.whole(INDEX)
+        self.index_bytes = index.read(0, index.size)
+        self.drop(INDEX)
+        self.index()  # checked now: a bad index makes the checkpoint corrupt when it is verified
+
+    def index(self) -> dcp_metadata.Metadata:
+        """DCP's index, read anew from its checked bytes (DCP writes into the one it is given)."""
+        return parse_index(self.index_bytes, f"{self.folder.name}: {INDEX}", self.files)
+
+    def whole(self, name: str) -> CheckedCopy:
+        """The file `name`, held as checked against the manifest (read and hashed when not yet)."""
+        if name not in self.held:
+            meta = self.files.get(name)
+            if meta is None:
+                raise CorruptCheckpoint(f"{self.folder.name}: {name[:100]} is not a file of its manifest")
+            self.held[name] = CheckedCopy(self.folder, name, meta)
+        return self.held[name]
+
+    def contents(self, name: str) -> bytes:
+        copy = self.whole(name)
+        return copy.read(0, copy.size)
+
+    def check_share(self, names: Collection[str]) -> dict[Span, str]:
+        """Hold the files `names` (this rank's share of the checks) as checked, and check that
+        every non-tensor value in them reads weights-only; returns the sha256 of each value."""
+        for name in sorted(set(names) - {INDEX}):
+            self.whole(name)
+        return check_values(self.folder.name, self.index(), self.read, within=set(names) - {INDEX})
+
+    def read(self, name: str, offset: int, length: int, *, whole: bool = True) -> bytes:
+        """The checked bytes of a range of `name`: from its copy, made when not held unless the
+        range is a value whose sha256 is known and not `whole` (then read by range and checked)."""
+        span = (name, offset, length)
+        if whole or name in self.held or span not in self.values:
+            return self.whole(name).read(offset, length)
+        raw = self._range(name, offset, length)
+        if hashlib.sha256(raw).hexdigest() != self.values[span]:
+            raise CorruptCheckpoint(
+                f"{self.folder.name}: {name} at {offset} is not what the rank that checked it read (changed since)"
+            )
+        return raw
+
+    def _range(self, name: str, offset: int, length: int) -> bytes:
+        path = self.folder / name  # the manifest's names were checked: inside the folder
+        if not path.resolve().is_relative_to(self.folder.resolve()):
+            raise CorruptCheckpoint(f"{self.folder.name}: {name} is a link to a file outside the checkpoint")
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise CorruptCheckpoint(f"{self.folder.name}: cannot read {name} ({exc.strerror})") from None
+        try:
+            raw = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        if len(raw) != length:
+            raise CorruptCheckpoint(f"{self.folder.name}: {name} is shorter than its index says")
+        return raw
+
+    def drop(self, name: str) -> None:
+        """Let the copy of `name` go (read again, checked, if it is needed again)."""
+        copy = self.held.pop(name, None)
+        if copy is not None:
+            copy.close()
+
+    def close(self) -> None:
+        for name in list(self.held):
+            self.drop(name)
