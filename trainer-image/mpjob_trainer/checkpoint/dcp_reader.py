@@ -23,7 +23,6 @@ in the trainer. Here:
 
 from __future__ import annotations
 
-import hashlib
 import io
 import pickle
 from collections.abc import Callable, Collection
@@ -115,31 +114,33 @@ def value_spans(metadata: dcp_metadata.Metadata, within: Collection[str]) -> lis
     return [span for span in spans if span[0] in within]
 
 
+def item_spans(metadata: dcp_metadata.Metadata, within: Collection[str]) -> list[Span]:
+    """(file, offset, length) of every item (tensor or value) `metadata` lists in the files `within`."""
+    spans = [(info.relative_path, info.offset, info.length) for info in metadata.storage_data.values()]
+    return [span for span in spans if span[0] in within]
+
+
 def check_values(
     where: str, metadata: dcp_metadata.Metadata, read: Callable[[str, int, int], bytes], within: Collection[str]
-) -> dict[Span, str]:
+) -> None:
     """Every non-tensor value `metadata` lists in the files `within` reads weights-only, as the
     restore will read it (WeightsOnlyPlanner), from the bytes `read` (file, offset, length) gives:
-    a planted one makes the checkpoint corrupt when it is verified. Returns the sha256 of each."""
-    digests: dict[Span, str] = {}
+    a planted one makes the checkpoint corrupt when it is verified."""
     for index, info in _values(metadata):
         if info.relative_path not in within:
             continue
-        span = (info.relative_path, info.offset, info.length)
-        raw = read(*span)
+        raw = read(info.relative_path, info.offset, info.length)
         try:
             torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
         except Exception as exc:
             raise CorruptCheckpoint(f"{where}: {index.fqn} is not a plain value ({str(exc)[:200]})") from None
-        digests[span] = hashlib.sha256(raw).hexdigest()
-    return digests
 
 
 class CheckedReader(FileSystemReader):
     """DCP's reader of a sharded checkpoint that reads only checked bytes (`shards`): the index
     from the bytes hashed against the manifest (read by `parse_index`), a file with a tensor of the
-    plan whole, once, and non-tensor values from the copy of a file this rank checked or by ranged
-    reads checked against the sha256 its checker took (checkpoint.shard_copies). A bucket's
+    copy of a file this rank checked, else by ranged reads checked against the sha256 the rank that
+    checked the file took of each item (checkpoint.shard_copies). A bucket's
     checkpoint fetches the files its plan reads first (checkpoint.fetched)."""
 
     def __init__(self, shards: CheckedShards) -> None:
@@ -163,10 +164,9 @@ class CheckedReader(FileSystemReader):
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         for name, items in sorted(per_file.items()):
-            whole = any(item.type != LoadItemType.BYTE_IO for item in items)
             for item in items:
                 info = self.storage_data[item.storage_index]
-                raw = self.shards.read(name, info.offset, info.length, whole=whole)
+                raw = self.shards.read(name, info.offset, info.length)
                 if item.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(item, io.BytesIO(raw))
                 else:

@@ -4,12 +4,13 @@ to its restore, so that DCP loads only bytes hashed against the manifest, each f
 A file checked and then replaced or changed in the folder is never loaded: what this rank reads
 whole (DCP's index, its rank file, the files of its share of the checks) is hashed as it is
 copied into memory (checkpoint.checked.CheckedCopy), and the restore reads from that copy; a file
-of another rank's share it reads whole the same way when its plan loads a tensor from it. A
-non-tensor value in a file it does not hold (DCP spreads an optimizer's param_groups over the
-ranks' files) it reads by range, checked against the sha256 the rank that checked the file took
-of it from its own copy (`values`, exchanged as the ranks agreed on the checkpoint); with none
-(a restore without a verification), it reads that file whole. A file's copy goes once its
-items are loaded (`drop`), so a restore holds at most the files it reads, one at a time.
+of another rank's share (a value of the optimizer's param_groups, or its step, which DCP writes
+into one rank's file for all; on another world size, the slices its new shards overlap) it reads
+by range, each item checked against the sha256 the rank that checked the file took of it from
+its own copy (`values`, exchanged as the ranks agreed on the checkpoint), so it reads no more of
+it than its plan does; with none (a restore without a verification) it copies that file whole,
+checked. A file's copy goes once its items are loaded (`drop`): a restore holds the files of
+its share until it reads them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from mpjob_trainer.checkpoint.checked import CheckedCopy
 from mpjob_trainer.checkpoint.dcp_files import INDEX
-from mpjob_trainer.checkpoint.dcp_reader import Span, check_values, parse_index
+from mpjob_trainer.checkpoint.dcp_reader import Span, check_values, item_spans, parse_index
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
 
@@ -36,7 +37,7 @@ class CheckedShards:
         self.folder, self.files = folder, files
         #: The files held as checked, by name.
         self.held: dict[str, CheckedCopy] = {}
-        #: The sha256 of each non-tensor value (file, offset, length), from the rank that checked its file.
+        #: The sha256 of each item (file, offset, length), from the rank that checked its file.
         self.values: dict[Span, str] = {}
         index = self.whole(INDEX)
         self.index_bytes = index.read(0, index.size)
@@ -62,16 +63,20 @@ class CheckedShards:
 
     def check_share(self, names: Collection[str]) -> dict[Span, str]:
         """Hold the files `names` (this rank's share of the checks) as checked, and check that
-        every non-tensor value in them reads weights-only; returns the sha256 of each value."""
-        for name in sorted(set(names) - {INDEX}):
+        every non-tensor value in them reads weights-only; returns the sha256 of each item in them
+        (what another rank's ranged read of it must match)."""
+        share = set(names) - {INDEX}
+        for name in sorted(share):
             self.whole(name)
-        return check_values(self.folder.name, self.index(), self.read, within=set(names) - {INDEX})
+        index = self.index()
+        check_values(self.folder.name, index, self.read, within=share)
+        return {span: hashlib.sha256(self.read(*span)).hexdigest() for span in item_spans(index, share)}
 
-    def read(self, name: str, offset: int, length: int, *, whole: bool = True) -> bytes:
-        """The checked bytes of a range of `name`: from its copy, made when not held unless the
-        range is a value whose sha256 is known and not `whole` (then read by range and checked)."""
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        """The checked bytes of a range of `name`: from its copy when held; by range, checked against
+        the sha256 of the rank that checked the file, when there is one; else from a copy made now."""
         span = (name, offset, length)
-        if whole or name in self.held or span not in self.values:
+        if name in self.held or span not in self.values:
             return self.whole(name).read(offset, length)
         raw = self._range(name, offset, length)
         if hashlib.sha256(raw).hexdigest() != self.values[span]:
