@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from pathlib import Path
 
@@ -127,8 +126,10 @@ INTERRUPTED = 130
 
 def _usage(argv: list[str]) -> int:
     if argv and argv[0] not in ("-h", "--help"):
-        close = difflib.get_close_matches(argv[0], list(COMMANDS), n=1)
-        print(f"error: unknown command {argv[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
+        from mpjob.wording import did_you_mean  # the rule a misspelt manifest field is told by
+
+        close = did_you_mean(argv[0], list(COMMANDS))
+        print(f"error: unknown command {argv[0]!r}" + (f"; {close}" if close else ""))
     print("usage: mpjob {" + ",".join(COMMANDS) + "} ...\n")
     for name, (_, text) in COMMANDS.items():
         print(f"  {name:<9} {text}")

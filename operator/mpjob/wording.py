@@ -74,16 +74,24 @@ def unknown_field(loc: tuple[Any, ...]) -> str:
     by_key = {_key(field): field for field in allowed}
     if "_" in name.strip("_") and _key(name) in by_key:  # run_policy: the Python name
         return f"{said}; its names are camelCase: {by_key[_key(name)]})"
-    if close := closest(_key(name), list(by_key)):
-        return f"{said}; did you mean {' or '.join(by_key[c] for c in close)}?)"
+    if close := did_you_mean(name, allowed):
+        return f"{said}; {close})"
     if len(allowed) <= MAX_LISTED:
         return f"{said}; allowed here: {', '.join(allowed)})"
     return said + ")"
 
 
+def did_you_mean(word: str, words: list[str]) -> str:
+    """'did you mean batchSize?' naming the `closest` of `words` to a mistyped `word` ('' when none
+    is close): what a misspelt field and a misspelt `mpjob` command are told."""
+    close = closest(word, words)
+    return f"did you mean {' or '.join(close)}?" if close else ""
+
+
 def closest(word: str, words: list[str]) -> list[str]:
-    """The `words` nearly as close to `word` as the closest one (at most three), none when none is close."""
-    ratios = {w: difflib.SequenceMatcher(None, word, w).ratio() for w in words}
+    """The `words` nearly as close to `word` as the closest one (at most three), none when none is
+    close; compared without case, `_` and `-` (batch_size and BatchSize are batchSize's)."""
+    ratios = {w: difflib.SequenceMatcher(None, _key(word), _key(w)).ratio() for w in words}
     best = max(ratios.values(), default=0.0)
     near = [w for w, r in ratios.items() if r >= max(CLOSE, best - NEAR_BEST)]
     return sorted(near, key=lambda w: -ratios[w])[:3]
