@@ -1,10 +1,17 @@
 """Run the real trainer (or a script on its SDK) as a subprocess, the way the operator and
-`mpjob run` do."""
+`mpjob run` do.
+
+The quick tier (`make test-fast`: unit and not process) starts no trainer: a test here that
+starts a trainer process (`starts_trainer`: the trainer, or a script of torch ranks) without the
+`process` (or `gpu`) marker fails, naming the marker, as tests/unit/localrun/conftest.py does for
+a local run's launchers. The launcher over stand-in ranks (launcher_scripts/rank.py, standard
+library only) stays in the quick tier: it starts in milliseconds."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +27,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from tests import warm
 from tests.helpers import paced
+from tests.warm import client as warm_client
 
 if TYPE_CHECKING:  # launcher_pods reads the trainer's events with `parse`, below
     import torch
@@ -185,6 +193,47 @@ def train_squares(
     for i in range(start, run.total_steps):
         one_step(i)
         run.end_step(i + 1, samples=4)
+
+
+#: A script that imports these runs as a trainer does: a second or more of imports before its first line.
+_TRAINER_IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:torch|mpjob_trainer)\b", re.MULTILINE)
+
+
+def starts_trainer(args: Any) -> bool:
+    """Whether a command starts a trainer process: the trainer's entry point (`-m mpjob_trainer`),
+    or a Python script that imports torch or the trainer (a script of gloo ranks), directly or
+    under a launcher (mpjob-launch ... -- python SCRIPT). A stand-in rank on the standard library
+    (launcher_scripts/rank.py: milliseconds), a launcher alone and a `python -c` probe are not."""
+    argv = [str(a) for a in args] if isinstance(args, list | tuple) else str(args).split()
+    for at, part in enumerate(argv):
+        if part == "-m" and argv[at + 1 : at + 2] == ["mpjob_trainer"]:
+            return True
+        if part.endswith(".py") and Path(part).is_file() and _TRAINER_IMPORT.search(Path(part).read_text()):
+            return True
+    return False
+
+
+@pytest.fixture(autouse=True)
+def processes_only_in_process_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if any(request.node.get_closest_marker(mark) is not None for mark in ("process", "gpu")):
+        return
+
+    def refuse(args: Any) -> None:
+        if starts_trainer(args):
+            raise AssertionError(f"{request.node.nodeid} starts trainer processes: mark it @pytest.mark.process")
+
+    class Refusing(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, args: Any, *more: Any, **kw: Any) -> None:
+            refuse(args)
+            super().__init__(args, *more, **kw)
+
+    class RefusingWarm(warm_client.Popen):  # forked by the warm server, not through subprocess
+        def __init__(self, args: list[Any], **kw: Any) -> None:
+            refuse(args)
+            super().__init__(args, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Refusing)
+    monkeypatch.setattr(warm_client, "Popen", RefusingWarm)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import free_port
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.process]
 
 SCRIPT = Path(__file__).with_name("shutdown_script.py")
 REPO = Path(__file__).resolve().parents[3]

@@ -142,6 +142,7 @@ def test_a_batch_goes_to_the_device_in_the_shape_the_dataset_gave_it_namedtuples
     assert set(targets) == {"y"} and targets["y"].shape == (2, 1)
 
 
+@pytest.mark.process
 def test_data_workers_train_bit_identically_to_the_training_process(tmp_path: Path) -> None:
     runs = {}
     for workers in (0, 2):
