@@ -76,9 +76,9 @@ class LocalRun:
         self._watches: list[CapacityWatch | StallWatch | DeadlineWatch] = []  # see the attempt's events, may stop it
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
-        #: GPU-seconds of the attempts run here: workers x the GPUs each ran on x their wall time.
+        #: GPU-seconds of the attempts run here: the GPUs their workers ran on x their wall time.
         self.gpu_seconds: dict[int, float] = {}
-        self._device: str | None = None  # the device its trainers' start line named (None: not yet)
+        self._devices: set[str] = set()  # the devices its trainers' start lines named (cost.gpus_held)
         #: Where this run's trainers keep checkpoints (localrun.launching.checkpoint_dir).
         self.checkpoint_dir = checkpoint_dir(job, self.paths)
         #: The attempt the trainers train now: the launched one, or one they changed to in place.
@@ -146,7 +146,7 @@ class LocalRun:
         current = self.status.attempts[-1]  # the replay's copy, its start step corrected
         plan, when = self._transition()
         lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
-        gpus = (self.status.workers or self.spec.workers) * cost.gpus_per_worker(self.spec, self._device)
+        gpus = cost.gpus_held(self.spec, self.status.workers or self.spec.workers, self._devices)
         self.gpu_seconds[current.index] = gpus * leftover.seconds_seen(current.start_time, logged)
         self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
         self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
@@ -212,7 +212,7 @@ class LocalRun:
         self._watches = [StallWatch(self.spec, self._workers), DeadlineWatch(self.spec, self.status, self._workers)]
         if self.schedule is not None:  # before the deadline's, which outranks a resize as on a cluster
             self._watches.insert(1, CapacityWatch(self.spec, self.schedule, start, self._workers, self.status))
-        self._current, self._began, self._reached, self._device = start, time.monotonic(), None, None
+        self._current, self._began, self._reached, self._devices = start, time.monotonic(), None, set()
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
         worker0 = self._workers.start(env, container)
@@ -227,7 +227,7 @@ class LocalRun:
     def _charge_time(self) -> None:
         """The GPU-seconds of the current attempt, up to now."""
         assert self._current is not None
-        gpus = self._count * cost.gpus_per_worker(self.spec, self._device)
+        gpus = cost.gpus_held(self.spec, self._count, self._devices)
         self.gpu_seconds[self._current.index] = gpus * (time.monotonic() - self._began)
         self._began = time.monotonic()
 
@@ -291,7 +291,7 @@ class LocalRun:
             self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):
             self.series.measured(index, event.chosen)
-        self._device = event.device if isinstance(event, events.Start) else self._device  # what it is charged
+        self._devices |= {event.device} if isinstance(event, events.Start) else set()  # what it is charged
         return point
 
     # ------------------------------------------------------------------ persistence

@@ -41,6 +41,15 @@ def gpus_per_worker(spec: MixedPrecisionJobSpec, device: str | None = ON_GPU) ->
     return spec.resources.gpus_per_worker if device is not None and device.startswith(ON_GPU) else 0
 
 
+def gpus_held(spec: MixedPrecisionJobSpec, workers: int, devices: Iterable[str]) -> int:
+    """The GPUs a local attempt's `workers` are charged for: the distinct CUDA devices their
+    trainers' start lines named (`devices`), at most workers x `gpus_per_worker`. Local workers
+    share the machine's GPUs (each worker's local rank 0 takes cuda:0): two workers that asked
+    for a GPU each but trained on one are charged one, not two; none on the CPU."""
+    on_gpu = {device for device in devices if gpus_per_worker(spec, device)}
+    return min(workers * gpus_per_worker(spec), len(on_gpu))
+
+
 def pod_seconds(pod: PodView, now: datetime, until: datetime | None = None) -> float:
     """Seconds the pod's trainer container ran as seen: start to finish; one still running, to
     `now`; one never seen starting (or ended with no finish time) adds nothing; none after

@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from mpjob.localrun.cli import run_command
-from mpjob.planning.cost import gpus_per_worker
+from mpjob.planning.cost import gpus_held, gpus_per_worker
+from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec
 from tests.unit.localrun.tiny import tiny_job
 
@@ -30,6 +31,34 @@ def test_a_worker_is_charged_its_gpus_only_when_it_ran_on_one(device: str | None
 
 def test_a_clusters_pod_is_charged_the_gpus_it_asked_for() -> None:
     assert gpus_per_worker(spec(2)) == 2 and gpus_per_worker(spec(0)) == 0
+
+
+def start_line(device: str, rank: int = 0) -> str:
+    """A trainer's start line, as it writes it, naming the device it trains on."""
+    fields = {"attempt": 0, "precision": "bf16", "requestedPrecision": "bf16", "device": device, "worldSize": 2}
+    return events.format_line("start", {**fields, "startStep": 0, "totalSteps": 10, "rank": rank})
+
+
+def devices_of(*lines: str) -> list[str]:
+    return [e.device for line in lines if isinstance(e := events.parse_line(line), events.Start)]
+
+
+@pytest.mark.parametrize(
+    ("workers", "devices", "charged"),
+    [
+        (2, ["cuda:0"], 1),  # two workers sharing the machine's one GPU: one GPU, not workers x gpusPerWorker
+        (2, ["cuda:0", "cuda:0"], 1),
+        (2, ["cuda:0", "cuda:1"], 2),
+        (1, ["cuda:0", "cuda:1", "cuda:2"], 2),  # never more than the workers asked for (1 x 2)
+        (2, ["cpu", "cpu"], 0),
+        (2, [], 0),  # no start line seen: nothing claimed
+    ],
+)
+def test_local_workers_are_charged_the_distinct_gpus_their_start_lines_name(
+    workers: int, devices: list[str], charged: int
+) -> None:
+    seen = devices_of(*(start_line(device, rank) for rank, device in enumerate(devices)))
+    assert gpus_held(spec(2 if workers == 1 else 1), workers, seen) == charged
 
 
 @pytest.mark.process
