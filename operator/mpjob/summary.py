@@ -28,7 +28,7 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     if status.last_checkpoint:
         ck = status.last_checkpoint
         lines.append(f"  last checkpoint: step {ck.step} ({ck.precision}) sha256 {ck.sha256[:16]}")
-    if status.cost and status.cost.gpu_seconds:
+    if status.cost and (status.cost.gpu_seconds or status.cost.wasted_steps):
         lines.append(cost_line(status))
     return lines
 
@@ -110,17 +110,27 @@ def running(a: AttemptStatus, now: datetime | None) -> str:
 
 
 def skipped_line(skipped: Skipped) -> str:
-    """'  skipped: 1 step(s), 1 sample(s): step 5 (data: 30)' for the summary (steps counted from 1)."""
+    """'  skipped: 1 step(s), 1 sample(s): step 5 (data: 30)' for the summary (steps counted from 1);
+    a listing the record cut short (its bounds: mpjob_contract.skipping) says how much it lists,
+    so a step's first samples are not taken for all of them."""
     shown = ", ".join(
         f"step {describe_steps([s.step])} ({s.cause}: {describe_ranges(s.samples) or 'whole step'})"
         for s in skipped.steps
     )
-    return f"  skipped: {skipped.count} step(s), {skipped.samples} sample(s): {shown}"
+    samples = sum(r.last - r.first + 1 for s in skipped.steps for r in s.samples)
+    cut = [(len(skipped.steps), skipped.count, "steps"), (samples, skipped.samples if samples else 0, "samples")]
+    listed = " and ".join(f"{n} {what}" for n, total, what in cut if n < total)
+    counts = f"{skipped.count} step(s), {skipped.samples} sample(s)" + (f", {listed} listed" if listed else "")
+    return f"  skipped: {counts}: {shown}"
 
 
 def cost_line(status: MixedPrecisionJobStatus) -> str:
+    """What the job cost: GPU-seconds and those wasted, and the steps trained again (the only
+    cost a job that trained on no GPU has)."""
     cost = status.cost
     assert cost is not None
+    if not cost.gpu_seconds:
+        return f"  cost: {cost.wasted_steps} steps trained again, no GPU-seconds charged"
     money = f", {cost.amount:.2f} {cost.currency} ({cost.wasted_amount or 0:.2f} wasted)" if cost.amount else ""
     return (
         f"  cost: {cost.gpu_seconds:.0f} GPU-seconds, {cost.wasted_gpu_seconds:.0f} wasted "

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from mpjob.localrun.series import series_of_status
-from mpjob.summary import SUMMARY_MESSAGE_CHARS, summary_lines
+from mpjob.summary import SUMMARY_MESSAGE_CHARS, skipped_line, summary_lines
+from mpjob_contract.accounting import JobCost
 from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.skipping import SampleRange, Skipped, SkippedStep
 
 pytestmark = pytest.mark.unit
 
@@ -44,6 +46,23 @@ def test_the_summary_names_each_attempt_the_recoveries_skips_checkpoint_and_cost
         f"  last checkpoint: step 40 (bf16) sha256 {'ab' * 8}",
         "  cost: 120 GPU-seconds, 30 wasted (7 steps trained again)",
     ]
+
+
+def test_a_job_that_trained_on_no_gpu_still_says_the_steps_its_recoveries_trained_again() -> None:
+    on_cpu = FELL_BACK.model_copy(update={"cost": JobCost(wasted_steps=7)})
+    assert summary_lines("fell", on_cpu)[-1] == "  cost: 7 steps trained again, no GPU-seconds charged"
+    nothing = FELL_BACK.model_copy(update={"cost": JobCost()})
+    assert not any("cost" in line for line in summary_lines("fell", nothing))  # no recovery, no GPU: nothing to say
+
+
+def test_a_skipped_listing_cut_short_says_how_much_it_lists() -> None:
+    """A report lists a few samples of each step (its 4 KiB budget): 13, 47, 55, 65 were four of
+    step 1's sixteen, and the line read as if they were all."""
+    steps = [SkippedStep(step=i, cause="data", samples=[SampleRange(first=i * 4, last=i * 4 + 3)]) for i in range(4)]
+    line = skipped_line(Skipped(count=5, samples=80, steps=steps))
+    assert line.startswith("  skipped: 5 step(s), 80 sample(s), 4 steps and 16 samples listed: step 1 (data: 0-3), ")
+    whole = Skipped(count=1, samples=16, steps=[SkippedStep(step=0, cause="spike")])  # the loop named none
+    assert skipped_line(whole) == "  skipped: 1 step(s), 16 sample(s): step 1 (spike: whole step)"
 
 
 def test_a_statuss_series_has_each_attempts_span_last_loss_and_the_skips() -> None:
