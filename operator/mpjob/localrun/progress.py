@@ -19,6 +19,7 @@ from rich.progress import (
 
 from mpjob.localrun.jsonlines import json_line
 from mpjob.localrun.series import Point
+from mpjob.planning.lifecycle import NO_CHECKPOINT
 from mpjob_contract.codes import Reason
 
 Mode = Literal["rich", "plain", "json"]
@@ -51,6 +52,14 @@ class ProgressView(Protocol):
 def _change(reason: str) -> str:
     """What a change of precision is called: back up after clean steps, or down after a fault."""
     return "precision re-promotion" if reason == Reason.REPROMOTE else "precision fallback"
+
+
+def change_line(from_precision: str, to_precision: str, step: int, reason: str) -> str:
+    """'precision fallback: fp16 -> bf16 (NumericFault), resuming from checkpoint step 100': `step`
+    is where the next attempt resumes (the fault came later: the ended attempt's line says where),
+    in the operator's words for it (planning.lifecycle)."""
+    where = f"resuming from checkpoint step {step}" if step else NO_CHECKPOINT
+    return f"{_change(reason)}: {from_precision} -> {to_precision} ({reason}), {where}"
 
 
 class RichView:
@@ -95,8 +104,8 @@ class RichView:
         self.console.print(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
 
     def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
-        change = f"{from_precision} -> {to_precision} at step {step} ({reason})"
-        self.console.print(f"[bold yellow]{_change(reason)}[/]: {change}")
+        line = change_line(from_precision, to_precision, step, reason)
+        self.console.print(f"[bold yellow]{_change(reason)}[/]{line.removeprefix(_change(reason))}", highlight=False)
 
     def info(self, text: str, **fields: Any) -> None:
         self.console.print(text)
@@ -130,7 +139,7 @@ class PlainView:
         self._print(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
 
     def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
-        self._print(f"{_change(reason)}: {from_precision} -> {to_precision} at step {step} ({reason})")
+        self._print(change_line(from_precision, to_precision, step, reason))
 
     def info(self, text: str, **fields: Any) -> None:
         self._print(text)
