@@ -1,7 +1,8 @@
 """`mpjob status NAME [-n NAMESPACE] [--kubeconfig FILE] [--plot FILE]`: a job on a cluster,
 summed up as `mpjob run` sums up a local one (attempts, recoveries, skips, the last checkpoint,
 cost), and drawn the same way (precision spans, the loss-scale history of status.timeline, each
-attempt's last loss) so a cluster's user can look instead of reading YAML."""
+attempt's last loss) so a cluster's user can look instead of reading YAML. `mpjob status DIR`
+prints again what `mpjob run --out DIR` printed at its end, from the report.json it left."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from mpjob.localrun.folder import is_folder_argument
 from mpjob.summary import summary_lines
 from mpjob_contract import api, formats
 
@@ -27,7 +29,12 @@ class CannotRead(Exception):
 
 def status_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="mpjob status", description=__doc__)
-    parser.add_argument("name", type=_named(formats.JOB_NAME), help="the MixedPrecisionJob's name")
+    parser.add_argument(
+        "name",
+        type=_job_or_folder,
+        metavar="NAME|DIR",
+        help="the MixedPrecisionJob's name, or a local run's folder (`mpjob run --out DIR`) or its report.json",
+    )
     parser.add_argument(
         "-n",
         "--namespace",
@@ -37,6 +44,14 @@ def status_command(argv: list[str]) -> int:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
     parser.add_argument("--plot", type=Path, metavar="FILE", help="also draw the job into this PNG")
     args = parser.parse_args(argv)
+    cluster = bool(args.namespace or args.kubeconfig)
+    if is_folder_argument(args.name, cluster=cluster):
+        if cluster or args.plot:
+            parser.error(
+                f"{args.name} is a path: -n, --kubeconfig and --plot are for a job on a cluster "
+                "(a local run draws its plot, training.png, in its folder)"
+            )
+        return _local(Path(args.name))
     try:
         namespace, obj = read_job(args.name, args.namespace, args.kubeconfig)
         status = api.MixedPrecisionJobStatus.model_validate(obj.get("status") or {})
@@ -49,6 +64,28 @@ def status_command(argv: list[str]) -> int:
     print("\n".join(summary_lines(f"{namespace}/{args.name}", status, now=datetime.now(UTC))))
     if args.plot is not None:
         return _plot(args.plot, f"{namespace}/{args.name}", status)
+    return 0
+
+
+def _job_or_folder(text: str) -> str:
+    """A job's name, or a path to what is there (a local run's folder or report: `_local`)."""
+    if re.fullmatch(formats.JOB_NAME.pattern, text) or (text and Path(text).exists()):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: neither a local run's folder or report.json (no such file or folder) nor a job's name "
+        f"(must be {formats.JOB_NAME.allows})"
+    )
+
+
+def _local(target: Path) -> int:
+    """The local run's summary, as `mpjob run` printed it at its end (`localrun.folder`)."""
+    from mpjob.localrun.folder import NotARun, folder_lines
+
+    try:
+        print("\n".join(folder_lines(target)))
+    except NotARun as exc:
+        print(f"error: {exc}")
+        return 1
     return 0
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mpjob.localrun.files import created
+from mpjob.localrun.folder import ending_lines
 from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unresolved_env, unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, prepare
-from mpjob.summary import summary_lines
 from mpjob.validation import InvalidManifest, Problem, check_text, read_manifest
 
 if TYPE_CHECKING:
@@ -75,12 +75,8 @@ def run_command(argv: list[str]) -> int:
     except UnusableOut as exc:
         _error(json_out, f"--out {exc}")
         return 2
-    lines = summary_lines(job.metadata.name, status)
-    lines.append(f"  report: {run.paths.report}")
-    shown = {"report": str(run.paths.report)}
-    if plot is not None:
-        shown["plot"] = str(plot)
-        lines.append(f"  plot:   {shown['plot']}")
+    lines = ending_lines(job.metadata.name, status, run.paths.report, plot)  # as `mpjob status DIR` prints it again
+    shown = {"report": str(run.paths.report), **({"plot": str(plot)} if plot is not None else {})}
     view.info("\n".join(lines), **shown, phase=status.phase)
     if status.phase == "Succeeded":
         return 0

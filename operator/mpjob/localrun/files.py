@@ -32,9 +32,13 @@ def _regular(path: Path) -> Iterator[tuple[IO[bytes], int] | None]:
     except OSError:
         yield None
         return
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):  # a folder among them: a file object of one cannot be made
+        os.close(fd)
+        yield None
+        return
     with os.fdopen(fd, "rb") as file:
-        found = os.fstat(fd)
-        yield (file, found.st_size) if stat.S_ISREG(found.st_mode) else None
+        yield file, found.st_size
 
 
 def read_regular(path: Path, most: int, *, last: bool = False) -> bytes | None:

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from mpjob.localrun.files import read_regular, write_replacing
+from mpjob_contract import formats
 from mpjob_contract.api import MixedPrecisionJobStatus
 
 #: The job whose run --out holds ({"name": metadata.name}), written as it starts.
@@ -40,10 +42,17 @@ RUN_ENTRIES = frozenset(
 _JOB_FILE_BYTES = 4096
 #: What a refusal of an earlier run's files suggests.
 START_OVER = "start over with --fresh, or pick another --out"
+#: The most of a report.json read back: a job's status (its lists bounded: attempts[], the
+#: timeline, skipped; its messages cut) is far smaller, so a bigger file is no run's report.
+MAX_REPORT_BYTES = 4 << 20
 
 
 class UnusableOut(Exception):
     """--out cannot hold this run; the message names the folder, what is wrong and what to do."""
+
+
+class Unreadable(Exception):
+    """A run's file (report.json, job.json) that is not what a run writes; the message says why."""
 
 
 @dataclass
@@ -69,18 +78,71 @@ class Paths:
     def attempt(self, index: int) -> Path:
         return self.root / "attempts" / f"a{index}"
 
+    def save_report(self, status: MixedPrecisionJobStatus) -> None:
+        """report.json holds `status` (as the CR's status would be), replaced whole."""
+        write_replacing(self.report, json.dumps(status.to_api(), indent=2) + "\n")
+
     def earlier_status(self) -> MixedPrecisionJobStatus | None:
         """The status an earlier `mpjob run` of this folder left (None: it left no report)."""
         if not self.report.exists():
             return None
         try:
-            status = MixedPrecisionJobStatus.model_validate_json(self.report.read_bytes())
-        except (OSError, ValidationError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else exc.errors()[0]["msg"]
-            raise UnusableOut(f"{self.root}: report.json is not a run's report ({why}): {START_OVER}") from exc
+            status = read_report(self.report)
+        except Unreadable as exc:
+            raise UnusableOut(f"{self.root}: report.json is not a run's report ({exc}): {START_OVER}") from exc
         if not status.attempts and status.phase != "Suspended":  # runPolicy.suspend starts none
             raise UnusableOut(f"{self.root}: report.json names no attempt to resume from: {START_OVER}")
         return status
+
+
+def read_report(path: Path) -> MixedPrecisionJobStatus:
+    """The status a run's report.json holds, read as untrusted: a regular file (not a FIFO, which
+    would hang the read, nor a link) of at most MAX_REPORT_BYTES, validated with the model the
+    runner writes it with; Unreadable says why not."""
+    data = read_regular(path, MAX_REPORT_BYTES + 1)
+    if data is None:
+        raise Unreadable("missing, a link or not a regular file")
+    if len(data) > MAX_REPORT_BYTES:
+        raise Unreadable(f"over {MAX_REPORT_BYTES} bytes")
+    try:
+        return MixedPrecisionJobStatus.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise Unreadable(f"{where + ': ' if where else ''}{first['msg']}"[:300]) from exc
+
+
+def recorded_job(root: Path) -> str | None:
+    """The name of the job whose run `root` holds, as its job.json says (None: it has none, a run
+    from before job.json was written); Unreadable when it names no job."""
+    data = read_regular(root / JOB_FILE, _JOB_FILE_BYTES)
+    if data is None:
+        return None
+    try:
+        found = json.loads(data).get("name")
+    except (ValueError, AttributeError):
+        found = None
+    if not isinstance(found, str) or not re.fullmatch(formats.JOB_NAME.pattern, found):
+        raise Unreadable(f"{JOB_FILE} does not name the job its run was of")
+    return found
+
+
+def held_by_a_run(root: Path) -> bool | None:
+    """Whether an `mpjob run` holds the folder `root` now (its runner alive: `prepare`); None when
+    that cannot be told (a filesystem that keeps no locks). The probe's own shared lock is let go
+    at once."""
+    fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            return None
+        raise
+    finally:
+        os.close(fd)  # closing it lets go of the lock
+    return False
 
 
 @contextlib.contextmanager
@@ -143,15 +205,12 @@ def _claim(root: Path, job: str) -> None:
     """The folder's run is the job `job`'s from now on; UnusableOut when an earlier run there was
     another job's (its report would be taken for this one's, its checkpoints resumed). A folder
     of a run from before job.json was written is taken as it is."""
-    data = read_regular(root / JOB_FILE, _JOB_FILE_BYTES)
-    if data is None:
+    try:
+        found = recorded_job(root)
+    except Unreadable as exc:
+        raise UnusableOut(f"{root}: {exc}: {START_OVER}") from exc
+    if found is None:
         write_replacing(root / JOB_FILE, json.dumps({"name": job}) + "\n")
         return
-    try:
-        found = json.loads(data).get("name")
-    except (ValueError, AttributeError):
-        found = None
-    if not isinstance(found, str):
-        raise UnusableOut(f"{root}: {JOB_FILE} does not name the job its run was of: {START_OVER}")
     if found != job:
         raise UnusableOut(f"{root}: it holds a run of the job {found!r}, not {job!r}: {START_OVER}")

@@ -11,7 +11,6 @@ a cluster that shows no disruption; in GPU-seconds only when its trainers ran on
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -21,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
-from mpjob.localrun.files import write_replacing
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir, working_dir_gone
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached, reading_of
@@ -296,5 +294,5 @@ class LocalRun:
 
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:
-        write_replacing(self.paths.report, json.dumps(self.status.to_api(), indent=2) + "\n")
+        self.paths.save_report(self.status)
         self.series.save(self.paths.series)

@@ -66,11 +66,12 @@ def test_run_help_says_stdin_is_read_from_a_dash(capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["", "--kubeconfig", "/nonexistent"], "argument name: '': must be lowercase letters"),
-        (["a/b", "--kubeconfig", "/nonexistent"], "argument name: 'a/b': must be lowercase letters"),
+        (["", "--kubeconfig", "/nonexistent"], "argument NAME|DIR: '': neither a local run's folder"),
+        (["a/b", "--kubeconfig", "/nonexistent"], "argument NAME|DIR: 'a/b': neither a local run's folder"),
+        (["/", "--kubeconfig", "/nonexistent"], "/ is a path: -n, --kubeconfig and --plot are for a job on a cluster"),
         (["job", "-n", "Team/x", "--kubeconfig", "/nonexistent"], "argument -n/--namespace: 'Team/x': must be"),
     ],
-    ids=["empty-name", "name-with-a-slash", "bad-namespace"],
+    ids=["empty-name", "name-with-a-slash", "a-path", "bad-namespace"],
 )
 def test_status_refuses_a_name_no_object_can_have_before_any_request(
     argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
