@@ -113,7 +113,7 @@ def _status(argv: list[str]) -> int:
 
 COMMANDS = {
     "run": (_run, "run a MixedPrecisionJob on this machine, no cluster"),
-    "status": (_status, "sum up (and plot) a MixedPrecisionJob on a cluster"),
+    "status": (_status, "sum up (and plot) a MixedPrecisionJob on a cluster, or a local run's folder"),
     "validate": (_validate, "check manifests against the same rules as the API server"),
     "crd": (_crd, "print the CustomResourceDefinition generated from the API models"),
     "operator": (_operator, "start the operator (kopf)"),
