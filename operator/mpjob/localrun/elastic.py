@@ -25,7 +25,16 @@ from dataclasses import dataclass, replace
 
 from mpjob.localrun.workers import Workers
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, growth_micro_batch, shape_for
+from mpjob.planning.elastic import (
+    Capacity,
+    Resize,
+    Verdict,
+    decide,
+    global_batch,
+    grows_at,
+    growth_micro_batch,
+    shape_for,
+)
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -126,11 +135,15 @@ class CapacityWatch:
         if resize.verdict is Verdict.SHRINK:
             self.resize = resize
             self.workers.kill_last(self.count - fits)  # their nodes went away
-        elif resize.verdict is Verdict.GROW and isinstance(event, events.Checkpoint) and self._grow is not None:
+        elif resize.verdict is Verdict.GROW and self._grow is not None and self._stops_here(event):
             self.resize = resize  # its next checkpoint is written: stop it there, and grow to what fits now
             self.workers.signal(signal.SIGTERM)
         else:
             self._grow = resize if resize.verdict is Verdict.GROW else None  # the room went: growth called off
+
+    def _stops_here(self, event: events.TrainerEvent) -> bool:
+        """A checkpoint a growth may stop the attempt at (not its last: it ends Succeeded there)."""
+        return isinstance(event, events.Checkpoint) and grows_at(self.spec, event.step)
 
 
 def unschedulable(

@@ -262,6 +262,23 @@ def grows(
     return resize if resize.verdict is Verdict.GROW else None
 
 
+def grows_at(spec: MixedPrecisionJobSpec, checkpoint_step: int) -> bool:
+    """May a growth stop the attempt at its checkpoint of `checkpoint_step`? Not at the job's last
+    step: the attempt ends Succeeded there, and a bigger one would have no step left to train."""
+    return checkpoint_step < spec.training.steps
+
+
+def grown(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, grow: Resize | None) -> Resize | None:
+    """`grow` once the attempt has committed a checkpoint past the step where more workers began to
+    fit (status.growAfterStep, set here, remembers it) and short of the job's last step, else None."""
+    if grow is None or status.grow_after_step is None:
+        status.grow_after_step = None if grow is None else status.step
+        return None
+    ckpt = status.last_checkpoint
+    due = ckpt is not None and ckpt.step > status.grow_after_step and grows_at(spec, ckpt.step)
+    return grow if due else None
+
+
 def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView]) -> Resize | None:
     """An attempt that ended losing nodes: shrunk at once to the workers whose nodes stayed, or
     (Verdict.WAIT, saying why) not, when no size from elastic.minWorkers up keeps the global batch."""

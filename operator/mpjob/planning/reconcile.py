@@ -179,7 +179,10 @@ def _follow(
         plan.cut.append(job.index)  # its live ranks are cut (its Job kept for its logs); it ends once they stop
     elif finished is None and (stall := cutoff.stalled(spec, job, current, now, unseen_for)):
         cutoff.end_now(plan, spec, job, AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=stall), when)
-    elif finished is None and (grow := _grown(status, elastic.grows(spec, current, fits, status))) is not None:
+    elif (
+        finished is None
+        and (grow := elastic.grown(spec, status, elastic.grows(spec, current, fits, status))) is not None
+    ):
         cutoff.resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
         _awaiting_workers(plan, when, short)
@@ -206,16 +209,6 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
             cost.deleted_job(status, current, gone, spec, st.moment(when.at) or datetime.now(UTC))
         status.phase = "Pending"
         current.start_step_reported = True  # it began where it says: the new pods resume further on
-
-
-def _grown(status: MixedPrecisionJobStatus, grow: elastic.Resize | None) -> elastic.Resize | None:
-    """Growth once the attempt has committed a checkpoint past the step where more workers began
-    to fit (status.growAfterStep remembers it): None until then."""
-    if grow is None or status.grow_after_step is None:
-        status.grow_after_step = None if grow is None else status.step
-        return None
-    ckpt = status.last_checkpoint
-    return grow if ckpt is not None and ckpt.step > status.grow_after_step else None
 
 
 def _awaiting_workers(plan: Plan, when: When, short: elastic.Resize | None) -> None:

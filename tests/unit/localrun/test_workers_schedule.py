@@ -124,3 +124,12 @@ def test_a_growth_keeps_below_a_micro_batch_the_job_ran_out_of_memory_in() -> No
     for event in (step(14), checkpoint(20)):
         capacity.seen(event)
     assert capacity.resize is not None and (capacity.resize.workers, capacity.resize.shape) == (2, BatchShape(1, 3))
+
+
+def test_a_growth_does_not_stop_the_attempt_at_the_jobs_last_checkpoint() -> None:
+    # Room from step 35; the next checkpoint is step 40, the job's last: the attempt ends Succeeded
+    # there (a SIGTERM made it end Preempted, and a bigger attempt started with no step to train).
+    capacity, workers = watch("1,35:2")
+    for event in (step(35), step(36), checkpoint(40)):
+        capacity.seen(event)
+    assert capacity.resize is None and workers.signals == []

@@ -145,3 +145,14 @@ def test_room_that_goes_again_before_the_checkpoint_cancels_the_growth() -> None
     status = _at(job, status, RUNNING, 20, fits=3).status
     assert status.grow_after_step == 20
     assert _at(job, status, RUNNING, 30, fits=2).status.grow_after_step is None
+
+
+def test_no_growth_at_the_final_checkpoint_the_attempt_ends_succeeded_there() -> None:
+    """Room that returns just before the end: the checkpoint that would stop the attempt is the
+    job's last, so it ends Succeeded there; growing would start a bigger attempt with no step left."""
+    job = spec(training={"batchSize": 4, "steps": 40})
+    status = _at(job, _shrunk(job), RUNNING, 20, fits=3).status
+    assert status.grow_after_step == 20
+    status.last_checkpoint, status.step = CheckpointStatus(step=40), 40
+    kept = _at(job, status, RUNNING, 40, fits=3)
+    assert not kept.delete and not kept.create and kept.status.attempts[-1].reason is None

@@ -435,3 +435,25 @@ def test_a_run_whose_last_step_leaves_non_finite_weights_does_not_end_succeeded(
     assert not torch.isfinite(weights).all()
     assert (report.reason, report.last_good_checkpoint.step, saved) == ("NumericFault", 3, ["step-000000003"])
     assert "non-finite" in report.message and "step 6" in report.message, report.message
+
+
+@pytest.mark.parametrize(("at", "reason"), [(6, "Succeeded"), (5, "Preempted")])
+def test_a_sigterm_during_the_last_step_ends_the_run_succeeded_not_preempted(
+    launch: AttemptLaunch, at: int, reason: str
+) -> None:
+    """The stop a SIGTERM asks for is honoured where the step ends; at the last step nothing is left
+    to train: the run ends Succeeded on its final checkpoint, and no next attempt is started to
+    train nothing (a growth or a drain that lands as an elastic attempt ends). Before it, it stops."""
+    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(model=model, optimizer=optimizer)
+        for step in range(1, run.total_steps + 1):
+            run.backward(model(torch.randn(8, 4)).pow(2).mean())
+            run.step(optimizer)
+            if step == at:
+                signal.raise_signal(signal.SIGTERM)  # the session's handler only raises its flag
+            run.end_step(step)
+    report = _report(launch)
+    assert (report.reason, report.step) == (reason, at)
+    assert report.last_good_checkpoint is not None and report.last_good_checkpoint.step == at

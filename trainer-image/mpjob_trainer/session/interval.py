@@ -147,7 +147,8 @@ class IntervalWork:
     def _end_interval(
         self, step: int, due: Due, stop: bool, *, state: TrainingState, checkpoints: Checkpointer
     ) -> Exception | None:
-        """A healthy interval's end: checkpoint, then Repromote or Preempted when due."""
+        """A healthy interval's end: checkpoint, then Repromote or Preempted when due (neither at the
+        last step: its checkpoint is the run's final one, and no later attempt has a step to train)."""
         numerics, guard = self.numerics, self.numerics.guard
         if not guard.healthy():
             self.cadence.trouble(step)
@@ -168,7 +169,7 @@ class IntervalWork:
                 return Repromote(
                     f"{clean} clean steps in {numerics.precision.precision}; checkpoint at step {step} written"
                 )
-        if stop:
+        if stop and step < self.cadence.total:  # at the last step nothing is left: the run ends Succeeded
             self.log("preempted", step=step)
             return Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
         return None

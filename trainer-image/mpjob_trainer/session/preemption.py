@@ -4,7 +4,8 @@ Kubernetes sends SIGTERM before it kills a pod (eviction, node drain, Kueue pree
 `runPolicy.suspend`). Dying on the spot would lose the work since the last checkpoint, so
 the handler only raises a flag; `Session.end_step` sees it (alone: every step, host-only;
 under DDP: at the next interval, all-reduced so every rank stops at the same step), writes
-a checkpoint and exits 44, and the next attempt resumes in the same precision.
+a checkpoint and exits 44, and the next attempt resumes in the same precision. At the last step
+nothing is left to resume: the run ends Succeeded on its final checkpoint.
 """
 
 from __future__ import annotations
