@@ -33,6 +33,12 @@ A rank whose reading or restore of a checkpoint fails without a verdict on it (a
 ConfigError: the run does not fit it) ends the resume on every rank (checkpoint.peers): its error
 there, PeerFailed on the others, or the same ConfigError, never a rank left alone in an agreement.
 
+A run that goes back to its last good checkpoint (session: the fp32 replay, a rollback) takes it
+by the same rule (`back_to`): one that fails verification or its restore (damaged since it was
+saved) is rejected for the one before it, never blamed on the precision or the data; with none
+left the attempt ends (NoGoodCheckpoint, an InfraError: retried in the same precision, whose
+resume passes over it too).
+
 Only the newest `protocol.MAX_EXAMINED` step folders are candidates (the named one besides):
 each costs a manifest read, a request to a bucket, and a store crowded with folders (thousands
 of damaged or foreign ones) must not turn a restore into thousands of them. Older ones are
@@ -105,6 +111,27 @@ class ResumedApart(Exception):
     loads on every rank: the ranks' states are not their initial ones (nor one another's), so this
     attempt cannot start at step 0 (an InfraError; the next attempt's processes start from their
     initial state)."""
+
+
+class NoGoodCheckpoint(Exception):
+    """A run going back to its last good checkpoint found none at or before it that loads on every
+    rank (an InfraError: the next attempt, in the same precision, resumes past the rejected ones)."""
+
+
+def back_to(store: Store[W], step: int, restore: Restore) -> Loaded:
+    """The newest checkpoint at or before `step` (the last good one's) that verifies and that
+    `restore` loads on every rank, as `first_valid` takes one (rank 0's list on every rank);
+    NoGoodCheckpoint when none does, the run's state then maybe loaded in part."""
+    peers = Peers.current()
+    places = peers.from_main([where for at, where in newest(store) if at <= step] if peers.rank == 0 else None)
+    try:
+        loaded = first_valid(store, places, restore)
+    except ResumedApart as exc:
+        raise NoGoodCheckpoint(f"no checkpoint at or before step {step} loads on every rank: {exc}") from exc
+    if loaded is None:
+        tried = f"{places[0]} and the {len(places) - 1} before it were rejected" if places else "none is left"
+        raise NoGoodCheckpoint(f"no checkpoint at or before step {step} verifies and loads: {tried}")
+    return loaded
 
 
 def first_valid(store: Store[W], places: list[W], restore: Restore | None = None) -> Loaded | None:

@@ -22,7 +22,7 @@ step pre-hook calls before the step may change what is copied; that wait counts 
 save and its outcome happen on every rank (rank 0 alone logs).
 
 The Checkpointer owns the staging buffers and the writer thread; the session and its
-collaborators use only its public methods (open, save, collect, settle, load, state_of, clean_stale,
+collaborators use only its public methods (open, save, collect, settle, load, state_of, reload, clean_stale,
 last_good, root), never the store's or the writer's internals.
 """
 
@@ -42,6 +42,7 @@ from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.agreement import main_says
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import StepNumerics
 
@@ -134,6 +135,30 @@ class Checkpointer:
     def state_of(self, ref: CheckpointRef) -> dict[str, Any]:
         """The state of checkpoint `ref`, verified again (it may have been damaged since)."""
         return self.store.verify(Path(ref.path))[1]
+
+    def reload(
+        self, state: TrainingState, before: int, precision: str, scaler: Any
+    ) -> tuple[CheckpointRef, int] | None:
+        """Every rank: load rank 0's last good checkpoint into `state` when it is at or before step
+        `before` (None: there is none), verified again; one damaged since, or that does not load, is
+        rejected for the one before it, as a resume would (checkpoint.resume.back_to), and that one
+        becomes the last good one. Its ref and applied-step count; NoGoodCheckpoint when none loads."""
+        ref = main_says(self.last_good, self.world)
+        if ref is None or ref.step > before:
+            return None
+        applied: list[int] = []
+
+        def restore(loaded: Loaded) -> None:
+            applied[:] = [state.restore(loaded[1], precision, scaler)]
+
+        store: Store[Any] = self.store  # a volume's places or a bucket's
+        try:
+            loaded = resume.back_to(store, ref.step, restore)
+        except resume.NoGoodCheckpoint:
+            self.last_good = None  # what is on the store no longer loads: no checkpoint is claimed good
+            raise
+        self.last_good = loaded[0]
+        return loaded[0], applied[0]
 
     # ---------------------------------------------------------------- saving
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:

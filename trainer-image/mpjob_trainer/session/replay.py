@@ -13,7 +13,9 @@ and gradient norm on the host:
   step and its samples, and the job fails without spending attempts on other precisions;
 - no replay possible (no step function registered, no checkpoint and non-finite weights in
   memory, an error, or past replayTimeoutSeconds): inconclusive -> the precision is blamed,
-  as before replays existed.
+  as before replays existed. A checkpoint that does not load is no failed replay: it is passed
+  over for the one before it, as on resume (Checkpointer.reload); with none the attempt ends
+  NoGoodCheckpoint (an InfraError, retried in the same precision).
 
 Without a checkpoint before the fault (a fault before the first checkpoint), the weights in
 memory are used when they are finite (GradScaler never applies an overflowing step), and only
@@ -49,6 +51,7 @@ from typing import Protocol
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.report import CheckpointRef, Replay
 from mpjob_contract.skipping import SkipCause
+from mpjob_trainer.checkpoint.resume import NoGoodCheckpoint
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.quarantine import ScreenFunction
 from mpjob_trainer.session.agreement import RankTable, flatten, gathered, main_says
@@ -195,7 +198,7 @@ class Fp32Replay:
         self, win: Window, ref: CheckpointRef | None, *, state: TrainingState, checkpoints: Checkpointer
     ) -> Replay:
         lent, first = self.lent, win.first_fault
-        why = self._prepare(win, ref, state=state, checkpoints=checkpoints)
+        win, why = self._prepare(win, ref, state=state, checkpoints=checkpoints)
         if why is not None:
             lent.log("replaySkipped", why=why, all_ranks=True)
             return inconclusive(first)
@@ -211,25 +214,36 @@ class Fp32Replay:
 
     def _prepare(
         self, win: Window, ref: CheckpointRef | None, *, state: TrainingState, checkpoints: Checkpointer
-    ) -> str | None:
-        """Load the window's starting weights on every rank; why no replay can be made, if so
-        (the same answer on every rank)."""
+    ) -> tuple[Window, str | None]:
+        """Load the window's starting weights on every rank: the window from the checkpoint that
+        loaded, and why no replay can be made, if so (the same answer on every rank). A checkpoint
+        that does not load is the checkpoint's fault, not the precision's: the one before it is
+        taken (Checkpointer.reload), and with none NoGoodCheckpoint ends the attempt."""
         why = ""
         try:
             if win.from_checkpoint and ref is not None and self.weights is not None and not state.objects:
                 self.weights.load(ref)
             elif win.from_checkpoint and ref is not None:
-                state.restore(checkpoints.state_of(ref), "fp32", None)
+                win = self._reloaded(win, state=state, checkpoints=checkpoints)
             elif win.from_checkpoint and self.fresh is not None:
                 state.restore(self.fresh.state, "fp32", None)
             elif not state.finite():
                 why = f"no checkpoint before step {win.first_fault} and non-finite weights in memory"
+        except NoGoodCheckpoint:
+            raise  # on every rank (agreed while the checkpoints were tried)
         except Exception as exc:  # e.g. fp32 needs more memory than there is: the precision stays blamed
             why = f"{type(exc).__name__}: {exc}"
         table = RankTable.agree({"failed": bool(why)}, self.lent.world, self.lent.numerics.precision.device)
         if not table.any("failed"):
-            return None
-        return why or f"rank(s) {listed(table.ranks('failed'))} could not load the replay's weights"
+            return win, None
+        return win, why or f"rank(s) {listed(table.ranks('failed'))} could not load the replay's weights"
+
+    def _reloaded(self, win: Window, *, state: TrainingState, checkpoints: Checkpointer) -> Window:
+        """Load the last good checkpoint, or the good one before it, into `state`: the window from it."""
+        loaded = checkpoints.reload(state, win.first_fault, "fp32", None)
+        assert loaded is not None  # rank 0's last good checkpoint, at or before the first faulting step
+        after = self.known.first_step if self.known is not None else -1
+        return window(win.first_fault, checkpoint_step=loaded[0].step, replay_steps=self.spec.replay_steps, after=after)
 
     def _judge(self, win: Window) -> Replay:
         """Each step of the window in turn, until one is non-finite on any rank (all ranks stop

@@ -74,6 +74,40 @@ def rollback_target(before: int, *, checkpoints: Checkpointer, world: World, fre
     return None
 
 
+def roll_back(
+    before: int,
+    checkpoints: Checkpointer,
+    state: TrainingState,
+    numerics: StepNumerics,
+    *,
+    fresh: FreshStart | None,
+    keep_position: bool,
+    load: bool = True,
+) -> Target | None:
+    """Load the newest good state at or before step index `before` into `state` (as `restore`):
+    the last good checkpoint, else a fresh attempt's step 0 (None: neither). A checkpoint damaged
+    since, or that does not load, is rejected for the one before it, as on resume
+    (Checkpointer.reload; NoGoodCheckpoint when none loads). Not `load`: only found
+    (`rollback_target`), for a loop that loads it itself. A collective."""
+    if not load:
+        return rollback_target(before, checkpoints=checkpoints, world=checkpoints.world, fresh=fresh)
+    checkpoints.collect(block=True, training_step=before + 1)
+    seen, amp = state.samples, numerics.precision
+    loaded = checkpoints.reload(state, before, amp.precision, amp.scaler)
+    if loaded is not None:
+        target = Target(loaded[0].step, {}, loaded[0])
+        numerics.applied.count = loaded[1]
+    elif fresh is not None:
+        target = Target(fresh.step, fresh.state, None)
+        numerics.applied.count = state.restore(fresh.state, amp.precision, amp.scaler)
+    else:
+        return None
+    if keep_position:
+        state.samples = seen
+    _rewound(target.step, numerics)
+    return target
+
+
 def restore(target: Target, *, state: TrainingState, numerics: StepNumerics, keep_position: bool) -> None:
     """Load `target` into the session's objects and numerics. `keep_position`: the data position
     stays where the loop stands (a loop caught up in place re-runs the same positions, quarantined
@@ -83,7 +117,12 @@ def restore(target: Target, *, state: TrainingState, numerics: StepNumerics, kee
     numerics.applied.count = state.restore(target.state, numerics.precision.precision, numerics.precision.scaler)
     if keep_position:
         state.samples = seen
-    numerics.guard.rewind(target.step)
+    _rewound(target.step, numerics)
+
+
+def _rewound(step: int, numerics: StepNumerics) -> None:
+    """The guard back at `step`, and nothing of the steps after it counted."""
+    numerics.guard.rewind(step)
     numerics.guard.begin_step()  # the replay's optimizer steps are not the loop's
     numerics.tally.clear()
 

@@ -52,7 +52,7 @@ from mpjob_trainer.session.machine import AttemptMachine, Event, Phase
 from mpjob_trainer.session.outcomes import LossSpiked, Rewrap, RolledBack, SuspectSteps
 from mpjob_trainer.session.policy import trainer_actions
 from mpjob_trainer.session.replay import Fp32Replay
-from mpjob_trainer.session.rollback import FreshStart, Target, restore, rollback_target
+from mpjob_trainer.session.rollback import FreshStart, Target, roll_back
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import Number, Read
 from mpjob_trainer.spike import SpikeDetector
@@ -271,7 +271,8 @@ class DataRung:
         """Restore the newest good state at or before step index `before`: its step, or the
         attempt's ending when there is none. `wrap_anew`: found, not loaded; the loop leaves
         (`go_on`) and its resume() loads it into the objects it builds anew (session.inplace)."""
-        target = rollback_target(before, checkpoints=checkpoints, world=self.lent.world, fresh=self._fresh)
+        numerics, keep, load = self.lent.numerics, not self.reenters, not wrap_anew  # unloadable: passed over
+        target = roll_back(before, checkpoints, state, numerics, fresh=self._fresh, keep_position=keep, load=load)
         if target is None:
             return self._ended(
                 NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
@@ -280,7 +281,6 @@ class DataRung:
         if wrap_anew:
             self._reentry = target
             return target.step
-        restore(target, state=state, numerics=self.lent.numerics, keep_position=not self.reenters)
         if self.spike is not None:
             self.spike.forget_spikes()
         return target.step

@@ -1,0 +1,101 @@
+"""A checkpoint damaged after its save is the checkpoint's fault, never the precision's: the fp32
+replay (and the rollback after it) rejects it as a resume does (checkpointRejected) and goes
+back to the one before it; with none before it the attempt ends an InfraError, retried in the
+same precision, instead of a fallback down the ladder."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from mpjob_contract.report import TerminationReport
+from mpjob_trainer import session as mpjob
+from tests.unit.trainer.conftest import in_process_launch, parse, spec
+
+pytestmark = pytest.mark.unit
+
+BAD = 12  # step index with a non-finite sample; checkpoints every 5 steps
+TENTH = "step-000000010"  # the checkpoint damaged after its save
+
+
+def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int) -> TerminationReport:
+    """fp16 steps of a linear model; the first non-finite loss (step BAD's) ends the precision
+    unless the fp32 replay blames the data; just before it the checkpoint of step 10 is damaged."""
+    job = spec(
+        training={"steps": 20, "batchSize": 4, "logEvery": 5},
+        precision={"mode": "fp16", "guard": {"maxNonFiniteLosses": 1}},
+        checkpoint={"everySteps": 5, "keep": keep},
+    )
+    with (
+        contextlib.suppress(SystemExit),
+        mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp16")) as run,
+    ):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        start = run.resume(model=model, optimizer=optimizer)
+
+        def one_step(i: int) -> None:
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+            if i == BAD and i not in run.quarantined:  # sample i, the bad one, left out once skipped
+                x[0, 0] = math.nan
+                _damage(tmp_path / "ckpt" / TENTH)
+            with run.autocast():
+                loss = model(x).pow(2).mean()
+            run.backward(loss)
+            run.step(optimizer)
+
+        run.register_step(one_step, samples=lambda i: [i])
+        for i in range(start, run.total_steps):
+            one_step(i)
+            run.end_step(i + 1, samples=4)
+    return TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+
+
+def _damage(folder: Path) -> None:
+    """Flip a byte of the state file of the checkpoint in `folder` once it is committed (it is
+    written in the background), once: the replay runs the step again."""
+    deadline = time.monotonic() + 30
+    while not (folder / "manifest.json").exists():
+        assert time.monotonic() < deadline, f"{folder} was never committed"
+        time.sleep(0.01)
+    if (folder / "damaged").exists():
+        return
+    state = folder / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    (folder / "damaged").touch()
+
+
+def _events(out: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in parse(out) if e["event"] == name]
+
+
+def test_a_damaged_checkpoint_is_passed_over_for_the_one_before_it_and_the_precision_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _train(tmp_path, monkeypatch, keep=5)
+    out = capsys.readouterr().out
+    rejected = _events(out, "checkpointRejected")
+    assert rejected and TENTH in rejected[0]["path"], rejected
+    assert report.reason == "Succeeded", report.message
+    assert report.precision == "fp16"
+    skipped = _events(out, "dataSkipped")
+    assert skipped and skipped[0]["steps"] == [BAD] and skipped[0]["fromStep"] == 5, skipped
+
+
+def test_a_damaged_checkpoint_with_none_before_it_ends_the_attempt_as_the_checkpoints_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _train(tmp_path, monkeypatch, keep=1)
+    assert report.reason == "InfraError", report.message
+    assert TENTH in report.message, report.message
+    assert _events(capsys.readouterr().out, "checkpointRejected")
