@@ -25,9 +25,11 @@ BAD = 12  # step index with a non-finite sample; checkpoints every 5 steps
 TENTH = "step-000000010"  # the checkpoint damaged after its save
 
 
-def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int) -> TerminationReport:
+def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int, runs: int = 1) -> TerminationReport:
     """fp16 steps of a linear model; the first non-finite loss (step BAD's) ends the precision
-    unless the fp32 replay blames the data; just before it the checkpoint of step 10 is damaged."""
+    unless the fp32 replay blames the data; the checkpoint of step 10 is damaged when step 11
+    runs the `runs`-th time (1: in training, before the replay; 2: in the replay, which loaded it
+    already, before the rollback that loads it again)."""
     job = spec(
         training={"steps": 20, "batchSize": 4, "logEvery": 5},
         precision={"mode": "fp16", "guard": {"maxNonFiniteLosses": 1}},
@@ -41,11 +43,14 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int) -> Termin
         model = nn.Linear(4, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         start = run.resume(model=model, optimizer=optimizer)
+        ran: dict[int, int] = {}
 
         def one_step(i: int) -> None:
             x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
             if i == BAD and i not in run.quarantined:  # sample i, the bad one, left out once skipped
                 x[0, 0] = math.nan
+            ran[i] = ran.get(i, 0) + 1
+            if i == BAD - 1 and ran[i] == runs:
                 _damage(tmp_path / "ckpt" / TENTH)
             with run.autocast():
                 loss = model(x).pow(2).mean()
@@ -61,18 +66,15 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int) -> Termin
 
 def _damage(folder: Path) -> None:
     """Flip a byte of the state file of the checkpoint in `folder` once it is committed (it is
-    written in the background), once: the replay runs the step again."""
+    written in the background)."""
     deadline = time.monotonic() + 30
     while not (folder / "manifest.json").exists():
         assert time.monotonic() < deadline, f"{folder} was never committed"
         time.sleep(0.01)
-    if (folder / "damaged").exists():
-        return
     state = folder / "state.pt"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
-    (folder / "damaged").touch()
 
 
 def _events(out: str, name: str) -> list[dict[str, Any]]:
@@ -99,3 +101,16 @@ def test_a_damaged_checkpoint_with_none_before_it_ends_the_attempt_as_the_checkp
     assert report.reason == "InfraError", report.message
     assert TENTH in report.message, report.message
     assert _events(capsys.readouterr().out, "checkpointRejected")
+
+
+def test_a_checkpoint_damaged_after_the_replay_loaded_it_is_passed_over_by_the_rollback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _train(tmp_path, monkeypatch, keep=5, runs=2)
+    out = capsys.readouterr().out
+    assert [e["verdict"] for e in _events(out, "replay")] == ["data"]  # from the checkpoint of step 10, whole
+    rejected = _events(out, "checkpointRejected")
+    assert len(rejected) == 1 and TENTH in rejected[0]["path"], rejected  # by the rollback's load
+    assert report.reason == "Succeeded", report.message
+    skipped = _events(out, "dataSkipped")
+    assert skipped and skipped[0]["fromStep"] == 5, skipped
