@@ -33,7 +33,7 @@ from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.precision import scaler_state_problem
-from mpjob_trainer.session.fits import check_fits, hyperparameters
+from mpjob_trainer.session.fits import check_fits, hyperparameters, mismatch
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
 #: In a capture: held in memory, every object by its own state_dict() (never written).
@@ -202,6 +202,8 @@ class TrainingState:
                 obj.load_state_dict(state[name])
                 check_fits(obj, defaults)
             except Exception as exc:
+                if not mismatch(exc):
+                    raise  # a failure to load (I/O, memory), not a state that does not fit: InfraError
                 raise ConfigError(f"cannot load the checkpoint's {name!r} into this run's {name}: {exc}") from exc
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
             scaler.load_state_dict(state["scaler"])  # fp16 -> fp16 keeps its calibrated scale
