@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from mpjob_contract import formats, k8s, rules
+from mpjob_contract import builtin_args, formats, k8s, rules
 from mpjob_contract.accounting import CostPerGpuHour
 from mpjob_contract.elastic import Elastic
 from mpjob_contract.parallelism import Parallelism
@@ -65,6 +65,14 @@ class Task(ApiModel):
         task = rules.wire_self(self)
         rules.TASK_EXACTLY_ONE_KIND.check(task)
         rules.TASK_WORKING_DIR_NEEDS_COMMAND.check(task)
+        if self.builtin is not None:
+            # The operator re-validates every job's spec at each reconcile, so a job stored before this
+            # check ends InvalidSpec after an upgrade. Only one that never ran can: the trainer reads the
+            # args with these same functions at start and ends such a job a ConfigError.
+            try:
+                builtin_args.check(self.builtin, self.args)
+            except builtin_args.BadTaskArg as bad:
+                raise k8s.SchemaViolations([(f"args.{bad.field}".rstrip("."), bad.why)]) from bad
         return self
 
     @field_validator("args")

@@ -33,6 +33,11 @@ def nested_json(manifest: dict[str, Any], levels: int) -> str:
     return json.dumps(manifest).replace('"HERE"', '{"deep": ' * levels + "1" + "}" * levels)
 
 
+def with_args(args: Any) -> dict[str, Any]:
+    """GOOD with a factory's task.args (free-form: a builtin's are checked by name and type)."""
+    return bad("spec.task", {"module": "my_pkg.train:make_task", "args": args})
+
+
 def bad(path: str, value: Any) -> dict[str, Any]:
     doc = copy.deepcopy(GOOD)
     node = doc

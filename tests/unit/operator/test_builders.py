@@ -198,7 +198,7 @@ def test_the_kubelet_hands_the_launch_over_as_written_whatever_dollars_the_spec_
     the manifest's own env entries are left for the kubelet to expand, as the user wrote them."""
     args = {"pattern": "^a$$b$", "host": "$(KUBERNETES_SERVICE_HOST)", "open": "$(unclosed"}
     env = [{"name": "OUT", "value": "/data/$(POD_NAME)"}]
-    job = build(task={"builtin": "gpt", "args": args}, template={"env": env})
+    job = build(task={"module": "my_pkg.train:make_task", "args": args}, template={"env": env})
     kubelet = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "POD_NAME": "gpt-a2-0"}
     handed = expanded(_env(job)["MPJOB_LAUNCH"]["value"], kubelet)
     assert AttemptLaunch.model_validate_json(handed).spec.task.args == args

@@ -22,13 +22,18 @@ LONG = 300_000
         ({"precision": {"keepFp32": ["x-" * LONG]}}, "invalid spec: spec.precision.keepFp32"),
         ({"b" * LONG: 1}, "invalid spec: spec.bbbb"),
         ({"task": {"builtin": "gpt", "args": {"a" * LONG: [[[[1]]]]}}}, "invalid spec: spec.task.args.aaaa"),
+        # A builtin's argument the trainer would refuse at start, as validate refuses it.
+        (
+            {"task": {"builtin": "mlp", "args": {"stepDelay": 0.05}}},
+            "invalid spec: spec.task.args.stepDelay: expected {fp32|bf16|fp16: seconds",
+        ),
         # A rule over the whole spec names its field below spec, once.
         (
             {"workers": 2, "elastic": {"minWorkers": 3}},
             "invalid spec: spec.elastic.minWorkers: elastic.minWorkers must be",
         ),
     ],
-    ids=["refused-value", "unknown-field", "deep-argument", "spec-wide-rule"],
+    ids=["refused-value", "unknown-field", "deep-argument", "builtin-argument", "spec-wide-rule"],
 )
 def test_an_invalid_spec_fails_the_job_with_a_bounded_message(spec: dict[str, Any], starts: str) -> None:
     cluster = FakeCluster()

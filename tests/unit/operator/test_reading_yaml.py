@@ -44,7 +44,8 @@ def test_what_yaml_made_of_an_unquoted_word_is_said(spec: str, field: str, needl
 
 def test_numbers_with_an_exponent_are_numbers_as_kubectl_reads_them() -> None:
     """YAML 1.1 wants a dot and a signed exponent; kubectl does not, nor does mpjob (run, validate)."""
-    (job,), _ = check_text(HEAD.replace("{builtin: gpt}", "{builtin: gpt, args: {lr: 1e-3, steps: 3e5, s: '1e-3'}}"))
+    task = "{module: my_pkg.train:make_task, args: {lr: 1e-3, steps: 3e5, s: '1e-3'}}"
+    (job,), _ = check_text(HEAD.replace("{builtin: gpt}", task))
     assert job.spec.task.args == {"lr": 0.001, "steps": 300000.0, "s": "1e-3"}
 
 
@@ -54,7 +55,7 @@ def test_dates_are_strings_as_kubectl_reads_them() -> None:
     reached the trainers rewritten."""
     meta = "metadata: {name: j, labels: {release: 2024-05-01}, annotations: {at: 2001-12-14t21:59:43.10-05:00}}"
     text = HEAD.replace("metadata: {name: j}", meta).replace(
-        "{builtin: gpt}", "{builtin: gpt, args: {since: 2024-05-01}}"
+        "{builtin: gpt}", "{module: my_pkg.train:make_task, args: {since: 2024-05-01}}"
     )
     (job,), problems = check_text(text)
     assert problems == [] and job.metadata.labels == {"release": "2024-05-01"}
@@ -66,7 +67,7 @@ def test_times_of_day_are_strings_as_kubectl_reads_them() -> None:
     """YAML 1.1's base-60 numbers (12:30 was 750, 1:30:00.5 was 5400.5) are no numbers to kubectl's reader."""
     meta = "metadata: {name: j, annotations: {window: 10:30}}"
     text = HEAD.replace("metadata: {name: j}", meta).replace(
-        "{builtin: gpt}", "{builtin: gpt, args: {at: 12:30, t: 1:30:00.5}}"
+        "{builtin: gpt}", "{module: my_pkg.train:make_task, args: {at: 12:30, t: 1:30:00.5}}"
     )
     (job,), problems = check_text(text)
     assert problems == [] and job.metadata.annotations == {"window": "10:30"}

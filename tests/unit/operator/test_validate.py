@@ -16,7 +16,7 @@ from mpjob.crd import crd_yaml
 from mpjob.localrun.cli import load_job
 from mpjob.validation import MAX_DEPTH, MAX_MANIFEST_BYTES, InvalidManifest, check_document, check_text
 from mpjob_contract.api import MAX_TASK_ARG_DEPTH, MAX_TASK_ARGS
-from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, bad, nested, nested_json
+from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, bad, nested, nested_json, with_args
 from tests.unit.operator.test_rules import crd_schema
 
 pytestmark = pytest.mark.unit
@@ -188,7 +188,7 @@ def test_task_args_cap_is_one_constant_in_the_model_and_the_crd() -> None:
 
 
 def test_task_args_as_deep_as_allowed_validate_and_keep_their_values() -> None:
-    jobs, problems = check_text(yaml.safe_dump(bad("spec.task.args", DEEPEST_TASK_ARGS)))
+    jobs, problems = check_text(yaml.safe_dump(with_args(DEEPEST_TASK_ARGS)))
     assert jobs and not problems, [str(p) for p in problems]
     assert jobs[0].spec.task.args == DEEPEST_TASK_ARGS
 

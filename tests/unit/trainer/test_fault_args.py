@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from mpjob_contract.builtin_args import BadTaskArg, poisoned_indices, step_delays
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch, contract_version
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session.attempt import read_launch
-from mpjob_trainer.tasks.faults import poisoned_indices, step_delays
 from tests.unit.trainer.conftest import run_trainer, spec
 
 pytestmark = pytest.mark.unit
@@ -22,13 +22,13 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.mark.parametrize("value", ["some", [1, 99], [-1], [1.5]])
 def test_non_finite_samples_names_the_field_and_the_range(value: object) -> None:
-    with pytest.raises(ConfigError, match=r"task\.args\.nonFiniteSamples: expected \"all\" or a list of sample"):
+    with pytest.raises(BadTaskArg, match=r"task\.args\.nonFiniteSamples: expected \"all\" or a list of sample"):
         poisoned_indices(value, 10)
 
 
 @pytest.mark.parametrize("value", [{"fp8": 0.1}, {"fp32": -1}, {"bf16": 61}, [0.1]])
 def test_step_delay_names_the_field_and_what_is_allowed(value: object) -> None:
-    with pytest.raises(ConfigError, match=r"task\.args\.stepDelay: expected \{fp32\|bf16\|fp16: seconds"):
+    with pytest.raises(BadTaskArg, match=r"task\.args\.stepDelay: expected \{fp32\|bf16\|fp16: seconds"):
         step_delays(value)
 
 

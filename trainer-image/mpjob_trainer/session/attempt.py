@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
+from mpjob_contract import k8s
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, contract_version
 from mpjob_trainer.errors import ConfigError
 
@@ -36,8 +38,18 @@ def read_launch(source: LaunchSource = None) -> AttemptLaunch:
     try:
         return AttemptLaunch.model_validate_json(text)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(said for e in exc.errors() for said in _said(e))
         raise ConfigError(f"invalid attempt description: {problems}{_other_release(text)}") from exc
+
+
+def _said(error: ErrorDetails) -> list[str]:
+    """One validation error as `field: what is wrong`; a schema check's violations each at its own field
+    (spec.task.args.stepDelay: ..., as `mpjob validate` names it)."""
+    where = ".".join(str(p) for p in error["loc"])
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, k8s.SchemaViolations):
+        return [f"{where}.{field}: {why}" for field, why in cause.violations]
+    return [f"{where}: {error['msg']}"]
 
 
 def _other_release(text: str) -> str:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from mpjob_contract import builtin_args
 from mpjob_contract.api import Task as TaskSpec
 from mpjob_trainer.errors import ConfigError
 
@@ -97,21 +98,11 @@ def load_task(spec: TaskSpec) -> Task:
     return task
 
 
-def arg(args: dict[str, Any], name: str, default: Any, kind: type) -> Any:
-    """Read one factory argument, naming it when it has the wrong type."""
-    value = args.get(name, default)
-    if value is None:
-        return None
+def task_args(builtin: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A builtin workload's args, checked by the contract's one reading of them (as `mpjob validate`
+    and the operator check them), a bad one a ConfigError naming its field."""
     try:
-        return kind(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"task.args.{name}: expected {kind.__name__}, got {value!r}") from exc
-
-
-def check_args(args: dict[str, Any], known: set[str], task: str) -> None:
-    unknown = sorted(set(args) - known)
-    if unknown:
-        raise ConfigError(
-            f"task.args: unknown argument(s) {', '.join(unknown)} for builtin {task}; "
-            f"allowed: {', '.join(sorted(known))}"
-        )
+        builtin_args.check(builtin, args)
+    except builtin_args.BadTaskArg as exc:
+        raise ConfigError(str(exc)) from exc
+    return args

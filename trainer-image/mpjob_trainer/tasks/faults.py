@@ -40,19 +40,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from mpjob_contract import builtin_args
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.tasks.blowup import StepSwitched
-
-
-def poisoned_indices(value: Any, size: int) -> set[int] | None:
-    """task.args.nonFiniteSamples as a set of sample indices (None: no poisoning)."""
-    if value is None:
-        return None
-    if value == "all":
-        return set(range(size))
-    if not isinstance(value, list) or not all(isinstance(i, int) and 0 <= i < size for i in value):
-        raise ConfigError(f'task.args.nonFiniteSamples: expected "all" or a list of sample indices in [0, {size})')
-    return set(value)
 
 
 class PoisonedSamples(Dataset[Any]):
@@ -87,18 +77,12 @@ class BatchScale:
 
 
 def batch_scale(value: Any) -> BatchScale:
-    """task.args.batchScale (none: targets as they are)."""
-    if value is None:
-        return BatchScale(None, 0, 1.0)
-    usage = "task.args.batchScale: expected {atStep: step, steps: n >= 1 (default 3), factor: f > 0 (default 1000)}"
-    if not isinstance(value, dict) or set(value) - {"atStep", "steps", "factor"}:
-        raise ConfigError(usage)
-    at, steps, factor = value.get("atStep"), value.get("steps", 3), value.get("factor", 1000.0)
-    if not isinstance(at, int) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(usage)
-    if not isinstance(factor, int | float) or factor <= 0:
-        raise ConfigError(usage)
-    return BatchScale(at, steps, float(factor))
+    """task.args.batchScale (none: targets as they are), read by the contract's rule."""
+    try:
+        scale = builtin_args.batch_scale(value)
+    except builtin_args.BadTaskArg as exc:
+        raise ConfigError(str(exc)) from exc
+    return BatchScale(scale.at, scale.steps, scale.factor)
 
 
 class MemoryCeiling(nn.Module):
@@ -137,17 +121,6 @@ class PrecisionDelay(nn.Module):
         if self.delays.get(precision):
             time.sleep(self.delays[precision])
         return x
-
-
-def step_delays(value: Any) -> dict[str, float]:
-    """task.args.stepDelay as {precision: seconds}."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-        k in ("fp32", "bf16", "fp16") and isinstance(v, int | float) and 0 <= v <= 60 for k, v in value.items()
-    ):
-        raise ConfigError("task.args.stepDelay: expected {fp32|bf16|fp16: seconds between 0 and 60}")
-    return {k: float(v) for k, v in value.items()}
 
 
 class Cancellation(nn.Module):

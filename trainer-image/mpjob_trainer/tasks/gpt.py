@@ -14,7 +14,6 @@ One readable file in the spirit of nanoGPT. Args (camelCase, all optional):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,13 +21,11 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from mpjob_trainer.errors import ConfigError
-from mpjob_trainer.tasks import Task, arg, check_args
+from mpjob_contract.builtin_args import GptShape, arg, gpt_data, gpt_shape, step_delays
+from mpjob_trainer.tasks import Task, task_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
 from mpjob_trainer.tasks.corpus import corpus
-from mpjob_trainer.tasks.faults import PrecisionDelay, step_delays
-
-BYTE_VOCAB = 256  # the text data's ids are bytes
+from mpjob_trainer.tasks.faults import PrecisionDelay
 
 
 class CausalSelfAttention(nn.Module):
@@ -72,18 +69,8 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    n_layer: int = 2
-    n_head: int = 2
-    n_embd: int = 64
-    block_size: int = 64
-    vocab_size: int = BYTE_VOCAB
-    dropout: float = 0.0
-
-
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig, blowup: ActivationBlowUp, delay: PrecisionDelay | None = None) -> None:
+    def __init__(self, config: GptShape, blowup: ActivationBlowUp, delay: PrecisionDelay | None = None) -> None:
         super().__init__()
         self.config = config
         self.delay = delay or PrecisionDelay({})  # no parameters: the state dict is the same either way
@@ -170,72 +157,25 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
-KNOWN = {
-    "nLayer",
-    "nHead",
-    "nEmbd",
-    "blockSize",
-    "vocabSize",
-    "dropout",
-    "data",
-    "corpusBytes",
-    "samples",
-    "overflowAtStep",
-    "overflowGain",
-    "overflowUntilStep",
-    "stepDelay",
-}
-DATA_KINDS = ("text", "random")
 #: Seeds of the synthetic data: the same bytes or tokens in every run, process and attempt.
 TRAIN_SEED, EVAL_SEED = 1234, 4321
 
 
-def gpt_config(args: dict[str, Any]) -> GPTConfig:
-    """The model's shape from task.args; a bad value names its field and what is allowed."""
-    c = GPTConfig(
-        n_layer=arg(args, "nLayer", 2, int),
-        n_head=arg(args, "nHead", 2, int),
-        n_embd=arg(args, "nEmbd", 64, int),
-        block_size=arg(args, "blockSize", 64, int),
-        vocab_size=arg(args, "vocabSize", BYTE_VOCAB, int),
-        dropout=arg(args, "dropout", 0.0, float),
-    )
-    if c.n_layer < 1 or c.n_head < 1 or c.n_embd < 1 or c.block_size < 2:
-        raise ConfigError("task.args: nLayer, nHead, nEmbd must be >= 1 and blockSize >= 2")
-    if c.n_embd % c.n_head:
-        raise ConfigError(f"task.args.nEmbd ({c.n_embd}) must be a multiple of nHead ({c.n_head})")
-    if c.vocab_size < BYTE_VOCAB:
-        raise ConfigError(
-            f"task.args.vocabSize: expected an integer >= {BYTE_VOCAB} (the text data's byte ids), got {c.vocab_size}"
-        )
-    return c
-
-
-def datasets(args: dict[str, Any], c: GPTConfig) -> tuple[Dataset[Any], Dataset[Any]]:
+def datasets(args: dict[str, Any], c: GptShape) -> tuple[Dataset[Any], Dataset[Any]]:
     """(training set, evaluation set) of task.args.data: the byte-level text corpus, or
     uniformly random token ids over the whole vocabulary (`samples` windows)."""
-    kind = args.get("data", "text")
-    if kind not in DATA_KINDS:
-        raise ConfigError(f'task.args.data: expected "text" or "random", got {kind!r}')
-    if kind == "text":
-        if "samples" in args:
-            raise ConfigError('task.args.samples: only with data: "random" (text windows come from corpusBytes)')
-        train: Dataset[Any] = ByteWindows(corpus(arg(args, "corpusBytes", 200_000, int)), c.block_size)
+    data = gpt_data(args)
+    if data.kind == "text":
+        train: Dataset[Any] = ByteWindows(corpus(data.corpus_bytes), c.block_size)
         # Held-out text from the same grammar (another seed): byte ids, valid for any vocabSize.
         held_out = ByteWindows(corpus(max(4 * (c.block_size + 1), 20_000), seed=EVAL_SEED), c.block_size)
         return train, held_out
-    if "corpusBytes" in args:
-        raise ConfigError('task.args.corpusBytes: only with data: "text" (random data is sized by samples)')
-    count = arg(args, "samples", 1024, int)
-    if count < 1:
-        raise ConfigError(f"task.args.samples: expected an integer >= 1, got {count}")
-    train = RandomTokens(count, c.block_size, c.vocab_size, TRAIN_SEED)
+    train = RandomTokens(data.samples, c.block_size, c.vocab_size, TRAIN_SEED)
     return train, RandomTokens(64, c.block_size, c.vocab_size, EVAL_SEED)
 
 
 def make_task(args: dict[str, Any]) -> Task:
-    check_args(args, KNOWN, "gpt")
-    config = gpt_config(args)
+    config = gpt_shape(task_args("gpt", args))
     blowup = ActivationBlowUp(
         arg(args, "overflowAtStep", None, int),
         arg(args, "overflowGain", 1e6, float),

@@ -16,7 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-from mpjob_trainer.tasks import Task, arg, check_args
+from mpjob_contract.builtin_args import arg, mlp_shape, poisoned_indices, step_delays
+from mpjob_trainer.tasks import Task, task_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
 from mpjob_trainer.tasks.faults import (
     BatchScale,
@@ -26,39 +27,12 @@ from mpjob_trainer.tasks.faults import (
     PoisonedSamples,
     PrecisionDelay,
     batch_scale,
-    poisoned_indices,
-    step_delays,
 )
-
-KNOWN = {
-    "inputs",
-    "hidden",
-    "layers",
-    "samples",
-    "overflowAtStep",
-    "overflowGain",
-    "overflowUntilStep",
-    "nonFiniteSamples",
-    "batchScale",
-    "outOfMemoryAbove",
-    "outOfMemoryFromStep",
-    "stepDelay",
-    "cancellationOffset",
-    "fp8OutlierAtStep",
-    "fp8OutlierUntilStep",
-    "evalSamples",
-}
 
 
 def make_task(args: dict[str, Any]) -> Task:
-    check_args(args, KNOWN, "mlp")
-    inputs = arg(args, "inputs", 32, int)
-    hidden = arg(args, "hidden", 64, int)
-    layers = arg(args, "layers", 2, int)
-    samples = arg(args, "samples", 4096, int)
-    held_out = arg(args, "evalSamples", 256, int)
-    if min(inputs, hidden, layers, samples, held_out) < 1:
-        raise ValueError("task.args: inputs, hidden, layers, samples and evalSamples must be >= 1")
+    shape = mlp_shape(task_args("mlp", args))
+    inputs, samples = shape.inputs, shape.samples
     gen = torch.Generator().manual_seed(4321)
     x = torch.randn(samples, inputs, generator=gen)
     w = torch.randn(inputs, 1, generator=gen) / inputs**0.5
@@ -66,14 +40,15 @@ def make_task(args: dict[str, Any]) -> Task:
     poisoned = poisoned_indices(args.get("nonFiniteSamples"), samples)
     if poisoned:
         dataset = PoisonedSamples(dataset, poisoned)
-    model, blowup, outlier = _model(args, inputs, hidden, layers)
+    model, blowup, outlier = _model(args, inputs, shape.hidden, shape.layers)
     ceiling = next(m for m in model.modules() if isinstance(m, MemoryCeiling))
     spike = batch_scale(args.get("batchScale"))
+    held_out = torch.Generator().manual_seed(8642)
     n_params = sum(p.numel() for p in model.parameters())
     return Task(
         model=model,
         dataset=dataset,
-        eval_dataset=_regression(torch.randn(held_out, inputs, generator=torch.Generator().manual_seed(8642)), w),
+        eval_dataset=_regression(torch.randn(shape.eval_samples, inputs, generator=held_out), w),
         loss=lambda out, target: F.mse_loss(out.float(), spike(target)),
         flops_per_sample=float(6 * n_params),
         set_step=_stepped(blowup, outlier, spike, ceiling),

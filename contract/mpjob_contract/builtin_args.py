@@ -1,0 +1,217 @@
+"""The built-in workloads' task.args (`gpt`, `mlp`): their names, types and bounds, read once.
+
+The trainer builds its workloads from what these functions return (mpjob_trainer.tasks), and
+the spec model (`spec.Task`) runs `check` on a builtin task's args, so `mpjob validate`, `mpjob
+run` and the operator refuse what the trainer would refuse at start, with the same words, and
+take everything it takes. No torch here: the operator imports this module too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: The text data's ids are bytes: the smallest vocabulary a gpt task may have.
+BYTE_VOCAB = 256
+#: What task.args.data of a gpt task may be.
+GPT_DATA_KINDS = ("text", "random")
+#: Precisions task.args.stepDelay may slow down, and its largest delay (seconds per forward pass).
+DELAYED_PRECISIONS = ("fp32", "bf16", "fp16")
+MAX_STEP_DELAY = 60
+_FAULTS = {"overflowAtStep", "overflowGain", "overflowUntilStep", "stepDelay"}
+KNOWN: dict[str, frozenset[str]] = {
+    "gpt": frozenset(
+        {"nLayer", "nHead", "nEmbd", "blockSize", "vocabSize", "dropout", "data", "corpusBytes", "samples"} | _FAULTS
+    ),
+    "mlp": frozenset(
+        {"inputs", "hidden", "layers", "samples", "evalSamples", "nonFiniteSamples", "batchScale"}
+        | {"outOfMemoryAbove", "outOfMemoryFromStep", "cancellationOffset", "fp8OutlierAtStep", "fp8OutlierUntilStep"}
+        | _FAULTS
+    ),
+}
+
+
+class BadTaskArg(ValueError):
+    """A builtin task's argument the workload cannot take: `field` (below task.args) and why."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"task.args.{field}: {why}" if field else f"task.args: {why}")
+        self.field, self.why = field, why
+
+
+def arg(args: dict[str, Any], name: str, default: Any, kind: type) -> Any:
+    """One argument converted to `kind` (None: not set and no default), naming it when it cannot be."""
+    value = args.get(name, default)
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise BadTaskArg(name, f"expected {kind.__name__}, got {value!r}") from exc
+
+
+def check_known(args: dict[str, Any], builtin: str) -> None:
+    """Refuse an argument the workload does not know, naming those it does."""
+    known = KNOWN[builtin]
+    if unknown := sorted(set(args) - known):
+        raise BadTaskArg(
+            "", f"unknown argument(s) {', '.join(unknown)} for builtin {builtin}; allowed: {', '.join(sorted(known))}"
+        )
+
+
+def poisoned_indices(value: Any, size: int) -> set[int] | None:
+    """task.args.nonFiniteSamples as a set of sample indices (None: no poisoning)."""
+    if value is None:
+        return None
+    if value == "all":
+        return set(range(size))
+    if not isinstance(value, list) or not all(isinstance(i, int) and 0 <= i < size for i in value):
+        raise BadTaskArg("nonFiniteSamples", f'expected "all" or a list of sample indices in [0, {size})')
+    return set(value)
+
+
+@dataclass(frozen=True)
+class BatchScaleArgs:
+    """task.args.batchScale: targets x factor at optimizer steps [at, at + steps)."""
+
+    at: int | None = None
+    steps: int = 0
+    factor: float = 1.0
+
+
+def batch_scale(value: Any) -> BatchScaleArgs:
+    """task.args.batchScale (none: targets as they are)."""
+    if value is None:
+        return BatchScaleArgs()
+    bad = BadTaskArg("batchScale", "expected {atStep: step, steps: n >= 1 (default 3), factor: f > 0 (default 1000)}")
+    if not isinstance(value, dict) or set(value) - {"atStep", "steps", "factor"}:
+        raise bad
+    at, steps, factor = value.get("atStep"), value.get("steps", 3), value.get("factor", 1000.0)
+    if not isinstance(at, int) or not isinstance(steps, int) or steps < 1:
+        raise bad
+    if not isinstance(factor, int | float) or factor <= 0:
+        raise bad
+    return BatchScaleArgs(at, steps, float(factor))
+
+
+def step_delays(value: Any) -> dict[str, float]:
+    """task.args.stepDelay as {precision: seconds}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        k in DELAYED_PRECISIONS and isinstance(v, int | float) and 0 <= v <= MAX_STEP_DELAY for k, v in value.items()
+    ):
+        allowed = "|".join(DELAYED_PRECISIONS)
+        raise BadTaskArg("stepDelay", f"expected {{{allowed}: seconds between 0 and {MAX_STEP_DELAY}}}, got {value!r}")
+    return {k: float(v) for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class GptShape:
+    """The gpt model's shape (task.args nLayer, nHead, nEmbd, blockSize, vocabSize, dropout)."""
+
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64
+    block_size: int = 64
+    vocab_size: int = BYTE_VOCAB
+    dropout: float = 0.0
+
+
+def gpt_shape(args: dict[str, Any]) -> GptShape:
+    """The gpt model's shape from task.args; a bad value names its field and what is allowed."""
+    c = GptShape(
+        n_layer=arg(args, "nLayer", 2, int),
+        n_head=arg(args, "nHead", 2, int),
+        n_embd=arg(args, "nEmbd", 64, int),
+        block_size=arg(args, "blockSize", 64, int),
+        vocab_size=arg(args, "vocabSize", BYTE_VOCAB, int),
+        dropout=arg(args, "dropout", 0.0, float),
+    )
+    if c.n_layer < 1 or c.n_head < 1 or c.n_embd < 1 or c.block_size < 2:
+        raise BadTaskArg("", "nLayer, nHead, nEmbd must be >= 1 and blockSize >= 2")
+    if c.n_embd % c.n_head:
+        raise BadTaskArg("nEmbd", f"({c.n_embd}) must be a multiple of nHead ({c.n_head})")
+    if c.vocab_size < BYTE_VOCAB:
+        raise BadTaskArg(
+            "vocabSize", f"expected an integer >= {BYTE_VOCAB} (the text data's byte ids), got {c.vocab_size}"
+        )
+    return c
+
+
+@dataclass(frozen=True)
+class GptData:
+    """The gpt task's training data: `text` (corpus_bytes of it) or `random` (samples windows)."""
+
+    kind: str
+    corpus_bytes: int = 200_000
+    samples: int = 1024
+
+
+def gpt_data(args: dict[str, Any]) -> GptData:
+    """task.args.data and its size (corpusBytes for text, samples for random), each only with its kind."""
+    kind = args.get("data", "text")
+    if kind not in GPT_DATA_KINDS:
+        raise BadTaskArg("data", f'expected "text" or "random", got {kind!r}')
+    if kind == "text":
+        if "samples" in args:
+            raise BadTaskArg("samples", 'only with data: "random" (text windows come from corpusBytes)')
+        return GptData(kind, corpus_bytes=arg(args, "corpusBytes", 200_000, int))
+    if "corpusBytes" in args:
+        raise BadTaskArg("corpusBytes", 'only with data: "text" (random data is sized by samples)')
+    count = arg(args, "samples", 1024, int)
+    if count < 1:
+        raise BadTaskArg("samples", f"expected an integer >= 1, got {count}")
+    return GptData(kind, samples=count)
+
+
+@dataclass(frozen=True)
+class MlpShape:
+    """The mlp task's sizes (task.args inputs, hidden, layers, samples, evalSamples)."""
+
+    inputs: int
+    hidden: int
+    layers: int
+    samples: int
+    eval_samples: int
+
+
+def mlp_shape(args: dict[str, Any]) -> MlpShape:
+    """The mlp task's sizes from task.args, each at least 1."""
+    shape = MlpShape(
+        inputs=arg(args, "inputs", 32, int),
+        hidden=arg(args, "hidden", 64, int),
+        layers=arg(args, "layers", 2, int),
+        samples=arg(args, "samples", 4096, int),
+        eval_samples=arg(args, "evalSamples", 256, int),
+    )
+    if min(shape.inputs, shape.hidden, shape.layers, shape.samples, shape.eval_samples) < 1:
+        raise BadTaskArg("", "inputs, hidden, layers, samples and evalSamples must be >= 1")
+    return shape
+
+
+#: Plain numeric arguments of each workload and their types (read where the workload builds its faults).
+_NUMBERS = {
+    "overflowAtStep": int,
+    "overflowGain": float,
+    "overflowUntilStep": int,
+    "outOfMemoryAbove": int,
+    "outOfMemoryFromStep": int,
+    "cancellationOffset": float,
+    "fp8OutlierAtStep": int,
+    "fp8OutlierUntilStep": int,
+}
+
+
+def check(builtin: str, args: dict[str, Any]) -> None:
+    """Everything the builtin workload reads from its task.args, read as it reads them (BadTaskArg)."""
+    check_known(args, builtin)
+    for name in set(_NUMBERS) & set(args):
+        arg(args, name, None, _NUMBERS[name])
+    step_delays(args.get("stepDelay"))
+    if builtin == "gpt":
+        gpt_shape(args)
+        gpt_data(args)
+        return
+    poisoned_indices(args.get("nonFiniteSamples"), mlp_shape(args).samples)
+    batch_scale(args.get("batchScale"))

@@ -1,0 +1,71 @@
+"""A builtin task's args are checked where the spec is (`mpjob validate`, `mpjob run`, the
+operator) by the functions the trainer builds the workload with: what would end a job a
+ConfigError at start is refused first, naming spec.task.args.<field> and what is allowed, and
+what the trainer takes passes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.validation import check_text
+from mpjob_contract import builtin_args
+from tests.unit.operator.cases import bad, with_args
+
+pytestmark = pytest.mark.unit
+
+
+def said(task: dict[str, Any]) -> list[str]:
+    return [str(p) for p in check_text(yaml.safe_dump(bad("spec.task", task)), "job.yaml")[1]]
+
+
+def test_a_step_delay_without_its_precision_is_refused_naming_the_field_and_the_form() -> None:
+    assert said({"builtin": "mlp", "args": {"stepDelay": 0.05}}) == [
+        "job.yaml: spec.task.args.stepDelay: expected {fp32|bf16|fp16: seconds between 0 and 60}, got 0.05"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("builtin", "args", "field"),
+    [
+        ("gpt", {"stepDelay": {"fp8": 0.1}}, "stepDelay"),
+        ("gpt", {"vocabSize": 100}, "vocabSize"),
+        ("gpt", {"nEmbd": 30, "nHead": 4}, "nEmbd"),
+        ("gpt", {"data": "books"}, "data"),
+        ("gpt", {"samples": 10}, "samples"),
+        ("gpt", {"nLayer": "deep"}, "nLayer"),
+        ("mlp", {"nonFiniteSamples": [5000]}, "nonFiniteSamples"),
+        ("mlp", {"samples": 8, "nonFiniteSamples": [8]}, "nonFiniteSamples"),
+        ("mlp", {"batchScale": {"atStep": "x"}}, "batchScale"),
+        ("mlp", {"overflowAtStep": "soon"}, "overflowAtStep"),
+        ("mlp", {"hidden": 0}, ""),
+        ("mlp", {"nLayer": 2}, ""),
+    ],
+)
+def test_a_bad_builtin_argument_is_refused_with_the_words_the_trainer_ends_it_with(
+    builtin: str, args: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(builtin_args.BadTaskArg) as trainer_reads:
+        builtin_args.check(builtin, args)
+    where = "spec.task.args" + (f".{field}" if field else "")
+    assert said({"builtin": builtin, "args": args}) == [f"job.yaml: {where}: {trainer_reads.value.why}"]
+
+
+@pytest.mark.parametrize(
+    ("builtin", "args"),
+    [
+        ("mlp", {"stepDelay": {"bf16": 0.05, "fp32": 0}, "nonFiniteSamples": "all", "batchScale": {"atStep": 3}}),
+        ("mlp", {"samples": "64", "hidden": 16.0, "overflowGain": 1e4, "cancellationOffset": 1000}),
+        ("gpt", {"nLayer": 1, "nHead": 2, "nEmbd": 16, "data": "random", "samples": 30, "vocabSize": 50304}),
+        ("gpt", {"corpusBytes": 5000, "dropout": 0.1, "stepDelay": {"fp16": 60}}),
+    ],
+)
+def test_arguments_the_trainer_takes_pass(builtin: str, args: dict[str, Any]) -> None:
+    assert said({"builtin": builtin, "args": args}) == []
+
+
+def test_a_factory_keeps_its_free_form_args() -> None:
+    """Only the builtins' args are known: a factory's (task.module) are its own."""
+    assert check_text(yaml.safe_dump(with_args({"stepDelay": 0.05, "anything": [1]})))[1] == []
