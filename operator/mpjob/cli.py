@@ -10,6 +10,7 @@ from pathlib import Path
 def _validate(argv: list[str]) -> int:
     from mpjob.kinds import Skipped, listed_items
     from mpjob.validation import InvalidManifest, check_document, check_text, read_manifest
+    from mpjob_contract.rule_warnings import warning_lines
 
     parser = argparse.ArgumentParser(
         prog="mpjob validate",
@@ -34,6 +35,8 @@ def _validate(argv: list[str]) -> int:
             print(note)
         for problem in problems:
             print(problem)
+        for line in (line for job in jobs for line in warning_lines(job.spec, path)):
+            print(line)  # a rule that never applies: the job still runs (mpjob_contract.rule_warnings)
         found += len(jobs)
         if problems:
             failed = True
