@@ -82,9 +82,13 @@ class StepSampler:
             out.append(int(self._permutation(k // self.size)[k % self.size]))
         return self.quarantine.keep(out) if len(self.quarantine) else out
 
+    def micro_sizes(self, step: int) -> list[int]:
+        """The samples of each micro-batch of step `step` that still holds any, in order."""
+        return [size for micro in range(self.accumulation) if (size := len(self.indices(step, micro)))]
+
     def micro_count(self, step: int) -> int:
         """Micro-batches of step `step` that still hold samples."""
-        return sum(1 for micro in range(self.accumulation) if self.indices(step, micro))
+        return len(self.micro_sizes(step))
 
     def step_indices(self, step: int) -> list[int]:
         """This rank's samples of optimizer step `step`, micro-batch by micro-batch."""

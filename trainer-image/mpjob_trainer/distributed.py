@@ -93,6 +93,16 @@ def all_reduce_max(tensor: torch.Tensor, world: World) -> torch.Tensor:
     return tensor
 
 
+def all_gather_rows(row: torch.Tensor, world: World) -> torch.Tensor:
+    """Every rank's `row` (a 1-d tensor), one row per rank in rank order, in one collective: for
+    figures some reduce by max and others sum (the guard's read, mpjob_trainer.guard)."""
+    if not world.distributed:
+        return row.unsqueeze(0)
+    flat = torch.empty(world.size * row.numel(), dtype=row.dtype, device=row.device)
+    dist.all_gather_into_tensor(flat, row.contiguous())  # gloo takes a flat output only
+    return flat.view(world.size, row.numel())
+
+
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()

@@ -9,8 +9,9 @@ State machine and invariants:
   count is identical on all ranks.
 - `non_finite` counts steps whose loss was NaN/Inf. It lives on the device (accumulated with
   tensor ops, no sync) and is read by `read()`, then the loss scale, once per log interval:
-  that is the guard's one deliberate sync point, shared with the log line. Ranks all-reduce
-  it (max) there, so they decide at the same step.
+  that is the guard's one deliberate sync point, shared with the log line. Ranks gather it
+  there (and take the max), so they decide at the same step. The loss the interval reports
+  rides in the same gather: the job's, every rank's weighed by its samples (`job_loss`).
 - Messages say what happened when, in 1-based step numbers like the log lines: the first
   faulting step, the step the guard noticed it at and, for the counters read at intervals,
   the previous read (the interval the fault lay in). The first non-finite loss since the last
@@ -40,8 +41,9 @@ import torch
 
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.faults import GuardRule
-from mpjob_trainer.distributed import World, all_reduce_max
+from mpjob_trainer.distributed import World, all_gather_rows, all_reduce_max
 from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.job_loss import job_loss, loss_share
 from mpjob_trainer.spike import SpikeDetector
 
 #: Rules whose trouble is tied to the steps it happened at: a fp32 replay of those steps tells
@@ -62,6 +64,9 @@ class GuardReading:
     spikes: range | None = None
     #: The attempt's first non-finite loss (1-based step, earliest over the ranks), if any.
     first_non_finite: int | None = None
+    #: The job's loss at the last step: the mean of the ranks' reported losses, each weighed by
+    #: its samples (non-finite when any rank's is); None when no rank reported one.
+    loss: float | None = None
 
 
 class NumericGuard:
@@ -156,11 +161,16 @@ class NumericGuard:
 
     # -- at log intervals: the one sync point -------------------------------------------
     def read(
-        self, scaler: torch.amp.GradScaler | None, flag: float = 0.0, reported: torch.Tensor | float | None = None
+        self,
+        scaler: torch.amp.GradScaler | None,
+        flag: float = 0.0,
+        reported: torch.Tensor | float | None = None,
+        weight: float = 1.0,
     ) -> GuardReading:
         """The interval's one wait for the device: the non-finite counts, `flag` and whether the
-        state is fit to keep (`healthy`; `reported`: the loss this rank reports), all-reduced
-        (max) in one tensor read. The loss scale is read after it with GradScaler's public
+        state is fit to keep (`healthy`; `reported`: the loss this rank reports, over `weight`
+        samples), gathered from every rank in one collective and one tensor read: the max of
+        each, and the job's loss (`job_loss`). The loss scale is read after it with GradScaler's public
         `get_scale()`, whose `.item()` then copies one number the finished steps have already
         computed (nothing is left queued to wait for); it needs no all-reduce, since every rank
         skips the same steps (see above) and so holds the same scale."""
@@ -173,7 +183,9 @@ class NumericGuard:
             self._unfit(reported),
             *(self.spike.values() if self.spike is not None else []),
         ]
-        packed = all_reduce_max(torch.stack(values), self.world).tolist()
+        rows = all_gather_rows(torch.cat([torch.stack(values), loss_share(reported, weight, self.device)]), self.world)
+        reduced = torch.cat([rows[:, :-2].amax(dim=0), rows[:, -2:].sum(dim=0)]).tolist()  # the one read
+        packed, loss = reduced[:-2], job_loss(reduced[-2:])
         self._non_finite_at_read = self._non_finite.clone()
         self.non_finite_losses = int(packed[0])
         self.new_non_finite, self.unfit = int(packed[3]), packed[4] > 0
@@ -182,7 +194,7 @@ class NumericGuard:
         self.previous_read_at, self.read_at = self.read_at, self._step_index
         scale = scaler.get_scale() if scaler is not None else None
         spikes = self.spike.agreed(packed[5:]) if self.spike is not None else None
-        return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite)
+        return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite, loss)
 
     def _when(self, first: int | None, step: int) -> str:
         """When a fault read at an interval happened: its first step, the read, the interval."""

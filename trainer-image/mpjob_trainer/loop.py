@@ -90,7 +90,7 @@ def train_once(run: Session) -> None:
             group["lr"] = learning_rate(run.applied_steps, tr.steps, tr.learning_rate, tr.warmup_steps)
         micro_batches = data.micro_batches(step)
         if micro_batches:  # else every sample of the step is quarantined: nothing to train on
-            forward_backward(run, net, task, micro_batches)
+            forward_backward(run, net, task, micro_batches, sampler.micro_sizes(step))
             run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
     def reshape(micro: int, accumulation: int) -> None:
@@ -153,12 +153,14 @@ def non_finite_alone(run: Session, model: nn.Module, task: Task, indices: list[i
     return bad
 
 
-def forward_backward(run: Session, net: nn.Module, task: Task, micro_batches: list[Any]) -> None:
-    """All micro-batches of one optimizer step; DDP all-reduces gradients on the last only."""
-    accumulation = len(micro_batches)
-    for micro, batch in enumerate(micro_batches):
+def forward_backward(run: Session, net: nn.Module, task: Task, micro_batches: list[Any], sizes: list[int]) -> None:
+    """All micro-batches of one optimizer step (`sizes`: their samples); DDP all-reduces gradients on
+    the last only. Each loss counts by its samples: the step's is the mean over this rank's samples
+    (1/accumulation each when the micro-batches are alike); the session weighs each rank's by them."""
+    accumulation, total = len(micro_batches), sum(sizes)
+    for micro, (batch, size) in enumerate(zip(micro_batches, sizes, strict=True)):
         inputs, targets = to_device(batch, run.device)
         with accumulating(net, last=micro == accumulation - 1):
             with run.autocast():
-                loss = task.loss(net(inputs), targets) / accumulation
-            run.backward(loss)
+                loss = task.loss(net(inputs), targets) / (total / size)
+            run.backward(loss, samples=size)

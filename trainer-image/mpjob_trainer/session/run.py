@@ -213,9 +213,9 @@ class Session(SetUpCalls):
         self._numerics.watch(optimizer)
 
     # ---------------------------------------------------------------- one step
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward through the (fp16: scaled) loss; the loss is kept on the device for the guard."""
-        self._numerics.backward(loss)
+    def backward(self, loss: torch.Tensor, *, samples: int | None = None) -> None:
+        """Backward through the (fp16: scaled) loss, kept for the guard; the `samples` it covers weigh it."""
+        self._numerics.backward(loss, samples)
 
     def step(self, optimizer: torch.optim.Optimizer, *, clip_norm: float | None = None) -> None:
         """Clip the true (unscaled) gradients, step unless they overflowed, zero them."""

@@ -58,14 +58,17 @@ class StepTally:
 
     def __init__(self) -> None:
         self.loss_sum: torch.Tensor | None = None  # the losses passed to backward() since the step began
-        self.reported: Number | None = None  # the loss the last closed step reported
+        self.samples = 0  # the samples backward() was told those losses cover
+        self.reported: Number | None = None  # the loss the last closed step reported (this rank's)
+        self.weight = 1.0  # the samples it covers: 1 when backward() was not told (every rank weighs alike)
         self.grad_norm: Number | None = None
         self.lr: Number | None = None
         self.stepped = False  # did the loop ask run.step() for an update since the step began?
 
-    def add_loss(self, loss: torch.Tensor) -> None:
+    def add_loss(self, loss: torch.Tensor, samples: int | None = None) -> None:
         detached = loss.detach().float()
         self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
+        self.samples += samples or 0
 
     def close(self, loss: Number | None) -> Number | None:
         """End the step: what it reports (`loss`, else the losses summed); returns what the
@@ -73,6 +76,7 @@ class StepTally:
         require_one_number(loss)
         reported = self.loss_sum if loss is None else loss
         self.reported = reported.detach() if isinstance(reported, torch.Tensor) else reported
+        self.weight = float(self.samples or 1)
         return self.loss_sum if self.loss_sum is not None else self.reported
 
     def stepped_elsewhere(self, *, lr: Number | None, grad_norm: Number | None) -> None:
@@ -96,6 +100,7 @@ class StepTally:
     def clear(self) -> None:
         """Forget the losses since the step began (a step the session runs itself begins)."""
         self.loss_sum = None
+        self.samples = 0
         self.stepped = False
 
     def finite_and_clear(self, *, grad_norm: bool) -> bool:
@@ -130,7 +135,7 @@ class AppliedSteps:
 
 @dataclass(frozen=True)
 class Read:
-    """An interval's numbers on the host (loss: what the last step reported)."""
+    """An interval's numbers on the host (loss: the job's at the last step, over every rank)."""
 
     guard: GuardReading
     loss: float | None
@@ -159,10 +164,15 @@ class StepNumerics:
         self.steps_elsewhere = True
         self.applied.watch(optimizer)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, samples: int | None = None) -> None:
+        if samples is not None and not (isinstance(samples, int) and samples > 0):
+            raise ConfigError(
+                f"backward(loss, samples={samples!r}): samples is how many samples the loss covers, "
+                "a positive integer, or None"
+            )
         scaler = self.precision.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        self.tally.add_loss(loss)
+        self.tally.add_loss(loss, samples)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -234,7 +244,9 @@ class StepNumerics:
         )
 
     def read(self, flag: float) -> Read:
-        """The interval's one sync point: the guard's counters and the loss scale, then the
-        loss and gradient norm, on the host."""
-        reading = self.guard.read(self.precision.scaler, flag=flag, reported=self.tally.reported)
-        return Read(reading, host_value(self.tally.reported), host_value(self.tally.grad_norm))
+        """The interval's one sync point: the guard's counters, the job's loss (every rank's, in
+        the same gather: mpjob_trainer.job_loss) and the loss scale, then the gradient norm, on
+        the host."""
+        tally = self.tally
+        reading = self.guard.read(self.precision.scaler, flag=flag, reported=tally.reported, weight=tally.weight)
+        return Read(reading, reading.loss, host_value(tally.grad_norm))
