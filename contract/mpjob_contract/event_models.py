@@ -94,7 +94,7 @@ class FreshStart(TrainerEvent):
 
 
 class Step(TrainerEvent):
-    """The figures of one log interval (rank 0)."""
+    """The figures of one log interval (rank 0's line; `loss` is the job's, the mean over every rank's samples)."""
 
     name = "step"
     step: int
