@@ -129,7 +129,7 @@ kind: MixedPrecisionJob
 metadata: {name: scalars}
 spec:
   task:
-    builtin: gpt
+    module: my_pkg.train:make_task
     args: {lr: 1e-3, eps: 1e-8, warmup: 3e2, decay: 1.5e3, half: .5, big: 1_000, hex: 0x1F, tag: "1e-3",
            answer: y, maybe: n}
   training: {learningRate: 6e-4}
@@ -140,7 +140,8 @@ def test_mpjob_reads_a_manifests_numbers_as_kubectl_does(
     kubeconfig: str, cluster_bin: Path, crd_installed: None, namespace: str, tmp_path: Path
 ) -> None:
     """`mpjob run` and `mpjob validate` read the scalars kubectl sends to the API server: 1e-3 is a
-    number to both (YAML 1.1 alone keeps it a string), so a task gets the same args locally."""
+    number to both (YAML 1.1 alone keeps it a string), so a task gets the same args locally (a
+    module task's: its args are its own, a builtin's are checked)."""
     path = tmp_path / "scalars.yaml"
     path.write_text(ARGS_AS_WRITTEN)
     kubectl = [str(cluster_bin / "kubectl"), "--kubeconfig", kubeconfig, "-n", namespace]
