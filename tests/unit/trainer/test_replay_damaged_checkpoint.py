@@ -17,7 +17,7 @@ from torch import nn
 
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
-from tests.unit.trainer.conftest import in_process_launch, parse, spec
+from tests.unit.trainer.conftest import in_process_launch, parse, spec, train_squares
 
 pytestmark = pytest.mark.unit
 
@@ -45,22 +45,16 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int, runs: int
         start = run.resume(model=model, optimizer=optimizer)
         ran: dict[int, int] = {}
 
-        def one_step(i: int) -> None:
+        def inputs(i: int) -> torch.Tensor:
             x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
             if i == BAD and i not in run.quarantined:  # sample i, the bad one, left out once skipped
                 x[0, 0] = math.nan
             ran[i] = ran.get(i, 0) + 1
             if i == BAD - 1 and ran[i] == runs:
                 _damage(tmp_path / "ckpt" / TENTH)
-            with run.autocast():
-                loss = model(x).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
+            return x
 
-        run.register_step(one_step, samples=lambda i: [i])
-        for i in range(start, run.total_steps):
-            one_step(i)
-            run.end_step(i + 1, samples=4)
+        train_squares(run, model, optimizer, start, inputs)
     return TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
-from tests.unit.trainer.conftest import in_process_launch, parse, spec
+from tests.unit.trainer.conftest import in_process_launch, parse, spec, train_squares
 
 pytestmark = pytest.mark.unit
 
@@ -53,20 +53,14 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: int) -> tuple
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         start = run.resume(model=model, optimizer=optimizer, flaky=flaky)
 
-        def one_step(i: int) -> None:
+        def inputs(i: int) -> torch.Tensor:
             began.setdefault(i, []).append(model.weight.detach().clone())
             x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
             if i == BAD:
                 x[0, 0], flaky.fails = math.nan, fails
-            with run.autocast():
-                loss = model(x).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
+            return x
 
-        run.register_step(one_step, samples=lambda i: [i])
-        for i in range(start, run.total_steps):
-            one_step(i)
-            run.end_step(i + 1, samples=4)
+        train_squares(run, model, optimizer, start, inputs)
     return began, TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
 
 
