@@ -120,13 +120,14 @@ class GptShape:
 
 def gpt_shape(args: dict[str, Any]) -> GptShape:
     """The gpt model's shape from task.args; a bad value names its field and what is allowed."""
+    d = GptShape()  # the defaults: one place
     c = GptShape(
-        n_layer=arg(args, "nLayer", 2, int),
-        n_head=arg(args, "nHead", 2, int),
-        n_embd=arg(args, "nEmbd", 64, int),
-        block_size=arg(args, "blockSize", 64, int),
-        vocab_size=arg(args, "vocabSize", BYTE_VOCAB, int),
-        dropout=arg(args, "dropout", 0.0, float),
+        n_layer=arg(args, "nLayer", d.n_layer, int),
+        n_head=arg(args, "nHead", d.n_head, int),
+        n_embd=arg(args, "nEmbd", d.n_embd, int),
+        block_size=arg(args, "blockSize", d.block_size, int),
+        vocab_size=arg(args, "vocabSize", d.vocab_size, int),
+        dropout=arg(args, "dropout", d.dropout, float),
     )
     if c.n_layer < 1 or c.n_head < 1 or c.n_embd < 1 or c.block_size < 2:
         raise BadTaskArg("", "nLayer, nHead, nEmbd must be >= 1 and blockSize >= 2")
@@ -156,10 +157,10 @@ def gpt_data(args: dict[str, Any]) -> GptData:
     if kind == "text":
         if "samples" in args:
             raise BadTaskArg("samples", 'only with data: "random" (text windows come from corpusBytes)')
-        return GptData(kind, corpus_bytes=arg(args, "corpusBytes", 200_000, int))
+        return GptData(kind, corpus_bytes=arg(args, "corpusBytes", GptData.corpus_bytes, int))
     if "corpusBytes" in args:
         raise BadTaskArg("corpusBytes", 'only with data: "text" (random data is sized by samples)')
-    count = arg(args, "samples", 1024, int)
+    count = arg(args, "samples", GptData.samples, int)
     if count < 1:
         raise BadTaskArg("samples", f"expected an integer >= 1, got {count}")
     return GptData(kind, samples=count)
