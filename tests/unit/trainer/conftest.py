@@ -127,6 +127,8 @@ def launch_env(
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(key, None)
     env.update(extra or {})
+    if extra and "PYTHONPATH" in extra:  # a test's own modules first, then this checkout's parts
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra["PYTHONPATH"], os.environ.get("PYTHONPATH")) if p)
     return warm.for_ranks(env)  # a launcher's ranks start warm too
 
 
