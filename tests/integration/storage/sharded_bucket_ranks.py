@@ -46,6 +46,22 @@ def refuse(*_: Any) -> None:
     raise OSError("injected: this rank cannot upload")
 
 
+def record_whole_reads(store: BucketCheckpointStore) -> list[str]:
+    """The keys of the objects `store` reads whole from now on (GET and streamed downloads)."""
+    asked: list[str] = []
+
+    def recording(call: Any) -> Any:
+        def recorded(key: str, *args: Any, **kwargs: Any) -> Any:
+            asked.append(key)
+            return call(key, *args, **kwargs)
+
+        return recorded
+
+    store.bucket.get = recording(store.bucket.get)  # type: ignore[method-assign]
+    store.bucket.download_into = recording(store.bucket.download_into)  # type: ignore[method-assign]
+    return asked
+
+
 def main() -> None:
     rank, out, location, endpoint, bucket = int(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:6]
     dist.init_process_group("gloo", store=dist.FileStore(str(out / "store"), 2), rank=rank, world_size=2)
@@ -67,9 +83,11 @@ def main() -> None:
     if rank == 0:  # rank 1's shard of step 8, replaced in the bucket after the commit
         store.bucket.put(f"{store.key}/step-000000008/{writer.name}/__1_0.distcp", b"not the shard")
     dist.barrier()
+    asked = record_whole_reads(store)
     loaded = resume.load(store)
     seen["resumed"] = loaded[0].step if loaded is not None else None
-    seen["fetched"] = sorted(p.name for p in Path(loaded[1][SHARDS]).iterdir()) if loaded is not None else []
+    place = f"/{loaded[0].path.rsplit('/', 1)[-1]}/" if loaded is not None else "-"
+    seen["fetched"] = sorted({key.rsplit("/", 1)[-1] for key in asked if place in key})
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import pickle
 import shutil
 import sys
 import time
@@ -492,12 +491,13 @@ def case_rank_file_checked_elsewhere(world: World) -> dict[str, Any]:
 
 
 def _ranged_value(world: World, changed: bool) -> dict[str, Any]:
-    """A checkpoint of one process in a bucket, fetched by two: rank 1 reads the non-tensor value
+    """A checkpoint of one process in a bucket, verified by two: rank 1 reads the non-tensor value
     in __0_0.distcp (rank 0's share) by a ranged read; `changed`: the object has changed (another
     lr, the same size) since rank 0 checked it."""
     from memory_bucket import MemoryBucket
 
-    from mpjob_trainer.checkpoint.fetched import open_sharded
+    from mpjob_trainer.checkpoint.bucket_files import BucketFiles
+    from mpjob_trainer.checkpoint.shards import LISTED
 
     out, name = Path(sys.argv[4]), folder_name(5)
     if world.is_main:
@@ -509,18 +509,14 @@ def _ranged_value(world: World, changed: bool) -> dict[str, Any]:
     if changed and world.rank == 1:
         bucket.put(f"ckpt/{name}/__0_0.distcp", (out / "later" / name / "__0_0.distcp").read_bytes())
     folder = out / f"fetched{world.rank}" / name
-    folder.mkdir(parents=True)
-    fetched = open_sharded(bucket, f"ckpt/{name}", folder, read_manifest(source))
-    with (folder / ".metadata").open("rb") as f:
-        index = pickle.load(f)  # our own, just written
-    info = next(info for i, info in index.storage_data.items() if i.fqn.endswith(".lr"))
+    files = BucketFiles(bucket, f"ckpt/{name}", folder)
+    shards = read_local(folder, read_manifest(source), Peers.current(), files=files)[LISTED]
+    info = next(info for i, info in shards.index().storage_data.items() if i.fqn.endswith(".lr"))
     try:
-        fetched.reads([(info.relative_path, info.offset, info.length, True)])
+        raw = shards.read(info.relative_path, info.offset, info.length)
     except CorruptCheckpoint as exc:
         return {"problem": str(exc)}
-    with (folder / info.relative_path).open("rb") as f:
-        f.seek(info.offset)
-        return {"value": torch.load(io.BytesIO(f.read(info.length)), weights_only=True)}
+    return {"value": torch.load(io.BytesIO(raw), weights_only=True)}
 
 
 def case_ranged_value_changed(world: World) -> dict[str, Any]:

@@ -9,8 +9,8 @@
   from; which checkpoints are its job's, what a save does at a taken step, keep-K pruning;
 - `store`: CheckpointStore, a job's checkpoints in one folder (write, verify, list);
 - `s3`, `bucket`: BucketCheckpointStore, the same in an S3-compatible bucket (sharded too:
-  every rank uploads its own files); `fetched`: a sharded restore from it, each rank fetching
-  only what it reads;
+  every rank uploads its own files); `bucket_files`: its objects as a source of checked copies,
+  each rank reading only what it reads of a volume's;
 - `migrate`: an older format brought forward to the current one;
 - `staging`, `writer`: the private host copy of the state and the thread that writes it
   (session.checkpointing.Checkpointer drives them);

@@ -125,6 +125,21 @@ class Bucket:
                 return False
             raise self.refused(exc, f"read {key}") from exc
 
+    def download_into(self, key: str, sink: Any) -> bool:
+        """Fetch `key` into `sink`, a writable file object that is not seekable: s3transfer hands it
+        the bytes in order (ranged parts in parallel, each retried; a part retried midway is not
+        written twice). False when there is no such object; what `sink` raises is raised as it is."""
+        try:
+            self.client.download_fileobj(self.name, key, sink, Config=self.transfer)
+            return True
+        except Exception as exc:
+            if _code(exc) in MISSING:
+                return False
+            refusal = self.refused(exc, f"read {key}")
+            if refusal is exc:
+                raise
+            raise refusal from exc
+
     def folders(self, prefix: str, limit: int) -> list[str]:
         """The names of the folders directly below `prefix/` (S3 common prefixes), in key
         order, no more than `limit` of them: LIST_PAGE a request, the listing stops there."""

@@ -14,8 +14,8 @@ in the trainer. Here:
   (checkpoint.shards.read_local) does both, so a bad index or a planted value is a corrupt
   checkpoint and the previous good one is used;
 - `CheckedReader` is DCP's FileSystemReader reading only bytes checked against the manifest
-  (checkpoint.shard_copies), its index with that unpickler (a bucket's checkpoint fetches the
-  files its plan reads first: checkpoint.fetched), and `WeightsOnlyPlanner`
+  (checkpoint.shard_copies: from a volume or a bucket alike), its index with that unpickler, and
+  `WeightsOnlyPlanner`
   DCP's default load planner with the values read by torch's weights-only unpickler, which tells
   objects that do not fit the index (ShardsDoNotFit: a configuration error, not damage); the
   restore (checkpoint.shards.restore_shards) loads through both.
@@ -35,7 +35,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from mpjob_trainer.checkpoint.dcp_files import FETCHERS, INDEX, Read
+from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
 if TYPE_CHECKING:
@@ -140,8 +140,7 @@ class CheckedReader(FileSystemReader):
     """DCP's reader of a sharded checkpoint that reads only checked bytes (`shards`): the index
     from the bytes hashed against the manifest (read by `parse_index`), a file with a tensor of the
     copy of a file this rank checked, else by ranged reads checked against the sha256 the rank that
-    checked the file took of each item (checkpoint.shard_copies). A bucket's
-    checkpoint fetches the files its plan reads first (checkpoint.fetched)."""
+    checked the file took of each item (checkpoint.shard_copies)."""
 
     def __init__(self, shards: CheckedShards) -> None:
         super().__init__(shards.folder)
@@ -157,9 +156,6 @@ class CheckedReader(FileSystemReader):
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        fetch = FETCHERS.get(str(self.shards.folder))
-        if fetch is not None:  # a bucket's checkpoint: the files this rank's plan reads, fetched first
-            fetch([_read(self.storage_data[item.storage_index], item) for item in plan.items])
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
@@ -188,10 +184,6 @@ def _load_tensor(item: ReadItem, raw: bytes, planner: LoadPlanner) -> None:
         raise CorruptCheckpoint(f"{item.storage_index.fqn}: {tuple(tensor.size())} read, {tuple(target.size())} held")
     target.copy_(tensor)
     planner.commit_tensor(item, target)
-
-
-def _read(info: Any, item: ReadItem) -> Read:
-    return info.relative_path, info.offset, info.length, item.type == LoadItemType.BYTE_IO
 
 
 class ShardsDoNotFit(Exception):

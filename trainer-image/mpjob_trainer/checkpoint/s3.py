@@ -21,7 +21,8 @@ manifest lists go. A failure no retry can fix names the bucket (BucketMisconfigu
 
 Sharded (checkpoint.sharded): after rank 0 checked the step's place (`taken`) each rank uploads
 its own files (`publish`), rank 0 puts the manifest once all agreed (`commit`) or else deletes
-them (`withdraw`). A restore fetches on each rank only what it reads (checkpoint.fetched).
+them (`withdraw`). A restore reads on each rank only what it reads of a volume's, straight from
+the bucket into the copies it checks (checkpoint.bucket_files).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint import objects, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
+from mpjob_trainer.checkpoint.bucket_files import BucketFiles, check_sizes, fetch_files
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
-from mpjob_trainer.checkpoint.fetched import FetchedCheckpoint, check_sizes, fetch_files, open_sharded
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     MANIFEST,
@@ -91,8 +92,6 @@ class BucketCheckpointStore:
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
         self.unloadable: set[str] = set()
         self._writing = threading.Lock()
-        #: The sharded checkpoint a restore reads its shards from (checkpoint.shards.restore_shards).
-        self._restoring: FetchedCheckpoint | None = None
 
     @property
     def config_digest(self) -> str:
@@ -171,7 +170,7 @@ class BucketCheckpointStore:
     def verify(self, path: Path | str, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
         """Download the checkpoint named by `path` (its last segment is the step folder) and
         verify it as the volume store does; the ref names its place in the bucket. A sharded
-        checkpoint's folder stays until the next restore: its shards are fetched into it and read."""
+        checkpoint's files are read from the bucket into the checked copies its restore reads."""
         name = PurePosixPath(str(path)).name
         step = step_of(name)
         if step is None:
@@ -179,35 +178,24 @@ class BucketCheckpointStore:
         start = time.perf_counter()
         folder = Path(tempfile.mkdtemp(prefix=".download-", dir=self.root)) / name
         folder.mkdir()
-        fetched = None
         try:
-            fetched = self._download(step, folder, alone=alone)
-            ref, state = self.local.verify(folder, alone=alone)
-        except BaseException:
-            if fetched is not None:
-                fetched.forget()
+            files = self._download(step, folder, alone=alone)
+            ref, state = self.local.verify(folder, alone=alone, files=files)
+        finally:
             shutil.rmtree(folder.parent, ignore_errors=True)
-            raise
-        if fetched is None:
-            shutil.rmtree(folder.parent, ignore_errors=True)
-        else:  # the previous restore has read its shards: only this one's stay
-            previous, self._restoring = self._restoring, fetched
-            if previous is not None:
-                previous.forget()
-                shutil.rmtree(previous.folder.parent, ignore_errors=True)
         self.metrics.checkpoint_restore_seconds.observe(time.perf_counter() - start)
         return ref.model_copy(update={"path": self.url(step)}), state
 
-    def _download(self, step: int, folder: Path, *, alone: bool) -> FetchedCheckpoint | None:
-        """The manifest's files into `folder`; a sharded checkpoint restored by the ranks together
-        only what each one's verification reads (checkpoint.fetched: the rest as it is read). The
+    def _download(self, step: int, folder: Path, *, alone: bool) -> BucketFiles | None:
+        """The manifest into `folder`, and a single-file checkpoint's files; a sharded one's are read
+        from the bucket as they are checked (the source returned: checkpoint.bucket_files). The
         ranks reject it together when any one's fetch fails (a rank that went on alone, or left
         alone, would wait for the others' collectives forever)."""
         peers = Peers(0, 1) if alone else Peers.current()
         manifest = agreed(lambda: self._fetch_manifest(f"{self.key}/{folder.name}", folder), peers)
         files = objects.files_prefix(f"{self.key}/{folder.name}", manifest)
-        if manifest.layout == DCP and not alone:
-            return open_sharded(self.bucket, files, folder, manifest)
+        if manifest.layout == DCP:
+            return BucketFiles(self.bucket, files, folder)
         agreed(lambda: fetch_files(self.bucket, files, folder, manifest), peers)
         return None
 

@@ -64,6 +64,7 @@ from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
 if TYPE_CHECKING:
+    from mpjob_trainer.checkpoint.checked import CheckedSource
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
 # DCP (and the DTensor it brings) is imported where a sharded checkpoint is read or written:
@@ -148,11 +149,12 @@ def restore_shards(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    from mpjob_trainer.checkpoint.checked import VolumeFiles
     from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
     target = state_dicts(objects, names)
-    shards = checked if checked is not None else CheckedShards(folder, read_manifest(folder).files)
+    shards = checked if checked is not None else CheckedShards(VolumeFiles(folder), read_manifest(folder).files)
     try:
         dcp.load(
             target,
@@ -207,34 +209,39 @@ def listing_problem(manifest: Manifest) -> str | None:
     return None
 
 
-def read_local(folder: Path, manifest: Manifest, peers: Peers, *, hold: bool = True) -> dict[str, Any]:
+def read_local(
+    folder: Path, manifest: Manifest, peers: Peers, *, hold: bool = True, files: CheckedSource | None = None
+) -> dict[str, Any]:
     """Check the files (each rank its share), agree, and return this rank's small state; under
     LISTED the files as this rank checked them (CheckedShards), which the restore reads, unless
-    not `hold` (a verification that loads nothing: their copies go at once)."""
-    problem, state, shards, checked = None, {}, None, {}
+    not `hold` (a verification that loads nothing: their copies go at once). `files`: where they
+    are read from (a bucket's: checkpoint.bucket_files), else `folder` on a volume. A read that
+    fails without a verdict on the checkpoint (a bucket's error) fails on every rank (peers.agree)."""
+    from mpjob_trainer.checkpoint.checked import VolumeFiles
+    from mpjob_trainer.checkpoint.shard_copies import CheckedShards
+
+    state: dict[str, Any] = {}
+    problem, failure, shards, checked = None, None, None, {}
     try:
         unlisted = listing_problem(manifest)
         if unlisted is not None:
             raise CorruptCheckpoint(f"{folder.name}: its manifest {unlisted}")
-        from mpjob_trainer.checkpoint.shard_copies import CheckedShards
-
-        shards = CheckedShards(folder, manifest.files)  # DCP's index, checked and read without running code
+        shards = CheckedShards(files or VolumeFiles(folder), manifest.files)  # DCP's index, read without running code
         # each rank its share of the files, and of the values in them, nothing unpickled unrestricted
-        checked = shards.check_share(share_of(manifest.files, peers.rank, peers.size))
+        share = share_of(manifest.files, peers.rank, peers.size)
+        checked = shards.check_share(share, resharded=peers.size != manifest.world_size)
         # the bytes this rank hashed itself: on more ranks than wrote it, its rank file is in another's share
         own = rank_file(peers.rank % manifest.world_size)
-        state = torch.load(io.BytesIO(shards.contents(own)), map_location="cpu", weights_only=True)
+        raw = shards.contents(own)
         shards.drop(own)
-        unfit = state_problem(state, manifest.step)
-        if unfit is not None:
-            problem = f"{folder.name}: {own} {unfit}"
+        state, problem = _rank_state(folder, own, raw, manifest.step)
     except CorruptCheckpoint as exc:
         problem = str(exc)
     except Exception as exc:
-        problem = f"{folder.name}: cannot load ({exc!r})"
+        failure = exc
     values = peers.gather(checked)  # what a ranged read of a value in another rank's share must match
     try:
-        agree(problem, peers)
+        agree(problem, peers, failure)
     except BaseException:
         if shards is not None:
             shards.close()
@@ -246,3 +253,13 @@ def read_local(folder: Path, manifest: Manifest, peers: Peers, *, hold: bool = T
         shards.values = {span: digest for digests in values for span, digest in digests.items()}
         state[LISTED] = shards
     return state
+
+
+def _rank_state(folder: Path, name: str, raw: bytes, step: int) -> tuple[dict[str, Any], str | None]:
+    """The rank file `name` loaded from its checked bytes `raw`, and what makes it no state of `step`."""
+    try:
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        return {}, f"{folder.name}: cannot load {name} ({exc!r})"
+    unfit = state_problem(state, step)
+    return (state, None) if unfit is None else ({}, f"{folder.name}: {name} {unfit}")

@@ -41,7 +41,7 @@ import torch
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint import ownership, shards
-from mpjob_trainer.checkpoint.checked import load_checked
+from mpjob_trainer.checkpoint.checked import CheckedSource, load_checked
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     FORMAT_VERSION,
@@ -197,26 +197,27 @@ class CheckpointStore:
         return folder
 
     # -- reading ----------------------------------------------------------------------------
-    def verify(self, path: Path, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
+    def verify(
+        self, path: Path, *, alone: bool = False, files: CheckedSource | None = None
+    ) -> tuple[CheckpointRef, dict[str, Any]]:
         """Check manifest (its step the folder's), sha256 and config digest; return the ref and the
         loaded state. An older format's says so under FORMAT_KEY (TrainingState.restore migrates it);
         a sharded checkpoint's is this rank's small state, its folder under shards.SHARDS (where
         TrainingState.restore reads the shards). Unless `alone`, the process group's ranks reject it
-        together: for its manifest (one rank's copy may be stale or damaged), then its files."""
+        together: for its manifest (one rank's copy may be stale or damaged), then its files (a
+        sharded one's from `files`, a bucket's, where given)."""
         peers = Peers(0, 1) if alone else Peers.current()
         manifest = agreed(lambda: self._manifest_of(path), peers)
         if manifest.layout == DCP:
-            state = shards.read_local(path, manifest, peers, hold=not alone)  # LISTED: what the restore reads
+            state = shards.read_local(path, manifest, peers, hold=not alone, files=files)  # LISTED: the restore's
             state[shards.SHARDS] = str(path)
         else:
             state = self._read_single(path, manifest)
         state.pop(FORMAT_KEY, None)  # the format is the manifest's word, never the state's own
         if manifest.layout == SINGLE and manifest.format_version != FORMAT_VERSION:
             state[FORMAT_KEY] = manifest.format_version
-        ref = CheckpointRef(
-            step=manifest.step, path=str(path), sha256=manifest.state_sha256, precision=manifest.precision
-        )
-        return ref, state
+        sha256, precision = manifest.state_sha256, manifest.precision
+        return CheckpointRef(step=manifest.step, path=str(path), sha256=sha256, precision=precision), state
 
     def _manifest_of(self, path: Path) -> Manifest:
         manifest = read_manifest(path)

@@ -1,0 +1,78 @@
+"""BucketFiles: a checkpoint's files in a bucket as a source of checked copies (checkpoint.checked),
+and the checks and downloads a bucket's restore makes before it reads them.
+
+A sharded checkpoint of a bucket is read as one on a volume is (checkpoint.shards.read_local,
+checkpoint.shard_copies): each object a rank reads whole (DCP's index, its rank file, the files of
+its share of the checks, the shard files its plan reads) is streamed into its checked copy,
+hashed on the way, never landing on a disk; a non-tensor value of another rank's share is a
+ranged GET, checked against the sha256 the rank that checked its file took. One mechanism, one
+place for the hash: a bucket keeps no checks of its own. A single-file checkpoint is downloaded
+(`fetch_files`: a framework adapter reads its folder) and verified as the volume store does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mpjob_trainer.checkpoint import document
+from mpjob_trainer.checkpoint.bucket import Bucket
+from mpjob_trainer.checkpoint.checked import Write
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
+
+
+class BucketFiles:
+    """The files below `prefix` of `bucket` of the checkpoint whose manifest is in `folder`."""
+
+    def __init__(self, bucket: Bucket, prefix: str, folder: Path) -> None:
+        self.bucket, self.prefix, self.folder = bucket, prefix, folder
+
+    def copy(self, name: str, meta: dict[str, Any], write: Write) -> None:
+        sink = _InOrder(write, int(meta["bytes"]), f"{self.folder.name}: {name}")
+        if not self.bucket.download_into(f"{self.prefix}/{name}", sink):
+            raise CorruptCheckpoint(f"{self.folder.name}: {name} missing from the bucket")
+
+    def read_range(self, name: str, offset: int, length: int) -> bytes:
+        body = self.bucket.get_range(f"{self.prefix}/{name}", offset, length)
+        if body is None or len(body) != length:
+            raise CorruptCheckpoint(f"{self.folder.name}: {name} missing or shorter in the bucket than its index says")
+        return body
+
+
+class _InOrder:
+    """A file s3transfer writes an object into in order (not seekable), handing it to `write`:
+    CorruptCheckpoint once it is longer than `size` (the object changed since it was listed)."""
+
+    def __init__(self, write: Write, size: int, where: str) -> None:
+        self.out, self.left, self.where = write, size, where
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> int:
+        self.left -= len(data)
+        if self.left < 0:
+            raise CorruptCheckpoint(f"{self.where} is longer in the bucket than its manifest says")
+        self.out(data)
+        return len(data)
+
+
+def check_sizes(bucket: Bucket, prefix: str, name: str, manifest: Manifest) -> None:
+    """CorruptCheckpoint unless every file `manifest` lists is an object below `prefix` of the size
+    it gives: checked from a bounded listing before anything is downloaded."""
+    found = bucket.sizes(prefix, document.MAX_FILES + 1)
+    for file, meta in manifest.files.items():
+        if file not in found:
+            raise CorruptCheckpoint(f"{name}: {file} missing from the bucket")
+        if found[file] != int(meta["bytes"]):
+            raise CorruptCheckpoint(f"{name}: {file} is {found[file]} bytes, its manifest says {meta['bytes']}")
+
+
+def fetch_files(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) -> None:
+    """Download every file `manifest` lists from below `prefix` into `folder` (its names checked on
+    reading: inside it); CorruptCheckpoint when one is missing."""
+    for name in manifest.files:
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not bucket.download(f"{prefix}/{name}", target):
+            raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
