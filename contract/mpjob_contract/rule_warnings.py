@@ -36,7 +36,12 @@ def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
     return found
 
 
+def messages(spec: MixedPrecisionJobSpec) -> list[str]:
+    """Each warning as `spec.<field>: why`: the operator's Event message, a terminal line's end."""
+    return [f"spec.{field}: {why}" for field, why in never_applying(spec)]
+
+
 def warning_lines(spec: MixedPrecisionJobSpec, source: str = "") -> list[str]:
     """The warnings as lines for a terminal: `source: warning: spec.<field>: why`."""
     where = f"{source}: " if source else ""
-    return [f"{where}warning: spec.{field}: {why}" for field, why in never_applying(spec)]
+    return [f"{where}warning: {message}" for message in messages(spec)]

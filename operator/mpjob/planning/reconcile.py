@@ -24,14 +24,14 @@ from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
-from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob.planning.status import FINISHED, ConditionReason
+from mpjob.planning.waiting import awaiting_workers, running
+from mpjob_contract import rule_warnings
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import InPlaceChange
 
 __all__ = ["FINISHED", "JobView", "PodView", "ended_by_pods", "outcome_of", "preempted_by_queue", "reconcile"]
-
-FINISHED = ("Succeeded", "Failed")
 
 
 def reconcile(
@@ -53,14 +53,8 @@ def reconcile(
     read of the running attempt found (`inplace.record` keeps those the status lacks);
     `unseen_for` the seconds the operator has been reading the running attempt without a reading
     of its own yet (None: it has one; `cutoff.stalled`)."""
-    status = status.model_copy(deep=True)
-    status.observed_generation = generation
-    # The bound of every step a trainer names (planning/reported.py). Never lowered: an attempt
-    # trains to the training.steps it was launched with, so an edit that lowers them reaches the
-    # next attempt only, and the steps the running one (or one resumed past the new end) names
-    # stay its own.
-    status.total_steps = max(spec.training.steps, status.total_steps or 0)
-    plan = Plan(status=status)
+    plan = _opened(spec, status, generation)
+    status = plan.status
     when = When(st.stamp(now), generation)
     cutoff.heard(plan, jobs, stopped or {})  # before anything resumes from the last checkpoint
     if status.phase in FINISHED:
@@ -85,12 +79,28 @@ def reconcile(
         if not (spec.run_policy.suspend or busy):
             lc.resume(plan, spec, when)
     if plan.status.attempts and plan.status.phase in (*FINISHED, "Suspended"):
-        _awaiting_workers(plan, when, None)  # it waits for no worker any more
+        awaiting_workers(plan, when, None)  # it waits for no worker any more
     _retire(plan, jobs)
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
     if plan.create:
         plan.deadline_seconds = st.deadline_left(spec, status, now)
+    return plan
+
+
+def _opened(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, generation: int | None) -> Plan:
+    """The plan on a copy of `status` that answers `generation`; a new generation's spec warnings."""
+    unread = status.observed_generation != generation  # a spec this operator has not planned from yet
+    status = status.model_copy(deep=True)
+    status.observed_generation = generation
+    # The bound of every step a trainer names (planning/reported.py). Never lowered: an attempt
+    # trains to the training.steps it was launched with, so an edit that lowers them reaches the
+    # next attempt only, and the steps the running one (or one resumed past the new end) names
+    # stay its own.
+    status.total_steps = max(spec.training.steps, status.total_steps or 0)
+    plan = Plan(status=status)
+    if unread:  # once per generation: the status that records it is written before any Event goes
+        plan.events.extend(lc.Event("Warning", rule_warnings.REASON, m) for m in rule_warnings.messages(spec))
     return plan
 
 
@@ -185,8 +195,8 @@ def _follow(
     ):
         cutoff.resize(plan, spec, grow, when, job=job.index)
     elif finished is None:
-        _awaiting_workers(plan, when, short)
-        _running(plan, spec, job=job, when=when)
+        awaiting_workers(plan, when, short)
+        running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
         if outcome.report is not None and inplace.record(plan, spec, outcome.report.precision_changes, when):
@@ -209,84 +219,3 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
             cost.deleted_job(status, current, gone, spec, st.moment(when.at) or datetime.now(UTC))
         status.phase = "Pending"
         current.start_step_reported = True  # it began where it says: the new pods resume further on
-
-
-def _awaiting_workers(plan: Plan, when: When, short: elastic.Resize | None) -> None:
-    """AwaitingWorkers while no smaller size can take the attempt short of room; a Warning Event once."""
-    known = next((c for c in plan.status.conditions if c.type == ConditionType.AWAITING_WORKERS), None)
-    index = plan.status.attempts[-1].index
-    if short is not None and short.verdict is elastic.Verdict.WAIT:
-        message, reason = f"attempt {index}: {short.why}", ConditionReason.NO_SMALLER_SIZE
-        if known is None or known.status != "True" or known.message != message:
-            plan.events.append(lc.Event("Warning", reason, message))
-            lc.condition(plan, when, ConditionType.AWAITING_WORKERS, True, reason, message)
-    elif known is not None and known.status == "True":
-        phase = plan.status.phase
-        stopped = phase in (*FINISHED, "Suspended")
-        message = f"attempt {index} no longer waits for workers" + (f": the job is {phase}" if stopped else "")
-        placed = phase if stopped else ConditionReason.WORKERS_PLACED.value
-        lc.condition(plan, when, ConditionType.AWAITING_WORKERS, False, placed, message)
-
-
-def _running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
-    """The attempt's Job exists and has not ended: waiting for admission, for its pods (which
-    the Job controller may be unable to create), or running once a trainer pod runs."""
-    created = {p.index for p in job.pods} >= set(range(workers_of(spec, plan.status.attempts[-1])))
-    if job.suspended:
-        _awaiting_admission(plan, when, queue_message=job.queue_message)
-    elif job.create_error is not None and not created:
-        _pods_refused(plan, spec, message=job.create_error, when=when)
-    else:
-        if created:
-            lc.pods_created(plan, when)
-        if any(p.phase == "Running" or p.exit_code is not None for p in job.pods):
-            lc.running(plan, when)
-
-
-def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = None) -> None:
-    """The attempt's Job waits suspended for its queue: to be admitted, or to be admitted again.
-
-    A Job that ran and is suspended again was preempted by its queue (Kueue suspends it; the
-    operator never does: runPolicy.suspend deletes the Job). The Job controller stops its pods
-    without counting them as failed, the trainer checkpoints on SIGTERM, and once the queue
-    admits the Job again its pods start anew in the same attempt and precision, resuming from
-    the newest valid checkpoint: no new attempt, none of runPolicy.maxAttempts used."""
-    status, current = plan.status, plan.status.attempts[-1]
-    running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
-    was = running.reason if running is not None else None
-    previous = status.attempts[-2] if len(status.attempts) > 1 else None
-    reason, message = ConditionReason.AWAITING_ADMISSION, f"attempt {current.index} waits for its queue to admit it"
-    if status.phase == "Running" or was == ConditionReason.AWAITING_READMISSION:
-        step = status.last_checkpoint.step if status.last_checkpoint else current.start_step
-        reason = ConditionReason.AWAITING_READMISSION
-        message = (
-            f"attempt {current.index} was preempted by its queue (its Job was suspended); it waits to be admitted "
-            f"again and resumes in {current.precision} from the newest checkpoint (step {step} when last seen)"
-        )
-    elif previous is not None and previous.reason == Reason.PREEMPTED.value:
-        reason = ConditionReason.AWAITING_READMISSION
-        message = (
-            f"attempt {previous.index} was preempted by its queue; attempt {current.index} waits to be admitted "
-            f"again and resumes in {current.precision} from checkpoint step {current.start_step}"
-        )
-    if queue_message:
-        message = f"{message}; the queue says: {queue_message}"[:1024]
-    if status.phase != "Pending" or was != reason or (running is not None and running.message != message):
-        if reason == ConditionReason.AWAITING_READMISSION and was != reason:
-            plan.events.append(lc.Event("Warning", Reason.PREEMPTED, message))
-        status.phase = "Pending"
-        lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
-
-
-def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when: When) -> None:
-    """Pods the Job controller cannot create: shown at once, the job failed after
-    runPolicy.podCreationTimeoutSeconds from the attempt's start (quota may free up meanwhile)."""
-    current = plan.status.attempts[-1]
-    timeout = spec.run_policy.pod_creation_timeout_seconds
-    started, now = st.moment(current.start_time), st.moment(when.at)
-    if started is None or now is None or now < started + timedelta(seconds=timeout):
-        lc.pods_refused(plan, when, message)
-        return
-    text = f"pods not created within runPolicy.podCreationTimeoutSeconds={timeout}: {message}"
-    reason = ConditionReason.POD_CREATION_TIMEOUT
-    lc.refused(plan, index=current.index, reason=reason, message=text, when=when)

@@ -12,6 +12,9 @@ from mpjob.planning import history
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
+#: The phases a job ends in.
+FINISHED = ("Succeeded", "Failed")
+
 
 class ConditionType(StrEnum):
     CREATED = "Created"

@@ -1,0 +1,100 @@
+"""What the current attempt's Job waits on before (and while) its trainers run: its queue's
+admission, or admission again after the queue preempted it; its pods, which the Job controller
+may be unable to create (runPolicy.podCreationTimeoutSeconds); the workers an elastic job lacks
+(spec.elastic). Each is a condition, and a Warning Event once per change, never per reconcile.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from mpjob.planning import elastic
+from mpjob.planning import lifecycle as lc
+from mpjob.planning import status as st
+from mpjob.planning.elastic import workers_of
+from mpjob.planning.endings import JobView
+from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.status import FINISHED, ConditionReason, ConditionType
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.codes import Reason
+
+
+def awaiting_workers(plan: Plan, when: When, short: elastic.Resize | None) -> None:
+    """AwaitingWorkers while no smaller size can take the attempt short of room; a Warning Event once."""
+    known = next((c for c in plan.status.conditions if c.type == ConditionType.AWAITING_WORKERS), None)
+    index = plan.status.attempts[-1].index
+    if short is not None and short.verdict is elastic.Verdict.WAIT:
+        message, reason = f"attempt {index}: {short.why}", ConditionReason.NO_SMALLER_SIZE
+        if known is None or known.status != "True" or known.message != message:
+            plan.events.append(lc.Event("Warning", reason, message))
+            lc.condition(plan, when, ConditionType.AWAITING_WORKERS, True, reason, message)
+    elif known is not None and known.status == "True":
+        phase = plan.status.phase
+        stopped = phase in (*FINISHED, "Suspended")
+        message = f"attempt {index} no longer waits for workers" + (f": the job is {phase}" if stopped else "")
+        placed = phase if stopped else ConditionReason.WORKERS_PLACED.value
+        lc.condition(plan, when, ConditionType.AWAITING_WORKERS, False, placed, message)
+
+
+def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
+    """The attempt's Job exists and has not ended: waiting for admission, for its pods (which
+    the Job controller may be unable to create), or running once a trainer pod runs."""
+    created = {p.index for p in job.pods} >= set(range(workers_of(spec, plan.status.attempts[-1])))
+    if job.suspended:
+        _awaiting_admission(plan, when, queue_message=job.queue_message)
+    elif job.create_error is not None and not created:
+        _pods_refused(plan, spec, message=job.create_error, when=when)
+    else:
+        if created:
+            lc.pods_created(plan, when)
+        if any(p.phase == "Running" or p.exit_code is not None for p in job.pods):
+            lc.running(plan, when)
+
+
+def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = None) -> None:
+    """The attempt's Job waits suspended for its queue: to be admitted, or to be admitted again.
+
+    A Job that ran and is suspended again was preempted by its queue (Kueue suspends it; the
+    operator never does: runPolicy.suspend deletes the Job). The Job controller stops its pods
+    without counting them as failed, the trainer checkpoints on SIGTERM, and once the queue
+    admits the Job again its pods start anew in the same attempt and precision, resuming from
+    the newest valid checkpoint: no new attempt, none of runPolicy.maxAttempts used."""
+    status, current = plan.status, plan.status.attempts[-1]
+    running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
+    was = running.reason if running is not None else None
+    previous = status.attempts[-2] if len(status.attempts) > 1 else None
+    reason, message = ConditionReason.AWAITING_ADMISSION, f"attempt {current.index} waits for its queue to admit it"
+    if status.phase == "Running" or was == ConditionReason.AWAITING_READMISSION:
+        step = status.last_checkpoint.step if status.last_checkpoint else current.start_step
+        reason = ConditionReason.AWAITING_READMISSION
+        message = (
+            f"attempt {current.index} was preempted by its queue (its Job was suspended); it waits to be admitted "
+            f"again and resumes in {current.precision} from the newest checkpoint (step {step} when last seen)"
+        )
+    elif previous is not None and previous.reason == Reason.PREEMPTED.value:
+        reason = ConditionReason.AWAITING_READMISSION
+        message = (
+            f"attempt {previous.index} was preempted by its queue; attempt {current.index} waits to be admitted "
+            f"again and resumes in {current.precision} from checkpoint step {current.start_step}"
+        )
+    if queue_message:
+        message = f"{message}; the queue says: {queue_message}"[:1024]
+    if status.phase != "Pending" or was != reason or (running is not None and running.message != message):
+        if reason == ConditionReason.AWAITING_READMISSION and was != reason:
+            plan.events.append(lc.Event("Warning", Reason.PREEMPTED, message))
+        status.phase = "Pending"
+        lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
+
+
+def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when: When) -> None:
+    """Pods the Job controller cannot create: shown at once, the job failed after
+    runPolicy.podCreationTimeoutSeconds from the attempt's start (quota may free up meanwhile)."""
+    current = plan.status.attempts[-1]
+    timeout = spec.run_policy.pod_creation_timeout_seconds
+    started, now = st.moment(current.start_time), st.moment(when.at)
+    if started is None or now is None or now < started + timedelta(seconds=timeout):
+        lc.pods_refused(plan, when, message)
+        return
+    text = f"pods not created within runPolicy.podCreationTimeoutSeconds={timeout}: {message}"
+    reason = ConditionReason.POD_CREATION_TIMEOUT
+    lc.refused(plan, index=current.index, reason=reason, message=text, when=when)
