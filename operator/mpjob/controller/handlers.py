@@ -23,6 +23,7 @@ from mpjob.controller.cluster import Cluster
 from mpjob.controller.config import OperatorConfig, from_environment
 from mpjob.controller.documents import allow_deep_documents
 from mpjob.controller.liveness import Liveness
+from mpjob.controller.metrics_server import MetricsServer
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.reconciler import Reconciler
 from mpjob.controller.ticker import has_work, tick
@@ -50,17 +51,22 @@ class Controller:
     queue: WorkQueue
     reconciler: Reconciler
     liveness: Liveness
+    #: The metrics endpoint `mpjob operator` started before kopf ran (None: off, or `kopf run`).
+    metrics: MetricsServer | None = None
     ticker: asyncio.Task[None] | None = None
 
     @classmethod
-    def assemble(cls, config: OperatorConfig) -> Controller:
+    def assemble(cls, config: OperatorConfig, metrics: MetricsServer | None = None) -> Controller:
         cluster = Cluster.connect()
         cache = ChildCache(changed=lambda key: queue.add(key))  # `queue` is made below, before any watch
         peering = PeeringCheck(peering=config.peering, cluster=cluster, trust_seconds=config.peering_check_seconds)
         reconciler = Reconciler(config=config, cluster=cluster, cache=cache, peering=peering)
         queue = WorkQueue(reconciler.handle, workers=config.workers)
         liveness = Liveness(api.PLURAL, cache.dead_watches)
-        return cls(config=config, cluster=cluster, cache=cache, queue=queue, reconciler=reconciler, liveness=liveness)
+        return cls(
+            config=config, cluster=cluster, cache=cache, queue=queue, reconciler=reconciler, liveness=liveness,
+            metrics=metrics,
+        )  # fmt: skip
 
     def stop(self) -> None:
         """Stop every part, and join the threads that can end (STOP_JOIN_SECONDS)."""
@@ -69,6 +75,8 @@ class Controller:
         running = self.cache.stop(STOP_JOIN_SECONDS) + self.queue.close(STOP_JOIN_SECONDS)
         self.reconciler.progress.close()
         self.reconciler.profiles.close()
+        if self.metrics is not None:  # last: a scrape reads the parts stopped above
+            running += self.metrics.stop(STOP_JOIN_SECONDS)
         if running:
             log.info("stopped; still waiting on the API server, ending with the process: %s", ", ".join(running))
 
@@ -91,7 +99,7 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     settings.watching.server_timeout = 120
     # `kopf run -m mpjob.controller.handlers` has no `mpjob operator` to make the config.
     config: OperatorConfig = memo.get("config") or from_environment(os.environ)
-    controller = memo["controller"] = Controller.assemble(config)
+    controller = memo["controller"] = Controller.assemble(config, memo.get("metrics"))
     om.QUEUE_DEPTH.set_function(controller.queue.__len__)
     controller.cache.start(config.namespaces or [None], controller.cluster.batch, controller.cluster.core)
     try:

@@ -19,10 +19,10 @@ import time
 from collections.abc import Mapping
 
 import kopf
-from prometheus_client import start_http_server
 
 from mpjob import credentials
 from mpjob.controller import config
+from mpjob.controller.metrics_server import MetricsServer
 
 log = logging.getLogger("mpjob.operator")
 
@@ -120,16 +120,15 @@ def cannot_listen(flag: str, port: int, bind_address: str, exc: OSError) -> str:
     return f"{flag} {port}: cannot listen on {bind_address} ({exc.strerror or exc})"
 
 
-def serve_metrics(port: int, bind_address: str) -> str | None:
-    """The operator's metrics served on `port` (0: not served); what is wrong when it cannot
-    listen there."""
+def serve_metrics(port: int, bind_address: str) -> tuple[MetricsServer | None, str | None]:
+    """The operator's metrics served on `port` (None: 0, not served), or what is wrong when it
+    cannot listen there. The operator's stop stops it (`handlers.Controller.stop`)."""
     if not port:
-        return None
+        return None, None
     try:
-        start_http_server(port, addr=bind_address)
+        return MetricsServer.start(port, bind_address), None
     except OSError as exc:
-        return cannot_listen("--metrics-port", port, bind_address, exc)
-    return None
+        return None, cannot_listen("--metrics-port", port, bind_address, exc)
 
 
 def check_health_port(port: int, bind_address: str) -> str | None:
@@ -179,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
     crdcheck.at_start()  # a CRD older than this release: a warning (crdcheck's doc)
 
-    refused = check_health_port(args.health_port, args.bind_address) or serve_metrics(
-        args.metrics_port, args.bind_address
-    )
+    refused = check_health_port(args.health_port, args.bind_address)
+    metrics, refused = serve_metrics(args.metrics_port, args.bind_address) if refused is None else (None, refused)
     if refused is not None:
         print(f"error: {refused}")
         return 1
@@ -193,6 +191,6 @@ def main(argv: list[str] | None = None) -> int:
         priority=priority,
         identity=identity,
         liveness_endpoint=liveness_endpoint(args.bind_address, args.health_port),
-        memo=kopf.Memo(config=settings),
+        memo=kopf.Memo(config=settings, metrics=metrics),
     )
     return 0

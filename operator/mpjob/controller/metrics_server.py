@@ -1,0 +1,38 @@
+"""The operator's own metrics endpoint (--metrics-port): prometheus_client's HTTP server, and its stop.
+
+prometheus_client serves from a daemon thread it never stops. A thread of ours still running
+Python while the interpreter finalizes can abort the process (`handlers.STOP_JOIN_SECONDS`), so
+the operator's stop shuts this server down and joins its thread as it joins its other threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import start_http_server
+
+#: The name of the thread that serves the metrics (named in the stop's log while it runs on).
+THREAD_NAME = "mpjob-metrics"
+
+
+@dataclass(frozen=True)
+class MetricsServer:
+    server: WSGIServer
+    thread: threading.Thread
+
+    @classmethod
+    def start(cls, port: int, bind_address: str) -> MetricsServer:
+        """The operator's metrics served on `bind_address`:`port` (OSError: it cannot listen there)."""
+        server, thread = start_http_server(port, addr=bind_address)
+        thread.name = THREAD_NAME
+        return cls(server, thread)
+
+    def stop(self, timeout: float) -> list[str]:
+        """Stop serving and close the socket (again: nothing more); the thread's name if it
+        outlives `timeout`. A scrape under way ends in its own daemon thread."""
+        self.server.shutdown()  # returns once serve_forever's loop has ended (it polls every 0.5 s)
+        self.server.server_close()
+        self.thread.join(timeout)
+        return [self.thread.name] if self.thread.is_alive() else []
