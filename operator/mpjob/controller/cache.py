@@ -13,8 +13,9 @@ another namespace that copies a Job's name and UID joins nothing. A pod its Job 
 it was deleted with --cascade=orphan has no ownerReference left: the Job controller's labels name
 its Job (`records.orphan_owner`), it joins one held on the same four, and it is deleted
 (`Observed.orphans`) as the Job's own deletion would have deleted it. A Job removed before this operator
-listed it (it restarted meanwhile) is joined the same way when the MixedPrecisionJob's status
-records its UID (`status.attempts[].jobUid`, `children.Children.adopt`). One exception, which can
+listed it (it restarted meanwhile) whose pods are still there, still stopping or orphaned, is
+held as removed when the MixedPrecisionJob's status records its UID (`status.attempts[].jobUid`,
+`children.Children.adopt`): its pods are read and charged once stopped. One exception, which can
 only make an attempt wait: a running pod of an attempt's name whose Job is not known so is
 lingering for the attempt its Job's name names (`children.Children._strays`). An unreadable
 object is skipped (and logged once).

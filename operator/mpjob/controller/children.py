@@ -74,18 +74,19 @@ class Children:
 
     def adopt(self, owner: ObjectRef, recorded: Mapping[int, str]) -> None:
         """Hold, as removed, each Job of `owner`'s that is not held but that its status records
-        (`recorded`: attempt -> the UID of the Job made for it) and that left pods with no
-        controller (deleted with --cascade=orphan while this operator was away): of that very
-        namespace, name and UID, this operator made it, and its pods are followed, stopped and
-        counted as if it had held it throughout. Pods whose Job's UID is not recorded stay strays."""
+        (`recorded`: attempt -> the UID of the Job made for it) and whose pods are still there (it
+        was deleted while this operator was away: as usual, its pods still stopping, or with
+        --cascade=orphan, its pods left with no controller): of that very namespace, name and UID,
+        this operator made it, and its pods are followed, read and charged once they stop (and
+        stopped, if orphaned: `cache.orphans_of`) as if it had held it throughout. Pods whose
+        Job's UID is not recorded stay strays."""
         for ref in list(self._named.get((owner.namespace, owner.name), ())):
             attempt = attempt_named(ref.name, owner.name)
             if attempt is None or recorded.get(attempt) != ref.uid or ref.uid in self._jobs:
                 continue
-            if any(self._pods[uid].orphan for uid in self._by_job.get(ref, ())):
-                job = JobRecord(ref, owner, attempt, finished=None, reason=None, suspended=False, gone=True)
-                self._jobs[ref.uid] = job
-                self._keys.setdefault(job.key, set()).add(ref.uid)
+            job = JobRecord(ref, owner, attempt, finished=None, reason=None, suspended=False, gone=True)
+            self._jobs[ref.uid] = job
+            self._keys.setdefault(job.key, set()).add(ref.uid)
 
     def deleting(self, uids: Iterable[str]) -> None:
         """The operator asked for the deletion of the pods `uids`: each is held as going from now
