@@ -1,7 +1,8 @@
 """The attempt history in the status: bounded entries, complete counts.
 
 `status.attempts` keeps the first attempt (the precision the job began in) and the newest
-ones, MAX_ATTEMPT_ENTRIES in all, so a job that is preempted a thousand times never brings its
+ones, MAX_ATTEMPT_ENTRIES in all (more only while a chain of attempts begun in place in one Job
+is longer: `bound`), so a job that is preempted a thousand times never brings its
 status near etcd's object size limit (each entry is about a kilobyte). What the planner
 decides on never depends on a dropped entry: `status.attemptCounts` counts every attempt
 begun, every charged one, every re-promotion (and the precisions barred from another) and
@@ -111,11 +112,20 @@ def ended(status: MixedPrecisionJobStatus, entry: AttemptStatus, *, charged: boo
 
 def bound(status: MixedPrecisionJobStatus) -> None:
     """Keep the first KEEP_FIRST entries and the newest, MAX_ATTEMPT_ENTRIES in all; only
-    ended entries are ever dropped."""
+    ended entries are ever dropped, and never one a later entry runs in (begun in place): the
+    first of a chain holds its Job's UID (`jobUid`, by which a restarted operator knows the Job
+    and what it left as its own) and `job_index` walks the chain to it, so a chain longer than
+    the bound stays whole until its last entry goes (then all of it may go at once)."""
     extra = len(status.attempts) - MAX_ATTEMPT_ENTRIES
     if extra <= 0:
         return
-    dropped = [a for a in status.attempts[KEEP_FIRST : KEEP_FIRST + extra] if a.finish_time is not None]
+    by_index = {a.index: a for a in status.attempts}
+    dropped: list[AttemptStatus] = []
+    for entry in reversed(status.attempts[KEEP_FIRST : KEEP_FIRST + extra]):  # newest first: a host after its guest
+        guest = by_index.get(entry.index + 1)
+        hosts = guest is not None and guest.in_place and all(guest is not d for d in dropped)
+        if entry.finish_time is not None and not hosts:
+            dropped.append(entry)
     status.attempts = [a for a in status.attempts if all(a is not d for d in dropped)]
     counts(status).omitted += len(dropped)
 
