@@ -5,12 +5,15 @@ and stops what it left when it was deleted with --cascade=orphan (controller/lef
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from mpjob.controller.cache import ChildCache
 from mpjob.planning import history
 from mpjob.planning import status as st
-from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, AttemptStatus, MixedPrecisionJobStatus
+from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from tests.unit.operator.test_cache import MPJ_UID
 from tests.unit.operator.test_orphans import orphaned
 
@@ -36,6 +39,15 @@ def test_the_entry_that_holds_the_running_chains_job_stays() -> None:
     assert history.job_index(status, newest) == 1  # the newest runs in attempt 1's Job
     assert st.job_uids(status) == {0: "job-0", 1: "job-1"}
     assert [a.index for a in status.attempts] == list(range(newest + 1))  # the chain is whole
+
+
+def test_the_running_chains_job_is_followed_not_retired_nor_made_again() -> None:
+    status = a_long_chain_in_place()
+    status.phase = "Running"
+    spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}})
+    running = {1: JobView(1, pods=(PodView("j-a1-0", 0, "Running", alive=True),))}
+    plan = reconcile(spec, status, None, running, datetime(2026, 12, 1, 12, 5, tzinfo=UTC))
+    assert (plan.delete, plan.create, plan.status.phase) == ([], [], "Running")
 
 
 def test_a_restarted_operator_stops_what_the_chains_job_left_when_deleted_leaving_its_pods() -> None:
