@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from mpjob.planning.lifecycle import Event
+from mpjob.planning.status import FINISHED
 from mpjob_contract.api import MixedPrecisionJobStatus
 from mpjob_contract.tracking import (
     FINAL_STATES,
@@ -33,8 +34,6 @@ from mpjob_contract.tracking import (
     profile_dir,
     profile_steps,
 )
-
-FINISHED = ("Succeeded", "Failed")
 
 
 class ProfileReason(StrEnum):
