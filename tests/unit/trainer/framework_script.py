@@ -3,7 +3,7 @@
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
                                               [--quarantine STEP,...] [--empty-step STEP]
                                               [--spike-at STEP] [--loss-func] [--val-output K]
-                                              [--log-losses]
+                                              [--log-losses] [--truncate STEP:FILE]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -27,6 +27,8 @@ indexes (`odd-none`) or at every one (`none`), or a dict without "loss" (`dict`)
 value the module logs is printed on stderr with the global step (`logged: {"name", "step", "value"}`),
 and the Trainer's `callback_metrics` after fit (`callback metrics: {JSON}`); Lightning's own
 validation loop never runs (the epoch does not end).
+`--truncate STEP:FILE` (Lightning): at optimizer step STEP, once, FILE (a file of a checkpoint's
+framework folder) is cut to half its length once its checkpoint is committed: damage after the save.
 $FRAMEWORK_SCRIPT_STEP_SECONDS: each optimizer step sleeps that long (a test can stop the run
 mid-way), without changing the command, which checkpoints' config digest names: a run that
 resumes the paced one's checkpoints need not be paced.
@@ -39,6 +41,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -140,6 +143,16 @@ def logged_steps(stderr: str, name: str) -> list[int]:
     return [entry["step"] for entry in found if entry["name"] == name]
 
 
+def truncate(file: Path) -> None:
+    """Cut `file` to half its length once its checkpoint's manifest is there (written in the background)."""
+    deadline = time.monotonic() + 60
+    while not (file.parents[1] / "manifest.json").exists():
+        assert time.monotonic() < deadline, f"{file.parents[1]} was never committed"
+        time.sleep(0.01)
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+
+
 def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) -> None:
     import lightning as L
 
@@ -154,6 +167,9 @@ def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) ->
 
         def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor | None:
             net.step = self.global_step
+            if opts.truncate and self.global_step == int(opts.truncate.split(":")[0]):
+                truncate(Path(opts.truncate.split(":", 1)[1]))
+                opts.truncate = None  # once: the step runs again after a rollback
             if self.global_step == opts.empty_step:
                 return None
             time.sleep(0.3 if run.precision == opts.slow else opts.pace)
@@ -210,6 +226,7 @@ def main() -> None:
     parser.add_argument("--loss-func", action="store_true")
     parser.add_argument("--val-output", choices=["odd-none", "none", "dict"], default=None)
     parser.add_argument("--log-losses", action="store_true")
+    parser.add_argument("--truncate", default=None)
     parser.set_defaults(pace=float(os.environ.get("FRAMEWORK_SCRIPT_STEP_SECONDS", "0")))
     opts = parser.parse_args()
     with mpjob.start() as run:

@@ -3,8 +3,10 @@ replay of a fault that was applied to the weights (adapters.replaying.FrameworkW
 
 Only what the replay needs is read (weights and optimizer state: the replayed steps apply
 updates as training did), with loaders that run no code: safetensors, and `torch.load` with
-`weights_only`. A file that is missing or will not load makes the replay inconclusive, as
-before such replays existed. A data verdict then re-enters the framework from the same
+`weights_only`. The session hands them a checkpoint verified again (Checkpointer.back_to: one
+damaged since its save is passed over for the one before it); a file of a sound one that is
+missing or will not load (another format) makes the replay inconclusive, as before such replays
+existed. A data verdict then re-enters the framework from the same
 checkpoint through its own resume, which restores everything else (schedules, RNG, loops)."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ step pre-hook calls before the step may change what is copied; that wait counts 
 save and its outcome happen on every rank (rank 0 alone logs).
 
 The Checkpointer owns the staging buffers and the writer thread; the session and its
-collaborators use only its public methods (open, save, collect, settle, load, state_of, reload, clean_stale,
+collaborators use only its public methods (open, save, collect, settle, load, state_of, reload, back_to, clean_stale,
 last_good, root), never the store's or the writer's internals.
 """
 
@@ -140,17 +140,23 @@ class Checkpointer:
         self, state: TrainingState, before: int, precision: str, scaler: Any
     ) -> tuple[CheckpointRef, int] | None:
         """Every rank: load rank 0's last good checkpoint into `state` when it is at or before step
-        `before` (None: there is none), verified again; one damaged since, or that does not load, is
-        rejected for the one before it, as a resume would (checkpoint.resume.back_to), and that one
-        becomes the last good one. Its ref and applied-step count; NoGoodCheckpoint when none loads."""
-        ref = main_says(self.last_good, self.world)
-        if ref is None or ref.step > before:
-            return None
+        `before` (None: there is none), by `back_to`'s rule. Its ref and applied-step count."""
         applied: list[int] = []
 
         def restore(loaded: Loaded) -> None:
             applied[:] = [state.restore(loaded[1], precision, scaler)]
 
+        loaded = self.back_to(before, restore)
+        return (loaded[0], applied[0]) if loaded is not None else None
+
+    def back_to(self, before: int, restore: resume.Restore) -> Loaded | None:
+        """Every rank: the last good checkpoint (rank 0's), loaded by `restore`, when it is at or
+        before step `before` (None: there is none), verified again; one damaged since, or that does
+        not load, is rejected for the one before it, as a resume would (checkpoint.resume.back_to),
+        and that one becomes the last good one. NoGoodCheckpoint when none loads."""
+        ref = main_says(self.last_good, self.world)
+        if ref is None or ref.step > before:
+            return None
         store: Store[Any] = self.store  # a volume's places or a bucket's
         try:
             loaded = resume.back_to(store, ref.step, restore)
@@ -158,7 +164,7 @@ class Checkpointer:
             self.last_good = None  # what is on the store no longer loads: no checkpoint is claimed good
             raise
         self.last_good = loaded[0]
-        return loaded[0], applied[0]
+        return loaded
 
     # ---------------------------------------------------------------- saving
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:

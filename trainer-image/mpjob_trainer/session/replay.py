@@ -13,9 +13,10 @@ and gradient norm on the host:
   step and its samples, and the job fails without spending attempts on other precisions;
 - no replay possible (no step function registered, no checkpoint and non-finite weights in
   memory, an error, or past replayTimeoutSeconds): inconclusive -> the precision is blamed,
-  as before replays existed. A checkpoint that does not load is no failed replay: it is passed
-  over for the one before it, as on resume (Checkpointer.reload); with none the attempt ends
-  NoGoodCheckpoint (an InfraError, retried in the same precision).
+  as before replays existed. A checkpoint that does not load (damaged since its save) is no
+  failed replay: it is passed over for the one before it, as on resume (Checkpointer.back_to; a
+  framework's as the session's own); with none the attempt ends NoGoodCheckpoint (an InfraError,
+  retried in the same precision).
 
 Without a checkpoint before the fault (a fault before the first checkpoint), the weights in
 memory are used when they are finite (GradScaler never applies an overflowing step), and only
@@ -218,12 +219,10 @@ class Fp32Replay:
         """Load the window's starting weights on every rank: the window from the checkpoint that
         loaded, and why no replay can be made, if so (the same answer on every rank). A checkpoint
         that does not load is the checkpoint's fault, not the precision's: the one before it is
-        taken (Checkpointer.reload), and with none NoGoodCheckpoint ends the attempt."""
+        taken (Checkpointer.back_to), and with none NoGoodCheckpoint ends the attempt."""
         why = ""
         try:
-            if win.from_checkpoint and ref is not None and self.weights is not None and not state.objects:
-                self.weights.load(ref)
-            elif win.from_checkpoint and ref is not None:
+            if win.from_checkpoint and ref is not None:
                 win = self._reloaded(win, state=state, checkpoints=checkpoints)
             elif win.from_checkpoint and self.fresh is not None:
                 state.restore(self.fresh.state, "fp32", None)
@@ -239,11 +238,16 @@ class Fp32Replay:
         return win, why or f"rank(s) {listed(table.ranks('failed'))} could not load the replay's weights"
 
     def _reloaded(self, win: Window, *, state: TrainingState, checkpoints: Checkpointer) -> Window:
-        """Load the last good checkpoint, or the good one before it, into `state`: the window from it."""
-        loaded = checkpoints.reload(state, win.first_fault, "fp32", None)
-        assert loaded is not None  # rank 0's last good checkpoint, at or before the first faulting step
+        """Load the last good checkpoint, or the good one before it, into `state` (a framework's:
+        into its live weights, from the framework's checkpoint inside it): the window from it."""
+        found: tuple[CheckpointRef, object] | None
+        if (weights := self.weights if not state.objects else None) is not None:
+            found = checkpoints.back_to(win.first_fault, lambda loaded: weights.load(loaded[0]))
+        else:
+            found = checkpoints.reload(state, win.first_fault, "fp32", None)
+        assert found is not None  # rank 0's last good checkpoint, at or before the first faulting step
         after = self.known.first_step if self.known is not None else -1
-        return window(win.first_fault, checkpoint_step=loaded[0].step, replay_steps=self.spec.replay_steps, after=after)
+        return window(win.first_fault, checkpoint_step=found[0].step, replay_steps=self.spec.replay_steps, after=after)
 
     def _judge(self, win: Window) -> Replay:
         """Each step of the window in turn, until one is non-finite on any rank (all ranks stop

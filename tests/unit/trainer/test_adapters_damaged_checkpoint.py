@@ -1,0 +1,36 @@
+"""A framework's checkpoint damaged after its save is the checkpoint's fault, never the
+precision's: the fp32 replay of a fault the framework applied (bf16) loads the framework's
+checkpoint by the resume's rule, passing over the damaged one (checkpointRejected) for the one
+before it, as the replay of a loop on the SDK does (test_replay_damaged_checkpoint)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpjob_contract.codes import ExitCode
+from tests.unit.trainer.conftest import run_trainer
+from tests.unit.trainer.test_adapters_skipping import POISON, SCRIPT, job
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.process
+def test_a_damaged_framework_checkpoint_is_passed_over_by_the_replay_and_the_precision_kept(tmp_path: Path) -> None:
+    """bf16 applies the poisoned step 12 to the weights, so the replay loads the framework's
+    checkpoint of step 10, whose weights file was cut short at step 11: it is rejected, the
+    fresh start's step-0 checkpoint is replayed from, the data is blamed and the step skipped."""
+    damaged = tmp_path / "ckpt" / "step-000000010" / "framework" / "lightning.ckpt"
+    extra = ["--poison", POISON["lightning"], "--truncate", f"11:{damaged}"]
+    spec = job("lightning", *extra)
+    spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+    run = run_trainer(tmp_path, spec, "bf16", argv=[SCRIPT, "lightning", *extra])
+    assert run.code == ExitCode.SUCCESS and run.of("fault") == [], run.stderr[-3000:]
+    (rejected,) = run.of("checkpointRejected")
+    assert rejected["path"].endswith("step-000000010"), rejected
+    (replay,) = run.of("replay")
+    assert replay["verdict"] == "data" and replay["fromCheckpoint"] is True and replay["offendingStep"] == 12
+    (skipped,) = run.of("dataSkipped")
+    assert skipped["fromStep"] == 0 and skipped["steps"] == [12]
+    assert run.report is not None and run.report.precision == "bf16"
