@@ -127,3 +127,19 @@ def test_an_fp8_drift_on_a_sharded_model_goes_on_in_bf16_in_place(tmp_path: Path
     for report, _ in runs.values():
         assert "QualityDrift: eval loss" in report["attempts"][0]["message"]
     fell_back_in_place_as_restarted(runs, [("fp8", "NumericFault", 0), ("bf16", "Succeeded", 25)])
+
+
+@pytest.mark.process
+def test_a_checkpoint_damaged_before_the_model_is_wrapped_anew_is_passed_over_for_the_one_before_it(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint of step 10, which the fallback at step 12 goes back to, has a shard damaged
+    after its save: the re-entered loop's resume passes over it for the one of step 5 (as the
+    restarted attempt's resume does), never ending the attempt on the damage."""
+    script = {"command": [sys.executable, str(Path(__file__).with_name("reentering_script.py")), "12", "10"]}
+    runs = both_ways(tmp_path, task=script)
+    fell_back_in_place_as_restarted(runs, [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 5)])
+    _, out = runs["inplace"]
+    log = "\n".join(p.read_text() for p in sorted((out / "attempts" / "a0").glob("worker*.log")))
+    rejected = [json.loads(line) for line in log.splitlines() if '"checkpointRejected"' in line]
+    assert rejected and all("step-000000010" in e["path"] for e in rejected), rejected

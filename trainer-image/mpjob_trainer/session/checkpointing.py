@@ -22,7 +22,7 @@ step pre-hook calls before the step may change what is copied; that wait counts 
 save and its outcome happen on every rank (rank 0 alone logs).
 
 The Checkpointer owns the staging buffers and the writer thread; the session and its
-collaborators use only its public methods (open, save, collect, settle, load, state_of, reload, back_to, clean_stale,
+collaborators use only its public methods (open, save, collect, settle, load, reload, back_to, clean_stale,
 last_good, root), never the store's or the writer's internals.
 """
 
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
 from mpjob_trainer.checkpoint import BackgroundWriter, SaveResult, StagingBuffers, Store, WriteFailed, resume
-from mpjob_trainer.checkpoint.resume import Loaded
+from mpjob_trainer.checkpoint.resume import Loaded, Restore
 from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
@@ -132,10 +132,6 @@ class Checkpointer:
         for optimizer in state.optimizers():
             numerics.applied.watch(optimizer)
 
-    def state_of(self, ref: CheckpointRef) -> dict[str, Any]:
-        """The state of checkpoint `ref`, verified again (it may have been damaged since)."""
-        return self.store.verify(Path(ref.path))[1]
-
     def reload(
         self, state: TrainingState, before: int, precision: str, scaler: Any
     ) -> tuple[CheckpointRef, int] | None:
@@ -149,7 +145,7 @@ class Checkpointer:
         loaded = self.back_to(before, restore)
         return (loaded[0], applied[0]) if loaded is not None else None
 
-    def back_to(self, before: int, restore: resume.Restore) -> Loaded | None:
+    def back_to(self, before: int, restore: Restore) -> Loaded | None:
         """Every rank: the last good checkpoint (rank 0's), loaded by `restore`, when it is at or
         before step `before` (None: there is none), verified again; one damaged since, or that does
         not load, is rejected for the one before it, as a resume would (checkpoint.resume.back_to),

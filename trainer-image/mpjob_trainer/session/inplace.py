@@ -35,7 +35,9 @@ MixedPrecisionPolicy when it wraps, and torch has no setter for it. The loop, ru
 Session.reentering (the builtin is), is left (outcomes.Rewrap) and runs again in the same
 processes: it builds its model, wraps it in the new precision, and its resume() loads the state
 a restarted attempt would load (the last good checkpoint, else the fresh start's step 0; after a
-re-promotion, the checkpoint just written). The processes, their imports and their process
+re-promotion, the checkpoint just written), verified as it loads: one damaged since its save is
+passed over for the good one before it, the attempt then starting there (NoGoodCheckpoint, an
+InfraError, when none loads). The processes, their imports and their process
 group stay; the change is told once the state is loaded, its recoverySeconds counting the
 rebuild.
 
@@ -45,7 +47,6 @@ fallback that changes the batch shape (the planner then leaves that precision ou
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -95,7 +96,7 @@ class InPlace:
         #: A change is made by the loop re-entering, its model wrapped anew (a sharded model's).
         self.rewraps = False
         #: A change made whose loop has not re-entered yet: told by `reentered`.
-        self._untold: Callable[[], None] | None = None
+        self._untold: Callable[[int], None] | None = None
 
     def can(self, fault: NumericFault) -> bool:
         """May `fault` (the precision's, by the replay's verdict) be answered in place?"""
@@ -160,19 +161,24 @@ class InPlace:
         self._told("repromote", step, step, previous, target.precision, rule="repromote", message=str(why),
                    since=detected)  # fmt: skip
 
-    def reentered(self) -> None:
-        """The loop re-entered, its model wrapped anew and the state loaded: the change is told now,
-        its recoverySeconds counting the rebuild."""
+    def reentered(self, start: int) -> None:
+        """The loop re-entered, its model wrapped anew and the state of step `start` loaded: the
+        change is told now, its recoverySeconds counting the rebuild. A start before the change's
+        (its checkpoint no longer loaded: the good one before it did) is the attempt's start."""
+        if start != self.started_at:
+            self.context.numerics.guard.restart_at(start)
+            self.cadence.trouble(start)
+            self.started_at = start
         untold, self._untold = self._untold, None
         if untold is not None:
-            untold()
+            untold(start)
 
-    def _told(self, *args: Any, **kwargs: Any) -> None:
-        """`_tell` now, or once the loop re-entered when the model is wrapped anew."""
+    def _told(self, kind: ChangeKind, step: int, start: int, *args: Any, **kwargs: Any) -> None:
+        """`_tell` now, or once the loop re-entered (from the step it loaded) when the model is wrapped anew."""
         if self.rewraps:
-            self._untold = functools.partial(self._tell, *args, **kwargs)
+            self._untold = lambda begun: self._tell(kind, step, begun, *args, **kwargs)
         else:
-            self._tell(*args, **kwargs)
+            self._tell(kind, step, start, *args, **kwargs)
 
     def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int) -> None:
         """The processes go on as the next attempt, in `target`, from step `start`: the guard, the

@@ -133,14 +133,15 @@ class Recovery:
 
     def reenter(self, state: TrainingState, checkpoints: Checkpointer) -> int:
         """The re-entered loop's resume(): load the state it was left for into its new objects, as
-        a restarted attempt's resume loads it, and tell the change; the step it goes on from."""
+        a restarted attempt's resume loads it (a checkpoint damaged since is passed over for the
+        good one before it: rollback.restore), and tell the change; the step it goes on from."""
         assert self.reentry is not None and self.in_place is not None  # only a change made in place leaves
         target, self.reentry, numerics = self.reentry, None, self.context.numerics
         checkpoints.hook(state)
-        restore(target, state=state, numerics=numerics, keep_position=False)
+        start = restore(target, checkpoints=checkpoints, state=state, numerics=numerics, keep_position=False)
         checkpoints.watch(state, numerics)
-        self.in_place.reentered()
-        return target.step
+        self.in_place.reentered(start)
+        return start
 
     def _not_in_place(self, state: TrainingState | None) -> str | None:
         """Why this loop cannot change precision in place (None: it can)."""

@@ -53,7 +53,8 @@ class FreshStart:
 
 @dataclass(frozen=True)
 class Target:
-    """A state to roll back to: its step, the state, and its checkpoint (None: the fresh start)."""
+    """A state to roll back to: its step, the state, and its checkpoint (None: the fresh start).
+    A checkpoint's state is read when it is loaded (`roll_back`), not here: {}."""
 
     step: int
     state: dict[str, Any]
@@ -64,11 +65,12 @@ def rollback_target(before: int, *, checkpoints: Checkpointer, world: World, fre
     """The newest good state at or before step index `before`: the last good checkpoint, else a
     fresh attempt's step 0 (None: neither). A save still being written counts (the rollback
     point does not depend on the disk's speed), and every rank takes rank 0's checkpoint (only
-    rank 0 collects asynchronous saves). A collective."""
+    rank 0 collects asynchronous saves). The checkpoint is only named: whoever loads it
+    (`roll_back`) verifies it then, and passes over one damaged since. A collective."""
     checkpoints.collect(block=True, training_step=before + 1)
     ref = main_says(checkpoints.last_good, world)
     if ref is not None and ref.step <= before:
-        return Target(ref.step, checkpoints.state_of(ref), ref)
+        return Target(ref.step, {}, ref)
     if fresh is not None:
         return Target(fresh.step, fresh.state, None)
     return None
@@ -108,16 +110,25 @@ def roll_back(
     return target
 
 
-def restore(target: Target, *, state: TrainingState, numerics: StepNumerics, keep_position: bool) -> None:
-    """Load `target` into the session's objects and numerics. `keep_position`: the data position
-    stays where the loop stands (a loop caught up in place re-runs the same positions, quarantined
-    samples left out, and a later checkpoint must say so); a loop that re-enters runs them again
-    itself, counting from the target's position."""
+def restore(
+    target: Target, *, checkpoints: Checkpointer, state: TrainingState, numerics: StepNumerics, keep_position: bool
+) -> int:
+    """Load `target` into the session's objects and numerics: the step it loaded. A checkpoint is
+    loaded as `roll_back` loads it (verified again: one damaged since, or that does not load, is
+    passed over for the one before it; NoGoodCheckpoint when none loads). `keep_position`: the data
+    position stays where the loop stands (a loop caught up in place re-runs the same positions,
+    quarantined samples left out, and a later checkpoint must say so); a loop that re-enters runs
+    them again itself, counting from the target's position. A collective."""
+    if target.ref is not None:
+        loaded = roll_back(target.step, checkpoints, state, numerics, fresh=None, keep_position=keep_position)
+        assert loaded is not None  # rank 0's last good checkpoint: the target's, or one before it
+        return loaded.step
     seen = state.samples
     numerics.applied.count = state.restore(target.state, numerics.precision.precision, numerics.precision.scaler)
     if keep_position:
         state.samples = seen
     _rewound(target.step, numerics)
+    return target.step
 
 
 def _rewound(step: int, numerics: StepNumerics) -> None:
