@@ -195,7 +195,8 @@ class Reconciler:
 
     def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
         """A spec the models refuse: the job fails with the first problem (once), cut as every
-        message the status holds (a problem may name the field or echo the value it refuses)."""
+        message the status holds (a problem may name the field or echo the value it refuses),
+        and a Warning Event `Failed` says it, as every other failure does."""
         if old.phase == "Failed":
             return
         failed = old.model_copy(deep=True)
@@ -204,6 +205,7 @@ class Reconciler:
         reason = ConditionReason.INVALID_SPEC
         st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)
         self._write(body, body.get("status") or {}, failed)
+        kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=failed.message)
 
     def _act(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.operator.test_api_errors import FakeCluster, reconciler
+from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +35,7 @@ LONG = 300_000
     ],
     ids=["refused-value", "unknown-field", "deep-argument", "builtin-argument", "spec-wide-rule"],
 )
+@pytest.mark.usefixtures("events")
 def test_an_invalid_spec_fails_the_job_with_a_bounded_message(spec: dict[str, Any], starts: str) -> None:
     cluster = FakeCluster()
     cluster.body["spec"].update(spec)
@@ -44,3 +45,15 @@ def test_an_invalid_spec_fails_the_job_with_a_bounded_message(spec: dict[str, An
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec" and failed["message"] == status["message"]
     assert len(status["message"]) <= 1024
+
+
+def test_an_invalid_spec_is_told_by_one_warning_event(events: list[tuple[str, str]]) -> None:  # noqa: F811
+    """`kubectl describe` and `kubectl get events` show why the job failed, as for every other
+    failure: one Warning Event `Failed` with the status's message, not again on the next reconcile."""
+    cluster = FakeCluster()
+    cluster.body["spec"].update({"task": {"builtin": "gpt", "args": {"nLayer": "x"}}})
+    made = reconciler(cluster)
+    made.handle(("ns", "j"), False)
+    made.handle(("ns", "j"), False)
+    assert events == [("Failed", cluster.body["status"]["message"])]
+    assert events[0][1].startswith("invalid spec: spec.task.args.nLayer")
