@@ -198,7 +198,7 @@ FAULT_RULE_ALLOWED = Rule(
     cel="!(has(self.fault) || has(self.on)) || ((has(self.fault) ? self.fault : self.on) + '/' + self.action) in ["
     + ", ".join(f"'{fault.value}/{action.value}'" for fault, actions in ACTIONS.items() for action in actions)
     + "]",
-    message="faultPolicy.rules[].action must be one its fault allows: "
+    message="faultPolicy.rules[].action must be one that its fault allows: "
     + "; ".join(f"{fault.value}: {', '.join(a.value for a in actions)}" for fault, actions in ACTIONS.items()),
     holds=_allowed_action,
     field_path=".action",

@@ -131,12 +131,12 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     (
         "fault-rule-action-not-allowed",
         bad("spec.faultPolicy", {"rules": [{"fault": "NumericFault", "action": "Skip"}]}),
-        "faultPolicy.rules[].action must be one its fault allows",
+        "faultPolicy.rules[].action must be one that its fault allows",
     ),
     (
         "fault-rule-action-not-allowed-under-the-former-name",
         bad("spec.faultPolicy", {"rules": [{"on": "NumericFault", "action": "Skip"}]}),
-        "faultPolicy.rules[].action must be one its fault allows",
+        "faultPolicy.rules[].action must be one that its fault allows",
     ),
     (
         "fault-rule-names-two-faults",

@@ -50,7 +50,7 @@ def test_every_fault_and_action_pair_is_allowed_exactly_as_the_table_says(fault:
     try:
         FaultPolicy.model_validate({"rules": [{"fault": fault.value, "action": action.value}]})
     except ValueError as exc:
-        assert refused and "faultPolicy.rules[].action must be one its fault allows" in str(exc)
+        assert refused and "faultPolicy.rules[].action must be one that its fault allows" in str(exc)
     else:
         assert not refused
 
