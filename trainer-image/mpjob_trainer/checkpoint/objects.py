@@ -4,6 +4,8 @@
     <job>/step-000000200/w-<12 hex>/state.pt    the files of the writer that manifest names
     <job>/.corrupt/step-000000200-<ns>-<hex>/manifest.json
                                                 a checkpoint set aside (its manifest, moved)
+    <job>/.unloadable/step-000000200             the mark of one that did not load
+                                                (checkpoint.unloadable)
 
 Every save uploads into a folder of its own below the step's prefix (`new_writer`; a sharded
 save's ranks agree on rank 0's), and its manifest names that folder (`writer`): two writers of
@@ -29,6 +31,8 @@ from mpjob_trainer.checkpoint.manifest import Manifest, folder_name, step_of
 
 #: The folder below a job's prefix holding the manifests of the checkpoints it set aside.
 ASIDE = ".corrupt"
+#: The folder below a job's prefix holding the marks of the checkpoints that did not load.
+UNLOADABLE = ".unloadable"
 _ASIDE_NAME = re.compile(r"(step-[0-9]{9})-[0-9]{20}-[0-9a-f]{6}")
 
 
@@ -66,6 +70,11 @@ def place_prefix(key: str, where: str) -> str:
     if path.parent.name == ASIDE and aside_step(path.name) is not None:
         return f"{key}/{ASIDE}/{path.name}"
     return f"{key}/{path.name}"
+
+
+def mark_key(key: str, where: str) -> str:
+    """The key of the mark of the step folder `where` names (below the job's `key`)."""
+    return f"{key}/{UNLOADABLE}/{PurePosixPath(where).name}"
 
 
 def unshared(step_prefix: str, aside: Manifest, committed: Manifest | None) -> list[str]:

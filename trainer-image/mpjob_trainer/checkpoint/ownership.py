@@ -15,6 +15,7 @@ the newest CORRUPT_KEPT stay for diagnosis and older ones go (`bound_aside`), on
 from __future__ import annotations
 
 from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint import unloadable
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
 
@@ -50,9 +51,9 @@ def wrote(store: Store[W], where: W) -> bool:
 
 def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     """What a save finds at its step's place `where`: nothing (None); this job's valid checkpoint
-    (its ref: kept, never overwritten); this job's damaged one (or one that did not load), set
-    aside (None: the new one takes its place); anything else is left as it is and the save
-    writes nothing (CheckpointTaken)."""
+    (its ref: kept, never overwritten); this job's damaged one (or one known not to load, in this
+    process or an earlier one: checkpoint.unloadable), set aside (None: the new one takes its
+    place); anything else is left as it is and the save writes nothing (CheckpointTaken)."""
     try:
         manifest = store.manifest(where)
     except CorruptCheckpoint:
@@ -62,12 +63,12 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     if manifest.job != store.job:
         raise CheckpointTaken(where)
     try:
-        if where in store.unloadable:
+        if unloadable.known(store, where, manifest):
             raise CorruptCheckpoint(f"{where}: its files did not load")
         ref, _ = store.verify(where, alone=True)
     except CorruptCheckpoint:
-        store.unloadable.discard(where)
         store.set_aside(where)
+        unloadable.forget(store, where)  # after: a save killed between leaves a mark naming no checkpoint
         return None
     return ref
 

@@ -40,8 +40,9 @@ class Store(Protocol[W]):
     #: How many of its job's checkpoints the store keeps.
     keep: int
     log: Log
-    #: Places whose checkpoint verified but did not load (checkpoint.resume): corrupt, so a
-    #: save of its step sets it aside instead of keeping it.
+    #: Places whose checkpoint verified but did not load (checkpoint.resume) in this process:
+    #: corrupt, so a save of its step sets it aside instead of keeping it (later processes
+    #: know it by its mark: checkpoint.unloadable).
     unloadable: set[W]
 
     def steps(self) -> list[tuple[int, W]]:
@@ -70,6 +71,16 @@ class Store(Protocol[W]):
 
     def aside(self) -> list[W]:
         """The places of the checkpoints set aside here, oldest first (by step, then when)."""
+        ...
+
+    def mark_unloadable(self, where: W, sha256: str | None) -> None:
+        """Record beside the checkpoint at `where`, never inside it, that the one of state sha256
+        `sha256` did not load (checkpoint.unloadable); None: remove that record."""
+        ...
+
+    def unloadable_mark(self, where: W) -> bytes | None:
+        """The record `mark_unloadable` left beside `where`, as stored (no more than one byte past
+        unloadable.MARK_BYTES: unchecked), or None when there is none."""
         ...
 
     def discard(self, where: W, manifest: Manifest) -> None:

@@ -12,8 +12,9 @@ With `restore`, a checkpoint is taken only once its state is loaded into the run
 checkpoint's shards are read only then (DCP reads what the run needs now), so a shard that
 passes its sha256 check and still fails to load (a manifest recomputed over a damaged or planted
 file) is rejected like one that fails verification, and the next candidate is tried; the store
-remembers it (`unloadable`, on every rank when any rank failed to load it), so a save of its
-step replaces it rather than keeping it.
+remembers it (on every rank when any rank failed to load it) and marks it for later attempts
+(checkpoint.unloadable), so a save of its step replaces it rather than keeping it, and a resume
+or a rollback, in this process or a later one, passes it over without loading it again.
 
 Under a process group every rank resumes the same checkpoint: the ranks try rank 0's candidates
 (another writer's save landing between two ranks' listings changes no list), and a checkpoint
@@ -25,10 +26,10 @@ that DCP could not read to the end: PartlyLoaded) may be in part on every rank: 
 candidate, loaded on every rank, makes their states one again, and with none left the attempt
 ends (ResumedApart, an InfraError) instead of starting at step 0 from states that differ (DDP
 never re-syncs parameters) or from half-loaded weights. The retry's new
-processes start from their initial state (`unloadable` is this process's memory: it tries the
-same checkpoint again), and one that keeps failing so ends two attempts alike, before their first
-step, and the job with them (operator planning.repeat). A single process that could not load one
-at all still starts at step 0.
+processes start from their initial state and pass the marked checkpoint over (should its mark
+be lost, they try it again, and one that keeps failing so ends two attempts alike, before their
+first step, and the job with them: operator planning.repeat). A single process that could not
+load one at all still starts at step 0.
 A rank whose reading or restore of a checkpoint fails without a verdict on it (an I/O error; a
 ConfigError: the run does not fit it) ends the resume on every rank (checkpoint.peers): its error
 there, PeerFailed on the others, or the same ConfigError, never a rank left alone in an agreement.
@@ -52,6 +53,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint import unloadable
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, PartlyLoaded, step_of
 from mpjob_trainer.checkpoint.peers import Peers, agree
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED, Store, W
@@ -151,7 +153,7 @@ def first_valid(store: Store[W], places: list[W], restore: Restore | None = None
             problem, failure, changed = _restored(loaded, restore)
             if _agreed(store, where, problem, peers, failure):
                 return loaded
-            store.unloadable.add(where)  # on every rank: rank 0's save of its step replaces it
+            unloadable.remember(store, where, loaded[0].sha256)  # every rank: a save of its step replaces it
             if any(peers.gather(changed)) and apart is None:
                 apart = where
     if apart is not None:
@@ -178,7 +180,8 @@ def _verified(store: Store[W], where: W) -> tuple[Loaded | None, str | None, Exc
     """This rank's reading of the checkpoint at `where`: its verified state, or why not (a problem
     with it), or how the reading failed (no verdict on it)."""
     try:
-        return store.verify(where), None, None
+        known = unloadable.passed_over(store, where)  # an earlier try could not load it: not again
+        return (None, known, None) if known is not None else (store.verify(where), None, None)
     except CorruptCheckpoint as exc:
         return None, str(exc), None
     except Exception as exc:  # raised on every rank by the agreement: none left waiting in it

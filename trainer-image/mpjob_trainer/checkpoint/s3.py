@@ -10,14 +10,14 @@ rename, so the manifest is the commit. A folder without one is no checkpoint; tw
 step share no key, so whichever manifest lands last names only its own writer's objects. A save
 that fails deletes what it uploaded (`withdraw`); a killed one's objects stay (nothing in the
 bucket tells a killed writer from one still uploading, whose manifest would then name deleted
-objects); `clean_stale` aborts unfinished multipart uploads. It implements
-checkpoint.protocol's Store over the bucket: resume order, ownership, a save's check of its step,
-keep-K and the bound on set-aside checkpoints (their manifests moved below `.corrupt/`) are the
-volume store's (checkpoint.resume, checkpoint.ownership). A manifest is untrusted input
-(checkpoint.document): a malformed one, or one naming a file outside its folder, is corrupt,
-never followed, pruned or replaced. Loading checks every listed object's size, downloads and
-verifies as the volume store does; a pruned checkpoint is uncommitted, then only the objects its
-manifest lists go. A failure no retry can fix names the bucket (BucketMisconfigured).
+objects); `clean_stale` aborts unfinished multipart uploads. It implements checkpoint.protocol's
+Store over the bucket: resume order, ownership, a save's check of its step, keep-K, the bound on
+set-aside checkpoints (their manifests moved below `.corrupt/`) and the marks of those that did
+not load (below `.unloadable/`) are the volume store's (checkpoint.resume, .ownership, .unloadable).
+A manifest is untrusted input (checkpoint.document): a malformed one, or one naming a file outside
+its folder, is corrupt, never followed, pruned or replaced. Loading checks every listed object's
+size, downloads and verifies as the volume store does; a pruned checkpoint is uncommitted, then
+only the objects its manifest lists go. A failure no retry can fix names the bucket (BucketMisconfigured).
 
 Sharded (checkpoint.sharded): after rank 0 checked the step's place (`taken`) each rank uploads
 its own files (`publish`), rank 0 puts the manifest once all agreed (`commit`) or else deletes
@@ -57,6 +57,7 @@ from mpjob_trainer.checkpoint.peers import Peers, agreed
 from mpjob_trainer.checkpoint.protocol import Log
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
+from mpjob_trainer.checkpoint.unloadable import MARK_BYTES
 
 #: The step folders one listing of the job's prefix reads (LIST_PAGE a request): with keep-K
 #: pruning a job holds a few; a prefix crowded past this is read no further (logged).
@@ -137,6 +138,15 @@ class BucketCheckpointStore:
         """The set-aside checkpoints below `.corrupt/` (the first MAX_FOLDERS listed), oldest first."""
         names = sorted(self.bucket.folders(f"{self.key}/{objects.ASIDE}", MAX_FOLDERS))
         return [f"{self.location}/{objects.ASIDE}/{name}" for name in names if objects.aside_step(name) is not None]
+
+    def mark_unloadable(self, where: str, sha256: str | None) -> None:
+        """The object `.unloadable/<step folder>` below the job's prefix, holding `sha256` (None: deleted)."""
+        key = objects.mark_key(self.key, where)
+        self.bucket.put(key, sha256.encode()) if sha256 is not None else self.bucket.delete([key])
+
+    def unloadable_mark(self, where: str) -> bytes | None:
+        """The mark of `where`, read no further than a mark may go (unloadable.MARK_BYTES)."""
+        return self.bucket.get(objects.mark_key(self.key, where), max_bytes=MARK_BYTES)
 
     def discard(self, where: str, manifest: Manifest) -> None:
         """A committed checkpoint: uncommitted (manifest deleted), then the objects it lists go. One

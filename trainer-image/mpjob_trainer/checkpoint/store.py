@@ -2,7 +2,8 @@
 in place, verified before they are trusted.
 
 Layout under the checkpoint directory: `step-000000200/` per checkpoint (its format:
-checkpoint.manifest), `.tmp-*` folders being written or deleted, `.corrupt-*` ones set aside.
+checkpoint.manifest), `.tmp-*` folders being written or deleted, `.corrupt-*` ones set aside,
+`.unloadable-<step folder>` marks of checkpoints that did not load (checkpoint.unloadable).
 A checkpoint is written into `.tmp-<step>-<pid>-<random>/` (never another writer's: two pods'
 trainers have the same pid), each file fsynced, the manifest last, the folder fsynced, then
 renamed into place: a process killed at any moment leaves either a complete checkpoint or a
@@ -26,8 +27,6 @@ verdict. Writes are serialised by a lock: a synchronous save never interleaves w
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import secrets
 import shutil
@@ -40,7 +39,7 @@ from typing import Any
 import torch
 
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.checkpoint import ownership, shards
+from mpjob_trainer.checkpoint import folders, ownership, shards, unloadable
 from mpjob_trainer.checkpoint.checked import CheckedSource, load_checked
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
@@ -64,42 +63,8 @@ from mpjob_trainer.checkpoint.migrate import FORMAT_KEY
 from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT, CheckpointTaken
 from mpjob_trainer.checkpoint.peers import Peers, agreed
 from mpjob_trainer.checkpoint.protocol import Log
-from mpjob_trainer.errors import ConfigError
 
 __all__ = ["CORRUPT_KEPT", "CheckpointStore", "CheckpointTaken", "Log", "SaveResult"]
-
-_SET_ASIDE = ".corrupt-"
-
-#: Why a checkpoint folder cannot be made that no retry fixes: a file in its place or on its
-#: path, no permission, a read-only volume.
-_NO_FOLDER = frozenset({errno.EEXIST, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EROFS})
-
-
-def _writable_folder(root: Path) -> None:
-    """Make `root`, a folder this process writes checkpoints into; a ConfigError naming it when it
-    cannot be one (no retry helps: every save would fail, the final one the attempt)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        if exc.errno not in _NO_FOLDER:
-            raise
-        raise ConfigError(
-            f"checkpointDir {root}: not a folder this trainer can create ({exc.strerror}): the job's "
-            "checkpoint folder must be a writable folder of the checkpoint volume"
-        ) from None
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"checkpointDir {root}: this trainer may not write into it (uid {os.getuid()}; a read-only "
-            "volume, or a folder of another user): the job's checkpoint folder must be writable"
-        )
-
-
-def _set_aside_order(folder: Path) -> tuple[int, int]:
-    """How new a `.corrupt-<step folder>-<random>` folder is: its step, then when it was set aside."""
-    step = step_of(folder.name.removeprefix(_SET_ASIDE).rsplit("-", 1)[0])
-    with contextlib.suppress(OSError):  # gone meanwhile (another job's, deleted by it): oldest
-        return (step if step is not None else -1, folder.stat().st_ctime_ns)
-    return (-1, 0)
 
 
 @dataclass
@@ -116,7 +81,7 @@ class CheckpointStore:
         self.config_digest = config_digest
         self.job = job  # written into every manifest: what this store may prune or move aside
         self.log: Log = log or (lambda *a, **k: None)
-        _writable_folder(root)
+        folders.writable_folder(root)
         self.unloadable: set[Path] = set()
         self._writing = threading.Lock()
 
@@ -142,12 +107,20 @@ class CheckpointStore:
     def set_aside(self, where: Path) -> None:
         """Move this job's damaged checkpoint at `where` out of sight (`.corrupt-*`); of those it set
         aside the newest CORRUPT_KEPT stay (checkpoint.ownership.bound_aside)."""
-        self._out_of_sight(where, _SET_ASIDE)
+        self._out_of_sight(where, folders.SET_ASIDE)
         ownership.bound_aside(self)
 
     def aside(self) -> list[Path]:
         """The `.corrupt-*` folders, oldest first (by step, then when they were set aside)."""
-        return sorted(self.root.glob(f"{_SET_ASIDE}*"), key=_set_aside_order)
+        return sorted(self.root.glob(f"{folders.SET_ASIDE}*"), key=folders.set_aside_order)
+
+    def mark_unloadable(self, where: Path, sha256: str | None) -> None:
+        """`.unloadable-<step folder>` beside `where`, holding `sha256` (None: removed)."""
+        folders.write_mark(self.root, where.name, sha256.encode() if sha256 is not None else None)
+
+    def unloadable_mark(self, where: Path) -> bytes | None:
+        """The `.unloadable-<step folder>` beside `where` (no more than unloadable.MARK_BYTES + 1)."""
+        return folders.read_mark(self.root, where.name, unloadable.MARK_BYTES)
 
     def discard(self, where: Path, manifest: Manifest) -> None:
         """Delete `where`, out of sight first: a process killed midway leaves a `.tmp-*` folder
