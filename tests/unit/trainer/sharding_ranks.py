@@ -338,6 +338,18 @@ def case_resume_loaded_apart(world: World) -> dict[str, Any]:
     return _resumed(world, root, _Resumed(world, fails_at=15))
 
 
+def case_resume_apart_then_again(world: World) -> dict[str, Any]:
+    """Rank 1 cannot load the only checkpoint, rank 0 loaded it (ResumedApart); the next attempt's
+    processes (fresh stores, fresh states) know it from its mark: they start fresh together."""
+    root = Path(sys.argv[4]) / "ckpt"
+    if world.is_main:
+        _written(root, 15)
+    dist.barrier()
+    first = _resumed(world, root, _Resumed(world, fails_at=15))
+    assert first["error"] == "ResumedApart", first
+    return _resumed(world, root, _Resumed(world, fails_at=15))
+
+
 def case_resume_listed_apart(world: World) -> dict[str, Any]:
     """Another writer commits step 15 between the ranks' listings of the folder (here: rank 1
     lists a folder holding it, rank 0 one without): both must resume the same checkpoint."""

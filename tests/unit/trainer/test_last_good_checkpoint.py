@@ -145,6 +145,7 @@ def test_every_rank_resumes_the_same_checkpoint(tmp_path: Path, case: str) -> No
     [
         ("resume_one_cannot_read", [{"step": None, "w": 0.0}] * 2),
         ("resume_loaded_apart", [{"error": "ResumedApart", "w": 15.0}, {"error": "ResumedApart", "w": 0.0}]),
+        ("resume_apart_then_again", [{"step": None, "w": 0.0}] * 2),  # the next attempt: no ResumedApart again
     ],
 )
 def test_ranks_never_start_fresh_from_two_states(tmp_path: Path, case: str, ended: list[dict[str, Any]]) -> None:
