@@ -29,10 +29,18 @@ class Start(TrainerEvent):
     precision: str
     requested_precision: str = Field(alias="requestedPrecision")
     device: str
+    #: The devices every process of the attempt trains on, distinct (rank 0's `device` among
+    #: them); empty from a trainer that did not say: its `device` alone is known.
+    devices: list[str] = Field(default_factory=list)
     world_size: int = Field(alias="worldSize")
     start_step: int = Field(alias="startStep")
     total_steps: int = Field(alias="totalSteps")
     metrics_port: int | None = Field(None, alias="metricsPort")
+
+    @property
+    def every_device(self) -> list[str]:
+        """The devices the attempt's processes train on, as far as the line tells them."""
+        return self.devices or [self.device]
 
 
 class CheckpointRejected(TrainerEvent):

@@ -103,6 +103,21 @@ def all_gather_rows(row: torch.Tensor, world: World) -> torch.Tensor:
     return flat.view(world.size, row.numel())
 
 
+def devices_of_every_rank(device: torch.device, world: World) -> list[str]:
+    """The devices every rank trains on, distinct and sorted, as each names its own ("cuda:1",
+    "cpu"), in one collective at the attempt's start: rank 0's start line names them, and
+    `mpjob run` charges the GPUs of every process, not rank 0's alone (its workers share one machine)."""
+    index = device.index if device.type == "cuda" and device.index is not None else -1
+    rows = all_gather_rows(torch.tensor([index], dtype=torch.int64, device=device), world)
+    return device_names(rows.flatten().tolist(), device.type)
+
+
+def device_names(indices: list[int], kind: str) -> list[str]:
+    """Every rank's CUDA device index (-1: none, a device of `kind`: the ranks share one backend)
+    as distinct, sorted names."""
+    return sorted({f"cuda:{k}" if k >= 0 else kind for k in indices})
+
+
 def barrier(world: World) -> None:
     if world.distributed:
         dist.barrier()

@@ -289,7 +289,7 @@ class LocalRun:
             self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):
             self.series.measured(index, event.chosen)
-        self._devices |= {event.device} if isinstance(event, events.Start) else set()  # what it is charged
+        self._devices |= set(event.every_device) if isinstance(event, events.Start) else set()  # what it is charged
         return point
 
     # ------------------------------------------------------------------ persistence

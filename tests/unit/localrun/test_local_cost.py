@@ -61,6 +61,26 @@ def test_local_workers_are_charged_the_distinct_gpus_their_start_lines_name(
     assert gpus_held(spec(2 if workers == 1 else 1), workers, seen) == charged
 
 
+def test_one_worker_of_two_processes_is_charged_every_gpu_its_start_line_names() -> None:
+    """processesPerWorker 2 on a machine of two GPUs: only rank 0 writes the start line, and it
+    names both ranks' devices; the worker is charged two GPUs, not rank 0's one."""
+    line = events.format_line(
+        "start",
+        {"attempt": 0, "precision": "bf16", "requestedPrecision": "bf16", "device": "cuda:0",
+         "devices": ["cuda:0", "cuda:1"], "worldSize": 2, "startStep": 0, "totalSteps": 10, "rank": 0},
+    )  # fmt: skip
+    event = events.parse_line(line)
+    assert isinstance(event, events.Start)
+    assert gpus_held(spec(2), 1, event.every_device) == 2
+
+
+def test_a_start_line_naming_no_devices_is_charged_its_own_device() -> None:
+    """A line from a trainer that names no `devices` (an older log, replayed after a kill)."""
+    event = events.parse_line(start_line("cuda:0"))
+    assert isinstance(event, events.Start)
+    assert event.every_device == ["cuda:0"] and gpus_held(spec(2), 1, event.every_device) == 1
+
+
 @pytest.mark.process
 def test_a_gpu_job_run_on_the_cpu_claims_no_gpu_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     doc = tiny_job()

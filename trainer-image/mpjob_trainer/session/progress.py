@@ -18,7 +18,7 @@ import torch
 
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.distributed import World
+from mpjob_trainer.distributed import World, devices_of_every_rank
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics, peak_flops
@@ -133,6 +133,7 @@ class Progress:
             precision=precision,
             requestedPrecision=launch.precision,
             device=str(self.device),
+            devices=devices_of_every_rank(self.device, self.world),
             worldSize=self.world.size,
             startStep=start_step,
             totalSteps=launch.spec.training.steps,
