@@ -81,9 +81,15 @@ class RunSeries:
                 span.reason = reason
 
     def ingest(self, attempt: int, precision: str, line: events.TrainerEvent) -> Point | None:
-        """Record a trainer step line; other events are ignored. Returns the new point."""
+        """Record a trainer step line; other events are ignored. Returns the new point. A step its
+        attempt logged before (run again after a rollback in place: bad data skipped, a spike)
+        replaces what the attempt logged from that step on: each attempt's line is the state it
+        trained on, each step once (another attempt's points at the step stay its own)."""
         if not isinstance(line, events.Step):
             return None
+        last = next((p for p in reversed(self.points) if p.attempt == attempt), None)  # the newest: at the end
+        if last is not None and last.step >= line.step:
+            self.points = [p for p in self.points if p.attempt != attempt or p.step < line.step]
         point = Point(
             attempt=attempt,
             precision=line.precision or precision,

@@ -27,6 +27,12 @@ def run(tmp: Path, *, in_place: bool, gpt: dict = GPT, **precision: object) -> t
     return json.loads((tmp / "out" / "report.json").read_text()), result.stdout
 
 
+def series_steps(tmp: Path) -> dict[int, list[int]]:
+    """Each attempt's steps in the run's series.json (what the plot draws), in order."""
+    points = json.loads((tmp / "out" / "series.json").read_text())["points"]
+    return {a: [p["step"] for p in points if p["attempt"] == a] for a in sorted({p["attempt"] for p in points})}
+
+
 def final_sha(tmp: Path) -> str:
     (state,) = (tmp / "out").rglob("step-000000040/state.pt")
     return hashlib.sha256(state.read_bytes()).hexdigest()
@@ -46,6 +52,10 @@ def test_an_fp16_overflow_falls_back_in_place_and_ends_as_the_restart_path_does(
     assert any(c["type"] == "PrecisionFallback" and c["status"] == "True" for c in inplace["conditions"])
     assert "in place" in said
     assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")
+    # The steps run again from the checkpoint are the second attempt's points, once each, as a restart logs them.
+    steps = series_steps(tmp_path / "inplace")
+    assert steps == series_steps(tmp_path / "restart"), steps
+    assert steps[1][0] < inplace["attempts"][0]["endStep"] and len(set(steps[1])) == len(steps[1])
     # One trainer process for the whole in-place run; the restart path started a second.
     attempts = tmp_path / "inplace" / "out" / "attempts"
     assert sorted(p.name for p in attempts.iterdir()) == ["a0"]

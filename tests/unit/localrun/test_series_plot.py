@@ -93,3 +93,23 @@ def test_plot_is_a_real_png_of_the_series(tmp_path: Path) -> None:
     # An empty series renders too (a run that failed before its first step).
     render(RunSeries(), tmp_path / "empty.png", "x")
     assert (tmp_path / "empty.png").stat().st_size > 1000
+
+
+def test_a_step_its_attempt_runs_again_replaces_what_it_logged_from_there_once() -> None:
+    """A rollback in place (bad data skipped at step 30, back to the checkpoint of step 20):
+    the attempt logs 30 and 40 again; the plot draws each step once, the run that trained on,
+    and another attempt's point at the same step stays its own."""
+    series = RunSeries()
+    series.begin_attempt(0, "bf16", 0)
+    for step, loss in [(10, 3.0), (20, 2.0), (30, float("nan")), (25, 1.9), (30, 1.8), (40, 1.7)]:
+        series.ingest(0, "bf16", line(event="step", step=step, loss=loss, gradNorm=1.0))
+    series.begin_attempt(1, "fp32", 30)
+    series.ingest(1, "fp32", line(event="step", step=40, loss=1.6, gradNorm=1.0))
+    assert [(p.attempt, p.step, p.loss) for p in series.points] == [
+        (0, 10, 3.0),
+        (0, 20, 2.0),
+        (0, 25, 1.9),
+        (0, 30, 1.8),
+        (0, 40, 1.7),
+        (1, 40, 1.6),
+    ]

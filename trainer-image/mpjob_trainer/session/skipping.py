@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from typing import Any
 
 from mpjob_contract.api import Guard as GuardSpec
@@ -45,6 +44,7 @@ from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault, Repromote
 from mpjob_trainer.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
+from mpjob_trainer.session.catch_up import CloseStep, catch_up
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
@@ -77,6 +77,7 @@ class DataRung:
         #: framework adapter; Session.reenter_on_rollback): a rollback ends in RolledBack.
         self.reenters = False
         self._fresh: FreshStart | None = None
+        self._close: CloseStep | None = None  # the session's, as `closing` was last given it
         self._rolled_back_to: CheckpointRef | None = None
         self._reentry: Target | None = None  # found to be loaded by the loop wrapped anew (`rewind`)
         self._precision_suspected = False
@@ -122,13 +123,14 @@ class DataRung:
         step: int,
         loss: Number | None,
         *,
-        close: Callable[[int, Number | None], Exception | None],
+        close: CloseStep,
         state: TrainingState | None,
         checkpoints: Checkpointer,
     ) -> Exception | None:
         """Close step `step` with `close` (the session's); a fault the rung handles is recovered
         from and the step closed again, now on the re-run step's own loss. What ends the step
         otherwise (the attempt's ending, RolledBack, Preempted, ...) is returned."""
+        self._close = close  # a catch-up closes the steps it runs again with it
         if self.machine.phase is Phase.REENTERING:  # the loop re-entered and closes its first step
             self.machine.fire(Event.REENTERED)
         while True:
@@ -285,16 +287,8 @@ class DataRung:
             self.spike.forget_spikes()
         return target.step
 
-    def _catch_up(self, start: int, step: int) -> NumericFault | None:
-        """Run steps start..step-1 (0-based) again; the loop's end_step closes the last. A fault
-        the guard sees on the way ends the catching up there (the rung judges it next)."""
-        replay, numerics = self.replay, self.lent.numerics
-        assert replay is not None
-        for index in range(start, step):
-            if not self.quarantine.skips_step(index):
-                replay.step(index)
-            if index + 1 < step and (
-                fault := numerics.close(index + 1, None, skipped=self.quarantine.skips_step(index))
-            ):
-                return fault
-        return None
+    def _catch_up(self, start: int, step: int) -> Exception | None:
+        """Run steps start..step-1 (0-based) again, each closed as the loop's end_step closes it
+        (session.catch_up); the loop's end_step closes the last."""
+        assert self.replay is not None and self._close is not None  # armed; inside `closing`
+        return catch_up(self.replay, self._close, self.quarantine, start, step)
