@@ -169,9 +169,11 @@ class MpjobCallback(TrainerCallback):
         loss = torch.stack(self._losses).float().sum() if self._losses else None
         self._losses.clear()
         lr, self._lr = self._lr, None
-        samples, self._samples = self._samples * self.bridge.run.world.size, 0
-        grad_norm = self.grad_norms.take()
-        self.bridge.end_step(state.global_step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm)
+        mine, self._samples = self._samples, 0  # this rank's: they weigh its loss in the job's
+        samples, grad_norm = mine * self.bridge.run.world.size, self.grad_norms.take()
+        self.bridge.end_step(
+            state.global_step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm, loss_samples=mine or None
+        )
 
 
 def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transformers import Trainer
+from transformers.trainer_pt_utils import find_batch_size
 
 from mpjob_trainer.adapters.accelerated import class_forward
 from mpjob_trainer.adapters.reload import hf_reader
@@ -102,7 +103,7 @@ def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
             for call in calls:
                 with run.autocast():
                     loss = trainer_loss.again(call, len(calls))
-                run.backward(loss)
+                run.backward(loss, samples=find_batch_size(call.inputs) or None)  # as training weighs it
             run.step(optimizer, clip_norm=clip or None)
 
     if run.launch.precision != "auto":

@@ -148,9 +148,10 @@ class MpjobCallback(L.Callback):
             return  # accumulating gradients: no optimizer step yet
         self._step = trainer.global_step
         lr, self._lr = self._lr, None
-        loss, samples, self._loss, self._samples = self._loss, self._samples * self.run.world.size, None, 0
+        loss, mine, self._loss, self._samples = self._loss, self._samples, None, 0  # mine: weigh its loss
         self.quarantined.take_back()  # before the session may checkpoint this step
-        self.bridge.end_step(trainer.global_step, loss=loss, samples=samples, lr=lr)
+        samples = mine * self.run.world.size
+        self.bridge.end_step(trainer.global_step, loss=loss, samples=samples, lr=lr, loss_samples=mine or None)
 
 
 def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:

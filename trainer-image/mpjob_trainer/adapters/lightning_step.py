@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.data import extract_batch_size
 
 from mpjob_trainer.adapters.reload import lightning_reader
 from mpjob_trainer.adapters.replaying import FrameworkWeights, RecordedSteps, loss_of, weights_finite
@@ -32,8 +33,9 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
         weights_finite(module.parameters())
         optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients are still there
         with recorded.paused(), clipping(trainer, module, optimizer), unlogged(module):
-            for k, batch in enumerate(batches):
-                run.backward(loss_of(trainer.strategy.training_step(batch, k)) / len(batches))
+            for k, batch in enumerate(batches):  # each weighed by its samples, as training weighs it
+                loss = loss_of(trainer.strategy.training_step(batch, k)) / len(batches)
+                run.backward(loss, samples=extract_batch_size(batch) or None)
             run.step(optimizer)
 
     weights = FrameworkWeights(module.parameters, lightning_reader(module, optimizer))

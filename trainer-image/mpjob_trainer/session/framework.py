@@ -172,14 +172,16 @@ class FrameworkRun:
         samples: int | None,
         lr: float | None,
         grad_norm: torch.Tensor | float | None = None,
+        loss_samples: int | None = None,
     ) -> None:
         """Close optimizer step `step` as a loop's `end_step` does (`grad_norm`: the framework's,
-        before clipping, unscaled, where it tells it). A numeric fault ends the run
+        before clipping, unscaled, where it tells it; `loss_samples`: this rank's samples of the
+        step, which weigh its loss in the job's, the framework running backward). A numeric fault ends the run
         here, inside the framework's loop: its fp32 replay needs the loop whole (Lightning unwraps
         DDP and moves the model off the device once the fault leaves it); the fault then goes on
         up, and the session's later close() returns the exit code decided here."""
         try:
-            self.run.end_step(step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm)
+            self.run.end_step(step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm, loss_samples=loss_samples)
         except NumericFault as fault:
             self.run.close(fault)
             raise

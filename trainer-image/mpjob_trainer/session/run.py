@@ -194,13 +194,11 @@ class Session(SetUpCalls):
         self._gate = QualityGate(evaluate, self.spec.validation, self.world, self.device)
 
     @property
-    def scaler(self) -> torch.amp.GradScaler | None:
-        """The attempt's GradScaler (fp16; None otherwise), for a framework that scales and steps."""
+    def scaler(self) -> torch.amp.GradScaler | None:  # fp16's; for a framework that scales and steps
         return self._amp.scaler
 
     @property
-    def checkpoints(self) -> Checkpointer:
-        """Who writes the attempt's checkpoints (the store, and how a save is reported)."""
+    def checkpoints(self) -> Checkpointer:  # who writes the attempt's checkpoints (the store; how a save is told)
         return self._checkpoints
 
     def checkpoint_with(self, checkpointer: Checkpointer) -> None:
@@ -229,13 +227,15 @@ class Session(SetUpCalls):
         samples: int | None = None,
         lr: float | None = None,
         grad_norm: Number | None = None,
+        loss_samples: int | None = None,
     ) -> None:
         """Close optimizer step `step` (1-based, counting up); at intervals: report, guard, checkpoint, preempt.
-        `lr`, `grad_norm` (before clipping, unscaled): to report when the loop steps its optimizer itself."""
+        `lr`, `grad_norm` (before clipping, unscaled), `loss_samples` (this rank's samples `loss`
+        covers): to report when the loop steps its optimizer and runs backward itself."""
         state = self._training(f"end_step({step})")
         if self._rung.machine.phase is not Phase.REENTERING:  # re-entered: it goes on from a checkpoint's step
             self._intervals.cadence.follows(self._step, step)
-        self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm)
+        self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm, loss_samples=loss_samples)
         self._step = step
         state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples

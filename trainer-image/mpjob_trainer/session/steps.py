@@ -53,6 +53,14 @@ def require_one_number(loss: object) -> None:
     raise ConfigError(f"end_step(loss={given}): the loss to report is one number, a float or a one-element tensor")
 
 
+def check_samples(samples: object, *, call: str, name: str) -> None:
+    """A count of samples a loss covers: a positive integer, or None (else a ConfigError naming `call`)."""
+    if samples is not None and not (isinstance(samples, int) and not isinstance(samples, bool) and samples > 0):
+        raise ConfigError(
+            f"{call}{samples!r}): {name} is how many samples the loss covers, a positive integer, or None"
+        )
+
+
 class StepTally:
     """The current optimizer step's losses, gradient norm and learning rate (device values)."""
 
@@ -79,9 +87,16 @@ class StepTally:
         self.weight = float(self.samples or 1)
         return self.loss_sum if self.loss_sum is not None else self.reported
 
-    def stepped_elsewhere(self, *, lr: Number | None, grad_norm: Number | None) -> None:
+    def stepped_elsewhere(
+        self, *, lr: Number | None, grad_norm: Number | None, loss_samples: int | None = None
+    ) -> None:
         """The step's learning rate and gradient norm, from a loop that steps its optimizer
-        itself (a framework); what it does not say stays as `step()` recorded it."""
+        itself (a framework), and the samples its loss covers on this rank (its weight in the
+        job's loss: a framework runs backward itself); what it does not say stays as `step()`
+        and `backward()` recorded it."""
+        check_samples(loss_samples, call="end_step(loss_samples=", name="loss_samples")
+        if loss_samples is not None:
+            self.samples = loss_samples
         if lr is not None:
             self.lr = lr
         if grad_norm is not None:
@@ -165,11 +180,7 @@ class StepNumerics:
         self.applied.watch(optimizer)
 
     def backward(self, loss: torch.Tensor, samples: int | None = None) -> None:
-        if samples is not None and not (isinstance(samples, int) and samples > 0):
-            raise ConfigError(
-                f"backward(loss, samples={samples!r}): samples is how many samples the loss covers, "
-                "a positive integer, or None"
-            )
+        check_samples(samples, call="backward(loss, samples=", name="samples")
         scaler = self.precision.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
         self.tally.add_loss(loss, samples)
