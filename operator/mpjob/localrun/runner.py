@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
+from mpjob.localrun.gpu_time import GpuTime
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir, working_dir_gone
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached, reading_of
@@ -75,13 +75,11 @@ class LocalRun:
         self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
         self.series = RunSeries()
         #: GPU-seconds of the attempts run here: the GPUs their workers ran on x their wall time.
-        self.gpu_seconds: dict[int, float] = {}
-        self._devices: set[str] = set()  # the devices its trainers' start lines named (cost.gpus_held)
+        self.gpu_time = GpuTime(self.spec)
         #: Where this run's trainers keep checkpoints (localrun.launching.checkpoint_dir).
         self.checkpoint_dir = checkpoint_dir(job, self.paths)
         #: The attempt the trainers train now: the launched one, or one they changed to in place.
         self._current: StartAttempt | None = None
-        self._began, self._count = 0.0, self.spec.workers
         self._reached: int | None = None  # the step the current attempt's lines put it at
         self._clock = RecoveryClock()
 
@@ -125,7 +123,7 @@ class LocalRun:
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
             return plan.create[0]
         lc.resume(plan, self.spec, when)
-        cost.account(self.status, self.spec, self.gpu_seconds)
+        cost.account(self.status, self.spec, self.gpu_time.seconds)
         if not plan.create:
             return None
         self.view.info(stops.resume_line(self.name, self.paths.root, self.status.last_checkpoint))
@@ -144,8 +142,8 @@ class LocalRun:
         current = self.status.attempts[-1]  # the replay's copy, its start step corrected
         plan, when = self._transition()
         lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
-        gpus = cost.gpus_held(self.spec, self.status.workers or self.spec.workers, self._devices)
-        self.gpu_seconds[current.index] = gpus * leftover.seconds_seen(current.start_time, logged)
+        workers = self.status.workers or self.spec.workers
+        self.gpu_time.charge_seen(current.index, workers, leftover.seconds_seen(current.start_time, logged))
         self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
         self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
 
@@ -185,7 +183,7 @@ class LocalRun:
                 capability=LOCAL_CAPABILITY,
                 checkpoint_dir=self.checkpoint_dir,
             )
-        cost.account(self.status, self.spec, self.gpu_seconds)
+        cost.account(self.status, self.spec, self.gpu_time.seconds)
         ended = next(a for a in self.status.attempts if a.index == start.index)
         self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
         self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")
@@ -204,13 +202,13 @@ class LocalRun:
         self.series.begin_attempt(start.index, start.precision, start.start_step)
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
         self._save()
-        self._count = start.workers or self.spec.workers
-        cwd = working_dir(self.spec, self.base_dir)
-        self._workers = Workers(self.spec, folder=folder, cwd=cwd, python=self.python, count=self._count)
+        count, cwd = start.workers or self.spec.workers, working_dir(self.spec, self.base_dir)
+        self._workers = Workers(self.spec, folder=folder, cwd=cwd, python=self.python, count=count)
         self._watches = [StallWatch(self.spec, self._workers), DeadlineWatch(self.spec, self.status, self._workers)]
         if self.schedule is not None:  # before the deadline's, which outranks a resize as on a cluster
             self._watches.insert(1, CapacityWatch(self.spec, self.schedule, start, self._workers, self.status))
-        self._current, self._began, self._reached, self._devices = start, time.monotonic(), None, set()
+        self._current, self._reached = start, None
+        self.gpu_time.begin(count)
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
         worker0 = self._workers.start(env, container)
@@ -219,15 +217,8 @@ class LocalRun:
                 self._follow(worker0, self._workers.log0)
             finally:
                 outcome = self._workers.wait(start.index)
-        self._charge_time()
+        self.gpu_time.charge((self._current or start).index)  # an attempt changed in place: the newest
         return reduce(lambda said, watch: watch.ended(said), self._watches, outcome)  # a watch that stopped it says how
-
-    def _charge_time(self) -> None:
-        """The GPU-seconds of the current attempt, up to now."""
-        assert self._current is not None
-        gpus = cost.gpus_held(self.spec, self._count, self._devices)
-        self.gpu_seconds[self._current.index] = gpus * (time.monotonic() - self._began)
-        self._began = time.monotonic()
 
     def _follow(self, proc: subprocess.Popen[str], log: object) -> None:
         """Worker 0's lines until it ends."""
@@ -258,13 +249,13 @@ class LocalRun:
         current, change = self.status.attempts[-1], of_line(line)
         if change is None:
             return  # not a change the trainer could have made: the attempt's end will tell
-        if live:
-            self._charge_time()
+        if live and self._current is not None:
+            self.gpu_time.charge(self._current.index)
         plan, when = self._transition()
         local = {"capability": LOCAL_CAPABILITY, "checkpoint_dir": self.checkpoint_dir}
         if (nxt := inplace.record(plan, self.spec, [change], when, **local)) is None:  # type: ignore[arg-type]
             return
-        cost.account(self.status, self.spec, self.gpu_seconds)
+        cost.account(self.status, self.spec, self.gpu_time.seconds)
         reason = inplace.ENDED_BY[change.kind][0].value
         self.series.end_attempt(current.index, change.step, reason)
         self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
@@ -289,7 +280,7 @@ class LocalRun:
             self.status = observe(self.status, reading).status
         if isinstance(event, events.PrecisionMeasured):
             self.series.measured(index, event.chosen)
-        self._devices |= set(event.every_device) if isinstance(event, events.Start) else set()  # what it is charged
+        self.gpu_time.seen(event)  # what it is charged
         return point
 
     # ------------------------------------------------------------------ persistence

@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from mpjob.localrun.cli import run_command
+from mpjob.localrun.gpu_time import GpuTime
 from mpjob.planning.cost import gpus_held, gpus_per_worker
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec
@@ -69,16 +70,23 @@ def test_one_worker_of_two_processes_is_charged_every_gpu_its_start_line_names()
         {"attempt": 0, "precision": "bf16", "requestedPrecision": "bf16", "device": "cuda:0",
          "devices": ["cuda:0", "cuda:1"], "worldSize": 2, "startStep": 0, "totalSteps": 10, "rank": 0},
     )  # fmt: skip
+    charged = GpuTime(spec(2))
+    charged.begin(1)
     event = events.parse_line(line)
-    assert isinstance(event, events.Start)
-    assert gpus_held(spec(2), 1, event.every_device) == 2
+    assert event is not None
+    charged.seen(event)
+    assert charged.gpus(1) == 2
+    charged.charge_seen(0, 1, 10.0)
+    assert charged.seconds == {0: 20.0}
 
 
 def test_a_start_line_naming_no_devices_is_charged_its_own_device() -> None:
     """A line from a trainer that names no `devices` (an older log, replayed after a kill)."""
+    charged = GpuTime(spec(2))
     event = events.parse_line(start_line("cuda:0"))
-    assert isinstance(event, events.Start)
-    assert event.every_device == ["cuda:0"] and gpus_held(spec(2), 1, event.every_device) == 1
+    assert event is not None
+    charged.seen(event)
+    assert charged.gpus(1) == 1
 
 
 @pytest.mark.process
