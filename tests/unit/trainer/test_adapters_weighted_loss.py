@@ -22,10 +22,12 @@ SCRIPT = str(Path(__file__).with_name("weighted_ranks_script.py"))
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("framework", ["hf", "lightning"])
+@pytest.mark.parametrize("framework", ["hf", "hf-items", "lightning"])
 def test_ranks_of_unequal_batches_weigh_by_their_samples(tmp_path: Path, framework: str) -> None:
     """Rank 0: 6 samples of loss 1 a step; rank 1: 2 of loss 9 (weighted_ranks_script.py): the
-    job's loss is 3, not the ranks' plain mean 5."""
+    job's loss is 3, not the ranks' plain mean 5. A Hugging Face loss the Trainer normalised over
+    every rank's items (`hf-items`) is its rank's share already: the ranks weigh alike, and the
+    job's loss is 3 again, not 2.25."""
     command = [sys.executable, SCRIPT, framework]
     job = spec(task={"command": command}, training={"steps": 2, "logEvery": 1}, checkpoint={"everySteps": 100})
     paths = [str(REPO), *(f"{REPO}/{package}" for package in ("trainer-image", "contract", "operator"))]

@@ -1,12 +1,16 @@
 """Two ranks of unequal batches under a framework adapter, for the job's-loss weighting test.
 
-    python weighted_ranks_script.py {hf|lightning}
+    python weighted_ranks_script.py {hf|hf-items|lightning}
 
 A one-parameter model that predicts 0 and never moves (learning rate 0): rank r's loss is its
 targets' mean square, the same at every step. Rank 0 trains on 6 samples a step, all of target
 1 (loss 1); rank 1 on 2, of target 3 (loss 9). The job's loss weighs them by their samples:
 (6 x 1 + 2 x 9) / 8 = 3; ranks weighed alike would show (1 + 9) / 2 = 5. Each rank reads its
 own samples (no distributed sampler), as a script whose ranks hold unequal shards does.
+`hf-items`: the model takes `num_items_in_batch` (as every causal LM does): the Trainer sums
+the squares over every rank's items (8) and multiplies by the processes, rank 0's loss is
+2 x 6 / 8 = 1.5 and rank 1's 2 x 18 / 8 = 4.5, each its share of the job's already: weighed
+alike they make 3, weighed by samples 2.25.
 """
 
 from __future__ import annotations
@@ -37,13 +41,23 @@ class Zero(nn.Module):
         return out
 
 
+class ZeroOverItems(Zero):
+    """Its loss is the squares' sum over `num_items_in_batch` (the Trainer's count of the step's items)."""
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None, **kwargs: Any) -> dict[str, torch.Tensor]:
+        out = super().forward(x, labels)
+        if labels is not None and kwargs.get("num_items_in_batch") is not None:
+            out["loss"] = ((out["prediction"] - labels) ** 2).sum() / kwargs["num_items_in_batch"]
+        return out
+
+
 def shard(steps: int) -> list[dict[str, torch.Tensor]]:
     """This rank's samples: `steps` steps of its batch."""
     size, target = SHARDS[int(os.environ["RANK"])]
     return [{"x": torch.ones(1), "labels": torch.full((1,), target)} for _ in range(size * steps)]
 
 
-def hf(run: Any) -> None:
+def hf(run: Any, items: bool = False) -> None:
     from transformers import Trainer
 
     from mpjob_trainer.adapters import hf as mpjob_hf
@@ -55,7 +69,8 @@ def hf(run: Any) -> None:
         def _get_train_sampler(self, *_: Any, **__: Any) -> Any:
             return torch.utils.data.SequentialSampler(self.train_dataset)
 
-    trainer = OwnShard(model=Zero(), args=args, train_dataset=shard(run.total_steps))  # type: ignore[arg-type]
+    model = ZeroOverItems() if items else Zero()
+    trainer = OwnShard(model=model, args=args, train_dataset=shard(run.total_steps))  # type: ignore[arg-type]
     mpjob_hf.train(run, trainer)
 
 
@@ -88,7 +103,10 @@ def lightning(run: Any) -> None:
 
 def main() -> None:
     with mpjob.start() as run:
-        (hf if sys.argv[1] == "hf" else lightning)(run)
+        if sys.argv[1] == "lightning":
+            lightning(run)
+        else:
+            hf(run, items=sys.argv[1] == "hf-items")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ from transformers.utils import logging as hf_logging
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
-from mpjob_trainer.adapters.hf_step import TrainerLoss, register
+from mpjob_trainer.adapters.hf_step import TrainerLoss, loss_samples, register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.reload import hf_weights
@@ -138,6 +138,7 @@ class MpjobCallback(TrainerCallback):
         self.trainer = trainer
         self._losses: list[torch.Tensor] = []
         self._samples = 0
+        self._weight: int | None = 0  # the samples weighing this rank's loss (None: ranks weigh alike)
         self._lr: float | None = None
         self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
         self.trainer_loss = TrainerLoss(trainer, self.recorded)
@@ -146,15 +147,18 @@ class MpjobCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
-        self._samples = 0
+        self._samples, self._weight = 0, 0
         self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
         register(self.bridge.run, self.trainer, self.trainer_loss)
         self.bridge.checkpoint_start()
 
-    def drew(self, inputs: dict[str, Any]) -> None:
-        """A micro-batch the Trainer drew for the step: its samples (an epoch's last may be short)."""
+    def drew(self, inputs: dict[str, Any], num_items_in_batch: Any) -> None:
+        """A micro-batch the Trainer drew for the step: its samples (an epoch's last may be short),
+        and what weighs its loss in the job's (`loss_samples`)."""
         self._samples += find_batch_size(inputs) or self.trainer.args.per_device_train_batch_size
+        weight = loss_samples(self.trainer, inputs, num_items_in_batch)
+        self._weight = None if weight is None or self._weight is None else self._weight + weight
 
     def observe(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss as `training_step` returned it: divided by the step's micro-batches,
@@ -169,10 +173,10 @@ class MpjobCallback(TrainerCallback):
         loss = torch.stack(self._losses).float().sum() if self._losses else None
         self._losses.clear()
         lr, self._lr = self._lr, None
-        mine, self._samples = self._samples, 0  # this rank's: they weigh its loss in the job's
-        samples, grad_norm = mine * self.bridge.run.world.size, self.grad_norms.take()
+        samples, weight, self._samples, self._weight = self._samples * self.bridge.run.world.size, self._weight, 0, 0
+        grad_norm = self.grad_norms.take()
         self.bridge.end_step(
-            state.global_step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm, loss_samples=mine or None
+            state.global_step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm, loss_samples=weight or None
         )
 
 
@@ -183,7 +187,7 @@ def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
     original, taken = trainer.training_step, callback.quarantined
 
     def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        callback.drew(inputs)
+        callback.drew(inputs, num_items_in_batch)
         if not taken.skips(trainer.state.global_step):
             loss = original(model, inputs, num_items_in_batch)
             callback.observe(loss)

@@ -47,6 +47,16 @@ def scaled_for_accumulation(trainer: Trainer, num_items_in_batch: Any) -> bool:
     return bool(given_items or trainer.compute_loss_func is not None)
 
 
+def loss_samples(trainer: Trainer, inputs: dict[str, Any], num_items_in_batch: Any) -> int | None:
+    """The samples that weigh a micro-batch's loss in the job's (mpjob_trainer.job_loss): its
+    batch's, unless the Trainer normalised the loss over every rank's items (a model given
+    `num_items_in_batch` under `average_tokens_across_devices`; `compute_loss` then multiplies it
+    by the processes): that loss is its rank's share of the job's already, and ranks weigh alike."""
+    args = trainer.args
+    across = args.average_tokens_across_devices and (trainer.model_accepts_loss_kwargs or trainer.compute_loss_func)
+    return None if across and num_items_in_batch is not None else find_batch_size(inputs) or None
+
+
 def loss_in(result: Any) -> Any:
     """The loss of a `compute_loss` result (a tuple of the loss and the outputs when it was called
     with `return_outputs=True`)."""
@@ -103,7 +113,8 @@ def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
             for call in calls:
                 with run.autocast():
                     loss = trainer_loss.again(call, len(calls))
-                run.backward(loss, samples=find_batch_size(call.inputs) or None)  # as training weighs it
+                items = call.kwargs.get("num_items_in_batch")
+                run.backward(loss, samples=loss_samples(trainer, call.inputs, items))  # as training weighs it
             run.step(optimizer, clip_norm=clip or None)
 
     if run.launch.precision != "auto":
