@@ -39,4 +39,6 @@ def test_the_next_precision_in_place_drifts_twice_in_a_row_before_the_gate_ends_
     assert report.reason == "Succeeded" and report.precision == "fp32", report.message
     fp16, bf16 = report.precision_changes
     assert (fp16.to_precision, bf16.to_precision) == ("bf16", "fp32")
-    assert bf16.step == fp16.step + 2  # bf16's own two evaluations in a row, not fp16's streak and one
+    # bf16 re-runs the steps from fp16's rollback point, evaluating as it goes: it ends at its own
+    # second drifting evaluation in a row (step 4), not at its first on top of fp16's streak (step 2)
+    assert bf16.step == fp16.start_step + 2 * 2
