@@ -52,7 +52,26 @@ def _plain(error: Any, loc: tuple[Any, ...]) -> str:
         return f"at most {ctx.get('max_length')} entries allowed, got {len(error['input'])}"
     if kind in ("string_too_short", "string_too_long"):
         return f"{msg}, got {len(str(error.get('input')))} characters"
+    if kind in _SHAPES:
+        return f"must be {_shape(kind, loc)}, got {error.get('input')!r}"
     return msg
+
+
+#: What a value of the wrong shape is told the field takes (pydantic's words name a Python class).
+_SHAPES = {
+    "list_type": "a list ([a, b], or one `- item` per line)",
+    "dict_type": "a mapping (`name: value` lines indented below it, or {name: value})",
+    "model_type": "a mapping (`name: value` lines indented below it, or {name: value})",
+    "string_type": "a string",
+}
+
+
+def _shape(kind: str, loc: tuple[Any, ...]) -> str:
+    """'a list ...'; an object's fields named when they are few enough to list."""
+    fields = allowed_fields(loc) if kind == "model_type" else []
+    if fields and len(fields) <= MAX_LISTED:
+        return f"a mapping of its fields ({', '.join(fields)})"
+    return _SHAPES[kind]
 
 
 def _scalar_hint(error: Any) -> str:

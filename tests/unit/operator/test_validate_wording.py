@@ -72,3 +72,34 @@ def test_a_missing_api_version_or_kind_says_missing_and_what_to_write(field: str
 
 def test_a_wrong_api_version_names_what_was_given() -> None:
     assert said(dict(GOOD, apiVersion="mpjob.dev/v1"))["apiVersion"] == "must be mpjob.dev/v1alpha1, got 'mpjob.dev/v1'"
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "field", "words"),
+    [
+        (
+            "spec.task",
+            {"command": "python train.py"},
+            "spec.task.command",
+            "must be a list ([a, b], or one `- item` per line), got 'python train.py'",
+        ),
+        (
+            "spec",
+            {"task": {"builtin": "gpt"}, "precision": "fp16"},
+            "spec.precision",
+            "must be a mapping of its fields (mode, fallback, fp8, keepFp32, tf32, fallbackKeepsBatch, "
+            "repromoteAfterSteps, maxRepromotions, inPlace, lossScale, guard), got 'fp16'",
+        ),
+        (
+            "spec.task",
+            {"builtin": "gpt", "args": "--overflow-at 45"},
+            "spec.task.args",
+            "must be a mapping (`name: value` lines indented below it, or {name: value}), got '--overflow-at 45'",
+        ),
+        ("spec.task", {"command": ["python", 45]}, "spec.task.command[1]", "must be a string, got 45"),
+    ],
+)
+def test_a_value_of_the_wrong_shape_says_what_the_field_takes(
+    where: str, value: dict[str, Any], field: str, words: str
+) -> None:
+    assert said(bad(where, value))[field].startswith(words)
