@@ -67,6 +67,10 @@ def noted(event: events.TrainerEvent) -> str | None:
         spans = describe_ranges(event.samples) or "not named"
         steps, back = describe_steps(event.steps), event.from_step
         return f"skipped step(s) {steps} ({event.cause}; samples {spans}), back at checkpoint step {back}"
+    if isinstance(event, events.CheckpointRejected):  # the next older one is tried, else step 0
+        return f"checkpoint {event.path} not used: {event.problem}"
+    if isinstance(event, events.CheckpointFailed):  # training goes on; the next save tries again
+        return f"checkpoint of step {event.step} not written ({event.failures} failed so far): {event.error}"
     if isinstance(event, events.PrecisionMeasured):
         return f"auto measured {reported.step_times(event.step_seconds)} per step: training in {event.chosen}"
     return None

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mpjob.localrun.readings import reading_of
+from mpjob.localrun.readings import noted, reading_of
 from mpjob.planning.observe import observe
 from mpjob_contract import events
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
@@ -32,3 +32,26 @@ def test_a_nan_loss_leaves_the_last_finite_one_and_the_status_strict_json() -> N
         status = observe(status, reading).status
     assert status.step == 50 and status.loss == 0.5508
     json.dumps(status.to_api(), allow_nan=False)  # report.json: no NaN token
+
+
+def test_a_checkpoint_not_used_or_not_written_gets_a_line_of_its_own() -> None:
+    """A folder's checkpoint the trainer refused (another job's, a corrupt one) and a save that
+    failed are said beside the step lines: without them `start step 0` and a missing checkpoint
+    would come with no word of why."""
+    rejected = events.parse_line(
+        '{"event": "checkpointRejected", "time": 1.0, "path": "/o/checkpoints/step-000000020",'
+        " \"problem\": \"step-000000020: config digest 'f6' does not match this job's 'dc'\"}"
+    )
+    failed = events.parse_line(
+        '{"event": "checkpointFailed", "time": 1.0, "step": 20, "trainingStep": 30,'
+        ' "error": "CheckpointTaken: step-000000020 holds a checkpoint this job did not write", "failures": 1}'
+    )
+    assert rejected is not None and failed is not None
+    assert noted(rejected) == (
+        "checkpoint /o/checkpoints/step-000000020 not used: "
+        "step-000000020: config digest 'f6' does not match this job's 'dc'"
+    )
+    assert noted(failed) == (
+        "checkpoint of step 20 not written (1 failed so far): "
+        "CheckpointTaken: step-000000020 holds a checkpoint this job did not write"
+    )
