@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from mpjob.pipes import to_nowhere
+
 
 def _validate(argv: list[str]) -> int:
     from mpjob.kinds import Skipped, listed_items
@@ -125,6 +127,8 @@ COMMANDS = {
 
 #: The exit code of a command the user interrupted (Ctrl-C), as a shell reports SIGINT.
 INTERRUPTED = 130
+#: The exit code of a command whose reader stopped reading (`| head`), as a shell reports SIGPIPE.
+READER_GONE = 141
 
 
 def _usage(argv: list[str]) -> int:
@@ -145,10 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         return _usage(argv)
     func, _ = COMMANDS[argv[0]]
     try:
-        return func(argv[1:])
+        code = func(argv[1:])
+        sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's flush at exit
+        return code
     except KeyboardInterrupt:  # before a command's own handling (`mpjob run`'s) or in one without
         print("interrupted")
         return INTERRUPTED
+    except BrokenPipeError:  # `mpjob status DIR | head -3`: the rest of its lines go nowhere
+        to_nowhere(sys.stdout)
+        return READER_GONE
 
 
 if __name__ == "__main__":

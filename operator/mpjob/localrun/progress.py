@@ -3,7 +3,6 @@ JSON lines with --json (one object per event, for scripts)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Literal, Protocol
 
@@ -19,6 +18,7 @@ from rich.progress import (
 
 from mpjob.localrun.jsonlines import json_line
 from mpjob.localrun.series import Point
+from mpjob.pipes import to_nowhere
 from mpjob.planning.lifecycle import NO_CHECKPOINT
 from mpjob_contract.codes import Reason
 
@@ -35,9 +35,7 @@ def _line(text: str, stream: Any) -> None:
     try:
         print(text, file=stream, flush=True)
     except BrokenPipeError:
-        nowhere = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(nowhere, stream.fileno())  # its buffer's flush at exit too
-        os.close(nowhere)
+        to_nowhere(stream)
 
 
 class ProgressView(Protocol):

@@ -1,15 +1,20 @@
 """`mpjob` itself: a mistyped command is named, and Ctrl-C ends any command with one line and
-exit code 130 (README: 130 when stopped by Ctrl-C), not a traceback."""
+exit code 130 (README: 130 when stopped by Ctrl-C), not a traceback; so does a reader that
+stops reading (`mpjob crd | head`), with 141, as a shell reports SIGPIPE."""
 
 from __future__ import annotations
 
 import io
+import os
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from mpjob import wording
 from mpjob.cli import main
+from tests.unit.operator.cases import GOOD
 
 pytestmark = pytest.mark.unit
 
@@ -95,3 +100,17 @@ def test_validate_refuses_stdin_named_twice(
     said = capsys.readouterr()
     assert said.out == "" and "`-` (stdin) is given 2 times; it is read once: name it once" in said.err
     assert sys.stdin.buffer.read() == b"kind: MixedPrecisionJob\n"  # refused before anything was read
+
+
+@pytest.mark.parametrize("command", [["crd"], ["validate", "ok.yaml"]])
+def test_a_reader_that_stopped_reading_ends_the_command_with_141_not_a_traceback(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`mpjob status runs/x | head -3` ended in a BrokenPipeError traceback on stderr."""
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(GOOD))
+    monkeypatch.chdir(tmp_path)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    with io.TextIOWrapper(os.fdopen(write, "wb")) as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main(command) == 141
