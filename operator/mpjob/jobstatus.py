@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mpjob.localrun.folder import is_folder_argument
+from mpjob.localrun.folder import REPORT, default_out, is_folder_argument
 from mpjob.summary import summary_lines
 from mpjob_contract import api, formats
 
@@ -56,7 +56,7 @@ def status_command(argv: list[str]) -> int:
         namespace, obj = read_job(args.name, args.namespace, args.kubeconfig)
         status = api.MixedPrecisionJobStatus.model_validate(obj.get("status") or {})
     except CannotRead as exc:
-        print(f"error: {exc}")
+        print(f"error: {exc}{_local_run_of(args.name, cluster=cluster)}")
         return 1
     except ValidationError as exc:
         print(f"error: the status of {args.name} is not one this mpjob reads ({exc.error_count()} problem(s))")
@@ -65,6 +65,15 @@ def status_command(argv: list[str]) -> int:
     if args.plot is not None:
         return _plot(args.plot, f"{namespace}/{args.name}", status)
     return 0
+
+
+def _local_run_of(name: str, *, cluster: bool) -> str:
+    """'; the local run of that name: mpjob status runs/NAME' when `mpjob run` left one here under
+    its default --out and the command named no cluster; else ''."""
+    folder = default_out(name)
+    if cluster or not (folder / REPORT).is_file():
+        return ""
+    return f"; the local run of that name: mpjob status {folder}"
 
 
 def _job_or_folder(text: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mpjob.localrun.files import created
-from mpjob.localrun.folder import ending_lines
+from mpjob.localrun.folder import default_out, ending_lines
 from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unresolved_env, unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, prepare
@@ -61,7 +61,7 @@ def run_command(argv: list[str]) -> int:
     if (why := unusable_working_dir(job.spec, Path(args.file).parent)) is not None:
         _error(json_out, f"{args.file}: spec.task.workingDir: {why}", field="spec.task.workingDir")
         return 2
-    out: Path = args.out or Path("runs") / job.metadata.name
+    out: Path = args.out or default_out(job.metadata.name)
     try:
         with prepare(out, fresh=args.fresh, job=job.metadata.name):
             view = make_view(args.mode, job.spec.training.steps)

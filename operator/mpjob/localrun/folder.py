@@ -17,6 +17,13 @@ from mpjob_contract import formats
 from mpjob_contract.api import MixedPrecisionJobStatus
 
 REPORT = "report.json"
+#: Where `mpjob run` keeps a job's run without --out: runs/<metadata.name>, below the current folder.
+RUNS = Path("runs")
+
+
+def default_out(name: str) -> Path:
+    """`mpjob run`'s --out when none is given, for the job named `name`."""
+    return RUNS / name
 
 
 class NotARun(Exception):

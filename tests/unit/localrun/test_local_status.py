@@ -180,6 +180,19 @@ def test_a_name_with_a_cluster_option_is_the_clusters_job_even_beside_a_folder(
     assert code == 1 and len(lines) == 1 and "kubeconfig" in lines[0] and "report" not in lines[0], lines
 
 
+def test_a_job_name_that_no_cluster_answers_points_at_its_local_run_under_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mpjob run job.yaml` (its --out by default runs/<name>), then `mpjob status <name>`: the
+    name went to a cluster, and the one line said only that no kubeconfig was usable."""
+    run_folder(tmp_path / "runs" / "skip", ENDED)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nonexistent"))
+    code, lines = status(capsys, "skip")
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert lines[0].endswith("; the local run of that name: mpjob status runs/skip"), lines
+
+
 @pytest.mark.process
 def test_status_prints_again_what_the_run_printed_at_its_end(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
