@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mpjob_contract.spelling import did_you_mean
+
 #: The text data's ids are bytes: the smallest vocabulary a gpt task may have.
 BYTE_VOCAB = 256
 #: What task.args.data of a gpt task may be.
@@ -54,8 +56,12 @@ def check_known(args: dict[str, Any], builtin: str) -> None:
     """Refuse an argument the workload does not know, naming those it does."""
     known = KNOWN[builtin]
     if unknown := sorted(set(args) - known):
+        close = [f"{name}: {hint}" for name in unknown if (hint := did_you_mean(name, sorted(known)))]
+        meant = f" ({'; '.join(close)})" if close else ""
         raise BadTaskArg(
-            "", f"unknown argument(s) {', '.join(unknown)} for builtin {builtin}; allowed: {', '.join(sorted(known))}"
+            "",
+            f"unknown argument(s) {', '.join(unknown)} for builtin {builtin}{meant}; "
+            f"allowed: {', '.join(sorted(known))}",
         )
 
 

@@ -133,7 +133,7 @@ READER_GONE = 141
 
 def _usage(argv: list[str]) -> int:
     if argv and argv[0] not in ("-h", "--help"):
-        from mpjob.wording import did_you_mean  # the rule a misspelt manifest field is told by
+        from mpjob_contract.spelling import did_you_mean  # the rule a misspelt manifest field is told by
 
         close = did_you_mean(argv[0], list(COMMANDS))
         print(f"error: unknown command {argv[0]!r}" + (f"; {close}" if close else ""))

@@ -9,7 +9,6 @@ a misspelt field gets the closest allowed names, a bound gets the field's whole 
 
 from __future__ import annotations
 
-import difflib
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -19,15 +18,12 @@ from pydantic.fields import FieldInfo
 
 from mpjob_contract import formats
 from mpjob_contract.api import MixedPrecisionJob
+from mpjob_contract.spelling import did_you_mean, key
 
 #: YAML 1.1, which kubectl and PyYAML read, takes these words unquoted as booleans.
 YAML_BOOLEANS = "YAML reads an unquoted on, off, yes, no, y, n, true or false as a boolean"
 #: An unknown field with no close name lists the allowed ones when there are at most this many.
 MAX_LISTED = 16
-#: How alike a name must be to be suggested (difflib's ratio, 0..1).
-CLOSE = 0.6
-#: Other names are suggested beside the closest only when nearly as close.
-NEAR_BEST = 0.05
 _BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 
 
@@ -90,34 +86,14 @@ def unknown_field(loc: tuple[Any, ...]) -> str:
     said = "unknown field (not allowed by the MixedPrecisionJob schema"
     if not allowed:
         return said + ")"
-    by_key = {_key(field): field for field in allowed}
-    if "_" in name.strip("_") and _key(name) in by_key:  # run_policy: the Python name
-        return f"{said}; its names are camelCase: {by_key[_key(name)]})"
+    by_key = {key(field): field for field in allowed}
+    if "_" in name.strip("_") and key(name) in by_key:  # run_policy: the Python name
+        return f"{said}; its names are camelCase: {by_key[key(name)]})"
     if close := did_you_mean(name, allowed):
         return f"{said}; {close})"
     if len(allowed) <= MAX_LISTED:
         return f"{said}; allowed here: {', '.join(allowed)})"
     return said + ")"
-
-
-def did_you_mean(word: str, words: list[str]) -> str:
-    """'did you mean batchSize?' naming the `closest` of `words` to a mistyped `word` ('' when none
-    is close): what a misspelt field and a misspelt `mpjob` command are told."""
-    close = closest(word, words)
-    return f"did you mean {' or '.join(close)}?" if close else ""
-
-
-def closest(word: str, words: list[str]) -> list[str]:
-    """The `words` nearly as close to `word` as the closest one (at most three), none when none is
-    close; compared without case, `_` and `-` (batch_size and BatchSize are batchSize's)."""
-    ratios = {w: difflib.SequenceMatcher(None, _key(word), _key(w)).ratio() for w in words}
-    best = max(ratios.values(), default=0.0)
-    near = [w for w, r in ratios.items() if r >= max(CLOSE, best - NEAR_BEST)]
-    return sorted(near, key=lambda w: -ratios[w])[:3]
-
-
-def _key(name: str) -> str:
-    return name.replace("_", "").replace("-", "").lower()
 
 
 def allowed_fields(loc: tuple[Any, ...]) -> list[str]:
@@ -144,8 +120,8 @@ _WORDS = {"ge": "at least", "gt": "greater than", "le": "at most", "lt": "less t
 
 
 def _bound(limit: Ge | Gt | Le | Lt) -> str:
-    key = type(limit).__name__.lower()
-    return f"{_WORDS[key]} {getattr(limit, key)}"
+    bound = type(limit).__name__.lower()
+    return f"{_WORDS[bound]} {getattr(limit, bound)}"
 
 
 def _field_at(loc: tuple[Any, ...]) -> FieldInfo | None:

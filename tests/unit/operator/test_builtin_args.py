@@ -69,3 +69,11 @@ def test_arguments_the_trainer_takes_pass(builtin: str, args: dict[str, Any]) ->
 def test_a_factory_keeps_its_free_form_args() -> None:
     """Only the builtins' args are known: a factory's (task.module) are its own."""
     assert check_text(yaml.safe_dump(with_args({"stepDelay": 0.05, "anything": [1]})))[1] == []
+
+
+def test_a_misspelt_argument_is_told_the_closest_one_as_a_misspelt_field_is() -> None:
+    [message] = said({"builtin": "mlp", "args": {"hiden": 16, "zzz": 1}})
+    assert message.startswith(
+        "job.yaml: spec.task.args: unknown argument(s) hiden, zzz for builtin mlp "
+        "(hiden: did you mean hidden?); allowed: batchScale, "
+    ), message

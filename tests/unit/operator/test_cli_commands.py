@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mpjob import wording
 from mpjob.cli import main
+from mpjob_contract import spelling
 from tests.unit.operator.cases import GOOD
 
 pytestmark = pytest.mark.unit
@@ -49,10 +49,10 @@ def test_a_mistyped_command_is_named_before_the_usage(capsys: pytest.CaptureFixt
 
 
 def test_a_command_in_capitals_is_told_its_name_as_a_misspelt_field_is(capsys: pytest.CaptureFixture[str]) -> None:
-    """One rule for both (wording.did_you_mean): case, `_` and `-` do not count against a close name."""
+    """One rule for both (spelling.did_you_mean): case, `_` and `-` do not count against a close name."""
     assert main(["RUN"]) == 2
     assert capsys.readouterr().out.startswith("error: unknown command 'RUN'; did you mean run?\n")
-    assert wording.did_you_mean("batch_size", ["batchSize", "steps"]) == "did you mean batchSize?"
+    assert spelling.did_you_mean("batch_size", ["batchSize", "steps"]) == "did you mean batchSize?"
 
 
 def test_help_is_the_usage_alone(capsys: pytest.CaptureFixture[str]) -> None:

@@ -89,7 +89,10 @@ def test_the_eval_set_is_valid_for_a_bigger_vocabulary(data: str) -> None:
         ({"data": "random", "samples": "many"}, r"task\.args\.samples: expected int"),
         ({"samples": 10}, r"task\.args\.samples: only with data: \"random\""),
         ({"data": "random", "corpusBytes": 1000}, r"task\.args\.corpusBytes: only with data: \"text\""),
-        ({"vocab": 1000}, r"unknown argument\(s\) vocab for builtin gpt; allowed: .*vocabSize"),
+        (
+            {"vocab": 1000},
+            r"unknown argument\(s\) vocab for builtin gpt \(vocab: did you mean vocabSize\?\); allowed: .*vocabSize",
+        ),
     ],
 )
 def test_a_bad_value_names_the_field_and_what_is_allowed(args: dict[str, Any], message: str) -> None:
