@@ -60,6 +60,12 @@ def change_line(from_precision: str, to_precision: str, step: int, reason: str) 
     return f"{_change(reason)}: {from_precision} -> {to_precision} ({reason}), {where}"
 
 
+def started_line(attempt: int, precision: str, start_step: int, resumed: str | None) -> str:
+    """'attempt 1: bf16, start step 40, resuming from step 40 in place'."""
+    resuming = f", resuming from {resumed}" if resumed else ""
+    return f"attempt {attempt}: {precision}, start step {start_step}{resuming}"
+
+
 class RichView:
     """Live bar: step/total, loss, loss scale, precision, attempt, samples/s and ETA."""
 
@@ -86,8 +92,7 @@ class RichView:
     def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
         self.progress.reset(self.task, completed=start_step)
         self.progress.update(self.task, precision=precision, attempt=attempt)
-        where = f"resuming from {resumed}" if resumed else "from the newest valid checkpoint, if any"
-        self.console.print(f"attempt {attempt}: {precision}, {where}")
+        self.console.print(started_line(attempt, precision, start_step, resumed), highlight=False)
 
     def step(self, point: Point) -> None:
         self.progress.update(
@@ -123,8 +128,7 @@ class PlainView:
         _line(text, self.stream)
 
     def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
-        resuming = f", resuming from {resumed}" if resumed else ""
-        self._print(f"attempt {attempt}: {precision}, start step {start_step}{resuming}")
+        self._print(started_line(attempt, precision, start_step, resumed))
 
     def step(self, point: Point) -> None:
         self._print(

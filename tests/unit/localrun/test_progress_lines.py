@@ -33,3 +33,26 @@ def test_a_change_of_precision_says_the_checkpoint_the_next_attempt_resumes_from
     view.fallback("fp16", "bf16", step, reason)
     view.close()
     assert said in shown.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("start", "resumed", "said"),
+    [
+        (0, None, "attempt 0: fp16, start step 0"),
+        (40, None, "attempt 0: fp16, start step 40"),
+        (40, "step 40 in place", "attempt 0: fp16, start step 40, resuming from step 40 in place"),
+    ],
+)
+def test_an_attempt_start_says_its_start_step_on_a_terminal_as_in_plain_lines(
+    start: int, resumed: str | None, said: str
+) -> None:
+    """On a terminal a fresh run's first line said 'from the newest valid checkpoint, if any', where
+    the plain lines say the step the attempt starts from."""
+    plain = io.StringIO()
+    PlainView(300, plain).attempt_started(0, "fp16", start, resumed)
+    assert plain.getvalue() == said + "\n"
+    shown = io.StringIO()
+    view = RichView(300, Console(file=shown, width=200, color_system=None))
+    view.attempt_started(0, "fp16", start, resumed)
+    view.close()
+    assert said + "\n" in shown.getvalue()
