@@ -19,6 +19,8 @@ from mpjob_contract.api import MixedPrecisionJobStatus
 REPORT = "report.json"
 #: Where `mpjob run` keeps a job's run without --out: runs/<metadata.name>, below the current folder.
 RUNS = Path("runs")
+#: What the lines of a run that has not ended are: report.json is written at each attempt's start and end.
+AS_OF = "what follows is as of its newest attempt's start or end"
 
 
 def default_out(name: str) -> Path:
@@ -75,12 +77,15 @@ def _going(root: Path, status: MixedPrecisionJobStatus, held: bool | None) -> li
     """A line before the summary of a run that has not ended: going, killed, or not known which."""
     ended = not status.attempts or status.attempts[-1].finish_time is not None
     if held:
-        return [f"{root}: an `mpjob run` is running it; what follows is as of its newest attempt's start or end"]
+        return [f"{root}: an `mpjob run` is running it; {AS_OF}"]
     if ended:
         return []
     if held is None:
         return [f"{root}: its newest attempt has not ended, and whether its `mpjob run` still runs cannot be told"]
-    return [f"{root}: its `mpjob run` was killed before the run ended; run it again with the same --out to resume"]
+    return [
+        f"{root}: its `mpjob run` was killed before the run ended ({AS_OF}: the rerun records how far "
+        "it got); run it again with the same --out to resume"
+    ]
 
 
 def _plot(paths: Paths, report: Path, held: bool | None) -> Path | None:

@@ -93,7 +93,8 @@ def test_a_run_still_going_says_so(tmp_path: Path, capsys: pytest.CaptureFixture
         f"  report: {paths.report}",
     ]
     code, lines = status(capsys, str(paths.root))  # its runner gone, the attempt never ended: killed
-    assert code == 0 and "was killed before the run ended; run it again with the same --out" in lines[0], lines
+    assert code == 0 and "was killed before the run ended (what follows is as of its newest attempt's" in lines[0]
+    assert lines[0].endswith("run it again with the same --out to resume"), lines  # not 'Running' as if seen
 
 
 def test_a_run_starting_has_no_report_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
