@@ -75,9 +75,27 @@ class _BoundedLoader(yaml.SafeLoader):
             raise _ManifestLimit(f"{line}: nested deeper than {MAX_DEPTH} levels", field=_abridged(self._path))
         self._path.append(f"[{index}]" if isinstance(index, int) else f".{getattr(index, 'value', '?')}")
         try:
-            return super().compose_node(parent, cast(int, index))  # a key node as `index`: its stub says int
+            node = super().compose_node(parent, cast(int, index))  # a key node as `index`: its stub says int
+            if isinstance(node, yaml.MappingNode):
+                self._once_each(node)
+            return node
         finally:
             self._path.pop()
+
+    def _once_each(self, node: yaml.MappingNode) -> None:
+        """Refuse a key written twice in one mapping: YAML would keep the last, kubectl refuses it."""
+        first: dict[str, int] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            line = key.start_mark.line + 1
+            if key.value in first:
+                raise _ManifestLimit(
+                    f"line {line}: {key.value} is written twice in this mapping (first at line {first[key.value]}); "
+                    "keep one",
+                    field=_abridged([*self._path, f".{key.value}"]),
+                )
+            first[key.value] = line
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
         """A plain scalar's tag as kubectl's reader has it: a date (2024-05-01), base-60 (1:30) or `=` is a string."""

@@ -127,3 +127,22 @@ def test_a_value_off_its_format_is_told_what_is_allowed_once(path: str, value: A
     """The words, not the pattern; a union (`int | Quantity`) says it once, as its last member."""
     (problem,) = check_text(yaml.safe_dump(bad(path, value)))[1]
     assert problem.message.startswith(f"must be {fmt.allows}, got '") and fmt.pattern not in problem.message
+
+
+def test_a_key_written_twice_in_one_mapping_is_refused_naming_both_lines() -> None:
+    """YAML keeps the last of two `training:` keys: `mpjob validate` said ok and `mpjob run` trained
+    with the second's settings alone, where kubectl refuses the manifest."""
+    text = HEAD + "  training: {steps: 80, batchSize: 32}\n  resources: {gpusPerWorker: 0}\n  training: {steps: 5}\n"
+    jobs, problems = check_text(text)
+    assert jobs == [] and [(p.field, p.message) for p in problems] == [
+        (
+            "spec.training",
+            "YAML refused at line 8: training is written twice in this mapping (first at line 6); keep one",
+        )
+    ]
+
+
+def test_the_same_key_in_two_mappings_is_no_repeat() -> None:
+    text = HEAD + "  checkpoint: {everySteps: 4}\n  validation: {everySteps: 4}\n"  # everySteps in two mappings
+    jobs, problems = check_text(text)
+    assert problems == [] and len(jobs) == 1
