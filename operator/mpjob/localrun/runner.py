@@ -165,7 +165,7 @@ class LocalRun:
         if outcome.report is None:  # killed, or ended without one: the attempt ends where it was seen
             self._ends_where_seen(self._reached)
         checkpoint, started = self.status.last_checkpoint, self._current is not None
-        return stops.stop_message(self.ctrl_c.stop, outcome.report, checkpoint, started=started)
+        return stops.stop_message(self.ctrl_c.stop, outcome.report, checkpoint, started=started, by=self.ctrl_c.by)
 
     def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
         """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""

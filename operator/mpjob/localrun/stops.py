@@ -1,9 +1,9 @@
-"""The user's stop of a local run, by Ctrl-C: the first press asks the trainers to checkpoint and
-stop (SIGTERM: they save, write their termination report and exit); a second press kills them
-(SIGKILL: no checkpoint, no report). What the run records of a stop is what it saw: an attempt
-killed before its trainers reported ends where its own event lines put it, and its message names
-the checkpoint a rerun resumes from, the newest one known to be committed, or none. The stop the
-manifest asks for, runPolicy.suspend, starts no attempt (`held`).
+"""The user's stop of a local run, by Ctrl-C or SIGTERM (`kill PID`, `timeout`, `docker stop`): the
+first asks the trainers to checkpoint and stop (SIGTERM: they save, write their termination report
+and exit); a second kills them (SIGKILL: no checkpoint, no report). What the run records of a stop
+is what it saw: an attempt killed before its trainers reported ends where its own event lines put
+it, and its message names the checkpoint a rerun resumes from, the newest one known to be
+committed, or none. The stop the manifest asks for, runPolicy.suspend, starts no attempt (`held`).
 """
 
 from __future__ import annotations
@@ -45,16 +45,23 @@ class Press:
 
 
 ASKED_LINE = "interrupted: asking the trainer to checkpoint and stop (Ctrl-C again to kill)"
-KILLED_LINE = "second Ctrl-C: killing the trainers; no checkpoint is written now"
+TERMINATED_LINE = (
+    "terminated (SIGTERM): asking the trainer to checkpoint and stop (a second SIGTERM or Ctrl-C kills it)"
+)
+#: What each stop signal is called in the run's lines and messages.
+CALLED: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 #: A press while no attempt's trainers run (the runner between two attempts).
 BETWEEN_LINE = "interrupted: stopping before the next attempt starts"
 
 
-def pressed(stop: Stop) -> Press:
-    """Ctrl-C in state `stop`: the first asks (SIGTERM), any later one kills (SIGKILL)."""
+def pressed(stop: Stop, sig: int = signal.SIGINT) -> Press:
+    """A stop signal `sig` (Ctrl-C's SIGINT, or SIGTERM) in state `stop`: the first asks the
+    trainers (SIGTERM), any later one kills them (SIGKILL)."""
     if stop is Stop.NONE:
-        return Press(Stop.ASKED, signal.SIGTERM, ASKED_LINE)
-    return Press(Stop.KILLED, signal.SIGKILL, KILLED_LINE)
+        return Press(Stop.ASKED, signal.SIGTERM, ASKED_LINE if sig == signal.SIGINT else TERMINATED_LINE)
+    return Press(
+        Stop.KILLED, signal.SIGKILL, f"second {CALLED[sig]}: killing the trainers; no checkpoint is written now"
+    )
 
 
 class CtrlC:
@@ -66,6 +73,7 @@ class CtrlC:
     def __init__(self, view: ProgressView) -> None:
         self.view = view
         self.stop = Stop.NONE
+        self.by = CALLED[signal.SIGINT]  # what the latest stop was: Ctrl-C or SIGTERM
         self._last: Press | None = None  # the latest press
 
     @contextlib.contextmanager
@@ -73,43 +81,50 @@ class CtrlC:
         """Ctrl-C stops `workers` for as long as the block runs (their lines, then their endings);
         without workers, it only records the stop (the runner ends the run at the next attempt).
         A press that came as the workers started, before the block, reaches them as it begins."""
-        previous = signal.signal(signal.SIGINT, lambda *_: self.press(workers))
+        previous = {sig: signal.signal(sig, lambda got, _: self.press(workers, got)) for sig in CALLED}
         if workers is not None and self._last is not None:
             workers.signal(self._last.signal)
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def held_back(self) -> AttemptOutcome | None:
         """The ending of the next attempt, not started: the user stopped the run before it (None: it starts)."""
         return None if self.stop is Stop.NONE else AttemptOutcome(None)
 
-    def press(self, workers: Workers | None) -> None:
-        press = self._last = pressed(self.stop)
-        self.stop = press.stop
+    def press(self, workers: Workers | None, sig: int = signal.SIGINT) -> None:
+        press = self._last = pressed(self.stop, sig)
+        self.stop, self.by = press.stop, CALLED[sig]
         self.view.info(press.line if workers is not None else BETWEEN_LINE)
         if workers is not None:
             workers.signal(press.signal)
 
 
 def stop_message(
-    stop: Stop, report: TerminationReport | None, checkpoint: CheckpointStatus | None, *, started: bool = True
+    stop: Stop,
+    report: TerminationReport | None,
+    checkpoint: CheckpointStatus | None,
+    *,
+    started: bool = True,
+    by: str = CALLED[signal.SIGINT],
 ) -> str:
     """The message of an attempt the user stopped, from what the run saw: the trainers' `report`
     names the checkpoint they stopped after (their last good one), or that there is none; without
     a report (a second Ctrl-C killed them, they ended without one, or the attempt was not
-    `started`), `checkpoint` is the newest one known committed (a line or its manifest said so), if any."""
+    `started`), `checkpoint` is the newest one known committed (a line or its manifest said so), if any.
+    `by`: what stopped it, Ctrl-C or SIGTERM."""
     rerun = "a rerun with the same --out"
     if report is not None:
         if report.last_good_checkpoint is None:
-            return f"stopped by Ctrl-C before any checkpoint; {rerun} starts over"
-        return f"stopped by Ctrl-C after the checkpoint of step {report.last_good_checkpoint.step}; {rerun} resumes"
-    how = "killed by a second Ctrl-C before the trainers finished stopping"
+            return f"stopped by {by} before any checkpoint; {rerun} starts over"
+        return f"stopped by {by} after the checkpoint of step {report.last_good_checkpoint.step}; {rerun} resumes"
+    how = f"killed by a second {by} before the trainers finished stopping"
     if not started:
-        how = "stopped by Ctrl-C before it started"
+        how = f"stopped by {by} before it started"
     elif stop is Stop.ASKED:
-        how = "stopped by Ctrl-C; the trainers ended without a report"
+        how = f"stopped by {by}; the trainers ended without a report"
     then = "starts over: no checkpoint" if checkpoint is None else f"resumes from checkpoint step {checkpoint.step}"
     return f"{how}; {rerun} {then}"
 

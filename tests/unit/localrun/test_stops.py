@@ -113,6 +113,26 @@ def test_the_first_ctrl_c_asks_and_every_later_one_kills_each_said_at_once() -> 
     assert view.lines[1] == "second Ctrl-C: killing the trainers; no checkpoint is written now"
 
 
+def test_sigterm_stops_the_run_as_ctrl_c_does_and_names_itself() -> None:
+    """`kill PID`, `timeout` or `docker stop` on `mpjob run`: it died at once without a word, its
+    trainers with it, losing the steps since their last checkpoint, and `mpjob status` said Running."""
+    view, workers = Shown(), Signalled()
+    ctrl_c = CtrlC(view)  # type: ignore[arg-type]
+    before = signal.getsignal(signal.SIGTERM)
+    with ctrl_c.caught(workers):  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert (ctrl_c.stop, workers.sent, view.lines) == (Stop.ASKED, [signal.SIGTERM], [stops.TERMINATED_LINE])
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert ctrl_c.stop is Stop.KILLED and workers.sent == [signal.SIGTERM, signal.SIGKILL]
+    assert view.lines[1] == "second SIGTERM: killing the trainers; no checkpoint is written now"
+    ck = CheckpointStatus(step=40, sha256="ab", precision="bf16", path="/c/step-000000040")
+    assert stops.stop_message(Stop.KILLED, None, ck, by=ctrl_c.by) == (
+        "killed by a second SIGTERM before the trainers finished stopping; "
+        "a rerun with the same --out resumes from checkpoint step 40"
+    )
+
+
 def test_the_step_an_attempts_lines_reach() -> None:
     assert reached(None, started(20)) is None
     assert reached(40, checkpoint(43)) == 43  # the save on SIGTERM, between step lines
