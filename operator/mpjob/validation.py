@@ -58,6 +58,10 @@ class _ManifestLimit(Exception):
         self.field = field
 
 
+#: What a tab where YAML wants indentation needs: PyYAML names the character, not the rule.
+TAB_HINT = "YAML indents with spaces only: replace the tab with spaces"
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """Safe YAML with bounded nesting and no aliases: composing a node recurses, so depth is
     checked there before Python's stack runs out, and an alias would be expanded on output."""
@@ -245,7 +249,8 @@ def check_text(
         mark = getattr(exc, "problem_mark", None)
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        return [], [Problem(source, 0, "", f"YAML syntax error at {line}{problem}")]
+        hint = f" ({TAB_HINT})" if "'\\t'" in problem else ""
+        return [], [Problem(source, 0, "", f"YAML syntax error at {line}{problem}{hint}")]
     if not docs:
         return [], [Problem(source, 0, "", "no YAML documents found")]
     jobs: list[MixedPrecisionJob] = []

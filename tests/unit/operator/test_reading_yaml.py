@@ -146,3 +146,11 @@ def test_the_same_key_in_two_mappings_is_no_repeat() -> None:
     text = HEAD + "  checkpoint: {everySteps: 4}\n  validation: {everySteps: 4}\n"  # everySteps in two mappings
     jobs, problems = check_text(text)
     assert problems == [] and len(jobs) == 1
+
+
+def test_a_tab_in_the_indentation_is_named_with_the_fix() -> None:
+    _, problems = check_text(HEAD + "\ttraining: {steps: 8}\n")
+    assert [p.message for p in problems] == [
+        "YAML syntax error at line 6, column 1: found character '\\t' that cannot start any token "
+        "(YAML indents with spaces only: replace the tab with spaces)"
+    ]
