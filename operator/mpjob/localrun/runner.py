@@ -106,11 +106,11 @@ class LocalRun:
         none under runPolicy.suspend, as the operator starts none."""
         if (earlier := self.paths.earlier_status()) is not None:
             self.status = earlier
-            self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
             self.series = RunSeries.load(self.paths.series)
-            if self.status.phase in FINISHED:
-                self.view.info(f"{self.paths.report} says this run already ended {self.status.phase}; use --fresh")
+            if self.status.phase in FINISHED:  # left as it ended: this rerun runs nothing
+                self.view.info(stops.ended_line(self.paths.report, self.status, self.spec.training.steps))
                 return None
+            self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
             if self.status.attempts and self.status.attempts[-1].finish_time is None:  # the runner was killed
                 self._killed(self.status.attempts[-1])
         plan, when = self._transition()

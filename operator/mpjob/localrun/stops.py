@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.lifecycle import Plan, When
-from mpjob_contract.api import CheckpointStatus
+from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobStatus
 from mpjob_contract.report import TerminationReport
 
 if TYPE_CHECKING:
@@ -135,6 +135,16 @@ def resume_line(name: str, root: Path, checkpoint: CheckpointStatus | None) -> s
     if checkpoint is None:
         return f"resuming {name} in {root}, starting over: no checkpoint"
     return f"resuming {name} in {root} from checkpoint step {checkpoint.step}"
+
+
+def ended_line(report: Path, status: MixedPrecisionJobStatus, steps: int) -> str:
+    """What a rerun of a run that already ended says (it runs nothing): use --fresh, naming the
+    run's training.steps and the manifest's (`steps`) when they differ."""
+    said = f"{report} says this run already ended {status.phase}"
+    if status.total_steps is None or status.total_steps == steps:
+        return f"{said}; use --fresh"
+    why = "a run's checkpoints hold to its own settings"
+    return f"{said}; its training.steps was {status.total_steps}, this manifest's is {steps} ({why}): use --fresh"
 
 
 def held(plan: Plan, when: When, root: Path) -> str:

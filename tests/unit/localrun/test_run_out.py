@@ -124,6 +124,30 @@ def test_an_out_that_holds_another_jobs_run_is_refused(job: Path, capsys: pytest
     assert "already ended Succeeded" in capsys.readouterr().out
 
 
+def test_a_finished_run_rerun_with_other_steps_is_left_as_it_ended_and_says_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rerun ran nothing, yet rewrote the ended run's report.json with the manifest's
+    training.steps (totalSteps 4 for a job that trained its 2), and said only 'use --fresh'."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "job.json").write_text(json.dumps({"name": "local"}) + "\n")
+    ended = {"phase": "Succeeded", "precision": "bf16", "step": 2, "totalSteps": 2, "attempts": [
+        {"index": 0, "precision": "bf16", "startStep": 0, "endStep": 2, "reason": "Succeeded",
+         "finishTime": "2026-01-01T00:00:10+00:00"}]}  # fmt: skip
+    (out / "report.json").write_text(json.dumps(ended))
+    report = (out / "report.json").read_text()
+    longer = tmp_path / "longer.yaml"
+    longer.write_text(yaml.safe_dump({**JOB, "spec": {**JOB["spec"], "training": {"steps": 4}}}))
+    assert run_command([str(longer), "--out", str(out), "--plain", "--no-plot"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(
+        f"{out / 'report.json'} says this run already ended Succeeded; its training.steps was 2, "
+        "this manifest's is 4 (a run's checkpoints hold to its own settings): use --fresh"
+    ), said
+    assert json.loads((out / "report.json").read_text())["totalSteps"] == 2, report
+
+
 @pytest.mark.usefixtures("never_launched")
 def test_an_empty_out_is_refused_not_taken_for_the_current_folder(
     job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
