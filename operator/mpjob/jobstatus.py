@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mpjob.localrun.folder import REPORT, default_out, is_folder_argument
+from mpjob.localrun.folder import REPORT, is_folder_argument
+from mpjob.localrun.paths import default_out
 from mpjob.summary import summary_lines
 from mpjob_contract import api, formats
 

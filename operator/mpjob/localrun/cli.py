@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from mpjob.localrun.files import created
-from mpjob.localrun.folder import default_out, ending_lines
+from mpjob.localrun.folder import ending_lines
 from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unresolved_env, unusable_working_dir
-from mpjob.localrun.paths import UnusableOut, prepare
+from mpjob.localrun.paths import UnusableOut, default_out, prepare
 from mpjob.validation import InvalidManifest, Problem, check_text, read_manifest
 from mpjob_contract.rule_warnings import never_applying
 

@@ -17,15 +17,8 @@ from mpjob_contract import formats
 from mpjob_contract.api import MixedPrecisionJobStatus
 
 REPORT = "report.json"
-#: Where `mpjob run` keeps a job's run without --out: runs/<metadata.name>, below the current folder.
-RUNS = Path("runs")
 #: What the lines of a run that has not ended are: report.json is written at each attempt's start and end.
 AS_OF = "what follows is as of its newest attempt's start or end"
-
-
-def default_out(name: str) -> Path:
-    """`mpjob run`'s --out when none is given, for the job named `name`."""
-    return RUNS / name
 
 
 class NotARun(Exception):

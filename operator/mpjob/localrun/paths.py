@@ -42,6 +42,15 @@ RUN_ENTRIES = frozenset(
 _JOB_FILE_BYTES = 4096
 #: What a refusal of an earlier run's files suggests.
 START_OVER = "start over with --fresh, or pick another --out"
+#: Where `mpjob run` keeps a job's run without --out: runs/<metadata.name>, below the current folder.
+RUNS = Path("runs")
+
+
+def default_out(name: str) -> Path:
+    """`mpjob run`'s --out when none is given, for the job named `name`."""
+    return RUNS / name
+
+
 #: The most of a report.json read back: a job's status (its lists bounded: attempts[], the
 #: timeline, skipped; its messages cut) is far smaller, so a bigger file is no run's report.
 MAX_REPORT_BYTES = 4 << 20
@@ -213,4 +222,7 @@ def _claim(root: Path, job: str) -> None:
         write_replacing(root / JOB_FILE, json.dumps({"name": job}) + "\n")
         return
     if found != job:
-        raise UnusableOut(f"{root}: it holds a run of the job {found!r}, not {job!r}: {START_OVER}")
+        other = (
+            f"pick another --out ({default_out(job)} is this job's own), or --fresh to delete the run of {found!r}"
+        )
+        raise UnusableOut(f"{root}: it holds a run of the job {found!r}, not {job!r}: {other}")

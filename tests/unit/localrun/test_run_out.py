@@ -118,7 +118,8 @@ def test_an_out_that_holds_another_jobs_run_is_refused(job: Path, capsys: pytest
     capsys.readouterr()
     assert run_command([str(other), "--out", str(out), "--plain", "--no-plot"]) == 2
     said = capsys.readouterr().out
-    assert said.startswith(f"error: --out {out}: it holds a run of the job 'local', not 'other'") and "--fresh" in said
+    assert said.startswith(f"error: --out {out}: it holds a run of the job 'local', not 'other'")
+    assert "pick another --out (runs/other is this job's own), or --fresh to delete the run of 'local'" in said
     assert (out / "report.json").read_text() == report
     assert run_command([str(job), "--out", str(out), "--plain", "--no-plot"]) == 0  # its own job's: as before
     assert "already ended Succeeded" in capsys.readouterr().out
