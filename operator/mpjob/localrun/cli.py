@@ -29,7 +29,9 @@ def load_job(path: str | Path) -> MixedPrecisionJob:
     if problems:
         raise InvalidManifest(problems)
     if len(jobs) != 1:
-        raise InvalidManifest([Problem(str(path), 0, "", f"expected one MixedPrecisionJob, found {len(jobs)}")])
+        names = ", ".join(job.metadata.name for job in jobs)
+        found = f"{len(jobs)} ({names}): mpjob run takes one file a job" if jobs else "none"
+        raise InvalidManifest([Problem(str(path), 0, "", f"expected one MixedPrecisionJob, found {found}")])
     return jobs[0]
 
 

@@ -108,6 +108,14 @@ def test_run_takes_only_a_mixed_precision_job(tmp_path: Path) -> None:
             load_job(path)  # what `mpjob run` reads a manifest with
 
 
+def test_run_names_the_jobs_of_a_file_that_holds_two(tmp_path: Path) -> None:
+    two = tmp_path / "two.yaml"
+    second = {**GOOD, "metadata": {"name": "second"}}
+    two.write_text(yaml.safe_dump(GOOD) + "---\n" + yaml.safe_dump(second))
+    with pytest.raises(InvalidManifest, match=rf"found 2 \({GOOD['metadata']['name']}, second\): mpjob run takes one"):
+        load_job(two)
+
+
 def test_every_example_validates() -> None:
     for example in sorted((REPO / "examples").glob("*.yaml")):
         jobs, problems = check_text(example.read_text(), str(example))
