@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mpjob.localrun import leftover
 from mpjob.localrun.paths import Paths, Unreadable, held_by_a_run, read_report, recorded_job
+from mpjob.planning import history
 from mpjob.summary import summary_lines
 from mpjob_contract import formats
 from mpjob_contract.api import MixedPrecisionJobStatus
@@ -75,10 +77,22 @@ def _going(root: Path, status: MixedPrecisionJobStatus, held: bool | None) -> li
         return []
     if held is None:
         return [f"{root}: its newest attempt has not ended, and whether its `mpjob run` still runs cannot be told"]
+    step = _logged_step(root, status)
+    got = f"its worker 0 log reached step {step}" if step is not None else "the rerun records how far it got"
     return [
-        f"{root}: its `mpjob run` was killed before the run ended ({AS_OF}: the rerun records how far "
-        "it got); run it again with the same --out to resume"
+        f"{root}: its `mpjob run` was killed before the run ended ({AS_OF}; {got}); "
+        "run it again with the same --out to resume"
     ]
+
+
+def _logged_step(root: Path, status: MixedPrecisionJobStatus) -> int | None:
+    """The step the newest attempt's lines in worker 0's log reach (as the rerun reads them:
+    `leftover`); None when none names one or the log cannot be read."""
+    owner = history.job_index(status, status.attempts[-1].index)  # one begun in place logs in its chain's
+    try:
+        return leftover.reached_step(leftover.logged_events(Paths(root).attempt(owner)))
+    except OSError:
+        return None
 
 
 def _plot(paths: Paths, report: Path, held: bool | None) -> Path | None:

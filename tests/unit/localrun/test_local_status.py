@@ -14,8 +14,10 @@ import pytest
 import yaml
 
 from mpjob.cli import main
+from mpjob.localrun import leftover
 from mpjob.localrun.cli import run_command
 from mpjob.localrun.paths import MAX_REPORT_BYTES, Paths, prepare
+from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobStatus
 from tests.unit.localrun.tiny import tiny_job
 
@@ -95,6 +97,12 @@ def test_a_run_still_going_says_so(tmp_path: Path, capsys: pytest.CaptureFixture
     code, lines = status(capsys, str(paths.root))  # its runner gone, the attempt never ended: killed
     assert code == 0 and "was killed before the run ended (what follows is as of its newest attempt's" in lines[0]
     assert lines[0].endswith("run it again with the same --out to resume"), lines  # not 'Running' as if seen
+    assert "the rerun records how far it got" in lines[0]  # worker 0 logged no step
+    paths.attempt(0).mkdir(parents=True, exist_ok=True)
+    step = events.format_line("step", {"time": 1004.0, "step": 25, "loss": 3.5})
+    (paths.attempt(0) / leftover.EVENT_LOG).write_text(step + "\n" + '{"event": "step", "step": 2')  # cut by the kill
+    code, lines = status(capsys, str(paths.root))
+    assert code == 0 and "; its worker 0 log reached step 25); run it again" in lines[0], lines
 
 
 def test_a_run_starting_has_no_report_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
