@@ -95,6 +95,14 @@ class Checkpoint(ApiModel):
         """The volume checkpoints go to (None: emptyDir, or a bucket)."""
         return self.volume if self.volume is not None else self.storage.volume if self.storage else None
 
+    @property
+    def outlives_pods(self) -> bool:
+        """Whether the checkpoints outlive the pods that wrote them (a claim, or a bucket): the
+        default or an explicit emptyDir goes with its pod, so an attempt in new pods (a new Job,
+        the same Job's pods made anew) finds none of its predecessor's."""
+        volume = self.volume_source
+        return self.s3 is not None or (volume is not None and volume.persistent_volume_claim is not None)
+
 
 Quantity = Annotated[str, Field(pattern=formats.QUANTITY.pattern)]
 #: A quantity as a request or a limit takes it: a whole number, or a quantity string (strict: " 1"

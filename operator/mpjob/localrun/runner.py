@@ -122,7 +122,7 @@ class LocalRun:
         if not self.status.attempts:
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
             return plan.create[0]
-        lc.resume(plan, self.spec, when)
+        lc.resume(plan, self.spec, when, outlive=True)  # its checkpoints: a folder on disk
         cost.account(self.status, self.spec, self.gpu_time.seconds)
         if not plan.create:
             return None
@@ -182,6 +182,7 @@ class LocalRun:
                 when=when,
                 capability=LOCAL_CAPABILITY,
                 checkpoint_dir=self.checkpoint_dir,
+                outlive=True,
             )
         cost.account(self.status, self.spec, self.gpu_time.seconds)
         ended = next(a for a in self.status.attempts if a.index == start.index)

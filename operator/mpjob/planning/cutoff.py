@@ -189,7 +189,7 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
 HEARD_LATE = frozenset({Reason.SUSPENDED, Reason.DEADLINE_EXCEEDED, Reason.STALLED, *elastic.RESIZE_REASONS})
 
 
-def heard(plan: Plan, jobs: dict[int, JobView], stopped: dict[int, JobView]) -> None:
+def heard(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], stopped: dict[int, JobView]) -> None:
     """What the trainer of an attempt ended while its ranks ran (HEARD_LATE) reported once its
     pods stopped, read from its Job that is gone (`stopped`, its pods as last seen): the step it
     stopped at ends the attempt, the checkpoint it wrote on SIGTERM is the job's last one, and the
@@ -197,7 +197,8 @@ def heard(plan: Plan, jobs: dict[int, JobView], stopped: dict[int, JobView]) -> 
     finished (at its deadline) records them too: the report is progress seen, and a user who
     raises the deadline, or reads the status for the newest checkpoint, is told of it.
     Only while no later attempt has a Job, so nothing newer is overwritten; an attempt whose pods
-    reported nothing keeps the ending as recorded."""
+    reported nothing keeps the ending as recorded. A checkpoint kept in those pods went with them
+    (`Checkpoint.outlives_pods`): the next attempt, planned from step 0, stays so."""
     status = plan.status
     for index, job in sorted(stopped.items()):
         chain = [a for a in status.attempts if history.job_index(status, a.index) == index]
@@ -207,7 +208,11 @@ def heard(plan: Plan, jobs: dict[int, JobView], stopped: dict[int, JobView]) -> 
         report = outcome_of(job).report
         if report is None or any(history.job_index(status, a.index) in jobs for a in later):
             continue
+        kept = status.last_checkpoint
         attempt.end_step = record_report(status, attempt.index, report)
+        if later and not spec.checkpoint.outlives_pods:
+            status.last_checkpoint = kept
+            continue
         ckpt = status.last_checkpoint
         for following in (a for a in later if not a.start_step_reported):
             following.start_step = ckpt.step if ckpt is not None else following.start_step

@@ -18,6 +18,7 @@ from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome, classify, under_policy
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report, step_times
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled
 from mpjob_contract.api import processes_per_worker as per_worker
@@ -90,8 +91,11 @@ def created(plan: Plan, when: When, message: str) -> None:
     plan.status.start_time = plan.status.start_time or when.at
 
 
-def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, why: str) -> None:
-    """Record the attempt (before its children exist) and ask for it to be created."""
+def begin(
+    plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, why: str, lost: bool = False
+) -> None:
+    """Record the attempt (before its children exist) and ask for it to be created; `lost`: the
+    checkpoint the status names went with the old pods (`resumepoint`), so the status names none."""
     workers = start.workers or spec.workers
     st.begin_attempt(plan.status, start, world_size=workers * per_worker(spec), at=when.at)
     plan.status.workers = workers
@@ -99,7 +103,9 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
     plan.status.phase = "Pending" if start.fallback_from is None else "Recovering"
     plan.create.append(start)
     plan.started_reasons.append(why)
-    resumed = f", to resume from checkpoint step {start.start_step}" if start.start_step else ""  # the plan
+    if lost:
+        plan.status.last_checkpoint = None
+    resumed = f", {planned}" if (planned := planned_from(start.start_step, lost)) else ""  # the plan
     plan.events.append(
         Event("Normal", ConditionReason.ATTEMPT_STARTED, f"attempt {start.index} in {start.precision}{resumed}")
     )
@@ -149,18 +155,19 @@ def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When
     finish(plan, Finish(False, reason, message[:1024]), when)
 
 
-def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When) -> None:
-    """Out of a suspension: the next attempt, same precision, from the last checkpoint. The
-    suspension used none of runPolicy.maxAttempts; only the charged attempts count."""
+def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, outlive: bool | None = None) -> None:
+    """Out of a suspension: the next attempt, same precision, from the last checkpoint it reaches
+    (`outlive`: whether the checkpoints outlive the stopped processes; None: as the spec's storage
+    says, `resumepoint`). The suspension used none of runPolicy.maxAttempts; only the charged count."""
     status, current = plan.status, plan.status.attempts[-1]
     status.message = None  # what the stop said (`interrupt`) no longer holds
     condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
-    step = status.last_checkpoint.step if status.last_checkpoint else 0
-    nxt = again(spec, status, current, index=history.next_index(status), start_step=step)
+    point = resume_point(status, spec, outlive=outlive)
+    nxt = again(spec, status, current, index=history.next_index(status), start_step=point.step)
     if history.used(status) >= spec.run_policy.max_attempts:
         finish(plan, Finish(False, FinishReason.ATTEMPTS_EXHAUSTED, "no attempt left to resume"), when)
         return
-    begin(plan, spec, nxt, when, why=ConditionReason.RESUMED)
+    begin(plan, spec, nxt, when, why=ConditionReason.RESUMED, lost=point.lost)
 
 
 def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When, *, message: str) -> None:
@@ -218,10 +225,12 @@ def conclude(
     capability: tuple[int, int] | str | None = "spec",
     checkpoint_dir: str | None = None,
     resumed_at: int | None = None,
+    outlive: bool | None = None,
 ) -> None:
     """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
     from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs; by
-    default below the spec's store: the volume's mount or the bucket's prefix; `_resume_point`)."""
+    default below the spec's store: the volume's mount or the bucket's prefix; when the next
+    attempt reaches it: `resumepoint`, `outlive` as there)."""
     status, report = plan.status, outcome.report
     result = under_policy(classify(outcome), spec.fault_policy, report)
     end_step = record_report(status, attempt.index, report)
@@ -238,14 +247,14 @@ def conclude(
     plan.events.append(Event(kind, ConditionReason.ATTEMPT_ENDED, line))
     resized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
     workers, shape = elastic.next_size(spec, attempt, resized)
-    resume_step, resume_path = _resume_point(status, resumed_at)
+    point = resume_point(status, spec, resumed_at=resumed_at, outlive=outlive)
     decision = after_attempt(
         spec,
         index,
         precision,
         result,
-        resume_step,
-        resume_path,
+        point.step,
+        point.path,
         capability,
         checkpoint_dir=checkpoint_dir or checkpoint_root(spec),
         used=history.used(status),
@@ -258,27 +267,18 @@ def conclude(
         finish(plan, decision, when)
         return
     if decision.fallback_from is not None:
-        _fallback(plan, decision, when, result.reason.value)
+        _fallback(plan, decision, when, result.reason.value, point.lost)
     if decision.promoted_from is not None:
-        _repromoted(plan, spec, decision, when)
+        _repromoted(plan, spec, decision, when, point.lost)
     since = (report.ended_at if report is not None else None) or st.read_stamp(when.at).timestamp()  # a stall's: now
-    begin(plan, spec, replace(decision, recovering_since=since), when, why=result.reason.value)
+    begin(plan, spec, replace(decision, recovering_since=since), when, why=result.reason.value, lost=point.lost)
 
 
-def _resume_point(status: MixedPrecisionJobStatus, resumed_at: int | None) -> tuple[int, str | None]:
-    """Where the next attempt resumes: the status's last checkpoint, or `resumed_at`, the step the
-    trainer went on from already (a change in place), which the status may not have seen yet."""
-    ckpt = status.last_checkpoint
-    if resumed_at is not None and resumed_at != (ckpt.step if ckpt else 0):
-        return resumed_at, None  # no Job starts from it: the trainer has restored it
-    return (ckpt.step, ckpt.path) if ckpt else (0, None)
-
-
-def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When) -> None:
+def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, lost: bool) -> None:
     """Back up the ladder: PrecisionFallback stays True only while below the first precision."""
     clean, step = spec.precision.repromote_after_steps, start.start_step
     message = f"{start.promoted_from} -> {start.precision} after at least {clean} clean steps (repromoteAfterSteps)"
-    message += f", from checkpoint step {step}"  # the trainer's ending says how many
+    message += f", {POD_CHECKPOINTS}" if lost else f", from checkpoint step {step}"  # the trainer's ending: how many
     first = plan.status.attempts[0].precision if plan.status.attempts else start.precision
     reason = ConditionReason.REPROMOTED
     condition(plan, when, ConditionType.PRECISION_FALLBACK, start.precision != first, reason, message)
@@ -290,10 +290,11 @@ def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, wh
 NO_CHECKPOINT = "starting over: no checkpoint"
 
 
-def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str) -> None:
+def _fallback(plan: Plan, start: StartAttempt, when: When, reason: str, lost: bool) -> None:
     moved, step = f"{start.fallback_from} -> {start.precision}", start.start_step
-    message = f"{moved} from checkpoint step {step}" if step else f"{moved}, {NO_CHECKPOINT}"
+    over = POD_CHECKPOINTS if lost else NO_CHECKPOINT
+    message = f"{moved} from checkpoint step {step}" if step else f"{moved}, {over}"
     condition(plan, when, ConditionType.PRECISION_FALLBACK, True, reason, message)
-    resuming = f"to resume from checkpoint step {step}" if step else NO_CHECKPOINT  # the trainer's start corrects it
+    resuming = planned_from(step, lost) or NO_CHECKPOINT  # the trainer's start corrects it
     plan.events.append(Event("Warning", ConditionType.PRECISION_FALLBACK, f"{moved} after {reason}, {resuming}"))
     plan.fallbacks.append((start.fallback_from or "", start.precision))

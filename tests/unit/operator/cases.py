@@ -51,6 +51,10 @@ def bad(path: str, value: Any) -> dict[str, Any]:
 #: A bucket that validates.
 S3 = {"bucket": "checkpoints", "endpoint": "http://minio.storage:9000"}
 
+#: spec.checkpoint on a claim: its checkpoints outlive the pods, so an attempt in a new Job resumes
+#: from its predecessor's (the default emptyDir's go with the pods: `Checkpoint.outlives_pods`).
+CLAIM = {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}
+
 #: A template volume.
 DATA = {"name": "data", "emptyDir": {}}
 

@@ -13,6 +13,7 @@ from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -23,7 +24,12 @@ def stamp(seconds: float) -> str:
 
 
 def job_spec(**over: Any) -> MixedPrecisionJobSpec:
-    base = {"task": {"builtin": "gpt"}, "training": {"batchSize": 4}, "resources": {"gpusPerWorker": 2}}
+    base = {
+        "task": {"builtin": "gpt"},
+        "training": {"batchSize": 4},
+        "resources": {"gpusPerWorker": 2},
+        "checkpoint": CLAIM,
+    }
     return MixedPrecisionJobSpec.model_validate({**base, **over})
 
 

@@ -13,6 +13,7 @@ from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import CheckpointRef, Counters, TerminationReport
+from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -20,7 +21,12 @@ T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 def spec(mode: str, fallback: list[str]) -> MixedPrecisionJobSpec:
     return MixedPrecisionJobSpec.model_validate(
-        {"task": {"builtin": "gpt"}, "training": {"steps": 60}, "precision": {"mode": mode, "fallback": fallback}}
+        {
+            "task": {"builtin": "gpt"},
+            "training": {"steps": 60},
+            "precision": {"mode": mode, "fallback": fallback},
+            "checkpoint": CLAIM,
+        }
     )
 
 

@@ -18,6 +18,7 @@ from mpjob.controller.records import pod_view
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.unit.operator.cases import CLAIM
 from tests.unit.operator.test_cache import MPJ_UID, job, pod
 from tests.unit.operator.test_elastic_queue import Response
 
@@ -127,7 +128,13 @@ def test_the_mark_alone_queues_a_reconcile() -> None:
 def running(workers: int, **more: Any) -> tuple[MixedPrecisionJobSpec, MixedPrecisionJobStatus]:
     """A bf16 job of `workers` (and `more` of spec) whose first attempt runs past its step-20
     checkpoint."""
-    body = {"task": {"builtin": "mlp"}, "training": {"batchSize": 4}, "precision": {"mode": "bf16"}, **more}
+    body = {
+        "task": {"builtin": "mlp"},
+        "training": {"batchSize": 4},
+        "precision": {"mode": "bf16"},
+        "checkpoint": CLAIM,
+    }
+    body.update(more)
     status = {
         "phase": "Running",
         "attempt": 0,

@@ -22,6 +22,7 @@ from mpjob.planning.reconcile import JobView, PodView, outcome_of, reconcile
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -78,6 +79,7 @@ def job_spec(**over: Any) -> MixedPrecisionJobSpec:
         "task": {"builtin": "gpt"},
         "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
         "resources": {"gpusPerWorker": 0},
+        "checkpoint": CLAIM,  # a new Job reaches the checkpoints, as a local run's new processes do
     }
     return MixedPrecisionJobSpec.model_validate({**base, **over})
 

@@ -22,13 +22,16 @@ from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecis
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
 def spec(**over: object) -> MixedPrecisionJobSpec:
-    return MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **over})
+    return MixedPrecisionJobSpec.model_validate(
+        {"task": {"builtin": "gpt"}, "checkpoint": {"everySteps": 200, **CLAIM}, **over}
+    )
 
 
 def report(reason: Reason, step: int = 30, ckpt: int | None = 20, message: str = "m") -> str:

@@ -17,6 +17,7 @@ from mpjob.planning.reconcile import JobView, PodView, preempted_by_queue, recon
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
 
@@ -29,6 +30,7 @@ def spec(max_attempts: int = 2) -> MixedPrecisionJobSpec:
             "task": {"builtin": "gpt"},
             "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"]},
             "runPolicy": {"maxAttempts": max_attempts, "queueName": "team-a"},
+            "checkpoint": CLAIM,
         }
     )
 

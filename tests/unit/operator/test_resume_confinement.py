@@ -13,9 +13,12 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch, inside_checkpoint_dir, job_checkpoint_dir
 from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
-SPEC = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, "precision": {"mode": "fp16"}})
+SPEC = MixedPrecisionJobSpec.model_validate(
+    {"task": {"builtin": "gpt"}, "precision": {"mode": "fp16"}, "checkpoint": CLAIM}
+)
 
 
 @pytest.mark.parametrize(
@@ -77,7 +80,7 @@ def _numeric_fault(path: str) -> AttemptOutcome:
     return AttemptOutcome(42, report)
 
 
-def _next_attempt(outcome: AttemptOutcome, **where: str) -> StartAttempt:
+def _next_attempt(outcome: AttemptOutcome, **where: str | bool) -> StartAttempt:
     plan, when = Plan(status=MixedPrecisionJobStatus()), When("2026-01-01T00:00:00Z")
     start = first_attempt(SPEC)
     begin(plan, SPEC, start, when, why="Created")
@@ -101,6 +104,7 @@ def test_a_reported_path_outside_the_volume_falls_back_to_the_newest_valid_check
 
 def test_a_local_run_confines_to_its_own_checkpoint_dir() -> None:
     local = "/home/me/runs/j/checkpoints"
-    nxt = _next_attempt(_numeric_fault(f"{local}/step-000000200"), checkpoint_dir=local)
+    nxt = _next_attempt(_numeric_fault(f"{local}/step-000000200"), checkpoint_dir=local, outlive=True)
     assert nxt.resume_from == f"{local}/step-000000200"
-    assert _next_attempt(_numeric_fault(f"{CHECKPOINT_MOUNT}/step-1"), checkpoint_dir=local).resume_from is None
+    elsewhere = _numeric_fault(f"{CHECKPOINT_MOUNT}/step-1")
+    assert _next_attempt(elsewhere, checkpoint_dir=local, outlive=True).resume_from is None

@@ -1,0 +1,56 @@
+"""Where an attempt that follows another resumes: the checkpoint the status names, when the new
+attempt can reach it.
+
+An attempt begun in place goes on in the same processes, from the step its trainer restored. One
+in new pods (a new Job: a fallback through a restart, a resume after a suspension, a preemption,
+a resize, a lost node) reaches its predecessor's checkpoints only where they outlive the pods
+(`Checkpoint.outlives_pods`: a claim or a bucket); the default emptyDir goes with them, so the
+new attempt is planned from step 0 and says why. The local runner's folder on disk outlives its
+processes: it says so (`outlive`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+
+#: What an attempt in new pods says when its predecessor's checkpoints went with the old pods.
+POD_CHECKPOINTS = "starting over: checkpoints were kept in the pod (emptyDir)"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    step: int
+    path: str | None = None
+    #: The status names a checkpoint the next attempt cannot reach (it went with the pods).
+    lost: bool = False
+
+
+def resume_point(
+    status: MixedPrecisionJobStatus,
+    spec: MixedPrecisionJobSpec,
+    *,
+    resumed_at: int | None = None,
+    outlive: bool | None = None,
+) -> ResumePoint:
+    """Where the next attempt resumes: the status's last checkpoint, or `resumed_at`, the step the
+    trainer went on from already (a change in place, in the same processes), which the status may
+    not have seen yet. An attempt in new processes (`resumed_at` None) starts over when the
+    checkpoints did not outlive the old ones (`outlive`; None: as the spec's storage says)."""
+    ckpt = status.last_checkpoint
+    if resumed_at is not None and resumed_at != (ckpt.step if ckpt else 0):
+        return ResumePoint(resumed_at)  # no Job starts from it: the trainer has restored it
+    if ckpt is None:
+        return ResumePoint(0)
+    kept = spec.checkpoint.outlives_pods if outlive is None else outlive
+    if resumed_at is None and not kept and ckpt.step > 0:
+        return ResumePoint(0, lost=True)
+    return ResumePoint(ckpt.step, ckpt.path)
+
+
+def planned_from(step: int, lost: bool) -> str:
+    """Where an attempt is planned to go on from, for an Event: the checkpoint, or why not one."""
+    if lost:
+        return POD_CHECKPOINTS
+    return f"to resume from checkpoint step {step}" if step else ""
