@@ -24,6 +24,7 @@ from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
+from mpjob.planning.resumepoint import POD_CHECKPOINTS
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running
 from mpjob_contract import rule_warnings
@@ -213,7 +214,9 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
     plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
     if status.phase == "Running":
         message = f"attempt {current.index}'s Job was deleted while it ran: created again, in the same attempt"
-        message += " (uncharged), to resume from its newest checkpoint"
+        message += " (uncharged), " + (
+            "to resume from its newest checkpoint" if spec.checkpoint.outlives_pods else POD_CHECKPOINTS
+        )
         plan.events.append(lc.Event("Warning", ConditionReason.JOB_RECREATED, message))
         if gone is not None:  # once: the phase below makes this the only such reconcile
             cost.deleted_job(status, current, gone, spec, st.moment(when.at) or datetime.now(UTC))

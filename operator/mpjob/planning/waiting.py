@@ -14,6 +14,7 @@ from mpjob.planning import status as st
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView
 from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.resumepoint import POD_CHECKPOINTS
 from mpjob.planning.status import FINISHED, ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.codes import Reason
@@ -41,7 +42,7 @@ def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When
     the Job controller may be unable to create), or running once a trainer pod runs."""
     created = {p.index for p in job.pods} >= set(range(workers_of(spec, plan.status.attempts[-1])))
     if job.suspended:
-        _awaiting_admission(plan, when, queue_message=job.queue_message)
+        _awaiting_admission(plan, when, queue_message=job.queue_message, outlive=spec.checkpoint.outlives_pods)
     elif job.create_error is not None and not created:
         _pods_refused(plan, spec, message=job.create_error, when=when)
     else:
@@ -51,31 +52,35 @@ def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When
             lc.running(plan, when)
 
 
-def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = None) -> None:
+def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = None, outlive: bool = True) -> None:
     """The attempt's Job waits suspended for its queue: to be admitted, or to be admitted again.
 
     A Job that ran and is suspended again was preempted by its queue (Kueue suspends it; the
     operator never does: runPolicy.suspend deletes the Job). The Job controller stops its pods
     without counting them as failed, the trainer checkpoints on SIGTERM, and once the queue
     admits the Job again its pods start anew in the same attempt and precision, resuming from
-    the newest valid checkpoint: no new attempt, none of runPolicy.maxAttempts used."""
+    the newest valid checkpoint (`outlive`: checkpoints in the pod's emptyDir went with the old pods,
+    so they start over): no new attempt, none of runPolicy.maxAttempts used."""
     status, current = plan.status, plan.status.attempts[-1]
     running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
     was = running.reason if running is not None else None
     previous = status.attempts[-2] if len(status.attempts) > 1 else None
     reason, message = ConditionReason.AWAITING_ADMISSION, f"attempt {current.index} waits for its queue to admit it"
+    over = f"starts again in {current.precision}, {POD_CHECKPOINTS}"
     if status.phase == "Running" or was == ConditionReason.AWAITING_READMISSION:
         step = status.last_checkpoint.step if status.last_checkpoint else current.start_step
         reason = ConditionReason.AWAITING_READMISSION
+        goes_on = f"resumes in {current.precision} from the newest checkpoint (step {step} when last seen)"
         message = (
             f"attempt {current.index} was preempted by its queue (its Job was suspended); it waits to be admitted "
-            f"again and resumes in {current.precision} from the newest checkpoint (step {step} when last seen)"
+            f"again and {goes_on if outlive else over}"
         )
     elif previous is not None and previous.reason == Reason.PREEMPTED.value:
         reason = ConditionReason.AWAITING_READMISSION
+        goes_on = f"resumes in {current.precision} from checkpoint step {current.start_step}"
         message = (
             f"attempt {previous.index} was preempted by its queue; attempt {current.index} waits to be admitted "
-            f"again and resumes in {current.precision} from checkpoint step {current.start_step}"
+            f"again and {goes_on if outlive else over}"
         )
     if queue_message:
         message = f"{message}; the queue says: {queue_message}"[:1024]

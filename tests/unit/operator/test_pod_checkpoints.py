@@ -178,3 +178,27 @@ def test_a_resized_attempts_late_report_moves_the_next_start_only_to_a_checkpoin
     plan = reconcile(s, status, 1, {}, NOW, stopped={0: cutoff_tests.stopped_at(50)})
     assert (plan.status.attempts[0].end_step, [a.start_step for a in plan.create]) == (50, [start])
     assert (plan.status.last_checkpoint.step if plan.status.last_checkpoint else 0) == start
+
+
+READMITTED = {
+    "default": f"starts again in fp16, {POD_CHECKPOINTS}",
+    "claim": "resumes in fp16 from the newest checkpoint (step 197",
+}
+
+
+@pytest.mark.parametrize(("where", "goes_on"), list(READMITTED.items()))
+def test_a_job_its_queue_preempts_starts_over_unless_its_checkpoints_outlive_the_pods(where: str, goes_on: str) -> None:
+    s, pod = spec({**IN_POD, **OUTLIVING}[where]), PodView("p0", 0, "Running", True)
+    plan = reconcile(s, running_past(s, 197, pod), 1, {0: JobView(0, suspended=True)}, NOW + timedelta(seconds=10))
+    cond = next(c for c in plan.status.conditions if c.type == ConditionType.RUNNING)
+    assert cond.reason == "AwaitingReadmission" and f"admitted again and {goes_on}" in cond.message
+    assert [e.message for e in plan.events if e.reason == Reason.PREEMPTED.value] == [cond.message]
+
+
+@pytest.mark.parametrize(("where", "planned"), [("default", POD_CHECKPOINTS), ("bucket", "to resume from its newest")])
+def test_a_running_attempts_deleted_job_made_again_says_where_it_goes_on_from(where: str, planned: str) -> None:
+    s, pod = spec({**IN_POD, **OUTLIVING}[where]), PodView("p0", 0, "Running", True)
+    plan = reconcile(s, running_past(s, 197, pod), 1, {}, NOW + timedelta(seconds=20))
+    assert [c.index for c in plan.create] == [0]
+    (said_again,) = [e.message for e in plan.events if e.reason == "JobRecreated"]
+    assert said_again.split("(uncharged), ")[1].startswith(planned)
