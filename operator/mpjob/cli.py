@@ -12,6 +12,7 @@ from mpjob.pipes import to_nowhere
 def _validate(argv: list[str]) -> int:
     from mpjob.kinds import Skipped, listed_items
     from mpjob.validation import InvalidManifest, check_document, check_text, read_manifest
+    from mpjob_contract import storage_warnings
     from mpjob_contract.rule_warnings import warning_lines
 
     parser = argparse.ArgumentParser(
@@ -39,6 +40,8 @@ def _validate(argv: list[str]) -> int:
             print(problem)
         for line in (line for job in jobs for line in warning_lines(job.spec, path)):
             print(line)  # a rule that never applies: the job still runs (mpjob_contract.rule_warnings)
+        for line in (line for job in jobs for line in storage_warnings.warning_lines(job.spec, path)):
+            print(line)  # restarts that start over: the job still runs (mpjob_contract.storage_warnings)
         found += len(jobs)
         if problems:
             failed = True
