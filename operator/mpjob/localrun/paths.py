@@ -222,7 +222,5 @@ def _claim(root: Path, job: str) -> None:
         write_replacing(root / JOB_FILE, json.dumps({"name": job}) + "\n")
         return
     if found != job:
-        other = (
-            f"pick another --out ({default_out(job)} is this job's own), or --fresh to delete the run of {found!r}"
-        )
+        other = f"pick another --out ({default_out(job)} is this job's own), or --fresh to delete the run of {found!r}"
         raise UnusableOut(f"{root}: it holds a run of the job {found!r}, not {job!r}: {other}")
