@@ -145,6 +145,10 @@ class Training(ApiModel):
     )
 
 
+#: Evaluations in a row over validation.maxLossDelta that make a QualityDrift (one excursion is recorded only).
+DRIFT_IN_A_ROW = 2
+
+
 class Validation(ApiModel):
     """The quality gate (the reference's M5 and its first production failure: a silent accuracy
     regression in low precision): at intervals the trainer evaluates the current weights in the

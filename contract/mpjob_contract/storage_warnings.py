@@ -14,29 +14,21 @@ from __future__ import annotations
 
 from mpjob_contract.spec import MixedPrecisionJobSpec
 
-#: The Event reason of the operator's warning.
-REASON = "CheckpointsInPod"
 
-
-def messages(spec: MixedPrecisionJobSpec) -> list[str]:
-    """The warning as `spec.checkpoint: why` (none when the checkpoints outlive the pods, or the
-    spec makes no recovery a new Job of its own)."""
+def checkpoints_in_pod(spec: MixedPrecisionJobSpec) -> str | None:
+    """Why the job's own recoveries start over (`spec.checkpoint: why`, worded and given its Event
+    reason by mpjob_contract.spec_warnings), or None: the checkpoints outlive the pods, or the
+    spec makes no recovery a new Job of its own."""
     if spec.checkpoint.outlives_pods:
-        return []
+        return None
     restarts = [
         *(["precision.inPlace is false (each fallback is a new Job)"] if not spec.precision.in_place else []),
         *(["elastic is set (each resize is a new Job)"] if spec.elastic is not None else []),
     ]
     if not restarts:
-        return []
-    return [
-        "spec.checkpoint: checkpoints are kept in the pod (emptyDir) and go with it, and "
+        return None
+    return (
+        "checkpoints are kept in the pod (emptyDir) and go with it, and "
         f"{' and '.join(restarts)}: such a recovery starts over at step 0; set "
         "checkpoint.volume.persistentVolumeClaim or checkpoint.storage.s3 to resume from a checkpoint"
-    ]
-
-
-def warning_lines(spec: MixedPrecisionJobSpec, source: str = "") -> list[str]:
-    """The warning as lines for a terminal: `source: warning: spec.checkpoint: why`."""
-    where = f"{source}: " if source else ""
-    return [f"{where}warning: {message}" for message in messages(spec)]
+    )

@@ -12,8 +12,7 @@ from mpjob.pipes import to_nowhere
 def _validate(argv: list[str]) -> int:
     from mpjob.kinds import Skipped, listed_items
     from mpjob.validation import InvalidManifest, check_document, check_text, read_manifest
-    from mpjob_contract import storage_warnings
-    from mpjob_contract.rule_warnings import warning_lines
+    from mpjob_contract.spec_warnings import warning_lines
 
     parser = argparse.ArgumentParser(
         prog="mpjob validate",
@@ -39,9 +38,7 @@ def _validate(argv: list[str]) -> int:
         for problem in problems:
             print(problem)
         for line in (line for job in jobs for line in warning_lines(job.spec, path)):
-            print(line)  # a rule that never applies: the job still runs (mpjob_contract.rule_warnings)
-        for line in (line for job in jobs for line in storage_warnings.warning_lines(job.spec, path)):
-            print(line)  # restarts that start over: the job still runs (mpjob_contract.storage_warnings)
+            print(line)  # a setting that never applies: the job still runs (mpjob_contract.spec_warnings)
         found += len(jobs)
         if problems:
             failed = True

@@ -1,5 +1,5 @@
 """What the docs show is what the API has: every MixedPrecisionJob, and every `spec:` fragment
-(completed with a builtin task), in README.md's and docs/'s YAML blocks validates, read as
+(completed with a builtin task), in README.md's and docs/'s YAML blocks validates with no warning, read as
 kubectl reads YAML (1.1: an unquoted `on` is true); the column lists name the CRD's columns."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import yaml
 from mpjob.crd import PRINTER_COLUMNS
 from mpjob.validation import check_document
 from mpjob_contract.api import API_VERSION, KIND
+from mpjob_contract.spec_warnings import warning_lines
 
 pytestmark = pytest.mark.unit
 
@@ -49,6 +50,7 @@ SHOWN = shown_jobs()
 def test_each_job_the_docs_show_validates(where: str, job: dict[str, Any]) -> None:
     valid, problems = check_document(job, where)
     assert valid is not None, [str(p) for p in problems]
+    assert warning_lines(valid.spec, where) == []  # no setting shown that never applies
 
 
 def test_every_list_of_kubectl_get_mpj_columns_names_the_crds() -> None:

@@ -14,7 +14,7 @@ from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unresolved_env, unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, default_out, prepare
 from mpjob.validation import InvalidManifest, Problem, check_text, read_manifest
-from mpjob_contract.rule_warnings import never_applying
+from mpjob_contract.spec_warnings import spec_warnings
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -69,8 +69,8 @@ def run_command(argv: list[str]) -> int:
             view = make_view(args.mode, job.spec.training.steps)
             for field, message in unresolved_env(job.spec):  # once, before any attempt
                 view.info(message, field=field)
-            for field, why in never_applying(job.spec):
-                view.info(f"{args.file}: warning: spec.{field}: {why}", field=f"spec.{field}")
+            for warning in spec_warnings(job.spec, in_pods=False):  # its checkpoints: a folder on disk
+                view.info(warning.line(args.file), field=f"spec.{warning.field}")
             run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule)
             try:
                 status = run.run()

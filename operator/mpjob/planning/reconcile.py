@@ -27,10 +27,10 @@ from mpjob.planning.planner import Finish, first_attempt
 from mpjob.planning.resumepoint import POD_CHECKPOINTS
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running
-from mpjob_contract import rule_warnings, storage_warnings
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import InPlaceChange
+from mpjob_contract.spec_warnings import spec_warnings
 
 __all__ = ["FINISHED", "JobView", "PodView", "ended_by_pods", "outcome_of", "preempted_by_queue", "reconcile"]
 
@@ -101,8 +101,7 @@ def _opened(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, genera
     status.total_steps = max(spec.training.steps, status.total_steps or 0)
     plan = Plan(status=status)
     if unread:  # once per generation: the status that records it is written before any Event goes
-        plan.events.extend(lc.Event("Warning", rule_warnings.REASON, m) for m in rule_warnings.messages(spec))
-        plan.events.extend(lc.Event("Warning", storage_warnings.REASON, m) for m in storage_warnings.messages(spec))
+        plan.events.extend(lc.Event("Warning", w.reason, w.message) for w in spec_warnings(spec))
     return plan
 
 

@@ -1,4 +1,4 @@
-"""A fault rule that can never apply (mpjob_contract.rule_warnings) is a Warning Event from the
+"""A fault rule that can never apply (mpjob_contract.spec_warnings) is a Warning Event from the
 operator, `FaultRuleNeverApplies`, once per spec generation: the job is still accepted and runs."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import pytest
 
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.rule_warnings import REASON
+from mpjob_contract.spec_warnings import WarningReason
 from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
+REASON = WarningReason.FAULT_RULE_NEVER_APPLIES
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 SHADOWED = {"rules": [{"fault": "NumericFault", "action": "Fail"}, {"on": "NumericFault", "action": "FallBack"}]}
 MESSAGE = "spec.faultPolicy.rules[1]: never applies: rules[0] is on NumericFault too and comes first"

@@ -1,4 +1,4 @@
-"""Fault rules that can never apply are named as warnings (mpjob_contract.rule_warnings): the job
+"""Fault rules that can never apply are named as warnings (mpjob_contract.spec_warnings): the job
 is still valid (such jobs ran before and must keep running after an upgrade), `mpjob validate`
 exits 0 and prints one line per dead rule naming spec.faultPolicy.rules[N] and why."""
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from mpjob.cli import main
-from mpjob_contract.rule_warnings import never_applying
 from mpjob_contract.spec import MixedPrecisionJobSpec
+from mpjob_contract.spec_warnings import never_applying
 from tests.unit.operator.cases import GOOD
 
 pytestmark = pytest.mark.unit

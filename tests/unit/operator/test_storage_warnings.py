@@ -1,7 +1,7 @@
 """A job whose own recoveries make new Jobs (precision.inPlace false, elastic) while its
-checkpoints stay in the pod is warned (mpjob_contract.storage_warnings): `mpjob validate` prints
-it and passes, the operator posts one Warning Event per generation. The quickstart (no claim, no
-bucket, fallbacks in place) is not warned."""
+checkpoints stay in the pod is warned (mpjob_contract.storage_warnings, worded by spec_warnings):
+`mpjob validate` prints it and passes, the operator posts one Warning Event per generation.
+The quickstart (no claim, no bucket, fallbacks in place) is not warned."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 from mpjob.cli import main
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.storage_warnings import REASON, messages
+from mpjob_contract.spec_warnings import WarningReason, spec_warnings
 from tests.unit.operator.cases import CLAIM, GOOD, S3
 
 pytestmark = pytest.mark.unit
@@ -30,8 +30,15 @@ WARNING = (
 )
 
 
+REASON = WarningReason.CHECKPOINTS_IN_POD
+
+
 def spec(**fields: Any) -> MixedPrecisionJobSpec:
     return MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, **fields})
+
+
+def messages(job: MixedPrecisionJobSpec, *, in_pods: bool = True) -> list[str]:
+    return [w.message for w in spec_warnings(job, in_pods=in_pods) if w.reason == REASON]
 
 
 @pytest.mark.parametrize(
@@ -45,6 +52,7 @@ def spec(**fields: Any) -> MixedPrecisionJobSpec:
 )  # fmt: skip
 def test_restarts_of_the_jobs_own_over_pod_checkpoints_are_warned(fields: dict[str, Any], why: str) -> None:
     assert messages(spec(**fields)) == [WARNING.format(why)]
+    assert messages(spec(**fields), in_pods=False) == []  # mpjob run: its checkpoints stay on disk
 
 
 @pytest.mark.parametrize(

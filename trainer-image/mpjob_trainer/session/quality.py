@@ -26,6 +26,7 @@ import torch
 
 from mpjob_contract.api import Validation
 from mpjob_contract.faults import GuardRule
+from mpjob_contract.spec import DRIFT_IN_A_ROW as IN_A_ROW
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.events import EventLog
@@ -35,7 +36,6 @@ from mpjob_trainer.session.modes import AttemptPrecision, Mode
 #: The user's evaluation: the mean eval loss of the current weights, computed under
 #: run.autocast() (the session runs it in the attempt's precision and in fp32).
 EvalFunction = Callable[[], "torch.Tensor | float"]
-IN_A_ROW = 2
 
 
 @dataclass(frozen=True)

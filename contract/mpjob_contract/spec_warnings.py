@@ -1,0 +1,167 @@
+"""Settings a spec holds that will not do what they say: warnings, not errors.
+
+Only settings certainly dead for the spec as written (never a guess about the node or the run):
+a fault rule that can never apply (the first rule on a fault decides, FaultPolicy.decide; a
+QualityDrift rule needs a quality gate that can fire; a FallBack needs a rung below), and a
+setting whose figure the run can never reach (checkpoint.everySteps, validation.everySteps,
+precision.repromoteAfterSteps, precision.guard.stagnationSteps against training.steps). Such
+jobs have always been accepted and run, and the operator re-validates every stored spec at each
+reconcile, so refusing them would fail running jobs after an upgrade: `mpjob validate` and
+`mpjob run` print these, the operator posts each as one Warning Event per generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mpjob_contract.faults import Fault, FaultAction
+from mpjob_contract.spec import DRIFT_IN_A_ROW, MixedPrecisionJobSpec
+from mpjob_contract.storage_warnings import checkpoints_in_pod
+
+
+class WarningReason(StrEnum):
+    """The operator's Event reason of a warning."""
+
+    FAULT_RULE_NEVER_APPLIES = "FaultRuleNeverApplies"  # a spec.faultPolicy.rules entry
+    SPEC_NEVER_APPLIES = "SpecNeverApplies"  # any other setting
+    CHECKPOINTS_IN_POD = "CheckpointsInPod"  # recoveries of its own that start over (storage_warnings)
+
+
+@dataclass(frozen=True)
+class SpecWarning:
+    field: str  # below spec, as the manifest names it: checkpoint.everySteps
+    why: str  # what happens: the values and their effect
+    reason: WarningReason
+
+    @property
+    def message(self) -> str:
+        """`spec.<field>: why`: the operator's Event message, a terminal line's end."""
+        return f"spec.{self.field}: {self.why}"
+
+    def line(self, source: str = "") -> str:
+        """The warning as a terminal line: `source: warning: spec.<field>: why`."""
+        return f"{source}: warning: {self.message}" if source else f"warning: {self.message}"
+
+
+def spec_warnings(spec: MixedPrecisionJobSpec, *, in_pods: bool = True) -> list[SpecWarning]:
+    """Every warning the spec earns: its fault rules' first, then its other settings', then (the
+    job running in pods: `in_pods`; `mpjob run` keeps checkpoints on disk) its checkpoints'."""
+    rules = [SpecWarning(f, why, WarningReason.FAULT_RULE_NEVER_APPLIES) for f, why in never_applying(spec)]
+    idle = [SpecWarning(f, why, WarningReason.SPEC_NEVER_APPLIES) for f, why in idle_settings(spec)]
+    lost = checkpoints_in_pod(spec) if in_pods else None
+    return rules + idle + ([SpecWarning("checkpoint", lost, WarningReason.CHECKPOINTS_IN_POD)] if lost else [])
+
+
+def warning_lines(spec: MixedPrecisionJobSpec, source: str = "") -> list[str]:
+    """The warnings of a job in pods as lines for a terminal: `source: warning: spec.<field>: why`."""
+    return [warning.line(source) for warning in spec_warnings(spec)]
+
+
+def no_rung_below(spec: MixedPrecisionJobSpec) -> str | None:
+    """Why no attempt can ever fall back (nothing below the first precision), or None."""
+    if spec.precision.mode == "fp32":
+        return "precision.mode fp32 has none"
+    if not spec.precision.fallback:
+        return "precision.fallback is empty"
+    return None
+
+
+def gate_never_fires(spec: MixedPrecisionJobSpec) -> str | None:
+    """Why the quality gate can never end a precision (QualityDrift), or None. It evaluates at
+    each multiple of validation.everySteps up to training.steps, and an attempt makes at most
+    those evaluations: fewer than DRIFT_IN_A_ROW can never be that many in a row."""
+    every, steps = spec.validation.every_steps, spec.training.steps
+    if every == 0:
+        return "spec.validation.everySteps is 0"
+    if every > steps:
+        return f"validation.everySteps={every} is more than training.steps={steps} (it never evaluates)"
+    if (made := steps // every) < DRIFT_IN_A_ROW:
+        return (
+            f"validation.everySteps={every} evaluates {made} time{'' if made == 1 else 's'} in "
+            f"training.steps={steps}, and "
+            f"QualityDrift needs {DRIFT_IN_A_ROW} evaluations in a row over validation.maxLossDelta"
+        )
+    return None
+
+
+def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
+    """(field below spec, why it never applies) for each fault rule that can never decide anything."""
+    found: list[tuple[str, str]] = []
+    first: dict[Fault, int] = {}
+    for index, rule in enumerate(spec.fault_policy.rules):
+        field, fault = f"faultPolicy.rules[{index}]", rule.named
+        if fault in first:
+            found.append((field, f"never applies: rules[{first[fault]}] is on {fault} too and comes first"))
+            continue
+        first[fault] = index
+        if fault == Fault.QUALITY_DRIFT and (gate := gate_never_fires(spec)) is not None:
+            found.append((field, f"never applies: QualityDrift comes only from the quality gate, and {gate}"))
+        elif rule.action == FaultAction.FALL_BACK and (rung := no_rung_below(spec)) is not None:
+            found.append((field, f"never applies: FallBack needs a precision below the starting one, and {rung}"))
+    return found
+
+
+def idle_settings(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
+    """(field below spec, what happens) for each setting other than the fault rules that the run
+    can never act on as it says."""
+    found = [
+        ("checkpoint.everySteps", _checkpoints(spec)),
+        ("validation.everySteps", _quality_gate(spec)),
+        ("precision.repromoteAfterSteps", _repromotion(spec)),
+        ("precision.guard.stagnationSteps", _stagnation(spec)),
+    ]
+    return [(field, why) for field, why in found if why is not None]
+
+
+def _checkpoints(spec: MixedPrecisionJobSpec) -> str | None:
+    every, steps = spec.checkpoint.every_steps, spec.training.steps
+    if every < steps:
+        return None
+    than = "more than" if every > steps else "equal to"
+    return (
+        f"checkpoint.everySteps={every} is {than} training.steps={steps}: no checkpoint before the last step "
+        "(but one a stop writes), so a fault starts the next attempt over from step 0"
+    )
+
+
+def _quality_gate(spec: MixedPrecisionJobSpec) -> str | None:
+    if spec.validation.every_steps == 0 or (gate := gate_never_fires(spec)) is None:
+        return None  # off as written, or it can fire
+    return f"{gate}: the quality gate never ends a precision"
+
+
+def _repromotion(spec: MixedPrecisionJobSpec) -> str | None:
+    """Why a fallback attempt can never go back up. It does at a checkpoint (a multiple of
+    checkpoint.everySteps) before the last step, with at least repromoteAfterSteps clean steps
+    behind it, counted from the attempt's start step (0 at the lowest)."""
+    after, steps, every = spec.precision.repromote_after_steps, spec.training.steps, spec.checkpoint.every_steps
+    if after == 0:
+        return None
+    if (rung := no_rung_below(spec)) is not None:
+        return f"precision.repromoteAfterSteps={after} never re-promotes: no attempt falls back, {rung}"
+    if spec.precision.max_repromotions == 0:
+        return f"precision.repromoteAfterSteps={after} never re-promotes: precision.maxRepromotions is 0"
+    if after >= steps:
+        return (
+            f"precision.repromoteAfterSteps={after} is not below training.steps={steps}: no attempt has that "
+            "many clean steps before the last step, it never re-promotes"
+        )
+    first = -(-after // every) * every  # the first checkpoint step with `after` steps behind it
+    if first < steps:
+        return None
+    return (
+        f"precision.repromoteAfterSteps={after} never re-promotes: it goes back up at a checkpoint "
+        f"(checkpoint.everySteps={every}) before the last step, and the first with {after} steps behind it, "
+        f"step {first}, is not below training.steps={steps}"
+    )
+
+
+def _stagnation(spec: MixedPrecisionJobSpec) -> str | None:
+    stagnation, steps = spec.precision.guard.stagnation_steps, spec.training.steps
+    if stagnation == 0 or stagnation < steps:
+        return None
+    return (
+        f"precision.guard.stagnationSteps={stagnation} is not below training.steps={steps}: no loss stays "
+        "stuck that many steps in the run, the check never ends a precision"
+    )

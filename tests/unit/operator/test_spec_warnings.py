@@ -1,0 +1,127 @@
+"""Settings that will not do what they say are named as warnings (mpjob_contract.spec_warnings):
+each names its field, the values and what happens; the job stays valid, `mpjob validate` exits 0
+and prints them, the operator posts each as a `SpecNeverApplies` Warning Event once per generation."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mpjob.cli import main
+from mpjob.planning.reconcile import reconcile
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.spec_warnings import WarningReason, idle_settings, never_applying, spec_warnings
+from tests.unit.operator.cases import GOOD
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def spec(steps: int = 300, **fields: Any) -> MixedPrecisionJobSpec:
+    training = {"steps": steps, **fields.pop("training", {})}
+    return MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}, "training": training, **fields})
+
+
+def said(job: MixedPrecisionJobSpec) -> dict[str, str]:
+    return dict(idle_settings(job))
+
+
+def test_checkpoints_no_sooner_than_the_end_lose_every_step_to_a_fault() -> None:
+    assert said(spec(checkpoint={"everySteps": 500})) == {
+        "checkpoint.everySteps": "checkpoint.everySteps=500 is more than training.steps=300: no checkpoint before the "
+        "last step (but one a stop writes), so a fault starts the next attempt over from step 0"
+    }
+    assert "is equal to training.steps=300" in said(spec(checkpoint={"everySteps": 300}))["checkpoint.everySteps"]
+    assert said(spec(checkpoint={"everySteps": 299})) == {}
+
+
+def test_a_quality_gate_past_the_end_never_evaluates() -> None:
+    assert said(spec(validation={"everySteps": 500})) == {
+        "validation.everySteps": "validation.everySteps=500 is more than training.steps=300 (it never evaluates): "
+        "the quality gate never ends a precision"
+    }
+
+
+def test_a_quality_gate_that_evaluates_once_never_sees_two_in_a_row() -> None:
+    (why,) = said(spec(validation={"everySteps": 200})).values()
+    assert why.startswith("validation.everySteps=200 evaluates 1 time in training.steps=300, and QualityDrift needs 2")
+    assert said(spec(validation={"everySteps": 150})) == {}  # steps 150 and 300: two in a row can happen
+    assert said(spec(validation={"everySteps": 0})) == {}  # off, as written
+
+
+def test_a_quality_drift_rule_needs_a_gate_that_can_fire() -> None:
+    drift = {"rules": [{"fault": "QualityDrift", "action": "Fail"}]}
+    ((field, why),) = never_applying(spec(faultPolicy=drift, validation={"everySteps": 200}))
+    assert field == "faultPolicy.rules[0]" and "QualityDrift comes only from the quality gate" in why
+    assert "evaluates 1 time in training.steps=300" in why
+    assert never_applying(spec(faultPolicy=drift, validation={"everySteps": 100})) == []
+
+
+def test_a_fall_back_rule_with_an_empty_ladder_never_applies() -> None:
+    fall = {"rules": [{"fault": "LossSpike", "action": "FallBack"}]}
+    ((_, why),) = never_applying(spec(faultPolicy=fall, precision={"mode": "bf16", "fallback": []}))
+    assert why.endswith("needs a precision below the starting one, and precision.fallback is empty")
+
+
+@pytest.mark.parametrize(
+    ("precision", "checkpoint", "because"),
+    [
+        ({"mode": "fp32"}, 100, "no attempt falls back, precision.mode fp32 has none"),
+        ({"mode": "fp16", "fallback": []}, 100, "no attempt falls back, precision.fallback is empty"),
+        ({"mode": "fp16", "maxRepromotions": 0}, 100, "precision.maxRepromotions is 0"),
+        ({"mode": "fp16", "repromoteAfterSteps": 300}, 100, "is not below training.steps=300: no attempt has"),
+        ({"mode": "fp16", "repromoteAfterSteps": 250}, 200, "the first with 250 steps behind it, step 400, is not"),
+    ],
+)
+def test_a_repromotion_that_can_never_happen(precision: dict[str, Any], checkpoint: int, because: str) -> None:
+    job = spec(precision={"repromoteAfterSteps": 100, **precision}, checkpoint={"everySteps": checkpoint})
+    why = said(job)["precision.repromoteAfterSteps"]
+    assert why.startswith(f"precision.repromoteAfterSteps={job.precision.repromote_after_steps} ") and because in why
+
+
+def test_a_repromotion_that_can_happen_says_nothing() -> None:
+    # A checkpoint at step 200 with 200 clean steps behind it (a fallback from step 0), before step 300.
+    assert said(spec(precision={"mode": "fp16", "repromoteAfterSteps": 150}, checkpoint={"everySteps": 100})) == {}
+    assert said(spec(precision={"mode": "fp16"})) == {}  # repromoteAfterSteps 0: off, as written
+
+
+def test_a_stagnation_check_longer_than_the_run_never_ends_a_precision() -> None:
+    (why,) = said(spec(precision={"guard": {"stagnationSteps": 300}})).values()
+    assert why.startswith("precision.guard.stagnationSteps=300 is not below training.steps=300")
+    assert said(spec(precision={"guard": {"stagnationSteps": 299}})) == {}
+
+
+def test_each_warning_has_its_reason_and_message() -> None:
+    rules = {"rules": [{"fault": "NumericFault", "action": "Fail"}, {"fault": "NumericFault", "action": "Retry"}]}
+    found = spec_warnings(spec(faultPolicy=rules, checkpoint={"everySteps": 500}))
+    assert [(w.reason, w.message.split(":")[0]) for w in found] == [
+        (WarningReason.FAULT_RULE_NEVER_APPLIES, "spec.faultPolicy.rules[1]"),
+        (WarningReason.SPEC_NEVER_APPLIES, "spec.checkpoint.everySteps"),
+    ]
+    assert found[1].line("job.yaml") == f"job.yaml: warning: {found[1].message}"
+
+
+def test_validate_prints_a_setting_warning_and_still_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "spec": {**GOOD["spec"], "training": {"steps": 100}}}))
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}: warning: spec.checkpoint.everySteps: checkpoint.everySteps=200 is more than training.steps=100: "
+        "no checkpoint before the last step (but one a stop writes), so a fault starts the next attempt over "
+        "from step 0",
+        f"{path}: ok (1 MixedPrecisionJob)",
+    ]
+
+
+def test_the_operator_posts_a_setting_warning_once_per_generation() -> None:
+    job = spec(validation={"everySteps": 500})
+    first = reconcile(job, MixedPrecisionJobStatus(), 1, {}, NOW)
+    posted = [(e.type, e.message.split(":")[0]) for e in first.events if e.reason == WarningReason.SPEC_NEVER_APPLIES]
+    assert posted == [("Warning", "spec.validation.everySteps")]
+    assert first.create, "the job is still accepted: its first attempt starts"
+    again = reconcile(job, first.status, 1, {}, NOW)
+    assert [e for e in again.events if e.reason == WarningReason.SPEC_NEVER_APPLIES] == []
