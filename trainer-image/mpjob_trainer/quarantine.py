@@ -104,6 +104,10 @@ class Quarantine:
         whole = sum(r.whole for r in self.records)  # a sample skipped by name counts once, a whole step's each time
         return Skipped(count=len(self.records), samples=len(self._samples) + whole, steps=listed)
 
+    def reported(self) -> Skipped | None:
+        """The termination report's record of what was skipped (None: nothing), within its bounds."""
+        return self.summary(steps=REPORT_STEPS, spans=REPORT_RANGES) if self.records else None
+
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """weights_only-safe: lists of ints and strings; [step, cause, samples], and a step skipped

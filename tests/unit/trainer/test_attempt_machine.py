@@ -24,6 +24,7 @@ EXPECTED = {
     (P.ROLLING_BACK, E.RESTORED): P.CATCHING_UP,
     (P.ROLLING_BACK, E.LEFT_LOOP): P.REENTERING,
     (P.TRAINING, E.LEFT_LOOP): P.REENTERING,
+    (P.CATCHING_UP, E.LEFT_LOOP): P.REENTERING,
     (P.CATCHING_UP, E.CAUGHT_UP): P.TRAINING,
     (P.REENTERING, E.REENTERED): P.TRAINING,
     (P.TRAINING, E.END): P.ENDED,
@@ -55,6 +56,7 @@ def test_every_phase_and_event_pair(phase: Phase, event: Event) -> None:
         [E.SPIKE, E.LEFT_LOOP, E.REENTERED],  # a spike under a framework adapter
         [E.FAULT, E.FALL_BACK, E.LEFT_LOOP, E.REENTERED],  # a sharded model's fallback: wrapped anew
         [E.LEFT_LOOP, E.REENTERED],  # a sharded model's re-promotion: wrapped anew
+        [E.SPIKE, E.RESTORED, E.LEFT_LOOP, E.REENTERED],  # the same, due at a step a catch-up runs again
         [E.OUT_OF_MEMORY, E.RESTORED, E.OUT_OF_MEMORY, E.RESTORED, E.CAUGHT_UP],  # out of memory twice: two splits
     ],
 )

@@ -1,6 +1,6 @@
 """How one attempt's parts are built and wired together (the Session's composition root): the
 precision and its step arithmetic, metrics and instruments, the checkpointer over the job's
-store, progress, the model's set-up, the recovery and the interval work."""
+store, progress, the model's set-up, the recovery, the interval work and how a step is closed."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.precision import resolve
 from mpjob_trainer.session.attempt import config_digest
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.closing import StepCloser
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
 from mpjob_trainer.session.instruments import Instruments
 from mpjob_trainer.session.interval import Cadence, IntervalWork
 from mpjob_trainer.session.modes import AttemptPrecision
+from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.recovery import Recovery
 from mpjob_trainer.session.setup import ModelSetUp
@@ -42,12 +44,19 @@ class Parts:
     context: AttemptContext
     recovery: Recovery
     intervals: IntervalWork
+    closer: StepCloser
 
 
 def assemble(
-    launch: AttemptLaunch, spec: MixedPrecisionJobSpec, world: World, log: EventLog, device: torch.device
+    launch: AttemptLaunch,
+    spec: MixedPrecisionJobSpec,
+    world: World,
+    log: EventLog,
+    device: torch.device,
+    preemption: PreemptionFlag,
 ) -> Parts:
-    """The attempt's parts, wired: the data rung inspects every interval's read."""
+    """The attempt's parts, wired: the data rung inspects every interval's read; SIGTERM (`preemption`)
+    stops the attempt at a step's close."""
     amp = AttemptPrecision(resolve(launch.precision, device), device, spec.precision)
     numerics = StepNumerics(amp, NumericGuard(spec.precision.guard, device, world))
     metrics = TrainerMetrics(launch.job_name, launch.namespace, launch.attempt, amp.precision)
@@ -64,15 +73,19 @@ def assemble(
     recovery = Recovery(spec.precision.guard, context, spec.fault_policy, in_place, launch=launch)
     intervals = IntervalWork(numerics, cadence, progress=progress, log=log)
     intervals.inspectors.append(recovery.rung.inspect)
+    instruments = Instruments(launch, world=world, device=device, log=log, metrics=metrics)
+    closer = StepCloser(numerics, intervals, progress=progress, instruments=instruments,
+                        quarantine=recovery.rung.quarantine, preemption=preemption, world=world)  # fmt: skip
     return Parts(
         amp=amp,
         numerics=numerics,
         metrics=metrics,
-        instruments=Instruments(launch, world=world, device=device, log=log, metrics=metrics),
+        instruments=instruments,
         checkpoints=Checkpointer(store, world, log, metrics),
         progress=progress,
         setup=ModelSetUp(spec, launch, amp, wrapper, log=log, device=device),
         context=context,
         recovery=recovery,
         intervals=intervals,
+        closer=closer,
     )

@@ -15,6 +15,7 @@ another nor end twice.
     RollingBack --LeftLoop--> Reentering the loop re-enters from the checkpoint (adapters), or
                                          wrapped anew in the next precision (a sharded model)
     Training --LeftLoop--> Reentering    a sharded model re-promoted in place is wrapped anew
+    CatchingUp --LeftLoop--> Reentering  the same, re-promoted at a step it runs again
     CatchingUp --CaughtUp--> Training
     Reentering --Reentered--> Training   the re-entered loop closes its first step
     any but Ended --End--> Ended         the attempt ends (a verdict, a bound, an error)
@@ -59,6 +60,7 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (Phase.ROLLING_BACK, Event.RESTORED): Phase.CATCHING_UP,
     (Phase.ROLLING_BACK, Event.LEFT_LOOP): Phase.REENTERING,
     (Phase.TRAINING, Event.LEFT_LOOP): Phase.REENTERING,
+    (Phase.CATCHING_UP, Event.LEFT_LOOP): Phase.REENTERING,
     (Phase.CATCHING_UP, Event.CAUGHT_UP): Phase.TRAINING,
     (Phase.CATCHING_UP, Event.OUT_OF_MEMORY): Phase.ROLLING_BACK,
     (Phase.REENTERING, Event.REENTERED): Phase.TRAINING,

@@ -72,7 +72,7 @@ class Recovery:
         ending was known, and the attempt's recoverySeconds (in place: its change's)."""
         return {
             "start_step": self.started_at if self.started_at is not None else started_at,
-            "skipped": self.rung.skipped(),
+            "skipped": self.rung.quarantine.reported(),
             "replay": self.replayed,
             "precision_changes": self.changes,
             "ended_at": self.ended_at,

@@ -64,11 +64,11 @@ class Session(SetUpCalls):
         self.device, spec = dist_env.pick_device(world), launch.attempt_spec()
         dist_env.init_process_group(world, self.device)
         seed_everything(spec.training.seed)
-        parts = assemble(launch, spec, world, log, self.device)
+        parts = assemble(launch, spec, world, log, self.device, preemption)
         self._amp, self._numerics, self._metrics = parts.amp, parts.numerics, parts.metrics
         self._progress, self._instruments, self._checkpoints = parts.progress, parts.instruments, parts.checkpoints
         self._setup, self._context, self._intervals = parts.setup, parts.context, parts.intervals
-        self._recovery, self._rung = parts.recovery, parts.recovery.rung
+        self._recovery, self._rung, self._closer = parts.recovery, parts.recovery.rung, parts.closer
         self._progress.cost(flops_per_sample, tokens_per_sample, call="start")
         self._state: TrainingState | None = None
         self.start_step = self._step = 0
@@ -194,11 +194,13 @@ class Session(SetUpCalls):
         self._gate = QualityGate(evaluate, self.spec.validation, self.world, self.device)
 
     @property
-    def scaler(self) -> torch.amp.GradScaler | None:  # fp16's; for a framework that scales and steps
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's GradScaler (None in other precisions): for a framework that scales and steps itself."""
         return self._amp.scaler
 
     @property
-    def checkpoints(self) -> Checkpointer:  # who writes the attempt's checkpoints (the store; how a save is told)
+    def checkpoints(self) -> Checkpointer:
+        """Who writes the attempt's checkpoints: the store, and how a save is told."""
         return self._checkpoints
 
     def checkpoint_with(self, checkpointer: Checkpointer) -> None:
@@ -239,24 +241,18 @@ class Session(SetUpCalls):
         self._step = step
         state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples
-        self._progress.window.add(samples)
-        end = self._rung.closing(step, loss, close=self._close_step, state=state, checkpoints=self._checkpoints)
+        end = self._rung.closing(
+            step, loss, samples, close=self._close_step, state=state, checkpoints=self._checkpoints
+        )
         if end is not None:  # the SDK's edge: what ends the step leaves the loop as an exception
             raise end
 
-    def _close_step(self, step: int, loss: Number | None) -> Exception | None:
-        """Step `step`'s guard bookkeeping and, when due, its interval's work: what ends it, if anything."""
+    def _close_step(self, step: int, loss: Number | None, samples: int | None) -> Exception | None:
+        """Close step `step` (the loop's, or one a catch-up runs again) on what the loop trains now."""
         assert self._state is not None  # end_step checked it
-        fault = self._numerics.close(step, loss, skipped=self.quarantined.skips_step(step - 1))
-        if fault is not None:
-            return fault
-        self._instruments.step(step)
-        gate, alone = self._gate, self.preemption.raised and not self.world.distributed  # alone: no need to agree
-        due = self._intervals.cadence.due(step, evaluate=gate is not None and gate.due(step), stop_alone=alone)
-        if not due.any:
-            return None
-        flag = 1.0 if self.preemption.raised else 0.0
-        return self._intervals.run(step, due, flag=flag, state=self._state, checkpoints=self._checkpoints, gate=gate)
+        return self._closer.close(
+            step, loss, samples, state=self._state, checkpoints=self._checkpoints, gate=self._gate
+        )
 
     def _training(self, call: str) -> TrainingState:  # what resume() registered, between resume() and close()
         if self._exit_code is not None:

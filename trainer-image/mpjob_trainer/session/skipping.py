@@ -13,7 +13,8 @@ precision:
    step as if the skipped samples had never been in the data.
 
 Each step of a recovery is a transition of the attempt machine (session.machine). A
-re-promotion that may be made in place (session.inplace) is made here too, where a step closes.
+re-promotion that may be made in place (session.inplace) is made here too, where a step closes
+(a catch-up's too).
 
 A loop that cannot be rolled back in place (a framework adapter: HF Trainer and Lightning keep
 their model, optimizer, schedule and data to themselves) re-enters instead (`reenters`): step 1
@@ -41,9 +42,9 @@ from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import CheckpointRef
-from mpjob_contract.skipping import SkipCause, Skipped, describe_steps, ranges
+from mpjob_contract.skipping import SkipCause, describe_steps, ranges
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault, Repromote
-from mpjob_trainer.quarantine import REPORT_RANGES, REPORT_STEPS, Quarantine
+from mpjob_trainer.quarantine import REPORT_RANGES, Quarantine
 from mpjob_trainer.session.catch_up import CloseStep, catch_up
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
@@ -112,41 +113,48 @@ class DataRung:
         """May this rung roll the state back (bad data skipped, or spikes rolled back)?"""
         return self.skips_bad_data or self.on_spike == "rollback"
 
-    def skipped(self) -> Skipped | None:
-        """The report's record of what was skipped (None: nothing)."""
-        if not len(self.quarantine):
-            return None
-        return self.quarantine.summary(steps=REPORT_STEPS, spans=REPORT_RANGES)
-
     def closing(
         self,
         step: int,
         loss: Number | None,
+        samples: int | None,
         *,
         close: CloseStep,
         state: TrainingState | None,
         checkpoints: Checkpointer,
     ) -> Exception | None:
-        """Close step `step` with `close` (the session's); a fault the rung handles is recovered
-        from and the step closed again, now on the re-run step's own loss. What ends the step
+        """Close step `step` (trained on `samples`) with `close` (the session's); a fault the rung handles
+        is recovered from and the step closed again, now on the re-run step's own loss. What ends the step
         otherwise (the attempt's ending, RolledBack, Preempted, ...) is returned."""
-        self._close = close  # a catch-up closes the steps it runs again with it
+        # a catch-up closes the steps it runs again with it, as this closes the loop's
+        self._close = functools.partial(self._closed, close, state=state, checkpoints=checkpoints)
         if self.machine.phase is Phase.REENTERING:  # the loop re-entered and closes its first step
             self.machine.fire(Event.REENTERED)
         while True:
-            outcome = close(step, loss)
-            if isinstance(outcome, Repromote) and self.in_place is not None and self.in_place.can_promote():
-                self.in_place.promote(outcome, step=step)  # the checkpoint at `step` is written: go on up
-                if not self.in_place.rewraps or state is None:
-                    return None
-                start = self.rewind(step, state=state, checkpoints=checkpoints, wrap_anew=True)  # that checkpoint
-                return start if isinstance(start, Exception) else self.go_on(start, step)
+            outcome = self._close(step, loss, samples)
             if not isinstance(outcome, NumericFault) or state is None:
                 return outcome
             ending = self.recover(outcome, step=step, state=state, checkpoints=checkpoints)
             if ending is not None:
                 return ending
             loss = None
+
+    def _closed(
+        self, close: CloseStep, step: int, loss: Number | None, samples: int | None, *,
+        state: TrainingState | None, checkpoints: Checkpointer,
+    ) -> Exception | None:  # fmt: skip
+        """`close` step `step`; a re-promotion due there goes up in place when it may (session.inplace),
+        at the loop's step and at a catch-up's alike: the checkpoint at `step` is written and the state
+        in memory is its, so the steps after it train on in the precision gone up to (a sharded model's
+        loop leaves, to be wrapped anew from that checkpoint)."""
+        outcome = close(step, loss, samples)
+        if not (isinstance(outcome, Repromote) and self.in_place is not None and self.in_place.can_promote()):
+            return outcome
+        self.in_place.promote(outcome, step=step)
+        if not self.in_place.rewraps or state is None:
+            return None
+        start = self.rewind(step, state=state, checkpoints=checkpoints, wrap_anew=True)  # that checkpoint
+        return start if isinstance(start, Exception) else self.go_on(start, step)
 
     # ---------------------------------------------------------------- at an interval's read
     def inspect(self, step: int, read: Read) -> NumericFault | None:
@@ -252,8 +260,9 @@ class DataRung:
         return self.go_on(start, step)
 
     def go_on(self, start: int, step: int) -> Exception | None:
-        """After a rollback to `start`: catch up to `step` in place (None, or a fault met on the
-        way), or leave the loop to re-enter (RolledBack; Rewrap, to be wrapped anew from `rewind`'s target)."""
+        """After a rollback to `start`: run steps start..step-1 (0-based) again in place, each closed as
+        end_step closes it, the last by the loop's own (session.catch_up): None, or what ended one on the
+        way; or leave the loop to re-enter (RolledBack; Rewrap, to be wrapped anew from `rewind`'s target)."""
         if self._reentry is not None:
             left, self._reentry = Rewrap(self._reentry), None
             self.machine.fire(Event.LEFT_LOOP)
@@ -263,8 +272,11 @@ class DataRung:
             self.machine.fire(Event.LEFT_LOOP)
             return RolledBack(self._rolled_back_to)
         self.machine.fire(Event.RESTORED)
-        fault = self._catch_up(start, step)
-        self.machine.fire(Event.CAUGHT_UP)
+        assert self.replay is not None and self._close is not None  # armed; inside `closing`
+        samples = self.step_samples or None  # a step's, as the loop's end_step told them (None: never told)
+        fault = catch_up(self.replay, self._close, self.quarantine, start=start, step=step, samples=samples)
+        if not isinstance(fault, Rewrap):  # else re-promoted on the way, and left to be wrapped anew
+            self.machine.fire(Event.CAUGHT_UP)
         return fault
 
     def rewind(
@@ -286,9 +298,3 @@ class DataRung:
         if self.spike is not None:
             self.spike.forget_spikes()
         return target.step
-
-    def _catch_up(self, start: int, step: int) -> Exception | None:
-        """Run steps start..step-1 (0-based) again, each closed as the loop's end_step closes it
-        (session.catch_up); the loop's end_step closes the last."""
-        assert self.replay is not None and self._close is not None  # armed; inside `closing`
-        return catch_up(self.replay, self._close, self.quarantine, start, step)

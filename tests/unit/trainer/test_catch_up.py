@@ -1,0 +1,107 @@
+"""The catch-up after a rollback in place (session.catch_up) closes each step it runs again as the
+loop's end_step closes it: the step lines it logs count its samples (samples/s, seconds per step),
+and a re-promotion falling due on the way goes up in place as it does outside a catch-up."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from mpjob_contract.launch import AttemptLaunch, InPlaceTarget
+from mpjob_contract.report import TerminationReport
+from mpjob_trainer import session as mpjob
+from tests.unit.trainer.conftest import in_process_launch, parse, spec, train_squares
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_steps_a_catch_up_logs_count_their_samples_as_the_loops_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A bad sample at step 8 (index 7), seen at once (every step is read): rolled back to the
+    # checkpoint at step 4, then steps 5..7 run again and logged by the catch-up.
+    job = spec(training={"steps": 10, "batchSize": 4, "logEvery": 1}, checkpoint={"everySteps": 4})
+
+    def inputs(run: mpjob.Session, i: int) -> torch.Tensor:
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+        if i == 7 and i not in run.quarantined:
+            x[0, 0] = math.nan
+        return x
+
+    with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32")) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        start = run.resume(model=model, optimizer=optimizer)
+        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
+    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert report.reason == "Succeeded" and report.skipped is not None, report.message
+
+    lines = [e for e in parse(capsys.readouterr().out) if e["event"] == "step"]
+    again = [e["step"] for e in lines][7:10]
+    assert again == [5, 6, 7], [e["step"] for e in lines]  # the catch-up's, after steps 1..7
+    for line in lines:
+        assert line["samplesPerSecond"] is not None and line["samplesPerSecond"] > 0, line
+        assert line["stepSeconds"] < 60, line
+
+
+#: fp16 falls back to bf16 in place, which re-promotes to fp16 in place after 2 clean steps.
+PROMOTE = InPlaceTarget(precision="bf16", repromote_after_steps=2, promote_to=InPlaceTarget(precision="fp16"))
+#: Steps 5..7 overflow in fp16 the first time they run (a transient overflow); three non-finite
+#: losses end fp16 at the read of step 8, while the last good checkpoint is step 4's.
+REPROMOTING = spec(
+    training={"steps": 16, "batchSize": 4, "logEvery": 2},
+    precision={"mode": "fp16", "fallback": ["bf16"], "guard": {"onBadData": "fail"}},
+    checkpoint={"everySteps": 2},
+)
+
+
+def train(launch: AttemptLaunch, overflowed: set[int]) -> TerminationReport:
+    """`train_squares` through `launch` in this process, to its end (an exit other than success is
+    its report's); steps 5..7 overflow the first time fp16 runs them (`overflowed`: those it ran)."""
+
+    def inputs(run: mpjob.Session, i: int) -> torch.Tensor:
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+        if run.precision == "fp16" and i in (4, 5, 6) and i not in overflowed:
+            overflowed.add(i)
+            x[0, 0] = math.inf
+        return x
+
+    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        start = run.resume(model=model, optimizer=optimizer)
+        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
+    return TerminationReport.model_validate_json(Path(os.environ["MPJOB_TERMINATION_LOG"]).read_text())
+
+
+def test_a_repromotion_due_while_catching_up_goes_up_in_place_and_ends_as_the_restart_path_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fp16 = in_process_launch(tmp_path, monkeypatch, REPROMOTING, "fp16")
+    # bf16 catches up from step 4 to 8 in place, and its re-promotion falls due at step 6's checkpoint.
+    in_place = fp16.model_copy(update={"checkpoint_dir": str(tmp_path / "inplace"), "in_place_to": [PROMOTE]})
+    report = train(in_place, set())
+    assert report.reason == "Succeeded" and report.precision == "fp16", report.message
+    changes = [(c.kind, c.to_precision, c.start_step) for c in report.precision_changes]
+    assert changes == [("fallback", "bf16", 4), ("repromote", "fp16", 6)]
+
+    # The restart path: fp16 ends at step 8, bf16 from step 4 ends Repromote at 6, fp16 from 6 to the end.
+    overflowed: set[int] = set()
+    restart = fp16.model_copy(update={"checkpoint_dir": str(tmp_path / "restart")})
+    assert train(restart, overflowed).reason == "NumericFault"
+    bf16 = restart.model_copy(update={"attempt": 1, "precision": "bf16", "repromote_after_steps": 2,
+                                      "resume_from": str(tmp_path / "restart" / "step-000000004")})  # fmt: skip
+    assert train(bf16, overflowed).reason == "Repromote"
+    again = bf16.model_copy(update={"attempt": 2, "precision": "fp16", "repromote_after_steps": None,
+                                    "resume_from": str(tmp_path / "restart" / "step-000000006")})  # fmt: skip
+    assert train(again, overflowed).reason == "Succeeded"
+    ours, theirs = (torch.load(tmp_path / d / "step-000000016" / "state.pt")["model"] for d in ("inplace", "restart"))
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
