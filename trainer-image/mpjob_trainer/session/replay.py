@@ -55,10 +55,11 @@ from mpjob_contract.skipping import SkipCause
 from mpjob_trainer.checkpoint.resume import NoGoodCheckpoint
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.quarantine import ScreenFunction
-from mpjob_trainer.session.agreement import RankTable, flatten, gathered, main_says
+from mpjob_trainer.session.agreement import RankTable, main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.modes import Mode
+from mpjob_trainer.session.naming import StepSamples
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import SamplesFunction, StepFunction, finite
@@ -101,7 +102,8 @@ class Fp32Replay:
         self.weights = weights
         #: A fresh attempt's step 0: where the replay starts while no checkpoint exists.
         self.fresh = fresh
-        self.samples = samples
+        #: Which samples a step trained on, on every rank (the loop's `samples`; session.naming).
+        self.named = StepSamples(samples, lent.world)
         self.spec = spec
         self.lent = lent
         #: The verdict of the replay this attempt made (None: none was made), for its report.
@@ -154,7 +156,7 @@ class Fp32Replay:
         first = self.lent.numerics.guard.first_fault_step(fault.rule) if self.enabled else None
         if first is None:
             return None
-        self.offending = self._offending(first, list(range(self.lent.world.size)))
+        self.offending = self.named.offending(first, list(range(self.lent.world.size)))
         win = Window(first, range(first, first + 1), from_checkpoint=False)
         replay = verdict_of("data", win, time.monotonic(), steps=0, offending=self.offending)
         self.lent.log("replay", all_ranks=True, **replay.model_dump(by_alias=True, exclude_none=True))
@@ -274,27 +276,13 @@ class Fp32Replay:
             if table.any("raised"):
                 return verdict_of("inconclusive", win, began, steps=done)
             if table.any("loss", "grad"):
-                self.offending = self._offending(index, table.ranks("loss") or table.ranks("grad"))
+                self.offending = self.named.offending(index, table.ranks("loss") or table.ranks("grad"))
                 return verdict_of("data", win, began, steps=done, offending=self.offending)
             if table.any("late") and index != win.steps[-1]:
                 return verdict_of("inconclusive", win, began, steps=done)
         return verdict_of("precision", win, began, steps=len(win.steps))
 
     def samples_named(self, index: int, cause: SkipCause, screen: ScreenFunction | None) -> list[int]:
-        """The samples of step `index` to quarantine: for bad data those of the ranks this replay
-        named (all ranks' when it named none), narrowed by the loop's `screen`; for a spike all
-        ranks'. A collective unless the replay named them (then the same on every rank)."""
-        offending = self.offending if cause == "data" else None
-        if offending is not None and offending.step == index and offending.samples:
-            every = sorted(set(offending.samples))
-        else:
-            mine = self.samples(index) if self.samples is not None else []
-            every = sorted({int(i) for part in gathered(list(mine), self.lent.world) for i in part})
-        if cause == "data" and screen is not None and every:
-            return screen(every) or every
-        return every
-
-    def _offending(self, index: int, ranks: list[int]) -> Offending:
-        """Step `index` of `ranks`, with their samples gathered from them."""
-        mine = self.samples(index) if self.samples is not None else []
-        return Offending(index, ranks, flatten(gathered(list(mine), self.lent.world), ranks))
+        """The samples of step `index` to quarantine (StepSamples.to_quarantine): for bad data, as
+        this replay's verdict named them."""
+        return self.named.to_quarantine(index, cause, screen, self.offending)
