@@ -233,7 +233,10 @@ class LocalRun:
         """What one trainer line changes in the status and the series, and what the view shows of it."""
         start = self._current
         assert start is not None  # set before the workers start
-        if (point := self._absorb(start.index, start.precision, event)) is not None:
+        point, news = self._absorb(start.index, start.precision, event)
+        if news is not None:  # the trainer resumed elsewhere than planned: the operator's Resumed Event
+            self.view.info(news)
+        if point is not None:
             self.view.step(point)
         self._clock.seen(self.status, start.index, event)
         self._reached = reached(self._reached, event)
@@ -271,18 +274,20 @@ class LocalRun:
             self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")
         self._save()
 
-    def _absorb(self, index: int, precision: str, event: events.TrainerEvent) -> Point | None:
+    def _absorb(self, index: int, precision: str, event: events.TrainerEvent) -> tuple[Point | None, str | None]:
         """What one trainer line changes in the status (`planning/observe.py` decides, as for the
-        operator's reads) and the series; live, or replayed from a killed run's log."""
-        point = self.series.ingest(index, precision, event)
+        operator's reads) and the series; live, or replayed from a killed run's log. The step
+        point to show, and the news the operator makes an Event of (a corrected start step)."""
+        point, news = self.series.ingest(index, precision, event), None
         self.series.ingest_eval(index, event)
         self.series.ingest_skip(index, event)
         if (reading := reading_of(index, event)) is not None:
-            self.status = observe(self.status, reading).status
+            seen = observe(self.status, reading)
+            self.status, news = seen.status, seen.news[1] if seen.news else None
         if isinstance(event, events.PrecisionMeasured):
             self.series.measured(index, event.chosen)
         self.gpu_time.seen(event)  # what it is charged
-        return point
+        return point, news
 
     # ------------------------------------------------------------------ persistence
     def _save(self) -> None:
