@@ -37,6 +37,14 @@ def bounded(report: TerminationReport, status: MixedPrecisionJobStatus) -> Termi
     )
 
 
+def without_progress(status: MixedPrecisionJobStatus, index: int, report: TerminationReport) -> bool:
+    """Whether `report` carries no progress: one the launcher made for ranks that died before
+    they resumed (no start step, step 0 below where the attempt began). The job's step stays
+    where it stood; the attempt's endStep reads 'unknown' (planning.repeat)."""
+    began = next((a.start_step for a in status.attempts if a.index == index), 0)
+    return report.start_step is None and report.step < began
+
+
 def record_report(status: MixedPrecisionJobStatus, index: int, report: TerminationReport | None) -> int:
     """What the trainer's report tells: the last good checkpoint, where it stopped and began."""
     if report is None:
@@ -47,7 +55,8 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
         status.last_checkpoint = CheckpointStatus(
             step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
         )
-    status.step = report.step
+    if not without_progress(status, index, report):
+        status.step = report.step
     # The trainer's own final counts (a live reading may never have been taken); a loss scale
     # exists only in fp16 (0 would read as a collapsed scale). A figure the report lacks leaves
     # the last live reading as it is.

@@ -1,0 +1,39 @@
+"""A termination report that carries no progress (the launcher's, for ranks that died before
+they resumed: step 0, no start step) leaves the job's step where it stood; it reset it to 0,
+and `mpjob run` said 'Failed in bf16 at step 0' of a job with a checkpoint at step 20."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpjob.planning.lifecycle import record_report
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.report import TerminationReport
+
+pytestmark = pytest.mark.unit
+
+
+def status_at(step: int) -> MixedPrecisionJobStatus:
+    attempt = AttemptStatus(index=2, precision="bf16", start_step=step)
+    return MixedPrecisionJobStatus(attempts=[attempt], step=step, total_steps=200)
+
+
+def test_a_report_without_progress_leaves_the_jobs_step_where_the_attempt_began() -> None:
+    status = status_at(20)
+    died = TerminationReport(reason=Reason.INFRA_ERROR, message="rank 0: EndpointConnectionError")
+    end = record_report(status, 2, died)
+    assert status.step == 20
+    assert end == 0  # the attempt's endStep stays 'unknown' (below its start: planning.repeat)
+
+
+@pytest.mark.parametrize(
+    ("step", "start", "job_step"),
+    [(30, None, 30), (0, 0, 0), (12, 8, 12)],  # progress; a fresh start at 0; one that resumed earlier
+)
+def test_a_report_that_says_where_it_began_or_got_sets_the_jobs_step(
+    step: int, start: int | None, job_step: int
+) -> None:
+    status = status_at(20)
+    record_report(status, 2, TerminationReport(reason=Reason.INFRA_ERROR, step=step, start_step=start))
+    assert status.step == job_step
