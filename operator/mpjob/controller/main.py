@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import time
 from collections.abc import Mapping
 
@@ -111,8 +112,16 @@ def stop_on_signals() -> None:
 
 
 def _stop(signum: int, _frame: object) -> None:
-    log.info("%s received: stopping", signal.Signals(signum).name)
-    raise SystemExit(0)  # not an Exception: no `except Exception` on the way takes it for a failure
+    """End the process now. Before kopf's handlers nothing is reconciled or written (kopf handles
+    jobs only once its startup, which waits for the cache's first listing, is done), so there is
+    nothing to finish. Not SystemExit: raised wherever the main thread is (inside the event loop
+    kopf.run has begun, or a log write), it unwound the loop midway (a hang) or finalized the
+    interpreter under the cache's running threads (SIGABRT); not `log`: a write this signal
+    interrupted would be re-entered."""
+    os.write(
+        sys.stderr.fileno(), f"{signal.Signals(signum).name} received before the operator started: stopping\n".encode()
+    )
+    os._exit(0)
 
 
 def cannot_listen(flag: str, port: int, bind_address: str, exc: OSError) -> str:

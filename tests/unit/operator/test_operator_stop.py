@@ -6,6 +6,9 @@ the API server never answers is named, and stays blocked in its socket until the
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Hashable
 from pathlib import Path
@@ -57,3 +60,42 @@ def test_a_closed_queue_has_ended_its_idle_workers_and_names_a_busy_one() -> Non
     assert len(still) == 1 and still[0] in ("w-0", "w-1", "w-2"), still
     release.set()
     assert queue.close(timeout=30) == []
+
+
+#: A process as `mpjob operator` is before kopf's signal handlers are in place: the pre-kopf stop
+#: installed, kopf's event loop running, a thread blocked in a request that is never answered
+#: (non-daemon here, so that a stop that finalizes the interpreter waits for it, as surely as the
+#: daemon watches abort it only sometimes) and a thread logging as the cache's retries do.
+BEFORE_KOPF = """
+import asyncio, logging, threading
+from mpjob.controller import main
+main.configure_logging(verbose=False)
+main.stop_on_signals()
+threading.Thread(target=threading.Event().wait, name="unanswered").start()
+def retries():
+    while True:
+        logging.getLogger("mpjob.operator.cache").warning("listing jobs: 403 Forbidden; retrying")
+threading.Thread(target=retries, daemon=True).start()
+async def startup():
+    print("started", flush=True)
+    while True:
+        await asyncio.sleep(0.01)
+asyncio.run(startup())
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_before_kopf_runs_ends_the_process_at_once_whatever_its_threads_do(tmp_path: Path, signum: int) -> None:
+    log = tmp_path / "operator.log"  # a file, as a container's log: a pipe nobody reads would fill and block
+    with log.open("w") as err:
+        child = subprocess.Popen([sys.executable, "-c", BEFORE_KOPF], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "started\n"
+        child.send_signal(signum)
+        code = child.wait(timeout=20)
+    finally:
+        child.kill()
+    said = log.read_text(errors="replace")
+    assert code == 0, said[-2000:]
+    assert f"{signal.Signals(signum).name} received before the operator started: stopping" in said
+    assert "Traceback" not in said and "Logging error" not in said
