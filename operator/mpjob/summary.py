@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from mpjob.planning import repeat
 from mpjob.planning.history import KEEP_FIRST
 from mpjob.planning.status import moment
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
@@ -74,7 +75,7 @@ def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, 
     """One attempt; with `world`, the processes it ran on (a job whose size changed); with
     `shape`, its micro-batch split (a job whose split changed); at `now`, how long ago the step
     of one still running last moved (its progressTime: runPolicy.progressDeadlineSeconds)."""
-    end = a.end_step if a.end_step is not None else "?"
+    end = a.end_step if repeat.end_known(a) else "?"  # unknown: still running, or a report without progress
     said = f" ({one_line(a.message)})" if a.message and a.reason != Reason.SUCCEEDED else ""
     how = " in place" if a.in_place else ""
     back = f", back in {a.recovery_seconds:.2f} s{how}" if a.recovery_seconds is not None else how

@@ -46,8 +46,9 @@ def before_first_step(attempt: AttemptStatus) -> bool:
     return attempt.end_step is not None and attempt.end_step == attempt.start_step
 
 
-def _reached(attempt: AttemptStatus) -> bool:
-    """Whether the attempt's record shows where it ended: at or past where it began."""
+def end_known(attempt: AttemptStatus) -> bool:
+    """Whether the attempt's record shows where it ended: at or past where it began (an endStep
+    below its startStep is a report without progress: unknown)."""
     return attempt.end_step is not None and attempt.end_step >= attempt.start_step
 
 
@@ -59,7 +60,7 @@ def repeated_failure(history: Sequence[AttemptStatus]) -> tuple[FinishReason, st
         return None
     before, last = history[-2], history[-1]
     for attempt in (before, last):
-        if attempt.reason not in COUNTED or attempt.exit_code is None or not _reached(attempt):
+        if attempt.reason not in COUNTED or attempt.exit_code is None or not end_known(attempt):
             return None
     if _failure(before) != _failure(last):
         return None

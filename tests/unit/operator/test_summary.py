@@ -202,3 +202,12 @@ def test_a_failed_jobs_headline_names_why_it_stopped_trying() -> None:
     lines = summary_lines("job", MixedPrecisionJobStatus.model_validate(status))
     assert lines[0] == "job: Failed in fp16 at step 5 (FailedAtTheSameStep)"
     assert summary_lines("ns/fell", FELL_BACK)[0] == "ns/fell: Succeeded in bf16 at step 40"  # only a failure says why
+
+
+def test_an_attempt_whose_end_step_is_unknown_says_so_not_step_0() -> None:
+    """A resumed attempt whose ranks died before they resumed (the bucket gone) is recorded with
+    endStep 0 below its startStep: unknown (planning.repeat). Its line said `steps 20-0`."""
+    died = {"index": 1, "precision": "bf16", "startStep": 20, "endStep": 0, "reason": "InfraError", "message": "x"}
+    began = {"index": 0, "precision": "bf16", "startStep": 0, "endStep": 0, "reason": "InfraError", "message": "x"}
+    lines = summary_lines("job", MixedPrecisionJobStatus.model_validate({"attempts": [began, died]}))
+    assert lines[1:3] == ["  attempt 0: bf16 steps 0-0 InfraError (x)", "  attempt 1: bf16 steps 20-? InfraError (x)"]
