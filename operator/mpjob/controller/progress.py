@@ -124,16 +124,17 @@ def figures(exposition: Exposition, *, precision: str | None) -> dict[str, Any]:
 
 
 def observed_in(
-    old: MixedPrecisionJobStatus, read: Read | None, made: list[InPlaceChange], now: datetime
+    old: MixedPrecisionJobStatus, read: Read | None, made: list[InPlaceChange], now: datetime, every_steps: int
 ) -> Observation:
     """`old` with what a read of its running attempt found, if any. A read that lists changes in
     place (`made`) holds the figures of the attempt the last one began: they go in once the plan
-    has recorded it (a read of an attempt that ended meanwhile changes nothing)."""
+    has recorded it (a read of an attempt that ended meanwhile changes nothing); `every_steps`:
+    checkpoint.everySteps (planning/lapse.py)."""
     if read is None:
         return Observation(old)
     target, reading = read
     whose = max([target.attempt, *(change.attempt for change in made)])
-    return observe(old, found_reading(reading, attempt=whose), at=st.stamp(now))
+    return observe(old, found_reading(reading, attempt=whose), at=st.stamp(now), every_steps=every_steps)
 
 
 def changes_found(found: dict[str, Any]) -> list[InPlaceChange]:

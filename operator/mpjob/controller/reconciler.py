@@ -36,7 +36,7 @@ from mpjob.controller.progress import ProgressReader, changes_found, observed_in
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import Backoff, Retry
-from mpjob.planning import cutoff, skipped
+from mpjob.planning import cutoff
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
@@ -148,7 +148,9 @@ class Reconciler:
             generation = body["metadata"].get("generation")
             read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
             made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
-            observed = observed_in(old, read, made, now)  # the plan decides on the newest figures
+            observed = observed_in(
+                old, read, made, now, spec.checkpoint.every_steps
+            )  # the plan decides on the newest figures
             unseen_for = self.progress.unseen_for((namespace, name), old.attempt)  # after the poll's take
             plan = reconcile(
                 spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
@@ -286,10 +288,7 @@ class Reconciler:
         an Event lost then is the price of never posting one twice), and the phase the ticker
         counts."""
         om.count_plan(observed.status, plan)
-        told = [(e.type, e.reason, e.message) for e in plan.events]
-        if (news := observed.news) is not None:
-            told.append(("Normal", *news))
-        told.extend(skipped.announcement(step) for step in observed.skips)
+        told = [(e.type, e.reason, e.message) for e in plan.events] + observed.told()
         for kind, reason, message in told:
             kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
         self.phases[body["metadata"]["uid"]] = plan.status.phase

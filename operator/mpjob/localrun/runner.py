@@ -234,7 +234,7 @@ class LocalRun:
         start = self._current
         assert start is not None  # set before the workers start
         point, news = self._absorb(start.index, start.precision, event)
-        if news is not None:  # the trainer resumed elsewhere than planned: the operator's Resumed Event
+        if news is not None:  # the operator's Resumed or CheckpointsFailing Event: resumed elsewhere, saves lapsed
             self.view.info(news)
         if point is not None:
             self.view.step(point)
@@ -277,13 +277,14 @@ class LocalRun:
     def _absorb(self, index: int, precision: str, event: events.TrainerEvent) -> tuple[Point | None, str | None]:
         """What one trainer line changes in the status (`planning/observe.py` decides, as for the
         operator's reads) and the series; live, or replayed from a killed run's log. The step
-        point to show, and the news the operator makes an Event of (a corrected start step)."""
+        point to show, and the news the operator makes an Event of (a corrected start step, the
+        CheckpointsFailing condition's flip)."""
         point, news = self.series.ingest(index, precision, event), None
         self.series.ingest_eval(index, event)
         self.series.ingest_skip(index, event)
         if (reading := reading_of(index, event)) is not None:
-            seen = observe(self.status, reading)
-            self.status, news = seen.status, seen.news[1] if seen.news else None
+            seen = observe(self.status, reading, every_steps=self.spec.checkpoint.every_steps)
+            self.status, news = seen.status, "\n".join(seen.lines()) or None
         if isinstance(event, events.PrecisionMeasured):
             self.series.measured(index, event.chosen)
         self.gpu_time.seen(event)  # what it is charged

@@ -19,7 +19,9 @@ The rules, written once here:
   step move (`moved`): runPolicy.progressDeadlineSeconds counts from it (`cutoff.stalled`);
 - lastCheckpoint only moves forward (or gains the sha256 of the step it holds without one);
 - status.skipped takes what the trainer's quarantine adds, each newly listed step with its
-  Event (`planning/skipped.py`, the rule the attempt's end uses too).
+  Event (`planning/skipped.py`, the rule the attempt's end uses too);
+- given checkpoint.everySteps, the condition CheckpointsFailing follows the step's distance from
+  lastCheckpoint, each flip with its Event (`planning/lapse.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mpjob.planning import reported, skipped, timeline
+from mpjob.planning import lapse, reported, skipped, timeline
 from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
 from mpjob.planning.status import ConditionReason
@@ -86,6 +88,23 @@ class Observation:
     status: MixedPrecisionJobStatus
     news: tuple[str, str] | None = None
     skips: tuple[SkippedStep, ...] = ()
+    #: The CheckpointsFailing condition's flip (type, reason, message), if it flipped.
+    lapse: tuple[str, str, str] | None = None
+
+    def told(self) -> list[tuple[str, str, str]]:
+        """The Events (type, reason, message) this reading earns, in order."""
+        told = [("Normal", *self.news)] if self.news is not None else []
+        told += [self.lapse] if self.lapse is not None else []
+        return told + [skipped.announcement(step) for step in self.skips]
+
+    def lines(self) -> list[str]:
+        """What `mpjob run` prints of them: the start-step correction and the condition's flip
+        (its step lines show the skips)."""
+        said = [self.news[1]] if self.news is not None else []
+        if self.lapse is not None:
+            kind, _, message = self.lapse
+            said.append(f"warning: {message}" if kind == "Warning" else message)
+        return said
 
 
 def real(reading: Reading, *, precision: str | None) -> Reading:
@@ -119,9 +138,12 @@ def bounded(reading: Reading, status: MixedPrecisionJobStatus) -> Reading:
     )
 
 
-def observe(status: MixedPrecisionJobStatus, reading: Reading, *, at: str | None = None) -> Observation:
+def observe(
+    status: MixedPrecisionJobStatus, reading: Reading, *, at: str | None = None, every_steps: int | None = None
+) -> Observation:
     """What `reading`, taken at `at` (a status timestamp; None: its progressTime is not kept),
-    changes in `status` (which is left as it is)."""
+    changes in `status` (which is left as it is); with checkpoint.everySteps, its
+    CheckpointsFailing condition too."""
     new = status.model_copy(deep=True)
     current = new.attempts[-1] if new.attempts else None
     if reading.attempt is not None and (current is None or current.index != reading.attempt):
@@ -149,7 +171,8 @@ def observe(status: MixedPrecisionJobStatus, reading: Reading, *, at: str | None
         ck = seen.checkpoint
         precision = ck.precision or new.precision or ""
         new.last_checkpoint = CheckpointStatus(step=ck.step, sha256=ck.sha256, precision=precision, path=ck.path)
-    return Observation(new, news, tuple(skipped.record(new, reading.skipped)))
+    flip = lapse.update(new, every_steps, at) if every_steps is not None and current is not None else None
+    return Observation(new, news, tuple(skipped.record(new, reading.skipped)), flip)
 
 
 def moved(before: int | None, since: object | None, step: int | None) -> bool:

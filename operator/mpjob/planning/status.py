@@ -29,6 +29,8 @@ class ConditionType(StrEnum):
     AMP_SLOWER_THAN_FP32 = "AmpSlowerThanFp32"
     #: True while an elastic attempt is short of room that no smaller size can take (docs/elastic.md).
     AWAITING_WORKERS = "AwaitingWorkers"
+    #: True while the step is far past the newest checkpoint: saves failing or skipped (planning/lapse.py).
+    CHECKPOINTS_FAILING = "CheckpointsFailing"
 
 
 class ConditionReason(StrEnum):

@@ -90,10 +90,10 @@ def test_a_read_that_lists_a_change_holds_the_new_attempts_figures_once_the_plan
     s, target = spec(), Target(attempt=0, ip="10.0.0.1", precision="fp16")
     found = {"step": 52, "loss": 1.5, "precisionChanges": [change().model_dump(by_alias=True)]}
     status = started(s)
-    held = observed_in(status, (target, found), changes_found(found), NOW)
+    held = observed_in(status, (target, found), changes_found(found), NOW, 200)
     assert held.status == status and held.news is None  # attempt 0's figures are left as they were
     recorded = reconcile(s, held.status, 1, {0: running()}, NOW, changes=changes_found(found)).status
-    moved = observed_in(recorded, (replace(target, attempt=1), found), changes_found(found), NOW).status
+    moved = observed_in(recorded, (replace(target, attempt=1), found), changes_found(found), NOW, 200).status
     assert (moved.step, moved.loss, moved.attempts[-1].index, moved.attempts[-1].progress_time) == (
         52,
         1.5,
