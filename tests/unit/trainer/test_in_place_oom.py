@@ -88,3 +88,18 @@ def test_an_out_of_memory_inside_the_scalers_step_leaves_a_scaler_that_steps_aga
     precision.scaler.unscale_(optimizer)  # would raise "unscale_() has already been called"
     precision.scaler.step(optimizer)
     precision.scaler.update()
+
+
+@pytest.mark.process
+def test_an_out_of_memory_at_a_fresh_attempts_first_step_splits_in_place(tmp_path: Path) -> None:
+    """No step has closed yet: the split restores the fresh start's step 0 and runs step 0 in it."""
+    job = tight(2)
+    job["task"]["args"].pop("outOfMemoryFromStep")  # from the very first forward pass
+    run = run_trainer(tmp_path, job, "fp16", splits=SPLITS)
+    assert run.code == ExitCode.SUCCESS, run.stderr
+    made = [(c["microBatch"], c["startStep"], c["step"]) for c in run.of("precisionChanged")]
+    assert made == [(4, 0, 0), (2, 0, 0)]
+    assert run.report is not None and run.report.step == 30
+    started = run_trainer(tmp_path / "split", job, "fp16", shape=(2, 4))  # an attempt started in that split
+    assert started.code == ExitCode.SUCCESS, started.stderr
+    assert [s["loss"] for s in run.of("step")] == [s["loss"] for s in started.of("step")]  # from the initial weights

@@ -20,6 +20,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import InPlaceChange, Replay
 from mpjob_trainer.errors import ConfigError, NumericFault
+from mpjob_trainer.session.catch_up import CloseStep
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
@@ -98,11 +99,13 @@ class Recovery:
         weights: LiveWeights | None,
         state: TrainingState,
         checkpoints: Checkpointer,
+        close: CloseStep,
         reshape: Reshape | None = None,
     ) -> None:
         """The loop registered its step (after resume(): it trains what resume() registered): replays
         and rollbacks can run it (`guard`: the settings the parallelism allows,
-        sharding.Wrapper.replayable), and `reshape` changes its split."""
+        sharding.Wrapper.replayable), closing the steps they run again with `close` (the session's),
+        and `reshape` changes its split."""
         changes = self.in_place is not None and bool(self.in_place.splits or self.in_place.targets)
         first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or changes
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
@@ -110,6 +113,7 @@ class Recovery:
         self.replay = Fp32Replay(step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights)
         self.replay.known = known  # what this attempt replayed stays replayed
         self.rung.arm(self.replay, state=state, fresh=fresh)
+        self.rung.bind(close, state=state, checkpoints=checkpoints)  # a first step's out-of-memory catches up
         if self.in_place is not None:
             self.in_place.why_not = self._not_in_place(state)
             self.in_place.rewraps = state.sharded is not None

@@ -179,7 +179,7 @@ class Session(SetUpCalls):
         train in that micro-batch split from the next step on (run_step, session.memory)."""
         state, guard = self._training("register_step()"), self._setup.wrapper.replayable(self.spec.precision.guard)
         self._recovery.arm(step, samples, guard=guard, weights=weights, reshape=reshape,
-                           state=state, checkpoints=self._checkpoints)  # fmt: skip
+                           state=state, checkpoints=self._checkpoints, close=self._close_step)  # fmt: skip
         if self.launch.precision == "auto" and self._measurement is None:
             held = modules if modules is not None else state.modules
             self._measurement = measure_and_settle(step, self.start_step, modules=held, at=self._context)

@@ -126,8 +126,7 @@ class DataRung:
         """Close step `step` (trained on `samples`) with `close` (the session's); a fault the rung handles
         is recovered from and the step closed again, now on the re-run step's own loss. What ends the step
         otherwise (the attempt's ending, RolledBack, Preempted, ...) is returned."""
-        # a catch-up closes the steps it runs again with it, as this closes the loop's
-        self._close = functools.partial(self._closed, close, state=state, checkpoints=checkpoints)
+        self.bind(close, state=state, checkpoints=checkpoints)
         if self.machine.phase is Phase.REENTERING:  # the loop re-entered and closes its first step
             self.machine.fire(Event.REENTERED)
         while True:
@@ -138,6 +137,11 @@ class DataRung:
             if ending is not None:
                 return ending
             loss = None
+
+    def bind(self, close: CloseStep, *, state: TrainingState | None, checkpoints: Checkpointer) -> None:
+        """A catch-up closes the steps it runs again with `close` (the session's), as the loop's are:
+        bound when the loop registers its step (a first step may catch up), again at each end_step."""
+        self._close = functools.partial(self._closed, close, state=state, checkpoints=checkpoints)
 
     def _closed(
         self, close: CloseStep, step: int, loss: Number | None, samples: int | None, *,
@@ -223,12 +227,9 @@ class DataRung:
     ) -> Exception | None:
         already = self.quarantine.steps
         if cause == "data" and set(steps) & set(already):
-            return self._ended(
-                NonFiniteInFp32(
-                    f"step {describe_steps(steps[:1])} is non-finite in fp32 again after it was skipped: the loop "
-                    "does not leave quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
-                )
-            )
+            why = f"step {describe_steps(steps[:1])} is non-finite in fp32 again after it was skipped: the loop "
+            why += "does not leave quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
+            return self._ended(NonFiniteInFp32(why))
         if len(already) + len(steps) > self.spec.max_skipped_steps:
             shown = describe_steps([*already, *steps])
             return self._ended(
@@ -272,7 +273,7 @@ class DataRung:
             self.machine.fire(Event.LEFT_LOOP)
             return RolledBack(self._rolled_back_to)
         self.machine.fire(Event.RESTORED)
-        assert self.replay is not None and self._close is not None  # armed; inside `closing`
+        assert self.replay is not None and self._close is not None  # armed, with the session's closing
         samples = self.step_samples or None  # a step's, as the loop's end_step told them (None: never told)
         fault = catch_up(self.replay, self._close, self.quarantine, start=start, step=step, samples=samples)
         if not isinstance(fault, Rewrap):  # else re-promoted on the way, and left to be wrapped anew
@@ -288,9 +289,7 @@ class DataRung:
         numerics, keep, load = self.lent.numerics, not self.reenters, not wrap_anew  # unloadable: passed over
         target = roll_back(before, checkpoints, state, numerics, fresh=self._fresh, keep_position=keep, load=load)
         if target is None:
-            return self._ended(
-                NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint yet)")
-            )
+            return self._ended(NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint)"))
         self._rolled_back_to = target.ref
         if wrap_anew:
             self._reentry = target
