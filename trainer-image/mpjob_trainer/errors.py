@@ -18,7 +18,7 @@ class NumericFault(Exception):
 
 
 class Preempted(Exception):
-    """SIGTERM was honoured and a checkpoint written (exit 44)."""
+    """SIGTERM was honoured and a checkpoint written, unless the window saw numeric trouble (exit 44)."""
 
 
 class NonFiniteInFp32(Exception):

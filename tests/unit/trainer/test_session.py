@@ -457,3 +457,28 @@ def test_a_sigterm_during_the_last_step_ends_the_run_succeeded_not_preempted(
     report = _report(launch)
     assert (report.reason, report.step) == (reason, at)
     assert report.last_good_checkpoint is not None and report.last_good_checkpoint.step == at
+
+
+def test_a_sigterm_in_a_first_step_fp16_skipped_says_no_checkpoint_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp16's first step overflows at GradScaler's initial scale and is skipped: the state stands in an
+    overflow-skipped step, which is never checkpointed, so the stop it asks for writes none and says so."""
+    job = spec(training={"steps": 6, "logEvery": 3}, checkpoint={"everySteps": 3}, precision={"mode": "fp16"})
+    launch = in_process_launch(tmp_path, monkeypatch, job, "fp16")
+    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(model=model, optimizer=optimizer)
+        with run.autocast():
+            loss = model(torch.full((8, 4), 1e3)).pow(2).mean()  # its scaled gradients overflow fp16
+        run.backward(loss)
+        run.step(optimizer)
+        signal.raise_signal(signal.SIGTERM)
+        run.end_step(1)
+    report = _report(launch)
+    assert (report.reason, report.step, report.last_good_checkpoint) == ("Preempted", 1, None)
+    assert "no checkpoint written" in report.message and "checkpoint written" not in report.message.replace(
+        "no checkpoint written", ""
+    ), report.message
+    assert not Path(launch.checkpoint_dir).exists() or list(Path(launch.checkpoint_dir).iterdir()) == []

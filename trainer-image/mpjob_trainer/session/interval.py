@@ -171,7 +171,8 @@ class IntervalWork:
                 )
         if stop and step < self.cadence.total:  # at the last step nothing is left: the run ends Succeeded
             self.log("preempted", step=step)
-            return Preempted(f"SIGTERM honoured at step {step}; checkpoint written")
+            kept = "checkpoint written" if saved else "no checkpoint written (numeric trouble in this window)"
+            return Preempted(f"SIGTERM honoured at step {step}; {kept}")
         return None
 
     def account(self) -> dict[str, Any]:
