@@ -126,11 +126,11 @@ class DataRung:
         """Close step `step` (trained on `samples`) with `close` (the session's); a fault the rung handles
         is recovered from and the step closed again, now on the re-run step's own loss. What ends the step
         otherwise (the attempt's ending, RolledBack, Preempted, ...) is returned."""
-        self.bind(close, state=state, checkpoints=checkpoints)
+        closed = self.bind(close, state=state, checkpoints=checkpoints)
         if self.machine.phase is Phase.REENTERING:  # the loop re-entered and closes its first step
             self.machine.fire(Event.REENTERED)
         while True:
-            outcome = self._close(step, loss, samples)
+            outcome = closed(step, loss, samples)
             if not isinstance(outcome, NumericFault) or state is None:
                 return outcome
             ending = self.recover(outcome, step=step, state=state, checkpoints=checkpoints)
@@ -138,10 +138,11 @@ class DataRung:
                 return ending
             loss = None
 
-    def bind(self, close: CloseStep, *, state: TrainingState | None, checkpoints: Checkpointer) -> None:
+    def bind(self, close: CloseStep, *, state: TrainingState | None, checkpoints: Checkpointer) -> CloseStep:
         """A catch-up closes the steps it runs again with `close` (the session's), as the loop's are:
         bound when the loop registers its step (a first step may catch up), again at each end_step."""
         self._close = functools.partial(self._closed, close, state=state, checkpoints=checkpoints)
+        return self._close
 
     def _closed(
         self, close: CloseStep, step: int, loss: Number | None, samples: int | None, *,
