@@ -24,7 +24,7 @@ from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
-from mpjob.planning.resumepoint import POD_CHECKPOINTS
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -211,14 +211,16 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
     or a shrink), or deleted while its pods ran (the phase says so; they have stopped: `gone`, as
     last seen), in the same attempt."""
     status, current = plan.status, plan.status.attempts[-1]
+    ran, kept = status.phase == "Running", spec.checkpoint.outlives_pods
+    if ran and not kept:
+        started_over(status, current)  # its new pods start at 0: what the old ones wrote went with them
     plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
-    if status.phase == "Running":
+    if ran:
         message = f"attempt {current.index}'s Job was deleted while it ran: created again, in the same attempt"
-        message += " (uncharged), " + (
-            "to resume from its newest checkpoint" if spec.checkpoint.outlives_pods else POD_CHECKPOINTS
-        )
+        message += " (uncharged), " + ("to resume from its newest checkpoint" if kept else POD_CHECKPOINTS)
         plan.events.append(lc.Event("Warning", ConditionReason.JOB_RECREATED, message))
         if gone is not None:  # once: the phase below makes this the only such reconcile
             cost.deleted_job(status, current, gone, spec, st.moment(when.at) or datetime.now(UTC))
         status.phase = "Pending"
-        current.start_step_reported = True  # it began where it says: the new pods resume further on
+        if kept:
+            current.start_step_reported = True  # it began where it says: the new pods resume further on

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 #: What an attempt in new pods says when its predecessor's checkpoints went with the old pods.
 POD_CHECKPOINTS = "starting over: checkpoints were kept in the pod (emptyDir)"
@@ -47,6 +47,17 @@ def resume_point(
     if resumed_at is None and not kept and ckpt.step > 0:
         return ResumePoint(0, lost=True)
     return ResumePoint(ckpt.step, ckpt.path)
+
+
+def started_over(status: MixedPrecisionJobStatus, attempt: AttemptStatus) -> None:
+    """`attempt`'s pods are made anew (its Job created again after a deletion, or admitted again
+    by its queue) over checkpoints that went with the old ones: its trainers start at step 0, and
+    their own start line is taken again (`observe`), and the status names no checkpoint, as for a
+    new attempt planned from step 0 (`lifecycle.begin`, `lost`): the new pods' checkpoints, below
+    the old one, are then recorded."""
+    attempt.start_step = 0
+    attempt.start_step_reported = None
+    status.last_checkpoint = None
 
 
 def planned_from(step: int, lost: bool) -> str:

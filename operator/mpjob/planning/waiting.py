@@ -14,7 +14,7 @@ from mpjob.planning import status as st
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView
 from mpjob.planning.lifecycle import Plan, When
-from mpjob.planning.resumepoint import POD_CHECKPOINTS
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
 from mpjob.planning.status import FINISHED, ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.codes import Reason
@@ -87,6 +87,8 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
     if status.phase != "Pending" or was != reason or (running is not None and running.message != message):
         if reason == ConditionReason.AWAITING_READMISSION and was != reason:
             plan.events.append(lc.Event("Warning", Reason.PREEMPTED, message))
+        if status.phase == "Running" and not outlive:
+            started_over(status, current)  # once readmitted, its pods are made anew
         status.phase = "Pending"
         lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
 
