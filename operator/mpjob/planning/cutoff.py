@@ -198,7 +198,10 @@ def heard(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], sto
     raises the deadline, or reads the status for the newest checkpoint, is told of it.
     Only while no later attempt has a Job, so nothing newer is overwritten; an attempt whose pods
     reported nothing keeps the ending as recorded. A checkpoint kept in those pods went with them
-    (`Checkpoint.outlives_pods`): the next attempt, planned from step 0, stays so."""
+    (`Checkpoint.outlives_pods`): the report's step ends the attempt, but its checkpoint is not
+    the job's last one (a suspended or finished job would name one no attempt can reach; the one
+    last seen while the pods ran stays, so a resume still says it starts over:
+    `resumepoint.resume_point`), and the next attempt, planned from step 0, stays so."""
     status = plan.status
     for index, job in sorted(stopped.items()):
         chain = [a for a in status.attempts if history.job_index(status, a.index) == index]
@@ -210,7 +213,7 @@ def heard(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], sto
             continue
         kept = status.last_checkpoint
         attempt.end_step = record_report(status, attempt.index, report)
-        if later and not spec.checkpoint.outlives_pods:
+        if not spec.checkpoint.outlives_pods:  # what it names went with the pods: never resumed from
             status.last_checkpoint = kept
             continue
         ckpt = status.last_checkpoint

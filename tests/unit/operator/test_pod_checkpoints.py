@@ -202,3 +202,19 @@ def test_a_running_attempts_deleted_job_made_again_says_where_it_goes_on_from(wh
     assert [c.index for c in plan.create] == [0]
     (said_again,) = [e.message for e in plan.events if e.reason == "JobRecreated"]
     assert said_again.split("(uncharged), ")[1].startswith(planned)
+
+
+@pytest.mark.parametrize(("where", "named"), [("default", 197), ("emptyDir", 197), ("claim", 250)])
+def test_a_suspended_attempts_late_report_names_its_checkpoint_only_where_that_outlived_its_pods(
+    where: str, named: int
+) -> None:
+    s, pod = spec({**IN_POD, **OUTLIVING}[where]), PodView("p0", 0, "Running", True)
+    held = s.model_copy(update={"run_policy": s.run_policy.model_copy(update={"suspend": True})})
+    suspended = suspend(s, running_past(s, 197, pod), pod)
+    stopped = {0: cutoff_tests.stopped_at(250)}  # its trainer checkpointed step 250 on SIGTERM
+    status = reconcile(held, suspended, 2, {}, NOW + timedelta(seconds=15), stopped=stopped).status
+    assert (status.phase, status.attempts[0].end_step, status.step) == ("Suspended", 250, 250)
+    assert status.last_checkpoint is not None and status.last_checkpoint.step == named
+    plan = reconcile(s, status, 3, {}, NOW + timedelta(seconds=20), stopped=stopped)
+    planned = f"to resume from checkpoint step {named}" if s.checkpoint.outlives_pods else POD_CHECKPOINTS
+    assert said(plan, "AttemptStarted") == [f"attempt 1 in fp16, {planned}"]
