@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from mpjob.planning.lifecycle import Plan
+    from mpjob.planning.plan import Plan
     from mpjob_contract.api import MixedPrecisionJobStatus
 
 RECONCILE_SECONDS = Histogram(

@@ -40,8 +40,8 @@ from mpjob.planning import cutoff
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
-from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import Observation
+from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType, status_patch

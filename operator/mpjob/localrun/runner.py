@@ -32,8 +32,8 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.inplace import in_place_plan, of_line
-from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.observe import observe
+from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason

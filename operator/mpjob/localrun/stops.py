@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.plan import Plan, When
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobStatus
 from mpjob_contract.report import TerminationReport
 

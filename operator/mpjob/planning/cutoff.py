@@ -34,7 +34,7 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.endings import JobView, PodView, outcome_of
-from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.plan import Plan, When
 from mpjob.planning.reported import record_report
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec

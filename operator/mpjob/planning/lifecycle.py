@@ -1,4 +1,4 @@
-"""The attempt lifecycle, once: begin an attempt, end it and decide the next, finish, suspend.
+"""The attempt lifecycle, once: begin an attempt, end it and decide the next, resume one.
 
 Pure functions over (spec, status, observed outcome) that write into a `Plan`: the new
 status, the attempts to create, the Events to post. The operator's reconcile
@@ -9,56 +9,59 @@ conditions for the same endings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from enum import StrEnum
 
 from mpjob.planning import elastic, history, skipped
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome, classify, under_policy
+from mpjob.planning.phases import (
+    amp_slower,
+    condition,
+    created,
+    finish,
+    pods_created,
+    pods_refused,
+    running,
+    suspend,
+)
+from mpjob.planning.plan import Event, Plan, When
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
-from mpjob.planning.reported import record_report, step_times
+from mpjob.planning.reported import record_report
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled
 from mpjob_contract.api import processes_per_worker as per_worker
 from mpjob_contract.codes import FinishReason, Reason
-from mpjob_contract.launch import AUTO_MARGIN, checkpoint_root
-from mpjob_contract.report import Measurement, TerminationReport
+from mpjob_contract.launch import checkpoint_root
+from mpjob_contract.report import TerminationReport
 
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
+#: The plan's types and the job's phase transitions (`plan`, `phases`) as this module's callers
+#: have always named them (`lc.Plan`, `lc.suspend`, ...).
+__all__ = [
+    "Event",
+    "Plan",
+    "When",
+    "again",
+    "amp_slower",
+    "begin",
+    "conclude",
+    "condition",
+    "created",
+    "finish",
+    "interrupt",
+    "pods_created",
+    "pods_refused",
+    "record_report",
+    "refused",
+    "resume",
+    "running",
+    "suspend",
+]
 
 #: Endings that are no trouble: their AttemptEnded Event is Normal, any other's a Warning (look).
 NO_TROUBLE = frozenset({Reason.SUCCEEDED, Reason.REPROMOTE, Reason.SCALED_UP})
-
-
-@dataclass(frozen=True)
-class When:
-    """The moment a transition is recorded at and the spec generation it answers."""
-
-    at: str
-    generation: int | None = None
-
-
-@dataclass
-class Plan:
-    status: MixedPrecisionJobStatus
-    create: list[StartAttempt] = field(default_factory=list)
-    delete: list[int] = field(default_factory=list)  # attempt indexes whose Job (+Service) to delete
-    cut: list[int] = field(default_factory=list)  # of those, the ones whose live pods are cut (cutoff)
-    events: list[Event] = field(default_factory=list)
-    fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (from, to): down the ladder after a fault
-    repromotions: list[tuple[str, str]] = field(default_factory=list)  # (from, to): back up after clean steps
-    started_reasons: list[str] = field(default_factory=list)
-    ended: Event | None = None  # what ended the last attempt (set by `conclude`), for views that narrate it
-    #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
-    deadline_seconds: int | None = None
 
 
 def again(
@@ -79,16 +82,6 @@ def again(
         recovering_since=attempt.recovering_since if index == attempt.index else None,
     )
     return with_promotion(spec, start, status.attempts, counts=history.counts(status), used=history.used(status))
-
-
-def condition(plan: Plan, when: When, type_: ConditionType, true: bool, reason: str, message: str) -> None:
-    """Set a condition at `when` (its lastTransitionTime moves only when it flips)."""
-    st.set_condition(plan.status, type_, true, reason, message, when.at, when.generation)
-
-
-def created(plan: Plan, when: When, message: str) -> None:
-    condition(plan, when, ConditionType.CREATED, True, ConditionReason.CREATED, message)
-    plan.status.start_time = plan.status.start_time or when.at
 
 
 def begin(
@@ -115,36 +108,6 @@ def begin(
         plan.events.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
     message = f"attempt {start.index} in {start.precision}: waiting for its pods"
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
-
-
-def running(plan: Plan, when: When) -> None:
-    """The current attempt's processes run (its pods were admitted and started)."""
-    status, current = plan.status, plan.status.attempts[-1]
-    if status.phase != "Running":
-        status.phase = "Running"
-        message = f"attempt {current.index} in {current.precision}"
-        condition(plan, when, ConditionType.RUNNING, True, ConditionReason.ATTEMPT_RUNNING, message)
-
-
-def pods_refused(plan: Plan, when: When, message: str) -> None:
-    """The Job controller cannot create the attempt's pods (`message`, its FailedCreate): the
-    job waits (Pending) with PodsCreated=False, and a Warning Event says so once per message."""
-    status = plan.status
-    if status.phase == "Running":
-        status.phase = "Pending"
-    known = next((c for c in status.conditions if c.type == ConditionType.PODS_CREATED), None)
-    news = known is None or known.status != "False" or known.message != message
-    condition(plan, when, ConditionType.PODS_CREATED, False, ConditionReason.FAILED_CREATE, message)
-    if news:
-        plan.events.append(Event("Warning", ConditionReason.FAILED_CREATE, message[:1000]))
-
-
-def pods_created(plan: Plan, when: When) -> None:
-    """The attempt's pods exist after all (quota freed, a policy changed): PodsCreated turns
-    True where it was False; a job that never had trouble carries no such condition."""
-    if any(c.type == ConditionType.PODS_CREATED and c.status == "False" for c in plan.status.conditions):
-        message = f"attempt {plan.status.attempts[-1].index}'s pods were created"
-        condition(plan, when, ConditionType.PODS_CREATED, True, ConditionReason.PODS_CREATED, message)
 
 
 def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When) -> None:
@@ -179,40 +142,6 @@ def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: Wh
     st.end_attempt(plan.status, index, Reason.SUSPENDED.value, None, message, end_step, when.at, charged=charged(user))
     suspend(plan, when, message)
     plan.status.message = "interrupted; run `mpjob run` again with the same --out to resume"
-
-
-def suspend(plan: Plan, when: When, message: str) -> None:
-    """The job is Suspended; the Event says so when it becomes so (a job suspended before its
-    first attempt is reconciled again at every tick and spec edit)."""
-    news = plan.status.phase != "Suspended"
-    plan.status.phase = "Suspended"
-    condition(plan, when, ConditionType.SUSPENDED, True, ConditionReason.SUSPENDED, message)
-    condition(plan, when, ConditionType.RUNNING, False, ConditionReason.SUSPENDED, message)
-    if news:
-        plan.events.append(Event("Normal", ConditionReason.SUSPENDED, message))
-
-
-def finish(plan: Plan, decision: Finish, when: When) -> None:
-    status = plan.status
-    status.phase = "Succeeded" if decision.succeeded else "Failed"
-    status.message = decision.message
-    status.completion_time = when.at
-    st.keep_last_figures(status)  # `kubectl get mpj`'s LOSS and SCALE of a job that ended
-    condition(plan, when, ConditionType.RUNNING, False, decision.reason, decision.message)
-    condition(plan, when, ConditionType(status.phase), True, decision.reason, decision.message)
-    plan.events.append(Event("Normal" if decision.succeeded else "Warning", status.phase, decision.message))
-
-
-def amp_slower(plan: Plan, measurement: Measurement | None, when: When) -> None:
-    """F6: no low precision beat fp32 on the node: a condition and, the first time, a Warning Event."""
-    if measurement is None or not measurement.amp_slower_than_fp32:
-        return
-    shown = step_times(measurement.step_seconds)
-    message = f"no low precision beat fp32 by {AUTO_MARGIN:.0%} per step on this node ({shown}): training in fp32"
-    known = any(c.type == ConditionType.AMP_SLOWER_THAN_FP32 and c.status == "True" for c in plan.status.conditions)
-    condition(plan, when, ConditionType.AMP_SLOWER_THAN_FP32, True, ConditionReason.MEASURED, message)
-    if not known:
-        plan.events.append(Event("Warning", ConditionType.AMP_SLOWER_THAN_FP32, message))
 
 
 def conclude(

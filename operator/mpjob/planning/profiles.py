@@ -21,7 +21,7 @@ import posixpath
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from mpjob.planning.lifecycle import Event
+from mpjob.planning.plan import Event
 from mpjob.planning.status import FINISHED
 from mpjob_contract.api import MixedPrecisionJobStatus
 from mpjob_contract.tracking import (

@@ -22,7 +22,7 @@ from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
-from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
 from mpjob.planning.status import FINISHED, ConditionReason

@@ -13,7 +13,7 @@ from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView
-from mpjob.planning.lifecycle import Plan, When
+from mpjob.planning.plan import Plan, When
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
 from mpjob.planning.status import FINISHED, ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec
