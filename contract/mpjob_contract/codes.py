@@ -16,7 +16,8 @@ class ExitCode(IntEnum):
     NUMERIC_FAULT = 42
     #: The job's configuration or the user's code is wrong: retrying cannot help.
     CONFIG_ERROR = 43
-    #: SIGTERM honoured and a checkpoint written: resume in the same precision.
+    #: SIGTERM honoured, a checkpoint written unless its window had numeric trouble (the report says
+    #: which): resume in the same precision, from it or the last good one.
     PREEMPTED = 44
     #: The numeric fault replayed in fp32 went non-finite too: the data or the model is at
     #: fault, not the precision; no precision can help.
