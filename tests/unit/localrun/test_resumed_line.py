@@ -8,28 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from mpjob.localrun.runner import LocalRun
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.planner import StartAttempt
 from mpjob_contract import events
-from mpjob_contract.api import MixedPrecisionJob
 from mpjob_contract.report import TerminationReport
-from tests.unit.localrun.test_stops import JOB, Killed, Shown, checkpoint, line, step
+from tests.unit.localrun.test_stops import Killed, Scripted, checkpoint, line, step
 
 pytestmark = pytest.mark.unit
 
 
-class Rerun(LocalRun):
+class Rerun(Scripted):
     """A rerun whose trainer prints `lines`, then ends the job."""
 
-    def __init__(self, out: Path, lines: list[events.TrainerEvent]) -> None:
-        super().__init__(MixedPrecisionJob.model_validate(JOB), out, Shown())  # type: ignore[arg-type]
-        self.lines = lines
-
-    def _run_attempt(self, start: StartAttempt) -> AttemptOutcome:
-        self._current, self._reached = start, None
-        for event in self.lines:
-            self._event(event)
+    def ending(self) -> AttemptOutcome:
         return AttemptOutcome(0, TerminationReport(reason="Succeeded", step=300, precision="bf16"))
 
 

@@ -84,8 +84,8 @@ class Signalled:
         self.sent.append(sig)
 
 
-class Killed(LocalRun):
-    """A local run whose one attempt prints `lines`, then is killed by a second Ctrl-C."""
+class Scripted(LocalRun):
+    """A local run whose attempts print `lines`, then end as `ending` says."""
 
     def __init__(self, out: Path, lines: list[events.TrainerEvent]) -> None:
         super().__init__(MixedPrecisionJob.model_validate(JOB), out, Shown())  # type: ignore[arg-type]
@@ -95,6 +95,16 @@ class Killed(LocalRun):
         self._current, self._reached = start, None
         for event in self.lines:
             self._event(event)
+        return self.ending()
+
+    def ending(self) -> AttemptOutcome:
+        raise NotImplementedError
+
+
+class Killed(Scripted):
+    """A local run whose one attempt prints `lines`, then is killed by a second Ctrl-C."""
+
+    def ending(self) -> AttemptOutcome:
         self.ctrl_c.stop = Stop.KILLED
         return AttemptOutcome(137, None, message="the trainer exited 137 without a report")
 
