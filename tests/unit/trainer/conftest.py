@@ -197,6 +197,29 @@ def train_squares(
         run.end_step(i + 1, samples=4)
 
 
+def train_linear(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    job: dict[str, Any],
+    precision: str,
+    inputs: Callable[[Session, int], torch.Tensor],
+) -> TerminationReport:
+    """`train_squares` of a seeded linear model through an attempt of `job` in `precision` in this
+    process, step i's inputs `inputs(run, i)`; the attempt's report."""
+    import torch
+    from torch import nn
+
+    from mpjob_trainer import session as mpjob
+
+    with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, precision)) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        start = run.resume(model=model, optimizer=optimizer)
+        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
+    return TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+
+
 #: A script that imports these runs as a trainer does: a second or more of imports before its first line.
 _TRAINER_IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:torch|mpjob_trainer)\b", re.MULTILINE)
 

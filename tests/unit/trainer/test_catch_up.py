@@ -16,7 +16,7 @@ from torch import nn
 from mpjob_contract.launch import AttemptLaunch, InPlaceTarget
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
-from tests.unit.trainer.conftest import in_process_launch, parse, spec, train_squares
+from tests.unit.trainer.conftest import in_process_launch, parse, spec, train_linear, train_squares
 
 pytestmark = pytest.mark.unit
 
@@ -34,13 +34,7 @@ def test_the_steps_a_catch_up_logs_count_their_samples_as_the_loops_do(
             x[0, 0] = math.nan
         return x
 
-    with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32")) as run:
-        torch.manual_seed(0)
-        model = nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        start = run.resume(model=model, optimizer=optimizer)
-        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
-    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    report = train_linear(tmp_path, monkeypatch, job, "fp32", inputs)
     assert report.reason == "Succeeded" and report.skipped is not None, report.message
 
     lines = [e for e in parse(capsys.readouterr().out) if e["event"] == "step"]

@@ -7,20 +7,16 @@ that was skipped already."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from mpjob_contract.api import Guard
-from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from mpjob_trainer.distributed import World
 from mpjob_trainer.guard import NumericGuard
-from tests.unit.trainer.conftest import in_process_launch, spec, train_squares
+from tests.unit.trainer.conftest import spec, train_linear
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +61,7 @@ def test_bad_data_skipped_at_overflows_does_not_end_the_precision(
             x[0, 0] = math.nan
         return x
 
-    report = _train_fp16(tmp_path, monkeypatch, job, inputs)
+    report = train_linear(tmp_path, monkeypatch, job, "fp16", inputs)
     assert report.reason == "Succeeded", report.message
     assert report.skipped is not None and report.skipped.count == 3
 
@@ -85,23 +81,6 @@ def test_with_replays_off_a_lone_non_finite_loss_costs_no_rollback(
         x[0, 0] = math.nan if i == 3 else x[0, 0]  # GradScaler skips it: nothing to replay, nothing to roll back
         return x
 
-    report = _train_fp16(tmp_path, monkeypatch, job, inputs)
+    report = train_linear(tmp_path, monkeypatch, job, "fp16", inputs)
     assert report.reason == "Succeeded" and report.replay is None, report.message
     assert ran == list(range(10))  # each step once: no suspect rolled back and run again
-
-
-def _train_fp16(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    job: dict[str, Any],
-    inputs: Callable[[mpjob.Session, int], torch.Tensor],
-) -> TerminationReport:
-    """`train_squares` of a seeded linear model through an fp16 attempt of `job` in this process,
-    step i's inputs `inputs(run, i)`; the attempt's report."""
-    with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp16")) as run:
-        torch.manual_seed(0)
-        model = nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        start = run.resume(model=model, optimizer=optimizer)
-        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
-    return TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
