@@ -42,6 +42,7 @@ from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint import objects, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.bucket_files import BucketFiles, check_sizes, fetch_files
+from mpjob_trainer.checkpoint.bucket_marks import BucketMarks
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
@@ -92,6 +93,7 @@ class BucketCheckpointStore:
         weakref.finalize(self, shutil.rmtree, self.root, True)
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
         self.unloadable: set[str] = set()
+        self.marks = BucketMarks(self.bucket, self.key, MARK_BYTES)
         self._writing = threading.Lock()
 
     @property
@@ -141,12 +143,11 @@ class BucketCheckpointStore:
 
     def mark_unloadable(self, where: str, sha256: str | None) -> None:
         """The object `.unloadable/<step folder>` below the job's prefix, holding `sha256` (None: deleted)."""
-        key = objects.mark_key(self.key, where)
-        self.bucket.put(key, sha256.encode()) if sha256 is not None else self.bucket.delete([key])
+        self.marks.write(where, sha256)
 
     def unloadable_mark(self, where: str) -> bytes | None:
         """The mark of `where`, read no further than a mark may go (unloadable.MARK_BYTES)."""
-        return self.bucket.get(objects.mark_key(self.key, where), max_bytes=MARK_BYTES)
+        return self.marks.read(where)
 
     def discard(self, where: str, manifest: Manifest) -> None:
         """A committed checkpoint: uncommitted (manifest deleted), then the objects it lists go. One
