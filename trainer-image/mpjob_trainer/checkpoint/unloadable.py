@@ -46,25 +46,29 @@ def remember(store: Store[W], where: W, sha256: str) -> None:
 def known(store: Store[W], where: W, manifest: Manifest) -> bool:
     """Whether the checkpoint at `where`, whose manifest is `manifest`, is known not to load: this
     process found it so, or a mark beside it names its state sha256."""
-    if where in store.unloadable:
-        return True
-    raw = store.unloadable_mark(where)
-    found = _SHA256.fullmatch(raw) if raw is not None else None
-    return found is not None and found.group(1).decode() == manifest.state_sha256
+    return where in store.unloadable or _names(store.unloadable_mark(where), manifest)
 
 
 def passed_over(store: Store[W], where: W) -> str | None:
     """Why a resume or a rollback passes the checkpoint at `where` over without loading it (it is
     `known` not to load), else None (a manifest that cannot be read: its verification says so)."""
-    if where not in store.unloadable and store.unloadable_mark(where) is None:
+    here = where in store.unloadable
+    mark = None if here else store.unloadable_mark(where)
+    if not here and mark is None:
         return None  # the common case: one read, no manifest read
     try:
         manifest = store.manifest(where)
     except CorruptCheckpoint:
         return None
-    if manifest is None or not known(store, where, manifest):
+    if manifest is None or not (here or _names(mark, manifest)):
         return None
     return f"{where}: its files verify but it did not load in an earlier try (marked so beside it): passed over"
+
+
+def _names(mark: bytes | None, manifest: Manifest) -> bool:
+    """Whether `mark`, as read back, is exactly the state sha256 `manifest` names."""
+    found = _SHA256.fullmatch(mark) if mark is not None else None
+    return found is not None and found.group(1).decode() == manifest.state_sha256
 
 
 def forget(store: Store[W], where: W) -> None:
