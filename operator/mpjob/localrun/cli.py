@@ -67,11 +67,9 @@ def run_command(argv: list[str]) -> int:
     try:
         with prepare(out, fresh=args.fresh, job=job.metadata.name):
             view = make_view(args.mode, job.spec.training.steps)
-            for field, message in unresolved_env(job.spec):  # once, before any attempt
-                view.info(message, field=field)
-            for warning in spec_warnings(job.spec, in_pods=False):  # its checkpoints: a folder on disk
-                view.info(warning.line(args.file), field=f"spec.{warning.field}")
-            run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule)
+            warnings = spec_warnings(job.spec, in_pods=False)  # its checkpoints: a folder on disk, not in pods
+            notes = (*unresolved_env(job.spec), *((f"spec.{w.field}", w.line(args.file)) for w in warnings))
+            run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule, notes=notes)
             try:
                 status = run.run()
             finally:

@@ -58,6 +58,7 @@ class LocalRun:
         base_dir: Path | None = None,
         python: str = sys.executable,
         schedule: WorkersSchedule | None = None,
+        notes: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.job = job
         #: The manifest's folder: a `task.command` runs there (or in its workingDir below it).
@@ -66,6 +67,7 @@ class LocalRun:
         self.name = job.metadata.name
         self.paths = Paths(out)
         self.view = view
+        self.notes = notes  # (field, line) said once an attempt will start: none for a run that starts none
         self.python = python
         self.ctrl_c = stops.CtrlC(view)  # the user's stop: checkpoint and stop, or killed (`stops`)
         self._workers: Workers | None = None
@@ -89,6 +91,8 @@ class LocalRun:
         self.paths.root.mkdir(parents=True, exist_ok=True)
         with self.ctrl_c.caught():  # between attempts too: a stop then ends the run before the next one
             start = self._resume_or_start()
+            for field, line in self.notes if start is not None else ():
+                self.view.info(line, field=field)
             while start is not None:
                 self._current, self._reached = None, None  # set once it starts: one that never ran ends as itself
                 held = self.ctrl_c.held_back()

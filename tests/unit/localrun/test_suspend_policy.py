@@ -1,6 +1,6 @@
 """runPolicy.suspend through `mpjob run`: as the operator starts no attempt of a suspended job,
-the run starts none; it says so and how to run it, records the job Suspended and exits 130.
-Cleared, the same --out runs it."""
+the run starts none; it says so and how to run it, records the job Suspended and exits 130,
+without the spec's warnings (said once something runs). Cleared, the same --out runs it."""
 
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ def test_a_suspended_job_starts_nothing_until_suspend_is_cleared(
     assert said[-1]["phase"] == "Suspended" and said[-1]["report"] == str(out / "report.json")
     assert said[-1]["message"].splitlines()[0] == "held: Suspended at step 0"  # no precision before an attempt
     assert not (out / "attempts").exists() and not (out / "checkpoints").exists()
+    assert not [e for e in said if "warning:" in e.get("message", "")], said  # checkpoint.everySteps 200
 
     assert run_command([str(write(tmp_path, suspend=False)), "--out", str(out), "--json", "--no-plot"]) == 0
+    said = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["field"] for e in said if "warning:" in e.get("message", "")] == ["spec.checkpoint.everySteps"], said
     report = json.loads((out / "report.json").read_text())
     assert report["phase"] == "Succeeded" and report["step"] == 2, report
     assert [a["index"] for a in report["attempts"]] == [0]
