@@ -4,7 +4,11 @@ Only settings certainly dead for the spec as written (never a guess about the no
 a fault rule that can never apply (the first rule on a fault decides, FaultPolicy.decide; a
 QualityDrift rule needs a quality gate that can fire; a FallBack needs a rung below), and a
 setting whose figure the run can never reach (checkpoint.everySteps, validation.everySteps,
-precision.repromoteAfterSteps, precision.guard.stagnationSteps against training.steps). Such
+precision.repromoteAfterSteps, precision.guard.stagnationSteps, the builtin loop's
+training.warmupSteps and a precision.lossScale.growthInterval other than its default, against
+training.steps). Not elastic.minWorkers equal to workers: such a job never shrinks, yet elastic
+still acts (it changes precision by new attempts, not in place, and waits for room as
+AwaitingWorkers). Such
 jobs have always been accepted and run, and the operator re-validates every stored spec at each
 reconcile, so refusing them would fail running jobs after an upgrade: `mpjob validate` and
 `mpjob run` print these, the operator posts each as one Warning Event per generation.
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from mpjob_contract.faults import Fault, FaultAction
+from mpjob_contract.precision import LossScale
 from mpjob_contract.spec import DRIFT_IN_A_ROW, MixedPrecisionJobSpec
 from mpjob_contract.storage_warnings import checkpoints_in_pod
 
@@ -110,6 +115,8 @@ def idle_settings(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
         ("validation.everySteps", _quality_gate(spec)),
         ("precision.repromoteAfterSteps", _repromotion(spec)),
         ("precision.guard.stagnationSteps", _stagnation(spec)),
+        ("training.warmupSteps", _warmup(spec)),
+        ("precision.lossScale.growthInterval", _scale_growth(spec)),
     ]
     return [(field, why) for field, why in found if why is not None]
 
@@ -164,4 +171,35 @@ def _stagnation(spec: MixedPrecisionJobSpec) -> str | None:
     return (
         f"precision.guard.stagnationSteps={stagnation} is not below training.steps={steps}: no loss stays "
         "stuck that many steps in the run, the check never ends a precision"
+    )
+
+
+def _warmup(spec: MixedPrecisionJobSpec) -> str | None:
+    """The builtin loop (task.builtin, task.module; a task.command may ignore warmupSteps) warms
+    the learning rate up linearly over warmupSteps applied steps, then decays it (cosine)."""
+    warmup, steps, peak = spec.training.warmup_steps, spec.training.steps, spec.training.learning_rate
+    if spec.task.command is not None or warmup < steps:
+        return None
+    if warmup == steps:
+        reached = f"reaches training.learningRate={peak:g} only at the last step"
+    else:
+        reached = f"never reaches training.learningRate={peak:g} (at most {peak * steps / warmup:.3g})"
+    return (
+        f"training.warmupSteps={warmup} is not below training.steps={steps}: the learning rate rises the "
+        f"whole run, {reached}, and never decays (a warm-up below training.steps leaves steps to decay in)"
+    )
+
+
+def _scale_growth(spec: MixedPrecisionJobSpec) -> str | None:
+    """The fp16 loss scale grows after growthInterval clean steps in a row, and a run has fewer
+    before its last. Only a value other than the default: the default (2000) equals training.steps'
+    own, and the API server writes the CRD's default into every stored spec, so the operator
+    cannot tell a value the manifest set (model_fields_set) from the default."""
+    interval, steps = spec.precision.loss_scale.growth_interval, spec.training.steps
+    if interval < steps or interval == LossScale.model_fields["growth_interval"].default:
+        return None
+    return (
+        f"precision.lossScale.growthInterval={interval} is not below training.steps={steps}: no attempt "
+        "has that many clean steps in a row before the last, so the fp16 loss scale never grows, it only "
+        "backs off on overflows (a growthInterval below training.steps lets it grow back)"
     )

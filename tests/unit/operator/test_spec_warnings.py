@@ -15,6 +15,7 @@ from mpjob.cli import main
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.spec_warnings import WarningReason, idle_settings, never_applying, spec_warnings
+from mpjob_trainer.loop import learning_rate
 from tests.unit.operator.cases import GOOD
 
 pytestmark = pytest.mark.unit
@@ -93,6 +94,41 @@ def test_a_stagnation_check_longer_than_the_run_never_ends_a_precision() -> None
     (why,) = said(spec(precision={"guard": {"stagnationSteps": 300}})).values()
     assert why.startswith("precision.guard.stagnationSteps=300 is not below training.steps=300")
     assert said(spec(precision={"guard": {"stagnationSteps": 299}})) == {}
+
+
+def test_a_warm_up_as_long_as_the_run_never_decays_and_a_longer_one_never_reaches_the_peak() -> None:
+    (why,) = said(spec(training={"warmupSteps": 600})).values()
+    assert why == (
+        "training.warmupSteps=600 is not below training.steps=300: the learning rate rises the whole run, never "
+        "reaches training.learningRate=0.0006 (at most 0.0003), and never decays (a warm-up below training.steps "
+        "leaves steps to decay in)"
+    )
+    rates = [learning_rate(step, 300, 6e-4, 600) for step in range(300)]  # the builtin loop's, step by step
+    assert rates == sorted(rates) and rates[-1] == pytest.approx(3e-4)
+    (why,) = said(spec(training={"warmupSteps": 300})).values()
+    assert "reaches training.learningRate=0.0006 only at the last step, and never decays" in why
+    assert max(learning_rate(step, 300, 6e-4, 300) for step in range(300)) == pytest.approx(6e-4)
+    assert said(spec(training={"warmupSteps": 299})) == {}
+
+
+def test_a_warm_up_of_a_command_job_says_nothing() -> None:
+    """Its own loop may read training.warmupSteps or not: not certainly dead."""
+    job = {"task": {"command": ["python", "train.py"]}, "training": {"steps": 300, "warmupSteps": 600}}
+    assert said(MixedPrecisionJobSpec.model_validate(job)) == {}
+
+
+def test_a_loss_scale_growth_interval_past_the_run_never_grows_the_scale() -> None:
+    (why,) = said(spec(precision={"lossScale": {"growthInterval": 300}})).values()
+    assert why.startswith("precision.lossScale.growthInterval=300 is not below training.steps=300: no attempt has")
+    assert "the fp16 loss scale never grows, it only backs off on overflows" in why
+    assert said(spec(precision={"lossScale": {"growthInterval": 299}})) == {}
+
+
+def test_the_default_growth_interval_says_nothing_written_out_or_not() -> None:
+    """The API server writes the CRD's default (2000) into every stored spec, so the operator's
+    spec holds it as set: a job of 300 steps that never named lossScale is not warned about it."""
+    assert said(spec()) == {}
+    assert said(spec(precision={"lossScale": {"growthInterval": 2000}})) == {}  # as the operator reads it
 
 
 def test_each_warning_has_its_reason_and_message() -> None:
