@@ -24,7 +24,7 @@ from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
-from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, went_on
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_on
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -172,7 +172,8 @@ def _follow(
         message = "suspended: the trainer checkpoints on SIGTERM"
         user = charged(Disruption.USER_SUSPEND)
         st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at, charged=user)
-        lc.suspend(plan, when, f"attempt {current.index} stopped by runPolicy.suspend")
+        gone_with_pods = suspended(status, spec)  # its pods go: what they hold is no resume point
+        lc.suspend(plan, when, f"attempt {current.index} stopped by runPolicy.suspend{gone_with_pods}")
         return
     if job is None and lingering:
         return  # a new attempt waits until its predecessor's pods are gone (no two write checkpoints)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
 
 #: What an attempt in new pods says when its predecessor's checkpoints went with the old pods.
 POD_CHECKPOINTS = "starting over: checkpoints were kept in the pod (emptyDir)"
@@ -41,12 +42,29 @@ def resume_point(
     ckpt = status.last_checkpoint
     if resumed_at is not None and resumed_at != (ckpt.step if ckpt else 0):
         return ResumePoint(resumed_at)  # no Job starts from it: the trainer has restored it
-    if ckpt is None:
-        return ResumePoint(0)
     kept = spec.checkpoint.outlives_pods if outlive is None else outlive
+    if ckpt is None:  # a suspension that trained took the checkpoints in its pods with them
+        return ResumePoint(0, lost=resumed_at is None and not kept and _trained_then_suspended(status))
     if resumed_at is None and not kept and ckpt.step > 0:
         return ResumePoint(0, lost=True)
     return ResumePoint(ckpt.step, ckpt.path)
+
+
+def suspended(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec) -> str:
+    """The running attempt is suspended: its Job is deleted, and checkpoints kept in its pods
+    (`Checkpoint.outlives_pods` false) go with them, so the status names none (a Suspended job
+    would promise a resume from a step no attempt can reach; the resume starts over: `lost`).
+    What the Suspended condition adds: '' where nothing is lost."""
+    if spec.checkpoint.outlives_pods:
+        return ""
+    status.last_checkpoint = None
+    return f"; {POD_CHECKPOINTS}: a resume starts at step 0" if status.step else ""
+
+
+def _trained_then_suspended(status: MixedPrecisionJobStatus) -> bool:
+    """Whether the newest attempt was suspended past step 0 (its trainer checkpoints on SIGTERM)."""
+    newest = status.attempts[-1] if status.attempts else None
+    return newest is not None and newest.reason == Reason.SUSPENDED.value and bool(newest.end_step)
 
 
 def started_over(status: MixedPrecisionJobStatus, attempt: AttemptStatus) -> None:

@@ -20,6 +20,7 @@ from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import outcome_of, reconcile
 from mpjob.planning.resumepoint import POD_CHECKPOINTS
 from mpjob.planning.status import ConditionType
+from mpjob.summary import summary_lines
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationReport
@@ -108,7 +109,7 @@ def running_past(s: MixedPrecisionJobSpec, step: int, pod: PodView) -> MixedPrec
     """`s`'s first attempt running in `pod`, its checkpoint of `step` read."""
     first = reconcile(s, MixedPrecisionJobStatus(), 1, {}, NOW).status
     status = reconcile(s, first, 1, {0: JobView(0, pods=(pod,))}, NOW + timedelta(seconds=5)).status
-    status.last_checkpoint = CheckpointStatus(step=step, sha256="ab", precision="fp16")
+    status.step, status.last_checkpoint = step, CheckpointStatus(step=step, sha256="ab", precision="fp16")
     return status
 
 
@@ -204,17 +205,22 @@ def test_a_running_attempts_deleted_job_made_again_says_where_it_goes_on_from(wh
     assert said_again.split("(uncharged), ")[1].startswith(planned)
 
 
-@pytest.mark.parametrize(("where", "named"), [("default", 197), ("emptyDir", 197), ("claim", 250)])
-def test_a_suspended_attempts_late_report_names_its_checkpoint_only_where_that_outlived_its_pods(
-    where: str, named: int
-) -> None:
+@pytest.mark.parametrize(("where", "named"), [("default", None), ("emptyDir", None), ("claim", 250)])
+def test_a_suspended_job_names_a_checkpoint_only_where_that_outlived_its_pods(where: str, named: int | None) -> None:
     s, pod = spec({**IN_POD, **OUTLIVING}[where]), PodView("p0", 0, "Running", True)
     held = s.model_copy(update={"run_policy": s.run_policy.model_copy(update={"suspend": True})})
     suspended = suspend(s, running_past(s, 197, pod), pod)
+    # Its pods go with its Job: a checkpoint in them is no promise of where a resume goes on from.
+    assert (suspended.last_checkpoint.step if suspended.last_checkpoint else None) == (named and 197)
+    cond = next(c for c in suspended.conditions if c.type == ConditionType.SUSPENDED)
+    assert (cond.message.endswith(f"{POD_CHECKPOINTS}: a resume starts at step 0")) == (named is None)
     stopped = {0: cutoff_tests.stopped_at(250)}  # its trainer checkpointed step 250 on SIGTERM
     status = reconcile(held, suspended, 2, {}, NOW + timedelta(seconds=15), stopped=stopped).status
     assert (status.phase, status.attempts[0].end_step, status.step) == ("Suspended", 250, 250)
-    assert status.last_checkpoint is not None and status.last_checkpoint.step == named
+    assert (status.last_checkpoint.step if status.last_checkpoint else None) == named
+    shown = summary_lines("job", status)  # what `mpjob status` prints
+    assert any(line.startswith("  last checkpoint: step 250") for line in shown) == (named is not None)
     plan = reconcile(s, status, 3, {}, NOW + timedelta(seconds=20), stopped=stopped)
-    planned = f"to resume from checkpoint step {named}" if s.checkpoint.outlives_pods else POD_CHECKPOINTS
+    planned = f"to resume from checkpoint step {named}" if named else POD_CHECKPOINTS
     assert said(plan, "AttemptStarted") == [f"attempt 1 in fp16, {planned}"]
+    assert [c.start_step for c in plan.create] == [named or 0]
