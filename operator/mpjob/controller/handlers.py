@@ -23,7 +23,6 @@ from mpjob.controller.cluster import Cluster
 from mpjob.controller.config import OperatorConfig, from_environment
 from mpjob.controller.documents import allow_deep_documents
 from mpjob.controller.liveness import Liveness
-from mpjob.controller.metrics_server import MetricsServer
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.reconciler import Reconciler
 from mpjob.controller.ticker import has_work, tick
@@ -51,12 +50,10 @@ class Controller:
     queue: WorkQueue
     reconciler: Reconciler
     liveness: Liveness
-    #: The metrics endpoint `mpjob operator` started before kopf ran (None: off, or `kopf run`).
-    metrics: MetricsServer | None = None
     ticker: asyncio.Task[None] | None = None
 
     @classmethod
-    def assemble(cls, config: OperatorConfig, metrics: MetricsServer | None = None) -> Controller:
+    def assemble(cls, config: OperatorConfig) -> Controller:
         cluster = Cluster.connect()
         cache = ChildCache(changed=lambda key: queue.add(key))  # `queue` is made below, before any watch
         peering = PeeringCheck(peering=config.peering, cluster=cluster, trust_seconds=config.peering_check_seconds)
@@ -64,19 +61,17 @@ class Controller:
         queue = WorkQueue(reconciler.handle, workers=config.workers)
         liveness = Liveness(api.PLURAL, cache.dead_watches)
         return cls(
-            config=config, cluster=cluster, cache=cache, queue=queue, reconciler=reconciler, liveness=liveness,
-            metrics=metrics,
+            config=config, cluster=cluster, cache=cache, queue=queue, reconciler=reconciler, liveness=liveness
         )  # fmt: skip
 
     def stop(self) -> None:
-        """Stop every part, and join the threads that can end (STOP_JOIN_SECONDS)."""
+        """Stop every part, and join the threads that can end (STOP_JOIN_SECONDS). The metrics
+        endpoint is not one: `mpjob operator` started it and stops it once kopf has returned."""
         if self.ticker is not None:
             self.ticker.cancel()
         running = self.cache.stop(STOP_JOIN_SECONDS) + self.queue.close(STOP_JOIN_SECONDS)
         self.reconciler.progress.close()
         self.reconciler.profiles.close()
-        if self.metrics is not None:  # last: a scrape reads the parts stopped above
-            running += self.metrics.stop(STOP_JOIN_SECONDS)
         if running:
             log.info("stopped; still waiting on the API server, ending with the process: %s", ", ".join(running))
 
@@ -99,7 +94,7 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     settings.watching.server_timeout = 120
     # `kopf run -m mpjob.controller.handlers` has no `mpjob operator` to make the config.
     config: OperatorConfig = memo.get("config") or from_environment(os.environ)
-    controller = memo["controller"] = Controller.assemble(config, memo.get("metrics"))
+    controller = memo["controller"] = Controller.assemble(config)
     om.QUEUE_DEPTH.set_function(controller.queue.__len__)
     controller.cache.start(config.namespaces or [None], controller.cluster.batch, controller.cluster.core)
     try:

@@ -131,13 +131,21 @@ def cannot_listen(flag: str, port: int, bind_address: str, exc: OSError) -> str:
 
 def serve_metrics(port: int, bind_address: str) -> tuple[MetricsServer | None, str | None]:
     """The operator's metrics served on `port` (None: 0, not served), or what is wrong when it
-    cannot listen there. The operator's stop stops it (`handlers.Controller.stop`)."""
+    cannot listen there. `main`, which starts it, stops it (`stop_metrics`)."""
     if not port:
         return None, None
     try:
         return MetricsServer.start(port, bind_address), None
     except OSError as exc:
         return None, cannot_listen("--metrics-port", port, bind_address, exc)
+
+
+def stop_metrics(metrics: MetricsServer | None, timeout: float) -> None:
+    """The metrics server stopped and its thread joined (`timeout`), once kopf has returned or
+    failed: last, as a scrape reads the parts kopf's cleanup stops; and on every path, as kopf
+    runs no cleanup for a startup that failed (before the Controller existed, too)."""
+    if metrics is not None and (running := metrics.stop(timeout)):
+        log.info("stopped; the metrics thread %s ends with the process", ", ".join(running))
 
 
 def check_health_port(port: int, bind_address: str) -> str | None:
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}")
         return 1
 
-    from mpjob.controller import crdcheck, handlers  # noqa: F401  (handlers: registers them)
+    from mpjob.controller import crdcheck, handlers  # handlers: registers them
 
     crdcheck.at_start()  # a CRD older than this release: a warning (crdcheck's doc)
 
@@ -192,14 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     if refused is not None:
         print(f"error: {refused}")
         return 1
-    kopf.run(
-        clusterwide=not args.namespaces,
-        namespaces=args.namespaces,
-        standalone=args.peering is None,
-        peering_name=args.peering,
-        priority=priority,
-        identity=identity,
-        liveness_endpoint=liveness_endpoint(args.bind_address, args.health_port),
-        memo=kopf.Memo(config=settings, metrics=metrics),
-    )
+    try:
+        kopf.run(
+            clusterwide=not args.namespaces,
+            namespaces=args.namespaces,
+            standalone=args.peering is None,
+            peering_name=args.peering,
+            priority=priority,
+            identity=identity,
+            liveness_endpoint=liveness_endpoint(args.bind_address, args.health_port),
+            memo=kopf.Memo(config=settings),
+        )
+    finally:
+        stop_metrics(metrics, handlers.STOP_JOIN_SECONDS)
     return 0

@@ -2,7 +2,8 @@
 
 prometheus_client serves from a daemon thread it never stops. A thread of ours still running
 Python while the interpreter finalizes can abort the process (`handlers.STOP_JOIN_SECONDS`), so
-the operator's stop shuts this server down and joins its thread as it joins its other threads.
+`mpjob operator`, which starts it, shuts it down and joins its thread once kopf has returned or
+failed (`main.stop_metrics`), as kopf's cleanup joins the operator's other threads.
 """
 
 from __future__ import annotations
