@@ -28,6 +28,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # root as tests/cluster/build.sh), not in /tmp: a fresh clone on a machine with a warm build
 # cache compiles from cache (a cold compile of the bench's tiny model is ~10 s a precision).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(build_cache() / "inductor"))
+# The wait before an attempt that retries a failure (mpjob.planning.backoff: 10 s, doubled per
+# failure in a row) shortened for the operators and `mpjob run`s tests start: a test of a retried
+# failure then waits a fraction of a second; the tests of the wait itself set their own.
+os.environ.setdefault("MPJOB_ATTEMPT_BACKOFF_SECONDS", "0.2")
 
 
 #: Seconds each test file took in a recent whole run (scripts/test_durations.py refreshes it).

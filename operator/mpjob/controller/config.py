@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 
 from mpjob.builders.attempt import TRAINER_COMMAND
 from mpjob.builders.network_policy import MetricsReaders
+from mpjob.planning.backoff import BASE_SECONDS, ENV_BASE, backoff_base
 
 ENV_TRAINER_IMAGE = "MPJOB_TRAINER_IMAGE"
 ENV_TRAINER_COMMAND = "MPJOB_TRAINER_COMMAND"
@@ -29,6 +30,7 @@ ENV_NETWORK_POLICY = "MPJOB_NETWORK_POLICY"
 #: The key attempts' profile tokens are derived from (builders.profile_token): environment
 #: only, never a flag (a process's arguments are visible to every user of its node).
 ENV_PROFILE_KEY = "MPJOB_PROFILE_KEY"
+ENV_ATTEMPT_BACKOFF_SECONDS = ENV_BASE  # mpjob.planning.backoff: `mpjob run` reads it too
 
 DEFAULT_TRAINER_IMAGE = "mpjob-trainer:0.1.0"
 
@@ -63,6 +65,9 @@ class OperatorConfig:
     #: doubled for each failure of the same job in a row, up to retry_max_seconds.
     retry_seconds: float = 1.0
     retry_max_seconds: float = 120.0
+    #: The wait before an attempt that retries a failure as it was: this, doubled per failure in
+    #: a row, at most backoff.CAP_SECONDS (mpjob.planning.backoff).
+    attempt_backoff_seconds: float = BASE_SECONDS
     #: kopf peering; None: a standalone operator, always active.
     peering: Peering | None = None
     #: How long a read of the peering object is trusted (the queue asks before each reconcile).
@@ -94,6 +99,13 @@ def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
     return int(text)
+
+
+def _backoff(text: str) -> float:
+    try:
+        return backoff_base(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _command(text: str) -> tuple[str, ...]:
@@ -216,7 +228,19 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         "operatorLabels, and optionally monitoringNamespaces and monitoringPods (label selectors) of who may "
         "read the trainers' metrics; default: none",
     )
+    _add_backoff(parser, environ)
     parser.set_defaults(profile_key=environ.get(ENV_PROFILE_KEY, ""))
+
+
+def _add_backoff(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "--attempt-backoff-seconds",
+        type=_backoff,
+        metavar="SECONDS",
+        default=environ.get(ENV_ATTEMPT_BACKOFF_SECONDS) or f"{BASE_SECONDS:g}",
+        help=f"the first wait before an attempt that retries a failure, doubled per failure in a row "
+        f"(env {ENV_ATTEMPT_BACKOFF_SECONDS}; default {BASE_SECONDS:g}; 0: none)",
+    )
 
 
 def from_arguments(args: argparse.Namespace, *, peering: Peering | None = None) -> OperatorConfig:
@@ -231,6 +255,7 @@ def from_arguments(args: argparse.Namespace, *, peering: Peering | None = None) 
         namespaces=tuple(args.namespaces),
         peering=peering,
         network_policy=args.network_policy,
+        attempt_backoff_seconds=args.attempt_backoff_seconds,
         profile_key=key or secrets.token_bytes(32),
     )
 

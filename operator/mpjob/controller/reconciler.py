@@ -39,6 +39,7 @@ from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import cutoff
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
+from mpjob.planning.backoff import RetryBackoff
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.observe import Observation
 from mpjob.planning.plan import Plan, When
@@ -73,6 +74,7 @@ class Reconciler:
             ProfileRequests(cluster, config.scrape_timeout_seconds, config.profile_key),
         )
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
+        self.retries = RetryBackoff(base=config.attempt_backoff_seconds)
         self.context = KopfContext()
         #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
         self.phases: dict[str, str] = {}
@@ -154,7 +156,7 @@ class Reconciler:
             unseen_for = self.progress.unseen_for((namespace, name), old.attempt)  # after the poll's take
             plan = reconcile(
                 spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
-                unseen_for=unseen_for, stopped=seen.stopped,
+                unseen_for=unseen_for, stopped=seen.stopped, retries=self.retries,
             )  # fmt: skip
             st.record_job_uids(plan.status, seen.uids)  # (of a Job made before they were recorded)
             self._write(body, body.get("status") or {}, plan.status)  # memory first, then act

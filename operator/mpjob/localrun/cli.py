@@ -13,6 +13,7 @@ from mpjob.localrun.folder import ending_lines
 from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unresolved_env, unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, default_out, prepare
+from mpjob.planning.backoff import BASE_SECONDS, ENV_BASE, RetryBackoff, backoff_base
 from mpjob.validation import InvalidManifest, Problem, check_text, read_manifest
 from mpjob_contract.spec_warnings import spec_warnings
 
@@ -63,13 +64,20 @@ def run_command(argv: list[str]) -> int:
     if (why := unusable_working_dir(job.spec, Path(args.file).parent)) is not None:
         _error(json_out, f"{args.file}: spec.task.workingDir: {why}", field="spec.task.workingDir")
         return 2
+    try:  # as the operator's flag reads it (mpjob.planning.backoff)
+        retries = RetryBackoff(base=backoff_base(os.environ.get(ENV_BASE) or f"{BASE_SECONDS:g}"))
+    except ValueError as exc:
+        _error(json_out, f"{ENV_BASE}: {exc}")
+        return 2
     out: Path = args.out or default_out(job.metadata.name)
     try:
         with prepare(out, fresh=args.fresh, job=job.metadata.name):
             view = make_view(args.mode, job.spec.training.steps)
             warnings = spec_warnings(job.spec, in_pods=False)  # its checkpoints: a folder on disk, not in pods
             notes = (*unresolved_env(job.spec), *((f"spec.{w.field}", w.line(args.file)) for w in warnings))
-            run = LocalRun(job, out, view, base_dir=Path(args.file).parent, schedule=schedule, notes=notes)
+            run = LocalRun(
+                job, out, view, base_dir=Path(args.file).parent, schedule=schedule, notes=notes, retries=retries
+            )
             try:
                 status = run.run()
             finally:

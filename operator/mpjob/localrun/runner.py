@@ -26,10 +26,12 @@ from mpjob.localrun.readings import noted, reached, reading_of
 from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.series import Point, RunSeries
 from mpjob.localrun.stall import DeadlineWatch, StallWatch
+from mpjob.localrun.waiting import wait_out
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cost, history, inplace
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
+from mpjob.planning.backoff import JOB_CONTROLLER, RetryBackoff
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.inplace import in_place_plan, of_line
 from mpjob.planning.observe import observe
@@ -59,8 +61,9 @@ class LocalRun:
         python: str = sys.executable,
         schedule: WorkersSchedule | None = None,
         notes: tuple[tuple[str, str], ...] = (),
+        retries: RetryBackoff = JOB_CONTROLLER,
     ) -> None:
-        self.job = job
+        self.job, self.retries = job, retries  # retries: the wait before an attempt that retries a failure
         #: The manifest's folder: a `task.command` runs there (or in its workingDir below it).
         self.base_dir = (base_dir or Path.cwd()).resolve()
         self.spec = job.spec
@@ -94,6 +97,7 @@ class LocalRun:
             for field, line in self.notes if start is not None else ():
                 self.view.info(line, field=field)
             while start is not None:
+                wait_out(self.status, self.retries, view=self.view, ctrl_c=self.ctrl_c, save=self._save)
                 self._current, self._reached = None, None  # set once it starts: one that never ran ends as itself
                 held = self.ctrl_c.held_back()
                 cannot = unschedulable(self.spec, self.schedule, start) or working_dir_gone(self.spec, self.base_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -75,6 +76,7 @@ class CtrlC:
         self.stop = Stop.NONE
         self.by = CALLED[signal.SIGINT]  # what the latest stop was: Ctrl-C or SIGTERM
         self._last: Press | None = None  # the latest press
+        self._pressed = threading.Event()  # ends a `pause`
 
     @contextlib.contextmanager
     def caught(self, workers: Workers | None = None) -> Iterator[None]:
@@ -94,8 +96,16 @@ class CtrlC:
         """The ending of the next attempt, not started: the user stopped the run before it (None: it starts)."""
         return None if self.stop is Stop.NONE else AttemptOutcome(None)
 
+    def stop_asked(self) -> bool:
+        return self.stop is not Stop.NONE
+
+    def pause(self, seconds: float) -> None:
+        """Sleep `seconds` between attempts, or until the user's stop (within `caught`)."""
+        self._pressed.wait(seconds)
+
     def press(self, workers: Workers | None, sig: int = signal.SIGINT) -> None:
         press = self._last = pressed(self.stop, sig)
+        self._pressed.set()
         self.stop, self.by = press.stop, CALLED[sig]
         self.view.info(press.line if workers is not None else BETWEEN_LINE)
         if workers is not None:

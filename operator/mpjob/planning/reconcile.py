@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import cost, cutoff, elastic, history, inplace
+from mpjob.planning import backoff, cost, cutoff, elastic, history, inplace
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -46,6 +46,7 @@ def reconcile(
     changes: Sequence[InPlaceChange] = (),
     unseen_for: float | None = None,
     stopped: dict[int, JobView] | None = None,
+    retries: backoff.RetryBackoff = backoff.JOB_CONTROLLER,
 ) -> Plan:
     """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
     Job is gone but some pod still runs (terminating); `stopped` those whose Job is gone and whose
@@ -53,7 +54,8 @@ def reconcile(
     holds now (spec.elastic grows on it; None: not read); `changes` the fallbacks in place a
     read of the running attempt found (`inplace.record` keeps those the status lacks);
     `unseen_for` the seconds the operator has been reading the running attempt without a reading
-    of its own yet (None: it has one; `cutoff.stalled`)."""
+    of its own yet (None: it has one; `cutoff.stalled`); `retries` the wait before an attempt that
+    retries a failure as it was (`backoff`: its Job is created by a reconcile once it is due)."""
     plan = _opened(spec, status, generation)
     status = plan.status
     when = When(st.stamp(now), generation)
@@ -84,6 +86,9 @@ def reconcile(
     _retire(plan, jobs)
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
+    newest = plan.status.attempts[-1].index if plan.status.attempts else None
+    if any(s.index == newest for s in plan.create) and backoff.held(plan, when, retries, now) is not None:
+        plan.create = [s for s in plan.create if s.index != newest]
     if plan.create:
         plan.deadline_seconds = st.deadline_left(spec, status, now)
     return plan

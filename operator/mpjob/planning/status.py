@@ -74,6 +74,8 @@ class ConditionReason(StrEnum):
     #: No size from elastic.minWorkers up to what fits keeps the global batch: the attempt waits.
     NO_SMALLER_SIZE = "NoSmallerSize"
     WORKERS_PLACED = "WorkersPlaced"
+    #: The attempt after a failure retried as it was waits (mpjob.planning.backoff).
+    BACKING_OFF = "BackingOff"
 
 
 #: How the status writes a moment: RFC 3339 in UTC, whole seconds, as Kubernetes writes its own.

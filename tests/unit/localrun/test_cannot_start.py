@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,17 @@ def test_a_command_that_cannot_start_fails_in_two_attempts_with_its_cause(
     assert "before their first step" in report["message"]
     failed = next(c for c in report["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "FailedBeforeFirstStep" and cause in failed["message"]
+
+
+@pytest.mark.process
+def test_the_attempt_after_a_failure_waits_its_backoff_and_says_so_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_ATTEMPT_BACKOFF_SECONDS": "2"}
+    code, report, said = run(tmp_path, ["python", "train.py"], env=env)  # no train.py: it cannot start
+    first, second = report["attempts"]
+    assert code != 0 and said.count("attempt 0 failed (InfraError: ") == 1, said
+    assert "; attempt 1 starts in 2s, at " in said, said
+    waited = datetime.fromisoformat(second["startTime"]) - datetime.fromisoformat(first["finishTime"])
+    assert waited >= timedelta(seconds=2), (first, second)
 
 
 RAISES_AT_STEP_7 = """

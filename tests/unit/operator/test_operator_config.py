@@ -25,6 +25,7 @@ def test_the_environment_gives_the_defaults_that_the_chart_and_benchmarks_set() 
         "MPJOB_TICK_SECONDS": "1",
         "MPJOB_MAX_TICKS_PER_SECOND": "50",
         "MPJOB_WORKERS": "4",
+        "MPJOB_ATTEMPT_BACKOFF_SECONDS": "0.5",
     }
     config = from_environment(env)
     assert config == OperatorConfig(
@@ -33,6 +34,7 @@ def test_the_environment_gives_the_defaults_that_the_chart_and_benchmarks_set() 
         tick_seconds=1.0,
         max_ticks_per_second=50.0,
         workers=4,
+        attempt_backoff_seconds=0.5,
     )
     assert from_environment({}) == OperatorConfig()
 
@@ -91,6 +93,7 @@ def test_the_liveness_endpoint_listens_where_the_metrics_do(address: str, url: s
         ({"MPJOB_MAX_TICKS_PER_SECOND": "soon"}, "--max-ticks-per-second"),
         ({"MPJOB_WORKERS": "0"}, "--workers"),
         ({"MPJOB_TRAINER_COMMAND": "mpjob-trainer"}, "--trainer-command"),
+        ({"MPJOB_ATTEMPT_BACKOFF_SECONDS": "-1"}, "--attempt-backoff-seconds"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_its_flag(

@@ -1,0 +1,136 @@
+"""The wait before an attempt that retries a failure as it was (mpjob.planning.backoff): the rule
+on attempts' records, and through the pure reconcile with injected time, an outage of the
+checkpoint store included (no real sleeping)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mpjob.planning import backoff
+from mpjob.planning.backoff import RetryBackoff, failures_in_a_row
+from mpjob.planning.reconcile import FINISHED, JobView, PodView, reconcile
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.launch import CHECKPOINT_MOUNT
+from mpjob_contract.report import TerminationReport
+from tests.unit.operator.test_planning import spec
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+S = spec(precision={"mode": "bf16"}, runPolicy={"maxAttempts": 6})
+REFUSED = "botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL"
+#: What the launcher reports for a rank whose checkpoint store is down: its stderr, no progress (step 0).
+NO_STORE = TerminationReport(reason=Reason.INFRA_ERROR, step=0, precision="bf16", message=REFUSED).to_message()
+
+
+def ended(index: int, reason: str = "InfraError", **kw: object) -> AttemptStatus:
+    fields = {"precision": "bf16", "micro_batch": 4, "finish_time": "2026-11-22T12:00:00Z", **kw}
+    return AttemptStatus(index=index, reason=reason, **fields)  # type: ignore[arg-type]
+
+
+def newest(index: int, **kw: object) -> AttemptStatus:
+    return AttemptStatus(index=index, **{"precision": "bf16", "micro_batch": 4, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("attempts", "failures"),
+    [
+        ([newest(0)], 0),
+        ([ended(0), newest(1)], 1),
+        ([ended(0), ended(1, "Stalled"), ended(2), newest(3)], 3),
+        ([ended(0), ended(1, "Preempted"), newest(2)], 0),  # the platform's: at once
+        ([ended(0), ended(1), ended(2, "Evicted"), newest(3)], 0),
+        ([ended(0), ended(1, "Preempted"), ended(2), newest(3)], 1),  # a disruption ends the run
+        ([ended(0), ended(1, "NumericFault"), newest(2, precision="fp32")], 0),  # a fallback
+        ([ended(0), ended(1, "OutOfDeviceMemory"), newest(2, micro_batch=2)], 0),  # a split
+        ([ended(0), ended(1, "NumericFault"), newest(2)], 2),  # faultPolicy retries it as it was
+        ([ended(0), ended(1, end_step=30), ended(2), newest(3)], 2),  # 1 trained: it counts, none before it
+        ([ended(0), ended(1), newest(2, start_step=20)], 1),  # 1 passed a checkpoint the next resumes from
+        ([ended(0), ended(2), newest(3)], 1),  # not in a row (attempts[] dropped one between)
+    ],
+)
+def test_failures_in_a_row_count_retries_as_they_were_since_the_last_progress(
+    attempts: list[AttemptStatus], failures: int
+) -> None:
+    assert failures_in_a_row(attempts) == failures
+
+
+def test_the_wait_doubles_from_ten_seconds_up_to_six_minutes() -> None:
+    assert [backoff.JOB_CONTROLLER.seconds(n) for n in range(8)] == [0, 10, 20, 40, 80, 160, 320, 360]
+
+
+@pytest.mark.parametrize("text", ["-1", "abc", "361", ""])
+def test_a_first_wait_out_of_bounds_is_refused_naming_what_is_allowed(text: str) -> None:
+    with pytest.raises(ValueError, match="seconds from 0 to 360"):
+        backoff.backoff_base(text)
+
+
+def crashed(index: int, said: str = REFUSED) -> dict[int, JobView]:
+    pod = PodView(f"p{index}", 0, "Failed", alive=False, exit_code=1, termination_message=said)
+    return {index: JobView(index, finished="Failed", reason="BackoffLimitExceeded", pods=(pod,))}
+
+
+def running(index: int) -> dict[int, JobView]:
+    return {index: JobView(index, pods=(PodView(f"p{index}", 0, "Running", alive=True),))}
+
+
+def read_back(status: MixedPrecisionJobStatus) -> MixedPrecisionJobStatus:
+    """The status as an operator (this one, or one restarted) reads it from the API server."""
+    return MixedPrecisionJobStatus.model_validate(status.to_api())
+
+
+def test_the_attempt_after_an_infra_error_is_created_once_its_wait_is_over_and_says_when() -> None:
+    first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=backoff.JOB_CONTROLLER).status
+    plan = reconcile(S, read_back(first), 1, crashed(0), NOW, retries=backoff.JOB_CONTROLLER)
+    assert [a.index for a in plan.status.attempts] == [0, 1] and plan.create == []
+    condition = next(c for c in plan.status.conditions if c.type == "Running")
+    assert condition.reason == "BackingOff" and plan.status.phase == "Pending"
+    assert condition.message.startswith(f"attempt 0 failed (InfraError: {REFUSED}); attempt 1 starts in 10s")
+    assert "at 2026-11-22T12:00:10Z" in condition.message
+    assert [e.reason for e in plan.events].count("BackingOff") == 1
+    later = reconcile(S, read_back(plan.status), 1, {}, NOW + timedelta(seconds=9), retries=backoff.JOB_CONTROLLER)
+    assert later.create == [] and "BackingOff" not in [e.reason for e in later.events]  # said once
+    due = reconcile(S, read_back(later.status), 1, {}, NOW + timedelta(seconds=10), retries=backoff.JOB_CONTROLLER)
+    assert [s.index for s in due.create] == [1]
+    assert due.status.attempts[1].start_time == "2026-11-22T12:00:10Z"  # it starts when its Job is made
+
+
+@pytest.mark.parametrize("code", [42, 44])  # a fallback, a preemption: at once
+def test_other_endings_start_the_next_attempt_at_once(code: int) -> None:
+    first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW).status
+    pod = PodView("p0", 0, "Failed", alive=False, exit_code=code)
+    plan = reconcile(S, first, 1, {0: JobView(0, finished="Failed", pods=(pod,))}, NOW)
+    assert [s.index for s in plan.create] == [1]
+
+
+def outage(retries: RetryBackoff, *, down_for: int = 120, fails_after: int = 18) -> MixedPrecisionJobStatus:
+    """The job's status once an attempt runs after the checkpoint store came back (`down_for`
+    seconds after the first attempt began), or once it finished: the first attempt trained to a
+    checkpoint at step 100, and while the store is down each attempt fails `fails_after` seconds
+    after its Job is made, resuming nothing (the launcher's report: no progress). Reconciled
+    every second."""
+    status, made = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=retries).status, {0: 0}
+    status.step = 100  # as the first attempt's live readings showed it
+    status.last_checkpoint = CheckpointStatus(step=100, sha256="ab", precision="bf16", path=f"{CHECKPOINT_MOUNT}/s100")
+    for second in range(1, 900):
+        now = NOW + timedelta(seconds=second)
+        index = status.attempts[-1].index if status.attempts else None
+        jobs = {}
+        if index in made:
+            down = made[index] + fails_after <= min(second, down_for)
+            jobs = crashed(index, NO_STORE) if down else running(index)
+        plan = reconcile(S, read_back(status), 1, jobs, now, retries=retries)
+        status = plan.status
+        made.update({s.index: second for s in plan.create})
+        if status.phase in FINISHED or any(t >= down_for for t in made.values()):
+            return status
+    raise AssertionError("the simulation ran out of time")
+
+
+def test_a_two_minute_outage_of_the_checkpoint_store_leaves_attempts_to_go_on() -> None:
+    status = outage(backoff.JOB_CONTROLLER)
+    assert status.phase == "Pending" and len(status.attempts) == 4, status.message  # waits 10, 20, 40 s
+    assert outage(RetryBackoff(base=0)).phase == "Failed"  # retried at once, it used up all six
