@@ -1,7 +1,7 @@
 """checkpoint.unloadable over both stores (a folder, a bucket): a checkpoint that verifies and
 did not load is marked beside it, so a later process (a fresh store) passes it over on resume
 and replaces it when it saves its step; a mark counts only while it names the sha256 of the
-checkpoint now at its step, read no further than MARK_BYTES."""
+checkpoint now at its step and this trainer's build, read no further than MARK_BYTES."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from mpjob_trainer.checkpoint import resume
+from mpjob_trainer.checkpoint import resume, unloadable
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 from mpjob_trainer.checkpoint.resume import Loaded
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
@@ -23,6 +23,8 @@ from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 pytestmark = pytest.mark.unit
 
 JOB = "ns/job/uid"
+#: The build of another trainer image (one whose restore had a bug, say).
+OTHER_BUILD = "mpjob-trainer 0.0.9 torch 2.5.0"
 Opens = Callable[[list[dict[str, Any]]], AnyStore]
 
 
@@ -94,17 +96,67 @@ def test_a_later_process_saving_its_step_sets_it_aside_and_writes_its_own(opens:
 
 @pytest.mark.parametrize(
     "mark",
-    [b"0" * 64, b"not a sha256", b"%s" + b"x" * MARK_BYTES, b"\xff" * (MARK_BYTES * 8)],
-    ids=["another-checkpoints", "no-sha256", "sha256-then-more", "binary"],
+    [
+        "{zeros} {build}\n",
+        "{sha} {other}\n",
+        "{sha}",
+        "{sha}\n",
+        "not a sha256",
+        "{sha} {build}",
+        "{sha} {build}\n" + "x" * MARK_BYTES,
+        "\xff" * (MARK_BYTES * 8),
+    ],
+    ids=[
+        "another-checkpoints",
+        "another-build",
+        "old-format",
+        "old-format-line",
+        "no-sha256",
+        "no-line-end",
+        "mark-then-more",
+        "binary",
+    ],
 )
-def test_a_mark_that_does_not_name_the_checkpoint_at_its_step_counts_for_nothing(opens: Opens, mark: bytes) -> None:
+def test_a_mark_that_does_not_name_the_checkpoint_at_its_step_counts_for_nothing(opens: Opens, mark: str) -> None:
     store = opens([])
     _save(store, 10)
     sha256 = _save(store, 20)
     where = dict(store.steps())[20]
-    store.mark_unloadable(where, (mark % sha256.encode() if b"%s" in mark else mark).decode("latin-1"))
+    store.mark_unloadable(where, mark.format(zeros="0" * 64, sha=sha256, build=unloadable.build(), other=OTHER_BUILD))
     later = opens([])
     assert _save(later, 20, value=-20.0) == sha256 and later.aside() == []  # kept: never overwritten
     tried: list[int] = []
     loaded = resume.load(opens([]), restore=_restore(tried))
     assert loaded is not None and loaded[0].step == 20 and tried == [20]
+
+
+def test_a_checkpoint_another_build_marked_is_tried_again_and_loads(opens: Opens) -> None:
+    """A restore bug of one image marked a good checkpoint: the image that fixes it loads it."""
+    sha256 = _found_unloadable(opens)
+    store = opens([])
+    where = dict(store.steps())[20]
+    store.mark_unloadable(where, unloadable.text(sha256, OTHER_BUILD))
+    tried: list[int] = []
+    log: list[dict[str, Any]] = []
+    loaded = resume.load(opens(log), restore=_restore(tried))
+    assert loaded is not None and loaded[0].step == 20 and tried == [20] and log == []
+
+
+def test_a_checkpoint_another_build_marked_that_still_does_not_load_is_marked_for_this_build(opens: Opens) -> None:
+    sha256 = _found_unloadable(opens)
+    store = opens([])
+    where = dict(store.steps())[20]
+    store.mark_unloadable(where, unloadable.text(sha256, OTHER_BUILD))
+    tried: list[int] = []
+    loaded = resume.load(opens([]), restore=_restore(tried, bad=20))
+    assert loaded is not None and loaded[0].step == 10 and tried == [20, 10]
+    assert store.unloadable_mark(where) == f"{sha256} {unloadable.build()}\n".encode()
+    again: list[int] = []
+    loaded = resume.load(opens([]), restore=_restore(again, bad=20))
+    assert loaded is not None and loaded[0].step == 10 and again == [10]  # passed over, not tried
+
+
+def test_the_build_a_mark_names_is_this_trainers_releases() -> None:
+    build = unloadable.build()
+    assert build.startswith("mpjob-trainer ") and build.endswith(f" torch {torch.__version__}")
+    assert len(unloadable.text("0" * 64)) <= MARK_BYTES

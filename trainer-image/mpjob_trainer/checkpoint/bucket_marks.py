@@ -23,14 +23,14 @@ class BucketMarks:
         self.bucket, self.key, self.max_bytes = bucket, key, max_bytes
         self._listed: set[str] | None = None
 
-    def write(self, where: str, sha256: str | None) -> None:
-        """The mark of the step folder `where` names, holding `sha256` (None: deleted)."""
+    def write(self, where: str, mark: str | None) -> None:
+        """The mark of the step folder `where` names, holding `mark` (None: deleted)."""
         name, key = PurePosixPath(where).name, objects.mark_key(self.key, where)
-        if sha256 is None:
+        if mark is None:
             self.bucket.delete([key])
             self.listed().discard(name)
             return
-        self.bucket.put(key, sha256.encode())
+        self.bucket.put(key, mark.encode())
         self.listed().add(name)
 
     def read(self, where: str) -> bytes | None:

@@ -73,9 +73,10 @@ class Store(Protocol[W]):
         """The places of the checkpoints set aside here, oldest first (by step, then when)."""
         ...
 
-    def mark_unloadable(self, where: W, sha256: str | None) -> None:
-        """Record beside the checkpoint at `where`, never inside it, that the one of state sha256
-        `sha256` did not load (checkpoint.unloadable); None: remove that record."""
+    def mark_unloadable(self, where: W, mark: str | None) -> None:
+        """Record beside the checkpoint at `where`, never inside it, that it did not load: the
+        `mark` checkpoint.unloadable.text wrote (its state sha256, the trainer's build), stored as
+        given; None: remove that record."""
         ...
 
     def unloadable_mark(self, where: W) -> bytes | None:

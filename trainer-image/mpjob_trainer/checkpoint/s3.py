@@ -141,9 +141,9 @@ class BucketCheckpointStore:
         names = sorted(self.bucket.folders(f"{self.key}/{objects.ASIDE}", MAX_FOLDERS))
         return [f"{self.location}/{objects.ASIDE}/{name}" for name in names if objects.aside_step(name) is not None]
 
-    def mark_unloadable(self, where: str, sha256: str | None) -> None:
-        """The object `.unloadable/<step folder>` below the job's prefix, holding `sha256` (None: deleted)."""
-        self.marks.write(where, sha256)
+    def mark_unloadable(self, where: str, mark: str | None) -> None:
+        """The object `.unloadable/<step folder>` below the job's prefix, holding `mark` (None: deleted)."""
+        self.marks.write(where, mark)
 
     def unloadable_mark(self, where: str) -> bytes | None:
         """The mark of `where`, read no further than a mark may go (unloadable.MARK_BYTES)."""

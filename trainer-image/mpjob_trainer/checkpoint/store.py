@@ -114,9 +114,9 @@ class CheckpointStore:
         """The `.corrupt-*` folders, oldest first (by step, then when they were set aside)."""
         return sorted(self.root.glob(f"{folders.SET_ASIDE}*"), key=folders.set_aside_order)
 
-    def mark_unloadable(self, where: Path, sha256: str | None) -> None:
-        """`.unloadable-<step folder>` beside `where`, holding `sha256` (None: removed)."""
-        folders.write_mark(self.root, where.name, sha256.encode() if sha256 is not None else None)
+    def mark_unloadable(self, where: Path, mark: str | None) -> None:
+        """`.unloadable-<step folder>` beside `where`, holding `mark` (None: removed)."""
+        folders.write_mark(self.root, where.name, mark.encode() if mark is not None else None)
 
     def unloadable_mark(self, where: Path) -> bytes | None:
         """The `.unloadable-<step folder>` beside `where` (no more than unloadable.MARK_BYTES + 1)."""

@@ -3,31 +3,60 @@ every store (checkpoint.protocol).
 
 When the ranks agree that a checkpoint whose files pass their sha256 does not load
 (checkpoint.resume), every rank remembers its place (`store.unloadable`) and rank 0 records it
-beside the checkpoint, never inside it: a mark holding the state sha256 its manifest names
-(`mark_unloadable`). A later attempt is another process, maybe in another precision, resuming
+beside the checkpoint, never inside it: a mark (`text`), one line holding the state sha256 its
+manifest names and the build of the trainer that could not load it (`build`: mpjob-trainer's
+release and torch's). A later attempt is another process, maybe in another precision, resuming
 from the checkpoint before it; the mark tells it what this process knew: a resume or a rollback
 passes the checkpoint over without loading it again, and a save of its step sets it aside (as a
 damaged one is, checkpoint.ownership) and writes its own rather than keeping it.
 
-A mark is read back as untrusted input: no more than MARK_BYTES, and it counts only while it
-names the sha256 of the checkpoint now at its step (a checkpoint written there since is not the
-one that did not load). The checkpoint itself is never moved aside for failing to load: a
-restore that fails for the trainer's own fault (a newer image's bug) would then take good
-checkpoints out of reach; marked, it stays where it is until a save of its step replaces it.
+A mark is read back as untrusted input: no more than MARK_BYTES, and it counts only when it is
+exactly one such line naming the sha256 of the checkpoint now at its step (a checkpoint written
+there since is not the one that did not load) and this trainer's build. A restore that fails
+for the trainer's own fault (a bug of one image) must not take good checkpoints out of reach of
+the image that fixes it: under another build the checkpoint is tried again, and marked again
+(with that build) if it still does not load. A mark of the format before the build was in it
+(the sha256 alone) counts for nothing, as one of another build. The checkpoint itself is never
+moved aside for failing to load: marked, it stays where it is until a save of its step
+replaces it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+
+import torch
 
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
 from mpjob_trainer.checkpoint.peers import Peers
 from mpjob_trainer.checkpoint.protocol import Store, W
 
-#: The most of a mark a store reads back: a sha256 in hex, with room for a line end.
-MARK_BYTES = 128
+#: The most of a mark a store reads back: its one line, with room to spare (`_MARK` allows 215 bytes).
+MARK_BYTES = 256
 
-_SHA256 = re.compile(rb"([0-9a-f]{64})\n?")
+#: What a release may hold in a mark (PEP 440 and local versions: `2.11.0+cu128`); else `_`.
+_RELEASE = re.compile(r"[^0-9A-Za-z.+_-]")
+#: A mark, whole: the state sha256 in hex, a space, the build (`build`), one line end.
+_MARK = re.compile(rb"([0-9a-f]{64}) (mpjob-trainer [0-9A-Za-z.+_-]{1,64} torch [0-9A-Za-z.+_-]{1,64})\n")
+
+
+@functools.cache
+def build() -> str:
+    """This trainer's build as a mark names it: `mpjob-trainer <release> torch <release>`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("mpjob-trainer")
+    except PackageNotFoundError:  # a source tree on the path, not installed
+        mine = "unknown"
+    return f"mpjob-trainer {_RELEASE.sub('_', mine)[:64]} torch {_RELEASE.sub('_', torch.__version__)[:64]}"
+
+
+def text(sha256: str, by: str | None = None) -> str:
+    """The mark of the checkpoint of state sha256 `sha256` that the trainer build `by` (default:
+    this one) could not load."""
+    return f"{sha256} {by or build()}\n"
 
 
 def remember(store: Store[W], where: W, sha256: str) -> None:
@@ -38,14 +67,14 @@ def remember(store: Store[W], where: W, sha256: str) -> None:
     if Peers.current().rank != 0:
         return
     try:
-        store.mark_unloadable(where, sha256)
+        store.mark_unloadable(where, text(sha256))
     except Exception as exc:  # a store's I/O error: this process still knows, later ones retry it
         store.log("checkpointRejected", path=str(where), problem=f"it did not load; marking it so failed: {exc}")
 
 
 def known(store: Store[W], where: W, manifest: Manifest) -> bool:
     """Whether the checkpoint at `where`, whose manifest is `manifest`, is known not to load: this
-    process found it so, or a mark beside it names its state sha256."""
+    process found it so, or a mark beside it names its state sha256 and this trainer's build."""
     return where in store.unloadable or _names(store.unloadable_mark(where), manifest)
 
 
@@ -62,13 +91,17 @@ def passed_over(store: Store[W], where: W) -> str | None:
         return None
     if manifest is None or not (here or _names(mark, manifest)):
         return None
-    return f"{where}: its files verify but it did not load in an earlier try (marked so beside it): passed over"
+    return (
+        f"{where}: its files verify but it did not load in an earlier try of this trainer build (marked so "
+        "beside it): passed over"
+    )
 
 
 def _names(mark: bytes | None, manifest: Manifest) -> bool:
-    """Whether `mark`, as read back, is exactly the state sha256 `manifest` names."""
-    found = _SHA256.fullmatch(mark) if mark is not None else None
-    return found is not None and found.group(1).decode() == manifest.state_sha256
+    """Whether `mark`, as read back, is exactly the mark (`text`) this trainer build would write for
+    the checkpoint of `manifest`."""
+    found = _MARK.fullmatch(mark) if mark is not None else None
+    return found is not None and found.group(1).decode() == manifest.state_sha256 and found.group(2).decode() == build()
 
 
 def forget(store: Store[W], where: W) -> None:
