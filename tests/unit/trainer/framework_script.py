@@ -3,7 +3,7 @@
     python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
                                               [--quarantine STEP,...] [--empty-step STEP]
                                               [--spike-at STEP] [--loss-func] [--val-output K]
-                                              [--log-losses] [--truncate STEP:FILE]
+                                              [--log-losses] [--truncate STEP:FILE[:rehash]]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
@@ -28,7 +28,9 @@ value the module logs is printed on stderr with the global step (`logged: {"name
 and the Trainer's `callback_metrics` after fit (`callback metrics: {JSON}`); Lightning's own
 validation loop never runs (the epoch does not end).
 `--truncate STEP:FILE` (Lightning): at optimizer step STEP, once, FILE (a file of a checkpoint's
-framework folder) is cut to half its length once its checkpoint is committed: damage after the save.
+framework folder) is cut to half its length once its checkpoint is committed: damage after the save;
+with `:rehash`, the manifest is then written again over the cut file (it passes its sha256: a
+checkpoint bad inside, as a manifest recomputed over a damaged file leaves it).
 $FRAMEWORK_SCRIPT_STEP_SECONDS: each optimizer step sleeps that long (a test can stop the run
 mid-way), without changing the command, which checkpoints' config digest names: a run that
 resumes the paced one's checkpoints need not be paced.
@@ -37,6 +39,7 @@ resumes the paced one's checkpoints need not be paced.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -143,14 +146,23 @@ def logged_steps(stderr: str, name: str) -> list[int]:
     return [entry["step"] for entry in found if entry["name"] == name]
 
 
-def truncate(file: Path) -> None:
-    """Cut `file` to half its length once its checkpoint's manifest is there (written in the background)."""
+def truncate(file: Path, rehash: bool) -> None:
+    """Cut `file` to half its length once its checkpoint's manifest is there (written in the
+    background); `rehash`: the manifest then names the cut file's sha256 and size."""
+    folder = file.parents[1]
     deadline = time.monotonic() + 60
-    while not (file.parents[1] / "manifest.json").exists():
-        assert time.monotonic() < deadline, f"{file.parents[1]} was never committed"
+    while not (folder / "manifest.json").exists():
+        assert time.monotonic() < deadline, f"{folder} was never committed"
         time.sleep(0.01)
-    data = file.read_bytes()
-    file.write_bytes(data[: len(data) // 2])
+    data = file.read_bytes()[: file.stat().st_size // 2]
+    file.write_bytes(data)
+    if rehash:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["files"][str(file.relative_to(folder))] = {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+        }
+        (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
 def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) -> None:
@@ -168,7 +180,8 @@ def lightning(run: Any, net: Net, data: Regression, opts: argparse.Namespace) ->
         def training_step(self, b: dict[str, torch.Tensor], i: int) -> torch.Tensor | None:
             net.step = self.global_step
             if opts.truncate and self.global_step == int(opts.truncate.split(":")[0]):
-                truncate(Path(opts.truncate.split(":", 1)[1]))
+                at, rehash = opts.truncate.split(":", 1)[1], opts.truncate.endswith(":rehash")
+                truncate(Path(at.removesuffix(":rehash")), rehash)
                 opts.truncate = None  # once: the step runs again after a rollback
             if self.global_step == opts.empty_step:
                 return None

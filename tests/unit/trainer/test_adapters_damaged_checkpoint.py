@@ -34,3 +34,29 @@ def test_a_damaged_framework_checkpoint_is_passed_over_by_the_replay_and_the_pre
     (skipped,) = run.of("dataSkipped")
     assert skipped["fromStep"] == 0 and skipped["steps"] == [12]
     assert run.report is not None and run.report.precision == "bf16"
+
+
+@pytest.mark.process
+def test_a_framework_checkpoint_bad_inside_is_marked_and_passed_over_by_the_replay(tmp_path: Path) -> None:
+    """As above, but the manifest is written again over the cut file: the checkpoint of step 10
+    passes its sha256 and Lightning's file in it does not load. That is the checkpoint's fault,
+    as on the SDK's path: it is marked unloadable and passed over for the step-0 checkpoint (the
+    replay's verdict stands, the precision is kept), and the save of step 10 after the rollback
+    sets it aside for its own."""
+    ckpt = tmp_path / "ckpt"
+    damaged = ckpt / "step-000000010" / "framework" / "lightning.ckpt"
+    extra = ["--poison", POISON["lightning"], "--truncate", f"11:{damaged}:rehash"]
+    spec = job("lightning", *extra)
+    spec["precision"] = {"mode": "bf16", "fallback": ["fp32"]}
+    run = run_trainer(tmp_path, spec, "bf16", argv=[SCRIPT, "lightning", *extra])
+    assert run.code == ExitCode.SUCCESS and run.of("fault") == [], run.stderr[-3000:]
+    (rejected,) = run.of("checkpointRejected")
+    assert rejected["path"].endswith("step-000000010") and "lightning.ckpt" in rejected["problem"], rejected
+    (replay,) = run.of("replay")
+    assert replay["verdict"] == "data" and replay["fromCheckpoint"] is True and replay["offendingStep"] == 12
+    (skipped,) = run.of("dataSkipped")
+    assert skipped["fromStep"] == 0 and skipped["steps"] == [12]  # back to the step-0 checkpoint
+    assert run.report is not None and run.report.precision == "bf16"
+    aside = [p.name for p in ckpt.iterdir() if p.name.startswith(".corrupt-step-000000010-")]
+    assert len(aside) == 1  # the save of step 10 set the unloadable one aside and wrote its own
+    assert not (ckpt / ".unloadable-step-000000010").exists()  # its mark went with it
