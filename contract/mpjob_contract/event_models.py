@@ -153,6 +153,15 @@ class CheckpointFailed(TrainerEvent):
     failures: int
 
 
+class CheckpointHousekeepingFailed(TrainerEvent):
+    """The checkpoint of `step` is written (its `checkpoint` line), but what follows its commit
+    failed (`problem`: e.g. older checkpoints not pruned); the next save tries that again."""
+
+    name = "checkpointHousekeepingFailed"
+    step: int
+    problem: str
+
+
 class Eval(TrainerEvent):
     """The quality gate: eval loss in the attempt's precision and in fp32."""
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from mpjob_contract.event_models import (
     Checkpoint,
     CheckpointFailed,
+    CheckpointHousekeepingFailed,
     CheckpointRejected,
     CheckpointSkipped,
     CheckpointStaged,
@@ -53,6 +54,7 @@ __all__ = [
     "EVENTS",
     "Checkpoint",
     "CheckpointFailed",
+    "CheckpointHousekeepingFailed",
     "CheckpointRejected",
     "CheckpointSkipped",
     "CheckpointStaged",
@@ -100,6 +102,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         Checkpoint,
         CheckpointSkipped,
         CheckpointFailed,
+        CheckpointHousekeepingFailed,
         Eval,
         Profile,
         Fault,

@@ -71,6 +71,8 @@ def noted(event: events.TrainerEvent) -> str | None:
         return f"checkpoint {event.path} not used: {event.problem}"
     if isinstance(event, events.CheckpointFailed):  # training goes on; the next save tries again
         return f"checkpoint of step {event.step} not written ({event.failures} failed so far): {event.error}"
+    if isinstance(event, events.CheckpointHousekeepingFailed):  # written all the same; the next save tries again
+        return f"checkpoint of step {event.step} written, but {event.problem} (the next save tries again)"
     if isinstance(event, events.PrecisionMeasured):
         return f"auto measured {reported.step_times(event.step_seconds)} per step: training in {event.chosen}"
     return None

@@ -55,3 +55,24 @@ def test_a_checkpoint_not_used_or_not_written_gets_a_line_of_its_own() -> None:
         "checkpoint of step 20 not written (1 failed so far): "
         "CheckpointTaken: step-000000020 holds a checkpoint this job did not write"
     )
+
+
+def test_a_save_whose_housekeeping_failed_is_said_written_with_what_was_left() -> None:
+    """A checkpoint written whose pruning failed after its commit is the run's checkpoint: its
+    `checkpoint` line moves the run's last checkpoint, and the housekeeping line says what was left,
+    never that the checkpoint was not written."""
+    saved = events.parse_line(
+        '{"event": "checkpoint", "time": 1.0, "step": 30, "path": "s3://b/p/step-000000030",'
+        ' "sha256": "ab", "seconds": 0.1, "bytes": 10, "async": true}'
+    )
+    left = events.parse_line(
+        '{"event": "checkpointHousekeepingFailed", "time": 1.0, "step": 30,'
+        ' "problem": "older checkpoints not pruned: EndpointConnectionError: Could not connect"}'
+    )
+    assert saved is not None and left is not None
+    reading = reading_of(0, saved)
+    assert reading is not None and reading.checkpoint is not None and reading.checkpoint.step == 30
+    assert noted(left) == (
+        "checkpoint of step 30 written, but older checkpoints not pruned: "
+        "EndpointConnectionError: Could not connect (the next save tries again)"
+    )

@@ -73,6 +73,20 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     return ref
 
 
+def tidy(store: Store[W], saved: int) -> str | None:
+    """The housekeeping after step `saved`'s commit (keep-K's prune): the checkpoint is written
+    whatever happens here, so a failure is returned, what was not done and why, never raised. What
+    it left the next save's prune examines again: a checkpoint left unpruned stays committed, and
+    a bucket's prune deletes the manifest last (BucketCheckpointStore.discard). The bound: a prune
+    examines the newest `keep + MAX_EXAMINED` step folders, so only checkpoints left by more than
+    MAX_EXAMINED failed prunes in a row fall out of its sight."""
+    try:
+        prune(store, saved)
+    except Exception as exc:
+        return f"older checkpoints not pruned: {type(exc).__name__}: {exc}"
+    return None
+
+
 def prune(store: Store[W], saved: int) -> None:
     """Keep this job's newest `keep` checkpoints up to step `saved` (the save just made), so that
     save is never one that goes; what the job did not write, and its checkpoints of later steps (a

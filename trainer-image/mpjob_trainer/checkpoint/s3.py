@@ -16,8 +16,10 @@ set-aside checkpoints (their manifests moved below `.corrupt/`) and the marks of
 not load (below `.unloadable/`) are the volume store's (checkpoint.resume, .ownership, .unloadable).
 A manifest is untrusted input (checkpoint.document): a malformed one, or one naming a file outside
 its folder, is corrupt, never followed, pruned or replaced. Loading checks every listed object's
-size, downloads and verifies as the volume store does; a pruned checkpoint is uncommitted, then
-only the objects its manifest lists go. A failure no retry can fix names the bucket (BucketMisconfigured).
+size, downloads and verifies as the volume store does; a pruned checkpoint loses the objects its
+manifest lists, then the manifest (a prune cut midway is redone by the next). The manifest's put is
+the commit point: nothing after it (keep-K: ownership.tidy) unwrites the checkpoint. A failure no
+retry can fix names the bucket (BucketMisconfigured).
 
 Sharded (checkpoint.sharded): after rank 0 checked the step's place (`taken`) each rank uploads
 its own files (`publish`), rank 0 puts the manifest once all agreed (`commit`) or else deletes
@@ -150,13 +152,12 @@ class BucketCheckpointStore:
         return self.marks.read(where)
 
     def discard(self, where: str, manifest: Manifest) -> None:
-        """A committed checkpoint: uncommitted (manifest deleted), then the objects it lists go. One
-        set aside: the objects it lists that the step's committed manifest does not, then its own."""
+        """The objects a checkpoint's manifest lists (one set aside: those the step's committed one does
+        not), then the manifest: a prune cut midway leaves it naming what is left, for the next prune."""
         place = objects.place_prefix(self.key, where)
         step = objects.aside_step(PurePosixPath(place).name)
         if step is None:
-            self.bucket.delete([f"{place}/{MANIFEST}"])
-            self.bucket.delete(objects.file_keys(place, manifest))
+            self.bucket.delete([*objects.file_keys(place, manifest), f"{place}/{MANIFEST}"])
             return
         try:
             unshared = objects.unshared(self._step_prefix(step), manifest, self.manifest(self.url(step)))
@@ -233,9 +234,9 @@ class BucketCheckpointStore:
                 uploaded = self._upload(folder, step)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
-            ownership.prune(self, step)
+            left = ownership.tidy(self, step)  # after the commit: the checkpoint is written whatever it says
             ref = spooled.ref.model_copy(update={"path": self.url(step)})
-            return SaveResult(ref, time.perf_counter() - start, uploaded)
+            return SaveResult(ref, time.perf_counter() - start, uploaded, left)
 
     def _upload(self, folder: Path, step: int) -> int:
         writer = objects.new_writer()
@@ -286,9 +287,9 @@ class BucketCheckpointStore:
         shutil.rmtree(tmp, ignore_errors=True)
         with self._writing:
             self._put_manifest(step, json.dumps(manifest.to_json()).encode())
-            ownership.prune(self, step)
+            left = ownership.tidy(self, step)  # after the commit: the checkpoint is written whatever it says
         ref = CheckpointRef(step=step, path=self.url(step), sha256=manifest.state_sha256, precision=precision)
-        return SaveResult(ref, time.perf_counter() - start, sum(int(meta["bytes"]) for meta in files.values()))
+        return SaveResult(ref, time.perf_counter() - start, sum(int(meta["bytes"]) for meta in files.values()), left)
 
     def _put_manifest(self, step: int, body: bytes) -> None:
         try:

@@ -165,7 +165,7 @@ class ShardedWriter:
             kept = self.store.taken(step)
         except Exception as exc:
             return _why(exc)
-        return (kept, 0) if kept is not None else None
+        return (kept, 0, None) if kept is not None else None
 
     def _publish(self, step: int, tmp: Path, files: dict[str, Any]) -> str | Exception | None:
         """Upload this rank's `files` below the step's prefix (not the commit); why not, if it failed."""
@@ -191,7 +191,7 @@ class ShardedWriter:
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             return _why(exc)
-        return result.ref, result.bytes
+        return result.ref, result.bytes, result.housekeeping
 
     def _withdraw(self, step: int, files: dict[str, Any]) -> None:
         """Rank 0, bucket, a rank failed: the files the others uploaded go (no manifest will name them)."""
@@ -207,14 +207,14 @@ def _why(exc: Exception, rank: str = "") -> str | Exception:
 
 
 def _result(ended: Any, started: float) -> SaveResult:
-    """How rank 0 said the save ended, on every rank: (ref, bytes), what no retry fixes (`_why`:
-    raised as itself), or the reason it failed (OSError)."""
+    """How rank 0 said the save ended, on every rank: (ref, bytes, what its housekeeping left), what
+    no retry fixes (`_why`: raised as itself), or the reason it failed (OSError)."""
     if isinstance(ended, Exception):
         raise ended
     if isinstance(ended, str):
         raise OSError(ended)
-    ref, size = ended
-    return SaveResult(ref, time.perf_counter() - started, size)
+    ref, size, left = ended
+    return SaveResult(ref, time.perf_counter() - started, size, left)
 
 
 def _settle(staged: Future[None], done: Future[None]) -> None:

@@ -7,9 +7,12 @@ checkpoint.manifest), `.tmp-*` folders being written or deleted, `.corrupt-*` on
 A checkpoint is written into `.tmp-<step>-<pid>-<random>/` (never another writer's: two pods'
 trainers have the same pid), each file fsynced, the manifest last, the folder fsynced, then
 renamed into place: a process killed at any moment leaves either a complete checkpoint or a
-temp folder that loading ignores and `clean_stale` removes. The newest `keep` are kept; older
-ones are pruned only after the new one is durable, each renamed to a `.tmp-pruned-*` folder
-before its files go. Of the job's damaged checkpoints set aside (a save of their step replaces
+temp folder that loading ignores and `clean_stale` removes. The rename, made durable by the
+folder's fsync, is the commit point: a failure up to it is a save not written (its temp folder
+removed), and nothing after it unwrites the checkpoint. The newest `keep` are kept; older
+ones are pruned only after the new one is durable (ownership.tidy: a prune that fails is
+reported beside the save, and the next save's prune does what it left), each renamed to a
+`.tmp-pruned-*` folder before its files go. Of the job's damaged checkpoints set aside (a save of their step replaces
 them), the newest CORRUPT_KEPT stay for diagnosis, pruned the same way.
 
 The store implements checkpoint.protocol's Store over the folders (`steps`, `named`,
@@ -72,6 +75,9 @@ class SaveResult:
     ref: CheckpointRef
     seconds: float
     bytes: int
+    #: What the housekeeping after the commit left undone, and why (ownership.tidy); the
+    #: checkpoint is written all the same. None: all done.
+    housekeeping: str | None = None
 
 
 class CheckpointStore:
@@ -143,8 +149,9 @@ class CheckpointStore:
         return ownership.wrote(self, path)
 
     def _claim(self, tmp: Path, step: int) -> tuple[Path, CheckpointRef | None]:
-        """Move the finished `tmp` into place as `step`'s checkpoint; returns the final folder
-        and, when that step was already durable (kept, never overwritten), the existing ref."""
+        """Move the finished `tmp` into place as `step`'s checkpoint, durably (the rename, then the
+        store's folder fsynced: the commit point); returns the final folder and, when that step was
+        already durable (kept, never overwritten), the existing ref."""
         final = self.root / folder_name(step)
         kept = ownership.occupied(self, final)
         if kept is not None:
@@ -152,7 +159,6 @@ class CheckpointStore:
             return final, kept
         tmp.rename(final)
         fsync_dir(self.root)
-        ownership.prune(self, step)
         return final, None
 
     def clean_stale(self) -> None:
@@ -268,5 +274,6 @@ class CheckpointStore:
         if existing is not None:
             return SaveResult(existing, time.perf_counter() - start, size)
         step, sha256 = manifest.step, manifest.state_sha256
+        left = ownership.tidy(self, step)  # after the commit: the checkpoint is written whatever it says
         ref = CheckpointRef(step=step, path=str(final), sha256=sha256, precision=manifest.precision)
-        return SaveResult(ref, time.perf_counter() - start, size)
+        return SaveResult(ref, time.perf_counter() - start, size, left)

@@ -9,7 +9,10 @@ logged (`checkpointStaged`) and observed (mpjob_trainer_checkpoint_stall_seconds
 The final checkpoint (end of training, or preemption) is written on the training thread and
 every rank waits for it at a barrier: the attempt may not claim success, or exit 44, before
 it is durable. A failed asynchronous write is counted and logged and training goes on: the
-last good checkpoint stays the previous one and the next interval tries again.
+last good checkpoint stays the previous one and the next interval tries again. A write is failed
+only up to its commit point (the store's rename, a bucket's manifest): one whose housekeeping
+after it failed (keep-K's pruning) is the checkpoint, reported so, and the housekeeping's failure
+is logged beside it (`checkpointHousekeepingFailed`).
 
 The Checkpointer alone knows which checkpoint is good (`last_good`): the one resumed from, then
 each save once it is durable and reported (`_saved`). The stores only persist and read.
@@ -292,3 +295,5 @@ class Checkpointer:
             bytes=result.bytes,
             **{"async": asynchronous},
         )
+        if result.housekeeping is not None:  # the checkpoint stands; the next save's housekeeping tries again
+            self.log("checkpointHousekeepingFailed", step=result.ref.step, problem=result.housekeeping)
