@@ -7,8 +7,7 @@ queue quota) and `mpjob run` (from its --workers-available schedule) read the cl
 - Shrink: the attempt's pods stayed unschedulable past elastic.waitSeconds, its Job waited
   suspended in a queue short of quota that long, or it lost a node, and the cluster (or the
   queue's free quota) holds fewer workers than it runs with: the next attempt runs with as many as
-  the cluster holds (never fewer than elastic.minWorkers), in the same precision, from the last
-  good checkpoint. Fewer than minWorkers: keep waiting.
+  it holds, in the same precision, from the last good checkpoint (fewer than minWorkers: it waits).
 - Grow: the cluster holds more workers than the attempt runs with and it runs below `workers`:
   the attempt ends at its next checkpoint and the next one runs with more, up to `workers`.
 
@@ -160,14 +159,20 @@ def decide(
     room = "the queue's free quota" if capacity.queued else "the cluster"
     sizes = range(elastic.min_workers, min(capacity.available, workers - 1) + 1)
     if (found := _largest(spec, sizes, shape.micro_batch)) is None:  # said as it stands, not how long
-        why = (
-            f"{room} holds {capacity.available} of {workers} worker(s): no size from elastic.minWorkers="
-            f"{elastic.min_workers} up keeps the global batch of {global_batch(spec)} samples: waiting"
-        )
+        why = f"{room} holds {capacity.available} of {workers} worker(s): {_no_size(spec, workers, sizes)}: waiting"
         return Resize(Verdict.WAIT, workers, shape, why)
     fewer, smaller = found
     why = f"{cause}; {room} holds {capacity.available} worker(s): {workers} -> {fewer}"
     return Resize(Verdict.SHRINK, fewer, smaller, why)
+
+
+def _no_size(spec: MixedPrecisionJobSpec, workers: int, sizes: range) -> str:
+    """Why the attempt of `workers` pods takes none of `sizes` (elastic.minWorkers up to what fits)."""
+    least = f"elastic.minWorkers={sizes.start}"
+    if sizes.start >= workers:
+        return f"{least} allows no fewer than {workers}"
+    batch = f"no size from {least} up keeps the global batch of {global_batch(spec)} samples"
+    return batch if sizes else f"that is fewer than {least}"
 
 
 def _waited(capacity: Capacity, wait_seconds: int) -> str:

@@ -127,6 +127,29 @@ def test_the_decision_table(
     assert resize.workers * per_worker * resize.shape.micro_batch * resize.shape.grad_accumulation == global_batch(job)
 
 
+@pytest.mark.parametrize(
+    ("min_workers", "workers", "available", "said"),
+    [
+        (3, 3, 2, "the cluster holds 2 of 3 worker(s): elastic.minWorkers=3 allows no fewer than 3: waiting"),
+        (2, 2, 1, "the cluster holds 1 of 2 worker(s): elastic.minWorkers=2 allows no fewer than 2: waiting"),
+        (2, 3, 1, "the cluster holds 1 of 3 worker(s): that is fewer than elastic.minWorkers=2: waiting"),
+    ],
+)
+def test_a_wait_for_want_of_any_smaller_size_says_so_not_that_the_global_batch_is_kept(
+    min_workers: int, workers: int, available: int, said: str
+) -> None:
+    """A wait at minWorkers (none smaller is allowed) or below it (none fits) is not the batch's:
+    the message names the cause; only sizes that exist but divide no batch blame the batch."""
+    job = spec(elastic={"minWorkers": min_workers, "waitSeconds": 60})
+    shape = shape_for(job, workers, 4)
+    assert shape is not None
+    resize = decide(job, workers=workers, shape=shape, capacity=Capacity(available, node_lost=True))
+    assert (resize.verdict, resize.why) == (Verdict.WAIT, said)
+    batch = spec(workers=12, training={"batchSize": 1, "gradAccumulation": 1}, elastic={"minWorkers": 5})
+    waits = decide(batch, workers=12, shape=BatchShape(1, 1), capacity=Capacity(5, node_lost=True))
+    assert waits.why.endswith("no size from elastic.minWorkers=5 up keeps the global batch of 12 samples: waiting")
+
+
 def test_a_world_that_does_not_divide_the_global_batch_has_no_shape() -> None:
     assert shape_for(spec(training={"batchSize": 1}), 2, 1) is None
     assert shape_for(spec(), 2, 4) == BatchShape(3, 2)
