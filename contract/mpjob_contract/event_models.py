@@ -162,6 +162,33 @@ class CheckpointHousekeepingFailed(TrainerEvent):
     problem: str
 
 
+class CheckpointUploadsLeft(TrainerEvent):
+    """A save that will not commit could not delete what it uploaded below `prefix`."""
+
+    name = "checkpointUploadsLeft"
+    prefix: str
+    problem: str
+
+
+class CheckpointUploadsAborted(TrainerEvent):
+    """Unfinished multipart uploads of saves killed midway, aborted at the attempt's start."""
+
+    name = "checkpointUploadsAborted"
+    count: int
+
+
+class CheckpointListingCapped(TrainerEvent):
+    name = "checkpointListingCapped"
+    prefix: str
+    listed: int
+
+
+class CheckpointCandidatesCapped(TrainerEvent):
+    name = "checkpointCandidatesCapped"
+    found: int
+    examined: int
+
+
 class Eval(TrainerEvent):
     """The quality gate: eval loss in the attempt's precision and in fp32."""
 

@@ -63,6 +63,10 @@ class CutBucket(MemoryBucket):
         self._refuse("put")
         super().put(key, body)
 
+    def upload(self, key: str, path: Path) -> None:
+        self._refuse("upload")
+        super().upload(key, path)
+
 
 def _state(step: int) -> dict[str, Any]:
     return {"step": step, "model": {"w": torch.full((4,), float(step))}}
@@ -163,3 +167,25 @@ def test_the_run_records_the_checkpoint_and_warns_of_the_housekeeping_apart() ->
     (left,) = [line for line in lines if line["event"] == "checkpointHousekeepingFailed"]
     assert left["step"] == 30 and left["problem"].startswith("older checkpoints not pruned: ConnectionError")
     assert checkpointer.last_good is not None and checkpointer.last_good.step == 30
+
+
+def test_what_a_bucket_store_logs_of_its_uploads_is_a_line_of_the_event_log() -> None:
+    """The store logs through the attempt's EventLog, which refuses events the contract does not
+    know: a withdraw that failed and the aborted uploads of killed saves are lines of their own,
+    never a ValueError in place of the save's failure or at the attempt's start."""
+
+    class Unfinished(CutBucket):
+        def abort_uploads(self, prefix: str) -> int:
+            return 2
+
+    bucket, out = Unfinished(), io.StringIO()
+    store = BucketCheckpointStore(
+        f"{SETTINGS.url}/{JOB}", SETTINGS, keep=2, config_digest="d1", job=JOB, bucket=bucket, log=EventLog(stream=out)
+    )
+    store.clean_stale()
+    bucket.cut = {"upload", "delete"}
+    with pytest.raises(ConnectionError):
+        store.write(10, "fp32", _state(10))
+    lines = {line["event"]: line for line in map(json.loads, out.getvalue().splitlines())}
+    assert lines["checkpointUploadsAborted"]["count"] == 2
+    assert lines["checkpointUploadsLeft"]["prefix"].startswith(f"{PREFIX}/{folder_name(10)}/w-")
