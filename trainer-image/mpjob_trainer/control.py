@@ -6,37 +6,25 @@ token (`Authorization: Bearer TOKEN`), which only the operator and the attempt's
 trainer given no token answers no profile request at all (403). One capture at a time: a new id
 asked while another is in flight is refused with 409 (asked again later). A request can only ask
 for a bounded profile once per id, and nothing else about the trainer can be changed from here.
-Everything else is prometheus_client's exposition.
+Everything else is prometheus_client's exposition, served by mpjob_contract.http_serving.
 """
 
 from __future__ import annotations
 
 import hmac
-import socket
-import threading
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
 from typing import Any
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from mpjob_contract import http_serving
 from mpjob_contract.tracking import PROFILE_PATH, ProfileAnswer
 from mpjob_trainer.errors import ConfigError
 
 #: Asks for profile (id, steps): its answer, or None while another capture is in flight.
 Ask = Callable[[int, int], ProfileAnswer | None]
 Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes every few seconds: no access log on the trainer's stderr."""
 
 
 def _number(query: dict[str, list[str]], name: str) -> int | None:
@@ -104,9 +92,7 @@ def port_setting(variable: str, raw: str) -> int | None:
 
 
 def serve(port: int, host: str, app: Wsgi) -> int:
-    """Serve `app` on host:port from a daemon thread (port 0: a free one); the port."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    server_class = type("Server", (_Server,), {"address_family": family})
-    httpd: WSGIServer = make_server(host, port, app, server_class, handler_class=_Quiet)
-    threading.Thread(target=httpd.serve_forever, name="mpjob-metrics", daemon=True).start()
+    """Serve `app` on host:port from a daemon thread (port 0: a free one); the port. Bounded
+    (mpjob_contract.http_serving): a pod the policy admits cannot pile up idle connections."""
+    httpd, _ = http_serving.serve(host, port, app)
     return int(httpd.server_port)
