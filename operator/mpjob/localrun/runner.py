@@ -2,6 +2,9 @@
 and failure policy (mpjob.planning). Each attempt is `workers` local trainer processes (gloo
 rendezvous on loopback); the run directory holds the checkpoints, each attempt's logs and
 termination reports, report.json (the status the CR would have), the recorded series and the plot.
+What the run records there (the status, the series, the GPU time) has one owner, `RunRecord`
+(`localrun.record`), whether a trainer's line comes live or from a killed runner's log; this
+module runs the attempts, follows their lines and shows them.
 
 Charging (mpjob.planning.charging): no cluster here, so the only stop from outside a trainer is
 the user's (Ctrl-C, or the runner killed: `leftover`): the attempt ends Suspended, uncharged, as
@@ -19,35 +22,28 @@ from typing import TYPE_CHECKING
 
 from mpjob.localrun import leftover, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
-from mpjob.localrun.gpu_time import GpuTime
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir, working_dir_gone
 from mpjob.localrun.paths import Paths
-from mpjob.localrun.readings import noted, reached, reading_of
+from mpjob.localrun.readings import noted, reached
+from mpjob.localrun.record import LOCAL_CAPABILITY, RunRecord
 from mpjob.localrun.recoveries import RecoveryClock
-from mpjob.localrun.series import Point, RunSeries
+from mpjob.localrun.series import RunSeries
 from mpjob.localrun.stall import DeadlineWatch, StallWatch
 from mpjob.localrun.waiting import wait_out
 from mpjob.localrun.workers import Workers
-from mpjob.planning import cost, history, inplace
 from mpjob.planning import lifecycle as lc
-from mpjob.planning import status as st
 from mpjob.planning.backoff import JOB_CONTROLLER, RetryBackoff
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.inplace import in_place_plan, of_line
-from mpjob.planning.observe import observe
-from mpjob.planning.plan import Plan, When
+from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
     from mpjob.localrun.progress import ProgressView
-
-#: A CPU machine: `auto` resolves as on a node without GPUs.
-LOCAL_CAPABILITY = None
 
 
 class LocalRun:
@@ -77,16 +73,22 @@ class LocalRun:
         #: --workers-available: the simulated cluster's capacity (None: always spec.workers).
         self.schedule = schedule
         self._watches: list[CapacityWatch | StallWatch | DeadlineWatch] = []  # see the attempt's events, may stop it
-        self.status = MixedPrecisionJobStatus(total_steps=self.spec.training.steps)
-        self.series = RunSeries()
-        #: GPU-seconds of the attempts run here: the GPUs their workers ran on x their wall time.
-        self.gpu_time = GpuTime(self.spec)
         #: Where this run's trainers keep checkpoints (localrun.launching.checkpoint_dir).
         self.checkpoint_dir = checkpoint_dir(job, self.paths)
+        self.record = RunRecord(self.spec, self.paths, self.checkpoint_dir)  # status, series, GPU time
         #: The attempt the trainers train now: the launched one, or one they changed to in place.
         self._current: StartAttempt | None = None
         self._reached: int | None = None  # the step the current attempt's lines put it at
         self._clock = RecoveryClock()
+
+    @property
+    def status(self) -> MixedPrecisionJobStatus:
+        """The run's status as it stands (report.json's once saved)."""
+        return self.record.status
+
+    @property
+    def series(self) -> RunSeries:
+        return self.record.series
 
     # ------------------------------------------------------------------ the plan
     def run(self) -> MixedPrecisionJobStatus:
@@ -97,31 +99,27 @@ class LocalRun:
             for field, line in self.notes if start is not None else ():
                 self.view.info(line, field=field)
             while start is not None:
-                wait_out(self.status, self.retries, view=self.view, ctrl_c=self.ctrl_c, save=self._save)
+                wait_out(self.status, self.retries, view=self.view, ctrl_c=self.ctrl_c, save=self.record.save)
                 self._current, self._reached = None, None  # set once it starts: one that never ran ends as itself
                 held = self.ctrl_c.held_back()
                 cannot = unschedulable(self.spec, self.schedule, start) or working_dir_gone(self.spec, self.base_dir)
                 outcome = held or cannot or self._run_attempt(start)
                 start = self._conclude(self._current or start, outcome)
-        self._save()
+        self.record.save()
         return self.status
-
-    def _transition(self) -> tuple[Plan, When]:
-        return Plan(status=self.status), When(st.now())
 
     def _resume_or_start(self) -> StartAttempt | None:
         """The first attempt, or the one that follows what an earlier `mpjob run` of --out left;
         none under runPolicy.suspend, as the operator starts none."""
-        if (earlier := self.paths.earlier_status()) is not None:
-            self.status = earlier
-            self.series = RunSeries.load(self.paths.series)
+        if self.record.take_over():
             if self.status.phase in FINISHED:  # left as it ended: this rerun runs nothing
                 self.view.info(stops.ended_line(self.paths.report, self.status, self.spec.training.steps))
                 return None
             self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
             if self.status.attempts and self.status.attempts[-1].finish_time is None:  # the runner was killed
-                self._killed(self.status.attempts[-1])
-        plan, when = self._transition()
+                ended = self.record.end_killed()
+                self.view.attempt_ended(ended.index, ended.precision, Reason.SUSPENDED.value, leftover.KILLED)
+        plan, when = self.record.transition()
         if not self.status.attempts:  # a new run, or one suspended before its first attempt
             lc.created(plan, when, f"local run in {self.paths.root}")
         if self.spec.run_policy.suspend:
@@ -131,39 +129,11 @@ class LocalRun:
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
             return plan.create[0]
         lc.resume(plan, self.spec, when, outlive=True)  # its checkpoints: a folder on disk
-        cost.account(self.status, self.spec, self.gpu_time.seconds)
+        self.record.account()
         if not plan.create:
             return None
         self.view.info(stops.resume_line(self.name, self.paths.root, self.status.last_checkpoint))
         return plan.create[0]
-
-    def _killed(self, attempt: AttemptStatus) -> None:
-        """End the attempt a killed runner left running from the event lines it left (`leftover`):
-        where it began, the steps it trained, the checkpoints it committed; as Ctrl-C ends one."""
-        owner = next(a for a in self.status.attempts if a.index == history.job_index(self.status, attempt.index))
-        logged = leftover.logged_events(self.paths.attempt(owner.index))  # one begun in place: its chain's
-        for index, precision, event in leftover.attributed(logged, owner.index, owner.precision):
-            if isinstance(event, events.PrecisionChanged):
-                self._changed_in_place(event, live=False)
-            self._absorb(index, precision, event)
-        self._ends_where_seen(leftover.reached_step(logged))
-        current = self.status.attempts[-1]  # the replay's copy, its start step corrected
-        plan, when = self._transition()
-        lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
-        workers = self.status.workers or self.spec.workers
-        self.gpu_time.charge_seen(current.index, workers, leftover.seconds_seen(current.start_time, logged))
-        self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)
-        self.view.attempt_ended(current.index, current.precision, Reason.SUSPENDED.value, leftover.KILLED)
-
-    def _ends_where_seen(self, seen: int | None) -> None:
-        """A killed attempt (no report) ends where its lines put it (`seen`; None: where it began),
-        or at a checkpoint committed on disk after them whose line never came, taken in as that line."""
-        current = self.status.attempts[-1]
-        known = self.status.last_checkpoint.step if self.status.last_checkpoint else -1
-        if (unlogged := leftover.committed_after(self.paths.checkpoints, known)) is not None:
-            self._absorb(current.index, current.precision, unlogged)
-            seen = reached(seen, unlogged)
-        self.status.step = current.start_step if seen is None else seen
 
     def _stopped(self, outcome: AttemptOutcome) -> str | None:
         """The message of an attempt the user stopped (None: not stopped); one a second Ctrl-C
@@ -171,14 +141,14 @@ class LocalRun:
         if self.ctrl_c.stop is stops.Stop.NONE:
             return None
         if outcome.report is None:  # killed, or ended without one: the attempt ends where it was seen
-            self._ends_where_seen(self._reached)
+            self.record.ends_where_seen(self._reached)
         checkpoint, started = self.status.last_checkpoint, self._current is not None
         return stops.stop_message(self.ctrl_c.stop, outcome.report, checkpoint, started=started, by=self.ctrl_c.by)
 
     def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
         """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""
         stopped = self._stopped(outcome)
-        plan, when = self._transition()
+        plan, when = self.record.transition()
         if stopped is not None:
             lc.interrupt(plan, start.index, outcome.report, when, message=stopped)
         else:
@@ -192,13 +162,13 @@ class LocalRun:
                 checkpoint_dir=self.checkpoint_dir,
                 outlive=True,
             )
-        cost.account(self.status, self.spec, self.gpu_time.seconds)
+        self.record.account()
         ended = next(a for a in self.status.attempts if a.index == start.index)
         self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
         self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")
         for src, dst in [*plan.fallbacks, *plan.repromotions]:
             self.view.fallback(src, dst, plan.create[0].start_step, ended.reason or "")
-        self._save()
+        self.record.save()
         return plan.create[0] if plan.create else None
 
     # ------------------------------------------------------------------ one attempt
@@ -207,17 +177,17 @@ class LocalRun:
         processesPerWorker training processes."""
         folder = self.paths.attempt(start.index)
         folder.mkdir(parents=True, exist_ok=True)
-        lc.running(*self._transition())
+        lc.running(*self.record.transition())
         self.series.begin_attempt(start.index, start.precision, start.start_step)
         self.view.attempt_started(start.index, start.precision, start.start_step, start.resume_from)
-        self._save()
+        self.record.save()
         count, cwd = start.workers or self.spec.workers, working_dir(self.spec, self.base_dir)
         self._workers = Workers(self.spec, folder=folder, cwd=cwd, python=self.python, count=count)
         self._watches = [StallWatch(self.spec, self._workers), DeadlineWatch(self.spec, self.status, self._workers)]
         if self.schedule is not None:  # before the deadline's, which outranks a resize as on a cluster
             self._watches.insert(1, CapacityWatch(self.spec, self.schedule, start, self._workers, self.status))
         self._current, self._reached = start, None
-        self.gpu_time.begin(count)
+        self.record.gpu_time.begin(count)
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
         env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
         worker0 = self._workers.start(env, container)
@@ -226,7 +196,7 @@ class LocalRun:
                 self._follow(worker0, self._workers.log0)
             finally:
                 outcome = self._workers.wait(start.index)
-        self.gpu_time.charge((self._current or start).index)  # an attempt changed in place: the newest
+        self.record.gpu_time.charge((self._current or start).index)  # an attempt changed in place: the newest
         return reduce(lambda said, watch: watch.ended(said), self._watches, outcome)  # a watch that stopped it says how
 
     def _follow(self, proc: subprocess.Popen[str], log: object) -> None:
@@ -241,7 +211,7 @@ class LocalRun:
         """What one trainer line changes in the status and the series, and what the view shows of it."""
         start = self._current
         assert start is not None  # set before the workers start
-        point, news = self._absorb(start.index, start.precision, event)
+        point, news = self.record.absorb(start.index, start.precision, event)
         if news is not None:  # the operator's Resumed or CheckpointsFailing Event: resumed elsewhere, saves lapsed
             self.view.info(news)
         if point is not None:
@@ -255,50 +225,18 @@ class LocalRun:
         if (note := noted(event)) is not None:
             self.view.info(note)
 
-    def _changed_in_place(self, line: events.PrecisionChanged, *, live: bool = True) -> None:
-        """The trainers changed precision in their processes, a fallback or a re-promotion (`live`,
-        or as a killed run's log says): the attempt ends and the next one begins, once."""
-        current, change = self.status.attempts[-1], of_line(line)
-        if change is None:
-            return  # not a change the trainer could have made: the attempt's end will tell
-        if live and self._current is not None:
-            self.gpu_time.charge(self._current.index)
-        plan, when = self._transition()
-        local = {"capability": LOCAL_CAPABILITY, "checkpoint_dir": self.checkpoint_dir}
-        if (nxt := inplace.record(plan, self.spec, [change], when, **local)) is None:  # type: ignore[arg-type]
+    def _changed_in_place(self, line: events.PrecisionChanged) -> None:
+        """The trainers changed precision or micro-batch in their processes: the attempt ends and
+        the next one begins, once (`RunRecord.change_in_place`), shown as it happens."""
+        charging = None if self._current is None else self._current.index
+        if (changed := self.record.change_in_place(line, charging=charging)) is None:
             return
-        cost.account(self.status, self.spec, self.gpu_time.seconds)
-        reason = inplace.ENDED_BY[change.kind][0].value
-        self.series.end_attempt(current.index, change.step, reason)
-        self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
-        if live:
-            self.view.attempt_ended(current.index, current.precision, reason, change.message)
-            if change.kind == "microBatch":
-                split = f"micro-batch {current.micro_batch} -> {nxt.micro_batch} x {nxt.grad_accumulation}"
-                self.view.info(f"{split} at step {nxt.start_step} in place ({reason})")
-            else:
-                self.view.fallback(current.precision, nxt.precision, nxt.start_step, reason)
-            self._current = nxt
-            self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")
-        self._save()
-
-    def _absorb(self, index: int, precision: str, event: events.TrainerEvent) -> tuple[Point | None, str | None]:
-        """What one trainer line changes in the status (`planning/observe.py` decides, as for the
-        operator's reads) and the series; live, or replayed from a killed run's log. The step
-        point to show, and the news the operator makes an Event of (a corrected start step, the
-        CheckpointsFailing condition's flip)."""
-        point, news = self.series.ingest(index, precision, event), None
-        self.series.ingest_eval(index, event)
-        self.series.ingest_skip(index, event)
-        if (reading := reading_of(index, event)) is not None:
-            seen = observe(self.status, reading, every_steps=self.spec.checkpoint.every_steps)
-            self.status, news = seen.status, "\n".join(seen.lines()) or None
-        if isinstance(event, events.PrecisionMeasured):
-            self.series.measured(index, event.chosen)
-        self.gpu_time.seen(event)  # what it is charged
-        return point, news
-
-    # ------------------------------------------------------------------ persistence
-    def _save(self) -> None:
-        self.paths.save_report(self.status)
-        self.series.save(self.paths.series)
+        ended, nxt, reason = changed.ended, changed.nxt, changed.reason
+        self.view.attempt_ended(ended.index, ended.precision, reason, changed.change.message)
+        if changed.change.kind == "microBatch":
+            split = f"micro-batch {ended.micro_batch} -> {nxt.micro_batch} x {nxt.grad_accumulation}"
+            self.view.info(f"{split} at step {nxt.start_step} in place ({reason})")
+        else:
+            self.view.fallback(ended.precision, nxt.precision, nxt.start_step, reason)
+        self._current = nxt
+        self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")
