@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,18 @@ def run(
 ) -> tuple[int, dict[str, Any], str]:
     """`mpjob run` (by its path) of a task.command job in `tmp` (a checkpoint `every` steps); its
     exit code, report.json, output."""
+    result = subprocess.run(
+        mpjob_run(tmp, command, every=every),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env or {**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
+
+
+def mpjob_run(tmp: Path, command: list[str], *, every: int | None = None) -> list[str]:
+    """The command line of `mpjob run` (by its path) of a task.command job written to `tmp`."""
     doc: dict[str, Any] = {
         "apiVersion": "mpjob.dev/v1alpha1",
         "kind": "MixedPrecisionJob",
@@ -44,14 +60,7 @@ def run(
     if every is not None:
         doc["spec"]["checkpoint"] = {"everySteps": every}
     (tmp / "job.yaml").write_text(yaml.safe_dump(doc))
-    result = subprocess.run(
-        [str(MPJOB), "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), "--plain"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env or {**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    return result.returncode, json.loads((tmp / "out" / "report.json").read_text()), result.stdout + result.stderr
+    return [str(MPJOB), "run", str(tmp / "job.yaml"), "--out", str(tmp / "out"), "--plain"]
 
 
 CANNOT_START = {
@@ -86,6 +95,51 @@ def test_the_attempt_after_a_failure_waits_its_backoff_and_says_so_in_one_line(t
     assert "; attempt 1 starts in 2s, at " in said, said
     waited = datetime.fromisoformat(second["startTime"]) - datetime.fromisoformat(first["finishTime"])
     assert waited >= timedelta(seconds=2), (first, second)
+
+
+def lines_until(said: queue.Queue[str], wanted: str, seconds: float) -> list[str]:
+    """The lines `mpjob run` printed up to the first one that holds `wanted`, read within `seconds`."""
+    lines: list[str] = []
+    deadline = time.monotonic() + seconds
+    while not lines or wanted not in lines[-1]:
+        lines.append(said.get(timeout=max(0.0, deadline - time.monotonic())))
+    return lines
+
+
+@pytest.mark.process
+def test_ctrl_c_during_the_backoff_suspends_the_run_at_once_and_a_rerun_resumes(tmp_path: Path) -> None:
+    """Ctrl-C while the attempt after a failure waits its backoff (minutes here) ends the run at
+    once, Suspended (exit 130), that attempt recorded as stopped before it started; the rerun starts
+    its next attempt at once: a suspension is no failure to back off from."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_ATTEMPT_BACKOFF_SECONDS": "300"}
+    argv = mpjob_run(tmp_path, ["python", "train.py"])  # no train.py: attempt 0 cannot start
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    said: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [said.put(line.rstrip("\n")) for line in proc.stdout or ()], daemon=True)
+    reader.start()
+    try:
+        before = lines_until(said, "; attempt 1 starts in 300s, at ", 120)
+        pressed = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)  # the wait had 300 s to go
+    finally:
+        proc.kill()
+    took = time.monotonic() - pressed
+    reader.join(timeout=30)
+    after = list(said.queue)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    failed, held = report["attempts"]
+    assert code == 130 and report["phase"] == "Suspended", (before, after)
+    assert took < 30 and "interrupted: stopping before the next attempt starts" in after, after
+    assert (failed["reason"], held["reason"]) == ("InfraError", "Suspended"), report["attempts"]
+    assert held["message"].startswith("stopped by Ctrl-C before it started; a rerun with the same --out "), held
+    assert not any(line.startswith("attempt 1: ") for line in after), after  # its started line
+    assert not (tmp_path / "out" / "attempts" / "a1").exists()
+    (tmp_path / "train.py").write_text("pass\n")
+    code, report, rerun = run(tmp_path, ["python", "train.py"], env=env)
+    assert code == 0 and report["phase"] == "Succeeded", rerun
+    assert "resuming own in " in rerun and " starts in " not in rerun, rerun  # no backoff after a suspension
+    assert [a["reason"] for a in report["attempts"]] == ["InfraError", "Suspended", "Succeeded"]
 
 
 RAISES_AT_STEP_7 = """
