@@ -197,7 +197,7 @@ def test_an_attempt_that_cannot_shrink_ends_at_once_when_a_node_stops_answering(
 
 
 def test_an_elastic_attempt_that_no_smaller_size_can_take_says_so_when_it_ends_node_lost() -> None:
-    """Two workers and elastic.minWorkers 2: one lost leaves no size that keeps the global batch.
+    """Two workers and elastic.minWorkers 2: one lost leaves no smaller size to take.
     The attempt ends NodeLost, and its message says why it did not shrink (as AwaitingWorkers does)."""
     spec, status = running(2, elastic={"minWorkers": 2, "waitSeconds": 600})
     blocked = PodView("j-a0-0", 0, "Running", True, node="n0")
@@ -205,11 +205,11 @@ def test_an_elastic_attempt_that_no_smaller_size_can_take_says_so_when_it_ends_n
     plan = reconcile(spec, status, 1, {0: JobView(0, pods=(blocked, lost))}, datetime.now(UTC))
     first, second = plan.status.attempts
     assert (first.reason, second.world_size, plan.cut) == ("NodeLost", 2, [0])
-    assert "j-a0-1" in (first.message or "") and "no size from elastic.minWorkers=2 up" in (first.message or "")
+    assert "j-a0-1" in (first.message or "") and "elastic.minWorkers=2 allows no fewer than 2" in (first.message or "")
     failed = PodView("j-a0-0", 0, "Failed", False, exit_code=1, termination_message="peer lost", node="n0")
     stopped = reconcile(spec, status, 1, {0: JobView(0, finished="Failed", pods=(failed, lost))}, datetime.now(UTC))
     first = stopped.status.attempts[0]  # seen once every pod has stopped: it says so too
-    assert first.reason == "NodeLost" and "no size from elastic.minWorkers=2 up" in (first.message or ""), first
+    assert first.reason == "NodeLost" and "elastic.minWorkers=2 allows no fewer than 2" in (first.message or ""), first
 
 
 class Core:
