@@ -200,8 +200,9 @@ def heard(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], sto
     reported nothing keeps the ending as recorded. A checkpoint kept in those pods went with them
     (`Checkpoint.outlives_pods`): the report's step ends the attempt, but its checkpoint is not
     the job's last one (a suspended or finished job would name one no attempt can reach): what the
-    status held stays (none after a suspension, `resumepoint.suspended`; a resume says it starts
-    over: `resumepoint.resume_point`), and the next attempt, planned from step 0, stays so."""
+    status held stays (none after a suspension or the deadline, `resumepoint.went_with_pods`; a
+    resume says it starts over: `resumepoint.resume_point`), and the next attempt, planned from
+    step 0, stays so."""
     status = plan.status
     for index, job in sorted(stopped.items()):
         chain = [a for a in status.attempts if history.job_index(status, a.index) == index]

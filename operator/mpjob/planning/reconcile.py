@@ -24,7 +24,7 @@ from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
-from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_on
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_on, went_with_pods
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -150,8 +150,9 @@ def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView],
     reason = Reason.DEADLINE_EXCEEDED
     st.end_attempt(status, status.attempts[-1].index, reason, None, message, status.step, when.at)
     plan.delete = sorted(jobs)
+    lost = "; its checkpoints went with its pods (emptyDir)" if went_with_pods(status, spec) else ""
     deadline = spec.run_policy.active_deadline_seconds
-    lc.finish(plan, Finish(False, reason, f"runPolicy.activeDeadlineSeconds={deadline} passed"), when)
+    lc.finish(plan, Finish(False, reason, f"runPolicy.activeDeadlineSeconds={deadline} passed{lost}"), when)
 
 
 def _follow(

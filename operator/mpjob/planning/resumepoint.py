@@ -50,15 +50,21 @@ def resume_point(
     return ResumePoint(ckpt.step, ckpt.path)
 
 
-def suspended(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec) -> str:
-    """The running attempt is suspended: its Job is deleted, and checkpoints kept in its pods
-    (`Checkpoint.outlives_pods` false) go with them, so the status names none (a Suspended job
-    would promise a resume from a step no attempt can reach; the resume starts over: `lost`).
-    What the Suspended condition adds: '' where nothing is lost."""
+def went_with_pods(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec) -> bool:
+    """The running attempt ends with its Job deleted (a suspension, runPolicy.activeDeadlineSeconds):
+    checkpoints kept in its pods (`Checkpoint.outlives_pods` false) go with them, so the status
+    names none (it would promise a step no attempt can reach; a resume starts over: `lost`).
+    Whether the job had trained to a step that is lost so."""
     if spec.checkpoint.outlives_pods:
-        return ""
+        return False
     status.last_checkpoint = None
-    return f"; {POD_CHECKPOINTS}: a resume starts at step 0" if status.step else ""
+    return bool(status.step)
+
+
+def suspended(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec) -> str:
+    """The running attempt is suspended (`went_with_pods`): what the Suspended condition adds, ''
+    where nothing is lost."""
+    return f"; {POD_CHECKPOINTS}: a resume starts at step 0" if went_with_pods(status, spec) else ""
 
 
 def _trained_then_suspended(status: MixedPrecisionJobStatus) -> bool:

@@ -224,3 +224,22 @@ def test_a_suspended_job_names_a_checkpoint_only_where_that_outlived_its_pods(wh
     planned = f"to resume from checkpoint step {named}" if named else POD_CHECKPOINTS
     assert said(plan, "AttemptStarted") == [f"attempt 1 in fp16, {planned}"]
     assert [c.start_step for c in plan.create] == [named or 0]
+
+
+@pytest.mark.parametrize(("where", "named"), [("default", None), ("emptyDir", None), ("claim", 250), ("bucket", 250)])
+def test_a_job_failed_at_its_deadline_names_a_checkpoint_only_where_that_outlived_its_pods(
+    where: str, named: int | None
+) -> None:
+    s = spec({**IN_POD, **OUTLIVING}[where], runPolicy={"activeDeadlineSeconds": 60})
+    pod = PodView("p0", 0, "Running", True)
+    past = reconcile(s, running_past(s, 197, pod), 1, {0: JobView(0, pods=(pod,))}, NOW + timedelta(seconds=61))
+    # Its Job is deleted at the deadline, and its pods with it: so is a checkpoint they held.
+    assert (past.status.phase, past.delete) == ("Failed", [0])
+    assert (past.status.last_checkpoint.step if past.status.last_checkpoint else None) == (named and 197)
+    assert past.status.message.endswith("its checkpoints went with its pods (emptyDir)") == (named is None)
+    stopped = {0: cutoff_tests.stopped_at(250)}  # its trainer checkpointed step 250 on SIGTERM
+    status = reconcile(s, past.status, 1, {}, NOW + timedelta(seconds=70), stopped=stopped).status
+    assert (status.phase, status.attempts[0].end_step, status.step) == ("Failed", 250, 250)
+    assert (status.last_checkpoint.step if status.last_checkpoint else None) == named
+    shown = summary_lines("job", status)  # what `mpjob status` prints
+    assert any(line.startswith("  last checkpoint: step 250") for line in shown) == (named is not None)
