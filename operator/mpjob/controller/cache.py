@@ -201,8 +201,8 @@ class ChildCache:
             for source in sources(namespace, batch=batch, core=core):
                 synced = self._synced.setdefault(f"{source.resource}/{namespace or '*'}", threading.Event())
                 watch = ListWatch(source, cache=self, synced=synced, stop=self._stop)
+                watch.start()  # kept once started: a stop joins it (a thread that failed to start is not)
                 self._watches.append(watch)
-                watch.start()
 
     def dead_watches(self) -> list[str]:
         """Why each dead list + watch is dead (the liveness probe's; `ListWatch.dead`)."""

@@ -95,13 +95,21 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     # `kopf run -m mpjob.controller.handlers` has no `mpjob operator` to make the config.
     config: OperatorConfig = memo.get("config") or from_environment(os.environ)
     controller = memo["controller"] = Controller.assemble(config)
-    om.QUEUE_DEPTH.set_function(controller.queue.__len__)
-    controller.cache.start(config.namespaces or [None], controller.cluster.batch, controller.cluster.core)
     try:
-        await first_listing(controller.cache)
-    except asyncio.CancelledError:  # stopped meanwhile: kopf runs no cleanup for a startup it cancelled
+        await started(controller, watched_jobs)
+    except BaseException:  # kopf runs no cleanup for a startup that failed or was cancelled, and
+        # retries a failed one: the Controller it assembles then would run beside this one's threads
+        memo.pop("controller", None)
         await asyncio.to_thread(controller.stop)
         raise
+
+
+async def started(controller: Controller, watched_jobs: kopf.Index) -> None:
+    """Start `controller`'s parts: its cache, listed once (`first_listing`), then its ticker."""
+    config = controller.config
+    om.QUEUE_DEPTH.set_function(controller.queue.__len__)
+    controller.cache.start(config.namespaces or [None], controller.cluster.batch, controller.cluster.core)
+    await first_listing(controller.cache)
     reconciler = controller.reconciler
     ticks = tick(
         watched_jobs, queue=controller.queue, phases=reconciler.phases, config=config, settled=reconciler.settled
