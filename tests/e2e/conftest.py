@@ -86,11 +86,15 @@ class Release:
     install_output: str = ""
     trainer_image: str = "mpjob-trainer:0.1.0"
     installed: bool = False
+    #: Values given as JSON (`--set-json`): numbers that are not integers.
+    json_values: list[str] = field(default_factory=list)
 
     def install_args(self, *extra: str) -> list[str]:
         args = [str(CHART), "-n", self.namespace, "--wait", "--timeout", "3m"]
         for item in self.values:
             args += ["--set", item]
+        for item in self.json_values:
+            args += ["--set-json", item]
         if os.environ.get("MPJOB_E2E_VALUES"):
             args += ["-f", os.environ["MPJOB_E2E_VALUES"]]
         return args + list(extra)
@@ -124,6 +128,9 @@ def release(cli: Cli, release_namespace: str) -> Iterator[Release]:
             "operator.tickSeconds=2",
             "operator.bindAddress=podIP",  # pods share this host's network here
         ],
+        # The suite's wait before an attempt that retries a failure (tests/conftest.py): the
+        # chart's operator runs in a pod, with the chart's settings only (`--set` reads 0.2 as a string).
+        json_values=[f"operator.attemptBackoffSeconds={os.environ['MPJOB_ATTEMPT_BACKOFF_SECONDS']}"],
     )
     yield rel
     if rel.installed:

@@ -100,6 +100,8 @@ def test_values_outside_the_schema_are_rejected(helm: str) -> None:
     assert "readOnlyRootFilesystem" in render_error(helm, "securityContext.readOnlyRootFilesystem=false")
     assert "watchNamespaces" in render_error(helm, "watchNamespaces={Not_A_Namespace}")
     assert "watchNamespaces" in render_error(helm, "watchNamespaces={a,a}")
+    for seconds in ("-1", "361"):  # the operator's --attempt-backoff-seconds allows 0 to 360
+        assert "attemptBackoffSeconds" in render_error(helm, f"operator.attemptBackoffSeconds={seconds}")
 
 
 # ------------------------------------------------------------------ the operator Deployment
@@ -113,6 +115,7 @@ def test_deployment_runs_mpjob_operator_with_an_explicit_command(helm: str) -> N
     assert ctr["image"] == "mpjob-operator:0.1.0"
     assert not arg(ctr, "--namespace")  # cluster-wide by default
     assert not arg(ctr, "--peering")
+    assert arg(ctr, "--attempt-backoff-seconds") == ["10"]  # the Kubernetes Job controller's first wait
     env = {e["name"]: e for e in ctr["env"]}
     assert env["MPJOB_TRAINER_IMAGE"]["value"] == "mpjob-trainer:0.1.0"
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -127,6 +130,7 @@ def test_values_reach_the_operator(helm: str) -> None:
         "operator.metricsPort=9100",
         "operator.healthPort=9101",
         "operator.tickSeconds=2",
+        "operator.attemptBackoffSeconds=3",
         "operator.trainerCommand={python,-m,mpjob_trainer}",
     )
     ctr = operator_container(docs)
@@ -136,6 +140,7 @@ def test_values_reach_the_operator(helm: str) -> None:
     assert env["MPJOB_TRAINER_COMMAND"] == '["python","-m","mpjob_trainer"]'
     assert arg(ctr, "--metrics-port") == ["9100"] and arg(ctr, "--health-port") == ["9101"]
     assert arg(ctr, "--tick-seconds") == ["2"]
+    assert arg(ctr, "--attempt-backoff-seconds") == ["3"]
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
     assert ports == {"metrics": 9100, "health": 9101}
     for probe in ("livenessProbe", "readinessProbe"):
