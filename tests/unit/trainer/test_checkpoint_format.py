@@ -162,24 +162,3 @@ def test_a_checkpoint_of_a_newer_format_is_refused_by_name_and_the_previous_one_
         f"step-000000020: checkpoint format {FORMAT_VERSION + 1}, this trainer reads formats 1 to {FORMAT_VERSION}: "
         "resume it with a trainer image at least as new as the one that wrote it"
     ]
-
-
-@pytest.mark.parametrize(
-    "malformed",
-    [{"state": [1, 2], "param_groups": "x"}, {"state": {0: "x"}}, {"param_groups": [{"params": 3}]}],
-    ids=["state-a-list", "per-parameter-a-string", "params-a-number"],
-)
-def test_a_format_1_optimizer_state_of_another_shape_is_a_configuration_error(
-    tmp_path: Path, malformed: dict[str, Any]
-) -> None:
-    """A format-1 optimizer state that is no optimizer's (a weights-only pickle holds any plain
-    value) is refused as a state that does not load is, naming it: never a TypeError or an
-    AttributeError taken for an infrastructure failure and retried."""
-    store, folder, _ = _sdk_state(tmp_path, groups=1)
-    _, state = store.verify(folder)
-    state["optimizer"] = {**state["optimizer"], **malformed}
-    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
-    params = list(model.parameters())
-    optimizer = torch.optim.SGD([{"params": params[:2]}, {"params": params[2:]}], lr=0.1, momentum=0.9)
-    with pytest.raises(ConfigError, match=r"checkpoint format 1: its 'optimizer'"):
-        TrainingState({"model": model, "optimizer": optimizer}).restore(state, "fp32", None)

@@ -10,8 +10,11 @@ in today's groups. Each group keeps its hyperparameters from the checkpoint (the
 the schedule reached, betas, eps) but its weight decay from today's grouping (that is what the
 split is for) and today's implementation flags (fused, foreach). An optimizer whose groups
 already match (a version-1 checkpoint written after the split, or a user's own optimizer)
-loads exactly as before; one that cannot be mapped is a configuration error that names the
-format and what to do.
+loads exactly as before; one that cannot be mapped to this run's optimizer (the user changed the
+model or the optimizer) is a configuration error that names the format and what to do. What is
+read is checked before it is mapped: an optimizer state no optimizer writes (its groups or
+per-parameter states of another shape) is the checkpoint's fault, CorruptCheckpoint, so the
+resume passes it over for the one before it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mpjob_trainer.checkpoint.manifest import FORMAT_VERSION
+from mpjob_trainer.checkpoint.manifest import FORMAT_VERSION, CorruptCheckpoint
 from mpjob_trainer.errors import ConfigError
 
 #: Group settings taken from today's optimizer, not the checkpoint: the decay split itself, and
@@ -32,48 +35,80 @@ FORMAT_KEY = "formatVersion"
 
 
 def upgrade(state: dict[str, Any], objects: dict[str, Any]) -> dict[str, Any]:
-    """`state` as the current format holds it, for restoring into the run's `objects`."""
+    """`state` as the current format holds it, for restoring into the run's `objects`:
+    CorruptCheckpoint when an older format's optimizer state is of no optimizer's shape
+    (`optimizer_state_problem`), a ConfigError when it does not map to this run's optimizer."""
     version = int(state.get(FORMAT_KEY, FORMAT_VERSION))
     if version >= FORMAT_VERSION:
         return state
     upgraded = {key: value for key, value in state.items() if key != FORMAT_KEY}
-    modules = [obj for obj in objects.values() if isinstance(obj, nn.Module)]
+    modules = {key: obj for key, obj in objects.items() if isinstance(obj, nn.Module)}
     for name, optimizer in objects.items():
         saved = upgraded.get(name)
         if not isinstance(optimizer, torch.optim.Optimizer) or not isinstance(saved, dict):
             continue
+        if not {"state", "param_groups"} & set(saved):
+            continue  # another object's state, no optimizer's: torch's load names what does not fit
         problem = f"the checkpoint of step {state.get('step')} is in checkpoint format {version}"
-        try:
-            if len(saved.get("param_groups", [])) == len(optimizer.param_groups):
-                continue  # the grouping is unchanged: torch loads it as it is
-            upgraded[name] = split_groups(saved, optimizer, _trained_module(optimizer, modules, saved), name, problem)
-        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:  # read from a store: any shape
-            raise ConfigError(
-                f"{problem}: its {name!r} is no optimizer state of that format ({exc!r:.200}): resume with the "
-                "optimizer built as the run that wrote it built it, or start afresh in a new checkpoint folder"
-            ) from None
+        if (malformed := optimizer_state_problem(saved)) is not None:
+            raise CorruptCheckpoint(f"{problem}: its {name!r} is no optimizer state: {malformed}")
+        if len(saved["param_groups"]) == len(optimizer.param_groups):
+            continue  # the grouping is unchanged: torch loads it as it is
+        trained = _trained_module(optimizer, modules, saved)
+        written = upgraded.get(trained) if trained is not None else None
+        module = modules[trained] if trained is not None else None
+        upgraded[name] = split_groups(saved, optimizer, module, name, problem, written=written)
     return upgraded
 
 
+def optimizer_state_problem(saved: dict[str, Any]) -> str | None:
+    """What makes `saved`, read as a torch optimizer's state_dict, one no optimizer writes (None:
+    nothing): `state` a dict, `param_groups` a non-empty list of dicts whose `params` are lists of
+    distinct integer ids, and the state of each listed id, where there is one, a dict."""
+    per_param, groups = saved.get("state"), saved.get("param_groups")
+    if not isinstance(per_param, dict):
+        return f"its state is a {type(per_param).__name__}, not a dict"
+    if not isinstance(groups, list) or not groups:
+        return f"its param_groups are no non-empty list of groups (a {type(groups).__name__})"
+    ids: list[Any] = []
+    for index, group in enumerate(groups):
+        params = group.get("params") if isinstance(group, dict) else None
+        if not isinstance(params, list) or not all(type(i) is int for i in params):
+            return f"its param group {index} is no dict with a list of integer parameter ids under params"
+        ids.extend(params)
+    if len(set(ids)) != len(ids):
+        return "a parameter id is listed twice in its param groups"
+    if odd := [i for i in ids if i in per_param and not isinstance(per_param[i], dict)]:
+        return f"its state for parameter id {odd[0]} is a {type(per_param[odd[0]]).__name__}, not a dict"
+    return None
+
+
 def _trained_module(
-    optimizer: torch.optim.Optimizer, modules: list[nn.Module], saved: dict[str, Any]
-) -> nn.Module | None:
-    """The one registered module whose parameters the format-1 single group listed."""
+    optimizer: torch.optim.Optimizer, modules: dict[str, nn.Module], saved: dict[str, Any]
+) -> str | None:
+    """The name of the one registered module whose parameters the format-1 single group listed."""
     live = {id(p) for group in optimizer.param_groups for p in group["params"]}
     groups = saved.get("param_groups", [])
     count = len(groups[0].get("params", [])) if len(groups) == 1 else -1
     fits = [
-        module
-        for module in modules
+        key
+        for key, module in modules.items()
         if live <= {id(p) for p in module.parameters()} and len(list(module.parameters())) == count
     ]
     return fits[0] if len(fits) == 1 else None
 
 
 def split_groups(
-    saved: dict[str, Any], optimizer: torch.optim.Optimizer, module: nn.Module | None, name: str, problem: str
+    saved: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    module: nn.Module | None,
+    name: str,
+    problem: str,
+    *,
+    written: Any = None,
 ) -> dict[str, Any]:
-    """The single-group optimizer state `saved` re-split into `optimizer`'s groups, by parameter."""
+    """The single-group optimizer state `saved` (well-formed: `optimizer_state_problem`) re-split
+    into `optimizer`'s groups, by parameter; `written`: the checkpoint's own state of `module`."""
     if module is None:
         raise ConfigError(
             f"{problem}: its {name!r} has {len(saved.get('param_groups', []))} parameter group(s) and this run's "
@@ -84,6 +119,8 @@ def split_groups(
     (old_group,) = saved["param_groups"]
     order = list(module.parameters())
     saved_id = {id(param): old_id for param, old_id in zip(order, old_group["params"], strict=True)}
+    weights = written if isinstance(written, dict) else {}
+    own = {id(param): weights.get(key) for key, param in module.named_parameters()}
     state: dict[Any, Any] = {}
     groups: list[dict[str, Any]] = []
     next_id = 0
@@ -92,7 +129,7 @@ def split_groups(
         for param in group["params"]:
             per_param = saved["state"].get(saved_id[id(param)])
             if per_param is not None:
-                _check_shapes(per_param, param, name, problem)
+                _check_shapes(per_param, param, own.get(id(param)), name, problem)
                 state[next_id] = per_param
             ids.append(next_id)
             next_id += 1
@@ -102,9 +139,19 @@ def split_groups(
     return {"state": state, "param_groups": groups}
 
 
-def _check_shapes(per_param: dict[str, Any], param: torch.Tensor, name: str, problem: str) -> None:
+def _check_shapes(per_param: dict[str, Any], param: torch.Tensor, own: Any, name: str, problem: str) -> None:
+    """A state of another shape than the checkpoint's own weight of its parameter `own` is the
+    checkpoint's fault (CorruptCheckpoint: it disagrees with itself); one of the shape the
+    checkpoint's weight has and this run's `param` has not is the model changed (ConfigError)."""
     for key, value in per_param.items():
-        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if isinstance(own, torch.Tensor) and value.shape != own.shape:
+            raise CorruptCheckpoint(
+                f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where the checkpoint's own "
+                f"weight of that parameter has {tuple(own.shape)}: the checkpoint disagrees with itself"
+            )
+        if value.shape != param.shape:
             raise ConfigError(
                 f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where this run's parameter "
                 f"has {tuple(param.shape)}; the model changed since it was written: start afresh in a new "

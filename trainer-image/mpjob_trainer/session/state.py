@@ -162,8 +162,9 @@ class TrainingState:
         return state
 
     def _usable(self, state: dict[str, Any]) -> dict[str, Any]:
-        """`state` in the current format (a ConfigError when it cannot be brought to it), with its
-        own fields usable (else CorruptCheckpoint)."""
+        """`state` in the current format (`upgrade`: CorruptCheckpoint when what it read is of no
+        optimizer's shape, a ConfigError when it does not fit this run's objects), with its own
+        fields usable (else CorruptCheckpoint)."""
         state = upgrade(state, self.objects)
         problem = own_fields_problem(state, self.own)
         if problem is not None:
