@@ -5,11 +5,16 @@ before it, as the replay of a loop on the SDK does (test_replay_damaged_checkpoi
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from mpjob_contract.codes import ExitCode
+from tests.unit.trainer.adapter_jobs import WEIGHTS, command
+from tests.unit.trainer.adapter_jobs import job as adapter_job
 from tests.unit.trainer.conftest import run_trainer
 from tests.unit.trainer.test_adapters_skipping import POISON, SCRIPT, job
 
@@ -60,3 +65,34 @@ def test_a_framework_checkpoint_bad_inside_is_marked_and_passed_over_by_the_repl
     aside = [p.name for p in ckpt.iterdir() if p.name.startswith(".corrupt-step-000000010-")]
     assert len(aside) == 1  # the save of step 10 set the unloadable one aside and wrote its own
     assert not (ckpt / ".unloadable-step-000000010").exists()  # its mark went with it
+
+
+@pytest.mark.process
+def test_a_last_step_hf_checkpoint_bad_inside_is_marked_and_the_last_steps_trained_again(tmp_path: Path) -> None:
+    """A retry that finds the run done reads the Trainer's weights of the last step (as after
+    train()); a weights file cut short under a manifest written again over it is the checkpoint's
+    fault: rejected and marked unloadable (the attempt an InfraError, no loader's own error), so
+    the next attempt resumes from the one before it and trains the last steps again."""
+    spec = adapter_job("hf", training={"steps": 20}, checkpoint={"everySteps": 10, "keep": 3})
+    argv = command("hf")[1:]
+    first = run_trainer(tmp_path, spec, "fp32", argv=argv, name="a0.json")
+    assert first.code == ExitCode.SUCCESS, first.stderr[-3000:]
+    last = tmp_path / "ckpt" / "step-000000020"
+    weights = next((last / "framework").rglob(WEIGHTS["hf"]))
+    data = weights.read_bytes()[: weights.stat().st_size // 2]
+    weights.write_bytes(data)
+    manifest = json.loads((last / "manifest.json").read_text())
+    manifest["files"][str(weights.relative_to(last))] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (last / "manifest.json").write_text(json.dumps(manifest))
+
+    done = run_trainer(tmp_path, spec, "fp32", argv=argv, attempt=1, name="a1.json")
+    assert done.code == ExitCode.INFRA_ERROR, done.stderr[-3000:]
+    (rejected,) = done.of("checkpointRejected")
+    assert rejected["path"].endswith("step-000000020") and "model.safetensors" in rejected["problem"], rejected
+    assert done.report is not None and done.report.message.startswith("CorruptCheckpoint: step-000000020")
+    assert (tmp_path / "ckpt" / ".unloadable-step-000000020").exists()
+
+    again = run_trainer(tmp_path, spec, "fp32", argv=argv, attempt=2, name="a2.json")
+    assert again.code == ExitCode.SUCCESS, again.stderr[-3000:]
+    assert again.of("resume")[0]["step"] == 10 and [e["step"] for e in again.of("checkpoint")] == [20]
+    assert load_file(next((last / "framework").rglob(WEIGHTS["hf"])))  # the save of step 20 replaced it

@@ -279,8 +279,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     steps_losses(trainer, callback)
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
-        assert point.framework_checkpoint is not None
-        hf_weights(model, point.framework_checkpoint)  # trained, as after train(): the script may save or evaluate
+        bridge.read_last(point, lambda folder: hf_weights(model, folder))  # trained, as after train()
         return TrainOutput(point.step, 0.0, {})  # what it returns for a run that trains no step
     checkpoint = point.framework_checkpoint
     while True:

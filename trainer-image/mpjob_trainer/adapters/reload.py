@@ -33,10 +33,12 @@ LIGHTNING_CHECKPOINT = "lightning.ckpt"
 
 
 def hf_weights(model: nn.Module, folder: Path) -> None:
-    """The weights of the Trainer's checkpoint `folder` into `model`."""
+    """The weights of the Trainer's checkpoint `folder` into `model`, read as the replay reads them
+    (CorruptCheckpoint when the file does not load, before `model` is touched)."""
     from safetensors.torch import load_file  # the Trainer's own dependency
 
-    _weights_into(model, folder, load_file(folder / HF_WEIGHTS, device=str(_device(model))))
+    device = _device(model)
+    _weights_into(model, folder, _read(folder, HF_WEIGHTS, lambda path: load_file(path, device=str(device))))
 
 
 def _weights_into(model: nn.Module, folder: Path, weights: dict[str, torch.Tensor]) -> None:

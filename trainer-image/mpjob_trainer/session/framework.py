@@ -36,7 +36,8 @@ import torch
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import FRAMEWORK, snapshot
+from mpjob_trainer.checkpoint import FRAMEWORK, CorruptCheckpoint, snapshot, unloadable
+from mpjob_trainer.checkpoint.protocol import Store
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.agreement import main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
@@ -145,6 +146,24 @@ class FrameworkRun:
         if step == 0 or ref is None:
             return ResumePoint(0, None)
         return ResumePoint(step, framework_folder(ref), done=step >= self.run.total_steps)
+
+    def read_last(self, point: ResumePoint, read: Callable[[Path], None]) -> None:
+        """`read` the framework's checkpoint of the last step (`point.done`: nothing is left to
+        train) into the live objects, as after training (the script may save or evaluate them). One
+        bad inside (`read` raises CorruptCheckpoint: adapters.reload) is the checkpoint's fault: it
+        is rejected and marked unloadable before the error goes on (an InfraError), so the next
+        attempt resumes from the one before it and trains the last steps again."""
+        assert point.done and point.framework_checkpoint is not None
+        try:
+            read(point.framework_checkpoint)
+        except CorruptCheckpoint as exc:
+            store: Store[Any] = self.run.checkpoints.store  # a volume's places or a bucket's
+            ref = self.run.checkpoints.last_good
+            where = store.named(ref.path) if ref is not None else None
+            if ref is not None and where is not None:
+                self.run.checkpoints.log("checkpointRejected", path=str(where), problem=str(exc))
+                unloadable.remember(store, where, ref.sha256)
+            raise
 
     def reentry(self, back: RolledBack) -> Path:
         """The framework checkpoint to re-enter from after the data rung rolled the session back."""
