@@ -3,12 +3,23 @@ the steps from the restored state up to where the loop stands are run again thro
 registered step, and each is closed as the loop's own `end_step` closes it, its interval work
 included: at a log step its step line and metrics (the series of `mpjob run` and the metrics
 endpoint show the steps run again, as a restarted attempt's loop shows them), the guard's checks,
-the quality gate, a checkpoint, SIGTERM. What ends one of them ends the catching up there."""
+the quality gate, a checkpoint, SIGTERM. What ends one of them ends the catching up there.
+
+Only the registered step runs again: an LR scheduler the loop steps around it would stay where the
+checkpoint left it, and every step after would train on a shifted schedule, silently. So the
+registered schedulers' counts are taken where the loop stood when its step was found at fault,
+before a replay or a rollback loads a checkpoint (ScheduleCounts), and a catch-up that does not bring
+them back there ends the attempt a ConfigError naming them. (An out-of-memory in place runs the
+failed step itself again, the loop's own step() included: not checked.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
+import torch
+
+from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.replay import Fp32Replay
 from mpjob_trainer.session.steps import Number
@@ -31,3 +42,32 @@ def catch_up(
         if index + 1 < step and (ending := close(index + 1, None, samples)) is not None:
             return ending
     return None
+
+
+class ScheduleCounts:
+    """The registered LR schedulers' step counts (`last_epoch`) where the loop stands, taken before
+    a replay or a rollback; ReduceLROnPlateau counts the metrics it was given, not steps, and is left out."""
+
+    def __init__(self, objects: Mapping[str, Any]) -> None:
+        self.objects = {name: obj for name, obj in objects.items() if counts_steps(obj)}
+        self.before = {name: int(obj.last_epoch) for name, obj in self.objects.items()}
+
+    def unmatched(self, *, start: int, step: int) -> ConfigError | None:
+        """After a catch-up of steps start..step-1 (0-based): the ConfigError naming a scheduler the
+        registered step did not bring back to where the loop had it, or None."""
+        for name, obj in self.objects.items():
+            if int(obj.last_epoch) != self.before[name]:
+                return ConfigError(
+                    f"{name}: steps {start + 1} to {step}, run again through the function given to "
+                    f"run.register_step after a rollback to step {start}, left this LR scheduler at "
+                    f"last_epoch {obj.last_epoch}, where the loop had it at {self.before[name]}: the loop "
+                    "steps it outside that function, so the steps after would train on a shifted schedule. "
+                    "Call its step() inside the registered step (docs/sdk.md, register_step)"
+                )
+        return None
+
+
+def counts_steps(obj: object) -> bool:
+    """An LR scheduler stepped once per optimizer step (or per epoch) by the loop."""
+    scheduler = torch.optim.lr_scheduler
+    return isinstance(obj, scheduler.LRScheduler) and not isinstance(obj, scheduler.ReduceLROnPlateau)

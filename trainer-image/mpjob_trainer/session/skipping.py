@@ -45,7 +45,7 @@ from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, describe_steps, ranges
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault, Repromote
 from mpjob_trainer.quarantine import REPORT_RANGES, Quarantine
-from mpjob_trainer.session.catch_up import CloseStep, catch_up
+from mpjob_trainer.session.catch_up import CloseStep, ScheduleCounts, catch_up
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
@@ -61,8 +61,7 @@ from mpjob_trainer.spike import SpikeDetector
 
 class DataRung:
     def __init__(self, spec: GuardSpec, lent: AttemptContext, policy: FaultPolicy | None = None) -> None:
-        self.spec = spec
-        self.lent = lent
+        self.spec, self.lent = spec, lent
         self.quarantine = Quarantine()
         self.quarantine.watcher = self._show
         #: What bad data and a spike do: the guard's settings, or the job's faultPolicy rule on them.
@@ -81,6 +80,7 @@ class DataRung:
         self._close: CloseStep | None = None  # the session's, as `closing` was last given it
         self._rolled_back_to: CheckpointRef | None = None
         self._reentry: Target | None = None  # found to be loaded by the loop wrapped anew (`rewind`)
+        self._counts = ScheduleCounts({})  # the loop's LR schedulers where it stood (`recover`)
         self._precision_suspected = False
         #: Samples of one optimizer step (all ranks; Session.end_step's), what a step skipped
         #: whole counts in mpjob_trainer_skipped_samples_total and the quarantine's summary.
@@ -114,15 +114,9 @@ class DataRung:
         return self.skips_bad_data or self.on_spike == "rollback"
 
     def closing(
-        self,
-        step: int,
-        loss: Number | None,
-        samples: int | None,
-        *,
-        close: CloseStep,
-        state: TrainingState | None,
-        checkpoints: Checkpointer,
-    ) -> Exception | None:
+        self, step: int, loss: Number | None, samples: int | None, *,
+        close: CloseStep, state: TrainingState | None, checkpoints: Checkpointer,
+    ) -> Exception | None:  # fmt: skip
         """Close step `step` (trained on `samples`) with `close` (the session's); a fault the rung handles
         is recovered from and the step closed again, now on the re-run step's own loss. What ends the step
         otherwise (the attempt's ending, RolledBack, Preempted, ...) is returned."""
@@ -161,7 +155,6 @@ class DataRung:
         start = self.rewind(step, state=state, checkpoints=checkpoints, wrap_anew=True)  # that checkpoint
         return start if isinstance(start, Exception) else self.go_on(start, step)
 
-    # ---------------------------------------------------------------- at an interval's read
     def inspect(self, step: int, read: Read) -> NumericFault | None:
         """What the rung handles, seen at an interval's read: a spike, or a non-finite loss the
         guard would let pass (suspect: replayed at once)."""
@@ -178,13 +171,13 @@ class DataRung:
             return SuspectSteps(GuardRule.MAX_NON_FINITE_LOSSES, f"a non-finite loss by step {step}")
         return None
 
-    # ---------------------------------------------------------------- the rung
     def recover(
         self, fault: NumericFault, *, step: int, state: TrainingState, checkpoints: Checkpointer
     ) -> Exception | None:
         """Roll back, skip and catch up to `step` (1-based, where the loop stands): None, or a
         fault met while catching up; else what ends the attempt when the rung cannot go on, or
         RolledBack for a loop that re-enters."""
+        self._counts = ScheduleCounts(state.objects)  # where the loop stands, before a checkpoint is loaded
         if isinstance(fault, LossSpiked) and self.on_spike == "end":
             return self._ended(fault)  # the job's faultPolicy ends the attempt on a spike (FallBack or Fail)
         if isinstance(fault, LossSpiked):
@@ -277,6 +270,8 @@ class DataRung:
         assert self.replay is not None and self._close is not None  # armed, with the session's closing
         samples = self.step_samples or None  # a step's, as the loop's end_step told them (None: never told)
         fault = catch_up(self.replay, self._close, self.quarantine, start=start, step=step, samples=samples)
+        counts, self._counts = self._counts, ScheduleCounts({})  # checked once, after the recovery it began
+        fault = fault if fault is not None else counts.unmatched(start=start, step=step)
         if not isinstance(fault, Rewrap):  # else re-promoted on the way, and left to be wrapped anew
             self.machine.fire(Event.CAUGHT_UP)
         return fault
