@@ -258,6 +258,7 @@ class DataRung:
         """After a rollback to `start`: run steps start..step-1 (0-based) again in place, each closed as
         end_step closes it, the last by the loop's own (session.catch_up): None, or what ended one on the
         way; or leave the loop to re-enter (RolledBack; Rewrap, to be wrapped anew from `rewind`'s target)."""
+        counts, self._counts = self._counts, ScheduleCounts({})  # checked once, after the recovery it began
         if self._reentry is not None:
             left, self._reentry = Rewrap(self._reentry), None
             self.machine.fire(Event.LEFT_LOOP)
@@ -270,7 +271,6 @@ class DataRung:
         assert self.replay is not None and self._close is not None  # armed, with the session's closing
         samples = self.step_samples or None  # a step's, as the loop's end_step told them (None: never told)
         fault = catch_up(self.replay, self._close, self.quarantine, start=start, step=step, samples=samples)
-        counts, self._counts = self._counts, ScheduleCounts({})  # checked once, after the recovery it began
         fault = fault if fault is not None else counts.unmatched(start=start, step=step)
         if not isinstance(fault, Rewrap):  # else re-promoted on the way, and left to be wrapped anew
             self.machine.fire(Event.CAUGHT_UP)
