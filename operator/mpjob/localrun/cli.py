@@ -15,6 +15,7 @@ from mpjob.localrun.launching import unresolved_env, unusable_working_dir
 from mpjob.localrun.paths import UnusableOut, default_out, prepare
 from mpjob.planning.backoff import BASE_SECONDS, ENV_BASE, RetryBackoff, backoff_base
 from mpjob.validation import InvalidManifest, Problem, check_text, read_manifest
+from mpjob_contract.binding import bound_settings
 from mpjob_contract.spec_warnings import spec_warnings
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def run_command(argv: list[str]) -> int:
         return 2
     out: Path = args.out or default_out(job.metadata.name)
     try:
-        with prepare(out, fresh=args.fresh, job=job.metadata.name):
+        with prepare(out, fresh=args.fresh, job=job.metadata.name, binds=bound_settings(job.spec)):
             view = make_view(args.mode, job.spec.training.steps)
             warnings = spec_warnings(job.spec, in_pods=False)  # its checkpoints: a folder on disk, not in pods
             notes = (*unresolved_env(job.spec), *((f"spec.{w.field}", w.line(args.file)) for w in warnings))

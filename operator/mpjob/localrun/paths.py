@@ -21,14 +21,16 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from mpjob.localrun.files import read_regular, write_replacing
-from mpjob_contract import formats
+from mpjob_contract import binding, formats
 from mpjob_contract.api import MixedPrecisionJobStatus
 
-#: The job whose run --out holds ({"name": metadata.name}), written as it starts.
+#: The job whose run --out holds, written as it starts: {"name": metadata.name, "binds": the
+#: settings its checkpoints hold to (mpjob_contract.binding)}.
 JOB_FILE = "job.json"
 #: Everything `mpjob run` writes in --out (the .tmp files: a report, series or job file being replaced).
 RUN_ENTRIES = frozenset(
@@ -38,8 +40,9 @@ RUN_ENTRIES = frozenset(
         *("attempts", "checkpoints"),
     }
 )
-#: More than a job file of a name the API server takes (253 characters) ever needs.
-_JOB_FILE_BYTES = 4096
+#: More than a job file ever needs: a name of at most 253 characters and a spec's task, which
+#: the API server stores in an object of at most 1.5 MiB.
+_JOB_FILE_BYTES = 2 << 20
 #: What a refusal of an earlier run's files suggests.
 START_OVER = "start over with --fresh, or pick another --out"
 #: Where `mpjob run` keeps a job's run without --out: runs/<metadata.name>, below the current folder.
@@ -124,16 +127,28 @@ def read_report(path: Path) -> MixedPrecisionJobStatus:
 def recorded_job(root: Path) -> str | None:
     """The name of the job whose run `root` holds, as its job.json says (None: it has none, a run
     from before job.json was written); Unreadable when it names no job."""
-    data = read_regular(root / JOB_FILE, _JOB_FILE_BYTES)
+    found = _job_file(root)
+    return None if found is None else found[0]
+
+
+def _job_file(root: Path) -> tuple[str, dict[str, Any] | None] | None:
+    """What `root`'s job.json says, read as untrusted: the job's name and the settings its run's
+    checkpoints hold to (None: a job.json from before they were written); None when there is no
+    job.json; Unreadable when it is not one a run writes."""
+    data = read_regular(root / JOB_FILE, _JOB_FILE_BYTES + 1)
     if data is None:
         return None
     try:
-        found = json.loads(data).get("name")
-    except (ValueError, AttributeError):
+        found = json.loads(data) if len(data) <= _JOB_FILE_BYTES else None
+    except (ValueError, RecursionError):
         found = None
-    if not isinstance(found, str) or not re.fullmatch(formats.JOB_NAME.pattern, found):
+    name = found.get("name") if isinstance(found, dict) else None
+    if not isinstance(name, str) or not re.fullmatch(formats.JOB_NAME.pattern, name):
         raise Unreadable(f"{JOB_FILE} does not name the job its run was of")
-    return found
+    binds = found.get("binds")  # type: ignore[union-attr]
+    if binds is not None and not (isinstance(binds, dict) and set(binds) == set(binding.FIELDS)):
+        raise Unreadable(f"{JOB_FILE} binds: not the settings a run's checkpoints hold to")
+    return name, binds
 
 
 def held_by_a_run(root: Path) -> bool | None:
@@ -155,10 +170,11 @@ def held_by_a_run(root: Path) -> bool | None:
 
 
 @contextlib.contextmanager
-def prepare(root: Path, *, fresh: bool, job: str) -> Iterator[None]:
-    """--out made ready for the run of the job named `job` and held while the block runs: a
-    folder, emptied first with `fresh` when it is a run's; refused when it holds another job's
-    run, or another `mpjob run` holds it."""
+def prepare(root: Path, *, fresh: bool, job: str, binds: dict[str, Any]) -> Iterator[None]:
+    """--out made ready for the run of the job named `job`, whose checkpoints hold to the settings
+    `binds` (mpjob_contract.binding), and held while the block runs: a folder, emptied first with
+    `fresh` when it is a run's; refused when it holds another job's run or a run of other
+    settings `binds` names, or another `mpjob run` holds it."""
     with contextlib.ExitStack() as held:
         try:
             if root.exists() and not root.is_dir():
@@ -167,7 +183,7 @@ def prepare(root: Path, *, fresh: bool, job: str) -> Iterator[None]:
             held.callback(os.close, _held(root))  # closed when the block ends: the folder is free again
             if fresh:
                 _emptied(root)
-            _claim(root, job)
+            _claim(root, job, binds)
         except OSError as exc:
             raise UnusableOut(f"{root}: cannot use it as the run's folder ({exc.strerror or exc})") from exc
         yield
@@ -210,17 +226,27 @@ def _emptied(root: Path) -> None:
             entry.unlink()
 
 
-def _claim(root: Path, job: str) -> None:
-    """The folder's run is the job `job`'s from now on; UnusableOut when an earlier run there was
-    another job's (its report would be taken for this one's, its checkpoints resumed). A folder
-    of a run from before job.json was written is taken as it is."""
+def _claim(root: Path, job: str, binds: dict[str, Any]) -> None:
+    """The folder's run is the job `job`'s, of the settings `binds`, from now on; UnusableOut when
+    an earlier run there was another job's (its report would be taken for this one's, its
+    checkpoints resumed) or of other settings (its checkpoints would not resume: the trainers
+    would start over at step 0 and set them aside as they saved theirs). A folder of a run from
+    before job.json, or its settings, was written is taken as it is."""
     try:
-        found = recorded_job(root)
+        found = _job_file(root)
     except Unreadable as exc:
         raise UnusableOut(f"{root}: {exc}: {START_OVER}") from exc
-    if found is None:
-        write_replacing(root / JOB_FILE, json.dumps({"name": job}) + "\n")
+    if found is not None and found[0] != job:
+        other = (
+            f"pick another --out ({default_out(job)} is this job's own), or --fresh to delete the run of {found[0]!r}"
+        )
+        raise UnusableOut(f"{root}: it holds a run of the job {found[0]!r}, not {job!r}: {other}")
+    if found is not None and found[1] is not None:
+        if changed := binding.changed_fields(found[1], binds):
+            raise UnusableOut(
+                f"{root}: its run was of other settings than this manifest's, which its checkpoints "
+                f"hold to: {'; '.join(changed)}. Nothing was started: --fresh to delete that run and "
+                "start over, another --out to keep it (a run with its settings goes on from its checkpoints)"
+            )
         return
-    if found != job:
-        other = f"pick another --out ({default_out(job)} is this job's own), or --fresh to delete the run of {found!r}"
-        raise UnusableOut(f"{root}: it holds a run of the job {found!r}, not {job!r}: {other}")
+    write_replacing(root / JOB_FILE, json.dumps({"name": job, "binds": binds}) + "\n")

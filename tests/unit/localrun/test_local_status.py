@@ -18,10 +18,14 @@ from mpjob.localrun import leftover
 from mpjob.localrun.cli import run_command
 from mpjob.localrun.paths import MAX_REPORT_BYTES, Paths, prepare
 from mpjob_contract import events
-from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.binding import bound_settings
 from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
+
+#: What a run of the tiny job holds its checkpoints to (job.json).
+BINDS = bound_settings(MixedPrecisionJobSpec.model_validate(tiny_job()["spec"]))
 
 ENDED = {
     "phase": "Failed",
@@ -86,7 +90,7 @@ def test_a_run_still_going_says_so(tmp_path: Path, capsys: pytest.CaptureFixture
     going = {**ENDED, "phase": "Running", "attempts": [{"index": 0, "precision": "fp16", "startStep": 0}]}
     paths = run_folder(tmp_path / "out", going)
     paths.plot.write_bytes(b"png")  # an earlier run's: this one has drawn none yet
-    with prepare(paths.root, fresh=False, job="skip"):  # what a live `mpjob run` holds
+    with prepare(paths.root, fresh=False, job="skip", binds=BINDS):  # what a live `mpjob run` holds
         code, lines = status(capsys, str(paths.root))
     assert code == 0 and "an `mpjob run` is running it" in lines[0], lines
     assert lines[1:] == [
@@ -107,7 +111,7 @@ def test_a_run_still_going_says_so(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_a_run_starting_has_no_report_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = run_folder(tmp_path / "out")
-    with prepare(paths.root, fresh=False, job="skip"):
+    with prepare(paths.root, fresh=False, job="skip", binds=BINDS):
         assert status(capsys, str(paths.root)) == (
             1,
             [f"error: {paths.root}: an `mpjob run` is starting in it; it has written no report.json yet"],

@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -203,3 +204,78 @@ def test_a_folder_on_a_filesystem_without_locks_is_used_unheld(
     monkeypatch.setattr(fcntl, "flock", no_locks)
     monkeypatch.setattr(LocalRun, "run", lambda self: MixedPrecisionJobStatus(phase="Succeeded"))
     assert run_command([str(job), "--out", str(job.parent / "out"), "--plain", "--no-plot"]) == 0, capsys.readouterr()
+
+
+def _with(**args: int) -> dict[str, Any]:
+    """The tiny job with these builtin args (what a user edits between two runs)."""
+    return {**JOB, "spec": {**JOB["spec"], "task": {"builtin": "mlp", "args": args}}}
+
+
+def test_a_rerun_of_other_checkpointed_settings_is_refused_before_anything_starts(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun whose task.args changed went on in the folder: its trainers started over at step
+    0 and moved the run's checkpoints aside as `.corrupt-*` as they reached their steps, where
+    keep-K pruned them; the earlier settings could no longer resume. It is refused, naming what
+    changed and the two ways on; the earlier settings go on, and --fresh starts over."""
+    out, runs = job.parent / "out", []
+
+    def stopped(self: LocalRun) -> MixedPrecisionJobStatus:  # Ctrl-C'd after a checkpoint
+        runs.append(self.spec.task.args)
+        (out / "checkpoints" / "step-000000020").mkdir(parents=True, exist_ok=True)
+        return MixedPrecisionJobStatus(phase="Suspended")
+
+    monkeypatch.setattr(LocalRun, "run", stopped)
+    first, edited = job.parent / "first.yaml", job.parent / "edited.yaml"
+    first.write_text(yaml.safe_dump(_with(hidden=8, samples=64)))
+    edited.write_text(yaml.safe_dump({**_with(hidden=16, samples=64), "spec": {**_with(hidden=16, samples=64)["spec"],
+        "training": {"steps": 2, "seed": 7}}}))  # fmt: skip
+    plain = ["--out", str(out), "--plain", "--no-plot"]
+    assert run_command([str(first), *plain]) == 130
+    kept = sorted(p.relative_to(out) for p in out.rglob("*"))
+    capsys.readouterr()
+    assert run_command([str(edited), *plain]) == 2
+    said = capsys.readouterr().out
+    assert said.startswith(f"error: --out {out}: its run was of other settings than this manifest's"), said
+    assert "spec.task.args.hidden (8 -> 16); spec.training.seed (0 -> 7)." in said, said
+    assert "--fresh to delete that run and start over, another --out to keep it" in said, said
+    assert (
+        len(runs) == 1 and sorted(p.relative_to(out) for p in out.rglob("*")) == kept
+    )  # nothing started, nothing lost
+    assert run_command([str(first), *plain]) == 130 and len(runs) == 2  # its own settings: goes on
+    assert run_command([str(edited), *plain, "--fresh"]) == 130 and runs[-1] == {"hidden": 16, "samples": 64}
+    assert json.loads((out / "job.json").read_text())["binds"]["seed"] == 7  # the new run's from now on
+    assert run_command([str(first), *plain]) == 2
+
+
+def test_a_job_file_from_before_its_settings_were_recorded_is_taken_and_one_it_cannot_read_refused(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(LocalRun, "run", lambda self: MixedPrecisionJobStatus(phase="Suspended"))
+    out = job.parent / "out"
+    out.mkdir()
+    (out / "job.json").write_text(json.dumps({"name": "local"}) + "\n")
+    plain = [str(job), "--out", str(out), "--plain", "--no-plot"]
+    assert run_command(plain) == 130, capsys.readouterr()
+    assert json.loads((out / "job.json").read_text())["binds"]["task"]["builtin"] == "mlp"
+    for binds in ({"task": {}}, [1], {"task": {}, "seed": 0, "samplesPerStep": 1, "more": 1}):
+        (out / "job.json").write_text(json.dumps({"name": "local", "binds": binds}))
+        assert run_command(plain) == 2
+        said = capsys.readouterr().out
+        assert f"error: --out {out}: job.json binds: not the settings a run's checkpoints hold to" in said, said
+
+
+@pytest.mark.process
+def test_a_trained_run_keeps_its_checkpoint_from_a_rerun_of_other_args(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = job.parent / "out"
+    assert run_command([str(job), "--out", str(out), "--plain", "--no-plot"]) == 0, capsys.readouterr()
+    saved = {p.relative_to(out): p.read_bytes() for p in (out / "checkpoints").rglob("*") if p.is_file()}
+    assert any(p.name == "manifest.json" for p in saved), saved
+    edited = job.parent / "edited.yaml"
+    edited.write_text(yaml.safe_dump(_with(hidden=16)))
+    capsys.readouterr()
+    assert run_command([str(edited), "--out", str(out), "--plain", "--no-plot"]) == 2
+    assert "spec.task.args.hidden (unset -> 16)." in capsys.readouterr().out
+    assert {p.relative_to(out): p.read_bytes() for p in (out / "checkpoints").rglob("*") if p.is_file()} == saved

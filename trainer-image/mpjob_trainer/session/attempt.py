@@ -7,7 +7,6 @@ invalid description is a configuration error: retrying the same pod cannot fix i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from mpjob_contract import k8s
+from mpjob_contract import binding, k8s
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, contract_version
 from mpjob_trainer.errors import ConfigError
 
@@ -67,13 +66,6 @@ def _other_release(text: str) -> str:
 
 
 def config_digest(launch: AttemptLaunch) -> str:
-    """What a checkpoint must agree with to be resumable: the model and the data order. The
-    data order depends on the samples per optimizer step, not on how an attempt splits them
-    into micro-batches (mpjob_trainer.data), so attempts with a split micro-batch resume."""
-    spec = launch.spec
-    relevant = {
-        "task": spec.task.to_api(),
-        "seed": spec.training.seed,
-        "samplesPerStep": spec.training.batch_size * spec.training.grad_accumulation,
-    }
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+    """What a checkpoint must agree with to be resumable: the model and the data order
+    (mpjob_contract.binding, the rule `mpjob run` checks an --out's earlier run by)."""
+    return binding.config_digest(launch.spec)
