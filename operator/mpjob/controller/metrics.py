@@ -36,6 +36,12 @@ REPROMOTIONS = Counter(
     ["from_precision", "to_precision"],
 )
 JOBS_BY_PHASE = Gauge("mpjob_operator_jobs", "MixedPrecisionJobs this operator watches, by phase.", ["phase"])
+JOBS_IN_TROUBLE = Gauge(
+    "mpjob_operator_jobs_in_trouble",
+    "MixedPrecisionJobs this operator watches whose next attempt waits out a backoff (BackingOff) or whose "
+    "checkpoints lapsed (CheckpointsFailing), by that condition.",
+    ["condition"],
+)
 ERRORS = Counter("mpjob_operator_errors", "Reconcile errors, by kind.", ["kind"])
 RETRIES = Counter(
     "mpjob_operator_reconcile_retries",

@@ -35,6 +35,7 @@ from mpjob.controller.profiles import ProfileRequests
 from mpjob.controller.progress import ProgressReader, changes_found, observed_in
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
+from mpjob.controller.ticker import Standing, standing
 from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import cutoff
 from mpjob.planning import lifecycle as lc
@@ -76,8 +77,8 @@ class Reconciler:
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.retries = RetryBackoff(base=config.attempt_backoff_seconds)
         self.context = KopfContext()
-        #: The phase each job's last reconcile left, by UID (the ticker publishes the counts).
-        self.phases: dict[str, str] = {}
+        #: The phase and troubles each job's last reconcile left, by UID (the ticker publishes the counts).
+        self.phases: dict[str, Standing] = {}
         #: New jobs (no status yet) as kopf's watch delivered them, each used once by the job's
         #: first reconcile instead of a GET: a new job's first attempt Job is created one API
         #: round trip sooner. Only a status-less body is kept: nothing but this operator writes
@@ -287,13 +288,13 @@ class Reconciler:
     def _announce(self, body: dict[str, Any], observed: Observation, plan: Plan) -> None:
         """The plan's metrics and Events, the reading's (after the status that records them: a
         step it lists is never announced again, also by an operator that restarts right after;
-        an Event lost then is the price of never posting one twice), and the phase the ticker
-        counts."""
+        an Event lost then is the price of never posting one twice), and the phase and troubles
+        the ticker counts."""
         om.count_plan(observed.status, plan)
         told = [(e.type, e.reason, e.message) for e in plan.events] + observed.told()
         for kind, reason, message in told:
             kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
-        self.phases[body["metadata"]["uid"]] = plan.status.phase
+        self.phases[body["metadata"]["uid"]] = standing(plan.status)
 
 
 #: The status fields this operator writes (camelCase): only these does a patch ever delete.

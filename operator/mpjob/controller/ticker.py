@@ -11,7 +11,7 @@ import asyncio
 import typing
 from collections import Counter
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import kopf
 
@@ -19,10 +19,33 @@ from mpjob.controller import metrics as om
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.records import Key
 from mpjob.controller.workqueue import WorkQueue
+from mpjob.planning import lapse
 from mpjob.planning.reconcile import FINISHED
+from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract import api
+from mpjob_contract.status import MixedPrecisionJobStatus
 
 PHASES: tuple[str, ...] = typing.get_args(api.Phase)
+#: What the jobs-in-trouble gauge counts, as `kubectl describe mpj` shows it: the next attempt
+#: waits out its backoff (the Running condition's reason), the checkpoints lapsed (a condition).
+TROUBLES: tuple[str, ...] = (ConditionReason.BACKING_OFF, ConditionType.CHECKPOINTS_FAILING)
+
+
+class Standing(NamedTuple):
+    """What the ticker publishes of one job: its phase and the troubles its conditions show."""
+
+    phase: str
+    troubles: frozenset[str] = frozenset()
+
+
+def standing(status: MixedPrecisionJobStatus) -> Standing:
+    """A job's phase and troubles, from the status its last reconcile left (a finished job has
+    none: its conditions tell of its end, not of a night still going on)."""
+    if status.phase in FINISHED:
+        return Standing(str(status.phase))
+    running = {c.reason for c in status.conditions if c.type == ConditionType.RUNNING and c.status == "False"}
+    lapsed = {ConditionType.CHECKPOINTS_FAILING} if lapse.held(status) else set()
+    return Standing(str(status.phase), frozenset((running | lapsed) & set(TROUBLES)))
 
 
 def has_work(status: dict[str, Any] | None, spec: dict[str, Any] | None) -> bool:
@@ -32,11 +55,16 @@ def has_work(status: dict[str, Any] | None, spec: dict[str, Any] | None) -> bool
     return (status or {}).get("phase") not in FINISHED or ttl is not None
 
 
-def publish_phases(phases: Mapping[str, str]) -> None:
-    """The jobs-by-phase gauge, from the phase each job's last reconcile left (by UID)."""
-    counts = Counter(list(phases.values()))  # a copy: reconciles write it from other threads
+def publish_phases(phases: Mapping[str, Standing]) -> None:
+    """The jobs-by-phase and jobs-in-trouble gauges, from what each job's last reconcile left
+    (by UID)."""
+    standings = list(phases.values())  # a copy: reconciles write it from other threads
+    counts = Counter(s.phase for s in standings)
     for phase in PHASES:
         om.JOBS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
+    troubled = Counter(trouble for s in standings for trouble in s.troubles)
+    for trouble in TROUBLES:
+        om.JOBS_IN_TROUBLE.labels(condition=trouble).set(troubled.get(trouble, 0))
 
 
 def due(index: Mapping[Key, Any], settled: Collection[Key]) -> list[Key]:
@@ -48,7 +76,7 @@ async def tick(
     index: kopf.Index,
     *,
     queue: WorkQueue,
-    phases: Mapping[str, str],
+    phases: Mapping[str, Standing],
     config: OperatorConfig,
     settled: Collection[Key] = frozenset(),
 ) -> None:

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from mpjob.planning import status as st
 from mpjob.planning.classify import backoff_seconds
-from mpjob.planning.phases import condition
+from mpjob.planning.phases import awaiting_pods, condition
 from mpjob.planning.plan import Event, Plan, When
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
@@ -133,17 +133,20 @@ def due(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | None:
 
 def held(plan: Plan, when: When, backoff: RetryBackoff, now: datetime) -> Wait | None:
     """The newest attempt's wait while it lasts (its Running condition says until when, and an
-    Event once), else None; an attempt that waited starts now (its startTime moves here)."""
+    Event once), else None; an attempt that waited starts now (its startTime moves here, and its
+    Running condition no longer says BackingOff: it waits for its pods)."""
     current = plan.status.attempts[-1] if plan.status.attempts else None
     wait = due(plan.status, backoff) if current is not None and current.finish_time is None else None
     if current is None or wait is None:
         return None
+    running = next((c for c in plan.status.conditions if c.type == ConditionType.RUNNING), None)
     if now >= wait.until:
         began = st.moment(current.start_time)
         if began is not None and began < wait.until:
             current.start_time = when.at
+        if running is not None and running.reason == ConditionReason.BACKING_OFF:  # the wait is over
+            awaiting_pods(plan, when, current.index, current.precision)
         return None
-    running = next((c for c in plan.status.conditions if c.type == ConditionType.RUNNING), None)
     if running is None or running.reason != ConditionReason.BACKING_OFF or running.message != wait.message:
         plan.events.append(Event("Normal", ConditionReason.BACKING_OFF, wait.message))
     condition(plan, when, ConditionType.RUNNING, False, ConditionReason.BACKING_OFF, wait.message)

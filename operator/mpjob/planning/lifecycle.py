@@ -18,6 +18,7 @@ from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome, classify, under_policy
 from mpjob.planning.phases import (
     amp_slower,
+    awaiting_pods,
     condition,
     created,
     finish,
@@ -106,8 +107,7 @@ def begin(
         was = plan.status.attempts[-2].world_size if len(plan.status.attempts) > 1 else None
         message = f"{was} -> {workers * per_worker(spec)} processes ({workers} worker(s)){resumed}"
         plan.events.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
-    message = f"attempt {start.index} in {start.precision}: waiting for its pods"
-    condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
+    awaiting_pods(plan, when, start.index, start.precision)
 
 
 def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When) -> None:

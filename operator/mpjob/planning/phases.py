@@ -25,6 +25,12 @@ def created(plan: Plan, when: When, message: str) -> None:
     plan.status.start_time = plan.status.start_time or when.at
 
 
+def awaiting_pods(plan: Plan, when: When, index: int, precision: str) -> None:
+    """Attempt `index`'s Job is made (or about to be): not Running until its trainer runs."""
+    message = f"attempt {index} in {precision}: waiting for its pods"
+    condition(plan, when, ConditionType.RUNNING, False, ConditionReason.ATTEMPT_STARTED, message)
+
+
 def running(plan: Plan, when: When) -> None:
     """The current attempt's processes run (its pods were admitted and started)."""
     status, current = plan.status, plan.status.attempts[-1]
