@@ -32,6 +32,7 @@ ALERTS = {
     "LossScaleCollapsing": "ticket",
     "EvalLossDrift": "ticket",
     "DataSkipped": "ticket",
+    "AttemptsBackingOff": "page",
     "OperatorDown": "page",
     "ReconcileErrors": "ticket",
 }
