@@ -5,6 +5,7 @@ and only for a while, and a scrape is still answered once the idle ones are clos
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ from mpjob_trainer import control
 
 pytestmark = pytest.mark.unit
 
-IDLE, MOST = 0.5, 4
+IDLE, MOST, REQUEST = 0.5, 4, 1.5
 
 
 def _trainer(monkeypatch: pytest.MonkeyPatch) -> int:
@@ -35,6 +36,7 @@ def _operator(monkeypatch: pytest.MonkeyPatch) -> int:
 def port(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     monkeypatch.setattr(http_serving, "MAX_CONNECTIONS", MOST)
     monkeypatch.setattr(http_serving, "IDLE_SECONDS", IDLE)
+    monkeypatch.setattr(http_serving, "REQUEST_SECONDS", REQUEST)
     start: Callable[[pytest.MonkeyPatch], int] = request.param
     yield start(monkeypatch)
 
@@ -70,6 +72,47 @@ def test_idle_connections_are_bounded_then_closed_and_scrapes_go_on(port: int) -
             sock.settimeout(10)
             assert sock.recv(1) == b""
         assert _wait(lambda: threading.active_count() <= before, 10)
+        assert _scrape(port).startswith(b"HTTP/1.0 200")
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed `sock` (what it sends then reads as the end, or a reset)."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    try:
+        return sock.recv(64) == b""
+    except OSError:
+        return True
+
+
+def _trickle(sock: socket.socket) -> bool:
+    """One more byte of a header that never ends; False when the server has closed `sock`."""
+    try:
+        sock.sendall(b"a")
+    except OSError:
+        return False
+    return True
+
+
+def test_a_request_trickled_in_slower_than_its_deadline_loses_its_slot(port: int) -> None:
+    """One byte a connection, each well inside the idle timeout: the request never arrives whole,
+    so its connection is closed by the deadline for the whole request, and once every slot's
+    trickle is closed a scrape is answered again."""
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(MOST)]
+    for sock in held:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
+    began, closed_at = time.monotonic(), dict[int, float]()
+    try:
+        while len(closed_at) < len(held) and time.monotonic() - began < REQUEST + 6:
+            for i, sock in enumerate(held):
+                if i not in closed_at and (_closed(sock) or not _trickle(sock)):
+                    closed_at[i] = time.monotonic() - began
+            time.sleep(IDLE / 4)
+        assert len(closed_at) == len(held), f"open after {REQUEST + 6}s: {len(held) - len(closed_at)}"
+        assert min(closed_at.values()) > REQUEST - 0.3 and max(closed_at.values()) < REQUEST + IDLE + 1.0
         assert _scrape(port).startswith(b"HTTP/1.0 200")
     finally:
         for sock in held:
