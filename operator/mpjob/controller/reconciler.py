@@ -89,10 +89,10 @@ class Reconciler:
         #: one still queues its reconcile, which takes it out again if it has work).
         self.settled: set[Key] = set()
 
-    def handle(self, key: Key, tick: bool) -> None:
-        """A work queue item: reconcile one job (with its live progress when the ticker asked).
-        A failure is counted, logged and retried after the job's backoff; a tick does not
-        hurry a retry that is not due yet."""
+    def handle(self, key: Key, tick: bool) -> float | None:
+        """A work queue item: reconcile one job (with its live progress when the ticker asked); the
+        seconds after which its plan asks to be reconciled again (`Plan.requeue_after`). A failure is
+        counted, logged and retried after the job's backoff; a tick does not hurry a retry not yet due."""
         namespace, name = key
         self.cache.wait_synced()  # as controllers wait for their informers: never plan from half a listing
         self.context.wait()  # kopf.event works only in a context kopf has set up
@@ -100,15 +100,16 @@ class Reconciler:
             # A standby: kopf's own watch is paused too; the ticker comes back to the job. What it
             # read while it acted is forgotten: acting again, it reads anew (`unseen_for`).
             self.progress.forget(key)
-            return
+            return None
         if tick and self.backoff.waiting(key):
-            return
+            return None
         started = time.monotonic()
         try:
-            self.context.run(self.reconcile, namespace, name, progress=tick)
+            plan = self.context.run(self.reconcile, namespace, name, progress=tick)
         except Exception as exc:
             raise self._retry(key, exc, time.monotonic() - started) from exc
         self.backoff.forget(key)
+        return plan.requeue_after if plan is not None else None
 
     def _retry(self, key: Key, exc: Exception, seconds: float) -> Retry:
         kind = f"api{exc.status}" if isinstance(exc, ApiException) else type(exc).__name__
@@ -123,9 +124,9 @@ class Reconciler:
             log.exception("%s; retrying in %.1fs", what, delay)
         return Retry(delay)
 
-    def reconcile(self, namespace: str, name: str, *, progress: bool = False) -> MixedPrecisionJobStatus | None:
-        """Observe, decide, act for one MixedPrecisionJob. Safe to call from any trigger. With
-        `progress`, a running attempt's live figures are read and written too."""
+    def reconcile(self, namespace: str, name: str, *, progress: bool = False) -> Plan | None:
+        """Observe, decide, act for one MixedPrecisionJob: its plan (None: the job is gone or its spec
+        invalid). Safe to call from any trigger; with `progress`, live figures are read and written too."""
         with om.RECONCILE_SECONDS.time():
             body = self.unseen.pop((namespace, name), None) or self.cluster.read_job(namespace, name)
             if body is None:
@@ -170,7 +171,7 @@ class Reconciler:
             if plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
             self._settle((namespace, name), plan, seen)
-            return plan.status
+            return plan
 
     def _settle(self, key: Key, plan: Plan, seen: Observed) -> None:
         """A finished job none of whose children is left (none seen, none deleted now) is settled."""

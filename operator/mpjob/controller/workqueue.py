@@ -25,9 +25,11 @@ log = logging.getLogger("mpjob.operator.workqueue")
 
 
 class WorkQueue:
-    def __init__(self, handle: Callable[[Key, bool], None], workers: int, name: str = "mpjob-work") -> None:
+    def __init__(self, handle: Callable[[Key, bool], float | None], workers: int, name: str = "mpjob-work") -> None:
         """`handle(key, tick)` does the work; `tick` is True when only the ticker asked for it.
-        It may raise `Retry` to be called again after a delay."""
+        It may raise `Retry` to be called again after a delay (a failure), or return the seconds
+        after which it is to be called again though nothing changes (a wait that ends then: as
+        controller-runtime's RequeueAfter); None: not before a change or a tick."""
         self._handle = handle
         lock = threading.RLock()
         self._cv = threading.Condition(lock)  # workers wait here for keys
@@ -110,7 +112,9 @@ class WorkQueue:
         while (item := self._next()) is not None:
             key, tick = item
             try:
-                self._handle(key, tick)
+                again = self._handle(key, tick)
+                if again is not None:
+                    self.add_after(key, again)
             except Retry as retry:
                 self.add_after(key, retry.delay)
             except Exception:  # a handler's bug must not take a worker with it

@@ -38,3 +38,6 @@ class Plan:
     ended: Event | None = None  # what ended the last attempt (set by `conclude`), for views that narrate it
     #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
     deadline_seconds: int | None = None
+    #: Seconds after which the job is to be reconciled again though nothing it watches changes (a
+    #: wait that ends then: the next attempt's backoff); None: its changes and ticks are enough.
+    requeue_after: float | None = None

@@ -55,7 +55,8 @@ def reconcile(
     read of the running attempt found (`inplace.record` keeps those the status lacks);
     `unseen_for` the seconds the operator has been reading the running attempt without a reading
     of its own yet (None: it has one; `cutoff.stalled`); `retries` the wait before an attempt that
-    retries a failure as it was (`backoff`: its Job is created by a reconcile once it is due)."""
+    retries a failure as it was (`backoff`: its Job is created by a reconcile once it is due, which
+    `Plan.requeue_after` asks for)."""
     plan = _opened(spec, status, generation)
     status = plan.status
     when = When(st.stamp(now), generation)
@@ -87,8 +88,9 @@ def reconcile(
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
     newest = plan.status.attempts[-1].index if plan.status.attempts else None
-    if any(s.index == newest for s in plan.create) and backoff.held(plan, when, retries, now) is not None:
+    if any(s.index == newest for s in plan.create) and (wait := backoff.held(plan, when, retries, now)) is not None:
         plan.create = [s for s in plan.create if s.index != newest]
+        plan.requeue_after = wait.left(now)  # its Job is made by the reconcile that comes then
     if plan.create:
         plan.deadline_seconds = st.deadline_left(spec, status, now)
     return plan

@@ -91,10 +91,12 @@ def test_the_attempt_after_an_infra_error_is_created_once_its_wait_is_over_and_s
     assert condition.message.startswith(f"attempt 0 failed (InfraError: {REFUSED}); attempt 1 starts in 10s")
     assert "at 2026-11-22T12:00:10Z" in condition.message
     assert [e.reason for e in plan.events].count("BackingOff") == 1
+    assert plan.requeue_after == 10  # reconciled again when the wait ends, not at a later tick
     later = reconcile(S, read_back(plan.status), 1, {}, NOW + timedelta(seconds=9), retries=backoff.JOB_CONTROLLER)
     assert later.create == [] and "BackingOff" not in [e.reason for e in later.events]  # said once
+    assert later.requeue_after == 1
     due = reconcile(S, read_back(later.status), 1, {}, NOW + timedelta(seconds=10), retries=backoff.JOB_CONTROLLER)
-    assert [s.index for s in due.create] == [1]
+    assert [s.index for s in due.create] == [1] and due.requeue_after is None
     assert due.status.attempts[1].start_time == "2026-11-22T12:00:10Z"  # it starts when its Job is made
 
 
