@@ -93,11 +93,13 @@ class Wait:
 
 
 def retried_as_it_was(ended: AttemptStatus, after: AttemptStatus) -> bool:
-    """Whether `after` retries `ended`'s own failure unchanged: the same precision and micro-batch."""
+    """Whether `after` retries `ended`'s own failure unchanged: the same precision and micro-batch.
+    An `auto` attempt that failed before it measured (its precision still "auto") changed none:
+    the retry's precision is the one the planner resolves auto to, not a fallback."""
     return (
         ended.reason in RETRIED_FAILURES
         and after.index == ended.index + 1
-        and after.precision == ended.precision
+        and ended.precision in (after.precision, "auto")
         and after.micro_batch == ended.micro_batch
         and not after.in_place
     )

@@ -50,6 +50,8 @@ def newest(index: int, **kw: object) -> AttemptStatus:
         ([ended(0), ended(1, end_step=30), ended(2), newest(3)], 2),  # 1 trained: it counts, none before it
         ([ended(0), ended(1), newest(2, start_step=20)], 1),  # 1 passed a checkpoint the next resumes from
         ([ended(0), ended(2), newest(3)], 1),  # not in a row (attempts[] dropped one between)
+        ([ended(0, precision="auto"), newest(1)], 1),  # an auto attempt that failed before it measured
+        ([ended(0, precision="auto"), ended(1), newest(2)], 2),
     ],
 )
 def test_failures_in_a_row_count_retries_as_they_were_since_the_last_progress(
