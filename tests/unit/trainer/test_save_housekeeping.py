@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from botocore.exceptions import ClientError
 
 from mpjob_trainer.checkpoint import CheckpointStore, resume
 from mpjob_trainer.checkpoint.manifest import MANIFEST, folder_name
@@ -189,3 +190,25 @@ def test_what_a_bucket_store_logs_of_its_uploads_is_a_line_of_the_event_log() ->
     lines = {line["event"]: line for line in map(json.loads, out.getvalue().splitlines())}
     assert lines["checkpointUploadsAborted"]["count"] == 2
     assert lines["checkpointUploadsLeft"]["prefix"].startswith(f"{PREFIX}/{folder_name(10)}/w-")
+
+
+class ServerErrors(MemoryBucket):
+    """A bucket whose server answers a delete with 500 InternalError (botocore's retries spent):
+    through Bucket.refused, as Bucket.delete raises it."""
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            error = {"Code": "InternalError", "Message": "We encountered an internal error. Please try again."}
+            failed = ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 500}}, "DeleteObject")
+            raise self.refused(failed, f"delete {key}")
+
+
+def test_a_delete_the_server_refuses_names_the_key_in_the_housekeeping() -> None:
+    bucket = ServerErrors()
+    store = _bucket_store(bucket, keep=1)
+    store.write(10, "fp32", _state(10))
+    left = store.write(20, "fp32", _state(20)).housekeeping
+    assert left is not None and left.startswith("older checkpoints not pruned: BucketFailed: ")
+    assert f"delete {PREFIX}/{folder_name(10)}/" in left, left
+    assert f"{SETTINGS.bucket!r} at {SETTINGS.endpoint}" in left and "InternalError" in left, left
+    assert _committed(bucket) == [10, 20]

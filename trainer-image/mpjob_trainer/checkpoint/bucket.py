@@ -54,6 +54,11 @@ class BucketMisconfigured(ConfigError):
     """The bucket refused us for a reason no retry can fix (names the bucket and the code)."""
 
 
+class BucketFailed(Exception):
+    """The bucket answered with an error a later retry may fix (a 500, a 503: botocore's own
+    retries spent); names the bucket, what was being done (the key) and the server's code."""
+
+
 @dataclass
 class Bucket:
     settings: S3Storage
@@ -65,13 +70,18 @@ class Bucket:
         return self.settings.bucket
 
     def refused(self, exc: Exception, doing: str) -> Exception:
-        """`exc` as the store should see it: BucketMisconfigured when permanent, else itself."""
+        """`exc` as the store should see it: BucketMisconfigured when permanent, BucketFailed when
+        the server answered with another error code, else (no answer: a connection error, or what
+        a download's sink raised) itself."""
         code = _code(exc)
         if code in PERMANENT:
             return BucketMisconfigured(
                 f"checkpoint bucket {self.name!r} at {self.settings.endpoint} refused to {doing}: {code} "
                 f"({_message(exc)}); check checkpoint.storage.s3 and its credentials"
             )
+        if code:
+            where = f"checkpoint bucket {self.name!r} at {self.settings.endpoint}"
+            return BucketFailed(f"{where} failed to {doing}: {code} ({_message(exc)})")
         return exc
 
     def probe(self) -> None:
