@@ -12,9 +12,9 @@ split is for) and today's implementation flags (fused, foreach). An optimizer wh
 already match (a version-1 checkpoint written after the split, or a user's own optimizer)
 loads exactly as before; one that cannot be mapped to this run's optimizer (the user changed the
 model or the optimizer) is a configuration error that names the format and what to do. What is
-read is checked before it is mapped: an optimizer state no optimizer writes (its groups or
-per-parameter states of another shape) is the checkpoint's fault, CorruptCheckpoint, so the
-resume passes it over for the one before it.
+read is checked before it is mapped, by the rule every format's is (checkpoint.optimizer_state):
+an optimizer state no optimizer writes, or one that disagrees with the checkpoint's own weights,
+is the checkpoint's fault, CorruptCheckpoint, so the resume passes it over for the one before it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ import torch
 from torch import nn
 
 from mpjob_trainer.checkpoint.manifest import FORMAT_VERSION, CorruptCheckpoint
+from mpjob_trainer.checkpoint.optimizer_state import (
+    check_current,
+    check_shapes,
+    is_optimizer_state,
+    optimizer_state_problem,
+    own_weights,
+)
 from mpjob_trainer.errors import ConfigError
 
 #: Group settings taken from today's optimizer, not the checkpoint: the decay split itself, and
@@ -35,21 +42,21 @@ FORMAT_KEY = "formatVersion"
 
 
 def upgrade(state: dict[str, Any], objects: dict[str, Any]) -> dict[str, Any]:
-    """`state` as the current format holds it, for restoring into the run's `objects`:
-    CorruptCheckpoint when an older format's optimizer state is of no optimizer's shape
-    (`optimizer_state_problem`), a ConfigError when it does not map to this run's optimizer."""
+    """`state` as the current format holds it, for restoring into the run's `objects`, its
+    optimizer states checked by the one rule of checkpoint.optimizer_state: CorruptCheckpoint when
+    one disagrees with itself, a ConfigError when it does not fit (or map to) this run's optimizer."""
     version = int(state.get(FORMAT_KEY, FORMAT_VERSION))
+    problem = f"the checkpoint of step {state.get('step')}"
     if version >= FORMAT_VERSION:
+        check_current(state, objects, problem)
         return state
+    problem = f"{problem} is in checkpoint format {version}"
     upgraded = {key: value for key, value in state.items() if key != FORMAT_KEY}
     modules = {key: obj for key, obj in objects.items() if isinstance(obj, nn.Module)}
     for name, optimizer in objects.items():
         saved = upgraded.get(name)
-        if not isinstance(optimizer, torch.optim.Optimizer) or not isinstance(saved, dict):
-            continue
-        if not {"state", "param_groups"} & set(saved):
+        if not isinstance(optimizer, torch.optim.Optimizer) or not is_optimizer_state(saved):
             continue  # another object's state, no optimizer's: torch's load names what does not fit
-        problem = f"the checkpoint of step {state.get('step')} is in checkpoint format {version}"
         if (malformed := optimizer_state_problem(saved)) is not None:
             raise CorruptCheckpoint(f"{problem}: its {name!r} is no optimizer state: {malformed}")
         if len(saved["param_groups"]) == len(optimizer.param_groups):
@@ -58,29 +65,8 @@ def upgrade(state: dict[str, Any], objects: dict[str, Any]) -> dict[str, Any]:
         written = upgraded.get(trained) if trained is not None else None
         module = modules[trained] if trained is not None else None
         upgraded[name] = split_groups(saved, optimizer, module, name, problem, written=written)
+    check_current(upgraded, objects, problem)  # what it left as it was: torch loads it so
     return upgraded
-
-
-def optimizer_state_problem(saved: dict[str, Any]) -> str | None:
-    """What makes `saved`, read as a torch optimizer's state_dict, one no optimizer writes (None:
-    nothing): `state` a dict, `param_groups` a non-empty list of dicts whose `params` are lists of
-    distinct integer ids, and the state of each listed id, where there is one, a dict."""
-    per_param, groups = saved.get("state"), saved.get("param_groups")
-    if not isinstance(per_param, dict):
-        return f"its state is a {type(per_param).__name__}, not a dict"
-    if not isinstance(groups, list) or not groups:
-        return f"its param_groups are no non-empty list of groups (a {type(groups).__name__})"
-    ids: list[Any] = []
-    for index, group in enumerate(groups):
-        params = group.get("params") if isinstance(group, dict) else None
-        if not isinstance(params, list) or not all(type(i) is int for i in params):
-            return f"its param group {index} is no dict with a list of integer parameter ids under params"
-        ids.extend(params)
-    if len(set(ids)) != len(ids):
-        return "a parameter id is listed twice in its param groups"
-    if odd := [i for i in ids if i in per_param and not isinstance(per_param[i], dict)]:
-        return f"its state for parameter id {odd[0]} is a {type(per_param[odd[0]]).__name__}, not a dict"
-    return None
 
 
 def _trained_module(
@@ -119,8 +105,7 @@ def split_groups(
     (old_group,) = saved["param_groups"]
     order = list(module.parameters())
     saved_id = {id(param): old_id for param, old_id in zip(order, old_group["params"], strict=True)}
-    weights = written if isinstance(written, dict) else {}
-    own = {id(param): weights.get(key) for key, param in module.named_parameters()}
+    own = own_weights({"module": written}, {"module": module})
     state: dict[Any, Any] = {}
     groups: list[dict[str, Any]] = []
     next_id = 0
@@ -129,7 +114,7 @@ def split_groups(
         for param in group["params"]:
             per_param = saved["state"].get(saved_id[id(param)])
             if per_param is not None:
-                _check_shapes(per_param, param, own.get(id(param)), name, problem)
+                check_shapes(per_param, param, own.get(id(param)), name, problem)
                 state[next_id] = per_param
             ids.append(next_id)
             next_id += 1
@@ -137,23 +122,3 @@ def split_groups(
         todays = {key: group[key] for key in _TODAYS if key in group and key != "params"}
         groups.append({**hyper, **todays, "params": ids})
     return {"state": state, "param_groups": groups}
-
-
-def _check_shapes(per_param: dict[str, Any], param: torch.Tensor, own: Any, name: str, problem: str) -> None:
-    """A state of another shape than the checkpoint's own weight of its parameter `own` is the
-    checkpoint's fault (CorruptCheckpoint: it disagrees with itself); one of the shape the
-    checkpoint's weight has and this run's `param` has not is the model changed (ConfigError)."""
-    for key, value in per_param.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0:
-            continue
-        if isinstance(own, torch.Tensor) and value.shape != own.shape:
-            raise CorruptCheckpoint(
-                f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where the checkpoint's own "
-                f"weight of that parameter has {tuple(own.shape)}: the checkpoint disagrees with itself"
-            )
-        if value.shape != param.shape:
-            raise ConfigError(
-                f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where this run's parameter "
-                f"has {tuple(param.shape)}; the model changed since it was written: start afresh in a new "
-                "checkpoint folder"
-            )

@@ -51,8 +51,10 @@ def mismatch(exc: BaseException) -> bool:
     """Does `exc`, raised while a user object loads a checkpoint's state, say that state does not
     fit the object (a configuration error): torch's own RuntimeError of size mismatch, missing or
     unexpected keys, an optimizer's ValueError (group count, group sizes, `check_fits`), a state
-    of another shape (KeyError, TypeError)? Anything else (an I/O error, memory, a CUDA error) is
-    a failure to load, not a mismatch: an InfraError, retried."""
+    of another shape (KeyError, TypeError)? An optimizer state that disagrees with itself never
+    gets here: it is CorruptCheckpoint before anything loads (checkpoint.optimizer_state). Anything
+    else (an I/O error, memory, a CUDA error) is a failure to load, not a mismatch: an InfraError,
+    retried."""
     if isinstance(exc, ValueError | KeyError | TypeError):
         return True
     return type(exc) is RuntimeError and str(exc).startswith("Error(s) in loading state_dict")

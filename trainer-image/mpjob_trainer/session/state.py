@@ -162,9 +162,10 @@ class TrainingState:
         return state
 
     def _usable(self, state: dict[str, Any]) -> dict[str, Any]:
-        """`state` in the current format (`upgrade`: CorruptCheckpoint when what it read is of no
-        optimizer's shape, a ConfigError when it does not fit this run's objects), with its own
-        fields usable (else CorruptCheckpoint)."""
+        """`state` in the current format, its optimizer states checked before anything loads
+        (`upgrade`, by checkpoint.optimizer_state's rule: CorruptCheckpoint when one disagrees with
+        itself, a ConfigError when it does not fit this run's objects), with its own fields usable
+        (else CorruptCheckpoint)."""
         state = upgrade(state, self.objects)
         problem = own_fields_problem(state, self.own)
         if problem is not None:

@@ -1,0 +1,89 @@
+"""A current-format checkpoint's optimizer state is checked before anything is loaded, by the rule
+a format-1 one is (checkpoint.optimizer_state): a state no optimizer writes, or one that disagrees
+with the checkpoint's own weights, is the checkpoint's fault (CorruptCheckpoint: the resume passes
+it over for the one before it), never a ConfigError that ends the job nor a load that passes and a
+first step that fails in every attempt; a sound state that does not fit a model the user changed
+stays a configuration error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.state import TrainingState
+from tests.unit.trainer.test_checkpoint_format_faults import MALFORMED
+
+pytestmark = pytest.mark.unit
+
+
+def _run(width: int = 4) -> TrainingState:
+    """A model of hidden `width` and its SGD with momentum, one step taken (so it holds state)."""
+    model = nn.Sequential(nn.Linear(3, width), nn.Linear(width, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    return TrainingState({"model": model, "optimizer": optimizer})
+
+
+def _written(store: CheckpointStore, step: int, malformed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A checkpoint of `step` whose optimizer state is overlaid with `malformed` before it is
+    written (its sha256 is the manifest's), as verified on reading."""
+    state = _run().capture(step, step, "fp32", None)
+    state["optimizer"] = {**state["optimizer"], **(malformed or {})}
+    _, read = store.verify(Path(store.write(step, "fp32", state).ref.path))
+    return read
+
+
+@pytest.mark.parametrize("malformed", MALFORMED.values(), ids=MALFORMED.keys())
+def test_an_optimizer_state_of_no_optimizers_shape_is_the_checkpoints_fault(
+    tmp_path: Path, malformed: dict[str, Any]
+) -> None:
+    state = _written(CheckpointStore(tmp_path, keep=5, config_digest="d"), 5, malformed)
+    with pytest.raises(CorruptCheckpoint, match=r"the checkpoint of step 5: its 'optimizer' is no optimizer state: "):
+        _run().restore(state, "fp32", None)
+
+
+def test_a_resume_passes_a_malformed_optimizer_state_over_for_the_checkpoint_before_it(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d")
+    _written(store, 5)
+    _written(store, 10, MALFORMED["state-a-list"])
+    rejected: list[dict[str, Any]] = []
+    store.log = lambda event, **f: rejected.append({"event": event, **f})
+    run = _run()
+    loaded = resume.load(store, restore=lambda found: run.restore(found[1], "fp32", None))
+    assert loaded is not None and loaded[0].step == 5
+    assert [(r["event"], Path(r["path"]).name) for r in rejected] == [("checkpointRejected", "step-000000010")]
+
+
+def test_a_state_the_checkpoints_own_weights_disagree_with_is_its_fault_before_anything_loads(tmp_path: Path) -> None:
+    """torch's load takes a state of any shape: the first step would fail, in every attempt."""
+    state = _written(CheckpointStore(tmp_path, keep=5, config_digest="d"), 5)
+    state["optimizer"]["state"][0]["momentum_buffer"] = torch.zeros(3, 3)
+    run = _run()
+    before = [p.detach().clone() for p in run.parameters()]
+    with pytest.raises(
+        CorruptCheckpoint, match=r"state 'momentum_buffer' has shape \(3, 3\) where the checkpoint's own"
+    ):
+        run.restore(state, "fp32", None)
+    assert all(torch.equal(a, b) for a, b in zip(before, run.parameters(), strict=True))
+
+
+def test_a_checkpoint_of_a_model_the_user_changed_stays_a_configuration_error(tmp_path: Path) -> None:
+    state = _written(CheckpointStore(tmp_path, keep=5, config_digest="d"), 5)
+    with pytest.raises(ConfigError, match=r"the model changed since it was written"):
+        _run(width=8).restore(state, "fp32", None)
+
+
+def test_an_optimizer_registered_alone_whose_state_does_not_fit_is_a_configuration_error(tmp_path: Path) -> None:
+    """No weights of the checkpoint's own to compare with: the state fits no parameter of this run."""
+    written = _run()
+    state = TrainingState({"optimizer": written.optimizers()[0]}).capture(5, 5, "fp32", None)
+    other = _run(width=8)
+    with pytest.raises(ConfigError, match=r"where this run's parameter has \(8, 3\)"):
+        TrainingState({"optimizer": other.optimizers()[0]}).restore(state, "fp32", None)

@@ -1,0 +1,105 @@
+"""Whose fault an optimizer state read from a checkpoint is, told before anything is loaded.
+
+A checkpoint is read from a store, so under an optimizer's name it may hold any plain value.
+One rule, for every format (checkpoint.migrate brings a format-1 state forward with it, the
+restore checks a current one with it, session.state):
+- a state no optimizer writes (`optimizer_state_problem`: groups or per-parameter states of
+  another kind of value, an id listed twice), or one whose per-parameter tensors differ in shape
+  from the checkpoint's own weights of those parameters, is the checkpoint's fault: it disagrees
+  with itself. CorruptCheckpoint: the resume passes it over for the one before it;
+- a sound state that does not fit this run's parameters (the user changed the model or the
+  optimizer) is a ConfigError that names what to do, as torch's own load errors that remain.
+A parameter's checkpoint weight is the one its module (registered beside the optimizer) wrote
+under the parameter's name; the optimizer's parameters are taken in the order of their groups,
+as torch's load_state_dict maps them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+from mpjob_trainer.errors import ConfigError
+
+
+def optimizer_state_problem(saved: dict[str, Any]) -> str | None:
+    """What makes `saved`, read as a torch optimizer's state_dict, one no optimizer writes (None:
+    nothing): `state` a dict, `param_groups` a non-empty list of dicts whose `params` are lists of
+    distinct integer ids, and the state of each listed id, where there is one, a dict."""
+    per_param, groups = saved.get("state"), saved.get("param_groups")
+    if not isinstance(per_param, dict):
+        return f"its state is a {type(per_param).__name__}, not a dict"
+    if not isinstance(groups, list) or not groups:
+        return f"its param_groups are no non-empty list of groups (a {type(groups).__name__})"
+    ids: list[Any] = []
+    for index, group in enumerate(groups):
+        params = group.get("params") if isinstance(group, dict) else None
+        if not isinstance(params, list) or not all(type(i) is int for i in params):
+            return f"its param group {index} is no dict with a list of integer parameter ids under params"
+        ids.extend(params)
+    if len(set(ids)) != len(ids):
+        return "a parameter id is listed twice in its param groups"
+    if odd := [i for i in ids if i in per_param and not isinstance(per_param[i], dict)]:
+        return f"its state for parameter id {odd[0]} is a {type(per_param[odd[0]]).__name__}, not a dict"
+    return None
+
+
+def is_optimizer_state(saved: Any) -> bool:
+    """Does `saved` claim to be an optimizer's state_dict (a dict with either of its keys)? Another
+    object's state under an optimizer's name is left to torch's load, which names what does not fit."""
+    return isinstance(saved, dict) and bool({"state", "param_groups"} & set(saved))
+
+
+def own_weights(state: dict[str, Any], objects: dict[str, Any]) -> dict[int, Any]:
+    """The checkpoint's own weight of each parameter of the modules among `objects` (by id of
+    the parameter; what their states in `state` hold under its name, None where nothing)."""
+    weights: dict[int, Any] = {}
+    for name, module in objects.items():
+        if isinstance(module, nn.Module):
+            written = state.get(name)
+            held = written if isinstance(written, dict) else {}
+            weights.update({id(param): held.get(key) for key, param in module.named_parameters()})
+    return weights
+
+
+def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) -> None:
+    """Check each optimizer state a current-format `state` holds for the optimizers among
+    `objects` (the rule above): CorruptCheckpoint or ConfigError, saying why. `problem`: which
+    checkpoint it is, as messages start."""
+    for name, optimizer in objects.items():
+        saved = state.get(name)
+        if not isinstance(optimizer, torch.optim.Optimizer) or not is_optimizer_state(saved):
+            continue
+        if (malformed := optimizer_state_problem(saved)) is not None:
+            raise CorruptCheckpoint(f"{problem}: its {name!r} is no optimizer state: {malformed}")
+        live = [param for group in optimizer.param_groups for param in group["params"]]
+        ids = [i for group in saved["param_groups"] for i in group["params"]]
+        if len(ids) != len(live):
+            continue  # another count of parameters: torch's load names the groups that differ
+        own = own_weights(state, objects)
+        for param, saved_id in zip(live, ids, strict=True):
+            if (per_param := saved["state"].get(saved_id)) is not None:
+                check_shapes(per_param, param, own.get(id(param)), name, problem)
+
+
+def check_shapes(per_param: dict[str, Any], param: torch.Tensor, own: Any, name: str, problem: str) -> None:
+    """A state of another shape than the checkpoint's own weight of its parameter `own` is the
+    checkpoint's fault (CorruptCheckpoint: it disagrees with itself); one of the shape the
+    checkpoint's weight has and this run's `param` has not is the model changed (ConfigError)."""
+    for key, value in per_param.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if isinstance(own, torch.Tensor) and value.shape != own.shape:
+            raise CorruptCheckpoint(
+                f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where the checkpoint's own "
+                f"weight of that parameter has {tuple(own.shape)}: the checkpoint disagrees with itself"
+            )
+        if value.shape != param.shape:
+            raise ConfigError(
+                f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where this run's parameter "
+                f"has {tuple(param.shape)}; the model changed since it was written: start afresh in a new "
+                "checkpoint folder"
+            )
