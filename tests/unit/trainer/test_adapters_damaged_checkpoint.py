@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from mpjob_contract.codes import ExitCode
@@ -67,18 +68,28 @@ def test_a_framework_checkpoint_bad_inside_is_marked_and_passed_over_by_the_repl
     assert not (ckpt / ".unloadable-step-000000010").exists()  # its mark went with it
 
 
+def _sound(weights: Path) -> bool:
+    """Does the framework's weights file load (the save of its step wrote it again)?"""
+    if weights.suffix == ".safetensors":
+        return bool(load_file(weights))
+    return "state_dict" in torch.load(weights, map_location="cpu", weights_only=False)
+
+
 @pytest.mark.process
-def test_a_last_step_hf_checkpoint_bad_inside_is_marked_and_the_last_steps_trained_again(tmp_path: Path) -> None:
-    """A retry that finds the run done reads the Trainer's weights of the last step (as after
-    train()); a weights file cut short under a manifest written again over it is the checkpoint's
-    fault: rejected and marked unloadable (the attempt an InfraError, no loader's own error), so
-    the next attempt resumes from the one before it and trains the last steps again."""
-    spec = adapter_job("hf", training={"steps": 20}, checkpoint={"everySteps": 10, "keep": 3})
-    argv = command("hf")[1:]
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_a_last_step_checkpoint_bad_inside_is_marked_and_the_last_steps_trained_again(
+    tmp_path: Path, framework: str
+) -> None:
+    """A retry that finds the run done reads the framework's weights of the last step (as after
+    train() or fit()); a weights file cut short under a manifest written again over it is the
+    checkpoint's fault: rejected and marked unloadable (the attempt an InfraError, no loader's own
+    error), so the next attempt resumes from the one before it and trains the last steps again."""
+    spec = adapter_job(framework, training={"steps": 20}, checkpoint={"everySteps": 10, "keep": 3})
+    argv = command(framework)[1:]
     first = run_trainer(tmp_path, spec, "fp32", argv=argv, name="a0.json")
     assert first.code == ExitCode.SUCCESS, first.stderr[-3000:]
     last = tmp_path / "ckpt" / "step-000000020"
-    weights = next((last / "framework").rglob(WEIGHTS["hf"]))
+    weights = next((last / "framework").rglob(WEIGHTS[framework]))
     data = weights.read_bytes()[: weights.stat().st_size // 2]
     weights.write_bytes(data)
     manifest = json.loads((last / "manifest.json").read_text())
@@ -88,11 +99,11 @@ def test_a_last_step_hf_checkpoint_bad_inside_is_marked_and_the_last_steps_train
     done = run_trainer(tmp_path, spec, "fp32", argv=argv, attempt=1, name="a1.json")
     assert done.code == ExitCode.INFRA_ERROR, done.stderr[-3000:]
     (rejected,) = done.of("checkpointRejected")
-    assert rejected["path"].endswith("step-000000020") and "model.safetensors" in rejected["problem"], rejected
+    assert rejected["path"].endswith("step-000000020") and WEIGHTS[framework] in rejected["problem"], rejected
     assert done.report is not None and done.report.message.startswith("CorruptCheckpoint: step-000000020")
     assert (tmp_path / "ckpt" / ".unloadable-step-000000020").exists()
 
     again = run_trainer(tmp_path, spec, "fp32", argv=argv, attempt=2, name="a2.json")
     assert again.code == ExitCode.SUCCESS, again.stderr[-3000:]
     assert again.of("resume")[0]["step"] == 10 and [e["step"] for e in again.of("checkpoint")] == [20]
-    assert load_file(next((last / "framework").rglob(WEIGHTS["hf"])))  # the save of step 20 replaced it
+    assert _sound(next((last / "framework").rglob(WEIGHTS[framework])))  # the save of step 20 replaced it

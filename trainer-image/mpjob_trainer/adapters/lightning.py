@@ -52,7 +52,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from mpjob_trainer.adapters.lightning_step import register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT
+from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_weights
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
@@ -276,9 +276,8 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     run.keep_fp32(model)
     point = bridge.resume()
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None
-    if point.done:  # the last step's checkpoint: nothing left to fit
-        assert ckpt is not None  # its weights, as after fit (the script may save or evaluate), read as fit reads it
-        model.load_state_dict(trainer.strategy.load_checkpoint(ckpt)["state_dict"])
+    if point.done:  # the last step's checkpoint: nothing left to fit; its weights, as after fit, read as fit reads it
+        bridge.read_last(point, lambda folder: lightning_weights(model, folder, trainer.strategy.load_checkpoint))
         return
     with quarantined_steps(model, callback.quarantined):
         while True:

@@ -62,6 +62,17 @@ def hf_reader(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[P
     return read
 
 
+def lightning_weights(module: nn.Module, folder: Path, load: Callable[[Path], Any]) -> None:
+    """The weights of the Lightning checkpoint in `folder` into `module`, the file read by `load`
+    (as fit reads it: the strategy's) by the replay's rule: CorruptCheckpoint when it does not load,
+    or holds no `state_dict` of weights, before `module` is touched."""
+    saved = _read(folder, LIGHTNING_CHECKPOINT, load)
+    weights = saved.get("state_dict") if isinstance(saved, dict) else None
+    if not isinstance(weights, dict):
+        raise CorruptCheckpoint(f"{folder.parent.name}: {FRAMEWORK}/{LIGHTNING_CHECKPOINT} holds no state_dict")
+    module.load_state_dict(weights)
+
+
 def lightning_reader(module: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Path], None]:
     """The replay's reading of the Lightning checkpoint in `folder` into `module` and `optimizer`."""
 
