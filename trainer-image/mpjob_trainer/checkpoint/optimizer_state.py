@@ -16,7 +16,7 @@ as torch's load_state_dict maps them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -47,7 +47,7 @@ def optimizer_state_problem(saved: dict[str, Any]) -> str | None:
     return None
 
 
-def is_optimizer_state(saved: Any) -> bool:
+def is_optimizer_state(saved: Any) -> TypeGuard[dict[str, Any]]:
     """Does `saved` claim to be an optimizer's state_dict (a dict with either of its keys)? Another
     object's state under an optimizer's name is left to torch's load, which names what does not fit."""
     return isinstance(saved, dict) and bool({"state", "param_groups"} & set(saved))
