@@ -4,7 +4,7 @@ A checkpoint is read from a store, so under an optimizer's name it may hold any 
 One rule, for every format (checkpoint.migrate brings a format-1 state forward with it, the
 restore checks a current one with it, session.state):
 - a state no optimizer writes (`optimizer_state_problem`: groups or per-parameter states of
-  another kind of value, an id listed twice), or one whose per-parameter tensors differ in shape
+  another kind of value, an id listed twice), or one whose per-parameter tensors kept in their parameter's shape differ
   from the checkpoint's own weights of those parameters, is the checkpoint's fault: it disagrees
   with itself. CorruptCheckpoint: the resume passes it over for the one before it;
 - a sound state that does not fit this run's parameters (the user changed the model or the
@@ -85,12 +85,22 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
                 check_shapes(per_param, param, own.get(id(param)), name, problem)
 
 
+#: The per-parameter states torch's optimizers keep in their parameter's shape (Adam, AdamW,
+#: NAdam, RAdam, Adamax, SGD, RMSprop, Adagrad, Adadelta, Rprop, ASGD). Others are not held to
+#: it: LBFGS keeps flat direction vectors, a factored optimizer keeps row and column statistics.
+PARAMETER_SHAPED = frozenset(
+    {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg", "grad_avg"}
+    | {"acc_delta", "sum", "prev", "step_size", "ax"}
+)
+
+
 def check_shapes(per_param: dict[str, Any], param: torch.Tensor, own: Any, name: str, problem: str) -> None:
-    """A state of another shape than the checkpoint's own weight of its parameter `own` is the
-    checkpoint's fault (CorruptCheckpoint: it disagrees with itself); one of the shape the
-    checkpoint's weight has and this run's `param` has not is the model changed (ConfigError)."""
+    """A state kept in its parameter's shape (PARAMETER_SHAPED) of another shape than the
+    checkpoint's own weight of that parameter `own` is the checkpoint's fault (CorruptCheckpoint:
+    it disagrees with itself); one of the shape the checkpoint's weight has and this run's `param`
+    has not is the model changed (ConfigError)."""
     for key, value in per_param.items():
-        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        if key not in PARAMETER_SHAPED or not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue
         if isinstance(own, torch.Tensor) and value.shape != own.shape:
             raise CorruptCheckpoint(
