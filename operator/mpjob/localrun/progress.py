@@ -4,6 +4,7 @@ JSON lines with --json (one object per event, for scripts)."""
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Literal, Protocol
 
 from rich.console import Console
@@ -29,11 +30,18 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+#: One line at a time: a stop's line comes from a thread of its own (`signal_relay`), and print
+#: writes the text and its newline apart, so two threads' lines could run into one another.
+#: Reentrant: a signal handler that printed (none may) would fail loudly in the stream, not hang here.
+_LINE = threading.RLock()
+
+
 def _line(text: str, stream: Any) -> None:
     """One line on `stream`; once its reader is gone (`mpjob run job.yaml | head`), the lines go
     nowhere and the run goes on: report.json keeps its record, a traceback would not."""
     try:
-        print(text, file=stream, flush=True)
+        with _LINE:
+            print(text, file=stream, flush=True)
     except BrokenPipeError:
         to_nowhere(stream)
 

@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mpjob.localrun.signal_relay import SignalRelay
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.plan import Plan, When
@@ -68,21 +69,31 @@ def pressed(stop: Stop, sig: int = signal.SIGINT) -> Press:
 class CtrlC:
     """The user's Ctrl-C while a run goes on: a handler, not a KeyboardInterrupt (one raised
     wherever the runner stood would skip the trainers' checkpoint, or leave report.json behind
-    what happened), each press shown at once and passed on to the workers running (`pressed`);
-    between attempts it stops the run before the next one starts."""
+    what happened), each press passed on to the workers running (`pressed`) and shown at once;
+    between attempts it stops the run before the next one starts.
+
+    The handler (`press`) runs in the main thread between two bytecodes, wherever it stood: it
+    only records the press (attribute writes), signals the workers (os.kill) and posts its line
+    to a `SignalRelay`, whose thread shows it and wakes `pause`; it takes no lock and prints
+    nothing (`signal_relay` says what that did)."""
 
     def __init__(self, view: ProgressView) -> None:
         self.view = view
         self.stop = Stop.NONE
         self.by = CALLED[signal.SIGINT]  # what the latest stop was: Ctrl-C or SIGTERM
         self._last: Press | None = None  # the latest press
-        self._pressed = threading.Event()  # ends a `pause`
+        self._relay: SignalRelay | None = None  # the outermost `caught`'s, while it runs
+        self._pressed = threading.Event()  # ends a `pause`: set by the relay's thread, never the handler
 
     @contextlib.contextmanager
     def caught(self, workers: Workers | None = None) -> Iterator[None]:
         """Ctrl-C stops `workers` for as long as the block runs (their lines, then their endings);
         without workers, it only records the stop (the runner ends the run at the next attempt).
-        A press that came as the workers started, before the block, reaches them as it begins."""
+        A press that came as the workers started, before the block, reaches them as it begins.
+        Every press's line is shown by the block's end."""
+        relay = None
+        if self._relay is None:
+            relay = self._relay = SignalRelay(self._say)
         previous = {sig: signal.signal(sig, lambda got, _: self.press(workers, got)) for sig in CALLED}
         if workers is not None and self._last is not None:
             workers.signal(self._last.signal)
@@ -91,6 +102,11 @@ class CtrlC:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if relay is not None:
+                self._relay = None
+                relay.close()
+            elif self._relay is not None:
+                self._relay.settle()  # the block's presses are said before what the run says of its end
 
     def held_back(self) -> AttemptOutcome | None:
         """The ending of the next attempt, not started: the user stopped the run before it (None: it starts)."""
@@ -104,12 +120,18 @@ class CtrlC:
         self._pressed.wait(seconds)
 
     def press(self, workers: Workers | None, sig: int = signal.SIGINT) -> None:
+        """The signal handler (within `caught`): no lock, no print, whatever the main thread was doing."""
         press = self._last = pressed(self.stop, sig)
-        self._pressed.set()
         self.stop, self.by = press.stop, CALLED[sig]
-        self.view.info(press.line if workers is not None else BETWEEN_LINE)
+        if self._relay is not None:
+            self._relay.post(press.line if workers is not None else BETWEEN_LINE)
         if workers is not None:
-            workers.signal(press.signal)
+            workers.signal(press.signal)  # Popen.send_signal: os.kill, its poll never waits for a lock
+
+    def _say(self, line: str) -> None:
+        """A press's line, from the relay's thread: `pause` ends, then the line is shown."""
+        self._pressed.set()
+        self.view.info(line)
 
 
 def stop_message(
