@@ -15,7 +15,6 @@ import os
 import secrets
 import signal
 import socket
-import sys
 import time
 from collections.abc import Mapping
 
@@ -117,11 +116,13 @@ def _stop(signum: int, _frame: object) -> None:
     nothing to finish. Not SystemExit: raised wherever the main thread is (inside the event loop
     kopf.run has begun, or a log write), it unwound the loop midway (a hang) or finalized the
     interpreter under the cache's running threads (SIGABRT); not `log`: a write this signal
-    interrupted would be re-entered."""
-    os.write(
-        sys.stderr.fileno(), f"{signal.Signals(signum).name} received before the operator started: stopping\n".encode()
-    )
-    os._exit(0)
+    interrupted would be re-entered. The line is the one thing that may fail (stderr a pipe whose
+    reader is gone, or closed): the exit comes all the same, not an OSError raised where the main
+    thread stood."""
+    try:
+        os.write(2, f"{signal.Signals(signum).name} received before the operator started: stopping\n".encode())
+    finally:
+        os._exit(0)
 
 
 def cannot_listen(flag: str, port: int, bind_address: str, exc: OSError) -> str:

@@ -99,3 +99,29 @@ def test_a_stop_before_kopf_runs_ends_the_process_at_once_whatever_its_threads_d
     assert code == 0, said[-2000:]
     assert f"{signal.Signals(signum).name} received before the operator started: stopping" in said
     assert "Traceback" not in said and "Logging error" not in said
+
+
+#: The pre-kopf stop installed, then nothing but waiting for a signal.
+WAITING = """
+import signal
+from mpjob.controller import main
+main.stop_on_signals()
+print("started", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_a_stop_before_kopf_runs_ends_the_process_when_its_line_cannot_be_written() -> None:
+    """stderr a pipe whose reader is gone (a log collector restarted): writing the line raised
+    BrokenPipeError from the handler where the main thread stood, and the process went on, or died
+    of the traceback, but never took its clean exit."""
+    child = subprocess.Popen([sys.executable, "-c", WAITING], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        assert child.stdout.readline() == "started\n"
+        child.stderr.close()  # the reader is gone: the child's write to stderr fails with EPIPE
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=20) == 0
+    finally:
+        child.kill()
