@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from pathlib import Path
 
 from tests.cluster.nodeagent.agent import NodeAgent
@@ -18,12 +19,16 @@ def main() -> None:
     args = parser.parse_args()
     agent = NodeAgent(args.kubeconfig, args.state_dir)
     # SIGTERM (make cluster-down) stops the pods; SIGKILL leaves them for a restarted agent.
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: agent.stop.set())
+    # The handler only notes the signal: setting the Event there could deadlock on the lock a
+    # wait on that Event holds in this same thread; the loop below sets it.
+    signalled: list[int] = []
+    signal.signal(signal.SIGTERM, lambda sig, _: signalled.append(sig))
+    signal.signal(signal.SIGINT, lambda sig, _: signalled.append(sig))
     runner = threading.Thread(target=agent.run, daemon=True)
     runner.start()
-    while not agent.stop.wait(1):
-        pass
+    while not signalled and not agent.stop.is_set():
+        time.sleep(0.2)
+    agent.stop.set()
     agent.shutdown()
     log("node agent stopped")
 
