@@ -65,3 +65,27 @@ def wire_self(model: BaseModel) -> dict[str, Any]:
     """A model as a rule's `self` sees it: its set fields by wire name (values as they are)."""
     fields = type(model).model_fields
     return {field.alias or name: value for name, field in fields.items() if (value := getattr(model, name)) is not None}
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A rule on an update, over `self` (the node at `path` as the update would store it) and
+    `oldSelf` (as stored): the API server refuses an update that breaks it. A manifest alone
+    cannot break one, so `mpjob validate` has nothing to check; the API server evaluates it only
+    where both the old and the new object have the node."""
+
+    #: The schema node the rule is attached to, as `Rule.path`.
+    path: str
+    #: The CEL expression, over `self` and `oldSelf`.
+    cel: str
+    #: What the API server says when an update breaks the rule.
+    message: str
+    #: The field below `path` the error names, as `Rule.field_path`.
+    field_path: str = ""
+
+    def x_kubernetes_validation(self) -> dict[str, str]:
+        """The rule as one entry of the CRD's `x-kubernetes-validations`."""
+        entry = {"rule": self.cel, "message": self.message}
+        if self.field_path:
+            entry["fieldPath"] = self.field_path
+        return entry

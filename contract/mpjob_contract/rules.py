@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mpjob_contract.cel import Rule as Rule
+from mpjob_contract.cel import Transition
 from mpjob_contract.cel import wire_self as wire_self
 from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed
 from mpjob_contract.pod_rules import ITEM_RULES as ITEM_RULES
@@ -279,7 +280,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def cel_by_path(rules: Sequence[Rule] = RULES) -> dict[str, list[dict[str, str]]]:
+def cel_by_path(rules: Sequence[Rule | Transition] = RULES) -> dict[str, list[dict[str, str]]]:
     """Schema path -> its `x-kubernetes-validations`, as the CRD carries them."""
     by_path: dict[str, list[dict[str, str]]] = {}
     for rule in rules:

@@ -4,7 +4,8 @@ The pydantic JSON schema is turned into a Kubernetes structural schema: referenc
 inlined, Optional becomes a plain optional field, numeric bounds use OpenAPI v3.0's
 boolean exclusive bounds, and the cross-field rules (mpjob_contract.rules: each one's CEL beside
 the Python check the pydantic validators call) become `x-kubernetes-validations`, so the API
-server and `mpjob validate` reject the same manifests.
+server and `mpjob validate` reject the same manifests. So do the transition rules with which the
+API server refuses an update that changes what a checkpoint binds (mpjob_contract.binding).
 
 No field of the spec is free-form: a free-form field (x-kubernetes-preserve-unknown-fields with
 nothing below it) lets the API server store a document nested 10,000 levels deep, which no
@@ -22,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from mpjob_contract import api, k8s, rules
+from mpjob_contract import api, binding, k8s, rules
 
 DEFAULT_PATHS = [
     Path("crds/mixedprecisionjobs.mpjob.dev.yaml"),
@@ -30,8 +31,9 @@ DEFAULT_PATHS = [
 ]
 
 #: Cross-field rules, by schema path (dotted, camelCase): the table in mpjob_contract.rules,
-#: whose checks the pydantic validators call too.
-CEL_RULES: dict[str, list[dict[str, str]]] = rules.cel_by_path()
+#: whose checks the pydantic validators call too, and the transition rules that keep a job's
+#: checkpoint-bound settings as they were created (mpjob_contract.binding).
+CEL_RULES: dict[str, list[dict[str, str]]] = rules.cel_by_path([*rules.RULES, *binding.UNCHANGED.values()])
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

@@ -1,11 +1,17 @@
 """A running job's spec edited on the real control plane: the attempt running trains on the spec
-it was launched with, and the status tells what it did (docs/walkthrough.md, "Change a running
-job")."""
+it was launched with, and the status tells what it did; an edit of what its checkpoints bind is
+refused by the API server (docs/walkthrough.md, "Change a running job")."""
 
 from __future__ import annotations
 
-import pytest
+import copy
+import json
+from typing import Any
 
+import pytest
+from kubernetes import client
+
+from mpjob_contract import api, binding
 from tests.helpers import paced
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.integration.operator.test_fault_policy import mlp_spec
@@ -35,3 +41,54 @@ def test_steps_lowered_below_the_running_step_leave_the_attempt_s_steps_and_chec
     assert (status["step"], attempt["endStep"], status["totalSteps"]) == (STEPS, STEPS, STEPS)
     checkpoint = status["lastCheckpoint"]
     assert checkpoint["step"] == STEPS and checkpoint["path"].endswith(f"step-{STEPS:09d}"), checkpoint
+
+
+def _refused(jobs: Jobs, name: str, edit: dict[str, Any]) -> str:
+    """The API server's message refusing the spec edit `edit` (a merge patch, as `kubectl edit`)."""
+    with pytest.raises(client.ApiException) as refused:
+        jobs.patch_spec(name, edit)
+    assert refused.value.status == 422, refused.value.body
+    said: str = json.loads(refused.value.body)["message"]
+    return said
+
+
+def _replace(jobs: Jobs, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The job's spec replaced by `spec` whole (what `kubectl apply` or `replace` of a file sends)."""
+    job = jobs.get(name)
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": job["metadata"], "spec": spec}
+    made: dict[str, Any] = jobs.custom.replace_namespaced_custom_object(
+        api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, name, body
+    )
+    return made
+
+
+def test_the_api_server_refuses_an_edit_of_what_the_checkpoints_bind_and_takes_every_other(
+    shipped_crd: None, jobs: Jobs
+) -> None:
+    """task (its args too), training.seed and the samples per step are refused, each naming its
+    field and the ways on; a re-split of the same samples per step, steps and workers are taken."""
+    written = mlp_spec("ckpt", "fp16", every=20)
+    written["training"].update(batchSize=4, gradAccumulation=1, seed=7)
+    jobs.create("bound", written)
+    stored = jobs.get("bound")["spec"]
+    ways_on = "delete the job and create it again, or create a job under a new name"
+
+    said = _refused(jobs, "bound", {"task": {"args": {"hidden": 32}}})
+    assert f'spec.task: Invalid value: "object": {binding.UNCHANGED["task"].message}' in said, said
+    assert ways_on in said
+    said = _refused(jobs, "bound", {"training": {"seed": 8}})
+    assert f'spec.training.seed: Invalid value: "object": {binding.UNCHANGED["seed"].message}' in said, said
+    said = _refused(jobs, "bound", {"training": {"batchSize": 8}})
+    assert f'spec.training: Invalid value: "object": {binding.UNCHANGED["samplesPerStep"].message}' in said
+    other_seed = copy.deepcopy(stored)
+    other_seed["training"]["seed"] = 0
+    with pytest.raises(client.ApiException) as refused:
+        _replace(jobs, "bound", other_seed)
+    assert "spec.training.seed: " in json.loads(refused.value.body)["message"]
+    assert jobs.get("bound")["spec"] == stored, "a refused edit left the spec as it was"
+
+    assert _replace(jobs, "bound", written)["metadata"]["generation"] == 1, "the file again, changing nothing"
+    jobs.patch_spec("bound", {"training": {"steps": 60, "batchSize": 2, "gradAccumulation": 2}, "workers": 2})
+    training = jobs.get("bound")["spec"]["training"]
+    assert (training["steps"], training["batchSize"], training["gradAccumulation"]) == (60, 2, 2)
+    assert jobs.get("bound")["spec"]["workers"] == 2

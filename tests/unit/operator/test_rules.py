@@ -1,6 +1,7 @@
 """The cross-field rules table: every rule in the CRD at its path, nothing in the CRD's CEL that
-is not in the table, and every rule broken by a shared bad-manifest case that `mpjob validate`
-refuses with the rule's message (tests/integration/operator/test_admission.py: the API server too)."""
+is not in the table (or in the bound settings' transition rules: test_bound_settings_schema), and
+every rule broken by a shared bad-manifest case that `mpjob validate` refuses with the rule's
+message (tests/integration/operator/test_admission.py: the API server too)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 
 from mpjob.crd import CEL_RULES, crd_yaml
 from mpjob.validation import check_text
-from mpjob_contract import rules
+from mpjob_contract import binding, rules
 from mpjob_contract.api import MixedPrecisionJobSpec
 from tests.unit.operator.cases import CASES, RULE_CASES
 
@@ -20,18 +21,18 @@ pytestmark = pytest.mark.unit
 CASE_MANIFESTS = {name: manifest for name, manifest, _ in CASES}
 
 
-def _validations(node: Any, path: str) -> dict[str, list[dict[str, str]]]:
+def validations_below(node: Any, path: str) -> dict[str, list[dict[str, str]]]:
     """Every `x-kubernetes-validations` below `node`, by the table's path notation (`name[]`:
     the list's items; map values would show as `name{}`, where the table puts no rule)."""
     if not isinstance(node, dict):
         return {}
     found = {path: node["x-kubernetes-validations"]} if "x-kubernetes-validations" in node else {}
     if isinstance(node.get("items"), dict):
-        found.update(_validations(node["items"], path + "[]"))
+        found.update(validations_below(node["items"], path + "[]"))
     if isinstance(node.get("additionalProperties"), dict):
-        found.update(_validations(node["additionalProperties"], path + "{}"))
+        found.update(validations_below(node["additionalProperties"], path + "{}"))
     for name, child in node.get("properties", {}).items():
-        found.update(_validations(child, f"{path}.{name}".lstrip(".")))
+        found.update(validations_below(child, f"{path}.{name}".lstrip(".")))
     return found
 
 
@@ -41,9 +42,9 @@ def crd_schema() -> dict[str, Any]:
 
 
 def test_every_cel_rule_of_the_crd_comes_from_the_table() -> None:
-    from_table = rules.cel_by_path()
+    from_table = rules.cel_by_path([*rules.RULES, *binding.UNCHANGED.values()])
     assert from_table == CEL_RULES
-    assert from_table == _validations(crd_schema(), "")
+    assert from_table == validations_below(crd_schema(), "")
 
 
 @pytest.mark.parametrize("rule", rules.RULES, ids=[r.name for r in rules.RULES])
