@@ -5,6 +5,7 @@ shows the API server refusing and taking the edits."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,3 +71,8 @@ def test_an_unset_training_field_reads_as_its_schema_default(field: str, default
     rules = [r["rule"] for r in training["x-kubernetes-validations"]]
     for side in ("self", "oldSelf"):
         assert any(f"(has({side}.{field}) ? {side}.{field} : {default})" in rule for rule in rules), field
+
+
+def test_the_docs_quote_the_seed_rule_s_message_as_the_api_server_says_it() -> None:
+    sdk = " ".join((Path(__file__).resolve().parents[3] / "docs" / "sdk.md").read_text().split())
+    assert f'spec.training.seed: Invalid value: "object": {binding.UNCHANGED["seed"].message}' in sdk
