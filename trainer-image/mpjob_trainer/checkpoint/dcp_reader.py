@@ -37,6 +37,7 @@ from torch.futures import Future
 
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+from mpjob_trainer.checkpoint.optimizer_state import own_shape_problem, value_problem
 
 if TYPE_CHECKING:
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
@@ -96,7 +97,17 @@ def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata
             raise CorruptCheckpoint(f"{where}: a storage entry names {str(name)[:100]!r}, not a file of the checkpoint")
         if getattr(info, "transform_descriptors", None):  # mpjob writes none (no compression)
             raise CorruptCheckpoint(f"{where}: a storage entry asks for transforms mpjob never writes")
+    if not isinstance(metadata.state_dict_metadata, dict) or any(
+        map(_bad_entry, metadata.state_dict_metadata.values())
+    ):
+        raise CorruptCheckpoint(f"{where}: an entry is neither a value nor a tensor of non-negative sizes")
     return metadata
+
+
+def _bad_entry(entry: Any) -> bool:
+    if isinstance(entry, dcp_metadata.TensorStorageMetadata):
+        return not isinstance(entry.size, torch.Size) or any(n < 0 for n in entry.size)
+    return not isinstance(entry, dcp_metadata.BytesStorageMetadata)
 
 
 def _values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
@@ -215,11 +226,50 @@ class WeightsOnlyPlanner(DefaultLoadPlanner):
         return plan
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        try:
-            loaded = torch.load(value, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise CorruptCheckpoint(f"{read_item.dest_index.fqn}: not a plain value ({str(exc)[:200]})") from None
+        loaded = _plain(read_item.dest_index.fqn, value.read())
         plain = io.BytesIO()  # our own pickle of plain values: what the default planner reads safely
         torch.save(loaded, plain)
         plain.seek(0)
         super().load_bytes(read_item, plain)
+
+
+def _plain(fqn: str, raw: bytes) -> Any:
+    """The non-tensor value `fqn` from its bytes `raw`, read weights-only."""
+    try:
+        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CorruptCheckpoint(f"{fqn}: not a plain value ({str(exc)[:200]})") from None
+
+
+def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, str]) -> None:
+    """Before DCP loads anything into `target` (the live state dicts of the pair `names`), what the
+    checkpoint's index says is checked by checkpoint.optimizer_state's rules: the optimizer's states
+    agree with the module's own entries, and every non-tensor value of `target`'s it lists (an
+    optimizer's settings: lr, betas, ...) reads as a value of the kind this run holds there.
+    CorruptCheckpoint, saying why, when not: the checkpoint's fault, passed over for the one before
+    it, where a value read raw would fail the first step of every attempt."""
+    where, metadata = shards.folder.name, shards.index()
+    if "optimizer" in names:
+        _check_own_entries(metadata, names["module"], names["optimizer"], where)
+    planner = DefaultLoadPlanner()  # its flattened state dict: the keys DCP reads into
+    planner.set_up_planner(target, metadata)
+    live = planner.state_dict
+    for index, info in _values(metadata):
+        if index.fqn in live:
+            value = _plain(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
+            if (problem := value_problem(live[index.fqn], value)) is not None:
+                raise CorruptCheckpoint(f"{where}: its {index.fqn} is {problem}")
+
+
+def _check_own_entries(metadata: dcp_metadata.Metadata, module: str, optimizer: str, where: str) -> None:
+    """The index's optimizer state of each parameter has the shape of the index's own entry of its
+    weight (`optimizer.state.<param>.<key>` beside `module.<param>`), else CorruptCheckpoint."""
+    entries, prefix = metadata.state_dict_metadata, f"{optimizer}.state."
+    for fqn, entry in entries.items():
+        if not fqn.startswith(prefix) or not isinstance(entry, dcp_metadata.TensorStorageMetadata):
+            continue
+        param, _, key = fqn.removeprefix(prefix).rpartition(".")
+        own = entries.get(f"{module}.{param}")
+        own_shape = tuple(own.size) if isinstance(own, dcp_metadata.TensorStorageMetadata) else None
+        if (problem := own_shape_problem(key, tuple(entry.size), own_shape)) is not None:
+            raise CorruptCheckpoint(f"{where}: its index's {optimizer!r} {problem} ({param[:100]})")

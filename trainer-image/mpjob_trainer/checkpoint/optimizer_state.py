@@ -102,14 +102,60 @@ def check_shapes(per_param: dict[str, Any], param: torch.Tensor, own: Any, name:
     for key, value in per_param.items():
         if key not in PARAMETER_SHAPED or not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue
-        if isinstance(own, torch.Tensor) and value.shape != own.shape:
-            raise CorruptCheckpoint(
-                f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where the checkpoint's own "
-                f"weight of that parameter has {tuple(own.shape)}: the checkpoint disagrees with itself"
-            )
+        own_shape = tuple(own.shape) if isinstance(own, torch.Tensor) else None
+        if (disagrees := own_shape_problem(key, tuple(value.shape), own_shape)) is not None:
+            raise CorruptCheckpoint(f"{problem}: its {name!r} {disagrees}")
         if value.shape != param.shape:
             raise ConfigError(
                 f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where this run's parameter "
                 f"has {tuple(param.shape)}; the model changed since it was written: start afresh in a new "
                 "checkpoint folder"
             )
+
+
+def own_shape_problem(key: str, shape: tuple[int, ...], own: tuple[int, ...] | None) -> str | None:
+    """Why a parameter's state `key` of `shape` disagrees with the checkpoint's own weight of that
+    parameter, of shape `own` (None: no weight to compare with), for any format and layout (the
+    single file's tensors, DCP's index): a state of more than one value has the weight's shape."""
+    if not shape or own is None or shape == own:
+        return None
+    return (
+        f"state {key!r} has shape {shape} where the checkpoint's own weight of that parameter has {own}: "
+        "the checkpoint disagrees with itself"
+    )
+
+
+def value_problem(live: Any, read: Any) -> str | None:
+    """Why the value `read` from a checkpoint cannot take the place of the run's `live` one (None:
+    it can), by kind, as an optimizer's settings and counts are read (any plain value can be
+    written there): a number (int, float or a one-value tensor) for a number, None or a bool for a
+    flag (None or a bool), a tensor for a tensor, a str for a str, a tuple of as many for a tuple
+    (betas), a list of the kind of its items for a list, a dict for a dict (its common keys alike);
+    another object only as one of its type."""
+    if isinstance(live, torch.Tensor) and live.dim() > 0:
+        fits = isinstance(read, torch.Tensor)
+    elif live is None or isinstance(live, bool):
+        fits = read is None or isinstance(read, bool | int | float)
+    elif isinstance(live, int | float | torch.Tensor):
+        fits = (isinstance(read, int | float) and not isinstance(read, bool)) or (
+            isinstance(read, torch.Tensor) and read.dim() == 0
+        )
+    elif isinstance(live, tuple | list | dict):
+        return _container_problem(live, read)
+    else:
+        fits = type(read) is type(live)
+    return None if fits else f"a {type(read).__name__} where this run holds a {type(live).__name__}"
+
+
+def _container_problem(live: tuple[Any, ...] | list[Any] | dict[Any, Any], read: Any) -> str | None:
+    """`value_problem` of a tuple, list or dict `live`: the same kind, each item by its counterpart."""
+    if not isinstance(read, type(live)) or (isinstance(live, tuple) and len(read) != len(live)):
+        held = f"{len(read)} items" if isinstance(read, tuple | list | dict) else type(read).__name__
+        return f"a {type(read).__name__} ({held}) where this run holds a {type(live).__name__} of {len(live)}"
+    if isinstance(live, dict):
+        pairs = [(live[key], read[key]) for key in live if key in read]
+    elif isinstance(live, tuple):
+        pairs = list(zip(live, read, strict=True))
+    else:  # a list (a group's params): any length, every item of the kind of this run's first
+        pairs = [(live[0], item) for item in read] if live else []
+    return next((problem for a, b in pairs if (problem := value_problem(a, b)) is not None), None)

@@ -150,12 +150,13 @@ def restore_shards(
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     from mpjob_trainer.checkpoint.checked import VolumeFiles
-    from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
+    from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner, check_fit
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
     target = state_dicts(objects, names)
     shards = checked if checked is not None else CheckedShards(VolumeFiles(folder), read_manifest(folder).files)
     try:
+        check_fit(shards, target, names)  # CorruptCheckpoint before anything loads: the checkpoint's fault
         dcp.load(
             target,
             storage_reader=CheckedReader(shards),

@@ -1,0 +1,152 @@
+"""A sharded checkpoint's optimizer state is checked before DCP loads anything, by the rule a
+single-file one is (checkpoint.optimizer_state): an index whose optimizer entries disagree with
+its own module entries, or a non-tensor value (lr, betas, ...) of another kind than this run's,
+is the checkpoint's fault (CorruptCheckpoint: the resume passes it over for the one before it),
+never a ConfigError that ends the job nor a value loaded raw that fails the first step of every
+attempt; a sound checkpoint of a model the user changed stays a configuration error."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
+from mpjob_trainer.checkpoint.manifest import hash_files
+from mpjob_trainer.checkpoint.optimizer_state import value_problem
+from mpjob_trainer.checkpoint.shards import INDEX, rank_file, restore_shards
+from mpjob_trainer.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+NAMES = {"module": "model", "optimizer": "optimizer"}
+
+
+def objects(seed: int, width: int = 4) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, width), nn.LayerNorm(width))
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=0.1)}
+
+
+def commit(store: CheckpointStore, step: int, **group: Any) -> Path:
+    """A sharded checkpoint of one rank at `step` whose param group holds `group`, committed as
+    the trainer commits one (its manifest lists every file's sha256)."""
+    written = objects(step)
+    model_sd, optim_sd = get_state_dict(written["model"], [written["optimizer"]])
+    optim_sd["param_groups"][0].update(group)
+    tmp = store.root / f".tmp-{step:09d}-0"
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
+    torch.save({"step": step}, tmp / rank_file(0))
+    files = hash_files(tmp, [p for p in tmp.rglob("*") if p.is_file()])
+    return Path(store.commit(tmp, step, "bf16", files, world_size=1).ref.path)
+
+
+def resize_in_index(folder: Path, fqn: str, size: tuple[int, ...]) -> None:
+    """Make the index say the tensor `fqn` has `size`, its manifest recomputed to match."""
+    with (folder / INDEX).open("rb") as f:
+        index = pickle.load(f)  # our own, just written
+    index.state_dict_metadata[fqn].size = torch.Size(size)
+    index.state_dict_metadata[fqn].chunks[0].sizes = torch.Size(size)
+    (folder / INDEX).write_bytes(pickle.dumps(index))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"] = hash_files(folder, [folder / name for name in manifest["files"]])
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def resumed(root: Path, run: dict[str, Any]) -> tuple[resume.Loaded | None, list[dict[str, Any]]]:
+    """Resume the newest checkpoint under `root` that restores into `run`, and the rejections logged."""
+    log: list[dict[str, Any]] = []
+    store = CheckpointStore(root, keep=5, config_digest="d1", job="ns/j/u1", log=lambda e, **f: log.append(f))
+    loaded = resume.load(store, restore=lambda found: restore_shards(Path(found[1]["shards"]), run, NAMES))
+    return loaded, log
+
+
+def weights_of(run: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in run["model"].state_dict().items()}
+
+
+def test_an_index_whose_optimizer_state_disagrees_with_its_own_weights_is_passed_over(tmp_path: Path) -> None:
+    """The index says exp_avg of 0.weight is (3, 3), its own entry of 0.weight (4, 4): the index's
+    fault, not the run's; before, a ConfigError ('the script no longer matches') ended the job."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    commit(store, 10)
+    newest = commit(store, 20)
+    resize_in_index(newest, "optimizer.state.0.weight.exp_avg", (3, 3))
+    run = objects(0)
+    with pytest.raises(CorruptCheckpoint, match=r"'exp_avg' has shape \(3, 3\) where the checkpoint's own weight"):
+        restore_shards(newest, run, NAMES)
+    loaded, log = resumed(tmp_path, run)
+    assert loaded is not None and loaded[0].step == 10
+    assert "step-000000020" in log[0]["problem"] and "disagrees with itself" in log[0]["problem"], log
+    assert all(torch.equal(v, weights_of(objects(10))[k]) for k, v in weights_of(run).items())
+
+
+def test_a_sound_checkpoint_of_a_model_the_user_widened_stays_a_configuration_error(tmp_path: Path) -> None:
+    commit(CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1"), 10)
+    with pytest.raises(ConfigError, match=r"the script no longer matches"):
+        resumed(tmp_path, objects(0, width=8))
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [{"lr": "fast"}, {"lr": [0.1]}, {"betas": (0.9,)}, {"betas": 0.9}, {"amsgrad": "yes"}, {"eps": None}],
+    ids=["lr-str", "lr-list", "betas-short", "betas-number", "flag-str", "eps-none"],
+)
+def test_a_setting_of_another_kind_is_passed_over_before_anything_loads(
+    tmp_path: Path, planted: dict[str, Any]
+) -> None:
+    """A plain value that reads weights-only and that no AdamW holds: loaded, it failed the first
+    step of every attempt (an InfraError, retried) instead of the previous good one being used."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    commit(store, 10)
+    newest = commit(store, 20, **planted)
+    run = objects(0)
+    before = weights_of(run)
+    with pytest.raises(
+        CorruptCheckpoint, match=rf"step-000000020: its optimizer\.param_groups\.0\.{next(iter(planted))}"
+    ):
+        restore_shards(newest, run, NAMES)
+    assert all(torch.equal(v, before[k]) for k, v in weights_of(run).items()), "nothing loaded"
+    loaded, log = resumed(tmp_path, run)
+    assert loaded is not None and loaded[0].step == 10 and "step-000000020" in log[0]["problem"], log
+    assert run["optimizer"].param_groups[0]["lr"] == 0.1 and run["optimizer"].param_groups[0]["betas"] == (0.9, 0.999)
+
+
+def test_settings_a_run_may_have_changed_still_load(tmp_path: Path) -> None:
+    """A whole-number lr, a flag set where this run leaves it None: values of the same kind."""
+    folder = commit(CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1"), 10, lr=1, foreach=False)
+    run = objects(0)
+    restore_shards(folder, run, NAMES)
+    assert run["optimizer"].param_groups[0]["lr"] == 1 and run["optimizer"].param_groups[0]["foreach"] is False
+    assert all(torch.equal(v, weights_of(objects(10))[k]) for k, v in weights_of(run).items())
+
+
+@pytest.mark.parametrize(
+    ("live", "read", "problem"),
+    [
+        (0.1, 1, None),
+        (0.1, torch.tensor(0.5), None),
+        (torch.tensor(0.1), 0.5, None),
+        (None, True, None),
+        (False, None, None),
+        ((0.9, 0.999), (0.8, 0.99), None),
+        (["0.weight"], ["0.weight", "0.bias"], None),
+        ({"a": 1.0}, {"a": 2, "b": "x"}, None),
+        (0.1, True, "a bool where this run holds a float"),
+        (0.1, None, "a NoneType where this run holds a float"),
+        (False, "no", "a str where this run holds a bool"),
+        (torch.zeros(2), 1.0, "a float where this run holds a Tensor"),
+        ((0.9, 0.999), (0.9,), "a tuple (1 items) where this run holds a tuple of 2"),
+        (["0.weight"], ["0.weight", 3], "a int where this run holds a str"),
+        ({"a": 1.0}, {"a": "x"}, "a str where this run holds a float"),
+    ],
+)
+def test_a_value_read_takes_the_place_of_one_of_its_kind(live: Any, read: Any, problem: str | None) -> None:
+    assert value_problem(live, read) == problem
