@@ -87,3 +87,23 @@ def test_an_optimizer_registered_alone_whose_state_does_not_fit_is_a_configurati
     other = _run(width=8)
     with pytest.raises(ConfigError, match=r"where this run's parameter has \(8, 3\)"):
         TrainingState({"optimizer": other.optimizers()[0]}).restore(state, "fp32", None)
+
+
+@pytest.mark.parametrize("held", [[1.0, 2.0], "weights", None, 3], ids=["list", "str", "none", "int"])
+@pytest.mark.parametrize("name", ["model", "optimizer"])
+def test_a_state_that_is_no_dict_under_a_modules_or_optimizers_name_is_the_checkpoints_fault(
+    tmp_path: Path, name: str, held: Any
+) -> None:
+    """torch writes them as dicts: before, torch's 'Expected state_dict to be dict-like' was a
+    ConfigError that ended the job; the resume now passes it over for the checkpoint before it."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d")
+    _written(store, 5)
+    state = _run().capture(10, 10, "fp32", None)
+    state[name] = held
+    store.write(10, "fp32", state)
+    run = _run()
+    _, read = store.verify(tmp_path / "step-000000010")
+    with pytest.raises(CorruptCheckpoint, match=rf"step 10 holds a {type(held).__name__} under '{name}', not the"):
+        run.restore(read, "fp32", None)
+    loaded = resume.load(store, restore=lambda found: run.restore(found[1], "fp32", None))
+    assert loaded is not None and loaded[0].step == 5

@@ -78,6 +78,17 @@ def own_fields_problem(state: dict[str, Any], own: dict[str, OwnPart] | None = N
     return None
 
 
+def state_kind_problem(state: dict[str, Any], objects: dict[str, Any]) -> str | None:
+    """What `state` holds under the name of a module or an optimizer among `objects` that no
+    state_dict() of theirs is (None: nothing): torch writes them as dicts, so anything else there is
+    the checkpoint's fault, where torch's load would say "Expected state_dict to be dict-like"."""
+    for name, obj in objects.items():
+        held = state.get(name)
+        if name in state and isinstance(obj, torch.nn.Module | torch.optim.Optimizer) and not isinstance(held, dict):
+            return f"holds a {type(held).__name__} under {name!r}, not the state of a {type(obj).__name__} (a dict)"
+    return None
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor parameter; any other tensor as it is."""
     return tensor.to_local() if is_dtensor(tensor) else tensor
@@ -162,10 +173,13 @@ class TrainingState:
         return state
 
     def _usable(self, state: dict[str, Any]) -> dict[str, Any]:
-        """`state` in the current format, its optimizer states checked before anything loads
-        (`upgrade`, by checkpoint.optimizer_state's rule: CorruptCheckpoint when one disagrees with
+        """`state` in the current format, what it holds under a module's or an optimizer's name a
+        dict (`state_kind_problem`, else CorruptCheckpoint), its optimizer states checked before
+        anything loads (`upgrade`, by checkpoint.optimizer_state's rule: CorruptCheckpoint when one disagrees with
         itself, a ConfigError when it does not fit this run's objects), with its own fields usable
         (else CorruptCheckpoint)."""
+        if (problem := state_kind_problem(state, self.objects)) is not None:
+            raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
         state = upgrade(state, self.objects)
         problem = own_fields_problem(state, self.own)
         if problem is not None:
