@@ -150,3 +150,12 @@ def test_settings_a_run_may_have_changed_still_load(tmp_path: Path) -> None:
 )
 def test_a_value_read_takes_the_place_of_one_of_its_kind(live: Any, read: Any, problem: str | None) -> None:
     assert value_problem(live, read) == problem
+
+
+def test_an_index_entry_of_a_negative_size_is_corrupt_when_it_is_verified(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    commit(store, 10)
+    resize_in_index(commit(store, 20), "model.0.weight", (-1, 4))
+    loaded, log = resumed(tmp_path, objects(0))
+    assert loaded is not None and loaded[0].step == 10
+    assert "step-000000020" in log[0]["problem"] and "non-negative sizes" in log[0]["problem"], log
