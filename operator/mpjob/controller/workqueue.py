@@ -5,6 +5,10 @@ being handled, and retried later when its handler fails.
 Two lanes: changes (a CR, Job or pod event) go before the periodic ticks, so a round of ticks
 never delays an attempt's start or end. A job whose handling keeps failing backs off
 exponentially (`Backoff`, as client-go's per-item rate limiter), up to a cap.
+
+A key waits for a delayed add at most once, as in client-go's delaying queue: the earliest
+pending time is kept (a later one is dropped, an earlier one replaces it), so a job whose every
+tick asks for the same moment is handled once then, not once per tick.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class WorkQueue:
         self._active: set[Key] = set()
         self._again: dict[Key, bool] = {}  # added while active -> tick only
         self._later: list[tuple[float, int, Key]] = []  # retry heap: (due, seq, key)
+        self._pending: dict[Key, tuple[float, int]] = {}  # key -> its one live heap entry (due, seq)
         self._seq = 0
         self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
@@ -65,9 +70,15 @@ class WorkQueue:
             self._cv.notify()
 
     def add_after(self, key: Key, delay: float) -> None:
+        """Add `key` in `delay` s, unless it is already to be added sooner; an entry it replaces
+        stays in the heap, stale, and is skipped when due."""
         with self._cv:
+            due = time.monotonic() + delay
+            if self._closed or (key in self._pending and self._pending[key][0] <= due):
+                return
             self._seq += 1
-            heapq.heappush(self._later, (time.monotonic() + delay, self._seq, key))
+            self._pending[key] = (due, self._seq)
+            heapq.heappush(self._later, (due, self._seq, key))
             self._due.notify()
 
     def __len__(self) -> int:
@@ -127,8 +138,10 @@ class WorkQueue:
             while not self._closed:
                 now = time.monotonic()
                 while self._later and self._later[0][0] <= now:
-                    _, _, key = heapq.heappop(self._later)
-                    self.add(key)  # the condition's lock is re-entrant
+                    due, seq, key = heapq.heappop(self._later)
+                    if self._pending.get(key) == (due, seq):  # else replaced by an earlier one
+                        del self._pending[key]
+                        self.add(key)  # the condition's lock is re-entrant
                 self._due.wait(self._later[0][0] - now if self._later else None)
 
 

@@ -115,3 +115,44 @@ def test_a_waiting_retry_never_swallows_the_wakeup_meant_for_a_worker() -> None:
         queue.add(i)
         wait_for(lambda i=i: i in done, 60, 0.001, f"key {i} handled")
     queue.close()
+
+
+def handled_until(queue: WorkQueue, calls: list[Hashable], after: float) -> list[Hashable]:
+    """The keys handled until a key of its own, added `after` s from now, is: the delayed adds are
+    taken in time order, so one due before it has been handled by then (one worker)."""
+    queue.add_after("sentinel", after)
+    wait_for(lambda: "sentinel" in calls, 60, 0.01, "the sentinel handled")
+    return calls[: calls.index("sentinel")]
+
+
+def test_a_later_delayed_add_of_a_key_waiting_for_one_is_dropped() -> None:
+    """Each tick of a job waiting out its backoff asks for a reconcile when it ends: one comes then."""
+    calls: list[Hashable] = []
+    asked = [0.5 + 0.05 * i for i in range(6)]  # each tick's reconcile asks again, a little later
+
+    def handle(key: Hashable, tick: bool) -> float | None:
+        calls.append(key)
+        return asked.pop(0) if tick and asked else None
+
+    queue = WorkQueue(handle, workers=1)
+    try:
+        for ticks in range(1, 7):
+            queue.add("a", tick=True)
+            wait_for(lambda ticks=ticks: len(calls) == ticks, 60, 0.01, f"tick {ticks} handled")
+        assert handled_until(queue, calls, 1.2) == ["a"] * 7  # the six ticks, then the one asked for
+    finally:
+        queue.close()
+
+
+def test_an_earlier_delayed_add_replaces_the_one_pending() -> None:
+    calls: list[Hashable] = []
+    queue = WorkQueue(lambda key, tick: calls.append(key), workers=1)
+    try:
+        started = time.monotonic()
+        queue.add_after("a", 0.6)
+        queue.add_after("a", 0.1)
+        wait_for(lambda: "a" in calls, 60, 0.01, "a handled")
+        assert time.monotonic() - started < 0.6  # at the earlier time
+        assert handled_until(queue, calls, 0.9) == ["a"]  # and not again at the later one
+    finally:
+        queue.close()
