@@ -1,7 +1,7 @@
 """One MixedPrecisionJob's reconcile: observe (the CR from the API server, its children from the
 cache, and on a tick the running attempt's live progress: `progress.py`), decide
 (`mpjob.planning.reconcile`, pure, on the status with that progress in it), act (status first,
-then children, metrics, Events).
+then children: `actions.py`, then metrics, Events).
 
 The work queue calls `Reconciler.handle` for a job key and never for one job in two threads at
 once; the status is written before children are created, so it stays the operator's memory
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -21,13 +20,11 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
-from mpjob.builders.network_policy import attempt_network_policy
-from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
-from mpjob.controller import capacity, costs, leftovers, lostnodes
+from mpjob.controller import capacity, costs, lostnodes
 from mpjob.controller import metrics as om
+from mpjob.controller.actions import Actions, write_status
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
-from mpjob.controller.cluster import Cluster, NameInUse, Refused
+from mpjob.controller.cluster import Cluster, NameInUse
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.context import KopfContext
 from mpjob.controller.peering import PeeringCheck
@@ -37,16 +34,12 @@ from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.ticker import Standing, standing
 from mpjob.controller.workqueue import Backoff, Retry
-from mpjob.planning import cutoff
-from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.backoff import RetryBackoff
-from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.observe import Observation
-from mpjob.planning.plan import Plan, When
-from mpjob.planning.planner import StartAttempt
+from mpjob.planning.plan import Plan
 from mpjob.planning.reconcile import FINISHED, reconcile
-from mpjob.planning.status import ConditionReason, ConditionType, status_patch
+from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
@@ -74,6 +67,7 @@ class Reconciler:
             lostnodes.NodeReader(cluster),
             ProfileRequests(cluster, config.scrape_timeout_seconds, config.profile_key),
         )
+        self.actions = Actions(config, cluster, cache)
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.retries = RetryBackoff(base=config.attempt_backoff_seconds)
         self.context = KopfContext()
@@ -161,10 +155,10 @@ class Reconciler:
                 unseen_for=unseen_for, stopped=seen.stopped, retries=self.retries,
             )  # fmt: skip
             st.record_job_uids(plan.status, seen.uids)  # (of a Job made before they were recorded)
-            self._write(body, body.get("status") or {}, plan.status)  # memory first, then act
-            refusal = self._act(body, spec, plan, seen=seen)
+            write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
+            refusal = self.actions.apply(body, spec, plan, seen=seen)
             if refusal is not None:
-                plan = self._refused(body, spec, plan, refusal=refusal)
+                plan = self.actions.refused(body, spec, plan, refusal=refusal)
             self._announce(body, observed, plan)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, spec, plan.status, seen)
@@ -194,11 +188,6 @@ class Reconciler:
         if not body.get("status") and (body.get("metadata") or {}).get("uid"):
             self.unseen[key] = body
 
-    def _write(self, body: dict[str, Any], stored: dict[str, Any], new: MixedPrecisionJobStatus) -> None:
-        patch = status_patch(stored, new)
-        if patch:
-            self.cluster.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
-
     def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
         """A spec the models refuse: the job fails with the first problem (once), cut as every
         message the status holds (a problem may name the field or echo the value it refuses),
@@ -210,81 +199,8 @@ class Reconciler:
         generation = body["metadata"].get("generation")
         reason = ConditionReason.INVALID_SPEC
         st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)
-        self._write(body, body.get("status") or {}, failed)
+        write_status(self.cluster, body, body.get("status") or {}, failed)
         kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=failed.message)
-
-    def _act(
-        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed
-    ) -> tuple[int, Refused] | None:
-        """Delete the attempts the plan ends (only Jobs of ours, by UID; the pods of those it cuts
-        with a short grace period), create the ones it starts; the attempt whose children the API
-        server refused for good, if any."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        cut = [pod for index in plan.cut if index in seen.jobs for pod in cutoff.to_cut(seen.jobs[index])]
-        for pod in cut:  # before their Job: a kubelet keeps the grace a pod's first deletion gave
-            self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
-        if cut:
-            plan.events.append(cutoff.cut_event(cut))
-            om.PODS_CUT.inc(len(cut))
-        policies = self.config.network_policy is not None  # what a Job deleted leaving its children left
-        if left := leftovers.stop(self.cluster, namespace, name, seen.orphans, policies=policies):
-            self.cache.stopping(left)  # said once: a reconcile before the watch shows them going stops none again
-            plan.events.append(cutoff.orphans_event(left))
-        for index in plan.delete:
-            if index in seen.uids:
-                self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
-        for start in plan.create:
-            try:
-                self._create(body, spec, plan, start=start)
-            except Refused as refused:
-                return start.index, refused
-        return None
-
-    def _create(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, start: StartAttempt) -> None:
-        """An attempt's profile-token Secret (owned by the job), its Job, then its Service and
-        NetworkPolicy (owned by the Job, so they go with it)."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        # The profile token's Secret first: the pods find it when they start.
-        token = attempt_token(self.config.profile_key, uid=body["metadata"]["uid"], attempt=start.index)
-        attempt, names = attempt_name(name, start.index), labels(name, start.index, start.precision)
-        self.cluster.create_secret(attempt_profile_secret(attempt, namespace, names, token), owner=body)
-        job = attempt_job(
-            job=name, namespace=namespace, uid=body["metadata"]["uid"], spec=spec, start=start,
-            image=self.config.trainer_image, deadline_seconds=plan.deadline_seconds,
-            trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
-        )  # fmt: skip
-        created, before = self.cluster.create_job(job, owner=body), plan.status.to_api()
-        if st.record_job_uids(plan.status, {start.index: created["metadata"]["uid"]}):  # before its children
-            self._write(body, before, plan.status)  # are made: a restart knows what it leaves as ours
-        # Into the cache at once: the Job's ADDED event then changes nothing, and the next
-        # reconcile sees the Job even before its event arrives.
-        self.cache.record_job(created)
-        service = attempt_service(name, namespace, start.index, start.precision)
-        self.cluster.create_service(service, job=created, owner=body)
-        if self.config.network_policy is not None:
-            readers = self.config.network_policy
-            policy = attempt_network_policy(
-                name, namespace, index=start.index, precision=start.precision, readers=readers
-            )
-            self.cluster.create_network_policy(policy, job=created)
-
-    def _refused(
-        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]
-    ) -> Plan:
-        """The API server refused attempt `index`'s children for good: the attempt and the job
-        fail with its message, and what was made of the attempt goes."""
-        (index, refused), meta = refusal, body["metadata"]
-        om.REFUSALS.labels(reason=refused.rule.reason).inc()
-        log.warning("%s/%s: the API server refused attempt %d: %s", meta["namespace"], meta["name"], index, refused)
-        # The plan as it was, less the children it asked for (none of them is made now).
-        failed = replace(
-            plan, status=plan.status.model_copy(deep=True), events=list(plan.events), create=[], delete=[], cut=[]
-        )
-        when = When(st.now(), meta.get("generation"))
-        lc.refused(failed, index=index, reason=refused.rule.reason, message=refused.message, when=when)
-        self._write(body, plan.status.to_api(), failed.status)
-        self._act(body, spec, failed, seen=self.cache.observe(meta["namespace"], meta["name"], meta["uid"]))
-        return failed
 
     def _announce(self, body: dict[str, Any], observed: Observation, plan: Plan) -> None:
         """The plan's metrics and Events, the reading's (after the status that records them: a
@@ -296,6 +212,3 @@ class Reconciler:
         for kind, reason, message in told:
             kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
         self.phases[body["metadata"]["uid"]] = standing(plan.status)
-
-
-#: The status fields this operator writes (camelCase): only these does a patch ever delete.

@@ -1,0 +1,119 @@
+"""A reconcile's acts on the cluster, once its decision is written to the status: what the plan
+ends goes (the pods it cuts first, with a short grace period, then the attempt Jobs, only ours by
+UID, and what a Job deleted with --cascade=orphan left behind), what it starts is made (an
+attempt's profile-token Secret, its Job, then its Service and NetworkPolicy), and an attempt whose
+children the API server refuses for good fails with the server's message (`Actions.refused`).
+
+Every status write of a reconcile goes through `write_status`: the reconcile's own (its memory,
+written before anything here acts) and the Job UIDs recorded before a new Job's children are made.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
+from mpjob.builders.network_policy import attempt_network_policy
+from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
+from mpjob.controller import leftovers
+from mpjob.controller import metrics as om
+from mpjob.controller.cache import ChildCache, Observed
+from mpjob.controller.cluster import Cluster, Refused
+from mpjob.controller.config import OperatorConfig
+from mpjob.planning import cutoff
+from mpjob.planning import lifecycle as lc
+from mpjob.planning import status as st
+from mpjob.planning.inplace import in_place_plan
+from mpjob.planning.plan import Plan, When
+from mpjob.planning.planner import StartAttempt
+from mpjob.planning.status import status_patch
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+
+log = logging.getLogger("mpjob.operator")
+
+
+def write_status(cluster: Cluster, body: dict[str, Any], stored: dict[str, Any], new: MixedPrecisionJobStatus) -> None:
+    """Patch the job's status from `stored` to `new` (nothing when they agree)."""
+    patch = status_patch(stored, new)
+    if patch:
+        cluster.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
+
+
+class Actions:
+    def __init__(self, config: OperatorConfig, cluster: Cluster, cache: ChildCache) -> None:
+        self.config, self.cluster, self.cache = config, cluster, cache
+
+    def apply(
+        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed
+    ) -> tuple[int, Refused] | None:
+        """Delete the attempts the plan ends (only Jobs of ours, by UID; the pods of those it cuts
+        with a short grace period), create the ones it starts; the attempt whose children the API
+        server refused for good, if any."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        cut = [pod for index in plan.cut if index in seen.jobs for pod in cutoff.to_cut(seen.jobs[index])]
+        for pod in cut:  # before their Job: a kubelet keeps the grace a pod's first deletion gave
+            self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
+        if cut:
+            plan.events.append(cutoff.cut_event(cut))
+            om.PODS_CUT.inc(len(cut))
+        policies = self.config.network_policy is not None  # what a Job deleted leaving its children left
+        if left := leftovers.stop(self.cluster, namespace, name, seen.orphans, policies=policies):
+            self.cache.stopping(left)  # said once: a reconcile before the watch shows them going stops none again
+            plan.events.append(cutoff.orphans_event(left))
+        for index in plan.delete:
+            if index in seen.uids:
+                self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
+        for start in plan.create:
+            try:
+                self._create(body, spec, plan, start=start)
+            except Refused as refused:
+                return start.index, refused
+        return None
+
+    def _create(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, start: StartAttempt) -> None:
+        """An attempt's profile-token Secret (owned by the job), its Job, then its Service and
+        NetworkPolicy (owned by the Job, so they go with it)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        # The profile token's Secret first: the pods find it when they start.
+        token = attempt_token(self.config.profile_key, uid=body["metadata"]["uid"], attempt=start.index)
+        attempt, names = attempt_name(name, start.index), labels(name, start.index, start.precision)
+        self.cluster.create_secret(attempt_profile_secret(attempt, namespace, names, token), owner=body)
+        job = attempt_job(
+            job=name, namespace=namespace, uid=body["metadata"]["uid"], spec=spec, start=start,
+            image=self.config.trainer_image, deadline_seconds=plan.deadline_seconds,
+            trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
+        )  # fmt: skip
+        created, before = self.cluster.create_job(job, owner=body), plan.status.to_api()
+        if st.record_job_uids(plan.status, {start.index: created["metadata"]["uid"]}):  # before its children
+            write_status(self.cluster, body, before, plan.status)  # are made: a restart knows what it leaves as ours
+        # Into the cache at once: the Job's ADDED event then changes nothing, and the next
+        # reconcile sees the Job even before its event arrives.
+        self.cache.record_job(created)
+        service = attempt_service(name, namespace, start.index, start.precision)
+        self.cluster.create_service(service, job=created, owner=body)
+        if self.config.network_policy is not None:
+            readers = self.config.network_policy
+            policy = attempt_network_policy(
+                name, namespace, index=start.index, precision=start.precision, readers=readers
+            )
+            self.cluster.create_network_policy(policy, job=created)
+
+    def refused(
+        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]
+    ) -> Plan:
+        """The API server refused attempt `index`'s children for good: the attempt and the job
+        fail with its message, and what was made of the attempt goes."""
+        (index, refused), meta = refusal, body["metadata"]
+        om.REFUSALS.labels(reason=refused.rule.reason).inc()
+        log.warning("%s/%s: the API server refused attempt %d: %s", meta["namespace"], meta["name"], index, refused)
+        # The plan as it was, less the children it asked for (none of them is made now).
+        failed = replace(
+            plan, status=plan.status.model_copy(deep=True), events=list(plan.events), create=[], delete=[], cut=[]
+        )
+        when = When(st.now(), meta.get("generation"))
+        lc.refused(failed, index=index, reason=refused.rule.reason, message=refused.message, when=when)
+        write_status(self.cluster, body, plan.status.to_api(), failed.status)
+        self.apply(body, spec, failed, seen=self.cache.observe(meta["namespace"], meta["name"], meta["uid"]))
+        return failed
