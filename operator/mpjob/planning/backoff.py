@@ -133,6 +133,16 @@ def due(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | None:
     return Wait(status.attempts[-1].index, failed, failures, seconds, ended + timedelta(seconds=seconds))
 
 
+def unstarted(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | None:
+    """The newest attempt's wait while its Job is not yet made for it: its startTime still lies
+    before the wait's end (`held` moves it once the wait is over, so a status read back after
+    that, by this operator or one restarted, has it started)."""
+    current = status.attempts[-1] if status.attempts else None
+    wait = due(status, backoff) if current is not None and current.finish_time is None else None
+    began = st.moment(current.start_time) if current is not None else None
+    return wait if wait is not None and began is not None and began < wait.until else None
+
+
 def held(plan: Plan, when: When, backoff: RetryBackoff, now: datetime) -> Wait | None:
     """The newest attempt's wait while it lasts (its Running condition says until when, and an
     Event once), else None; an attempt that waited starts now (its startTime moves here, and its

@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from mpjob.planning import elastic, history, skipped
 from mpjob.planning import status as st
+from mpjob.planning.backoff import Wait
 from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome, classify, under_policy
 from mpjob.planning.phases import (
@@ -27,7 +28,7 @@ from mpjob.planning.phases import (
     running,
     suspend,
 )
-from mpjob.planning.plan import Event, Plan, When
+from mpjob.planning.plan import Event, Plan, Started, When
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
 from mpjob.planning.reported import record_report
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
@@ -59,6 +60,7 @@ __all__ = [
     "resume",
     "running",
     "suspend",
+    "waited_out",
 ]
 
 #: Endings that are no trouble: their AttemptEnded Event is Normal, any other's a Warning (look).
@@ -96,18 +98,34 @@ def begin(
     # Not Running before a trainer runs: `running` says so once one does.
     plan.status.phase = "Pending" if start.fallback_from is None else "Recovering"
     plan.create.append(start)
-    plan.started_reasons.append(why)
     if lost:
         plan.status.last_checkpoint = None
     resumed = f", {planned}" if (planned := planned_from(start.start_step, lost)) else ""  # the plan
-    plan.events.append(
-        Event("Normal", ConditionReason.ATTEMPT_STARTED, f"attempt {start.index} in {start.precision}{resumed}")
-    )
+    said = [_started(start.index, start.precision, planned)]
     if why in elastic.RESIZE_REASONS:  # kubectl get events shows the job changing size
         was = plan.status.attempts[-2].world_size if len(plan.status.attempts) > 1 else None
         message = f"{was} -> {workers * per_worker(spec)} processes ({workers} worker(s)){resumed}"
-        plan.events.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
+        said.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
+    plan.start(Started(start.index, why, tuple(said)))  # held back while a backoff holds its Job (`waited_out`)
     awaiting_pods(plan, when, start.index, start.precision)
+
+
+def waited_out(plan: Plan, spec: MixedPrecisionJobSpec, wait: Wait) -> None:
+    """Attempt `wait.index`, recorded after `wait.failed` and held while its backoff lasted, has its
+    Job made now: said and counted started here, once (`backoff.unstarted`), as `begin` would have
+    said it, its reason the failure it retries; one in new pods over checkpoints that went with the
+    old ones (the status names none, and the job had trained) starts over."""
+    current, status = plan.status.attempts[-1], plan.status
+    lost = (
+        not spec.checkpoint.outlives_pods and not current.start_step and not status.last_checkpoint and status.step > 0
+    )
+    event = _started(current.index, current.precision, planned_from(current.start_step, lost))
+    plan.start(Started(current.index, wait.failed.reason or "", (event,)))
+
+
+def _started(index: int, precision: str, planned: str) -> Event:
+    said = f"attempt {index} in {precision}" + (f", {planned}" if planned else "")
+    return Event("Normal", ConditionReason.ATTEMPT_STARTED, said)
 
 
 def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When) -> None:

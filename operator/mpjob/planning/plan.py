@@ -25,6 +25,16 @@ class When:
     generation: int | None = None
 
 
+@dataclass(frozen=True)
+class Started:
+    """Attempt `index` said started (its Events) and counted so (`reason`: why it began), when
+    its Job is made: at once, or once the wait before it is over (`backoff`)."""
+
+    index: int
+    reason: str
+    events: tuple[Event, ...]
+
+
 @dataclass
 class Plan:
     status: MixedPrecisionJobStatus
@@ -34,10 +44,26 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (from, to): down the ladder after a fault
     repromotions: list[tuple[str, str]] = field(default_factory=list)  # (from, to): back up after clean steps
-    started_reasons: list[str] = field(default_factory=list)
+    started: list[Started] = field(default_factory=list)
     ended: Event | None = None  # what ended the last attempt (set by `conclude`), for views that narrate it
     #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
     deadline_seconds: int | None = None
     #: Seconds after which the job is to be reconciled again though nothing it watches changes (a
     #: wait that ends then: the next attempt's backoff); None: its changes and ticks are enough.
     requeue_after: float | None = None
+
+    @property
+    def started_reasons(self) -> list[str]:
+        """Why each attempt the plan starts began (Created, NumericFault, Resumed, ...)."""
+        return [s.reason for s in self.started]
+
+    def start(self, started: Started) -> None:
+        """Say and count attempt `started.index` started."""
+        self.started.append(started)
+        self.events.extend(started.events)
+
+    def hold(self, index: int) -> None:
+        """Attempt `index` is recorded, its Job not made yet: nothing says or counts it started."""
+        said = [e for s in self.started if s.index == index for e in s.events]
+        self.started = [s for s in self.started if s.index != index]
+        self.events = [e for e in self.events if not any(e is s for s in said)]

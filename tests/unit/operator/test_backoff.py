@@ -7,14 +7,18 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
+from mpjob.controller.metrics import count_plan
 from mpjob.planning import backoff
 from mpjob.planning.backoff import RetryBackoff, failures_in_a_row
+from mpjob.planning.plan import Plan
 from mpjob.planning.reconcile import FINISHED, JobView, PodView, reconcile
+from mpjob.planning.resumepoint import POD_CHECKPOINTS
 from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT
-from mpjob_contract.report import TerminationReport
+from mpjob_contract.report import CheckpointRef, TerminationReport
 from tests.unit.operator.test_planning import spec
 
 pytestmark = pytest.mark.unit
@@ -138,3 +142,50 @@ def test_a_two_minute_outage_of_the_checkpoint_store_leaves_attempts_to_go_on() 
     status = outage(backoff.JOB_CONTROLLER)
     assert status.phase == "Pending" and len(status.attempts) == 4, status.message  # waits 10, 20, 40 s
     assert outage(RetryBackoff(base=0)).phase == "Failed"  # retried at once, it used up all six
+
+
+def started(plan: Plan) -> list[tuple[str, str]]:
+    """The attempts a plan says started: its AttemptStarted Events, and the reasons it counts."""
+    said = [e.message for e in plan.events if e.reason == "AttemptStarted"]
+    return [*(("event", m) for m in said), *(("counted", r) for r in plan.started_reasons)]
+
+
+def attempts_started(reason: str) -> float:
+    return REGISTRY.get_sample_value("mpjob_operator_attempts_started_total", {"reason": reason}) or 0.0
+
+
+def test_the_attempt_after_a_wait_is_said_and_counted_started_once_when_its_job_is_made() -> None:
+    retries, before = backoff.JOB_CONTROLLER, attempts_started("InfraError")
+    first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=retries).status
+    failed = reconcile(S, read_back(first), 1, crashed(0), NOW, retries=retries)
+    count_plan(first, failed)
+    assert started(failed) == [] and attempts_started("InfraError") == before  # it waits: nothing started
+    # an operator restarted during the wait reads the status back: still nothing started
+    waiting = reconcile(S, read_back(failed.status), 1, {}, NOW + timedelta(seconds=5), retries=retries)
+    assert started(waiting) == [] and waiting.create == []
+    due = reconcile(S, read_back(waiting.status), 1, {}, NOW + timedelta(seconds=10), retries=retries)
+    count_plan(waiting.status, due)
+    assert [s.index for s in due.create] == [1]
+    assert started(due) == [("event", "attempt 1 in bf16"), ("counted", "InfraError")]
+    assert attempts_started("InfraError") == before + 1
+    # made again (the operator stopped before its Job was): not started a second time
+    again = reconcile(S, read_back(due.status), 1, {}, NOW + timedelta(seconds=11), retries=retries)
+    assert [s.index for s in again.create] == [1] and started(again) == []
+
+
+def test_an_attempt_after_a_wait_says_where_it_resumes_when_its_job_is_made() -> None:
+    pods = spec(precision={"mode": "bf16"}, runPolicy={"maxAttempts": 6}, checkpoint={"everySteps": 50})
+    ref = CheckpointRef(step=100, path=f"{CHECKPOINT_MOUNT}/s100", sha256="ab", precision="bf16")
+    said = TerminationReport(reason=Reason.INFRA_ERROR, step=120, precision="bf16", last_good_checkpoint=ref)
+    for kept, resumed in ((S, "attempt 1 in bf16, to resume from checkpoint step 100"), (pods, POD_CHECKPOINTS)):
+        status = reconcile(kept, MixedPrecisionJobStatus(), 1, {}, NOW).status
+        failed = reconcile(kept, read_back(status), 1, crashed(0, said.to_message()), NOW)
+        due = reconcile(kept, read_back(failed.status), 1, {}, NOW + timedelta(seconds=10))
+        assert started(failed) == [] and started(due)[0][1].endswith(resumed), started(due)
+
+
+def test_an_attempt_with_no_wait_is_said_started_when_it_is_recorded() -> None:
+    first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=RetryBackoff(base=0)).status
+    plan = reconcile(S, read_back(first), 1, crashed(0), NOW, retries=RetryBackoff(base=0))
+    assert [s.index for s in plan.create] == [1]
+    assert started(plan) == [("event", "attempt 1 in bf16"), ("counted", "InfraError")]
