@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from mpjob.builders.attempt import labels as attempt_labels
 from mpjob.controller import exposition
 from mpjob.controller.config import OperatorConfig
 from mpjob_contract.metrics import PRECISION_CHANGE_LABELS
-from tests.unit.observability.promtool import DASHBOARDS, REPO, RULES
+from tests.unit.observability.promtool import DASHBOARDS, REPO, RULES, promtool
 
 pytestmark = pytest.mark.unit
 
@@ -49,8 +50,8 @@ def helm() -> str:
     pytest.skip(reason)
 
 
-def render(helm: str, *sets: str) -> list[dict[str, Any]]:
-    args = [helm, "template", "r", str(CHART), "--namespace", "mpjob-system"]
+def render(helm: str, *sets: str, release: str = "r") -> list[dict[str, Any]]:
+    args = [helm, "template", release, str(CHART), "--namespace", "mpjob-system"]
     for item in sets:
         args += ["--set", item]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
@@ -110,6 +111,39 @@ def test_service_monitor_selects_the_metrics_service_as_job_mpjob_operator(helm:
     args = [helm, "template", "r", str(CHART), "--set", ALL_ON[2], "--set", "metrics.service.enabled=false"]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode != 0 and "metrics.service.enabled" in refused.stderr
+
+
+def restarts_query() -> str:
+    board = json.loads((DASHBOARDS / "oncall.json").read_text())
+    targets = [t for p in board["panels"] for t in p.get("targets", [])]
+    (expr,) = [t["expr"] for t in targets if "kube_pod_container_status_restarts_total" in t["expr"]]
+    return expr
+
+
+@pytest.mark.parametrize("release", ["mpjob", "r"])  # `helm install mpjob` names its pods mpjob-<hash>-...
+def test_the_oncall_boards_operator_restarts_are_the_restarts_of_the_charts_operator_pods(
+    helm: str, release: str, tmp_path: Path
+) -> None:
+    docs = render(helm, *ALL_ON, release=release)
+    (deployment,) = of_kind(docs, "Deployment")
+    pod = f"{deployment['metadata']['name']}-5f7b9c6d8d-x2x7q"  # a pod of its ReplicaSet
+    (service,) = [s for s in of_kind(docs, "Service") if any(p["name"] == "metrics" for p in s["spec"]["ports"])]
+    # As Prometheus has them: kube-state-metrics' restarts of every pod, and the operator's
+    # scrape target (the ServiceMonitor relabels its job) with the pod it reached.
+    restarts = 'kube_pod_container_status_restarts_total{{namespace="{}",pod="{}",container="c"}}'
+    target = f'up{{job="mpjob-operator",namespace="mpjob-system",pod="{pod}",service="{service["metadata"]["name"]}"}}'
+    series = [
+        {"series": restarts.format("mpjob-system", pod), "values": "0 0 0 1 1 1 2 2 2 2 2"},
+        {"series": restarts.format("team-a", f"{release}-gpt-a0-0-abcde"), "values": "0 1 2 3 4 5 6 7 8 9 9"},
+        {"series": restarts.format("mpjob-system", "other-6c8d7-q2w3e"), "values": "0 0 5 5 5 5 5 5 5 5 5"},
+        {"series": target, "values": "1 0 0 1 1 0 1 1 1 1 1"},  # its restarts counted while it is down too
+    ]
+    check = {"expr": restarts_query(), "eval_time": "10m", "exp_samples": [{"labels": "{}", "value": 2}]}
+    test = {"interval": "1m", "input_series": series, "promql_expr_test": [check]}
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": []}))
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "tests": [test]}))
+    result = promtool("test", "rules", "test.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_pod_monitor_selects_rank0_trainer_pods(helm: str) -> None:
