@@ -2,7 +2,8 @@
 an InfraError the next attempt is recorded at once, its Running condition False, reason
 BackingOff, saying until when (and an Event once), and its Job is made only once the wait is
 over; an operator killed during the wait and started again reads the wait from the status: it
-neither makes the Job early nor forgets the attempt (one Job for it, made after the wait)."""
+neither makes the Job early nor forgets the attempt (one Job for it, made after the wait, and one
+AttemptStarted Event for it, posted then)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,8 @@ def test_an_attempt_after_an_infra_error_waits_its_backoff_across_an_operator_re
     assert read_stamp(ended["attempts"][1]["startTime"]) >= until, ended["attempts"][1]
     told = [e for e in jobs.events("retried", "BackingOff") if e.reason == "BackingOff"]
     assert [e.message for e in told] == [running["message"]] and (told[0].count or 1) == 1, told
+    # Attempt 1 is said started once, when its Job was made after the wait, not when it was recorded.
+    started = [e for e in jobs.events("retried", "AttemptStarted") if e.reason == "AttemptStarted"]
+    posted = sorted((e.message.split(",")[0], e.count or 1, e.first_timestamp or e.event_time) for e in started)
+    assert [(m.rsplit(" in ", 1)[0], n) for m, n, _ in posted] == [("attempt 0", 1), ("attempt 1", 1)], posted
+    assert posted[1][2] >= until, (posted, until)
