@@ -107,3 +107,70 @@ def test_a_state_that_is_no_dict_under_a_modules_or_optimizers_name_is_the_check
         run.restore(read, "fp32", None)
     loaded = resume.load(store, restore=lambda found: run.restore(found[1], "fp32", None))
     assert loaded is not None and loaded[0].step == 5
+
+
+class _Net(nn.Module):
+    """Two layers whose registration order (so the order `parameters()` lists them in, which the
+    optimizer's state follows) is `order`; their names, shapes and forward stay the same."""
+
+    def __init__(self, order: str) -> None:
+        super().__init__()
+        for name in order:
+            setattr(self, name, nn.Linear(3, 4) if name == "a" else nn.Linear(4, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def _net_run(order: str) -> TrainingState:
+    torch.manual_seed(0)
+    model = _Net(order)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    return TrainingState({"model": model, "optimizer": optimizer})
+
+
+def test_a_model_whose_layers_were_registered_in_another_order_is_a_configuration_error_not_corruption() -> None:
+    """The checkpoint agrees with itself: its states follow the order its own run listed the
+    parameters in. Taken for corruption, every checkpoint of the job would be passed over."""
+    state = _net_run("ab").capture(5, 5, "fp32", None)
+    with pytest.raises(ConfigError, match=r"the model changed since it was written"):
+        _net_run("ba").restore(state, "fp32", None)
+
+
+class _LowRankAdam(torch.optim.Optimizer):
+    """An optimizer of another library's kind (GaLore's): it keeps its first moment, under Adam's
+    name, in the shape of the gradient projected to rank 1, not in its parameter's shape."""
+
+    def __init__(self, params: Any, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad = param.grad.reshape(param.shape[0], -1)
+                projected = grad.mean(dim=0, keepdim=True)  # rank 1: (1, columns)
+                moment = self.state[param].setdefault("exp_avg", torch.zeros_like(projected))
+                moment.mul_(0.9).add_(projected, alpha=0.1)
+                param.add_(moment.expand_as(grad).reshape(param.shape), alpha=-group["lr"])
+
+
+def test_an_optimizer_not_of_torchs_kinds_is_not_held_to_their_state_shapes() -> None:
+    def run() -> TrainingState:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+        optimizer = _LowRankAdam(model.parameters())
+        model(torch.randn(2, 3)).sum().backward()
+        optimizer.step()
+        return TrainingState({"model": model, "optimizer": optimizer})
+
+    written = run()
+    state = written.capture(5, 5, "fp32", None)
+    resumed = run()
+    resumed.restore(state, "fp32", None)
+    (optimizer,) = resumed.optimizers()
+    assert [tuple(s["exp_avg"].shape) for s in optimizer.state.values()] == [(1, 3), (1, 1), (1, 4), (1, 1)]

@@ -30,7 +30,9 @@ from mpjob_trainer.checkpoint.optimizer_state import (
     check_shapes,
     is_optimizer_state,
     optimizer_state_problem,
+    own_shapes,
     own_weights,
+    shaped_states,
 )
 from mpjob_trainer.errors import ConfigError
 
@@ -105,7 +107,7 @@ def split_groups(
     (old_group,) = saved["param_groups"]
     order = list(module.parameters())
     saved_id = {id(param): old_id for param, old_id in zip(order, old_group["params"], strict=True)}
-    own = own_weights({"module": written}, {"module": module})
+    own = own_shapes(own_weights({"module": written}, {"module": module}).values())
     state: dict[Any, Any] = {}
     groups: list[dict[str, Any]] = []
     next_id = 0
@@ -114,7 +116,7 @@ def split_groups(
         for param in group["params"]:
             per_param = saved["state"].get(saved_id[id(param)])
             if per_param is not None:
-                check_shapes(per_param, param, own.get(id(param)), name, problem)
+                check_shapes(shaped_states(optimizer, per_param), param, own, name, problem)
                 state[next_id] = per_param
             ids.append(next_id)
             next_id += 1

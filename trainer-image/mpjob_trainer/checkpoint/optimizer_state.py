@@ -4,18 +4,24 @@ A checkpoint is read from a store, so under an optimizer's name it may hold any 
 One rule, for every format (checkpoint.migrate brings a format-1 state forward with it, the
 restore checks a current one with it, session.state):
 - a state no optimizer writes (`optimizer_state_problem`: groups or per-parameter states of
-  another kind of value, an id listed twice), or one whose per-parameter tensors kept in their parameter's shape differ
-  from the checkpoint's own weights of those parameters, is the checkpoint's fault: it disagrees
-  with itself. CorruptCheckpoint: the resume passes it over for the one before it;
-- a sound state that does not fit this run's parameters (the user changed the model or the
-  optimizer) is a ConfigError that names what to do, as torch's own load errors that remain.
+  another kind of value, an id listed twice), or a per-parameter tensor one of torch's optimizers
+  keeps in its parameter's shape (`shaped_states`) whose shape is that of none of the checkpoint's
+  own weights of the optimizer's parameters, is the checkpoint's fault: it disagrees with itself.
+  CorruptCheckpoint: the resume passes it over for the one before it;
+- a sound state that does not fit this run's parameters (the user changed the model, the order
+  its parameters are listed in, or the optimizer) is a ConfigError that names what to do, as
+  torch's own load errors that remain.
 A parameter's checkpoint weight is the one its module (registered beside the optimizer) wrote
-under the parameter's name; the optimizer's parameters are taken in the order of their groups,
-as torch's load_state_dict maps them.
+under the parameter's name. The optimizer's states follow the order its run listed the
+parameters in, which the checkpoint does not record: a state is compared with the set of its
+own weights' shapes, not with the weight of the parameter this run lists at its place, so a
+model whose layers are registered in another order is the model changed, not every checkpoint
+of the job corrupt.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeGuard
 
 import torch
@@ -79,10 +85,11 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
         ids = [i for group in saved["param_groups"] for i in group["params"]]
         if len(ids) != len(live):
             continue  # another count of parameters: torch's load names the groups that differ
-        own = own_weights(state, objects)
+        weights = own_weights(state, objects)
+        own = own_shapes(weights.get(id(param)) for param in live)
         for param, saved_id in zip(live, ids, strict=True):
             if (per_param := saved["state"].get(saved_id)) is not None:
-                check_shapes(per_param, param, own.get(id(param)), name, problem)
+                check_shapes(shaped_states(optimizer, per_param), param, own, name, problem)
 
 
 #: The per-parameter states torch's optimizers keep in their parameter's shape (Adam, AdamW,
@@ -92,24 +99,52 @@ PARAMETER_SHAPED = frozenset(
     {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg", "grad_avg"}
     | {"acc_delta", "sum", "prev", "step_size", "ax"}
 )
+#: The optimizers that keep those states so: torch's (and subclasses of them). An optimizer of
+#: another kind may keep a state of the same name in another shape (GaLore's Adam keeps its
+#: moments in the low-rank shape of the projected gradient): it is not held to them.
+SHAPE_KEEPING: tuple[type[torch.optim.Optimizer], ...] = (
+    *(torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax),
+    *(torch.optim.SGD, torch.optim.RMSprop, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.Rprop),
+    *(torch.optim.ASGD, torch.optim.SparseAdam),
+)
 
 
-def check_shapes(per_param: dict[str, Any], param: torch.Tensor, own: Any, name: str, problem: str) -> None:
-    """A state kept in its parameter's shape (PARAMETER_SHAPED) of another shape than the
-    checkpoint's own weight of that parameter `own` is the checkpoint's fault (CorruptCheckpoint:
-    it disagrees with itself); one of the shape the checkpoint's weight has and this run's `param`
-    has not is the model changed (ConfigError)."""
-    for key, value in per_param.items():
-        if key not in PARAMETER_SHAPED or not isinstance(value, torch.Tensor) or value.dim() == 0:
-            continue
-        own_shape = tuple(own.shape) if isinstance(own, torch.Tensor) else None
-        if (disagrees := own_shape_problem(key, tuple(value.shape), own_shape)) is not None:
-            raise CorruptCheckpoint(f"{problem}: its {name!r} {disagrees}")
+def shaped_states(optimizer: torch.optim.Optimizer, per_param: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of one parameter's state `per_param` that `optimizer` keeps in its parameter's
+    shape (PARAMETER_SHAPED, when it is one of SHAPE_KEEPING's kinds; none when it is not)."""
+    if not isinstance(optimizer, SHAPE_KEEPING):
+        return {}
+    return {
+        key: value
+        for key, value in per_param.items()
+        if key in PARAMETER_SHAPED and isinstance(value, torch.Tensor) and value.dim() > 0
+    }
+
+
+def own_shapes(weights: Iterable[Any]) -> frozenset[torch.Size]:
+    """The shapes of the checkpoint's own `weights` (what is no tensor left out)."""
+    return frozenset(weight.shape for weight in weights if isinstance(weight, torch.Tensor))
+
+
+def check_shapes(
+    shaped: dict[str, torch.Tensor], param: torch.Tensor, own: frozenset[torch.Size], name: str, problem: str
+) -> None:
+    """A state kept in its parameter's shape (`shaped_states`) of a shape none of the checkpoint's
+    own weights has (`own`, their shapes; none known: not compared) is the checkpoint's fault
+    (CorruptCheckpoint: it disagrees with itself); one of another shape than this run's `param`
+    is the model changed (ConfigError)."""
+    for key, value in shaped.items():
+        if own and value.shape not in own:
+            mine = ", ".join(str(tuple(shape)) for shape in sorted(own))
+            raise CorruptCheckpoint(
+                f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where the checkpoint's own "
+                f"weights of the optimizer's parameters have {mine}: the checkpoint disagrees with itself"
+            )
         if value.shape != param.shape:
             raise ConfigError(
                 f"{problem}: its {name!r} state {key!r} has shape {tuple(value.shape)} where this run's parameter "
-                f"has {tuple(param.shape)}; the model changed since it was written: start afresh in a new "
-                "checkpoint folder"
+                f"has {tuple(param.shape)}; the model changed since it was written (its parameters, or the order "
+                "they are registered in): start afresh in a new checkpoint folder"
             )
 
 
