@@ -46,25 +46,37 @@ def catch_up(
 
 class ScheduleCounts:
     """The registered LR schedulers' step counts (`last_epoch`) where the loop stands, taken before
-    a replay or a rollback; ReduceLROnPlateau counts the metrics it was given, not steps, and is left out."""
+    a replay or a rollback; ReduceLROnPlateau counts the metrics it was given, not steps, and is left out.
+    A step the recovery skips whole (`quarantine`: the loop names no samples) is one the catch-up runs
+    no step for, as a restarted attempt's loop skips it (docs/sdk.md): a scheduler stepped inside the
+    registered step comes back one count short of the loop for each such step it had run."""
 
-    def __init__(self, objects: Mapping[str, Any]) -> None:
+    def __init__(self, objects: Mapping[str, Any], quarantine: Quarantine | None = None) -> None:
         self.objects = {name: obj for name, obj in objects.items() if counts_steps(obj)}
         self.before = {name: int(obj.last_epoch) for name, obj in self.objects.items()}
+        self.quarantine = quarantine
+        self.whole_before = frozenset(_skipped_whole(quarantine))
 
     def unmatched(self, *, start: int, step: int) -> ConfigError | None:
         """After a catch-up of steps start..step-1 (0-based): the ConfigError naming a scheduler the
         registered step did not bring back to where the loop had it, or None."""
+        newly = [i for i in _skipped_whole(self.quarantine) if start <= i < step and i not in self.whole_before]
         for name, obj in self.objects.items():
-            if int(obj.last_epoch) != self.before[name]:
+            if int(obj.last_epoch) != self.before[name] - len(newly):
+                less = f" less the {len(newly)} step(s) now skipped whole" if newly else ""
                 return ConfigError(
                     f"{name}: steps {start + 1} to {step}, run again through the function given to "
                     f"run.register_step after a rollback to step {start}, left this LR scheduler at "
-                    f"last_epoch {obj.last_epoch}, where the loop had it at {self.before[name]}: the loop "
+                    f"last_epoch {obj.last_epoch}, where the loop had it at {self.before[name]}{less}: the loop "
                     "steps it outside that function, so the steps after would train on a shifted schedule. "
                     "Call its step() inside the registered step (docs/sdk.md, register_step)"
                 )
         return None
+
+
+def _skipped_whole(quarantine: Quarantine | None) -> list[int]:
+    """The steps (0-based) `quarantine` skips whole."""
+    return [] if quarantine is None else [i for i in quarantine.steps if quarantine.skips_step(i)]
 
 
 def counts_steps(obj: object) -> bool:

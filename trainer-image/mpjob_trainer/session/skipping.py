@@ -177,7 +177,7 @@ class DataRung:
         """Roll back, skip and catch up to `step` (1-based, where the loop stands): None, or a
         fault met while catching up; else what ends the attempt when the rung cannot go on, or
         RolledBack for a loop that re-enters."""
-        self._counts = ScheduleCounts(state.objects)  # where the loop stands, before a checkpoint is loaded
+        self._counts = ScheduleCounts(state.objects, self.quarantine)  # where the loop stands, before a load
         if isinstance(fault, LossSpiked) and self.on_spike == "end":
             return self._ended(fault)  # the job's faultPolicy ends the attempt on a spike (FallBack or Fail)
         if isinstance(fault, LossSpiked):
