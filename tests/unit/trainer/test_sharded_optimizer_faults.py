@@ -159,3 +159,46 @@ def test_an_index_entry_of_a_negative_size_is_corrupt_when_it_is_verified(tmp_pa
     loaded, log = resumed(tmp_path, objects(0))
     assert loaded is not None and loaded[0].step == 10
     assert "step-000000020" in log[0]["problem"] and "non-negative sizes" in log[0]["problem"], log
+
+
+class _LowRankAdam(torch.optim.Optimizer):
+    """An optimizer of another library's kind (GaLore's): its first moment, under Adam's name, is
+    kept in the shape of the gradient projected to rank 1, not in its parameter's shape."""
+
+    def __init__(self, params: Any, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    grad = param.grad.reshape(param.shape[0], -1)
+                    moment = self.state[param].setdefault("exp_avg", torch.zeros_like(grad[:1]))
+                    moment.mul_(0.9).add_(grad.mean(dim=0, keepdim=True), alpha=0.1)
+
+
+def low_rank(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 4))
+    optimizer = _LowRankAdam(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    return {"model": model, "optimizer": optimizer}
+
+
+def test_an_optimizer_not_of_torchs_kinds_is_not_held_to_their_state_shapes(tmp_path: Path) -> None:
+    """Its exp_avg of 0.weight is (1, 4) beside the weight's (4, 4): its own way, not a checkpoint
+    that disagrees with itself (held to Adam's shapes, every checkpoint of the job was rejected)."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    written = low_rank(10)
+    model_sd, optim_sd = get_state_dict(written["model"], [written["optimizer"]])
+    tmp = store.root / ".tmp-000000010-0"
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
+    torch.save({"step": 10}, tmp / rank_file(0))
+    files = hash_files(tmp, [p for p in tmp.rglob("*") if p.is_file()])
+    folder = Path(store.commit(tmp, 10, "bf16", files, world_size=1).ref.path)
+    run = low_rank(0)
+    restore_shards(folder, run, NAMES)
+    moment = run["optimizer"].state[run["model"][0].weight]["exp_avg"]
+    assert torch.equal(moment, written["optimizer"].state[written["model"][0].weight]["exp_avg"])

@@ -37,7 +37,12 @@ from torch.futures import Future
 
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
-from mpjob_trainer.checkpoint.optimizer_state import own_shape_problem, value_problem
+from mpjob_trainer.checkpoint.optimizer_state import (
+    PARAMETER_SHAPED,
+    SHAPE_KEEPING,
+    own_shape_problem,
+    value_problem,
+)
 
 if TYPE_CHECKING:
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
@@ -241,15 +246,17 @@ def _plain(fqn: str, raw: bytes) -> Any:
         raise CorruptCheckpoint(f"{fqn}: not a plain value ({str(exc)[:200]})") from None
 
 
-def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, str]) -> None:
+def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, str], optimizer: Any = None) -> None:
     """Before DCP loads anything into `target` (the live state dicts of the pair `names`), what the
     checkpoint's index says is checked by checkpoint.optimizer_state's rules: the optimizer's states
     agree with the module's own entries, and every non-tensor value of `target`'s it lists (an
     optimizer's settings: lr, betas, ...) reads as a value of the kind this run holds there.
     CorruptCheckpoint, saying why, when not: the checkpoint's fault, passed over for the one before
-    it, where a value read raw would fail the first step of every attempt."""
+    it, where a value read raw would fail the first step of every attempt. The shapes are held
+    only for the states `optimizer` (the live one) keeps in its parameter's shape (PARAMETER_SHAPED,
+    of SHAPE_KEEPING's kinds): another library's may keep a state of that name in another shape."""
     where, metadata = shards.folder.name, shards.index()
-    if "optimizer" in names:
+    if "optimizer" in names and isinstance(optimizer, SHAPE_KEEPING):
         _check_own_entries(metadata, names["module"], names["optimizer"], where)
     planner = DefaultLoadPlanner()  # its flattened state dict: the keys DCP reads into
     planner.set_up_planner(target, metadata)
@@ -269,6 +276,8 @@ def _check_own_entries(metadata: dcp_metadata.Metadata, module: str, optimizer: 
         if not fqn.startswith(prefix) or not isinstance(entry, dcp_metadata.TensorStorageMetadata):
             continue
         param, _, key = fqn.removeprefix(prefix).rpartition(".")
+        if key not in PARAMETER_SHAPED:
+            continue  # a state not kept in the parameter's shape (LBFGS's flat vectors)
         own = entries.get(f"{module}.{param}")
         own_shape = tuple(own.size) if isinstance(own, dcp_metadata.TensorStorageMetadata) else None
         if (problem := own_shape_problem(key, tuple(entry.size), own_shape)) is not None:

@@ -156,7 +156,8 @@ def restore_shards(
     target = state_dicts(objects, names)
     shards = checked if checked is not None else CheckedShards(VolumeFiles(folder), read_manifest(folder).files)
     try:
-        check_fit(shards, target, names)  # CorruptCheckpoint before anything loads: the checkpoint's fault
+        optimizer = objects[names["optimizer"]] if "optimizer" in names else None
+        check_fit(shards, target, names, optimizer)  # CorruptCheckpoint before anything loads: the checkpoint's fault
         dcp.load(
             target,
             storage_reader=CheckedReader(shards),
