@@ -1,5 +1,5 @@
-"""The operator's jobs-in-trouble gauge (mpjob_operator_jobs_in_trouble{condition}): the alerts
-AttemptsBackingOff and CheckpointsLapsed watch it, so it counts what `kubectl describe mpj` shows,
+"""The operator's jobs-in-trouble gauge (mpjob_operator_jobs_in_trouble{condition}): the alert
+AttemptsBackingOff watches its BackingOff count, so it counts what `kubectl describe mpj` shows,
 from the statuses the real planning leaves: a job whose next attempt waits out its backoff, a job
 whose checkpoints lapsed, and neither once the job has finished or the trouble has passed."""
 
