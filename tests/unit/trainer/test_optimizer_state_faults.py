@@ -22,10 +22,19 @@ from tests.unit.trainer.test_checkpoint_format_faults import MALFORMED
 pytestmark = pytest.mark.unit
 
 
-def _run(width: int = 4) -> TrainingState:
-    """A model of hidden `width` and its SGD with momentum, one step taken (so it holds state)."""
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=0.1)
+
+
+def _run(width: int = 4, make: Any = _sgd) -> TrainingState:
+    """A model of hidden `width` and its optimizer (`make`: SGD with momentum), one step taken (so
+    it holds state)."""
     model = nn.Sequential(nn.Linear(3, width), nn.Linear(width, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = make(model.parameters())
     model(torch.randn(2, 3)).sum().backward()
     optimizer.step()
     return TrainingState({"model": model, "optimizer": optimizer})
@@ -174,3 +183,46 @@ def test_an_optimizer_not_of_torchs_kinds_is_not_held_to_their_state_shapes() ->
     resumed.restore(state, "fp32", None)
     (optimizer,) = resumed.optimizers()
     assert [tuple(s["exp_avg"].shape) for s in optimizer.state.values()] == [(1, 3), (1, 1), (1, 4), (1, 1)]
+
+
+def _with_settings(store: CheckpointStore, step: int, **group: Any) -> dict[str, Any]:
+    """An AdamW run's checkpoint of `step` whose param group holds `group`, as verified on reading."""
+    state = _run(make=_adamw).capture(step, step, "fp32", None)
+    state["optimizer"]["param_groups"][0].update(group)
+    _, read = store.verify(Path(store.write(step, "fp32", state).ref.path))
+    return read
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [{"lr": "fast"}, {"lr": [0.1]}, {"betas": (0.9,)}, {"betas": 0.9}, {"amsgrad": "yes"}, {"eps": None}],
+    ids=["lr-str", "lr-list", "betas-short", "betas-number", "flag-str", "eps-none"],
+)
+def test_a_setting_of_another_kind_is_the_checkpoints_fault_before_anything_loads(
+    tmp_path: Path, planted: dict[str, Any]
+) -> None:
+    """The sharded rule (test_sharded_optimizer_faults): before, it loaded, and the first step of
+    every attempt failed (an InfraError, retried) instead of the previous good one being used."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d")
+    _with_settings(store, 5)
+    state = _with_settings(store, 10, **planted)
+    run = _run(make=_adamw)
+    before = [p.detach().clone() for p in run.parameters()]
+    with pytest.raises(
+        CorruptCheckpoint, match=rf"step 10: its 'optimizer' param group 0's {next(iter(planted))} is a"
+    ):
+        run.restore(state, "fp32", None)
+    assert all(torch.equal(a, b) for a, b in zip(before, run.parameters(), strict=True)), "nothing loaded"
+    assert run.optimizers()[0].param_groups[0]["betas"] == (0.9, 0.999)
+    loaded = resume.load(store, restore=lambda found: run.restore(found[1], "fp32", None))
+    assert loaded is not None and loaded[0].step == 5
+
+
+def test_settings_a_run_may_have_changed_still_load(tmp_path: Path) -> None:
+    """A whole-number lr, a flag set where this run leaves it None, a one-value tensor for a number."""
+    changed = {"lr": 1, "foreach": False, "eps": torch.tensor(2.0**-20), "betas": (0.8, 0.99)}
+    state = _with_settings(CheckpointStore(tmp_path, keep=5, config_digest="d"), 5, **changed)
+    run = _run(make=_adamw)
+    run.restore(state, "fp32", None)
+    group = run.optimizers()[0].param_groups[0]
+    assert (group["lr"], group["foreach"], float(group["eps"]), group["betas"]) == (1, False, 2.0**-20, (0.8, 0.99))

@@ -4,10 +4,13 @@ A checkpoint is read from a store, so under an optimizer's name it may hold any 
 One rule, for every format (checkpoint.migrate brings a format-1 state forward with it, the
 restore checks a current one with it, session.state):
 - a state no optimizer writes (`optimizer_state_problem`: groups or per-parameter states of
-  another kind of value, an id listed twice), or a per-parameter tensor one of torch's optimizers
-  keeps in its parameter's shape (`shaped_states`) whose shape is that of none of the checkpoint's
-  own weights of the optimizer's parameters, is the checkpoint's fault: it disagrees with itself.
-  CorruptCheckpoint: the resume passes it over for the one before it;
+  another kind of value, an id listed twice), one whose group settings are of another kind than
+  this run's optimizer holds there (`settings_problem`, by `value_problem`, the rule a sharded
+  checkpoint's values are held to), or a per-parameter tensor one of torch's optimizers keeps in
+  its parameter's shape (`shaped_states`) whose shape is that of none of the checkpoint's own
+  weights of the optimizer's parameters, is the checkpoint's fault: it disagrees with itself or
+  with what any optimizer of this kind holds. CorruptCheckpoint: the resume passes it over for
+  the one before it;
 - a sound state that does not fit this run's parameters (the user changed the model, the order
   its parameters are listed in, or the optimizer) is a ConfigError that names what to do, as
   torch's own load errors that remain.
@@ -81,6 +84,8 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
             continue
         if (malformed := optimizer_state_problem(saved)) is not None:
             raise CorruptCheckpoint(f"{problem}: its {name!r} is no optimizer state: {malformed}")
+        if (wrong := settings_problem(optimizer.param_groups, saved["param_groups"])) is not None:
+            raise CorruptCheckpoint(f"{problem}: its {name!r} {wrong}")
         live = [param for group in optimizer.param_groups for param in group["params"]]
         ids = [i for group in saved["param_groups"] for i in group["params"]]
         if len(ids) != len(live):
@@ -90,6 +95,20 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
         for param, saved_id in zip(live, ids, strict=True):
             if (per_param := saved["state"].get(saved_id)) is not None:
                 check_shapes(shaped_states(optimizer, per_param), param, own, name, problem)
+
+
+def settings_problem(live: list[dict[str, Any]], read: list[Any]) -> str | None:
+    """Which setting of the param groups `read` from a checkpoint cannot take the place of this
+    run's (`live`, group by group) by `value_problem`, the rule a sharded checkpoint's values are
+    held to (None: each fits, or the groups are as many no more: torch's load names that). Their
+    `params` are ids here, checked by `optimizer_state_problem`."""
+    if len(read) != len(live):
+        return None
+    for index, (ours, theirs) in enumerate(zip(live, read, strict=True)):
+        for key in sorted((ours.keys() & theirs.keys()) - {"params"}):
+            if (wrong := value_problem(ours[key], theirs[key])) is not None:
+                return f"param group {index}'s {key} is {wrong}"
+    return None
 
 
 #: The per-parameter states torch's optimizers keep in their parameter's shape (Adam, AdamW,
