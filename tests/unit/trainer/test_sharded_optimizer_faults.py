@@ -202,3 +202,82 @@ def test_an_optimizer_not_of_torchs_kinds_is_not_held_to_their_state_shapes(tmp_
     restore_shards(folder, run, NAMES)
     moment = run["optimizer"].state[run["model"][0].weight]["exp_avg"]
     assert torch.equal(moment, written["optimizer"].state[written["model"][0].weight]["exp_avg"])
+
+
+def two_groups(seed: int) -> dict[str, Any]:
+    """`objects(seed)` with its optimizer regrouped: the weights decayed, the LayerNorm not."""
+    run = objects(seed)
+    params = list(run["model"].parameters())
+    groups = [{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0}]
+    return {**run, "optimizer": torch.optim.AdamW(groups, lr=0.1)}
+
+
+def committed(store: CheckpointStore, step: int, run: dict[str, Any]) -> Path:
+    """`run`'s sharded checkpoint of `step`, committed as the trainer commits one."""
+    model_sd, optim_sd = get_state_dict(run["model"], [run["optimizer"]])
+    tmp = store.root / f".tmp-{step:09d}-0"
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
+    torch.save({"step": step}, tmp / rank_file(0))
+    files = hash_files(tmp, [p for p in tmp.rglob("*") if p.is_file()])
+    return Path(store.commit(tmp, step, "bf16", files, world_size=1).ref.path)
+
+
+@pytest.mark.parametrize(
+    ("written", "resumed_with", "shown"),
+    [
+        (
+            two_groups,
+            objects,
+            r"as 0.weight, 0.bias \| 1.weight, 1.bias and this run's optimizer as 0.weight, 0.bias, 1",
+        ),
+        (
+            objects,
+            two_groups,
+            r"as 0.weight, 0.bias, 1.weight, 1.bias and this run's optimizer as 0.weight, 0.bias \| 1",
+        ),
+    ],
+    ids=["two-into-one", "one-into-two"],
+)
+def test_an_optimizer_the_user_regrouped_is_a_configuration_error_before_anything_loads(
+    tmp_path: Path, written: Any, resumed_with: Any, shown: str
+) -> None:
+    """Two groups written, one resumed: before, DCP read group 0 alone and torch took its settings
+    (weight decay 0.01) for every parameter, the LayerNorm's included, where a single file is
+    refused (torch: 'a different number of parameter groups')."""
+    folder = committed(CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1"), 10, written(10))
+    run = resumed_with(0)
+    before = weights_of(run)
+    with pytest.raises(
+        ConfigError, match=rf"step-000000010 into this run's optimizer: it groups its parameters {shown}"
+    ):
+        restore_shards(folder, run, NAMES)
+    assert all(torch.equal(v, before[k]) for k, v in weights_of(run).items()), "nothing loaded"
+
+
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        (["0.weight", "0.bias", "1.weight", "elsewhere"], r"lists 'elsewhere' in a parameter group, no weight of its"),
+        (["0.weight", "0.bias", "1.weight", "0.weight"], r"lists '0.weight' twice"),
+        (["0.weight", "0.bias", "1.weight", 3], r"lists no names in parameter group 0 \(a list\)"),
+        ([], r"holds optimizer state of '0.bias', listed in no parameter group"),
+        (["0.weight", "0.bias"], r"holds optimizer state of '1.bias', listed in no parameter group"),
+    ],
+    ids=["a-name-not-its-own", "a-name-twice", "a-number", "empty", "short"],
+)
+def test_a_group_whose_names_disagree_with_the_index_is_passed_over(
+    tmp_path: Path, params: list[Any], problem: str
+) -> None:
+    """The index's fault: the one before it is used. Before, each loaded, and a group left without
+    the name of one of this run's parameters came without lr or betas: the first step of every
+    attempt failed (KeyError 'betas', taken for an infrastructure failure)."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    commit(store, 10)
+    newest = commit(store, 20, params=params)
+    run = objects(0)
+    with pytest.raises(CorruptCheckpoint, match=rf"step-000000020: its index's 'optimizer' {problem}"):
+        restore_shards(newest, run, NAMES)
+    assert run["optimizer"].param_groups[0]["lr"] == 0.1
+    loaded, log = resumed(tmp_path, run)
+    assert loaded is not None and loaded[0].step == 10 and "step-000000020" in log[0]["problem"], log
+    assert all(torch.equal(v, weights_of(objects(10))[k]) for k, v in weights_of(run).items())

@@ -18,7 +18,8 @@ in the trainer. Here:
   `WeightsOnlyPlanner`
   DCP's default load planner with the values read by torch's weights-only unpickler, which tells
   objects that do not fit the index (ShardsDoNotFit: a configuration error, not damage); the
-  restore (checkpoint.shards.restore_shards) loads through both.
+  restore (checkpoint.shards.restore_shards) loads through both, once checkpoint.dcp_fit has
+  checked what the index says against the run.
 """
 
 from __future__ import annotations
@@ -37,12 +38,6 @@ from torch.futures import Future
 
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
-from mpjob_trainer.checkpoint.optimizer_state import (
-    PARAMETER_SHAPED,
-    SHAPE_KEEPING,
-    own_shape_problem,
-    value_problem,
-)
 
 if TYPE_CHECKING:
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
@@ -115,7 +110,7 @@ def _bad_entry(entry: Any) -> bool:
     return not isinstance(entry, dcp_metadata.BytesStorageMetadata)
 
 
-def _values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
+def listed_values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
     """(index, storage info) of every non-tensor value `metadata` lists."""
     return [
         (index, info)
@@ -126,7 +121,7 @@ def _values(metadata: dcp_metadata.Metadata) -> list[tuple[Any, Any]]:
 
 def value_spans(metadata: dcp_metadata.Metadata, within: Collection[str]) -> list[tuple[str, int, int]]:
     """(file, offset, length) of every non-tensor value `metadata` lists in the files `within`."""
-    spans = [(info.relative_path, info.offset, info.length) for _, info in _values(metadata)]
+    spans = [(info.relative_path, info.offset, info.length) for _, info in listed_values(metadata)]
     return [span for span in spans if span[0] in within]
 
 
@@ -142,7 +137,7 @@ def check_values(
     """Every non-tensor value `metadata` lists in the files `within` reads weights-only, as the
     restore will read it (WeightsOnlyPlanner), from the bytes `read` (file, offset, length) gives:
     a planted one makes the checkpoint corrupt when it is verified."""
-    for index, info in _values(metadata):
+    for index, info in listed_values(metadata):
         if info.relative_path not in within:
             continue
         raw = read(info.relative_path, info.offset, info.length)
@@ -231,54 +226,16 @@ class WeightsOnlyPlanner(DefaultLoadPlanner):
         return plan
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        loaded = _plain(read_item.dest_index.fqn, value.read())
+        loaded = plain_value(read_item.dest_index.fqn, value.read())
         plain = io.BytesIO()  # our own pickle of plain values: what the default planner reads safely
         torch.save(loaded, plain)
         plain.seek(0)
         super().load_bytes(read_item, plain)
 
 
-def _plain(fqn: str, raw: bytes) -> Any:
+def plain_value(fqn: str, raw: bytes) -> Any:
     """The non-tensor value `fqn` from its bytes `raw`, read weights-only."""
     try:
         return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CorruptCheckpoint(f"{fqn}: not a plain value ({str(exc)[:200]})") from None
-
-
-def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, str], optimizer: Any = None) -> None:
-    """Before DCP loads anything into `target` (the live state dicts of the pair `names`), what the
-    checkpoint's index says is checked by checkpoint.optimizer_state's rules: the optimizer's states
-    agree with the module's own entries, and every non-tensor value of `target`'s it lists (an
-    optimizer's settings: lr, betas, ...) reads as a value of the kind this run holds there.
-    CorruptCheckpoint, saying why, when not: the checkpoint's fault, passed over for the one before
-    it, where a value read raw would fail the first step of every attempt. The shapes are held
-    only for the states `optimizer` (the live one) keeps in its parameter's shape (PARAMETER_SHAPED,
-    of SHAPE_KEEPING's kinds): another library's may keep a state of that name in another shape."""
-    where, metadata = shards.folder.name, shards.index()
-    if "optimizer" in names and isinstance(optimizer, SHAPE_KEEPING):
-        _check_own_entries(metadata, names["module"], names["optimizer"], where)
-    planner = DefaultLoadPlanner()  # its flattened state dict: the keys DCP reads into
-    planner.set_up_planner(target, metadata)
-    live = planner.state_dict
-    for index, info in _values(metadata):
-        if index.fqn in live:
-            value = _plain(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
-            if (problem := value_problem(live[index.fqn], value)) is not None:
-                raise CorruptCheckpoint(f"{where}: its {index.fqn} is {problem}")
-
-
-def _check_own_entries(metadata: dcp_metadata.Metadata, module: str, optimizer: str, where: str) -> None:
-    """The index's optimizer state of each parameter has the shape of the index's own entry of its
-    weight (`optimizer.state.<param>.<key>` beside `module.<param>`), else CorruptCheckpoint."""
-    entries, prefix = metadata.state_dict_metadata, f"{optimizer}.state."
-    for fqn, entry in entries.items():
-        if not fqn.startswith(prefix) or not isinstance(entry, dcp_metadata.TensorStorageMetadata):
-            continue
-        param, _, key = fqn.removeprefix(prefix).rpartition(".")
-        if key not in PARAMETER_SHAPED:
-            continue  # a state not kept in the parameter's shape (LBFGS's flat vectors)
-        own = entries.get(f"{module}.{param}")
-        own_shape = tuple(own.size) if isinstance(own, dcp_metadata.TensorStorageMetadata) else None
-        if (problem := own_shape_problem(key, tuple(entry.size), own_shape)) is not None:
-            raise CorruptCheckpoint(f"{where}: its index's {optimizer!r} {problem} ({param[:100]})")

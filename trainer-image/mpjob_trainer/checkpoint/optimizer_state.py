@@ -24,7 +24,7 @@ of the job corrupt.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, TypeGuard
 
 import torch
@@ -109,6 +109,43 @@ def settings_problem(live: list[dict[str, Any]], read: list[Any]) -> str | None:
             if (wrong := value_problem(ours[key], theirs[key])) is not None:
                 return f"param group {index}'s {key} is {wrong}"
     return None
+
+
+def grouping_problem(read: dict[int, Any], own: Collection[str], stated: Collection[str]) -> str | None:
+    """Why the parameter names a sharded checkpoint's index lists in its optimizer's groups (`read`:
+    group number -> its params value) disagree with that index (None: they do not): groups numbered
+    0 to n-1, each a list of names of its own weights (`own`), none twice, and each parameter it
+    holds optimizer state of (`stated`) in a group."""
+    if sorted(read) != list(range(len(read))):
+        return f"numbers its parameter groups {sorted(read)[:5]}, not 0 to {len(read) - 1}"
+    seen: set[str] = set()
+    for index in range(len(read)):
+        names = read[index]
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            return f"lists no names in parameter group {index} (a {type(names).__name__})"
+        for name in names:
+            if name not in own or name in seen:
+                why = "twice" if name in seen else "in a parameter group, no weight of its own"
+                return f"lists {name[:100]!r} {why}"
+            seen.add(name)
+    if unlisted := sorted(set(stated) - seen):
+        return f"holds optimizer state of {unlisted[0][:100]!r}, listed in no parameter group"
+    return None
+
+
+def regrouping(read: list[list[str]], live: list[list[str]]) -> str | None:
+    """How the parameter groups `read` from a checkpoint (well formed: `grouping_problem`) differ
+    from this run's `live` ones, each a list of parameter names (None: the same groups, in any order:
+    they are matched by name; or other parameters in all: the model changed, which DCP's planning
+    names by the key that differs)."""
+    same = sorted(map(sorted, read)) == sorted(map(sorted, live))
+    if same or sorted(name for names in read for name in names) != sorted(name for names in live for name in names):
+        return None
+
+    def shown(groups: list[list[str]]) -> str:
+        return " | ".join(", ".join(names) or "(none)" for names in groups)[:300]
+
+    return f"groups its parameters as {shown(read)} and this run's optimizer as {shown(live)}"
 
 
 #: The per-parameter states torch's optimizers keep in their parameter's shape (Adam, AdamW,

@@ -150,7 +150,8 @@ def restore_shards(
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     from mpjob_trainer.checkpoint.checked import VolumeFiles
-    from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner, check_fit
+    from mpjob_trainer.checkpoint.dcp_fit import check_fit
+    from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
     target = state_dicts(objects, names)

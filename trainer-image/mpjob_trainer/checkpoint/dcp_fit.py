@@ -1,0 +1,93 @@
+"""What a sharded checkpoint's index says, checked against itself and this run before DCP loads
+anything (`check_fit`), by checkpoint.optimizer_state's rules, the ones a single-file checkpoint
+is held to: what disagrees with the index itself is the checkpoint's fault (CorruptCheckpoint:
+the resume passes it over for the one before it); what does not fit this run's objects is a
+ConfigError that names what to do."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint import metadata as dcp_metadata
+
+from mpjob_trainer.checkpoint.dcp_reader import listed_values, plain_value
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+from mpjob_trainer.checkpoint.optimizer_state import (
+    PARAMETER_SHAPED,
+    SHAPE_KEEPING,
+    grouping_problem,
+    own_shape_problem,
+    regrouping,
+    value_problem,
+)
+from mpjob_trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mpjob_trainer.checkpoint.shard_copies import CheckedShards
+
+
+def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, str], optimizer: Any = None) -> None:
+    """Before DCP loads anything into `target` (the live state dicts of the pair `names`), what the
+    checkpoint's index says is checked by checkpoint.optimizer_state's rules: the optimizer's states
+    agree with the module's own entries, and every non-tensor value of `target`'s it lists (an
+    optimizer's settings: lr, betas, ...) reads as a value of the kind this run holds there.
+    CorruptCheckpoint, saying why, when not: the checkpoint's fault, passed over for the one before
+    it, where a value read raw would fail the first step of every attempt. The shapes are held
+    only for the states `optimizer` (the live one) keeps in its parameter's shape (PARAMETER_SHAPED,
+    of SHAPE_KEEPING's kinds): another library's may keep a state of that name in another shape."""
+    where, metadata = shards.folder.name, shards.index()
+    if "optimizer" in names:
+        if isinstance(optimizer, SHAPE_KEEPING):
+            _check_own_entries(metadata, names["module"], names["optimizer"], where)
+        _check_groups(shards, target, names, where)
+    planner = DefaultLoadPlanner()  # its flattened state dict: the keys DCP reads into
+    planner.set_up_planner(target, metadata)
+    live = planner.state_dict
+    for index, info in listed_values(metadata):
+        if index.fqn in live:
+            value = plain_value(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
+            if (problem := value_problem(live[index.fqn], value)) is not None:
+                raise CorruptCheckpoint(f"{where}: its {index.fqn} is {problem}")
+
+
+def _check_own_entries(metadata: dcp_metadata.Metadata, module: str, optimizer: str, where: str) -> None:
+    """The index's optimizer state of each parameter has the shape of the index's own entry of its
+    weight (`optimizer.state.<param>.<key>` beside `module.<param>`), else CorruptCheckpoint."""
+    entries, prefix = metadata.state_dict_metadata, f"{optimizer}.state."
+    for fqn, entry in entries.items():
+        if not fqn.startswith(prefix) or not isinstance(entry, dcp_metadata.TensorStorageMetadata):
+            continue
+        param, _, key = fqn.removeprefix(prefix).rpartition(".")
+        if key not in PARAMETER_SHAPED:
+            continue  # a state not kept in the parameter's shape (LBFGS's flat vectors)
+        own = entries.get(f"{module}.{param}")
+        own_shape = tuple(own.size) if isinstance(own, dcp_metadata.TensorStorageMetadata) else None
+        if (problem := own_shape_problem(key, tuple(entry.size), own_shape)) is not None:
+            raise CorruptCheckpoint(f"{where}: its index's {optimizer!r} {problem} ({param[:100]})")
+
+
+def _check_groups(shards: CheckedShards, target: dict[str, Any], names: dict[str, str], where: str) -> None:
+    """The index's optimizer groups name its own parameters (`grouping_problem`, else
+    CorruptCheckpoint) and group them as this run's optimizer in `target` does (`regrouping`, else a
+    ConfigError): DCP would read this run's count of groups, and torch take each one's settings for
+    the parameters it names, a parameter it does not name left without lr or betas."""
+    module, optimizer, entries = names["module"], names["optimizer"], shards.index().state_dict_metadata
+    listed = re.compile(rf"{re.escape(optimizer)}\.param_groups\.([0-9]{{1,9}})\.params")
+    read = {
+        int(found[1]): plain_value(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
+        for index, info in listed_values(shards.index())
+        if (found := listed.fullmatch(index.fqn))
+    }
+    own = {fqn.removeprefix(f"{module}.") for fqn in entries if fqn.startswith(f"{module}.")}
+    held = (fqn.removeprefix(f"{optimizer}.state.") for fqn in entries if fqn.startswith(f"{optimizer}.state."))
+    if (problem := grouping_problem(read, own, {fqn.rpartition(".")[0] for fqn in held})) is not None:
+        raise CorruptCheckpoint(f"{where}: its index's {optimizer!r} {problem}: the checkpoint disagrees with itself")
+    live = [group["params"] for group in target[optimizer]["param_groups"]]
+    if (regrouped := regrouping([read[index] for index in sorted(read)], live)) is not None:
+        raise ConfigError(
+            f"cannot load the sharded checkpoint {where} into this run's {optimizer}: it {regrouped}: the script no "
+            "longer matches the run that wrote it (its optimizer was regrouped); build the optimizer as that run "
+            "did, or start afresh in a new checkpoint folder"
+        )
