@@ -1,7 +1,8 @@
 """checkpoint.unloadable over both stores (a folder, a bucket): a checkpoint that verifies and
 did not load is marked beside it, so a later process (a fresh store) passes it over on resume
 and replaces it when it saves its step; a mark counts only while it names the sha256 of the
-checkpoint now at its step and this trainer's build, read no further than MARK_BYTES."""
+checkpoint now at its step and this trainer's build (its releases and image:
+test_unloadable_image), read no further than MARK_BYTES."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.unit
 
 JOB = "ns/job/uid"
 #: The build of another trainer image (one whose restore had a bug, say).
-OTHER_BUILD = "mpjob-trainer 0.0.9 torch 2.5.0"
+OTHER_BUILD = "mpjob-trainer 0.0.9 torch 2.5.0 image 0123456789abcdef"
 Opens = Callable[[list[dict[str, Any]]], AnyStore]
 
 
@@ -101,6 +102,7 @@ def test_a_later_process_saving_its_step_sets_it_aside_and_writes_its_own(opens:
         "{sha} {other}\n",
         "{sha}",
         "{sha}\n",
+        "{sha} {releases}\n",
         "not a sha256",
         "{sha} {build}",
         "{sha} {build}\n" + "x" * MARK_BYTES,
@@ -111,6 +113,7 @@ def test_a_later_process_saving_its_step_sets_it_aside_and_writes_its_own(opens:
         "another-build",
         "old-format",
         "old-format-line",
+        "format-without-image",
         "no-sha256",
         "no-line-end",
         "mark-then-more",
@@ -122,7 +125,9 @@ def test_a_mark_that_does_not_name_the_checkpoint_at_its_step_counts_for_nothing
     _save(store, 10)
     sha256 = _save(store, 20)
     where = dict(store.steps())[20]
-    store.mark_unloadable(where, mark.format(zeros="0" * 64, sha=sha256, build=unloadable.build(), other=OTHER_BUILD))
+    releases = store.build.rsplit(" image ", 1)[0]  # the build as marks named it before they held the image
+    said = mark.format(zeros="0" * 64, sha=sha256, build=store.build, other=OTHER_BUILD, releases=releases)
+    store.mark_unloadable(where, said)
     later = opens([])
     assert _save(later, 20, value=-20.0) == sha256 and later.aside() == []  # kept: never overwritten
     tried: list[int] = []
@@ -150,13 +155,13 @@ def test_a_checkpoint_another_build_marked_that_still_does_not_load_is_marked_fo
     tried: list[int] = []
     loaded = resume.load(opens([]), restore=_restore(tried, bad=20))
     assert loaded is not None and loaded[0].step == 10 and tried == [20, 10]
-    assert store.unloadable_mark(where) == f"{sha256} {unloadable.build()}\n".encode()
+    assert store.unloadable_mark(where) == f"{sha256} {store.build}\n".encode()
     again: list[int] = []
     loaded = resume.load(opens([]), restore=_restore(again, bad=20))
     assert loaded is not None and loaded[0].step == 10 and again == [10]  # passed over, not tried
 
 
-def test_the_build_a_mark_names_is_this_trainers_releases() -> None:
-    build = unloadable.build()
-    assert build.startswith("mpjob-trainer ") and build.endswith(f" torch {torch.__version__}")
-    assert len(unloadable.text("0" * 64)) <= MARK_BYTES
+def test_the_build_a_mark_names_is_this_trainers_releases_and_its_image() -> None:
+    build = unloadable.build("registry.example/train:1")
+    assert build.startswith("mpjob-trainer ") and f" torch {torch.__version__} image " in build
+    assert len(unloadable.text("0" * 64, build)) <= MARK_BYTES

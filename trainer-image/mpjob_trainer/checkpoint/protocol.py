@@ -44,6 +44,9 @@ class Store(Protocol[W]):
     #: corrupt, so a save of its step sets it aside instead of keeping it (later processes
     #: know it by its mark: checkpoint.unloadable).
     unloadable: set[W]
+    #: The trainer build this process is (checkpoint.unloadable.build: its releases and image):
+    #: what the marks it writes name, and the only build whose marks count for it.
+    build: str
 
     def steps(self) -> list[tuple[int, W]]:
         """The step folders found, oldest first (whoever wrote them, whatever their state)."""
@@ -75,7 +78,7 @@ class Store(Protocol[W]):
 
     def mark_unloadable(self, where: W, mark: str | None) -> None:
         """Record beside the checkpoint at `where`, never inside it, that it did not load: the
-        `mark` checkpoint.unloadable.text wrote (its state sha256, the trainer's build), stored as
+        `mark` checkpoint.unloadable.text wrote (its state sha256, the store's build), stored as
         given; None: remove that record."""
         ...
 

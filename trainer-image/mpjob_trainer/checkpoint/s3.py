@@ -79,13 +79,12 @@ class BucketCheckpointStore:
         log: Log | None = None,
         metrics: TransferMetrics | None = None,
         bucket: Bucket | None = None,
+        build: str = "",
     ) -> None:
         name, self.key = split_url(location)
         if name != settings.bucket:
             raise ValueError(f"{location!r} is not in bucket {settings.bucket!r}")
         self.location = location.rstrip("/")
-        self.keep = keep
-        self.job = job
         self.log: Log = log or (lambda *a, **k: None)
         self.metrics: TransferMetrics = metrics or PrivateTransferMetrics()
         self.bucket = bucket or open_bucket(settings)
@@ -93,7 +92,8 @@ class BucketCheckpointStore:
         #: volume store's own rules apply there); a framework stages into it too.
         self.root = Path(tempfile.mkdtemp(prefix="mpjob-checkpoints-"))
         weakref.finalize(self, shutil.rmtree, self.root, True)
-        self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job)
+        self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job, build=build)
+        self.keep, self.job, self.build = keep, job, self.local.build
         self.unloadable: set[str] = set()
         self.marks = BucketMarks(self.bucket, self.key, MARK_BYTES)
         self._writing = threading.Lock()

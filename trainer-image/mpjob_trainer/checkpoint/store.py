@@ -81,8 +81,11 @@ class SaveResult:
 
 
 class CheckpointStore:
-    def __init__(self, root: Path, keep: int, config_digest: str, log: Log | None = None, *, job: str = "") -> None:
+    def __init__(
+        self, root: Path, keep: int, config_digest: str, log: Log | None = None, *, job: str = "", build: str = ""
+    ) -> None:
         self.root = root
+        self.build = build or unloadable.build(None)  # checkpoint.protocol's (default: the image not known)
         self.keep = keep
         self.config_digest = config_digest
         self.job = job  # written into every manifest: what this store may prune or move aside
