@@ -25,9 +25,12 @@ pytestmark = pytest.mark.unit
 JOB = spec(training={"steps": 10, "batchSize": 4, "logEvery": 1}, checkpoint={"everySteps": 4})
 
 
-def train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, inside: bool) -> tuple[TerminationReport, int]:
+def train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, inside: bool, named: bool = True
+) -> tuple[TerminationReport, int]:
     """A linear model whose LambdaLR is stepped inside the registered step (`inside`) or by the loop
-    around it; the attempt's report and the scheduler's last_epoch at the end."""
+    around it; its loop names each step's samples (`named`), else its bad step is skipped whole;
+    the attempt's report and the scheduler's last_epoch at the end."""
     with contextlib.suppress(SystemExit), mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, JOB)) as run:
         torch.manual_seed(0)
         model = nn.Linear(4, 1)
@@ -46,9 +49,10 @@ def train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, inside: bool) -> t
             if inside:
                 schedule.step()
 
-        run.register_step(one_step, samples=lambda i: [i])
+        run.register_step(one_step, samples=(lambda i: [i]) if named else None)
         for i in range(start, run.total_steps):
-            one_step(i)
+            if named or not run.quarantined.skips_step(i):
+                one_step(i)
             if not inside:
                 schedule.step()
             run.end_step(i + 1, samples=4)
@@ -81,28 +85,6 @@ def test_a_step_skipped_whole_is_not_taken_for_a_scheduler_stepped_around_the_re
     """A loop that names no samples has its bad step skipped whole: the catch-up runs no step
     there, and a scheduler stepped inside the registered step ends where a restarted attempt's
     loop (which skips the step too, docs/sdk.md) has it: one step fewer than the loop had it."""
-    with contextlib.suppress(SystemExit), mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, JOB)) as run:
-        torch.manual_seed(0)
-        model = nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
-        start = run.resume(model=model, optimizer=optimizer, scheduler=schedule)
-
-        def one_step(i: int) -> None:
-            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
-            if i == 7:
-                x[0, 0] = math.nan
-            with run.autocast():
-                loss = model(x).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
-            schedule.step()
-
-        run.register_step(one_step)
-        for i in range(start, run.total_steps):
-            if not run.quarantined.skips_step(i):
-                one_step(i)
-            run.end_step(i + 1, samples=4)
-    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    report, last_epoch = train(tmp_path, monkeypatch, inside=True, named=False)
     assert report.reason == "Succeeded" and report.skipped is not None, report.message
-    assert schedule.last_epoch == 9  # steps 1..10 but the one skipped whole, as a restart trains them
+    assert last_epoch == 9  # steps 1..10 but the one skipped whole, as a restart trains them

@@ -18,6 +18,7 @@ from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session.state import TrainingState
 from tests.unit.trainer.test_checkpoint_format_faults import MALFORMED
+from tests.unit.trainer.test_sharded_optimizer_faults import PLANTED
 
 pytestmark = pytest.mark.unit
 
@@ -193,11 +194,7 @@ def _with_settings(store: CheckpointStore, step: int, **group: Any) -> dict[str,
     return read
 
 
-@pytest.mark.parametrize(
-    "planted",
-    [{"lr": "fast"}, {"lr": [0.1]}, {"betas": (0.9,)}, {"betas": 0.9}, {"amsgrad": "yes"}, {"eps": None}],
-    ids=["lr-str", "lr-list", "betas-short", "betas-number", "flag-str", "eps-none"],
-)
+@PLANTED
 def test_a_setting_of_another_kind_is_the_checkpoints_fault_before_anything_loads(
     tmp_path: Path, planted: dict[str, Any]
 ) -> None:

@@ -94,11 +94,15 @@ def test_a_sound_checkpoint_of_a_model_the_user_widened_stays_a_configuration_er
         resumed(tmp_path, objects(0, width=8))
 
 
-@pytest.mark.parametrize(
+#: Settings no AdamW holds, planted in a checkpoint's param group (the single-file tests plant them too).
+PLANTED = pytest.mark.parametrize(
     "planted",
     [{"lr": "fast"}, {"lr": [0.1]}, {"betas": (0.9,)}, {"betas": 0.9}, {"amsgrad": "yes"}, {"eps": None}],
     ids=["lr-str", "lr-list", "betas-short", "betas-number", "flag-str", "eps-none"],
 )
+
+
+@PLANTED
 def test_a_setting_of_another_kind_is_passed_over_before_anything_loads(
     tmp_path: Path, planted: dict[str, Any]
 ) -> None:
