@@ -28,9 +28,7 @@ class AttemptStatus(ApiModel):
     precision: RequestedPrecision
     start_step: int = 0
     #: The trainer's own start step replaced the planned one (from a live reading): taken once
-    #: per attempt, so a trainer whose reported start flaps costs one Event and one write. Also
-    #: set when the attempt's pods are made anew over checkpoints that outlive them (its Job made
-    #: again, or readmitted by its queue): their start is further on, not where the attempt began.
+    #: per attempt, so a trainer whose reported start flaps costs one Event and one write.
     start_step_reported: bool | None = None
     end_step: int | None = None
     #: Training processes of the attempt: workers x processesPerWorker.

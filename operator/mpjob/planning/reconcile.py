@@ -24,7 +24,7 @@ from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
-from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_on, went_with_pods
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_with_pods
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -245,4 +245,4 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
             cost.deleted_job(status, current, gone, spec, st.moment(when.at) or datetime.now(UTC))
         status.phase = "Pending"
         if kept:
-            went_on(current)
+            current.start_step_reported = True  # it began where it says: the new pods resume further on

@@ -84,14 +84,6 @@ def started_over(status: MixedPrecisionJobStatus, attempt: AttemptStatus) -> Non
     status.last_checkpoint = None
 
 
-def went_on(attempt: AttemptStatus) -> None:
-    """`attempt`'s pods are made anew (its Job created again, or admitted again by its queue) over
-    checkpoints that outlive the old ones: they resume from the newest, further on than where the
-    attempt began, so their start line is not the attempt's start and says nothing new: the
-    attempt keeps the start step it has (`observe`, `reported.record_report` take none again)."""
-    attempt.start_step_reported = True
-
-
 def planned_from(step: int, lost: bool) -> str:
     """Where an attempt is planned to go on from, for an Event: the checkpoint, or why not one."""
     if lost:

@@ -14,7 +14,7 @@ from mpjob.planning import status as st
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView
 from mpjob.planning.plan import Plan, When
-from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, went_on
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
 from mpjob.planning.status import FINISHED, ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.codes import Reason
@@ -59,9 +59,8 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
     operator never does: runPolicy.suspend deletes the Job). The Job controller stops its pods
     without counting them as failed, the trainer checkpoints on SIGTERM, and once the queue
     admits the Job again its pods start anew in the same attempt and precision, resuming from
-    the newest valid checkpoint, and the attempt keeps the start step it began at (`outlive`:
-    checkpoints in the pod's emptyDir went with the old pods, so they start over): no new attempt,
-    none of runPolicy.maxAttempts used."""
+    the newest valid checkpoint (`outlive`: checkpoints in the pod's emptyDir went with the old pods,
+    so they start over): no new attempt, none of runPolicy.maxAttempts used."""
     status, current = plan.status, plan.status.attempts[-1]
     running = next((c for c in status.conditions if c.type == ConditionType.RUNNING), None)
     was = running.reason if running is not None else None
@@ -88,10 +87,8 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
     if status.phase != "Pending" or was != reason or (running is not None and running.message != message):
         if reason == ConditionReason.AWAITING_READMISSION and was != reason:
             plan.events.append(lc.Event("Warning", Reason.PREEMPTED, message))
-        if status.phase == "Running" and outlive:  # once readmitted, its pods are made anew
-            went_on(current)
-        elif status.phase == "Running":
-            started_over(status, current)
+        if status.phase == "Running" and not outlive:
+            started_over(status, current)  # once readmitted, its pods are made anew
         status.phase = "Pending"
         lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
 

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.controller.queue import workload_message
-from mpjob.planning.observe import Reading, observe
 from mpjob.planning.reconcile import JobView, PodView, preempted_by_queue, reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -71,32 +70,6 @@ def test_a_running_attempt_whose_job_its_queue_suspends_waits_for_readmission_in
     # Readmitted: its new pod runs, then the attempt succeeds, still attempt 0.
     status = running(again.status, T0 + timedelta(seconds=30))
     assert status.phase == "Running" and len(status.attempts) == 1
-
-
-def readmitted_at_30(status: MixedPrecisionJobStatus, now: datetime) -> MixedPrecisionJobStatus:
-    """Attempt 1 (planned from step 30) running, its trainer having said it began there,
-    preempted by its queue and admitted again: its new pod runs."""
-    status = observe(running(status, now), Reading(attempt=1, step=35, start_step=30)).status
-    status = reconcile(spec(), status, 1, {1: JobView(1, suspended=True)}, now + timedelta(seconds=5)).status
-    return running(status, now + timedelta(seconds=10))
-
-
-def test_a_readmitted_attempt_keeps_the_start_it_began_at() -> None:
-    status = reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
-    status = preempt(running(status, T0), T0 + timedelta(seconds=5), pods=(preempted_pod(30),))
-    status = readmitted_at_30(status, T0 + timedelta(seconds=10))
-    assert status.phase == "Running" and status.attempts[1].start_step == 30
-    # The new pod resumes from the checkpoint its predecessor wrote on SIGTERM: further on.
-    seen = observe(status, Reading(attempt=1, step=85, start_step=80))
-    assert seen.status.attempts[1].start_step == 30 and seen.news is None, "history: it began at 30"
-    assert seen.status.step == 85
-    ref = CheckpointRef(step=100, path="/checkpoints/step-000000100", sha256="ab", precision="fp16")
-    report = TerminationReport(reason=Reason.SUCCEEDED, step=100, start_step=80, precision="fp16",
-                               last_good_checkpoint=ref)  # fmt: skip
-    pod = PodView("p1", 0, "Succeeded", False, 0, report.to_message())
-    ended = reconcile(spec(), seen.status, 1, {1: JobView(1, "Complete", pods=(pod,))}, T0 + timedelta(seconds=60))
-    assert ended.status.phase == "Succeeded"
-    assert (ended.status.attempts[1].start_step, ended.status.attempts[1].end_step) == (30, 100)
 
 
 def test_a_suspended_job_that_failed_ends_its_attempt_preempted_even_with_its_pods_gone() -> None:
