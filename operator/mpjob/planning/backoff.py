@@ -127,9 +127,9 @@ def due(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | None:
     failures = failures_in_a_row(status.attempts)
     failed = status.attempts[-2] if failures else None
     ended = st.moment(failed.finish_time) if failed is not None else None
-    if failed is None or ended is None or backoff.seconds(failures) <= 0:
-        return None
     seconds = backoff.seconds(failures)
+    if failed is None or ended is None or seconds <= 0:
+        return None
     return Wait(status.attempts[-1].index, failed, failures, seconds, ended + timedelta(seconds=seconds))
 
 
@@ -138,9 +138,15 @@ def unstarted(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | 
     before the wait's end (`held` moves it once the wait is over, so a status read back after
     that, by this operator or one restarted, has it started)."""
     current = status.attempts[-1] if status.attempts else None
-    wait = due(status, backoff) if current is not None and current.finish_time is None else None
-    began = st.moment(current.start_time) if current is not None else None
-    return wait if wait is not None and began is not None and began < wait.until else None
+    if current is None or current.finish_time is not None or (wait := due(status, backoff)) is None:
+        return None
+    return wait if _not_begun(current, wait) else None
+
+
+def _not_begun(current: AttemptStatus, wait: Wait) -> bool:
+    """Whether `current`'s startTime still lies before the end of its `wait` (its Job not made)."""
+    began = st.moment(current.start_time)
+    return began is not None and began < wait.until
 
 
 def held(plan: Plan, when: When, backoff: RetryBackoff, now: datetime) -> Wait | None:
@@ -148,13 +154,11 @@ def held(plan: Plan, when: When, backoff: RetryBackoff, now: datetime) -> Wait |
     Event once), else None; an attempt that waited starts now (its startTime moves here, and its
     Running condition no longer says BackingOff: it waits for its pods)."""
     current = plan.status.attempts[-1] if plan.status.attempts else None
-    wait = due(plan.status, backoff) if current is not None and current.finish_time is None else None
-    if current is None or wait is None:
+    if current is None or current.finish_time is not None or (wait := due(plan.status, backoff)) is None:
         return None
     running = next((c for c in plan.status.conditions if c.type == ConditionType.RUNNING), None)
     if now >= wait.until:
-        began = st.moment(current.start_time)
-        if began is not None and began < wait.until:
+        if _not_begun(current, wait):
             current.start_time = when.at
         if running is not None and running.reason == ConditionReason.BACKING_OFF:  # the wait is over
             awaiting_pods(plan, when, current.index, current.precision)

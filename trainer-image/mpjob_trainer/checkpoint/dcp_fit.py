@@ -41,7 +41,7 @@ def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, st
     if "optimizer" in names:
         if isinstance(optimizer, SHAPE_KEEPING):
             _check_own_entries(metadata, names["module"], names["optimizer"], where)
-        _check_groups(shards, target, names, where)
+        _check_groups(shards, metadata, target, names, where)
     planner = DefaultLoadPlanner()  # its flattened state dict: the keys DCP reads into
     planner.set_up_planner(target, metadata)
     live = planner.state_dict
@@ -68,16 +68,18 @@ def _check_own_entries(metadata: dcp_metadata.Metadata, module: str, optimizer: 
             raise CorruptCheckpoint(f"{where}: its index's {optimizer!r} {problem} ({param[:100]})")
 
 
-def _check_groups(shards: CheckedShards, target: dict[str, Any], names: dict[str, str], where: str) -> None:
+def _check_groups(
+    shards: CheckedShards, metadata: dcp_metadata.Metadata, target: dict[str, Any], names: dict[str, str], where: str
+) -> None:
     """The index's optimizer groups name its own parameters (`grouping_problem`, else
     CorruptCheckpoint) and group them as this run's optimizer in `target` does (`regrouping`, else a
     ConfigError): DCP would read this run's count of groups, and torch take each one's settings for
     the parameters it names, a parameter it does not name left without lr or betas."""
-    module, optimizer, entries = names["module"], names["optimizer"], shards.index().state_dict_metadata
+    module, optimizer, entries = names["module"], names["optimizer"], metadata.state_dict_metadata
     listed = re.compile(rf"{re.escape(optimizer)}\.param_groups\.([0-9]{{1,9}})\.params")
     read = {
         int(found[1]): plain_value(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
-        for index, info in listed_values(shards.index())
+        for index, info in listed_values(metadata)
         if (found := listed.fullmatch(index.fqn))
     }
     own = {fqn.removeprefix(f"{module}.") for fqn in entries if fqn.startswith(f"{module}.")}

@@ -206,8 +206,9 @@ def check_shapes(
 
 def own_shape_problem(key: str, shape: tuple[int, ...], own: tuple[int, ...] | None) -> str | None:
     """Why a parameter's state `key` of `shape` disagrees with the checkpoint's own weight of that
-    parameter, of shape `own` (None: no weight to compare with), for any format and layout (the
-    single file's tensors, DCP's index): a state of more than one value has the weight's shape."""
+    parameter, of shape `own` (None: no weight to compare with): a state of more than one value has
+    the weight's shape. For DCP's index, whose states name their parameter (a single file's are
+    matched by position, so `check_shapes` holds them to the set of its own weights' shapes)."""
     if not shape or own is None or shape == own:
         return None
     return (
