@@ -47,6 +47,11 @@ ALLOWED: dict[str, str] = {
         "data.py is_namedtuple: `_fields` is the documented public API of namedtuples (the underscore keeps "
         "field names free), how torch's default_collate itself tells a namedtuple, which takes its fields by position"
     ),
+    "AcceleratorState._reset_state": (
+        "adapters/accelerated.py: accelerate keeps one AcceleratorState per process, which refuses an "
+        "Accelerator of another mixed precision; transformers' own hyperparameter search resets it so "
+        "before it rebuilds a Trainer's accelerator, and accelerate has no public equivalent"
+    ),
     "trainer._save_checkpoint": (
         "adapters/hf.py: transformers.Trainer has no public method that writes the checkpoint its own "
         "resume_from_checkpoint reads (weights, optimizer, scheduler, scaler, RNG, trainer "

@@ -83,6 +83,36 @@ def test_arguments_that_only_shape_saves_and_reports_pass(tmp_path: Path, monkey
         _train(tmp_path, monkeypatch, model=False, **given)
 
 
+def test_a_scripts_own_fp16_gives_way_to_the_fallback_attempts_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A script that hard-codes TrainingArguments(fp16=True) trained its fp16 attempt, and its
+    bf16 fallback attempt ended ConfigError: the job failed at the very fallback it ran for. The
+    attempt's precision wins (the model trains under bf16 autocast) and the script is told."""
+    from transformers import Trainer, TrainingArguments
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    job = spec(task={"command": ["python", "train.py"]}, precision={"mode": "fp16", "fallback": ["bf16"]})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "bf16"))
+    model, dtypes = Regression(), set()
+    model.linear.register_forward_hook(lambda module, args, out: dtypes.add(out.dtype))
+    data = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(16)]
+    try:
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"), report_to=[], fp16=True, use_cpu=True, save_strategy="no", max_steps=30
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        mpjob_hf.train(run, trainer)
+    finally:
+        run.close()
+    assert dtypes == {torch.bfloat16}
+    assert (trainer.args.fp16, trainer.args.bf16, trainer.accelerator.mixed_precision) == (False, True, "bf16")
+    told = capfd.readouterr().err
+    assert "TrainingArguments(fp16=True)" in told and "trains in bf16" in told
+
+
 @pytest.mark.parametrize(
     ("given", "named"),
     [

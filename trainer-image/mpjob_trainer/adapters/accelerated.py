@@ -10,10 +10,12 @@ autocast forward would override the session's precision.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from accelerate.state import AcceleratorState
 
 from mpjob_trainer.session.framework import FrameworkRun
 
@@ -23,6 +25,31 @@ def use_attempt_scaler(bridge: FrameworkRun, accelerator: Any) -> None:
     if bridge.scaler is not None:
         accelerator.scaler = bridge.scaler
         accelerator.native_amp = True  # on a CPU accelerate would otherwise run no autocast at all
+
+
+def follow_attempt_precision(trainer: Any, precision: str, *, fp16: bool, bf16: bool) -> None:
+    """The attempt's precision wins over the script's own `TrainingArguments(fp16=, bf16=)`: a
+    script that hard-codes `fp16=True` trains its fp16 attempt in fp16 and its fallback attempt
+    in bf16 (refusing the arguments there would end the job at the very fallback it runs for).
+    The Trainer's accelerator is built anew with the attempt's mixed precision, as transformers'
+    own hyperparameter search rebuilds it after changing the arguments; the script is told on
+    stderr (its worker log)."""
+    args = trainer.args
+    given = {"fp16": bool(args.fp16), "bf16": bool(args.bf16)}
+    if given == {"fp16": fp16, "bf16": bf16}:
+        return
+    args.fp16, args.bf16 = fp16, bf16
+    args.mixed_precision = "fp16" if fp16 else "bf16" if bf16 else "no"
+    AcceleratorState._reset_state()  # the process's one state refuses another mixed precision
+    trainer.create_accelerator_and_postprocess()
+    set_by_script = ", ".join(f"{k}=True" for k, v in given.items() if v) or "fp16=False, bf16=False"
+    print(
+        f"mpjob: the Trainer's TrainingArguments({set_by_script}) are not this attempt's precision: it "
+        f"trains in {precision} (spec.precision decides; mpjob_trainer.adapters.hf.training_arguments(run, ...) "
+        "sets them for each attempt)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class GradNorms:

@@ -52,7 +52,7 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
 from mpjob_trainer import speed
-from mpjob_trainer.adapters.accelerated import GradNorms, use_attempt_scaler
+from mpjob_trainer.adapters.accelerated import GradNorms, follow_attempt_precision, use_attempt_scaler
 from mpjob_trainer.adapters.hf_step import TrainerLoss, loss_samples, register
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
@@ -111,13 +111,11 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
 
 
 def _check(run: Session, args: TrainingArguments) -> None:
-    """Other arguments would train in a precision the attempt does not report, or save of their own."""
-    wanted = {k: v for k, v in attempt_arguments(run).items() if k in ("fp16", "bf16", "max_steps")}
-    wrong = {k: getattr(args, k) for k, v in wanted.items() if getattr(args, k) != v}
-    if wrong:
+    """Other arguments would train past the attempt's steps, or save of their own."""
+    if args.max_steps != run.total_steps:
         raise ConfigError(
-            f"the Trainer's TrainingArguments disagree with the attempt ({run.precision}, "
-            f"{run.total_steps} steps): {wrong}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
+            f"the Trainer's TrainingArguments disagree with the attempt ({run.total_steps} steps): "
+            f"{{'max_steps': {args.max_steps}}}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
         )
     given = args.to_dict()  # the Trainer's own checkpoints, outside mpjob's store, or ones without the optimizer:
     saving = [f"{k}={given[k]!r}" for k in ("save_strategy", "save_only_model") if given[k] not in ("no", False)]
@@ -265,6 +263,8 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     if "resume_from_checkpoint" in train_kwargs:
         raise ConfigError("train(resume_from_checkpoint=...): the attempt names the checkpoint to resume from")
     _check(run, trainer.args)
+    owned = attempt_arguments(run)
+    follow_attempt_precision(trainer, run.precision, fp16=owned["fp16"], bf16=owned["bf16"])
     model = trainer.model
     if model is None:
         raise ConfigError("the Trainer has no model (model_init is not supported: build the model first)")
