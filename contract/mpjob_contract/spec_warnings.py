@@ -2,13 +2,14 @@
 
 Only settings certainly dead for the spec as written (never a guess about the node or the run):
 a fault rule that can never apply (the first rule on a fault decides, FaultPolicy.decide; a
-QualityDrift rule needs a quality gate that can fire; a FallBack needs a rung below), and a
-setting whose figure the run can never reach (checkpoint.everySteps, validation.everySteps,
-precision.repromoteAfterSteps, precision.guard.stagnationSteps, the builtin loop's
-training.warmupSteps and a precision.lossScale.growthInterval other than its default, against
-training.steps). Not elastic.minWorkers equal to workers: such a job never shrinks, yet elastic
-still acts (it changes precision by new attempts, not in place, and waits for room as
-AwaitingWorkers). Such
+QualityDrift rule needs a quality gate that can fire, a LossSpike rule a spike window the run
+fills; a FallBack needs a rung below), and a setting whose figure the run can never reach
+(checkpoint.everySteps, validation.everySteps, precision.repromoteAfterSteps,
+precision.guard.stagnationSteps, the builtin loop's training.warmupSteps, a
+precision.lossScale.growthInterval other than its default and a guard.spike.window, against
+training.steps; a guard.minLossScale above the fp16 loss scale at the guard's first read). Not
+elastic.minWorkers equal to workers: such a job never shrinks, yet elastic still acts (it
+changes precision by new attempts, not in place, and waits for room as AwaitingWorkers). Such
 jobs have always been accepted and run, and the operator re-validates every stored spec at each
 reconcile, so refusing them would fail running jobs after an upgrade: `mpjob validate` and
 `mpjob run` print these, the operator posts each as one Warning Event per generation.
@@ -102,9 +103,23 @@ def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
         first[fault] = index
         if fault == Fault.QUALITY_DRIFT and (gate := gate_never_fires(spec)) is not None:
             found.append((field, f"never applies: QualityDrift comes only from the quality gate, and {gate}"))
+        elif fault == Fault.LOSS_SPIKE and (unjudged := spikes_never_judged(spec)) is not None:
+            found.append((field, f"never applies: LossSpike comes only from the spike check, and {unjudged}"))
         elif rule.action == FaultAction.FALL_BACK and (rung := no_rung_below(spec)) is not None:
             found.append((field, f"never applies: FallBack needs a precision below the starting one, and {rung}"))
     return found
+
+
+def spikes_never_judged(spec: MixedPrecisionJobSpec) -> str | None:
+    """Why no loss of the run is ever judged a spike, or None. The check takes the mean and
+    deviation of guard.spike.window accepted losses, one a step, and judges none before it is full."""
+    window, steps = spec.precision.guard.spike.window, spec.training.steps
+    if window < steps:
+        return None
+    return (
+        f"precision.guard.spike.window={window} is not below training.steps={steps}: the window of losses "
+        "a spike is judged against is never full, so no loss is ever judged"
+    )
 
 
 def idle_settings(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
@@ -117,6 +132,8 @@ def idle_settings(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
         ("precision.guard.stagnationSteps", _stagnation(spec)),
         ("training.warmupSteps", _warmup(spec)),
         ("precision.lossScale.growthInterval", _scale_growth(spec)),
+        ("precision.guard.spike.window", _spike_window(spec)),
+        ("precision.guard.minLossScale", _scale_floor(spec)),
     ]
     return [(field, why) for field, why in found if why is not None]
 
@@ -202,4 +219,34 @@ def _scale_growth(spec: MixedPrecisionJobSpec) -> str | None:
         f"precision.lossScale.growthInterval={interval} is not below training.steps={steps}: no attempt "
         "has that many clean steps in a row before the last, so the fp16 loss scale never grows, it only "
         "backs off on overflows (a growthInterval below training.steps lets it grow back)"
+    )
+
+
+def _spike_window(spec: MixedPrecisionJobSpec) -> str | None:
+    """guard.spike.action rollback that never rolls back; a rule on LossSpike is warned of as a rule."""
+    if spec.precision.guard.spike.action != "rollback" or spec.fault_policy.decide(Fault.LOSS_SPIKE).rule is not None:
+        return None
+    if (unjudged := spikes_never_judged(spec)) is None:
+        return None
+    return f"{unjudged}: guard.spike.action rollback never rolls back"
+
+
+def _scale_floor(spec: MixedPrecisionJobSpec) -> str | None:
+    """A floor above where the fp16 loss scale stands at the guard's first read ends every fp16
+    attempt there, whatever its steps did: the guard reads at log, checkpoint and evaluation steps,
+    and the scale has grown at most once per growthInterval clean steps by then."""
+    precision, floor = spec.precision, spec.precision.guard.min_loss_scale
+    if "fp16" not in [precision.mode, *precision.fallback]:
+        return None
+    reads = [spec.training.log_every, spec.checkpoint.every_steps, spec.validation.every_steps]
+    first = min(read for read in reads if read > 0)
+    scaling = precision.loss_scale
+    scale = scaling.init * scaling.growth_factor ** (first // scaling.growth_interval)
+    if scale >= floor:
+        return None
+    return (
+        f"precision.guard.minLossScale={floor:g} is above precision.lossScale.init={scaling.init:g}, "
+        f"and the scale is at most {scale:g} at the guard's first read (step {first}): every fp16 attempt ends "
+        "LossScaleCollapsed there, with no overflow (a floor at or below lossScale.init ends it only once "
+        "overflows have backed the scale off below it)"
     )

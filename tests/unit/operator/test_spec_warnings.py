@@ -131,6 +131,53 @@ def test_the_default_growth_interval_says_nothing_written_out_or_not() -> None:
     assert said(spec(precision={"lossScale": {"growthInterval": 2000}})) == {}  # as the operator reads it
 
 
+def test_a_loss_scale_floor_above_the_scale_at_the_first_read_ends_every_fp16_attempt_there() -> None:
+    """The guard ends fp16 when the scale is below guard.minLossScale at a read, overflows or not
+    (a run of such a job fell back at its first log step, step 5, and again after re-promoting)."""
+    job = spec(precision={"mode": "fp16", "guard": {"minLossScale": 1e6}}, training={"logEvery": 5})
+    assert said(job) == {
+        "precision.guard.minLossScale": "precision.guard.minLossScale=1e+06 is above precision.lossScale.init=65536, "
+        "and the scale is at most 65536 at the guard's first read (step 5): every fp16 attempt ends "
+        "LossScaleCollapsed there, with no overflow (a floor at or below lossScale.init ends it only once "
+        "overflows have backed the scale off below it)"
+    }
+    fp8_then_fp16 = {"mode": "fp8", "fallback": ["fp16", "fp32"], "guard": {"minLossScale": 1e6}}
+    assert "precision.guard.minLossScale" in said(spec(precision=fp8_then_fp16))
+
+
+@pytest.mark.parametrize(
+    "precision",
+    [
+        {"mode": "fp16", "guard": {"minLossScale": 65536}},  # at lossScale.init: only overflows go below
+        {"mode": "bf16", "guard": {"minLossScale": 1e6}},  # no fp16 on the ladder: no loss scale
+        {"mode": "fp16", "guard": {"minLossScale": 4}, "lossScale": {"init": 1, "growthInterval": 3}},  # 8 at step 10
+    ],
+)
+def test_a_loss_scale_floor_the_scale_can_stand_above_says_nothing(precision: dict[str, Any]) -> None:
+    assert said(spec(precision=precision)) == {}
+
+
+def test_a_loss_spike_rule_needs_a_spike_window_the_run_fills() -> None:
+    spike = {"rules": [{"fault": "LossSpike", "action": "FallBack"}]}
+    ((field, why),) = never_applying(spec(steps=60, faultPolicy=spike))
+    assert (field, why) == (
+        "faultPolicy.rules[0]",
+        "never applies: LossSpike comes only from the spike check, and precision.guard.spike.window=128 is not "
+        "below training.steps=60: the window of losses a spike is judged against is never full, so no loss is "
+        "ever judged",
+    )
+    assert "precision.guard.spike.window" not in said(spec(steps=60, faultPolicy=spike)), "said once, as the rule's"
+    assert never_applying(spec(steps=60, faultPolicy=spike, precision={"guard": {"spike": {"window": 8}}})) == []
+
+
+def test_a_spike_rollback_whose_window_the_run_never_fills_never_rolls_back() -> None:
+    rollback = {"guard": {"spike": {"action": "rollback"}}}
+    why = said(spec(steps=100, precision=rollback))["precision.guard.spike.window"]
+    assert why.startswith("precision.guard.spike.window=128 is not below training.steps=100: ")
+    assert why.endswith(": guard.spike.action rollback never rolls back")
+    assert "precision.guard.spike.window" not in said(spec(steps=129, precision=rollback))
+
+
 def test_each_warning_has_its_reason_and_message() -> None:
     rules = {"rules": [{"fault": "NumericFault", "action": "Fail"}, {"fault": "NumericFault", "action": "Retry"}]}
     found = spec_warnings(spec(faultPolicy=rules, checkpoint={"everySteps": 500}))
