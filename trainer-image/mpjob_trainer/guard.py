@@ -52,6 +52,9 @@ REPLAYABLE_RULES = frozenset(
     {GuardRule.MAX_CONSECUTIVE_OVERFLOWS, GuardRule.MAX_NON_FINITE_LOSSES, GuardRule.LOSS_SCALE_COLLAPSED}
 )
 NO_STEP = 2**62
+#: Why the loss scale is below guard.minLossScale: overflows backed it off, or none did (init is under it).
+BACKED_OFF = ": overflow-skipped steps since the last good checkpoint"
+STARTED_BELOW = " with no overflow since the last good checkpoint: precision.lossScale.init is under the floor"
 
 
 @dataclass
@@ -222,8 +225,8 @@ class NumericGuard:
             first = self._first_overflow + 1 if self._first_overflow is not None else None
             return NumericFault(
                 GuardRule.LOSS_SCALE_COLLAPSED,
-                f"loss scale {reading.loss_scale:g} below guard.minLossScale={self.spec.min_loss_scale:g}: "
-                f"overflow-skipped steps since the last good checkpoint, {self._when(first, step)}",
+                f"loss scale {reading.loss_scale:g} below guard.minLossScale={self.spec.min_loss_scale:g}"
+                f"{BACKED_OFF if first is not None else STARTED_BELOW}, {self._when(first, step)}",
             )
         return self._stagnated(step, loss, grad_norm)
 

@@ -109,3 +109,17 @@ def test_a_collapsed_loss_scale_names_the_first_skipped_step_and_the_interval() 
         "first at step 6, detected at step 8 (the guard reads its counters at log and checkpoint steps; the "
         "previous read was at step 5)"
     )
+
+
+def test_a_loss_scale_below_the_floor_with_no_overflow_says_so() -> None:
+    """A guard.minLossScale above lossScale.init ends fp16 at the first read though no step
+    overflowed: the message says that, not that overflow-skipped steps brought the scale down."""
+    g = guard(minLossScale=1e6)
+    train(g, range(1, 6))
+    fault = g.check(5, g.read(torch.amp.GradScaler("cpu", init_scale=65536.0)), 1.0, 1.0)
+    assert fault is not None and fault.rule == "LossScaleCollapsed"
+    assert str(fault) == (
+        "loss scale 65536 below guard.minLossScale=1e+06 with no overflow since the last good checkpoint: "
+        "precision.lossScale.init is under the floor, detected at step 5 (the guard reads its counters at log and "
+        "checkpoint steps; the first read since the attempt started at step 0)"
+    )
