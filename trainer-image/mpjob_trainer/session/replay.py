@@ -183,11 +183,14 @@ class Fp32Replay:
         start = ref.step if ref else (fresh.step if fresh else None)
         after = self.known.first_step if self.known is not None else -1
         win = window(first, checkpoint_step=start, replay_steps=self.spec.replay_steps, after=after)
-        position = state.samples  # where the loop's data stands: a replay does not move it
+        # Where the loop's data stands and the steps it applied: a replay moves neither (it counts
+        # its own applied steps from its start's, for a loop whose schedule follows applied_steps).
+        position, applied = state.samples, lent.numerics.applied
+        counted = applied.count
         try:
             return self._replayed(win, ref, state=state, checkpoints=checkpoints)
         finally:
-            state.samples = position
+            state.samples, applied.count = position, counted
 
     def _weights_spoilt(self) -> bool:
         """Did the fault leave a framework's weights non-finite on some rank? (A collective when
@@ -227,7 +230,7 @@ class Fp32Replay:
             if win.from_checkpoint and ref is not None:
                 win = self._reloaded(win, state=state, checkpoints=checkpoints)
             elif win.from_checkpoint and self.fresh is not None:
-                state.restore(self.fresh.state, "fp32", None)
+                self.lent.numerics.applied.count = state.restore(self.fresh.state, "fp32", None)
             elif not state.finite():
                 why = f"no checkpoint before step {win.first_fault} and non-finite weights in memory"
         except NoGoodCheckpoint:
@@ -247,6 +250,8 @@ class Fp32Replay:
             found = checkpoints.back_to(win.first_fault, lambda loaded: weights.load(loaded[0]))
         else:
             found = checkpoints.reload(state, win.first_fault, "fp32", None)
+            if found is not None:  # the replay's steps count on from the checkpoint's, as training's did
+                self.lent.numerics.applied.count = found[1]
         assert found is not None  # rank 0's last good checkpoint, at or before the first faulting step
         after = self.known.first_step if self.known is not None else -1
         return window(win.first_fault, checkpoint_step=found[0].step, replay_steps=self.spec.replay_steps, after=after)
@@ -258,6 +263,7 @@ class Fp32Replay:
         began = time.monotonic()
         for index in win.steps:
             raised = False
+            self.lent.numerics.guard.begin_step()  # each replayed step's update counts once, as end_step counts
             try:
                 self.step(index)
             except Exception as exc:  # this rank's error; the others learn of it below
