@@ -27,7 +27,6 @@ The rest of a step needs nothing FSDP-specific, by design:
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -208,14 +207,18 @@ class Wrapper:
 
 
 def clip_gradients(params: Iterable[torch.Tensor], max_norm: float | None) -> torch.Tensor:
-    """Clip the gradients' global 2-norm to `max_norm` (None/0: measure only); returns that
-    norm as a plain device tensor. Sharded gradients' norm is made whole with one all-reduce."""
+    """Clip the gradients' global 2-norm to `max_norm` (None/0: measure only, the gradients left
+    as they are); returns that norm as a plain device tensor. Sharded gradients' norm is made
+    whole with one all-reduce. Measuring does not scale by max_norm/norm: that would be a pass
+    over every gradient for nothing, and an inf gradient (a bf16 or fp32 step, which no
+    GradScaler skips) would make the factor inf/inf = NaN and every other gradient NaN with it."""
     params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads)
     if is_dtensor(total):
         total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm or math.inf, total)
+    if max_norm:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return total
 
 

@@ -6,6 +6,7 @@ process group; every rank reports what it saw."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from mpjob_contract.api import Guard
 from mpjob_contract.parallelism import Parallelism
@@ -155,3 +157,21 @@ def test_the_fp32_replay_is_off_only_where_the_gathered_weights_are_low_for_good
     fp32_gather = Parallelism.model_validate({"strategy": "fsdp", "fsdp": {"mixedPrecisionParam": "fp32"}})
     for precision, parallelism in (("bf16", fp32_gather), ("fp32", fsdp), ("fp16", Parallelism()), (None, fsdp)):
         assert sharding.replayable(guard, precision, parallelism, log).replay_steps == 4  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("max_norm", [None, 0])
+def test_measuring_the_norm_leaves_the_gradients_as_they_are(max_norm: float | None) -> None:
+    """No clipping asked (bf16 and fp32 apply every step, no GradScaler skips one): an inf in one
+    gradient is the norm, and the other gradients are not scaled into NaN by inf/inf."""
+    finite, blown = nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))
+    finite.grad, blown.grad = torch.tensor([3.0, 4.0, 0.0]), torch.tensor([math.inf, 1.0])
+    total = sharding.clip_gradients([finite, blown], max_norm)
+    assert total.item() == math.inf
+    assert finite.grad.tolist() == [3.0, 4.0, 0.0] and blown.grad.tolist() == [math.inf, 1.0]
+
+
+def test_clipping_scales_every_gradient_to_the_norm() -> None:
+    weight = nn.Parameter(torch.zeros(2))
+    weight.grad = torch.tensor([3.0, 4.0])
+    assert sharding.clip_gradients([weight], 1.0).item() == pytest.approx(5.0)
+    assert weight.grad.tolist() == pytest.approx([0.6, 0.8], rel=1e-5)
