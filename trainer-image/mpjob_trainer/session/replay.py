@@ -5,8 +5,9 @@ numeric guard ends a precision, the session reloads the last good checkpoint, sw
 fp32 (the REPLAY mode of session.modes: no autocast, no GradScaler) and replays, with the
 same samples, the optimizer steps that end at the first faulting one (at most
 precision.guard.replaySteps of them; the steps between the checkpoint and the first of those
-are skipped, so the replay starts from the checkpoint's weights), checking each step's loss
-and gradient norm on the host:
+are skipped, so the replay starts from the checkpoint's weights, generators and applied-step
+count, one more for each update it applies, as training counted them), checking each step's
+loss and gradient norm on the host:
 
 - all finite: the precision is at fault -> exit 42 as ever, and the ladder goes on;
 - one non-finite: the data or the model is at fault -> exit 45 (NonFiniteInFp32), naming the
