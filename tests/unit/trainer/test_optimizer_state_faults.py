@@ -223,3 +223,54 @@ def test_settings_a_run_may_have_changed_still_load(tmp_path: Path) -> None:
     run.restore(state, "fp32", None)
     group = run.optimizers()[0].param_groups[0]
     assert (group["lr"], group["foreach"], float(group["eps"]), group["betas"]) == (1, False, 2.0**-20, (0.8, 0.99))
+
+
+def _sgd_wrote(store: CheckpointStore) -> dict[str, Any]:
+    state = _run().capture(5, 5, "fp32", None)
+    _, read = store.verify(Path(store.write(5, "fp32", state).ref.path))
+    return read
+
+
+def _three_betas_wrote(store: CheckpointStore) -> dict[str, Any]:
+    """An Adam-like optimizer of three betas (Adan's kind), its other settings AdamW's."""
+    return _with_settings(store, 5, betas=(0.9, 0.92, 0.99))
+
+
+@pytest.mark.parametrize(
+    ("wrote", "said"),
+    [
+        (_sgd_wrote, r"param group 0 lacks betas, eps \(it holds dampening, momentum, nesterov\)"),
+        (_three_betas_wrote, r"param group 0 holds betas of 3 items where this run's optimizer holds 2"),
+    ],
+    ids=["sgd-then-adamw", "three-betas-then-adamw"],
+)
+def test_a_checkpoint_of_another_optimizer_configuration_stops_naming_the_setting(
+    tmp_path: Path, wrote: Any, said: str
+) -> None:
+    """Before, CorruptCheckpoint: every checkpoint of the run passed over, the job back at step 0."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d")
+    read = wrote(store)
+    run = _run(make=_adamw)
+    with pytest.raises(ConfigError, match=rf"step 5: its 'optimizer' {said}: it was written by another optimizer"):
+        run.restore(read, "fp32", None)
+    with pytest.raises(ConfigError):  # not passed over for an older one, nor for step 0
+        resume.load(store, restore=lambda found: run.restore(found[1], "fp32", None))
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [{"lr": float("nan")}, {"lr": -0.1}, {"eps": float("inf")}, {"betas": (0.9, 1.0)}, {"betas": (-0.1, 0.9)}],
+    ids=["lr-nan", "lr-negative", "eps-inf", "beta-one", "beta-negative"],
+)
+def test_a_setting_of_the_right_kind_but_no_value_an_optimizer_runs_with_is_the_checkpoints_fault(
+    tmp_path: Path, planted: dict[str, Any]
+) -> None:
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d")
+    _with_settings(store, 5)
+    state = _with_settings(store, 10, **planted)
+    run = _run(make=_adamw)
+    key = next(iter(planted))
+    with pytest.raises(CorruptCheckpoint, match=rf"step 10: its 'optimizer' param group 0's {key} is .* allowed"):
+        run.restore(state, "fp32", None)
+    loaded = resume.load(store, restore=lambda found: run.restore(found[1], "fp32", None))
+    assert loaded is not None and loaded[0].step == 5

@@ -20,7 +20,7 @@ from mpjob_trainer.checkpoint.optimizer_state import (
     grouping_problem,
     own_shape_problem,
     regrouping,
-    value_problem,
+    setting_problem,
 )
 from mpjob_trainer.errors import ConfigError
 
@@ -48,7 +48,7 @@ def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, st
     for index, info in listed_values(metadata):
         if index.fqn in live:
             value = plain_value(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
-            if (problem := value_problem(live[index.fqn], value)) is not None:
+            if (problem := setting_problem(index.fqn.rpartition(".")[2], live[index.fqn], value)) is not None:
                 raise CorruptCheckpoint(f"{where}: its {index.fqn} is {problem}")
 
 

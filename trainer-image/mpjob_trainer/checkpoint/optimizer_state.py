@@ -12,8 +12,9 @@ restore checks a current one with it, session.state):
   with what any optimizer of this kind holds. CorruptCheckpoint: the resume passes it over for
   the one before it;
 - a sound state that does not fit this run's parameters (the user changed the model, the order
-  its parameters are listed in, or the optimizer) is a ConfigError that names what to do, as
-  torch's own load errors that remain.
+  its parameters are listed in, or the optimizer: `other_configuration`, by
+  checkpoint.optimizer_settings, whose value bounds `settings_problem` holds settings to too) is a
+  ConfigError that names what to do, as torch's own load errors that remain.
 A parameter's checkpoint weight is the one its module (registered beside the optimizer) wrote
 under the parameter's name. The optimizer's states follow the order its run listed the
 parameters in, which the checkpoint does not record: a state is compared with the set of its
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+from mpjob_trainer.checkpoint.optimizer_settings import bound_problem, foreign_setting
 from mpjob_trainer.errors import ConfigError
 
 
@@ -84,6 +86,12 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
             continue
         if (malformed := optimizer_state_problem(saved)) is not None:
             raise CorruptCheckpoint(f"{problem}: its {name!r} is no optimizer state: {malformed}")
+        if (other := other_configuration(optimizer.param_groups, saved["param_groups"])) is not None:
+            raise ConfigError(
+                f"{problem}: its {name!r} {other}: it was written by another optimizer configuration than this "
+                f"run's {type(optimizer).__name__} (the optimizer or its settings changed); build the optimizer as "
+                "that run did, or start afresh in a new checkpoint folder"
+            )
         if (wrong := settings_problem(optimizer.param_groups, saved["param_groups"])) is not None:
             raise CorruptCheckpoint(f"{problem}: its {name!r} {wrong}")
         live = [param for group in optimizer.param_groups for param in group["params"]]
@@ -97,6 +105,16 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
                 check_shapes(shaped_states(optimizer, per_param), param, own, name, problem)
 
 
+def other_configuration(live: list[dict[str, Any]], read: list[Any]) -> str | None:
+    """Which param group `read` from a checkpoint is another optimizer configuration's than this
+    run's (`live`, group by group; `foreign_setting`), None: none is, or the groups are as many no
+    more (torch's load names that)."""
+    if len(read) != len(live):
+        return None
+    found = ((i, foreign_setting(ours, theirs)) for i, (ours, theirs) in enumerate(zip(live, read, strict=True)))
+    return next((f"param group {index} {other}" for index, other in found if other is not None), None)
+
+
 def settings_problem(live: list[dict[str, Any]], read: list[Any]) -> str | None:
     """Which setting of the param groups `read` from a checkpoint cannot take the place of this
     run's (`live`, group by group) by `value_problem`, the rule a sharded checkpoint's values are
@@ -106,7 +124,7 @@ def settings_problem(live: list[dict[str, Any]], read: list[Any]) -> str | None:
         return None
     for index, (ours, theirs) in enumerate(zip(live, read, strict=True)):
         for key in sorted((ours.keys() & theirs.keys()) - {"params"}):
-            if (wrong := value_problem(ours[key], theirs[key])) is not None:
+            if (wrong := setting_problem(key, ours[key], theirs[key])) is not None:
                 return f"param group {index}'s {key} is {wrong}"
     return None
 
@@ -215,6 +233,12 @@ def own_shape_problem(key: str, shape: tuple[int, ...], own: tuple[int, ...] | N
         f"state {key!r} has shape {shape} where the checkpoint's own weight of that parameter has {own}: "
         "the checkpoint disagrees with itself"
     )
+
+
+def setting_problem(key: str, live: Any, read: Any) -> str | None:
+    """Why the setting `key`'s value `read` from a checkpoint cannot take the place of the run's
+    `live` one: of another kind (`value_problem`), or of a value no optimizer runs with (`bound_problem`)."""
+    return value_problem(live, read) or bound_problem(key, read)
 
 
 def value_problem(live: Any, read: Any) -> str | None:
