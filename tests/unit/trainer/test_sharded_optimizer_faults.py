@@ -285,3 +285,16 @@ def test_a_group_whose_names_disagree_with_the_index_is_passed_over(
     loaded, log = resumed(tmp_path, run)
     assert loaded is not None and loaded[0].step == 10 and "step-000000020" in log[0]["problem"], log
     assert all(torch.equal(v, weights_of(objects(10))[k]) for k, v in weights_of(run).items())
+
+
+@pytest.mark.parametrize("planted", [{"lr": float("nan")}, {"betas": (0.9, 1.5)}], ids=["lr-nan", "beta-above-one"])
+def test_a_setting_of_no_value_an_optimizer_runs_with_is_passed_over(tmp_path: Path, planted: dict[str, Any]) -> None:
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    commit(store, 10)
+    newest = commit(store, 20, **planted)
+    run = objects(0)
+    with pytest.raises(
+        CorruptCheckpoint, match=rf"step-000000020: its optimizer\.param_groups\.0\.{next(iter(planted))}"
+    ):
+        restore_shards(newest, run, NAMES)
+    assert (loaded := resumed(tmp_path, run)[0]) is not None and loaded[0].step == 10
