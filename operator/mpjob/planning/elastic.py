@@ -15,10 +15,11 @@ The global batch (samples per optimizer step over all processes: workers x proce
 x batchSize x gradAccumulation, as the spec says) is kept at every size: each process takes
 global / world samples per step, split into micro-batches of at most the attempt's micro-batch
 (shrinking never makes a micro-batch larger; growing may take it back up to batchSize, but not
-to one the job ran out of device memory in, nor past fp32's split of precision.fallbackKeepsBatch)
-with the accumulation making up the rest. A size whose world does not divide the global batch
-is skipped. The data order is addressed by samples, not steps (mpjob_trainer.data.StepSampler):
-a resume at another world size goes on with the very next sample.
+to one the job ran out of device memory in, nor past fp32's split of precision.fallbackKeepsBatch:
+mpjob.planning.batch, whose rule a re-promotion follows too) with the accumulation making up the
+rest. A size whose world does not divide the global batch is skipped. The data order is
+addressed by samples, not steps (mpjob_trainer.data.StepSampler): a resume at another world
+size goes on with the very next sample.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from enum import StrEnum
 
 from mpjob.planning import history
 from mpjob.planning import status as st
+from mpjob.planning.batch import BatchShape, global_batch, largest_micro_batch, shape_for
 from mpjob.planning.classify import PLATFORM_REASONS
 from mpjob.planning.endings import JobView, PodView
-from mpjob.planning.planner import ACTIVATION_BYTES, BatchShape, StartAttempt
+from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, processes_per_worker
 from mpjob_contract.codes import Reason
 
@@ -88,23 +90,6 @@ RESIZE_REASONS = frozenset({Reason.SCALED_DOWN, Reason.SCALED_UP})
 NODE_LOST = frozenset(name for name, reason in PLATFORM_REASONS.items() if reason is Reason.NODE_LOST)
 
 
-def global_batch(spec: MixedPrecisionJobSpec) -> int:
-    """Samples per optimizer step over every process, at the spec's full size."""
-    tr = spec.training
-    return spec.workers * processes_per_worker(spec) * tr.batch_size * tr.grad_accumulation
-
-
-def shape_for(spec: MixedPrecisionJobSpec, workers: int, max_micro_batch: int) -> BatchShape | None:
-    """The batch shape that keeps the global batch on `workers` pods, its micro-batch the largest
-    divisor of the per-process samples up to `max_micro_batch`; None when the world does not
-    divide the global batch."""
-    per_process, rest = divmod(global_batch(spec), workers * processes_per_worker(spec))
-    if rest or per_process == 0:
-        return None
-    micro = max(d for d in range(1, min(max_micro_batch, per_process) + 1) if per_process % d == 0)
-    return BatchShape(micro, per_process // micro)
-
-
 def workers_of(spec: MixedPrecisionJobSpec, attempt: AttemptStatus | StartAttempt) -> int:
     """The workers an attempt runs with: planned, or from its recorded world size (spec.workers if none)."""
     if isinstance(attempt, StartAttempt):
@@ -122,17 +107,10 @@ def _largest(spec: MixedPrecisionJobSpec, sizes: range, max_micro: int) -> tuple
 
 
 def growth_micro_batch(spec: MixedPrecisionJobSpec, precision: str, status: MixedPrecisionJobStatus) -> int:
-    """The largest micro-batch a grown attempt in `precision` may take: training.batchSize, split
-    as the fallback into a wider precision than one the job's attempts trained in splits it
-    (precision.fallbackKeepsBatch), and below the micro-batch an attempt of the job ran out of
-    device memory in (counted: its entry may be gone from attempts[]): growing does not undo a
-    split that keeps the job within memory."""
-    largest, attempts = BatchShape.of(spec), status.attempts
-    wider = any(ACTIVATION_BYTES.get(a.precision, 4) < ACTIVATION_BYTES.get(precision, 4) for a in attempts)
-    if wider and spec.precision.fallback_keeps_batch:
-        largest = largest.split() or largest
-    too_big = history.out_of_memory_micro_batch(attempts, history.counts(status))
-    return max(1, min(largest.micro_batch, too_big - 1 if too_big is not None else largest.micro_batch))
+    """The largest micro-batch a grown attempt in `precision` may take (batch.largest_micro_batch,
+    the rule a re-promotion's shape follows too): growing does not undo a split that keeps the
+    job within memory."""
+    return largest_micro_batch(spec, precision, status.attempts, history.counts(status))
 
 
 def decide(

@@ -210,11 +210,13 @@ def _promotion(
 
 def faulted(attempt: StartAttempt, reason: Reason = Reason.NUMERIC_FAULT) -> AttemptStatus:
     """`attempt`'s entry as `reason` (a numeric fault, running out of memory) would end it, re-promoted
-    or not as the status would say (the planner bars re-promoting a precision that faults again)."""
+    or not as the status would say (the planner bars re-promoting a precision that faults again), in
+    its batch shape (a re-promotion keeps below a micro-batch the job ran out of memory in)."""
     repromoted = True if attempt.promoted_from is not None else None
     return AttemptStatus(
         index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,  # type: ignore[arg-type]
-        repromoted=repromoted, reason=reason.value,
+        repromoted=repromoted, reason=reason.value, micro_batch=attempt.micro_batch,
+        grad_accumulation=attempt.grad_accumulation,
     )  # fmt: skip
 
 

@@ -9,7 +9,9 @@ with the micro-batch split, and a fallback into fp32 (which keeps activations in
 instead of 2) splits it too when precision.fallbackKeepsBatch is on. A split divides the
 micro-batch by its smallest prime factor (16 -> 8, 12 -> 6, 9 -> 3) and multiplies the
 accumulation by the same, so the samples of each optimizer step, and their order, stay the
-same (mpjob_trainer.data.StepSampler): resume stays exact in data order.
+same (mpjob_trainer.data.StepSampler): resume stays exact in data order. A re-promoted
+attempt takes back the largest micro-batch its precision allows (mpjob.planning.batch: the
+fallback's split undone, one for running out of memory kept).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from mpjob.planning.batch import BatchShape, largest_shape, wider
 from mpjob.planning.classify import Action, Classification
 from mpjob.planning.history import barred
 from mpjob.planning.repeat import repeated_failure
@@ -64,27 +67,6 @@ class StartAttempt:
         if self.micro_batch is None or self.grad_accumulation is None:
             return None
         return BatchShape(self.micro_batch, self.grad_accumulation)
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    micro_batch: int
-    grad_accumulation: int
-
-    @classmethod
-    def of(cls, spec: MixedPrecisionJobSpec) -> BatchShape:
-        return cls(spec.training.batch_size, spec.training.grad_accumulation)
-
-    def split(self) -> BatchShape | None:
-        """A smaller micro-batch with the same samples per step; None at one sample."""
-        if self.micro_batch < 2:
-            return None
-        factor = next(f for f in range(2, self.micro_batch + 1) if self.micro_batch % f == 0)
-        return BatchShape(self.micro_batch // factor, self.grad_accumulation * factor)
-
-
-#: Bytes an activation takes in each precision: a fallback to a wider one needs more memory.
-ACTIVATION_BYTES = {"fp8": 2, "fp16": 2, "bf16": 2, "fp32": 4}  # fp8: its activations are bf16
 
 
 @dataclass(frozen=True)
@@ -220,9 +202,11 @@ def after_attempt(
     `checkpoint_dir` (a report is the trainer's word, not proof), else from the newest valid one.
     `used` counts the attempts that used runPolicy.maxAttempts, the ended one included when it
     was charged (the status's counts; None: every attempt up to `index`); `shape` is the ended
-    attempt's batch shape (None: spec.training's); `history` the job's attempts so far, the
-    ended one included, `counts` the status's (attempts[] drops old entries) and `repromotions` the
-    re-promotions made before the next attempt (None: as `counts` has them), for re-promotion.
+    attempt's batch shape (None: spec.training's), which the next attempt keeps unless it splits
+    it or is a re-promotion (which takes the largest its precision allows); `workers` the next
+    attempt's (None: spec.workers); `history` the job's attempts so far, the ended one included,
+    `counts` the status's (attempts[] drops old entries) and `repromotions` the re-promotions made
+    before the next attempt (None: as `counts` has them), for re-promotion and its batch shape.
     """
     if result.action is Action.SUCCEED:
         return Finish(True, Reason.SUCCEEDED, result.message)
@@ -241,7 +225,8 @@ def after_attempt(
     resume_from = last_good_path if last_good_path and inside_checkpoint_dir(last_good_path, checkpoint_dir) else None
     ended = StartAttempt(index, precision, resume_from, last_good_step)
     up = promotion_target(spec, precision, history, capability, repromotions=repromotions, counts=counts)
-    decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability), up)
+    raised = None if up is None else largest_shape(spec, up, workers or spec.workers, history, counts)
+    decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability), up, raised)
     if isinstance(decision, StartAttempt):
         sized = replace(decision, workers=workers if workers != spec.workers else None)
         # a re-promoted attempt counts itself against precision.maxRepromotions
@@ -257,10 +242,12 @@ def _next(
     shape: BatchShape,
     steps: Sequence[RequestedPrecision],
     up: Precision | None,
+    raised: BatchShape | None = None,
 ) -> Decision:
     """The attempt after `ended` (its resume_from/start_step: the checkpoint to go on from) on the
     job's ladder (`walked`); a Repromote ending goes `up` (`promotion_target`: the rung an attempt
-    is told to re-promote to), and with none, as a script's own exit 47, goes on where it was."""
+    is told to re-promote to) in the `raised` shape (`largest_shape`: the largest micro-batch `up`
+    may take; None: `shape`), and with none, as a script's own exit 47, goes on where it was."""
     index, precision, step = ended.index + 1, ended.precision, ended.start_step
     if result.action is Action.SAME_PRECISION:
         return _shaped(StartAttempt(index, precision, None, step), shape)
@@ -274,7 +261,7 @@ def _next(
             )
         return _shaped(StartAttempt(index, precision, None, step), smaller)
     if result.action is Action.REPROMOTE and up is not None:
-        return _shaped(StartAttempt(index, up, ended.resume_from, step, promoted_from=precision), shape)
+        return _shaped(StartAttempt(index, up, ended.resume_from, step, promoted_from=precision), raised or shape)
     if result.action is Action.REPROMOTE:  # not told to, or nothing to go up to: go on where it was
         return _shaped(StartAttempt(index, precision, ended.resume_from, step), shape)
     if precision not in steps:  # an `auto` attempt measured a precision the spec's capability did not predict
@@ -289,7 +276,6 @@ def _next(
             f"ladder {steps}: {result.message}",
         )
     nxt = steps[position + 1]
-    wider = ACTIVATION_BYTES.get(nxt, 4) > ACTIVATION_BYTES.get(precision, 4)
-    if wider and spec.precision.fallback_keeps_batch:
+    if wider(nxt, precision) and spec.precision.fallback_keeps_batch:
         shape = shape.split() or shape
     return _shaped(StartAttempt(index, nxt, ended.resume_from, step, fallback_from=precision), shape)

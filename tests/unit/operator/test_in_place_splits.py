@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 
 from mpjob.planning import lifecycle as lc
+from mpjob.planning.classify import AttemptOutcome, classify
 from mpjob.planning.inplace import in_place_plan, in_place_splits, record
-from mpjob.planning.planner import first_attempt
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob.planning.planner import StartAttempt, after_attempt, first_attempt
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.report import InPlaceChange
 
 pytestmark = pytest.mark.unit
@@ -101,3 +102,18 @@ def test_a_split_of_a_repromoted_attempt_does_not_repromote_into_the_precision_t
     (first, *_) = in_place_splits(s, repromoted, status)
     (fallback,) = first.in_place_to
     assert (fallback.precision, fallback.repromote_after_steps, fallback.promote_to) == ("bf16", None, None)
+
+
+def test_a_split_fallback_attempts_repromotion_goes_up_in_place_keeping_the_split() -> None:
+    """A bf16 fallback attempt that runs out of device memory goes on in place at 4 x 2; its
+    re-promotion to fp16 keeps that split (the job ran out of memory at 8) and so stays in place."""
+    s = spec(precision={"repromoteAfterSteps": 20})
+    status = MixedPrecisionJobStatus(
+        attempts=[AttemptStatus(index=0, precision="fp16", reason="NumericFault", micro_batch=8, grad_accumulation=1)]
+    )
+    fault = classify(AttemptOutcome(42))
+    start = after_attempt(s, 0, "fp16", fault, 10, None, history=status.attempts)
+    assert isinstance(start, StartAttempt) and (start.precision, start.repromote_after_steps) == ("bf16", 20)
+    first = in_place_splits(s, start, status)[0]
+    assert (first.micro_batch, first.grad_accumulation) == (4, 2)
+    assert first.promote_to is not None and first.promote_to.precision == "fp16"

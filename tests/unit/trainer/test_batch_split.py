@@ -23,12 +23,18 @@ RECORDING = {
 
 
 @pytest.mark.parametrize("world", [1, 3])
-def test_a_split_micro_batch_covers_the_same_samples_per_step(world: int) -> None:
-    def per_step(batch: int, accumulation: int, step: int) -> list[list[int]]:
-        return [StepSampler(96, batch, accumulation, world, rank, seed=5).step_indices(step) for rank in range(world)]
+@pytest.mark.parametrize(
+    ("whole_shape", "split_shape"),
+    [((8, 1), (4, 2)), ((16, 1), (8, 2)), ((8, 2), (4, 4)), ((12, 2), (6, 4))],  # and back (a re-promotion)
+)
+def test_a_split_micro_batch_covers_the_same_samples_per_step(
+    world: int, whole_shape: tuple[int, int], split_shape: tuple[int, int]
+) -> None:
+    def per_step(shape: tuple[int, int], step: int) -> list[list[int]]:
+        return [StepSampler(96, *shape, world, rank, seed=5).step_indices(step) for rank in range(world)]
 
-    for step in (0, 3, 11):  # 11: into the second epoch
-        whole, split = per_step(8, 1, step), per_step(4, 2, step)
+    for step in (0, 3, 11):  # 11: into the second epoch (or the third)
+        whole, split = per_step(whole_shape, step), per_step(split_shape, step)
         assert sorted(i for r in whole for i in r) == sorted(i for r in split for i in r)
         if world == 1:
             assert whole == split  # the same order, too
