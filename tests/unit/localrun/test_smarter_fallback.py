@@ -99,6 +99,23 @@ def test_a_transient_fault_falls_back_then_repromotes_and_finishes_in_fp16(tmp_p
 
 
 @pytest.mark.process
+def test_a_repromotion_out_of_fp32s_split_takes_the_full_micro_batch_back(tmp_path: Path) -> None:
+    """fp16 -> fp32 (fallbackKeepsBatch: 16 x 1 split to 8 x 2) -> fp16: the re-promoted attempt
+    trains 16 x 1 again, not fp32's split, for the rest of the run."""
+    code, report, out = run(
+        tmp_path,
+        task=mlp(overflowAtStep=15, overflowUntilStep=20),
+        training={"steps": 40, "batchSize": 16, "logEvery": 5},
+        checkpoint={"everySteps": 5},
+        precision={"mode": "fp16", "fallback": ["fp32"], "repromoteAfterSteps": 10},
+    )
+    assert code == 0 and report["phase"] == "Succeeded", out
+    shapes = [(a["precision"], a["reason"], a["microBatch"], a["gradAccumulation"]) for a in report["attempts"]]
+    assert shapes == [("fp16", "NumericFault", 16, 1), ("fp32", "Repromote", 8, 2), ("fp16", "Succeeded", 16, 1)]
+    assert "attempt 2: fp16 micro-batch 16 x 1" in out
+
+
+@pytest.mark.process
 def test_a_precision_that_faults_again_after_repromotion_stays_down(tmp_path: Path) -> None:
     code, report, out = promotion(tmp_path, until=32)  # still overflowing when fp16 comes back at 25
     assert code == 0 and report["phase"] == "Succeeded", out
