@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from mpjob_contract.codes import ExitCode
+from mpjob_contract.report import Replay
 from mpjob_trainer.session.replay import window
+from mpjob_trainer.session.verdict import describe
 from tests.unit.trainer.conftest import run_trainer, spec
 from tests.unit.trainer.test_numerics import OVERFLOWING
 
@@ -126,6 +128,20 @@ def test_steps_fp32_cleared_as_a_suspect_are_not_replayed_again_when_the_guard_e
     assert run.code == ExitCode.SUCCESS, run.stderr
     (changed,) = run.of("precisionChanged")
     assert changed["startStep"] == 20 and "fp32 replayed steps 27-30 finitely" in changed["message"]
+
+
+@pytest.mark.parametrize(
+    ("first", "checkpoint", "said"),
+    [
+        (15, 15, "fp32 replayed step 16 finitely"),  # cut short at the attempt's start: one step
+        (25, 20, "fp32 replayed steps 23-26 finitely"),
+        (3, None, "fp32 replayed step 4 finitely"),  # no checkpoint: the faulting step from memory
+    ],
+)
+def test_the_precision_verdict_names_the_steps_fp32_replayed(first: int, checkpoint: int | None, said: str) -> None:
+    win = window(first, checkpoint_step=checkpoint, replay_steps=4)
+    replay = Replay(verdict="precision", first_step=first, steps=len(win.steps))
+    assert describe(replay, "MaxNonFiniteLosses: m") == f"MaxNonFiniteLosses: m; {said}: the precision is at fault"
 
 
 def test_a_later_window_starts_after_the_steps_fp32_replayed_finitely_already() -> None:

@@ -84,6 +84,12 @@ def describe(replay: Replay, rule_message: str) -> str:
             f"non-finite too: the data or the model is at fault, not the precision ({whose}{shown})"
         )
     if replay.verdict == "precision":
-        first, last = replay.first_step - replay.steps + 2, replay.first_step + 1
-        return f"{rule_message}; fp32 replayed steps {first}-{last} finitely: the precision is at fault"
+        return f"{rule_message}; fp32 replayed {replayed(replay)} finitely: the precision is at fault"
     return f"{rule_message}; no fp32 replay could tell (inconclusive)"
+
+
+def replayed(replay: Replay) -> str:
+    """The steps a replay went through, counted from 1: they end at the first faulting one (a
+    window cut short at the attempt's start or with no checkpoint before it replays that one)."""
+    first, last = replay.first_step - replay.steps + 2, replay.first_step + 1
+    return f"step {last}" if replay.steps <= 1 else f"steps {first}-{last}"
