@@ -45,6 +45,10 @@ class AttemptStatus(ApiModel):
     #: Seconds from the fault the previous attempt ended on (the trainer's detection) to this
     #: attempt's first step, in place or through a restart.
     recovery_seconds: float | None = None
+    #: It began in new pods over the checkpoint the status named, which went with the old pods
+    #: (kept in emptyDir): planned from step 0 though the job had one (None: nothing went). Its
+    #: AttemptStarted Event, said once its Job is made, says so.
+    checkpoints_lost: bool | None = None
     #: When the attempt before it ended, by its trainer's clock (Unix seconds; None: not a
     #: recovery): a Job made again for this attempt hands it to its trainer as the first did.
     recovering_since: float | None = None

@@ -86,8 +86,8 @@ class Actions:
             trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
         )  # fmt: skip
         created, before = self.cluster.create_job(job, owner=body), plan.status.to_api()
-        if st.record_job_uids(plan.status, {start.index: created["metadata"]["uid"]}):  # before its children
-            write_status(self.cluster, body, before, plan.status)  # are made: a restart knows what it leaves as ours
+        if lc.made(plan, spec, start.index, created["metadata"]["uid"]):  # before its children are made: a
+            write_status(self.cluster, body, before, plan.status)  # restart knows what it leaves as ours
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next
         # reconcile sees the Job even before its event arrives.
         self.cache.record_job(created)
@@ -108,10 +108,13 @@ class Actions:
         (index, refused), meta = refusal, body["metadata"]
         om.REFUSALS.labels(reason=refused.rule.reason).inc()
         log.warning("%s/%s: the API server refused attempt %d: %s", meta["namespace"], meta["name"], index, refused)
-        # The plan as it was, less the children it asked for (none of them is made now).
+        # The plan as it was, less the children it asked for (none of them is made now) and the
+        # attempt it would have said started: an attempt whose children are refused never started.
+        started = [s for s in plan.started if s.index != index]
         failed = replace(
-            plan, status=plan.status.model_copy(deep=True), events=list(plan.events), create=[], delete=[], cut=[]
-        )
+            plan, status=plan.status.model_copy(deep=True), events=list(plan.events), started=started,
+            create=[], delete=[], cut=[],
+        )  # fmt: skip
         when = When(st.now(), meta.get("generation"))
         lc.refused(failed, index=index, reason=refused.rule.reason, message=refused.message, when=when)
         write_status(self.cluster, body, plan.status.to_api(), failed.status)

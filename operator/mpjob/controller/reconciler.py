@@ -208,7 +208,7 @@ class Reconciler:
         an Event lost then is the price of never posting one twice), and the phase and troubles
         the ticker counts."""
         om.count_plan(observed.status, plan)
-        told = [(e.type, e.reason, e.message) for e in plan.events] + observed.told()
+        told = [(e.type, e.reason, e.message) for e in plan.told] + observed.told()
         for kind, reason, message in told:
             kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
         self.phases[body["metadata"]["uid"]] = standing(plan.status)

@@ -37,7 +37,6 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
-from mpjob.planning.status import ConditionReason
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -126,7 +125,7 @@ class LocalRun:
             self.view.info(stops.held(plan, when, self.paths.root))
             return None
         if not self.status.attempts:
-            lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when, why=ConditionReason.CREATED)
+            lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when)
             return plan.create[0]
         lc.resume(plan, self.spec, when, outlive=True)  # its checkpoints: a folder on disk
         self.record.account()

@@ -133,18 +133,9 @@ def due(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | None:
     return Wait(status.attempts[-1].index, failed, failures, seconds, ended + timedelta(seconds=seconds))
 
 
-def unstarted(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | None:
-    """The newest attempt's wait while its Job is not yet made for it: its startTime still lies
-    before the wait's end (`held` moves it once the wait is over, so a status read back after
-    that, by this operator or one restarted, has it started)."""
-    current = status.attempts[-1] if status.attempts else None
-    if current is None or current.finish_time is not None or (wait := due(status, backoff)) is None:
-        return None
-    return wait if _not_begun(current, wait) else None
-
-
 def _not_begun(current: AttemptStatus, wait: Wait) -> bool:
-    """Whether `current`'s startTime still lies before the end of its `wait` (its Job not made)."""
+    """Whether `current`'s startTime still lies before the end of its `wait` (`held` moves it
+    once the wait is over: an operator that restarts then reads it started)."""
     began = st.moment(current.start_time)
     return began is not None and began < wait.until
 

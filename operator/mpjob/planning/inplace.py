@@ -254,6 +254,7 @@ def changed_in_place(
     if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
         entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
         begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)
+    lc.announce(plan, spec, entry)  # it runs already: no Job is made for it
     return begun
 
 

@@ -14,7 +14,6 @@ from enum import StrEnum
 
 from mpjob.planning import elastic, history, skipped
 from mpjob.planning import status as st
-from mpjob.planning.backoff import Wait
 from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome, classify, under_policy
 from mpjob.planning.phases import (
@@ -47,12 +46,14 @@ __all__ = [
     "When",
     "again",
     "amp_slower",
+    "announce",
     "begin",
     "conclude",
     "condition",
     "created",
     "finish",
     "interrupt",
+    "made",
     "pods_created",
     "pods_refused",
     "record_report",
@@ -60,7 +61,6 @@ __all__ = [
     "resume",
     "running",
     "suspend",
-    "waited_out",
 ]
 
 #: Endings that are no trouble: their AttemptEnded Event is Normal, any other's a Warning (look).
@@ -87,40 +87,63 @@ def again(
     return with_promotion(spec, start, status.attempts, counts=history.counts(status), used=history.used(status))
 
 
-def begin(
-    plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, why: str, lost: bool = False
-) -> None:
+def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, lost: bool = False) -> None:
     """Record the attempt (before its children exist) and ask for it to be created; `lost`: the
-    checkpoint the status names went with the old pods (`resumepoint`), so the status names none."""
+    checkpoint the status names went with the old pods (`resumepoint`), so the status names none.
+    What the record holds (and the one before it: `began_for`) is what the attempt is said
+    started with once its Job is made (`made`)."""
     workers = start.workers or spec.workers
-    st.begin_attempt(plan.status, start, world_size=workers * per_worker(spec), at=when.at)
+    entry = st.begin_attempt(plan.status, start, world_size=workers * per_worker(spec), at=when.at)
     plan.status.workers = workers
     # Not Running before a trainer runs: `running` says so once one does.
     plan.status.phase = "Pending" if start.fallback_from is None else "Recovering"
     plan.create.append(start)
     if lost:
         plan.status.last_checkpoint = None
-    resumed = f", {planned}" if (planned := planned_from(start.start_step, lost)) else ""  # the plan
-    said = [_started(start.index, start.precision, planned)]
-    if why in elastic.RESIZE_REASONS:  # kubectl get events shows the job changing size
-        was = plan.status.attempts[-2].world_size if len(plan.status.attempts) > 1 else None
-        message = f"{was} -> {workers * per_worker(spec)} processes ({workers} worker(s)){resumed}"
-        said.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
-    plan.start(Started(start.index, why, tuple(said)))  # held back while a backoff holds its Job (`waited_out`)
+        entry.checkpoints_lost = True
     awaiting_pods(plan, when, start.index, start.precision)
 
 
-def waited_out(plan: Plan, spec: MixedPrecisionJobSpec, wait: Wait) -> None:
-    """Attempt `wait.index`, recorded after `wait.failed` and held while its backoff lasted, has its
-    Job made now: said and counted started here, once (`backoff.unstarted`), as `begin` would have
-    said it, its reason the failure it retries; one in new pods over checkpoints that went with the
-    old ones (the status names none, and the job had trained) starts over."""
-    current, status = plan.status.attempts[-1], plan.status
-    lost = (
-        not spec.checkpoint.outlives_pods and not current.start_step and not status.last_checkpoint and status.step > 0
-    )
-    event = _started(current.index, current.precision, planned_from(current.start_step, lost))
-    plan.start(Started(current.index, wait.failed.reason or "", (event,)))
+def made(plan: Plan, spec: MixedPrecisionJobSpec, index: int, uid: str) -> bool:
+    """Attempt `index`'s Job is made (`uid`), recorded on its entry; whether the entry changed.
+    The first Job made for the attempt says and counts it started, once: its jobUid, written
+    before any Event goes, says it was made (one held by a backoff, refused or not made yet by a
+    reconcile that failed says nothing; one made again after a deletion nothing more)."""
+    entry = next((a for a in plan.status.attempts if a.index == index), None)
+    first = entry is not None and entry.job_uid is None and not entry.in_place  # one in place: said begun
+    changed = st.record_job_uids(plan.status, {index: uid})
+    if entry is not None and first:
+        announce(plan, spec, entry)
+    return changed
+
+
+def announce(plan: Plan, spec: MixedPrecisionJobSpec, entry: AttemptStatus) -> None:
+    """Say and count attempt `entry` started, as its record says: once its first Job is made
+    (`made`), or as it begins in the running processes (`inplace`), which no Job is made for."""
+    plan.started.append(_announced(plan.status, spec, entry))
+
+
+def began_for(status: MixedPrecisionJobStatus, entry: AttemptStatus) -> str:
+    """Why attempt `entry` began, as the record before it says: the ending it follows, the
+    suspension it resumes, or the job's creation."""
+    before = [a for a in status.attempts if a.index < entry.index]
+    if not before:
+        return ConditionReason.CREATED
+    return ConditionReason.RESUMED if before[-1].reason == Reason.SUSPENDED else before[-1].reason or ""
+
+
+def _announced(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, entry: AttemptStatus) -> Started:
+    """What attempt `entry` is said started with, from its record: where it resumes (or why it
+    starts over), and for a resize the change of size kubectl get events shows."""
+    why, lost = began_for(status, entry), bool(entry.checkpoints_lost)
+    planned = planned_from(entry.start_step, lost)
+    said = [_started(entry.index, entry.precision, planned)]
+    if why in elastic.RESIZE_REASONS:
+        was = next((a.world_size for a in reversed(status.attempts) if a.index < entry.index), None)
+        workers, resumed = (entry.world_size or 0) // per_worker(spec), f", {planned}" if planned else ""
+        message = f"{was} -> {entry.world_size} processes ({workers} worker(s)){resumed}"
+        said.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
+    return Started(entry.index, why, tuple(said))
 
 
 def _started(index: int, precision: str, planned: str) -> Event:
@@ -148,7 +171,7 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, outlive: bool
     if history.used(status) >= spec.run_policy.max_attempts:
         finish(plan, Finish(False, FinishReason.ATTEMPTS_EXHAUSTED, "no attempt left to resume"), when)
         return
-    begin(plan, spec, nxt, when, why=ConditionReason.RESUMED, lost=point.lost)
+    begin(plan, spec, nxt, when, lost=point.lost)
 
 
 def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When, *, message: str) -> None:
@@ -218,7 +241,7 @@ def conclude(
     if decision.promoted_from is not None:
         _repromoted(plan, spec, decision, when, point.lost)
     since = (report.ended_at if report is not None else None) or st.read_stamp(when.at).timestamp()  # a stall's: now
-    begin(plan, spec, replace(decision, recovering_since=since), when, why=result.reason.value, lost=point.lost)
+    begin(plan, spec, replace(decision, recovering_since=since), when, lost=point.lost)
 
 
 def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, lost: bool) -> None:

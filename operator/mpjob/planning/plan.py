@@ -27,8 +27,8 @@ class When:
 
 @dataclass(frozen=True)
 class Started:
-    """Attempt `index` said started (its Events) and counted so (`reason`: why it began), when
-    its Job is made: at once, or once the wait before it is over (`backoff`)."""
+    """Attempt `index` said started (its Events) and counted so (`reason`: why it began), once:
+    when its first Job is made (`lifecycle.made`)."""
 
     index: int
     reason: str
@@ -44,6 +44,7 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (from, to): down the ladder after a fault
     repromotions: list[tuple[str, str]] = field(default_factory=list)  # (from, to): back up after clean steps
+    #: The attempts whose first Job this plan's acts made: said and counted started (`lifecycle.made`).
     started: list[Started] = field(default_factory=list)
     ended: Event | None = None  # what ended the last attempt (set by `conclude`), for views that narrate it
     #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
@@ -54,16 +55,10 @@ class Plan:
 
     @property
     def started_reasons(self) -> list[str]:
-        """Why each attempt the plan starts began (Created, NumericFault, Resumed, ...)."""
+        """Why each attempt the plan said started began (Created, NumericFault, Resumed, ...)."""
         return [s.reason for s in self.started]
 
-    def start(self, started: Started) -> None:
-        """Say and count attempt `started.index` started."""
-        self.started.append(started)
-        self.events.extend(started.events)
-
-    def hold(self, index: int) -> None:
-        """Attempt `index` is recorded, its Job not made yet: nothing says or counts it started."""
-        said = [e for s in self.started if s.index == index for e in s.events]
-        self.started = [s for s in self.started if s.index != index]
-        self.events = [e for e in self.events if not any(e is s for s in said)]
+    @property
+    def told(self) -> list[Event]:
+        """Every Event the plan posts: its own, then what the attempts whose Job it made say."""
+        return [*self.events, *(e for s in self.started for e in s.events)]

@@ -68,7 +68,7 @@ def reconcile(
         if spec.run_policy.suspend:
             lc.suspend(plan, when, "suspended before the first attempt")
         else:
-            lc.begin(plan, spec, first_attempt(spec), when, why=ConditionReason.CREATED)
+            lc.begin(plan, spec, first_attempt(spec), when)
     elif _past_deadline(spec, status, now) and status.attempts[-1].finish_time is None:
         _deadline(plan, spec, jobs, when)
     elif status.attempts[-1].finish_time is None:
@@ -88,25 +88,12 @@ def reconcile(
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
     newest = plan.status.attempts[-1].index if plan.status.attempts else None
-    if any(s.index == newest for s in plan.create):
-        _made_or_held(plan, spec, when, retries, now)
+    if any(s.index == newest for s in plan.create) and (wait := backoff.held(plan, when, retries, now)) is not None:
+        plan.create = [s for s in plan.create if s.index != newest]  # its Job waits out its backoff
+        plan.requeue_after = wait.left(now)  # and is made by the reconcile that comes then
     if plan.create:
         plan.deadline_seconds = st.deadline_left(spec, status, now)
     return plan
-
-
-def _made_or_held(
-    plan: Plan, spec: MixedPrecisionJobSpec, when: When, retries: backoff.RetryBackoff, now: datetime
-) -> None:
-    """The newest attempt's Job waits out its backoff (nothing says or counts the attempt started
-    yet), or is made now: one that waited is said and counted started here, once (`unstarted`)."""
-    newest, waited = plan.status.attempts[-1].index, backoff.unstarted(plan.status, retries)
-    if (wait := backoff.held(plan, when, retries, now)) is not None:
-        plan.create = [s for s in plan.create if s.index != newest]
-        plan.hold(newest)
-        plan.requeue_after = wait.left(now)  # its Job is made by the reconcile that comes then
-    elif waited is not None:
-        lc.waited_out(plan, spec, waited)
 
 
 def _opened(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, generation: int | None) -> Plan:

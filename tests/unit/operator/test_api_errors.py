@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
+from prometheus_client import REGISTRY
 
 from mpjob.controller import reconciler as rc
 from mpjob.controller.cache import ChildCache
@@ -137,11 +138,18 @@ def reconciler(cluster: FakeCluster) -> Reconciler:
     return made
 
 
+def created_attempts() -> float:
+    """mpjob_operator_attempts_started_total for first attempts (reason Created)."""
+    return REGISTRY.get_sample_value("mpjob_operator_attempts_started_total", {"reason": "Created"}) or 0.0
+
+
 def test_a_child_the_server_rejects_fails_the_job_with_its_message_at_once(events: list) -> None:
     message = 'Job.batch "j-a0" is invalid: spec.template.spec.nodeSelector: Invalid value: "bad key!"'
     cluster = FakeCluster(Refused(classify_api_error(422), message))
-    made = reconciler(cluster)
+    made, before = reconciler(cluster), created_attempts()
     made.handle(("ns", "j"), False)  # no Retry: nothing to try again
+    # its Job never made: the attempt is neither said nor counted started
+    assert [m for r, m in events if r == "AttemptStarted"] == [] and created_attempts() == before
     status = cluster.body["status"]
     assert status["phase"] == "Failed" and status["message"] == message
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
@@ -167,3 +175,16 @@ def test_transient_errors_back_off_per_job_and_ticks_do_not_hurry_them(events: l
     cluster.create_error = None
     made.handle(("ns", "j"), False)
     assert cluster.creates == 6 and made.backoff.failures(("ns", "j")) == 0
+
+
+def test_an_attempt_whose_job_is_made_after_a_transient_error_is_said_and_counted_started_once(events: list) -> None:
+    cluster = FakeCluster(api_error(503, "etcd leader changed"))
+    made, before = reconciler(cluster), created_attempts()
+    with pytest.raises(Retry):
+        made.handle(("ns", "j"), False)  # recorded, its Job refused for now
+    assert [m for r, m in events if r == "AttemptStarted"] == [] and created_attempts() == before
+    cluster.create_error = None
+    made.handle(("ns", "j"), False)  # the retry makes it
+    assert cluster.creates == 2 and cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
+    assert [m for r, m in events if r == "AttemptStarted"] == ["attempt 0 in auto"]
+    assert created_attempts() == before + 1

@@ -15,10 +15,12 @@ from mpjob.planning.backoff import RetryBackoff, failures_in_a_row
 from mpjob.planning.plan import Plan
 from mpjob.planning.reconcile import FINISHED, JobView, PodView, reconcile
 from mpjob.planning.resumepoint import POD_CHECKPOINTS
-from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator import carried_out
+from tests.unit.operator.carried_out import made
 from tests.unit.operator.test_planning import spec
 
 pytestmark = pytest.mark.unit
@@ -144,9 +146,10 @@ def test_a_two_minute_outage_of_the_checkpoint_store_leaves_attempts_to_go_on() 
     assert outage(RetryBackoff(base=0)).phase == "Failed"  # retried at once, it used up all six
 
 
-def started(plan: Plan) -> list[tuple[str, str]]:
-    """The attempts a plan says started: its AttemptStarted Events, and the reasons it counts."""
-    said = [e.message for e in plan.events if e.reason == "AttemptStarted"]
+def started(plan: Plan, s: MixedPrecisionJobSpec = S) -> list[tuple[str, str]]:
+    """The attempts a plan says started once carried out (the Jobs it asks for made: `lifecycle.made`):
+    its AttemptStarted Events, and the reasons it counts."""
+    said = carried_out.said(s, plan, "AttemptStarted")
     return [*(("event", m) for m in said), *(("counted", r) for r in plan.started_reasons)]
 
 
@@ -156,20 +159,24 @@ def attempts_started(reason: str) -> float:
 
 def test_the_attempt_after_a_wait_is_said_and_counted_started_once_when_its_job_is_made() -> None:
     retries, before = backoff.JOB_CONTROLLER, attempts_started("InfraError")
-    first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=retries).status
-    failed = reconcile(S, read_back(first), 1, crashed(0), NOW, retries=retries)
-    count_plan(first, failed)
-    assert started(failed) == [] and attempts_started("InfraError") == before  # it waits: nothing started
+    first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=retries)
+    assert started(first) == [("event", "attempt 0 in bf16"), ("counted", "Created")]
+    failed = reconcile(S, read_back(first.status), 1, crashed(0), NOW, retries=retries)
+    assert started(failed) == [] and failed.create == []  # it waits: nothing made, nothing started
+    count_plan(first.status, failed)
+    assert attempts_started("InfraError") == before
     # an operator restarted during the wait reads the status back: still nothing started
     waiting = reconcile(S, read_back(failed.status), 1, {}, NOW + timedelta(seconds=5), retries=retries)
     assert started(waiting) == [] and waiting.create == []
-    due = reconcile(S, read_back(waiting.status), 1, {}, NOW + timedelta(seconds=10), retries=retries)
-    count_plan(waiting.status, due)
+    # the operator stopped before the Job was made: the reconcile after makes it, and says it then
+    unmade = reconcile(S, read_back(waiting.status), 1, {}, NOW + timedelta(seconds=10), retries=retries)
+    due = reconcile(S, read_back(unmade.status), 1, {}, NOW + timedelta(seconds=11), retries=retries)
     assert [s.index for s in due.create] == [1]
     assert started(due) == [("event", "attempt 1 in bf16"), ("counted", "InfraError")]
+    count_plan(waiting.status, due)
     assert attempts_started("InfraError") == before + 1
-    # made again (the operator stopped before its Job was): not started a second time
-    again = reconcile(S, read_back(due.status), 1, {}, NOW + timedelta(seconds=11), retries=retries)
+    # its Job deleted and made again, in the same attempt (its jobUid recorded): not started a second time
+    again = reconcile(S, read_back(due.status), 1, {}, NOW + timedelta(seconds=12), retries=retries)
     assert [s.index for s in again.create] == [1] and started(again) == []
 
 
@@ -178,13 +185,25 @@ def test_an_attempt_after_a_wait_says_where_it_resumes_when_its_job_is_made() ->
     ref = CheckpointRef(step=100, path=f"{CHECKPOINT_MOUNT}/s100", sha256="ab", precision="bf16")
     said = TerminationReport(reason=Reason.INFRA_ERROR, step=120, precision="bf16", last_good_checkpoint=ref)
     for kept, resumed in ((S, "attempt 1 in bf16, to resume from checkpoint step 100"), (pods, POD_CHECKPOINTS)):
-        status = reconcile(kept, MixedPrecisionJobStatus(), 1, {}, NOW).status
+        status = made(kept, reconcile(kept, MixedPrecisionJobStatus(), 1, {}, NOW)).status
         failed = reconcile(kept, read_back(status), 1, crashed(0, said.to_message()), NOW)
         due = reconcile(kept, read_back(failed.status), 1, {}, NOW + timedelta(seconds=10))
-        assert started(failed) == [] and started(due)[0][1].endswith(resumed), started(due)
+        assert started(failed, kept) == [] and started(due, kept)[0][1].endswith(resumed), started(due, kept)
 
 
-def test_an_attempt_with_no_wait_is_said_started_when_it_is_recorded() -> None:
+def test_an_emptydir_job_that_never_checkpointed_is_not_told_its_checkpoints_went_with_the_pods() -> None:
+    """Trained to step 30 with no checkpoint (everySteps 50): attempt 1 starts at 0, as it would
+    have anyway; none went with the pods, before the wait or after it."""
+    pods = spec(precision={"mode": "bf16"}, runPolicy={"maxAttempts": 6}, checkpoint={"everySteps": 50})
+    said = TerminationReport(reason=Reason.INFRA_ERROR, step=30, start_step=0, precision="bf16").to_message()
+    status = made(pods, reconcile(pods, MixedPrecisionJobStatus(), 1, {}, NOW)).status
+    failed = reconcile(pods, read_back(status), 1, crashed(0, said), NOW)
+    assert (failed.status.step, failed.create) == (30, [])  # trained, and waits
+    due = reconcile(pods, read_back(failed.status), 1, {}, NOW + timedelta(seconds=10))
+    assert started(due, pods) == [("event", "attempt 1 in bf16"), ("counted", "InfraError")]
+
+
+def test_an_attempt_with_no_wait_is_said_started_when_its_job_is_made() -> None:
     first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=RetryBackoff(base=0)).status
     plan = reconcile(S, read_back(first), 1, crashed(0), NOW, retries=RetryBackoff(base=0))
     assert [s.index for s in plan.create] == [1]

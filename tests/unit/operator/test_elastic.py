@@ -19,6 +19,7 @@ from mpjob.summary import summary_lines
 from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
+from tests.unit.operator import carried_out
 
 pytestmark = pytest.mark.unit
 
@@ -162,7 +163,7 @@ WHEN = When("2026-11-28T12:00:00Z")
 
 def _start(job: MixedPrecisionJobSpec) -> tuple[Plan, StartAttempt]:
     plan = Plan(status=MixedPrecisionJobStatus())
-    lc.begin(plan, job, first_attempt(job), WHEN, why="Created")
+    lc.begin(plan, job, first_attempt(job), WHEN)
     return plan, plan.create[0]
 
 
@@ -170,7 +171,7 @@ def _end(plan: Plan, job: MixedPrecisionJobSpec, start: StartAttempt, outcome: A
     nxt = Plan(status=plan.status)
     lc.conclude(nxt, job, attempt=start, outcome=outcome, when=WHEN, capability=None)
     plan.status = nxt.status
-    plan.events = nxt.events
+    plan.events = carried_out.made(job, nxt).told  # a resize says so once the next attempt's Job is made
     assert nxt.create, nxt.status.message
     return nxt.create[0]
 

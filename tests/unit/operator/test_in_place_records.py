@@ -24,6 +24,7 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationReport
+from tests.unit.operator import carried_out
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -144,7 +145,7 @@ def test_a_change_recorded_before_any_checkpoint_was_read_says_where_the_trainer
     ).to_message()
     plan = reconcile(s, started(s), 1, {0: running(ended="Complete", report=report)}, NOW)
     assert plan.status.attempts[1].start_step == 40
-    said = [e.message for e in plan.events if e.reason in ("PrecisionFallback", "AttemptStarted")]
+    said = carried_out.said(s, plan, "PrecisionFallback", "AttemptStarted")
     assert said == ["fp16 -> bf16 after NumericFault, to resume from checkpoint step 40",
                     "attempt 1 in bf16, to resume from checkpoint step 40"]  # fmt: skip
     fallback = next(c for c in plan.status.conditions if c.type == "PrecisionFallback")

@@ -70,7 +70,7 @@ def test_the_attempt_budget_bounds_the_splits() -> None:
 def test_a_split_made_in_place_is_recorded_as_a_restart_after_out_of_memory() -> None:
     s = spec()
     plan = lc.Plan(MixedPrecisionJobStatus())
-    lc.begin(plan, s, first_attempt(s), lc.When(NOW, 1), why="")
+    lc.begin(plan, s, first_attempt(s), lc.When(NOW, 1))
     plan.create.clear()  # its Job is created
     made = InPlaceChange.model_validate(
         {"kind": "microBatch", "attempt": 1, "step": 15, "startStep": 10, "fromPrecision": "fp16",

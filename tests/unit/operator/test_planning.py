@@ -22,6 +22,7 @@ from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecis
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT
 from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator import carried_out
 from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
@@ -205,7 +206,7 @@ def test_a_fallback_before_any_checkpoint_claims_none() -> None:
     )
     plan = reconcile(s, first, 1, {0: JobView(0, "Failed", pods=(fault,))}, NOW)
     assert [(c.precision, c.start_step, c.resume_from) for c in plan.create] == [("bf16", 0, None)]
-    said = [e.message for e in plan.events if e.reason in ("PrecisionFallback", "AttemptStarted")]
+    said = carried_out.said(s, plan, "PrecisionFallback", "AttemptStarted")
     assert said == ["fp16 -> bf16 after NumericFault, starting over: no checkpoint", "attempt 1 in bf16"]
     cond = next(c for c in plan.status.conditions if c.type == "PrecisionFallback")
     assert cond.message == "fp16 -> bf16, starting over: no checkpoint"

@@ -24,6 +24,7 @@ from mpjob.summary import summary_lines
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationReport
+from tests.unit.operator import carried_out
 from tests.unit.operator import test_cutoff as cutoff_tests
 from tests.unit.operator import test_lost_nodes as lost_nodes
 from tests.unit.operator.cases import CLAIM, S3
@@ -61,8 +62,9 @@ def after(s: MixedPrecisionJobSpec, ending: JobView) -> Plan:
     return reconcile(s, first, 1, {0: ending}, NOW + timedelta(seconds=60))
 
 
-def said(plan: Plan, reason: str) -> list[str]:
-    return [e.message for e in plan.events if e.reason == reason]
+def said(plan: Plan, reason: str, s: MixedPrecisionJobSpec | None = None) -> list[str]:
+    """What `plan` says with `reason` once carried out (the Jobs of `s` it asks for made)."""
+    return carried_out.said(s, plan, reason) if s is not None else [e.message for e in plan.told if e.reason == reason]
 
 
 @pytest.mark.parametrize("where", list(IN_POD))
@@ -73,7 +75,7 @@ def test_a_fallback_through_a_restart_starts_over_and_says_the_checkpoints_staye
     assert [(c.precision, c.start_step, c.resume_from) for c in plan.create] == [("bf16", 0, None)]
     assert plan.status.attempts[1].start_step == 0
     assert plan.status.last_checkpoint is None  # it went with the pod: the status names none
-    assert said(plan, "AttemptStarted") == [f"attempt 1 in bf16, {POD_CHECKPOINTS}"]
+    assert said(plan, "AttemptStarted", s) == [f"attempt 1 in bf16, {POD_CHECKPOINTS}"]
     assert said(plan, "PrecisionFallback") == [f"fp16 -> bf16 after NumericFault, {POD_CHECKPOINTS}"]
     cond = next(c for c in plan.status.conditions if c.type == ConditionType.PRECISION_FALLBACK)
     assert cond.message == f"fp16 -> bf16, {POD_CHECKPOINTS}"
@@ -86,7 +88,7 @@ def test_a_fallback_through_a_restart_resumes_from_a_claim_or_a_bucket(where: st
     assert s.checkpoint.outlives_pods
     plan = after(s, ended(Reason.NUMERIC_FAULT, 42))
     assert [(c.precision, c.start_step) for c in plan.create] == [("bf16", 197)]
-    assert said(plan, "AttemptStarted") == ["attempt 1 in bf16, to resume from checkpoint step 197"]
+    assert said(plan, "AttemptStarted", s) == ["attempt 1 in bf16, to resume from checkpoint step 197"]
     assert plan.status.last_checkpoint is not None and plan.status.last_checkpoint.step == 197
 
 
@@ -94,10 +96,11 @@ def test_a_fallback_through_a_restart_resumes_from_a_claim_or_a_bucket(where: st
 def test_a_preempted_attempt_goes_on_from_its_checkpoint_only_where_that_outlives_the_pod(
     where: str, start: int
 ) -> None:
-    plan = after(spec({**IN_POD, **OUTLIVING}[where]), ended(Reason.PREEMPTED, 44))
+    s = spec({**IN_POD, **OUTLIVING}[where])
+    plan = after(s, ended(Reason.PREEMPTED, 44))
     assert [(c.precision, c.start_step) for c in plan.create] == [("fp16", start)]
     planned = f"to resume from checkpoint step {start}" if start else POD_CHECKPOINTS
-    assert said(plan, "AttemptStarted") == [f"attempt 1 in fp16, {planned}"]
+    assert said(plan, "AttemptStarted", s) == [f"attempt 1 in fp16, {planned}"]
 
 
 def suspend(s: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, pod: PodView) -> MixedPrecisionJobStatus:
@@ -121,7 +124,7 @@ def test_a_resume_after_a_suspension_goes_on_from_what_outlived_the_pods(where: 
     plan = reconcile(s, suspended, 3, {}, NOW + timedelta(seconds=20))
     assert [c.start_step for c in plan.create] == [start]
     planned = f"to resume from checkpoint step {start}" if start else POD_CHECKPOINTS
-    assert said(plan, "AttemptStarted") == [f"attempt 1 in fp16, {planned}"]
+    assert said(plan, "AttemptStarted", s) == [f"attempt 1 in fp16, {planned}"]
 
 
 def test_a_change_in_place_still_goes_on_from_the_checkpoint_in_its_pod() -> None:
@@ -135,7 +138,7 @@ def test_a_change_in_place_still_goes_on_from_the_checkpoint_in_its_pod() -> Non
     plan = reconcile(s, status, 1, {0: JobView(0, pods=(pod,))}, NOW + timedelta(seconds=30), changes=[change])
     assert plan.create == [] and plan.status.attempts[1].start_step == 150
     assert plan.status.last_checkpoint is not None and plan.status.last_checkpoint.step == 150
-    assert said(plan, "AttemptStarted") == ["attempt 1 in bf16, to resume from checkpoint step 150"]
+    assert said(plan, "AttemptStarted", s) == ["attempt 1 in bf16, to resume from checkpoint step 150"]
 
 
 class StoppedAfterCheckpoint(ScriptedRun):
@@ -222,7 +225,7 @@ def test_a_suspended_job_names_a_checkpoint_only_where_that_outlived_its_pods(wh
     assert any(line.startswith("  last checkpoint: step 250") for line in shown) == (named is not None)
     plan = reconcile(s, status, 3, {}, NOW + timedelta(seconds=20), stopped=stopped)
     planned = f"to resume from checkpoint step {named}" if named else POD_CHECKPOINTS
-    assert said(plan, "AttemptStarted") == [f"attempt 1 in fp16, {planned}"]
+    assert said(plan, "AttemptStarted", s) == [f"attempt 1 in fp16, {planned}"]
     assert [c.start_step for c in plan.create] == [named or 0]
 
 

@@ -83,7 +83,7 @@ def _numeric_fault(path: str) -> AttemptOutcome:
 def _next_attempt(outcome: AttemptOutcome, **where: str | bool) -> StartAttempt:
     plan, when = Plan(status=MixedPrecisionJobStatus()), When("2026-01-01T00:00:00Z")
     start = first_attempt(SPEC)
-    begin(plan, SPEC, start, when, why="Created")
+    begin(plan, SPEC, start, when)
     plan = Plan(status=plan.status)
     conclude(plan, SPEC, attempt=start, outcome=outcome, when=when, **where)
     (nxt,) = plan.create

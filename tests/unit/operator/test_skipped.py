@@ -35,7 +35,7 @@ def end(status: MixedPrecisionJobStatus, reason: Reason, record: Skipped | None)
     plan, when = Plan(status=status), When("2026-01-01T00:00:00Z")
     start = first_attempt(SPEC)
     if not status.attempts:
-        begin(plan, SPEC, start, when, why="Created")
+        begin(plan, SPEC, start, when)
         plan = Plan(status=plan.status)
     report = TerminationReport(reason=reason, step=100, precision="fp16", skipped=record)
     conclude(
@@ -70,7 +70,7 @@ def test_a_report_that_knows_less_does_not_shrink_the_record() -> None:
 
 def running() -> MixedPrecisionJobStatus:
     plan = Plan(status=MixedPrecisionJobStatus())
-    begin(plan, SPEC, first_attempt(SPEC), When("2026-01-01T00:00:00Z"), why="Created")
+    begin(plan, SPEC, first_attempt(SPEC), When("2026-01-01T00:00:00Z"))
     return plan.status
 
 
