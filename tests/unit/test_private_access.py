@@ -57,6 +57,11 @@ ALLOWED: dict[str, str] = {
         "resume_from_checkpoint reads (weights, optimizer, scheduler, scaler, RNG, trainer "
         "state); save_model and save_state write parts of it only"
     ),
+    "trainer._train_batch_size": (
+        "adapters/hf_arguments.py: transformers.Trainer takes its training micro-batch from this attribute at "
+        "train(), set once from the arguments in its __init__ (its own auto_find_batch_size sets it so); an "
+        "attempt the operator split must train in its smaller micro-batch, and there is no public setter"
+    ),
 }
 
 ACCESSORS = frozenset({"getattr", "setattr", "hasattr", "delattr"})

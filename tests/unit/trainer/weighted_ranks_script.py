@@ -63,11 +63,12 @@ def hf(run: Any, items: bool = False) -> None:
     from mpjob_trainer.adapters import hf as mpjob_hf
 
     size, _ = SHARDS[run.world.rank]
-    args = mpjob_hf.training_arguments(run, per_device_train_batch_size=size, learning_rate=0.0)
+    args = mpjob_hf.training_arguments(run, learning_rate=0.0)
 
     class OwnShard(Trainer):
-        def _get_train_sampler(self, *_: Any, **__: Any) -> Any:
-            return torch.utils.data.SequentialSampler(self.train_dataset)
+        def get_train_dataloader(self) -> Any:
+            """This rank's own batches (the spec's micro-batch is the job's): unequal between the ranks."""
+            return torch.utils.data.DataLoader(self.train_dataset, batch_size=size)  # type: ignore[arg-type]
 
     model = ZeroOverItems() if items else Zero()
     trainer = OwnShard(model=model, args=args, train_dataset=shard(run.total_steps))  # type: ignore[arg-type]

@@ -9,10 +9,10 @@
         trainer = Trainer(model=model, args=args, train_dataset=data)
         mpjob_hf.train(run, trainer)
 
-`training_arguments` turns the attempt into TrainingArguments (fp16/bf16 from its precision, fp8 as bf16 around
-the float8 linears (adapters.mixed), max_steps, seed, the spec's batch size, accumulation, learning rate, weight
-decay, warm-up and clip norm; no saving of its own; a Trainer built with arguments that save checkpoints of their own
-is refused).
+`training_arguments` turns the attempt into TrainingArguments (adapters.hf_arguments: fp16/bf16 from its precision,
+fp8 as bf16 around the float8 linears (adapters.mixed), max_steps, seed, the attempt's micro-batch and accumulation,
+the spec's learning rate, weight decay, warm-up and clip norm; no saving of its own; a Trainer built with arguments
+that save checkpoints of their own is refused, one whose micro-batch or accumulation is not the job's is refused).
 `train` gives the Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate
 runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on), keeps
 spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
@@ -45,85 +45,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
-from mpjob_trainer import speed
 from mpjob_trainer.adapters.accelerated import GradNorms, follow_attempt_precision, use_attempt_scaler
+from mpjob_trainer.adapters.hf_arguments import (
+    attempt_arguments,
+    check,
+    follow_attempt_shape,
+    tell_unlike_spec,
+    training_arguments,
+)
 from mpjob_trainer.adapters.hf_step import TrainerLoss, loss_samples, register
-from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.reload import hf_weights
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
-from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
 from mpjob_trainer.session.outcomes import RolledBack
 
-
-def attempt_arguments(run: Session) -> dict[str, Any]:
-    """What the attempt decides, whatever the script asks for."""
-    mixed = framework_precision(run.precision)
-    return {
-        "fp16": mixed == "fp16",
-        "bf16": mixed == "bf16",
-        "max_steps": run.total_steps,
-        "seed": run.spec.training.seed,
-        "save_strategy": "no",  # the session decides when; the Trainer's own saves would bypass the store
-        "use_cpu": run.device.type == "cpu",
-    }
-
-
-def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
-    """TrainingArguments for this attempt; `kwargs` are the script's other settings."""
-    owned = attempt_arguments(run)
-    clash = sorted(set(kwargs) & set(owned))
-    if clash:
-        raise ConfigError(
-            f"training_arguments({', '.join(clash)}=...): set by the attempt (precision, spec.training.steps "
-            "and seed, checkpoints by mpjob); change the job's spec instead"
-        )
-    tr = run.spec.training
-    defaults = {
-        "output_dir": str(Path(run.launch.checkpoint_dir) / ".hf-output"),
-        "per_device_train_batch_size": tr.batch_size,
-        "gradient_accumulation_steps": tr.grad_accumulation,
-        "learning_rate": tr.learning_rate,
-        "weight_decay": tr.weight_decay,
-        "warmup_steps": tr.warmup_steps,
-        "max_grad_norm": tr.grad_clip_norm or 0.0,
-        "logging_steps": tr.log_every,
-        "report_to": [],
-        "disable_tqdm": True,
-        # The trainer's speed settings (mpjob_trainer.speed): the Trainer compiles with them too.
-        "torch_compile": speed.prepare_compile(tr.compile, run.device),
-        "dataloader_num_workers": data_workers(tr.data_workers, run.device),
-        "dataloader_pin_memory": run.device.type == "cuda",
-    }
-    try:
-        return TrainingArguments(**{**defaults, **kwargs, **owned})
-    except ValueError as refused:  # the script's arguments, as transformers checks them: not worth a retry
-        raise ConfigError(f"training_arguments(...): TrainingArguments refused them: {refused}") from refused
-
-
-def _check(run: Session, args: TrainingArguments) -> None:
-    """Other arguments would train past the attempt's steps, or save of their own."""
-    if args.max_steps != run.total_steps:
-        raise ConfigError(
-            f"the Trainer's TrainingArguments disagree with the attempt ({run.total_steps} steps): "
-            f"{{'max_steps': {args.max_steps}}}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
-        )
-    given = args.to_dict()  # the Trainer's own checkpoints, outside mpjob's store, or ones without the optimizer:
-    saving = [f"{k}={given[k]!r}" for k in ("save_strategy", "save_only_model") if given[k] not in ("no", False)]
-    if saving:
-        raise ConfigError(
-            f"TrainingArguments({', '.join(saving)}): mpjob saves and resumes the Trainer's checkpoints itself "
-            "(spec.checkpoint); leave save_strategy='no' and save_only_model=False"
-        )
+__all__ = ["MpjobCallback", "attempt_arguments", "resume_view", "steps_losses", "train", "training_arguments"]
 
 
 class MpjobCallback(TrainerCallback):
@@ -262,9 +207,11 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     a rollback of the data rung (RolledBack) the Trainer trains again from that checkpoint."""
     if "resume_from_checkpoint" in train_kwargs:
         raise ConfigError("train(resume_from_checkpoint=...): the attempt names the checkpoint to resume from")
-    _check(run, trainer.args)
+    check(run, trainer.args)
     owned = attempt_arguments(run)
     follow_attempt_precision(trainer, run.precision, fp16=owned["fp16"], bf16=owned["bf16"])
+    follow_attempt_shape(run, trainer)
+    tell_unlike_spec(run, trainer.args)
     model = trainer.model
     if model is None:
         raise ConfigError("the Trainer has no model (model_init is not supported: build the model first)")

@@ -12,8 +12,9 @@
 also around an fp8 attempt's float8 linears (adapters.mixed), `"32-true"`; fp16 as a
 `MixedPrecision` plugin that carries the attempt's GradScaler, so the spec's loss-scale
 settings hold and fp16 also runs on a CPU, where `precision="16-mixed"` silently becomes
-bf16), max_steps, devices from the launcher's environment, the spec's clip norm and
-accumulation, no checkpointing of its own, and MpjobCallback. `fit` resumes through
+bf16), max_steps, devices from the launcher's environment, the spec's clip norm, the attempt's
+accumulation (a script's own must be the job's or the attempt's: adapters.spec_settings), no
+checkpointing of its own, and MpjobCallback. `fit` resumes through
 `Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights, optimizers, LR
 schedulers, the scaler, loops (global step) and callbacks, as Lightning saved them.
 
@@ -54,6 +55,7 @@ from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_weights
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
+from mpjob_trainer.adapters.spec_settings import attempt_shape
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
@@ -61,6 +63,8 @@ from mpjob_trainer.session.outcomes import RolledBack
 
 CHECKPOINT = LIGHTNING_CHECKPOINT
 PRECISION = {"bf16": "bf16-mixed", "fp32": "32-true"}
+#: Lightning's accumulation -> the spec.training field that is the job's (adapters.spec_settings).
+ACCUMULATION = {"accumulate_grad_batches": "grad_accumulation"}
 
 
 class SessionAutocast(MixedPrecision):
@@ -188,6 +192,7 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
         **({} if plugins else {"precision": PRECISION["fp32"]}),
     }
     settings.update(kwargs)
+    settings.update(attempt_shape(run, kwargs, ACCUMULATION, "trainer_settings"))
     settings["callbacks"] = [callback, *_listed(kwargs.get("callbacks"))]
     settings["plugins"] = [*plugins, *_listed(kwargs.get("plugins"))]
     return settings
@@ -266,6 +271,8 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
         raise ConfigError("fit(ckpt_path=...): the attempt names the checkpoint to resume from")
     callback = _callback(trainer)
     _check(run, trainer)
+    shape = attempt_shape(run, {"accumulate_grad_batches": trainer.accumulate_grad_batches}, ACCUMULATION, "Trainer")
+    trainer.accumulate_grad_batches = shape["accumulate_grad_batches"]  # Lightning reads it at every batch
     bridge = callback.bridge
 
     def write(staging: Path) -> Path:

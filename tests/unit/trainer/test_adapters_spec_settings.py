@@ -1,0 +1,163 @@
+"""A framework script's own micro-batch and accumulation against the spec's, under both adapters.
+
+The samples per step are the job's (a resume holds to them; the operator splits them for a
+fallback into fp32 or an out-of-memory): a script's own per_device_train_batch_size,
+gradient_accumulation_steps or accumulate_grad_batches that is neither the job's nor the
+attempt's is a ConfigError naming both; one that is the job's trains in the attempt's split,
+and the script is told. Before, the script's won: a split attempt trained the unsplit batch
+while its report said the split. A Trainer's own learning rate, weight decay, warm-up or clip
+norm that are not the spec's train, and the script is told."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer.errors import ConfigError
+from tests.unit.trainer.conftest import in_process_launch, spec
+
+pytestmark = pytest.mark.unit
+
+
+def _launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **split: int) -> AttemptLaunch:
+    """An fp32 attempt of a job of micro-batch 8 x 1, in the operator's split `split` (microBatch=,
+    gradAccumulation=) when given."""
+    launch = in_process_launch(tmp_path, monkeypatch, spec(task={"command": ["python", "train.py"]}), "fp32")
+    return AttemptLaunch.model_validate({**launch.model_dump(by_alias=True), **split})
+
+
+class Regression(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+        self.batches: list[int] = []  # the samples of each micro-batch it trained on
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        self.batches.append(x.shape[0])
+        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+
+def _hf(launch: AttemptLaunch, own: dict[str, Any] | None = None, **given: Any) -> tuple[Regression, Any]:
+    """Train under the HF adapter: with the script's own TrainingArguments (`own`, plus the
+    attempt's) or training_arguments(run, **given); the model and the arguments it trained with."""
+    from transformers import Trainer, TrainingArguments
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    run = mpjob.start(launch=launch)
+    model = Regression()
+    data = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(64)]
+    try:
+        if own is None:
+            args = mpjob_hf.training_arguments(run, dataloader_num_workers=0, **given)
+        else:
+            attempt = mpjob_hf.attempt_arguments(run)
+            args = TrainingArguments(output_dir=str(launch.checkpoint_dir), report_to=[], **{**attempt, **own})
+        trainer = Trainer(model=model, args=args, train_dataset=data)  # type: ignore[arg-type]
+        mpjob_hf.train(run, trainer)
+    finally:
+        run.close()
+    return model, trainer.args
+
+
+@pytest.mark.parametrize(
+    ("own", "named"),
+    [
+        ({"per_device_train_batch_size": 4}, "per_device_train_batch_size=4 is not spec.training.batchSize (8)"),
+        ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps=2 is not spec.training.gradAccumulation (1)"),
+    ],
+)
+@pytest.mark.parametrize("path", ["training_arguments", "own TrainingArguments"])
+def test_a_hf_scripts_own_batch_shape_unlike_the_specs_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own: dict[str, Any], named: str, path: str
+) -> None:
+    launch = _launch(tmp_path, monkeypatch)
+    with pytest.raises(ConfigError) as refused:
+        _hf(launch, **({"own": own} if path != "training_arguments" else own))
+    assert named in str(refused.value) and "set spec.training." in str(refused.value)
+
+
+@pytest.mark.parametrize("path", ["training_arguments", "own TrainingArguments"])
+def test_a_split_hf_attempt_trains_its_split_where_the_script_gives_the_jobs_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], path: str
+) -> None:
+    """The job's 8 x 1, split 4 x 2 by the operator: the Trainer trains micro-batches of 4, two a
+    step (30 steps: 60 forwards), and the script is told; before, it trained 30 batches of 8."""
+    launch = _launch(tmp_path, monkeypatch, microBatch=4, gradAccumulation=2)
+    given = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+    model, args = _hf(launch, **({"own": given} if path != "training_arguments" else given))
+    assert model.batches == [4] * 60
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 2)
+    assert "per_device_train_batch_size=8 -> 4, gradient_accumulation_steps=1 -> 2" in capfd.readouterr().err
+
+
+def test_a_hf_trainers_own_learning_rate_trains_and_is_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The script's own TrainingArguments without a learning rate: transformers' 5e-5 trains, not
+    the spec's 1e-2, and the script is told, naming both (before: nothing said)."""
+    _, args = _hf(_launch(tmp_path, monkeypatch), own={"per_device_train_batch_size": 8, "weight_decay": 0.1})
+    told = capfd.readouterr().err
+    assert args.learning_rate == 5e-5
+    assert "TrainingArguments(learning_rate=5e-05) are not the spec's (spec.training.learningRate=0.01)" in told
+
+
+def test_training_arguments_refuse_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """num_train_epochs would be ignored for the spec's max_steps: refused, naming spec.training.steps."""
+    with pytest.raises(ConfigError, match=r"num_train_epochs=\.\.\.\): set by the attempt .*spec.training.steps"):
+        _hf(_launch(tmp_path, monkeypatch), num_train_epochs=2)
+
+
+class Module(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+        self.steps_at: list[int] = []  # the global step at each batch
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        self.steps_at.append(self.trainer.global_step)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _lightning(launch: AttemptLaunch, own: bool, accumulate: int) -> Module:
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    run = mpjob.start(launch=launch)
+    module = Module()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(512, 4), torch.randn(512)), 4)
+    try:
+        settings = mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False)
+        if own:  # the script set it on the Trainer after trainer_settings
+            settings["accumulate_grad_batches"] = accumulate
+        else:
+            settings = mpjob_lightning.trainer_settings(
+                run, logger=False, enable_model_summary=False, accumulate_grad_batches=accumulate
+            )
+        mpjob_lightning.fit(run, L.Trainer(**settings), module, train_dataloaders=loader)
+    finally:
+        run.close()
+    return module
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_lightnings_accumulation_is_the_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], own: bool
+) -> None:
+    """accumulate_grad_batches=3 in a job of 1 is a ConfigError naming both; the job's 1 in an
+    attempt split to 2 trains two batches a step, told (before: one batch a step, 1 as given)."""
+    with pytest.raises(ConfigError, match=r"accumulate_grad_batches=3 is not spec.training.gradAccumulation \(1\)"):
+        _lightning(_launch(tmp_path / "a", monkeypatch), own, 3)
+    module = _lightning(_launch(tmp_path / "b", monkeypatch, microBatch=4, gradAccumulation=2), own, 1)
+    assert module.steps_at == [step for step in range(30) for _ in range(2)]
+    assert "accumulate_grad_batches=1 -> 2" in capfd.readouterr().err

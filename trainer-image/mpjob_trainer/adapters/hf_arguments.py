@@ -1,0 +1,127 @@
+"""The attempt as the Hugging Face Trainer's `TrainingArguments`, and a script's own checked.
+
+`training_arguments(run, **kwargs)` builds them: the attempt's precision, steps, seed and no saving
+of the Trainer's own (the script may not pass them); the spec's micro-batch and accumulation
+(adapters.spec_settings: a script's own must be the job's or the attempt's, the attempt's trains);
+the spec's learning rate, weight decay, warm-up and clip norm as defaults the script may override.
+`train` checks a Trainer built from the script's own `TrainingArguments` by the same rules and
+tells the script on stderr where its learning rate, weight decay, warm-up or clip norm are not
+the spec's (transformers' defaults, learning_rate 5e-5, unless the script set them): they train.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer, TrainingArguments
+
+from mpjob_trainer import speed
+from mpjob_trainer.adapters.mixed import framework_precision
+from mpjob_trainer.adapters.spec_settings import attempt_shape, spec_name
+from mpjob_trainer.data import data_workers
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session import Session
+
+#: The Trainer's micro-batch and accumulation -> the spec.training fields that are the job's.
+SHAPE = {"per_device_train_batch_size": "batch_size", "gradient_accumulation_steps": "grad_accumulation"}
+#: The Trainer's optimizer settings -> the spec.training fields training_arguments takes them from.
+OPTIMIZER = {
+    "learning_rate": "learning_rate",
+    "weight_decay": "weight_decay",
+    "warmup_steps": "warmup_steps",
+    "max_grad_norm": "grad_clip_norm",
+}
+
+
+def attempt_arguments(run: Session) -> dict[str, Any]:
+    """What the attempt decides, whatever the script asks for."""
+    mixed = framework_precision(run.precision)
+    return {
+        "fp16": mixed == "fp16",
+        "bf16": mixed == "bf16",
+        "max_steps": run.total_steps,
+        "seed": run.spec.training.seed,
+        "save_strategy": "no",  # the session decides when; the Trainer's own saves would bypass the store
+        "use_cpu": run.device.type == "cpu",
+    }
+
+
+def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
+    """TrainingArguments for this attempt; `kwargs` are the script's other settings."""
+    owned = attempt_arguments(run)
+    clash = sorted(set(kwargs) & {*owned, "num_train_epochs"})  # max_steps trains past or short of any epochs
+    if clash:
+        raise ConfigError(
+            f"training_arguments({', '.join(clash)}=...): set by the attempt (precision, spec.training.steps "
+            "and seed, checkpoints by mpjob); change the job's spec instead"
+        )
+    shape = attempt_shape(run, kwargs, SHAPE, "training_arguments")
+    tr = run.spec.training
+    defaults = {
+        "output_dir": str(Path(run.launch.checkpoint_dir) / ".hf-output"),
+        "learning_rate": tr.learning_rate,
+        "weight_decay": tr.weight_decay,
+        "warmup_steps": tr.warmup_steps,
+        "max_grad_norm": tr.grad_clip_norm or 0.0,
+        "logging_steps": tr.log_every,
+        "report_to": [],
+        "disable_tqdm": True,
+        # The trainer's speed settings (mpjob_trainer.speed): the Trainer compiles with them too.
+        "torch_compile": speed.prepare_compile(tr.compile, run.device),
+        "dataloader_num_workers": data_workers(tr.data_workers, run.device),
+        "dataloader_pin_memory": run.device.type == "cuda",
+    }
+    try:
+        return TrainingArguments(**{**defaults, **kwargs, **shape, **owned})
+    except ValueError as refused:  # the script's arguments, as transformers checks them: not worth a retry
+        raise ConfigError(f"training_arguments(...): TrainingArguments refused them: {refused}") from refused
+
+
+def check(run: Session, args: TrainingArguments) -> None:
+    """Other arguments would train past the attempt's steps, or save of their own."""
+    if args.max_steps != run.total_steps:
+        raise ConfigError(
+            f"the Trainer's TrainingArguments disagree with the attempt ({run.total_steps} steps): "
+            f"{{'max_steps': {args.max_steps}}}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
+        )
+    given = args.to_dict()  # the Trainer's own checkpoints, outside mpjob's store, or ones without the optimizer:
+    saving = [f"{k}={given[k]!r}" for k in ("save_strategy", "save_only_model") if given[k] not in ("no", False)]
+    if saving:
+        raise ConfigError(
+            f"TrainingArguments({', '.join(saving)}): mpjob saves and resumes the Trainer's checkpoints itself "
+            "(spec.checkpoint); leave save_strategy='no' and save_only_model=False"
+        )
+
+
+def follow_attempt_shape(run: Session, trainer: Trainer) -> None:
+    """The Trainer trains in the attempt's micro-batch and accumulation: its arguments' own must be
+    the job's or the attempt's (adapters.spec_settings), and the attempt's are set. transformers
+    reads both at `train()`: the accumulation from the arguments, the micro-batch from the
+    Trainer's `_train_batch_size`, taken from the arguments in its `__init__` (its own
+    auto_find_batch_size sets it so)."""
+    args = trainer.args
+    shape = attempt_shape(run, {k: getattr(args, k) for k in SHAPE}, SHAPE, "TrainingArguments")
+    if all(getattr(args, k) == v for k, v in shape.items()):
+        return
+    for setting, value in shape.items():
+        setattr(args, setting, value)
+    trainer._train_batch_size = args.train_batch_size
+
+
+def tell_unlike_spec(run: Session, args: TrainingArguments) -> None:
+    """Tell the script (stderr, its worker log) where its learning rate, weight decay, warm-up or clip
+    norm are not the spec's: the Trainer trains with its arguments' own."""
+    tr = run.spec.training
+    unlike = {k: (getattr(args, k), getattr(tr, f)) for k, f in OPTIMIZER.items()}
+    unlike = {k: (mine, spec) for k, (mine, spec) in unlike.items() if float(mine or 0) != float(spec or 0)}
+    if unlike:
+        mine = ", ".join(f"{k}={v[0]!r}" for k, v in unlike.items())
+        spec = ", ".join(f"{spec_name(OPTIMIZER[k])}={v[1]!r}" for k, v in unlike.items())
+        print(
+            f"mpjob: the Trainer's TrainingArguments({mine}) are not the spec's ({spec}): it trains with the "
+            "arguments' own (mpjob_trainer.adapters.hf.training_arguments(run, ...) takes the spec's)",
+            file=sys.stderr,
+            flush=True,
+        )
