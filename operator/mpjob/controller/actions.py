@@ -35,10 +35,17 @@ log = logging.getLogger("mpjob.operator")
 
 
 def write_status(cluster: Cluster, body: dict[str, Any], stored: dict[str, Any], new: MixedPrecisionJobStatus) -> None:
-    """Patch the job's status from `stored` to `new` (nothing when they agree)."""
+    """Patch the job's status from `stored` to `new` (nothing when they agree), only if the job is
+    still at `body`'s resourceVersion (a 409 Conflict otherwise: the reconcile is retried from a
+    new read); `body` takes the version the write made, for the reconcile's next write."""
     patch = status_patch(stored, new)
     if patch:
-        cluster.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
+        meta = body["metadata"]
+        version = cluster.patch_status(
+            meta["namespace"], meta["name"], patch, resource_version=meta.get("resourceVersion")
+        )
+        if version is not None:
+            meta["resourceVersion"] = version
 
 
 class Actions:
@@ -108,11 +115,10 @@ class Actions:
         (index, refused), meta = refusal, body["metadata"]
         om.REFUSALS.labels(reason=refused.rule.reason).inc()
         log.warning("%s/%s: the API server refused attempt %d: %s", meta["namespace"], meta["name"], index, refused)
-        # The plan as it was, less the children it asked for (none of them is made now) and the
-        # attempt it would have said started: an attempt whose children are refused never started.
-        started = [s for s in plan.started if s.index != index]
+        # The plan's status, less the children it asked for (none of them is made now); what the
+        # plan itself told and counted was told and counted once its status was written.
         failed = replace(
-            plan, status=plan.status.model_copy(deep=True), events=list(plan.events), started=started,
+            plan, status=plan.status.model_copy(deep=True), events=[], started=[], fallbacks=[], repromotions=[],
             create=[], delete=[], cut=[],
         )  # fmt: skip
         when = When(st.now(), meta.get("generation"))

@@ -131,12 +131,21 @@ class Cluster:
                 return None
             raise
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge `status` (camelCase fields; None deletes one) into the job's status subresource."""
+    def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> str | None:
+        """Merge `status` (camelCase fields; None deletes one) into the job's status subresource;
+        the job's resourceVersion after it. With `resource_version` the write holds only if the job
+        is still at that version (else a 409 Conflict): a status planned from an older read, by a
+        second operator or one that stalled, never overwrites a newer one."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         custom = self.custom
-        custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
+        written = raw(
+            custom.patch_namespaced_custom_object_status, api.GROUP, api.VERSION, namespace, api.PLURAL, name, body
         )
+        return (written.get("metadata") or {}).get("resourceVersion")
 
     # -------------------------------------------------------------- an attempt's children
     def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:

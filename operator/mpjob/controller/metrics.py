@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from mpjob.planning.plan import Plan
+    from collections.abc import Sequence
+
+    from mpjob.planning.plan import Plan, Started
     from mpjob_contract.api import MixedPrecisionJobStatus
 
 RECONCILE_SECONDS = Histogram(
@@ -81,10 +83,15 @@ WASTED_GPU_COST = Counter(
 )
 
 
+def count_started(started: Sequence[Started]) -> None:
+    """Attempts said started: counted by why each began (Created, NumericFault, Resumed, ...)."""
+    for attempt in started:
+        ATTEMPTS_STARTED.labels(reason=attempt.reason).inc()
+
+
 def count_plan(old: MixedPrecisionJobStatus, plan: Plan) -> None:
     """The operator's attempt metrics for what the plan started, fell back from and ended."""
-    for reason in plan.started_reasons:
-        ATTEMPTS_STARTED.labels(reason=reason).inc()
+    count_started(plan.started)
     for src, dst in plan.fallbacks:
         FALLBACKS.labels(from_precision=src, to_precision=dst).inc()
     for src, dst in plan.repromotions:

@@ -1,12 +1,15 @@
 """One MixedPrecisionJob's reconcile: observe (the CR from the API server, its children from the
 cache, and on a tick the running attempt's live progress: `progress.py`), decide
 (`mpjob.planning.reconcile`, pure, on the status with that progress in it), act (status first,
-then children: `actions.py`, then metrics, Events).
+then metrics and Events, then children: `actions.py`; an attempt whose first Job acting made
+is said and counted started after it).
 
 The work queue calls `Reconciler.handle` for a job key and never for one job in two threads at
 once; the status is written before children are created, so it stays the operator's memory
-across restarts. A child the API server refuses for good fails the job with the server's
-message; any other failure is retried with per-job exponential backoff.
+across restarts, and only at the resourceVersion the reconcile read, so that a second operator
+acting on the same job (or one that stalled) never overwrites it from an older read. A child
+the API server refuses for good fails the job with the server's message; any other failure is
+retried with per-job exponential backoff.
 """
 
 from __future__ import annotations
@@ -36,8 +39,7 @@ from mpjob.controller.ticker import Standing, standing
 from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import status as st
 from mpjob.planning.backoff import RetryBackoff
-from mpjob.planning.observe import Observation
-from mpjob.planning.plan import Plan
+from mpjob.planning.plan import Event, Plan
 from mpjob.planning.reconcile import FINISHED, reconcile
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob.validation import spec_problems
@@ -156,10 +158,17 @@ class Reconciler:
             )  # fmt: skip
             st.record_job_uids(plan.status, seen.uids)  # (of a Job made before they were recorded)
             write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
+            self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
+            planned, said = len(plan.events), len(plan.started)
             refusal = self.actions.apply(body, spec, plan, seen=seen)
-            if refusal is not None:
-                plan = self.actions.refused(body, spec, plan, refusal=refusal)
-            self._announce(body, observed, plan)
+            self._tell(body, plan.events[planned:])  # what acting did (pods cut, pods left behind stopped)
+            made = plan.started[said:]  # attempts whose first Job acting made: said started now
+            if refusal is not None:  # one whose children are refused never started
+                made = [s for s in made if s.index != refusal[0]]
+                told, plan = plan.status, self.actions.refused(body, spec, plan, refusal=refusal)
+                self._announce(body, told, plan, [])
+            om.count_started(made)
+            self._tell(body, [event for started in made for event in started.events])
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, spec, plan.status, seen)
             if plan.status.phase in FINISHED:
@@ -202,13 +211,24 @@ class Reconciler:
         write_status(self.cluster, body, body.get("status") or {}, failed)
         kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=failed.message)
 
-    def _announce(self, body: dict[str, Any], observed: Observation, plan: Plan) -> None:
-        """The plan's metrics and Events, the reading's (after the status that records them: a
-        step it lists is never announced again, also by an operator that restarts right after;
-        an Event lost then is the price of never posting one twice), and the phase and troubles
+    def _announce(
+        self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan, read: list[tuple[str, str, str]]
+    ) -> None:
+        """The plan's metrics and Events, and those of the reading (`read`), once the status that
+        records them is written, before the plan's children are made: a step it lists is never
+        announced again, also by an operator that restarts right after or a second one whose
+        write from an older read is refused, and a failure while making the children (a write
+        of another operator in between) does not lose them; an Event lost to a crash right
+        after the write is the price of never posting one twice. Then the phase and troubles
         the ticker counts."""
-        om.count_plan(observed.status, plan)
-        told = [(e.type, e.reason, e.message) for e in plan.told] + observed.told()
-        for kind, reason, message in told:
+        om.count_plan(old, plan)
+        self._tell(body, plan.told)
+        for kind, reason, message in read:
             kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
         self.phases[body["metadata"]["uid"]] = standing(plan.status)
+
+    @staticmethod
+    def _tell(body: dict[str, Any], events: list[Event]) -> None:
+        """Post `events` about the job (kopf's queue sends them)."""
+        for event in events:
+            kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)

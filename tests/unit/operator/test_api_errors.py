@@ -3,6 +3,7 @@ message) and which are retried, with a per-job exponential backoff that a tick c
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -92,7 +93,7 @@ class FakeCluster:
         self.body: dict[str, Any] = {
             "apiVersion": "mpjob.dev/v1alpha1",
             "kind": "MixedPrecisionJob",
-            "metadata": {"name": "j", "namespace": "ns", "uid": "mpj-uid", "generation": 1},
+            "metadata": {"name": "j", "namespace": "ns", "uid": "mpj-uid", "generation": 1, "resourceVersion": "1"},
             "spec": {"task": {"builtin": "gpt"}, "resources": {"gpusPerWorker": 0}},
         }
         self.create_error = create_error
@@ -100,11 +101,18 @@ class FakeCluster:
         self.deleted: list[tuple[str, str]] = []
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.body
+        return copy.deepcopy(self.body)
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> str:
+        meta = self.body["metadata"]
+        if resource_version is not None and resource_version != meta["resourceVersion"]:
+            raise api_error(409, "the object has been modified")
         merged = {**(self.body.get("status") or {}), **status}
         self.body["status"] = {k: v for k, v in merged.items() if v is not None}
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+        return str(meta["resourceVersion"])
 
     def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
         self.creates += 1
@@ -156,6 +164,7 @@ def test_a_child_the_server_rejects_fails_the_job_with_its_message_at_once(event
     assert (failed["status"], failed["reason"]) == ("True", "InvalidPodTemplate")
     assert status["attempts"][0]["reason"] == "InvalidPodTemplate"
     assert ("Failed", message) in events
+    assert len(events) == len(set(events)), f"each Event once: {events}"
     made.handle(("ns", "j"), True)  # a later tick: finished, nothing created again
     assert cluster.creates == 1
 

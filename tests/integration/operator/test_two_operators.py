@@ -1,0 +1,73 @@
+"""Two operators acting on the same jobs at once (a second one started by hand, a standby that
+took over while the active one only stalled): the status is the operators' memory, so a status
+planned from an older read of the job must never overwrite a newer one. Every status write holds
+only while the job is at the resourceVersion it was planned from (a 409 Conflict otherwise, and
+the reconcile is retried from a new read); a plan's Events are posted only after its write holds,
+so each attempt's start and end is told once, however many operators race for it."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from mpjob.controller.actions import write_status
+from mpjob.controller.cluster import Cluster
+from mpjob.planning.backoff import ENV_BASE
+from mpjob_contract.api import MixedPrecisionJobStatus
+from tests.integration.operator.conftest import Jobs, Operator
+from tests.integration.operator.test_cannot_start import command_spec
+
+pytestmark = pytest.mark.integration
+
+CONFLICT = 409
+
+
+def attempts(*indices: int) -> MixedPrecisionJobStatus:
+    return MixedPrecisionJobStatus.model_validate(
+        {"phase": "Running", "attempts": [{"index": i, "precision": "fp32"} for i in indices]}
+    )
+
+
+def test_a_status_planned_from_an_older_read_is_refused_and_the_newer_one_kept(
+    api_client: client.ApiClient, namespace: str, crd_installed: None, jobs: Jobs
+) -> None:
+    jobs.create("raced", command_spec([sys.executable, "-c", "pass"]))
+    cluster = Cluster(custom=client.CustomObjectsApi(api_client), batch=None, core=None)
+    stale, fresh = cluster.read_job(namespace, "raced"), cluster.read_job(namespace, "raced")
+    assert stale is not None and fresh is not None
+    write_status(cluster, fresh, {}, attempts(0, 1))  # the other operator: attempt 1 recorded
+    assert fresh["metadata"]["resourceVersion"] != stale["metadata"]["resourceVersion"], "the write's version kept"
+    write_status(cluster, fresh, attempts(0, 1).to_api(), attempts(0, 1, 2))  # its next write chains on it
+
+    with pytest.raises(ApiException) as refused:  # this one read before either write: attempt 0 only
+        write_status(cluster, stale, {}, attempts(0))
+    assert refused.value.status == CONFLICT
+    assert [a["index"] for a in jobs.status("raced")["attempts"]] == [0, 1, 2], "no attempt forgotten"
+
+
+def test_two_standalone_operators_tell_each_attempt_once_and_make_one_job_for_it(
+    kubeconfig: str, namespace: str, crd_installed: None, jobs: Jobs, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(1.5)\nraise SystemExit(1)\n")  # InfraError, retried once
+    ops = [Operator(kubeconfig, namespace, tmp_path / f"operator{i}.log", env={ENV_BASE: "0"}) for i in range(2)]
+    for op in ops:
+        op.start()
+    try:
+        jobs.create("twice", command_spec([sys.executable, str(script)]))
+        status = jobs.wait_phase("twice", "Failed", 240)
+        assert [(a["index"], a["reason"]) for a in status["attempts"]] == [(0, "InfraError"), (1, "InfraError")]
+        assert jobs.attempt_jobs("twice") == ["twice-a0", "twice-a1"]
+        jobs.events("twice", "Failed")
+    finally:
+        for op in ops:  # both have seen every change, and posted what they would, once stopped
+            op.stop()
+    told: Counter[str] = Counter()
+    for event in jobs.events("twice", "Failed"):
+        told[event.reason] += event.count or 1
+    assert (told["AttemptStarted"], told["AttemptEnded"], told["Failed"]) == (2, 2, 1), told
