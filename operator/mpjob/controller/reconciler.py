@@ -162,13 +162,13 @@ class Reconciler:
             planned, said = len(plan.events), len(plan.started)
             refusal = self.actions.apply(body, spec, plan, seen=seen)
             self._tell(body, plan.events[planned:])  # what acting did (pods cut, pods left behind stopped)
-            made = plan.started[said:]  # attempts whose first Job acting made: said started now
+            begun = plan.started[said:]  # attempts whose first Job acting made: said started now
             if refusal is not None:  # one whose children are refused never started
-                made = [s for s in made if s.index != refusal[0]]
+                begun = [s for s in begun if s.index != refusal[0]]
                 told, plan = plan.status, self.actions.refused(body, spec, plan, refusal=refusal)
                 self._announce(body, told, plan, [])
-            om.count_started(made)
-            self._tell(body, [event for started in made for event in started.events])
+            om.count_started(begun)
+            self._tell(body, [event for started in begun for event in started.events])
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, spec, plan.status, seen)
             if plan.status.phase in FINISHED:
