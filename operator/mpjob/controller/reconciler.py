@@ -159,22 +159,29 @@ class Reconciler:
             st.record_job_uids(plan.status, seen.uids)  # (of a Job made before they were recorded)
             write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
             self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
-            planned, said = len(plan.events), len(plan.started)
-            refusal = self.actions.apply(body, spec, plan, seen=seen)
-            self._tell(body, plan.events[planned:])  # what acting did (pods cut, pods left behind stopped)
-            begun = plan.started[said:]  # attempts whose first Job acting made: said started now
-            if refusal is not None:  # one whose children are refused never started
-                begun = [s for s in begun if s.index != refusal[0]]
-                told, plan = plan.status, self.actions.refused(body, spec, plan, refusal=refusal)
-                self._announce(body, told, plan, [])
-            om.count_started(begun)
-            self._tell(body, [event for started in begun for event in started.events])
+            plan = self._act(body, spec, plan, seen)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, spec, plan.status, seen)
             if plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
             self._settle((namespace, name), plan, seen)
             return plan
+
+    def _act(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, seen: Observed) -> Plan:
+        """Carry out `plan` (its status written and its Events told), telling what acting did (pods
+        cut, pods left behind stopped) and saying and counting started each attempt whose first Job
+        it made; the plan that stands after it (a failed one when the API server refused a child)."""
+        planned, said = len(plan.events), len(plan.started)
+        refusal = self.actions.apply(body, spec, plan, seen=seen)
+        self._tell(body, plan.events[planned:])
+        begun = plan.started[said:]
+        if refusal is not None:  # an attempt whose children are refused never started
+            begun = [s for s in begun if s.index != refusal[0]]
+            told, plan = plan.status, self.actions.refused(body, spec, plan, refusal=refusal)
+            self._announce(body, told, plan, [])
+        om.count_started(begun)
+        self._tell(body, [event for started in begun for event in started.events])
+        return plan
 
     def _settle(self, key: Key, plan: Plan, seen: Observed) -> None:
         """A finished job none of whose children is left (none seen, none deleted now) is settled."""

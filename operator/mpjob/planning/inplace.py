@@ -245,11 +245,10 @@ def changed_in_place(
                 checkpoint_dir=checkpoint_dir, resumed_at=change.start_step)  # fmt: skip
     if not plan.create:
         return None
-    status = plan.status
-    entry = next(a for a in status.attempts if a.index == plan.create[0].index)
+    entry = next(a for a in plan.status.attempts if a.index == plan.create[0].index)
     entry.precision = change.to_precision  # type: ignore[assignment]  # its start: conclude's resumed_at
     entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
-    status.precision, status.phase = change.to_precision, "Running"
+    plan.status.precision, plan.status.phase = change.to_precision, "Running"
     begun = replace(plan.create[0], precision=change.to_precision)
     if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
         entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
