@@ -37,7 +37,7 @@ def spec(**over: Any) -> MixedPrecisionJobSpec:
 def _run(job: MixedPrecisionJobSpec, *outcomes: AttemptOutcome) -> tuple[Plan, list[StartAttempt]]:
     """Attempts through the lifecycle, each ending as the next of `outcomes`."""
     plan = Plan(status=MixedPrecisionJobStatus())
-    lc.begin(plan, job, first_attempt(job), WHEN, why="Created")
+    lc.begin(plan, job, first_attempt(job), WHEN)
     started = [plan.create[0]]
     for outcome in outcomes:
         nxt = Plan(status=plan.status)
