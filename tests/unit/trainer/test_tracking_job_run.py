@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mpjob_trainer.tracking.mlflow_run import MlflowRuns
-from mpjob_trainer.tracking.records import run_status
+from mpjob_trainer.tracking.records import Point, run_status
 from tests.tracking.mlflow_server import tracking_client
 
 pytestmark = pytest.mark.unit
@@ -48,3 +48,21 @@ def test_the_attempt_that_trains_the_last_step_ends_the_job_run_finished(uri: st
     last = attempt(uri, 1)
     last.end(status=run_status(0), tags={}, job_done=True)
     assert status_of(uri, last.job_run) == "FINISHED"
+
+
+def test_an_attempt_that_died_without_ending_its_run_is_ended_by_the_next(uri: str) -> None:
+    """A killed `mpjob run`, an OOMKilled pod or a lost node leaves its attempt's run RUNNING:
+    the next attempt ends it KILLED, at the last point it logged, tagged as unreported; an
+    attempt started again under its own index (after a preemption) goes on in its run."""
+    killed = attempt(uri, 0)
+    killed.log([Point("loss", 2.5, 15, 1_000_000)], attempt_tags={}, job_tags={})
+    again = attempt(uri, 0)  # the same attempt started again: its own run, still running
+    assert again.attempt_run == killed.attempt_run and status_of(uri, killed.attempt_run) == "RUNNING"
+
+    nxt = attempt(uri, 1)
+    lost = tracking_client(uri).get_run(killed.attempt_run)
+    assert lost.info.status == "KILLED" and lost.data.tags["mpjob.ending"] == "Unreported"
+    assert lost.info.end_time == 1_000_000  # not the next attempt's start: no time claimed unseen
+    assert status_of(uri, nxt.attempt_run) == "RUNNING" and status_of(uri, nxt.job_run) == "RUNNING"
+    nxt.end(status=run_status(0), tags={}, job_done=True)
+    assert status_of(uri, killed.attempt_run) == "KILLED"  # the job's end leaves it as it was

@@ -18,6 +18,7 @@ from typing import Any
 
 from mpjob_trainer.tracking.records import (
     TAG_ATTEMPT,
+    TAG_ENDING,
     TAG_JOB_KEY,
     TAG_LEVEL,
     TAG_PARENT,
@@ -35,6 +36,10 @@ CLIENT_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
     "MLFLOW_DISABLE_TELEMETRY": "true",
 }
+#: The `mpjob.ending` of an attempt's run its own process never ended (the next attempt did).
+ENDING_UNREPORTED = "Unreported"
+#: Earlier attempts' runs left RUNNING that one attempt ends (a job keeps 20 attempts' records).
+MAX_STALE = 100
 #: MLflow's log_batch limit on metrics per request.
 BATCH_METRICS = 1000
 
@@ -65,6 +70,7 @@ class MlflowRuns:
             self._params(found, params)
         else:  # an earlier attempt ended it as it ended: the job goes on
             self.client.update_run(found, status="RUNNING")
+            self._end_unreported(found, attempt)
         self.job_run = found
         mine = f"tags.`{TAG_PARENT}` = '{found}' and tags.`{TAG_ATTEMPT}` = '{attempt}'"
         again = self._find(mine)
@@ -72,7 +78,13 @@ class MlflowRuns:
             run = self.client.create_run(
                 self.experiment_id,
                 run_name=f"{job_name}-attempt-{attempt}",
-                tags={**tags, TAG_JOB_KEY: self.key, TAG_LEVEL: "attempt", TAG_PARENT: found},
+                tags={
+                    **tags,
+                    TAG_ATTEMPT: str(attempt),
+                    TAG_LEVEL: "attempt",
+                    TAG_PARENT: found,
+                    TAG_JOB_KEY: self.key,
+                },
             )
             again = run.info.run_id
         else:
@@ -104,6 +116,20 @@ class MlflowRuns:
         self.client.set_terminated(self.attempt_run, status=status, end_time=now)
         if job_done or status != "FINISHED":
             self.client.set_terminated(self.job_run, status="FINISHED" if job_done else status, end_time=now)
+
+    def _end_unreported(self, job_run: str, attempt: int) -> None:
+        """End the runs of earlier attempts still RUNNING: their processes died before ending
+        them (a killed `mpjob run`, an OOMKilled pod, a lost node, a server down at their end).
+        KILLED, `mpjob.ending: Unreported` (the job's status has the reason), at the last point
+        they logged (else their start): no time after it is claimed as theirs."""
+        query = f"tags.`{TAG_PARENT}` = '{job_run}' and attributes.status = 'RUNNING'"
+        for run in self.client.search_runs([self.experiment_id], filter_string=query, max_results=MAX_STALE):
+            if not run.data.tags.get(TAG_ATTEMPT, "").isdigit() or int(run.data.tags[TAG_ATTEMPT]) >= attempt:
+                continue  # this attempt's own run (started again) or a later one's: not ours to end
+            points = [m.timestamp for m in self.client.get_metric_history(run.info.run_id, "loss")]
+            ended = max(points, default=run.info.start_time)
+            self.client.set_tag(run.info.run_id, TAG_ENDING, ENDING_UNREPORTED)
+            self.client.set_terminated(run.info.run_id, status="KILLED", end_time=ended)
 
     def _experiment(self) -> str:
         found = self.client.get_experiment_by_name(self.experiment_name)
