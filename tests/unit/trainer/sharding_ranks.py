@@ -539,6 +539,54 @@ def case_ranged_value_unchanged(world: World) -> dict[str, Any]:
     return _ranged_value(world, changed=False)
 
 
+def _sharded_commit(world: World, objects: dict[str, Any], names: dict[str, str], folder: Path) -> None:
+    """`objects`' sharded checkpoint of step 5 in `folder`, every rank's shards and rank file,
+    committed by rank 0 (its manifest listing them all)."""
+    import torch.distributed.checkpoint as dcp
+
+    from mpjob_trainer.checkpoint.shards import state_dicts
+
+    dcp.save(state_dicts(objects, names), checkpoint_id=str(folder))
+    torch.save({"step": 5}, folder / rank_file(world.rank))
+    dist.barrier()
+    if world.is_main:
+        files = hash_files(folder, [p for p in folder.rglob("*") if p.is_file()])
+        write_manifest(folder, Manifest(5, "fp32", "d", 2, files, "ns/j/u1", layout=DCP, world_size=world.size))
+    dist.barrier()
+
+
+def _fsdp_pair(world: World, make: Any) -> dict[str, Any]:
+    """A GPT of one block sharded over the ranks, and the optimizer `make` builds, one step taken."""
+    task = gpt(1)
+    net = wrap(task, world, "fp32")
+    optimizer = make(net.parameters())
+    x, y = batch(task, world.rank, 0)
+    task.loss(net(x), y).backward()
+    optimizer.step()
+    return {"model": net, "optimizer": optimizer}
+
+
+def case_optimizer_switched(world: World) -> dict[str, Any]:
+    """A sharded checkpoint of an FSDP run on SGD, resumed by the same model on AdamW: each rank
+    says how the resume ended, and whether its weights are still its own."""
+    from mpjob_trainer.checkpoint import resume
+    from mpjob_trainer.checkpoint.shards import LISTED, SHARDS, restore_shards
+
+    root, names = Path(sys.argv[4]) / "ckpt", {"module": "model", "optimizer": "optimizer"}
+    sgd = _fsdp_pair(world, lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    _sharded_commit(world, sgd, names, root / folder_name(5))
+    run = _fsdp_pair(world, lambda params: torch.optim.AdamW(params, lr=0.1))
+    before = [p.to_local().clone() for p in run["model"].parameters()]
+    store = CheckpointStore(root, keep=5, config_digest="d", job="ns/j/u1")
+    try:
+        resume.load(store, restore=lambda found: restore_shards(Path(found[1][SHARDS]), run, names, found[1][LISTED]))
+        outcome = {"error": None, "message": ""}
+    except Exception as exc:
+        outcome = {"error": type(exc).__name__, "message": str(exc)}
+    after = [p.to_local() for p in run["model"].parameters()]
+    return {**outcome, "unchanged": all(torch.equal(a, b) for a, b in zip(before, after, strict=True))}
+
+
 def main() -> None:
     case, rank, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     torch.set_num_threads(1)

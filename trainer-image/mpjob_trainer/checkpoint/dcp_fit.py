@@ -17,6 +17,7 @@ from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 from mpjob_trainer.checkpoint.optimizer_state import (
     PARAMETER_SHAPED,
     SHAPE_KEEPING,
+    check_configuration,
     grouping_problem,
     own_shape_problem,
     regrouping,
@@ -31,25 +32,42 @@ if TYPE_CHECKING:
 def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, str], optimizer: Any = None) -> None:
     """Before DCP loads anything into `target` (the live state dicts of the pair `names`), what the
     checkpoint's index says is checked by checkpoint.optimizer_state's rules: the optimizer's states
-    agree with the module's own entries, and every non-tensor value of `target`'s it lists (an
+    agree with the module's own entries, its groups with the parameters it lists and with this
+    run's `optimizer` (the live one: its configuration, `check_configuration`, a ConfigError in the
+    single-file checkpoint's words), and every non-tensor value of `target`'s it lists (an
     optimizer's settings: lr, betas, ...) reads as a value of the kind this run holds there.
     CorruptCheckpoint, saying why, when not: the checkpoint's fault, passed over for the one before
     it, where a value read raw would fail the first step of every attempt. The shapes are held
-    only for the states `optimizer` (the live one) keeps in its parameter's shape (PARAMETER_SHAPED,
-    of SHAPE_KEEPING's kinds): another library's may keep a state of that name in another shape."""
+    only for the states `optimizer` keeps in its parameter's shape (PARAMETER_SHAPED, of
+    SHAPE_KEEPING's kinds): another library's may keep a state of that name in another shape."""
     where, metadata = shards.folder.name, shards.index()
+    values = {
+        index.fqn: plain_value(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
+        for index, info in listed_values(metadata)
+    }
     if "optimizer" in names:
         if isinstance(optimizer, SHAPE_KEEPING):
             _check_own_entries(metadata, names["module"], names["optimizer"], where)
-        _check_groups(shards, metadata, target, names, where)
+        groups = _groups(values, names["optimizer"])
+        _check_groups(metadata, groups, target, names, where)
+        check_configuration(optimizer, [groups[index] for index in sorted(groups)], names["optimizer"], where)
     planner = DefaultLoadPlanner()  # its flattened state dict: the keys DCP reads into
     planner.set_up_planner(target, metadata)
     live = planner.state_dict
-    for index, info in listed_values(metadata):
-        if index.fqn in live:
-            value = plain_value(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
-            if (problem := setting_problem(index.fqn.rpartition(".")[2], live[index.fqn], value)) is not None:
-                raise CorruptCheckpoint(f"{where}: its {index.fqn} is {problem}")
+    for fqn, value in values.items():
+        if fqn in live and (problem := setting_problem(fqn.rpartition(".")[2], live[fqn], value)) is not None:
+            raise CorruptCheckpoint(f"{where}: its {fqn} is {problem}")
+
+
+def _groups(values: dict[str, Any], optimizer: str) -> dict[int, dict[str, Any]]:
+    """The param groups of `optimizer` among the index's non-tensor `values` (by full name), by
+    number: each its settings and `params`, as DCP lists them (`<optimizer>.param_groups.<n>.<key>`)."""
+    listed = re.compile(rf"{re.escape(optimizer)}\.param_groups\.([0-9]{{1,9}})\.([^.]+)")
+    groups: dict[int, dict[str, Any]] = {}
+    for fqn, value in values.items():
+        if found := listed.fullmatch(fqn):
+            groups.setdefault(int(found[1]), {})[found[2]] = value
+    return groups
 
 
 def _check_own_entries(metadata: dcp_metadata.Metadata, module: str, optimizer: str, where: str) -> None:
@@ -69,19 +87,18 @@ def _check_own_entries(metadata: dcp_metadata.Metadata, module: str, optimizer: 
 
 
 def _check_groups(
-    shards: CheckedShards, metadata: dcp_metadata.Metadata, target: dict[str, Any], names: dict[str, str], where: str
+    metadata: dcp_metadata.Metadata,
+    groups: dict[int, dict[str, Any]],
+    target: dict[str, Any],
+    names: dict[str, str],
+    where: str,
 ) -> None:
-    """The index's optimizer groups name its own parameters (`grouping_problem`, else
+    """The index's optimizer `groups` name its own parameters (`grouping_problem`, else
     CorruptCheckpoint) and group them as this run's optimizer in `target` does (`regrouping`, else a
     ConfigError): DCP would read this run's count of groups, and torch take each one's settings for
     the parameters it names, a parameter it does not name left without lr or betas."""
     module, optimizer, entries = names["module"], names["optimizer"], metadata.state_dict_metadata
-    listed = re.compile(rf"{re.escape(optimizer)}\.param_groups\.([0-9]{{1,9}})\.params")
-    read = {
-        int(found[1]): plain_value(f"{where}: {index.fqn}", shards.read(info.relative_path, info.offset, info.length))
-        for index, info in listed_values(metadata)
-        if (found := listed.fullmatch(index.fqn))
-    }
+    read = {index: group["params"] for index, group in groups.items() if "params" in group}
     own = {fqn.removeprefix(f"{module}.") for fqn in entries if fqn.startswith(f"{module}.")}
     held = (fqn.removeprefix(f"{optimizer}.state.") for fqn in entries if fqn.startswith(f"{optimizer}.state."))
     if (problem := grouping_problem(read, own, {fqn.rpartition(".")[0] for fqn in held})) is not None:

@@ -86,12 +86,7 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
             continue
         if (malformed := optimizer_state_problem(saved)) is not None:
             raise CorruptCheckpoint(f"{problem}: its {name!r} is no optimizer state: {malformed}")
-        if (other := other_configuration(optimizer.param_groups, saved["param_groups"])) is not None:
-            raise ConfigError(
-                f"{problem}: its {name!r} {other}: it was written by another optimizer configuration than this "
-                f"run's {type(optimizer).__name__} (the optimizer or its settings changed); build the optimizer as "
-                "that run did, or start afresh in a new checkpoint folder"
-            )
+        check_configuration(optimizer, saved["param_groups"], name, problem)
         if (wrong := settings_problem(optimizer.param_groups, saved["param_groups"])) is not None:
             raise CorruptCheckpoint(f"{problem}: its {name!r} {wrong}")
         live = [param for group in optimizer.param_groups for param in group["params"]]
@@ -103,6 +98,18 @@ def check_current(state: dict[str, Any], objects: dict[str, Any], problem: str) 
         for param, saved_id in zip(live, ids, strict=True):
             if (per_param := saved["state"].get(saved_id)) is not None:
                 check_shapes(shaped_states(optimizer, per_param), param, own, name, problem)
+
+
+def check_configuration(optimizer: torch.optim.Optimizer, read: list[Any], name: str, problem: str) -> None:
+    """A ConfigError when the param groups `read` from a checkpoint (a single file's or DCP's
+    index's, as `name`'s) are another optimizer configuration's than this run's `optimizer`
+    (`other_configuration`). `problem`: which checkpoint it is, as messages start."""
+    if (other := other_configuration(optimizer.param_groups, read)) is not None:
+        raise ConfigError(
+            f"{problem}: its {name!r} {other}: it was written by another optimizer configuration than this "
+            f"run's {type(optimizer).__name__} (the optimizer or its settings changed); build the optimizer as "
+            "that run did, or start afresh in a new checkpoint folder"
+        )
 
 
 def other_configuration(live: list[dict[str, Any]], read: list[Any]) -> str | None:
