@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
@@ -55,8 +56,33 @@ def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, st
     planner.set_up_planner(target, metadata)
     live = planner.state_dict
     for fqn, value in values.items():
-        if fqn in live and (problem := setting_problem(fqn.rpartition(".")[2], live[fqn], value)) is not None:
+        if fqn in live and (problem := _value_problem(fqn, live[fqn], value)) is not None:
             raise CorruptCheckpoint(f"{where}: its {fqn} is {problem}")
+
+
+def _value_problem(fqn: str, live: Any, read: Any) -> str | None:
+    """Why the index's plain value `read` cannot take the place of this run's `live` one under
+    `fqn`: `setting_problem`'s rule, and a tensor, which DCP writes as a tensor entry, never as a
+    plain value (one read so would be loaded unchecked: a weight of another shape, another rank's
+    whole state where this rank holds its shard)."""
+    if isinstance(live, torch.Tensor) and isinstance(read, torch.Tensor):
+        return f"a tensor {tuple(read.shape)} written as a plain value, as DCP never writes one"
+    return setting_problem(fqn.rpartition(".")[2], live, read)
+
+
+def check_loadable(target: dict[str, Any], names: dict[str, str]) -> None:
+    """A ConfigError when torch's set_state_dict cannot load this run's optimizer, whatever the
+    checkpoint (more than one of its param groups without parameters: torch takes the checkpoint's
+    group by the parameters it names), told before anything loads."""
+    if "optimizer" not in names:
+        return
+    empty = [index for index, group in enumerate(target[names["optimizer"]]["param_groups"]) if not group["params"]]
+    if len(empty) > 1:
+        raise ConfigError(
+            f"this run's {names['optimizer']} has {len(empty)} parameter groups without parameters (groups "
+            f"{', '.join(map(str, empty[:5]))}); a sharded checkpoint loads into an optimizer with at most one: "
+            "drop the empty groups"
+        )
 
 
 def _groups(values: dict[str, Any], optimizer: str) -> dict[int, dict[str, Any]]:

@@ -147,10 +147,9 @@ def restore_shards(
         held = ", ".join(missing)
         raise ConfigError(f"the sharded checkpoint {folder.name} holds {held}, which resume() did not name")
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     from mpjob_trainer.checkpoint.checked import VolumeFiles
-    from mpjob_trainer.checkpoint.dcp_fit import check_fit
+    from mpjob_trainer.checkpoint.dcp_fit import check_fit, check_loadable
     from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
@@ -158,6 +157,7 @@ def restore_shards(
     shards = checked if checked is not None else CheckedShards(VolumeFiles(folder), read_manifest(folder).files)
     try:
         optimizer = objects[names["optimizer"]] if "optimizer" in names else None
+        check_loadable(target, names)  # the run's setup: a ConfigError before anything loads
         check_fit(shards, target, names, optimizer)  # CorruptCheckpoint before anything loads: the checkpoint's fault
         dcp.load(
             target,
@@ -169,10 +169,24 @@ def restore_shards(
         raise _not_read(folder, names, exc) from None
     finally:
         shards.close()
+    _set(folder, objects, names, target)
+
+
+def _set(folder: Path, objects: dict[str, Any], names: dict[str, str], target: dict[str, Any]) -> None:
+    """Hand the state dicts DCP read (`target`) to the objects (torch's set_state_dict). What the
+    run's setup alone makes fail, and what the index says, were checked before DCP read anything
+    (checkpoint.dcp_fit): what still fails here is the shards' fault, read into the objects in part
+    already (PartlyLoaded: every rank passes the checkpoint over, checkpoint.resume)."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
     model: nn.Module = objects[names["module"]]
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
     optim_sd = target[names["optimizer"]] if optimizers else {}
-    set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
+    try:
+        set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {str(exc)[:300]}"
+        raise PartlyLoaded(f"{folder.name}: its shards, read, do not load into this run's objects ({why})") from None
 
 
 def _not_read(folder: Path, names: dict[str, str], exc: Any) -> Exception:
