@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mpjob.localrun import leftover
+from mpjob.localrun import leftover, rerun
 from mpjob.localrun.paths import Paths, Unreadable, held_by_a_run, read_report, recorded_job
 from mpjob.planning import history
 from mpjob.summary import summary_lines
@@ -39,6 +39,8 @@ def is_folder_argument(text: str, *, cluster: bool) -> bool:
 def ending_lines(name: str, status: MixedPrecisionJobStatus, report: Path, plot: Path | None) -> list[str]:
     """What `mpjob run` prints at its end: the job's summary, where its report is and its plot."""
     lines = summary_lines(name, status)
+    if (fix := rerun.fix_line(status)) is not None:
+        lines.append(fix)
     lines.append(f"  report: {report}")
     if plot is not None:
         lines.append(f"  plot:   {plot}")

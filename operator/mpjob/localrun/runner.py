@@ -20,7 +20,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpjob.localrun import leftover, stops
+from mpjob.localrun import leftover, rerun, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir, working_dir_gone
 from mpjob.localrun.paths import Paths
@@ -110,8 +110,10 @@ class LocalRun:
     def _resume_or_start(self) -> StartAttempt | None:
         """The first attempt, or the one that follows what an earlier `mpjob run` of --out left;
         none under runPolicy.suspend, as the operator starts none."""
+        reopened = False
         if self.record.take_over():
-            if self.status.phase in FINISHED:  # left as it ended: this rerun runs nothing
+            reopened = rerun.reopens(self.status)  # ended on a configuration error: fixed, it goes on
+            if self.status.phase in FINISHED and not reopened:  # left as it ended: this rerun runs nothing
                 self.view.info(stops.ended_line(self.paths.report, self.status, self.spec.training.steps))
                 return None
             self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
@@ -127,11 +129,15 @@ class LocalRun:
         if not self.status.attempts:
             lc.begin(plan, self.spec, first_attempt(self.spec, LOCAL_CAPABILITY), when)
             return plan.create[0]
-        lc.resume(plan, self.spec, when, outlive=True)  # its checkpoints: a folder on disk
+        if reopened:
+            rerun.reopen(plan, self.spec, when)
+        else:
+            lc.resume(plan, self.spec, when, outlive=True)  # its checkpoints: a folder on disk
         self.record.account()
         if not plan.create:
             return None
-        self.view.info(stops.resume_line(self.name, self.paths.root, self.status.last_checkpoint))
+        said = rerun.rerun_line if reopened else stops.resume_line
+        self.view.info(said(self.name, self.paths.root, self.status.last_checkpoint))
         return plan.create[0]
 
     def _stopped(self, outcome: AttemptOutcome) -> str | None:
