@@ -129,13 +129,17 @@ class Module(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def _lightning(launch: AttemptLaunch, own: bool, accumulate: int) -> Module:
+def _lightning(
+    launch: AttemptLaunch, own: bool, accumulate: int, module: Module | None = None, batch: int = 4
+) -> Module:
+    """Fit `module` (a new one: None) under the Lightning adapter on a DataLoader of `batch` samples
+    a batch, the Trainer's accumulation `accumulate` given to trainer_settings or set after it (`own`)."""
     from mpjob_trainer import session as mpjob
     from mpjob_trainer.adapters import lightning as mpjob_lightning
 
     run = mpjob.start(launch=launch)
-    module = Module()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(512, 4), torch.randn(512)), 4)
+    module = module or Module()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(512, 4), torch.randn(512)), batch)
     try:
         settings = mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False)
         if own:  # the script set it on the Trainer after trainer_settings
@@ -161,3 +165,23 @@ def test_lightnings_accumulation_is_the_attempts(
     module = _lightning(_launch(tmp_path / "b", monkeypatch, microBatch=4, gradAccumulation=2), own, 1)
     assert module.steps_at == [step for step in range(30) for _ in range(2)]
     assert "accumulate_grad_batches=1 -> 2" in capfd.readouterr().err
+
+
+def test_a_lightning_batch_larger_than_the_attempts_micro_batch_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's 8 x 1 split 4 x 2 by the operator, the script's DataLoader still of 8: a
+    ConfigError naming both and how to build the loader, before its first batch trains (before:
+    nothing checked it, and every step trained 16 samples while the report said 8)."""
+    module = Module()
+    with pytest.raises(ConfigError) as refused:
+        _lightning(_launch(tmp_path / "a", monkeypatch, microBatch=4, gradAccumulation=2), False, 1, module, batch=8)
+    assert str(refused.value) == (
+        "the DataLoader gave a batch of 8 samples, more than the attempt's micro-batch 4 (spec.training.batchSize "
+        "is 8; this attempt's split trains 4): the operator halves it after a fallback into fp32 or an "
+        "out-of-memory, and the adapter cannot reach your loader; build it with "
+        "DataLoader(..., batch_size=run.spec.training.batch_size)"
+    )
+    assert module.steps_at == []
+    unsplit = _lightning(_launch(tmp_path / "b", monkeypatch), False, 1, batch=8)  # the job's own 8 x 1 trains
+    assert unsplit.steps_at == list(range(30))

@@ -14,7 +14,8 @@ also around an fp8 attempt's float8 linears (adapters.mixed), `"32-true"`; fp16 
 settings hold and fp16 also runs on a CPU, where `precision="16-mixed"` silently becomes
 bf16), max_steps, devices from the launcher's environment, the spec's clip norm, the attempt's
 accumulation (a script's own must be the job's or the attempt's: adapters.spec_settings), no
-checkpointing of its own, and MpjobCallback. `fit` resumes through
+checkpointing of its own, and MpjobCallback (adapters.lightning_callback: it also holds the
+DataLoader's batches to the attempt's micro-batch). `fit` resumes through
 `Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights, optimizers, LR
 schedulers, the scaler, loops (global step) and callbacks, as Lightning saved them.
 
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,17 +49,14 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities.data import extract_batch_size
 
-from mpjob_trainer.adapters.lightning_step import register
+from mpjob_trainer.adapters.lightning_callback import MpjobCallback
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_weights
-from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.adapters.spec_settings import attempt_shape
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
-from mpjob_trainer.session.framework import FrameworkRun
 from mpjob_trainer.session.outcomes import RolledBack
 
 CHECKPOINT = LIGHTNING_CHECKPOINT
@@ -97,65 +95,6 @@ class SessionAutocast(MixedPrecision):
     def forward_context(self) -> Iterator[None]:
         with self.run.autocast():
             yield
-
-
-class MpjobCallback(L.Callback):
-    """Closes each optimizer step in the session: guard, progress, checkpoint decision, SIGTERM.
-    Losses stay on the device (no sync per step); steps are Lightning's global steps."""
-
-    def __init__(self, run: Session) -> None:
-        self.run = run
-        self.bridge = FrameworkRun(run)
-        self._loss: torch.Tensor | None = None
-        self._samples = 0
-        self._lr: float | None = None
-        self._step = 0
-        self._registered = False
-        self.recorded = RecordedSteps(steps_to_keep(run.spec))
-        self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
-        self.quarantined = TakenBack(self.bridge, lambda: list(self.optimizers))
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.bridge.reclaim_sigterm()  # Lightning would stop at its next batch, without a checkpoint
-        for optimizer in trainer.optimizers:
-            self.bridge.watch(optimizer)
-        self.optimizers = list(trainer.optimizers)
-        self._step = trainer.global_step
-        self._registered = False
-        self._loss, self._samples, self._lr = None, 0, None  # a re-entry after a rollback: the left step is gone
-        self.recorded.clear()
-        self.bridge.checkpoint_start()
-
-    def on_train_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        self.recorded.add(trainer.global_step, batch)
-        if not self._registered:  # the step runs on recorded batches: now there is one
-            self._registered = True
-            register(self.run, trainer, pl_module, self.recorded)
-
-    def on_before_optimizer_step(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
-    ) -> None:
-        if optimizer is trainer.optimizers[0]:  # the step's: a step-interval schedule steps before the batch end
-            self._lr = optimizer.param_groups[0]["lr"]
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if isinstance(loss, torch.Tensor) and not self.quarantined.skips(self._step):  # a quarantined step's is 0
-            loss = loss.detach().float()
-            self._loss = loss if self._loss is None else self._loss + loss
-        self._samples += extract_batch_size(batch)
-        if trainer.global_step == self._step:
-            return  # accumulating gradients: no optimizer step yet
-        self._step = trainer.global_step
-        lr, self._lr = self._lr, None
-        loss, mine, self._loss, self._samples = self._loss, self._samples, None, 0  # mine: weigh its loss
-        self.quarantined.take_back()  # before the session may checkpoint this step
-        samples = mine * self.run.world.size
-        self.bridge.end_step(trainer.global_step, loss=loss, samples=samples, lr=lr, loss_samples=mine or None)
 
 
 def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""Lightning's training as the session sees it: `MpjobCallback` closes each optimizer step in the
+session (guard, progress, checkpoint decision, SIGTERM) and checks each micro-batch the script's
+DataLoader feeds against the attempt's (`checked_batch`).
+
+The micro-batch is the DataLoader's, built by the script: the adapter cannot hand it the
+attempt's split (the operator halves `spec.training.batchSize` after a fallback into fp32 or an
+out-of-memory, doubling the accumulation, which `trainer_settings` does set). A batch larger
+than the attempt's micro-batch would train more samples per step than the job, its report and
+its checkpoints say, and run out of memory again where the split was made to avoid it: a
+ConfigError, before anything trains on it. A smaller one passes (an epoch's last batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.data import extract_batch_size
+
+from mpjob_trainer.adapters.lightning_step import register
+from mpjob_trainer.adapters.quarantined import TakenBack
+from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
+from mpjob_trainer.adapters.spec_settings import spec_name
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session import Session
+from mpjob_trainer.session.framework import FrameworkRun
+
+
+def checked_batch(run: Session, size: int) -> int:
+    """`size`, the samples of a micro-batch the script's DataLoader gave this process, when it is
+    no more than the attempt's micro-batch (`run.spec.training.batch_size`); a ConfigError naming
+    both and how to build the loader when it is more."""
+    attempt, job = run.spec.training.batch_size, run.launch.spec.training.batch_size
+    if size <= attempt:
+        return size
+    split = f"; this attempt's split trains {attempt}" if attempt != job else ""
+    raise ConfigError(
+        f"the DataLoader gave a batch of {size} samples, more than the attempt's micro-batch {attempt} "
+        f"({spec_name('batch_size')} is {job}{split}): the operator halves it after a fallback into fp32 "
+        "or an out-of-memory, and the adapter cannot reach your loader; build it with "
+        "DataLoader(..., batch_size=run.spec.training.batch_size)"
+    )
+
+
+class MpjobCallback(L.Callback):
+    """Closes each optimizer step in the session: guard, progress, checkpoint decision, SIGTERM.
+    Losses stay on the device (no sync per step); steps are Lightning's global steps."""
+
+    def __init__(self, run: Session) -> None:
+        self.run = run
+        self.bridge = FrameworkRun(run)
+        self._loss: torch.Tensor | None = None
+        self._samples = 0
+        self._size = 0  # the samples of the micro-batch in training
+        self._lr: float | None = None
+        self._step = 0
+        self._registered = False
+        self.recorded = RecordedSteps(steps_to_keep(run.spec))
+        self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
+        self.quarantined = TakenBack(self.bridge, lambda: list(self.optimizers))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.bridge.reclaim_sigterm()  # Lightning would stop at its next batch, without a checkpoint
+        for optimizer in trainer.optimizers:
+            self.bridge.watch(optimizer)
+        self.optimizers = list(trainer.optimizers)
+        self._step = trainer.global_step
+        self._registered = False
+        self._loss, self._samples, self._lr = None, 0, None  # a re-entry after a rollback: the left step is gone
+        self.recorded.clear()
+        self.bridge.checkpoint_start()
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._size = checked_batch(self.run, extract_batch_size(batch))  # before anything trains on it
+        self.recorded.add(trainer.global_step, batch)
+        if not self._registered:  # the step runs on recorded batches: now there is one
+            self._registered = True
+            register(self.run, trainer, pl_module, self.recorded)
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if optimizer is trainer.optimizers[0]:  # the step's: a step-interval schedule steps before the batch end
+            self._lr = optimizer.param_groups[0]["lr"]
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor) and not self.quarantined.skips(self._step):  # a quarantined step's is 0
+            loss = loss.detach().float()
+            self._loss = loss if self._loss is None else self._loss + loss
+        self._samples += self._size
+        if trainer.global_step == self._step:
+            return  # accumulating gradients: no optimizer step yet
+        self._step = trainer.global_step
+        lr, self._lr = self._lr, None
+        loss, mine, self._loss, self._samples = self._loss, self._samples, None, 0  # mine: weigh its loss
+        self.quarantined.take_back()  # before the session may checkpoint this step
+        samples = mine * self.run.world.size
+        self.bridge.end_step(trainer.global_step, loss=loss, samples=samples, lr=lr, loss_samples=mine or None)
