@@ -108,6 +108,38 @@ def test_a_hf_trainers_own_learning_rate_trains_and_is_told(
     assert "TrainingArguments(learning_rate=5e-05) are not the spec's (spec.training.learningRate=0.01)" in told
 
 
+def test_the_learning_rate_note_is_said_once_a_run_and_not_for_training_arguments_overrides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The note came at every attempt (each retry and fallback's log said it again), and also for
+    `training_arguments(learning_rate=...)`, the documented override. Now the first attempt says it
+    for the script's own TrainingArguments only; the override and the transformers default train."""
+    _, args = _hf(_launch(tmp_path / "a", monkeypatch), learning_rate=3e-4, warmup_steps=2)
+    assert (args.learning_rate, args.warmup_steps) == (3e-4, 2)
+    assert "are not the spec's" not in capfd.readouterr().err
+    _, args = _hf(_launch(tmp_path / "b", monkeypatch, attempt=1), own={"per_device_train_batch_size": 8})
+    assert args.learning_rate == 5e-5
+    assert "are not the spec's" not in capfd.readouterr().err
+    _, args = _hf(_launch(tmp_path / "c", monkeypatch), learning_rate=3e-4)
+    args.learning_rate = 1e-3  # changed after training_arguments built them: the script's own again
+    told = _told_after(args, tmp_path / "d", monkeypatch, capfd)
+    assert "TrainingArguments(learning_rate=0.001) are not the spec's (spec.training.learningRate=0.01)" in told
+
+
+def _told_after(args: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> str:
+    """What the first attempt tells of the TrainingArguments `args`."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters.hf_arguments import tell_unlike_spec
+
+    capfd.readouterr()
+    run = mpjob.start(launch=_launch(tmp_path, monkeypatch))
+    try:
+        tell_unlike_spec(run, args)
+    finally:
+        run.close()
+    return capfd.readouterr().err
+
+
 def test_training_arguments_refuse_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """num_train_epochs would be ignored for the spec's max_steps: refused, naming spec.training.steps."""
     with pytest.raises(ConfigError, match=r"num_train_epochs=\.\.\.\): set by the attempt .*spec.training.steps"):

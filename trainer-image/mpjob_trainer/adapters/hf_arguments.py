@@ -7,11 +7,14 @@ the spec's learning rate, weight decay, warm-up and clip norm as defaults the sc
 `train` checks a Trainer built from the script's own `TrainingArguments` by the same rules and
 tells the script on stderr where its learning rate, weight decay, warm-up or clip norm are not
 the spec's (transformers' defaults, learning_rate 5e-5, unless the script set them): they train.
+It says so once a run, in its first attempt's rank 0 (a retry or fallback would repeat it), and
+not for what the script gave `training_arguments`: the documented override.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,16 @@ OPTIMIZER = {
     "warmup_steps": "warmup_steps",
     "max_grad_norm": "grad_clip_norm",
 }
+
+#: The optimizer settings of each TrainingArguments `training_arguments` built, by the arguments'
+#: id while they live: the spec's or the script's override, which `tell_unlike_spec` leaves untold.
+_BUILT: dict[int, dict[str, Any]] = {}
+
+
+def _remember(args: TrainingArguments) -> TrainingArguments:
+    _BUILT[id(args)] = {k: getattr(args, k) for k in OPTIMIZER}
+    weakref.finalize(args, _BUILT.pop, id(args), None)
+    return args
 
 
 def attempt_arguments(run: Session) -> dict[str, Any]:
@@ -74,7 +87,7 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
         "dataloader_pin_memory": run.device.type == "cuda",
     }
     try:
-        return TrainingArguments(**{**defaults, **kwargs, **shape, **owned})
+        return _remember(TrainingArguments(**{**defaults, **kwargs, **shape, **owned}))
     except ValueError as refused:  # the script's arguments, as transformers checks them: not worth a retry
         raise ConfigError(f"training_arguments(...): TrainingArguments refused them: {refused}") from refused
 
@@ -112,9 +125,12 @@ def follow_attempt_shape(run: Session, trainer: Trainer) -> None:
 
 def tell_unlike_spec(run: Session, args: TrainingArguments) -> None:
     """Tell the script (stderr, its worker log) where its learning rate, weight decay, warm-up or clip
-    norm are not the spec's: the Trainer trains with its arguments' own."""
-    tr = run.spec.training
-    unlike = {k: (getattr(args, k), getattr(tr, f)) for k, f in OPTIMIZER.items()}
+    norm are not the spec's: the Trainer trains with its arguments' own. Once a run (its first
+    attempt, rank 0), and not for the values the script gave `training_arguments`."""
+    if run.launch.attempt != 0 or run.world.rank != 0:
+        return
+    tr, given = run.spec.training, _BUILT.get(id(args), {})
+    unlike = {k: (getattr(args, k), getattr(tr, f)) for k, f in OPTIMIZER.items() if given.get(k) != getattr(args, k)}
     unlike = {k: (mine, spec) for k, (mine, spec) in unlike.items() if float(mine or 0) != float(spec or 0)}
     if unlike:
         mine = ", ".join(f"{k}={v[0]!r}" for k, v in unlike.items())
