@@ -216,13 +216,14 @@ def test_a_setting_of_another_kind_is_the_checkpoints_fault_before_anything_load
 
 
 def test_settings_a_run_may_have_changed_still_load(tmp_path: Path) -> None:
-    """A whole-number lr, a flag set where this run leaves it None, a one-value tensor for a number."""
+    """A whole-number lr, a flag set where this run leaves it None, a one-value tensor for a number;
+    the flag, how the step runs, stays the run's (checkpoint.optimizer_settings.RUN_FLAGS)."""
     changed = {"lr": 1, "foreach": False, "eps": torch.tensor(2.0**-20), "betas": (0.8, 0.99)}
     state = _with_settings(CheckpointStore(tmp_path, keep=5, config_digest="d"), 5, **changed)
     run = _run(make=_adamw)
     run.restore(state, "fp32", None)
     group = run.optimizers()[0].param_groups[0]
-    assert (group["lr"], group["foreach"], float(group["eps"]), group["betas"]) == (1, False, 2.0**-20, (0.8, 0.99))
+    assert (group["lr"], group["foreach"], float(group["eps"]), group["betas"]) == (1, None, 2.0**-20, (0.8, 0.99))
 
 
 def _sgd_wrote(store: CheckpointStore) -> dict[str, Any]:

@@ -124,11 +124,12 @@ def test_a_setting_of_another_kind_is_passed_over_before_anything_loads(
 
 
 def test_settings_a_run_may_have_changed_still_load(tmp_path: Path) -> None:
-    """A whole-number lr, a flag set where this run leaves it None: values of the same kind."""
+    """A whole-number lr, a flag set where this run leaves it None: values of the same kind; the flag,
+    how the step runs, stays the run's (checkpoint.optimizer_settings.RUN_FLAGS)."""
     folder = commit(CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1"), 10, lr=1, foreach=False)
     run = objects(0)
     restore_shards(folder, run, NAMES)
-    assert run["optimizer"].param_groups[0]["lr"] == 1 and run["optimizer"].param_groups[0]["foreach"] is False
+    assert run["optimizer"].param_groups[0]["lr"] == 1 and run["optimizer"].param_groups[0]["foreach"] is None
     assert all(torch.equal(v, weights_of(objects(10))[k]) for k, v in weights_of(run).items())
 
 

@@ -7,6 +7,8 @@
   optimizer: a ConfigError, as every older checkpoint of the run was written so too;
 - a value of the right kind no optimizer runs with (`bound_problem`): a learning rate or eps that
   is NaN, infinite or negative, betas outside [0, 1). The checkpoint's fault: CorruptCheckpoint.
+The implementation flags (RUN_FLAGS) say how this process runs the step, not the training state:
+the run's own are kept, whatever the checkpoint's group holds (`with_run_flags`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import torch
 #: Settings whose values are held to bounds: a number from 0 up (finite), each beta in [0, 1).
 NON_NEGATIVE = frozenset({"lr", "eps"})
 BETAS = "betas"
+#: torch's implementation flags: how a process runs an optimizer's step (on which device, by which
+#: kernels), never what it trains. A checkpoint written on a GPU with capturable=True, taken whole
+#: by torch's load on the CPU, fails the first step (capturable wants CUDA) of every attempt.
+RUN_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 
 
 def _number(value: Any) -> float | None:
@@ -64,3 +70,34 @@ def bound_problem(key: str, value: Any) -> str | None:
             shown = ", ".join(repr(n) for n in numbers)
             return f"({shown}), where each beta from 0 up to below 1 is allowed"
     return None
+
+
+def with_run_flags(read: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """The param group `read` from a checkpoint with the RUN_FLAGS of this run's group `live` (one
+    the run's group lacks dropped: torch's load gives it its default). Loaded so, torch places the
+    state (capturable's step on the parameter's device) for the step this process runs."""
+    settings = {key: value for key, value in read.items() if key not in RUN_FLAGS}
+    return {**settings, **{key: live[key] for key in RUN_FLAGS if key in live}}
+
+
+def kept_run_flags(saved: Any, live: list[dict[str, Any]]) -> Any:
+    """A single file's optimizer state `saved` with each param group's RUN_FLAGS those of this run's
+    group at its place (`live`: torch's load pairs them by place); as read when it holds no list
+    of as many groups (torch's load, or the checks before it, name that)."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(live):
+        return saved
+    kept = [
+        with_run_flags(read, ours) if isinstance(read, dict) else read for read, ours in zip(groups, live, strict=True)
+    ]
+    return {**saved, "param_groups": kept}
+
+
+def kept_run_flags_by_name(read: list[dict[str, Any]], live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """DCP's param groups `read` (their params named) with the RUN_FLAGS of this run's group of the
+    same parameters among `live` (set_state_dict pairs them by name: checkpoint.dcp_fit checked
+    that they group them alike)."""
+    ours = {tuple(sorted(group["params"])): group for group in live}
+    return [
+        with_run_flags(group, ours[key]) if (key := tuple(sorted(group["params"]))) in ours else group for group in read
+    ]

@@ -154,6 +154,7 @@ def restore_shards(
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
     target = state_dicts(objects, names)
+    groups = [dict(group) for group in target[names["optimizer"]]["param_groups"]] if "optimizer" in names else []
     shards = checked if checked is not None else CheckedShards(VolumeFiles(folder), read_manifest(folder).files)
     try:
         optimizer = objects[names["optimizer"]] if "optimizer" in names else None
@@ -169,19 +170,27 @@ def restore_shards(
         raise _not_read(folder, names, exc) from None
     finally:
         shards.close()
-    _set(folder, objects, names, target)
+    _set(folder, objects, names, target, groups)
 
 
-def _set(folder: Path, objects: dict[str, Any], names: dict[str, str], target: dict[str, Any]) -> None:
-    """Hand the state dicts DCP read (`target`) to the objects (torch's set_state_dict). What the
-    run's setup alone makes fail, and what the index says, were checked before DCP read anything
-    (checkpoint.dcp_fit): what still fails here is the shards' fault, read into the objects in part
-    already (PartlyLoaded: every rank passes the checkpoint over, checkpoint.resume)."""
+def _set(
+    folder: Path, objects: dict[str, Any], names: dict[str, str], target: dict[str, Any], groups: list[dict[str, Any]]
+) -> None:
+    """Hand the state dicts DCP read (`target`) to the objects (torch's set_state_dict), the
+    optimizer's groups with the implementation flags of this run's (`groups`, as they were before
+    DCP read: checkpoint.optimizer_settings.RUN_FLAGS). What the run's setup alone makes fail, and
+    what the index says, were checked before DCP read anything (checkpoint.dcp_fit): what still
+    fails here is the shards' fault, read into the objects in part already (PartlyLoaded: every
+    rank passes the checkpoint over, checkpoint.resume)."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags_by_name
 
     model: nn.Module = objects[names["module"]]
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
     optim_sd = target[names["optimizer"]] if optimizers else {}
+    if optimizers:
+        optim_sd = {**optim_sd, "param_groups": kept_run_flags_by_name(optim_sd["param_groups"], groups)}
     try:
         set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
     except Exception as exc:

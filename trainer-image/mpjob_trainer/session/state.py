@@ -29,6 +29,7 @@ import torch
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
+from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags
 from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
@@ -210,12 +211,15 @@ class TrainingState:
                 f"the checkpoint of step {state.get('step')} holds no state for {', '.join(missing)} "
                 f"(it holds {', '.join(held) or 'nothing else'}): resume() must name what the run that wrote it named"
             )
+        optimizers = {name for name, obj in self.objects.items() if isinstance(obj, torch.optim.Optimizer)}
         for name, obj in self.objects.items():
             if state[name] is None and isinstance(folder, str):
                 continue  # read from the shards above
             defaults = hyperparameters(obj)  # as built: loading may add newer flags to its defaults
             try:
-                obj.load_state_dict(state[name])
+                obj.load_state_dict(
+                    kept_run_flags(state[name], obj.param_groups) if name in optimizers else state[name]
+                )
                 check_fits(obj, defaults)
             except Exception as exc:
                 if not mismatch(exc):
