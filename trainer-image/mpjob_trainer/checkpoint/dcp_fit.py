@@ -14,6 +14,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from mpjob_trainer.checkpoint.dcp_reader import listed_values, plain_value
+from mpjob_trainer.checkpoint.dtypes import check_dtype
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 from mpjob_trainer.checkpoint.optimizer_state import (
     PARAMETER_SHAPED,
@@ -37,6 +38,7 @@ def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, st
     run's `optimizer` (the live one: its configuration, `check_configuration`, a ConfigError in the
     single-file checkpoint's words), and every non-tensor value of `target`'s it lists (an
     optimizer's settings: lr, betas, ...) reads as a value of the kind this run holds there.
+    Each tensor it lists is of the dtype of this run's (checkpoint.dtypes: a ConfigError).
     CorruptCheckpoint, saying why, when not: the checkpoint's fault, passed over for the one before
     it, where a value read raw would fail the first step of every attempt. The shapes are held
     only for the states `optimizer` keeps in its parameter's shape (PARAMETER_SHAPED, of
@@ -55,6 +57,9 @@ def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, st
     planner = DefaultLoadPlanner()  # its flattened state dict: the keys DCP reads into
     planner.set_up_planner(target, metadata)
     live = planner.state_dict
+    for fqn, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, dcp_metadata.TensorStorageMetadata) and isinstance(live.get(fqn), torch.Tensor):
+            check_dtype(where, fqn, entry.properties.dtype, live[fqn].dtype)  # checkpoint.dtypes' rule
     for fqn, value in values.items():
         if fqn in live and (problem := _value_problem(fqn, live[fqn], value)) is not None:
             raise CorruptCheckpoint(f"{where}: its {fqn} is {problem}")

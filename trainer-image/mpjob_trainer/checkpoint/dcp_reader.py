@@ -100,13 +100,18 @@ def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata
     if not isinstance(metadata.state_dict_metadata, dict) or any(
         map(_bad_entry, metadata.state_dict_metadata.values())
     ):
-        raise CorruptCheckpoint(f"{where}: an entry is neither a value nor a tensor of non-negative sizes")
+        raise CorruptCheckpoint(f"{where}: an entry is neither a value nor a tensor of non-negative sizes and a dtype")
     return metadata
 
 
 def _bad_entry(entry: Any) -> bool:
     if isinstance(entry, dcp_metadata.TensorStorageMetadata):
-        return not isinstance(entry.size, torch.Size) or any(n < 0 for n in entry.size)
+        dtype = getattr(getattr(entry, "properties", None), "dtype", None)
+        return (
+            not isinstance(entry.size, torch.Size)
+            or any(n < 0 for n in entry.size)
+            or not isinstance(dtype, torch.dtype)
+        )
     return not isinstance(entry, dcp_metadata.BytesStorageMetadata)
 
 
@@ -167,6 +172,7 @@ class CheckedReader(FileSystemReader):
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        entries = self.shards.index().state_dict_metadata  # the dtype each tensor was written in
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
@@ -177,22 +183,27 @@ class CheckedReader(FileSystemReader):
                 if item.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(item, io.BytesIO(raw))
                 else:
-                    _load_tensor(item, raw, planner)
+                    _load_tensor(item, raw, planner, entries[item.storage_index.fqn])
             self.shards.drop(name)  # loaded: its copy's memory goes before the next file's
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
 
-def _load_tensor(item: ReadItem, raw: bytes, planner: LoadPlanner) -> None:
+def _load_tensor(item: ReadItem, raw: bytes, planner: LoadPlanner, entry: Any) -> None:
     """Copy the slice `item` reads of the tensor saved in `raw` into the planner's target, as
-    DCP's FileSystemReader does."""
+    DCP's FileSystemReader does; CorruptCheckpoint when that tensor is of another dtype than its
+    index's `entry` says (checkpoint.dtypes: copy_ would cast it) or of another size."""
     tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    fqn = item.storage_index.fqn
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != entry.properties.dtype:
+        held = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise CorruptCheckpoint(f"{fqn}: its shard holds {held} where its index says {entry.properties.dtype}")
     for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
         tensor = tensor.narrow(dim, offset, length)
     target = planner.resolve_tensor(item).detach()
     if target.size() != tensor.size():
-        raise CorruptCheckpoint(f"{item.storage_index.fqn}: {tuple(tensor.size())} read, {tuple(target.size())} held")
+        raise CorruptCheckpoint(f"{fqn}: {tuple(tensor.size())} read, {tuple(target.size())} held")
     target.copy_(tensor)
     planner.commit_tensor(item, target)
 

@@ -31,6 +31,7 @@ from typing import Any, TypeGuard
 import torch
 from torch import nn
 
+from mpjob_trainer.checkpoint.dtypes import check_dtype
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 from mpjob_trainer.checkpoint.optimizer_settings import bound_problem, foreign_setting
 from mpjob_trainer.errors import ConfigError
@@ -213,7 +214,7 @@ def check_shapes(
     """A state kept in its parameter's shape (`shaped_states`) of a shape none of the checkpoint's
     own weights has (`own`, their shapes; none known: not compared) is the checkpoint's fault
     (CorruptCheckpoint: it disagrees with itself); one of another shape than this run's `param`
-    is the model changed (ConfigError)."""
+    is the model changed (ConfigError), as one of another dtype (checkpoint.dtypes)."""
     for key, value in shaped.items():
         if own and value.shape not in own:
             mine = ", ".join(str(tuple(shape)) for shape in sorted(own))
@@ -227,6 +228,7 @@ def check_shapes(
                 f"has {tuple(param.shape)}; the model changed since it was written (its parameters, or the order "
                 "they are registered in): start afresh in a new checkpoint folder"
             )
+        check_dtype(problem, f"{name!r} state {key!r}", value.dtype, param.dtype)  # checkpoint.dtypes' rule
 
 
 def own_shape_problem(key: str, shape: tuple[int, ...], own: tuple[int, ...] | None) -> str | None:

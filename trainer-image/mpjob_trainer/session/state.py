@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
+from mpjob_trainer.checkpoint.dtypes import check_module_dtypes
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags
 from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
@@ -177,11 +178,13 @@ class TrainingState:
         """`state` in the current format, what it holds under a module's or an optimizer's name a
         dict (`state_kind_problem`, else CorruptCheckpoint), its optimizer states checked before
         anything loads (`upgrade`, by checkpoint.optimizer_state's rule: CorruptCheckpoint when one disagrees with
-        itself, a ConfigError when it does not fit this run's objects), with its own fields usable
+        itself, a ConfigError when it does not fit this run's objects), its modules' tensors of their
+        dtypes (checkpoint.dtypes: else a ConfigError), with its own fields usable
         (else CorruptCheckpoint)."""
         if (problem := state_kind_problem(state, self.objects)) is not None:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
         state = upgrade(state, self.objects)
+        check_module_dtypes(state, self.objects, f"the checkpoint of step {state.get('step')}")
         problem = own_fields_problem(state, self.own)
         if problem is not None:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
