@@ -24,6 +24,7 @@ from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
 from mpjob_trainer.checkpoint.manifest import PartlyLoaded, hash_files
 from mpjob_trainer.checkpoint.shards import INDEX, rank_file, restore_shards
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.state import TrainingState
 from tests.unit.trainer.test_hostile_dcp_files import _recompute_manifest
 from tests.unit.trainer.test_sharded_optimizer_faults import NAMES, resumed
 
@@ -156,3 +157,40 @@ def test_shards_a_module_refuses_once_read_are_passed_over_as_loaded_in_part(tmp
         restore_shards(newest, run, NAMES)
     loaded, log = resumed(tmp_path, built(0))
     assert loaded is not None and loaded[0].step == 10 and "format version 3" in log[0]["problem"], log
+
+
+class Misread(Versioned):
+    """A layer whose set_extra_state has a bug: it reads a key its own get_extra_state never writes."""
+
+    def set_extra_state(self, state: Any) -> None:
+        self.version = state["verison"]
+
+
+def test_a_module_that_cannot_take_back_its_own_extra_state_is_the_scripts_error(tmp_path: Path) -> None:
+    """Before: set_state_dict's KeyError made every checkpoint PartlyLoaded, all passed over, and
+    the attempt ended ResumedApart; now a ConfigError names the layer, before anything loads."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d1", job="ns/j/u1")
+    commit(store, 10)
+    newest = commit(store, 20)
+    run = built(0)
+    run["model"][0].__class__ = Misread
+    before = weights_of(run)
+    said = r"this run's model.0 \(Misread\) cannot take back its own extra state: its set_extra_state raised KeyError"
+    with pytest.raises(ConfigError, match=said):
+        restore_shards(newest, run, NAMES)
+    assert all(torch.equal(v, before[k]) for k, v in weights_of(run).items()), "nothing loaded"
+    with pytest.raises(ConfigError, match=said):
+        resumed(tmp_path, run)
+
+
+def test_a_single_file_restore_holds_the_same_rule(tmp_path: Path) -> None:
+    """Before: torch's load raised the KeyError after the weights before it were loaded."""
+    store = CheckpointStore(tmp_path, keep=5, config_digest="d")
+    state = TrainingState(built(5)).capture(5, 5, "fp32", None)
+    _, read = store.verify(Path(store.write(5, "fp32", state).ref.path))
+    run = built(0)
+    run["model"][0].__class__ = Misread
+    before = weights_of(run)
+    with pytest.raises(ConfigError, match=r"this run's model.0 \(Misread\) cannot take back its own extra state"):
+        TrainingState(run).restore(read, "fp32", None)
+    assert all(torch.equal(v, before[k]) for k, v in weights_of(run).items()), "nothing loaded"

@@ -149,7 +149,7 @@ def restore_shards(
     import torch.distributed.checkpoint as dcp
 
     from mpjob_trainer.checkpoint.checked import VolumeFiles
-    from mpjob_trainer.checkpoint.dcp_fit import check_fit, check_loadable
+    from mpjob_trainer.checkpoint.dcp_fit import check_extra_states, check_fit, check_loadable
     from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
@@ -159,6 +159,7 @@ def restore_shards(
     try:
         optimizer = objects[names["optimizer"]] if "optimizer" in names else None
         check_loadable(target, names)  # the run's setup: a ConfigError before anything loads
+        check_extra_states(objects[names["module"]], names["module"])  # the script's own code, likewise
         check_fit(shards, target, names, optimizer)  # CorruptCheckpoint before anything loads: the checkpoint's fault
         dcp.load(
             target,

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
+from mpjob_trainer.checkpoint.dcp_fit import check_extra_states
 from mpjob_trainer.checkpoint.dtypes import check_module_dtypes
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags
@@ -185,6 +186,9 @@ class TrainingState:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
         state = upgrade(state, self.objects)
         check_module_dtypes(state, self.objects, f"the checkpoint of step {state.get('step')}")
+        for name, module in self.objects.items():  # the script's own code: a ConfigError, whatever the checkpoint
+            if isinstance(module, torch.nn.Module):
+                check_extra_states(module, name)
         problem = own_fields_problem(state, self.own)
         if problem is not None:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
