@@ -35,7 +35,7 @@ from mpjob.controller.profiles import ProfileRequests
 from mpjob.controller.progress import ProgressReader, changes_found, observed_in
 from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
-from mpjob.controller.ticker import Standing, standing
+from mpjob.controller.ticker import Standing, at_rest, standing
 from mpjob.controller.workqueue import Backoff, Retry
 from mpjob.planning import status as st
 from mpjob.planning.backoff import RetryBackoff
@@ -81,8 +81,8 @@ class Reconciler:
         #: status, and the first reconcile writes it, so the GET could show nothing newer
         #: that matters (a spec edit in between comes as its own event and reconcile).
         self.unseen: dict[Key, dict[str, Any]] = {}
-        #: Finished jobs whose children are all gone: the ticker leaves them alone (a change to
-        #: one still queues its reconcile, which takes it out again if it has work).
+        #: Jobs at rest (finished or suspended, their children all gone): the ticker leaves them
+        #: alone (a change to one still queues its reconcile, which takes it out again if it has work).
         self.settled: set[Key] = set()
 
     def handle(self, key: Key, tick: bool) -> float | None:
@@ -164,7 +164,7 @@ class Reconciler:
             self.profiles.reconcile(body, spec, plan.status, seen)
             if plan.status.phase in FINISHED:
                 self.progress.forget((namespace, name))
-            self._settle((namespace, name), plan, seen)
+            self._settle((namespace, name), plan, seen, spec)
             return plan
 
     def _act(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, seen: Observed) -> Plan:
@@ -183,9 +183,12 @@ class Reconciler:
         self._tell(body, [event for started in begun for event in started.events])
         return plan
 
-    def _settle(self, key: Key, plan: Plan, seen: Observed) -> None:
-        """A finished job none of whose children is left (none seen, none deleted now) is settled."""
-        if plan.status.phase in FINISHED and not (plan.delete or seen.jobs or seen.lingering):
+    def _settle(self, key: Key, plan: Plan, seen: Observed, spec: MixedPrecisionJobSpec) -> None:
+        """A job at rest (`ticker.at_rest`: finished or suspended, none of its children left,
+        none deleted now) is settled: the ticker no longer reads it every tick."""
+        children = bool(plan.delete or seen.jobs or seen.lingering or seen.orphans)
+        suspend, again = bool(spec.run_policy.suspend), plan.requeue_after
+        if at_rest(plan.status.phase, suspend=suspend, children=children, requeue_after=again):
             self.settled.add(key)
         else:
             self.settled.discard(key)

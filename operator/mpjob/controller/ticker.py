@@ -1,8 +1,9 @@
 """The ticker: every unfinished job (and every finished one whose TTL has yet to delete its
 children) is queued for a reconcile once per tick interval, with its live progress read. It is
 the safety net under the event-driven reconciles, never their replacement: ticks wait in the
-work queue's second lane, behind every change. A finished job whose children are gone is
-settled (the reconciler says so): no tick does any work on it after that.
+work queue's second lane, behind every change. A job at rest (`at_rest`: finished, or suspended
+as its spec asks, with none of its children left) is settled (the reconciler says so): no tick
+does any work on it after that; a change to it (an edit of its spec) queues its reconcile.
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ def publish_phases(phases: Mapping[str, Standing]) -> None:
     troubled = Counter(trouble for s in standings for trouble in s.troubles)
     for trouble in TROUBLES:
         om.JOBS_IN_TROUBLE.labels(condition=trouble).set(troubled.get(trouble, 0))
+
+
+def at_rest(phase: str | None, *, suspend: bool, children: bool, requeue_after: float | None) -> bool:
+    """Whether a job waits on nothing but a change to it (`phase`: its status's after the
+    reconcile; `suspend`: its spec's runPolicy.suspend; `children`: any of its Jobs or pods left
+    or deleted now; `requeue_after`: a wait its plan asked for): finished, or suspended as its
+    spec asks with no wait of its own. Nothing time-driven is left to such a job."""
+    if children:
+        return False
+    return phase in FINISHED or (phase == "Suspended" and suspend and requeue_after is None)
 
 
 def due(index: Mapping[Key, Any], settled: Collection[Key]) -> list[Key]:

@@ -1,10 +1,11 @@
-"""The ticker leaves settled jobs alone: a finished job whose children are gone costs no tick."""
+"""The ticker leaves settled jobs alone: a job at rest (finished, or suspended as asked) whose
+children are gone costs no tick."""
 
 from __future__ import annotations
 
 import pytest
 
-from mpjob.controller.ticker import due, has_work
+from mpjob.controller.ticker import at_rest, due, has_work
 
 pytestmark = pytest.mark.unit
 
@@ -19,3 +20,22 @@ def test_finished_jobs_whose_children_are_gone_are_not_ticked() -> None:
     }
     assert due(index, settled=set()) == [("ns", "running"), ("ns", "ttl-done"), ("ns", "ttl-pending")]
     assert due(index, settled={("ns", "ttl-done")}) == [("ns", "running"), ("ns", "ttl-pending")]
+
+
+@pytest.mark.parametrize(
+    ("phase", "suspend", "children", "requeue_after", "rests"),
+    [
+        ("Suspended", True, False, None, True),  # suspended as asked, nothing left: only an edit wakes it
+        ("Succeeded", False, False, None, True),
+        ("Suspended", True, True, None, False),  # its pods still stop: their events and ticks follow them
+        ("Suspended", False, False, None, False),  # asked to resume: it has work
+        ("Suspended", True, False, 3.0, False),  # a wait of its own
+        ("Pending", False, False, None, False),  # may start any moment (capacity, backoff)
+        ("Running", False, False, None, False),  # its progress is read every tick
+        (None, True, False, None, False),
+    ],
+)
+def test_a_job_at_rest_is_finished_or_suspended_as_asked_with_nothing_left(
+    phase: str | None, suspend: bool, children: bool, requeue_after: float | None, rests: bool
+) -> None:
+    assert at_rest(phase, suspend=suspend, children=children, requeue_after=requeue_after) is rests
