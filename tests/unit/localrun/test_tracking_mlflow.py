@@ -1,6 +1,7 @@
 """spec.tracking.mlflow against a real MLflow tracking server: a job that falls back once
 (fp16 overflow -> bf16) is one MLflow run with the params, the loss-scale series and both
-attempts as nested runs, read back through MLflow's own client."""
+attempts as nested runs, read back through MLflow's own client; the same whether the fallback
+is made in place (one trainer process) or by a restart."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.unit
 ARGS = {"nLayer": 1, "nHead": 2, "nEmbd": 32, "blockSize": 32, "corpusBytes": 20000, "overflowAtStep": 15}
 
 
-def job(uri: str) -> dict:
+def job(uri: str, *, in_place: bool) -> dict:
     return {
         "apiVersion": "mpjob.dev/v1alpha1",
         "kind": "MixedPrecisionJob",
@@ -25,10 +26,15 @@ def job(uri: str) -> dict:
         "spec": {
             "task": {"builtin": "gpt", "args": ARGS},
             "training": {"steps": 40, "batchSize": 4, "logEvery": 5},
-            "precision": {"mode": "fp16", "fallback": ["bf16", "fp32"], "lossScale": {"init": 1024}},
+            "precision": {
+                "mode": "fp16",
+                "fallback": ["bf16", "fp32"],
+                "lossScale": {"init": 1024},
+                "inPlace": in_place,
+            },
             "checkpoint": {"everySteps": 10},
             "resources": {"gpusPerWorker": 0},
-            "tracking": {"mlflow": {"uri": uri, "experiment": "ladder"}},
+            "tracking": {"mlflow": {"uri": uri, "experiment": "in-place" if in_place else "restart"}},
         },
     }
 
@@ -43,17 +49,24 @@ def test_a_fallback_job_is_one_mlflow_run_with_both_attempts(tmp_path: Path, mon
     for name, value in PATIENT.items():
         monkeypatch.setenv(name, value)
     with mlflow_server(tmp_path / "mlflow") as uri:
-        events, report, _ = mpjob_run_json(tmp_path / "run", job(uri), timeout=600)
-        check_tracked(uri, events, report)
+        events, report, out = mpjob_run_json(tmp_path / "in-place", job(uri, in_place=True), timeout=600)
+        assert report["attempts"][1]["inPlace"] is True  # the fallback went on in the same process
+        assert sorted(p.name for p in (out / "attempts").iterdir()) == ["a0"]
+        in_place = check_tracked(uri, "in-place", events, report)
+        events, report, _ = mpjob_run_json(tmp_path / "restart", job(uri, in_place=False), timeout=600)
+        assert report["attempts"][1].get("inPlace") is None
+        assert check_tracked(uri, "restart", events, report) == in_place  # tracked alike, however it recovered
 
 
-def check_tracked(uri: str, events: list[dict], report: dict) -> None:
+def check_tracked(uri: str, name: str, events: list[dict], report: dict) -> dict:
+    """Check the job's MLflow runs; what a restart and a change in place must log alike."""
     client = tracking_client(uri)
-    experiment = client.get_experiment_by_name("ladder")
+    experiment = client.get_experiment_by_name(name)
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
     attempts = [(a["precision"], a["reason"]) for a in report["attempts"]]
     assert attempts == [("fp16", "NumericFault"), ("bf16", "Succeeded")]
+    assert not [r.data.tags for r in runs if r.info.status == "RUNNING"]  # every run ended
     jobs = [r for r in runs if r.data.tags.get("mpjob.level") == "job"]
     assert len(jobs) == 1, [r.data.tags for r in runs]
     parent = jobs[0]
@@ -86,7 +99,20 @@ def check_tracked(uri: str, events: list[dict], report: dict) -> None:
     assert timeline == scale
     losses = client_history(uri, second.info.run_id, "loss")
     assert losses and losses[-1][0] == 40
+    # Each attempt's own steps; the job's timeline holds both, in the order they ran.
+    restarted, faulted = report["attempts"][1]["startStep"], report["attempts"][0]["endStep"]
+    first_steps = [s for s, _ in client_history(uri, first.info.run_id, "loss")]
+    second_steps = [s for s, _ in losses]
+    assert first_steps[-1] <= faulted and restarted < second_steps[0] <= faulted
+    assert [s for s, _ in client_history(uri, parent.info.run_id, "loss")] == first_steps + second_steps
     assert not any(e.get("event") == "error" for e in events)
+    tags = ("mpjob.attempt", "mpjob.precision", "mpjob.ending", "mpjob.fallbackReason")
+    return {
+        "job": (parent.info.status, {k: v for k, v in parent.data.tags.items() if k.startswith("mpjob.fallback")}),
+        "attempts": [(r.info.status, [r.data.tags.get(t) for t in tags]) for r in children],
+        "loss": [first_steps, second_steps],
+        "loss_scale": [s for s, _ in scale],
+    }
 
 
 def client_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:

@@ -63,7 +63,7 @@ def assemble(
     store = open_store(launch, config_digest=config_digest(launch), log=log, metrics=metrics)
     progress = Progress(metrics, log, world, device)
     wrapper = sharding.Wrapper(world, device, spec=spec, requested=launch.precision, log=log)
-    context = AttemptContext(numerics, world, log, metrics, tracked=spec.tracking is not None)
+    context = AttemptContext(numerics, world, log, metrics)
     cadence = Cadence(spec, launch.repromote_after_steps)
     targets = launch.in_place_to if spec.precision.in_place else []
     promote = launch.promote_in_place_to if spec.precision.in_place else None

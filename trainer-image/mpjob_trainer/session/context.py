@@ -18,5 +18,3 @@ class AttemptContext:
     world: World
     log: EventLog
     metrics: TrainerMetrics
-    #: The attempt is tracked in MLflow (spec.tracking): its runs follow the processes.
-    tracked: bool = False

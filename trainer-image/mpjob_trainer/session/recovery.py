@@ -155,8 +155,6 @@ class Recovery:
             return "a framework's loop re-enters from its checkpoint"
         if state.sharded is not None and not self.loop_reenters:
             return "a sharded model is wrapped for one precision, and the loop does not re-enter to wrap it anew"
-        if self.context.tracked:
-            return "experiment tracking keeps one run per process of an attempt"
         return None
 
     def judge(

@@ -8,6 +8,13 @@ installed) is logged on stderr (the first, then every 100th) and counted in
 `mpjob_trainer_tracking_failures_total`; it is never raised. At the end of the attempt
 `close` waits a bounded time (MPJOB_TRACKING_CLOSE_SECONDS, 30 s) for what is left, sent in
 one batch, and the runs' ends.
+
+A change made in place (a fallback, a re-promotion, a smaller micro-batch: session.inplace)
+ends one attempt and begins the next in the same processes: its `precisionChanged` line ends
+the attempt's run as the restart's exit would have ended it and opens the next attempt's, so a
+job tracks alike however it recovers. Every update carries the attempt it was written in and
+the change is kept beside the queue, never on it: a full queue drops updates, never a change,
+so no attempt's records land in another attempt's run.
 """
 
 from __future__ import annotations
@@ -23,7 +30,17 @@ from mpjob_contract.codes import reason_for_exit_code
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.tracking import IMAGE_ENV
 from mpjob_trainer.metrics import TrainerMetrics
-from mpjob_trainer.tracking.records import TAG_ENDING, Update, attempt_tags, job_key, job_params, run_status, update_for
+from mpjob_trainer.tracking.records import (
+    TAG_ENDING,
+    Change,
+    Update,
+    attempt_tags,
+    change_for,
+    job_key,
+    job_params,
+    run_status,
+    update_for,
+)
 
 __all__ = ["RunTracker", "track"]
 
@@ -36,10 +53,10 @@ REOPEN_SECONDS = 30.0
 
 
 class _End:
-    """The last item: end the attempt's run with this exit code."""
+    """The last item: end the run of `attempt` (the one the processes trained last) with this exit code."""
 
-    def __init__(self, code: int) -> None:
-        self.code = code
+    def __init__(self, code: int, attempt: int) -> None:
+        self.code, self.attempt = code, attempt
 
 
 class RunTracker:
@@ -51,6 +68,12 @@ class RunTracker:
         self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
         self.failed = 0
         self.job_done = False
+        #: The attempt the processes train now (the training thread's), and the changes made in
+        #: place by the attempt each began: written before any update of that attempt is queued.
+        self.attempt = launch.attempt
+        self.changes: dict[int, Change] = {}
+        #: The attempt whose run the tracking thread sends to (the tracking thread's).
+        self.sending = launch.attempt
         self.closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mpjob-tracking", daemon=True)
         self._thread.start()
@@ -61,8 +84,13 @@ class RunTracker:
         try:
             if event == "done":
                 self.job_done = record.get("step") == self.launch.spec.training.steps
-            update = update_for(event, record, attempt=self.launch.attempt)
+            if event == "precisionChanged":
+                change = change_for(record)
+                self.changes[change.attempt], self.attempt = change, change.attempt
+                return
+            update = update_for(event, record, attempt=self.attempt)
             if update is not None:
+                update.attempt = self.attempt
                 self.queue.put_nowait(update)
         except queue.Full:
             self.metrics.tracking_dropped.inc()
@@ -74,7 +102,7 @@ class RunTracker:
         self.closing.set()  # the tracking thread now takes all that is queued in one batch
         deadline = time.monotonic() + float(os.environ.get(CLOSE_SECONDS_ENV, "30"))
         try:
-            self.queue.put(_End(code), timeout=max(0.1, deadline - time.monotonic()))
+            self.queue.put(_End(code, self.attempt), timeout=max(0.1, deadline - time.monotonic()))
         except queue.Full:
             self.metrics.tracking_dropped.inc()
             return
@@ -88,13 +116,35 @@ class RunTracker:
             batch = [first, *self._more(None if self.closing.is_set() else BATCH_UPDATES)]
             ended = next((b for b in batch if isinstance(b, _End)), None)
             if runs is None and time.monotonic() - opened_at > REOPEN_SECONDS:
+                self.sending = first.attempt  # the attempt whose records come first
                 runs, opened_at = self._open(), time.monotonic()
-            updates = [b for b in batch if isinstance(b, Update)]
-            if runs is not None and updates:
-                self._send(runs, updates)
+            self._deliver(runs, batch)
             if ended is not None:
                 self._end(runs, ended.code)
                 return
+
+    def _deliver(self, runs: Any, batch: list[Update | _End]) -> None:
+        """The batch's updates in order, each to its attempt's run: where the attempt changed in
+        place, the updates before go to the run that ends, the ones after to the next attempt's."""
+        pending: list[Update] = []
+        for item in batch:
+            if item.attempt != self.sending:
+                self._send(runs, pending)
+                pending = []
+                self._advance(runs, item.attempt)
+            if isinstance(item, Update):
+                pending.append(item)
+        self._send(runs, pending)
+
+    def _advance(self, runs: Any, attempt: int) -> None:
+        """End the runs of the attempts changed in place up to `attempt`, and open its run."""
+        begun = sorted(index for index in list(self.changes) if self.sending < index <= attempt)
+        self.sending = attempt
+        for index in begun if runs is not None else []:
+            try:
+                runs.change(self.changes[index], job_name=self.launch.job_name)
+            except Exception as exc:
+                self._failed(exc)
 
     def _more(self, limit: int | None) -> list[Update | _End]:
         """What else waits on the queue (at most `limit` items), up to the end marker."""
@@ -116,14 +166,17 @@ class RunTracker:
         try:
             runs = MlflowRuns(uri=settings.uri, experiment=settings.experiment, key=job_key(self.launch))
             params = job_params(self.launch, digest=self.digest, image=os.environ.get(IMAGE_ENV, ""))
-            tags = attempt_tags(self.launch)
-            runs.open(job_name=self.launch.job_name, attempt=self.launch.attempt, params=params, tags=tags)
+            change = self.changes.get(self.sending)
+            tags = change.tags if change is not None else attempt_tags(self.launch)
+            runs.open(job_name=self.launch.job_name, attempt=self.sending, params=params, tags=tags)
             return runs
         except Exception as exc:
             self._failed(exc)
             return None
 
     def _send(self, runs: Any, updates: list[Update]) -> None:
+        if runs is None or not updates:
+            return
         merged = Update()
         for update in updates:
             merged.metrics += update.metrics

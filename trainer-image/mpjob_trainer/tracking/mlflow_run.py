@@ -22,6 +22,7 @@ from mpjob_trainer.tracking.records import (
     TAG_JOB_KEY,
     TAG_LEVEL,
     TAG_PARENT,
+    Change,
     Point,
 )
 
@@ -72,7 +73,11 @@ class MlflowRuns:
             self.client.update_run(found, status="RUNNING")
             self._end_unreported(found, attempt)
         self.job_run = found
-        mine = f"tags.`{TAG_PARENT}` = '{found}' and tags.`{TAG_ATTEMPT}` = '{attempt}'"
+        self.begin(job_name=job_name, attempt=attempt, tags=tags)
+
+    def begin(self, *, job_name: str, attempt: int, tags: dict[str, str]) -> None:
+        """Find (an attempt started again) or make the attempt's run, nested in the job's."""
+        mine = f"tags.`{TAG_PARENT}` = '{self.job_run}' and tags.`{TAG_ATTEMPT}` = '{attempt}'"
         again = self._find(mine)
         if again is None:
             run = self.client.create_run(
@@ -82,7 +87,7 @@ class MlflowRuns:
                     **tags,
                     TAG_ATTEMPT: str(attempt),
                     TAG_LEVEL: "attempt",
-                    TAG_PARENT: found,
+                    TAG_PARENT: self.job_run,
                     TAG_JOB_KEY: self.key,
                 },
             )
@@ -90,6 +95,18 @@ class MlflowRuns:
         else:
             self.client.update_run(again, status="RUNNING")
         self.attempt_run = again
+
+    def change(self, change: Change, *, job_name: str) -> None:
+        """A change made in place: the attempt's run ends as its restart would have ended it (at
+        the change), the job's run, still RUNNING, takes its tags, and the next attempt's opens."""
+        if self.attempt_run:
+            for name, value in change.ending_tags.items():
+                self.client.set_tag(self.attempt_run, name, value)
+            self.client.set_terminated(self.attempt_run, status=change.status, end_time=change.at_ms)
+        for name, value in change.job_tags.items():
+            self.client.set_tag(self.job_run, name, value)
+        self.attempt_run = ""  # a failure below leaves no run to end twice
+        self.begin(job_name=job_name, attempt=change.attempt, tags=change.tags)
 
     def log(self, points: list[Point], *, attempt_tags: dict[str, str], job_tags: dict[str, str]) -> None:
         """Metrics to both runs (the attempt's series and the job's timeline), tags to each."""

@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpjob_contract.codes import ExitCode
+from mpjob_contract.codes import ExitCode, reason_for_exit_code
 from mpjob_contract.launch import AttemptLaunch
 
 #: Tag names (MLflow's own parent tag nests an attempt's run under the job's).
@@ -56,6 +56,32 @@ class Update:
     metrics: list[Point] = field(default_factory=list)
     attempt_tags: dict[str, str] = field(default_factory=dict)
     job_tags: dict[str, str] = field(default_factory=dict)
+    #: The attempt the processes trained when the event was written (its run takes the records).
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class Change:
+    """Attempt `attempt - 1` ended and attempt `attempt` began in the same processes (a change
+    made in place: a `precisionChanged` line). The ending attempt's run ends as the restart's
+    exit would have ended it (`status`, `ending_tags`), the job's run takes `job_tags`, and the
+    next attempt's run opens with the tags a restarted attempt's launch gives it (`tags`)."""
+
+    attempt: int
+    status: str
+    ending_tags: dict[str, str]
+    job_tags: dict[str, str]
+    tags: dict[str, str]
+    #: When the next attempt began (Unix milliseconds): the ending attempt's run ends there.
+    at_ms: int
+
+
+#: The exit a restart would have ended the attempt with, by the kind of change made in place.
+CHANGE_EXITS = {
+    "fallback": ExitCode.NUMERIC_FAULT,
+    "repromote": ExitCode.REPROMOTE,
+    "microBatch": ExitCode.OUT_OF_DEVICE_MEMORY,
+}
 
 
 def job_key(launch: AttemptLaunch) -> str:
@@ -101,6 +127,35 @@ def attempt_tags(launch: AttemptLaunch) -> dict[str, str]:
     return {TAG_ATTEMPT: str(launch.attempt), TAG_PRECISION: launch.precision}
 
 
+def fallback_reason(rule: object, message: str, step: object) -> str:
+    """The `mpjob.fallbackReason` of an attempt a numeric fault ended: the guard's rule, its
+    message and the step."""
+    return f"{rule}: {message} (step {step})"[:MAX_PARAM_CHARS]
+
+
+def change_for(record: dict[str, Any]) -> Change:
+    """What a `precisionChanged` line tells the tracking server: the ending of the attempt it
+    ends, as that attempt's restart would have told it (its exit's reason and status and, for a
+    fallback, the `fault` line's reason), and the tags of the attempt it begins."""
+    code = CHANGE_EXITS[str(record.get("kind", "fallback"))]
+    attempt, rule, step = int(record["attempt"]), str(record.get("rule", "")), record.get("step")
+    ending = {TAG_ENDING: str(reason_for_exit_code(code))}
+    job_tags: dict[str, str] = {}
+    if code == ExitCode.NUMERIC_FAULT:  # its message is worded as the restart's report words it: "rule: ..."
+        why = fallback_reason(rule, str(record.get("message", "")).removeprefix(f"{rule}: "), step)
+        ending[TAG_FALLBACK_REASON] = job_tags[f"mpjob.fallback.attempt{attempt - 1}"] = why
+    began = record.get("at")
+    began = began if isinstance(began, int | float) else record.get("time", 0)
+    return Change(
+        attempt=attempt,
+        status=run_status(code),
+        ending_tags=ending,
+        job_tags=job_tags,
+        tags={TAG_ATTEMPT: str(attempt), TAG_PRECISION: str(record["toPrecision"])},
+        at_ms=int(float(began) * 1000),
+    )
+
+
 def _points(record: dict[str, Any], names: dict[str, str], *, step: int, prefix: str = "") -> list[Point]:
     stamp = int(float(record.get("time", 0)) * 1000)
     points = []
@@ -126,7 +181,7 @@ def update_for(event: str, record: dict[str, Any], *, attempt: int) -> Update | 
         share = {"low_precision_kernel_share": "lowPrecisionKernelShare"}
         return Update(metrics=_points(record, share, step=step))
     if event == "fault":
-        why = f"{record.get('rule', '')}: {record.get('message', '')} (step {step})"[:MAX_PARAM_CHARS]
+        why = fallback_reason(record.get("rule", ""), str(record.get("message", "")), step)
         return Update(attempt_tags={TAG_FALLBACK_REASON: why}, job_tags={f"mpjob.fallback.attempt{attempt}": why})
     if event == "precisionMeasured" and isinstance(record.get("precision"), str):
         return Update(attempt_tags={TAG_PRECISION: record["precision"]})
