@@ -1,4 +1,5 @@
-"""The trainer's event lines as models, one per event (the schema of `mpjob_contract.events`).
+"""The trainer's event lines as models, one per event (the schema of `mpjob_contract.events`);
+those of what runs beside training (tracking, profiles) are in `mpjob_contract.side_events`.
 
 camelCase on the wire, stable: a field an event does not have is refused by the writer and
 ignored by the reader (`events.format_line`, `events.parse_line`).
@@ -198,18 +199,6 @@ class Eval(TrainerEvent):
     loss_fp32: float | None = Field(None, alias="lossFp32")
     delta: float | None = None
     seconds: float
-
-
-class Profile(TrainerEvent):
-    """A profile taken on demand (the mpjob.dev/profile-steps annotation), written out."""
-
-    name = "profile"
-    id: int
-    step: int
-    steps: int
-    path: str
-    trace_bytes: int = Field(alias="traceBytes")
-    low_precision_kernel_share: float | None = Field(None, alias="lowPrecisionKernelShare")
 
 
 class Fault(TrainerEvent):

@@ -4,11 +4,12 @@
 The trainer (the builtin loop and every script on the SDK) writes one object per line on
 stdout, flushed, with an "event" key, a "time" (Unix seconds) and, on ranks other than 0, a
 "rank". Only rank 0 writes step and checkpoint lines; every rank writes errors. The models
-(`event_models.py`, re-exported here) are the schema (camelCase on the wire, stable): the
-writer refuses a field an event does not have, so a misspelt field fails in the trainer's tests
-instead of vanishing from the view; the reader (`parse_line`) ignores fields and events it does
-not know, so a newer trainer still talks to an older `mpjob run`. JSON has no inf/nan:
-non-finite floats travel as the strings "inf", "-inf" and "nan" and are read back as floats.
+(`event_models.py`, `side_events.py`, re-exported here) are the schema (camelCase on the wire,
+stable): the writer refuses a field an event does not have, so a misspelt field fails in the
+trainer's tests instead of vanishing from the view; the reader (`parse_line`) ignores fields
+and events it does not know, so a newer trainer still talks to an older `mpjob run`. JSON has
+no inf/nan: non-finite floats travel as the strings "inf", "-inf" and "nan" and are read back
+as floats.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from mpjob_contract.event_models import (
     PrecisionChanged,
     PrecisionMeasured,
     Preempted,
-    Profile,
     ReplayDone,
     ReplaySkipped,
     Repromote,
@@ -53,6 +53,7 @@ from mpjob_contract.event_models import (
     TrainerEvent,
     Wrap,
 )
+from mpjob_contract.side_events import Profile, TrackingFailed
 
 __all__ = [
     "EVENTS",
@@ -86,6 +87,7 @@ __all__ = [
     "Resume",
     "Start",
     "Step",
+    "TrackingFailed",
     "TrainerEvent",
     "Wrap",
     "format_line",
@@ -117,6 +119,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         CheckpointCandidatesCapped,
         Eval,
         Profile,
+        TrackingFailed,
         Fault,
         ReplayDone,
         ReplaySkipped,

@@ -73,6 +73,8 @@ def noted(event: events.TrainerEvent) -> str | None:
         return f"checkpoint of step {event.step} not written ({event.failures} failed so far): {event.error}"
     if isinstance(event, events.CheckpointHousekeepingFailed):  # written all the same; the next save tries again
         return f"checkpoint of step {event.step} written, but {event.problem} (the next save tries again)"
+    if isinstance(event, events.TrackingFailed):  # training goes on; the worker's log has every failure
+        return f"experiment tracking failed: {event.error} (training goes on; rank 0's worker0.log has every failure)"
     if isinstance(event, events.PrecisionMeasured):
         return f"auto measured {reported.step_times(event.step_seconds)} per step: training in {event.chosen}"
     return None

@@ -76,3 +76,16 @@ def test_a_save_whose_housekeeping_failed_is_said_written_with_what_was_left() -
         "checkpoint of step 30 written, but older checkpoints not pruned: "
         "EndpointConnectionError: Could not connect (the next save tries again)"
     )
+
+
+def test_a_tracking_failure_gets_a_line_that_says_training_goes_on() -> None:
+    line = events.parse_line(
+        '{"event": "trackingFailed", "time": 1.0, "error": "MlflowException: API request to'
+        ' http://127.0.0.1:1/api/2.0/mlflow/experiments/get-by-name failed"}'
+    )
+    assert isinstance(line, events.TrackingFailed) and reading_of(0, line) is None
+    assert noted(line) == (
+        "experiment tracking failed: MlflowException: API request to"
+        " http://127.0.0.1:1/api/2.0/mlflow/experiments/get-by-name failed"
+        " (training goes on; rank 0's worker0.log has every failure)"
+    )

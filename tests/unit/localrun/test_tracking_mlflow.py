@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import mpjob_run_json
+from tests.helpers import free_port, mpjob_run_json
 from tests.tracking.mlflow_server import mlflow_server, tracking_client
+from tests.unit.localrun.test_run import manifest, mpjob_run
 
 pytestmark = pytest.mark.unit
 
@@ -56,6 +57,21 @@ def test_a_fallback_job_is_one_mlflow_run_with_both_attempts(tmp_path: Path, mon
         events, report, _ = mpjob_run_json(tmp_path / "restart", job(uri, in_place=False), timeout=600)
         assert report["attempts"][1].get("inPlace") is None
         assert check_tracked(uri, "restart", events, report) == in_place  # tracked alike, however it recovered
+
+
+@pytest.mark.process
+def test_a_tracking_server_that_refuses_is_told_once_on_the_console(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training goes on without the server; the console says so once, rank 0's log every time."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    job = manifest(tmp_path, tracking={"mlflow": {"uri": f"http://127.0.0.1:{free_port()}"}})
+    result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--plain")
+    assert result.returncode == 0, result.stdout + result.stderr
+    told = [line for line in result.stdout.splitlines() if "experiment tracking failed" in line]
+    assert len(told) == 1 and "127.0.0.1" in told[0], result.stdout
+    log = (tmp_path / "out" / "attempts" / "a0" / "worker0.log").read_text()
+    assert "mpjob: tracking failed (1 so far)" in log
 
 
 def check_tracked(uri: str, name: str, events: list[dict], report: dict) -> dict:

@@ -4,6 +4,8 @@ that refuses or never answers costs the training thread nothing, and is counted.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import select
 import socket
@@ -17,6 +19,7 @@ import pytest
 from mpjob_contract import metrics as names
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.tracking import QUEUE_SIZE, RunTracker, track
 from mpjob_trainer.tracking.records import job_key, job_params, run_status, update_for
@@ -119,12 +122,19 @@ def test_a_refused_server_is_counted_and_never_raised(
     # line it prints after counting it, are in when close returns.
     monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "600")
     metrics = TrainerMetrics("j", "ns", 0, "fp16")
-    tracker = track(launch(f"http://127.0.0.1:{free_port()}"), rank0=True, digest="d", metrics=metrics)
+    lines = io.StringIO()
+    log = EventLog(0, lines)
+    tracker = track(launch(f"http://127.0.0.1:{free_port()}"), rank0=True, digest="d", metrics=metrics, log=log)
     assert tracker is not None
+    log.listeners.append(tracker)
     tracker("step", {"time": 1.0, "step": 1, "loss": float("nan")})
     tracker.close(42)
     assert failures(metrics) >= 1
     assert "mpjob: tracking failed" in capsys.readouterr().err
+    for step in range(2, 5):  # told once: at the end when no line came after it, and never again
+        log("step", step=step, loss=1.0)
+    told = [json.loads(line) for line in lines.getvalue().splitlines() if '"trackingFailed"' in line]
+    assert len(told) == 1 and told[0]["error"], lines.getvalue()
     assert track(launch("http://x:1"), rank0=False, digest="d", metrics=metrics) is None
 
 

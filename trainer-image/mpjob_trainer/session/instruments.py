@@ -30,7 +30,7 @@ class Instruments:
             return
         self.profiles = ProfileCapture(place_of(launch), device=device, log=log, metrics=metrics)
         metrics.serve(self.profiles.ask, os.environ.get(PROFILE_TOKEN_ENV) or None)
-        self.tracker = track(launch, rank0=True, digest=config_digest(launch), metrics=metrics)
+        self.tracker = track(launch, rank0=True, digest=config_digest(launch), metrics=metrics, log=log)
         if self.tracker is not None:
             log.listeners.append(self.tracker)
 

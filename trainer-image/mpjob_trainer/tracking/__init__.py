@@ -5,7 +5,9 @@ Logging never holds up or ends training. The training thread only hands each eve
 waiting (a full queue drops the update and counts it); one thread of its own talks to the
 tracking server. Any failure there (server down, bad credentials, the `mlflow` extra not
 installed) is logged on stderr (the first, then every 100th) and counted in
-`mpjob_trainer_tracking_failures_total`; it is never raised. At the end of the attempt
+`mpjob_trainer_tracking_failures_total`; it is never raised. The first is also told once as a
+`trackingFailed` event line, written by the training thread at its next line (or at the end),
+so `mpjob run` shows it on its console. At the end of the attempt
 `close` waits a bounded time (MPJOB_TRACKING_CLOSE_SECONDS, 30 s) for what is left, sent in
 one batch, and the runs' ends.
 
@@ -29,6 +31,7 @@ from typing import Any
 from mpjob_contract.codes import reason_for_exit_code
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.tracking import IMAGE_ENV
+from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.tracking.records import (
     TAG_ENDING,
@@ -62,11 +65,15 @@ class _End:
 class RunTracker:
     """The bounded hand-off from the training thread to the tracking thread."""
 
-    def __init__(self, launch: AttemptLaunch, *, digest: str, metrics: TrainerMetrics) -> None:
-        self.launch, self.digest = launch, digest
+    def __init__(
+        self, launch: AttemptLaunch, *, digest: str, metrics: TrainerMetrics, log: EventLog | None = None
+    ) -> None:
+        self.launch, self.digest, self.log = launch, digest, log
         self.queue: queue.Queue[Update | _End] = queue.Queue(maxsize=QUEUE_SIZE)
         self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
         self.failed = 0
+        #: The first failure, until the training thread told it (a `trackingFailed` line).
+        self.untold: str | None = None
         self.job_done = False
         #: The attempt the processes train now (the training thread's), and the changes made in
         #: place by the attempt each began: written before any update of that attempt is queued.
@@ -82,6 +89,8 @@ class RunTracker:
     def __call__(self, event: str, record: dict[str, Any]) -> None:
         """An event line: its records onto the queue, never waiting, never raising."""
         try:
+            if self.untold is not None:
+                self._tell()
             if event == "done":
                 self.job_done = record.get("step") == self.launch.spec.training.steps
             if event == "precisionChanged":
@@ -107,6 +116,14 @@ class RunTracker:
             self.metrics.tracking_dropped.inc()
             return
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.untold is not None:
+            self._tell()
+
+    def _tell(self) -> None:
+        """The first failure, told once on the event lines (the training thread's stdout)."""
+        error, self.untold = self.untold, None
+        if self.log is not None and error is not None:
+            self.log("trackingFailed", error=error)
 
     # ---------------------------------------------------------------- the tracking thread
     def _run(self) -> None:
@@ -199,14 +216,19 @@ class RunTracker:
     def _failed(self, exc: BaseException) -> None:
         self.metrics.tracking_failures.inc()
         self.failed += 1
+        first = str(exc).splitlines()[0][:300] if str(exc) else ""
+        if self.failed == 1:
+            self.untold = f"{type(exc).__name__}: {first}"
         if self.failed == 1 or self.failed % 100 == 0:
-            first = str(exc).splitlines()[0][:300] if str(exc) else ""
             print(f"mpjob: tracking failed ({self.failed} so far): {type(exc).__name__}: {first}", file=sys.stderr)
 
 
-def track(launch: AttemptLaunch, *, rank0: bool, digest: str, metrics: TrainerMetrics) -> RunTracker | None:
-    """A RunTracker for rank 0 of a job with spec.tracking.mlflow, else None."""
+def track(
+    launch: AttemptLaunch, *, rank0: bool, digest: str, metrics: TrainerMetrics, log: EventLog | None = None
+) -> RunTracker | None:
+    """A RunTracker for rank 0 of a job with spec.tracking.mlflow, else None (`log`: where its
+    first failure is told)."""
     tracking = launch.spec.tracking
     if not rank0 or tracking is None or tracking.mlflow is None:
         return None
-    return RunTracker(launch, digest=digest, metrics=metrics)
+    return RunTracker(launch, digest=digest, metrics=metrics, log=log)
