@@ -149,8 +149,9 @@ def restore_shards(
     import torch.distributed.checkpoint as dcp
 
     from mpjob_trainer.checkpoint.checked import VolumeFiles
-    from mpjob_trainer.checkpoint.dcp_fit import check_extra_states, check_fit, check_loadable
+    from mpjob_trainer.checkpoint.dcp_fit import check_fit, check_loadable
     from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
+    from mpjob_trainer.checkpoint.extra_state import check_extra_states
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
     target = state_dicts(objects, names)

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 import torch
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
-from mpjob_trainer.checkpoint.dcp_fit import check_extra_states
 from mpjob_trainer.checkpoint.dtypes import check_module_dtypes
+from mpjob_trainer.checkpoint.extra_state import check_extra_states
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags
 from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
