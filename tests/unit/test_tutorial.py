@@ -41,15 +41,56 @@ class Block:
     line: int
     tags: frozenset[str]
     script: str
+    shown: str  # the plain ``` block right after it: the output the tutorial shows
 
 
 def tutorial_blocks(text: str) -> list[Block]:
     """The ```bash tutorial ...``` blocks of the text, in order, with the tags after `tutorial`."""
     blocks = []
-    for match in re.finditer(r"^```bash tutorial([^\n]*)\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
+    pattern = r"^```bash tutorial([^\n]*)\n(.*?)^```\n(?:\n```\n(.*?)^```$)?"
+    for match in re.finditer(pattern, text, re.MULTILINE | re.DOTALL):
         line = text.count("\n", 0, match.start()) + 1
-        blocks.append(Block(line, frozenset(match.group(1).split()), match.group(2)))
+        blocks.append(Block(line, frozenset(match.group(1).split()), match.group(2), match.group(3) or ""))
     return blocks
+
+
+#: What differs from machine to machine in a run's lines: throughput, recovery time, a hash.
+MACHINE = [
+    (re.compile(r" (?:[\d.]+|-) samples/s$"), ""),
+    (re.compile(r"back in [\d.]+ s"), "back in _ s"),
+    (re.compile(r"sha256 [0-9a-f]{16}"), "sha256 _"),
+]
+FIGURE = re.compile(r"(?<=loss |grad )(\d+\.\d+)")
+
+
+def same_story(shown: str, printed: str) -> bool:
+    """The lines the tutorial shows are the lines the run printed, save what the machine decides
+    (above) and a loss or a gradient norm one off in its last digit (another CPU may round so)."""
+
+    def lines(text: str) -> list[str]:
+        out = []
+        for line in text.strip().splitlines():
+            for pattern, repl in MACHINE:
+                line = pattern.sub(repl, line)
+            out.append(line)
+        return out
+
+    shown_lines, printed_lines = lines(shown), lines(printed)
+    if len(shown_lines) != len(printed_lines):
+        return False
+    for a, b in zip(shown_lines, printed_lines, strict=True):
+        if FIGURE.sub("_", a) != FIGURE.sub("_", b):
+            return False
+        pairs = zip(FIGURE.findall(a), FIGURE.findall(b), strict=True)
+        if any(abs(float(x) - float(y)) > 1.5 * 10.0 ** -len(x.split(".")[1]) for x, y in pairs):
+            return False
+    return True
+
+
+def shows_its_run(block: Block) -> bool:
+    """Whether the block's shown output is its run's (a kill lands where the machine's speed puts
+    it, so the killed run's blocks show one of its runs; the S3 keys' digest is the folder's)."""
+    return bool(block.shown) and "runs/killed" not in block.script and "find mpjob" not in block.script
 
 
 def versitygw_cached() -> bool:
@@ -81,6 +122,16 @@ def test_the_tutorial_has_local_blocks_and_tags_the_s3_ones() -> None:
     assert all(b.tags <= {"s3"} for b in blocks)
     assert any("tutorial-s3.yaml" in b.script and "s3" in b.tags for b in blocks)
     assert not any("kubectl" in b.script or "make demo" in b.script for b in blocks)  # not run here
+    assert sum(shows_its_run(b) for b in blocks) >= 5  # outputs checked against the run
+
+
+def test_same_story_leaves_the_machine_out_and_nothing_else() -> None:
+    shown = "step 40/80 fp16 a0 loss 0.5507 scale 32768 grad 1.422 20560.9 samples/s\n  back in 0.02 s"
+    assert same_story(shown, "step 40/80 fp16 a0 loss 0.5508 scale 32768 grad 1.423 11.0 samples/s\n  back in 1.5 s")
+    assert not same_story(shown, "step 40/80 fp16 a0 loss 0.5510 scale 32768 grad 1.422 1.0 samples/s\n  back in 1 s")
+    assert not same_story(shown, "step 40/80 fp16 a0 loss 0.5507 scale 32768 grad 1.420 1.0 samples/s\n  back in 1 s")
+    assert not same_story(shown, "step 40/80 fp16 a0 loss 0.5507 scale 16384 grad 1.422 1.0 samples/s\n  back in 1 s")
+    assert not same_story(shown, "step 40/80 fp16 a0 loss 0.5507 scale 32768 grad 1.422 1.0 samples/s")
 
 
 def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
@@ -112,6 +163,11 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
             assert done.returncode == 0, (
                 f"docs/tutorial.md line {block.line}:\n{block.script}\n{done.stdout}{done.stderr}"
             )
+            if shows_its_run(block):
+                printed = done.stdout + done.stderr
+                assert same_story(block.shown, printed), (
+                    f"docs/tutorial.md line {block.line} shows:\n{block.shown}\nthe run printed:\n{printed}"
+                )
             ran.append(block)
     finally:
         pid = tmp_path / "runs" / "s3-server.pid"
