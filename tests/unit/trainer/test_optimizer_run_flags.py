@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mpjob_trainer.checkpoint import CheckpointStore
-from mpjob_trainer.checkpoint.optimizer_settings import RUN_FLAGS
+from mpjob_trainer.checkpoint.optimizer_settings import RUN_FLAGS, with_run_flags
 from mpjob_trainer.checkpoint.shards import restore_shards
 from mpjob_trainer.session.state import TrainingState
 from tests.unit.trainer.test_sharded_optimizer_faults import NAMES, commit, objects
@@ -68,3 +68,15 @@ def test_a_sharded_checkpoints_flags_do_not_replace_the_runs(tmp_path: Path, wri
     torch.manual_seed(1)
     run["model"](torch.randn(2, 4)).sum().backward()
     run["optimizer"].step()
+
+
+def test_a_resumed_group_keeps_its_keys_in_the_checkpoints_order() -> None:
+    """The run's flags replace the checkpoint's where they stand: a resumed run's next checkpoint
+    pickles its groups as an unbroken run's would (byte for byte: in place and restarted runs end
+    in the same checkpoint), and a flag the checkpoint lacks goes last, as torch's load adds it."""
+    live = torch.optim.AdamW(nn.Linear(3, 2).parameters(), lr=0.1).state_dict()["param_groups"][0]
+    read = {**live, "capturable": True}
+    assert list(with_run_flags(read, live)) == list(read)
+    assert with_run_flags(read, live)["capturable"] is live["capturable"]
+    lacking = {key: value for key, value in read.items() if key != "fused"}
+    assert list(with_run_flags(lacking, live)) == [*lacking, "fused"]

@@ -75,9 +75,12 @@ def bound_problem(key: str, value: Any) -> str | None:
 def with_run_flags(read: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
     """The param group `read` from a checkpoint with the RUN_FLAGS of this run's group `live` (one
     the run's group lacks dropped: torch's load gives it its default). Loaded so, torch places the
-    state (capturable's step on the parameter's device) for the step this process runs."""
-    settings = {key: value for key, value in read.items() if key not in RUN_FLAGS}
-    return {**settings, **{key: live[key] for key in RUN_FLAGS if key in live}}
+    state (capturable's step on the parameter's device) for the step this process runs. The group's
+    keys keep their order: the next checkpoint's bytes are an unbroken run's (a flag the checkpoint
+    lacks goes last, where torch's load would add its default)."""
+    kept = {key: live.get(key) if key in RUN_FLAGS else value for key, value in read.items()}
+    kept = {key: value for key, value in kept.items() if key not in RUN_FLAGS or key in live}
+    return {**kept, **{key: live[key] for key in RUN_FLAGS if key in live and key not in kept}}
 
 
 def kept_run_flags(saved: Any, live: list[dict[str, Any]]) -> Any:
