@@ -34,6 +34,8 @@ RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 NO_CHANGE = InPlacePlan()
 GPU_RESOURCE = "nvidia.com/gpu"
+#: GPU Feature Discovery's labels of a GPU node's compute capability (the attempt's pods ask for them).
+GPU_MAJOR_LABEL, GPU_MINOR_LABEL = "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor"
 #: Seconds a trainer pod has between SIGTERM (it checkpoints) and SIGKILL.
 TERMINATION_GRACE_SECONDS = 60
 #: The per-pod launcher (trainer image) and the builtin trainer it starts for builtin/module tasks.
@@ -52,10 +54,10 @@ def labels(job: str, index: int, precision: str) -> dict[str, str]:
 def _gpu_affinity(min_cc: str) -> dict[str, Any]:
     """Nodes whose GPU compute capability (GPU Feature Discovery labels) is >= min_cc."""
     major, minor = (int(x) for x in min_cc.split("."))
-    terms = [{"matchExpressions": [{"key": "nvidia.com/gpu.compute.major", "operator": "Gt", "values": [str(major)]}]}]
-    same_major = [{"key": "nvidia.com/gpu.compute.major", "operator": "In", "values": [str(major)]}]
+    terms = [{"matchExpressions": [{"key": GPU_MAJOR_LABEL, "operator": "Gt", "values": [str(major)]}]}]
+    same_major = [{"key": GPU_MAJOR_LABEL, "operator": "In", "values": [str(major)]}]
     if minor > 0:
-        same_major.append({"key": "nvidia.com/gpu.compute.minor", "operator": "Gt", "values": [str(minor - 1)]})
+        same_major.append({"key": GPU_MINOR_LABEL, "operator": "Gt", "values": [str(minor - 1)]})
     terms.append({"matchExpressions": same_major})
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
 

@@ -11,18 +11,27 @@ GPU taint the operator tolerates, and template.tolerations). Its free GPUs are i
 left out (their GPUs are the job's). Each worker needs gpusPerWorker GPUs on one node. A CPU
 job (gpusPerWorker 0) has no such count: it does not grow on a cluster. `fits_now` reads them
 only for an elastic job whose running attempt has fewer workers than it wants.
+
+A read is a LIST of the GPU nodes and of the pods of every namespace, so it is shared: one
+`RoomReader` answers every job's reconcile for a tick (at most one read a window
+however many elastic jobs wait to grow; a growth is seen up to that much later), and it keeps
+only what counts (nodes labelled by GPU Feature Discovery, pods bound to a node that request
+GPUs), not the whole listing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.rest import ApiException
 
+from mpjob.builders.attempt import GPU_MAJOR_LABEL, GPU_MINOR_LABEL, LABEL_JOB
 from mpjob.builders.attempt import GPU_RESOURCE as GPU
-from mpjob.builders.attempt import LABEL_JOB
 from mpjob.planning.elastic import workers_of
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
@@ -66,7 +75,7 @@ def _eligible(node: Mapping[str, Any], spec: MixedPrecisionJobSpec) -> bool:
         return False
     major, minor = (int(x) for x in spec.resources.min_compute_capability.split("."))
     try:
-        capability = (int(labels["nvidia.com/gpu.compute.major"]), int(labels["nvidia.com/gpu.compute.minor"]))
+        capability = (int(labels[GPU_MAJOR_LABEL]), int(labels[GPU_MINOR_LABEL]))
     except (KeyError, ValueError):
         return False
     wanted = spec.template.node_selector or {}
@@ -115,8 +124,46 @@ def free_workers(
     return fit
 
 
+@dataclass(frozen=True, slots=True)
+class Room:
+    """What one read showed: the GPU nodes, and the pods bound to a node that request GPUs (of
+    every namespace, not ended: the only ones `free_workers` counts)."""
+
+    nodes: tuple[Mapping[str, Any], ...]
+    pods: tuple[Mapping[str, Any], ...]
+
+
+class RoomReader:
+    """The cluster's room, read at most once per `fresh_seconds` for every job of the operator
+    (reconciles of several jobs at once wait for one read). A read the API server refused
+    answers None for its window too, said once in the log: no job grows then."""
+
+    def __init__(self, cluster: Cluster, *, fresh_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster, self.fresh_seconds = cluster, fresh_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: tuple[float, Room | None] | None = None
+
+    def room(self) -> Room | None:
+        with self._lock:
+            now, last = self._clock(), self._last
+            if last is not None and now - last[0] < self.fresh_seconds:
+                return last[1]
+            room = self._read()
+            self._last = (now, room)
+            return room
+
+    def _read(self) -> Room | None:
+        try:
+            nodes, pods = self.cluster.gpu_room()
+        except ApiException as exc:
+            log.warning("spec.elastic: cannot read nodes and pods: %s: no elastic job grows now", exc.reason)
+            return None
+        return Room(tuple(nodes), tuple(p for p in pods if _requested(p) > 0))
+
+
 def fits_now(
-    cluster: Cluster, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, *, namespace: str, job: str
+    room: RoomReader, spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, *, namespace: str, job: str
 ) -> int | None:
     """`free_workers` for an elastic job whose running attempt is below `workers` (None for any
     other, or when the operator may not read nodes and pods: it does not grow then)."""
@@ -125,9 +172,6 @@ def fits_now(
         return None
     if workers_of(spec, current) >= spec.workers or spec.resources.gpus_per_worker == 0:
         return None
-    try:
-        nodes, pods = cluster.gpu_room()
-    except ApiException as exc:
-        log.warning("spec.elastic: cannot read nodes and pods to grow %s/%s: %s", namespace, job, exc.reason)
+    if (seen := room.room()) is None:
         return None
-    return free_workers(spec, nodes, pods, namespace=namespace, job=job)
+    return free_workers(spec, seen.nodes, seen.pods, namespace=namespace, job=job)

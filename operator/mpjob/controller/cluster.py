@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from mpjob import credentials
-from mpjob.builders.attempt import attempt_name
+from mpjob.builders.attempt import GPU_MAJOR_LABEL, attempt_name
 from mpjob.controller import documents
 from mpjob.controller.ownership import Claim, claim
 from mpjob.planning.classify import NAME_CONFLICT, ApiAction, ApiRule, classify_api_error
@@ -221,10 +221,11 @@ class Cluster:
 
     # -------------------------------------------------------------- room for an elastic job
     def gpu_room(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The Nodes, and the pods of every namespace that have not ended (read rights only)."""
-        nodes = raw(self.core.list_node, _request_timeout=REQUEST_TIMEOUT).get("items") or []
-        selector = "status.phase!=Succeeded,status.phase!=Failed"
-        pods = raw(self.core.list_pod_for_all_namespaces, field_selector=selector, _request_timeout=REQUEST_TIMEOUT)
+        """The GPU nodes (those GPU Feature Discovery labelled), and the pods of every namespace
+        bound to a node that have not ended (read rights only): the API server leaves out the rest."""
+        nodes = raw(self.core.list_node, label_selector=GPU_MAJOR_LABEL).get("items") or []
+        selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+        pods = raw(self.core.list_pod_for_all_namespaces, field_selector=selector)
         return nodes, pods.get("items") or []
 
     # -------------------------------------------------------------- kopf peering

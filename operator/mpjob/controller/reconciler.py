@@ -64,9 +64,10 @@ class Reconciler:
             deadline=config.scrape_timeout_seconds,
             max_bytes=config.scrape_max_bytes,
         )
-        self.queue, self.nodes, self.profiles = (
+        self.queue, self.nodes, self.room, self.profiles = (
             QueueReader(cluster),
             lostnodes.NodeReader(cluster),
+            capacity.RoomReader(cluster, fresh_seconds=config.tick_seconds),  # one read a tick for every job
             ProfileRequests(cluster, config.scrape_timeout_seconds, config.profile_key),
         )
         self.actions = Actions(config, cluster, cache)
@@ -144,7 +145,7 @@ class Reconciler:
             if spec.run_policy.queue_name:  # the queue's quota sizes it, not the nodes
                 fits = self.queue.room(namespace, spec, old, jobs)
             else:
-                fits = capacity.fits_now(self.cluster, spec, old, namespace=namespace, job=name)
+                fits = capacity.fits_now(self.room, spec, old, namespace=namespace, job=name)
             generation = body["metadata"].get("generation")
             read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
             made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them

@@ -1,0 +1,129 @@
+"""The room an elastic job grows on is read at a bounded cost: one read of the GPU nodes and the
+pods (mpjob.controller.capacity.RoomReader) answers every job's reconcile for
+a tick, whatever the number of jobs waiting to grow; the API server is asked only for
+GPU nodes and for pods bound to a node that have not ended, and only pods that request GPUs are
+kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from mpjob.controller.capacity import RoomReader, fits_now
+from mpjob.controller.cluster import Cluster
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.unit.operator.test_elastic_growth import _shrunk, node, pod, spec
+from tests.unit.operator.test_elastic_queue import Response
+
+pytestmark = pytest.mark.unit
+
+TICK = 5.0  # the operator's tick (OperatorConfig.tick_seconds): one read answers for it
+
+
+class Core:
+    """Nodes and pods as the API serves them, keeping each LIST's kind and arguments;
+    `refused`: a chart without rbac.elasticCapacity."""
+
+    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.nodes, self.pods, self.refused = nodes, pods, False
+        self.lists: list[tuple[str, dict[str, Any]]] = []
+
+    def _answer(self, kind: str, items: list[dict[str, Any]], kwargs: dict[str, Any]) -> Response:
+        self.lists.append((kind, kwargs))
+        if self.refused:
+            raise ApiException(status=403, reason="Forbidden")
+        return Response({"items": items})
+
+    def list_node(self, **kwargs: Any) -> Response:
+        return self._answer("nodes", self.nodes, kwargs)
+
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> Response:
+        return self._answer("pods", self.pods, kwargs)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for k, _ in self.lists if k == kind)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _reader(core: Core, clock: Clock) -> RoomReader:
+    return RoomReader(Cluster(custom=None, batch=None, core=core), fresh_seconds=TICK, clock=clock)
+
+
+JOB = spec()
+BELOW: MixedPrecisionJobStatus = _shrunk(JOB)  # attempt 1 runs 2 of its 3 workers
+
+
+def _fits(reader: RoomReader, job: str, job_spec: MixedPrecisionJobSpec = JOB, status: Any = BELOW) -> int | None:
+    return fits_now(reader, job_spec, status, namespace="ml", job=job)
+
+
+def test_two_jobs_reconciled_in_one_window_share_one_read_and_past_it_a_new_read_sees_the_change() -> None:
+    core, clock = (
+        Core([node("a", 4)], [pod("a", 2, namespace="ml", job="j1"), pod("a", 1, namespace="ml", job="j2")]),
+        Clock(),
+    )
+    reader = _reader(core, clock)
+    assert (_fits(reader, "j1"), _fits(reader, "j2")) == (3, 2)  # each counts its own pods as its
+    clock.now = TICK - 0.1
+    core.pods = []  # both jobs' pods ended: not seen until the window is over
+    assert (_fits(reader, "j1"), _fits(reader, "j2")) == (3, 2)
+    assert (core.count("nodes"), core.count("pods")) == (1, 1)
+    clock.now = TICK
+    assert (_fits(reader, "j2"), _fits(reader, "j1")) == (4, 4)
+    assert (core.count("nodes"), core.count("pods")) == (2, 2)
+
+
+def test_the_api_server_is_asked_for_gpu_nodes_and_bound_pods_not_ended_and_only_gpu_pods_are_kept() -> None:
+    others = {"metadata": {"namespace": "web"}, "spec": {"nodeName": "a", "containers": [{}]}, "status": {}}
+    core = Core([node("a", 4)], [others, pod("a", 1)])
+    room = _reader(core, Clock()).room()
+    assert room is not None and room.pods == (pod("a", 1),)  # the web pod requests no GPU
+    (nodes, kw_nodes), (pods, kw_pods) = core.lists
+    assert (nodes, kw_nodes["label_selector"]) == ("nodes", "nvidia.com/gpu.compute.major")
+    assert pods == "pods" and set(kw_pods["field_selector"].split(",")) == {
+        "spec.nodeName!=",
+        "status.phase!=Succeeded",
+        "status.phase!=Failed",
+    }
+
+
+def test_a_refused_read_answers_no_room_for_its_window_and_is_asked_again_after_it() -> None:
+    core, clock = Core([node("a", 4)], []), Clock()
+    core.refused = True
+    reader = _reader(core, clock)
+    assert (_fits(reader, "j1"), _fits(reader, "j2")) == (None, None)
+    assert core.count("nodes") == 1  # not once per job
+    core.refused, clock.now = False, TICK
+    assert _fits(reader, "j1") == 4 and core.count("nodes") == 2
+
+
+def test_a_job_that_does_not_grow_reads_nothing() -> None:
+    core = Core([node("a", 4)], [])
+    reader = _reader(core, Clock())
+    assert _fits(reader, "j", status=MixedPrecisionJobStatus()) is None  # no attempt yet
+    assert _fits(reader, "j", spec(elastic=None)) is None
+    assert _fits(reader, "j", spec(resources={"gpusPerWorker": 0})) is None
+    assert _fits(reader, "j", spec(workers=2)) is None  # at its workers already
+    assert core.lists == []
+
+
+@pytest.mark.parametrize("jobs", [1, 10, 100])
+def test_lists_a_minute_stay_one_node_and_one_pod_list_a_window_whatever_the_number_of_jobs(jobs: int) -> None:
+    """Every job below its workers reconciled each 5-s tick, spread over the tick, for a minute:
+    before the shared read, 2 LISTs per job per tick (240 a minute for 10 jobs)."""
+    core, clock = Core([node("a", 4)], [pod("a", 1)]), Clock()
+    reader = _reader(core, clock)
+    for tick in range(12):
+        for job in range(jobs):
+            clock.now = tick * TICK + job * (TICK - 0.1) / jobs
+            assert _fits(reader, f"j{job}") == 3
+    assert (core.count("nodes"), core.count("pods")) == (60 / TICK, 60 / TICK)
