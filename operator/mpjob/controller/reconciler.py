@@ -171,17 +171,20 @@ class Reconciler:
     def _act(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, seen: Observed) -> Plan:
         """Carry out `plan` (its status written and its Events told), telling what acting did (pods
         cut, pods left behind stopped) and saying and counting started each attempt whose first Job
-        it made; the plan that stands after it (a failed one when the API server refused a child)."""
-        planned, said = len(plan.events), len(plan.started)
-        refusal = self.actions.apply(body, spec, plan, seen=seen)
-        self._tell(body, plan.events[planned:])
-        begun = plan.started[said:]
-        if refusal is not None:  # an attempt whose children are refused never started
-            begun = [s for s in begun if s.index != refusal[0]]
+        it made, also when making what comes after that Job fails (its retry finds the Job made and
+        says nothing); the plan that stands after it (a failed one when the API server refused a child)."""
+        planned, said, refusal = len(plan.events), len(plan.started), None
+        try:
+            refusal = self.actions.apply(body, spec, plan, seen=seen)
+        finally:
+            self._tell(body, plan.events[planned:])
+            # an attempt whose children are refused never started
+            begun = [s for s in plan.started[said:] if refusal is None or s.index != refusal[0]]
+            om.count_started(begun)
+            self._tell(body, [event for started in begun for event in started.events])
+        if refusal is not None:
             told, plan = plan.status, self.actions.refused(body, spec, plan, refusal=refusal)
             self._announce(body, told, plan, [])
-        om.count_started(begun)
-        self._tell(body, [event for started in begun for event in started.events])
         return plan
 
     def _settle(self, key: Key, plan: Plan, seen: Observed, spec: MixedPrecisionJobSpec) -> None:

@@ -197,3 +197,32 @@ def test_an_attempt_whose_job_is_made_after_a_transient_error_is_said_and_counte
     assert cluster.creates == 2 and cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
     assert [m for r, m in events if r == "AttemptStarted"] == ["attempt 0 in auto"]
     assert created_attempts() == before + 1
+
+
+def test_an_attempt_whose_job_is_made_before_its_service_fails_is_said_and_counted_started_once(events: list) -> None:
+    cluster, failing = FakeCluster(), [api_error(503, "etcd leader changed")]
+
+    def create_service(service: dict[str, Any], *, job: dict[str, Any], owner: dict[str, Any]) -> None:
+        if failing:
+            raise failing.pop()
+
+    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        cluster.creates += 1
+        ref = {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": "j",
+            "uid": "mpj-uid",
+            "controller": True,
+        }
+        return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": [ref]}}
+
+    cluster.create_service, cluster.create_job = create_service, create_job  # type: ignore[method-assign]
+    made, before = reconciler(cluster), created_attempts()
+    with pytest.raises(Retry):
+        made.handle(("ns", "j"), False)  # its Job made and recorded, its Service refused for now
+    assert cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
+    made.handle(("ns", "j"), False)  # the retry finds the Job made
+    assert cluster.creates == 1
+    assert [m for r, m in events if r == "AttemptStarted"] == ["attempt 0 in auto"]
+    assert created_attempts() == before + 1
