@@ -28,7 +28,8 @@ class When:
 @dataclass(frozen=True)
 class Started:
     """Attempt `index` said started (its Events) and counted so (`reason`: why it began), once:
-    when its first Job is made (`lifecycle.made`)."""
+    when its first Job is made (`lifecycle.made`), or as it begins in the running processes
+    (`inplace.changed_in_place`), which no Job is made for."""
 
     index: int
     reason: str
@@ -44,7 +45,8 @@ class Plan:
     events: list[Event] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (from, to): down the ladder after a fault
     repromotions: list[tuple[str, str]] = field(default_factory=list)  # (from, to): back up after clean steps
-    #: The attempts whose first Job this plan's acts made: said and counted started (`lifecycle.made`).
+    #: The attempts said and counted started (`lifecycle.announce`): those begun in place as the
+    #: plan is made, then those whose first Job acting on it made (`lifecycle.made`).
     started: list[Started] = field(default_factory=list)
     ended: Event | None = None  # what ended the last attempt (set by `conclude`), for views that narrate it
     #: What is left of runPolicy.activeDeadlineSeconds for the attempts to create (None: no deadline).
@@ -54,11 +56,6 @@ class Plan:
     requeue_after: float | None = None
 
     @property
-    def started_reasons(self) -> list[str]:
-        """Why each attempt the plan said started began (Created, NumericFault, Resumed, ...)."""
-        return [s.reason for s in self.started]
-
-    @property
     def told(self) -> list[Event]:
-        """Every Event the plan posts: its own, then what the attempts whose Job it made say."""
+        """Every Event the plan posts: its own, then what the attempts it said started say."""
         return [*self.events, *(e for s in self.started for e in s.events)]

@@ -150,7 +150,7 @@ def started(plan: Plan, s: MixedPrecisionJobSpec = S) -> list[tuple[str, str]]:
     """The attempts a plan says started once carried out (the Jobs it asks for made: `lifecycle.made`):
     its AttemptStarted Events, and the reasons it counts."""
     said = carried_out.said(s, plan, "AttemptStarted")
-    return [*(("event", m) for m in said), *(("counted", r) for r in plan.started_reasons)]
+    return [*(("event", m) for m in said), *(("counted", begun.reason) for begun in plan.started)]
 
 
 def attempts_started(reason: str) -> float:
