@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
-from mpjob.planning.planner import Finish
-from mpjob.planning.resumepoint import resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.codes import FinishReason, Reason
+from mpjob_contract.codes import Reason
 
 #: The Failed condition's message once the rerun takes the job up again.
 REOPENED = "run again with the same --out after its configuration error"
@@ -39,13 +36,8 @@ def reopen(plan: lc.Plan, spec: MixedPrecisionJobSpec, when: lc.When) -> None:
     status = plan.status
     status.completion_time, status.message = None, None
     lc.condition(plan, when, ConditionType.FAILED, False, ConditionReason.RESUMED, REOPENED)
-    point = resume_point(status, spec, outlive=True)
-    nxt = lc.again(spec, status, status.attempts[-1], index=history.next_index(status), start_step=point.step)
-    if history.used(status) >= spec.run_policy.max_attempts:
-        left = f"no attempt left to rerun: runPolicy.maxAttempts is {spec.run_policy.max_attempts}; raise it to go on"
-        lc.finish(plan, Finish(False, FinishReason.ATTEMPTS_EXHAUSTED, left), when)
-        return
-    lc.begin(plan, spec, nxt, when, lost=point.lost)
+    left = f"no attempt left to rerun: runPolicy.maxAttempts is {spec.run_policy.max_attempts}; raise it to go on"
+    lc.go_on(plan, spec, when, outlive=True, none_left=left)
 
 
 def rerun_line(name: str, root: Path, checkpoint: CheckpointStatus | None) -> str:

@@ -52,6 +52,7 @@ __all__ = [
     "condition",
     "created",
     "finish",
+    "go_on",
     "interrupt",
     "made",
     "pods_created",
@@ -163,13 +164,20 @@ def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, outlive: bool
     """Out of a suspension: the next attempt, same precision, from the last checkpoint it reaches
     (`outlive`: whether the checkpoints outlive the stopped processes; None: as the spec's storage
     says, `resumepoint`). The suspension used none of runPolicy.maxAttempts; only the charged count."""
-    status, current = plan.status, plan.status.attempts[-1]
-    status.message = None  # what the stop said (`interrupt`) no longer holds
+    plan.status.message = None  # what the stop said (`interrupt`) no longer holds
     condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
+    go_on(plan, spec, when, outlive=outlive, none_left="no attempt left to resume")
+
+
+def go_on(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, outlive: bool | None, none_left: str) -> None:
+    """The next attempt, in the newest one's precision and shape (`again`), from the last checkpoint
+    it reaches (`outlive`: as `resume`); the job Failed, AttemptsExhausted with `none_left`, when
+    runPolicy.maxAttempts leaves none (a suspension out of which it goes on, or a rerun)."""
+    status = plan.status
     point = resume_point(status, spec, outlive=outlive)
-    nxt = again(spec, status, current, index=history.next_index(status), start_step=point.step)
+    nxt = again(spec, status, status.attempts[-1], index=history.next_index(status), start_step=point.step)
     if history.used(status) >= spec.run_policy.max_attempts:
-        finish(plan, Finish(False, FinishReason.ATTEMPTS_EXHAUSTED, "no attempt left to resume"), when)
+        finish(plan, Finish(False, FinishReason.ATTEMPTS_EXHAUSTED, none_left), when)
         return
     begin(plan, spec, nxt, when, lost=point.lost)
 
