@@ -107,9 +107,10 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
 
 def made(plan: Plan, spec: MixedPrecisionJobSpec, index: int, uid: str) -> bool:
     """Attempt `index`'s Job is made (`uid`), recorded on its entry; whether the entry changed.
-    The first Job made for the attempt says and counts it started, once: its jobUid, written
-    before any Event goes, says it was made (one held by a backoff, refused or not made yet by a
-    reconcile that failed says nothing; one made again after a deletion nothing more)."""
+    The first Job made for the attempt says and counts it started, once: its jobUid, recorded
+    then, says it was made to every later reconcile, which says nothing more (one held by a
+    backoff, refused, or not made yet by a reconcile that failed says nothing; the reconciler
+    tells what this says also when making the Job's children fails after it)."""
     entry = next((a for a in plan.status.attempts if a.index == index), None)
     first = entry is not None and entry.job_uid is None and not entry.in_place  # one in place: said begun
     changed = st.record_job_uids(plan.status, {index: uid})
