@@ -134,8 +134,8 @@ def due(status: MixedPrecisionJobStatus, backoff: RetryBackoff) -> Wait | None:
 
 
 def _not_begun(current: AttemptStatus, wait: Wait) -> bool:
-    """Whether `current`'s startTime still lies before the end of its `wait` (`held` moves it
-    once the wait is over: an operator that restarts then reads it started)."""
+    """Whether `current`'s startTime still lies before the end of its `wait`: recorded when the
+    failure it retries ended, its startTime moves to when its Job is made (`held`)."""
     began = st.moment(current.start_time)
     return began is not None and began < wait.until
 
