@@ -11,8 +11,10 @@
 
 `training_arguments` turns the attempt into TrainingArguments (adapters.hf_arguments: fp16/bf16 from its precision,
 fp8 as bf16 around the float8 linears (adapters.mixed), max_steps, seed, the attempt's micro-batch and accumulation,
-the spec's learning rate, weight decay, warm-up and clip norm; no saving of its own; a Trainer built with arguments
-that save checkpoints of their own is refused, one whose micro-batch or accumulation is not the job's is refused).
+the spec's learning rate, weight decay, warm-up and clip norm; no saving of its own). A Trainer built with arguments
+that save checkpoints of their own is refused, as is one whose micro-batch or accumulation is neither the job's nor
+the attempt's; its own fp16/bf16 give way to the attempt's precision (adapters.accelerated), and its own learning
+rate, weight decay, warm-up or clip norm train: both are told on stderr.
 `train` gives the Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate
 runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on), keeps
 spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
