@@ -161,6 +161,7 @@ class CheckedReader(FileSystemReader):
     def __init__(self, shards: CheckedShards) -> None:
         super().__init__(shards.folder)
         self.shards = shards
+        self.entries: dict[str, Any] = {}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
         if kwargs.get("rank") is not None:  # DCP's fallback to a rank's own index: mpjob writes one for all
@@ -171,8 +172,13 @@ class CheckedReader(FileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def set_up_storage_reader(
+        self, metadata: dcp_metadata.Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self.entries = metadata.state_dict_metadata  # the dtype each tensor was written in (`read_metadata`'s)
+
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        entries = self.shards.index().state_dict_metadata  # the dtype each tensor was written in
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
@@ -183,7 +189,7 @@ class CheckedReader(FileSystemReader):
                 if item.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(item, io.BytesIO(raw))
                 else:
-                    _load_tensor(item, raw, planner, entries[item.storage_index.fqn])
+                    _load_tensor(item, raw, planner, self.entries[item.storage_index.fqn])
             self.shards.drop(name)  # loaded: its copy's memory goes before the next file's
         done: Future[None] = Future()
         done.set_result(None)
