@@ -4,6 +4,12 @@ UID, and what a Job deleted with --cascade=orphan left behind), what it starts i
 attempt's profile-token Secret, its Job, then its Service and NetworkPolicy), and an attempt whose
 children the API server refuses for good fails with the server's message (`Actions.refused`).
 
+A Job's Service and NetworkPolicy are owed until both are made (`Actions.owed`): a reconcile that
+made the Job and then failed to make one (a 503, a timeout) leaves them owed, and the next
+reconcile of the job makes them while that very Job is held and running. Without them its ranks
+would find no rendezvous (the Service) or its metrics port would be open to every pod (the
+NetworkPolicy). Only what this process made is owed: nothing is read per tick to find them.
+
 Every status write of a reconcile goes through `write_status`: the reconcile's own (its memory,
 written before anything here acts) and the Job UIDs recorded before a new Job's children are made.
 """
@@ -11,7 +17,7 @@ written before anything here acts) and the Job UIDs recorded before a new Job's 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
@@ -20,8 +26,9 @@ from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
 from mpjob.controller import leftovers
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import ChildCache, Observed
-from mpjob.controller.cluster import Cluster, Refused
+from mpjob.controller.cluster import Cluster, Refused, uid_of
 from mpjob.controller.config import OperatorConfig
+from mpjob.controller.records import Key
 from mpjob.planning import cutoff
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
@@ -48,9 +55,21 @@ def write_status(cluster: Cluster, body: dict[str, Any], stored: dict[str, Any],
             meta["resourceVersion"] = version
 
 
+@dataclass(frozen=True)
+class Owed:
+    """Attempt `index`'s Job as the API server returned it when it was made, whose Service and
+    NetworkPolicy may not be made yet."""
+
+    index: int
+    precision: str
+    job: dict[str, Any]
+
+
 class Actions:
     def __init__(self, config: OperatorConfig, cluster: Cluster, cache: ChildCache) -> None:
         self.config, self.cluster, self.cache = config, cluster, cache
+        #: By job, by attempt: the Jobs made whose Service or NetworkPolicy may be missing.
+        self.owed: dict[Key, dict[int, Owed]] = {}
 
     def apply(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed
@@ -72,6 +91,8 @@ class Actions:
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
+        if (refusal := self._pay((namespace, name), body, plan, seen)) is not None:
+            return refusal
         for start in plan.create:
             try:
                 self._create(body, spec, plan, start=start)
@@ -98,14 +119,48 @@ class Actions:
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next
         # reconcile sees the Job even before its event arrives.
         self.cache.record_job(created)
-        service = attempt_service(name, namespace, start.index, start.precision)
-        self.cluster.create_service(service, job=created, owner=body)
-        if self.config.network_policy is not None:
-            readers = self.config.network_policy
+        owed = Owed(start.index, start.precision, created)
+        self.owed.setdefault((namespace, name), {})[start.index] = owed
+        self._children(body, owed)
+
+    def _pay(self, key: Key, body: dict[str, Any], plan: Plan, seen: Observed) -> tuple[int, Refused] | None:
+        """Make the children owed to the job's Jobs that are still the ones made, held and
+        running, not deleted now; the attempt whose child the API server refused for good, if
+        any. What is owed to a Job gone, finished, made again or deleted now is forgotten."""
+        for index, owed in sorted(self.owed.get(key, {}).items()):
+            view = seen.jobs.get(index)
+            held = seen.uids.get(index) == uid_of(owed.job) and view is not None and not view.finished
+            if not held or index in plan.delete:
+                self._paid(key, index)
+                continue
+            try:
+                self._children(body, owed)
+            except Refused as refused:
+                return index, refused
+        return None
+
+    def _children(self, body: dict[str, Any], owed: Owed) -> None:
+        """Make the Service (always) and NetworkPolicy (when the operator is configured with one)
+        of the Job `owed`; one of ours that exists already is left as is. Paid once both are."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        service = attempt_service(name, namespace, owed.index, owed.precision)
+        self.cluster.create_service(service, job=owed.job, owner=body)
+        if (readers := self.config.network_policy) is not None:
             policy = attempt_network_policy(
-                name, namespace, index=start.index, precision=start.precision, readers=readers
+                name, namespace, index=owed.index, precision=owed.precision, readers=readers
             )
-            self.cluster.create_network_policy(policy, job=created)
+            self.cluster.create_network_policy(policy, job=owed.job)
+        self._paid((namespace, name), owed.index)
+
+    def _paid(self, key: Key, index: int) -> None:
+        owed = self.owed.get(key, {})
+        owed.pop(index, None)
+        if not owed:
+            self.owed.pop(key, None)
+
+    def forget(self, key: Key) -> None:
+        """The job `key` is gone: nothing is owed to its Jobs."""
+        self.owed.pop(key, None)
 
     def refused(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]

@@ -129,6 +129,7 @@ class Reconciler:
             if body is None:
                 self.progress.forget((namespace, name))
                 self.cache.forget_gone(namespace, name)
+                self.actions.forget((namespace, name))
                 return None
             old = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
             try:
@@ -198,13 +199,15 @@ class Reconciler:
             self.settled.discard(key)
 
     def forget(self, uid: str, key: Key | None = None) -> None:
-        """A deleted job leaves the phase counts (and the new jobs' bodies, and the cache the Jobs
-        of it that were kept once removed: a finished job's may be all it has left)."""
+        """A deleted job leaves the phase counts (and the new jobs' bodies, the children owed to
+        its Jobs, and the cache the Jobs of it that were kept once removed: a finished job's may
+        be all it has left)."""
         self.phases.pop(uid, None)
         if key is not None:
             self.unseen.pop(key, None)
             self.settled.discard(key)
             self.cache.forget_gone(*key)
+            self.actions.forget(key)
 
     def first_sight(self, key: Key, body: dict[str, Any]) -> None:
         """A job kopf saw with no status yet: its first reconcile plans from this body."""

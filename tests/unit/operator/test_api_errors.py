@@ -137,8 +137,8 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return posted
 
 
-def reconciler(cluster: FakeCluster) -> Reconciler:
-    config = OperatorConfig(retry_seconds=1.0, retry_max_seconds=8.0)
+def reconciler(cluster: FakeCluster, config: OperatorConfig | None = None) -> Reconciler:
+    config = config or OperatorConfig(retry_seconds=1.0, retry_max_seconds=8.0)
     peering = PeeringCheck(peering=None, cluster=cluster, trust_seconds=1)  # type: ignore[arg-type]
     made = Reconciler(config=config, cluster=cluster, cache=ChildCache(lambda key: None), peering=peering)  # type: ignore[arg-type]
     made.backoff.jitter = 0.0
