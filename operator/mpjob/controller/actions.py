@@ -20,13 +20,15 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
 from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
 from mpjob.controller import leftovers
 from mpjob.controller import metrics as om
 from mpjob.controller.cache import ChildCache, Observed
-from mpjob.controller.cluster import Cluster, Refused, uid_of
+from mpjob.controller.cluster import CONFLICT, Cluster, Refused, uid_of
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.records import Key
 from mpjob.planning import cutoff
@@ -113,9 +115,14 @@ class Actions:
             image=self.config.trainer_image, deadline_seconds=plan.deadline_seconds,
             trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
         )  # fmt: skip
-        created, before = self.cluster.create_job(job, owner=body), plan.status.to_api()
+        created, before, said = self.cluster.create_job(job, owner=body), plan.status.to_api(), len(plan.started)
         if lc.made(plan, spec, start.index, created["metadata"]["uid"]):  # before its children are made: a
-            write_status(self.cluster, body, before, plan.status)  # restart knows what it leaves as ours
+            try:  # restart knows what it leaves as ours
+                write_status(self.cluster, body, before, plan.status)
+            except ApiException as exc:
+                if exc.status == CONFLICT:  # another operator's write of the Job won: it tells the start
+                    del plan.started[said:]
+                raise
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next
         # reconcile sees the Job even before its event arrives.
         self.cache.record_job(created)

@@ -226,3 +226,26 @@ def test_an_attempt_whose_job_is_made_before_its_service_fails_is_said_and_count
     assert cluster.creates == 1
     assert [m for r, m in events if r == "AttemptStarted"] == ["attempt 0 in auto"]
     assert created_attempts() == before + 1
+
+
+def test_an_attempt_whose_job_another_operator_recorded_first_is_not_said_started_by_this_one(events: list) -> None:
+    """Two operators make the same attempt: the one whose write of the Job's uid holds says it
+    started; the other's write is refused (409) and it says nothing (it told it a second time)."""
+    cluster = FakeCluster()
+
+    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        cluster.creates += 1  # the other operator made this Job first, and its write recording it lands now
+        attempts = copy.deepcopy(cluster.body["status"]["attempts"])
+        attempts[0]["jobUid"] = "job-uid"
+        cluster.patch_status("ns", "j", {"attempts": attempts})
+        ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "j", "uid": "mpj-uid"}
+        ref["controller"] = True
+        return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": [ref]}}
+
+    cluster.create_job = create_job  # type: ignore[method-assign]
+    made, before = reconciler(cluster), created_attempts()
+    with pytest.raises(Retry):
+        made.handle(("ns", "j"), False)  # its write of the uid planned from the older read: 409
+    made.handle(("ns", "j"), False)  # the new read has the Job recorded
+    assert [m for r, m in events if r == "AttemptStarted"] == []
+    assert created_attempts() == before
