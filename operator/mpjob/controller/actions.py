@@ -116,6 +116,9 @@ class Actions:
             trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
         )  # fmt: skip
         created, before, said = self.cluster.create_job(job, owner=body), plan.status.to_api(), len(plan.started)
+        # Into the cache at once: the Job's ADDED event then changes nothing, and the next
+        # reconcile sees the Job even before its event arrives (also when the write below fails).
+        self.cache.record_job(created)
         if lc.made(plan, spec, start.index, created["metadata"]["uid"]):  # before its children are made: a
             try:  # restart knows what it leaves as ours
                 write_status(self.cluster, body, before, plan.status)
@@ -123,9 +126,6 @@ class Actions:
                 if exc.status == CONFLICT:  # another operator's write of the Job won: it tells the start
                     del plan.started[said:]
                 raise
-        # Into the cache at once: the Job's ADDED event then changes nothing, and the next
-        # reconcile sees the Job even before its event arrives.
-        self.cache.record_job(created)
         owed = Owed(start.index, start.precision, created)
         self.owed.setdefault((namespace, name), {})[start.index] = owed
         self._children(body, owed)

@@ -37,6 +37,7 @@ from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.ticker import Standing, at_rest, standing
 from mpjob.controller.workqueue import Backoff, Retry
+from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.backoff import RetryBackoff
 from mpjob.planning.plan import Event, Plan
@@ -158,7 +159,8 @@ class Reconciler:
                 spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
                 unseen_for=unseen_for, stopped=seen.stopped, retries=self.retries,
             )  # fmt: skip
-            st.record_job_uids(plan.status, seen.uids)  # (of a Job made before they were recorded)
+            for index, uid in seen.uids.items():  # a Job made before its uid was recorded: said started
+                lc.made(plan, spec, index, uid)  # if this write holds (the one that records it tells it)
             write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
             self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
             plan = self._act(body, spec, plan, seen)

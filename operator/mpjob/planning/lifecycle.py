@@ -110,9 +110,13 @@ def made(plan: Plan, spec: MixedPrecisionJobSpec, index: int, uid: str) -> bool:
     The first Job made for the attempt says and counts it started, once: its jobUid, recorded
     then, says it was made to every later reconcile, which says nothing more (one held by a
     backoff, refused, or not made yet by a reconcile that failed says nothing; the reconciler
-    tells what this says also when making the Job's children fails after it)."""
+    tells what this says also when making the Job's children fails after it). A Job the cache
+    holds whose uid no write recorded (that write refused, another operator's won, a crash) is
+    made as far as the next write that records it says: that write's reconcile tells it, so the
+    start is told by whichever write records the uid and holds. An ended attempt is not told."""
     entry = next((a for a in plan.status.attempts if a.index == index), None)
-    first = entry is not None and entry.job_uid is None and not entry.in_place  # one in place: said begun
+    first = entry is not None and entry.job_uid is None and entry.finish_time is None
+    first = first and entry is not None and not entry.in_place  # one in place: said as it began
     changed = st.record_job_uids(plan.status, {index: uid})
     if entry is not None and first:
         announce(plan, spec, entry)

@@ -249,3 +249,31 @@ def test_an_attempt_whose_job_another_operator_recorded_first_is_not_said_starte
     made.handle(("ns", "j"), False)  # the new read has the Job recorded
     assert [m for r, m in events if r == "AttemptStarted"] == []
     assert created_attempts() == before
+
+
+def test_an_attempt_whose_uid_write_lost_to_another_write_is_said_started_by_the_write_that_records_it(
+    events: list,
+) -> None:
+    """The write recording the Job's uid refused (409) for a write of something else in between:
+    the next reconcile finds the Job in the cache with no uid recorded, records it, and says the
+    attempt started then, once (it was never said: lost)."""
+    cluster = FakeCluster()
+
+    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        cluster.creates += 1
+        if cluster.creates == 1:  # a write of something else between this reconcile's read and write
+            cluster.patch_status("ns", "j", {"message": "another writer"})
+        ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "j", "uid": "mpj-uid"}
+        ref["controller"] = True
+        return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": [ref]}}
+
+    cluster.create_job = create_job  # type: ignore[method-assign]
+    made, before = reconciler(cluster), created_attempts()
+    with pytest.raises(Retry):
+        made.handle(("ns", "j"), False)
+    assert [m for r, m in events if r == "AttemptStarted"] == []
+    made.handle(("ns", "j"), False)  # the Job is in the cache; this write records its uid
+    made.handle(("ns", "j"), False)  # and nothing more is said
+    assert cluster.creates == 1 and cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
+    assert [m for r, m in events if r == "AttemptStarted"] == ["attempt 0 in auto"]
+    assert created_attempts() == before + 1
