@@ -199,6 +199,12 @@ def test_an_attempt_whose_job_is_made_after_a_transient_error_is_said_and_counte
     assert created_attempts() == before + 1
 
 
+def owned(job: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """`job` as the API server answers its create: with its uid, owned by the job `owner`."""
+    ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "j", "uid": "mpj-uid", "controller": True}
+    return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": [ref]}}
+
+
 def test_an_attempt_whose_job_is_made_before_its_service_fails_is_said_and_counted_started_once(events: list) -> None:
     cluster, failing = FakeCluster(), [api_error(503, "etcd leader changed")]
 
@@ -208,14 +214,7 @@ def test_an_attempt_whose_job_is_made_before_its_service_fails_is_said_and_count
 
     def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
         cluster.creates += 1
-        ref = {
-            "apiVersion": owner["apiVersion"],
-            "kind": owner["kind"],
-            "name": "j",
-            "uid": "mpj-uid",
-            "controller": True,
-        }
-        return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": [ref]}}
+        return owned(job, owner)
 
     cluster.create_service, cluster.create_job = create_service, create_job  # type: ignore[method-assign]
     made, before = reconciler(cluster), created_attempts()
@@ -238,9 +237,7 @@ def test_an_attempt_whose_job_another_operator_recorded_first_is_not_said_starte
         attempts = copy.deepcopy(cluster.body["status"]["attempts"])
         attempts[0]["jobUid"] = "job-uid"
         cluster.patch_status("ns", "j", {"attempts": attempts})
-        ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "j", "uid": "mpj-uid"}
-        ref["controller"] = True
-        return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": [ref]}}
+        return owned(job, owner)
 
     cluster.create_job = create_job  # type: ignore[method-assign]
     made, before = reconciler(cluster), created_attempts()
@@ -263,9 +260,7 @@ def test_an_attempt_whose_uid_write_lost_to_another_write_is_said_started_by_the
         cluster.creates += 1
         if cluster.creates == 1:  # a write of something else between this reconcile's read and write
             cluster.patch_status("ns", "j", {"message": "another writer"})
-        ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "j", "uid": "mpj-uid"}
-        ref["controller"] = True
-        return {**job, "metadata": {**job["metadata"], "uid": "job-uid", "ownerReferences": [ref]}}
+        return owned(job, owner)
 
     cluster.create_job = create_job  # type: ignore[method-assign]
     made, before = reconciler(cluster), created_attempts()

@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from mpjob_trainer.checkpoint import CheckpointStore
 from mpjob_trainer.checkpoint.manifest import PartlyLoaded
 from mpjob_trainer.checkpoint.shards import INDEX, restore_shards
 from mpjob_trainer.errors import ConfigError
-from mpjob_trainer.session.state import TrainingState
 from tests.unit.trainer.test_hostile_dcp_files import _recompute_manifest
+from tests.unit.trainer.test_optimizer_run_flags import stepped_state
 from tests.unit.trainer.test_sharded_load_faults import built, commit, weights_of
 from tests.unit.trainer.test_sharded_optimizer_faults import NAMES, resumed
 
@@ -83,15 +82,6 @@ def test_a_sharded_checkpoint_of_another_dtype_than_the_runs_is_a_configuration_
     assert all(torch.equal(v, before[k]) for k, v in weights_of(run).items()), "nothing loaded"
 
 
-def _single(seed: int) -> TrainingState:
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.randn(2, 3)).sum().backward()
-    optimizer.step()
-    return TrainingState({"model": model, "optimizer": optimizer})
-
-
 @pytest.mark.parametrize("dtype", OTHER, ids=str)
 @pytest.mark.parametrize(
     ("where", "named"), [("weight", r"model.0.weight"), ("moment", r"'optimizer' state 'exp_avg'")], ids=str
@@ -100,13 +90,13 @@ def test_a_single_files_tensor_of_another_dtype_than_the_runs_is_a_configuration
     tmp_path: Path, dtype: torch.dtype, where: str, named: str
 ) -> None:
     store = CheckpointStore(tmp_path, keep=5, config_digest="d")
-    state = _single(5).capture(5, 5, "fp32", None)
+    state = stepped_state(5).capture(5, 5, "fp32", None)
     if where == "weight":
         state["model"]["0.weight"] = state["model"]["0.weight"].to(dtype)
     else:
         state["optimizer"]["state"][0]["exp_avg"] = state["optimizer"]["state"][0]["exp_avg"].to(dtype)
     _, read = store.verify(Path(store.write(5, "fp32", state).ref.path))
-    run = _single(0)
+    run = stepped_state(0)
     before = [p.detach().clone() for p in run.parameters()]
     with pytest.raises(ConfigError, match=rf"step 5: its {named} is {dtype} where this run's is torch.float32"):
         run.restore(read, "fp32", None)

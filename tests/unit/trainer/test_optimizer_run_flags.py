@@ -24,7 +24,8 @@ pytestmark = pytest.mark.unit
 WRITTEN_ON_GPU = [{"capturable": True}, {"fused": True}, {"foreach": True, "differentiable": True}]
 
 
-def _run(seed: int) -> TrainingState:
+def stepped_state(seed: int) -> TrainingState:
+    """A single-file run's state after one AdamW step from `seed`."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -45,11 +46,11 @@ def _flags(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("written", WRITTEN_ON_GPU, ids=lambda flags: "+".join(flags))
 def test_a_single_file_checkpoints_flags_do_not_replace_the_runs(tmp_path: Path, written: dict[str, Any]) -> None:
     store = CheckpointStore(tmp_path, keep=5, config_digest="d")
-    state = _run(5).capture(5, 5, "fp32", None)
+    state = stepped_state(5).capture(5, 5, "fp32", None)
     for group in state["optimizer"]["param_groups"]:
         group.update(written)  # as the GPU run's groups hold them
     _, read = store.verify(Path(store.write(5, "fp32", state).ref.path))
-    run = _run(0)
+    run = stepped_state(0)
     own = _flags(run.objects["optimizer"])
     run.restore(read, "fp32", None)
     assert _flags(run.objects["optimizer"]) == own

@@ -217,9 +217,11 @@ def two_groups(seed: int) -> dict[str, Any]:
     return {**run, "optimizer": torch.optim.AdamW(groups, lr=0.1)}
 
 
-def committed(store: CheckpointStore, step: int, run: dict[str, Any]) -> Path:
-    """`run`'s sharded checkpoint of `step`, committed as the trainer commits one."""
+def committed(store: CheckpointStore, step: int, run: dict[str, Any], **group: Any) -> Path:
+    """`run`'s sharded checkpoint of `step` (its first param group holding `group` besides),
+    committed as the trainer commits one."""
     model_sd, optim_sd = get_state_dict(run["model"], [run["optimizer"]])
+    optim_sd["param_groups"][0].update(group)
     tmp = store.root / f".tmp-{step:09d}-0"
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
     torch.save({"step": step}, tmp / rank_file(0))

@@ -12,14 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from mpjob_trainer.checkpoint import CheckpointStore
-from mpjob_trainer.checkpoint.manifest import hash_files
-from mpjob_trainer.checkpoint.shards import rank_file, restore_shards
+from mpjob_trainer.checkpoint.shards import restore_shards
 from mpjob_trainer.errors import ConfigError
-from tests.unit.trainer.test_sharded_optimizer_faults import NAMES, objects, resumed, weights_of
+from tests.unit.trainer.test_sharded_optimizer_faults import NAMES, committed, objects, resumed, weights_of
 from tests.unit.trainer.test_sharding import ranks
 
 pytestmark = pytest.mark.unit
@@ -48,14 +45,7 @@ def built(seed: int, make: Make, *, steps: int = 1) -> dict[str, Any]:
 def commit(store: CheckpointStore, step: int, make: Make, **group: Any) -> Path:
     """A sharded checkpoint of one rank at `step` of a run on `make`'s optimizer, its param group
     holding `group` besides, committed as the trainer commits one."""
-    written = built(step, make)
-    model_sd, optim_sd = get_state_dict(written["model"], [written["optimizer"]])
-    optim_sd["param_groups"][0].update(group)
-    tmp = store.root / f".tmp-{step:09d}-0"
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
-    torch.save({"step": step}, tmp / rank_file(0))
-    files = hash_files(tmp, [p for p in tmp.rglob("*") if p.is_file()])
-    return Path(store.commit(tmp, step, "bf16", files, world_size=1).ref.path)
+    return committed(store, step, built(step, make), **group)
 
 
 @pytest.mark.parametrize(
