@@ -115,10 +115,10 @@ def made(plan: Plan, spec: MixedPrecisionJobSpec, index: int, uid: str) -> bool:
     made as far as the next write that records it says: that write's reconcile tells it, so the
     start is told by whichever write records the uid and holds. An ended attempt is not told."""
     entry = next((a for a in plan.status.attempts if a.index == index), None)
-    first = entry is not None and entry.job_uid is None and entry.finish_time is None
-    first = first and entry is not None and not entry.in_place  # one in place: said as it began
+    # Not an attempt begun in place (said as it began), nor one that ended.
+    first = entry is not None and entry.job_uid is None and entry.finish_time is None and not entry.in_place
     changed = st.record_job_uids(plan.status, {index: uid})
-    if entry is not None and first:
+    if first and entry is not None:
         announce(plan, spec, entry)
     return changed
 

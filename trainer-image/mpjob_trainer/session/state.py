@@ -218,14 +218,15 @@ class TrainingState:
                 f"the checkpoint of step {state.get('step')} holds no state for {', '.join(missing)} "
                 f"(it holds {', '.join(held) or 'nothing else'}): resume() must name what the run that wrote it named"
             )
-        optimizers = {name for name, obj in self.objects.items() if isinstance(obj, torch.optim.Optimizer)}
         for name, obj in self.objects.items():
             if state[name] is None and isinstance(folder, str):
                 continue  # read from the shards above
             defaults = hyperparameters(obj)  # as built: loading may add newer flags to its defaults
             try:
                 obj.load_state_dict(
-                    kept_run_flags(state[name], obj.param_groups) if name in optimizers else state[name]
+                    kept_run_flags(state[name], obj.param_groups)
+                    if isinstance(obj, torch.optim.Optimizer)
+                    else state[name]
                 )
                 check_fits(obj, defaults)
             except Exception as exc:
