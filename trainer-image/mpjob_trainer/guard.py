@@ -113,11 +113,6 @@ class NumericGuard:
     def begin_step(self) -> None:
         self._applied = False
 
-    @property
-    def step_applied(self) -> bool:
-        """Has an optimizer step been applied since `begin_step` (GradScaler did not skip it)?"""
-        return self._applied
-
     def optimizer_stepped(self, optimizer: object = None) -> bool:
         """Optimizer step post-hook: GradScaler found the gradients finite. Returns whether this is
         the training step's first applied update (the count of applied steps goes up once).

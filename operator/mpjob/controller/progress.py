@@ -31,6 +31,7 @@ from mpjob.planning import history
 from mpjob.planning import status as st
 from mpjob.planning.classify import backoff_seconds
 from mpjob.planning.observe import LIVE, CheckpointReading, Observation, Reading, changes, observe, real
+from mpjob.planning.plan import Event
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
 from mpjob_contract.report import InPlaceChange
@@ -162,8 +163,8 @@ def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> di
     return changes(status, observe(status, found_reading(found)).status)
 
 
-def start_news(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> tuple[str, str] | None:
-    """(reason, message) of the Event that corrects the running attempt's planned start step
+def start_news(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> Event | None:
+    """The Event that corrects the running attempt's planned start step
     with the one its trainer reports (None: the same, or not known yet)."""
     return observe(status, found_reading(found)).news
 

@@ -230,9 +230,7 @@ class Reconciler:
         write_status(self.cluster, body, body.get("status") or {}, failed)
         kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=failed.message)
 
-    def _announce(
-        self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan, read: list[tuple[str, str, str]]
-    ) -> None:
+    def _announce(self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan, read: list[Event]) -> None:
         """The plan's metrics and Events, and those of the reading (`read`), once the status that
         records them is written, before the plan's children are made: a step it lists is never
         announced again, also by an operator that restarts right after or a second one whose
@@ -241,9 +239,7 @@ class Reconciler:
         after the write is the price of never posting one twice. Then the phase and troubles
         the ticker counts."""
         om.count_plan(old, plan)
-        self._tell(body, plan.told)
-        for kind, reason, message in read:
-            kopf.event(cast(kopf.Body, body), type=kind, reason=reason, message=message)
+        self._tell(body, plan.told + read)
         self.phases[body["metadata"]["uid"]] = standing(plan.status)
 
     @staticmethod

@@ -21,6 +21,7 @@ No limit stops the run (none is promised): the runbook CheckpointFailing says wh
 from __future__ import annotations
 
 from mpjob.planning import status as st
+from mpjob.planning.plan import Event
 from mpjob_contract.api import MixedPrecisionJobStatus
 
 #: Save intervals in a row without a checkpoint before the run is lapsed (an asynchronous save is
@@ -41,9 +42,9 @@ def held(status: MixedPrecisionJobStatus) -> bool:
     return any(c.type == CONDITION and c.status == "True" for c in status.conditions)
 
 
-def update(status: MixedPrecisionJobStatus, every_steps: int, at: str | None = None) -> tuple[str, str, str] | None:
-    """Flip `status`'s condition by the rule (in place); the Event (type, reason, message) a flip
-    earns, None when nothing flipped."""
+def update(status: MixedPrecisionJobStatus, every_steps: int, at: str | None = None) -> Event | None:
+    """Flip `status`'s condition by the rule (in place); the Event a flip earns, None when
+    nothing flipped."""
     now, before = lapsed(status, every_steps), held(status)
     if now == before:
         return None
@@ -61,4 +62,4 @@ def update(status: MixedPrecisionJobStatus, every_steps: int, at: str | None = N
         message = f"checkpoints current again: {since}, {behind} step(s) before step {status.step}"
         kind, reason = "Normal", CURRENT
     st.set_condition(status, CONDITION, now, reason, message, at=at)
-    return kind, reason, message
+    return Event(kind, reason, message)

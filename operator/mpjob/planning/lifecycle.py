@@ -218,7 +218,7 @@ def conclude(
     result = under_policy(classify(outcome), spec.fault_policy, report)
     end_step = record_report(status, attempt.index, report)
     for step in skipped.record(status, report.skipped if report else None):
-        plan.events.append(Event(*skipped.announcement(step)))
+        plan.events.append(skipped.announcement(step))
     amp_slower(plan, report.measurement if report else None, when)
     # An `auto` attempt ran in what its trainer measured and trained in.
     index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)

@@ -32,6 +32,7 @@ from typing import Any
 from mpjob.planning import lapse, reported, skipped, timeline
 from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
+from mpjob.planning.plan import Event
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, is_auto
 from mpjob_contract.skipping import Skipped, SkippedStep
@@ -86,24 +87,22 @@ class Observation:
     it newly lists (one Event each: `skipped.announcement`)."""
 
     status: MixedPrecisionJobStatus
-    news: tuple[str, str] | None = None
+    news: Event | None = None
     skips: tuple[SkippedStep, ...] = ()
-    #: The CheckpointsFailing condition's flip (type, reason, message), if it flipped.
-    lapse: tuple[str, str, str] | None = None
+    #: The CheckpointsFailing condition's flip, if it flipped.
+    lapse: Event | None = None
 
-    def told(self) -> list[tuple[str, str, str]]:
-        """The Events (type, reason, message) this reading earns, in order."""
-        told = [("Normal", *self.news)] if self.news is not None else []
-        told += [self.lapse] if self.lapse is not None else []
+    def told(self) -> list[Event]:
+        """The Events this reading earns, in order."""
+        told = [event for event in (self.news, self.lapse) if event is not None]
         return told + [skipped.announcement(step) for step in self.skips]
 
     def lines(self) -> list[str]:
         """What `mpjob run` prints of them: the start-step correction and the condition's flip
         (its step lines show the skips)."""
-        said = [self.news[1]] if self.news is not None else []
-        if self.lapse is not None:
-            kind, _, message = self.lapse
-            said.append(f"warning: {message}" if kind == "Warning" else message)
+        said = [self.news.message] if self.news is not None else []
+        if (flip := self.lapse) is not None:
+            said.append(f"warning: {flip.message}" if flip.type == "Warning" else flip.message)
         return said
 
 
@@ -195,15 +194,15 @@ def _newer(held: CheckpointStatus | None, named: CheckpointReading) -> bool:
     return held.step == named.step and bool(named.sha256) and not held.sha256
 
 
-def start_news(current: AttemptStatus, real_start: int) -> tuple[str, str]:
-    """(reason, message) of the Event that corrects `current`'s planned start step with the
+def start_news(current: AttemptStatus, real_start: int) -> Event:
+    """The Event that corrects `current`'s planned start step with the
     one its trainer reports."""
     planned = f"planned: checkpoint step {current.start_step}" if current.start_step else "planned: a fresh start"
     if real_start == 0:
         message = f"attempt {current.index} ({current.precision}) found no checkpoint of its own to resume from"
-        return ConditionReason.STARTED_FRESH, f"{message} and started at step 0 ({planned})"
+        return Event("Normal", ConditionReason.STARTED_FRESH, f"{message} and started at step 0 ({planned})")
     message = f"attempt {current.index} ({current.precision}) resumed from checkpoint step {real_start}"
-    return ConditionReason.RESUMED, f"{message} ({planned})"
+    return Event("Normal", ConditionReason.RESUMED, f"{message} ({planned})")
 
 
 def changes(before: MixedPrecisionJobStatus, after: MixedPrecisionJobStatus) -> dict[str, Any]:

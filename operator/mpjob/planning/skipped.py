@@ -18,6 +18,7 @@ the attempt's end (planning/lifecycle.conclude). One rule for all of them, `reco
 
 from __future__ import annotations
 
+from mpjob.planning.plan import Event
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import MixedPrecisionJobStatus
 from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, Skipped, SkippedStep, describe_ranges, describe_steps
@@ -56,9 +57,9 @@ def _key(step: SkippedStep) -> tuple[int, str]:
     return step.step, step.cause
 
 
-def announcement(step: SkippedStep) -> tuple[str, str, str]:
-    """(type, reason, message) of the Event that tells of a newly listed skipped step."""
-    return "Warning", EVENT_REASONS[step.cause], message(step)
+def announcement(step: SkippedStep) -> Event:
+    """The Event that tells of a newly listed skipped step."""
+    return Event("Warning", EVENT_REASONS[step.cause], message(step))
 
 
 def message(step: SkippedStep) -> str:

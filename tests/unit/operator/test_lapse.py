@@ -75,19 +75,19 @@ def test_saves_failing_for_three_intervals_warn_once_and_a_save_clears_it() -> N
         outage += [step(n)] + ([failed(n, n // EVERY - 2)] if n % EVERY == 0 else [])
     status, told = feed(status, outage)
     assert len(told) == 1 and told[0].lapse is not None  # once, at step 50, not at each failure after
-    kind, reason, message = told[0].lapse
+    kind, reason, message = told[0].lapse.type, told[0].lapse.reason, told[0].lapse.message
     assert (kind, reason) == ("Warning", "CheckpointsFailing") and condition(status) == ("True", "CheckpointsFailing")
     assert "no checkpoint for 30 step(s) (checkpoint step 20, step 50 now" in message
     assert told[0].lines() == [f"warning: {message}"]
     status, told = feed(status, [saved(60), step(65)])
-    assert [seen.lapse[:2] for seen in told if seen.lapse] == [("Normal", "CheckpointsCurrent")]
+    assert [(seen.lapse.type, seen.lapse.reason) for seen in told if seen.lapse] == [("Normal", "CheckpointsCurrent")]
     assert condition(status) == ("False", "CheckpointsCurrent") and status.last_checkpoint is not None
     assert "checkpoint step 60, 4 step(s) before step 64" in told[0].lines()[0]
 
 
 def test_a_run_with_no_checkpoint_yet_lapses_from_step_0() -> None:
     _, told = feed(fresh(), [step(n) for n in range(1, LAPSED_INTERVALS * EVERY + 1)])
-    assert len(told) == 1 and told[0].lapse is not None and "no checkpoint yet" in told[0].lapse[2]
+    assert len(told) == 1 and told[0].lapse is not None and "no checkpoint yet" in told[0].lapse.message
 
 
 def test_the_operators_read_of_the_metrics_lapses_the_same_way() -> None:
@@ -98,7 +98,7 @@ def test_the_operators_read_of_the_metrics_lapses_the_same_way() -> None:
     seen = observe(
         status, found_reading({"step": 50, "lastCheckpointStep": 20}), at="2026-01-01T00:00:00Z", every_steps=EVERY
     )
-    assert [t[:2] for t in seen.told()] == [("Warning", "CheckpointsFailing")]
+    assert [(t.type, t.reason) for t in seen.told()] == [("Warning", "CheckpointsFailing")]
     assert seen.status.to_api()["conditions"][0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     again = observe(seen.status, found_reading({"step": 51, "lastCheckpointStep": 20}), every_steps=EVERY)
     assert again.told() == []  # the status is the memory: an operator that restarts tells it once

@@ -57,7 +57,8 @@ def test_placeholders_and_a_scale_outside_fp16_are_no_readings() -> None:
 def test_the_trainers_start_step_corrects_the_plan_with_news() -> None:
     seen = observe(running(start=20), Reading(start_step=10))
     assert seen.status.attempts[-1].start_step == 10 and seen.status.step == 40
-    assert seen.news is not None and seen.news[0] == "Resumed" and "planned: checkpoint step 20" in seen.news[1]
+    news = seen.news
+    assert news is not None and news.reason == "Resumed" and "planned: checkpoint step 20" in news.message
     assert observe(running(start=20), Reading(start_step=20)).news is None
 
 
@@ -95,7 +96,7 @@ def test_a_flapping_start_step_is_taken_once_per_attempt() -> None:
         writes += "attempts" in changes(status, seen.status)
         news += [seen.news] if seen.news is not None else []
         status = seen.status
-    assert len(news) == 1 and news[0][0] == "Resumed" and writes == 1
+    assert len(news) == 1 and news[0].reason == "Resumed" and writes == 1
     assert status.attempts[-1].start_step == 10 and status.attempts[-1].start_step_reported
     assert status.to_api()["attempts"][-1]["startStepReported"] is True
 

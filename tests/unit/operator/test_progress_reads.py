@@ -189,8 +189,8 @@ def test_the_trainers_own_start_step_replaces_the_planned_one(real: int, news: t
         assert said is None and "attempts" not in patch
         return
     assert [a["startStep"] for a in patch["attempts"]] == [0, real]
-    assert said is not None and said[0] == news[0] and said[1].startswith(news[1])
-    assert "planned: checkpoint step 20" in said[1]
+    assert said is not None and said.reason == news[0] and said.message.startswith(news[1])
+    assert said.type == "Normal" and "planned: checkpoint step 20" in said.message
 
 
 def wait_until(predicate: Callable[[], object], timeout: float) -> object:

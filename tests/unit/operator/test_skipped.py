@@ -9,6 +9,7 @@ import pytest
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.lifecycle import Plan, When, begin, conclude
 from mpjob.planning.observe import Observation, Reading, changes, observe
+from mpjob.planning.plan import Event
 from mpjob.planning.planner import first_attempt
 from mpjob.planning.skipped import announcement, merged
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -82,7 +83,7 @@ def test_a_skip_seen_live_is_in_status_and_announced_once_and_the_report_does_no
     seen = live(running(), skipped(data(12, 30)))
     assert seen.status.skipped == skipped(data(12, 30)) and seen.status.attempts[-1].reason is None
     assert [announcement(s) for s in seen.skips] == [
-        (
+        Event(
             "Warning",
             "DataSkipped",
             "step 13 skipped: non-finite in fp32 too (bad data); rolled back to the last good checkpoint; samples 30",
