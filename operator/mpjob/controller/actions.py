@@ -8,7 +8,11 @@ A Job's Service and NetworkPolicy are owed until both are made (`Actions.owed`):
 made the Job and then failed to make one (a 503, a timeout) leaves them owed, and the next
 reconcile of the job makes them while that very Job is held and running. Without them its ranks
 would find no rendezvous (the Service) or its metrics port would be open to every pod (the
-NetworkPolicy). Only what this process made is owed: nothing is read per tick to find them.
+NetworkPolicy). What is owed lives in memory: an operator that stops between a Job and its
+children (a crash, a rollout) leaves them to the next, whose first reconcile of each job owes
+them to every running Job of the job's that its status records (`attempts[].jobUid`) and makes
+each once (one of ours already there answers 409 and is left as is). Nothing is read per tick to
+find them; a standby forgets what it owed and rebuilds it when it acts again.
 
 Every status write of a reconcile goes through `write_status`: the reconcile's own (its memory,
 written before anything here acts) and the Job UIDs recorded before a new Job's children are made.
@@ -59,8 +63,8 @@ def write_status(cluster: Cluster, body: dict[str, Any], stored: dict[str, Any],
 
 @dataclass(frozen=True)
 class Owed:
-    """Attempt `index`'s Job as the API server returned it when it was made, whose Service and
-    NetworkPolicy may not be made yet."""
+    """Attempt `index`'s Job (as the API server returned it when it was made, or its reference as
+    a restart rebuilds it: `job_ref`), whose Service and NetworkPolicy may not be made yet."""
 
     index: int
     precision: str
@@ -72,6 +76,8 @@ class Actions:
         self.config, self.cluster, self.cache = config, cluster, cache
         #: By job, by attempt: the Jobs made whose Service or NetworkPolicy may be missing.
         self.owed: dict[Key, dict[int, Owed]] = {}
+        #: The jobs whose running Jobs were owed their children since this process began acting.
+        self.rebuilt: set[Key] = set()
 
     def apply(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed
@@ -93,6 +99,8 @@ class Actions:
         for index in plan.delete:
             if index in seen.uids:
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
+        if (namespace, name) not in self.rebuilt:
+            self._rebuild((namespace, name), plan, seen)
         if (refusal := self._pay((namespace, name), body, plan, seen)) is not None:
             return refusal
         for start in plan.create:
@@ -130,6 +138,19 @@ class Actions:
         self.owed.setdefault((namespace, name), {})[start.index] = owed
         self._children(body, owed)
 
+    def _rebuild(self, key: Key, plan: Plan, seen: Observed) -> None:
+        """The job's first reconcile since this process began acting: each of its running Jobs
+        the status records as its own is owed its children (its maker may have stopped before
+        them); `_pay` makes them, once."""
+        recorded, entries = st.job_uids(plan.status), {a.index: a for a in plan.status.attempts}
+        for index, uid in seen.uids.items():
+            view, entry = seen.jobs.get(index), entries.get(index)
+            if recorded.get(index) != uid or view is None or view.finished or entry is None:
+                continue
+            owed = Owed(index, entry.precision, job_ref(key, index, uid))
+            self.owed.setdefault(key, {}).setdefault(index, owed)
+        self.rebuilt.add(key)
+
     def _pay(self, key: Key, body: dict[str, Any], plan: Plan, seen: Observed) -> tuple[int, Refused] | None:
         """Make the children owed to the job's Jobs that are still the ones made, held and
         running, not deleted now; the attempt whose child the API server refused for good, if
@@ -166,8 +187,10 @@ class Actions:
             self.owed.pop(key, None)
 
     def forget(self, key: Key) -> None:
-        """The job `key` is gone: nothing is owed to its Jobs."""
+        """The job `key` is gone, or another operator acts on it now: nothing is owed to its Jobs
+        (what is, a reconcile of it rebuilds)."""
         self.owed.pop(key, None)
+        self.rebuilt.discard(key)
 
     def refused(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]
@@ -188,3 +211,11 @@ class Actions:
         write_status(self.cluster, body, plan.status.to_api(), failed.status)
         self.apply(body, spec, failed, seen=self.cache.observe(meta["namespace"], meta["name"], meta["uid"]))
         return failed
+
+
+def job_ref(key: Key, index: int, uid: str) -> dict[str, Any]:
+    """Attempt `index`'s Job of the job `key`, as much of it as its children's controller
+    reference and the check of whose child exists read: kind, name, namespace, UID."""
+    namespace, name = key
+    meta = {"name": attempt_name(name, index), "namespace": namespace, "uid": uid}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta}

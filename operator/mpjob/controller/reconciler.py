@@ -96,8 +96,10 @@ class Reconciler:
         self.context.wait()  # kopf.event works only in a context kopf has set up
         if not self.peering.active(namespace):
             # A standby: kopf's own watch is paused too; the ticker comes back to the job. What it
-            # read while it acted is forgotten: acting again, it reads anew (`unseen_for`).
+            # read while it acted is forgotten: acting again, it reads anew (`unseen_for`), and
+            # rebuilds what the job's Jobs are owed (`actions`: the other may have made one).
             self.progress.forget(key)
+            self.actions.forget(key)
             return None
         if tick and self.backoff.waiting(key):
             return None
