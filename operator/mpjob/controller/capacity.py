@@ -21,24 +21,20 @@ GPUs), not the whole listing.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kubernetes.client.rest import ApiException
-
 from mpjob.builders.attempt import GPU_MAJOR_LABEL, GPU_MINOR_LABEL, LABEL_JOB
 from mpjob.builders.attempt import GPU_RESOURCE as GPU
+from mpjob.controller.quiet import QuietReads
 from mpjob.planning.elastic import workers_of
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 if TYPE_CHECKING:
     from mpjob.controller.cluster import Cluster
-
-log = logging.getLogger(__name__)
 
 
 def _quantity(value: Any) -> int:
@@ -135,12 +131,14 @@ class Room:
 
 class RoomReader:
     """The cluster's room, read at most once per `fresh_seconds` for every job of the operator
-    (reconciles of several jobs at once wait for one read). A read the API server refused
-    answers None for its window too, said once in the log: no job grows then."""
+    (reconciles of several jobs at once wait for one read). A read that failed answers None for
+    its window too: no job grows then. One refused for good (403: a chart without
+    rbac.elasticCapacity) is said once and not asked again for `quiet.QUIET_SECONDS` (`QuietReads`)."""
 
     def __init__(self, cluster: Cluster, *, fresh_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster, self.fresh_seconds = cluster, fresh_seconds
         self._clock = clock
+        self._reads = QuietReads(clock=clock)
         self._lock = threading.Lock()
         self._last: tuple[float, Room | None] | None = None
 
@@ -154,11 +152,9 @@ class RoomReader:
             return room
 
     def _read(self) -> Room | None:
-        try:
-            nodes, pods = self.cluster.gpu_room()
-        except ApiException as exc:
-            log.warning("spec.elastic: cannot read nodes and pods: %s: no elastic job grows now", exc.reason)
+        if (read := self._reads.ask("nodes and pods for spec.elastic", self.cluster.gpu_room)) is None:
             return None
+        nodes, pods = read
         return Room(tuple(nodes), tuple(p for p in pods if _requested(p) > 0))
 
 

@@ -14,7 +14,6 @@ with the server's message; anything else propagates, and the reconcile is retrie
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, cast
 
 import kopf
@@ -61,28 +60,6 @@ def raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
 def load_credentials() -> None:
     """The client's default credentials: the pod's ServiceAccount, or the kubeconfig outside a cluster."""
     credentials.load_default()
-
-
-class QuietReads:
-    """Reads of what this operator may be refused for good: a 403 (a chart without the rule) or
-    a 404 (an API that is not installed) quiets reads of that kind for `quiet_seconds` (None
-    without asking); any other error is a None this time."""
-
-    def __init__(self, quiet_seconds: float = 300.0) -> None:
-        self.quiet_seconds = quiet_seconds
-        self._quiet_until: dict[str, float] = {}
-
-    def read(self, kind: str, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        """`raw(call, ...)`, or None (refused now, or quiet after a refusal of `kind`)."""
-        if time.monotonic() < self._quiet_until.get(kind, 0.0):
-            return None
-        try:
-            return raw(call, *args, **kwargs)
-        except ApiException as exc:
-            if exc.status in (403, 404):
-                log.info("cannot read %s (%s): not asked again for %.0f s", kind, exc.status, self.quiet_seconds)
-                self._quiet_until[kind] = time.monotonic() + self.quiet_seconds
-            return None
 
 
 def status_message(body: str | bytes | None) -> str | None:

@@ -18,7 +18,7 @@ as ended by `NodeLost`, and one on a node tainted unreachable as ended by `NodeU
 (`on_nodes`): the attempt ends at once, uncharged (an elastic job shrinks to the workers that
 are left), and the next attempt does not wait for those pods. A node that reports itself not
 ready (its kubelet answers: `node.kubernetes.io/not-ready`) is not judged: its containers may
-train on. Where the operator may not list Nodes (403) it does not ask again for QUIET_SECONDS
+train on. Where the operator may not list Nodes (403) it does not ask again for `quiet.QUIET_SECONDS`
 and waits for the garbage collector and the taint manager, as before.
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from mpjob.controller.cluster import QuietReads
+from mpjob.controller.quiet import QuietReads
 from mpjob.planning.endings import PodView
 from mpjob_contract.codes import Reason
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from mpjob.controller.cache import Observed
     from mpjob.controller.cluster import Cluster
 
-QUIET_SECONDS = 300.0
 #: How long one list of the Nodes answers for (NodeReader).
 FRESH_SECONDS = 5.0
 #: The taint the node lifecycle controller puts on a node whose kubelet stopped renewing its
@@ -103,7 +102,7 @@ class NodeReader:
 
     def __init__(self, cluster: Cluster, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
-        self._reads = QuietReads(QUIET_SECONDS)
+        self._reads = QuietReads()
         self._clock = clock
         self._last: tuple[float, Nodes] | None = None  # replaced whole: a reader thread sees one or the other
 

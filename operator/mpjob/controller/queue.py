@@ -14,7 +14,7 @@ below `workers`; the reconcile shrinks a Job that waited past elastic.waitSecond
 quota short (`quota_short`) and grows a smaller attempt when the quota is raised.
 
 Where Kueue is not installed (404) or the operator may not list Workloads (403: a chart
-without that rule) it answers None and does not ask again for QUIET_SECONDS: the status then
+without that rule) it answers None and does not ask again for `quiet.QUIET_SECONDS`: the status then
 says that the attempt waits, without the queue's words. Any other error is a None this time.
 """
 
@@ -25,7 +25,8 @@ from typing import Any
 
 from mpjob.builders.attempt import GPU_RESOURCE as GPU
 from mpjob.controller.cache import Observed
-from mpjob.controller.cluster import Cluster, QuietReads
+from mpjob.controller.cluster import Cluster
+from mpjob.controller.quiet import QuietReads
 from mpjob.planning import history
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView
@@ -34,7 +35,6 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 GROUP, VERSION, PLURAL = "kueue.x-k8s.io", "v1beta1", "workloads"
 LOCAL_QUEUES, CLUSTER_QUEUES = "localqueues", "clusterqueues"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-QUIET_SECONDS = 300.0
 
 
 def workload_message(workload: dict[str, Any]) -> str | None:
@@ -87,7 +87,7 @@ class QueueReader:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         #: Reads of Kueue's objects by kind; None on an error (quiet after a 403 or 404).
-        self._read = QuietReads(QUIET_SECONDS).read
+        self._read = QuietReads().read
 
     def workload(self, namespace: str, job_uid: str) -> dict[str, Any] | None:
         """Kueue's Workload for the attempt Job with this UID, or None."""

@@ -13,6 +13,7 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.controller.capacity import RoomReader, fits_now
 from mpjob.controller.cluster import Cluster
+from mpjob.controller.quiet import QUIET_SECONDS
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from tests.unit.operator.test_elastic_growth import _shrunk, node, pod, spec
 from tests.unit.operator.test_elastic_queue import Response
@@ -23,17 +24,18 @@ TICK = 5.0  # the operator's tick (OperatorConfig.tick_seconds): one read answer
 
 
 class Core:
-    """Nodes and pods as the API serves them, keeping each LIST's kind and arguments;
-    `refused`: a chart without rbac.elasticCapacity."""
+    """Nodes and pods as the API serves them, keeping each LIST's kind and arguments; `error`:
+    the status the API server answers instead (403: a chart without rbac.elasticCapacity)."""
 
     def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-        self.nodes, self.pods, self.refused = nodes, pods, False
+        self.nodes, self.pods = nodes, pods
+        self.error: int | None = None
         self.lists: list[tuple[str, dict[str, Any]]] = []
 
     def _answer(self, kind: str, items: list[dict[str, Any]], kwargs: dict[str, Any]) -> Response:
         self.lists.append((kind, kwargs))
-        if self.refused:
-            raise ApiException(status=403, reason="Forbidden")
+        if self.error is not None:
+            raise ApiException(status=self.error, reason="Refused")
         return Response({"items": items})
 
     def list_node(self, **kwargs: Any) -> Response:
@@ -96,13 +98,32 @@ def test_the_api_server_is_asked_for_gpu_nodes_and_bound_pods_not_ended_and_only
     }
 
 
-def test_a_refused_read_answers_no_room_for_its_window_and_is_asked_again_after_it() -> None:
+def test_a_refused_read_answers_no_room_and_is_not_asked_again_until_the_quiet_window_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A chart without rbac.elasticCapacity: the 403 is remembered and said once, not asked
+    again each tick for every elastic job that waits to grow."""
     core, clock = Core([node("a", 4)], []), Clock()
-    core.refused = True
+    core.error = 403
     reader = _reader(core, clock)
-    assert (_fits(reader, "j1"), _fits(reader, "j2")) == (None, None)
-    assert core.count("nodes") == 1  # not once per job
-    core.refused, clock.now = False, TICK
+    for tick in range(int(QUIET_SECONDS / TICK)):
+        clock.now = tick * TICK
+        assert (_fits(reader, "j1"), _fits(reader, "j2")) == (None, None)
+    assert core.count("nodes") == 1  # not once per job, nor once per tick
+    clock.now = QUIET_SECONDS
+    assert _fits(reader, "j1") is None and core.count("nodes") == 2  # asked again, still refused
+    refusals = [r for r in caplog.records if "403" in r.getMessage()]
+    assert len(refusals) == 1 and "nodes and pods" in refusals[0].getMessage()  # said once while it lasts
+    core.error, clock.now = None, 2 * QUIET_SECONDS
+    assert _fits(reader, "j1") == 4 and core.count("nodes") == 3
+
+
+def test_a_read_that_failed_for_now_is_asked_again_the_next_window() -> None:
+    core, clock = Core([node("a", 4)], []), Clock()
+    core.error = 503
+    reader = _reader(core, clock)
+    assert (_fits(reader, "j1"), _fits(reader, "j2")) == (None, None) and core.count("nodes") == 1
+    core.error, clock.now = None, TICK
     assert _fits(reader, "j1") == 4 and core.count("nodes") == 2
 
 
