@@ -3,7 +3,7 @@ their counts, conditions, cost and timeline."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -106,8 +106,12 @@ class AttemptCounts(ApiModel):
     by_reason: dict[str, int] = Field(default_factory=dict)
     #: Entries dropped from attempts[] (between the first and the newest).
     omitted: int = 0
-    #: The smallest micro-batch an attempt ran out of device memory in (OutOfDeviceMemory): an
-    #: elastic job that grows back stays below it (None: none did).
+    #: The smallest micro-batch an attempt ran out of device memory in (OutOfDeviceMemory), by the
+    #: attempt's precision: a later attempt (re-promoted, grown back) in that precision or a wider
+    #: one (fp32 after bf16) stays below it; a narrower one (bf16 after fp32) is not held by it.
+    out_of_memory_micro_batches: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, max_length=8)
+    #: The same, as statuses written before the precision was kept hold it: it holds every
+    #: precision (None: none did; no longer written).
     out_of_memory_micro_batch: int | None = Field(None, ge=1)
 
 

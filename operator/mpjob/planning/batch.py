@@ -7,7 +7,9 @@ samples per process, so the samples of each step, and their order, stay the same
 (mpjob_trainer.data.StepSampler addresses the data by samples).
 
 One rule says how large an attempt's micro-batch may be (`largest_micro_batch`): the planner's
-re-promotion and a grown elastic attempt both take it, so neither undoes a split the job needs.
+re-promotion, its fallback (`held`) and a grown elastic attempt all take it, so none undoes a
+split the job needs. Running out of device memory holds the precision it happened in and every
+wider one (`too_big`), by ACTIVATION_BYTES.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpjob.planning.history import out_of_memory_micro_batch
+from mpjob.planning.history import ran_out_of_memory
 from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, processes_per_worker
 
 #: Bytes an activation takes in each precision: a fallback to a wider one needs more memory.
@@ -67,13 +69,27 @@ def largest_micro_batch(
     """The largest micro-batch an attempt in `precision` may take, given the job's `attempts` and
     `counts` (an entry may be gone from attempts[]): training.batchSize, split as the fallback into
     a wider precision than one the job's attempts trained in splits it (precision.fallbackKeepsBatch),
-    and below the micro-batch an attempt of the job ran out of device memory in: going back up
-    (a re-promotion, a grown world) never undoes a split that keeps the job within memory."""
+    and below the micro-batch an attempt of the job ran out of device memory in (`too_big`):
+    going back up (a re-promotion, a grown world) never undoes a split that keeps the job within
+    memory."""
     largest = BatchShape.of(spec)
     if spec.precision.fallback_keeps_batch and any(wider(precision, a.precision) for a in attempts):
         largest = largest.split() or largest
-    too_big = out_of_memory_micro_batch(attempts, counts)
-    return max(1, min(largest.micro_batch, too_big - 1 if too_big is not None else largest.micro_batch))
+    limit = too_big(precision, attempts, counts)
+    return max(1, min(largest.micro_batch, limit - 1 if limit is not None else largest.micro_batch))
+
+
+def too_big(precision: str, attempts: Sequence[AttemptStatus], counts: AttemptCounts | None) -> int | None:
+    """The smallest micro-batch that ran out of device memory in `precision` or a narrower one
+    (fewer bytes per activation: an attempt in bf16 ran out at 8, so fp32 would too); one that
+    ran out in a wider precision says nothing of a narrower one (fp32 at 8 leaves bf16 its own).
+    An unknown precision (`auto` before it measured) and a status written before the precision
+    was kept (counts.outOfMemoryMicroBatch) hold every precision. None: nothing holds it."""
+    ran_out = ran_out_of_memory(attempts, counts)
+    held = [m for was, m in ran_out.items() if was not in ACTIVATION_BYTES or not wider(was, precision)]
+    if counts is not None and counts.out_of_memory_micro_batch is not None:
+        held.append(counts.out_of_memory_micro_batch)
+    return min(held, default=None)
 
 
 def largest_shape(
@@ -86,3 +102,18 @@ def largest_shape(
     """The shape of an attempt in `precision` on `workers` pods with the largest micro-batch it may
     take (`largest_micro_batch`), the global batch kept; None when the world does not divide it."""
     return shape_for(spec, workers, largest_micro_batch(spec, precision, attempts, counts))
+
+
+def held(
+    spec: MixedPrecisionJobSpec,
+    precision: str,
+    shape: BatchShape,
+    workers: int,
+    attempts: Sequence[AttemptStatus],
+    counts: AttemptCounts | None,
+) -> BatchShape:
+    """`shape` for an attempt in `precision`, or the largest it may take (`largest_shape`) when
+    `shape`'s micro-batch is larger: a fallback into fp32 never goes back to one fp32 ran out in."""
+    if shape.micro_batch <= largest_micro_batch(spec, precision, attempts, counts):
+        return shape
+    return largest_shape(spec, precision, workers, attempts, counts) or shape

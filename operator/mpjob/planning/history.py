@@ -40,18 +40,21 @@ def counts(status: MixedPrecisionJobStatus) -> AttemptCounts:
             repromoted_at=repromoted_at(status.attempts),
             barred=sorted(barred(status.attempts)),
             by_reason=by_reason,
-            out_of_memory_micro_batch=out_of_memory_micro_batch(ended),
+            out_of_memory_micro_batches=ran_out_of_memory(ended),
         )
     return status.attempt_counts
 
 
-def out_of_memory_micro_batch(attempts: Sequence[AttemptStatus], counts: AttemptCounts | None = None) -> int | None:
-    """The smallest micro-batch an attempt ran out of device memory in: of `attempts`, or of
-    `counts` (an entry no longer in attempts[]); None when none did."""
-    ran_out = [a.micro_batch for a in attempts if a.reason == Reason.OUT_OF_DEVICE_MEMORY and a.micro_batch]
-    if counts is not None and counts.out_of_memory_micro_batch is not None:
-        ran_out.append(counts.out_of_memory_micro_batch)
-    return min(ran_out, default=None)
+def ran_out_of_memory(attempts: Sequence[AttemptStatus], counts: AttemptCounts | None = None) -> dict[str, int]:
+    """The smallest micro-batch an attempt ran out of device memory in, by its precision: of
+    `attempts`, or of `counts` (an entry no longer in attempts[]). A status written before the
+    precision was kept holds one for every precision instead (counts.outOfMemoryMicroBatch, read
+    by `batch.largest_micro_batch`)."""
+    smallest = dict(counts.out_of_memory_micro_batches) if counts is not None else {}
+    for a in attempts:
+        if a.reason == Reason.OUT_OF_DEVICE_MEMORY and a.micro_batch:
+            smallest[a.precision] = min(smallest.get(a.precision, a.micro_batch), a.micro_batch)
+    return smallest
 
 
 def repromoted_at(attempts: Sequence[AttemptStatus], counts: AttemptCounts | None = None) -> dict[str, int]:
@@ -107,7 +110,7 @@ def ended(status: MixedPrecisionJobStatus, entry: AttemptStatus, *, charged: boo
     tally.charged += 1 if charged else 0
     entry.charged = charged
     tally.barred = sorted(barred([entry], tally))
-    tally.out_of_memory_micro_batch = out_of_memory_micro_batch([entry], tally)
+    tally.out_of_memory_micro_batches = ran_out_of_memory([entry], tally)
 
 
 def bound(status: MixedPrecisionJobStatus) -> None:

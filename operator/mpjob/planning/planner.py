@@ -11,7 +11,8 @@ micro-batch by its smallest prime factor (16 -> 8, 12 -> 6, 9 -> 3) and multipli
 accumulation by the same, so the samples of each optimizer step, and their order, stay the
 same (mpjob_trainer.data.StepSampler): resume stays exact in data order. A re-promoted
 attempt takes back the largest micro-batch its precision allows (mpjob.planning.batch: the
-fallback's split undone, one for running out of memory kept).
+fallback's split undone, one for running out of memory in that precision or a narrower one kept),
+and a fallback never takes a micro-batch its precision is held below (`batch.held`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from mpjob.planning.batch import BatchShape, largest_shape, wider
+from mpjob.planning.batch import BatchShape, held, largest_shape, wider
 from mpjob.planning.classify import Action, Classification
 from mpjob.planning.history import barred
 from mpjob.planning.repeat import repeated_failure
@@ -228,6 +229,10 @@ def after_attempt(
     raised = None if up is None else largest_shape(spec, up, workers or spec.workers, history, counts)
     decision = _next(spec, ended, result, shape or BatchShape.of(spec), walked(spec, history, capability), up, raised)
     if isinstance(decision, StartAttempt):
+        if decision.fallback_from is not None and decision.shape is not None:  # never a shape that ran out
+            decision = _shaped(
+                decision, held(spec, decision.precision, decision.shape, workers or spec.workers, history, counts)
+            )
         sized = replace(decision, workers=workers if workers != spec.workers else None)
         # a re-promoted attempt counts itself against precision.maxRepromotions
         ahead = made(history, repromotions, counts) + (decision.promoted_from is not None)

@@ -77,9 +77,10 @@ def test_a_repromotion_keeps_a_split_made_for_running_out_of_device_memory() -> 
     ]
 
 
-def test_a_repromotion_keeps_a_split_for_running_out_of_memory_in_fp32() -> None:
+def test_a_repromotion_is_not_held_by_a_split_for_running_out_of_memory_in_fp32() -> None:
+    """fp32 keeps activations in twice fp16's bytes: what it ran out in leaves fp16 its own limit."""
     _, started = _run(spec(), FAULT, OOM, REPROMOTE)
-    assert _walk(started)[1:] == [("fp32", BatchShape(8, 2)), ("fp32", BatchShape(4, 4)), ("fp16", BatchShape(4, 4))]
+    assert _walk(started)[1:] == [("fp32", BatchShape(8, 2)), ("fp32", BatchShape(4, 4)), ("fp16", BatchShape(16, 1))]
 
 
 def test_a_repromotion_keeps_an_out_of_memory_split_whose_entry_is_gone_from_attempts() -> None:
@@ -131,3 +132,4 @@ def test_one_rule_sizes_a_repromotion_and_a_grown_attempt() -> None:
     assert largest_micro_batch(job, "fp16", ran, None) == 16
     assert largest_micro_batch(job, "fp32", ran, None) == 8
     assert largest_micro_batch(job, "fp16", ran, AttemptCounts(out_of_memory_micro_batch=16)) == 15
+    assert largest_micro_batch(job, "fp16", ran, AttemptCounts(out_of_memory_micro_batches={"fp16": 16})) == 15
