@@ -51,7 +51,11 @@ def write_status(cluster: Cluster, body: dict[str, Any], stored: dict[str, Any],
     """Patch the job's status from `stored` to `new` (nothing when they agree), only if the job is
     still at `body`'s resourceVersion (a 409 Conflict otherwise: the reconcile is retried from a
     new read); `body` takes the version the write made, for the reconcile's next write."""
-    patch = status_patch(stored, new)
+    write_patch(cluster, body, status_patch(stored, new))
+
+
+def write_patch(cluster: Cluster, body: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Merge `patch` into the job's status at `body`'s resourceVersion (`write_status`)."""
     if patch:
         meta = body["metadata"]
         version = cluster.patch_status(

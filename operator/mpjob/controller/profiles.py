@@ -1,6 +1,7 @@
 """Profiles on demand, acted on: read the job's `mpjob.dev/profile-steps` annotation, let
-`planning/profiles.py` decide, write status.profiles and the Events, and ask the running
-attempt's rank 0 over its metrics port (`POST /profile?id=ID&steps=N`).
+`planning/profiles.py` decide, write status.profiles (at the resourceVersion the reconcile holds,
+as every status write: one refused with a 409 is planned again by the next tick, its Events
+told then) and the Events, and ask the running attempt's rank 0 over its metrics port (`POST /profile?id=ID&steps=N`).
 
 The trainer holds no Kubernetes token, so the request travels over the one connection the
 operator already makes to the pod: rank 0's metrics port, which the attempt's NetworkPolicy
@@ -21,11 +22,13 @@ from dataclasses import replace
 from typing import Any, cast
 
 import kopf
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from mpjob.builders.profile_token import attempt_token
+from mpjob.controller.actions import write_patch
 from mpjob.controller.cache import Observed
-from mpjob.controller.cluster import Cluster
+from mpjob.controller.cluster import CONFLICT, Cluster
 from mpjob.controller.records import Key
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning import history
@@ -70,7 +73,14 @@ class ProfileRequests:
         now = st.now()
         plan = plan_profiles(status, annotation, checkpoint_dir=folder, now=now, answer=answer)
         if plan.profiles != status.profiles:
-            self.cluster.patch_status(key[0], key[1], {"profiles": [p.to_api() for p in plan.profiles]})
+            try:  # at the version the reconcile holds, as its own writes: never over a newer status
+                write_patch(self.cluster, body, {"profiles": [p.to_api() for p in plan.profiles]})
+            except ApiException as exc:
+                self._keep(uid, answer)  # the next reconcile plans it again from a new read, told nothing now
+                if exc.status != CONFLICT:
+                    raise
+                log.info("%s/%s: profiles not written (the job changed since it was read): next tick", *key)
+                return
             status.profiles = plan.profiles
         for event in plan.events:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
@@ -79,6 +89,12 @@ class ProfileRequests:
         job = history.job_index(status, plan.ask.attempt)  # an attempt begun in place: its chain's pods
         if ip := seen.rank0_ip.get(job):
             self._submit(key, uid, replace(plan.ask, attempt=job), ip)
+
+    def _keep(self, uid: str, answer: ProfileAnswer | None) -> None:
+        """Hand `answer` back for the next reconcile (unless a newer one came meanwhile)."""
+        if answer is not None:
+            with self._lock:
+                self._answers.setdefault(uid, answer)
 
     def _submit(self, key: Key, uid: str, ask: ProfileAsk, ip: str) -> None:
         with self._lock:

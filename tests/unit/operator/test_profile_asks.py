@@ -33,7 +33,9 @@ class StatusWrites:
     def __init__(self) -> None:
         self.patches: list[dict[str, Any]] = []
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
+    ) -> None:
         self.patches.append(status)
 
 
