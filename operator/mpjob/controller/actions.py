@@ -1,8 +1,10 @@
 """A reconcile's acts on the cluster, once its decision is written to the status: what the plan
 ends goes (the pods it cuts first, with a short grace period, then the attempt Jobs, only ours by
-UID, and what a Job deleted with --cascade=orphan left behind), what it starts is made (an
-attempt's profile-token Secret, its Job, then its Service and NetworkPolicy), and an attempt whose
-children the API server refuses for good fails with the server's message (`Actions.refused`).
+UID, and what a Job deleted with --cascade=orphan left behind; a stray Job, made for an attempt
+the status had ended, once: `strays.py`), what it starts is made (an attempt's profile-token
+Secret, its Job, then its Service and NetworkPolicy; only the attempt the status written holds
+current), and an attempt whose children the API server refuses for good fails with the server's
+message (`Actions.refused`).
 
 A Job's Service and NetworkPolicy are owed until both are made (`Actions.owed`): a reconcile that
 made the Job and then failed to make one (a 503, a timeout) leaves them owed, and the next
@@ -21,6 +23,7 @@ written before anything here acts) and the Job UIDs recorded before a new Job's 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +38,8 @@ from mpjob.controller.cache import ChildCache, Observed
 from mpjob.controller.cluster import CONFLICT, Cluster, Refused, uid_of
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.records import Key
-from mpjob.planning import cutoff
+from mpjob.controller.strays import StrayJobs
+from mpjob.planning import cutoff, history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
@@ -82,13 +86,20 @@ class Actions:
         self.owed: dict[Key, dict[int, Owed]] = {}
         #: The jobs whose running Jobs were owed their children since this process began acting.
         self.rebuilt: set[Key] = set()
+        self.strays = StrayJobs(cluster)
 
     def apply(
-        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, seen: Observed
+        self,
+        body: dict[str, Any],
+        spec: MixedPrecisionJobSpec,
+        plan: Plan,
+        *,
+        seen: Observed,
+        strays: Mapping[int, str] | None = None,
     ) -> tuple[int, Refused] | None:
         """Delete the attempts the plan ends (only Jobs of ours, by UID; the pods of those it cuts
-        with a short grace period), create the ones it starts; the attempt whose children the API
-        server refused for good, if any."""
+        with a short grace period) and the stray Jobs (`strays`, attempt -> UID: `history.strays`),
+        create the ones it starts; the attempt whose children the API server refused for good, if any."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         cut = [pod for index in plan.cut if index in seen.jobs for pod in cutoff.to_cut(seen.jobs[index])]
         for pod in cut:  # before their Job: a kubelet keeps the grace a pod's first deletion gave
@@ -100,14 +111,19 @@ class Actions:
         if left := leftovers.stop(self.cluster, namespace, name, seen.orphans, policies=policies):
             self.cache.stopping(left)  # said once: a reconcile before the watch shows them going stops none again
             plan.events.append(cutoff.orphans_event(left))
+        strays = strays or {}
+        plan.events.extend(self.strays.delete((namespace, name), strays, held=seen.uids.values()))
         for index in plan.delete:
-            if index in seen.uids:
+            if index in seen.uids and index not in strays:  # a stray goes once, above
                 self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
         if (namespace, name) not in self.rebuilt:
             self._rebuild((namespace, name), plan, seen)
         if (refusal := self._pay((namespace, name), body, plan, seen)) is not None:
             return refusal
         for start in plan.create:
+            if not history.current(plan.status, start.index):  # never one the status written has ended
+                log.error("%s/%s: attempt %d is not the current one: its Job is not made", namespace, name, start.index)
+                continue
             try:
                 self._create(body, spec, plan, start=start)
             except Refused as refused:
@@ -195,6 +211,7 @@ class Actions:
         (what is, a reconcile of it rebuilds)."""
         self.owed.pop(key, None)
         self.rebuilt.discard(key)
+        self.strays.forget(key)
 
     def refused(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]

@@ -171,9 +171,9 @@ class Cluster:
             name = secret["metadata"]["name"]
             log.warning("%s/%s: the profile token's Secret was refused (%s): no profiles", namespace, name, refused)
 
-    def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> None:
+    def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> bool:
         """Delete attempt `index`'s Job, if it is still the one whose UID is `uid` (its pods go
-        in the background: SIGTERM, then a checkpoint; its Service with it)."""
+        in the background: SIGTERM, then a checkpoint; its Service with it); whether it was."""
         batch, name = self.batch, attempt_name(job, index)
         options = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
         try:
@@ -181,6 +181,8 @@ class Cluster:
         except ApiException as exc:
             if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or another object took the name
                 raise
+            return False
+        return True
 
     def cut_pod(self, namespace: str, pod: str, *, uid: str, grace: int) -> None:
         """Delete an attempt's pod, if it is still the one whose UID is `uid`, with `grace`

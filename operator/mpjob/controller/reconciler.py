@@ -37,6 +37,7 @@ from mpjob.controller.queue import QueueReader
 from mpjob.controller.records import Key
 from mpjob.controller.ticker import Standing, at_rest, standing
 from mpjob.controller.workqueue import Backoff, Retry
+from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.backoff import RetryBackoff
@@ -161,11 +162,13 @@ class Reconciler:
                 spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
                 unseen_for=unseen_for, stopped=seen.stopped, retries=self.retries,
             )  # fmt: skip
+            strays = history.strays(old, seen.uids)  # made for an attempt ended already: deleted, never recorded
             for index, uid in seen.uids.items():  # a Job made before its uid was recorded: said started
-                lc.made(plan, spec, index, uid)  # if this write holds (the one that records it tells it)
+                if index not in strays:  # if this write holds (the one that records it tells it)
+                    lc.made(plan, spec, index, uid)
             write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
             self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
-            plan = self._act(body, spec, plan, seen)
+            plan = self._act(body, spec, plan, seen, strays)
             costs.count(old, plan.status, spec.cost_per_gpu_hour)
             self.profiles.reconcile(body, spec, plan.status, seen)
             if plan.status.phase in FINISHED:
@@ -173,14 +176,16 @@ class Reconciler:
             self._settle((namespace, name), plan, seen, spec)
             return plan
 
-    def _act(self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, seen: Observed) -> Plan:
+    def _act(
+        self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, seen: Observed, strays: dict[int, str]
+    ) -> Plan:
         """Carry out `plan` (its status written and its Events told), telling what acting did (pods
         cut, pods left behind stopped) and saying and counting started each attempt whose first Job
         it made, also when making what comes after that Job fails (its retry finds the Job made and
         says nothing); the plan that stands after it (a failed one when the API server refused a child)."""
         planned, said, refusal = len(plan.events), len(plan.started), None
         try:
-            refusal = self.actions.apply(body, spec, plan, seen=seen)
+            refusal = self.actions.apply(body, spec, plan, seen=seen, strays=strays)
         finally:
             self._tell(body, plan.events[planned:])
             # an attempt whose children are refused never started

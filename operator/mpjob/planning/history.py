@@ -12,7 +12,7 @@ index is `started`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, AttemptCounts, AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -140,3 +140,23 @@ def job_index(status: MixedPrecisionJobStatus, index: int) -> int:
     while (entry := by_index.get(index)) is not None and entry.in_place and index - 1 in by_index:
         index -= 1
     return index
+
+
+def strays(status: MixedPrecisionJobStatus, uids: Mapping[int, str]) -> dict[int, str]:
+    """Of the attempt Jobs held (`uids`: attempt -> the UID of the Job of its name that this job
+    controls), those that are not the job's, by attempt: of an attempt `status` has ended whose
+    recorded Job (`jobUid`) is another one, or none. The status says that attempt is over and
+    which Job ran it, so this one was made after it ended, by an operator that stalled between
+    recording the attempt and making its Job and woke once another had gone past it: its
+    trainers would write the job's checkpoints beside the running attempt's. A Job of the
+    attempt that has not ended is never one, its uid recorded or not (made, that write not
+    held yet: the reconcile records it, `lifecycle.made`); nor one of an entry dropped from the
+    history (`bound`: it is retired as an older attempt's)."""
+    ended = {a.index: a.job_uid for a in status.attempts if a.finish_time is not None}
+    return {index: uid for index, uid in uids.items() if index in ended and ended[index] != uid}
+
+
+def current(status: MixedPrecisionJobStatus, index: int) -> bool:
+    """Whether attempt `index` is the job's current one: its newest, not ended."""
+    newest = status.attempts[-1] if status.attempts else None
+    return newest is not None and newest.index == index and newest.finish_time is None

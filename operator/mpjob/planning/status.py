@@ -71,6 +71,9 @@ class ConditionReason(StrEnum):
     JOB_RECREATED = "JobRecreated"
     #: Pods an attempt's Job left behind when it was deleted (--cascade=orphan): deleted (an Event's reason).
     ORPHANS_STOPPED = "OrphanedPodsStopped"
+    #: A Job of this job's made for an attempt the status had ended (an operator that acted on an
+    #: older status): deleted (an Event's reason; controller/strays.py).
+    STRAY_JOB_DELETED = "StrayJobDeleted"
     #: No size from elastic.minWorkers up to what fits keeps the global batch: the attempt waits.
     NO_SMALLER_SIZE = "NoSmallerSize"
     WORKERS_PLACED = "WorkersPlaced"

@@ -1,0 +1,140 @@
+"""A Job made for an attempt the status has ended (an operator that stalled between writing
+"attempt N starts" and making its Job, and woke once another had gone past it) is deleted by the
+next reconcile, once, with its UID as a precondition and a Warning Event naming it; a Job of the
+current attempt whose uid is not recorded yet is the attempt's own (recorded, never deleted); a
+Job this MixedPrecisionJob does not control is never touched. Nothing creates a Job for an
+attempt the status written has ended."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mpjob.controller.actions import Actions
+from mpjob.controller.cache import NOTHING_SEEN, ChildCache
+from mpjob.controller.config import OperatorConfig
+from mpjob.planning import history
+from mpjob.planning.plan import Plan
+from mpjob.planning.planner import StartAttempt
+from mpjob.planning.status import stamp
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
+from tests.unit.operator.test_cache import job, owner, pod
+
+pytestmark = pytest.mark.unit
+
+KEY = ("ns", "j")
+
+
+def at(minutes: int) -> str:
+    return stamp(datetime.now(UTC) - timedelta(minutes=minutes))
+
+
+def moved_on(*, current_uid: str | None = "job-1", ended_uid: str | None = "job-0") -> dict[str, Any]:
+    """Attempt 0 ended (its Job `ended_uid`), attempt 1 runs in its Job `current_uid`."""
+    first = {"index": 0, "precision": "fp32", "startTime": at(9), "finishTime": at(5), "reason": "Preempted"}
+    current = {"index": 1, "precision": "fp32", "startTime": at(5)}
+    if ended_uid:
+        first["jobUid"] = ended_uid
+    if current_uid:
+        current["jobUid"] = current_uid
+    return {"phase": "Running", "precision": "fp32", "attempt": 1, "startTime": at(9), "attempts": [first, current]}
+
+
+def cluster_at(status: dict[str, Any]) -> FakeCluster:
+    cluster = FakeCluster()
+    cluster.body["status"] = status
+
+    def delete_job(namespace: str, name: str, *, index: int, uid: str) -> bool:
+        cluster.deleted.append((f"{name}-a{index}", uid))
+        return True
+
+    cluster.delete_job = delete_job  # type: ignore[method-assign]
+    return cluster
+
+
+def told(posted: list[tuple[str, str]], reason: str) -> list[str]:
+    return [message for r, message in posted if r == reason]
+
+
+@pytest.mark.parametrize("running", [False, True], ids=["no-pods-yet", "its-pod-runs"])
+def test_a_job_made_for_an_ended_attempt_is_deleted_once_by_uid_and_said(events: list, running: bool) -> None:  # noqa: F811
+    cluster = cluster_at(moved_on())
+    made = reconciler(cluster)
+    made.cache.relist("jobs", None, [job(1), job(0, uid="stray")])  # a stalled operator's Job for attempt 0
+    stray_pod = pod(0)
+    stray_pod["metadata"]["ownerReferences"] = owner("Job", "j-a0", "stray")
+    if running:
+        made.cache.relist("pods", None, [pod(1), stray_pod])
+    made.handle(KEY, False)
+    made.handle(KEY, True)  # before the watch shows it gone: not deleted (nor said) again
+    assert cluster.deleted == [("j-a0", "stray")]
+    (said,) = told(events, "StrayJobDeleted")
+    assert "j-a0" in said and "stray" in said and "attempt 0" in said
+    assert [a.get("jobUid") for a in cluster.body["status"]["attempts"]] == ["job-0", "job-1"], "never recorded"
+    if running:  # its pods go with it (the garbage collector)
+        made.cache.apply("pods", "DELETED", stray_pod)
+    made.cache.apply("jobs", "DELETED", job(0, uid="stray"))
+    made.handle(KEY, True)
+    assert cluster.deleted == [("j-a0", "stray")] and len(told(events, "StrayJobDeleted")) == 1
+
+
+def test_a_job_made_for_an_attempt_that_ended_before_any_job_of_it_is_a_stray(events: list) -> None:  # noqa: F811
+    cluster = cluster_at(moved_on(ended_uid=None))
+    made = reconciler(cluster)
+    made.cache.relist("jobs", None, [job(1), job(0, uid="late")])
+    made.handle(KEY, False)
+    assert cluster.deleted == [("j-a0", "late")] and len(told(events, "StrayJobDeleted")) == 1
+    assert "jobUid" not in cluster.body["status"]["attempts"][0]
+
+
+@pytest.mark.parametrize("recorded", [None, "its-first-job"], ids=["none-yet", "made-again"])
+def test_the_current_attempts_job_whose_uid_is_not_recorded_yet_is_kept_and_recorded(
+    events: list,  # noqa: F811
+    recorded: str | None,
+) -> None:
+    cluster = cluster_at(moved_on(current_uid=recorded))
+    made = reconciler(cluster)
+    made.cache.relist("jobs", None, [job(0), job(1, uid="made-now")])
+    made.handle(KEY, False)
+    made.handle(KEY, True)
+    assert cluster.deleted == [] and told(events, "StrayJobDeleted") == []
+    assert [a.get("jobUid") for a in cluster.body["status"]["attempts"]] == ["job-0", "made-now"]
+
+
+def test_a_job_this_mixed_precision_job_does_not_control_is_never_touched(events: list) -> None:  # noqa: F811
+    cluster = cluster_at(moved_on())
+    made = reconciler(cluster)
+    former = job(0, uid="former")  # of a job of this name deleted and created again
+    former["metadata"]["ownerReferences"] = owner("MixedPrecisionJob", "j", "an-older-uid")
+    loose = job(0, uid="loose", namespace="ns")  # no controller at all: made by somebody else
+    loose["metadata"]["ownerReferences"] = []
+    made.cache.relist("jobs", None, [job(1), former])
+    made.handle(KEY, False)
+    made.cache.relist("jobs", None, [job(1), loose])
+    made.handle(KEY, True)
+    assert cluster.deleted == [] and told(events, "StrayJobDeleted") == []
+
+
+def test_the_stray_rule_spares_the_running_chain_and_the_recorded_jobs() -> None:
+    status = MixedPrecisionJobStatus.model_validate(moved_on())
+    assert history.strays(status, {0: "job-0", 1: "job-1"}) == {}
+    assert history.strays(status, {0: "other", 1: "other"}) == {0: "other"}  # attempt 1 runs: its Job is its own
+    status.attempts[1].in_place = True  # attempt 1 begun in place in attempt 0's Job
+    assert history.strays(status, {0: "job-0"}) == {}
+
+
+def test_no_job_is_made_for_an_attempt_the_status_written_has_ended() -> None:
+    cluster = FakeCluster()
+    spec = MixedPrecisionJobSpec.model_validate(cluster.body["spec"])
+    status = MixedPrecisionJobStatus.model_validate(moved_on())
+    actions = Actions(OperatorConfig(), cluster, ChildCache(lambda key: None))  # type: ignore[arg-type]
+    plan = Plan(status=copy.deepcopy(status), create=[StartAttempt(0, "fp32", None, 0)])
+    assert actions.apply(cluster.body, spec, plan, seen=NOTHING_SEEN) is None
+    assert cluster.creates == 0
+    plan = Plan(status=copy.deepcopy(status), create=[StartAttempt(1, "fp32", None, 0)])  # the current one
+    actions.apply(cluster.body, spec, plan, seen=NOTHING_SEEN)
+    assert cluster.creates == 1
