@@ -3,7 +3,8 @@ took over while the active one only stalled): the status is the operators' memor
 planned from an older read of the job must never overwrite a newer one. Every status write holds
 only while the job is at the resourceVersion it was planned from (a 409 Conflict otherwise, and
 the reconcile is retried from a new read); a plan's Events are posted only after its write holds,
-so each attempt's start and end is told once, however many operators race for it."""
+so each attempt's start and end is told once, however many operators race for it. A Job made for
+an attempt that had ended meanwhile (an operator that stalled before making it) is deleted."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from mpjob.builders.attempt import attempt_job
 from mpjob.controller.actions import write_status
 from mpjob.controller.cluster import Cluster
 from mpjob.planning.backoff import ENV_BASE
-from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob.planning.planner import StartAttempt
+from mpjob_contract import api
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.helpers import wait_for
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.integration.operator.test_cannot_start import command_spec
 
@@ -71,3 +76,35 @@ def test_two_standalone_operators_tell_each_attempt_once_and_make_one_job_for_it
     for event in jobs.events("twice", "Failed"):
         told[event.reason] += event.count or 1
     assert (told["AttemptStarted"], told["AttemptEnded"], told["Failed"]) == (2, 2, 1), told
+
+
+def test_a_job_made_for_an_attempt_another_operator_ended_is_deleted_once(
+    operator: Operator, jobs: Jobs, tmp_path: Path
+) -> None:
+    """An operator that recorded "attempt 0 starts", stalled before making its Job and woke after
+    attempt 0 had ended (its Job retired or deleted) makes the Job then: mimicked by hand, a Job of
+    attempt 0's name controlled by the MixedPrecisionJob. The operator deletes it by its UID, says
+    so once, and never records it as attempt 0's Job."""
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(1.5)\nraise SystemExit(1)\n")
+    jobs.create("stray", command_spec([sys.executable, str(script)]))
+    status = jobs.wait_phase("stray", "Failed", 240)
+    recorded = status["attempts"][0]["jobUid"]
+    jobs.batch.delete_namespaced_job("stray-a0", jobs.namespace, propagation_policy="Background")
+    wait_for(lambda: "stray-a0" not in jobs.attempt_jobs("stray"), 60, message="stray-a0 gone")
+    body = jobs.get("stray")
+    spec = MixedPrecisionJobSpec.model_validate(body["spec"])
+    made = attempt_job(
+        job="stray", namespace=jobs.namespace, uid=body["metadata"]["uid"], spec=spec,
+        start=StartAttempt(0, "fp32", None, 0), image="mpjob-trainer:stalled",
+    )  # fmt: skip
+    made["spec"]["suspend"] = True  # its pods never run here: what is tested is whose Job it is
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "stray", "uid": body["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": True},
+    ]  # fmt: skip
+    late = jobs.batch.create_namespaced_job(jobs.namespace, made).metadata.uid
+    wait_for(lambda: "stray-a0" not in jobs.attempt_jobs("stray"), 60, message="the stalled operator's Job deleted")
+    (said,) = [e for e in jobs.events("stray", "StrayJobDeleted") if e.reason == "StrayJobDeleted"]
+    assert said.type == "Warning" and late in said.message and (said.count or 1) == 1, said.message
+    assert jobs.status("stray")["attempts"][0]["jobUid"] == recorded, "never recorded as attempt 0's Job"
