@@ -43,13 +43,15 @@ class FaultRule(ApiModel):
 
 
 class FaultPolicy(ApiModel):
-    """What the trainer and the operator do about a fault: the first rule on it, else the built-in."""
+    """What the trainer and the operator do about a fault: the first rule on it, else the first on
+    the fault that covers it (faults.decide), else the built-in."""
 
     rules: list[FaultRule] = Field(
         default_factory=list,
         max_length=MAX_FAULT_RULES,
-        description="Checked in order, the first whose `fault` matches decides; faults no rule names keep the "
-        "built-in action (docs/fault-policy.md).",
+        description="The first rule naming the fault decides; a guard rule no rule names (MaxNonFiniteLosses, "
+        "MaxConsecutiveOverflows, LossScaleCollapsed, Stagnation) takes the first on NumericFault; faults no rule "
+        "names keep the built-in action (docs/fault-policy.md).",
     )
 
     def decide(self, fault: Fault) -> Decision:

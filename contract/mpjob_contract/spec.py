@@ -201,7 +201,8 @@ class MixedPrecisionJobSpec(ApiModel):
     tracking: Tracking | None = Field(None, description="Experiment tracking the trainer logs the run to (MLflow).")
     fault_policy: FaultPolicy = Field(
         default_factory=FaultPolicy,
-        description="What a fault does: rules over the built-in table, first match wins (docs/fault-policy.md).",
+        description="What a fault does: rules over the built-in table, the most specific first, then the first "
+        "in order (docs/fault-policy.md).",
     )
     elastic: Elastic | None = Field(
         None,

@@ -3,9 +3,9 @@
 Only settings certainly dead for the spec as written (never a guess about the node or the run):
 a fault rule that can never apply (the first rule on a fault decides, FaultPolicy.decide; a
 QualityDrift rule needs a quality gate that can fire, a LossSpike rule a spike window the run
-fills; a FallBack needs a rung below), and a setting whose figure the run can never reach
-(checkpoint.everySteps, validation.everySteps, precision.repromoteAfterSteps,
-precision.guard.stagnationSteps, the builtin loop's training.warmupSteps, a
+fills, a Stagnation rule a stagnation check that can fire; a FallBack needs a rung below), and
+a setting whose figure the run can never reach (checkpoint.everySteps, validation.everySteps,
+precision.repromoteAfterSteps, precision.guard.stagnationSteps, the builtin loop's training.warmupSteps, a
 precision.lossScale.growthInterval other than its default and a guard.spike.window, against
 training.steps; a guard.minLossScale above the fp16 loss scale at the guard's first read). Not
 elastic.minWorkers equal to workers: such a job never shrinks, yet elastic still acts (it
@@ -105,6 +105,8 @@ def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
             found.append((field, f"never applies: QualityDrift comes only from the quality gate, and {gate}"))
         elif fault == Fault.LOSS_SPIKE and (unjudged := spikes_never_judged(spec)) is not None:
             found.append((field, f"never applies: LossSpike comes only from the spike check, and {unjudged}"))
+        elif fault == Fault.STAGNATION and (stuck := stagnation_never_fires(spec)) is not None:
+            found.append((field, f"never applies: Stagnation comes only from the stagnation check, and {stuck}"))
         elif rule.action == FaultAction.FALL_BACK and (rung := no_rung_below(spec)) is not None:
             found.append((field, f"never applies: FallBack needs a precision below the starting one, and {rung}"))
     return found
@@ -179,6 +181,13 @@ def _repromotion(spec: MixedPrecisionJobSpec) -> str | None:
         f"(checkpoint.everySteps={every}) before the last step, and the first with {after} steps behind it, "
         f"step {first}, is not below training.steps={steps}"
     )
+
+
+def stagnation_never_fires(spec: MixedPrecisionJobSpec) -> str | None:
+    """Why the guard's stagnation check never ends a precision, or None (it can)."""
+    if spec.precision.guard.stagnation_steps == 0:
+        return "precision.guard.stagnationSteps is 0 (off)"
+    return _stagnation(spec)
 
 
 def _stagnation(spec: MixedPrecisionJobSpec) -> str | None:

@@ -200,9 +200,9 @@ OPERATOR_ACTIONS: dict[FaultAction, Action] = {
 
 
 def under_policy(result: Classification, policy: FaultPolicy, report: TerminationReport | None) -> Classification:
-    """`result` as the job's spec.faultPolicy has it: the first of its rules on the fault the
-    attempt ended with decides, and the message names that rule; no rule, or one that says what
-    the built-in policy does, the table above."""
+    """`result` as the job's spec.faultPolicy has it: its rule on the fault the attempt ended with
+    decides (faults.decide: the guard rule's own before NumericFault's), and the message names
+    that rule; no rule, or one that says what the built-in policy does, the table above."""
     fault = fault_of(result.reason, report.rule if report else None)
     if fault is None:
         return result
@@ -210,7 +210,7 @@ def under_policy(result: Classification, policy: FaultPolicy, report: Terminatio
     action = OPERATOR_ACTIONS.get(decision.action)
     if decision.rule is None or action is None or decision.action is built_in(fault):
         return result
-    return replace(result, action=action, message=f"{decision.names(fault)}: {result.message}")
+    return replace(result, action=action, message=f"{decision.names()}: {result.message}")
 
 
 # ---------------------------------------------------------------- the API server refused a child

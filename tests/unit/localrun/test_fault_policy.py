@@ -71,3 +71,29 @@ def test_a_loss_spike_fail_ends_the_job_with_spike_detection_off_in_the_guard(tm
     )
     assert (only["precision"], only["reason"]) == ("fp32", "NumericFault")
     assert "LossSpike:" in only["message"] and "spec.faultPolicy.rules[0] (fault: LossSpike" in failed["message"]
+
+
+@pytest.mark.parametrize(
+    ("guard", "rule"),
+    [({"maxConsecutiveOverflows": 2, "maxNonFiniteLosses": 1000}, "MaxConsecutiveOverflows"),
+     ({"maxConsecutiveOverflows": 1000, "maxNonFiniteLosses": 2}, "MaxNonFiniteLosses")],
+)  # fmt: skip
+def test_a_rule_on_overflow_storms_fails_them_while_nan_losses_fall_back(tmp_path: Any, guard: dict, rule: str) -> None:
+    """One fp16 fault, ended by whichever guard rule the guard's settings make trip first: the
+    job's rule on MaxConsecutiveOverflows decides that one, NumericFault's (after it) the rest."""
+    code, report, out = run(
+        tmp_path,
+        task=mlp(overflowAtStep=15),
+        precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "guard": guard},
+        faultPolicy=policy(("NumericFault", "FallBack"), ("MaxConsecutiveOverflows", "Fail")),
+    )
+    first = report["attempts"][0]
+    assert (first["precision"], first["reason"]) == ("fp16", "NumericFault") and f"{rule}:" in first["message"], out
+    if rule == "MaxConsecutiveOverflows":
+        assert code == 1 and report["phase"] == "Failed" and len(report["attempts"]) == 1, out
+        failed = next(c for c in report["conditions"] if c["type"] == "Failed")
+        assert "spec.faultPolicy.rules[1] (fault: MaxConsecutiveOverflows, action: Fail)" in failed["message"]
+    else:
+        assert code == 0 and report["phase"] == "Succeeded", out
+        assert [a["precision"] for a in report["attempts"]] == ["fp16", "bf16"]
+        assert "spec.faultPolicy" not in first["message"]  # the built-in's action, no rule named

@@ -149,6 +149,19 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("fault-rule-names-no-fault", bad("spec.faultPolicy", {"rules": [{"action": "Fail"}]}), "names its fault once"),
     ("unknown-fault", bad("spec.faultPolicy", {"rules": [{"fault": "Gremlins", "action": "Fail"}]}), "rules[0].fault"),
+    (
+        "guard-rule-action-not-allowed",
+        bad("spec.faultPolicy", {"rules": [{"fault": "MaxConsecutiveOverflows", "action": "Skip"}]}),
+        "faultPolicy.rules[].action must be one that its fault allows",
+    ),
+    (
+        "unknown-guard-rule",
+        bad(
+            "spec.faultPolicy",
+            {"rules": [{"fault": "NumericFault", "action": "Fail"}, {"fault": "MaxOverflows", "action": "Fail"}]},
+        ),
+        "rules[1].fault",
+    ),
     ("unknown-fault-action", bad("spec.faultPolicy", {"rules": [{"fault": "LossSpike", "action": "Pray"}]}), "action"),
     ("fault-rule-without-action", bad("spec.faultPolicy", {"rules": [{"fault": "LossSpike"}]}), "action"),
     ("negative-gpu-price", bad("spec.costPerGpuHour", {"amount": -1, "currency": "EUR"}), "costPerGpuHour.amount"),
@@ -465,6 +478,7 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     rules.FAULT_RULE_ALLOWED.name: (
         "fault-rule-action-not-allowed",
         "fault-rule-action-not-allowed-under-the-former-name",
+        "guard-rule-action-not-allowed",
     ),
     rules.ELASTIC_MIN_WORKERS_FIT.name: (
         "elastic-min-workers-above-workers",

@@ -1,5 +1,6 @@
 """The fault policy as data (mpjob_contract.faults): the table of allowed actions, pair by pair;
-first-match decisions; and the operator's reading of a job's rules (planning.classify)."""
+decisions, the most specific rule first, then the first in order; and the operator's reading of
+a job's rules (planning.classify)."""
 
 from __future__ import annotations
 
@@ -8,19 +9,25 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
+from mpjob.validation import check_text
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import ACTIONS, Decision, Fault, FaultAction, allowed, decide, fault_of
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import TerminationReport
+from tests.unit.operator.cases import bad
+from tests.unit.operator.test_rules import crd_schema
 
 pytestmark = pytest.mark.unit
 
 F, A = Fault, FaultAction
+#: The guard rules NumericFault covers, each a fault a rule may name too.
+COVERED = (F.MAX_NON_FINITE_LOSSES, F.MAX_CONSECUTIVE_OVERFLOWS, F.LOSS_SCALE_COLLAPSED, F.STAGNATION)
 #: The table written out once more, by hand: every pair not here is refused.
 EXPECTED_ALLOWED = {
-    (F.NUMERIC_FAULT, A.FALL_BACK), (F.NUMERIC_FAULT, A.RETRY), (F.NUMERIC_FAULT, A.FAIL),
+    *((fault, action) for fault in (F.NUMERIC_FAULT, *COVERED) for action in (A.FALL_BACK, A.RETRY, A.FAIL)),
     (F.QUALITY_DRIFT, A.FALL_BACK), (F.QUALITY_DRIFT, A.FAIL),
     (F.LOSS_SPIKE, A.ROLL_BACK), (F.LOSS_SPIKE, A.FALL_BACK), (F.LOSS_SPIKE, A.FAIL),
     (F.NON_FINITE_IN_FP32, A.SKIP), (F.NON_FINITE_IN_FP32, A.FAIL),
@@ -32,7 +39,7 @@ EXPECTED_ALLOWED = {
 }  # fmt: skip
 #: The built-in action of each fault: what today's operator and trainer do without rules.
 BUILT_IN = {
-    F.NUMERIC_FAULT: A.FALL_BACK,
+    **dict.fromkeys((F.NUMERIC_FAULT, *COVERED), A.FALL_BACK),
     F.QUALITY_DRIFT: A.FALL_BACK,
     F.LOSS_SPIKE: A.ROLL_BACK,
     F.NON_FINITE_IN_FP32: A.SKIP,
@@ -65,14 +72,43 @@ def test_the_first_rule_on_a_fault_decides_and_names_itself() -> None:
     rules = [(F.PREEMPTED, A.FAIL), (F.NUMERIC_FAULT, A.RETRY), (F.NUMERIC_FAULT, A.FAIL)]
     decision = decide(rules, F.NUMERIC_FAULT)
     assert (decision.action, decision.rule) == (A.RETRY, 1)
-    assert decision.names(F.NUMERIC_FAULT) == "spec.faultPolicy.rules[1] (fault: NumericFault, action: Retry)"
+    assert decision.names() == "spec.faultPolicy.rules[1] (fault: NumericFault, action: Retry)"
     assert decide(rules, F.QUALITY_DRIFT).rule is None  # a drift has a name of its own
+
+
+@pytest.mark.parametrize("general_first", [True, False])
+def test_a_rule_on_the_guard_rule_beats_one_on_numeric_fault_in_either_order(general_first: bool) -> None:
+    general, specific = (F.NUMERIC_FAULT, A.FAIL), (F.MAX_CONSECUTIVE_OVERFLOWS, A.RETRY)
+    rules = [general, specific] if general_first else [specific, general]
+    at = rules.index(specific)
+    assert decide(rules, F.MAX_CONSECUTIVE_OVERFLOWS) == Decision(A.RETRY, F.MAX_CONSECUTIVE_OVERFLOWS, at)
+    assert decide(rules, F.MAX_CONSECUTIVE_OVERFLOWS).names() == (
+        f"spec.faultPolicy.rules[{at}] (fault: MaxConsecutiveOverflows, action: Retry)"
+    )
+    # NumericFault still covers the guard rules no rule names, and a report that names none.
+    for fault in (F.MAX_NON_FINITE_LOSSES, F.LOSS_SCALE_COLLAPSED, F.STAGNATION, F.NUMERIC_FAULT):
+        assert decide(rules, fault) == Decision(A.FAIL, F.NUMERIC_FAULT, 1 - at)
+    assert decide(rules, F.QUALITY_DRIFT).rule is None  # NumericFault never covered a drift
+
+
+def test_the_first_of_two_rules_on_one_guard_rule_decides_and_the_built_in_comes_last() -> None:
+    rules = [(F.STAGNATION, A.RETRY), (F.PREEMPTED, A.FAIL), (F.STAGNATION, A.FAIL)]
+    assert decide(rules, F.STAGNATION) == Decision(A.RETRY, F.STAGNATION, 0)
+    assert decide(rules, F.MAX_NON_FINITE_LOSSES) == Decision(A.FALL_BACK, F.MAX_NON_FINITE_LOSSES)
+    assert decide(rules, F.NUMERIC_FAULT) == Decision(
+        A.FALL_BACK, F.NUMERIC_FAULT
+    )  # a rule on Stagnation is not on all
+    assert decide(rules, F.STAGNATION).names() == "spec.faultPolicy.rules[0] (fault: Stagnation, action: Retry)"
 
 
 @pytest.mark.parametrize(
     ("reason", "rule", "fault"),
     [
-        (Reason.NUMERIC_FAULT, "MaxConsecutiveOverflows", F.NUMERIC_FAULT),
+        (Reason.NUMERIC_FAULT, "MaxConsecutiveOverflows", F.MAX_CONSECUTIVE_OVERFLOWS),
+        (Reason.NUMERIC_FAULT, "MaxNonFiniteLosses", F.MAX_NON_FINITE_LOSSES),
+        (Reason.NUMERIC_FAULT, "LossScaleCollapsed", F.LOSS_SCALE_COLLAPSED),
+        (Reason.NUMERIC_FAULT, "Stagnation", F.STAGNATION),
+        (Reason.NUMERIC_FAULT, "SomethingNew", F.NUMERIC_FAULT),
         (Reason.NUMERIC_FAULT, None, F.NUMERIC_FAULT),
         (Reason.NUMERIC_FAULT, "QualityDrift", F.QUALITY_DRIFT),
         (Reason.NUMERIC_FAULT, "LossSpike", F.LOSS_SPIKE),
@@ -104,6 +140,29 @@ def test_a_jobs_rule_turns_a_fallback_into_a_failure_that_names_it() -> None:
     result = under_policy(classify(outcome), fails, outcome.report)
     assert result.action is Action.FAIL and result.reason is Reason.NUMERIC_FAULT
     assert result.message == "spec.faultPolicy.rules[0] (fault: NumericFault, action: Fail): what the trainer said"
+
+
+def test_overflows_fail_by_their_own_rule_while_nan_losses_fall_back_by_numeric_faults() -> None:
+    policy = FaultPolicy.model_validate(
+        {
+            "rules": [
+                {"fault": "NumericFault", "action": "FallBack"},
+                {"fault": "MaxConsecutiveOverflows", "action": "Fail"},
+            ]
+        }
+    )
+    overflow = ended(Reason.NUMERIC_FAULT, 42, "MaxConsecutiveOverflows")
+    nan = ended(Reason.NUMERIC_FAULT, 42, "MaxNonFiniteLosses")
+    failed = under_policy(classify(overflow), policy, overflow.report)
+    assert failed.action is Action.FAIL and failed.reason is Reason.NUMERIC_FAULT  # the status keeps its reason
+    assert (
+        failed.message
+        == "spec.faultPolicy.rules[1] (fault: MaxConsecutiveOverflows, action: Fail): what the trainer said"
+    )
+    assert under_policy(classify(nan), policy, nan.report) == classify(nan)  # the built-in fallback, unnamed
+    stagnation = ended(Reason.NUMERIC_FAULT, 42, "Stagnation")
+    retries = FaultPolicy.model_validate({"rules": [{"fault": "Stagnation", "action": "Retry"}]})
+    assert under_policy(classify(stagnation), retries, stagnation.report).action is Action.SAME_PRECISION
 
 
 def test_a_rule_that_fails_bad_data_names_itself_though_the_operator_fails_it_anyway() -> None:
@@ -140,8 +199,20 @@ def test_a_rule_under_the_former_name_on_decides_as_one_under_fault() -> None:
     """Jobs stored with `"on"` (quoted: unquoted, YAML makes it true) keep their rules."""
     former = FaultPolicy.model_validate({"rules": [{"on": "NumericFault", "action": "Fail"}]})
     current = FaultPolicy.model_validate({"rules": [{"fault": "NumericFault", "action": "Fail"}]})
-    assert former.decide(F.NUMERIC_FAULT) == current.decide(F.NUMERIC_FAULT) == Decision(A.FAIL, 0)
+    assert former.decide(F.NUMERIC_FAULT) == current.decide(F.NUMERIC_FAULT) == Decision(A.FAIL, F.NUMERIC_FAULT, 0)
     assert former.decide(F.QUALITY_DRIFT).rule is None
+
+
+def test_a_name_neither_fault_nor_guard_rule_is_refused_naming_the_field_and_every_allowed_name() -> None:
+    policy = {"rules": [{"fault": "Stagnation", "action": "Retry"}, {"fault": "MaxOverflows", "action": "Fail"}]}
+    _, problems = check_text(yaml.safe_dump(bad("spec.faultPolicy", policy)), "job.yaml")
+    (problem,) = problems
+    assert problem.field == "spec.faultPolicy.rules[1].fault" and "got 'MaxOverflows'" in str(problem)
+    assert all(f"'{fault.value}'" in str(problem) for fault in Fault), str(problem)
+    spec = crd_schema()["properties"]["spec"]["properties"]["faultPolicy"]["properties"]["rules"]["items"]
+    assert spec["properties"]["fault"]["enum"] == [fault.value for fault in Fault]  # the API server's list
+    jobs, problems = check_text(yaml.safe_dump(bad("spec.faultPolicy", {"rules": policy["rules"][:1]})), "job.yaml")
+    assert problems == [] and len(jobs) == 1  # a guard rule's name is a fault's
 
 
 def fault_policy_page() -> str:

@@ -173,6 +173,8 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.FAULT_RULE_ALLOWED, {"fault": "NonFiniteInFp32", "action": "Skip"}, True),
     (rules.FAULT_RULE_ALLOWED, {"fault": "NumericFault", "action": "Skip"}, False),
     (rules.FAULT_RULE_ALLOWED, {"fault": "Preempted", "action": "FallBack"}, False),
+    (rules.FAULT_RULE_ALLOWED, {"fault": "Stagnation", "action": "Retry"}, True),
+    (rules.FAULT_RULE_ALLOWED, {"fault": "LossScaleCollapsed", "action": "RollBack"}, False),
     (rules.FAULT_RULE_ALLOWED, {"on": "NumericFault", "action": "Fail"}, True),
     (rules.FAULT_RULE_ALLOWED, {"on": "NumericFault", "action": "Skip"}, False),
     (rules.FAULT_RULE_NAMES_ONE_FAULT, {"fault": "NumericFault", "action": "Fail"}, True),

@@ -62,6 +62,25 @@ def test_a_quality_drift_rule_needs_a_gate_that_can_fire() -> None:
     assert never_applying(spec(faultPolicy=drift, validation={"everySteps": 100})) == []
 
 
+def test_a_stagnation_rule_needs_a_stagnation_check_that_can_fire() -> None:
+    retry = {"rules": [{"fault": "NumericFault", "action": "Fail"}, {"fault": "Stagnation", "action": "Retry"}]}
+    ((field, why),) = never_applying(spec(faultPolicy=retry))  # stagnationSteps 0 by default
+    assert field == "faultPolicy.rules[1]" and why == (
+        "never applies: Stagnation comes only from the stagnation check, and precision.guard.stagnationSteps is 0 (off)"
+    )
+    ((_, why),) = never_applying(spec(faultPolicy=retry, precision={"guard": {"stagnationSteps": 300}}))
+    assert "stagnationSteps=300 is not below training.steps=300" in why
+    assert never_applying(spec(faultPolicy=retry, precision={"guard": {"stagnationSteps": 50}})) == []
+
+
+def test_a_second_rule_on_one_guard_rule_never_applies_but_numeric_fault_after_it_does() -> None:
+    rules = [("MaxConsecutiveOverflows", "Fail"), ("NumericFault", "Retry"), ("MaxConsecutiveOverflows", "Retry")]
+    policy = {"rules": [{"fault": fault, "action": action} for fault, action in rules]}
+    assert never_applying(spec(faultPolicy=policy, precision={"mode": "fp16"})) == [
+        ("faultPolicy.rules[2]", "never applies: rules[0] is on MaxConsecutiveOverflows too and comes first")
+    ]
+
+
 def test_a_fall_back_rule_with_an_empty_ladder_never_applies() -> None:
     fall = {"rules": [{"fault": "LossSpike", "action": "FallBack"}]}
     ((_, why),) = never_applying(spec(faultPolicy=fall, precision={"mode": "bf16", "fallback": []}))
