@@ -21,10 +21,12 @@ class Profile(TrainerEvent):
 
 
 class TrackingFailed(TrainerEvent):
-    """The attempt's first failure to log to its tracking server (spec.tracking): training goes
-    on, what failed to go is not sent again. Written once per trainer process: the later ones,
-    counted in `mpjob_trainer_tracking_failures_total`, go to rank 0's stderr (the first, then
-    every 100th). `mpjob run` shows it on its console; `error` is the exception, its first line."""
+    """A failure to log to the tracking server (spec.tracking): training goes on, what failed to
+    go is not sent again. Written for the trainer process's first failure, and for each that
+    leaves the runs short of what happened (a change in place not all recorded, the runs' end
+    not recorded or not sent within MPJOB_TRACKING_CLOSE_SECONDS); the others, counted in
+    `mpjob_trainer_tracking_failures_total`, go to rank 0's stderr (the first, then every 100th).
+    `mpjob run` shows it on its console; `error` is the exception, its first line."""
 
     name = "trackingFailed"
     error: str

@@ -6,6 +6,7 @@ is made in place (one trainer process) or by a restart."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,26 @@ def test_a_tracking_server_that_refuses_is_told_once_on_the_console(
     assert len(told) == 1 and "127.0.0.1" in told[0], result.stdout
     log = (tmp_path / "out" / "attempts" / "a0" / "worker0.log").read_text()
     assert "mpjob: tracking failed (1 so far)" in log
+
+
+@pytest.mark.process
+def test_a_tracking_server_that_never_answers_is_told_on_the_console_after_the_last_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server takes the trainer's requests and answers none (a listening socket that accepts
+    nothing): training ends on time and the console says the runs were not ended."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3600")  # no client clock within reach
+    monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "1")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        uri = f"http://127.0.0.1:{server.getsockname()[1]}"
+        result = mpjob_run(
+            str(manifest(tmp_path, tracking={"mlflow": {"uri": uri}})), "--out", str(tmp_path / "o"), "--plain"
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    told = [line for line in result.stdout.splitlines() if "experiment tracking failed" in line]
+    assert len(told) == 1 and "runs not ended within 1 s" in told[0], result.stdout
 
 
 def check_tracked(uri: str, name: str, events: list[dict], report: dict) -> dict:

@@ -101,7 +101,8 @@ def test_a_server_that_never_answers_costs_the_training_thread_nothing(
     monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "0.5")
     metrics = TrainerMetrics("j", "ns", 0, "fp16")
     port = black_hole.getsockname()[1]
-    tracker = RunTracker(launch(f"http://127.0.0.1:{port}"), digest="d", metrics=metrics)
+    lines = io.StringIO()
+    tracker = RunTracker(launch(f"http://127.0.0.1:{port}"), digest="d", metrics=metrics, log=EventLog(0, lines))
     wait_for(lambda: held(black_hole), 120, 0.01, message="the tracking thread's first request")
     cpu = time.thread_time()  # this thread's CPU: a starved machine does not add to it
     for step in range(1, 2 * QUEUE_SIZE):
@@ -109,9 +110,13 @@ def test_a_server_that_never_answers_costs_the_training_thread_nothing(
     assert time.thread_time() - cpu < 2.0
     assert dropped(metrics) == QUEUE_SIZE - 1  # the queue filled, then every put dropped: none waited
     tracker.close(0)  # bounded by its own deadline: the server still holds the request
-    assert failures(metrics) == 0 and dropped(metrics) == QUEUE_SIZE  # the end too, on a full queue
+    assert dropped(metrics) == QUEUE_SIZE  # the end too, on a full queue
+    # The line after the attempt's last says so (`mpjob run` shows it): its runs were not ended.
+    assert failures(metrics) == 1 and [json.loads(line)["error"] for line in lines.getvalue().splitlines()] == [
+        "TimeoutError: the attempt's runs not ended within 0.5 s (MPJOB_TRACKING_CLOSE_SECONDS): they may stay RUNNING"
+    ]
     black_hole.close()
-    wait_for(lambda: failures(metrics) >= 1, 60, message="the held request counted as a failure")
+    wait_for(lambda: failures(metrics) >= 2, 60, message="the held request counted as a failure")
 
 
 def test_a_refused_server_is_counted_and_never_raised(

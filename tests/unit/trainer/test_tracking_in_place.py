@@ -5,6 +5,9 @@ for the tracking server; the event lines are the ones the trainer writes)."""
 
 from __future__ import annotations
 
+import io
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,10 @@ import pytest
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.tracking import RunTracker
+from tests.helpers import wait_for
 from tests.tracking.mlflow_server import tracking_client
 
 pytestmark = pytest.mark.unit
@@ -29,7 +34,8 @@ def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return (tmp_path / "mlruns").as_uri()
 
 
-def tracker_for(uri: str) -> RunTracker:
+def tracker_for(uri: str, lines: io.StringIO | None = None) -> RunTracker:
+    """A tracker of attempt 0 (`lines`: where its event lines, the failures it tells, are written)."""
     spec = MixedPrecisionJobSpec.model_validate(
         {
             "task": {"builtin": "mlp"},
@@ -39,7 +45,11 @@ def tracker_for(uri: str) -> RunTracker:
         }
     )
     launch = AttemptLaunch(job_name="j", namespace="ns", precision="fp16", spec=spec, job_uid="u-1")
-    return RunTracker(launch, digest="d", metrics=TrainerMetrics("j", "ns", 0, "fp16"))
+    log = EventLog(0, lines) if lines is not None else None
+    tracker = RunTracker(launch, digest="d", metrics=TrainerMetrics("j", "ns", 0, "fp16"), log=log)
+    if log is not None:
+        log.listeners.append(tracker)
+    return tracker
 
 
 def step(tracker: RunTracker, at: int, precision: str) -> None:
@@ -124,3 +134,88 @@ def test_a_repromotion_in_place_and_its_preemption_end_each_run_as_a_restart_wou
     assert ["mpjob.fallbackReason" in r.data.tags for r in runs] == [True, False, False, False]
     assert [steps_of(uri, r) for r in runs] == [[5], [10], [], [25]]
     assert job.info.status == "KILLED"  # as the last attempt ended: the next one reopens it
+
+
+def told(lines: io.StringIO) -> list[str]:
+    """The `trackingFailed` lines' errors: what `mpjob run` shows on its console."""
+    records = [json.loads(line) for line in lines.getvalue().splitlines()]
+    return [r["error"] for r in records if r["event"] == "trackingFailed"]
+
+
+def opened(uri: str, tracker: RunTracker, *, attempts: int) -> tuple[Any, list[Any]]:
+    """The runs once the tracking thread made `attempts` attempts' runs (a loss point in the last)."""
+    return wait_for(
+        lambda: (found := runs_of(uri)) and len(found[1]) == attempts and steps_of(uri, found[1][-1]) and found,
+        120,
+        message=f"{attempts} attempts' runs",
+    )
+
+
+def test_each_state_of_a_change_in_place_shows_as_a_restart_shows_it(uri: str) -> None:
+    """While the job trains on after the change its run is RUNNING, the faulted attempt's FAILED;
+    the job's run ends as the job ends (here a configuration error: FAILED, as a restart's)."""
+    tracker = tracker_for(uri)
+    step(tracker, 5, "fp16")
+    job, (first,) = opened(uri, tracker, attempts=1)
+    assert (job.info.status, first.info.status) == ("RUNNING", "RUNNING")
+    tracker("precisionChanged", changed("fallback", 1, 6, 0, "bf16", "MaxConsecutiveOverflows", "m"))
+    step(tracker, 10, "bf16")
+    job, (first, second) = opened(uri, tracker, attempts=2)
+    assert [r.info.status for r in (job, first, second)] == ["RUNNING", "FAILED", "RUNNING"]
+    tracker.close(43)
+    job, (first, second) = runs_of(uri)
+    assert [r.info.status for r in (job, first, second)] == ["FAILED", "FAILED", "FAILED"]
+    assert second.data.tags["mpjob.ending"] == "ConfigError"
+
+
+def test_a_change_whose_next_run_was_not_made_ends_the_job_run_as_the_job_ends(uri: str) -> None:
+    """The store refuses the next attempt's run at the change (its search fails on a damaged run
+    folder): that attempt's records go to the job's run only, told, and the job's run ends as the
+    job ends (it stayed RUNNING for good: the end went to no attempt's run, so to none at all)."""
+    lines = io.StringIO()
+    tracker = tracker_for(uri, lines)
+    step(tracker, 5, "fp16")
+    job, _ = opened(uri, tracker, attempts=1)
+    damaged = Path(uri.removeprefix("file://")) / job.info.experiment_id / "damaged"
+    damaged.mkdir()
+    (damaged / "meta.yaml").write_text("run_id: [not closed\n")
+    tracker("precisionChanged", changed("fallback", 1, 6, 0, "bf16", "MaxConsecutiveOverflows", "m"))
+    step(tracker, 10, "bf16")  # the change is sent with the first record after it
+    wait_for(lambda: tracker.failed, 120, message="the change's failure")
+    shutil.rmtree(damaged)
+    step(tracker, 40, "bf16")
+    tracker("done", {"time": 50.0, "step": STEPS})
+    tracker.close(0)
+
+    job, (first,) = runs_of(uri)  # attempt 1 has no run of its own
+    assert (job.info.status, first.info.status) == ("FINISHED", "FAILED")
+    assert steps_of(uri, first) == [5] and steps_of(uri, job) == [5, 10, 40]
+    assert tracker.failed == 1 and tracker.degraded is not None and "attempt 1" in tracker.degraded
+    (error,) = told(lines)
+    assert "attempt 1 has no run of its own" in error, error
+
+
+def test_a_change_half_made_sends_no_record_to_the_ending_attempts_run(uri: str) -> None:
+    """The job's run refuses the fallback's tag (a folder where the store writes it): the ending
+    attempt's run is ended all the same and the next attempt's opened, and the next attempt's
+    records go to its own run, never to the ended one; the failure is told."""
+    lines = io.StringIO()
+    tracker = tracker_for(uri, lines)
+    step(tracker, 5, "fp16")
+    job, _ = opened(uri, tracker, attempts=1)
+    tag = Path(uri.removeprefix("file://")) / job.info.experiment_id / job.info.run_id / "tags"
+    (tag / "mpjob.fallback.attempt0").mkdir(parents=True)
+    tracker("precisionChanged", changed("fallback", 1, 6, 0, "bf16", "MaxConsecutiveOverflows", "m"))
+    for at in (10, 40):
+        step(tracker, at, "bf16")
+    tracker("done", {"time": 50.0, "step": STEPS})
+    tracker.close(0)
+
+    job, runs = runs_of(uri)
+    assert steps_of(uri, runs[0]) == [5]  # not [5, 10, 40]: the ended run took the next one's records
+    job, (first, second) = runs_of(uri)
+    assert [r.info.status for r in (job, first, second)] == ["FINISHED", "FAILED", "FINISHED"]
+    assert steps_of(uri, second) == [10, 40]
+    assert steps_of(uri, job) == [5, 10, 40] and tracker.degraded is None
+    (error,) = told(lines)
+    assert "mpjob.fallback.attempt0" in error and "attempt 1" in error, error

@@ -5,22 +5,26 @@ Logging never holds up or ends training. The training thread only hands each eve
 waiting (a full queue drops the update and counts it); one thread of its own talks to the
 tracking server. Any failure there (server down, bad credentials, the `mlflow` extra not
 installed) is logged on stderr (the first, then every 100th) and counted in
-`mpjob_trainer_tracking_failures_total`; it is never raised. The first is also told once as a
+`mpjob_trainer_tracking_failures_total`; it is never raised. The first is also told as a
 `trackingFailed` event line, written by the training thread at its next line (or at the end),
-so `mpjob run` shows it on its console. At the end of the attempt
+so `mpjob run` shows it on its console; so is each failure that leaves the runs short of what
+happened (a change in place not all recorded, the runs' end). At the end of the attempt
 `close` waits a bounded time (MPJOB_TRACKING_CLOSE_SECONDS, 30 s) for what is left, sent in
-one batch, and the runs' ends.
+one batch, and the runs' ends; an end not done by then is told as a failure too.
 
 A change made in place (a fallback, a re-promotion, a smaller micro-batch: session.inplace)
 ends one attempt and begins the next in the same processes: its `precisionChanged` line ends
 the attempt's run as the restart's exit would have ended it and opens the next attempt's, so a
 job tracks alike however it recovers. Every update carries the attempt it was written in and
 the change is kept beside the queue, never on it: a full queue drops updates, never a change,
-so no attempt's records land in another attempt's run.
+so no attempt's records land in another attempt's run. A change the server took only in part
+(mlflow_run.ChangeIncomplete) sends nothing more to the ended attempt's run; when the next
+attempt's run was not made, its records go to the job's run only (`degraded` says why).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import sys
@@ -33,6 +37,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.tracking import IMAGE_ENV
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.tracking.mlflow_run import ChangeIncomplete, MlflowRuns, first_line
 from mpjob_trainer.tracking.records import (
     TAG_ENDING,
     Change,
@@ -72,8 +77,12 @@ class RunTracker:
         self.queue: queue.Queue[Update | _End] = queue.Queue(maxsize=QUEUE_SIZE)
         self.metrics = metrics  # its children are read at use: an `auto` attempt relabels them
         self.failed = 0
-        #: The first failure, until the training thread told it (a `trackingFailed` line).
-        self.untold: str | None = None
+        #: The failures to tell, until the training thread told them (`trackingFailed` lines):
+        #: the first, and each that leaves the runs short of what happened (`_failed`'s `tell`).
+        self.untold: collections.deque[str] = collections.deque()
+        #: Why this attempt's records go to the job's run only (a change in place made no run).
+        self.degraded: str | None = None
+        self._counting = threading.Lock()
         self.job_done = False
         #: The attempt the processes train now (the training thread's), and the changes made in
         #: place by the attempt each began: written before any update of that attempt is queued.
@@ -89,7 +98,7 @@ class RunTracker:
     def __call__(self, event: str, record: dict[str, Any]) -> None:
         """An event line: its records onto the queue, never waiting, never raising."""
         try:
-            if self.untold is not None:
+            if self.untold:
                 self._tell()
             if event == "done":
                 self.job_done = record.get("step") == self.launch.spec.training.steps
@@ -107,23 +116,28 @@ class RunTracker:
             self._failed(exc)
 
     def close(self, code: int) -> None:
-        """End the attempt's run and wait (bounded) for the queue to drain."""
+        """End the attempt's run and wait (bounded) for the queue to drain; what failed is told
+        (the line after the attempt's last), an end that did not go in time too."""
         self.closing.set()  # the tracking thread now takes all that is queued in one batch
-        deadline = time.monotonic() + float(os.environ.get(CLOSE_SECONDS_ENV, "30"))
+        seconds = float(os.environ.get(CLOSE_SECONDS_ENV, "30"))
+        deadline = time.monotonic() + seconds
         try:
             self.queue.put(_End(code, self.attempt), timeout=max(0.1, deadline - time.monotonic()))
         except queue.Full:
             self.metrics.tracking_dropped.inc()
-            return
-        self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self.untold is not None:
-            self._tell()
+        else:
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            late = f"the attempt's runs not ended within {seconds:g} s ({CLOSE_SECONDS_ENV}): they may stay RUNNING"
+            self._failed(TimeoutError(late), tell=True)
+        self._tell()
 
     def _tell(self) -> None:
-        """The first failure, told once on the event lines (the training thread's stdout)."""
-        error, self.untold = self.untold, None
-        if self.log is not None and error is not None:
-            self.log("trackingFailed", error=error)
+        """The failures to tell, each once, on the event lines (the training thread's stdout)."""
+        while self.untold:
+            error = self.untold.popleft()
+            if self.log is not None:
+                self.log("trackingFailed", error=error)
 
     # ---------------------------------------------------------------- the tracking thread
     def _run(self) -> None:
@@ -160,8 +174,12 @@ class RunTracker:
         for index in begun if runs is not None else []:
             try:
                 runs.change(self.changes[index], job_name=self.launch.job_name)
+                self.degraded = None
+            except ChangeIncomplete as exc:  # no record goes to the ended attempt's run all the same
+                self.degraded = None if exc.opened else str(exc)
+                self._failed(exc, tell=True)
             except Exception as exc:
-                self._failed(exc)
+                self._failed(exc, tell=True)
 
     def _more(self, limit: int | None) -> list[Update | _End]:
         """What else waits on the queue (at most `limit` items), up to the end marker."""
@@ -176,8 +194,6 @@ class RunTracker:
         return taken
 
     def _open(self) -> Any:
-        from mpjob_trainer.tracking.mlflow_run import MlflowRuns
-
         settings = self.launch.spec.tracking.mlflow if self.launch.spec.tracking else None
         assert settings is not None
         try:
@@ -211,16 +227,20 @@ class RunTracker:
             tags = {TAG_ENDING: str(reason_for_exit_code(code))}
             runs.end(status=run_status(code), tags=tags, job_done=code == 0 and self.job_done)
         except Exception as exc:
-            self._failed(exc)
+            self._failed(exc, tell=True)
 
-    def _failed(self, exc: BaseException) -> None:
-        self.metrics.tracking_failures.inc()
-        self.failed += 1
-        first = str(exc).splitlines()[0][:300] if str(exc) else ""
-        if self.failed == 1:
-            self.untold = f"{type(exc).__name__}: {first}"
-        if self.failed == 1 or self.failed % 100 == 0:
-            print(f"mpjob: tracking failed ({self.failed} so far): {type(exc).__name__}: {first}", file=sys.stderr)
+    def _failed(self, exc: BaseException, *, tell: bool = False) -> None:
+        """Count a failure, print it on stderr (the first, every 100th, each told) and keep it to
+        tell on the event lines: the first, and `tell` ones (a change or an end not recorded,
+        which leave the runs short of what happened) whatever was told before."""
+        with self._counting:  # the training thread's close and the tracking thread may both fail
+            self.metrics.tracking_failures.inc()
+            self.failed += 1
+            error = f"{type(exc).__name__}: {first_line(exc)}"
+            if self.failed == 1 or tell:
+                self.untold.append(error)
+            if self.failed == 1 or self.failed % 100 == 0 or tell:
+                print(f"mpjob: tracking failed ({self.failed} so far): {error}", file=sys.stderr)
 
 
 def track(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mpjob_trainer.tracking.records import (
@@ -43,6 +44,22 @@ ENDING_UNREPORTED = "Unreported"
 MAX_STALE = 100
 #: MLflow's log_batch limit on metrics per request.
 BATCH_METRICS = 1000
+
+
+class ChangeIncomplete(Exception):
+    """Part of a change in place did not reach the tracking server (`failed`: which, and why);
+    `opened`: whether the next attempt's run was made (if not, its records go to the job's run
+    only: no attempt's run takes another's)."""
+
+    def __init__(self, attempt: int, failed: list[str], *, opened: bool) -> None:
+        self.attempt, self.failed, self.opened = attempt, failed, opened
+        where = "" if opened else f" (attempt {attempt} has no run of its own: its records go to the job's run only)"
+        super().__init__(f"the change in place to attempt {attempt} not all recorded{where}: {'; '.join(failed)}")
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, cut to 300 characters: what a warning line quotes of it."""
+    return str(exc).splitlines()[0][:300] if str(exc) else ""
 
 
 class MlflowRuns:
@@ -98,15 +115,36 @@ class MlflowRuns:
 
     def change(self, change: Change, *, job_name: str) -> None:
         """A change made in place: the attempt's run ends as its restart would have ended it (at
-        the change), the job's run, still RUNNING, takes its tags, and the next attempt's opens."""
-        if self.attempt_run:
-            for name, value in change.ending_tags.items():
-                self.client.set_tag(self.attempt_run, name, value)
-            self.client.set_terminated(self.attempt_run, status=change.status, end_time=change.at_ms)
-        for name, value in change.job_tags.items():
-            self.client.set_tag(self.job_run, name, value)
-        self.attempt_run = ""  # a failure below leaves no run to end twice
+        the change), the job's run, still RUNNING, takes its tags, and the next attempt's opens.
+        All or nothing to the caller: from here no record goes to the ending attempt's run, the
+        next attempt's takes them only once made, and each part is tried whatever became of the
+        others; ChangeIncomplete, after all were tried, names those that failed."""
+        ending, self.attempt_run = self.attempt_run, ""
+        parts: list[tuple[str, Callable[[], None]]] = [
+            (f"ending attempt {change.attempt - 1}'s run", lambda: self._end_changed(ending, change)),
+            (f"tagging the job's run ({', '.join(change.job_tags)})", lambda: self._tag(self.job_run, change.job_tags)),
+            (f"opening attempt {change.attempt}'s run", lambda: self._begin_changed(change, job_name)),
+        ]
+        failed = []
+        for what, part in parts:
+            try:
+                part()
+            except Exception as exc:
+                failed.append(f"{what}: {type(exc).__name__}: {first_line(exc)}")
+        if failed:
+            raise ChangeIncomplete(change.attempt, failed, opened=bool(self.attempt_run))
+
+    def _end_changed(self, run: str, change: Change) -> None:
+        if run:
+            self._tag(run, change.ending_tags)
+            self.client.set_terminated(run, status=change.status, end_time=change.at_ms)
+
+    def _begin_changed(self, change: Change, job_name: str) -> None:
         self.begin(job_name=job_name, attempt=change.attempt, tags=change.tags)
+
+    def _tag(self, run: str, tags: dict[str, str]) -> None:
+        for name, value in tags.items():
+            self.client.set_tag(run, name, value)
 
     def log(self, points: list[Point], *, attempt_tags: dict[str, str], job_tags: dict[str, str]) -> None:
         """Metrics to both runs (the attempt's series and the job's timeline), tags to each."""
@@ -114,23 +152,22 @@ class MlflowRuns:
 
         metrics = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in points]
         for run, tags in ((self.attempt_run, attempt_tags), (self.job_run, job_tags)):
-            for start in range(0, max(1, len(metrics)), BATCH_METRICS):
+            for start in range(0, max(1, len(metrics)), BATCH_METRICS) if run else []:
                 chunk = metrics[start : start + BATCH_METRICS]
                 run_tags = [RunTag(k, v) for k, v in tags.items()] if start == 0 else []
                 if chunk or run_tags:
                     self.client.log_batch(run, metrics=chunk, tags=run_tags, synchronous=True)
 
     def end(self, *, status: str, tags: dict[str, str], job_done: bool) -> None:
-        """End the attempt's run and the job's: FINISHED when this attempt finished the job, else
-        as the attempt ended. Whether another attempt follows is the planner's decision, made
-        after this process is gone: the next attempt sets the job's run RUNNING again, so a job
-        that fails for good leaves it FAILED, never RUNNING."""
-        if not self.attempt_run:
-            return
-        for name, value in tags.items():
-            self.client.set_tag(self.attempt_run, name, value)
+        """End the attempt's run (if it has one: a change in place may have failed to make it)
+        and the job's: FINISHED when this attempt finished the job, else as the attempt ended.
+        Whether another attempt follows is the planner's decision, made after this process is
+        gone: the next attempt sets the job's run RUNNING again, so a job that fails for good
+        leaves it FAILED, never RUNNING."""
         now = int(time.time() * 1000)
-        self.client.set_terminated(self.attempt_run, status=status, end_time=now)
+        if self.attempt_run:
+            self._tag(self.attempt_run, tags)
+            self.client.set_terminated(self.attempt_run, status=status, end_time=now)
         if job_done or status != "FINISHED":
             self.client.set_terminated(self.job_run, status="FINISHED" if job_done else status, end_time=now)
 
