@@ -67,7 +67,11 @@ class InPlaceTarget(BaseModel):
     the planner gives the attempt that trains in it (None: none), with the precision that
     re-promotion goes to in place when the planner allows that too (`promoteTo`). A `promoteTo`
     target names in turn the precisions its re-promoted attempt may fall back to in place
-    (`inPlaceTo`, as the launch's own); a fallback target's are the ones after it in its list."""
+    (`inPlaceTo`, as the launch's own); a fallback target's are the ones after it in its list.
+    A re-promotion that takes back the micro-batch a fallback split (precision.fallbackKeepsBatch)
+    names that split (`microBatch` x `gradAccumulation`, the same samples per step; None: the
+    attempt keeps the one it trains in). A trainer of an older release refuses the launch that
+    names one (its targets allow no other field) rather than train on in the wrong split."""
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -75,6 +79,26 @@ class InPlaceTarget(BaseModel):
     repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
     promote_to: InPlaceTarget | None = Field(None, alias="promoteTo")
     in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
+    micro_batch: int | None = Field(None, alias="microBatch", ge=1)
+    grad_accumulation: int | None = Field(None, alias="gradAccumulation", ge=1)
+
+    @model_validator(mode="after")
+    def _whole_split(self) -> InPlaceTarget:
+        if (self.micro_batch is None) != (self.grad_accumulation is None):
+            raise ValueError("microBatch and gradAccumulation name a split together: set both or neither")
+        return self
+
+    @property
+    def shape(self) -> tuple[int, int] | None:
+        """The split the target's attempt trains in (None: the one the attempt trains in now)."""
+        if self.micro_batch is None or self.grad_accumulation is None:
+            return None
+        return self.micro_batch, self.grad_accumulation
+
+    def targets(self) -> list[InPlaceTarget]:
+        """This target and every one below it (its promoteTo, its inPlaceTo), depth first."""
+        below = [self.promote_to] if self.promote_to is not None else []
+        return [self, *(t for target in [*below, *self.in_place_to] for t in target.targets())]
 
 
 class InPlaceSplit(BaseModel):
@@ -151,9 +175,17 @@ class AttemptLaunch(BaseModel):
         accumulation = self.grad_accumulation or tr.grad_accumulation
         workers = self.workers or self.spec.workers
         shapes = [(micro, accumulation), *((s.micro_batch, s.grad_accumulation) for s in self.in_place_splits)]
+        shapes += [shape for target in self._targets() if (shape := target.shape) is not None]
         for micro, accumulation in shapes:
             self._keeps_global_batch(micro, accumulation, workers)
         return self
+
+    def _targets(self) -> list[InPlaceTarget]:
+        """Every in-place target the launch names, at any depth."""
+        tops = [*self.in_place_to, *([self.promote_in_place_to] if self.promote_in_place_to is not None else [])]
+        for split in self.in_place_splits:
+            tops += [*split.in_place_to, *([split.promote_to] if split.promote_to is not None else [])]
+        return [t for top in tops for t in top.targets()]
 
     def _keeps_global_batch(self, micro: int, accumulation: int, workers: int) -> None:
         tr = self.spec.training

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from mpjob.localrun import leftover
 from mpjob.localrun.gpu_time import GpuTime
 from mpjob.localrun.paths import Paths
@@ -16,7 +18,6 @@ from mpjob.localrun.series import Point, RunSeries
 from mpjob.planning import cost, history, inplace
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
-from mpjob.planning.inplace import of_line
 from mpjob.planning.observe import observe
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import StartAttempt
@@ -27,6 +28,14 @@ from mpjob_contract.report import InPlaceChange
 
 #: A CPU machine: `auto` resolves as on a node without GPUs.
 LOCAL_CAPABILITY = None
+
+
+def of_line(line: events.PrecisionChanged) -> InPlaceChange | None:
+    """A `precisionChanged` line as the change it names; None when it names none it could."""
+    try:
+        return InPlaceChange.model_validate(line.model_dump(by_alias=True))
+    except ValidationError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -243,5 +243,8 @@ class LocalRun:
             self.view.info(f"{split} at step {nxt.start_step} in place ({reason})")
         else:
             self.view.fallback(ended.precision, nxt.precision, nxt.start_step, reason)
+            if nxt.micro_batch is not None and nxt.micro_batch != ended.micro_batch:  # a split taken back
+                was = f"{ended.micro_batch} x {ended.grad_accumulation}"
+                self.view.info(f"micro-batch {was} -> {nxt.micro_batch} x {nxt.grad_accumulation} in place")
         self._current = nxt
         self.view.attempt_started(nxt.index, nxt.precision, nxt.start_step, f"step {nxt.start_step} in place")

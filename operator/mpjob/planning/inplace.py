@@ -19,8 +19,9 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
 - `promotion_in_place`: where an attempt's own re-promotion goes in place (each fallback
   target carries its own, `promoteTo`): the precision the planner would start after it, when
   that needs no restart either (fp8 does: its float8 linears are made when the model is built),
-  with the fallbacks the re-promoted attempt may make in place in turn (its `inPlaceTo`): the
-  plan is a tree, as deep as the attempt budget and the ladder allow.
+  in the split the planner gives it (microBatch x gradAccumulation: one a fallback split taken
+  back; a sharded model's restarts), with the fallbacks the re-promoted attempt may make in
+  place in turn (`inPlaceTo`): the plan is a tree, as deep as the attempt budget and ladder allow.
 - `record`: the operator's side: the changes a reading or a report names that the status does
   not hold yet, each once (an operator restarted in between reads them again and skips those
   it recorded: a change names the attempt it began).
@@ -31,8 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from pydantic import ValidationError
-
 from mpjob.planning import history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
@@ -40,7 +39,6 @@ from mpjob.planning.classify import Action, AttemptOutcome, Classification, unde
 from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
 from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode, Reason
-from mpjob_contract.events import PrecisionChanged
 from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
 from mpjob_contract.report import ChangeKind, InPlaceChange, TerminationReport
 
@@ -187,9 +185,9 @@ def promotion_in_place(
 def _promotion(
     spec: MixedPrecisionJobSpec, attempt: StartAttempt, past: _Past, capability: tuple[int, int] | str | None
 ) -> InPlaceTarget | None:
-    """The attempt `attempt`'s re-promotion would start, when it has one and needs no restart
-    (the same batch shape, within the attempt budget: `past.used` before `attempt` ends), with
-    the fallbacks that re-promoted attempt may make in place in turn."""
+    """The attempt `attempt`'s re-promotion would start, when it has one and needs no restart (in
+    the attempt budget: `past.used` before `attempt` ends; not fp8; another split only unsharded,
+    FSDP2 wrapped for one shape of its step), with the fallbacks it may make in place in turn."""
     if attempt.repromote_after_steps is None:
         return None
     ended = AttemptStatus(index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
@@ -200,12 +198,14 @@ def _promotion(
         used=then.used, shape=attempt.shape, history=then.attempts, repromotions=past.repromotions,
         counts=then.counts,
     )  # fmt: skip
-    if not isinstance(decision, StartAttempt) or decision.promoted_from is None or decision.shape != attempt.shape:
+    if not isinstance(decision, StartAttempt) or decision.promoted_from is None:
         return None
-    if decision.precision == "fp8":  # its float8 linears are made when the model is built: it restarts
+    split = decision.shape if decision.shape not in (None, attempt.shape or BatchShape.of(spec)) else None
+    if decision.precision == "fp8" or (split is not None and spec.parallelism.strategy == "fsdp"):
         return None
+    shape = {} if split is None else {"micro_batch": split.micro_batch, "grad_accumulation": split.grad_accumulation}
     return InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,  # type: ignore[arg-type]
-                         in_place_to=_fallbacks(spec, decision, then, capability))  # fmt: skip
+                         in_place_to=_fallbacks(spec, decision, then, capability), **shape)  # fmt: skip
 
 
 def faulted(attempt: StartAttempt, reason: Reason = Reason.NUMERIC_FAULT) -> AttemptStatus:
@@ -255,14 +255,6 @@ def changed_in_place(
         begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)
     lc.announce(plan, spec, entry)  # it runs already: no Job is made for it
     return begun
-
-
-def of_line(line: PrecisionChanged) -> InPlaceChange | None:
-    """A `precisionChanged` line as the change it names; None when it names none it could."""
-    try:
-        return InPlaceChange.model_validate(line.model_dump(by_alias=True))
-    except ValidationError:
-        return None
 
 
 def moment(at: float | None, now: str, *, earliest: str | None = None) -> str:

@@ -22,7 +22,12 @@ termination report's list, so an operator that read none of it still records eve
 
 A re-promotion (launch.repromoteAfterSteps clean steps, a checkpoint written) goes back up in
 place the same way when the launch names where (promoteInPlaceTo, or the fallback target's
-promoteTo): nothing is restored, the state in memory being the checkpoint's (`promote`).
+promoteTo): nothing is restored, the state in memory being the checkpoint's (`promote`). When
+the target names a split (the full micro-batch a fallback into fp32 split, taken back) the
+loop's registered `reshape` takes it from the next step on (session.memory); a loop that
+registered none, or a model wrapped anew, ends the attempt and restarts as before. Every rank
+goes up at the same step (the checkpoint's, after the same clean steps: the guard's verdicts are
+agreed), so every rank changes its split there too and the gradient all-reduce stays in step.
 
 Running out of device memory goes on in place too when the launch names a smaller split
 (inPlaceSplits) and the loop registered how to change its own (session.memory): the same
@@ -60,6 +65,8 @@ from mpjob_trainer.errors import NumericFault, Repromote
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.interval import Cadence
 
+#: The loop's data and accumulation in a new split: reshape(micro_batch, grad_accumulation).
+Reshape = Callable[[int, int], None]
 #: Rolls the state back to the newest good one at or before a step index: its step, or the
 #: attempt's ending when there is none.
 Rewind = Callable[[int], "int | Exception"]
@@ -95,6 +102,8 @@ class InPlace:
         self.changes: list[InPlaceChange] = []
         #: A change is made by the loop re-entering, its model wrapped anew (a sharded model's).
         self.rewraps = False
+        #: How the attempt takes another split (session.memory; None: the loop registered no reshape).
+        self.resplit: Reshape | None = None
         #: A change made whose loop has not re-entered yet: told by `reentered`.
         self._untold: Callable[[int], None] | None = None
 
@@ -141,25 +150,32 @@ class InPlace:
         self.targets = list(target.in_place_to)
         rule = Reason.OUT_OF_DEVICE_MEMORY.value
         self._tell("microBatch", step, start, precision, precision, rule=rule, message=message, since=detected,
-                   split=target)  # fmt: skip
+                   shape=(target.micro_batch, target.grad_accumulation))  # fmt: skip
         return target
 
     def can_promote(self) -> bool:
-        """May the attempt's re-promotion, due now, be made in place?"""
-        return self.why_not is None and self.promote_to is not None
+        """May the attempt's re-promotion, due now, be made in place (in the split it names, if any:
+        by the loop's reshape, not for a model wrapped anew)?"""
+        if self.why_not is not None or self.promote_to is None:
+            return False
+        return self.promote_to.shape is None or (self.resplit is not None and not self.rewraps)
 
     def promote(self, why: Repromote, *, step: int) -> None:
         """Go back up to the precision the planner re-promotes to, from the checkpoint just written
         at `step`: the state in memory is that checkpoint's, so nothing is restored. Its own
         fallbacks are the ones the planner allows the re-promoted attempt in place (the target's
-        inPlaceTo; the planner bars re-promoting a precision that faults again)."""
+        inPlaceTo; the planner bars re-promoting a precision that faults again). A split it names
+        is the loop's from the next step on."""
         assert self.promote_to is not None  # can_promote() said so
         detected, previous, target = time.monotonic(), self.context.numerics.precision.precision, self.promote_to
         self.context.numerics.precision.settle(target.precision)
+        if target.shape is not None:
+            assert self.resplit is not None  # can_promote() said so
+            self.resplit(*target.shape)
         self._begin(target, step)
         self.targets, self.splits = list(target.in_place_to), []
         self._told("repromote", step, step, previous, target.precision, rule="repromote", message=str(why),
-                   since=detected)  # fmt: skip
+                   since=detected, shape=target.shape)  # fmt: skip
 
     def reentered(self, start: int) -> None:
         """The loop re-entered, its model wrapped anew and the state of step `start` loaded: the
@@ -192,10 +208,10 @@ class InPlace:
 
     def _tell(
         self, kind: ChangeKind, step: int, start: int, previous: str, to: str,
-        *, rule: str, message: str, since: float, split: InPlaceSplit | None = None,
+        *, rule: str, message: str, since: float, shape: tuple[int, int] | None = None,
     ) -> None:  # fmt: skip
         """The change just made, three ways: the report's list, the metrics' series, the event
-        line (`since`: when it was due, the monotonic clock's)."""
+        line (`since`: when it was due, the monotonic clock's; `shape`: the split it took, if another)."""
         change = InPlaceChange(
             kind=kind,
             attempt=self.attempt,
@@ -207,8 +223,8 @@ class InPlace:
             message=message,
             recovery_seconds=round(time.monotonic() - since, 3),
             at=round(time.time(), 3),
-            micro_batch=split.micro_batch if split is not None else None,
-            grad_accumulation=split.grad_accumulation if split is not None else None,
+            micro_batch=shape[0] if shape is not None else None,
+            grad_accumulation=shape[1] if shape is not None else None,
         )
         self.changes.append(change)
         self.context.metrics.changed(change)

@@ -42,14 +42,11 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.ending import Standing, classify
-from mpjob_trainer.session.inplace import InPlace
+from mpjob_trainer.session.inplace import InPlace, Reshape
 from mpjob_trainer.session.machine import Event
 from mpjob_trainer.session.skipping import DataRung
 from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import StepFunction, StepNumerics
-
-#: The loop's data and accumulation in a new split: reshape(micro_batch, grad_accumulation).
-Reshape = Callable[[int, int], None]
 
 
 class SmallerMicroBatch:
@@ -67,6 +64,15 @@ class SmallerMicroBatch:
         self.reshape = reshape
         if self.in_place is not None:
             self.in_place.why_not_split = self._why_not()
+            self.in_place.resplit = self.resplit if reshape is not None else None
+
+    def resplit(self, micro_batch: int, grad_accumulation: int) -> None:
+        """The attempt trains in this split from its next step on: the loop's data and accumulation
+        (its reshape), and the spec and launch the session says it trains by."""
+        assert self.reshape is not None  # armed with one
+        self.launch = self.launch.split(micro_batch, grad_accumulation)
+        self.spec = self.launch.attempt_spec()
+        self.reshape(micro_batch, grad_accumulation)
 
     def _why_not(self) -> str | None:
         """Why this attempt cannot go on in a smaller split in place (None: it can)."""
@@ -113,9 +119,7 @@ class SmallerMicroBatch:
             return oom
         message = classify(oom, Standing()).message  # as the restart path's report words it
         split = self.in_place.split(step=step, start=start, message=message, detected=detected)
-        self.launch = self.launch.split(split.micro_batch, split.grad_accumulation)
-        self.spec = self.launch.attempt_spec()
-        self.reshape(split.micro_batch, split.grad_accumulation)
+        self.resplit(split.micro_batch, split.grad_accumulation)
         return self.rung.go_on(start, step + 1)
 
 
