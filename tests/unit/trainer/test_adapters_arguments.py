@@ -1,8 +1,7 @@
 """A framework's own settings the adapters must own: a Hugging Face Trainer given its own
-TrainingArguments that save checkpoints (its `save_strategy`, or mpjob's without the optimizer
-through `save_only_model`) is refused before it trains, naming the argument; the arguments
-that only shape those saves, logging or reporting pass; a Lightning Trainer the script built
-itself whose precision, steps or checkpoints are not the attempt's is refused too. Lightning's
+TrainingArguments passes the Trainer's own saves (the script's output) and the arguments that
+only shape saves, logging or reporting; a Lightning Trainer the script built itself whose
+precision or steps are not the attempt's is refused, naming the setting. Lightning's
 fp32 replay clips the gradients as its training does: by value or by norm
 (gradient_clip_algorithm), or as the module's own `configure_gradient_clipping` does."""
 
@@ -57,28 +56,19 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: bool = True, 
         run.close()
 
 
-@pytest.mark.parametrize(
-    ("given", "named"),
-    [
-        ({"save_strategy": "steps", "save_steps": 5}, "save_strategy='steps'"),
-        ({"save_strategy": "epoch"}, "save_strategy='epoch'"),
-        ({"save_only_model": True}, "save_only_model=True"),
-    ],
-)
-def test_a_trainer_that_saves_its_own_checkpoints_is_a_configuration_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: dict[str, Any], named: str
+def test_arguments_that_save_or_only_shape_saves_and_reports_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(ConfigError) as refused:
-        _train(tmp_path, monkeypatch, **given)
-    message = str(refused.value)
-    assert named in message and "spec.checkpoint" in message and "save_strategy='no'" in message
-    assert not list(tmp_path.glob("out/checkpoint-*"))  # refused before the Trainer trained or saved
-
-
-def test_arguments_that_only_shape_saves_and_reports_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """save_steps, save_total_limit, load_best_model_at_end (which saves nothing without a
-    save_strategy) and report_to do not save: `train` goes past the check."""
-    given = {"save_steps": 5, "save_total_limit": 2, "load_best_model_at_end": True, "logging_steps": 3}
+    """The Trainer's own saves (save_strategy, save_only_model: the script's output, in its
+    output_dir outside mpjob's checkpoint folder), save_steps, save_total_limit and logging_steps:
+    `train` goes past the check (load_best_model_at_end: test_adapters_own_checkpoints.py)."""
+    given = {
+        "save_strategy": "steps",
+        "save_only_model": True,
+        "save_steps": 5,
+        "save_total_limit": 2,
+        "logging_steps": 3,
+    }
     with pytest.raises(ConfigError, match="the Trainer has no model"):
         _train(tmp_path, monkeypatch, model=False, **given)
 
@@ -173,7 +163,6 @@ class Linear(L.LightningModule):
         ("fp16", {"precision": "16-mixed", "max_steps": 2}, "precision"),  # on a CPU Lightning trains it in bf16
         ("fp32", {"precision": "bf16-mixed", "max_steps": 2}, "precision"),
         ("fp32", {"precision": "32-true", "max_steps": 100}, "max_steps"),
-        ("fp32", {"precision": "32-true", "max_steps": 2, "enable_checkpointing": True}, "ModelCheckpoint"),
     ],
 )
 def test_a_lightning_trainer_not_built_from_the_attempts_settings_is_a_configuration_error(
@@ -201,20 +190,13 @@ def test_a_lightning_trainer_not_built_from_the_attempts_settings_is_a_configura
     assert trainer.global_step == 0 and not list(tmp_path.glob("ckpt/step-*"))  # refused before it trained
 
 
-@pytest.mark.parametrize(
-    ("given", "named"),
-    [
-        ("callbacks", "ModelCheckpoint"),
-        ("plugins", "MixedPrecision"),
-    ],
-)
-def test_a_scripts_own_lightning_checkpoint_callback_or_precision_plugin_is_a_configuration_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, named: str
+def test_a_scripts_own_lightning_precision_plugin_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A script that keeps its ModelCheckpoint callback or a precision plugin would get Lightning's
-    own exception at `L.Trainer(...)` (enable_checkpointing=False; a precision given twice), a
-    failure of no known kind that is retried: trainer_settings refuses them, as it refuses
-    `precision=` and the Hugging Face adapter refuses a save_strategy."""
+    """A script that keeps a precision plugin would get Lightning's own exception at
+    `L.Trainer(...)` (a precision given twice), a failure of no known kind that is retried:
+    trainer_settings refuses it, as it refuses `precision=`. Its ModelCheckpoint is kept
+    (tests/unit/trainer/test_adapters_own_checkpoints.py)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -223,14 +205,15 @@ def test_a_scripts_own_lightning_checkpoint_callback_or_precision_plugin_is_a_co
 
     job = spec(task={"command": ["python", "train.py"]}, training={"steps": 2, "batchSize": 8, "seed": 0})
     run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
-    mine = {"callbacks": ModelCheckpoint(dirpath=str(tmp_path)), "plugins": MixedPrecision("bf16-mixed", "cpu")}
+    mine = ModelCheckpoint(dirpath=str(tmp_path / "best"))
     try:
+        settings = mpjob_lightning.trainer_settings(run, logger=False, callbacks=[mine])
         with pytest.raises(ConfigError) as refused:
-            mpjob_lightning.trainer_settings(run, logger=False, **{given: [mine[given]]})
+            mpjob_lightning.trainer_settings(run, logger=False, plugins=[MixedPrecision("bf16-mixed", "cpu")])
     finally:
         run.close()
-    message = str(refused.value)
-    assert named in message and "spec.checkpoint" in message and "spec.precision" in message
+    assert mine in settings["callbacks"] and settings["enable_checkpointing"]
+    assert "MixedPrecision" in str(refused.value) and "spec.precision" in str(refused.value)
 
 
 @pytest.mark.parametrize("algorithm", ["value", "norm"])

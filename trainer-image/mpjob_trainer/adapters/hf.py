@@ -11,16 +11,20 @@
 
 `training_arguments` turns the attempt into TrainingArguments (adapters.hf_arguments: fp16/bf16 from its precision,
 fp8 as bf16 around the float8 linears (adapters.mixed), max_steps, seed, the attempt's micro-batch and accumulation,
-the spec's learning rate, weight decay, warm-up and clip norm; no saving of its own). A Trainer built with arguments
-that save checkpoints of their own is refused, as is one whose micro-batch or accumulation is neither the job's nor
-the attempt's; its own fp16/bf16 give way to the attempt's precision (adapters.accelerated), and its own learning
-rate, weight decay, warm-up or clip norm train: both are told on stderr.
+the spec's learning rate, weight decay, warm-up and clip norm; no saving of its own unless the script asks). The
+Trainer's own saves (`save_strategy`, `load_best_model_at_end`) are the script's output, in its `output_dir`, which
+must not be mpjob's checkpoint folder (adapters.own_saves); never resumed from. A Trainer whose micro-batch or
+accumulation is neither the job's nor the attempt's is refused; its own fp16/bf16 give way to the attempt's
+precision (adapters.accelerated), and its own learning rate, weight decay, warm-up or clip norm train: both are told
+on stderr.
 `train` gives the Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate
 runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on), keeps
 spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
 `Trainer.train(resume_from_checkpoint=...)` from the attempt's checkpoint. The callback closes each optimizer
 step in the session (guard, progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own
-`checkpoint-N` folder (weights, optimizer, scheduler, scaler, RNG, trainer state), adopted by mpjob's store.
+`checkpoint-N` folder (weights, optimizer, scheduler, scaler, RNG, trainer state: the best metric and best
+checkpoint of the Trainer's own saves too, carried into the next attempt), whole whatever the script's saving
+arguments say (`MPJOBS_SAVE`), adopted by mpjob's store.
 
 The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.hf_step): the
 Trainer's `compute_loss` keeps the last steps' calls as the Trainer made them; the step makes them again (the
@@ -50,7 +54,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_pt_utils import find_batch_size
-from transformers.trainer_utils import TrainOutput
+from transformers.trainer_utils import SaveStrategy, TrainOutput
 from transformers.utils import logging as hf_logging
 
 from mpjob_trainer.adapters.accelerated import GradNorms, follow_attempt_precision, use_attempt_scaler
@@ -148,19 +152,42 @@ def _optimizers(trainer: Trainer) -> list[torch.optim.Optimizer]:
     return [getattr(optimizer, "optimizer", optimizer)] if optimizer is not None else []
 
 
+#: What mpjob's checkpoint is, whatever the script's TrainingArguments say of the Trainer's own saves:
+#: whole (the optimizer, scheduler and RNG an exact resume reads, also under save_only_model), not
+#: pushed, rotated nor taken for the best model (the Trainer names a best checkpoint found in the
+#: folder it saves into).
+MPJOBS_SAVE = {
+    "save_only_model": False,
+    "save_strategy": SaveStrategy.NO,
+    "push_to_hub": False,
+    "save_total_limit": None,
+}
+
+
 def _writer(trainer: Trainer) -> Any:
     def write(staging: Path) -> Path:
         """The Trainer's own checkpoint (what `resume_from_checkpoint` reads), into `staging`."""
-        output_dir = trainer.args.output_dir
-        trainer.args.output_dir = str(staging)
-        try:
-            with _bars_off(bool(trainer.args.disable_tqdm)):
-                trainer._save_checkpoint(trainer.model, trial=None)  # type: ignore[arg-type]
-        finally:
-            trainer.args.output_dir = output_dir
+        with (
+            _arguments(trainer.args, output_dir=str(staging), **MPJOBS_SAVE),
+            _bars_off(bool(trainer.args.disable_tqdm)),
+        ):
+            trainer._save_checkpoint(trainer.model, trial=None)  # type: ignore[arg-type]
         return staging / f"checkpoint-{trainer.state.global_step}"
 
     return write
+
+
+@contextmanager
+def _arguments(args: Any, **values: Any) -> Iterator[None]:
+    """In the block, the TrainingArguments `args` hold `values`; their own again after it."""
+    own = {name: getattr(args, name) for name in values}
+    for name, value in values.items():
+        setattr(args, name, value)
+    try:
+        yield
+    finally:
+        for name, value in own.items():
+            setattr(args, name, value)
 
 
 @contextmanager

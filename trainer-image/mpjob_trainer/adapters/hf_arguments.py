@@ -1,9 +1,12 @@
 """The attempt as the Hugging Face Trainer's `TrainingArguments`, and a script's own checked.
 
-`training_arguments(run, **kwargs)` builds them: the attempt's precision, steps, seed and no saving
-of the Trainer's own (the script may not pass them); the spec's micro-batch and accumulation
+`training_arguments(run, **kwargs)` builds them: the attempt's precision, steps and seed (the script
+may not pass them); the spec's micro-batch and accumulation
 (adapters.spec_settings: a script's own must be the job's or the attempt's, the attempt's trains);
-the spec's learning rate, weight decay, warm-up and clip norm as defaults the script may override.
+the spec's learning rate, weight decay, warm-up and clip norm as defaults the script may override,
+and no saves of the Trainer's own unless the script asks for them (`save_strategy`, with
+`load_best_model_at_end`...): those are its output, written to its `output_dir`, which must not be
+mpjob's checkpoint folder (adapters.own_saves); mpjob's checkpoints are the only ones resumed from.
 `train` checks a Trainer built from the script's own `TrainingArguments` by the same rules and
 tells the script on stderr where its learning rate, weight decay, warm-up or clip norm are not
 the spec's (transformers' defaults, learning_rate 5e-5, unless the script set them): they train.
@@ -19,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_utils import SaveStrategy
 
 from mpjob_trainer import speed
 from mpjob_trainer.adapters.mixed import framework_precision
+from mpjob_trainer.adapters.own_saves import outside_store
 from mpjob_trainer.adapters.spec_settings import attempt_shape, spec_name
 from mpjob_trainer.data import data_workers
 from mpjob_trainer.errors import ConfigError
@@ -56,7 +61,6 @@ def attempt_arguments(run: Session) -> dict[str, Any]:
         "bf16": mixed == "bf16",
         "max_steps": run.total_steps,
         "seed": run.spec.training.seed,
-        "save_strategy": "no",  # the session decides when; the Trainer's own saves would bypass the store
         "use_cpu": run.device.type == "cpu",
     }
 
@@ -68,12 +72,13 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
     if clash:
         raise ConfigError(
             f"training_arguments({', '.join(clash)}=...): set by the attempt (precision, spec.training.steps "
-            "and seed, checkpoints by mpjob); change the job's spec instead"
+            "and seed); change the job's spec instead"
         )
     shape = attempt_shape(run, kwargs, SHAPE, "training_arguments")
     tr = run.spec.training
     defaults = {
-        "output_dir": str(Path(run.launch.checkpoint_dir) / ".hf-output"),
+        "output_dir": str(Path(run.launch.checkpoint_dir) / ".hf-output"),  # nothing is written there unless saving
+        "save_strategy": "no",  # the Trainer's own saves: the script's output, when it asks for them
         "learning_rate": tr.learning_rate,
         "weight_decay": tr.weight_decay,
         "warmup_steps": tr.warmup_steps,
@@ -93,19 +98,15 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
 
 
 def check(run: Session, args: TrainingArguments) -> None:
-    """Other arguments would train past the attempt's steps, or save of their own."""
+    """Other arguments would train past the attempt's steps, or save the Trainer's own checkpoints
+    into mpjob's checkpoint folder."""
     if args.max_steps != run.total_steps:
         raise ConfigError(
             f"the Trainer's TrainingArguments disagree with the attempt ({run.total_steps} steps): "
             f"{{'max_steps': {args.max_steps}}}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
         )
-    given = args.to_dict()  # the Trainer's own checkpoints, outside mpjob's store, or ones without the optimizer:
-    saving = [f"{k}={given[k]!r}" for k in ("save_strategy", "save_only_model") if given[k] not in ("no", False)]
-    if saving:
-        raise ConfigError(
-            f"TrainingArguments({', '.join(saving)}): mpjob saves and resumes the Trainer's checkpoints itself "
-            "(spec.checkpoint); leave save_strategy='no' and save_only_model=False"
-        )
+    if args.save_strategy != SaveStrategy.NO:
+        outside_store(run, str(args.output_dir), "TrainingArguments(output_dir)")
 
 
 def follow_attempt_shape(run: Session, trainer: Trainer) -> None:

@@ -14,10 +14,12 @@ also around an fp8 attempt's float8 linears (adapters.mixed), `"32-true"`; fp16 
 settings hold and fp16 also runs on a CPU, where `precision="16-mixed"` silently becomes
 bf16), max_steps, devices from the launcher's environment, the spec's clip norm, the attempt's
 accumulation (a script's own must be the job's or the attempt's: adapters.spec_settings), no
-checkpointing of its own, and MpjobCallback (adapters.lightning_callback: it also holds the
-DataLoader's batches to the attempt's micro-batch). `fit` resumes through
-`Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights, optimizers, LR
-schedulers, the scaler, loops (global step) and callbacks, as Lightning saved them.
+checkpointing of its own unless the script gives a `ModelCheckpoint` (its output, written to its
+`dirpath`, which must not be mpjob's checkpoint folder: adapters.own_saves), and MpjobCallback
+(adapters.lightning_callback: it also holds the DataLoader's batches to the attempt's micro-batch).
+`fit` resumes through `Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights,
+optimizers, LR schedulers, the scaler, loops (global step) and callbacks (a ModelCheckpoint's best
+model with them), as Lightning saved them.
 
 The session runs Lightning's step itself for the fp32 replay and the quality gate
 (adapters.lightning_step): the callback keeps the last steps' batches as Lightning fed them, the
@@ -100,18 +102,18 @@ class SessionAutocast(MixedPrecision):
 def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
     """Keyword arguments for `lightning.Trainer` that train this attempt; `kwargs` are the
     script's other arguments (its `callbacks` and `plugins` are kept, after mpjob's)."""
-    owned = {"precision", "max_steps", "enable_checkpointing", "accelerator", "devices", "num_nodes"}
+    owned = {"precision", "max_steps", "accelerator", "devices", "num_nodes"}
     clash = sorted(set(kwargs) & owned)
     if clash:
         raise ConfigError(
             f"trainer_settings({', '.join(clash)}=...): set by the attempt (precision, spec.training.steps, "
-            "the launcher's processes, checkpoints by mpjob); change the job's spec instead"
+            "the launcher's processes); change the job's spec instead"
         )
-    taken = _attempts_own([*_listed(kwargs.get("callbacks")), *_listed(kwargs.get("plugins"))])
+    taken = _precision_plugins([*_listed(kwargs.get("callbacks")), *_listed(kwargs.get("plugins"))])
     if taken:
         raise ConfigError(
             f"trainer_settings(callbacks/plugins=[{', '.join(taken)}]): the attempt sets the precision "
-            "(spec.precision) and mpjob saves and resumes Lightning's checkpoints (spec.checkpoint); leave them out"
+            "(spec.precision); leave them out"
         )
     tr = run.spec.training
     callback = MpjobCallback(run)
@@ -122,7 +124,8 @@ def trainer_settings(run: Session, **kwargs: Any) -> dict[str, Any]:
         "accelerator": "gpu" if run.device.type == "cuda" else "cpu",
         "devices": local,
         "num_nodes": max(1, run.world.size // local),
-        "enable_checkpointing": False,
+        # Lightning refuses a ModelCheckpoint without it, and adds one of its own with it
+        "enable_checkpointing": any(isinstance(c, Checkpoint) for c in _listed(kwargs.get("callbacks"))),
         "gradient_clip_val": tr.grad_clip_norm or None,
         "accumulate_grad_batches": tr.grad_accumulation,
         "log_every_n_steps": tr.log_every,
@@ -145,7 +148,7 @@ def _session_autocast(run: Session) -> bool:
 
 def _check(run: Session, trainer: L.Trainer) -> None:
     """A Trainer not built from trainer_settings(run) would train in a precision the attempt does
-    not report (or without its GradScaler), past its steps, or save checkpoints of its own."""
+    not report (or without its GradScaler), or past its steps."""
     wrong: dict[str, Any] = {}
     if _session_autocast(run):
         if not isinstance(trainer.precision_plugin, SessionAutocast):
@@ -154,21 +157,17 @@ def _check(run: Session, trainer: L.Trainer) -> None:
         wrong["precision"] = trainer.precision
     if trainer.max_steps != run.total_steps:
         wrong["max_steps"] = trainer.max_steps
-    saving = _attempts_own(trainer.callbacks)  # type: ignore[attr-defined]
-    if saving:
-        wrong["callbacks"] = saving
     if wrong:
         raise ConfigError(
-            f"the Trainer's settings disagree with the attempt ({run.precision}, {run.total_steps} steps, "
-            f"checkpoints by mpjob): {wrong}; build it with "
+            f"the Trainer's settings disagree with the attempt ({run.precision}, {run.total_steps} steps): "
+            f"{wrong}; build it with "
             "lightning.Trainer(**mpjob_trainer.adapters.lightning.trainer_settings(run, ...))"
         )
 
 
-def _attempts_own(given: list[Any]) -> list[str]:
-    """The script's callbacks and plugins that would do the attempt's part: save checkpoints outside
-    mpjob's store (a ModelCheckpoint) or set the precision (a precision plugin)."""
-    return [type(c).__name__ for c in given if isinstance(c, Checkpoint | Precision)]
+def _precision_plugins(given: list[Any]) -> list[str]:
+    """The script's callbacks and plugins that would do the attempt's part: set the precision."""
+    return [type(c).__name__ for c in given if isinstance(c, Precision)]
 
 
 def _listed(given: Any) -> list[Any]:

@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from mpjob_trainer.adapters.lightning_step import register
+from mpjob_trainer.adapters.own_saves import outside_store
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.adapters.spec_settings import spec_name
@@ -60,6 +61,14 @@ class MpjobCallback(L.Callback):
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
         self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
         self.quarantined = TakenBack(self.bridge, lambda: list(self.optimizers))
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The script's ModelCheckpoint callbacks, their folders resolved by now (Lightning's
+        default_root_dir or logger's where the script gave none), before they write anything."""
+        for checkpoint in trainer.checkpoint_callbacks:
+            folder = getattr(checkpoint, "dirpath", None)
+            if folder is not None:
+                outside_store(self.run, str(folder), f"{type(checkpoint).__name__}(dirpath)")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.bridge.reclaim_sigterm()  # Lightning would stop at its next batch, without a checkpoint
