@@ -58,7 +58,10 @@ def _hf(launch: AttemptLaunch, own: dict[str, Any] | None = None, **given: Any) 
             args = mpjob_hf.training_arguments(run, dataloader_num_workers=0, **given)
         else:
             attempt = mpjob_hf.attempt_arguments(run)
-            args = TrainingArguments(output_dir=str(launch.checkpoint_dir), report_to=[], **{**attempt, **own})
+            no_saves = {"save_strategy": "no"}  # transformers' default saves every 500 steps
+            args = TrainingArguments(
+                output_dir=str(launch.checkpoint_dir), report_to=[], **{**attempt, **no_saves, **own}
+            )
         trainer = Trainer(model=model, args=args, train_dataset=data)  # type: ignore[arg-type]
         mpjob_hf.train(run, trainer)
     finally:
