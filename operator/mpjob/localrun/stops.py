@@ -143,12 +143,15 @@ def stop_message(
     by: str = CALLED[signal.SIGINT],
 ) -> str:
     """The message of an attempt the user stopped, from what the run saw: the trainers' `report`
-    names the checkpoint they stopped after (their last good one), or that there is none; without
+    names the checkpoint they stopped after (their last good one), or that they wrote none, and a
+    rerun then resumes from `checkpoint`, an earlier attempt's, if any; without
     a report (a second Ctrl-C killed them, they ended without one, or the attempt was not
     `started`), `checkpoint` is the newest one known committed (a line or its manifest said so), if any.
     `by`: what stopped it, Ctrl-C or SIGTERM."""
     rerun = "a rerun with the same --out"
     if report is not None:
+        if report.last_good_checkpoint is None and checkpoint is not None:  # an earlier attempt's stands
+            return f"stopped by {by} before a checkpoint of its own; {rerun} resumes from {checkpoint_name(checkpoint)}"
         if report.last_good_checkpoint is None:
             return f"stopped by {by} before any checkpoint; {rerun} starts over"
         return f"stopped by {by} after the checkpoint of step {report.last_good_checkpoint.step}; {rerun} resumes"
@@ -157,8 +160,12 @@ def stop_message(
         how = f"stopped by {by} before it started"
     elif stop is Stop.ASKED:
         how = f"stopped by {by}; the trainers ended without a report"
-    then = "starts over: no checkpoint" if checkpoint is None else f"resumes from checkpoint step {checkpoint.step}"
+    then = "starts over: no checkpoint" if checkpoint is None else f"resumes from {checkpoint_name(checkpoint)}"
     return f"{how}; {rerun} {then}"
+
+
+def checkpoint_name(checkpoint: CheckpointStatus) -> str:
+    return f"checkpoint step {checkpoint.step}"
 
 
 def resume_line(name: str, root: Path, checkpoint: CheckpointStatus | None) -> str:

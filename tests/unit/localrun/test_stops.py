@@ -171,7 +171,7 @@ def test_a_rerun_names_the_checkpoint_it_resumes_from_or_says_it_starts_over() -
 
 
 def test_a_stop_the_trainers_reported_names_the_checkpoint_they_stopped_after_or_none() -> None:
-    """Their report, not an assumption: a Ctrl-C before the first save leaves no checkpoint."""
+    """Their report, not an assumption: a stop before their first save resumes from an earlier one."""
     ref = {"step": 30, "path": "/c/step-000000030", "sha256": "ab", "precision": "fp16"}
     after = TerminationReport.model_validate({"reason": "Preempted", "step": 31, "lastGoodCheckpoint": ref})
     before = TerminationReport.model_validate({"reason": "Preempted", "step": 3})
@@ -181,6 +181,11 @@ def test_a_stop_the_trainers_reported_names_the_checkpoint_they_stopped_after_or
         )
         assert stops.stop_message(stop, before, None) == (
             "stopped by Ctrl-C before any checkpoint; a rerun with the same --out starts over"
+        )
+        earlier = CheckpointStatus(step=20, sha256="cd", precision="fp16", path="/c/step-000000020")
+        assert stops.stop_message(stop, before, earlier) == (  # a resumed attempt stopped before its own save
+            "stopped by Ctrl-C before a checkpoint of its own; "
+            "a rerun with the same --out resumes from checkpoint step 20"
         )
 
 
