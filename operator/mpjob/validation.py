@@ -205,6 +205,8 @@ def _problems(exc: ValidationError, source: str, index: int) -> list[Problem]:
     problems: list[Problem] = []
     member_said: dict[str, tuple[int, bool]] = {}  # a field -> where its member's problem is, and if of type
     for error in exc.errors():
+        if error["type"] == "default_factory_not_called":  # a default made from a field refused: said there
+            continue
         where = _path(error["loc"])
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, k8s.SchemaViolations):

@@ -103,3 +103,11 @@ def test_a_value_of_the_wrong_shape_says_what_the_field_takes(
     where: str, value: dict[str, Any], field: str, words: str
 ) -> None:
     assert said(bad(where, value))[field].startswith(words)
+
+
+def test_a_bad_precision_mode_is_the_one_problem_told_not_a_fallback_it_leaves_unmade() -> None:
+    """The fallback ladder's default comes from the mode: a bad mode leaves it unmade, which is no
+    mistake of the manifest's and was told as pydantic's 'default factory' words on spec.precision.fallback."""
+    assert said(bad("spec.precision", {"mode": "bf61"})) == {
+        "spec.precision.mode": "must be one of 'auto', 'fp8', 'fp16', 'bf16' or 'fp32', got 'bf61'"
+    }
