@@ -12,7 +12,7 @@ from mpjob.localrun.files import created
 from mpjob.localrun.folder import ending_lines
 from mpjob.localrun.jsonlines import error_line
 from mpjob.localrun.launching import unresolved_env, unusable_working_dir
-from mpjob.localrun.paths import UnusableOut, default_out, prepare
+from mpjob.localrun.paths import UnusableOut, default_out, prepare, said
 from mpjob.planning.backoff import BASE_SECONDS, ENV_BASE, RetryBackoff, backoff_base
 from mpjob.validation import InvalidManifest, Problem, check_text, read_manifest
 from mpjob_contract.binding import bound_settings
@@ -21,8 +21,15 @@ from mpjob_contract.spec_warnings import spec_warnings
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
+    from mpjob.localrun.progress import ProgressView
     from mpjob.localrun.runner import LocalRun
-    from mpjob_contract.api import MixedPrecisionJob
+    from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
+
+
+#: What a run stopped by a file it could not write tells the user to do.
+UNWRITTEN = (
+    "free some space or mend the permissions, then run the same command again: it resumes from its newest checkpoint"
+)
 
 
 def load_job(path: str | Path) -> MixedPrecisionJob:
@@ -79,20 +86,29 @@ def run_command(argv: list[str]) -> int:
             run = LocalRun(
                 job, out, view, base_dir=Path(args.file).parent, schedule=schedule, notes=notes, retries=retries
             )
-            try:
-                status = run.run()
-            finally:
-                view.close()
-            plot = None if args.no_plot else _plot(run)  # drawn while the folder is still held
+            status, plot = _ran(run, view, no_plot=args.no_plot)
     except UnusableOut as exc:
         _error(json_out, f"--out {exc}")
         return 2
+    except OSError as exc:  # a folder made unwritable, a full disk: said, not a traceback
+        _error(json_out, f"--out {out}: the run stopped: {said(exc)}; {UNWRITTEN}")
+        return 1
     lines = ending_lines(job.metadata.name, status, run.paths.report, plot)  # as `mpjob status DIR` prints it again
     shown = {"report": str(run.paths.report), **({"plot": str(plot)} if plot is not None else {})}
     view.info("\n".join(lines), **shown, phase=status.phase)
     if status.phase == "Succeeded":
         return 0
     return 130 if status.phase == "Suspended" else 1
+
+
+def _ran(run: LocalRun, view: ProgressView, *, no_plot: bool) -> tuple[MixedPrecisionJobStatus, Path | None]:
+    """The run to its end, its view closed, and its plot (none with --no-plot), drawn while the
+    folder is still held."""
+    try:
+        status = run.run()
+    finally:
+        view.close()
+    return status, None if no_plot else _plot(run)
 
 
 def _plot(run: LocalRun) -> Path:

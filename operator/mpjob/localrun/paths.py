@@ -185,8 +185,13 @@ def prepare(root: Path, *, fresh: bool, job: str, binds: dict[str, Any]) -> Iter
                 _emptied(root)
             _claim(root, job, binds)
         except OSError as exc:
-            raise UnusableOut(f"{root}: cannot use it as the run's folder ({exc.strerror or exc})") from exc
+            raise UnusableOut(f"{root}: cannot use it as the run's folder ({said(exc)})") from exc
         yield
+
+
+def said(exc: OSError) -> str:
+    """An OSError in words that name its path: 'Permission denied: runs/x/job.tmp'."""
+    return f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
 
 
 def _held(root: Path) -> int:
@@ -241,12 +246,11 @@ def _claim(root: Path, job: str, binds: dict[str, Any]) -> None:
             f"pick another --out ({default_out(job)} is this job's own), or --fresh to delete the run of {found[0]!r}"
         )
         raise UnusableOut(f"{root}: it holds a run of the job {found[0]!r}, not {job!r}: {other}")
-    if found is not None and found[1] is not None:
-        if changed := binding.changed_fields(found[1], binds):
-            raise UnusableOut(
-                f"{root}: its run was of other settings than this manifest's, which its checkpoints "
-                f"hold to: {'; '.join(changed)}. Nothing was started: --fresh to delete that run and "
-                "start over, another --out to keep it (a run with its settings goes on from its checkpoints)"
-            )
-        return
+    if found is not None and found[1] is not None and (changed := binding.changed_fields(found[1], binds)):
+        raise UnusableOut(
+            f"{root}: its run was of other settings than this manifest's, which its checkpoints "
+            f"hold to: {'; '.join(changed)}. Nothing was started: --fresh to delete that run and "
+            "start over, another --out to keep it (a run with its settings goes on from its checkpoints)"
+        )
+    # Written again by every run, so a folder it cannot write is refused here, before any attempt.
     write_replacing(root / JOB_FILE, json.dumps({"name": job, "binds": binds}) + "\n")

@@ -14,6 +14,7 @@ a cluster that shows no disruption; in GPU-seconds only when its trainers ran on
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from functools import reduce
@@ -199,6 +200,9 @@ class LocalRun:
         with self.ctrl_c.caught(self._workers):
             try:
                 self._follow(worker0, self._workers.log0)
+            except OSError:  # its log or report cannot be written: the runner stops, its trainers with it
+                self._workers.signal(signal.SIGKILL)
+                raise
             finally:
                 outcome = self._workers.wait(start.index)
         self.record.gpu_time.charge((self._current or start).index)  # an attempt changed in place: the newest
