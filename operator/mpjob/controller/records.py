@@ -145,6 +145,7 @@ class PodRecord:
             v.platform_reason,
             v.deleting,
             v.unschedulable_since,
+            v.unschedulable_message,
             v.marked_unready,
             self.orphan,
         )
@@ -199,12 +200,13 @@ def pod_view(pod: dict[str, Any]) -> PodView:
     state = (statuses[0].get("state") or {}) if statuses else {}
     terminated, waiting, running = state.get("terminated"), state.get("waiting"), state.get("running")
     phase = status.get("phase") or "Pending"
-    platform, unschedulable = status.get("reason"), None  # Evicted, NodeLost, ...
+    platform, unschedulable, unplaced = status.get("reason"), None, None  # Evicted, NodeLost, ...
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True" and not platform:
             platform = cond.get("reason") or "DisruptionTarget"
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == UNSCHEDULABLE:
             unschedulable = _text(cond.get("lastTransitionTime")) or ""
+            unplaced = _text(cond.get("message"))
     if terminated is not None and terminated.get("reason") == "OOMKilled":
         platform = "OOMKilled"
     if waiting is not None and waiting.get("reason") in IMAGE_ERRORS:
@@ -221,6 +223,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         started_at=_text((terminated or running or {}).get("startedAt")),
         finished_at=_text((terminated or {}).get("finishedAt")),
         unschedulable_since=unschedulable,
+        unschedulable_message=unplaced,
         node=_text((pod.get("spec") or {}).get("nodeName")),
         marked_unready=_marked_unready(status.get("conditions") or []),
         uid=str(meta.get("uid", "")),

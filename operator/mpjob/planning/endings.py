@@ -34,6 +34,8 @@ class PodView:
     #: Since when the scheduler finds no node for the pod (its PodScheduled condition False,
     #: reason Unschedulable; RFC 3339), for spec.elastic; None once it is scheduled.
     unschedulable_since: str | None = None
+    #: The scheduler's words on why no node takes the pod (that condition's message), if any.
+    unschedulable_message: str | None = None
     #: The node the pod is bound to (spec.nodeName), if any.
     node: str | None = None
     #: Its Ready condition is False while its containers are ready: a kubelet keeps the two

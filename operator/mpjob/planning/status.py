@@ -25,6 +25,8 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     #: False while the Job controller cannot create the attempt's pods (FailedCreate).
     PODS_CREATED = "PodsCreated"
+    #: False while the scheduler finds no node for a pod of the attempt (planning/scheduling.py).
+    PODS_SCHEDULED = "PodsScheduled"
     #: An `auto` attempt measured no low precision faster than fp32 on its node (F6).
     AMP_SLOWER_THAN_FP32 = "AmpSlowerThanFp32"
     #: True while an elastic attempt is short of room that no smaller size can take (docs/elastic.md).
@@ -62,6 +64,9 @@ class ConditionReason(StrEnum):
     #: The Job controller could not create a pod (Pod Security, quota, a webhook), and did later.
     FAILED_CREATE = "FailedCreate"
     PODS_CREATED = "PodsCreated"
+    #: The scheduler finds no node for a pod of the attempt, and did later.
+    UNSCHEDULABLE = "Unschedulable"
+    PODS_SCHEDULED = "PodsScheduled"
     #: runPolicy.podCreationTimeoutSeconds passed with pods still refused.
     POD_CREATION_TIMEOUT = "PodCreationTimeout"
     #: The operator deleted the live pods of an attempt whose rank was lost, hung or crashed,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from mpjob.planning import elastic
+from mpjob.planning import elastic, scheduling
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.elastic import workers_of
@@ -48,6 +48,8 @@ def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When
     else:
         if created:
             lc.pods_created(plan, when)
+        if spec.elastic is None:  # an elastic job's pods short of room: awaiting_workers
+            scheduling.unscheduled(plan, spec, job=job, when=when)
         if any(p.phase == "Running" or p.exit_code is not None for p in job.pods):
             lc.running(plan, when)
 

@@ -1,0 +1,97 @@
+"""Pods the scheduler finds no node for: before, the job only said "waiting for its pods" for as
+long as that lasted (a claim that does not exist, more GPUs than any node has, a nodeSelector no
+node matches). Now PodsScheduled=False carries the scheduler's words and names the spec's field
+to change, a Warning Event says it once per change, and the condition turns True once placed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob.planning.scheduling import fix
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+
+pytestmark = pytest.mark.unit
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+NO_CLAIM = '0/7 nodes are available: persistentvolumeclaim "ckpt" not found. not found'
+NO_GPUS = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint {gpu: present}."
+NO_MATCH = "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+
+
+def spec(**over: object) -> MixedPrecisionJobSpec:
+    base = {
+        "task": {"builtin": "gpt"},
+        "precision": {"mode": "fp16"},
+        "resources": {"gpusPerWorker": 12},
+        "checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+        "template": {"nodeSelector": {"pool": "nowhere"}},
+    }
+    return MixedPrecisionJobSpec.model_validate({**base, **over})
+
+
+def pending(said: str | None) -> dict[int, JobView]:
+    since = "2026-11-22T12:00:01Z"
+    pod = PodView("j-a0-0-x", 0, "Pending", alive=True, unschedulable_since=since, unschedulable_message=said)
+    return {0: JobView(0, pods=(pod,))}
+
+
+def condition(status: MixedPrecisionJobStatus, type_: str) -> tuple[str, str, str] | None:
+    found = next((c for c in status.conditions if c.type == type_), None)
+    return (found.status, found.reason, found.message) if found else None
+
+
+def started() -> MixedPrecisionJobStatus:
+    return reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+
+
+def test_an_unschedulable_pod_is_said_at_once_with_the_field_to_change_and_once() -> None:
+    plan = reconcile(spec(), started(), 1, pending(NO_CLAIM), T0 + timedelta(seconds=5))
+    assert plan.status.phase == "Pending"
+    found = condition(plan.status, "PodsScheduled")
+    assert found is not None and found[:2] == ("False", "Unschedulable"), found
+    assert NO_CLAIM in found[2] and "checkpoint.volume.persistentVolumeClaim.claimName" in found[2]
+    assert "'ckpt'" in found[2] and "does not exist" in found[2]
+    assert [(e.type, e.reason, e.message) for e in plan.events] == [("Warning", "Unschedulable", found[2])]
+    again = reconcile(spec(), plan.status, 1, pending(NO_CLAIM), T0 + timedelta(seconds=10))
+    assert again.events == [] and again.status == plan.status  # said once, the job keeps waiting
+
+
+def test_the_condition_turns_true_once_the_pod_is_placed() -> None:
+    status = reconcile(spec(), started(), 1, pending(NO_GPUS), T0).status
+    placed = {0: JobView(0, pods=(PodView("j-a0-0-x", 0, "Running", alive=True),))}
+    plan = reconcile(spec(), status, 1, placed, T0 + timedelta(seconds=30))
+    assert plan.status.phase == "Running"
+    assert condition(plan.status, "PodsScheduled") == ("True", "PodsScheduled", "attempt 0's pods were scheduled")
+
+
+def test_a_job_whose_pods_were_placed_at_once_carries_no_such_condition() -> None:
+    placed = {0: JobView(0, pods=(PodView("j-a0-0-x", 0, "Pending", alive=True),))}
+    assert condition(reconcile(spec(), started(), 1, placed, T0).status, "PodsScheduled") is None
+
+
+@pytest.mark.parametrize(
+    ("said", "named"),
+    [
+        (NO_GPUS, "resources.gpusPerWorker=12"),
+        ("0/2 nodes are available: 2 node(s) had untolerated taint {gpu: present}.", "template.tolerations"),
+        (NO_MATCH, "template.nodeSelector={'pool': 'nowhere'}"),
+        ("0/1 nodes are available: 1 Insufficient memory.", "resources.requests"),
+        ('0/1 nodes are available: persistentvolumeclaim "data" not found.', "'data' (template.volumes)"),
+    ],
+)
+def test_the_fix_names_the_field_that_asks_for_what_no_node_has(said: str, named: str) -> None:
+    assert named in fix(spec(), said)
+
+
+def test_a_node_short_of_a_resource_is_the_fix_not_other_nodes_selector_or_taints() -> None:
+    said = fix(spec(), NO_GPUS + " 1 node(s) didn't match Pod's node affinity/selector.")
+    assert "gpusPerWorker" in said and "nodeSelector" not in said and "tolerations" not in said
+
+
+def test_a_message_the_spec_cannot_change_is_said_as_it_is() -> None:
+    assert fix(spec(), "0/1 nodes are available: 1 node(s) were unschedulable.") == ""
+    plan = reconcile(spec(), started(), 1, pending(None), T0)
+    found = condition(plan.status, "PodsScheduled")
+    assert found is not None and found[2] == "attempt 0: the scheduler finds no node for pod j-a0-0-x: no reason given"
