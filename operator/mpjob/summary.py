@@ -7,7 +7,7 @@ from datetime import datetime
 
 from mpjob.planning import repeat
 from mpjob.planning.history import KEEP_FIRST
-from mpjob.planning.status import moment
+from mpjob.planning.status import FINISHED, ConditionReason, ConditionType, moment
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
@@ -22,6 +22,7 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
     split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
     lines += [attempt_line(a, world=resized, shape=split, now=now) for a in status.attempts]
+    lines += trouble_lines(status)
     if count := recoveries(status):
         lines.append(f"  recoveries: {count} ({precision_path(status)})")
     if status.skipped:
@@ -39,6 +40,34 @@ def failed_because(status: MixedPrecisionJobStatus) -> str:
     ' (AttemptsExhausted)': a job that failed in two of its six attempts says why); else ''."""
     failed = next((c for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
     return f" ({failed.reason})" if status.phase == "Failed" and failed is not None and failed.reason else ""
+
+
+#: Conditions (type, status) that say why a job that has not ended waits, or what goes wrong while it runs.
+TROUBLE = frozenset(
+    {
+        (ConditionType.PODS_CREATED, "False"),
+        (ConditionType.PODS_SCHEDULED, "False"),
+        (ConditionType.AWAITING_WORKERS, "True"),
+        (ConditionType.CHECKPOINTS_FAILING, "True"),
+    }
+)
+#: Running=False reasons of a job that waits for something other than its pods to start.
+WAITING = frozenset(
+    {ConditionReason.BACKING_OFF, ConditionReason.AWAITING_ADMISSION, ConditionReason.AWAITING_READMISSION}
+)
+
+
+def trouble_lines(status: MixedPrecisionJobStatus) -> list[str]:
+    """One line per condition that says why a job not ended waits or what goes wrong (its pods
+    not created or not scheduled, a backoff, its queue, checkpoints failing); none once ended."""
+    if status.phase in FINISHED:
+        return []
+    return [
+        f"  {c.type}: {one_line(c.message)}"
+        for c in status.conditions
+        if (c.type, c.status) in TROUBLE
+        or (c.type == ConditionType.RUNNING and c.status == "False" and c.reason in WAITING)
+    ]
 
 
 #: Endings whose next attempt is no recovery: the user's stop (Ctrl-C, runPolicy.suspend) and its

@@ -211,3 +211,40 @@ def test_an_attempt_whose_end_step_is_unknown_says_so_not_step_0() -> None:
     began = {"index": 0, "precision": "bf16", "startStep": 0, "endStep": 0, "reason": "InfraError", "message": "x"}
     lines = summary_lines("job", MixedPrecisionJobStatus.model_validate({"attempts": [began, died]}))
     assert lines[1:3] == ["  attempt 0: bf16 steps 0-0 InfraError (x)", "  attempt 1: bf16 steps 20-? InfraError (x)"]
+
+
+def test_a_waiting_job_says_why_it_waits_and_an_ended_one_does_not() -> None:
+    """`mpjob status` of a job whose pods no node takes said only `Pending at step 0` and its
+    attempt `running`: the conditions that say why it waits, naming the field, were left out."""
+    said = "attempt 0: the scheduler finds no node for pod j-a0-0-x: ...; no node has resources.gpusPerWorker=16"
+    unplaced = {
+        "type": "PodsScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": said,
+        "lastTransitionTime": "t",
+    }
+    waiting = {
+        "type": "Running",
+        "status": "False",
+        "reason": "AttemptStarted",
+        "message": "waiting",
+        "lastTransitionTime": "t",
+    }
+    attempt = {"index": 0, "precision": "bf16", "startStep": 0}
+    status = {"phase": "Pending", "conditions": [unplaced, waiting], "attempts": [attempt]}
+    lines = summary_lines("job", MixedPrecisionJobStatus.model_validate(status))
+    assert lines[2:] == [f"  PodsScheduled: {said}"]
+    backoff = {
+        "type": "Running",
+        "status": "False",
+        "reason": "BackingOff",
+        "message": "attempt 1 starts in 20s",
+        "lastTransitionTime": "t",
+    }
+    status = {**status, "conditions": [backoff]}
+    assert summary_lines("job", MixedPrecisionJobStatus.model_validate(status))[2:] == [
+        "  Running: attempt 1 starts in 20s"
+    ]
+    ended = {**status, "phase": "Failed", "conditions": [unplaced]}
+    assert summary_lines("job", MixedPrecisionJobStatus.model_validate(ended))[2:] == []
