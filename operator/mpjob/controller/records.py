@@ -31,6 +31,8 @@ JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 #: Container waiting reasons that mean the pod will never run.
 IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: The trainer container's waiting reason while the kubelet cannot make its environment.
+CONFIG_ERROR = "CreateContainerConfigError"
 #: The PodScheduled condition's reason while the scheduler finds no node for the pod (spec.elastic waits on it).
 UNSCHEDULABLE = "Unschedulable"
 #: Job conditions that end an attempt's Job, as the Complete/Failed they lead to.
@@ -146,6 +148,7 @@ class PodRecord:
             v.deleting,
             v.unschedulable_since,
             v.unschedulable_message,
+            v.config_error,
             v.marked_unready,
             self.orphan,
         )
@@ -224,11 +227,19 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         finished_at=_text((terminated or {}).get("finishedAt")),
         unschedulable_since=unschedulable,
         unschedulable_message=unplaced,
+        config_error=_config_error(waiting),
         node=_text((pod.get("spec") or {}).get("nodeName")),
         marked_unready=_marked_unready(status.get("conditions") or []),
         uid=str(meta.get("uid", "")),
         grace=_grace(meta.get("deletionGracePeriodSeconds")),
     )
+
+
+def _config_error(waiting: dict[str, Any] | None) -> str | None:
+    """The kubelet's words when the container waits because it cannot make its environment."""
+    if waiting is None or waiting.get("reason") != CONFIG_ERROR:
+        return None
+    return _text(waiting.get("message")) or CONFIG_ERROR
 
 
 def _marked_unready(conditions: list[dict[str, Any]]) -> bool:

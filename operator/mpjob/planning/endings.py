@@ -36,6 +36,9 @@ class PodView:
     unschedulable_since: str | None = None
     #: The scheduler's words on why no node takes the pod (that condition's message), if any.
     unschedulable_message: str | None = None
+    #: The kubelet's words on why it cannot create the trainer container (its waiting reason
+    #: CreateContainerConfigError: a Secret or ConfigMap, or a key of one, that is not there).
+    config_error: str | None = None
     #: The node the pod is bound to (spec.nodeName), if any.
     node: str | None = None
     #: Its Ready condition is False while its containers are ready: a kubelet keeps the two

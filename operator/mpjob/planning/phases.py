@@ -40,17 +40,18 @@ def running(plan: Plan, when: When) -> None:
         condition(plan, when, ConditionType.RUNNING, True, ConditionReason.ATTEMPT_RUNNING, message)
 
 
-def pods_refused(plan: Plan, when: When, message: str) -> None:
-    """The Job controller cannot create the attempt's pods (`message`, its FailedCreate): the
-    job waits (Pending) with PodsCreated=False, and a Warning Event says so once per message."""
+def pods_refused(plan: Plan, when: When, message: str, reason: str = ConditionReason.FAILED_CREATE) -> None:
+    """The Job controller cannot create the attempt's pods (`message`, its FailedCreate), or the
+    kubelet their container (`reason` CreateContainerConfigError): the job waits (Pending) with
+    PodsCreated=False, and a Warning Event says so once per message."""
     status = plan.status
     if status.phase == "Running":
         status.phase = "Pending"
     known = next((c for c in status.conditions if c.type == ConditionType.PODS_CREATED), None)
     news = known is None or known.status != "False" or known.message != message
-    condition(plan, when, ConditionType.PODS_CREATED, False, ConditionReason.FAILED_CREATE, message)
+    condition(plan, when, ConditionType.PODS_CREATED, False, reason, message)
     if news:
-        plan.events.append(Event("Warning", ConditionReason.FAILED_CREATE, message[:1000]))
+        plan.events.append(Event("Warning", reason, message[:1000]))
 
 
 def pods_created(plan: Plan, when: When) -> None:

@@ -7,6 +7,10 @@ pods" for as long as that lasted. Now a PodsScheduled=False condition carries th
 words and the spec's field that asks for what no node has, and a Warning Event says so once
 per change. The job keeps waiting (a node may be added, a claim created); the condition turns
 True once every pod is placed. An elastic job's short-of-room pods are `waiting.awaiting_workers`'.
+
+A pod placed whose container the kubelet cannot make (CreateContainerConfigError: a Secret,
+or a key of one, that is not there) is `unconfigured`: its words and the field naming the
+Secret, for `waiting` to show as PodsCreated=False (and fail after podCreationTimeoutSeconds).
 """
 
 from __future__ import annotations
@@ -84,3 +88,35 @@ def unscheduled(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: 
     if known is None or known.status != "False" or known.message != message:
         plan.events.append(lc.Event("Warning", ConditionReason.UNSCHEDULABLE, message))
     lc.condition(plan, when, ConditionType.PODS_SCHEDULED, False, ConditionReason.UNSCHEDULABLE, message)
+
+
+#: The Secret a kubelet's CreateContainerConfigError names ('secret "x" not found', "couldn't
+#: find key K in Secret ns/x").
+MISSING_SECRET = re.compile(r'secret "([^"]+)" not found|in Secret [^/\s]+/([^\s"]+)', re.I)
+
+
+def secret_field(spec: MixedPrecisionJobSpec, secret: str) -> str:
+    """The spec's field that names Secret `secret`: the bucket's or the tracking server's
+    credentialsSecret, else the template's env."""
+    storage = spec.checkpoint.storage
+    if storage is not None and storage.s3 is not None and storage.s3.credentials_secret == secret:
+        return "checkpoint.storage.s3.credentialsSecret"
+    mlflow = spec.tracking.mlflow if spec.tracking is not None else None
+    if mlflow is not None and mlflow.credentials_secret == secret:
+        return "tracking.mlflow.credentialsSecret"
+    return "template.env"
+
+
+def unconfigured(spec: MixedPrecisionJobSpec, job: JobView) -> str | None:
+    """What keeps a pod of the attempt from starting its container, in the kubelet's words and
+    naming the spec's field to change; None when no pod is held so."""
+    held = next((p for p in sorted(job.pods, key=lambda p: p.index) if p.alive and p.config_error), None)
+    if held is None or held.config_error is None:
+        return None
+    message = f"pod {held.name} cannot start its trainer container: {held.config_error}"
+    if (secret := MISSING_SECRET.search(held.config_error)) is not None:
+        name = secret.group(1) or secret.group(2)
+        message += (
+            f"; the Secret {name!r} ({secret_field(spec, name)}) or its key is not in the job's namespace: create it"
+        )
+    return message[:1024]

@@ -64,6 +64,8 @@ class ConditionReason(StrEnum):
     #: The Job controller could not create a pod (Pod Security, quota, a webhook), and did later.
     FAILED_CREATE = "FailedCreate"
     PODS_CREATED = "PodsCreated"
+    #: The kubelet cannot make a pod's container: a Secret or ConfigMap (or its key) not there.
+    CONFIG_ERROR = "CreateContainerConfigError"
     #: The scheduler finds no node for a pod of the attempt, and did later.
     UNSCHEDULABLE = "Unschedulable"
     PODS_SCHEDULED = "PodsScheduled"

@@ -45,6 +45,8 @@ def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When
         _awaiting_admission(plan, when, queue_message=job.queue_message, outlive=spec.checkpoint.outlives_pods)
     elif job.create_error is not None and not created:
         _pods_refused(plan, spec, message=job.create_error, when=when)
+    elif (held := scheduling.unconfigured(spec, job)) is not None:
+        _pods_refused(plan, spec, message=held, when=when, reason=ConditionReason.CONFIG_ERROR)
     else:
         if created:
             lc.pods_created(plan, when)
@@ -95,14 +97,17 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
         lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
 
 
-def _pods_refused(plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when: When) -> None:
-    """Pods the Job controller cannot create: shown at once, the job failed after
-    runPolicy.podCreationTimeoutSeconds from the attempt's start (quota may free up meanwhile)."""
+def _pods_refused(
+    plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when: When, reason: str = ConditionReason.FAILED_CREATE
+) -> None:
+    """Pods the Job controller cannot create, or whose container the kubelet cannot (`reason`):
+    shown at once, the job failed after runPolicy.podCreationTimeoutSeconds from the attempt's
+    start (quota may free up, the Secret be made, meanwhile)."""
     current = plan.status.attempts[-1]
     timeout = spec.run_policy.pod_creation_timeout_seconds
     started, now = st.moment(current.start_time), st.moment(when.at)
     if started is None or now is None or now < started + timedelta(seconds=timeout):
-        lc.pods_refused(plan, when, message)
+        lc.pods_refused(plan, when, message, reason)
         return
     text = f"pods not created within runPolicy.podCreationTimeoutSeconds={timeout}: {message}"
     reason = ConditionReason.POD_CREATION_TIMEOUT

@@ -103,3 +103,38 @@ def test_the_final_figures_come_from_the_termination_report(precision: str, scal
     final = reconcile(s, status, 1, done, T0).status
     assert final.phase == "Succeeded" and final.step == 60 and final.loss_scale == scale
     assert "lossScale" not in final.to_api() or precision == "fp16"
+
+
+NO_SECRET = 'secret "s3-keys" not found'
+
+
+def held(message: str = NO_SECRET) -> dict[int, JobView]:
+    """The kubelet cannot make the trainer container's environment (CreateContainerConfigError)."""
+    return {0: JobView(0, pods=(PodView("j-a0-0-x", 0, "Pending", alive=True, config_error=message),))}
+
+
+def s3_spec() -> MixedPrecisionJobSpec:
+    s3 = {"bucket": "ckpts", "endpoint": "http://s3:9000", "credentialsSecret": "s3-keys"}
+    return spec(checkpoint={"storage": {"s3": s3}})
+
+
+def test_a_credentials_secret_that_is_not_there_is_said_at_once_naming_the_field() -> None:
+    """A checkpoint bucket's credentialsSecret that does not exist held the pod Pending (its
+    container waiting, CreateContainerConfigError) and the job said only "waiting for its pods"."""
+    plan = reconcile(s3_spec(), started(), 1, held(), T0 + timedelta(seconds=5))
+    found = condition(plan.status, "PodsCreated")
+    assert plan.status.phase == "Pending" and found is not None, plan.status
+    assert found[:2] == ("False", "CreateContainerConfigError") and NO_SECRET in found[2]
+    assert "'s3-keys' (checkpoint.storage.s3.credentialsSecret)" in found[2]
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "CreateContainerConfigError")]
+    again = reconcile(s3_spec(), plan.status, 1, held(), T0 + timedelta(seconds=10))
+    assert again.events == [] and again.status == plan.status  # said once
+
+
+def test_a_missing_key_of_a_template_secret_names_the_template_and_fails_after_the_timeout() -> None:
+    said = "couldn't find key TOKEN in Secret ns/other"
+    status = reconcile(s3_spec(), started(), 1, held(said), T0 + timedelta(seconds=5)).status
+    assert "'other' (template.env)" in condition(status, "PodsCreated")[2]  # type: ignore[index]
+    plan = reconcile(s3_spec(), status, 1, held(said), T0 + timedelta(seconds=60))
+    assert plan.status.phase == "Failed" and said in (plan.status.message or "")
+    assert "podCreationTimeoutSeconds=60" in (plan.status.message or "")

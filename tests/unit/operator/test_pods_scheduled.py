@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from mpjob.controller.records import pod_view
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob.planning.scheduling import fix
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -95,3 +96,16 @@ def test_a_message_the_spec_cannot_change_is_said_as_it_is() -> None:
     plan = reconcile(spec(), started(), 1, pending(None), T0)
     found = condition(plan.status, "PodsScheduled")
     assert found is not None and found[2] == "attempt 0: the scheduler finds no node for pod j-a0-0-x: no reason given"
+
+
+def test_the_pod_view_keeps_the_schedulers_and_the_kubelets_words() -> None:
+    index = {"batch.kubernetes.io/job-completion-index": "0"}
+    placed = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": NO_GPUS}
+    waiting = {"reason": "CreateContainerConfigError", "message": 'secret "keys" not found'}
+    trainer = {"name": "trainer", "state": {"waiting": waiting}}
+    body = {
+        "metadata": {"name": "j-a0-0-x", "annotations": index},
+        "status": {"phase": "Pending", "conditions": [placed], "containerStatuses": [trainer]},
+    }
+    view = pod_view(body)
+    assert (view.unschedulable_message, view.config_error, view.alive) == (NO_GPUS, 'secret "keys" not found', True)
