@@ -34,6 +34,7 @@ from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
 from mpjob.controller import leftovers
 from mpjob.controller import metrics as om
+from mpjob.controller.bodies import adopt
 from mpjob.controller.cache import ChildCache, Observed
 from mpjob.controller.cluster import CONFLICT, Cluster, Refused, uid_of
 from mpjob.controller.config import OperatorConfig
@@ -54,7 +55,8 @@ log = logging.getLogger("mpjob.operator")
 def write_status(cluster: Cluster, body: dict[str, Any], stored: dict[str, Any], new: MixedPrecisionJobStatus) -> None:
     """Patch the job's status from `stored` to `new` (nothing when they agree), only if the job is
     still at `body`'s resourceVersion (a 409 Conflict otherwise: the reconcile is retried from a
-    new read); `body` takes the version the write made, for the reconcile's next write."""
+    new read); `body` becomes the job as written (`bodies.adopt`: the version the write made, for
+    the reconcile's next write and the next reconcile)."""
     write_patch(cluster, body, status_patch(stored, new))
 
 
@@ -62,11 +64,10 @@ def write_patch(cluster: Cluster, body: dict[str, Any], patch: dict[str, Any]) -
     """Merge `patch` into the job's status at `body`'s resourceVersion (`write_status`)."""
     if patch:
         meta = body["metadata"]
-        version = cluster.patch_status(
+        written = cluster.patch_status(
             meta["namespace"], meta["name"], patch, resource_version=meta.get("resourceVersion")
         )
-        if version is not None:
-            meta["resourceVersion"] = version
+        adopt(body, written)
 
 
 @dataclass(frozen=True)

@@ -110,19 +110,19 @@ class Cluster:
 
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
-    ) -> str | None:
+    ) -> dict[str, Any]:
         """Merge `status` (camelCase fields; None deletes one) into the job's status subresource;
-        the job's resourceVersion after it. With `resource_version` the write holds only if the job
-        is still at that version (else a 409 Conflict): a status planned from an older read, by a
-        second operator or one that stalled, never overwrites a newer one."""
+        the job as written (its new resourceVersion, spec and status). With `resource_version`
+        the write holds only if the job is still at that version (else a 409 Conflict): a status
+        planned from an older read, by a second operator or one that stalled, never overwrites
+        a newer one."""
         body: dict[str, Any] = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
         custom = self.custom
-        written = raw(
+        return raw(
             custom.patch_namespaced_custom_object_status, api.GROUP, api.VERSION, namespace, api.PLURAL, name, body
         )
-        return (written.get("metadata") or {}).get("resourceVersion")
 
     # -------------------------------------------------------------- an attempt's children
     def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:

@@ -154,8 +154,9 @@ async def on_job_event(
     **_: Any,
 ) -> None:
     """Queue a reconcile when a job is new or its spec changed (the generation is ahead of
-    status.observedGeneration), and for every unfinished job in kopf's first listing. The
-    operator's own status writes come back here too, and queue nothing."""
+    status.observedGeneration), and for every unfinished job in kopf's first listing. Each
+    event's body is offered to the reconciler's bodies (the next reconcile plans from the
+    newest). The operator's own status writes come back here too, and queue nothing."""
     controller: Controller = memo["controller"]
     # kopf sets the variables kopf.event needs for the processing of each object, not at
     # startup: the reconciles in the queue's threads run in a copy of this context.
@@ -164,8 +165,8 @@ async def on_job_event(
     if type == "DELETED":  # children go with their owner (garbage collection); volumes stay
         controller.reconciler.forget(meta.get("uid", ""), (namespace, name))
         return
-    if not status and isinstance(event.get("object"), dict):
-        controller.reconciler.first_sight((namespace, name), event["object"])
+    if isinstance(event.get("object"), dict):  # the newest body is what the next reconcile plans from
+        controller.reconciler.bodies.offer((namespace, name), event["object"])
     if type is None:
         if has_work(status, body.get("spec")):
             controller.queue.add((namespace, name))

@@ -1,13 +1,16 @@
-"""One MixedPrecisionJob's reconcile: observe (the CR from the API server, its children from the
-cache, and on a tick the running attempt's live progress: `progress.py`), decide
+"""One MixedPrecisionJob's reconcile: observe (the CR as the operator was last shown it, by
+kopf's watch or its own status write, or from the API server when it holds none or the job's
+last reconcile failed: `bodies.py`; its children from the cache; and on a tick the running
+attempt's live progress: `progress.py`), decide
 (`mpjob.planning.reconcile`, pure, on the status with that progress in it), act (status first,
 then metrics and Events, then children: `actions.py`; an attempt whose first Job acting made
 is said and counted started after it).
 
 The work queue calls `Reconciler.handle` for a job key and never for one job in two threads at
 once; the status is written before children are created, so it stays the operator's memory
-across restarts, and only at the resourceVersion the reconcile read, so that a second operator
-acting on the same job (or one that stalled) never overwrites it from an older read. A child
+across restarts, and only at the resourceVersion of the body the reconcile planned from, so that
+a second operator acting on the same job (or one that stalled, or a body behind the job) never
+overwrites it from an older read: the write is refused (409) and the retry reads the job anew. A child
 the API server refuses for good fails the job with the server's message; any other failure is
 retried with per-job exponential backoff.
 """
@@ -26,6 +29,7 @@ from pydantic import ValidationError
 from mpjob.controller import capacity, costs, lostnodes
 from mpjob.controller import metrics as om
 from mpjob.controller.actions import Actions, write_status
+from mpjob.controller.bodies import Bodies
 from mpjob.controller.cache import NOTHING_SEEN, ChildCache, Observed
 from mpjob.controller.cluster import Cluster, NameInUse
 from mpjob.controller.config import OperatorConfig
@@ -78,12 +82,10 @@ class Reconciler:
         self.context = KopfContext()
         #: The phase and troubles each job's last reconcile left, by UID (the ticker publishes the counts).
         self.phases: dict[str, Standing] = {}
-        #: New jobs (no status yet) as kopf's watch delivered them, each used once by the job's
-        #: first reconcile instead of a GET: a new job's first attempt Job is created one API
-        #: round trip sooner. Only a status-less body is kept: nothing but this operator writes
-        #: status, and the first reconcile writes it, so the GET could show nothing newer
-        #: that matters (a spec edit in between comes as its own event and reconcile).
-        self.unseen: dict[Key, dict[str, Any]] = {}
+        #: The newest body of each job, from kopf's watch and this operator's own status writes:
+        #: a reconcile plans from it, and GETs the job only when none is held or its last
+        #: reconcile failed (`bodies.py`); a quiet tick asks the API server nothing.
+        self.bodies = Bodies()
         #: Jobs at rest (finished or suspended, their children all gone): the ticker leaves them
         #: alone (a change to one still queues its reconcile, which takes it out again if it has work).
         self.settled: set[Key] = set()
@@ -97,17 +99,19 @@ class Reconciler:
         self.context.wait()  # kopf.event works only in a context kopf has set up
         if not self.peering.active(namespace):
             # A standby: kopf's own watch is paused too; the ticker comes back to the job. What it
-            # read while it acted is forgotten: acting again, it reads anew (`unseen_for`), and
+            # read while it acted is forgotten: acting again, it reads anew (the job, `unseen_for`), and
             # rebuilds what the job's Jobs are owed (`actions`: the other may have made one).
             self.progress.forget(key)
             self.actions.forget(key)
+            self.bodies.forget(key)
             return None
         if tick and self.backoff.waiting(key):
             return None
         started = time.monotonic()
         try:
             plan = self.context.run(self.reconcile, namespace, name, progress=tick)
-        except Exception as exc:
+        except Exception as exc:  # a 409 among others: the retry reads the job anew
+            self.bodies.refused(key)
             raise self._retry(key, exc, time.monotonic() - started) from exc
         self.backoff.forget(key)
         return plan.requeue_after if plan is not None else None
@@ -129,52 +133,61 @@ class Reconciler:
         """Observe, decide, act for one MixedPrecisionJob: its plan (None: the job is gone or its spec
         invalid). Safe to call from any trigger; with `progress`, live figures are read and written too."""
         with om.RECONCILE_SECONDS.time():
-            body = self.unseen.pop((namespace, name), None) or self.cluster.read_job(namespace, name)
+            body = self.bodies.body((namespace, name), lambda: self.cluster.read_job(namespace, name))
             if body is None:
                 self.progress.forget((namespace, name))
                 self.cache.forget_gone(namespace, name)
                 self.actions.forget((namespace, name))
+                self.bodies.forget((namespace, name))
                 return None
-            old = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
             try:
-                spec = MixedPrecisionJobSpec.model_validate(body.get("spec") or {})
-            except ValidationError as exc:
-                self._refuse_spec(body, old, exc)
-                return None
-            uid, ours = body["metadata"]["uid"], st.job_uids(old)  # ours: also a Job deleted while it restarted
-            seen = self.cache.observe(namespace, name, uid, recorded=ours) if old.attempts else NOTHING_SEEN
-            if lostnodes.suspect(seen) and (nodes := self.nodes.seen()) is not None:
-                seen = self.cache.observe(namespace, name, uid, nodes, recorded=ours)  # a pod on a lost node ended
-            now = datetime.now(UTC)
-            jobs = self.queue.with_words(namespace, spec, old, seen)
-            if spec.run_policy.queue_name:  # the queue's quota sizes it, not the nodes
-                fits = self.queue.room(namespace, spec, old, jobs)
-            else:
-                fits = capacity.fits_now(self.room, spec, old, namespace=namespace, job=name)
-            generation = body["metadata"].get("generation")
-            read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
-            made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
-            observed = observed_in(
-                old, read, made, now, spec.checkpoint.every_steps
-            )  # the plan decides on the newest figures
-            unseen_for = self.progress.unseen_for((namespace, name), old.attempt)  # after the poll's take
-            plan = reconcile(
-                spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
-                unseen_for=unseen_for, stopped=seen.stopped, retries=self.retries,
-            )  # fmt: skip
-            strays = history.strays(old, seen.uids)  # made for an attempt ended already: deleted, never recorded
-            for index, uid in seen.uids.items():  # a Job made before its uid was recorded: said started
-                if index not in strays:  # if this write holds (the one that records it tells it)
-                    lc.made(plan, spec, index, uid)
-            write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
-            self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
-            plan = self._act(body, spec, plan, seen, strays)
-            costs.count(old, plan.status, spec.cost_per_gpu_hour)
-            self.profiles.reconcile(body, spec, plan.status, seen)
-            if plan.status.phase in FINISHED:
-                self.progress.forget((namespace, name))
-            self._settle((namespace, name), plan, seen, spec)
-            return plan
+                return self._reconcile(body, progress=progress)
+            finally:  # what its writes answered: the next reconcile's body
+                self.bodies.offer((namespace, name), body, only_held=True)
+
+    def _reconcile(self, body: dict[str, Any], *, progress: bool) -> Plan | None:
+        """`reconcile` of the job as `body` holds it (each status write makes it the job as written)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        old = MixedPrecisionJobStatus.model_validate(body.get("status") or {})
+        try:
+            spec = MixedPrecisionJobSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            self._refuse_spec(body, old, exc)
+            return None
+        uid, ours = body["metadata"]["uid"], st.job_uids(old)  # ours: also a Job deleted while it restarted
+        seen = self.cache.observe(namespace, name, uid, recorded=ours) if old.attempts else NOTHING_SEEN
+        if lostnodes.suspect(seen) and (nodes := self.nodes.seen()) is not None:
+            seen = self.cache.observe(namespace, name, uid, nodes, recorded=ours)  # a pod on a lost node ended
+        now = datetime.now(UTC)
+        jobs = self.queue.with_words(namespace, spec, old, seen)
+        if spec.run_policy.queue_name:  # the queue's quota sizes it, not the nodes
+            fits = self.queue.room(namespace, spec, old, jobs)
+        else:
+            fits = capacity.fits_now(self.room, spec, old, namespace=namespace, job=name)
+        generation = body["metadata"].get("generation")
+        read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
+        made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them
+        observed = observed_in(
+            old, read, made, now, spec.checkpoint.every_steps
+        )  # the plan decides on the newest figures
+        unseen_for = self.progress.unseen_for((namespace, name), old.attempt)  # after the poll's take
+        plan = reconcile(
+            spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
+            unseen_for=unseen_for, stopped=seen.stopped, retries=self.retries,
+        )  # fmt: skip
+        strays = history.strays(old, seen.uids)  # made for an attempt ended already: deleted, never recorded
+        for index, uid in seen.uids.items():  # a Job made before its uid was recorded: said started
+            if index not in strays:  # if this write holds (the one that records it tells it)
+                lc.made(plan, spec, index, uid)
+        write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
+        self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
+        plan = self._act(body, spec, plan, seen, strays)
+        costs.count(old, plan.status, spec.cost_per_gpu_hour)
+        self.profiles.reconcile(body, spec, plan.status, seen)
+        if plan.status.phase in FINISHED:
+            self.progress.forget((namespace, name))
+        self._settle((namespace, name), plan, seen, spec)
+        return plan
 
     def _act(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, seen: Observed, strays: dict[int, str]
@@ -208,20 +221,15 @@ class Reconciler:
             self.settled.discard(key)
 
     def forget(self, uid: str, key: Key | None = None) -> None:
-        """A deleted job leaves the phase counts (and the new jobs' bodies, the children owed to
+        """A deleted job leaves the phase counts (and the bodies held, the children owed to
         its Jobs, and the cache the Jobs of it that were kept once removed: a finished job's may
         be all it has left)."""
         self.phases.pop(uid, None)
         if key is not None:
-            self.unseen.pop(key, None)
+            self.bodies.forget(key)
             self.settled.discard(key)
             self.cache.forget_gone(*key)
             self.actions.forget(key)
-
-    def first_sight(self, key: Key, body: dict[str, Any]) -> None:
-        """A job kopf saw with no status yet: its first reconcile plans from this body."""
-        if not body.get("status") and (body.get("metadata") or {}).get("uid"):
-            self.unseen[key] = body
 
     def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
         """A spec the models refuse: the job fails with the first problem (once), cut as every

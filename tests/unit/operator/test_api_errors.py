@@ -97,22 +97,29 @@ class FakeCluster:
             "spec": {"task": {"builtin": "gpt"}, "resources": {"gpusPerWorker": 0}},
         }
         self.create_error = create_error
-        self.creates = 0
+        self.creates = self.reads = 0
         self.deleted: list[tuple[str, str]] = []
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads += 1
+        return copy.deepcopy(self.body)
+
+    def edited(self) -> dict[str, Any]:
+        """The job after a change made to `body` (its resourceVersion moved on), as the watch delivers it."""
+        meta = self.body["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
         return copy.deepcopy(self.body)
 
     def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], *, resource_version: str | None = None
-    ) -> str:
+    ) -> dict[str, Any]:
         meta = self.body["metadata"]
         if resource_version is not None and resource_version != meta["resourceVersion"]:
             raise api_error(409, "the object has been modified")
         merged = {**(self.body.get("status") or {}), **status}
         self.body["status"] = {k: v for k, v in merged.items() if v is not None}
         meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
-        return str(meta["resourceVersion"])
+        return copy.deepcopy(self.body)
 
     def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
         self.creates += 1

@@ -61,6 +61,7 @@ def test_the_operator_posts_it_once_over_reconciles_and_again_after_an_edit(even
     assert [m for reason, m in events if reason == REASON] == [MESSAGE]
     assert cluster.body["status"]["phase"] != "Failed"  # accepted, never refused
     cluster.body["metadata"]["generation"] = 2  # a spec edit (here: another field) keeps the rule
+    made.bodies.offer(("ns", "j"), cluster.edited())
     made.handle(("ns", "j"), False)
     made.handle(("ns", "j"), True)
     assert [m for reason, m in events if reason == REASON] == [MESSAGE, MESSAGE]
