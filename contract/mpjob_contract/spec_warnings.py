@@ -3,7 +3,8 @@
 Only settings certainly dead for the spec as written (never a guess about the node or the run):
 a fault rule that can never apply (the first rule on a fault decides, FaultPolicy.decide; a
 QualityDrift rule needs a quality gate that can fire, a LossSpike rule a spike window the run
-fills, a Stagnation rule a stagnation check that can fire; a FallBack needs a rung below), and
+fills, a Stagnation rule a stagnation check that can fire, a MaxConsecutiveOverflows or
+LossScaleCollapsed rule an fp16 rung, the one with a GradScaler; a FallBack needs a rung below), and
 a setting whose figure the run can never reach (checkpoint.everySteps, validation.everySteps,
 precision.repromoteAfterSteps, precision.guard.stagnationSteps, the builtin loop's training.warmupSteps, a
 precision.lossScale.growthInterval other than its default and a guard.spike.window, against
@@ -24,6 +25,10 @@ from mpjob_contract.faults import Fault, FaultAction
 from mpjob_contract.precision import LossScale
 from mpjob_contract.spec import DRIFT_IN_A_ROW, MixedPrecisionJobSpec
 from mpjob_contract.storage_warnings import checkpoints_in_pod
+from mpjob_contract.vocabulary import LOSS_SCALED
+
+#: The guard rules that watch the loss scale: they end only an attempt that trains with one.
+SCALE_RULES = (Fault.MAX_CONSECUTIVE_OVERFLOWS, Fault.LOSS_SCALE_COLLAPSED)
 
 
 class WarningReason(StrEnum):
@@ -107,9 +112,24 @@ def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
             found.append((field, f"never applies: LossSpike comes only from the spike check, and {unjudged}"))
         elif fault == Fault.STAGNATION and (stuck := stagnation_never_fires(spec)) is not None:
             found.append((field, f"never applies: Stagnation comes only from the stagnation check, and {stuck}"))
+        elif fault in SCALE_RULES and (unscaled := never_loss_scaled(spec)) is not None:
+            found.append((field, f"never applies: {fault} comes only from fp16's GradScaler, and {unscaled}"))
         elif rule.action == FaultAction.FALL_BACK and (rung := no_rung_below(spec)) is not None:
             found.append((field, f"never applies: FallBack needs a precision below the starting one, and {rung}"))
     return found
+
+
+def never_loss_scaled(spec: MixedPrecisionJobSpec) -> str | None:
+    """Why no attempt ever trains with a GradScaler (LOSS_SCALED attempts alone do), or None. The
+    attempts walk precision.mode then its fallback rungs (a re-promotion goes back up them); an
+    `auto` mode is measured on the node and may become fp16 there, so it never says."""
+    precision = spec.precision
+    if precision.mode == "auto" or LOSS_SCALED in [precision.mode, *precision.fallback]:
+        return None
+    return (
+        f"no attempt trains {LOSS_SCALED}: precision.mode is {precision.mode} and precision.fallback is "
+        f"[{', '.join(precision.fallback)}]"
+    )
 
 
 def spikes_never_judged(spec: MixedPrecisionJobSpec) -> str | None:
@@ -245,7 +265,7 @@ def _scale_floor(spec: MixedPrecisionJobSpec) -> str | None:
     attempt there, whatever its steps did: the guard reads at log, checkpoint and evaluation steps,
     and the scale has grown at most once per growthInterval clean steps by then."""
     precision, floor = spec.precision, spec.precision.guard.min_loss_scale
-    if "fp16" not in [precision.mode, *precision.fallback]:
+    if LOSS_SCALED not in [precision.mode, *precision.fallback]:
         return None
     reads = [spec.training.log_every, spec.checkpoint.every_steps, spec.validation.every_steps]
     first = min(read for read in reads if read > 0)

@@ -39,6 +39,10 @@ Precision = Literal["fp8", "fp16", "bf16", "fp32"]
 #: The precisions from the least safe to the safest: a fallback only ever goes right, a
 #: re-promotion left (fp8 < fp16 < bf16 < fp32).
 SAFETY: tuple[Precision, ...] = ("fp8", "fp16", "bf16", "fp32")
+#: The one precision an attempt trains with a GradScaler (a loss scale, whose overflows and
+#: collapse the guard watches): bf16 and fp32 have fp32's exponent range, and fp8's float8
+#: linears (torchao) scale their own tensors, the rest of the model under bf16 autocast.
+LOSS_SCALED: Precision = "fp16"
 #: A precision, or `auto` until the trainer measured its node: the spec's mode, and an attempt's
 #: precision until its measurement relabels it (`settled`). On the wire, the same strings.
 RequestedPrecision = Literal["auto", "fp8", "fp16", "bf16", "fp32"]

@@ -2,7 +2,8 @@
 
 fp32: no autocast (TF32 matmuls only when spec.precision.tf32). fp16: autocast + GradScaler
 from spec.precision.lossScale; master weights stay fp32 (the model is never cast). bf16:
-autocast, no scaler (bf16 has fp32's exponent range).
+autocast, no scaler (bf16 has fp32's exponent range). fp8: float8 linears that scale their own
+tensors, the rest under bf16 autocast, no scaler (vocabulary.LOSS_SCALED: fp16 alone has one).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from mpjob_contract.api import Precision, PrecisionSpec, resolve_auto
+from mpjob_contract.vocabulary import LOSS_SCALED
 from mpjob_trainer.data import is_namedtuple
 
 #: Autocast dtypes; fp8 runs all but its float8 linears (mpjob_trainer.float8) under bf16 autocast.
@@ -49,7 +51,7 @@ class PrecisionPolicy:
 
     @property
     def uses_scaler(self) -> bool:
-        return self.precision == "fp16"
+        return self.precision == LOSS_SCALED
 
     def configure_backend(self) -> None:
         if self.device.type == "cuda":

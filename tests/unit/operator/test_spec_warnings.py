@@ -73,6 +73,59 @@ def test_a_stagnation_rule_needs_a_stagnation_check_that_can_fire() -> None:
     assert never_applying(spec(faultPolicy=retry, precision={"guard": {"stagnationSteps": 50}})) == []
 
 
+@pytest.mark.parametrize("fault", ["MaxConsecutiveOverflows", "LossScaleCollapsed"])
+@pytest.mark.parametrize(
+    ("precision", "ladder"),
+    [
+        ({"mode": "bf16"}, "precision.mode is bf16 and precision.fallback is [fp32]"),
+        ({"mode": "fp32"}, "precision.mode is fp32 and precision.fallback is []"),
+        ({"mode": "bf16", "fallback": []}, "precision.mode is bf16 and precision.fallback is []"),
+        ({"mode": "fp8"}, "precision.mode is fp8 and precision.fallback is [bf16, fp32]"),  # float8: no GradScaler
+    ],
+)
+def test_a_loss_scale_rule_needs_an_fp16_rung(fault: str, precision: dict[str, Any], ladder: str) -> None:
+    """Only an fp16 attempt trains with a GradScaler, whose overflows and collapse these rules are on."""
+    retry = {"rules": [{"fault": "NumericFault", "action": "Fail"}, {"fault": fault, "action": "Retry"}]}
+    found = spec_warnings(spec(faultPolicy=retry, precision=precision))
+    assert [(w.reason, w.message) for w in found] == [
+        (
+            WarningReason.FAULT_RULE_NEVER_APPLIES,
+            f"spec.faultPolicy.rules[1]: never applies: {fault} comes only from fp16's GradScaler, and no attempt "
+            f"trains fp16: {ladder}",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    "precision",
+    [
+        {"mode": "fp16"},
+        {"mode": "fp8", "fallback": ["fp16", "fp32"]},  # the fallback trains fp16
+        {"mode": "auto", "fallback": ["bf16", "fp32"]},  # measured on the node: fp16 on compute capability 7.x
+    ],
+)
+def test_a_loss_scale_rule_with_an_fp16_rung_or_auto_says_nothing(precision: dict[str, Any]) -> None:
+    for fault in ("MaxConsecutiveOverflows", "LossScaleCollapsed"):
+        rules = {"rules": [{"fault": fault, "action": "Fail"}]}
+        assert never_applying(spec(faultPolicy=rules, precision=precision)) == []
+
+
+def test_the_operator_posts_a_loss_scale_rule_on_a_bf16_job_once_per_generation() -> None:
+    job = spec(precision={"mode": "bf16"}, faultPolicy={"rules": [{"fault": "LossScaleCollapsed", "action": "Fail"}]})
+    first = reconcile(job, MixedPrecisionJobStatus(), 1, {}, NOW)
+    posted = [(e.type, e.message) for e in first.events if e.reason == WarningReason.FAULT_RULE_NEVER_APPLIES]
+    assert posted == [
+        (
+            "Warning",
+            "spec.faultPolicy.rules[0]: never applies: LossScaleCollapsed comes only from fp16's GradScaler, and no "
+            "attempt trains fp16: precision.mode is bf16 and precision.fallback is [fp32]",
+        )
+    ]
+    assert first.create, "the job is still accepted: its first attempt starts"
+    again = reconcile(job, first.status, 1, {}, NOW)
+    assert [e for e in again.events if e.reason == WarningReason.FAULT_RULE_NEVER_APPLIES] == []
+
+
 def test_a_second_rule_on_one_guard_rule_never_applies_but_numeric_fault_after_it_does() -> None:
     rules = [("MaxConsecutiveOverflows", "Fail"), ("NumericFault", "Retry"), ("MaxConsecutiveOverflows", "Retry")]
     policy = {"rules": [{"fault": fault, "action": action} for fault, action in rules]}

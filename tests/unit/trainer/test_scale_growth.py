@@ -27,3 +27,11 @@ def test_the_scale_first_grows_after_growth_interval_clean_steps() -> None:
         scaler.step(optimizer)
         scaler.update()
     assert used == [1024, 1024, 1024, 2048]  # a 3-step run never trains with the grown scale
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp16", "bf16", "fp32"])
+def test_only_fp16_trains_with_a_grad_scaler(precision: str) -> None:
+    """The guard's overflow and loss scale rules read the attempt's GradScaler: an fp8, bf16 or fp32
+    attempt has none, so spec_warnings warns of a rule on them in a job whose ladder holds no fp16."""
+    policy = PrecisionPolicy(precision, torch.device("cpu"), PrecisionSpec())  # type: ignore[arg-type]
+    assert (policy.make_scaler() is not None) == (precision == "fp16") == policy.uses_scaler
