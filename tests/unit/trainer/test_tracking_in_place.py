@@ -15,6 +15,7 @@ import pytest
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer import tracking
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.tracking import RunTracker
@@ -34,8 +35,8 @@ def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return (tmp_path / "mlruns").as_uri()
 
 
-def tracker_for(uri: str, lines: io.StringIO | None = None) -> RunTracker:
-    """A tracker of attempt 0 (`lines`: where its event lines, the failures it tells, are written)."""
+def tracker_for(uri: str, lines: io.StringIO | None = None, attempt: int = 0) -> RunTracker:
+    """A tracker of `attempt` (`lines`: where its event lines, the failures it tells, are written)."""
     spec = MixedPrecisionJobSpec.model_validate(
         {
             "task": {"builtin": "mlp"},
@@ -44,7 +45,7 @@ def tracker_for(uri: str, lines: io.StringIO | None = None) -> RunTracker:
             "tracking": {"mlflow": {"uri": uri, "experiment": "ladder"}},
         }
     )
-    launch = AttemptLaunch(job_name="j", namespace="ns", precision="fp16", spec=spec, job_uid="u-1")
+    launch = AttemptLaunch(job_name="j", namespace="ns", precision="fp16", spec=spec, job_uid="u-1", attempt=attempt)
     log = EventLog(0, lines) if lines is not None else None
     tracker = RunTracker(launch, digest="d", metrics=TrainerMetrics("j", "ns", 0, "fp16"), log=log)
     if log is not None:
@@ -168,10 +169,14 @@ def test_each_state_of_a_change_in_place_shows_as_a_restart_shows_it(uri: str) -
     assert second.data.tags["mpjob.ending"] == "ConfigError"
 
 
-def test_a_change_whose_next_run_was_not_made_ends_the_job_run_as_the_job_ends(uri: str) -> None:
+def test_a_change_whose_next_run_was_not_made_ends_the_job_run_as_the_job_ends(
+    uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The store refuses the next attempt's run at the change (its search fails on a damaged run
     folder): that attempt's records go to the job's run only, told, and the job's run ends as the
-    job ends (it stayed RUNNING for good: the end went to no attempt's run, so to none at all)."""
+    job ends (it stayed RUNNING for good: the end went to no attempt's run, so to none at all).
+    Its run is tried again only after REOPEN_SECONDS: none comes before the end here."""
+    monkeypatch.setattr(tracking, "REOPEN_SECONDS", 3600.0)
     lines = io.StringIO()
     tracker = tracker_for(uri, lines)
     step(tracker, 5, "fp16")

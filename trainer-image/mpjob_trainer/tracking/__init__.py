@@ -18,8 +18,13 @@ the attempt's run as the restart's exit would have ended it and opens the next a
 job tracks alike however it recovers. Every update carries the attempt it was written in and
 the change is kept beside the queue, never on it: a full queue drops updates, never a change,
 so no attempt's records land in another attempt's run. A change the server took only in part
-(mlflow_run.ChangeIncomplete) sends nothing more to the ended attempt's run; when the next
-attempt's run was not made, its records go to the job's run only (`degraded` says why).
+(mlflow_run.ChangeIncomplete) sends nothing more to the ended attempt's run.
+
+What the runs lack is tried again every REOPEN_SECONDS (at the next records, never in a loop of
+its own), and what was made is kept meanwhile: once the job's run is open (RUNNING), records
+and the end go to it, so it ends as the attempt ends even if nothing else was made; an attempt
+whose run was not made (at the start, or at a change in place) sends its records to the job's
+run only until it is (`degraded` says why, told once), then to its run too.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.tracking import IMAGE_ENV
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
-from mpjob_trainer.tracking.mlflow_run import ChangeIncomplete, MlflowRuns, first_line
+from mpjob_trainer.tracking.mlflow_run import ChangeIncomplete, MlflowRuns, OpenIncomplete, first_line
 from mpjob_trainer.tracking.records import (
     TAG_ENDING,
     Change,
@@ -56,7 +61,8 @@ QUEUE_SIZE = 1024
 #: Updates sent to the server in one go (metrics of several log intervals).
 BATCH_UPDATES = 64
 CLOSE_SECONDS_ENV = "MPJOB_TRACKING_CLOSE_SECONDS"
-#: A tracking server that could not be reached at the start is tried again this often.
+#: What the runs lack (the server not reached at the start, the attempt's run not made at the
+#: start or at a change in place) is tried again this often, at the next records.
 REOPEN_SECONDS = 30.0
 
 
@@ -80,8 +86,10 @@ class RunTracker:
         #: The failures to tell, until the training thread told them (`trackingFailed` lines):
         #: the first, and each that leaves the runs short of what happened (`_failed`'s `tell`).
         self.untold: collections.deque[str] = collections.deque()
-        #: Why this attempt's records go to the job's run only (a change in place made no run).
+        #: Why this attempt's records go to the job's run only (its run not made yet, at the start
+        #: or at a change in place: tried again every REOPEN_SECONDS).
         self.degraded: str | None = None
+        self.tried_at = 0.0  # when the tracking thread last tried to open what the runs lack
         self._counting = threading.Lock()
         self.job_done = False
         #: The attempt the processes train now (the training thread's), and the changes made in
@@ -141,20 +149,26 @@ class RunTracker:
 
     # ---------------------------------------------------------------- the tracking thread
     def _run(self) -> None:
-        runs, opened_at = self._open(), time.monotonic()
+        runs = self._open(None)
         while True:
             first = self.queue.get()  # closing: all that is left goes in one send, then the end
             batch = [first, *self._more(None if self.closing.is_set() else BATCH_UPDATES)]
             ended = next((b for b in batch if isinstance(b, _End)), None)
-            if runs is None and time.monotonic() - opened_at > REOPEN_SECONDS:
-                self.sending = first.attempt  # the attempt whose records come first
-                runs, opened_at = self._open(), time.monotonic()
+            if (runs is None or not runs.complete) and time.monotonic() - self.tried_at > REOPEN_SECONDS:
+                runs = self._reopen(runs, first.attempt)
             self._deliver(runs, batch)
             if ended is not None:
                 self._end(runs, ended.code)
                 return
 
-    def _deliver(self, runs: Any, batch: list[Update | _End]) -> None:
+    def _reopen(self, runs: MlflowRuns | None, attempt: int) -> MlflowRuns | None:
+        """Open what the runs lack, `attempt`'s records coming next: with no job's run yet, from
+        that attempt on; else the attempt sent to now (the changes up to `attempt` open theirs)."""
+        if runs is None or not runs.job_run:
+            self.sending = attempt
+        return self._open(runs) if self.sending == attempt else runs
+
+    def _deliver(self, runs: MlflowRuns | None, batch: list[Update | _End]) -> None:
         """The batch's updates in order, each to its attempt's run: where the attempt changed in
         place, the updates before go to the run that ends, the ones after to the next attempt's."""
         pending: list[Update] = []
@@ -167,18 +181,18 @@ class RunTracker:
                 pending.append(item)
         self._send(runs, pending)
 
-    def _advance(self, runs: Any, attempt: int) -> None:
+    def _advance(self, runs: MlflowRuns | None, attempt: int) -> None:
         """End the runs of the attempts changed in place up to `attempt`, and open its run."""
         begun = sorted(index for index in list(self.changes) if self.sending < index <= attempt)
         self.sending = attempt
-        for index in begun if runs is not None else []:
+        if runs is None or not runs.job_run:  # no job's run yet: opened for `attempt` at the next try
+            return
+        for index in begun:
             try:
                 runs.change(self.changes[index], job_name=self.launch.job_name)
                 self.degraded = None
             except ChangeIncomplete as exc:  # no record goes to the ended attempt's run all the same
-                self.degraded = None if exc.opened else str(exc)
-                self._failed(exc, tell=True)
-            except Exception as exc:
+                self.degraded, self.tried_at = None if exc.opened else str(exc), time.monotonic()
                 self._failed(exc, tell=True)
 
     def _more(self, limit: int | None) -> list[Update | _End]:
@@ -193,21 +207,28 @@ class RunTracker:
                 break
         return taken
 
-    def _open(self) -> Any:
+    def _open(self, runs: MlflowRuns | None) -> MlflowRuns | None:
+        """Open what `runs` (None: nothing yet) lacks for the attempt sent to. What a failure
+        leaves made is kept: once the job's run is open, records and the end go to it, and the
+        attempt's run, if not made, takes its records once it is (`degraded` says why meanwhile)."""
         settings = self.launch.spec.tracking.mlflow if self.launch.spec.tracking else None
         assert settings is not None
+        self.tried_at = time.monotonic()
         try:
-            runs = MlflowRuns(uri=settings.uri, experiment=settings.experiment, key=job_key(self.launch))
+            runs = runs or MlflowRuns(uri=settings.uri, experiment=settings.experiment, key=job_key(self.launch))
             params = job_params(self.launch, digest=self.digest, image=os.environ.get(IMAGE_ENV, ""))
             change = self.changes.get(self.sending)
             tags = change.tags if change is not None else attempt_tags(self.launch)
             runs.open(job_name=self.launch.job_name, attempt=self.sending, params=params, tags=tags)
-            return runs
+            self.degraded = None
+        except OpenIncomplete as exc:  # told once (a retry failing the same is counted)
+            told, self.degraded = self.degraded, None if exc.opened else str(exc)
+            self._failed(exc, tell=told is None and self.degraded is not None)
         except Exception as exc:
             self._failed(exc)
-            return None
+        return runs
 
-    def _send(self, runs: Any, updates: list[Update]) -> None:
+    def _send(self, runs: MlflowRuns | None, updates: list[Update]) -> None:
         if runs is None or not updates:
             return
         merged = Update()
@@ -220,7 +241,7 @@ class RunTracker:
         except Exception as exc:
             self._failed(exc)
 
-    def _end(self, runs: Any, code: int) -> None:
+    def _end(self, runs: MlflowRuns | None, code: int) -> None:
         if runs is None:
             return
         try:

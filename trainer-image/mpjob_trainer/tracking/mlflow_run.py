@@ -46,6 +46,19 @@ MAX_STALE = 100
 BATCH_METRICS = 1000
 
 
+class OpenIncomplete(Exception):
+    """The job's run is open (RUNNING: records and the end go to it) but a part of the attempt's
+    opening is not done (`failed`: which, and why); `opened`: whether the attempt's run was made
+    (if not, its records go to the job's run only until it is)."""
+
+    def __init__(self, attempt: int, failed: list[str], *, opened: bool) -> None:
+        self.attempt, self.failed, self.opened = attempt, failed, opened
+        where = (
+            "" if opened else f" (attempt {attempt} has no run of its own yet: its records go to the job's run only)"
+        )
+        super().__init__(f"the opening of attempt {attempt}'s runs not all done{where}: {'; '.join(failed)}")
+
+
 class ChangeIncomplete(Exception):
     """Part of a change in place did not reach the tracking server (`failed`: which, and why);
     `opened`: whether the next attempt's run was made (if not, its records go to the job's run
@@ -75,24 +88,54 @@ class MlflowRuns:
         self.experiment_id = ""
         self.job_run = ""
         self.attempt_run = ""
+        #: What open has done (called again after a failure partway, it does what is left).
+        self.params_owed = False
+        self.swept = False
 
     def open(self, *, job_name: str, attempt: int, params: dict[str, str], tags: dict[str, str]) -> None:
-        """Find or make the experiment, the job's run (with its params) and the attempt's run."""
-        self.experiment_id = self._experiment()
+        """Find or make the experiment, the job's run (with its params) and the attempt's run.
+        Each part once: the job's run, once found or made (and RUNNING), is kept, so records and
+        the end go to it whatever fails after; the parts after it are each tried whatever became
+        of the others (OpenIncomplete names those that failed), and done at the next call."""
+        if not self.experiment_id:
+            self.experiment_id = self._experiment()
+        if not self.job_run:
+            self.job_run = self._job_run(job_name)
+        owed: list[tuple[str, Callable[[], None]]] = []
+        if self.params_owed:
+            owed.append(("logging the job's params", lambda: self._params(params)))
+        if not self.swept:
+            owed.append(("ending earlier attempts' runs left RUNNING", lambda: self._end_unreported(attempt)))
+        if not self.attempt_run:
+            owed.append((f"opening attempt {attempt}'s run", lambda: self.begin(job_name, attempt, tags)))
+        failed = []
+        for what, part in owed:
+            try:
+                part()
+            except Exception as exc:
+                failed.append(f"{what}: {type(exc).__name__}: {first_line(exc)}")
+        if failed:
+            raise OpenIncomplete(attempt, failed, opened=bool(self.attempt_run))
+
+    @property
+    def complete(self) -> bool:
+        """Whether all open does is done (else the next call does what is left)."""
+        return bool(self.attempt_run) and not self.params_owed and self.swept
+
+    def _job_run(self, job_name: str) -> str:
+        """The job's run, RUNNING: made by the job's first attempt (its params owed), else found
+        (an earlier attempt ended it as it ended: the job goes on)."""
         found = self._find(f"tags.`{TAG_JOB_KEY}` = '{self.key}' and tags.`{TAG_LEVEL}` = 'job'")
         if found is None:
             run = self.client.create_run(
                 self.experiment_id, run_name=job_name, tags={TAG_JOB_KEY: self.key, TAG_LEVEL: "job"}
             )
-            found = run.info.run_id
-            self._params(found, params)
-        else:  # an earlier attempt ended it as it ended: the job goes on
-            self.client.update_run(found, status="RUNNING")
-            self._end_unreported(found, attempt)
-        self.job_run = found
-        self.begin(job_name=job_name, attempt=attempt, tags=tags)
+            self.params_owed, self.swept = True, True  # a new job's run: no earlier attempt's under it
+            return str(run.info.run_id)
+        self.client.update_run(found, status="RUNNING")
+        return found
 
-    def begin(self, *, job_name: str, attempt: int, tags: dict[str, str]) -> None:
+    def begin(self, job_name: str, attempt: int, tags: dict[str, str]) -> None:
         """Find (an attempt started again) or make the attempt's run, nested in the job's."""
         mine = f"tags.`{TAG_PARENT}` = '{self.job_run}' and tags.`{TAG_ATTEMPT}` = '{attempt}'"
         again = self._find(mine)
@@ -140,7 +183,7 @@ class MlflowRuns:
             self.client.set_terminated(run, status=change.status, end_time=change.at_ms)
 
     def _begin_changed(self, change: Change, job_name: str) -> None:
-        self.begin(job_name=job_name, attempt=change.attempt, tags=change.tags)
+        self.begin(job_name, change.attempt, change.tags)
 
     def _tag(self, run: str, tags: dict[str, str]) -> None:
         for name, value in tags.items():
@@ -159,8 +202,8 @@ class MlflowRuns:
                     self.client.log_batch(run, metrics=chunk, tags=run_tags, synchronous=True)
 
     def end(self, *, status: str, tags: dict[str, str], job_done: bool) -> None:
-        """End the attempt's run (if it has one: a change in place may have failed to make it)
-        and the job's: FINISHED when this attempt finished the job, else as the attempt ended.
+        """End the attempt's run (if it has one: a change in place or an open may have failed to
+        make it) and the job's (if open): FINISHED when this attempt finished the job, else as the attempt ended.
         Whether another attempt follows is the planner's decision, made after this process is
         gone: the next attempt sets the job's run RUNNING again, so a job that fails for good
         leaves it FAILED, never RUNNING."""
@@ -168,15 +211,15 @@ class MlflowRuns:
         if self.attempt_run:
             self._tag(self.attempt_run, tags)
             self.client.set_terminated(self.attempt_run, status=status, end_time=now)
-        if job_done or status != "FINISHED":
+        if self.job_run and (job_done or status != "FINISHED"):
             self.client.set_terminated(self.job_run, status="FINISHED" if job_done else status, end_time=now)
 
-    def _end_unreported(self, job_run: str, attempt: int) -> None:
+    def _end_unreported(self, attempt: int) -> None:
         """End the runs of earlier attempts still RUNNING: their processes died before ending
         them (a killed `mpjob run`, an OOMKilled pod, a lost node, a server down at their end).
         KILLED, `mpjob.ending: Unreported` (the job's status has the reason), at the last point
         they logged (else their start): no time after it is claimed as theirs."""
-        query = f"tags.`{TAG_PARENT}` = '{job_run}' and attributes.status = 'RUNNING'"
+        query = f"tags.`{TAG_PARENT}` = '{self.job_run}' and attributes.status = 'RUNNING'"
         for run in self.client.search_runs([self.experiment_id], filter_string=query, max_results=MAX_STALE):
             if not run.data.tags.get(TAG_ATTEMPT, "").isdigit() or int(run.data.tags[TAG_ATTEMPT]) >= attempt:
                 continue  # this attempt's own run (started again) or a later one's: not ours to end
@@ -184,6 +227,7 @@ class MlflowRuns:
             ended = max(points, default=run.info.start_time)
             self.client.set_tag(run.info.run_id, TAG_ENDING, ENDING_UNREPORTED)
             self.client.set_terminated(run.info.run_id, status="KILLED", end_time=ended)
+        self.swept = True
 
     def _experiment(self) -> str:
         found = self.client.get_experiment_by_name(self.experiment_name)
@@ -201,9 +245,10 @@ class MlflowRuns:
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=1)
         return runs[0].info.run_id if runs else None
 
-    def _params(self, run: str, params: dict[str, str]) -> None:
+    def _params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
         items: list[Any] = [Param(k, v) for k, v in params.items()]
         for start in range(0, len(items), 100):  # log_batch takes at most 100 params
-            self.client.log_batch(run, params=items[start : start + 100], synchronous=True)
+            self.client.log_batch(self.job_run, params=items[start : start + 100], synchronous=True)
+        self.params_owed = False
