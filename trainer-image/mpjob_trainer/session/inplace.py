@@ -12,6 +12,11 @@ verdict (the replay agrees it), so every rank, in step:
 3. runs the steps from there up to where the loop stands again through the loop's registered
    step, and the loop goes on at its next step.
 
+A fallback target that names a split (microBatch x gradAccumulation: a fallback into fp32 that
+splits the micro-batch, precision.fallbackKeepsBatch) hands it to the loop's registered `reshape`
+after step 2, so the steps run again in it (session.memory); a loop that registered none, or a
+model wrapped anew, ends the attempt and restarts as before.
+
 The result is the restart path's, bit for bit: a restarted attempt loads the same checkpoint
 (weights, optimizer, scheduler, generators) and its loop runs the same steps. The change is
 told three ways (report.InPlaceChange: the new attempt's index, the fault, the seconds from
@@ -48,7 +53,8 @@ rebuild.
 
 Not in place (the attempt ends, and the operator restarts it as before): a sharded model whose
 loop does not re-enter, a loop that re-enters a framework, a loop that registered no step, and a
-fallback that changes the batch shape (the planner then leaves that precision out of inPlaceTo)."""
+change into another split by a loop with no `reshape` or of a sharded model (the planner leaves a
+sharded model's out of inPlaceTo)."""
 
 from __future__ import annotations
 
@@ -109,12 +115,22 @@ class InPlace:
 
     def can(self, fault: NumericFault) -> bool:
         """May `fault` (the precision's, by the replay's verdict) be answered in place?"""
-        return self.why_not is None and self._allowed(fault)
+        return self._why_not_fall_back() is None and self._allowed(fault)
 
     def why_restart(self, ending: BaseException | None) -> str | None:
         """Why a fallback the launch allows in place ends the attempt instead (the restart path),
         for the attempt's message; None when it is not such a fallback."""
-        return self.why_not if isinstance(ending, NumericFault) and self._allowed(ending) else None
+        allowed = isinstance(ending, NumericFault) and self._allowed(ending)
+        return self._why_not_fall_back() if allowed else None
+
+    def _why_not_fall_back(self) -> str | None:
+        """Why the next fallback cannot be made in place (None: it can): in the split it names, if
+        any, only by the loop's reshape, and not for a model wrapped anew (one shape of its step)."""
+        if self.why_not is not None or not self.targets or self.targets[0].shape is None:
+            return self.why_not
+        if self.rewraps:
+            return "a sharded model is wrapped for one shape of its step, and the fallback splits the micro-batch"
+        return "the loop registered no reshape for its micro-batch" if self.resplit is None else None
 
     def _allowed(self, fault: NumericFault) -> bool:
         """The launch names a precision to change to, and the job's policy falls back on `fault`."""
@@ -122,19 +138,23 @@ class InPlace:
         return bool(self.targets) and kind is not None and self.policy.decide(kind).action is FaultAction.FALL_BACK
 
     def fall_back(self, fault: NumericFault, *, step: int, rewind: Rewind, detected: float) -> int | Exception:
-        """Switch to the next precision and go back to the last good state in it: the step to run
-        again from (the data rung catches up to `step`), or the ending when there is none."""
+        """Switch to the next precision (and split, if the target names one) and go back to the last
+        good state in it: the step to run again from (the data rung catches up to `step`), or the
+        ending when there is none."""
         previous, target = self.context.numerics.precision.precision, self.targets.pop(0)
         self.context.numerics.precision.settle(target.precision)
         start = rewind(step - 1)
         if isinstance(start, Exception):
             return start
+        if target.shape is not None:  # the steps from `start` run again in it
+            assert self.resplit is not None  # can() said so
+            self.resplit(*target.shape)
         self._begin(target, start)
         self.splits = []  # planned for the precision it leaves
         self.context.metrics.trip(fault.rule)
         message = f"{fault.rule}: {fault}"  # as the restart path's report words it
         self._told("fallback", step, start, previous, target.precision, rule=str(fault.rule), message=message,
-                   since=detected)  # fmt: skip
+                   since=detected, shape=target.shape)  # fmt: skip
         return start
 
     def can_split(self) -> bool:
