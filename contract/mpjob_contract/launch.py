@@ -68,10 +68,11 @@ class InPlaceTarget(BaseModel):
     re-promotion goes to in place when the planner allows that too (`promoteTo`). A `promoteTo`
     target names in turn the precisions its re-promoted attempt may fall back to in place
     (`inPlaceTo`, as the launch's own); a fallback target's are the ones after it in its list.
-    A re-promotion that takes back the micro-batch a fallback split (precision.fallbackKeepsBatch)
-    names that split (`microBatch` x `gradAccumulation`, the same samples per step; None: the
-    attempt keeps the one it trains in). A trainer of an older release refuses the launch that
-    names one (its targets allow no other field) rather than train on in the wrong split."""
+    A fallback into fp32 that splits the micro-batch (precision.fallbackKeepsBatch), and the
+    re-promotion that takes it back, name that split (`microBatch` x `gradAccumulation`, the same
+    samples per step; None: the attempt keeps the one it trains in). A trainer of an older
+    release refuses the launch that names one (its targets allow no other field) rather than
+    train on in the wrong split."""
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 

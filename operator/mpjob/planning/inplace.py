@@ -2,10 +2,8 @@
 side is mpjob_trainer.session.inplace), planned and recorded by the same rules as restarts.
 
 - `in_place_targets`: what an attempt's launch allows (AttemptLaunch.inPlaceTo): the precisions
-  the planner would start next after a numeric fault, one after another, as long as the next
-  attempt needs no restart (the same batch shape: an fp32 fallback that splits the micro-batch
-  restarts) and runPolicy.maxAttempts leaves room; none for an elastic job (its size changes
-  restart its attempts).
+  the planner would start next after a numeric fault, one after another, while runPolicy.maxAttempts
+  leaves room; none for an elastic job (its size changes restart its attempts).
 - `changed_in_place`: the trainer said it changed (report.InPlaceChange: its
   `precisionChanged` line to `mpjob run`, its metrics or termination report to the operator):
   the attempt ends as a numeric fault ends it, or its re-promotion (`lifecycle.conclude`, the
@@ -19,9 +17,10 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
 - `promotion_in_place`: where an attempt's own re-promotion goes in place (each fallback
   target carries its own, `promoteTo`): the precision the planner would start after it, when
   that needs no restart either (fp8 does: its float8 linears are made when the model is built),
-  in the split the planner gives it (microBatch x gradAccumulation: one a fallback split taken
-  back; a sharded model's restarts), with the fallbacks the re-promoted attempt may make in
-  place in turn (`inPlaceTo`): the plan is a tree, as deep as the attempt budget and ladder allow.
+  with the fallbacks the re-promoted attempt may make in place in turn (`inPlaceTo`): the plan is
+  a tree, as deep as the attempt budget and ladder allow. A target in another split than the
+  attempt's names it (microBatch x gradAccumulation: a fallback into fp32 that splits the
+  micro-batch, fallbackKeepsBatch; the re-promotion that takes it back); a sharded model's restarts.
 - `record`: the operator's side: the changes a reading or a report names that the status does
   not hold yet, each once (an operator restarted in between reads them again and skips those
   it recorded: a change names the attempt it began).
@@ -118,7 +117,7 @@ def _fallbacks(
     spec: MixedPrecisionJobSpec, start: StartAttempt, past: _Past, capability: tuple[int, int] | str | None
 ) -> list[InPlaceTarget]:
     """The planner's next attempts after a numeric fault of `start`, one after another, while
-    they need no restart (the same batch shape, the attempt budget)."""
+    they need no restart (the attempt budget; a sharded model's split restarts)."""
     targets: list[InPlaceTarget] = []
     ended, used, attempts = start, past.used, list(past.attempts)
     while True:
@@ -128,12 +127,23 @@ def _fallbacks(
             spec, ended.index, ended.precision, FAULT, ended.start_step, None, capability,
             used=used, shape=ended.shape, history=attempts, repromotions=past.repromotions, counts=past.counts,
         )  # fmt: skip
-        if not isinstance(decision, StartAttempt) or decision.fallback_from is None or decision.shape != ended.shape:
+        if not isinstance(decision, StartAttempt) or decision.fallback_from is None:
+            return targets
+        if (split := _split(spec, decision, ended)) is None:
             return targets
         promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions, past.counts), capability)
         targets.append(InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,
-                                     promote_to=promote))  # type: ignore[arg-type]  # fmt: skip
+                                     promote_to=promote, **split))  # type: ignore[arg-type]  # fmt: skip
         ended = decision
+
+
+def _split(spec: MixedPrecisionJobSpec, attempt: StartAttempt, ended: StartAttempt) -> dict[str, int] | None:
+    """The split `attempt`'s in-place target names ({}: `ended`'s; None: another, for a sharded model,
+    which restarts: FSDP2 is wrapped for one shape of its step)."""
+    split = attempt.shape if attempt.shape not in (None, ended.shape or BatchShape.of(spec)) else None
+    if split is None or spec.parallelism.strategy == "fsdp":
+        return {} if split is None else None
+    return {"micro_batch": split.micro_batch, "grad_accumulation": split.grad_accumulation}
 
 
 def in_place_splits(
@@ -200,10 +210,9 @@ def _promotion(
     )  # fmt: skip
     if not isinstance(decision, StartAttempt) or decision.promoted_from is None:
         return None
-    split = decision.shape if decision.shape not in (None, attempt.shape or BatchShape.of(spec)) else None
-    if decision.precision == "fp8" or (split is not None and spec.parallelism.strategy == "fsdp"):
+    shape = _split(spec, decision, attempt)
+    if decision.precision == "fp8" or shape is None:
         return None
-    shape = {} if split is None else {"micro_batch": split.micro_batch, "grad_accumulation": split.grad_accumulation}
     return InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,  # type: ignore[arg-type]
                          in_place_to=_fallbacks(spec, decision, then, capability), **shape)  # fmt: skip
 
@@ -230,9 +239,8 @@ def changed_in_place(
     capability: tuple[int, int] | str | None = "spec",
     checkpoint_dir: str | None = None,
 ) -> StartAttempt | None:
-    """End `attempt` on the trainer's word that it fell back in place, and record the attempt it
-    goes on in; that attempt (None: the plan finished the job instead, which the trainer's own
-    bounds make rare: its processes then end on their own)."""
+    """End `attempt` on the trainer's word that it changed in place, and record the attempt it goes on
+    in (None: the plan finished the job instead, rare by the trainer's bounds: its processes end)."""
     reason, code = ENDED_BY[change.kind]
     report = TerminationReport(
         reason=reason, step=change.step, start_step=attempt.start_step, precision=change.from_precision,  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
-"""`mpjob run` with precision.inPlace and fallbackKeepsBatch: fp16 (16 x 1) faults, fp32 restarts
-in the split 8 x 2, and its re-promotion takes the full micro-batch back in the same trainer
-process (fp16, 16 x 1, inPlace: true), ending where the restart path ends, bit for bit: the same
-samples each step, the same steps in each precision and split."""
+"""`mpjob run` with precision.inPlace and fallbackKeepsBatch: fp16 (16 x 1) faults, fp32 goes on in
+the split 8 x 2 in the same trainer process (rewound to the last good checkpoint), and its
+re-promotion takes the full micro-batch back there too (fp16, 16 x 1): both attempts after the
+first inPlace: true, ending where the restart path ends, bit for bit: the same samples each step,
+the same steps in each precision and split."""
 
 from __future__ import annotations
 
@@ -48,9 +49,12 @@ def starts(log: Path) -> int:
 
 @pytest.mark.process
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-rank", "ddp-two-ranks"])
-def test_a_repromotion_takes_the_full_micro_batch_back_in_the_same_process(tmp_path: Path, workers: int) -> None:
-    """With two ranks (DDP) both go up and take the split back at the same checkpoint: a rank a step
-    apart would hang in, or sum a different step's gradients in, the all-reduce."""
+def test_a_fallback_splits_and_its_repromotion_takes_the_micro_batch_back_in_the_same_process(
+    tmp_path: Path, workers: int
+) -> None:
+    """With two ranks (DDP) both fall back and split at the same step, and go up and take the split
+    back at the same checkpoint: a rank a step apart would hang in, or sum a different step's
+    gradients in, the all-reduce."""
     inplace, said = run(tmp_path / "inplace", in_place=True, workers=workers)
     restart, _ = run(tmp_path / "restart", in_place=False, workers=workers)
     for report in (inplace, restart):
@@ -61,18 +65,18 @@ def test_a_repromotion_takes_the_full_micro_batch_back_in_the_same_process(tmp_p
             ("fp16", "Succeeded", 16, 1),
         ]
         assert report["attempts"][2]["repromoted"] is True
-    # The fallback splits the batch and so restarts (a1); the re-promotion goes on in a1's process.
-    assert [a.get("inPlace") for a in inplace["attempts"]] == [None, None, True]
-    assert sorted(p.name for p in (tmp_path / "inplace" / "out" / "attempts").iterdir()) == ["a0", "a1"]
-    assert starts(tmp_path / "inplace" / "out" / "attempts" / "a1" / "worker0.log") == 1
-    for rank in range(workers):  # every rank went up, and took the split back, at the same step
+    # The fallback splits the batch in a0's processes; the re-promotion takes it back there too.
+    assert [a.get("inPlace") for a in inplace["attempts"]] == [None, True, True]
+    assert sorted(p.name for p in (tmp_path / "inplace" / "out" / "attempts").iterdir()) == ["a0"]
+    assert starts(tmp_path / "inplace" / "out" / "attempts" / "a0" / "worker0.log") == 1
+    for rank in range(workers):  # every rank fell back and split, then went up, at the same steps
         report = json.loads(
-            (tmp_path / "inplace" / "out" / "attempts" / "a1" / f"termination-worker{rank}.json").read_text()
+            (tmp_path / "inplace" / "out" / "attempts" / "a0" / f"termination-worker{rank}.json").read_text()
         )
-        changed = [(c["kind"], c["step"], c["toPrecision"], c["microBatch"], c["gradAccumulation"])
+        changed = [(c["kind"], c["startStep"], c["toPrecision"], c["microBatch"], c["gradAccumulation"])
                    for c in report["precisionChanges"]]  # fmt: skip
-        assert changed == [("repromote", 25, "fp16", 16, 1)], (rank, changed)
+        assert changed == [("fallback", 15, "fp32", 8, 2), ("repromote", 25, "fp16", 16, 1)], (rank, changed)
     assert sorted(p.name for p in (tmp_path / "restart" / "out" / "attempts").iterdir()) == ["a0", "a1", "a2"]
     assert [a["startStep"] for a in inplace["attempts"]] == [a["startStep"] for a in restart["attempts"]]
     assert final_sha(tmp_path / "inplace") == final_sha(tmp_path / "restart")
-    assert "micro-batch 8 x 2 -> 16 x 1" in said
+    assert "micro-batch 16 x 1 -> 8 x 2 in place" in said and "micro-batch 8 x 2 -> 16 x 1 in place" in said

@@ -261,18 +261,24 @@ def test_in_place_plans_name_where_a_fallback_attempt_is_repromoted() -> None:
     status = started(s)
     start = first_attempt(s)
     plan = in_place_plan(s, start, status)
-    assert [(t.precision, t.repromote_after_steps) for t in plan.to] == [("bf16", 10)]  # fp32 splits the batch
+    assert [(t.precision, t.repromote_after_steps, t.shape) for t in plan.to] == [
+        ("bf16", 10, None),
+        ("fp32", 10, (8, 2)),
+    ]
     assert plan.to[0].promote_to is not None and plan.to[0].promote_to.precision == "fp16"
     assert plan.promote_to is None  # the first attempt has no re-promotion of its own
     restarted = replace(start, index=1, precision="bf16", start_step=40, fallback_from="fp16", repromote_after_steps=10)
-    # The re-promoted fp16 falls back to bf16 in place in turn, with no re-promotion of its own.
-    fp16_again = InPlaceTarget(precision="fp16", in_place_to=[InPlaceTarget(precision="bf16")])
-    assert in_place_plan(s, restarted, status).promote_to == fp16_again
+    # The re-promoted fp16 falls back to bf16 in place in turn, with no re-promotion of its own
+    # (then to fp32 in its split).
+    fp16_again = in_place_plan(s, restarted, status).promote_to
+    assert fp16_again is not None and (fp16_again.precision, fp16_again.repromote_after_steps) == ("fp16", None)
+    assert fp16_again.in_place_to[0] == InPlaceTarget(precision="bf16")
+    assert [(t.precision, t.shape) for t in fp16_again.in_place_to[1:]] == [("fp32", (8, 2))]
     off = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 10, "inPlace": False})
     assert in_place_plan(off, restarted, status) == InPlacePlan()
 
 
-@pytest.mark.parametrize(("max_attempts", "then"), [(None, ["bf16"]), (4, ["bf16"]), (3, [])])
+@pytest.mark.parametrize(("max_attempts", "then"), [(None, ["bf16", "fp32"]), (4, ["bf16"]), (3, [])])
 def test_a_repromoted_attempts_own_fallbacks_are_planned_in_place_within_the_attempt_budget(
     max_attempts: int | None, then: list[str]
 ) -> None:
@@ -280,11 +286,11 @@ def test_a_repromoted_attempts_own_fallbacks_are_planned_in_place_within_the_att
     too, bf16 goes on in place once more (a fourth attempt: within maxAttempts 4, not 3)."""
     run_policy = {} if max_attempts is None else {"runPolicy": {"maxAttempts": max_attempts}}
     s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 10}, **run_policy)
-    (bf16,) = in_place_plan(s, first_attempt(s), started(s)).to
+    bf16, *_ = in_place_plan(s, first_attempt(s), started(s)).to
     assert bf16.promote_to is not None and bf16.promote_to.precision == "fp16"
     assert [t.precision for t in bf16.promote_to.in_place_to] == then
     for last in bf16.promote_to.in_place_to:  # a re-promoted precision that faulted is not tried again
-        assert last.repromote_after_steps is None and last.promote_to is None and last.in_place_to == []
+        assert all(t.precision != "fp16" for t in last.targets())
 
 
 def test_a_repromotion_to_fp8_restarts() -> None:

@@ -74,10 +74,11 @@ def test_a_sharded_models_repromotion_into_another_split_restarts() -> None:
     assert in_place_plan(job, fp32, status).promote_to is None
 
 
-def test_a_repromoted_attempts_own_fallback_into_fp32_splits_again_and_so_restarts() -> None:
+def test_a_repromoted_attempts_own_fallback_into_fp32_splits_again_in_place() -> None:
     fp32, status = fell_back(spec())
     up = in_place_plan(spec(), fp32, status).promote_to
-    assert up is not None and up.in_place_to == []
+    assert up is not None
+    assert [(t.precision, t.shape) for t in up.in_place_to] == [("fp32", (8, 2))]
 
 
 @pytest.mark.parametrize(
