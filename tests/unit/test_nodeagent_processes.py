@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.nodeagent.processes import ProcessRuntime, kubelet_expand
+from tests.cluster.nodeagent.environment import kubelet_expand
+from tests.cluster.nodeagent.processes import ProcessRuntime
 from tests.cluster.nodeagent.state import PodProcess
 
 pytestmark = pytest.mark.unit

@@ -3,7 +3,8 @@
 It registers two Nodes (a GPU node with NVIDIA GPU Feature Discovery's labels, capacity
 `nvidia.com/gpu: 2` and the `nvidia.com/gpu=present:NoSchedule` taint, and a CPU node), keeps
 their Leases and Ready conditions fresh, and runs every pod bound to them as local
-processes: container command and args (no image), env (incl. fieldRef), volumes as local
+processes: container command and args (no image), env (incl. fieldRef, envFrom; a pod whose
+Secret or ConfigMap is not there waits, CreateContainerConfigError, as with kubelet), volumes as local
 directories (mount paths are rewritten to them in env values and args), a ServiceAccount
 kubeconfig only when automountServiceAccountToken allows, a per-pod loopback IP with
 `hostname.subdomain.namespace.svc` names in a marked /etc/hosts block, status with exit
@@ -19,6 +20,7 @@ The modules, each importing only those above it in this list:
     hosts        the /etc/hosts block (pod DNS names)
     state        what the agent remembers on disk: running pods, ended pods, pod IPs
     downward     fieldRef values (env and downwardAPI volumes)
+    environment  a container's env and envFrom; a Secret or ConfigMap not there holds the pod
     nodes        the two Nodes: registration, capacity and labels, Ready and Lease renewal
     volumes      the default StorageClass, the PV provisioner, a pod's volumes as directories
     credentials  a pod's ServiceAccount kubeconfig

@@ -1,5 +1,5 @@
-"""The node agent put together: one API client, the state on disk, and four threads
-(node heartbeats, the pod watch, exit reporting, the volume provisioner)."""
+"""The node agent put together: one API client, the state on disk, and five threads
+(node heartbeats, the pod watch, held pods tried again, exit reporting, the volume provisioner)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ class NodeAgent:
         loops: list[tuple[Callable[..., None], tuple[object, ...]]] = [
             (keep_alive, (self.core, self.coord, self.stop, self.heard)),
             (self.watch.run, ()),
+            (self.watch.retry_held, ()),
             (self.pods.report_exits, (self.stop,)),
             (provision_claims, (self.core, self.dirs.volumes, self.stop)),
         ]

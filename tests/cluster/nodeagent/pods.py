@@ -1,6 +1,7 @@
 """One pod's life on this node, as kubelet lives it: prepare its sandbox (IP, volumes,
-credentials, DNS name), run its init containers in order, start its main container, report
-its exit, and restart or finish it by its restartPolicy; on deletion stop it gracefully.
+credentials, DNS name), run its init containers in order, start its main container (or hold
+the pod Pending while its env names a Secret or ConfigMap not there), report its exit, and
+restart or finish it by its restartPolicy; on deletion stop it gracefully.
 
 Two regressions shaped this file. A pod keeps its IP across container restarts and agent
 restarts (see `_sandbox`). Exit reporting runs in one thread for every pod, so a failure
@@ -22,9 +23,16 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster.nodeagent import freeze
 from tests.cluster.nodeagent.credentials import service_account_kubeconfig
+from tests.cluster.nodeagent.environment import ContainerConfigError
 from tests.cluster.nodeagent.hosts import pod_hosts
 from tests.cluster.nodeagent.log import log, now
-from tests.cluster.nodeagent.podstatus import patch_status, running_status, start_error_status, terminated_status
+from tests.cluster.nodeagent.podstatus import (
+    config_error_status,
+    patch_status,
+    running_status,
+    start_error_status,
+    terminated_status,
+)
 from tests.cluster.nodeagent.processes import PodSandbox, ProcessRuntime, Started, termination_message
 from tests.cluster.nodeagent.state import AgentState, PodProcess
 from tests.cluster.nodeagent.volumes import volume_dirs
@@ -56,13 +64,19 @@ class PodLifecycle:
         self.stopped: dict[str, list[int]] = {}  # a silent node -> the processes stopped on it
 
     def start(self, pod: Any) -> None:
-        """Start a pod bound to one of our nodes; raises if it cannot start."""
+        """Start a pod bound to one of our nodes, or hold it while its container's env names a
+        Secret or ConfigMap (or key) not there; raises if it cannot start."""
         with self.state.lock:
             sandbox = self._sandbox(pod)
             for ctr in pod.spec.init_containers or []:
                 self.runtime.run_init(sandbox, ctr)
             ctr = pod.spec.containers[0]
-            started = self.runtime.start(sandbox, ctr)
+            try:
+                started = self.runtime.start(sandbox, ctr)
+            except ContainerConfigError as exc:
+                self._hold(sandbox, str(exc))
+                return
+            self.state.held.pop(sandbox.pod.metadata.uid, None)
             rec = _record(sandbox, ctr, started)
             self.state.running[rec.uid] = rec
             self.state.save()
@@ -81,6 +95,19 @@ class PodLifecycle:
         hosts = pod_hosts(pod, ip)
         self.state.set_hosts(uid, hosts)
         return PodSandbox(pod=pod, ip=ip, pod_dir=pod_dir, volumes=volumes, kubeconfig=kubeconfig, hosts=hosts)
+
+    def _hold(self, sandbox: PodSandbox, message: str) -> None:
+        """Pending, its container waiting (CreateContainerConfigError), as a kubelet leaves it;
+        the watch tries it again (watch.py), its init containers too (no pod here has any that
+        mind; a kubelet would not). Written, and logged, once per message: each write is an event
+        of the pod, and each event a try."""
+        meta = sandbox.pod.metadata
+        held = (meta.namespace, meta.name, message)
+        if self.state.held.get(meta.uid) == held:
+            return
+        self.state.held[meta.uid] = held
+        log(f"{meta.namespace}/{meta.name} waits: {message}")
+        patch_status(self.core, meta.name, meta.namespace, status=config_error_status(sandbox.pod, sandbox.ip, message))
 
     def fail_start(self, pod: Any, message: str) -> None:
         patch_status(self.core, pod.metadata.name, pod.metadata.namespace, status=start_error_status(pod, message))

@@ -1,6 +1,7 @@
 """What the agent writes to a pod's status, as kubelet would: Running with its IP, then
-terminated with the exit code and termination message (Succeeded or Failed), or Failed
-with StartError when the pod could not be started at all.
+terminated with the exit code and termination message (Succeeded or Failed), Pending with
+its container waiting (CreateContainerConfigError) while its environment cannot be made, or
+Failed with StartError when the pod could not be started at all.
 
 Every write names the pod's one IP: podIPs is merged by ip, so a second address would make
 every later status write invalid. That once happened silently and left finished pods
@@ -18,6 +19,7 @@ from tests.cluster.nodeagent.state import PodProcess
 
 MESSAGE_LIMIT = 1000
 START_ERROR_CODE = 128
+CONFIG_ERROR = "CreateContainerConfigError"
 
 
 def patch_status(core: Any, name: str, namespace: str, *, status: dict[str, Any]) -> None:
@@ -79,6 +81,35 @@ def terminated_status(rec: PodProcess, code: int, message: str) -> dict[str, Any
             for t in ("ContainersReady", "Ready")
         ],
         "containerStatuses": [_container(rec, running=False, state={"terminated": terminated})],
+    }
+
+
+def config_error_status(pod: Any, ip: str, message: str) -> dict[str, Any]:
+    """Pending on its IP, the main container waiting: its environment names a Secret or
+    ConfigMap (or a key) that is not there, in the kubelet's words."""
+    ctr, stamp = pod.spec.containers[0], now()
+    waiting = {"reason": CONFIG_ERROR, "message": message[:MESSAGE_LIMIT]}
+    return {
+        "phase": "Pending",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "hostIP": "127.0.0.1",
+        "hostIPs": [{"ip": "127.0.0.1"}],
+        "conditions": [
+            {"type": t, "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": stamp}
+            for t in ("ContainersReady", "Ready")
+        ],
+        "containerStatuses": [
+            {
+                "name": ctr.name,
+                "image": ctr.image or "",
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"waiting": waiting},
+            }
+        ],
     }
 
 

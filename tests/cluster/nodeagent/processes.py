@@ -14,21 +14,17 @@ was given, as a kubelet's would.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from tests.cluster.layout import pid_alive
-from tests.cluster.nodeagent.downward import field_value
+from tests.cluster.nodeagent.environment import container_env
 from tests.cluster.nodeagent.network import own_rendezvous
 from tests.cluster.nodeagent.state import PodProcess
 
@@ -134,7 +130,8 @@ class ProcessRuntime:
         return proc, started
 
     def environment(self, sandbox: PodSandbox, ctr: Any, *, term_file: Path, rewrite: PathRewrites) -> dict[str, str]:
-        """The agent's environment without its cluster's settings, the pod's names, then the container's env."""
+        """The agent's environment without its cluster's settings, the pod's names, then the
+        container's envFrom and env; raises ContainerConfigError (environment.py)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "MPJOB_CLUSTER"))}
         env.pop("VIRTUAL_ENV_PROMPT", None)
         env.update(
@@ -145,47 +142,11 @@ class ProcessRuntime:
                 "HOME": str(sandbox.pod_dir),
             }
         )
-        defined: dict[str, str] = {}
-        for var in ctr.env or []:
-            value = self._env_value(sandbox, var, rewrite, defined)
-            if value is not None:
-                env[var.name] = defined[var.name] = value
+        env.update(container_env(self.core, sandbox.pod, ctr, ip=sandbox.ip, rewrite=rewrite))
         own_rendezvous(sandbox.pod, env)
         if sandbox.kubeconfig:
             env["KUBECONFIG"] = sandbox.kubeconfig
         return env
-
-    def _env_value(self, sandbox: PodSandbox, var: Any, rewrite: PathRewrites, defined: dict[str, str]) -> str | None:
-        """One env var: a literal (its `$(NAME)` expanded as the kubelet does, paths rewritten),
-        a fieldRef, a configMap or secret key."""
-        if var.value is not None:
-            return rewrite(kubelet_expand(var.value, defined))
-        source, namespace = var.value_from, sandbox.pod.metadata.namespace
-        if source and source.field_ref:
-            return field_value(sandbox.pod, source.field_ref.field_path, sandbox.ip)
-        if source and source.config_map_key_ref:
-            ref = source.config_map_key_ref
-            data = self._optional(ref, lambda: self.core.read_namespaced_config_map(ref.name, namespace).data)
-            return None if data is None else str(data[ref.key])
-        if source and source.secret_key_ref:
-            ref = source.secret_key_ref
-            data = self._optional(ref, lambda: self.core.read_namespaced_secret(ref.name, namespace).data)
-            return None if data is None else base64.b64decode(data[ref.key]).decode()
-        return None
-
-    @staticmethod
-    def _optional(ref: Any, read: Callable[[], dict[str, str] | None]) -> dict[str, str] | None:
-        """The object's data holding `ref.key`; None when the object or the key is missing and
-        the reference is `optional` (kubelet leaves the variable unset), else raises."""
-        try:
-            data = read() or {}
-        except ApiException as exc:
-            if exc.status == 404 and ref.optional:
-                return None
-            raise
-        if ref.key not in data and ref.optional:
-            return None
-        return data
 
     def exited(self, rec: PodProcess) -> int | None:
         """The container's exit code once its process is gone (137 if it left none), else None."""
@@ -275,21 +236,3 @@ def termination_message(rec: PodProcess, code: int) -> str:
         except OSError:
             pass
     return text
-
-
-def kubelet_expand(text: str, defined: dict[str, str]) -> str:
-    """An env value as the kubelet expands it: `$$` is `$`; `$(NAME)` is NAME's value when an entry
-    before it defines it, else left as written; any other `$` stays."""
-    out, i = [], 0
-    while i < len(text):
-        if text.startswith("$$", i):
-            out.append("$")
-            i += 2
-        elif text.startswith("$(", i) and (end := text.find(")", i + 2)) >= 0:
-            name = text[i + 2 : end]
-            out.append(defined.get(name, text[i : end + 1]))
-            i = end + 1
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)

@@ -85,7 +85,7 @@ class PodProcess:
 
 
 class AgentState:
-    """The running pods, the pods that ended (never started again) and their hosts lines."""
+    """The running pods, the pods that ended (never started again), those held, and their hosts lines."""
 
     def __init__(self, dirs: AgentDirs) -> None:
         self.dirs = dirs
@@ -99,6 +99,9 @@ class AgentState:
         self.lost_pods: dict[str, list[PodProcess]] = {}
         #: Nodes a test silenced (nodes.py): their pods' processes are stopped, nothing is written.
         self.silent_nodes: set[str] = set()
+        #: Pods waiting for a Secret or ConfigMap their container's env names: uid -> (namespace,
+        #: name, why), tried again until they start or go (in memory: a restarted agent lists them anew).
+        self.held: dict[str, tuple[str, str, str]] = {}
         self._ip_counter = 0
         self._load()
 
@@ -154,6 +157,12 @@ class AgentState:
             self.hosts.pop(uid, None)
             write_hosts(self.dirs.root, self.hosts)
         return True
+
+    def release(self, uid: str) -> None:
+        """A held pod that went (deleted, or ended): try it no more, drop its names."""
+        with self.lock:
+            if self.held.pop(uid, None) is not None and self.hosts.pop(uid, None) is not None:
+                write_hosts(self.dirs.root, self.hosts)
 
 
 def kill_recorded_pods(state_dir: Path) -> list[int]:

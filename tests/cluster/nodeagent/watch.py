@@ -2,6 +2,9 @@
 those the scheduler bound to our nodes, level-triggered (each event carries the whole pod):
 
 - bound, not started, not ended: start it (a pod that fails to start is Failed/StartError);
+- held (its container's env names a Secret or ConfigMap, or a key, not there): Pending with
+  CreateContainerConfigError, tried again every CONFIG_RETRY_SECONDS and on each event of it,
+  as a kubelet's pod worker does (its back-off is 10s), and started once what it names is there;
 - deletionTimestamp set: stop it gracefully in a thread of its own (SIGTERM, the pod's grace
   period, SIGKILL), or remove the object at once if nothing of it runs here;
 - gone from the API (DELETED, or missing from a fresh list): kill its processes now;
@@ -28,6 +31,7 @@ from tests.cluster.nodeagent.state import AgentState
 
 DEFAULT_GRACE_SECONDS = 30
 WATCH_TIMEOUT_SECONDS = 60
+CONFIG_RETRY_SECONDS = 5
 
 
 class PodWatch:
@@ -67,6 +71,9 @@ class PodWatch:
         for uid in list(self.state.running):
             if uid not in seen:
                 self.pods.kill(self.state.running[uid], grace=0)
+        for uid in list(self.state.held):
+            if uid not in seen:
+                self.state.release(uid)
 
     def _follow(self) -> None:
         stream = watch.Watch().stream(
@@ -84,6 +91,7 @@ class PodWatch:
                 return
             self._rv = obj.metadata.resource_version
             if event["type"] == "DELETED":
+                self.state.release(obj.metadata.uid)
                 rec = self.state.running.get(obj.metadata.uid)
                 if rec and rec.node not in self.state.silent_nodes:  # else killed when it answers
                     self.pods.kill(rec, grace=0)
@@ -112,6 +120,24 @@ class PodWatch:
                 log(f"pod {pod.metadata.namespace}/{pod.metadata.name} failed to start: {exc!r}")
                 self.pods.fail_start(pod, str(exc))
 
+    def retry_held(self) -> None:
+        """The held-pods thread: every CONFIG_RETRY_SECONDS, read each held pod again and act on it
+        (started once its Secret or ConfigMap is there; let go once it is gone or ended)."""
+        while not self.stop.wait(CONFIG_RETRY_SECONDS):
+            for uid, (namespace, name, _) in list(self.state.held.items()):
+                try:
+                    pod = self.core.read_namespaced_pod(name, namespace)
+                except Exception as exc:
+                    if isinstance(exc, ApiException) and exc.status == 404:
+                        self.state.release(uid)
+                    else:
+                        log(f"reading held pod {namespace}/{name}: {exc!r}")
+                    continue
+                if pod.metadata.uid != uid or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
+                    self.state.release(uid)
+                else:
+                    self.reconcile(pod)
+
     def node_back(self, node: str) -> None:
         """A silent node answers again: act on its pods as they are now (a deletion that came
         meanwhile is carried out)."""
@@ -132,5 +158,6 @@ class PodWatch:
                 grace = pod.spec.termination_grace_period_seconds or DEFAULT_GRACE_SECONDS
             threading.Thread(target=self.pods.delete, args=(rec, grace), daemon=True).start()
         elif not rec and not (meta.finalizers or []):
+            self.state.release(meta.uid)
             with contextlib.suppress(ApiException):
                 remove_pod(self.core, meta.name, meta.namespace, uid=meta.uid)
