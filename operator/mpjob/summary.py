@@ -7,7 +7,7 @@ from datetime import datetime
 
 from mpjob.planning import repeat
 from mpjob.planning.history import KEEP_FIRST
-from mpjob.planning.status import FINISHED, ConditionReason, ConditionType, moment
+from mpjob.planning.status import FINISHED, WAITS, ConditionReason, ConditionType, moment
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
@@ -44,12 +44,7 @@ def failed_because(status: MixedPrecisionJobStatus) -> str:
 
 #: Conditions (type, status) that say why a job that has not ended waits, or what goes wrong while it runs.
 TROUBLE = frozenset(
-    {
-        (ConditionType.PODS_CREATED, "False"),
-        (ConditionType.PODS_SCHEDULED, "False"),
-        (ConditionType.AWAITING_WORKERS, "True"),
-        (ConditionType.CHECKPOINTS_FAILING, "True"),
-    }
+    {*((kind, waits) for kind, (waits, _) in WAITS.items()), (ConditionType.CHECKPOINTS_FAILING, "True")}
 )
 #: Running=False reasons of a job that waits for something other than its pods to start.
 WAITING = frozenset(

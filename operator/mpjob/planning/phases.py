@@ -57,7 +57,7 @@ def pods_refused(plan: Plan, when: When, message: str, reason: str = ConditionRe
 def pods_created(plan: Plan, when: When) -> None:
     """The attempt's pods exist after all (quota freed, a policy changed): PodsCreated turns
     True where it was False; a job that never had trouble carries no such condition."""
-    if any(c.type == ConditionType.PODS_CREATED and c.status == "False" for c in plan.status.conditions):
+    if any(c.type == ConditionType.PODS_CREATED and c.status != "True" for c in plan.status.conditions):
         message = f"attempt {plan.status.attempts[-1].index}'s pods were created"
         condition(plan, when, ConditionType.PODS_CREATED, True, ConditionReason.PODS_CREATED, message)
 

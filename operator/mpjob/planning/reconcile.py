@@ -26,7 +26,7 @@ from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import Finish, first_attempt
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_with_pods
 from mpjob.planning.status import FINISHED, ConditionReason
-from mpjob.planning.waiting import awaiting_workers, running
+from mpjob.planning.waiting import awaiting_workers, running, settle
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import InPlaceChange
@@ -83,7 +83,7 @@ def reconcile(
         if not (spec.run_policy.suspend or busy):
             lc.resume(plan, spec, when)
     if plan.status.attempts and plan.status.phase in (*FINISHED, "Suspended"):
-        awaiting_workers(plan, when, None)  # it waits for no worker any more
+        settle(plan, when)  # it waits on nothing any more
     _retire(plan, jobs)
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))

@@ -76,7 +76,7 @@ def unscheduled(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: 
     known = next((c for c in plan.status.conditions if c.type == ConditionType.PODS_SCHEDULED), None)
     waiting = sorted((p for p in job.pods if p.alive and p.unschedulable_since is not None), key=lambda p: p.index)
     if not waiting:
-        if known is not None and known.status == "False":
+        if known is not None and known.status != "True":  # False, or Unknown since a suspension
             message = f"attempt {index}'s pods were scheduled"
             lc.condition(plan, when, ConditionType.PODS_SCHEDULED, True, ConditionReason.PODS_SCHEDULED, message)
         return

@@ -35,6 +35,15 @@ class ConditionType(StrEnum):
     CHECKPOINTS_FAILING = "CheckpointsFailing"
 
 
+#: The conditions that say the job waits: the value each holds while it does, and what it waits
+#: for. A job that stops (ends, or is suspended) waits on none of them (`waiting.settle`).
+WAITS: dict[str, tuple[str, str]] = {
+    ConditionType.PODS_CREATED: ("False", "for its pods to be made"),
+    ConditionType.PODS_SCHEDULED: ("False", "for a node"),
+    ConditionType.AWAITING_WORKERS: ("True", "for workers"),
+}
+
+
 class ConditionReason(StrEnum):
     """Condition and Event reasons of the lifecycle itself; an attempt's ending uses its Reason
     (mpjob_contract.codes) and a finished job its Finish reason."""
@@ -129,14 +138,14 @@ def deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, 
 def set_condition(
     status: MixedPrecisionJobStatus,
     type_: str,
-    true: bool,
+    true: bool | None,
     reason: str,
     message: str = "",
     at: str | None = None,
     generation: int | None = None,
 ) -> None:
-    """Upsert a condition; lastTransitionTime moves only when the status flips."""
-    value = "True" if true else "False"
+    """Upsert a condition (`true` None: Unknown); lastTransitionTime moves only when the status flips."""
+    value = "Unknown" if true is None else "True" if true else "False"
     at = at or now()
     for i, cond in enumerate(status.conditions):
         if cond.type == type_:

@@ -15,7 +15,7 @@ from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
-from mpjob.planning.status import FINISHED, ConditionReason, ConditionType
+from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.codes import Reason
 
@@ -30,11 +30,21 @@ def awaiting_workers(plan: Plan, when: When, short: elastic.Resize | None) -> No
             plan.events.append(lc.Event("Warning", reason, message))
             lc.condition(plan, when, ConditionType.AWAITING_WORKERS, True, reason, message)
     elif known is not None and known.status == "True":
-        phase = plan.status.phase
-        stopped = phase in (*FINISHED, "Suspended")
-        message = f"attempt {index} no longer waits for workers" + (f": the job is {phase}" if stopped else "")
-        placed = phase if stopped else ConditionReason.WORKERS_PLACED.value
-        lc.condition(plan, when, ConditionType.AWAITING_WORKERS, False, placed, message)
+        message = f"attempt {index} no longer waits for workers"
+        lc.condition(plan, when, ConditionType.AWAITING_WORKERS, False, ConditionReason.WORKERS_PLACED, message)
+
+
+def settle(plan: Plan, when: When) -> None:
+    """A job that ended or is suspended waits on nothing: each condition that still says it waits
+    (st.WAITS) is settled, reason the phase: AwaitingWorkers False; PodsCreated and PodsScheduled
+    Unknown (its pods were never made or placed: True would claim what was not seen)."""
+    phase, index = plan.status.phase, plan.status.attempts[-1].index
+    for cond in list(plan.status.conditions):
+        waits, what = st.WAITS.get(cond.type, (None, ""))
+        if cond.status == waits:
+            message = f"attempt {index} no longer waits {what}: the job is {phase}"
+            settled = False if waits == "True" else None
+            st.set_condition(plan.status, cond.type, settled, phase, message, when.at, when.generation)
 
 
 def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:

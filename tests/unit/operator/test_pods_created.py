@@ -138,3 +138,13 @@ def test_a_missing_key_of_a_template_secret_names_the_template_and_fails_after_t
     plan = reconcile(s3_spec(), status, 1, held(said), T0 + timedelta(seconds=60))
     assert plan.status.phase == "Failed" and said in (plan.status.message or "")
     assert "podCreationTimeoutSeconds=60" in (plan.status.message or "")
+
+
+def test_a_job_failed_for_pods_never_made_no_longer_says_it_waits_for_them() -> None:
+    """PodsCreated=False stayed on a job that failed after podCreationTimeoutSeconds; now Unknown,
+    reason Failed (the Failed condition says why)."""
+    status = reconcile(spec(), started(), 1, {0: JobView(0, create_error=REFUSED)}, T0 + timedelta(seconds=5)).status
+    plan = reconcile(spec(), status, 1, {0: JobView(0, create_error=REFUSED)}, T0 + timedelta(seconds=60))
+    assert plan.status.phase == "Failed"
+    said = condition(plan.status, "PodsCreated")
+    assert said == ("Unknown", "Failed", "attempt 0 no longer waits for its pods to be made: the job is Failed")

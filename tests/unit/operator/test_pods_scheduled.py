@@ -109,3 +109,20 @@ def test_the_pod_view_keeps_the_schedulers_and_the_kubelets_words() -> None:
     }
     view = pod_view(body)
     assert (view.unschedulable_message, view.config_error, view.alive) == (NO_GPUS, 'secret "keys" not found', True)
+
+
+@pytest.mark.parametrize(
+    ("edit", "phase"),
+    [({"runPolicy": {"activeDeadlineSeconds": 60}}, "Failed"), ({"runPolicy": {"suspend": True}}, "Suspended")],
+    ids=["past-its-deadline", "suspended"],
+)
+def test_a_job_that_stops_while_its_pods_find_no_node_no_longer_says_they_wait(edit: dict, phase: str) -> None:
+    """A job that ended (or was suspended) while its pods were unschedulable kept PodsScheduled=False,
+    reason Unschedulable, for good; now settled as AwaitingWorkers is: reason the phase, Unknown
+    (its pods were never placed: True would claim what was not seen)."""
+    waiting = reconcile(spec(), started(), 1, pending(NO_CLAIM), T0 + timedelta(seconds=5)).status
+    stopped = reconcile(spec(**edit), waiting, 2, pending(NO_CLAIM), T0 + timedelta(seconds=70))
+    assert stopped.status.phase == phase
+    said = condition(stopped.status, "PodsScheduled")
+    assert said == ("Unknown", phase, f"attempt 0 no longer waits for a node: the job is {phase}"), said
+    assert all(e.reason != "Unschedulable" for e in stopped.events)
