@@ -161,7 +161,7 @@ class IntervalWork:
             if not saved and step == self.cadence.total:  # no later step can heal what it ends on
                 return NumericFault(
                     GuardRule.MAX_NON_FINITE_LOSSES,
-                    f"the weights are non-finite at the last step, step {step}: the run cannot end on them",
+                    f"the weights or buffers are non-finite at the last step, step {step}: the run cannot end on them",
                 )
             if promote and saved:
                 clean = self.cadence.clean_steps(step)

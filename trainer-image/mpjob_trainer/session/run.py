@@ -39,6 +39,7 @@ from mpjob_trainer.session.machine import Phase
 from mpjob_trainer.session.measure import measure_and_settle
 from mpjob_trainer.session.memory import Reshape
 from mpjob_trainer.session.outcomes import Rewrap
+from mpjob_trainer.session.own_autocast import check_forwards
 from mpjob_trainer.session.preemption import PreemptionFlag
 from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.replay import LiveWeights
@@ -149,6 +150,7 @@ class Session(SetUpCalls):
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
         self._state = TrainingState(stateful, own=self._rung.stateful())
+        check_forwards(self._state.modules, self._amp)  # a script's own autocast is told, not kept
         if self._recovery.reentry is not None:  # the loop re-entered to wrap its model anew (`reentering`)
             self.start_step = self._step = self._recovery.reenter(self._state, self._checkpoints)
             return self.start_step

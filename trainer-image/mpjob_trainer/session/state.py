@@ -133,11 +133,20 @@ class TrainingState:
             return params
         return [p for o in self.objects.values() if isinstance(o, torch.nn.Module) for p in o.parameters()]
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What a checkpoint holds of the model: the trained parameters, and every registered
+        module's parameters and floating-point buffers (BatchNorm's running statistics, an EMA
+        copy's), each once. A forward pass changes the buffers even of a step GradScaler skips."""
+        held = self.parameters() + [
+            t for m in self.modules for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()
+        ]
+        return list({id(t): t for t in held}.values())
+
     def finite(self) -> bool:
-        """May these weights be checkpointed as good? One host sync for all parameters: each
+        """May these weights be checkpointed as good? One host sync for all of `tensors()`: each
         one's verdict stays on its device, they are gathered (onto a CUDA device if any hold
         parameters: device-to-device copies are stream-ordered, not synced) and read once."""
-        params = [_local(p) for p in self.parameters()]
+        params = [_local(p) for p in self.tensors()]
         if not params:
             return True
         target = next((p.device for p in params if p.device.type == "cuda"), params[0].device)
