@@ -1,7 +1,8 @@
 """Profiles on demand, acted on: read the job's `mpjob.dev/profile-steps` annotation, let
 `planning/profiles.py` decide, write status.profiles (at the resourceVersion the reconcile holds,
-as every status write: one refused with a 409 is planned again by the next tick, its Events
-told then) and the Events, and ask the running attempt's rank 0 over its metrics port (`POST /profile?id=ID&steps=N`).
+as every status write: one refused with a 409 leaves the body the reconcile held stale, so the
+job's next reconcile reads it anew and plans it again, its Events told then) and the Events, and
+ask the running attempt's rank 0 over its metrics port (`POST /profile?id=ID&steps=N`).
 
 The trainer holds no Kubernetes token, so the request travels over the one connection the
 operator already makes to the pod: rank 0's metrics port, which the attempt's NetworkPolicy
@@ -57,15 +58,16 @@ class ProfileRequests:
 
     def reconcile(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, seen: Observed
-    ) -> None:
+    ) -> bool:
         """The job's profiles after its annotation and rank 0's last answer; the next ask. The
         path recorded is below the job's checkpoint folder in its store (the bucket's URL for
-        a job whose checkpoints are in a bucket), where the trainer writes it."""
+        a job whose checkpoints are in a bucket), where the trainer writes it. False when the
+        write was refused with a 409: `body` is behind the job (its next reconcile reads it)."""
         meta = body["metadata"]
         key: Key = (meta["namespace"], meta["name"])
         annotation = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
         if annotation is None and not status.profiles:
-            return
+            return True
         uid = str(meta["uid"])
         with self._lock:
             answer = self._answers.pop(uid, None)
@@ -80,15 +82,16 @@ class ProfileRequests:
                 if exc.status != CONFLICT:
                     raise
                 log.info("%s/%s: profiles not written (the job changed since it was read): next tick", *key)
-                return
+                return False
             status.profiles = plan.profiles
         for event in plan.events:
             kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
         if plan.ask is None:
-            return
+            return True
         job = history.job_index(status, plan.ask.attempt)  # an attempt begun in place: its chain's pods
         if ip := seen.rank0_ip.get(job):
             self._submit(key, uid, replace(plan.ask, attempt=job), ip)
+        return True
 
     def _keep(self, uid: str, answer: ProfileAnswer | None) -> None:
         """Hand `answer` back for the next reconcile (unless a newer one came meanwhile)."""

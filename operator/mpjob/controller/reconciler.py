@@ -183,7 +183,8 @@ class Reconciler:
         self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
         plan = self._act(body, spec, plan, seen, strays)
         costs.count(old, plan.status, spec.cost_per_gpu_hour)
-        self.profiles.reconcile(body, spec, plan.status, seen)
+        if not self.profiles.reconcile(body, spec, plan.status, seen):
+            self.bodies.refused((namespace, name))  # its write's 409: the body is behind the job, read it anew
         if plan.status.phase in FINISHED:
             self.progress.forget((namespace, name))
         self._settle((namespace, name), plan, seen, spec)

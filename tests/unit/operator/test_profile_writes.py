@@ -14,6 +14,7 @@ from mpjob.controller.profiles import ProfileRequests
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.tracking import PROFILE_ANNOTATION, ProfileAnswer
 from tests.unit.operator.test_api_errors import FakeCluster, events  # noqa: F401 (a fixture)
+from tests.unit.operator.test_quiet_reads import KEY, started
 
 pytestmark = pytest.mark.unit
 
@@ -42,3 +43,17 @@ def test_a_profiles_write_from_an_older_read_is_refused_and_planned_again(events
     assert fresh["metadata"]["resourceVersion"] == cluster.body["metadata"]["resourceVersion"], (
         "its write's version kept"
     )
+
+
+@pytest.mark.usefixtures("events")
+def test_a_refused_profiles_write_makes_the_next_reconcile_read_the_job_anew() -> None:
+    cluster, made = started()
+    cluster.body["metadata"]["annotations"] = {PROFILE_ANNOTATION: "many"}  # refused in any phase: a write
+    made.bodies.offer(KEY, cluster.edited())  # the watch shows the user's annotation
+    cluster.patch_status("ns", "j", {"message": "another writer"})  # a write the watch has not shown yet
+    made.handle(KEY, False)  # its profiles write at the annotation's version: 409, the reconcile goes on
+    assert not cluster.body["status"].get("profiles") and made.backoff.failures(KEY) == 0
+    made.handle(KEY, False)  # the held body is behind the job: read anew, not refused again
+    assert cluster.reads == 2, "the body a 409 showed stale was planned from again"
+    assert [(p["request"], p["state"]) for p in cluster.body["status"]["profiles"]] == [("many", "Refused")]
+    assert cluster.body["status"]["message"] == "another writer"
