@@ -101,9 +101,7 @@ class Reconciler:
             # A standby: kopf's own watch is paused too; the ticker comes back to the job. What it
             # read while it acted is forgotten: acting again, it reads anew (the job, `unseen_for`), and
             # rebuilds what the job's Jobs are owed (`actions`: the other may have made one).
-            self.progress.forget(key)
-            self.actions.forget(key)
-            self.bodies.forget(key)
+            self._let_go(key)
             return None
         if tick and self.backoff.waiting(key):
             return None
@@ -135,10 +133,8 @@ class Reconciler:
         with om.RECONCILE_SECONDS.time():
             body = self.bodies.body((namespace, name), lambda: self.cluster.read_job(namespace, name))
             if body is None:
-                self.progress.forget((namespace, name))
                 self.cache.forget_gone(namespace, name)
-                self.actions.forget((namespace, name))
-                self.bodies.forget((namespace, name))
+                self._let_go((namespace, name))
                 return None
             try:
                 return self._reconcile(body, progress=progress)
@@ -222,15 +218,21 @@ class Reconciler:
             self.settled.discard(key)
 
     def forget(self, uid: str, key: Key | None = None) -> None:
-        """A deleted job leaves the phase counts (and the bodies held, the children owed to
-        its Jobs, and the cache the Jobs of it that were kept once removed: a finished job's may
-        be all it has left)."""
+        """A deleted job leaves the phase counts (and what this process holds of it: `_let_go`,
+        and the cache the Jobs of it that were kept once removed: a finished job's may be all it
+        has left)."""
         self.phases.pop(uid, None)
         if key is not None:
-            self.bodies.forget(key)
             self.settled.discard(key)
             self.cache.forget_gone(*key)
-            self.actions.forget(key)
+            self._let_go(key)
+
+    def _let_go(self, key: Key) -> None:
+        """The job `key` is gone, or a standby no longer acts on it: its body, its rank 0's
+        reading and what its Jobs were owed are forgotten (acting on it again reads them anew)."""
+        self.progress.forget(key)
+        self.actions.forget(key)
+        self.bodies.forget(key)
 
     def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
         """A spec the models refuse: the job fails with the first problem (once), cut as every

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mpjob.controller.bodies import Bodies, adopt
+from mpjob.controller.progress import ProgressReader, Target
 from mpjob.controller.workqueue import Retry
 from tests.unit.operator.test_api_errors import FakeCluster, events, owned, reconciler  # noqa: F401 (a fixture)
 
@@ -147,3 +148,16 @@ def test_a_writes_answer_is_adopted_only_for_the_same_object() -> None:
     assert mine["status"]["phase"] == "Before"
     adopt(mine, body("3", phase="Written"))
     assert mine["metadata"]["resourceVersion"] == "3" and mine["status"]["phase"] == "Written"
+
+
+@pytest.mark.usefixtures("events")
+def test_a_deleted_job_leaves_nothing_this_process_held_of_it() -> None:
+    _, made = started()
+    clock = [100.0]
+    made.progress = ProgressReader(concurrency=1, deadline=0.5, max_bytes=1024, clock=lambda: clock[0])
+    made.progress.request(KEY, Target(attempt=0, ip="127.0.0.1", precision="auto", port=1))  # nothing listens
+    clock[0] = 105.0
+    assert made.progress.unseen_for(KEY, 0) == 5.0 and len(made.bodies) == 1
+    made.forget("mpj-uid", KEY)  # kopf's DELETED event: no reconcile of the name may follow
+    assert made.progress.unseen_for(KEY, 0) == 0.0, "its rank 0's reading kept after the job was deleted"
+    assert len(made.bodies) == 0 and KEY not in made.actions.owed and KEY not in made.actions.rebuilt
