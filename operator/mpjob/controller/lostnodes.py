@@ -102,7 +102,7 @@ class NodeReader:
 
     def __init__(self, cluster: Cluster, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.cluster = cluster
-        self._reads = QuietReads()
+        self._reads = QuietReads(clock=clock)  # one clock for the list's freshness and a refusal's quiet
         self._clock = clock
         self._last: tuple[float, Nodes] | None = None  # replaced whole: a reader thread sees one or the other
 

@@ -14,6 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.controller.cache import ChildCache, Observed
 from mpjob.controller.lostnodes import FRESH_SECONDS, NodeReader, Nodes, on_nodes, suspect
+from mpjob.controller.quiet import QUIET_SECONDS
 from mpjob.controller.records import pod_view
 from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
@@ -240,3 +241,5 @@ def test_one_list_of_the_nodes_answers_every_reconcile_for_a_few_seconds_and_a_4
     refused = Core(denied=True)
     quiet = NodeReader(cast(Any, SimpleNamespace(core=refused)), clock=lambda: now[0])
     assert (quiet.seen(), quiet.seen(), refused.lists) == (None, None, 1)
+    now[0] += QUIET_SECONDS  # on the reader's clock: the refusal is asked again
+    assert quiet.seen() is None and refused.lists == 2
