@@ -115,18 +115,23 @@ class InPlace:
 
     def can(self, fault: NumericFault) -> bool:
         """May `fault` (the precision's, by the replay's verdict) be answered in place?"""
-        return self._why_not_fall_back() is None and self._allowed(fault)
+        return self._why_not_in(self._next()) is None and self._allowed(fault)
 
     def why_restart(self, ending: BaseException | None) -> str | None:
         """Why a fallback the launch allows in place ends the attempt instead (the restart path),
         for the attempt's message; None when it is not such a fallback."""
         allowed = isinstance(ending, NumericFault) and self._allowed(ending)
-        return self._why_not_fall_back() if allowed else None
+        return self._why_not_in(self._next()) if allowed else None
 
-    def _why_not_fall_back(self) -> str | None:
-        """Why the next fallback cannot be made in place (None: it can): in the split it names, if
-        any, only by the loop's reshape, and not for a model wrapped anew (one shape of its step)."""
-        if self.why_not is not None or not self.targets or self.targets[0].shape is None:
+    def _next(self) -> InPlaceTarget | None:
+        """The next fallback's target, if the launch names one."""
+        return self.targets[0] if self.targets else None
+
+    def _why_not_in(self, target: InPlaceTarget | None) -> str | None:
+        """Why a change to `target` (a fallback's or the re-promotion's) cannot be made in place
+        (None: it can): in the split it names, if any, only by the loop's reshape, and not for a
+        model wrapped anew (one shape of its step)."""
+        if self.why_not is not None or target is None or target.shape is None:
             return self.why_not
         if self.rewraps:
             return "a sharded model is wrapped for one shape of its step, and the fallback splits the micro-batch"
@@ -176,9 +181,7 @@ class InPlace:
     def can_promote(self) -> bool:
         """May the attempt's re-promotion, due now, be made in place (in the split it names, if any:
         by the loop's reshape, not for a model wrapped anew)?"""
-        if self.why_not is not None or self.promote_to is None:
-            return False
-        return self.promote_to.shape is None or (self.resplit is not None and not self.rewraps)
+        return self.promote_to is not None and self._why_not_in(self.promote_to) is None
 
     def promote(self, why: Repromote, *, step: int) -> None:
         """Go back up to the precision the planner re-promotes to, from the checkpoint just written
