@@ -182,9 +182,11 @@ def test_a_sigkilled_run_resumes_with_its_quarantine_bit_identical(tmp_path: Pat
     assert parse("".join(seen))  # the cut run's lines fit the contract too
 
 
-def spiking(action: str) -> dict:
-    base = job(steps=60, batchScale={"atStep": 25, "steps": 3}, guard={"spike": {"action": action, "window": 16}})
-    return {**base, "precision": {**base["precision"], "mode": "fp32"}}
+def spiking(action: str, *, at: int = 25, steps: int = 60, window: int = 16, log_every: int = 5) -> dict:
+    guard = {"spike": {"action": action, "window": window}}
+    base = job(steps=steps, batchScale={"atStep": at, "steps": 3}, guard=guard)
+    training = {**base["training"], "logEvery": log_every}
+    return {**base, "precision": {**base["precision"], "mode": "fp32"}, "training": training}
 
 
 @pytest.mark.process
@@ -205,3 +207,27 @@ def test_with_spike_off_a_loss_spike_trains_on_as_before(tmp_path: Path) -> None
     assert run.code == 0, run.stderr
     assert run.of("lossSpike") == [] and run.of("dataSkipped") == []
     assert run.report is not None and run.report.skipped is None
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("at", "detected", "back_to"), [(17, 20, 10), (20, 30, 20)])
+def test_a_spike_is_caught_before_a_checkpoint_after_its_onset_is_written(
+    tmp_path: Path, at: int, detected: int, back_to: int
+) -> None:
+    """Reads fall on checkpoint steps only (every 10; logEvery 40): a spike beginning at step 17 is judged
+    at step 20's read, before that checkpoint is staged, and rolled back to 10; the checkpoint at 20 is
+    written only after the spiking steps are skipped. A spike beginning at step 20 rolls back to the
+    checkpoint at 20: the weights its first spiking loss was computed on, before any spiking update."""
+    run = run_trainer(tmp_path, spiking("rollback", at=at, steps=40, window=8, log_every=40), "fp32")
+    assert run.code == 0, run.stderr
+    (spike,) = run.of("lossSpike")
+    assert (spike["firstStep"], spike["detectedAt"]) == (at, detected)
+    (skipped,) = run.of("dataSkipped")
+    assert skipped["fromStep"] == back_to and skipped["steps"] == list(range(at, spike["lastStep"] + 1))
+    names = [e["event"] for e in run.events]
+    saved = [
+        e["step"] for e in run.events[: names.index("dataSkipped")] if e["event"] in ("checkpointStaged", "checkpoint")
+    ]
+    assert saved and max(saved) == back_to  # nothing saved between the spike's onset and its rollback
+    held = torch.load(tmp_path / "ckpt" / f"step-{detected:09d}" / "state.pt", weights_only=True)["quarantine"]
+    assert [record[0] for record in held["records"]] == skipped["steps"]  # written after the skip, with it
