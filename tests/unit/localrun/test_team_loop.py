@@ -63,11 +63,14 @@ def test_streaming_data_schedule_ema_and_own_evaluation_go_on_where_the_checkpoi
 def test_a_forward_overflow_that_poisons_batchnorm_statistics_is_never_checkpointed_as_good(tmp_path: Path) -> None:
     """One fp16 forward overflow (step 14) leaves BatchNorm's running statistics (and the EMA's)
     NaN for good while GradScaler keeps the weights finite. Before, every later checkpoint held
-    them and the job ended Succeeded in fp16 on a model whose evaluation is NaN."""
+    them and the job ended Succeeded in fp16 on a model whose evaluation is NaN; then the fp16
+    attempt trained on from poison to its last step (40). The precision ends at the first
+    checkpoint that finds them (step 20), with no extra sync per step."""
     _, report, out = mpjob_run_json(tmp_path, manifest("team", {"overflowAt": 13, "overflowUntil": 14}))
     ends = [(a["precision"], a["reason"], a["startStep"]) for a in report["attempts"]]
     assert ends == [("fp16", "NumericFault", 0), ("bf16", "Succeeded", 10)]
-    assert "buffers are non-finite" in report["attempts"][0]["message"]
+    assert "buffers are non-finite at step 20" in report["attempts"][0]["message"]
+    assert max(lines(out, 0, "DATA")) == 20  # not one step trained past the checkpoint that found them
     state = torch.load(out / "checkpoints" / "step-000000040" / "state.pt", weights_only=True)
     for name in ("model", "ema"):
         assert all(torch.isfinite(t).all() for t in state[name].values() if t.is_floating_point()), name

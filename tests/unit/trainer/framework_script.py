@@ -1,13 +1,16 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
-    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--deep] [--slow P]
+    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--overflow-until STEP]
+                                              [--batchnorm] [--deep] [--slow P]
                                               [--quarantine STEP,...] [--empty-step STEP]
                                               [--spike-at STEP] [--loss-func] [--val-output K]
                                               [--log-losses] [--truncate STEP:FILE[:rehash]]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
-inf in fp16, finite in fp32 (a precision's fault). `--deep`: a 32x32 linear between the first
+inf in fp16, finite in fp32 (a precision's fault), up to step `--overflow-until` (excluded) if
+given. `--batchnorm`: a BatchNorm after the LayerNorm (one fp16 overflow leaves its running
+statistics NaN for good, GradScaler keeping the weights finite). `--deep`: a 32x32 linear between the first
 and the last (one an fp8 attempt converts: it keeps those two in bf16), and the script logs
 the dtype the first linear's output has in training on stderr (`activation dtype: D`).
 `--slow P` (Lightning): each training step sleeps 0.3 s while the session's precision is P, a
@@ -80,7 +83,14 @@ def log_activation_once(module: nn.Module, inputs: Any, output: torch.Tensor) ->
 
 class Net(nn.Module):
     def __init__(
-        self, overflow_at: int | None, *, deep: bool = False, spike_at: int | None = None, predicts_only: bool = False
+        self,
+        overflow_at: int | None,
+        *,
+        deep: bool = False,
+        spike_at: int | None = None,
+        predicts_only: bool = False,
+        overflow_until: int | None = None,
+        batchnorm: bool = False,
     ) -> None:
         super().__init__()
         inp, norm, out = nn.Linear(FEATURES, 32), nn.LayerNorm(32), nn.Linear(32, 1)
@@ -89,14 +99,17 @@ class Net(nn.Module):
         self.inp, self.norm = inp, norm
         self.mid = nn.Sequential(nn.Linear(32, 32), nn.ReLU()) if deep else nn.Identity()
         self.out = out
+        self.bn = nn.BatchNorm1d(32) if batchnorm else nn.Identity()  # no random draws: the same weights
+        self.overflow_until = overflow_until
         self.overflow_at, self.step, self.predicts_only = overflow_at, 0, predicts_only
         self.spikes = range(spike_at, spike_at + 3) if spike_at is not None else range(0)
         if deep:
             self.inp.register_forward_hook(log_activation_once)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        gain = 1e6 if self.overflow_at is not None and self.step >= self.overflow_at else 1.0
-        h = self.out(self.mid(torch.relu(self.norm(self.inp(x) * gain))))
+        until = self.overflow_until if self.overflow_until is not None else self.step + 1
+        gain = 1e6 if self.overflow_at is not None and self.overflow_at <= self.step < until else 1.0
+        h = self.out(self.mid(torch.relu(self.bn(self.norm(self.inp(x) * gain)))))
         h = h * 1e3 if self.step in self.spikes else h
         return {"prediction": h} if labels is None or self.predicts_only else {"loss": squared_error(h, labels)}
 
@@ -231,6 +244,8 @@ def main() -> None:
     parser.add_argument("framework", choices=["hf", "lightning"])
     parser.add_argument("--poison", type=int, default=None)
     parser.add_argument("--overflow-at", type=int, default=None)
+    parser.add_argument("--overflow-until", type=int, default=None)
+    parser.add_argument("--batchnorm", action="store_true")
     parser.add_argument("--deep", action="store_true")
     parser.add_argument("--slow", default=None)
     parser.add_argument("--quarantine", default=None)
@@ -245,7 +260,14 @@ def main() -> None:
     with mpjob.start() as run:
         for step in opts.quarantine.split(",") if opts.quarantine else []:
             run.quarantined.add(int(step), "data")
-        net = Net(opts.overflow_at, deep=opts.deep, spike_at=opts.spike_at, predicts_only=opts.loss_func)
+        net = Net(
+            opts.overflow_at,
+            deep=opts.deep,
+            spike_at=opts.spike_at,
+            predicts_only=opts.loss_func,
+            overflow_until=opts.overflow_until,
+            batchnorm=opts.batchnorm,
+        )
         if opts.framework == "hf":
             hf(run, net, Regression(opts.poison), opts.pace, opts.loss_func)
         else:

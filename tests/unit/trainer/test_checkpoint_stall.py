@@ -101,7 +101,7 @@ def test_only_rank_0_reserves_staging_buffers_and_a_framework_none(tmp_path: Pat
         checkpoints.reserve(lambda: {"model": model.state_dict()})
         checkpoints.staging.reserved()
         assert (checkpoints.staging.buffer(("model", "0.weight")) is not None) is (rank == 0)
-    framework = FrameworkCheckpointer(checkpoints, write=lambda folder: folder, parameters=model.parameters)
+    framework = FrameworkCheckpointer(checkpoints, write=lambda folder: folder, model=model)
     framework.reserve(lambda: {"model": model.state_dict()})  # its saves are synchronous: no buffers
     framework.staging.reserved()
     assert framework.staging.buffer(("model", "0.weight")) is None

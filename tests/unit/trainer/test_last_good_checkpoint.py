@@ -97,7 +97,7 @@ def test_a_save_that_fails_leaves_the_last_good_one(tmp_path: Path) -> None:
 def test_a_framework_checkpointer_takes_over_the_last_good_one_and_moves_it_on(tmp_path: Path) -> None:
     base = _checkpointer(CheckpointStore(tmp_path, keep=5, config_digest="d", job=JOB))
     base.save(10, "fp32", _state(10), final=True)
-    framework = FrameworkCheckpointer(base, write=lambda staging: staging, parameters=lambda: [torch.ones(2)])
+    framework = FrameworkCheckpointer(base, write=lambda staging: staging, model=torch.nn.Linear(2, 2))
     assert framework.last_good == base.last_good
     framework.save(20, "fp32", _state(20), final=True)
     assert framework.last_good is not None and framework.last_good.step == 20
@@ -119,7 +119,7 @@ def test_two_framework_saves_of_one_step_never_write_into_each_others_staging(tm
 
     def framework(name: str) -> FrameworkCheckpointer:
         base = _checkpointer(CheckpointStore(tmp_path, keep=5, config_digest="d", job=JOB))
-        return FrameworkCheckpointer(base, write=write(name), parameters=lambda: [torch.ones(2)])
+        return FrameworkCheckpointer(base, write=write(name), model=torch.nn.Linear(2, 2))
 
     first, second = framework("first"), framework("second")
     first.save(20, "fp32", _state(20), final=True)

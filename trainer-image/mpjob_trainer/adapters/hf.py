@@ -245,7 +245,7 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     if model is None:
         raise ConfigError("the Trainer has no model (model_init is not supported: build the model first)")
     bridge = FrameworkRun(run)
-    bridge.checkpoint_with(_writer(trainer), model.parameters)
+    bridge.checkpoint_with(_writer(trainer), model)
     use_attempt_scaler(bridge, trainer.accelerator)
     run.keep_fp32(model)
     for noisy in (PrinterCallback, ProgressCallback):  # the session's step lines are the progress

@@ -107,7 +107,7 @@ def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
 
     def step(index: int) -> None:
         calls = recorded.batches(index)
-        weights_finite(model.parameters())
+        weights_finite(model)
         optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients may still be there
         with recorded.paused(), class_forward(model):
             for call in calls:
@@ -118,7 +118,7 @@ def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
             run.step(optimizer, clip_norm=clip or None)
 
     if run.launch.precision != "auto":
-        run.register_step(step, weights=FrameworkWeights(model.parameters, hf_reader(model, optimizer)))
+        run.register_step(step, weights=FrameworkWeights(model, hf_reader(model, optimizer)))
     if run.spec.validation.every_steps:
         if trainer.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the Trainer has no eval_dataset")

@@ -217,7 +217,7 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
         trainer.save_checkpoint(staging / CHECKPOINT)  # every rank calls it; rank 0 writes
         return staging
 
-    bridge.checkpoint_with(write, model.parameters)
+    bridge.checkpoint_with(write, model)
     run.keep_fp32(model)
     point = bridge.resume()
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None

@@ -30,7 +30,7 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
 
     def step(index: int) -> None:
         batches = recorded.batches(index)
-        weights_finite(module.parameters())
+        weights_finite(module)
         optimizer.zero_grad(set_to_none=True)  # the faulting step's gradients are still there
         with recorded.paused(), clipping(trainer, module, optimizer), unlogged(module):
             for k, batch in enumerate(batches):  # each weighed by its samples, as training weighs it
@@ -38,7 +38,7 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
                 run.backward(loss, samples=extract_batch_size(batch) or None)
             run.step(optimizer)
 
-    weights = FrameworkWeights(module.parameters, lightning_reader(module, optimizer))
+    weights = FrameworkWeights(module, lightning_reader(module, optimizer))
     run.register_step(step, modules=[module], weights=weights)
     if run.spec.validation.every_steps:
         run.evaluate_with(lambda: evaluate(run, trainer, module))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,8 @@ import torch
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.session.framework import framework_folder, parameters_finite
+from mpjob_trainer.session.framework import framework_folder
+from mpjob_trainer.session.state import all_finite, model_tensors
 
 
 class BatchesGone(LookupError):
@@ -97,9 +98,10 @@ class NonFiniteWeights(ValueError):
     """The weights in memory are not finite: a replay from them could tell nothing."""
 
 
-def weights_finite(parameters: Any) -> None:
-    """Raise NonFiniteWeights unless every parameter is finite (one sync: replays only)."""
-    if not parameters_finite(parameters):
+def weights_finite(model: torch.nn.Module) -> None:
+    """Raise NonFiniteWeights unless `model`'s weights and buffers are finite (state.model_tensors;
+    one sync, this rank's: replays only)."""
+    if not all_finite(model_tensors([model]), agree=False):
         raise NonFiniteWeights("the weights in memory are not finite (the fault was applied): no fp32 replay from them")
 
 
@@ -108,11 +110,12 @@ class FrameworkWeights:
     """A framework's live weights for the fp32 replay (session.replay.LiveWeights): `read` loads
     the framework's checkpoint folder into its model and optimizer."""
 
-    parameters: Callable[[], Iterable[torch.Tensor]]
+    model: torch.nn.Module
     read: Callable[[Path], None]
 
     def finite(self) -> bool:
-        return parameters_finite(self.parameters())
+        """This rank's (the replay agrees): its weights and buffers, as a checkpoint holds them."""
+        return all_finite(model_tensors([self.model]), agree=False)
 
     def load(self, ref: CheckpointRef) -> None:
         self.read(framework_folder(ref))

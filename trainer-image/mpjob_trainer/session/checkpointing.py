@@ -24,9 +24,8 @@ training thread waiting for the staging copy only in `before_update`, which an o
 step pre-hook calls before the step may change what is copied; that wait counts into the stall. Collecting a
 save and its outcome happen on every rank (rank 0 alone logs).
 
-The Checkpointer owns the staging buffers and the writer thread; the session and its
-collaborators use only its public methods (open, save, collect, settle, load, reload, back_to, clean_stale,
-last_good, root), never the store's or the writer's internals.
+The Checkpointer owns the staging buffers and the writer thread; the session and its collaborators use only
+its public methods (open, finite, save, collect, settle, reload, back_to, clean_stale, last_good, root).
 """
 
 from __future__ import annotations
@@ -122,16 +121,14 @@ class Checkpointer:
         return opened[0] if opened is not None else None
 
     def hook(self, state: TrainingState) -> None:
-        """Write what `state` holds from now on: a sharded one by every rank, its optimizers waiting
-        for a save's staging copy before they step (`before_update`)."""
+        """Write what `state` holds: a sharded one by every rank, its optimizers awaiting staging (`before_update`)."""
         self.sharded = state.sharded is not None
         for optimizer in state.optimizers() if self.sharded else []:
             optimizer.register_step_pre_hook(lambda *_: self.before_update())
 
     @staticmethod
     def watch(state: TrainingState, numerics: StepNumerics) -> None:
-        """Hook `state`'s optimizers for the guard once a checkpoint is loaded into them (DCP may
-        step an empty optimizer once while loading)."""
+        """Hook `state`'s optimizers for the guard once a checkpoint is loaded (DCP may step an empty one)."""
         for optimizer in state.optimizers():
             numerics.applied.watch(optimizer)
 
@@ -166,6 +163,10 @@ class Checkpointer:
         return loaded
 
     # ---------------------------------------------------------------- saving
+    def finite(self, state: TrainingState) -> bool:
+        """Is what a checkpoint of `state` holds finite (TrainingState.finite)? Every rank: a collective."""
+        return state.finite()
+
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
         """Checkpoint the state `capture` returns at `step`; call on every rank."""
         if self.sharded:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +43,7 @@ from mpjob_trainer.session.agreement import main_says
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.outcomes import RolledBack
 from mpjob_trainer.session.run import Session
+from mpjob_trainer.session.state import TrainingState, all_finite, model_tensors
 
 
 class CheckpointWriter(Protocol):
@@ -65,20 +66,22 @@ class ResumePoint:
 class FrameworkCheckpointer(Checkpointer):
     """Checkpoints the framework writes and the store adopts, on the session's decision."""
 
-    def __init__(self, base: Checkpointer, write: CheckpointWriter, parameters: Callable[[], Iterable[torch.Tensor]]):
+    def __init__(self, base: Checkpointer, write: CheckpointWriter, model: torch.nn.Module):
         super().__init__(base.store, base.world, base.log, base.metrics)
         self.last_good = base.last_good  # it takes over from `base`, what it knows included
         self.write = write
-        self.parameters = parameters
+        self.model = model
+
+    def finite(self, state: TrainingState) -> bool:
+        """Is what the framework's checkpoint holds of its model finite, its buffers included
+        (state.model_tensors, state.all_finite: the SDK's rule)? The session's `state` holds no model."""
+        return all_finite(model_tensors([self.model], state.tensors()))
 
     def reserve(self, capture: Callable[[], dict[str, Any]]) -> None:
         """Nothing: a framework's save is synchronous and stages nothing (no buffers to hold)."""
 
     def save(self, step: int, precision: str, capture: Callable[[], dict[str, Any]], *, final: bool) -> None:
         """Framework save, then adoption on rank 0; synchronous (the framework's save is)."""
-        if not parameters_finite(self.parameters()):  # a sync, only when saving
-            self.log("checkpointSkipped", step=step, why="non-finite weights")
-            return
         # rank 0's name, on every rank: no other trainer's staging (another attempt's, saving this step) has it
         staging = self.store.root / main_says(f".tmp-framework-{step:09d}-{secrets.token_hex(6)}", self.world)
         if self.world.is_main:
@@ -102,11 +105,6 @@ class FrameworkCheckpointer(Checkpointer):
         dist_env.barrier(self.world)
 
 
-def parameters_finite(parameters: Iterable[torch.Tensor]) -> bool:
-    """Is every one of a framework's parameters finite? (A sync per parameter: saves and replays only.)"""
-    return all(bool(torch.isfinite(p.detach()).all()) for p in parameters)
-
-
 def framework_folder(ref: CheckpointRef) -> Path:
     """The framework's own checkpoint inside the mpjob checkpoint `ref`."""
     folder = Path(ref.path) / FRAMEWORK
@@ -127,12 +125,12 @@ class FrameworkRun:
         self.run = run
         run.reenter_on_rollback()
 
-    def checkpoint_with(self, write: CheckpointWriter, parameters: Callable[[], Iterable[torch.Tensor]]) -> None:
-        """From now on the session's checkpoints are the framework's (`write`), adopted; weights
-        that are not finite (`parameters`) are never saved."""
+    def checkpoint_with(self, write: CheckpointWriter, model: torch.nn.Module) -> None:
+        """From now on the session's checkpoints are the framework's (`write`), adopted; a `model`
+        whose weights or buffers are not finite is never saved: the precision ends there."""
         base = self.run.checkpoints
         if not isinstance(base, FrameworkCheckpointer):
-            self.run.checkpoint_with(FrameworkCheckpointer(base, write, parameters))
+            self.run.checkpoint_with(FrameworkCheckpointer(base, write, model))
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:

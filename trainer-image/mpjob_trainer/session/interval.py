@@ -156,13 +156,10 @@ class IntervalWork:
         if not (due.checkpoint or stop):
             checkpoints.reserve(lambda: self._capture(step, state))  # the first save's buffers, ahead
         if due.checkpoint or stop:
+            if (poisoned := self._poisoned(step, state=state, checkpoints=checkpoints)) is not None:
+                return poisoned
             final = step == self.cadence.total or stop or promote
             saved = self._checkpoint(step, state=state, checkpoints=checkpoints, final=final)
-            if not saved and step == self.cadence.total:  # no later step can heal what it ends on
-                return NumericFault(
-                    GuardRule.MAX_NON_FINITE_LOSSES,
-                    f"the weights or buffers are non-finite at the last step, step {step}: the run cannot end on them",
-                )
             if promote and saved:
                 clean = self.cadence.clean_steps(step)
                 self.log("repromote", step=step, cleanSteps=clean)
@@ -193,12 +190,31 @@ class IntervalWork:
         precision = self.numerics.precision
         return state.capture(step, self.numerics.applied.count, precision.precision, precision.scaler)
 
+    def _keeps(self, step: int) -> bool:
+        """May the state at `step` be saved, if finite? Not after an interval that saw numeric trouble,
+        but always at the last step: the run ends on it (overflow-skipped steps left it as it was)."""
+        return self.numerics.guard.healthy() or step == self.cadence.total
+
+    def _poisoned(self, step: int, *, state: TrainingState, checkpoints: Checkpointer) -> NumericFault | None:
+        """The fault that ends the precision at a save whose weights or buffers are non-finite
+        (Checkpointer.finite, a collective: every rank asks): nothing of the state can be saved as
+        good and no later step heals it (NaN running statistics stay NaN), so training on from it
+        would only train on poison to the last step. Checked at saves only: no sync per step."""
+        if not self._keeps(step) or checkpoints.finite(state):
+            return None
+        self.log("checkpointSkipped", step=step, why="non-finite weights or buffers")
+        return NumericFault(
+            GuardRule.MAX_NON_FINITE_LOSSES,
+            f"the weights or buffers are non-finite at step {step}, found at its checkpoint (one forward overflow "
+            "leaves BatchNorm's running statistics NaN for good): nothing of it can be saved, and the precision "
+            "ends here rather than train on from it",
+        )
+
     def _checkpoint(self, step: int, *, state: TrainingState, checkpoints: Checkpointer, final: bool) -> bool:
-        """Save the state at `step`, unless this interval saw numeric trouble (never a bad one).
-        The last step's is saved whenever its weights are finite: the run ends on them (steps
-        skipped as overflowing left them as they were)."""
+        """Save the state at `step` (`_poisoned` found it finite), unless this interval saw
+        numeric trouble (never a bad one)."""
         guard, precision = self.numerics.guard, self.numerics.precision
-        if not ((guard.healthy() or step == self.cadence.total) and state.finite()):
+        if not self._keeps(step):
             self.log("checkpointSkipped", step=step, why="numeric trouble in this window")
             return False
         try:

@@ -22,6 +22,7 @@ therefore reserved names.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -97,6 +98,30 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
+def model_tensors(modules: Iterable[torch.nn.Module], parameters: Iterable[torch.Tensor] = ()) -> list[torch.Tensor]:
+    """What a checkpoint holds of a model, the SDK's and a framework's alike: `parameters` (the
+    trained ones), and every one of `modules`' parameters and floating-point buffers (BatchNorm's
+    running statistics, an EMA copy's), each once. A forward pass changes the buffers even of a
+    step GradScaler skips: one fp16 forward overflow leaves running statistics NaN for good."""
+    held = [*parameters, *(t for m in modules for t in (*m.parameters(), *m.buffers()) if t.is_floating_point())]
+    return list({id(t): t for t in held}.values())
+
+
+def all_finite(tensors: Iterable[torch.Tensor], *, agree: bool = True) -> bool:
+    """Is every one of `tensors` (this rank's shard of a DTensor) finite? One host sync: each one's
+    verdict stays on its device, they are gathered (onto a CUDA device if any is there: device-to-
+    device copies are stream-ordered, not synced) and read once. With `agree`, true on every rank
+    only when true on all (an all-reduce, where there is a process group): a sharded model's rank
+    sees its shards only, and under DDP each rank's forward updates its own buffers from its own
+    batch, so one rank may hold NaN statistics the others do not until the next broadcast."""
+    local = [_local(t) for t in tensors]
+    if not local:
+        return True
+    target = next((t.device for t in local if t.device.type == "cuda"), local[0].device)
+    verdict = torch.stack([torch.isfinite(t.detach()).all().to(target) for t in local]).all()
+    return bool(all_ranks(verdict) if agree else verdict)
+
+
 class TrainingState:
     """The named stateful objects of a run (anything with state_dict/load_state_dict)."""
 
@@ -134,26 +159,14 @@ class TrainingState:
         return [p for o in self.objects.values() if isinstance(o, torch.nn.Module) for p in o.parameters()]
 
     def tensors(self) -> list[torch.Tensor]:
-        """What a checkpoint holds of the model: the trained parameters, and every registered
-        module's parameters and floating-point buffers (BatchNorm's running statistics, an EMA
-        copy's), each once. A forward pass changes the buffers even of a step GradScaler skips."""
-        held = self.parameters() + [
-            t for m in self.modules for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()
-        ]
-        return list({id(t): t for t in held}.values())
+        """What a checkpoint holds of the model (`model_tensors`): the trained parameters, and
+        every registered module's parameters and floating-point buffers."""
+        return model_tensors(self.modules, self.parameters())
 
     def finite(self) -> bool:
-        """May these weights be checkpointed as good? One host sync for all of `tensors()`: each
-        one's verdict stays on its device, they are gathered (onto a CUDA device if any hold
-        parameters: device-to-device copies are stream-ordered, not synced) and read once."""
-        params = [_local(p) for p in self.tensors()]
-        if not params:
-            return True
-        target = next((p.device for p in params if p.device.type == "cuda"), params[0].device)
-        verdict = torch.stack([torch.isfinite(p.detach()).all().to(target) for p in params]).all()
-        if self.sharded:  # each rank sees its shards only: every rank must take the same decision
-            verdict = all_ranks(verdict)
-        return bool(verdict)
+        """May these weights be checkpointed as good? (`all_finite` of `tensors()`: one host sync,
+        one all-reduce where there is a process group: every rank takes the same decision.)"""
+        return all_finite(self.tensors())
 
     def capture(
         self, step: int, applied_steps: int, precision: str, scaler: Any, *, in_memory: bool = False
