@@ -2,7 +2,8 @@
 summed up as `mpjob run` sums up a local one (attempts, recoveries, skips, the last checkpoint,
 cost), and drawn the same way (precision spans, the loss-scale history of status.timeline, each
 attempt's last loss) so a cluster's user can look instead of reading YAML. `mpjob status DIR`
-prints again what `mpjob run --out DIR` printed at its end, from the report.json it left."""
+prints again what `mpjob run --out DIR` printed at its end, from the report.json it left, and
+draws it with --plot from the series.json it left (a run with --no-plot drew no training.png)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mpjob.localrun.folder import REPORT, is_folder_argument
+from mpjob.localrun.folder import REPORT, NotARun, folder_lines, folder_series, is_folder_argument, read_folder
 from mpjob.localrun.paths import default_out
+from mpjob.localrun.series import RunSeries
 from mpjob.summary import summary_lines
 from mpjob_contract import api, formats
 
@@ -47,12 +49,9 @@ def status_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     cluster = bool(args.namespace or args.kubeconfig)
     if is_folder_argument(args.name, cluster=cluster):
-        if cluster or args.plot:
-            parser.error(
-                f"{args.name} is a path: -n, --kubeconfig and --plot are for a job on a cluster "
-                "(a local run draws its plot, training.png, in its folder)"
-            )
-        return _local(Path(args.name))
+        if cluster:
+            parser.error(f"{args.name} is a path: -n and --kubeconfig are for a job on a cluster")
+        return _local(Path(args.name), args.plot)
     try:
         namespace, obj = read_job(args.name, args.namespace, args.kubeconfig)
         status = api.MixedPrecisionJobStatus.model_validate(obj.get("status") or {})
@@ -87,16 +86,23 @@ def _job_or_folder(text: str) -> str:
     )
 
 
-def _local(target: Path) -> int:
-    """The local run's summary, as `mpjob run` printed it at its end (`localrun.folder`)."""
-    from mpjob.localrun.folder import NotARun, folder_lines
-
+def _local(target: Path, plot: Path | None) -> int:
+    """The local run's summary, as `mpjob run` printed it at its end (`localrun.folder`), and with
+    `plot` the run drawn again from the series it recorded, as its end drew training.png."""
     try:
-        print("\n".join(folder_lines(target)))
+        run = read_folder(target)
+        print("\n".join(folder_lines(run)))
     except NotARun as exc:
         print(f"error: {exc}")
         return 1
-    return 0
+    if plot is None:
+        return 0
+    try:
+        series = folder_series(run)
+    except NotARun as exc:
+        print(f"error: --plot {plot}: {exc}")
+        return 1
+    return _plot(plot, run.name, run.status, series)
 
 
 def _named(rule: formats.Format) -> Callable[[str], str]:
@@ -142,7 +148,8 @@ def read_job(name: str, namespace: str | None, kubeconfig: str | None) -> tuple[
     return namespace, obj
 
 
-def _plot(path: Path, title: str, status: api.MixedPrecisionJobStatus) -> int:
+def _plot(path: Path, title: str, status: api.MixedPrecisionJobStatus, series: RunSeries | None = None) -> int:
+    """The job drawn into `path`: from `series` (a local run's record), else from its status alone."""
     try:
         from mpjob.localrun.plot import render
         from mpjob.localrun.series import series_of_status
@@ -151,7 +158,12 @@ def _plot(path: Path, title: str, status: api.MixedPrecisionJobStatus) -> int:
         return 2
     try:
         with path.open("wb") as file:
-            render(series_of_status(status), file, f"{title}: {status.phase}", timeline=status.timeline)
+            render(
+                series_of_status(status) if series is None else series,
+                file,
+                f"{title}: {status.phase}",
+                timeline=status.timeline,
+            )
     except OSError as exc:
         print(f"error: --plot {path}: cannot write it ({exc.strerror or exc})")
         return 2

@@ -9,10 +9,12 @@ killed: the rerun of the same --out ends that attempt and goes on."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from mpjob.localrun import leftover, rerun
 from mpjob.localrun.paths import Paths, Unreadable, held_by_a_run, read_report, recorded_job
+from mpjob.localrun.series import RunSeries, read_series
 from mpjob.planning import history
 from mpjob.summary import summary_lines
 from mpjob_contract import formats
@@ -47,9 +49,20 @@ def ending_lines(name: str, status: MixedPrecisionJobStatus, report: Path, plot:
     return lines
 
 
-def folder_lines(target: Path) -> list[str]:
-    """The summary of the local run whose folder (or report.json) is `target`; NotARun says why
-    there is none."""
+@dataclass(frozen=True)
+class RunFolder:
+    """A local run's folder as read back: where it is, its report and the status it holds, the
+    job's name, and whether a runner holds the folder (None: cannot be told)."""
+
+    root: Path
+    report: Path
+    status: MixedPrecisionJobStatus
+    name: str
+    held: bool | None
+
+
+def read_folder(target: Path) -> RunFolder:
+    """The local run whose folder (or report.json) is `target`; NotARun says why there is none."""
     root, report = (target, target / REPORT) if target.is_dir() else (target.parent, target)
     if report.name != REPORT:
         raise NotARun(f"{target}: not a local run's folder nor its {REPORT}")
@@ -67,7 +80,25 @@ def folder_lines(target: Path) -> list[str]:
         raise NotARun(f"{report}: not a run's report ({exc})") from exc
     except OSError as exc:
         raise NotARun(f"{root}: cannot read it ({exc.strerror or exc})") from exc
-    return _going(root, status, held) + ending_lines(name, status, report, _plot(Paths(root), report, held))
+    return RunFolder(root, report, status, name, held)
+
+
+def folder_lines(run: RunFolder) -> list[str]:
+    """The summary of the local run read back, as `mpjob run` printed it at its end."""
+    plot = _plot(Paths(run.root), run.report, run.held)
+    return _going(run.root, run.status, run.held) + ending_lines(run.name, run.status, run.report, plot)
+
+
+def folder_series(run: RunFolder) -> RunSeries:
+    """The series the run recorded (series.json, written with report.json whether or not it drew
+    its plot: `mpjob run --no-plot`), to draw it later; NotARun says why it cannot be read."""
+    path = Paths(run.root).series
+    if not path.exists() and not path.is_symlink():
+        raise NotARun(f"{run.root}: holds no {path.name}, which the plot is drawn from (`mpjob run` writes it)")
+    try:
+        return read_series(path)
+    except Unreadable as exc:
+        raise NotARun(f"{path}: not a run's series ({exc})") from exc
 
 
 def _going(root: Path, status: MixedPrecisionJobStatus, held: bool | None) -> list[str]:

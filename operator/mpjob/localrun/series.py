@@ -11,10 +11,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mpjob.localrun.files import write_replacing
-from mpjob.localrun.paths import START_OVER, UnusableOut
+from pydantic import TypeAdapter, ValidationError
+
+from mpjob.localrun.files import read_regular, write_replacing
+from mpjob.localrun.paths import START_OVER, Unreadable, UnusableOut
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobStatus
+
+#: The most of a series.json read back: a point is about 200 bytes, so a run that logged a
+#: million steps fits; a bigger file is no run's series (and would not be held to draw it).
+MAX_SERIES_BYTES = 256 << 20
 
 
 @dataclass
@@ -147,23 +153,59 @@ class RunSeries:
     @classmethod
     def load(cls, path: Path) -> RunSeries:
         """What an earlier run of the folder left (UnusableOut: a file it cannot read)."""
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             return cls()
         try:
-            data = json.loads(path.read_bytes())
-            return cls(
-                points=[Point(**_figures(p)) for p in data.get("points", [])],
-                evals=[EvalPoint(**_figures(e)) for e in data.get("evals", [])],
-                spans=[Span(**s) for s in data.get("spans", [])],
-                skips=[SkipMark(**s) for s in data.get("skips", [])],
-            )
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            why = f"{type(exc).__name__}: {exc}"[:200]
-            raise UnusableOut(f"{path.parent}: series.json is not a run's series ({why}): {START_OVER}") from exc
+            return read_series(path)
+        except Unreadable as exc:
+            raise UnusableOut(f"{path.parent}: series.json is not a run's series ({exc}): {START_OVER}") from exc
+
+
+#: The saved series as checked before it is used: each list of the dataclass it holds, typed.
+_SAVED = TypeAdapter(dict[str, list[Any]])
+_KINDS: dict[str, TypeAdapter[Any]] = {
+    "points": TypeAdapter(list[Point]),
+    "spans": TypeAdapter(list[Span]),
+    "evals": TypeAdapter(list[EvalPoint]),
+    "skips": TypeAdapter(list[SkipMark]),
+}
+
+
+def read_series(path: Path) -> RunSeries:
+    """The series a run saved at `path`, read as untrusted (what ran in the trainers can put
+    anything in the folder): a regular file (not a link, nor a FIFO that would hang the read) of
+    at most MAX_SERIES_BYTES, each figure of the type the run writes; Unreadable says why not."""
+    data = read_regular(path, MAX_SERIES_BYTES + 1)
+    if data is None:
+        raise Unreadable("missing, a link or not a regular file")
+    if len(data) > MAX_SERIES_BYTES:
+        raise Unreadable(f"over {MAX_SERIES_BYTES} bytes")
+    try:
+        saved = _SAVED.validate_json(data)
+    except ValidationError as exc:
+        raise Unreadable(_first(exc)) from exc
+    return RunSeries(**{kind: _checked(kind, saved.get(kind, []), adapter) for kind, adapter in _KINDS.items()})
+
+
+def _checked(kind: str, saved: list[Any], adapter: TypeAdapter[Any]) -> list[Any]:
+    """One list of a saved series, each entry checked as its dataclass; Unreadable names the
+    first entry that is not one from the series' top (points.3.step)."""
+    try:
+        return adapter.validate_python([_figures(entry) for entry in saved])  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise Unreadable(f"{kind}.{_first(exc)}") from exc
+
+
+def _first(exc: ValidationError) -> str:
+    """The first problem of a check, where it is and what: '0.step: Input should be a valid integer'."""
+    first = exc.errors()[0]
+    return f"{'.'.join(map(str, first['loc'])) or 'its top'}: {first['msg']}"[:300]
 
 
 def _figures(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved point with its non-finite figures, written by name ("nan", "inf"), numbers again."""
+    if not isinstance(saved, dict):
+        return saved  # refused by its dataclass's check
     return {k: float(v) if isinstance(v, str) and v in ("nan", "inf", "-inf") else v for k, v in saved.items()}
 
 

@@ -17,6 +17,7 @@ from mpjob.cli import main
 from mpjob.localrun import leftover
 from mpjob.localrun.cli import run_command
 from mpjob.localrun.paths import MAX_REPORT_BYTES, Paths, prepare
+from mpjob.localrun.series import RunSeries
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.binding import bound_settings
@@ -178,10 +179,61 @@ def test_neither_a_folder_nor_a_name_says_both_forms_are_taken(
 
 def test_a_cluster_option_beside_a_path_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     paths = run_folder(tmp_path / "out", ENDED)
-    for option in (["-n", "team"], ["--kubeconfig", "/nonexistent"], ["--plot", str(tmp_path / "p.png")]):
+    for option in (["-n", "team"], ["--kubeconfig", "/nonexistent"]):
         with pytest.raises(SystemExit) as ended:
             main(["status", str(paths.root), *option])
         assert ended.value.code == 2 and "are for a job on a cluster" in capsys.readouterr().err
+
+
+def recorded_series() -> RunSeries:
+    """What the run of ENDED recorded: its attempts' spans and step lines."""
+    series = RunSeries()
+    for attempt, precision, start, end in ((0, "fp16", 0, 20), (1, "bf16", 10, 30)):
+        series.begin_attempt(attempt, precision, start)
+        for step in range(start + 5, end + 1, 5):
+            line = events.parse_line(events.format_line("step", {"step": step, "loss": 2.0}))
+            assert line is not None
+            series.ingest(attempt, precision, line)
+        series.end_attempt(attempt, end, "NumericFault" if attempt == 0 else "ConfigError")
+    return series
+
+
+def test_a_folder_is_drawn_later_from_the_series_it_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run with --no-plot drew no training.png but left its series.json: `--plot FILE` draws it
+    from that (it was refused for any folder: 'are for a job on a cluster')."""
+    paths = run_folder(tmp_path / "out", ENDED)
+    recorded_series().save(paths.series)
+    png = tmp_path / "later.png"
+    code, lines = status(capsys, str(paths.root), "--plot", str(png))
+    assert code == 0 and lines == [*SUMMARY, f"  report: {paths.report}", f"  plot: {png}"], lines
+    assert png.read_bytes()[:4] == b"\x89PNG" and not paths.plot.exists()  # the folder's own is left alone
+
+
+@pytest.mark.parametrize(
+    ("series", "said"),
+    [
+        (None, "holds no series.json, which the plot is drawn from (`mpjob run` writes it)"),
+        ('{"points": [{"attempt": 0}]}', "series.json: not a run's series (points.0.precision: Field required)"),
+        ("link", "series.json: not a run's series (missing, a link or not a regular file)"),
+    ],
+    ids=["missing", "damaged", "a-link"],
+)
+def test_a_folder_without_a_readable_series_is_summed_up_and_its_plot_refused(
+    tmp_path: Path, series: str | None, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = run_folder(tmp_path / "out", ENDED)
+    if series == "link":
+        recorded_series().save(tmp_path / "elsewhere.json")
+        paths.series.symlink_to(tmp_path / "elsewhere.json")
+    elif series is not None:
+        paths.series.write_text(series)
+    png = tmp_path / "later.png"
+    code, lines = status(capsys, str(paths.root), "--plot", str(png))
+    assert code == 1 and lines[:-1] == [*SUMMARY, f"  report: {paths.report}"], lines
+    assert lines[-1].startswith(f"error: --plot {png}: ") and lines[-1].endswith(said), lines
+    assert not png.exists()
 
 
 def test_a_name_with_a_cluster_option_is_the_clusters_job_even_beside_a_folder(

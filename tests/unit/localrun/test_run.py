@@ -91,7 +91,8 @@ def test_success_path_writes_the_status_and_a_plot(tmp_path: Path) -> None:
 @pytest.mark.process
 def test_no_plot_draws_nothing_and_the_last_line_names_only_the_report(tmp_path: Path) -> None:
     """`--no-plot` (this module's runs but the one above pass it): the run ends the same,
-    series.json written, no training.png, and the summary's last JSON line names no plot."""
+    series.json written, no training.png, and the summary's last JSON line names no plot;
+    `mpjob status DIR --plot FILE` draws it later from its series.json."""
     job = manifest(tmp_path, precision={"mode": "bf16"}, training={"steps": 10, "batchSize": 4, "logEvery": 5})
     result = mpjob_run(str(job), "--out", str(tmp_path / "out"), "--json")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -99,6 +100,14 @@ def test_no_plot_draws_nothing_and_the_last_line_names_only_the_report(tmp_path:
     assert last["phase"] == "Succeeded" and last["report"] == str(tmp_path / "out" / "report.json")
     assert "plot" not in last and "training.png" not in last["message"]
     assert (tmp_path / "out" / "series.json").exists() and not (tmp_path / "out" / "training.png").exists()
+    later = subprocess.run(  # drawn later from the folder, from the series.json the run left
+        [sys.executable, "-m", "mpjob.cli", "status", str(tmp_path / "out"), "--plot", str(tmp_path / "later.png")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert later.returncode == 0 and later.stdout.endswith(f"  plot: {tmp_path / 'later.png'}\n"), later
+    assert (tmp_path / "later.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def run_overflowing(tmp_path: Path, **spec: object) -> tuple[subprocess.CompletedProcess[str], dict]:

@@ -73,7 +73,7 @@ def test_run_help_says_stdin_is_read_from_a_dash(capsys: pytest.CaptureFixture[s
     [
         (["", "--kubeconfig", "/nonexistent"], "argument NAME|DIR: '': neither a local run's folder"),
         (["a/b", "--kubeconfig", "/nonexistent"], "argument NAME|DIR: 'a/b': neither a local run's folder"),
-        (["/", "--kubeconfig", "/nonexistent"], "/ is a path: -n, --kubeconfig and --plot are for a job on a cluster"),
+        (["/", "--kubeconfig", "/nonexistent"], "/ is a path: -n and --kubeconfig are for a job on a cluster"),
         (["job", "-n", "Team/x", "--kubeconfig", "/nonexistent"], "argument -n/--namespace: 'Team/x': must be"),
     ],
     ids=["empty-name", "name-with-a-slash", "a-path", "bad-namespace"],
