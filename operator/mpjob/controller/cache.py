@@ -250,6 +250,7 @@ def _view(job: JobRecord, pods: list[PodView], create_error: str | None) -> JobV
     """What the planner reads of the attempt Job `job` with its `pods`."""
     return JobView(
         index=job.attempt,
+        uid=job.uid,
         finished=job.finished,
         reason=job.reason,
         pods=tuple(sorted(pods, key=lambda p: p.name)),

@@ -97,6 +97,16 @@ def seen_usage(
     return usage
 
 
+def own_jobs(status: MixedPrecisionJobStatus, views: Mapping[int, JobView]) -> dict[int, JobView]:
+    """`views` less the stray Jobs among them (`history.strays`, by their uids: made for an
+    attempt `status` has ended, which records another Job or none for it; the operator deletes
+    them): their pods are not the attempt's, whose cost stays what it was when it ended. `status`
+    is the one read, before this reconcile ends anything: an attempt ending now whose Job's uid
+    is not recorded yet (`lifecycle.made`) is charged its own Job. A view without a uid is kept."""
+    strays = history.strays(status, {index: view.uid for index, view in views.items() if view.uid})
+    return {index: view for index, view in views.items() if index not in strays}
+
+
 def deleted_job(
     status: MixedPrecisionJobStatus, attempt: AttemptStatus, job: JobView, spec: MixedPrecisionJobSpec, now: datetime
 ) -> None:

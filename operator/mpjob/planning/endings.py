@@ -68,6 +68,9 @@ class JobView:
     quota_short: bool = False
     #: Since when the Job waits suspended (its Suspended condition's time, else its creation's).
     suspended_since: str | None = None
+    #: The Job's UID: whether the status records it as its attempt's own (`cost.own_jobs`); ""
+    #: where not known.
+    uid: str = ""
 
 
 #: The ending of an attempt stopped at runPolicy.activeDeadlineSeconds (its Job's own deadline,

@@ -48,15 +48,15 @@ def reconcile(
     stopped: dict[int, JobView] | None = None,
     retries: backoff.RetryBackoff = backoff.JOB_CONTROLLER,
 ) -> Plan:
-    """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose
-    Job is gone but some pod still runs (terminating); `stopped` those whose Job is gone and whose
-    pods have all stopped, as last seen (`cutoff.heard`); `fits` the workers of the job the cluster
-    holds now (spec.elastic grows on it; None: not read); `changes` the fallbacks in place a
-    read of the running attempt found (`inplace.record` keeps those the status lacks);
-    `unseen_for` the seconds the operator has been reading the running attempt without a reading
-    of its own yet (None: it has one; `cutoff.stalled`); `retries` the wait before an attempt that
-    retries a failure as it was (`backoff`: its Job is created by a reconcile once it is due, which
-    `Plan.requeue_after` asks for)."""
+    """Decide what to do. `jobs` are the attempt Jobs that exist; `lingering` the attempts whose Job is gone
+    but some pod still runs (terminating); `stopped` those whose Job is gone and whose pods have all stopped,
+    as last seen (`cutoff.heard`); `fits` the workers of the job the cluster holds now (spec.elastic grows on
+    it; None: not read); `changes` the fallbacks in place a read of the running attempt found
+    (`inplace.record` keeps those the status lacks); `unseen_for` the seconds the operator has been reading
+    the running attempt without a reading of its own yet (None: it has one; `cutoff.stalled`); `retries` the
+    wait before an attempt that retries a failure as it was (`backoff`: its Job is created by a reconcile
+    once it is due, which `Plan.requeue_after` asks for). Only the attempts' own Jobs are charged."""
+    charged = cost.own_jobs(status, jobs), cost.own_jobs(status, stopped or {})  # from the status read
     plan = _opened(spec, status, generation)
     status = plan.status
     when = When(st.stamp(now), generation)
@@ -86,7 +86,7 @@ def reconcile(
         settle(plan, when)  # it waits on nothing any more
     _retire(plan, jobs)
     cutoff.sweep(plan, jobs)
-    cost.account(plan.status, spec, cost.seen_usage(plan.status, jobs, spec, now, stopped))
+    cost.account(plan.status, spec, cost.seen_usage(plan.status, charged[0], spec, now, charged[1]))
     newest = plan.status.attempts[-1].index if plan.status.attempts else None
     if any(s.index == newest for s in plan.create) and (wait := backoff.held(plan, when, retries, now)) is not None:
         plan.create = [s for s in plan.create if s.index != newest]  # its Job waits out its backoff
