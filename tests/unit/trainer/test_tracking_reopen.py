@@ -129,3 +129,39 @@ def test_a_second_open_does_only_what_the_first_left(uri: str) -> None:
     runs.open(job_name="j", attempt=1, params={}, tags={})
     assert runs.complete and runs.attempt_run == made
     assert tracking_client(uri).get_run(died.attempt_run).info.status == "KILLED"
+
+
+def test_a_run_a_change_did_not_end_is_ended_at_a_later_try_as_the_change_ended_it(
+    uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses to end attempt 0's run at the fallback in place (a folder where it writes
+    the run's `mpjob.ending` tag); attempt 1's run is made. Before, attempt 0's run stayed RUNNING
+    in this process, to be ended KILLED 'Unreported' by another; now it is tried again with the
+    next records (each REOPEN_SECONDS) and ended as the change ended it: FAILED, with the fault,
+    at the change's moment. The failure is told once, a try failing again counted."""
+    monkeypatch.setattr(tracking, "REOPEN_SECONDS", 0.0)
+    lines = io.StringIO()
+    tracker = tracker_for(uri, lines)
+    step(tracker, 5, "fp16")
+    _, (first,) = opened(uri, tracker, attempts=1)
+    refused = ending_refused(uri, first)
+    tracker("precisionChanged", changed("fallback", 1, 6, 0, "bf16", "MaxConsecutiveOverflows", "m"))
+    step(tracker, 10, "bf16")  # the change is sent with the first record after it
+    _, (first, _) = opened(uri, tracker, attempts=2)
+    assert first.info.status == "RUNNING" and tracker.failed == 1
+    step(tracker, 15, "bf16")  # tried again, failing again
+    wait_for(lambda: tracker.failed >= 2, 60, message="the failed try")
+    shutil.rmtree(refused)
+    step(tracker, 20, "bf16")
+    wait_for(lambda: runs_of(uri)[1][0].info.status == "FAILED", 60, message="attempt 0's run ended")
+    step(tracker, 40, "bf16")
+    tracker("done", {"time": 50.0, "step": STEPS})
+    tracker.close(0)
+
+    job, (first, second) = runs_of(uri)
+    assert [r.info.status for r in (job, first, second)] == ["FINISHED", "FAILED", "FINISHED"]
+    assert first.data.tags["mpjob.ending"] == "NumericFault" and first.info.end_time == 6250  # the change's `at`
+    assert first.data.tags["mpjob.fallbackReason"] == "MaxConsecutiveOverflows: m (step 6)"
+    assert steps_of(uri, first) == [5] and steps_of(uri, second) == [10, 15, 20, 40]
+    (error,) = told(lines)
+    assert "ending attempt 0's run" in error, error

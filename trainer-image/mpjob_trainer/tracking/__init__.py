@@ -18,7 +18,9 @@ the attempt's run as the restart's exit would have ended it and opens the next a
 job tracks alike however it recovers. Every update carries the attempt it was written in and
 the change is kept beside the queue, never on it: a full queue drops updates, never a change,
 so no attempt's records land in another attempt's run. A change the server took only in part
-(mlflow_run.ChangeIncomplete) sends nothing more to the ended attempt's run.
+(mlflow_run.ChangeIncomplete) sends nothing more to the ended attempt's run; an end of that run
+it refused is owed, tried again as below and at the attempt's end, so the run ends as the change
+ended it (not KILLED 'Unreported' by a later attempt's process, RUNNING meanwhile).
 
 What the runs lack is tried again every REOPEN_SECONDS (at the next records, never in a loop of
 its own), and what was made is kept meanwhile: once the job's run is open (RUNNING), records
@@ -62,7 +64,8 @@ QUEUE_SIZE = 1024
 BATCH_UPDATES = 64
 CLOSE_SECONDS_ENV = "MPJOB_TRACKING_CLOSE_SECONDS"
 #: What the runs lack (the server not reached at the start, the attempt's run not made at the
-#: start or at a change in place) is tried again this often, at the next records.
+#: start or at a change in place, the end of the run a change in place ended) is tried again
+#: this often, at the next records.
 REOPEN_SECONDS = 30.0
 
 

@@ -91,6 +91,9 @@ class MlflowRuns:
         #: What open has done (called again after a failure partway, it does what is left).
         self.params_owed = False
         self.swept = False
+        #: The runs changes in place ended whose end the server did not take (run -> its change):
+        #: ended as the change ended them at the next open (the tracker's retries) or at the end.
+        self.ends_owed: dict[str, Change] = {}
 
     def open(self, *, job_name: str, attempt: int, params: dict[str, str], tags: dict[str, str]) -> None:
         """Find or make the experiment, the job's run (with its params) and the attempt's run.
@@ -106,6 +109,8 @@ class MlflowRuns:
             owed.append(("logging the job's params", lambda: self._params(params)))
         if not self.swept:
             owed.append(("ending earlier attempts' runs left RUNNING", lambda: self._end_unreported(attempt)))
+        if self.ends_owed:
+            owed.append(("ending the runs changes in place ended", self._end_owed))
         if not self.attempt_run:
             owed.append((f"opening attempt {attempt}'s run", lambda: self.begin(job_name, attempt, tags)))
         failed = []
@@ -120,7 +125,7 @@ class MlflowRuns:
     @property
     def complete(self) -> bool:
         """Whether all open does is done (else the next call does what is left)."""
-        return bool(self.attempt_run) and not self.params_owed and self.swept
+        return bool(self.attempt_run) and not self.params_owed and self.swept and not self.ends_owed
 
     def _job_run(self, job_name: str) -> str:
         """The job's run, RUNNING: made by the job's first attempt (its params owed), else found
@@ -179,8 +184,16 @@ class MlflowRuns:
 
     def _end_changed(self, run: str, change: Change) -> None:
         if run:
+            self.ends_owed[run] = change
+            self._end_owed()
+
+    def _end_owed(self) -> None:
+        """End each run a change in place ended as that change ended it (its ending tags, its
+        status, at its moment); one the server refuses stays owed, its run RUNNING meanwhile."""
+        for run, change in list(self.ends_owed.items()):
             self._tag(run, change.ending_tags)
             self.client.set_terminated(run, status=change.status, end_time=change.at_ms)
+            del self.ends_owed[run]
 
     def _begin_changed(self, change: Change, job_name: str) -> None:
         self.begin(job_name, change.attempt, change.tags)
@@ -203,16 +216,24 @@ class MlflowRuns:
 
     def end(self, *, status: str, tags: dict[str, str], job_done: bool) -> None:
         """End the attempt's run (if it has one: a change in place or an open may have failed to
-        make it) and the job's (if open): FINISHED when this attempt finished the job, else as the attempt ended.
+        make it) and the job's (if open): FINISHED when this attempt finished the job, else as the attempt ended;
+        runs changes in place ended whose end the server refused (`ends_owed`) are tried once more.
         Whether another attempt follows is the planner's decision, made after this process is
         gone: the next attempt sets the job's run RUNNING again, so a job that fails for good
         leaves it FAILED, never RUNNING."""
         now = int(time.time() * 1000)
+        missed: Exception | None = None
+        try:  # a last try at the runs changes in place ended; what fails is raised once these end
+            self._end_owed()
+        except Exception as exc:
+            missed = exc
         if self.attempt_run:
             self._tag(self.attempt_run, tags)
             self.client.set_terminated(self.attempt_run, status=status, end_time=now)
         if self.job_run and (job_done or status != "FINISHED"):
             self.client.set_terminated(self.job_run, status="FINISHED" if job_done else status, end_time=now)
+        if missed is not None:
+            raise missed
 
     def _end_unreported(self, attempt: int) -> None:
         """End the runs of earlier attempts still RUNNING: their processes died before ending
