@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
@@ -41,6 +42,16 @@ from mpjob_trainer.checkpoint.shards import SHARDS, rank_file
 from mpjob_trainer.checkpoint.staging import snapshot
 from mpjob_trainer.checkpoint.store import SaveResult
 from mpjob_trainer.errors import ConfigError
+
+
+class StateOnlyWriter(dcp.FileSystemWriter):
+    """DCP's file writer whose index (.metadata) holds the state's layout and nothing of the save:
+    FileSystemWriter pickles its folder (a temporary name, the run's --out) and a random save id
+    into it, so two saves of one state hashed apart, and the state sha256 (the manifest's digest
+    of every file) named the save, not the state. Loading never reads either."""
+
+    def storage_meta(self) -> StorageMeta | None:
+        return None
 
 
 @dataclass
@@ -97,7 +108,7 @@ class ShardedWriter:
         """DCP's asynchronous save of this rank's shards; `staged` completes with the copy."""
         tmp = self._folder(step)
         tmp.mkdir(parents=True, exist_ok=True)
-        writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, sync_files=True, thread_count=1)
+        writer = StateOnlyWriter(str(tmp), single_file_per_rank=True, sync_files=True, thread_count=1)
         response = dcp.async_save(
             shards,
             storage_writer=writer,
