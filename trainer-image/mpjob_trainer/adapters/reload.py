@@ -12,7 +12,18 @@ as on the SDK's path. A sound checkpoint the replay cannot read this way (no suc
 saved as `pytorch_model.bin`; a custom object `weights_only` refuses to unpickle) and running
 out of memory stay the replay's failure (inconclusive: the precision is blamed), never a mark. A
 data verdict then re-enters the framework from the same checkpoint through its own resume,
-which restores everything else (schedules, RNG, loops)."""
+which restores everything else (schedules, RNG, loops).
+
+What is read is held to the rules the SDK's own restore holds its checkpoints to, by the same
+functions, all of it before the model or the optimizer is touched: each weight a tensor (else
+CorruptCheckpoint) of this run's module's names and shapes (else a ConfigError: the model changed;
+a Trainer's weights file holds tied weights once) and dtypes (checkpoint.dtypes), its modules able
+to take back their extra states (checkpoint.extra_state), the optimizer state one an optimizer
+writes that agrees with the checkpoint's weights (else CorruptCheckpoint) and another
+configuration's than this run's optimizer (another kind of optimizer, other settings) a ConfigError
+(checkpoint.optimizer_state). The optimizer then loads first, with this run's implementation flags
+(session.fits.load_fitting: what torch's load or the kind's own state refuses is a ConfigError),
+the model last. Messages name the checkpoint, its file and the field."""
 
 from __future__ import annotations
 
@@ -24,52 +35,59 @@ from typing import Any
 import torch
 from torch import nn
 
+from mpjob_trainer.checkpoint.dtypes import check_module_dtypes
+from mpjob_trainer.checkpoint.extra_state import check_extra_states
 from mpjob_trainer.checkpoint.manifest import FRAMEWORK, CorruptCheckpoint
+from mpjob_trainer.checkpoint.optimizer_state import check_current, is_optimizer_state
+from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.fits import load_fitting
+from mpjob_trainer.session.state import state_kind_problem
 
 #: What the Hugging Face Trainer names its weights and optimizer state in a checkpoint.
 HF_WEIGHTS, HF_OPTIMIZER = "model.safetensors", "optimizer.pt"
 #: What the Lightning adapter names Lightning's checkpoint inside the mpjob checkpoint.
 LIGHTNING_CHECKPOINT = "lightning.ckpt"
+#: The fields of a Lightning checkpoint the replay reads: its module's weights, its optimizers' states.
+WEIGHTS, OPTIMIZERS = "state_dict", "optimizer_states"
 
 
 def hf_weights(model: nn.Module, folder: Path) -> None:
-    """The weights of the Trainer's checkpoint `folder` into `model`, read as the replay reads them
-    (CorruptCheckpoint when the file does not load, before `model` is touched)."""
-    from safetensors.torch import load_file  # the Trainer's own dependency
-
-    device = _device(model)
-    _weights_into(model, folder, _read(folder, HF_WEIGHTS, lambda path: load_file(path, device=str(device))))
-
-
-def _weights_into(model: nn.Module, folder: Path, weights: dict[str, torch.Tensor]) -> None:
-    unexpected = model.load_state_dict(weights, strict=False).unexpected_keys
-    if unexpected:  # missing keys are tied weights the file holds once
-        raise ValueError(f"{folder / HF_WEIGHTS} holds weights the model has not: {unexpected[:5]}")
+    """The weights of the Trainer's checkpoint `folder` into `model`, read and checked as the
+    replay reads them (see above), before `model` is touched."""
+    weights = _hf_read_weights(model, folder)
+    model.load_state_dict(weights, strict=False)  # checked: what is missing is tied to what is there
 
 
 def hf_reader(model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Path], None]:
     """The replay's reading of a Trainer checkpoint folder into `model` and `optimizer` (see above)."""
 
     def read(folder: Path) -> None:
-        from safetensors.torch import load_file
-
-        device = _device(model)
-        weights = _read(folder, HF_WEIGHTS, lambda path: load_file(path, device=str(device)))
-        state = _read(folder, HF_OPTIMIZER, lambda path: _torch_load(path, device))
-        _weights_into(model, folder, weights)
-        optimizer.load_state_dict(state)
+        weights = _hf_read_weights(model, folder)
+        state = _read(folder, HF_OPTIMIZER, lambda path: _torch_load(path, _device(model)))
+        where = _where(folder, HF_OPTIMIZER)
+        _check_optimizer({"model": weights, "optimizer": state}, {"model": model, "optimizer": optimizer}, where)
+        load_fitting(optimizer, state, f"{where}'s 'optimizer'", type(optimizer).__name__)
+        model.load_state_dict(weights, strict=False)
 
     return read
 
 
+def _hf_read_weights(model: nn.Module, folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file  # the Trainer's own dependency
+
+    device = _device(model)
+    weights = _read(folder, HF_WEIGHTS, lambda path: load_file(path, device=str(device)))
+    check_weights(model, weights, _where(folder, HF_WEIGHTS), "model", tied=True)
+    return weights
+
+
 def lightning_weights(module: nn.Module, folder: Path, load: Callable[[Path], Any]) -> None:
     """The weights of the Lightning checkpoint in `folder` into `module`, the file read by `load`
-    (as fit reads it: the strategy's) by the replay's rule: CorruptCheckpoint when it does not load,
-    or holds no `state_dict` of weights, before `module` is touched."""
+    (as fit reads it: the strategy's) and checked by the replay's rule (see above), before
+    `module` is touched."""
     saved = _read(folder, LIGHTNING_CHECKPOINT, load)
-    weights = saved.get("state_dict") if isinstance(saved, dict) else None
-    if not isinstance(weights, dict):
-        raise CorruptCheckpoint(f"{folder.parent.name}: {FRAMEWORK}/{LIGHTNING_CHECKPOINT} holds no state_dict")
+    weights = _field(saved, WEIGHTS, _where(folder, LIGHTNING_CHECKPOINT))
+    check_weights(module, weights, _where(folder, LIGHTNING_CHECKPOINT), WEIGHTS, tied=False)
     module.load_state_dict(weights)
 
 
@@ -77,15 +95,96 @@ def lightning_reader(module: nn.Module, optimizer: torch.optim.Optimizer) -> Cal
     """The replay's reading of the Lightning checkpoint in `folder` into `module` and `optimizer`."""
 
     def read(folder: Path) -> None:
+        where = _where(folder, LIGHTNING_CHECKPOINT)
         saved = _read(folder, LIGHTNING_CHECKPOINT, lambda path: _torch_load(path, _device(module)))
-        module.load_state_dict(saved["state_dict"])
-        optimizer.load_state_dict(saved["optimizer_states"][0])
+        weights, states = _field(saved, WEIGHTS, where), _field(saved, OPTIMIZERS, where, list)
+        if len(states) != 1:
+            problem = f"{where}: its {OPTIMIZERS} holds {len(states)} optimizer states where this run has 1 optimizer"
+            if not states:
+                raise CorruptCheckpoint(problem)
+            raise ConfigError(f"{problem}: it was written by another configuration; start afresh in a new folder")
+        check_weights(module, weights, where, WEIGHTS, tied=False)
+        name = f"{OPTIMIZERS}[0]"
+        _check_optimizer({WEIGHTS: weights, name: states[0]}, {WEIGHTS: module, name: optimizer}, where)
+        load_fitting(optimizer, states[0], f"{where}'s {name}", type(optimizer).__name__)
+        module.load_state_dict(weights)
 
     return read
 
 
+def _field(saved: Any, key: str, where: str, kind: type = dict) -> Any:
+    """What the checkpoint `saved` (of the file `where`) holds under `key`, when it is a `kind`;
+    else CorruptCheckpoint naming the field."""
+    held = saved.get(key) if isinstance(saved, dict) else None
+    if not isinstance(held, kind):
+        what = f"a {type(held).__name__}" if isinstance(saved, dict) and key in saved else "nothing"
+        raise CorruptCheckpoint(f"{where}: holds {what} under {key!r}, where a {kind.__name__} is written")
+    return held
+
+
+def check_weights(module: nn.Module, weights: dict[Any, Any], where: str, name: str, *, tied: bool) -> None:
+    """The weights read from the file `where` (its field `name`) fit this run's `module` (see
+    above), or the error saying why; `tied`: a weight tied to one that is there may be missing."""
+    live = module.state_dict()
+    odd = next((key for key, value in weights.items() if not _tensor_where(live, key, value)), None)
+    if odd is not None:
+        raise CorruptCheckpoint(f"{where}: its {name} holds a {type(weights[odd]).__name__} under {str(odd)[:100]!r}")
+    there = {value.data_ptr() for key, value in live.items() if key in weights and isinstance(value, torch.Tensor)}
+    missing = [key for key, value in live.items() if key not in weights and not (tied and _tied(value, there))]
+    unexpected = [key for key in weights if key not in live]
+    resized = [key for key, value in live.items() if key in weights and _shape(value) != _shape(weights[key])]
+    if missing or unexpected or resized:
+        raise ConfigError(f"{where}: its {name} {_unlike(live, weights, missing, unexpected, resized)}")
+    check_module_dtypes({name: weights}, {name: module}, where)  # checkpoint.dtypes' rule
+    check_extra_states(module, name)
+
+
+def _unlike(
+    live: dict[str, Any], weights: dict[str, Any], missing: list[str], unexpected: list[str], resized: list[str]
+) -> str:
+    """How weights read differ from this run's module's `live` ones, and what to do."""
+    if resized:
+        key = resized[0]
+        found = f"has {key[:100]!r} of shape {_shape(weights[key])} where this run's model has {_shape(live[key])}"
+    elif missing:
+        found = f"lacks {', '.join(key[:100] for key in missing[:5])} of this run's model"
+    else:
+        found = f"holds {', '.join(key[:100] for key in unexpected[:5])}, which this run's model has not"
+    advice = "build it as that run did, or start afresh in a new checkpoint folder"
+    return f"{found}: the model changed since it was written; {advice}"
+
+
+def _tensor_where(live: dict[str, Any], key: Any, value: Any) -> bool:
+    """Is `value`, read under `key`, a weight's entry: a name, and a tensor where the run's is one?"""
+    return isinstance(key, str) and (isinstance(value, torch.Tensor) or not isinstance(live.get(key), torch.Tensor))
+
+
+def _tied(value: Any, there: set[int]) -> bool:
+    return isinstance(value, torch.Tensor) and value.data_ptr() in there
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _check_optimizer(state: dict[str, Any], objects: dict[str, Any], where: str) -> None:
+    """The optimizer state in `state` (read from `where`) by checkpoint.optimizer_state's rule, as
+    the SDK's restore checks its own: CorruptCheckpoint or a ConfigError, saying why."""
+    if (problem := state_kind_problem(state, objects)) is not None:
+        raise CorruptCheckpoint(f"{where}: {problem}")
+    name, saved = next((key, value) for key, value in state.items() if isinstance(objects[key], torch.optim.Optimizer))
+    if not is_optimizer_state(saved):
+        raise CorruptCheckpoint(f"{where}: its {name} holds no optimizer state (no state or param_groups)")
+    check_current(state, objects, where)
+
+
 def _torch_load(path: Path, device: torch.device) -> Any:
     return torch.load(path, map_location=device, weights_only=True)
+
+
+def _where(folder: Path, name: str) -> str:
+    """How messages name the file `name` of the framework checkpoint `folder`."""
+    return f"{folder.parent.name}: {FRAMEWORK}/{name}"
 
 
 def _read(folder: Path, name: str, load: Callable[[Path], Any]) -> Any:

@@ -19,6 +19,27 @@ from typing import Any
 
 import torch
 
+from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags
+from mpjob_trainer.errors import ConfigError
+
+
+def load_fitting(obj: Any, saved: Any, what: str, into: str) -> None:
+    """Load `saved` (`what`: the checkpoint's state, as messages name it) into the run's `obj`
+    (`into`: its name): an optimizer with this run's implementation flags
+    (checkpoint.optimizer_settings.kept_run_flags) and then holding what its own kind keeps
+    (`check_fits`). A state that does not fit (`mismatch`) is a ConfigError naming both; a failure
+    to load (I/O, memory) raises as it is (an InfraError)."""
+    defaults = hyperparameters(obj)  # as built: loading may add newer flags to its defaults
+    try:
+        obj.load_state_dict(
+            kept_run_flags(saved, obj.param_groups) if isinstance(obj, torch.optim.Optimizer) else saved
+        )
+        check_fits(obj, defaults)
+    except Exception as exc:
+        if not mismatch(exc):
+            raise
+        raise ConfigError(f"cannot load {what} into this run's {into}: {exc}") from exc
+
 
 def check_fits(obj: Any, defaults: Iterable[str]) -> None:
     """A ValueError naming what does not fit when `obj` is an optimizer whose just-loaded state

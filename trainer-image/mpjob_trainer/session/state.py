@@ -32,12 +32,11 @@ from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
 from mpjob_trainer.checkpoint.dtypes import check_module_dtypes
 from mpjob_trainer.checkpoint.extra_state import check_extra_states
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
-from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags
 from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.precision import scaler_state_problem
-from mpjob_trainer.session.fits import check_fits, hyperparameters, mismatch
+from mpjob_trainer.session.fits import load_fitting
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
 #: In a capture: held in memory, every object by its own state_dict() (never written).
@@ -243,18 +242,7 @@ class TrainingState:
         for name, obj in self.objects.items():
             if state[name] is None and isinstance(folder, str):
                 continue  # read from the shards above
-            defaults = hyperparameters(obj)  # as built: loading may add newer flags to its defaults
-            try:
-                obj.load_state_dict(
-                    kept_run_flags(state[name], obj.param_groups)
-                    if isinstance(obj, torch.optim.Optimizer)
-                    else state[name]
-                )
-                check_fits(obj, defaults)
-            except Exception as exc:
-                if not mismatch(exc):
-                    raise  # a failure to load (I/O, memory), not a state that does not fit: InfraError
-                raise ConfigError(f"cannot load the checkpoint's {name!r} into this run's {name}: {exc}") from exc
+            load_fitting(obj, state[name], f"the checkpoint's {name!r}", name)
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
             scaler.load_state_dict(state["scaler"])  # fp16 -> fp16 keeps its calibrated scale
         for name, obj in self.own.items():
