@@ -111,17 +111,28 @@ def read_report(path: Path) -> MixedPrecisionJobStatus:
     """The status a run's report.json holds, read as untrusted: a regular file (not a FIFO, which
     would hang the read, nor a link) of at most MAX_REPORT_BYTES, validated with the model the
     runner writes it with; Unreadable says why not."""
-    data = read_regular(path, MAX_REPORT_BYTES + 1)
-    if data is None:
-        raise Unreadable("missing, a link or not a regular file")
-    if len(data) > MAX_REPORT_BYTES:
-        raise Unreadable(f"over {MAX_REPORT_BYTES} bytes")
+    data = read_bounded(path, MAX_REPORT_BYTES)
     try:
         return MixedPrecisionJobStatus.model_validate_json(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        raise Unreadable(f"{where + ': ' if where else ''}{first['msg']}"[:300]) from exc
+        raise Unreadable(first_problem(exc)) from exc
+
+
+def read_bounded(path: Path, most: int) -> bytes:
+    """The bytes of the run's file `path`, read as untrusted: a regular file (not a FIFO, which
+    would hang the read, nor a link) of at most `most` bytes; Unreadable says why not."""
+    data = read_regular(path, most + 1)
+    if data is None:
+        raise Unreadable("missing, a link or not a regular file")
+    if len(data) > most:
+        raise Unreadable(f"over {most} bytes")
+    return data
+
+
+def first_problem(exc: ValidationError) -> str:
+    """The first problem of a check, where it is and what: '0.step: Input should be a valid integer'."""
+    first = exc.errors()[0]
+    return f"{'.'.join(map(str, first['loc'])) or 'its top'}: {first['msg']}"[:300]
 
 
 def recorded_job(root: Path) -> str | None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from mpjob.localrun.files import read_regular, write_replacing
-from mpjob.localrun.paths import START_OVER, Unreadable, UnusableOut
+from mpjob.localrun.files import write_replacing
+from mpjob.localrun.paths import START_OVER, Unreadable, UnusableOut, first_problem, read_bounded
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobStatus
 
@@ -175,15 +175,11 @@ def read_series(path: Path) -> RunSeries:
     """The series a run saved at `path`, read as untrusted (what ran in the trainers can put
     anything in the folder): a regular file (not a link, nor a FIFO that would hang the read) of
     at most MAX_SERIES_BYTES, each figure of the type the run writes; Unreadable says why not."""
-    data = read_regular(path, MAX_SERIES_BYTES + 1)
-    if data is None:
-        raise Unreadable("missing, a link or not a regular file")
-    if len(data) > MAX_SERIES_BYTES:
-        raise Unreadable(f"over {MAX_SERIES_BYTES} bytes")
+    data = read_bounded(path, MAX_SERIES_BYTES)
     try:
         saved = _SAVED.validate_json(data)
     except ValidationError as exc:
-        raise Unreadable(_first(exc)) from exc
+        raise Unreadable(first_problem(exc)) from exc
     return RunSeries(**{kind: _checked(kind, saved.get(kind, []), adapter) for kind, adapter in _KINDS.items()})
 
 
@@ -193,13 +189,7 @@ def _checked(kind: str, saved: list[Any], adapter: TypeAdapter[Any]) -> list[Any
     try:
         return adapter.validate_python([_figures(entry) for entry in saved])  # type: ignore[no-any-return]
     except ValidationError as exc:
-        raise Unreadable(f"{kind}.{_first(exc)}") from exc
-
-
-def _first(exc: ValidationError) -> str:
-    """The first problem of a check, where it is and what: '0.step: Input should be a valid integer'."""
-    first = exc.errors()[0]
-    return f"{'.'.join(map(str, first['loc'])) or 'its top'}: {first['msg']}"[:300]
+        raise Unreadable(f"{kind}.{first_problem(exc)}") from exc
 
 
 def _figures(saved: dict[str, Any]) -> dict[str, Any]:

@@ -75,6 +75,17 @@ def first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0][:300] if str(exc) else ""
 
 
+def each(parts: list[tuple[str, Callable[[], None]]]) -> list[str]:
+    """Try every part (what it does, how), whichever fail: what failed and why, in order."""
+    failed = []
+    for what, part in parts:
+        try:
+            part()
+        except Exception as exc:
+            failed.append(f"{what}: {type(exc).__name__}: {first_line(exc)}")
+    return failed
+
+
 class MlflowRuns:
     """The job's run and this attempt's nested run on one tracking server."""
 
@@ -113,13 +124,7 @@ class MlflowRuns:
             owed.append(("ending the runs changes in place ended", self._end_owed))
         if not self.attempt_run:
             owed.append((f"opening attempt {attempt}'s run", lambda: self.begin(job_name, attempt, tags)))
-        failed = []
-        for what, part in owed:
-            try:
-                part()
-            except Exception as exc:
-                failed.append(f"{what}: {type(exc).__name__}: {first_line(exc)}")
-        if failed:
+        if failed := each(owed):
             raise OpenIncomplete(attempt, failed, opened=bool(self.attempt_run))
 
     @property
@@ -173,13 +178,7 @@ class MlflowRuns:
             (f"tagging the job's run ({', '.join(change.job_tags)})", lambda: self._tag(self.job_run, change.job_tags)),
             (f"opening attempt {change.attempt}'s run", lambda: self._begin_changed(change, job_name)),
         ]
-        failed = []
-        for what, part in parts:
-            try:
-                part()
-            except Exception as exc:
-                failed.append(f"{what}: {type(exc).__name__}: {first_line(exc)}")
-        if failed:
+        if failed := each(parts):
             raise ChangeIncomplete(change.attempt, failed, opened=bool(self.attempt_run))
 
     def _end_changed(self, run: str, change: Change) -> None:

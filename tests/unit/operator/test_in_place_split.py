@@ -1,8 +1,9 @@
-"""A re-promotion that takes back the micro-batch a fallback split (precision.fallbackKeepsBatch:
-fp16 16 x 1 -> fp32 8 x 2 -> fp16 16 x 1) goes on in place, in the planner's split (the target's
-microBatch x gradAccumulation, the same samples per step), unless the model is sharded; the
-launch refuses a target whose split does not keep the global batch, and the operator records the
-re-promoted attempt in the split the trainer says it took."""
+"""A change of precision in place may take another split of the global batch
+(precision.fallbackKeepsBatch): the fallback fp16 16 x 1 -> fp32 8 x 2 and its re-promotion back to
+fp16 16 x 1 both go on in place, in the planner's split (the target's microBatch x gradAccumulation,
+the same samples per step), unless the model is sharded; the launch refuses a target whose split is
+half said or does not keep the global batch, and the operator records each attempt in the split the
+trainer says it took."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from mpjob_contract.launch import AttemptLaunch, InPlaceTarget
 from mpjob_contract.report import InPlaceChange
 
 pytestmark = pytest.mark.unit
-NOW = "2026-12-01T12:00:00Z"
+NOW = "2026-12-02T12:00:00Z"
 
 
 def spec(**over: Any) -> MixedPrecisionJobSpec:
@@ -33,6 +34,96 @@ def spec(**over: Any) -> MixedPrecisionJobSpec:
         **over,
     }
     return MixedPrecisionJobSpec.model_validate(doc)
+
+
+def targets(job: MixedPrecisionJobSpec) -> list[InPlaceTarget]:
+    return in_place_plan(job, first_attempt(job), MixedPrecisionJobStatus()).to
+
+
+def test_a_fallback_that_splits_the_micro_batch_goes_in_place_in_that_split() -> None:
+    (fp32,) = targets(spec())
+    assert (fp32.precision, fp32.shape, fp32.repromote_after_steps) == ("fp32", (8, 2), 5)
+    # Its re-promotion takes the full micro-batch back, in place too.
+    assert fp32.promote_to is not None and (fp32.promote_to.precision, fp32.promote_to.shape) == ("fp16", (16, 1))
+
+
+def test_only_the_fallback_that_splits_names_a_split() -> None:
+    ladder = targets(spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"]}))
+    assert [(t.precision, t.shape) for t in ladder] == [("bf16", None), ("fp32", (8, 2))]
+    (kept,) = targets(spec(precision={"mode": "fp16", "fallback": ["fp32"], "fallbackKeepsBatch": False}))
+    assert (kept.precision, kept.shape) == ("fp32", None)
+
+
+def test_a_sharded_models_fallback_into_another_split_restarts() -> None:
+    assert targets(spec(parallelism={"strategy": "fsdp"}, workers=2)) == []
+    ladder = targets(spec(parallelism={"strategy": "fsdp"}, workers=2,
+                          precision={"mode": "fp16", "fallback": ["bf16", "fp32"]}))  # fmt: skip
+    assert [(t.precision, t.shape) for t in ladder] == [("bf16", None)]  # bf16 in place, fp32 restarts
+
+
+def test_a_repromoted_attempts_own_fallback_splits_again_in_place() -> None:
+    (fp32,) = targets(spec())
+    assert fp32.promote_to is not None
+    (again,) = fp32.promote_to.in_place_to
+    assert (again.precision, again.shape, again.promote_to) == ("fp32", (8, 2), None)  # fp16 faulted twice: barred
+
+
+def test_an_out_of_memory_splits_fallback_splits_further() -> None:
+    job = spec()
+    first = in_place_plan(job, first_attempt(job), MixedPrecisionJobStatus()).splits[0]
+    assert (first.micro_batch, first.grad_accumulation) == (8, 2)
+    assert [(t.precision, t.shape) for t in first.in_place_to] == [("fp32", (4, 4))]
+
+
+def launch_doc(job: MixedPrecisionJobSpec) -> dict[str, Any]:
+    start = first_attempt(job)
+    launch = attempt_launch(job, start, in_place_plan(job, start, MixedPrecisionJobStatus()), job_name="j",
+                            namespace="n", checkpoint_dir="/checkpoints/n/j", resume_from=None)  # fmt: skip
+    said = AttemptLaunch.model_validate_json(launch.to_env())  # the launch carries the split
+    assert said.in_place_to[0].shape == (8, 2)
+    return launch.model_dump(by_alias=True)
+
+
+@pytest.mark.parametrize(
+    ("shape", "said"),
+    [
+        ({"microBatch": 8}, "set both or neither"),
+        ({"microBatch": 8, "gradAccumulation": 4}, "must equal the spec's"),
+        ({"microBatch": 8, "gradAccumulation": 0}, "gradAccumulation"),
+    ],
+)
+def test_a_launch_refuses_a_fallback_split_that_is_half_said_or_changes_the_global_batch(
+    shape: dict, said: str
+) -> None:
+    doc = launch_doc(spec())
+    doc["inPlaceTo"] = [{"precision": "fp32", **shape}]
+    with pytest.raises(ValidationError, match=said):
+        AttemptLaunch.model_validate(doc)
+
+
+def test_a_fallback_made_in_place_is_recorded_in_the_split_the_trainer_took() -> None:
+    job = spec()
+    plan = lc.Plan(MixedPrecisionJobStatus())
+    lc.begin(plan, job, first_attempt(job), lc.When(NOW, 1))
+    plan = lc.Plan(plan.status)
+    made = InPlaceChange.model_validate(
+        {"kind": "fallback", "attempt": 1, "step": 12, "startStep": 10, "fromPrecision": "fp16",
+         "toPrecision": "fp32", "rule": "MaxConsecutiveOverflows", "message": "overflows", "recoverySeconds": 0.02,
+         "microBatch": 8, "gradAccumulation": 2}
+    )  # fmt: skip
+    begun = record(plan, job, [made], lc.When(NOW, 1), capability=None)
+    assert begun is not None and (begun.precision, begun.micro_batch, begun.grad_accumulation) == ("fp32", 8, 2)
+    ended, now = plan.status.attempts
+    assert (ended.precision, ended.reason, ended.micro_batch, ended.grad_accumulation) == (
+        "fp16",
+        "NumericFault",
+        16,
+        1,
+    )
+    assert (now.precision, now.in_place, now.start_step, now.micro_batch, now.grad_accumulation) == (
+        "fp32", True, 10, 8, 2
+    )  # fmt: skip
+    assert not plan.create  # no Job for it
 
 
 def fell_back(job: MixedPrecisionJobSpec) -> tuple[StartAttempt, MixedPrecisionJobStatus]:
