@@ -183,3 +183,50 @@ def test_a_trainer_checkpoint_of_another_configuration_is_refused_before_the_mod
         with pytest.raises(ConfigError, match=f"step-000000010: framework/{problem}"):
             hf_weights(model, folder)
         assert _untouched(model, before)
+
+
+class TwoOptimizers(Tiny):
+    """A module stepping two optimizers by hand, as Lightning's manual optimization does: its
+    checkpoint's optimizer_states holds two states."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        loss = super().training_step(batch, index)
+        self.manual_backward(loss)
+        for optimizer in self.optimizers():
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
+        return [torch.optim.AdamW([self.layer.weight], lr=0.1), torch.optim.AdamW([self.layer.bias], lr=0.1)]
+
+
+def test_a_lightning_checkpoint_of_two_optimizers_is_another_configuration(tmp_path: Path) -> None:
+    folder = _lightning(tmp_path, TwoOptimizers())
+    module = Tiny()
+    optimizer = module.configure_optimizers()
+    before = _weights(module)
+    problem = "its optimizer_states holds 2 optimizer states where this run has 1 optimizer: it was written by"
+    with pytest.raises(ConfigError, match=f"{LIGHTNING_FILE}: {problem} another configuration; start afresh"):
+        _read_lightning(folder, module, optimizer)
+    assert _untouched(module, before) and not optimizer.state
+
+
+def test_a_lightning_checkpoint_of_no_optimizer_state_is_the_checkpoints_fault(tmp_path: Path) -> None:
+    """Its optimizer_states emptied after a real save: the file says it was fitted with nothing to step."""
+    folder = _lightning(tmp_path, Tiny())
+    saved = torch.load(folder / LIGHTNING_CHECKPOINT, weights_only=True)
+    assert len(saved["optimizer_states"]) == 1  # as written: the one AdamW
+    saved["optimizer_states"] = []
+    torch.save(saved, folder / LIGHTNING_CHECKPOINT)
+    module = Tiny()
+    optimizer = module.configure_optimizers()
+    before = _weights(module)
+    problem = "its optimizer_states holds 0 optimizer states where this run has 1 optimizer$"
+    with pytest.raises(CorruptCheckpoint, match=f"{LIGHTNING_FILE}: {problem}"):
+        _read_lightning(folder, module, optimizer)
+    assert _untouched(module, before) and not optimizer.state
