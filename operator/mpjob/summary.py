@@ -100,6 +100,9 @@ def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, 
     `shape`, its micro-batch split (a job whose split changed); at `now`, how long ago the step
     of one still running last moved (its progressTime: runPolicy.progressDeadlineSeconds)."""
     end = a.end_step if repeat.end_known(a) else "?"  # unknown: still running, or a report without progress
+    steps = f"steps {a.start_step}-{end}"
+    if a.reason == Reason.SUSPENDED and repeat.before_first_step(a):  # the user's stop, where it began
+        steps = f"step {a.start_step}, stopped before training"
     said = f" ({one_line(a.message)})" if a.message and a.reason != Reason.SUCCEEDED else ""
     how = " in place" if a.in_place else ""
     back = f", back in {a.recovery_seconds:.2f} s{how}" if a.recovery_seconds is not None else how
@@ -107,7 +110,7 @@ def attempt_line(a: AttemptStatus, *, world: bool = False, shape: bool = False, 
     if shape and a.micro_batch is not None:
         on += f" micro-batch {a.micro_batch} x {a.grad_accumulation}"
     ended = a.reason or running(a, now)
-    return f"  attempt {a.index}: {a.precision}{on} steps {a.start_step}-{end}{back} {ended}{said}"
+    return f"  attempt {a.index}: {a.precision}{on} {steps}{back} {ended}{said}"
 
 
 #: The most of an attempt's message its summary line shows (the status holds all of it).

@@ -38,6 +38,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
+from mpjob.planning.reported import without_progress
 from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -141,19 +142,20 @@ class LocalRun:
         self.view.info(said(self.name, self.paths.root, self.status.last_checkpoint))
         return plan.create[0]
 
-    def _stopped(self, outcome: AttemptOutcome) -> str | None:
-        """The message of an attempt the user stopped (None: not stopped); one a second Ctrl-C
-        killed before its trainers reported ends where it was seen, naming the checkpoint known."""
+    def _stopped(self, index: int, outcome: AttemptOutcome) -> str | None:
+        """The message of attempt `index` if the user stopped it (None: not stopped); one a second
+        Ctrl-C killed before its trainers reported, or whose report carries no progress (its ranks
+        killed by the SIGTERM before they trained), ends where it was seen, naming the checkpoint known."""
         if self.ctrl_c.stop is stops.Stop.NONE:
             return None
-        if outcome.report is None:  # killed, or ended without one: the attempt ends where it was seen
+        if outcome.report is None or without_progress(self.status, index, outcome.report):
             self.record.ends_where_seen(self._reached)
         checkpoint, started = self.status.last_checkpoint, self._current is not None
         return stops.stop_message(self.ctrl_c.stop, outcome.report, checkpoint, started=started, by=self.ctrl_c.by)
 
     def _conclude(self, start: StartAttempt, outcome: AttemptOutcome) -> StartAttempt | None:
         """End the attempt as the operator would; Ctrl-C suspends the run instead of going on."""
-        stopped = self._stopped(outcome)
+        stopped = self._stopped(start.index, outcome)
         plan, when = self.record.transition()
         if stopped is not None:
             lc.interrupt(plan, start.index, outcome.report, when, message=stopped)

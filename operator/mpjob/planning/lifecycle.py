@@ -29,7 +29,7 @@ from mpjob.planning.phases import (
 )
 from mpjob.planning.plan import Event, Plan, Started, When
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
-from mpjob.planning.reported import record_report
+from mpjob.planning.reported import record_report, without_progress
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled
@@ -190,8 +190,11 @@ def go_on(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, outlive: bool 
 def interrupt(plan: Plan, index: int, report: TerminationReport | None, when: When, *, message: str) -> None:
     """`mpjob run` stopped by Ctrl-C (its trainer checkpointed on SIGTERM) or killed (its
     trainers went with it): the attempt ends Suspended, as under runPolicy.suspend: the user's
-    own stop, uncharged; running it again resumes."""
+    own stop, uncharged; running it again resumes. Without a report, or with one carrying no
+    progress, it ends at the job's step, which the runner set where it saw the attempt reach."""
+    unseen = report is not None and without_progress(plan.status, index, report)
     end_step = record_report(plan.status, index, report)
+    end_step = plan.status.step if unseen else end_step
     user = Disruption.USER_SUSPEND
     st.end_attempt(plan.status, index, Reason.SUSPENDED.value, None, message, end_step, when.at, charged=charged(user))
     suspend(plan, when, message)
