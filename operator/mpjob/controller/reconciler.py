@@ -223,13 +223,14 @@ class Reconciler:
         has left)."""
         self.phases.pop(uid, None)
         if key is not None:
-            self.settled.discard(key)
             self.cache.forget_gone(*key)
             self._let_go(key)
 
     def _let_go(self, key: Key) -> None:
         """The job `key` is gone, or a standby no longer acts on it: its body, its rank 0's
-        reading and what its Jobs were owed are forgotten (acting on it again reads them anew)."""
+        reading, what its Jobs were owed, and that it was at rest are forgotten (acting on it again
+        reads them anew: the other may have resumed it, and the ticker comes back to it)."""
+        self.settled.discard(key)
         self.progress.forget(key)
         self.actions.forget(key)
         self.bodies.forget(key)

@@ -14,6 +14,7 @@ import pytest
 from mpjob.controller.config import OperatorConfig, Peering
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.reconciler import Reconciler
+from mpjob.controller.ticker import due
 from tests.unit.operator.test_api_errors import events, reconciler  # noqa: F401 (a fixture)
 from tests.unit.operator.test_owed_children import CONFIG, KEY, WITH_POLICY, Children
 
@@ -124,3 +125,19 @@ def test_an_operator_that_stood_by_rebuilds_what_is_owed_when_it_acts_again(even
     made.handle(KEY, True)
     made.handle(KEY, True)
     assert list(cluster.made["Service"]) == ["j-a0"] and cluster.asked["Service"] == 2
+
+
+def test_a_job_at_rest_when_the_operator_stood_by_is_ticked_again_when_it_acts_again(events: list) -> None:  # noqa: F811
+    """A job settled (suspended, no children) stayed settled through a standby: if the other
+    operator resumed it meanwhile and the reconcile kopf's listing queued as this one acted again
+    came while its peering check still read standby, the ticker skipped the job for good (no
+    progress read, no deadline, no stall seen) until some change to it came."""
+    cluster = Peered({})
+    cluster.body["spec"]["runPolicy"] = {"suspend": True}
+    made = reconciler(cluster, CONFIG)
+    made.peering = PeeringCheck(peering=Peering("mpjob", "me", 1, True), cluster=cluster, trust_seconds=0)  # type: ignore[arg-type]
+    made.handle(KEY, False)
+    assert cluster.body["status"]["phase"] == "Suspended" and due({KEY: [True]}, made.settled) == []  # at rest
+    cluster.outranked = True
+    made.handle(KEY, False)  # a standby: what it held of the job is let go
+    assert due({KEY: [True]}, made.settled) == [KEY]  # the ticker comes back to it
