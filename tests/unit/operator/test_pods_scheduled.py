@@ -126,3 +126,26 @@ def test_a_job_that_stops_while_its_pods_find_no_node_no_longer_says_they_wait(e
     said = condition(stopped.status, "PodsScheduled")
     assert said == ("Unknown", phase, f"attempt 0 no longer waits for a node: the job is {phase}"), said
     assert all(e.reason != "Unschedulable" for e in stopped.events)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "kind"),
+    [(pending(NO_CLAIM), "PodsScheduled"), ({0: JobView(0, create_error='exceeded quota: "gpus"')}, "PodsCreated")],
+    ids=["unschedulable", "not-created"],
+)
+def test_a_resumed_attempts_pods_placed_turn_the_condition_a_suspension_left_unknown_true(
+    waiting: dict[int, JobView], kind: str
+) -> None:
+    """Suspended while its pods waited, the condition went Unknown; the resumed attempt's pods,
+    made and placed at once, say so where the Unknown would have stayed."""
+    stuck = reconcile(spec(), started(), 1, waiting, T0 + timedelta(seconds=5)).status
+    assert condition(stuck, kind) is not None and condition(stuck, kind)[0] == "False"  # type: ignore[index]
+    held = reconcile(spec(runPolicy={"suspend": True}), stuck, 2, waiting, T0 + timedelta(seconds=10)).status
+    assert condition(held, kind) is not None and condition(held, kind)[:2] == ("Unknown", "Suspended")  # type: ignore[index]
+    resumed = reconcile(spec(), held, 3, {}, T0 + timedelta(seconds=20)).status
+    assert [a.index for a in resumed.attempts] == [0, 1] and condition(resumed, kind)[0] == "Unknown"  # type: ignore[index]
+    placed = {1: JobView(1, pods=(PodView("j-a1-0-x", 0, "Running", alive=True),))}
+    plan = reconcile(spec(), resumed, 3, placed, T0 + timedelta(seconds=30))
+    assert plan.status.phase == "Running"
+    said = "scheduled" if kind == "PodsScheduled" else "created"
+    assert condition(plan.status, kind) == ("True", kind, f"attempt 1's pods were {said}")
