@@ -30,8 +30,7 @@ from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob.planning import history
 from mpjob.planning import status as st
 from mpjob.planning.classify import backoff_seconds
-from mpjob.planning.observe import LIVE, CheckpointReading, Observation, Reading, changes, observe, real
-from mpjob.planning.plan import Event
+from mpjob.planning.observe import LIVE, CheckpointReading, Observation, Reading, observe, real
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus, Precision
 from mpjob_contract.report import InPlaceChange
@@ -156,17 +155,6 @@ def found_reading(found: dict[str, Any], *, attempt: int | None = None) -> Readi
         measured_step_seconds=found.get("measuredStepSeconds"),
         skipped=Skipped.model_validate(found["skipped"]) if "skipped" in found else None,
     )
-
-
-def progress_patch(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> dict[str, Any]:
-    """The status fields to write for what a read found; empty when nothing changed."""
-    return changes(status, observe(status, found_reading(found)).status)
-
-
-def start_news(status: MixedPrecisionJobStatus, found: dict[str, Any]) -> Event | None:
-    """The Event that corrects the running attempt's planned start step
-    with the one its trainer reports (None: the same, or not known yet)."""
-    return observe(status, found_reading(found)).news
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from mpjob.controller.exposition import Exposition
-from mpjob.controller.progress import figures, progress_patch
+from mpjob.controller.progress import figures
 from mpjob.planning.figures import SIGNIFICANT_DIGITS, figure, round_figures, round_sig, rounded
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract import metrics as tm
@@ -17,6 +17,7 @@ from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecis
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import Counters, TerminationReport
 from mpjob_contract.timeline import LossScalePoint, PrecisionTimeline
+from tests.unit.operator.live_reads import progress_patch
 
 pytestmark = pytest.mark.unit
 

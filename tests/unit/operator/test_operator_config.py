@@ -12,8 +12,8 @@ import pytest
 from mpjob.controller.config import OperatorConfig, Peering, from_environment
 from mpjob.controller.main import liveness_endpoint, parser
 from mpjob.controller.peering import outranked
-from mpjob.controller.progress import progress_patch
 from mpjob_contract.api import MixedPrecisionJobStatus
+from tests.unit.operator.live_reads import progress_patch
 
 pytestmark = pytest.mark.unit
 

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from mpjob.controller.exposition import Exposition, parse
-from mpjob.controller.progress import ProgressReader, Target, figures, progress_patch, start_news
+from mpjob.controller.progress import ProgressReader, Target, figures
 from mpjob.controller.scrape import ScrapeError, fetch
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from tests.helpers import free_port
+from tests.unit.operator.live_reads import progress_patch, start_news
 from tests.unit.operator.test_api_errors import FakeCluster, reconciler
 
 pytestmark = pytest.mark.unit

@@ -8,11 +8,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from mpjob.controller.exposition import parse
-from mpjob.controller.progress import figures, progress_patch, quarantine
+from mpjob.controller.progress import figures, quarantine
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.skipping import MAX_SKIPPED_ENTRIES, SampleRange, Skipped, SkippedStep, spans_label, spans_of
 from mpjob_trainer.metrics import TrainerMetrics
+from tests.unit.operator.live_reads import progress_patch
 
 pytestmark = pytest.mark.unit
 

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 import pytest
 
-from mpjob.controller.progress import progress_patch
 from mpjob.planning.observe import CheckpointReading, Reading, observe
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract.api import MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import MAX_REPORT_INT, CheckpointRef, TerminationReport
+from tests.unit.operator.live_reads import progress_patch
 from tests.unit.operator.test_cost import T0, job_spec, stamp
 
 pytestmark = pytest.mark.unit

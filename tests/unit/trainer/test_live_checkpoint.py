@@ -15,7 +15,7 @@ import torch
 from prometheus_client import generate_latest
 
 from mpjob.controller.exposition import parse
-from mpjob.controller.progress import figures, progress_patch
+from mpjob.controller.progress import figures
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus
 from mpjob_contract.report import CheckpointRef
@@ -24,6 +24,7 @@ from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.checkpointing import Checkpointer
+from tests.unit.operator.live_reads import progress_patch
 
 pytestmark = pytest.mark.unit
 
