@@ -55,18 +55,9 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
         status.last_checkpoint = CheckpointStatus(
             step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
         )
-    if not without_progress(status, index, report):
+    if not without_progress(status, index, report):  # else the launcher's zeros: the live reading stands
         status.step = report.step
-    # The trainer's own final counts (a live reading may never have been taken); a loss scale
-    # exists only in fp16 (0 would read as a collapsed scale). A figure the report lacks leaves
-    # the last live reading as it is.
-    status.overflow_steps = report.counters.overflow_steps
-    if report.counters.loss is not None:
-        status.loss = report.counters.loss
-    if report.precision != "fp16":
-        status.loss_scale = None
-    elif report.counters.loss_scale:
-        status.loss_scale = report.counters.loss_scale
+        counts(status, report)
     for attempt in status.attempts:
         if attempt.index == index and report.start_step is not None and not attempt.start_step_reported:
             attempt.start_step = report.start_step  # where it began, not the plan (a read may have said so)
@@ -77,6 +68,19 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     timeline.reported(status, index, report.loss_scales)
     round_figures(status)
     return report.step
+
+
+def counts(status: MixedPrecisionJobStatus, report: TerminationReport) -> None:
+    """The trainer's own final counts (a live reading may never have been taken); a loss scale
+    exists only in fp16 (0 would read as a collapsed scale). A figure the report lacks leaves the
+    last live reading as it is."""
+    status.overflow_steps = report.counters.overflow_steps
+    if report.counters.loss is not None:
+        status.loss = report.counters.loss
+    if report.precision != "fp16":
+        status.loss_scale = None
+    elif report.counters.loss_scale:
+        status.loss_scale = report.counters.loss_scale
 
 
 def measured(

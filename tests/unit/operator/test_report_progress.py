@@ -37,3 +37,13 @@ def test_a_report_that_says_where_it_began_or_got_sets_the_jobs_step(
     status = status_at(20)
     record_report(status, 2, TerminationReport(reason=Reason.INFRA_ERROR, step=step, start_step=start))
     assert status.step == job_step
+
+
+def test_a_report_without_progress_leaves_the_live_counts_as_read() -> None:
+    """Its counters are the launcher's zeros, not the trainer's: the overflow count, loss and
+    scale a live read took stay (a count of 0 would say the attempt never overflowed)."""
+    status = status_at(20)
+    status.overflow_steps, status.loss, status.loss_scale = 7, 2.5, 1024.0
+    died = TerminationReport(reason=Reason.INFRA_ERROR, message="rank 0: killed", precision="fp16")
+    record_report(status, 2, died)
+    assert (status.overflow_steps, status.loss, status.loss_scale) == (7, 2.5, 1024.0)
