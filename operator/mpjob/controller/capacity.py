@@ -87,9 +87,40 @@ def _requested(pod: Mapping[str, Any]) -> int:
     return total
 
 
-def _own(pod: Mapping[str, Any], namespace: str, job: str) -> bool:
-    meta = pod.get("metadata") or {}
-    return meta.get("namespace") == namespace and (meta.get("labels") or {}).get(LABEL_JOB) == job
+def _bound(pod: Mapping[str, Any]) -> str | None:
+    """The node a pod not ended is bound to (None: unbound, or ended: its GPUs are free)."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    return str(node) if node and phase not in ("Succeeded", "Failed") else None
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """What one read showed, kept as the sums a job's count reads (one pass over the pods per
+    read, however many jobs ask): the GPU nodes; by node, the GPUs its pods not ended request;
+    by job (namespace, the `mpjob.dev/job` label), by node, the GPUs that job's own pods take."""
+
+    nodes: tuple[Mapping[str, Any], ...]
+    used: Mapping[str, int]
+    own: Mapping[tuple[str, str], Mapping[str, int]]
+
+    @classmethod
+    def of(cls, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Room:
+        used: dict[str, int] = {}
+        own: dict[tuple[str, str], dict[str, int]] = {}
+        for pod in pods:
+            if (node := _bound(pod)) is None or (gpus := _requested(pod)) == 0:
+                continue
+            used[node] = used.get(node, 0) + gpus
+            meta = pod.get("metadata") or {}
+            if (job := (meta.get("labels") or {}).get(LABEL_JOB)) is not None:
+                mine = own.setdefault((str(meta.get("namespace")), str(job)), {})
+                mine[node] = mine.get(node, 0) + gpus
+        return cls(tuple(nodes), used, own)
+
+    def taken(self, node: str, *, namespace: str, job: str) -> int:
+        """The GPUs of `node` that pods other than the job `namespace/job`'s request."""
+        return self.used.get(node, 0) - self.own.get((namespace, job), {}).get(node, 0)
 
 
 def free_workers(
@@ -102,31 +133,21 @@ def free_workers(
 ) -> int | None:
     """Workers of the job `namespace/job` the GPU nodes hold beside everything else running now,
     the GPUs its own pods take counted as its (None: a CPU job, whose room the nodes do not say)."""
+    return room_workers(spec, Room.of(nodes, pods), namespace=namespace, job=job)
+
+
+def room_workers(spec: MixedPrecisionJobSpec, room: Room, *, namespace: str, job: str) -> int | None:
+    """`free_workers` of a room read already: its nodes and sums, no pod walked again."""
     per_worker = spec.resources.gpus_per_worker
     if per_worker == 0:
         return None
-    used: dict[str, int] = {}
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        if node and phase not in ("Succeeded", "Failed") and not _own(pod, namespace, job):
-            used[node] = used.get(node, 0) + _requested(pod)
     fit = 0
-    for node in nodes:
+    for node in room.nodes:
         if _eligible(node, spec):
-            name = (node.get("metadata") or {}).get("name", "")
+            name = str((node.get("metadata") or {}).get("name", ""))
             allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
-            fit += max(0, allocatable - used.get(name, 0)) // per_worker
+            fit += max(0, allocatable - room.taken(name, namespace=namespace, job=job)) // per_worker
     return fit
-
-
-@dataclass(frozen=True, slots=True)
-class Room:
-    """What one read showed: the GPU nodes, and the pods bound to a node that request GPUs (of
-    every namespace, not ended: the only ones `free_workers` counts)."""
-
-    nodes: tuple[Mapping[str, Any], ...]
-    pods: tuple[Mapping[str, Any], ...]
 
 
 class RoomReader:
@@ -154,8 +175,7 @@ class RoomReader:
     def _read(self) -> Room | None:
         if (read := self._reads.ask("nodes and pods for spec.elastic", self.cluster.gpu_room)) is None:
             return None
-        nodes, pods = read
-        return Room(tuple(nodes), tuple(p for p in pods if _requested(p) > 0))
+        return Room.of(*read)
 
 
 def fits_now(
@@ -170,4 +190,4 @@ def fits_now(
         return None
     if (seen := room.room()) is None:
         return None
-    return free_workers(spec, seen.nodes, seen.pods, namespace=namespace, job=job)
+    return room_workers(spec, seen, namespace=namespace, job=job)

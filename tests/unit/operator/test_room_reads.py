@@ -1,8 +1,8 @@
 """The room an elastic job grows on is read at a bounded cost: one read of the GPU nodes and the
 pods (mpjob.controller.capacity.RoomReader) answers every job's reconcile for
 a tick, whatever the number of jobs waiting to grow; the API server is asked only for
-GPU nodes and for pods bound to a node that have not ended, and only pods that request GPUs are
-kept."""
+GPU nodes and for pods bound to a node that have not ended, and only what pods that request GPUs
+take is kept, summed by node and by job: a job's count walks the nodes, not every pod again."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_the_api_server_is_asked_for_gpu_nodes_and_bound_pods_not_ended_and_only
     others = {"metadata": {"namespace": "web"}, "spec": {"nodeName": "a", "containers": [{}]}, "status": {}}
     core = Core([node("a", 4)], [others, pod("a", 1)])
     room = _reader(core, Clock()).room()
-    assert room is not None and room.pods == (pod("a", 1),)  # the web pod requests no GPU
+    assert room is not None and dict(room.used) == {"a": 1}  # the web pod requests no GPU
     (nodes, kw_nodes), (pods, kw_pods) = core.lists
     assert (nodes, kw_nodes["label_selector"]) == ("nodes", "nvidia.com/gpu.compute.major")
     assert pods == "pods" and set(kw_pods["field_selector"].split(",")) == {
@@ -148,3 +148,37 @@ def test_lists_a_minute_stay_one_node_and_one_pod_list_a_window_whatever_the_num
             clock.now = tick * TICK + job * (TICK - 0.1) / jobs
             assert _fits(reader, f"j{job}") == 3
     assert (core.count("nodes"), core.count("pods")) == (60 / TICK, 60 / TICK)
+
+
+class Counted(dict[str, Any]):
+    """A pod document that counts the reads of its fields."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        Counted.reads += 1
+        return super().get(key, default)
+
+
+class Listed:
+    """The cluster's `gpu_room` answer as documents held here (so that their reads are seen)."""
+
+    def __init__(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        self.nodes, self.pods = nodes, pods
+
+    def gpu_room(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return self.nodes, self.pods
+
+
+def test_the_pods_are_walked_once_a_read_and_a_jobs_count_reads_its_own_sums_not_every_pod() -> None:
+    """One job's count on a room of thousands of pods walked all of them (a tick of N elastic
+    jobs below their workers: N x N pods); the read now keeps sums by node and by job."""
+    pods = [Counted(pod("a", 1, namespace="ml", job=f"j{i}")) for i in range(3)] + [Counted(pod("b", 2))]
+    reader = RoomReader(Listed([node("a", 4), node("b", 4)], pods), fresh_seconds=TICK, clock=Clock())  # type: ignore[arg-type]
+    assert _fits(reader, "j0") == 4  # a: 4 less j1's and j2's; b: 4 less 2 (a worker a GPU)
+    walked = Counted.reads
+    assert [_fits(reader, f"j{i}") for i in range(3)] + [_fits(reader, "other")] == [4, 4, 4, 3]
+    assert Counted.reads == walked  # the read's sums answered: no pod read again
+    room = reader.room()
+    assert room is not None and dict(room.used) == {"a": 3, "b": 2}
+    assert {key: dict(nodes) for key, nodes in room.own.items()} == {("ml", f"j{i}"): {"a": 1} for i in range(3)}
