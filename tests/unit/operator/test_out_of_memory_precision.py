@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from mpjob.planning import history
-from mpjob.planning import lifecycle as lc
 from mpjob.planning.batch import largest_micro_batch, largest_shape
 from mpjob.planning.classify import AttemptOutcome, classify
 from mpjob.planning.lifecycle import Plan, When
-from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt, first_attempt
+from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
 from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.unit.operator import carried_out
 
 pytestmark = pytest.mark.unit
 WHEN = When("2026-12-01T12:00:00Z", 1)
@@ -41,15 +41,7 @@ def ran_out(precision: str, micro_batch: int, index: int = 0) -> AttemptStatus:
 
 def walk(job: MixedPrecisionJobSpec, *outcomes: AttemptOutcome) -> tuple[Plan, list[tuple[str, BatchShape | None]]]:
     """Attempts through the lifecycle, each ending as the next of `outcomes`: (precision, shape) each."""
-    plan = Plan(status=MixedPrecisionJobStatus())
-    lc.begin(plan, job, first_attempt(job), WHEN)
-    started = [plan.create[0]]
-    for outcome in outcomes:
-        nxt = Plan(status=plan.status)
-        lc.conclude(nxt, job, attempt=started[-1], outcome=outcome, when=WHEN, capability=None)
-        assert nxt.create, nxt.status.message
-        plan.status = nxt.status
-        started.append(nxt.create[0])
+    plan, started = carried_out.through(job, WHEN, *outcomes)
     return plan, [(s.precision, s.shape) for s in started]
 
 

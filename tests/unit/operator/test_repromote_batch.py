@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from mpjob.planning import lifecycle as lc
 from mpjob.planning.batch import largest_micro_batch
 from mpjob.planning.classify import AttemptOutcome, classify
 from mpjob.planning.elastic import Capacity, decide
 from mpjob.planning.lifecycle import Plan, When
-from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt, first_attempt
-from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
+from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec
+from tests.unit.operator import carried_out
 
 pytestmark = pytest.mark.unit
 WHEN = When("2026-12-01T12:00:00Z", 1)
@@ -35,17 +35,7 @@ def spec(**over: Any) -> MixedPrecisionJobSpec:
 
 
 def _run(job: MixedPrecisionJobSpec, *outcomes: AttemptOutcome) -> tuple[Plan, list[StartAttempt]]:
-    """Attempts through the lifecycle, each ending as the next of `outcomes`."""
-    plan = Plan(status=MixedPrecisionJobStatus())
-    lc.begin(plan, job, first_attempt(job), WHEN)
-    started = [plan.create[0]]
-    for outcome in outcomes:
-        nxt = Plan(status=plan.status)
-        lc.conclude(nxt, job, attempt=started[-1], outcome=outcome, when=WHEN, capability=None)
-        assert nxt.create, nxt.status.message
-        plan.status = nxt.status
-        started.append(nxt.create[0])
-    return plan, started
+    return carried_out.through(job, WHEN, *outcomes)
 
 
 def _walk(started: list[StartAttempt]) -> list[tuple[str, BatchShape | None]]:

@@ -169,6 +169,18 @@ def test_each_state_of_a_change_in_place_shows_as_a_restart_shows_it(uri: str) -
     assert second.data.tags["mpjob.ending"] == "ConfigError"
 
 
+def change_refused(uri: str, tracker: RunTracker, job: Any) -> Path:
+    """Attempt 1's fallback to bf16 in place at step 6, sent (with the first record after it) to a
+    store that refuses the next attempt's run: a damaged run folder fails MLflow's search. The
+    folder, for the test to mend."""
+    damaged = Path(uri.removeprefix("file://")) / job.info.experiment_id / "damaged"
+    damaged.mkdir()
+    (damaged / "meta.yaml").write_text("run_id: [not closed\n")
+    tracker("precisionChanged", changed("fallback", 1, 6, 0, "bf16", "MaxConsecutiveOverflows", "m"))
+    step(tracker, 10, "bf16")
+    return damaged
+
+
 def test_a_change_whose_next_run_was_not_made_ends_the_job_run_as_the_job_ends(
     uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,11 +193,7 @@ def test_a_change_whose_next_run_was_not_made_ends_the_job_run_as_the_job_ends(
     tracker = tracker_for(uri, lines)
     step(tracker, 5, "fp16")
     job, _ = opened(uri, tracker, attempts=1)
-    damaged = Path(uri.removeprefix("file://")) / job.info.experiment_id / "damaged"
-    damaged.mkdir()
-    (damaged / "meta.yaml").write_text("run_id: [not closed\n")
-    tracker("precisionChanged", changed("fallback", 1, 6, 0, "bf16", "MaxConsecutiveOverflows", "m"))
-    step(tracker, 10, "bf16")  # the change is sent with the first record after it
+    damaged = change_refused(uri, tracker, job)
     wait_for(lambda: tracker.failed, 120, message="the change's failure")
     shutil.rmtree(damaged)
     step(tracker, 40, "bf16")

@@ -18,6 +18,7 @@ from tests.helpers import wait_for
 from tests.tracking.mlflow_server import tracking_client
 from tests.unit.trainer.test_tracking_in_place import (
     STEPS,
+    change_refused,
     changed,
     opened,
     runs_of,
@@ -89,11 +90,7 @@ def test_an_attempt_whose_run_a_change_did_not_make_gets_it_at_a_later_try(
     tracker = tracker_for(uri, lines)
     step(tracker, 5, "fp16")
     job, _ = opened(uri, tracker, attempts=1)
-    damaged = Path(uri.removeprefix("file://")) / job.info.experiment_id / "damaged"
-    damaged.mkdir()
-    (damaged / "meta.yaml").write_text("run_id: [not closed\n")
-    tracker("precisionChanged", changed("fallback", 1, 6, 0, "bf16", "MaxConsecutiveOverflows", "m"))
-    step(tracker, 10, "bf16")  # the change is sent with the first record after it
+    damaged = change_refused(uri, tracker, job)
     wait_for(lambda: tracker.degraded, 120, message="the change's failure")
     assert "attempt 1 has no run of its own" in str(tracker.degraded)
     step(tracker, 15, "bf16")  # tried again, failing again: counted, not told again
