@@ -18,20 +18,12 @@ import torch
 
 from mpjob_trainer.errors import ConfigError
 from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.test_adapters_arguments import Regression
 
 pytestmark = pytest.mark.unit
 
 JOB = {"steps": 12, "batchSize": 4, "logEvery": 2, "seed": 0, "learningRate": 1e-2}
 FALLBACK = {"mode": "bf16", "fallback": ["fp32"]}
-
-
-class Regression(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
 
 
 def _samples(count: int, seed: int) -> list[dict[str, torch.Tensor]]:
