@@ -13,7 +13,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.summary import summary_lines
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.report import TerminationReport
-from tests.unit.localrun.test_stops import Killed, Scripted, checkpoint, started, step
+from tests.unit.localrun.scripted_run import Killed, Scripted, checkpoint, started, step
 
 pytestmark = pytest.mark.unit
 
