@@ -2,9 +2,10 @@
 
 Only settings certainly dead for the spec as written (never a guess about the node or the run):
 a fault rule that can never apply (the first rule on a fault decides, FaultPolicy.decide; a
-QualityDrift rule needs a quality gate that can fire, a LossSpike rule a spike window the run
-fills, a Stagnation rule a stagnation check that can fire, a MaxConsecutiveOverflows or
-LossScaleCollapsed rule an fp16 rung, the one with a GradScaler; a FallBack needs a rung below), and
+NumericFault rule needs a guard rule no rule names, a QualityDrift rule a quality gate that can
+fire, a LossSpike rule a spike window the run fills, a Stagnation rule a stagnation check that
+can fire, a MaxConsecutiveOverflows or LossScaleCollapsed rule an fp16 rung, the one with a
+GradScaler; a FallBack needs a rung below), and
 a setting whose figure the run can never reach (checkpoint.everySteps, validation.everySteps,
 precision.repromoteAfterSteps, precision.guard.stagnationSteps, the builtin loop's training.warmupSteps, a
 precision.lossScale.growthInterval other than its default and a guard.spike.window, against
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from mpjob_contract.faults import Fault, FaultAction
+from mpjob_contract.faults import COVERED_BY, Fault, FaultAction
 from mpjob_contract.precision import LossScale
 from mpjob_contract.spec import DRIFT_IN_A_ROW, MixedPrecisionJobSpec
 from mpjob_contract.storage_warnings import checkpoints_in_pod
@@ -106,7 +107,9 @@ def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
             found.append((field, f"never applies: rules[{first[fault]}] is on {fault} too and comes first"))
             continue
         first[fault] = index
-        if fault == Fault.QUALITY_DRIFT and (gate := gate_never_fires(spec)) is not None:
+        if fault == Fault.NUMERIC_FAULT and (named := all_covered(spec)) is not None:
+            found.append((field, f"never applies: NumericFault decides only a guard rule no rule names, and {named}"))
+        elif fault == Fault.QUALITY_DRIFT and (gate := gate_never_fires(spec)) is not None:
             found.append((field, f"never applies: QualityDrift comes only from the quality gate, and {gate}"))
         elif fault == Fault.LOSS_SPIKE and (unjudged := spikes_never_judged(spec)) is not None:
             found.append((field, f"never applies: LossSpike comes only from the spike check, and {unjudged}"))
@@ -117,6 +120,17 @@ def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
         elif rule.action == FaultAction.FALL_BACK and (rung := no_rung_below(spec)) is not None:
             found.append((field, f"never applies: FallBack needs a precision below the starting one, and {rung}"))
     return found
+
+
+def all_covered(spec: MixedPrecisionJobSpec) -> str | None:
+    """The rules naming each guard rule NumericFault covers, when all four are named, or None: the
+    rule on a guard rule decides for it wherever each stands (faults.decide)."""
+    first: dict[Fault, int] = {}
+    for index, rule in enumerate(spec.fault_policy.rules):
+        first.setdefault(rule.named, index)
+    if not all(fault in first for fault in COVERED_BY):
+        return None
+    return f"{', '.join(f'rules[{first[fault]}] ({fault})' for fault in COVERED_BY)} name all four it covers"
 
 
 def never_loss_scaled(spec: MixedPrecisionJobSpec) -> str | None:

@@ -68,3 +68,43 @@ def test_validate_prints_the_warning_and_still_passes(tmp_path: Path, capsys: py
         f"{path}: warning: spec.faultPolicy.rules[1]: never applies: rules[0] is on NumericFault too and comes first",
         f"{path}: ok (1 MixedPrecisionJob)",
     ]
+
+
+#: A rule on each of the four guard rules NumericFault covers (faults.COVERED_BY).
+ALL_FOUR = (
+    {"fault": "MaxNonFiniteLosses", "action": "Retry"},
+    {"fault": "MaxConsecutiveOverflows", "action": "Fail"},
+    {"fault": "LossScaleCollapsed", "action": "Fail"},
+    {"fault": "Stagnation", "action": "Retry"},
+)
+CAUGHT = (
+    "rules[0] (MaxNonFiniteLosses), rules[1] (MaxConsecutiveOverflows), rules[2] (LossScaleCollapsed), "
+    "rules[3] (Stagnation)"
+)
+
+
+def test_a_numeric_fault_rule_after_rules_on_all_four_guard_rules_never_applies() -> None:
+    given = spec(
+        **rules(*ALL_FOUR, {"fault": "NumericFault", "action": "Fail"}),
+        precision={"mode": "fp16", "guard": {"stagnationSteps": 50}},
+    )
+    assert never_applying(given) == [
+        (
+            "faultPolicy.rules[4]",
+            "never applies: NumericFault decides only a guard rule no rule names, and "
+            f"{CAUGHT} name all four it covers",
+        )
+    ]
+
+
+def test_a_numeric_fault_rule_first_is_beaten_by_the_four_all_the_same() -> None:
+    """faults.decide takes the rule on the guard rule itself in either order."""
+    first = [{"fault": "NumericFault", "action": "Retry"}, *ALL_FOUR]
+    found = never_applying(spec(**rules(*first), precision={"mode": "fp16", "guard": {"stagnationSteps": 50}}))
+    assert [field for field, _ in found] == ["faultPolicy.rules[0]"]
+    assert "rules[1] (MaxNonFiniteLosses)" in found[0][1] and "rules[4] (Stagnation)" in found[0][1]
+
+
+def test_a_numeric_fault_rule_left_one_guard_rule_still_applies() -> None:
+    three = [*ALL_FOUR[:3], {"fault": "NumericFault", "action": "Fail"}]
+    assert never_applying(spec(**rules(*three), precision={"mode": "fp16"})) == []
