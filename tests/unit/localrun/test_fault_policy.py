@@ -97,3 +97,40 @@ def test_a_rule_on_overflow_storms_fails_them_while_nan_losses_fall_back(tmp_pat
         assert code == 0 and report["phase"] == "Succeeded", out
         assert [a["precision"] for a in report["attempts"]] == ["fp16", "bf16"]
         assert "spec.faultPolicy" not in first["message"]  # the built-in's action, no rule named
+
+
+#: The reverse of the rules above: an overflow storm falls back (in place, as planned), any other
+#: numeric fault ends the job.
+REVERSE = policy(("NumericFault", "Fail"), ("MaxConsecutiveOverflows", "FallBack"))
+#: The guard settings that make the fp16 overflow end the attempt by the one rule or the other.
+STORM = {"maxConsecutiveOverflows": 2, "maxNonFiniteLosses": 1000}
+NAN_LOSSES = {"maxConsecutiveOverflows": 1000, "maxNonFiniteLosses": 2}
+
+
+def test_the_reverse_policy_falls_back_in_place_from_an_overflow_storm(tmp_path: Any) -> None:
+    code, report, out = run(
+        tmp_path,
+        task=mlp(overflowAtStep=15),
+        precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "guard": STORM},
+        faultPolicy=REVERSE,
+    )
+    assert code == 0 and report["phase"] == "Succeeded", out
+    first, second = report["attempts"]
+    assert (first["precision"], first["reason"]) == ("fp16", "NumericFault") and "MaxConsecutiveOverflows:" in (
+        first["message"]
+    ), out
+    assert (second["precision"], second["reason"], second.get("inPlace")) == ("bf16", "Succeeded", True), out
+    assert "spec.faultPolicy" not in first["message"]  # FallBack is the built-in action: no rule named
+
+
+def test_the_reverse_policy_fails_nan_losses_naming_the_numeric_fault_rule(tmp_path: Any) -> None:
+    only, failed = failed_once(
+        tmp_path,
+        task=mlp(overflowAtStep=15),
+        precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "guard": NAN_LOSSES},
+        faultPolicy=REVERSE,
+    )
+    assert (only["precision"], only["reason"], only["exitCode"]) == ("fp16", "NumericFault", 42)
+    assert "MaxNonFiniteLosses:" in only["message"] and not only.get("inPlace")
+    named = "spec.faultPolicy.rules[0] (fault: NumericFault, action: Fail)"
+    assert only["message"].startswith(named) and failed["reason"] == "NumericFault" and named in failed["message"]
