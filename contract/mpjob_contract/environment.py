@@ -11,6 +11,9 @@ import re
 
 #: The environment variable that carries the AttemptLaunch JSON to the trainer.
 LAUNCH_ENV = "MPJOB_LAUNCH"
+#: The UID of the Job a trainer pod runs in (the Job controller's pod label, by the downward
+#: API): what the checkpoints it writes name as their writer (AttemptLaunch.lineage). Unset: none.
+ATTEMPT_JOB_ENV = "MPJOB_ATTEMPT_JOB_UID"
 #: Kubernetes' default terminationMessagePath; the trainer writes here unless told otherwise.
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LOG_ENV = "MPJOB_TERMINATION_LOG"

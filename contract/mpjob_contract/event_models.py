@@ -50,6 +50,15 @@ class CheckpointRejected(TrainerEvent):
     problem: str
 
 
+class CheckpointOutsideLineage(TrainerEvent):
+    """A checkpoint a resume or a rollback passed over, left as it is: written by a Job outside the
+    attempt's lineage (a stray one, made after its attempt had ended; the trainer's checkpoint.lineage)."""
+
+    name = "checkpointOutsideLineage"
+    path: str
+    problem: str
+
+
 class KeepFp32(TrainerEvent):
     """Module names wrapped to run in fp32, and the listed types autocast already runs in fp32."""
 

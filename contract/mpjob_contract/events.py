@@ -26,6 +26,7 @@ from mpjob_contract.event_models import (
     CheckpointFailed,
     CheckpointHousekeepingFailed,
     CheckpointListingCapped,
+    CheckpointOutsideLineage,
     CheckpointRejected,
     CheckpointSkipped,
     CheckpointStaged,
@@ -62,6 +63,7 @@ __all__ = [
     "CheckpointFailed",
     "CheckpointHousekeepingFailed",
     "CheckpointListingCapped",
+    "CheckpointOutsideLineage",
     "CheckpointRejected",
     "CheckpointSkipped",
     "CheckpointStaged",
@@ -100,6 +102,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
     for model in (
         Start,
         CheckpointRejected,
+        CheckpointOutsideLineage,
         KeepFp32,
         Fp8,
         Compile,

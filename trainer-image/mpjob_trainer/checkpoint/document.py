@@ -64,6 +64,8 @@ class ManifestDocument(BaseModel):
     world_size: int = Field(1, alias="worldSize", ge=1, le=MAX_WORLD_SIZE)
     files: dict[str, FileEntry] = Field(max_length=MAX_FILES)
     writer: str | None = Field(None, pattern=WRITER)
+    attempt: int | None = Field(None, ge=0, le=MAX_STEP)
+    attempt_job: Short | None = Field(None, alias="attemptJob")
 
     @field_validator("files")
     @classmethod

@@ -6,7 +6,9 @@ A checkpoint is a folder:
     framework/      what a framework adapter wrote (Hugging Face Trainer, Lightning), if any
     manifest.json   written last: formatVersion, step, precision, configDigest, job (the
                     `<namespace>/<name>/<uid>` that wrote it), createdAt and `files`, the
-                    sha256 and size of every other file in the folder (bucket: `writer`, checkpoint.objects)
+                    sha256 and size of every other file in the folder (bucket: `writer`, checkpoint.objects);
+                    on a cluster `attempt` and `attemptJob`, the attempt and the UID of the Job
+                    that wrote it (checkpoint.lineage: a stray attempt's are not resumed from)
 
 Format versions (`formatVersion`; a manifest without the field is version 1):
     1  the layout above, and the builtin loop's AdamW had ONE parameter group
@@ -81,6 +83,9 @@ class Manifest:
     layout: str = SINGLE
     world_size: int = 1
     writer: str | None = None  # a bucket's: the folder below the step's prefix of `files` (checkpoint.objects)
+    #: The attempt and the Job (its UID) that wrote it, when it ran in one (checkpoint.lineage).
+    attempt: int | None = None
+    attempt_job: str | None = None
 
     @property
     def state_sha256(self) -> str:
@@ -102,6 +107,7 @@ class Manifest:
             "files": self.files,
             "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **({"writer": self.writer} if self.writer else {}),
+            **({"attempt": self.attempt, "attemptJob": self.attempt_job} if self.attempt_job else {}),
         }
 
 
@@ -151,7 +157,7 @@ def parse_manifest(raw: bytes, name: str) -> Manifest:
         raise CorruptCheckpoint(f"{name}: manifest lists itself, or a single-file checkpoint without {STATE}")
     files = {file: entry.model_dump() for file, entry in doc.files.items()}
     fields = (doc.step, doc.precision, doc.config_digest, doc.format_version, files, doc.job, doc.layout)
-    return Manifest(*fields, doc.world_size, doc.writer)
+    return Manifest(*fields, doc.world_size, doc.writer, doc.attempt, doc.attempt_job)
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:

@@ -10,6 +10,10 @@ prune counts and removes only checkpoints up to the step just saved, and examine
 newest `keep + MAX_EXAMINED` of those step folders (each a manifest read): a save prunes as it
 goes, so its own older ones are within them. Of the job's damaged checkpoints a save set aside,
 the newest CORRUPT_KEPT stay for diagnosis and older ones go (`bound_aside`), on every store.
+A checkpoint of the job outside the attempt's lineage (a stray attempt's: checkpoint.lineage)
+neither counts nor goes either, set aside or not; one at the step to save is set aside (said in
+a `checkpointOutsideLineage` line), so the attempt's own save takes its place instead of taking
+the stray's state for its own.
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ def own_manifest(store: Store[W], where: W) -> Manifest | None:
     return manifest if manifest is not None and manifest.job == store.job else None
 
 
+def lineal_manifest(store: Store[W], where: W) -> Manifest | None:
+    """`own_manifest`'s, when the checkpoint is of the store's lineage too (checkpoint.lineage)."""
+    manifest = own_manifest(store, where)
+    return manifest if manifest is not None and store.lineage.outside(manifest) is None else None
+
+
 def wrote(store: Store[W], where: W) -> bool:
     """Whether this store's job wrote the checkpoint at `where` (its manifest names the job)."""
     return own_manifest(store, where) is not None
@@ -62,6 +72,12 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
         return None
     if manifest.job != store.job:
         raise CheckpointTaken(where)
+    if (stray := store.lineage.outside(manifest)) is not None:
+        store.log(
+            "checkpointOutsideLineage", path=str(where), problem=f"{stray}: set aside, this attempt saves its step"
+        )
+        store.set_aside(where)
+        return None
     try:
         if unloadable.known(store, where, manifest):
             raise CorruptCheckpoint(f"{where}: its files did not load")
@@ -92,7 +108,7 @@ def prune(store: Store[W], saved: int) -> None:
     save is never one that goes; what the job did not write, and its checkpoints of later steps (a
     run this one did not go on from: damaged, of another config digest), neither count nor go."""
     examined = [(step, where) for step, where in store.steps() if step <= saved][-(store.keep + MAX_EXAMINED) :]
-    ours = [(where, manifest) for _, where in examined if (manifest := own_manifest(store, where)) is not None]
+    ours = [(where, manifest) for _, where in examined if (manifest := lineal_manifest(store, where)) is not None]
     for where, manifest in ours[: -store.keep]:
         store.discard(where, manifest)
 
@@ -101,6 +117,6 @@ def bound_aside(store: Store[W]) -> None:
     """Of the checkpoints this store's job set aside, keep the newest CORRUPT_KEPT and delete the
     rest (MAX_EXAMINED more examined, each a manifest read: a backlog drains); others' stay."""
     examined = store.aside()[-(CORRUPT_KEPT + MAX_EXAMINED) :]
-    ours = [(where, manifest) for where in examined if (manifest := own_manifest(store, where)) is not None]
+    ours = [(where, manifest) for where in examined if (manifest := lineal_manifest(store, where)) is not None]
     for where, manifest in ours[:-CORRUPT_KEPT]:
         store.discard(where, manifest)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint.lineage import Lineage
 from mpjob_trainer.checkpoint.manifest import Manifest
 
 #: Called as log(event, **fields) for what the store decides on its own (a rejected checkpoint).
@@ -47,6 +48,8 @@ class Store(Protocol[W]):
     #: The trainer build this process is (checkpoint.unloadable.build: its releases and image):
     #: what the marks it writes name, and the only build whose marks count for it.
     build: str
+    #: The attempt that writes here and the run it goes on from: what a resume may take (checkpoint.lineage).
+    lineage: Lineage
 
     def steps(self) -> list[tuple[int, W]]:
         """The step folders found, oldest first (whoever wrote them, whatever their state)."""

@@ -2,7 +2,9 @@
 
 The named one (launch.resumeFrom) if it is valid, else the newest valid one; a checkpoint that
 fails verification is logged (`checkpointRejected`) and the next candidate is tried, so a
-corrupt or mismatched newest checkpoint falls back to the previous good one. With `newer_in`,
+corrupt or mismatched newest checkpoint falls back to the previous good one. A checkpoint outside
+the attempt's lineage (a stray attempt's: checkpoint.lineage) is no candidate, logged
+(`checkpointOutsideLineage`), never deleted. With `newer_in`,
 valid checkpoints of that precision newer than the named one come first: the attempt that was
 told to resume from `prefer` wrote them itself before it was stopped (a queue preempted it, a
 restarted operator recreated its Job) and restarts with the same launch; no earlier attempt in
@@ -80,7 +82,7 @@ def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = No
     ordered = [where for _, where in newest_first]
     preferred = store.named(prefer) if prefer else None
     if prefer is None or preferred is None:
-        return ordered
+        return within(store, ordered)
     floor = step_of(PurePosixPath(prefer).name)
     ahead = [
         where
@@ -88,7 +90,27 @@ def candidates(store: Store[W], prefer: str | None, *, newer_in: str | None = No
         if newer_in and floor is not None and step > floor and precision_of(store, where) == newer_in
     ]
     rest = [where for where in ordered if where != preferred and where not in ahead]
-    return [*ahead, preferred, *rest]
+    return within(store, [*ahead, preferred, *rest])
+
+
+def within(store: Store[W], places: list[W]) -> list[W]:
+    """`places` less the checkpoints outside the store's lineage (checkpoint.lineage: a stray
+    attempt's), each logged (`checkpointOutsideLineage`) and left as it is. One whose manifest
+    cannot be read stays: its verification rejects it and says why."""
+    if store.lineage.earlier is None:
+        return places  # nothing to judge: no manifest read
+    kept: list[W] = []
+    for where in places:
+        try:
+            manifest = store.manifest(where)
+        except CorruptCheckpoint:
+            manifest = None
+        problem = store.lineage.outside(manifest) if manifest is not None else None
+        if problem is None:
+            kept.append(where)
+        else:
+            store.log("checkpointOutsideLineage", path=str(where), problem=problem)
+    return kept
 
 
 def newest(store: Store[W]) -> list[tuple[int, W]]:
@@ -125,7 +147,8 @@ def back_to(store: Store[W], step: int, restore: Restore) -> Loaded:
     `restore` loads on every rank, as `first_valid` takes one (rank 0's list on every rank);
     NoGoodCheckpoint when none does, the run's state then maybe loaded in part."""
     peers = Peers.current()
-    places = peers.from_main([where for at, where in newest(store) if at <= step] if peers.rank == 0 else None)
+    before = [where for at, where in newest(store) if at <= step] if peers.rank == 0 else []
+    places = peers.from_main(within(store, before) if peers.rank == 0 else None)
     try:
         loaded = first_valid(store, places, restore)
     except ResumedApart as exc:

@@ -46,6 +46,7 @@ from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.bucket_files import BucketFiles, check_sizes, fetch_files
 from mpjob_trainer.checkpoint.bucket_marks import BucketMarks
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
+from mpjob_trainer.checkpoint.lineage import UNJUDGED, Lineage
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     MANIFEST,
@@ -69,18 +70,10 @@ MAX_FOLDERS = 10_000
 
 class BucketCheckpointStore:
     def __init__(
-        self,
-        location: str,
-        settings: S3Storage,
-        *,
-        keep: int,
-        config_digest: str,
-        job: str,
-        log: Log | None = None,
-        metrics: TransferMetrics | None = None,
-        bucket: Bucket | None = None,
-        build: str = "",
-    ) -> None:
+        self, location: str, settings: S3Storage, *, keep: int, config_digest: str, job: str, log: Log | None = None,
+        metrics: TransferMetrics | None = None, bucket: Bucket | None = None, build: str = "",
+        lineage: Lineage = UNJUDGED,
+    ) -> None:  # fmt: skip
         name, self.key = split_url(location)
         if name != settings.bucket:
             raise ValueError(f"{location!r} is not in bucket {settings.bucket!r}")
@@ -92,8 +85,8 @@ class BucketCheckpointStore:
         #: volume store's own rules apply there); a framework stages into it too.
         self.root = Path(tempfile.mkdtemp(prefix="mpjob-checkpoints-"))
         weakref.finalize(self, shutil.rmtree, self.root, True)
-        self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job, build=build)
-        self.keep, self.job, self.build = keep, job, self.local.build
+        self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job, build=build, lineage=lineage)
+        self.keep, self.job, self.build, self.lineage = keep, job, self.local.build, lineage
         self.unloadable: set[str] = set()
         self.marks = BucketMarks(self.bucket, self.key, MARK_BYTES)
         self._writing = threading.Lock()

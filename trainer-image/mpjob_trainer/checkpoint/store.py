@@ -44,6 +44,7 @@ import torch
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint import folders, ownership, shards, unloadable
 from mpjob_trainer.checkpoint.checked import CheckedSource, load_checked
+from mpjob_trainer.checkpoint.lineage import UNJUDGED, Lineage
 from mpjob_trainer.checkpoint.manifest import (
     DCP,
     FORMAT_VERSION,
@@ -82,9 +83,10 @@ class SaveResult:
 
 class CheckpointStore:
     def __init__(
-        self, root: Path, keep: int, config_digest: str, log: Log | None = None, *, job: str = "", build: str = ""
-    ) -> None:
-        self.root = root
+        self, root: Path, keep: int, config_digest: str, log: Log | None = None, *, job: str = "", build: str = "",
+        lineage: Lineage = UNJUDGED,
+    ) -> None:  # fmt: skip
+        self.root, self.lineage = root, lineage  # lineage: who writes here, what a resume goes on from
         self.build = build or unloadable.build(None)  # checkpoint.protocol's (default: the image not known)
         self.keep = keep
         self.config_digest = config_digest
@@ -244,7 +246,7 @@ class CheckpointStore:
         with (tmp / STATE).open("wb") as f:
             torch.save(state, f)
         manifest = Manifest(step, precision, self.config_digest, FORMAT_VERSION, hash_tree(tmp), job=self.job)
-        return self._commit(tmp, manifest, start)
+        return self._commit(tmp, self.lineage.stamp(manifest), start)
 
     def commit(
         self, tmp: Path, step: int, precision: str, files: dict[str, dict[str, Any]], *, world_size: int
@@ -265,9 +267,8 @@ class CheckpointStore:
     ) -> Manifest:
         """The manifest that commits `step`'s sharded checkpoint of this job (`files`: every
         rank's, as the ranks hashed them); a bucket's commit writes the same."""
-        return Manifest(
-            step, precision, self.config_digest, FORMAT_VERSION, files, job=self.job, layout=DCP, world_size=world_size
-        )
+        fields = (step, precision, self.config_digest, FORMAT_VERSION, files, self.job, DCP, world_size)
+        return self.lineage.stamp(Manifest(*fields))
 
     def _commit(self, tmp: Path, manifest: Manifest, start: float) -> SaveResult:
         write_manifest(tmp, manifest)

@@ -1,0 +1,70 @@
+"""Which of the job's checkpoints an attempt may go on from: those of the run that led to it.
+
+An operator that stalled after writing "attempt N starts" may make attempt N's Job once another
+has ended attempt N and started N+1 (operator controller.strays): that stray Job is deleted at
+the next reconcile, but while it lived its trainers wrote the job's checkpoints, maybe past the
+step N+1 resumed from, in N's precision and data order. It is the same attempt as the real one,
+with the same launch: only its Job's UID tells it apart. So on a cluster every checkpoint names
+the attempt and the Job that wrote it (manifest `attempt`, `attemptJob`: the UID the Job
+controller labels its pods with, ATTEMPT_JOB_ENV), and each launch names the Job every earlier
+attempt the job's status holds ran in (AttemptLaunch.lineage, by attempt). A resume or a
+rollback passes over a checkpoint written
+- by an attempt after its own (a later attempt's Job cannot have run before this one);
+- by an earlier attempt from another Job than the one the status records for it, or when the
+  status records none (a stray's);
+said in a `checkpointOutsideLineage` log line, and never deleted, set aside or pruned for it: it
+stays the job's, as it was. A checkpoint that names no Job (a local run, a trainer from before),
+one of the attempt itself (its Job made again keeps its place), and one of an attempt the status
+no longer holds (its history is bounded) are judged as before: the fence costs no good
+checkpoint of the lineage.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from mpjob_contract.environment import ATTEMPT_JOB_ENV
+from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer.checkpoint.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Lineage:
+    #: This process's attempt and the UID of its Job (None: it runs in none: nothing is stamped).
+    attempt: int = 0
+    job: str | None = None
+    #: The Job each earlier attempt ran in, by attempt (AttemptLaunch.lineage; None: nothing judged).
+    earlier: Mapping[int, str | None] | None = None
+
+    @classmethod
+    def of(cls, launch: AttemptLaunch, environ: Mapping[str, str] = os.environ) -> Lineage:
+        """The lineage of the attempt `launch` starts, in the Job `environ` names (ATTEMPT_JOB_ENV)."""
+        return cls(launch.attempt, environ.get(ATTEMPT_JOB_ENV) or None, launch.lineage)
+
+    def stamp(self, manifest: Manifest) -> Manifest:
+        """`manifest` naming this attempt and its Job as its writer (as it is when there is no Job)."""
+        return replace(manifest, attempt=self.attempt, attempt_job=self.job) if self.job else manifest
+
+    def outside(self, manifest: Manifest) -> str | None:
+        """Why the checkpoint of `manifest` is not of this attempt's lineage (None: it may be)."""
+        written, job = manifest.attempt, manifest.attempt_job
+        if self.earlier is None or written is None or job is None or written == self.attempt:
+            return None
+        if written > self.attempt:
+            return f"written by attempt {written}, after this attempt {self.attempt}"
+        if written not in self.earlier:
+            return None
+        recorded = self.earlier[written]
+        if recorded == job:
+            return None
+        ran_in = f"Job {recorded}" if recorded else "no Job"
+        return (
+            f"written by Job {job} of attempt {written}, which the job's status records as having run in "
+            f"{ran_in}: a stray Job, made after that attempt had ended"
+        )
+
+
+#: A store that stamps nothing and judges nothing (a store opened outside an attempt).
+UNJUDGED = Lineage()
