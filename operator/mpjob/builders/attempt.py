@@ -14,13 +14,8 @@ from mpjob.planning.launch import attempt_launch
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
-from mpjob_contract.launch import (
-    LAUNCH_ENV,
-    AttemptLaunch,
-    checkpoint_root,
-    inside_checkpoint_dir,
-    job_checkpoint_dir,
-)
+from mpjob_contract.environment import ATTEMPT_JOB_ENV
+from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, checkpoint_root, inside_checkpoint_dir, job_checkpoint_dir
 from mpjob_contract.pod_volumes import CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, SHM_MOUNT, SHM_VOLUME, adds_shared_memory
 from mpjob_contract.storage import CREDENTIAL_KEYS
 from mpjob_contract.tracking import IMAGE_ENV, credential_env
@@ -30,6 +25,8 @@ LABEL_ATTEMPT = "mpjob.dev/attempt"
 LABEL_PRECISION = "mpjob.dev/precision"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+#: The Job controller's label on its pods naming the Job's UID (what the checkpoints they write name).
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 NO_CHANGE = InPlacePlan()
@@ -104,9 +101,10 @@ def launcher_argv(
 
 
 def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt,
-            in_place: InPlacePlan) -> AttemptLaunch:  # fmt: skip
-    """The attempt's launch contract (`in_place`: planning.inplace), checkpoints in the job's own
-    folder: a resume point outside it is not passed on (the trainer finds its own newest one)."""
+            in_place: InPlacePlan, lineage: dict[int, str | None] | None) -> AttemptLaunch:  # fmt: skip
+    """The attempt's launch contract (`in_place`: planning.inplace; `lineage`: history.lineage),
+    checkpoints in the job's own folder: a resume point outside it is not passed on (the trainer
+    finds its own newest one)."""
     folder = job_checkpoint_dir(namespace=namespace, name=job, uid=uid, root=checkpoint_root(spec))
     resume_from = start.resume_from
     if resume_from is not None and not inside_checkpoint_dir(resume_from, folder):
@@ -120,6 +118,7 @@ def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, 
         checkpoint_dir=folder,
         resume_from=resume_from,
         job_uid=uid,
+        lineage=lineage,
     )
 
 
@@ -134,6 +133,7 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         # The Job controller sets it too; naming it keeps the launcher's worker index explicit.
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
+        {"name": ATTEMPT_JOB_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_UID_LABEL}']"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         *_bucket_credentials(launch.spec),
         *_tracking_env(launch.spec),
@@ -263,12 +263,13 @@ def attempt_job(
     deadline_seconds: int | None = None,
     trainer_command: Sequence[str] = TRAINER_COMMAND,
     in_place: InPlacePlan = NO_CHANGE,
+    lineage: dict[int, str | None] | None = None,
 ) -> dict[str, Any]:
     """The Indexed Job of attempt `start.index` of `namespace/job` (UID `uid`): `workers` pods, each running
-    the launcher (whose trainers may go on in the attempts `in_place` allows)."""
+    the launcher (whose trainers may go on in the attempts `in_place` allows, from the checkpoints of `lineage`)."""
     name = attempt_name(job, start.index)
     command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND, workers=start.workers)
-    launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start, in_place=in_place)
+    launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start, in_place=in_place, lineage=lineage)
     container = _container(env=_env(launch), spec=spec, image=image, command=command)
     job_labels = labels(job, start.index, start.precision)
     pod_labels = {**spec.template.labels, **job_labels}

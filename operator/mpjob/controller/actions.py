@@ -143,6 +143,7 @@ class Actions:
             job=name, namespace=namespace, uid=body["metadata"]["uid"], spec=spec, start=start,
             image=self.config.trainer_image, deadline_seconds=plan.deadline_seconds,
             trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
+            lineage=history.lineage(plan.status, start.index),
         )  # fmt: skip
         created, before, said = self.cluster.create_job(job, owner=body), plan.status.to_api(), len(plan.started)
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mpjob.builders.attempt import TRAINER_CONTAINER, attempt_name
+from mpjob.builders.attempt import JOB_UID_LABEL, TRAINER_CONTAINER, attempt_name
 from mpjob.controller.ownership import Malformed, ObjectRef, controller_of, owner_ref
 from mpjob.planning.reconcile import PodView
 from mpjob_contract import api
@@ -25,9 +25,8 @@ from mpjob_contract import api
 Key = tuple[str, str]  # (namespace, MixedPrecisionJob name)
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-#: The labels the Job controller puts on every pod of a Job (its generated selector): they stay
-#: when the pod's ownerReference goes with an orphaning deletion of the Job.
-JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+#: With JOB_UID_LABEL, the labels the Job controller puts on every pod of a Job (its generated
+#: selector): they stay when the pod's ownerReference goes with an orphaning deletion of the Job.
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 #: Container waiting reasons that mean the pod will never run.
 IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")

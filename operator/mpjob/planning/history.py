@@ -142,6 +142,15 @@ def job_index(status: MixedPrecisionJobStatus, index: int) -> int:
     return index
 
 
+def lineage(status: MixedPrecisionJobStatus, index: int) -> dict[int, str | None]:
+    """The Job each attempt before `index` that `status` holds ran in (its UID, None: none
+    recorded; an attempt begun in place, its chain's), by attempt: the writers whose checkpoints
+    attempt `index` may resume from (AttemptLaunch.lineage). A stray Job, made for an attempt
+    after it ended, is never the one recorded (`strays`), so its checkpoints are not resumed from."""
+    recorded = {a.index: a.job_uid for a in status.attempts}
+    return {a.index: recorded.get(job_index(status, a.index)) for a in status.attempts if a.index < index}
+
+
 def strays(status: MixedPrecisionJobStatus, uids: Mapping[int, str]) -> dict[int, str]:
     """Of the attempt Jobs held (`uids`: attempt -> the UID of the Job of its name that this job
     controls), those that are not the job's, by attempt: of an attempt `status` has ended whose

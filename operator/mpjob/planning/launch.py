@@ -21,10 +21,12 @@ def attempt_launch(
     checkpoint_dir: str,
     resume_from: str | None,
     job_uid: str | None = None,
+    lineage: dict[int, str | None] | None = None,
 ) -> AttemptLaunch:
     """The launch of attempt `start` of job `job_name` (`job_uid`: None for a local run), with its
     checkpoints in `checkpoint_dir` and resumed from `resume_from` (None: the trainer takes the
-    newest valid checkpoint there)."""
+    newest valid checkpoint there), written by the Jobs of `lineage` (history.lineage; None: not
+    judged, a local run)."""
     return AttemptLaunch(
         job_name=job_name,
         namespace=namespace,
@@ -41,5 +43,6 @@ def attempt_launch(
         promote_in_place_to=in_place.promote_to,
         in_place_splits=in_place.splits,
         checkpoint_dir=checkpoint_dir,
+        lineage=lineage,
         spec=spec,
     )
