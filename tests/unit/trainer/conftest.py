@@ -98,10 +98,12 @@ def launch_env(
     shape: tuple[int, int] | None = None,
     in_place_to: list[str] | None = None,
     splits: list[tuple[int, int]] | None = None,
+    lineage: dict[int, str | None] | None = None,
 ) -> dict[str, str]:
     """The env of one trainer process; `shape` is the attempt's (microBatch, gradAccumulation),
     `in_place_to` the precisions it may fall back to in place, `splits` the (microBatch,
-    gradAccumulation) it may go on in after running out of device memory."""
+    gradAccumulation) it may go on in after running out of device memory, `lineage` the Job each
+    earlier attempt ran in (AttemptLaunch.lineage)."""
     launch = {
         "jobName": "t",
         "attempt": attempt,
@@ -114,6 +116,8 @@ def launch_env(
         launch["microBatch"], launch["gradAccumulation"] = shape
     if in_place_to is not None:
         launch["inPlaceTo"] = [{"precision": p} for p in in_place_to]
+    if lineage is not None:
+        launch["lineage"] = lineage
     if splits is not None:
         launch["inPlaceSplits"] = [{"microBatch": m, "gradAccumulation": a} for m, a in splits]
     env = {
