@@ -186,3 +186,10 @@ def test_a_save_at_a_strays_step_writes_its_own_and_the_strays_is_set_aside_not_
     committed = [step for step, where in keeping.steps() if keeping.manifest(where) is not None]
     assert committed == [40, 60]  # the stray's 40 neither counts nor goes
     assert len(keeping.aside()) == 1
+
+
+def test_a_sharded_checkpoints_manifest_names_its_writer_too(tmp_path: Path) -> None:
+    files = {"rank-0.pt": {"sha256": "0" * 64, "bytes": 1}}
+    store = CheckpointStore(tmp_path, 5, "d1", job=JOB, lineage=Lineage(2, "job-a2", EARLIER))
+    manifest = store.sharded_manifest(10, "bf16", files, world_size=2)
+    assert (manifest.layout, manifest.world_size, manifest.attempt, manifest.attempt_job) == ("dcp", 2, 2, "job-a2")
