@@ -10,6 +10,10 @@ pods, Service and NetworkPolicy going with it in the background, as every attemp
 (this process remembers what it asked until the cache no longer holds that Job), said in a
 Warning Event `StrayJobDeleted` naming it. Only Jobs the cache holds are considered: those whose
 controller is this very MixedPrecisionJob (namespace, kind, name and UID), never another's.
+What its trainers wrote meanwhile (or on the SIGTERM its deletion sends) stays in the job's
+checkpoint folder but is never resumed from: each checkpoint names its writer's Job, and each
+launch the Jobs the status records for the earlier attempts (`history.lineage`; the trainer's
+checkpoint.lineage), which a stray's never is.
 """
 
 from __future__ import annotations
