@@ -154,14 +154,15 @@ def lineage(status: MixedPrecisionJobStatus, index: int) -> dict[int, str | None
 def strays(status: MixedPrecisionJobStatus, uids: Mapping[int, str]) -> dict[int, str]:
     """Of the attempt Jobs held (`uids`: attempt -> the UID of the Job of its name that this job
     controls), those that are not the job's, by attempt: of an attempt `status` has ended whose
-    recorded Job (`jobUid`) is another one, or none. The status says that attempt is over and
-    which Job ran it, so this one was made after it ended, by an operator that stalled between
-    recording the attempt and making its Job and woke once another had gone past it: its
-    trainers would write the job's checkpoints beside the running attempt's. A Job of the
-    attempt that has not ended is never one, its uid recorded or not (made, that write not
-    held yet: the reconcile records it, `lifecycle.made`); nor one of an entry dropped from the
-    history (`bound`: it is retired as an older attempt's)."""
-    ended = {a.index: a.job_uid for a in status.attempts if a.finish_time is not None}
+    recorded Job (`jobUid`) is another one. The status says that attempt is over and which Job
+    ran it, so this one was made after it ended, by an operator that stalled between recording
+    the attempt and making its Job and woke once another had gone past it: its trainers would
+    write the job's checkpoints beside the running attempt's. An ended entry that records no
+    Job is no evidence (a status written before jobUid existed records none, and its kept Jobs
+    are the job's own: the reconcile records them, `lifecycle.made`). A Job of the attempt that
+    has not ended is never one, its uid recorded or not (made, that write not held yet); nor
+    one of an entry dropped from the history (`bound`: it is retired as an older attempt's)."""
+    ended = {a.index: a.job_uid for a in status.attempts if a.finish_time is not None and a.job_uid}
     return {index: uid for index, uid in uids.items() if index in ended and ended[index] != uid}
 
 

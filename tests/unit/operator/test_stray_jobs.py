@@ -1,7 +1,8 @@
 """A Job made for an attempt the status has ended (an operator that stalled between writing
 "attempt N starts" and making its Job, and woke once another had gone past it) is deleted by the
 next reconcile, once, with its UID as a precondition and a Warning Event naming it; a Job of the
-current attempt whose uid is not recorded yet is the attempt's own (recorded, never deleted); a
+current attempt whose uid is not recorded yet is the attempt's own (recorded, never deleted), and
+so is one of an ended attempt whose entry records no Job (a status written before jobUid); a
 Job this MixedPrecisionJob does not control is never touched. Nothing creates a Job for an
 attempt the status written has ended."""
 
@@ -82,13 +83,16 @@ def test_a_job_made_for_an_ended_attempt_is_deleted_once_by_uid_and_said(events:
     assert cluster.deleted == [("j-a0", "stray")] and len(told(events, "StrayJobDeleted")) == 1
 
 
-def test_a_job_made_for_an_attempt_that_ended_before_any_job_of_it_is_a_stray(events: list) -> None:  # noqa: F811
-    cluster = cluster_at(moved_on(ended_uid=None))
+def test_the_kept_jobs_of_a_status_written_before_job_uids_are_the_jobs_own(events: list) -> None:  # noqa: F811
+    cluster = cluster_at(moved_on(current_uid=None, ended_uid=None))  # an older operator's status: no jobUid
     made = reconciler(cluster)
-    made.cache.relist("jobs", None, [job(1), job(0, uid="late")])
-    made.handle(KEY, False)
-    assert cluster.deleted == [("j-a0", "late")] and len(told(events, "StrayJobDeleted")) == 1
-    assert "jobUid" not in cluster.body["status"]["attempts"][0]
+    kept = job(0, conditions=[{"type": "Failed", "status": "True"}])  # attempt 0's Job, kept after it ended
+    made.cache.relist("jobs", None, [kept, job(1)])
+    made.cache.relist("pods", None, [pod(1)])
+    made.handle(KEY, False)  # the upgraded operator's first reconcile
+    made.handle(KEY, True)
+    assert cluster.deleted == [] and told(events, "StrayJobDeleted") == [], "an unknown jobUid taken as evidence"
+    assert [a.get("jobUid") for a in cluster.body["status"]["attempts"]] == ["job-0", "job-1"], "recorded as its own"
 
 
 @pytest.mark.parametrize("recorded", [None, "its-first-job"], ids=["none-yet", "made-again"])
@@ -125,6 +129,8 @@ def test_the_stray_rule_spares_the_running_chain_and_the_recorded_jobs() -> None
     assert history.strays(status, {0: "other", 1: "other"}) == {0: "other"}  # attempt 1 runs: its Job is its own
     status.attempts[1].in_place = True  # attempt 1 begun in place in attempt 0's Job
     assert history.strays(status, {0: "job-0"}) == {}
+    status.attempts[0].job_uid = None  # an entry that records no Job (a status written before jobUid)
+    assert history.strays(status, {0: "any", 1: "other"}) == {}
 
 
 def test_no_job_is_made_for_an_attempt_the_status_written_has_ended() -> None:
