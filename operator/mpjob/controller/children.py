@@ -47,6 +47,7 @@ class Children:
         #: (namespace, the MixedPrecisionJob a Job's name names) -> the Jobs pods name (`_strays`)
         self._named: dict[tuple[str, str], set[ObjectRef]] = {}
         self._failures: dict[ObjectRef, CreateFailure] = {}  # the Job it names -> its latest FailedCreate
+        self._failed: dict[str, ObjectRef] = {}  # a held FailedCreate's Event UID -> the Job it names
         self._gone: set[str] = set()  # pods the API server removed, held as last seen
         self._asked: set[str] = set()  # pods the operator asked to delete (`deleting`)
 
@@ -116,7 +117,10 @@ class Children:
             return record.key if record.news(old) else None
         if isinstance(record, PodRecord):
             return self._put_pod(record)
-        old_failure, self._failures[record.owner] = self._failures.get(record.owner), record
+        old_failure = self._failures.get(record.owner)
+        if old_failure is not None:
+            self._failed.pop(old_failure.uid, None)
+        self._failures[record.owner], self._failed[record.uid] = record, record.owner
         news = old_failure is None or old_failure.message != record.message
         return self._key_of(record.owner) if news else None
 
@@ -127,10 +131,14 @@ class Children:
             return self._drop_job(uid)
         if resource == "pods":
             return self._drop_pod(uid, last if isinstance(last, PodRecord) else None)
-        failure = next((f for f in self._failures.values() if f.uid == uid), None)
-        if failure is not None:
-            del self._failures[failure.owner]
+        if (job := self._failed.get(uid)) is not None:
+            self._drop_failure(job)
         return None
+
+    def _drop_failure(self, job: ObjectRef) -> None:
+        """Forget the FailedCreate held for `job` (by its Event UID too)."""
+        if (failure := self._failures.pop(job, None)) is not None:
+            self._failed.pop(failure.uid, None)
 
     def _put_pod(self, record: PodRecord) -> Key | None:
         old = self._pods.get(record.uid)
@@ -218,7 +226,7 @@ class Children:
 
     def _forget_job(self, job: JobRecord) -> None:
         self._jobs.pop(job.uid, None)
-        self._failures.pop(job.ref, None)
+        self._drop_failure(job.ref)
         uids = self._keys.get(job.key, set())
         uids.discard(job.uid)
         if not uids:
