@@ -16,15 +16,18 @@ A read is a LIST of the GPU nodes and of the pods of every namespace, so it is s
 `RoomReader` answers every job's reconcile for a tick (at most one read a window
 however many elastic jobs wait to grow; a growth is seen up to that much later), and it keeps
 only what counts (nodes labelled by GPU Feature Discovery, pods bound to a node that request
-GPUs), not the whole listing.
+GPUs), not the whole listing. What is per node (eligible, free GPUs, workers held) is counted
+once a read for all jobs that ask the same of the nodes (`Share`); a job's count then walks only
+the nodes its own pods are on, so a tick's counts cost O(nodes + jobs), not O(nodes x jobs).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mpjob.builders.attempt import GPU_MAJOR_LABEL, GPU_MINOR_LABEL, LABEL_JOB
@@ -94,15 +97,46 @@ def _bound(pod: Mapping[str, Any]) -> str | None:
     return str(node) if node and phase not in ("Succeeded", "Failed") else None
 
 
+Requirement = tuple[str, tuple[tuple[str, str], ...], str, int]
+
+
+def requirement(spec: MixedPrecisionJobSpec) -> Requirement:
+    """What a job asks of a node (compute capability, nodeSelector, tolerations) and of its GPUs
+    (gpusPerWorker): jobs that ask the same share one count of the nodes."""
+    selector = tuple(sorted((spec.template.node_selector or {}).items()))
+    tolerations = json.dumps(spec.template.tolerations, sort_keys=True, default=str)
+    return spec.resources.min_compute_capability, selector, tolerations, spec.resources.gpus_per_worker
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """The nodes as jobs of one requirement see them: each eligible node's GPUs that no pod
+    takes (`free`, below 0 when requests exceed it) and the workers of `per_worker` GPUs those hold."""
+
+    free: Mapping[str, int]
+    workers: int
+    per_worker: int
+
+    def workers_for(self, own: Mapping[str, int]) -> int:
+        """The workers a job holds whose own pods take `own` GPUs by node (theirs are its)."""
+        fit = self.workers
+        for node, gpus in own.items():
+            if (free := self.free.get(node)) is not None:
+                fit += max(0, free + gpus) // self.per_worker - max(0, free) // self.per_worker
+        return fit
+
+
 @dataclass(frozen=True, slots=True)
 class Room:
     """What one read showed, kept as the sums a job's count reads (one pass over the pods per
     read, however many jobs ask): the GPU nodes; by node, the GPUs its pods not ended request;
-    by job (namespace, the `mpjob.dev/job` label), by node, the GPUs that job's own pods take."""
+    by job (namespace, the `mpjob.dev/job` label), by node, the GPUs that job's own pods take;
+    and by requirement, the nodes' count, made for the first job that asks (`share`)."""
 
     nodes: tuple[Mapping[str, Any], ...]
     used: Mapping[str, int]
     own: Mapping[tuple[str, str], Mapping[str, int]]
+    shares: dict[Requirement, Share] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Room:
@@ -118,9 +152,21 @@ class Room:
                 mine[node] = mine.get(node, 0) + gpus
         return cls(tuple(nodes), used, own)
 
-    def taken(self, node: str, *, namespace: str, job: str) -> int:
-        """The GPUs of `node` that pods other than the job `namespace/job`'s request."""
-        return self.used.get(node, 0) - self.own.get((namespace, job), {}).get(node, 0)
+    def share(self, spec: MixedPrecisionJobSpec) -> Share:
+        """The nodes' count for jobs that ask what `spec` asks (gpusPerWorker above 0), once a
+        read (two threads that ask at once may both count: the same count, either kept)."""
+        key = requirement(spec)
+        if (share := self.shares.get(key)) is None:
+            free: dict[str, int] = {}
+            for node in self.nodes:
+                if _eligible(node, spec):
+                    name = str((node.get("metadata") or {}).get("name", ""))
+                    allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
+                    free[name] = allocatable - self.used.get(name, 0)
+            per_worker = spec.resources.gpus_per_worker
+            workers = sum(max(0, gpus) // per_worker for gpus in free.values())
+            share = self.shares[key] = Share(free, workers, per_worker)
+        return share
 
 
 def free_workers(
@@ -138,16 +184,9 @@ def free_workers(
 
 def room_workers(spec: MixedPrecisionJobSpec, room: Room, *, namespace: str, job: str) -> int | None:
     """`free_workers` of a room read already: its nodes and sums, no pod walked again."""
-    per_worker = spec.resources.gpus_per_worker
-    if per_worker == 0:
+    if spec.resources.gpus_per_worker == 0:
         return None
-    fit = 0
-    for node in room.nodes:
-        if _eligible(node, spec):
-            name = str((node.get("metadata") or {}).get("name", ""))
-            allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
-            fit += max(0, allocatable - room.taken(name, namespace=namespace, job=job)) // per_worker
-    return fit
+    return room.share(spec).workers_for(room.own.get((namespace, job), {}))
 
 
 class RoomReader:
