@@ -12,6 +12,12 @@ nothing is made or deleted that the written status does not record first. A writ
 `refused`: its next reconcile, after the work queue's backoff, GETs it (and watch events until
 then are not taken: the GET is newer). A deleted job, or one a standby no longer acts on, is
 forgotten; a GET that a forget overtook is not kept (the body of a job deleted meanwhile).
+
+Memory stays bounded by the jobs with work: a finished job at rest (nothing more owed for it:
+`reconciler._settle`) is `released`, and a watch event that queues no reconcile (kopf's listing
+of a finished job, a write to one) only refreshes a body held already (`handlers.on_job_event`),
+so thousands of finished jobs hold none; a reconcile of one (a spec edit) GETs it, as any job
+that holds none.
 """
 
 from __future__ import annotations
@@ -96,6 +102,12 @@ class Bodies:
         with self._lock:
             if (held := self._held.get(key)) is not None:
                 self._held[key] = Held(None, held.version)
+
+    def release(self, key: Key) -> None:
+        """Nothing more is owed for the job (finished, at rest): its body is not held (a
+        reconcile of it reads it anew)."""
+        with self._lock:
+            self._held.pop(key, None)
 
     def forget(self, key: Key) -> None:
         """The job is gone, or this operator no longer acts on it."""

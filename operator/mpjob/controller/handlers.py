@@ -156,7 +156,9 @@ async def on_job_event(
     """Queue a reconcile when a job is new or its spec changed (the generation is ahead of
     status.observedGeneration), and for every unfinished job in kopf's first listing. Each
     event's body is offered to the reconciler's bodies (the next reconcile plans from the
-    newest). The operator's own status writes come back here too, and queue nothing."""
+    newest): kept by one that queues a reconcile, else only as a newer one of a body held (a
+    finished job at rest holds none: `bodies.py`). The operator's own status writes come back
+    here too, and queue nothing."""
     controller: Controller = memo["controller"]
     # kopf sets the variables kopf.event needs for the processing of each object, not at
     # startup: the reconciles in the queue's threads run in a copy of this context.
@@ -165,10 +167,11 @@ async def on_job_event(
     if type == "DELETED":  # children go with their owner (garbage collection); volumes stay
         controller.reconciler.forget(meta.get("uid", ""), (namespace, name))
         return
+    if type is None:  # kopf's listing
+        queued = has_work(status, body.get("spec"))
+    else:
+        queued = status.get("observedGeneration") != meta.get("generation")
     if isinstance(event.get("object"), dict):  # the newest body is what the next reconcile plans from
-        controller.reconciler.bodies.offer((namespace, name), event["object"])
-    if type is None:
-        if has_work(status, body.get("spec")):
-            controller.queue.add((namespace, name))
-    elif status.get("observedGeneration") != meta.get("generation"):
+        controller.reconciler.bodies.offer((namespace, name), event["object"], only_held=not queued)
+    if queued:
         controller.queue.add((namespace, name))

@@ -209,11 +209,14 @@ class Reconciler:
 
     def _settle(self, key: Key, plan: Plan, seen: Observed, spec: MixedPrecisionJobSpec) -> None:
         """A job at rest (`ticker.at_rest`: finished or suspended, none of its children left,
-        none deleted now) is settled: the ticker no longer reads it every tick."""
+        none deleted now) is settled: the ticker no longer reads it every tick; a finished one's
+        body is not held either (`Bodies.release`: nothing more is owed for it)."""
         children = bool(plan.delete or seen.jobs or seen.lingering or seen.orphans)
         suspend, again = bool(spec.run_policy.suspend), plan.requeue_after
         if at_rest(plan.status.phase, suspend=suspend, children=children, requeue_after=again):
             self.settled.add(key)
+            if plan.status.phase in FINISHED:
+                self.bodies.release(key)
         else:
             self.settled.discard(key)
 

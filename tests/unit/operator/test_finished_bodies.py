@@ -1,0 +1,90 @@
+"""The operator holds no body of a finished job at rest: a job's body is dropped once nothing
+more is owed for it (finished, its children gone), and kopf's listing of finished jobs, or a
+write to one, holds none either; a later reconcile of one (a spec edit) reads it anew and works.
+An operator over thousands of finished jobs holds bodies only of those with work."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from mpjob.controller.config import OperatorConfig
+from mpjob.controller.handlers import Controller, on_job_event
+from mpjob.controller.liveness import Liveness
+from mpjob.controller.workqueue import WorkQueue
+from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
+from tests.unit.operator.test_stray_jobs import at
+
+pytestmark = pytest.mark.unit
+
+KEY = ("ns", "j")
+
+
+def finished(phase: str = "Succeeded") -> dict[str, Any]:
+    entry = {
+        "index": 0,
+        "precision": "fp32",
+        "startTime": at(9),
+        "finishTime": at(5),
+        "reason": phase,
+        "jobUid": "job-0",
+    }
+    return {"phase": phase, "precision": "fp32", "attempt": 0, "startTime": at(9), "attempts": [entry],
+            "observedGeneration": 1}  # fmt: skip
+
+
+@pytest.mark.usefixtures("events")
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_finished_job_at_rest_holds_no_body_and_reads_it_again_when_asked(phase: str) -> None:
+    cluster = FakeCluster()
+    cluster.body["status"] = finished(phase)
+    made = reconciler(cluster)
+    made.handle(KEY, False)
+    assert KEY in made.settled and len(made.bodies) == 0, "a finished job's body held after nothing is owed"
+    cluster.body["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 60}  # a user's edit: its reconcile reads
+    cluster.body["metadata"]["generation"] = 2
+    made.handle(KEY, False)
+    assert cluster.reads == 2 and cluster.body["status"]["observedGeneration"] == 2
+    assert cluster.body["status"]["phase"] == phase and len(made.bodies) == 0
+
+
+def controller(cluster: FakeCluster) -> Controller:
+    made = reconciler(cluster)
+    queue = WorkQueue(made.handle, workers=0)  # keys stay queued: what the events queued is read
+    return Controller(
+        config=OperatorConfig(), cluster=cluster, cache=made.cache, queue=queue, reconciler=made,  # type: ignore[arg-type]
+        liveness=Liveness("mpjs", list),
+    )  # fmt: skip
+
+
+def listed(memo: dict[str, Any], body: dict[str, Any], kind: str | None = None) -> None:
+    meta = body["metadata"]
+    event = {"type": kind, "object": body}
+    asyncio.run(
+        on_job_event(type=kind, body=body, event=event, namespace=meta["namespace"], name=meta["name"], memo=memo)
+    )
+
+
+def test_kopfs_listing_of_finished_jobs_holds_no_body() -> None:
+    cluster = FakeCluster()
+    memo = {"controller": controller(cluster)}
+    for i in range(500):
+        body = copy.deepcopy(cluster.body)
+        body["metadata"].update(name=f"done-{i}", uid=f"u{i}")
+        body["status"] = finished()
+        listed(memo, body)
+    running = copy.deepcopy(cluster.body)  # one with work: queued, its body held for its reconcile
+    listed(memo, running)
+    made = memo["controller"]
+    assert len(made.reconciler.bodies) == 1 and len(made.queue) == 1
+    finished_now = copy.deepcopy(running)
+    finished_now["metadata"]["resourceVersion"] = "7"
+    finished_now["status"] = finished()
+    listed(memo, finished_now, "MODIFIED")  # a write to a job held: the newer body replaces it
+    listed(memo, {**finished_now, "metadata": {**finished_now["metadata"], "name": "done-3"}}, "MODIFIED")
+    assert len(made.reconciler.bodies) == 1
+    assert (made.reconciler.bodies.body(KEY, dict) or {})["status"]["phase"] == "Succeeded"
+    made.queue.close()
