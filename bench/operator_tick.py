@@ -9,7 +9,10 @@ the cache's watch entry (`ChildCache.apply`, as a watch event). Timed: one tick 
 reconciles of all N (nothing to change: no write), and the room an elastic job below its
 workers reads (`capacity.fits_now`, one shared read of every GPU pod) for all N. Per job, in
 CPU time of the timing thread (`time.thread_time`: the machine is shared) and wall time,
-best of `--repeats`.
+best of `--repeats`. Then N finished jobs as a restarted operator meets them (kopf's listing,
+`handlers.on_job_event`, and one reconcile each): the bodies it holds after and the memory it
+holds in all (tracemalloc, the harness's own copies left out); and the removal of one
+FailedCreate Event with N held (`Children.drop`).
 
 Usage: PYTHONPATH=operator:contract:trainer-image:. python bench/operator_tick.py 100 1000 3000
 """
@@ -17,8 +20,10 @@ Usage: PYTHONPATH=operator:contract:trainer-image:. python bench/operator_tick.p
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -26,15 +31,24 @@ import kopf
 
 from mpjob.controller import capacity
 from mpjob.controller.cache import ChildCache
+from mpjob.controller.children import Children
 from mpjob.controller.config import OperatorConfig
+from mpjob.controller.handlers import Controller, on_job_event
+from mpjob.controller.liveness import Liveness
+from mpjob.controller.ownership import ObjectRef
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.reconciler import Reconciler
+from mpjob.controller.records import CreateFailure
+from mpjob.controller.workqueue import WorkQueue
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 NS, NODES, GPUS_PER_NODE = "team", 64, 8
 SPEC = {"workers": 2, "task": {"builtin": "mlp"}, "resources": {"gpusPerWorker": 1, "minComputeCapability": "8.0"}}
 ELASTIC = {**SPEC, "workers": 4, "elastic": {"minWorkers": 1, "waitSeconds": 60}}
 BELOW = {"phase": "Running", "attempt": 0, "attempts": [{"index": 0, "precision": "fp16", "worldSize": 2}]}
+ENDED = {"index": 0, "precision": "fp16", "startTime": "2026-01-01T00:00:00Z", "finishTime": "2026-01-01T01:00:00Z",
+         "reason": "Succeeded", "jobUid": "job-x"}  # fmt: skip
+FINISHED = {"phase": "Succeeded", "attempt": 0, "attempts": [ENDED], "observedGeneration": 1}
 
 
 class Api:
@@ -171,6 +185,48 @@ def measure(n: int, repeats: int) -> None:
           f"elastic room per job {rcpu * us:.1f} us CPU ({rwall * us:.1f} us wall)", flush=True)  # fmt: skip
 
 
+def finished(n: int) -> tuple[int, float]:
+    """The bodies held, and the MiB the operator holds in all, after kopf's listing of N
+    finished jobs and one reconcile of each (as when each finished)."""
+    api = Api()
+    made = operator(api)
+    queue = WorkQueue(made.handle, workers=0)
+    memo = {"controller": Controller(OperatorConfig(), api, made.cache, queue, made, Liveness("mpjs", list))}  # type: ignore[arg-type]
+
+    async def listing() -> None:
+        for i in range(n):
+            body = api.add(f"d{i}")
+            api.bodies[(NS, f"d{i}")]["status"] = body["status"] = copy.deepcopy(FINISHED)
+            event = {"type": None, "object": body}
+            await on_job_event(type=None, body=body, event=event, namespace=NS, name=f"d{i}", memo=memo)
+
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    asyncio.run(listing())
+    for i in range(n):
+        made.reconcile(NS, f"d{i}")
+    held = len(made.bodies)
+    api.bodies.clear()  # the harness API server's own copies: what stays is what the operator holds
+    mib = (tracemalloc.get_traced_memory()[0] - before) / 2**20
+    tracemalloc.stop()
+    queue.close()
+    return held, mib
+
+
+def failure_drop(n: int, repeats: int) -> float:
+    """Microseconds of CPU to remove one FailedCreate Event with N held (100 removals timed)."""
+    best = float("inf")
+    for _ in range(repeats):
+        children = Children()
+        for i in range(n):
+            children.put(CreateFailure(f"ev-{i}", ObjectRef(NS, "Job", f"j{i}-a0", f"job-{i}"), "forbidden"))
+        cpu = time.thread_time()
+        for i in range(0, n, max(1, n // 100)):
+            children.drop("events", f"ev-{i}")
+        best = min(best, (time.thread_time() - cpu) / len(range(0, n, max(1, n // 100))))
+    return best * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("jobs", type=int, nargs="*", default=[100, 1000, 3000], help="N jobs, one run each")
@@ -179,6 +235,9 @@ def main() -> None:
     kopf.event = lambda *args, **kwargs: None  # no API server to post Events to: they are the same per job
     for n in args.jobs:
         measure(n, args.repeats)
+        held, mib = finished(n)
+        print(f"N={n} finished: {held} bodies held (the operator holds {mib:.1f} MiB more); "
+              f"FailedCreate removal {failure_drop(n, args.repeats):.1f} us CPU", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
