@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -51,13 +52,16 @@ def test_a_finished_job_at_rest_holds_no_body_and_reads_it_again_when_asked(phas
     assert cluster.body["status"]["phase"] == phase and len(made.bodies) == 0
 
 
-def controller(cluster: FakeCluster) -> Controller:
-    made = reconciler(cluster)
-    queue = WorkQueue(made.handle, workers=0)  # keys stay queued: what the events queued is read
-    return Controller(
-        config=OperatorConfig(), cluster=cluster, cache=made.cache, queue=queue, reconciler=made,  # type: ignore[arg-type]
+@pytest.fixture
+def memo() -> Iterator[dict[str, Any]]:
+    """kopf's memo with the running parts; its work queue keeps the keys queued (no worker)."""
+    made = reconciler(FakeCluster())
+    queue = WorkQueue(made.handle, workers=0)
+    yield {"controller": Controller(
+        config=OperatorConfig(), cluster=made.cluster, cache=made.cache, queue=queue, reconciler=made,
         liveness=Liveness("mpjs", list),
-    )  # fmt: skip
+    )}  # fmt: skip
+    queue.close()
 
 
 def listed(memo: dict[str, Any], body: dict[str, Any], kind: str | None = None) -> None:
@@ -68,9 +72,8 @@ def listed(memo: dict[str, Any], body: dict[str, Any], kind: str | None = None) 
     )
 
 
-def test_kopfs_listing_of_finished_jobs_holds_no_body() -> None:
+def test_kopfs_listing_of_finished_jobs_holds_no_body(memo: dict[str, Any]) -> None:
     cluster = FakeCluster()
-    memo = {"controller": controller(cluster)}
     for i in range(500):
         body = copy.deepcopy(cluster.body)
         body["metadata"].update(name=f"done-{i}", uid=f"u{i}")
@@ -87,4 +90,3 @@ def test_kopfs_listing_of_finished_jobs_holds_no_body() -> None:
     listed(memo, {**finished_now, "metadata": {**finished_now["metadata"], "name": "done-3"}}, "MODIFIED")
     assert len(made.reconciler.bodies) == 1
     assert (made.reconciler.bodies.body(KEY, dict) or {})["status"]["phase"] == "Succeeded"
-    made.queue.close()
