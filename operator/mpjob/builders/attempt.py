@@ -23,6 +23,8 @@ from mpjob_contract.tracking import IMAGE_ENV, credential_env
 LABEL_JOB = "mpjob.dev/job"
 LABEL_ATTEMPT = "mpjob.dev/attempt"
 LABEL_PRECISION = "mpjob.dev/precision"
+#: The Job's annotation naming the spec generation it was made from (`planning.replan`).
+SPEC_GENERATION = "mpjob.dev/spec-generation"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 #: The Job controller's label on its pods naming the Job's UID (what the checkpoints they write name).
@@ -264,9 +266,11 @@ def attempt_job(
     trainer_command: Sequence[str] = TRAINER_COMMAND,
     in_place: InPlacePlan = NO_CHANGE,
     lineage: dict[int, str | None] | None = None,
+    generation: int | None = None,
 ) -> dict[str, Any]:
     """The Indexed Job of attempt `start.index` of `namespace/job` (UID `uid`): `workers` pods, each running
-    the launcher (whose trainers may go on in the attempts `in_place` allows, from the checkpoints of `lineage`)."""
+    the launcher (whose trainers may go on in the attempts `in_place` allows, from the checkpoints of
+    `lineage`), made from the spec's `generation`."""
     name = attempt_name(job, start.index)
     command = launcher_argv(spec, trainer_command, LAUNCHER_COMMAND, workers=start.workers)
     launch = _launch(job=job, namespace=namespace, uid=uid, spec=spec, start=start, in_place=in_place, lineage=lineage)
@@ -288,9 +292,10 @@ def attempt_job(
         job_spec["suspend"] = True  # Kueue admits it
     if deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = deadline_seconds
+    annotations = {} if generation is None else {SPEC_GENERATION: str(generation)}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": job_labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": job_labels, "annotations": annotations},
         "spec": job_spec,
     }

@@ -144,6 +144,7 @@ class Actions:
             image=self.config.trainer_image, deadline_seconds=plan.deadline_seconds,
             trainer_command=self.config.trainer_command, in_place=in_place_plan(spec, start, plan.status),
             lineage=history.lineage(plan.status, start.index),
+            generation=body["metadata"].get("generation"),
         )  # fmt: skip
         created, before, said = self.cluster.create_job(job, owner=body), plan.status.to_api(), len(plan.started)
         # Into the cache at once: the Job's ADDED event then changes nothing, and the next

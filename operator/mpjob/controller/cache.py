@@ -257,6 +257,7 @@ def _view(job: JobRecord, pods: list[PodView], create_error: str | None) -> JobV
         suspended=job.suspended,
         suspended_since=job.suspended_since,
         create_error=create_error,
+        generation=job.generation,
     )
 
 

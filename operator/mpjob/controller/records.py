@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mpjob.builders.attempt import JOB_UID_LABEL, TRAINER_CONTAINER, attempt_name
+from mpjob.builders.attempt import JOB_UID_LABEL, SPEC_GENERATION, TRAINER_CONTAINER, attempt_name
 from mpjob.controller.ownership import Malformed, ObjectRef, controller_of, owner_ref
 from mpjob.planning.reconcile import PodView
 from mpjob_contract import api
@@ -56,6 +56,8 @@ class JobRecord:
     gone: bool = False
     #: Since when it waits suspended: its Suspended=True condition's time, else its creation's.
     suspended_since: str | None = None
+    #: The spec generation it was made from (its annotation; None: unnamed, or not a number).
+    generation: int | None = None
 
     @property
     def uid(self) -> str:
@@ -99,7 +101,13 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
         reason=reason,
         suspended=bool((job.get("spec") or {}).get("suspend")),
         suspended_since=suspension.get("lastTransitionTime") or meta.get("creationTimestamp"),
+        generation=_generation((meta.get("annotations") or {}).get(SPEC_GENERATION)),
     )
+
+
+def _generation(said: object) -> int | None:
+    """An annotation's generation, where it is one (anybody may edit a Job's annotations)."""
+    return int(said) if isinstance(said, str) and said.isascii() and said.isdigit() and len(said) < 19 else None
 
 
 def _attempt_of(name: str, owner: str) -> int:

@@ -71,6 +71,8 @@ class JobView:
     #: The Job's UID: whether the status records it as its attempt's own (`cost.own_jobs`); ""
     #: where not known.
     uid: str = ""
+    #: The spec generation the Job was made from (None: not known, a Job of an older operator).
+    generation: int | None = None
 
 
 #: The ending of an attempt stopped at runPolicy.activeDeadlineSeconds (its Job's own deadline,

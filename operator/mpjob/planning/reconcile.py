@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import backoff, cost, cutoff, elastic, history, inplace
+from mpjob.planning import backoff, cost, cutoff, elastic, history, inplace, replan
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -187,6 +187,9 @@ def _follow(
         return  # a new attempt waits until its predecessor's pods are gone (no two write checkpoints)
     if job is None:
         _create(plan, spec, when, gone=gone)
+        return
+    if replan.stale(job, when.generation):  # the edit its PodsScheduled condition asks for
+        replan.remake(plan, job, when)
         return
     finished = job.finished or ended_by_pods(job, workers_of(spec, current))
     now = st.moment(when.at) or datetime.now(UTC)

@@ -1,0 +1,39 @@
+"""A job stuck Pending edited as its PodsScheduled condition says, on the real control plane:
+the field it names (resources.gpusPerWorker, template.nodeSelector) is taken by the API server,
+and the attempt whose pods never started is made again from the edited spec, without a new
+job. Before, the edit was read (observedGeneration) and nothing else happened: the attempt's
+Job kept asking for what no node has until the job was suspended and resumed or recreated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.operator.conftest import Jobs, Operator
+from tests.integration.operator.test_hostile_children import condition, standin
+from tests.integration.operator.test_unschedulable import unscheduled
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(
+    ("name", "over", "edit"),
+    [
+        ("gpus", {"resources": {"gpusPerWorker": 16}}, {"resources": {"gpusPerWorker": 0}}),
+        ("selector", {"template": {"nodeSelector": {"pool": "nowhere"}}}, {"template": {"nodeSelector": None}}),
+    ],
+)
+def test_the_field_an_unschedulable_job_names_edited_starts_it_in_the_same_job(
+    operator: Operator, jobs: Jobs, name: str, over: dict[str, Any], edit: dict[str, Any]
+) -> None:
+    jobs.create(name, standin(**over))
+    unscheduled(jobs, name)
+    jobs.patch_spec(name, edit)
+    status = jobs.wait_status(name, lambda s: s.get("phase") == "Running", 60, "the edited job runs")
+    assert condition(status, "PodsScheduled")["status"] == "True", status
+    (attempt,) = status["attempts"]
+    assert attempt["index"] == 0 and status["attemptCounts"]["charged"] == 0, status
+    assert status["observedGeneration"] == 2 and jobs.attempt_jobs(name) == [f"{name}-a0"]
+    (said,) = [e.message for e in jobs.events(name, "JobRecreated") if e.reason == "JobRecreated"]
+    assert "pods never started and the spec changed (generation 1 -> 2)" in said

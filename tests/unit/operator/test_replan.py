@@ -1,0 +1,92 @@
+"""An attempt whose pods never started, edited as its PodsScheduled condition says: before, the
+edit was read and the attempt's Job kept asking for what no node has; now the Job made from the
+older spec is deleted and made again, in the same attempt, from the edited one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mpjob.builders.attempt import SPEC_GENERATION, attempt_job
+from mpjob.controller.records import job_record
+from mpjob.planning.planner import StartAttempt
+from mpjob.planning.reconcile import JobView, PodView, reconcile
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from tests.unit.operator.test_cache import job
+
+pytestmark = pytest.mark.unit
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+SINCE = "2026-11-22T12:00:01Z"
+NO_GPUS = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+
+
+def spec(gpus: int) -> MixedPrecisionJobSpec:
+    return MixedPrecisionJobSpec.model_validate(
+        {"task": {"builtin": "gpt"}, "precision": {"mode": "fp16"}, "resources": {"gpusPerWorker": gpus}}
+    )
+
+
+def held(generation: int | None, **pod: Any) -> dict[int, JobView]:
+    view = PodView("j-a0-0-x", 0, "Pending", alive=True, **pod)
+    return {0: JobView(0, pods=(view,), generation=generation)}
+
+
+def unschedulable(generation: int | None) -> dict[int, JobView]:
+    return held(generation, unschedulable_since=SINCE, unschedulable_message=NO_GPUS)
+
+
+def started() -> MixedPrecisionJobStatus:
+    return reconcile(spec(16), MixedPrecisionJobStatus(), 1, {}, T0).status
+
+
+@pytest.mark.parametrize(
+    "jobs",
+    [unschedulable(1), held(1, config_error='secret "keys" not found')],
+    ids=["unschedulable", "config-error"],
+)
+def test_a_held_attempt_s_job_made_from_an_older_spec_is_made_again_from_the_edited_one(
+    jobs: dict[int, JobView],
+) -> None:
+    status = reconcile(spec(16), started(), 1, jobs, T0).status
+    plan = reconcile(spec(1), status, 2, jobs, T0 + timedelta(seconds=5))
+    assert plan.delete == [0] and plan.create == []
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "JobRecreated")]
+    assert "(generation 1 -> 2)" in plan.events[0].message
+    (attempt,) = plan.status.attempts
+    assert attempt.finish_time is None and plan.status.phase == "Pending"  # the same attempt, not ended
+    again = reconcile(spec(1), plan.status, 2, {}, T0 + timedelta(seconds=6))
+    assert [s.index for s in again.create] == [0] and again.delete == []
+    assert len(again.status.attempts) == 1 and again.status.attempt_counts.charged == 0
+
+
+@pytest.mark.parametrize(
+    ("generation", "jobs"),
+    [
+        (1, unschedulable(1)),  # the spec it was made from: it waits for a node
+        (2, unschedulable(None)),  # a Job of an older operator names no generation
+        (2, held(1, unschedulable_since=SINCE, started_at=SINCE)),  # a trainer ran: not never started
+        (2, {0: JobView(0, pods=(PodView("j-a0-0-x", 0, "Pending", alive=True),), generation=1)}),  # not held
+    ],
+    ids=["same-spec", "unnamed", "started", "not-held"],
+)
+def test_a_job_is_kept_unless_held_unstarted_and_made_from_an_older_spec(
+    generation: int, jobs: dict[int, JobView]
+) -> None:
+    status = reconcile(spec(16), started(), 1, jobs, T0).status
+    plan = reconcile(spec(1), status, generation, jobs, T0 + timedelta(seconds=5))
+    assert plan.delete == [] and "JobRecreated" not in [e.reason for e in plan.events]
+
+
+def test_the_job_names_the_generation_it_was_made_from_and_the_cache_reads_it_checked() -> None:
+    start = StartAttempt(index=0, precision="fp16", resume_from=None, start_step=0)
+    made = attempt_job(job="j", namespace="ns", uid="u", spec=spec(1), start=start, image="t:1", generation=3)
+    assert made["metadata"]["annotations"] == {SPEC_GENERATION: "3"}
+    for said, read in (("3", 3), ("-1", None), ("\uff13", None), ("x", None), ("9" * 30, None)):
+        body = job(0)
+        body["metadata"]["annotations"] = {SPEC_GENERATION: said}
+        record = job_record(body)
+        assert record is not None and record.generation == read, said
+    record = job_record(job(0))
+    assert record is not None and record.generation is None
