@@ -93,12 +93,18 @@ def problems(installed: dict[str, Any], expected: dict[str, Any] | None = None) 
     return found
 
 
+#: kubectl's arguments that apply a release's CRD over the installed one. --force-conflicts: the
+#: installed CRD's fields belong to whoever made it (helm, which installs a chart's crds/), and
+#: a server-side apply of other values for them is otherwise refused with a conflict.
+APPLY = ("apply", "--server-side", "--force-conflicts")
+
+
 def outdated(name: str, found: list[str]) -> str:
     """What `mpjob operator` says of the CRD `name` that lacks what `found` lists."""
     return (
         f"the installed CustomResourceDefinition {name} is older than this operator: {'; '.join(found)}. "
         "kubectl refuses a job that sets those fields, and other clients lose them. Apply this "
-        f"release's CRD first: kubectl apply --server-side -f crds/{name}.yaml (the chart's copy "
+        f"release's CRD first: kubectl {' '.join(APPLY)} -f crds/{name}.yaml (the chart's copy "
         f"is helm/mpjob/crds/{name}.yaml; `helm upgrade` does not upgrade a chart's crds/)"
     )
 

@@ -81,7 +81,7 @@ def test_an_older_crd_draws_a_warning_naming_its_missing_field_and_the_operator_
         warning = next(line for line in log.splitlines() if "older than this operator" in line)
         assert " WARNING mpjob.operator " in warning
         assert f"it lacks spec.training.{MISSING}" in warning
-        assert "kubectl apply --server-side -f crds/mixedprecisionjobs.mpjob.dev.yaml" in warning
+        assert "kubectl apply --server-side --force-conflicts -f crds/mixedprecisionjobs.mpjob.dev.yaml" in warning
         assert operator.proc is not None and operator.proc.poll() is None, "the operator exited"
     finally:
         operator.stop()

@@ -35,7 +35,7 @@ def test_an_older_crd_names_each_field_it_would_prune() -> None:
     assert found == ["it lacks spec.precision.inPlace, spec.runPolicy.progressDeadlineSeconds"]
     said = crdcheck.outdated(crdcheck.NAME, found)
     assert "spec.runPolicy.progressDeadlineSeconds" in said
-    assert "kubectl apply --server-side -f crds/mixedprecisionjobs.mpjob.dev.yaml" in said
+    assert "kubectl apply --server-side --force-conflicts -f crds/mixedprecisionjobs.mpjob.dev.yaml" in said
 
 
 def test_the_status_keeps_unknown_fields_so_no_status_field_is_ever_missing() -> None:
