@@ -1,5 +1,6 @@
 """A job stuck Pending edited as its PodsScheduled condition says, on the real control plane:
-the field it names (resources.gpusPerWorker, template.nodeSelector) is taken by the API server,
+the field it names (resources.gpusPerWorker, template.nodeSelector, the checkpoint claim's name,
+or, held by CreateContainerConfigError, template.env) is taken by the API server,
 and the attempt whose pods never started is made again from the edited spec, without a new
 job. Before, the edit was read (observedGeneration) and nothing else happened: the attempt's
 Job kept asking for what no node has until the job was suspended and resumed or recreated."""
@@ -12,26 +13,46 @@ import pytest
 
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.integration.operator.test_hostile_children import condition, standin
-from tests.integration.operator.test_unschedulable import unscheduled
 
 pytestmark = pytest.mark.integration
 
 
+MISSING_KEY = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "nowhere", "key": "token"}}}
+
+
 @pytest.mark.parametrize(
-    ("name", "over", "edit"),
+    ("name", "over", "edit", "held_by"),
     [
-        ("gpus", {"resources": {"gpusPerWorker": 16}}, {"resources": {"gpusPerWorker": 0}}),
-        ("selector", {"template": {"nodeSelector": {"pool": "nowhere"}}}, {"template": {"nodeSelector": None}}),
+        ("gpus", {"resources": {"gpusPerWorker": 16}}, {"resources": {"gpusPerWorker": 0}}, "PodsScheduled"),
+        (
+            "selector",
+            {"template": {"nodeSelector": {"pool": "no"}}},
+            {"template": {"nodeSelector": None}},
+            "PodsScheduled",
+        ),
+        (
+            "claim",
+            {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "typo"}}}},
+            {"checkpoint": {"volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}},
+            "PodsScheduled",
+        ),
+        (
+            "env",
+            {"template": {"env": [MISSING_KEY]}},
+            {"template": {"env": [{"name": "TOKEN", "value": "t"}]}},
+            "PodsCreated",
+        ),
     ],
 )
-def test_the_field_an_unschedulable_job_names_edited_starts_it_in_the_same_job(
-    operator: Operator, jobs: Jobs, name: str, over: dict[str, Any], edit: dict[str, Any]
+def test_the_field_a_held_job_names_edited_starts_it_in_the_same_job(
+    operator: Operator, jobs: Jobs, name: str, over: dict[str, Any], edit: dict[str, Any], held_by: str
 ) -> None:
+    jobs.pvc("ckpt")
     jobs.create(name, standin(**over))
-    unscheduled(jobs, name)
+    jobs.wait_status(name, lambda s: condition(s, held_by).get("status") == "False", 60, f"{held_by}=False")
     jobs.patch_spec(name, edit)
     status = jobs.wait_status(name, lambda s: s.get("phase") == "Running", 60, "the edited job runs")
-    assert condition(status, "PodsScheduled")["status"] == "True", status
+    assert condition(status, held_by)["status"] == "True", status
     (attempt,) = status["attempts"]
     assert attempt["index"] == 0 and status["attemptCounts"]["charged"] == 0, status
     assert status["observedGeneration"] == 2 and jobs.attempt_jobs(name) == [f"{name}-a0"]
