@@ -58,3 +58,15 @@ def test_the_field_a_held_job_names_edited_starts_it_in_the_same_job(
     assert status["observedGeneration"] == 2 and jobs.attempt_jobs(name) == [f"{name}-a0"]
     (said,) = [e.message for e in jobs.events(name, "JobRecreated") if e.reason == "JobRecreated"]
     assert "pods never started and the spec changed (generation 1 -> 2)" in said
+
+
+def test_an_edit_made_while_the_operator_is_down_is_picked_up_by_the_next_one(operator: Operator, jobs: Jobs) -> None:
+    """Read from the Job (the generation it was made from), not from an edit seen happening: an
+    operator upgraded or restarted meanwhile makes the attempt's Job again all the same."""
+    jobs.create("offline", standin(resources={"gpusPerWorker": 16}))
+    jobs.wait_status("offline", lambda s: condition(s, "PodsScheduled").get("status") == "False", 60, "unscheduled")
+    operator.stop()
+    jobs.patch_spec("offline", {"resources": {"gpusPerWorker": 0}})
+    operator.start()
+    status = jobs.wait_status("offline", lambda s: s.get("phase") == "Running", 60, "the edited job runs")
+    assert [a["index"] for a in status["attempts"]] == [0] and jobs.attempt_jobs("offline") == ["offline-a0"]
