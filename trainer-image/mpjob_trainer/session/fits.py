@@ -14,6 +14,7 @@ and retried). Two things are compared, both from torch's own answers, no table o
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +22,38 @@ import torch
 
 from mpjob_trainer.checkpoint.optimizer_settings import kept_run_flags
 from mpjob_trainer.errors import ConfigError
+from mpjob_trainer.session.twins import module_twin, optimizer_twin
+
+
+def check_loads(obj: Any, saved: Any, what: str, into: str) -> None:
+    """What `load_fitting` would refuse, found on a meta twin of `obj` (session.twins) so that
+    nothing of `obj` changes: a ConfigError naming both when `saved` does not fit; nothing when it
+    fits, or when no twin can be made or the twin cannot tell (its own load checks it then)."""
+    twin = module_twin(obj) if isinstance(obj, torch.nn.Module) else None
+    if isinstance(obj, torch.optim.Optimizer):
+        twin = optimizer_twin(obj)
+    if twin is None:
+        return
+    try:
+        if isinstance(twin, torch.nn.Module):  # not assign=True: torch writes it into `saved`'s own metadata
+            with warnings.catch_warnings():  # "copying ... to a meta parameter ... is a no-op": as meant
+                warnings.simplefilter("ignore", UserWarning)
+                twin.load_state_dict(saved)
+        else:
+            twin.load_state_dict(kept_run_flags(saved, twin.param_groups))
+            check_fits(twin, hyperparameters(obj), on=_device(obj))
+    except Exception as exc:
+        if mismatch(exc):
+            raise _refusal(what, into, exc) from exc
+
+
+def _refusal(what: str, into: str, exc: BaseException) -> ConfigError:
+    return ConfigError(f"cannot load {what} into this run's {into}: {exc}")
+
+
+def _device(optimizer: torch.optim.Optimizer) -> torch.device | None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return params[0].device if params else None
 
 
 def load_fitting(obj: Any, saved: Any, what: str, into: str) -> None:
@@ -38,12 +71,13 @@ def load_fitting(obj: Any, saved: Any, what: str, into: str) -> None:
     except Exception as exc:
         if not mismatch(exc):
             raise
-        raise ConfigError(f"cannot load {what} into this run's {into}: {exc}") from exc
+        raise _refusal(what, into, exc) from exc
 
 
-def check_fits(obj: Any, defaults: Iterable[str]) -> None:
+def check_fits(obj: Any, defaults: Iterable[str], *, on: torch.device | None = None) -> None:
     """A ValueError naming what does not fit when `obj` is an optimizer whose just-loaded state
-    another kind of optimizer wrote; `defaults`: its hyperparameters' names as the run built it."""
+    another kind of optimizer wrote; `defaults`: its hyperparameters' names as the run built it;
+    `on`: the device its kind's step is probed on (default: its parameters', not a twin's meta)."""
     if not isinstance(obj, torch.optim.Optimizer):
         return
     kind = type(obj).__name__
@@ -56,7 +90,7 @@ def check_fits(obj: Any, defaults: Iterable[str]) -> None:
                 f"its param group {index} holds no {', '.join(lacking)} (it holds {held}): another kind of "
                 f"optimizer than this run's {kind} wrote it; {advice}"
             )
-        needed = _kept(obj, group)
+        needed = _kept(obj, group, on)
         for param in group["params"]:
             held_state = obj.state.get(param)
             if needed and held_state and (missing := sorted(needed - set(held_state))):
@@ -89,13 +123,13 @@ def hyperparameters(obj: Any) -> set[str]:
     return set(obj.defaults) & {key for group in obj.param_groups for key in group}
 
 
-def _kept(obj: torch.optim.Optimizer, group: dict[str, Any]) -> set[str] | None:
+def _kept(obj: torch.optim.Optimizer, group: dict[str, Any], on: torch.device | None = None) -> set[str] | None:
     """The per-parameter state entries one step of `obj`'s kind keeps under `group`'s settings
     (None: a scratch step of its kind cannot be taken)."""
     if not group["params"]:
         return None
     like: torch.Tensor = group["params"][0]
-    scratch = torch.zeros(1, dtype=like.dtype, device=like.device, requires_grad=True)
+    scratch = torch.zeros(1, dtype=like.dtype, device=on or like.device, requires_grad=True)
     accepted = inspect.signature(type(obj)).parameters
     anything = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     settings = {key: value for key, value in group.items() if key != "params" and (anything or key in accepted)}
