@@ -127,10 +127,12 @@ class StepTally:
 
 
 class AppliedSteps:
-    """Optimizer steps actually applied (GradScaler skips overflowing ones)."""
+    """Optimizer steps actually applied (GradScaler skips overflowing ones); `before`: run as each
+    watched optimizer's step pre-hook (StepNumerics: is this step the session's own?)."""
 
-    def __init__(self, guard: NumericGuard) -> None:
+    def __init__(self, guard: NumericGuard, before: Callable[[torch.optim.Optimizer], None] | None = None) -> None:
         self.guard = guard
+        self.before = before
         self.count = 0
         #: The optimizers hooked, held weakly: not by id(), which a new optimizer made after an
         #: old one was freed (a model wrapped anew in place) can share, leaving it unhooked and
@@ -141,7 +143,13 @@ class AppliedSteps:
         """Hook the optimizer (once) so the guard and the count see which steps were applied."""
         if optimizer not in self._watched:
             self._watched.add(optimizer)
+            if self.before is not None:
+                optimizer.register_step_pre_hook(self._stepping)
             optimizer.register_step_post_hook(self._stepped)
+
+    def _stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if self.before is not None:
+            self.before(optimizer)
 
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if self.guard.optimizer_stepped(optimizer):
@@ -164,7 +172,9 @@ class StepNumerics:
         self.precision = precision
         self.guard = guard
         self.tally = StepTally()
-        self.applied = AppliedSteps(guard)
+        self.applied = AppliedSteps(guard, self._check_own_step)
+        #: Is `step()` stepping an optimizer right now? (In fp16 no other step is the loop's to take.)
+        self._stepping = False
         #: A framework steps its optimizer with the attempt's GradScaler itself (`watch`): each of
         #: its steps asked for an update, though not through `step()`.
         self.steps_elsewhere = False
@@ -213,11 +223,27 @@ class StepNumerics:
             self._unscaled.add(optimizer)
             self._update_due = True
         self.tally.grad_norm = clip_gradients(params, clip_norm)  # sharded or not: the global norm
-        if scaler is not None:
-            scaler.step(optimizer)
-        else:
-            optimizer.step()
+        self._stepping = True
+        try:
+            scaler.step(optimizer) if scaler is not None else optimizer.step()
+        finally:
+            self._stepping = False
         optimizer.zero_grad(set_to_none=True)
+
+    def _check_own_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """A watched optimizer's step pre-hook: in fp16 an optimizer the loop steps itself, not
+        through `step()` (nor a framework's, `watch`), steps on gradients the attempt's GradScaler
+        scaled (or the loop's own GradScaler scaled again): a ConfigError naming what to remove."""
+        if self._stepping or self.steps_elsewhere or self.precision.scaler is None:
+            return
+        raise ConfigError(
+            f"the {type(optimizer).__name__} was stepped outside run.step() in this {self.precision.precision} "
+            "attempt (by a GradScaler of the script's own, scaler.step(optimizer), or by optimizer.step()): its "
+            "gradients are scaled by the attempt's GradScaler, and by the script's own too when it scales the loss. "
+            "remove your own torch.amp.GradScaler (scaler.scale, scaler.unscale_, scaler.step, scaler.update) and "
+            "the optimizer.step(): call run.backward(loss) and run.step(optimizer, clip_norm=...), which scale, "
+            "unscale, clip and step with the attempt's GradScaler (docs/sdk.md)"
+        )
 
     def close(self, step: int, loss: Number | None, *, skipped: bool = False) -> NumericFault | None:
         """Per-step guard bookkeeping, host-only; the fault of too many overflows in a row, if so.
