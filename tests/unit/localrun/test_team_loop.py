@@ -78,9 +78,11 @@ def test_a_forward_overflow_that_poisons_batchnorm_statistics_is_never_checkpoin
 
 
 @pytest.mark.process
-def test_a_scripts_own_autocast_is_told_at_the_fallback_instead_of_spending_the_ladder(tmp_path: Path) -> None:
+def test_a_scripts_own_autocast_is_told_at_its_first_forward_instead_of_spending_the_ladder(tmp_path: Path) -> None:
     """Its own torch.autocast(fp16) and GradScaler: before, bf16 and fp32 overflowed in fp16 too
-    and the job failed NoPrecisionLeft with nothing naming the script's autocast."""
+    and the job failed NoPrecisionLeft with nothing naming the script's autocast; then it was told
+    only at the fallback, after the fp16 rung was spent on its overflow. Of the attempt's own dtype
+    outside run.autocast(), it is told at the first forward, before any step."""
     folder = tmp_path / "own"
     folder.mkdir()
     (folder / "job.yaml").write_text(yaml.safe_dump(manifest("own", {"overflowAt": 25}, "--own-amp")))
@@ -89,6 +91,7 @@ def test_a_scripts_own_autocast_is_told_at_the_fallback_instead_of_spending_the_
     run_to_end(argv, out, 300, env=warm.for_ranks({**os.environ, "OMP_NUM_THREADS": "1"}))
     report = json.loads((out / "report.json").read_text())
     ends = [(a["precision"], a["reason"]) for a in report["attempts"]]
-    assert ends == [("fp16", "NumericFault"), ("bf16", "ConfigError")]
-    message = report["attempts"][1]["message"]
-    assert "autocast of torch.float16" in message and "run.autocast()" in message and "GradScaler" in message
+    assert ends == [("fp16", "ConfigError")]
+    message = report["attempts"][0]["message"]
+    assert "autocast of torch.float16 the script entered itself, not run.autocast()" in message
+    assert "GradScaler" in message and list(lines(out, 0, "DATA")) == [1]  # at the first forward

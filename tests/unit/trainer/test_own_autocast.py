@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from mpjob_contract.api import PrecisionSpec
 from mpjob_trainer.errors import ConfigError
@@ -47,3 +48,26 @@ def test_a_non_finite_buffer_makes_the_state_non_finite() -> None:
     assert state.finite()
     model[1].running_mean[0] = float("nan")
     assert not state.finite()
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_the_scripts_own_autocast_of_the_attempts_dtype_is_refused_at_the_first_forward(
+    precision: str, dtype: torch.dtype
+) -> None:
+    """Of the same dtype it changes nothing yet, but it would pin the precision at the first
+    fallback: told at once, not after the rung is spent."""
+    model, _ = hooked(precision)
+    refused = pytest.raises(ConfigError, match=r"Linear: .*autocast of .* the script entered itself, not run.autocast")
+    with refused, torch.autocast("cpu", dtype=dtype):
+        model(torch.ones(1, 4))
+
+
+def test_a_forward_recomputed_in_the_sessions_backward_passes() -> None:
+    """Activation checkpointing recomputes the forward in backward, under the autocast it saw:
+    inside run.backward() that is the session's own."""
+    model, amp = hooked("bf16")
+    with amp.autocast():
+        loss = checkpoint(model, torch.ones(1, 4, requires_grad=True), use_reentrant=False).float().sum()
+    with amp.ours():
+        loss.backward()
+    assert model.weight.grad is not None

@@ -90,6 +90,9 @@ class AttemptPrecision:
         self.scaler: torch.amp.GradScaler | None = self.policy.make_scaler()
         #: The model's fp8 linears, once an fp8-capable attempt converted them (convert_fp8).
         self.fp8: Fp8Linears | None = None
+        #: How deep the session's own code is entered (`ours`: run.autocast(), run.backward()): a
+        #: forward under an autocast outside it is the script's own (session.own_autocast).
+        self.own_depth = 0
         if precision == "fp8":
             float8.require_fp8_device(spec.fp8, device)
 
@@ -126,7 +129,17 @@ class AttemptPrecision:
                 "first forward (it converts the model's linears to fp8); an fp8 attempt with no fp8 linears would "
                 "train bf16 under fp8's name"
             )
-        return self.policy.autocast()
+        return _Ours(self, self.policy.autocast())
+
+    @contextlib.contextmanager
+    def ours(self) -> Iterator[None]:
+        """The block is the session's own: an autocast in force there is `autocast()`'s (a forward
+        recomputed by activation checkpointing in run.backward() runs under the one it saw)."""
+        self.own_depth += 1
+        try:
+            yield
+        finally:
+            self.own_depth -= 1
 
     def settle(self, precision: str) -> None:
         """Train in `precision` from here on, with a fresh GradScaler (an `auto` attempt's choice)."""
@@ -163,3 +176,18 @@ class AttemptPrecision:
     def _require(self, mode: Mode, action: str) -> None:
         if self.mode is not mode:
             raise RuntimeError(f"cannot {action} in {self.mode.value} mode: modes are entered from {mode.value} only")
+
+
+class _Ours:
+    """`autocast`'s context: the mode's autocast, entered as the session's own (`ours`)."""
+
+    def __init__(self, amp: AttemptPrecision, inner: contextlib.AbstractContextManager[Any]) -> None:
+        self.amp, self.inner = amp, inner
+
+    def __enter__(self) -> Any:
+        self.amp.own_depth += 1
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.amp.own_depth -= 1
+        return self.inner.__exit__(*exc)

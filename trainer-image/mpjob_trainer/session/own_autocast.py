@@ -8,8 +8,12 @@ the ladder is spent down to fp32 (which still computes in fp16) with the job fai
 pre-hook that compares the autocast in force with the one `run.autocast()` enters in the
 current mode (session.modes: the attempt's, or fp32 while a fault is replayed): autocast off
 is always fine (an fp32 forward, an evaluation without it), autocast on in another dtype, or
-on where the mode has none, is a ConfigError naming what to remove. Both reads are constant
-folds under torch.compile (no graph break)."""
+on where the mode has none, is a ConfigError naming what to remove. Autocast on in the mode's
+own dtype is the session's only inside its own code (AttemptPrecision.ours: `run.autocast()`,
+and `run.backward()`, where activation checkpointing recomputes a forward under the autocast it
+saw); outside it, it is the script's own block, told at the first forward rather than at the
+first fallback. The reads are constant folds under torch.compile (no graph break). A script's
+block inside `run.autocast()` cannot be told apart until its dtype differs from the mode's."""
 
 from __future__ import annotations
 
@@ -30,8 +34,16 @@ def foreign_autocast(amp: AttemptPrecision) -> str | None:
         return None
     dtype = torch.get_autocast_dtype(kind)
     expected = amp.policy.dtype if amp.precision != "fp32" else None
-    if dtype == expected:
+    if dtype == expected and amp.own_depth:
         return None
+    if dtype == expected:
+        return (
+            f"the model's forward ran under an autocast of {dtype} the script entered itself, not run.autocast(): "
+            f"it changes nothing in this {amp.precision} attempt, but after a fallback it would pin "
+            f"{amp.precision}, the precision mpjob falls back from. Remove it and your own torch.amp.GradScaler: "
+            "compute the loss under `with run.autocast():`, then run.backward(loss) and run.step(optimizer) "
+            "(docs/sdk.md)"
+        )
     return (
         f"the model's forward ran under an autocast of {dtype} while this attempt trains in {amp.precision} "
         f"(run.autocast() enters {'no autocast' if expected is None else expected}): the script's own "

@@ -192,7 +192,8 @@ class StepNumerics:
     def backward(self, loss: torch.Tensor, samples: int | None = None) -> None:
         check_samples(samples, call="backward(loss, samples=", name="samples")
         scaler = self.precision.scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        with self.precision.ours():  # a forward recomputed in it (activation checkpointing) is ours
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         self.tally.add_loss(loss, samples)
 
     def step(self, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
