@@ -81,7 +81,7 @@ def test_an_fp16_attempt_refuses_an_optimizer_stepped_outside_run_step(
     code, report = _train(tmp_path, monkeypatch, "fp16", own_step)
     assert code == ExitCode.CONFIG_ERROR, report.message
     assert "SGD was stepped outside run.step()" in report.message
-    assert "remove your own torch.amp.GradScaler" in report.message
+    assert "Remove your own torch.amp.GradScaler" in report.message
     assert report.step == 0  # refused at its first update
 
 

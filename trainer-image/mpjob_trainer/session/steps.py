@@ -241,7 +241,7 @@ class StepNumerics:
             f"the {type(optimizer).__name__} was stepped outside run.step() in this {self.precision.precision} "
             "attempt (by a GradScaler of the script's own, scaler.step(optimizer), or by optimizer.step()): its "
             "gradients are scaled by the attempt's GradScaler, and by the script's own too when it scales the loss. "
-            "remove your own torch.amp.GradScaler (scaler.scale, scaler.unscale_, scaler.step, scaler.update) and "
+            "Remove your own torch.amp.GradScaler (scaler.scale, scaler.unscale_, scaler.step, scaler.update) and "
             "the optimizer.step(): call run.backward(loss) and run.step(optimizer, clip_norm=...), which scale, "
             "unscale, clip and step with the attempt's GradScaler (docs/sdk.md)"
         )
