@@ -91,3 +91,26 @@ def test_a_bf16_attempt_leaves_a_loops_own_optimizer_step_alone(
     """No loss scale in bf16: the gradients are the loss's own, and the loop may step itself."""
     code, report = _train(tmp_path, monkeypatch, "bf16", _own_optimizer_step)
     assert code == ExitCode.SUCCESS and report.reason == "Succeeded", report.message
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_loops_own_clipping_after_unscale_clips_the_true_gradients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """Clipping of the loop's own before run.step() (clip_grad_value_, per group, ...): in fp16 it
+    clipped gradients still scaled by the loss scale, 65536 times too far. run.unscale(optimizer)
+    first unscales them (nothing outside fp16), and step() does not unscale them again."""
+    job = spec(training={"steps": 2, "logEvery": 1}, checkpoint={"everySteps": 2}, precision={"mode": precision})
+    launch = in_process_launch(tmp_path, monkeypatch, job, precision)
+    with mpjob.start(launch=launch) as run:
+        model = nn.Linear(1, 1, bias=False)
+        nn.init.ones_(model.weight)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        run.resume(model=model, optimizer=optimizer)
+        for step in range(run.total_steps):
+            run.backward(model(torch.full((1, 1), 4.0)).float().sum())  # the gradient is 4
+            run.unscale(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            run.step(optimizer)
+            run.end_step(step + 1, samples=1)
+            assert model.weight.item() == pytest.approx(1.0 - 0.1 * (step + 1), abs=1e-3)  # clipped to 1

@@ -63,7 +63,8 @@ from mpjob_trainer.session.modes import Mode
 from mpjob_trainer.session.naming import StepSamples
 from mpjob_trainer.session.rollback import FreshStart
 from mpjob_trainer.session.state import TrainingState
-from mpjob_trainer.session.steps import SamplesFunction, StepFunction, finite
+from mpjob_trainer.session.steps import SamplesFunction, StepFunction
+from mpjob_trainer.session.tally import finite
 from mpjob_trainer.session.verdict import Offending, Window, ending_for, inconclusive, listed, verdict_of
 
 

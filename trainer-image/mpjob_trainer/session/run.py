@@ -219,6 +219,10 @@ class Session(SetUpCalls):
         """Backward through the (fp16: scaled) loss, kept for the guard; the `samples` it covers weigh it."""
         self._numerics.backward(loss, samples)
 
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """fp16: unscale its gradients now, for clipping of the loop's own before `step()` (else nothing)."""
+        self._numerics.unscale(optimizer)
+
     def step(self, optimizer: torch.optim.Optimizer, *, clip_norm: float | None = None) -> None:
         """Clip the true (unscaled) gradients, step unless they overflowed, zero them."""
         self._numerics.step(optimizer, clip_norm)
@@ -243,18 +247,16 @@ class Session(SetUpCalls):
         self._step = step
         state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples
-        end = self._rung.closing(
-            step, loss, samples, close=self._close_step, state=state, checkpoints=self._checkpoints
-        )
+        rung, checkpoints = self._rung, self._checkpoints
+        end = rung.closing(step, loss, samples, close=self._close_step, state=state, checkpoints=checkpoints)
         if end is not None:  # the SDK's edge: what ends the step leaves the loop as an exception
             raise end
 
     def _close_step(self, step: int, loss: Number | None, samples: int | None) -> Exception | None:
         """Close step `step` (the loop's, or one a catch-up runs again) on what the loop trains now."""
         assert self._state is not None  # end_step checked it
-        return self._closer.close(
-            step, loss, samples, state=self._state, checkpoints=self._checkpoints, gate=self._gate
-        )
+        closer, checkpoints = self._closer, self._checkpoints
+        return closer.close(step, loss, samples, state=self._state, checkpoints=checkpoints, gate=self._gate)
 
     def _training(self, call: str) -> TrainingState:  # what resume() registered, between resume() and close()
         if self._exit_code is not None:

@@ -3,7 +3,7 @@
 `run.backward` scales the loss (fp16) and keeps it, `run.step` unscales, clips, steps and
 records the gradient norm, `run.end_step` closes the step in the guard. None of it waits for
 the device beyond GradScaler's own found_inf check: losses and the gradient norm stay device
-tensors (StepTally), and which optimizer steps GradScaler applied is learnt on the host from
+tensors (session.tally.StepTally), and which optimizer steps GradScaler applied is learnt on the host from
 an optimizer step post-hook (AppliedSteps; GradScaler calls `optimizer.step()` only for
 finite gradients). `read()` is the interval's one sync point (NumericGuard.read): it serves
 the log line, the metrics, the guard's checks and the checkpoint decision.
@@ -14,10 +14,8 @@ zeroes the gradients and applies nothing.
 
 from __future__ import annotations
 
-import contextlib
-import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,103 +25,13 @@ from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.progress import Interval, host_value
+from mpjob_trainer.session.tally import Number, StepTally, check_samples
 from mpjob_trainer.sharding import clip_gradients
 
-Number = torch.Tensor | float
 #: The loop's step as a function of its 0-based index (Session.register_step).
 StepFunction = Callable[[int], None]
 #: The dataset indices of a step's samples on this process.
 SamplesFunction = Callable[[int], list[int]]
-
-
-def finite(value: Number | None) -> bool:
-    """Is a loss or norm finite? (A host read: probes and replays may sync.)"""
-    if value is None:
-        return True
-    if isinstance(value, torch.Tensor):
-        return bool(torch.isfinite(value.detach()).all())
-    return math.isfinite(value)
-
-
-def require_one_number(loss: object) -> None:
-    """A loss `end_step` is given to report is one number (else a configuration error, at the call)."""
-    if loss is None or isinstance(loss, int | float) or (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-        return
-    given = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
-    raise ConfigError(f"end_step(loss={given}): the loss to report is one number, a float or a one-element tensor")
-
-
-def check_samples(samples: object, *, call: str, name: str) -> None:
-    """A count of samples a loss covers: a positive integer, or None (else a ConfigError naming `call`)."""
-    if samples is not None and not (isinstance(samples, int) and not isinstance(samples, bool) and samples > 0):
-        raise ConfigError(
-            f"{call}{samples!r}): {name} is how many samples the loss covers, a positive integer, or None"
-        )
-
-
-class StepTally:
-    """The current optimizer step's losses, gradient norm and learning rate (device values)."""
-
-    def __init__(self) -> None:
-        self.loss_sum: torch.Tensor | None = None  # the losses passed to backward() since the step began
-        self.samples = 0  # the samples backward() was told those losses cover
-        self.reported: Number | None = None  # the loss the last closed step reported (this rank's)
-        self.weight = 1.0  # the samples it covers: 1 when backward() was not told (every rank weighs alike)
-        self.grad_norm: Number | None = None
-        self.lr: Number | None = None
-        self.stepped = False  # did the loop ask run.step() for an update since the step began?
-
-    def add_loss(self, loss: torch.Tensor, samples: int | None = None) -> None:
-        detached = loss.detach().float()
-        self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
-        self.samples += samples or 0
-
-    def close(self, loss: Number | None) -> Number | None:
-        """End the step: what it reports (`loss`, else the losses summed); returns what the
-        guard observes (the losses summed when there were any)."""
-        require_one_number(loss)
-        reported = self.loss_sum if loss is None else loss
-        self.reported = reported.detach() if isinstance(reported, torch.Tensor) else reported
-        self.weight = float(self.samples or 1)
-        return self.loss_sum if self.loss_sum is not None else self.reported
-
-    def stepped_elsewhere(
-        self, *, lr: Number | None, grad_norm: Number | None, loss_samples: int | None = None
-    ) -> None:
-        """The step's learning rate and gradient norm, from a loop that steps its optimizer
-        itself (a framework), and the samples its loss covers on this rank (its weight in the
-        job's loss: a framework runs backward itself); what it does not say stays as `step()`
-        and `backward()` recorded it."""
-        check_samples(loss_samples, call="end_step(loss_samples=", name="loss_samples")
-        if loss_samples is not None:
-            self.samples = loss_samples
-        if lr is not None:
-            self.lr = lr
-        if grad_norm is not None:
-            self.grad_norm = grad_norm
-
-    @contextlib.contextmanager
-    def set_aside(self) -> Iterator[None]:
-        """Steps the session runs itself in the block (an fp32 replay) leave the training step's
-        gradient norm and learning rate as they were: the log lines never show the replay's."""
-        saved = (self.grad_norm, self.lr)
-        try:
-            yield
-        finally:
-            self.grad_norm, self.lr = saved
-
-    def clear(self) -> None:
-        """Forget the losses since the step began (a step the session runs itself begins)."""
-        self.loss_sum = None
-        self.samples = 0
-        self.stepped = False
-
-    def finite_and_clear(self, *, grad_norm: bool) -> bool:
-        """Were the losses since the last clear (and, with `grad_norm`, the gradient norm)
-        finite? A host read: for the steps a probe or a replay runs, never for training steps."""
-        ok = finite(self.loss_sum) and (not grad_norm or finite(self.grad_norm))
-        self.clear()
-        return ok
 
 
 class AppliedSteps:
@@ -183,6 +91,8 @@ class StepNumerics:
         #: or not; those it unscaled since (held weakly, as AppliedSteps holds them).
         self._update_due = False
         self._unscaled: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        #: Those the loop had unscaled before `step()` (`unscale`: for its own clipping): step() leaves them.
+        self._unscaled_early: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Hook an optimizer the loop steps itself (a framework's), not through `step()`."""
@@ -217,12 +127,9 @@ class StepNumerics:
         # No gradient: nothing was scaled, nothing can overflow, and GradScaler would refuse a step it
         # has no inf check for. It steps as in bf16 (its parameters stay as they are).
         scaler = self.precision.scaler if any(p.grad is not None for p in params) else None
-        if scaler is not None:
-            if optimizer in self._unscaled:  # stepped again within one step: the scale moves first
-                self._update_scale()
-            scaler.unscale_(optimizer)  # clipping sees true gradients
-            self._unscaled.add(optimizer)
-            self._update_due = True
+        if scaler is not None and optimizer not in self._unscaled_early:
+            self._unscale(optimizer, scaler)  # clipping sees true gradients
+        self._unscaled_early.discard(optimizer)
         self.tally.grad_norm = clip_gradients(params, clip_norm)  # sharded or not: the global norm
         self._stepping = True
         try:
@@ -230,6 +137,23 @@ class StepNumerics:
         finally:
             self._stepping = False
         optimizer.zero_grad(set_to_none=True)
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """fp16: unscale `optimizer`'s gradients now, for the loop's own clipping before `step()`, which then
+        does not unscale them again; in the other precisions (and while probing) they are true already."""
+        scaler = self.precision.scaler
+        if scaler is None or not self.precision.mode.applies_updates or optimizer in self._unscaled_early:
+            return
+        if any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
+            self._unscale(optimizer, scaler)
+            self._unscaled_early.add(optimizer)
+
+    def _unscale(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+        if optimizer in self._unscaled:  # stepped again within one step: the scale moves first
+            self._update_scale()
+        scaler.unscale_(optimizer)
+        self._unscaled.add(optimizer)
+        self._update_due = True
 
     def _check_own_step(self, optimizer: torch.optim.Optimizer) -> None:
         """A watched optimizer's step pre-hook: in fp16 an optimizer the loop steps itself, not
@@ -266,6 +190,7 @@ class StepNumerics:
             self.precision.scaler.update()
         self._update_due = False
         self._unscaled.clear()
+        self._unscaled_early.clear()
 
     def numbers(self, step: int, read: Read) -> Interval:
         """The log line's numbers for the interval `read` was taken at."""

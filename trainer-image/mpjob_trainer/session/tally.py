@@ -1,0 +1,105 @@
+"""StepTally: the current optimizer step's losses, gradient norm and learning rate as the session
+keeps them (device values: nothing here waits for the device), and the checks of what a loop
+tells `backward` and `end_step` about them (session.steps)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+
+from mpjob_trainer.errors import ConfigError
+
+Number = torch.Tensor | float
+
+
+def finite(value: Number | None) -> bool:
+    """Is a loss or norm finite? (A host read: probes and replays may sync.)"""
+    if value is None:
+        return True
+    if isinstance(value, torch.Tensor):
+        return bool(torch.isfinite(value.detach()).all())
+    return math.isfinite(value)
+
+
+def require_one_number(loss: object) -> None:
+    """A loss `end_step` is given to report is one number (else a configuration error, at the call)."""
+    if loss is None or isinstance(loss, int | float) or (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        return
+    given = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
+    raise ConfigError(f"end_step(loss={given}): the loss to report is one number, a float or a one-element tensor")
+
+
+def check_samples(samples: object, *, call: str, name: str) -> None:
+    """A count of samples a loss covers: a positive integer, or None (else a ConfigError naming `call`)."""
+    if samples is not None and not (isinstance(samples, int) and not isinstance(samples, bool) and samples > 0):
+        raise ConfigError(
+            f"{call}{samples!r}): {name} is how many samples the loss covers, a positive integer, or None"
+        )
+
+
+class StepTally:
+    """The current optimizer step's losses, gradient norm and learning rate (device values)."""
+
+    def __init__(self) -> None:
+        self.loss_sum: torch.Tensor | None = None  # the losses passed to backward() since the step began
+        self.samples = 0  # the samples backward() was told those losses cover
+        self.reported: Number | None = None  # the loss the last closed step reported (this rank's)
+        self.weight = 1.0  # the samples it covers: 1 when backward() was not told (every rank weighs alike)
+        self.grad_norm: Number | None = None
+        self.lr: Number | None = None
+        self.stepped = False  # did the loop ask run.step() for an update since the step began?
+
+    def add_loss(self, loss: torch.Tensor, samples: int | None = None) -> None:
+        detached = loss.detach().float()
+        self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
+        self.samples += samples or 0
+
+    def close(self, loss: Number | None) -> Number | None:
+        """End the step: what it reports (`loss`, else the losses summed); returns what the
+        guard observes (the losses summed when there were any)."""
+        require_one_number(loss)
+        reported = self.loss_sum if loss is None else loss
+        self.reported = reported.detach() if isinstance(reported, torch.Tensor) else reported
+        self.weight = float(self.samples or 1)
+        return self.loss_sum if self.loss_sum is not None else self.reported
+
+    def stepped_elsewhere(
+        self, *, lr: Number | None, grad_norm: Number | None, loss_samples: int | None = None
+    ) -> None:
+        """The step's learning rate and gradient norm, from a loop that steps its optimizer
+        itself (a framework), and the samples its loss covers on this rank (its weight in the
+        job's loss: a framework runs backward itself); what it does not say stays as `step()`
+        and `backward()` recorded it."""
+        check_samples(loss_samples, call="end_step(loss_samples=", name="loss_samples")
+        if loss_samples is not None:
+            self.samples = loss_samples
+        if lr is not None:
+            self.lr = lr
+        if grad_norm is not None:
+            self.grad_norm = grad_norm
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Steps the session runs itself in the block (an fp32 replay) leave the training step's
+        gradient norm and learning rate as they were: the log lines never show the replay's."""
+        saved = (self.grad_norm, self.lr)
+        try:
+            yield
+        finally:
+            self.grad_norm, self.lr = saved
+
+    def clear(self) -> None:
+        """Forget the losses since the step began (a step the session runs itself begins)."""
+        self.loss_sum = None
+        self.samples = 0
+        self.stepped = False
+
+    def finite_and_clear(self, *, grad_norm: bool) -> bool:
+        """Were the losses since the last clear (and, with `grad_norm`, the gradient norm)
+        finite? A host read: for the steps a probe or a replay runs, never for training steps."""
+        ok = finite(self.loss_sum) and (not grad_norm or finite(self.grad_norm))
+        self.clear()
+        return ok
