@@ -29,8 +29,10 @@ def check_loads(obj: Any, saved: Any, what: str, into: str) -> None:
     """What `load_fitting` would refuse, found on a meta twin of `obj` (session.twins) so that
     nothing of `obj` changes: a ConfigError naming both when `saved` does not fit; nothing when it
     fits, or when no twin can be made or the twin cannot tell (its own load checks it then)."""
-    twin = module_twin(obj) if isinstance(obj, torch.nn.Module) else None
-    if isinstance(obj, torch.optim.Optimizer):
+    twin: torch.nn.Module | torch.optim.Optimizer | None = None
+    if isinstance(obj, torch.nn.Module):
+        twin = module_twin(obj)
+    elif isinstance(obj, torch.optim.Optimizer):
         twin = optimizer_twin(obj)
     if twin is None:
         return
