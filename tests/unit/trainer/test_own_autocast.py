@@ -71,3 +71,12 @@ def test_a_forward_recomputed_in_the_sessions_backward_passes() -> None:
     with amp.ours():
         loss.backward()
     assert model.weight.grad is not None
+
+
+def test_the_check_costs_a_compiled_model_no_graph_break_and_still_tells() -> None:
+    model, amp = hooked("bf16")
+    with amp.autocast():  # fullgraph: a graph break would raise
+        assert torch.compile(model, fullgraph=True, backend="eager")(torch.ones(1, 4)).dtype == torch.bfloat16
+    refused = pytest.raises(ConfigError, match=r"the script entered itself")
+    with refused, torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.compile(model, backend="eager")(torch.ones(1, 4))
