@@ -36,6 +36,7 @@ from mpjob.controller.lostnodes import Nodes, on_nodes
 from mpjob.controller.ownership import Malformed, ObjectRef
 from mpjob.controller.records import JobRecord, Key, PodRecord, create_failure, job_record, pod_record
 from mpjob.controller.watch import ListWatch, Source
+from mpjob.planning.history import HeldJob
 from mpjob.planning.reconcile import JobView, PodView
 from mpjob_contract import api
 
@@ -63,6 +64,10 @@ class Observed:
     #: Pods a Job of this job's left behind when it was deleted (--cascade=orphan), not yet
     #: deleted: they are stopped as the Job's deletion would have stopped them (`orphans_of`).
     orphans: dict[int, tuple[PodView, ...]] = field(default_factory=dict)  # by attempt
+
+    def held(self) -> dict[int, HeldJob]:
+        """By attempt, its Job's UID and making (`history.strays`, `history.own`)."""
+        return {i: HeldJob(uid, view.created if (view := self.jobs.get(i)) else None) for i, uid in self.uids.items()}
 
 
 NOTHING_SEEN = Observed({}, frozenset(), {}, {})
@@ -258,6 +263,7 @@ def _view(job: JobRecord, pods: list[PodView], create_error: str | None) -> JobV
         suspended_since=job.suspended_since,
         create_error=create_error,
         generation=job.generation,
+        created=job.created,
     )
 
 

@@ -171,10 +171,10 @@ class Reconciler:
             spec, observed.status, generation, jobs, now, lingering=seen.lingering, fits=fits, changes=made,
             unseen_for=unseen_for, stopped=seen.stopped, retries=self.retries,
         )  # fmt: skip
-        strays = history.strays(old, seen.uids)  # made for an attempt ended already: deleted, never recorded
-        for index, uid in seen.uids.items():  # a Job made before its uid was recorded: said started
-            if index not in strays:  # if this write holds (the one that records it tells it)
-                lc.made(plan, spec, index, uid)
+        held = seen.held()  # by attempt: each Job's UID and creationTimestamp
+        strays = history.strays(old, held)  # made for an attempt ended already: deleted, never recorded
+        for index, uid in history.own(old, held).items():  # a Job made before its uid was recorded: said
+            lc.made(plan, spec, index, uid)  # started if this write holds (the one that records it tells it)
         write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
         self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
         plan = self._act(body, spec, plan, seen, strays)

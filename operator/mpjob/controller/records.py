@@ -58,6 +58,8 @@ class JobRecord:
     suspended_since: str | None = None
     #: The spec generation it was made from (its annotation; None: unnamed, or not a number).
     generation: int | None = None
+    #: Its metadata.creationTimestamp: when the API server made it (`history.made_late`).
+    created: str | None = None
 
     @property
     def uid(self) -> str:
@@ -102,6 +104,7 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
         suspended=bool((job.get("spec") or {}).get("suspend")),
         suspended_since=suspension.get("lastTransitionTime") or meta.get("creationTimestamp"),
         generation=_generation((meta.get("annotations") or {}).get(SPEC_GENERATION)),
+        created=_text(meta.get("creationTimestamp")),
     )
 
 

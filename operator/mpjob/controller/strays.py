@@ -1,5 +1,6 @@
 """Stray attempt Jobs: one this job controls, made for an attempt its status has ended, whose
-recorded Job (`status.attempts[].jobUid`) is another one or none (`history.strays`).
+recorded Job (`status.attempts[].jobUid`) is another one, or none while the Job's own
+creationTimestamp is later than the attempt's finishTime (`history.strays`, `history.made_late`).
 
 Status writes are fenced (a write planned from an older read is refused), but a Job's create is
 not: an operator that wrote "attempt N starts", stalled before it made attempt N's Job, and woke
@@ -66,6 +67,6 @@ class StrayJobs:
 def _message(name: str, uid: str, index: int) -> str:
     return (
         f"Job {name} (uid {uid}) deleted, its pods with it: attempt {index} had ended and the status records "
-        "another Job or none for it (made by an operator acting on an older status); its trainers would have "
-        "written the job's checkpoints beside the running attempt's"
+        "another Job for it, or none and the Job was made after it ended (by an operator acting on an older "
+        "status); its trainers would have written the job's checkpoints beside the running attempt's"
     )

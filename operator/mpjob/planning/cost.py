@@ -99,11 +99,11 @@ def seen_usage(
 
 def own_jobs(status: MixedPrecisionJobStatus, views: Mapping[int, JobView]) -> dict[int, JobView]:
     """`views` less the stray Jobs among them (`history.strays`, by their uids: made for an
-    attempt `status` has ended, which records another Job or none for it; the operator deletes
-    them): their pods are not the attempt's, whose cost stays what it was when it ended. `status`
+    attempt `status` has ended, which records another Job, or none and ended before it was made;
+    the operator deletes them): their pods are not the attempt's, whose cost stays what it was when it ended. `status`
     is the one read, before this reconcile ends anything: an attempt ending now whose Job's uid
     is not recorded yet (`lifecycle.made`) is charged its own Job. A view without a uid is kept."""
-    strays = history.strays(status, {index: view.uid for index, view in views.items() if view.uid})
+    strays = history.strays(status, {i: history.HeldJob(v.uid, v.created) for i, v in views.items() if v.uid})
     return {index: view for index, view in views.items() if index not in strays}
 
 

@@ -73,6 +73,8 @@ class JobView:
     uid: str = ""
     #: The spec generation the Job was made from (None: not known, a Job of an older operator).
     generation: int | None = None
+    #: Its metadata.creationTimestamp (`history.made_late`), if known.
+    created: str | None = None
 
 
 #: The ending of an attempt stopped at runPolicy.activeDeadlineSeconds (its Job's own deadline,

@@ -13,6 +13,8 @@ index is `started`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import NamedTuple
 
 from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, AttemptCounts, AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -146,24 +148,74 @@ def lineage(status: MixedPrecisionJobStatus, index: int) -> dict[int, str | None
     """The Job each attempt before `index` that `status` holds ran in (its UID, None: none
     recorded; an attempt begun in place, its chain's), by attempt: the writers whose checkpoints
     attempt `index` may resume from (AttemptLaunch.lineage). A stray Job, made for an attempt
-    after it ended, is never the one recorded (`strays`), so its checkpoints are not resumed from."""
+    after it ended, is never the one recorded (`strays`, `own`), so its checkpoints are not
+    resumed from."""
     recorded = {a.index: a.job_uid for a in status.attempts}
     return {a.index: recorded.get(job_index(status, a.index)) for a in status.attempts if a.index < index}
 
 
-def strays(status: MixedPrecisionJobStatus, uids: Mapping[int, str]) -> dict[int, str]:
-    """Of the attempt Jobs held (`uids`: attempt -> the UID of the Job of its name that this job
-    controls), those that are not the job's, by attempt: of an attempt `status` has ended whose
-    recorded Job (`jobUid`) is another one. The status says that attempt is over and which Job
-    ran it, so this one was made after it ended, by an operator that stalled between recording
-    the attempt and making its Job and woke once another had gone past it: its trainers would
-    write the job's checkpoints beside the running attempt's. An ended entry that records no
-    Job is no evidence (a status written before jobUid existed records none, and its kept Jobs
-    are the job's own: the reconcile records them, `lifecycle.made`). A Job of the attempt that
-    has not ended is never one, its uid recorded or not (made, that write not held yet); nor
-    one of an entry dropped from the history (`bound`: it is retired as an older attempt's)."""
-    ended = {a.index: a.job_uid for a in status.attempts if a.finish_time is not None and a.job_uid}
-    return {index: uid for index, uid in uids.items() if index in ended and ended[index] != uid}
+class HeldJob(NamedTuple):
+    """An attempt Job the operator holds: its UID and its metadata.creationTimestamp (None: none
+    that reads), the API server's own evidence of when it was made."""
+
+    uid: str
+    created: str | None = None
+
+
+def strays(status: MixedPrecisionJobStatus, jobs: Mapping[int, HeldJob]) -> dict[int, str]:
+    """Of the attempt Jobs held (`jobs`: by attempt, the Job of its name that this job controls),
+    the UIDs of those that are not the job's, by attempt (`stray`)."""
+    by_index = {a.index: a for a in status.attempts}
+    return {index: job.uid for index, job in jobs.items() if stray(by_index.get(index), job) is True}
+
+
+def own(status: MixedPrecisionJobStatus, jobs: Mapping[int, HeldJob]) -> dict[int, str]:
+    """Of the attempt Jobs held (as `strays`), the UIDs the reconcile may record on their entries
+    as their attempts' own (`lifecycle.made`), by attempt (`stray`)."""
+    by_index = {a.index: a for a in status.attempts}
+    return {index: job.uid for index, job in jobs.items() if stray(by_index.get(index), job) is False}
+
+
+def stray(entry: AttemptStatus | None, job: HeldJob) -> bool | None:
+    """Whether `job`, held for attempt `entry`, is a stray (None: neither a stray nor its own).
+    A stray is of an attempt the status has ended whose recorded Job (`jobUid`) is another one,
+    or that records none and ended before the Job was made (`made_late`): made by an operator
+    that stalled between recording the attempt and making its Job and woke once another had
+    gone past it, its trainers would write the job's checkpoints beside the running attempt's.
+    An ended entry that records no Job is otherwise no evidence: a status written before jobUid
+    existed records none, and the Jobs it kept were made before their attempts ended (their
+    own). One whose making is unknown is neither deleted nor recorded (its checkpoints stay out
+    of the lineage). A Job of the attempt that has not ended is its own, its uid recorded or not
+    (made, that write not held yet); so is one of an entry dropped from the history (`bound`:
+    it is retired as an older attempt's; `status.record_job_uids` finds no entry to record)."""
+    if entry is None or entry.finish_time is None:
+        return False
+    if entry.job_uid:
+        return entry.job_uid != job.uid
+    return made_late(entry, job)
+
+
+def made_late(entry: AttemptStatus, job: HeldJob) -> bool | None:
+    """Whether `job` was made after its attempt `entry` ended (None: unknown: no time that reads).
+    Both moments are whole seconds (Kubernetes stamps creationTimestamp so, the status its
+    finishTime: `status.stamp`), truncated: a Job made in the second its attempt ended is not
+    late. That second cannot order them, and a Job made in its attempt's own run is the usual
+    order (made, then ended: at once, say, refused or suspended), while a stalled operator
+    waking within the very second another ended that attempt is not; and a Job wrongly deleted
+    cannot be made again. finishTime is the operator's clock, creationTimestamp the API
+    server's: they are taken to agree within that second (nodes kept in time, NTP); a skew moves
+    the boundary by as much."""
+    end, made = _second(entry.finish_time), _second(job.created)
+    return None if end is None or made is None else made > end
+
+
+def _second(value: str | None) -> datetime | None:
+    """The moment `value` (RFC 3339) names, to the whole second (in UTC if it names no zone)."""
+    try:
+        moment = datetime.fromisoformat(value) if value else None
+    except ValueError:
+        return None
+    return None if moment is None else moment.replace(microsecond=0, tzinfo=moment.tzinfo or UTC)
 
 
 def current(status: MixedPrecisionJobStatus, index: int) -> bool:

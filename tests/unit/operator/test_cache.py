@@ -21,7 +21,10 @@ def owner(kind: str, name: str, uid: str) -> list[dict[str, Any]]:
     return [{"apiVersion": "v1", "kind": kind, "name": name, "uid": uid, "controller": True}]
 
 
-def job(attempt: int, uid: str = "", namespace: str = "ns", **status: Any) -> dict[str, Any]:
+def job(
+    attempt: int, uid: str = "", namespace: str = "ns", created: str | None = None, **status: Any
+) -> dict[str, Any]:
+    """The attempt Job `j-a<attempt>` (`created`: its creationTimestamp, if any) with `status`."""
     return {
         "metadata": {
             "name": f"j-a{attempt}",
@@ -29,7 +32,8 @@ def job(attempt: int, uid: str = "", namespace: str = "ns", **status: Any) -> di
             "uid": uid or f"job-{attempt}",
             "labels": {"mpjob.dev/job": "j", "mpjob.dev/attempt": str(attempt)},
             "ownerReferences": owner("MixedPrecisionJob", "j", MPJ_UID),
-        },
+        }
+        | ({"creationTimestamp": created} if created else {}),
         "spec": {"suspend": False},
         "status": status,
     }
