@@ -249,25 +249,30 @@ def test_an_attempt_ended_while_its_pods_ran_is_charged_their_whole_time_once_th
         assert status.attempts[0].gpu_seconds == 2 * 40 and status.cost is not None and status.cost.gpu_seconds == 80
 
 
-def stray_case(seconds: float | None) -> tuple[MixedPrecisionJobSpec, MixedPrecisionJobStatus, dict[int, JobView]]:
-    """Attempt 0 ended (its Job u0, charged `seconds`), attempt 1 running in its Job u1."""
-    first = ended(0, 0, 30).model_copy(update={"job_uid": "u0", "gpu_seconds": seconds})
+def stray_case(
+    seconds: float | None, recorded: str | None = "u0"
+) -> tuple[MixedPrecisionJobSpec, MixedPrecisionJobStatus, dict[int, JobView]]:
+    """Attempt 0 ended (its Job `recorded`, charged `seconds`), attempt 1 running in its Job u1."""
+    first = ended(0, 0, 30).model_copy(update={"job_uid": recorded, "gpu_seconds": seconds})
     running = AttemptStatus(index=1, precision="bf16", start_step=20, world_size=1, job_uid="u1", start_time=stamp(50))
     status = MixedPrecisionJobStatus(phase="Running", attempts=[first, running], cost=JobCost(gpu_seconds=seconds or 0))
     alive = (PodView("p1", 0, "Running", True, started_at=stamp(55)),)
     return job_spec(), status, {1: JobView(1, pods=alive, uid="u1")}
 
 
+@pytest.mark.parametrize("recorded", ["u0", None], ids=["another-job-recorded", "none-recorded"])
 @pytest.mark.parametrize("seconds", [20.0, None], ids=["charged", "not-charged-yet"])
-def test_a_stray_job_of_an_ended_attempt_is_not_charged_to_it(seconds: float | None) -> None:
+def test_a_stray_job_of_an_ended_attempt_is_not_charged_to_it(seconds: float | None, recorded: str | None) -> None:
     """A Job made for attempt 0 after the status had ended it, by an operator acting on an older
     status (controller/strays.py deletes it): its pods, running or stopped once it is deleted,
-    are not attempt 0's, whose cost stays what it was when it ended; its own Job's stay charged."""
-    spec, status, jobs = stray_case(seconds)
-    stray = JobView(0, pods=(ran(0, stamp(60), None, alive=True),), uid="stray")
+    are not attempt 0's, whose cost stays what it was when it ended; its own Job's stay charged.
+    Where the entry records no Job, the stray's creationTimestamp, after the entry's finishTime, tells."""
+    spec, status, jobs = stray_case(seconds, recorded)
+    stray = JobView(0, pods=(ran(0, stamp(60), None, alive=True),), uid="stray", created=stamp(55))
+    gone = JobView(0, pods=(ran(0, stamp(60), stamp(260)),), uid="stray", created=stamp(55))
     for now, held, stopped in (
         (100, {**jobs, 0: stray}, {}),  # running beside attempt 1
-        (300, jobs, {0: JobView(0, pods=(ran(0, stamp(60), stamp(260)),), uid="stray")}),  # deleted, stopped
+        (300, jobs, {0: gone}),  # deleted, stopped
     ):
         after = reconcile(spec, status, 1, held, T0 + timedelta(seconds=now), stopped=stopped).status
         assert after.attempts[0].gpu_seconds == seconds, now
