@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -78,33 +79,50 @@ def test_two_standalone_operators_tell_each_attempt_once_and_make_one_job_for_it
     assert (told["AttemptStarted"], told["AttemptEnded"], told["Failed"]) == (2, 2, 1), told
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["another-job-recorded", "none-recorded"])
 def test_a_job_made_for_an_attempt_another_operator_ended_is_deleted_once(
-    operator: Operator, jobs: Jobs, tmp_path: Path
+    operator: Operator, jobs: Jobs, tmp_path: Path, recorded: bool
 ) -> None:
     """An operator that recorded "attempt 0 starts", stalled before making its Job and woke after
     attempt 0 had ended (its Job retired or deleted) makes the Job then: mimicked by hand, a Job of
     attempt 0's name controlled by the MixedPrecisionJob. The operator deletes it by its UID, says
-    so once, and never records it as attempt 0's Job."""
+    so once, and never records it as attempt 0's Job: where the entry records another Job, and
+    where it records none (ended before any Job of it was made), by the API server's own
+    creationTimestamp of the late Job, after the entry's finishTime."""
     script = tmp_path / "train.py"
     script.write_text("import time\ntime.sleep(1.5)\nraise SystemExit(1)\n")
     jobs.create("stray", command_spec([sys.executable, str(script)]))
     status = jobs.wait_phase("stray", "Failed", 240)
-    recorded = status["attempts"][0]["jobUid"]
     jobs.batch.delete_namespaced_job("stray-a0", jobs.namespace, propagation_policy="Background")
     wait_for(lambda: "stray-a0" not in jobs.attempt_jobs("stray"), 60, message="stray-a0 gone")
-    body = jobs.get("stray")
-    spec = MixedPrecisionJobSpec.model_validate(body["spec"])
-    made = attempt_job(
-        job="stray", namespace=jobs.namespace, uid=body["metadata"]["uid"], spec=spec,
-        start=StartAttempt(0, "fp32", None, 0), image="mpjob-trainer:stalled",
-    )  # fmt: skip
-    made["spec"]["suspend"] = True  # its pods never run here: what is tested is whose Job it is
-    made["metadata"]["ownerReferences"] = [
-        {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "stray", "uid": body["metadata"]["uid"],
-         "controller": True, "blockOwnerDeletion": True},
-    ]  # fmt: skip
-    late = jobs.batch.create_namespaced_job(jobs.namespace, made).metadata.uid
+    if not recorded:  # as if attempt 0 ended before any Job of it was made
+        entries = [{k: v for k, v in a.items() if k != "jobUid"} for a in status["attempts"]]
+        patch = {"status": {"attempts": entries}}
+        jobs.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, jobs.namespace, api.PLURAL, "stray", patch
+        )
+    ended = datetime.fromisoformat(status["attempts"][0]["finishTime"])
+    wait_for(lambda: datetime.now(UTC) >= ended + timedelta(seconds=1), 5, message="a second past attempt 0's end")
+    late = made_late(jobs, "stray")
     wait_for(lambda: "stray-a0" not in jobs.attempt_jobs("stray"), 60, message="the stalled operator's Job deleted")
     (said,) = [e for e in jobs.events("stray", "StrayJobDeleted") if e.reason == "StrayJobDeleted"]
     assert said.type == "Warning" and late in said.message and (said.count or 1) == 1, said.message
-    assert jobs.status("stray")["attempts"][0]["jobUid"] == recorded, "never recorded as attempt 0's Job"
+    kept = status["attempts"][0]["jobUid"] if recorded else None
+    assert jobs.status("stray")["attempts"][0].get("jobUid") == kept, "never recorded as attempt 0's Job"
+
+
+def made_late(jobs: Jobs, name: str) -> str:
+    """Attempt 0's Job of the MixedPrecisionJob `name`, made now as a stalled operator would (its
+    pods never run here: what is tested is whose Job it is); its UID."""
+    body = jobs.get(name)
+    spec = MixedPrecisionJobSpec.model_validate(body["spec"])
+    made = attempt_job(
+        job=name, namespace=jobs.namespace, uid=body["metadata"]["uid"], spec=spec,
+        start=StartAttempt(0, "fp32", None, 0), image="mpjob-trainer:stalled",
+    )  # fmt: skip
+    made["spec"]["suspend"] = True
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": name, "uid": body["metadata"]["uid"],
+         "controller": True, "blockOwnerDeletion": True},
+    ]  # fmt: skip
+    return str(jobs.batch.create_namespaced_job(jobs.namespace, made).metadata.uid)
