@@ -57,6 +57,11 @@ ALLOWED: dict[str, str] = {
         "resume_from_checkpoint reads (weights, optimizer, scheduler, scaler, RNG, trainer "
         "state); save_model and save_state write parts of it only"
     ),
+    "trainer._maybe_log_save_evaluate": (
+        "adapters/hf_tracking.py: transformers.Trainer logs, evaluates (best metric, early stopping) and "
+        "saves a step in this method, right after the step's on_step_end, and calls no callback after it; "
+        "mpjob's checkpoint of the step must hold that evaluation, and there is no public hook there"
+    ),
     "trainer._train_batch_size": (
         "adapters/hf_arguments.py: transformers.Trainer takes its training micro-batch from this attribute at "
         "train(), set once from the arguments in its __init__ (its own auto_find_batch_size sets it so); an "

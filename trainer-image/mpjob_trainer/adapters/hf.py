@@ -21,10 +21,13 @@ on stderr.
 runs no fp16 AMP and would train fp32 silently, it turns torch's CPU fp16 autocast on), keeps
 spec.precision.keepFp32 modules in fp32, adds MpjobCallback and resumes through
 `Trainer.train(resume_from_checkpoint=...)` from the attempt's checkpoint. The callback closes each optimizer
-step in the session (guard, progress, checkpoint decision, SIGTERM); a checkpoint is the Trainer's own
-`checkpoint-N` folder (weights, optimizer, scheduler, scaler, RNG, trainer state: the best metric and best
-checkpoint of the Trainer's own saves too, carried into the next attempt), whole whatever the script's saving
-arguments say (`MPJOBS_SAVE`), adopted by mpjob's store.
+step in the session (guard, progress, checkpoint decision, SIGTERM) once the Trainer has logged, evaluated and
+saved it (adapters.hf_tracking); a checkpoint is the Trainer's own `checkpoint-N` folder (weights, optimizer,
+scheduler, scaler, RNG, trainer state: the best metric and best checkpoint of the Trainer's own saves, step N's
+evaluation included, and the callbacks' states, an EarlyStoppingCallback's patience: all carried into the next
+attempt), whole whatever the script's saving arguments say (`MPJOBS_SAVE`), adopted by mpjob's store. A retry
+that finds the last step checkpointed leaves the Trainer as its train() would: that trainer state, and the best
+model under load_best_model_at_end.
 
 The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.hf_step): the
 Trainer's `compute_loss` keeps the last steps' calls as the Trainer made them; the step makes them again (the
@@ -66,8 +69,8 @@ from mpjob_trainer.adapters.hf_arguments import (
     training_arguments,
 )
 from mpjob_trainer.adapters.hf_step import TrainerLoss, loss_samples, register
+from mpjob_trainer.adapters.hf_tracking import RESUMING, after_evaluation, load_best, read_last
 from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.reload import hf_weights
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
@@ -93,10 +96,11 @@ class MpjobCallback(TrainerCallback):
         self.trainer_loss = TrainerLoss(trainer, self.recorded)
         self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
         self.grad_norms = GradNorms(trainer.accelerator)
+        self._open: dict[str, Any] | None = None  # the step on_step_end left for `close_step`
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
-        self._samples, self._weight = 0, 0
+        self._samples, self._weight, self._open = 0, 0, None
         self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
         register(self.bridge.run, self.trainer, self.trainer_loss)
@@ -124,9 +128,21 @@ class MpjobCallback(TrainerCallback):
         lr, self._lr = self._lr, None
         samples, weight, self._samples, self._weight = self._samples * self.bridge.run.world.size, self._weight, 0, 0
         grad_norm = self.grad_norms.take()
-        self.bridge.end_step(
-            state.global_step, loss=loss, samples=samples, lr=lr, grad_norm=grad_norm, loss_samples=weight or None
-        )
+        self._open = {
+            "step": state.global_step,
+            "loss": loss,
+            "samples": samples,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "loss_samples": weight or None,
+        }
+
+    def close_step(self) -> None:
+        """Close the step `on_step_end` left open in the session, after the Trainer evaluated and
+        saved it (adapters.hf_tracking.after_evaluation: mpjob's checkpoint holds that evaluation)."""
+        step, self._open = self._open, None
+        if step is not None:
+            self.bridge.end_step(**step)
 
 
 def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
@@ -253,14 +269,19 @@ def train(run: Session, trainer: Trainer, **train_kwargs: Any) -> Any:
     callback = MpjobCallback(bridge, trainer)
     trainer.add_callback(callback)
     steps_losses(trainer, callback)
+    after_evaluation(trainer, callback.close_step)
     point = bridge.resume()
     if point.done:  # Trainer.train at max_steps would still train one step past it
-        bridge.read_last(point, lambda folder: hf_weights(model, folder))  # trained, as after train()
+        bridge.read_last(point, read_last(trainer))  # trained, as after train()
+        load_best(trainer)
         return TrainOutput(point.step, 0.0, {})  # what it returns for a run that trains no step
     checkpoint = point.framework_checkpoint
     while True:
         try:
-            with resume_view(checkpoint, run.precision, run.world.rank) as resume_from:
+            with (
+                resume_view(checkpoint, run.precision, run.world.rank) as resume_from,
+                _arguments(trainer.args, **(RESUMING if resume_from else {})),
+            ):
                 return trainer.train(resume_from_checkpoint=resume_from, **train_kwargs)
         except RolledBack as back:
             checkpoint = bridge.reentry(back)  # Trainer.train again: accelerate wraps nothing twice

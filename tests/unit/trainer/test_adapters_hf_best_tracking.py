@@ -1,0 +1,122 @@
+"""A Hugging Face Trainer's best-model tracking (evaluation_strategy steps, metric_for_best_model,
+load_best_model_at_end, an EarlyStoppingCallback) through a fallback: mpjob's checkpoint of a step
+the Trainer evaluates holds that evaluation (the save follows it), the fallback attempt carries
+the best metric and the early-stopping patience on from it, and a retry that finds the last step
+checkpointed leaves the Trainer with its best model and trainer state, as its train() would."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.test_adapters_arguments import Regression
+from tests.unit.trainer.test_adapters_own_checkpoints import FALLBACK, _mpjobs, _samples
+
+pytestmark = pytest.mark.unit
+
+JOB = {"steps": 16, "batchSize": 4, "logEvery": 2, "seed": 0, "learningRate": 1e-2}
+
+
+def _hf_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, patience: int | None) -> Any:
+    """An attempt of the job: the Trainer evaluates every 4 steps, where mpjob checkpoints, keeps
+    its best model by the greatest eval loss (the loss falls: the first evaluation is the best) and,
+    given a `patience`, stops early; returns the Trainer."""
+    from transformers import EarlyStoppingCallback, Trainer
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import hf as mpjob_hf
+
+    job = spec(task={"command": ["python", "train.py"]}, training=JOB, precision=FALLBACK, checkpoint={"everySteps": 4})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, precision))
+    given = {"save_strategy": "steps", "save_steps": 4, "eval_strategy": "steps", "eval_steps": 4}
+    best = {"load_best_model_at_end": True, "metric_for_best_model": "loss", "greater_is_better": True}
+    callbacks = [] if patience is None else [EarlyStoppingCallback(early_stopping_patience=patience)]
+    try:
+        args = mpjob_hf.training_arguments(run, output_dir=str(tmp_path / "out"), **given, **best)
+        data, held_out = _samples(64, 0), _samples(16, 1)
+        trainer = Trainer(model=Regression(), args=args, train_dataset=data, eval_dataset=held_out, callbacks=callbacks)
+        mpjob_hf.train(run, trainer)
+    finally:
+        run.close()
+    return trainer
+
+
+def _evals(trainer: Any) -> list[int]:
+    return [e["step"] for e in trainer.state.log_history if "eval_loss" in e]
+
+
+def _fault_after(tmp_path: Path, step: int) -> None:
+    """The fault came after mpjob's checkpoint of `step`: the later ones are not there."""
+    for later, folder in _mpjobs(tmp_path).items():
+        if later > step:
+            shutil.rmtree(folder.parent)
+
+
+def test_mpjobs_checkpoint_of_an_evaluated_step_holds_that_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the step-8 checkpoint was written before the step-8 evaluation: the fallback
+    attempt, resuming there, never ran it, and its log history and best-model tracking lacked it."""
+    first = _hf_train(tmp_path, monkeypatch, "bf16", None)
+    state = (_mpjobs(tmp_path)[8] / "trainer_state.json").read_text()
+    assert _evals(first) == [4, 8, 12, 16] and '"step": 8' in state and "eval_loss" in state
+    _fault_after(tmp_path, 8)
+    again = _hf_train(tmp_path, monkeypatch, "fp32", None)
+    assert _evals(again) == [4, 8, 12, 16]
+    assert (again.state.best_global_step, again.state.best_metric) == (4, first.state.best_metric)
+
+
+def test_early_stopping_patience_is_carried_into_the_fallback_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Patience 2, each evaluation after step 4's worse: the Trainer stops at step 12. Before, the
+    fallback attempt from step 8 counted its patience from 0 again (transformers restores no
+    callback state by default) and without step 8's evaluation: it trained on to step 16."""
+    first = _hf_train(tmp_path, monkeypatch, "bf16", 2)
+    assert _evals(first) == [4, 8, 12] and first.state.global_step == 12
+    _fault_after(tmp_path, 8)
+    again = _hf_train(tmp_path, monkeypatch, "fp32", 2)
+    assert _evals(again) == [4, 8, 12] and again.state.global_step == 12
+
+
+def test_a_retry_at_the_last_step_loads_the_best_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a retry that resumed at the last step (its run crashed past the final checkpoint)
+    returned the last step's weights and a fresh trainer state, where train() loads the best model."""
+    from safetensors.torch import load_file
+
+    first = _hf_train(tmp_path, monkeypatch, "fp32", None)
+    best = tmp_path / "out" / "checkpoint-4"
+    assert first.state.best_model_checkpoint == str(best)
+    again = _hf_train(tmp_path, monkeypatch, "fp32", None)  # every checkpoint there: nothing to train
+    held = again.model.state_dict()
+    assert all(torch.equal(w, held[k]) for k, w in load_file(best / "model.safetensors").items())
+    assert (again.state.global_step, again.state.best_global_step, _evals(again)) == (16, 4, [4, 8, 12, 16])
+
+
+@pytest.mark.parametrize(
+    ("written", "named"),
+    [
+        ("{not json", "cannot be read as JSON"),
+        ("[1, 2]", "not the Trainer's state fields"),
+        ('{"global_step": 16, "secret": 1}', "['secret']"),
+        ('{"global_step": 16, "best_model_checkpoint": 4}', "best_model_checkpoint is a int, not str"),
+        ('{"global_step": 16, "best_metric": "0.5"}', "best_metric is a str, not int"),
+    ],
+)
+def test_a_trainer_state_read_at_the_last_step_is_checked(tmp_path: Path, written: str, named: str) -> None:
+    """What the retry at the last step reads of the Trainer's state is checked before it is taken:
+    a damaged one is the checkpoint's fault (CorruptCheckpoint: the one before it is resumed)."""
+    from mpjob_trainer.adapters.hf_tracking import read_state
+    from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+
+    folder = tmp_path / "step-000000016" / "framework"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(written)
+    with pytest.raises(CorruptCheckpoint) as refused:
+        read_state(folder)
+    assert "step-000000016: framework/trainer_state.json" in str(refused.value) and named in str(refused.value)
