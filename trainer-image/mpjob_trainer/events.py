@@ -8,6 +8,7 @@ Only rank 0 writes step/checkpoint lines; every rank writes errors (`all_ranks=T
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,8 @@ class EventLog:
         self.stream = stream or sys.stdout
         #: Who else hears each line this rank writes (experiment tracking); they never raise.
         self.listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        #: One line at a time: the tracking thread tells its late failures itself.
+        self._writing = threading.Lock()
 
     def __call__(self, event: str, *, all_ranks: bool = False, **fields: Any) -> None:
         if self.rank != 0 and not all_ranks:
@@ -28,7 +31,8 @@ class EventLog:
         record: dict[str, Any] = {"time": round(time.time(), 3), **fields}
         if self.rank:
             record["rank"] = self.rank
-        self.stream.write(format_line(event, record) + "\n")
-        self.stream.flush()
+        with self._writing:
+            self.stream.write(format_line(event, record) + "\n")
+            self.stream.flush()
         for listener in self.listeners:
             listener(event, record)

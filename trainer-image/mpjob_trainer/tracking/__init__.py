@@ -10,7 +10,8 @@ installed) is logged on stderr (the first, then every 100th) and counted in
 so `mpjob run` shows it on its console; so is each failure that leaves the runs short of what
 happened (a change in place not all recorded, the runs' end). At the end of the attempt
 `close` waits a bounded time (MPJOB_TRACKING_CLOSE_SECONDS, 30 s) for what is left, sent in
-one batch, and the runs' ends; an end not done by then is told as a failure too.
+one batch, and the runs' ends; an end not done by then is told as a failure too, and a failure
+after that (the late end refused) is told by the tracking thread itself, while the process lives.
 
 A change made in place (a fallback, a re-promotion, a smaller micro-batch: session.inplace)
 ends one attempt and begins the next in the same processes: its `precisionChanged` line ends
@@ -94,6 +95,9 @@ class RunTracker:
         self.degraded: str | None = None
         self.tried_at = 0.0  # when the tracking thread last tried to open what the runs lack
         self._counting = threading.Lock()
+        #: The training thread's close is done: it tells nothing more, the tracking thread tells
+        #: its own failures then (a close that timed out leaves it at work).
+        self.closed = False
         self.job_done = False
         #: The attempt the processes train now (the training thread's), and the changes made in
         #: place by the attempt each began: written before any update of that attempt is queued.
@@ -141,10 +145,13 @@ class RunTracker:
         if self._thread.is_alive():
             late = f"the attempt's runs not ended within {seconds:g} s ({CLOSE_SECONDS_ENV}): they may stay RUNNING"
             self._failed(TimeoutError(late), tell=True)
+        with self._counting:
+            self.closed = True
         self._tell()
 
     def _tell(self) -> None:
-        """The failures to tell, each once, on the event lines (the training thread's stdout)."""
+        """The failures to tell, each once, on the event lines (the training thread's stdout; the
+        tracking thread's after the close, which may have left it at work)."""
         while self.untold:
             error = self.untold.popleft()
             if self.log is not None:
@@ -265,6 +272,9 @@ class RunTracker:
                 self.untold.append(error)
             if self.failed == 1 or self.failed % 100 == 0 or tell:
                 print(f"mpjob: tracking failed ({self.failed} so far): {error}", file=sys.stderr)
+            closed = self.closed
+        if closed:  # no training thread tells it now: a late end (after a timed-out close) is told here
+            self._tell()
 
 
 def track(

@@ -99,8 +99,9 @@ class MlflowRuns:
         self.experiment_id = ""
         self.job_run = ""
         self.attempt_run = ""
-        #: What open has done (called again after a failure partway, it does what is left).
-        self.params_owed = False
+        #: What open has done (called again after a failure partway, it does what is left). The
+        #: params are owed to a found job's run too: the attempt that made it may have died first.
+        self.params_owed = True
         self.swept = False
         #: The runs changes in place ended whose end the server did not take (run -> its change):
         #: ended as the change ended them at the next open (the tracker's retries) or at the end.
@@ -133,14 +134,14 @@ class MlflowRuns:
         return bool(self.attempt_run) and not self.params_owed and self.swept and not self.ends_owed
 
     def _job_run(self, job_name: str) -> str:
-        """The job's run, RUNNING: made by the job's first attempt (its params owed), else found
-        (an earlier attempt ended it as it ended: the job goes on)."""
+        """The job's run, RUNNING: made by the job's first attempt, else found (an earlier attempt
+        ended it as it ended: the job goes on)."""
         found = self._find(f"tags.`{TAG_JOB_KEY}` = '{self.key}' and tags.`{TAG_LEVEL}` = 'job'")
         if found is None:
             run = self.client.create_run(
                 self.experiment_id, run_name=job_name, tags={TAG_JOB_KEY: self.key, TAG_LEVEL: "job"}
             )
-            self.params_owed, self.swept = True, True  # a new job's run: no earlier attempt's under it
+            self.swept = True  # a new job's run: no earlier attempt's under it
             return str(run.info.run_id)
         self.client.update_run(found, status="RUNNING")
         return found
@@ -266,9 +267,13 @@ class MlflowRuns:
         return runs[0].info.run_id if runs else None
 
     def _params(self, params: dict[str, str]) -> None:
+        """The params the job's run lacks, once: those it holds (logged by an earlier try or
+        attempt, or by a request whose answer was lost) are not sent again; a value it holds
+        differently stays (MLflow keeps a param's first value: the job's as its run began)."""
         from mlflow.entities import Param
 
-        items: list[Any] = [Param(k, v) for k, v in params.items()]
+        held = self.client.get_run(self.job_run).data.params
+        items: list[Any] = [Param(k, v) for k, v in params.items() if k not in held]
         for start in range(0, len(items), 100):  # log_batch takes at most 100 params
             self.client.log_batch(self.job_run, params=items[start : start + 100], synchronous=True)
         self.params_owed = False

@@ -1,0 +1,93 @@
+"""The job's MLflow params are logged once per run, whichever try or attempt gets them there, and a
+tracking failure after a close that timed out is told on the event lines as the others are (a
+local file store stands in for the tracking server; the event lines are the ones the trainer
+writes)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mpjob_trainer.tracking.mlflow_run import MlflowRuns, OpenIncomplete
+from mpjob_trainer.tracking.records import TAG_JOB_KEY, TAG_LEVEL
+from tests.helpers import wait_for
+from tests.tracking.mlflow_server import tracking_client
+from tests.unit.trainer.test_tracking_in_place import opened, step, told, tracker_for
+
+pytestmark = pytest.mark.unit
+
+PARAMS = {"precision.mode": "fp16", "training.steps": "40", "image": "trainer:2"}
+
+
+@pytest.fixture
+def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A file store (MLflow keeps one for such uses behind this switch)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (tmp_path / "mlruns").as_uri()
+
+
+def died_after_making_the_job_run(uri: str, logged: dict[str, str]) -> str:
+    """The job's run as an attempt left it that died after making it, having logged `logged`."""
+    client = tracking_client(uri)
+    experiment = client.create_experiment("ladder")
+    run = client.create_run(experiment, run_name="j", tags={TAG_JOB_KEY: "k", TAG_LEVEL: "job"})
+    for name, value in logged.items():
+        client.log_param(run.info.run_id, name, value)
+    return str(run.info.run_id)
+
+
+@pytest.mark.parametrize("logged", [{}, {"precision.mode": "fp16", "image": "trainer:1"}])
+def test_the_next_attempt_logs_the_params_the_job_run_lacks(uri: str, logged: dict[str, str]) -> None:
+    """Before, only the attempt that made the job's run logged its params: one that died first
+    (or whose params the server refused before it ended) left the run without them for good. A
+    param the run holds is not sent again (its value stays: MLflow refuses a change)."""
+    job = died_after_making_the_job_run(uri, logged)
+    runs = MlflowRuns(uri=uri, experiment="ladder", key="k")
+    runs.open(job_name="j", attempt=1, params=PARAMS, tags={})
+    assert runs.job_run == job and runs.complete
+    assert tracking_client(uri).get_run(job).data.params == {**PARAMS, **logged}
+
+
+def test_a_retried_opening_logs_only_the_params_it_did_not(uri: str) -> None:
+    """The store refuses one param (a folder where its file goes): the opening fails; the retry,
+    once the store is mended, sends what the run lacks, and the run holds each param once."""
+    job = died_after_making_the_job_run(uri, {})
+    store = Path(uri.removeprefix("file://"))
+    refused = next(store.glob(f"*/{job}")) / "params" / "training.steps"
+    refused.mkdir(parents=True)
+    runs = MlflowRuns(uri=uri, experiment="ladder", key="k")
+    with pytest.raises(OpenIncomplete) as failed:
+        runs.open(job_name="j", attempt=1, params=PARAMS, tags={})
+    assert "logging the job's params" in str(failed.value) and not runs.complete
+    shutil.rmtree(refused)
+    runs.open(job_name="j", attempt=1, params=PARAMS, tags={})
+    assert runs.complete and tracking_client(uri).get_run(job).data.params == PARAMS
+
+
+@pytest.mark.timeout(180)  # a FIFO never opened for reading would hold the tracking thread
+def test_a_failure_after_a_timed_out_close_is_told_on_the_event_lines(
+    uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt's run's end waits on the store (a FIFO where its `mpjob.ending` tag is
+    written) past the close's deadline, then fails (its meta.yaml damaged meanwhile). Before,
+    that failure reached stderr only; now the tracking thread tells it as a `trackingFailed` line."""
+    monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "0.5")
+    lines = io.StringIO()
+    tracker = tracker_for(uri, lines)
+    step(tracker, 5, "fp16")
+    _, (attempt,) = opened(uri, tracker, attempts=1)
+    run = Path(uri.removeprefix("file://")) / attempt.info.experiment_id / attempt.info.run_id
+    fifo = run / "tags" / "mpjob.ending"
+    os.mkfifo(fifo)
+    tracker.close(42)  # the tracking thread waits in the FIFO's opening
+    assert [error.split(":")[0] for error in told(lines)] == ["TimeoutError"]
+    (run / "meta.yaml").rename(tmp_path / "meta.yaml")
+    (run / "meta.yaml").mkdir()  # ending the run reads it
+    with open(fifo, encoding="utf-8") as tag:  # the thread writes the tag, then fails to end the run
+        assert tag.read() == "NumericFault"  # exit 42
+    errors = wait_for(lambda: (errors := told(lines)) and len(errors) == 2 and errors, 60, message="the late failure")
+    assert "TimeoutError" not in errors[1], errors
