@@ -5,13 +5,16 @@ best_model_checkpoint) and an EarlyStoppingCallback its patience counter when it
 `_maybe_log_save_evaluate`, which it calls right after the step's `on_step_end`. mpjob's
 checkpoint of step N is written after it (`after_evaluation`): the session closes the step
 there, so the trainer state it holds has seen step N's evaluation, which a resume from step N
-never runs again. An attempt resuming from mpjob's checkpoint restores the callbacks' states
-the Trainer saved in it (`restore_callback_states_from_checkpoint`, off by default in
-transformers: an EarlyStoppingCallback would count its patience from 0 again). A retry that
-finds the last step checkpointed trains nothing; `read_last` and `load_best` then leave the
-Trainer as its `train()` would have: the checkpoint's trainer state, and the best model's weights under
-`load_best_model_at_end` (the script's own save, in its output_dir: where that folder is gone,
-as on a new pod's disk, the last weights stay, told on stderr, as the Trainer itself does).
+never runs again (the guard's verdict on step N follows that evaluation and the Trainer's own
+save of N too: a faulting step's own save, in the script's output_dir, may hold its non-finite
+weights; the next attempt trains and saves that step again). An attempt resuming from mpjob's
+checkpoint restores the callbacks' states the Trainer saved in it (`RESUMING`: transformers'
+`restore_callback_states_from_checkpoint` is off by default, and an EarlyStoppingCallback would
+count its patience from 0 again). A retry that finds the last step checkpointed trains nothing;
+`read_last` and `load_best` then leave the Trainer as its `train()` would have: the checkpoint's
+trainer state, and the best model's weights under `load_best_model_at_end` (the script's own
+save, in its output_dir: where that folder is gone, as on a new pod's disk, the last weights
+stay, told on stderr, as the Trainer itself does).
 """
 
 from __future__ import annotations

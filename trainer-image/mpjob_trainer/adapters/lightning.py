@@ -19,7 +19,8 @@ checkpointing of its own unless the script gives a `ModelCheckpoint` (its output
 (adapters.lightning_callback: it also holds the DataLoader's batches to the attempt's micro-batch).
 `fit` resumes through `Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights,
 optimizers, LR schedulers, the scaler, loops (global step) and callbacks (a ModelCheckpoint's best
-model with them), as Lightning saved them.
+model, an EarlyStopping's patience), as Lightning saved them once done with the step, its
+validation there included (adapters.lightning_callback.closed_after_validation).
 
 The session runs Lightning's step itself for the fp32 replay and the quality gate
 (adapters.lightning_step): the callback keeps the last steps' batches as Lightning fed them, the
@@ -52,7 +53,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
-from mpjob_trainer.adapters.lightning_callback import MpjobCallback
+from mpjob_trainer.adapters.lightning_callback import MpjobCallback, closed_after_validation
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_weights
@@ -224,7 +225,7 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     if point.done:  # the last step's checkpoint: nothing left to fit; its weights, as after fit, read as fit reads it
         bridge.read_last(point, lambda folder: lightning_weights(model, folder, trainer.strategy.load_checkpoint))
         return
-    with quarantined_steps(model, callback.quarantined):
+    with quarantined_steps(model, callback.quarantined), closed_after_validation(trainer, callback.close_step):
         while True:
             try:
                 trainer.fit(model, ckpt_path=ckpt, **fit_kwargs)

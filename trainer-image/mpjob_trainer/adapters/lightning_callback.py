@@ -1,5 +1,6 @@
 """Lightning's training as the session sees it: `MpjobCallback` closes each optimizer step in the
-session (guard, progress, checkpoint decision, SIGTERM) and checks each micro-batch the script's
+session (guard, progress, checkpoint decision, SIGTERM) once Lightning is done with the batch, its
+validation there included (`closed_after_validation`), and checks each micro-batch the script's
 DataLoader feeds against the attempt's (`checked_batch`).
 
 The micro-batch is the DataLoader's, built by the script: the adapter cannot hand it the
@@ -12,7 +13,8 @@ ConfigError, before anything trains on it. A smaller one passes (an epoch's last
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -57,6 +59,7 @@ class MpjobCallback(L.Callback):
         self._size = 0  # the samples of the micro-batch in training
         self._lr: float | None = None
         self._step = 0
+        self._open: dict[str, Any] | None = None  # the step on_train_batch_end left for `close_step`
         self._registered = False
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
         self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
@@ -78,6 +81,7 @@ class MpjobCallback(L.Callback):
         self._step = trainer.global_step
         self._registered = False
         self._loss, self._samples, self._lr = None, 0, None  # a re-entry after a rollback: the left step is gone
+        self._open = None
         self.recorded.clear()
         self.bridge.checkpoint_start()
 
@@ -111,4 +115,38 @@ class MpjobCallback(L.Callback):
         loss, mine, self._loss, self._samples = self._loss, self._samples, None, 0  # mine: weigh its loss
         self.quarantined.take_back()  # before the session may checkpoint this step
         samples = mine * self.run.world.size
-        self.bridge.end_step(trainer.global_step, loss=loss, samples=samples, lr=lr, loss_samples=mine or None)
+        self._open = {
+            "step": trainer.global_step,
+            "loss": loss,
+            "samples": samples,
+            "lr": lr,
+            "loss_samples": mine or None,
+        }
+
+    def close_step(self) -> None:
+        """Close the step `on_train_batch_end` left open in the session, once Lightning validated
+        after it, if it does there (`closed_after_validation`: mpjob's checkpoint holds what the
+        validation told the callbacks, a ModelCheckpoint's best, an EarlyStopping's patience)."""
+        step, self._open = self._open, None
+        if step is not None:
+            self.bridge.end_step(**step)
+
+
+@contextmanager
+def closed_after_validation(trainer: L.Trainer, close: Callable[[], None]) -> Iterator[None]:
+    """In the block, `close` runs at the end of each of Lightning's training batches, after the
+    validation it runs there, if any, with every callback's and the module's hooks: the training
+    epoch loop's `on_advance_end` (an instance attribute, the class's again after the block).
+    Lightning's own checkpoints taken after it resume as saved 'on last': no validation again."""
+    loop = trainer.fit_loop.epoch_loop
+    original = loop.on_advance_end
+
+    def on_advance_end(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        close()
+
+    loop.on_advance_end = on_advance_end  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del loop.on_advance_end

@@ -1,0 +1,65 @@
+"""A Lightning script's best-model tracking (a ModelCheckpoint monitoring val_loss, EarlyStopping)
+through a fallback: mpjob's checkpoint of a step Lightning validates holds that validation (the
+save follows it), so the fallback attempt carries the best model and the early-stopping patience
+on from it as one uninterrupted run would."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+
+from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.test_adapters_own_checkpoints import FALLBACK, Fitted, _mpjobs, _samples
+
+pytestmark = pytest.mark.unit
+
+JOB = {"steps": 16, "batchSize": 4, "logEvery": 2, "seed": 0, "learningRate": 1e-2}
+
+
+def _fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> tuple[L.Trainer, Any, Any]:
+    """An attempt of the job: Lightning validates every 4 steps, where mpjob checkpoints; the
+    ModelCheckpoint keeps the greatest val_loss (the loss falls: the first validation is the
+    best) and EarlyStopping, patience 2, stops at the second one after it. Returns the Trainer,
+    the ModelCheckpoint and the EarlyStopping."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    job = spec(task={"command": ["python", "train.py"]}, training=JOB, precision=FALLBACK, checkpoint={"everySteps": 4})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, precision))
+    best = ModelCheckpoint(dirpath=str(tmp_path / "best"), monitor="val_loss", mode="max", save_top_k=1)
+    early = EarlyStopping(monitor="val_loss", mode="max", patience=2)
+    loader = torch.utils.data.DataLoader(_samples(64, 0), batch_size=4)
+    settings = mpjob_lightning.trainer_settings(run, callbacks=[best, early], logger=False, val_check_interval=4)
+    try:
+        trainer = L.Trainer(default_root_dir=str(tmp_path / "root"), **settings)
+        val = torch.utils.data.DataLoader(_samples(16, 1), batch_size=8)
+        mpjob_lightning.fit(run, trainer, Fitted(), train_dataloaders=loader, val_dataloaders=val)
+    finally:
+        run.close()
+    return trainer, best, early
+
+
+def test_mpjobs_checkpoint_of_a_validated_step_holds_that_validation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the step-8 checkpoint was written at the batch end, before step 8's validation:
+    the fallback attempt from it never validated step 8, its EarlyStopping counted from step 4's
+    and it trained on to step 16; now it stops at step 12, as the run without a fault did."""
+    trainer, best, early = _fit(tmp_path, monkeypatch, "bf16")
+    assert (trainer.global_step, early.wait_count, Path(best.best_model_path).name) == (12, 2, "epoch=0-step=4.ckpt")
+    saved = torch.load(_mpjobs(tmp_path)[8] / "lightning.ckpt", weights_only=False)
+    (stopping,) = [state for name, state in saved["callbacks"].items() if name.startswith("EarlyStopping")]
+    assert stopping["wait_count"] == 1  # step 8's validation: one worse than step 4's
+    for step, folder in _mpjobs(tmp_path).items():
+        if step > 8:  # the fault came after mpjob's checkpoint of step 8
+            shutil.rmtree(folder.parent)
+    again, best_again, early_again = _fit(tmp_path, monkeypatch, "fp32")
+    assert (again.global_step, early_again.wait_count) == (12, 2)
+    assert (best_again.best_model_path, best_again.best_model_score) == (best.best_model_path, best.best_model_score)
