@@ -22,23 +22,29 @@ pytestmark = pytest.mark.unit
 JOB = {"steps": 16, "batchSize": 4, "logEvery": 2, "seed": 0, "learningRate": 1e-2}
 
 
-def _hf_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, patience: int | None) -> Any:
-    """An attempt of the job: the Trainer evaluates every 4 steps, where mpjob checkpoints, keeps
-    its best model by the greatest eval loss (the loss falls: the first evaluation is the best) and,
-    given a `patience`, stops early; returns the Trainer."""
+def _hf_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, patience: int | None, *, epochs: bool = False
+) -> Any:
+    """An attempt of the job: the Trainer evaluates every 4 steps, where mpjob checkpoints (with
+    `epochs`: at each epoch's end, every 8 steps, where mpjob checkpoints), keeps its best model by
+    the greatest eval loss (the loss falls: the first evaluation is the best) and, given a
+    `patience`, stops early; returns the Trainer."""
     from transformers import EarlyStoppingCallback, Trainer
 
     from mpjob_trainer import session as mpjob
     from mpjob_trainer.adapters import hf as mpjob_hf
 
-    job = spec(task={"command": ["python", "train.py"]}, training=JOB, precision=FALLBACK, checkpoint={"everySteps": 4})
+    every = {"everySteps": 8 if epochs else 4}
+    job = spec(task={"command": ["python", "train.py"]}, training=JOB, precision=FALLBACK, checkpoint=every)
     run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, precision))
-    given = {"save_strategy": "steps", "save_steps": 4, "eval_strategy": "steps", "eval_steps": 4}
+    given: dict[str, Any] = {"save_strategy": "steps", "save_steps": 4, "eval_strategy": "steps", "eval_steps": 4}
+    if epochs:
+        given = {"save_strategy": "epoch", "eval_strategy": "epoch"}
     best = {"load_best_model_at_end": True, "metric_for_best_model": "loss", "greater_is_better": True}
     callbacks = [] if patience is None else [EarlyStoppingCallback(early_stopping_patience=patience)]
     try:
         args = mpjob_hf.training_arguments(run, output_dir=str(tmp_path / "out"), **given, **best)
-        data, held_out = _samples(64, 0), _samples(16, 1)
+        data, held_out = _samples(32 if epochs else 64, 0), _samples(16, 1)  # 32: an epoch of 8 steps
         trainer = Trainer(model=Regression(), args=args, train_dataset=data, eval_dataset=held_out, callbacks=callbacks)
         mpjob_hf.train(run, trainer)
     finally:
@@ -69,6 +75,18 @@ def test_mpjobs_checkpoint_of_an_evaluated_step_holds_that_evaluation(
     again = _hf_train(tmp_path, monkeypatch, "fp32", None)
     assert _evals(again) == [4, 8, 12, 16]
     assert (again.state.best_global_step, again.state.best_metric) == (4, first.state.best_metric)
+
+
+def test_mpjobs_checkpoint_at_an_epochs_end_holds_the_epochs_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval_strategy="epoch": the Trainer evaluates after the epoch's last step, once more after
+    on_epoch_end; mpjob's checkpoint of that step follows that evaluation too."""
+    first = _hf_train(tmp_path, monkeypatch, "bf16", None, epochs=True)
+    assert _evals(first) == [8, 16]
+    _fault_after(tmp_path, 8)
+    again = _hf_train(tmp_path, monkeypatch, "fp32", None, epochs=True)
+    assert _evals(again) == [8, 16] and again.state.best_global_step == 8
 
 
 def test_early_stopping_patience_is_carried_into_the_fallback_attempt(

@@ -69,7 +69,7 @@ from mpjob_trainer.adapters.hf_arguments import (
     training_arguments,
 )
 from mpjob_trainer.adapters.hf_step import TrainerLoss, loss_samples, register
-from mpjob_trainer.adapters.hf_tracking import RESUMING, after_evaluation, load_best, read_last
+from mpjob_trainer.adapters.hf_tracking import RESUMING, after_evaluation, epoch_ends, load_best, read_last
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.errors import ConfigError
@@ -97,10 +97,11 @@ class MpjobCallback(TrainerCallback):
         self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
         self.grad_norms = GradNorms(trainer.accelerator)
         self._open: dict[str, Any] | None = None  # the step on_step_end left for `close_step`
+        self._epoch_over = False  # on_epoch_end came after the open step: the epoch's last call closes it
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
-        self._samples, self._weight, self._open = 0, 0, None
+        self._samples, self._weight, self._open, self._epoch_over = 0, 0, None, False
         self.recorded.clear()
         self.bridge.watch(kw["optimizer"])
         register(self.bridge.run, self.trainer, self.trainer_loss)
@@ -128,6 +129,7 @@ class MpjobCallback(TrainerCallback):
         lr, self._lr = self._lr, None
         samples, weight, self._samples, self._weight = self._samples * self.bridge.run.world.size, self._weight, 0, 0
         grad_norm = self.grad_norms.take()
+        self._epoch_over = False
         self._open = {
             "step": state.global_step,
             "loss": loss,
@@ -137,9 +139,15 @@ class MpjobCallback(TrainerCallback):
             "loss_samples": weight or None,
         }
 
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._epoch_over = True
+
     def close_step(self) -> None:
         """Close the step `on_step_end` left open in the session, after the Trainer evaluated and
-        saved it (adapters.hf_tracking.after_evaluation: mpjob's checkpoint holds that evaluation)."""
+        saved it (adapters.hf_tracking.after_evaluation: mpjob's checkpoint holds that evaluation),
+        at the epoch's end after its epoch-end evaluation (`epoch_ends`)."""
+        if not self._epoch_over and epoch_ends(self.trainer.state, self.trainer.control):
+            return
         step, self._open = self._open, None
         if step is not None:
             self.bridge.end_step(**step)

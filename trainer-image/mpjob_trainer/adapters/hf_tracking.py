@@ -49,6 +49,14 @@ def after_evaluation(trainer: Trainer, close: Callable[[], None]) -> None:
     trainer._maybe_log_save_evaluate = maybe_log_save_evaluate  # type: ignore[method-assign]
 
 
+def epoch_ends(state: TrainerState, control: Any) -> bool:
+    """Does the Trainer leave its epoch after the step it just logged, evaluated and saved (the
+    epoch's last step, or a stop)? Then it calls on_epoch_end and `_maybe_log_save_evaluate` once
+    more, where an epoch's evaluation and save (`eval_strategy="epoch"`) happen: the step closes there."""
+    last = state.epoch is not None and float(state.epoch).is_integer()
+    return bool(last or control.should_epoch_stop or control.should_training_stop)
+
+
 def read_state(folder: Path) -> TrainerState:
     """The trainer state in the Trainer's checkpoint `folder`, checked: a JSON object of
     TrainerState's fields, its best-model fields of their kinds; else CorruptCheckpoint."""
