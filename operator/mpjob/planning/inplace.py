@@ -13,14 +13,16 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
   device memory (AttemptLaunch.inPlaceSplits): the planner's next attempts after an
   OutOfDeviceMemory ending, one after another, as long as each keeps the precision and splits
   the micro-batch (the job's faultPolicy may say otherwise), runPolicy.maxAttempts leaves room
-  and the model is not sharded (FSDP2 is wrapped for one shape of its step).
+  and the model is not sharded (its ranks wait in FSDP2's collectives while one that ran out of
+  memory leaves its step: session.memory's rule for several ranks).
 - `promotion_in_place`: where an attempt's own re-promotion goes in place (each fallback
   target carries its own, `promoteTo`): the precision the planner would start after it, when
   that needs no restart either (fp8 does: its float8 linears are made when the model is built),
   with the fallbacks the re-promoted attempt may make in place in turn (`inPlaceTo`): the plan is
   a tree, as deep as the attempt budget and ladder allow. A target in another split than the
   attempt's names it (microBatch x gradAccumulation: a fallback into fp32 that splits the
-  micro-batch, fallbackKeepsBatch; the re-promotion that takes it back); a sharded model's restarts.
+  micro-batch, fallbackKeepsBatch; the re-promotion that takes it back), a sharded model's too (its
+  loop re-enters in the split, the model wrapped anew).
 - `record`: the operator's side: the changes a reading or a report names that the status does
   not hold yet, each once (an operator restarted in between reads them again and skips those
   it recorded: a change names the attempt it began).
@@ -117,7 +119,7 @@ def _fallbacks(
     spec: MixedPrecisionJobSpec, start: StartAttempt, past: _Past, capability: tuple[int, int] | str | None
 ) -> list[InPlaceTarget]:
     """The planner's next attempts after a numeric fault of `start`, one after another, while
-    they need no restart (the attempt budget; a sharded model's split restarts)."""
+    they need no restart (the attempt budget)."""
     targets: list[InPlaceTarget] = []
     ended, used, attempts = start, past.used, list(past.attempts)
     while True:
@@ -129,21 +131,17 @@ def _fallbacks(
         )  # fmt: skip
         if not isinstance(decision, StartAttempt) or decision.fallback_from is None:
             return targets
-        if (split := _split(spec, decision, ended)) is None:
-            return targets
+        split = _split(spec, decision, ended)
         promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions, past.counts), capability)
         targets.append(InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,
                                      promote_to=promote, **split))  # type: ignore[arg-type]  # fmt: skip
         ended = decision
 
 
-def _split(spec: MixedPrecisionJobSpec, attempt: StartAttempt, ended: StartAttempt) -> dict[str, int] | None:
-    """The split `attempt`'s in-place target names ({}: `ended`'s; None: another, for a sharded model,
-    which restarts: FSDP2 is wrapped for one shape of its step)."""
+def _split(spec: MixedPrecisionJobSpec, attempt: StartAttempt, ended: StartAttempt) -> dict[str, int]:
+    """The split `attempt`'s in-place target names ({}: `ended`'s)."""
     split = attempt.shape if attempt.shape not in (None, ended.shape or BatchShape.of(spec)) else None
-    if split is None or spec.parallelism.strategy == "fsdp":
-        return {} if split is None else None
-    return {"micro_batch": split.micro_batch, "grad_accumulation": split.grad_accumulation}
+    return {} if split is None else {"micro_batch": split.micro_batch, "grad_accumulation": split.grad_accumulation}
 
 
 def in_place_splits(
@@ -196,8 +194,8 @@ def _promotion(
     spec: MixedPrecisionJobSpec, attempt: StartAttempt, past: _Past, capability: tuple[int, int] | str | None
 ) -> InPlaceTarget | None:
     """The attempt `attempt`'s re-promotion would start, when it has one and needs no restart (in
-    the attempt budget: `past.used` before `attempt` ends; not fp8; another split only unsharded,
-    FSDP2 wrapped for one shape of its step), with the fallbacks it may make in place in turn."""
+    the attempt budget: `past.used` before `attempt` ends; not fp8), with the fallbacks it may make in
+    place in turn."""
     if attempt.repromote_after_steps is None:
         return None
     ended = AttemptStatus(index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
@@ -211,7 +209,7 @@ def _promotion(
     if not isinstance(decision, StartAttempt) or decision.promoted_from is None:
         return None
     shape = _split(spec, decision, attempt)
-    if decision.precision == "fp8" or shape is None:
+    if decision.precision == "fp8":
         return None
     return InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,  # type: ignore[arg-type]
                          in_place_to=_fallbacks(spec, decision, then, capability), **shape)  # fmt: skip

@@ -54,11 +54,13 @@ def test_only_the_fallback_that_splits_names_a_split() -> None:
     assert (kept.precision, kept.shape) == ("fp32", None)
 
 
-def test_a_sharded_models_fallback_into_another_split_restarts() -> None:
-    assert targets(spec(parallelism={"strategy": "fsdp"}, workers=2)) == []
+def test_a_sharded_models_fallback_into_another_split_goes_on_in_place() -> None:
+    """FSDP2's model is wrapped anew in the next precision, its loop re-entering in the split."""
+    (fp32,) = targets(spec(parallelism={"strategy": "fsdp"}, workers=2))
+    assert (fp32.precision, fp32.shape) == ("fp32", (8, 2))
     ladder = targets(spec(parallelism={"strategy": "fsdp"}, workers=2,
                           precision={"mode": "fp16", "fallback": ["bf16", "fp32"]}))  # fmt: skip
-    assert [(t.precision, t.shape) for t in ladder] == [("bf16", None)]  # bf16 in place, fp32 restarts
+    assert [(t.precision, t.shape) for t in ladder] == [("bf16", None), ("fp32", (8, 2))]
 
 
 def test_a_repromoted_attempts_own_fallback_splits_again_in_place() -> None:
@@ -158,11 +160,12 @@ def test_a_repromotion_in_the_same_split_names_none() -> None:
     assert bf16.promote_to.shape is None and "microBatch" not in bf16.promote_to.model_dump(exclude_none=True)
 
 
-def test_a_sharded_models_repromotion_into_another_split_restarts() -> None:
+def test_a_sharded_models_repromotion_takes_the_micro_batch_back_in_place() -> None:
     job = spec(parallelism={"strategy": "fsdp"}, workers=2)
     fp32, status = fell_back(job)
     assert fp32.micro_batch == 8  # the fallback split as before
-    assert in_place_plan(job, fp32, status).promote_to is None
+    up = in_place_plan(job, fp32, status).promote_to
+    assert up is not None and (up.precision, up.shape) == ("fp16", (16, 1))
 
 
 def test_a_repromoted_attempts_own_fallback_into_fp32_splits_again_in_place() -> None:
