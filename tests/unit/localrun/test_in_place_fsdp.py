@@ -143,3 +143,30 @@ def test_a_checkpoint_damaged_before_the_model_is_wrapped_anew_is_passed_over_fo
     log = "\n".join(p.read_text() for p in sorted((out / "attempts" / "a0").glob("worker*.log")))
     rejected = [json.loads(line) for line in log.splitlines() if '"checkpointRejected"' in line]
     assert rejected and all("step-000000010" in e["path"] for e in rejected), rejected
+
+
+@pytest.mark.process
+def test_a_sharded_model_falls_back_into_a_split_and_takes_it_back_in_place_as_the_restart_path_ends(
+    tmp_path: Path,
+) -> None:
+    """fp16 at 8 x 1 faults, fp32 goes on in 4 x 2 (fallbackKeepsBatch) and fp16 takes 8 x 1 back at
+    the re-promotion's checkpoint, written in the split: the loop re-enters in each split, its model
+    wrapped anew, and the final shards are the restart path's (in 8 x 1 throughout, they are not)."""
+    runs = both_ways(tmp_path, precision={"fallback": ["fp32"], "repromoteAfterSteps": 10})
+    for report, _ in runs.values():
+        ends = [(a["precision"], a["reason"], a["startStep"], a["microBatch"], a["gradAccumulation"])
+                for a in report["attempts"]]  # fmt: skip
+        assert ends == [
+            ("fp16", "NumericFault", 0, 8, 1),
+            ("fp32", "Repromote", 15, 4, 2),
+            ("fp16", "Succeeded", 25, 8, 1),
+        ]
+        assert report["phase"] == "Succeeded"
+    (inplace, out), (restart, restarted) = runs["inplace"], runs["restart"]
+    assert [a.get("inPlace") for a in inplace["attempts"]] == [None, True, True]
+    assert [a.get("inPlace") for a in restart["attempts"]] == [None, None, None]
+    said = json.loads((out / "attempts" / "a0" / "termination-worker0.json").read_text())  # the launcher's fold
+    changed = [(c["kind"], c["startStep"], c["microBatch"], c["gradAccumulation"]) for c in said["precisionChanges"]]
+    assert changed == [("fallback", 15, 4, 2), ("repromote", 25, 8, 1)], changed
+    assert final_shards(out) == final_shards(restarted)
+    one_pair_of_processes(out, wraps=3)

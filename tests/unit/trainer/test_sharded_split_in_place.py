@@ -1,24 +1,27 @@
 """A fallback in place whose target names a split (launch.inPlaceTo microBatch x gradAccumulation)
-is refused by the trainer for a sharded model (FSDP2 is wrapped for one shape of its step:
-session.inplace._why_not_in), whatever the launch says: the planner leaves such targets out
-(mpjob.planning.inplace), a launch from another planner may not. The attempt ends as the contract
-says for a precision that cannot go on (exit 42, a NumericFault report saying why it was not made in
-place), on every rank, with nothing lost: its last good checkpoint stands as it was written, and the
-restart the operator makes from it in the next precision and that split trains to the end.
+goes on in place for a sharded model too (session.inplace): the loop is left, and re-enters with
+its model wrapped anew in the next precision and its data in the split (the session's spec says
+it), the last good checkpoint loaded into it. Every rank changes at the same step, and the steps
+after it are the restart path's: the restart the operator would make from that checkpoint in the
+same precision and split trains the same losses, to the same final shards, bit for bit.
 
 Two processes of the builtin loop under the launcher, FSDP2 on the CPU over gloo."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from mpjob_contract.codes import ExitCode
+from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
+from mpjob_trainer.session.memory import SmallerMicroBatch
 from tests import warm
 from tests.helpers import free_port
 from tests.unit.trainer.conftest import launch_env, parse, spec
@@ -50,33 +53,68 @@ def attempt(tmp: Path, precision: str, **launch: Any) -> tuple[int, list[dict[st
     return proc.returncode, parse(proc.stdout), read
 
 
+def losses(lines: list[dict[str, Any]], after: int) -> dict[int, float]:
+    """The loss rank 0 logged at each step past `after` (the ranks' agreed loss)."""
+    return {e["step"]: e["loss"] for e in lines if e["event"] == "step" and e["step"] > after}
+
+
 def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def shards(folder: Path) -> dict[str, str]:
+    """The checkpoint's files by their manifest's sha256: each rank's shards and state; DCP's
+    `.metadata` names the folder it was written in, and the manifest when."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return {name: meta["sha256"] for name, meta in manifest["files"].items() if name != ".metadata"}
+
+
 @pytest.mark.process
-def test_a_sharded_model_refuses_a_fallback_in_place_that_splits_and_restarts_from_its_checkpoint(
+def test_a_sharded_model_falls_back_in_place_into_a_split_as_a_restart_from_its_checkpoint_trains(
     tmp_path: Path,
 ) -> None:
     code, lines, report = attempt(tmp_path, "fp16", inPlaceTo=[SPLIT])
-    assert code == ExitCode.NUMERIC_FAULT and report is not None, lines[-5:]
-    assert (report.reason, report.precision, report.precision_changes) == ("NumericFault", "fp16", [])
-    why = "not in place (a sharded model is wrapped for one shape of its step, and the fallback splits the micro-batch)"
-    assert why in report.message and "the next attempt restarts" in report.message, report.message
-    assert [e for e in lines if e["event"] == "precisionChanged"] == []  # no rank changed anything
-    faults = [e["rule"] for e in lines if e["event"] == "fault"]  # every rank's own line
-    assert faults == [report.rule, report.rule] and report.rule == "MaxNonFiniteLosses", lines[-5:]
+    assert code == ExitCode.SUCCESS and report is not None, lines[-5:]
+    assert (report.reason, report.precision, report.step) == ("Succeeded", "fp32", 25), report
+    (change,) = report.precision_changes
+    said = (change.kind, change.start_step, change.to_precision, change.micro_batch, change.grad_accumulation)
+    assert said == ("fallback", 15, "fp32", 2, 2), change  # back to the last good checkpoint, in the split
+    changed = [
+        (e["startStep"], e["microBatch"], e["gradAccumulation"]) for e in lines if e["event"] == "precisionChanged"
+    ]
+    assert changed == [(15, 2, 2)], lines[-5:]  # rank 0 tells it; both ranks made it (their shards, below)
+    assert [e["event"] for e in lines].count("wrap") == 2  # wrapped twice, in one process
+    good = tmp_path / "ckpt" / f"step-{15:09d}"
+    before = files(good)
 
-    good = report.last_good_checkpoint
-    assert good is not None and good.step == 15, report  # the last before the overflow
-    ckpt = tmp_path / "ckpt"
-    before = files(Path(good.path))
-    saved = sorted(p.parent.name for p in ckpt.glob("step-*/manifest.json"))
-    assert saved == [f"step-{step:09d}" for step in (5, 10, 15)]  # nothing of the faulted steps saved
+    # The restart the operator would make instead: fp32 in the split, from that checkpoint (a copy
+    # in a volume of its own, so that each writes its steps 20 and 25).
+    ckpt = tmp_path / "restart" / "ckpt"
+    shutil.copytree(good, ckpt / good.name)
+    code, again, after = attempt(tmp_path / "restart", "fp32", attempt=1, resumeFrom=str(ckpt / good.name),
+                                 checkpointDir=str(ckpt), microBatch=2, gradAccumulation=2)  # fmt: skip
+    assert code == ExitCode.SUCCESS and after is not None, again[-5:]
+    assert (after.reason, after.start_step, after.step) == ("Succeeded", 15, 25), after
+    assert losses(lines, after=15) == losses(again, after=15) and len(losses(again, after=15)) == 2
+    last = f"step-{25:09d}"
+    assert sorted(shards(ckpt / last)) == ["__0_0.distcp", "__1_0.distcp", "rank-00000.pt", "rank-00001.pt"]
+    assert shards(tmp_path / "ckpt" / last) == shards(ckpt / last)
+    assert files(good) == before  # never written over
 
-    # The restart the contract says comes next: fp32 in the split, from that very checkpoint.
-    code, lines, after = attempt(tmp_path / "restart", "fp32", attempt=1, resumeFrom=good.path, checkpointDir=str(ckpt),
-                                 microBatch=2, gradAccumulation=2)  # fmt: skip
-    assert code == ExitCode.SUCCESS and after is not None, lines[-5:]
-    assert (after.reason, after.start_step, after.step) == ("Succeeded", good.step, 25), after
-    assert files(Path(good.path)) == before  # never written over
+
+def test_a_loop_that_re_enters_after_a_split_is_handed_the_split_it_trains_in() -> None:
+    """The re-entered loop registers its step again: whatever it built its data from, its reshape
+    is told the split made in place (and the session's spec says it); a loop armed before any
+    split is told nothing."""
+    launch = AttemptLaunch.model_validate({"jobName": "t", "precision": "fp16", "spec": JOB})
+    in_place = SimpleNamespace(why_not=None, why_not_split=None)
+    context = SimpleNamespace(world=SimpleNamespace(distributed=True))
+    memory = SmallerMicroBatch(None, in_place, context, launch)  # type: ignore[arg-type]
+    first: list[tuple[int, int]] = []
+    memory.arm(lambda micro, accumulation: first.append((micro, accumulation)))
+    assert first == []  # it built its data from the launch's split
+    memory.resplit(2, 2)  # the fallback's, before the loop is left to wrap its model anew
+    again: list[tuple[int, int]] = []
+    memory.arm(lambda micro, accumulation: again.append((micro, accumulation)))
+    assert again == [(2, 2)] and first == [(2, 2)]
+    assert (memory.spec.training.batch_size, memory.spec.training.grad_accumulation) == (2, 2)

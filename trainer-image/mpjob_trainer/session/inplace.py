@@ -14,8 +14,9 @@ verdict (the replay agrees it), so every rank, in step:
 
 A fallback target that names a split (microBatch x gradAccumulation: a fallback into fp32 that
 splits the micro-batch, precision.fallbackKeepsBatch) hands it to the loop's registered `reshape`
-after step 2, so the steps run again in it (session.memory); a loop that registered none, or a
-model wrapped anew, ends the attempt and restarts as before.
+after step 2, so the steps run again in it (session.memory; a model wrapped anew: its loop
+re-enters in it, reading the split from the session's spec); a loop that registered none ends the
+attempt and restarts as before.
 
 The result is the restart path's, bit for bit: a restarted attempt loads the same checkpoint
 (weights, optimizer, scheduler, generators) and its loop runs the same steps. The change is
@@ -29,10 +30,11 @@ A re-promotion (launch.repromoteAfterSteps clean steps, a checkpoint written) go
 place the same way when the launch names where (promoteInPlaceTo, or the fallback target's
 promoteTo): nothing is restored, the state in memory being the checkpoint's (`promote`). When
 the target names a split (the full micro-batch a fallback into fp32 split, taken back) the
-loop's registered `reshape` takes it from the next step on (session.memory); a loop that
-registered none, or a model wrapped anew, ends the attempt and restarts as before. Every rank
-goes up at the same step (the checkpoint's, after the same clean steps: the guard's verdicts are
-agreed), so every rank changes its split there too and the gradient all-reduce stays in step.
+loop's registered `reshape` takes it from the next step on (session.memory; a model wrapped
+anew: its loop re-enters in it); a loop that registered none ends the attempt and restarts as
+before. Every rank goes up at the same step (the checkpoint's, after the same clean steps: the
+guard's verdicts are agreed), so every rank changes its split there too and the gradient
+all-reduce (FSDP2's reduce-scatter) stays in step.
 
 Running out of device memory goes on in place too when the launch names a smaller split
 (inPlaceSplits) and the loop registered how to change its own (session.memory): the same
@@ -43,18 +45,18 @@ a change of precision restarts (the planner names splits for the launched precis
 A sharded model changes precision in place by being wrapped anew (`rewraps`): FSDP2 fixes its
 MixedPrecisionPolicy when it wraps, and torch has no setter for it. The loop, run through
 Session.reentering (the builtin is), is left (outcomes.Rewrap) and runs again in the same
-processes: it builds its model, wraps it in the new precision, and its resume() loads the state
-a restarted attempt would load (the last good checkpoint, else the fresh start's step 0; after a
-re-promotion, the checkpoint just written), verified as it loads: one damaged since its save is
-passed over for the good one before it, the attempt then starting there (NoGoodCheckpoint, an
-InfraError, when none loads). The processes, their imports and their process
-group stay; the change is told once the state is loaded, its recoverySeconds counting the
-rebuild.
+processes: it builds its model, wraps it in the new precision (and its data in the split the
+change names, if any: FSDP2 shards the parameters, not the batch), and its resume() loads the
+state a restarted attempt would load (the last good checkpoint, else the fresh start's step 0;
+after a re-promotion, the checkpoint just written), verified as it loads: one damaged since its
+save is passed over for the good one before it, the attempt then starting there
+(NoGoodCheckpoint, an InfraError, when none loads). The processes, their imports and their
+process group stay; the change is told once the state is loaded, its recoverySeconds counting
+the rebuild.
 
 Not in place (the attempt ends, and the operator restarts it as before): a sharded model whose
 loop does not re-enter, a loop that re-enters a framework, a loop that registered no step, and a
-change into another split by a loop with no `reshape` or of a sharded model (the planner leaves a
-sharded model's out of inPlaceTo)."""
+change into another split by a loop with no `reshape`."""
 
 from __future__ import annotations
 
@@ -129,12 +131,10 @@ class InPlace:
 
     def _why_not_in(self, target: InPlaceTarget | None) -> str | None:
         """Why a change to `target` (a fallback's or the re-promotion's) cannot be made in place
-        (None: it can): in the split it names, if any, only by the loop's reshape, and not for a
-        model wrapped anew (one shape of its step)."""
+        (None: it can): in the split it names, if any, only by the loop's reshape (a model wrapped
+        anew too: its loop re-enters in the split, session.memory's spec)."""
         if self.why_not is not None or target is None or target.shape is None:
             return self.why_not
-        if self.rewraps:
-            return "a sharded model is wrapped for one shape of its step, and the fallback splits the micro-batch"
         return "the loop registered no reshape for its micro-batch" if self.resplit is None else None
 
     def _allowed(self, fault: NumericFault) -> bool:

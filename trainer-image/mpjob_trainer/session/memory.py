@@ -58,13 +58,19 @@ class SmallerMicroBatch:
         self.spec: MixedPrecisionJobSpec = launch.attempt_spec()
         #: How the loop changes its split (None: it cannot; an out-of-memory then restarts).
         self.reshape: Reshape | None = None
+        #: The launch the attempt started with (`launch` is another once a split is made in place).
+        self.launched = launch
 
     def arm(self, reshape: Reshape | None) -> None:
-        """The loop registered its step, and how it changes its split (`reshape`)."""
+        """The loop registered its step, and how it changes its split (`reshape`). A loop that
+        re-entered after a split made in place (a sharded model wrapped anew: Session.reentering)
+        is handed that split, whatever it built its data from."""
         self.reshape = reshape
         if self.in_place is not None:
             self.in_place.why_not_split = self._why_not()
             self.in_place.resplit = self.resplit if reshape is not None else None
+        if reshape is not None and self.launch is not self.launched:
+            reshape(self.spec.training.batch_size, self.spec.training.grad_accumulation)
 
     def resplit(self, micro_batch: int, grad_accumulation: int) -> None:
         """The attempt trains in this split from its next step on: the loop's data and accumulation
