@@ -14,12 +14,14 @@ is held to that folder here, where both sides build or read a launch.
 from __future__ import annotations
 
 import posixpath
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mpjob_contract.api import MixedPrecisionJobSpec, Precision, RequestedPrecision
 from mpjob_contract.environment import LAUNCH_ENV as LAUNCH_ENV  # re-exported: its home is the light module
 from mpjob_contract.pod_volumes import CHECKPOINT_MOUNT as CHECKPOINT_MOUNT  # re-exported: the rules read it too
+from mpjob_contract.status import MAX_FORMER_JOBS
 from mpjob_contract.vocabulary import MAX_ATTEMPT_ENTRIES
 
 
@@ -156,10 +158,13 @@ class AttemptLaunch(BaseModel):
     #: When the attempt before this one ended (its report's endedAt, Unix seconds): this one's
     #: trainer reports its recoverySeconds from it once it has resumed (None: not a recovery).
     recovering_since: float | None = Field(None, alias="recoveringSince", ge=0, allow_inf_nan=False)
-    #: The Job (its UID; None: none recorded) each earlier attempt the job's status holds ran in, by
-    #: attempt: a checkpoint one of them wrote from another Job (a stray, made after that attempt
-    #: ended) is not resumed from (the trainer's checkpoint.lineage). None: not judged (a local run).
-    lineage: dict[int, str | None] | None = Field(None, max_length=MAX_ATTEMPT_ENTRIES)
+    #: The Jobs (their UIDs, oldest first; empty: none recorded) each earlier attempt the job's
+    #: status holds ran in, by attempt: its newest and those deleted while it ran and made again in
+    #: it. A checkpoint one of them wrote from another Job (a stray, made after that attempt ended)
+    #: is not resumed from (the trainer's checkpoint.lineage). None: not judged (a local run).
+    lineage: dict[int, Annotated[list[str], Field(max_length=MAX_FORMER_JOBS + 1)]] | None = Field(
+        None, max_length=MAX_ATTEMPT_ENTRIES
+    )
     spec: MixedPrecisionJobSpec
     #: The mpjob-contract release the writer (the operator, `mpjob run`) was built with: a trainer
     #: image from another release that cannot read the launch says so (a pinned spec.image).

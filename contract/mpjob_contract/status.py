@@ -15,6 +15,9 @@ from mpjob_contract.tracking import ProfileStatus
 from mpjob_contract.vocabulary import Phase, RequestedPrecision
 from mpjob_contract.wire import ApiModel
 
+#: The Jobs an attempt's entry remembers beyond its newest (`AttemptStatus.former_job_uids`).
+MAX_FORMER_JOBS = 8
+
 
 class CheckpointStatus(ApiModel):
     step: int
@@ -69,6 +72,10 @@ class AttemptStatus(ApiModel):
     #: operator that restarts knows by it which pods and objects a Job deleted with
     #: --cascade=orphan left are its own.
     job_uid: str | None = None
+    #: The UIDs of the Jobs made for it before its newest (each deleted while the attempt ran and
+    #: made again in it), oldest first, the newest MAX_FORMER_JOBS: their trainers' checkpoints
+    #: are the attempt's own, which a later attempt may resume from (AttemptLaunch.lineage).
+    former_job_uids: list[str] | None = Field(None, max_length=MAX_FORMER_JOBS)
     #: When a live reading first showed the attempt, and then each time it showed its step move:
     #: runPolicy.progressDeadlineSeconds counts from it, so an operator that restarts meanwhile
     #: goes on counting where the one before it left off.

@@ -103,7 +103,7 @@ def launcher_argv(
 
 
 def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt,
-            in_place: InPlacePlan, lineage: dict[int, str | None] | None) -> AttemptLaunch:  # fmt: skip
+            in_place: InPlacePlan, lineage: dict[int, list[str]] | None) -> AttemptLaunch:  # fmt: skip
     """The attempt's launch contract (`in_place`: planning.inplace; `lineage`: history.lineage),
     checkpoints in the job's own folder: a resume point outside it is not passed on (the trainer
     finds its own newest one)."""
@@ -265,7 +265,7 @@ def attempt_job(
     deadline_seconds: int | None = None,
     trainer_command: Sequence[str] = TRAINER_COMMAND,
     in_place: InPlacePlan = NO_CHANGE,
-    lineage: dict[int, str | None] | None = None,
+    lineage: dict[int, list[str]] | None = None,
     generation: int | None = None,
 ) -> dict[str, Any]:
     """The Indexed Job of attempt `start.index` of `namespace/job` (UID `uid`): `workers` pods, each running

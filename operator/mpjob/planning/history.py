@@ -144,14 +144,14 @@ def job_index(status: MixedPrecisionJobStatus, index: int) -> int:
     return index
 
 
-def lineage(status: MixedPrecisionJobStatus, index: int) -> dict[int, str | None]:
-    """The Job each attempt before `index` that `status` holds ran in (its UID, None: none
-    recorded; an attempt begun in place, its chain's), by attempt: the writers whose checkpoints
-    attempt `index` may resume from (AttemptLaunch.lineage). A stray Job, made for an attempt
-    after it ended, is never the one recorded (`strays`, `own`), so its checkpoints are not
-    resumed from."""
-    recorded = {a.index: a.job_uid for a in status.attempts}
-    return {a.index: recorded.get(job_index(status, a.index)) for a in status.attempts if a.index < index}
+def lineage(status: MixedPrecisionJobStatus, index: int) -> dict[int, list[str]]:
+    """The Jobs each attempt before `index` that `status` holds ran in (their UIDs, oldest first:
+    those made before its newest, deleted while it ran, then the newest; none recorded: empty; an
+    attempt begun in place, its chain's), by attempt: the writers whose checkpoints attempt
+    `index` may resume from (AttemptLaunch.lineage). A stray Job, made for an attempt after it
+    ended, is never one recorded (`strays`, `own`), so its checkpoints are not resumed from."""
+    recorded = {a.index: [*(a.former_job_uids or []), *([a.job_uid] if a.job_uid else [])] for a in status.attempts}
+    return {a.index: recorded.get(job_index(status, a.index), []) for a in status.attempts if a.index < index}
 
 
 class HeldJob(NamedTuple):

@@ -21,7 +21,7 @@ def attempt_launch(
     checkpoint_dir: str,
     resume_from: str | None,
     job_uid: str | None = None,
-    lineage: dict[int, str | None] | None = None,
+    lineage: dict[int, list[str]] | None = None,
 ) -> AttemptLaunch:
     """The launch of attempt `start` of job `job_name` (`job_uid`: None for a local run), with its
     checkpoints in `checkpoint_dir` and resumed from `resume_from` (None: the trainer takes the

@@ -11,6 +11,7 @@ from typing import Any
 from mpjob.planning import history
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.status import MAX_FORMER_JOBS
 
 #: The phases a job ends in.
 FINISHED = ("Succeeded", "Failed")
@@ -243,10 +244,14 @@ def job_uids(status: MixedPrecisionJobStatus) -> dict[int, str]:
 
 def record_job_uids(status: MixedPrecisionJobStatus, uids: Mapping[int, str]) -> bool:
     """Record on the attempts' entries the UIDs of their Jobs (`uids`, by attempt: a Job made now,
-    or held by the cache, so of this job's); whether any entry changed."""
+    or held by the cache, so of this job's); whether any entry changed. A Job made again for an
+    attempt (its Job deleted while it ran) leaves the one before it in the entry's formerJobUids,
+    the newest MAX_FORMER_JOBS: its trainers' checkpoints stay of the lineage (history.lineage)."""
     changed = False
     for entry in status.attempts:
         if (uid := uids.get(entry.index)) is not None and entry.job_uid != uid:
+            if entry.job_uid:
+                entry.former_job_uids = [*(entry.former_job_uids or []), entry.job_uid][-MAX_FORMER_JOBS:]
             entry.job_uid, changed = uid, True
     return changed
 

@@ -99,7 +99,7 @@ def test_a_job_made_for_an_attempt_that_ended_before_any_job_of_it_is_a_stray(ev
     assert cluster.deleted == [("j-a0", "late")] and len(told(events, "StrayJobDeleted")) == 1
     assert [a.get("jobUid") for a in cluster.body["status"]["attempts"]] == [None, "job-1"], "a stray never recorded"
     written = MixedPrecisionJobStatus.model_validate(cluster.body["status"])
-    assert history.lineage(written, 2) == {0: None, 1: "job-1"}, "the next attempt would resume from the stray's"
+    assert history.lineage(written, 2) == {0: [], 1: ["job-1"]}, "the next attempt would resume from the stray's"
 
 
 @pytest.mark.parametrize("seconds", [0, 30], ids=["in-the-second-it-ended", "before-it-ended"])
@@ -130,7 +130,7 @@ def test_the_next_attempts_launch_names_no_late_job_of_an_ended_attempt(events: 
     (attempt_1,) = launched
     env = {e["name"]: e for e in attempt_1["spec"]["template"]["spec"]["containers"][0]["env"]}
     launch = AttemptLaunch.model_validate_json(env[LAUNCH_ENV]["value"])
-    assert launch.attempt == 1 and launch.lineage == {0: None}, "the late Job's checkpoints would be resumed from"
+    assert launch.attempt == 1 and launch.lineage == {0: []}, "the late Job's checkpoints would be resumed from"
 
 
 def test_the_kept_jobs_of_a_status_written_before_job_uids_are_the_jobs_own(events: list) -> None:  # noqa: F811

@@ -98,11 +98,11 @@ def launch_env(
     shape: tuple[int, int] | None = None,
     in_place_to: list[str] | None = None,
     splits: list[tuple[int, int]] | None = None,
-    lineage: dict[int, str | None] | None = None,
+    lineage: dict[int, list[str]] | None = None,
 ) -> dict[str, str]:
     """The env of one trainer process; `shape` is the attempt's (microBatch, gradAccumulation),
     `in_place_to` the precisions it may fall back to in place, `splits` the (microBatch,
-    gradAccumulation) it may go on in after running out of device memory, `lineage` the Job each
+    gradAccumulation) it may go on in after running out of device memory, `lineage` the Jobs each
     earlier attempt ran in (AttemptLaunch.lineage)."""
     launch = {
         "jobName": "t",

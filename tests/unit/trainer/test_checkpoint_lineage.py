@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
 
 JOB = "ns/job/uid"
 #: The Jobs attempts 0 and 1 ran in, as the job's status records them; attempt 1's stray Job.
-EARLIER = {0: "job-a0", 1: "job-a1"}
+EARLIER = {0: ["job-a0"], 1: ["job-a1"]}
 STRAY = "job-a1-stray"
 Open = Callable[[Lineage, list[dict[str, Any]]], CheckpointStore | BucketCheckpointStore]
 
@@ -58,21 +58,36 @@ def test_a_checkpoint_is_outside_the_lineage_only_when_its_job_is_not_the_one_re
 
 
 def test_an_attempt_the_status_records_no_job_for_or_no_longer_holds() -> None:
-    lineage = Lineage(4, "job-a4", {0: "job-a0", 2: None, 3: "job-a3"})  # attempt 1: dropped (bounded history)
+    lineage = Lineage(4, "job-a4", {0: ["job-a0"], 2: [], 3: ["job-a3"]})  # attempt 1: dropped (bounded history)
     problem = lineage.outside(_manifest(2, "job-a2"))
     assert problem is not None and "no Job" in problem and "attempt 2" in problem
     assert lineage.outside(_manifest(1, "job-a1")) is None
     assert Lineage(4, "job-a4", None).outside(_manifest(2, "job-a2")) is None  # a local run judges nothing
 
 
+def test_a_checkpoint_of_a_job_its_attempt_ran_in_before_it_was_made_again_is_of_the_lineage(
+    open_store: Open,
+) -> None:
+    """Attempt 1's first Job saved 10 and 20 and was deleted while it ran; the Job made again in
+    attempt 1 ended it before saving: attempt 2 goes on from 20, not from 10 or step 0."""
+    first = open_store(Lineage(1, "job-a1-first", {0: ["job-a0"]}), [])
+    for step in (10, 20):
+        _save(first, step, "fp16")
+    log: list[dict[str, Any]] = []
+    store = open_store(Lineage(2, "job-a2", {0: ["job-a0"], 1: ["job-a1-first", "job-a1"]}), log)
+    loaded = resume.load(store)
+    assert loaded is not None and loaded[0].step == 20 and log == []
+    assert store.lineage.outside(_manifest(1, STRAY)) is not None  # a stray of it still is not
+
+
 def test_the_launch_and_the_pod_say_the_lineage() -> None:
     spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}})
-    said = {"0": "u0", "1": None, "2": "u2"}  # as JSON carries it
+    said = {"0": ["u0"], "1": [], "2": ["u2"]}  # as JSON carries it
     launch = AttemptLaunch.model_validate(
         {"jobName": "j", "precision": "fp16", "attempt": 3, "lineage": said, "spec": spec}
     )
     lineage = Lineage.of(launch, {ATTEMPT_JOB_ENV: "u3"})
-    assert lineage == Lineage(3, "u3", {0: "u0", 1: None, 2: "u2"})
+    assert lineage == Lineage(3, "u3", {0: ["u0"], 1: [], 2: ["u2"]})
     assert Lineage.of(launch, {}).job is None
 
 
@@ -107,9 +122,9 @@ def _save(store: CheckpointStore | BucketCheckpointStore, step: int, precision: 
 def _stray_ahead(open_store: Open) -> tuple[CheckpointStore | BucketCheckpointStore, list[dict[str, Any]]]:
     """Attempt 1 (fp16) saved steps 10 and 20; its stray Job, resumed from 10 as attempt 1 was,
     saved 30 and 40 in fp16 too (and was cut at 45); attempt 2's store, and its log."""
-    _save(open_store(Lineage(1, "job-a1", {0: "job-a0"}), []), 10, "fp16")
-    _save(open_store(Lineage(1, "job-a1", {0: "job-a0"}), []), 20, "fp16")
-    stray = open_store(Lineage(1, STRAY, {0: "job-a0"}), [])
+    _save(open_store(Lineage(1, "job-a1", {0: ["job-a0"]}), []), 10, "fp16")
+    _save(open_store(Lineage(1, "job-a1", {0: ["job-a0"]}), []), 20, "fp16")
+    stray = open_store(Lineage(1, STRAY, {0: ["job-a0"]}), [])
     for step in (30, 40):
         _save(stray, step, "fp16")
     log: list[dict[str, Any]] = []

@@ -27,14 +27,14 @@ def _writer(ckpt: Path, step: int) -> tuple[int, str]:
 @pytest.mark.process
 def test_the_next_attempt_resumes_from_its_lineage_not_from_the_strays_newer_checkpoints(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    first = run_trainer(tmp_path, JOB, attempt=1, lineage={0: None}, extra={ATTEMPT_JOB_ENV: "job-a1"})
+    first = run_trainer(tmp_path, JOB, attempt=1, lineage={0: []}, extra={ATTEMPT_JOB_ENV: "job-a1"})
     assert first.code == 0
     for step in (30, 40):  # attempt 1 ended at step 20 (as if a fault ended it there)
         shutil.rmtree(ckpt / folder_name(step))
-    stray = run_trainer(tmp_path, JOB, attempt=1, lineage={0: None}, extra={ATTEMPT_JOB_ENV: "job-a1-stray"})
+    stray = run_trainer(tmp_path, JOB, attempt=1, lineage={0: []}, extra={ATTEMPT_JOB_ENV: "job-a1-stray"})
     assert stray.code == 0
     assert [_writer(ckpt, step)[1] for step in (20, 30, 40)] == ["job-a1", "job-a1-stray", "job-a1-stray"]
-    lineage = {0: None, 1: "job-a1"}
+    lineage = {0: [], 1: ["job-a1"]}
     second = run_trainer(tmp_path, JOB, attempt=2, lineage=lineage, extra={ATTEMPT_JOB_ENV: "job-a2"})
     assert second.code == 0, second.stderr[-2000:]
     resumed = [e for e in second.events if e["event"] == "resume"]

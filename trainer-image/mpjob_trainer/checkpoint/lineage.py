@@ -10,19 +10,19 @@ controller labels its pods with, ATTEMPT_JOB_ENV), and each launch names the Job
 attempt the job's status holds ran in (AttemptLaunch.lineage, by attempt). A resume or a
 rollback passes over a checkpoint written
 - by an attempt after its own (a later attempt's Job cannot have run before this one);
-- by an earlier attempt from another Job than the one the status records for it, or when the
-  status records none (a stray's);
-said in a `checkpointOutsideLineage` log line, and never deleted, set aside or pruned for it: it
-stays the job's, as it was. A checkpoint that names no Job (a local run, a trainer from before),
-one of the attempt itself (its Job made again keeps its place), and one of an attempt the status
-no longer holds (its history is bounded) are judged as before: the fence costs no good
-checkpoint of the lineage.
+- by an earlier attempt from another Job than those the status records for it (its newest, and
+  those deleted while it ran and made again in it), or when the status records none (a stray's);
+said in a `checkpointOutsideLineage` log line, and never deleted or pruned for it: it stays the
+job's, as it was (set aside only where this attempt saves the same step: checkpoint.ownership).
+A checkpoint that names no Job (a local run, a trainer from before), one of the attempt itself
+(its Job made again keeps its place), and one of an attempt the status no longer holds (its
+history is bounded) are judged as before: the fence costs no good checkpoint of the lineage.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from mpjob_contract.environment import ATTEMPT_JOB_ENV
@@ -35,8 +35,8 @@ class Lineage:
     #: This process's attempt and the UID of its Job (None: it runs in none: nothing is stamped).
     attempt: int = 0
     job: str | None = None
-    #: The Job each earlier attempt ran in, by attempt (AttemptLaunch.lineage; None: nothing judged).
-    earlier: Mapping[int, str | None] | None = None
+    #: The Jobs each earlier attempt ran in, by attempt (AttemptLaunch.lineage; None: nothing judged).
+    earlier: Mapping[int, Sequence[str]] | None = None
 
     @classmethod
     def of(cls, launch: AttemptLaunch, environ: Mapping[str, str] = os.environ) -> Lineage:
@@ -57,9 +57,9 @@ class Lineage:
         if written not in self.earlier:
             return None
         recorded = self.earlier[written]
-        if recorded == job:
+        if job in recorded:
             return None
-        ran_in = f"Job {recorded}" if recorded else "no Job"
+        ran_in = f"Job{'s' if len(recorded) > 1 else ''} {', '.join(recorded)}" if recorded else "no Job"
         return (
             f"written by Job {job} of attempt {written}, which the job's status records as having run in "
             f"{ran_in}: a stray Job, made after that attempt had ended"
