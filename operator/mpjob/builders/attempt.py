@@ -104,9 +104,8 @@ def launcher_argv(
 
 def _launch(*, job: str, namespace: str, uid: str, spec: MixedPrecisionJobSpec, start: StartAttempt,
             in_place: InPlacePlan, lineage: dict[int, list[str]] | None) -> AttemptLaunch:  # fmt: skip
-    """The attempt's launch contract (`in_place`: planning.inplace; `lineage`: history.lineage),
-    checkpoints in the job's own folder: a resume point outside it is not passed on (the trainer
-    finds its own newest one)."""
+    """The attempt's launch contract (`in_place`: planning.inplace; `lineage`: history.lineage), checkpoints in the
+    job's own folder: a resume point outside it is not passed on (the trainer finds its own newest one)."""
     folder = job_checkpoint_dir(namespace=namespace, name=job, uid=uid, root=checkpoint_root(spec))
     resume_from = start.resume_from
     if resume_from is not None and not inside_checkpoint_dir(resume_from, folder):
