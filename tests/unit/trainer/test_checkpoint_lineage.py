@@ -18,7 +18,7 @@ from mpjob_contract import events
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.environment import ATTEMPT_JOB_ENV
 from mpjob_contract.launch import AttemptLaunch
-from mpjob_trainer.checkpoint import CheckpointStore, resume
+from mpjob_trainer.checkpoint import CheckpointStore, CheckpointTaken, resume
 from mpjob_trainer.checkpoint.lineage import Lineage
 from mpjob_trainer.checkpoint.manifest import MANIFEST, Manifest, folder_name
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
@@ -208,3 +208,18 @@ def test_a_sharded_checkpoints_manifest_names_its_writer_too(tmp_path: Path) -> 
     store = CheckpointStore(tmp_path, 5, "d1", job=JOB, lineage=Lineage(2, "job-a2", EARLIER))
     manifest = store.sharded_manifest(10, "bf16", files, world_size=2)
     assert (manifest.layout, manifest.world_size, manifest.attempt, manifest.attempt_job) == ("dcp", 2, 2, "job-a2")
+
+
+def test_a_stray_saving_a_step_a_later_attempt_saved_leaves_that_checkpoint_as_it_is(open_store: Open) -> None:
+    """A stray of attempt 1, made once attempt 2 ran, trains from attempt 1's checkpoints on the
+    same schedule: at a step attempt 2 saved already it writes nothing and sets nothing aside."""
+    running = open_store(Lineage(2, "job-a2", EARLIER), [])
+    _save(running, 30, "bf16")
+    log: list[dict[str, Any]] = []
+    stray = open_store(Lineage(1, STRAY, {0: ["job-a0"]}), log)
+    with pytest.raises(CheckpointTaken):
+        stray.write(30, "fp16", {"step": 30, "w": torch.full((4,), -1.0)})
+    assert [(e["event"], "after this attempt 1" in e["problem"]) for e in log] == [("checkpointOutsideLineage", True)]
+    assert stray.aside() == []
+    loaded = resume.load(open_store(Lineage(3, "job-a3", {**EARLIER, 2: ["job-a2"]}), []))
+    assert loaded is not None and loaded[0].step == 30 and torch.equal(loaded[1]["w"], torch.full((4,), 30.0))

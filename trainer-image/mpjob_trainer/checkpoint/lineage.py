@@ -47,13 +47,19 @@ class Lineage:
         """`manifest` naming this attempt and its Job as its writer (as it is when there is no Job)."""
         return replace(manifest, attempt=self.attempt, attempt_job=self.job) if self.job else manifest
 
+    def later(self, manifest: Manifest) -> bool:
+        """Whether a later attempt wrote the checkpoint of `manifest` (judged only where earlier
+        ones are): this process is behind the job (a stray itself), never to touch it."""
+        written, job = manifest.attempt, manifest.attempt_job
+        return self.earlier is not None and written is not None and job is not None and written > self.attempt
+
     def outside(self, manifest: Manifest) -> str | None:
         """Why the checkpoint of `manifest` is not of this attempt's lineage (None: it may be)."""
         written, job = manifest.attempt, manifest.attempt_job
+        if self.later(manifest):
+            return f"written by attempt {written}, after this attempt {self.attempt}"
         if self.earlier is None or written is None or job is None or written == self.attempt:
             return None
-        if written > self.attempt:
-            return f"written by attempt {written}, after this attempt {self.attempt}"
         if written not in self.earlier:
             return None
         recorded = self.earlier[written]

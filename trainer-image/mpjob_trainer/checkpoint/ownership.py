@@ -13,7 +13,8 @@ the newest CORRUPT_KEPT stay for diagnosis and older ones go (`bound_aside`), on
 A checkpoint of the job outside the attempt's lineage (a stray attempt's: checkpoint.lineage)
 neither counts nor goes either, set aside or not; one at the step to save is set aside (said in
 a `checkpointOutsideLineage` line), so the attempt's own save takes its place instead of taking
-the stray's state for its own.
+the stray's state for its own. One a later attempt wrote says this process is the stray: it
+stays, and the save writes nothing (CheckpointTaken).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def occupied(store: Store[W], where: W) -> CheckpointRef | None:
     if manifest.job != store.job:
         raise CheckpointTaken(where)
     if (stray := store.lineage.outside(manifest)) is not None:
+        if store.lineage.later(manifest):  # this process is the stray: the job's own is never touched
+            store.log("checkpointOutsideLineage", path=str(where), problem=f"{stray}: left as it is, nothing saved")
+            raise CheckpointTaken(where)
         store.log(
             "checkpointOutsideLineage", path=str(where), problem=f"{stray}: set aside, this attempt saves its step"
         )
