@@ -1,11 +1,7 @@
 """Settings a spec holds that will not do what they say: warnings, not errors.
 
 Only settings certainly dead for the spec as written (never a guess about the node or the run):
-a fault rule that can never apply (the first rule on a fault decides, FaultPolicy.decide; a
-NumericFault rule needs a guard rule no rule names, a QualityDrift rule a quality gate that can
-fire, a LossSpike rule a spike window the run fills, a Stagnation rule a stagnation check that
-can fire, a MaxConsecutiveOverflows or LossScaleCollapsed rule an fp16 rung, the one with a
-GradScaler; a FallBack needs a rung below), and
+a fault rule that can never apply (rule_warnings.never_applying), and
 a setting whose figure the run can never reach (checkpoint.everySteps, validation.everySteps,
 precision.repromoteAfterSteps, precision.guard.stagnationSteps, the builtin loop's training.warmupSteps, a
 precision.lossScale.growthInterval other than its default and a guard.spike.window, against
@@ -22,14 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from mpjob_contract.faults import COVERED_BY, Fault, FaultAction
+from mpjob_contract.faults import Fault
 from mpjob_contract.precision import LossScale
-from mpjob_contract.spec import DRIFT_IN_A_ROW, MixedPrecisionJobSpec
+from mpjob_contract.rule_warnings import (
+    gate_never_fires,
+    never_applying,
+    no_rung_below,
+    spikes_never_judged,
+    stagnation_past_end,
+)
+from mpjob_contract.spec import MixedPrecisionJobSpec
 from mpjob_contract.storage_warnings import checkpoints_in_pod
 from mpjob_contract.vocabulary import LOSS_SCALED
-
-#: The guard rules that watch the loss scale: they end only an attempt that trains with one.
-SCALE_RULES = (Fault.MAX_CONSECUTIVE_OVERFLOWS, Fault.LOSS_SCALE_COLLAPSED)
 
 
 class WarningReason(StrEnum):
@@ -70,94 +70,6 @@ def warning_lines(spec: MixedPrecisionJobSpec, source: str = "") -> list[str]:
     return [warning.line(source) for warning in spec_warnings(spec)]
 
 
-def no_rung_below(spec: MixedPrecisionJobSpec) -> str | None:
-    """Why no attempt can ever fall back (nothing below the first precision), or None."""
-    if spec.precision.mode == "fp32":
-        return "precision.mode fp32 has none"
-    if not spec.precision.fallback:
-        return "precision.fallback is empty"
-    return None
-
-
-def gate_never_fires(spec: MixedPrecisionJobSpec) -> str | None:
-    """Why the quality gate can never end a precision (QualityDrift), or None. It evaluates at
-    each multiple of validation.everySteps up to training.steps, and an attempt makes at most
-    those evaluations: fewer than DRIFT_IN_A_ROW can never be that many in a row."""
-    every, steps = spec.validation.every_steps, spec.training.steps
-    if every == 0:
-        return "spec.validation.everySteps is 0"
-    if every > steps:
-        return f"validation.everySteps={every} is more than training.steps={steps} (it never evaluates)"
-    if (made := steps // every) < DRIFT_IN_A_ROW:
-        return (
-            f"validation.everySteps={every} evaluates {made} time{'' if made == 1 else 's'} in "
-            f"training.steps={steps}, and "
-            f"QualityDrift needs {DRIFT_IN_A_ROW} evaluations in a row over validation.maxLossDelta"
-        )
-    return None
-
-
-def never_applying(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
-    """(field below spec, why it never applies) for each fault rule that can never decide anything."""
-    found: list[tuple[str, str]] = []
-    first: dict[Fault, int] = {}
-    for index, rule in enumerate(spec.fault_policy.rules):
-        field, fault = f"faultPolicy.rules[{index}]", rule.named
-        if fault in first:
-            found.append((field, f"never applies: rules[{first[fault]}] is on {fault} too and comes first"))
-            continue
-        first[fault] = index
-        if fault == Fault.NUMERIC_FAULT and (named := all_covered(spec)) is not None:
-            found.append((field, f"never applies: NumericFault decides only a guard rule no rule names, and {named}"))
-        elif fault == Fault.QUALITY_DRIFT and (gate := gate_never_fires(spec)) is not None:
-            found.append((field, f"never applies: QualityDrift comes only from the quality gate, and {gate}"))
-        elif fault == Fault.LOSS_SPIKE and (unjudged := spikes_never_judged(spec)) is not None:
-            found.append((field, f"never applies: LossSpike comes only from the spike check, and {unjudged}"))
-        elif fault == Fault.STAGNATION and (stuck := stagnation_never_fires(spec)) is not None:
-            found.append((field, f"never applies: Stagnation comes only from the stagnation check, and {stuck}"))
-        elif fault in SCALE_RULES and (unscaled := never_loss_scaled(spec)) is not None:
-            found.append((field, f"never applies: {fault} comes only from fp16's GradScaler, and {unscaled}"))
-        elif rule.action == FaultAction.FALL_BACK and (rung := no_rung_below(spec)) is not None:
-            found.append((field, f"never applies: FallBack needs a precision below the starting one, and {rung}"))
-    return found
-
-
-def all_covered(spec: MixedPrecisionJobSpec) -> str | None:
-    """The rules naming each guard rule NumericFault covers, when all four are named, or None: the
-    rule on a guard rule decides for it wherever each stands (faults.decide)."""
-    first: dict[Fault, int] = {}
-    for index, rule in enumerate(spec.fault_policy.rules):
-        first.setdefault(rule.named, index)
-    if not all(fault in first for fault in COVERED_BY):
-        return None
-    return f"{', '.join(f'rules[{first[fault]}] ({fault})' for fault in COVERED_BY)} name all four it covers"
-
-
-def never_loss_scaled(spec: MixedPrecisionJobSpec) -> str | None:
-    """Why no attempt ever trains with a GradScaler (LOSS_SCALED attempts alone do), or None. The
-    attempts walk precision.mode then its fallback rungs (a re-promotion goes back up them); an
-    `auto` mode is measured on the node and may become fp16 there, so it never says."""
-    precision = spec.precision
-    if precision.mode == "auto" or LOSS_SCALED in [precision.mode, *precision.fallback]:
-        return None
-    return (
-        f"no attempt trains {LOSS_SCALED}: precision.mode is {precision.mode} and precision.fallback is "
-        f"[{', '.join(precision.fallback)}]"
-    )
-
-
-def spikes_never_judged(spec: MixedPrecisionJobSpec) -> str | None:
-    """Why no loss of the run is ever judged a spike, or None. The check takes the mean and
-    deviation of guard.spike.window accepted losses, one a step, and judges none before it is full."""
-    window, steps = spec.precision.guard.spike.window, spec.training.steps
-    if window < steps:
-        return None
-    return (
-        f"precision.guard.spike.window={window} is not below training.steps={steps}: the window of losses "
-        "a spike is judged against is never full, so no loss is ever judged"
-    )
-
-
 def idle_settings(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
     """(field below spec, what happens) for each setting other than the fault rules that the run
     can never act on as it says."""
@@ -165,7 +77,7 @@ def idle_settings(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
         ("checkpoint.everySteps", _checkpoints(spec)),
         ("validation.everySteps", _quality_gate(spec)),
         ("precision.repromoteAfterSteps", _repromotion(spec)),
-        ("precision.guard.stagnationSteps", _stagnation(spec)),
+        ("precision.guard.stagnationSteps", stagnation_past_end(spec)),
         ("training.warmupSteps", _warmup(spec)),
         ("precision.lossScale.growthInterval", _scale_growth(spec)),
         ("precision.guard.spike.window", _spike_window(spec)),
@@ -214,23 +126,6 @@ def _repromotion(spec: MixedPrecisionJobSpec) -> str | None:
         f"precision.repromoteAfterSteps={after} never re-promotes: it goes back up at a checkpoint "
         f"(checkpoint.everySteps={every}) before the last step, and the first with {after} steps behind it, "
         f"step {first}, is not below training.steps={steps}"
-    )
-
-
-def stagnation_never_fires(spec: MixedPrecisionJobSpec) -> str | None:
-    """Why the guard's stagnation check never ends a precision, or None (it can)."""
-    if spec.precision.guard.stagnation_steps == 0:
-        return "precision.guard.stagnationSteps is 0 (off)"
-    return _stagnation(spec)
-
-
-def _stagnation(spec: MixedPrecisionJobSpec) -> str | None:
-    stagnation, steps = spec.precision.guard.stagnation_steps, spec.training.steps
-    if stagnation == 0 or stagnation < steps:
-        return None
-    return (
-        f"precision.guard.stagnationSteps={stagnation} is not below training.steps={steps}: no loss stays "
-        "stuck that many steps in the run, the check never ends a precision"
     )
 
 

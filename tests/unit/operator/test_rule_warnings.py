@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from mpjob.cli import main
+from mpjob_contract.rule_warnings import never_applying
 from mpjob_contract.spec import MixedPrecisionJobSpec
-from mpjob_contract.spec_warnings import never_applying
 from tests.unit.operator.cases import GOOD
 
 pytestmark = pytest.mark.unit
@@ -105,6 +105,76 @@ def test_a_numeric_fault_rule_first_is_beaten_by_the_four_all_the_same() -> None
     assert "rules[1] (MaxNonFiniteLosses)" in found[0][1] and "rules[4] (Stagnation)" in found[0][1]
 
 
-def test_a_numeric_fault_rule_left_one_guard_rule_still_applies() -> None:
+def test_a_numeric_fault_rule_left_one_guard_rule_that_can_fire_still_applies() -> None:
     three = [*ALL_FOUR[:3], {"fault": "NumericFault", "action": "Fail"}]
-    assert never_applying(spec(**rules(*three), precision={"mode": "fp16"})) == []
+    assert never_applying(spec(**rules(*three), precision={"mode": "fp16", "guard": {"stagnationSteps": 50}})) == []
+
+
+NUMERIC = {"fault": "NumericFault", "action": "Fail"}
+NO_FP16 = "no attempt trains fp16: precision.mode is bf16 and precision.fallback is [fp32]"
+OFF = "precision.guard.stagnationSteps is 0 (off)"
+
+
+def test_a_numeric_fault_rule_on_a_bf16_job_without_stagnation_covers_only_max_non_finite_losses() -> None:
+    """The loss-scale rules need an fp16 rung and Stagnation a check that is on: a rule on
+    MaxNonFiniteLosses leaves NumericFault nothing it could ever decide."""
+    given = spec(**rules(ALL_FOUR[0], NUMERIC), precision={"mode": "bf16"})
+    assert never_applying(given) == [
+        (
+            "faultPolicy.rules[1]",
+            "never applies: NumericFault decides only a guard rule no rule names, and MaxConsecutiveOverflows and "
+            f"LossScaleCollapsed never fire ({NO_FP16}); Stagnation never fires ({OFF}); "
+            "rules[0] (MaxNonFiniteLosses) names the rest",
+        )
+    ]
+
+
+def test_a_numeric_fault_rule_whose_loss_scale_rules_are_named_and_stagnation_cannot_fire_never_applies() -> None:
+    """A stagnation check longer than the run is as dead as one that is off."""
+    given = spec(
+        **rules(*ALL_FOUR[:3], NUMERIC),
+        training={"steps": 300},
+        precision={"mode": "fp16", "guard": {"stagnationSteps": 300}},
+    )
+    ((field, why),) = never_applying(given)
+    assert field == "faultPolicy.rules[3]"
+    assert why.endswith(
+        "Stagnation never fires (precision.guard.stagnationSteps=300 is not below training.steps=300: no loss "
+        "stays stuck that many steps in the run, the check never ends a precision); rules[0] (MaxNonFiniteLosses), "
+        "rules[1] (MaxConsecutiveOverflows), rules[2] (LossScaleCollapsed) name the rest"
+    )
+
+
+def test_a_numeric_fault_rule_with_stagnation_named_and_no_fp16_never_applies() -> None:
+    given = spec(
+        **rules(NUMERIC, ALL_FOUR[0], ALL_FOUR[3]), precision={"mode": "bf16", "guard": {"stagnationSteps": 50}}
+    )
+    ((field, why),) = never_applying(given)
+    assert field == "faultPolicy.rules[0]"
+    assert why.endswith(
+        f"MaxConsecutiveOverflows and LossScaleCollapsed never fire ({NO_FP16}); "
+        "rules[1] (MaxNonFiniteLosses), rules[2] (Stagnation) name the rest"
+    )
+
+
+@pytest.mark.parametrize(
+    ("named", "precision"),
+    [
+        # MaxNonFiniteLosses unnamed: it always can fire (guard.maxNonFiniteLosses >= 1)
+        ((), {"mode": "bf16"}),
+        ((ALL_FOUR[1], ALL_FOUR[2], ALL_FOUR[3]), {"mode": "bf16"}),
+        # Stagnation can fire
+        ((ALL_FOUR[0],), {"mode": "bf16", "guard": {"stagnationSteps": 50}}),
+        # a loss-scale rule can fire: an fp16 rung, or auto (fp16 on some nodes)
+        ((ALL_FOUR[0], ALL_FOUR[3]), {"mode": "fp16"}),
+        ((ALL_FOUR[0], ALL_FOUR[3]), {"mode": "fp8", "fallback": ["fp16", "fp32"]}),
+        ((ALL_FOUR[0], ALL_FOUR[3]), {"mode": "auto"}),
+        ((ALL_FOUR[0], ALL_FOUR[1], ALL_FOUR[3]), {"mode": "fp16"}),  # LossScaleCollapsed is left
+    ],
+)
+def test_a_numeric_fault_rule_with_a_guard_rule_left_that_can_fire_says_nothing(
+    named: tuple[dict[str, str], ...], precision: dict[str, Any]
+) -> None:
+    """Other rules may be dead of their own (a loss-scale rule on bf16); the NumericFault rule is not."""
+    found = never_applying(spec(**rules(*named, NUMERIC), precision=precision))
+    assert f"faultPolicy.rules[{len(named)}]" not in [field for field, _ in found]

@@ -14,7 +14,8 @@ import yaml
 from mpjob.cli import main
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.spec_warnings import WarningReason, idle_settings, never_applying, spec_warnings
+from mpjob_contract.rule_warnings import never_applying
+from mpjob_contract.spec_warnings import WarningReason, idle_settings, spec_warnings
 from mpjob_trainer.loop import learning_rate
 from tests.unit.operator.cases import GOOD
 
