@@ -33,12 +33,12 @@ from mpjob.controller import capacity
 from mpjob.controller.cache import ChildCache
 from mpjob.controller.children import Children
 from mpjob.controller.config import OperatorConfig
+from mpjob.controller.create_failures import CreateFailure
 from mpjob.controller.handlers import Controller, on_job_event
 from mpjob.controller.liveness import Liveness
 from mpjob.controller.ownership import ObjectRef
 from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.reconciler import Reconciler
-from mpjob.controller.records import CreateFailure
 from mpjob.controller.workqueue import WorkQueue
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 

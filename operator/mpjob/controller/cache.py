@@ -32,9 +32,10 @@ from typing import Any
 
 from mpjob.builders.attempt import LABEL_JOB
 from mpjob.controller.children import Children, Record
+from mpjob.controller.create_failures import create_failure
 from mpjob.controller.lostnodes import Nodes, on_nodes
 from mpjob.controller.ownership import Malformed, ObjectRef
-from mpjob.controller.records import JobRecord, Key, PodRecord, create_failure, job_record, pod_record
+from mpjob.controller.records import JobRecord, Key, PodRecord, job_record, pod_record
 from mpjob.controller.watch import ListWatch, Source
 from mpjob.planning.history import HeldJob
 from mpjob.planning.reconcile import JobView, PodView

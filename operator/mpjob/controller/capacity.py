@@ -81,7 +81,8 @@ def _eligible(node: Mapping[str, Any], spec: MixedPrecisionJobSpec) -> bool:
     return capability >= (major, minor) and all(labels.get(k) == v for k, v in wanted.items())
 
 
-def _requested(pod: Mapping[str, Any]) -> int:
+def requested_gpus(pod: Mapping[str, Any]) -> int:
+    """The GPUs a pod's containers request (0: none, or not a count)."""
     containers = (pod.get("spec") or {}).get("containers") or []
     total = 0
     for container in containers:
@@ -143,7 +144,7 @@ class Room:
         used: dict[str, int] = {}
         own: dict[tuple[str, str], dict[str, int]] = {}
         for pod in pods:
-            if (node := _bound(pod)) is None or (gpus := _requested(pod)) == 0:
+            if (node := _bound(pod)) is None or (gpus := requested_gpus(pod)) == 0:
                 continue
             used[node] = used.get(node, 0) + gpus
             meta = pod.get("metadata") or {}

@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from mpjob.controller.create_failures import CreateFailure
 from mpjob.controller.ownership import ObjectRef
-from mpjob.controller.records import CreateFailure, JobRecord, Key, PodRecord, attempt_named
+from mpjob.controller.records import JobRecord, Key, PodRecord, attempt_named
 
 Record = JobRecord | PodRecord | CreateFailure
 

@@ -1,5 +1,5 @@
-"""What the cache keeps of an attempt Job, a pod or a FailedCreate Event: the few fields the
-planner reads, made from raw JSON.
+"""What the cache keeps of an attempt Job or a pod (of a FailedCreate Event: create_failures):
+the few fields the planner reads, made from raw JSON.
 
 Each is kept only as the child of its controller (mpjob.controller.ownership): a Job of its
 MixedPrecisionJob, a pod or a FailedCreate Event of its Job. Labels only narrow the watches; a
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpjob.builders.attempt import JOB_UID_LABEL, SPEC_GENERATION, TRAINER_CONTAINER, attempt_name
+from mpjob.controller.capacity import requested_gpus
 from mpjob.controller.ownership import Malformed, ObjectRef, controller_of, owner_ref
 from mpjob.planning.reconcile import PodView
 from mpjob_contract import api
@@ -96,7 +97,7 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
         (c for c in conditions if (c.get("type"), c.get("status")) == ("Suspended", "True")), {}
     )
     return JobRecord(
-        ref=ObjectRef(owner.namespace, "Job", name, _uid(meta)),
+        ref=ObjectRef(owner.namespace, "Job", name, uid_of(meta)),
         owner=owner,
         attempt=attempt,
         finished=finished,
@@ -127,7 +128,8 @@ def attempt_named(name: str, owner: str) -> int | None:
     return int(suffix)
 
 
-def _uid(meta: dict[str, Any]) -> str:
+def uid_of(meta: dict[str, Any]) -> str:
+    """An object's metadata.uid, which must be there."""
     uid = meta.get("uid")
     if not isinstance(uid, str) or not uid:
         raise Malformed("metadata.uid is missing")
@@ -184,7 +186,7 @@ def pod_record(pod: dict[str, Any]) -> PodRecord | None:
     if owner is None:
         return None
     ip = (pod.get("status") or {}).get("podIP")
-    return PodRecord(_uid(meta), owner, pod_view(pod), ip if isinstance(ip, str) else None, orphan=orphan)
+    return PodRecord(uid_of(meta), owner, pod_view(pod), ip if isinstance(ip, str) else None, orphan=orphan)
 
 
 def orphan_owner(meta: dict[str, Any]) -> ObjectRef | None:
@@ -242,6 +244,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         marked_unready=_marked_unready(status.get("conditions") or []),
         uid=str(meta.get("uid", "")),
         grace=_grace(meta.get("deletionGracePeriodSeconds")),
+        gpus=requested_gpus(pod),
     )
 
 
@@ -265,36 +268,3 @@ def _grace(value: Any) -> int | None:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
-
-
-# ------------------------------------------------------------------ FailedCreate Events
-
-
-@dataclass(frozen=True, slots=True)
-class CreateFailure:
-    """The Job controller could not create a pod of a Job (its FailedCreate Event)."""
-
-    uid: str  # the Event's
-    owner: ObjectRef  # the Job it is about
-    message: str
-
-    @property
-    def namespace(self) -> str:
-        return self.owner.namespace
-
-
-def create_failure(event: dict[str, Any]) -> CreateFailure | None:
-    """The FailedCreate of a Job that `event` reports, or None for any other Event (or one about
-    an object of another namespace: the Job controller reports in the Job's own)."""
-    involved = event.get("involvedObject") or {}
-    if event.get("reason") != "FailedCreate" or involved.get("kind") != "Job":
-        return None
-    job_uid, job_name = involved.get("uid"), involved.get("name")
-    if not isinstance(job_uid, str) or not job_uid or not isinstance(job_name, str) or not job_name:
-        raise Malformed("involvedObject.uid or .name is missing")
-    meta = event.get("metadata") or {}
-    namespace = str(meta.get("namespace", ""))
-    if involved.get("namespace") not in (None, "", namespace):
-        return None
-    message = str(event.get("message") or "the Job controller could not create a pod")[:1024]
-    return CreateFailure(_uid(meta), ObjectRef(namespace, "Job", job_name, job_uid), message)

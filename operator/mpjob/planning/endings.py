@@ -49,6 +49,9 @@ class PodView:
     uid: str = ""
     #: The grace period it is being deleted with (metadata.deletionGracePeriodSeconds), if any.
     grace: int | None = None
+    #: The GPUs it requests (nvidia.com/gpu), as its Job's pod template asked when the Job was
+    #: made from the spec of then; 0 where not known (`mpjob run`'s workers).
+    gpus: int = 0
 
 
 @dataclass(frozen=True)

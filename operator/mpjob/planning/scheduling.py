@@ -40,11 +40,12 @@ def claim_field(spec: MixedPrecisionJobSpec, claim: str) -> str:
     return "template.volumes"
 
 
-def fix(spec: MixedPrecisionJobSpec, said: str) -> str:
-    """What to change, naming the spec's field, for the scheduler's message `said`; "" when it
-    names nothing the spec asks for. The scheduler counts each node under the first check it
-    fails: a node short of a resource passed the selector and the taints, so that resource is
-    the fix and the other nodes' selector or taints are not."""
+def fix(spec: MixedPrecisionJobSpec, said: str, asked: int = 0) -> str:
+    """What to change, naming the spec's field, for the scheduler's message `said` about a pod
+    that requests `asked` GPUs (0: not known); "" when it names nothing the spec asks for. The
+    scheduler counts each node under the first check it fails: a node short of a resource passed
+    the selector and the taints, so that resource is the fix and the other nodes' selector or
+    taints are not."""
     hints = []
     if (claim := MISSING_CLAIM.search(said)) is not None:
         field = claim_field(spec, claim.group(1))
@@ -53,8 +54,7 @@ def fix(spec: MixedPrecisionJobSpec, said: str) -> str:
         )
     short = []
     if "Insufficient nvidia.com/gpu" in said:
-        gpus = spec.resources.gpus_per_worker
-        short.append(f"no node has resources.gpusPerWorker={gpus} GPUs free: lower it, or add GPU nodes")
+        short.append(gpus_short(spec.resources.gpus_per_worker, asked))
     for resource in ("cpu", "memory"):
         if f"Insufficient {resource}" in said:
             short.append(f"no node has the {resource} resources.requests asks free: lower it")
@@ -67,6 +67,18 @@ def fix(spec: MixedPrecisionJobSpec, said: str) -> str:
     if not short and "untolerated taint" in said:
         hints.append("a node's taint is not in template.tolerations: add a toleration for it")
     return "; ".join(hints)
+
+
+def gpus_short(gpus: int, asked: int) -> str:
+    """The GPU hint, worded from what the pod asks: a pod made before an edit of
+    resources.gpusPerWorker (its Job not yet made again from the spec, or a trainer of it already
+    started) still asks the old count, and the new one is not what no node has."""
+    if asked in (0, gpus):
+        return f"no node has resources.gpusPerWorker={gpus} GPUs free: lower it, or add GPU nodes"
+    return (
+        f"no node has the {asked} GPUs the pod asks free (its Job was made when resources.gpusPerWorker "
+        f"was {asked}; the spec's {gpus} is not asked by its pods yet): add GPU nodes"
+    )
 
 
 def unscheduled(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
@@ -82,7 +94,7 @@ def unscheduled(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: 
         return
     pod = waiting[0]
     said = pod.unschedulable_message or "no reason given"
-    hint = fix(spec, said)
+    hint = fix(spec, said, pod.gpus)
     message = f"attempt {index}: the scheduler finds no node for pod {pod.name}: {said}"
     message = (f"{message}; {hint}" if hint else message)[:1024]
     if known is None or known.status != "False" or known.message != message:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from mpjob.controller.children import Children
+from mpjob.controller.create_failures import CreateFailure
 from mpjob.controller.ownership import ObjectRef
-from mpjob.controller.records import CreateFailure
 
 pytestmark = pytest.mark.unit
 

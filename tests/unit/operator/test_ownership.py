@@ -14,8 +14,9 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.controller.cache import ChildCache
 from mpjob.controller.cluster import Cluster, NameInUse, Refused
+from mpjob.controller.create_failures import create_failure
 from mpjob.controller.ownership import Claim, ObjectRef, claim
-from mpjob.controller.records import create_failure, job_record, pod_record
+from mpjob.controller.records import job_record, pod_record
 from mpjob.controller.watch import ListWatch, Source
 from tests.unit.operator.test_cache import MPJ_UID, job, owner, pod
 

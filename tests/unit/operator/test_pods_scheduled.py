@@ -103,12 +103,37 @@ def test_the_pod_view_keeps_the_schedulers_and_the_kubelets_words() -> None:
     placed = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": NO_GPUS}
     waiting = {"reason": "CreateContainerConfigError", "message": 'secret "keys" not found'}
     trainer = {"name": "trainer", "state": {"waiting": waiting}}
+    asks = {"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "16"}}}
     body = {
         "metadata": {"name": "j-a0-0-x", "annotations": index},
+        "spec": {"containers": [asks]},
         "status": {"phase": "Pending", "conditions": [placed], "containerStatuses": [trainer]},
     }
     view = pod_view(body)
     assert (view.unschedulable_message, view.config_error, view.alive) == (NO_GPUS, 'secret "keys" not found', True)
+    assert view.gpus == 16
+
+
+@pytest.mark.parametrize("generation", [None, 1], ids=["job-of-an-older-operator", "a-trainer-started"])
+def test_a_pod_made_before_an_edit_of_gpus_per_worker_is_said_short_of_what_it_asks(generation: int | None) -> None:
+    """Before, the hint was worded from the spec as it is: after an edit from 16 to 8 GPUs that the
+    attempt's Job does not ask yet (a Job with no spec generation, or one a trainer of which already
+    started: neither is made again), it said no node had 8 GPUs free and to lower it."""
+    since = "2026-11-22T12:00:01Z"
+    waits = PodView("j-a0-1-x", 1, "Pending", True, unschedulable_since=since, unschedulable_message=NO_GPUS, gpus=16)
+    runs = PodView("j-a0-0-x", 0, "Running", True, started_at=since, gpus=16)
+    edited = spec(resources={"gpusPerWorker": 8}, workers=2)
+    status = reconcile(spec(workers=2), MixedPrecisionJobStatus(), 1, {}, T0).status
+    plan = reconcile(edited, status, 2, {0: JobView(0, pods=(runs, waits), generation=generation)}, T0)
+    found = condition(plan.status, "PodsScheduled")
+    assert found is not None and found[0] == "False", found
+    assert found[2].endswith(
+        "no node has the 16 GPUs the pod asks free (its Job was made when resources.gpusPerWorker was 16; "
+        "the spec's 8 is not asked by its pods yet): add GPU nodes"
+    )
+    assert plan.delete == [], "the Job is kept: a trainer of it started, or its generation is not known"
+    same = "no node has resources.gpusPerWorker=8 GPUs free: lower it, or add GPU nodes"
+    assert fix(edited, NO_GPUS, asked=8) == fix(edited, NO_GPUS) == same  # asks what the spec says, or not known
 
 
 @pytest.mark.parametrize(
