@@ -51,8 +51,9 @@ class CheckpointRejected(TrainerEvent):
 
 
 class CheckpointOutsideLineage(TrainerEvent):
-    """A checkpoint a resume or a rollback passed over, left as it is: written by a Job outside the
-    attempt's lineage (a stray one, made after its attempt had ended; the trainer's checkpoint.lineage)."""
+    """A checkpoint written by a Job outside the attempt's lineage (a stray one, made after its
+    attempt had ended; the trainer's checkpoint.lineage): one a resume or a rollback passed over,
+    left as it is, or one a save of the same step set aside (never deleted)."""
 
     name = "checkpointOutsideLineage"
     path: str
