@@ -65,7 +65,9 @@ class Bodies:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[Key, Held] = {}
-        self._forgets = 0  # a GET that a forget overtook is not kept
+        #: By job, the GETs in flight (a token each): a forget of the job drops its tokens, and a
+        #: GET whose token is gone is not kept; a forget of another job leaves them be.
+        self._reading: dict[Key, set[object]] = {}
 
     def offer(self, key: Key, body: Body, *, only_held: bool = False) -> None:
         """A body the watch delivered (or, `only_held`, a reconcile's body after its writes: kept
@@ -83,19 +85,32 @@ class Bodies:
     def body(self, key: Key, read: Callable[[], Body | None]) -> Body | None:
         """A copy of the job's newest body (the reconcile writes into it); `read()` (a GET) when
         none is held or the job is refused, and kept unless the job was forgotten meanwhile."""
+        token = object()
         with self._lock:
-            held, forgets = self._held.get(key), self._forgets
-            if held is not None and held.body is not None:
+            if (held := self._held.get(key)) is not None and held.body is not None:
                 return copy.deepcopy(held.body)
-        fresh = read()
-        if fresh is None or (version := version_of(fresh)) is None:
-            return fresh
-        with self._lock:
-            if self._forgets == forgets:
-                now = self._held.get(key)
-                if now is None or now.body is None or version >= now.version:
-                    self._held[key] = Held(copy.deepcopy(fresh), version)
+            self._reading.setdefault(key, set()).add(token)
+        try:
+            fresh = read()
+        except BaseException:
+            with self._lock:
+                self._done_reading(key, token)
+            raise
+        version = version_of(fresh) if fresh is not None else None
+        with self._lock:  # checked and kept at once: a forget comes before both or after both
+            kept, now = self._done_reading(key, token), self._held.get(key)
+            if kept and version is not None and (now is None or now.body is None or version >= now.version):
+                self._held[key] = Held(copy.deepcopy(fresh), version)
         return fresh
+
+    def _done_reading(self, key: Key, token: object) -> bool:
+        """The GET `token` of the job is over (the lock held): whether no forget of the job overtook it."""
+        reading = self._reading.get(key, set())
+        kept = token in reading
+        reading.discard(token)
+        if not reading:
+            self._reading.pop(key, None)
+        return kept
 
     def refused(self, key: Key) -> None:
         """A reconcile of the job failed (a 409 among others): its next one reads it anew."""
@@ -113,7 +128,7 @@ class Bodies:
         """The job is gone, or this operator no longer acts on it."""
         with self._lock:
             self._held.pop(key, None)
-            self._forgets += 1
+            self._reading.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._held)

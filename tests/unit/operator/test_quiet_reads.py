@@ -131,6 +131,29 @@ def test_a_read_overtaken_by_a_forget_is_not_kept() -> None:
     assert bodies.body(KEY, read) is not None and len(bodies) == 0
 
 
+def test_a_forget_of_another_job_leaves_a_read_under_way_kept() -> None:
+    bodies, reads = Bodies(), []
+
+    def read() -> dict[str, Any]:
+        reads.append(1)
+        bodies.forget(("ns", "other"))  # another job deleted while this one's GET was under way
+        return body("3")
+
+    assert bodies.body(KEY, read) is not None and len(bodies) == 1
+    assert bodies.body(KEY, read) is not None and reads == [1], "the job read again on its next reconcile"
+
+
+def test_a_failed_read_leaves_the_next_one_kept() -> None:
+    bodies = Bodies()
+
+    def failing() -> dict[str, Any]:
+        raise OSError("connection reset")
+
+    with pytest.raises(OSError):
+        bodies.body(KEY, failing)
+    assert bodies.body(KEY, lambda: body("3")) is not None and len(bodies) == 1
+
+
 def test_a_body_taken_is_a_copy_and_a_reconciles_body_is_kept_only_where_one_is_held() -> None:
     bodies = Bodies()
     bodies.offer(KEY, body("2"), only_held=True)
