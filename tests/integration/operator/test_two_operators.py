@@ -8,6 +8,7 @@ an attempt that had ended meanwhile (an operator that stalled before making it) 
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -73,10 +74,8 @@ def test_two_standalone_operators_tell_each_attempt_once_and_make_one_job_for_it
     finally:
         for op in ops:  # both have seen every change, and posted what they would, once stopped
             op.stop()
-    told: Counter[str] = Counter()
-    for event in jobs.events("twice", "Failed"):
-        told[event.reason] += event.count or 1
-    assert (told["AttemptStarted"], told["AttemptEnded"], told["Failed"]) == (2, 2, 1), told
+    told = told_by_attempt(jobs, "twice", "Failed")
+    assert told == {**each_attempt_once(0, 1), ("Failed", None): 1}, told
 
 
 @pytest.mark.parametrize("recorded", [True, False], ids=["another-job-recorded", "none-recorded"])
@@ -109,6 +108,25 @@ def test_a_job_made_for_an_attempt_another_operator_ended_is_deleted_once(
     assert said.type == "Warning" and late in said.message and (said.count or 1) == 1, said.message
     kept = status["attempts"][0]["jobUid"] if recorded else None
     assert jobs.status("stray")["attempts"][0].get("jobUid") == kept, "never recorded as attempt 0's Job"
+    told = told_by_attempt(jobs, "stray", "StrayJobDeleted")  # two attempts (retried once): each told once
+    assert {k: n for k, n in told.items() if k[0].startswith("Attempt")} == each_attempt_once(0, 1), told
+
+
+def told_by_attempt(jobs: Jobs, name: str, *reasons: str) -> Counter[tuple[str, int | None]]:
+    """How many times each Event about this test's own job `name` (by its UID) was told, by
+    reason and the attempt its message names (None: no attempt), once `reasons` are among them;
+    an Event the API server aggregated counts as many times as its `count`."""
+    uid = jobs.get(name)["metadata"]["uid"]
+    told: Counter[tuple[str, int | None]] = Counter()
+    for event in jobs.events(name, *reasons):
+        if event.involved_object.uid == uid:
+            named = re.match(r"attempt (\d+)", event.message or "")
+            told[event.reason, int(named.group(1)) if named else None] += event.count or 1
+    return told
+
+
+def each_attempt_once(*indices: int) -> dict[tuple[str, int | None], int]:
+    return {(reason, i): 1 for i in indices for reason in ("AttemptStarted", "AttemptEnded")}
 
 
 def made_late(jobs: Jobs, name: str) -> str:
