@@ -27,6 +27,7 @@ from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.reconciler import Reconciler
 from mpjob.controller.ticker import has_work, tick
 from mpjob.controller.workqueue import WorkQueue
+from mpjob.planning.reconcile import FINISHED
 from mpjob_contract import api
 
 log = logging.getLogger("mpjob.operator")
@@ -83,8 +84,18 @@ def watched_jobs(namespace: str, name: str, status: dict[str, Any], spec: dict[s
     return {(namespace, name): has_work(status, spec)}
 
 
+@kopf.index(api.GROUP, api.VERSION, api.PLURAL)
+def finished_jobs(status: dict[str, Any], **_: Any) -> Any:
+    """The finished MixedPrecisionJobs this operator serves, by phase (the jobs-by-phase gauge
+    counts them: the reconciler holds nothing of a finished job, and reconciles none it lists)."""
+    phase = (status or {}).get("phase")
+    return {phase: True} if phase in FINISHED else None
+
+
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, memo: kopf.Memo, **_: Any) -> None:
+async def configure(
+    settings: kopf.OperatorSettings, watched_jobs: kopf.Index, finished_jobs: kopf.Index, memo: kopf.Memo, **_: Any
+) -> None:
     allow_deep_documents()  # before any watch: startup handlers run before kopf watches
     # Only warnings become Events: kopf would otherwise post one per handler run; the job's own
     # Events go through kopf.event.
@@ -96,7 +107,7 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
     config: OperatorConfig = memo.get("config") or from_environment(os.environ)
     controller = memo["controller"] = Controller.assemble(config)
     try:
-        await started(controller, watched_jobs)
+        await started(controller, watched_jobs, finished_jobs)
     except BaseException:  # kopf runs no cleanup for a startup that failed or was cancelled, and
         # retries a failed one: the Controller it assembles then would run beside this one's threads
         memo.pop("controller", None)
@@ -104,16 +115,18 @@ async def configure(settings: kopf.OperatorSettings, watched_jobs: kopf.Index, m
         raise
 
 
-async def started(controller: Controller, watched_jobs: kopf.Index) -> None:
-    """Start `controller`'s parts: its cache, listed once (`first_listing`), then its ticker."""
+async def started(controller: Controller, watched_jobs: kopf.Index, finished_jobs: kopf.Index) -> None:
+    """Start `controller`'s parts: its cache, listed once (`first_listing`), then its ticker
+    (`watched_jobs`: which jobs it ticks; `finished_jobs`: the finished ones its gauges count)."""
     config = controller.config
     om.QUEUE_DEPTH.set_function(controller.queue.__len__)
     controller.cache.start(config.namespaces or [None], controller.cluster.batch, controller.cluster.core)
     await first_listing(controller.cache)
     reconciler = controller.reconciler
     ticks = tick(
-        watched_jobs, queue=controller.queue, phases=reconciler.phases, config=config, settled=reconciler.settled
-    )
+        watched_jobs, queue=controller.queue, phases=reconciler.phases, config=config, settled=reconciler.settled,
+        finished=finished_jobs,
+    )  # fmt: skip
     controller.ticker = asyncio.create_task(ticks)
 
 

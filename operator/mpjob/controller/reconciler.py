@@ -80,14 +80,16 @@ class Reconciler:
         self.backoff = Backoff(base=config.retry_seconds, cap=config.retry_max_seconds)
         self.retries = RetryBackoff(base=config.attempt_backoff_seconds)
         self.context = KopfContext()
-        #: The phase and troubles each job's last reconcile left, by UID (the ticker publishes the counts).
+        #: The phase and troubles each unfinished job's last reconcile left, by UID (the ticker
+        #: publishes the counts; finished jobs it counts from kopf's index, `handlers.finished_jobs`).
         self.phases: dict[str, Standing] = {}
         #: The newest body of each job, from kopf's watch and this operator's own status writes:
         #: a reconcile plans from it, and GETs the job only when none is held or its last
         #: reconcile failed (`bodies.py`); a quiet tick asks the API server nothing.
         self.bodies = Bodies()
-        #: Jobs at rest (finished or suspended, their children all gone): the ticker leaves them
-        #: alone (a change to one still queues its reconcile, which takes it out again if it has work).
+        #: Jobs at rest the ticker's index still says have work (suspended, or finished with a TTL;
+        #: their children all gone): the ticker leaves them alone (a change to one still queues its
+        #: reconcile, which takes it out again if it has work).
         self.settled: set[Key] = set()
 
     def handle(self, key: Key, tick: bool) -> float | None:
@@ -209,14 +211,26 @@ class Reconciler:
 
     def _settle(self, key: Key, plan: Plan, seen: Observed, spec: MixedPrecisionJobSpec) -> None:
         """A job at rest (`ticker.at_rest`: finished or suspended, none of its children left,
-        none deleted now) is settled: the ticker no longer reads it every tick; a finished one's
-        body is not held either (`Bodies.release`: nothing more is owed for it)."""
+        none deleted now) is settled: the ticker no longer reads it every tick. Of a finished one
+        nothing is held (`_release`): nothing more is owed for it."""
         children = bool(plan.delete or seen.jobs or seen.lingering or seen.orphans)
         suspend, again = bool(spec.run_policy.suspend), plan.requeue_after
-        if at_rest(plan.status.phase, suspend=suspend, children=children, requeue_after=again):
+        if not at_rest(plan.status.phase, suspend=suspend, children=children, requeue_after=again):
+            self.settled.discard(key)
+        elif plan.status.phase in FINISHED:
+            self._release(key, ttl=spec.run_policy.ttl_seconds_after_finished is not None)
+        else:
             self.settled.add(key)
-            if plan.status.phase in FINISHED:
-                self.bodies.release(key)
+
+    def _release(self, key: Key, *, ttl: bool) -> None:
+        """A finished job at rest: its body and what acting on it held go (a reconcile of it,
+        after a spec edit, reads and rebuilds them); it stays settled only where the ticker's
+        index still says it has work (`ticker.has_work`: a TTL), which a finished job without one
+        never has."""
+        self.bodies.release(key)
+        self.actions.forget(key)
+        if ttl:
+            self.settled.add(key)
         else:
             self.settled.discard(key)
 
@@ -262,7 +276,10 @@ class Reconciler:
         the ticker counts."""
         om.count_plan(old, plan)
         self._tell(body, plan.told + read)
-        self.phases[body["metadata"]["uid"]] = standing(plan.status)
+        if plan.status.phase in FINISHED:  # counted from kopf's index (`handlers.finished_jobs`)
+            self.phases.pop(body["metadata"]["uid"], None)
+        else:
+            self.phases[body["metadata"]["uid"]] = standing(plan.status)
 
     @staticmethod
     def _tell(body: dict[str, Any], events: list[Event]) -> None:

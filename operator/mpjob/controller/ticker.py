@@ -56,11 +56,14 @@ def has_work(status: dict[str, Any] | None, spec: dict[str, Any] | None) -> bool
     return (status or {}).get("phase") not in FINISHED or ttl is not None
 
 
-def publish_phases(phases: Mapping[str, Standing]) -> None:
-    """The jobs-by-phase and jobs-in-trouble gauges, from what each job's last reconcile left
-    (by UID)."""
-    standings = list(phases.values())  # a copy: reconciles write it from other threads
+def publish_phases(phases: Mapping[str, Standing], finished: Mapping[str, Collection[Any]] | None = None) -> None:
+    """The jobs-by-phase and jobs-in-trouble gauges, from what each unfinished job's last
+    reconcile left (by UID) and the finished jobs by phase (`finished`: kopf's index of them,
+    `handlers.finished_jobs`; a finished job has no troubles)."""
+    standings = [s for s in list(phases.values()) if s.phase not in FINISHED]  # a copy: reconciles write it
     counts = Counter(s.phase for s in standings)
+    for phase, jobs in list((finished or {}).items()):
+        counts[phase] += len(jobs)
     for phase in PHASES:
         om.JOBS_BY_PHASE.labels(phase=phase).set(counts.get(phase, 0))
     troubled = Counter(trouble for s in standings for trouble in s.troubles)
@@ -90,10 +93,12 @@ async def tick(
     phases: Mapping[str, Standing],
     config: OperatorConfig,
     settled: Collection[Key] = frozenset(),
+    finished: Mapping[str, Collection[Any]] | None = None,
 ) -> None:
     """Queue a tick of each job that still has work (`index`: key -> has_work; `settled`: the
     finished jobs whose children are gone) once every tick_seconds, spread evenly over the
-    interval (never all at once), at most max_ticks_per_second. Runs until cancelled."""
+    interval (never all at once), at most max_ticks_per_second, and publish the phase gauges
+    (`publish_phases`: `phases`, `finished`). Runs until cancelled."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(config.tick_seconds)
     while True:
@@ -103,5 +108,5 @@ async def tick(
         for key in due_now:
             queue.add(key, tick=True)
             await asyncio.sleep(pace)
-        publish_phases(phases)
+        publish_phases(phases, finished)
         await asyncio.sleep(max(0.0, config.tick_seconds - (loop.time() - started)))

@@ -11,10 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from mpjob.controller.config import OperatorConfig
-from mpjob.controller.handlers import Controller, on_job_event
+from mpjob.controller.handlers import Controller, finished_jobs, on_job_event
 from mpjob.controller.liveness import Liveness
+from mpjob.controller.ticker import publish_phases
 from mpjob.controller.workqueue import WorkQueue
 from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
 from tests.unit.operator.test_stray_jobs import at
@@ -44,7 +46,8 @@ def test_a_finished_job_at_rest_holds_no_body_and_reads_it_again_when_asked(phas
     cluster.body["status"] = finished(phase)
     made = reconciler(cluster)
     made.handle(KEY, False)
-    assert KEY in made.settled and len(made.bodies) == 0, "a finished job's body held after nothing is owed"
+    assert len(made.bodies) == 0, "a finished job's body held after nothing is owed"
+    assert KEY not in made.settled, "held as settled, though the ticker's index says it has no work"
     cluster.body["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 60}  # a user's edit: its reconcile reads
     cluster.body["metadata"]["generation"] = 2
     made.handle(KEY, False)
@@ -90,3 +93,42 @@ def test_kopfs_listing_of_finished_jobs_holds_no_body(memo: dict[str, Any]) -> N
     listed(memo, {**finished_now, "metadata": {**finished_now["metadata"], "name": "done-3"}}, "MODIFIED")
     assert len(made.reconciler.bodies) == 1
     assert (made.reconciler.bodies.body(KEY, dict) or {})["status"]["phase"] == "Succeeded"
+
+
+@pytest.mark.usefixtures("events")
+@pytest.mark.parametrize("ttl", [None, 60], ids=["no-ttl", "ttl"])
+def test_finished_jobs_at_rest_leave_nothing_per_job_held(ttl: int | None) -> None:
+    """N jobs finished and at rest: no body, no phase, nothing acting owed or rebuilt is held of
+    any; settled only where the ticker's index still says it has work (a TTL), else nothing."""
+    cluster, jobs = FakeCluster(), 200
+    if ttl is not None:
+        cluster.body["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": ttl}
+    made = reconciler(cluster)
+    for i in range(jobs):
+        cluster.body["metadata"].update(name=f"done-{i}", uid=f"u{i}")
+        cluster.body["status"] = finished("Failed" if i % 2 else "Succeeded")
+        made.handle(("ns", f"done-{i}"), False)
+    held = (len(made.bodies), len(made.phases), len(made.actions.rebuilt), len(made.actions.owed))
+    assert held == (0, 0, 0, 0), held
+    assert len(made.settled) == (jobs if ttl is not None else 0)
+    for i in range(jobs):  # deleted: nothing left at all
+        made.forget(f"u{i}", ("ns", f"done-{i}"))
+    assert (len(made.settled), len(made.phases), len(made.actions.rebuilt)) == (0, 0, 0)
+
+
+@pytest.mark.usefixtures("events")
+def test_a_job_that_finishes_leaves_the_phases_held_and_the_gauge_counts_it_from_kopfs_index() -> None:
+    cluster = FakeCluster()
+    made = reconciler(cluster)
+    made.handle(KEY, False)  # a new job: its first attempt made, its phase held
+    assert set(made.phases) == {"mpj-uid"} and made.phases["mpj-uid"].phase not in ("Succeeded", "Failed")
+    cluster.body["status"] = finished()
+    made.bodies.forget(KEY)  # its next reconcile reads the finished job
+    made.handle(KEY, False)
+    assert made.phases == {} and len(made.bodies) == 0
+    publish_phases(made.phases, {"Succeeded": [True] * 3, "Failed": [True]})
+    gauge = [REGISTRY.get_sample_value("mpjob_operator_jobs", {"phase": p}) for p in ("Succeeded", "Failed", "Running")]
+    assert gauge == [3, 1, 0]
+    assert (
+        finished_jobs(status=finished()) == {"Succeeded": True} and finished_jobs(status={"phase": "Running"}) is None
+    )

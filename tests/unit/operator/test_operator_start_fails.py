@@ -42,14 +42,15 @@ async def main():
     memo = kopf.Memo(config=OperatorConfig(namespaces=(sys.argv[1],), workers=2))
     watch.ListWatch.start = second_fails
     try:
-        await handlers.configure(settings=kopf.OperatorSettings(), watched_jobs={}, memo=memo)
+        await handlers.configure(settings=kopf.OperatorSettings(), watched_jobs={}, finished_jobs={}, memo=memo)
         failed = None
     except RuntimeError as exc:
         failed = str(exc)
     after_failure = await asyncio.to_thread(settled, lambda names: not names)
     kept = "controller" in memo
     watch.ListWatch.start = started
-    retry = asyncio.create_task(handlers.configure(settings=kopf.OperatorSettings(), watched_jobs={}, memo=memo))
+    again = handlers.configure(settings=kopf.OperatorSettings(), watched_jobs={}, finished_jobs={}, memo=memo)
+    retry = asyncio.create_task(again)
     retried = await asyncio.to_thread(settled, lambda names: sum(n.startswith("mpjob-watch-") for n in names) == 3)
     retry.cancel()
     await asyncio.gather(retry, return_exceptions=True)
