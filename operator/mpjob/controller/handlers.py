@@ -84,12 +84,17 @@ def watched_jobs(namespace: str, name: str, status: dict[str, Any], spec: dict[s
     return {(namespace, name): has_work(status, spec)}
 
 
-@kopf.index(api.GROUP, api.VERSION, api.PLURAL)
+def finished(status: dict[str, Any], **_: Any) -> bool:
+    """Whether a job has finished: kopf indexes it in `finished_jobs` only while it has (one that
+    stops matching leaves the index, as a deleted one does)."""
+    return (status or {}).get("phase") in FINISHED
+
+
+@kopf.index(api.GROUP, api.VERSION, api.PLURAL, when=finished)
 def finished_jobs(status: dict[str, Any], **_: Any) -> Any:
     """The finished MixedPrecisionJobs this operator serves, by phase (the jobs-by-phase gauge
     counts them: the reconciler holds nothing of a finished job, and reconciles none it lists)."""
-    phase = (status or {}).get("phase")
-    return {phase: True} if phase in FINISHED else None
+    return {(status or {}).get("phase"): True}
 
 
 @kopf.on.startup()

@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.handlers import Controller, finished_jobs, on_job_event
+from mpjob.controller.handlers import finished as finished_phase
 from mpjob.controller.liveness import Liveness
 from mpjob.controller.ticker import publish_phases
 from mpjob.controller.workqueue import WorkQueue
@@ -129,6 +130,5 @@ def test_a_job_that_finishes_leaves_the_phases_held_and_the_gauge_counts_it_from
     publish_phases(made.phases, {"Succeeded": [True] * 3, "Failed": [True]})
     gauge = [REGISTRY.get_sample_value("mpjob_operator_jobs", {"phase": p}) for p in ("Succeeded", "Failed", "Running")]
     assert gauge == [3, 1, 0]
-    assert (
-        finished_jobs(status=finished()) == {"Succeeded": True} and finished_jobs(status={"phase": "Running"}) is None
-    )
+    assert finished_phase(status=finished()) and finished_jobs(status=finished()) == {"Succeeded": True}
+    assert not finished_phase(status={"phase": "Running"}) and not finished_phase(status={})
