@@ -185,9 +185,10 @@ def measure(n: int, repeats: int) -> None:
           f"elastic room per job {rcpu * us:.1f} us CPU ({rwall * us:.1f} us wall)", flush=True)  # fmt: skip
 
 
-def finished(n: int) -> tuple[int, float]:
-    """The bodies held, and the MiB the operator holds in all, after kopf's listing of N
-    finished jobs and one reconcile of each (as when each finished)."""
+def finished(n: int) -> tuple[int, int, float]:
+    """The bodies held, the other entries held per job (settled, phases, rebuilt), and the MiB
+    the operator holds in all, after kopf's listing of N finished jobs and one reconcile of each
+    (as when each finished)."""
     api = Api()
     made = operator(api)
     queue = WorkQueue(cast(Any, made.handle), workers=0)  # keys stay queued: no reconcile runs from it
@@ -206,12 +207,12 @@ def finished(n: int) -> tuple[int, float]:
     asyncio.run(listing())
     for i in range(n):
         made.reconcile(NS, f"d{i}")
-    held = len(made.bodies)
+    held, entries = len(made.bodies), len(made.settled) + len(made.phases) + len(made.actions.rebuilt)
     api.bodies.clear()  # the harness API server's own copies: what stays is what the operator holds
     mib = (tracemalloc.get_traced_memory()[0] - before) / 2**20
     tracemalloc.stop()
     queue.close()
-    return held, mib
+    return held, entries, mib
 
 
 def failure_drop(n: int, repeats: int) -> float:
@@ -236,8 +237,8 @@ def main() -> None:
     kopf.event = lambda *args, **kwargs: None  # no API server to post Events to: they are the same per job
     for n in args.jobs:
         measure(n, args.repeats)
-        held, mib = finished(n)
-        print(f"N={n} finished: {held} bodies held (the operator holds {mib:.1f} MiB more); "
+        held, entries, mib = finished(n)
+        print(f"N={n} finished: {held} bodies, {entries} other entries held (the operator holds {mib:.1f} MiB more); "
               f"FailedCreate removal {failure_drop(n, args.repeats):.1f} us CPU", flush=True)  # fmt: skip
 
 
