@@ -3,6 +3,7 @@ them loads: the objects that come before it keep what they held, so a refusal ch
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -73,3 +74,76 @@ def test_a_fitting_checkpoint_loads_every_object() -> None:
     assert torch.equal(live["encoder"].weight, saved["encoder"].weight)
     assert torch.equal(live["head"].bias, saved["head"].bias)
     assert set(live["optimizer"].state[live["encoder"].weight]) == {"step", "exp_avg", "exp_avg_sq"}
+
+
+class Position:
+    """A script's own stateful object whose load sets one field, then reads the next (a KeyError
+    when the state lacks it): a failed load of its own leaves it half-loaded."""
+
+    def __init__(self) -> None:
+        self.epoch, self.offset = 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = state["epoch"]
+        self.offset = state["offset"]
+
+
+class Unlocked(nn.Linear):
+    """A module no meta twin can be made of (a lock does not deep-copy): only its own load checks it."""
+
+    def __init__(self, out: int) -> None:
+        super().__init__(4, out)
+        self.lock = threading.Lock()
+
+
+def _with_others(head: nn.Module) -> Objects:
+    objects = _objects(head)
+    objects["schedule"] = torch.optim.lr_scheduler.StepLR(objects["optimizer"], step_size=1, gamma=0.5)
+    objects["position"] = Position()
+    return objects
+
+
+def _others_held(objects: Objects) -> tuple[Any, ...]:
+    schedule, position = objects["schedule"], objects["position"]
+    return schedule.last_epoch, schedule.get_last_lr(), position.epoch, position.offset
+
+
+def _advanced(objects: Objects) -> dict[str, Any]:
+    """A checkpoint of `objects` after a step, a scheduler step and a move of the position."""
+    checkpoint_of = _trained(objects)  # captures encoder, head and optimizer only
+    objects["schedule"].step()
+    objects["position"].epoch, objects["position"].offset = 3, 17
+    return {**checkpoint_of, **TrainingState(objects).capture(1, 1, "fp32", None)}
+
+
+def test_an_object_of_the_scripts_own_that_fails_its_load_leaves_every_object_as_it_was() -> None:
+    checkpoint = _advanced(_with_others(nn.Linear(4, 2)))
+    checkpoint["position"] = {"epoch": 5}  # its load sets epoch, then finds no offset
+    live = _with_others(nn.Linear(4, 2))
+    before, others = _held(live), _others_held(live)
+    with pytest.raises(ConfigError, match=r"(?s)'position'.*offset"):
+        TrainingState(live).restore(checkpoint, "fp32", None)
+    assert _others_held(live) == others  # the scheduler and the position too, not only the model
+    assert all(torch.equal(a, b) for a, b in zip(_held(live), before, strict=True))
+    assert not live["optimizer"].state
+
+
+def test_a_module_refusing_after_the_others_loaded_puts_them_back() -> None:
+    checkpoint = _advanced(_with_others(Unlocked(3)))
+    registered = _with_others(Unlocked(2))  # no twin: its own load refuses, after the others loaded
+    live = {name: registered[name] for name in ("encoder", "schedule", "position", "head", "optimizer")}
+    others = _others_held(live)
+    with pytest.raises(ConfigError, match=r"(?s)'head'.*size mismatch"):
+        TrainingState(live).restore(checkpoint, "fp32", None)
+    assert _others_held(live) == others
+
+
+def test_a_fitting_checkpoint_loads_the_other_objects_too() -> None:
+    saved = _with_others(nn.Linear(4, 2))
+    checkpoint = _advanced(saved)
+    live = _with_others(nn.Linear(4, 2))
+    TrainingState(live).restore(checkpoint, "fp32", None)
+    assert _others_held(live) == _others_held(saved) == (1, [0.05], 3, 17)

@@ -13,6 +13,7 @@ and retried). Two things are compared, both from torch's own answers, no table o
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from collections.abc import Iterable
@@ -47,6 +48,36 @@ def check_loads(obj: Any, saved: Any, what: str, into: str) -> None:
     except Exception as exc:
         if mismatch(exc):
             raise _refusal(what, into, exc) from exc
+
+
+def load_all(objects: dict[str, Any], state: dict[str, Any]) -> None:
+    """Load each of `objects` its state under its name in `state`, all or nothing. Modules and
+    optimizers are checked on meta twins first (`check_loads`); the others (LR schedulers,
+    samplers, the script's own objects) have no twin, so they load first, each after a copy of its
+    own state is kept, and when any load fails (theirs, or a module's or an optimizer's after them)
+    those copies are loaded back before the error is raised: a refusal changes none of them."""
+    for name, obj in objects.items():
+        check_loads(obj, state[name], f"the checkpoint's {name!r}", name)
+    others = {n: o for n, o in objects.items() if not isinstance(o, torch.nn.Module | torch.optim.Optimizer)}
+    kept: dict[str, Any] = {}
+    try:
+        for name in [*others, *(n for n in objects if n not in others)]:
+            if name in others:
+                kept[name] = copy.deepcopy(others[name].state_dict())  # a checkpoint's: plain values, tensors
+            load_fitting(objects[name], state[name], f"the checkpoint's {name!r}", name)
+    except BaseException as exc:
+        _put_back(objects, kept, exc)
+        raise
+
+
+def _put_back(objects: dict[str, Any], kept: dict[str, Any], exc: BaseException) -> None:
+    """Load back the states `kept` of `objects` after `exc`; one that does not take its own state
+    back is named on `exc` (it holds what its failed load left)."""
+    for name, held in kept.items():
+        try:
+            objects[name].load_state_dict(held)
+        except Exception as failed:
+            exc.add_note(f"{name!r} did not take its own state back after the failed load ({failed!r})")
 
 
 def _refusal(what: str, into: str, exc: BaseException) -> ConfigError:

@@ -36,7 +36,7 @@ from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.precision import scaler_state_problem
-from mpjob_trainer.session.fits import check_loads, load_fitting
+from mpjob_trainer.session.fits import load_all
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
 #: In a capture: held in memory, every object by its own state_dict() (never written).
@@ -242,10 +242,7 @@ class TrainingState:
         loaded = {
             name: obj for name, obj in self.objects.items() if not (state[name] is None and isinstance(folder, str))
         }
-        for name, obj in loaded.items():  # every one fits before any loads: a refusal changes nothing
-            check_loads(obj, state[name], f"the checkpoint's {name!r}", name)
-        for name, obj in loaded.items():  # (those read from the shards above are not in `loaded`)
-            load_fitting(obj, state[name], f"the checkpoint's {name!r}", name)
+        load_all(loaded, state)  # all or nothing (those read from the shards above are not in `loaded`)
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
             scaler.load_state_dict(state["scaler"])  # fp16 -> fp16 keeps its calibrated scale
         for name, obj in self.own.items():
