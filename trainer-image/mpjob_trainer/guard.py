@@ -113,6 +113,11 @@ class NumericGuard:
     def begin_step(self) -> None:
         self._applied = False
 
+    @property
+    def applied(self) -> bool:
+        """Was an update applied in the current training step (since `begin_step`)?"""
+        return self._applied
+
     def optimizer_stepped(self, optimizer: object = None) -> bool:
         """Optimizer step post-hook: GradScaler found the gradients finite. Returns whether this is
         the training step's first applied update (the count of applied steps goes up once).

@@ -73,6 +73,12 @@ class Cadence:
             stop=stop_alone,
         )
 
+    def interval(self, step: int) -> int:
+        """The steps of the checkpoint interval that ends at `step` (1-based): since the last multiple
+        of checkpoint.everySteps before it."""
+        every = self.spec.checkpoint.every_steps
+        return step - (step - 1) // every * every
+
     def follows(self, last: int, step: int) -> None:
         """May the loop close step `step` after step `last` (resume's start step at first)? Else the
         checkpoints would hold weights under another step's number, and the last one never."""
@@ -156,8 +162,10 @@ class IntervalWork:
         if not (due.checkpoint or stop):
             checkpoints.reserve(lambda: self._capture(step, state))  # the first save's buffers, ahead
         if due.checkpoint or stop:
-            if (poisoned := self._poisoned(step, state=state, checkpoints=checkpoints)) is not None:
-                return poisoned
+            if (
+                ended := self._idle(step, due) or self._poisoned(step, state=state, checkpoints=checkpoints)
+            ) is not None:
+                return ended
             final = step == self.cadence.total or stop or promote
             saved = self._checkpoint(step, state=state, checkpoints=checkpoints, final=final)
             if promote and saved:
@@ -194,6 +202,14 @@ class IntervalWork:
         """May the state at `step` be saved, if finite? Not after an interval that saw numeric trouble,
         but always at the last step: the run ends on it (overflow-skipped steps left it as it was)."""
         return self.numerics.guard.healthy() or step == self.cadence.total
+
+    def _idle(self, step: int, due: Due) -> Exception | None:
+        """What ends a checkpoint step whose interval trained nothing (session.updates), if so: its
+        checkpoint would count steps no update was applied in."""
+        if not due.checkpoint:
+            return None
+        last, steps = step == self.cadence.total, self.cadence.interval(step)
+        return self.numerics.updates.idle_fault(step, steps, last=last)
 
     def _poisoned(self, step: int, *, state: TrainingState, checkpoints: Checkpointer) -> NumericFault | None:
         """The fault that ends the precision at a save whose weights or buffers are non-finite

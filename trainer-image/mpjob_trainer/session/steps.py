@@ -26,6 +26,7 @@ from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.progress import Interval, host_value
 from mpjob_trainer.session.tally import Number, StepTally, check_samples
+from mpjob_trainer.session.updates import UpdateWatch
 from mpjob_trainer.sharding import clip_gradients
 
 #: The loop's step as a function of its 0-based index (Session.register_step).
@@ -81,6 +82,8 @@ class StepNumerics:
         self.guard = guard
         self.tally = StepTally()
         self.applied = AppliedSteps(guard, self._check_own_step)
+        #: Steps in a row that ran backward and applied no update (checked at checkpoint steps).
+        self.updates = UpdateWatch()
         #: Is `step()` stepping an optimizer right now? (In fp16 no other step is the loop's to take.)
         self._stepping = False
         #: A framework steps its optimizer with the attempt's GradScaler itself (`watch`): each of
@@ -159,6 +162,7 @@ class StepNumerics:
         """A watched optimizer's step pre-hook: in fp16 an optimizer the loop steps itself, not
         through `step()` (nor a framework's, `watch`), steps on gradients the attempt's GradScaler
         scaled (or the loop's own GradScaler scaled again): a ConfigError naming what to remove."""
+        self.tally.asked = True
         if self._stepping or self.steps_elsewhere or self.precision.scaler is None:
             return
         raise ConfigError(
@@ -180,6 +184,9 @@ class StepNumerics:
             self.guard.observe_loss(torch.as_tensor(observed))
         asked = self.tally.stepped or self.steps_elsewhere
         fault = self.guard.end_step(step, self.precision.scaler is not None and asked and not skipped)
+        backward, judged = self.tally.loss_sum is not None, not (skipped or self.steps_elsewhere)
+        wanted = self.tally.stepped or self.tally.asked  # run.step() (GradScaler may skip it), or a hooked step
+        self.updates.close(backward=backward, asked=wanted, applied=self.guard.applied, judged=judged)
         self.guard.begin_step()
         self.tally.clear()
         return fault

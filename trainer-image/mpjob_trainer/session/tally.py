@@ -51,6 +51,7 @@ class StepTally:
         self.grad_norm: Number | None = None
         self.lr: Number | None = None
         self.stepped = False  # did the loop ask run.step() for an update since the step began?
+        self.asked = False  # was an optimizer handed to resume() or step() asked to step since the step began?
 
     def add_loss(self, loss: torch.Tensor, samples: int | None = None) -> None:
         detached = loss.detach().float()
@@ -95,7 +96,7 @@ class StepTally:
         """Forget the losses since the step began (a step the session runs itself begins)."""
         self.loss_sum = None
         self.samples = 0
-        self.stepped = False
+        self.stepped = self.asked = False
 
     def finite_and_clear(self, *, grad_norm: bool) -> bool:
         """Were the losses since the last clear (and, with `grad_norm`, the gradient norm)
