@@ -162,9 +162,8 @@ class IntervalWork:
         if not (due.checkpoint or stop):
             checkpoints.reserve(lambda: self._capture(step, state))  # the first save's buffers, ahead
         if due.checkpoint or stop:
-            if (
-                ended := self._idle(step, due) or self._poisoned(step, state=state, checkpoints=checkpoints)
-            ) is not None:
+            ended = self._idle(step, due) or self._poisoned(step, state=state, checkpoints=checkpoints)
+            if ended is not None:  # trained nothing, or poisoned: nothing of it is saved
                 return ended
             final = step == self.cadence.total or stop or promote
             saved = self._checkpoint(step, state=state, checkpoints=checkpoints, final=final)
