@@ -95,6 +95,9 @@ class RunTracker:
         self.degraded: str | None = None
         self.tried_at = 0.0  # when the tracking thread last tried to open what the runs lack
         self._counting = threading.Lock()
+        #: Held from a check of `untold` until its line is written: after the close both threads
+        #: tell (re-entrant: this tracker hears its own line, and tells what is left then).
+        self._telling = threading.RLock()
         #: The training thread's close is done: it tells nothing more, the tracking thread tells
         #: its own failures then (a close that timed out leaves it at work).
         self.closed = False
@@ -151,11 +154,13 @@ class RunTracker:
 
     def _tell(self) -> None:
         """The failures to tell, each once, on the event lines (the training thread's stdout; the
-        tracking thread's after the close, which may have left it at work)."""
-        while self.untold:
-            error = self.untold.popleft()
-            if self.log is not None:
-                self.log("trackingFailed", error=error)
+        tracking thread's after the close, which may have left it at work): one thread at a time,
+        so none finds `untold` emptied between its check and its take, and they go in order."""
+        with self._telling:
+            while self.untold:
+                error = self.untold.popleft()
+                if self.log is not None:
+                    self.log("trackingFailed", error=error)
 
     # ---------------------------------------------------------------- the tracking thread
     def _run(self) -> None:
