@@ -199,7 +199,7 @@ def test_a_save_at_a_strays_step_writes_its_own_and_the_strays_is_set_aside_not_
     for step in (50, 60):
         _save(keeping, step, "bf16")
     committed = [step for step, where in keeping.steps() if keeping.manifest(where) is not None]
-    assert committed == [40, 60]  # the stray's 40 neither counts nor goes
+    assert committed == [20, 40, 60]  # the stray's 40 neither counts nor goes; attempt 1's newest stays
     assert len(keeping.aside()) == 1
 
 
@@ -223,3 +223,32 @@ def test_a_stray_saving_a_step_a_later_attempt_saved_leaves_that_checkpoint_as_i
     assert stray.aside() == []
     loaded = resume.load(open_store(Lineage(3, "job-a3", {**EARLIER, 2: ["job-a2"]}), []))
     assert loaded is not None and loaded[0].step == 30 and torch.equal(loaded[1]["w"], torch.full((4,), 30.0))
+
+
+@pytest.mark.parametrize("last", [{1: ["job-a1"]}, {0: ["job-a0"]}], ids=["attempt-1s", "attempt-0s"])
+def test_a_strays_keep_k_leaves_the_checkpoint_the_next_attempt_went_on_from(
+    open_store: Open, last: dict[int, list[str]]
+) -> None:
+    """Attempt 2 went on from step 20, attempt 1's last (or attempt 0's, attempt 1 having saved
+    nothing), and has saved nothing yet; attempt 1's stray Job saves 30, 40 and 50 with keep 2.
+    Before, its prune counted step 20 as its own and deleted it: attempt 2, restarted as attempt
+    3, went back to step 10 (or to step 0). Another Job's newest never goes in a prune."""
+    (attempt, (job,)) = next(iter(last.items()))
+    for step in (10, 20):
+        _save(open_store(Lineage(attempt, job, {0: ["job-a0"]} if attempt else {}), []), step, "fp16")
+    stray = open_store(Lineage(1, STRAY, {0: ["job-a0"]}), [])
+    stray.keep = 2
+    for step in (30, 40, 50):
+        _save(stray, step, "fp16")
+    assert [step for step, _ in stray.steps()] == [20, 40, 50]  # its own 30 goes, the other Job's 10 too
+    loaded = resume.load(open_store(Lineage(3, "job-a3", {**EARLIER, 2: ["job-a2"]}), []))
+    assert loaded is not None and loaded[0].step == 20 and torch.equal(loaded[1]["w"], torch.full((4,), 20.0))
+
+
+def test_keep_k_of_the_lineage_with_no_job_is_as_before(open_store: Open) -> None:
+    """A local run (no Job, nothing stamped) keeps its newest `keep`, whoever wrote the older."""
+    for attempt, step in ((0, 10), (1, 20), (2, 30), (2, 40)):
+        store = open_store(Lineage(attempt, None, None), [])
+        store.keep = 2
+        _save(store, step, "fp16")
+    assert [step for step, _ in store.steps()] == [30, 40]

@@ -14,6 +14,8 @@ rollback passes over a checkpoint written
   those deleted while it ran and made again in it), or when the status records none (a stray's);
 said in a `checkpointOutsideLineage` log line, and never deleted or pruned for it: it stays the
 job's, as it was (set aside only where this attempt saves the same step: checkpoint.ownership).
+Nor does a stray, which counts the checkpoints of its attempt and the earlier ones as its own,
+prune the one the next attempt went on from: no prune deletes the newest another Job wrote.
 A checkpoint that names no Job (a local run, a trainer from before), one of the attempt itself
 (its Job made again keeps its place), and one of an attempt the status no longer holds (its
 history is bounded) are judged as before: the fence costs no good checkpoint of the lineage.
@@ -52,6 +54,11 @@ class Lineage:
         ones are): this process is behind the job (a stray itself), never to touch it."""
         written, job = manifest.attempt, manifest.attempt_job
         return self.earlier is not None and written is not None and job is not None and written > self.attempt
+
+    def other_job(self, manifest: Manifest) -> bool:
+        """Whether a Job other than this process's wrote the checkpoint of `manifest` (one that names
+        no Job too; judged only where this process runs in a Job)."""
+        return self.job is not None and manifest.attempt_job != self.job
 
     def outside(self, manifest: Manifest) -> str | None:
         """Why the checkpoint of `manifest` is not of this attempt's lineage (None: it may be)."""

@@ -14,7 +14,9 @@ A checkpoint of the job outside the attempt's lineage (a stray attempt's: checkp
 neither counts nor goes either, set aside or not; one at the step to save is set aside (said in
 a `checkpointOutsideLineage` line), so the attempt's own save takes its place instead of taking
 the stray's state for its own. One a later attempt wrote says this process is the stray: it
-stays, and the save writes nothing (CheckpointTaken).
+stays, and the save writes nothing (CheckpointTaken). Nor does a prune delete the newest
+checkpoint another Job wrote (`stood_on`): a stray's keep-K would take the one a later attempt
+went on from.
 """
 
 from __future__ import annotations
@@ -110,11 +112,24 @@ def tidy(store: Store[W], saved: int) -> str | None:
 def prune(store: Store[W], saved: int) -> None:
     """Keep this job's newest `keep` checkpoints up to step `saved` (the save just made), so that
     save is never one that goes; what the job did not write, and its checkpoints of later steps (a
-    run this one did not go on from: damaged, of another config digest), neither count nor go."""
+    run this one did not go on from: damaged, of another config digest), neither count nor go.
+    Nor does the newest another Job wrote (`stood_on`)."""
     examined = [(step, where) for step, where in store.steps() if step <= saved][-(store.keep + MAX_EXAMINED) :]
     ours = [(where, manifest) for _, where in examined if (manifest := lineal_manifest(store, where)) is not None]
+    kept = stood_on(store, ours)
     for where, manifest in ours[: -store.keep]:
-        store.discard(where, manifest)
+        if where != kept:
+            store.discard(where, manifest)
+
+
+def stood_on(store: Store[W], ours: list[tuple[W, Manifest]]) -> W | None:
+    """Of the lineage's checkpoints `ours` (oldest first), the newest another Job wrote, when this
+    process runs in a Job: a stray (checkpoint.lineage) cannot tell it is one until a later attempt
+    saves, and that attempt went on from this checkpoint (the lineage's newest when it began, all
+    written before the stray began): so no process deletes it, at the cost of one checkpoint more
+    kept by the attempt that goes on from it, until the next attempt's prune."""
+    others = [where for where, manifest in ours if store.lineage.other_job(manifest)]
+    return others[-1] if others else None
 
 
 def bound_aside(store: Store[W]) -> None:
