@@ -23,10 +23,17 @@ JOB = {"steps": 16, "batchSize": 4, "logEvery": 2, "seed": 0, "learningRate": 1e
 
 
 def _hf_train(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, patience: int | None, *, epochs: bool = False
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    precision: str,
+    patience: int | None,
+    *,
+    epochs: bool = False,
+    every: int = 4,
 ) -> Any:
-    """An attempt of the job: the Trainer evaluates every 4 steps, where mpjob checkpoints (with
-    `epochs`: at each epoch's end, every 8 steps, where mpjob checkpoints), keeps its best model by
+    """An attempt of the job: the Trainer evaluates every 4 steps, where mpjob checkpoints every
+    `every` steps (with `epochs`: it evaluates at each epoch's end, every 8 steps, where mpjob
+    checkpoints), keeps its best model by
     the greatest eval loss (the loss falls: the first evaluation is the best) and, given a
     `patience`, stops early; returns the Trainer."""
     from transformers import EarlyStoppingCallback, Trainer
@@ -34,8 +41,8 @@ def _hf_train(
     from mpjob_trainer import session as mpjob
     from mpjob_trainer.adapters import hf as mpjob_hf
 
-    every = {"everySteps": 8 if epochs else 4}
-    job = spec(task={"command": ["python", "train.py"]}, training=JOB, precision=FALLBACK, checkpoint=every)
+    saves = {"everySteps": 8 if epochs else every}
+    job = spec(task={"command": ["python", "train.py"]}, training=JOB, precision=FALLBACK, checkpoint=saves)
     run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, precision))
     given: dict[str, Any] = {"save_strategy": "steps", "save_steps": 4, "eval_strategy": "steps", "eval_steps": 4}
     if epochs:
@@ -138,3 +145,31 @@ def test_a_trainer_state_read_at_the_last_step_is_checked(tmp_path: Path, writte
     with pytest.raises(CorruptCheckpoint) as refused:
         read_state(folder)
     assert "step-000000016: framework/trainer_state.json" in str(refused.value) and named in str(refused.value)
+
+
+@pytest.mark.parametrize("every", [4, 8])
+def test_a_retry_of_a_run_that_stopped_early_trains_nothing_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int
+) -> None:
+    """Patience 2: the Trainer stops after step 12 (of 16). Before, a retry (the attempt crashed
+    after its last checkpoint) counted the run done only at step 16: it resumed at step 12 (or 8,
+    with no checkpoint at 12) and, the Trainer forgetting its stop when train() begins, trained on
+    to step 16 past the user's stop. Now step 12's checkpoint records the stop (also off the
+    checkpoint interval): the retry trains nothing and loads the best model, as train() ends."""
+    import json
+
+    from safetensors.torch import load_file
+
+    first = _hf_train(tmp_path, monkeypatch, "bf16", 2, every=every)
+    assert first.state.global_step == 12 and set(_mpjobs(tmp_path)) >= {12}
+    done = json.loads((tmp_path / "report.json").read_text())
+    assert (done["reason"], done["step"]) == ("Succeeded", 12) and "stopped early" in done["message"]
+    again = _hf_train(tmp_path, monkeypatch, "fp32", 2, every=every)
+    assert (again.state.global_step, again.state.best_global_step, _evals(again)) == (12, 4, [4, 8, 12])
+    held = again.model.state_dict()
+    best = load_file(tmp_path / "out" / "checkpoint-4" / "model.safetensors")
+    assert all(torch.equal(w, held[k]) for k, w in best.items())
+    assert max(_mpjobs(tmp_path)) == 12  # nothing trained past the stop, nothing saved
+    retried = json.loads((tmp_path / "report.json").read_text())
+    assert (retried["reason"], retried["step"], retried["startStep"]) == ("Succeeded", 12, 12)
+    assert "stopped early" in retried["message"]

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.unit
 JOB = {"steps": 16, "batchSize": 4, "logEvery": 2, "seed": 0, "learningRate": 1e-2}
 
 
-def _fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> tuple[L.Trainer, Any, Any]:
+def _fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str, model: Fitted | None = None
+) -> tuple[L.Trainer, Any, Any]:
     """An attempt of the job: Lightning validates every 4 steps, where mpjob checkpoints; the
     ModelCheckpoint keeps the greatest val_loss (the loss falls: the first validation is the
     best) and EarlyStopping, patience 2, stops at the second one after it. Returns the Trainer,
@@ -40,7 +42,8 @@ def _fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> tup
     try:
         trainer = L.Trainer(default_root_dir=str(tmp_path / "root"), **settings)
         val = torch.utils.data.DataLoader(_samples(16, 1), batch_size=8)
-        mpjob_lightning.fit(run, trainer, Fitted(), train_dataloaders=loader, val_dataloaders=val)
+        fitted = model if model is not None else Fitted()
+        mpjob_lightning.fit(run, trainer, fitted, train_dataloaders=loader, val_dataloaders=val)
     finally:
         run.close()
     return trainer, best, early
@@ -63,3 +66,28 @@ def test_mpjobs_checkpoint_of_a_validated_step_holds_that_validation(
     again, best_again, early_again = _fit(tmp_path, monkeypatch, "fp32")
     assert (again.global_step, early_again.wait_count) == (12, 2)
     assert (best_again.best_model_path, best_again.best_model_score) == (best.best_model_path, best.best_model_score)
+
+
+def test_a_retry_of_a_fit_that_stopped_early_trains_nothing_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EarlyStopping stops the fit after step 12 (of 16). Before, a retry (the attempt crashed after
+    step 12's checkpoint) counted the run done only at step 16: it resumed at step 12 and, Lightning
+    forgetting its stop when fit begins, trained on to step 16 past the user's stop. Now step 12's
+    checkpoint records the stop: the retry trains nothing and leaves the model as the fit ended."""
+    import json
+
+    from mpjob_trainer.adapters.reload import lightning_weights
+
+    trainer, _, _ = _fit(tmp_path, monkeypatch, "bf16")
+    assert trainer.global_step == 12 and max(_mpjobs(tmp_path)) == 12
+    model = Fitted()
+    again, _, _ = _fit(tmp_path, monkeypatch, "fp32", model)
+    assert again.global_step == 0  # fit never ran: nothing trained
+    assert max(_mpjobs(tmp_path)) == 12
+    retried = json.loads((tmp_path / "report.json").read_text())
+    assert (retried["reason"], retried["step"], retried["startStep"]) == ("Succeeded", 12, 12)
+    assert "stopped early" in retried["message"]
+    stopped = Fitted()
+    lightning_weights(stopped, _mpjobs(tmp_path)[12], lambda path: torch.load(path, weights_only=False))
+    assert all(torch.equal(w, model.state_dict()[k]) for k, w in stopped.state_dict().items())

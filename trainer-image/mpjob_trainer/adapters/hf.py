@@ -26,8 +26,9 @@ saved it (adapters.hf_tracking); a checkpoint is the Trainer's own `checkpoint-N
 scheduler, scaler, RNG, trainer state: the best metric and best checkpoint of the Trainer's own saves, step N's
 evaluation included, and the callbacks' states, an EarlyStoppingCallback's patience: all carried into the next
 attempt), whole whatever the script's saving arguments say (`MPJOBS_SAVE`), adopted by mpjob's store. A retry
-that finds the last step checkpointed leaves the Trainer as its train() would: that trainer state, and the best
-model under load_best_model_at_end.
+that finds the last step checkpointed, or the step the Trainer stopped early after (recorded: session.early_stop),
+trains nothing: it leaves the Trainer as its train() would, that trainer state and the best model under
+load_best_model_at_end.
 
 The session runs the Trainer's step itself for the fp32 replay and the quality gate (adapters.hf_step): the
 Trainer's `compute_loss` keeps the last steps' calls as the Trainer made them; the step makes them again (the
@@ -145,11 +146,15 @@ class MpjobCallback(TrainerCallback):
     def close_step(self) -> None:
         """Close the step `on_step_end` left open in the session, after the Trainer evaluated and
         saved it (adapters.hf_tracking.after_evaluation: mpjob's checkpoint holds that evaluation),
-        at the epoch's end after its epoch-end evaluation (`epoch_ends`)."""
+        at the epoch's end after its epoch-end evaluation (`epoch_ends`). A step the Trainer stops
+        after (`should_training_stop`: an EarlyStoppingCallback, a callback's own stop) is the run's
+        last: its checkpoint records the stop (FrameworkRun.stop_early)."""
         if not self._epoch_over and epoch_ends(self.trainer.state, self.trainer.control):
             return
         step, self._open = self._open, None
         if step is not None:
+            if self.trainer.control.should_training_stop:
+                self.bridge.stop_early(step["step"])
             self.bridge.end_step(**step)
 
 

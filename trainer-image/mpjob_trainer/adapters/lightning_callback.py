@@ -123,19 +123,31 @@ class MpjobCallback(L.Callback):
             "loss_samples": mine or None,
         }
 
-    def close_step(self) -> None:
+    def close_step(self, stops: bool) -> None:
         """Close the step `on_train_batch_end` left open in the session, once Lightning validated
         after it, if it does there (`closed_after_validation`: mpjob's checkpoint holds what the
-        validation told the callbacks, a ModelCheckpoint's best, an EarlyStopping's patience)."""
+        validation told the callbacks, a ModelCheckpoint's best, an EarlyStopping's patience).
+        `stops`: Lightning stops after it (`stops_early`): its checkpoint records the stop."""
         step, self._open = self._open, None
         if step is not None:
+            if stops:
+                self.bridge.stop_early(step["step"])
             self.bridge.end_step(**step)
 
 
+def stops_early(trainer: L.Trainer) -> bool:
+    """Does Lightning leave fit after the batch it just ended: `should_stop` (EarlyStopping, the
+    Timer's max_time, a callback's own), with min_steps and min_epochs met (else it trains on)?"""
+    loop = trainer.fit_loop
+    steps_met = not loop.min_steps or trainer.global_step >= loop.min_steps
+    epochs_met = not loop.min_epochs or trainer.current_epoch >= loop.min_epochs  # inside an epoch: those before it
+    return bool(trainer.should_stop and steps_met and epochs_met)
+
+
 @contextmanager
-def closed_after_validation(trainer: L.Trainer, close: Callable[[], None]) -> Iterator[None]:
-    """In the block, `close` runs at the end of each of Lightning's training batches, after the
-    validation it runs there, if any, with every callback's and the module's hooks: the training
+def closed_after_validation(trainer: L.Trainer, close: Callable[[bool], None]) -> Iterator[None]:
+    """In the block, `close(stops_early(trainer))` runs at the end of each of Lightning's training
+    batches, after the validation it runs there, if any, with every callback's and the module's hooks: the training
     epoch loop's `on_advance_end` (an instance attribute, the class's again after the block).
     Lightning's own checkpoints taken after it resume as saved 'on last': no validation again."""
     loop = trainer.fit_loop.epoch_loop
@@ -143,7 +155,7 @@ def closed_after_validation(trainer: L.Trainer, close: Callable[[], None]) -> It
 
     def on_advance_end(*args: Any, **kwargs: Any) -> None:
         original(*args, **kwargs)
-        close()
+        close(stops_early(trainer))
 
     loop.on_advance_end = on_advance_end  # type: ignore[method-assign]
     try:

@@ -35,6 +35,8 @@ class Standing:
     start_step: int | None = None  # None: the attempt ended before it decided where to start
     precision: str = ""
     last_good: CheckpointRef | None = None
+    #: The loop stopped early after `step`, on its own decision (session.early_stop).
+    stopped_early: bool = False
     counters: Counters = field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
@@ -73,7 +75,9 @@ ENDINGS: tuple[tuple[type[Exception], ExitCode, Reason, Callable[[Exception], st
 def classify(exc: BaseException | None, standing: Standing) -> Ending:
     """The exit code, reason and message for the way the run stopped (None: it finished)."""
     if exc is None:
-        return Ending(ExitCode.SUCCESS, Reason.SUCCEEDED, f"trained {standing.step} steps in {standing.precision}")
+        early = ", stopped early there (the training's own stop)" if standing.stopped_early else ""
+        trained = f"trained {standing.step} steps in {standing.precision}{early}"
+        return Ending(ExitCode.SUCCESS, Reason.SUCCEEDED, trained)
     for kind, code, reason, message in ENDINGS:
         if isinstance(exc, kind):
             return Ending(code, reason, message(exc), exc.rule if isinstance(exc, NumericFault) else None)

@@ -58,8 +58,9 @@ class ResumePoint:
     step: int
     #: The framework's checkpoint inside the attempt's mpjob checkpoint; None on a fresh start.
     framework_checkpoint: Path | None
-    #: The checkpoint is of the last step (a retry after a crash past the final checkpoint):
-    #: nothing is left to train, and a framework asked to would still train one more step.
+    #: The checkpoint is of the last step, or of the step the framework stopped early after (a
+    #: retry after a crash past the final checkpoint): nothing is left to train, and a framework
+    #: asked to would still train one more step (forgetting its stop: session.early_stop).
     done: bool = False
 
 
@@ -143,7 +144,7 @@ class FrameworkRun:
         ref = self.run.checkpoints.last_good
         if step == 0 or ref is None:
             return ResumePoint(0, None)
-        return ResumePoint(step, framework_folder(ref), done=step >= self.run.total_steps)
+        return ResumePoint(step, framework_folder(ref), done=self.run.finished)
 
     def read_last(self, point: ResumePoint, read: Callable[[Path], None]) -> None:
         """`read` the framework's checkpoint of the last step (`point.done`: nothing is left to
@@ -180,6 +181,11 @@ class FrameworkRun:
         """Hook the optimizer the framework steps (inside its wrapper, if any): GradScaler calls
         its step() only for finite gradients, which tells the guard of skipped steps."""
         self.run.watch(getattr(optimizer, "optimizer", optimizer))
+
+    def stop_early(self, step: int) -> None:
+        """The framework stops after step `step`, short of spec.training.steps (an early-stopping
+        callback, its time limit): that step's checkpoint records it (Session.stop_early)."""
+        self.run.stop_early(step)
 
     def end_step(
         self,

@@ -3,7 +3,8 @@
 Between intervals `end_step` is host-only bookkeeping. An interval is a step where the
 session reads the device once (session.steps) because something needs the numbers: a log
 line (every training.logEvery steps and the last), a checkpoint (every
-checkpoint.everySteps steps and the last), a quality-gate evaluation (every
+checkpoint.everySteps steps and the last; the last is the one the loop stopped early after, if
+it did: session.early_stop), a quality-gate evaluation (every
 validation.everySteps steps) or, for a process alone, SIGTERM (under DDP the flag is
 all-reduced at the next interval instead, so every rank stops at the same step).
 
@@ -27,6 +28,7 @@ from mpjob_trainer.checkpoint import CheckpointTaken
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.early_stop import EarlyStop
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import QualityGate
 from mpjob_trainer.session.state import TrainingState
@@ -57,15 +59,21 @@ class Cadence:
         self.trouble_at = 0
         #: Attempts begun in place in these processes (session.inplace): the quality gate's streak is one attempt's.
         self.begun = 0
+        #: Where the loop stopped early, if it did (session.early_stop); checkpointed.
+        self.early = EarlyStop()
 
     @property
     def total(self) -> int:
         return self.spec.training.steps
 
+    def last(self, step: int) -> bool:
+        """Is `step` the run's last: spec.training.steps, or the step the loop stopped early after?"""
+        return step == self.total or self.early.at(step)
+
     def due(self, step: int, *, evaluate: bool, stop_alone: bool) -> Due:
         """What step `step` (1-based) calls for; `evaluate`: the quality gate's due, `stop_alone`:
         SIGTERM seen by a process that needs no other rank's agreement."""
-        last = step == self.total
+        last = self.last(step)
         return Due(
             log=step % self.spec.training.log_every == 0 or last,
             checkpoint=step % self.spec.checkpoint.every_steps == 0 or last,
@@ -103,7 +111,7 @@ class Cadence:
     def repromote_due(self, step: int) -> bool:
         """Has this fallback attempt had repromoteAfterSteps clean steps (not at the end)?"""
         after = self.repromote_after
-        return after is not None and step < self.total and self.clean_steps(step) >= after
+        return after is not None and not self.last(step) and self.clean_steps(step) >= after
 
 
 class IntervalWork:
@@ -165,7 +173,7 @@ class IntervalWork:
             ended = self._idle(step, due) or self._poisoned(step, state=state, checkpoints=checkpoints)
             if ended is not None:  # trained nothing, or poisoned: nothing of it is saved
                 return ended
-            final = step == self.cadence.total or stop or promote
+            final = self.cadence.last(step) or stop or promote
             saved = self._checkpoint(step, state=state, checkpoints=checkpoints, final=final)
             if promote and saved:
                 clean = self.cadence.clean_steps(step)
@@ -173,7 +181,7 @@ class IntervalWork:
                 return Repromote(
                     f"{clean} clean steps in {numerics.precision.precision}; checkpoint at step {step} written"
                 )
-        if stop and step < self.cadence.total:  # at the last step nothing is left: the run ends Succeeded
+        if stop and not self.cadence.last(step):  # at the last step nothing is left: the run ends Succeeded
             self.log("preempted", step=step)
             kept = "checkpoint written" if saved else "no checkpoint written (numeric trouble in this window)"
             return Preempted(f"SIGTERM honoured at step {step}; {kept}")
@@ -200,14 +208,14 @@ class IntervalWork:
     def _keeps(self, step: int) -> bool:
         """May the state at `step` be saved, if finite? Not after an interval that saw numeric trouble,
         but always at the last step: the run ends on it (overflow-skipped steps left it as it was)."""
-        return self.numerics.guard.healthy() or step == self.cadence.total
+        return self.numerics.guard.healthy() or self.cadence.last(step)
 
     def _idle(self, step: int, due: Due) -> Exception | None:
         """What ends a checkpoint step whose interval trained nothing (session.updates), if so: its
         checkpoint would count steps no update was applied in."""
         if not due.checkpoint:
             return None
-        last, steps = step == self.cadence.total, self.cadence.interval(step)
+        last, steps = self.cadence.last(step), self.cadence.interval(step)
         return self.numerics.updates.idle_fault(step, steps, last=last)
 
     def _poisoned(self, step: int, *, state: TrainingState, checkpoints: Checkpointer) -> NumericFault | None:
@@ -235,7 +243,7 @@ class IntervalWork:
         try:
             checkpoints.save(step, precision.precision, lambda: self._capture(step, state), final=final)
         except CheckpointTaken as taken:
-            if step == self.cadence.total:  # every attempt would train back to it: retrying cannot help
+            if self.cadence.last(step):  # every attempt would train back to it: retrying cannot help
                 raise ConfigError(last_step_taken(step, taken.where)) from None
             raise  # a SIGTERM's (or re-promotion's) save: a later attempt stops at another step
         guard.mark_good()

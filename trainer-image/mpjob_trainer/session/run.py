@@ -34,6 +34,7 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.assembly import assemble
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.early_stop import STOPPED_EARLY, StopCalls
 from mpjob_trainer.session.ending import Standing, after_close, announce, conclude
 from mpjob_trainer.session.machine import Phase
 from mpjob_trainer.session.measure import measure_and_settle
@@ -48,7 +49,7 @@ from mpjob_trainer.session.state import TrainingState, seed_everything
 from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction
 
 
-class Session(SetUpCalls):
+class Session(SetUpCalls, StopCalls):
     """Made by `mpjob_trainer.session.start()`; use it as a context manager."""
 
     def __init__(
@@ -70,6 +71,7 @@ class Session(SetUpCalls):
         self._progress, self._instruments, self._checkpoints = parts.progress, parts.instruments, parts.checkpoints
         self._setup, self._context, self._intervals = parts.setup, parts.context, parts.intervals
         self._recovery, self._rung, self._closer = parts.recovery, parts.recovery.rung, parts.closer
+        self._cadence = parts.intervals.cadence  # the run's last step (total_steps, an early stop: StopCalls)
         self._progress.cost(flops_per_sample, tokens_per_sample, call="start")
         self._state: TrainingState | None = None
         self.start_step = self._step = 0
@@ -113,10 +115,6 @@ class Session(SetUpCalls):
         """spec.task.args: the job's settings for the script."""
         return dict(self.spec.task.args)
 
-    @property
-    def total_steps(self) -> int:
-        return self.spec.training.steps
-
     def set_sample_cost(self, *, flops: float | None = None, tokens: int | None = None) -> None:
         """What one sample costs (MFU, tokens/s) when start() could not be told (the builtin: its task)."""
         self._progress.cost(flops, tokens, call="set_sample_cost")
@@ -149,7 +147,7 @@ class Session(SetUpCalls):
         """Register what checkpoints hold, load the attempt's checkpoint into it; the start step."""
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
-        self._state = TrainingState(stateful, own=self._rung.stateful())
+        self._state = TrainingState(stateful, own={**self._rung.stateful(), STOPPED_EARLY: self._cadence.early})
         check_forwards(self._state.modules, self._amp)  # a script's own autocast is told, not kept
         if self._recovery.reentry is not None:  # the loop re-entered to wrap its model anew (`reentering`)
             self.start_step = self._step = self._recovery.reenter(self._state, self._checkpoints)
@@ -288,6 +286,7 @@ class Session(SetUpCalls):
             step=self._step,
             precision=self.precision,
             last_good=self._checkpoints.last_good,
+            stopped_early=self.stopped_early,
             measurement=self._measurement,
             **self._intervals.account(),
             **self._recovery.account(self._started_at),

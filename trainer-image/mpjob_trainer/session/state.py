@@ -36,6 +36,7 @@ from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.precision import scaler_state_problem
+from mpjob_trainer.session.early_stop import STOPPED_EARLY
 from mpjob_trainer.session.fits import load_all
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
@@ -43,7 +44,7 @@ from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everyt
 IN_MEMORY = "heldInMemory"
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
 RESERVED = frozenset(
-    {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", FORMAT_KEY}
+    {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", STOPPED_EARLY, FORMAT_KEY}
     | {shards.SHARDS, shards.SHARDED_OBJECTS, shards.LISTED, IN_MEMORY}
 )
 __all__ = ["TrainingState", "own_fields_problem", "rng_state", "seed_everything"]  # the generators: session.generators
