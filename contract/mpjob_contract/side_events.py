@@ -26,7 +26,9 @@ class TrackingFailed(TrainerEvent):
     leaves the runs short of what happened (a change in place not all recorded, the runs' end
     not recorded or not sent within MPJOB_TRACKING_CLOSE_SECONDS); the others, counted in
     `mpjob_trainer_tracking_failures_total`, go to rank 0's stderr (the first, then every 100th).
-    `mpjob run` shows it on its console; `error` is the exception, its first line."""
+    `mpjob run` shows it on its console; `error` is the exception, its first line. Also told: the
+    job's run keeping a param this attempt has otherwise (`ParamsKept: ...`; MLflow keeps a
+    param's first value)."""
 
     name = "trackingFailed"
     error: str

@@ -91,3 +91,38 @@ def test_a_failure_after_a_timed_out_close_is_told_on_the_event_lines(
         assert tag.read() == "NumericFault"  # exit 42
     errors = wait_for(lambda: (errors := told(lines)) and len(errors) == 2 and errors, 60, message="the late failure")
     assert "TimeoutError" not in errors[1], errors
+
+
+def test_a_param_the_job_run_holds_otherwise_is_kept_and_said(
+    uri: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job's image changed between attempts: MLflow keeps a param's first value, so the job's
+    run keeps `trainer:1`. Before, nothing said the second attempt's `trainer:2` was not recorded;
+    now a warning goes to stderr and on the event lines (what `mpjob run` shows), once."""
+    from mpjob_contract.tracking import IMAGE_ENV
+
+    monkeypatch.setenv(IMAGE_ENV, "trainer:1")
+    first = tracker_for(uri)
+    step(first, 5, "fp16")
+    opened(uri, first, attempts=1)
+    first.close(42)
+    monkeypatch.setenv(IMAGE_ENV, "trainer:2")
+    lines = io.StringIO()
+    second = tracker_for(uri, lines, attempt=1)
+    step(second, 10, "bf16")
+    job, _ = opened(uri, second, attempts=2)
+    second.close(0)
+    assert job.data.params["image"] == "trainer:1"
+    said = "ParamsKept: the job's run keeps the params it began with (MLflow keeps a param's first value), "
+    said += "not this attempt's: image 'trainer:1' (this attempt: 'trainer:2')"
+    assert told(lines) == [said]
+    assert capsys.readouterr().err.count(said) == 1
+
+
+def test_params_kept_names_the_first_five_that_differ() -> None:
+    from mpjob_trainer.tracking.records import params_kept
+
+    held = {f"p{i}": "a" for i in range(7)} | {"same": "x"}
+    assert params_kept(held, {"same": "x", "new": "y"}) is None  # nothing held otherwise
+    said = params_kept(held, {f"p{i}": "b" for i in range(7)} | {"same": "x"})
+    assert said is not None and said.endswith("p4 'a' (this attempt: 'b'); and 2 more") and "p5" not in said

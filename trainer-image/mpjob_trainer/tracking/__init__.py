@@ -241,6 +241,11 @@ class RunTracker:
             self._failed(exc, tell=told is None and self.degraded is not None)
         except Exception as exc:
             self._failed(exc)
+        if runs is not None and runs.kept is not None:  # a warning, told as a failure is: the values did not go
+            said, runs.kept = runs.kept, None
+            print(f"mpjob: tracking: {said}", file=sys.stderr)
+            with self._counting:
+                self.untold.append(said)
         return runs
 
     def _send(self, runs: MlflowRuns | None, updates: list[Update]) -> None:

@@ -25,6 +25,7 @@ from mpjob_trainer.tracking.records import (
     TAG_PARENT,
     Change,
     Point,
+    params_kept,
 )
 
 #: MLflow's client retries a failed request for minutes by default; the tracking thread may
@@ -106,6 +107,8 @@ class MlflowRuns:
         #: The runs changes in place ended whose end the server did not take (run -> its change):
         #: ended as the change ended them at the next open (the tracker's retries) or at the end.
         self.ends_owed: dict[str, Change] = {}
+        #: What the job's run keeps of its first params where this attempt's differ (None: nothing).
+        self.kept: str | None = None
 
     def open(self, *, job_name: str, attempt: int, params: dict[str, str], tags: dict[str, str]) -> None:
         """Find or make the experiment, the job's run (with its params) and the attempt's run.
@@ -269,10 +272,12 @@ class MlflowRuns:
     def _params(self, params: dict[str, str]) -> None:
         """The params the job's run lacks, once: those it holds (logged by an earlier try or
         attempt, or by a request whose answer was lost) are not sent again; a value it holds
-        differently stays (MLflow keeps a param's first value: the job's as its run began)."""
+        differently stays (MLflow keeps a param's first value: the job's as its run began), and
+        `kept` says so (`params_kept`), for the tracker to tell."""
         from mlflow.entities import Param
 
         held = self.client.get_run(self.job_run).data.params
+        self.kept = params_kept(held, params)
         items: list[Any] = [Param(k, v) for k, v in params.items() if k not in held]
         for start in range(0, len(items), 100):  # log_batch takes at most 100 params
             self.client.log_batch(self.job_run, params=items[start : start + 100], synchronous=True)

@@ -195,3 +195,21 @@ def run_status(code: int) -> str:
     if code in (ExitCode.PREEMPTED, ExitCode.REPROMOTE):
         return "KILLED"
     return "FAILED"
+
+
+#: The most params a `params_kept` message names (the rest are counted).
+MAX_KEPT_NAMED = 5
+
+
+def params_kept(held: dict[str, str], params: dict[str, str]) -> str | None:
+    """What the job's run keeps of its `held` params where this attempt's `params` differ (the
+    job's spec or image changed since the run began), said for a warning; None where none differ."""
+    differ = [(name, held[name], value) for name, value in sorted(params.items()) if held.get(name, value) != value]
+    if not differ:
+        return None
+    named = "; ".join(f"{name} {old!r:.80} (this attempt: {new!r:.80})" for name, old, new in differ[:MAX_KEPT_NAMED])
+    more = f"; and {len(differ) - MAX_KEPT_NAMED} more" if len(differ) > MAX_KEPT_NAMED else ""
+    return (
+        f"ParamsKept: the job's run keeps the params it began with (MLflow keeps a param's first value), "
+        f"not this attempt's: {named}{more}"
+    )
