@@ -91,3 +91,44 @@ def test_a_retry_of_a_fit_that_stopped_early_trains_nothing_more(
     stopped = Fitted()
     lightning_weights(stopped, _mpjobs(tmp_path)[12], lambda path: torch.load(path, weights_only=False))
     assert all(torch.equal(w, model.state_dict()[k]) for k, w in stopped.state_dict().items())
+
+
+def _fit_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> Any:
+    """An attempt of the job in epochs of 8 steps, validated at each epoch's end, where mpjob
+    checkpoints; the ModelCheckpoint saves at `on_train_epoch_end` and keeps the greatest val_loss
+    (the first epoch's). Returns the ModelCheckpoint."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    job = spec(task={"command": ["python", "train.py"]}, training=JOB, precision=FALLBACK, checkpoint={"everySteps": 8})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, precision))
+    best = ModelCheckpoint(
+        dirpath=str(tmp_path / "best"), monitor="val_loss", mode="max", save_top_k=1, save_on_train_epoch_end=True
+    )
+    loader = torch.utils.data.DataLoader(_samples(32, 0), batch_size=4)
+    settings = mpjob_lightning.trainer_settings(run, callbacks=[best], logger=False)
+    try:
+        trainer = L.Trainer(default_root_dir=str(tmp_path / "root"), **settings)
+        val = torch.utils.data.DataLoader(_samples(16, 1), batch_size=8)
+        mpjob_lightning.fit(run, trainer, Fitted(), train_dataloaders=loader, val_dataloaders=val)
+    finally:
+        run.close()
+    return best
+
+
+def test_a_model_checkpoint_saving_at_the_epochs_end_keeps_its_best_across_a_fallback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ModelCheckpoint saves in `on_train_epoch_end`. Before, mpjob's checkpoint of the epoch's
+    last step (8) was written ahead of it: the fallback attempt from step 8 knew no save of epoch 0
+    and took epoch 1's for the best; now the checkpoint follows the epoch's end."""
+    first = _fit_epochs(tmp_path, monkeypatch, "bf16")
+    assert Path(first.best_model_path).name == "epoch=0-step=8.ckpt"
+    for step, folder in _mpjobs(tmp_path).items():
+        if step > 8:
+            shutil.rmtree(folder.parent)
+    again = _fit_epochs(tmp_path, monkeypatch, "fp32")
+    assert (again.best_model_path, again.best_model_score) == (first.best_model_path, first.best_model_score)
+    assert sorted(again.best_k_models) == sorted(first.best_k_models)

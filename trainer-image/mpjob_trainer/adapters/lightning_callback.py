@@ -147,18 +147,32 @@ def stops_early(trainer: L.Trainer) -> bool:
 @contextmanager
 def closed_after_validation(trainer: L.Trainer, close: Callable[[bool], None]) -> Iterator[None]:
     """In the block, `close(stops_early(trainer))` runs at the end of each of Lightning's training
-    batches, after the validation it runs there, if any, with every callback's and the module's hooks: the training
-    epoch loop's `on_advance_end` (an instance attribute, the class's again after the block).
+    batches, after the validation it runs there, if any, with every callback's and the module's
+    hooks: the training epoch loop's `on_advance_end`. After the batch that ends an epoch (its
+    last, max_steps, a stop) it runs once the epoch has ended, after every `on_train_epoch_end`
+    (a ModelCheckpoint's save there, an EarlyStopping's check) and the epoch's LR schedule: the
+    fit loop's `on_advance_end`. (Instance attributes, the classes' again after the block.)
     Lightning's own checkpoints taken after it resume as saved 'on last': no validation again."""
-    loop = trainer.fit_loop.epoch_loop
-    original = loop.on_advance_end
+    fit_loop, epoch_loop = trainer.fit_loop, trainer.fit_loop.epoch_loop
+    batch_end, epoch_end = epoch_loop.on_advance_end, fit_loop.on_advance_end
+    held = [False]  # a batch that ended its epoch waits for the epoch's end
 
-    def on_advance_end(*args: Any, **kwargs: Any) -> None:
-        original(*args, **kwargs)
-        close(stops_early(trainer))
+    def on_batch_end(*args: Any, **kwargs: Any) -> None:
+        batch_end(*args, **kwargs)
+        if epoch_loop.done:
+            held[0] = True
+        else:
+            close(stops_early(trainer))
 
-    loop.on_advance_end = on_advance_end  # type: ignore[method-assign]
+    def on_epoch_end(*args: Any, **kwargs: Any) -> None:
+        epoch_end(*args, **kwargs)
+        if held[0]:
+            held[0] = False
+            close(stops_early(trainer))
+
+    epoch_loop.on_advance_end = on_batch_end  # type: ignore[method-assign]
+    fit_loop.on_advance_end = on_epoch_end  # type: ignore[method-assign]
     try:
         yield
     finally:
-        del loop.on_advance_end
+        del epoch_loop.on_advance_end, fit_loop.on_advance_end
