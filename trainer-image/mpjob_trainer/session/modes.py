@@ -131,15 +131,10 @@ class AttemptPrecision:
             )
         return _Ours(self, self.policy.autocast())
 
-    @contextlib.contextmanager
-    def ours(self) -> Iterator[None]:
+    def ours(self) -> contextlib.AbstractContextManager[Any]:
         """The block is the session's own: an autocast in force there is `autocast()`'s (a forward
         recomputed by activation checkpointing in run.backward() runs under the one it saw)."""
-        self.own_depth += 1
-        try:
-            yield
-        finally:
-            self.own_depth -= 1
+        return _Ours(self, contextlib.nullcontext())
 
     def settle(self, precision: str) -> None:
         """Train in `precision` from here on, with a fresh GradScaler (an `auto` attempt's choice)."""
@@ -179,7 +174,8 @@ class AttemptPrecision:
 
 
 class _Ours:
-    """`autocast`'s context: the mode's autocast, entered as the session's own (`ours`)."""
+    """`autocast`'s and `ours`'s context: `inner` (the mode's autocast, or nothing) entered as the
+    session's own. A class, not a generator: it runs in every step's forward and backward."""
 
     def __init__(self, amp: AttemptPrecision, inner: contextlib.AbstractContextManager[Any]) -> None:
         self.amp, self.inner = amp, inner
