@@ -36,6 +36,7 @@ from mpjob_trainer.adapters import hf as mpjob_hf
 from mpjob_trainer.adapters import lightning as mpjob_lightning
 
 STEPS, WARMUP, REPEATS, LOG_EVERY, BATCH = 50, 10, 3, 10, 16
+LIGHTNING_BATCH = 256  # the classifier's batch: ~ a GPT step's time
 
 
 class Tokens(Dataset[dict[str, torch.Tensor]]):
@@ -84,7 +85,7 @@ def gpt() -> GPT2LMHeadModel:
 
 def loader() -> DataLoader[tuple[torch.Tensor, ...]]:
     x = torch.randn(8192, 256, generator=torch.Generator().manual_seed(0))
-    return DataLoader(TensorDataset(x, x[:, :10].argmax(1)), batch_size=256, shuffle=True)  # ~ a GPT step's time
+    return DataLoader(TensorDataset(x, x[:, :10].argmax(1)), batch_size=LIGHTNING_BATCH, shuffle=True)
 
 
 def hf_plain(tick: Callable[[], None], folder: Path) -> None:
@@ -112,18 +113,19 @@ def lightning_plain(tick: Callable[[], None], folder: Path) -> None:
 
 
 def lightning_mpjob(tick: Callable[[], None], folder: Path) -> None:
-    with session(folder) as run:
+    with session(folder, LIGHTNING_BATCH) as run:
         settings = mpjob_lightning.trainer_settings(
             run, logger=False, enable_model_summary=False, callbacks=[LightningTicks(tick)], gradient_clip_val=None
         )
         mpjob_lightning.fit(run, L.Trainer(**settings), Classifier(), train_dataloaders=loader())
 
 
-def session(folder: Path) -> mpjob.Session:
+def session(folder: Path, batch: int = BATCH) -> mpjob.Session:
+    """The session of a bench job in fp32 whose micro-batch is `batch`, the script's loader's."""
     spec = MixedPrecisionJobSpec.model_validate(
         {
             "task": {"command": ["python", "bench.py"]},
-            "training": {"steps": STEPS, "logEvery": LOG_EVERY, "batchSize": BATCH, "gradClipNorm": 1.0},
+            "training": {"steps": STEPS, "logEvery": LOG_EVERY, "batchSize": batch, "gradClipNorm": 1.0},
             "checkpoint": {"everySteps": 10**6},
             "precision": {"mode": "fp32"},
         }
