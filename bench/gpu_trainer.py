@@ -44,6 +44,7 @@ GUARD_PER_STEP: dict[str, Callable[..., Any]] = {
     "observe_loss": lambda self, loss: None,
     "end_step": lambda self, step, uses_scaler: None,
     "optimizer_stepped": lambda self, optimizer=None: True,  # "applied", as an ordinary step
+    "applied": property(lambda self: True),  # and so read by the step's close (session.updates)
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 from mpjob.planning.classify import AttemptOutcome
 from mpjob_contract import events
 from mpjob_contract.report import TerminationReport
-from tests.unit.localrun.test_stops import Killed, Scripted, checkpoint, line, step
+from tests.unit.localrun.scripted_run import Killed, Scripted, checkpoint, line, step
 
 pytestmark = pytest.mark.unit
 

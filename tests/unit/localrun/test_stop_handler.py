@@ -19,7 +19,7 @@ import pytest
 from mpjob.localrun import stops
 from mpjob.localrun.progress import PlainView
 from mpjob.localrun.stops import CtrlC, Stop
-from tests.unit.localrun.test_stops import Shown, Signalled
+from tests.unit.localrun.scripted_run import Shown, Signalled
 
 pytestmark = pytest.mark.unit
 
