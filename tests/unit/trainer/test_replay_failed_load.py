@@ -80,6 +80,6 @@ def test_a_replay_whose_load_failed_partway_goes_on_from_the_checkpoint_loaded_w
 def test_a_checkpoint_that_keeps_failing_to_load_ends_the_attempt_without_training_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    began, report = _train(tmp_path, monkeypatch, fails=2)
+    began, report = _train(tmp_path, monkeypatch, fails=99)  # every load, the put-backs of a failed one too
     assert report.reason != "Succeeded" and "the store went away midway" in report.message, report.message
     assert all(len(times) == 1 for times in began.values())  # no step ran after the failed loads
