@@ -88,7 +88,10 @@ def test_fp16_overflow_resumes_in_bf16_from_the_buckets_last_committed_checkpoin
     committed = manifests(s3_server, folder)
     final = committed[f"{folder}/step-000000060/manifest.json"]
     assert final["files"]["state.pt"]["sha256"] == status["lastCheckpoint"]["sha256"]
-    assert final["precision"] == "bf16" and len(committed) == 3  # keep: 3, older ones pruned
+    # keep: 3 of its own, older ones pruned; and the fp16 attempt's newest, step 20, which the bf16
+    # attempt went on from: no prune deletes another Job's newest (a stray could not tell it from its own)
+    assert final["precision"] == "bf16" and len(committed) == 4, sorted(committed)
+    assert f"{folder}/step-000000020/manifest.json" in committed
 
 
 def test_two_workers_without_a_shared_volume_resume_from_the_bucket_after_a_pod_is_deleted(

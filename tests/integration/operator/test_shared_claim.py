@@ -61,7 +61,8 @@ def test_two_jobs_on_one_claim_keep_their_own_checkpoints_and_resume_from_them(
     assert Path(status["lastCheckpoint"]["path"]).parts[-4:] == (*own, "step-000000060")
     assert resumed["step"] == second["startStep"] == 20  # where its trainer really began
     assert not [e for e in pod_events(kubeconfig, namespace, "newer-a1") if e["event"] == "freshStart"]
-    assert status["lastCheckpoint"]["step"] == 60 and steps_in(newer_folder) == [50, 60]
+    # keep 2 of its own, and the fp16 attempt's newest it went on from (no prune deletes another Job's newest)
+    assert status["lastCheckpoint"]["step"] == 60 and steps_in(newer_folder) == [20, 50, 60]
 
     claim = Path(kubeconfig).parent / "volumes" / namespace / "ckpt"
     assert not list(claim.rglob(".corrupt-*"))  # nobody moved anybody's checkpoint aside
