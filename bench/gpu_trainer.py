@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from mpjob_trainer.guard import NumericGuard
 from mpjob_trainer.loop import train
 
 NEVER = 10**8  # an interval no run reaches
-GUARD_PER_STEP: dict[str, Callable[..., Any]] = {
+GUARD_PER_STEP: dict[str, Any] = {  # methods, and the `applied` property
     "begin_step": lambda self: None,
     "observe_loss": lambda self, loss: None,
     "end_step": lambda self, step, uses_scaler: None,
