@@ -3,6 +3,7 @@ $KUBECONFIG when set, else a running `make cluster`, else one started for the se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -15,7 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster.controlplane import Layout, down, exclusive, running, start_kueue, start_s3, up
 from tests.cluster.s3 import S3Server
-from tests.helpers import build_cache
+from tests.helpers import Meeting, build_cache, rendezvous
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,6 +100,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     was_running = session.config.stash.get(CLUSTER_WAS_RUNNING, True)
     if not _worker(session.config) and not was_running and not os.environ.get("MPJOB_KEEP_CLUSTER"):
         down(Layout.from_env())
+
+
+@pytest.fixture
+def meeting() -> Iterator[Meeting]:
+    """Where the ranks a test starts and leaves running meet (tests.helpers.rendezvous): each
+    call a store of its own, served until the test ends."""
+    with contextlib.ExitStack() as stores:
+        yield lambda world: stores.enter_context(rendezvous(world))
 
 
 @pytest.fixture(scope="session")

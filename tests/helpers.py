@@ -4,18 +4,20 @@ of a process (its children, whether it has ended), and where the build cache lie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from mpjob.localrun.rendezvous import Rendezvous
 from tests import warm
 from tests.warm import rules
 
@@ -87,6 +89,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def rendezvous(world: int) -> Iterator[dict[str, str]]:
+    """Where the `world` ranks a test launches meet: a store this test serves until the block
+    ends, on a port held from before they start, as `mpjob run` serves an attempt's
+    (mpjob.localrun.rendezvous); a port only picked free could be taken before rank 0 binds it."""
+    meet = Rendezvous(world)
+    try:
+        meet.serve()
+        yield meet.env()
+    finally:
+        meet.close()
+
+
+#: `meeting(world)`: rendezvous variables for `world` ranks, their store served until the test ends.
+Meeting = Callable[[int], dict[str, str]]
 
 
 def worker_logs(out: Path, tail: int = 2000) -> str:

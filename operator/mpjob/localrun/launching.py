@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from mpjob.builders.attempt import merge_named
 from mpjob.builders.expansion import expanded
 from mpjob.localrun.paths import Paths
-from mpjob.localrun.workers import free_port
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
@@ -61,11 +61,17 @@ def working_dir_gone(spec: MixedPrecisionJobSpec, base_dir: Path) -> AttemptOutc
 
 
 def attempt_env(
-    job: MixedPrecisionJob, start: StartAttempt, *, checkpoint_dir: str, in_place: InPlacePlan
+    job: MixedPrecisionJob,
+    start: StartAttempt,
+    *,
+    checkpoint_dir: str,
+    in_place: InPlacePlan,
+    rendezvous: Mapping[str, str],
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The environment of attempt `start`'s launchers: this one's, less any Kubernetes settings,
     with spec.template.env's values (`template_values`) and, over them, the attempt's launch, a
-    metrics port of its own and a free rendezvous port; and the container's own variables of it
+    metrics port of its own and where its ranks meet (`rendezvous`: localrun.rendezvous); and
+    the container's own variables of it
     (those the kubelet expands a task.command's `$(NAME)` with)."""
     launch = attempt_launch(
         job.spec,
@@ -80,8 +86,7 @@ def attempt_env(
         LAUNCH_ENV: launch.to_env(),
         "MPJOB_METRICS_PORT": "0",
         "MPJOB_METRICS_HOST": "127.0.0.1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
+        **rendezvous,
         "PYTHONUNBUFFERED": "1",
     }
     shell = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}

@@ -14,6 +14,7 @@ a cluster that shows no disruption; in GPU-seconds only when its trainers ran on
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import noted, reached
 from mpjob.localrun.record import LOCAL_CAPABILITY, RunRecord
 from mpjob.localrun.recoveries import RecoveryClock
+from mpjob.localrun.rendezvous import Rendezvous
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.stall import DeadlineWatch, StallWatch
 from mpjob.localrun.waiting import wait_out
@@ -40,7 +42,7 @@ from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.reported import without_progress
 from mpjob_contract import events
-from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
+from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus, processes_per_worker
 from mpjob_contract.codes import Reason
 
 if TYPE_CHECKING:  # rich (the `local` extra) loads with the view, not with the runner
@@ -197,12 +199,16 @@ class LocalRun:
         self._current, self._reached = start, None
         self.record.gpu_time.begin(count)
         in_place = in_place_plan(self.spec, start, self.status, LOCAL_CAPABILITY)
-        env, container = attempt_env(self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place)
+        meet = Rendezvous(count * processes_per_worker(self.spec))
+        env, container = attempt_env(
+            self.job, start, checkpoint_dir=self.checkpoint_dir, in_place=in_place, rendezvous=meet.env()
+        )
         worker0 = self._workers.start(env, container)
-        with self.ctrl_c.caught(self._workers):
+        with self.ctrl_c.caught(self._workers), contextlib.closing(meet):
             try:
+                meet.serve()
                 self._follow(worker0, self._workers.log0)
-            except OSError:  # its log or report cannot be written: the runner stops, its trainers with it
+            except Exception:  # no store to meet at, a log or report unwritten: the runner stops, its trainers too
                 self._workers.signal(signal.SIGKILL)
                 raise
             finally:

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from mpjob_contract.storage import split_url
 from tests import warm
 from tests.cluster.s3 import CREDENTIALS
-from tests.helpers import free_port, wait_for
+from tests.helpers import rendezvous, wait_for
 from tests.integration.storage.test_s3_local_run import (
     ARGS,
     client,
@@ -178,13 +178,13 @@ def test_a_checkpoint_two_processes_wrote_to_the_bucket_resumes_on_one(tmp_path:
     where = f"s3://{s3['bucket']}/{s3['prefix']}/t/uid"
 
     def launch(nproc: int, dump: Path) -> list[dict[str, Any]]:
-        extra = {**CREDENTIALS, "AWS_EC2_METADATA_DISABLED": "true", "MASTER_PORT": str(free_port())}
-        extra["SHARDED_SCRIPT_FULL_STATE"] = str(dump)
-        run_env = launch_env(tmp_path, job, "bf16", extra=extra, name=f"report-{nproc}.json")
-        run_env["MPJOB_LAUNCH"] = run_env["MPJOB_LAUNCH"].replace(str(tmp_path / "ckpt"), where)
+        extra = {**CREDENTIALS, "AWS_EC2_METADATA_DISABLED": "true", "SHARDED_SCRIPT_FULL_STATE": str(dump)}
         launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(nproc), "--workers", "1"]
         argv = [*launcher, "--", sys.executable, str(SCRIPT)]
-        proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=300)
+        with rendezvous(nproc) as meet:
+            run_env = launch_env(tmp_path, job, "bf16", extra={**extra, **meet}, name=f"report-{nproc}.json")
+            run_env["MPJOB_LAUNCH"] = run_env["MPJOB_LAUNCH"].replace(str(tmp_path / "ckpt"), where)
+            proc = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         return parse(proc.stdout)
 

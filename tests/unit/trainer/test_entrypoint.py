@@ -12,7 +12,7 @@ import pytest
 from mpjob_contract import metrics as names
 from mpjob_contract.codes import ExitCode
 from tests import warm
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, rendezvous, wait_for
 from tests.unit.trainer.conftest import launch_env, paced_spec, parse, run_trainer, spec
 
 pytestmark = pytest.mark.unit
@@ -47,7 +47,11 @@ def test_unknown_builtin_args_are_a_config_error(tmp_path: Path) -> None:
 
 
 def _ddp(tmp: Path, steps: int, attempt: int) -> list[subprocess.CompletedProcess[str]]:
-    port = str(free_port())
+    with rendezvous(2) as meet:
+        return _ddp_ranks(tmp, steps, attempt, meet)
+
+
+def _ddp_ranks(tmp: Path, steps: int, attempt: int, meet: dict[str, str]) -> list[subprocess.CompletedProcess[str]]:
     job = spec(training={"steps": steps, "logEvery": 5}, checkpoint={"everySteps": 10})
     procs = []
     for rank in (0, 1):
@@ -62,8 +66,7 @@ def _ddp(tmp: Path, steps: int, attempt: int) -> list[subprocess.CompletedProces
                 "RANK": str(rank),
                 "WORLD_SIZE": "2",
                 "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
+                **meet,
             },
         )
         procs.append(

@@ -24,7 +24,7 @@ from mpjob_trainer.launch import LaunchConfigError, RankEnding, fold_endings, pa
 from mpjob_trainer.launch.exits import RankExit
 from mpjob_trainer.launch.fold import rank_ending
 from mpjob_trainer.launch.plan import DEFAULT_GRACE_SECONDS
-from tests.helpers import free_port, wait_for
+from tests.helpers import Meeting, free_port, wait_for
 from tests.unit.trainer.conftest import launch_env, spec
 from tests.unit.trainer.launcher_pods import Pod, stand_ins
 
@@ -328,15 +328,15 @@ def test_ranks_die_with_a_launcher_that_is_killed(tmp_path: Path, pods: Any) -> 
 # ---------------------------------------------------------------- the real trainer, 2 ranks
 
 
-def trainer_env(tmp: Path, job: dict[str, Any], precision: str) -> dict[str, str]:
-    return launch_env(tmp, job, precision, name="pod.json", extra={"MASTER_PORT": str(free_port())})
+def trainer_env(meeting: Meeting, tmp: Path, job: dict[str, Any], precision: str) -> dict[str, str]:
+    return launch_env(tmp, job, precision, name="pod.json", extra=meeting(2))
 
 
 @pytest.mark.process
-def test_a_numeric_fault_exits_42_with_one_report(tmp_path: Path, pods: Any) -> None:
+def test_a_numeric_fault_exits_42_with_one_report(tmp_path: Path, pods: Any, meeting: Meeting) -> None:
     task = {"builtin": "mlp", "args": {"inputs": 8, "hidden": 16, "samples": 256, "overflowAtStep": 10}}
     job = spec(task=task, training={"steps": 40, "logEvery": 5}, checkpoint={"everySteps": 5})
-    pod = pods(tmp_path, ["--nproc-per-worker", "2"], TRAINER, env=trainer_env(tmp_path, job, "fp16"))
+    pod = pods(tmp_path, ["--nproc-per-worker", "2"], TRAINER, env=trainer_env(meeting, tmp_path, job, "fp16"))
     code, report = pod.wait(180)
     assert code == ExitCode.NUMERIC_FAULT, pod.stderr[-3000:]
     assert report is not None and report.reason == "NumericFault" and report.precision == "fp16"
@@ -349,9 +349,9 @@ def _until_training(pod: Pod) -> None:
 
 
 @pytest.mark.process
-def test_sigterm_to_the_launcher_checkpoints_and_exits_44(tmp_path: Path, pods: Any) -> None:
+def test_sigterm_to_the_launcher_checkpoints_and_exits_44(tmp_path: Path, pods: Any, meeting: Meeting) -> None:
     job = spec(training={"steps": 1_000_000, "logEvery": 5}, checkpoint={"everySteps": 1_000_000})
-    pod = pods(tmp_path, ["--nproc-per-worker", "2"], TRAINER, env=trainer_env(tmp_path, job, "fp32"))
+    pod = pods(tmp_path, ["--nproc-per-worker", "2"], TRAINER, env=trainer_env(meeting, tmp_path, job, "fp32"))
     _until_training(pod)
     pod.proc.send_signal(signal.SIGTERM)
     code, report = pod.wait(120)
@@ -374,8 +374,11 @@ def test_sigterm_while_a_rank_waits_for_a_peer_that_never_comes_ends_the_pod_at_
 ) -> None:
     """The attempt shrank or was preempted before its group formed: rank 0 of 2 waits in the
     rendezvous (blocked in C++, where no Python handler runs). It must not hold its GPU until
-    the grace period's SIGKILL: it dies at once and the pod ends as a stop, not a crash."""
-    env = trainer_env(tmp_path, spec(training={"steps": 50}), "fp32")
+    the grace period's SIGKILL: it dies at once and the pod ends as a stop, not a crash. Rank 0
+    hosts the store, as in a pod."""
+    env = launch_env(
+        tmp_path, spec(training={"steps": 50}), "fp32", name="pod.json", extra={"MASTER_PORT": str(free_port())}
+    )
     flags = ["--workers", "2", "--worker-index", "0", "--nproc-per-worker", "1", "--grace-seconds", "60"]
     pod = pods(tmp_path, flags, TRAINER, env=env)
     wait_for(lambda: _listening(int(env["MASTER_PORT"])), 120, message="rank 0's rendezvous store")
@@ -387,10 +390,13 @@ def test_sigterm_while_a_rank_waits_for_a_peer_that_never_comes_ends_the_pod_at_
 
 
 @pytest.mark.process
-def test_a_rank_killed_by_sigkill_stops_its_sibling_and_exits_1(tmp_path: Path, pods: Any) -> None:
+def test_a_rank_killed_by_sigkill_stops_its_sibling_and_exits_1(tmp_path: Path, pods: Any, meeting: Meeting) -> None:
     job = spec(training={"steps": 1_000_000, "logEvery": 5}, checkpoint={"everySteps": 1_000_000})
     pod = pods(
-        tmp_path, ["--nproc-per-worker", "2", "--grace-seconds", "5"], TRAINER, env=trainer_env(tmp_path, job, "fp32")
+        tmp_path,
+        ["--nproc-per-worker", "2", "--grace-seconds", "5"],
+        TRAINER,
+        env=trainer_env(meeting, tmp_path, job, "fp32"),
     )
     _until_training(pod)
     os.kill(pod.child_pid(1), signal.SIGKILL)

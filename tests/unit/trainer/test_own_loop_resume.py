@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests import warm
-from tests.helpers import free_port, wait_for
+from tests.helpers import Meeting, wait_for
 from tests.unit.trainer.conftest import launch_env, spec
 
 pytestmark = pytest.mark.unit
@@ -27,11 +27,13 @@ COMMAND = [
 ]  # fmt: skip
 
 
-def start(tmp: Path, job: dict[str, Any], precision: str, attempt: int, pace: float = 0.0) -> warm.Popen:
+def start(
+    meeting: Meeting, tmp: Path, job: dict[str, Any], precision: str, attempt: int, pace: float = 0.0
+) -> warm.Popen:
     """The launcher's two ranks as attempt `attempt`, each optimizer step `pace` seconds longer."""
     extra = {"PACED_STEP_SECONDS": str(pace)}
     env = launch_env(tmp, job, precision, attempt=attempt, ckpt=tmp / "ckpt", name=f"report{attempt}.json", extra=extra)
-    env["MASTER_PORT"] = str(free_port())  # other workers rendezvous beside it
+    env.update(meeting(2))  # other workers rendezvous beside it
     return warm.Popen(COMMAND, env=env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
 
@@ -58,25 +60,25 @@ def assert_identical(a: Any, b: Any, where: str = "") -> None:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.process
-def test_own_loop_killed_and_rerun_ends_bit_identical(tmp_path: Path, precision: str) -> None:
+def test_own_loop_killed_and_rerun_ends_bit_identical(tmp_path: Path, precision: str, meeting: Meeting) -> None:
     job = spec(
         task={"command": COMMAND[COMMAND.index("--") + 1 :]},
         training={"steps": STEPS, "logEvery": 10, "seed": 1},
         precision={"mode": precision},
         checkpoint={"everySteps": 10, "keep": 3},
     )
-    finish(start(tmp_path / "straight", job, precision, attempt=0))
+    finish(start(meeting, tmp_path / "straight", job, precision, attempt=0))
 
     cut = tmp_path / "cut"
     # 20 ms a step (the other runs are not paced): the 290 steps after the first checkpoint last
     # 5.8 s, so the kill lands inside the run however late this test, starved, sends it.
-    proc = start(cut, job, precision, attempt=0, pace=0.02)
+    proc = start(meeting, cut, job, precision, attempt=0, pace=0.02)
     wait_for(lambda: list((cut / "ckpt").glob("step-*/manifest.json")), 120, interval=0.02, message="a checkpoint")
     proc.send_signal(signal.SIGKILL)  # the launcher; its ranks die with it
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert not (cut / "ckpt" / f"step-{STEPS:09d}").exists(), "killed before the end"
-    finish(start(cut, job, precision, attempt=1))
+    finish(start(meeting, cut, job, precision, attempt=1))
 
     final = f"step-{STEPS:09d}/state.pt"
     straight = torch.load(tmp_path / "straight" / "ckpt" / final, weights_only=True)

@@ -42,7 +42,7 @@ from mpjob_trainer.checkpoint.sharded import ShardedWriter
 from mpjob_trainer.checkpoint.shards import SHARDED_OBJECTS, SHARDS, restore_shards, state_dicts
 from mpjob_trainer.errors import ConfigError
 from tests import warm
-from tests.helpers import free_port, wait_for
+from tests.helpers import Meeting, rendezvous, wait_for
 from tests.unit.trainer.conftest import launch_env, parse, spec
 from tests.unit.trainer.interleaving import Interleaving
 from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
@@ -70,10 +70,12 @@ def job(steps: int, precision: str) -> dict[str, Any]:
     )
 
 
-def start(tmp: Path, ckpt: Path, job_spec: dict[str, Any], *, nproc: int, env: dict[str, str] | None = None) -> Any:
+def start(
+    meeting: Meeting, tmp: Path, ckpt: Path, job_spec: dict[str, Any], *, nproc: int, env: dict[str, str] | None = None
+) -> Any:
     tmp.mkdir(parents=True, exist_ok=True)
     precision = job_spec["precision"]["mode"]
-    extra = {"MASTER_PORT": str(free_port()), **(env or {})}
+    extra = {**meeting(nproc), **(env or {})}
     full_env = launch_env(tmp, job_spec, precision, ckpt=ckpt, extra=extra, name=f"report-{next(RUNS)}.json")
     return warm.Popen(command(nproc), env=full_env, stdout=warm.PIPE, stderr=warm.STDOUT, text=True)
 
@@ -99,17 +101,19 @@ def contents(folder: Path, out: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- exact resume
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.process
-def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path, precision: str) -> None:
+def test_sharded_run_killed_at_random_moments_ends_bit_identical(
+    tmp_path: Path, precision: str, meeting: Meeting
+) -> None:
     # 100 ms a step in the cut runs: each kill waits for a checkpoint at most 10 steps on, so a
     # prompt second kill leaves some 35 steps (3.5 s) to the end, and a starved test's late kill
     # still lands inside the run.
     steps, nproc, chance = 60, 2, random.Random()
     spec_ = job(steps, precision)
-    finish(start(tmp_path / "straight", tmp_path / "straight" / "ckpt", spec_, nproc=nproc))
+    finish(start(meeting, tmp_path / "straight", tmp_path / "straight" / "ckpt", spec_, nproc=nproc))
 
     ckpt = tmp_path / "cut" / "ckpt"
     for kill in range(2):
-        proc = start(tmp_path / "cut", ckpt, spec_, nproc=nproc, env={"SHARDED_SCRIPT_STEP_SECONDS": "0.1"})
+        proc = start(meeting, tmp_path / "cut", ckpt, spec_, nproc=nproc, env={"SHARDED_SCRIPT_STEP_SECONDS": "0.1"})
         wanted = newest(ckpt) + 5 * chance.randint(1, 2)
         wait_for(lambda w=wanted: newest(ckpt) >= w, 180, interval=0.01, message=f"the checkpoint of step {wanted}")
         time.sleep(chance.uniform(0.0, 0.3))  # not a wait for anything: it picks the random moment to kill at
@@ -117,7 +121,7 @@ def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path,
         proc.communicate(timeout=60)
         assert proc.returncode == -signal.SIGKILL, f"kill {kill}"
         assert not (ckpt / f"step-{steps:09d}").exists(), "killed before the end"
-    events = finish(start(tmp_path / "cut", ckpt, spec_, nproc=nproc))
+    events = finish(start(meeting, tmp_path / "cut", ckpt, spec_, nproc=nproc))
     assert [e for e in events if e["event"] == "resume"], "the rerun resumed from a checkpoint"
 
     final = f"step-{steps:09d}"
@@ -130,10 +134,16 @@ def test_sharded_run_killed_at_random_moments_ends_bit_identical(tmp_path: Path,
 
 # ---------------------------------------------------------------- resharding
 @pytest.mark.process
-def test_checkpoint_of_4_processes_resumes_on_2_and_on_1_with_identical_full_state(tmp_path: Path) -> None:
+def test_checkpoint_of_4_processes_resumes_on_2_and_on_1_with_identical_full_state(
+    tmp_path: Path, meeting: Meeting
+) -> None:
     steps, spec_ = 10, job(10, "bf16")
     wrote = tmp_path / "n4"
-    finish(start(wrote, wrote / "ckpt", spec_, nproc=4, env={"SHARDED_SCRIPT_FULL_STATE": str(tmp_path / "n4.pt")}))
+    finish(
+        start(
+            meeting, wrote, wrote / "ckpt", spec_, nproc=4, env={"SHARDED_SCRIPT_FULL_STATE": str(tmp_path / "n4.pt")}
+        )
+    )
     reference = torch.load(tmp_path / "n4.pt", weights_only=True)
     assert reference["samples"] == steps * 4 * 4
     assert read_manifest(wrote / "ckpt" / f"step-{steps:09d}").world_size == 4
@@ -141,7 +151,9 @@ def test_checkpoint_of_4_processes_resumes_on_2_and_on_1_with_identical_full_sta
         here = tmp_path / f"n{nproc}"
         shutil.copytree(wrote / "ckpt", here / "ckpt")
         dump = tmp_path / f"n{nproc}.pt"
-        events = finish(start(here, here / "ckpt", spec_, nproc=nproc, env={"SHARDED_SCRIPT_FULL_STATE": str(dump)}))
+        events = finish(
+            start(meeting, here, here / "ckpt", spec_, nproc=nproc, env={"SHARDED_SCRIPT_FULL_STATE": str(dump)})
+        )
         assert [e["step"] for e in events if e["event"] == "resume"] == [steps]
         resumed = torch.load(dump, weights_only=True)
         assert resumed["optimizer"]["state"], "the optimizer state came back"
@@ -150,12 +162,14 @@ def test_checkpoint_of_4_processes_resumes_on_2_and_on_1_with_identical_full_sta
 
 # ---------------------------------------------------------------- another job's checkpoint
 @pytest.mark.process
-def test_another_jobs_checkpoint_at_the_last_step_ends_a_sharded_run_as_a_config_error(tmp_path: Path) -> None:
+def test_another_jobs_checkpoint_at_the_last_step_ends_a_sharded_run_as_a_config_error(
+    tmp_path: Path, meeting: Meeting
+) -> None:
     """Every retry would train back to the last step and meet it again: a configuration error
     naming the folder on every rank (as a whole-model run's, test_foreign_checkpoint)."""
     ckpt = tmp_path / "ckpt"
     theirs = CheckpointStore(ckpt, keep=3, config_digest="other", job="ns/other/u2").write(10, "fp32", {})
-    proc = start(tmp_path, ckpt, job(10, "bf16"), nproc=2)
+    proc = start(meeting, tmp_path, ckpt, job(10, "bf16"), nproc=2)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == ExitCode.CONFIG_ERROR, out[-4000:]
     (written,) = tmp_path.glob("report-*.json")
@@ -170,7 +184,8 @@ def test_another_jobs_checkpoint_at_the_last_step_ends_a_sharded_run_as_a_config
 def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Checkpoints of steps 5, 10 and 15 written by 2 processes."""
     tmp = tmp_path_factory.mktemp("sharded")
-    finish(start(tmp, tmp / "ckpt", job(15, "bf16"), nproc=2))
+    with rendezvous(2) as meet:
+        finish(start(lambda _: meet, tmp, tmp / "ckpt", job(15, "bf16"), nproc=2))
     return tmp / "ckpt"
 
 
@@ -227,13 +242,13 @@ def test_damaged_sharded_checkpoint_is_rejected_for_the_previous_good_one(
 
 @pytest.mark.process
 def test_damage_found_by_another_rank_makes_every_rank_resume_the_previous_checkpoint(
-    written: Path, tmp_path: Path
+    written: Path, tmp_path: Path, meeting: Meeting
 ) -> None:
     """Rank 1's share of the checks covers its own shard, __1_0.distcp: rank 0 must reject it too."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(written, ckpt)
     flip(ckpt / f"step-{15:09d}", "__1_0.distcp")
-    events = finish(start(tmp_path, ckpt, job(15, "bf16"), nproc=2))
+    events = finish(start(meeting, tmp_path, ckpt, job(15, "bf16"), nproc=2))
     assert [e["step"] for e in events if e["event"] == "resume"] == [10]
     rejected = [e for e in events if e["event"] == "checkpointRejected"]
     assert len(rejected) == 1 and "rank 1" in rejected[0]["problem"], rejected
@@ -243,14 +258,14 @@ def test_damage_found_by_another_rank_makes_every_rank_resume_the_previous_check
 
 @pytest.mark.process
 def test_a_shard_that_verifies_but_does_not_load_makes_every_rank_resume_the_previous_checkpoint(
-    written: Path, tmp_path: Path
+    written: Path, tmp_path: Path, meeting: Meeting
 ) -> None:
     """Its sha256 matches (the manifest recomputed) and its index is sound, but a tensor's bytes
     do not load: the job goes on from the previous good checkpoint instead of failing."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(written, ckpt)
     zero_a_tensor(ckpt / f"step-{15:09d}")
-    events = finish(start(tmp_path, ckpt, job(20, "bf16"), nproc=2))
+    events = finish(start(meeting, tmp_path, ckpt, job(20, "bf16"), nproc=2))
     assert [e["step"] for e in events if e["event"] == "resume"] == [10]
     rejected = [e for e in events if e["event"] == "checkpointRejected"]
     assert len(rejected) == 1 and "cannot read its shards" in rejected[0]["problem"], rejected
@@ -331,11 +346,11 @@ def test_a_sharded_save_at_another_jobs_checkpoint_is_checkpoint_taken_and_write
 
 # ---------------------------------------------------------------- another model's checkpoint
 @pytest.mark.process
-def test_a_sharded_run_whose_script_changed_its_model_ends_as_a_config_error(tmp_path: Path) -> None:
+def test_a_sharded_run_whose_script_changed_its_model_ends_as_a_config_error(tmp_path: Path, meeting: Meeting) -> None:
     """Every rank says so (the same task.args: the config digest matches); the checkpoint stays."""
     ckpt = tmp_path / "ckpt"
-    finish(start(tmp_path / "before", ckpt, job(5, "bf16"), nproc=2))
-    proc = start(tmp_path / "after", ckpt, job(10, "bf16"), nproc=2, env={"SHARDED_SCRIPT_BLOCKS": "4"})
+    finish(start(meeting, tmp_path / "before", ckpt, job(5, "bf16"), nproc=2))
+    proc = start(meeting, tmp_path / "after", ckpt, job(10, "bf16"), nproc=2, env={"SHARDED_SCRIPT_BLOCKS": "4"})
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == ExitCode.CONFIG_ERROR, out[-4000:]
     (written,) = (tmp_path / "after").glob("report-*.json")

@@ -23,7 +23,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer.session.memory import SmallerMicroBatch
 from tests import warm
-from tests.helpers import free_port
+from tests.helpers import rendezvous
 from tests.unit.trainer.conftest import launch_env, parse, spec
 
 pytestmark = pytest.mark.unit
@@ -45,9 +45,10 @@ def attempt(tmp: Path, precision: str, **launch: Any) -> tuple[int, list[dict[st
     """One attempt of JOB on 2 processes, its launch with `launch`'s fields too: the launcher's exit
     code, the ranks' event lines, the folded termination report."""
     tmp.mkdir(parents=True, exist_ok=True)
-    env = launch_env(tmp, JOB, precision, ckpt=tmp / "ckpt", extra={"MASTER_PORT": str(free_port())})
-    env["MPJOB_LAUNCH"] = json.dumps({**json.loads(env["MPJOB_LAUNCH"]), **launch})
-    proc = warm.run([*LAUNCHER, sys.executable, "-m", "mpjob_trainer"], env=env, capture_output=True, text=True)
+    with rendezvous(2) as meet:
+        env = launch_env(tmp, JOB, precision, ckpt=tmp / "ckpt", extra=meet)
+        env["MPJOB_LAUNCH"] = json.dumps({**json.loads(env["MPJOB_LAUNCH"]), **launch})
+        proc = warm.run([*LAUNCHER, sys.executable, "-m", "mpjob_trainer"], env=env, capture_output=True, text=True)
     report = Path(env["MPJOB_TERMINATION_LOG"])
     read = TerminationReport.parse_message(report.read_text()) if report.exists() else None
     return proc.returncode, parse(proc.stdout), read
