@@ -33,7 +33,7 @@ from mpjob.localrun.rendezvous import Rendezvous
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.stall import DeadlineWatch, StallWatch
 from mpjob.localrun.waiting import wait_out
-from mpjob.localrun.workers import Workers
+from mpjob.localrun.workers import Workers, lines
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.backoff import JOB_CONTROLLER, RetryBackoff
 from mpjob.planning.classify import AttemptOutcome
@@ -219,7 +219,7 @@ class LocalRun:
     def _follow(self, proc: subprocess.Popen[str], log: object) -> None:
         """Worker 0's lines until it ends."""
         assert proc.stdout is not None
-        for line in iter(proc.stdout.readline, ""):
+        for line in lines(proc.stdout):
             log.write(line)  # type: ignore[attr-defined]
             if (event := events.parse_line(line)) is not None:
                 self._event(event)

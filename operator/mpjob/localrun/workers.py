@@ -9,13 +9,14 @@ import contextlib
 import ctypes
 import functools
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO
@@ -42,6 +43,36 @@ def with_interpreter(argv: list[str], python: str) -> list[str]:
     if command and command[0] in PYTHON_NAMES:
         command = [python, *command[1:]]
     return [*argv[:cut], *command]
+
+
+#: The longest the runner's main thread waits for worker 0's next line at a time (`lines`).
+WAKE_SECONDS = 0.5
+
+
+def lines(stream: IO[str]) -> Iterator[str]:
+    """`stream`'s lines as they come, read by a thread of their own. The runner's main thread,
+    where its Ctrl-C handler runs, waits for each at most WAKE_SECONDS at a time: a signal that
+    comes just before a blocking read starts leaves its handler pending until that thread runs
+    Python again, and a silent trainer (a hung data loader) kept it waiting, the second Ctrl-C
+    that should kill that trainer unheard, until a line that never came."""
+    said: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            for line in iter(stream.readline, ""):
+                said.put(line)
+        finally:
+            said.put("")  # the end (or a read that failed): the last item
+
+    threading.Thread(target=read, name="mpjob-run-lines", daemon=True).start()
+    while True:
+        try:
+            line = said.get(timeout=WAKE_SECONDS)
+        except queue.Empty:
+            continue  # back in Python: a pending handler runs here
+        if not line:
+            return
+        yield line
 
 
 def free_port() -> int:

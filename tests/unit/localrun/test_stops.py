@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from mpjob.localrun import stops
 from mpjob.localrun.readings import reached
 from mpjob.localrun.runner import LocalRun
 from mpjob.localrun.stops import CtrlC, Stop
+from mpjob.localrun.workers import WAKE_SECONDS, lines
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
@@ -213,3 +215,39 @@ def test_a_ctrl_c_pressed_as_the_workers_start_reaches_them_once_they_run() -> N
         with ctrl_c.caught(workers):  # type: ignore[arg-type]
             assert workers.sent == [signal.SIGTERM]
     assert ctrl_c.stop is Stop.ASKED and view.lines == [stops.BETWEEN_LINE]
+
+
+def reading_a_pipe() -> bool:
+    """Whether a thread of this process waits in a read of a pipe (the kernel's wait channel)."""
+    tasks = Path("/proc/self/task")
+    return any("pipe_read" in (task / "wchan").read_text() for task in tasks.iterdir())
+
+
+def test_a_press_caught_while_worker_0_is_silent_is_acted_on_before_its_next_line() -> None:
+    """The race a second Ctrl-C lost: a signal caught by the C handler just before the runner's main
+    thread blocked in a read of a silent trainer (here: caught by another thread, which leaves the
+    main thread's wait as uninterrupted) ran its Python handler only after worker 0's next line. A
+    hung trainer never sent one, and the press that should kill it went unheard."""
+    read, write = os.pipe()
+    heard = threading.Event()
+
+    def press(*_: object) -> None:  # the main thread's handler: the trainer answers it
+        heard.set()
+        os.write(write, b"after the press\n")
+
+    def silent_then_give_up() -> None:
+        wait_for(reading_a_pipe, 30, message="a thread blocked in a read of worker 0's pipe")
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # caught here, handled in the main thread
+        if not heard.wait(10 * WAKE_SECONDS):
+            os.write(write, b"unheard\n")
+
+    previous = signal.signal(signal.SIGUSR1, press)
+    with os.fdopen(read) as stream:
+        said = lines(stream)
+        try:
+            threading.Thread(target=silent_then_give_up, daemon=True).start()
+            first = next(said)
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+            os.close(write)
+        assert [first, *said] == ["after the press\n"]  # said until the pipe's end (its reader is done)
