@@ -122,9 +122,9 @@ def test_fsdp_fp16_overflow_resumes_in_bf16_from_every_ranks_shards_in_the_bucke
 def test_sigkill_while_shards_go_up_never_shows_a_partial_checkpoint_and_the_rerun_is_bit_identical(
     tmp_path: Path, s3: dict[str, Any]
 ) -> None:
-    """Each rank's shard is ~20 MiB (multipart: 16 MiB parts) uploaded every 2 steps; each run
-    is killed (its whole process group) when a step's objects are seen without a manifest (the
-    first kill at once, the others a random moment later), then rerun to the end."""
+    """Each rank's shard is ~20 MiB (multipart: 16 MiB parts) uploaded every 2 steps; each of up
+    to three runs is killed (its whole process group) when a step's objects are seen without a
+    manifest (the first kill at once, the others a random moment later), then rerun to the end."""
     big = {**ARGS, "nLayer": 4, "nHead": 4, "nEmbd": 256}
     training = {"steps": 6, "batchSize": 4, "logEvery": 3}
     checkpoint = {"everySteps": 2, "keep": 2, "storage": {"s3": s3}}
@@ -158,7 +158,9 @@ def test_sigkill_while_shards_go_up_never_shows_a_partial_checkpoint_and_the_rer
         torn += uncommitted(s3) > 0  # objects of a step there, without its manifest: not a checkpoint
         for folder in job_folders(s3):
             committed_all_verify(folder, s3)  # whatever is committed is whole
-    assert kills == 3 and torn >= 1, (kills, torn)
+    # A run resumed near the end can finish between two listings, before its kill: fewer kills
+    # then, but at least one run was cut with a step's shards going up.
+    assert kills >= 1 and torn >= 1, (kills, torn)
     rerun = mpjob_run(job, out)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     final = report(out)
