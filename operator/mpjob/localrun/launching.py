@@ -71,8 +71,7 @@ def attempt_env(
     """The environment of attempt `start`'s launchers: this one's, less any Kubernetes settings,
     with spec.template.env's values (`template_values`) and, over them, the attempt's launch, a
     metrics port of its own and where its ranks meet (`rendezvous`: localrun.rendezvous); and
-    the container's own variables of it
-    (those the kubelet expands a task.command's `$(NAME)` with)."""
+    the container's own variables of it (those the kubelet expands a task.command's `$(NAME)` with)."""
     launch = attempt_launch(
         job.spec,
         start,
