@@ -104,6 +104,17 @@ def rendezvous(world: int) -> Iterator[dict[str, str]]:
         meet.close()
 
 
+def launched(env: dict[str, str], nproc: int, command: list[str] | None = None) -> str:
+    """The stdout of the launcher's `nproc` ranks of `command` (the builtin trainer) on one
+    worker, as `env` sets them up, meeting at a store of this test's; it must end 0."""
+    launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(nproc), "--workers", "1"]
+    argv = [*launcher, "--", *(command or [sys.executable, "-m", "mpjob_trainer"])]
+    with rendezvous(nproc) as meet:
+        proc = warm.run(argv, env={**env, **meet}, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
 #: `meeting(world)`: rendezvous variables for `world` ranks, their store served until the test ends.
 Meeting = Callable[[int], dict[str, str]]
 

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import warm
-from tests.helpers import rendezvous
+from tests.helpers import launched
 from tests.unit.trainer.conftest import launch_env, parse, spec
 
 pytestmark = pytest.mark.unit
@@ -31,13 +30,8 @@ def test_ranks_of_unequal_batches_weigh_by_their_samples(tmp_path: Path, framewo
     command = [sys.executable, SCRIPT, framework]
     job = spec(task={"command": command}, training={"steps": 2, "logEvery": 1}, checkpoint={"everySteps": 100})
     paths = [str(REPO), *(f"{REPO}/{package}" for package in ("trainer-image", "contract", "operator"))]
-    with rendezvous(2) as meet:
-        extra = {"PYTHONPATH": os.pathsep.join(paths), **meet}
-        env = launch_env(tmp_path, job, "fp32", extra=extra)
-        launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", "2", "--workers", "1"]
-        proc = warm.run([*launcher, "--", *command], env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    losses = {e["step"]: e["loss"] for e in parse(proc.stdout) if e["event"] == "step"}
+    env = launch_env(tmp_path, job, "fp32", extra={"PYTHONPATH": os.pathsep.join(paths)})
+    losses = {e["step"]: e["loss"] for e in parse(launched(env, 2, command)) if e["event"] == "step"}
     assert losses == {1: pytest.approx(3.0), 2: pytest.approx(3.0)}, losses
 
 

@@ -5,15 +5,13 @@ resuming a 4-process FSDP2 checkpoint on 2 processes through the launcher, gloo 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mpjob_trainer.data import Origin, StepSampler
-from tests import warm
-from tests.helpers import rendezvous
+from tests.helpers import launched
 from tests.unit.trainer.conftest import launch_env, parse, spec
 
 pytestmark = pytest.mark.unit
@@ -69,19 +67,9 @@ RECORDING = {
 
 def launch(tmp: Path, job: dict[str, Any], *, nproc: int, record: Path) -> list[dict[str, Any]]:
     """The builtin loop on `nproc` processes of the launcher (gloo on the CPU)."""
-    with rendezvous(nproc) as meet:
-        extra = {"PYTHONPATH": str(REPO), "MPJOB_TEST_RECORD": str(record), **meet}
-        env = launch_env(tmp, job, "fp32", ckpt=tmp / "ckpt", extra=extra, name=f"report-{nproc}.json")
-        launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(nproc), "--workers", "1"]
-        proc = warm.run(
-            [*launcher, "--", sys.executable, "-m", "mpjob_trainer"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return parse(proc.stdout)
+    extra = {"PYTHONPATH": str(REPO), "MPJOB_TEST_RECORD": str(record)}
+    env = launch_env(tmp, job, "fp32", ckpt=tmp / "ckpt", extra=extra, name=f"report-{nproc}.json")
+    return parse(launched(env, nproc))
 
 
 @pytest.mark.process

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,7 @@ import torch
 
 from bench.sdk_overhead import host_reads, on_sdk, plain
 from mpjob_trainer.job_loss import job_loss, loss_share
-from tests import warm
-from tests.helpers import rendezvous
+from tests.helpers import launched
 from tests.unit.trainer.conftest import launch_env, parse, spec
 
 pytestmark = pytest.mark.unit
@@ -69,19 +67,8 @@ def step_losses(tmp: Path, *, nproc: int, accumulation: int) -> dict[int, float]
     job = spec(training=training, checkpoint={"everySteps": 100})
     folder = tmp / f"n{nproc}"
     paths = [str(REPO), *(f"{REPO}/{package}" for package in ("trainer-image", "contract", "operator"))]
-    with rendezvous(nproc) as meet:
-        extra = {"PYTHONPATH": os.pathsep.join(paths), **meet}
-        env = launch_env(folder, job, "fp32", ckpt=folder / "ckpt", extra=extra)
-        launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", str(nproc), "--workers", "1"]
-        proc = warm.run(
-            [*launcher, "--", sys.executable, "-m", "mpjob_trainer"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return {e["step"]: e["loss"] for e in parse(proc.stdout) if e["event"] == "step"}
+    env = launch_env(folder, job, "fp32", ckpt=folder / "ckpt", extra={"PYTHONPATH": os.pathsep.join(paths)})
+    return {e["step"]: e["loss"] for e in parse(launched(env, nproc)) if e["event"] == "step"}
 
 
 @pytest.mark.process

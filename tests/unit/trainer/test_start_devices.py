@@ -5,14 +5,12 @@ of several GPUs the other local ranks train on other GPUs than rank 0's."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from mpjob_trainer.distributed import device_names
-from tests import warm
-from tests.helpers import rendezvous
+from tests.helpers import launched
 from tests.unit.trainer.conftest import launch_env, parse, spec
 
 pytestmark = pytest.mark.unit
@@ -39,18 +37,7 @@ def test_two_processes_start_line_names_the_devices_both_gathered(tmp_path: Path
     gathered at the start without a hang (on the CPU both train on "cpu")."""
     job = spec(training={"steps": 2, "batchSize": 2, "logEvery": 1}, checkpoint={"everySteps": 100})
     paths = [str(REPO), *(f"{REPO}/{package}" for package in ("trainer-image", "contract", "operator"))]
-    with rendezvous(2) as meet:
-        extra = {"PYTHONPATH": os.pathsep.join(paths), **meet}
-        env = launch_env(tmp_path, job, "fp32", extra=extra)
-        launcher = [sys.executable, "-m", "mpjob_trainer.launch", "--nproc-per-worker", "2", "--workers", "1"]
-        proc = warm.run(
-            [*launcher, "--", sys.executable, "-m", "mpjob_trainer"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    (start,) = [e for e in parse(proc.stdout) if e["event"] == "start"]
+    env = launch_env(tmp_path, job, "fp32", extra={"PYTHONPATH": os.pathsep.join(paths)})
+    (start,) = [e for e in parse(launched(env, 2)) if e["event"] == "start"]
     assert start["worldSize"] == 2
     assert start["devices"] == [start["device"]] == ["cpu"]
