@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 import yaml
 
 from mpjob.localrun.rendezvous import Rendezvous
+from mpjob.localrun.workers import free_port as free_port  # the tests' too: a port picked free
 from tests import warm
 from tests.warm import rules
 
@@ -82,13 +82,6 @@ def process_state(pid: int) -> str:
     except OSError:
         return f"pid {pid}: gone"
     return f"pid {pid}: state {status['State'].strip()}, {status['Threads'].strip()} threads, waiting in {wchan}"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
