@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from mpjob.localrun.ports import free_port as free_port  # the tests' too: below the ephemeral range
 from mpjob.localrun.rendezvous import Rendezvous
-from mpjob.localrun.workers import free_port as free_port  # the tests' too: a port picked free
 from tests import warm
 from tests.warm import rules
 

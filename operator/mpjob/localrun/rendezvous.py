@@ -11,7 +11,8 @@ port the kernel gives it before any worker starts, hands that socket to a TCPSto
 wait in the socket's backlog; the runner imports torch while they import theirs.
 
 A world of one forms no group of ours (a framework may form one: it binds MASTER_PORT itself),
-so there the runner names a free port and imports nothing."""
+so there the runner names a port that nothing but a bind of that very port can take
+(ports.free_port: below the kernel's ephemeral range) and imports nothing."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from mpjob.localrun.workers import free_port
+from mpjob.localrun.ports import free_port
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore

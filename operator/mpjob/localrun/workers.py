@@ -11,7 +11,6 @@ import functools
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -73,12 +72,6 @@ def lines(stream: IO[str]) -> Iterator[str]:
         if not line:
             return
         yield line
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def termination_message(path: Path) -> str | None:
