@@ -77,7 +77,7 @@ def test_a_retry_of_a_fit_that_stopped_early_trains_nothing_more(
     checkpoint records the stop: the retry trains nothing and leaves the model as the fit ended."""
     import json
 
-    from mpjob_trainer.adapters.reload import lightning_weights
+    from mpjob_trainer.adapters.reload import lightning_finished
 
     trainer, _, _ = _fit(tmp_path, monkeypatch, "bf16")
     assert trainer.global_step == 12 and max(_mpjobs(tmp_path)) == 12
@@ -89,8 +89,50 @@ def test_a_retry_of_a_fit_that_stopped_early_trains_nothing_more(
     assert (retried["reason"], retried["step"], retried["startStep"]) == ("Succeeded", 12, 12)
     assert "stopped early" in retried["message"]
     stopped = Fitted()
-    lightning_weights(stopped, _mpjobs(tmp_path)[12], lambda path: torch.load(path, weights_only=False))
+    lightning_finished(stopped, [], _mpjobs(tmp_path)[12], lambda path: torch.load(path, weights_only=False))
     assert all(torch.equal(w, model.state_dict()[k]) for k, w in stopped.state_dict().items())
+
+
+def test_a_retry_of_a_finished_fit_leaves_its_callbacks_as_the_fit_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry of a run whose last step is checkpointed (the attempt crashed in the script's code
+    after fit) trains nothing. Before, it read the weights alone: the ModelCheckpoint had no best
+    model (`trainer.test(ckpt_path="best")` raised, failing the retry) and EarlyStopping no count.
+    Now each callback's state comes back from the checkpoint, as Lightning's own resume restores it."""
+    trainer, best, early = _fit(tmp_path, monkeypatch, "bf16")
+    assert trainer.global_step == 12 and Path(best.best_model_path).is_file()
+    again, best_again, early_again = _fit(tmp_path, monkeypatch, "fp32")
+    assert again.checkpoint_callback is best_again  # what `trainer.test(ckpt_path="best")` reads
+    assert (best_again.best_model_path, best_again.best_model_score) == (best.best_model_path, best.best_model_score)
+    assert (early_again.wait_count, early_again.stopped_epoch) == (early.wait_count, early.stopped_epoch) == (2, 0)
+    assert best_again.best_k_models == best.best_k_models
+
+
+def test_a_finished_fits_callback_state_that_is_not_one_is_refused_before_anything_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint is read whole and checked first: a callback's state that is not a mapping
+    rejects the checkpoint (CorruptCheckpoint, naming the field) with the model untouched."""
+    _fit(tmp_path, monkeypatch, "bf16")
+    last = _mpjobs(tmp_path)[12] / "lightning.ckpt"
+    saved = torch.load(last, weights_only=False)
+    (key,) = [name for name in saved["callbacks"] if name.startswith("ModelCheckpoint")]
+    saved["callbacks"][key] = ["not", "a", "state"]
+    torch.save(saved, last)
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from mpjob_trainer.adapters.reload import lightning_finished
+    from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+
+    model, best = Fitted(), ModelCheckpoint(dirpath=str(tmp_path / "best"), monitor="val_loss", mode="max")
+    before = {name: weight.clone() for name, weight in model.state_dict().items()}
+    with pytest.raises(
+        CorruptCheckpoint, match=r"lightning.ckpt: its callbacks\[.ModelCheckpoint.*\] holds a list, where a dict"
+    ):
+        lightning_finished(model, [best], last.parent, lambda path: torch.load(path, weights_only=False))
+    assert all(torch.equal(weight, before[name]) for name, weight in model.state_dict().items())
+    assert best.best_model_path == ""
 
 
 def _fit_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> Any:

@@ -21,8 +21,8 @@ from mpjob_trainer.adapters.reload import (
     LIGHTNING_CHECKPOINT,
     hf_reader,
     hf_weights,
+    lightning_finished,
     lightning_reader,
-    lightning_weights,
 )
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 from mpjob_trainer.errors import ConfigError
@@ -88,7 +88,9 @@ def test_a_lightning_checkpoint_without_optimizer_states_is_the_checkpoints_faul
     with pytest.raises(CorruptCheckpoint, match=f"{LIGHTNING_FILE}: holds nothing under 'optimizer_states'"):
         _read_lightning(folder, module, module.configure_optimizers())
     assert _untouched(module, before)
-    lightning_weights(module, folder, lambda path: torch.load(path, weights_only=True))  # weights alone: it has them
+    lightning_finished(
+        module, [], folder, lambda path: torch.load(path, weights_only=True)
+    )  # weights alone: it has them
     assert not _untouched(module, before)
 
 
@@ -115,7 +117,7 @@ def test_a_lightning_checkpoint_of_another_configuration_is_refused_before_the_m
     assert _untouched(module, before) and not optimizer.state  # nothing loaded
     if written.kind is torch.optim.AdamW:  # the weights alone: the same rule
         with pytest.raises(ConfigError, match=f"{LIGHTNING_FILE}: {problem}"):
-            lightning_weights(module, folder, lambda path: torch.load(path, weights_only=True))
+            lightning_finished(module, [], folder, lambda path: torch.load(path, weights_only=True))
         assert _untouched(module, before)
 
 

@@ -56,7 +56,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from mpjob_trainer.adapters.lightning_callback import MpjobCallback, closed_after_validation
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_weights
+from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_finished
 from mpjob_trainer.adapters.spec_settings import attempt_shape
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
@@ -222,8 +222,9 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     run.keep_fp32(model)
     point = bridge.resume()
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None
-    if point.done:  # the last step's checkpoint: nothing left to fit; its weights, as after fit, read as fit reads it
-        bridge.read_last(point, lambda folder: lightning_weights(model, folder, trainer.strategy.load_checkpoint))
+    if point.done:  # the last step's checkpoint: nothing left to fit; as after fit (weights, callbacks' states)
+        load, callbacks = trainer.strategy.load_checkpoint, trainer.callbacks  # type: ignore[attr-defined]
+        bridge.read_last(point, lambda folder: lightning_finished(model, callbacks, folder, load))
         return
     with quarantined_steps(model, callback.quarantined), closed_after_validation(trainer, callback.close_step):
         while True:

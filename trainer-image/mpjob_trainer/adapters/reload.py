@@ -27,10 +27,11 @@ the model last. Messages name the checkpoint, its file and the field."""
 
 from __future__ import annotations
 
+import copy
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -49,6 +50,8 @@ HF_WEIGHTS, HF_OPTIMIZER = "model.safetensors", "optimizer.pt"
 LIGHTNING_CHECKPOINT = "lightning.ckpt"
 #: The fields of a Lightning checkpoint the replay reads: its module's weights, its optimizers' states.
 WEIGHTS, OPTIMIZERS = "state_dict", "optimizer_states"
+#: Where a Lightning checkpoint holds its callbacks' states, by each one's `state_key`.
+CALLBACKS = "callbacks"
 
 
 def hf_weights(model: nn.Module, folder: Path) -> None:
@@ -81,14 +84,45 @@ def _hf_read_weights(model: nn.Module, folder: Path) -> dict[str, Any]:
     return weights
 
 
-def lightning_weights(module: nn.Module, folder: Path, load: Callable[[Path], Any]) -> None:
-    """The weights of the Lightning checkpoint in `folder` into `module`, the file read by `load`
-    (as fit reads it: the strategy's) and checked by the replay's rule (see above), before
-    `module` is touched."""
+class Restorable(Protocol):
+    """A Lightning callback as its resume restores it: its state under `state_key`."""
+
+    @property
+    def state_key(self) -> str: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def lightning_finished(
+    module: nn.Module, callbacks: Sequence[Restorable], folder: Path, load: Callable[[Path], Any]
+) -> None:
+    """A finished fit's Lightning checkpoint in `folder` into `module` and the Trainer's
+    `callbacks`, as after that fit: the weights (checked by the replay's rule, above) and each callback's
+    state under its `state_key` (a ModelCheckpoint's best model, an EarlyStopping's count), as
+    Lightning's resume restores them; all of it checked before anything is touched. The loops'
+    progress is not restored (`global_step` reads 0: no fit ran)."""
     saved = _read(folder, LIGHTNING_CHECKPOINT, load)
-    weights = _field(saved, WEIGHTS, _where(folder, LIGHTNING_CHECKPOINT))
-    check_weights(module, weights, _where(folder, LIGHTNING_CHECKPOINT), WEIGHTS, tied=False)
+    where = _where(folder, LIGHTNING_CHECKPOINT)
+    weights = _field(saved, WEIGHTS, where)
+    check_weights(module, weights, where, WEIGHTS, tied=False)
+    states = _callback_states(saved, callbacks, where)
     module.load_state_dict(weights)
+    for callback, state in states:
+        callback.load_state_dict(copy.deepcopy(state))
+
+
+def _callback_states(
+    saved: dict[str, Any], callbacks: Sequence[Restorable], where: str
+) -> list[tuple[Restorable, Any]]:
+    """Each of `callbacks` with its state in the checkpoint `saved` (none there: left as it is, as
+    Lightning leaves it), each a mapping; else CorruptCheckpoint naming the field."""
+    held = _field(saved, CALLBACKS, where) if CALLBACKS in saved else {}
+    found = [(callback, held[callback.state_key]) for callback in callbacks if held.get(callback.state_key)]
+    for callback, state in found:
+        if not isinstance(state, dict):
+            field = f"{CALLBACKS}[{callback.state_key[:100]!r}]"
+            raise CorruptCheckpoint(f"{where}: its {field} holds a {type(state).__name__}, where a dict is written")
+    return found
 
 
 def lightning_reader(module: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Path], None]:
