@@ -226,7 +226,7 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
         load, callbacks = trainer.strategy.load_checkpoint, trainer.callbacks  # type: ignore[attr-defined]
         bridge.read_last(point, lambda folder: lightning_finished(model, callbacks, folder, load))
         return
-    with quarantined_steps(model, callback.quarantined), closed_after_validation(trainer, callback.close_step):
+    with quarantined_steps(model, callback.quarantined), closed_after_validation(trainer, callback):
         while True:
             try:
                 trainer.fit(model, ckpt_path=ckpt, **fit_kwargs)

@@ -13,7 +13,7 @@ ConfigError, before anything trains on it. A smaller one passes (an epoch's last
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -60,6 +60,7 @@ class MpjobCallback(L.Callback):
         self._lr: float | None = None
         self._step = 0
         self._open: dict[str, Any] | None = None  # the step on_train_batch_end left for `close_step`
+        self._stop_held = False  # a stop told inside a step's accumulation (`whole_steps`)
         self._registered = False
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
         self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
@@ -81,7 +82,7 @@ class MpjobCallback(L.Callback):
         self._step = trainer.global_step
         self._registered = False
         self._loss, self._samples, self._lr = None, 0, None  # a re-entry after a rollback: the left step is gone
-        self._open = None
+        self._open, self._stop_held = None, False  # a new fit: Lightning forgets its stop too
         self.recorded.clear()
         self.bridge.checkpoint_start()
 
@@ -123,6 +124,17 @@ class MpjobCallback(L.Callback):
             "loss_samples": mine or None,
         }
 
+    def whole_steps(self, trainer: L.Trainer) -> None:
+        """Lightning leaves fit wherever `should_stop` finds it, also at a micro-batch that steps no
+        optimizer (a Timer's max_time, a callback's stop, a validation inside an accumulation): its
+        last step would then close as an ordinary one, neither checkpointed as the run's last nor
+        recorded as a stop. Such a stop is held back until the step's own micro-batch, where
+        `close_step` records it (the micro-batches already accumulated are trained, not dropped)."""
+        if self._open is None and stops_early(trainer):
+            trainer.should_stop, self._stop_held = False, True
+        elif self._open is not None and self._stop_held:
+            trainer.should_stop, self._stop_held = True, False
+
     def close_step(self, stops: bool) -> None:
         """Close the step `on_train_batch_end` left open in the session, once Lightning validated
         after it, if it does there (`closed_after_validation`: mpjob's checkpoint holds what the
@@ -145,10 +157,11 @@ def stops_early(trainer: L.Trainer) -> bool:
 
 
 @contextmanager
-def closed_after_validation(trainer: L.Trainer, close: Callable[[bool], None]) -> Iterator[None]:
-    """In the block, `close(stops_early(trainer))` runs at the end of each of Lightning's training
-    batches, after the validation it runs there, if any, with every callback's and the module's
-    hooks: the training epoch loop's `on_advance_end`. After the batch that ends an epoch (its
+def closed_after_validation(trainer: L.Trainer, callback: MpjobCallback) -> Iterator[None]:
+    """In the block, `callback.close_step(stops_early(trainer))` runs at the end of each of
+    Lightning's training batches, after the validation it runs there, if any, with every callback's
+    and the module's hooks: the training epoch loop's `on_advance_end` (a stop told inside a step's
+    accumulation held back to the step's end first: `whole_steps`). After the batch that ends an epoch (its
     last, max_steps, a stop) it runs once the epoch has ended, after every `on_train_epoch_end`
     (a ModelCheckpoint's save there, an EarlyStopping's check) and the epoch's LR schedule: the
     fit loop's `on_advance_end`. (Instance attributes, the classes' again after the block.)
@@ -157,8 +170,11 @@ def closed_after_validation(trainer: L.Trainer, close: Callable[[bool], None]) -
     batch_end, epoch_end = epoch_loop.on_advance_end, fit_loop.on_advance_end
     held = [False]  # a batch that ended its epoch waits for the epoch's end
 
+    close = callback.close_step
+
     def on_batch_end(*args: Any, **kwargs: Any) -> None:
         batch_end(*args, **kwargs)
+        callback.whole_steps(trainer)
         if epoch_loop.done:
             held[0] = True
         else:
