@@ -1,14 +1,15 @@
 """A port on this machine that another process binds later (`free_port`).
 
 A port the kernel hands out for an address of port 0 comes from its ephemeral range
-(net.ipv4.ip_local_port_range), the range every outgoing connection of every process takes its
-local port from too. Picked that way, closed, and bound seconds later by a child (once it has
-imported torch), it can be taken in between by any connection on the machine: the child's bind
-then fails (EADDRINUSE). So `free_port` picks from below that range (PICKED_FROM up to its start,
-at most PICKED_BELOW), where the kernel never places a socket of its own accord: only a process
-that binds that very port can take it, and it is checked free when picked. At random, so that
-processes picking at once rarely pick alike (one in thousands). Where the kernel's range leaves
-no room below it, the port is the kernel's.
+(net.ipv4.ip_local_port_range), where it places every socket it picks a port for: each outgoing
+connection's local port, each other bind of port 0 (a gloo rank's listening sockets among them).
+Picked that way, closed, and bound seconds later by a child (once it has imported torch), it
+could be placed under any of those in between: the child's bind then failed (EADDRINUSE). So
+`free_port` picks from below that range (PICKED_FROM up to PICKED_BELOW or the range's start),
+where the kernel never places a socket of its own accord: only a process binding that very port
+can take it, and it is checked free when picked. At random: two processes collide only when both
+pick one port in the seconds before either binds it, one chance in thousands. Where the kernel's
+range leaves no room below it, the port is the kernel's.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import socket
 from pathlib import Path
 
 HOST = "127.0.0.1"
-#: The lowest port picked (below: ports services are configured on, the test cluster's among them).
-PICKED_FROM = 20000
-#: The port the picks stay below (above: Kubernetes' NodePort range, in case a local cluster serves it).
-PICKED_BELOW = 30000
+#: The lowest port picked: most services' configured ports lie below it.
+PICKED_FROM = 10000
+#: The port the picks stay below, clear of those the project's test cluster fixes (its servers
+#: from 16380, its pods' rendezvous ports 21000-28999: tests/cluster) and of torch's 29500.
+PICKED_BELOW = 16000
 #: How many random ports are tried before the kernel's is taken.
 TRIES = 32
 #: Where Linux keeps its ephemeral range ("32768\t60999"); elsewhere IANA's is assumed.

@@ -1,7 +1,8 @@
 """A port another process binds later (mpjob.localrun.ports.free_port): picked below the kernel's
-ephemeral range, where no connection of any process is given a local port, so the seconds
-between the pick and the child's bind leave it to nobody but a process binding that very port
-(a world of one's MASTER_PORT under `mpjob run`, the tests' servers)."""
+ephemeral range, where the kernel places no socket of its own accord (a connection's local port,
+a bind of port 0: a gloo rank's listening sockets), so the seconds between the pick and the
+child's bind leave it to nobody but a process binding that very port (a world of one's
+MASTER_PORT under `mpjob run`, the tests' servers), and clear of the ports the test cluster fixes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from mpjob.localrun import ports
 from mpjob.localrun.ports import HOST, bindable, ephemeral_start, free_port, picked_range
+from tests.cluster.nodeagent.network import RENDEZVOUS_PORTS
 
 pytestmark = pytest.mark.unit
 
@@ -34,6 +36,8 @@ def test_a_picked_port_is_outside_the_range_connections_take_theirs_from_and_a_s
             client.close()
     assert all(low <= port <= high for port in taken)
     assert all(start <= port < stop for port in picked) and not taken & set(picked)
+    # Clear of the test cluster's servers (16380 on) and its pods' rendezvous ports.
+    assert stop <= 16380 and not set(range(start, stop)) & set(RENDEZVOUS_PORTS)
     with socket.create_server(("", picked[0])) as child:  # as torch's store binds MASTER_PORT
         assert child.getsockname()[1] == picked[0]
 
