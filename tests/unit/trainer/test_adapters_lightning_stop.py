@@ -1,8 +1,9 @@
-"""A stop Lightning is told inside an optimizer step's gradient accumulation (a Timer's max_time
-or a callback's `should_stop` at a micro-batch that steps no optimizer): Lightning would leave
-fit there, after the step it last closed, with that step closed as an ordinary one. The stop
-waits for the step's end instead, so the run ends on a whole step that mpjob checkpoints with
-the stop recorded, as at a stop on a step's own batch."""
+"""Lightning ending a fit short of spec.training.steps on its own decision: the run ends on a whole
+step that mpjob checkpoints with the stop recorded. A stop told inside an optimizer step's
+gradient accumulation (a Timer's max_time or a callback's `should_stop` at a micro-batch that
+steps no optimizer) waits for the step's end: Lightning would leave fit there, after the step it
+last closed, that step closed as an ordinary one. An epoch limit (`max_epochs`) reached first is a
+stop as well."""
 
 from __future__ import annotations
 
@@ -34,14 +35,18 @@ class StopAt(L.Callback):
             trainer.should_stop = True
 
 
-def _fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at: int) -> L.Trainer:
+def _fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at: int = -1, samples: int = 128, **given: Any
+) -> L.Trainer:
+    """An attempt of the job under `fit` (128 samples: one epoch), told to stop at micro-batch
+    `stop_at`, the Trainer's other arguments `given`."""
     from mpjob_trainer import session as mpjob
     from mpjob_trainer.adapters import lightning as mpjob_lightning
 
     job = spec(task={"command": ["python", "train.py"]}, training=JOB, checkpoint={"everySteps": 4})
     run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
-    loader = torch.utils.data.DataLoader(_samples(128, 0), batch_size=4)  # one epoch
-    settings = mpjob_lightning.trainer_settings(run, callbacks=[StopAt(stop_at)], logger=False)
+    loader = torch.utils.data.DataLoader(_samples(samples, 0), batch_size=4)
+    settings = mpjob_lightning.trainer_settings(run, callbacks=[StopAt(stop_at)], logger=False, **given)
     try:
         trainer = L.Trainer(default_root_dir=str(tmp_path / "root"), limit_val_batches=0, **settings)
         mpjob_lightning.fit(run, trainer, Fitted(), train_dataloaders=loader)
@@ -76,4 +81,14 @@ def test_a_stop_at_a_steps_own_micro_batch_stops_after_that_step(
     """Micro-batch 21 ends step 11: the stop needs no wait."""
     trainer = _fit(tmp_path, monkeypatch, stop_at=21)
     assert trainer.global_step == 11 and max(_mpjobs(tmp_path)) == 11
+    assert "stopped early" in _report(tmp_path)["message"]
+
+
+def test_an_epoch_limit_reached_before_the_steps_ends_the_run_on_its_last_step_checkpointed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`max_epochs=1` over 12 micro-batches: Lightning leaves fit after step 6 of 16. Before, step 6
+    closed as an ordinary step: mpjob's last checkpoint was step 4's and the report said no stop."""
+    trainer = _fit(tmp_path, monkeypatch, samples=48, max_epochs=1)
+    assert trainer.global_step == 6 and max(_mpjobs(tmp_path)) == 6
     assert "stopped early" in _report(tmp_path)["message"]

@@ -148,12 +148,16 @@ class MpjobCallback(L.Callback):
 
 
 def stops_early(trainer: L.Trainer) -> bool:
-    """Does Lightning leave fit after the batch it just ended: `should_stop` (EarlyStopping, the
-    Timer's max_time, a callback's own), with min_steps and min_epochs met (else it trains on)?"""
+    """Does Lightning leave fit after the batch it just ended, short of max_steps on its own
+    decision: `should_stop` (EarlyStopping, the Timer's max_time, a callback's own) with min_steps
+    and min_epochs met (else it trains on), or its max_epochs reached (at an epoch's end, where
+    `current_epoch` counts the epoch just trained: it is completed)?"""
     loop = trainer.fit_loop
     steps_met = not loop.min_steps or trainer.global_step >= loop.min_steps
     epochs_met = not loop.min_epochs or trainer.current_epoch >= loop.min_epochs  # inside an epoch: those before it
-    return bool(trainer.should_stop and steps_met and epochs_met)
+    epochs = trainer.max_epochs
+    epochs_done = epochs is not None and epochs >= 0 and trainer.current_epoch >= epochs
+    return bool(trainer.should_stop and steps_met and epochs_met) or epochs_done
 
 
 @contextmanager
