@@ -54,14 +54,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import SaveStrategy, TrainOutput
 from transformers.utils import logging as hf_logging
 
-from mpjob_trainer.adapters.accelerated import GradNorms, follow_attempt_precision, use_attempt_scaler
+from mpjob_trainer.adapters.accelerated import follow_attempt_precision, use_attempt_scaler
 from mpjob_trainer.adapters.hf_arguments import (
     attempt_arguments,
     check,
@@ -69,116 +67,14 @@ from mpjob_trainer.adapters.hf_arguments import (
     tell_unlike_spec,
     training_arguments,
 )
-from mpjob_trainer.adapters.hf_step import TrainerLoss, loss_samples, register
-from mpjob_trainer.adapters.hf_tracking import RESUMING, after_evaluation, epoch_ends, load_best, read_last
-from mpjob_trainer.adapters.quarantined import TakenBack
-from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
+from mpjob_trainer.adapters.hf_callback import MpjobCallback, steps_losses
+from mpjob_trainer.adapters.hf_tracking import RESUMING, after_evaluation, load_best, read_last
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
 from mpjob_trainer.session.outcomes import RolledBack
 
 __all__ = ["MpjobCallback", "attempt_arguments", "resume_view", "steps_losses", "train", "training_arguments"]
-
-
-class MpjobCallback(TrainerCallback):
-    """Closes each optimizer step in the session; each micro-batch's loss is the one the Trainer's
-    `training_step` returns (kept on the device: no sync per step), summed over the step as the
-    Trainer's own log sums it, and its samples counted (`steps_losses`)."""
-
-    def __init__(self, bridge: FrameworkRun, trainer: Trainer) -> None:
-        self.bridge = bridge
-        self.trainer = trainer
-        self._losses: list[torch.Tensor] = []
-        self._samples = 0
-        self._weight: int | None = 0  # the samples weighing this rank's loss (None: ranks weigh alike)
-        self._lr: float | None = None
-        self.recorded = RecordedSteps(steps_to_keep(bridge.run.spec))
-        self.trainer_loss = TrainerLoss(trainer, self.recorded)
-        self.quarantined = TakenBack(bridge, lambda: _optimizers(trainer))
-        self.grad_norms = GradNorms(trainer.accelerator)
-        self._open: dict[str, Any] | None = None  # the step on_step_end left for `close_step`
-        self._epoch_over = False  # on_epoch_end came after the open step: the epoch's last call closes it
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
-        self._samples, self._weight, self._open, self._epoch_over = 0, 0, None, False
-        self.recorded.clear()
-        self.bridge.watch(kw["optimizer"])
-        register(self.bridge.run, self.trainer, self.trainer_loss)
-        self.bridge.checkpoint_start()
-
-    def drew(self, inputs: dict[str, Any], num_items_in_batch: Any) -> None:
-        """A micro-batch the Trainer drew for the step: its samples (an epoch's last may be short),
-        and what weighs its loss in the job's (`loss_samples`)."""
-        self._samples += find_batch_size(inputs) or self.trainer.args.per_device_train_batch_size
-        weight = loss_samples(self.trainer, inputs, num_items_in_batch)
-        self._weight = None if weight is None or self._weight is None else self._weight + weight
-
-    def observe(self, loss: torch.Tensor) -> None:
-        """A micro-batch's loss as `training_step` returned it: divided by the step's micro-batches,
-        or normalised over the whole step's items by a model given `num_items_in_batch`."""
-        self._losses.append(loss.detach())
-
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._lr = kw["optimizer"].param_groups[0]["lr"]  # the step's: the schedule steps after this
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.quarantined.take_back()  # before the session may checkpoint this step
-        loss = torch.stack(self._losses).float().sum() if self._losses else None
-        self._losses.clear()
-        lr, self._lr = self._lr, None
-        samples, weight, self._samples, self._weight = self._samples * self.bridge.run.world.size, self._weight, 0, 0
-        grad_norm = self.grad_norms.take()
-        self._epoch_over = False
-        self._open = {
-            "step": state.global_step,
-            "loss": loss,
-            "samples": samples,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "loss_samples": weight or None,
-        }
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self._epoch_over = True
-
-    def close_step(self) -> None:
-        """Close the step `on_step_end` left open in the session, after the Trainer evaluated and
-        saved it (adapters.hf_tracking.after_evaluation: mpjob's checkpoint holds that evaluation),
-        at the epoch's end after its epoch-end evaluation (`epoch_ends`). A step the Trainer stops
-        after (`should_training_stop`: an EarlyStoppingCallback, a callback's own stop) is the run's
-        last: its checkpoint records the stop (FrameworkRun.stop_early)."""
-        if not self._epoch_over and epoch_ends(self.trainer.state, self.trainer.control):
-            return
-        step, self._open = self._open, None
-        if step is not None:
-            if self.trainer.control.should_training_stop:
-                self.bridge.stop_early(step["step"])
-            self.bridge.end_step(**step)
-
-
-def steps_losses(trainer: Trainer, callback: MpjobCallback) -> None:
-    """The Trainer's `training_step` (an instance attribute now) hands the callback each micro-batch
-    and the loss it returns, the one the Trainer logs; at a quarantined step it runs no forward: it
-    gives zero gradients, and the callback takes the update back (adapters.quarantined)."""
-    original, taken = trainer.training_step, callback.quarantined
-
-    def training_step(model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        callback.drew(inputs, num_items_in_batch)
-        if not taken.skips(trainer.state.global_step):
-            loss = original(model, inputs, num_items_in_batch)
-            callback.observe(loss)
-            return loss
-        taken.zero_gradients()
-        return torch.zeros((), device=trainer.args.device)
-
-    trainer.training_step = training_step  # type: ignore[method-assign]
-
-
-def _optimizers(trainer: Trainer) -> list[torch.optim.Optimizer]:
-    optimizer = trainer.optimizer
-    return [getattr(optimizer, "optimizer", optimizer)] if optimizer is not None else []
 
 
 #: What mpjob's checkpoint is, whatever the script's TrainingArguments say of the Trainer's own saves:
