@@ -5,6 +5,7 @@ on from it as one uninterrupted run would."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ def test_a_retry_of_a_fit_that_stopped_early_trains_nothing_more(
     assert trainer.global_step == 12 and max(_mpjobs(tmp_path)) == 12
     model = Fitted()
     again, _, _ = _fit(tmp_path, monkeypatch, "fp32", model)
-    assert again.global_step == 0  # fit never ran: nothing trained
+    assert again.global_step == 12  # as the fit ended; it trained nothing (no later checkpoint, the weights below)
     assert max(_mpjobs(tmp_path)) == 12
     retried = json.loads((tmp_path / "report.json").read_text())
     assert (retried["reason"], retried["step"], retried["startStep"]) == ("Succeeded", 12, 12)
@@ -99,40 +100,53 @@ def test_a_retry_of_a_finished_fit_leaves_its_callbacks_as_the_fit_ended(
     """A retry of a run whose last step is checkpointed (the attempt crashed in the script's code
     after fit) trains nothing. Before, it read the weights alone: the ModelCheckpoint had no best
     model (`trainer.test(ckpt_path="best")` raised, failing the retry) and EarlyStopping no count.
-    Now each callback's state comes back from the checkpoint, as Lightning's own resume restores it."""
+    Now each callback's state comes back from the checkpoint, and the fit loop's progress (global_step
+    read 0), as Lightning's own resume restores them."""
     trainer, best, early = _fit(tmp_path, monkeypatch, "bf16")
     assert trainer.global_step == 12 and Path(best.best_model_path).is_file()
     again, best_again, early_again = _fit(tmp_path, monkeypatch, "fp32")
     assert again.checkpoint_callback is best_again  # what `trainer.test(ckpt_path="best")` reads
+    assert (again.global_step, again.current_epoch) == (trainer.global_step, trainer.current_epoch) == (12, 1)
     assert (best_again.best_model_path, best_again.best_model_score) == (best.best_model_path, best.best_model_score)
     assert (early_again.wait_count, early_again.stopped_epoch) == (early.wait_count, early.stopped_epoch) == (2, 0)
     assert best_again.best_k_models == best.best_k_models
 
 
-def test_a_finished_fits_callback_state_that_is_not_one_is_refused_before_anything_is_loaded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("callbacks", r"its callbacks\[.ModelCheckpoint.*\] holds a list, where a dict"),
+        ("loops", r"its loops\['fit_loop'\] holds a list, where a dict"),
+    ],
+)
+def test_a_finished_fits_state_that_is_not_one_is_refused_before_anything_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str, said: str
 ) -> None:
-    """The checkpoint is read whole and checked first: a callback's state that is not a mapping
-    rejects the checkpoint (CorruptCheckpoint, naming the field) with the model untouched."""
-    _fit(tmp_path, monkeypatch, "bf16")
-    last = _mpjobs(tmp_path)[12] / "lightning.ckpt"
-    saved = torch.load(last, weights_only=False)
-    (key,) = [name for name in saved["callbacks"] if name.startswith("ModelCheckpoint")]
-    saved["callbacks"][key] = ["not", "a", "state"]
-    torch.save(saved, last)
+    """The checkpoint is read whole and checked first: a callback's state or the fit loop's that is
+    not a mapping rejects the checkpoint (CorruptCheckpoint, naming the field), nothing touched."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from mpjob_trainer.adapters.reload import lightning_finished
     from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
+    trainer, _, _ = _fit(tmp_path, monkeypatch, "bf16")
+    last = _mpjobs(tmp_path)[12] / "lightning.ckpt"
+    saved = torch.load(last, weights_only=False)
+    (key,) = [name for name in saved["callbacks"] if name.startswith("ModelCheckpoint")]
+    if damage == "callbacks":
+        saved["callbacks"][key] = ["not", "a", "state"]
+    else:
+        saved["loops"]["fit_loop"] = ["not", "a", "state"]
+    torch.save(saved, last)
     model, best = Fitted(), ModelCheckpoint(dirpath=str(tmp_path / "best"), monitor="val_loss", mode="max")
     before = {name: weight.clone() for name, weight in model.state_dict().items()}
-    with pytest.raises(
-        CorruptCheckpoint, match=r"lightning.ckpt: its callbacks\[.ModelCheckpoint.*\] holds a list, where a dict"
-    ):
-        lightning_finished(model, [best], last.parent, lambda path: torch.load(path, weights_only=False))
+    fresh = L.Trainer(max_steps=16, logger=False, enable_checkpointing=False)
+    with pytest.raises(CorruptCheckpoint, match=f"lightning.ckpt: {said}"):
+        lightning_finished(
+            model, [best], last.parent, functools.partial(torch.load, weights_only=False), fresh.fit_loop
+        )
     assert all(torch.equal(weight, before[name]) for name, weight in model.state_dict().items())
-    assert best.best_model_path == ""
+    assert (best.best_model_path, fresh.global_step) == ("", 0) and trainer.global_step == 12
 
 
 def _fit_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> Any:

@@ -222,9 +222,9 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     run.keep_fp32(model)
     point = bridge.resume()
     ckpt = str(point.framework_checkpoint / CHECKPOINT) if point.framework_checkpoint else None
-    if point.done:  # the last step's checkpoint: nothing left to fit; as after fit (weights, callbacks' states)
+    if point.done:  # the last step's checkpoint: nothing left to fit; as after fit (weights, callbacks, progress)
         load, callbacks = trainer.strategy.load_checkpoint, trainer.callbacks  # type: ignore[attr-defined]
-        bridge.read_last(point, lambda folder: lightning_finished(model, callbacks, folder, load))
+        bridge.read_last(point, lambda folder: lightning_finished(model, callbacks, folder, load, trainer.fit_loop))
         return
     with quarantined_steps(model, callback.quarantined), closed_after_validation(trainer, callback):
         while True:

@@ -50,8 +50,9 @@ HF_WEIGHTS, HF_OPTIMIZER = "model.safetensors", "optimizer.pt"
 LIGHTNING_CHECKPOINT = "lightning.ckpt"
 #: The fields of a Lightning checkpoint the replay reads: its module's weights, its optimizers' states.
 WEIGHTS, OPTIMIZERS = "state_dict", "optimizer_states"
-#: Where a Lightning checkpoint holds its callbacks' states, by each one's `state_key`.
-CALLBACKS = "callbacks"
+#: Where a Lightning checkpoint holds its callbacks' states, by each one's `state_key`, and its
+#: loops' progress (the fit loop's under FIT_LOOP).
+CALLBACKS, LOOPS, FIT_LOOP = "callbacks", "loops", "fit_loop"
 
 
 def hf_weights(model: nn.Module, folder: Path) -> None:
@@ -84,31 +85,54 @@ def _hf_read_weights(model: nn.Module, folder: Path) -> dict[str, Any]:
     return weights
 
 
-class Restorable(Protocol):
+class Loadable(Protocol):
+    """What takes back a state of its own (a Lightning callback, its fit loop)."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class Restorable(Loadable, Protocol):
     """A Lightning callback as its resume restores it: its state under `state_key`."""
 
     @property
     def state_key(self) -> str: ...
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
-
 
 def lightning_finished(
-    module: nn.Module, callbacks: Sequence[Restorable], folder: Path, load: Callable[[Path], Any]
+    module: nn.Module,
+    callbacks: Sequence[Restorable],
+    folder: Path,
+    load: Callable[[Path], Any],
+    fit_loop: Loadable | None = None,
 ) -> None:
-    """A finished fit's Lightning checkpoint in `folder` into `module` and the Trainer's
-    `callbacks`, as after that fit: the weights (checked by the replay's rule, above) and each callback's
-    state under its `state_key` (a ModelCheckpoint's best model, an EarlyStopping's count), as
-    Lightning's resume restores them; all of it checked before anything is touched. The loops'
-    progress is not restored (`global_step` reads 0: no fit ran)."""
+    """A finished fit's Lightning checkpoint in `folder` into `module`, the Trainer's `callbacks`
+    and its `fit_loop`, as after that fit: the weights (checked by the replay's rule, above), each
+    callback's state under its `state_key` (a ModelCheckpoint's best model, an EarlyStopping's
+    count) and the loop's progress (`global_step`, `current_epoch`), as Lightning's resume restores
+    them; all of it checked before anything is touched."""
     saved = _read(folder, LIGHTNING_CHECKPOINT, load)
     where = _where(folder, LIGHTNING_CHECKPOINT)
     weights = _field(saved, WEIGHTS, where)
     check_weights(module, weights, where, WEIGHTS, tied=False)
-    states = _callback_states(saved, callbacks, where)
+    states: list[tuple[Loadable, Any]] = [*_callback_states(saved, callbacks, where)]
+    if fit_loop is not None and (progress := _fit_loop_state(saved, where)) is not None:
+        states.append((fit_loop, progress))
     module.load_state_dict(weights)
-    for callback, state in states:
-        callback.load_state_dict(copy.deepcopy(state))
+    for restored, state in states:
+        restored.load_state_dict(copy.deepcopy(state))
+
+
+def _fit_loop_state(saved: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The fit loop's state in the checkpoint `saved` (None: it holds no loops), a mapping; else
+    CorruptCheckpoint naming the field."""
+    if LOOPS not in saved:
+        return None
+    state = _field(saved, LOOPS, where).get(FIT_LOOP)
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(
+            f"{where}: its {LOOPS}[{FIT_LOOP!r}] holds a {type(state).__name__}, where a dict is written"
+        )
+    return state
 
 
 def _callback_states(
