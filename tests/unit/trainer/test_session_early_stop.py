@@ -73,9 +73,13 @@ def test_the_step_a_loop_stops_early_after_is_checkpointed_and_a_retry_trains_no
 
 def test_a_retry_of_a_run_that_did_not_stop_early_trains_on(launch: AttemptLaunch) -> None:
     """Only a told stop ends the run short of spec.training.steps: a loop that left after step 4's
-    checkpoint without one (as a crash would) is resumed there and trained to the end."""
+    checkpoint without one (as a crash would) is resumed there and trained to the end. Its report
+    says it ended short and what its checkpoints keep; before, "trained 4 steps" alone."""
     assert _attempt(launch, 4, tell=False) == (0, False)
-    assert "stopped early" not in _report(launch).message
+    assert _report(launch).message == (
+        "trained 4 steps in fp32, short of spec.training.steps=10: the loop left without run.stop_early(step), "
+        "its last checkpoint is step 4's"
+    )
     assert _attempt(launch, None) == (4, False)
     assert _report(launch).step == 10 and _steps(launch)[-1] == 10
 

@@ -37,6 +37,8 @@ class Standing:
     last_good: CheckpointRef | None = None
     #: The loop stopped early after `step`, on its own decision (session.early_stop).
     stopped_early: bool = False
+    #: spec.training.steps (0: not known where the standing is made).
+    total: int = 0
     counters: Counters = field(default_factory=Counters)
     replay: Replay | None = None
     measurement: Measurement | None = None
@@ -75,9 +77,7 @@ ENDINGS: tuple[tuple[type[Exception], ExitCode, Reason, Callable[[Exception], st
 def classify(exc: BaseException | None, standing: Standing) -> Ending:
     """The exit code, reason and message for the way the run stopped (None: it finished)."""
     if exc is None:
-        early = ", stopped early there (the training's own stop)" if standing.stopped_early else ""
-        trained = f"trained {standing.step} steps in {standing.precision}{early}"
-        return Ending(ExitCode.SUCCESS, Reason.SUCCEEDED, trained)
+        return Ending(ExitCode.SUCCESS, Reason.SUCCEEDED, trained(standing))
     for kind, code, reason, message in ENDINGS:
         if isinstance(exc, kind):
             return Ending(code, reason, message(exc), exc.rule if isinstance(exc, NumericFault) else None)
@@ -91,6 +91,20 @@ def classify(exc: BaseException | None, standing: Standing) -> Ending:
     if isinstance(exc, SystemExit):  # the script called sys.exit() inside the session
         return _script_exit(exc, standing)
     return Ending(ExitCode.INFRA_ERROR, Reason.INFRA_ERROR, raised(exc))
+
+
+def trained(standing: Standing) -> str:
+    """'trained 300 steps in bf16': a finished run's message, which says why it ended short of
+    spec.training.steps: its own stop, or a loop that left without telling one (what of it the
+    checkpoints keep: the steps after the last are not, docs/sdk.md)."""
+    said = f"trained {standing.step} steps in {standing.precision}"
+    if standing.stopped_early:
+        return f"{said}, stopped early there (the training's own stop)"
+    if standing.step >= standing.total:
+        return said
+    last = standing.last_good
+    kept = f"its last checkpoint is step {last.step}'s" if last is not None else "no checkpoint holds its steps"
+    return f"{said}, short of spec.training.steps={standing.total}: the loop left without run.stop_early(step), {kept}"
 
 
 #: The most of an exception's own text an attempt's message keeps (its place is said after it).

@@ -287,6 +287,7 @@ class Session(SetUpCalls, StopCalls):
             precision=self.precision,
             last_good=self._checkpoints.last_good,
             stopped_early=self.stopped_early,
+            total=self.total_steps,
             measurement=self._measurement,
             **self._intervals.account(),
             **self._recovery.account(self._started_at),
