@@ -127,26 +127,28 @@ def _fit_loop_state(saved: dict[str, Any], where: str) -> dict[str, Any] | None:
     CorruptCheckpoint naming the field."""
     if LOOPS not in saved:
         return None
-    state = _field(saved, LOOPS, where).get(FIT_LOOP)
-    if not isinstance(state, dict):
-        raise CorruptCheckpoint(
-            f"{where}: its {LOOPS}[{FIT_LOOP!r}] holds a {type(state).__name__}, where a dict is written"
-        )
-    return state
+    return _mapping(_field(saved, LOOPS, where).get(FIT_LOOP), f"{LOOPS}[{FIT_LOOP!r}]", where)
 
 
 def _callback_states(
     saved: dict[str, Any], callbacks: Sequence[Restorable], where: str
-) -> list[tuple[Restorable, Any]]:
+) -> list[tuple[Restorable, dict[str, Any]]]:
     """Each of `callbacks` with its state in the checkpoint `saved` (none there: left as it is, as
     Lightning leaves it), each a mapping; else CorruptCheckpoint naming the field."""
     held = _field(saved, CALLBACKS, where) if CALLBACKS in saved else {}
-    found = [(callback, held[callback.state_key]) for callback in callbacks if held.get(callback.state_key)]
-    for callback, state in found:
-        if not isinstance(state, dict):
-            field = f"{CALLBACKS}[{callback.state_key[:100]!r}]"
-            raise CorruptCheckpoint(f"{where}: its {field} holds a {type(state).__name__}, where a dict is written")
-    return found
+    return [
+        (callback, _mapping(held[callback.state_key], f"{CALLBACKS}[{callback.state_key[:100]!r}]", where))
+        for callback in callbacks
+        if held.get(callback.state_key)
+    ]
+
+
+def _mapping(state: Any, field: str, where: str) -> dict[str, Any]:
+    """`state`, read from the field `field` of the file `where`, when it is a mapping; else
+    CorruptCheckpoint naming the field."""
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{where}: its {field} holds a {type(state).__name__}, where a dict is written")
+    return state
 
 
 def lightning_reader(module: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[Path], None]:
