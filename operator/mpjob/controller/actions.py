@@ -115,8 +115,10 @@ class Actions:
         strays = strays or {}
         plan.events.extend(self.strays.delete((namespace, name), strays, held=seen.uids.values()))
         for index in plan.delete:
-            if index in seen.uids and index not in strays:  # a stray goes once, above
-                self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index])
+            if index not in seen.uids or index in strays:  # a stray goes once, above
+                continue
+            if self.cluster.delete_job(namespace, name, index=index, uid=seen.uids[index]):
+                self.cache.removing(seen.uids[index])  # never deleted (and said) twice
         if (namespace, name) not in self.rebuilt:
             self._rebuild((namespace, name), plan, seen)
         if (refusal := self._pay((namespace, name), body, plan, seen)) is not None:

@@ -149,6 +149,12 @@ class ChildCache:
         with self._lock:
             self._children.deleting(pod.uid for pod in pods)
 
+    def removing(self, job: str) -> None:
+        """The operator deleted the Job whose UID is `job`: a reconcile before the watch shows it
+        gone sees it as removed (`children.Children.removing`)."""
+        with self._lock:
+            self._children.removing(job)
+
     def apply(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         """One watch event (`kind` ADDED, MODIFIED or DELETED) of a Job, pod or Event
         (`resource` jobs, pods or events); queues a reconcile of its job when it is news."""
@@ -181,6 +187,8 @@ class ChildCache:
                     due.add(self._children.drop(resource, uid))
             for record in fresh.values():
                 due.add(self._children.put(record))
+            if resource == "jobs":
+                self._children.listed(namespace, fresh)
         for key in due:
             if key is not None:
                 self._changed(key)

@@ -18,7 +18,7 @@ runs again in a new pod (its queue admitted the Job again), or with its Job.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from mpjob.controller.create_failures import CreateFailure
@@ -51,6 +51,8 @@ class Children:
         self._failed: dict[str, ObjectRef] = {}  # a held FailedCreate's Event UID -> the Job it names
         self._gone: set[str] = set()  # pods the API server removed, held as last seen
         self._asked: set[str] = set()  # pods the operator asked to delete (`deleting`)
+        #: Jobs the operator deleted, until the watch (or a listing) shows them gone: UID -> namespace.
+        self._removing: dict[str, str] = {}
 
     def of(self, owner: ObjectRef) -> Held:
         """The attempt Jobs the MixedPrecisionJob `owner` controls, with their pods and failures."""
@@ -98,6 +100,22 @@ class Children:
                 self._asked.add(uid)
                 self._pods[uid] = _asked(pod)
 
+    def removing(self, uid: str) -> None:
+        """The operator deleted the Job `uid`: held as removed from now on, as the watch will show
+        it (its pods still stopping make its attempt lingering), also against a stale event from
+        before: a reconcile before the watch's DELETED never acts on it again (deletes it and says
+        so twice, as an edited Pending attempt's Job made again was)."""
+        if (job := self._jobs.get(uid)) is not None:
+            self._removing[uid] = job.ref.namespace
+            self._drop_job(uid)
+
+    def listed(self, namespace: str | None, uids: Collection[str]) -> None:
+        """A full listing of Jobs in `namespace` (None: all) holds `uids`: a deleted one it lacks
+        is gone for good, no event of it is to come."""
+        for uid, where in list(self._removing.items()):
+            if (namespace is None or where == namespace) and uid not in uids:
+                del self._removing[uid]
+
     def has_job(self, uid: str) -> bool:
         return uid in self._jobs
 
@@ -110,6 +128,8 @@ class Children:
     def put(self, record: Record) -> Key | None:
         """Keep `record`; the job whose reconcile is due, if any."""
         if isinstance(record, JobRecord):
+            if record.uid in self._removing:  # an event from before its deletion, read after it
+                return None
             old = self._jobs.get(record.uid)
             if old is None or old.gone:  # (a Job removed, seen again: a stale listing, kept as new)
                 self._forget_gone(record.key, up_to=record.attempt)  # the operator went on past them
@@ -129,6 +149,8 @@ class Children:
         """The API server removed the object `uid` of `resource` (`last`: how a pod was when it
         went, if read); the job whose reconcile is due, if any."""
         if resource == "jobs":
+            if self._removing.pop(uid, None) is not None:
+                return None  # held as removed already (`removing`)
             return self._drop_job(uid)
         if resource == "pods":
             return self._drop_pod(uid, last if isinstance(last, PodRecord) else None)

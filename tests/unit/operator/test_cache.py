@@ -293,3 +293,22 @@ def test_a_restarted_operator_waits_for_the_pods_of_a_job_removed_before_it_list
     assert (seen.lingering, set(seen.jobs), seen.stopped) == (frozenset({0}), {1}, {})
     c.apply("pods", "DELETED", stopping(0, exitCode=44))
     assert c.observe("ns", "j", MPJ_UID).lingering == frozenset()
+
+
+def test_a_job_the_operator_deleted_is_held_as_removed_before_the_watch_says_so(cache: tuple[ChildCache, list]) -> None:
+    """Its pod still going makes its attempt lingering at once; an event or a listing from before
+    the deletion, read after it, brings it back to no reconcile."""
+    c, changed = cache
+    c.apply("jobs", "ADDED", job(0))
+    c.apply("pods", "ADDED", pod(0, "Pending", ip=""))
+    c.removing("job-0")
+    seen = c.observe("ns", "j", MPJ_UID)
+    assert (seen.jobs, seen.lingering) == ({}, frozenset({0}))
+    changed.clear()
+    c.apply("jobs", "MODIFIED", job(0, active=1))
+    c.relist("jobs", "ns", [job(0, active=1)])
+    seen = c.observe("ns", "j", MPJ_UID)
+    assert (seen.jobs, seen.lingering, changed) == ({}, frozenset({0}), [])
+    c.apply("jobs", "DELETED", job(0))
+    c.apply("pods", "DELETED", pod(0, "Pending", ip=""))
+    assert set(c.observe("ns", "j", MPJ_UID).stopped) == {0}

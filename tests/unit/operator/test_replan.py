@@ -4,6 +4,7 @@ older spec is deleted and made again, in the same attempt, from the edited one."
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,12 +15,15 @@ from mpjob.controller.records import job_record
 from mpjob.planning.planner import StartAttempt
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from tests.unit.operator.test_cache import job
+from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
+from tests.unit.operator.test_cache import job, pod
+from tests.unit.operator.test_lost_nodes import Core
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 SINCE = "2026-11-22T12:00:01Z"
 NO_GPUS = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+KEY = ("ns", "j")
 
 
 def spec(gpus: int) -> MixedPrecisionJobSpec:
@@ -90,3 +94,57 @@ def test_the_job_names_the_generation_it_was_made_from_and_the_cache_reads_it_ch
         assert record is not None and record.generation == read, said
     record = job_record(job(0))
     assert record is not None and record.generation is None
+
+
+class Deletes(FakeCluster):
+    """The API server with the attempt Jobs it made (`job-<attempt>`), deletes that succeed and Nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = Core()  # a Job gone with its pod still there has the Nodes read
+
+    def create_job(self, job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        created = super().create_job(job, owner=owner)
+        attempt = job["metadata"]["name"].rsplit("-a", 1)[1]
+        return {**created, "metadata": {**created["metadata"], "uid": f"job-{attempt}"}}
+
+    def delete_job(self, namespace: str, job: str, *, index: int, uid: str) -> bool:
+        super().delete_job(namespace, job, index=index, uid=uid)
+        return True
+
+
+def made_from(generation: int) -> dict[str, Any]:
+    """Attempt 0's Job as the watch brings it, made from the spec's `generation`."""
+    body = job(0)
+    body["metadata"]["annotations"] = {SPEC_GENERATION: str(generation)}
+    return body
+
+
+def test_a_reconcile_before_the_watch_shows_the_job_gone_neither_deletes_it_nor_says_so_again(events: list) -> None:  # noqa: F811
+    """The edited job's status write queues a reconcile that can run before the Job's DELETED event
+    arrives: it read the same Job, made from the older spec, and deleted and said it again."""
+    cluster = Deletes()
+    cluster.body["spec"]["resources"]["gpusPerWorker"] = 16
+    made = reconciler(cluster)
+    made.handle(KEY, False)  # attempt 0's Job, made from generation 1
+    made.cache.apply("jobs", "ADDED", made_from(1))
+    held = pod(0, "Pending", ip="")
+    held["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    made.cache.apply("pods", "ADDED", held)
+    cluster.body["spec"]["resources"]["gpusPerWorker"] = 0
+    cluster.body["metadata"]["generation"] = 2
+    made.bodies.offer(KEY, cluster.edited())  # the watch shows the edit
+    made.handle(KEY, False)
+    assert cluster.deleted == [("j-a0", "job-0")]
+    going = copy.deepcopy(held)
+    going["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:09Z"
+    made.cache.apply("pods", "MODIFIED", going)  # the pods' watch shows its deletion before the Jobs' does
+    made.handle(KEY, False)
+    made.cache.apply("jobs", "MODIFIED", made_from(1))  # an event from before the deletion, read after it
+    made.handle(KEY, False)
+    assert cluster.deleted == [("j-a0", "job-0")] and cluster.creates == 1  # its pod still goes
+    assert [reason for reason, _ in events].count("JobRecreated") == 1, events
+    made.cache.apply("jobs", "DELETED", made_from(1))
+    made.cache.apply("pods", "DELETED", held)
+    made.handle(KEY, False)
+    assert cluster.creates == 2 and [reason for reason, _ in events].count("JobRecreated") == 1
