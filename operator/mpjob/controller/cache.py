@@ -179,19 +179,10 @@ class ChildCache:
         """Swap in a full listing of `resource` in `namespace` (None: all): the first sync, or
         after the watch fell too far behind. Queues every job whose children changed."""
         fresh = {r.uid: r for r in (self._read(resource, obj) for obj in objects) if r is not None}
-        due: set[Key | None] = set()
         with self._lock:
-            held = self._children.held(resource)
-            for uid in [u for u, r in held.items() if namespace is None or _namespace(r) == namespace]:
-                if uid not in fresh:
-                    due.add(self._children.drop(resource, uid))
-            for record in fresh.values():
-                due.add(self._children.put(record))
-            if resource == "jobs":
-                self._children.listed(namespace, fresh)
+            due = self._children.relist(resource, namespace, fresh)
         for key in due:
-            if key is not None:
-                self._changed(key)
+            self._changed(key)
 
     def _read(self, resource: str, obj: dict[str, Any]) -> Record | None:
         """The record of `obj`, or None when it is not an attempt's child or cannot be read
@@ -299,7 +290,3 @@ def _rank0_ip(pods: list[PodRecord]) -> str | None:
         if view.index == 0 and view.phase == "Running" and view.alive and pod.ip:
             return pod.ip
     return None
-
-
-def _namespace(record: Record) -> str:
-    return record.key[0] if isinstance(record, JobRecord) else record.namespace

@@ -18,7 +18,7 @@ runs again in a new pod (its queue admitted the Job again), or with its Job.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from mpjob.controller.create_failures import CreateFailure
@@ -109,13 +109,6 @@ class Children:
             self._removing[uid] = job.ref.namespace
             self._drop_job(uid)
 
-    def listed(self, namespace: str | None, uids: Collection[str]) -> None:
-        """A full listing of Jobs in `namespace` (None: all) holds `uids`: a deleted one it lacks
-        is gone for good, no event of it is to come."""
-        for uid, where in list(self._removing.items()):
-            if (namespace is None or where == namespace) and uid not in uids:
-                del self._removing[uid]
-
     def has_job(self, uid: str) -> bool:
         return uid in self._jobs
 
@@ -124,6 +117,20 @@ class Children:
         if resource == "events":
             return {f.uid: f for f in self._failures.values()}
         return dict(self._jobs if resource == "jobs" else self._pods)
+
+    def relist(self, resource: str, namespace: str | None, fresh: Mapping[str, Record]) -> set[Key]:
+        """Swap in a full listing of `resource` in `namespace` (None: all), by UID; the jobs whose
+        reconcile is due. A Job deleted (`removing`) that it lacks is gone for good."""
+        due: set[Key | None] = set()
+        for uid in [u for u, r in self.held(resource).items() if namespace is None or _namespace(r) == namespace]:
+            if uid not in fresh:
+                due.add(self.drop(resource, uid))
+        due.update(self.put(record) for record in fresh.values())
+        if resource == "jobs":
+            for uid, where in list(self._removing.items()):
+                if (namespace is None or where == namespace) and uid not in fresh:
+                    del self._removing[uid]
+        return {key for key in due if key is not None}
 
     def put(self, record: Record) -> Key | None:
         """Keep `record`; the job whose reconcile is due, if any."""
@@ -263,6 +270,10 @@ class Children:
     def _key_of(self, ref: ObjectRef) -> Key | None:
         job = self._job(ref)
         return job.key if job is not None else None
+
+
+def _namespace(record: Record) -> str:
+    return record.key[0] if isinstance(record, JobRecord) else record.namespace
 
 
 def _named(job: ObjectRef) -> tuple[str, str]:
