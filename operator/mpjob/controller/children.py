@@ -51,8 +51,8 @@ class Children:
         self._failed: dict[str, ObjectRef] = {}  # a held FailedCreate's Event UID -> the Job it names
         self._gone: set[str] = set()  # pods the API server removed, held as last seen
         self._asked: set[str] = set()  # pods the operator asked to delete (`deleting`)
-        #: Jobs the operator deleted, until the watch (or a listing) shows them gone: UID -> namespace.
-        self._removing: dict[str, str] = {}
+        #: Jobs the operator deleted, until the watch (or a listing) shows them gone: UID -> their job.
+        self._removing: dict[str, Key] = {}
 
     def of(self, owner: ObjectRef) -> Held:
         """The attempt Jobs the MixedPrecisionJob `owner` controls, with their pods and failures."""
@@ -106,7 +106,7 @@ class Children:
         before: a reconcile before the watch's DELETED never acts on it again (deletes it and says
         so twice, as an edited Pending attempt's Job made again was)."""
         if (job := self._jobs.get(uid)) is not None:
-            self._removing[uid] = job.ref.namespace
+            self._removing[uid] = job.key
             self._drop_job(uid)
 
     def has_job(self, uid: str) -> bool:
@@ -128,7 +128,7 @@ class Children:
         due.update(self.put(record) for record in fresh.values())
         if resource == "jobs":
             for uid, where in list(self._removing.items()):
-                if (namespace is None or where == namespace) and uid not in fresh:
+                if (namespace is None or where[0] == namespace) and uid not in fresh:
                     del self._removing[uid]
         return {key for key in due if key is not None}
 
@@ -156,8 +156,8 @@ class Children:
         """The API server removed the object `uid` of `resource` (`last`: how a pod was when it
         went, if read); the job whose reconcile is due, if any."""
         if resource == "jobs":
-            if self._removing.pop(uid, None) is not None:
-                return None  # held as removed already (`removing`)
+            if (key := self._removing.pop(uid, None)) is not None:
+                return key  # held as removed already (`removing`): its job looks again all the same
             return self._drop_job(uid)
         if resource == "pods":
             return self._drop_pod(uid, last if isinstance(last, PodRecord) else None)

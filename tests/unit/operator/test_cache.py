@@ -297,7 +297,7 @@ def test_a_restarted_operator_waits_for_the_pods_of_a_job_removed_before_it_list
 
 def test_a_job_the_operator_deleted_is_held_as_removed_before_the_watch_says_so(cache: tuple[ChildCache, list]) -> None:
     """Its pod still going makes its attempt lingering at once; an event or a listing from before
-    the deletion, read after it, brings it back to no reconcile."""
+    the deletion, read after it, brings it back to no reconcile; the deletion's own event queues one."""
     c, changed = cache
     c.apply("jobs", "ADDED", job(0))
     c.apply("pods", "ADDED", pod(0, "Pending", ip=""))
@@ -310,5 +310,6 @@ def test_a_job_the_operator_deleted_is_held_as_removed_before_the_watch_says_so(
     seen = c.observe("ns", "j", MPJ_UID)
     assert (seen.jobs, seen.lingering, changed) == ({}, frozenset({0}), [])
     c.apply("jobs", "DELETED", job(0))
+    assert changed == [("ns", "j")]  # its job looks again all the same
     c.apply("pods", "DELETED", pod(0, "Pending", ip=""))
     assert set(c.observe("ns", "j", MPJ_UID).stopped) == {0}
