@@ -162,7 +162,8 @@ class RunPolicy(ApiModel):
         ge=1,
         le=MAX_PROGRESS_DEADLINE_SECONDS,
         description="Fail the job when the Job controller could not create an attempt's pods (Pod Security, "
-        "quota, an admission webhook) this long after the attempt started.",
+        "quota, an admission webhook), or the kubelet could not make their container (a Secret not there) or "
+        "pull its image, this long after the attempt started.",
     )
 
 

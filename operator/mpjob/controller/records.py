@@ -14,6 +14,7 @@ once); it never escapes into a watch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +30,14 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 #: With JOB_UID_LABEL, the labels the Job controller puts on every pod of a Job (its generated
 #: selector): they stay when the pod's ownerReference goes with an orphaning deletion of the Job.
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-#: Container waiting reasons that mean the pod will never run.
-IMAGE_ERRORS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+#: The container waiting reason that means the pod will never run: the kubelet cannot parse the
+#: image's name, and never tries it again.
+IMAGE_ERRORS = ("InvalidImageName",)
+#: Container waiting reasons while the kubelet cannot pull the image and tries again (a registry
+#: that is down, refuses or throttles; a tag not there yet): the pod waits, `PodView.image_error`.
+IMAGE_PULL_WAITS = ("ErrImagePull", "ImagePullBackOff")
+#: What an ImagePullBackOff message puts before the last pull's error.
+BACKOFF_CAUSE = re.compile(r'^Back-off pulling image "[^"]*": ErrImagePull: ')
 #: The trainer container's waiting reason while the kubelet cannot make its environment.
 CONFIG_ERROR = "CreateContainerConfigError"
 #: The PodScheduled condition's reason while the scheduler finds no node for the pod (spec.elastic waits on it).
@@ -161,6 +168,7 @@ class PodRecord:
             v.unschedulable_since,
             v.unschedulable_message,
             v.config_error,
+            v.image_error,
             v.marked_unready,
             self.orphan,
         )
@@ -240,6 +248,7 @@ def pod_view(pod: dict[str, Any]) -> PodView:
         unschedulable_since=unschedulable,
         unschedulable_message=unplaced,
         config_error=_config_error(waiting),
+        image_error=_image_error(waiting),
         node=_text((pod.get("spec") or {}).get("nodeName")),
         marked_unready=_marked_unready(status.get("conditions") or []),
         uid=str(meta.get("uid", "")),
@@ -253,6 +262,17 @@ def _config_error(waiting: dict[str, Any] | None) -> str | None:
     if waiting is None or waiting.get("reason") != CONFIG_ERROR:
         return None
     return _text(waiting.get("message")) or CONFIG_ERROR
+
+
+def _image_error(waiting: dict[str, Any] | None) -> str | None:
+    """The kubelet's words while it cannot pull the trainer image (or parse its name), the same
+    whether it pulls (ErrImagePull) or waits to (ImagePullBackOff, whose message carries the
+    last pull's error since Kubernetes 1.31), so a job's condition and Event do not flip with each
+    retry."""
+    reason = (waiting or {}).get("reason")
+    if waiting is None or reason not in (*IMAGE_PULL_WAITS, *IMAGE_ERRORS):
+        return None
+    return BACKOFF_CAUSE.sub("", _text(waiting.get("message")) or str(reason), count=1)
 
 
 def _marked_unready(conditions: list[dict[str, Any]]) -> bool:

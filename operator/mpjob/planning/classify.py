@@ -82,7 +82,12 @@ FAILURE_POLICY: tuple[Rule, ...] = (
         "no step for runPolicy.progressDeadlineSeconds (a hung collective, data loader or filesystem): try again",
     ),
     Rule(Reason.OOM_KILLED, Action.FAIL, "host memory ran out (the kernel killed the container): raise its limit"),
-    Rule(Reason.IMAGE_PULL, Action.FAIL, "the trainer image cannot be pulled"),
+    Rule(
+        Reason.IMAGE_PULL,
+        Action.FAIL,
+        "the kubelet cannot parse the trainer image's name (InvalidImageName); an image it cannot pull is "
+        "tried again until runPolicy.podCreationTimeoutSeconds",
+    ),
     Rule(Reason.DEADLINE_EXCEEDED, Action.FAIL, "runPolicy.activeDeadlineSeconds passed"),
     Rule(Reason.SUSPENDED, Action.SAME_PRECISION, "suspended by the user; resumes in the same precision"),
     Rule(Reason.SCALED_DOWN, Action.SAME_PRECISION, "spec.elastic: go on with fewer workers from the last checkpoint"),

@@ -39,6 +39,10 @@ class PodView:
     #: The kubelet's words on why it cannot create the trainer container (its waiting reason
     #: CreateContainerConfigError: a Secret or ConfigMap, or a key of one, that is not there).
     config_error: str | None = None
+    #: The kubelet's words while it cannot pull the trainer image: it tries again (its waiting
+    #: reason ErrImagePull or ImagePullBackOff: the pod waits, as for config_error) or never (a
+    #: name it cannot parse, InvalidImageName: the pod is not alive).
+    image_error: str | None = None
     #: The node the pod is bound to (spec.nodeName), if any.
     node: str | None = None
     #: Its Ready condition is False while its containers are ready: a kubelet keeps the two
@@ -134,6 +138,7 @@ def _told(job: JobView) -> AttemptOutcome:
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
     message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
+    message = message or pod.image_error or ""
     platform = pod.platform_reason
     if platform is None and read.report is None and read.invalid is None and pod.deleting:
         platform = Reason.DELETED

@@ -42,8 +42,8 @@ def running(plan: Plan, when: When) -> None:
 
 def pods_refused(plan: Plan, when: When, message: str, reason: str = ConditionReason.FAILED_CREATE) -> None:
     """The Job controller cannot create the attempt's pods (`message`, its FailedCreate), or the
-    kubelet their container (`reason` CreateContainerConfigError): the job waits (Pending) with
-    PodsCreated=False, and a Warning Event says so once per message."""
+    kubelet their container or its image (`reason` CreateContainerConfigError, ImagePullBackOff):
+    the job waits (Pending) with PodsCreated=False, and a Warning Event says so once per message."""
     status = plan.status
     if status.phase == "Running":
         status.phase = "Pending"

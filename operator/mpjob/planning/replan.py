@@ -1,7 +1,8 @@
 """An attempt whose pods never started, made again from an edited spec.
 
-The PodsScheduled condition (and a pod held by CreateContainerConfigError) names the field of
-the spec to change: resources.gpusPerWorker, template.nodeSelector, a claim's name. An edit
+The PodsScheduled condition (and a pod held by CreateContainerConfigError or an image it cannot
+pull) names the field of the spec to change: resources.gpusPerWorker, template.nodeSelector, a
+claim's name, spec.image. An edit
 reaches the next attempt, but an attempt whose pods wait for a node never ends, so before, the
 edit was read and nothing happened until the job was suspended and resumed. Now the Job of such
 an attempt, made from an older generation of the spec (its annotation) while none of its pods
@@ -20,10 +21,11 @@ from mpjob.planning.status import ConditionReason
 
 def stale(job: JobView, generation: int | None) -> bool:
     """Whether `job` was made from an older spec than `generation`, waits with some pod held
-    (no node for it, or its container cannot be made) and has not started a trainer anywhere."""
+    (no node for it, its container cannot be made or its image pulled) and has not started a
+    trainer anywhere."""
     if job.finished is not None or job.suspended or job.generation is None or generation is None:
         return False
-    held = any(p.alive and (p.unschedulable_since is not None or p.config_error) for p in job.pods)
+    held = any(p.alive and (p.unschedulable_since is not None or p.config_error or p.image_error) for p in job.pods)
     started = any(p.started_at is not None for p in job.pods)
     return held and not started and job.generation < generation
 

@@ -11,6 +11,9 @@ True once every pod is placed. An elastic job's short-of-room pods are `waiting.
 A pod placed whose container the kubelet cannot make (CreateContainerConfigError: a Secret,
 or a key of one, that is not there) is `unconfigured`: its words and the field naming the
 Secret, for `waiting` to show as PodsCreated=False (and fail after podCreationTimeoutSeconds).
+One whose image the kubelet cannot pull and tries again (ErrImagePull, ImagePullBackOff: a
+registry down or throttling, a tag not pushed yet) is `unpulled`, shown and failed the same way:
+before, the first ErrImagePull failed the job for good.
 """
 
 from __future__ import annotations
@@ -132,3 +135,16 @@ def unconfigured(spec: MixedPrecisionJobSpec, job: JobView) -> str | None:
             f"; the Secret {name!r} ({secret_field(spec, name)}) or its key is not in the job's namespace: create it"
         )
     return message[:1024]
+
+
+def unpulled(spec: MixedPrecisionJobSpec, job: JobView) -> str | None:
+    """What keeps a pod of the attempt from pulling its trainer image, in the kubelet's words and
+    naming where the image comes from; None when no pod waits so."""
+    held = next((p for p in sorted(job.pods, key=lambda p: p.index) if p.alive and p.image_error), None)
+    if held is None or held.image_error is None:
+        return None
+    image = f"spec.image={spec.image!r}" if spec.image else "the operator's default (spec.image unset)"
+    return (
+        f"pod {held.name} cannot pull its trainer image: {held.image_error}; the image is {image}: check its "
+        "name and tag, that its registry answers, and template.imagePullSecrets for a private one"
+    )[:1024]

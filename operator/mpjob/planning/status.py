@@ -76,6 +76,8 @@ class ConditionReason(StrEnum):
     PODS_CREATED = "PodsCreated"
     #: The kubelet cannot make a pod's container: a Secret or ConfigMap (or its key) not there.
     CONFIG_ERROR = "CreateContainerConfigError"
+    #: The kubelet cannot pull a pod's image and tries again (ErrImagePull, ImagePullBackOff).
+    IMAGE_PULL_BACKOFF = "ImagePullBackOff"
     #: The scheduler finds no node for a pod of the attempt, and did later.
     UNSCHEDULABLE = "Unschedulable"
     PODS_SCHEDULED = "PodsScheduled"

@@ -57,6 +57,8 @@ def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When
         _pods_refused(plan, spec, message=job.create_error, when=when)
     elif (held := scheduling.unconfigured(spec, job)) is not None:
         _pods_refused(plan, spec, message=held, when=when, reason=ConditionReason.CONFIG_ERROR)
+    elif (held := scheduling.unpulled(spec, job)) is not None:
+        _pods_refused(plan, spec, message=held, when=when, reason=ConditionReason.IMAGE_PULL_BACKOFF)
     else:
         if created:
             lc.pods_created(plan, when)
@@ -110,7 +112,8 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
 def _pods_refused(
     plan: Plan, spec: MixedPrecisionJobSpec, *, message: str, when: When, reason: str = ConditionReason.FAILED_CREATE
 ) -> None:
-    """Pods the Job controller cannot create, or whose container the kubelet cannot (`reason`):
+    """Pods the Job controller cannot create, or whose container the kubelet cannot make or
+    whose image it cannot pull (`reason`):
     shown at once, the job failed after runPolicy.podCreationTimeoutSeconds from the attempt's
     start (quota may free up, the Secret be made, meanwhile)."""
     current = plan.status.attempts[-1]

@@ -1,6 +1,7 @@
 """One pod's life on this node, as kubelet lives it: prepare its sandbox (IP, volumes,
-credentials, DNS name), run its init containers in order, start its main container (or hold
-the pod Pending while its env names a Secret or ConfigMap not there), report its exit, and
+credentials, DNS name), run its init containers in order, pull its image (registry.py), start
+its main container (or hold the pod Pending while its env names a Secret or ConfigMap not there,
+or its image's registry fails), report its exit, and
 restart or finish it by its restartPolicy; on deletion stop it gracefully.
 
 Two regressions shaped this file. A pod keeps its IP across container restarts and agent
@@ -21,17 +22,18 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.cluster.nodeagent import freeze
+from tests.cluster.nodeagent import freeze, registry
 from tests.cluster.nodeagent.credentials import service_account_kubeconfig
 from tests.cluster.nodeagent.environment import ContainerConfigError
 from tests.cluster.nodeagent.hosts import pod_hosts
 from tests.cluster.nodeagent.log import log, now
 from tests.cluster.nodeagent.podstatus import (
-    config_error_status,
+    CONFIG_ERROR,
     patch_status,
     running_status,
     start_error_status,
     terminated_status,
+    waiting_status,
 )
 from tests.cluster.nodeagent.processes import PodSandbox, ProcessRuntime, Started, termination_message
 from tests.cluster.nodeagent.state import AgentState, PodProcess
@@ -72,9 +74,15 @@ class PodLifecycle:
                 self.runtime.run_init(sandbox, ctr)
             ctr = pod.spec.containers[0]
             try:
+                registry.pull(self.core, pod.metadata.namespace, ctr.image or "")
                 started = self.runtime.start(sandbox, ctr)
             except ContainerConfigError as exc:
-                self._hold(sandbox, str(exc))
+                self._hold(sandbox, CONFIG_ERROR, str(exc))
+                return
+            except registry.ImagePullFailed as exc:
+                held = self.state.held.get(pod.metadata.uid)
+                again = held is not None and held[2] in (registry.PULLING, registry.BACKING_OFF)
+                self._hold(sandbox, *registry.waiting(exc, ctr.image or "", again=again))
                 return
             self.state.held.pop(sandbox.pod.metadata.uid, None)
             rec = _record(sandbox, ctr, started)
@@ -96,18 +104,19 @@ class PodLifecycle:
         self.state.set_hosts(uid, hosts)
         return PodSandbox(pod=pod, ip=ip, pod_dir=pod_dir, volumes=volumes, kubeconfig=kubeconfig, hosts=hosts)
 
-    def _hold(self, sandbox: PodSandbox, message: str) -> None:
-        """Pending, its container waiting (CreateContainerConfigError), as a kubelet leaves it;
-        the watch tries it again (watch.py), its init containers too (no pod here has any that
-        mind; a kubelet would not). Written, and logged, once per message: each write is an event
-        of the pod, and each event a try."""
+    def _hold(self, sandbox: PodSandbox, reason: str, message: str) -> None:
+        """Pending, its container waiting (`reason`: CreateContainerConfigError, ErrImagePull,
+        ImagePullBackOff), as a kubelet leaves it; the watch tries it again (watch.py), its init
+        containers too (no pod here has any that mind; a kubelet would not). Written, and logged,
+        once per reason and message: each write is an event of the pod, and each event a try."""
         meta = sandbox.pod.metadata
-        held = (meta.namespace, meta.name, message)
+        held = (meta.namespace, meta.name, reason, message)
         if self.state.held.get(meta.uid) == held:
             return
         self.state.held[meta.uid] = held
-        log(f"{meta.namespace}/{meta.name} waits: {message}")
-        patch_status(self.core, meta.name, meta.namespace, status=config_error_status(sandbox.pod, sandbox.ip, message))
+        log(f"{meta.namespace}/{meta.name} waits: {reason}: {message}")
+        status = waiting_status(sandbox.pod, sandbox.ip, reason, message)
+        patch_status(self.core, meta.name, meta.namespace, status=status)
 
     def fail_start(self, pod: Any, message: str) -> None:
         patch_status(self.core, pod.metadata.name, pod.metadata.namespace, status=start_error_status(pod, message))

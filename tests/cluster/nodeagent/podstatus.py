@@ -1,6 +1,7 @@
 """What the agent writes to a pod's status, as kubelet would: Running with its IP, then
 terminated with the exit code and termination message (Succeeded or Failed), Pending with
-its container waiting (CreateContainerConfigError) while its environment cannot be made, or
+its container waiting (CreateContainerConfigError, ErrImagePull, ImagePullBackOff) while its
+environment cannot be made or its image pulled, or
 Failed with StartError when the pod could not be started at all.
 
 Every write names the pod's one IP: podIPs is merged by ip, so a second address would make
@@ -84,11 +85,12 @@ def terminated_status(rec: PodProcess, code: int, message: str) -> dict[str, Any
     }
 
 
-def config_error_status(pod: Any, ip: str, message: str) -> dict[str, Any]:
-    """Pending on its IP, the main container waiting: its environment names a Secret or
-    ConfigMap (or a key) that is not there, in the kubelet's words."""
+def waiting_status(pod: Any, ip: str, reason: str, message: str) -> dict[str, Any]:
+    """Pending on its IP, the main container waiting for `reason`, in the kubelet's words: its
+    environment names a Secret or ConfigMap (or a key) that is not there, or its image cannot
+    be pulled."""
     ctr, stamp = pod.spec.containers[0], now()
-    waiting = {"reason": CONFIG_ERROR, "message": message[:MESSAGE_LIMIT]}
+    waiting = {"reason": reason, "message": message[:MESSAGE_LIMIT]}
     return {
         "phase": "Pending",
         "podIP": ip,

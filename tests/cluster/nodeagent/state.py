@@ -101,7 +101,7 @@ class AgentState:
         self.silent_nodes: set[str] = set()
         #: Pods waiting for a Secret or ConfigMap their container's env names: uid -> (namespace,
         #: name, why), tried again until they start or go (in memory: a restarted agent lists them anew).
-        self.held: dict[str, tuple[str, str, str]] = {}
+        self.held: dict[str, tuple[str, str, str, str]] = {}  # uid -> namespace, name, reason, message
         self._ip_counter = 0
         self._load()
 

@@ -5,6 +5,7 @@ those the scheduler bound to our nodes, level-triggered (each event carries the 
 - held (its container's env names a Secret or ConfigMap, or a key, not there): Pending with
   CreateContainerConfigError, tried again every CONFIG_RETRY_SECONDS and on each event of it,
   as a kubelet's pod worker does (its back-off is 10s), and started once what it names is there;
+  the same with ErrImagePull, then ImagePullBackOff, while its image's registry fails (registry.py);
 - deletionTimestamp set: stop it gracefully in a thread of its own (SIGTERM, the pod's grace
   period, SIGKILL), or remove the object at once if nothing of it runs here;
 - gone from the API (DELETED, or missing from a fresh list): kill its processes now;
@@ -124,7 +125,7 @@ class PodWatch:
         """The held-pods thread: every CONFIG_RETRY_SECONDS, read each held pod again and act on it
         (started once its Secret or ConfigMap is there; let go once it is gone or ended)."""
         while not self.stop.wait(CONFIG_RETRY_SECONDS):
-            for uid, (namespace, name, _) in list(self.state.held.items()):
+            for uid, (namespace, name, *_) in list(self.state.held.items()):
                 try:
                     pod = self.core.read_namespaced_pod(name, namespace)
                 except Exception as exc:

@@ -47,8 +47,12 @@ def started() -> MixedPrecisionJobStatus:
 
 @pytest.mark.parametrize(
     "jobs",
-    [unschedulable(1), held(1, config_error='secret "keys" not found')],
-    ids=["unschedulable", "config-error"],
+    [
+        unschedulable(1),
+        held(1, config_error='secret "keys" not found'),
+        held(1, image_error='failed to pull and unpack image "team/trainer:9": not found'),
+    ],
+    ids=["unschedulable", "config-error", "image-pull"],
 )
 def test_a_held_attempt_s_job_made_from_an_older_spec_is_made_again_from_the_edited_one(
     jobs: dict[int, JobView],
