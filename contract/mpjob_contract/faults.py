@@ -47,6 +47,7 @@ class Fault(StrEnum):
     PREEMPTED = "Preempted"
     INFRA_ERROR = "InfraError"
     STALLED = "Stalled"
+    OOM_KILLED = "OOMKilled"
 
 
 class FaultAction(StrEnum):
@@ -84,6 +85,9 @@ ACTIONS: dict[Fault, tuple[FaultAction, ...]] = {
     Fault.PREEMPTED: (FaultAction.RETRY, FaultAction.FAIL),
     Fault.INFRA_ERROR: (FaultAction.RETRY, FaultAction.FAIL),
     Fault.STALLED: (FaultAction.RETRY, FaultAction.FAIL),
+    #: The host's memory limit: the same attempt again meets the same limit, unless what filled
+    #: it comes and goes (data loader workers, a neighbour on a node without limits).
+    Fault.OOM_KILLED: (FaultAction.FAIL, FaultAction.RETRY),
 }
 #: An attempt's reason -> the fault it is (reasons not listed are not faults a policy rules on).
 _FAULT_OF_REASON: dict[Reason, Fault] = {
@@ -96,6 +100,7 @@ _FAULT_OF_REASON: dict[Reason, Fault] = {
     Reason.DELETED: Fault.INFRA_ERROR,
     Reason.NODE_LOST: Fault.INFRA_ERROR,
     Reason.STALLED: Fault.STALLED,
+    Reason.OOM_KILLED: Fault.OOM_KILLED,
 }
 #: A numeric fault's guard rule -> its fault: each is one by the same name.
 _FAULT_OF_RULE: dict[str, Fault] = {rule.value: Fault(rule.value) for rule in GuardRule}

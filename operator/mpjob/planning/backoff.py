@@ -39,7 +39,13 @@ CAP_SECONDS = 360.0
 
 #: Endings of the attempt's own failure (not the platform's doing) that may be retried as they were.
 RETRIED_FAILURES = frozenset(
-    {Reason.INFRA_ERROR.value, Reason.STALLED.value, Reason.NUMERIC_FAULT.value, Reason.OUT_OF_DEVICE_MEMORY.value}
+    {
+        Reason.INFRA_ERROR.value,
+        Reason.STALLED.value,
+        Reason.NUMERIC_FAULT.value,
+        Reason.OUT_OF_DEVICE_MEMORY.value,
+        Reason.OOM_KILLED.value,
+    }
 )
 
 

@@ -53,6 +53,7 @@ def newest(index: int, **kw: object) -> AttemptStatus:
         ([ended(0), ended(1, "NumericFault"), newest(2, precision="fp32")], 0),  # a fallback
         ([ended(0), ended(1, "OutOfDeviceMemory"), newest(2, micro_batch=2)], 0),  # a split
         ([ended(0), ended(1, "NumericFault"), newest(2)], 2),  # faultPolicy retries it as it was
+        ([ended(0, "OOMKilled"), newest(1)], 1),  # faultPolicy retries a host OOM as it was
         ([ended(0), ended(1, end_step=30), ended(2), newest(3)], 2),  # 1 trained: it counts, none before it
         ([ended(0), ended(1), newest(2, start_step=20)], 1),  # 1 passed a checkpoint the next resumes from
         ([ended(0), ended(2), newest(3)], 1),  # not in a row (attempts[] dropped one between)
@@ -208,3 +209,16 @@ def test_an_attempt_with_no_wait_is_said_started_when_its_job_is_made() -> None:
     plan = reconcile(S, read_back(first), 1, crashed(0), NOW, retries=RetryBackoff(base=0))
     assert [s.index for s in plan.create] == [1]
     assert started(plan) == [("event", "attempt 1 in bf16"), ("counted", "InfraError")]
+
+
+def test_a_host_oom_a_rule_retries_waits_as_an_infra_error_does() -> None:
+    retries = spec(precision={"mode": "bf16"}, faultPolicy={"rules": [{"fault": "OOMKilled", "action": "Retry"}]})
+    first = reconcile(retries, MixedPrecisionJobStatus(), 1, {}, NOW, retries=backoff.JOB_CONTROLLER).status
+    pod = PodView("p0", 0, "Failed", alive=False, exit_code=137, platform_reason="OOMKilled")
+    killed = {0: JobView(0, finished="Failed", reason="BackoffLimitExceeded", pods=(pod,))}
+    plan = reconcile(retries, read_back(first), 1, killed, NOW, retries=backoff.JOB_CONTROLLER)
+    assert [(a.index, a.reason) for a in plan.status.attempts] == [(0, "OOMKilled"), (1, None)]
+    assert plan.status.attempts[0].charged is not False and plan.create == [] and plan.requeue_after == 10
+    assert "spec.faultPolicy.rules[0] (fault: OOMKilled, action: Retry)" in (plan.status.attempts[0].message or "")
+    failed = reconcile(S, read_back(first), 1, killed, NOW, retries=backoff.JOB_CONTROLLER).status
+    assert failed.phase == "Failed" and [a.reason for a in failed.attempts] == ["OOMKilled"]  # no rule: as before

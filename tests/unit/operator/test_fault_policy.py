@@ -36,6 +36,7 @@ EXPECTED_ALLOWED = {
     (F.PREEMPTED, A.RETRY), (F.PREEMPTED, A.FAIL),
     (F.INFRA_ERROR, A.RETRY), (F.INFRA_ERROR, A.FAIL),
     (F.STALLED, A.RETRY), (F.STALLED, A.FAIL),
+    (F.OOM_KILLED, A.FAIL), (F.OOM_KILLED, A.RETRY),
 }  # fmt: skip
 #: The built-in action of each fault: what today's operator and trainer do without rules.
 BUILT_IN = {
@@ -47,6 +48,7 @@ BUILT_IN = {
     F.PREEMPTED: A.RETRY,
     F.INFRA_ERROR: A.RETRY,
     F.STALLED: A.RETRY,
+    F.OOM_KILLED: A.FAIL,
 }
 
 
@@ -119,6 +121,7 @@ def test_the_first_of_two_rules_on_one_guard_rule_decides_and_the_built_in_comes
         (Reason.DELETED, None, F.INFRA_ERROR),
         (Reason.INFRA_ERROR, None, F.INFRA_ERROR),
         (Reason.STALLED, None, F.STALLED),
+        (Reason.OOM_KILLED, None, F.OOM_KILLED),
         (Reason.SUCCEEDED, None, None),
         (Reason.CONFIG_ERROR, None, None),
         (Reason.REPROMOTE, None, None),
@@ -193,6 +196,21 @@ def test_rules_the_operator_does_not_carry_out_or_that_agree_change_nothing() ->
     oom = ended(Reason.OUT_OF_DEVICE_MEMORY, 46)
     same = FaultPolicy.model_validate({"rules": [{"fault": "OutOfDeviceMemory", "action": "Retry"}]})
     assert under_policy(classify(oom), same, oom.report).action is Action.SAME_PRECISION
+
+
+def test_a_host_oom_fails_the_job_unless_a_rule_retries_it_charged_and_named() -> None:
+    """A container the kernel killed for host memory failed the job whatever the job said: no
+    fault named it. Failing stays the built-in action; `{fault: OOMKilled, action: Retry}` takes
+    the same precision again (a memory spike that comes and goes), charged, the rule named."""
+    killed = AttemptOutcome(137, platform_reason="OOMKilled", message="the kernel killed the trainer")
+    assert (classify(killed).reason, classify(killed).action) == (Reason.OOM_KILLED, Action.FAIL)
+    retries = FaultPolicy.model_validate({"rules": [{"fault": "OOMKilled", "action": "Retry"}]})
+    result = under_policy(classify(killed), retries, None)
+    assert result.action is Action.SAME_PRECISION and result.charged
+    named = "spec.faultPolicy.rules[0] (fault: OOMKilled, action: Retry)"
+    assert result.message == f"{named}: the kernel killed the trainer"
+    fails = FaultPolicy.model_validate({"rules": [{"fault": "OOMKilled", "action": "Fail"}]})
+    assert under_policy(classify(killed), fails, None) == classify(killed)  # the built-in, unnamed
 
 
 def test_a_rule_under_the_former_name_on_decides_as_one_under_fault() -> None:
