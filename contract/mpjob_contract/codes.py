@@ -128,6 +128,10 @@ ENDING_PRECEDENCE: tuple[Reason, ...] = (
     Reason.PREEMPTED,
     Reason.SUCCEEDED,
 )
+#: The endings a trainer's report may give: each other reason (an eviction, a lost node, the
+#: kernel's OOM killer, a deadline, a suspension, a resize) is the platform's or the operator's to
+#: say, from what the cluster shows, never from a file the tenant's processes can write.
+TRAINER_REASONS: frozenset[Reason] = frozenset(ENDING_PRECEDENCE)
 
 
 #: Each class's place in ENDING_PRECEDENCE (0 = highest).

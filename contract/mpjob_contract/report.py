@@ -5,7 +5,8 @@ keeps the report well under that by shortening the human message first.
 
 A report is the tenant's word: any process in the trainer's container can write that file.
 So it is validated at the boundary, here, by every reader (the operator, `mpjob run`, the
-launcher folding its ranks): a precision is one the API knows, a reason one of `Reason`,
+launcher folding its ranks): a precision is one the API knows, a reason one of the trainer's
+own (`codes.TRAINER_REASONS`: an eviction or an OOM kill is the cluster's to show),
 steps and counters are integers in [0, 2^53), floats are finite, strings are bounded (the
 message is cut to MAX_MESSAGE_CHARS and rid of terminal control (`environment.readable`), a
 path or digest too long or holding a control character is refused). A
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from mpjob_contract import timeline
 from mpjob_contract.api import Precision
-from mpjob_contract.codes import Reason
+from mpjob_contract.codes import TRAINER_REASONS, Reason
 from mpjob_contract.environment import DEFAULT_TERMINATION_LOG, MAX_REPORT_BYTES, TERMINATION_LOG_ENV, readable
 from mpjob_contract.skipping import Skipped
 
@@ -188,6 +189,14 @@ class TerminationReport(_Model):
     precision_changes: list[InPlaceChange] = Field(
         default_factory=list, alias="precisionChanges", max_length=MAX_CHANGES
     )
+
+    @field_validator("reason")
+    @classmethod
+    def _trainers_own(cls, value: Reason) -> Reason:
+        if value not in TRAINER_REASONS:
+            allowed = ", ".join(sorted(reason.value for reason in TRAINER_REASONS))
+            raise ValueError(f"{value.value} is the cluster's to say, not a trainer's report's: one of {allowed}")
+        return value
 
     @field_validator("loss_scales", mode="before")
     @classmethod

@@ -48,9 +48,9 @@ CASES = [
     Case("a trainer's own exit 44", JobView(0, "Failed", pods=(pod(44),)), Reason.PREEMPTED, True),
     Case("a Preempted report", JobView(0, "Failed", pods=(pod(44, PREEMPTED_REPORT),)), Reason.PREEMPTED, True),
     Case(
-        "a Preempted report that claims Evicted",
+        "a Preempted report that claims Evicted",  # the cluster's word in a report: invalid, a crash
         JobView(0, "Failed", pods=(pod(44, PREEMPTED_REPORT.replace("Preempted", "Evicted")),)),
-        Reason.EVICTED,
+        Reason.INFRA_ERROR,
         True,
     ),
     Case(

@@ -12,7 +12,7 @@ import pytest
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob.summary import summary_lines
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.codes import Reason
+from mpjob_contract.codes import TRAINER_REASONS, Reason
 from mpjob_contract.report import (
     MAX_MESSAGE_CHARS,
     MAX_REPORT_INT,
@@ -42,6 +42,7 @@ def report(**fields: object) -> str:
         (report(step=MAX_REPORT_INT + 1), "step"),
         (report(startStep=1.5), "startStep"),
         (report(reason="Exploded"), "reason"),
+        *((report(reason=reason.value), "reason") for reason in Reason if reason not in TRAINER_REASONS),
         (report(counters={"overflowSteps": 2**60}), "counters.overflowSteps"),
         ('{"reason": "Preempted", "counters": {"loss": NaN}}', "counters.loss"),
         ('{"reason": "Preempted", "counters": {"lossScale": Infinity}}', "counters.lossScale"),
@@ -132,3 +133,16 @@ def test_a_log_tail_in_place_of_a_report_reaches_the_status_without_control_char
     first = ended.attempts[0]
     assert "boom" in first.message and _controls(first.message) == []
     assert _controls("\n".join(summary_lines("j", ended))) == []
+
+
+@pytest.mark.parametrize("said", ["DeadlineExceeded", "OOMKilled", "ImagePullError"])
+def test_a_report_claiming_the_clusters_word_is_a_crash_retried_not_the_end_of_the_job(said: str) -> None:
+    """The operator took a report's reason as given: a tenant's process that wrote
+    `{"reason": "DeadlineExceeded"}` and exited 1 failed the job as if its deadline had passed."""
+    spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}, "precision": {"mode": "fp32"}})
+    began = reconcile(spec, MixedPrecisionJobStatus(), 1, {}, NOW).status
+    pod = PodView("p0", 0, "Failed", alive=False, exit_code=1, termination_message=report(reason=said, step=5))
+    ended = reconcile(spec, began, 1, {0: JobView(0, finished="Failed", pods=(pod,))}, NOW).status
+    first = ended.attempts[0]
+    assert (first.reason, ended.phase) == ("InfraError", "Pending"), ended
+    assert f"{said} is the cluster's to say" in first.message and len(ended.attempts) == 2

@@ -21,7 +21,7 @@ import pytest
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.report import MAX_REPORT_BYTES, CheckpointRef, TerminationReport
 from mpjob_trainer.launch import LaunchConfigError, RankEnding, fold_endings, parse_plan
-from mpjob_trainer.launch.exits import RankExit
+from mpjob_trainer.launch.exits import RankExit, passthrough
 from mpjob_trainer.launch.fold import rank_ending
 from mpjob_trainer.launch.plan import DEFAULT_GRACE_SECONDS
 from tests.helpers import Meeting, free_port, wait_for
@@ -146,8 +146,8 @@ FOLDS = {
     "a report that contradicts its code": Fold(
         [ending(0, 1, "Succeeded", "done")], 1, "InfraError", "exited 1 (its report said Succeeded)"
     ),
-    "an infrastructure reason of the rank's own is kept": Fold(
-        [ending(0, 1, "OOMKilled", "oom")], 1, "OOMKilled", "oom"
+    "a rank's own report of the session's crash is kept": Fold(
+        [ending(0, 1, "InfraError", "oom")], 1, "InfraError", "oom"
     ),
     "a single rank's report passes through as it is": Fold(
         [ending(0, 42, "NumericFault", "nan storm", ckpt=5)], 42, "NumericFault", "nan storm", checkpoint=5
@@ -179,6 +179,18 @@ def test_a_rank_with_an_invalid_report_ends_the_pod_as_an_infrastructure_failure
     assert "invalid termination report: precision" in pod.report.message
     assert pod.report.precision is None  # nothing of the invalid report is passed on
     assert TerminationReport.parse_message(pod.report.to_message()) == pod.report
+
+
+@pytest.mark.parametrize("said", ["OOMKilled", "Evicted", "DeadlineExceeded", "Suspended"])
+def test_a_lone_rank_whose_report_claims_the_clusters_word_ends_the_pod_as_a_crash(said: str) -> None:
+    """A report of exit 1 claiming an OOM kill, an eviction or a deadline was taken as given: a
+    process of the tenant's could end the job for good (OOMKilled, DeadlineExceeded) or make its
+    crash look like the cluster's doing. Only the cluster shows those."""
+    text = json.dumps({"reason": said, "step": 5, "message": "trust me"})
+    assert passthrough([RankExit(0, 0, 1, report_text=text)]) is None  # judged, not written through
+    pod = fold_endings([rank_ending(RankExit(0, 0, 1, report_text=text))])
+    assert (pod.code, pod.report.reason) == (1, "InfraError")
+    assert f"invalid termination report: reason: Value error, {said} is the cluster's to say" in pod.report.message
 
 
 def test_the_folded_report_stays_within_the_termination_message_budget() -> None:

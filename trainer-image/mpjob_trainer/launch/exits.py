@@ -15,13 +15,14 @@ import signal
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from mpjob_contract.codes import ENDING_PRECEDENCE, Reason, reason_for_exit_code
+from mpjob_contract.codes import ENDING_PRECEDENCE, TRAINER_REASONS, Reason, reason_for_exit_code
 from mpjob_contract.environment import MAX_REPORT_BYTES
 
 #: The endings the contract decides by exit code (ENDING_PRECEDENCE's classes but InfraError,
 #: which stands for every other code: a report that says InfraError agrees with any of them).
 _DECIDED = frozenset(ENDING_PRECEDENCE) - {Reason.INFRA_ERROR}
-_KNOWN = frozenset(reason.value for reason in Reason)
+#: The reasons a report of the trainer's may give (any other: the fold judges the report invalid).
+_KNOWN = frozenset(reason.value for reason in TRAINER_REASONS)
 
 
 class StartError(NamedTuple):
