@@ -113,8 +113,9 @@ class PrecisionSpec(ApiModel):
         alias="inPlace",
         description="Fall back in the running processes: restore the last good checkpoint, switch autocast and "
         "GradScaler, run the steps since it again, go on (a new attempt, inPlace: true, no pod restarted). "
-        "false: every fallback restarts the pods. What cannot change in place (fsdp, a framework adapter, an "
-        "fp32 fallback that splits the micro-batch) restarts either way.",
+        "false: every fallback restarts the pods. What cannot change in place restarts either way: a framework "
+        "adapter, a change of micro-batch split by a loop with no reshape or with fsdp, an auto attempt (it "
+        "measures first), an elastic job.",
     )
     loss_scale: LossScale = Field(default_factory=LossScale)
     guard: Guard = Field(default_factory=Guard)
