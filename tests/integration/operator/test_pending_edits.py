@@ -1,6 +1,7 @@
 """A job stuck Pending edited as its PodsScheduled condition says, on the real control plane:
 the field it names (resources.gpusPerWorker, template.nodeSelector, the checkpoint claim's name,
-or, held by CreateContainerConfigError, template.env) is taken by the API server,
+or, held by CreateContainerConfigError, template.env; by an image it cannot pull, spec.image) is
+taken by the API server,
 and the attempt whose pods never started is made again from the edited spec, without a new
 job. Before, the edit was read (observedGeneration) and nothing else happened: the attempt's
 Job kept asking for what no node has until the job was suspended and resumed or recreated."""
@@ -13,6 +14,7 @@ import pytest
 
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.integration.operator.test_hostile_children import condition, standin
+from tests.integration.operator.test_image_pulls import IMAGE, registry_fails
 
 pytestmark = pytest.mark.integration
 
@@ -42,12 +44,14 @@ MISSING_KEY = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "nowhere"
             {"template": {"env": [{"name": "TOKEN", "value": "t"}]}},
             "PodsCreated",
         ),
+        ("image", {"image": IMAGE}, {"image": "ghcr.io/team/trainer:2"}, "PodsCreated"),
     ],
 )
 def test_the_field_a_held_job_names_edited_starts_it_in_the_same_job(
     operator: Operator, jobs: Jobs, name: str, over: dict[str, Any], edit: dict[str, Any], held_by: str
 ) -> None:
     jobs.pvc("ckpt")
+    registry_fails(jobs, "manifest unknown")  # IMAGE's registry: the other cases pull from none
     jobs.create(name, standin(**over))
     jobs.wait_status(name, lambda s: condition(s, held_by).get("status") == "False", 60, f"{held_by}=False")
     jobs.patch_spec(name, edit)
