@@ -40,8 +40,9 @@ REPROMOTIONS = Counter(
 JOBS_BY_PHASE = Gauge("mpjob_operator_jobs", "MixedPrecisionJobs this operator watches, by phase.", ["phase"])
 JOBS_IN_TROUBLE = Gauge(
     "mpjob_operator_jobs_in_trouble",
-    "MixedPrecisionJobs this operator watches whose next attempt waits out a backoff (BackingOff) or whose "
-    "checkpoints lapsed (CheckpointsFailing), by that condition.",
+    "MixedPrecisionJobs this operator watches whose next attempt waits out a backoff (BackingOff), whose "
+    "checkpoints lapsed (CheckpointsFailing), or whose attempt's pods cannot be created or started (FailedCreate, "
+    "CreateContainerConfigError, ImagePullBackOff), by that condition.",
     ["condition"],
 )
 ERRORS = Counter("mpjob_operator_errors", "Reconcile errors, by kind.", ["kind"])

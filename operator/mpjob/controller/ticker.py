@@ -27,9 +27,16 @@ from mpjob_contract import api
 from mpjob_contract.status import MixedPrecisionJobStatus
 
 PHASES: tuple[str, ...] = typing.get_args(api.Phase)
+#: Why an attempt's pods do not start, as the PodsCreated=False condition's reason says it.
+PODS_HELD: tuple[str, ...] = (
+    ConditionReason.FAILED_CREATE,
+    ConditionReason.CONFIG_ERROR,
+    ConditionReason.IMAGE_PULL_BACKOFF,
+)
 #: What the jobs-in-trouble gauge counts, as `kubectl describe mpj` shows it: the next attempt
-#: waits out its backoff (the Running condition's reason), the checkpoints lapsed (a condition).
-TROUBLES: tuple[str, ...] = (ConditionReason.BACKING_OFF, ConditionType.CHECKPOINTS_FAILING)
+#: waits out its backoff (the Running condition's reason), the checkpoints lapsed (a condition),
+#: the attempt's pods cannot be created or started (PodsCreated=False, by its reason).
+TROUBLES: tuple[str, ...] = (ConditionReason.BACKING_OFF, ConditionType.CHECKPOINTS_FAILING, *PODS_HELD)
 
 
 class Standing(NamedTuple):
@@ -44,9 +51,10 @@ def standing(status: MixedPrecisionJobStatus) -> Standing:
     none: its conditions tell of its end, not of a night still going on)."""
     if status.phase in FINISHED:
         return Standing(str(status.phase))
-    running = {c.reason for c in status.conditions if c.type == ConditionType.RUNNING and c.status == "False"}
+    waiting = (ConditionType.RUNNING, ConditionType.PODS_CREATED)
+    held = {c.reason for c in status.conditions if c.type in waiting and c.status == "False"}
     lapsed = {ConditionType.CHECKPOINTS_FAILING} if lapse.held(status) else set()
-    return Standing(str(status.phase), frozenset((running | lapsed) & set(TROUBLES)))
+    return Standing(str(status.phase), frozenset((held | lapsed) & set(TROUBLES)))
 
 
 def has_work(status: dict[str, Any] | None, spec: dict[str, Any] | None) -> bool:

@@ -33,6 +33,7 @@ ALERTS = {
     "EvalLossDrift": "ticket",
     "DataSkipped": "ticket",
     "AttemptsBackingOff": "page",
+    "PodsNotStarting": "ticket",
     "OperatorDown": "page",
     "ReconcileErrors": "ticket",
 }
