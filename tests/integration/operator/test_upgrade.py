@@ -86,17 +86,21 @@ def test_the_upgrade_s_crd_command_applies_over_a_crd_helm_installed(
 
 
 def _without_defaults(schema: dict[str, Any]) -> None:
-    """An older CRD: the spec's fields that carry a default are not in it (nor the rules, which
-    may name them)."""
+    """An older CRD: the spec's fields carry no default (nor the rules, which may name them), so
+    a job stored under it holds none of them. The fields stay in its schema: a field it lacked
+    would be pruned from every job read while it is installed, and a job another test runs
+    meanwhile, on another worker, read without the value it set (a bucket's credentialsSecret
+    once: its operator named the wrong field)."""
 
-    def strip(node: Any) -> None:
+    def strip(node: Any, keys: tuple[str, ...] = ()) -> None:
+        """`keys`: a list-map's keys, whose defaults the API server requires."""
         if isinstance(node, dict):
             node.pop("x-kubernetes-validations", None)
-            props = node.get("properties") or {}
-            for key in [k for k, v in props.items() if isinstance(v, dict) and "default" in v]:
-                del props[key]
-            for value in node.values():
-                strip(value)
+            for name, field in (node.get("properties") or {}).items():
+                if isinstance(field, dict) and name not in keys:
+                    field.pop("default", None)
+            for name, value in node.items():
+                strip(value, tuple(node.get("x-kubernetes-list-map-keys") or ()) if name == "items" else ())
         elif isinstance(node, list):
             for value in node:
                 strip(value)
