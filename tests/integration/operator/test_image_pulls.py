@@ -13,6 +13,7 @@ import pytest
 
 from tests.cluster.nodeagent.registry import REGISTRY_FAULTS
 from tests.integration.operator.conftest import Jobs, Operator
+from tests.integration.operator.test_config_error import held
 from tests.integration.operator.test_hostile_children import condition, standin
 
 pytestmark = pytest.mark.integration
@@ -29,12 +30,6 @@ def registry_fails(jobs: Jobs, error: str | None) -> None:
         jobs.core.delete_namespaced_config_map(REGISTRY_FAULTS, jobs.namespace)
     else:
         jobs.core.create_namespaced_config_map(jobs.namespace, body)
-
-
-def held(jobs: Jobs, name: str) -> dict[str, Any]:
-    return jobs.wait_status(
-        name, lambda s: condition(s, "PodsCreated").get("status") == "False", 60, "PodsCreated=False"
-    )
 
 
 def test_a_registry_that_throttles_holds_the_job_until_it_answers_in_the_same_attempt(
