@@ -218,7 +218,7 @@ class CheckpointStore:
     def _read_single(path: Path, manifest: Manifest) -> dict[str, Any]:
         check_files(path, replace(manifest, files={k: v for k, v in manifest.files.items() if k != STATE}))
         state = load_checked(path, STATE, manifest.files[STATE])  # the bytes hashed, read once
-        problem = state_problem(state, manifest.step)
+        problem = state_problem(state, manifest.step) or shards.foreign_keys_problem(state, sharded=False)
         if problem is not None:
             raise CorruptCheckpoint(f"{path.name}: {STATE} {problem}")
         return state

@@ -40,8 +40,7 @@ from mpjob_trainer.session.early_stop import STOPPED_EARLY
 from mpjob_trainer.session.fits import load_all
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
-#: In a capture: held in memory, every object by its own state_dict() (never written).
-IN_MEMORY = "heldInMemory"
+IN_MEMORY = shards.IN_MEMORY
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
 RESERVED = frozenset(
     {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", STOPPED_EARLY, FORMAT_KEY}
@@ -206,6 +205,8 @@ class TrainingState:
         (else CorruptCheckpoint)."""
         if (problem := state_kind_problem(state, self.objects)) is not None:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
+        if shards.SHARDS in state and shards.SHARDED_OBJECTS not in state:
+            raise CorruptCheckpoint(f"the sharded checkpoint of step {state.get('step')} names no sharded objects")
         state = upgrade(state, self.objects)
         check_module_dtypes(state, self.objects, f"the checkpoint of step {state.get('step')}")
         for name, module in self.objects.items():  # the script's own code: a ConfigError, whatever the checkpoint
