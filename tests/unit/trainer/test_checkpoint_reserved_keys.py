@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
-from mpjob_trainer.checkpoint.shards import foreign_keys_problem
+from mpjob_trainer.checkpoint.capture_keys import foreign_keys_problem
 from mpjob_trainer.session.state import TrainingState
 
 pytestmark = pytest.mark.unit

@@ -281,3 +281,51 @@ def test_a_manifest_replaced_after_verification_lets_the_index_name_no_unchecked
     TrainingState(objects).restore(state, "fp32", None)
     written = _objects(20)["model"].state_dict()  # the verified checkpoint's values, none of the planted file's
     assert all(torch.equal(v, written[k]) for k, v in objects["model"].state_dict().items())
+
+
+def _key_a_string(metadata: Any) -> None:
+    metadata.storage_data = {str(index.fqn): info for index, info in metadata.storage_data.items()}
+
+
+def _path_a_list(metadata: Any) -> None:
+    for info in metadata.storage_data.values():
+        info.relative_path = [info.relative_path]
+
+
+def _no_size(metadata: Any) -> None:
+    entry = next(e for e in metadata.state_dict_metadata.values() if hasattr(e, "size"))
+    del entry.size
+
+
+def _name_a_number(metadata: Any) -> None:
+    metadata.state_dict_metadata = dict(enumerate(metadata.state_dict_metadata.values()))
+
+
+@pytest.mark.parametrize(
+    ("malform", "said"),
+    [
+        (_key_a_string, "not a value's index"),
+        (_path_a_list, "not a file of the checkpoint"),
+        (_no_size, "neither a value nor a tensor"),
+        (_name_a_number, "not named by strings"),
+    ],
+    ids=["key-a-string", "path-a-list", "tensor-without-size", "name-a-number"],
+)
+def test_an_index_of_dcps_classes_in_the_wrong_shapes_is_corrupt_not_a_crash(
+    tmp_path: Path, malform: Callable[[Any], None], said: str
+) -> None:
+    """Only DCP's classes unpickle, but their fields may hold anything: the checks read them as
+    DCP writes them and raised AttributeError or TypeError, which no rank took for the
+    checkpoint's fault: every retry stopped on it instead of using the one before."""
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    newest = _commit(store, 20)
+    index = newest / ".metadata"
+    with index.open("rb") as f:
+        metadata = pickle.load(f)  # our own, just written
+    malform(metadata)
+    index.write_bytes(pickle.dumps(metadata))
+    _recompute_manifest(newest)
+    loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
+    assert loaded is not None and loaded[0].step == 10 and said in log[0]["problem"], log

@@ -91,15 +91,19 @@ def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata
         raise CorruptCheckpoint(f"{where}: not DCP's metadata ({str(exc)[:200]})") from None
     if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.storage_data, dict):
         raise CorruptCheckpoint(f"{where}: holds a {type(metadata).__name__}, not DCP's metadata")
-    for info in metadata.storage_data.values():
+    for index, info in metadata.storage_data.items():
+        if not isinstance(index, dcp_metadata.MetadataIndex) or not isinstance(index.fqn, str):
+            raise CorruptCheckpoint(f"{where}: a storage entry is keyed by {str(index)[:100]!r}, not a value's index")
         name, offset, length = (getattr(info, field, None) for field in ("relative_path", "offset", "length"))
-        if name not in listed or not all(isinstance(n, int) and n >= 0 for n in (offset, length)):
+        listed_file = isinstance(name, str) and name in listed
+        if not listed_file or not all(isinstance(n, int) and n >= 0 for n in (offset, length)):
             raise CorruptCheckpoint(f"{where}: a storage entry names {str(name)[:100]!r}, not a file of the checkpoint")
         if getattr(info, "transform_descriptors", None):  # mpjob writes none (no compression)
             raise CorruptCheckpoint(f"{where}: a storage entry asks for transforms mpjob never writes")
-    if not isinstance(metadata.state_dict_metadata, dict) or any(
-        map(_bad_entry, metadata.state_dict_metadata.values())
-    ):
+    entries = metadata.state_dict_metadata
+    if not isinstance(entries, dict) or not all(isinstance(fqn, str) for fqn in entries):
+        raise CorruptCheckpoint(f"{where}: its entries are not named by strings")
+    if any(map(_bad_entry, entries.values())):
         raise CorruptCheckpoint(f"{where}: an entry is neither a value nor a tensor of non-negative sizes and a dtype")
     return metadata
 
@@ -107,11 +111,8 @@ def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata
 def _bad_entry(entry: Any) -> bool:
     if isinstance(entry, dcp_metadata.TensorStorageMetadata):
         dtype = getattr(getattr(entry, "properties", None), "dtype", None)
-        return (
-            not isinstance(entry.size, torch.Size)
-            or any(n < 0 for n in entry.size)
-            or not isinstance(dtype, torch.dtype)
-        )
+        size = getattr(entry, "size", None)  # unpickled without __init__: any field may be missing
+        return not isinstance(size, torch.Size) or any(n < 0 for n in size) or not isinstance(dtype, torch.dtype)
     return not isinstance(entry, dcp_metadata.BytesStorageMetadata)
 
 

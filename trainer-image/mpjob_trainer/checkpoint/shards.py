@@ -49,6 +49,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mpjob_trainer.checkpoint.capture_keys import LISTED as LISTED  # the capture's keys, read here too
+from mpjob_trainer.checkpoint.capture_keys import SHARDED_OBJECTS as SHARDED_OBJECTS
+from mpjob_trainer.checkpoint.capture_keys import SHARDS as SHARDS
+from mpjob_trainer.checkpoint.capture_keys import foreign_keys_problem
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import (
@@ -69,35 +73,6 @@ if TYPE_CHECKING:
 
 # DCP (and the DTensor it brings) is imported where a sharded checkpoint is read or written:
 # a run that never shards never loads it, about a second off each trainer start.
-
-#: In a captured state: the state dicts DCP writes, by the names the objects were registered under.
-SHARDS = "shards"
-#: In a captured state: which registered names are in the shards ({"module": ..., "optimizer": ...}).
-SHARDED_OBJECTS = "shardedObjects"
-#: In a state read from a sharded checkpoint: its files as this rank checked them (CheckedShards:
-#: what the restore reads; never written).
-LISTED = "shardFiles"
-#: In a capture: held in memory, every object by its own state_dict() (never written).
-IN_MEMORY = "heldInMemory"
-#: What a capture holds that only a reader sets (SHARDS: the folder it read; LISTED) or that is
-#: never written (IN_MEMORY): a state read from a file that holds one, mpjob did not write.
-READERS_KEYS = (SHARDS, LISTED, IN_MEMORY)
-
-
-def foreign_keys_problem(state: dict[str, Any], *, sharded: bool) -> str | None:
-    """What of the keys no checkpoint writes there a state read from a file holds (None: none):
-    READERS_KEYS anywhere, SHARDED_OBJECTS in a single file (they would point the restore at any
-    folder's shards); a rank file's SHARDED_OBJECTS, where it has one, must name its sharded
-    objects as `shard_names` does ({"module": name, "optimizer": name}, the optimizer optional)."""
-    for key in (*READERS_KEYS, *(() if sharded else (SHARDED_OBJECTS,))):
-        if key in state:
-            return f"holds {key!r}, which no checkpoint of this layout writes"
-    names = state.get(SHARDED_OBJECTS, {"module": ""})  # none: the restore's to refuse (TrainingState)
-    named = isinstance(names, dict) and "module" in names and set(names) <= {"module", "optimizer"}
-    if sharded and not (named and all(isinstance(name, str) for name in names.values())):
-        return f"holds {SHARDED_OBJECTS} {names!r:.60}, not the names of its sharded objects"
-    return None
-
 
 #: What names a rank file, well formed or not (rank_file writes them).
 _RANK_FILE = re.compile(r"rank-[0-9]+\.pt")

@@ -43,6 +43,7 @@ import torch
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer.checkpoint import folders, ownership, shards, unloadable
+from mpjob_trainer.checkpoint.capture_keys import SHARDS, foreign_keys_problem
 from mpjob_trainer.checkpoint.checked import CheckedSource, load_checked
 from mpjob_trainer.checkpoint.lineage import UNJUDGED, Lineage
 from mpjob_trainer.checkpoint.manifest import (
@@ -186,7 +187,7 @@ class CheckpointStore:
     ) -> tuple[CheckpointRef, dict[str, Any]]:
         """Check manifest (its step the folder's), sha256 and config digest; return the ref and the
         loaded state. An older format's says so under FORMAT_KEY (TrainingState.restore migrates it);
-        a sharded checkpoint's is this rank's small state, its folder under shards.SHARDS (where
+        a sharded checkpoint's is this rank's small state, its folder under SHARDS (where
         TrainingState.restore reads the shards). Unless `alone`, the process group's ranks reject it
         together: for its manifest (one rank's copy may be stale or damaged), then its files (a
         sharded one's from `files`, a bucket's, where given)."""
@@ -194,7 +195,7 @@ class CheckpointStore:
         manifest = agreed(lambda: self._manifest_of(path), peers)
         if manifest.layout == DCP:
             state = shards.read_local(path, manifest, peers, hold=not alone, files=files)  # LISTED: the restore's
-            state[shards.SHARDS] = str(path)
+            state[SHARDS] = str(path)
         else:
             state = self._read_single(path, manifest)
         state.pop(FORMAT_KEY, None)  # the format is the manifest's word, never the state's own
@@ -218,7 +219,7 @@ class CheckpointStore:
     def _read_single(path: Path, manifest: Manifest) -> dict[str, Any]:
         check_files(path, replace(manifest, files={k: v for k, v in manifest.files.items() if k != STATE}))
         state = load_checked(path, STATE, manifest.files[STATE])  # the bytes hashed, read once
-        problem = state_problem(state, manifest.step) or shards.foreign_keys_problem(state, sharded=False)
+        problem = state_problem(state, manifest.step) or foreign_keys_problem(state, sharded=False)
         if problem is not None:
             raise CorruptCheckpoint(f"{path.name}: {STATE} {problem}")
         return state

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
+from mpjob_trainer.checkpoint.capture_keys import IN_MEMORY, LISTED, SHARDED_OBJECTS, SHARDS
 from mpjob_trainer.checkpoint.dtypes import check_module_dtypes
 from mpjob_trainer.checkpoint.extra_state import check_extra_states
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
@@ -40,11 +41,10 @@ from mpjob_trainer.session.early_stop import STOPPED_EARLY
 from mpjob_trainer.session.fits import load_all
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
-IN_MEMORY = shards.IN_MEMORY
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
 RESERVED = frozenset(
     {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", STOPPED_EARLY, FORMAT_KEY}
-    | {shards.SHARDS, shards.SHARDED_OBJECTS, shards.LISTED, IN_MEMORY}
+    | {SHARDS, SHARDED_OBJECTS, LISTED, IN_MEMORY}
 )
 __all__ = ["TrainingState", "own_fields_problem", "rng_state", "seed_everything"]  # the generators: session.generators
 
@@ -191,9 +191,9 @@ class TrainingState:
         if in_memory:
             state[IN_MEMORY] = True
         if self.sharded and through_dcp:
-            state[shards.SHARDED_OBJECTS] = dict(self.sharded)
+            state[SHARDED_OBJECTS] = dict(self.sharded)
             assert self._shard_dicts is not None
-            state[shards.SHARDS] = self._shard_dicts()
+            state[SHARDS] = self._shard_dicts()
         return state
 
     def _usable(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +205,7 @@ class TrainingState:
         (else CorruptCheckpoint)."""
         if (problem := state_kind_problem(state, self.objects)) is not None:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
-        if shards.SHARDS in state and shards.SHARDED_OBJECTS not in state:
+        if SHARDS in state and SHARDED_OBJECTS not in state:
             raise CorruptCheckpoint(f"the sharded checkpoint of step {state.get('step')} names no sharded objects")
         state = upgrade(state, self.objects)
         check_module_dtypes(state, self.objects, f"the checkpoint of step {state.get('step')}")
@@ -222,12 +222,12 @@ class TrainingState:
         CorruptCheckpoint when its own fields are unusable (`own_fields_problem`): the previous
         good checkpoint is used; a sharded one's on every rank when they are on any, and on every
         rank the error of one that cannot bring it to this format (`upgrade`) before the shards."""
-        folder = state.get(shards.SHARDS)
+        folder = state.get(SHARDS)
         peers = Peers.current() if isinstance(folder, str) else Peers(0, 1)  # a single file: resume agrees
         state = agreed(lambda: self._usable(state), peers)
         if isinstance(folder, str):  # a sharded checkpoint: its pair is read from the shards
-            names: dict[str, str] = state[shards.SHARDED_OBJECTS]
-            shards.restore_shards(Path(folder), self.objects, names, state.get(shards.LISTED))
+            names: dict[str, str] = state[SHARDED_OBJECTS]
+            shards.restore_shards(Path(folder), self.objects, names, state.get(LISTED))
             state = {**state, **{name: None for name in names.values()}}
         elif self.sharded and not state.get(IN_MEMORY):
             raise ConfigError(
