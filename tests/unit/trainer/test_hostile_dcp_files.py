@@ -90,22 +90,6 @@ def test_a_planted_index_runs_nothing_and_the_previous_good_checkpoint_is_used(t
     assert not marker.exists()
 
 
-def test_an_index_naming_a_file_outside_the_checkpoint_is_corrupt(tmp_path: Path) -> None:
-    log: list[dict[str, Any]] = []
-    store = _store(tmp_path / "ckpt", log)
-    _commit(store, 10)
-    newest = _commit(store, 20)
-    index = newest / ".metadata"
-    with index.open("rb") as f:
-        metadata = pickle.load(f)  # our own, just written
-    for info in metadata.storage_data.values():
-        info.relative_path = "../step-000000010/__0_0.distcp"
-    index.write_bytes(pickle.dumps(metadata))
-    _recompute_manifest(newest)
-    loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
-    assert loaded is not None and loaded[0].step == 10 and "not a file of the checkpoint" in log[0]["problem"]
-
-
 def test_a_planted_value_in_the_shards_runs_nothing_and_the_previous_good_checkpoint_is_used(tmp_path: Path) -> None:
     log: list[dict[str, Any]] = []
     store = _store(tmp_path / "ckpt", log)
@@ -283,6 +267,11 @@ def test_a_manifest_replaced_after_verification_lets_the_index_name_no_unchecked
     assert all(torch.equal(v, written[k]) for k, v in objects["model"].state_dict().items())
 
 
+def _path_outside(metadata: Any) -> None:
+    for info in metadata.storage_data.values():
+        info.relative_path = "../step-000000010/__0_0.distcp"
+
+
 def _key_a_string(metadata: Any) -> None:
     metadata.storage_data = {str(index.fqn): info for index, info in metadata.storage_data.items()}
 
@@ -304,17 +293,19 @@ def _name_a_number(metadata: Any) -> None:
 @pytest.mark.parametrize(
     ("malform", "said"),
     [
+        (_path_outside, "not a file of the checkpoint"),
         (_key_a_string, "not a value's index"),
         (_path_a_list, "not a file of the checkpoint"),
         (_no_size, "neither a value nor a tensor"),
         (_name_a_number, "not named by strings"),
     ],
-    ids=["key-a-string", "path-a-list", "tensor-without-size", "name-a-number"],
+    ids=["path-outside", "key-a-string", "path-a-list", "tensor-without-size", "name-a-number"],
 )
-def test_an_index_of_dcps_classes_in_the_wrong_shapes_is_corrupt_not_a_crash(
+def test_an_index_naming_files_outside_or_of_the_wrong_shapes_is_corrupt_not_a_crash(
     tmp_path: Path, malform: Callable[[Any], None], said: str
 ) -> None:
-    """Only DCP's classes unpickle, but their fields may hold anything: the checks read them as
+    """An index naming a file outside the checkpoint is its fault. Only DCP's classes unpickle,
+    but their fields may hold anything: the checks read them as
     DCP writes them and raised AttributeError or TypeError, which no rank took for the
     checkpoint's fault: every retry stopped on it instead of using the one before."""
     log: list[dict[str, Any]] = []
