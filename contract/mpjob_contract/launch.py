@@ -121,6 +121,26 @@ class InPlaceSplit(BaseModel):
     in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
 
 
+class InPlaceChanges(BaseModel):
+    """What an attempt may change in its running processes: the launch's own three fields
+    (`inPlaceTo`, `promoteInPlaceTo`, `inPlaceSplits`); an `auto` attempt's for each precision it
+    may measure on its node (`inPlaceMeasured`), as the planner makes them for an attempt
+    launched in that precision."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    in_place_to: list[InPlaceTarget] = Field(default_factory=list, alias="inPlaceTo", max_length=8)
+    promote_in_place_to: InPlaceTarget | None = Field(None, alias="promoteInPlaceTo")
+    in_place_splits: list[InPlaceSplit] = Field(default_factory=list, alias="inPlaceSplits", max_length=8)
+
+    def targets(self) -> list[InPlaceTarget]:
+        """Every in-place target it names, at any depth."""
+        tops = [*self.in_place_to, *([self.promote_in_place_to] if self.promote_in_place_to is not None else [])]
+        for split in self.in_place_splits:
+            tops += [*split.in_place_to, *([split.promote_to] if split.promote_to is not None else [])]
+        return [t for top in tops for t in top.targets()]
+
+
 class AttemptLaunch(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
@@ -152,6 +172,9 @@ class AttemptLaunch(BaseModel):
     #: running out of device memory, in order (each the planner's next attempt after the one
     #: before); empty: an out-of-memory ends the attempt (exit 46) and the next one restarts.
     in_place_splits: list[InPlaceSplit] = Field(default_factory=list, alias="inPlaceSplits", max_length=8)
+    #: An `auto` attempt's: what it may change in place (the three fields above, which it leaves
+    #: empty), by the precision it measures; a precision not named: every change restarts.
+    in_place_measured: dict[Precision, InPlaceChanges] = Field(default_factory=dict, alias="inPlaceMeasured")
     #: Workers (pods) of this attempt when spec.elastic runs it with fewer than spec.workers (None:
     #: spec.workers); its microBatch x gradAccumulation then keeps the spec's global batch.
     workers: int | None = Field(None, ge=1)
@@ -185,18 +208,27 @@ class AttemptLaunch(BaseModel):
         micro = self.micro_batch or tr.batch_size
         accumulation = self.grad_accumulation or tr.grad_accumulation
         workers = self.workers or self.spec.workers
-        shapes = [(micro, accumulation), *((s.micro_batch, s.grad_accumulation) for s in self.in_place_splits)]
-        shapes += [shape for target in self._targets() if (shape := target.shape) is not None]
+        plans = [self._own_changes(), *self.in_place_measured.values()]
+        shapes = [(micro, accumulation)]
+        shapes += [(s.micro_batch, s.grad_accumulation) for plan in plans for s in plan.in_place_splits]
+        shapes += [shape for plan in plans for target in plan.targets() if (shape := target.shape) is not None]
         for micro, accumulation in shapes:
             self._keeps_global_batch(micro, accumulation, workers)
         return self
 
-    def _targets(self) -> list[InPlaceTarget]:
-        """Every in-place target the launch names, at any depth."""
-        tops = [*self.in_place_to, *([self.promote_in_place_to] if self.promote_in_place_to is not None else [])]
-        for split in self.in_place_splits:
-            tops += [*split.in_place_to, *([split.promote_to] if split.promote_to is not None else [])]
-        return [t for top in tops for t in top.targets()]
+    def _own_changes(self) -> InPlaceChanges:
+        return InPlaceChanges(in_place_to=self.in_place_to, promote_in_place_to=self.promote_in_place_to,
+                              in_place_splits=self.in_place_splits)  # fmt: skip
+
+    def changes_in(self, precision: str) -> InPlaceChanges:
+        """What the attempt may change in place while it trains in `precision` (nothing unless
+        spec.precision.inPlace): an `auto` attempt's plan for what it measured (none named:
+        nothing), any other's own."""
+        if not self.spec.precision.in_place:
+            return InPlaceChanges()
+        if self.precision != "auto":
+            return self._own_changes()
+        return self.in_place_measured.get(precision, InPlaceChanges())  # type: ignore[call-overload]
 
     def _keeps_global_batch(self, micro: int, accumulation: int, workers: int) -> None:
         tr = self.spec.training

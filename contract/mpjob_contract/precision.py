@@ -113,9 +113,9 @@ class PrecisionSpec(ApiModel):
         alias="inPlace",
         description="Fall back in the running processes: restore the last good checkpoint, switch autocast and "
         "GradScaler, run the steps since it again, go on (a new attempt, inPlace: true, no pod restarted). "
-        "false: every fallback restarts the pods. What cannot change in place restarts either way: a framework "
-        "adapter, a change of micro-batch split by a loop with no reshape or with fsdp, an auto attempt (it "
-        "measures first), an elastic job.",
+        "false: every fallback restarts the pods. An auto attempt changes in place from the precision it "
+        "measured. What cannot change in place restarts either way: a framework adapter, a change of micro-batch "
+        "split by a loop with no reshape or with fsdp, an elastic job.",
     )
     loss_scale: LossScale = Field(default_factory=LossScale)
     guard: Guard = Field(default_factory=Guard)

@@ -15,7 +15,7 @@ from mpjob.localrun.gpu_time import GpuTime
 from mpjob.localrun.paths import Paths
 from mpjob.localrun.readings import reached, reading_of
 from mpjob.localrun.series import Point, RunSeries
-from mpjob.planning import cost, history, inplace
+from mpjob.planning import changed, cost, history
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.observe import observe
@@ -103,10 +103,10 @@ class RunRecord:
             self.gpu_time.charge(charging)
         plan, when = self.transition()
         local = {"capability": LOCAL_CAPABILITY, "checkpoint_dir": self.checkpoint_dir}
-        if (nxt := inplace.record(plan, self.spec, [change], when, **local)) is None:  # type: ignore[arg-type]
+        if (nxt := changed.record(plan, self.spec, [change], when, **local)) is None:  # type: ignore[arg-type]
             return None
         self.account()
-        reason = inplace.ENDED_BY[change.kind][0].value
+        reason = changed.ENDED_BY[change.kind][0].value
         self.series.end_attempt(ended.index, change.step, reason)
         self.series.begin_attempt(nxt.index, nxt.precision, nxt.start_step)
         self.save()

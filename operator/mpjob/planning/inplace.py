@@ -1,14 +1,12 @@
 """Fallbacks the trainer makes in its running processes (spec.precision.inPlace; the trainer's
-side is mpjob_trainer.session.inplace), planned and recorded by the same rules as restarts.
+side is mpjob_trainer.session.inplace), planned by the same rules as restarts (recorded by
+them too: mpjob.planning.changed).
 
 - `in_place_targets`: what an attempt's launch allows (AttemptLaunch.inPlaceTo): the precisions
   the planner would start next after a numeric fault, one after another, while runPolicy.maxAttempts
-  leaves room; none for an elastic job (its size changes restart its attempts).
-- `changed_in_place`: the trainer said it changed (report.InPlaceChange: its
-  `precisionChanged` line to `mpjob run`, its metrics or termination report to the operator):
-  the attempt ends as a numeric fault ends it, or its re-promotion (`lifecycle.conclude`, the
-  same events and conditions), and the next one is recorded as begun with `inPlace: true` and
-  its recoverySeconds; no Job or process is started for it.
+  leaves room; none for an elastic job (its size changes restart its attempts). An `auto`
+  attempt's launch names them, as the others below, for each precision it may measure
+  (AttemptLaunch.inPlaceMeasured; `in_place_plan`): its trainer takes those of what it measured.
 - `in_place_splits`: the smaller micro-batches an attempt may go on in after running out of
   device memory (AttemptLaunch.inPlaceSplits): the planner's next attempts after an
   OutOfDeviceMemory ending, one after another, as long as each keeps the precision and splits
@@ -22,36 +20,24 @@ side is mpjob_trainer.session.inplace), planned and recorded by the same rules a
   a tree, as deep as the attempt budget and ladder allow. A target in another split than the
   attempt's names it (microBatch x gradAccumulation: a fallback into fp32 that splits the
   micro-batch, fallbackKeepsBatch; the re-promotion that takes it back), a sharded model's too (its
-  loop re-enters in the split, the model wrapped anew).
-- `record`: the operator's side: the changes a reading or a report names that the status does
-  not hold yet, each once (an operator restarted in between reads them again and skips those
-  it recorded: a change names the attempt it began).
-An attempt begun in place runs in the Job its chain of changes began with (`history.job_index`)."""
+  loop re-enters in the split, the model wrapped anew)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 
 from mpjob.planning import history
-from mpjob.planning import lifecycle as lc
-from mpjob.planning import status as st
-from mpjob.planning.classify import Action, AttemptOutcome, Classification, under_policy
+from mpjob.planning.classify import Action, Classification, under_policy
 from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
-from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.codes import ExitCode, Reason
+from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision
+from mpjob_contract.codes import Reason
 from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
-from mpjob_contract.report import ChangeKind, InPlaceChange, TerminationReport
 
+#: What an `auto` attempt may measure and train in (mpjob_trainer.session.measure's candidates).
+MEASURABLE: tuple[Precision, ...] = ("fp8", "fp16", "bf16", "fp32")
 FAULT = Classification(Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, "")
 REPROMOTION = Classification(Reason.REPROMOTE, Action.REPROMOTE, "")
 OUT_OF_MEMORY = Classification(Reason.OUT_OF_DEVICE_MEMORY, Action.SMALLER_MICRO_BATCH, "")
-#: What ends the attempt before an in-place change of each kind, as a restart's report says it.
-ENDED_BY: dict[ChangeKind, tuple[Reason, ExitCode]] = {
-    "fallback": (Reason.NUMERIC_FAULT, ExitCode.NUMERIC_FAULT),
-    "repromote": (Reason.REPROMOTE, ExitCode.REPROMOTE),
-    "microBatch": (Reason.OUT_OF_DEVICE_MEMORY, ExitCode.OUT_OF_DEVICE_MEMORY),
-}
 
 
 @dataclass(frozen=True)
@@ -63,6 +49,11 @@ class InPlacePlan:
     promote_to: InPlaceTarget | None = None
     #: The smaller micro-batches it may go on in after running out of device memory.
     splits: list[InPlaceSplit] = field(default_factory=list)
+    #: An `auto` attempt's plan by the precision it measures on its node (its own three: empty).
+    measured: dict[Precision, InPlacePlan] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.to or self.promote_to or self.splits or self.measured)
 
 
 def in_place_plan(
@@ -71,6 +62,11 @@ def in_place_plan(
     status: MixedPrecisionJobStatus,
     capability: tuple[int, int] | str | None = "spec",
 ) -> InPlacePlan:
+    """What attempt `start` may change in place; an `auto` attempt, for each precision it may
+    measure (the plan of an attempt launched in it: the planner's walk follows what it measured)."""
+    if start.precision == "auto":
+        plans = {p: in_place_plan(spec, replace(start, precision=p), status, capability) for p in MEASURABLE}
+        return InPlacePlan(measured={p: plan for p, plan in plans.items() if plan})
     return InPlacePlan(
         in_place_targets(spec, start, status, capability),
         promotion_in_place(spec, start, status, capability),
@@ -79,9 +75,9 @@ def in_place_plan(
 
 
 def _may_change(spec: MixedPrecisionJobSpec, start: StartAttempt) -> bool:
-    """Whether attempt `start` may change precision in place at all (spec.precision.inPlace; not an
-    `auto` attempt, which measures its node first; not an elastic job, whose size changes restart
-    its attempts: its changes of precision do too)."""
+    """Whether attempt `start` may change precision in place at all (spec.precision.inPlace; an
+    `auto` attempt by the plans for what it measures, `in_place_plan`; not an elastic job, whose
+    size changes restart its attempts: its changes of precision do too)."""
     return spec.precision.in_place and start.precision != "auto" and spec.elastic is None
 
 
@@ -225,74 +221,3 @@ def faulted(attempt: StartAttempt, reason: Reason = Reason.NUMERIC_FAULT) -> Att
         repromoted=repromoted, reason=reason.value, micro_batch=attempt.micro_batch,
         grad_accumulation=attempt.grad_accumulation,
     )  # fmt: skip
-
-
-def changed_in_place(
-    plan: lc.Plan,
-    spec: MixedPrecisionJobSpec,
-    *,
-    attempt: StartAttempt | AttemptStatus,
-    change: InPlaceChange,
-    when: lc.When,
-    capability: tuple[int, int] | str | None = "spec",
-    checkpoint_dir: str | None = None,
-) -> StartAttempt | None:
-    """End `attempt` on the trainer's word that it changed in place, and record the attempt it goes on
-    in (None: the plan finished the job instead, rare by the trainer's bounds: its processes end)."""
-    reason, code = ENDED_BY[change.kind]
-    report = TerminationReport(
-        reason=reason, step=change.step, start_step=attempt.start_step, precision=change.from_precision,  # type: ignore[arg-type]
-        rule=change.rule if change.kind == "fallback" else None, message=change.message,
-    )  # fmt: skip
-    outcome = AttemptOutcome(code, report)
-    began = next((a.start_time for a in plan.status.attempts if a.index == attempt.index), None)
-    when = lc.When(moment(change.at, when.at, earliest=began), when.generation)  # when the trainer changed
-    lc.conclude(plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability,
-                checkpoint_dir=checkpoint_dir, resumed_at=change.start_step)  # fmt: skip
-    if not plan.create:
-        return None
-    entry = next(a for a in plan.status.attempts if a.index == plan.create[0].index)
-    entry.precision = change.to_precision  # type: ignore[assignment]  # its start: conclude's resumed_at
-    entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
-    plan.status.precision, plan.status.phase = change.to_precision, "Running"
-    begun = replace(plan.create[0], precision=change.to_precision)
-    if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
-        entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
-        begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)
-    lc.announce(plan, spec, entry)  # it runs already: no Job is made for it
-    return begun
-
-
-def moment(at: float | None, now: str, *, earliest: str | None = None) -> str:
-    """The change's moment as the status writes times, held to [`earliest`, `now`] (another
-    node's clock, or the trainer's word): `now` when not said, or past what a date holds."""
-    try:
-        said = now if at is None else min(st.stamp(datetime.fromtimestamp(at, UTC)), now)
-    except (ValueError, OverflowError, OSError):  # past the year 9999: no moment a clock read
-        said = now
-    return max(said, earliest) if earliest is not None else said
-
-
-def record(
-    plan: lc.Plan,
-    spec: MixedPrecisionJobSpec,
-    changes: list[InPlaceChange],
-    when: lc.When,
-    *,
-    capability: tuple[int, int] | str | None = "spec",
-    checkpoint_dir: str | None = None,
-) -> StartAttempt | None:
-    """Record the changes that begin the attempt after the running one, in order (the others
-    are recorded already, or not this job's attempts); the last attempt begun, if any. No Job
-    or process is created for it."""
-    begun = None
-    for change in changes:
-        current = plan.status.attempts[-1] if plan.status.attempts else None
-        if current is None or current.finish_time is not None or change.attempt != current.index + 1:
-            continue
-        if change.from_precision != current.precision:
-            continue  # not the attempt the status holds running: a reading of something else
-        at = {"when": when, "capability": capability, "checkpoint_dir": checkpoint_dir}
-        begun = changed_in_place(plan, spec, attempt=current, change=change, **at) or begun  # type: ignore[arg-type]
-        plan.create.clear()
-    return begun

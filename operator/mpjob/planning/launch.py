@@ -8,7 +8,7 @@ from __future__ import annotations
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJobSpec
-from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.launch import AttemptLaunch, InPlaceChanges
 
 
 def attempt_launch(
@@ -42,7 +42,13 @@ def attempt_launch(
         in_place_to=in_place.to,
         promote_in_place_to=in_place.promote_to,
         in_place_splits=in_place.splits,
+        in_place_measured={p: changes(plan) for p, plan in in_place.measured.items()},
         checkpoint_dir=checkpoint_dir,
         lineage=lineage,
         spec=spec,
     )
+
+
+def changes(plan: InPlacePlan) -> InPlaceChanges:
+    """The launch's words for what `plan` allows in place."""
+    return InPlaceChanges(in_place_to=plan.to, promote_in_place_to=plan.promote_to, in_place_splits=plan.splits)

@@ -29,7 +29,7 @@ class When:
 class Started:
     """Attempt `index` said started (its Events) and counted so (`reason`: why it began), once:
     when its first Job is made (`lifecycle.made`), or as it begins in the running processes
-    (`inplace.changed_in_place`), which no Job is made for."""
+    (`changed.changed_in_place`), which no Job is made for."""
 
     index: int
     reason: str

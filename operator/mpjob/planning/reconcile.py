@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import backoff, cost, cutoff, elastic, history, inplace, replan
+from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, replan
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -52,7 +52,7 @@ def reconcile(
     but some pod still runs (terminating); `stopped` those whose Job is gone and whose pods have all stopped,
     as last seen (`cutoff.heard`); `fits` the workers of the job the cluster holds now (spec.elastic grows on
     it; None: not read); `changes` the fallbacks in place a read of the running attempt found
-    (`inplace.record` keeps those the status lacks); `unseen_for` the seconds the operator has been reading
+    (`changed.record` keeps those the status lacks); `unseen_for` the seconds the operator has been reading
     the running attempt without a reading of its own yet (None: it has one; `cutoff.stalled`); `retries` the
     wait before an attempt that retries a failure as it was (`backoff`: its Job is created by a reconcile
     once it is due, which `Plan.requeue_after` asks for). Only the attempts' own Jobs are charged."""
@@ -72,7 +72,7 @@ def reconcile(
     elif _past_deadline(spec, status, now) and status.attempts[-1].finish_time is None:
         _deadline(plan, spec, jobs, when)
     elif status.attempts[-1].finish_time is None:
-        inplace.record(plan, spec, list(changes), when)
+        changed.record(plan, spec, list(changes), when)
         job = running_job(status, jobs)
         current = job.index if job is not None else status.attempts[-1].index
         earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
@@ -212,7 +212,7 @@ def _follow(
         running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
         outcome = preempted_by_queue(job) or outcome_of(job)
-        if outcome.report is not None and inplace.record(plan, spec, outcome.report.precision_changes, when):
+        if outcome.report is not None and changed.record(plan, spec, outcome.report.precision_changes, when):
             current = status.attempts[-1]  # changes no read caught: recorded before the ending
         outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
         lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)

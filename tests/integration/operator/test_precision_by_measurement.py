@@ -57,3 +57,21 @@ def test_the_quality_gate_ends_a_drifting_precision(operator: Operator, jobs: Jo
     first, second = status["attempts"]
     assert (first["precision"], first["reason"], second["precision"]) == ("bf16", "NumericFault", "fp32")
     assert first["message"].startswith("QualityDrift: ")
+
+
+def test_an_auto_attempt_falls_back_in_place_from_what_it_measured(operator: Operator, jobs: Jobs) -> None:
+    """fp32 made slow: the attempt measures bf16, drifts there, and goes on in fp32 in its own
+    pod: its launch named the changes for each precision it might measure."""
+    jobs.pvc("ckpt")
+    spec = auto_spec("ckpt", {"fp32": 0.25})
+    spec["task"]["args"]["cancellationOffset"] = 1000
+    spec["training"].update(steps=30, batchSize=16)
+    spec["validation"] = {"everySteps": 10, "maxLossDelta": 0.05}
+    jobs.create("measured-drift", spec)
+    status = jobs.wait_phase("measured-drift", ("Failed", "Succeeded"), 240)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["precision"], first["reason"], second["precision"]) == ("bf16", "NumericFault", "fp32"), status
+    assert first["message"].startswith("QualityDrift: ") and set(first["measuredStepSeconds"]) == {"bf16", "fp32"}
+    assert second["inPlace"] is True
+    assert jobs.attempt_jobs("measured-drift") == ["measured-drift-a0"]  # the pod trained both attempts

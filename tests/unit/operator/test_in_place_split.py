@@ -13,8 +13,9 @@ import pytest
 from pydantic import ValidationError
 
 from mpjob.planning import lifecycle as lc
+from mpjob.planning.changed import record
 from mpjob.planning.classify import AttemptOutcome, classify
-from mpjob.planning.inplace import in_place_plan, record
+from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.launch import attempt_launch
 from mpjob.planning.planner import StartAttempt, after_attempt, first_attempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus

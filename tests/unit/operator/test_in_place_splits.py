@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 
 from mpjob.planning import lifecycle as lc
+from mpjob.planning.changed import record
 from mpjob.planning.classify import AttemptOutcome, classify
-from mpjob.planning.inplace import in_place_plan, in_place_splits, record
+from mpjob.planning.inplace import in_place_plan, in_place_splits
 from mpjob.planning.planner import StartAttempt, after_attempt, first_attempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.report import InPlaceChange

@@ -65,11 +65,8 @@ def assemble(
     wrapper = sharding.Wrapper(world, device, spec=spec, requested=launch.precision, log=log)
     context = AttemptContext(numerics, world, log, metrics)
     cadence = Cadence(spec, launch.repromote_after_steps)
-    targets = launch.in_place_to if spec.precision.in_place else []
-    promote = launch.promote_in_place_to if spec.precision.in_place else None
-    splits = launch.in_place_splits if spec.precision.in_place else []
-    in_place = InPlace(targets, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence,
-                       promote_to=promote, splits=splits)  # fmt: skip
+    changes = launch.changes_in(launch.precision)  # an `auto` attempt's once it has measured (Recovery.measured)
+    in_place = InPlace(changes, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence)
     recovery = Recovery(spec.precision.guard, context, spec.fault_policy, in_place, launch=launch)
     intervals = IntervalWork(numerics, cadence, progress=progress, log=log)
     intervals.inspectors.append(recovery.rung.inspect)

@@ -6,7 +6,8 @@ verdict (the replay agrees it), so every rank, in step:
 
 1. switches the attempt's precision to the next one the planner allows in place
    (AttemptLaunch.inPlaceTo: autocast's dtype, a GradScaler only for fp16; fp8's linears run
-   plain outside fp8);
+   plain outside fp8; an `auto` attempt's, once it has measured: the launch's inPlaceMeasured
+   for the precision it chose, `adopt`);
 2. restores the last good state (the checkpoint, else the fresh start's step 0) in it, the
    guard's counters starting afresh as a new attempt's do;
 3. runs the steps from there up to where the loop stands again through the loop's registered
@@ -66,7 +67,7 @@ from typing import Any
 
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
-from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
+from mpjob_contract.launch import InPlaceChanges, InPlaceSplit, InPlaceTarget
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import ChangeKind, InPlaceChange
 from mpjob_trainer.errors import NumericFault, Repromote
@@ -82,21 +83,15 @@ Rewind = Callable[[int], "int | Exception"]
 
 class InPlace:
     def __init__(
-        self,
-        targets: list[InPlaceTarget],
-        *,
-        attempt: int,
-        policy: FaultPolicy,
-        context: AttemptContext,
-        cadence: Cadence,
-        promote_to: InPlaceTarget | None = None,
-        splits: list[InPlaceSplit] | None = None,
+        self, changes: InPlaceChanges, *, attempt: int, policy: FaultPolicy, context: AttemptContext, cadence: Cadence
     ) -> None:
-        self.targets = list(targets)
+        #: The precisions the next fallbacks go to, in order.
+        self.targets: list[InPlaceTarget] = []
         #: The smaller micro-batches the attempt may go on in after running out of device memory.
-        self.splits = list(splits or [])
+        self.splits: list[InPlaceSplit] = []
         #: Where the running attempt's re-promotion goes in place (None: it ends the attempt).
-        self.promote_to = promote_to
+        self.promote_to: InPlaceTarget | None = None
+        self.adopt(changes)
         #: The attempt the processes train now (the launched one, plus each change made).
         self.attempt = attempt
         self.policy, self.context, self.cadence = policy, context, cadence
@@ -114,6 +109,12 @@ class InPlace:
         self.resplit: Reshape | None = None
         #: A change made whose loop has not re-entered yet: told by `reentered`.
         self._untold: Callable[[int], None] | None = None
+
+    def adopt(self, changes: InPlaceChanges) -> None:
+        """The attempt may change in place as `changes` says (the launch's; an `auto` attempt's for
+        the precision it measured, once it has)."""
+        self.targets, self.splits = list(changes.in_place_to), list(changes.in_place_splits)
+        self.promote_to = changes.promote_in_place_to
 
     def can(self, fault: NumericFault) -> bool:
         """May `fault` (the precision's, by the replay's verdict) be answered in place?"""

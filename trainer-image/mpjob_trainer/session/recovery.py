@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from mpjob_contract.api import Guard as GuardSpec
-from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.launch import AttemptLaunch, InPlaceChanges
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import InPlaceChange, Replay
 from mpjob_trainer.errors import ConfigError, NumericFault
@@ -89,6 +89,12 @@ class Recovery:
     def replayed(self) -> Replay | None:
         """The verdict of the replay this attempt made (None: none was made)."""
         return self.replay.replayed if self.replay is not None else None
+
+    def measured(self, changes: InPlaceChanges) -> None:
+        """An `auto` attempt measured its precision: it may change in place as `changes` (the
+        launch's plan for that precision) says, as an attempt launched in it may."""
+        if self.in_place is not None:
+            self.in_place.adopt(changes)
 
     def arm(
         self,

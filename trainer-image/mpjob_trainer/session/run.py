@@ -172,17 +172,17 @@ class Session(SetUpCalls, StopCalls):
     ) -> None:
         """The loop's step as a function of its index, for the session to run it itself: `step(i)` runs
         optimizer step i (0-based) as the loop does (under run.autocast(), run.backward, run.step; not
-        end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision
-        (session.measure) and a fault is replayed in fp32 (session.replay). Call it after resume().
-        `modules`: the models whose buffers the measurement puts back (default: resume()'s); `weights`: a
-        framework's, whose state the session does not hold (session.replay); `reshape(micro, accumulation)`:
-        train in that micro-batch split from the next step on (run_step, session.memory)."""
+        end_step), `samples(i)` names its samples. With it an `auto` attempt measures its precision first
+        (session.measure; its changes in place follow it), and a fault is replayed in fp32 (session.replay).
+        After resume(). `modules`: the models whose buffers the measurement puts back (default: resume()'s);
+        `weights`: a framework's state (session.replay); `reshape(micro, accumulation)`: train in that split."""
         state, guard = self._training("register_step()"), self._setup.wrapper.replayable(self.spec.precision.guard)
-        self._recovery.arm(step, samples, guard=guard, weights=weights, reshape=reshape,
-                           state=state, checkpoints=self._checkpoints, close=self._close_step)  # fmt: skip
         if self.launch.precision == "auto" and self._measurement is None:
             held = modules if modules is not None else state.modules
             self._measurement = measure_and_settle(step, self.start_step, modules=held, at=self._context)
+            self._recovery.measured(self.launch.changes_in(self._measurement.chosen))
+        self._recovery.arm(step, samples, guard=guard, weights=weights, reshape=reshape,
+                           state=state, checkpoints=self._checkpoints, close=self._close_step)  # fmt: skip
 
     def run_step(self, step: int) -> None:
         """Run the registered step `step` (0-based), out of device memory in place when allowed (session.memory)."""

@@ -1,0 +1,94 @@
+"""An `auto` attempt's changes in place: its launch names, for each precision it may measure on
+its node, what an attempt launched in that precision may change in place (the planner's walk
+follows what it measured), its trainer takes the plan for what it measured, and the operator
+records a change from it whether or not a read recorded the measurement first."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from mpjob.planning.inplace import in_place_plan
+from mpjob.planning.launch import attempt_launch
+from mpjob.planning.planner import first_attempt
+from mpjob.planning.reconcile import reconcile
+from mpjob.planning.reported import measured
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.launch import AttemptLaunch
+from tests.unit.operator.test_in_place_records import NOW, change, running, started
+
+pytestmark = pytest.mark.unit
+
+
+def spec(**over: object) -> MixedPrecisionJobSpec:
+    doc = {"task": {"builtin": "gpt"}, "training": {"batchSize": 8}, "precision": {"mode": "auto"}, **over}
+    return MixedPrecisionJobSpec.model_validate(doc)
+
+
+def launch_of(s: MixedPrecisionJobSpec) -> AttemptLaunch:
+    start = first_attempt(s)
+    plan = in_place_plan(s, start, MixedPrecisionJobStatus())
+    return attempt_launch(s, start, plan, job_name="j", namespace="ns", checkpoint_dir="/ckpt", resume_from=None)
+
+
+def test_an_auto_attempt_is_launched_with_the_changes_of_each_precision_it_may_measure() -> None:
+    launch = launch_of(spec())
+    assert launch.precision == "auto" and launch.in_place_to == [] and launch.in_place_splits == []
+    ladders = {p: [t.precision for t in c.in_place_to] for p, c in launch.in_place_measured.items()}
+    assert ladders == {"fp8": ["bf16", "fp32"], "fp16": ["bf16", "fp32"], "bf16": ["fp32"], "fp32": []}
+    # Running out of memory splits 8 x 1 into 4 x 2 in place in each, the fallbacks of that attempt with it.
+    fp16 = launch.in_place_measured["fp16"]
+    assert [(s.micro_batch, s.grad_accumulation) for s in fp16.in_place_splits][:1] == [(4, 2)]
+    assert [t.precision for t in fp16.in_place_splits[0].in_place_to] == ["bf16", "fp32"]
+    assert launch.in_place_measured["fp32"].in_place_splits[0].micro_batch == 4
+
+
+def test_the_trainer_takes_the_plan_for_what_it_measured_and_nothing_for_what_it_was_not_given() -> None:
+    launch = launch_of(spec(precision={"mode": "auto", "fallback": ["fp32"]}))
+    assert [t.precision for t in launch.changes_in("fp16").in_place_to] == ["fp32"]
+    assert launch.changes_in("fp32").in_place_to == []
+    read = AttemptLaunch.model_validate_json(launch.to_env())  # as the trainer reads it
+    assert read.changes_in("bf16") == launch.changes_in("bf16")
+    unplanned = read.model_copy(update={"in_place_measured": {}})
+    assert unplanned.changes_in("bf16").in_place_to == [] and unplanned.changes_in("bf16").in_place_splits == []
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{"precision": {"mode": "auto", "inPlace": False}}, {"elastic": {"minWorkers": 1}, "workers": 2}],
+    ids=["inPlace-false", "elastic"],
+)
+def test_no_plan_where_no_attempt_changes_in_place(over: dict) -> None:
+    launch = launch_of(spec(**over))
+    assert launch.in_place_measured == {}
+    assert launch.changes_in("bf16").in_place_to == []
+
+
+def test_a_launch_whose_measured_split_breaks_the_global_batch_is_refused() -> None:
+    doc = launch_of(spec()).model_dump(by_alias=True)
+    doc["inPlaceMeasured"]["bf16"]["inPlaceSplits"][0]["microBatch"] = 3
+    with pytest.raises(ValidationError, match="every attempt keeps the global batch"):
+        AttemptLaunch.model_validate(doc)
+
+
+def test_a_change_from_an_auto_attempt_no_read_measured_records_what_it_measured() -> None:
+    s = spec(resources={"gpusPerWorker": 1})
+    status = started(s)
+    assert status.attempts[0].precision == "auto"
+    plan = reconcile(s, status, 1, {0: running()}, NOW, changes=[change(source="bf16", to="fp32")])
+    first, second = plan.status.attempts
+    assert (first.precision, first.reason, first.end_step) == ("bf16", "NumericFault", 50)
+    assert (second.precision, second.in_place, second.start_step) == ("fp32", True, 40)
+    assert plan.fallbacks == [("bf16", "fp32")] and plan.create == [] and plan.delete == []
+
+
+def test_a_change_from_another_precision_than_the_one_measured_is_not_this_attempts() -> None:
+    s = spec()
+    status = started(s)
+    measured(status, status.attempts[0], "fp16", {"fp16": 0.1, "bf16": 0.2, "fp32": 0.3})
+    plan = reconcile(s, status, 1, {0: running()}, NOW, changes=[change(source="bf16", to="fp32")])
+    assert [a.index for a in plan.status.attempts] == [0] and plan.status.attempts[0].precision == "fp16"
+    again = reconcile(s, status, 1, {0: running()}, NOW + timedelta(seconds=1), changes=[change(to="bf16")])
+    assert [(a.precision, a.in_place) for a in again.status.attempts] == [("fp16", None), ("bf16", True)]
