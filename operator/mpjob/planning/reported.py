@@ -38,11 +38,20 @@ def bounded(report: TerminationReport, status: MixedPrecisionJobStatus) -> Termi
 
 
 def without_progress(status: MixedPrecisionJobStatus, index: int, report: TerminationReport) -> bool:
-    """Whether `report` carries no progress: one the launcher made for ranks that died before
-    they resumed (no start step, step 0 below where the attempt began). The job's step stays
-    where it stood; the attempt's endStep reads 'unknown' (planning.repeat)."""
+    """Whether `report` carries no progress: one the launcher made for ranks that left no report
+    of their own (no start step, step 0 no further than where the attempt began; attempt 0's
+    too, whose ranks may have trained before they were killed). The job's step stays where it
+    stood (`ended_at`)."""
     began = next((a.start_step for a in status.attempts if a.index == index), 0)
-    return report.start_step is None and report.step < began
+    return report.start_step is None and report.step <= began
+
+
+def ended_at(status: MixedPrecisionJobStatus, index: int, report: TerminationReport) -> int:
+    """The attempt's endStep by a report without progress: where a live reading last saw it (the
+    job's step, once a reading showed the attempt), else the report's (below a resumed attempt's
+    start: 'unknown', planning.repeat)."""
+    seen = any(a.index == index and a.progress_time is not None for a in status.attempts)
+    return status.step if seen else report.step
 
 
 def record_report(status: MixedPrecisionJobStatus, index: int, report: TerminationReport | None) -> int:
@@ -55,7 +64,8 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
         status.last_checkpoint = CheckpointStatus(
             step=ref.step, sha256=ref.sha256, precision=ref.precision, path=ref.path
         )
-    if not without_progress(status, index, report):  # else the launcher's zeros: the live reading stands
+    unseen = without_progress(status, index, report)
+    if not unseen:  # else the launcher's zeros: the live reading stands
         status.step = report.step
         counts(status, report)
     for attempt in status.attempts:
@@ -67,7 +77,7 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
             measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
     timeline.reported(status, index, report.loss_scales)
     round_figures(status)
-    return report.step
+    return ended_at(status, index, report) if unseen else report.step
 
 
 def counts(status: MixedPrecisionJobStatus, report: TerminationReport) -> None:

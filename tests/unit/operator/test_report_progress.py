@@ -47,3 +47,24 @@ def test_a_report_without_progress_leaves_the_live_counts_as_read() -> None:
     died = TerminationReport(reason=Reason.INFRA_ERROR, message="rank 0: killed", precision="fp16")
     record_report(status, 2, died)
     assert (status.overflow_steps, status.loss, status.loss_scale) == (7, 2.5, 1024.0)
+
+
+@pytest.mark.parametrize(("index", "began"), [(0, 0), (2, 20)], ids=["first-attempt", "resumed"])
+def test_a_report_without_progress_ends_the_attempt_where_a_live_reading_last_saw_it(index: int, began: int) -> None:
+    """Its ranks trained (a reading saw step 27), then were killed before any wrote a report: the
+    launcher's zeros neither reset the job's step nor make the attempt end where it began. A
+    first attempt's report at step 0 read as progress and set both to 0 (an elastic run
+    shrunk at step 20 said its first attempt ended at step 0)."""
+    attempt = AttemptStatus(index=index, precision="fp16", start_step=began, progress_time="2026-12-03T09:00:00Z")
+    status = MixedPrecisionJobStatus(attempts=[attempt], step=27, total_steps=200)
+    killed = TerminationReport(reason=Reason.INFRA_ERROR, message="rank 1: killed by signal 9", precision="fp16")
+    assert record_report(status, index, killed) == 27
+    assert status.step == 27
+
+
+def test_a_first_attempt_no_reading_saw_ends_where_it_began() -> None:
+    """Without a reading the launcher's report is all there is: step 0, where it began (two such
+    attempts fail the job FailedBeforeFirstStep, planning.repeat)."""
+    status = MixedPrecisionJobStatus(attempts=[AttemptStatus(index=0, precision="fp16")], total_steps=200)
+    died = TerminationReport(reason=Reason.INFRA_ERROR, message="rank 0: ImportError: no module named 'train'")
+    assert record_report(status, 0, died) == 0 and status.step == 0
