@@ -6,6 +6,7 @@ checkpointed leaves the Trainer with its best model and trainer state, as its tr
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,93 @@ def test_a_trainer_state_read_at_the_last_step_is_checked(tmp_path: Path, writte
     with pytest.raises(CorruptCheckpoint) as refused:
         read_state(folder)
     assert "step-000000016: framework/trainer_state.json" in str(refused.value) and named in str(refused.value)
+
+
+def _plant_best(tmp_path: Path, steps: set[int]) -> Path:
+    """A best model's checkpoint of zero weights outside output_dir, named in the trainer state of
+    mpjob's checkpoints of `steps`, their manifests recomputed to match (whoever can write the
+    store can); returns it."""
+    from safetensors.torch import load_file, save_file
+
+    from mpjob_trainer.checkpoint.manifest import hash_files
+
+    planted = tmp_path / "planted" / "checkpoint-4"
+    shutil.copytree(tmp_path / "out" / "checkpoint-4", planted)
+    weights = load_file(planted / "model.safetensors")
+    save_file({k: torch.zeros_like(w) for k, w in weights.items()}, planted / "model.safetensors")
+    for step in steps:
+        folder = _mpjobs(tmp_path)[step]
+        state = json.loads((folder / "trainer_state.json").read_text())
+        (folder / "trainer_state.json").write_text(json.dumps({**state, "best_model_checkpoint": str(planted)}))
+        manifest = json.loads((folder.parent / "manifest.json").read_text())
+        manifest["files"].update(hash_files(folder.parent, [folder / "trainer_state.json"]))
+        (folder.parent / "manifest.json").write_text(json.dumps(manifest))
+    return planted
+
+
+def _nothing_zero(trainer: Any) -> bool:
+    return all(bool(w.any()) for w in trainer.model.state_dict().values())
+
+
+def test_a_retry_at_the_last_step_follows_no_best_checkpoint_outside_output_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the best model's checkpoint a checkpoint's trainer state names was loaded wherever
+    it pointed: the retry at the last step took the planted zero weights."""
+    from safetensors.torch import load_file
+
+    _hf_train(tmp_path, monkeypatch, "fp32", None)
+    planted = _plant_best(tmp_path, set(_mpjobs(tmp_path)))
+    capsys.readouterr()
+    again = _hf_train(tmp_path, monkeypatch, "fp32", None)  # every checkpoint there: nothing to train
+    held, last = again.model.state_dict(), load_file(_mpjobs(tmp_path)[16] / "model.safetensors")
+    assert _nothing_zero(again) and all(torch.equal(w, held[k]) for k, w in last.items())
+    assert again.state.best_model_checkpoint is None and again.state.best_global_step == 4
+    assert f"names {str(planted)!r}" in capsys.readouterr().err
+
+
+def test_a_fallback_attempt_follows_no_best_checkpoint_outside_output_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Trainer reads the trainer state of the checkpoint it resumes from itself: before, a
+    fallback attempt on a new pod (output_dir gone) ended by loading the planted best model."""
+    _hf_train(tmp_path, monkeypatch, "bf16", None)
+    _fault_after(tmp_path, 8)
+    _plant_best(tmp_path, {8})
+    shutil.rmtree(tmp_path / "out")
+    capsys.readouterr()
+    again = _hf_train(tmp_path, monkeypatch, "fp32", None)
+    assert again.state.global_step == 16 and _evals(again) == [4, 8, 12, 16] and _nothing_zero(again)
+    assert again.state.best_model_checkpoint is None and "outside output_dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("named", "kept"),
+    [
+        ("out/checkpoint-4", True),
+        ("out/link/checkpoint-4", False),
+        ("out/../elsewhere/checkpoint-4", False),
+        ("elsewhere/checkpoint-4", False),
+        ("out\0/checkpoint-4", False),
+    ],
+    ids=["inside", "link-out", "dot-dot", "outside", "nul"],
+)
+def test_a_best_checkpoint_is_kept_only_inside_output_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], named: str, kept: bool
+) -> None:
+    """Links and `..` resolved: a folder inside output_dir by name only is outside it."""
+    from transformers.trainer_callback import TrainerState
+
+    from mpjob_trainer.adapters.hf_tracking import best_inside
+
+    for folder in ("out/checkpoint-4", "elsewhere/checkpoint-4"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "out" / "link").symlink_to(tmp_path / "elsewhere")
+    best = str(tmp_path / named)
+    state = TrainerState(best_model_checkpoint=best, best_global_step=4)
+    best_inside(state, str(tmp_path / "out"))
+    assert state.best_model_checkpoint == (best if kept else None) and state.best_global_step == 4
+    assert ("not followed" in capsys.readouterr().err) is not kept
 
 
 @pytest.mark.parametrize("every", [4, 8])

@@ -14,7 +14,7 @@ from transformers.trainer_pt_utils import find_batch_size
 
 from mpjob_trainer.adapters.accelerated import GradNorms
 from mpjob_trainer.adapters.hf_step import TrainerLoss, loss_samples, register
-from mpjob_trainer.adapters.hf_tracking import epoch_ends
+from mpjob_trainer.adapters.hf_tracking import best_inside, epoch_ends
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.replaying import RecordedSteps, steps_to_keep
 from mpjob_trainer.session.framework import FrameworkRun
@@ -41,6 +41,9 @@ class MpjobCallback(TrainerCallback):
         self._stop_held = False  # a stop told inside a step's accumulation (`on_substep_end`)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """Ready for the steps `Trainer.train` runs now; the trainer state it read from a checkpoint
+        follows no best model's checkpoint outside output_dir (`best_inside`)."""
+        best_inside(state, args.output_dir)
         self._losses.clear()  # a re-entry after a rollback: what the left loop held is gone
         self._samples, self._weight, self._open, self._epoch_over, self._stop_held = 0, 0, None, False, False
         self.recorded.clear()

@@ -14,7 +14,8 @@ count its patience from 0 again). A retry that finds the last step checkpointed 
 `read_last` and `load_best` then leave the Trainer as its `train()` would have: the checkpoint's
 trainer state, and the best model's weights under `load_best_model_at_end` (the script's own
 save, in its output_dir: where that folder is gone, as on a new pod's disk, the last weights
-stay, told on stderr, as the Trainer itself does).
+stay, told on stderr, as the Trainer itself does). A best model's checkpoint that a trainer state
+read from a checkpoint names outside output_dir is never followed (`best_inside`).
 """
 
 from __future__ import annotations
@@ -77,12 +78,36 @@ def read_state(folder: Path) -> TrainerState:
     return TrainerState(**saved)
 
 
+def best_inside(state: TrainerState, output_dir: str | None) -> None:
+    """Drop the best model's checkpoint `state` names (as if none were recorded) unless it lies
+    inside the Trainer's `output_dir`, links and `..` resolved, told on stderr. The Trainer's own
+    saves are there; a checkpoint read from a store is not trusted, and load_best_model_at_end
+    would load weights from wherever it points. Every trainer state read from a checkpoint comes
+    through here: `read_last`'s, and the one `Trainer.train` reads itself (MpjobCallback)."""
+    best = state.best_model_checkpoint
+    if best is None:
+        return
+    try:  # TrainingArguments make output_dir a folder's name; None is only its type's
+        inside = output_dir is not None and Path(best).resolve().is_relative_to(Path(output_dir).resolve())
+    except (OSError, RuntimeError, ValueError):  # a NUL in it, a link loop: no folder of the Trainer's
+        inside = False
+    if not inside:
+        print(
+            f"mpjob: load_best_model_at_end: the checkpoint's trainer state names {best[:200]!r} as the best "
+            f"model's checkpoint, outside output_dir {output_dir}: not followed",
+            file=sys.stderr,
+        )
+        state.best_model_checkpoint = None
+
+
 def read_last(trainer: Trainer) -> Callable[[Path], None]:
     """The reading of the Trainer's checkpoint of the last step into the Trainer, as after its
-    `train()`: the weights and the trainer state, both checked before either is taken."""
+    `train()`: the weights and the trainer state, both checked before either is taken (the
+    best model's checkpoint it names followed only inside output_dir: `best_inside`)."""
 
     def read(folder: Path) -> None:
         state = read_state(folder)
+        best_inside(state, trainer.args.output_dir)
         assert trainer.model is not None
         hf_weights(trainer.model, folder)
         trainer.state = state
