@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint, resume
+from mpjob_trainer.checkpoint.dcp_files import MAX_INDEX_BYTES, index_size_problem
 from mpjob_trainer.checkpoint.manifest import DCP, Manifest, hash_files
 from mpjob_trainer.checkpoint.shards import INDEX, listing_problem, rank_file, restore_shards
 from tests.unit.trainer.test_sharding import ranks
@@ -178,6 +179,34 @@ def test_a_sharded_manifest_that_leaves_out_a_file_every_restore_reads_is_corrup
     loaded = resume.load(_store(tmp_path / "ckpt", log))
     assert loaded is not None and loaded[0].step == 10 and "planted" not in loaded[1]
     assert "step-000000020" in log[0]["problem"] and problem in log[0]["problem"], log
+
+
+def test_an_index_larger_than_a_restore_reads_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """Before, DCP's index was read whole into memory at whatever size the manifest listed (up to
+    16 TiB), then unpickled: a planted one of MAX_INDEX_BYTES + 1, hashed into the manifest (DCP's
+    index followed by zeros, which the unpickler never reaches), was taken. Now it is a listing
+    problem, the previous good checkpoint is used, and a restore told to read it reads none of it."""
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    newest = _commit(store, 20)
+    with (newest / INDEX).open("r+b") as f:
+        f.truncate(MAX_INDEX_BYTES + 1)  # sparse: no disk, and no memory unless read
+    _recompute_manifest(newest)
+    loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
+    assert loaded is not None and loaded[0].step == 10
+    said = f"{INDEX} of {MAX_INDEX_BYTES + 1} bytes, over the {MAX_INDEX_BYTES} bytes"
+    assert "step-000000020" in log[0]["problem"] and said in log[0]["problem"], log
+    with pytest.raises(CorruptCheckpoint, match=said):
+        restore_shards(newest, _objects(0), NAMES)
+
+
+def test_an_index_is_read_up_to_its_limit_and_a_save_writes_none_larger() -> None:
+    """The one rule the manifest's listing, the reader and a save's check apply alike."""
+    assert index_size_problem(MAX_INDEX_BYTES) is None and MAX_INDEX_BYTES <= 1 << 30
+    assert index_size_problem(MAX_INDEX_BYTES + 1) == (
+        f"DCP's index {INDEX} of {MAX_INDEX_BYTES + 1} bytes, over the {MAX_INDEX_BYTES} bytes a restore reads of one"
+    )
 
 
 def test_a_planted_world_size_of_millions_is_refused_as_quickly_as_a_true_one() -> None:

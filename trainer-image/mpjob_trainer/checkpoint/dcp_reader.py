@@ -7,7 +7,8 @@ Whoever can write the checkpoint folder can recompute its manifest, so a sha256 
 proves nothing about who wrote the file, and an unrestricted unpickle of it would run their code
 in the trainer. Here:
 
-- `read_index` unpickles an index admitting only what DCP writes there (its metadata classes,
+- `parse_index` unpickles an index (the bytes checkpoint.shard_copies checked, never more than
+  dcp_files.MAX_INDEX_BYTES of them) admitting only what DCP writes there (its metadata classes,
   `torch.Size`, dtypes, a path) and checks what it says: a Metadata whose storage entries name
   files of the checkpoint's own listing, at non-negative offsets; `check_values` reads each
   non-tensor value it lists weights-only. A sharded checkpoint's verification
@@ -27,7 +28,6 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Callable, Collection
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -75,11 +75,6 @@ class _IndexUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
-
-
-def read_index(path: Path, listed: Collection[str]) -> dcp_metadata.Metadata:
-    """DCP's index at `path` (`parse_index`)."""
-    return parse_index(path.read_bytes(), f"{path.parent.name}: {path.name}", listed)
 
 
 def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata.Metadata:

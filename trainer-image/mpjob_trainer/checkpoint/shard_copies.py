@@ -25,14 +25,15 @@ from typing import Any
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from mpjob_trainer.checkpoint.checked import CheckedCopy, CheckedSource
-from mpjob_trainer.checkpoint.dcp_files import INDEX
+from mpjob_trainer.checkpoint.dcp_files import INDEX, index_size_problem
 from mpjob_trainer.checkpoint.dcp_reader import Span, check_values, item_spans, parse_index, value_spans
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
 
 class CheckedShards:
     """The files of the sharded checkpoint `source` that `files` (its manifest's) lists, read
-    only as checked against it; DCP's index is read (and checked) when it is made."""
+    only as checked against it; DCP's index is read (and checked) when it is made, none of it
+    when the manifest lists it larger than a restore reads (dcp_files.MAX_INDEX_BYTES)."""
 
     def __init__(self, source: CheckedSource, files: dict[str, dict[str, Any]]) -> None:
         self.source, self.folder, self.files = source, source.folder, files
@@ -40,6 +41,9 @@ class CheckedShards:
         self.held: dict[str, CheckedCopy] = {}
         #: The sha256 of each item (file, offset, length), from the rank that checked its file.
         self.values: dict[Span, str] = {}
+        too_big = index_size_problem(int(files.get(INDEX, {}).get("bytes", 0)))
+        if too_big is not None:  # before a byte of it is read: the index is read whole
+            raise CorruptCheckpoint(f"{self.folder.name}: its manifest lists {too_big}")
         index = self.whole(INDEX)
         self.index_bytes = index.read(0, index.size)
         self.drop(INDEX)

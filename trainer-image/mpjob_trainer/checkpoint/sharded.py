@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from mpjob_trainer.checkpoint.dcp_files import INDEX, index_size_problem
 from mpjob_trainer.checkpoint.manifest import check_loadable, hash_files
 from mpjob_trainer.checkpoint.objects import new_writer
 from mpjob_trainer.checkpoint.ownership import CheckpointTaken
@@ -163,7 +164,7 @@ class ShardedWriter:
             torch.save({k: v for k, v in written.items() if k != SHARDS}, own)
             paths = [own, *tmp.glob(f"__{rank}_*.distcp")]
             if rank == 0:
-                paths.append(tmp / ".metadata")
+                paths.append(_readable_index(tmp, step))
             return hash_files(tmp, paths), None
         except Exception as exc:
             return {}, _why(exc, f"rank {rank}: ")
@@ -208,6 +209,17 @@ class ShardedWriter:
         """Rank 0, bucket, a rank failed: the files the others uploaded go (no manifest will name them)."""
         if isinstance(self.store, BucketCheckpointStore):
             self.store.withdraw(step, sorted(files), writer=self.name)
+
+
+def _readable_index(tmp: Path, step: int) -> Path:
+    """DCP's index written into `tmp`; a ConfigError when no restore would read it (no retry
+    makes it smaller: the model's tensors times the ranks), rather than a checkpoint that every
+    resume passes over as damaged."""
+    index = tmp / INDEX
+    too_big = index_size_problem(index.stat().st_size)
+    if too_big is not None:
+        raise ConfigError(f"the checkpoint of step {step}: DCP wrote its {too_big}")
+    return index
 
 
 def _why(exc: Exception, rank: str = "") -> str | Exception:

@@ -53,7 +53,7 @@ from mpjob_trainer.checkpoint.capture_keys import LISTED as LISTED  # the captur
 from mpjob_trainer.checkpoint.capture_keys import SHARDED_OBJECTS as SHARDED_OBJECTS
 from mpjob_trainer.checkpoint.capture_keys import SHARDS as SHARDS
 from mpjob_trainer.checkpoint.capture_keys import foreign_keys_problem
-from mpjob_trainer.checkpoint.dcp_files import INDEX
+from mpjob_trainer.checkpoint.dcp_files import INDEX, index_size_problem
 from mpjob_trainer.checkpoint.live import LiveStateDicts
 from mpjob_trainer.checkpoint.manifest import (
     CorruptCheckpoint,
@@ -214,11 +214,15 @@ def _not_read(folder: Path, names: dict[str, str], exc: Any) -> Exception:
 
 
 def listing_problem(manifest: Manifest) -> str | None:
-    """What a sharded checkpoint's manifest fails to list (None: nothing): DCP's index and the
-    rank file of each of its worldSize ranks, and no other rank file. A rank reads the index and
-    a rank file whether listed or not: unlisted, they would be read unchecked."""
+    """What a sharded checkpoint's manifest fails to list (None: nothing): DCP's index, of a size a
+    restore reads (dcp_files.MAX_INDEX_BYTES), and the rank file of each of its worldSize ranks, and
+    no other rank file. A rank reads the index and a rank file whether listed or not: unlisted,
+    they would be read unchecked."""
     if INDEX not in manifest.files:
         return f"does not list DCP's index {INDEX}"
+    too_big = index_size_problem(int(manifest.files[INDEX]["bytes"]))
+    if too_big is not None:
+        return f"lists {too_big}"
     listed = {name for name in manifest.files if _RANK_FILE.fullmatch(name)}
     # The first rank file missing, looked for no further than one past those listed: a planted
     # worldSize of millions costs no more than a true one.
