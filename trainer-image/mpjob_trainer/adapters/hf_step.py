@@ -118,7 +118,7 @@ def register(run: Session, trainer: Trainer, trainer_loss: TrainerLoss) -> None:
             run.step(optimizer, clip_norm=clip or None)
 
     if run.launch.precision != "auto":
-        run.register_step(step, weights=FrameworkWeights(model, hf_reader(model, optimizer)))
+        run.register_step(step, weights=FrameworkWeights(model, hf_reader(model, optimizer), run.checkpoints.store))
     if run.spec.validation.every_steps:
         if trainer.eval_dataset is None:
             raise ConfigError("validation.everySteps is set but the Trainer has no eval_dataset")

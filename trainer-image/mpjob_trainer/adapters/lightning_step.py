@@ -38,7 +38,7 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
                 run.backward(loss, samples=extract_batch_size(batch) or None)
             run.step(optimizer)
 
-    weights = FrameworkWeights(module, lightning_reader(module, optimizer))
+    weights = FrameworkWeights(module, lightning_reader(module, optimizer), run.checkpoints.store)
     run.register_step(step, modules=[module], weights=weights)
     if run.spec.validation.every_steps:
         run.evaluate_with(lambda: evaluate(run, trainer, module))

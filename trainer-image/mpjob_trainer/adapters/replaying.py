@@ -35,6 +35,7 @@ import torch
 
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.report import CheckpointRef
+from mpjob_trainer.checkpoint.protocol import Store
 from mpjob_trainer.session.framework import framework_folder
 from mpjob_trainer.session.state import all_finite, model_tensors
 
@@ -108,14 +109,15 @@ def weights_finite(model: torch.nn.Module) -> None:
 @dataclass(frozen=True)
 class FrameworkWeights:
     """A framework's live weights for the fp32 replay (session.replay.LiveWeights): `read` loads
-    the framework's checkpoint folder into its model and optimizer."""
+    the framework's checkpoint folder (in a checkpoint of `store`) into its model and optimizer."""
 
     model: torch.nn.Module
     read: Callable[[Path], None]
+    store: Store[Any]
 
     def finite(self) -> bool:
         """This rank's (the replay agrees): its weights and buffers, as a checkpoint holds them."""
         return all_finite(model_tensors([self.model]), agree=False)
 
     def load(self, ref: CheckpointRef) -> None:
-        self.read(framework_folder(ref))
+        self.read(framework_folder(self.store, ref))

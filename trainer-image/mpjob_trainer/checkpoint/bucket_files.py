@@ -7,18 +7,23 @@ its share of the checks, the shard files its plan reads) is streamed into its ch
 hashed on the way, never landing on a disk; a non-tensor value of another rank's share is a
 ranged GET, checked against the sha256 the rank that checked its file took. One mechanism, one
 place for the hash: a bucket keeps no checks of its own. A single-file checkpoint is downloaded
-(`fetch_files`: a framework adapter reads its folder) and verified as the volume store does.
+(`fetch_files`) and verified as the volume store does; the framework checkpoint in it, which a
+framework adapter reads from a folder once the download is gone, is kept (`keep_framework`).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 from mpjob_trainer.checkpoint import document
 from mpjob_trainer.checkpoint.bucket import Bucket
 from mpjob_trainer.checkpoint.checked import Write
-from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, Manifest
+from mpjob_trainer.checkpoint.manifest import FRAMEWORK, CorruptCheckpoint, Manifest
+
+#: Below a bucket store's local folder: the framework checkpoint of the checkpoint it verified last.
+RESTORED = ".restored"
 
 
 class BucketFiles:
@@ -76,3 +81,21 @@ def fetch_files(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) -
         target.parent.mkdir(parents=True, exist_ok=True)
         if not bucket.download(f"{prefix}/{name}", target):
             raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
+
+
+def keep_framework(download: Path, root: Path) -> None:
+    """Keep the framework checkpoint in the verified `download` of a checkpoint (none: nothing)
+    below `root` (`kept_framework`), in place of the one kept before: a framework reads its
+    checkpoint from a folder (resume_from_checkpoint, ckpt_path) after the download is gone. One
+    at a time: what a resume, a rollback or a replay reads is what it verified just before."""
+    written = download / FRAMEWORK
+    if not written.is_dir():
+        return
+    shutil.rmtree(root / RESTORED, ignore_errors=True)
+    (root / RESTORED / download.name).mkdir(parents=True)
+    written.rename(kept_framework(root, download.name))
+
+
+def kept_framework(root: Path, step_folder: str) -> Path:
+    """Where `keep_framework` keeps the framework checkpoint of the checkpoint `step_folder`."""
+    return root / RESTORED / step_folder / FRAMEWORK

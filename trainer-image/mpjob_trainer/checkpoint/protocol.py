@@ -17,6 +17,7 @@ checkpoint.document, `verify` checks every file's sha256, the config digest and 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from mpjob_contract.report import CheckpointRef
@@ -68,6 +69,12 @@ class Store(Protocol[W]):
     def verify(self, where: W, *, alone: bool = False) -> tuple[CheckpointRef, dict[str, Any]]:
         """The checkpoint at `where`, checked in full, and its state; CorruptCheckpoint if not.
         `alone`: checked by this process only (a sharded one is else checked by all ranks)."""
+        ...
+
+    def framework_folder(self, ref: CheckpointRef) -> Path:
+        """Where the framework checkpoint inside the checkpoint `ref` lies on this machine, for a
+        framework that reads a folder: a volume's in its folder, a bucket's where its `verify`,
+        which came before, downloaded it (nothing there: it holds none)."""
         ...
 
     def set_aside(self, where: W) -> None:

@@ -43,7 +43,7 @@ from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint import objects, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
-from mpjob_trainer.checkpoint.bucket_files import BucketFiles, check_sizes, fetch_files
+from mpjob_trainer.checkpoint.bucket_files import BucketFiles, check_sizes, fetch_files, keep_framework, kept_framework
 from mpjob_trainer.checkpoint.bucket_marks import BucketMarks
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.lineage import UNJUDGED, Lineage
@@ -82,7 +82,7 @@ class BucketCheckpointStore:
         self.metrics: TransferMetrics = metrics or PrivateTransferMetrics()
         self.bucket = bucket or open_bucket(settings)
         #: Where checkpoints are written before upload and downloaded before loading (the
-        #: volume store's own rules apply there); a framework stages into it too.
+        #: volume store's own rules apply there); a framework stages into it, and resumes from it.
         self.root = Path(tempfile.mkdtemp(prefix="mpjob-checkpoints-"))
         weakref.finalize(self, shutil.rmtree, self.root, True)
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job, build=build, lineage=lineage)
@@ -186,10 +186,15 @@ class BucketCheckpointStore:
         try:
             files = self._download(step, folder, alone=alone)
             ref, state = self.local.verify(folder, alone=alone, files=files)
+            keep_framework(folder, self.root)
         finally:
             shutil.rmtree(folder.parent, ignore_errors=True)
         self.metrics.checkpoint_restore_seconds.observe(time.perf_counter() - start)
         return ref.model_copy(update={"path": self.url(step)}), state
+
+    def framework_folder(self, ref: CheckpointRef) -> Path:
+        """The framework checkpoint of `ref` here: as its `verify` downloaded it (bucket_files.keep_framework)."""
+        return kept_framework(self.root, PurePosixPath(ref.path).name)
 
     def _download(self, step: int, folder: Path, *, alone: bool) -> BucketFiles | None:
         """The manifest into `folder`, and a single-file checkpoint's files; a sharded one's are read

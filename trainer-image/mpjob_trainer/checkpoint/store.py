@@ -204,6 +204,11 @@ class CheckpointStore:
         sha256, precision = manifest.state_sha256, manifest.precision
         return CheckpointRef(step=manifest.step, path=str(path), sha256=sha256, precision=precision), state
 
+    @staticmethod
+    def framework_folder(ref: CheckpointRef) -> Path:
+        """The framework checkpoint inside the checkpoint `ref` names: in its folder."""
+        return Path(ref.path) / FRAMEWORK
+
     def _manifest_of(self, path: Path) -> Manifest:
         manifest = read_manifest(path)
         if step_of(path.name) not in (None, manifest.step):  # a copy of another step's folder: not this step's

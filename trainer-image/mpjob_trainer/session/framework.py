@@ -36,7 +36,7 @@ import torch
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import FRAMEWORK, CorruptCheckpoint, snapshot, unloadable
+from mpjob_trainer.checkpoint import CorruptCheckpoint, snapshot, unloadable
 from mpjob_trainer.checkpoint.protocol import Store
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.agreement import main_says
@@ -106,9 +106,10 @@ class FrameworkCheckpointer(Checkpointer):
         dist_env.barrier(self.world)
 
 
-def framework_folder(ref: CheckpointRef) -> Path:
-    """The framework's own checkpoint inside the mpjob checkpoint `ref`."""
-    folder = Path(ref.path) / FRAMEWORK
+def framework_folder(store: Store[Any], ref: CheckpointRef) -> Path:
+    """The framework's own checkpoint inside the mpjob checkpoint `ref` of `store`, a folder on
+    this machine (a bucket's: downloaded by the verify that preceded its load)."""
+    folder = store.framework_folder(ref)
     if not folder.is_dir():
         raise ConfigError(
             f"the checkpoint of step {ref.step} ({ref.path}) holds no framework checkpoint: it was not "
@@ -144,7 +145,7 @@ class FrameworkRun:
         ref = self.run.checkpoints.last_good
         if step == 0 or ref is None:
             return ResumePoint(0, None)
-        return ResumePoint(step, framework_folder(ref), done=self.run.finished)
+        return ResumePoint(step, framework_folder(self.run.checkpoints.store, ref), done=self.run.finished)
 
     def read_last(self, point: ResumePoint, read: Callable[[Path], None]) -> None:
         """`read` the framework's checkpoint of the last step (`point.done`: nothing is left to
@@ -166,7 +167,7 @@ class FrameworkRun:
 
     def reentry(self, back: RolledBack) -> Path:
         """The framework checkpoint to re-enter from after the data rung rolled the session back."""
-        return framework_folder(back.ref)
+        return framework_folder(self.run.checkpoints.store, back.ref)
 
     def checkpoint_start(self) -> None:
         """At a fresh start, the framework checkpoints step 0 (Session.checkpoint_start): what a
