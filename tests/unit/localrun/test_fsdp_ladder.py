@@ -91,3 +91,22 @@ def test_arming_the_data_rung_leaves_a_sharded_run_bit_identical(tmp_path: Path)
             name: meta["sha256"] for name, meta in manifest["files"].items() if name.endswith(".distcp")
         }
     assert len(shards["skip"]) == 2 and shards["skip"] == shards["fail"]
+
+
+@pytest.mark.process
+def test_an_auto_attempt_sharded_falls_back_in_place_from_the_precision_it_measured(tmp_path: Path) -> None:
+    """fp32 made slow: both ranks measure bf16, drift there, and go on in fp32 in their own
+    processes, the model wrapped anew (the launch named the changes for each precision)."""
+    _, report, out = run_job(
+        tmp_path,
+        "auto",
+        task=mlp(samples=256, cancellationOffset=1000, stepDelay={"fp32": 0.25}),
+        training={"steps": 30, "batchSize": 16, "logEvery": 5},
+        checkpoint={"everySteps": 10},
+        precision={"mode": "auto"},
+        validation={"everySteps": 10, "maxLossDelta": 0.05},
+    )
+    ends = [(a["precision"], a["reason"], a["worldSize"], a.get("inPlace")) for a in report["attempts"]]
+    assert ends == [("bf16", "NumericFault", 2, None), ("fp32", "Succeeded", 2, True)], report["attempts"]
+    assert report["attempts"][0]["message"].startswith("QualityDrift: ")
+    assert sorted(p.name for p in (out / "attempts").iterdir()) == ["a0"]  # no process restarted
