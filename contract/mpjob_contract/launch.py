@@ -264,4 +264,6 @@ class AttemptLaunch(BaseModel):
         return "/".join(part for part in (self.namespace, self.job_name, self.job_uid) if part)
 
     def to_env(self) -> str:
-        return self.model_dump_json(by_alias=True)
+        """The launch as JSON; `inPlaceMeasured` only when it names something, so a trainer image of
+        the release before it still reads the launch of an attempt that is not `auto`."""
+        return self.model_dump_json(by_alias=True, exclude=None if self.in_place_measured else {"in_place_measured"})

@@ -92,3 +92,11 @@ def test_a_change_from_another_precision_than_the_one_measured_is_not_this_attem
     assert [a.index for a in plan.status.attempts] == [0] and plan.status.attempts[0].precision == "fp16"
     again = reconcile(s, status, 1, {0: running()}, NOW + timedelta(seconds=1), changes=[change(to="bf16")])
     assert [(a.precision, a.in_place) for a in again.status.attempts] == [("fp16", None), ("bf16", True)]
+
+
+def test_only_an_auto_attempts_launch_names_plans_by_measurement() -> None:
+    """A trainer image of the release before reads every launch but an `auto` one's with changes in place."""
+    fixed = launch_of(spec(precision={"mode": "fp16"}))
+    assert "inPlaceMeasured" not in fixed.to_env() and fixed.in_place_to  # its own plan, as before
+    assert AttemptLaunch.model_validate_json(fixed.to_env()) == fixed
+    assert "inPlaceMeasured" in launch_of(spec()).to_env()
