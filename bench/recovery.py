@@ -3,9 +3,10 @@ the smaller GPT the tests use): attempts[].recoverySeconds of the bf16 attempt e
 side, and the restart path broken down from the trainers' own event lines (target: in place
 <= 1 s on 2 CPU cores). Then the same for an out-of-memory at step 60 (the mlp's injected one):
 the attempt in the smaller micro-batch, in place and restarted; and the quickstart's story on a
-model sharded over 2 processes (FSDP2), whose model is wrapped anew in bf16 in the same processes.
+model sharded over 2 processes (FSDP2), whose model is wrapped anew in bf16 in the same processes;
+and an `auto` job (the default mode) falling back from the bf16 it measured.
 
-    PYTHONPATH=. uv run --no-sync python bench/recovery.py [--runs 3] [--cluster]
+    PYTHONPATH=. uv run --no-sync python bench/recovery.py [--runs 3] [--cluster] [--only CASE ...]
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ FSDP_JOB["spec"]["parallelism"] = {"strategy": "fsdp"}
 FSDP_JOB["spec"]["resources"] = {"gpusPerWorker": 0, "processesPerWorker": 2}
 
 
+#: `auto` (the default mode) with fp32 made slow: bf16 is measured, its quality gate finds it
+#: drifting at step 20, and fp32 goes on from the checkpoint at step 10 (in place: the launch's
+#: plan for the precision measured).
+AUTO_JOB = json.loads(json.dumps(JOB))
+AUTO_JOB["spec"]["task"] = {
+    "builtin": "mlp",
+    "args": {"inputs": 8, "hidden": 16, "samples": 256, "cancellationOffset": 1000, "stepDelay": {"fp32": 0.25}},
+}
+AUTO_JOB["spec"]["training"].update(steps=30, batchSize=16)
+AUTO_JOB["spec"]["precision"] = {"mode": "auto"}
+AUTO_JOB["spec"]["checkpoint"] = {"everySteps": 10}
+AUTO_JOB["spec"]["validation"] = {"everySteps": 10, "maxLossDelta": 0.05}
+
+
 def run(tmp: Path, *, in_place: bool, base: dict = JOB) -> dict[str, float]:
     """One run: the second attempt's recoverySeconds and, for a restart after a numeric fault,
     where that time went."""
@@ -86,14 +101,21 @@ def breakdown(out: Path) -> dict[str, float]:
 
 
 PATHS = (("in place", True), ("restart", False))
+CASES = {
+    "mpjob run": JOB,
+    "mpjob run, out of memory": OOM_JOB,
+    "mpjob run, fsdp 2 processes": FSDP_JOB,
+    "mpjob run, auto (bf16 measured)": AUTO_JOB,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cluster", action="store_true", help="also on the test control plane (recovery_cluster.py)")
+    parser.add_argument("--only", nargs="*", choices=list(CASES), help="these cases only (default: all)")
     args = parser.parse_args()
-    cases = {"mpjob run": JOB, "mpjob run, out of memory": OOM_JOB, "mpjob run, fsdp 2 processes": FSDP_JOB}
+    cases = {case: CASES[case] for case in args.only or CASES}
     rows: dict[str, dict[str, list[dict[str, float]]]] = {case: {"in place": [], "restart": []} for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.runs):
