@@ -235,6 +235,17 @@ def test_a_best_checkpoint_is_kept_only_inside_output_dir(
     assert ("not followed" in capsys.readouterr().err) is not kept
 
 
+def test_a_best_checkpoint_that_is_not_a_name_is_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Trainer reads its own trainer_state.json unchecked (a number where a path belongs): dropped, not a crash."""
+    from transformers.trainer_callback import TrainerState
+
+    from mpjob_trainer.adapters.hf_tracking import best_inside
+
+    state = TrainerState(best_model_checkpoint=5, best_global_step=4)  # type: ignore[arg-type]
+    best_inside(state, str(tmp_path / "out"))
+    assert state.best_model_checkpoint is None and "'5' as the best model's checkpoint" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("every", [4, 8])
 def test_a_retry_of_a_run_that_stopped_early_trains_nothing_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int

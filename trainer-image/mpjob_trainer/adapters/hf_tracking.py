@@ -89,11 +89,11 @@ def best_inside(state: TrainerState, output_dir: str | None) -> None:
         return
     try:  # TrainingArguments make output_dir a folder's name; None is only its type's
         inside = output_dir is not None and Path(best).resolve().is_relative_to(Path(output_dir).resolve())
-    except (OSError, RuntimeError, ValueError):  # a NUL in it, a link loop: no folder of the Trainer's
+    except (OSError, RuntimeError, TypeError, ValueError):  # a NUL, a link loop, not a name: no folder of its
         inside = False
     if not inside:
         print(
-            f"mpjob: load_best_model_at_end: the checkpoint's trainer state names {best[:200]!r} as the best "
+            f"mpjob: load_best_model_at_end: the checkpoint's trainer state names {str(best)[:200]!r} as the best "
             f"model's checkpoint, outside output_dir {output_dir}: not followed",
             file=sys.stderr,
         )
