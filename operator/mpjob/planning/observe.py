@@ -34,7 +34,7 @@ from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
 from mpjob.planning.plan import Event
 from mpjob.planning.status import ConditionReason
-from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, is_auto
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision
 from mpjob_contract.skipping import Skipped, SkippedStep
 
 #: The live figures a reading may carry, by their status field names.
@@ -148,8 +148,9 @@ def observe(
     if reading.attempt is not None and (current is None or current.index != reading.attempt):
         return Observation(new)  # another attempt's figures are not this one's
     chosen, seconds = reading.measured_precision, reading.measured_step_seconds
-    if current is not None and chosen and seconds is not None and is_auto(current.precision):
-        reported.measured(new, current, chosen, seconds)  # relabelled once, by what it measured
+    measurer = reported.measuring(new, current.index) if current is not None else None
+    if measurer is not None and chosen and seconds is not None and measurer.measured_step_seconds is None:
+        reported.measured(new, measurer, chosen, seconds)  # once, to the attempt that measured
     seen = bounded(real(reading, precision=current.precision if current is not None else new.precision), new)
     for name in LIVE:
         value = getattr(seen, name)

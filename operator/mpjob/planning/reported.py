@@ -10,7 +10,7 @@ endStep, samples or wasted steps.
 
 from __future__ import annotations
 
-from mpjob.planning import timeline
+from mpjob.planning import history, timeline
 from mpjob.planning.figures import figure, round_figures
 from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, settled
 from mpjob_contract.report import TerminationReport
@@ -73,8 +73,8 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
             attempt.start_step = report.start_step  # where it began, not the plan (a read may have said so)
         if attempt.index == index and attempt.recovery_seconds is None and report.recovery_seconds is not None:
             attempt.recovery_seconds = figure(report.recovery_seconds)  # no read caught the trainer's figure
-        if attempt.index == index and report.measurement is not None:
-            measured(status, attempt, report.measurement.chosen, report.measurement.step_seconds)
+    if report.measurement is not None and (measurer := measuring(status, index)) is not None:
+        measured(status, measurer, report.measurement.chosen, report.measurement.step_seconds)
     timeline.reported(status, index, report.loss_scales)
     round_figures(status)
     return ended_at(status, index, report) if unseen else report.step
@@ -91,6 +91,14 @@ def counts(status: MixedPrecisionJobStatus, report: TerminationReport) -> None:
         status.loss_scale = None
     elif report.counters.loss_scale:
         status.loss_scale = report.counters.loss_scale
+
+
+def measuring(status: MixedPrecisionJobStatus, index: int) -> AttemptStatus | None:
+    """The attempt that measured what attempt `index`'s trainer says it measured: the attempt its
+    Job began with (`history.job_index`): an `auto` attempt changed in place measured once, at
+    its start, and its processes go on naming that measurement in the attempts after it."""
+    first = history.job_index(status, index)
+    return next((a for a in status.attempts if a.index == first), None)
 
 
 def measured(

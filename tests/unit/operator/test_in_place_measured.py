@@ -12,12 +12,15 @@ from pydantic import ValidationError
 
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.launch import attempt_launch
+from mpjob.planning.observe import Reading, observe
 from mpjob.planning.planner import first_attempt
 from mpjob.planning.reconcile import reconcile
 from mpjob.planning.reported import measured
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
 from mpjob_contract.launch import AttemptLaunch
-from tests.unit.operator.test_in_place_records import NOW, change, running, started
+from mpjob_contract.report import Measurement, TerminationReport
+from tests.unit.operator.test_in_place_records import EARLIER, NOW, change, running, started
 
 pytestmark = pytest.mark.unit
 
@@ -100,3 +103,35 @@ def test_only_an_auto_attempts_launch_names_plans_by_measurement() -> None:
     assert "inPlaceMeasured" not in fixed.to_env() and fixed.in_place_to  # its own plan, as before
     assert AttemptLaunch.model_validate_json(fixed.to_env()) == fixed
     assert "inPlaceMeasured" in launch_of(spec()).to_env()
+
+
+SECONDS = {"fp16": 0.1, "bf16": 0.2, "fp32": 0.3}
+
+
+def test_a_measurement_read_after_a_change_in_place_is_the_measuring_attempts() -> None:
+    """The trainer names its measurement for as long as its processes run: a read after the
+    change gives it to the attempt that measured, once, and leaves the attempt begun in place
+    its own precision."""
+    s = spec()
+    plan = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change(source="fp16", to="bf16")])
+    read = Reading(attempt=1, measured_precision="fp16", measured_step_seconds=SECONDS)
+    seen = observe(plan.status, read).status
+    first, second = seen.attempts
+    assert (first.precision, first.measured_step_seconds) == ("fp16", SECONDS)
+    assert (second.precision, second.measured_step_seconds, seen.precision) == ("bf16", None, "bf16")
+    other = Reading(attempt=1, measured_precision="fp32", measured_step_seconds={"fp32": 0.5})
+    assert observe(seen, other).status == seen
+
+
+def test_a_report_at_the_end_of_a_chain_gives_the_measurement_to_the_attempt_that_measured() -> None:
+    s = spec()
+    report = TerminationReport(
+        reason=Reason.SUCCEEDED, step=100, start_step=40, precision="bf16", precision_changes=[change(at=EARLIER)],
+        measurement=Measurement(step_seconds=SECONDS, chosen="fp16"),
+    ).to_message()  # fmt: skip
+    plan = reconcile(s, started(s), 1, {0: running(ended="Complete", report=report)}, NOW)
+    assert [(a.precision, a.measured_step_seconds) for a in plan.status.attempts] == [
+        ("fp16", SECONDS),
+        ("bf16", None),
+    ]
+    assert plan.status.phase == "Succeeded" and plan.status.precision == "bf16"
