@@ -123,6 +123,13 @@ class Measurement(_Model):
         return value
 
 
+def amp_slower(chosen: str, step_seconds: dict[str, float | None]) -> bool:
+    """F6 as an `auto` attempt's measurement shows it: it chose fp32 though a low precision stayed
+    finite (none beat fp32 by launch.AUTO_MARGIN). The trainer's choice sets the report's flag by
+    it; the operator reads it off a scrape's chosen precision and step times the same way."""
+    return chosen == "fp32" and any(s is not None for p, s in step_seconds.items() if p != "fp32")
+
+
 #: What an in-place change did: a fallback, a re-promotion, or a smaller micro-batch (out of memory).
 ChangeKind = Literal["fallback", "repromote", "microBatch"]
 

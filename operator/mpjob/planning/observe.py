@@ -13,7 +13,8 @@ The rules, written once here:
 - figures are kept as `planning/figures.py` rounds them;
 - the trainer's own start step replaces the planned one, with an Event that says so, once per
   attempt (`startStepReported`): a start step that flaps later changes nothing;
-- an `auto` attempt takes the precision it measured (`planning/reported.py`);
+- an `auto` attempt takes the precision it measured (`planning/reported.py`), and the job the
+  condition AmpSlowerThanFp32 when that was fp32 though AMP stayed finite (`planning/slower.py`);
 - a restarted attempt's recoverySeconds is the trainer's, written once;
 - the attempt's progressTime is when a reading first showed it and then each one that showed its
   step move (`moved`): runPolicy.progressDeadlineSeconds counts from it (`cutoff.stalled`);
@@ -29,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mpjob.planning import lapse, reported, skipped, timeline
+from mpjob.planning import lapse, reported, skipped, slower, timeline
 from mpjob.planning.figures import FIGURES as ROUNDED
 from mpjob.planning.figures import figure
 from mpjob.planning.plan import Event
@@ -91,19 +92,19 @@ class Observation:
     skips: tuple[SkippedStep, ...] = ()
     #: The CheckpointsFailing condition's flip, if it flipped.
     lapse: Event | None = None
+    #: The AmpSlowerThanFp32 condition's Warning, the first time a measurement shows it.
+    slower: Event | None = None
 
     def told(self) -> list[Event]:
         """The Events this reading earns, in order."""
-        told = [event for event in (self.news, self.lapse) if event is not None]
+        told = [event for event in (self.news, self.slower, self.lapse) if event is not None]
         return told + [skipped.announcement(step) for step in self.skips]
 
     def lines(self) -> list[str]:
-        """What `mpjob run` prints of them: the start-step correction and the condition's flip
+        """What `mpjob run` prints of them: the start-step correction and the conditions' news
         (its step lines show the skips)."""
-        said = [self.news.message] if self.news is not None else []
-        if (flip := self.lapse) is not None:
-            said.append(f"warning: {flip.message}" if flip.type == "Warning" else flip.message)
-        return said
+        said = [event for event in (self.news, self.slower, self.lapse) if event is not None]
+        return [f"warning: {e.message}" if e.type == "Warning" else e.message for e in said]
 
 
 def real(reading: Reading, *, precision: str | None) -> Reading:
@@ -149,8 +150,10 @@ def observe(
         return Observation(new)  # another attempt's figures are not this one's
     chosen, seconds = reading.measured_precision, reading.measured_step_seconds
     measurer = reported.measuring(new, current.index) if current is not None else None
+    measuring = None
     if measurer is not None and chosen and seconds is not None and measurer.measured_step_seconds is None:
         reported.measured(new, measurer, chosen, seconds)  # once, to the attempt that measured
+        measuring = slower.update(new, chosen, seconds, at=at)
     seen = bounded(real(reading, precision=current.precision if current is not None else new.precision), new)
     for name in LIVE:
         value = getattr(seen, name)
@@ -172,7 +175,7 @@ def observe(
         precision = ck.precision or new.precision or ""
         new.last_checkpoint = CheckpointStatus(step=ck.step, sha256=ck.sha256, precision=precision, path=ck.path)
     flip = lapse.update(new, every_steps, at) if every_steps is not None and current is not None else None
-    return Observation(new, news, tuple(skipped.record(new, reading.skipped)), flip)
+    return Observation(new, news, tuple(skipped.record(new, reading.skipped)), flip, measuring)
 
 
 def moved(before: int | None, since: object | None, step: int | None) -> bool:

@@ -6,12 +6,11 @@ never per reconcile. What begins and ends attempts is `lifecycle`'s, which calls
 
 from __future__ import annotations
 
+from mpjob.planning import slower
 from mpjob.planning import status as st
 from mpjob.planning.plan import Event, Plan, When
 from mpjob.planning.planner import Finish
-from mpjob.planning.reported import step_times
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.launch import AUTO_MARGIN
 from mpjob_contract.report import Measurement
 
 
@@ -85,12 +84,10 @@ def finish(plan: Plan, decision: Finish, when: When) -> None:
 
 
 def amp_slower(plan: Plan, measurement: Measurement | None, when: When) -> None:
-    """F6: no low precision beat fp32 on the node: a condition and, the first time, a Warning Event."""
-    if measurement is None or not measurement.amp_slower_than_fp32:
+    """F6: no low precision beat fp32 on the node: a condition and, the first time, a Warning
+    Event (`planning/slower.py`; a read of the attempt may have set them already)."""
+    if measurement is None:
         return
-    shown = step_times(measurement.step_seconds)
-    message = f"no low precision beat fp32 by {AUTO_MARGIN:.0%} per step on this node ({shown}): training in fp32"
-    known = any(c.type == ConditionType.AMP_SLOWER_THAN_FP32 and c.status == "True" for c in plan.status.conditions)
-    condition(plan, when, ConditionType.AMP_SLOWER_THAN_FP32, True, ConditionReason.MEASURED, message)
-    if not known:
-        plan.events.append(Event("Warning", ConditionType.AMP_SLOWER_THAN_FP32, message))
+    chosen, seconds = measurement.chosen, measurement.step_seconds
+    if (told := slower.update(plan.status, chosen, seconds, at=when.at, generation=when.generation)) is not None:
+        plan.events.append(told)

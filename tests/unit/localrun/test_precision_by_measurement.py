@@ -23,3 +23,6 @@ def test_two_workers_measure_auto_alike_and_the_report_shows_amp_slower(tmp_path
     assert only["measuredStepSeconds"]["bf16"] > 0.3 > only["measuredStepSeconds"]["fp32"]
     slower = next(c for c in report["conditions"] if c["type"] == "AmpSlowerThanFp32")
     assert slower["status"] == "True" and "training in fp32" in slower["message"]
+    warned = [n for n, line in enumerate(out.splitlines()) if line.startswith("warning: no low precision beat fp32")]
+    assert len(warned) == 1, out  # said once, as soon as the workers measured, before the run's end
+    assert warned[0] < min(n for n, line in enumerate(out.splitlines()) if "Succeeded" in line), out

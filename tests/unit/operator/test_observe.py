@@ -9,9 +9,12 @@ from mpjob.controller.exposition import parse
 from mpjob.controller.progress import figures, found_reading
 from mpjob.localrun.readings import reading_of
 from mpjob.planning.observe import CheckpointReading, Reading, changes, observe
+from mpjob.planning.phases import amp_slower
+from mpjob.planning.plan import Plan, When
 from mpjob_contract import events
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.report import Measurement
 
 pytestmark = pytest.mark.unit
 
@@ -67,6 +70,37 @@ def test_an_auto_attempt_takes_the_precision_it_measured_once() -> None:
     assert seen.status.precision == "bf16" and seen.status.attempts[-1].precision == "bf16"
     again = observe(seen.status, Reading(measured_precision="fp32", measured_step_seconds={"fp32": 0.2})).status
     assert again.precision == "bf16"
+
+
+def slower(status: MixedPrecisionJobStatus) -> list[tuple[str, str]]:
+    return [(c.status, c.reason) for c in status.conditions if c.type == "AmpSlowerThanFp32"]
+
+
+def test_an_auto_attempt_that_measured_amp_slower_carries_the_condition_while_it_trains() -> None:
+    measured = Reading(measured_precision="fp32", measured_step_seconds={"bf16": 0.3, "fp32": 0.1})
+    seen = observe(running("auto"), measured)
+    assert slower(seen.status) == [("True", "Measured")] and seen.status.precision == "fp32"
+    (told,) = seen.told()
+    assert (told.type, told.reason) == ("Warning", "AmpSlowerThanFp32") and "bf16 300.0 ms" in told.message
+    assert seen.lines() == [f"warning: {told.message}"]  # what `mpjob run` prints
+    again = observe(seen.status, measured)  # the next read of the same attempt: nothing new to tell
+    assert again.told() == [] and slower(again.status) == [("True", "Measured")]
+    ended = Plan(status=again.status)  # the attempt's report carries the same measurement
+    amp_slower(ended, Measurement(stepSeconds={"bf16": 0.3, "fp32": 0.1}, chosen="fp32"), When("2026-01-01T00:00:00Z"))
+    assert ended.events == [] and slower(ended.status) == [("True", "Measured")]
+    unread = Plan(status=running("auto"))  # no read caught it: the report tells it
+    amp_slower(unread, Measurement(stepSeconds={"bf16": 0.3, "fp32": 0.1}, chosen="fp32"), When("2026-01-01T00:00:00Z"))
+    assert [e.message for e in unread.events] == [told.message] and slower(unread.status) == [("True", "Measured")]
+
+
+@pytest.mark.parametrize(
+    ("chosen", "seconds"),
+    [("bf16", {"bf16": 0.1, "fp32": 0.3}), ("fp32", {"bf16": None, "fp32": 0.3})],
+    ids=["amp-faster", "amp-non-finite"],
+)
+def test_a_measurement_where_amp_was_not_slower_carries_no_condition(chosen: str, seconds: dict) -> None:
+    seen = observe(running("auto"), Reading(measured_precision=chosen, measured_step_seconds=seconds))
+    assert slower(seen.status) == [] and seen.told() == [] and seen.status.precision == chosen
 
 
 def test_the_last_checkpoint_only_moves_forward_or_gains_its_sha256() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from mpjob_contract.report import amp_slower
 from mpjob_trainer.session.measure import choose, nothing_kept
 from tests.unit.trainer.conftest import run_trainer, spec
 
@@ -43,6 +44,7 @@ def test_the_fastest_finite_low_precision_must_beat_fp32_by_the_margin(
 ) -> None:
     measurement = choose(seconds)
     assert (measurement.chosen, measurement.amp_slower_than_fp32) == (chosen, slower)
+    assert amp_slower(chosen, seconds) is slower  # the contract's rule, as the operator reads a scrape
 
 
 @pytest.mark.process

@@ -33,7 +33,7 @@ from torch import nn
 
 from mpjob_contract.fp8 import fp8_capable
 from mpjob_contract.launch import AUTO_MARGIN
-from mpjob_contract.report import Measurement
+from mpjob_contract.report import Measurement, amp_slower
 from mpjob_trainer.distributed import World, all_reduce_max
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.generators import rng_state, set_rng_state
@@ -90,7 +90,7 @@ def choose(seconds: dict[str, float | None], *, margin: float = MARGIN) -> Measu
         best = "bf16"  # as fast within the margin, and it needs no loss scale
     if best is not None and (fp32 is None or low[best] < fp32 * (1 - margin)):
         return Measurement(step_seconds=seconds, chosen=best, amp_slower_than_fp32=False)
-    return Measurement(step_seconds=seconds, chosen="fp32", amp_slower_than_fp32=best is not None)
+    return Measurement(step_seconds=seconds, chosen="fp32", amp_slower_than_fp32=amp_slower("fp32", seconds))
 
 
 @contextmanager
