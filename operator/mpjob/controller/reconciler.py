@@ -95,7 +95,8 @@ class Reconciler:
     def handle(self, key: Key, tick: bool) -> float | None:
         """A work queue item: reconcile one job (with its live progress when the ticker asked); the
         seconds after which its plan asks to be reconciled again (`Plan.requeue_after`). A failure is
-        counted, logged and retried after the job's backoff; a tick does not hurry a retry not yet due."""
+        counted, logged and retried after the job's backoff; a tick does not hurry a retry not yet due,
+        and does nothing to a job at rest (one a reconcile settled after the ticker queued it)."""
         namespace, name = key
         self.cache.wait_synced()  # as controllers wait for their informers: never plan from half a listing
         self.context.wait()  # kopf.event works only in a context kopf has set up
@@ -105,8 +106,8 @@ class Reconciler:
             # rebuilds what the job's Jobs are owed (`actions`: the other may have made one).
             self._let_go(key)
             return None
-        if tick and self.backoff.waiting(key):
-            return None
+        if tick and (self.backoff.waiting(key) or key in self.settled):
+            return None  # a tick does not hurry a retry, nor wake a job that settled while it waited
         started = time.monotonic()
         try:
             plan = self.context.run(self.reconcile, namespace, name, progress=tick)

@@ -4,10 +4,14 @@ children are gone costs no tick."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import REGISTRY
 
 from mpjob.controller.ticker import at_rest, due, has_work
+from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
+
+KEY = ("ns", "j")
 
 
 def test_finished_jobs_whose_children_are_gone_are_not_ticked() -> None:
@@ -39,3 +43,23 @@ def test_a_job_at_rest_is_finished_or_suspended_as_asked_with_nothing_left(
     phase: str | None, suspend: bool, children: bool, requeue_after: float | None, rests: bool
 ) -> None:
     assert at_rest(phase, suspend=suspend, children=children, requeue_after=requeue_after) is rests
+
+
+def reconciles() -> float:
+    return REGISTRY.get_sample_value("mpjob_operator_reconcile_duration_seconds_count") or 0.0
+
+
+@pytest.mark.usefixtures("events")
+def test_a_tick_queued_before_its_job_settled_does_no_work() -> None:
+    """The ticker queues a round of ticks, then publishes the phases: a job whose reconcile settled
+    it while its tick waited in the queue was reconciled once more by that tick."""
+    cluster = FakeCluster()
+    cluster.body["spec"]["runPolicy"] = {"suspend": True}
+    made = reconciler(cluster)
+    made.handle(KEY, False)  # the job's creation: suspended as its spec asks, nothing left
+    assert cluster.body["status"]["phase"] == "Suspended" and KEY in made.settled
+    before = reconciles()
+    assert made.handle(KEY, True) is None  # the tick queued before it settled
+    assert reconciles() == before, "a settled job reconciled by a tick"
+    made.handle(KEY, False)  # a change to it still does
+    assert reconciles() == before + 1
