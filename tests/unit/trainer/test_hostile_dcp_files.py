@@ -5,6 +5,7 @@ a rank reads from a bucket by range, and the rank file it loads, are ones it che
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -319,6 +320,28 @@ def _name_a_number(metadata: Any) -> None:
     metadata.state_dict_metadata = dict(enumerate(metadata.state_dict_metadata.values()))
 
 
+def _weight(metadata: Any) -> Any:
+    return metadata.state_dict_metadata["model.0.weight"]
+
+
+def _no_chunks(metadata: Any) -> None:
+    _weight(metadata).chunks = []  # DCP plans no read of it: the run's own values stay, unloaded
+
+
+def _half_a_chunk(metadata: Any) -> None:
+    (chunk,) = _weight(metadata).chunks
+    chunk.sizes = torch.Size([chunk.sizes[0] // 2, *chunk.sizes[1:]])
+
+
+def _chunk_twice(metadata: Any) -> None:
+    (chunk,) = _weight(metadata).chunks
+    rows = chunk.sizes[0] // 2
+    _weight(metadata).chunks = [copy.copy(chunk), chunk]
+    _weight(metadata).chunks[0].sizes = torch.Size([rows, *chunk.sizes[1:]])
+    chunk.offsets = torch.Size([rows - 1, *chunk.offsets[1:]])  # one row read twice, the last left out
+    chunk.sizes = torch.Size([rows, *chunk.sizes[1:]])
+
+
 @pytest.mark.parametrize(
     ("malform", "said"),
     [
@@ -327,9 +350,15 @@ def _name_a_number(metadata: Any) -> None:
         (_path_a_list, "not a file of the checkpoint"),
         (_no_size, "neither a value nor a tensor"),
         (_name_a_number, "not named by strings"),
+        (_no_chunks, "do not cover the tensor exactly once"),
+        (_half_a_chunk, "do not cover the tensor exactly once"),
+        (_chunk_twice, "do not cover the tensor exactly once"),
     ],
-    ids=["path-outside", "key-a-string", "path-a-list", "tensor-without-size", "name-a-number"],
-)
+    ids=[
+        "path-outside", "key-a-string", "path-a-list", "tensor-without-size", "name-a-number",
+        "tensor-without-chunks", "tensor-half-covered", "a-row-twice-a-row-never",
+    ],
+)  # fmt: skip
 def test_an_index_naming_files_outside_or_of_the_wrong_shapes_is_corrupt_not_a_crash(
     tmp_path: Path, malform: Callable[[Any], None], said: str
 ) -> None:

@@ -10,7 +10,8 @@ in the trainer. Here:
 - `parse_index` unpickles an index (the bytes checkpoint.shard_copies checked, never more than
   dcp_files.MAX_INDEX_BYTES of them) admitting only what DCP writes there (its metadata classes,
   `torch.Size`, dtypes, a path) and checks what it says: a Metadata whose storage entries name
-  files of the checkpoint's own listing, at non-negative offsets; `check_values` reads each
+  files of the checkpoint's own listing, at non-negative offsets, and whose tensors' chunks cover
+  each tensor once (none left out: DCP reads only what they name); `check_values` reads each
   non-tensor value it lists weights-only. A sharded checkpoint's verification
   (checkpoint.shards.read_local) does both, so a bad index or a planted value is a corrupt
   checkpoint and the previous good one is used;
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from mpjob_trainer.checkpoint.dcp_chunks import covered
 from mpjob_trainer.checkpoint.dcp_files import INDEX
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 
@@ -100,6 +102,8 @@ def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata
         raise CorruptCheckpoint(f"{where}: its entries are not named by strings")
     if any(map(_bad_entry, entries.values())):
         raise CorruptCheckpoint(f"{where}: an entry is neither a value nor a tensor of non-negative sizes and a dtype")
+    if uncovered := next((fqn for fqn, e in entries.items() if not covered(e)), None):
+        raise CorruptCheckpoint(f"{where}: the chunks of {uncovered[:100]!r} do not cover the tensor exactly once")
     return metadata
 
 
