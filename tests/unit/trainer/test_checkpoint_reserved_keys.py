@@ -86,3 +86,22 @@ def test_a_sharded_state_naming_no_sharded_objects_is_the_checkpoints_fault_not_
     state = {**run().capture(5, 5, "fp32", None), "shards": "/nowhere"}
     with pytest.raises(CorruptCheckpoint, match="the sharded checkpoint of step 5 names no sharded objects"):
         run().restore(state, "fp32", None)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [{"module": "opt", "optimizer": "model"}, {"module": "opt"}, {"module": "model", "optimizer": "model"}],
+    ids=["swapped", "an-optimizer-as-the-module", "the-module-as-the-optimizer"],
+)
+def test_a_rank_file_naming_an_object_as_the_other_kind_is_the_checkpoints_fault_not_a_crash(names: dict) -> None:
+    """A rank file's names of this run's objects, swapped: the restore asked DCP for an optimizer's
+    state dict as a module's (an AttributeError, taken for a failure of the run and met again by
+    every retry) instead of passing the checkpoint over for the one before it."""
+
+    def trained() -> TrainingState:
+        model = nn.Linear(3, 2)
+        return TrainingState({"model": model, "opt": torch.optim.AdamW(model.parameters())})
+
+    state = {**trained().capture(5, 5, "fp32", None), "shards": "/nowhere", "shardedObjects": names}
+    with pytest.raises(CorruptCheckpoint, match="the sharded checkpoint of step 5 names .* as its sharded"):
+        trained().restore(state, "fp32", None)

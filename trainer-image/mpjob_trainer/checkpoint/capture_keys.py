@@ -1,10 +1,14 @@
 """The keys of a captured training state that are not the training's own (TrainingState.capture
 writes some, the checkpoint reader sets others), and the rule a state read from a file keeps:
-none of the reader's keys, and a rank file's sharded objects named as a capture names them."""
+none of the reader's keys, and a rank file's sharded objects named as a capture names them, each
+a registered object of its kind."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
+from torch import nn
 
 #: In a captured state: the state dicts DCP writes, by the names the objects were registered under.
 SHARDS = "shards"
@@ -32,4 +36,17 @@ def foreign_keys_problem(state: dict[str, Any], *, sharded: bool) -> str | None:
     named = isinstance(names, dict) and "module" in names and set(names) <= {"module", "optimizer"}
     if sharded and not (named and all(isinstance(name, str) for name in names.values())):
         return f"holds {SHARDED_OBJECTS} {names!r:.60}, not the names of its sharded objects"
+    return None
+
+
+def kinds_problem(names: dict[str, str], objects: dict[str, Any]) -> str | None:
+    """What of a checkpoint's `names` ({"module": name, "optimizer": name}) names one of `objects`
+    as the other kind (None: nothing): a capture names them as checkpoint.shards.shard_names does, so a name
+    this run registered as another kind is the checkpoint's fault. A name it did not register is
+    the run's setup (checkpoint.shards.restore_shards)."""
+    kinds = {"module": nn.Module, "optimizer": torch.optim.Optimizer}
+    for kind, name in names.items():
+        obj = objects.get(name)
+        if obj is not None and not isinstance(obj, kinds[kind]):
+            return f"names {name!r} as its sharded {kind}, and this run's {name!r} is a {type(obj).__name__} object"
     return None

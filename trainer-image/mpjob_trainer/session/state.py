@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import torch
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, shards
-from mpjob_trainer.checkpoint.capture_keys import IN_MEMORY, LISTED, SHARDED_OBJECTS, SHARDS
+from mpjob_trainer.checkpoint.capture_keys import IN_MEMORY, LISTED, SHARDED_OBJECTS, SHARDS, kinds_problem
 from mpjob_trainer.checkpoint.dtypes import check_module_dtypes
 from mpjob_trainer.checkpoint.extra_state import check_extra_states
 from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
@@ -207,6 +207,8 @@ class TrainingState:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
         if SHARDS in state and SHARDED_OBJECTS not in state:
             raise CorruptCheckpoint(f"the sharded checkpoint of step {state.get('step')} names no sharded objects")
+        if SHARDS in state and (problem := kinds_problem(state[SHARDED_OBJECTS], self.objects)) is not None:
+            raise CorruptCheckpoint(f"the sharded checkpoint of step {state.get('step')} {problem}")
         state = upgrade(state, self.objects)
         check_module_dtypes(state, self.objects, f"the checkpoint of step {state.get('step')}")
         for name, module in self.objects.items():  # the script's own code: a ConfigError, whatever the checkpoint
