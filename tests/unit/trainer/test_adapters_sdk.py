@@ -65,6 +65,31 @@ def test_store_adopts_a_framework_folder_and_checks_every_file(tmp_path: Path) -
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+@pytest.mark.parametrize(
+    "plant",
+    [
+        lambda framework: (framework / "scaler.pt").write_bytes(b"planted"),
+        lambda framework: (framework / "nested/rng_state_0.pth").write_bytes(b"planted"),
+        lambda framework: (framework / "nested/more").symlink_to(framework.parent.parent),
+    ],
+    ids=["a-file", "a-nested-file", "a-link-to-a-folder"],
+)
+def test_a_framework_folder_holding_what_its_manifest_does_not_list_is_passed_over(tmp_path: Path, plant) -> None:
+    """The framework loads every file of its checkpoint it knows (an HF Trainer: a scaler.pt, a
+    pytorch_model.bin, rng_state_<rank>.pth whenever they exist): one dropped beside the files the
+    manifest lists reached it unchecked."""
+    store = CheckpointStore(tmp_path, keep=3, config_digest="d")
+    for step in (10, 20):
+        store.write(step, "fp16", {"step": step}, adopt=framework_save(store, step))
+    plant(tmp_path / "step-000000020" / FRAMEWORK)
+    rejected: list[str] = []
+    store.log = lambda event, **f: rejected.append(f["problem"])
+    ref, state = resume.load(store)  # type: ignore[misc]
+    assert (ref.step, state["step"]) == (10, 10)
+    (problem,) = rejected
+    assert problem.startswith("step-000000020: framework/") and problem.endswith("is not in its manifest"), problem
+
+
 def test_guard_counts_a_fused_optimizers_skipped_step() -> None:
     """transformers' default optimizer is fused AdamW: GradScaler calls its step() even for
     overflowing gradients, and the optimizer skips the update itself."""

@@ -1,7 +1,8 @@
 """The volume store's checkpoint folder (checkpoint.store) and what lies in it beside the step
 folders: whether the trainer can write there at all, the `.corrupt-*` folders of checkpoints set
 aside, the `.unloadable-<step folder>` marks of checkpoints that did not load
-(checkpoint.unloadable), each written whole under a `.tmp-*` name and renamed into place.
+(checkpoint.unloadable), each written whole under a `.tmp-*` name and renamed into place; and,
+inside a step folder, a framework's checkpoint holding nothing its manifest does not list.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import contextlib
 import errno
 import os
 import secrets
+from collections.abc import Collection
 from pathlib import Path
 
-from mpjob_trainer.checkpoint.manifest import fsync_dir, step_of
+from mpjob_trainer.checkpoint.manifest import FRAMEWORK, fsync_dir, step_of
 from mpjob_trainer.errors import ConfigError
 
 SET_ASIDE = ".corrupt-"
@@ -77,3 +79,17 @@ def read_mark(root: Path, name: str, limit: int) -> bytes | None:
             return f.read(limit + 1)
     except FileNotFoundError:  # removed since (a save of its step replaced the checkpoint)
         return None
+
+
+def unlisted(folder: Path, listed: Collection[str]) -> str | None:
+    """The first entry of the checkpoint `folder`'s framework/ (named as a manifest names files)
+    that is not a folder or a file of `listed` (a link to a folder included); None: none. The
+    framework loads every file of its checkpoint it knows of: one the manifest does not list
+    would reach it unchecked."""
+    for root, folders, files in os.walk(folder / FRAMEWORK):  # a link to a folder is not walked
+        links = [name for name in folders if os.path.islink(os.path.join(root, name))]
+        for name in sorted(files) + links:
+            named = Path(root, name).relative_to(folder).as_posix()
+            if named not in listed:
+                return named
+    return None

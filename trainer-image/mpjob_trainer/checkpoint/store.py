@@ -223,6 +223,8 @@ class CheckpointStore:
     @staticmethod
     def _read_single(path: Path, manifest: Manifest) -> dict[str, Any]:
         check_files(path, replace(manifest, files={k: v for k, v in manifest.files.items() if k != STATE}))
+        if (extra := folders.unlisted(path, manifest.files)) is not None:
+            raise CorruptCheckpoint(f"{path.name}: {extra} is not in its manifest")
         state = load_checked(path, STATE, manifest.files[STATE])  # the bytes hashed, read once
         problem = state_problem(state, manifest.step) or foreign_keys_problem(state, sharded=False)
         if problem is not None:
