@@ -103,5 +103,5 @@ def test_a_rank_file_naming_an_object_as_the_other_kind_is_the_checkpoints_fault
         return TrainingState({"model": model, "opt": torch.optim.AdamW(model.parameters())})
 
     state = {**trained().capture(5, 5, "fp32", None), "shards": "/nowhere", "shardedObjects": names}
-    with pytest.raises(CorruptCheckpoint, match="the sharded checkpoint of step 5 names .* as its sharded"):
+    with pytest.raises(CorruptCheckpoint, match=r"the sharded checkpoint of step 5 names .* as its sharded"):
         trained().restore(state, "fp32", None)

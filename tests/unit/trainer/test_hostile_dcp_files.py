@@ -320,6 +320,10 @@ def _name_a_number(metadata: Any) -> None:
     metadata.state_dict_metadata = dict(enumerate(metadata.state_dict_metadata.values()))
 
 
+def _storage_meta_a_size(metadata: Any) -> None:
+    metadata.storage_meta = torch.Size([1])  # DCP's reader sets its load_id, inside the load
+
+
 def _weight(metadata: Any) -> Any:
     return metadata.state_dict_metadata["model.0.weight"]
 
@@ -353,10 +357,11 @@ def _chunk_twice(metadata: Any) -> None:
         (_no_chunks, "do not cover the tensor exactly once"),
         (_half_a_chunk, "do not cover the tensor exactly once"),
         (_chunk_twice, "do not cover the tensor exactly once"),
+        (_storage_meta_a_size, "storage_meta is not DCP's"),
     ],
     ids=[
         "path-outside", "key-a-string", "path-a-list", "tensor-without-size", "name-a-number",
-        "tensor-without-chunks", "tensor-half-covered", "a-row-twice-a-row-never",
+        "tensor-without-chunks", "tensor-half-covered", "a-row-twice-a-row-never", "storage-meta-a-size",
     ],
 )  # fmt: skip
 def test_an_index_naming_files_outside_or_of_the_wrong_shapes_is_corrupt_not_a_crash(

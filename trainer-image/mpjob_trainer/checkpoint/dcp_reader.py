@@ -88,6 +88,8 @@ def parse_index(raw: bytes, where: str, listed: Collection[str]) -> dcp_metadata
         raise CorruptCheckpoint(f"{where}: not DCP's metadata ({str(exc)[:200]})") from None
     if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.storage_data, dict):
         raise CorruptCheckpoint(f"{where}: holds a {type(metadata).__name__}, not DCP's metadata")
+    if not isinstance(getattr(metadata, "storage_meta", None), dcp_metadata.StorageMeta | None):
+        raise CorruptCheckpoint(f"{where}: its storage_meta is not DCP's (the reader writes into it)")
     for index, info in metadata.storage_data.items():
         if not isinstance(index, dcp_metadata.MetadataIndex) or not isinstance(index.fqn, str):
             raise CorruptCheckpoint(f"{where}: a storage entry is keyed by {str(index)[:100]!r}, not a value's index")
