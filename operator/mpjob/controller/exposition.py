@@ -44,9 +44,8 @@ WANTED = {metric for _, metric, _ in FIGURES} | {
     tm.QUARANTINE_STEPS,
     tm.QUARANTINE_SAMPLES,
 }
-#: Metrics read by one precision label: the precision an `auto` attempt chose, and the step
-#: times it measured by candidate.
-LABELLED = {tm.INFO: "precision", tm.MEASURED_STEP_SECONDS: "candidate"}
+#: Metrics read by one precision label: the step times an `auto` attempt measured, by candidate.
+LABELLED = {tm.MEASURED_STEP_SECONDS: "candidate"}
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: A checkpoint's sha256 and precision as last_good_checkpoint labels them.
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -82,6 +81,9 @@ class Exposition:
     values: dict[str, float] = field(default_factory=dict)
     #: The LABELLED metrics' values by the precision they label.
     by_precision: dict[str, dict[Precision, float]] = field(default_factory=dict)
+    #: The `precision` labels of the measured step times: the precision the attempt chose when
+    #: it measured (the attempt's label then; a change in place moves only its other series).
+    measured_in: set[Precision] = field(default_factory=set)
     #: The checkpoints last_good_checkpoint names with their sha256 (a scrape may catch two).
     checkpoints: list[CheckpointReading] = field(default_factory=list)
     #: The quarantine's listed steps, in the exposition's order.
@@ -95,6 +97,8 @@ class Exposition:
             self.values[name] = value
         elif name in LABELLED and (precision := _precision(labels.get(LABELLED[name]))) is not None:
             self.by_precision.setdefault(name, {})[precision] = value
+            if name == tm.MEASURED_STEP_SECONDS and (chosen := _precision(labels.get("precision"))) is not None:
+                self.measured_in.add(chosen)
         elif name == tm.LAST_GOOD_CHECKPOINT and (checkpoint := _checkpoint(labels, value)) is not None:
             self.checkpoints.append(checkpoint)
         elif name == tm.QUARANTINED_STEP and (entry := _skipped(labels)) is not None:

@@ -87,11 +87,12 @@ def reading_of(found: Exposition, *, attempt: int | None = None) -> Reading:
 
 
 def measured(found: Exposition) -> tuple[Precision | None, dict[str, float | None] | None]:
-    """An `auto` attempt's choice and step times, once it has measured (before, its precision
-    label is only the provisional one)."""
+    """An `auto` attempt's choice and step times, once it has measured: the choice is the
+    precision label its measured series were set under, not the one it trains in now (a
+    fallback in place moves that)."""
     by_candidate = found.by_precision.get(tm.MEASURED_STEP_SECONDS, {})
     seconds = {p: by_candidate[p] for p in PRECISIONS if p in by_candidate}
-    chosen = [p for p in PRECISIONS if found.by_precision.get(tm.INFO, {}).get(p) == 1]
+    chosen = sorted(found.measured_in)
     if not seconds or len(chosen) != 1:
         return None, None
     return chosen[0], {p: (s if s >= 0 else None) for p, s in seconds.items()}

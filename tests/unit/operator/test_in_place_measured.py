@@ -8,8 +8,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from prometheus_client import generate_latest
 from pydantic import ValidationError
 
+from mpjob.controller.exposition import parse
+from mpjob.controller.progress import measured as read_measurement
+from mpjob.controller.progress import reading_of
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.launch import attempt_launch
 from mpjob.planning.observe import Reading, observe
@@ -20,6 +24,7 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import Measurement, TerminationReport
+from mpjob_trainer.metrics import TrainerMetrics
 from tests.unit.operator.test_in_place_records import EARLIER, NOW, change, running, started
 
 pytestmark = pytest.mark.unit
@@ -135,3 +140,24 @@ def test_a_report_at_the_end_of_a_chain_gives_the_measurement_to_the_attempt_tha
         ("bf16", None),
     ]
     assert plan.status.phase == "Succeeded" and plan.status.precision == "bf16"
+
+
+def served_after_a_change() -> str:
+    """What rank 0's endpoint serves once an `auto` attempt measured bf16 (bf16 faster) and then
+    fell back in place to fp32: the attempt's series move to fp32, its measurement stays."""
+    metrics = TrainerMetrics("j", "ns", 0, "auto")
+    metrics.relabel("bf16")  # as the measurement settles it
+    metrics.measured_steps({"bf16": 0.1, "fp32": 0.3})
+    metrics.changed(change(source="bf16", to="fp32"))
+    return generate_latest(metrics.registry).decode()
+
+
+def test_a_read_after_a_change_names_the_precision_measured_not_the_one_trained_in_now() -> None:
+    """The read took the precision the attempt trains in now for the one it measured: after a
+    fallback in place to fp32, the job said AMP was slower than fp32 though bf16 was 3x faster."""
+    assert read_measurement(parse(served_after_a_change())) == ("bf16", {"bf16": 0.1, "fp32": 0.3})
+    s = spec()
+    plan = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change(source="bf16", to="fp32")])
+    seen = observe(plan.status, reading_of(parse(served_after_a_change()), attempt=1))
+    assert seen.status.attempts[0].measured_step_seconds == {"bf16": 0.1, "fp32": 0.3}
+    assert [c.type for c in seen.status.conditions if c.type == "AmpSlowerThanFp32"] == [] and seen.told() == []
