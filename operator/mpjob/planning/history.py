@@ -137,9 +137,10 @@ def bound(status: MixedPrecisionJobStatus) -> None:
 
 def job_index(status: MixedPrecisionJobStatus, index: int) -> int:
     """The attempt whose Job attempt `index` runs in: itself, or for one begun in place
-    (spec.precision.inPlace), the first attempt of its chain of in-place changes."""
+    (spec.precision.inPlace), the first attempt of its chain of in-place changes; once a Job was
+    made for an attempt begun in place (its Job deleted while it ran: its own jobUid), that one."""
     by_index = {a.index: a for a in status.attempts}
-    while (entry := by_index.get(index)) is not None and entry.in_place and index - 1 in by_index:
+    while (entry := by_index.get(index)) is not None and entry.in_place and not entry.job_uid and index - 1 in by_index:
         index -= 1
     return index
 
@@ -147,11 +148,19 @@ def job_index(status: MixedPrecisionJobStatus, index: int) -> int:
 def lineage(status: MixedPrecisionJobStatus, index: int) -> dict[int, list[str]]:
     """The Jobs each attempt before `index` that `status` holds ran in (their UIDs, oldest first:
     those made before its newest, deleted while it ran, then the newest; none recorded: empty; an
-    attempt begun in place, its chain's), by attempt: the writers whose checkpoints attempt
+    attempt begun in place, its chain's, then its own: `_ran_in`), by attempt: the writers whose checkpoints attempt
     `index` may resume from (AttemptLaunch.lineage). A stray Job, made for an attempt after it
     ended, is never one recorded (`strays`, `own`), so its checkpoints are not resumed from."""
     recorded = {a.index: [*(a.former_job_uids or []), *([a.job_uid] if a.job_uid else [])] for a in status.attempts}
-    return {a.index: recorded.get(job_index(status, a.index), []) for a in status.attempts if a.index < index}
+    return {a.index: _ran_in(status, a, recorded) for a in status.attempts if a.index < index}
+
+
+def _ran_in(status: MixedPrecisionJobStatus, entry: AttemptStatus, recorded: dict[int, list[str]]) -> list[str]:
+    """The Jobs (`recorded`, by attempt) attempt `entry` ran in: its Job's (`job_index`), and for
+    one begun in place that has Jobs of its own since, first those of the Job it began in."""
+    own = job_index(status, entry.index)
+    began = job_index(status, entry.index - 1) if own == entry.index and entry.in_place else None
+    return [*(recorded.get(began, []) if began is not None else []), *recorded.get(own, [])]
 
 
 class HeldJob(NamedTuple):

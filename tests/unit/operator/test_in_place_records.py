@@ -13,7 +13,7 @@ import pytest
 
 from mpjob.controller.exposition import parse
 from mpjob.controller.progress import Target, changes_found, figures, found_reading, observed_in
-from mpjob.planning import history
+from mpjob.planning import history, lifecycle
 from mpjob.planning.cost import seen_usage
 from mpjob.planning.inplace import InPlacePlan, in_place_plan
 from mpjob.planning.observe import observe
@@ -300,3 +300,29 @@ def test_a_repromotion_to_fp8_restarts() -> None:
     )
     (target,) = in_place_plan(s, first_attempt(s), started(s)).to
     assert target.precision == "bf16" and target.repromote_after_steps == 10 and target.promote_to is None
+
+
+def test_an_attempt_begun_in_place_whose_job_is_made_again_runs_in_that_job() -> None:
+    """Attempt 1 began in place in attempt 0's Job, which was then deleted while it ran: the Job
+    made again for it is attempt 1's own, yet rank 0 was still read, the cost split and the
+    lineage given by attempt 0's Job, which was gone."""
+    s = spec(resources={"gpusPerWorker": 1})
+    status = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change()]).status
+    status.attempts[0].job_uid = "uid-a0"
+    again = reconcile(s, status, 1, {}, NOW + timedelta(seconds=5))  # attempt 0's Job is gone
+    assert [c.index for c in again.create] == [1]
+    assert history.job_index(again.status, 1) == 0  # its Job is not made yet: it last ran in attempt 0's
+    held = {1: history.HeldJob("uid-a1")}
+    assert history.own(again.status, held) == {1: "uid-a1"}
+    own = replace(running(NOW + timedelta(seconds=8)), index=1)
+    made = reconcile(s, again.status, 1, {1: own}, NOW + timedelta(seconds=10))
+    lifecycle.made(made, s, 1, "uid-a1")  # as the reconcile that sees the Job records it
+    assert history.job_index(made.status, 1) == 1
+    later = reconcile(
+        s, made.status, 1, {1: own}, NOW + timedelta(seconds=20), changes=[change(2, source="bf16", to="fp32")]
+    )
+    assert [(a.index, a.in_place) for a in later.status.attempts][1:] == [(1, True), (2, True)]
+    assert history.job_index(later.status, 2) == 1  # the next change in place goes on in attempt 1's Job
+    # A later attempt may resume from what attempt 1 wrote in either Job, and attempt 2 in attempt 1's.
+    assert history.lineage(later.status, 3) == {0: ["uid-a0"], 1: ["uid-a0", "uid-a1"], 2: ["uid-a1"]}
+    assert later.status.attempts[1].gpu_seconds == pytest.approx(12.0)  # its own Job's time, none of attempt 0's
