@@ -39,12 +39,6 @@ class MemoryBucket(Bucket):
         body = self.objects.get(key)
         return None if body is None else body[offset : offset + length]
 
-    def download(self, key: str, path: Path) -> bool:
-        if key not in self.objects:
-            return False
-        path.write_bytes(self.objects[key])
-        return True
-
     def download_into(self, key: str, sink: Any) -> bool:
         body = self.objects.get(key)
         if body is None:

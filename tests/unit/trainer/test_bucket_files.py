@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from mpjob_trainer.checkpoint import CorruptCheckpoint, checked, manifest
-from mpjob_trainer.checkpoint.bucket_files import BucketFiles
+from mpjob_trainer.checkpoint.bucket_files import BucketFiles, fetch_files
 from mpjob_trainer.checkpoint.checked import VolumeFiles
 from mpjob_trainer.checkpoint.dcp_reader import item_spans, value_spans
 from mpjob_trainer.checkpoint.manifest import read_manifest
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 from mpjob_trainer.checkpoint.shards import LISTED, restore_shards
-from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
+from tests.unit.trainer.memory_bucket import PART, SETTINGS, MemoryBucket
 from tests.unit.trainer.test_checked_shards import NAMES, commit, objects_of, store_at
 
 pytestmark = pytest.mark.unit
@@ -106,3 +106,20 @@ def test_a_tensor_read_without_a_ranged_sha256_comes_from_a_checked_copy(tmp_pat
     with pytest.raises(CorruptCheckpoint, match=f"{SHARD} sha256 mismatch"):
         shards.read(*tensor)
     shards.close()
+
+
+def test_a_single_file_object_grown_after_its_listing_is_not_downloaded_past_its_manifests_size(
+    tmp_path: Path,
+) -> None:
+    """A single-file checkpoint's objects are downloaded after their sizes were checked from the
+    listing: one replaced in between by a larger object was written to the disk whole (any size)
+    before its size was checked again."""
+    bucket = MemoryBucket()
+    bucket.put("ckpt/step-000000010/state.pt", b"x" * 10)
+    listed = manifest.Manifest(10, "fp32", "d", 2, {"state.pt": {"sha256": "0" * 64, "bytes": 10}})
+    bucket.put("ckpt/step-000000010/state.pt", b"x" * 10 * PART)  # replaced after the listing
+    folder = tmp_path / "step-000000010"
+    folder.mkdir()
+    with pytest.raises(CorruptCheckpoint, match=r"state\.pt is longer in the bucket than its manifest says"):
+        fetch_files(bucket, "ckpt/step-000000010", folder, listed)
+    assert (folder / "state.pt").stat().st_size <= PART  # stopped at the first part past its size

@@ -125,16 +125,6 @@ class Bucket:
                 return None
             raise self.refused(exc, f"read {key}") from exc
 
-    def download(self, key: str, path: Path) -> bool:
-        """Fetch `key` into `path` (ranged parts in parallel); False when there is no such object."""
-        try:
-            self.client.download_file(self.name, key, str(path), Config=self.transfer)
-            return True
-        except Exception as exc:
-            if _code(exc) in MISSING:
-                return False
-            raise self.refused(exc, f"read {key}") from exc
-
     def download_into(self, key: str, sink: Any) -> bool:
         """Fetch `key` into `sink`, a writable file object that is not seekable: s3transfer hands it
         the bytes in order (ranged parts in parallel, each retried; a part retried midway is not

@@ -75,12 +75,15 @@ def check_sizes(bucket: Bucket, prefix: str, name: str, manifest: Manifest) -> N
 
 def fetch_files(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) -> None:
     """Download every file `manifest` lists from below `prefix` into `folder` (its names checked on
-    reading: inside it); CorruptCheckpoint when one is missing."""
-    for name in manifest.files:
+    reading: inside it), none past the size it gives (an object replaced since its listing);
+    CorruptCheckpoint when one is missing or longer."""
+    for name, meta in manifest.files.items():
         target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        if not bucket.download(f"{prefix}/{name}", target):
-            raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
+        with target.open("wb") as f:
+            sink = _InOrder(f.write, int(meta["bytes"]), f"{folder.name}: {name}")
+            if not bucket.download_into(f"{prefix}/{name}", sink):
+                raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
 
 
 def keep_framework(download: Path, root: Path) -> None:
