@@ -39,7 +39,7 @@ def lapsed(status: MixedPrecisionJobStatus, every_steps: int) -> bool:
 
 def held(status: MixedPrecisionJobStatus) -> bool:
     """Whether `status` holds the condition as True."""
-    return any(c.type == CONDITION and c.status == "True" for c in status.conditions)
+    return st.holds(status, CONDITION)
 
 
 def update(status: MixedPrecisionJobStatus, every_steps: int, at: str | None = None) -> Event | None:

@@ -23,11 +23,6 @@ from mpjob_contract.report import amp_slower
 CONDITION = st.ConditionType.AMP_SLOWER_THAN_FP32.value
 
 
-def held(status: MixedPrecisionJobStatus) -> bool:
-    """Whether `status` holds the condition as True."""
-    return any(c.type == CONDITION and c.status == "True" for c in status.conditions)
-
-
 def update(
     status: MixedPrecisionJobStatus,
     chosen: str,
@@ -42,6 +37,6 @@ def update(
         return None
     shown = step_times(seconds)
     message = f"no low precision beat fp32 by {AUTO_MARGIN:.0%} per step on this node ({shown}): training in fp32"
-    known = held(status)
+    known = st.holds(status, CONDITION)
     st.set_condition(status, CONDITION, True, st.ConditionReason.MEASURED, message, at, generation)
     return None if known else Event("Warning", CONDITION, message)

@@ -174,6 +174,11 @@ def set_condition(
     )
 
 
+def holds(status: MixedPrecisionJobStatus, type_: str) -> bool:
+    """Whether `status` holds the condition `type_` as True."""
+    return any(c.type == type_ and c.status == "True" for c in status.conditions)
+
+
 def begin_attempt(
     status: MixedPrecisionJobStatus, start: StartAttempt, *, world_size: int, at: str | None = None
 ) -> AttemptStatus:
