@@ -72,12 +72,12 @@ def reconcile(
     elif _past_deadline(spec, status, now) and status.attempts[-1].finish_time is None:
         _deadline(plan, spec, jobs, when)
     elif status.attempts[-1].finish_time is None:
-        changed.record(plan, spec, list(changes), when)
-        job = running_job(status, jobs)
-        current = job.index if job is not None else status.attempts[-1].index
-        earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
-        gone = running_job(status, stopped or {})  # its Job, deleted: as its pods were last seen
-        _follow(plan, spec, job, when, lingering=earlier, fits=fits, unseen_for=unseen_for, gone=gone)
+        if not _changes_ended(plan, spec, changes, when):
+            job = running_job(status, jobs)
+            current = job.index if job is not None else status.attempts[-1].index
+            earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
+            gone = running_job(status, stopped or {})  # its Job, deleted: as its pods were last seen
+            _follow(plan, spec, job, when, lingering=earlier, fits=fits, unseen_for=unseen_for, gone=gone)
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -94,6 +94,15 @@ def reconcile(
     if plan.create:
         plan.deadline_seconds = st.deadline_left(spec, status, now)
     return plan
+
+
+def _changes_ended(plan: Plan, spec: MixedPrecisionJobSpec, changes: Sequence[InPlaceChange], when: When) -> bool:
+    """Record the running attempt's changes in place the status lacks (`changed.record`): whether
+    they ended the job, one needing an attempt the job no longer has (runPolicy.maxAttempts lowered
+    after the trainer's launch planned it). Its Job then goes (`lc.finish`), and nothing follows the
+    attempt that change ended, nor ends it again."""
+    changed.record(plan, spec, list(changes), when)
+    return plan.status.attempts[-1].finish_time is not None
 
 
 def _opened(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, generation: int | None) -> Plan:
@@ -211,11 +220,19 @@ def _follow(
         awaiting_workers(plan, when, short)
         running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
-        outcome = preempted_by_queue(job) or outcome_of(job)
-        if outcome.report is not None and changed.record(plan, spec, outcome.report.precision_changes, when):
-            current = status.attempts[-1]  # changes no read caught: recorded before the ending
-        outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
-        lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+        _ended(plan, spec, job, when)
+
+
+def _ended(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When) -> None:
+    """The running attempt's Job finished, its pods stopped: the changes in place its report lists
+    that no read caught are recorded first (the attempt that ends is the last one they began),
+    then its outcome ends it."""
+    outcome = preempted_by_queue(job) or outcome_of(job)
+    if _changes_ended(plan, spec, outcome.report.precision_changes if outcome.report else [], when):
+        return
+    current = plan.status.attempts[-1]
+    outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
+    lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
 
 
 def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobView | None) -> None:

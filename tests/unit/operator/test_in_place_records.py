@@ -21,7 +21,7 @@ from mpjob.planning.planner import first_attempt
 from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.codes import Reason
+from mpjob_contract.codes import FinishReason, Reason
 from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationReport
 from tests.unit.operator import carried_out
@@ -326,3 +326,28 @@ def test_an_attempt_begun_in_place_whose_job_is_made_again_runs_in_that_job() ->
     # A later attempt may resume from what attempt 1 wrote in either Job, and attempt 2 in attempt 1's.
     assert history.lineage(later.status, 3) == {0: ["uid-a0"], 1: ["uid-a0", "uid-a1"], 2: ["uid-a1"]}
     assert later.status.attempts[1].gpu_seconds == pytest.approx(12.0)  # its own Job's time, none of attempt 0's
+
+
+def test_a_change_that_leaves_no_attempt_fails_the_job_and_ends_its_job_once() -> None:
+    """runPolicy.maxAttempts lowered while the attempt runs (docs/walkthrough.md: the next ending
+    that needs another attempt fails the job): the trainer, planned under the old bound, changes in
+    place; the operator fails the job AttemptsExhausted and deletes the Job that trains on, rather
+    than following an attempt it ended. Its report, listing the change, ends nothing a second time."""
+    s = spec(resources={"gpusPerWorker": 1})
+    lowered = spec(resources={"gpusPerWorker": 1}, runPolicy={"maxAttempts": 1})
+    plan = reconcile(lowered, started(s), 2, {0: running()}, NOW, changes=[change()])
+    assert (plan.status.phase, failed_by(plan.status)) == ("Failed", FinishReason.ATTEMPTS_EXHAUSTED.value)
+    assert [(a.index, a.reason) for a in plan.status.attempts] == [(0, Reason.NUMERIC_FAULT.value)]
+    assert plan.delete == [0] and plan.create == []
+    report = TerminationReport(
+        reason=Reason.SUCCEEDED, step=100, start_step=40, precision="bf16", precision_changes=[change()]
+    ).to_message()
+    for status in (plan.status, started(s)):  # the change read before, or only in the report
+        ended = reconcile(lowered, status, 2, {0: running(ended="Complete", report=report)}, NOW + timedelta(seconds=5))
+        assert (ended.status.phase, failed_by(ended.status)) == ("Failed", FinishReason.ATTEMPTS_EXHAUSTED.value)
+        assert [(a.index, a.reason) for a in ended.status.attempts] == [(0, Reason.NUMERIC_FAULT.value)]
+        assert sum(e.reason == "AttemptEnded" for e in ended.events) == (status is not plan.status)
+
+
+def failed_by(status: MixedPrecisionJobStatus) -> str | None:
+    return next((c.reason for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
