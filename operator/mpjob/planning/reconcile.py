@@ -69,15 +69,14 @@ def reconcile(
             lc.suspend(plan, when, "suspended before the first attempt")
         else:
             lc.begin(plan, spec, first_attempt(spec), when)
-    elif _past_deadline(spec, status, now) and status.attempts[-1].finish_time is None:
-        _deadline(plan, spec, jobs, when)
     elif status.attempts[-1].finish_time is None:
-        if not _changes_ended(plan, spec, changes, when):
-            job = running_job(status, jobs)
-            current = job.index if job is not None else status.attempts[-1].index
-            earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
-            gone = running_job(status, stopped or {})  # its Job, deleted: as its pods were last seen
-            _follow(plan, spec, job, when, lingering=earlier, fits=fits, unseen_for=unseen_for, gone=gone)
+        if _changes_ended(plan, spec, changes, when):
+            pass  # one ended the job: its Job goes
+        elif _past_deadline(spec, status, now):  # the attempt the trainer went on in, if it changed
+            _deadline(plan, spec, jobs, when)
+        else:
+            _follow_running(plan, spec, jobs, when, lingering=lingering, stopped=stopped or {}, fits=fits,
+                            unseen_for=unseen_for)  # fmt: skip
     elif status.phase == "Suspended":
         busy = bool(lingering) or any(p.alive for j in jobs.values() for p in j.pods)
         if not (spec.run_policy.suspend or busy):
@@ -103,6 +102,19 @@ def _changes_ended(plan: Plan, spec: MixedPrecisionJobSpec, changes: Sequence[In
     attempt that change ended, nor ends it again."""
     changed.record(plan, spec, list(changes), when)
     return plan.status.attempts[-1].finish_time is not None
+
+
+def _follow_running(
+    plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], when: When, *, lingering: frozenset[int],
+    stopped: dict[int, JobView], fits: int | None, unseen_for: float | None,
+) -> None:  # fmt: skip
+    """`_follow` the running attempt in its Job (its own, else its chain's: `running_job`), held
+    back while a pod of an earlier attempt still stops."""
+    job = running_job(plan.status, jobs)
+    current = job.index if job is not None else plan.status.attempts[-1].index
+    earlier = bool(lingering) or any(p.alive for i, j in jobs.items() if i != current for p in j.pods)
+    gone = running_job(plan.status, stopped)  # its Job, deleted: as its pods were last seen
+    _follow(plan, spec, job, when, lingering=earlier, fits=fits, unseen_for=unseen_for, gone=gone)
 
 
 def _opened(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, generation: int | None) -> Plan:

@@ -351,3 +351,16 @@ def test_a_change_that_leaves_no_attempt_fails_the_job_and_ends_its_job_once() -
 
 def failed_by(status: MixedPrecisionJobStatus) -> str | None:
     return next((c.reason for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
+
+
+def test_a_change_read_as_the_deadline_passes_is_recorded_before_the_deadline_ends_the_job() -> None:
+    """The read that finds the change is the reconcile that finds the deadline past: the attempt
+    the trainer went on in is the one the deadline ends, in the precision it trained in."""
+    s = spec(resources={"gpusPerWorker": 1}, runPolicy={"activeDeadlineSeconds": 60})
+    plan = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change()])
+    assert [(a.index, a.precision, a.reason, a.in_place) for a in plan.status.attempts] == [
+        (0, "fp16", Reason.NUMERIC_FAULT.value, None),
+        (1, "bf16", Reason.DEADLINE_EXCEEDED.value, True),
+    ]
+    assert (plan.status.phase, plan.status.precision, failed_by(plan.status)) == ("Failed", "bf16", "DeadlineExceeded")
+    assert plan.delete == [0] and plan.create == []
