@@ -54,14 +54,13 @@ def changed_in_place(
     began = next((a.start_time for a in plan.status.attempts if a.index == attempt.index), None)
     when = lc.When(moment(change.at, when.at, earliest=began), when.generation)  # when the trainer changed
     lc.conclude(plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability,
-                checkpoint_dir=checkpoint_dir, resumed_at=change.start_step)  # fmt: skip
+                checkpoint_dir=checkpoint_dir, resumed_at=change.start_step,
+                went_on_in=change.to_precision)  # fmt: skip
     if not plan.create:
         return None
-    entry = next(a for a in plan.status.attempts if a.index == plan.create[0].index)
-    entry.precision = change.to_precision  # type: ignore[assignment]  # its start: conclude's resumed_at
-    entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
-    plan.status.precision, plan.status.phase = change.to_precision, "Running"
-    begun = replace(plan.create[0], precision=change.to_precision)
+    entry = next(a for a in plan.status.attempts if a.index == plan.create[0].index)  # in the change's precision
+    entry.in_place, entry.recovery_seconds = True, change.recovery_seconds  # its start: conclude's resumed_at
+    plan.status.phase, begun = "Running", plan.create[0]
     if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
         entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
         begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)

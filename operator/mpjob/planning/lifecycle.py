@@ -32,7 +32,7 @@ from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_pro
 from mpjob.planning.reported import record_report, without_progress
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, settled
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision, settled
 from mpjob_contract.api import processes_per_worker as per_worker
 from mpjob_contract.codes import FinishReason, Reason
 from mpjob_contract.launch import checkpoint_root
@@ -212,11 +212,13 @@ def conclude(
     checkpoint_dir: str | None = None,
     resumed_at: int | None = None,
     outlive: bool | None = None,
+    went_on_in: Precision | None = None,
 ) -> None:
     """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
     from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs; by
     default below the spec's store: the volume's mount or the bucket's prefix; when the next
-    attempt reaches it: `resumepoint`, `outlive` as there)."""
+    attempt reaches it: `resumepoint`, `outlive` as there; in `went_on_in`, the precision its
+    trainer changed to in place, whatever a spec edited since its launch would pick)."""
     status, report = plan.status, outcome.report
     result = under_policy(classify(outcome), spec.fault_policy, report)
     end_step = record_report(status, attempt.index, report)
@@ -252,6 +254,7 @@ def conclude(
     if isinstance(decision, Finish):
         finish(plan, decision, when)
         return
+    decision = replace(decision, precision=went_on_in or decision.precision)
     if decision.fallback_from is not None:
         _fallback(plan, decision, when, result.reason.value, point.lost)
     if decision.promoted_from is not None:

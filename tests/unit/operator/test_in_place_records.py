@@ -364,3 +364,18 @@ def test_a_change_read_as_the_deadline_passes_is_recorded_before_the_deadline_en
     ]
     assert (plan.status.phase, plan.status.precision, failed_by(plan.status)) == ("Failed", "bf16", "DeadlineExceeded")
     assert plan.delete == [0] and plan.create == []
+
+
+def test_a_change_after_the_fallbacks_were_edited_is_told_as_the_trainer_made_it() -> None:
+    """precision.fallback edited while the attempt runs reaches the next attempt the operator
+    starts; the trainer, launched before, falls back in place as its launch said. Its Events,
+    condition and fallback count name the precision it went on in, as its attempt does."""
+    s = spec(resources={"gpusPerWorker": 1})
+    edited = spec(resources={"gpusPerWorker": 1}, precision={"mode": "fp16", "fallback": ["fp32"]})
+    plan = reconcile(edited, started(s), 2, {0: running()}, NOW, changes=[change()])
+    assert [(a.index, a.precision) for a in plan.status.attempts] == [(0, "fp16"), (1, "bf16")]
+    assert (plan.status.precision, plan.status.phase, plan.fallbacks) == ("bf16", "Running", [("fp16", "bf16")])
+    told = [e.message for e in plan.events if e.reason in ("PrecisionFallback", "AttemptStarted")]
+    assert told and all("fp32" not in m for m in told) and any("fp16 -> bf16" in m for m in told)
+    fell = next(c for c in plan.status.conditions if c.type == "PrecisionFallback")
+    assert fell.message.startswith("fp16 -> bf16")
