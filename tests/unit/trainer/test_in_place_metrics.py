@@ -5,13 +5,16 @@ moved to the new attempt and precision labels, its start step the change's."""
 from __future__ import annotations
 
 import pytest
+import torch
 from prometheus_client import generate_latest
 
 from mpjob.controller.exposition import parse
 from mpjob.controller.progress import changes_found, figures
 from mpjob_contract import metrics as names
 from mpjob_contract.report import InPlaceChange
+from mpjob_trainer.distributed import World
 from mpjob_trainer.metrics import TrainerMetrics
+from mpjob_trainer.session.progress import Interval, Progress
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +67,25 @@ def test_an_attempt_under_new_labels_shows_no_evaluation_it_has_not_made(how: st
     metrics.evaluated(2.2, 2.1, 0.05, 0.1)
     seen = figures(parse(generate_latest(metrics.registry).decode()), precision="bf16")
     assert (seen["evalLoss"], seen["evalLossDelta"]) == (2.2, 0.05)
+
+
+def test_an_attempt_begun_in_place_counts_every_overflow_its_guard_counted() -> None:
+    """The new attempt's counters start at 0 under its labels, as its guard's do: each interval
+    after the change adds what the guard counted in it, all of it, not what it counted beyond the
+    launched attempt's last reading (a new attempt's 5 overflow steps once read as 2)."""
+    metrics = TrainerMetrics("j", "ns", attempt=0, precision="fp16")
+    progress = Progress(metrics, lambda *a, **k: None, World(0, 1, 0), torch.device("cpu"))
+
+    def interval(step: int, overflows: int, non_finite: int) -> None:
+        progress.report(Interval(step, "fp16", 1.0, None, None, None, overflows, non_finite, step))
+
+    interval(40, 3, 2)  # the launched attempt's guard, read
+    metrics.changed(InPlaceChange(attempt=1, step=45, start_step=40, from_precision="fp16", to_precision="fp32",
+                                  rule="MaxNonFiniteLosses", message="m", recovery_seconds=0.02))  # fmt: skip
+    interval(50, 5, 4)  # the new attempt's guard, counted from nothing since the change
+    new = {"job": "j", "namespace": "ns", "attempt": "1", "precision": "fp32"}
+    value = metrics.registry.get_sample_value
+    assert value(names.OVERFLOW_STEPS + "_total", new) == 5
+    assert value(names.NON_FINITE_LOSSES + "_total", new) == 4
+    interval(60, 6, 4)
+    assert value(names.OVERFLOW_STEPS + "_total", new) == 6 and value(names.NON_FINITE_LOSSES + "_total", new) == 4

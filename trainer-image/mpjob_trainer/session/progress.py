@@ -101,9 +101,10 @@ class Progress:
         self.tokens_per_sample: int | None = None
         self.peak = peak_flops(device)
         self.window = ThroughputWindow()
-        #: What the counters were told so far (overflow steps, non-finite losses): Prometheus
-        #: counters only go up, so each interval adds what the guard counted since the last.
-        self.counted = (0, 0)
+        #: The labels the counters were told under, and what they were told so far (overflow
+        #: steps, non-finite losses): Prometheus counters only go up, so each interval adds what
+        #: the guard counted since the last.
+        self.counted = (dict(metrics.labels), 0, 0)
 
     def cost(self, flops: float | None, tokens: int | None, *, call: str) -> None:
         """What one sample costs, as told to the SDK's `call` (`sample_cost`)."""
@@ -190,18 +191,21 @@ class Progress:
         ):
             if value is not None:
                 gauge.set(value)
-        overflows, non_finite = self.counted
+        labels, overflows, non_finite = self.counted
+        if labels != m.labels:  # series under new labels start at 0 (TrainerMetrics.relabel): all is new to them
+            overflows = non_finite = 0
         m.overflow_steps.inc(added(overflows, interval.overflow_steps))
         m.non_finite.inc(added(non_finite, interval.non_finite_losses))
-        self.counted = (interval.overflow_steps, interval.non_finite_losses)
+        self.counted = (dict(m.labels), interval.overflow_steps, interval.non_finite_losses)
         m.step_seconds.observe(step_seconds)
         m.sample_host_memory()
 
 
 def added(before: int, now: int) -> int:
-    """What a guard count grew by since `before`; a count that fell was started afresh (an
-    attempt begun in place, session.inplace), and all of it is new. The process's counters
-    only grow."""
+    """What a guard count grew by since `before`; a count that fell was started afresh, and all
+    of it is new. The process's counters only grow. (An attempt begun in place starts its guard
+    afresh under new labels, whose series start at 0: `before` is 0 there, whatever the launched
+    attempt's count was.)"""
     return now - before if now >= before else now
 
 
