@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from mpjob_contract.codes import ExitCode
+from mpjob_contract.launch import InPlaceTarget
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from mpjob_trainer.errors import ConfigError, NumericFault
@@ -143,3 +144,51 @@ def test_steps_without_backward_or_the_loops_own_are_not_judged() -> None:
     watch.close(backward=False, asked=False, applied=False, judged=True)  # an evaluation step
     watch.close(backward=True, asked=False, applied=False, judged=False)  # quarantined, or a framework's
     assert watch.idle_fault(2, 2, last=True) is None
+
+
+def _promoted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, in_place: bool) -> tuple[int, TerminationReport]:
+    """An fp32 attempt re-promoted into fp16 after step 4 (in place, or the restart path's fp16
+    attempt resumed from its checkpoint), every fp16 step's gradients inf: its code and report."""
+    job = spec(
+        training={"steps": 8, "logEvery": 1},
+        checkpoint={"everySteps": 4},
+        precision={"mode": "fp16", "fallback": ["fp32"], "repromoteAfterSteps": 4},
+    )
+    fp32 = in_process_launch(tmp_path, monkeypatch, job, "fp32").model_copy(update={"repromote_after_steps": 4})
+    launches = (
+        [fp32.model_copy(update={"promote_in_place_to": InPlaceTarget(precision="fp16")})]
+        if in_place
+        else [fp32, fp32.model_copy(update={"attempt": 1, "precision": "fp16", "repromote_after_steps": None})]
+    )
+    code = 0
+    for launch in launches:
+        try:
+            with mpjob.start(launch=launch) as run:
+                torch.manual_seed(0)
+                model = nn.Linear(4, 1)
+                optimizer = torch.optim.SGD(model.parameters(), lr=1e-12)
+                start = run.resume(model=model, optimizer=optimizer)
+                for index in range(start, run.total_steps):
+                    with run.autocast():
+                        loss = model(torch.ones(2, 4)).float().pow(2).mean() * 1e4
+                    _stepped(run, index, loss, optimizer, None)  # type: ignore[arg-type]
+                    run.end_step(index + 1, samples=2)
+            code = 0
+        except SystemExit as ended:
+            code = int(ended.code or 0)
+    return code, TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+
+
+def test_an_attempt_promoted_in_place_whose_every_step_overflowed_ends_as_the_restarted_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps 5 to 8 in fp16 all skipped: the re-promoted attempt applied no update, in place as
+    after a restart (the fp32 steps before it were another attempt's): before, the attempt begun in
+    place counted the launched one's steps as its own and ended Succeeded on weights it never trained."""
+    restart_code, restarted = _promoted(tmp_path / "restart", monkeypatch, in_place=False)
+    assert restart_code == ExitCode.NUMERIC_FAULT, restarted.message
+    code, report = _promoted(tmp_path / "inplace", monkeypatch, in_place=True)
+    assert [c.kind for c in report.precision_changes] == ["repromote"]
+    assert code == ExitCode.NUMERIC_FAULT and report.reason == "NumericFault", report.message
+    assert "4 consecutive overflow-skipped steps, every step the attempt trained" in report.message
+    assert report.message == restarted.message

@@ -73,6 +73,7 @@ from mpjob_contract.report import ChangeKind, InPlaceChange
 from mpjob_trainer.errors import NumericFault, Repromote
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.interval import Cadence
+from mpjob_trainer.session.updates import UpdateWatch
 
 #: The loop's data and accumulation in a new split: reshape(micro_batch, grad_accumulation).
 Reshape = Callable[[int, int], None]
@@ -222,9 +223,12 @@ class InPlace:
 
     def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int) -> None:
         """The processes go on as the next attempt, in `target`, from step `start`: the guard, the
-        quality gate's streak and the clean-step count start afresh and its re-promotion is the
-        planner's, as a restarted attempt's are."""
+        steps it trained without an update (session.updates: every step of a restarted attempt
+        overflow-skipped is its fault, whatever the attempt before it applied), the quality gate's
+        streak and the clean-step count start afresh and its re-promotion is the planner's, as a
+        restarted attempt's are."""
         self.context.numerics.guard.restart_at(start)
+        self.context.numerics.updates = UpdateWatch()
         self.cadence.begin(start)
         self.cadence.repromote_after = target.repromote_after_steps
         self.promote_to = target.promote_to

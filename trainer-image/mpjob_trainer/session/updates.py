@@ -22,7 +22,8 @@ from mpjob_trainer.errors import ConfigError, NumericFault
 
 
 class UpdateWatch:
-    """The run of steps in a row that ran backward and applied no update (in this process)."""
+    """The run of steps in a row that ran backward and applied no update (in this attempt: one begun
+    in place watches anew, session.inplace)."""
 
     def __init__(self) -> None:
         self.closed = 0  # steps this process closed
