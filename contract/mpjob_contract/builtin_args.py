@@ -143,6 +143,8 @@ def gpt_shape(args: dict[str, Any]) -> GptShape:
         raise BadTaskArg(
             "vocabSize", f"expected an integer >= {BYTE_VOCAB} (the text data's byte ids), got {c.vocab_size}"
         )
+    if not 0 <= c.dropout <= 1:  # torch's bound: past it, building the model raises in the pod
+        raise BadTaskArg("dropout", f"expected a probability from 0 to 1, got {c.dropout:g}")
     return c
 
 

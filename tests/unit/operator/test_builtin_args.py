@@ -36,6 +36,8 @@ def test_a_step_delay_without_its_precision_is_refused_naming_the_field_and_the_
         ("gpt", {"data": "books"}, "data"),
         ("gpt", {"samples": 10}, "samples"),
         ("gpt", {"nLayer": "deep"}, "nLayer"),
+        ("gpt", {"dropout": 1.5}, "dropout"),
+        ("gpt", {"dropout": -0.1}, "dropout"),
         ("mlp", {"nonFiniteSamples": [5000]}, "nonFiniteSamples"),
         ("mlp", {"samples": 8, "nonFiniteSamples": [8]}, "nonFiniteSamples"),
         ("mlp", {"batchScale": {"atStep": "x"}}, "batchScale"),

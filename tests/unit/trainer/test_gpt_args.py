@@ -84,6 +84,7 @@ def test_the_eval_set_is_valid_for_a_bigger_vocabulary(data: str) -> None:
     [
         ({"vocabSize": 255}, r"task\.args\.vocabSize: expected an integer >= 256"),
         ({"vocabSize": "big"}, r"task\.args\.vocabSize: expected int, got 'big'"),
+        ({"dropout": 1.5}, r"task\.args\.dropout: expected a probability from 0 to 1, got 1\.5"),
         ({"data": "books"}, r"task\.args\.data: expected \"text\" or \"random\", got 'books'"),
         ({"data": "random", "samples": 0}, r"task\.args\.samples: expected an integer >= 1, got 0"),
         ({"data": "random", "samples": "many"}, r"task\.args\.samples: expected int"),
