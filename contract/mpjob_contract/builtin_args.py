@@ -157,15 +157,35 @@ class GptData:
     samples: int = 1024
 
 
-def gpt_data(args: dict[str, Any]) -> GptData:
-    """task.args.data and its size (corpusBytes for text, samples for random), each only with its kind."""
+def text_stride(block_size: int) -> int:
+    """Bytes between the starts of two training windows of the text corpus: half a block."""
+    return max(1, block_size // 2)
+
+
+def text_windows(corpus_bytes: int, block_size: int) -> int:
+    """Training windows (blockSize + 1 bytes each, text_stride apart) a corpus of corpus_bytes holds."""
+    return max(0, (corpus_bytes - block_size - 1) // text_stride(block_size))
+
+
+def gpt_data(args: dict[str, Any], block_size: int) -> GptData:
+    """task.args.data and its size (corpusBytes for text, samples for random), each only with its
+    kind; a text corpus holds at least one window of block_size + 1 bytes (none would be an empty
+    dataset at start, too few bytes a negative length)."""
     kind = args.get("data", "text")
     if kind not in GPT_DATA_KINDS:
         raise BadTaskArg("data", f'expected "text" or "random", got {kind!r}')
     if kind == "text":
         if "samples" in args:
             raise BadTaskArg("samples", 'only with data: "random" (text windows come from corpusBytes)')
-        return GptData(kind, corpus_bytes=arg(args, "corpusBytes", GptData.corpus_bytes, int))
+        size = arg(args, "corpusBytes", GptData.corpus_bytes, int)
+        if text_windows(size, block_size) < 1:
+            least = block_size + 1 + text_stride(block_size)
+            default = "" if "corpusBytes" in args else " (the default)"
+            raise BadTaskArg(
+                "corpusBytes",
+                f"expected at least {least} bytes, a training window for blockSize {block_size}, got {size}{default}",
+            )
+        return GptData(kind, corpus_bytes=size)
     if "corpusBytes" in args:
         raise BadTaskArg("corpusBytes", 'only with data: "text" (random data is sized by samples)')
     count = arg(args, "samples", GptData.samples, int)
@@ -219,8 +239,7 @@ def check(builtin: str, args: dict[str, Any]) -> None:
         arg(args, name, None, _NUMBERS[name])
     step_delays(args.get("stepDelay"))
     if builtin == "gpt":
-        gpt_shape(args)
-        gpt_data(args)
+        gpt_data(args, gpt_shape(args).block_size)
         return
     poisoned_indices(args.get("nonFiniteSamples"), mlp_shape(args).samples)
     batch_scale(args.get("batchScale"))

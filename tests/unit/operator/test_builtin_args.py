@@ -38,6 +38,8 @@ def test_a_step_delay_without_its_precision_is_refused_naming_the_field_and_the_
         ("gpt", {"nLayer": "deep"}, "nLayer"),
         ("gpt", {"dropout": 1.5}, "dropout"),
         ("gpt", {"dropout": -0.1}, "dropout"),
+        ("gpt", {"corpusBytes": 10}, "corpusBytes"),
+        ("gpt", {"blockSize": 300_000}, "corpusBytes"),
         ("mlp", {"nonFiniteSamples": [5000]}, "nonFiniteSamples"),
         ("mlp", {"samples": 8, "nonFiniteSamples": [8]}, "nonFiniteSamples"),
         ("mlp", {"batchScale": {"atStep": "x"}}, "batchScale"),

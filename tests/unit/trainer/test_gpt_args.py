@@ -101,6 +101,15 @@ def test_a_bad_value_names_the_field_and_what_is_allowed(args: dict[str, Any], m
         make_task({**SMALL, **args})
 
 
+def test_the_smallest_text_corpus_accepted_holds_one_training_window() -> None:
+    """blockSize 8: windows of 9 bytes, 4 apart; 13 bytes hold one, 12 none (an empty dataset,
+    and fewer than 9 a negative length: an InfraError retried, not a configuration error)."""
+    assert len(make_task({**SMALL, "corpusBytes": 13}).dataset) == 1  # type: ignore[arg-type]
+    for too_small in (12, 5):
+        with pytest.raises(ConfigError, match=rf"task\.args\.corpusBytes: expected at least 13 .*, got {too_small}$"):
+            make_task({**SMALL, "corpusBytes": too_small})
+
+
 @pytest.mark.process
 def test_the_trainer_ends_a_bad_vocab_size_as_a_configuration_error_naming_the_field(tmp_path: Path) -> None:
     job = spec(task={"builtin": "gpt", "args": {**SMALL, "vocabSize": 100}})

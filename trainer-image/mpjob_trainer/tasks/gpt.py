@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from mpjob_contract.builtin_args import GptShape, arg, gpt_data, gpt_shape, step_delays
+from mpjob_contract.builtin_args import GptShape, arg, gpt_data, gpt_shape, step_delays, text_stride, text_windows
 from mpjob_trainer.tasks import Task, task_args
 from mpjob_trainer.tasks.blowup import ActivationBlowUp
 from mpjob_trainer.tasks.corpus import corpus
@@ -123,8 +123,8 @@ class ByteWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __init__(self, data: bytes, block_size: int) -> None:
         self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
         self.block_size = block_size
-        self.stride = max(1, block_size // 2)
-        self.count = (len(self.data) - block_size - 1) // self.stride
+        self.stride = text_stride(block_size)
+        self.count = text_windows(len(self.data), block_size)  # as builtin_args checks task.args with
 
     def __len__(self) -> int:
         return self.count
@@ -164,7 +164,7 @@ TRAIN_SEED, EVAL_SEED = 1234, 4321
 def datasets(args: dict[str, Any], c: GptShape) -> tuple[Dataset[Any], Dataset[Any]]:
     """(training set, evaluation set) of task.args.data: the byte-level text corpus, or
     uniformly random token ids over the whole vocabulary (`samples` windows)."""
-    data = gpt_data(args)
+    data = gpt_data(args, c.block_size)
     if data.kind == "text":
         train: Dataset[Any] = ByteWindows(corpus(data.corpus_bytes), c.block_size)
         # Held-out text from the same grammar (another seed): byte ids, valid for any vocabSize.
