@@ -58,8 +58,9 @@ def changed_in_place(
                 went_on_in=change.to_precision)  # fmt: skip
     if not plan.create:
         return None
-    entry = next(a for a in plan.status.attempts if a.index == plan.create[0].index)  # in the change's precision
-    entry.in_place, entry.recovery_seconds = True, change.recovery_seconds  # its start: conclude's resumed_at
+    # Begun by conclude in the change's precision (went_on_in), from where it went on (resumed_at).
+    entry = next(a for a in plan.status.attempts if a.index == plan.create[0].index)
+    entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
     plan.status.phase, begun = "Running", plan.create[0]
     if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
         entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
