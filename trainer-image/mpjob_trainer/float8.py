@@ -13,6 +13,13 @@ them), none whose dimensions fp8 kernels cannot take (not multiples of 16), none
 precision.fp8.skip names (dotted names or fnmatch patterns). The trainer logs which were
 converted and why the others were not (the `fp8` event).
 
+Which calls: a converted linear computes in fp8 only when the rows it is given (the tokens of
+the micro-batch: every dimension but the last) are a multiple of 16 too, since its weight
+gradient is a matmul over those rows; a call with other rows (a micro-batch of 8 samples, an
+epoch's short last batch) runs that linear as a plain one, in bf16, instead of failing in the
+backward. An `auto` attempt's fp8 probe times what such steps do, so fp8 is chosen only where
+it is faster.
+
 The same process also runs the model in other precisions: the fp32 replay of a fault, the
 quality gate's fp32 reference, an `auto` attempt's bf16 and fp32 probes. `Fp8Linears.enable`
 switches the converted modules between Float8Linear and plain nn.Linear for those modes
@@ -107,6 +114,32 @@ class Fp8Linears:
         self.enabled = on
 
 
+def fp8_rows(input: torch.Tensor) -> bool:
+    """Whether fp8 kernels take this input's rows (all but the last dimension, flattened)."""
+    features = input.shape[-1]
+    return features > 0 and (input.numel() // features) % FP8_DIM_MULTIPLE == 0
+
+
+#: One row-checked class per torchao linear class (`rows_checked`).
+_ROWS_CHECKED: dict[type[nn.Module], type[nn.Module]] = {}
+
+
+def rows_checked(float8_class: type[nn.Module]) -> type[nn.Module]:
+    """`float8_class` whose calls with rows fp8 kernels cannot take run as a plain nn.Linear."""
+    if float8_class in _ROWS_CHECKED:
+        return _ROWS_CHECKED[float8_class]
+
+    def forward(self: nn.Linear, input: torch.Tensor) -> torch.Tensor:
+        if fp8_rows(input):
+            return float8_class.forward(self, input)  # type: ignore[no-any-return]
+        return nn.Linear.forward(self, input)
+
+    made = _ROWS_CHECKED[float8_class] = type(
+        f"RowChecked{float8_class.__name__}", (float8_class,), {"forward": forward}
+    )
+    return made
+
+
 def torchao_float8() -> Any:
     """torchao.float8, or a configuration error saying how to get it."""
     try:
@@ -129,6 +162,8 @@ def convert(model: nn.Module, spec: Fp8Spec) -> Fp8Linears:
     if chosen:
         float8.convert_to_float8_training(model, config=config, module_filter_fn=lambda _m, fqn: fqn in chosen)
     modules = dict(model.named_modules())
+    for name in chosen:
+        modules[name].__class__ = rows_checked(type(modules[name]))
     require_plain_state(model.state_dict().items())
     kept = {name: why for name, why in verdicts.items() if why is not None}
     return Fp8Linears({name: modules[name] for name in sorted(chosen)}, kept)
