@@ -172,7 +172,8 @@ async def on_job_event(
     **_: Any,
 ) -> None:
     """Queue a reconcile when a job is new or its spec changed (the generation is ahead of
-    status.observedGeneration), and for every unfinished job in kopf's first listing. Each
+    status.observedGeneration), and for every unfinished job in kopf's listings (the first, and
+    one each time its watch reconnects) but one settled at rest at the version listed. Each
     event's body is offered to the reconciler's bodies (the next reconcile plans from the
     newest): kept by one that queues a reconcile, else only as a newer one of a body held (a
     finished job at rest holds none: `bodies.py`). The operator's own status writes come back
@@ -186,7 +187,8 @@ async def on_job_event(
         controller.reconciler.forget(meta.get("uid", ""), (namespace, name))
         return
     if type is None:  # kopf's listing
-        queued = has_work(status, body.get("spec"))
+        unchanged = controller.reconciler.at_rest_unchanged((namespace, name), meta.get("resourceVersion"))
+        queued = has_work(status, body.get("spec")) and not unchanged
     else:
         queued = status.get("observedGeneration") != meta.get("generation")
     if isinstance(event.get("object"), dict):  # the newest body is what the next reconcile plans from

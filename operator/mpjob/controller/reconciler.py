@@ -88,9 +88,10 @@ class Reconciler:
         #: reconcile failed (`bodies.py`); a quiet tick asks the API server nothing.
         self.bodies = Bodies()
         #: Jobs at rest the ticker's index still says have work (suspended, or finished with a TTL;
-        #: their children all gone): the ticker leaves them alone (a change to one still queues its
-        #: reconcile, which takes it out again if it has work).
-        self.settled: set[Key] = set()
+        #: their children all gone), with the resourceVersion each settled at: the ticker leaves them
+        #: alone, and so does kopf's listing of one unchanged since (`at_rest_unchanged`); a change
+        #: to one still queues its reconcile, which takes it out again if it has work.
+        self.settled: dict[Key, str | None] = {}
 
     def handle(self, key: Key, tick: bool) -> float | None:
         """A work queue item: reconcile one job (with its live progress when the ticker asked); the
@@ -186,7 +187,7 @@ class Reconciler:
             self.bodies.refused((namespace, name))  # its write's 409: the body is behind the job, read it anew
         if plan.status.phase in FINISHED:
             self.progress.forget((namespace, name))
-        self._settle((namespace, name), plan, seen, spec)
+        self._settle((namespace, name), plan, seen, spec, body["metadata"].get("resourceVersion"))
         return plan
 
     def _act(
@@ -210,20 +211,26 @@ class Reconciler:
             self._announce(body, told, plan, [])
         return plan
 
-    def _settle(self, key: Key, plan: Plan, seen: Observed, spec: MixedPrecisionJobSpec) -> None:
+    def _settle(self, key: Key, plan: Plan, seen: Observed, spec: MixedPrecisionJobSpec, version: str | None) -> None:
         """A job at rest (`ticker.at_rest`: finished or suspended, none of its children left,
-        none deleted now) is settled: the ticker no longer reads it every tick. Of a finished one
-        nothing is held (`_release`): nothing more is owed for it."""
+        none deleted now) is settled at `version` (its resourceVersion after this reconcile's
+        writes): the ticker no longer reads it every tick. Of a finished one nothing is held
+        (`_release`): nothing more is owed for it."""
         children = bool(plan.delete or seen.jobs or seen.lingering or seen.orphans)
         suspend, again = bool(spec.run_policy.suspend), plan.requeue_after
         if not at_rest(plan.status.phase, suspend=suspend, children=children, requeue_after=again):
-            self.settled.discard(key)
+            self.settled.pop(key, None)
         elif plan.status.phase in FINISHED:
-            self._release(key, ttl=spec.run_policy.ttl_seconds_after_finished is not None)
+            self._release(key, version, ttl=spec.run_policy.ttl_seconds_after_finished is not None)
         else:
-            self.settled.add(key)
+            self.settled[key] = version
 
-    def _release(self, key: Key, *, ttl: bool) -> None:
+    def at_rest_unchanged(self, key: Key, version: str | None) -> bool:
+        """Whether the job `key` settled at `version` and is listed at it again (kopf lists every
+        job each time its watch reconnects): nothing about it changed, nothing is to be done."""
+        return version is not None and key in self.settled and self.settled[key] == version
+
+    def _release(self, key: Key, version: str | None, *, ttl: bool) -> None:
         """A finished job at rest: its body and what acting on it held go (a reconcile of it,
         after a spec edit, reads and rebuilds them); it stays settled only where the ticker's
         index still says it has work (`ticker.has_work`: a TTL), which a finished job without one
@@ -231,9 +238,9 @@ class Reconciler:
         self.bodies.release(key)
         self.actions.forget(key)
         if ttl:
-            self.settled.add(key)
+            self.settled[key] = version
         else:
-            self.settled.discard(key)
+            self.settled.pop(key, None)
 
     def forget(self, uid: str, key: Key | None = None) -> None:
         """A deleted job leaves the phase counts (and what this process holds of it: `_let_go`,
@@ -248,7 +255,7 @@ class Reconciler:
         """The job `key` is gone, or a standby no longer acts on it: its body, its rank 0's
         reading, what its Jobs were owed, and that it was at rest are forgotten (acting on it again
         reads them anew: the other may have resumed it, and the ticker comes back to it)."""
-        self.settled.discard(key)
+        self.settled.pop(key, None)
         self.progress.forget(key)
         self.actions.forget(key)
         self.bodies.forget(key)

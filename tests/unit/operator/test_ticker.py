@@ -3,11 +3,15 @@ children are gone costs no tick."""
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import pytest
 from prometheus_client import REGISTRY
 
 from mpjob.controller.ticker import at_rest, due, has_work
 from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
+from tests.unit.operator.test_finished_bodies import listed, memo  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +67,18 @@ def test_a_tick_queued_before_its_job_settled_does_no_work() -> None:
     assert reconciles() == before, "a settled job reconciled by a tick"
     made.handle(KEY, False)  # a change to it still does
     assert reconciles() == before + 1
+
+
+@pytest.mark.usefixtures("events")
+def test_kopfs_listing_of_a_job_settled_since_queues_nothing_until_it_changes(memo: dict[str, Any]) -> None:  # noqa: F811
+    """kopf lists every job again each time its watch reconnects (a 410, a broken stream, a pause):
+    a suspended job left alone until edited was reconciled by each of those listings."""
+    controller = memo["controller"]
+    cluster = controller.reconciler.cluster
+    cluster.body["spec"]["runPolicy"] = {"suspend": True}
+    controller.reconciler.handle(KEY, False)
+    assert cluster.body["status"]["phase"] == "Suspended" and KEY in controller.reconciler.settled
+    listed(memo, copy.deepcopy(cluster.body))  # a reconnect's listing of the job as it settled
+    assert len(controller.queue) == 0, "a job at rest, unchanged, queued by kopf's listing"
+    listed(memo, cluster.edited())  # changed while the watch was away (its status, by another)
+    assert len(controller.queue) == 1
