@@ -78,11 +78,13 @@ def test_the_benchmark_steps_run_the_same_parts_on_cuda_and_tiny_without(
     monkeypatch.setattr(steps, "CUDA", cuda)
     ctx = runner.Context(work=tmp_path)
     argv = {step.name: step.command(ctx) for step in steps.STEPS if step.name.startswith(("bench", "fp8"))}
-    parts_of = {"bench": "side,guard,profile,syncs", "bench_fp32": "side", "bench_batch": "side", "fp8_large": "fp8"}
+    parts_of = {"bench": "side,guard", "bench_profile": "profile,syncs", "bench_fp32": "side", "bench_batch": "side",
+                "fp8_large": "fp8"}  # fmt: skip
     for name, parts in parts_of.items():
         assert argv[name][1] == "bench/trainer_gpu.py" and argv[name][argv[name].index("--parts") + 1] == parts
         assert ("--tiny" in argv[name]) is not cuda and ("--steps" in argv[name]) is cuda
-    assert argv["bench"][argv["bench"].index("--precisions") + 1] == "bf16"
+    for name in ("bench", "bench_profile"):
+        assert argv[name][argv[name].index("--precisions") + 1] == "bf16"
     assert argv["bench_fp32"][argv["bench_fp32"].index("--precisions") + 1] == "fp32"
     batch = argv["bench_batch"]
     assert batch[batch.index("--precisions") + 1] == "bf16"
