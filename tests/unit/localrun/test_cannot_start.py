@@ -167,6 +167,7 @@ def test_a_script_that_raises_at_the_same_step_again_fails_in_two_attempts(tmp_p
     code, report, said = run(tmp_path, ["python", "train.py"], every=4)
     assert code != 0, said
     assert report["phase"] == "Failed", said
+    assert len(report["attempts"]) == 2, (report["attempts"], said)  # what differed, if a third ran
     first, second = report["attempts"]
     assert (first["startStep"], first["endStep"]) == (0, 6), first
     assert (second["startStep"], second["endStep"]) == (4, 6), second  # resumed from step 4, raised again
