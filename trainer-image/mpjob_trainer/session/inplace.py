@@ -110,6 +110,8 @@ class InPlace:
         self.resplit: Reshape | None = None
         #: A change made whose loop has not re-entered yet: told by `reentered`.
         self._untold: Callable[[int], None] | None = None
+        #: What else starts afresh with each attempt begun in place (the data rung's verdicts: session.recovery).
+        self.afresh: list[Callable[[], None]] = []
 
     def adopt(self, changes: InPlaceChanges) -> None:
         """The attempt may change in place as `changes` says (the launch's; an `auto` attempt's for
@@ -225,14 +227,16 @@ class InPlace:
         """The processes go on as the next attempt, in `target`, from step `start`: the guard, the
         steps it trained without an update (session.updates: every step of a restarted attempt
         overflow-skipped is its fault, whatever the attempt before it applied), the quality gate's
-        streak and the clean-step count start afresh and its re-promotion is the planner's, as a
-        restarted attempt's are."""
+        streak, the clean-step count and what `afresh` holds (the data rung's suspect and replay
+        verdicts) start afresh and its re-promotion is the planner's, as a restarted attempt's are."""
         self.context.numerics.guard.restart_at(start)
         self.context.numerics.updates = UpdateWatch()
         self.cadence.begin(start)
         self.cadence.repromote_after = target.repromote_after_steps
         self.promote_to = target.promote_to
         self.attempt, self.started_at = self.attempt + 1, start
+        for begin in self.afresh:
+            begin()
 
     def _tell(
         self, kind: ChangeKind, step: int, start: int, previous: str, to: str,

@@ -45,6 +45,8 @@ class Recovery:
         self.context = context
         self.rung = DataRung(guard, context, policy)
         self.rung.in_place = self.in_place = in_place
+        if in_place is not None:  # an attempt begun in place judges its steps afresh, as a restarted one does
+            in_place.afresh.append(self.rung.afresh)
         self.memory = SmallerMicroBatch(self.rung, in_place, context, launch)
         self.replay: Fp32Replay | None = None
         #: When the attempt's ending was known (Unix seconds; the report's endedAt).

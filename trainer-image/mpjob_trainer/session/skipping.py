@@ -198,7 +198,7 @@ class DataRung:
         if not isinstance(fault, SuspectSteps) and isinstance(ending, NumericFault) and in_place:
             assert self.in_place is not None
             self.machine.fire(Event.FALL_BACK)
-            self.replay.replayed, self.replay.known, self._precision_suspected = None, None, False  # judged afresh
+            self.afresh()  # at once, before the rewind (InPlace._begin repeats it for every change)
             wrap_anew = self.in_place.rewraps  # a sharded model: the loop re-enters, wrapped in the next precision
             rewind = functools.partial(self.rewind, state=state, checkpoints=checkpoints, wrap_anew=wrap_anew)
             start = self.in_place.fall_back(ending, step=step, rewind=rewind, detected=detected)
@@ -210,6 +210,14 @@ class DataRung:
         self.machine.fire(Event.RERUN)
         start = self.rewind(step - 1, state=state, checkpoints=checkpoints)
         return start if isinstance(start, Exception) else self.go_on(start, step)
+
+    def afresh(self) -> None:
+        """A new attempt begins in place (session.inplace: a fallback, a re-promotion, a split): its steps are
+        judged afresh, as a restarted attempt's are. A suspect the attempt before found to be its precision's
+        says nothing of the next precision: a later one is replayed again, and bad data is still quarantined."""
+        if self.replay is not None:
+            self.replay.replayed, self.replay.known = None, None
+        self._precision_suspected = False
 
     def _ended(self, ending: Exception) -> Exception:
         """The attempt ends with `ending` (returned to the session, which raises it to the loop)."""
@@ -226,12 +234,9 @@ class DataRung:
             return self._ended(NonFiniteInFp32(why))
         if len(already) + len(steps) > self.spec.max_skipped_steps:
             shown = describe_steps([*already, *steps])
-            return self._ended(
-                NonFiniteInFp32(
-                    f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
-                    "steps to skip; the data or the model is at fault, not the precision"
-                )
-            )
+            why = f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
+            why += "steps to skip; the data or the model is at fault, not the precision"
+            return self._ended(NonFiniteInFp32(why))
         forgiven = self.lent.numerics.guard.forgiven
         start = self.rewind(min(steps), state=state, checkpoints=checkpoints)
         if isinstance(start, Exception):
