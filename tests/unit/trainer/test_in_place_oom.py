@@ -4,19 +4,23 @@ or where the attempt cannot agree or reshape, the attempt ends OutOfDeviceMemory
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from mpjob_contract.api import PrecisionSpec
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
+from mpjob_trainer import session as mpjob
+from mpjob_trainer.session import memory as memory_path
 from mpjob_trainer.session.memory import SmallerMicroBatch, free
 from mpjob_trainer.session.modes import AttemptPrecision
-from tests.unit.trainer.conftest import run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, run_trainer, spec
 
 pytestmark = pytest.mark.unit
 
@@ -103,3 +107,43 @@ def test_an_out_of_memory_at_a_fresh_attempts_first_step_splits_in_place(tmp_pat
     started = run_trainer(tmp_path / "split", job, "fp16", shape=(2, 4))  # an attempt started in that split
     assert started.code == ExitCode.SUCCESS, started.stderr
     assert [s["loss"] for s in run.of("step")] == [s["loss"] for s in started.of("step")]  # from the initial weights
+
+
+def test_what_the_step_that_ran_out_of_memory_computed_is_gone_before_the_cache_is_handed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed step's activations (its frames' locals, and the autograd graph that saves them)
+    are freed by reference count alone before release_cached hands the allocator's blocks back: on a
+    GPU, what is still held then is held through every step of the next split."""
+    job = spec(training={"steps": 4, "batchSize": 8}, checkpoint={"everySteps": 2})
+    launched = in_process_launch(tmp_path, monkeypatch, job).model_dump(by_alias=True)
+    launch = AttemptLaunch.model_validate({**launched, "inPlaceSplits": [{"microBatch": 4, "gradAccumulation": 2}]})
+    failed: list[weakref.ref[torch.Tensor]] = []
+    alive_at_release: list[bool] = []
+    release = memory_path.release_cached
+
+    def released(device: torch.device) -> None:
+        alive_at_release.extend(ref() is not None for ref in failed)  # before its gc.collect()
+        release(device)
+
+    monkeypatch.setattr(memory_path, "release_cached", released)
+    with mpjob.start(launch=launch) as run:
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        start, micro = run.resume(model=model, optimizer=optimizer), [8]
+
+        def one_step(i: int) -> None:
+            with run.autocast():
+                hidden = model(torch.ones(micro[0], 4)).expand(micro[0], 4096).sin()  # sin() saves its input
+                if i == 3 and micro[0] == 8:
+                    failed.append(weakref.ref(hidden))
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 98.25 GiB")
+                loss = hidden.pow(2).mean()
+            run.backward(loss)
+            run.step(optimizer)
+
+        run.register_step(one_step, samples=lambda i: [i], reshape=lambda m, a: micro.__setitem__(0, m))
+        for i in range(start, run.total_steps):
+            run.run_step(i)
+            run.end_step(i + 1, samples=8)
+    assert micro == [4] and alive_at_release == [False]
