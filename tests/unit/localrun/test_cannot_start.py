@@ -1,6 +1,7 @@
 """`mpjob run` of a command that cannot start, or that raises at the same step whatever the
 attempt: the job fails in two attempts with the cause in its status message (the launcher
-quotes the rank's stderr; the planner stops the second identical failure at the same step);
+quotes the rank's stderr; the planner stops the second identical failure at the same step),
+in one when python's script is not there (a configuration error);
 and a command's `python` is `mpjob run`'s own interpreter, so `mpjob run` called by its path,
 its environment not on PATH, still works."""
 
@@ -64,7 +65,7 @@ def mpjob_run(tmp: Path, command: list[str], *, every: int | None = None) -> lis
 
 
 CANNOT_START = {
-    "a script that does not exist": ("", "can't open file"),
+    "a script that does not parse": ("def (\n", "SyntaxError"),
     "a module that fails to import": ("import mpjob_no_such_module_for_tests\n", "ModuleNotFoundError"),
 }
 
@@ -74,8 +75,7 @@ CANNOT_START = {
 def test_a_command_that_cannot_start_fails_in_two_attempts_with_its_cause(
     tmp_path: Path, source: str, cause: str
 ) -> None:
-    if source:
-        (tmp_path / "train.py").write_text(source)
+    (tmp_path / "train.py").write_text(source)
     code, report, said = run(tmp_path, ["python", "train.py"])
     assert code != 0, said
     assert report["phase"] == "Failed", said
@@ -87,9 +87,22 @@ def test_a_command_that_cannot_start_fails_in_two_attempts_with_its_cause(
 
 
 @pytest.mark.process
+def test_a_script_that_does_not_exist_fails_in_one_attempt_as_a_configuration_error(tmp_path: Path) -> None:
+    """python's "can't open file" (exit 2, no report) was an infrastructure failure: the job was
+    retried once before the planner stopped it. No retry can make the file appear."""
+    code, report, said = run(tmp_path, ["python", "train.py"])
+    assert code != 0 and report["phase"] == "Failed", said
+    [only] = report["attempts"]
+    assert (only["reason"], only["exitCode"]) == ("ConfigError", 43), only
+    assert f"its script 'train.py' does not exist (working directory: {tmp_path})" in only["message"], only
+    assert "task.command [" in only["message"] and "'train.py'" in report["message"], report["message"]
+
+
+@pytest.mark.process
 def test_the_attempt_after_a_failure_waits_its_backoff_and_says_so_in_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_ATTEMPT_BACKOFF_SECONDS": "2"}
-    code, report, said = run(tmp_path, ["python", "train.py"], env=env)  # no train.py: it cannot start
+    (tmp_path / "train.py").write_text("def (\n")  # attempt 0 cannot start: a SyntaxError
+    code, report, said = run(tmp_path, ["python", "train.py"], env=env)
     first, second = report["attempts"]
     assert code != 0 and said.count("attempt 0 failed (InfraError: ") == 1, said
     assert "; attempt 1 starts in 2s, at " in said, said
@@ -112,7 +125,8 @@ def test_ctrl_c_during_the_backoff_suspends_the_run_at_once_and_a_rerun_resumes(
     once, Suspended (exit 130), that attempt recorded as stopped before it started; the rerun starts
     its next attempt at once: a suspension is no failure to back off from."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_ATTEMPT_BACKOFF_SECONDS": "300"}
-    argv = mpjob_run(tmp_path, ["python", "train.py"])  # no train.py: attempt 0 cannot start
+    (tmp_path / "train.py").write_text("def (\n")  # attempt 0 cannot start: a SyntaxError
+    argv = mpjob_run(tmp_path, ["python", "train.py"])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     said: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [said.put(line.rstrip("\n")) for line in proc.stdout or ()], daemon=True)

@@ -302,6 +302,19 @@ def test_a_command_that_does_not_exist_is_a_configuration_error(tmp_path: Path, 
     assert code == ExitCode.CONFIG_ERROR and report is not None and "/no/such/train" in report.message
 
 
+def test_a_python_script_that_does_not_exist_is_a_configuration_error(tmp_path: Path, pods: Any) -> None:
+    """Python's "can't open file" (exit 2, no report) read as an infrastructure failure, and the
+    job was retried: no rank is started, and every one ends 43 naming the command and the file."""
+    script = tmp_path / "train.py"
+    pod = pods(tmp_path / "pod", ["--nproc-per-worker", "2"], [sys.executable, "-u", str(script), "--lr", "0.1"])
+    code, report = pod.wait(30)
+    assert code == ExitCode.CONFIG_ERROR, pod.stderr
+    assert report is not None and report.reason == "ConfigError", report
+    assert f"its script {str(script)!r} does not exist (working directory: {os.getcwd()})" in report.message
+    assert f"task.command [{sys.executable!r}, '-u', {str(script)!r}" in report.message
+    assert "rank 0 exited 43, rank 1 exited 43" in report.message and " started: pid " not in pod.stderr
+
+
 def test_a_configuration_error_in_one_rank_stops_the_other_and_exits_43(tmp_path: Path, pods: Any) -> None:
     pod = pods(tmp_path, ["--nproc-per-worker", "2"], stand_ins(tmp_path, "wait", "config-error"))
     code, report = pod.wait(30)
@@ -467,7 +480,7 @@ def test_a_lone_ranks_report_nested_too_deep_to_decode_still_ends_the_pod_with_o
 
 
 CANNOT_START = {
-    "a script that does not exist": (["/no/such/dir/train.py"], "can't open file '/no/such/dir/train.py'"),
+    "code that does not parse": (["-c", "def ("], "SyntaxError: "),
     "a module that fails to import": (
         ["-c", "import mpjob_no_such_module_for_tests"],
         "ModuleNotFoundError: No module named 'mpjob_no_such_module_for_tests'",

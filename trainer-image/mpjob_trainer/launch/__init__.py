@@ -13,12 +13,13 @@ attempt, in a precision it chooses), and leaves no termination report. docs/laun
 has the whole story.
 
 Parts: `signals` (the inbox, installed first), `plan` (flags and env -> LaunchPlan, each
-rank's env), `supervise` (processes and signals), `tee` (each rank's stderr and its tail),
-`exits` (how ranks ended; a lone rank's own ending passed through), `fold` (pure: endings ->
-the pod's code and report), `provisional` (the pod's report while its ranks stop, which a pod
-killed before they end leaves), `reports` (where the ranks write theirs). The start path is
-the standard library and the contract's light modules only: pydantic is imported when a
-report must be built (`fold`), torch never.
+rank's env), `supervise` (processes and signals), `script` (python's script not there: no
+rank started), `tee` (each rank's stderr and its tail), `exits` (how ranks ended; a lone
+rank's own ending passed through), `fold` (pure: endings -> the pod's code and report),
+`provisional` (the pod's report while its ranks stop, which a pod killed before they end
+leaves), `reports` (where the ranks write theirs). The start path is the standard library
+and the contract's light modules only: pydantic is imported when a report must be built
+(`fold`), torch never.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from mpjob_contract.codes import ExitCode, Reason
 from mpjob_trainer.launch.exits import RankExit, StartError, how
 from mpjob_trainer.launch.plan import LaunchPlan
 from mpjob_trainer.launch.reports import read_report
+from mpjob_trainer.launch.script import missing_script
 from mpjob_trainer.launch.signals import FORWARDED, Inbox, received, say, stop_received
 from mpjob_trainer.launch.spawn import spawn
 from mpjob_trainer.launch.tee import Tee
@@ -83,6 +84,11 @@ def _start_failure(rank: LocalRank, command: str, exc: OSError) -> None:
     user_error = isinstance(exc, FileNotFoundError | PermissionError | NotADirectoryError)
     reason, code = (Reason.CONFIG_ERROR, ExitCode.CONFIG_ERROR) if user_error else (Reason.INFRA_ERROR, 1)
     message = f"local rank {rank.local_rank} (rank {rank.rank}) could not start {command!r}: {exc.strerror or exc}"
+    _refused(rank, reason, code, message)
+
+
+def _refused(rank: LocalRank, reason: Reason, code: ExitCode | int, message: str) -> None:
+    """`rank` ends unstarted, as `reason` and `code` say, for the fold to report."""
     rank.returncode = int(code)
     rank.start_error = StartError(reason, int(code), message)
     say(message)
@@ -173,7 +179,14 @@ class Supervisor:
         )
 
     def _start_all(self) -> None:
+        """Start every rank; none when the command is python with a script that is not there
+        (launch.script: python would exit 2 with no report, read as an infrastructure failure)."""
+        missing = missing_script(self.plan.command, os.getcwd())
         for rank in self.ranks:
+            if missing is not None:
+                where = f"local rank {rank.local_rank} (rank {rank.rank})"
+                _refused(rank, Reason.CONFIG_ERROR, ExitCode.CONFIG_ERROR, f"{where} not started: {missing}")
+                continue
             env = self.plan.rank_env(rank.local_rank, self.env, rank.report_path)
             try:
                 started = spawn(self.plan.command, env)
