@@ -41,15 +41,34 @@ class BadTaskArg(ValueError):
         self.field, self.why = field, why
 
 
+def _number(value: Any) -> bool:
+    """Whether `value` is a number: a boolean is not, though Python counts True as 1 (YAML reads an
+    unquoted yes or on as true, a typo a job would otherwise train with as 1)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _whole(value: Any) -> bool:
+    """Whether `value` is an int, not a boolean (a sample index or a step, taken only as written)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def arg(args: dict[str, Any], name: str, default: Any, kind: type) -> Any:
-    """One argument converted to `kind` (None: not set and no default), naming it when it cannot be."""
+    """One argument converted to `kind` (None: not set and no default), naming it when it cannot be.
+
+    A boolean, or a fraction where an int is read, is refused, not converted: int() would train 2
+    layers for 2.7 and 1 for true, and never tell. A whole number written 16.0 (or quoted, "64") is
+    taken, as the API server takes a whole JSON number for an integer field (`k8s._is_integer`) and
+    as these args have always been read."""
     value = args.get(name, default)
     if value is None:
         return None
+    bad = BadTaskArg(name, f"expected {kind.__name__}, got {value!r}")
+    if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+        raise bad  # true; 2.7, inf or nan (int() truncates, or raises OverflowError on inf)
     try:
         return kind(value)
     except (TypeError, ValueError) as exc:
-        raise BadTaskArg(name, f"expected {kind.__name__}, got {value!r}") from exc
+        raise bad from exc
 
 
 def check_known(args: dict[str, Any], builtin: str) -> None:
@@ -71,7 +90,7 @@ def poisoned_indices(value: Any, size: int) -> set[int] | None:
         return None
     if value == "all":
         return set(range(size))
-    if not isinstance(value, list) or not all(isinstance(i, int) and 0 <= i < size for i in value):
+    if not isinstance(value, list) or not all(_whole(i) and 0 <= i < size for i in value):
         raise BadTaskArg("nonFiniteSamples", f'expected "all" or a list of sample indices in [0, {size})')
     return set(value)
 
@@ -93,9 +112,9 @@ def batch_scale(value: Any) -> BatchScaleArgs:
     if not isinstance(value, dict) or set(value) - {"atStep", "steps", "factor"}:
         raise bad
     at, steps, factor = value.get("atStep"), value.get("steps", 3), value.get("factor", 1000.0)
-    if not isinstance(at, int) or not isinstance(steps, int) or steps < 1:
+    if not _whole(at) or not _whole(steps) or steps < 1:
         raise bad
-    if not isinstance(factor, int | float) or factor <= 0:
+    if not _number(factor) or factor <= 0:
         raise bad
     return BatchScaleArgs(at, steps, float(factor))
 
@@ -105,7 +124,7 @@ def step_delays(value: Any) -> dict[str, float]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(
-        k in DELAYED_PRECISIONS and isinstance(v, int | float) and 0 <= v <= MAX_STEP_DELAY for k, v in value.items()
+        k in DELAYED_PRECISIONS and _number(v) and 0 <= v <= MAX_STEP_DELAY for k, v in value.items()
     ):
         allowed = "|".join(DELAYED_PRECISIONS)
         raise BadTaskArg("stepDelay", f"expected {{{allowed}: seconds between 0 and {MAX_STEP_DELAY}}}, got {value!r}")

@@ -36,6 +36,10 @@ def test_a_step_delay_without_its_precision_is_refused_naming_the_field_and_the_
         ("gpt", {"data": "books"}, "data"),
         ("gpt", {"samples": 10}, "samples"),
         ("gpt", {"nLayer": "deep"}, "nLayer"),
+        ("gpt", {"nLayer": 2.7}, "nLayer"),
+        ("gpt", {"nHead": True}, "nHead"),
+        ("gpt", {"dropout": True}, "dropout"),
+        ("gpt", {"data": "random", "samples": 64.5}, "samples"),
         ("gpt", {"dropout": 1.5}, "dropout"),
         ("gpt", {"dropout": -0.1}, "dropout"),
         ("gpt", {"corpusBytes": 10}, "corpusBytes"),
@@ -44,6 +48,10 @@ def test_a_step_delay_without_its_precision_is_refused_naming_the_field_and_the_
         ("mlp", {"samples": 8, "nonFiniteSamples": [8]}, "nonFiniteSamples"),
         ("mlp", {"batchScale": {"atStep": "x"}}, "batchScale"),
         ("mlp", {"overflowAtStep": "soon"}, "overflowAtStep"),
+        ("mlp", {"overflowAtStep": False}, "overflowAtStep"),
+        ("mlp", {"batchScale": {"atStep": True}}, "batchScale"),
+        ("mlp", {"stepDelay": {"fp16": True}}, "stepDelay"),
+        ("mlp", {"nonFiniteSamples": [True]}, "nonFiniteSamples"),
         ("mlp", {"hidden": 0}, ""),
         ("mlp", {"nLayer": 2}, ""),
     ],
@@ -58,12 +66,29 @@ def test_a_bad_builtin_argument_is_refused_with_the_words_the_trainer_ends_it_wi
 
 
 @pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ({"nLayer": 2.7}, "nLayer: expected int, got 2.7"),
+        ({"nLayer": True}, "nLayer: expected int, got True"),
+        ({"dropout": False}, "dropout: expected float, got False"),
+    ],
+)
+def test_a_fraction_or_a_boolean_is_no_integer_argument_and_is_told_not_truncated(
+    args: dict[str, Any], why: str
+) -> None:
+    """int() would train 2 layers for 2.7 and 1 for true (YAML's unquoted yes or on): a typo the
+    job would never tell; a whole number written 16.0 is an integer, as the API server takes it."""
+    assert said({"builtin": "gpt", "args": args}) == [f"job.yaml: spec.task.args.{why}"]
+
+
+@pytest.mark.parametrize(
     ("builtin", "args"),
     [
         ("mlp", {"stepDelay": {"bf16": 0.05, "fp32": 0}, "nonFiniteSamples": "all", "batchScale": {"atStep": 3}}),
         ("mlp", {"samples": "64", "hidden": 16.0, "overflowGain": 1e4, "cancellationOffset": 1000}),
         ("gpt", {"nLayer": 1, "nHead": 2, "nEmbd": 16, "data": "random", "samples": 30, "vocabSize": 50304}),
         ("gpt", {"corpusBytes": 5000, "dropout": 0.1, "stepDelay": {"fp16": 60}}),
+        ("gpt", {"nLayer": 2.0, "nHead": "2", "dropout": 0, "overflowAtStep": 3.0}),
     ],
 )
 def test_arguments_the_trainer_takes_pass(builtin: str, args: dict[str, Any]) -> None:

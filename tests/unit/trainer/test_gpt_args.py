@@ -84,6 +84,9 @@ def test_the_eval_set_is_valid_for_a_bigger_vocabulary(data: str) -> None:
     [
         ({"vocabSize": 255}, r"task\.args\.vocabSize: expected an integer >= 256"),
         ({"vocabSize": "big"}, r"task\.args\.vocabSize: expected int, got 'big'"),
+        ({"nLayer": 2.7}, r"task\.args\.nLayer: expected int, got 2\.7$"),
+        ({"nHead": True}, r"task\.args\.nHead: expected int, got True$"),
+        ({"blockSize": float("inf")}, r"task\.args\.blockSize: expected int, got inf$"),
         ({"dropout": 1.5}, r"task\.args\.dropout: expected a probability from 0 to 1, got 1\.5"),
         ({"data": "books"}, r"task\.args\.data: expected \"text\" or \"random\", got 'books'"),
         ({"data": "random", "samples": 0}, r"task\.args\.samples: expected an integer >= 1, got 0"),
