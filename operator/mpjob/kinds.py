@@ -1,7 +1,8 @@
 """Documents of other kinds beside the jobs in a manifest file (a PersistentVolumeClaim applied
 with them): `mpjob validate` names them as skipped instead of refusing them (validation.check_text
-given a list to put them in); `mpjob run` still takes one MixedPrecisionJob and nothing else
-(a List, even of one job, in one problem that says what it holds: `Listed.refused`).
+given a list to put them in); `mpjob run` still takes one MixedPrecisionJob and nothing else,
+refusing each of them in one problem that says what it is (`Skipped.refused`; a List, even of one
+job, what it holds: `Listed.refused`).
 
 A `kind: List` (`kubectl get -o yaml` of several objects) is set aside with them as a `Listed`,
 and `mpjob validate` then checks its items as documents of their own (`listed_items`)."""
@@ -35,6 +36,14 @@ class Skipped:
         where = (self.source or "''") + (f" (document {self.document + 1})" if self.document else "")
         where += f" items[{self.item}]" if self.item is not None else ""
         return f"{where}: skipped: {' '.join(filter(None, (self.kind, self.name)))} (not a {KIND})"
+
+    def refused(self) -> str:
+        """Why `mpjob run` refuses it: what it is, not its apiVersion and kind as fields to change (it
+        is no job written wrong, and a local run has no use for it: not even a checkpoint volume's claim)."""
+        return (
+            f"a {' '.join(filter(None, (self.kind, self.name)))}, not a {KIND}: `mpjob run` takes a file of one "
+            f"{KIND} and nothing else; give it the job's own file (apply the other objects with kubectl)"
+        )
 
 
 @dataclass(frozen=True)

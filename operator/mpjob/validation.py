@@ -19,7 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from mpjob import structural
-from mpjob.kinds import Listed, Skipped, other_kind
+from mpjob.kinds import Skipped, other_kind
 from mpjob.wording import YAML_BOOLEANS, message
 from mpjob_contract import k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
@@ -164,8 +164,8 @@ def _header(doc: dict[Any, Any], field: str, wanted: str) -> str:
 def check_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[MixedPrecisionJob | None, list[Problem]]:
     if not isinstance(doc, dict):
         return None, [Problem(source, index, "", f"expected a mapping (a Kubernetes object), got {type(doc).__name__}")]
-    if isinstance(listed := other_kind(doc, source, index), Listed):  # `mpjob run`'s: one problem, not two
-        return None, [Problem(source, index, "kind", listed.refused())]
+    if (other := other_kind(doc, source, index)) is not None:  # `mpjob run`'s: one problem, not two
+        return None, [Problem(source, index, "kind", other.refused())]
     problems = [
         Problem(source, index, field, _header(doc, field, wanted))
         for field, wanted in (("apiVersion", API_VERSION), ("kind", KIND))

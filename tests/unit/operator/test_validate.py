@@ -104,7 +104,7 @@ def test_run_takes_only_a_mixed_precision_job(tmp_path: Path) -> None:
     mixed.write_text(yaml.safe_dump(CLAIM) + "---\n" + yaml.safe_dump(GOOD))
     claims.write_text(yaml.safe_dump(CLAIM))
     for path in (mixed, claims):
-        with pytest.raises(InvalidManifest, match="kind: must be MixedPrecisionJob, got 'PersistentVolumeClaim'"):
+        with pytest.raises(InvalidManifest, match="kind: a PersistentVolumeClaim checkpoints, not a MixedPrecisionJob"):
             load_job(path)  # what `mpjob run` reads a manifest with
 
 

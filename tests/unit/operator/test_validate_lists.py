@@ -1,6 +1,6 @@
 """`kind: List` manifests, as `kubectl get -o yaml` writes several objects: `mpjob validate`
 checks the MixedPrecisionJobs among the items (their fields named items[i]...) and names the
-other kinds as skipped; `mpjob run` refuses a List, naming its kind."""
+other kinds as skipped; `mpjob run` refuses a List, or a document of another kind, naming its kind."""
 
 from __future__ import annotations
 
@@ -55,4 +55,25 @@ def test_run_refuses_a_list(
     holds = f"a List of {len(items)} item(s), {jobs} of them MixedPrecisionJob(s): `mpjob run` runs one"
     assert len(said) == 1 and said[0]["field"] == "kind" and holds in said[0]["message"], said
     assert "kubectl get mpj NAME -o yaml" in said[0]["message"]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("beside_a_job", [True, False])
+def test_run_refuses_another_kind_saying_what_it_is_not_that_its_header_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], beside_a_job: bool
+) -> None:
+    """A PersistentVolumeClaim applied beside the job is no job written wrong: one error says what
+    it is and what `mpjob run` takes, not its apiVersion and kind as fields to change."""
+    mixed = tmp_path / "job.yaml"
+    mixed.write_text(yaml.safe_dump(CLAIM) + ("---\n" + yaml.safe_dump(GOOD) if beside_a_job else ""))
+    assert run_command([str(mixed), "--out", str(tmp_path / "out"), "--json"]) == 2
+    said = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(s["field"], s["message"]) for s in said] == [
+        (
+            "kind",
+            f"{mixed}: kind: a PersistentVolumeClaim checkpoints, not a MixedPrecisionJob: `mpjob run` takes a "
+            "file of one MixedPrecisionJob and nothing else; give it the job's own file (apply the other objects "
+            "with kubectl)",
+        )
+    ], said
     assert not (tmp_path / "out").exists()
