@@ -134,14 +134,15 @@ class TrainerMetrics:
             names.CHECKPOINT_RESTORE_SECONDS, "Time to download and verify one checkpoint.", TRANSFER_BUCKETS
         )
 
-    def checkpoint_good(self, ref: CheckpointRef) -> None:
-        """`ref` is the newest verified checkpoint: its step, and its sha256 and precision in the
-        one series of last_good_checkpoint. The new series is set before the previous one goes,
-        so a scrape in between sees both (readers take the newest step), never none."""
-        self.last_good_step.set(ref.step)
-        self.last_good_checkpoint.labels(**self._checkpoint_labels(ref)).set(ref.step)
+    def checkpoint_good(self, ref: CheckpointRef | None) -> None:
+        """`ref` is the newest verified checkpoint (None: none is now): its step (0: none), its sha256
+        and precision in the one series of last_good_checkpoint. The new series is set before the
+        previous one goes, so a scrape in between sees both (readers take the newest step), never none."""
+        self.last_good_step.set(0 if ref is None else ref.step)
+        if ref is not None:
+            self.last_good_checkpoint.labels(**self._checkpoint_labels(ref)).set(ref.step)
         previous, self._last_good = self._last_good, ref
-        if previous is not None and self._checkpoint_labels(previous) != self._checkpoint_labels(ref):
+        if previous is not None and (ref is None or self._checkpoint_labels(previous) != self._checkpoint_labels(ref)):
             self.last_good_checkpoint.remove(*self._checkpoint_labels(previous).values())
 
     def _checkpoint_labels(self, ref: CheckpointRef) -> dict[str, str]:

@@ -19,7 +19,9 @@ from mpjob.controller.progress import figures
 from mpjob_contract import metrics as tm
 from mpjob_contract.api import MixedPrecisionJobStatus
 from mpjob_contract.report import CheckpointRef
-from mpjob_trainer.checkpoint import CheckpointStore
+from mpjob_trainer.checkpoint import CheckpointStore, resume
+from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
+from mpjob_trainer.checkpoint.resume import Loaded
 from mpjob_trainer.distributed import World
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
@@ -70,6 +72,36 @@ def test_the_checkpoint_resumed_from_is_named_with_its_own_precision_and_survive
     assert found["lastCheckpoint"] == {"step": 200, "sha256": "a" * 64, "precision": "fp16"}
     series = [s for f in metrics.registry.collect() if f.name == tm.LAST_GOOD_CHECKPOINT for s in f.samples]
     assert [s.labels["precision"] for s in series] == ["bf16"]
+
+
+def _damaged_at(*steps: int) -> Callable[[Loaded], None]:
+    """A restore that finds the checkpoints of `steps` damaged since they were saved."""
+
+    def restore(loaded: Loaded) -> None:
+        if loaded[0].step in steps:
+            raise CorruptCheckpoint(f"step {loaded[0].step}: damaged since it was saved")
+
+    return restore
+
+
+def test_going_back_past_a_damaged_checkpoint_names_the_one_taken_while_the_attempt_runs(tmp_path: Path) -> None:
+    """A dashboard, or the operator's scrape, must not see a checkpoint the run passed over as
+    the last good one until the attempt ends: the series follow what going back settled on."""
+    metrics = TrainerMetrics("j", "ns", 0, "fp16")
+    checkpoints = Checkpointer(
+        CheckpointStore(tmp_path, keep=3, config_digest="d"), World(0, 1, 0), EventLog(stream=io.StringIO()), metrics
+    )
+    for step in (10, 20):
+        checkpoints.save(step, "fp16", _state_at(step), final=True)
+    loaded = checkpoints.back_to(20, _damaged_at(20))
+    assert loaded is not None and loaded[0].step == 10
+    assert scraped(metrics)["lastCheckpoint"] == {"step": 10, "sha256": loaded[0].sha256, "precision": "fp16"}
+    series = [s for f in metrics.registry.collect() if f.name == tm.LAST_GOOD_CHECKPOINT for s in f.samples]
+    assert [s.labels["sha256"] for s in series] == [loaded[0].sha256], "the passed-over checkpoint's series is gone"
+    with pytest.raises(resume.NoGoodCheckpoint):
+        checkpoints.back_to(10, _damaged_at(10))
+    found = scraped(metrics)
+    assert "lastCheckpoint" not in found and "lastCheckpointStep" not in found, found
 
 
 def _reading(*series: tuple[str, str, float]) -> dict[str, Any]:

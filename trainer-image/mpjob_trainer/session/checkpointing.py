@@ -14,8 +14,9 @@ only up to its commit point (the store's rename, a bucket's manifest): one whose
 after it failed (keep-K's pruning) is the checkpoint, reported so, and the housekeeping's failure
 is logged beside it (`checkpointHousekeepingFailed`).
 
-The Checkpointer alone knows which checkpoint is good (`last_good`): the one resumed from, then
-each save once it is durable and reported (`_saved`). The stores only persist and read.
+The Checkpointer alone knows which checkpoint is good (`last_good`): the one resumed from, each save
+once durable and reported (`_saved`), the one going back settles on (`back_to`: one damaged since is
+passed over). The live series follow it (`_trust`). The stores only persist and read.
 
 Under a sharded model (`sharded`, set when the run registers its state) every rank writes:
 each stages its own shards and writes them in the background (checkpoint.sharded; to a bucket
@@ -103,7 +104,7 @@ class Checkpointer:
         loaded = resume.load(store, prefer, newer_in=precision, restore=restore)
         if loaded is None:
             return None
-        self.last_good = loaded[0]
+        self._trust(loaded[0])
         return loaded[0], applied[0]
 
     def resume(self, state: TrainingState, numerics: StepNumerics, prefer: str | None) -> CheckpointRef | None:
@@ -157,10 +158,15 @@ class Checkpointer:
         try:
             loaded = resume.back_to(store, ref.step, restore)
         except resume.NoGoodCheckpoint:
-            self.last_good = None  # what is on the store no longer loads: no checkpoint is claimed good
+            self._trust(None)  # what is on the store no longer loads: no checkpoint is claimed good
             raise
-        self.last_good = loaded[0]
+        self._trust(loaded[0])  # one passed over (damaged since) is no longer named, live either
         return loaded
+
+    def _trust(self, ref: CheckpointRef | None) -> None:
+        """`ref` is the last good checkpoint now (None: none is), live too: no scrape names one passed over."""
+        self.last_good = ref
+        self.metrics.checkpoint_good(ref)
 
     # ---------------------------------------------------------------- saving
     def finite(self, state: TrainingState) -> bool:
@@ -273,20 +279,14 @@ class Checkpointer:
     def _failed(self, step: int, training_step: int, exc: BaseException) -> None:
         self.metrics.checkpoint_failures.inc()
         self.failures += 1
-        self.log(
-            "checkpointFailed",
-            step=step,
-            trainingStep=training_step,
-            error=f"{type(exc).__name__}: {exc}",
-            failures=self.failures,
-        )
+        error = f"{type(exc).__name__}: {exc}"
+        self.log("checkpointFailed", step=step, trainingStep=training_step, error=error, failures=self.failures)
 
     def _saved(self, result: SaveResult, asynchronous: bool) -> None:
         """A save is durable: its checkpoint is the last good one; report it."""
-        self.last_good = result.ref
+        self._trust(result.ref)
         self.metrics.checkpoint_seconds.observe(result.seconds)
         self.metrics.checkpoint_bytes.set(result.bytes)
-        self.metrics.checkpoint_good(result.ref)
         self.log(
             "checkpoint",
             step=result.ref.step,
