@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from mpjob_contract.launch import AttemptLaunch, InPlaceTarget
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from tests.unit.trainer.conftest import in_process_launch, parse, spec, train_squares
@@ -108,3 +109,50 @@ def test_a_checkpoint_damaged_after_the_replay_loaded_it_is_passed_over_by_the_r
     assert report.reason == "Succeeded", report.message
     skipped = _events(out, "dataSkipped")
     assert skipped and skipped[0]["fromStep"] == 5, skipped
+
+
+#: Replays off: the guard's verdict blames the precision at once, and the fallback in place is
+#: the first to go back to the checkpoint (a replay would have found it damaged first).
+IN_PLACE = spec(
+    training={"steps": 8, "batchSize": 4, "logEvery": 1},
+    precision={"mode": "fp16", "fallback": ["bf16"], "guard": {"maxNonFiniteLosses": 1, "replaySteps": 0}},
+    checkpoint={"everySteps": 4, "keep": 5},
+)
+STOPPED, FAULT = 4, 5  # the first attempt stops after its checkpoint of step 4; step index 5 overflows
+
+
+def _attempt(launch: AttemptLaunch, report: Path, *, stop: bool) -> TerminationReport:
+    """fp16 steps of a linear model through `launch`; `stop`: the script raises at step index
+    STOPPED (its checkpoint of step 4 written), else the resumed attempt damages that checkpoint at
+    its first step and step index FAULT overflows once (the precision's fault)."""
+    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        start = run.resume(model=model, optimizer=optimizer)
+
+        def inputs(i: int) -> torch.Tensor:
+            if stop and i == STOPPED:
+                raise RuntimeError("stopped by the test")
+            if i == start and not stop:
+                _damage(Path(launch.checkpoint_dir) / "step-000000004")  # resumed from: committed already
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+            x[0, 0] = math.inf if i == FAULT else x[0, 0]
+            return x
+
+        train_squares(run, model, optimizer, start, inputs)
+    return TerminationReport.model_validate_json(report.read_text())
+
+
+def test_a_fallback_in_place_that_finds_no_good_checkpoint_ends_in_the_precision_it_trained_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attempt is retried in the precision it trained in (an `auto` one's is the report's), so
+    the report must not name the precision the fallback was going to and never trained in."""
+    launch = in_process_launch(tmp_path, monkeypatch, IN_PLACE, "fp16")
+    first = _attempt(launch, tmp_path / "report.json", stop=True)
+    assert first.last_good_checkpoint is not None and first.last_good_checkpoint.step == STOPPED, first.message
+    in_place = launch.model_copy(update={"attempt": 1, "in_place_to": [InPlaceTarget(precision="bf16")]})
+    report = _attempt(in_place, tmp_path / "report.json", stop=False)
+    assert report.reason == "InfraError" and "step-000000004" in report.message, report.message
+    assert report.precision == "fp16" and report.precision_changes == [], report.precision

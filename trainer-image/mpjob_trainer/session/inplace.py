@@ -9,7 +9,8 @@ verdict (the replay agrees it), so every rank, in step:
    plain outside fp8; an `auto` attempt's, once it has measured: the launch's inPlaceMeasured
    for the precision it chose, `adopt`);
 2. restores the last good state (the checkpoint, else the fresh start's step 0) in it, the
-   guard's counters starting afresh as a new attempt's do;
+   guard's counters starting afresh as a new attempt's do (with no good state, none loading,
+   the switch is taken back and the attempt ends in the precision it trained in: `_rewound_in`);
 3. runs the steps from there up to where the loop stands again through the loop's registered
    step, and the loop goes on at its next step.
 
@@ -149,10 +150,9 @@ class InPlace:
     def fall_back(self, fault: NumericFault, *, step: int, rewind: Rewind, detected: float) -> int | Exception:
         """Switch to the next precision (and split, if the target names one) and go back to the last
         good state in it: the step to run again from (the data rung catches up to `step`), or the
-        ending when there is none."""
+        ending when there is none (in the precision the attempt trained in)."""
         previous, target = self.context.numerics.precision.precision, self.targets.pop(0)
-        self.context.numerics.precision.settle(target.precision)
-        start = rewind(step - 1)
+        start = self._rewound_in(target.precision, rewind, step - 1)
         if isinstance(start, Exception):
             return start
         if target.shape is not None:  # the steps from `start` run again in it
@@ -164,6 +164,22 @@ class InPlace:
         message = f"{fault.rule}: {fault}"  # as the restart path's report words it
         self._told("fallback", step, start, previous, target.precision, rule=str(fault.rule), message=message,
                    since=detected, shape=target.shape)  # fmt: skip
+        return start
+
+    def _rewound_in(self, precision: str, rewind: Rewind, before: int) -> int | Exception:
+        """Go back to the last good state at or before step index `before`, loaded in `precision`
+        (as a restarted attempt loads it: fp16's scale only from an fp16 checkpoint). With none to
+        go back to (none loads: NoGoodCheckpoint), the attempt ends in the precision it trained in,
+        as it was: its report names that one, not one it never trained in."""
+        amp = self.context.numerics.precision
+        left = amp.settle(precision)
+        try:
+            start = rewind(before)
+        except BaseException:
+            amp.unsettle(left)
+            raise
+        if isinstance(start, Exception):
+            amp.unsettle(left)
         return start
 
     def can_split(self) -> bool:

@@ -8,7 +8,8 @@ PrecisionPolicy (autocast dtype, TF32) and the GradScaler. This class owns that 
 mode is entered and left through ONE method, `entered(mode, precision)`: a context manager
 that sets all of it for the block and puts all of it back afterwards, whatever the block
 raises. The attempt's own precision changes only through `settle` (an `auto` attempt's
-measured choice), in TRAIN.
+measured choice, a change in place), in TRAIN; `unsettle` takes a change in place back, GradScaler
+and all, when it found no state to train from (the attempt ends in the precision it trained in).
 
 Autocast follows the precision (none in fp32); `run.precision` is the current mode's.
 
@@ -57,6 +58,9 @@ from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.float8 import Fp8Linears
 from mpjob_trainer.precision import PrecisionPolicy
+
+#: TRAIN's policy and GradScaler, as `settle` leaves them and `entered` keeps them for the block.
+Settled = tuple[PrecisionPolicy, torch.amp.GradScaler | None]
 
 
 class Mode(enum.Enum):
@@ -136,10 +140,19 @@ class AttemptPrecision:
         recomputed by activation checkpointing in run.backward() runs under the one it saw)."""
         return _Ours(self, contextlib.nullcontext())
 
-    def settle(self, precision: str) -> None:
-        """Train in `precision` from here on, with a fresh GradScaler (an `auto` attempt's choice)."""
+    def settle(self, precision: str) -> Settled:
+        """Train in `precision` from here on, with a fresh GradScaler (an `auto` attempt's choice, a
+        change in place); what TRAIN held before, for `unsettle`."""
         self._require(Mode.TRAIN, "settle")
+        left = (self.policy, self.scaler)
         self._set(PrecisionPolicy(cast(Precision, precision), self.device, self.spec), sets_backend=True)
+        return left
+
+    def unsettle(self, left: Settled) -> None:
+        """Train again as before the `settle` that returned `left`: a change in place that found no
+        good state to go back to ends the attempt in the precision it trained in, its scale kept."""
+        self._require(Mode.TRAIN, "unsettle")
+        self._put_back(left, sets_backend=True)
 
     @contextlib.contextmanager
     def entered(self, mode: Mode, precision: str = "fp32") -> Iterator[None]:
@@ -154,11 +167,15 @@ class AttemptPrecision:
             yield
         finally:
             self.mode = Mode.TRAIN
-            self.policy, self.scaler = saved
-            if self.fp8 is not None:
-                self.fp8.enable(self.precision == "fp8")
-            if mode.sets_backend:
-                self.policy.configure_backend()
+            self._put_back(saved, sets_backend=mode.sets_backend)
+
+    def _put_back(self, saved: Settled, *, sets_backend: bool) -> None:
+        """TRAIN's policy and GradScaler as `saved` held them, fp8's linears and TF32 following."""
+        self.policy, self.scaler = saved
+        if self.fp8 is not None:
+            self.fp8.enable(self.precision == "fp8")
+        if sets_backend:
+            self.policy.configure_backend()
 
     def _set(self, policy: PrecisionPolicy, *, sets_backend: bool) -> None:
         self.policy = policy
