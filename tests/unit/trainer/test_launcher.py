@@ -104,6 +104,19 @@ FOLDS = {
         checkpoint=15,
         step=20,
     ),
+    # Rank 0 writes a DDP job's checkpoints: another rank's report names the one it resumed from.
+    # A re-promotion with rank 1's report chosen resumed the next attempt ten steps back.
+    "a re-promotion whose rank 1 ended first: rank 0's newer checkpoint": Fold(
+        [
+            ending(0, 47, "Repromote", "10 clean steps", step=25, ckpt=25, stopped=True, order=1),
+            ending(1, 47, "Repromote", "10 clean steps", step=25, ckpt=15, order=0),
+        ],
+        47,
+        "Repromote",
+        "10 clean steps",
+        checkpoint=25,
+        step=25,
+    ),
     "configuration error outranks numeric fault": Fold(
         [ending(0, 42, "NumericFault", "nan"), ending(1, 43, "ConfigError", "bad shard")],
         43,

@@ -34,8 +34,8 @@ failure, and the pod's report says which field was invalid; nothing of it is pas
 The pod's report is the winner's own, or one made for it when it left none or was killed by
 a signal (reason from its exit code, progress fields from the lowest rank's report, and the
 last lines of its stderr, as Kubernetes' FallbackToLogsOnError quotes a container's log);
-`step` is the largest any rank reported; `lastGoodCheckpoint` the winner's, else the newest
-any rank reported.
+`step` is the largest any rank reported; `lastGoodCheckpoint` the newest any rank reported
+(rank 0 writes a DDP job's checkpoints: the others name the one they resumed from).
 
 Reports are parsed in one place, `parsed_report`; importing this module brings pydantic, so
 the launcher imports it only when a report must be built (launch.exits has the rest).
@@ -57,7 +57,7 @@ from mpjob_contract.codes import (
     reason_for_exit_code,
     reason_for_process_exit,
 )
-from mpjob_contract.report import InvalidReport, TerminationReport
+from mpjob_contract.report import CheckpointRef, InvalidReport, TerminationReport
 from mpjob_trainer.launch.exits import RankExit, agrees, how
 
 #: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
@@ -178,11 +178,7 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
     reports = [e.report for e in by_rank if e.report is not None]
     own = winner.own_report
     report = own or _synthesized(winner, reason, reports[0] if reports else None)
-    checkpoint = report.last_good_checkpoint or max(
-        (r.last_good_checkpoint for r in reports if r.last_good_checkpoint is not None),
-        key=lambda c: c.step,
-        default=None,
-    )
+    checkpoint = newest_checkpoint([report, *reports])
     message = report.message
     if len(endings) > 1 and reason is not Reason.SUCCEEDED:  # who failed, and how each rank ended
         named = f"rank {winner.rank}: {message}" if own else message
@@ -195,6 +191,14 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
         }
     )
     return PodEnding(int(code), folded)
+
+
+def newest_checkpoint(reports: Sequence[TerminationReport]) -> CheckpointRef | None:
+    """The newest last good checkpoint the reports name: a DDP job's checkpoints are rank 0's to
+    write, so another rank's report names the one it resumed from (the one a sharded job's ranks
+    write together, or go back to together, they all name alike)."""
+    named = [r.last_good_checkpoint for r in reports if r.last_good_checkpoint is not None]
+    return max(named, key=lambda c: c.step, default=None)
 
 
 def _precedence(ending: RankEnding) -> tuple[int, bool, bool, int, int]:
