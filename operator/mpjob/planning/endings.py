@@ -137,6 +137,8 @@ def _told(job: JobView) -> AttemptOutcome:
         )
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
+    if read.report is not None:
+        read = Said(report=with_newest_checkpoint(read.report, ended))
     message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
     message = message or pod.image_error or ""
     platform = pod.platform_reason
@@ -149,6 +151,19 @@ def _told(job: JobView) -> AttemptOutcome:
         message=message,
         invalid_report=read.invalid,
     )
+
+
+def with_newest_checkpoint(report: TerminationReport, pods: list[PodView]) -> TerminationReport:
+    """`report` naming the newest last good checkpoint any of `pods` reported: rank 0 writes a DDP
+    job's checkpoints, and another pod's ranks name the one they resumed from. The pod that explains
+    the attempt may be one of those (its peer stopped by the peer watch after it ended), and its
+    checkpoint taken as the last good one resumed the next attempt from an older one."""
+    named = [r.last_good_checkpoint for p in pods if (r := read_report(p.termination_message).report) is not None]
+    newest = max((c for c in named if c is not None), key=lambda c: c.step, default=None)
+    current = report.last_good_checkpoint
+    if newest is None or (current is not None and current.step >= newest.step):
+        return report
+    return report.model_copy(update={"last_good_checkpoint": newest})
 
 
 def _stands_for(pod: PodView) -> Reason | None:
