@@ -59,14 +59,14 @@ def _train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int, runs: int
     return TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
 
 
-def _damage(folder: Path) -> None:
-    """Flip a byte of the state file of the checkpoint in `folder` once it is committed (it is
-    written in the background)."""
+def _damage(folder: Path, name: str = "state.pt") -> None:
+    """Flip a byte of the file `name` (the state file) of the checkpoint in `folder` once it is
+    committed (it is written in the background)."""
     deadline = time.monotonic() + 30
     while not (folder / "manifest.json").exists():
         assert time.monotonic() < deadline, f"{folder} was never committed"
         time.sleep(0.01)
-    state = folder / "state.pt"
+    state = folder / name
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
@@ -156,3 +156,44 @@ def test_a_fallback_in_place_that_finds_no_good_checkpoint_ends_in_the_precision
     report = _attempt(in_place, tmp_path / "report.json", stop=False)
     assert report.reason == "InfraError" and "step-000000004" in report.message, report.message
     assert report.precision == "fp16" and report.precision_changes == [], report.precision
+
+
+def _sharded(launch: AttemptLaunch, report: Path, *, stop: bool) -> TerminationReport:
+    """`_attempt`'s steps of the linear model sharded (FSDP2, a world of one), its loop run through
+    run.reentering: a change in place leaves it, and it is wrapped anew in the next precision; the
+    resumed attempt damages its rank's shards of the checkpoint of step 4."""
+    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
+
+        def loop() -> None:
+            torch.manual_seed(0)
+            model = run.wrap(nn.Linear(4, 1))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # a state DCP saves as it is
+            start = run.resume(model=model, optimizer=optimizer)
+
+            def inputs(i: int) -> torch.Tensor:
+                if stop and i == STOPPED:
+                    raise RuntimeError("stopped by the test")
+                if i == start and not stop:
+                    _damage(Path(launch.checkpoint_dir) / "step-000000004", "__0_0.distcp")
+                x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+                x[0, 0] = math.inf if i == FAULT else x[0, 0]
+                return x
+
+            train_squares(run, model, optimizer, start, inputs)
+
+        run.reentering(loop)
+    return TerminationReport.model_validate_json(report.read_text())
+
+
+def test_a_sharded_model_wrapped_anew_that_finds_no_good_checkpoint_ends_in_the_precision_it_trained_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sharded model changes precision in place by being wrapped anew, its resume() loading the
+    checkpoint: when that finds none that loads, the report names the precision it trained in too."""
+    launch = in_process_launch(tmp_path, monkeypatch, {**IN_PLACE, "parallelism": {"strategy": "fsdp"}}, "fp16")
+    first = _sharded(launch, tmp_path / "report.json", stop=True)
+    assert first.last_good_checkpoint is not None and first.last_good_checkpoint.step == STOPPED, first.message
+    in_place = launch.model_copy(update={"attempt": 1, "in_place_to": [InPlaceTarget(precision="bf16")]})
+    report = _sharded(in_place, tmp_path / "report.json", stop=False)
+    assert report.reason == "InfraError" and "step-000000004" in report.message, report.message
+    assert (report.precision, report.start_step, report.precision_changes) == ("fp16", STOPPED, []), report

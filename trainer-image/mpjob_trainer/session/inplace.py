@@ -52,9 +52,9 @@ change names, if any: FSDP2 shards the parameters, not the batch), and its resum
 state a restarted attempt would load (the last good checkpoint, else the fresh start's step 0;
 after a re-promotion, the checkpoint just written), verified as it loads: one damaged since its
 save is passed over for the good one before it, the attempt then starting there
-(NoGoodCheckpoint, an InfraError, when none loads). The processes, their imports and their
-process group stay; the change is told once the state is loaded, its recoverySeconds counting
-the rebuild.
+(NoGoodCheckpoint, an InfraError, when none loads: in the precision it trained in, `reentered`).
+The processes, their imports and their process group stay; the change is told once the state is
+loaded, its recoverySeconds counting the rebuild.
 
 Not in place (the attempt ends, and the operator restarts it as before): a sharded model whose
 loop does not re-enter, a loop that re-enters a framework, a loop that registered no step, and a
@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from mpjob_contract.codes import Reason
 from mpjob_contract.faults import FaultAction, fault_of
@@ -74,6 +74,7 @@ from mpjob_contract.report import ChangeKind, InPlaceChange
 from mpjob_trainer.errors import NumericFault, Repromote
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.interval import Cadence
+from mpjob_trainer.session.modes import Settled
 from mpjob_trainer.session.updates import UpdateWatch
 
 #: The loop's data and accumulation in a new split: reshape(micro_batch, grad_accumulation).
@@ -81,6 +82,7 @@ Reshape = Callable[[int, int], None]
 #: Rolls the state back to the newest good one at or before a step index: its step, or the
 #: attempt's ending when there is none.
 Rewind = Callable[[int], "int | Exception"]
+_Start = TypeVar("_Start", int, "int | Exception")
 
 
 class InPlace:
@@ -111,6 +113,8 @@ class InPlace:
         self.resplit: Reshape | None = None
         #: A change made whose loop has not re-entered yet: told by `reentered`.
         self._untold: Callable[[int], None] | None = None
+        #: TRAIN as it was before that change (None: it kept its precision): put back if no state loads.
+        self._left: Settled | None = None
         #: What else starts afresh with each attempt begun in place (the data rung's verdicts: session.recovery).
         self.afresh: list[Callable[[], None]] = []
 
@@ -171,15 +175,22 @@ class InPlace:
         (as a restarted attempt loads it: fp16's scale only from an fp16 checkpoint). With none to
         go back to (none loads: NoGoodCheckpoint), the attempt ends in the precision it trained in,
         as it was: its report names that one, not one it never trained in."""
-        amp = self.context.numerics.precision
-        left = amp.settle(precision)
+        left = self.context.numerics.precision.settle(precision)
+        start = self._loaded(left, lambda: rewind(before))
+        self._left = left if self.rewraps and isinstance(start, int) else None  # found only: `reentered` loads it
+        return start
+
+    def _loaded(self, left: Settled | None, load: Callable[[], _Start]) -> _Start:
+        """`load` the state a change goes on from; with none (an ending returned, NoGoodCheckpoint
+        raised) TRAIN goes back to `left` (what the change's settle left; None: nothing changed)."""
         try:
-            start = rewind(before)
+            start = load()
         except BaseException:
-            amp.unsettle(left)
+            if left is not None:
+                self.context.numerics.precision.unsettle(left)
             raise
-        if isinstance(start, Exception):
-            amp.unsettle(left)
+        if isinstance(start, Exception) and left is not None:
+            self.context.numerics.precision.unsettle(left)
         return start
 
     def can_split(self) -> bool:
@@ -211,7 +222,8 @@ class InPlace:
         is the loop's from the next step on."""
         assert self.promote_to is not None  # can_promote() said so
         detected, previous, target = time.monotonic(), self.context.numerics.precision.precision, self.promote_to
-        self.context.numerics.precision.settle(target.precision)
+        left = self.context.numerics.precision.settle(target.precision)
+        self._left = left if self.rewraps else None  # the re-entered loop loads that checkpoint (`reentered`)
         if target.shape is not None:
             assert self.resplit is not None  # can_promote() said so
             self.resplit(*target.shape)
@@ -220,10 +232,14 @@ class InPlace:
         self._told("repromote", step, step, previous, target.precision, rule="repromote", message=str(why),
                    since=detected, shape=target.shape)  # fmt: skip
 
-    def reentered(self, start: int) -> None:
-        """The loop re-entered, its model wrapped anew and the state of step `start` loaded: the
+    def reentered(self, load: Callable[[], int]) -> int:
+        """The loop re-entered, its model wrapped anew: `load` the change's state (its step), and the
         change is told now, its recoverySeconds counting the rebuild. A start before the change's
-        (its checkpoint no longer loaded: the good one before it did) is the attempt's start."""
+        (its checkpoint no longer loaded: the good one before it did) is the attempt's start. With
+        none that loads, the precision is taken back, as `_rewound_in` takes it back: the attempt
+        ends in the precision it trained in (the switch was made before the loop left, to wrap in it)."""
+        left, self._left = self._left, None
+        start = self._loaded(left, load)
         if start != self.started_at:
             self.context.numerics.guard.restart_at(start)
             self.cadence.trouble(start)
@@ -231,6 +247,7 @@ class InPlace:
         untold, self._untold = self._untold, None
         if untold is not None:
             untold(start)
+        return start
 
     def _told(self, kind: ChangeKind, step: int, start: int, *args: Any, **kwargs: Any) -> None:
         """`_tell` now, or once the loop re-entered (from the step it loaded) when the model is wrapped anew."""

@@ -150,9 +150,10 @@ class Recovery:
         assert self.reentry is not None and self.in_place is not None  # only a change made in place leaves
         target, self.reentry, numerics = self.reentry, None, self.context.numerics
         checkpoints.hook(state)
-        start = restore(target, checkpoints=checkpoints, state=state, numerics=numerics, keep_position=False)
+        start = self.in_place.reentered(
+            lambda: restore(target, checkpoints=checkpoints, state=state, numerics=numerics, keep_position=False)
+        )
         checkpoints.watch(state, numerics)
-        self.in_place.reentered(start)
         return start
 
     def _not_in_place(self, state: TrainingState | None) -> str | None:
