@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mpjob_trainer.checkpoint.state_steps import state_dict_steps
 from mpjob_trainer.distributed import is_dtensor
 
 #: Name parts torch leaves out of a canonical key (torch.compile's and checkpoint_wrapper's).
@@ -47,7 +48,8 @@ class LiveStateDicts:
             return self._renamed()
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, [self.optimizer] if self.optimizer is not None else [])
+        with state_dict_steps():  # it steps an optimizer that holds no state yet
+            model_sd, optim_sd = get_state_dict(self.model, [self.optimizer] if self.optimizer is not None else [])
         if not self._learnt and self._names is None:
             groups: list[dict[str, Any]] = optim_sd.get("param_groups", [])  # type: ignore[assignment]
             self._names = [name for group in groups for name in group["params"]]

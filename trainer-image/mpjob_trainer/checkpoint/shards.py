@@ -64,6 +64,7 @@ from mpjob_trainer.checkpoint.manifest import (
     state_problem,
 )
 from mpjob_trainer.checkpoint.peers import Peers, agree
+from mpjob_trainer.checkpoint.state_steps import state_dict_steps
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
@@ -111,7 +112,8 @@ def state_dicts(objects: dict[str, Any], names: dict[str, str]) -> dict[str, Any
     optimizers = [objects[names["optimizer"]]] if "optimizer" in names else []
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizers)
+    with state_dict_steps():  # it steps an optimizer that holds no state yet
+        model_sd, optim_sd = get_state_dict(model, optimizers)
     return _by_name(names, model_sd, optim_sd)
 
 
@@ -189,7 +191,8 @@ def _set(
     if optimizers:
         optim_sd = {**optim_sd, "param_groups": kept_run_flags_by_name(optim_sd["param_groups"], groups)}
     try:
-        set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
+        with state_dict_steps():  # it steps an optimizer that holds no state yet
+            set_state_dict(model, optimizers, model_state_dict=target[names["module"]], optim_state_dict=optim_sd)
     except Exception as exc:
         why = f"{type(exc).__name__}: {str(exc)[:300]}"
         raise PartlyLoaded(f"{folder.name}: its shards, read, do not load into this run's objects ({why})") from None

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mpjob_trainer.checkpoint.state_steps import stepped_for_state
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.session.modes import AttemptPrecision
@@ -57,10 +58,12 @@ class AppliedSteps:
             optimizer.register_step_post_hook(self._stepped)
 
     def _stepping(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        if self.before is not None:
+        if self.before is not None and not stepped_for_state():  # a state-dict function's step is no update
             self.before(optimizer)
 
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        if stepped_for_state():
+            return
         if self.guard.optimizer_stepped(optimizer):
             self.count += 1
 
