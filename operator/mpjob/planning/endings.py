@@ -15,7 +15,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob_contract import codes
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.environment import readable
-from mpjob_contract.report import InvalidReport, TerminationReport
+from mpjob_contract.report import InPlaceChange, InvalidReport, TerminationReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ def _told(job: JobView) -> AttemptOutcome:
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
     if read.report is not None:
-        read = Said(report=with_newest_checkpoint(read.report, ended))
+        read = Said(report=with_every_change(with_newest_checkpoint(read.report, ended), ended))
     message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
     message = message or pod.image_error or ""
     platform = pod.platform_reason
@@ -164,6 +164,24 @@ def with_newest_checkpoint(report: TerminationReport, pods: list[PodView]) -> Te
     if newest is None or (current is not None and current.step >= newest.step):
         return report
     return report.model_copy(update={"last_good_checkpoint": newest})
+
+
+def with_every_change(report: TerminationReport, pods: list[PodView]) -> TerminationReport:
+    """`report` listing the changes in place that reach the newest attempt any of `pods` reported:
+    the ranks change together, so each pod's own report lists them all, but the pod that explains
+    the attempt may carry its launcher's report for a rank killed from outside, which lists none;
+    taken as it was, an operator that read none of them ended the attempt the processes had left,
+    and the next one restarted in the precision that faulted."""
+    lists = [r.precision_changes for p in pods if (r := read_report(p.termination_message).report) is not None]
+    reach = max(lists, key=_newest_attempt, default=[])
+    if _newest_attempt(reach) <= _newest_attempt(report.precision_changes):
+        return report
+    return report.model_copy(update={"precision_changes": reach})
+
+
+def _newest_attempt(changes: list[InPlaceChange]) -> int:
+    """The attempt the last of `changes` began (0: none)."""
+    return changes[-1].attempt if changes else 0
 
 
 def _stands_for(pod: PodView) -> Reason | None:
