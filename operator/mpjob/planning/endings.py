@@ -138,7 +138,8 @@ def _told(job: JobView) -> AttemptOutcome:
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
     if read.report is not None:
-        read = Said(report=with_every_change(with_newest_checkpoint(read.report, ended), ended))
+        said = with_every_change(with_newest_checkpoint(read.report, ended), ended)
+        read = Said(report=with_agreed_record(said, ended))
     message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
     message = message or pod.image_error or ""
     platform = pod.platform_reason
@@ -177,6 +178,20 @@ def with_every_change(report: TerminationReport, pods: list[PodView]) -> Termina
     if _newest_attempt(reach) <= _newest_attempt(report.precision_changes):
         return report
     return report.model_copy(update={"precision_changes": reach})
+
+
+def with_agreed_record(report: TerminationReport, pods: list[PodView]) -> TerminationReport:
+    """`report` with what the ranks agree on as the most any of `pods` reported it: the quarantine
+    (the largest) and an `auto` attempt's measurement. Each pod's own report says them alike, but
+    the pod that explains the attempt may carry its launcher's report for a rank killed from
+    outside, which says neither; taken as it was, an operator that read neither left the skipped
+    steps out of status.skipped and the attempt named `auto`, measured by no one."""
+    said = [r for p in pods if (r := read_report(p.termination_message).report) is not None]
+    skipped = max((r.skipped for r in [report, *said] if r.skipped), key=lambda s: s.count, default=None)
+    measurement = report.measurement or next((r.measurement for r in said if r.measurement), None)
+    if (skipped, measurement) == (report.skipped, report.measurement):
+        return report
+    return report.model_copy(update={"skipped": skipped, "measurement": measurement})
 
 
 def _newest_attempt(changes: list[InPlaceChange]) -> int:
