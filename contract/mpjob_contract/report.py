@@ -18,6 +18,7 @@ stores, plans with or puts in a metric label.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -40,6 +41,7 @@ __all__ = [
     "Measurement",
     "Replay",
     "TerminationReport",
+    "newest_checkpoint",
 ]
 
 #: Integers a report may carry: what a JSON number holds exactly (and a status patch accepts).
@@ -266,6 +268,15 @@ class TerminationReport(_Model):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(self.to_message())
         return target
+
+
+def newest_checkpoint(reports: Sequence[TerminationReport]) -> CheckpointRef | None:
+    """The newest last good checkpoint the reports of one attempt's ranks (or pods) name: a DDP
+    job's checkpoints are rank 0's to write, so another rank's report names the one it resumed
+    from (the ones a sharded job's ranks write together, or go back to together, they all name
+    alike). The launcher's fold over a pod's ranks and the operator's reading of its pods take it."""
+    named = [r.last_good_checkpoint for r in reports if r.last_good_checkpoint is not None]
+    return max(named, key=lambda c: c.step, default=None)
 
 
 def describe(exc: ValidationError, *, most: int = 3) -> str:

@@ -15,7 +15,7 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob_contract import codes
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.environment import readable
-from mpjob_contract.report import InPlaceChange, InvalidReport, TerminationReport
+from mpjob_contract.report import InPlaceChange, InvalidReport, TerminationReport, newest_checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +137,10 @@ def _told(job: JobView) -> AttemptOutcome:
         )
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
-    if read.report is not None:
-        said = with_every_change(with_newest_checkpoint(read.report, ended), ended)
-        read = Said(report=with_agreed_record(said, ended))
+    if read.report is not None:  # what the ranks agree on, as the most any pod told it
+        peers = [r for p in ended if (r := read_report(p.termination_message).report) is not None]
+        said = with_every_change(with_newest_checkpoint(read.report, peers), peers)
+        read = Said(report=with_agreed_record(said, peers))
     message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
     message = message or pod.image_error or ""
     platform = pod.platform_reason
@@ -154,41 +155,37 @@ def _told(job: JobView) -> AttemptOutcome:
     )
 
 
-def with_newest_checkpoint(report: TerminationReport, pods: list[PodView]) -> TerminationReport:
-    """`report` naming the newest last good checkpoint any of `pods` reported: rank 0 writes a DDP
-    job's checkpoints, and another pod's ranks name the one they resumed from. The pod that explains
-    the attempt may be one of those (its peer stopped by the peer watch after it ended), and its
-    checkpoint taken as the last good one resumed the next attempt from an older one."""
-    named = [r.last_good_checkpoint for p in pods if (r := read_report(p.termination_message).report) is not None]
-    newest = max((c for c in named if c is not None), key=lambda c: c.step, default=None)
-    current = report.last_good_checkpoint
-    if newest is None or (current is not None and current.step >= newest.step):
+def with_newest_checkpoint(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
+    """`report` naming the newest last good checkpoint it or its `peers` (the attempt's pods'
+    reports) name (`newest_checkpoint`): the pod that explains the attempt may be one whose ranks
+    name the checkpoint they resumed from (its peer stopped by the peer watch after it ended), and
+    that one taken as the last good one resumed the next attempt from an older checkpoint."""
+    newest = newest_checkpoint([report, *peers])
+    if newest is report.last_good_checkpoint:
         return report
     return report.model_copy(update={"last_good_checkpoint": newest})
 
 
-def with_every_change(report: TerminationReport, pods: list[PodView]) -> TerminationReport:
-    """`report` listing the changes in place that reach the newest attempt any of `pods` reported:
+def with_every_change(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
+    """`report` listing the changes in place that reach the newest attempt any of `peers` reported:
     the ranks change together, so each pod's own report lists them all, but the pod that explains
     the attempt may carry its launcher's report for a rank killed from outside, which lists none;
     taken as it was, an operator that read none of them ended the attempt the processes had left,
     and the next one restarted in the precision that faulted."""
-    lists = [r.precision_changes for p in pods if (r := read_report(p.termination_message).report) is not None]
-    reach = max(lists, key=_newest_attempt, default=[])
+    reach = max((r.precision_changes for r in peers), key=_newest_attempt, default=[])
     if _newest_attempt(reach) <= _newest_attempt(report.precision_changes):
         return report
     return report.model_copy(update={"precision_changes": reach})
 
 
-def with_agreed_record(report: TerminationReport, pods: list[PodView]) -> TerminationReport:
-    """`report` with what the ranks agree on as the most any of `pods` reported it: the quarantine
+def with_agreed_record(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
+    """`report` with what the ranks agree on as the most any of `peers` reported it: the quarantine
     (the largest) and an `auto` attempt's measurement. Each pod's own report says them alike, but
     the pod that explains the attempt may carry its launcher's report for a rank killed from
     outside, which says neither; taken as it was, an operator that read neither left the skipped
     steps out of status.skipped and the attempt named `auto`, measured by no one."""
-    said = [r for p in pods if (r := read_report(p.termination_message).report) is not None]
-    skipped = max((r.skipped for r in [report, *said] if r.skipped), key=lambda s: s.count, default=None)
-    measurement = report.measurement or next((r.measurement for r in said if r.measurement), None)
+    skipped = max((r.skipped for r in [report, *peers] if r.skipped), key=lambda s: s.count, default=None)
+    measurement = report.measurement or next((r.measurement for r in peers if r.measurement), None)
     if (skipped, measurement) == (report.skipped, report.measurement):
         return report
     return report.model_copy(update={"skipped": skipped, "measurement": measurement})

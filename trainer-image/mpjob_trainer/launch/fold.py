@@ -57,7 +57,7 @@ from mpjob_contract.codes import (
     reason_for_exit_code,
     reason_for_process_exit,
 )
-from mpjob_contract.report import CheckpointRef, InvalidReport, TerminationReport
+from mpjob_contract.report import InvalidReport, TerminationReport, newest_checkpoint
 from mpjob_trainer.launch.exits import RankExit, agrees, how
 
 #: Highest first: (the class a rank's ending falls in, the pod's exit code for it).
@@ -191,14 +191,6 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
         }
     )
     return PodEnding(int(code), folded)
-
-
-def newest_checkpoint(reports: Sequence[TerminationReport]) -> CheckpointRef | None:
-    """The newest last good checkpoint the reports name: a DDP job's checkpoints are rank 0's to
-    write, so another rank's report names the one it resumed from (the one a sharded job's ranks
-    write together, or go back to together, they all name alike)."""
-    named = [r.last_good_checkpoint for r in reports if r.last_good_checkpoint is not None]
-    return max(named, key=lambda c: c.step, default=None)
 
 
 def _precedence(ending: RankEnding) -> tuple[int, bool, bool, int, int]:
