@@ -245,10 +245,9 @@ class TrainerMetrics:
         self.precision_change.labels(**self.labels, **values).set(change.recovery_seconds)
 
     def relabel(self, precision: str, *, attempt: int | None = None) -> None:
-        """Train under another `precision` label (an `auto` attempt measured its device), and
-        `attempt` (one begun in place): every series moves to the new label set; what counted
-        under the old one ends with it, but the gauges set when the attempt started (where it
-        began, its goal, its last checkpoint) are carried over."""
+        """Train under another `precision` label (an `auto` attempt measured its device), and `attempt` (one begun
+        in place): every series moves to the new label set; what counted under the old one ends with it, but the
+        gauges set when the attempt started (where it began, its goal, its last checkpoint) are carried over."""
         old, checkpoint = dict(self.labels), self._last_good
         held = {attr: self.registry.get_sample_value(name, old) for attr, name in HELD_AT_START}
         self.last_good_checkpoint.clear()
@@ -267,7 +266,8 @@ class TrainerMetrics:
         for attr, value in held.items():
             if value is not None:
                 getattr(self, attr).set(value)
-        self.evaluated(-1, -1, -1, 0.0)  # the gate has not evaluated under these labels either
+        self.evaluated(-1, -1, -1, 0.0)  # the gate has not evaluated under these labels either,
+        self.low_precision_share.set(-1)  # nor a profile measured them: a fresh 0 reads as no low-precision kernel
         self.info.set(1)
         if checkpoint is not None:
             self.checkpoint_good(checkpoint)

@@ -89,3 +89,18 @@ def test_an_attempt_begun_in_place_counts_every_overflow_its_guard_counted() -> 
     assert value(names.NON_FINITE_LOSSES + "_total", new) == 4
     interval(60, 6, 4)
     assert value(names.OVERFLOW_STEPS + "_total", new) == 6 and value(names.NON_FINITE_LOSSES + "_total", new) == 4
+
+
+@pytest.mark.parametrize("how", ["in place", "auto measured"])
+def test_an_attempt_under_new_labels_shows_no_kernel_share_it_has_not_profiled(how: str) -> None:
+    """The low-precision kernel share reads -1 (no profile) under the new labels: a fresh gauge's
+    0 once read as a profile that found no kernel in low precision at all."""
+    metrics = TrainerMetrics("j", "ns", attempt=0, precision="fp16" if how == "in place" else "auto")
+    metrics.low_precision_share.set(0.93)  # a profile taken in the old precision
+    if how == "in place":
+        metrics.changed(InPlaceChange(attempt=1, step=50, start_step=40, from_precision="fp16", to_precision="bf16",
+                                      rule="MaxNonFiniteLosses", message="m", recovery_seconds=0.02))  # fmt: skip
+    else:
+        metrics.relabel("bf16")
+    labels = {"job": "j", "namespace": "ns", "attempt": "1" if how == "in place" else "0", "precision": "bf16"}
+    assert metrics.registry.get_sample_value(names.LOW_PRECISION_KERNEL_SHARE, labels) == -1
