@@ -45,6 +45,30 @@ def test_the_steps_a_catch_up_logs_count_their_samples_as_the_loops_do(
         assert line["stepSeconds"] < 60, line
 
 
+def test_a_preemption_while_catching_up_reports_the_step_the_catch_up_reached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM during the catch-up ends it at the step it closed, checkpointed there: the report
+    names that step, not the loop's step whose fault began the rollback (which it never trained
+    again: the next attempt resumes from the catch-up's checkpoint)."""
+    job = spec(training={"steps": 10, "batchSize": 4, "logEvery": 1}, checkpoint={"everySteps": 4})
+
+    def inputs(run: mpjob.Session, i: int) -> torch.Tensor:
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+        if i == 7 and i not in run.quarantined:
+            x[0, 0] = math.nan  # seen at step 8: rolled back to step 4's checkpoint
+        if i == 5 and 7 in run.quarantined:
+            run.preemption.raised = True  # while the catch-up runs step 6 again
+        return x
+
+    with pytest.raises(SystemExit):
+        train_linear(tmp_path, monkeypatch, job, "fp32", inputs)
+    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert report.reason == "Preempted", report.message
+    assert report.last_good_checkpoint is not None and report.last_good_checkpoint.step == 6
+    assert report.step == 6
+
+
 #: fp16 falls back to bf16 in place, which re-promotes to fp16 in place after 2 clean steps.
 PROMOTE = InPlaceTarget(precision="bf16", repromote_after_steps=2, promote_to=InPlaceTarget(precision="fp16"))
 #: Steps 5..7 overflow in fp16 the first time they run (a transient overflow); three non-finite

@@ -3,7 +3,8 @@ the steps from the restored state up to where the loop stands are run again thro
 registered step, and each is closed as the loop's own `end_step` closes it, its interval work
 included: at a log step its step line and metrics (the series of `mpjob run` and the metrics
 endpoint show the steps run again, as a restarted attempt's loop shows them), the guard's checks,
-the quality gate, a checkpoint, SIGTERM. What ends one of them ends the catching up there.
+the quality gate, a checkpoint, SIGTERM. What ends one of them ends the catching up there, and the
+attempt with it at that step: its report names the step reached, not the loop's it was catching up to.
 
 Only the registered step runs again: an LR scheduler the loop steps around it would stay where the
 checkpoint left it, and every step after would train on a shifted schedule, silently. So the

@@ -242,7 +242,6 @@ class Session(SetUpCalls, StopCalls):
         if self._rung.machine.phase is not Phase.REENTERING:  # re-entered: it goes on from a checkpoint's step
             self._intervals.cadence.follows(self._step, step)
         self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm, loss_samples=loss_samples)
-        self._step = step
         state.samples += samples or 0
         self._rung.step_samples = samples or self._rung.step_samples
         rung, checkpoints = self._rung, self._checkpoints
@@ -253,6 +252,7 @@ class Session(SetUpCalls, StopCalls):
     def _close_step(self, step: int, loss: Number | None, samples: int | None) -> Exception | None:
         """Close step `step` (the loop's, or one a catch-up runs again) on what the loop trains now."""
         assert self._state is not None  # end_step checked it
+        self._step = step  # where the attempt stands: a catch-up that ends on the way ends it there, not further
         closer, checkpoints = self._closer, self._checkpoints
         return closer.close(step, loss, samples, state=self._state, checkpoints=checkpoints, gate=self._gate)
 
