@@ -14,6 +14,10 @@ LAUNCH_ENV = "MPJOB_LAUNCH"
 #: The UID of the Job a trainer pod runs in (the Job controller's pod label, by the downward
 #: API): what the checkpoints it writes name as their writer (AttemptLaunch.lineage). Unset: none.
 ATTEMPT_JOB_ENV = "MPJOB_ATTEMPT_JOB_UID"
+#: A folder on the pod's own disk for the trainer's private scratch: the local spool of a job
+#: whose checkpoints (and profiles) go to a bucket. The operator names the checkpoint volume's
+#: emptyDir, which such a job leaves unused; unset (`mpjob run`), the system's temporary folder.
+SCRATCH_ENV = "MPJOB_SCRATCH_DIR"
 #: Kubernetes' default terminationMessagePath; the trainer writes here unless told otherwise.
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LOG_ENV = "MPJOB_TERMINATION_LOG"

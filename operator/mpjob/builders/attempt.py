@@ -14,7 +14,7 @@ from mpjob.planning.launch import attempt_launch
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
-from mpjob_contract.environment import ATTEMPT_JOB_ENV
+from mpjob_contract.environment import ATTEMPT_JOB_ENV, SCRATCH_ENV
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, checkpoint_root, inside_checkpoint_dir, job_checkpoint_dir
 from mpjob_contract.pod_volumes import CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, SHM_MOUNT, SHM_VOLUME, adds_shared_memory
 from mpjob_contract.storage import CREDENTIAL_KEYS
@@ -136,22 +136,22 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
         {"name": ATTEMPT_JOB_ENV, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOB_UID_LABEL}']"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
-        *_bucket_credentials(launch.spec),
+        *_bucket_env(launch.spec),
         *_tracking_env(launch.spec),
         profile_token.token_env(name),
     ]
 
 
-def _bucket_credentials(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
-    """The checkpoint bucket's credentials, by reference to the job's Secret: the kubelet puts
-    its keys into the trainer's environment; the operator never reads the Secret."""
+def _bucket_env(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
+    """A bucket job's: where the trainer spools (the checkpoint volume's emptyDir, which it leaves
+    unused: SCRATCH_ENV) and the bucket's credentials, by reference to the job's Secret (the
+    kubelet puts its keys into the trainer's environment; the operator never reads the Secret)."""
     s3 = spec.checkpoint.s3
-    if s3 is None or s3.credentials_secret is None:
+    if s3 is None:
         return []
-    return [
-        {"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}}
-        for key in CREDENTIAL_KEYS
-    ]
+    secret, scratch = s3.credentials_secret, {"name": SCRATCH_ENV, "value": CHECKPOINT_MOUNT}
+    keys = [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}} for key in CREDENTIAL_KEYS]
+    return [scratch, *(keys if secret is not None else [])]
 
 
 def _tracking_env(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ import pytest
 from mpjob.builders.attempt import attempt_job
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJobSpec
-from mpjob_contract.launch import AttemptLaunch
+from mpjob_contract.environment import SCRATCH_ENV
+from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
 
 pytestmark = pytest.mark.unit
 
@@ -53,3 +54,17 @@ def test_credentials_reach_the_trainer_by_reference_to_the_secret_only() -> None
 def test_an_s3_job_keeps_a_scratch_volume_and_no_claim() -> None:
     [volume] = [v for v in build(None)["spec"]["template"]["spec"]["volumes"] if v["name"] == "checkpoints"]
     assert volume == {"name": "checkpoints", "emptyDir": {}}
+
+
+@pytest.mark.parametrize("secret", ["ckpt-keys", None])
+def test_the_trainer_spools_on_the_pods_scratch_volume_not_its_container_layer(secret: str | None) -> None:
+    job = build(None, credentialsSecret=secret)
+    assert _env(job)[SCRATCH_ENV] == {"name": SCRATCH_ENV, "value": CHECKPOINT_MOUNT}
+    assert {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT} in _container(job)["volumeMounts"]
+
+
+def test_a_volume_job_spools_nothing() -> None:
+    spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "gpt"}})
+    start = StartAttempt(index=0, precision="bf16", resume_from=None, start_step=0)
+    job = attempt_job(job="gpt", namespace="ml", uid="u-1", spec=spec, start=start, image="mpjob-trainer:0.1.0")
+    assert SCRATCH_ENV not in _env(job)

@@ -7,13 +7,13 @@ The bucket is an in-memory one with the store's own Bucket surface (memory_bucke
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from mpjob_contract.environment import SCRATCH_ENV
 from mpjob_trainer.checkpoint import resume
 from mpjob_trainer.checkpoint.manifest import MANIFEST, folder_name
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
@@ -70,7 +70,7 @@ def test_a_manifest_naming_files_outside_its_folder_writes_nothing_and_the_previ
 ) -> None:
     spools = tmp_path / "spools"  # the stores' local spools, where a restore may write
     spools.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(spools))
+    monkeypatch.setenv(SCRATCH_ENV, str(spools))
     names = _escaping_names(tmp_path)[case]
     bucket, store = _saved(10, 20)
     _plant(bucket, store, 20, names)

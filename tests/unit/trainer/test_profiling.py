@@ -22,6 +22,7 @@ from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.profiling import ProfileCapture
 from mpjob_trainer.profiling.kernels import kernel_time, op_class
 from mpjob_trainer.profiling.places import BucketProfiles
+from mpjob_trainer.spool import OWNER
 from tests.helpers import wait_for
 from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 
@@ -193,4 +194,4 @@ def test_a_bucket_jobs_profiles_go_to_its_bucket_and_say_so(tmp_path: Path, monk
     key = f"{SETTINGS.prefix}/ns/job/uid/profiles/p2"
     assert sorted(bucket.objects) == [f"{key}/summary.json", f"{key}/trace.json.gz"]  # p1 pruned
     assert json.loads(gzip.decompress(bucket.objects[f"{key}/trace.json.gz"]))["traceEvents"]
-    assert not list(place.spool.iterdir())  # nothing left on the container's disk
+    assert [p.name for p in place.spool.iterdir()] == [OWNER]  # nothing left on the pod's disk but its owner mark

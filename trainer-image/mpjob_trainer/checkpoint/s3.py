@@ -34,7 +34,6 @@ import shutil
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -62,6 +61,7 @@ from mpjob_trainer.checkpoint.protocol import Log
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
 from mpjob_trainer.checkpoint.unloadable import MARK_BYTES
+from mpjob_trainer.spool import Spool
 
 #: The step folders one listing of the job's prefix reads (LIST_PAGE a request): with keep-K
 #: pruning a job holds a few; a prefix crowded past this is read no further (logged).
@@ -83,8 +83,9 @@ class BucketCheckpointStore:
         self.bucket = bucket or open_bucket(settings)
         #: Where checkpoints are written before upload and downloaded before loading (the
         #: volume store's own rules apply there); a framework stages into it, and resumes from it.
-        self.root = Path(tempfile.mkdtemp(prefix="mpjob-checkpoints-"))
-        weakref.finalize(self, shutil.rmtree, self.root, True)
+        #: On the pod's scratch disk, removed with this store; a killed trainer's, by the next one's.
+        self.spool = Spool("mpjob-checkpoints-")
+        self.root = self.spool.path
         self.local = CheckpointStore(self.root, keep, config_digest, self.log, job=job, build=build, lineage=lineage)
         self.keep, self.job, self.build, self.lineage = keep, job, self.local.build, lineage
         self.unloadable: set[str] = set()

@@ -3,8 +3,9 @@
 A profile is written into a local folder first (`folder`) and then made visible where the job
 keeps its checkpoints (`publish`; `where` names its trace there): on a volume the local folder is
 already its place below the job's checkpoint folder; for a job whose checkpoints are in a bucket
-it is a private spool folder, and the trace and its summary are uploaded to
-`<checkpointDir>/profiles/p<ID>/` in the bucket (the container's disk is lost with the pod).
+it is a private spool folder on the pod's scratch disk (mpjob_trainer.spool), and the trace and
+its summary are uploaded to `<checkpointDir>/profiles/p<ID>/` in the bucket (the pod's disk is
+lost with the pod).
 `drop` removes one the attempt wrote (its older traces are pruned).
 """
 
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import posixpath
 import shutil
-import tempfile
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +21,7 @@ from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.storage import is_bucket_url, split_url
 from mpjob_contract.tracking import SUMMARY_FILE, TRACE_FILE, profile_dir
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
+from mpjob_trainer.spool import Spool
 
 
 class ProfilePlace(Protocol):
@@ -68,8 +68,8 @@ class BucketProfiles:
     def __init__(self, checkpoint_dir: str, open: Callable[[], Bucket]) -> None:
         self.checkpoint_dir, self._open = checkpoint_dir.rstrip("/"), open
         self._bucket: Bucket | None = None
-        self.spool = Path(tempfile.mkdtemp(prefix="mpjob-profiles-"))
-        weakref.finalize(self, shutil.rmtree, self.spool, True)
+        self._spool = Spool("mpjob-profiles-")  # on the pod's scratch disk (mpjob_trainer.spool)
+        self.spool = self._spool.path
 
     def folder(self, profile_id: int) -> Path:
         return self.spool / f"p{profile_id}"
