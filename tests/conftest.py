@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from mpjob_contract.environment import SCRATCH_ENV
 from tests.cluster.controlplane import Layout, down, exclusive, running, start_kueue, start_s3, up
 from tests.cluster.s3 import S3Server
 from tests.helpers import Meeting, build_cache, rendezvous
@@ -100,6 +101,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     was_running = session.config.stash.get(CLUSTER_WAS_RUNNING, True)
     if not _worker(session.config) and not was_running and not os.environ.get("MPJOB_KEEP_CLUSTER"):
         down(Layout.from_env())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def trainer_scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The trainers' scratch folder (SCRATCH_ENV: a bucket store's spool, a profile's) for the
+    session, as a pod names its own: not /tmp, where what the trainers tests kill left stayed.
+    The processes tests start inherit it; pytest keeps the last few sessions' folders only."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("scratch")
+        patch.setenv(SCRATCH_ENV, str(folder))
+        yield folder
 
 
 @pytest.fixture
