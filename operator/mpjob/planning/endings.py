@@ -137,10 +137,8 @@ def _told(job: JobView) -> AttemptOutcome:
         )
     pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
     read = read_report(pod.termination_message)
-    if read.report is not None:  # what the ranks agree on, as the most any pod told it
-        peers = [r for p in ended if (r := read_report(p.termination_message).report) is not None]
-        said = with_every_change(with_newest_checkpoint(read.report, peers), peers)
-        read = Said(report=with_agreed_record(said, peers))
+    if read.report is not None:
+        read = Said(report=with_peers(read.report, valid_reports(ended)))
     message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
     message = message or pod.image_error or ""
     platform = pod.platform_reason
@@ -153,6 +151,19 @@ def _told(job: JobView) -> AttemptOutcome:
         message=message,
         invalid_report=read.invalid,
     )
+
+
+def valid_reports(pods: tuple[PodView, ...] | list[PodView]) -> list[TerminationReport]:
+    """The valid reports of `pods` (an invalid one names nothing that is trusted)."""
+    return [r for p in pods if (r := read_report(p.termination_message).report) is not None]
+
+
+def with_peers(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
+    """`report`, the one that explains the attempt, with what its ranks agree on as the most any
+    of `peers` (its pods' valid reports) told it: the newest checkpoint, every change in place,
+    the quarantine and the measurement."""
+    said = with_every_change(with_newest_checkpoint(report, peers), peers)
+    return with_agreed_record(said, peers)
 
 
 def with_newest_checkpoint(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
@@ -246,15 +257,17 @@ def preempted_by_queue(job: JobView) -> AttemptOutcome | None:
     the evidence (Disruption.QUEUE_PREEMPTED), whatever the trainer said. The operator never
     suspends a Job that runs (runPolicy.suspend deletes it), so a suspended Job that failed was
     suspended by its queue. A pod's invalid report is left out (the checkpoint it names is
-    not trusted)."""
+    not trusted). The first Preempted report tells it, with what the ranks agree on as the most
+    any pod told it (`with_peers`): rank 0 writes a DDP job's checkpoint on SIGTERM, and another
+    pod's report names the one it resumed from."""
     if not (job.suspended and job.finished == "Failed" and job.reason != "DeadlineExceeded"):
         return None
-    reports = (read_report(p.termination_message).report for p in job.pods)
-    report = next((r for r in reports if r is not None and r.reason == Reason.PREEMPTED), None)
+    reports = valid_reports(job.pods)
+    report = next((r for r in reports if r.reason == Reason.PREEMPTED), None)
     message = "preempted by its queue (its Job was suspended): resumes in the same precision once admitted again"
     return AttemptOutcome(
         exit_code=int(codes.ExitCode.PREEMPTED),
-        report=report,
+        report=with_peers(report, reports) if report is not None else None,
         message=message,
         disruption=Disruption.QUEUE_PREEMPTED,
     )

@@ -35,8 +35,12 @@ def spec(max_attempts: int = 2) -> MixedPrecisionJobSpec:
     )
 
 
+def checkpoint_at(step: int) -> CheckpointRef:
+    return CheckpointRef(step=step, path=f"/checkpoints/step-{step:09d}", sha256="ab", precision="fp16")
+
+
 def preempted_pod(step: int) -> PodView:
-    ref = CheckpointRef(step=step, path=f"/checkpoints/step-{step:09d}", sha256="ab", precision="fp16")
+    ref = checkpoint_at(step)
     report = TerminationReport(reason=Reason.PREEMPTED, step=step, start_step=0, precision="fp16",
                                last_good_checkpoint=ref, message="SIGTERM: checkpointed")  # fmt: skip
     return PodView("p0", 0, "Failed", False, 44, report.to_message(), deleting=True)
@@ -142,3 +146,19 @@ def test_kueues_verdict_is_read_from_its_workload() -> None:
     assert workload_message({"status": {"conditions": [evicted]}}) == evicted["message"]
     admitted = {"type": "QuotaReserved", "status": "True", "message": "Quota reserved in ClusterQueue cq"}
     assert workload_message({"status": {"conditions": [admitted]}}) is None
+
+
+def test_a_queue_preemption_resumes_from_the_newest_checkpoint_any_pod_reported() -> None:
+    """Rank 0 writes a DDP job's checkpoints: its pod names the one it wrote on SIGTERM (step 40),
+    the other pods the one they resumed from (step 20). Worker 0's pod ended InfraError (a sibling's
+    collective failed once the other pods had gone), so the first Preempted report was worker 1's,
+    and the next attempt resumed from step 20, redoing the steps since."""
+    said = TerminationReport.model_validate_json(preempted_pod(40).termination_message or "")
+    crashed = said.model_copy(update={"reason": Reason.INFRA_ERROR, "message": "rank 1: NCCL error"})
+    older = said.model_copy(update={"last_good_checkpoint": checkpoint_at(20)})
+    worker0 = PodView("p0", 0, "Failed", False, 1, crashed.to_message(), deleting=True)
+    worker1 = PodView("p1", 1, "Failed", False, 44, older.to_message(), deleting=True)
+    job = JobView(0, "Failed", "BackoffLimitExceeded", pods=(worker0, worker1), suspended=True)
+    outcome = preempted_by_queue(job)
+    assert outcome is not None and outcome.report is not None and outcome.report.reason == "Preempted"
+    assert outcome.report.last_good_checkpoint == checkpoint_at(40)
