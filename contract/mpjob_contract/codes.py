@@ -155,6 +155,27 @@ def ending_rank(reason: str | None, *, platform: bool = False) -> int:
     return crash if platform else place + 1
 
 
+def explains_first(
+    reason: str | None,
+    *,
+    platform: bool = False,
+    stopped: bool = False,
+    killed: bool = False,
+    order: int = 0,
+    index: int = 0,
+) -> tuple[int, bool, bool, int, int]:
+    """Sort key over the endings of a pod's ranks or an attempt's pods, smallest explains: the
+    class (`ending_rank`); one that ended by itself before one stopped; for crashes, one `killed`
+    by a signal from outside (the OOM killer, a kill: its peers' collectives fail because it is
+    gone), then the one that ended first (`order`: a peer whose collective lost it fails a moment
+    later); then the lowest `index` (the other classes are collective decisions or stops, and
+    rank 0 writes the checkpoints). The launcher folds ranks with it and the operator picks the
+    pod that explains an attempt with it (a pod's report says whether its rank was `killed`)."""
+    place = ending_rank(reason, platform=platform)
+    crash = place == ending_rank(Reason.INFRA_ERROR)
+    return (place, stopped, not (crash and killed), order if crash else 0, index)
+
+
 def exit_code_for(reason: Reason) -> ExitCode:
     """The exit code that stands for one of the trainer's own endings (INFRA_ERROR otherwise)."""
     codes = {r: ExitCode(c) for c, r in REASON_OF_EXIT_CODE.items()}

@@ -188,6 +188,9 @@ class TerminationReport(_Model):
     #: A numeric fault's guard rule (faults.GuardRule): what spec.faultPolicy rules on.
     rule: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9]+$")
     message: str = ""
+    #: The rank that explains the pod was killed by a signal its launcher did not send: the cause
+    #: of its peers' crashes, in other pods too (`codes.explains_first`). None: not so.
+    killed_from_outside: bool | None = Field(None, alias="killedFromOutside")
     #: When the trainer knew the attempt ends (Unix seconds, its clock): a fault's detection, before
     #: its fp32 replay. The next attempt's recoverySeconds counts from it.
     ended_at: Finite | None = Field(None, alias="endedAt", ge=0, le=MAX_REPORT_INT)

@@ -3,6 +3,7 @@ that explains an attempt both call `mpjob_contract.codes.ending_rank`."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,21 @@ def test_a_pod_and_an_attempt_tell_the_same_story() -> None:
         folded = fold_endings([_ended(0, second), _ended(1, first)])
         pods = (PodView("p0", 0, "Failed", False, second), PodView("p1", 1, "Failed", False, first))
         assert folded.code == first == outcome_of(JobView(0, "Failed", pods=pods)).exit_code
+
+
+def test_a_rank_killed_from_outside_explains_a_pod_and_an_attempt_alike() -> None:
+    """Rank 1 was killed by a signal its launcher did not send (the OOM killer, a kill) and rank 0's
+    collective failed because it was gone: both are crashes, and the killed one explains, whether
+    the two are local ranks of one pod or the ranks of two pods. Across pods the tie went to the
+    lowest pod, and the attempt named the failed collective, not the kill that caused it."""
+    lost = TerminationReport(reason=Reason.INFRA_ERROR, step=30, start_step=0, message="Connection closed by peer")
+    crashed, killed = RankEnding(0, 0, 1, lost), RankEnding(1, 1, -signal.SIGKILL)
+    cause = "(rank 1) was killed by SIGKILL"
+    assert cause in fold_endings([crashed, killed]).report.message
+    folded = [fold_endings([crashed]), fold_endings([RankEnding(0, 1, -signal.SIGKILL)])]
+    pods = tuple(PodView(f"p{i}", i, "Failed", False, e.code, e.report.to_message()) for i, e in enumerate(folded))
+    told = outcome_of(JobView(0, "Failed", pods=pods))
+    assert told.exit_code == 1 and told.report is not None and cause in told.report.message
 
 
 def test_the_launcher_page_lists_the_precedence_in_order() -> None:

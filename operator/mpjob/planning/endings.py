@@ -135,7 +135,7 @@ def _told(job: JobView) -> AttemptOutcome:
         return AttemptOutcome(
             exit_code=None, platform_reason=Reason.DELETED, message="the attempt's pods disappeared before reporting"
         )
-    pod = min(ended, key=lambda p: (codes.ending_rank(_stands_for(p), platform=bool(p.platform_reason)), p.index))
+    pod = min(ended, key=_explains_first)
     read = read_report(pod.termination_message)
     if read.report is not None:
         read = Said(report=with_peers(read.report, valid_reports(ended)))
@@ -205,6 +205,15 @@ def with_agreed_record(report: TerminationReport, peers: list[TerminationReport]
 def _newest_attempt(changes: list[InPlaceChange]) -> int:
     """The attempt the last of `changes` began (0: none)."""
     return changes[-1].attempt if changes else 0
+
+
+def _explains_first(pod: PodView) -> tuple[int, bool, bool, int, int]:
+    """Sort key, smallest explains the attempt: the contract's `explains_first`, as the launcher
+    folds a pod's ranks, with whether its report says its rank was killed from outside (the cause
+    of the crashes of the other pods' ranks, whose collectives lost it)."""
+    read = read_report(pod.termination_message).report
+    killed = bool(read and read.killed_from_outside)
+    return codes.explains_first(_stands_for(pod), platform=bool(pod.platform_reason), killed=killed, index=pod.index)
 
 
 def _stands_for(pod: PodView) -> Reason | None:

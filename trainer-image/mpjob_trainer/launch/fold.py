@@ -25,7 +25,8 @@ Among ranks of the winning class: one that ended by itself before one the launch
 for infrastructure failures, then one killed by a signal from outside (the OOM killer, a kill:
 its peers' collectives fail because it is gone), then the one that ended first (the cause: a
 sibling whose collective lost its peer fails a moment later); then the lowest rank (the other classes
-are collective decisions or stops, and rank 0 writes the checkpoints).
+are collective decisions or stops, and rank 0 writes the checkpoints): the contract's
+`explains_first`, by which the operator picks the pod too.
 
 Each rank's report is read through the contract's model (`TerminationReport.parse_message`),
 as the operator reads the pod's: a rank whose report fails it ended in an infrastructure
@@ -35,7 +36,8 @@ The pod's report is the winner's own, or one made for it when it left none or wa
 a signal (reason from its exit code, progress fields from the lowest rank's report, and the
 last lines of its stderr, as Kubernetes' FallbackToLogsOnError quotes a container's log);
 `step` is the largest any rank reported; `lastGoodCheckpoint` the newest any rank reported
-(rank 0 writes a DDP job's checkpoints: the others name the one they resumed from).
+(rank 0 writes a DDP job's checkpoints: the others name the one they resumed from);
+`killedFromOutside` whether the winner was killed by a signal the launcher did not send.
 
 Reports are parsed in one place, `parsed_report`; importing this module brings pydantic, so
 the launcher imports it only when a report must be built (launch.exits has the rest).
@@ -52,8 +54,8 @@ from mpjob_contract.codes import (
     WITNESSED,
     ExitCode,
     Reason,
-    ending_rank,
     exit_code_for,
+    explains_first,
     reason_for_exit_code,
     reason_for_process_exit,
 )
@@ -188,19 +190,25 @@ def fold_endings(endings: Sequence[RankEnding]) -> PodEnding:
             "step": max([report.step, *(r.step for r in reports)]),
             "last_good_checkpoint": checkpoint,
             "message": message,
+            "killed_from_outside": True if _killed(winner) else None,
         }
     )
     return PodEnding(int(code), folded)
 
 
 def _precedence(ending: RankEnding) -> tuple[int, bool, bool, int, int]:
-    """Sort key, smallest explains the pod: class (the contract's `ending_rank`), stopped or not,
-    (infra) killed from outside or not, order of ending, rank. A signal the launcher did not send
-    (the kernel's OOM killer, a kill) is the cause its peers' failing collectives follow; the
-    order of ending cannot say so when both had ended by the time the launcher reaped them."""
-    infra = ending.outcome is Reason.INFRA_ERROR
-    from_outside = infra and ending.returncode < 0 and not ending.stopped
-    return (ending_rank(ending.outcome), ending.stopped, not from_outside, ending.order if infra else 0, ending.rank)
+    """Sort key, smallest explains the pod (the contract's `explains_first`). A signal the launcher
+    did not send (the kernel's OOM killer, a kill) is the cause its peers' failing collectives
+    follow; the order of ending cannot say so when both had ended by the time the launcher reaped
+    them."""
+    return explains_first(
+        ending.outcome, stopped=ending.stopped, killed=_killed(ending), order=ending.order, index=ending.rank
+    )
+
+
+def _killed(ending: RankEnding) -> bool:
+    """Whether the rank was killed by a signal the launcher did not send."""
+    return ending.outcome is Reason.INFRA_ERROR and ending.returncode < 0 and not ending.stopped
 
 
 def _synthesized(ending: RankEnding, reason: Reason, donor: TerminationReport | None) -> TerminationReport:
