@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from mpjob.planning.agreed import with_peers
 from mpjob.planning.charging import Disruption
 from mpjob.planning.classify import AttemptOutcome
 from mpjob_contract import codes
 from mpjob_contract.codes import ExitCode, Reason, reason_for_exit_code
 from mpjob_contract.environment import readable
-from mpjob_contract.report import InPlaceChange, InvalidReport, TerminationReport, newest_checkpoint
+from mpjob_contract.report import InvalidReport, TerminationReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,55 +157,6 @@ def _told(job: JobView) -> AttemptOutcome:
 def valid_reports(pods: tuple[PodView, ...] | list[PodView]) -> list[TerminationReport]:
     """The valid reports of `pods` (an invalid one names nothing that is trusted)."""
     return [r for p in pods if (r := read_report(p.termination_message).report) is not None]
-
-
-def with_peers(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
-    """`report`, the one that explains the attempt, with what its ranks agree on as the most any
-    of `peers` (its pods' valid reports) told it: the newest checkpoint, every change in place,
-    the quarantine and the measurement."""
-    said = with_every_change(with_newest_checkpoint(report, peers), peers)
-    return with_agreed_record(said, peers)
-
-
-def with_newest_checkpoint(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
-    """`report` naming the newest last good checkpoint it or its `peers` (the attempt's pods'
-    reports) name (`newest_checkpoint`): the pod that explains the attempt may be one whose ranks
-    name the checkpoint they resumed from (its peer stopped by the peer watch after it ended), and
-    that one taken as the last good one resumed the next attempt from an older checkpoint."""
-    newest = newest_checkpoint([report, *peers])
-    if newest is report.last_good_checkpoint:
-        return report
-    return report.model_copy(update={"last_good_checkpoint": newest})
-
-
-def with_every_change(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
-    """`report` listing the changes in place that reach the newest attempt any of `peers` reported:
-    the ranks change together, so each pod's own report lists them all, but the pod that explains
-    the attempt may carry its launcher's report for a rank killed from outside, which lists none;
-    taken as it was, an operator that read none of them ended the attempt the processes had left,
-    and the next one restarted in the precision that faulted."""
-    reach = max((r.precision_changes for r in peers), key=_newest_attempt, default=[])
-    if _newest_attempt(reach) <= _newest_attempt(report.precision_changes):
-        return report
-    return report.model_copy(update={"precision_changes": reach})
-
-
-def with_agreed_record(report: TerminationReport, peers: list[TerminationReport]) -> TerminationReport:
-    """`report` with what the ranks agree on as the most any of `peers` reported it: the quarantine
-    (the largest) and an `auto` attempt's measurement. Each pod's own report says them alike, but
-    the pod that explains the attempt may carry its launcher's report for a rank killed from
-    outside, which says neither; taken as it was, an operator that read neither left the skipped
-    steps out of status.skipped and the attempt named `auto`, measured by no one."""
-    skipped = max((r.skipped for r in [report, *peers] if r.skipped), key=lambda s: s.count, default=None)
-    measurement = report.measurement or next((r.measurement for r in peers if r.measurement), None)
-    if (skipped, measurement) == (report.skipped, report.measurement):
-        return report
-    return report.model_copy(update={"skipped": skipped, "measurement": measurement})
-
-
-def _newest_attempt(changes: list[InPlaceChange]) -> int:
-    """The attempt the last of `changes` began (0: none)."""
-    return changes[-1].attempt if changes else 0
 
 
 def _explains_first(pod: PodView) -> tuple[int, bool, bool, int, int]:
