@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from mpjob.planning import elastic, history
+from mpjob.planning import elastic, history, late
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
@@ -189,7 +189,9 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
 HEARD_LATE = frozenset({Reason.SUSPENDED, Reason.DEADLINE_EXCEEDED, Reason.STALLED, *elastic.RESIZE_REASONS})
 
 
-def heard(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], stopped: dict[int, JobView]) -> None:
+def heard(
+    plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], stopped: dict[int, JobView], when: When
+) -> None:
     """What the trainer of an attempt ended while its ranks ran (HEARD_LATE) reported once its
     pods stopped, read from its Job that is gone (`stopped`, its pods as last seen): the step it
     stopped at ends the attempt, the checkpoint it wrote on SIGTERM is the job's last one, and the
@@ -202,7 +204,8 @@ def heard(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], sto
     the job's last one (a suspended or finished job would name one no attempt can reach): what the
     status held stays (none after a suspension or the deadline, `resumepoint.went_with_pods`; a
     resume says it starts over: `resumepoint.resume_point`), and the next attempt, planned from
-    step 0, stays so."""
+    step 0, stays so. The changes in place it lists that no read caught are recorded first, and the
+    ending moves to the last attempt they began (`late`)."""
     status = plan.status
     for index, job in sorted(stopped.items()):
         chain = [a for a in status.attempts if history.job_index(status, a.index) == index]
@@ -212,8 +215,12 @@ def heard(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], sto
         report = outcome_of(job).report
         if report is None or any(history.job_index(status, a.index) in jobs for a in later):
             continue
+        attempt = late.recorded(plan, spec, attempt, report.precision_changes, when)
+        later = [a for a in status.attempts if a.index > attempt.index]
         kept = status.last_checkpoint
-        attempt.end_step = record_report(status, attempt.index, report)
+        end_step = record_report(status, attempt.index, report)
+        if attempt.reason in HEARD_LATE:  # else a late change ended the job: its fault's step stands
+            attempt.end_step = end_step
         if not spec.checkpoint.outlives_pods:  # what it names went with the pods: never resumed from
             status.last_checkpoint = kept
             continue

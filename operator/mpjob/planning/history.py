@@ -115,6 +115,32 @@ def ended(status: MixedPrecisionJobStatus, entry: AttemptStatus, *, charged: boo
     tally.out_of_memory_micro_batches = ran_out_of_memory([entry], tally)
 
 
+def reopened(status: MixedPrecisionJobStatus, entry: AttemptStatus) -> None:
+    """Take back `entry`'s ending, and its count (`ended`), as if it still ran: what it did before
+    its recorded ending is to be recorded first (`late`). Only an ending that bars no precision
+    and ran out of no memory (an operator's own: a suspension, a stall, a resize, a deadline)."""
+    tally, reason = counts(status), entry.reason or ""
+    tally.by_reason[reason] = tally.by_reason.get(reason, 1) - 1
+    if not tally.by_reason[reason]:
+        del tally.by_reason[reason]
+    tally.charged -= 1 if entry.charged is not False else 0
+    entry.reason = entry.exit_code = entry.end_step = entry.finish_time = entry.charged = None
+    entry.message = None
+
+
+def withdrawn(status: MixedPrecisionJobStatus, entry: AttemptStatus) -> AttemptStatus:
+    """Take the newest entry, begun but never run (no Job made for it), out of the history and its
+    count (`started`), to be begun again under another index (`late`); the entry."""
+    tally = counts(status)
+    status.attempts = [a for a in status.attempts if a is not entry]
+    tally.started = min(tally.started, entry.index)
+    if entry.repromoted:
+        tally.repromotions -= 1
+        if tally.repromoted_at.get(entry.precision) == entry.index:
+            del tally.repromoted_at[entry.precision]
+    return entry
+
+
 def bound(status: MixedPrecisionJobStatus) -> None:
     """Keep the first KEEP_FIRST entries and the newest, MAX_ATTEMPT_ENTRIES in all; only
     ended entries are ever dropped, and never one a later entry runs in (begun in place): the

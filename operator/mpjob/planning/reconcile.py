@@ -60,7 +60,7 @@ def reconcile(
     plan = _opened(spec, status, generation)
     status = plan.status
     when = When(st.stamp(now), generation)
-    cutoff.heard(plan, spec, jobs, stopped or {})  # before anything resumes from the last checkpoint
+    cutoff.heard(plan, spec, jobs, stopped or {}, when)  # before anything resumes from the last checkpoint
     if status.phase in FINISHED:
         _expire(plan, spec, jobs, now)
     elif not status.attempts:
