@@ -76,6 +76,13 @@ def _receive(sock: socket.socket, *, end: float, limit: int) -> bytes:
         chunks.append(chunk)
 
 
+def _length(value: str) -> int | None:
+    """A Content-Length's bytes; None when it is not one: ASCII digits only (`str.isdigit` takes
+    latin-1's superscripts, which int() refuses) and no longer than any real length (int() refuses
+    past 4300 digits), so the pod's header never raises anything but ScrapeError."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 19 else None
+
+
 def _body(data: bytes, *, max_bytes: int) -> str:
     """The body of a complete HTTP response, when it is a 200 with an identity body."""
     head, sep, body = data.partition(b"\r\n\r\n")
@@ -89,7 +96,7 @@ def _body(data: bytes, *, max_bytes: int) -> str:
     if headers.get("transfer-encoding", "identity").lower() != "identity" or headers.get("content-encoding"):
         raise ScrapeError("an encoded body (only identity is read)")
     length = headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) != len(body)):
+    if length is not None and _length(length) != len(body):
         raise ScrapeError(f"body of {len(body)} bytes, Content-Length {length[:20]}")
     if len(body) > max_bytes:
         raise ScrapeError(f"body larger than {max_bytes} bytes")

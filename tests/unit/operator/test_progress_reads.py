@@ -138,8 +138,14 @@ def test_a_redirect_is_never_followed(serve: Callable) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"\xff\xfe\x00garbage", b"HTTP/1.0 200 OK\r\nContent-Length: 99999\r\n\r\nshort", b"no header at all"],
-    ids=["not-utf8", "truncated", "not-http"],
+    [
+        b"\xff\xfe\x00garbage",
+        b"HTTP/1.0 200 OK\r\nContent-Length: 99999\r\n\r\nshort",
+        b"no header at all",
+        b"HTTP/1.0 200 OK\r\nContent-Length: \xb2\r\n\r\nab",  # a digit to str.isdigit (latin-1's superscript two)
+        b"HTTP/1.0 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\nab",  # past what int() converts
+    ],
+    ids=["not-utf8", "truncated", "not-http", "non-ascii-length", "endless-length"],
 )
 def test_garbage_is_a_failed_read(serve: Callable, body: bytes) -> None:
     server = serve(lambda sock: sock.sendall(body if body.startswith(b"HTTP") or b"header" in body else ok(body)))
