@@ -29,7 +29,7 @@ def test_a_good_value_is_recorded_with_its_path_and_asked_of_the_running_attempt
     assert [(e.type, e.reason) for e in plan.events] == [("Normal", "ProfileRequested")]
 
 
-@pytest.mark.parametrize("value", ["0", "1000000", "-3", "twenty", "", "2.5"])
+@pytest.mark.parametrize("value", ["0", "1000000", "-3", "twenty", "", "2.5", "²", "①"])  # digits to str.isdigit
 def test_a_bad_value_is_refused_with_an_event_naming_the_annotation_and_nothing_asked(value: str) -> None:
     plan = plan_profiles(running(), value, checkpoint_dir=FOLDER, now=NOW)
     (entry,) = plan.profiles
@@ -87,7 +87,7 @@ def test_an_entry_whose_attempt_ended_fails_and_the_list_stays_bounded() -> None
     assert len(plan.profiles) == MAX_PROFILE_ENTRIES and plan.profiles[-1].id == MAX_PROFILE_ENTRIES + 1
 
 
-@pytest.mark.parametrize(("value", "ok"), [("20", True), ("0", False), ("1000000", False)])
+@pytest.mark.parametrize(("value", "ok"), [("20", True), ("0", False), ("1000000", False), ("²", False)])
 def test_mpjob_validate_checks_the_annotation_naming_it(value: str, ok: bool) -> None:
     from mpjob.validation import check_text
 
