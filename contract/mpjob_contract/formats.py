@@ -161,3 +161,12 @@ def allowed_by(pattern: str | None) -> str | None:
     """What a pattern of the API allows, in words (None: not one of the API's formats)."""
     fmt = _BY_PATTERN.get(pattern or "")
     return fmt.allows if fmt is not None else None
+
+
+def whole_number(text: str, *, digits: int = 18) -> int | None:
+    """The whole number `text` spells in at most `digits` ASCII digits (no sign, no spaces), else
+    None. `str.isdigit` alone also takes other scripts' digits (a superscript two, a circled one,
+    full-width ones), which int() refuses, or reads, and past 4300 digits int() refuses any: a
+    value from a pod, an annotation, a server or the environment checked that way raised where
+    its reader refuses it in words."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None

@@ -109,7 +109,7 @@ def profile_steps(value: str) -> int:
     digits only: `str.isdigit` also takes '²' or '①', which int() refuses with a ValueError that
     would fail every reconcile of the job (and `mpjob validate`) instead of refusing the value."""
     text = value.strip()
-    steps = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
+    steps = formats.whole_number(text, digits=9)
     if steps is None or not 1 <= steps <= MAX_PROFILE_STEPS:
         raise BadProfileRequest(f"{value[:32]!r} is not allowed: a whole number of steps from 1 to {MAX_PROFILE_STEPS}")
     return steps

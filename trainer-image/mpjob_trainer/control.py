@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from mpjob_contract import http_serving
+from mpjob_contract.formats import whole_number
 from mpjob_contract.tracking import PROFILE_PATH, ProfileAnswer
 from mpjob_trainer.errors import ConfigError
 
@@ -30,7 +31,7 @@ Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 def _number(query: dict[str, list[str]], name: str) -> int | None:
     values = query.get(name) or [""]
     text = values[0]
-    return int(text) if text.isdigit() and len(text) <= 9 else None
+    return whole_number(text, digits=9)
 
 
 def _plain(start: Callable[..., Any], status: str, text: str, *headers: tuple[str, str]) -> list[bytes]:
@@ -82,8 +83,8 @@ def port_setting(variable: str, raw: str) -> int | None:
     """The port `variable` (set to `raw`) asks for: None for none (NO_PORT), 0 for any free one."""
     if raw.strip().lower() in NO_PORT:
         return None
-    port = int(raw) if raw.strip().isdigit() else -1
-    if not 0 <= port <= 65535:
+    port = whole_number(raw.strip(), digits=5)
+    if port is None or not 0 <= port <= 65535:
         raise ConfigError(
             f"{variable}={raw!r}: not a port the trainer can serve metrics on: an integer port from 0 to 65535 "
             "(0: any free port), or off (also none, -1 or empty: serve no metrics)"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpjob.controller.records import Key
+from mpjob_contract.formats import whole_number
 
 Body = dict[str, Any]
 
@@ -44,7 +45,7 @@ class Held:
 def version_of(body: Body) -> int | None:
     """A body's resourceVersion as a number (the API server's are etcd revisions), or None."""
     version = (body.get("metadata") or {}).get("resourceVersion")
-    return int(version) if isinstance(version, str) and version.isdigit() else None
+    return whole_number(version, digits=19) if isinstance(version, str) else None
 
 
 def adopt(body: Body, written: Body | None) -> None:

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 from mpjob.builders.attempt import TRAINER_COMMAND
 from mpjob.builders.network_policy import MetricsReaders
 from mpjob.planning.backoff import BASE_SECONDS, ENV_BASE, backoff_base
+from mpjob_contract.formats import whole_number
 
 ENV_TRAINER_IMAGE = "MPJOB_TRAINER_IMAGE"
 ENV_TRAINER_COMMAND = "MPJOB_TRAINER_COMMAND"
@@ -96,9 +97,10 @@ def _positive(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    count = whole_number(text)
+    if count is None or count < 1:
         raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
-    return int(text)
+    return count
 
 
 def _backoff(text: str) -> float:

@@ -23,6 +23,7 @@ from mpjob.controller.capacity import requested_gpus
 from mpjob.controller.ownership import Malformed, ObjectRef, controller_of, owner_ref
 from mpjob.planning.reconcile import PodView
 from mpjob_contract import api
+from mpjob_contract.formats import whole_number
 
 Key = tuple[str, str]  # (namespace, MixedPrecisionJob name)
 
@@ -118,7 +119,7 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
 
 def _generation(said: object) -> int | None:
     """An annotation's generation, where it is one (anybody may edit a Job's annotations)."""
-    return int(said) if isinstance(said, str) and said.isascii() and said.isdigit() and len(said) < 19 else None
+    return whole_number(said) if isinstance(said, str) else None
 
 
 def _attempt_of(name: str, owner: str) -> int:
@@ -130,7 +131,7 @@ def _attempt_of(name: str, owner: str) -> int:
 def attempt_named(name: str, owner: str) -> int | None:
     """The attempt of the MixedPrecisionJob `owner` whose Job is named `name` (`<job>-a<N>`), if any."""
     suffix = name.removeprefix(f"{owner}-a")
-    if suffix == name or not suffix.isdigit() or attempt_name(owner, int(suffix)) != name:
+    if suffix == name or (index := whole_number(suffix)) is None or attempt_name(owner, index) != name:
         return None
     return int(suffix)
 
@@ -212,8 +213,8 @@ def completion_index(meta: dict[str, Any]) -> int:
     """The pod's index in its Indexed Job: the Job controller's annotation, else its label."""
     for source in ("annotations", "labels"):
         value = (meta.get(source) or {}).get(COMPLETION_INDEX)
-        if isinstance(value, str) and value.isdigit():
-            return int(value)
+        if isinstance(value, str) and (index := whole_number(value)) is not None:
+            return index
     raise Malformed(f"{COMPLETION_INDEX} is missing or not a number")
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import socket
 import time
 
+from mpjob_contract.formats import whole_number
+
 #: Bytes of headers read before the body; the trainer sends a few hundred.
 HEAD_LIMIT = 16 * 1024
 RECEIVE = 64 * 1024
@@ -76,13 +78,6 @@ def _receive(sock: socket.socket, *, end: float, limit: int) -> bytes:
         chunks.append(chunk)
 
 
-def _length(value: str) -> int | None:
-    """A Content-Length's bytes; None when it is not one: ASCII digits only (`str.isdigit` takes
-    latin-1's superscripts, which int() refuses) and no longer than any real length (int() refuses
-    past 4300 digits), so the pod's header never raises anything but ScrapeError."""
-    return int(value) if value.isascii() and value.isdigit() and len(value) <= 19 else None
-
-
 def _body(data: bytes, *, max_bytes: int) -> str:
     """The body of a complete HTTP response, when it is a 200 with an identity body."""
     head, sep, body = data.partition(b"\r\n\r\n")
@@ -96,7 +91,7 @@ def _body(data: bytes, *, max_bytes: int) -> str:
     if headers.get("transfer-encoding", "identity").lower() != "identity" or headers.get("content-encoding"):
         raise ScrapeError("an encoded body (only identity is read)")
     length = headers.get("content-length")
-    if length is not None and _length(length) != len(body):
+    if length is not None and whole_number(length, digits=19) != len(body):  # only ScrapeError: ASCII digits
         raise ScrapeError(f"body of {len(body)} bytes, Content-Length {length[:20]}")
     if len(body) > max_bytes:
         raise ScrapeError(f"body larger than {max_bytes} bytes")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 from mpjob_contract.environment import LAUNCH_ENV, TERMINATION_LOG_ENV
+from mpjob_contract.formats import whole_number
 
 if TYPE_CHECKING:
     from mpjob_contract.api import MixedPrecisionJobSpec
@@ -193,7 +194,7 @@ def _processes(spec: MixedPrecisionJobSpec) -> int:
 
 def _master_port(env: Mapping[str, str]) -> str:
     port = env.get("MASTER_PORT", "").strip() or DEFAULT_MASTER_PORT
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not 0 < (whole_number(port, digits=5) or 0) < 65536:
         raise LaunchConfigError(f"$MASTER_PORT={port!r} is not a TCP port")
     return port
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mpjob_contract.formats import whole_number
 from mpjob_trainer.tracking.records import (
     TAG_ATTEMPT,
     TAG_ENDING,
@@ -245,7 +246,7 @@ class MlflowRuns:
         they logged (else their start): no time after it is claimed as theirs."""
         query = f"tags.`{TAG_PARENT}` = '{self.job_run}' and attributes.status = 'RUNNING'"
         for run in self.client.search_runs([self.experiment_id], filter_string=query, max_results=MAX_STALE):
-            if not run.data.tags.get(TAG_ATTEMPT, "").isdigit() or int(run.data.tags[TAG_ATTEMPT]) >= attempt:
+            if (tagged := whole_number(run.data.tags.get(TAG_ATTEMPT, ""))) is None or tagged >= attempt:
                 continue  # this attempt's own run (started again) or a later one's: not ours to end
             points = [m.timestamp for m in self.client.get_metric_history(run.info.run_id, "loss")]
             ended = max(points, default=run.info.start_time)
