@@ -46,6 +46,10 @@ def with_interpreter(argv: list[str], python: str) -> list[str]:
 
 #: The longest the runner's main thread waits for worker 0's next line at a time (`lines`).
 WAKE_SECONDS = 0.5
+#: The most characters of one line held at once (`lines`): a longer one comes in pieces of it, so a
+#: trainer that prints without end (a progress bar's carriage returns, a dump) never fills the
+#: runner's memory. A trainer's event line is a few kilobytes.
+LONGEST_LINE = 1 << 20
 
 
 def lines(stream: IO[str]) -> Iterator[str]:
@@ -53,12 +57,13 @@ def lines(stream: IO[str]) -> Iterator[str]:
     where its Ctrl-C handler runs, waits for each at most WAKE_SECONDS at a time: a signal that
     comes just before a blocking read starts leaves its handler pending until that thread runs
     Python again, and a silent trainer (a hung data loader) kept it waiting, the second Ctrl-C
-    that should kill that trainer unheard, until a line that never came."""
+    that should kill that trainer unheard, until a line that never came. A line longer than
+    LONGEST_LINE comes in pieces, in order."""
     said: queue.SimpleQueue[str] = queue.SimpleQueue()
 
     def read() -> None:
         try:
-            for line in iter(stream.readline, ""):
+            for line in iter(lambda: stream.readline(LONGEST_LINE), ""):
                 said.put(line)
         finally:
             said.put("")  # the end (or a read that failed): the last item

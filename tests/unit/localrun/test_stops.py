@@ -5,6 +5,7 @@ trainers are stood in for by scripted event lines (no process starts)."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import threading
@@ -16,7 +17,7 @@ from mpjob.localrun import stops
 from mpjob.localrun.readings import reached
 from mpjob.localrun.runner import LocalRun
 from mpjob.localrun.stops import CtrlC, Stop
-from mpjob.localrun.workers import WAKE_SECONDS, lines
+from mpjob.localrun.workers import LONGEST_LINE, WAKE_SECONDS, lines
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJob, MixedPrecisionJobStatus
@@ -251,3 +252,12 @@ def test_a_press_caught_while_worker_0_is_silent_is_acted_on_before_its_next_lin
             signal.signal(signal.SIGUSR1, previous)
             os.close(write)
         assert [first, *said] == ["after the press\n"]  # said until the pipe's end (its reader is done)
+
+
+def test_a_line_without_end_comes_in_bounded_pieces_in_order() -> None:
+    """A trainer that prints without a newline (a dump, a progress bar's carriage returns) never has
+    the runner hold more than LONGEST_LINE of it: the pieces come as they are read, in order."""
+    endless = "x" * (2 * LONGEST_LINE + 5)
+    pieces = list(lines(io.StringIO(endless + "\n" + '{"event": "step"}\n')))
+    assert [len(p) for p in pieces] == [LONGEST_LINE, LONGEST_LINE, 6, 18]
+    assert "".join(pieces) == endless + "\n" + '{"event": "step"}\n'
