@@ -23,11 +23,11 @@ from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
 from mpjob.planning.plan import Plan, When
-from mpjob.planning.planner import Finish, first_attempt
+from mpjob.planning.planner import Finish, StartAttempt, first_attempt
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_with_pods
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running, settle
-from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, processes_per_worker
 from mpjob_contract.codes import Reason
 from mpjob_contract.report import InPlaceChange
 from mpjob_contract.spec_warnings import spec_warnings
@@ -255,7 +255,9 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
     ran, kept = status.phase == "Running", spec.checkpoint.outlives_pods
     if ran and not kept:
         started_over(status, current)  # its new pods start at 0: what the old ones wrote went with them
-    plan.create.append(lc.again(spec, status, current, index=current.index, start_step=current.start_step))
+    start = lc.again(spec, status, current, index=current.index, start_step=current.start_step)
+    _remade_size(status, spec, current, start)
+    plan.create.append(start)
     if ran:
         message = f"attempt {current.index}'s Job was deleted while it ran: created again, in the same attempt"
         message += " (uncharged), " + ("to resume from its newest checkpoint" if kept else POD_CHECKPOINTS)
@@ -265,3 +267,14 @@ def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobVie
         status.phase = "Pending"
         if kept:
             current.start_step_reported = True  # it began where it says: the new pods resume further on
+
+
+def _remade_size(
+    status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, entry: AttemptStatus, start: StartAttempt
+) -> None:
+    """The attempt's record as its Job made again runs: its processes and split, the job's workers.
+    An edit since its first Job (gpusPerWorker, as PodsScheduled asks; workers under fsdp) changes
+    them, and what counts its pods (`workers_of`: a stall, the pods made, an ending) reads them."""
+    workers = start.workers or spec.workers
+    entry.world_size, status.workers = workers * processes_per_worker(spec), workers
+    entry.micro_batch, entry.grad_accumulation = start.micro_batch, start.grad_accumulation

@@ -69,6 +69,25 @@ def test_a_held_attempt_s_job_made_from_an_older_spec_is_made_again_from_the_edi
     assert len(again.status.attempts) == 1 and again.status.attempt_counts.charged == 0
 
 
+def test_an_attempt_made_again_with_fewer_processes_records_them_and_is_judged_by_them() -> None:
+    """An edit of resources.gpusPerWorker (as the PodsScheduled condition asks) changes the processes
+    of each worker: the Job made again runs that many. Before, the attempt kept the world size of
+    its first Job (16 processes where 1 runs), and the operator, waiting for 16 pods to start, never
+    judged it Stalled however long its step stood still."""
+    edited = spec(1).model_copy(
+        update={"run_policy": spec(1).run_policy.model_copy(update={"progress_deadline_seconds": 60})}
+    )
+    status = reconcile(spec(16), started(), 1, unschedulable(1), T0).status
+    status = reconcile(edited, status, 2, unschedulable(1), T0 + timedelta(seconds=5)).status
+    again = reconcile(edited, status, 2, {}, T0 + timedelta(seconds=6))
+    (attempt,) = again.status.attempts
+    assert (attempt.world_size, again.status.workers) == (1, 1)
+    attempt.progress_time = "2026-11-22T12:00:10Z"
+    runs = PodView("j-a0-0-y", 0, "Running", alive=True, started_at="2026-11-22T12:00:10Z")
+    stood = reconcile(edited, again.status, 2, {0: JobView(0, pods=(runs,), generation=2)}, T0 + timedelta(seconds=200))
+    assert stood.status.attempts[0].reason == "Stalled", stood.status.attempts[0]
+
+
 @pytest.mark.parametrize(
     ("generation", "jobs"),
     [
