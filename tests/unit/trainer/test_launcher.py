@@ -218,6 +218,14 @@ def attempt_json(**over: Any) -> str:
     return json.dumps({"jobName": "t", "precision": "fp32", "spec": spec(**over)})
 
 
+def test_the_plan_falls_back_to_the_workers_of_an_attempt_run_smaller_than_the_spec() -> None:
+    """An elastic attempt shrunk to 2 of the spec's 4 workers: its ranks meet 2 pods' worth, not 4."""
+    shrunk = json.loads(attempt_json(workers=4, elastic={"minWorkers": 2}, training={"batchSize": 8}))
+    shrunk.update(workers=2, microBatch=8, gradAccumulation=2)
+    plan = parse_plan(["--", "train"], {"MPJOB_LAUNCH": json.dumps(shrunk), "JOB_COMPLETION_INDEX": "1"})
+    assert (plan.workers, plan.worker_index, plan.world_size) == (2, 1, 2)
+
+
 def test_the_plan_falls_back_to_the_attempt_and_the_job_completion_index() -> None:
     env = {
         "MPJOB_LAUNCH": attempt_json(workers=3, resources={"gpusPerWorker": 0, "processesPerWorker": 2}),

@@ -19,7 +19,7 @@ from mpjob_contract.environment import LAUNCH_ENV, TERMINATION_LOG_ENV
 from mpjob_contract.formats import whole_number
 
 if TYPE_CHECKING:
-    from mpjob_contract.api import MixedPrecisionJobSpec
+    from mpjob_contract.launch import AttemptLaunch
 
 PROCESSES_ENV = "MPJOB_PROCESSES_PER_WORKER"
 WORKERS_ENV = "MPJOB_WORKERS"
@@ -122,28 +122,28 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv[:cut]), list(argv[cut + 1 :])
 
 
-class _AttemptSpec:
-    """The spec in MPJOB_LAUNCH, parsed only when a setting falls back to it."""
+class _Attempt:
+    """The attempt in MPJOB_LAUNCH, parsed only when a setting falls back to it."""
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self._spec: MixedPrecisionJobSpec | None = None
+        self._launch: AttemptLaunch | None = None
 
-    def get(self, flag: str) -> MixedPrecisionJobSpec | None:
-        if self.text and self._spec is None:
+    def get(self, flag: str) -> AttemptLaunch | None:
+        if self.text and self._launch is None:
             from pydantic import ValidationError  # only here: the start path stays light
 
             from mpjob_contract.launch import AttemptLaunch
 
             try:
-                self._spec = AttemptLaunch.model_validate_json(self.text).spec
+                self._launch = AttemptLaunch.model_validate_json(self.text)
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(p) for p in first["loc"]) or "(top)"
                 raise LaunchConfigError(
                     f"{flag}: ${LAUNCH_ENV} is not a valid attempt: {where}: {first['msg']}"
                 ) from None
-        return self._spec
+        return self._launch
 
 
 class _Setting(NamedTuple):
@@ -160,7 +160,7 @@ class _Sources(NamedTuple):
     """Where settings come from, in order: flag, environment variable, MPJOB_LAUNCH, default."""
 
     env: Mapping[str, str]
-    attempt: _AttemptSpec
+    attempt: _Attempt
 
     def setting(
         self,
@@ -169,7 +169,7 @@ class _Sources(NamedTuple):
         name: str,
         kind: Callable[[str], float],
         default: float,
-        from_spec: Callable[[MixedPrecisionJobSpec], int] | None = None,
+        from_launch: Callable[[AttemptLaunch], int] | None = None,
     ) -> _Setting:
         if given is not None:
             return _Setting(flag, given, flag)
@@ -180,16 +180,21 @@ class _Sources(NamedTuple):
             except ValueError:
                 noun = "an integer" if kind is int else "a number"
                 raise LaunchConfigError(f"{flag}: ${name}={text!r} is not {noun}") from None
-        spec = self.attempt.get(flag) if from_spec is not None else None
-        if spec is not None and from_spec is not None:
-            return _Setting(flag, from_spec(spec), f"${LAUNCH_ENV}")
+        launch = self.attempt.get(flag) if from_launch is not None else None
+        if launch is not None and from_launch is not None:
+            return _Setting(flag, from_launch(launch), f"${LAUNCH_ENV}")
         return _Setting(flag, default, "default")
 
 
-def _processes(spec: MixedPrecisionJobSpec) -> int:
+def _processes(launch: AttemptLaunch) -> int:
     from mpjob_contract.api import processes_per_worker  # pydantic: only when the spec is read
 
-    return processes_per_worker(spec)
+    return processes_per_worker(launch.spec)
+
+
+def _workers(launch: AttemptLaunch) -> int:
+    """The attempt's workers: fewer than spec.workers when spec.elastic runs it smaller."""
+    return launch.workers or launch.spec.workers
 
 
 def _master_port(env: Mapping[str, str]) -> str:
@@ -209,9 +214,9 @@ def parse_plan(argv: Sequence[str], env: Mapping[str, str]) -> LaunchPlan:
     flags, command = _split_command(argv)
     args = _parser().parse_args(flags)
     _check(bool(command), "no command: put the training command after --, e.g. mpjob-launch -- mpjob-trainer")
-    sources = _Sources(env, _AttemptSpec(env.get(LAUNCH_ENV, "")))
+    sources = _Sources(env, _Attempt(env.get(LAUNCH_ENV, "")))
     nproc = sources.setting("--nproc-per-worker", args.nproc_per_worker, PROCESSES_ENV, int, 1, _processes)
-    workers = sources.setting("--workers", args.workers, WORKERS_ENV, int, 1, lambda spec: spec.workers)
+    workers = sources.setting("--workers", args.workers, WORKERS_ENV, int, 1, _workers)
     index = sources.setting("--worker-index", args.worker_index, INDEX_ENV, int, 0)
     grace = sources.setting("--grace-seconds", args.grace_seconds, GRACE_ENV, float, DEFAULT_GRACE_SECONDS)
     _check(nproc.value >= 1, f"--nproc-per-worker must be at least 1, got {nproc.said()}")
