@@ -16,6 +16,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from mpjob.localrun.jsonlines import json_line
 from mpjob.localrun.series import Point
@@ -97,10 +98,15 @@ class RichView:
         )
         self.progress.start()
 
+    def _say(self, text: str | Text, *, highlight: bool = True) -> None:
+        """A line as written, never read as rich markup: a trainer's message quotes brackets
+        (torch.distributed's `[rank0]:`, a path) that markup would drop, or end the run on."""
+        self.console.print(text, markup=False, highlight=highlight)
+
     def attempt_started(self, attempt: int, precision: str, start_step: int, resumed: str | None) -> None:
         self.progress.reset(self.task, completed=start_step)
         self.progress.update(self.task, precision=precision, attempt=attempt)
-        self.console.print(started_line(attempt, precision, start_step, resumed), highlight=False)
+        self._say(started_line(attempt, precision, start_step, resumed), highlight=False)
 
     def step(self, point: Point) -> None:
         self.progress.update(
@@ -112,14 +118,14 @@ class RichView:
         )
 
     def attempt_ended(self, attempt: int, precision: str, reason: str, message: str) -> None:
-        self.console.print(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
+        self._say(f"attempt {attempt} ({precision}) ended: {reason}" + (f": {message}" if message else ""))
 
     def fallback(self, from_precision: str, to_precision: str, step: int, reason: str) -> None:
         line = change_line(from_precision, to_precision, step, reason)
-        self.console.print(f"[bold yellow]{_change(reason)}[/]{line.removeprefix(_change(reason))}", highlight=False)
+        self._say(Text.assemble((_change(reason), "bold yellow"), line.removeprefix(_change(reason))), highlight=False)
 
     def info(self, text: str, **fields: Any) -> None:
-        self.console.print(text)
+        self._say(text)
 
     def close(self) -> None:
         self.progress.stop()

@@ -56,3 +56,27 @@ def test_an_attempt_start_says_its_start_step_on_a_terminal_as_in_plain_lines(
     view.attempt_started(0, "fp16", start, resumed)
     view.close()
     assert said + "\n" in shown.getvalue()
+
+
+#: What a trainer's message may quote: torch.distributed's stderr prefix, the launcher's own
+#: bracketed ending, a script's exception naming a path in brackets.
+QUOTED = (
+    "local rank 0 (rank 0) exited 1 without a termination report; its stderr ended: | "
+    "[rank0]: FileNotFoundError: no shards in [/data/train] [rank 0 exited 1, rank 1 exited 1]"
+)
+
+
+def test_a_terminal_shows_a_trainers_message_as_written_not_as_markup() -> None:
+    """On a terminal an ended attempt's message and the summary were read as rich markup: the
+    bracketed parts that look like tags (`[rank0]:`, the ranks' exit codes) were left out, and a
+    path in brackets (`[/data/train]`, a closing tag) ended `mpjob run` with a MarkupError."""
+    shown = io.StringIO()
+    view = RichView(300, Console(file=shown, width=1000, color_system=None))
+    view.attempt_started(1, "bf16", 40, "runs/[exp]/checkpoints/step-000000040")
+    view.attempt_ended(0, "fp16", "InfraError", QUOTED)
+    view.info(f"job: Failed\n  attempt 0: fp16 steps 0-0 InfraError ({QUOTED})")
+    view.close()
+    text = shown.getvalue()
+    assert "attempt 1: bf16, start step 40, resuming from runs/[exp]/checkpoints/step-000000040\n" in text
+    assert f"attempt 0 (fp16) ended: InfraError: {QUOTED}\n" in text
+    assert f"  attempt 0: fp16 steps 0-0 InfraError ({QUOTED})\n" in text
