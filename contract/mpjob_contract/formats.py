@@ -157,6 +157,21 @@ _BY_PATTERN = {fmt.pattern: fmt for fmt in _ALL}
 assert len(_BY_PATTERN) == len(_ALL), "each format its own pattern: the words are found by it"
 
 
+#: YAML 1.1, which kubectl and PyYAML read, takes these words unquoted as booleans.
+YAML_BOOLEANS = "YAML reads an unquoted on, off, yes, no, y, n, true or false as a boolean"
+
+
+def quoting_hint(value: object) -> str:
+    """What YAML made of an unquoted value given where a string belongs, and how to write it
+    (" (...: put it in quotes ...)"; "" when it is no boolean or number): the spec's fields and
+    the template's pod fields say it alike."""
+    if isinstance(value, bool):
+        return f" ({YAML_BOOLEANS}: put the value in quotes)"
+    if isinstance(value, int | float):
+        return f' (YAML read it as the number {value}: put it in quotes, "{value}")'
+    return ""
+
+
 def allowed_by(pattern: str | None) -> str | None:
     """What a pattern of the API allows, in words (None: not one of the API's formats)."""
     fmt = _BY_PATTERN.get(pattern or "")

@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any
 
 from mpjob.crd import openapi_schema
-from mpjob_contract import k8s
+from mpjob_contract import formats, k8s
 
 #: Spec fields whose schema is Kubernetes' own (k8s.check types them).
 KUBERNETES_TYPED = frozenset({"template", "emptyDir"})
@@ -23,7 +23,7 @@ KUBERNETES_TYPED = frozenset({"template", "emptyDir"})
 MAX_EXACT_INTEGER = 2**53
 NOT_FINITE = "must be a finite number: JSON, which kubectl sends, has no .inf or .nan"
 QUOTED = "write it without quotes"
-BOOLEAN = "YAML reads an unquoted on, off, yes, no, y, n, true or false as a boolean"
+BOOLEAN = formats.YAML_BOOLEANS
 
 
 @cache

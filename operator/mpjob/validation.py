@@ -20,9 +20,10 @@ from pydantic import ValidationError
 
 from mpjob import structural
 from mpjob.kinds import Skipped, other_kind
-from mpjob.wording import YAML_BOOLEANS, message
+from mpjob.wording import message
 from mpjob_contract import k8s
 from mpjob_contract.api import API_VERSION, KIND, MixedPrecisionJob
+from mpjob_contract.formats import YAML_BOOLEANS
 from mpjob_contract.tracking import PROFILE_ANNOTATION, BadProfileRequest, profile_steps
 
 #: Far above any real MixedPrecisionJob, below what the API server takes (3 MiB, etcd 1.5 MiB).

@@ -20,8 +20,6 @@ from mpjob_contract import formats
 from mpjob_contract.api import MixedPrecisionJob
 from mpjob_contract.spelling import did_you_mean, key
 
-#: YAML 1.1, which kubectl and PyYAML read, takes these words unquoted as booleans.
-YAML_BOOLEANS = "YAML reads an unquoted on, off, yes, no, y, n, true or false as a boolean"
 #: An unknown field with no close name lists the allowed ones when there are at most this many.
 MAX_LISTED = 16
 _BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
@@ -73,10 +71,8 @@ def _shape(kind: str, loc: tuple[Any, ...]) -> str:
 def _scalar_hint(error: Any) -> str:
     """What YAML did to a value that should have been a string ("" when it did nothing)."""
     value, kind = error.get("input"), error["type"]
-    if isinstance(value, bool) and kind in ("string_type", "literal_error", "enum"):
-        return f" ({YAML_BOOLEANS}: put the value in quotes)"
-    if isinstance(value, int | float) and kind == "string_type":
-        return f' (YAML read it as the number {value}: put it in quotes, "{value}")'
+    if kind == "string_type" or (isinstance(value, bool) and kind in ("literal_error", "enum")):
+        return formats.quoting_hint(value)
     return ""
 
 

@@ -107,7 +107,8 @@ def _wrong_type(value: Any, schema: dict[str, Any]) -> str | None:
         return None if ok else f"must be an integer or a string, got {_kind(value)}"
     expected = schema.get("type")
     if expected and not _TYPES[expected](value):
-        return f"must be {_ARTICLE.get(expected, 'a')} {expected}, got {_kind(value)}"
+        hint = formats.quoting_hint(value) if expected == "string" else ""
+        return f"must be {_ARTICLE.get(expected, 'a')} {expected}, got {_kind(value)}{hint}"
     return None
 
 

@@ -31,12 +31,17 @@ HEAD = "apiVersion: mpjob.dev/v1alpha1\nkind: MixedPrecisionJob\nmetadata: {name
          ["got False", "unquoted on, off", "put the value in quotes"]),
         ("  resources: {minComputeCapability: 8.0}\n", "spec.resources.minComputeCapability",
          ['the number 8.0: put it in quotes, "8.0"']),
+        ("  template: {nodeSelector: {gpu: yes}}\n", "spec.template.nodeSelector[gpu]",
+         ["got a boolean", "unquoted on, off", "put the value in quotes"]),
+        ("  template: {env: [{name: OMP_NUM_THREADS, value: 4}]}\n", "spec.template.env[0].value",
+         ['the number 4: put it in quotes, "4"']),
     ],
-    ids=["on-as-a-key", "off-as-a-value", "a-number-for-a-string"],
+    ids=["on-as-a-key", "off-as-a-value", "a-number-for-a-string", "yes-in-the-template", "a-number-in-the-template"],
 )  # fmt: skip
 def test_what_yaml_made_of_an_unquoted_word_is_said(spec: str, field: str, needles: list[str]) -> None:
     """YAML 1.1 (kubectl's reader too) takes on/off/yes/no as booleans and 8.0 as a number: the
-    message names the field and says how to write it."""
+    message names the field and says how to write it, in the template's pod fields too (an env
+    value of 4 was "must be a string, got an integer", with neither the value nor the fix)."""
     jobs, problems = check_text(HEAD + spec)
     assert not jobs and [p.field for p in problems] == [field]
     assert all(needle in problems[0].message for needle in needles), problems[0].message
