@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from mpjob.builders.attempt import RENDEZVOUS_PORT, attempt_job
+from mpjob.controller.config import DEFAULT_TRAINER_IMAGE
 from mpjob.planning.planner import first_attempt
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.metrics import DEFAULT_METRICS_PORT
@@ -220,3 +221,14 @@ def test_trainer_image_can_compile_as_its_user() -> None:
     assert f"chown {uid} {home.group(1)}" in runs
     for cache in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
         assert re.search(rf"\b{cache}={re.escape(home.group(1))}/", env), cache
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("examples/*/Dockerfile")), ids=lambda p: str(p.relative_to(REPO)))
+def test_an_examples_image_builds_on_the_trainer_image_its_builder_names(path: Path) -> None:
+    """The walkthrough builds the trainer image under the user's registry: an example's image,
+    built on a bare `mpjob-trainer` name, found no such image. Its base is an ARG whose default
+    is the operator's default trainer image, and its build line says how to name another."""
+    (stage,) = parse(path)
+    assert stage.base == DEFAULT_TRAINER_IMAGE
+    assert re.search(r"^FROM \$\{TRAINER_IMAGE\}$", path.read_text(), re.MULTILINE), "the base is not the ARG"
+    assert "--build-arg TRAINER_IMAGE=" in path.read_text()
