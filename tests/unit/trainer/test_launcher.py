@@ -162,6 +162,19 @@ FOLDS = {
     "a rank's own report of the session's crash is kept": Fold(
         [ending(0, 1, "InfraError", "oom")], 1, "InfraError", "oom"
     ),
+    # an abort in the interpreter's teardown after the session failed (a native thread left running)
+    "a crash its session reported, then an abort at exit": Fold(
+        [ending(0, -6, "InfraError", "the script exited with code 44")],
+        1,
+        "InfraError",
+        "the script exited with code 44",
+    ),
+    "a success its session reported, then an abort at exit": Fold(
+        [ending(0, -6, "Succeeded", "trained 30 steps")],
+        1,
+        "InfraError",
+        "killed by SIGABRT (its report said Succeeded)",
+    ),
     "a single rank's report passes through as it is": Fold(
         [ending(0, 42, "NumericFault", "nan storm", ckpt=5)], 42, "NumericFault", "nan storm", checkpoint=5
     ),

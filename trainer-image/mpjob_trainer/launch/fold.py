@@ -93,6 +93,16 @@ class RankEnding:
         return self.stopped and self.returncode == -signal.SIGTERM and self.report is not None
 
     @property
+    def failed_then_killed(self) -> bool:
+        """A signal killed a rank whose session had already ended in a failure of its own: its
+        report, written last in the session's close, says InfraError (the script raised or exited
+        itself), and the process died after it, in the interpreter's teardown (an abort from a
+        native thread left running, a kill). The report tells the failure; the signal only how
+        the process went after it, and named in its place it made two attempts that failed alike
+        read as different failures (runPolicy's same-step rule)."""
+        return self.returncode < 0 and self.report is not None and self.report.reason == Reason.INFRA_ERROR
+
+    @property
     def stopped_before_training(self) -> bool:
         """The launcher passed a SIGTERM on and it killed the rank without a report: SIGTERM
         ends a rank by default until its session catches it, and again while it waits for its
@@ -122,7 +132,8 @@ class RankEnding:
     @property
     def own_report(self) -> TerminationReport | None:
         """The rank's report when it tells the same story as its exit code; None otherwise."""
-        if self.report is None or not (self.reported_then_stopped or agrees(self.report.reason, self.returncode)):
+        told = self.reported_then_stopped or self.failed_then_killed
+        if self.report is None or not (told or agrees(self.report.reason, self.returncode)):
             return None
         return self.report
 
