@@ -16,7 +16,7 @@ from mpjob.planning.endings import JobView
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
 from mpjob.planning.status import ConditionReason, ConditionType
-from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobSpec
 from mpjob_contract.codes import Reason
 
 
@@ -83,7 +83,8 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
     previous = status.attempts[-2] if len(status.attempts) > 1 else None
     reason, message = ConditionReason.AWAITING_ADMISSION, f"attempt {current.index} waits for its queue to admit it"
     over = f"starts again in {current.precision}, {POD_CHECKPOINTS}"
-    if status.phase == "Running" or was == ConditionReason.AWAITING_READMISSION:
+    readmission = was == ConditionReason.AWAITING_READMISSION and not _waits_since_begun(current, previous, running)
+    if status.phase == "Running" or readmission:
         step = status.last_checkpoint.step if status.last_checkpoint else current.start_step
         reason = ConditionReason.AWAITING_READMISSION
         goes_on = f"resumes in {current.precision} from the newest checkpoint (step {step} when last seen)"
@@ -107,6 +108,17 @@ def _awaiting_admission(plan: Plan, when: When, *, queue_message: str | None = N
             started_over(status, current)  # once readmitted, its pods are made anew
         status.phase = "Pending"
         lc.condition(plan, when, ConditionType.RUNNING, False, reason, message)
+
+
+def _waits_since_begun(current: AttemptStatus, previous: AttemptStatus | None, running: Condition | None) -> bool:
+    """Whether the `current` attempt has waited for its queue since it began, its predecessor
+    preempted: it never ran, so its Running condition has not turned since it began (True while
+    its pods ran, then False once its own Job was preempted). It is not said preempted itself, by
+    the reconcile that said it waits nor by any after it (each reads that AwaitingReadmission)."""
+    if previous is None or previous.reason != Reason.PREEMPTED.value or running is None:
+        return False
+    turned, began = st.moment(running.last_transition_time), st.moment(current.start_time)
+    return turned is not None and began is not None and turned <= began
 
 
 def _pods_refused(

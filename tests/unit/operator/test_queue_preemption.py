@@ -111,6 +111,43 @@ def test_the_next_attempt_waits_for_readmission_in_the_same_precision_from_the_c
     assert not any(c.type == "PrecisionFallback" for c in waiting.conditions)
 
 
+def test_the_next_attempt_waiting_for_readmission_is_never_said_preempted_itself() -> None:
+    """The next reconcile (a tick, any event, an operator that restarted) of a job whose new
+    attempt waits in its queue read its own AwaitingReadmission and said that attempt, never
+    admitted, was preempted, and resumes from the newest checkpoint as last seen."""
+    status = reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+    status = running(status, T0 + timedelta(seconds=5))
+    status = preempt(status, T0 + timedelta(seconds=10), pods=(preempted_pod(30),))
+    queued = {1: JobView(1, suspended=True)}
+    waiting = reconcile(spec(), status, 1, queued, T0 + timedelta(seconds=11)).status
+    again = reconcile(spec(), waiting, 1, queued, T0 + timedelta(seconds=41))
+    said, now = (next(c for c in s.conditions if c.type == "Running") for s in (waiting, again.status))
+    assert now.message == said.message and now.message.startswith("attempt 0 was preempted by its queue; attempt 1")
+    assert again.status == waiting and again.told == []
+
+
+def test_an_attempt_preempted_after_its_predecessors_preemption_is_said_preempted_itself() -> None:
+    status = reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+    status = running(status, T0 + timedelta(seconds=5))
+    status = preempt(status, T0 + timedelta(seconds=10), pods=(preempted_pod(30),))
+    status = running(status, T0 + timedelta(seconds=20))  # attempt 1 admitted: it runs
+    queued = {1: JobView(1, suspended=True)}  # and its queue preempts it in turn
+    waiting = reconcile(spec(), status, 1, queued, T0 + timedelta(seconds=30)).status
+    again = reconcile(spec(), waiting, 1, queued, T0 + timedelta(seconds=60)).status
+    for seen in (waiting, again):
+        cond = next(c for c in seen.conditions if c.type == "Running")
+        assert cond.message.startswith("attempt 1 was preempted by its queue (its Job was suspended)")
+    assert again == waiting
+
+
+def test_an_attempt_preempted_in_the_second_it_began_is_still_said_preempted_itself() -> None:
+    status = reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, T0).status
+    status = running(status, T0)
+    queued = {0: JobView(0, suspended=True)}
+    waiting = reconcile(spec(), status, 1, queued, T0).status
+    assert reconcile(spec(), waiting, 1, queued, T0 + timedelta(seconds=30)).status == waiting
+
+
 def test_preemptions_never_exhaust_the_attempt_budget() -> None:
     status = reconcile(spec(max_attempts=2), MixedPrecisionJobStatus(), 1, {}, T0).status
     now = T0
