@@ -67,7 +67,8 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     unseen = without_progress(status, index, report)
     if not unseen:  # else the launcher's zeros: the live reading stands
         status.step = report.step
-        counts(status, report)
+        if newest(status, index):
+            counts(status, report)
     for attempt in status.attempts:
         if attempt.index == index and report.start_step is not None and not attempt.start_step_reported:
             attempt.start_step = report.start_step  # where it began, not the plan (a read may have said so)
@@ -78,6 +79,13 @@ def record_report(status: MixedPrecisionJobStatus, index: int, report: Terminati
     timeline.reported(status, index, report.loss_scales)
     round_figures(status)
     return ended_at(status, index, report) if unseen else report.step
+
+
+def newest(status: MixedPrecisionJobStatus, index: int) -> bool:
+    """Whether attempt `index` is the newest begun. An earlier one's report (`cutoff.heard`, read
+    while the attempt after it waits for its Job, by every reconcile until then) tells no live
+    figures: they are the newest attempt's own, none until its first reading (`begin_attempt`)."""
+    return not status.attempts or status.attempts[-1].index <= index
 
 
 def counts(status: MixedPrecisionJobStatus, report: TerminationReport) -> None:

@@ -4,6 +4,7 @@ instead of waiting out their own grace period; a stop the ranks agreed on is nev
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.reconcile import reconcile
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode, Reason
-from mpjob_contract.report import CheckpointRef, TerminationReport
+from mpjob_contract.report import CheckpointRef, Counters, TerminationReport
 from tests.unit.operator.test_cache import pod
 from tests.unit.operator.test_lost_nodes import nodes, running
 
@@ -183,6 +184,28 @@ def test_a_suspended_attempt_ends_where_its_trainer_stopped_and_the_next_resumes
     again = reconcile(suspended, resumed.status, 3, {1: JobView(1)}, NOW + timedelta(seconds=2)).status
     assert [(a.start_step, a.end_step) for a in again.attempts] == [(0, 87), (87, 87)]
     assert again.cost is not None and again.cost.wasted_steps == 0
+
+
+def test_the_attempt_resumed_after_a_suspension_shows_none_of_the_suspended_ones_figures() -> None:
+    """Live figures are each attempt's own: the resumed attempt has none before its first reading.
+    A reconcile before its Job was made (its create failed, or the operator restarted after
+    writing the status) read the suspended attempt's report again and showed its loss, loss
+    scale and overflow count as the waiting attempt's."""
+    spec, status = running(1)
+    suspended = spec.model_copy(update={"run_policy": spec.run_policy.model_copy(update={"suspend": True})})
+    written = reconcile(suspended, status, 1, {0: JobView(0, pods=(ALIVE,))}, NOW).status
+    counters = Counters(overflowSteps=3, lossScale=1024.0, loss=2.5)
+    said = TerminationReport.model_validate_json(stopped_at(87).pods[0].termination_message or "")
+    said = said.model_copy(update={"precision": "fp16", "counters": counters})
+    gone = {0: JobView(0, pods=(replace(stopped_at(87).pods[0], termination_message=said.to_message()),))}
+    heard = reconcile(suspended, written, 1, {}, NOW, stopped=gone).status
+    assert (heard.loss, heard.loss_scale, heard.overflow_steps) == (2.5, 1024.0, 3)  # the suspended job's last
+    resumed = reconcile(spec, heard, 2, {}, NOW + timedelta(seconds=1), stopped=gone)
+    again = reconcile(spec, resumed.status, 2, {}, NOW + timedelta(seconds=2), stopped=gone)
+    for plan in (resumed, again):
+        assert [c.index for c in plan.create] == [1]
+        assert (plan.status.loss, plan.status.loss_scale, plan.status.overflow_steps) == (None, None, None)
+    assert again.status == resumed.status
 
 
 def test_a_resized_attempt_s_report_moves_the_next_attempt_s_start_until_that_one_has_a_job() -> None:
