@@ -11,6 +11,7 @@ import pytest
 from mpjob_trainer.tracking.mlflow_run import MlflowRuns
 from mpjob_trainer.tracking.records import Point, run_status
 from tests.tracking.mlflow_server import tracking_client
+from tests.unit.trainer.test_tracking_in_place import runs_of, step, tracker_for
 
 pytestmark = pytest.mark.unit
 
@@ -66,3 +67,18 @@ def test_an_attempt_that_died_without_ending_its_run_is_ended_by_the_next(uri: s
     assert status_of(uri, nxt.attempt_run) == "RUNNING" and status_of(uri, nxt.job_run) == "RUNNING"
     nxt.end(status=run_status(0), tags={}, job_done=True)
     assert status_of(uri, killed.attempt_run) == "KILLED"  # the job's end leaves it as it was
+
+
+def test_a_run_stopped_early_by_its_loop_ends_the_job_run_finished(uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop that stops early (`stop_early`, an early-stopping callback) or leaves before
+    spec.training.steps ends the attempt Succeeded, and the job with it: no attempt follows to
+    end the job's run, so this one ends it FINISHED, not left RUNNING."""
+    monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "600")  # close returns once all is sent
+    tracker = tracker_for(uri)
+    step(tracker, 5, "fp16")
+    tracker("done", {"time": 6.0, "step": 5})  # short of STEPS: the training's own stop
+    tracker.close(0)
+
+    job, (only,) = runs_of(uri)
+    assert (only.info.status, only.data.tags["mpjob.ending"]) == ("FINISHED", "Succeeded")
+    assert job.info.status == "FINISHED"

@@ -101,6 +101,8 @@ class RunTracker:
         #: The training thread's close is done: it tells nothing more, the tracking thread tells
         #: its own failures then (a close that timed out leaves it at work).
         self.closed = False
+        #: The session finished (its `done` line): the job succeeded, at spec.training.steps or
+        #: short of them (stop_early, a loop that left), and no attempt follows to end its run.
         self.job_done = False
         #: The attempt the processes train now (the training thread's), and the changes made in
         #: place by the attempt each began: written before any update of that attempt is queued.
@@ -118,8 +120,8 @@ class RunTracker:
         try:
             if self.untold:
                 self._tell()
-            if event == "done":
-                self.job_done = record.get("step") == self.launch.spec.training.steps
+            if event == "done":  # the job's end wherever it stands: spec.training.steps or an early stop
+                self.job_done = True
             if event == "precisionChanged":
                 change = change_for(record)
                 self.changes[change.attempt], self.attempt = change, change.attempt
