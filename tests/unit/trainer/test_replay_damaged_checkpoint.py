@@ -156,6 +156,7 @@ def test_a_fallback_in_place_that_finds_no_good_checkpoint_ends_in_the_precision
     report = _attempt(in_place, tmp_path / "report.json", stop=False)
     assert report.reason == "InfraError" and "step-000000004" in report.message, report.message
     assert report.precision == "fp16" and report.precision_changes == [], report.precision
+    assert (report.counters.overflow_steps, report.counters.non_finite_losses) == (1, 1)  # the fault's
 
 
 def _sharded(launch: AttemptLaunch, report: Path, *, stop: bool) -> TerminationReport:
@@ -197,3 +198,5 @@ def test_a_sharded_model_wrapped_anew_that_finds_no_good_checkpoint_ends_in_the_
     report = _sharded(in_place, tmp_path / "report.json", stop=False)
     assert report.reason == "InfraError" and "step-000000004" in report.message, report.message
     assert (report.precision, report.start_step, report.precision_changes) == ("fp16", STOPPED, []), report
+    # the attempt it trained, counted as it ended: not one begun in bf16 before anything loaded
+    assert (report.counters.overflow_steps, report.counters.non_finite_losses) == (1, 1), report.counters

@@ -111,7 +111,7 @@ class InPlace:
         self.rewraps = False
         #: How the attempt takes another split (session.memory; None: the loop registered no reshape).
         self.resplit: Reshape | None = None
-        #: A change made whose loop has not re-entered yet: told by `reentered`.
+        #: A change made whose loop has not re-entered yet: begun and told by `reentered`.
         self._untold: Callable[[int], None] | None = None
         #: TRAIN as it was before that change (None: it kept its precision): put back if no state loads.
         self._left: Settled | None = None
@@ -162,11 +162,10 @@ class InPlace:
         if target.shape is not None:  # the steps from `start` run again in it
             assert self.resplit is not None  # can() said so
             self.resplit(*target.shape)
-        self._begin(target, start)
         self.splits = []  # planned for the precision it leaves
         self.context.metrics.trip(fault.rule)
         message = f"{fault.rule}: {fault}"  # as the restart path's report words it
-        self._told("fallback", step, start, previous, target.precision, rule=str(fault.rule), message=message,
+        self._told("fallback", step, start, target, previous, target.precision, rule=str(fault.rule), message=message,
                    since=detected, shape=target.shape)  # fmt: skip
         return start
 
@@ -227,9 +226,8 @@ class InPlace:
         if target.shape is not None:
             assert self.resplit is not None  # can_promote() said so
             self.resplit(*target.shape)
-        self._begin(target, step)
         self.targets, self.splits = list(target.in_place_to), []
-        self._told("repromote", step, step, previous, target.precision, rule="repromote", message=str(why),
+        self._told("repromote", step, step, target, previous, target.precision, rule="repromote", message=str(why),
                    since=detected, shape=target.shape)  # fmt: skip
 
     def reentered(self, load: Callable[[], int]) -> int:
@@ -240,21 +238,27 @@ class InPlace:
         ends in the precision it trained in (the switch was made before the loop left, to wrap in it)."""
         left, self._left = self._left, None
         start = self._loaded(left, load)
+        untold, self._untold = self._untold, None
+        if untold is not None:
+            untold(start)
         if start != self.started_at:
             self.context.numerics.guard.restart_at(start)
             self.cadence.trouble(start)
             self.started_at = start
-        untold, self._untold = self._untold, None
-        if untold is not None:
-            untold(start)
         return start
 
-    def _told(self, kind: ChangeKind, step: int, start: int, *args: Any, **kwargs: Any) -> None:
-        """`_tell` now, or once the loop re-entered (from the step it loaded) when the model is wrapped anew."""
+    def _told(self, kind: ChangeKind, step: int, start: int, target: InPlaceTarget, *args: Any, **kwargs: Any) -> None:
+        """`_begin` the attempt in `target` and `_tell` the change now, or both once the loop re-entered (from the
+        step it loaded) when the model is wrapped anew: with none that loads, the attempt ends as it trained."""
+
+        def made(begun: int) -> None:
+            self._begin(target, begun)
+            self._tell(kind, step, begun, *args, **kwargs)
+
         if self.rewraps:
-            self._untold = lambda begun: self._tell(kind, step, begun, *args, **kwargs)
+            self._untold = made
         else:
-            self._tell(kind, step, start, *args, **kwargs)
+            made(start)
 
     def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int) -> None:
         """The processes go on as the next attempt, in `target`, from step `start`: the guard, the
