@@ -10,8 +10,10 @@ checkpoints unreadable without torchao).
 Which linears: not the first and not the last of the model (embedding-side and output
 projections are the most sensitive to fp8's 3-bit mantissa, as torchtitan's filters keep
 them), none whose dimensions fp8 kernels cannot take (not multiples of 16), none that
-precision.fp8.skip names (dotted names or fnmatch patterns). The trainer logs which were
-converted and why the others were not (the `fp8` event).
+precision.fp8.skip names (dotted names or fnmatch patterns), and none of a precision.keepFp32
+type or inside a module of one: keep_fp32 runs those in fp32 as in bf16, which a float8 linear,
+casting its own operands, would not (autocast off changes nothing for it). The trainer logs
+which were converted and why the others were not (the `fp8` event).
 
 Which calls: a converted linear computes in fp8 only when the rows it is given (the tokens of
 the micro-batch: every dimension but the last) are a multiple of 16 too, since its weight
@@ -43,8 +45,9 @@ from torch import nn
 from mpjob_contract.fp8 import FP8_DIM_MULTIPLE, FP8_MIN_CAPABILITY, Fp8Spec, fp8_capable
 from mpjob_trainer.errors import ConfigError
 
-#: Why a linear stayed in bf16 (the `fp8` event's `kept` values).
+#: Why a linear stayed in bf16 (the `fp8` event's `kept` values); KEEP_FP32's runs in fp32.
 FIRST, LAST, DIMS, SKIPPED = "first linear", "last linear", f"dimensions not multiples of {FP8_DIM_MULTIPLE}", "skip"
+KEEP_FP32 = "keepFp32"
 
 
 def capability_of(device: torch.device) -> tuple[int, int] | None:
@@ -73,14 +76,19 @@ def require_fp8_device(spec: Fp8Spec, device: torch.device) -> None:
     )
 
 
-def plan(linears: list[tuple[str, nn.Linear]], skip: Iterable[str]) -> dict[str, str | None]:
-    """Each linear's name -> why it stays in bf16, or None when it is converted."""
-    patterns = list(skip)
+def plan(
+    linears: list[tuple[str, nn.Linear]], skip: Iterable[str], kept_fp32: Iterable[str] = ()
+) -> dict[str, str | None]:
+    """Each linear's name -> why it stays out of fp8, or None when it is converted. `kept_fp32`:
+    the names of the modules keepFp32 runs in fp32 (a linear among them or inside one stays)."""
+    patterns, kept = list(skip), list(kept_fp32)
     last = len(linears) - 1
     verdicts: dict[str, str | None] = {}
     for i, (name, linear) in enumerate(linears):
         why = None
-        if i == 0:
+        if any(name == k or name.startswith(f"{k}.") or not k for k in kept):
+            why = KEEP_FP32
+        elif i == 0:
             why = FIRST
         elif i == last:
             why = LAST
@@ -151,12 +159,13 @@ def torchao_float8() -> Any:
     return float8
 
 
-def convert(model: nn.Module, spec: Fp8Spec) -> Fp8Linears:
+def convert(model: nn.Module, spec: Fp8Spec, keep_fp32: Iterable[str] = ()) -> Fp8Linears:
     """Swap the model's eligible linears for torchao Float8Linear, in place (before compile and
-    wrap), per precision.fp8's recipe, skip list and emulate."""
+    wrap), per precision.fp8's recipe, skip list and emulate, and precision.keepFp32's types."""
     float8 = torchao_float8()
     linears = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear and name]
-    verdicts = plan(linears, spec.skip)
+    types = set(keep_fp32)
+    verdicts = plan(linears, spec.skip, [name for name, m in model.named_modules() if type(m).__name__ in types])
     chosen = {name for name, why in verdicts.items() if why is None}
     config = dataclasses.replace(float8.Float8LinearConfig.from_recipe_name(spec.recipe), emulate=spec.emulate)
     if chosen:

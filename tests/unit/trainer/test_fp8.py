@@ -21,6 +21,7 @@ from mpjob_trainer import float8
 from mpjob_trainer import session as mpjob
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.events import EventLog
+from mpjob_trainer.precision import keep_fp32
 from mpjob_trainer.session.modes import AttemptPrecision, Mode
 from mpjob_trainer.tasks.mlp import make_task
 from tests import warm
@@ -202,6 +203,37 @@ def test_the_fp32_modes_run_the_converted_linears_as_plain_ones() -> None:
     bare = AttemptPrecision("fp8", torch.device("cpu"), spec)
     with pytest.raises(ConfigError, match=r"pass the model to run\.wrap\(model\) .* before the first forward"):
         bare.autocast()
+
+
+class Block(nn.Module):
+    """A module type of the script's own, holding a linear fp8 would take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_linears_a_keep_fp32_module_holds_or_is_stay_out_of_fp8() -> None:
+    """keepFp32 works as in bf16: a kept Block's linear computes in fp32, as it does there, not
+    in fp8 under a wrapper that turns autocast off; a kept Linear is never converted."""
+    spec = PrecisionSpec.model_validate({"fp8": {"emulate": True}, "keepFp32": ["Block"]})
+    model = nn.Sequential(nn.Linear(16, 32), Block(), nn.Linear(32, 32), nn.Linear(32, 1))
+    plain = nn.Sequential(nn.Linear(16, 32), Block(), nn.Linear(32, 32), nn.Linear(32, 1))
+    plain.load_state_dict(model.state_dict())
+    amp = AttemptPrecision("fp8", torch.device("cpu"), spec)
+    lines = io.StringIO()
+    assert amp.convert_fp8(model, auto=False, log=EventLog(stream=lines)) == ["2"]
+    assert json.loads(lines.getvalue())["kept"]["1.fc"] == float8.KEEP_FP32
+    assert keep_fp32(model, spec.keep_fp32, torch.device("cpu")) == ["1"]
+    x = torch.randn(16, 32)
+    with amp.autocast():
+        kept = model[1](x)
+    assert torch.equal(kept, plain[1](x))
+    linears = [(n, m) for n, m in plain.named_modules() if isinstance(m, nn.Linear)]
+    assert set(float8.plan(linears, [], ["0", "1.fc", "2", "3"]).values()) == {float8.KEEP_FP32}
 
 
 @pytest.mark.parametrize("set_up", ["wrap", "compile"])

@@ -104,7 +104,7 @@ class AttemptPrecision:
         """Convert `model`'s eligible linears once, when this attempt may train in fp8; their names."""
         wanted = self.precision == "fp8" or (auto and fp8_capable(float8.capability_of(self.device)))
         if wanted and self.fp8 is None:
-            linears = float8.convert(model, self.spec.fp8)
+            linears = float8.convert(model, self.spec.fp8, self.spec.keep_fp32)
             self.attach_fp8(linears)
             fp8 = self.spec.fp8
             log("fp8", converted=linears.names, kept=linears.kept, recipe=fp8.recipe, emulate=fp8.emulate)
