@@ -13,13 +13,16 @@ import pytest
 import torch
 from torch import nn
 
-from mpjob_contract.api import PrecisionSpec
+from mpjob_contract.api import Guard, PrecisionSpec
 from mpjob_contract.codes import ExitCode
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_trainer import session as mpjob
+from mpjob_trainer.distributed import World
+from mpjob_trainer.guard import NumericGuard
 from mpjob_trainer.session import memory as memory_path
 from mpjob_trainer.session.memory import SmallerMicroBatch, free
 from mpjob_trainer.session.modes import AttemptPrecision
+from mpjob_trainer.session.steps import StepNumerics
 from tests.unit.trainer.conftest import in_process_launch, run_trainer, spec
 
 pytestmark = pytest.mark.unit
@@ -84,14 +87,38 @@ def test_an_out_of_memory_inside_the_scalers_step_leaves_a_scaler_that_steps_aga
     precision.scaler.scale(model(torch.ones(2, 4)).sum()).backward()
     precision.scaler.unscale_(optimizer)  # then the step ran out of memory
     free(
-        SimpleNamespace(objects={"model": model, "optimizer": optimizer}),
-        SimpleNamespace(precision=precision, tally=[]),
-    )  # type: ignore[arg-type]
+        SimpleNamespace(objects={"model": model, "optimizer": optimizer}),  # type: ignore[arg-type]
+        StepNumerics(precision, NumericGuard(Guard(), torch.device("cpu"), World(rank=0, size=1, local_rank=0))),
+    )
     assert all(p.grad is None for p in model.parameters())
     precision.scaler.scale(model(torch.ones(2, 4)).sum()).backward()
     precision.scaler.unscale_(optimizer)  # would raise "unscale_() has already been called"
     precision.scaler.step(optimizer)
     precision.scaler.update()
+
+
+def test_the_step_after_an_out_of_memory_in_the_optimizers_step_updates_the_scale_of_its_own_unscale() -> None:
+    """run.step() unscaled, then the optimizer's step ran out of memory: the step run again in
+    the new split with the fresh GradScaler is a first step, not a second one of the failed step
+    (whose scale update, due on a GradScaler that is gone, found no inf checks on the new one)."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = AttemptPrecision("fp16", torch.device("cpu"), PrecisionSpec())
+    numerics = StepNumerics(precision, NumericGuard(Guard(), torch.device("cpu"), World(rank=0, size=1, local_rank=0)))
+    numerics.backward(model(torch.ones(2, 4)).sum())
+
+    def out_of_memory(*_: Any, **__: Any) -> None:
+        raise torch.OutOfMemoryError("allocating the optimizer's state")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(optimizer, "step", out_of_memory)
+        with pytest.raises(torch.OutOfMemoryError):
+            numerics.step(optimizer, None)
+    free(SimpleNamespace(objects={"model": model, "optimizer": optimizer}), numerics)  # type: ignore[arg-type]
+    numerics.backward(model(torch.ones(2, 4)).sum())
+    numerics.step(optimizer, None)  # its unscale_ first updated the scale the failed step left due
+    assert numerics.close(1, 1.0) is None
+    assert numerics.applied.count == 1 and precision.scaler is not None and precision.scaler.get_scale() == 65536.0
 
 
 @pytest.mark.process

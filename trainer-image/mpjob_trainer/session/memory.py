@@ -137,7 +137,7 @@ def free(state: TrainingState, numerics: StepNumerics) -> None:
     precision = numerics.precision
     if precision.scaler is not None:  # a step cut short after unscale_ left its optimizer's stage behind:
         precision.settle(precision.precision)  # a fresh GradScaler, its scale restored with the rest
-    numerics.tally.clear()
+    numerics.drop_step()
     release_cached(numerics.precision.device)
 
 

@@ -194,6 +194,15 @@ class StepNumerics:
         self.tally.clear()
         return fault
 
+    def drop_step(self) -> None:
+        """A step cut short (out of memory) is dropped whole: its tally, and the GradScaler stage
+        it left (a scale update due, optimizers unscaled), which the fresh GradScaler `free`
+        settles never saw (its update would find no inf checks)."""
+        self._update_due = False
+        self._unscaled.clear()
+        self._unscaled_early.clear()
+        self.tally.clear()
+
     def _update_scale(self) -> None:
         """GradScaler's update, once for the optimizers it unscaled since the last one."""
         if self.precision.scaler is not None and self._update_due:
