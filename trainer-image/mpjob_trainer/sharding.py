@@ -71,8 +71,9 @@ def fp32_policy() -> Any:
 def fixes_low_compute(precision: Precision | None, parallelism: Parallelism) -> bool:
     """Does a model wrapped for `precision` (None: not wrapped) gather its weights in a low
     precision for good? Then no mode can recompute it in fp32 (the fp32 replay is skipped; see
-    contract parallelism.Fsdp). `auto` attempts are wrapped for fp32 until they settle."""
-    fsdp, low = parallelism.strategy == "fsdp", precision in ("fp16", "bf16")
+    contract parallelism.Fsdp). `auto` attempts are wrapped for fp32 until they settle; fp8 ones
+    gather in bf16, the dtype its autocast runs the rest of the model in (`policy`)."""
+    fsdp, low = parallelism.strategy == "fsdp", precision is not None and DTYPES[precision] != torch.float32
     return fsdp and low and parallelism.fsdp.mixed_precision_param == "attempt"
 
 

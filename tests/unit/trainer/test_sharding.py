@@ -5,6 +5,7 @@ process group; every rank reports what it saw."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -17,8 +18,9 @@ import torch
 from torch import nn
 
 from mpjob_contract.api import Guard
-from mpjob_contract.parallelism import Parallelism
+from mpjob_contract.parallelism import Fsdp, Parallelism
 from mpjob_trainer import sharding
+from mpjob_trainer.events import EventLog
 from tests import warm
 
 pytestmark = pytest.mark.unit
@@ -63,6 +65,19 @@ def test_fp32_gathering_and_low_reduction_are_the_users_choice() -> None:
     assert not sharding.fixes_low_compute("bf16", settings.model_copy(update={"strategy": "fsdp"}))
     assert sharding.fixes_low_compute("fp16", Parallelism(strategy="fsdp"))
     assert not sharding.fixes_low_compute("fp16", Parallelism())
+
+
+def test_an_fp8_attempt_gathers_in_bf16_so_its_fp32_replay_is_skipped_as_bf16s_is() -> None:
+    """fp8 runs all but its float8 linears under bf16 autocast, and FSDP2 gathers its weights in
+    bf16: a "fp32" replay would compute in bf16 and could blame the data for fp8's fault."""
+    fsdp = Parallelism(strategy="fsdp")
+    assert sharding.policy("fp8", fsdp).param_dtype == torch.bfloat16
+    assert sharding.fixes_low_compute("fp8", fsdp)
+    lines = io.StringIO()
+    assert sharding.replayable(Guard(), "fp8", fsdp, EventLog(stream=lines)).replay_steps == 0
+    assert json.loads(lines.getvalue())["event"] == "replaySkipped"
+    assert not sharding.fixes_low_compute("fp8", fsdp.model_copy(update={"fsdp": Fsdp(mixed_precision_param="fp32")}))
+    assert not sharding.fixes_low_compute("fp32", fsdp) and not sharding.fixes_low_compute(None, fsdp)
 
 
 @pytest.mark.parametrize(("precision", "low"), [("bf16", "torch.bfloat16"), ("fp16", "torch.float16")])
