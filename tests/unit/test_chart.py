@@ -593,6 +593,8 @@ def test_endpoints_listen_everywhere_or_on_the_pod_ip(helm: str) -> None:
         ("operator.healthPort=8080", "operator.metricsPort and operator.healthPort must differ"),
         # Unknown keys of a selector would be dropped by the API server: the policy would bind everywhere.
         ("admissionPolicy.namespaceSelector.labels.team=a", "admissionPolicy/namespaceSelector"),
+        # The API server refuses a liveness probe that must succeed more than once (successThreshold 1).
+        ("livenessProbe.successThreshold=2", "livenessProbe/successThreshold"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(helm: str, value: str, field: str) -> None:
