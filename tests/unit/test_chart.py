@@ -595,6 +595,9 @@ def test_endpoints_listen_everywhere_or_on_the_pod_ip(helm: str) -> None:
         ("admissionPolicy.namespaceSelector.labels.team=a", "admissionPolicy/namespaceSelector"),
         # The API server refuses a liveness probe that must succeed more than once (successThreshold 1).
         ("livenessProbe.successThreshold=2", "livenessProbe/successThreshold"),
+        # The Deployment's selector labels: another value there selects no pod, and the API server refuses it.
+        ("podLabels.app\\.kubernetes\\.io/component=x", "podLabels"),
+        ("podLabels.app\\.kubernetes\\.io/instance=x", "podLabels"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(helm: str, value: str, field: str) -> None:
