@@ -69,6 +69,31 @@ def test_a_preemption_while_catching_up_reports_the_step_the_catch_up_reached(
     assert report.step == 6
 
 
+def test_a_checkpoint_the_catch_up_writes_holds_its_own_steps_data_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preemption above checkpoints step 6 while the loop stood at step 8: the next attempt
+    resumes at step 6 and must draw step 7's samples next (6 steps x 4 samples consumed), not
+    step 9's, which would leave steps 7 and 8's samples out of the run for good."""
+    job = spec(training={"steps": 10, "batchSize": 4, "logEvery": 1}, checkpoint={"everySteps": 4})
+
+    def inputs(run: mpjob.Session, i: int) -> torch.Tensor:
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+        if i == 7 and i not in run.quarantined:
+            x[0, 0] = math.nan
+        if i == 5 and 7 in run.quarantined:
+            run.preemption.raised = True
+        return x
+
+    with pytest.raises(SystemExit):
+        train_linear(tmp_path, monkeypatch, job, "fp32", inputs)
+    assert torch.load(tmp_path / "ckpt" / "step-000000006" / "state.pt")["samples"] == 6 * 4
+    with contextlib.suppress(SystemExit), mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job)) as run:
+        model = nn.Linear(4, 1)
+        resumed = run.resume(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01)), run.samples_seen
+    assert resumed == (6, 6 * 4)
+
+
 #: fp16 falls back to bf16 in place, which re-promotes to fp16 in place after 2 clean steps.
 PROMOTE = InPlaceTarget(precision="bf16", repromote_after_steps=2, promote_to=InPlaceTarget(precision="fp16"))
 #: Steps 5..7 overflow in fp16 the first time they run (a transient overflow); three non-finite

@@ -23,6 +23,7 @@ import torch
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.replay import Fp32Replay
+from mpjob_trainer.session.state import TrainingState
 from mpjob_trainer.session.steps import Number
 
 #: The session's closing of step `step` (1-based; its loss, None: the losses backward() was given;
@@ -31,18 +32,52 @@ CloseStep = Callable[[int, Number | None, int | None], Exception | None]
 
 
 def catch_up(
-    replay: Fp32Replay, close: CloseStep, quarantine: Quarantine, *, start: int, step: int, samples: int | None
+    replay: Fp32Replay,
+    close: CloseStep,
+    quarantine: Quarantine,
+    *,
+    start: int,
+    step: int,
+    samples: int | None,
+    position: Position,
 ) -> Exception | None:
     """Run steps start..step-1 (0-based) again through `replay`'s registered step (a quarantined
     one trains on nothing, and counts as the loop's own end_step counts it) and close each but the
-    last, which the loop's end_step closes, each on `samples` (a step's, as the loop tells them):
-    None, or what ended one (a fault the guard saw; Preempted; Repromote, when not made in place)."""
-    for index in range(start, step):
-        if not quarantine.skips_step(index):
-            replay.step(index)
-        if index + 1 < step and (ending := close(index + 1, None, samples)) is not None:
-            return ending
+    last, which the loop's end_step closes, each on `samples` (a step's, as the loop tells them) at
+    its own data `position`: None, or what ended one (a fault the guard saw; Preempted; Repromote,
+    when not made in place)."""
+    try:
+        for index in range(start, step):
+            if not quarantine.skips_step(index):
+                replay.step(index)
+            if index + 1 < step:
+                position.counted(samples)
+                if (ending := close(index + 1, None, samples)) is not None:
+                    return ending  # the attempt ends at that step, at its position
+    except BaseException:
+        position.the_loops()  # a step that raised (out of memory) is recovered from where the loop stands
+        raise
+    position.the_loops()
     return None
+
+
+class Position:
+    """The data position (TrainingState.samples) while a catch-up runs. The rollback kept the loop's
+    (session.rollback, keep_position), yet a checkpoint written at a step run again (an interval's, a
+    preemption's, a re-promotion's) must hold that step's: a resume from it draws the samples after
+    that step next (data.Origin), not those after the loop's. So each step closed counts its samples on
+    from the restored state's position, as end_step counts the loop's; once caught up it is the loop's."""
+
+    def __init__(self, state: TrainingState, restored: int) -> None:
+        self.state, self.loop = state, state.samples
+        state.samples = restored
+
+    def counted(self, samples: int | None) -> None:
+        self.state.samples += samples or 0
+
+    def the_loops(self) -> None:
+        """The position back where the loop stands."""
+        self.state.samples = self.loop
 
 
 class ScheduleCounts:

@@ -126,7 +126,7 @@ class SmallerMicroBatch:
         message = classify(oom, Standing()).message  # as the restart path's report words it
         split = self.in_place.split(step=step, start=start, message=message, detected=detected)
         self.resplit(split.micro_batch, split.grad_accumulation)
-        return self.rung.go_on(start, step + 1)
+        return self.rung.go_on(start, step + 1, state=state)
 
 
 def free(state: TrainingState, numerics: StepNumerics) -> None:

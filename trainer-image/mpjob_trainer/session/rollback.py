@@ -11,7 +11,7 @@ fp32, the job).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -59,6 +59,9 @@ class Target:
     step: int
     state: dict[str, Any]
     ref: CheckpointRef | None
+    #: Its data position (TrainingState.samples), once `roll_back` loaded it: where a catch-up
+    #: from it counts each step's samples on from.
+    samples: int = 0
 
 
 def rollback_target(before: int, *, checkpoints: Checkpointer, world: World, fresh: FreshStart | None) -> Target | None:
@@ -104,6 +107,7 @@ def roll_back(
         numerics.applied.count = state.restore(fresh.state, amp.precision, amp.scaler)
     else:
         return None
+    target = replace(target, samples=state.samples)
     if keep_position:
         state.samples = seen
     _rewound(target.step, numerics)

@@ -41,11 +41,10 @@ from typing import Any
 from mpjob_contract.api import Guard as GuardSpec
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.policy import FaultPolicy
-from mpjob_contract.report import CheckpointRef
 from mpjob_contract.skipping import SkipCause, describe_steps, ranges
 from mpjob_trainer.errors import NonFiniteInFp32, NumericFault, Repromote
 from mpjob_trainer.quarantine import REPORT_RANGES, Quarantine
-from mpjob_trainer.session.catch_up import CloseStep, ScheduleCounts, catch_up
+from mpjob_trainer.session.catch_up import CloseStep, Position, ScheduleCounts, catch_up
 from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.context import AttemptContext
 from mpjob_trainer.session.inplace import InPlace
@@ -78,7 +77,7 @@ class DataRung:
         self.reenters = False
         self._fresh: FreshStart | None = None
         self._close: CloseStep | None = None  # the session's, as `closing` was last given it
-        self._rolled_back_to: CheckpointRef | None = None
+        self._rolled_back: Target | None = None  # what `rewind` restored last
         self._reentry: Target | None = None  # found to be loaded by the loop wrapped anew (`rewind`)
         self._counts = ScheduleCounts({})  # the loop's LR schedulers where it stood (`recover`)
         self._precision_suspected = False
@@ -153,7 +152,7 @@ class DataRung:
         if not self.in_place.rewraps or state is None:
             return None
         start = self.rewind(step, state=state, checkpoints=checkpoints, wrap_anew=True)  # that checkpoint
-        return start if isinstance(start, Exception) else self.go_on(start, step)
+        return start if isinstance(start, Exception) else self.go_on(start, step, state=state)
 
     def inspect(self, step: int, read: Read) -> NumericFault | None:
         """What the rung handles, seen at an interval's read: a spike, or a non-finite loss the
@@ -202,14 +201,14 @@ class DataRung:
             wrap_anew = self.in_place.rewraps  # a sharded model: the loop re-enters, wrapped in the next precision
             rewind = functools.partial(self.rewind, state=state, checkpoints=checkpoints, wrap_anew=wrap_anew)
             start = self.in_place.fall_back(ending, step=step, rewind=rewind, detected=detected)
-            return start if isinstance(start, Exception) else self.go_on(start, step)
+            return start if isinstance(start, Exception) else self.go_on(start, step, state=state)
         if not isinstance(fault, SuspectSteps):
             return self._ended(ending)
         self._precision_suspected = True  # the precision's: today's bounds decide from here
         self.replay.replayed = None  # judged: its verdict stays known for its steps (Fp32Replay.known)
         self.machine.fire(Event.RERUN)
         start = self.rewind(step - 1, state=state, checkpoints=checkpoints)
-        return start if isinstance(start, Exception) else self.go_on(start, step)
+        return start if isinstance(start, Exception) else self.go_on(start, step, state=state)
 
     def afresh(self) -> None:
         """A new attempt begins in place (session.inplace: a fallback, a re-promotion, a split): its steps are
@@ -257,9 +256,9 @@ class DataRung:
             skippedSteps=len(self.quarantine),
             quarantine=self.quarantine.summary(spans=REPORT_RANGES).model_dump(by_alias=True),
         )
-        return self.go_on(start, step)
+        return self.go_on(start, step, state=state)
 
-    def go_on(self, start: int, step: int) -> Exception | None:
+    def go_on(self, start: int, step: int, *, state: TrainingState) -> Exception | None:
         """After a rollback to `start`: run steps start..step-1 (0-based) again in place, each closed as
         end_step closes it, the last by the loop's own (session.catch_up): None, or what ended one on the
         way; or leave the loop to re-enter (RolledBack; Rewrap, to be wrapped anew from `rewind`'s target)."""
@@ -269,13 +268,14 @@ class DataRung:
             self.machine.fire(Event.LEFT_LOOP)
             return left
         if self.reenters:
-            assert self._rolled_back_to is not None  # a loop that re-enters has no in-memory start state
+            assert self._rolled_back is not None and self._rolled_back.ref is not None  # no in-memory start state
             self.machine.fire(Event.LEFT_LOOP)
-            return RolledBack(self._rolled_back_to)
+            return RolledBack(self._rolled_back.ref)
         self.machine.fire(Event.RESTORED)
-        assert self.replay is not None and self._close is not None  # armed, with the session's closing
-        samples = self.step_samples or None  # a step's, as the loop's end_step told them (None: never told)
-        fault = catch_up(self.replay, self._close, self.quarantine, start=start, step=step, samples=samples)
+        assert self.replay is not None and self._close is not None and self._rolled_back is not None  # armed, rewound
+        # Each step run again closes at its own data position, counted on from the restored state's.
+        told, at = self.step_samples or None, Position(state, self._rolled_back.samples)  # None: never told
+        fault = catch_up(self.replay, self._close, self.quarantine, start=start, step=step, samples=told, position=at)
         fault = fault if fault is not None else counts.unmatched(start=start, step=step)
         if not isinstance(fault, Rewrap):  # else re-promoted on the way, and left to be wrapped anew
             self.machine.fire(Event.CAUGHT_UP)
@@ -291,7 +291,7 @@ class DataRung:
         target = roll_back(before, checkpoints, state, numerics, fresh=self._fresh, keep_position=keep, load=load)
         if target is None:
             return self._ended(NonFiniteInFp32(f"no good state before step {before} to roll back to (no checkpoint)"))
-        self._rolled_back_to = target.ref
+        self._rolled_back = target
         if wrap_anew:
             self._reentry = target
             return target.step
