@@ -118,7 +118,10 @@ class Recovery:
         first, needed = checkpoints.last_good is None, bool(guard.replay_steps) or self.rung.rolls_back or changes
         fresh = FreshStart.if_needed(state, self.context.numerics, fresh=first, needed=needed)
         known = self.replay.known if self.replay is not None else None  # a loop that re-entered registers again
-        self.replay = Fp32Replay(step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights)
+        skipped = self.rung.quarantine.skips_step  # not replayed, as the catch-up does not run it
+        self.replay = Fp32Replay(
+            step, samples, spec=guard, lent=self.context, fresh=fresh, weights=weights, skipped=skipped
+        )
         self.replay.known = known  # what this attempt replayed stays replayed
         self.rung.arm(self.replay, state=state, fresh=fresh)
         self.rung.bind(close, state=state, checkpoints=checkpoints)  # a first step's out-of-memory catches up

@@ -48,6 +48,7 @@ Cost: one checkpoint load plus at most replaySteps fp32 steps, once per ended pr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from mpjob_contract.api import Guard as GuardSpec
@@ -98,8 +99,10 @@ class Fp32Replay:
         lent: AttemptContext,
         fresh: FreshStart | None = None,
         weights: LiveWeights | None = None,
+        skipped: Callable[[int], bool] = lambda _: False,
     ) -> None:
-        self.step = step
+        #: The loop's step; and is a step skipped whole (quarantined, its loop naming no samples)? (never replayed)
+        self.step, self.skipped = step, skipped
         #: A framework's weights: replayed from its checkpoint when the fault left them non-finite.
         self.weights = weights
         #: A fresh attempt's step 0: where the replay starts while no checkpoint exists.
@@ -263,7 +266,7 @@ class Fp32Replay:
         at the same step: the flags are agreed after every step)."""
         world, device, tally = self.lent.world, self.lent.numerics.precision.device, self.lent.numerics.tally
         began = time.monotonic()
-        for index in win.steps:
+        for index in (i for i in win.steps if not self.skipped(i)):  # one skipped whole trains nothing, as in training
             raised = False
             self.lent.numerics.guard.begin_step()  # each replayed step's update counts once, as end_step counts
             try:
