@@ -136,10 +136,10 @@ def _told(job: JobView) -> AttemptOutcome:
         return AttemptOutcome(
             exit_code=None, platform_reason=Reason.DELETED, message="the attempt's pods disappeared before reporting"
         )
-    pod = min(ended, key=_explains_first)
-    read = read_report(pod.termination_message)
+    reads = [(p, read_report(p.termination_message)) for p in ended]  # each pod's report parsed once
+    pod, read = min(reads, key=lambda told: _explains_first(*told))
     if read.report is not None:
-        read = Said(report=with_peers(read.report, valid_reports(ended)))
+        read = Said(report=with_peers(read.report, [r.report for _, r in reads if r.report is not None]))
     message = "" if read.report or read.invalid else readable(pod.termination_message or "")[-512:]  # a log tail
     message = message or pod.image_error or ""
     platform = pod.platform_reason
@@ -159,20 +159,19 @@ def valid_reports(pods: tuple[PodView, ...] | list[PodView]) -> list[Termination
     return [r for p in pods if (r := read_report(p.termination_message).report) is not None]
 
 
-def _explains_first(pod: PodView) -> tuple[int, bool, bool, int, int]:
+def _explains_first(pod: PodView, read: Said) -> tuple[int, bool, bool, int, int]:
     """Sort key, smallest explains the attempt: the contract's `explains_first`, as the launcher
-    folds a pod's ranks, with whether its report says its rank was killed from outside (the cause
-    of the crashes of the other pods' ranks, whose collectives lost it)."""
-    read = read_report(pod.termination_message).report
-    killed = bool(read and read.killed_from_outside)
-    return codes.explains_first(_stands_for(pod), platform=bool(pod.platform_reason), killed=killed, index=pod.index)
+    folds a pod's ranks, with whether its report (`read`) says its rank was killed from outside (the
+    cause of the crashes of the other pods' ranks, whose collectives lost it)."""
+    killed = bool(read.report and read.report.killed_from_outside)
+    ranked = _stands_for(pod, read)
+    return codes.explains_first(ranked, platform=bool(pod.platform_reason), killed=killed, index=pod.index)
 
 
-def _stands_for(pod: PodView) -> Reason | None:
-    """The ending a pod stands for, to rank it (`codes.ending_rank`): its valid report's reason,
-    else its exit code's; a pod killed from outside (a signal's exit code, or being deleted) as
-    a stop; a pod whose report is invalid as a crash; None for one with nothing to explain."""
-    read = read_report(pod.termination_message)
+def _stands_for(pod: PodView, read: Said) -> Reason | None:
+    """The ending a pod stands for, to rank it (`codes.ending_rank`): its valid report's reason
+    (`read`), else its exit code's; a pod killed from outside (a signal's exit code, or being
+    deleted) as a stop; a pod whose report is invalid as a crash; None for one with nothing to explain."""
     if read.invalid is not None and pod.platform_reason is None:
         return Reason.INFRA_ERROR
     said = read.report.reason if read.report is not None else None
