@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from bench.gpu_profile import profile_lines
 from mpjob_contract.fp8 import fp8_capable
 
 #: The larger shape (see the module docstring); batch 4 x 2048 tokens a step.
@@ -71,29 +72,39 @@ def ratio_line(figures: dict[str, Any]) -> str:
     )
 
 
+def profiled_row(label: str, large: Any, run: Callable[..., Any], show: Callable[[str, Any], None]) -> tuple[Any, Any]:
+    """One row at the larger shape and where its steps' time went."""
+    figures, profile = run(large, label, profile=True)
+    show(f"{label} @L", figures)
+    return figures, profile
+
+
 def fp8_rows(
     setup: Any,
     *,
     tiny: bool,
-    run: Callable[[Any, str], Any],
+    run: Callable[..., Any],
     show: Callable[[str, Any], None],
 ) -> dict[str, Any]:
-    """bf16 and fp8 at the larger shape (the target's ratio), then the trainer's fp8 row at the
-    benchmark's shape: a run stopped at its budget has printed the rows that matter most first.
-    `run(setup, label)` trains one attempt and returns its Figures, `show` prints a row."""
+    """bf16 and fp8 at the larger shape (the target's ratio), each with a profile of steps after
+    its measured ones (kinds of kernel side by side: where fp8 gained and where it did not), then
+    the trainer's fp8 row at the benchmark's shape: a run stopped at its budget has printed the
+    rows that matter most first. `run(setup, label, profile=...)` trains one attempt and returns
+    its Figures and (profile=True) its profile (bench.gpu_profile); `show` prints a row."""
     skipped = fp8_skipped()
     if tiny:  # two windows after the warm-up: the smoke run only needs each path to run
         setup = replace(setup, compile="never", steps=setup.warmup + 2 * setup.log_every)
-    out: dict[str, Any] = {"skipped": skipped, "largeShape": LARGE_TINY if tiny else LARGE_1B}
+    out: dict[str, Any] = {"skipped": skipped, "largeShape": LARGE_TINY if tiny else LARGE_1B, "large": {}}
+    profiles: dict[str, Any] = {}
     large = large_setup(setup, tiny=tiny)
-    out["large"] = {"bf16": run(large, "bf16")}
-    show("bf16 @L", out["large"]["bf16"])
-    if skipped is None:
-        out["large"]["fp8"] = run(large, "fp8")
-        show("fp8 @L", out["large"]["fp8"])
+    for label in ("bf16", "fp8") if skipped is None else ("bf16",):
+        out["large"][label], profiles[label] = profiled_row(label, large, run, show)
     print(ratio_line(out["large"]), flush=True)
+    for profile in profiles.values():
+        print("\n".join(profile_lines(profile)), flush=True)
+    out["largeProfiles"] = profiles
     if skipped is None:
-        out["fp8"] = run(setup, "fp8")
+        out["fp8"], _ = run(setup, "fp8", profile=False)
         show("fp8", out["fp8"])
     else:
         print(f"fp8 rows: {skipped}", flush=True)

@@ -92,7 +92,8 @@ def fp8_json(fp8: dict[str, Any]) -> dict[str, Any]:
     """bench.fp8_rows' figures as JSON (Figures as dicts)."""
     large = {label: dataclasses.asdict(f) for label, f in fp8["large"].items()}
     at_base = dataclasses.asdict(fp8["fp8"]) if "fp8" in fp8 else None
-    return {"skipped": fp8["skipped"], "largeShape": fp8["largeShape"], "fp8": at_base, "large": large}
+    return {"skipped": fp8["skipped"], "largeShape": fp8["largeShape"], "fp8": at_base, "large": large,
+            "largeProfiles": fp8.get("largeProfiles", {})}  # fmt: skip
 
 
 def compile_line(setup: Setup) -> str:

@@ -8,11 +8,11 @@ tokens (the `gpt` task's `data: random`), measured in these parts (--parts), in 
   (bench/gpu_trainer.py), both compiled (training.compile always); the bf16 run's checkpoint
   stall;
 - fp8: the trainer in bf16 and fp8 (torchao float8, compute capability >= 8.9) at a
-  ~1B-parameter shape at sequence 2048 where fp8 pays, then in fp8 at that shape
-  (bench/fp8_rows.py);
+  ~1B-parameter shape at sequence 2048 where fp8 pays, each with a profile of its steps, then
+  in fp8 at the benchmark's shape (bench/fp8_rows.py);
 - guard: the numeric guard's cost, as interleaved A/B runs in this process;
 - profile: where a bf16 step's time goes, by kind of kernel, and how busy the GPU was
-  (bench/gpu_profile.py), in this process;
+  (bench/gpu_profile.py), from the trace of a profile the trainer is asked for;
 - syncs: host syncs per step on CUDA, in this process.
 
 Per precision and side: the figures of bench/gpu_setup.py's Figures; bench/gpu_report.py prints
@@ -43,14 +43,21 @@ from bench.gpu_baseline import baseline_run
 from bench.gpu_profile import profile_lines
 from bench.gpu_report import compile_line, device_line, fp8_json, print_extras, row, targets
 from bench.gpu_setup import CHECKPOINT_EVERY, CUDA, Figures, Setup
-from bench.gpu_trainer import checkpoint_stall, guard_ab, step_breakdown, syncs_per_step, trainer_figures, trainer_run
+from bench.gpu_trainer import (
+    checkpoint_stall,
+    guard_ab,
+    profiled_figures,
+    step_breakdown,
+    syncs_per_step,
+    trainer_figures,
+    trainer_run,
+)
 
 GPT2_124M = {"nLayer": 12, "nHead": 12, "nEmbd": 768, "blockSize": 1024, "vocabSize": 50304, "data": "random"}
 TINY = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 32, "vocabSize": 512, "data": "random"}
 PRECISIONS = ("fp32", "fp32+TF32", "fp16", "bf16")
 #: What a run measures, in this order (--parts): the precisions side by side, the fp8 rows, the
-#: guard's A/B, where a bf16 step's time goes (right after the A/B: its graphs reused), the host
-#: syncs per step.
+#: guard's A/B, where a bf16 step's time goes, the host syncs per step.
 PARTS = ("side", "fp8", "guard", "profile", "syncs")
 #: --tiny compiles too: inductor's cold compile of TINY (forward and backward, one thread) took
 #: 24-29 s per precision and side on the 2-core CPU of docs/benchmarks.md, 2.5 s from a warm
@@ -160,7 +167,9 @@ def main(argv: list[str] | None = None) -> None:
         fp8 = fp8_rows(
             setup,
             tiny=setup.args == TINY,
-            run=lambda s, label: trainer_figures(trainer_run(s, label), s.warmup),
+            run=lambda s, label, profile: (
+                profiled_figures(s, label) if profile else (trainer_figures(trainer_run(s, label), s.warmup), None)
+            ),
             show=lambda label, f: print(row(label, "mpjob", f), flush=True),
         )
         document["fp8"] = fp8_json(fp8)
@@ -171,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"guard A/B: {time.monotonic() - began:.0f} s", flush=True)
         write()
     if "profile" in opts.parts:
-        extra["profile"] = step_breakdown(setup, warm="guard" in opts.parts)
+        extra["profile"] = step_breakdown(setup)
         print("\n".join(profile_lines(extra["profile"])), flush=True)
         write()
     if "syncs" in opts.parts:

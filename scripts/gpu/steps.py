@@ -82,7 +82,8 @@ def pytest_result(ctx: Context) -> tuple[dict[str, Any], str | None]:
 #: (1.7 s there) after the first interval reserved its staging buffers.
 BENCH_PARTS = ["--precisions", "bf16", "--parts", "side,guard"]
 BENCH_ARGS = ["--steps", "60", *BENCH_PARTS, "--checkpoint-every", "50", "--ab-pairs", "2"]
-#: A compile, the profiled run, then the sync counts: bf16 on those graphs, fp16 compiled anew.
+#: The profiled run (the trainer as a pod, asked for a profile of steps after its measured ones),
+#: then the sync counts in this process: bf16 compiled once, fp16 compiled anew.
 PROFILE_PARTS = ["--precisions", "bf16", "--parts", "profile,syncs"]
 PROFILE_ARGS = ["--steps", "60", *PROFILE_PARTS]
 FP32_PARTS = ["--precisions", "fp32", "--parts", "side"]
@@ -91,6 +92,8 @@ FP32_ARGS = ["--steps", "40", *FP32_PARTS]
 #: H200, and this says how much of the way to 50 % is the shape's (small matmuls for 132 SMs).
 BATCH_PARTS = ["--precisions", "bf16", "--parts", "side"]
 BATCH_ARGS = ["--steps", "40", *BATCH_PARTS, "--batch", "64"]
+#: bf16 and fp8 at the 1.1 B shape, each profiled after its measured steps (on the H200 the two
+#: rows took about 300 s, mostly compiling), then fp8 at 124M.
 FP8_ARGS = ["--steps", "40", "--parts", "fp8"]
 #: Without CUDA: the same parts at --tiny's own sizes (a save inside its runs too).
 TINY_BENCH_ARGS, TINY_FP8_ARGS = ["--tiny", *BENCH_PARTS], ["--tiny", "--parts", "fp8"]
@@ -275,7 +278,7 @@ def fp8_fault() -> dict[str, Any]:
 STEPS = [
     Step("pytest", 150, "pytest.log", pytest_command, pytest_result, PYTEST_ENV),
     Step("bench", 180, "bench.log", bench_command("bench", BENCH_ARGS, TINY_BENCH_ARGS), bench_result("bench")),
-    Step("bench_profile", 200, "bench.log", bench_command("bench_profile", PROFILE_ARGS, TINY_PROFILE_ARGS),
+    Step("bench_profile", 240, "bench.log", bench_command("bench_profile", PROFILE_ARGS, TINY_PROFILE_ARGS),
          bench_result("bench_profile")),
     Step("quickstart", 90, "runs.log", mpjob_run("quickstart", quickstart),
          run_result("quickstart", ladder(("fp16", "NumericFault"), ("bf16", "Succeeded"))), QUICKSTART_ENV),
@@ -286,7 +289,7 @@ STEPS = [
          bench_result("bench_fp32")),
     Step("bench_batch", 100, "bench.log", bench_command("bench_batch", BATCH_ARGS, TINY_BATCH_ARGS),
          bench_result("bench_batch")),
-    Step("fp8_large", 300, "fp8.log", bench_command("fp8_large", FP8_ARGS, TINY_FP8_ARGS), bench_result("fp8_large")),
+    Step("fp8_large", 420, "fp8.log", bench_command("fp8_large", FP8_ARGS, TINY_FP8_ARGS), bench_result("fp8_large")),
     Step("fp8_fault", 45, "fp8.log", mpjob_run("fp8_fault", fp8_fault),
          run_result("fp8_fault", ladder(("fp8", "NumericFault"), ("bf16", "Succeeded"), first_message="QualityDrift"))),
 ]  # fmt: skip

@@ -23,16 +23,20 @@ class Fake:
 
 def test_on_a_cpu_fp8_runs_emulated_at_the_base_and_the_larger_shape(capsys: pytest.CaptureFixture[str]) -> None:
     setup = Setup(args=TINY, batch=4, steps=40, compile="never")
-    ran: list[tuple[Any, str]] = []
+    ran: list[tuple[Any, str, bool]] = []
 
-    def run(s: Setup, label: str) -> Fake:
-        ran.append((s.args, label))
-        return Fake(300.0 if label == "fp8" else 200.0)
+    def run(s: Setup, label: str, profile: bool) -> tuple[Fake, dict[str, Any] | None]:
+        ran.append((s.args, label, profile))
+        unwritten = {"precision": label, "unavailable": "Failed: too large"}
+        return Fake(300.0 if label == "fp8" else 200.0), unwritten if profile else None
 
     out = fp8_rows.fp8_rows(setup, tiny=True, run=run, show=lambda label, f: None)
-    assert ran == [(fp8_rows.LARGE_TINY, "bf16"), (fp8_rows.LARGE_TINY, "fp8"), (TINY, "fp8")]
-    assert out["skipped"] is None and set(out["large"]) == {"bf16", "fp8"}
-    assert "fp8 / bf16 tokens/s at the larger shape: 1.50x (target >= 1.25x" in capsys.readouterr().out
+    # both rows at the larger shape are profiled, the row at the benchmark's shape is not
+    assert ran == [(fp8_rows.LARGE_TINY, "bf16", True), (fp8_rows.LARGE_TINY, "fp8", True), (TINY, "fp8", False)]
+    assert out["skipped"] is None and set(out["large"]) == set(out["largeProfiles"]) == {"bf16", "fp8"}
+    printed = capsys.readouterr().out
+    assert "fp8 / bf16 tokens/s at the larger shape: 1.50x (target >= 1.25x" in printed
+    assert "profile of fp8 steps: none written (Failed: too large)" in printed
     spec = job_spec(setup, "fp8", steps=10, log_every=5)
     assert spec["precision"]["mode"] == "fp8" and spec["precision"]["fp8"] == {"recipe": "tensorwise", "emulate": True}
 

@@ -113,3 +113,17 @@ def test_the_fp8_rows_run_beside_bf16_at_the_larger_shape(tiny: Any) -> None:
     fp8 = figures["fp8"]
     assert fp8["skipped"] is None and positive(fp8["fp8"]["tokens_per_s"])
     assert all(positive(fp8["large"][p]["tokens_per_s"]) for p in ("bf16", "fp8"))
+
+
+def test_the_bf16_step_and_both_rows_at_the_larger_shape_are_profiled_by_the_trainer_itself(tiny: Any) -> None:
+    """Each profile is the trace the trainer wrote when asked on its metrics port, of steps past
+    the measured windows; the run was stopped once it was written."""
+    proc, figures = tiny
+    profiles = [figures["profile"], *figures["fp8"]["largeProfiles"].values()]
+    assert [p["precision"] for p in profiles] == ["bf16", "bf16", "fp8"]
+    for profile in profiles:
+        assert "unavailable" not in profile, profile
+        assert profile["steps"] == 10 and positive(profile["busySecondsPerStep"])
+        assert sum(profile["byKind"].values()) == pytest.approx(1.0) and 0 < profile["lowPrecisionShare"] <= 1
+        assert positive(profile["capturedStepSeconds"])
+    assert re.search(r"^profile of 10 fp8 steps, ", proc.stdout, re.M)

@@ -44,7 +44,7 @@ def op_class(types: Iterable[Any]) -> str | None:
     return None
 
 
-def _self_times(ops: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+def self_times(ops: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
     """Each operator with its self time: children nest inside their parent on one thread."""
     result: list[tuple[dict[str, Any], float]] = []
     by_thread: dict[Any, list[dict[str, Any]]] = {}
@@ -76,7 +76,7 @@ def kernel_time(trace: dict[str, Any] | list[Any]) -> KernelTime:
         by_id = {(e.get("args") or {}).get("External id"): e for e in ops}
         pairs = [(by_id.get((k.get("args") or {}).get("External id")), float(k["dur"])) for k in kernels]
     else:
-        pairs = [(op, max(0.0, self_time)) for op, self_time in _self_times(ops)]
+        pairs = [(op, max(0.0, self_time)) for op, self_time in self_times(ops)]
     for op, us in pairs:
         kind = op_class((op.get("args") or {}).get("Input type") or []) if op is not None else None
         if kind == "low":
