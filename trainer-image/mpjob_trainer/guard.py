@@ -64,7 +64,7 @@ class GuardReading:
     #: Largest `flag` any rank passed to read() (used to agree on preemption under DDP).
     flag: float = 0.0
     #: Steps whose finite loss spiked (guard.spike; mpjob_trainer.spike), agreed by all ranks.
-    spikes: range | None = None
+    spikes: tuple[int, ...] | None = None
     #: The attempt's first non-finite loss (1-based step, earliest over the ranks), if any.
     first_non_finite: int | None = None
     #: The job's loss at the last step: the mean of the ranks' reported losses, each weighed by
@@ -196,7 +196,8 @@ class NumericGuard:
             self.first_non_finite = int(-packed[2]) + 1
         self.previous_read_at, self.read_at = self.read_at, self._step_index
         scale = scaler.get_scale() if scaler is not None else None
-        spikes = self.spike.agreed(packed[5:]) if self.spike is not None else None
+        span = self.spike.agreed(packed[5:]) if self.spike is not None else None
+        spikes = self.spike.spiked(span, self.world) if self.spike is not None and span is not None else None
         return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite, loss)
 
     def _when(self, first: int | None, step: int) -> str:

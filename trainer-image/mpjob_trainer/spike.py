@@ -9,7 +9,9 @@ are not accepted into the window (a spike does not widen the deviation it is jud
 finite losses that are not are. The first and last spiking step ride the guard's packed
 all-reduce (first: min over ranks, last: max), so detection costs no extra host sync per step
 and no extra collective, and a spike is seen at the next log, checkpoint or evaluation step
-(the guard's cadence, not a one-step lag).
+(the guard's cadence, not a one-step lag). Only when a read finds one do the ranks gather which
+steps between the first and the last spiked on any of them (`spiked`, one more collective): the
+steps between two spikes that did not spike are not the spike's, and the rung keeps them.
 
 The window and its fill count are checkpointed (a resumed run judges as a straight run does);
 a checkpoint is taken right after a read, when no loss is pending.
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from mpjob_contract.skipping import SpikeSpec
+from mpjob_trainer.distributed import World, all_gather_rows
 
 #: "No spike seen": larger than any step index.
 NONE = 2**62
@@ -41,6 +44,8 @@ class SpikeDetector:
         self.last = torch.full((), -1, dtype=torch.int64, device=device)
         self._losses = torch.zeros(pending, dtype=torch.float32, device=device)
         self._steps: list[int] = []  # the 0-based step of each pending loss (host)
+        #: Each judged loss's step where it spiked, else -1 (device), until the spikes are dealt with.
+        self._spiking: list[torch.Tensor] = []
 
     def observe(self, loss: torch.Tensor, index: int) -> None:
         """Keep step `index`'s loss for the next read: one device copy, no sync."""
@@ -69,6 +74,7 @@ class SpikeDetector:
         spike = finite & (self.accepted >= size) & (x - mean > self.spec.z_score * deviation)
         self.first = torch.minimum(self.first, torch.where(spike, steps, NONE).min())
         self.last = torch.maximum(self.last, torch.where(spike, steps, -1).max())
+        self._spiking.append(torch.where(spike, steps, -1))
         self._accept(x, finite & ~spike)
 
     def _accept(self, x: torch.Tensor, accept: torch.Tensor) -> None:
@@ -82,17 +88,36 @@ class SpikeDetector:
             self.window.index_copy_(0, slots, part)
             self.accepted += taken.sum()
 
-    @staticmethod
-    def agreed(values: list[float]) -> range | None:
-        """The spiking steps all ranks agree on (first..last), from `values` all-reduced; None: none."""
+    def agreed(self, values: list[float]) -> range | None:
+        """The span of the steps that spiked on any rank (first..last), from `values` all-reduced;
+        None: none (and nothing judged so far is kept)."""
         first, last = int(-values[0]), int(values[1])
-        return None if first >= NONE or last < 0 else range(first, last + 1)
+        if first >= NONE or last < 0:
+            self._spiking = []
+            return None
+        return range(first, last + 1)
+
+    def flags(self, span: range) -> torch.Tensor:
+        """1 for each step of `span` whose loss spiked on this rank, else 0 (device ops only)."""
+        flags = torch.zeros(len(span), dtype=torch.float64, device=self.device)
+        if self._spiking:
+            spiking = torch.cat(self._spiking)
+            inside = (spiking >= span.start) & (spiking < span.stop)
+            at = (spiking - span.start).clamp(0, len(span) - 1)
+            flags.scatter_reduce_(0, at, inside.to(torch.float64), reduce="amax")
+        return flags
+
+    def spiked(self, span: range, world: World) -> tuple[int, ...]:
+        """The steps of `span` (`agreed`'s) that spiked on any rank: one gather, on every rank."""
+        rows = all_gather_rows(self.flags(span), world)
+        return tuple(step for step, flag in zip(span, rows.amax(dim=0).tolist(), strict=True) if flag > 0)
 
     def forget_spikes(self) -> None:
         """After a rollback: the spikes seen are dealt with, the pending losses were rolled back."""
         self.first.fill_(NONE)
         self.last.fill_(-1)
         self._steps = []
+        self._spiking = []
 
     def state_dict(self) -> dict[str, Any]:
         return {"window": self.window[: self.spec.window], "accepted": self.accepted}

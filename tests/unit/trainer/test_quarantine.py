@@ -12,6 +12,7 @@ from torch.utils.data import TensorDataset
 
 from mpjob_contract.skipping import SpikeSpec
 from mpjob_trainer.data import StepBatches, StepLoader, StepSampler
+from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.spike import SpikeDetector
@@ -107,10 +108,29 @@ def test_the_spike_detector_flags_a_finite_spike_without_a_host_read_per_step() 
             detector.observe(torch.tensor(loss), index)
             if (index + 1) % 5 == 0:  # the guard's reads, every logEvery steps
                 values = detector.values()
-    assert SpikeDetector.agreed([float(v) for v in values]) == range(20, 23)
+    assert detector.agreed([float(v) for v in values]) == range(20, 23)
     assert int(detector.accepted) == 30 - 1 - 3  # not the NaN, not the spikes
     detector.forget_spikes()
-    assert SpikeDetector.agreed([float(v) for v in detector.values()]) is None
+    assert detector.agreed([float(v) for v in detector.values()]) is None
+
+
+def test_only_the_steps_that_spiked_are_the_spikes_not_those_between_two() -> None:
+    """Spikes at steps 11 and 14 of one interval: the span the ranks agree on is 11-14, and the
+    spiking steps in it are 11 and 14 (12 and 13 trained on an ordinary loss, kept)."""
+    detector = SpikeDetector(SpikeSpec(action="rollback", z_score=6, window=8), torch.device("cpu"))
+    noise = torch.Generator().manual_seed(2)
+    losses = [1.0 + 0.01 * float(torch.randn((), generator=noise)) for _ in range(15)]
+    losses[11], losses[14] = 50.0, 40.0
+    with no_host_reads():
+        for index, loss in enumerate(losses):
+            detector.observe(torch.tensor(loss), index)
+            if (index + 1) % 5 == 0:
+                values = detector.values()
+    span = detector.agreed([float(v) for v in values])
+    assert span == range(11, 15)
+    assert detector.spiked(span, World(rank=0, size=1, local_rank=0)) == (11, 14)
+    detector.forget_spikes()
+    assert detector.spiked(span, World(rank=0, size=1, local_rank=0)) == ()
 
 
 def test_the_spike_detector_waits_for_a_full_window_and_ignores_a_flat_loss() -> None:
@@ -118,7 +138,7 @@ def test_the_spike_detector_waits_for_a_full_window_and_ignores_a_flat_loss() ->
     for index, loss in enumerate([1.0] * 5 + [100.0] + [2.0] * 20):  # 100 comes before the window is full
         detector.observe(torch.tensor(loss), index)
         if (index + 1) % 3 == 0:
-            assert SpikeDetector.agreed([float(v) for v in detector.values()]) is None
+            assert detector.agreed([float(v) for v in detector.values()]) is None
     state = detector.state_dict()
     again = SpikeDetector(SpikeSpec(action="rollback", window=8), torch.device("cpu"))
     again.load_state_dict(state)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import CheckpointRef
+from mpjob_contract.skipping import describe_ranges, ranges
 from mpjob_trainer.errors import NumericFault
 
 if TYPE_CHECKING:
@@ -41,8 +42,7 @@ class Rewrap(Exception):
 class LossSpiked(NumericFault):
     """Finite losses above their window (guard.spike) at `steps`."""
 
-    def __init__(self, steps: range, detected_at: int) -> None:
-        super().__init__(
-            GuardRule.LOSS_SPIKE, f"loss spike at steps {steps.start}-{steps.stop - 1} (detected at {detected_at})"
-        )
+    def __init__(self, steps: tuple[int, ...], detected_at: int) -> None:
+        spans = describe_ranges(ranges(list(steps)))
+        super().__init__(GuardRule.LOSS_SPIKE, f"loss spike at steps {spans} (detected at {detected_at})")
         self.steps = steps

@@ -159,7 +159,7 @@ class DataRung:
         guard would let pass (suspect: replayed at once)."""
         spikes = read.guard.spikes
         if spikes is not None and self.spike is not None:
-            self.lent.log("lossSpike", firstStep=spikes.start, lastStep=spikes.stop - 1, detectedAt=step)
+            self.lent.log("lossSpike", firstStep=spikes[0], lastStep=spikes[-1], detectedAt=step)
             self.spike.forget_spikes()
             if self.on_spike == "end" or self.replay is not None:  # else nothing to run again: seen only
                 return LossSpiked(spikes, step)
