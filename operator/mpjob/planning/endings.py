@@ -219,12 +219,17 @@ def preempted_by_queue(job: JobView) -> AttemptOutcome | None:
     suspended by its queue. A pod's invalid report is left out (the checkpoint it names is
     not trusted). The first Preempted report tells it, with what the ranks agree on as the most
     any pod told it (`with_peers`): rank 0 writes a DDP job's checkpoint on SIGTERM, and another
-    pod's report names the one it resumed from."""
+    pod's report names the one it resumed from. With no Preempted report (each pod ended another
+    way as it was stopped: a collective failed, a rank was cut), the first report, said as the
+    queue's preemption, carries what the pods told it the same way: its newest checkpoint is the
+    attempt's own, and the next attempt resumes from it."""
     if not (job.suspended and job.finished == "Failed" and job.reason != "DeadlineExceeded"):
         return None
     reports = valid_reports(job.pods)
-    report = next((r for r in reports if r.reason == Reason.PREEMPTED), None)
     message = "preempted by its queue (its Job was suspended): resumes in the same precision once admitted again"
+    report = next((r for r in reports if r.reason == Reason.PREEMPTED), None)
+    if report is None and reports:  # every pod ended another way as it was stopped: the queue's ending
+        report = reports[0].model_copy(update={"reason": Reason.PREEMPTED, "message": message})
     return AttemptOutcome(
         exit_code=int(codes.ExitCode.PREEMPTED),
         report=with_peers(report, reports) if report is not None else None,

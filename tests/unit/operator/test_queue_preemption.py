@@ -199,3 +199,19 @@ def test_a_queue_preemption_resumes_from_the_newest_checkpoint_any_pod_reported(
     outcome = preempted_by_queue(job)
     assert outcome is not None and outcome.report is not None and outcome.report.reason == "Preempted"
     assert outcome.report.last_good_checkpoint == checkpoint_at(40)
+
+
+def test_a_queue_preemption_with_no_preempted_report_still_resumes_from_the_newest_checkpoint() -> None:
+    """Every pod ended another way as its Job was suspended (worker 0 wrote its SIGTERM checkpoint
+    at step 40, then a collective failed; worker 1's rank was cut): no report says Preempted, but
+    the newest checkpoint one names is the attempt's own, and the ending stays the queue's."""
+    said = TerminationReport.model_validate_json(preempted_pod(40).termination_message or "")
+    crashed = said.model_copy(update={"reason": Reason.INFRA_ERROR, "message": "rank 1: NCCL error"})
+    cut = said.model_copy(update={"reason": Reason.DELETED, "last_good_checkpoint": checkpoint_at(20)})
+    worker0 = PodView("p0", 0, "Failed", False, 1, crashed.to_message(), deleting=True)
+    worker1 = PodView("p1", 1, "Failed", False, 143, cut.to_message(), deleting=True)
+    job = JobView(0, "Failed", "BackoffLimitExceeded", pods=(worker1, worker0), suspended=True)
+    outcome = preempted_by_queue(job)
+    assert outcome is not None and outcome.report is not None
+    assert outcome.report.reason == "Preempted" and "queue" in (outcome.report.message or "")
+    assert outcome.report.last_good_checkpoint == checkpoint_at(40)
