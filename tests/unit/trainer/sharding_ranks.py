@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from mpjob_contract.api import Guard, PrecisionSpec
 from mpjob_contract.parallelism import Parallelism
+from mpjob_contract.skipping import SpikeSpec
 from mpjob_trainer import sharding
 from mpjob_trainer.checkpoint import CheckpointStore, CorruptCheckpoint
 from mpjob_trainer.checkpoint.manifest import DCP, Manifest, folder_name, hash_files, read_manifest, write_manifest
@@ -34,6 +35,7 @@ from mpjob_trainer.session.checkpointing import Checkpointer
 from mpjob_trainer.session.framework import FrameworkCheckpointer
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.steps import StepNumerics
+from mpjob_trainer.spike import SpikeDetector
 from mpjob_trainer.tasks.gpt import make_task
 
 CPU = torch.device("cpu")
@@ -135,6 +137,26 @@ def case_guard_agrees(world: World) -> dict[str, Any]:
             guard.read(None, reported=nan if (world.rank, step) == (0, 15) else 1.0)
             healthy.append(guard.healthy())
     return {"healthy": healthy, "nonFinite": guard.non_finite_losses}
+
+
+def case_spikes_agree(world: World) -> dict[str, Any]:
+    """Rank 0's loss spikes at step 11, rank 1's at step 14 (0-based), in one read's interval:
+    every rank reads the same spiking steps, 11 and 14, and not 12 and 13 between them."""
+    guard = NumericGuard(Guard(maxNonFiniteLosses=100), CPU, world)
+    guard.spike = SpikeDetector(SpikeSpec(action="rollback", z_score=6, window=8), CPU)
+    noise = torch.Generator().manual_seed(world.rank)
+    spiking = {0: 11, 1: 14}[world.rank]
+    reads = []
+    for step in range(1, 16):
+        loss = 50.0 if step - 1 == spiking else 1.0 + 0.01 * float(torch.randn((), generator=noise))
+        guard.begin_step()
+        guard.observe_loss(torch.tensor(loss))
+        guard.optimizer_stepped()
+        guard.end_step(step, uses_scaler=False)
+        if step % 5 == 0:
+            spikes = guard.read(None, reported=loss).spikes
+            reads.append(list(spikes) if spikes is not None else None)
+    return {"spikes": reads}
 
 
 def case_clip(world: World) -> dict[str, Any]:

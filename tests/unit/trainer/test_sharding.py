@@ -125,6 +125,12 @@ def test_ranks_that_see_different_losses_agree_whether_the_state_may_be_checkpoi
 
 
 @pytest.mark.process
+def test_the_ranks_agree_on_the_steps_that_spiked_on_any_of_them_and_on_no_others(tmp_path: Path) -> None:
+    seen = ranks(tmp_path, "spikes_agree", 2)
+    assert [r["spikes"] for r in seen] == [[None, None, [11, 14]]] * 2
+
+
+@pytest.mark.process
 def test_the_clip_norm_is_the_unsharded_models(tmp_path: Path) -> None:
     for seen in ranks(tmp_path, "clip", 2):
         assert not seen["isDTensor"]  # a plain device tensor: the guard reads it like DDP's
