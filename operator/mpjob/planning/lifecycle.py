@@ -213,12 +213,15 @@ def conclude(
     resumed_at: int | None = None,
     outlive: bool | None = None,
     went_on_in: Precision | None = None,
+    room: elastic.Resize | None = None,
 ) -> None:
     """End `attempt` as `outcome` says, then begin the next one or finish the job (resuming
     from a checkpoint inside `checkpoint_dir`, where the attempt's trainers keep theirs; by
     default below the spec's store: the volume's mount or the bucket's prefix; when the next
     attempt reaches it: `resumepoint`, `outlive` as there; in `went_on_in`, the precision its
-    trainer changed to in place, whatever a spec edited since its launch would pick)."""
+    trainer changed to in place, whatever a spec edited since its launch would pick; with
+    `room`, the growth the cluster holds for a smaller attempt now (elastic.grows): the next
+    attempt starts that size, not smaller to grow at its first checkpoint, a restart more)."""
     status, report = plan.status, outcome.report
     result = under_policy(classify(outcome), spec.fault_policy, report)
     end_step = record_report(status, attempt.index, report)
@@ -234,7 +237,8 @@ def conclude(
     line = f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000]
     plan.events.append(Event(kind, ConditionReason.ATTEMPT_ENDED, line))
     resized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
-    workers, shape = elastic.next_size(spec, attempt, resized)
+    workers, shape = elastic.next_size(spec, attempt, resized or room)
+    status.grow_after_step = None  # where room began to show for the attempt that ended
     point = resume_point(status, spec, resumed_at=resumed_at, outlive=outlive)
     decision = after_attempt(
         spec,

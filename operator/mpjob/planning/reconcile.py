@@ -232,19 +232,21 @@ def _follow(
         awaiting_workers(plan, when, short)
         running(plan, spec, job=job, when=when)
     elif not any(p.alive for p in job.pods):  # else wait until every pod has stopped (and checkpointed)
-        _ended(plan, spec, job, when)
+        _ended(plan, spec, job, when, fits)
 
 
-def _ended(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When) -> None:
+def _ended(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When, fits: int | None) -> None:
     """The running attempt's Job finished, its pods stopped: the changes in place its report lists
     that no read caught are recorded first (the attempt that ends is the last one they began),
-    then its outcome ends it."""
+    then its outcome ends it; a smaller one the `fits` workers the cluster holds now would grow
+    is followed by one of that size."""
     outcome = preempted_by_queue(job) or outcome_of(job)
     if _changes_ended(plan, spec, outcome.report.precision_changes if outcome.report else [], when):
         return
     current = plan.status.attempts[-1]
     outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
-    lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when)
+    room = elastic.grows(spec, current, fits, plan.status) if outcome.resize is None else None
+    lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when, room=room)
 
 
 def _create(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, gone: JobView | None) -> None:

@@ -156,3 +156,29 @@ def test_no_growth_at_the_final_checkpoint_the_attempt_ends_succeeded_there() ->
     status.last_checkpoint, status.step = CheckpointStatus(step=40), 40
     kept = _at(job, status, RUNNING, 40, fits=3)
     assert not kept.delete and not kept.create and kept.status.attempts[-1].reason is None
+
+
+def test_an_attempt_after_a_fault_starts_at_the_size_the_cluster_holds_again() -> None:
+    """A smaller attempt that had seen room return ends NumericFault before its growth: the next
+    attempt starts with the workers the cluster holds now (a stale growAfterStep would otherwise
+    end it ScaledUp at its first reading, one restart more), and the marker goes with the attempt."""
+    job = spec(precision={"mode": "fp16", "fallback": ["bf16"]})
+    status = _at(job, _shrunk(job), RUNNING, 20, fits=3).status
+    assert status.grow_after_step == 20
+    status.last_checkpoint, status.step = CheckpointStatus(step=20), 25
+    fault = JobView(1, "Failed", "BackoffLimitExceeded", pods=(PodView("q0", 0, "Failed", False, exit_code=42),))
+    ended = _at(job, status, {1: fault}, 30, fits=3)
+    assert ended.status.attempts[-2].reason == "NumericFault"
+    (created,) = ended.create
+    assert (created.precision, created.workers, created.shape) == ("bf16", None, BatchShape(4, 1))
+    assert ended.status.grow_after_step is None
+    kept = _at(job, ended.status, {2: JobView(2, pods=(PodView("r0", 0, "Running", True),))}, 40, fits=3)
+    assert not kept.delete and kept.status.attempts[-1].reason is None
+
+
+def test_an_attempt_after_a_fault_keeps_its_smaller_size_when_the_room_is_not_back() -> None:
+    job = spec(precision={"mode": "fp16", "fallback": ["bf16"]})
+    status = _shrunk(job)
+    fault = JobView(1, "Failed", "BackoffLimitExceeded", pods=(PodView("q0", 0, "Failed", False, exit_code=42),))
+    (created,) = _at(job, status, {1: fault}, 30, fits=2).create
+    assert (created.precision, created.workers) == ("bf16", 2)
