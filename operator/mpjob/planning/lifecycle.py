@@ -15,7 +15,7 @@ from enum import StrEnum
 from mpjob.planning import elastic, history, skipped
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
-from mpjob.planning.classify import AttemptOutcome, classify, under_policy
+from mpjob.planning.classify import AttemptOutcome, Classification, classify, under_policy
 from mpjob.planning.phases import (
     amp_slower,
     awaiting_pods,
@@ -230,12 +230,7 @@ def conclude(
     amp_slower(plan, report.measurement if report else None, when)
     # An `auto` attempt ran in what its trainer measured and trained in.
     index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)
-    reason, code = result.reason.value, outcome.exit_code
-    st.end_attempt(status, index, reason, code, result.message, end_step, when.at, charged=result.charged)
-    kind = "Normal" if result.reason in NO_TROUBLE else "Warning"
-    plan.ended = Event(kind, result.reason, result.message)
-    line = f"attempt {index} ({precision}) ended {result.reason.value}: {result.message}"[:1000]
-    plan.events.append(Event(kind, ConditionReason.ATTEMPT_ENDED, line))
+    _end(plan, index, precision, result, outcome.exit_code, end_step, when)
     resized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
     workers, shape = elastic.next_size(spec, attempt, resized or room)
     status.grow_after_step = None  # where room began to show for the attempt that ended
@@ -265,6 +260,18 @@ def conclude(
         _repromoted(plan, spec, decision, when, point.lost)
     since = (report.ended_at if report is not None else None) or st.read_stamp(when.at).timestamp()  # a stall's: now
     begin(plan, spec, replace(decision, recovering_since=since), when, lost=point.lost)
+
+
+def _end(
+    plan: Plan, index: int, precision: str, result: Classification, code: int | None, end_step: int | None, when: When
+) -> None:
+    """Attempt `index` (in `precision`) ended as `result` says: recorded in the status, and said."""
+    reason = result.reason.value
+    st.end_attempt(plan.status, index, reason, code, result.message, end_step, when.at, charged=result.charged)
+    kind = "Normal" if result.reason in NO_TROUBLE else "Warning"
+    plan.ended = Event(kind, result.reason, result.message)
+    line = f"attempt {index} ({precision}) ended {reason}: {result.message}"[:1000]
+    plan.events.append(Event(kind, ConditionReason.ATTEMPT_ENDED, line))
 
 
 def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, lost: bool) -> None:
