@@ -182,13 +182,16 @@ def next_size(
     `attempt` ran in, on the workers it ran with under spec.elastic (a shrunk job grows back at a
     checkpoint, not by a restart), else on spec.workers. The spec's own when it was edited since
     so that they no longer keep its global batch (docs/sdk.md: under fsdp a user may edit workers
-    and processesPerWorker of a running job, and the next attempt runs with the new ones)."""
+    and processesPerWorker of a running job, and the next attempt runs with the new ones), or so
+    that elastic.minWorkers no longer allows as few."""
     if resize is not None:
         return resize.workers, resize.shape
     workers = workers_of(spec, attempt) if spec.elastic is not None else spec.workers
     shape = shape_of(attempt)
     ran = shape or BatchShape.of(spec)
     if ran.micro_batch * ran.grad_accumulation * workers * processes_per_worker(spec) != global_batch(spec):
+        return spec.workers, None
+    if spec.elastic is not None and workers < spec.elastic.min_workers:
         return spec.workers, None
     return workers, shape
 

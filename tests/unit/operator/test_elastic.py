@@ -276,6 +276,20 @@ def test_the_attempt_after_an_edit_of_the_world_runs_with_the_edited_spec(edit: 
     assert launch.attempt_spec().workers == edited.workers
 
 
+def test_the_attempt_after_a_raised_min_workers_is_not_smaller_than_it() -> None:
+    """2 workers after a node was lost, then elastic.minWorkers edited to 3 while it ran: the
+    next attempt (a fault's) runs with spec.workers, not the 2 the spec now forbids."""
+    job = spec()
+    plan, first = _start(job)
+    lost = _resize(job, first, Capacity(2, node_lost=True))
+    smaller = _end(plan, job, first, AttemptOutcome(137, platform_reason="NodeLost", resize=lost))
+    assert smaller.workers == 2
+    raised = spec(elastic={"minWorkers": 3, "waitSeconds": 60})
+    nxt = _end(plan, raised, smaller, AttemptOutcome(42))
+    assert (nxt.precision, nxt.workers, nxt.shape) == ("bf16", None, FULL)
+    assert plan.status.attempts[-1].world_size == 3
+
+
 def test_growing_back_keeps_below_a_micro_batch_that_ran_out_of_memory() -> None:
     """2 workers of 4 samples ran out of memory (split to 2 x 2), a node was lost (1 worker, 2 x 4):
     growing back to 2 keeps micro-batches of 2, not batchSize's 4, which ran out of memory."""
