@@ -12,7 +12,9 @@ origin is (step, step x P) and the position is the step's, as it always was.
 Quarantined samples (mpjob_trainer.quarantine: bad data and loss spikes the session rolled back
 from) are left out of the micro-batch they fall in; the rest of the order is unchanged, so a
 run that quarantined a sample equals one whose data never had it in those places. A micro-batch
-left empty is dropped from its step (a step left empty trains nothing).
+left empty is dropped from its step (a step left empty trains nothing). Under several processes
+every rank still runs as many passes as the rank holding the most micro-batches
+(`StepSampler.passes`): a rank left with fewer pads its step with passes that weigh nothing.
 
 Optimizer step s covers the stream positions [s * P, (s + 1) * P) with P = accumulation x
 world x batch, whatever the split of P: an attempt that halves `batch` and doubles
@@ -64,22 +66,28 @@ class StepSampler:
         self.world = world
         self.rank = rank
         self.seed = seed
-        self._epoch = -1
-        self._perm = torch.empty(0, dtype=torch.long)
+        #: The permutations of the last two epochs drawn (a step's ranks may straddle an epoch's end).
+        self._perms: dict[int, torch.Tensor] = {}
 
     def _permutation(self, epoch: int) -> torch.Tensor:
-        if epoch != self._epoch:
+        if epoch not in self._perms:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm = torch.randperm(self.size, generator=gen)
-            self._epoch = epoch
-        return self._perm
+            self._perms = {e: p for e, p in self._perms.items() if e == epoch - 1}
+            self._perms[epoch] = torch.randperm(self.size, generator=gen)
+        return self._perms[epoch]
 
-    def indices(self, step: int, micro: int) -> list[int]:
-        local = (((step - self.origin.step) * self.accumulation + micro) * self.world + self.rank) * self.batch
+    def indices(self, step: int, micro: int, rank: int | None = None) -> list[int]:
+        """The samples of micro-batch `micro` of step `step` on this rank (or on `rank`), in order."""
+        rank = self.rank if rank is None else rank
+        local = (((step - self.origin.step) * self.accumulation + micro) * self.world + rank) * self.batch
         start = self.origin.samples + local
         out: list[int] = []
-        for k in range(start, start + self.batch):
-            out.append(int(self._permutation(k // self.size)[k % self.size]))
+        k, stop = start, start + self.batch
+        while k < stop:  # each epoch's part in one slice (`passes` reads every rank's samples each step)
+            epoch, at = divmod(k, self.size)
+            part = self._permutation(epoch)[at : at + stop - k].tolist()
+            out.extend(part)
+            k += len(part)
         return self.quarantine.keep(out) if len(self.quarantine) else out
 
     def micro_sizes(self, step: int) -> list[int]:
@@ -90,13 +98,44 @@ class StepSampler:
         """Micro-batches of step `step` that still hold samples."""
         return len(self.micro_sizes(step))
 
+    def passes(self, step: int) -> int:
+        """Forward and backward passes every rank runs in step `step`: as many as the rank with the
+        most micro-batches still holding samples has (0 only when the quarantine left every rank's
+        empty: then every rank skips the step alike).
+
+        The ranks must agree: DDP all-reduces the gradients at the last pass, FSDP2 all-gathers at
+        every forward and reduce-scatters at every backward, and a rank that ran fewer (a quarantined
+        sample left it fewer micro-batches, or none) would leave its peers waiting in a collective
+        until its timeout. Every rank knows every rank's samples (the order is a function of the
+        step, the quarantine the same on all), so each finds the count by itself, without a collective."""
+        if not len(self.quarantine):
+            return self.accumulation
+        return max(self._held(step, rank) for rank in range(self.world))
+
+    def _held(self, step: int, rank: int) -> int:
+        return sum(1 for micro in range(self.accumulation) if self.indices(step, micro, rank))
+
+    def filler(self, step: int) -> list[int]:
+        """The samples of a pass that trains nothing (`passes`: a rank short of passes pads its step
+        with them, their loss weighed by 0): this rank's first micro-batch of the step that holds any,
+        else the first one of another rank (one holds samples whenever the step runs a pass)."""
+        for rank in (self.rank, *range(self.world)):
+            for micro in range(self.accumulation):
+                if indices := self.indices(step, micro, rank):
+                    return indices
+        raise ValueError(f"every sample of step {step} is quarantined: the step runs no pass to pad")
+
     def step_indices(self, step: int) -> list[int]:
         """This rank's samples of optimizer step `step`, micro-batch by micro-batch."""
         return [i for micro in range(self.accumulation) for i in self.indices(step, micro)]
 
 
 def micro_batch(dataset: Dataset[Any], sampler: StepSampler, step: int, micro: int) -> Any:
-    return default_collate([dataset[i] for i in sampler.indices(step, micro)])
+    return collate(dataset, sampler.indices(step, micro))
+
+
+def collate(dataset: Dataset[Any], indices: list[int]) -> Any:
+    return default_collate([dataset[i] for i in indices])
 
 
 def is_namedtuple(value: Any) -> bool:
@@ -193,6 +232,16 @@ class StepLoader:
             return [next(self._batches) for _ in range(self.sampler.micro_count(step))]
         micros = range(self.sampler.accumulation)
         return [micro_batch(self.dataset, self.sampler, step, m) for m in micros if self.sampler.indices(step, m)]
+
+    def passes(self, step: int) -> tuple[list[Any], list[int]]:
+        """Every pass of optimizer step `step`, as many as on every rank (StepSampler.passes): the
+        batches, and the samples each trains (0 for the passes that pad a rank short of micro-batches)."""
+        batches, sizes = self.micro_batches(step), self.sampler.micro_sizes(step)
+        padding = self.sampler.passes(step) - len(batches)
+        if padding > 0:
+            filler = collate(self.dataset, self.sampler.filler(step))
+            batches, sizes = [*batches, *[filler] * padding], [*sizes, *[0] * padding]
+        return batches, sizes
 
     def close(self) -> None:
         """Stop the workers (their iterator shuts them down when it is dropped)."""

@@ -88,9 +88,9 @@ def train_once(run: Session) -> None:
             task.set_step(step)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(run.applied_steps, tr.steps, tr.learning_rate, tr.warmup_steps)
-        micro_batches = data.micro_batches(step)
-        if micro_batches:  # else every sample of the step is quarantined: nothing to train on
-            forward_backward(run, net, task, micro_batches, sampler.micro_sizes(step))
+        micro_batches, sizes = data.passes(step)  # as many on every rank, padded where quarantined
+        if micro_batches:  # else every rank's samples of the step are quarantined: nothing to train on
+            forward_backward(run, net, task, micro_batches, sizes)
             run.step(optimizer, clip_norm=tr.grad_clip_norm)
 
     def reshape(micro: int, accumulation: int) -> None:
@@ -156,11 +156,14 @@ def non_finite_alone(run: Session, model: nn.Module, task: Task, indices: list[i
 def forward_backward(run: Session, net: nn.Module, task: Task, micro_batches: list[Any], sizes: list[int]) -> None:
     """All micro-batches of one optimizer step (`sizes`: their samples); DDP all-reduces gradients on
     the last only. Each loss counts by its samples: the step's is the mean over this rank's samples
-    (1/accumulation each when the micro-batches are alike); the session weighs each rank's by them."""
+    (1/accumulation each when the micro-batches are alike); the session weighs each rank's by them.
+    A pass of 0 samples pads the step (StepSampler.passes): its loss is multiplied by 0, so it
+    trains and counts nothing, but joins the collectives every rank's passes meet in."""
     accumulation, total = len(micro_batches), sum(sizes)
     for micro, (batch, size) in enumerate(zip(micro_batches, sizes, strict=True)):
         inputs, targets = to_device(batch, run.device)
         with accumulating(net, last=micro == accumulation - 1):
             with run.autocast():
-                loss = task.loss(net(inputs), targets) / (total / size)
+                loss = task.loss(net(inputs), targets)
+                loss = loss / (total / size) if size else loss * 0.0
             run.backward(loss, samples=size)

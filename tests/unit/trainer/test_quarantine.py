@@ -79,6 +79,23 @@ def test_a_sampler_leaves_quarantined_samples_out_and_keeps_the_rest_in_order() 
     assert [len(b) for b in StepBatches(sampler, 3, 4)] == [7]
 
 
+def test_every_rank_runs_as_many_passes_as_the_rank_holding_the_most_micro_batches() -> None:
+    q = Quarantine()
+    ranks = [StepSampler(64, 2, 2, 2, rank, 5, quarantine=q) for rank in range(2)]
+    assert [s.passes(3) for s in ranks] == [2, 2]
+    q.add(3, "data", ranks[1].step_indices(3))  # rank 1's every sample of step 3; rank 0's stay
+    assert [s.micro_count(3) for s in ranks] == [2, 0] and [s.passes(3) for s in ranks] == [2, 2]
+    assert ranks[0].filler(3) == ranks[0].indices(3, 0) and ranks[1].filler(3) == ranks[0].indices(3, 0)
+    data = TensorDataset(torch.arange(64.0))
+    loader = StepLoader(data, ranks[1], span=range(3, 4), workers=0, pin=False)
+    batches, sizes = loader.passes(3)  # padded with rank 0's first micro-batch, weighed 0
+    assert sizes == [0, 0] and [b[0].tolist() for b in batches] == [[float(i) for i in ranks[0].indices(3, 0)]] * 2
+    q.add(3, "data", ranks[0].step_indices(3))  # every rank's: every rank skips the step alike
+    assert [s.passes(3) for s in ranks] == [0, 0] and loader.passes(3) == ([], [])
+    alone = StepSampler(64, 2, 2, 1, 0, 5, quarantine=q)  # one process: its own micro-batches, no padding
+    assert ranks[0].passes(4) == 2 and all(alone.passes(step) == alone.micro_count(step) for step in range(40))
+
+
 @contextmanager
 def no_host_reads() -> Iterator[None]:
     """Fail on any read of a device value on the host (a sync on a GPU)."""

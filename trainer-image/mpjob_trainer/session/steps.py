@@ -106,7 +106,7 @@ class StepNumerics:
         self.applied.watch(optimizer)
 
     def backward(self, loss: torch.Tensor, samples: int | None = None) -> None:
-        check_samples(samples, call="backward(loss, samples=", name="samples")
+        check_samples(samples, call="backward(loss, samples=", name="samples", least=0)
         scaler = self.precision.scaler
         with self.precision.ours():  # a forward recomputed in it (activation checkpointing) is ours
             (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -187,7 +187,7 @@ class StepNumerics:
             self.guard.observe_loss(torch.as_tensor(observed))
         asked = self.tally.stepped or self.steps_elsewhere
         fault = self.guard.end_step(step, self.precision.scaler is not None and asked and not skipped)
-        backward, judged = self.tally.loss_sum is not None, not (skipped or self.steps_elsewhere)
+        backward, judged = self.tally.loss_sum is not None or self.tally.padded, not (skipped or self.steps_elsewhere)
         wanted = self.tally.stepped or self.tally.asked  # run.step() (GradScaler may skip it), or a hooked step
         self.updates.close(backward=backward, asked=wanted, applied=self.guard.applied, judged=judged)
         self.guard.begin_step()

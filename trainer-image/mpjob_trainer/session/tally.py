@@ -32,12 +32,11 @@ def require_one_number(loss: object) -> None:
     raise ConfigError(f"end_step(loss={given}): the loss to report is one number, a float or a one-element tensor")
 
 
-def check_samples(samples: object, *, call: str, name: str) -> None:
-    """A count of samples a loss covers: a positive integer, or None (else a ConfigError naming `call`)."""
-    if samples is not None and not (isinstance(samples, int) and not isinstance(samples, bool) and samples > 0):
-        raise ConfigError(
-            f"{call}{samples!r}): {name} is how many samples the loss covers, a positive integer, or None"
-        )
+def check_samples(samples: object, *, call: str, name: str, least: int = 1) -> None:
+    """A count of samples a loss covers: an integer from `least` on, or None (else a ConfigError naming `call`)."""
+    if samples is not None and not (isinstance(samples, int) and not isinstance(samples, bool) and samples >= least):
+        what = "a positive integer" if least else "an integer >= 0 (0: a pass that trains no sample)"
+        raise ConfigError(f"{call}{samples!r}): {name} is how many samples the loss covers, {what}, or None")
 
 
 class StepTally:
@@ -52,8 +51,14 @@ class StepTally:
         self.lr: Number | None = None
         self.stepped = False  # did the loop ask run.step() for an update since the step began?
         self.asked = False  # was an optimizer handed to resume() or step() asked to step since the step began?
+        self.padded = False  # did backward() run a pass of 0 samples since the step began?
 
     def add_loss(self, loss: torch.Tensor, samples: int | None = None) -> None:
+        """Keep a backward pass's loss; one of 0 samples (a rank's step padded to its peers' passes:
+        mpjob_trainer.data.StepSampler.passes) counts nowhere, not in the loss reported nor the guard's."""
+        if samples == 0:
+            self.padded = True
+            return
         detached = loss.detach().float()
         self.loss_sum = detached if self.loss_sum is None else self.loss_sum + detached
         self.samples += samples or 0
@@ -96,7 +101,7 @@ class StepTally:
         """Forget the losses since the step began (a step the session runs itself begins)."""
         self.loss_sum = None
         self.samples = 0
-        self.stepped = self.asked = False
+        self.stepped = self.asked = self.padded = False
 
     def finite_and_clear(self, *, grad_norm: bool) -> bool:
         """Were the losses since the last clear (and, with `grad_norm`, the gradient norm)
