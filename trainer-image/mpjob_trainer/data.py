@@ -108,8 +108,8 @@ class StepSampler:
         sample left it fewer micro-batches, or none) would leave its peers waiting in a collective
         until its timeout. Every rank knows every rank's samples (the order is a function of the
         step, the quarantine the same on all), so each finds the count by itself, without a collective."""
-        if not len(self.quarantine):
-            return self.accumulation
+        if len(self.quarantine.samples) < self.batch:
+            return self.accumulation  # too few quarantined to empty a micro-batch: no rank's samples read
         return max(self._held(step, rank) for rank in range(self.world))
 
     def _held(self, step: int, rank: int) -> int:

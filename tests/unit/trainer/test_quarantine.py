@@ -96,6 +96,20 @@ def test_every_rank_runs_as_many_passes_as_the_rank_holding_the_most_micro_batch
     assert ranks[0].passes(4) == 2 and all(alone.passes(step) == alone.micro_count(step) for step in range(40))
 
 
+def test_too_few_quarantined_samples_to_empty_a_micro_batch_read_no_ranks_samples() -> None:
+    """A micro-batch empties only when each of its samples is quarantined: with fewer quarantined
+    than a micro-batch holds, every rank runs every pass, and the ranks' samples are not read."""
+    q = Quarantine()
+    q.add(0, "data", [1, 2, 3])
+    sampler = StepSampler(1024, 4, 8, 64, 0, 5, quarantine=q)
+    read: list[int | None] = []
+    original = sampler.indices
+    sampler.indices = lambda step, micro, rank=None: read.append(rank) or original(step, micro, rank)  # type: ignore[method-assign]
+    assert [sampler.passes(step) for step in range(20)] == [8] * 20 and read == []
+    q.add(1, "data", [4])  # four: a micro-batch of four could empty now
+    assert sampler.passes(1) == 8 and len(read) == 64 * 8
+
+
 @contextmanager
 def no_host_reads() -> Iterator[None]:
     """Fail on any read of a device value on the host (a sync on a GPU)."""
