@@ -45,9 +45,9 @@ def attempt_name(job: str, index: int) -> str:
     return f"{job}-a{index}"
 
 
-def labels(job: str, index: int, precision: str) -> dict[str, str]:
-    mine = {"app.kubernetes.io/name": "mpjob-trainer", "app.kubernetes.io/managed-by": "mpjob"}
-    return {**mine, LABEL_JOB: job, LABEL_ATTEMPT: str(index), LABEL_PRECISION: precision}
+def labels(job: str, index: int | None = None, precision: str = "") -> dict[str, str]:
+    mine = {"app.kubernetes.io/name": "mpjob-trainer", "app.kubernetes.io/managed-by": "mpjob", LABEL_JOB: job}
+    return mine if index is None else {**mine, LABEL_ATTEMPT: str(index), LABEL_PRECISION: precision}  # None: the job's
 
 
 def _gpu_affinity(min_cc: str) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         *_bucket_env(launch.spec),
         *_tracking_env(launch.spec),
-        profile_token.token_env(name),
+        profile_token.token_env(launch.job_name),
     ]
 
 

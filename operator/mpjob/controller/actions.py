@@ -31,7 +31,7 @@ from kubernetes.client.rest import ApiException
 
 from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
 from mpjob.builders.network_policy import attempt_network_policy
-from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
+from mpjob.builders.profile_token import job_profile_secret, job_token
 from mpjob.controller import leftovers
 from mpjob.controller import metrics as om
 from mpjob.controller.bodies import adopt
@@ -137,10 +137,9 @@ class Actions:
         """An attempt's profile-token Secret (owned by the job), its Job, then its Service and
         NetworkPolicy (owned by the Job, so they go with it)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        # The profile token's Secret first: the pods find it when they start.
-        token = attempt_token(self.config.profile_key, uid=body["metadata"]["uid"], attempt=start.index)
-        attempt, names = attempt_name(name, start.index), labels(name, start.index, start.precision)
-        self.cluster.create_secret(attempt_profile_secret(attempt, namespace, names, token), owner=body)
+        # The job's profile-token Secret first (made once, for every attempt): the pods find it when they start.
+        token = job_token(self.config.profile_key, uid=body["metadata"]["uid"])
+        self.cluster.create_secret(job_profile_secret(name, namespace, labels(name), token), owner=body)
         job = attempt_job(
             job=name, namespace=namespace, uid=body["metadata"]["uid"], spec=spec, start=start,
             image=self.config.trainer_image, deadline_seconds=plan.deadline_seconds,

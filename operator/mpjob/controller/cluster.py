@@ -156,9 +156,10 @@ class Cluster:
         _create_job_child(policy, "NetworkPolicy", job=job, calls=calls)
 
     def create_secret(self, secret: dict[str, Any], *, owner: dict[str, Any]) -> None:
-        """Create an attempt's profile-token Secret, controlled by the MixedPrecisionJob `owner`
-        (it goes with the job). The operator never reads a Secret: one of that name that exists
-        already is left as it is, unread (whoever made it can only break their own profiles).
+        """Create the job's profile-token Secret, controlled by the MixedPrecisionJob `owner`
+        (it goes with the job; asked before each attempt's Job, it is made before the first).
+        The operator never reads a Secret: one of that name that exists already is left as it
+        is, unread (whoever made it can only break their own profiles).
         Profiles are an extra: a refusal (an older chart's RBAC, a quota) is logged and the
         attempt runs without its token, answering no profile request."""
         core, namespace = self.core, owner["metadata"]["namespace"]

@@ -9,7 +9,7 @@ operator already makes to the pod: rank 0's metrics port, which the attempt's Ne
 opens to the operator. Asks run in a small pool of their own, each bounded by the scrape
 deadline and MAX_ANSWER_BYTES (`scrape.fetch`), one per job at a time; a reconcile only hands
 an ask over and takes the answer that came back since, so a slow pod never holds a reconcile.
-Each ask carries the attempt's profile token (builders.profile_token), which only this operator
+Each ask carries the job's profile token (builders.profile_token), which only this operator
 can derive. Asks and answers are keyed by the job's UID, never its namespace/name: a job
 deleted and created again under the same name is never handed the old one's answer.
 """
@@ -26,7 +26,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from mpjob.builders.profile_token import attempt_token
+from mpjob.builders.profile_token import job_token
 from mpjob.controller.actions import write_patch
 from mpjob.controller.cache import Observed
 from mpjob.controller.cluster import CONFLICT, Cluster
@@ -110,7 +110,7 @@ class ProfileRequests:
         path = f"{PROFILE_PATH}?id={ask.id}&steps={ask.steps}"
         answer = None
         try:
-            token = attempt_token(self.key, uid=uid, attempt=ask.attempt)
+            token = job_token(self.key, uid=uid)
             bound, post = MAX_ANSWER_BYTES, "POST"
             text = fetch(ip, self.port, path=path, deadline=self.deadline, max_bytes=bound, method=post, bearer=token)
             answer = ProfileAnswer.model_validate_json(text)

@@ -12,7 +12,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
 
 from mpjob.builders.attempt import attempt_job
-from mpjob.builders.profile_token import attempt_profile_secret, attempt_token
+from mpjob.builders.profile_token import job_profile_secret, job_token
 from mpjob.controller import profiles
 from mpjob.controller.cache import Observed
 from mpjob.controller.cluster import Cluster
@@ -54,22 +54,22 @@ def asked(requests: ProfileRequests, uid: str) -> ProfileAnswer | None:
 
 
 def test_only_the_operator_that_holds_the_key_is_answered() -> None:
-    port = trainer(attempt_token(KEY, uid="uid-1", attempt=1))
+    port = trainer(job_token(KEY, uid="uid-1"))
     answered = asked(ProfileRequests(StatusWrites(), 2.0, KEY, port=port), "uid-1")  # type: ignore[arg-type]
     assert answered is not None and answered.state == "Capturing"
     assert asked(ProfileRequests(StatusWrites(), 2.0, b"another key", port=port), "uid-1") is None  # type: ignore[arg-type]
-    other_attempt = trainer(attempt_token(KEY, uid="uid-1", attempt=2))
-    assert asked(ProfileRequests(StatusWrites(), 2.0, KEY, port=other_attempt), "uid-1") is None  # type: ignore[arg-type]
+    other_job = trainer(job_token(KEY, uid="uid-2"))
+    assert asked(ProfileRequests(StatusWrites(), 2.0, KEY, port=other_job), "uid-1") is None  # type: ignore[arg-type]
 
 
 def test_a_busy_trainer_is_asked_again_later() -> None:
-    port = trainer(attempt_token(KEY, uid="uid-1", attempt=1), busy=True)
+    port = trainer(job_token(KEY, uid="uid-1"), busy=True)
     requests = ProfileRequests(StatusWrites(), 2.0, KEY, port=port)  # type: ignore[arg-type]
     assert asked(requests, "uid-1") is None and not requests._busy
 
 
 def test_answers_are_kept_by_the_jobs_uid_not_its_name() -> None:
-    port = trainer(attempt_token(KEY, uid="uid-1", attempt=1))
+    port = trainer(job_token(KEY, uid="uid-1"))
     writes = StatusWrites()
     requests = ProfileRequests(writes, 2.0, KEY, port=port)  # type: ignore[arg-type]
     assert asked(requests, "uid-1") is not None
@@ -87,17 +87,21 @@ def test_answers_are_kept_by_the_jobs_uid_not_its_name() -> None:
     assert "uid-1" not in requests._answers and [p["profiles"][0]["state"] for p in writes.patches] == ["Capturing"]
 
 
-def test_the_token_reaches_the_pods_only_through_the_attempts_secret() -> None:
-    spec = SPEC
-    start = StartAttempt(index=1, precision="bf16", start_step=0, resume_from=None)
-    job = attempt_job(job="job", namespace="ns", uid="uid-1", spec=spec, start=start, image="img")
-    token = attempt_token(KEY, uid="uid-1", attempt=1)
-    assert token not in str(job)
-    (env,) = [e for e in job["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == PROFILE_TOKEN_ENV]
-    ref = env["valueFrom"]["secretKeyRef"]
-    secret = attempt_profile_secret("job-a1", "ns", {"mpjob.dev/job": "job"}, token)
-    assert ref["name"] == secret["metadata"]["name"] == "job-a1-profile" and ref["key"] in secret["data"]
-    assert attempt_token(KEY, uid="uid-2", attempt=1) != token != attempt_token(KEY, uid="uid-1", attempt=2)
+def test_the_token_reaches_the_pods_only_through_the_jobs_one_secret() -> None:
+    """Every attempt's pods name the job's one Secret (the operator cannot delete Secrets: one an
+    attempt made would outlive the attempt's pruned Job, Service and NetworkPolicy)."""
+    token = job_token(KEY, uid="uid-1")
+    refs = []
+    for index in (0, 1, 7):
+        start = StartAttempt(index=index, precision="bf16", start_step=0, resume_from=None)
+        job = attempt_job(job="job", namespace="ns", uid="uid-1", spec=SPEC, start=start, image="img")
+        assert token not in str(job)
+        (env,) = [e for e in job["spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == PROFILE_TOKEN_ENV]
+        refs.append(env["valueFrom"]["secretKeyRef"])
+    secret = job_profile_secret("job", "ns", {"mpjob.dev/job": "job"}, token)
+    assert {r["name"] for r in refs} == {secret["metadata"]["name"]} == {"job-profile"}
+    assert all(r["key"] in secret["data"] for r in refs)
+    assert job_token(KEY, uid="uid-2") != token == job_token(KEY, uid="uid-1")
 
 
 def test_a_bucket_jobs_profile_is_recorded_in_its_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,7 +126,7 @@ def test_a_profile_secret_that_exists_or_is_refused_never_stops_the_attempt(stat
 
     meta = {"namespace": "ns", "name": "job", "uid": "uid-1"}
     owner: dict[str, Any] = {"apiVersion": "mpjob.dev/v1alpha1", "kind": "MixedPrecisionJob", "metadata": meta}
-    secret = attempt_profile_secret("job-a0", "ns", {}, "t0ken")
+    secret = job_profile_secret("job", "ns", {}, "t0ken")
     cluster = Cluster(custom=None, batch=None, core=Core())
     if raises:
         with pytest.raises(ApiException):
