@@ -13,7 +13,8 @@ the pod's own env would be readable by whoever may read pods, which a monitoring
 account usually may; a Secret it usually may not. The operator only creates these Secrets and
 never reads one: a Secret of the name it did not make (a job named `x-a1` beside an older
 operator's Secret for job `x`'s attempt 1) is left as it is, its pods get whatever it holds, and
-the profiles asked of them are refused (status.profiles says so). Attempts begun by an operator
+rank 0 refuses the operator's asks (401): the profiles are recorded Refused in status.profiles,
+saying why (`controller.profiles`), and the attempt runs on. Attempts begun by an operator
 that made one Secret per attempt keep theirs, with its token: profiles asked of them are refused
 until the next attempt begins. The key comes from the operator's environment
 (`MPJOB_PROFILE_KEY`, the chart's Secret); without one it draws a random key when it starts, and

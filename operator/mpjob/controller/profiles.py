@@ -9,9 +9,13 @@ operator already makes to the pod: rank 0's metrics port, which the attempt's Ne
 opens to the operator. Asks run in a small pool of their own, each bounded by the scrape
 deadline and MAX_ANSWER_BYTES (`scrape.fetch`), one per job at a time; a reconcile only hands
 an ask over and takes the answer that came back since, so a slow pod never holds a reconcile.
-Each ask carries the job's profile token (builders.profile_token), which only this operator
-can derive. Asks and answers are keyed by the job's UID, never its namespace/name: a job
-deleted and created again under the same name is never handed the old one's answer.
+Each ask carries the job's profile token (builders.profile_token: one for all its attempts),
+which only this operator can derive. Asks and answers are keyed by the job's UID, never its
+namespace/name: a job deleted and created again under the same name is never handed the old
+one's answer. Rank 0 refusing the token (401: its pods hold another, from a Secret of the
+job's name this operator did not make, an attempt an older one began, or a key since changed;
+403: they hold none) is a final answer: the profile is recorded Refused, saying why, and never
+asked again: the attempt's pods hold that token for as long as they run.
 """
 
 from __future__ import annotations
@@ -41,6 +45,14 @@ from mpjob_contract.launch import checkpoint_root, job_checkpoint_dir
 from mpjob_contract.tracking import MAX_ANSWER_BYTES, PROFILE_ANNOTATION, PROFILE_PATH, ProfileAnswer
 
 log = logging.getLogger("mpjob.operator.profiles")
+
+#: Rank 0's answers that refuse the ask for its token, for good: what the profile's entry says.
+TOKEN_REFUSALS = {
+    401: "rank 0 refused the job's profile token (401): the attempt's pods hold another (a Secret "
+    "of the job's name this operator did not make, an attempt an older operator began, or the "
+    "operator's profile key changed since the attempt began)",
+    403: "the attempt's pods hold no profile token (403): its Secret was refused or is missing",
+}
 
 
 class ProfileRequests:
@@ -114,7 +126,11 @@ class ProfileRequests:
             bound, post = MAX_ANSWER_BYTES, "POST"
             text = fetch(ip, self.port, path=path, deadline=self.deadline, max_bytes=bound, method=post, bearer=token)
             answer = ProfileAnswer.model_validate_json(text)
-        except (ScrapeError, ValidationError) as exc:
+        except ScrapeError as exc:
+            if (refused := TOKEN_REFUSALS.get(exc.status or 0)) is not None:
+                answer = ProfileAnswer(id=ask.id, state="Refused", message=refused)
+            log.info("asking %s/%s's rank 0 for profile %d: %s", *key, ask.id, str(exc)[:200])
+        except ValidationError as exc:
             log.info("asking %s/%s's rank 0 for profile %d: %s", *key, ask.id, str(exc)[:200])
         except Exception:  # a bug here must not leave the job busy for good
             log.exception("asking %s/%s's rank 0 for profile %d failed", *key, ask.id)

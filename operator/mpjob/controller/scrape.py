@@ -21,7 +21,12 @@ RECEIVE = 64 * 1024
 
 
 class ScrapeError(Exception):
-    """The endpoint could not be read within the bounds (the message says which)."""
+    """The endpoint could not be read within the bounds (the message says which); `status`: the
+    HTTP status it answered instead of 200, when it answered one."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def fetch(
@@ -86,7 +91,9 @@ def _body(data: bytes, *, max_bytes: int) -> str:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or parts[1] != "200":
-        raise ScrapeError(f"status line {lines[0][:80]!r} (only 200 is read; redirects are never followed)")
+        status = whole_number(parts[1], digits=3) if len(parts) >= 2 and parts[0].startswith("HTTP/") else None
+        said = f"status line {lines[0][:80]!r} (only 200 is read; redirects are never followed)"
+        raise ScrapeError(said, status=status)
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
     if headers.get("transfer-encoding", "identity").lower() != "identity" or headers.get("content-encoding"):
         raise ScrapeError("an encoded body (only identity is read)")

@@ -57,9 +57,10 @@ def test_only_the_operator_that_holds_the_key_is_answered() -> None:
     port = trainer(job_token(KEY, uid="uid-1"))
     answered = asked(ProfileRequests(StatusWrites(), 2.0, KEY, port=port), "uid-1")  # type: ignore[arg-type]
     assert answered is not None and answered.state == "Capturing"
-    assert asked(ProfileRequests(StatusWrites(), 2.0, b"another key", port=port), "uid-1") is None  # type: ignore[arg-type]
+    another_key = asked(ProfileRequests(StatusWrites(), 2.0, b"another key", port=port), "uid-1")  # type: ignore[arg-type]
     other_job = trainer(job_token(KEY, uid="uid-2"))
-    assert asked(ProfileRequests(StatusWrites(), 2.0, KEY, port=other_job), "uid-1") is None  # type: ignore[arg-type]
+    other = asked(ProfileRequests(StatusWrites(), 2.0, KEY, port=other_job), "uid-1")  # type: ignore[arg-type]
+    assert [a.state if a else None for a in (another_key, other)] == ["Refused", "Refused"]  # 401: nothing captured
 
 
 def test_a_busy_trainer_is_asked_again_later() -> None:
@@ -134,3 +135,20 @@ def test_a_profile_secret_that_exists_or_is_refused_never_stops_the_attempt(stat
     else:
         cluster.create_secret(secret, owner=owner)  # left as it is / logged: the attempt runs
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+@pytest.mark.parametrize(("token", "code"), [("another job's token", 401), ("", 403)])
+def test_a_profile_rank_0_refuses_for_its_token_is_recorded_refused(token: str, code: int) -> None:
+    port = trainer(token)  # pods holding another token (a Secret not the job's), or none at all
+    writes = StatusWrites()
+    requests = ProfileRequests(writes, 2.0, KEY, port=port)  # type: ignore[arg-type]
+    answer = asked(requests, "uid-1")
+    assert answer is not None and answer.state == "Refused" and str(code) in (answer.message or "")
+    entry = ProfileStatus(id=1, request="5", steps=5, attempt=1, state="Requested", path="p")
+    status = MixedPrecisionJobStatus(
+        phase="Running", attempt=1, attempts=[AttemptStatus(index=1, precision="bf16")], profiles=[entry]
+    )
+    meta = {"namespace": "ns", "name": "job", "uid": "uid-1", "annotations": {"mpjob.dev/profile-steps": "5"}}
+    requests.reconcile({"metadata": meta}, SPEC, status, Observed({}, frozenset(), {}, {}))
+    (written,) = writes.patches[0]["profiles"]
+    assert written["state"] == "Refused" and written["finishTime"]  # final: never asked again
