@@ -9,6 +9,7 @@ one; loss and grad norm from the trainer's step lines (the series)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import IO
 
@@ -55,10 +56,10 @@ def render(series: RunSeries, into: Path | IO[bytes], title: str, *, timeline: P
         pts = [p for p in series.points if p.attempt == attempt]
         label = f"attempt {attempt} ({pts[0].precision})"
         steps = [p.step for p in pts]
-        loss_ax.plot(steps, [p.loss for p in pts], label=label)
-        grad_ax.plot(steps, [p.grad_norm for p in pts], label=label)
+        _line(loss_ax, steps, [p.loss for p in pts], label)
+        _line(grad_ax, steps, [p.grad_norm for p in pts], label)
         if timeline is None:
-            scale_ax.plot(steps, [p.loss_scale for p in pts], label=label)
+            _line(scale_ax, steps, [p.loss_scale for p in pts], label)
     if timeline is not None:
         _scale_history(scale_ax, timeline)
     if series.evals:  # the quality gate: eval loss in the attempt's precision and in fp32
@@ -96,6 +97,18 @@ def render(series: RunSeries, into: Path | IO[bytes], title: str, *, timeline: P
         into.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(into, dpi=100, format="png")
     plt.close(fig)
+
+
+def _line(ax: Axes, steps: list[int], values: list[float | None], label: str) -> None:
+    """One attempt's figure over its steps, a point with no finite neighbour marked: a line
+    draws nothing through a lone point (an attempt stopped after its first logged step, a finite
+    loss between two non-finite ones), and the legend would name an attempt the plot does not show."""
+    finite = [v is not None and math.isfinite(v) for v in values]
+    lone = [
+        i for i, ok in enumerate(finite) if ok and not any(finite[j] for j in (i - 1, i + 1) if 0 <= j < len(finite))
+    ]
+    drawn = [math.nan if v is None else v for v in values]  # no figure: a gap, as a non-finite one
+    ax.plot(steps, drawn, label=label, marker="o", ms=3, markevery=lone)
 
 
 def _spans(series: RunSeries, timeline: PrecisionTimeline | None) -> list[Span]:

@@ -6,9 +6,11 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mpjob.localrun import plot
 from mpjob.localrun.plot import render
 from mpjob.localrun.series import RunSeries
 from mpjob_contract import events
@@ -113,3 +115,23 @@ def test_a_step_its_attempt_runs_again_replaces_what_it_logged_from_there_once()
         (0, 40, 1.7),
         (1, 40, 1.6),
     ]
+
+
+def test_an_attempt_that_logged_one_step_is_drawn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt stopped (Ctrl-C, a kill) after one logged step has a point in series.json and an
+    entry in the legend: a line through one point, without a marker, would draw nothing there."""
+    figures: list[Any] = []
+    monkeypatch.setattr(plot.plt, "close", figures.append)
+    series = RunSeries()
+    series.begin_attempt(0, "bf16", 0)
+    for step in (10, 20):
+        series.ingest(0, "bf16", line(event="step", step=step, loss=2.0, gradNorm=1.0))
+    series.end_attempt(0, 20, "Suspended")
+    series.begin_attempt(1, "bf16", 20)
+    series.ingest(1, "bf16", line(event="step", step=25, loss=1.9, lossScale=1024.0, gradNorm=0.9))
+    series.end_attempt(1, 27, "Suspended")
+    render(series, tmp_path / "training.png", "job")
+    (fig,) = figures
+    for ax in fig.axes:
+        (alone,) = [drawn for drawn in ax.get_lines() if list(drawn.get_xdata()) == [25]]
+        assert alone.get_marker() not in (None, "", "None", " ")
