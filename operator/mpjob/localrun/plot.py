@@ -33,12 +33,14 @@ RETRAINED_LABEL = "trained again (rolled back)"
 
 
 def _skipped_steps(series: RunSeries, ax: plt.Axes) -> None:
-    """A dashed line at each skipped step, one legend entry per cause."""
+    """A dashed line at each skipped step, one legend entry per cause. A skip names the step's
+    0-based index (as events and the status keep it); the x axis counts steps done, as the step
+    lines and every message do (`describe_steps`): index 41 is step 42, drawn there."""
     labelled: set[str] = set()
     for skip in series.skips:
         label = None if skip.cause in labelled else f"skipped ({skip.cause})"
         labelled.add(skip.cause)
-        ax.axvline(skip.step, color=SKIP_COLOURS.get(skip.cause, "#000"), ls="--", lw=1, label=label)
+        ax.axvline(skip.step + 1, color=SKIP_COLOURS.get(skip.cause, "#000"), ls="--", lw=1, label=label)
 
 
 def render(series: RunSeries, into: Path | IO[bytes], title: str, *, timeline: PrecisionTimeline | None = None) -> None:

@@ -135,3 +135,26 @@ def test_an_attempt_that_logged_one_step_is_drawn(tmp_path: Path, monkeypatch: p
     for ax in fig.axes:
         (alone,) = [drawn for drawn in ax.get_lines() if list(drawn.get_xdata()) == [25]]
         assert alone.get_marker() not in (None, "", "None", " ")
+
+
+def test_a_skipped_step_is_drawn_where_the_step_lines_count_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer skips optimizer step index 41 (0-based, as events and the status keep it): the
+    run's lines and summary call it step 42, and the x axis counts steps as the step lines do
+    (`step 40` after 40 steps), so its line stands at 42, not 41."""
+    figures: list[Any] = []
+    monkeypatch.setattr(plot.plt, "close", figures.append)
+    series = RunSeries()
+    series.begin_attempt(0, "fp16", 0)
+    skipped = line(
+        event="dataSkipped",
+        cause="data",
+        steps=[41],
+        samples=[{"first": 1234, "last": 1234}],
+        fromStep=40,
+        skippedSteps=1,
+    )
+    series.ingest_skip(0, skipped)
+    render(series, tmp_path / "training.png", "job")
+    (fig,) = figures
+    (mark,) = [drawn for drawn in fig.axes[0].get_lines() if drawn.get_label() == "skipped (data)"]
+    assert set(mark.get_xdata()) == {42}
