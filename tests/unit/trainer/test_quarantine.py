@@ -15,6 +15,7 @@ from mpjob_trainer.data import StepBatches, StepLoader, StepSampler
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.quarantine import Quarantine
+from mpjob_trainer.session.outcomes import LossSpiked
 from mpjob_trainer.spike import SpikeDetector
 from mpjob_trainer.tasks.faults import batch_scale
 
@@ -160,6 +161,7 @@ def test_only_the_steps_that_spiked_are_the_spikes_not_those_between_two() -> No
     span = detector.agreed([float(v) for v in values])
     assert span == range(11, 15)
     assert detector.spiked(span, World(rank=0, size=1, local_rank=0)) == (11, 14)
+    assert "loss spike at step(s) 12, 15 (detected at 15)" in str(LossSpiked((11, 14), 15))  # counted from 1
     detector.forget_spikes()
     assert detector.spiked(span, World(rank=0, size=1, local_rank=0)) == ()
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from mpjob_contract.faults import GuardRule
 from mpjob_contract.report import CheckpointRef
-from mpjob_contract.skipping import describe_ranges, ranges
+from mpjob_contract.skipping import describe_steps
 from mpjob_trainer.errors import NumericFault
 
 if TYPE_CHECKING:
@@ -43,6 +43,6 @@ class LossSpiked(NumericFault):
     """Finite losses above their window (guard.spike) at `steps`."""
 
     def __init__(self, steps: tuple[int, ...], detected_at: int) -> None:
-        spans = describe_ranges(ranges(list(steps)))
-        super().__init__(GuardRule.LOSS_SPIKE, f"loss spike at steps {spans} (detected at {detected_at})")
+        said = f"loss spike at step(s) {describe_steps(steps)} (detected at {detected_at})"  # counted from 1
+        super().__init__(GuardRule.LOSS_SPIKE, said)
         self.steps = steps
