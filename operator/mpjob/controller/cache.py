@@ -264,6 +264,7 @@ def _view(job: JobRecord, pods: list[PodView], create_error: str | None) -> JobV
         create_error=create_error,
         generation=job.generation,
         created=job.created,
+        workers=job.workers,
     )
 
 

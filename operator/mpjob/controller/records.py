@@ -69,6 +69,8 @@ class JobRecord:
     generation: int | None = None
     #: Its metadata.creationTimestamp: when the API server made it (`history.made_late`).
     created: str | None = None
+    #: Its spec.completions: the workers (pods) it was made with (None: not a count).
+    workers: int | None = None
 
     @property
     def uid(self) -> str:
@@ -114,7 +116,13 @@ def job_record(job: dict[str, Any]) -> JobRecord | None:
         suspended_since=suspension.get("lastTransitionTime") or meta.get("creationTimestamp"),
         generation=_generation((meta.get("annotations") or {}).get(SPEC_GENERATION)),
         created=_text(meta.get("creationTimestamp")),
+        workers=_count((job.get("spec") or {}).get("completions")),
     )
+
+
+def _count(said: object) -> int | None:
+    """A positive whole count, where it is one."""
+    return said if type(said) is int and said > 0 else None
 
 
 def _generation(said: object) -> int | None:

@@ -33,7 +33,7 @@ from mpjob.planning import elastic, history, late
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.endings import JobView, PodView, outcome_of
+from mpjob.planning.endings import JobView, PodView, outcome_of, pods_of
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.reported import record_report
 from mpjob.planning.status import ConditionReason
@@ -124,7 +124,7 @@ def stalled(
     it has taken one, which either moved the progressTime or showed the step where it was."""
     starts = [st.moment(p.started_at) for p in job.pods if p.alive]
     since = st.moment(attempt.progress_time)
-    if since is None or len(starts) < elastic.workers_of(spec, attempt) or None in starts:
+    if since is None or len(starts) < pods_of(job, elastic.workers_of(spec, attempt)) or None in starts:
         return None
     still = (now - max([since, *(s for s in starts if s is not None)])).total_seconds()
     if unseen_for is not None:

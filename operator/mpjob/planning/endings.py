@@ -83,6 +83,16 @@ class JobView:
     generation: int | None = None
     #: Its metadata.creationTimestamp (`history.made_late`), if known.
     created: str | None = None
+    #: The workers (pods) it was made with, its spec.completions (None: not known): the attempt's
+    #: own count, whatever an edit of the spec since says (`pods_of`).
+    workers: int | None = None
+
+
+def pods_of(job: JobView, fallback: int) -> int:
+    """The pods the attempt of `job` runs with: its Job's own count, else `fallback` (the
+    spec's, elastic.workers_of): an edit of processesPerWorker since it began divides its world
+    otherwise, and its pods would be counted as created, started or done while some were not."""
+    return job.workers or fallback
 
 
 #: The ending of an attempt stopped at runPolicy.activeDeadlineSeconds (its Job's own deadline,

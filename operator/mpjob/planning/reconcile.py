@@ -21,7 +21,7 @@ from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import workers_of
-from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue
+from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, pods_of, preempted_by_queue
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import Finish, StartAttempt, first_attempt
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_with_pods
@@ -212,7 +212,7 @@ def _follow(
     if replan.stale(job, when.generation):  # the edit its PodsScheduled condition asks for
         replan.remake(plan, job, when)
         return
-    finished = job.finished or ended_by_pods(job, workers_of(spec, current))
+    finished = job.finished or ended_by_pods(job, pods_of(job, workers_of(spec, current)))
     now = st.moment(when.at) or datetime.now(UTC)
     short = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
     if finished is None and short is not None and short.verdict is elastic.Verdict.SHRINK:

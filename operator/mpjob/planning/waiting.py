@@ -12,7 +12,7 @@ from mpjob.planning import elastic, scheduling
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.elastic import workers_of
-from mpjob.planning.endings import JobView
+from mpjob.planning.endings import JobView, pods_of
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over
 from mpjob.planning.status import ConditionReason, ConditionType
@@ -50,7 +50,7 @@ def settle(plan: Plan, when: When) -> None:
 def running(plan: Plan, spec: MixedPrecisionJobSpec, *, job: JobView, when: When) -> None:
     """The attempt's Job exists and has not ended: waiting for admission, for its pods (which
     the Job controller may be unable to create), or running once a trainer pod runs."""
-    created = {p.index for p in job.pods} >= set(range(workers_of(spec, plan.status.attempts[-1])))
+    created = {p.index for p in job.pods} >= set(range(pods_of(job, workers_of(spec, plan.status.attempts[-1]))))
     if job.suspended:
         _awaiting_admission(plan, when, queue_message=job.queue_message, outlive=spec.checkpoint.outlives_pods)
     elif job.create_error is not None and not created:

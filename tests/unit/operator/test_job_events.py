@@ -65,3 +65,10 @@ def test_the_job_controllers_early_verdicts_end_an_attempt() -> None:
     assert TERMINAL_CONDITIONS["FailureTarget"] == "Failed"
     assert TERMINAL_CONDITIONS["SuccessCriteriaMet"] == "Complete"
     assert "Suspended" not in TERMINAL_CONDITIONS
+
+
+@pytest.mark.parametrize(("completions", "workers"), [(2, 2), (0, None), ("2", None), (True, None), (None, None)])
+def test_the_jobs_own_worker_count_is_read_where_it_is_one(completions: object, workers: int | None) -> None:
+    body = {**RUNNING, "spec": {**RUNNING["spec"], "completions": completions}}  # type: ignore[dict-item]
+    record = job_record(body)
+    assert record is not None and record.workers == workers

@@ -148,3 +148,16 @@ def test_a_job_failed_for_pods_never_made_no_longer_says_it_waits_for_them() -> 
     assert plan.status.phase == "Failed"
     said = condition(plan.status, "PodsCreated")
     assert said == ("Unknown", "Failed", "attempt 0 no longer waits for its pods to be made: the job is Failed")
+
+
+def test_a_pod_refused_is_seen_after_an_edit_of_processes_per_worker_by_the_jobs_own_count() -> None:
+    """An fsdp job of 2 workers x 2 processes, edited to 4 processes per worker while its first
+    attempt runs: that attempt still has 2 pods (its Job's completions), so the second one refused
+    is a pod not created, not a job whose 4 processes the one pod made holds."""
+    resources = {"gpusPerWorker": 0, "processesPerWorker": 2}
+    two = spec(workers=2, parallelism={"strategy": "fsdp"}, resources=resources)
+    status = reconcile(two, MixedPrecisionJobStatus(), 1, {}, T0).status
+    edited = spec(workers=2, parallelism={"strategy": "fsdp"}, resources={**resources, "processesPerWorker": 4})
+    job = JobView(0, pods=(running_pod(),), create_error=REFUSED, workers=2)
+    plan = reconcile(edited, status, 1, {0: job}, T0 + timedelta(seconds=5))
+    assert condition(plan.status, "PodsCreated") == ("False", "FailedCreate", REFUSED)
