@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_report, trainer_gpu
-from scripts.gpu import requirements, runner, steps
+from scripts.gpu import requirements, runner, runs, steps
 from tests.helpers import gone, wait_for
 
 pytestmark = pytest.mark.unit
@@ -45,16 +45,16 @@ def attempt(precision: str, reason: str, micro_batch: int = 8, message: str = ""
 
 
 def test_the_expected_ladders() -> None:
-    quality = steps.ladder(("fp8", "NumericFault"), ("bf16", "Succeeded"), first_message="QualityDrift")
+    quality = runs.ladder(("fp8", "NumericFault"), ("bf16", "Succeeded"), first_message="QualityDrift")
     assert quality([attempt("fp8", "NumericFault", message="QualityDrift: ..."), attempt("bf16", "Succeeded")]) is None
     assert quality([attempt("fp8", "NumericFault", message="overflow"), attempt("bf16", "Succeeded")])
     assert quality([attempt("fp8", "Succeeded")])
     oom = [attempt("bf16", "OutOfDeviceMemory", 16), attempt("bf16", "OutOfDeviceMemory", 8)]
-    assert steps.split_then_succeeded([*oom, attempt("bf16", "Succeeded", 4)]) is None
+    assert runs.split_then_succeeded([*oom, attempt("bf16", "Succeeded", 4)]) is None
     assert (
-        steps.split_then_succeeded([*oom, attempt("bf16", "Succeeded", 8)]) == "micro-batches [16, 8, 8] did not shrink"
+        runs.split_then_succeeded([*oom, attempt("bf16", "Succeeded", 8)]) == "micro-batches [16, 8, 8] did not shrink"
     )
-    assert steps.split_then_succeeded([attempt("bf16", "Succeeded", 16)])
+    assert runs.split_then_succeeded([attempt("bf16", "Succeeded", 16)])
 
 
 def test_the_benchmark_runs_the_parts_and_precisions_asked_for_in_its_own_order() -> None:
@@ -102,7 +102,7 @@ def test_the_recompiles_of_a_run_are_read_from_its_worker_logs_without_their_pre
         f"{prefix}     - User stack trace:\n"
         "a line of the trainer's own\n"
     )
-    found = steps.recompiles(tmp_path)
+    found = runs.recompiles(tmp_path)
     assert found == ["Recompiling function forward in gpt.py:70", "- 2/0: GLOBAL_STATE changed: autocast(cuda)_dtype "]
 
 
