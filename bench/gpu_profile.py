@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from mpjob_trainer.profiling.kernels import kernel_time, self_times
+from mpjob_trainer.profiling.kernels import kernel_time, launches, timed_events
 
 #: Kernel name fragments of each kind, first match wins (lower case).
 KINDS = (
@@ -41,25 +41,11 @@ def kind_of(name: str) -> str:
     return next((kind for kind, parts in KINDS if any(part in lower for part in parts)), "other")
 
 
-def timed_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    events = trace.get("traceEvents", [])
-    return [e for e in events if isinstance(e, dict) and isinstance(e.get("dur"), int | float) and "ts" in e]
-
-
-def external_id(event: dict[str, Any]) -> Any:
-    """What links a kernel to the operator that launched it."""
-    return (event.get("args") or {}).get("External id")
-
-
 def work_rows(events: list[dict[str, Any]]) -> tuple[list[tuple[str, float, str | None]], bool]:
     """(name, seconds, launching operator) of each kernel, copy or fill; on a trace without
     them (a CPU), of each CPU operator by its self time. And whether they were the device's."""
-    ops = [e for e in events if e.get("cat") == "cpu_op"]
-    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES]
-    if device:
-        op_names = {external_id(op): op.get("name") for op in ops}
-        return [(e["name"], e["dur"] / 1e6, op_names.get(external_id(e))) for e in device], True
-    return [(op["name"], max(0.0, us) / 1e6, op["name"]) for op, us in self_times(ops)], False
+    rows = [(e["name"], us / 1e6, op.get("name") if op else None) for e, op, us in launches(events, DEVICE_CATEGORIES)]
+    return rows, any(e.get("cat") in DEVICE_CATEGORIES for e in events)
 
 
 def summed(rows: Iterable[tuple[str, float]]) -> dict[str, float]:

@@ -44,7 +44,7 @@ def op_class(types: Iterable[Any]) -> str | None:
     return None
 
 
-def self_times(ops: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+def _self_times(ops: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
     """Each operator with its self time: children nest inside their parent on one thread."""
     result: list[tuple[dict[str, Any], float]] = []
     by_thread: dict[Any, list[dict[str, Any]]] = {}
@@ -65,19 +65,35 @@ def self_times(ops: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
     return result
 
 
+def timed_events(trace: dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
+    """The events of an exported Chrome trace that have a start and a duration."""
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    return [e for e in events if isinstance(e, dict) and isinstance(e.get("dur"), int | float) and "ts" in e]
+
+
+def launches(
+    events: list[dict[str, Any]], categories: Iterable[str] = ("kernel",)
+) -> list[tuple[dict[str, Any], dict[str, Any] | None, float]]:
+    """Each piece of device work of `categories` (kernels; copies and fills where asked), the
+    operator that launched it (linked by `External id`; None: none) and its microseconds. On a
+    trace with none (a CPU, where operators are the kernels): each operator, itself, its self time."""
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    wanted = frozenset(categories)
+    device = [e for e in events if e.get("cat") in wanted]
+    if not device:
+        return [(op, op, max(0.0, us)) for op, us in _self_times(ops)]
+    by_id = {_external_id(e): e for e in ops}
+    return [(e, by_id.get(_external_id(e)), float(e["dur"])) for e in device]
+
+
+def _external_id(event: dict[str, Any]) -> Any:
+    return (event.get("args") or {}).get("External id")
+
+
 def kernel_time(trace: dict[str, Any] | list[Any]) -> KernelTime:
     """The classified kernel time of an exported Chrome trace."""
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    timed = [e for e in events if isinstance(e, dict) and isinstance(e.get("dur"), int | float) and "ts" in e]
-    ops = [e for e in timed if e.get("cat") == "cpu_op"]
-    kernels = [e for e in timed if e.get("cat") == "kernel"]
     low = fp32 = 0.0
-    if kernels:
-        by_id = {(e.get("args") or {}).get("External id"): e for e in ops}
-        pairs = [(by_id.get((k.get("args") or {}).get("External id")), float(k["dur"])) for k in kernels]
-    else:
-        pairs = [(op, max(0.0, self_time)) for op, self_time in self_times(ops)]
-    for op, us in pairs:
+    for _, op, us in launches(timed_events(trace)):
         kind = op_class((op.get("args") or {}).get("Input type") or []) if op is not None else None
         if kind == "low":
             low += us
