@@ -95,6 +95,15 @@ def trainer_env(tmp: str) -> dict[str, str]:
     return {"MPJOB_METRICS_PORT": "off", "MPJOB_TERMINATION_LOG": f"{tmp}/report.json"}
 
 
+#: The trainer as the pod runs it.
+TRAINER = [sys.executable, "-m", "mpjob_trainer"]
+
+
+def process_env(spec: dict, label: str, tmp: str, **extra: str) -> dict[str, str]:
+    """The environment of a trainer process training `spec` in `label` (`extra` on top)."""
+    return {**os.environ, **trainer_env(tmp), "MPJOB_LAUNCH": json.dumps(launch(spec, label, tmp)), **extra}
+
+
 def events_of(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
@@ -103,9 +112,7 @@ def trainer_run(setup: Setup, label: str) -> list[dict[str, Any]]:
     """The trainer as the pod runs it (`python -m mpjob_trainer`); its event lines."""
     spec = job_spec(setup, label, steps=setup.steps, log_every=setup.log_every)
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, **trainer_env(tmp), "MPJOB_LAUNCH": json.dumps(launch(spec, label, tmp))}
-        cmd = [sys.executable, "-m", "mpjob_trainer"]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        out = subprocess.run(TRAINER, env=process_env(spec, label, tmp), capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"trainer {label} exited {out.returncode}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     return events_of(out.stdout)
@@ -156,10 +163,9 @@ def profiled_run(setup: Setup, label: str, steps: int = PROFILE_STEPS) -> tuple[
     spec = job_spec(setup, label, steps=setup.steps + PROFILE_ROOM, log_every=setup.log_every)
     token, events, port, answer = secrets.token_urlsafe(16), [], None, None
     with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/stderr", "w+") as err:
-        env = {**os.environ, **trainer_env(tmp), "MPJOB_LAUNCH": json.dumps(launch(spec, label, tmp)),
-               "MPJOB_METRICS_PORT": "0", "MPJOB_METRICS_HOST": "127.0.0.1", PROFILE_TOKEN_ENV: token}  # fmt: skip
-        with subprocess.Popen([sys.executable, "-m", "mpjob_trainer"], env=env, stdout=subprocess.PIPE,
-                              stderr=err, text=True) as proc:  # fmt: skip
+        served = {"MPJOB_METRICS_PORT": "0", "MPJOB_METRICS_HOST": "127.0.0.1", PROFILE_TOKEN_ENV: token}
+        env = process_env(spec, label, tmp, **served)
+        with subprocess.Popen(TRAINER, env=env, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
             assert proc.stdout is not None
             for event in map(json.loads, (line for line in proc.stdout if line.startswith("{"))):
                 events.append(event)
