@@ -36,6 +36,10 @@ class AttemptStatus(ApiModel):
     end_step: int | None = None
     #: Training processes of the attempt: workers x processesPerWorker.
     world_size: int | None = None
+    #: Workers (pods) of the attempt, as its Job was made: an edit of processesPerWorker since
+    #: then does not change them (None: recorded by an operator before this field, world_size
+    #: over the spec's processesPerWorker).
+    workers: int | None = None
     #: Samples per micro-batch per process and micro-batches per optimizer step in this attempt
     #: (fallback to fp32 and running out of GPU memory split the micro-batch; their product
     #: stays training.batchSize x training.gradAccumulation).

@@ -91,9 +91,12 @@ NODE_LOST = frozenset(name for name, reason in PLATFORM_REASONS.items() if reaso
 
 
 def workers_of(spec: MixedPrecisionJobSpec, attempt: AttemptStatus | StartAttempt) -> int:
-    """The workers an attempt runs with: planned, or from its recorded world size (spec.workers if none)."""
+    """The workers an attempt runs with: planned, or as recorded (an older record's world size over
+    the spec's processesPerWorker; spec.workers if none)."""
     if isinstance(attempt, StartAttempt):
         return attempt.workers or spec.workers
+    if attempt.workers is not None:
+        return attempt.workers
     if attempt.world_size is None:
         return spec.workers
     return max(1, attempt.world_size // processes_per_worker(spec))

@@ -94,7 +94,7 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
     What the record holds (and the one before it: `began_for`) is what the attempt is said
     started with once its Job is made (`made`)."""
     workers = start.workers or spec.workers
-    entry = st.begin_attempt(plan.status, start, world_size=workers * per_worker(spec), at=when.at)
+    entry = st.begin_attempt(plan.status, start, workers=workers, per_worker=per_worker(spec), at=when.at)
     plan.status.workers = workers
     # Not Running before a trainer runs: `running` says so once one does.
     plan.status.phase = "Pending" if start.fallback_from is None else "Recovering"
@@ -146,7 +146,7 @@ def _announced(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, ent
     said = [_started(entry.index, entry.precision, planned)]
     if why in elastic.RESIZE_REASONS:
         was = next((a.world_size for a in reversed(status.attempts) if a.index < entry.index), None)
-        workers, resumed = (entry.world_size or 0) // per_worker(spec), f", {planned}" if planned else ""
+        workers, resumed = elastic.workers_of(spec, entry), f", {planned}" if planned else ""
         message = f"{was} -> {entry.world_size} processes ({workers} worker(s)){resumed}"
         said.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
     return Started(entry.index, why, tuple(said))

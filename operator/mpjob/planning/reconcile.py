@@ -278,5 +278,6 @@ def _remade_size(
     An edit since its first Job (gpusPerWorker, as PodsScheduled asks; workers under fsdp) changes
     them, and what counts its pods (`workers_of`: a stall, the pods made, an ending) reads them."""
     workers = start.workers or spec.workers
-    entry.world_size, status.workers = workers * processes_per_worker(spec), workers
+    entry.world_size, entry.workers = workers * processes_per_worker(spec), workers
+    status.workers = workers
     entry.micro_batch, entry.grad_accumulation = start.micro_batch, start.grad_accumulation

@@ -180,7 +180,7 @@ def holds(status: MixedPrecisionJobStatus, type_: str) -> bool:
 
 
 def begin_attempt(
-    status: MixedPrecisionJobStatus, start: StartAttempt, *, world_size: int, at: str | None = None
+    status: MixedPrecisionJobStatus, start: StartAttempt, *, workers: int, per_worker: int, at: str | None = None
 ) -> AttemptStatus:
     """Record the attempt as started (idempotent: a known index is left as it is), counted and
     within the history's bound (`mpjob.planning.history`)."""
@@ -191,7 +191,8 @@ def begin_attempt(
         index=start.index,
         precision=start.precision,
         start_step=start.start_step,
-        world_size=world_size,
+        world_size=workers * per_worker,
+        workers=workers,
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
         repromoted=True if start.promoted_from is not None else None,

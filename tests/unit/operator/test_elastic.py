@@ -10,7 +10,18 @@ import pytest
 from mpjob.builders.attempt import attempt_job
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.elastic import Capacity, Resize, Verdict, decide, global_batch, grows, shape_for
+from mpjob.planning.elastic import (
+    Capacity,
+    Resize,
+    Verdict,
+    decide,
+    global_batch,
+    grows,
+    node_lost,
+    shape_for,
+    workers_of,
+)
+from mpjob.planning.endings import PodView
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
 from mpjob.planning.lifecycle import Plan, When
@@ -338,3 +349,20 @@ def test_growing_back_keeps_below_a_micro_batch_that_ran_out_of_memory_once_its_
     assert "OutOfDeviceMemory" not in {a.reason for a in plan.status.attempts}
     grow = grows(job, plan.status.attempts[-1], 2, plan.status)
     assert grow is not None and (grow.workers, grow.shape) == (2, BatchShape(2, 2))
+
+
+def test_a_running_attempt_keeps_its_workers_through_an_edit_of_processes_per_worker() -> None:
+    """An elastic fsdp job of 3 workers x 2 processes, processesPerWorker edited to 4 while it runs:
+    the running attempt still has 3 pods (its record says so, not 6 processes over the new 4), so
+    a lost node shrinks it to 2 workers, and an older record without workers reads as before."""
+    fsdp = {"parallelism": {"strategy": "fsdp"}, "elastic": {"minWorkers": 1, "waitSeconds": 60}}
+    job = spec(**fsdp, resources={"gpusPerWorker": 0, "processesPerWorker": 2})
+    plan, _ = _start(job)
+    running = plan.status.attempts[-1]
+    edited = spec(**fsdp, resources={"gpusPerWorker": 0, "processesPerWorker": 4})
+    assert (running.world_size, workers_of(edited, running)) == (6, 3)
+    pods = [PodView("j-0", 0, "Failed", alive=False, platform_reason="NodeLost")]
+    resize = node_lost(edited, running, pods)
+    assert resize is not None and (resize.verdict, resize.workers) == (Verdict.SHRINK, 2), resize
+    older = running.model_copy(update={"workers": None})
+    assert workers_of(job, older) == 3
