@@ -286,8 +286,13 @@ def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 PEERING_CALLS = {"get_cluster_custom_object": ("kopf.dev", "clusterkopfpeerings", "get")}
 #: The read of the installed CRD at start (mpjob.controller.crdcheck), in the cluster reader's role.
 CRD_CALLS = {"read_custom_resource_definition": ("apiextensions.k8s.io", "customresourcedefinitions", "get")}
-#: Reads of nodes and pods everywhere (mpjob.controller.capacity, lostnodes), granted only with rbac.elasticCapacity.
-ELASTIC_CALLS = {"list_node": ("", "nodes", "list"), "list_pod_for_all_namespaces": ("", "pods", "list")}
+#: Reads of nodes and pods everywhere (mpjob.controller.capacity, lostnodes) and of a namespace's
+#: ResourceQuotas (mpjob.controller.quotas), granted only with rbac.elasticCapacity.
+ELASTIC_CALLS = {
+    "list_node": ("", "nodes", "list"),
+    "list_pod_for_all_namespaces": ("", "pods", "list"),
+    "list_namespaced_resource_quota": ("", "resourcequotas", "list"),
+}
 
 
 def test_rbac_covers_every_api_call_the_operator_makes(helm: str) -> None:

@@ -161,7 +161,7 @@ def _tracking_env(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
     return credential_env(mlflow.credentials_secret) if mlflow is not None and mlflow.credentials_secret else []
 
 
-def _resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
+def trainer_resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
     requests = {k: str(v) for k, v in spec.resources.requests.items()}
     limits = {k: str(v) for k, v in spec.resources.limits.items()}
     if spec.resources.gpus_per_worker > 0:
@@ -215,7 +215,7 @@ def _container(
     }
     if spec.task.working_dir is not None:
         container["workingDir"] = spec.task.working_dir
-    resources = _resources(spec)
+    resources = trainer_resources(spec)
     if resources:
         container["resources"] = resources
     return container

@@ -208,6 +208,10 @@ class Cluster:
         pods = raw(self.core.list_pod_for_all_namespaces, field_selector=selector)
         return nodes, pods.get("items") or []
 
+    def resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        """The ResourceQuotas of `namespace` (read rights only), as the API returns them."""
+        return raw(self.core.list_namespaced_resource_quota, namespace).get("items") or []
+
     # -------------------------------------------------------------- kopf peering
     def read_peering(self, name: str, namespace: str | None) -> dict[str, Any]:
         """kopf's peering object: the cluster-wide one (namespace None) or a namespace's."""

@@ -38,6 +38,7 @@ from mpjob.controller.peering import PeeringCheck
 from mpjob.controller.profiles import ProfileRequests
 from mpjob.controller.progress import ProgressReader, changes_found, observed_in
 from mpjob.controller.queue import QueueReader
+from mpjob.controller.quotas import QuotaReader
 from mpjob.controller.records import Key
 from mpjob.controller.ticker import Standing, at_rest, standing
 from mpjob.controller.workqueue import Backoff, Retry
@@ -70,10 +71,11 @@ class Reconciler:
             deadline=config.scrape_timeout_seconds,
             max_bytes=config.scrape_max_bytes,
         )
-        self.queue, self.nodes, self.room, self.profiles = (
+        self.queue, self.nodes, self.room, self.quotas, self.profiles = (
             QueueReader(cluster),
             lostnodes.NodeReader(cluster),
             capacity.RoomReader(cluster, fresh_seconds=config.tick_seconds),  # one read a tick for every job
+            QuotaReader(cluster),
             ProfileRequests(cluster, config.scrape_timeout_seconds, config.profile_key),
         )
         self.actions = Actions(config, cluster, cache)
@@ -164,6 +166,7 @@ class Reconciler:
             fits = self.queue.room(namespace, spec, old, jobs)
         else:
             fits = capacity.fits_now(self.room, spec, old, namespace=namespace, job=name)
+            fits = self.quotas.within(fits, spec, old, namespace=namespace)
         generation = body["metadata"].get("generation")
         read = self.progress.poll((namespace, name), old, seen.rank0_ip) if progress else None
         made = changes_found(read[1]) if read else []  # fallbacks in place: the plan records them

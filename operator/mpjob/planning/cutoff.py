@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from mpjob.planning import elastic, history, late
+from mpjob.planning import elastic, history, late, shortage
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.classify import AttemptOutcome
@@ -95,14 +95,14 @@ def crashed(job: JobView) -> bool:
 def lost_pod(job: JobView) -> PodView | None:
     """A pod of the attempt that its node took with it (gone, unreachable, or evicted from it by
     the taint manager), if any."""
-    return next((p for p in job.pods if p.platform_reason in elastic.NODE_LOST), None)
+    return next((p for p in job.pods if p.platform_reason in shortage.NODE_LOST), None)
 
 
 def end_lost(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, lost: PodView, when: When) -> None:
     """End at once an attempt that lost a node while other ranks run: they would block in their
     next collective until its timeout (minutes) before they fail. An elastic job shrinks to the
     workers left, when a size keeps its global batch; any other goes on in a new attempt."""
-    shrink = elastic.node_lost(spec, plan.status.attempts[-1], job.pods)
+    shrink = shortage.node_lost(spec, plan.status.attempts[-1], job.pods)
     if shrink is not None and shrink.verdict is elastic.Verdict.SHRINK:
         resize(plan, spec, shrink, when, job=job.index, cut=True)
         return

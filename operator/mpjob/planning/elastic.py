@@ -5,9 +5,11 @@ queue quota) and `mpjob run` (from its --workers-available schedule) read the cl
 `Capacity` and call `decide`; neither re-implements the rule.
 
 - Shrink: the attempt's pods stayed unschedulable past elastic.waitSeconds, its Job waited
-  suspended in a queue short of quota that long, or it lost a node, and the cluster (or the
-  queue's free quota) holds fewer workers than it runs with: the next attempt runs with as many as
-  it holds, in the same precision, from the last good checkpoint (fewer than minWorkers: it waits).
+  suspended in a queue short of quota that long, a ResourceQuota of its namespace kept some of its
+  pods from being created that long, or it lost a node, and the cluster (the queue's free quota,
+  the pods the quota let be made) holds fewer workers than it runs with: the next attempt runs with
+  as many as it holds, in the same precision, from the last good checkpoint (fewer than
+  minWorkers: it waits).
 - Grow: the cluster holds more workers than the attempt runs with and it runs below `workers`:
   the attempt ends at its next checkpoint and the next one runs with more, up to `workers`.
 
@@ -25,19 +27,36 @@ size goes on with the very next sample.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 
 from mpjob.planning import history
-from mpjob.planning import status as st
 from mpjob.planning.batch import BatchShape, global_batch, largest_micro_batch, shape_for
-from mpjob.planning.classify import PLATFORM_REASONS
-from mpjob.planning.endings import JobView, PodView
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, processes_per_worker
 from mpjob_contract.codes import Reason
+
+
+class Held(StrEnum):
+    """What keeps an attempt's pods from running: the scheduler (no node for them), the queue (its
+    Job waits suspended to be admitted) or a ResourceQuota (the Job controller may not create them)."""
+
+    SCHEDULER = "scheduler"
+    QUEUE = "queue"
+    QUOTA = "quota"
+
+    @property
+    def room(self) -> str:
+        return {Held.QUEUE: "the queue's free quota", Held.QUOTA: "the namespace's ResourceQuota"}.get(
+            self, "the cluster"
+        )
+
+    @property
+    def waiting(self) -> str:
+        """What waited, as a shrink's message says it."""
+        if self is Held.QUEUE:
+            return "its Job waited for its queue's quota"
+        return "pods refused by a ResourceQuota" if self is Held.QUOTA else "pods unschedulable"
 
 
 @dataclass(frozen=True)
@@ -51,8 +70,8 @@ class Capacity:
     unschedulable_seconds: float = 0.0
     #: The attempt lost a node while training (a pod's node went away).
     node_lost: bool = False
-    #: The room is a queue's free quota, the wait its Job's wait to be admitted (not its pods').
-    queued: bool = False
+    #: What holds the attempt short of room, and so what the room is.
+    held: Held = Held.SCHEDULER
 
 
 class Verdict(StrEnum):
@@ -86,8 +105,6 @@ class Resize:
 
 #: The reasons an attempt ends with when the job changes size.
 RESIZE_REASONS = frozenset({Reason.SCALED_DOWN, Reason.SCALED_UP})
-#: A pod's reasons (pod status, DisruptionTarget) that say its node went away.
-NODE_LOST = frozenset(name for name, reason in PLATFORM_REASONS.items() if reason is Reason.NODE_LOST)
 
 
 def workers_of(spec: MixedPrecisionJobSpec, attempt: AttemptStatus | StartAttempt) -> int:
@@ -137,7 +154,7 @@ def decide(
     if not short or capacity.available >= workers:
         return keep
     cause = "a node was lost" if capacity.node_lost else _waited(capacity, elastic.wait_seconds)
-    room = "the queue's free quota" if capacity.queued else "the cluster"
+    room = capacity.held.room
     sizes = range(elastic.min_workers, min(capacity.available, workers - 1) + 1)
     if (found := _largest(spec, sizes, shape.micro_batch)) is None:  # said as it stands, not how long
         why = f"{room} holds {capacity.available} of {workers} worker(s): {_no_size(spec, workers, sizes)}: waiting"
@@ -158,7 +175,7 @@ def _no_size(spec: MixedPrecisionJobSpec, workers: int, sizes: range) -> str:
 
 def _waited(capacity: Capacity, wait_seconds: int) -> str:
     """How long the attempt waited for room (unbounded: at a local run's start, which does not wait)."""
-    held = "its Job waited for its queue's quota" if capacity.queued else "pods unschedulable"
+    held = capacity.held.waiting
     if math.isinf(capacity.unschedulable_seconds):
         return f"{held} at the attempt's start (a local run does not wait out elastic.waitSeconds={wait_seconds})"
     return f"{held} for {capacity.unschedulable_seconds:.0f}s (elastic.waitSeconds={wait_seconds})"
@@ -199,44 +216,6 @@ def next_size(
     return workers, shape
 
 
-def _shrink(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, capacity: Capacity) -> Resize | None:
-    """The attempt shrunk, or left waiting when no smaller size fits (None: it keeps its size)."""
-    resize = decide(spec, workers=workers_of(spec, attempt), shape=_shape(spec, attempt), capacity=capacity)
-    return resize if resize.verdict in (Verdict.SHRINK, Verdict.WAIT) else None
-
-
-def unschedulable(
-    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView], now: datetime
-) -> Resize | None:
-    """A running attempt some of whose pods the scheduler has found no node for: shrunk to the
-    pods that were placed once the oldest has waited past elastic.waitSeconds, or left waiting
-    (Verdict.WAIT, saying why) when no smaller size keeps the global batch (None: wait on)."""
-    if spec.elastic is None:
-        return None
-    alive = [p for p in pods if p.alive]
-    waiting = [since for p in alive if (since := p.unschedulable_since) is not None]
-    if not waiting:
-        return None
-    oldest = min((t for since in waiting if (t := _time(since)) is not None), default=now)
-    placed = len(alive) - len(waiting)
-    return _shrink(spec, attempt, Capacity(placed, unschedulable_seconds=(now - oldest).total_seconds()))
-
-
-def queued(
-    spec: MixedPrecisionJobSpec, attempt: AttemptStatus, job: JobView, fits: int | None, now: datetime
-) -> Resize | None:
-    """A running attempt whose Job its queue has held suspended for want of quota: shrunk once it
-    has waited suspended past elastic.waitSeconds (since its Suspended condition, else since the
-    attempt began) to the workers `fits` (the queue's free quota; None: not read, wait on), or
-    left waiting (Verdict.WAIT) as `unschedulable` is."""
-    if spec.elastic is None or fits is None or not (job.suspended and job.quota_short) or job.finished:
-        return None
-    since = _time(job.suspended_since or attempt.start_time or "")
-    if since is None:
-        return None
-    return _shrink(spec, attempt, Capacity(fits, unschedulable_seconds=(now - since).total_seconds(), queued=True))
-
-
 def grows(
     spec: MixedPrecisionJobSpec, attempt: AttemptStatus, fits: int | None, status: MixedPrecisionJobStatus
 ) -> Resize | None:
@@ -266,19 +245,3 @@ def grown(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, grow: Re
     ckpt = status.last_checkpoint
     due = ckpt is not None and ckpt.step > status.grow_after_step and grows_at(spec, ckpt.step)
     return grow if due else None
-
-
-def node_lost(spec: MixedPrecisionJobSpec, attempt: AttemptStatus, pods: Sequence[PodView]) -> Resize | None:
-    """An attempt that ended losing nodes: shrunk at once to the workers whose nodes stayed, or
-    (Verdict.WAIT, saying why) not, when no size from elastic.minWorkers up keeps the global batch."""
-    lost = sum(1 for p in pods if p.platform_reason in NODE_LOST)
-    if spec.elastic is None or not lost:
-        return None
-    return _shrink(spec, attempt, Capacity(workers_of(spec, attempt) - lost, node_lost=True))
-
-
-def _time(value: str) -> datetime | None:
-    try:
-        return st.read_stamp(value)
-    except ValueError:
-        return None

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, replan
+from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, replan, shortage
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -214,7 +214,7 @@ def _follow(
         return
     finished = job.finished or ended_by_pods(job, pods_of(job, workers_of(spec, current)))
     now = st.moment(when.at) or datetime.now(UTC)
-    short = elastic.unschedulable(spec, current, job.pods, now) or elastic.queued(spec, current, job, fits, now)
+    short = shortage.short_of_room(spec, current, job, fits, now)
     if finished is None and short is not None and short.verdict is elastic.Verdict.SHRINK:
         cutoff.resize(plan, spec, short, when, job=job.index)
     elif (lost := cutoff.lost_pod(job)) is not None and any(p.alive for p in job.pods):
@@ -244,7 +244,7 @@ def _ended(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When, fi
     if _changes_ended(plan, spec, outcome.report.precision_changes if outcome.report else [], when):
         return
     current = plan.status.attempts[-1]
-    outcome = replace(outcome, resize=elastic.node_lost(spec, current, job.pods))
+    outcome = replace(outcome, resize=shortage.node_lost(spec, current, job.pods))
     room = elastic.grows(spec, current, fits, plan.status) if outcome.resize is None else None
     lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when, room=room)
 

@@ -7,6 +7,9 @@ workers that fit, in the same precision (fp16) and with the same global batch; a
 there falls back to bf16 on those 2 workers, to Succeeded. With a GPU held by another pod, a
 2-worker job shrinks to 1 and grows back to 2 at its first checkpoint after that GPU frees.
 
+Under a ResourceQuota of one GPU, a 2-worker job whose second pod the quota refuses shrinks to
+1 and stays so while the node has room, then grows back to 2 once the quota is raised.
+
 A node lost: test_node_loss.py; a queue short of quota: test_elastic_queue.py.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from tests.cluster.nodeagent.nodes import EXCLUSIVE_PLACEMENT
 from tests.helpers import wait_for
@@ -101,3 +105,53 @@ def test_a_shrunk_job_grows_back_at_its_next_checkpoint_when_a_gpu_frees(operato
     # checkpoint where it stands, and the bigger attempt resumes there.
     assert big["startStep"] > small["startStep"] and big["startStep"] >= 20
     assert (small["microBatch"], small["gradAccumulation"], big["microBatch"], big["gradAccumulation"]) == (4, 2, 4, 1)
+
+
+def _gpu_quota(jobs: Jobs, gpus: int) -> None:
+    """The namespace's ResourceQuota of `gpus` GPUs, once the quota controller has counted it
+    (the API server admits pods against a quota only then)."""
+    body = {"metadata": {"name": "gpus"}, "spec": {"hard": {f"requests.{GPU}": str(gpus)}}}
+    try:
+        jobs.core.create_namespaced_resource_quota(jobs.namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        jobs.core.patch_namespaced_resource_quota("gpus", jobs.namespace, body)
+
+    def counted() -> bool:
+        hard = jobs.core.read_namespaced_resource_quota("gpus", jobs.namespace).status.hard or {}
+        return hard.get(f"requests.{GPU}") == str(gpus)
+
+    wait_for(counted, 30, message=f"the quota of {gpus} GPU(s) counted")
+
+
+def test_a_job_a_quota_shrank_stays_small_until_the_quota_is_raised(operator: Operator, jobs: Jobs) -> None:
+    _gpu_quota(jobs, 1)
+    jobs.pvc("ckpt")
+    spec = {
+        "workers": 2,
+        "task": {"builtin": "mlp", "args": {"stepDelay": {"bf16": 0.1}}},
+        "training": {"steps": 400, "batchSize": 4, "logEvery": 5},
+        "precision": {"mode": "bf16", "fallback": ["fp32"]},
+        "checkpoint": {"everySteps": 20, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}},
+        "elastic": {"minWorkers": 1, "waitSeconds": 5},
+        "resources": {"gpusPerWorker": 1},
+        "template": EXCLUSIVE_PLACEMENT,  # a node of 2 GPUs: room for both workers, not quota
+    }
+    jobs.create("quota", spec)
+
+    def small_past_two_checkpoints(status: dict[str, Any]) -> bool:
+        return status.get("attempt") == 1 and status.get("phase") == "Running" and status.get("step", 0) >= 45
+
+    # Two checkpoints past its start with the node's second GPU free: had the quota not capped
+    # the room, the attempt would have ended ScaledUp at the first.
+    status = jobs.wait_status("quota", small_past_two_checkpoints, 240, "attempt 1 training on 1 worker")
+    first = status["attempts"][0]
+    assert (first["reason"], first["charged"], first["worldSize"]) == ("ScaledDown", False, 2), first
+    assert "refused by a ResourceQuota" in first["message"] and "2 -> 1" in first["message"]
+    _gpu_quota(jobs, 2)
+    status = jobs.wait_phase("quota", ("Succeeded", "Failed"), 300)
+    assert status["phase"] == "Succeeded", status
+    sizes = [(a["worldSize"], a["reason"], a["charged"]) for a in status["attempts"]]
+    assert sizes == [(2, "ScaledDown", False), (1, "ScaledUp", False), (2, "Succeeded", True)], status["attempts"]
+    assert status["attempts"][2]["startStep"] >= 45

@@ -17,7 +17,6 @@ from mpjob.planning.elastic import (
     decide,
     global_batch,
     grows,
-    node_lost,
     shape_for,
     workers_of,
 )
@@ -26,6 +25,7 @@ from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
 from mpjob.planning.lifecycle import Plan, When
 from mpjob.planning.planner import BatchShape, StartAttempt, first_attempt
+from mpjob.planning.shortage import node_lost
 from mpjob.summary import summary_lines
 from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
