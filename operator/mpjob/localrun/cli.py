@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from mpjob_contract.api import MixedPrecisionJob, MixedPrecisionJobStatus
 
 
+#: The exit code of `mpjob run` stopped by the user (Ctrl-C, SIGTERM), as a shell reports SIGINT.
+INTERRUPTED = 130
+#: The summary's plot line when the user stopped the drawing of training.png.
+PLOT_INTERRUPTED = "interrupted: the plot was not drawn; `mpjob status {out} --plot FILE` draws it"
 #: What a run stopped by a file it could not write tells the user to do.
 UNWRITTEN = (
     "free some space or mend the permissions, then run the same command again: it resumes from its newest checkpoint"
@@ -86,7 +91,7 @@ def run_command(argv: list[str]) -> int:
             run = LocalRun(
                 job, out, view, base_dir=Path(args.file).parent, schedule=schedule, notes=notes, retries=retries
             )
-            status, plot = _ran(run, view, no_plot=args.no_plot)
+            status, plot, undrawn = _ran(run, view, no_plot=args.no_plot)
     except UnusableOut as exc:
         _error(json_out, f"--out {exc}")
         return 2
@@ -94,30 +99,47 @@ def run_command(argv: list[str]) -> int:
         _error(json_out, f"--out {out}: the run stopped: {said(exc)}; {UNWRITTEN}")
         return 1
     lines = ending_lines(job.metadata.name, status, run.paths.report, plot)  # as `mpjob status DIR` prints it again
+    if undrawn:
+        lines.append(f"  plot:   {PLOT_INTERRUPTED.format(out=out)}")
     shown = {"report": str(run.paths.report), **({"plot": str(plot)} if plot is not None else {})}
     view.info("\n".join(lines), **shown, phase=status.phase)
-    if status.phase == "Succeeded":
+    if status.phase == "Succeeded" and not undrawn:
         return 0
-    return 130 if status.phase == "Suspended" else 1
+    return INTERRUPTED if status.phase == "Suspended" or undrawn else 1
 
 
-def _ran(run: LocalRun, view: ProgressView, *, no_plot: bool) -> tuple[MixedPrecisionJobStatus, Path | None]:
+def _ran(run: LocalRun, view: ProgressView, *, no_plot: bool) -> tuple[MixedPrecisionJobStatus, Path | None, bool]:
     """The run to its end, its view closed, and its plot (none with --no-plot), drawn while the
-    folder is still held."""
+    folder is still held; and whether the user stopped the drawing (Ctrl-C or SIGTERM: the run
+    had ended, its report stands, and the summary is still said)."""
     try:
         status = run.run()
     finally:
         view.close()
-    return status, None if no_plot else _plot(run)
+    if no_plot:
+        return status, None, False
+    try:
+        return status, _plot(run), False
+    except KeyboardInterrupt:
+        return status, None, True
 
 
 def _plot(run: LocalRun) -> Path:
-    """The run's training.png, drawn from its series and status; a link planted at its name (by
+    """The run's training.png, drawn from its series and status into a file of its own, renamed
+    over training.png once whole: a stop while it is drawn (SIGTERM as Ctrl-C: KeyboardInterrupt)
+    leaves no half-drawn PNG that `mpjob status DIR` would name. A link planted at either name (by
     what ran in the trainers) is replaced, not written through."""
     from mpjob.localrun.plot import render  # matplotlib loads only when the plot is drawn
 
-    with os.fdopen(created(run.paths.plot), "wb") as file:
-        render(run.series, file, f"{run.name}: {run.status.phase}", timeline=run.status.timeline)
+    drawing = run.paths.plot.with_suffix(".png.tmp")
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with os.fdopen(created(drawing), "wb") as file:
+            render(run.series, file, f"{run.name}: {run.status.phase}", timeline=run.status.timeline)
+        os.replace(drawing, run.paths.plot)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        drawing.unlink(missing_ok=True)
     return run.paths.plot
 
 
