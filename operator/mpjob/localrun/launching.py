@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mpjob.builders.attempt import merge_named
 from mpjob.builders.expansion import expanded
-from mpjob.localrun.paths import Paths
+from mpjob.localrun.paths import Paths, recorded_run
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
@@ -22,13 +22,14 @@ from mpjob_contract.launch import LAUNCH_ENV, job_checkpoint_dir
 
 def checkpoint_dir(job: MixedPrecisionJob, paths: Paths) -> str:
     """Where a run's trainers keep checkpoints (AttemptLaunch.checkpointDir): --out's folder, or
-    in checkpoint.storage.s3's bucket the job's folder with --out's digest for the UID (a rerun
-    of the same --out resumes; another --out starts clean). Credentials come from the
-    environment or AWS_SHARED_CREDENTIALS_FILE, as for any S3 client."""
+    in checkpoint.storage.s3's bucket the job's folder with the run's key for the UID (job.json
+    keeps it: a rerun of the same --out resumes; --fresh or another --out starts clean), or, for
+    a run from before keys were kept, --out's digest. Credentials come from the environment or
+    AWS_SHARED_CREDENTIALS_FILE, as for any S3 client."""
     s3 = job.spec.checkpoint.s3
     if s3 is None:
         return str(paths.checkpoints.resolve())
-    run = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
+    run = recorded_run(paths.root) or hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
     namespace = job.metadata.namespace or "local"
     return job_checkpoint_dir(namespace=namespace, name=job.metadata.name, uid=f"local-{run}", root=s3.url)
 

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ from mpjob_contract import binding, formats
 from mpjob_contract.api import MixedPrecisionJobStatus
 
 #: The job whose run --out holds, written as it starts: {"name": metadata.name, "binds": the
-#: settings its checkpoints hold to (mpjob_contract.binding)}.
+#: settings its checkpoints hold to (mpjob_contract.binding), "run": the run's key (`_new_run`)}.
 JOB_FILE = "job.json"
+#: A run's key: what names its checkpoints' folder in a bucket (localrun.launching.checkpoint_dir).
+_RUN_KEY = re.compile(r"[0-9a-f]{16}")
 #: Everything `mpjob run` writes in --out (the .tmp files: a report, series or job file being replaced).
 RUN_ENTRIES = frozenset(
     {
@@ -142,10 +145,17 @@ def recorded_job(root: Path) -> str | None:
     return None if found is None else found[0]
 
 
-def _job_file(root: Path) -> tuple[str, dict[str, Any] | None] | None:
-    """What `root`'s job.json says, read as untrusted: the job's name and the settings its run's
-    checkpoints hold to (None: a job.json from before they were written); None when there is no
-    job.json; Unreadable when it is not one a run writes."""
+def recorded_run(root: Path) -> str | None:
+    """The key of the run `root` holds, as its job.json says (None: it has none, a run from before
+    keys were written); Unreadable when job.json is not one a run writes."""
+    found = _job_file(root)
+    return None if found is None else found[2]
+
+
+def _job_file(root: Path) -> tuple[str, dict[str, Any] | None, str | None] | None:
+    """What `root`'s job.json says, read as untrusted: the job's name, the settings its run's
+    checkpoints hold to and the run's key (None: a job.json from before they were written); None
+    when there is no job.json; Unreadable when it is not one a run writes."""
     data = read_regular(root / JOB_FILE, _JOB_FILE_BYTES + 1)
     if data is None:
         return None
@@ -159,7 +169,10 @@ def _job_file(root: Path) -> tuple[str, dict[str, Any] | None] | None:
     binds = found.get("binds")  # type: ignore[union-attr]
     if binds is not None and not (isinstance(binds, dict) and set(binds) == set(binding.FIELDS)):
         raise Unreadable(f"{JOB_FILE} binds: not the settings a run's checkpoints hold to")
-    return name, binds
+    run = found.get("run")  # type: ignore[union-attr]
+    if run is not None and not (isinstance(run, str) and _RUN_KEY.fullmatch(run)):
+        raise Unreadable(f"{JOB_FILE} run: not a run's key")
+    return name, binds, run
 
 
 def held_by_a_run(root: Path) -> bool | None:
@@ -263,5 +276,16 @@ def _claim(root: Path, job: str, binds: dict[str, Any]) -> None:
             f"hold to: {'; '.join(changed)}. Nothing was started: --fresh to delete that run and "
             "start over, another --out to keep it (a run with its settings goes on from its checkpoints)"
         )
+    run = found[2] if found is not None else _new_run(root)
     # Written again by every run, so a folder it cannot write is refused here, before any attempt.
-    write_replacing(root / JOB_FILE, json.dumps({"name": job, "binds": binds}) + "\n")
+    write_replacing(root / JOB_FILE, json.dumps({"name": job, "binds": binds, **({"run": run} if run else {})}) + "\n")
+
+
+def _new_run(root: Path) -> str | None:
+    """The key of a run that begins in `root`, which holds no job.json: a new one when no run has
+    been there (a new folder, or one --fresh emptied), so its checkpoints in a bucket start over
+    (the bucket keeps the earlier run's, which its trainers would resume from); none for a run from
+    before job.json was written, whose checkpoints there are found by --out's path."""
+    if any(entry.name in RUN_ENTRIES for entry in root.iterdir()):
+        return None
+    return secrets.token_hex(8)

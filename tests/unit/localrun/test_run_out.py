@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -15,7 +16,7 @@ import yaml
 
 from mpjob.localrun.cli import run_command
 from mpjob.localrun.runner import LocalRun
-from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from tests.unit.localrun.tiny import tiny_job
 
 pytestmark = pytest.mark.unit
@@ -279,3 +280,37 @@ def test_a_trained_run_keeps_its_checkpoint_from_a_rerun_of_other_args(
     assert run_command([str(edited), "--out", str(out), "--plain", "--no-plot"]) == 2
     assert "spec.task.args.hidden (unset -> 16)." in capsys.readouterr().out
     assert {p.relative_to(out): p.read_bytes() for p in (out / "checkpoints").rglob("*") if p.is_file()} == saved
+
+
+def test_fresh_starts_over_from_no_checkpoint_of_the_earlier_run_in_a_bucket(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """checkpoint.storage.s3: the run's checkpoints lie in the bucket, below a folder named for
+    --out. `--fresh` deleted --out, not that folder, and its first attempt's trainers resumed
+    from the newest checkpoint they found there: the earlier run's, not a start over. A rerun
+    without --fresh goes on in the same folder; so does one of a folder from before job.json
+    named its run."""
+    s3 = {"bucket": "bkt", "endpoint": "http://127.0.0.1:9", "credentialsSecret": "keys"}
+    job.write_text(yaml.safe_dump({**JOB, "spec": {**JOB["spec"], "checkpoint": {"storage": {"s3": s3}}}}))
+    used: list[str] = []
+
+    def ran(self: LocalRun) -> MixedPrecisionJobStatus:
+        used.append(self.checkpoint_dir)
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        status = MixedPrecisionJobStatus(phase="Suspended", attempts=[AttemptStatus(index=0, precision="fp32")])
+        self.paths.save_report(status)
+        return status
+
+    monkeypatch.setattr(LocalRun, "run", ran)
+    out = job.parent / "out"
+    plain = [str(job), "--out", str(out), "--plain", "--no-plot"]
+    for argv in (plain, plain, [*plain, "--fresh"], plain):
+        assert run_command(argv) == 130, capsys.readouterr()
+    first, rerun, fresh, fresh_rerun = used
+    assert first.startswith("s3://bkt/mpjob/local/local/local-") and rerun == first and fresh_rerun == fresh
+    assert fresh != first
+    (out / "job.json").write_text(json.dumps({"name": "local"}) + "\n")  # a run from before: its folder kept
+    assert run_command(plain) == 130
+    assert (
+        used[-1] == f"s3://bkt/mpjob/local/local/local-{hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:16]}"
+    )
