@@ -288,6 +288,61 @@ def test_the_lightning_replay_clips_gradients_as_the_modules_configure_gradient_
     torch.testing.assert_close(replayed, trained)
 
 
+class ManualLinear(Linear):
+    """Lightning's manual optimization: `training_step` runs backward and steps by itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        loss = super().training_step(batch, index)
+        optimizer = self.optimizers()
+        self.manual_backward(loss)
+        optimizer.step()  # type: ignore[union-attr]
+        optimizer.zero_grad()  # type: ignore[union-attr]
+        return loss
+
+
+def _fit_manual(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **training: Any) -> Any:
+    """`fit` a ManualLinear for 2 steps under the spec's `training`; the Trainer."""
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16))
+    job = spec(task={"command": ["python", "train.py"]}, training={"steps": 2, "batchSize": 8, **training})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
+    try:
+        trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False))
+        mpjob_lightning.fit(
+            run, trainer, ManualLinear(), train_dataloaders=torch.utils.data.DataLoader(data, batch_size=8)
+        )
+    finally:
+        run.close()
+    return trainer
+
+
+def test_a_manually_optimized_lightning_module_trains_under_the_default_clip_norm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Lightning refuses a `gradient_clip_val` under manual optimization (a MisconfigurationException,
+    retried as an infrastructure failure): the spec's gradClipNorm (1.0 unless set) is then the
+    module's to apply, as its learning rate is, and the script is told so."""
+    trainer = _fit_manual(tmp_path, monkeypatch)
+    assert trainer.global_step == 2 and trainer.gradient_clip_val is None
+    told = capfd.readouterr().err
+    assert "spec.training.gradClipNorm=1.0" in told and "self.clip_gradients" in told
+
+
+def test_a_manually_optimized_lightning_module_under_gradient_accumulation_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning accumulates nothing under manual optimization (and refuses `accumulate_grad_batches`):
+    the spec's samples per step cannot be trained, whatever retry follows."""
+    with pytest.raises(ConfigError, match=r"spec\.training\.gradAccumulation \(2\).*manual optimization"):
+        _fit_manual(tmp_path, monkeypatch, gradAccumulation=2)
+
+
 @pytest.mark.process
 def test_the_hf_replay_under_ddp_steps_with_the_gradients_training_stepped_with(tmp_path: Path) -> None:
     """A model normalising its loss over the step's items on every process (`num_items_in_batch`,

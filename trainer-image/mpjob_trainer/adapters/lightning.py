@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -57,7 +58,7 @@ from mpjob_trainer.adapters.lightning_callback import MpjobCallback, closed_afte
 from mpjob_trainer.adapters.mixed import framework_precision
 from mpjob_trainer.adapters.quarantined import TakenBack
 from mpjob_trainer.adapters.reload import LIGHTNING_CHECKPOINT, lightning_finished
-from mpjob_trainer.adapters.spec_settings import attempt_shape
+from mpjob_trainer.adapters.spec_settings import attempt_shape, spec_name
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.outcomes import RolledBack
@@ -166,6 +167,35 @@ def _check(run: Session, trainer: L.Trainer) -> None:
         )
 
 
+def _manual_optimization(run: Session, trainer: L.Trainer, model: L.LightningModule) -> None:
+    """A module that optimizes by hand (`automatic_optimization = False`) steps in its own
+    `training_step`, where Lightning clips and accumulates nothing: it refuses a Trainer with a
+    `gradient_clip_val` or an `accumulate_grad_batches` above 1 at `fit` (an exception of no known
+    kind, retried as an infrastructure failure). The clip norm (the spec's unless the script gave
+    its own) is then the module's to apply, as its learning rate is: dropped, told on stderr. The
+    samples per step cannot be the spec's under an accumulation: a ConfigError, which no retry helps."""
+    if model.automatic_optimization:
+        return
+    accumulation, job = trainer.accumulate_grad_batches, run.launch.spec.training.grad_accumulation
+    if accumulation != 1:
+        split = f"; this attempt's split trains {accumulation}" if accumulation != job else ""
+        raise ConfigError(
+            f"{spec_name('grad_accumulation')} ({job}{split}): the LightningModule uses manual optimization "
+            "(automatic_optimization=False), where Lightning accumulates no gradients; set it to 1 with a "
+            f"{spec_name('batch_size')} of the samples per step, or optimize automatically"
+        )
+    clip, trainer.gradient_clip_val = trainer.gradient_clip_val, None
+    if clip and run.world.rank == 0:
+        print(
+            f"mpjob: the LightningModule uses manual optimization, where Lightning clips no gradients: "
+            f"gradient_clip_val={clip!r} ({spec_name('grad_clip_norm')}={run.spec.training.grad_clip_norm!r}) is "
+            "left to your training_step: self.clip_gradients(optimizer, gradient_clip_val=..., "
+            'gradient_clip_algorithm="norm") before its optimizer.step()',
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _precision_plugins(given: list[Any]) -> list[str]:
     """The script's callbacks and plugins that would do the attempt's part: set the precision."""
     return [type(c).__name__ for c in given if isinstance(c, Precision)]
@@ -212,6 +242,7 @@ def fit(run: Session, trainer: L.Trainer, model: L.LightningModule, **fit_kwargs
     _check(run, trainer)
     shape = attempt_shape(run, {"accumulate_grad_batches": trainer.accumulate_grad_batches}, ACCUMULATION, "Trainer")
     trainer.accumulate_grad_batches = shape["accumulate_grad_batches"]  # Lightning reads it at every batch
+    _manual_optimization(run, trainer, model)
     bridge = callback.bridge
 
     def write(staging: Path) -> Path:
