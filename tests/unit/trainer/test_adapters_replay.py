@@ -17,7 +17,7 @@ import torch
 
 from mpjob_contract.codes import ExitCode
 from mpjob_trainer.errors import ConfigError
-from tests.unit.trainer.conftest import in_process_launch, run_trainer, spec
+from tests.unit.trainer.conftest import in_process_launch, parse, run_trainer, spec
 from tests.unit.trainer.framework_script import logged_steps
 from tests.unit.trainer.test_adapters_arguments import Linear, Regression
 
@@ -196,6 +196,50 @@ def test_a_lightning_gate_without_one_val_dataloader_is_a_config_error(
             mpjob_lightning.fit(run, trainer, module(), train_dataloaders=_loader(), val_dataloaders=_loader())
     finally:
         run.close()
+
+
+class TwoOptimizersValidated(Validated):
+    """Manual optimization stepping two optimizers (a GAN's shape): no one step to replay, yet its
+    own `val_dataloader()` is there for the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)
+        self.manual_backward(loss)
+        for optimizer in self.optimizers():
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
+        return [torch.optim.SGD([self.linear.weight], lr=0.1), torch.optim.SGD([self.linear.bias], lr=0.1)]
+
+    def val_dataloader(self) -> Any:
+        return _loader()
+
+
+def test_the_lightning_gate_evaluates_a_module_stepping_several_optimizers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Several optimizers give the replay no one step to re-run, but the gate needs none: it
+    evaluates `validation_step` at every validation.everySteps as for any module, rather than
+    leaving spec.validation silently unchecked."""
+    import lightning as L
+
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+
+    run = _gated(tmp_path, monkeypatch)
+    try:
+        trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False))
+        mpjob_lightning.fit(run, trainer, TwoOptimizersValidated(), train_dataloaders=_loader())
+    finally:
+        run.close()
+    evals = [e for e in parse(capfd.readouterr().out) if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [2]  # the one batch: Lightning's global step counts both optimizers' steps
 
 
 def test_a_hf_gate_with_a_dict_of_eval_sets_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

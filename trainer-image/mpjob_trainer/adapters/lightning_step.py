@@ -23,7 +23,9 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
     evaluation (quality gate). Called at the first micro-batch of the first step, before
     Lightning trains on it: an `auto` attempt measures on that batch there (session.measure),
     the one point inside `fit` where no gradient has been accumulated that the step's
-    zero_grad would drop."""
+    zero_grad would drop. The gate needs no step: it evaluates whatever the optimizers."""
+    if run.spec.validation.every_steps:
+        run.evaluate_with(lambda: evaluate(run, trainer, module))
     if len(trainer.optimizers) != 1:
         return  # manual optimization with several optimizers: no one step to re-run
     optimizer = trainer.optimizers[0]
@@ -40,8 +42,6 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
 
     weights = FrameworkWeights(module, lightning_reader(module, optimizer), run.checkpoints.store)
     run.register_step(step, modules=[module], weights=weights)
-    if run.spec.validation.every_steps:
-        run.evaluate_with(lambda: evaluate(run, trainer, module))
 
 
 @contextlib.contextmanager
