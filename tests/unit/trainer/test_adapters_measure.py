@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mpjob_trainer.session.measure import choose
-from tests.unit.trainer.conftest import run_trainer, spec
+from tests.unit.trainer.conftest import parse, run_trainer, spec
 from tests.unit.trainer.framework_script import logged_steps
 
 pytestmark = pytest.mark.unit
@@ -77,3 +77,34 @@ def test_measuring_under_lightning_logs_nothing_of_the_modules(tmp_path: Path) -
     assert run.code == 0, run.stderr[-3000:]
     assert len(run.of("precisionMeasured")) == 1
     assert logged_steps(run.stderr, "train_loss") == list(range(STEPS))
+
+
+def test_an_auto_attempt_of_a_manually_optimized_module_trains_in_the_devices_default_precision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A module that optimizes by hand runs backward and steps in its own `training_step`: the
+    session cannot run that step for a probe (whose `run.step()` applies nothing) nor for the
+    replay. No step is registered, and the attempt trains in the device's default precision (bf16
+    on a CPU), as under HF, instead of crashing in the probe (a backward through a freed graph,
+    after an update the probe applied): a failure of no known kind, retried in `auto` again."""
+    import lightning as L
+
+    from mpjob_trainer import session as mpjob
+    from mpjob_trainer.adapters import lightning as mpjob_lightning
+    from tests.unit.trainer.conftest import in_process_launch
+    from tests.unit.trainer.test_adapters_arguments import ManualLinear
+
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32))
+    training = {"steps": 4, "batchSize": 8, "logEvery": 1, "gradClipNorm": 0}
+    job = spec(task={"command": ["python", "train.py"]}, training=training, precision={"mode": "auto"})
+    run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "auto"))
+    try:
+        trainer = L.Trainer(**mpjob_lightning.trainer_settings(run, logger=False, enable_model_summary=False))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        mpjob_lightning.fit(run, trainer, ManualLinear(), train_dataloaders=loader)
+    finally:
+        run.close()
+    events = parse(capfd.readouterr().out)
+    steps = [e for e in events if e["event"] == "step"]
+    assert [(s["step"], s["appliedSteps"], s["precision"]) for s in steps] == [(i, i, "bf16") for i in range(1, 5)]
+    assert not [e for e in events if e["event"] == "precisionMeasured"]

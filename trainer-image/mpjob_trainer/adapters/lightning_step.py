@@ -23,11 +23,14 @@ def register(run: Session, trainer: L.Trainer, module: L.LightningModule, record
     evaluation (quality gate). Called at the first micro-batch of the first step, before
     Lightning trains on it: an `auto` attempt measures on that batch there (session.measure),
     the one point inside `fit` where no gradient has been accumulated that the step's
-    zero_grad would drop. The gate needs no step: it evaluates whatever the optimizers."""
+    zero_grad would drop. The gate needs no step: it evaluates whatever the optimizers. Manual
+    optimization gives no step the session can run: its `training_step` runs backward and steps
+    by itself (a probe's update would be applied, and the session's own backward would go through
+    a graph already freed); such an attempt is not replayed, and an `auto` one is not measured."""
     if run.spec.validation.every_steps:
         run.evaluate_with(lambda: evaluate(run, trainer, module))
-    if len(trainer.optimizers) != 1:
-        return  # manual optimization with several optimizers: no one step to re-run
+    if not module.automatic_optimization or len(trainer.optimizers) != 1:
+        return  # (automatic optimization steps one optimizer, or none when configure_optimizers gives none)
     optimizer = trainer.optimizers[0]
 
     def step(index: int) -> None:
