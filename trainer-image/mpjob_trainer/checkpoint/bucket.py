@@ -220,9 +220,19 @@ def open_bucket(settings: S3Storage) -> Bucket:
     return bucket
 
 
+def _answer(exc: Exception) -> dict[str, Any] | None:
+    """The server's answer `exc` carries (None: no answer). boto3's upload_file raises
+    S3UploadFailedError, which carries none, while handling the ClientError that does: that one's."""
+    answered: BaseException | None = exc
+    if type(exc).__name__ == "S3UploadFailedError":
+        answered = exc.__context__
+    response = getattr(answered, "response", None)
+    return response if isinstance(response, dict) else None
+
+
 def _code(exc: Exception) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
+    response = _answer(exc)
+    if response is not None:
         return str(response.get("Error", {}).get("Code", ""))
     if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
         return "InvalidAccessKeyId"
@@ -230,7 +240,7 @@ def _code(exc: Exception) -> str:
 
 
 def _message(exc: Exception) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
+    response = _answer(exc)
+    if response is not None:
         return str(response.get("Error", {}).get("Message", "")) or str(exc)
     return str(exc)
