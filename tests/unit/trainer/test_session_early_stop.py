@@ -4,6 +4,7 @@ finished and trains nothing; the report says the stop."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,35 @@ def test_a_checkpoints_stop_record_is_checked_before_it_is_taken(held: Any, prob
     checkpoint whole, state.own_fields_problem) before it can end a run."""
     said = EarlyStop().state_problem(held)
     assert said is None if problem is None else problem in (said or "")
+
+
+def test_a_stop_told_at_a_step_whose_interval_rolls_back_in_place_still_ends_the_run_there(
+    launch: AttemptLaunch,
+) -> None:
+    """Step 6's loss is NaN in fp32: the read at step 7, where the loop stops early, skips its sample,
+    rolls back to step 4 and catches up. The loop told its stop before that: step 7 stays the run's last,
+    checkpointed with the stop. Before, the rollback loaded step 4's record (no stop): the run ended
+    Succeeded on an unsaved step 7 whose report said the loop left without run.stop_early."""
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with mpjob.start(launch=launch) as run:
+        run.resume(model=model, optimizer=optimizer)
+
+        def one_step(i: int) -> None:
+            if i in run.quarantined:
+                return
+            loss = model(torch.randn(8, 4, generator=torch.Generator().manual_seed(i))).pow(2).mean()
+            run.backward(loss * math.nan if i == 5 else loss)
+            run.step(optimizer)
+
+        run.register_step(one_step, samples=lambda i: [i])
+        for i in range(7):
+            one_step(i)
+            if i + 1 == 7:
+                run.stop_early(7)
+            run.end_step(i + 1, samples=8)
+    assert _steps(launch) == [4, 7]
+    ended = _report(launch)
+    assert ended.message == "trained 7 steps in fp32, stopped early there (the training's own stop)"
+    assert ended.skipped is not None and ended.skipped.count == 1
+    assert _attempt(launch, None) == (7, True)  # a retry from step 7's checkpoint: nothing left to train

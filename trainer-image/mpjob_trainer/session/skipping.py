@@ -126,9 +126,10 @@ class DataRung:
             outcome = closed(step, loss, samples)
             if not isinstance(outcome, NumericFault) or state is None:
                 return outcome
-            ending = self.recover(outcome, step=step, state=state, checkpoints=checkpoints)
-            if ending is not None:
+            told = state.told_stop()  # recovering loads a checkpoint's record, older than the stop the loop told
+            if (ending := self.recover(outcome, step=step, state=state, checkpoints=checkpoints)) is not None:
                 return ending
+            told()  # caught up: the loop's step closes again as the loop told it, now on the re-run step's loss
             loss = None
 
     def bind(self, close: CloseStep, *, state: TrainingState | None, checkpoints: Checkpointer) -> CloseStep:
@@ -294,7 +295,6 @@ class DataRung:
         self._rolled_back = target
         if wrap_anew:
             self._reentry = target
-            return target.step
-        if self.spike is not None:
+        elif self.spike is not None:
             self.spike.forget_spikes()
         return target.step

@@ -22,7 +22,7 @@ therefore reserved names.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -218,6 +218,19 @@ class TrainingState:
         if problem is not None:
             raise CorruptCheckpoint(f"the checkpoint of step {state.get('step')} {problem}")
         return state
+
+    def told_stop(self) -> Callable[[], None]:
+        """What puts back the early stop the loop has told (session.early_stop): a rollback in place loads a
+        checkpoint's record of it, written before the loop told it, and the step the data rung closes again
+        once caught up (session.skipping) must stay the run's last, checkpointed as such."""
+        stop = self.own.get(STOPPED_EARLY)
+        told = stop.state_dict() if stop is not None else None
+
+        def put_back() -> None:
+            if stop is not None and told is not None:
+                stop.load_state_dict(told)
+
+        return put_back
 
     def restore(self, state: dict[str, Any], precision: str, scaler: Any) -> int:
         """Load a checkpoint into the objects and generators; returns its applied-step count.
