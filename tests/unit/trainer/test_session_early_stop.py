@@ -150,3 +150,34 @@ def test_a_stop_told_at_a_step_whose_interval_rolls_back_in_place_still_ends_the
     assert ended.message == "trained 7 steps in fp32, stopped early there (the training's own stop)"
     assert ended.skipped is not None and ended.skipped.count == 1
     assert _attempt(launch, None) == (7, True)  # a retry from step 7's checkpoint: nothing left to train
+
+
+def test_a_stop_told_before_a_step_that_runs_out_of_memory_in_place_still_ends_the_run_there(
+    launch: AttemptLaunch,
+) -> None:
+    """The loop tells its stop at step 7 before running it; step 7 (index 6) runs out of memory,
+    splits in place, rolls back to step 4 and catches up: step 7 stays the run's last, checkpointed
+    with the stop. Before, the rollback loaded step 4's record (no stop), as a data-rung rollback did."""
+    split = AttemptLaunch.model_validate(
+        {**launch.model_dump(by_alias=True), "inPlaceSplits": [{"microBatch": 4, "gradAccumulation": 2}]}
+    )
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    micro = [8]
+    with mpjob.start(launch=split) as run:
+        start = run.resume(model=model, optimizer=optimizer)
+
+        def one_step(i: int) -> None:
+            if i == 6 and micro[0] == 8:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 98.25 GiB")
+            run.backward(model(torch.randn(micro[0], 4, generator=torch.Generator().manual_seed(i))).pow(2).mean())
+            run.step(optimizer)
+
+        run.register_step(one_step, samples=lambda i: [i], reshape=lambda m, a: micro.__setitem__(0, m))
+        for i in range(start, 7):
+            if i + 1 == 7:
+                run.stop_early(7)
+            run.run_step(i)
+            run.end_step(i + 1, samples=8)
+    assert micro == [4] and _steps(split) == [4, 7]
+    assert _report(split).message == "trained 7 steps in fp32, stopped early there (the training's own stop)"

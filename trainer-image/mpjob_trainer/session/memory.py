@@ -120,13 +120,16 @@ class SmallerMicroBatch:
         assert self.in_place is not None and self.reshape is not None  # can_split() said so
         self.rung.machine.fire(Event.OUT_OF_MEMORY)
         free(state, self.context.numerics)
+        told = state.told_stop()  # rewinding loads a checkpoint's record, older than the stop the loop told
         start = self.rung.rewind(step, state=state, checkpoints=checkpoints)
         if isinstance(start, Exception):
             return oom
         message = classify(oom, Standing()).message  # as the restart path's report words it
         split = self.in_place.split(step=step, start=start, message=message, detected=detected)
         self.resplit(split.micro_batch, split.grad_accumulation)
-        return self.rung.go_on(start, step + 1, state=state)
+        if (ending := self.rung.go_on(start, step + 1, state=state)) is None:
+            told()  # caught up: the loop's step goes on as the loop told it
+        return ending
 
 
 def free(state: TrainingState, numerics: StepNumerics) -> None:
