@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 #: Skipped steps (and sample ranges) a report or status lists at most.
 MAX_SKIPPED_ENTRIES = 16
+#: The largest count, step or sample index a record holds: what a JSON number holds exactly. A
+#: report is the tenant's word, and a larger figure in status.skipped is one the API server
+#: refuses as not an integer, so every status patch of the job would fail with it.
+MAX_RECORDED = 2**53 - 1
+Recorded = Annotated[int, Field(ge=0, le=MAX_RECORDED)]
 #: Why a step was skipped: the fp32 replay blamed its data, or its loss spiked.
 SkipCause = Literal["data", "spike"]
 CAUSES: tuple[SkipCause, ...] = get_args(SkipCause)
@@ -58,14 +63,14 @@ class SpikeSpec(_Wire):
 class SampleRange(_Wire):
     """Dataset indices first..last (inclusive), all skipped."""
 
-    first: int = Field(ge=0)
-    last: int = Field(ge=0)
+    first: Recorded
+    last: Recorded
 
 
 class SkippedStep(_Wire):
     """One skipped optimizer step (0-based index) and why."""
 
-    step: int = Field(ge=0)
+    step: Recorded
     cause: SkipCause
     #: The samples it skipped (dataset indices, as ranges; empty: the loop named none).
     samples: list[SampleRange] = Field(default_factory=list, max_length=MAX_SKIPPED_ENTRIES)
@@ -76,8 +81,8 @@ class Skipped(_Wire):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
-    count: int = Field(0, ge=0, description="Steps skipped.")
-    samples: int = Field(0, ge=0, description="Samples skipped.")
+    count: Recorded = Field(0, description="Steps skipped.")
+    samples: Recorded = Field(0, description="Samples skipped.")
     steps: list[SkippedStep] = Field(default_factory=list, max_length=MAX_SKIPPED_ENTRIES)
 
 
@@ -126,7 +131,7 @@ def spans_of(label: str) -> list[SampleRange] | None:
         if match is None or len(spans) == MAX_SKIPPED_ENTRIES:
             return None
         first, last = int(match[1]), int(match[2] or match[1])
-        if last < first:
+        if not first <= last <= MAX_RECORDED:
             return None
         spans.append(SampleRange(first=first, last=last))
     return spans

@@ -107,3 +107,10 @@ def test_a_read_writes_status_skipped_while_the_attempt_runs() -> None:
     status = MixedPrecisionJobStatus(phase="Running", attempt=0, attempts=[AttemptStatus(index=0, precision="fp16")])
     found = figures(parse(exposed(RECORD)), precision="fp16")
     assert progress_patch(status, found) == {"skipped": RECORD.model_dump(by_alias=True)}
+
+
+def test_a_label_naming_samples_past_what_a_status_holds_is_not_read() -> None:
+    most = 2**53 - 1
+    assert spans_of(f"3,{most}") == [SampleRange(first=3, last=3), SampleRange(first=most, last=most)]
+    assert spans_of("3,9999999999999999") is None
+    assert spans_of("9-9999999999999999") is None
