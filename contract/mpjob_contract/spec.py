@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from mpjob_contract import builtin_args, formats, k8s, rules
+from mpjob_contract import builtin_args, formats, k8s, rules, spec_size
 from mpjob_contract.accounting import CostPerGpuHour
 from mpjob_contract.elastic import Elastic
 from mpjob_contract.parallelism import Parallelism
@@ -218,6 +218,12 @@ class MixedPrecisionJobSpec(ApiModel):
     @model_validator(mode="after")
     def _gate_computes_fp32(self) -> MixedPrecisionJobSpec:
         rules.GATE_NEEDS_FP32_GATHERING.check(rules.wire_self(self))
+        return self
+
+    @model_validator(mode="after")
+    def _fits_a_launch(self) -> MixedPrecisionJobSpec:
+        if (found := spec_size.oversized(self)) is not None:
+            raise k8s.SchemaViolations([found])
         return self
 
     @model_validator(mode="after")

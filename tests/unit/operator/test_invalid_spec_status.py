@@ -32,8 +32,13 @@ LONG = 300_000
             {"workers": 2, "elastic": {"minWorkers": 3}},
             "invalid spec: spec.elastic.minWorkers: elastic.minWorkers must be",
         ),
+        # A spec no trainer process can be started with (its launch is one environment variable).
+        (
+            {"task": {"module": "a.b:c", "args": {"vocab": ["w" * 64] * 3000}}},
+            "invalid spec: spec.task.args.vocab: the spec is ",
+        ),
     ],
-    ids=["refused-value", "unknown-field", "deep-argument", "builtin-argument", "spec-wide-rule"],
+    ids=["refused-value", "unknown-field", "deep-argument", "builtin-argument", "spec-wide-rule", "too-large"],
 )
 @pytest.mark.usefixtures("events")
 def test_an_invalid_spec_fails_the_job_with_a_bounded_message(spec: dict[str, Any], starts: str) -> None:
