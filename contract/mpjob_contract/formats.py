@@ -147,11 +147,16 @@ FP8_SKIP = Format(
     r"^[A-Za-z0-9_.*?\[\]!-]+$",
     "a module's dotted name or an fnmatch pattern over it: letters, digits, '_', '.', '-' and * ? [ ] ! (layers.0.*)",
 )
+#: precision.keepFp32: a module type's (class's) name, as Python names it.
+MODULE_TYPE = Format(
+    r"^[A-Za-z_][A-Za-z0-9_]*$",
+    "a module type's (class's) name: letters, digits and '_', not starting with a digit (LayerNorm)",
+)
 
 _ALL = (
     JOB_NAME, DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_OR_EMPTY, LABEL_VALUE, TOLERATION_KEY, CONFIG_KEY, ENV_VAR_NAME,
     BUCKET, PREFIX, ENDPOINT, REGION, MLFLOW_URI, TASK_MODULE, COMPUTE_CAPABILITY, IMAGE, QUANTITY, CURRENCY,
-    FP8_SKIP,
+    FP8_SKIP, MODULE_TYPE,
 )  # fmt: skip
 _BY_PATTERN = {fmt.pattern: fmt for fmt in _ALL}
 assert len(_BY_PATTERN) == len(_ALL), "each format its own pattern: the words are found by it"

@@ -3,12 +3,11 @@ numeric guard that decides when a precision gives up."""
 
 from __future__ import annotations
 
-import re
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from mpjob_contract import rules
+from mpjob_contract import formats, rules
 from mpjob_contract.fp8 import Fp8Spec
 from mpjob_contract.skipping import OnBadData, SpikeSpec
 from mpjob_contract.vocabulary import (
@@ -84,7 +83,7 @@ class PrecisionSpec(ApiModel):
         "the ladder goes fp8 -> bf16 -> fp32). Unset: those of [bf16, fp32] safer than mode (fp32: none).",
     )
     fp8: Fp8Spec = Field(default_factory=Fp8Spec, description="fp8 attempts (mode fp8, or auto on cc >= 8.9).")
-    keep_fp32: list[str] = Field(
+    keep_fp32: list[Annotated[str, Field(pattern=formats.MODULE_TYPE.pattern)]] = Field(
         default_factory=lambda: ["LayerNorm"],
         description="Module type names (classes) run in fp32 under autocast (F4). Types autocast already runs "
         "in fp32 cost nothing and are left alone: on CUDA LayerNorm, GroupNorm, RMSNorm (torch >= 2.12), Softmax, "
@@ -131,14 +130,6 @@ class PrecisionSpec(ApiModel):
     def _safer_in_order(self) -> PrecisionSpec:
         rules.FALLBACK_SAFER_IN_ORDER.check(rules.wire_self(self))
         return self
-
-    @field_validator("keep_fp32")
-    @classmethod
-    def _identifiers(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"precision.keepFp32 entry {name[:64]!r} is not a module type name")
-        return value
 
 
 #: The fallback ladder a job gets when it names none: the rungs of this one safer than its mode.

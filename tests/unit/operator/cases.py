@@ -93,6 +93,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("bad-fp8-skip", bad("spec.precision.fp8.skip", ["layers 0"]), "spec.precision.fp8.skip"),
     ("unknown-fp8-field", bad("spec.precision.fp8.scaling", "delayed"), "scaling"),
     ("duplicate-fallback", bad("spec.precision.fallback", ["bf16", "bf16"]), "fallback"),
+    ("keep-fp32-not-a-type-name", bad("spec.precision.keepFp32", ["LayerNorm", "Layer Norm"]), "keepFp32[1]"),
     # The ladder only climbs (fp8 < fp16 < bf16 < fp32): each fallback safer than the mode and the one before it.
     ("fallback-below-fp32", bad("spec.precision", {"mode": "fp32", "fallback": ["fp16"]}), "spec.precision.fallback"),
     ("fallback-repeats-mode", bad("spec.precision", {"mode": "bf16", "fallback": ["bf16"]}), "spec.precision.fallback"),

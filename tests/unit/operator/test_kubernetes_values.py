@@ -5,6 +5,7 @@ field and what the field allows (the API server's half: tests/integration's admi
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -176,3 +177,15 @@ def _node(schema: dict[str, Any], path: str) -> dict[str, Any]:
 def test_the_crd_carries_each_rule_where_the_api_server_checks_it(path: str, rule: dict[str, Any]) -> None:
     node = _node(crd_schema(), path)
     assert {key: node.get(key) for key in rule} == rule
+
+
+@pytest.mark.parametrize(
+    ("entry", "taken"),
+    [("LayerNorm", True), ("_Norm2", True), ("Layer Norm", False), ("2Norm", False), ("", False), ("nn.Norm", False)],
+)
+def test_the_crd_refuses_the_keep_fp32_entries_the_models_refuse(entry: str, taken: bool) -> None:
+    """A keepFp32 entry no module type is named by: refused by `kubectl apply`, not stored and
+    then failed by the operator as InvalidSpec."""
+    pattern = _node(crd_schema(), "spec.precision.keepFp32[]").get("pattern")
+    assert pattern is not None and (re.fullmatch(pattern, entry) is not None) == taken
+    assert (_problems("spec.precision.keepFp32", [entry]) == []) == taken
