@@ -43,25 +43,20 @@ def _put_refused(stubber: Stubber, code: str, status: int) -> None:
     stubber.add_client_error("put_object", service_error_code=code, service_message=code, http_status_code=status)
 
 
-def test_an_upload_the_bucket_forbids_is_a_misconfigured_bucket(
-    answers: tuple[Bucket, Stubber], tmp_path: Path
+@pytest.mark.parametrize(
+    ("code", "status", "raised", "said"),
+    [("AccessDenied", 403, BucketMisconfigured, "refused"), ("InternalError", 500, BucketFailed, "failed")],
+    ids=["forbidden-is-misconfigured", "server-error-is-a-failed-request"],
+)
+def test_an_upload_the_bucket_answers_with_an_error_is_said_by_its_answer_naming_the_bucket(
+    answers: tuple[Bucket, Stubber], tmp_path: Path, code: str, status: int, raised: type[Exception], said: str
 ) -> None:
+    """upload_file raises S3UploadFailedError, which carries no answer, while handling the
+    ClientError that does: the answer's code says which, as for every other request."""
     bucket, stubber = answers
-    _put_refused(stubber, "AccessDenied", 403)
+    _put_refused(stubber, code, status)
     (tmp_path / "state.pt").write_bytes(b"state")
-    with pytest.raises(
-        BucketMisconfigured, match=rf"{SETTINGS.bucket!r} .*refused to store runs/k/state.pt: AccessDenied"
-    ):
-        bucket.upload("runs/k/state.pt", tmp_path / "state.pt")
-
-
-def test_an_upload_the_server_fails_is_a_failed_request_naming_the_bucket(
-    answers: tuple[Bucket, Stubber], tmp_path: Path
-) -> None:
-    bucket, stubber = answers
-    _put_refused(stubber, "InternalError", 500)
-    (tmp_path / "state.pt").write_bytes(b"state")
-    with pytest.raises(BucketFailed, match=rf"{SETTINGS.bucket!r} .*failed to store runs/k/state.pt: InternalError"):
+    with pytest.raises(raised, match=rf"{SETTINGS.bucket!r} .*{said} to store runs/k/state.pt: {code}"):
         bucket.upload("runs/k/state.pt", tmp_path / "state.pt")
 
 
