@@ -29,7 +29,7 @@ from mpjob.planning.phases import (
 )
 from mpjob.planning.plan import Event, Plan, Started, When
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
-from mpjob.planning.reported import record_report, without_progress
+from mpjob.planning.reported import record_report, trained_in, without_progress
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision, settled
@@ -228,8 +228,8 @@ def conclude(
     for step in skipped.record(status, report.skipped if report else None):
         plan.events.append(skipped.announcement(step))
     amp_slower(plan, report.measurement if report else None, when)
-    # An `auto` attempt ran in what its trainer measured and trained in.
     index, precision = attempt.index, settled(attempt.precision, report.precision if report else None)
+    trained_in(status, index, precision)  # an `auto` attempt ran in what its trainer measured, or trained in
     _end(plan, index, precision, result, outcome.exit_code, end_step, when)
     resized = outcome.resize if result.reason in elastic.RESIZE_REASONS else None
     workers, shape = elastic.next_size(spec, attempt, resized or room)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mpjob.planning import history, timeline
 from mpjob.planning.figures import figure, round_figures
-from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, settled
+from mpjob_contract.api import AttemptStatus, CheckpointStatus, MixedPrecisionJobStatus, Precision, is_auto, settled
 from mpjob_contract.report import TerminationReport
 
 
@@ -119,6 +119,19 @@ def measured(
         attempt.precision = relabelled
         if status.attempts and status.attempts[-1] is attempt:
             status.precision = relabelled
+
+
+def trained_in(status: MixedPrecisionJobStatus, index: int, precision: str) -> None:
+    """Attempt `index`'s entry, still `auto` as it ends, in the `precision` its report says it
+    trained in: a loop that registers no step (the HF adapter) trains in its device's default
+    and reports no measurement (`measured` never runs). Left `auto`, its fallback read as a blind
+    retry (`backoff`: a wait before it) and its span named no precision. A report naming none
+    (`settled`: still `auto`) leaves it."""
+    entry = next((a for a in status.attempts if a.index == index), None)
+    if entry is not None and is_auto(entry.precision) and not is_auto(precision):
+        entry.precision = precision  # type: ignore[assignment]  # not auto: a Precision
+        if status.attempts[-1] is entry:
+            status.precision = precision  # type: ignore[assignment]
 
 
 def step_times(seconds: dict[str, float | None]) -> str:

@@ -117,6 +117,19 @@ def test_other_endings_start_the_next_attempt_at_once(code: int) -> None:
     assert [s.index for s in plan.create] == [1]
 
 
+def test_an_unmeasured_auto_attempts_fallback_starts_at_once_and_its_record_names_what_it_trained_in() -> None:
+    """An `auto` attempt whose loop registers no step (the HF adapter) trains in its device's
+    default and reports that precision without a measurement: its fault falls back at once, as
+    any fallback does, and its entry says the precision it trained in, as its Event does."""
+    s = spec(precision={"mode": "auto"}, resources={"gpusPerWorker": 1, "minComputeCapability": "7.0"})
+    first = reconcile(s, MixedPrecisionJobStatus(), 1, {}, NOW).status
+    said = TerminationReport(reason=Reason.NUMERIC_FAULT, step=30, start_step=0, precision="fp16", message="guard")
+    pod = PodView("p0", 0, "Failed", alive=False, exit_code=42, termination_message=said.to_message())
+    plan = reconcile(s, first, 1, {0: JobView(0, finished="Failed", pods=(pod,))}, NOW, retries=backoff.JOB_CONTROLLER)
+    assert [(a.index, a.precision) for a in plan.status.attempts] == [(0, "fp16"), (1, "bf16")]
+    assert [s.index for s in plan.create] == [1] and plan.requeue_after is None
+
+
 def outage(retries: RetryBackoff, *, down_for: int = 120, fails_after: int = 18) -> MixedPrecisionJobStatus:
     """The job's status once an attempt runs after the checkpoint store came back (`down_for`
     seconds after the first attempt began), or once it finished: the first attempt trained to a
