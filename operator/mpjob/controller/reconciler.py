@@ -183,9 +183,9 @@ class Reconciler:
         for index, uid in history.own(old, held).items():  # a Job made before its uid was recorded: said
             lc.made(plan, spec, index, uid)  # started if this write holds (the one that records it tells it)
         write_status(self.cluster, body, body.get("status") or {}, plan.status)  # memory first, then act
+        costs.count(old, plan.status, spec.cost_per_gpu_hour)  # its write held: counted, whatever acting does
         self._announce(body, observed.status, plan, observed.told())  # its write held: told by this operator only
         plan = self._act(body, spec, plan, seen, strays)
-        costs.count(old, plan.status, spec.cost_per_gpu_hour)
         if not self.profiles.reconcile(body, spec, plan.status, seen):
             self.bodies.refused((namespace, name))  # its write's 409: the body is behind the job, read it anew
         if plan.status.phase in FINISHED:
@@ -196,10 +196,10 @@ class Reconciler:
     def _act(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, seen: Observed, strays: dict[int, str]
     ) -> Plan:
-        """Carry out `plan` (its status written and its Events told), telling what acting did (pods
-        cut, pods left behind stopped) and saying and counting started each attempt whose first Job
-        it made, also when making what comes after that Job fails (its retry finds the Job made and
-        says nothing); the plan that stands after it (a failed one when the API server refused a child)."""
+        """Carry out `plan` (its status written, its Events told, its costs counted), telling what
+        acting did (pods cut, pods left behind stopped) and saying and counting started each attempt
+        whose first Job it made, also when making what comes after that Job fails (its retry finds the
+        Job made and says nothing); the plan that stands after it (a failed one if a child is refused)."""
         planned, said, refusal = len(plan.events), len(plan.started), None
         try:
             refusal = self.actions.apply(body, spec, plan, seen=seen, strays=strays)
@@ -211,6 +211,7 @@ class Reconciler:
             self._tell(body, [event for started in begun for event in started.events])
         if refusal is not None:
             told, plan = plan.status, self.actions.refused(body, spec, plan, refusal=refusal)
+            costs.count(told, plan.status, spec.cost_per_gpu_hour)
             self._announce(body, told, plan, [])
         return plan
 
