@@ -102,10 +102,11 @@ class Actions:
         with a short grace period) and the stray Jobs (`strays`, attempt -> UID: `history.strays`),
         create the ones it starts; the attempt whose children the API server refused for good, if any."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        cut = [pod for index in plan.cut if index in seen.jobs for pod in cutoff.to_cut(seen.jobs[index])]
-        for pod in cut:  # before their Job: a kubelet keeps the grace a pod's first deletion gave
-            self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=cutoff.CUT_GRACE_SECONDS)
+        grace = cutoff.CUT_GRACE_SECONDS  # before their Job: a kubelet keeps the grace a pod's first deletion gave
+        due = [pod for index in plan.cut if index in seen.jobs for pod in cutoff.to_cut(seen.jobs[index])]
+        cut = [pod for pod in due if self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=grace)]
         if cut:
+            self.cache.stopping(cut, grace)  # said once: a reconcile before the watch shows them going cuts none again
             plan.events.append(cutoff.cut_event(cut))
             om.PODS_CUT.inc(len(cut))
         policies = self.config.network_policy is not None  # what a Job deleted leaving its children left

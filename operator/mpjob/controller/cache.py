@@ -143,11 +143,12 @@ class ChildCache:
                 if not self._children.has_job(record.uid):
                     self._children.put(record)
 
-    def stopping(self, pods: Iterable[PodView]) -> None:
-        """The operator asked for the deletion of `pods`: none is to be stopped again (and said
-        again) by a reconcile that runs before the watch shows it going."""
+    def stopping(self, pods: Iterable[PodView], grace: int | None = None) -> None:
+        """The operator asked for the deletion of `pods` (with `grace` seconds; None: their own):
+        none is to be stopped again (and said again) by a reconcile that runs before the watch
+        shows it going."""
         with self._lock:
-            self._children.deleting(pod.uid for pod in pods)
+            self._children.deleting((pod.uid for pod in pods), grace)
 
     def removing(self, job: str) -> None:
         """The operator deleted the Job whose UID is `job`: a reconcile before the watch shows it

@@ -50,7 +50,7 @@ class Children:
         self._failures: dict[ObjectRef, CreateFailure] = {}  # the Job it names -> its latest FailedCreate
         self._failed: dict[str, ObjectRef] = {}  # a held FailedCreate's Event UID -> the Job it names
         self._gone: set[str] = set()  # pods the API server removed, held as last seen
-        self._asked: set[str] = set()  # pods the operator asked to delete (`deleting`)
+        self._asked: dict[str, int | None] = {}  # pods the operator asked to delete -> the grace (`deleting`)
         #: Jobs the operator deleted, until the watch (or a listing) shows them gone: UID -> their job.
         self._removing: dict[str, Key] = {}
 
@@ -92,13 +92,14 @@ class Children:
             self._jobs[ref.uid] = job
             self._keys.setdefault(job.key, set()).add(ref.uid)
 
-    def deleting(self, uids: Iterable[str]) -> None:
-        """The operator asked for the deletion of the pods `uids`: each is held as going from now
-        on, also before (or against a stale event from before) the watch shows it."""
+    def deleting(self, uids: Iterable[str], grace: int | None = None) -> None:
+        """The operator asked for the deletion of the pods `uids` (with `grace` seconds; None:
+        their own): each is held as going from now on, with the shortest grace asked, also before
+        (or against a stale event from before) the watch shows it."""
         for uid in uids:
             if (pod := self._pods.get(uid)) is not None:
-                self._asked.add(uid)
-                self._pods[uid] = _asked(pod)
+                self._pods[uid] = _asked(pod, grace)
+                self._asked[uid] = self._pods[uid].view.grace  # the shortest asked (or shown)
 
     def removing(self, uid: str) -> None:
         """The operator deleted the Job `uid`: held as removed from now on, as the watch will show
@@ -173,7 +174,7 @@ class Children:
     def _put_pod(self, record: PodRecord) -> Key | None:
         old = self._pods.get(record.uid)
         if record.uid in self._asked:
-            record = _asked(record)
+            record = _asked(record, self._asked[record.uid])
         self._pods[record.uid] = record
         if old is not None and old.owner != record.owner:  # an owner reference moved
             self._unlink(old.owner, record.uid)
@@ -204,7 +205,7 @@ class Children:
     def _remove_pod(self, uid: str) -> None:
         pod = self._pods.pop(uid)
         self._gone.discard(uid)
-        self._asked.discard(uid)
+        self._asked.pop(uid, None)
         self._unlink(pod.owner, uid)
 
     def _unlink(self, job: ObjectRef, uid: str) -> None:
@@ -282,9 +283,12 @@ def _named(job: ObjectRef) -> tuple[str, str]:
     return job.namespace, job.name.rpartition("-a")[0]
 
 
-def _asked(pod: PodRecord) -> PodRecord:
-    """`pod` once the operator asked for its deletion: going, as the API server will show it."""
-    return pod if pod.view.deleting else replace(pod, view=replace(pod.view, deleting=True))
+def _asked(pod: PodRecord, grace: int | None) -> PodRecord:
+    """`pod` once the operator asked for its deletion (with `grace` seconds; None: its own):
+    going, with the shortest grace given, as the API server will show it."""
+    shortest = min((g for g in (pod.view.grace, grace) if g is not None), default=None)
+    view = replace(pod.view, deleting=True, grace=shortest)
+    return pod if view == pod.view else replace(pod, view=view)
 
 
 def deleted(pod: PodRecord) -> PodRecord:

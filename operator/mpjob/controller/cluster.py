@@ -185,12 +185,12 @@ class Cluster:
             return False
         return True
 
-    def cut_pod(self, namespace: str, pod: str, *, uid: str, grace: int) -> None:
+    def cut_pod(self, namespace: str, pod: str, *, uid: str, grace: int) -> bool:
         """Delete an attempt's pod, if it is still the one whose UID is `uid`, with `grace`
-        seconds before SIGKILL. Only a pod's first deletion counts: the API server records a
-        shorter grace given later, but a kubelet runs out the one its stop began with. Anything
-        but the pod's being gone is logged, not raised: the attempt has ended in the status
-        already, and the pod still goes, with its own grace period."""
+        seconds before SIGKILL; whether it was. Only a pod's first deletion counts: the API
+        server records a shorter grace given later, but a kubelet runs out the one its stop
+        began with. Anything but the pod's being gone is logged, not raised: the attempt has
+        ended in the status already, and the pod still goes, with its own grace period."""
         options = {"preconditions": {"uid": uid}, "gracePeriodSeconds": grace}
         try:
             self.core.delete_namespaced_pod(pod, namespace, body=options, _request_timeout=REQUEST_TIMEOUT)
@@ -198,6 +198,8 @@ class Cluster:
             if exc.status not in (NOT_FOUND, CONFLICT):  # gone, or another pod took the name
                 why = f"{exc.status} {exc.reason}"
                 log.warning("%s/%s: not cut short (%s): it keeps its grace period", namespace, pod, why)
+            return False
+        return True
 
     # -------------------------------------------------------------- room for an elastic job
     def gpu_room(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
