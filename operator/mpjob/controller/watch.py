@@ -125,10 +125,16 @@ class ListWatch(threading.Thread):
             self._problem = said
         self.stop.wait(backoff_seconds(self._failures, base=RETRY_SECONDS, cap=RETRY_MAX_SECONDS))
 
-    def _progress(self) -> None:
+    def _progress(self, *, listed: bool = False) -> None:
+        """The watch made progress. A listing alone (`listed`) ends no run of failures: a watch
+        that fails after each listing (an RBAC that grants list but not watch) backs off and is
+        said once, as one failing throughout; the watch that follows a listing ends it."""
+        self.progressed, self.failing = time.monotonic(), False
+        if listed:
+            return
         if self._problem is not None:
             log.info("%s: answered again after %d failures", self.source.where, self._failures)
-        self.progressed, self.failing, self._failures, self._problem = time.monotonic(), False, 0, None
+        self._failures, self._problem = 0, None
 
     def _list(self) -> str:
         """List everything and hand it to the cache; the listing's resourceVersion."""
@@ -136,7 +142,7 @@ class ListWatch(threading.Thread):
         listing = raw(src.call, *src.args, _request_timeout=REQUEST_TIMEOUT, **src.selectors)
         self.cache.relist(src.resource, src.namespace, listing.get("items") or [])
         self.synced.set()
-        self._progress()
+        self._progress(listed=True)
         return str(listing["metadata"]["resourceVersion"])
 
     def _watch(self, version: str) -> str | None:
@@ -157,15 +163,15 @@ class ListWatch(threading.Thread):
             for line in iter_resp_lines(response):
                 if self.stop.is_set():
                     return version
-                self._progress()
                 event = _event(line)
+                if event is not None and event[0] == "ERROR":  # no progress
+                    if event[1].get("code") == GONE:  # too old a version: list again
+                        return None
+                    raise RuntimeError(f"the server ended the watch: {event[1].get('message')}")
+                self._progress()
                 if event is None:
                     continue
                 kind, obj = event
-                if kind == "ERROR":
-                    if obj.get("code") == GONE:  # too old a version: list again
-                        return None
-                    raise RuntimeError(f"the server ended the watch: {obj.get('message')}")
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind != "BOOKMARK":
                     self.cache.apply(src.resource, kind, obj)

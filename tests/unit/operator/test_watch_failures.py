@@ -71,3 +71,43 @@ def test_a_repeated_failure_is_said_once_a_new_one_again_and_the_recovery_once(
         "pods in namespace ns: answered again after 3 failures",
     ]
     assert not watch.failing
+
+
+class Waits(threading.Event):
+    """A stop whose waits return at once, recorded; it is set after `most` of them."""
+
+    def __init__(self, most: int) -> None:
+        super().__init__()
+        self.most, self.waited = most, list[float]()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.append(float(timeout or 0.0))
+        if len(self.waited) >= self.most:
+            self.set()
+        return self.is_set()
+
+
+@pytest.mark.parametrize("watched", ["refused", "an ERROR event"])
+def test_a_watch_that_keeps_failing_after_each_listing_backs_off_and_is_said_once(
+    watched: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An RBAC that grants list but not watch (or a server that ends every watch with an ERROR
+    event): each listing works and each watch after it fails. The listings are not asked every
+    second, nor is the failure said twice, with a recovery line in between."""
+    listings = 0
+
+    def call(*args: Any, **kwargs: Any) -> Response:
+        nonlocal listings
+        if not kwargs.get("watch"):
+            listings += 1
+            return Response(json.dumps({"metadata": {"resourceVersion": "1"}, "items": []}).encode())
+        if watched == "refused":
+            raise refusal(403, "Forbidden", "pods is forbidden: cannot watch")
+        return Response(lines=[json.dumps({"type": "ERROR", "object": {"code": 500, "message": "etcd"}})])
+
+    stop = Waits(most=6)
+    watch = ListWatch(Source("pods", "ns", call), cache=Sink(), synced=threading.Event(), stop=stop)
+    with caplog.at_level(logging.INFO, logger="mpjob.operator.cache"):
+        watch.run()  # here, until the sixth wait
+    assert stop.waited == [1, 2, 4, 8, 16, 30] and listings == 6
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
