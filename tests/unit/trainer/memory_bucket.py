@@ -1,10 +1,14 @@
 """MemoryBucket: a bucket in a dict, with the checkpoint store's own Bucket surface, so the
-bucket store runs in unit tests (tests/integration/storage runs it against a real S3 server)."""
+bucket store runs in unit tests (tests/integration/storage runs it against a real S3 server);
+FolderBucket: the same over a folder, one bucket for the ranks' processes of a test."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 from mpjob_contract.storage import S3Storage
 from mpjob_trainer.checkpoint.bucket import Bucket
@@ -64,3 +68,42 @@ class MemoryBucket(Bucket):
 
     def abort_uploads(self, prefix: str) -> int:
         return 0
+
+
+class _Objects(MutableMapping[str, bytes]):
+    """A dict of objects kept as files of one folder (a key quoted into one file name)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def __getitem__(self, key: str) -> bytes:
+        try:
+            return (self.folder / quote(key, safe="")).read_bytes()
+        except FileNotFoundError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, body: bytes) -> None:
+        part = self.folder / f".part-{os.getpid()}"
+        part.write_bytes(body)
+        part.replace(self.folder / quote(key, safe=""))  # whole, as an object lands
+
+    def __delitem__(self, key: str) -> None:
+        try:
+            (self.folder / quote(key, safe="")).unlink()
+        except FileNotFoundError:
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(unquote(p.name) for p in self.folder.iterdir() if not p.name.startswith(".part-")))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class FolderBucket(MemoryBucket):
+    """A MemoryBucket whose objects are files of `folder`: every process that opens it sees one bucket."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.objects = _Objects(folder)  # type: ignore[assignment]

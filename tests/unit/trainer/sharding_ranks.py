@@ -265,6 +265,46 @@ def case_framework_save(world: World) -> dict[str, Any]:
     return {"files": sorted(manifest["files"])}
 
 
+def case_framework_save_to_bucket(world: World) -> dict[str, Any]:
+    """The HF Trainer's collective save into a bucket store, as its ranks make it (each makes the
+    checkpoint's folder under the path it is given and writes its own RNG state there; rank 0
+    the rest), then every rank's resume: the files the committed manifest lists, those of the
+    framework checkpoint the rank resumes from, and what the save left in the rank's spool."""
+    from memory_bucket import SETTINGS, FolderBucket
+
+    from mpjob_trainer.checkpoint import resume
+    from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
+
+    def store() -> BucketCheckpointStore:
+        bucket = FolderBucket(Path(sys.argv[4]) / "bucket")
+        return BucketCheckpointStore(
+            f"{SETTINGS.url}/ns/j/u1", SETTINGS, keep=2, config_digest="d", job="ns/j/u1", bucket=bucket
+        )
+
+    def write(staging: Path) -> Path:
+        folder = staging / "checkpoint-5"
+        folder.mkdir(parents=True, exist_ok=True)  # as the Trainer's _save_rng_state does, on every rank
+        if world.is_main:
+            (folder / "model.bin").write_bytes(b"weights")
+        (folder / f"rng_state_{world.rank}.pth").write_bytes(bytes([world.rank]))
+        return folder
+
+    saving = store()
+    base = Checkpointer(saving, world, EventLog(stream=io.StringIO()), TrainerMetrics("j", "ns", world.rank, "fp16"))
+    FrameworkCheckpointer(base, write, model=torch.nn.Module()).save(5, "fp16", lambda: {"step": 5}, final=True)
+    left = sorted(p.relative_to(saving.root).as_posix() for p in saving.root.rglob("*") if p.is_file())
+    manifest = saving.manifest(saving.url(5))
+    resuming = store()
+    loaded = resume.load(resuming)
+    assert loaded is not None
+    restored = resuming.framework_folder(loaded[0])
+    return {
+        "files": sorted(manifest.files) if manifest is not None else None,
+        "restored": sorted(p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()),
+        "left": [name for name in left if name != ".owner"],
+    }
+
+
 class _Resumed:
     """What Checkpointer.open asks of a TrainingState (no sharded model, no optimizer): its weights
     `w`, 0 until a checkpoint is loaded; its restore fails on rank 1 for the checkpoint of step

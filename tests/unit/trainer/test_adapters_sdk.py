@@ -4,6 +4,7 @@ sees a fused optimizer's skipped steps, and the extras never bring a Kubernetes 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import tomllib
@@ -13,18 +14,21 @@ import pytest
 import torch
 
 from mpjob_contract.api import Guard
-from mpjob_trainer.checkpoint import FRAMEWORK, CheckpointStore, resume
+from mpjob_trainer.checkpoint import FRAMEWORK, CheckpointStore, rank_files, resume
+from mpjob_trainer.checkpoint.objects import Published, new_writer
+from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 from mpjob_trainer.distributed import World
 from mpjob_trainer.guard import NumericGuard
 from tests.unit.test_images import TRAINER, lock_closure, parse, run_commands
 from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.memory_bucket import SETTINGS, MemoryBucket
 from tests.unit.trainer.test_sharding import ranks
 
 pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[3]
 
 
-def framework_save(store: CheckpointStore, step: int) -> Path:
+def framework_save(store: CheckpointStore | BucketCheckpointStore, step: int) -> Path:
     """What a framework writes: a folder of files, some nested."""
     staging = store.staging(f".tmp-framework-{step:09d}")
     written = staging / f"checkpoint-{step}"
@@ -41,6 +45,44 @@ def test_a_framework_folder_is_adopted_only_once_every_rank_has_written_into_it(
     for seen in ranks(tmp_path, "framework_save", 2):
         framework = ["framework/model.bin", "framework/rng_state_0.pth", "framework/rng_state_1.pth"]
         assert seen["files"] == [*framework, "state.pt"]
+
+
+@pytest.mark.process
+def test_every_ranks_framework_files_reach_a_bucket_checkpoint_and_its_resume(tmp_path: Path) -> None:
+    """To a bucket each rank's staging is its own spool's: a rank's own files (the HF Trainer's
+    RNG state of that rank) must go up into the checkpoint rank 0 commits, not stay behind in
+    its spool, and every rank must find its own in the checkpoint it resumes from (an exact
+    resume: the Trainer only warns when one is missing)."""
+    framework = ["framework/model.bin", "framework/rng_state_0.pth", "framework/rng_state_1.pth"]
+    for seen in ranks(tmp_path, "framework_save_to_bucket", 2, timeout=120):
+        assert seen["files"] == [*framework, "state.pt"], seen
+        assert seen["restored"] == ["model.bin", "rng_state_0.pth", "rng_state_1.pth"], seen
+        assert seen["left"] == [], seen
+
+
+def test_files_other_ranks_published_go_when_the_save_commits_none(tmp_path: Path) -> None:
+    """What the other ranks of a framework's save uploaded into its writer's folder (no manifest
+    names it yet) is deleted when rank 0 commits nothing: a rank's upload failed (the save fails
+    too: a partial checkpoint is none), or this job's checkpoint of the step is kept."""
+    bucket = MemoryBucket()
+    store = BucketCheckpointStore(
+        f"{SETTINGS.url}/ns/j/u1", SETTINGS, keep=2, config_digest="d", job="ns/j/u1", bucket=bucket
+    )
+
+    def joined(*problems: str) -> rank_files.Joined:
+        writer = new_writer()
+        bucket.put(f"runs/ns/j/u1/step-000000005/{writer}/framework/rng_state_1.pth", b"\x01")
+        meta = {"sha256": hashlib.sha256(b"\x01").hexdigest(), "bytes": 1}
+        return rank_files.Joined(Published(writer, {"framework/rng_state_1.pth": meta}), list(problems))
+
+    with pytest.raises(OSError, match="rank 2: OSError: disk full"):
+        rank_files.write(store, 5, "fp16", {"step": 5}, framework_save(store, 5), joined("rank 2: OSError: disk full"))
+    assert store.steps() == [] and not [key for key in bucket.objects if "rng_state" in key]
+    first = rank_files.write(store, 5, "fp16", {"step": 5}, framework_save(store, 5), joined())
+    assert "framework/rng_state_1.pth" in (store.manifest(store.url(5)) or pytest.fail()).files
+    kept = rank_files.write(store, 5, "fp16", {"step": 5}, framework_save(store, 5), joined())
+    assert kept.ref == first.ref
+    assert len([key for key in bucket.objects if "rng_state" in key]) == 1  # the committed one's only
 
 
 def test_store_adopts_a_framework_folder_and_checks_every_file(tmp_path: Path) -> None:
@@ -181,7 +223,7 @@ def test_a_hugging_face_trainers_checkpoints_leave_no_staging_folder_behind(
     run = mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job, "fp32"))
     try:
         args = mpjob_hf.training_arguments(run)
-        mpjob_hf.train(run, Trainer(model=Regression(), args=args, train_dataset=data))  # type: ignore[arg-type]
+        mpjob_hf.train(run, Trainer(model=Regression(), args=args, train_dataset=data))
     finally:
         run.close()
     folders = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name != ".hf-output")  # the output_dir

@@ -10,7 +10,8 @@
 - `store`: CheckpointStore, a job's checkpoints in one folder (write, verify, list);
 - `s3`, `bucket`: BucketCheckpointStore, the same in an S3-compatible bucket (sharded too:
   every rank uploads its own files); `bucket_files`: its objects as a source of checked copies,
-  each rank reading only what it reads of a volume's;
+  each rank reading only what it reads of a volume's; `rank_files`: a framework's files that
+  ranks other than 0 write, uploaded into the checkpoint rank 0 commits;
 - `migrate`: an older format brought forward to the current one;
 - `staging`, `writer`: the private host copy of the state and the thread that writes it
   (session.checkpointing.Checkpointer drives them);

@@ -7,7 +7,7 @@ its share of the checks, the shard files its plan reads) is streamed into its ch
 hashed on the way, never landing on a disk; a non-tensor value of another rank's share is a
 ranged GET, checked against the sha256 the rank that checked its file took. One mechanism, one
 place for the hash: a bucket keeps no checks of its own. A single-file checkpoint is downloaded
-(`fetch_files`) and verified as the volume store does; the framework checkpoint in it, which a
+(`download`, `fetch_files`) and verified as the volume store does; the framework checkpoint in it, which a
 framework adapter reads from a folder once the download is gone, is kept (`keep_framework`).
 """
 
@@ -17,10 +17,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mpjob_trainer.checkpoint import document
+from mpjob_trainer.checkpoint import document, objects
 from mpjob_trainer.checkpoint.bucket import Bucket
 from mpjob_trainer.checkpoint.checked import Write
-from mpjob_trainer.checkpoint.manifest import FRAMEWORK, CorruptCheckpoint, Manifest
+from mpjob_trainer.checkpoint.manifest import DCP, FRAMEWORK, MANIFEST, CorruptCheckpoint, Manifest, parse_manifest
+from mpjob_trainer.checkpoint.peers import Peers, agreed
 
 #: Below a bucket store's local folder: the framework checkpoint of the checkpoint it verified last.
 RESTORED = ".restored"
@@ -60,6 +61,29 @@ class _InOrder:
             raise CorruptCheckpoint(f"{self.where} is longer in the bucket than its manifest says")
         self.out(data)
         return len(data)
+
+
+def download(bucket: Bucket, prefix: str, folder: Path, peers: Peers) -> BucketFiles | None:
+    """The manifest below `prefix` (a step's) into `folder`, and a single-file checkpoint's files; a
+    sharded one's are read from the bucket as they are checked (the source returned). The ranks of
+    `peers` reject it together when any one's fetch fails (a rank that went on alone, or left
+    alone, would wait for the others' collectives forever)."""
+    manifest = agreed(lambda: _fetch_manifest(bucket, prefix, folder), peers)
+    files = objects.files_prefix(prefix, manifest)
+    if manifest.layout == DCP:
+        return BucketFiles(bucket, files, folder)
+    agreed(lambda: fetch_files(bucket, files, folder, manifest), peers)
+    return None
+
+
+def _fetch_manifest(bucket: Bucket, prefix: str, folder: Path) -> Manifest:
+    raw = bucket.get(f"{prefix}/{MANIFEST}", max_bytes=document.MAX_MANIFEST_BYTES)
+    if raw is None:
+        raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
+    manifest = parse_manifest(raw, folder.name)  # checked: every name stays inside `folder`
+    check_sizes(bucket, objects.files_prefix(prefix, manifest), folder.name, manifest)
+    (folder / MANIFEST).write_bytes(raw)
+    return manifest
 
 
 def check_sizes(bucket: Bucket, prefix: str, name: str, manifest: Manifest) -> None:

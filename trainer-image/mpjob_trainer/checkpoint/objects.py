@@ -25,7 +25,9 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 from mpjob_trainer.checkpoint.manifest import Manifest, folder_name, step_of
 
@@ -34,6 +36,15 @@ ASIDE = ".corrupt"
 #: The folder below a job's prefix holding the marks of the checkpoints that did not load.
 UNLOADABLE = ".unloadable"
 _ASIDE_NAME = re.compile(r"(step-[0-9]{9})-[0-9]{20}-[0-9a-f]{6}")
+
+
+@dataclass(frozen=True)
+class Published:
+    """Files uploaded into `writer`'s folder below a step's prefix that no manifest names yet (the
+    other ranks' own of a framework's save: checkpoint.rank_files): each one's sha256 and size."""
+
+    writer: str
+    files: dict[str, dict[str, Any]]
 
 
 def new_writer() -> str:

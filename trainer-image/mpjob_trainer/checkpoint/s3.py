@@ -24,7 +24,8 @@ retry can fix names the bucket (BucketMisconfigured).
 Sharded (checkpoint.sharded): after rank 0 checked the step's place (`taken`) each rank uploads
 its own files (`publish`), rank 0 puts the manifest once all agreed (`commit`) or else deletes
 them (`withdraw`). A restore reads on each rank only what it reads of a volume's, straight from
-the bucket into the copies it checks (checkpoint.bucket_files).
+the bucket into the copies it checks (checkpoint.bucket_files). A framework's save on several
+ranks does the same with the files other ranks write (checkpoint.rank_files: `write(joined=)`).
 """
 
 from __future__ import annotations
@@ -42,12 +43,11 @@ from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
 from mpjob_trainer.checkpoint import objects, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
-from mpjob_trainer.checkpoint.bucket_files import BucketFiles, check_sizes, fetch_files, keep_framework, kept_framework
+from mpjob_trainer.checkpoint.bucket_files import download, keep_framework, kept_framework
 from mpjob_trainer.checkpoint.bucket_marks import BucketMarks
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.lineage import UNJUDGED, Lineage
 from mpjob_trainer.checkpoint.manifest import (
-    DCP,
     MANIFEST,
     CorruptCheckpoint,
     Manifest,
@@ -56,7 +56,7 @@ from mpjob_trainer.checkpoint.manifest import (
     read_manifest,
     step_of,
 )
-from mpjob_trainer.checkpoint.peers import Peers, agreed
+from mpjob_trainer.checkpoint.peers import Peers
 from mpjob_trainer.checkpoint.protocol import Log
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
@@ -185,7 +185,7 @@ class BucketCheckpointStore:
         folder = Path(tempfile.mkdtemp(prefix=".download-", dir=self.root)) / name
         folder.mkdir()
         try:
-            files = self._download(step, folder, alone=alone)
+            files = download(self.bucket, f"{self.key}/{name}", folder, Peers(0, 1) if alone else Peers.current())
             ref, state = self.local.verify(folder, alone=alone, files=files)
             keep_framework(folder, self.root)
         finally:
@@ -197,52 +197,45 @@ class BucketCheckpointStore:
         """The framework checkpoint of `ref` here: as its `verify` downloaded it (bucket_files.keep_framework)."""
         return kept_framework(self.root, PurePosixPath(ref.path).name)
 
-    def _download(self, step: int, folder: Path, *, alone: bool) -> BucketFiles | None:
-        """The manifest into `folder`, and a single-file checkpoint's files; a sharded one's are read
-        from the bucket as they are checked (the source returned: checkpoint.bucket_files). The
-        ranks reject it together when any one's fetch fails (a rank that went on alone, or left
-        alone, would wait for the others' collectives forever)."""
-        peers = Peers(0, 1) if alone else Peers.current()
-        manifest = agreed(lambda: self._fetch_manifest(f"{self.key}/{folder.name}", folder), peers)
-        files = objects.files_prefix(f"{self.key}/{folder.name}", manifest)
-        if manifest.layout == DCP:
-            return BucketFiles(self.bucket, files, folder)
-        agreed(lambda: fetch_files(self.bucket, files, folder, manifest), peers)
-        return None
-
-    def _fetch_manifest(self, prefix: str, folder: Path) -> Manifest:
-        raw = self._manifest_bytes(prefix)
-        if raw is None:
-            raise CorruptCheckpoint(f"{folder.name}: not committed (no manifest)")
-        manifest = parse_manifest(raw, folder.name)  # checked: every name stays inside `folder`
-        check_sizes(self.bucket, objects.files_prefix(prefix, manifest), folder.name, manifest)
-        (folder / MANIFEST).write_bytes(raw)
-        return manifest
-
     # -- writing ----------------------------------------------------------------------------
-    def write(self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None) -> SaveResult:
-        """Write `state` as `step`'s checkpoint: files first, the manifest last (the commit)."""
+    def write(
+        self, step: int, precision: str, state: dict[str, Any], *, adopt: Path | None = None,
+        joined: objects.Published | None = None,
+    ) -> SaveResult:  # fmt: skip
+        """Write `state` as `step`'s checkpoint: files first, the manifest last (the commit). `joined`: files
+        the other ranks of a framework's save published (checkpoint.rank_files), named in the manifest
+        beside its own, or withdrawn when it commits none (its place kept, a failure before the commit)."""
+        joined = joined or objects.Published(objects.new_writer(), {})
         with self._writing:
             start = time.perf_counter()
-            kept = ownership.occupied(self, self.url(step))
-            if kept is not None:
-                return SaveResult(kept, time.perf_counter() - start, 0)
-            spooled = self.local.write(step, precision, state, adopt=adopt)
+            try:
+                kept = ownership.occupied(self, self.url(step))
+                if kept is not None:
+                    self.withdraw(step, sorted(joined.files), writer=joined.writer)
+                    return SaveResult(kept, time.perf_counter() - start, 0)
+                spooled = self.local.write(step, precision, state, adopt=adopt)
+            except Exception:
+                self.withdraw(step, sorted(joined.files), writer=joined.writer)
+                raise
             folder = Path(spooled.ref.path)
             try:
-                uploaded = self._upload(folder, step)
+                uploaded = self._upload(folder, step, joined)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             left = ownership.tidy(self, step)  # after the commit: the checkpoint is written whatever it says
             ref = spooled.ref.model_copy(update={"path": self.url(step)})
             return SaveResult(ref, time.perf_counter() - start, uploaded, left)
 
-    def _upload(self, folder: Path, step: int) -> int:
-        writer = objects.new_writer()
-        manifest = replace(read_manifest(folder), writer=writer)
-        size = self.publish(step, folder, manifest.files, writer=writer)
+    def _upload(self, folder: Path, step: int, joined: objects.Published) -> int:
+        own = read_manifest(folder)  # its files go up after the joined ones: a name in both is its own
+        manifest = replace(own, writer=joined.writer, files=dict(sorted({**joined.files, **own.files}.items())))
+        try:
+            size = self.publish(step, folder, own.files, writer=joined.writer)
+        except Exception:
+            self.withdraw(step, sorted(joined.files), writer=joined.writer)
+            raise
         self._put_manifest(step, json.dumps(manifest.to_json()).encode())  # the commit: last, and only now
-        return size
+        return size + sum(int(meta["bytes"]) for meta in joined.files.values())
 
     def taken(self, step: int) -> CheckpointRef | None:
         """What a sharded save finds at `step`'s place before its ranks upload (as `write`

@@ -167,16 +167,16 @@ class ShardedWriter:
                 paths.append(_readable_index(tmp, step))
             return hash_files(tmp, paths), None
         except Exception as exc:
-            return {}, _why(exc, f"rank {rank}: ")
+            return {}, reason(exc, f"rank {rank}: ")
 
     def _claim(self, step: int) -> Any:
         """Rank 0, bucket: None when the step is free; this job's valid checkpoint there (kept,
-        never overwritten: its ref and size); why the save must write nothing (`_why`)."""
+        never overwritten: its ref and size); why the save must write nothing (`reason`)."""
         assert isinstance(self.store, BucketCheckpointStore)
         try:
             kept = self.store.taken(step)
         except Exception as exc:
-            return _why(exc)
+            return reason(exc)
         return (kept, 0, None) if kept is not None else None
 
     def _publish(self, step: int, tmp: Path, files: dict[str, Any]) -> str | Exception | None:
@@ -185,24 +185,24 @@ class ShardedWriter:
         try:
             self.store.publish(step, tmp, files, writer=self.name)
         except Exception as exc:
-            return _why(exc, f"rank {self.peers.rank}: ")
+            return reason(exc, f"rank {self.peers.rank}: ")
         return None
 
     def _commit(self, step: int, precision: str, *, tmp: Path, outcomes: list[Any]) -> Any:
-        """Rank 0: the manifest over every rank's files, then the rename; why not (`_why`), when not."""
+        """Rank 0: the manifest over every rank's files, then the rename; why not (`reason`), when not."""
         problems = [problem for _, problem in outcomes if problem]
         files = {name: meta for files, problem in outcomes if not problem for name, meta in files.items()}
         try:
             if problems:
                 self._withdraw(step, files)
-                raise next((p for p in problems if isinstance(p, Exception)), OSError("; ".join(map(str, problems))))
+                raise failure(problems)
             if isinstance(self.store, BucketCheckpointStore):
                 result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size, writer=self.name)
             else:
                 result = self.store.commit(tmp, step, precision, files, world_size=self.peers.size)
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            return _why(exc)
+            return reason(exc)
         return result.ref, result.bytes, result.housekeeping
 
     def _withdraw(self, step: int, files: dict[str, Any]) -> None:
@@ -222,16 +222,22 @@ def _readable_index(tmp: Path, step: int) -> Path:
     return index
 
 
-def _why(exc: Exception, rank: str = "") -> str | Exception:
+def reason(exc: Exception, rank: str = "") -> str | Exception:
     """How a rank tells the others why its part failed: what no retry fixes (CheckpointTaken, a
     ConfigError such as a value a restore cannot read or BucketMisconfigured) as itself, to be
     raised on every rank as a single-file save raises it; anything else as a reason."""
     return exc if isinstance(exc, (CheckpointTaken, ConfigError)) else f"{rank}{type(exc).__name__}: {exc}"
 
 
+def failure(problems: list[str | Exception]) -> Exception:
+    """What the ranks' `problems` (`reason`'s) end a save with: the first no retry fixes, as itself;
+    else an OSError naming them all."""
+    return next((p for p in problems if isinstance(p, Exception)), OSError("; ".join(map(str, problems))))
+
+
 def _result(ended: Any, started: float) -> SaveResult:
     """How rank 0 said the save ended, on every rank: (ref, bytes, what its housekeeping left), what
-    no retry fixes (`_why`: raised as itself), or the reason it failed (OSError)."""
+    no retry fixes (`reason`: raised as itself), or the reason it failed (OSError)."""
     if isinstance(ended, Exception):
         raise ended
     if isinstance(ended, str):

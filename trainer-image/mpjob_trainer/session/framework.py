@@ -13,7 +13,8 @@ the same way, so they do not reimplement any of it; they reach the session throu
 - checkpoints: when the session decides to save (a healthy interval), the framework writes
   its own checkpoint into a staging folder and the CheckpointStore adopts it (sha256 of
   every file in the manifest, keep-K, corrupt ones skipped on load) beside a small state.pt
-  with what the session owns (step, applied steps, scaler, RNG);
+  with what the session owns (step, applied steps, scaler, RNG); in a bucket, whose staging
+  is each rank's own spool, the other ranks' files go up into it first (checkpoint.rank_files);
 - `resume()` loads the attempt's checkpoint like `Session.resume` and says where the
   framework's own checkpoint lies, for `resume_from_checkpoint` / `ckpt_path`;
 - bad data and loss spikes (the data rung, session.skipping): the framework cannot be rolled
@@ -36,7 +37,8 @@ import torch
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_trainer import distributed as dist_env
-from mpjob_trainer.checkpoint import CorruptCheckpoint, snapshot, unloadable
+from mpjob_trainer.checkpoint import CorruptCheckpoint, rank_files, snapshot, unloadable
+from mpjob_trainer.checkpoint.peers import Peers
 from mpjob_trainer.checkpoint.protocol import Store
 from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.session.agreement import main_says
@@ -92,9 +94,10 @@ class FrameworkCheckpointer(Checkpointer):
         # Every rank has written before the folder is adopted (moved): a framework's save is
         # not one collective, and a rank writes its own files (the HF Trainer's RNG state) last.
         dist_env.barrier(self.world)
+        joined = rank_files.join(self.store, step, staging, written, Peers.current())  # a bucket's: in its own spools
         if self.world.is_main:
             try:
-                result = self.store.write(step, precision, snapshot(capture()), adopt=written)
+                result = rank_files.write(self.store, step, precision, snapshot(capture()), written, joined)
             except Exception as exc:
                 self._failed(step, step, exc)
                 if final:
