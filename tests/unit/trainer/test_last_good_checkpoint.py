@@ -94,14 +94,25 @@ def test_a_save_that_fails_leaves_the_last_good_one(tmp_path: Path) -> None:
     assert checkpoints.last_good is not None and checkpoints.last_good.step == 10
 
 
-def test_a_framework_checkpointer_takes_over_the_last_good_one_and_moves_it_on(tmp_path: Path) -> None:
-    base = _checkpointer(CheckpointStore(tmp_path, keep=5, config_digest="d", job=JOB))
+def _weights(staging: Path) -> Path:
+    """A framework's checkpoint: one file, in the staging folder it is given."""
+    (staging / "weights").write_text("20")
+    return staging
+
+
+@pytest.mark.parametrize("kind", ["volume", "bucket"])
+def test_a_framework_checkpointer_takes_over_the_last_good_one_and_moves_it_on(tmp_path: Path, kind: str) -> None:
+    store = _places(kind, tmp_path)
+    base = _checkpointer(store())
     base.save(10, "fp32", _state(10), final=True)
-    framework = FrameworkCheckpointer(base, write=lambda staging: staging, model=torch.nn.Linear(2, 2))
+    framework = FrameworkCheckpointer(base, write=_weights, model=torch.nn.Linear(2, 2))
     assert framework.last_good == base.last_good
     framework.save(20, "fp32", _state(20), final=True)
     assert framework.last_good is not None and framework.last_good.step == 20
-    assert (Path(framework.last_good.path) / "framework").is_dir()
+    resumed = _checkpointer(store())
+    opened = resumed.open(cast(TrainingState, _State()), None, "fp32", None)
+    assert opened is not None and resumed.last_good == framework.last_good
+    assert (resumed.store.framework_folder(opened[0]) / "weights").read_text() == "20"
 
 
 def test_two_framework_saves_of_one_step_never_write_into_each_others_staging(tmp_path: Path) -> None:
