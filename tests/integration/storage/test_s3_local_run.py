@@ -53,15 +53,17 @@ def manifest(tmp: Path, s3: dict[str, Any], name: str = "s3run", **spec: Any) ->
     return path
 
 
-def env(**override: str) -> dict[str, str]:
+def env(*, frameworks: bool = False, **override: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     ours = {**base, **CREDENTIALS, "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1", **override}
-    return warm.for_ranks(ours)  # `mpjob run`'s ranks start warm
+    return warm.for_ranks(ours, frameworks=frameworks)  # `mpjob run`'s ranks start warm
 
 
-def mpjob_run(job: Path, out: Path, timeout: float = 300, **override: str) -> subprocess.CompletedProcess[str]:
+def mpjob_run(
+    job: Path, out: Path, timeout: float = 300, *, frameworks: bool = False, **override: str
+) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "mpjob.cli", "run", str(job), "--out", str(out), "--plain", *NO_PLOT]
-    return warm.run(argv, capture_output=True, text=True, timeout=timeout, env=env(**override))
+    return warm.run(argv, capture_output=True, text=True, timeout=timeout, env=env(frameworks=frameworks, **override))
 
 
 def report(out: Path) -> dict[str, Any]:
@@ -208,3 +210,28 @@ def test_a_wrong_credential_or_a_missing_bucket_fails_the_job_in_one_attempt_nam
     assert status["phase"] == "Failed" and len(status["attempts"]) == 1
     assert status["attempts"][0]["reason"] == "ConfigError"
     assert s3["bucket"] in status["attempts"][0]["message"]
+
+
+def test_every_ranks_framework_files_are_in_the_buckets_checkpoints(tmp_path: Path, s3: dict[str, Any]) -> None:
+    """A real HF Trainer job on 2 processes: each checkpoint the bucket commits names, and holds
+    whole, every rank's RNG state (the Trainer's rng_state_<rank>.pth, which each rank writes into
+    its own spool); before, rank 1's stayed in its spool and the checkpoint went up without it."""
+    script = Path(__file__).with_name("hf_ranks_script.py")
+    job = manifest(
+        tmp_path,
+        s3,
+        task={"command": [sys.executable, str(script)]},
+        training={"steps": 4, "batchSize": 4, "logEvery": 1},
+        checkpoint={"everySteps": 2, "keep": 3, "storage": {"s3": s3}},
+        resources={"gpusPerWorker": 0, "processesPerWorker": 2},
+    )
+    result = mpjob_run(job, tmp_path / "out", frameworks=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (folder,) = job_folders(s3)
+    assert {2, 4} <= set(committed_all_verify(folder, s3))  # every file of each is there, its sha256 right
+    bucket, key = split_url(folder)
+    for step in (2, 4):
+        name = f"{key}/step-{step:09d}/manifest.json"
+        files = json.loads(client(s3).get_object(Bucket=bucket, Key=name)["Body"].read())["files"]
+        rng = sorted(f.rsplit("/", 1)[-1] for f in files if "rng_state" in f)
+        assert rng == ["rng_state_0.pth", "rng_state_1.pth"], sorted(files)
