@@ -174,7 +174,8 @@ class CheckpointHousekeepingFailed(TrainerEvent):
 
 
 class CheckpointUploadsLeft(TrainerEvent):
-    """A save that will not commit could not delete what it uploaded below `prefix`."""
+    """What a save uploaded below `prefix` stays although it did not commit: deleting it failed, or
+    the bucket could not say whether the manifest whose put failed landed all the same."""
 
     name = "checkpointUploadsLeft"
     prefix: str

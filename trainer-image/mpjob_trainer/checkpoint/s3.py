@@ -8,9 +8,10 @@ sha256 of every file, the manifest), uploads file by file (multipart, parts in p
 bucket.Bucket), then the manifest naming the writer's folder, LAST: an object store has no
 rename, so the manifest is the commit. A folder without one is no checkpoint; two writers of one
 step share no key, so whichever manifest lands last names only its own writer's objects. A save
-that fails deletes what it uploaded (`withdraw`); a killed one's objects stay (nothing in the
-bucket tells a killed writer from one still uploading, whose manifest would then name deleted
-objects); `clean_stale` aborts unfinished multipart uploads. It implements checkpoint.protocol's
+that fails deletes what it uploaded (`withdraw`; after a failed put of its manifest, only when that
+did not land: checkpoint.leftovers); a killed one's objects stay (nothing in the bucket tells a
+killed writer from one still uploading, whose manifest would then name deleted objects);
+`clean_stale` aborts unfinished multipart uploads. It implements checkpoint.protocol's
 Store over the bucket: resume order, ownership, a save's check of its step, keep-K, the bound on
 set-aside checkpoints (their manifests moved below `.corrupt/`) and the marks of those that did
 not load (below `.unloadable/`) are the volume store's (checkpoint.resume, .ownership, .unloadable).
@@ -41,7 +42,7 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
-from mpjob_trainer.checkpoint import objects, ownership
+from mpjob_trainer.checkpoint import leftovers, objects, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.bucket_files import download, keep_framework, kept_framework
 from mpjob_trainer.checkpoint.bucket_marks import BucketMarks
@@ -234,7 +235,8 @@ class BucketCheckpointStore:
         except Exception:
             self.withdraw(step, sorted(joined.files), writer=joined.writer)
             raise
-        self._put_manifest(step, json.dumps(manifest.to_json()).encode())  # the commit: last, and only now
+        body = json.dumps(manifest.to_json()).encode()
+        self._put_manifest(step, body, list(manifest.files), writer=joined.writer)  # the commit: last, only now
         return size + sum(int(meta["bytes"]) for meta in joined.files.values())
 
     def taken(self, step: int) -> CheckpointRef | None:
@@ -263,11 +265,8 @@ class BucketCheckpointStore:
 
     def withdraw(self, step: int, names: list[str], *, writer: str) -> None:
         """Delete the files `names` a save that will not commit uploaded into `writer`'s folder of
-        `step` (no manifest names them); logged when it fails: the save's own failure is raised."""
-        try:
-            self.bucket.delete([f"{self._step_prefix(step)}/{writer}/{name}" for name in names])
-        except Exception as exc:
-            self.log("checkpointUploadsLeft", prefix=f"{self._step_prefix(step)}/{writer}", problem=str(exc))
+        `step` (checkpoint.leftovers.withdraw)."""
+        leftovers.withdraw(self.bucket, self.log, f"{self._step_prefix(step)}/{writer}", names)
 
     def commit(
         self, tmp: Path, step: int, precision: str, files: dict[str, dict[str, Any]], *, world_size: int, writer: str
@@ -278,15 +277,18 @@ class BucketCheckpointStore:
         manifest = replace(self.local.sharded_manifest(step, precision, files, world_size=world_size), writer=writer)
         shutil.rmtree(tmp, ignore_errors=True)
         with self._writing:
-            self._put_manifest(step, json.dumps(manifest.to_json()).encode())
+            self._put_manifest(step, json.dumps(manifest.to_json()).encode(), sorted(files), writer=writer)
             left = ownership.tidy(self, step)  # after the commit: the checkpoint is written whatever it says
         ref = CheckpointRef(step=step, path=self.url(step), sha256=manifest.state_sha256, precision=precision)
         return SaveResult(ref, time.perf_counter() - start, sum(int(meta["bytes"]) for meta in files.values()), left)
 
-    def _put_manifest(self, step: int, body: bytes) -> None:
+    def _put_manifest(self, step: int, body: bytes, names: list[str], *, writer: str) -> None:
+        """Put the manifest `body` naming `writer`'s files `names`: the commit (failed: checkpoint.leftovers)."""
+        key, files = f"{self._step_prefix(step)}/{MANIFEST}", f"{self._step_prefix(step)}/{writer}"
         try:
-            self.bucket.put(f"{self._step_prefix(step)}/{MANIFEST}", body)
+            self.bucket.put(key, body)
         except Exception:
             self.metrics.checkpoint_commit_failures.inc()
+            leftovers.not_put(self.bucket, self.log, key, body, files, names)
             raise
         self.metrics.checkpoint_upload_bytes.inc(len(body))
