@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, MutableMapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
@@ -25,15 +26,19 @@ class MemoryBucket(Bucket):
         super().__init__(SETTINGS, client=None, transfer=None)
         self.objects: dict[str, bytes] = {}
         self.deleted: list[str] = []
+        #: When an object was last written, by the bucket's clock (one a test planted: now).
+        self.written: dict[str, datetime] = {}
 
     def probe(self) -> None:
         pass
 
     def upload(self, key: str, path: Path) -> None:
         self.objects[key] = path.read_bytes()
+        self.written[key] = datetime.now(UTC)
 
     def put(self, key: str, body: bytes) -> None:
         self.objects[key] = body
+        self.written[key] = datetime.now(UTC)
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes | None:
         body = self.objects.get(key)
@@ -60,6 +65,10 @@ class MemoryBucket(Bucket):
             (key[len(prefix) + 1 :], len(body)) for key, body in self.objects.items() if key.startswith(f"{prefix}/")
         )
         return dict(below[:limit])
+
+    def ages(self, prefix: str, limit: int) -> dict[str, datetime]:
+        names = list(self.sizes(prefix, limit))
+        return {name: self.written.get(f"{prefix}/{name}", datetime.now(UTC)) for name in names}
 
     def delete(self, keys: list[str]) -> None:
         self.deleted += keys

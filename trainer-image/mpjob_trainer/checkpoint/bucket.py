@@ -19,6 +19,7 @@ workload identity. Nothing here logs a credential.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,11 @@ class Bucket:
         """The objects below `prefix/` by their names relative to it, with their sizes, no more
         than `limit` of them (a bounded listing, as `folders`)."""
         return {o["Key"][len(prefix) + 1 :]: int(o["Size"]) for o in self._list(prefix, limit, "Contents")}
+
+    def ages(self, prefix: str, limit: int) -> dict[str, datetime]:
+        """The objects below `prefix/` by their names relative to it, with when each was last written
+        (the bucket's own clock), no more than `limit` of them (a bounded listing, as `sizes`)."""
+        return {o["Key"][len(prefix) + 1 :]: o["LastModified"] for o in self._list(prefix, limit, "Contents")}
 
     def _list(self, prefix: str, limit: int, field: str) -> list[dict[str, Any]]:
         """Up to `limit` entries of `field` from a paged listing below `prefix/`, in at most

@@ -8,8 +8,11 @@ counts towards `keep` nor goes; a save that finds such a checkpoint at its own s
 nothing (CheckpointTaken: at the job's last step a configuration error, session.interval). A
 prune counts and removes only checkpoints up to the step just saved, and examines only the
 newest `keep + MAX_EXAMINED` of those step folders (each a manifest read): a save prunes as it
-goes, so its own older ones are within them. Of the job's damaged checkpoints a save set aside,
-the newest CORRUPT_KEPT stay for diagnosis and older ones go (`bound_aside`), on every store.
+goes, so its own older ones are within them. Of those folders below the step saved that hold no
+manifest (saves that never committed: a bucket's killed uploads), it clears one (Store.clear;
+checkpoint.leftovers says which, and when that is safe). Of the job's damaged checkpoints a
+save set aside, the newest CORRUPT_KEPT stay for diagnosis and older ones go (`bound_aside`), on
+every store.
 A checkpoint of the job outside the attempt's lineage (a stray attempt's: checkpoint.lineage)
 neither counts nor goes either, set aside or not; one at the step to save is set aside (said in
 a `checkpointOutsideLineage` line), so the attempt's own save takes its place instead of taking
@@ -53,8 +56,20 @@ def own_manifest(store: Store[W], where: W) -> Manifest | None:
 
 def lineal_manifest(store: Store[W], where: W) -> Manifest | None:
     """`own_manifest`'s, when the checkpoint is of the store's lineage too (checkpoint.lineage)."""
-    manifest = own_manifest(store, where)
-    return manifest if manifest is not None and store.lineage.outside(manifest) is None else None
+    manifest = _read(store, where)
+    return manifest if isinstance(manifest, Manifest) and _lineal(store, manifest) else None
+
+
+def _read(store: Store[W], where: W) -> Manifest | CorruptCheckpoint | None:
+    """The manifest at `where`; None: there is none (no save committed there); else why it is no valid one."""
+    try:
+        return store.manifest(where)
+    except CorruptCheckpoint as exc:
+        return exc
+
+
+def _lineal(store: Store[W], manifest: Manifest) -> bool:
+    return manifest.job == store.job and store.lineage.outside(manifest) is None
 
 
 def wrote(store: Store[W], where: W) -> bool:
@@ -113,13 +128,18 @@ def prune(store: Store[W], saved: int) -> None:
     """Keep this job's newest `keep` checkpoints up to step `saved` (the save just made), so that
     save is never one that goes; what the job did not write, and its checkpoints of later steps (a
     run this one did not go on from: damaged, of another config digest), neither count nor go.
-    Nor does the newest another Job wrote (`stood_on`)."""
+    Nor does the newest another Job wrote (`stood_on`). Of the examined step folders below `saved`
+    that hold no manifest (saves that never committed), one is cleared (`Store.clear`)."""
     examined = [(step, where) for step, where in store.steps() if step <= saved][-(store.keep + MAX_EXAMINED) :]
-    ours = [(where, manifest) for _, where in examined if (manifest := lineal_manifest(store, where)) is not None]
+    found = [(step, where, _read(store, where)) for step, where in examined]
+    ours = [(where, m) for _, where, m in found if isinstance(m, Manifest) and _lineal(store, m)]
     kept = stood_on(store, ours)
     for where, manifest in ours[: -store.keep]:
         if where != kept:
             store.discard(where, manifest)
+    uncommitted = [where for step, where, manifest in found if manifest is None and step < saved]
+    if uncommitted:
+        store.clear(uncommitted)
 
 
 def stood_on(store: Store[W], ours: list[tuple[W, Manifest]]) -> W | None:

@@ -97,6 +97,14 @@ class Store(Protocol[W]):
         unloadable.MARK_BYTES: unchecked), or None when there is none."""
         ...
 
+    def clear(self, wheres: list[W]) -> None:
+        """Delete what saves that never committed left in one of the step folders `wheres` (oldest
+        first), which hold no manifest and lie below the step just saved (checkpoint.ownership.prune):
+        a bucket's objects of a save killed midway, once untouched long enough (checkpoint.leftovers).
+        A volume has none: its step folders are committed whole, by a rename (a killed save's `.tmp-*`:
+        clean_stale)."""
+        ...
+
     def discard(self, where: W, manifest: Manifest) -> None:
         """Delete this job's checkpoint at `where`, committed or set aside (pruning; a bucket
         deletes only the objects its `manifest` lists, the names of which were checked when it

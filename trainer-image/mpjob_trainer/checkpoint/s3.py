@@ -1,26 +1,25 @@
 """BucketCheckpointStore: a job's checkpoints in an S3-compatible bucket, with the guarantees and the
 public surface of the volume store (checkpoint.store), so the Checkpointer drives either.
 
-Layout (checkpoint.objects): `s3://<bucket>/<prefix>/<namespace>/<job>/<uid>/step-000000200/`
-holds one checkpoint's manifest and, in a folder of its writer's own, its files (checkpoint.manifest's
+Layout (checkpoint.objects): `s3://<bucket>/<prefix>/<namespace>/<job>/<uid>/step-000000200/` holds
+one checkpoint's manifest and, in a folder of its writer's own, its files (checkpoint.manifest's
 format). A save writes through the volume store into a private local spool folder (torch.save,
 sha256 of every file, the manifest), uploads file by file (multipart, parts in parallel:
-bucket.Bucket), then the manifest naming the writer's folder, LAST: an object store has no
-rename, so the manifest is the commit. A folder without one is no checkpoint; two writers of one
-step share no key, so whichever manifest lands last names only its own writer's objects. A save
-that fails deletes what it uploaded (`withdraw`; after a failed put of its manifest, only when that
-did not land: checkpoint.leftovers); a killed one's objects stay (nothing in the bucket tells a
-killed writer from one still uploading, whose manifest would then name deleted objects);
-`clean_stale` aborts unfinished multipart uploads. It implements checkpoint.protocol's
-Store over the bucket: resume order, ownership, a save's check of its step, keep-K, the bound on
-set-aside checkpoints (their manifests moved below `.corrupt/`) and the marks of those that did
-not load (below `.unloadable/`) are the volume store's (checkpoint.resume, .ownership, .unloadable).
-A manifest is untrusted input (checkpoint.document): a malformed one, or one naming a file outside
-its folder, is corrupt, never followed, pruned or replaced. Loading checks every listed object's
-size, downloads and verifies as the volume store does; a pruned checkpoint loses the objects its
-manifest lists, then the manifest (a prune cut midway is redone by the next). The manifest's put is
-the commit point: nothing after it (keep-K: ownership.tidy) unwrites the checkpoint. A failure no
-retry can fix names the bucket (BucketMisconfigured).
+bucket.Bucket), then the manifest naming the writer's folder, LAST: an object store has no rename,
+so the manifest is the commit. A folder without one is no checkpoint; two writers of one step share
+no key, so whichever manifest lands last names only its own writer's objects. A save that fails
+deletes what it uploaded (`withdraw`; after a failed put of its manifest, only when that did not
+land); a killed one's go with a later prune (`clear`: checkpoint.leftovers says when); `clean_stale`
+aborts unfinished multipart uploads. It implements checkpoint.protocol's Store over the bucket:
+resume order, ownership, a save's check of its step, keep-K, the bound on set-aside checkpoints
+(their manifests moved below `.corrupt/`) and the marks of those that did not load (below
+`.unloadable/`) are the volume store's (checkpoint.resume, .ownership, .unloadable). A manifest is
+untrusted input (checkpoint.document): a malformed one, or one naming a file outside its folder, is
+corrupt, never followed, pruned or replaced. Loading checks every listed object's size, downloads
+and verifies as the volume store does; a pruned checkpoint loses the objects its manifest lists,
+then the manifest (a prune cut midway is redone by the next). The manifest's put is the commit
+point: nothing after it (keep-K: ownership.tidy) unwrites the checkpoint. A failure no retry can fix
+names the bucket (BucketMisconfigured).
 
 Sharded (checkpoint.sharded): after rank 0 checked the step's place (`taken`) each rank uploads
 its own files (`publish`), rank 0 puts the manifest once all agreed (`commit`) or else deletes
@@ -160,15 +159,17 @@ class BucketCheckpointStore:
             unshared = []
         self.bucket.delete([*unshared, f"{place}/{MANIFEST}"])  # its own last: a prune killed midway is redone
 
+    def clear(self, wheres: list[str]) -> None:
+        """What saves that never committed left in one of the step folders `wheres` (leftovers.clear)."""
+        leftovers.clear(self, wheres)
+
     def _manifest_bytes(self, prefix: str) -> bytes | None:
         """The manifest object below `prefix`, read no further than a manifest may go."""
         return self.bucket.get(f"{prefix}/{MANIFEST}", max_bytes=MAX_MANIFEST_BYTES)
 
     def clean_stale(self) -> None:
-        """Abort the multipart uploads of saves that were killed midway (below this job's prefix)."""
-        aborted = self.bucket.abort_uploads(self.key)
-        if aborted:
-            self.log("checkpointUploadsAborted", count=aborted)
+        """Abort the multipart uploads of saves that were killed midway (checkpoint.leftovers.abort)."""
+        leftovers.abort(self.bucket, self.log, self.key)
 
     def staging(self, name: str) -> Path:
         return self.local.staging(name)
@@ -264,8 +265,7 @@ class BucketCheckpointStore:
         return size
 
     def withdraw(self, step: int, names: list[str], *, writer: str) -> None:
-        """Delete the files `names` a save that will not commit uploaded into `writer`'s folder of
-        `step` (checkpoint.leftovers.withdraw)."""
+        """Delete `names`, uploaded into `writer`'s folder of `step` by a save that will not commit."""
         leftovers.withdraw(self.bucket, self.log, f"{self._step_prefix(step)}/{writer}", names)
 
     def commit(

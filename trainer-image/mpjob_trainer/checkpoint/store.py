@@ -134,6 +134,9 @@ class CheckpointStore:
         """The `.unloadable-<step folder>` beside `where` (no more than unloadable.MARK_BYTES + 1)."""
         return folders.read_mark(self.root, where.name, unloadable.MARK_BYTES)
 
+    def clear(self, wheres: list[Path]) -> None:
+        """Nothing: a step folder here is committed whole (checkpoint.protocol.Store.clear)."""
+
     def discard(self, where: Path, manifest: Manifest) -> None:
         """Delete `where`, out of sight first: a process killed midway leaves a `.tmp-*` folder
         (clean_stale's), never a step folder with part of its files."""
