@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -76,15 +76,10 @@ def load_task(spec: TaskSpec) -> Task:
         missing = [a for a in ("model", "dataset", "loss") if not hasattr(made, a)]
         if missing:
             raise ConfigError(f"task {name!r}: the factory's result has no {', '.join(missing)}")
-        task = Task(
-            model=made.model,
-            dataset=made.dataset,
-            loss=made.loss,
-            flops_per_sample=getattr(made, "flops_per_sample", None),
-            tokens_per_sample=getattr(made, "tokens_per_sample", None),
-            set_step=getattr(made, "set_step", None),
-            eval_dataset=getattr(made, "eval_dataset", None),
-        )
+        # Every attribute a Task has, the optional ones (blocks, ...) too: one left out here is
+        # taken from a Task and dropped from any other object, without a word.
+        given: dict[str, Any] = {f.name: getattr(made, f.name, None) for f in fields(Task)}
+        task = Task(**given)
     if not isinstance(task.model, nn.Module):
         raise ConfigError(f"task {name!r}: model is {type(task.model).__name__}, not an nn.Module")
     if not callable(task.loss):
