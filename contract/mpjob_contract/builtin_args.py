@@ -238,6 +238,14 @@ def mlp_shape(args: dict[str, Any]) -> MlpShape:
     return shape
 
 
+def outlier_reaches_a_linear(args: dict[str, Any], layers: int) -> None:
+    """task.args.fp8OutlierAtStep scales the input of the mlp's first inner linear: an mlp of one
+    layer has none (its two linears are the first and the last, which fp8 never converts either),
+    so the outlier asked for would never come and the job would train as if it had not asked."""
+    if args.get("fp8OutlierAtStep") is not None and layers < 2:
+        raise BadTaskArg("fp8OutlierAtStep", f"needs an inner linear to reach: layers >= 2, got layers {layers}")
+
+
 #: Plain numeric arguments of each workload and their types (read where the workload builds its faults).
 _NUMBERS = {
     "overflowAtStep": int,
@@ -260,5 +268,7 @@ def check(builtin: str, args: dict[str, Any]) -> None:
     if builtin == "gpt":
         gpt_data(args, gpt_shape(args).block_size)
         return
-    poisoned_indices(args.get("nonFiniteSamples"), mlp_shape(args).samples)
+    shape = mlp_shape(args)
+    poisoned_indices(args.get("nonFiniteSamples"), shape.samples)
     batch_scale(args.get("batchScale"))
+    outlier_reaches_a_linear(args, shape.layers)

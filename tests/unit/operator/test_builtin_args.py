@@ -54,6 +54,7 @@ def test_a_step_delay_without_its_precision_is_refused_naming_the_field_and_the_
         ("mlp", {"nonFiniteSamples": [True]}, "nonFiniteSamples"),
         ("mlp", {"hidden": 0}, ""),
         ("mlp", {"nLayer": 2}, ""),
+        ("mlp", {"layers": 1, "fp8OutlierAtStep": 5}, "fp8OutlierAtStep"),
     ],
 )
 def test_a_bad_builtin_argument_is_refused_with_the_words_the_trainer_ends_it_with(
@@ -86,6 +87,7 @@ def test_a_fraction_or_a_boolean_is_no_integer_argument_and_is_told_not_truncate
     [
         ("mlp", {"stepDelay": {"bf16": 0.05, "fp32": 0}, "nonFiniteSamples": "all", "batchScale": {"atStep": 3}}),
         ("mlp", {"samples": "64", "hidden": 16.0, "overflowGain": 1e4, "cancellationOffset": 1000}),
+        ("mlp", {"layers": 2, "fp8OutlierAtStep": 5, "fp8OutlierUntilStep": 9}),
         ("gpt", {"nLayer": 1, "nHead": 2, "nEmbd": 16, "data": "random", "samples": 30, "vocabSize": 50304}),
         ("gpt", {"corpusBytes": 5000, "dropout": 0.1, "stepDelay": {"fp16": 60}}),
         ("gpt", {"nLayer": 2.0, "nHead": "2", "dropout": 0, "overflowAtStep": 3.0}),

@@ -17,13 +17,14 @@ trainer's recovery paths (task.args of the `mlp` workload):
   at c = 1000), so the model computes a coarser function in low precision than in fp32 and
   its loss drifts from fp32's at the same weights while staying finite: what the quality gate
   (spec.validation, QualityDrift) is for.
-- `fp8OutlierAtStep: s` (and `fp8OutlierUntilStep: u`, exclusive: a transient fault): from step s
-  on, the first sample of each batch reaches an inner linear scaled by 2^20 and leaves it scaled
-  back (an outlier token, as activation outliers in large models are). Powers of two scale
-  exactly in fp32 and bf16, so they compute what they did; fp8's tensorwise scaling takes one
-  scale per tensor from its largest value, and the other samples' inputs fall below e4m3's
-  smallest step and flush to zero: the loss drifts from fp32's in fp8 only, finitely, which
-  the quality gate catches (rowwise scaling, one scale per sample, is not hurt).
+- `fp8OutlierAtStep: s` (and `fp8OutlierUntilStep: u`, exclusive: a transient fault): from step
+  s on, the first sample of each batch reaches the first inner linear (an mlp of 2 layers or
+  more) scaled by 2^20 and leaves it scaled back (an outlier token, as activation outliers in
+  large models are). Powers of two scale exactly in fp32 and bf16, so they compute what they
+  did; fp8's tensorwise scaling takes one scale per tensor from its largest value, and the other
+  samples' inputs fall below e4m3's smallest step and flush to zero: the loss drifts from fp32's
+  in fp8 only, finitely, which the quality gate catches (rowwise scaling, one scale per sample,
+  is not hurt).
 - `outOfMemoryAbove: n`: a forward pass over more than `n` samples raises
   torch.OutOfMemoryError, as a GPU does when a micro-batch does not fit; the next attempt
   splits the micro-batch (OutOfDeviceMemory), or the attempt goes on in it in place
