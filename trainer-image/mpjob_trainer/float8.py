@@ -113,6 +113,19 @@ class Fp8Linears:
     def names(self) -> list[str]:
         return list(self.modules)
 
+    def require_any(self) -> None:
+        """An fp8 forward pass needs a converted linear: with none (every linear kept, or none in the
+        model) the attempt would train bf16 under fp8's name, its status and metrics saying fp8."""
+        if self.modules:
+            return
+        kept = [f"{name}: {why}" for name, why in self.kept.items()]
+        listed = ", ".join(kept[:5]) + (f", and {len(kept) - 5} more" if len(kept) > 5 else "")
+        raise ConfigError(
+            f"precision.mode fp8: no linear of the model can run in fp8 ({listed or 'it has no nn.Linear'}): an fp8 "
+            "attempt would train bf16 under fp8's name. Choose precision.mode bf16, or see docs/fp8.md for the "
+            "linears fp8 takes"
+        )
+
     def enable(self, on: bool) -> None:
         """Run the converted linears in fp8 (True) or as plain nn.Linear (False)."""
         if on == self.enabled:

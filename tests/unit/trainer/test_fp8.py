@@ -263,3 +263,14 @@ def test_an_own_loop_trains_fp8_with_wrap_alone_as_it_does_fp16_and_bf16(
     assert [e["precision"] for e in steps] == ["fp8", "fp8"] and all(e["loss"] is not None for e in steps)
     report = json.loads((tmp_path / "report.json").read_text())
     assert (report["reason"], report["precision"]) == ("Succeeded", "fp8")
+
+
+def test_an_fp8_attempt_whose_model_has_no_linear_fp8_can_take_is_a_configuration_error() -> None:
+    """Its first and last linear stay in bf16 and no other is there: training it would be bf16
+    under fp8's name (the status, the metrics and the MLflow runs saying fp8)."""
+    spec = PrecisionSpec.model_validate({"fp8": {"emulate": True}})
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 1))
+    amp = AttemptPrecision("fp8", torch.device("cpu"), spec)
+    assert amp.convert_fp8(model, auto=False, log=EventLog(stream=io.StringIO())) == []
+    with pytest.raises(ConfigError, match=r"no linear of the model can run in fp8 \(0: first linear, 1: last linear\)"):
+        amp.autocast()

@@ -57,7 +57,7 @@ def measure_and_settle(step: StepFunction, index: int, *, modules: list[nn.Modul
 
     seconds: dict[str, float | None] = {}
     with nothing_kept(modules):
-        for candidate in candidates(device, fp8=precision.fp8 is not None):
+        for candidate in candidates(device, fp8=precision.fp8 is not None and bool(precision.fp8.names)):
             with precision.entered(Mode.PROBE, candidate):
                 seconds[candidate] = time_steps(probe, device)
     measurement = choose(agreed_seconds(seconds, at.world, device))

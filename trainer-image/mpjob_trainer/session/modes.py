@@ -133,6 +133,8 @@ class AttemptPrecision:
                 "first forward (it converts the model's linears to fp8); an fp8 attempt with no fp8 linears would "
                 "train bf16 under fp8's name"
             )
+        if self.precision == "fp8" and self.fp8 is not None:
+            self.fp8.require_any()
         return _Ours(self, self.policy.autocast())
 
     def ours(self) -> contextlib.AbstractContextManager[Any]:
