@@ -44,7 +44,13 @@ def test_a_stop_while_the_plot_is_drawn_ends_with_the_summary_and_no_half_drawn_
     job.write_text(yaml.safe_dump(tiny_job()))
     monkeypatch.setattr(runner.LocalRun, "run", succeeded)
     monkeypatch.setattr(plot, "render", stopped_midway)
-    code = main(["run", str(job), "--out", str(out), "--plain"])
+    # Ctrl-C as a terminal's foreground command gets it: a process a shell started in the background
+    # (a CI script's `&`) inherits SIGINT ignored, and Python then keeps it so.
+    interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = main(["run", str(job), "--out", str(out), "--plain"])
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
     said = capsys.readouterr().out
     assert code == 130, said
     assert "local: Succeeded" in said and f"  report: {out / 'report.json'}" in said, said
