@@ -5,7 +5,8 @@ rules a restart's ending is recorded by (planned in mpjob.planning.inplace).
   `precisionChanged` line to `mpjob run`, its metrics or termination report to the operator):
   the attempt ends as a numeric fault ends it, or its re-promotion (`lifecycle.conclude`, the
   same events and conditions), and the next one is recorded as begun with `inPlace: true` and
-  its recoverySeconds; no Job or process is started for it.
+  its recoverySeconds, and running (phase and Running condition) from the change's moment; no
+  Job or process is started for it.
 - `record`: the operator's side: the changes a reading or a report names that the status does
   not hold yet, each once (an operator restarted in between reads them again and skips those
   it recorded: a change names the attempt it began).
@@ -61,7 +62,8 @@ def changed_in_place(
     # Begun by conclude in the change's precision (went_on_in), from where it went on (resumed_at).
     entry = next(a for a in plan.status.attempts if a.index == plan.create[0].index)
     entry.in_place, entry.recovery_seconds = True, change.recovery_seconds
-    plan.status.phase, begun = "Running", plan.create[0]
+    begun = plan.create[0]
+    lc.running(plan, when)  # its processes run on: no pods to wait for (conclude began it awaiting them)
     if change.micro_batch is not None and change.grad_accumulation is not None:  # the split the trainer made
         entry.micro_batch, entry.grad_accumulation = change.micro_batch, change.grad_accumulation
         begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)

@@ -76,6 +76,20 @@ def test_a_change_read_ends_the_attempt_and_begins_the_next_in_the_same_job() ->
     assert history.job_index(plan.status, 1) == 0
 
 
+def test_the_attempt_begun_in_place_is_said_running_not_waiting_for_pods() -> None:
+    """Its processes train on: the Running condition names it True from the change's moment, on
+    the reconcile that records it and on every one after, as the phase does; no pod is awaited."""
+    s = spec(resources={"gpusPerWorker": 1})
+    plan = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change(at=LATER)])
+    later = reconcile(s, plan.status, 1, {0: running()}, NOW + timedelta(seconds=10)).status
+    for status in (plan.status, later):
+        ran = next(c for c in status.conditions if c.type == "Running")
+        assert (status.phase, ran.status, ran.reason, ran.message) == (
+            "Running", "True", "AttemptRunning", "attempt 1 in bf16"
+        )  # fmt: skip
+        assert ran.last_transition_time == LATER.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def test_a_change_read_again_after_an_operator_restart_is_recorded_once() -> None:
     s = spec()
     once = reconcile(s, started(s), 1, {0: running()}, NOW, changes=[change()]).status
