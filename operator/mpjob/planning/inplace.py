@@ -20,7 +20,10 @@ them too: mpjob.planning.changed).
   a tree, as deep as the attempt budget and ladder allow. A target in another split than the
   attempt's names it (microBatch x gradAccumulation: a fallback into fp32 that splits the
   micro-batch, fallbackKeepsBatch; the re-promotion that takes it back), a sharded model's too (its
-  loop re-enters in the split, the model wrapped anew)."""
+  loop re-enters in the split, the model wrapped anew).
+
+One process makes at most report.MAX_CHANGES changes, in any branch of the plan: its termination
+report lists each (a longer list is refused, the report with it), so a change past them restarts."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from mpjob.planning.planner import BatchShape, StartAttempt, after_attempt
 from mpjob_contract.api import AttemptCounts, AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision
 from mpjob_contract.codes import Reason
 from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
+from mpjob_contract.report import MAX_CHANGES
 
 #: What an `auto` attempt may measure and train in (mpjob_trainer.session.measure's candidates).
 MEASURABLE: tuple[Precision, ...] = ("fp8", "fp16", "bf16", "fp32")
@@ -91,6 +95,8 @@ class _Past:
     repromotions: int
     #: The status's counts (what the planner reads of entries no longer in attempts[]).
     counts: AttemptCounts | None = None
+    #: The changes in place its processes made before the attempt (MAX_CHANGES in all).
+    made: int = 0
 
 
 def _past(status: MixedPrecisionJobStatus, start: StartAttempt) -> _Past:
@@ -115,10 +121,10 @@ def _fallbacks(
     spec: MixedPrecisionJobSpec, start: StartAttempt, past: _Past, capability: tuple[int, int] | str | None
 ) -> list[InPlaceTarget]:
     """The planner's next attempts after a numeric fault of `start`, one after another, while
-    they need no restart (the attempt budget)."""
+    they need no restart (the attempt budget, the changes its processes' report lists)."""
     targets: list[InPlaceTarget] = []
     ended, used, attempts = start, past.used, list(past.attempts)
-    while True:
+    while past.made + len(targets) < MAX_CHANGES:  # its processes' report lists them all
         used += 1  # the attempt that would end charges one
         attempts.append(faulted(ended))  # as it would stand then: a re-promoted precision that faults is barred
         decision = after_attempt(
@@ -128,10 +134,12 @@ def _fallbacks(
         if not isinstance(decision, StartAttempt) or decision.fallback_from is None:
             return targets
         split = _split(spec, decision, ended)
-        promote = _promotion(spec, decision, _Past(list(attempts), used, past.repromotions, past.counts), capability)
+        then = _Past(list(attempts), used, past.repromotions, past.counts, past.made + len(targets) + 1)
+        promote = _promotion(spec, decision, then, capability)
         targets.append(InPlaceTarget(precision=decision.precision, repromote_after_steps=decision.repromote_after_steps,
                                      promote_to=promote, **split))  # type: ignore[arg-type]  # fmt: skip
         ended = decision
+    return targets
 
 
 def _split(spec: MixedPrecisionJobSpec, attempt: StartAttempt, ended: StartAttempt) -> dict[str, int]:
@@ -167,7 +175,7 @@ def in_place_splits(
             return splits
         if decision.shape is None or decision.shape == shape:
             return splits
-        then = _Past(list(attempts), used, past.repromotions, past.counts)
+        then = _Past(list(attempts), used, past.repromotions, past.counts, past.made + len(splits) + 1)
         split, again = decision.shape, decision.repromote_after_steps
         splits.append(InPlaceSplit(micro_batch=split.micro_batch, grad_accumulation=split.grad_accumulation,
                                    repromote_after_steps=again, promote_to=_promotion(spec, decision, then, capability),
@@ -192,11 +200,11 @@ def _promotion(
     """The attempt `attempt`'s re-promotion would start, when it has one and needs no restart (in
     the attempt budget: `past.used` before `attempt` ends; not fp8), with the fallbacks it may make in
     place in turn."""
-    if attempt.repromote_after_steps is None:
+    if attempt.repromote_after_steps is None or past.made >= MAX_CHANGES:
         return None
     ended = AttemptStatus(index=attempt.index, precision=attempt.precision, start_step=attempt.start_step,
                           reason=Reason.REPROMOTE.value)  # type: ignore[arg-type]  # fmt: skip
-    then = _Past([*past.attempts, ended], past.used + 1, past.repromotions + 1, past.counts)
+    then = _Past([*past.attempts, ended], past.used + 1, past.repromotions + 1, past.counts, past.made + 1)
     decision = after_attempt(
         spec, attempt.index, attempt.precision, REPROMOTION, attempt.start_step, None, capability,
         used=then.used, shape=attempt.shape, history=then.attempts, repromotions=past.repromotions,

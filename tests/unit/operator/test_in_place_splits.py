@@ -16,7 +16,8 @@ from mpjob.planning.classify import AttemptOutcome, classify
 from mpjob.planning.inplace import in_place_plan, in_place_splits
 from mpjob.planning.planner import StartAttempt, after_attempt, first_attempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
-from mpjob_contract.report import InPlaceChange
+from mpjob_contract.launch import InPlaceSplit, InPlaceTarget
+from mpjob_contract.report import MAX_CHANGES, InPlaceChange, TerminationReport
 
 pytestmark = pytest.mark.unit
 NOW = "2026-11-29T12:00:00Z"
@@ -66,6 +67,29 @@ def test_no_split_is_planned_in_place_when(why: str, job: MixedPrecisionJobSpec)
 
 def test_the_attempt_budget_bounds_the_splits() -> None:
     assert splits(spec(runPolicy={"maxAttempts": 3})) == [(4, 2), (2, 4)]
+
+
+def deepest(targets: list[InPlaceTarget], splits: list[InPlaceSplit], promote: InPlaceTarget | None) -> int:
+    """The most changes in place one process may make, following the plan as the trainer does."""
+    ways = [1 + deepest(targets[1:], [], targets[0].promote_to)] if targets else []
+    ways += [1 + deepest(list(splits[0].in_place_to), splits[1:], splits[0].promote_to)] if splits else []
+    ways += [1 + deepest(list(promote.in_place_to), [], promote.promote_to)] if promote is not None else []
+    return max(ways, default=0)
+
+
+@pytest.mark.parametrize(("batch", "attempts"), [(256, 20), (16, 12)])
+def test_no_process_is_planned_more_changes_than_its_report_lists(batch: int, attempts: int) -> None:
+    """Splits, then fallbacks and re-promotions, within a large attempt budget: a process that made
+    more changes than a termination report holds could write none (the report is refused), and
+    its ending read as a crash with no report, retried in the precision it began in."""
+    s = spec(batch=batch, precision={"fallback": ["bf16", "fp32"], "repromoteAfterSteps": 5},
+             runPolicy={"maxAttempts": attempts})  # fmt: skip
+    plan = in_place_plan(s, first_attempt(s), MixedPrecisionJobStatus())
+    assert deepest(plan.to, plan.splits, plan.promote_to) == MAX_CHANGES  # planned up to what it holds
+    change = {"kind": "microBatch", "step": 1, "startStep": 1, "fromPrecision": "fp16", "toPrecision": "fp16",
+              "rule": "OutOfDeviceMemory", "recoverySeconds": 0.1}  # fmt: skip
+    made = [InPlaceChange.model_validate({**change, "attempt": i}) for i in range(1, MAX_CHANGES + 1)]
+    assert TerminationReport(reason="Succeeded", step=2, precision="fp16", precision_changes=made).to_message()
 
 
 def test_a_split_made_in_place_is_recorded_as_a_restart_after_out_of_memory() -> None:
