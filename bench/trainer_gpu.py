@@ -41,17 +41,10 @@ import torch
 from bench.fp8_rows import fp8_rows
 from bench.gpu_baseline import baseline_run
 from bench.gpu_profile import profile_lines
+from bench.gpu_profiled import profiled_figures, step_breakdown
 from bench.gpu_report import compile_line, device_line, fp8_json, print_extras, row, targets
 from bench.gpu_setup import CHECKPOINT_EVERY, CUDA, Figures, Setup
-from bench.gpu_trainer import (
-    checkpoint_stall,
-    guard_ab,
-    profiled_figures,
-    step_breakdown,
-    syncs_per_step,
-    trainer_figures,
-    trainer_run,
-)
+from bench.gpu_trainer import checkpoint_stall, guard_ab, syncs_per_step, trainer_figures, trainer_run
 
 GPT2_124M = {"nLayer": 12, "nHead": 12, "nEmbd": 768, "blockSize": 1024, "vocabSize": 50304, "data": "random"}
 TINY = {"nLayer": 2, "nHead": 2, "nEmbd": 64, "blockSize": 32, "vocabSize": 512, "data": "random"}

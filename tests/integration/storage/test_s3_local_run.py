@@ -216,7 +216,7 @@ def test_every_ranks_framework_files_are_in_the_buckets_checkpoints(tmp_path: Pa
     """A real HF Trainer job on 2 processes: each checkpoint the bucket commits names, and holds
     whole, every rank's RNG state (the Trainer's rng_state_<rank>.pth, which each rank writes into
     its own spool); before, rank 1's stayed in its spool and the checkpoint went up without it."""
-    script = Path(__file__).with_name("hf_ranks_script.py")
+    script = Path(__file__).parents[2] / "unit" / "trainer" / "hf_ranks_script.py"
     job = manifest(
         tmp_path,
         s3,
