@@ -34,6 +34,7 @@ from mpjob.planning.elastic import (
     grows_at,
     growth_micro_batch,
     shape_for,
+    shape_of,
 )
 from mpjob.planning.planner import BatchShape, StartAttempt
 from mpjob_contract import events
@@ -112,11 +113,8 @@ class CapacityWatch:
         workers: Workers,
         status: MixedPrecisionJobStatus,
     ) -> None:
-        self.spec, self.schedule, self.workers = spec, schedule, workers
+        self.spec, self.schedule, self.workers, self.start, self.status = spec, schedule, workers, start, status
         self.count = start.workers or spec.workers
-        self.shape = start.shape or BatchShape.of(spec)
-        #: A grown attempt's largest micro-batch (below those the job's attempts ran out of memory in).
-        self.grow_micro = growth_micro_batch(spec, start.precision, status)
         #: The size the job goes on with once this attempt has ended (None: it was not resized).
         self.resize: Resize | None = None
         self._grow: Resize | None = None
@@ -131,7 +129,8 @@ class CapacityWatch:
         fits = self.schedule.available(event.step)
         lost = fits < self.count
         capacity = Capacity(fits, node_lost=lost)
-        resize = decide(self.spec, workers=self.count, shape=self.shape, capacity=capacity, grow_micro=self.grow_micro)
+        shape, grow_micro = self._running()
+        resize = decide(self.spec, workers=self.count, shape=shape, capacity=capacity, grow_micro=grow_micro)
         if resize.verdict is Verdict.SHRINK:
             self.resize = resize
             self.workers.kill_last(self.count - fits)  # their nodes went away
@@ -140,6 +139,18 @@ class CapacityWatch:
             self.workers.signal(signal.SIGTERM)
         else:
             self._grow = resize if resize.verdict is Verdict.GROW else None  # the room went: growth called off
+
+    def _running(self) -> tuple[BatchShape, int]:
+        """The batch shape of the attempt running now, and a grown attempt's largest micro-batch
+        (below those the job's attempts ran out of memory in). Read at each decision from the job's
+        newest attempt, as the operator's `grows` reads it: a change in place (a micro-batch split,
+        a fallback) goes on in these processes as a newer attempt, and a resize from the shape or
+        precision it started in would take back a micro-batch that just ran out of memory."""
+        newest = self.status.attempts[-1] if self.status.attempts else None
+        attempt = newest if newest is not None and newest.index >= self.start.index else self.start
+        return shape_of(attempt) or BatchShape.of(self.spec), growth_micro_batch(
+            self.spec, attempt.precision, self.status
+        )
 
     def _stops_here(self, event: events.TrainerEvent) -> bool:
         """A checkpoint a growth may stop the attempt at (not its last: it ends Succeeded there)."""

@@ -89,12 +89,14 @@ def checkpoint(n: int) -> events.TrainerEvent:
     return events.Checkpoint.model_validate(ckpt)
 
 
-def watch(schedule: str, attempts: list[AttemptStatus] | None = None) -> tuple[CapacityWatch, Signalled]:
+def watch(
+    schedule: str, attempts: list[AttemptStatus] | None = None, status: MixedPrecisionJobStatus | None = None
+) -> tuple[CapacityWatch, Signalled]:
     spec = {**JOB["spec"], "workers": 2, "training": {"steps": 40, "batchSize": 3}, "elastic": {"minWorkers": 1}}
     job = MixedPrecisionJob.model_validate({**JOB, "spec": spec})
     start = StartAttempt(1, "fp16", None, 0, micro_batch=3, grad_accumulation=2, workers=1)
     workers = Signalled()
-    status = MixedPrecisionJobStatus(attempts=attempts or [])
+    status = status or MixedPrecisionJobStatus(attempts=attempts or [])
     capacity = CapacityWatch(job.spec, WorkersSchedule.parse(schedule), start, workers, status)  # type: ignore[arg-type]
     return capacity, workers
 
@@ -133,3 +135,19 @@ def test_a_growth_does_not_stop_the_attempt_at_the_jobs_last_checkpoint() -> Non
     for event in (step(35), step(36), checkpoint(40)):
         capacity.seen(event)
     assert capacity.resize is None and workers.signals == []
+
+
+def test_a_growth_after_a_micro_batch_split_in_place_keeps_the_split() -> None:
+    # Attempt 1 (fp16, 1 worker, 3 x 2) ran out of memory at micro-batch 3 and split to 1 x 6 in
+    # its processes (attempt 2, same workers): growing at the checkpoint after must keep below 3,
+    # as the operator's `grows` does from the job's newest attempt.
+    running = AttemptStatus(index=1, precision="fp16", start_step=0, micro_batch=3, grad_accumulation=2, workers=1)
+    status = MixedPrecisionJobStatus(attempts=[running])
+    capacity, _ = watch("1,14:2", status=status)
+    capacity.seen(step(5))
+    ran_out = running.model_copy(update={"end_step": 6, "reason": "OutOfDeviceMemory"})
+    split = AttemptStatus(index=2, precision="fp16", start_step=6, micro_batch=1, grad_accumulation=6, workers=1)
+    status.attempts = [ran_out, split]  # what RunRecord.change_in_place records
+    for event in (step(14), checkpoint(20)):
+        capacity.seen(event)
+    assert capacity.resize is not None and (capacity.resize.workers, capacity.resize.shape) == (2, BatchShape(1, 3))
