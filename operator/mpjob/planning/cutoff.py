@@ -32,13 +32,15 @@ from datetime import datetime
 from mpjob.planning import elastic, history, late, shortage
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
+from mpjob.planning.agreed import with_peers
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.endings import JobView, PodView, outcome_of, pods_of
+from mpjob.planning.endings import JobView, PodView, outcome_of, pods_of, valid_reports
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.reported import record_report
 from mpjob.planning.status import ConditionReason
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec
 from mpjob_contract.codes import ExitCode, Reason
+from mpjob_contract.report import TerminationReport
 
 #: Seconds between SIGTERM and SIGKILL for the ranks of an attempt that was cut (the module doc);
 #: `mpjob run` gives its stalled workers the same.
@@ -182,11 +184,15 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
             plan.cut.append(index)
 
 
-#: Endings recorded while the attempt's ranks still ran: their SIGTERM may buy a checkpoint that
-#: the ending, written at once, cannot know of (`heard`). Whole ranks (a suspension, a resize, the
-#: job's activeDeadlineSeconds) checkpoint; stalled ones may, where they can still act on
-#: SIGTERM in their CUT_GRACE_SECONDS.
-HEARD_LATE = frozenset({Reason.SUSPENDED, Reason.DEADLINE_EXCEEDED, Reason.STALLED, *elastic.RESIZE_REASONS})
+#: Endings recorded while the attempt's ranks still ran: their SIGTERM may buy a checkpoint, and
+#: their report lists changes in place, that the ending, written at once, cannot know of
+#: (`heard`). Whole ranks (a suspension, a resize, the job's activeDeadlineSeconds) checkpoint;
+#: stalled ones may, where they can still act on SIGTERM in their CUT_GRACE_SECONDS; the peers of
+#: a lost node cannot, but a rank that ends in that grace (its collective failed on the lost
+#: peer) reports the changes in place the ranks made, as an elastic shrink's peers do.
+HEARD_LATE = frozenset(
+    {Reason.SUSPENDED, Reason.DEADLINE_EXCEEDED, Reason.STALLED, Reason.NODE_LOST, *elastic.RESIZE_REASONS}
+)
 
 
 def heard(
@@ -212,7 +218,7 @@ def heard(
         if not chain or chain[-1].finish_time is None or chain[-1].reason not in HEARD_LATE:
             continue
         attempt, later = chain[-1], [a for a in status.attempts if a.index > chain[-1].index]
-        report = outcome_of(job).report
+        report = _told(job)
         if report is None or any(history.job_index(status, a.index) in jobs for a in later):
             continue
         attempt = late.recorded(plan, spec, attempt, report.precision_changes, when)
@@ -227,3 +233,16 @@ def heard(
         ckpt = status.last_checkpoint
         for following in (a for a in later if not a.start_step_reported):
             following.start_step = ckpt.step if ckpt is not None else following.start_step
+
+
+def _told(job: JobView) -> TerminationReport | None:
+    """What the stopped pods of `job` reported of their ranks: the report of the pod that explains
+    the ending, else, when that one left none (a pod its node took: NodeLost outranks its peers'
+    stops), the first valid report of its peers, with what the others agree on (`with_peers`).
+    The ranks make their changes in place together, so each report lists them all; taken from the
+    lost pod alone, nothing was heard, and the next attempt resumed in the precision that faulted."""
+    said = outcome_of(job).report
+    reports = valid_reports(job.pods)
+    if said is not None or not reports:
+        return said
+    return with_peers(reports[0], reports)

@@ -118,7 +118,8 @@ def ended(status: MixedPrecisionJobStatus, entry: AttemptStatus, *, charged: boo
 def reopened(status: MixedPrecisionJobStatus, entry: AttemptStatus) -> None:
     """Take back `entry`'s ending, and its count (`ended`), as if it still ran: what it did before
     its recorded ending is to be recorded first (`late`). Only an ending that bars no precision
-    and ran out of no memory (an operator's own: a suspension, a stall, a resize, a deadline)."""
+    and ran out of no memory (an operator's own: a suspension, a stall, a resize, a deadline, a
+    node lost)."""
     tally, reason = counts(status), entry.reason or ""
     tally.by_reason[reason] = tally.by_reason.get(reason, 1) - 1
     if not tally.by_reason[reason]:

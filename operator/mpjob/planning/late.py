@@ -1,6 +1,6 @@
 """Changes in place heard late: made by the trainer of an attempt the operator then ended on its
 own word while its ranks ran (`cutoff.HEARD_LATE`: a suspension, a stall, a resize, the job's
-deadline), after the last read of its metrics, so the ending recorded at once cannot know of
+deadline, a node lost), after the last read of its metrics, so the ending recorded at once cannot know of
 them. The report its pods leave once they stop lists them (`cutoff.heard`).
 
 They are recorded as a read would have recorded them, by the same rules (`changed.record`,

@@ -1,6 +1,6 @@
 """A change in place the trainer made after the operator's last read of an attempt that the
-operator then ended on its own word (runPolicy.suspend, a stall, a resize, the deadline): the
-termination report its pods leave once they stop (`cutoff.heard`) lists it. The change is
+operator then ended on its own word (runPolicy.suspend, a stall, a resize, the deadline, a node
+lost): the termination report its pods leave once they stop (`cutoff.heard`) lists it. The change is
 recorded as a read would have recorded it (the attempt ends as its fault ended it, the next one
 begins in place in the precision it went on in) and the operator's ending moves to that attempt;
 the attempt that follows, if one was planned, goes on in that precision, numbered after it.
@@ -20,6 +20,7 @@ from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import ExitCode, Reason
 from mpjob_contract.report import CheckpointRef, InPlaceChange, TerminationReport
 from tests.unit.operator.cases import CLAIM
+from tests.unit.operator.test_lost_nodes import nodes, on_nodes, running
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
@@ -135,3 +136,34 @@ def test_a_late_fallback_that_needs_an_attempt_the_job_no_longer_has_ends_the_jo
     (only,) = heard.attempts
     assert (only.reason, only.end_step, heard.phase) == (Reason.NUMERIC_FAULT, 50, "Failed")
     assert heard.last_checkpoint is not None and heard.last_checkpoint.step == 87  # what it wrote, told
+
+
+def test_a_late_fallback_that_only_the_peers_of_a_lost_node_report_moves_the_next_attempt_to_its_precision() -> None:
+    """Rank 0's node stops answering while rank 1 runs: the attempt ends NodeLost at once, rank 1
+    cut. Its report (its collective failed on the lost peer within the cut's grace) lists the
+    fallback the ranks made after the last read; the lost pod, which explains the ending, has none."""
+    s, status = running(2, precision={"mode": "fp16", "fallback": ["bf16", "fp32"]})
+    status.attempts[0].precision = status.precision = "fp16"
+    lost = on_nodes(PodView("j-a0-0", 0, "Running", True, node="n0"), nodes("n1"))
+    peer = PodView("j-a0-1", 1, "Running", True, node="n1")
+    cut = reconcile(s, status, 1, {0: JobView(0, pods=(lost, peer))}, NOW).status
+    assert [(a.reason, a.precision) for a in cut.attempts] == [(Reason.NODE_LOST, "fp16"), (None, "fp16")]
+    said = TerminationReport(
+        reason=Reason.INFRA_ERROR, step=52, start_step=40, precision="bf16", precision_changes=[FALLBACK]
+    )
+    peer = PodView("j-a0-1", 1, "Failed", False, exit_code=ExitCode.INFRA_ERROR, termination_message=said.to_message())
+    gone = {0: JobView(0, pods=(lost, peer))}
+    plan = reconcile(s, cut, 1, {}, NOW + timedelta(seconds=5), stopped=gone)
+    assert [(a.index, a.precision, a.reason) for a in plan.status.attempts] == [
+        (0, "fp16", Reason.NUMERIC_FAULT),
+        (1, "bf16", Reason.NODE_LOST),
+        (2, "bf16", None),
+    ]
+    assert (plan.status.attempts[1].charged, plan.status.attempts[1].end_step, plan.fallbacks) == (
+        False, 52, [("fp16", "bf16")],
+    )  # fmt: skip
+    again = reconcile(s, plan.status, 1, {}, NOW + timedelta(seconds=60), stopped=gone)
+    assert (len(again.status.attempts), again.fallbacks) == (3, [])  # heard once
+    assert [(c.index, c.precision) for c in again.create] == [(2, "bf16")]
+    silent = reconcile(s, cut, 1, {}, NOW + timedelta(seconds=5), stopped={0: JobView(0, pods=(lost,))}).status
+    assert [(a.reason, a.precision) for a in silent.attempts] == [(Reason.NODE_LOST, "fp16"), (None, "fp16")]
