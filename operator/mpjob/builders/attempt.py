@@ -8,6 +8,7 @@ from copy import deepcopy
 from typing import Any
 
 from mpjob.builders import profile_token
+from mpjob.builders.devices import GPU_RESOURCE, device_env, trainer_resources
 from mpjob.builders.expansion import literal
 from mpjob.planning.inplace import InPlacePlan
 from mpjob.planning.launch import attempt_launch
@@ -32,7 +33,6 @@ JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 RENDEZVOUS_PORT = 29500
 TRAINER_CONTAINER = "trainer"
 NO_CHANGE = InPlacePlan()
-GPU_RESOURCE = "nvidia.com/gpu"
 #: GPU Feature Discovery's labels of a GPU node's compute capability (the attempt's pods ask for them).
 GPU_MAJOR_LABEL, GPU_MINOR_LABEL = "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor"
 #: Seconds a trainer pod has between SIGTERM (it checkpoints) and SIGKILL.
@@ -138,6 +138,7 @@ def _env(launch: AttemptLaunch) -> list[dict[str, Any]]:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         *_bucket_env(launch.spec),
         *_tracking_env(launch.spec),
+        *device_env(launch.spec),
         profile_token.token_env(launch.job_name),
     ]
 
@@ -159,14 +160,6 @@ def _tracking_env(spec: MixedPrecisionJobSpec) -> list[dict[str, Any]]:
     (kubelet resolves the keys; the operator never reads the Secret nor talks to the server)."""
     mlflow = spec.tracking.mlflow if spec.tracking is not None else None
     return credential_env(mlflow.credentials_secret) if mlflow is not None and mlflow.credentials_secret else []
-
-
-def trainer_resources(spec: MixedPrecisionJobSpec) -> dict[str, Any]:
-    requests = {k: str(v) for k, v in spec.resources.requests.items()}
-    limits = {k: str(v) for k, v in spec.resources.limits.items()}
-    if spec.resources.gpus_per_worker > 0:
-        limits[GPU_RESOURCE] = str(spec.resources.gpus_per_worker)
-    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
 def _checkpoint_volume(spec: MixedPrecisionJobSpec) -> dict[str, Any]:

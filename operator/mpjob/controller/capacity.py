@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mpjob.builders.attempt import GPU_MAJOR_LABEL, GPU_MINOR_LABEL, LABEL_JOB
-from mpjob.builders.attempt import GPU_RESOURCE as GPU
+from mpjob.builders.devices import GPU_RESOURCE as GPU
 from mpjob.controller.quiet import QuietReads
 from mpjob.planning.elastic import workers_of
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from mpjob.builders.attempt import GPU_RESOURCE as GPU
+from mpjob.builders.devices import GPU_RESOURCE as GPU
 from mpjob.controller.cache import Observed
 from mpjob.controller.cluster import Cluster
 from mpjob.controller.quiet import QuietReads

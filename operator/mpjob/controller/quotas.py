@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from mpjob.builders.attempt import trainer_resources
+from mpjob.builders.devices import trainer_resources
 from mpjob.controller.quiet import QuietReads
 from mpjob.planning.elastic import workers_of
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus

@@ -90,6 +90,20 @@ def test_cpu_jobs_have_no_gpu_bits() -> None:
     assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0].get("resources", {}))
 
 
+def test_cpu_jobs_are_kept_from_the_nodes_gpus() -> None:
+    """A pod that asks for no GPU still gets every GPU of a node whose runtime is NVIDIA's by
+    default (the CUDA image names them all): a CPU job's pods name none, whatever the template
+    says; a GPU job's leave the device plugin's choice alone."""
+    all_gpus = {"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+    pod = build(resources={"gpusPerWorker": 0}, template=all_gpus)["spec"]["template"]["spec"]
+    listed = pod["containers"][0]["env"]
+    cpu = {e["name"]: e for e in listed}
+    assert cpu["NVIDIA_VISIBLE_DEVICES"]["value"] == "void" and cpu["CUDA_VISIBLE_DEVICES"]["value"] == ""
+    assert [e["name"] for e in listed].count("NVIDIA_VISIBLE_DEVICES") == 1
+    gpu = _env(build(resources={"gpusPerWorker": 2}))
+    assert "NVIDIA_VISIBLE_DEVICES" not in gpu and "CUDA_VISIBLE_DEVICES" not in gpu
+
+
 def _shm(pod: dict) -> tuple[list[dict], list[dict]]:
     mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     return mounts, [v for v in pod["volumes"] if any(v["name"] == m["name"] for m in mounts)]
