@@ -62,7 +62,27 @@ def spec_warnings(spec: MixedPrecisionJobSpec, *, in_pods: bool = True) -> list[
     rules = [SpecWarning(f, why, WarningReason.FAULT_RULE_NEVER_APPLIES) for f, why in never_applying(spec)]
     idle = [SpecWarning(f, why, WarningReason.SPEC_NEVER_APPLIES) for f, why in idle_settings(spec)]
     lost = checkpoints_in_pod(spec) if in_pods else None
-    return rules + idle + ([SpecWarning("checkpoint", lost, WarningReason.CHECKPOINTS_IN_POD)] if lost else [])
+    fp8 = _fp8_without_gpu(spec) if in_pods else None
+    return (
+        rules
+        + idle
+        + ([SpecWarning("precision.mode", fp8, WarningReason.SPEC_NEVER_APPLIES)] if fp8 else [])
+        + ([SpecWarning("checkpoint", lost, WarningReason.CHECKPOINTS_IN_POD)] if lost else [])
+    )
+
+
+def _fp8_without_gpu(spec: MixedPrecisionJobSpec) -> str | None:
+    """A CPU job's pods get no GPU (the operator hides the node's: mpjob.builders.devices), and
+    fp8 needs fp8 tensor cores unless emulated: its first attempt is certainly a ConfigError. Only
+    `mode: fp8` starts there (`auto` measures fp8 on GPUs only); `mpjob run` trains on the
+    machine's devices whatever gpusPerWorker says, so it is not warned."""
+    if spec.precision.mode != "fp8" or spec.resources.gpus_per_worker > 0 or spec.precision.fp8.emulate:
+        return None
+    return (
+        "precision.mode=fp8 with resources.gpusPerWorker=0: the pods get no GPU, and fp8 needs one of compute "
+        "capability >= 8.9, so the first attempt ends ConfigError and the job fails; ask for a GPU, or set "
+        "precision.fp8.emulate: true (fp8 emulated on the CPU: for tests, not faster)"
+    )
 
 
 def warning_lines(spec: MixedPrecisionJobSpec, source: str = "") -> list[str]:

@@ -90,3 +90,21 @@ def test_the_operator_posts_it_once_per_generation_and_still_starts_the_job() ->
     assert first.create, "the job is still accepted: its first attempt starts"
     assert [e for e in reconcile(job, first.status, 1, {}, NOW).events if e.reason == REASON] == []
     assert [e for e in reconcile(spec(), MixedPrecisionJobStatus(), 1, {}, NOW).events if e.reason == REASON] == []
+
+
+def _fp8_warnings(job: MixedPrecisionJobSpec, *, in_pods: bool = True) -> list[str]:
+    return [w.message for w in spec_warnings(job, in_pods=in_pods) if w.field == "precision.mode"]
+
+
+def test_fp8_on_a_cpu_job_in_pods_is_warned_as_certain_to_fail() -> None:
+    """A CPU job's pods see no GPU, so `mode: fp8` without emulation is a ConfigError at its first
+    attempt: said up front. Emulated, on GPUs, `auto`, or under `mpjob run` (the machine's own
+    devices), it is not."""
+    cpu = {"resources": {"gpusPerWorker": 0}}
+    (said,) = _fp8_warnings(spec(precision={"mode": "fp8"}, **cpu))
+    assert said.startswith("spec.precision.mode: precision.mode=fp8 with resources.gpusPerWorker=0")
+    assert "precision.fp8.emulate: true" in said
+    assert _fp8_warnings(spec(precision={"mode": "fp8", "fp8": {"emulate": True}}, **cpu)) == []
+    assert _fp8_warnings(spec(precision={"mode": "fp8"}, resources={"gpusPerWorker": 1})) == []
+    assert _fp8_warnings(spec(precision={"mode": "auto"}, **cpu)) == []
+    assert _fp8_warnings(spec(precision={"mode": "fp8"}, **cpu), in_pods=False) == []
