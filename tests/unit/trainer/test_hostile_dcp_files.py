@@ -383,3 +383,23 @@ def test_an_index_naming_files_outside_or_of_the_wrong_shapes_is_corrupt_not_a_c
     _recompute_manifest(newest)
     loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
     assert loaded is not None and loaded[0].step == 10 and said in log[0]["problem"], log
+
+
+def test_a_listed_file_of_a_long_name_is_read_as_any_other_and_the_checkpoint_judged_on_it(tmp_path: Path) -> None:
+    """A manifest may name a file of up to 1024 characters (checkpoint.document), far past what a
+    memfd's name may hold (249 bytes): the copy it is checked into raised OSError (EINVAL), a
+    failure with no verdict that ended the resume on every rank instead of using the one before."""
+    log: list[dict[str, Any]] = []
+    store = _store(tmp_path / "ckpt", log)
+    _commit(store, 10)
+    newest = _commit(store, 20)
+    name = f"{'x' * 250}/{'y' * 250}"
+    (newest / name).parent.mkdir()
+    (newest / name).write_bytes(b"not a file DCP wrote")
+    path = newest / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["files"] = {**manifest["files"], name: {"sha256": "0" * 64, "bytes": len(b"not a file DCP wrote")}}
+    path.write_text(json.dumps(manifest))
+    loaded = resume.load(_store(tmp_path / "ckpt", log), prefer=str(newest))
+    assert loaded is not None and loaded[0].step == 10
+    assert "step-000000020" in log[0]["problem"] and "sha256 mismatch" in log[0]["problem"], log

@@ -34,6 +34,9 @@ import torch
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint, same_sha256, sized_file
 
 _CHUNK = 1 << 20
+#: The characters of a file's name a memfd is named by (its tail): a memfd's name holds at most 249
+#: bytes, and a manifest may name a file of up to 1024 characters (checkpoint.document), 4 bytes each.
+_MEMFD_NAME_CHARS = 60
 _SEALS = getattr(fcntl, "F_SEAL_WRITE", 0) | getattr(fcntl, "F_SEAL_GROW", 0) | getattr(fcntl, "F_SEAL_SHRINK", 0)
 
 
@@ -112,7 +115,8 @@ class CheckedCopy:
             self.view: Any = read_checked(source, name, meta)
             self.release = weakref.finalize(self, _close, self.fd, self.view)
             return
-        self.fd = fd = os.memfd_create(name.replace("/", "_"), os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        memfd_name = name.replace("/", "_")[-_MEMFD_NAME_CHARS:]  # only what /proc shows: any length fits
+        self.fd = fd = os.memfd_create(memfd_name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             _copy_checked(source, name, meta, lambda chunk: _write_all(fd, chunk))
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
