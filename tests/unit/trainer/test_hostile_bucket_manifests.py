@@ -6,6 +6,7 @@ The bucket is an in-memory one with the store's own Bucket surface (memory_bucke
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,20 @@ def test_a_folder_whose_name_only_looks_like_a_kept_step_is_no_checkpoint_and_pr
     store.write(30, "bf16", {"step": 30, "w": torch.zeros(4)})
     assert [s for s, _ in store.steps()] == [20, 30]  # keep=2: the newest two, step 20 among them
     assert _manifest_key(store, 20) in bucket.objects
+
+
+def test_a_name_no_local_folder_can_hold_is_a_corrupt_checkpoint_and_the_previous_one_is_used() -> None:
+    """A bucket's key may hold a segment past the 255 bytes a file's name may have (200 `é` are 400
+    bytes, within the 255 characters a manifest's segment had): downloading it into the local spool
+    raised OSError (file name too long), which ended the resume instead of passing it over."""
+    name = "framework/" + "é" * 200
+    bucket, store = _saved(10, 20)
+    key = _manifest_key(store, 20)
+    manifest = json.loads(bucket.objects[key])
+    manifest["files"][name] = {"sha256": hashlib.sha256(b"planted").hexdigest(), "bytes": 7}
+    bucket.objects[f"{store.key}/{folder_name(20)}/{manifest['writer']}/{name}"] = b"planted"
+    bucket.objects[key] = json.dumps(manifest).encode()
+    log: list[dict[str, Any]] = []
+    loaded = resume.load(_store(bucket, log))
+    assert loaded is not None and loaded[0].step == 10
+    assert [e["event"] for e in log] == ["checkpointRejected"] and "unreadable manifest" in log[0]["problem"], log

@@ -26,9 +26,10 @@ MAX_FILES = 65_536
 MAX_FILE_BYTES = 1 << 44
 #: The most all files of one checkpoint may add up to (64 TiB), checked before any is read.
 MAX_CHECKPOINT_BYTES = 1 << 46
-#: A file's name: at most this many characters, each segment at most MAX_SEGMENT_CHARS.
+#: A file's name: at most this many characters, each segment at most MAX_SEGMENT_BYTES in UTF-8:
+#: what a file's name may have on a filesystem (NAME_MAX), where a restore writes or reads it.
 MAX_NAME_CHARS = 1024
-MAX_SEGMENT_CHARS = 255
+MAX_SEGMENT_BYTES = 255
 #: A step's folder name has nine digits (checkpoint.manifest.folder_name).
 MAX_STEP = 10**9 - 1
 MAX_WORLD_SIZE = 1 << 20
@@ -87,7 +88,8 @@ class ManifestDocument(BaseModel):
 
 def name_problem(name: str) -> str | None:
     """Why `name` cannot be a file of a checkpoint's folder (None: it can): relative POSIX
-    segments only, so `folder / name` never leaves the folder."""
+    segments only, so `folder / name` never leaves the folder, each one a name a filesystem holds
+    (a bucket's key may hold longer ones: downloaded, they could not be written)."""
     if not name or len(name) > MAX_NAME_CHARS:
         return f"must have 1 to {MAX_NAME_CHARS} characters"
     if "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
@@ -97,8 +99,8 @@ def name_problem(name: str) -> str | None:
     for segment in name.split("/"):
         if segment in ("", ".", ".."):
             return "has an empty, '.' or '..' segment"
-        if len(segment) > MAX_SEGMENT_CHARS:
-            return f"has a segment longer than {MAX_SEGMENT_CHARS} characters"
+        if len(segment.encode("utf-8", "surrogatepass")) > MAX_SEGMENT_BYTES:  # 255 characters may be 1020 bytes
+            return f"has a segment longer than {MAX_SEGMENT_BYTES} bytes"
     return None
 
 
