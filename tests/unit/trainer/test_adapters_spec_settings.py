@@ -149,6 +149,22 @@ def test_training_arguments_refuse_epochs(tmp_path: Path, monkeypatch: pytest.Mo
         _hf(_launch(tmp_path, monkeypatch), num_train_epochs=2)
 
 
+@pytest.mark.parametrize("path", ["training_arguments", "own TrainingArguments"])
+def test_a_hf_trainers_own_batch_size_search_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """auto_find_batch_size: the Trainer halves its micro-batch itself on an out-of-memory (its
+    accumulation kept: fewer samples per step than the job's) and, resuming, takes the one in the
+    checkpoint's trainer state back over the attempt's. Before, an attempt the operator split 4 x 2
+    that resumed from an unsplit attempt's checkpoint trained micro-batches of 8, two a step: twice
+    the job's samples per step, in the memory the split was made to spare. Refused, naming it."""
+    launch = _launch(tmp_path, monkeypatch, microBatch=4, gradAccumulation=2)
+    given = {"per_device_train_batch_size": 8, "auto_find_batch_size": True}
+    with pytest.raises(ConfigError) as refused:
+        _hf(launch, **({"own": given} if path != "training_arguments" else given))
+    assert "auto_find_batch_size=True" in str(refused.value) and "spec.training.batchSize" in str(refused.value)
+
+
 class Module(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
