@@ -165,6 +165,20 @@ def test_a_hf_trainers_own_batch_size_search_is_a_configuration_error(
     assert "auto_find_batch_size=True" in str(refused.value) and "spec.training.batchSize" in str(refused.value)
 
 
+@pytest.mark.parametrize("path", ["training_arguments", "own TrainingArguments"])
+def test_a_hf_trainer_that_ignores_the_data_skip_on_resume_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """ignore_data_skip: a Trainer resumed mid-epoch from mpjob's checkpoint starts the epoch's data
+    from its first batch. Before, an attempt resumed at step 10 (8 steps an epoch) trained the
+    epoch's batches 0, 1, ... where a straight run trains 2, 3, ...; re-entered after a bad batch
+    from a mid-epoch checkpoint, its quarantined step skipped another batch. Refused, naming it."""
+    given = {"per_device_train_batch_size": 8, "ignore_data_skip": True}
+    with pytest.raises(ConfigError) as refused:
+        _hf(_launch(tmp_path, monkeypatch), **({"own": given} if path != "training_arguments" else given))
+    assert "TrainingArguments(ignore_data_skip=True)" in str(refused.value)
+
+
 class Module(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()

@@ -14,8 +14,9 @@ fp8 as bf16 around the float8 linears (adapters.mixed), max_steps, seed, the att
 the spec's learning rate, weight decay, warm-up and clip norm; no saving of its own unless the script asks). The
 Trainer's own saves (`save_strategy`, `load_best_model_at_end`) are the script's output, in its `output_dir`, which
 must not be mpjob's checkpoint folder (adapters.own_saves); never resumed from. A Trainer whose micro-batch or
-accumulation is neither the job's nor the attempt's is refused, as is its own micro-batch search
-(`auto_find_batch_size`: the operator splits the micro-batch after an out-of-memory); its own fp16/bf16
+accumulation is neither the job's nor the attempt's is refused, as are its own micro-batch search
+(`auto_find_batch_size`: the operator splits the micro-batch after an out-of-memory) and `ignore_data_skip`
+(a resume trains on from its step's data); its own fp16/bf16
 give way to the attempt's precision (adapters.accelerated), and its own learning rate, weight decay, warm-up
 or clip norm train: both are told on stderr.
 `train` gives the Trainer the attempt's GradScaler (the spec's loss-scale settings; on a CPU, where accelerate

@@ -3,7 +3,8 @@
 `training_arguments(run, **kwargs)` builds them: the attempt's precision, steps and seed (the script
 may not pass them); the spec's micro-batch and accumulation
 (adapters.spec_settings: a script's own must be the job's or the attempt's, the attempt's trains;
-`auto_find_batch_size`, the Trainer's own micro-batch, is refused);
+`auto_find_batch_size`, the Trainer's own micro-batch, is refused, as is `ignore_data_skip`: the
+data at a step must not depend on where an attempt resumed);
 the spec's learning rate, weight decay, warm-up and clip norm as defaults the script may override,
 and no saves of the Trainer's own unless the script asks for them (`save_strategy`, with
 `load_best_model_at_end`...): those are its output, written to its `output_dir`, which must not be
@@ -42,6 +43,27 @@ OPTIMIZER = {
     "warmup_steps": "warmup_steps",
     "max_grad_norm": "grad_clip_norm",
 }
+
+#: The Trainer's switches that would break what an attempt holds to, refused (`check`), and why.
+REFUSED = {
+    # It halves the micro-batch on an out-of-memory with the same accumulation, and on resume takes
+    # the checkpoint's micro-batch (its trainer state's train_batch_size) over the attempt's split.
+    "auto_find_batch_size": (
+        "the Trainer would halve its micro-batch after an out-of-memory with the same accumulation (fewer "
+        "samples per step than the job's) and, resuming, train the checkpoint's micro-batch instead of this "
+        "attempt's; the operator splits spec.training.batchSize itself after an out-of-memory, keeping the "
+        "samples per step"
+    ),
+    # Resuming mid-epoch, the Trainer would start the epoch's data from its first batch: the data at a
+    # step would depend on where the attempt resumed, and a quarantined step (guard.onBadData skip,
+    # named by its global step) would skip another batch than the bad one, which trains again.
+    "ignore_data_skip": (
+        "a resumed attempt would train the epoch's first batches again instead of the ones after its "
+        "checkpoint's step (the data at a step must not depend on where an attempt resumed: a retry, a "
+        "fallback and a skipped bad batch resume from mpjob's checkpoints)"
+    ),
+}
+
 
 #: The optimizer settings of each TrainingArguments `training_arguments` built, by the arguments'
 #: id while they live: the spec's or the script's override, which `tell_unlike_spec` leaves untold.
@@ -99,28 +121,19 @@ def training_arguments(run: Session, **kwargs: Any) -> TrainingArguments:
 
 
 def check(run: Session, args: TrainingArguments) -> None:
-    """Other arguments would train past the attempt's steps, search a micro-batch of their own
-    (`auto_find_batch_size`), or save the Trainer's own checkpoints into mpjob's checkpoint folder."""
+    """Other arguments would train past the attempt's steps, break what it holds to (`REFUSED`: a
+    micro-batch of their own, data that depends on where it resumed), or save the Trainer's own
+    checkpoints into mpjob's checkpoint folder."""
     if args.max_steps != run.total_steps:
         raise ConfigError(
             f"the Trainer's TrainingArguments disagree with the attempt ({run.total_steps} steps): "
             f"{{'max_steps': {args.max_steps}}}; build them with mpjob_trainer.adapters.hf.training_arguments(run, ...)"
         )
-    if args.auto_find_batch_size:
-        raise ConfigError(_BATCH_SEARCH)
+    refused = next((name for name in REFUSED if getattr(args, name)), None)
+    if refused is not None:
+        raise ConfigError(f"TrainingArguments({refused}=True): {REFUSED[refused]}; leave {refused} off")
     if args.save_strategy != SaveStrategy.NO:
         outside_store(run, str(args.output_dir), "TrainingArguments(output_dir)")
-
-
-#: Why the Trainer's own batch size search is refused: it halves the micro-batch on an out-of-memory
-#: and keeps the accumulation, and on resume takes the checkpoint's micro-batch (its trainer state's
-#: train_batch_size) over the attempt's split.
-_BATCH_SEARCH = (
-    "TrainingArguments(auto_find_batch_size=True): the Trainer would halve its micro-batch after an "
-    "out-of-memory with the same accumulation (fewer samples per step than the job's) and, resuming, train "
-    "the checkpoint's micro-batch instead of this attempt's; the operator splits spec.training.batchSize "
-    "itself after an out-of-memory, keeping the samples per step: leave auto_find_batch_size off"
-)
 
 
 def follow_attempt_shape(run: Session, trainer: Trainer) -> None:
