@@ -250,3 +250,49 @@ def test_a_lightning_batch_larger_than_the_attempts_micro_batch_is_a_configurati
     assert module.steps_at == []
     unsplit = _lightning(_launch(tmp_path / "b", monkeypatch), False, 1, batch=8)  # the job's own 8 x 1 trains
     assert unsplit.steps_at == list(range(30))
+
+
+class Interrupted(Exception):
+    pass
+
+
+class EpochModule(Module):
+    """Module, recording Lightning's epoch at each batch too; `stop_at`: ends the attempt (as a
+    crash does) at that step's first batch."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        super().__init__()
+        self.stop_at = stop_at
+        self.epochs_at: list[int] = []
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        if self.trainer.global_step == self.stop_at:
+            raise Interrupted
+        self.epochs_at.append(self.trainer.current_epoch)
+        return super().training_step(batch, index)
+
+
+@pytest.mark.parametrize(("before", "after"), [((8, 1), (4, 2)), ((4, 2), (8, 1))])
+def test_a_lightning_attempt_in_another_split_resumes_at_its_steps_micro_batch_and_epoch_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, before: tuple[int, int], after: tuple[int, int]
+) -> None:
+    """Lightning counts an epoch's micro-batches (accumulating up to each multiple of the
+    accumulation, ending the epoch at the loader's length) and resumes that count from its
+    checkpoint. An attempt in another split (the operator's, after a fallback into fp32 or an
+    out-of-memory, or its taking back) read it in the split that wrote it. Before, resumed at step
+    5: split 8 x 1 -> 4 x 2, step 5 trained one micro-batch of 4 (half the job's samples) and the
+    epoch ran past its 64 steps; 4 x 2 -> 8 x 1, the epoch ended 5 steps early. Now every step
+    trains the attempt's micro-batches, and epoch 1 begins at step 64 (512 samples of 8 a step)."""
+    job = spec(task={"command": ["python", "train.py"]}, training={"steps": 70}, checkpoint={"everySteps": 5})
+    for attempt, (micro, accumulation) in enumerate([before, after]):
+        launch = in_process_launch(tmp_path, monkeypatch, job, "fp32")
+        split = {"attempt": attempt, "microBatch": micro, "gradAccumulation": accumulation}
+        launch = AttemptLaunch.model_validate({**launch.model_dump(by_alias=True), **split})
+        module = EpochModule(stop_at=6 if attempt == 0 else None)
+        if attempt == 0:
+            with pytest.raises(Interrupted):
+                _lightning(launch, False, 1, module, batch=micro)
+        else:
+            _lightning(launch, False, 1, module, batch=micro)
+    assert module.steps_at == [step for step in range(5, 70) for _ in range(accumulation)]
+    assert module.steps_at[module.epochs_at.index(1)] == 64

@@ -18,7 +18,8 @@ checkpointing of its own unless the script gives a `ModelCheckpoint` (its output
 `dirpath`, which must not be mpjob's checkpoint folder: adapters.own_saves), and MpjobCallback
 (adapters.lightning_callback: it also holds the DataLoader's batches to the attempt's micro-batch).
 `fit` resumes through `Trainer.fit(ckpt_path=...)` from the attempt's checkpoint: weights,
-optimizers, LR schedulers, the scaler, loops (global step) and callbacks (a ModelCheckpoint's best
+optimizers, LR schedulers, the scaler, loops (global step; the epoch's micro-batches counted in the
+attempt's split: adapters.lightning_callback.in_this_split) and callbacks (a ModelCheckpoint's best
 model, an EarlyStopping's patience), as Lightning saved them once done with the step, its
 validation there included (adapters.lightning_callback.closed_after_validation).
 

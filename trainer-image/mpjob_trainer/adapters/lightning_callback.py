@@ -8,7 +8,9 @@ attempt's split (the operator halves `spec.training.batchSize` after a fallback 
 out-of-memory, doubling the accumulation, which `trainer_settings` does set). A batch larger
 than the attempt's micro-batch would train more samples per step than the job, its report and
 its checkpoints say, and run out of memory again where the split was made to avoid it: a
-ConfigError, before anything trains on it. A smaller one passes (an epoch's last batch).
+ConfigError, before anything trains on it. A smaller one passes (an epoch's last batch). An
+attempt resumed from a checkpoint written in another split counts the epoch's micro-batches
+Lightning restored in its own (`in_this_split`): the accumulation and the epoch's end follow them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from mpjob_trainer.adapters.spec_settings import spec_name
 from mpjob_trainer.errors import ConfigError
 from mpjob_trainer.session import Session
 from mpjob_trainer.session.framework import FrameworkRun
+
+#: The field of MpjobCallback's state in Lightning's checkpoint: the accumulation it was written in.
+ACCUMULATED = "gradAccumulation"
 
 
 def checked_batch(run: Session, size: int) -> int:
@@ -65,6 +70,17 @@ class MpjobCallback(L.Callback):
         self.recorded = RecordedSteps(steps_to_keep(run.spec))
         self.optimizers: list[torch.optim.Optimizer] = []  # Lightning's, once fit has made them
         self.quarantined = TakenBack(self.bridge, lambda: list(self.optimizers))
+        self._written_in: int | None = None  # the accumulation of the checkpoint fit resumes from
+
+    def state_dict(self) -> dict[str, Any]:
+        """What Lightning's checkpoint keeps of this callback: the accumulation its epoch's
+        micro-batch count was made in (`in_this_split`)."""
+        return {ACCUMULATED: self.run.spec.training.grad_accumulation}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        written = state_dict.get(ACCUMULATED)
+        fits = isinstance(written, int) and not isinstance(written, bool) and written > 0
+        self._written_in = written if fits else None  # none: a checkpoint of before it was kept
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The script's ModelCheckpoint callbacks, their folders resolved by now (Lightning's
@@ -80,6 +96,9 @@ class MpjobCallback(L.Callback):
             self.bridge.watch(optimizer)
         self.optimizers = list(trainer.optimizers)
         self._step = trainer.global_step
+        written, self._written_in = self._written_in, None  # a fit without ckpt_path reads none
+        if written is not None:
+            in_this_split(trainer.fit_loop.epoch_loop.batch_progress, written, trainer.accumulate_grad_batches)
         self._registered = False
         self._loss, self._samples, self._lr = None, 0, None  # a re-entry after a rollback: the left step is gone
         self._open, self._stop_held = None, False  # a new fit: Lightning forgets its stop too
@@ -145,6 +164,23 @@ class MpjobCallback(L.Callback):
             if stops:
                 self.bridge.stop_early(step["step"])
             self.bridge.end_step(**step)
+
+
+def in_this_split(progress: Any, written: int, accumulation: int) -> None:
+    """Lightning's count of the epoch's micro-batches (`batch_progress`, restored from a checkpoint
+    written in an accumulation of `written`) in this attempt's `accumulation`: the same optimizer
+    steps. It accumulates up to each multiple of the accumulation and ends the epoch at the
+    loader's length, both in micro-batches: an attempt in another split (the operator's, after a
+    fallback into fp32 or an out-of-memory, or its taking back) would otherwise step after a
+    part of a step's micro-batches and end its epoch early or late. The epochs before are kept as
+    counted; the counters' differences (a batch counted ready and not yet completed) too."""
+    if written == accumulation:
+        return
+    current, total, ready = progress.current, progress.total, progress.current.ready
+    for name in ("ready", "started", "processed", "completed"):
+        counted = ready // written * accumulation - (ready - getattr(current, name))
+        setattr(total, name, getattr(total, name) - getattr(current, name) + counted)
+        setattr(current, name, counted)
 
 
 def stops_early(trainer: L.Trainer) -> bool:
