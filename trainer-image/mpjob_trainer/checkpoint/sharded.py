@@ -11,9 +11,10 @@ the others uploaded (a failing rank deletes its own).
 What no retry fixes (CheckpointTaken, a ConfigError: a value a restore could not read back, a
 bucket refusing us) ends the save on every rank as itself, as it ends a single-file save.
 
-The training thread only captures (references to its shards, a copy of the small state) and
-hands over; DCP's save begins on the writer thread, so its set-up (planning, the stager's
-and the upload's threads) costs the training thread nothing but the GIL it shares with them."""
+The training thread only captures (references to its shards, a copy of the small state and of
+the tensors that are no shards, which a forward pass changes: `whole_copied`) and hands over;
+DCP's save begins on the writer thread, so its set-up (planning, the stager's and the upload's
+threads) costs the training thread nothing but the GIL it shares with them."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from mpjob_trainer.checkpoint.select import AnyStore
 from mpjob_trainer.checkpoint.shards import SHARDS, rank_file
 from mpjob_trainer.checkpoint.staging import snapshot
 from mpjob_trainer.checkpoint.store import SaveResult
+from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
 
@@ -83,10 +85,11 @@ class ShardedWriter:
 
     def start(self, step: int, precision: str, state: dict[str, Any]) -> PendingSave:
         """Take `state` (a TrainingState capture: live shards under SHARDS) as `step`'s
-        checkpoint. The training thread does no more than copy the small state: DCP's save,
-        its staging included, begins in `finish`, on the writer thread."""
+        checkpoint. The training thread does no more than copy the small state and the tensors
+        that are no shards (`whole_copied`): DCP's save, its staging included, begins in
+        `finish`, on the writer thread."""
         started = time.perf_counter()
-        shards, local = state[SHARDS], snapshot({k: v for k, v in state.items() if k != SHARDS})
+        shards, local = whole_copied(state[SHARDS]), snapshot({k: v for k, v in state.items() if k != SHARDS})
         staged: Future[None] = Future()
 
         def finish() -> SaveResult:
@@ -209,6 +212,21 @@ class ShardedWriter:
         """Rank 0, bucket, a rank failed: the files the others uploaded go (no manifest will name them)."""
         if isinstance(self.store, BucketCheckpointStore):
             self.store.withdraw(step, sorted(files), writer=self.name)
+
+
+def whole_copied(obj: Any) -> Any:
+    """`obj` (DCP state dicts) with its tensors that are not shards copied now, on the device: a
+    forward pass changes buffers (a BatchNorm's running statistics; FSDP2 leaves buffers whole,
+    plain tensors) in place, and the training thread runs the next one before DCP's stager copies
+    anything. The shards (DTensors) change only in an optimizer update, which waits for the stager
+    (`PendingSave.staged`); what is copied here is small, and a device copy holds no host sync."""
+    if isinstance(obj, torch.Tensor):
+        return obj if is_dtensor(obj) else obj.detach().clone()
+    if isinstance(obj, dict):
+        return {key: whole_copied(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [whole_copied(value) for value in obj]
+    return obj
 
 
 def _readable_index(tmp: Path, step: int) -> Path:

@@ -9,11 +9,13 @@ is gathered onto one rank.
 
 Writing, per rank (`ShardedWriter.start`, then `PendingSave.finish`):
 1. on the training thread only the capture (get_state_dict's answer, references to this
-   rank's shards, renamed from the plain state dicts after the first save: checkpoint.live)
-   and a copy of the small state; then, on the writer thread, `dcp.async_save` with a
-   DefaultStager that copies the shards to host memory in its own thread. The training
-   thread waits for that copy only before the next optimizer update (`PendingSave.staged`),
-   the first moment the values could change: forward and backward overlap the copy.
+   rank's shards, renamed from the plain state dicts after the first save: checkpoint.live),
+   a copy of the small state, and a device copy of the tensors that are no shards (buffers,
+   which a forward pass changes in place: a BatchNorm's running statistics); then, on the
+   writer thread, `dcp.async_save` with a DefaultStager that copies the shards to host memory
+   in its own thread. The training thread waits for that copy only before the next optimizer
+   update (`PendingSave.staged`), the first moment the shards could change: forward and
+   backward overlap the copy.
    (StagingBuffers would copy on the training thread: at N processes each rank's copy is 1/N
    of a rank-0 snapshot, which does not make the stall small; DCP's stager also knows
    DTensors.)
