@@ -48,10 +48,13 @@ def rerun_line(name: str, root: Path, checkpoint: CheckpointStatus | None) -> st
 
 def fix_line(status: MixedPrecisionJobStatus) -> str | None:
     """What a run that failed on its configuration error says after its summary: how to go on
-    once it is fixed (None: it did not, or a rerun found no attempt left, which its message says)."""
+    once it is fixed, or, when a rerun found no attempt left, its Failed condition's message
+    (raise runPolicy.maxAttempts), which no attempt's line holds; None when it did not."""
     failed = next((c for c in status.conditions if c.type == ConditionType.FAILED and c.status == "True"), None)
-    if not reopens(status) or failed is None or failed.reason != Reason.CONFIG_ERROR:
+    if not reopens(status) or failed is None:
         return None
+    if failed.reason != Reason.CONFIG_ERROR:  # `reopen` found none left: the summary says only its reason
+        return f"  rerun:  {failed.message}" if failed.message else None
     checkpoint = status.last_checkpoint
     then = "starts over: no checkpoint" if checkpoint is None else f"resumes from checkpoint step {checkpoint.step}"
     return f"  rerun:  fix the configuration error and run `mpjob run` again with the same --out; it {then}"

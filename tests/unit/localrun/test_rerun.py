@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mpjob.cli import main
 from mpjob.localrun import rerun
 from mpjob.localrun.cli import run_command
 from mpjob.planning import lifecycle as lc
@@ -70,7 +71,7 @@ def test_a_rerun_with_no_attempt_left_fails_again_naming_max_attempts_and_reopen
     plan = reopened(failed("ConfigError", "ConfigError"), max_attempts=1)
     assert plan.create == [] and plan.status.phase == "Failed"
     assert plan.status.message == "no attempt left to rerun: runPolicy.maxAttempts is 1; raise it to go on"
-    assert rerun.fix_line(plan.status) is None  # the message says what to do, not "fix the configuration"
+    assert rerun.fix_line(plan.status) == f"  rerun:  {plan.status.message}"  # what to do, not "fix the configuration"
     assert rerun.reopens(plan.status)
     again = reopened(plan.status.to_api(), max_attempts=2)
     assert [(s.index, s.start_step) for s in again.create] == [(1, 2)]
@@ -100,3 +101,21 @@ def test_a_rerun_of_any_other_failure_runs_nothing_and_leaves_its_report(
     assert "rerun:" not in said, said
     left = MixedPrecisionJobStatus.model_validate_json((out / "report.json").read_text())
     assert left.to_api() == MixedPrecisionJobStatus.model_validate(failed(reason, why)).to_api()
+
+
+def test_a_rerun_with_no_attempt_left_says_what_to_do_at_its_end_and_in_its_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "job.json").write_text(json.dumps({"name": "local"}) + "\n")
+    (out / "report.json").write_text(json.dumps(failed("ConfigError", "ConfigError")))
+    manifest = tmp_path / "job.yaml"
+    job = tiny_job()
+    manifest.write_text(yaml.safe_dump({**job, "spec": {**job["spec"], "runPolicy": {"maxAttempts": 1}}}))
+    assert run_command([str(manifest), "--out", str(out), "--plain", "--no-plot"]) == 1
+    said = capsys.readouterr().out
+    raise_it = "  rerun:  no attempt left to rerun: runPolicy.maxAttempts is 1; raise it to go on"
+    assert raise_it in said.splitlines(), said
+    assert main(["status", str(out)]) == 0
+    assert raise_it in capsys.readouterr().out.splitlines()
