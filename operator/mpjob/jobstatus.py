@@ -61,10 +61,21 @@ def status_command(argv: list[str]) -> int:
     except ValidationError as exc:
         print(f"error: the status of {args.name} is not one this mpjob reads ({exc.error_count()} problem(s))")
         return 1
-    print("\n".join(summary_lines(f"{namespace}/{args.name}", status, now=datetime.now(UTC))))
+    print("\n".join(_job_lines(f"{namespace}/{args.name}", namespace, obj, status)))
     if args.plot is not None:
         return _plot(args.plot, f"{namespace}/{args.name}", status)
     return 0
+
+
+def _job_lines(title: str, namespace: str, obj: dict[str, Any], status: api.MixedPrecisionJobStatus) -> list[str]:
+    """The job's summary; for one with no status, that no operator took it up: the operator writes
+    one at its first reconcile (an attempt, or Suspended), so "Pending" would have the user wait
+    for what no operator is doing (none runs, or none watches the job's namespace)."""
+    if not obj.get("status"):
+        return [
+            f"{title}: no status: no mpjob operator has taken it up; is one running and watching namespace {namespace}?"
+        ]
+    return summary_lines(title, status, now=datetime.now(UTC))
 
 
 def _local_run_of(name: str, *, cluster: bool) -> str:

@@ -114,3 +114,19 @@ def test_a_reader_that_stopped_reading_ends_the_command_with_141_not_a_traceback
     with io.TextIOWrapper(os.fdopen(write, "wb")) as stdout:
         monkeypatch.setattr(sys, "stdout", stdout)
         assert main(command) == 141
+
+
+def test_status_of_a_job_no_operator_took_up_says_so_not_pending(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator writes a status at its first reconcile (its first attempt, or Suspended): a job
+    without one was never seen by an operator, which waiting will not change."""
+    from mpjob import jobstatus
+
+    job = {**GOOD, "metadata": {"name": "gpt", "namespace": "team-a"}}
+    monkeypatch.setattr(jobstatus, "read_job", lambda name, namespace, kubeconfig: ("team-a", job))
+    assert main(["status", "gpt"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "team-a/gpt: no status: no mpjob operator has taken it up; is one running and watching namespace team-a?"
+    ]
