@@ -8,7 +8,7 @@ from datetime import datetime
 from mpjob.planning import repeat
 from mpjob.planning.history import KEEP_FIRST
 from mpjob.planning.status import FINISHED, WAITS, ConditionReason, ConditionType, moment
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
 
@@ -22,6 +22,7 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
     # Out of memory, or a fallback into fp32, split the micro-batch (a resize's split follows its size).
     split = not resized and len({(a.micro_batch, a.grad_accumulation) for a in status.attempts}) > 1
     lines += [attempt_line(a, world=resized, shape=split, now=now) for a in status.attempts]
+    lines += refused_lines(status)
     lines += trouble_lines(status)
     if count := recoveries(status):
         lines.append(f"  recoveries: {count} ({precision_path(status)})")
@@ -38,8 +39,21 @@ def summary_lines(name: str, status: MixedPrecisionJobStatus, now: datetime | No
 def failed_because(status: MixedPrecisionJobStatus) -> str:
     """Why a Failed job stopped trying, from its Failed condition (' (FailedAtTheSameStep)',
     ' (AttemptsExhausted)': a job that failed in two of its six attempts says why); else ''."""
-    failed = next((c for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
+    failed = failed_condition(status)
     return f" ({failed.reason})" if status.phase == "Failed" and failed is not None and failed.reason else ""
+
+
+def refused_lines(status: MixedPrecisionJobStatus) -> list[str]:
+    """The Failed condition's message of a job that failed before any attempt (a spec the
+    operator refused: InvalidSpec), which no attempt's line holds: the field at fault; else none."""
+    failed = failed_condition(status)
+    if status.phase != "Failed" or status.attempts or failed is None or not failed.message:
+        return []
+    return [f"  failed: {one_line(failed.message)}"]
+
+
+def failed_condition(status: MixedPrecisionJobStatus) -> Condition | None:
+    return next((c for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
 
 
 #: Conditions (type, status) that say why a job that has not ended waits, or what goes wrong while it runs.

@@ -204,6 +204,16 @@ def test_a_failed_jobs_headline_names_why_it_stopped_trying() -> None:
     assert summary_lines("ns/fell", FELL_BACK)[0] == "ns/fell: Succeeded in bf16 at step 40"  # only a failure says why
 
 
+def test_a_job_that_failed_before_any_attempt_says_the_failures_message() -> None:
+    """A spec the operator's models refuse fails the job before any attempt (InvalidSpec): the
+    field at fault is in the Failed condition's message alone, and `mpjob status` said only
+    `Failed at step 0 (InvalidSpec)`."""
+    why = "invalid spec: spec.training.steps: must be at least 1, got 0"
+    failed = {"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": why, "lastTransitionTime": "t"}
+    status = MixedPrecisionJobStatus.model_validate({"phase": "Failed", "message": why, "conditions": [failed]})
+    assert summary_lines("ns/bad", status) == ["ns/bad: Failed at step 0 (InvalidSpec)", f"  failed: {why}"]
+
+
 def test_an_attempt_whose_end_step_is_unknown_says_so_not_step_0() -> None:
     """A resumed attempt whose ranks died before they resumed (the bucket gone) is recorded with
     endStep 0 below its startStep: unknown (planning.repeat). Its line said `steps 20-0`."""
