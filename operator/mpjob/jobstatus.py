@@ -73,7 +73,8 @@ def _job_lines(title: str, namespace: str, obj: dict[str, Any], status: api.Mixe
     for what no operator is doing (none runs, or none watches the job's namespace)."""
     if not obj.get("status"):
         return [
-            f"{title}: no status: no mpjob operator has taken it up; is one running and watching namespace {namespace}?"
+            f"{title}: no status yet: no mpjob operator has taken it up (one does within seconds of its creation); "
+            f"is one running and watching namespace {namespace}?"
         ]
     return summary_lines(title, status, now=datetime.now(UTC))
 

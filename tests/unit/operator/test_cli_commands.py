@@ -128,5 +128,6 @@ def test_status_of_a_job_no_operator_took_up_says_so_not_pending(
     assert main(["status", "gpt"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
-        "team-a/gpt: no status: no mpjob operator has taken it up; is one running and watching namespace team-a?"
+        "team-a/gpt: no status yet: no mpjob operator has taken it up (one does within seconds of its creation); "
+        "is one running and watching namespace team-a?"
     ]
