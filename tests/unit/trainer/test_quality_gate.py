@@ -57,12 +57,30 @@ def test_fp32_attempts_evaluate_once_with_no_delta(tmp_path: Path) -> None:
 def test_one_excursion_is_recorded_and_only_two_in_a_row_end_the_precision() -> None:
     gate = QualityGate(lambda: 0.0, Validation(every_steps=10, max_loss_delta=0.05), World(0, 1, 0), None)  # type: ignore[arg-type]
 
-    def ev(delta: float) -> Evaluation:
-        return Evaluation(step=0, loss=1.0, loss_fp32=1.0, delta=delta, seconds=0.0)
+    def ev(step: int, delta: float) -> Evaluation:
+        return Evaluation(step=step, loss=1.0, loss_fp32=1.0, delta=delta, seconds=0.0)
 
-    for delta in (0.2, 0.01, 0.2, 0.01):
-        assert gate.judge(ev(delta)) is None
-    assert gate.judge(ev(0.2)) is None
-    fault = gate.judge(ev(0.06))
+    for step, delta in zip((10, 20, 30, 40), (0.2, 0.01, 0.2, 0.01), strict=True):
+        assert gate.judge(ev(step, delta)) is None
+    assert gate.judge(ev(50, 0.2)) is None
+    fault = gate.judge(ev(60, 0.06))
     assert fault is not None and re.search(r"relative delta 0\.06 > validation\.maxLossDelta=0\.05", str(fault))
     assert relative_delta(1.1, 1.0) == pytest.approx(0.1) and relative_delta(math.nan, 1.0) == math.inf
+
+
+def test_an_evaluation_run_again_after_a_rollback_is_not_a_second_one_in_a_row() -> None:
+    """A spike or bad data rolls back to a checkpoint before an evaluation and the catch-up evaluates
+    that step again: the streak is the one a straight run has at that step, not one more."""
+    gate = QualityGate(lambda: 0.0, Validation(every_steps=10, max_loss_delta=0.05), World(0, 1, 0), None)  # type: ignore[arg-type]
+
+    def ev(step: int, delta: float) -> Evaluation:
+        return Evaluation(step=step, loss=1.0, loss_fp32=1.0, delta=delta, seconds=0.0)
+
+    assert gate.judge(ev(40, 0.01)) is None
+    assert gate.judge(ev(50, 0.2)) is None  # one excursion; a spike at 55 rolls back to step 40's checkpoint
+    assert gate.judge(ev(50, 0.2)) is None  # caught up: step 50 evaluated again, still the one excursion
+    assert gate.judge(ev(60, 0.2)) is not None  # the second in a row, as in a straight run
+    gate = QualityGate(lambda: 0.0, Validation(every_steps=10, max_loss_delta=0.05), World(0, 1, 0), None)  # type: ignore[arg-type]
+    assert gate.judge(ev(40, 0.2)) is None  # kept by the checkpoint at step 40 the rollback restores
+    assert gate.judge(ev(50, 0.01)) is None
+    assert gate.judge(ev(50, 0.2)) is not None  # re-run after the rollback: 40 and 50 in a row

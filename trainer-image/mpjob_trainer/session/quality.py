@@ -62,6 +62,8 @@ class QualityGate:
         self.device = device
         self.over = 0  # evaluations in a row above maxLossDelta, in the attempt `_attempt`
         self._attempt = 0
+        #: (step, above maxLossDelta?) of the attempt's evaluations, in step order (`judge`).
+        self._judged: list[tuple[int, bool]] = []
 
     def due(self, step: int) -> bool:
         return self.spec.every_steps > 0 and step % self.spec.every_steps == 0
@@ -73,7 +75,7 @@ class QualityGate:
         `attempt`: which attempt begun in these processes it judges (Cadence.begun); a new one
         (a fallback in place) counts its evaluations in a row from none, as a restarted one does."""
         if attempt != self._attempt:
-            self.over, self._attempt = 0, attempt
+            self.over, self._attempt, self._judged = 0, attempt, []
         evaluation = self.measure(step, precision)
         metrics.evaluated(evaluation.loss, evaluation.loss_fp32, evaluation.delta, evaluation.seconds)
         log(
@@ -101,9 +103,15 @@ class QualityGate:
         return Evaluation(step, loss, reference, float(agreed.item()), time.perf_counter() - began)
 
     def judge(self, evaluation: Evaluation) -> NumericFault | None:
-        """Count an evaluation; the second in a row above maxLossDelta is a QualityDrift fault."""
+        """Count an evaluation; the second in a row above maxLossDelta is a QualityDrift fault.
+
+        In a row by step: a rollback in the attempt (session.skipping) catches up through steps
+        evaluated before, and their evaluations then are gone with the state they judged, so the
+        streak is the one a straight run has at this step, not one more for each re-run."""
         limit = self.spec.max_loss_delta
-        self.over = self.over + 1 if evaluation.delta > limit else 0
+        judged = [seen for seen in self._judged if seen[0] < evaluation.step]
+        self._judged = [*judged, (evaluation.step, evaluation.delta > limit)]
+        self.over = next((n for n, (_, over) in enumerate(reversed(self._judged)) if not over), len(self._judged))
         if self.over < IN_A_ROW:
             return None
         return NumericFault(
