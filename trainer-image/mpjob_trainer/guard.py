@@ -1,36 +1,28 @@
 """NumericGuard: decides when a precision cannot go on (failure modes F1 and F2).
 
 State machine and invariants:
-- `consecutive_overflows` counts optimizer steps in a row that GradScaler skipped because the
-  scaled gradients held inf/NaN. It is known on the host with no extra device sync:
-  GradScaler.step() already synchronizes on found_inf and calls optimizer.step() only for
-  finite gradients, and an optimizer step post-hook records that call. Under DDP the
-  gradients are all-reduced before the check, so every rank skips the same steps and the
-  count is identical on all ranks.
-- `non_finite` counts steps whose loss was NaN/Inf. It lives on the device (accumulated with
-  tensor ops, no sync) and is read by `read()`, then the loss scale, once per log interval:
-  that is the guard's one deliberate sync point, shared with the log line. Ranks gather it
-  there (and take the max), so they decide at the same step. The loss the interval reports
-  rides in the same gather: the job's, every rank's weighed by its samples (`job_loss`).
-- Messages say what happened when, in 1-based step numbers like the log lines: the first
-  faulting step, the step the guard noticed it at and, for the counters read at intervals,
-  the previous read (the interval the fault lay in). The first non-finite loss since the last
-  good checkpoint rides in the interval's one all-reduce (no extra sync); the first one read
-  is the attempt's first, since a checkpoint is only marked good after a clean interval.
-- `healthy` (may the state be checkpointed as good?) reads only values the interval's
-  all-reduce agreed on: whether a rank's last step was skipped, the most non-finite losses any
-  rank observed since the previous read, and whether any rank reports a non-finite loss. A
-  checkpoint is a collective (sharded saves, the finite-state check), so ranks that decided
-  apart would wait in different collectives for ever. (Ranks skip the same steps, so the
-  overflow count agrees by itself; it rides in the read all the same, so that a rank whose
-  count went astray cannot split the ranks' checkpoints.)
-- `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay):
-  the first overflow-skipped step and the first non-finite loss since the last good checkpoint.
-  The first is host state; the second a device tensor updated with torch.where (no sync),
-  read once, when a precision has already ended.
-- Loss-scale calibration at the start of fp16 training (a few backoffs from 65536) never
-  trips the guard: it resets `consecutive_overflows` on the first applied step and stays far
-  from `minLossScale`.
+- `consecutive_overflows` counts optimizer steps in a row that GradScaler skipped because the scaled gradients held
+  inf/NaN. It is known on the host with no extra device sync: GradScaler.step() already synchronizes on found_inf
+  and calls optimizer.step() only for finite gradients, and an optimizer step post-hook records that call. Under DDP
+  the gradients are all-reduced before the check, so every rank skips the same steps: the count agrees.
+- `non_finite` counts steps whose loss was NaN/Inf. It lives on the device (accumulated with tensor ops, no sync)
+  and is read by `read()`, then the loss scale, once per log interval: that is the guard's one deliberate sync
+  point, shared with the log line. Ranks gather it there (and take the max), so they decide at the same step. The
+  loss the interval reports rides in the same gather: the job's, every rank's weighed by its samples (`job_loss`).
+- Messages say what happened when, in 1-based step numbers like the log lines: the first faulting step, the step the
+  guard noticed it at and, for the counters read at intervals, the previous read (the interval the fault lay in).
+  The first non-finite loss since the last good checkpoint rides in the interval's one all-reduce (no extra sync);
+  the first one read is the attempt's first, since a checkpoint is only marked good after a clean interval.
+- `healthy` (may the state be checkpointed as good?) reads only values the interval's all-reduce agreed on: whether
+  a rank's last step was skipped (the overflow count agrees by itself, ranks skipping the same steps, but rides in
+  the read so that a rank whose count went astray cannot split the ranks' checkpoints), the most non-finite losses
+  any rank observed since the previous read, and whether any rank reports a non-finite loss. A checkpoint is a
+  collective (sharded saves, the finite-state check): ranks that decided apart would wait for ever.
+- `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay): the first
+  overflow-skipped step and the first non-finite loss since the last good checkpoint. The first is host state; the
+  second a device tensor updated with torch.where (no sync), read once, when a precision has already ended.
+- Loss-scale calibration at the start of fp16 training (a few backoffs from 65536) never trips the guard: it resets
+  `consecutive_overflows` on the first applied step and stays far from `minLossScale`.
 """
 
 from __future__ import annotations
@@ -70,6 +62,8 @@ class GuardReading:
     #: The job's loss at the last step: the mean of the ranks' reported losses, each weighed by
     #: its samples (non-finite when any rank's is); None when no rank reported one.
     loss: float | None = None
+    #: What guard.maxNonFiniteLosses judges: the most non-finite losses a rank has since its last rollback.
+    held: int = 0
 
 
 class NumericGuard:
@@ -95,7 +89,8 @@ class NumericGuard:
         #: Did any rank, at the last read, report a non-finite loss or stand in overflow-skipped
         #: steps (agreed by all)?
         self.unfit = False
-        self.forgiven = 0  # counted before the last rollback (session.skipping): not held against the guard
+        self.forgiven = 0  # the most a rank counted before the last rollback (session.skipping): not held
+        self._forgiven_here = torch.zeros((), dtype=torch.int64, device=device)  # this rank's own (see rewind)
         self._applied = False
         self._last_loss: float | None = None
         self._stagnant_since: int | None = None
@@ -184,6 +179,7 @@ class NumericGuard:
             -torch.where(first >= 0, first, NO_STEP).to(torch.float64),  # max of the negated: the earliest
             (self._non_finite - self._non_finite_at_read).to(torch.float64),  # this rank's, since its last read
             self._unfit(reported),
+            (self._non_finite - self._forgiven_here).to(torch.float64),  # held against the guard
             *(self.spike.values() if self.spike is not None else []),
         ]
         rows = all_gather_rows(torch.cat([torch.stack(values), loss_share(reported, weight, self.device)]), self.world)
@@ -196,9 +192,11 @@ class NumericGuard:
             self.first_non_finite = int(-packed[2]) + 1
         self.previous_read_at, self.read_at = self.read_at, self._step_index
         scale = scaler.get_scale() if scaler is not None else None
-        span = self.spike.agreed(packed[5:]) if self.spike is not None else None
+        span = self.spike.agreed(packed[6:]) if self.spike is not None else None
         spikes = self.spike.spiked(span, self.world) if self.spike is not None and span is not None else None
-        return GuardReading(self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite, loss)
+        return GuardReading(
+            self.non_finite_losses, scale, packed[1], spikes, self.first_non_finite, loss, int(packed[5])
+        )
 
     def _when(self, first: int | None, step: int) -> str:
         """When a fault read at an interval happened: its first step, the read, the interval."""
@@ -214,7 +212,7 @@ class NumericGuard:
         self, step: int, reading: GuardReading, loss: float | None, grad_norm: float | None
     ) -> NumericFault | None:
         """The fault an interval's read shows, if any (the first rule it breaks)."""
-        if (held := reading.non_finite_losses - self.forgiven) >= self.spec.max_non_finite_losses:
+        if (held := reading.held) >= self.spec.max_non_finite_losses:
             forgiven = f"; {self.forgiven} more before a rollback, not held against it" if self.forgiven else ""
             return NumericFault(
                 GuardRule.MAX_NON_FINITE_LOSSES,
@@ -262,10 +260,12 @@ class NumericGuard:
         """The state was rolled back to `step` (0-based index; session.skipping): trouble, and the
         non-finite count the guard checks, are counted from there again. Those of the rolled-back
         steps are forgiven as counted now, on the device (a fault seen at a step's end, not at a
-        read, leaves some unread); a collective, as every rollback is."""
+        read, leaves some unread), each rank its own: a bad sample skipped on one rank forgives
+        nothing of another's losses. A collective, as every rollback is."""
         self.consecutive_overflows = 0
         counted = all_reduce_max(self._non_finite.to(torch.float64), self.world)
         self.forgiven = int(counted.item())  # those of the rolled-back steps no longer count
+        self._forgiven_here = self._non_finite.clone()  # on each rank, its own
         self._non_finite_at_read = self._non_finite.clone()  # nor are they new at the next read
         self.first_non_finite = None  # a later message names the first fault after the rollback
         self._step_index = step

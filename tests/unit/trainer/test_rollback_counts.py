@@ -7,7 +7,11 @@ that was skipped already."""
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -84,3 +88,49 @@ def test_with_replays_off_a_lone_non_finite_loss_costs_no_rollback(
     report = train_linear(tmp_path, monkeypatch, job, "fp16", inputs)
     assert report.reason == "Succeeded" and report.replay is None, report.message
     assert ran == list(range(10))  # each step once: no suspect rolled back and run again
+
+
+class TwoRanks:
+    """Two ranks' guards in one process, each on a thread of its own, meeting in the guard's
+    collectives as a process group's ranks meet: every rank's row, in rank order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.barrier, self.rows = threading.Barrier(2, timeout=30), [torch.zeros(0), torch.zeros(0)]
+        monkeypatch.setattr("mpjob_trainer.guard.all_gather_rows", self.gather)
+        monkeypatch.setattr("mpjob_trainer.guard.all_reduce_max", lambda t, world: self.gather(t, world).amax(dim=0))
+
+    def gather(self, row: torch.Tensor, world: World) -> torch.Tensor:
+        self.rows[world.rank] = row.clone()
+        self.barrier.wait()
+        rows = torch.stack(self.rows)
+        self.barrier.wait()  # both have read before either writes again
+        return rows
+
+    def run(self, each: Callable[[NumericGuard], Any]) -> list[Any]:
+        """`each` on both ranks' guards at once: what it returned, by rank."""
+        guards = [NumericGuard(Guard(max_non_finite_losses=3), torch.device("cpu"), World(r, 2, r)) for r in (0, 1)]
+        with ThreadPoolExecutor(2) as pool:
+            return [f.result() for f in [pool.submit(each, g) for g in guards]]
+
+
+def test_a_rollback_forgives_each_rank_its_own_non_finite_losses_not_the_rank_that_saw_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bad sample on rank 1 is skipped (rolled back); then rank 0's own losses go non-finite three
+    times: rank 0 holds three since the rollback, the guard's limit, whatever rank 1 saw before it."""
+
+    def attempt(g: NumericGuard) -> tuple[bool, bool]:
+        rank = g.world.rank
+        for step in range(1, 6):
+            close(g, step, 1.0)
+        g.read(None)
+        close(g, 6, math.nan if rank == 1 else 1.0)  # gradients all-reduced: both ranks skip the step
+        suspect = g.read(None).non_finite_losses > 0 and g.new_non_finite > 0
+        g.rewind(5)  # the data rung: fp32 found step 6's sample bad, skipped it, runs step 6 again
+        for step in range(6, 11):
+            close(g, step, math.nan if rank == 0 and step in (7, 8, 9) else 1.0)
+        return suspect, g.check(10, g.read(None), math.nan, None) is not None
+
+    (suspect, fault), same = TwoRanks(monkeypatch).run(attempt)
+    assert suspect and (suspect, fault) == same  # the ranks agree
+    assert fault, "rank 0's three non-finite losses since the rollback end the precision"

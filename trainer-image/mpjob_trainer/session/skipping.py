@@ -165,7 +165,7 @@ class DataRung:
             if self.on_spike == "end" or self.replay is not None:  # else nothing to run again: seen only
                 return LossSpiked(spikes, step)
         guard = self.lent.numerics.guard
-        counted = read.guard.non_finite_losses - guard.forgiven
+        counted = read.guard.held
         suspect = guard.new_non_finite > 0 and counted < guard.spec.max_non_finite_losses and self.skips_bad_data
         if suspect and self.replay is not None and self.replay.enabled and not self._precision_suspected:
             return SuspectSteps(GuardRule.MAX_NON_FINITE_LOSSES, f"a non-finite loss by step {step}")
