@@ -56,18 +56,29 @@ class StallWatch:
             self._step, self._moved = step, self._clock()
 
     def ended(self, outcome: AttemptOutcome) -> AttemptOutcome:
-        """How the attempt ended: Stalled when this watch stopped it, else as its workers said."""
+        """How the attempt ended: Stalled when this watch stopped it, else as its workers said.
+        Stalled with what its trainers reported if they could still act on SIGTERM (where they
+        stopped, their recoverySeconds, loss-scale history and counters), as the operator records
+        a stalled attempt's report once its pods stopped (`cutoff.heard`), less its message: the
+        stall, not the SIGTERM, ended it."""
         self._done.set()
         if self.why is None:
             return outcome
-        return AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=self.why)
+        report = outcome.report.model_copy(update={"message": ""}) if outcome.report is not None else None
+        return AttemptOutcome(None, report=report, platform_reason=Reason.STALLED.value, message=self.why)
+
+    def check(self) -> bool:
+        """Stop the workers if their step has stood still past the deadline; whether it had."""
+        still = None if self._moved is None else self._clock() - self._moved
+        if (why := cutoff.stall(self.deadline, still, "worker 0's step lines")) is None:
+            return False
+        self.why = why
+        self.workers.stop(cutoff.CUT_GRACE_SECONDS)
+        return True
 
     def _watch(self) -> None:
         while not self._done.wait(POLL_SECONDS):
-            still = None if self._moved is None else self._clock() - self._moved
-            if (why := cutoff.stall(self.deadline, still, "worker 0's step lines")) is not None:
-                self.why = why
-                self.workers.stop(cutoff.CUT_GRACE_SECONDS)
+            if self.check():
                 return
 
 
