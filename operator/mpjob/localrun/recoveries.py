@@ -2,7 +2,10 @@
 `attempts[].recoverySeconds` from the fault's detection until the next attempt has its state
 back and takes its first step. In place, the trainer measures it (`precisionChanged`); after a
 restart, it is the time from the ended attempt's `fault` line to the next attempt's `resume`
-(or `freshStart`) line: the process start, imports, model build and checkpoint load."""
+(or `freshStart`) line: the process start, imports, model build and checkpoint load. Only the
+attempt right after the fault: one that follows an attempt that ended before it resumed (a crash)
+recovers from that ending, which its trainer clocks itself (its launch's recoveringSince, as on a
+cluster) and reports."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ class RecoveryClock:
             return
         faulted, at = self._fault
         entry = next((a for a in status.attempts if a.index == index), None)
-        if index > faulted and entry is not None and entry.recovery_seconds is None:
+        if index == faulted + 1 and entry is not None and entry.recovery_seconds is None:
             entry.recovery_seconds = round(max(0.0, event.time - at), 3)
+        if index > faulted:  # the fault's next attempt resumed, or ended before it could (a crash)
             self._fault = None
