@@ -68,7 +68,13 @@ class StallWatch:
         return AttemptOutcome(None, report=report, platform_reason=Reason.STALLED.value, message=self.why)
 
     def check(self) -> bool:
-        """Stop the workers if their step has stood still past the deadline; whether it had."""
+        """Stop the workers if their step has stood still past the deadline; whether the watch is
+        done: it stopped them, or they are being stopped already. The operator judges a stall only
+        while the attempt runs: one it is ending (a suspension, a resize, the deadline, a crash's
+        cut) keeps its pods' grace, and a trainer that checkpoints on the user's Ctrl-C, its step
+        standing still while it saves, was cut here, the save it was asked for lost."""
+        if self.workers.stopping:
+            return True
         still = None if self._moved is None else self._clock() - self._moved
         if (why := cutoff.stall(self.deadline, still, "worker 0's step lines")) is None:
             return False

@@ -112,6 +112,9 @@ class Workers:
         self.count = count or spec.workers
         self.procs: list[subprocess.Popen[str]] = []
         self._logs: list[IO[str]] = []
+        #: Whether the workers were sent a stop (the user's, a resize's, a deadline's, a stall's, a
+        #: crash's cut): the attempt is ending, as on a cluster once its pods are being deleted.
+        self.stopping = False
 
     def start(self, env: dict[str, str], container: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
         """Start every worker; returns worker 0, whose stdout carries the trainer's events. A
@@ -155,6 +158,7 @@ class Workers:
         return self._logs[0]
 
     def signal(self, sig: int) -> None:
+        self.stopping = True  # an attribute write: safe in the Ctrl-C handler (stops.CtrlC.press)
         for proc in self.procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

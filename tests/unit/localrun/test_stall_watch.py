@@ -3,11 +3,14 @@ starts; worker 0's lines are scripted and the clock is the test's."""
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from mpjob.localrun.stall import StallWatch
+from mpjob.localrun.workers import Workers
 from mpjob.planning import cutoff
 from mpjob.planning.backoff import RetryBackoff
 from mpjob.planning.classify import AttemptOutcome, classify
@@ -29,10 +32,11 @@ class Clock:
         return self.now
 
 
-class Stopped:
-    """Workers that keep the graces they were stopped with."""
+class Stopped(Workers):
+    """An attempt's workers, none started, that keep the graces the watch stopped them with."""
 
     def __init__(self) -> None:
+        super().__init__(spec(), folder=Path("/nonexistent"), cwd=Path("/nonexistent"), python=sys.executable)
         self.graces: list[float] = []
 
     def stop(self, grace: float) -> None:
@@ -46,7 +50,7 @@ def spec() -> MixedPrecisionJobSpec:
 def stalled_watch() -> tuple[StallWatch, Stopped]:
     """A watch that saw step 20, then nothing for longer than the deadline, and stopped the workers."""
     clock, workers = Clock(), Stopped()
-    watch = StallWatch(spec(), workers, clock=clock)  # type: ignore[arg-type]
+    watch = StallWatch(spec(), workers, clock=clock)
     watch.seen(step(20))
     clock.now += DEADLINE - 1
     assert not watch.check() and workers.graces == []
@@ -109,3 +113,21 @@ def test_a_stalled_attempts_report_reaches_its_status_entry(tmp_path: Path) -> N
         (0, 10),
         (0, 20),
     ]
+
+
+def test_an_attempt_the_user_is_stopping_is_not_cut_as_stalled_while_it_checkpoints() -> None:
+    """The first Ctrl-C (or SIGTERM) asks the trainers to checkpoint and stop; their step stands
+    still while they save. The watch went on counting and cut them (SIGKILL 10 s on) once the
+    deadline passed, so the save the user asked for was lost without a second Ctrl-C, and the
+    attempt ended Stalled. The operator judges a stall only while the attempt runs: one it is
+    ending (a suspension, a resize, the job's deadline, a crash's cut) keeps its pods' grace."""
+    clock, workers = Clock(), Stopped()
+    watch = StallWatch(spec(), workers, clock=clock)
+    watch.seen(step(20))
+    clock.now += DEADLINE - 5
+    workers.signal(signal.SIGTERM)  # as the Ctrl-C handler passes the press on (stops.CtrlC.press)
+    clock.now += 10  # saving
+    watch.check()
+    assert workers.graces == [] and watch.why is None
+    ended = watch.ended(AttemptOutcome(44, SAID))
+    assert ended.report is SAID and ended.platform_reason is None
