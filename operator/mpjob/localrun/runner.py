@@ -32,7 +32,7 @@ from mpjob.localrun.recoveries import RecoveryClock
 from mpjob.localrun.rendezvous import Rendezvous
 from mpjob.localrun.series import RunSeries
 from mpjob.localrun.stall import DeadlineWatch, StallWatch
-from mpjob.localrun.waiting import wait_out
+from mpjob.localrun.waiting import past_due, wait_out
 from mpjob.localrun.workers import Workers, lines
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.backoff import JOB_CONTROLLER, RetryBackoff
@@ -102,9 +102,11 @@ class LocalRun:
             for field, line in self.notes if start is not None else ():
                 self.view.info(line, field=field)
             while start is not None:
-                wait_out(self.status, self.retries, view=self.view, ctrl_c=self.ctrl_c, save=self.record.save)
+                wait_out(
+                    self.spec, self.status, self.retries, view=self.view, ctrl_c=self.ctrl_c, save=self.record.save
+                )
                 self._current, self._reached = None, None  # set once it starts: one that never ran ends as itself
-                held = self.ctrl_c.held_back()
+                held = self.ctrl_c.held_back() or past_due(self.spec, self.status)
                 cannot = unschedulable(self.spec, self.schedule, start) or working_dir_gone(self.spec, self.base_dir)
                 outcome = held or cannot or self._run_attempt(start)
                 start = self._conclude(self._current or start, outcome)

@@ -1,6 +1,8 @@
 """The wait before an attempt that retries a failure as it was, as the operator waits it
 (`mpjob.planning.backoff`): said in one line, recorded in report.json's Running condition, and
-cut short by the user's stop (the runner then ends the run before the attempt starts)."""
+cut short by the user's stop (the runner then ends the run before the attempt starts) and by
+runPolicy.activeDeadlineSeconds: the operator fails a job at its deadline, its Job not made,
+so an attempt due after it never starts (`past_due`)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from typing import TYPE_CHECKING
 
 from mpjob.planning import backoff
 from mpjob.planning import status as st
+from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.endings import DEADLINE_EXCEEDED
 from mpjob.planning.plan import Plan, When
-from mpjob_contract.api import MixedPrecisionJobStatus
+from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 if TYPE_CHECKING:
     from mpjob.localrun.progress import ProgressView
@@ -19,6 +23,7 @@ if TYPE_CHECKING:
 
 
 def wait_out(
+    spec: MixedPrecisionJobSpec,
     status: MixedPrecisionJobStatus,
     retries: backoff.RetryBackoff,
     *,
@@ -26,15 +31,24 @@ def wait_out(
     ctrl_c: CtrlC,
     save: Callable[[], None],
 ) -> None:
-    """Wait until the newest attempt (recorded, not started) is due, or the user stops the run."""
+    """Wait until the newest attempt (recorded, not started) is due, the job's deadline passes, or
+    the user stops the run."""
     said = None
     while not ctrl_c.stop_asked():
         now = datetime.now(UTC)
         wait = backoff.held(Plan(status=status), When(st.stamp(now)), retries, now)
-        if wait is None:
+        deadline = st.until_deadline(spec, status, now)
+        if wait is None or (deadline is not None and deadline <= 0):
             return
         if wait.message != said:
             view.info(wait.message)
             save()
             said = wait.message
-        ctrl_c.pause(wait.left(now))
+        ctrl_c.pause(wait.left(now) if deadline is None else min(wait.left(now), deadline))
+
+
+def past_due(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus) -> AttemptOutcome | None:
+    """The ending of the next attempt, not started: the job's deadline passed while it waited (None:
+    it starts), as the operator ends a job whose deadline passed without making the attempt's Job."""
+    left = st.until_deadline(spec, status, datetime.now(UTC))
+    return DEADLINE_EXCEEDED if left is not None and left <= 0 else None

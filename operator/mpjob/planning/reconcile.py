@@ -162,9 +162,7 @@ def _expire(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], n
 
 
 def _past_deadline(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> bool:
-    deadline = spec.run_policy.active_deadline_seconds
-    started = st.moment(status.start_time)
-    return bool(deadline and started and now >= started + timedelta(seconds=deadline))
+    return (left := st.until_deadline(spec, status, now)) is not None and left <= 0
 
 
 def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], when: When) -> None:

@@ -3,6 +3,7 @@ following the Kubernetes API conventions (CamelCase reasons, lastTransitionTime)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -129,13 +130,20 @@ def moment(value: str | None) -> datetime | None:
         return None
 
 
-def deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
-    """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job (at least 1 s)."""
+def until_deadline(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> float | None:
+    """Seconds left of runPolicy.activeDeadlineSeconds, counted from the job's startTime (at most
+    0: it passed; None: no deadline, or the job has not started)."""
     deadline = spec.run_policy.active_deadline_seconds
-    started = read_stamp(status.start_time) if status.start_time else None
+    started = moment(status.start_time)
     if not (deadline and started):
         return None
-    return max(1, deadline - int((now - started).total_seconds()))
+    return deadline - (now - started).total_seconds()
+
+
+def deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
+    """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job (at least 1 s)."""
+    left = until_deadline(spec, status, now)
+    return None if left is None else max(1, math.ceil(left))
 
 
 def set_condition(

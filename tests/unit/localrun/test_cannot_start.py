@@ -110,6 +110,27 @@ def test_the_attempt_after_a_failure_waits_its_backoff_and_says_so_in_one_line(t
     assert waited >= timedelta(seconds=2), (first, second)
 
 
+@pytest.mark.process
+def test_the_job_deadline_passing_during_a_backoff_fails_the_run_without_starting_the_attempt(tmp_path: Path) -> None:
+    """runPolicy.activeDeadlineSeconds passing while the attempt after a failure waits its backoff
+    (minutes here) ends the run then, DeadlineExceeded, the attempt never started: as the operator
+    fails the job at its deadline without making the attempt's Job."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPJOB_ATTEMPT_BACKOFF_SECONDS": "300"}
+    (tmp_path / "train.py").write_text("def (\n")  # attempt 0 cannot start: a SyntaxError
+    argv = mpjob_run(tmp_path, ["python", "train.py"])
+    doc = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    doc["spec"]["runPolicy"]["activeDeadlineSeconds"] = 20
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)  # the wait had 300 s
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    failed, due = report["attempts"]
+    assert result.returncode != 0 and report["phase"] == "Failed", result.stdout + result.stderr
+    assert (failed["reason"], due["reason"]) == ("InfraError", "DeadlineExceeded"), report["attempts"]
+    ended = datetime.fromisoformat(report["completionTime"]) - datetime.fromisoformat(report["startTime"])
+    assert timedelta(seconds=20) <= ended < timedelta(seconds=60), report
+    assert not (tmp_path / "out" / "attempts" / "a1").exists()  # never started
+
+
 def lines_until(said: queue.Queue[str], wanted: str, seconds: float) -> list[str]:
     """The lines `mpjob run` printed up to the first one that holds `wanted`, read within `seconds`."""
     lines: list[str] = []
