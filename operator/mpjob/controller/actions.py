@@ -27,8 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from mpjob.builders.attempt import attempt_job, attempt_name, attempt_service, labels
 from mpjob.builders.network_policy import attempt_network_policy
 from mpjob.builders.profile_token import job_profile_secret, job_token
@@ -36,7 +34,7 @@ from mpjob.controller import leftovers
 from mpjob.controller import metrics as om
 from mpjob.controller.bodies import adopt
 from mpjob.controller.cache import ChildCache, Observed
-from mpjob.controller.cluster import CONFLICT, Cluster, Refused, uid_of
+from mpjob.controller.cluster import Cluster, Refused, uid_of
 from mpjob.controller.config import OperatorConfig
 from mpjob.controller.records import Key
 from mpjob.controller.strays import StrayJobs
@@ -155,9 +153,8 @@ class Actions:
         if lc.made(plan, spec, start.index, created["metadata"]["uid"]):  # before its children are made: a
             try:  # restart knows what it leaves as ours
                 write_status(self.cluster, body, before, plan.status)
-            except ApiException as exc:
-                if exc.status == CONFLICT:  # another operator's write of the Job won: it tells the start
-                    del plan.started[said:]
+            except Exception:  # not known to hold (a 409: another operator's won; a 500, a timeout):
+                del plan.started[said:]  # the write that records the uid tells the start
                 raise
         owed = Owed(start.index, start.precision, created)
         self.owed.setdefault((namespace, name), {})[start.index] = owed

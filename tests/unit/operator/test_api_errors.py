@@ -279,3 +279,31 @@ def test_an_attempt_whose_uid_write_lost_to_another_write_is_said_started_by_the
     assert cluster.creates == 1 and cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
     assert [m for r, m in events if r == "AttemptStarted"] == ["attempt 0 in auto"]
     assert created_attempts() == before + 1
+
+
+def test_an_attempt_whose_uid_write_failed_for_now_is_said_and_counted_started_once(events: list) -> None:
+    """The write recording the Job's uid fails for now (a 500, the API server's etcd timing out):
+    it did not hold, so that reconcile says nothing; the next one finds the Job in the cache with
+    no uid recorded, records it and says the attempt started, once."""
+    cluster, writes, failing = FakeCluster(), [0], [api_error(500, "etcdserver: request timed out")]
+    patch_status = cluster.patch_status
+
+    def flaky_patch_status(namespace: str, name: str, status: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        writes[0] += 1
+        if writes[0] == 2 and failing:  # the reconcile's own write holds; the uid's does not
+            raise failing.pop()
+        return patch_status(namespace, name, status, **kwargs)
+
+    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        cluster.creates += 1
+        return owned(job, owner)
+
+    cluster.patch_status, cluster.create_job = flaky_patch_status, create_job  # type: ignore[method-assign]
+    made, before = reconciler(cluster), created_attempts()
+    with pytest.raises(Retry):
+        made.handle(("ns", "j"), False)
+    made.handle(("ns", "j"), False)  # the Job is in the cache; this write records its uid
+    made.handle(("ns", "j"), False)  # and nothing more is said
+    assert cluster.creates == 1 and cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
+    assert [m for r, m in events if r == "AttemptStarted"] == ["attempt 0 in auto"]
+    assert created_attempts() == before + 1
