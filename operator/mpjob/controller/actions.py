@@ -44,7 +44,7 @@ from mpjob.planning import status as st
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.planner import StartAttempt
-from mpjob.planning.status import status_patch
+from mpjob.planning.status import ConditionReason, ConditionType, status_patch
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
 log = logging.getLogger("mpjob.operator")
@@ -207,6 +207,32 @@ class Actions:
         owed.pop(index, None)
         if not owed:
             self.owed.pop(key, None)
+
+    def refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, message: str) -> MixedPrecisionJobStatus:
+        """The job whose spec the models refuse fails with `message`, cut as every message the
+        status holds (a problem may name the field or echo the value it refuses); the status
+        written. An attempt still running (the spec edited while it ran) ends with it, and once
+        that is written its Job goes (`_stop`): nothing runs for a job that failed, and no later
+        reconcile plans for it (its spec is refused, or its phase final)."""
+        failed, meta = old.model_copy(deep=True), body["metadata"]
+        failed.phase, failed.message = "Failed", message[:1024]
+        reason, newest = ConditionReason.INVALID_SPEC, old.attempts[-1].index if old.attempts else None
+        running = newest if newest is not None and history.current(old, newest) else None
+        if running is not None:
+            st.end_attempt(failed, running, reason, None, failed.message, failed.step, st.now())
+        st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=meta.get("generation"))
+        write_status(self.cluster, body, body.get("status") or {}, failed)
+        if running is not None:
+            self._stop(body, history.job_index(old, running))
+        return failed
+
+    def _stop(self, body: dict[str, Any], index: int) -> None:
+        """Delete attempt `index`'s Job, ours by UID as the cache holds it (its trainers checkpoint
+        on SIGTERM), once."""
+        meta = body["metadata"]
+        uid = self.cache.observe(meta["namespace"], meta["name"], meta["uid"]).uids.get(index)
+        if uid is not None and self.cluster.delete_job(meta["namespace"], meta["name"], index=index, uid=uid):
+            self.cache.removing(uid)
 
     def forget(self, key: Key) -> None:
         """The job `key` is gone, or another operator acts on it now: nothing is owed to its Jobs

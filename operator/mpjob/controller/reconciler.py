@@ -48,7 +48,6 @@ from mpjob.planning import status as st
 from mpjob.planning.backoff import RetryBackoff
 from mpjob.planning.plan import Event, Plan
 from mpjob.planning.reconcile import FINISHED, reconcile
-from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob.validation import spec_problems
 from mpjob_contract.api import MixedPrecisionJobSpec, MixedPrecisionJobStatus
 
@@ -265,18 +264,13 @@ class Reconciler:
         self.bodies.forget(key)
 
     def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
-        """A spec the models refuse: the job fails with the first problem (once), cut as every
-        message the status holds (a problem may name the field or echo the value it refuses),
-        and a Warning Event `Failed` says it, as every other failure does."""
+        """A spec the models refuse: the job fails with the first problem (once: `Actions.refuse_spec`,
+        which stops an attempt still running), and a Warning Event `Failed` says it, as every other
+        failure does."""
         if old.phase == "Failed":
             return
-        failed = old.model_copy(deep=True)
-        failed.phase, failed.message = "Failed", f"invalid spec: {spec_problems(exc)[0]}"[:1024]
-        generation = body["metadata"].get("generation")
-        reason = ConditionReason.INVALID_SPEC
-        st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=generation)
-        write_status(self.cluster, body, body.get("status") or {}, failed)
-        kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=failed.message)
+        failed = self.actions.refuse_spec(body, old, f"invalid spec: {spec_problems(exc)[0]}")
+        kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=failed.message or "")
 
     def _announce(self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan, read: list[Event]) -> None:
         """The plan's metrics and Events, and those of the reading (`read`), once the status that

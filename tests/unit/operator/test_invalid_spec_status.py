@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.operator.test_api_errors import FakeCluster, events, reconciler  # noqa: F401 (a fixture)
+from tests.unit.operator.test_api_errors import FakeCluster, events, owned, reconciler  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +62,31 @@ def test_an_invalid_spec_is_told_by_one_warning_event(events: list[tuple[str, st
     made.handle(("ns", "j"), False)
     assert events == [("Failed", cluster.body["status"]["message"])]
     assert events[0][1].startswith("invalid spec: spec.task.args.nLayer")
+
+
+def test_a_running_job_edited_to_an_invalid_spec_stops_its_attempt(events: list[tuple[str, str]]) -> None:  # noqa: F811
+    """A spec edit the CRD takes but the models refuse fails a job whose attempt runs: the
+    attempt ends with the job (its Job, ours by UID, is deleted: its trainers stop and
+    checkpoint on SIGTERM), not left running on its GPUs under a status that says Failed."""
+    cluster = FakeCluster()
+
+    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        cluster.creates += 1
+        return owned(job, owner)
+
+    cluster.create_job = create_job  # type: ignore[method-assign]
+    made = reconciler(cluster)
+    made.handle(("ns", "j"), False)
+    assert cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
+    cluster.body["spec"]["task"] = {"builtin": "mlp", "args": {"stepDelay": 0.05}}
+    cluster.body["metadata"]["generation"] = 2
+    made.bodies.offer(("ns", "j"), cluster.edited())
+    made.handle(("ns", "j"), False)
+    status = cluster.body["status"]
+    assert status["phase"] == "Failed" and status["message"].startswith("invalid spec: spec.task.args.stepDelay")
+    assert cluster.deleted == [("j-a0", "job-uid")]
+    attempt = status["attempts"][0]
+    assert attempt["finishTime"] and attempt["reason"] == "InvalidSpec"
+    made.handle(("ns", "j"), False)  # once
+    assert cluster.deleted == [("j-a0", "job-uid")]
+    assert [r for r, _ in events].count("Failed") == 1
