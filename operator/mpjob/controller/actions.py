@@ -211,9 +211,8 @@ class Actions:
     def refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, message: str) -> MixedPrecisionJobStatus:
         """The job whose spec the models refuse fails with `message`, cut as every message the
         status holds (a problem may name the field or echo the value it refuses); the status
-        written. An attempt still running (the spec edited while it ran) ends with it, and once
-        that is written its Job goes (`_stop`): nothing runs for a job that failed, and no later
-        reconcile plans for it (its spec is refused, or its phase final)."""
+        written. An attempt still running (the spec edited while it ran) ends with it; its Job
+        goes once that is written (`stop_refused`): nothing runs for a job that failed."""
         failed, meta = old.model_copy(deep=True), body["metadata"]
         failed.phase, failed.message = "Failed", message[:1024]
         reason, newest = ConditionReason.INVALID_SPEC, old.attempts[-1].index if old.attempts else None
@@ -222,16 +221,23 @@ class Actions:
             st.end_attempt(failed, running, reason, None, failed.message, failed.step, st.now())
         st.set_condition(failed, ConditionType.FAILED, True, reason, failed.message, generation=meta.get("generation"))
         write_status(self.cluster, body, body.get("status") or {}, failed)
-        if running is not None:
-            self._stop(body, history.job_index(old, running))
         return failed
 
-    def _stop(self, body: dict[str, Any], index: int) -> None:
-        """Delete attempt `index`'s Job, ours by UID as the cache holds it (its trainers checkpoint
-        on SIGTERM), once."""
-        meta = body["metadata"]
-        uid = self.cache.observe(meta["namespace"], meta["name"], meta["uid"]).uids.get(index)
-        if uid is not None and self.cluster.delete_job(meta["namespace"], meta["name"], index=index, uid=uid):
+    def stop_refused(self, body: dict[str, Any], status: MixedPrecisionJobStatus) -> None:
+        """Delete the Job of the attempt a refused spec ended (`refuse_spec`) while the cache shows
+        it, ours by UID (its trainers checkpoint on SIGTERM). Every reconcile of the failed job
+        asks (no plan is made for it: its spec is refused), so a delete that failed, or a restart
+        between the status write and the delete, still stops it; once deleted the cache shows it
+        removed, and it is not asked again."""
+        last = status.attempts[-1] if status.attempts else None
+        if last is None or last.reason != ConditionReason.INVALID_SPEC:
+            return
+        meta, index = body["metadata"], history.job_index(status, last.index)
+        seen = self.cache.observe(meta["namespace"], meta["name"], meta["uid"])
+        uid = seen.uids.get(index)
+        if index not in seen.jobs or uid is None:
+            return
+        if self.cluster.delete_job(meta["namespace"], meta["name"], index=index, uid=uid):
             self.cache.removing(uid)
 
     def forget(self, key: Key) -> None:

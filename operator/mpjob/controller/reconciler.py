@@ -264,13 +264,13 @@ class Reconciler:
         self.bodies.forget(key)
 
     def _refuse_spec(self, body: dict[str, Any], old: MixedPrecisionJobStatus, exc: ValidationError) -> None:
-        """A spec the models refuse: the job fails with the first problem (once: `Actions.refuse_spec`,
-        which stops an attempt still running), and a Warning Event `Failed` says it, as every other
-        failure does."""
-        if old.phase == "Failed":
-            return
-        failed = self.actions.refuse_spec(body, old, f"invalid spec: {spec_problems(exc)[0]}")
-        kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=failed.message or "")
+        """A spec the models refuse: the job fails with the first problem (once: `Actions.refuse_spec`),
+        a Warning Event `Failed` says it, as every other failure does, and the Job of an attempt
+        it ended goes (`Actions.stop_refused`: asked again at each reconcile until it has)."""
+        if old.phase != "Failed":
+            old = self.actions.refuse_spec(body, old, f"invalid spec: {spec_problems(exc)[0]}")
+            kopf.event(cast(kopf.Body, body), type="Warning", reason="Failed", message=old.message or "")
+        self.actions.stop_refused(body, old)
 
     def _announce(self, body: dict[str, Any], old: MixedPrecisionJobStatus, plan: Plan, read: list[Event]) -> None:
         """The plan's metrics and Events, and those of the reading (`read`), once the status that

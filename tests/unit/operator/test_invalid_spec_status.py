@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
+from mpjob.controller.workqueue import Retry
 from tests.unit.operator.test_api_errors import FakeCluster, events, owned, reconciler  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
@@ -64,24 +66,44 @@ def test_an_invalid_spec_is_told_by_one_warning_event(events: list[tuple[str, st
     assert events[0][1].startswith("invalid spec: spec.task.args.nLayer")
 
 
-def test_a_running_job_edited_to_an_invalid_spec_stops_its_attempt(events: list[tuple[str, str]]) -> None:  # noqa: F811
+@pytest.mark.parametrize("refused_first", [False, True], ids=["deleted", "delete-refused-first"])
+def test_a_running_job_edited_to_an_invalid_spec_stops_its_attempt(
+    events: list[tuple[str, str]],  # noqa: F811
+    refused_first: bool,
+) -> None:
     """A spec edit the CRD takes but the models refuse fails a job whose attempt runs: the
     attempt ends with the job (its Job, ours by UID, is deleted: its trainers stop and
-    checkpoint on SIGTERM), not left running on its GPUs under a status that says Failed."""
-    cluster = FakeCluster()
+    checkpoint on SIGTERM), not left running on its GPUs under a status that says Failed. A
+    delete refused for now (a 500) is asked again at the failed job's next reconcile; once done,
+    never again."""
+    cluster, asked = FakeCluster(), []
 
     def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
         cluster.creates += 1
         return owned(job, owner)
 
+    def delete_job(namespace: str, job: str, *, index: int, uid: str) -> bool:
+        asked.append((f"{job}-a{index}", uid))
+        if refused_first and len(asked) == 1:
+            raise ApiException(status=500, reason="etcdserver: request timed out")
+        cluster.deleted.append((f"{job}-a{index}", uid))
+        return True
+
     cluster.create_job = create_job  # type: ignore[method-assign]
+    cluster.delete_job = delete_job  # type: ignore[method-assign]
     made = reconciler(cluster)
     made.handle(("ns", "j"), False)
     assert cluster.body["status"]["attempts"][0]["jobUid"] == "job-uid"
     cluster.body["spec"]["task"] = {"builtin": "mlp", "args": {"stepDelay": 0.05}}
     cluster.body["metadata"]["generation"] = 2
     made.bodies.offer(("ns", "j"), cluster.edited())
-    made.handle(("ns", "j"), False)
+    if refused_first:
+        with pytest.raises(Retry):
+            made.handle(("ns", "j"), False)
+        assert cluster.deleted == [] and cluster.body["status"]["phase"] == "Failed"
+        made.handle(("ns", "j"), False)  # the retry: the job is Failed, its Job still there
+    else:
+        made.handle(("ns", "j"), False)
     status = cluster.body["status"]
     assert status["phase"] == "Failed" and status["message"].startswith("invalid spec: spec.task.args.stepDelay")
     assert cluster.deleted == [("j-a0", "job-uid")]
