@@ -80,6 +80,13 @@ class Quarantine:
         """Is optimizer step `step` (0-based) skipped whole (its loop could not name samples)?"""
         return step in self._whole_steps
 
+    def served_again(self, cause: SkipCause) -> set[int]:
+        """The skipped steps a step judged for `cause` must not be: its re-run could only have served
+        quarantined samples again. For bad data every skipped step (as judged, its bad samples are out); for a
+        spike those skipped with all their samples (a spike's, or whole): one skipped for bad data, narrowed by
+        the screen to some, still trains on the rest, which may spike."""
+        return {r.step for r in self.records if cause == "data" or r.cause == "spike" or not r.samples}
+
     # ---------------------------------------------------------------- the rung adds
     def add(self, step: int, cause: SkipCause, samples: Iterable[int] = (), *, whole: int = 0) -> SkipRecord:
         """Skip step `step`: its `samples`, or (none named) the step whole, which held `whole` samples."""

@@ -227,12 +227,12 @@ class DataRung:
     def _skip(
         self, steps: list[int], cause: SkipCause, *, step: int, state: TrainingState, checkpoints: Checkpointer
     ) -> Exception | None:
-        already = self.quarantine.steps
-        if cause == "data" and set(steps) & set(already):
-            why = f"step {describe_steps(steps[:1])} is non-finite in fp32 again after it was skipped: the loop "
+        if again := sorted(set(steps) & self.quarantine.served_again(cause)):
+            seen = "is non-finite in fp32" if cause == "data" else "spikes"
+            why = f"step {describe_steps(again[:1])} {seen} again after it was skipped: the loop "
             why += "does not leave quarantined samples out (run.quarantined, docs/sdk.md), so skipping cannot help"
             return self._ended(NonFiniteInFp32(why))
-        if len(already) + len(steps) > self.spec.max_skipped_steps:
+        if len(already := self.quarantine.steps) + len(steps) > self.spec.max_skipped_steps:
             shown = describe_steps([*already, *steps])
             why = f"{cause} at step(s) {shown}: more than guard.maxSkippedSteps={self.spec.max_skipped_steps} "
             why += "steps to skip; the data or the model is at fault, not the precision"
