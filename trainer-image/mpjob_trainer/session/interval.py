@@ -10,7 +10,8 @@ all-reduced at the next interval instead, so every rank stops at the same step).
 
 Re-promotion (launch.repromoteAfterSteps, fallback attempts only) counts clean steps since
 the last interval that saw numeric trouble; it is decided at checkpoint steps before the
-last, because it ends the attempt with a checkpoint to resume the faster precision from.
+last that SIGTERM does not stop at, because it ends the attempt with a checkpoint to resume the
+faster precision from.
 """
 
 from __future__ import annotations
@@ -162,11 +163,13 @@ class IntervalWork:
         self, step: int, due: Due, stop: bool, *, state: TrainingState, checkpoints: Checkpointer
     ) -> Exception | None:
         """A healthy interval's end: checkpoint, then Repromote or Preempted when due (neither at the
-        last step: its checkpoint is the run's final one, and no later attempt has a step to train)."""
+        last step: its checkpoint is the run's final one, and no later attempt has a step to train).
+        A stop outranks a re-promotion due at the same step: one made in place (session.skipping)
+        would train on past it, toward the kill at the end of the pod's grace period."""
         numerics, guard = self.numerics, self.numerics.guard
         if not guard.healthy():
             self.cadence.trouble(step)
-        promote = due.checkpoint and self.cadence.repromote_due(step)
+        promote = due.checkpoint and not stop and self.cadence.repromote_due(step)
         if not (due.checkpoint or stop):
             checkpoints.reserve(lambda: self._capture(step, state))  # the first save's buffers, ahead
         if due.checkpoint or stop:
