@@ -92,7 +92,7 @@ class NumericGuard:
         self.forgiven = 0  # the most a rank counted before the last rollback (session.skipping): not held
         self._forgiven_here = torch.zeros((), dtype=torch.int64, device=device)  # this rank's own (see rewind)
         self._applied = False
-        self._last_loss: float | None = None
+        self._last_loss: tuple[float, int] | None = None  # and the step it was read at
         self._stagnant_since: int | None = None
         # Since the last good checkpoint (mark_good): 0-based optimizer step indexes, -1 = none.
         self._first_non_finite = torch.full((), -1, dtype=torch.int64, device=device)
@@ -230,21 +230,21 @@ class NumericGuard:
         return self._stagnated(step, loss, grad_norm)
 
     def _stagnated(self, step: int, loss: float | None, grad_norm: float | None) -> NumericFault | None:
+        """Stuck since the first read that shows it: a loss read as at the previous read stood from that read on."""
         if self.spec.stagnation_steps > 0 and loss is not None:
-            stuck = (self._last_loss is not None and abs(loss - self._last_loss) <= 1e-7 * max(1.0, abs(loss))) or (
-                grad_norm is not None and grad_norm == 0.0
-            )
-            if not stuck:
+            last = self._last_loss
+            same = last is not None and abs(loss - last[0]) <= 1e-7 * max(1.0, abs(loss))
+            if not (same or (grad_norm is not None and grad_norm == 0.0)):
                 self._stagnant_since = None
             elif self._stagnant_since is None:
-                self._stagnant_since = step
+                self._stagnant_since = last[1] if last is not None and same else step
             elif step - self._stagnant_since >= self.spec.stagnation_steps:
                 return NumericFault(
                     GuardRule.STAGNATION,
                     f"loss or gradients stuck since step {self._stagnant_since} "
                     f"(guard.stagnationSteps={self.spec.stagnation_steps})",
                 )
-            self._last_loss = loss
+            self._last_loss = (loss, step)
         return None
 
     def start_at(self, step: int) -> None:

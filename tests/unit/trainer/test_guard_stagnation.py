@@ -1,0 +1,49 @@
+"""guard.stagnationSteps: a loss or gradients stuck that many steps end the precision. The guard
+sees the loss at its reads only, so a loss read twice the same was stuck from the first of the
+two reads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mpjob_contract.api import Guard
+from mpjob_trainer.distributed import World
+from mpjob_trainer.errors import NumericFault
+from mpjob_trainer.guard import NumericGuard
+
+pytestmark = pytest.mark.unit
+
+CPU = torch.device("cpu")
+
+
+def guard(**spec: object) -> NumericGuard:
+    return NumericGuard(Guard.model_validate(spec), CPU, World(rank=0, size=1, local_rank=0))
+
+
+def read_at(g: NumericGuard, step: int, loss: float, grad_norm: float = 1.0) -> NumericFault | None:
+    """The read at 1-based step `step` after a clean applied step, and what it finds."""
+    g.begin_step()
+    g.observe_loss(torch.tensor(loss))
+    g.optimizer_stepped()
+    g.end_step(step, uses_scaler=False)
+    return g.check(step, g.read(None), loss, grad_norm)
+
+
+def test_a_loss_read_the_same_twice_is_stuck_since_the_first_of_the_two_reads() -> None:
+    g = guard(stagnationSteps=20)
+    assert read_at(g, 10, 3.0) is None
+    assert read_at(g, 20, 2.0) is None  # the loss stays 2.0 from here on
+    assert read_at(g, 30, 2.0) is None  # stuck 10 steps
+    fault = read_at(g, 40, 2.0)  # stuck 20 steps: guard.stagnationSteps
+    assert fault is not None and fault.rule == "Stagnation"
+    assert str(fault) == "loss or gradients stuck since step 20 (guard.stagnationSteps=20)"
+
+
+def test_zero_gradients_are_stuck_since_the_first_read_that_sees_them() -> None:
+    g = guard(stagnationSteps=20)
+    assert read_at(g, 10, 3.0) is None
+    assert read_at(g, 20, 2.0, 0.0) is None
+    assert read_at(g, 30, 1.0, 0.0) is None
+    fault = read_at(g, 40, 0.5, 0.0)
+    assert fault is not None and str(fault) == "loss or gradients stuck since step 20 (guard.stagnationSteps=20)"
