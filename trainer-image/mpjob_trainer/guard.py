@@ -257,12 +257,12 @@ class NumericGuard:
         self._first_non_finite.fill_(-1)
 
     def rewind(self, step: int) -> None:
-        """The state was rolled back to `step` (0-based index; session.skipping): trouble, and the
-        non-finite count the guard checks, are counted from there again. Those of the rolled-back
-        steps are forgiven as counted now, on the device (a fault seen at a step's end, not at a
-        read, leaves some unread), each rank its own: a bad sample skipped on one rank forgives
-        nothing of another's losses. A collective, as every rollback is."""
+        """The state was rolled back to `step` (0-based index; session.skipping): trouble, the non-finite count
+        the guard checks and a stuck loss are counted from there again. Those of the rolled-back steps are
+        forgiven as counted now, on the device (a fault seen at a step's end, not at a read, leaves some unread),
+        each rank its own: a bad sample skipped on one rank forgives nothing of another's losses. A collective."""
         self.consecutive_overflows = 0
+        self._last_loss = self._stagnant_since = None  # as a restarted attempt, not the rolled-back steps' reads
         counted = all_reduce_max(self._non_finite.to(torch.float64), self.world)
         self.forgiven = int(counted.item())  # those of the rolled-back steps no longer count
         self._forgiven_here = self._non_finite.clone()  # on each rank, its own

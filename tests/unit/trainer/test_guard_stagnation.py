@@ -1,6 +1,6 @@
 """guard.stagnationSteps: a loss or gradients stuck that many steps end the precision. The guard
 sees the loss at its reads only, so a loss read twice the same was stuck from the first of the
-two reads."""
+two reads; a rollback in place counts the stuck steps from the rewound step again."""
 
 from __future__ import annotations
 
@@ -47,3 +47,20 @@ def test_zero_gradients_are_stuck_since_the_first_read_that_sees_them() -> None:
     assert read_at(g, 30, 1.0, 0.0) is None
     fault = read_at(g, 40, 0.5, 0.0)
     assert fault is not None and str(fault) == "loss or gradients stuck since step 20 (guard.stagnationSteps=20)"
+
+
+def test_a_rollback_in_place_counts_the_stuck_steps_from_the_rewound_step_again() -> None:
+    """Gradients stuck from step 30, rolled back to step 10 (an in-place recovery): the steps
+    run again are stuck from the re-run read at step 20, as a restarted attempt would count them,
+    not from step 30 of the rolled-back run."""
+    g = guard(stagnationSteps=30)
+    assert read_at(g, 10, 4.0) is None
+    assert read_at(g, 20, 3.0) is None
+    assert read_at(g, 30, 2.0, 0.0) is None
+    assert read_at(g, 40, 2.5, 0.0) is None
+    g.rewind(10)
+    assert read_at(g, 20, 3.5, 0.0) is None
+    assert read_at(g, 30, 1.5, 0.0) is None
+    assert read_at(g, 40, 1.0, 0.0) is None
+    fault = read_at(g, 50, 0.5, 0.0)
+    assert fault is not None and str(fault) == "loss or gradients stuck since step 20 (guard.stagnationSteps=30)"
