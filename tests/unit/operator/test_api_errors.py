@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -206,6 +207,16 @@ def test_an_attempt_whose_job_is_made_after_a_transient_error_is_said_and_counte
     assert created_attempts() == before + 1
 
 
+def counting_creates(cluster: FakeCluster) -> Callable[..., dict[str, Any]]:
+    """A create_job that makes every Job it is asked for, owned by the job, counted in `cluster.creates`."""
+
+    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
+        cluster.creates += 1
+        return owned(job, owner)
+
+    return create_job
+
+
 def owned(job: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     """`job` as the API server answers its create: with its uid, owned by the job `owner`."""
     ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": "j", "uid": "mpj-uid", "controller": True}
@@ -219,11 +230,7 @@ def test_an_attempt_whose_job_is_made_before_its_service_fails_is_said_and_count
         if failing:
             raise failing.pop()
 
-    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
-        cluster.creates += 1
-        return owned(job, owner)
-
-    cluster.create_service, cluster.create_job = create_service, create_job  # type: ignore[method-assign]
+    cluster.create_service, cluster.create_job = create_service, counting_creates(cluster)  # type: ignore[method-assign]
     made, before = reconciler(cluster), created_attempts()
     with pytest.raises(Retry):
         made.handle(("ns", "j"), False)  # its Job made and recorded, its Service refused for now
@@ -294,11 +301,7 @@ def test_an_attempt_whose_uid_write_failed_for_now_is_said_and_counted_started_o
             raise failing.pop()
         return patch_status(namespace, name, status, **kwargs)
 
-    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
-        cluster.creates += 1
-        return owned(job, owner)
-
-    cluster.patch_status, cluster.create_job = flaky_patch_status, create_job  # type: ignore[method-assign]
+    cluster.patch_status, cluster.create_job = flaky_patch_status, counting_creates(cluster)  # type: ignore[method-assign]
     made, before = reconciler(cluster), created_attempts()
     with pytest.raises(Retry):
         made.handle(("ns", "j"), False)

@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from mpjob.controller.workqueue import Retry
-from tests.unit.operator.test_api_errors import FakeCluster, events, owned, reconciler  # noqa: F401 (a fixture)
+from tests.unit.operator.test_api_errors import FakeCluster, counting_creates, events, reconciler  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.unit
 
@@ -78,10 +78,6 @@ def test_a_running_job_edited_to_an_invalid_spec_stops_its_attempt(
     never again."""
     cluster, asked = FakeCluster(), []
 
-    def create_job(job: dict[str, Any], *, owner: dict[str, Any]) -> dict[str, Any]:
-        cluster.creates += 1
-        return owned(job, owner)
-
     def delete_job(namespace: str, job: str, *, index: int, uid: str) -> bool:
         asked.append((f"{job}-a{index}", uid))
         if refused_first and len(asked) == 1:
@@ -89,7 +85,7 @@ def test_a_running_job_edited_to_an_invalid_spec_stops_its_attempt(
         cluster.deleted.append((f"{job}-a{index}", uid))
         return True
 
-    cluster.create_job = create_job  # type: ignore[method-assign]
+    cluster.create_job = counting_creates(cluster)  # type: ignore[method-assign]
     cluster.delete_job = delete_job  # type: ignore[method-assign]
     made = reconciler(cluster)
     made.handle(("ns", "j"), False)
