@@ -7,8 +7,8 @@ from datetime import datetime
 
 from mpjob.planning import repeat
 from mpjob.planning.history import KEEP_FIRST
-from mpjob.planning.status import FINISHED, WAITS, ConditionReason, ConditionType, moment
-from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobStatus
+from mpjob.planning.status import FINISHED, WAITS, ConditionReason, ConditionType, failed_condition, moment
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 from mpjob_contract.skipping import Skipped, describe_ranges, describe_steps
 
@@ -50,10 +50,6 @@ def refused_lines(status: MixedPrecisionJobStatus) -> list[str]:
     if status.phase != "Failed" or status.attempts or failed is None or not failed.message:
         return []
     return [f"  failed: {one_line(failed.message)}"]
-
-
-def failed_condition(status: MixedPrecisionJobStatus) -> Condition | None:
-    return next((c for c in status.conditions if c.type == "Failed" and c.status == "True"), None)
 
 
 #: Conditions (type, status) that say why a job that has not ended waits, or what goes wrong while it runs.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mpjob.planning import lifecycle as lc
-from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob.planning.status import ConditionReason, ConditionType, failed_condition
 from mpjob_contract.api import CheckpointStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
 
@@ -50,7 +50,7 @@ def fix_line(status: MixedPrecisionJobStatus) -> str | None:
     """What a run that failed on its configuration error says after its summary: how to go on
     once it is fixed, or, when a rerun found no attempt left, its Failed condition's message
     (raise runPolicy.maxAttempts), which no attempt's line holds; None when it did not."""
-    failed = next((c for c in status.conditions if c.type == ConditionType.FAILED and c.status == "True"), None)
+    failed = failed_condition(status)
     if not reopens(status) or failed is None:
         return None
     if failed.reason != Reason.CONFIG_ERROR:  # `reopen` found none left: the summary says only its reason

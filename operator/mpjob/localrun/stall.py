@@ -26,7 +26,7 @@ from mpjob.builders.attempt import TERMINATION_GRACE_SECONDS
 from mpjob.localrun.workers import Workers
 from mpjob.planning import cutoff
 from mpjob.planning.classify import AttemptOutcome
-from mpjob.planning.endings import past_deadline
+from mpjob.planning.endings import past_deadline, stopped_by
 from mpjob.planning.observe import moved
 from mpjob.planning.status import deadline_left
 from mpjob_contract import events
@@ -64,8 +64,7 @@ class StallWatch:
         self._done.set()
         if self.why is None:
             return outcome
-        report = outcome.report.model_copy(update={"message": ""}) if outcome.report is not None else None
-        return AttemptOutcome(None, report=report, platform_reason=Reason.STALLED.value, message=self.why)
+        return stopped_by(AttemptOutcome(None, platform_reason=Reason.STALLED.value, message=self.why), outcome)
 
     def check(self) -> bool:
         """Stop the workers if their step has stood still past the deadline; whether the watch is

@@ -37,18 +37,17 @@ def wait_out(
     while not ctrl_c.stop_asked():
         now = datetime.now(UTC)
         wait = backoff.held(Plan(status=status), When(st.stamp(now)), retries, now)
-        deadline = st.until_deadline(spec, status, now)
-        if wait is None or (deadline is not None and deadline <= 0):
+        if wait is None or st.deadline_passed(spec, status, now):
             return
         if wait.message != said:
             view.info(wait.message)
             save()
             said = wait.message
+        deadline = st.until_deadline(spec, status, now)
         ctrl_c.pause(wait.left(now) if deadline is None else min(wait.left(now), deadline))
 
 
 def past_due(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus) -> AttemptOutcome | None:
     """The ending of the next attempt, not started: the job's deadline passed while it waited (None:
     it starts), as the operator ends a job whose deadline passed without making the attempt's Job."""
-    left = st.until_deadline(spec, status, datetime.now(UTC))
-    return DEADLINE_EXCEEDED if left is not None and left <= 0 else None
+    return DEADLINE_EXCEEDED if st.deadline_passed(spec, status, datetime.now(UTC)) else None

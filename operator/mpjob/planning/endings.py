@@ -131,10 +131,16 @@ def outcome_of(job: JobView) -> AttemptOutcome:
 
 def past_deadline(told: AttemptOutcome) -> AttemptOutcome:
     """The ending of an attempt stopped at runPolicy.activeDeadlineSeconds whose trainers told
-    `told`: the deadline's, with their report (the step they stopped at, the checkpoint they wrote
-    on SIGTERM: progress seen), less its message (the deadline, not the SIGTERM, ended it)."""
+    `told` (`stopped_by`)."""
+    return stopped_by(DEADLINE_EXCEEDED, told)
+
+
+def stopped_by(ending: AttemptOutcome, told: AttemptOutcome) -> AttemptOutcome:
+    """`ending` (the operator's own: a deadline, a stall) of an attempt whose trainers told `told`
+    once stopped: with their report (the step they stopped at, the checkpoint they wrote on
+    SIGTERM: progress seen), less its message (`ending`, not the SIGTERM, ended it)."""
     report = told.report
-    return replace(DEADLINE_EXCEEDED, report=report.model_copy(update={"message": ""}) if report else None)
+    return replace(ending, report=report.model_copy(update={"message": ""}) if report else None)
 
 
 def _told(job: JobView) -> AttemptOutcome:

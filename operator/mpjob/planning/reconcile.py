@@ -72,7 +72,7 @@ def reconcile(
     elif status.attempts[-1].finish_time is None:
         if _changes_ended(plan, spec, changes, when):
             pass  # one ended the job: its Job goes
-        elif _past_deadline(spec, status, now):  # the attempt the trainer went on in, if it changed
+        elif st.deadline_passed(spec, status, now):  # the attempt the trainer went on in, if it changed
             _deadline(plan, spec, jobs, when)
         else:
             _follow_running(plan, spec, jobs, when, lingering=lingering, stopped=stopped or {}, fits=fits,
@@ -159,10 +159,6 @@ def _expire(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], n
     done = st.moment(plan.status.completion_time)
     if ttl is not None and done is not None and now >= done + timedelta(seconds=ttl):
         plan.delete = sorted(jobs)
-
-
-def _past_deadline(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> bool:
-    return (left := st.until_deadline(spec, status, now)) is not None and left <= 0
 
 
 def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], when: When) -> None:

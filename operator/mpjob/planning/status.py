@@ -140,10 +140,20 @@ def until_deadline(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus,
     return deadline - (now - started).total_seconds()
 
 
+def deadline_passed(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> bool:
+    """Has runPolicy.activeDeadlineSeconds passed (`until_deadline`)?"""
+    return (left := until_deadline(spec, status, now)) is not None and left <= 0
+
+
 def deadline_left(spec: MixedPrecisionJobSpec, status: MixedPrecisionJobStatus, now: datetime) -> int | None:
     """What is left of runPolicy.activeDeadlineSeconds for a new attempt's Job (at least 1 s)."""
     left = until_deadline(spec, status, now)
     return None if left is None else max(1, math.ceil(left))
+
+
+def failed_condition(status: MixedPrecisionJobStatus) -> Condition | None:
+    """The job's Failed condition when it holds (status True), else None."""
+    return next((c for c in status.conditions if c.type == ConditionType.FAILED and c.status == "True"), None)
 
 
 def set_condition(
