@@ -60,10 +60,14 @@ class QualityGate:
         self.spec = spec
         self.world = world
         self.device = device
-        self.over = 0  # evaluations in a row above maxLossDelta, in the attempt `_attempt`
         self._attempt = 0
-        #: (step, above maxLossDelta?) of the attempt's evaluations, in step order (`judge`).
+        #: (step, above maxLossDelta?) of the attempt `_attempt`'s evaluations, in step order (`judge`).
         self._judged: list[tuple[int, bool]] = []
+
+    @property
+    def over(self) -> int:
+        """Evaluations in a row above maxLossDelta, up to the last judged."""
+        return next((n for n, (_, over) in enumerate(reversed(self._judged)) if not over), len(self._judged))
 
     def due(self, step: int) -> bool:
         return self.spec.every_steps > 0 and step % self.spec.every_steps == 0
@@ -75,7 +79,7 @@ class QualityGate:
         `attempt`: which attempt begun in these processes it judges (Cadence.begun); a new one
         (a fallback in place) counts its evaluations in a row from none, as a restarted one does."""
         if attempt != self._attempt:
-            self.over, self._attempt, self._judged = 0, attempt, []
+            self._attempt, self._judged = attempt, []
         evaluation = self.measure(step, precision)
         metrics.evaluated(evaluation.loss, evaluation.loss_fp32, evaluation.delta, evaluation.seconds)
         log(
@@ -111,7 +115,6 @@ class QualityGate:
         limit = self.spec.max_loss_delta
         judged = [seen for seen in self._judged if seen[0] < evaluation.step]
         self._judged = [*judged, (evaluation.step, evaluation.delta > limit)]
-        self.over = next((n for n, (_, over) in enumerate(reversed(self._judged)) if not over), len(self._judged))
         if self.over < IN_A_ROW:
             return None
         return NumericFault(
