@@ -241,8 +241,7 @@ def _told(job: JobView) -> TerminationReport | None:
     stops), the first valid report of its peers, with what the others agree on (`with_peers`).
     The ranks make their changes in place together, so each report lists them all; taken from the
     lost pod alone, nothing was heard, and the next attempt resumed in the precision that faulted."""
-    said = outcome_of(job).report
-    reports = valid_reports(job.pods)
-    if said is not None or not reports:
+    if (said := outcome_of(job).report) is not None:
         return said
-    return with_peers(reports[0], reports)
+    reports = valid_reports(job.pods)  # read again only when the explaining pod left none
+    return with_peers(reports[0], reports) if reports else None
