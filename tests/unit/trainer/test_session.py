@@ -223,6 +223,10 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
         (lambda run: _close_one(run, loss=torch.ones(8)), "end_step(loss=a tensor of shape (8,)): the loss"),
         (lambda run: _close_one(run, loss=[0.5]), "end_step(loss=a list): the loss"),
+        # A checkpoint holding a data position that is no count is refused by every resume.
+        (lambda run: _close_one(run, samples=12.5), "end_step(samples=12.5): samples is the number of samples"),
+        (lambda run: _close_one(run, samples=-8), "end_step(samples=-8): samples is the number of samples"),
+        (lambda run: _close_one(run, samples=torch.tensor(8)), "end_step(samples=tensor(8)): samples is the"),
         (lambda run: run.adamw(nn.ReLU(), lr=0.1, weight_decay=0.0), "adamw(ReLU): the model has no trainable"),
         (lambda run: run.step(nn.Linear(4, 1)), "step(Linear): step() takes the torch.optim.Optimizer to step"),
         (lambda run: run.step(_sgd(), clip_norm=-1.0), "step(clip_norm=-1.0): clip_norm is a gradient norm"),

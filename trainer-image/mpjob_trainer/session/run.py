@@ -46,7 +46,7 @@ from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.replay import LiveWeights
 from mpjob_trainer.session.setup import SetUpCalls
 from mpjob_trainer.session.state import TrainingState, seed_everything
-from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction
+from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, step_samples
 
 
 class Session(SetUpCalls, StopCalls):
@@ -242,7 +242,7 @@ class Session(SetUpCalls, StopCalls):
         if self._rung.machine.phase is not Phase.REENTERING:  # re-entered: it goes on from a checkpoint's step
             self._intervals.cadence.follows(self._step, step)
         self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm, loss_samples=loss_samples)
-        state.samples += samples or 0
+        state.samples += step_samples(samples)
         self._rung.step_samples = samples or self._rung.step_samples
         rung, checkpoints = self._rung, self._checkpoints
         end = rung.closing(step, loss, samples, close=self._close_step, state=state, checkpoints=checkpoints)

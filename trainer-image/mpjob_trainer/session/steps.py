@@ -36,6 +36,20 @@ StepFunction = Callable[[int], None]
 SamplesFunction = Callable[[int], list[int]]
 
 
+def step_samples(samples: object) -> int:
+    """end_step's `samples` (None: 0), the step's samples across all ranks: an integer >= 0, else a
+    ConfigError at the call: `samples_seen` adds it, and a checkpoint holding a data position that
+    is no count is refused by every resume (the attempt would start over)."""
+    if samples is None:
+        return 0
+    if not (isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0):
+        raise ConfigError(
+            f"end_step(samples={samples!r}): samples is the number of samples the step trained on across all "
+            "ranks (run.samples_seen, the data position a resume restores, adds it): an integer >= 0, or None"
+        )
+    return samples
+
+
 class AppliedSteps:
     """Optimizer steps actually applied (GradScaler skips overflowing ones); `before`: run as each
     watched optimizer's step pre-hook (StepNumerics: is this step the session's own?)."""
