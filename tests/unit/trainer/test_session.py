@@ -175,14 +175,14 @@ def _sgd() -> torch.optim.SGD:
     return torch.optim.SGD(nn.Linear(4, 1).parameters(), lr=0.1)
 
 
-def _close_one(run: mpjob.Session, **end: Any) -> None:
-    """Train and close step 1 (end_step with `end`)."""
+def _close_one(run: mpjob.Session, step: Any = 1, **end: Any) -> None:
+    """Train and close step 1 (end_step with `end`; `step`: the number the loop gives it)."""
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     run.resume(model=model, optimizer=optimizer)
     run.backward(model(torch.randn(8, 4)).pow(2).mean())
     run.step(optimizer)
-    run.end_step(1, **end)
+    run.end_step(step, **end)
 
 
 def _report(launch: AttemptLaunch) -> TerminationReport:
@@ -223,6 +223,11 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
         (lambda run: _close_one(run, loss=torch.ones(8)), "end_step(loss=a tensor of shape (8,)): the loss"),
         (lambda run: _close_one(run, loss=[0.5]), "end_step(loss=a list): the loss"),
+        # A step number that is no int ended the attempt an InfraError from deep inside (a JSON line,
+        # a checkpoint's folder name), retried as the platform's fault.
+        (lambda run: _close_one(run, 1.0), "end_step(1.0): a step is an int (a float here), "),
+        (lambda run: _close_one(run, torch.tensor(1)), "end_step(tensor(1)): a step is an int (a Tensor here)"),
+        (lambda run: run.stop_early(5.5), "stop_early(5.5): a step is an int (a float here)"),
         # A checkpoint holding a data position that is no count is refused by every resume.
         (lambda run: _close_one(run, samples=12.5), "end_step(samples=12.5): samples is the number of samples"),
         (lambda run: _close_one(run, samples=-8), "end_step(samples=-8): samples is the number of samples"),

@@ -24,6 +24,16 @@ if TYPE_CHECKING:  # session.interval's Cadence holds the EarlyStop
 STOPPED_EARLY = "stoppedEarly"
 
 
+def whole_step(call: str, step: object) -> None:
+    """An optimizer step's number is an int (a numpy integer, a tensor or a float would reach the
+    event lines and the checkpoints' folder names, and fail there): else a ConfigError naming `call`."""
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ConfigError(
+            f"{call}({step!r}): a step is an int (a {type(step).__name__} here), the 1-based number of an "
+            "optimizer step; pass int(step)"
+        )
+
+
 class EarlyStop:
     """The step a run stopped early after (None: it did not); one of the session's own stateful parts."""
 
@@ -65,6 +75,7 @@ class StopCalls:
         """The loop stops after step `step` (1-based), short of spec.training.steps, on its own
         decision: call it before `end_step(step)`, whose checkpoint is then the run's last and
         records the stop. At spec.training.steps it changes nothing: the run ends there anyway."""
+        whole_step("stop_early", step)
         if not self._step < step <= self.total_steps:
             raise ConfigError(
                 f"stop_early({step}): the loop can stop after a step it has not closed yet (it closed {self._step}), "

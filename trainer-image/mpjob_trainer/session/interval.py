@@ -29,7 +29,7 @@ from mpjob_trainer.checkpoint import CheckpointTaken
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
-from mpjob_trainer.session.early_stop import EarlyStop
+from mpjob_trainer.session.early_stop import EarlyStop, whole_step
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import QualityGate
 from mpjob_trainer.session.state import TrainingState
@@ -88,10 +88,12 @@ class Cadence:
         every = self.spec.checkpoint.every_steps
         return step - (step - 1) // every * every
 
-    def follows(self, last: int, step: int) -> None:
+    def follows(self, last: int, step: int, *, reentering: bool = False) -> None:
         """May the loop close step `step` after step `last` (resume's start step at first)? Else the
-        checkpoints would hold weights under another step's number, and the last one never."""
-        if not last < step <= self.total:
+        checkpoints would hold weights under another step's number, and the last one never. A loop
+        `reentering` goes on from a checkpoint's step: only the number's kind is checked then."""
+        whole_step("end_step", step)
+        if not reentering and not last < step <= self.total:
             raise ConfigError(
                 f"end_step({step}): optimizer steps are numbered from 1 to spec.training.steps={self.total} and "
                 f"each is closed once, counting up: after step {last} the next is {last + 1}"

@@ -239,8 +239,7 @@ class Session(SetUpCalls, StopCalls):
         `lr`, `grad_norm` (before clipping, unscaled), `loss_samples` (this rank's samples `loss`
         covers): to report when the loop steps its optimizer and runs backward itself."""
         state = self._training(f"end_step({step})")
-        if self._rung.machine.phase is not Phase.REENTERING:  # re-entered: it goes on from a checkpoint's step
-            self._intervals.cadence.follows(self._step, step)
+        self._intervals.cadence.follows(self._step, step, reentering=self._rung.machine.phase is Phase.REENTERING)
         self._numerics.tally.stepped_elsewhere(lr=lr, grad_norm=grad_norm, loss_samples=loss_samples)
         state.samples += step_samples(samples)
         self._rung.step_samples = samples or self._rung.step_samples
