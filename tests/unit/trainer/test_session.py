@@ -223,6 +223,9 @@ def test_resume_loads_every_registered_object_and_the_generators(launch: Attempt
         (lambda run: run.register_step(lambda i: None), "call run.resume(...) before register_step()"),
         (lambda run: _close_one(run, loss=torch.ones(8)), "end_step(loss=a tensor of shape (8,)): the loss"),
         (lambda run: _close_one(run, loss=[0.5]), "end_step(loss=a list): the loss"),
+        # Read at the next log step only, they ended the attempt an InfraError there, retried.
+        (lambda run: _close_one(run, grad_norm=torch.ones(3)), "end_step(grad_norm=a tensor of shape (3,)): the"),
+        (lambda run: _close_one(run, lr=[0.1, 0.01]), "end_step(lr=a list): the learning rate to report is one"),
         # A step number that is no int ended the attempt an InfraError from deep inside (a JSON line,
         # a checkpoint's folder name), retried as the platform's fault.
         (lambda run: _close_one(run, 1.0), "end_step(1.0): a step is an int (a float here), "),

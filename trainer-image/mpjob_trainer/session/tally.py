@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Iterator
 
 import torch
@@ -30,6 +31,18 @@ def require_one_number(loss: object) -> None:
         return
     given = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
     raise ConfigError(f"end_step(loss={given}): the loss to report is one number, a float or a one-element tensor")
+
+
+def require_one_value(name: str, what: str, value: object) -> None:
+    """A learning rate or gradient norm `end_step` is given to report is one real number (numpy's
+    too) or a one-element tensor: else a configuration error at the call, not a failure at the
+    next log step's read, which would end the attempt as the platform's fault."""
+    if value is None or isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        return
+    given = (
+        f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
+    )
+    raise ConfigError(f"end_step({name}={given}): the {what} to report is one number, a float or a one-element tensor")
 
 
 def check_samples(samples: object, *, call: str, name: str, least: int = 1) -> None:
@@ -80,6 +93,8 @@ class StepTally:
         job's loss: a framework runs backward itself); what it does not say stays as `step()`
         and `backward()` recorded it."""
         check_samples(loss_samples, call="end_step(loss_samples=", name="loss_samples")
+        require_one_value("lr", "learning rate", lr)
+        require_one_value("grad_norm", "gradient norm", grad_norm)
         if loss_samples is not None:
             self.samples = loss_samples
         if lr is not None:
