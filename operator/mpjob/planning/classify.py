@@ -2,8 +2,8 @@
 
 Each rule maps a Reason to an Action. The reason comes from the pod or Job first (the
 platform saw it: eviction, node loss, image pull, deadline, OOM) and from the trainer's
-exit code otherwise (mpjob_contract.codes). Read the table top to bottom; that is the
-policy, in the code and in the README alike.
+exit code otherwise (mpjob_contract.codes), save what the trainer decided (`CLUSTER_ENDINGS`).
+Read the table top to bottom; that is the policy, in the code and in the README alike.
 
 A second, smaller table says what the API server's refusal of an attempt's children means:
 fail the job with the server's message, or retry with a per-job backoff.
@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from mpjob.planning.charging import Disruption, charged, evidence_of
-from mpjob_contract.codes import Reason, reason_for_exit_code
+from mpjob_contract.codes import Reason, ending_rank, reason_for_exit_code
 from mpjob_contract.faults import FaultAction, built_in, fault_of
 from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import TerminationReport
@@ -166,6 +166,9 @@ def classify(outcome: AttemptOutcome) -> Classification:
     if platform is None and outcome.invalid_report is not None:
         return Classification(Reason.INFRA_ERROR, Action.SAME_PRECISION, outcome.invalid_report, disruption)
     reason = platform
+    said = outcome.report.reason if outcome.report is not None else None
+    if reason in CLUSTER_ENDINGS and said is not None and ending_rank(said) < ending_rank(Reason.INFRA_ERROR):
+        reason = Reason(said)  # the trainer decided: as the pod that explains the attempt was picked
     if reason is None and outcome.report is not None and outcome.report.reason != Reason.SUCCEEDED:
         reason = Reason(outcome.report.reason)
     if reason is None:
@@ -178,6 +181,12 @@ def classify(outcome: AttemptOutcome) -> Classification:
     rule = _BY_REASON[reason]
     message = (outcome.report.message if outcome.report and outcome.report.message else outcome.message) or rule.why
     return resized(Classification(reason, rule.action, message, disruption), outcome.resize)
+
+
+#: What the cluster says of a pod (an eviction, its node lost, the OOM killer), which its trainer's
+#: own decision (a report's reason ranked before a crash: a numeric fault, ...) outranks, as
+#: `codes.ending_rank` has it; the operator's own endings (a deadline, a stall) stand.
+CLUSTER_ENDINGS = frozenset({Reason.EVICTED, Reason.NODE_LOST, Reason.OOM_KILLED})
 
 
 def resized(result: Classification, resize: Resize | None) -> Classification:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.planning.charging import CHARGING_POLICY, Disruption, charged
-from mpjob.planning.classify import AttemptOutcome, classify
+from mpjob.planning.classify import Action, AttemptOutcome, classify
 from mpjob.planning.reconcile import JobView, PodView, ended_by_pods, outcome_of, preempted_by_queue, reconcile
 from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, MixedPrecisionJobSpec, MixedPrecisionJobStatus
 from mpjob_contract.codes import Reason
@@ -195,3 +195,23 @@ def test_an_evicted_pod_ends_the_attempt_while_it_still_shows_its_disruption() -
     assert ended_by_pods(JobView(0, pods=(evicted,)), 1) == "Failed"
     assert ended_by_pods(JobView(0, pods=(pod(143, deleting=True),)), 1) is None  # a deadline, a suspension
     assert ended_by_pods(JobView(0, pods=(evicted,), suspended=True), 1) is None  # its queue's business
+
+
+@pytest.mark.parametrize(
+    ("platform", "charged_as"),
+    [("Evicted", False), ("TerminationByKubelet", False), ("DeletionByPodGC", False), ("OOMKilled", True)],
+)
+def test_a_trainers_decision_outranks_what_the_cluster_says_of_the_same_pod(platform: str, charged_as: bool) -> None:
+    """A pod whose trainer ended NumericFault (its report, exit 42) that the cluster also marked
+    (an eviction, its node gone, the OOM killer) ends NumericFault: the next attempt falls back.
+    Before, the cluster's reason won and the attempt was retried in the precision that faulted
+    (or the job failed, OOMKilled), its message the fault's. The evidence still counts."""
+    said = TerminationReport(reason=Reason.NUMERIC_FAULT, step=40, precision="fp16", message="3 non-finite losses")
+    result = classify(outcome_of(JobView(0, "Failed", pods=(pod(42, said.to_message(), platform=platform),))))
+    assert (result.reason, result.action, result.charged) == (Reason.NUMERIC_FAULT, Action.NEXT_PRECISION, charged_as)
+
+
+def test_the_operators_own_endings_stand_over_the_trainers_report() -> None:
+    said = TerminationReport(reason=Reason.NUMERIC_FAULT, step=40, precision="fp16").to_message()
+    told = outcome_of(JobView(0, "Failed", "DeadlineExceeded", pods=(pod(42, said),)))
+    assert classify(told).reason is Reason.DEADLINE_EXCEEDED
