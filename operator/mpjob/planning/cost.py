@@ -65,8 +65,10 @@ def pod_seconds(pod: PodView, now: datetime, until: datetime | None = None) -> f
 def gpu_seconds(
     pods: Iterable[PodView], *, gpus_per_worker: int, now: datetime, until: datetime | None = None
 ) -> float:
-    """Pods x GPUs x wall time: each pod's seconds (up to `until`) times the GPUs it holds."""
-    return gpus_per_worker * sum(pod_seconds(pod, now, until) for pod in pods)
+    """Pods x GPUs x wall time: each pod's seconds (up to `until`) times the GPUs it holds, those
+    its Job asked for (`PodView.gpus`: a spec edited since does not change them), else
+    `gpus_per_worker` where not known."""
+    return sum((pod.gpus or gpus_per_worker) * pod_seconds(pod, now, until) for pod in pods)
 
 
 def seen_usage(

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from mpjob.builders.attempt import TRAINER_CONTAINER
+from mpjob.controller.records import JOB_NAME_LABEL
 from mpjob_contract import api, binding
 from tests.helpers import paced
 from tests.integration.operator.conftest import Jobs, Operator
@@ -41,6 +43,27 @@ def test_steps_lowered_below_the_running_step_leave_the_attempt_s_steps_and_chec
     assert (status["step"], attempt["endStep"], status["totalSteps"]) == (STEPS, STEPS, STEPS)
     checkpoint = status["lastCheckpoint"]
     assert checkpoint["step"] == STEPS and checkpoint["path"].endswith(f"step-{STEPS:09d}"), checkpoint
+
+
+def test_gpus_per_worker_edited_while_the_attempt_runs_leave_its_cost_what_its_pod_held(
+    operator: Operator, jobs: Jobs
+) -> None:
+    """The attempt's pod asked for 1 GPU; an edit to 3 while it ran is for the attempts after it.
+    Its gpuSeconds are 1 GPU x the seconds its trainer container ran (it was once charged 3)."""
+    jobs.pvc("ckpt")
+    spec = mlp_spec("ckpt", "bf16", every=20, stepDelay=paced(0.05))
+    spec["training"]["steps"] = STEPS
+    jobs.create("regpu", spec)
+    jobs.wait_status("regpu", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
+    jobs.patch_spec("regpu", {"resources": {"gpusPerWorker": 3}})
+    jobs.wait_status("regpu", lambda s: s.get("observedGeneration") == 2, 30, "the edit read")
+    status = jobs.wait_phase("regpu", ("Succeeded", "Failed"), 180)
+    assert status["phase"] == "Succeeded", status
+    (attempt,) = status["attempts"]
+    (pod,) = jobs.core.list_namespaced_pod(jobs.namespace, label_selector=f"{JOB_NAME_LABEL}=regpu-a0").items
+    ran = next(c for c in pod.status.container_statuses if c.name == TRAINER_CONTAINER).state.terminated
+    seconds = (ran.finished_at - ran.started_at).total_seconds()
+    assert seconds > 0 and attempt["gpuSeconds"] == pytest.approx(1 * seconds, abs=1e-3), (attempt, seconds)
 
 
 def _refused(jobs: Jobs, name: str, edit: dict[str, Any]) -> str:

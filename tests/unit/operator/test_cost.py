@@ -80,6 +80,15 @@ def test_an_ended_attempt_is_charged_once_from_its_job_and_never_again() -> None
     assert status.attempts[0].gpu_seconds == 90.0 and status.cost is not None and status.cost.gpu_seconds == 90.0
 
 
+def test_a_pod_is_charged_the_gpus_it_asked_not_a_count_edited_since() -> None:
+    """resources.gpusPerWorker edited while the attempt's pods ran (as PodsScheduled asks, its Job
+    not made again once a trainer started): each pod held what its Job asked. Before, the ended
+    attempt was charged the edited count (2 GPUs here, a quarter of what its pods held)."""
+    status = MixedPrecisionJobStatus(attempts=[ended(0, 0, 30)])
+    held = PodView("p0", 0, "Failed", False, started_at=stamp(0), finished_at=stamp(45), gpus=8)
+    assert cost.seen_usage(status, {0: JobView(0, "Failed", pods=(held,))}, job_spec(), T0) == {0: 8 * 45}
+
+
 # ---------------------------------------------------------------- waste
 
 
