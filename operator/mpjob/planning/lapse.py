@@ -13,7 +13,11 @@ progress (`planning/observe.py` applies it to the operator's reads and `mpjob ru
   (a save reported, or an attempt resumed from a checkpoint close to where it trains);
 - each flip is told once (a Warning Event on lapsing, a Normal one on catching up: the
   condition in the status is the memory, so an operator that restarts tells nothing twice);
-  the status never gains the condition while it was never lapsed.
+  the status never gains the condition while it was never lapsed;
+- a checkpoint a trainer's termination report names (its ending, or what its stopped pods
+  reported late: the one written on SIGTERM) catches up as a reading's does (`caught_up`), for no
+  reading comes to a job that is suspended, ended or waits for its next attempt's pods; a report
+  only clears the condition: it is raised by readings alone, while training goes on.
 
 No limit stops the run (none is promised): the runbook CheckpointFailing says what to do.
 """
@@ -21,7 +25,7 @@ No limit stops the run (none is promised): the runbook CheckpointFailing says wh
 from __future__ import annotations
 
 from mpjob.planning import status as st
-from mpjob.planning.plan import Event
+from mpjob.planning.plan import Event, Plan
 from mpjob_contract.api import MixedPrecisionJobStatus
 
 #: Save intervals in a row without a checkpoint before the run is lapsed (an asynchronous save is
@@ -63,3 +67,10 @@ def update(status: MixedPrecisionJobStatus, every_steps: int, at: str | None = N
         kind, reason = "Normal", CURRENT
     st.set_condition(status, CONDITION, now, reason, message, at=at)
     return Event(kind, reason, message)
+
+
+def caught_up(plan: Plan, every_steps: int, at: str | None) -> None:
+    """Clear the plan's condition, with its Event, where the status holds it but is no longer
+    lapsed: a report's checkpoint (`planning/reported.py`) caught up where no reading said so."""
+    if held(plan.status) and not lapsed(plan.status, every_steps):
+        plan.events.extend(e for e in [update(plan.status, every_steps, at)] if e is not None)

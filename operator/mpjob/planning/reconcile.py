@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, replan, shortage
+from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, lapse, replan, shortage
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -83,6 +83,7 @@ def reconcile(
             lc.resume(plan, spec, when)
     if plan.status.attempts and plan.status.phase in (*FINISHED, "Suspended"):
         settle(plan, when)  # it waits on nothing any more
+    lapse.caught_up(plan, spec.checkpoint.every_steps, when.at)  # a report's checkpoint: no reading says so
     _retire(plan, jobs)
     cutoff.sweep(plan, jobs)
     cost.account(plan.status, spec, cost.seen_usage(plan.status, charged[0], spec, now, charged[1]))

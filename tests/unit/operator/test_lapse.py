@@ -6,6 +6,7 @@ failed save said so. The CheckpointsFailing condition flips once per lapse, with
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -13,12 +14,18 @@ from mpjob.controller.progress import found_reading
 from mpjob.localrun.readings import reading_of
 from mpjob.planning.lapse import LAPSED_INTERVALS
 from mpjob.planning.observe import Observation, Reading, observe
+from mpjob.planning.reconcile import JobView, PodView, reconcile
 from mpjob_contract import events
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobStatus
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason
+from mpjob_contract.launch import CHECKPOINT_MOUNT as CHECKPOINTS
+from mpjob_contract.report import CheckpointRef, TerminationReport
+from tests.unit.operator.cases import CLAIM
 
 pytestmark = pytest.mark.unit
 
 EVERY = 10
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def fresh() -> MixedPrecisionJobStatus:
@@ -107,3 +114,28 @@ def test_the_operators_read_of_the_metrics_lapses_the_same_way() -> None:
 def test_without_the_spec_s_interval_no_condition_is_kept() -> None:
     status = observe(fresh(), Reading(step=500), every_steps=None).status
     assert condition(status) is None
+
+
+def test_a_report_whose_checkpoint_catches_up_clears_the_condition_no_reading_will() -> None:
+    """Suspended while lapsed: the trainer checkpointed at step 62 on SIGTERM and its report says
+    so, but only a reading flipped the condition, and none comes to a suspended job: it said
+    'no checkpoint for 40 step(s) ... training goes on', in `mpjob status` and the operator's
+    jobs_in_trouble, for the whole suspension (or for good, on a job that ended)."""
+    spec = MixedPrecisionJobSpec.model_validate(
+        {"task": {"builtin": "gpt"}, "training": {"steps": 100}, "checkpoint": {**CLAIM, "everySteps": EVERY}}
+    )
+    status = reconcile(spec, MixedPrecisionJobStatus(), 1, {}, T0).status
+    running = {0: JobView(0, pods=(PodView("p0", 0, "Running", True, started_at="2026-01-01T00:00:01Z"),))}
+    status = reconcile(spec, status, 1, running, T0).status
+    status = observe(status, found_reading({"step": 60, "lastCheckpointStep": 20}, attempt=0), every_steps=EVERY).status
+    assert condition(status) == ("True", "CheckpointsFailing")
+    held = spec.model_copy(update={"run_policy": spec.run_policy.model_copy(update={"suspend": True})})
+    status = reconcile(held, status, 2, running, T0).status
+    ref = CheckpointRef(step=62, path=f"{CHECKPOINTS}/step-000000062", sha256="ab" * 32, precision="fp16")
+    said = TerminationReport(reason=Reason.PREEMPTED, step=62, start_step=0, precision="fp16", last_good_checkpoint=ref)
+    stopped = {0: JobView(0, pods=(PodView("p0", 0, "Failed", False, 44, said.to_message()),))}
+    plan = reconcile(held, status, 2, {}, T0, stopped=stopped)
+    assert plan.status.phase == "Suspended" and plan.status.last_checkpoint is not None
+    assert condition(plan.status) == ("False", "CheckpointsCurrent")
+    told = [(e.type, e.reason) for e in plan.told if e.reason == "CheckpointsCurrent"]
+    assert told == [("Normal", "CheckpointsCurrent")]
