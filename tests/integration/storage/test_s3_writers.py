@@ -1,5 +1,6 @@
 """Writers of one bucket, against a real S3 server (the test cluster's versitygw): two writers of
-one step (an attempt's pod still saving beside the next one's) never mix their objects, a
+one step (an attempt's pod still saving beside the next one's) never mix their objects and the
+first commit stays (a later manifest of its step is refused), a
 checkpoint written before writers had folders of their own is still read and pruned, the
 checkpoints set aside as damaged are bounded as on a volume (with their objects), and a save
 whose upload fails leaves none of its objects behind."""
@@ -17,7 +18,7 @@ from mpjob_contract.storage import S3Storage
 from mpjob_trainer.checkpoint import CheckpointStore, resume
 from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name, read_manifest, sha256_file
 from mpjob_trainer.checkpoint.objects import ASIDE, new_writer
-from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT
+from mpjob_trainer.checkpoint.ownership import CORRUPT_KEPT, CheckpointTaken
 from mpjob_trainer.checkpoint.s3 import BucketCheckpointStore
 
 pytestmark = pytest.mark.integration
@@ -50,26 +51,51 @@ def file_key(raw: Any, store: BucketCheckpointStore, step: int, name: str) -> st
     return f"{prefix}/{manifest['writer']}/{name}" if manifest.get("writer") else f"{prefix}/{name}"
 
 
-def test_two_writers_of_one_step_never_mix_and_the_last_manifest_names_only_its_own_objects(
-    settings: S3Storage,
+def test_a_committed_checkpoint_is_never_replaced_by_a_later_manifest_of_its_step(
+    settings: S3Storage, raw: Any
 ) -> None:
-    """Writer A's manifest goes up just after writer B saved the same step whole (B's upload
-    landed between A's files and A's commit): the step's checkpoint is A's, whole."""
+    """Writer B saves step 20 whole while writer A uploads the same step (B's commit lands between
+    A's files and A's manifest): B's checkpoint, committed and reported, stays as it is; A's
+    manifest is refused, A reports B's checkpoint (this job's, valid: kept) and its own files go."""
     first, second = store_of(settings), store_of(settings)
     first.write(10, "bf16", state(10, 1.0))
-    raced: list[str] = []
+    raced: list[Any] = []
 
     def the_other_saves_first(params: dict[str, Any], **_: Any) -> None:
         if params.get("Key", "").endswith(f"{folder_name(20)}/{MANIFEST}") and not raced:
-            raced.append(second.write(20, "bf16", state(20, 3.0)).ref.sha256)
+            raced.append(second.write(20, "bf16", state(20, 3.0)).ref)
 
     first.bucket.client.meta.events.register("before-parameter-build.s3.PutObject", the_other_saves_first)
     reported = first.write(20, "bf16", state(20, 2.0)).ref
-    assert raced and raced[0] != reported.sha256
+    assert raced and reported == raced[0]  # the one there, kept: never overwritten
     log: list[dict[str, Any]] = []
     loaded = resume.load(store_of(settings, log))
-    assert loaded is not None and loaded[0] == reported  # what the writer reported is what is there
-    assert torch.equal(loaded[1]["w"], state(20, 2.0)["w"]) and log == []
+    assert loaded is not None and loaded[0] == raced[0]
+    assert torch.equal(loaded[1]["w"], state(20, 3.0)["w"]) and log == []
+    step_keys = keys(raw, settings, f"{first.key}/{folder_name(20)}")
+    assert step_keys == {f"{first.key}/{folder_name(20)}/{MANIFEST}", file_key(raw, first, 20, STATE)}
+
+
+def test_a_sharded_commit_never_replaces_another_jobs_checkpoint_that_landed_after_its_claim(
+    settings: S3Storage, raw: Any, tmp_path: Path
+) -> None:
+    """Rank 0 found step 30 free and the ranks uploaded; before its commit another job's save of
+    that step landed: the commit writes nothing (CheckpointTaken), the other job's checkpoint stays
+    whole and this save's files go."""
+    store = store_of(settings)
+    other = BucketCheckpointStore(f"{settings.url}/ns/job/uid", settings, keep=10, config_digest="d1", job="ns/b/u")
+    assert store.taken(30) is None
+    (tmp_path / "rank-0.pt").write_bytes(b"r" * 64)
+    files = {"rank-0.pt": {"sha256": sha256_file(tmp_path / "rank-0.pt"), "bytes": 64}}
+    writer = new_writer()
+    store.publish(30, tmp_path, files, writer=writer)
+    theirs = other.write(30, "bf16", state(30, 4.0)).ref
+    with pytest.raises(CheckpointTaken):
+        store.commit(tmp_path / "spool", 30, "bf16", files, world_size=1, writer=writer)
+    _, loaded = other.verify(other.url(30), alone=True)
+    assert torch.equal(loaded["w"], state(30, 4.0)["w"]) and other.manifest(other.url(30)).job == "ns/b/u"  # type: ignore[union-attr]
+    assert not any(f"/{writer}/" in key for key in keys(raw, settings, f"{store.key}/{folder_name(30)}"))
+    assert theirs.step == 30
 
 
 def legacy_write(raw: Any, store: BucketCheckpointStore, tmp: Path, step: int, value: float) -> None:

@@ -40,6 +40,13 @@ class MemoryBucket(Bucket):
         self.objects[key] = body
         self.written[key] = datetime.now(UTC)
 
+    def create(self, key: str, body: bytes) -> bool:
+        """A put only where no object is, as a conditional put (If-None-Match) is: through `put`."""
+        if key in self.objects:
+            return False
+        self.put(key, body)
+        return True
+
     def get(self, key: str, max_bytes: int | None = None) -> bytes | None:
         body = self.objects.get(key)
         return body if body is None or max_bytes is None else body[: max_bytes + 1]

@@ -41,6 +41,10 @@ PERMANENT = frozenset(
     }
 )
 MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+#: A conditional put's answers when the key holds an object (or another conditional put of it raced).
+TAKEN = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+#: A server that does not implement a put's condition.
+UNCONDITIONAL = frozenset({"NotImplemented", "501"})
 #: Parts of at least 16 MiB above 16 MiB, four in flight: a 200 MiB checkpoint goes up in 13
 #: parts using at most 64 MiB of buffers, and a slow part never holds back the others.
 MULTIPART_BYTES = 16 << 20
@@ -104,6 +108,22 @@ class Bucket:
             self.client.put_object(Bucket=self.name, Key=key, Body=body, **self._extra())
         except Exception as exc:
             raise self.refused(exc, f"store {key}") from exc
+
+    def create(self, key: str, body: bytes) -> bool:
+        """Put `body` as `key` only where no object is (a conditional put: If-None-Match); False when
+        one is there (412), or another conditional put of the key raced this one (409). A server that
+        does not implement the condition (501) is sent a plain put."""
+        try:
+            self.client.put_object(Bucket=self.name, Key=key, Body=body, IfNoneMatch="*", **self._extra())
+        except Exception as exc:
+            code = _code(exc)
+            if code in TAKEN:
+                return False
+            if code in UNCONDITIONAL:
+                self.put(key, body)
+                return True
+            raise self.refused(exc, f"store {key}") from exc
+        return True
 
     def get(self, key: str, max_bytes: int | None = None) -> bytes | None:
         """The object's bytes (with `max_bytes`, no more than one byte past it: the caller sees

@@ -7,7 +7,8 @@ format). A save writes through the volume store into a private local spool folde
 sha256 of every file, the manifest), uploads file by file (multipart, parts in parallel:
 bucket.Bucket), then the manifest naming the writer's folder, LAST: an object store has no rename,
 so the manifest is the commit. A folder without one is no checkpoint; two writers of one step share
-no key, so whichever manifest lands last names only its own writer's objects. A save that fails
+no key, and the manifest is put only where none is: a committed checkpoint is never replaced
+(checkpoint.bucket_commit). A save that fails
 deletes what it uploaded (`withdraw`; after a failed put of its manifest, only when that did not
 land); a killed one's go with a later prune (`clear`: checkpoint.leftovers says when); `clean_stale`
 aborts unfinished multipart uploads. It implements checkpoint.protocol's Store over the bucket:
@@ -41,7 +42,7 @@ from typing import Any
 
 from mpjob_contract.report import CheckpointRef
 from mpjob_contract.storage import S3Storage, split_url
-from mpjob_trainer.checkpoint import leftovers, objects, ownership
+from mpjob_trainer.checkpoint import bucket_commit, leftovers, objects, ownership
 from mpjob_trainer.checkpoint.bucket import Bucket, open_bucket
 from mpjob_trainer.checkpoint.bucket_files import download, keep_framework, kept_framework
 from mpjob_trainer.checkpoint.bucket_marks import BucketMarks
@@ -221,14 +222,16 @@ class BucketCheckpointStore:
                 raise
             folder = Path(spooled.ref.path)
             try:
-                uploaded = self._upload(folder, step, joined)
+                uploaded, kept = self._upload(folder, step, joined)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
+            if kept is not None:  # a save of the step committed meanwhile: the one there stays
+                return SaveResult(kept, time.perf_counter() - start, 0)
             left = ownership.tidy(self, step)  # after the commit: the checkpoint is written whatever it says
             ref = spooled.ref.model_copy(update={"path": self.url(step)})
             return SaveResult(ref, time.perf_counter() - start, uploaded, left)
 
-    def _upload(self, folder: Path, step: int, joined: objects.Published) -> int:
+    def _upload(self, folder: Path, step: int, joined: objects.Published) -> tuple[int, CheckpointRef | None]:
         own = read_manifest(folder)  # its files go up after the joined ones: a name in both is its own
         manifest = replace(own, writer=joined.writer, files=dict(sorted({**joined.files, **own.files}.items())))
         try:
@@ -237,8 +240,8 @@ class BucketCheckpointStore:
             self.withdraw(step, sorted(joined.files), writer=joined.writer)
             raise
         body = json.dumps(manifest.to_json()).encode()
-        self._put_manifest(step, body, list(manifest.files), writer=joined.writer)  # the commit: last, only now
-        return size + sum(int(meta["bytes"]) for meta in joined.files.values())
+        kept = bucket_commit.commit(self, step, body, list(manifest.files), writer=joined.writer)  # last, only now
+        return size + sum(int(meta["bytes"]) for meta in joined.files.values()), kept
 
     def taken(self, step: int) -> CheckpointRef | None:
         """What a sharded save finds at `step`'s place before its ranks upload (as `write`
@@ -277,18 +280,10 @@ class BucketCheckpointStore:
         manifest = replace(self.local.sharded_manifest(step, precision, files, world_size=world_size), writer=writer)
         shutil.rmtree(tmp, ignore_errors=True)
         with self._writing:
-            self._put_manifest(step, json.dumps(manifest.to_json()).encode(), sorted(files), writer=writer)
+            body = json.dumps(manifest.to_json()).encode()
+            kept = bucket_commit.commit(self, step, body, sorted(files), writer=writer)
+            if kept is not None:  # a save of the step committed meanwhile: the one there stays
+                return SaveResult(kept, time.perf_counter() - start, 0)
             left = ownership.tidy(self, step)  # after the commit: the checkpoint is written whatever it says
         ref = CheckpointRef(step=step, path=self.url(step), sha256=manifest.state_sha256, precision=precision)
         return SaveResult(ref, time.perf_counter() - start, sum(int(meta["bytes"]) for meta in files.values()), left)
-
-    def _put_manifest(self, step: int, body: bytes, names: list[str], *, writer: str) -> None:
-        """Put the manifest `body` naming `writer`'s files `names`: the commit (failed: checkpoint.leftovers)."""
-        key, files = f"{self._step_prefix(step)}/{MANIFEST}", f"{self._step_prefix(step)}/{writer}"
-        try:
-            self.bucket.put(key, body)
-        except Exception:
-            self.metrics.checkpoint_commit_failures.inc()
-            leftovers.not_put(self.bucket, self.log, key, body, files, names)
-            raise
-        self.metrics.checkpoint_upload_bytes.inc(len(body))
