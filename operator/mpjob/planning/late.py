@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from mpjob.planning import changed, history
 from mpjob.planning import status as st
+from mpjob.planning.batch import BatchShape, held
+from mpjob.planning.elastic import shape_of, workers_of
 from mpjob.planning.plan import Plan, When
 from mpjob.planning.status import ConditionType
 from mpjob_contract.api import AttemptStatus, Condition, MixedPrecisionJobSpec, MixedPrecisionJobStatus
@@ -69,18 +71,29 @@ def recorded(
     if running is not None:
         status.conditions = [running if c.type == running.type else c for c in status.conditions]
     for entry in planned:
-        _follows(status, entry, ended.precision, last)
+        _follows(spec, status, entry, ended.precision, last)
     return last
 
 
-def _follows(status: MixedPrecisionJobStatus, entry: AttemptStatus, faulted: str, last: AttemptStatus) -> None:
+def _follows(
+    spec: MixedPrecisionJobSpec,
+    status: MixedPrecisionJobStatus,
+    entry: AttemptStatus,
+    faulted: str,
+    last: AttemptStatus,
+) -> None:
     """`entry`, planned after the ending `last` now holds, numbered after it and, when planned in
-    the precision that faulted, in the precision and split `last` went on in."""
+    the precision that faulted, in the precision and split `last` went on in; planned at another
+    size (a resize's), its own split held to what that precision may take (`batch.held`, as a
+    fallback's is): `last`'s split on `last`'s workers would not keep the global batch there."""
     entry.index = history.next_index(status)
     if entry.precision == faulted:
-        entry.precision, entry.micro_batch, entry.grad_accumulation = (
-            last.precision, last.micro_batch, last.grad_accumulation,
-        )  # fmt: skip
+        split = last.micro_batch, last.grad_accumulation
+        if (workers := workers_of(spec, entry)) != workers_of(spec, last):
+            planned = shape_of(entry) or BatchShape.of(spec)
+            shape = held(spec, last.precision, planned, workers, status.attempts, history.counts(status))
+            split = shape.micro_batch, shape.grad_accumulation
+        entry.precision, (entry.micro_batch, entry.grad_accumulation) = last.precision, split
     history.started(status, entry)
     status.attempt, status.precision = entry.index, entry.precision
 
