@@ -161,7 +161,8 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
     between writing an ending of its own word (a resize, a stall, a node lost, a suspension, a
     failure by policy) and deleting the Job would otherwise leave those pods running for good,
     and the next attempt waiting for them. The Job goes now, its pods cut when a rank was hung or
-    lost. A Job that finished, or that the newest running attempt runs in, is not touched.
+    lost (a shrink for a lost node too). A Job that finished, or that the newest running attempt
+    runs in, is not touched.
 
     So does an ended attempt's Job that waits suspended in its queue, pods or none (its attempt
     ended on the operator's word while it waited: a queued shrink, runPolicy.suspend): left
@@ -180,7 +181,7 @@ def sweep(plan: Plan, jobs: dict[int, JobView]) -> None:
         alive = any(p.alive for p in job.pods)
         if alive or job.suspended:
             plan.delete.append(index)
-        if alive and attempt.reason in CUT_REASONS and not job.suspended:
+        if alive and (attempt.reason in CUT_REASONS or elastic.lost_a_node(attempt)) and not job.suspended:
             plan.cut.append(index)
 
 

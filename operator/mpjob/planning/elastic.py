@@ -105,6 +105,14 @@ class Resize:
 
 #: The reasons an attempt ends with when the job changes size.
 RESIZE_REASONS = frozenset({Reason.SCALED_DOWN, Reason.SCALED_UP})
+#: How a shrink for a lost node begins its message: its peers were cut (`lost_a_node`).
+NODE_LOST = "a node was lost"
+
+
+def lost_a_node(attempt: AttemptStatus) -> bool:
+    """Whether `attempt` ended shrunk because a node of its went away (its peers, blocked on the
+    lost rank, were cut: `cutoff.sweep` cuts them so too when it carries the ending out)."""
+    return attempt.reason == Reason.SCALED_DOWN and (attempt.message or "").startswith(NODE_LOST)
 
 
 def workers_of(spec: MixedPrecisionJobSpec, attempt: AttemptStatus | StartAttempt) -> int:
@@ -153,7 +161,7 @@ def decide(
     short = capacity.node_lost or capacity.unschedulable_seconds > elastic.wait_seconds
     if not short or capacity.available >= workers:
         return keep
-    cause = "a node was lost" if capacity.node_lost else _waited(capacity, elastic.wait_seconds)
+    cause = NODE_LOST if capacity.node_lost else _waited(capacity, elastic.wait_seconds)
     room = capacity.held.room
     sizes = range(elastic.min_workers, min(capacity.available, workers - 1) + 1)
     if (found := _largest(spec, sizes, shape.micro_batch)) is None:  # said as it stands, not how long

@@ -221,3 +221,25 @@ def test_a_resized_attempt_s_report_moves_the_next_attempt_s_start_until_that_on
     assert (plan.status.attempts[0].end_step, [a.start_step for a in plan.create]) == (50, [50])
     created = reconcile(spec, status, 1, {1: JobView(1)}, NOW, stopped={0: stopped_at(50)}).status
     assert (created.attempts[0].end_step, created.attempts[1].start_step, created.step) == (40, 20, 40)
+
+
+@pytest.mark.parametrize("seen", ["lost pod seen", "lost pod gone"])
+def test_a_shrink_for_a_lost_node_whose_job_was_never_deleted_is_cut_after_a_restart(seen: str) -> None:
+    """An elastic job shrinks at once when a rank's node goes: its peers, blocked on the lost rank,
+    are cut. An operator that stopped between writing the ScaledDown ending and deleting the Job
+    cuts them when it carries the deletion out, as it does a NodeLost ending's; a shrink for pods
+    the scheduler found no node for keeps the full grace (its ranks are whole and checkpoint)."""
+    spec, status = running(3, elastic={"minWorkers": 2, "waitSeconds": 600})
+    blocked = tuple(PodView(f"j-a0-{i}", i, "Running", True, node=f"n{i}", uid=f"u{i}") for i in (0, 1))
+    lost = on_nodes(PodView("j-a0-2", 2, "Running", True, node="n2", uid="u2"), nodes("n0", "n1"))
+    written = reconcile(spec, status, 1, {0: JobView(0, pods=(*blocked, lost))}, datetime.now(UTC))
+    assert [a.reason for a in written.status.attempts] == [Reason.SCALED_DOWN, None] and written.cut == [0]
+    left = (*blocked, lost) if seen == "lost pod seen" else blocked
+    again = reconcile(spec, written.status, 1, {0: JobView(0, pods=left)}, datetime.now(UTC))
+    assert (again.delete, again.cut, again.create) == ([0], [0], [])
+    since = (datetime.now(UTC) - timedelta(seconds=700)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    waiting = PodView("j-a0-2", 2, "Pending", True, uid="u2", unschedulable_since=since)
+    shrunk = reconcile(spec, status, 1, {0: JobView(0, pods=(*blocked, waiting))}, datetime.now(UTC))
+    assert [a.reason for a in shrunk.status.attempts] == [Reason.SCALED_DOWN, None] and shrunk.cut == []
+    swept = reconcile(spec, shrunk.status, 1, {0: JobView(0, pods=blocked)}, datetime.now(UTC))
+    assert (swept.delete, swept.cut) == ([0], [])
