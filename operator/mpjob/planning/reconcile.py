@@ -19,7 +19,7 @@ from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, lap
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
-from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, pods_of, preempted_by_queue
 from mpjob.planning.plan import Plan, When
@@ -234,13 +234,15 @@ def _ended(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When, fi
     """The running attempt's Job finished, its pods stopped: the changes in place its report lists
     that no read caught are recorded first (the attempt that ends is the last one they began),
     then its outcome ends it; a smaller one the `fits` workers the cluster holds now would grow
-    is followed by one of that size."""
+    is followed by one of that size, unless it ran out of memory: the grown size's split, chosen
+    before that micro-batch was known too big, may be it; it goes on split and grows at a checkpoint."""
     outcome = preempted_by_queue(job) or outcome_of(job)
     if _changes_ended(plan, spec, outcome.report.precision_changes if outcome.report else [], when):
         return
     current = plan.status.attempts[-1]
     outcome = replace(outcome, resize=shortage.node_lost(spec, current, job.pods))
-    room = elastic.grows(spec, current, fits, plan.status) if outcome.resize is None else None
+    split = under_policy(classify(outcome), spec.fault_policy, outcome.report).action is Action.SMALLER_MICRO_BATCH
+    room = elastic.grows(spec, current, fits, plan.status) if outcome.resize is None and not split else None
     lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when, room=room)
 
 

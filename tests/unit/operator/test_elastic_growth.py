@@ -182,3 +182,27 @@ def test_an_attempt_after_a_fault_keeps_its_smaller_size_when_the_room_is_not_ba
     fault = JobView(1, "Failed", "BackoffLimitExceeded", pods=(PodView("q0", 0, "Failed", False, exit_code=42),))
     (created,) = _at(job, status, {1: fault}, 30, fits=2).create
     assert (created.precision, created.workers) == ("bf16", 2)
+
+
+def test_an_attempt_after_running_out_of_memory_never_grows_into_the_micro_batch_that_ran_out() -> None:
+    """18 samples a step (3 workers x 6): on 2 workers 9 a process, in micro-batches of 3. The
+    smaller attempt runs out of GPU memory at 3 while the cluster holds 3 workers again: the next
+    attempt takes no micro-batch of 3 or more (the 3-worker split of batchSize 6 is 3 x 2, the one
+    that ran out), so it goes on split at its size and grows at its checkpoint below 3."""
+    job = spec(training={"batchSize": 6})
+    status = _shrunk(job)
+    assert (status.attempts[-1].micro_batch, status.attempts[-1].grad_accumulation) == (3, 3)
+    oom = JobView(1, "Failed", "BackoffLimitExceeded", pods=(PodView("q0", 0, "Failed", False, exit_code=46),))
+    ended = _at(job, status, {1: oom}, 30, fits=3)
+    assert ended.status.attempts[-2].reason == "OutOfDeviceMemory"
+    planned = ended.status.attempts[-1]  # its Job waits out the failure's backoff
+    assert planned.micro_batch is not None and planned.micro_batch < 3, planned
+    status = ended.status
+    status.step, status.last_checkpoint = 30, CheckpointStatus(step=30)
+    running = {2: JobView(2, pods=(PodView("r0", 0, "Running", True),))}
+    status = _at(job, status, running, 40, fits=3).status
+    status.step, status.last_checkpoint = 40, CheckpointStatus(step=40)
+    grown = _at(job, status, running, 50, fits=3)
+    assert [a.reason for a in grown.status.attempts[-2:]] == ["ScaledUp", None]
+    (bigger,) = _at(job, grown.status, {}, 60).create
+    assert (bigger.workers, bigger.shape) == (None, BatchShape(2, 3))
