@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -68,13 +69,25 @@ class PrecisionPolicy:
         if not self.uses_scaler:
             return None
         ls = self.spec.loss_scale
-        return torch.amp.GradScaler(
+        scaler = torch.amp.GradScaler(
             self.device.type,
             init_scale=ls.init,
             growth_factor=ls.growth_factor,
             backoff_factor=ls.backoff_factor,
             growth_interval=ls.growth_interval,
         )
+        _MADE_IN[scaler] = scaler.state_dict()
+        return scaler
+
+
+#: Each GradScaler `make_scaler` made, and the state it was made in.
+_MADE_IN: weakref.WeakKeyDictionary[torch.amp.GradScaler, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def fresh_scaler_state(scaler: torch.amp.GradScaler) -> dict[str, Any] | None:
+    """The state `scaler` was made in (precision.lossScale.init, no growth counted): what a restarted
+    attempt's GradScaler holds when its checkpoint has no fp16 scale to load (None: not one of ours)."""
+    return _MADE_IN.get(scaler)
 
 
 #: What GradScaler.load_state_dict reads: the positive real numbers, and the counts.

@@ -36,7 +36,7 @@ from mpjob_trainer.checkpoint.migrate import FORMAT_KEY, upgrade
 from mpjob_trainer.checkpoint.peers import Peers, agreed, all_ranks
 from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
-from mpjob_trainer.precision import scaler_state_problem
+from mpjob_trainer.precision import fresh_scaler_state, scaler_state_problem
 from mpjob_trainer.session.early_stop import STOPPED_EARLY
 from mpjob_trainer.session.fits import load_all
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
@@ -262,6 +262,8 @@ class TrainingState:
         load_all(loaded, state)  # all or nothing (those read from the shards above are not in `loaded`)
         if scaler is not None and state.get("scaler") and state.get("precision") == precision == "fp16":
             scaler.load_state_dict(state["scaler"])  # fp16 -> fp16 keeps its calibrated scale
+        elif scaler is not None and (fresh := fresh_scaler_state(scaler)) is not None:
+            scaler.load_state_dict(fresh)  # as a restarted attempt's: a rollback in place drops what came after
         for name, obj in self.own.items():
             if name in state:
                 obj.load_state_dict(state[name])
