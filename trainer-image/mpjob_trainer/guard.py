@@ -272,8 +272,8 @@ class NumericGuard:
         self.mark_good()
 
     def first_fault_step(self, rule: GuardRule) -> int | None:
-        """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks
-        (their earliest); None when the rule does not point at steps (stagnation). Syncs."""
+        """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks (their
+        earliest; this rank's own: `own_first`); None when the rule does not point at steps (stagnation). Syncs."""
         if rule not in REPLAYABLE_RULES:
             return None
         if rule is GuardRule.MAX_CONSECUTIVE_OVERFLOWS:
@@ -282,7 +282,7 @@ class NumericGuard:
             candidates = [int(self._first_non_finite.item())]
             if rule is GuardRule.LOSS_SCALE_COLLAPSED and self._first_overflow is not None:
                 candidates.append(self._first_overflow)
-        mine = min((int(c) for c in candidates if c >= 0), default=NO_STEP)
+        self.own_first = mine = min((int(c) for c in candidates if c >= 0), default=NO_STEP)
         earliest = -all_reduce_max(torch.tensor(-float(mine), dtype=torch.float64, device=self.device), self.world)
         return None if earliest >= NO_STEP else int(earliest)
 

@@ -141,3 +141,19 @@ def test_bad_data_on_one_rank_is_skipped_by_every_rank_and_the_job_succeeds(tmp_
     (step,) = status["skipped"]["steps"]
     assert step["cause"] == "data" and step["step"] == FAULT
     assert step["samples"] == [{"first": bad, "last": bad}]
+
+
+@pytest.mark.process
+def test_an_fp32_attempts_bad_data_on_one_rank_names_that_rank_and_its_samples(tmp_path: Path) -> None:
+    """An fp32 attempt's own non-finite step is the verdict (no replay): it names the rank whose local loss
+    went non-finite and its samples, as a replay does, not every rank (the others' losses go non-finite
+    only a step later, on the weights the all-reduced gradient spoilt)."""
+    world, rank = 2, 1
+    share = shares(world, FAULT)[rank]
+    manifest = job(world, {"nonFiniteSamples": [share[2]]})
+    manifest["spec"]["precision"]["mode"] = "fp32"
+    status, report = run(tmp_path, manifest)
+    every_rank_exited(status, world, 45)
+    replay = report.replay
+    assert replay is not None and replay.verdict == "data" and replay.steps == 0
+    assert (replay.offending_step, replay.ranks, replay.samples) == (FAULT, [rank], share)

@@ -8,10 +8,12 @@ same on every rank), which costs no collective."""
 
 from __future__ import annotations
 
+import torch
+
 from mpjob_contract.skipping import SkipCause
 from mpjob_trainer.distributed import World
 from mpjob_trainer.quarantine import ScreenFunction
-from mpjob_trainer.session.agreement import flatten, gathered
+from mpjob_trainer.session.agreement import RankTable, flatten, gathered
 from mpjob_trainer.session.steps import SamplesFunction
 from mpjob_trainer.session.verdict import Offending
 
@@ -29,6 +31,10 @@ class StepSamples:
     def offending(self, index: int, ranks: list[int]) -> Offending:
         """Step `index` of `ranks`, with their samples gathered from them (a collective)."""
         return Offending(index, ranks, flatten(gathered(self.mine(index), self.world), ranks))
+
+    def offending_where(self, index: int, mine: bool, device: torch.device) -> Offending:
+        """Step `index` of the ranks where `mine` holds (each rank tells its own), with their samples (collectives)."""
+        return self.offending(index, RankTable.agree({"mine": mine}, self.world, device).ranks("mine"))
 
     def to_quarantine(
         self, index: int, cause: SkipCause, screen: ScreenFunction | None, named: Offending | None
