@@ -41,6 +41,8 @@ PERMANENT = frozenset(
     }
 )
 MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+#: A ranged GET's answer when the object ends before the range starts (416): shorter than asked.
+PAST_THE_END = frozenset({"InvalidRange", "416"})
 #: A conditional put's answers when the key holds an object (or another conditional put of it raced).
 TAKEN = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
 #: A server that does not implement a put's condition.
@@ -137,12 +139,13 @@ class Bucket:
             raise self.refused(exc, f"read {key}") from exc
 
     def get_range(self, key: str, offset: int, length: int) -> bytes | None:
-        """`length` bytes of the object from `offset` (a ranged GET); None when there is no such object."""
+        """`length` bytes of the object from `offset` (a ranged GET), fewer where it ends sooner; None
+        when there is no such object, or it ends before `offset` (the bucket answers 416)."""
         try:
             body = self.client.get_object(Bucket=self.name, Key=key, Range=f"bytes={offset}-{offset + length - 1}")
             return bytes(body["Body"].read(length + 1))
         except Exception as exc:
-            if _code(exc) in MISSING:
+            if _code(exc) in MISSING | PAST_THE_END:
                 return None
             raise self.refused(exc, f"read {key}") from exc
 
