@@ -43,6 +43,8 @@ PERMANENT = frozenset(
 MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 #: A ranged GET's answer when the object ends before the range starts (416): shorter than asked.
 PAST_THE_END = frozenset({"InvalidRange", "416"})
+#: A download's answer when a later part no longer matches its first (If-Match): the object changed.
+CHANGED = frozenset({"PreconditionFailed", "412"})
 #: A conditional put's answers when the key holds an object (or another conditional put of it raced).
 TAKEN = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
 #: A server that does not implement a put's condition.
@@ -59,6 +61,10 @@ MAX_ATTEMPTS = 8
 
 class BucketMisconfigured(ConfigError):
     """The bucket refused us for a reason no retry can fix (names the bucket and the code)."""
+
+
+class ObjectChanged(Exception):
+    """An object was replaced while it was downloaded in parts (names its key)."""
 
 
 class BucketFailed(Exception):
@@ -152,13 +158,17 @@ class Bucket:
     def download_into(self, key: str, sink: Any) -> bool:
         """Fetch `key` into `sink`, a writable file object that is not seekable: s3transfer hands it
         the bytes in order (ranged parts in parallel, each retried; a part retried midway is not
-        written twice). False when there is no such object; what `sink` raises is raised as it is."""
+        written twice). False when there is no such object; ObjectChanged when it was replaced after its
+        first part was read (the bucket refuses the later ones); what `sink` raises is raised as it is."""
         try:
             self.client.download_fileobj(self.name, key, sink, Config=self.transfer)
             return True
         except Exception as exc:
-            if _code(exc) in MISSING:
+            code = _code(exc)
+            if code in MISSING:
                 return False
+            if code in CHANGED:
+                raise ObjectChanged(f"{key} changed in the bucket while it was read") from exc
             refusal = self.refused(exc, f"read {key}")
             if refusal is exc:
                 raise
@@ -251,9 +261,10 @@ def open_bucket(settings: S3Storage) -> Bucket:
 
 def _answer(exc: Exception) -> dict[str, Any] | None:
     """The server's answer `exc` carries (None: no answer). boto3's upload_file raises
-    S3UploadFailedError, which carries none, while handling the ClientError that does: that one's."""
+    S3UploadFailedError, which carries none, while handling the ClientError that does: that one's
+    (as s3transfer's S3DownloadFailedError, for a part the bucket refused: an object changed)."""
     answered: BaseException | None = exc
-    if type(exc).__name__ == "S3UploadFailedError":
+    if type(exc).__name__ in ("S3UploadFailedError", "S3DownloadFailedError"):
         answered = exc.__context__
     response = getattr(answered, "response", None)
     return response if isinstance(response, dict) else None

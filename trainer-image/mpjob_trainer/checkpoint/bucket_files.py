@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mpjob_trainer.checkpoint import document, objects
-from mpjob_trainer.checkpoint.bucket import Bucket
+from mpjob_trainer.checkpoint.bucket import Bucket, ObjectChanged
 from mpjob_trainer.checkpoint.checked import Write
 from mpjob_trainer.checkpoint.manifest import DCP, FRAMEWORK, MANIFEST, CorruptCheckpoint, Manifest, parse_manifest
 from mpjob_trainer.checkpoint.peers import Peers, agreed
@@ -34,9 +34,8 @@ class BucketFiles:
         self.bucket, self.prefix, self.folder = bucket, prefix, folder
 
     def copy(self, name: str, meta: dict[str, Any], write: Write) -> None:
-        sink = _InOrder(write, int(meta["bytes"]), f"{self.folder.name}: {name}")
-        if not self.bucket.download_into(f"{self.prefix}/{name}", sink):
-            raise CorruptCheckpoint(f"{self.folder.name}: {name} missing from the bucket")
+        where = f"{self.folder.name}: {name}"
+        _download(self.bucket, f"{self.prefix}/{name}", _InOrder(write, int(meta["bytes"]), where), where)
 
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         body = self.bucket.get_range(f"{self.prefix}/{name}", offset, length)
@@ -100,14 +99,23 @@ def check_sizes(bucket: Bucket, prefix: str, name: str, manifest: Manifest) -> N
 def fetch_files(bucket: Bucket, prefix: str, folder: Path, manifest: Manifest) -> None:
     """Download every file `manifest` lists from below `prefix` into `folder` (its names checked on
     reading: inside it), none past the size it gives (an object replaced since its listing);
-    CorruptCheckpoint when one is missing or longer."""
+    CorruptCheckpoint when one is missing or longer, or replaced while it was read."""
     for name, meta in manifest.files.items():
         target = folder / name
         target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("wb") as f:
-            sink = _InOrder(f.write, int(meta["bytes"]), f"{folder.name}: {name}")
-            if not bucket.download_into(f"{prefix}/{name}", sink):
-                raise CorruptCheckpoint(f"{folder.name}: {name} missing from the bucket")
+            where = f"{folder.name}: {name}"
+            _download(bucket, f"{prefix}/{name}", _InOrder(f.write, int(meta["bytes"]), where), where)
+
+
+def _download(bucket: Bucket, key: str, sink: _InOrder, where: str) -> None:
+    """`key` into `sink`; CorruptCheckpoint when it is missing, or replaced while it was read."""
+    try:
+        found = bucket.download_into(key, sink)
+    except ObjectChanged:
+        raise CorruptCheckpoint(f"{where} changed in the bucket while it was read") from None
+    if not found:
+        raise CorruptCheckpoint(f"{where} missing from the bucket")
 
 
 def keep_framework(download: Path, root: Path) -> None:
