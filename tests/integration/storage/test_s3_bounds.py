@@ -16,6 +16,7 @@ import torch
 
 from mpjob_contract.storage import S3Storage
 from mpjob_trainer.checkpoint import resume
+from mpjob_trainer.checkpoint.bucket import LIST_PAGE
 from mpjob_trainer.checkpoint.document import MAX_MANIFEST_BYTES
 from mpjob_trainer.checkpoint.manifest import MANIFEST, STATE, folder_name
 from mpjob_trainer.checkpoint.protocol import MAX_EXAMINED
@@ -127,3 +128,16 @@ def test_an_object_larger_than_its_manifest_says_is_never_downloaded(settings: S
     assert loaded is not None and loaded[0].step == 10
     assert key not in fetched and [e["event"] for e in log] == ["checkpointRejected"]
     assert "bytes, its manifest says" in log[0]["problem"]
+
+
+def test_unfinished_uploads_past_a_listing_page_are_all_aborted_at_start(settings: S3Storage, raw: Any) -> None:
+    """A killed save of many ranks leaves more unfinished multipart uploads than one listing page
+    holds (1,000): the start aborts them all, page by page, never only the first page's."""
+    store = store_of(settings)
+    keys = [f"{store.key}/{folder_name(10)}/w-0123456789ab/__{rank}_0.distcp" for rank in range(LIST_PAGE + 20)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: raw.create_multipart_upload(Bucket=settings.bucket, Key=key), keys))
+    log: list[dict[str, Any]] = []
+    store_of(settings, log).clean_stale()
+    assert raw.list_multipart_uploads(Bucket=settings.bucket, Prefix=f"{store.key}/").get("Uploads", []) == []
+    assert log == [{"event": "checkpointUploadsAborted", "count": len(keys)}]

@@ -55,6 +55,9 @@ MULTIPART_BYTES = 16 << 20
 CONCURRENCY = 4
 #: Entries one listing request asks for (S3's own maximum).
 LIST_PAGE = 1000
+#: The unfinished multipart uploads one call aborts (ten listing pages): a backlog past it waits
+#: for the next attempt's start.
+MAX_UPLOADS = 10 * LIST_PAGE
 #: botocore's standard retry mode: this many tries in all, backoff with jitter between them.
 MAX_ATTEMPTS = 8
 
@@ -213,14 +216,22 @@ class Bucket:
                 raise self.refused(exc, f"delete {key}") from exc
 
     def abort_uploads(self, prefix: str) -> int:
-        """Abort unfinished multipart uploads below `prefix/` (a killed save's); how many."""
+        """Abort unfinished multipart uploads below `prefix/` (killed saves'), a listing page at a time,
+        no more than MAX_UPLOADS; how many. Each page is listed from the start once the one before it
+        is aborted, with no marker: S3-compatible servers (versitygw) refuse the one S3 gives."""
+        aborted = 0
         try:
-            found = self.client.list_multipart_uploads(Bucket=self.name, Prefix=f"{prefix}/").get("Uploads", [])
-            for upload in found:
-                self.client.abort_multipart_upload(Bucket=self.name, Key=upload["Key"], UploadId=upload["UploadId"])
+            for _ in range(MAX_UPLOADS // LIST_PAGE):
+                page = self.client.list_multipart_uploads(Bucket=self.name, Prefix=f"{prefix}/", MaxUploads=LIST_PAGE)
+                found = page.get("Uploads", [])
+                for upload in found:
+                    self.client.abort_multipart_upload(Bucket=self.name, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted += len(found)
+                if not found or not page.get("IsTruncated"):
+                    break
         except Exception as exc:
             raise self.refused(exc, f"list uploads below {prefix}/") from exc
-        return len(found)
+        return aborted
 
     def _extra(self) -> dict[str, str]:
         return {"ServerSideEncryption": self.settings.sse} if self.settings.sse else {}
