@@ -16,7 +16,13 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from mpjob_contract.api import MAX_ATTEMPT_ENTRIES, AttemptCounts, AttemptStatus, MixedPrecisionJobStatus
+from mpjob_contract.api import (
+    MAX_ATTEMPT_ENTRIES,
+    AttemptCounts,
+    AttemptStatus,
+    MixedPrecisionJobStatus,
+    RequestedPrecision,
+)
 from mpjob_contract.codes import Reason
 
 #: Entries kept from the beginning of the history; the rest of MAX_ATTEMPT_ENTRIES are the newest.
@@ -76,6 +82,22 @@ def barred(attempts: Sequence[AttemptStatus], counts: AttemptCounts | None = Non
     first = repromoted_at(attempts, counts)
     again = {a.precision for a in attempts if a.reason in FAULTED and a.index >= first.get(a.precision, a.index + 1)}
     return frozenset(again | set(counts.barred if counts is not None else ()))
+
+
+def first_trained(attempts: Sequence[AttemptStatus]) -> RequestedPrecision | None:
+    """The precision the job first trained in (None: `attempts` lacks its first attempt): the first
+    attempt's, or, when it ended before it measured its node (still `auto`), that of the first
+    attempt after it that did, the ones between all kept; `auto` when none has measured yet (or an
+    entry between was dropped: `bound`)."""
+    chain = sorted(attempts, key=lambda a: a.index)
+    if not chain or chain[0].index != 0:
+        return None
+    for expected, attempt in enumerate(chain):
+        if attempt.index != expected:
+            break
+        if attempt.precision != "auto":
+            return attempt.precision
+    return chain[0].precision
 
 
 def _was_charged(attempt: AttemptStatus) -> bool:

@@ -279,7 +279,7 @@ def _repromoted(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, wh
     clean, step = spec.precision.repromote_after_steps, start.start_step
     message = f"{start.promoted_from} -> {start.precision} after at least {clean} clean steps (repromoteAfterSteps)"
     message += f", {POD_CHECKPOINTS}" if lost else f", from checkpoint step {step}"  # the trainer's ending: how many
-    first = plan.status.attempts[0].precision if plan.status.attempts else start.precision
+    first = history.first_trained(plan.status.attempts) or start.precision
     reason = ConditionReason.REPROMOTED
     condition(plan, when, ConditionType.PRECISION_FALLBACK, start.precision != first, reason, message)
     plan.events.append(Event("Normal", ConditionReason.PRECISION_REPROMOTED, message))

@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from mpjob.planning.batch import BatchShape, held, largest_shape, wider
 from mpjob.planning.classify import Action, Classification
-from mpjob.planning.history import barred
+from mpjob.planning.history import barred, first_trained
 from mpjob.planning.repeat import repeated_failure
 from mpjob_contract.api import (
     AttemptCounts,
@@ -102,7 +102,7 @@ def walked(
     `auto` attempt trains in what it measured on its node, which the spec's capability may not
     predict: its fallbacks follow it, and a re-promotion goes back up to it, never above it."""
     steps = ladder(spec, capability)
-    first = next((a.precision for a in history if a.index == 0), None)
+    first = first_trained(history)  # an attempt that ended before it measured: the one that did
     if first is None or first == "auto":
         return steps
     if first in steps:

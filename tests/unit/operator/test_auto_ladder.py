@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from mpjob.planning import lifecycle as lc
 from mpjob.planning.classify import AttemptOutcome, classify
-from mpjob.planning.planner import StartAttempt, after_attempt, ladder, promotion_target
-from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec
+from mpjob.planning.plan import Plan, When
+from mpjob.planning.planner import StartAttempt, after_attempt, first_attempt, ladder, promotion_target
+from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus
+from mpjob_contract.codes import Reason, exit_code_for
+from mpjob_contract.report import TerminationReport
 
 pytestmark = pytest.mark.unit
+
+WHEN = When("2026-12-04T12:00:00Z")
 
 
 def spec(capability: str = "7.0") -> MixedPrecisionJobSpec:
@@ -66,3 +72,40 @@ def test_an_attempt_that_never_measured_keeps_the_capability_ladder() -> None:
     history = [attempt(0, "auto", "InfraError")]  # killed before it measured: still `auto`
     nxt = after_attempt(s, 0, "auto", classify(AttemptOutcome(1)), 0, None, history=history)
     assert isinstance(nxt, StartAttempt) and (nxt.precision, nxt.repromote_after_steps) == ("auto", None)
+
+
+def _lifecycle(s: MixedPrecisionJobSpec, *endings: AttemptOutcome) -> tuple[Plan, StartAttempt]:
+    """The job's attempts through the operator's lifecycle, each ending as the next of `endings`:
+    the plan the last left and the attempt it began."""
+    plan = Plan(status=MixedPrecisionJobStatus())
+    lc.begin(plan, s, first_attempt(s), WHEN)
+    start = plan.create[0]
+    for outcome in endings:
+        plan = Plan(status=plan.status)
+        lc.conclude(plan, s, attempt=start, outcome=outcome, when=WHEN)
+        assert plan.create, plan.status.message
+        start = plan.create[0]
+    return plan, start
+
+
+def ended(reason: Reason, precision: str) -> AttemptOutcome:
+    report = TerminationReport(reason=reason, step=10, precision=precision)  # type: ignore[arg-type]
+    return AttemptOutcome(exit_code_for(reason), report)
+
+
+#: Attempt 0 crashed before it measured its node (still `auto`); attempt 1 measured bf16 there.
+NEVER_MEASURED = AttemptOutcome(1)
+
+
+def test_a_measured_precision_after_an_attempt_that_never_measured_is_the_top_of_the_ladder() -> None:
+    s = spec()  # the capability's ladder: fp16, bf16, fp32; the node measured bf16
+    _, nxt = _lifecycle(s, NEVER_MEASURED, ended(Reason.PREEMPTED, "bf16"))
+    assert (nxt.precision, nxt.repromote_after_steps) == ("bf16", None)  # never up to fp16, never run
+
+
+def test_a_repromotion_back_to_that_measured_precision_ends_the_fallback() -> None:
+    s = spec()
+    plan, nxt = _lifecycle(s, NEVER_MEASURED, ended(Reason.NUMERIC_FAULT, "bf16"), ended(Reason.REPROMOTE, "fp32"))
+    assert (nxt.precision, nxt.promoted_from, nxt.repromote_after_steps) == ("bf16", "fp32", None)
+    (fallback,) = [c for c in plan.status.conditions if c.type == "PrecisionFallback"]
+    assert (fallback.status, fallback.reason) == ("False", "Repromoted")  # back where the job trained first
