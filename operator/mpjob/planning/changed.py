@@ -19,10 +19,11 @@ from datetime import UTC, datetime
 
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
-from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec
 from mpjob_contract.codes import ExitCode, Reason
+from mpjob_contract.policy import FaultPolicy
 from mpjob_contract.report import ChangeKind, InPlaceChange, TerminationReport
 from mpjob_contract.vocabulary import settled
 
@@ -54,7 +55,7 @@ def changed_in_place(
     outcome = AttemptOutcome(code, report)
     began = next((a.start_time for a in plan.status.attempts if a.index == attempt.index), None)
     when = lc.When(moment(change.at, when.at, earliest=began), when.generation)  # when the trainer changed
-    lc.conclude(plan, spec, attempt=attempt, outcome=outcome, when=when, capability=capability,
+    lc.conclude(plan, ruling(spec, outcome), attempt=attempt, outcome=outcome, when=when, capability=capability,
                 checkpoint_dir=checkpoint_dir, resumed_at=change.start_step,
                 went_on_in=change.to_precision)  # fmt: skip
     if not plan.create:
@@ -69,6 +70,17 @@ def changed_in_place(
         begun = replace(begun, micro_batch=change.micro_batch, grad_accumulation=change.grad_accumulation)
     lc.announce(plan, spec, entry)  # it runs already: no Job is made for it
     return begun
+
+
+def ruling(spec: MixedPrecisionJobSpec, outcome: AttemptOutcome) -> MixedPrecisionJobSpec:
+    """The spec a change's ending is ruled by: the job's, unless its faultPolicy, edited since the
+    attempt's launch (the trainer changed by the policy launched with it), would neither make the
+    change nor fail the fault: then the built-in table's, the change as made (an edit reaches the
+    attempts launched after it; one that fails the fault still ends the job)."""
+    table = classify(outcome)
+    if under_policy(table, spec.fault_policy, outcome.report).action in (table.action, Action.FAIL):
+        return spec
+    return spec.model_copy(update={"fault_policy": FaultPolicy()})
 
 
 def moment(at: float | None, now: str, *, earliest: str | None = None) -> str:
