@@ -28,7 +28,7 @@ from mpjob.planning.phases import (
     suspend,
 )
 from mpjob.planning.plan import Event, Plan, Started, When
-from mpjob.planning.planner import Finish, StartAttempt, after_attempt, with_promotion
+from mpjob.planning.planner import Finish, StartAttempt, after_attempt, as_made, with_promotion
 from mpjob.planning.reported import record_report, trained_in, without_progress
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
@@ -253,7 +253,7 @@ def conclude(
     if isinstance(decision, Finish):
         finish(plan, decision, when)
         return
-    decision = replace(decision, precision=went_on_in or decision.precision)
+    decision = as_made(decision, precision, went_on_in)
     if decision.fallback_from is not None:
         _fallback(plan, decision, when, result.reason.value, point.lost)
     if decision.promoted_from is not None:

@@ -38,6 +38,7 @@ from mpjob_contract.api import (
 )
 from mpjob_contract.codes import FinishReason, Reason
 from mpjob_contract.launch import CHECKPOINT_MOUNT, inside_checkpoint_dir
+from mpjob_contract.vocabulary import safer_than
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,16 @@ def with_promotion(
     if not room or target is None:
         return replace(start, repromote_after_steps=None)
     return replace(start, repromote_after_steps=spec.precision.repromote_after_steps)
+
+
+def as_made(decision: StartAttempt, ended: RequestedPrecision, went_on_in: Precision | None) -> StartAttempt:
+    """`decision` in the precision a trainer changed to in place from `ended` (`went_on_in`; None: no
+    change), a fallback or a re-promotion as it went, whatever a spec edited since its launch plans."""
+    if went_on_in is None or went_on_in == decision.precision:
+        return decision
+    down, up = safer_than(went_on_in, ended), safer_than(ended, went_on_in)
+    return replace(decision, precision=went_on_in, fallback_from=ended if down else None,
+                   promoted_from=ended if up else None)  # fmt: skip
 
 
 def _shaped(start: StartAttempt, shape: BatchShape) -> StartAttempt:

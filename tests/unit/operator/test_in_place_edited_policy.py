@@ -3,7 +3,9 @@ the running processes hold that spec. A policy edited since reaches the attempts
 the change is recorded as made (the fallback, its condition and Event), and an edit that fails the
 fault still ends the job. Recorded under the edited rule instead, a fallback made in place read as
 a retry: the attempt's message named a rule that decided nothing, the job trained in bf16 while no
-PrecisionFallback condition or Event said it had fallen back."""
+PrecisionFallback condition or Event said it had fallen back. Likewise a re-promotion in place after
+precision.maxRepromotions was lowered: recorded as no re-promotion, it went uncounted, and the
+PrecisionFallback condition still said fp16 -> bf16 while the job trained in fp16."""
 
 from __future__ import annotations
 
@@ -67,3 +69,23 @@ def test_an_edit_that_fails_the_fault_still_ends_the_job_at_a_change_in_place() 
     plan = reconcile(edited, status, 2, {0: running()}, NOW, changes=[fell_back()])
     assert plan.status.phase == "Failed" and plan.delete == [0]
     assert plan.status.attempts[0].message.startswith("spec.faultPolicy.rules[0] (fault: MaxNonFiniteLosses")
+
+
+def test_a_repromotion_made_in_place_after_repromotion_was_turned_off_is_recorded_as_one() -> None:
+    precision = {"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 10}
+    s = spec().model_copy(update={"precision": spec().precision.model_validate(precision)})
+    fell = reconcile(s, launched(s), 1, {0: running()}, NOW - timedelta(seconds=20), changes=[fell_back()]).status
+    up = InPlaceChange.model_validate(
+        {"kind": "repromote", "attempt": 2, "step": 60, "startStep": 60, "fromPrecision": "bf16",
+         "toPrecision": "fp16", "rule": "repromote", "message": "20 clean steps in bf16; checkpoint at step 60 written",
+         "recoverySeconds": 0.01}
+    )  # fmt: skip
+    # the user stops the climbs while the bf16 attempt runs; its trainer, launched to climb, climbs
+    edited = s.model_copy(update={"precision": s.precision.model_copy(update={"max_repromotions": 0})})
+    plan = reconcile(edited, fell, 2, {0: running()}, NOW, changes=[up])
+    promoted = plan.status.attempts[-1]
+    assert (promoted.precision, promoted.in_place, promoted.repromoted) == ("fp16", True, True)
+    assert plan.status.attempt_counts is not None and plan.status.attempt_counts.repromotions == 1
+    (fallback,) = [c for c in plan.status.conditions if c.type == "PrecisionFallback"]
+    assert (fallback.status, fallback.reason) == ("False", "Repromoted")  # back in fp16, where it began
+    assert plan.repromotions == [("bf16", "fp16")]
