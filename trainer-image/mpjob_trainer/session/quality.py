@@ -32,6 +32,7 @@ from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.metrics import TrainerMetrics
 from mpjob_trainer.session.modes import AttemptPrecision, Mode
+from mpjob_trainer.session.steps import require_callables
 
 #: The user's evaluation: the mean eval loss of the current weights, computed under
 #: run.autocast() (the session runs it in the attempt's precision and in fp32).
@@ -56,6 +57,7 @@ def relative_delta(loss: float, reference: float) -> float:
 
 class QualityGate:
     def __init__(self, evaluate: EvalFunction, spec: Validation, world: World, device: torch.device) -> None:
+        require_callables("evaluate_with", evaluate=evaluate)  # a ConfigError at the call, not at an eval step
         self.evaluate = evaluate
         self.spec = spec
         self.world = world

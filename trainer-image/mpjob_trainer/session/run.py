@@ -46,7 +46,7 @@ from mpjob_trainer.session.quality import EvalFunction, QualityGate
 from mpjob_trainer.session.replay import LiveWeights
 from mpjob_trainer.session.setup import SetUpCalls
 from mpjob_trainer.session.state import TrainingState, seed_everything
-from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, step_samples
+from mpjob_trainer.session.steps import Number, SamplesFunction, StepFunction, require_callables, step_samples
 
 
 class Session(SetUpCalls, StopCalls):
@@ -177,6 +177,7 @@ class Session(SetUpCalls, StopCalls):
         After resume(). `modules`: the models whose buffers the measurement puts back (default: resume()'s);
         `weights`: a framework's state (session.replay); `reshape(micro, accumulation)`: train in that split."""
         state, guard = self._training("register_step()"), self._setup.wrapper.replayable(self.spec.precision.guard)
+        require_callables("register_step", step=step, samples=samples, reshape=reshape)
         if self.launch.precision == "auto" and self._measurement is None:
             held = modules if modules is not None else state.modules
             self._measurement = measure_and_settle(step, self.start_step, modules=held, at=self._context)

@@ -50,6 +50,26 @@ def step_samples(samples: object) -> int:
     return samples
 
 
+#: What each function the loop hands the session is called for (`require_callables`).
+CALLED_FOR = {
+    "step": "step(i) runs optimizer step i",
+    "samples": "samples(i) names step i's samples",
+    "reshape": "reshape(micro_batch, grad_accumulation) changes the loop's split",
+    "evaluate": "evaluate() returns the mean eval loss",
+}
+
+
+def require_callables(call: str, **given: object) -> None:
+    """Each function the loop hands `call` is callable (or None): else a ConfigError at the call, not
+    a TypeError the first time the session calls it (an InfraError, retried as the platform's fault)."""
+    for name, value in given.items():
+        if value is not None and not callable(value):
+            raise ConfigError(
+                f"{call}({name}={value!r}): {name} is a function the session calls back "
+                f"({CALLED_FOR[name]}), not a {type(value).__name__}"
+            )
+
+
 class AppliedSteps:
     """Optimizer steps actually applied (GradScaler skips overflowing ones); `before`: run as each
     watched optimizer's step pre-hook (StepNumerics: is this step the session's own?)."""
