@@ -295,6 +295,10 @@ def test_an_unexpected_exception_is_an_infra_error_with_its_traceback(
         ([1, 2, 2], "end_step(2): optimizer steps are numbered from 1"),
         ([1, 2, 1], "end_step(1): optimizer steps are numbered from 1"),
         ([1, 2, 3, 4, 5, 6, 7], "end_step(7): optimizer steps are numbered from 1"),  # past training.steps
+        # A loop that numbers its steps by micro-batch (accumulating 2) closed step 6, the run's last,
+        # after 3 optimizer steps, and checkpointed the weights of step 2 as step 4's.
+        ([2], "end_step(2): optimizer steps are numbered from 1"),
+        ([1, 2, 4], "end_step(4): optimizer steps are numbered from 1"),
     ],
 )
 def test_closing_a_step_out_of_order_is_a_config_error_before_it_is_checkpointed(

@@ -61,7 +61,7 @@ class EarlyStop:
 
 
 class StopCalls:
-    """The Session's calls of an early stop (see above)."""
+    """The Session's calls of an early stop (see above), and of how its steps are numbered."""
 
     _cadence: Cadence
     _step: int
@@ -83,6 +83,11 @@ class StopCalls:
             )
         if step < self.total_steps:
             self._cadence.early.step = step
+
+    def framework_numbers_steps(self) -> None:
+        """A framework numbers the steps end_step closes (FrameworkRun): any step above the last is the
+        next (Lightning's global step counts each optimizer's step), not only the one after it."""
+        self._cadence.framework_numbered = True
 
     @property
     def stopped_early(self) -> bool:

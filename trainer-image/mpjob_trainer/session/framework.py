@@ -129,6 +129,7 @@ class FrameworkRun:
     def __init__(self, run: Session) -> None:
         self.run = run
         run.reenter_on_rollback()
+        run.framework_numbers_steps()  # its global step: Lightning's counts each optimizer's step
 
     def checkpoint_with(self, write: CheckpointWriter, model: torch.nn.Module) -> None:
         """From now on the session's checkpoints are the framework's (`write`), adopted; a `model`

@@ -62,6 +62,9 @@ class Cadence:
         self.begun = 0
         #: Where the loop stopped early, if it did (session.early_stop); checkpointed.
         self.early = EarlyStop()
+        #: A framework numbers the steps (FrameworkRun): Lightning's global step counts every
+        #: optimizer's step, 2 a batch for a module stepping 2; a loop's own count up by one.
+        self.framework_numbered = False
 
     @property
     def total(self) -> int:
@@ -89,14 +92,16 @@ class Cadence:
         return step - (step - 1) // every * every
 
     def follows(self, last: int, step: int, *, reentering: bool = False) -> None:
-        """May the loop close step `step` after step `last` (resume's start step at first)? Else the
-        checkpoints would hold weights under another step's number, and the last one never. A loop
-        `reentering` goes on from a checkpoint's step: only the number's kind is checked then."""
+        """May the loop close step `step` after step `last` (resume's start step at first): the next one
+        (a framework's: any above it)? Else the checkpoints would hold weights under another step's
+        number (a micro-batch count's), and the last one never. A loop `reentering` goes on from a
+        checkpoint's step: only the number's kind is checked then."""
         whole_step("end_step", step)
-        if not reentering and not last < step <= self.total:
+        follows = step == last + 1 or (self.framework_numbered and step > last)
+        if not reentering and not (follows and step <= self.total):
             raise ConfigError(
                 f"end_step({step}): optimizer steps are numbered from 1 to spec.training.steps={self.total} and "
-                f"each is closed once, counting up: after step {last} the next is {last + 1}"
+                f"each is closed once, counting up by one: after step {last} the next is {last + 1}"
             )
 
     def trouble(self, step: int) -> None:
