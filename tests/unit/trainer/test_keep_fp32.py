@@ -373,3 +373,20 @@ def test_the_session_logs_what_it_wrapped_and_what_autocast_keeps(
     (kept,) = [e for e in events if e["event"] == "keepFp32"]
     assert kept["wrapped"] == ["norm", "gate"] and kept["skipped"] == ["MSELoss"]
     assert precision.autocast_fp32_types(run.device) >= {"MSELoss"}
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp32"])
+def test_a_kept_type_named_in_another_case_than_the_models_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """`keepFp32: [layernorm]` for a model of LayerNorms matched nothing and kept nothing in fp32,
+    silently (`wrapped: []`). A listed type the model lacks stays fine (a shared spec, the default
+    LayerNorm, MSELoss above); one that differs from a type of the model only in case is refused."""
+    job = spec(precision={"mode": mode, "keepFp32": ["layernorm", "MSELoss", "Gate"]})
+    launch = in_process_launch(tmp_path, monkeypatch, job, mode)
+    with pytest.raises(SystemExit) as ended, session.start(launch=launch) as run:
+        run.keep_fp32(_net())
+    assert ended.value.code == 43
+    message = json.loads((tmp_path / "report.json").read_text())["message"]
+    assert message.startswith("spec.precision.keepFp32: 'layernorm' names no module type of the model"), message
+    assert "did you mean 'LayerNorm'?" in message

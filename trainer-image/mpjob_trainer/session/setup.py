@@ -15,6 +15,20 @@ from mpjob_trainer.precision import autocast_fp32_types, keep_fp32
 from mpjob_trainer.session.modes import AttemptPrecision
 
 
+def named_as_the_model_names(model: nn.Module, kept: list[str]) -> None:
+    """A keepFp32 type the model lacks is fine (a spec shared by models, the default LayerNorm), but
+    one that differs from a type of the model only in case is a misspelling that would keep nothing
+    in fp32, silently: a ConfigError naming the type it means. Checked in every precision."""
+    types = {type(module).__name__ for module in model.modules()}
+    for name in kept:
+        meant = sorted(kind for kind in types if kind.lower() == name.lower() and kind != name)
+        if name not in types and meant:
+            raise ConfigError(
+                f"spec.precision.keepFp32: {name!r} names no module type of the model (class names are "
+                f"case-sensitive): did you mean {meant[0]!r}?"
+            )
+
+
 class ModelSetUp:
     """The Session's set-up calls for the loop's model, in the attempt's precision."""
 
@@ -47,6 +61,7 @@ class ModelSetUp:
         run in fp32 already), unless it re-promotes in place: its model then trains on in a low
         precision, set up as the restarted attempt's would be (the wrappers change nothing in fp32)."""
         self._convert_fp8(model)
+        named_as_the_model_names(model, self.spec.precision.keep_fp32)
         lowers = self.spec.precision.in_place and self.launch.promote_in_place_to is not None
         if self.precision == "fp32" and not lowers:
             return []
