@@ -66,7 +66,7 @@ def require_callables(call: str, **given: object) -> None:
         if value is not None and not callable(value):
             raise ConfigError(
                 f"{call}({name}={value!r}): {name} is a function the session calls back "
-                f"({CALLED_FOR[name]}), not a {type(value).__name__}"
+                f"({CALLED_FOR[name]}), not a value of type {type(value).__name__}"
             )
 
 
