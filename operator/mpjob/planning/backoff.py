@@ -1,15 +1,16 @@
 """The wait before an attempt that retries a failure as it was: exponential, as the Kubernetes
 Job controller's between a Job's pods (10 s, doubled per failure in a row, at most 6 min).
 
-A failure that is retried in the same precision and batch shape (InfraError, Stalled, or a fault
-spec.faultPolicy retries) says nothing about the next try: when its cause is an outage (the
-checkpoint store, the network, a filesystem), attempts started at once fail as fast as they
-start, and a few minutes of outage spend all of runPolicy.maxAttempts. So the attempt after
-such a failure starts only once `RetryBackoff.seconds(failures in a row)` have passed since it
-ended. A precision fallback, a smaller micro-batch, and the platform's endings (preemption,
-eviction, node lost, suspension, resizes) are changes or disruptions, not blind retries: they
-start at once, and they end a run of failures, as an attempt that trained past where it began
-or passed a checkpoint does (it counts as the first failure of a new run).
+A failure that is retried in the same precision and batch shape (InfraError, a trainer killed by
+a signal with no report, Stalled, or a fault spec.faultPolicy retries) says nothing about the
+next try: when its cause is an outage (the checkpoint store, the network, a filesystem),
+attempts started at once fail as fast as they start, and a few minutes of outage spend all of
+runPolicy.maxAttempts. So the attempt after such a failure starts only once
+`RetryBackoff.seconds(failures in a row)` have passed since it ended. A precision fallback, a
+smaller micro-batch, and the platform's endings (preemption, eviction, node lost, suspension,
+resizes) are changes or disruptions, not blind retries: they start at once, and they end a run
+of failures, as an attempt that trained past where it began or passed a checkpoint does (it
+counts as the first failure of a new run).
 
 Everything is read from the status (each attempt's reason, steps, precision, micro-batch and
 finishTime): an operator that restarts mid-wait waits out the same wait, with nothing kept in
@@ -41,6 +42,7 @@ CAP_SECONDS = 360.0
 RETRIED_FAILURES = frozenset(
     {
         Reason.INFRA_ERROR.value,
+        Reason.DELETED.value,  # killed by a signal with no report (or deleted by hand): an InfraError fault
         Reason.STALLED.value,
         Reason.NUMERIC_FAULT.value,
         Reason.OUT_OF_DEVICE_MEMORY.value,

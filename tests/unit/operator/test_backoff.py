@@ -54,6 +54,7 @@ def newest(index: int, **kw: object) -> AttemptStatus:
         ([ended(0), ended(1, "OutOfDeviceMemory"), newest(2, micro_batch=2)], 0),  # a split
         ([ended(0), ended(1, "NumericFault"), newest(2)], 2),  # faultPolicy retries it as it was
         ([ended(0, "OOMKilled"), newest(1)], 1),  # faultPolicy retries a host OOM as it was
+        ([ended(0, "PodDeleted"), ended(1, "PodDeleted"), newest(2)], 2),  # killed by a signal, no report
         ([ended(0), ended(1, end_step=30), ended(2), newest(3)], 2),  # 1 trained: it counts, none before it
         ([ended(0), ended(1), newest(2, start_step=20)], 1),  # 1 passed a checkpoint the next resumes from
         ([ended(0), ended(2), newest(3)], 1),  # not in a row (attempts[] dropped one between)
@@ -235,3 +236,15 @@ def test_a_host_oom_a_rule_retries_waits_as_an_infra_error_does() -> None:
     assert "spec.faultPolicy.rules[0] (fault: OOMKilled, action: Retry)" in (plan.status.attempts[0].message or "")
     failed = reconcile(S, read_back(first), 1, killed, NOW, retries=backoff.JOB_CONTROLLER).status
     assert failed.phase == "Failed" and [a.reason for a in failed.attempts] == ["OOMKilled"]  # no rule: as before
+
+
+def test_a_trainer_killed_by_a_signal_again_and_again_waits_as_an_infra_error_does() -> None:
+    """A pod whose trainer dies by SIGKILL with no report (a sidecar's or a host's kill, a pod deleted)
+    is an infrastructure failure, charged: retried at once each time it would spend the budget in
+    as many pod starts."""
+    first = reconcile(S, MixedPrecisionJobStatus(), 1, {}, NOW, retries=backoff.JOB_CONTROLLER).status
+    pod = PodView("p0", 0, "Failed", alive=False, exit_code=137)
+    killed = {0: JobView(0, finished="Failed", reason="BackoffLimitExceeded", pods=(pod,))}
+    plan = reconcile(S, read_back(first), 1, killed, NOW, retries=backoff.JOB_CONTROLLER)
+    assert [(a.index, a.reason) for a in plan.status.attempts] == [(0, "PodDeleted"), (1, None)]
+    assert plan.create == [] and plan.requeue_after == 10
