@@ -82,3 +82,16 @@ def test_a_run_stopped_early_by_its_loop_ends_the_job_run_finished(uri: str, mon
     job, (only,) = runs_of(uri)
     assert (only.info.status, only.data.tags["mpjob.ending"]) == ("FINISHED", "Succeeded")
     assert job.info.status == "FINISHED"
+
+
+def test_an_attempt_started_again_logs_the_steps_it_trains_again_once(uri: str) -> None:
+    """An attempt started again (after a preemption) resumes from its last checkpoint and trains
+    the steps since again: its run keeps each step once, in order; the job's run has them again."""
+    killed = attempt(uri, 0)
+    killed.log([Point("loss", 1.0 / s, s, s) for s in range(1, 11)], attempt_tags={}, job_tags={})
+    again = attempt(uri, 0)
+    again.log([Point("loss", 1.0 / s, s, 100 + s) for s in range(7, 16)], attempt_tags={}, job_tags={})
+    client = tracking_client(uri)
+    assert [m.step for m in client.get_metric_history(again.attempt_run, "loss")] == list(range(1, 16))
+    timeline = [m.step for m in client.get_metric_history(again.job_run, "loss")]
+    assert timeline == [*range(1, 11), *range(7, 16)]

@@ -110,6 +110,9 @@ class MlflowRuns:
         self.ends_owed: dict[str, Change] = {}
         #: What the job's run keeps of its first params where this attempt's differ (None: nothing).
         self.kept: str | None = None
+        #: The attempt's run's last step by metric: a step the attempt trains again (a rollback in
+        #: place, the attempt started again) is not logged to it again; its series has each once.
+        self.last_step: dict[str, int] = {}
 
     def open(self, *, job_name: str, attempt: int, params: dict[str, str], tags: dict[str, str]) -> None:
         """Find or make the experiment, the job's run (with its params) and the attempt's run.
@@ -166,9 +169,11 @@ class MlflowRuns:
                     TAG_JOB_KEY: self.key,
                 },
             )
-            again = run.info.run_id
+            again, self.last_step = run.info.run_id, {}
         else:
             self.client.update_run(again, status="RUNNING")
+            keys = self.client.get_run(again).data.metrics
+            self.last_step = {k: max(m.step for m in self.client.get_metric_history(again, k)) for k in keys}
         self.attempt_run = again
 
     def change(self, change: Change, *, job_name: str) -> None:
@@ -207,16 +212,24 @@ class MlflowRuns:
             self.client.set_tag(run, name, value)
 
     def log(self, points: list[Point], *, attempt_tags: dict[str, str], job_tags: dict[str, str]) -> None:
-        """Metrics to both runs (the attempt's series and the job's timeline), tags to each."""
+        """Metrics to both runs (the job's timeline, and the attempt's series, each step once: the
+        first value it logged at a step it trains again), tags to each."""
         from mlflow.entities import Metric, RunTag
 
-        metrics = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in points]
-        for run, tags in ((self.attempt_run, attempt_tags), (self.job_run, job_tags)):
+        last, first = dict(self.last_step), []
+        for p in points:
+            if p.step > last.get(p.key, -1):
+                last[p.key] = p.step
+                first.append(p)
+        for run, tags, sent in ((self.attempt_run, attempt_tags, first), (self.job_run, job_tags, points)):
+            metrics = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in sent]
             for start in range(0, max(1, len(metrics)), BATCH_METRICS) if run else []:
                 chunk = metrics[start : start + BATCH_METRICS]
                 run_tags = [RunTag(k, v) for k, v in tags.items()] if start == 0 else []
                 if chunk or run_tags:
                     self.client.log_batch(run, metrics=chunk, tags=run_tags, synchronous=True)
+            if run and run == self.attempt_run:
+                self.last_step = last
 
     def end(self, *, status: str, tags: dict[str, str], job_done: bool) -> None:
         """End the attempt's run (if it has one: a change in place or an open may have failed to
