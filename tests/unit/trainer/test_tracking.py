@@ -143,6 +143,24 @@ def test_a_refused_server_is_counted_and_never_raised(
     assert track(launch("http://x:1"), rank0=False, digest="d", metrics=metrics) is None
 
 
+def test_a_password_in_the_tracking_uri_is_never_printed_or_told(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A URI that carries its credentials (http://user:password@host) reaches the server with
+    them; a failure's message, on stderr and on the event lines, says the URI without them."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MPJOB_TRACKING_CLOSE_SECONDS", "600")
+    metrics = TrainerMetrics("j", "ns", 0, "fp16")
+    lines = io.StringIO()
+    uri = f"http://alice:s3cr3t-pw@127.0.0.1:{free_port()}"
+    tracker = RunTracker(launch(uri), digest="d", metrics=metrics, log=EventLog(0, lines))
+    tracker("step", {"time": 1.0, "step": 1, "loss": 1.0})
+    tracker.close(42)
+    told = lines.getvalue() + capsys.readouterr().err
+    assert failures(metrics) >= 1 and "127.0.0.1" in told and "trackingFailed" in told
+    assert "s3cr3t" not in told and "alice" not in told, told
+
+
 @pytest.mark.process
 def test_mlflows_usage_telemetry_is_off_in_a_trainer_that_tracks() -> None:
     """A process outside CI and tests (where MLflow turns it off by itself) that opens the

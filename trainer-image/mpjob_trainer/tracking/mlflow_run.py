@@ -13,6 +13,7 @@ same one) by the job's key tag, never created twice by one job.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,8 @@ ENDING_UNREPORTED = "Unreported"
 MAX_STALE = 100
 #: MLflow's log_batch limit on metrics per request.
 BATCH_METRICS = 1000
+#: The credentials of a URL (scheme://user:password@host), as MLflow's errors quote a tracking URI.
+USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s/]*@")
 
 
 class OpenIncomplete(Exception):
@@ -73,8 +76,8 @@ class ChangeIncomplete(Exception):
 
 
 def first_line(exc: BaseException) -> str:
-    """An error's first line, cut to 300 characters: what a warning line quotes of it."""
-    return str(exc).splitlines()[0][:300] if str(exc) else ""
+    """An error's first line, cut to 300 characters, no URL's user:password@ in it: what a warning quotes."""
+    return USERINFO.sub(r"\1", str(exc)).splitlines()[0][:300] if str(exc) else ""
 
 
 def each(parts: list[tuple[str, Callable[[], None]]]) -> list[str]:
@@ -110,8 +113,8 @@ class MlflowRuns:
         self.ends_owed: dict[str, Change] = {}
         #: What the job's run keeps of its first params where this attempt's differ (None: nothing).
         self.kept: str | None = None
-        #: The attempt's run's last step by metric: a step the attempt trains again (a rollback in
-        #: place, the attempt started again) is not logged to it again; its series has each once.
+        #: The attempt's run's last step by metric: one trained again (a rollback in place, the attempt
+        #: started again) is not logged to it again.
         self.last_step: dict[str, int] = {}
 
     def open(self, *, job_name: str, attempt: int, params: dict[str, str], tags: dict[str, str]) -> None:
@@ -212,8 +215,7 @@ class MlflowRuns:
             self.client.set_tag(run, name, value)
 
     def log(self, points: list[Point], *, attempt_tags: dict[str, str], job_tags: dict[str, str]) -> None:
-        """Metrics to both runs (the job's timeline, and the attempt's series, each step once: the
-        first value it logged at a step it trains again), tags to each."""
+        """Metrics to both runs (the job's timeline; the attempt's series, each step once), tags to each."""
         from mlflow.entities import Metric, RunTag
 
         last, first = dict(self.last_step), []
