@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, lapse, replan, shortage
+from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, lapse, replan, reported, shortage
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
@@ -195,7 +195,8 @@ def _follow(
             plan.delete.append(job.index)  # pods get SIGTERM: the trainer checkpoints
         message = "suspended: the trainer checkpoints on SIGTERM"
         user = charged(Disruption.USER_SUSPEND)
-        st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, status.step, when.at, charged=user)
+        at = reported.seen_at(status, current.index)
+        st.end_attempt(status, current.index, Reason.SUSPENDED.value, None, message, at, when.at, charged=user)
         gone_with_pods = suspended(status, spec)  # its pods go: what they hold is no resume point
         lc.suspend(plan, when, f"attempt {current.index} stopped by runPolicy.suspend{gone_with_pods}")
         return

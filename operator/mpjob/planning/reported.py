@@ -54,6 +54,17 @@ def ended_at(status: MixedPrecisionJobStatus, index: int, report: TerminationRep
     return status.step if seen else report.step
 
 
+def seen_at(status: MixedPrecisionJobStatus, index: int) -> int:
+    """Where attempt `index` stands as the operator has seen it, for an ending it decides itself
+    (runPolicy.suspend): the job's step once a live reading showed the attempt, else where it
+    began (a Job its queue never admitted, one not made yet: the job's step is the attempt before
+    it's). Its pods' report, once they stop, says more (`cutoff.heard`)."""
+    entry = next((a for a in status.attempts if a.index == index), None)
+    if entry is None or entry.progress_time is not None:
+        return status.step
+    return entry.start_step
+
+
 def record_report(status: MixedPrecisionJobStatus, index: int, report: TerminationReport | None) -> int:
     """What the trainer's report tells: the last good checkpoint, where it stopped and began."""
     if report is None:

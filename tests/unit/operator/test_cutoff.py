@@ -169,6 +169,7 @@ def stopped_at(step: int, attempt: int = 0, *, reported: bool = True) -> JobView
 def test_a_suspended_attempt_ends_where_its_trainer_stopped_and_the_next_resumes_there() -> None:
     spec, status = running(1)
     status.step = 40  # the last live reading; the trainer goes on to step 87 before it stops
+    status.attempts[0].progress_time = NOW.isoformat()  # which showed the attempt
     suspended = spec.model_copy(update={"run_policy": spec.run_policy.model_copy(update={"suspend": True})})
     written = reconcile(suspended, status, 1, {0: JobView(0, pods=(ALIVE,))}, NOW).status
     assert written.attempts[0].end_step == 40  # all that is known while its pod stops

@@ -45,6 +45,7 @@ def started(s: MixedPrecisionJobSpec) -> MixedPrecisionJobStatus:
     first = reconcile(s, MixedPrecisionJobStatus(), 1, {}, NOW - timedelta(seconds=100)).status
     status = reconcile(s, first, 1, alive(), NOW - timedelta(seconds=90)).status
     status.step = 45  # the last live reading: before the change
+    status.attempts[0].progress_time = (NOW - timedelta(seconds=80)).isoformat()  # which showed the attempt
     return status
 
 

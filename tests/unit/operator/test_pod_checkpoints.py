@@ -113,6 +113,7 @@ def running_past(s: MixedPrecisionJobSpec, step: int, pod: PodView) -> MixedPrec
     first = reconcile(s, MixedPrecisionJobStatus(), 1, {}, NOW).status
     status = reconcile(s, first, 1, {0: JobView(0, pods=(pod,))}, NOW + timedelta(seconds=5)).status
     status.step, status.last_checkpoint = step, CheckpointStatus(step=step, sha256="ab", precision="fp16")
+    status.attempts[0].progress_time = (NOW + timedelta(seconds=5)).isoformat()  # the live reading that showed it
     return status
 
 
