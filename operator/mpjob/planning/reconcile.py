@@ -166,7 +166,8 @@ def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView],
     status = plan.status
     message = "runPolicy.activeDeadlineSeconds passed"
     reason = Reason.DEADLINE_EXCEEDED
-    st.end_attempt(status, status.attempts[-1].index, reason, None, message, status.step, when.at)
+    index = status.attempts[-1].index
+    st.end_attempt(status, index, reason, None, message, reported.seen_at(status, index), when.at)
     plan.delete = sorted(jobs)
     lost = "; its checkpoints went with its pods (emptyDir)" if went_with_pods(status, spec) else ""
     deadline = spec.run_policy.active_deadline_seconds

@@ -56,9 +56,10 @@ def ended_at(status: MixedPrecisionJobStatus, index: int, report: TerminationRep
 
 def seen_at(status: MixedPrecisionJobStatus, index: int) -> int:
     """Where attempt `index` stands as the operator has seen it, for an ending it decides itself
-    (runPolicy.suspend): the job's step once a live reading showed the attempt, else where it
-    began (a Job its queue never admitted, one not made yet: the job's step is the attempt before
-    it's). Its pods' report, once they stop, says more (`cutoff.heard`)."""
+    (runPolicy.suspend, runPolicy.activeDeadlineSeconds): the job's step once a live reading
+    showed the attempt, else where it began (a Job its queue never admitted, one not made yet:
+    the job's step is the attempt before it's). Its pods' report, once they stop, says more
+    (`cutoff.heard`)."""
     entry = next((a for a in status.attempts if a.index == index), None)
     if entry is None or entry.progress_time is not None:
         return status.step

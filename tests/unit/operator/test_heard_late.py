@@ -25,6 +25,7 @@ pytestmark = pytest.mark.unit
 def test_an_attempt_past_the_active_deadline_ends_at_the_checkpoint_its_trainer_reports() -> None:
     spec, status = running(1, runPolicy={"activeDeadlineSeconds": 60})
     status.start_time, status.step = st.stamp(NOW - timedelta(seconds=61)), 40
+    status.attempts[0].progress_time = st.stamp(NOW - timedelta(seconds=5))  # the live reading of step 40
     plan = reconcile(spec, status, 1, RUNNING, NOW)
     assert (plan.status.phase, plan.delete, plan.status.attempts[0].end_step) == ("Failed", [0], 40)
     waiting = reconcile(spec, plan.status, 1, {}, NOW, lingering=frozenset({0})).status

@@ -63,3 +63,12 @@ def test_an_attempt_suspended_before_its_job_is_made_claims_no_steps() -> None:
     plan = reconcile(spec(suspend=True), status, 2, {0: failed}, T0 + timedelta(seconds=6))
     ended = plan.status.attempts[1]
     assert (ended.reason, ended.start_step, ended.end_step) == ("Suspended", 20, 20)
+
+
+def test_an_attempt_its_queue_never_admitted_ends_at_the_deadline_claiming_no_steps() -> None:
+    status, failed = _faulted()
+    status.attempts[1].job_uid = "u1"
+    queued = {0: failed, 1: JobView(1, suspended=True, uid="u1")}
+    plan = reconcile(spec(activeDeadlineSeconds=60), status, 2, queued, T0 + timedelta(seconds=61))
+    ended = plan.status.attempts[1]
+    assert (plan.status.phase, ended.reason, ended.start_step, ended.end_step) == ("Failed", "DeadlineExceeded", 20, 20)
