@@ -29,7 +29,7 @@ from mpjob.planning.phases import (
 )
 from mpjob.planning.plan import Event, Plan, Started, When
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, as_made, with_promotion
-from mpjob.planning.reported import record_report, trained_in, without_progress
+from mpjob.planning.reported import record_report, seen_at, trained_in, without_progress
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision, settled
@@ -158,9 +158,9 @@ def _started(index: int, precision: str, planned: str) -> Event:
 
 
 def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When) -> None:
-    """Attempt `index` cannot be made (the API server refused its children for good, or its pods
-    could not be created in time): the attempt and the job fail with that message."""
-    st.end_attempt(plan.status, index, reason, None, message, plan.status.step, when.at)
+    """Attempt `index` cannot be made (the API server refused its children for good, or its pods could
+    not be created in time): the attempt (`seen_at`: no trainer read, where it began) and the job fail."""
+    st.end_attempt(plan.status, index, reason, None, message, seen_at(plan.status, index), when.at)
     plan.delete.append(index)
     finish(plan, Finish(False, reason, message[:1024]), when)
 

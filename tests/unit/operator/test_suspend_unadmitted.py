@@ -72,3 +72,17 @@ def test_an_attempt_its_queue_never_admitted_ends_at_the_deadline_claiming_no_st
     plan = reconcile(spec(activeDeadlineSeconds=60), status, 2, queued, T0 + timedelta(seconds=61))
     ended = plan.status.attempts[1]
     assert (plan.status.phase, ended.reason, ended.start_step, ended.end_step) == ("Failed", "DeadlineExceeded", 20, 20)
+
+
+def test_an_attempt_whose_pods_were_never_created_ends_where_it_began() -> None:
+    """runPolicy.podCreationTimeoutSeconds fails the job for attempt 1's pods that were never made
+    (a PodSecurity refusal after its fallback): attempt 1 trained nothing, so it claims no steps."""
+    status, failed = _faulted()
+    status.attempts[1].job_uid = "u1"
+    refused = {0: failed, 1: JobView(1, uid="u1", create_error='pods "j-a1-0" is forbidden: hostPath')}
+    timed = spec(podCreationTimeoutSeconds=60)
+    status = reconcile(timed, status, 1, refused, T0 + timedelta(seconds=6)).status
+    plan = reconcile(timed, status, 1, refused, T0 + timedelta(seconds=70))
+    ended = plan.status.attempts[1]
+    assert plan.status.phase == "Failed"
+    assert (ended.start_step, ended.end_step) == (20, 20)
