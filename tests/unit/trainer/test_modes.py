@@ -128,7 +128,7 @@ def test_the_interval_reads_the_loss_scale_through_gradscalers_public_api() -> N
 
 def test_intervals_fall_on_log_checkpoint_and_last_steps() -> None:
     job = MixedPrecisionJobSpec.model_validate(spec(training={"steps": 30, "logEvery": 5}))
-    cadence = Cadence(job, repromote_after=12)
+    cadence = Cadence(job, repromote_after=12, training_in=lambda: "bf16")
     assert not cadence.due(3, evaluate=False, stop_alone=False).any
     assert cadence.due(3, evaluate=False, stop_alone=True).stop
     five, ten, last = (cadence.due(s, evaluate=False, stop_alone=False) for s in (5, 10, 30))

@@ -64,7 +64,7 @@ def assemble(
     progress = Progress(metrics, log, world, device)
     wrapper = sharding.Wrapper(world, device, spec=spec, requested=launch.precision, log=log)
     context = AttemptContext(numerics, world, log, metrics)
-    cadence = Cadence(spec, launch.repromote_after_steps)
+    cadence = Cadence(spec, launch.repromote_after_steps, training_in=lambda: numerics.precision.precision)
     changes = launch.changes_in(launch.precision)  # an `auto` attempt's once it has measured (Recovery.measured)
     in_place = InPlace(changes, attempt=launch.attempt, policy=spec.fault_policy, context=context, cadence=cadence)
     recovery = Recovery(spec.precision.guard, context, spec.fault_policy, in_place, launch=launch)

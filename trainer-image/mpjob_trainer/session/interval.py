@@ -11,7 +11,10 @@ all-reduced at the next interval instead, so every rank stops at the same step).
 Re-promotion (launch.repromoteAfterSteps, fallback attempts only) counts clean steps since
 the last interval that saw numeric trouble; it is decided at checkpoint steps before the
 last that SIGTERM does not stop at, because it ends the attempt with a checkpoint to resume the
-faster precision from.
+faster precision from. Checkpoints carry that step and their precision (`lastTrouble`): an attempt
+that starts from one written in the precision it trains in (restarted after a preemption, an
+eviction, a lost node, or in place) counts on from it, so a job stopped more often than every
+repromoteAfterSteps steps still goes back up; in another precision it counts from its start.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from mpjob_trainer.checkpoint import CheckpointTaken
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
-from mpjob_trainer.session.early_stop import EarlyStop, whole_step
+from mpjob_trainer.session.early_stop import STOPPED_EARLY, EarlyStop, whole_step
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import QualityGate
-from mpjob_trainer.session.state import TrainingState
+from mpjob_trainer.session.state import LAST_TROUBLE, TrainingState
 from mpjob_trainer.session.steps import Read, StepNumerics
 
 Gate = QualityGate | None
@@ -53,11 +56,17 @@ class Due:
 
 
 class Cadence:
-    def __init__(self, spec: MixedPrecisionJobSpec, repromote_after: int | None) -> None:
+    def __init__(
+        self, spec: MixedPrecisionJobSpec, repromote_after: int | None, *, training_in: Callable[[], str]
+    ) -> None:
         self.spec = spec
         self.repromote_after = repromote_after
+        #: The precision the attempt trains in now (what a checkpoint's `lastTrouble` names).
+        self.training_in = training_in
         #: The last step of an interval with numeric trouble (re-promotion counts clean steps from it).
         self.trouble_at = 0
+        #: The last loaded checkpoint's `trouble_at` and precision (None: none since the last start, or none held).
+        self.carried: tuple[int, str] | None = None
         #: Attempts begun in place in these processes (session.inplace): the quality gate's streak is one attempt's.
         self.begun = 0
         #: Where the loop stopped early, if it did (session.early_stop); checkpointed.
@@ -108,9 +117,35 @@ class Cadence:
         """The interval ending at `step` saw numeric trouble (or the attempt starts there)."""
         self.trouble_at = step
 
+    def resumed(self, start: int, precision: str) -> None:
+        """An attempt starts at `start` in `precision`, restarted or in place: its clean steps go on from
+        the last trouble of the checkpoint it loaded if written in `precision` (every step since was clean
+        in it), else (another precision, nothing loaded: a re-promotion in place) from `start`."""
+        carried, self.carried = self.carried, None
+        same = carried is not None and carried[1] == precision and carried[0] <= start
+        self.trouble(carried[0] if same and carried is not None else start)
+
+    def stateful(self) -> dict[str, Any]:
+        """What checkpoints hold of the cadence (TrainingState's reserved keys): the early stop, the last trouble."""
+        return {STOPPED_EARLY: self.early, LAST_TROUBLE: self}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.trouble_at, "precision": self.training_in()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.carried = state["step"], state["precision"]
+
+    @staticmethod
+    def state_problem(state: Any) -> str | None:
+        """What makes a checkpoint's record unusable (None: nothing): {"step": a step from 0, "precision": a name}."""
+        usable = isinstance(state, dict) and set(state) == {"step", "precision"} and isinstance(state["precision"], str)
+        if not usable or type(state["step"]) is not int or state["step"] < 0:
+            return f"a {LAST_TROUBLE} record {state!r:.60}, not {{'step': a step from 0, 'precision': a name}}"
+        return None
+
     def begin(self, step: int) -> None:
-        """An attempt begins in place at `step`: its clean steps and its quality gate count from there."""
-        self.trouble(step)
+        """An attempt begins in place at `step`: its quality gate counts from there, its clean steps as `resumed`."""
+        self.resumed(step, self.training_in())
         self.begun += 1
 
     def clean_steps(self, step: int) -> int:

@@ -34,7 +34,7 @@ from mpjob_trainer.events import EventLog
 from mpjob_trainer.quarantine import Quarantine
 from mpjob_trainer.session.assembly import assemble
 from mpjob_trainer.session.checkpointing import Checkpointer
-from mpjob_trainer.session.early_stop import STOPPED_EARLY, StopCalls
+from mpjob_trainer.session.early_stop import StopCalls
 from mpjob_trainer.session.ending import Standing, after_close, announce, conclude
 from mpjob_trainer.session.machine import Phase
 from mpjob_trainer.session.measure import measure_and_settle
@@ -147,7 +147,7 @@ class Session(SetUpCalls, StopCalls):
         """Register what checkpoints hold, load the attempt's checkpoint into it; the start step."""
         if self._state is not None:
             raise ConfigError("resume() was called twice: call it once, before the first step")
-        self._state = TrainingState(stateful, own={**self._rung.stateful(), STOPPED_EARLY: self._cadence.early})
+        self._state = TrainingState(stateful, own={**self._rung.stateful(), **self._cadence.stateful()})
         check_forwards(self._state.modules, self._amp)  # a script's own autocast is told, not kept
         if self._recovery.reentry is not None:  # the loop re-entered to wrap its model anew (`reentering`)
             self.start_step = self._step = self._recovery.reenter(self._state, self._checkpoints)
@@ -155,7 +155,7 @@ class Session(SetUpCalls, StopCalls):
         ref = self._checkpoints.resume(self._state, self._numerics, self.launch.resume_from)
         self.start_step = self._step = ref.step if ref is not None else 0
         self._numerics.guard.start_at(self.start_step)
-        self._intervals.cadence.trouble(self.start_step)
+        self._cadence.resumed(self.start_step, self._numerics.precision.precision)
         self._started_at = self.start_step
         recovered = self._recovery.resumed(self.launch.recovering_since)
         self._progress.started(self.launch, self.precision, self.start_step, self._checkpoints.last_good, recovered)

@@ -7,6 +7,7 @@ it holds tensors, numbers, strings, lists and dicts only). Its top level:
     rng                             torch, cuda, python and numpy generator states
     <name>                          state_dict() of each object handed to Session.resume
     samples                         the data position: samples consumed by all ranks together
+    lastTrouble                     the step re-promotion counts clean steps from (session.interval)
 A state loaded from an older checkpoint format also carries `formatVersion` (set by the store,
 never written); `restore` brings it forward first (checkpoint.migrate).
 
@@ -41,9 +42,12 @@ from mpjob_trainer.session.early_stop import STOPPED_EARLY
 from mpjob_trainer.session.fits import load_all
 from mpjob_trainer.session.generators import rng_problem, rng_state, seed_everything, set_rng_state
 
+#: The key of the step re-promotion counts clean steps from (session.interval's Cadence).
+LAST_TROUBLE = "lastTrouble"
 #: Keys the SDK writes itself; a stateful object cannot be registered under them.
 RESERVED = frozenset(
     {"step", "appliedSteps", "precision", "scaler", "rng", "quarantine", "spike", "samples", STOPPED_EARLY, FORMAT_KEY}
+    | {LAST_TROUBLE}
     | {SHARDS, SHARDED_OBJECTS, LISTED, IN_MEMORY}
 )
 __all__ = ["TrainingState", "own_fields_problem", "rng_state", "seed_everything"]  # the generators: session.generators
