@@ -94,6 +94,21 @@ def test_admission_policy_keeps_templates_inside_the_restricted_profile(cli: Cli
     assert ok, out
 
 
+def test_admission_policy_refuses_an_unconfined_apparmor_annotation(cli: Cli, tenant: tuple[str, str]) -> None:
+    """A pod annotation still sets a container's AppArmor profile (the API server copies it into
+    the field): the restricted profile, and the baseline one, allow only the runtime's default
+    or a profile loaded on the node, so the policy refuses any other at apply time."""
+    namespace, _ = tenant
+    host = job("host", volumes=[{"name": "root", "hostPath": {"path": "/"}}])
+    wait_for(lambda: not create(cli, namespace, host)[0], 60, message="policy active")
+    key = "container.apparmor.security.beta.kubernetes.io/trainer"
+    ok, out = create(cli, namespace, job("unconfined", annotations={key: "unconfined"}))
+    assert not ok and "spec.template.annotations" in out and "AppArmor" in out, out
+    for allowed in ("runtime/default", "localhost/trainer-profile"):
+        ok, out = create(cli, namespace, job("confined", annotations={key: allowed, "team": "a"}))
+        assert ok, out
+
+
 def test_no_template_hands_a_trainer_a_kubernetes_token(cli: Cli, tenant: tuple[str, str]) -> None:
     """The CRD refuses a projected token before admission (and the policy would, for a CRD
     an upgrade left older: Helm never upgrades crds/); automountServiceAccountToken is no
