@@ -75,6 +75,10 @@ class WorkersSchedule:
         self.reached = max(self.reached, step)
         return next(workers for since, workers in reversed(self.changes) if self.reached >= since)
 
+    def now(self) -> int:
+        """Workers that fit at the furthest step the job has reached."""
+        return self.available(self.reached)
+
     def check(self, spec: MixedPrecisionJobSpec) -> None:
         """A local run cannot wait for capacity: every count must reach elastic.minWorkers, and one
         below `workers` must hold a size from there that keeps the global batch."""

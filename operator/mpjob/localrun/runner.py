@@ -37,6 +37,7 @@ from mpjob.localrun.workers import Workers, lines
 from mpjob.planning import lifecycle as lc
 from mpjob.planning.backoff import JOB_CONTROLLER, RetryBackoff
 from mpjob.planning.classify import AttemptOutcome
+from mpjob.planning.elastic import room_after
 from mpjob.planning.inplace import in_place_plan
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
@@ -164,6 +165,8 @@ class LocalRun:
         if stopped is not None:
             lc.interrupt(plan, start.index, outcome.report, when, message=stopped)
         else:
+            fits = None if self.schedule is None else self.schedule.now()  # as the operator reads the cluster's
+            entry = next(a for a in plan.status.attempts if a.index == start.index)
             lc.conclude(
                 plan,
                 self.spec,
@@ -173,6 +176,7 @@ class LocalRun:
                 capability=LOCAL_CAPABILITY,
                 checkpoint_dir=self.checkpoint_dir,
                 outlive=True,
+                room=room_after(self.spec, plan.status, entry, outcome, fits),
             )
         self.record.account()
         ended = next(a for a in self.status.attempts if a.index == start.index)

@@ -32,6 +32,7 @@ from enum import StrEnum
 
 from mpjob.planning import history
 from mpjob.planning.batch import BatchShape, global_batch, largest_micro_batch, shape_for
+from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, processes_per_worker
 from mpjob_contract.codes import Reason
@@ -236,6 +237,26 @@ def grows(
     workers, shape = workers_of(spec, attempt), _shape(spec, attempt)
     resize = decide(spec, workers=workers, shape=shape, capacity=Capacity(fits), grow_micro=micro)
     return resize if resize.verdict is Verdict.GROW else None
+
+
+def room_after(
+    spec: MixedPrecisionJobSpec,
+    status: MixedPrecisionJobStatus,
+    attempt: AttemptStatus,
+    outcome: AttemptOutcome,
+    fits: int | None,
+) -> Resize | None:
+    """The size the attempt after `attempt`, which ended as `outcome` and was not resized, starts
+    at when `fits` workers fit now (`grows`; None: its own), read before the ending is recorded: the
+    operator's reconcile and `mpjob run` pass it to the lifecycle's conclude as `room`, so the job
+    grows at once, not at the next attempt's first checkpoint, a restart more. Not after running out
+    of memory: the grown size's split, chosen before that micro-batch was known too big, may be it;
+    it goes on split at its own size and grows at a checkpoint."""
+    if outcome.resize is not None:
+        return None
+    if under_policy(classify(outcome), spec.fault_policy, outcome.report).action is Action.SMALLER_MICRO_BATCH:
+        return None
+    return grows(spec, attempt, fits, status)
 
 
 def grows_at(spec: MixedPrecisionJobSpec, checkpoint_step: int) -> bool:

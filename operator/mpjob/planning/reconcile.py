@@ -19,7 +19,7 @@ from mpjob.planning import backoff, changed, cost, cutoff, elastic, history, lap
 from mpjob.planning import lifecycle as lc
 from mpjob.planning import status as st
 from mpjob.planning.charging import Disruption, charged
-from mpjob.planning.classify import Action, AttemptOutcome, classify, under_policy
+from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, pods_of, preempted_by_queue
 from mpjob.planning.plan import Plan, When
@@ -243,8 +243,7 @@ def _ended(plan: Plan, spec: MixedPrecisionJobSpec, job: JobView, when: When, fi
         return
     current = plan.status.attempts[-1]
     outcome = replace(outcome, resize=shortage.node_lost(spec, current, job.pods))
-    split = under_policy(classify(outcome), spec.fault_policy, outcome.report).action is Action.SMALLER_MICRO_BATCH
-    room = elastic.grows(spec, current, fits, plan.status) if outcome.resize is None and not split else None
+    room = elastic.room_after(spec, plan.status, current, outcome, fits)
     lc.conclude(plan, spec, attempt=current, outcome=outcome, when=when, room=room)
 
 
