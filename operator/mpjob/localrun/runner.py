@@ -39,6 +39,7 @@ from mpjob.planning.backoff import JOB_CONTROLLER, RetryBackoff
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import room_after
 from mpjob.planning.inplace import in_place_plan
+from mpjob.planning.phases import past_deadline
 from mpjob.planning.planner import StartAttempt, first_attempt
 from mpjob.planning.reconcile import FINISHED
 from mpjob.planning.reported import without_progress
@@ -164,6 +165,8 @@ class LocalRun:
         plan, when = self.record.transition()
         if stopped is not None:
             lc.interrupt(plan, start.index, outcome.report, when, message=stopped)
+        elif self._current is None and outcome.platform_reason == Reason.DEADLINE_EXCEEDED:  # `past_due`
+            past_deadline(plan, self.spec, when, outlive=True)  # never started: as the operator ends it
         else:
             fits = None if self.schedule is None else self.schedule.now()  # as the operator reads the cluster's
             entry = next(a for a in plan.status.attempts if a.index == start.index)

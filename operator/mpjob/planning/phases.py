@@ -10,7 +10,11 @@ from mpjob.planning import slower
 from mpjob.planning import status as st
 from mpjob.planning.plan import Event, Plan, When
 from mpjob.planning.planner import Finish
+from mpjob.planning.reported import seen_at
+from mpjob.planning.resumepoint import went_with_pods
 from mpjob.planning.status import ConditionReason, ConditionType
+from mpjob_contract.api import MixedPrecisionJobSpec
+from mpjob_contract.codes import Reason
 from mpjob_contract.report import Measurement
 
 
@@ -81,6 +85,19 @@ def finish(plan: Plan, decision: Finish, when: When) -> None:
     condition(plan, when, ConditionType.RUNNING, False, decision.reason, decision.message)
     condition(plan, when, ConditionType(status.phase), True, decision.reason, decision.message)
     plan.events.append(Event("Normal" if decision.succeeded else "Warning", status.phase, decision.message))
+
+
+def past_deadline(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, outlive: bool | None = None) -> None:
+    """runPolicy.activeDeadlineSeconds passed before the newest attempt ended (running, or waiting
+    for its Job, its queue or its backoff): it ends DeadlineExceeded where it was seen (`seen_at`:
+    where it began when no trainer of it was read) and the job fails; checkpoints kept in its pods
+    go with them unless they outlive them (`outlive`: a local run's folder; None: as the spec says)."""
+    status, index = plan.status, plan.status.attempts[-1].index
+    reason, message = Reason.DEADLINE_EXCEEDED, "runPolicy.activeDeadlineSeconds passed"
+    st.end_attempt(status, index, reason, None, message, seen_at(status, index), when.at)
+    lost = "" if outlive or not went_with_pods(status, spec) else "; its checkpoints went with its pods (emptyDir)"
+    deadline = spec.run_policy.active_deadline_seconds
+    finish(plan, Finish(False, reason, f"runPolicy.activeDeadlineSeconds={deadline} passed{lost}"), when)
 
 
 def amp_slower(plan: Plan, measurement: Measurement | None, when: When) -> None:

@@ -22,9 +22,10 @@ from mpjob.planning.charging import Disruption, charged
 from mpjob.planning.classify import AttemptOutcome
 from mpjob.planning.elastic import workers_of
 from mpjob.planning.endings import JobView, PodView, ended_by_pods, outcome_of, pods_of, preempted_by_queue
+from mpjob.planning.phases import past_deadline
 from mpjob.planning.plan import Plan, When
-from mpjob.planning.planner import Finish, StartAttempt, first_attempt
-from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended, went_with_pods
+from mpjob.planning.planner import StartAttempt, first_attempt
+from mpjob.planning.resumepoint import POD_CHECKPOINTS, started_over, suspended
 from mpjob.planning.status import FINISHED, ConditionReason
 from mpjob.planning.waiting import awaiting_workers, running, settle
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, processes_per_worker
@@ -163,15 +164,8 @@ def _expire(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], n
 
 
 def _deadline(plan: Plan, spec: MixedPrecisionJobSpec, jobs: dict[int, JobView], when: When) -> None:
-    status = plan.status
-    message = "runPolicy.activeDeadlineSeconds passed"
-    reason = Reason.DEADLINE_EXCEEDED
-    index = status.attempts[-1].index
-    st.end_attempt(status, index, reason, None, message, reported.seen_at(status, index), when.at)
     plan.delete = sorted(jobs)
-    lost = "; its checkpoints went with its pods (emptyDir)" if went_with_pods(status, spec) else ""
-    deadline = spec.run_policy.active_deadline_seconds
-    lc.finish(plan, Finish(False, reason, f"runPolicy.activeDeadlineSeconds={deadline} passed{lost}"), when)
+    past_deadline(plan, spec, when)
 
 
 def _follow(
