@@ -14,7 +14,7 @@ from torch import nn
 from mpjob_contract.launch import AttemptLaunch
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
-from mpjob_trainer.session.interval import Cadence
+from mpjob_trainer.session.clean_steps import LastTrouble
 from tests.unit.trainer.conftest import in_process_launch, spec
 
 pytestmark = pytest.mark.unit
@@ -76,5 +76,5 @@ BAD_RECORDS = [
 
 @pytest.mark.parametrize("record", BAD_RECORDS)
 def test_an_unusable_last_trouble_record_makes_the_checkpoint_unusable(record: object) -> None:
-    assert Cadence.state_problem(record) is not None
-    assert Cadence.state_problem({"step": 0, "precision": "bf16"}) is None
+    assert LastTrouble.state_problem(record) is not None
+    assert LastTrouble.state_problem({"step": 0, "precision": "bf16"}) is None

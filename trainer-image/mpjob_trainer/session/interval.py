@@ -11,10 +11,7 @@ all-reduced at the next interval instead, so every rank stops at the same step).
 Re-promotion (launch.repromoteAfterSteps, fallback attempts only) counts clean steps since
 the last interval that saw numeric trouble; it is decided at checkpoint steps before the
 last that SIGTERM does not stop at, because it ends the attempt with a checkpoint to resume the
-faster precision from. Checkpoints carry that step and their precision (`lastTrouble`): an attempt
-that starts from one written in the precision it trains in (restarted after a preemption, an
-eviction, a lost node, or in place) counts on from it, so a job stopped more often than every
-repromoteAfterSteps steps still goes back up; in another precision it counts from its start.
+faster precision from. Checkpoints carry that step (session.clean_steps).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from mpjob_trainer.checkpoint import CheckpointTaken
 from mpjob_trainer.errors import ConfigError, NumericFault, Preempted, Repromote
 from mpjob_trainer.events import EventLog
 from mpjob_trainer.session.checkpointing import Checkpointer
+from mpjob_trainer.session.clean_steps import LastTrouble
 from mpjob_trainer.session.early_stop import STOPPED_EARLY, EarlyStop, whole_step
 from mpjob_trainer.session.progress import Progress
 from mpjob_trainer.session.quality import QualityGate
@@ -61,12 +59,8 @@ class Cadence:
     ) -> None:
         self.spec = spec
         self.repromote_after = repromote_after
-        #: The precision the attempt trains in now (what a checkpoint's `lastTrouble` names).
-        self.training_in = training_in
         #: The last step of an interval with numeric trouble (re-promotion counts clean steps from it).
-        self.trouble_at = 0
-        #: The last loaded checkpoint's `trouble_at` and precision (None: none since the last start, or none held).
-        self.carried: tuple[int, str] | None = None
+        self.trouble_at = LastTrouble(training_in)
         #: Attempts begun in place in these processes (session.inplace): the quality gate's streak is one attempt's.
         self.begun = 0
         #: Where the loop stopped early, if it did (session.early_stop); checkpointed.
@@ -115,41 +109,20 @@ class Cadence:
 
     def trouble(self, step: int) -> None:
         """The interval ending at `step` saw numeric trouble (or the attempt starts there)."""
-        self.trouble_at = step
-
-    def resumed(self, start: int, precision: str) -> None:
-        """An attempt starts at `start` in `precision`, restarted or in place: its clean steps go on from
-        the last trouble of the checkpoint it loaded if written in `precision` (every step since was clean
-        in it), else (another precision, nothing loaded: a re-promotion in place) from `start`."""
-        carried, self.carried = self.carried, None
-        same = carried is not None and carried[1] == precision and carried[0] <= start
-        self.trouble(carried[0] if same and carried is not None else start)
+        self.trouble_at.step = step
 
     def stateful(self) -> dict[str, Any]:
         """What checkpoints hold of the cadence (TrainingState's reserved keys): the early stop, the last trouble."""
-        return {STOPPED_EARLY: self.early, LAST_TROUBLE: self}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.trouble_at, "precision": self.training_in()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.carried = state["step"], state["precision"]
-
-    @staticmethod
-    def state_problem(state: Any) -> str | None:
-        """What makes a checkpoint's record unusable (None: nothing): {"step": a step from 0, "precision": a name}."""
-        usable = isinstance(state, dict) and set(state) == {"step", "precision"} and isinstance(state["precision"], str)
-        if not usable or type(state["step"]) is not int or state["step"] < 0:
-            return f"a {LAST_TROUBLE} record {state!r:.60}, not {{'step': a step from 0, 'precision': a name}}"
-        return None
+        return {STOPPED_EARLY: self.early, LAST_TROUBLE: self.trouble_at}
 
     def begin(self, step: int) -> None:
-        """An attempt begins in place at `step`: its quality gate counts from there, its clean steps as `resumed`."""
-        self.resumed(step, self.training_in())
+        """An attempt begins in place at `step`: its quality gate counts from there, its clean steps as
+        a restarted one's (LastTrouble.resumed)."""
+        self.trouble_at.resumed(step, self.trouble_at.training_in())
         self.begun += 1
 
     def clean_steps(self, step: int) -> int:
-        return step - self.trouble_at
+        return step - self.trouble_at.step
 
     def repromote_due(self, step: int) -> bool:
         """Has this fallback attempt had repromoteAfterSteps clean steps (not at the end)?"""
