@@ -133,13 +133,18 @@ class Reconciler:
         return Retry(delay)
 
     def reconcile(self, namespace: str, name: str, *, progress: bool = False) -> Plan | None:
-        """Observe, decide, act for one MixedPrecisionJob: its plan (None: the job is gone or its spec
-        invalid). Safe to call from any trigger; with `progress`, live figures are read and written too."""
+        """Observe, decide, act for one MixedPrecisionJob: its plan (None: the job is gone, being
+        deleted, or its spec invalid). Safe to call from any trigger; with `progress`, live figures
+        are read and written too."""
         with om.RECONCILE_SECONDS.time():
             body = self.bodies.body((namespace, name), lambda: self.cluster.read_job(namespace, name))
             if body is None:
                 self.cache.forget_gone(namespace, name)
                 self._let_go((namespace, name))
+                return None
+            if body["metadata"].get("deletionTimestamp") is not None:
+                # Being deleted (its generation bumped, not its spec): nothing more is started or
+                # remade for it; its children go with it (garbage collection), its volumes stay.
                 return None
             try:
                 return self._reconcile(body, progress=progress)
