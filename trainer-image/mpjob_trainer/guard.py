@@ -19,8 +19,8 @@ State machine and invariants:
   any rank observed since the previous read, and whether any rank reports a non-finite loss. A checkpoint is a
   collective (sharded saves, the finite-state check): ranks that decided apart would wait for ever.
 - `first_fault_step` says where trouble began, for the fp32 replay (mpjob_trainer.session.replay): the first
-  overflow-skipped step and the first non-finite loss since the last good checkpoint. The first is host state; the
-  second a device tensor updated with torch.where (no sync), read once, when a precision has already ended.
+  overflow-skipped step (host state), and the first non-finite loss or update of non-finite gradients (no GradScaler
+  skips it: the next loss shows it) since the last good checkpoint, a device tensor read once a precision has ended.
 - Loss-scale calibration at the start of fp16 training (a few backoffs from 65536) never trips the guard: it resets
   `consecutive_overflows` on the first applied step and stays far from `minLossScale`.
 """
@@ -79,8 +79,7 @@ class NumericGuard:
         """Count from nothing, as a new attempt's guard does, from step index `step` (an
         attempt that starts in place after a fallback, session.inplace)."""
         device = self.device
-        self.consecutive_overflows = 0
-        self.overflow_steps = 0
+        self.consecutive_overflows = self.overflow_steps = 0
         self._non_finite = torch.zeros((), dtype=torch.int64, device=device)
         self.non_finite_losses = 0
         #: Non-finite losses since the previous read on the rank that saw most (agreed by all).
@@ -94,8 +93,8 @@ class NumericGuard:
         self._applied = False
         self._last_loss: tuple[float, int] | None = None  # and the step it was read at
         self._stagnant_since: int | None = None
-        # Since the last good checkpoint (mark_good): 0-based optimizer step indexes, -1 = none.
-        self._first_non_finite = torch.full((), -1, dtype=torch.int64, device=device)
+        # Since the last good checkpoint (mark_good), 0-based step indexes, -1 = none: a non-finite loss, trouble.
+        self._first_non_finite = torch.full((2,), -1, dtype=torch.int64, device=device)
         self._first_overflow: int | None = None
         #: Host state of the reads: the attempt's first non-finite loss (1-based) and the step
         #: of the previous read (what a message calls the check interval).
@@ -126,11 +125,11 @@ class NumericGuard:
         first, self._applied = not self._applied, True
         return first
 
-    def observe_loss(self, loss: torch.Tensor) -> None:
-        """Count a non-finite loss on the device and remember the first one's step; no sync."""
+    def observe_loss(self, loss: torch.Tensor, spoilt: torch.Tensor | None = None) -> None:
+        """Count a non-finite loss on the device; note the first step of one, and of one or a `spoilt` update."""
         bad = (~torch.isfinite(loss.detach())).any()
         self._non_finite += bad.to(torch.int64)
-        first = bad & (self._first_non_finite < 0)
+        first = torch.stack([bad, bad if spoilt is None else bad | spoilt]) & (self._first_non_finite < 0)
         self._first_non_finite = torch.where(first, self._step_index, self._first_non_finite)
         if self.spike is not None:
             self.spike.observe(loss, self._step_index)
@@ -172,7 +171,7 @@ class NumericGuard:
         `get_scale()`, whose `.item()` then copies one number the finished steps have already
         computed (nothing is left queued to wait for); it needs no all-reduce, since every rank
         skips the same steps (see above) and so holds the same scale."""
-        first = self._first_non_finite
+        first = self._first_non_finite[0]
         values = [
             self._non_finite.to(torch.float64),
             torch.tensor(flag, dtype=torch.float64, device=self.device),
@@ -272,14 +271,15 @@ class NumericGuard:
         self.mark_good()
 
     def first_fault_step(self, rule: GuardRule) -> int | None:
-        """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks (their
-        earliest; this rank's own: `own_first`); None when the rule does not point at steps (stagnation). Syncs."""
+        """The 0-based step where the trouble that tripped `rule` began, agreed by all ranks (their earliest; this
+        rank's: `own_first`, its first non-finite loss: `own_loss`); None when the rule points at no step. Syncs."""
         if rule not in REPLAYABLE_RULES:
             return None
+        self.own_loss, trouble = self._first_non_finite.tolist()
         if rule is GuardRule.MAX_CONSECUTIVE_OVERFLOWS:
             candidates = [self._step_index - self.consecutive_overflows]
         else:  # a skipped step alone is GradScaler calibrating: it counts only for a collapsed scale
-            candidates = [int(self._first_non_finite.item())]
+            candidates = [trouble]
             if rule is GuardRule.LOSS_SCALE_COLLAPSED and self._first_overflow is not None:
                 candidates.append(self._first_overflow)
         self.own_first = mine = min((int(c) for c in candidates if c >= 0), default=NO_STEP)

@@ -32,9 +32,12 @@ class StepSamples:
         """Step `index` of `ranks`, with their samples gathered from them (a collective)."""
         return Offending(index, ranks, flatten(gathered(self.mine(index), self.world), ranks))
 
-    def offending_where(self, index: int, mine: bool, device: torch.device) -> Offending:
-        """Step `index` of the ranks where `mine` holds (each rank tells its own), with their samples (collectives)."""
-        return self.offending(index, RankTable.agree({"mine": mine}, self.world, device).ranks("mine"))
+    def offending_where(self, index: int, loss: int, trouble: int, device: torch.device) -> Offending:
+        """Step `index` of the ranks whose first non-finite loss (`loss`, each rank its own) was there, else of those
+        whose trouble began there (`trouble`: a gradient, all-reduced, every rank saw), with their samples
+        (collectives): as a replay names them."""
+        table = RankTable.agree({"loss": loss == index, "grad": trouble == index}, self.world, device)
+        return self.offending(index, table.ranks("loss") or table.ranks("grad"))
 
     def to_quarantine(
         self, index: int, cause: SkipCause, screen: ScreenFunction | None, named: Offending | None

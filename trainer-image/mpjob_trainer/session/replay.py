@@ -156,13 +156,13 @@ class Fp32Replay:
         return self.known if first is not None and first <= self.known.first_step else None
 
     def _in_fp32_already(self, fault: NumericFault) -> Replay | None:
-        """The data verdict of an fp32 attempt's first faulting step, naming the ranks whose loss was non-finite
-        there and their samples of it (None: replays are off, or the rule points at no step). A collective."""
+        """The data verdict of an fp32 attempt's first faulting step, naming the ranks whose loss (else gradient) was
+        non-finite there and their samples (None: replays are off, or the rule points at no step). A collective."""
         guard = self.lent.numerics.guard
         first = guard.first_fault_step(fault.rule) if self.enabled else None
         if first is None:
             return None
-        self.offending = self.named.offending_where(first, guard.own_first == first, guard.device)
+        self.offending = self.named.offending_where(first, guard.own_loss, guard.own_first, guard.device)
         win = Window(first, range(first, first + 1), from_checkpoint=False)
         replay = verdict_of("data", win, time.monotonic(), steps=0, offending=self.offending)
         self.lent.log("replay", all_ranks=True, **replay.model_dump(by_alias=True, exclude_none=True))

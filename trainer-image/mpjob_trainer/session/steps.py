@@ -217,8 +217,12 @@ class StepNumerics:
         `step()`: a model without parameters, an evaluation), applied none and is no overflow."""
         self._update_scale()
         observed = self.tally.close(loss)
+        # With no GradScaler an update applies whatever gradients it has: non-finite ones spoil the weights, and the
+        # trouble begins at this step though its loss is finite (a sqrt at 0), not at the next loss (first_fault_step).
+        norm = self.tally.grad_norm if self.tally.stepped and self.precision.scaler is None else None
+        spoilt = None if norm is None else (~torch.isfinite(torch.as_tensor(norm, device=self.guard.device))).any()
         if observed is not None:
-            self.guard.observe_loss(torch.as_tensor(observed))
+            self.guard.observe_loss(torch.as_tensor(observed), spoilt)
         asked = self.tally.stepped or self.steps_elsewhere
         fault = self.guard.end_step(step, self.precision.scaler is not None and asked and not skipped)
         backward, judged = self.tally.loss_sum is not None or self.tally.padded, not (skipped or self.steps_elsewhere)
