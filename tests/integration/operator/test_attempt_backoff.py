@@ -45,6 +45,7 @@ def test_an_attempt_after_an_infra_error_waits_its_backoff_across_an_operator_re
     try:
         jobs.create("retried", command_spec([sys.executable, str(script)]))
         waiting = jobs.wait_status("retried", lambda s: backing_off(s) is not None, 180, "attempt 1 backing off")
+        jobs.events("retried", "BackingOff")  # posted after the status write: a kill before it loses it (said once)
         op.kill()  # during the wait: what it waits for is in the status only
         running = backing_off(waiting)
         assert running is not None and running["status"] == "False", waiting
