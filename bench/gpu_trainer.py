@@ -41,7 +41,7 @@ from mpjob_trainer.loop import train
 NEVER = 10**8  # an interval no run reaches
 GUARD_PER_STEP: dict[str, Any] = {  # methods, and the `applied` property
     "begin_step": lambda self: None,
-    "observe_loss": lambda self, loss: None,
+    "observe_loss": lambda self, loss, spoilt=None: None,
     "end_step": lambda self, step, uses_scaler: None,
     "optimizer_stepped": lambda self, optimizer=None: True,  # "applied", as an ordinary step
     "applied": property(lambda self: True),  # and so read by the step's close (session.updates)
