@@ -26,7 +26,7 @@ from mpjob_trainer.errors import ConfigError, NumericFault
 from mpjob_trainer.guard import GuardReading, NumericGuard
 from mpjob_trainer.session.modes import AttemptPrecision
 from mpjob_trainer.session.progress import Interval, host_value
-from mpjob_trainer.session.tally import Number, StepTally, check_samples
+from mpjob_trainer.session.tally import Number, StepTally, check_samples, is_count
 from mpjob_trainer.session.updates import UpdateWatch
 from mpjob_trainer.sharding import clip_gradients
 
@@ -42,7 +42,7 @@ def step_samples(samples: object) -> int:
     is no count is refused by every resume (the attempt would start over)."""
     if samples is None:
         return 0
-    if not (isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0):
+    if not is_count(samples, 0):
         raise ConfigError(
             f"end_step(samples={samples!r}): samples is the number of samples the step trained on across all "
             "ranks (run.samples_seen, the data position a resume restores, adds it): an integer >= 0, or None"

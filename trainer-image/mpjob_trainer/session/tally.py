@@ -8,6 +8,7 @@ import contextlib
 import math
 import numbers
 from collections.abc import Iterator
+from typing import TypeGuard
 
 import torch
 
@@ -27,17 +28,15 @@ def finite(value: Number | None) -> bool:
 
 def require_one_number(loss: object) -> None:
     """A loss `end_step` is given to report is one number (else a configuration error, at the call)."""
-    if loss is None or isinstance(loss, int | float) or (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-        return
-    given = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
-    raise ConfigError(f"end_step(loss={given}): the loss to report is one number, a float or a one-element tensor")
+    require_one_value("loss", "loss", loss, kinds=(int, float))
 
 
-def require_one_value(name: str, what: str, value: object) -> None:
-    """A learning rate or gradient norm `end_step` is given to report is one real number (numpy's
-    too) or a one-element tensor: else a configuration error at the call, not a failure at the
-    next log step's read, which would end the attempt as the platform's fault."""
-    if value is None or isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+def require_one_value(name: str, what: str, value: object, kinds: type | tuple[type, ...] = numbers.Real) -> None:
+    """A value `end_step` is given to report (a learning rate, a gradient norm: one real number,
+    numpy's too; a loss: `kinds` int or float) is one number of `kinds` or a one-element tensor:
+    else a configuration error at the call, not a failure at the next log step's read, which would
+    end the attempt as the platform's fault."""
+    if value is None or isinstance(value, kinds) or (isinstance(value, torch.Tensor) and value.numel() == 1):
         return
     given = (
         f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
@@ -45,9 +44,14 @@ def require_one_value(name: str, what: str, value: object) -> None:
     raise ConfigError(f"end_step({name}={given}): the {what} to report is one number, a float or a one-element tensor")
 
 
+def is_count(value: object, least: int) -> TypeGuard[int]:
+    """Whether `value` is a count of samples: an int (not a bool) from `least` on."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def check_samples(samples: object, *, call: str, name: str, least: int = 1) -> None:
     """A count of samples a loss covers: an integer from `least` on, or None (else a ConfigError naming `call`)."""
-    if samples is not None and not (isinstance(samples, int) and not isinstance(samples, bool) and samples >= least):
+    if samples is not None and not is_count(samples, least):
         what = "a positive integer" if least else "an integer >= 0 (0: a pass that trains no sample)"
         raise ConfigError(f"{call}{samples!r}): {name} is how many samples the loss covers, {what}, or None")
 
