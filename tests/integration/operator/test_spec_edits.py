@@ -30,14 +30,7 @@ def test_steps_lowered_below_the_running_step_leave_the_attempt_s_steps_and_chec
 ) -> None:
     """The attempt trains on to its own end; its steps and last checkpoint are recorded as it
     names them, not held to the lowered end (they once read step 20 with step 160's checkpoint)."""
-    jobs.pvc("ckpt")
-    spec = mlp_spec("ckpt", "fp16", every=20, stepDelay=paced(0.05))
-    spec["training"]["steps"] = STEPS
-    jobs.create("cut", spec)
-    jobs.wait_status("cut", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
-    jobs.patch_spec("cut", {"training": {"steps": 20}})
-    jobs.wait_status("cut", lambda s: s.get("observedGeneration") == 2, 30, "the edit read")
-    status = jobs.wait_phase("cut", ("Succeeded", "Failed"), 180)
+    status = _edited_while_running(jobs, "cut", "fp16", {"training": {"steps": 20}})
     assert status["phase"] == "Succeeded", status
     (attempt,) = status["attempts"]
     assert (status["step"], attempt["endStep"], status["totalSteps"]) == (STEPS, STEPS, STEPS)
@@ -50,20 +43,26 @@ def test_gpus_per_worker_edited_while_the_attempt_runs_leave_its_cost_what_its_p
 ) -> None:
     """The attempt's pod asked for 1 GPU; an edit to 3 while it ran is for the attempts after it.
     Its gpuSeconds are 1 GPU x the seconds its trainer container ran (it was once charged 3)."""
-    jobs.pvc("ckpt")
-    spec = mlp_spec("ckpt", "bf16", every=20, stepDelay=paced(0.05))
-    spec["training"]["steps"] = STEPS
-    jobs.create("regpu", spec)
-    jobs.wait_status("regpu", lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
-    jobs.patch_spec("regpu", {"resources": {"gpusPerWorker": 3}})
-    jobs.wait_status("regpu", lambda s: s.get("observedGeneration") == 2, 30, "the edit read")
-    status = jobs.wait_phase("regpu", ("Succeeded", "Failed"), 180)
+    status = _edited_while_running(jobs, "regpu", "bf16", {"resources": {"gpusPerWorker": 3}})
     assert status["phase"] == "Succeeded", status
     (attempt,) = status["attempts"]
     (pod,) = jobs.core.list_namespaced_pod(jobs.namespace, label_selector=f"{JOB_NAME_LABEL}=regpu-a0").items
     ran = next(c for c in pod.status.container_statuses if c.name == TRAINER_CONTAINER).state.terminated
     seconds = (ran.finished_at - ran.started_at).total_seconds()
     assert seconds > 0 and attempt["gpuSeconds"] == pytest.approx(1 * seconds, abs=1e-3), (attempt, seconds)
+
+
+def _edited_while_running(jobs: Jobs, name: str, precision: str, edit: dict[str, Any]) -> dict[str, Any]:
+    """The status job `name` (`STEPS` steps in `precision`, a checkpoint every 20) ends with, its spec
+    edited by `edit` (a merge patch) once it is past step 30 and the edit read while it runs."""
+    jobs.pvc("ckpt")
+    spec = mlp_spec("ckpt", precision, every=20, stepDelay=paced(0.05))
+    spec["training"]["steps"] = STEPS
+    jobs.create(name, spec)
+    jobs.wait_status(name, lambda s: s.get("step", 0) >= 30, 120, "the attempt past step 30")
+    jobs.patch_spec(name, edit)
+    jobs.wait_status(name, lambda s: s.get("observedGeneration") == 2, 30, "the edit read")
+    return jobs.wait_phase(name, ("Succeeded", "Failed"), 180)
 
 
 def _refused(jobs: Jobs, name: str, edit: dict[str, Any]) -> str:
