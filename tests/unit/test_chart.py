@@ -352,7 +352,7 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
         assert services <= {("", "services", v) for v in ("get", "create", "delete")}
         # NetworkPolicies likewise.
         policies = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[1] == "networkpolicies"}
-        assert policies <= {("networking.k8s.io", "networkpolicies", v) for v in ("get", "create", "delete")}
+        assert policies <= {("networking.k8s.io", "networkpolicies", v) for v in ("get", "create", "patch", "delete")}
         mine = {g for g in set().union(*(_grants(r["rules"]) for r in operator)) if g[0] == "mpjob.dev"}
         assert mine == {
             ("mpjob.dev", "mixedprecisionjobs", "get"),

@@ -1,8 +1,9 @@
 """The attempt's NetworkPolicy: who may open connections to its trainer pods.
 
 A NetworkPolicy is namespaced and attempt pods live in the users' namespaces, so the operator
-makes one per attempt beside its Service, owned by the attempt's Job and garbage-collected with
-it (docs/security.md says why this, and not policies the chart renders per namespace).
+makes one per attempt beside its Service, controlled by the attempt's Job and kept by its pods
+until the last is gone (`controller/keepers.py`; docs/security.md says why this, and not
+policies the chart renders per namespace).
 
 Ingress to the attempt's pods is admitted only
 - from pods of the same attempt, on every port: rank 0's rendezvous port (torch.distributed's

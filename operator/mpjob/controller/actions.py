@@ -36,6 +36,7 @@ from mpjob.controller.bodies import adopt
 from mpjob.controller.cache import ChildCache, Observed
 from mpjob.controller.cluster import Cluster, Refused, uid_of
 from mpjob.controller.config import OperatorConfig
+from mpjob.controller.keepers import PolicyKeepers
 from mpjob.controller.records import Key
 from mpjob.controller.strays import StrayJobs
 from mpjob.planning import cutoff, history
@@ -86,6 +87,7 @@ class Actions:
         #: The jobs whose running Jobs were owed their children since this process began acting.
         self.rebuilt: set[Key] = set()
         self.strays = StrayJobs(cluster)
+        self.keepers = PolicyKeepers(cluster)
 
     def apply(
         self,
@@ -100,6 +102,8 @@ class Actions:
         with a short grace period) and the stray Jobs (`strays`, attempt -> UID: `history.strays`),
         create the ones it starts; the attempt whose children the API server refused for good, if any."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if self.config.network_policy is not None:  # before a Job goes: its policy then stays with its pods
+            self.keepers.keep((namespace, name), seen)
         grace = cutoff.CUT_GRACE_SECONDS  # before their Job: a kubelet keeps the grace a pod's first deletion gave
         due = [pod for index in plan.cut if index in seen.jobs for pod in cutoff.to_cut(seen.jobs[index])]
         cut = [pod for pod in due if self.cluster.cut_pod(namespace, pod.name, uid=pod.uid, grace=grace)]
@@ -246,6 +250,7 @@ class Actions:
         self.owed.pop(key, None)
         self.rebuilt.discard(key)
         self.strays.forget(key)
+        self.keepers.forget(key)
 
     def refused(
         self, body: dict[str, Any], spec: MixedPrecisionJobSpec, plan: Plan, *, refusal: tuple[int, Refused]

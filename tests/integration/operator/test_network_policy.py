@@ -1,6 +1,6 @@
 """Each attempt's NetworkPolicy on the real control plane: the operator creates it beside the
-attempt's Service, selecting exactly the attempt's pods and owned by its Job, and the garbage
-collector removes it with the Job.
+attempt's Service, selecting exactly the attempt's pods and controlled by its Job, and the
+garbage collector removes it once the Job and its pods are gone.
 
 The test cluster has no network plugin, so nothing enforces NetworkPolicies here: what these
 tests can and do show is the object (its selectors, ports and owner) as the API server stores
@@ -133,3 +133,45 @@ def test_a_policy_of_the_attempts_name_mpjob_did_not_make_fails_the_job_and_stay
     assert status["phase"] == "Failed" and "NetworkPolicy taken-a0 already exists" in status["message"], status
     assert policy_of(networking, namespace, "taken-a0") is not None  # never deleted
     wait_for(lambda: not jobs.attempt_jobs("taken"), 60, message="the refused attempt's Job removed")
+
+
+def test_a_deleted_attempts_policy_stays_while_its_pods_shut_down_and_goes_with_the_last(
+    fencing_operator: Operator, jobs: Jobs, api_client: client.ApiClient, namespace: str
+) -> None:
+    """A Job the operator deletes goes at once while its pods run out their grace (the SIGTERM
+    checkpoint): the attempt's policy stays until the last of them is gone."""
+    networking = client.NetworkingV1Api(api_client)
+    stubborn = sleeper(workers=2)  # pods that outlast SIGTERM, as a trainer writing its checkpoint does
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+    stubborn["task"] = {"command": [sys.executable, "-c", ignore]}
+    jobs.create("winding", stubborn)
+    wait_for(lambda: jobs.attempt_jobs("winding"), 60, message="the attempt's Job")
+    job = jobs.batch.read_namespaced_job("winding-a0", namespace)
+    labels = "mpjob.dev/job=winding,mpjob.dev/attempt=0"
+
+    def pods() -> dict[str, Any]:
+        return {p.metadata.uid: p for p in jobs.core.list_namespaced_pod(namespace, label_selector=labels).items}
+
+    def owners() -> set[str]:
+        policy = policy_of(networking, namespace, "winding-a0") or {"metadata": {}}
+        return {ref["uid"] for ref in policy["metadata"].get("ownerReferences") or []}
+
+    def both_running() -> dict[str, Any] | None:
+        found = pods()
+        return found if len(found) == 2 and all(p.status.phase == "Running" for p in found.values()) else None
+
+    running = wait_for(both_running, 60, message="the attempt's two pods running")
+    wait_for(lambda: set(running) <= owners(), 60, message="the running pods among the policy's owners")
+    assert job.metadata.uid in owners()  # its Job still controls it
+
+    jobs.patch_spec("winding", {"runPolicy": {"suspend": True}})
+    wait_for(lambda: not jobs.attempt_jobs("winding"), 60, message="the attempt's Job deleted")
+    # The collector drops the Job from the policy's owners and keeps the policy: its pods still run.
+    wait_for(lambda: owners() and job.metadata.uid not in owners(), 60, message="the Job gone from the owners")
+    assert policy_of(networking, namespace, "winding-a0") is not None
+    assert set(pods()) == set(running) and all(p.metadata.deletion_timestamp for p in pods().values())
+
+    for pod in running.values():  # their grace cut short: the last pod gone takes the policy with it
+        jobs.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    wait_for(lambda: not pods(), 60, message="the pods gone")
+    wait_for(lambda: policy_of(networking, namespace, "winding-a0") is None, 60, message="policy collected")
