@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mpjob.builders.attempt import merge_named
+from mpjob.builders.devices import device_env
 from mpjob.builders.expansion import expanded
 from mpjob.localrun.paths import Paths, recorded_run
 from mpjob.planning.classify import AttemptOutcome
@@ -88,6 +89,7 @@ def attempt_env(
         "MPJOB_METRICS_HOST": "127.0.0.1",
         **rendezvous,
         "PYTHONUNBUFFERED": "1",
+        **{item["name"]: item["value"] for item in device_env(job.spec)},  # a CPU job's: no GPU, as on a node
     }
     shell = {k: v for k, v in os.environ.items() if not k.startswith("KUBE")}
     container = template_values(job.spec, ours)

@@ -1,5 +1,6 @@
 """`mpjob run` gives the trainers spec.template.env as a cluster gives the trainer container:
-its plain values reach the processes, the product's own variables win a name clash, and an
+its plain values reach the processes, the product's own variables win a name clash (a CPU job's
+trainers see no GPU of the machine, as its pods see none of the node's), and an
 entry read from the cluster (valueFrom) is named once at the start as unset here; `$(NAME)` in a
 value and in task.command is expanded as the kubelet expands it."""
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 #: Writes the variables the test asks about, as its processes see them.
 SCRIPT = """import json, os, sys
-names = ["MY_SETTING", "EMPTY_ONE", "MASTER_ADDR", "FROM_SECRET", "SHELL_ONLY", "DERIVED"]
+names = ["MY_SETTING", "EMPTY_ONE", "MASTER_ADDR", "FROM_SECRET", "SHELL_ONLY", "DERIVED", "CUDA_VISIBLE_DEVICES"]
 open("seen.json", "w").write(json.dumps({**{n: os.environ.get(n) for n in names}, "argv": sys.argv[1:]}))
 """
 
@@ -28,6 +29,7 @@ def test_template_env_reaches_the_trainers_under_the_products_own(
     (tmp_path / "train.py").write_text(SCRIPT)
     monkeypatch.setenv("SHELL_ONLY", "from the shell")
     monkeypatch.setenv("MY_SETTING", "the shell's, overridden")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # a GPU machine's: a CPU job's trainers see none of them
     env = [
         {"name": "MY_SETTING", "value": "from the manifest"},
         {"name": "EMPTY_ONE"},
@@ -57,6 +59,7 @@ def test_template_env_reaches_the_trainers_under_the_products_own(
         "FROM_SECRET": None,
         "SHELL_ONLY": "from the shell",
         "DERIVED": "from the manifest/127.0.0.1 $HOME $(SHELL_ONLY)",
+        "CUDA_VISIBLE_DEVICES": "",
         "argv": ["--out=from the manifest", "$(SHELL_ONLY)", "$5"],
     }
     said = [e for e in events if e["event"] == "info" and "valueFrom" in e["message"]]
