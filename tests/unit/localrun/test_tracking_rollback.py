@@ -45,3 +45,8 @@ def test_a_rollback_in_place_logs_each_step_once_in_the_attempts_run(
         steps = [s for s, _ in client_history(uri, attempt.info.run_id, "loss")]
         assert steps == sorted(set(steps)) == list(range(1, 25)), (skipped, steps)  # each once, in order
         assert [s for s, _ in client_history(uri, job_run.info.run_id, "loss")] == logged  # the timeline
+        # The skip itself is on record: which step, why, and from where training went on.
+        said = f"data: step {skipped['step']} skipped, trained on from the checkpoint at step 0 (1 step skipped so far)"
+        assert attempt.data.tags.get("mpjob.skipped") == said, attempt.data.tags
+        assert job_run.data.tags.get("mpjob.skipped.attempt0") == said, job_run.data.tags
+        assert client_history(uri, attempt.info.run_id, "skipped_steps") == [(skipped["step"], 1.0)]

@@ -62,6 +62,12 @@ def test_event_lines_become_metrics_and_tags() -> None:
     assert fault is not None and "LossScaleCollapsed" in fault.attempt_tags["mpjob.fallbackReason"]
     assert "mpjob.fallback.attempt2" in fault.job_tags
     assert update_for("checkpoint", {"step": 10}, attempt=0) is None
+    skip = {"time": 3.0, "cause": "spike", "steps": [41, 42], "fromStep": 40, "skippedSteps": 3}
+    skipped = update_for("dataSkipped", skip, attempt=1)
+    assert skipped is not None and [(p.key, p.value, p.step) for p in skipped.metrics] == [("skipped_steps", 3.0, 42)]
+    said = "spike: steps 41, 42 skipped, trained on from the checkpoint at step 40 (3 steps skipped so far)"
+    assert skipped.attempt_tags == {"mpjob.skipped": said} and skipped.job_tags == {"mpjob.skipped.attempt1": said}
+    assert update_for("dataSkipped", {**skip, "steps": ["41"]}, attempt=1) is None  # nothing it can name
     assert [run_status(c) for c in (0, 42, 44)] == ["FINISHED", "FAILED", "KILLED"]
 
 

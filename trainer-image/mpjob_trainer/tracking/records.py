@@ -22,6 +22,7 @@ TAG_ATTEMPT = "mpjob.attempt"
 TAG_PRECISION = "mpjob.precision"
 TAG_ENDING = "mpjob.ending"
 TAG_FALLBACK_REASON = "mpjob.fallbackReason"
+TAG_SKIPPED = "mpjob.skipped"
 TAG_PARENT = "mlflow.parentRunId"
 #: Metric name <- the "step" line's field.
 STEP_METRICS = {
@@ -183,9 +184,33 @@ def update_for(event: str, record: dict[str, Any], *, attempt: int) -> Update | 
     if event == "fault":
         why = fallback_reason(record.get("rule", ""), str(record.get("message", "")), step)
         return Update(attempt_tags={TAG_FALLBACK_REASON: why}, job_tags={f"mpjob.fallback.attempt{attempt}": why})
+    if event == "dataSkipped" and (steps := _steps(record.get("steps"))):
+        return skip_update(record, steps, attempt=attempt)
     if event == "precisionMeasured" and isinstance(record.get("precision"), str):
         return Update(attempt_tags={TAG_PRECISION: record["precision"]})
     return None
+
+
+def _steps(value: Any) -> list[int]:
+    """The steps a line names (none where it names something else)."""
+    items = value if isinstance(value, list) else []
+    return [step for step in items if isinstance(step, int) and not isinstance(step, bool)]
+
+
+def skip_update(record: dict[str, Any], steps: list[int], *, attempt: int) -> Update:
+    """A `dataSkipped` line: the run's skipped-step count as a metric at the last step skipped,
+    and what was skipped (the attempt's last skip; the job's run, each attempt's) as tags."""
+    total, last = record.get("skippedSteps"), max(steps)
+    named = ", ".join(str(step) for step in steps)
+    said = (
+        f"{record.get('cause', 'data')}: step{'s' if len(steps) > 1 else ''} {named} skipped, trained on from the "
+        f"checkpoint at step {record.get('fromStep')} ({total} step{'' if total == 1 else 's'} skipped so far)"
+    )[:MAX_PARAM_CHARS]
+    update = Update(attempt_tags={TAG_SKIPPED: said}, job_tags={f"{TAG_SKIPPED}.attempt{attempt}": said})
+    if isinstance(total, int) and not isinstance(total, bool):
+        stamp = int(float(record.get("time", 0)) * 1000)
+        update.metrics.append(Point("skipped_steps", float(total), last, stamp))
+    return update
 
 
 def run_status(code: int) -> str:
