@@ -4,7 +4,8 @@ UID, and what a Job deleted with --cascade=orphan left behind; a stray Job, made
 the status had ended, once: `strays.py`), what it starts is made (an attempt's profile-token
 Secret, its Job, then its Service and NetworkPolicy; only the attempt the status written holds
 current), and an attempt whose children the API server refuses for good fails with the server's
-message (`Actions.refused`).
+message (`Actions.refused`). First of all, each held Job's running pods are made owners of its
+attempt's NetworkPolicy (`keepers.py`), so a Job deleted now leaves it to its pods.
 
 A Job's Service and NetworkPolicy are owed until both are made (`Actions.owed`): a reconcile that
 made the Job and then failed to make one (a 503, a timeout) leaves them owed, and the next
