@@ -161,6 +161,11 @@ class AttemptLaunch(BaseModel):
     #: End this attempt with Repromote (exit 47) at the first checkpoint written after this
     #: many clean steps (None: never; the planner sets it on fallback attempts).
     repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
+    #: The step the attempt before this one faulted at, for a fallback attempt: its clean steps
+    #: (repromoteAfterSteps) count from there, not from its start, so the steps it runs again from
+    #: the checkpoint before the fault do not take it back up before it has passed that step
+    #: (None: from its start, or the last trouble its checkpoint records).
+    repromote_counts_from: int | None = Field(None, alias="repromoteCountsFrom", ge=0)
     #: The precisions this attempt may fall back to in its running processes, in order (the
     #: planner's next attempts after a numeric fault that need no restart, within the attempt
     #: budget); empty: every fallback ends the attempt (precision.inPlace false, or nothing left).
@@ -264,6 +269,9 @@ class AttemptLaunch(BaseModel):
         return "/".join(part for part in (self.namespace, self.job_name, self.job_uid) if part)
 
     def to_env(self) -> str:
-        """The launch as JSON; `inPlaceMeasured` only when it names something, so a trainer image of
-        the release before it still reads the launch of an attempt that is not `auto`."""
-        return self.model_dump_json(by_alias=True, exclude=None if self.in_place_measured else {"in_place_measured"})
+        """The launch as JSON; `inPlaceMeasured` and `repromoteCountsFrom` only when they name
+        something, so a trainer image of the release before each still reads the launch of an
+        attempt that is not `auto`, or not a fallback that may go back up."""
+        unset = {"in_place_measured"} if not self.in_place_measured else set()
+        unset |= {"repromote_counts_from"} if self.repromote_counts_from is None else set()
+        return self.model_dump_json(by_alias=True, exclude=unset or None)

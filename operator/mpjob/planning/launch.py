@@ -37,6 +37,7 @@ def attempt_launch(
         micro_batch=start.micro_batch,
         grad_accumulation=start.grad_accumulation,
         repromote_after_steps=start.repromote_after_steps,
+        repromote_counts_from=start.repromote_counts_from,
         workers=start.workers,
         recovering_since=start.recovering_since,
         in_place_to=in_place.to,

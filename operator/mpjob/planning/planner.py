@@ -58,6 +58,7 @@ class StartAttempt:
     #: precision this attempt went back up from, when it is a re-promotion.
     repromote_after_steps: int | None = None
     promoted_from: RequestedPrecision | None = None
+    repromote_counts_from: int | None = None  # a fallback's: the step it faulted at (launch.repromoteCountsFrom)
     #: Workers (pods) of the attempt when spec.elastic runs it with fewer than spec.workers
     #: (None: spec.workers); its batch shape then keeps the global batch (mpjob.planning.elastic).
     workers: int | None = None
@@ -168,11 +169,12 @@ def with_promotion(
 ) -> StartAttempt:
     """`start`, told to re-promote after precision.repromoteAfterSteps when it may: a rung above
     it, and an attempt of runPolicy.maxAttempts left after its Repromote ending uses one (`used`:
-    the attempts used before it ends), else its re-promotion would end the job AttemptsExhausted."""
+    the attempts used before it ends), else its re-promotion would end the job AttemptsExhausted.
+    A fallback's clean steps count from the step the attempt before it faulted at (`repromote_counts_from`)."""
     room = used + 1 < spec.run_policy.max_attempts
     target = promotion_target(spec, start.precision, history, capability, repromotions=repromotions, counts=counts)
     if not room or target is None:
-        return replace(start, repromote_after_steps=None)
+        return replace(start, repromote_after_steps=None, repromote_counts_from=None)
     return replace(start, repromote_after_steps=spec.precision.repromote_after_steps)
 
 
@@ -244,7 +246,8 @@ def after_attempt(
             decision = _shaped(
                 decision, held(spec, decision.precision, decision.shape, workers or spec.workers, history, counts)
             )
-        sized = replace(decision, workers=workers if workers != spec.workers else None)
+        faulted = next((a.end_step for a in history if a.index == index), None) if decision.fallback_from else None
+        sized = replace(decision, workers=workers if workers != spec.workers else None, repromote_counts_from=faulted)
         # a re-promoted attempt counts itself against precision.maxRepromotions
         ahead = made(history, repromotions, counts) + (decision.promoted_from is not None)
         return with_promotion(spec, sized, history, capability, repromotions=ahead, counts=counts, used=attempts_used)

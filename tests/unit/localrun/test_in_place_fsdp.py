@@ -75,7 +75,7 @@ def final_shards(out: Path) -> dict[str, str]:
 
 @pytest.mark.process
 def test_a_sharded_model_falls_back_and_is_repromoted_in_place_as_the_restart_path_ends(tmp_path: Path) -> None:
-    runs = both_ways(tmp_path, precision={"repromoteAfterSteps": 10})
+    runs = both_ways(tmp_path, precision={"repromoteAfterSteps": 5})  # clean from the fault at 20: up at 25
     for report, _ in runs.values():
         ends = [(a["precision"], a["reason"], a["startStep"], a["worldSize"]) for a in report["attempts"]]
         assert ends == [("fp16", "NumericFault", 0, 2), ("bf16", "Repromote", 15, 2), ("fp16", "Succeeded", 25, 2)]
@@ -152,7 +152,7 @@ def test_a_sharded_model_falls_back_into_a_split_and_takes_it_back_in_place_as_t
     """fp16 at 8 x 1 faults, fp32 goes on in 4 x 2 (fallbackKeepsBatch) and fp16 takes 8 x 1 back at
     the re-promotion's checkpoint, written in the split: the loop re-enters in each split, its model
     wrapped anew, and the final shards are the restart path's (in 8 x 1 throughout, they are not)."""
-    runs = both_ways(tmp_path, precision={"fallback": ["fp32"], "repromoteAfterSteps": 10})
+    runs = both_ways(tmp_path, precision={"fallback": ["fp32"], "repromoteAfterSteps": 5})  # up at 25
     for report, _ in runs.values():
         ends = [(a["precision"], a["reason"], a["startStep"], a["microBatch"], a["gradAccumulation"])
                 for a in report["attempts"]]  # fmt: skip

@@ -75,8 +75,9 @@ def test_two_workers_agree_on_the_replays_verdict(tmp_path: Path) -> None:
 
 
 def promotion(tmp: Path, until: int) -> tuple[int, dict, str]:
-    """fp16 overflows from step 15 until `until`; bf16 takes over; after 10 clean steps (and a
-    checkpoint: every 5) the job goes back up to fp16."""
+    """fp16 overflows from step 15 until `until`; bf16 takes over from the checkpoint before the
+    fault; 10 clean steps after the step that faulted (and a checkpoint: every 5) the job goes
+    back up to fp16."""
     return run(
         tmp,
         task=mlp(overflowAtStep=15, overflowUntilStep=until),
@@ -91,9 +92,10 @@ def test_a_transient_fault_falls_back_then_repromotes_and_finishes_in_fp16(tmp_p
     code, report, out = promotion(tmp_path, until=20)
     assert code == 0 and report["phase"] == "Succeeded", out
     ends = [(a["precision"], a["reason"], a["startStep"], a.get("repromoted")) for a in report["attempts"]]
-    assert ends == [("fp16", "NumericFault", 0, None), ("bf16", "Repromote", 15, None), ("fp16", "Succeeded", 25, True)]
+    assert ends == [("fp16", "NumericFault", 0, None), ("bf16", "Repromote", 15, None), ("fp16", "Succeeded", 30, True)]
+    assert report["attempts"][0]["endStep"] == 20  # bf16 ran 15..20 again before its clean steps began
     assert report["precision"] == "fp16", report
-    assert "precision re-promotion: bf16 -> fp16 (Repromote), resuming from checkpoint step 25" in out
+    assert "precision re-promotion: bf16 -> fp16 (Repromote), resuming from checkpoint step 30" in out
     fallback = next(c for c in report["conditions"] if c["type"] == "PrecisionFallback")
     assert (fallback["status"], fallback["reason"]) == ("False", "Repromoted")
 
@@ -117,7 +119,7 @@ def test_a_repromotion_out_of_fp32s_split_takes_the_full_micro_batch_back(tmp_pa
 
 @pytest.mark.process
 def test_a_precision_that_faults_again_after_repromotion_stays_down(tmp_path: Path) -> None:
-    code, report, out = promotion(tmp_path, until=32)  # still overflowing when fp16 comes back at 25
+    code, report, out = promotion(tmp_path, until=40)  # still overflowing when fp16 comes back at 30
     assert code == 0 and report["phase"] == "Succeeded", out
     assert [(a["precision"], a["reason"]) for a in report["attempts"]] == [
         ("fp16", "NumericFault"),

@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from mpjob.planning.classify import FAILURE_POLICY, Action, AttemptOutcome, classify
+from mpjob.planning.inplace import InPlacePlan
+from mpjob.planning.launch import attempt_launch
 from mpjob.planning.lifecycle import record_report
 from mpjob.planning.planner import (
     BatchShape,
@@ -352,6 +354,30 @@ def test_a_fallback_attempt_is_told_to_repromote_and_a_repromote_goes_one_rung_u
         f"{CHECKPOINT_MOUNT}/step-80",
     )
     assert up.repromote_after_steps is None  # fp16 is the top of the ladder
+
+
+def test_a_fallback_counts_its_clean_steps_from_the_step_the_attempt_before_it_faulted_at() -> None:
+    """Resumed at step 20, the fallback runs steps 21..37 again before it passes the fault at 37:
+    its launch says so, or it would go back up at 70 > 20 + 50 yet meet the trouble again on the way."""
+    s = spec(precision={"mode": "fp16", "fallback": ["bf16", "fp32"], "repromoteAfterSteps": 50})
+    faulted = AttemptStatus(index=0, precision="fp16", reason="NumericFault", end_step=37)
+    down = after_attempt(
+        s, 0, "fp16", classify(AttemptOutcome(42)), 20, f"{CHECKPOINT_MOUNT}/step-20", history=[faulted]
+    )
+    assert isinstance(down, StartAttempt) and (down.start_step, down.repromote_counts_from) == (20, 37)
+    launch = attempt_launch(s, down, InPlacePlan(), job_name="j", namespace="n", checkpoint_dir=CHECKPOINT_MOUNT,
+                            resume_from=down.resume_from)  # fmt: skip
+    assert launch.to_env().count('"repromoteCountsFrom":37') == 1
+    # No re-promotion (off, or fp32 below nothing to go up to): nothing to count, nothing in the launch.
+    off = spec(precision={"mode": "fp16", "fallback": ["bf16"], "repromoteAfterSteps": 0})
+    plain = after_attempt(off, 0, "fp16", classify(AttemptOutcome(42)), 20, None, history=[faulted])
+    assert isinstance(plain, StartAttempt) and plain.repromote_counts_from is None
+    unsaid = attempt_launch(off, plain, InPlacePlan(), job_name="j", namespace="n", checkpoint_dir=CHECKPOINT_MOUNT,
+                            resume_from=None)  # fmt: skip
+    assert "repromoteCountsFrom" not in unsaid.to_env()  # a trainer of the release before it reads it
+    # A preemption's restart in the same precision counts on from what its checkpoint records.
+    again = after_attempt(s, 0, "fp16", classify(AttemptOutcome(44)), 20, None, history=[faulted])
+    assert isinstance(again, StartAttempt) and again.repromote_counts_from is None
 
 
 def test_a_precision_that_faults_again_after_a_repromotion_is_not_tried_again() -> None:

@@ -1,12 +1,14 @@
 """The catch-up after a rollback in place (session.catch_up) closes each step it runs again as the
 loop's end_step closes it: the step lines it logs count its samples (samples/s, seconds per step),
-and a re-promotion falling due on the way goes up in place as it does outside a catch-up."""
+and a re-promotion falling due on the way goes up in place as it does outside a catch-up, its
+clean steps counted from the step that faulted."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -129,22 +131,58 @@ def test_a_repromotion_due_while_catching_up_goes_up_in_place_and_ends_as_the_re
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fp16 = in_process_launch(tmp_path, monkeypatch, REPROMOTING, "fp16")
-    # bf16 catches up from step 4 to 8 in place, and its re-promotion falls due at step 6's checkpoint.
+    # bf16 catches up from step 4 to 8 in place; its clean steps count from the fault at step 8, so its
+    # re-promotion falls due at step 10's checkpoint, past the steps that overflowed.
     in_place = fp16.model_copy(update={"checkpoint_dir": str(tmp_path / "inplace"), "in_place_to": [PROMOTE]})
     report = train(in_place, set())
     assert report.reason == "Succeeded" and report.precision == "fp16", report.message
     changes = [(c.kind, c.to_precision, c.start_step) for c in report.precision_changes]
-    assert changes == [("fallback", "bf16", 4), ("repromote", "fp16", 6)]
+    assert changes == [("fallback", "bf16", 4), ("repromote", "fp16", 10)]
 
-    # The restart path: fp16 ends at step 8, bf16 from step 4 ends Repromote at 6, fp16 from 6 to the end.
+    # The restart path: fp16 ends at step 8, bf16 from step 4 (its clean steps counted from 8, as the
+    # planner launches a fallback) ends Repromote at 10, fp16 from 10 to the end.
     overflowed: set[int] = set()
     restart = fp16.model_copy(update={"checkpoint_dir": str(tmp_path / "restart")})
     assert train(restart, overflowed).reason == "NumericFault"
     bf16 = restart.model_copy(update={"attempt": 1, "precision": "bf16", "repromote_after_steps": 2,
+                                      "repromote_counts_from": 8,
                                       "resume_from": str(tmp_path / "restart" / "step-000000004")})  # fmt: skip
     assert train(bf16, overflowed).reason == "Repromote"
     again = bf16.model_copy(update={"attempt": 2, "precision": "fp16", "repromote_after_steps": None,
-                                    "resume_from": str(tmp_path / "restart" / "step-000000006")})  # fmt: skip
+                                    "repromote_counts_from": None,
+                                    "resume_from": str(tmp_path / "restart" / "step-000000010")})  # fmt: skip
     assert train(again, overflowed).reason == "Succeeded"
     ours, theirs = (torch.load(tmp_path / d / "step-000000016" / "state.pt")["model"] for d in ("inplace", "restart"))
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_a_catch_up_goes_back_up_only_past_the_step_that_faulted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fp16 overflows at steps 5..9 whenever it runs them (not a passing overflow): its fault at
+    step 8 goes back to step 4's checkpoint in bf16, whose 2 clean steps count from step 8, not 4,
+    so it goes back up at step 10, past the trouble, rather than at 6 to fault again and be barred."""
+    fp16 = in_process_launch(tmp_path, monkeypatch, REPROMOTING, "fp16")
+
+    def trouble(run: mpjob.Session, i: int) -> torch.Tensor:
+        x = torch.randn(4, 4, generator=torch.Generator().manual_seed(i))
+        if run.precision == "fp16" and 4 <= i <= 8:
+            x[0, 0] = math.inf
+        return x
+
+    in_place = fp16.model_copy(update={"checkpoint_dir": str(tmp_path / "inplace"), "in_place_to": [PROMOTE]})
+    report = run_through(in_place, trouble)
+    changes = [(c.kind, c.to_precision, c.start_step) for c in report.precision_changes]
+    assert changes == [("fallback", "bf16", 4), ("repromote", "fp16", 10)], report.message
+    assert report.reason == "Succeeded" and report.precision == "fp16", report.message
+
+
+def run_through(launch: AttemptLaunch, inputs: Callable[[mpjob.Session, int], torch.Tensor]) -> TerminationReport:
+    """`train_squares` through `launch` in this process with `inputs(run, step index)`, to its end."""
+    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        start = run.resume(model=model, optimizer=optimizer)
+        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
+    return TerminationReport.model_validate_json(Path(os.environ["MPJOB_TERMINATION_LOG"]).read_text())

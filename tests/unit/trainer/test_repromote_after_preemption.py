@@ -78,3 +78,22 @@ BAD_RECORDS = [
 def test_an_unusable_last_trouble_record_makes_the_checkpoint_unusable(record: object) -> None:
     assert LastTrouble.state_problem(record) is not None
     assert LastTrouble.state_problem({"step": 0, "precision": "bf16"}) is None
+
+
+def test_a_fallback_preempted_while_it_runs_the_faulted_steps_again_still_counts_from_the_fault() -> None:
+    """bf16 resumed at 4 after fp16 faulted at 8: its checkpoint at 6 records the trouble at 8, and
+    an attempt restarted from it in bf16 counts from 8 too, not from 6; in fp16 (a re-promotion
+    made of it) from its start."""
+    trouble = LastTrouble(lambda: "bf16")
+    trouble.resumed(4, faulted_at=8)
+    assert trouble.step == 8
+    written = trouble.state_dict()
+    assert written == {"step": 8, "precision": "bf16"}
+    restarted = LastTrouble(lambda: "bf16")
+    restarted.load_state_dict(written)
+    restarted.resumed(6)
+    assert restarted.step == 8
+    other = LastTrouble(lambda: "fp16")
+    other.load_state_dict(written)
+    other.resumed(6)
+    assert other.step == 6

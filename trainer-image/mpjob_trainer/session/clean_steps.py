@@ -25,13 +25,15 @@ class LastTrouble:
         #: The last loaded checkpoint's record (None: none since the last start, or none held).
         self.carried: tuple[int, str] | None = None
 
-    def resumed(self, start: int, precision: str) -> None:
-        """An attempt starts at `start` in `precision`, restarted or in place: its clean steps go on from
-        the last trouble of the checkpoint it loaded if written in `precision` (every step since was clean
-        in it), else (another precision, nothing loaded: a re-promotion in place) from `start`."""
+    def resumed(self, start: int, *, faulted_at: int | None = None) -> None:
+        """An attempt starts at `start` in the precision it trains in, restarted or in place: its clean steps
+        go on from the last trouble of the checkpoint it loaded if written in that precision (every step
+        since was clean in it; a step past `start`: trouble the steps it runs again are known to meet), else
+        (another precision, nothing loaded: a re-promotion in place) from `start`; a fallback's from no
+        earlier than the step the attempt before it faulted at (`faulted_at`), which it runs again."""
         carried, self.carried = self.carried, None
-        same = carried is not None and carried[1] == precision and carried[0] <= start
-        self.step = carried[0] if same and carried is not None else start
+        same = carried is not None and carried[1] == self.training_in()
+        self.step = max(carried[0] if same and carried is not None else start, faulted_at or 0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "precision": self.training_in()}

@@ -251,8 +251,8 @@ class InPlace:
         """`_begin` the attempt in `target` and `_tell` the change now, or both once the loop re-entered (from the
         step it loaded) when the model is wrapped anew: with none that loads, the attempt ends as it trained."""
 
-        def made(begun: int) -> None:
-            self._begin(target, begun)
+        def made(begun: int) -> None:  # a fallback that may go back up counts clean steps from `step`, as launched
+            self._begin(target, begun, faulted_at=step if kind == "fallback" and target.repromote_after_steps else None)
             self._tell(kind, step, begun, *args, **kwargs)
 
         if self.rewraps:
@@ -260,7 +260,7 @@ class InPlace:
         else:
             made(start)
 
-    def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int) -> None:
+    def _begin(self, target: InPlaceTarget | InPlaceSplit, start: int, *, faulted_at: int | None = None) -> None:
         """The processes go on as the next attempt, in `target`, from step `start`: the guard, the
         steps it trained without an update (session.updates: every step of a restarted attempt
         overflow-skipped is its fault, whatever the attempt before it applied), the quality gate's
@@ -268,7 +268,7 @@ class InPlace:
         verdicts) start afresh and its re-promotion is the planner's, as a restarted attempt's are."""
         self.context.numerics.guard.restart_at(start)
         self.context.numerics.updates = UpdateWatch()
-        self.cadence.begin(start)
+        self.cadence.begin(start, faulted_at=faulted_at)
         self.cadence.repromote_after = target.repromote_after_steps
         self.promote_to = target.promote_to
         self.attempt, self.started_at = self.attempt + 1, start

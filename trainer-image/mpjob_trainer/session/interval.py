@@ -115,10 +115,10 @@ class Cadence:
         """What checkpoints hold of the cadence (TrainingState's reserved keys): the early stop, the last trouble."""
         return {STOPPED_EARLY: self.early, LAST_TROUBLE: self.trouble_at}
 
-    def begin(self, step: int) -> None:
-        """An attempt begins in place at `step`: its quality gate counts from there, its clean steps as
-        a restarted one's (LastTrouble.resumed)."""
-        self.trouble_at.resumed(step, self.trouble_at.training_in())
+    def begin(self, step: int, *, faulted_at: int | None = None) -> None:
+        """An attempt begins in place at `step` (a fallback's after a fault at `faulted_at`): its quality
+        gate counts from there, its clean steps as a restarted one's (LastTrouble.resumed)."""
+        self.trouble_at.resumed(step, faulted_at=faulted_at)
         self.begun += 1
 
     def clean_steps(self, step: int) -> int:

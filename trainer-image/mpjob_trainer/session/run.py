@@ -155,7 +155,7 @@ class Session(SetUpCalls, StopCalls):
         ref = self._checkpoints.resume(self._state, self._numerics, self.launch.resume_from)
         self.start_step = self._step = ref.step if ref is not None else 0
         self._numerics.guard.start_at(self.start_step)
-        self._cadence.trouble_at.resumed(self.start_step, self._numerics.precision.precision)
+        self._cadence.trouble_at.resumed(self.start_step, faulted_at=self.launch.repromote_counts_from)
         self._started_at = self.start_step
         recovered = self._recovery.resumed(self.launch.recovering_since)
         self._progress.started(self.launch, self.precision, self.start_step, self._checkpoints.last_good, recovered)
