@@ -1,12 +1,15 @@
 """A tiny regression under either framework adapter, for the replay and quality-gate tests.
 
-    python framework_script.py {hf|lightning} [--poison I] [--overflow-at STEP] [--overflow-until STEP]
+    python framework_script.py {hf|lightning} [--poison I] [--bad-gradient I] [--overflow-at STEP]
+                                              [--overflow-until STEP]
                                               [--batchnorm] [--deep] [--slow P]
                                               [--quarantine STEP,...] [--empty-step STEP]
                                               [--spike-at STEP] [--loss-func] [--val-output K]
                                               [--log-losses] [--truncate STEP:FILE[:rehash]]
 
 `--poison I`: sample I's input is NaN (bad data: non-finite in every precision, fp32 too).
+`--bad-gradient I`: sample I's loss is finite and its gradient is not (the square root of a
+difference that is 0 added to it): bad data that spoils the weights at its step, in fp32 too.
 `--overflow-at STEP`: from optimizer step STEP on, an inner activation is 1e6 times larger:
 inf in fp16, finite in fp32 (a precision's fault), up to step `--overflow-until` (excluded) if
 given. `--batchnorm`: a BatchNorm after the LayerNorm (one fp16 overflow leaves its running
@@ -60,10 +63,11 @@ FEATURES, SAMPLES = 8, 512
 
 
 class Regression(Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, poison: int | None) -> None:
+    def __init__(self, poison: int | None, bad_gradient: int | None = None) -> None:
         gen = torch.Generator().manual_seed(0)
         self.x = torch.randn(SAMPLES, FEATURES, generator=gen)
         self.y = self.x.sum(1, keepdim=True).sin()
+        self.bad_gradient = bad_gradient
         if poison is not None:
             self.x[poison] = float("nan")
 
@@ -71,7 +75,8 @@ class Regression(Dataset[dict[str, torch.Tensor]]):
         return SAMPLES
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"x": self.x[i], "labels": self.y[i]}
+        item = {"x": self.x[i], "labels": self.y[i]}
+        return item if self.bad_gradient is None else {**item, "bad": torch.tensor(i == self.bad_gradient)}
 
 
 def log_activation_once(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
@@ -106,12 +111,19 @@ class Net(nn.Module):
         if deep:
             self.inp.register_forward_hook(log_activation_once)
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, labels: torch.Tensor | None = None, bad: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         until = self.overflow_until if self.overflow_until is not None else self.step + 1
         gain = 1e6 if self.overflow_at is not None and self.overflow_at <= self.step < until else 1.0
         h = self.out(self.mid(torch.relu(self.bn(self.norm(self.inp(x) * gain)))))
         h = h * 1e3 if self.step in self.spikes else h
-        return {"prediction": h} if labels is None or self.predicts_only else {"loss": squared_error(h, labels)}
+        if labels is None or self.predicts_only:
+            return {"prediction": h}
+        loss = squared_error(h, labels)
+        if bad is not None and bool(bad.any()):  # sqrt(0) adds nothing to the loss; its gradient is inf
+            loss = loss + torch.sqrt(h[bad] - h[bad].detach()).sum()
+        return {"loss": loss}
 
 
 def squared_error(prediction: torch.Tensor, labels: torch.Tensor, **_: Any) -> torch.Tensor:
@@ -243,6 +255,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("framework", choices=["hf", "lightning"])
     parser.add_argument("--poison", type=int, default=None)
+    parser.add_argument("--bad-gradient", type=int, default=None)
     parser.add_argument("--overflow-at", type=int, default=None)
     parser.add_argument("--overflow-until", type=int, default=None)
     parser.add_argument("--batchnorm", action="store_true")
@@ -268,10 +281,11 @@ def main() -> None:
             overflow_until=opts.overflow_until,
             batchnorm=opts.batchnorm,
         )
+        data = Regression(opts.poison, opts.bad_gradient)
         if opts.framework == "hf":
-            hf(run, net, Regression(opts.poison), opts.pace, opts.loss_func)
+            hf(run, net, data, opts.pace, opts.loss_func)
         else:
-            lightning(run, net, Regression(opts.poison), opts)
+            lightning(run, net, data, opts)
 
 
 if __name__ == "__main__":

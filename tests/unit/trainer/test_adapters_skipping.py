@@ -289,3 +289,22 @@ def test_after_a_skip_the_lightning_step_lines_show_no_replayed_grad_norm(tmp_pa
     (skipped,) = poisoned.of("dataSkipped")
     assert sorted(grad_norms(poisoned.events[poisoned.events.index(skipped) :])) == [15, 20, 25, 30]
     assert set(grad_norms(poisoned.events).values()) == {None}
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.process
+def test_an_fp32_batch_with_a_finite_loss_and_a_non_finite_gradient_is_the_step_skipped(
+    tmp_path: Path, framework: str
+) -> None:
+    """The sample spoils the weights at its own step; the first non-finite loss comes a step later,
+    on healthy samples. The framework steps its own optimizer: the step skipped is still the sample's."""
+    poisoned = job(framework, "--bad-gradient", POISON[framework])
+    poisoned["precision"] = {"mode": "fp32"}
+    argv = poisoned["task"]["command"][1:]
+    skipping = run_trainer(tmp_path, poisoned, "fp32", argv=argv)
+    assert skipping.code == ExitCode.SUCCESS, (skipping.report and skipping.report.message, skipping.stderr[-1500:])
+    (replay,) = skipping.of("replay")
+    (poisoned_step,) = ({"hf": 4, "lightning": 12}[framework],)  # where the sample is served (POISON)
+    assert (replay["verdict"], replay["offendingStep"]) == ("data", poisoned_step), replay
+    (skipped,) = skipping.of("dataSkipped")
+    assert skipped["steps"] == [poisoned_step], skipped

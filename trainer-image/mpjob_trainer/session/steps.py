@@ -71,12 +71,17 @@ def require_callables(call: str, **given: object) -> None:
 
 
 class AppliedSteps:
-    """Optimizer steps actually applied (GradScaler skips overflowing ones); `before`: run as each
-    watched optimizer's step pre-hook (StepNumerics: is this step the session's own?)."""
+    """Optimizer steps actually applied (GradScaler skips overflowing ones); `before` and `after`:
+    run as each watched optimizer's step pre-hook (StepNumerics: is this step the session's own?)
+    and post-hook (what a framework's step applied)."""
 
-    def __init__(self, guard: NumericGuard, before: Callable[[torch.optim.Optimizer], None] | None = None) -> None:
-        self.guard = guard
-        self.before = before
+    def __init__(
+        self,
+        guard: NumericGuard,
+        before: Callable[[torch.optim.Optimizer], None] | None = None,
+        after: Callable[[torch.optim.Optimizer], None] | None = None,
+    ) -> None:
+        self.guard, self.before, self.after = guard, before, after
         self.count = 0
         #: The optimizers hooked, held weakly: not by id(), which a new optimizer made after an
         #: old one was freed (a model wrapped anew in place) can share, leaving it unhooked and
@@ -98,6 +103,8 @@ class AppliedSteps:
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         if stepped_for_state():
             return
+        if self.after is not None:
+            self.after(optimizer)
         if self.guard.optimizer_stepped(optimizer):
             self.count += 1
 
@@ -118,7 +125,7 @@ class StepNumerics:
         self.precision = precision
         self.guard = guard
         self.tally = StepTally()
-        self.applied = AppliedSteps(guard, self._check_own_step)
+        self.applied = AppliedSteps(guard, self._check_own_step, self._applied_elsewhere)
         #: Steps in a row that ran backward and applied no update (checked at checkpoint steps).
         self.updates = UpdateWatch()
         #: Is `step()` stepping an optimizer right now? (In fp16 no other step is the loop's to take.)
@@ -195,6 +202,13 @@ class StepNumerics:
         self._unscaled.add(optimizer)
         self._update_due = True
 
+    def _applied_elsewhere(self, optimizer: torch.optim.Optimizer) -> None:
+        """A watched optimizer stepped: a framework's (not `step()`'s) applied its gradients, with no
+        GradScaler to skip non-finite ones, which spoil the weights at this step (`close`)."""
+        elsewhere = self.steps_elsewhere and not self._stepping
+        if elsewhere and self.precision.scaler is None and self.precision.mode.applies_updates:
+            self.tally.applied_by(optimizer)
+
     def _check_own_step(self, optimizer: torch.optim.Optimizer) -> None:
         """A watched optimizer's step pre-hook: in fp16 an optimizer the loop steps itself, not
         through `step()` (nor a framework's, `watch`), steps on gradients the attempt's GradScaler
@@ -219,7 +233,7 @@ class StepNumerics:
         observed = self.tally.close(loss)
         # With no GradScaler an update applies whatever gradients it has: non-finite ones spoil the weights, and the
         # trouble begins at this step though its loss is finite (a sqrt at 0), not at the next loss (first_fault_step).
-        norm = self.tally.grad_norm if self.tally.stepped and self.precision.scaler is None else None
+        norm = self.tally.grad_norm if self.tally.stepped and self.precision.scaler is None else self.tally.applied
         spoilt = None if norm is None else (~torch.isfinite(torch.as_tensor(norm, device=self.guard.device))).any()
         if observed is not None:
             self.guard.observe_loss(torch.as_tensor(observed), spoilt)

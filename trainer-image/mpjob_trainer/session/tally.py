@@ -12,6 +12,7 @@ from typing import TypeGuard
 
 import torch
 
+from mpjob_trainer.distributed import is_dtensor
 from mpjob_trainer.errors import ConfigError
 
 Number = torch.Tensor | float
@@ -69,6 +70,9 @@ class StepTally:
         self.stepped = False  # did the loop ask run.step() for an update since the step began?
         self.asked = False  # was an optimizer handed to resume() or step() asked to step since the step began?
         self.padded = False  # did backward() run a pass of 0 samples since the step began?
+        #: The norm of the gradients a framework's optimizers applied since the step began, with no
+        #: GradScaler to skip non-finite ones (None: none did), on the device.
+        self.applied: torch.Tensor | None = None
 
     def add_loss(self, loss: torch.Tensor, samples: int | None = None) -> None:
         """Keep a backward pass's loss; one of 0 samples (a rank's step padded to its peers' passes:
@@ -106,6 +110,15 @@ class StepTally:
         if grad_norm is not None:
             self.grad_norm = grad_norm
 
+    def applied_by(self, optimizer: torch.optim.Optimizer) -> None:
+        """A framework's `optimizer` applied its gradients: their norm joins `applied` (a non-finite
+        one spoils the weights at this step, whatever its loss), on the device: no sync."""
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            local = [g.to_local() if is_dtensor(g) else g for g in grads]  # this rank's share
+            norm = torch.nn.utils.get_total_norm(local)
+            self.applied = norm if self.applied is None else self.applied + norm
+
     @contextlib.contextmanager
     def set_aside(self) -> Iterator[None]:
         """Steps the session runs itself in the block (an fp32 replay) leave the training step's
@@ -121,6 +134,7 @@ class StepTally:
         self.loss_sum = None
         self.samples = 0
         self.stepped = self.asked = self.padded = False
+        self.applied = None
 
     def finite_and_clear(self, *, grad_norm: bool) -> bool:
         """Were the losses since the last clear (and, with `grad_norm`, the gradient norm)
