@@ -1,5 +1,6 @@
 """ShardedWriter: one rank's side of writing a sharded checkpoint (checkpoint.shards has the
-layout and the whole story): DCP's asynchronous save, then the agreement and rank 0's commit.
+layout and the whole story): every rank's staging copy agreed, DCP's save, then the agreement
+and rank 0's commit.
 
 To a bucket (BucketCheckpointStore) DCP writes the same files into this rank's private spool
 folder; rank 0 first checks the step's place (as a single-file save does: another job's or an
@@ -31,7 +32,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from mpjob_trainer.checkpoint.dcp_files import INDEX, index_size_problem
 from mpjob_trainer.checkpoint.manifest import check_loadable, hash_files
@@ -93,11 +93,7 @@ class ShardedWriter:
         staged: Future[None] = Future()
 
         def finish() -> SaveResult:
-            try:
-                upload = self._begin(step, shards, staged)
-            except BaseException as exc:
-                staged.set_exception(exc)  # the training thread must not wait for a copy never made
-                raise
+            upload = self._begin(step, shards, staged)
             written = {**local, SHARDS: shards}  # what the rank file and DCP hold of the save
             return self._finish(
                 step, precision, tmp=self._folder(step), written=written, upload=upload, started=started
@@ -109,22 +105,51 @@ class ShardedWriter:
         return self.store.root / f".tmp-{step:09d}-dcp-{self.name}"
 
     def _begin(self, step: int, shards: dict[str, Any], staged: Future[None]) -> Future[Any]:
-        """DCP's asynchronous save of this rank's shards; `staged` completes with the copy."""
-        tmp = self._folder(step)
-        tmp.mkdir(parents=True, exist_ok=True)
+        """DCP's save of this rank's shards, once every rank has its staging copy (`staged`
+        completes with this rank's): DCP plans with collectives, so a rank whose copy or folder
+        failed alone would leave the others waiting in them, and its next save's collectives
+        would meet theirs of this one. Every rank ends the save alike when any failed (the
+        first reason, or an OSError naming them all)."""
+        tmp, problem = self._folder(step), None
+        try:
+            copy = self._staged(tmp, shards, staged)
+        except Exception as exc:
+            problem = reason(exc, f"rank {self.peers.rank}: ")
+        problems = [p for p in self.peers.gather(problem) if p]
+        if problems:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise failure(problems)
         writer = StateOnlyWriter(str(tmp), single_file_per_rank=True, sync_files=True, thread_count=1)
-        response = dcp.async_save(
-            shards,
-            storage_writer=writer,
-            process_group=self.peers.group,
-            async_stager=self._fresh_stager(),
-            no_dist=self.peers.size == 1 and self.peers.group is None,
-        )
-        if not isinstance(response, AsyncSaveResponse):  # staged before it returned
-            staged.set_result(None)
-            return response
-        response.staging_completion.add_done_callback(lambda done: _settle(staged, done))
-        return response.upload_completion
+        upload: Future[Any] = Future()
+        try:
+            upload.set_result(
+                dcp.save(
+                    copy,
+                    storage_writer=writer,
+                    process_group=self.peers.group,
+                    no_dist=self.peers.size == 1 and self.peers.group is None,
+                )
+            )
+        except Exception as exc:  # DCP's failures are every rank's (its collectives gather them)
+            upload.set_exception(exc)
+        return upload
+
+    def _staged(self, tmp: Path, shards: dict[str, Any], staged: Future[None]) -> Any:
+        """This rank's staging copy of `shards` (DCP's stager copies in its own thread), waited
+        for here; `staged` completes with it, or with why it failed."""
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            stager = self._fresh_stager()
+            copy = stager.stage(shards)
+            if isinstance(copy, Future):
+                copy = copy.result()
+            elif stager.should_synchronize_after_execute:
+                stager.synchronize_staging()
+        except BaseException as exc:
+            _settle_failed(staged, exc)  # the training thread must not wait for a copy never made
+            raise
+        staged.set_result(None)
+        return copy
 
     def _fresh_stager(self) -> DefaultStager:
         """A stager of its own for the next save, the last one closed (on the writer thread,
@@ -264,10 +289,6 @@ def _result(ended: Any, started: float) -> SaveResult:
     return SaveResult(ref, time.perf_counter() - started, size, left)
 
 
-def _settle(staged: Future[None], done: Future[None]) -> None:
-    """Pass DCP's staging outcome on to the future the training thread waits on."""
-    error = done.exception()
-    if error is not None:
-        staged.set_exception(error)
-    else:
-        staged.set_result(None)
+def _settle_failed(staged: Future[None], exc: BaseException) -> None:
+    if not staged.done():
+        staged.set_exception(exc)

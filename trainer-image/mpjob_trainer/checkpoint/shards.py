@@ -12,15 +12,17 @@ Writing, per rank (`ShardedWriter.start`, then `PendingSave.finish`):
    rank's shards, renamed from the plain state dicts after the first save: checkpoint.live),
    a copy of the small state, and a device copy of the tensors that are no shards (buffers,
    which a forward pass changes in place: a BatchNorm's running statistics); then, on the
-   writer thread, `dcp.async_save` with a DefaultStager that copies the shards to host memory
-   in its own thread. The training thread waits for that copy only before the next optimizer
+   writer thread, a DefaultStager copies the shards to host memory in its own thread. The
+   training thread waits for that copy only before the next optimizer
    update (`PendingSave.staged`), the first moment the shards could change: forward and
    backward overlap the copy.
    (StagingBuffers would copy on the training thread: at N processes each rank's copy is 1/N
    of a rank-0 snapshot, which does not make the stall small; DCP's stager also knows
    DTensors.)
-2. off the training thread: DCP writes and plans on a process group of its own (gloo), never
-   the training's (collectives from two threads on one group could interleave); then each rank
+2. off the training thread: once every rank has its copy (agreed: a copy that failed on one
+   rank fails the save on all, none left waiting in DCP's collectives), DCP plans and writes
+   on a process group of its own (gloo), never the training's (collectives from two threads on
+   one group could interleave); then each rank
    writes and hashes its files and every rank's outcome is gathered: the agreement that all
    ranks wrote. Only then rank 0 commits the checkpoint through CheckpointStore.commit (the
    manifest with every file's sha256, written last, then the atomic rename and keep-K
