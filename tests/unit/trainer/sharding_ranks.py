@@ -649,6 +649,43 @@ def case_optimizer_switched(world: World) -> dict[str, Any]:
     return {**outcome, "unchanged": all(torch.equal(a, b) for a, b in zip(before, after, strict=True))}
 
 
+def case_restore_check_fails_on_one_rank(world: World) -> dict[str, Any]:
+    """A sound sharded checkpoint whose index rank 1 alone cannot read (its read of the bucket
+    timed out) while the ranks check it before DCP loads: each rank says how the resume ended
+    ("hung": still waiting after a minute, the rank then leaves at once)."""
+    import os
+    import threading
+
+    from mpjob_trainer.checkpoint import dcp_fit, resume
+    from mpjob_trainer.checkpoint.shards import LISTED, SHARDS, restore_shards
+
+    root, names = Path(sys.argv[4]) / "ckpt", {"module": "model", "optimizer": "optimizer"}
+    run = _fsdp_pair(world, lambda params: torch.optim.AdamW(params, lr=0.1))
+    _sharded_commit(world, run, names, root / folder_name(5))
+    if world.rank == 1:
+
+        def timed_out(*_: Any, **__: Any) -> None:
+            raise OSError("reading the checkpoint bucket timed out")
+
+        dcp_fit.check_fit = timed_out  # type: ignore[assignment]
+    outcome: dict[str, Any] = {"error": "hung", "message": ""}
+
+    def load() -> None:
+        try:
+            resume.load(_store(root), restore=lambda f: restore_shards(Path(f[1][SHARDS]), run, names, f[1][LISTED]))
+            outcome.update(error=None)
+        except Exception as exc:
+            outcome.update(error=type(exc).__name__, message=str(exc))
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(60)
+    if outcome["error"] == "hung":
+        (Path(sys.argv[4]) / f"rank{world.rank}.json").write_text(json.dumps(outcome))
+        os._exit(0)  # a collective that never ends: no teardown would
+    return outcome
+
+
 def main() -> None:
     case, rank, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     torch.set_num_threads(1)

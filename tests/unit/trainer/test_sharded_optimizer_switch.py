@@ -98,3 +98,13 @@ def test_every_rank_of_an_fsdp_run_stops_alike_on_an_sgd_checkpoint(tmp_path: Pa
     assert [rank["error"] for rank in seen] == ["ConfigError", "ConfigError"], seen
     assert all("param group 0 lacks betas, eps" in rank["message"] for rank in seen), seen
     assert all(rank["unchanged"] for rank in seen), seen
+
+
+@pytest.mark.process
+def test_a_rank_that_cannot_read_the_index_before_the_load_ends_the_resume_on_every_rank(tmp_path: Path) -> None:
+    """The checks before DCP loads are agreed: the rank whose read failed raises its error, the
+    other PeerFailed, neither waiting alone in a collective (before, the other rank sat in DCP's
+    load while the failed one waited in the resume's agreement)."""
+    seen = ranks(tmp_path, "restore_check_fails_on_one_rank", 2)
+    assert [rank["error"] for rank in seen] == ["PeerFailed", "OSError"], seen
+    assert "rank 1" in seen[0]["message"] and "timed out" in seen[0]["message"], seen

@@ -15,6 +15,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from mpjob_trainer.checkpoint.dcp_reader import listed_values, plain_value
 from mpjob_trainer.checkpoint.dtypes import check_dtype
+from mpjob_trainer.checkpoint.extra_state import check_extra_states
 from mpjob_trainer.checkpoint.manifest import CorruptCheckpoint
 from mpjob_trainer.checkpoint.optimizer_state import (
     PARAMETER_SHAPED,
@@ -25,10 +26,29 @@ from mpjob_trainer.checkpoint.optimizer_state import (
     regrouping,
     setting_problem,
 )
+from mpjob_trainer.checkpoint.peers import Peers, agreed
 from mpjob_trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
+
+
+def checked_before_load(
+    shards: CheckedShards, target: dict[str, Any], names: dict[str, str], module: Any, optimizer: Any
+) -> None:
+    """Every check made before DCP loads anything into `target`, each rank's verdict agreed
+    (peers.agreed), since DCP's load is collective: a rank whose check failed alone (a read of
+    the index that failed there) would leave the others waiting in it. The run's setup
+    (`check_loadable`) and the script's own code (the module's extra states) fail as a ConfigError,
+    the checkpoint's fault (`check_fit`) as CorruptCheckpoint; another failure is raised on its
+    rank and PeerFailed on the others."""
+
+    def checks() -> None:
+        check_loadable(target, names)
+        check_extra_states(module, names["module"])
+        check_fit(shards, target, names, optimizer)
+
+    agreed(checks, Peers.current())
 
 
 def check_fit(shards: CheckedShards, target: dict[str, Any], names: dict[str, str], optimizer: Any = None) -> None:

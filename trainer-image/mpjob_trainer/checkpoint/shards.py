@@ -150,9 +150,8 @@ def restore_shards(
     import torch.distributed.checkpoint as dcp
 
     from mpjob_trainer.checkpoint.checked import VolumeFiles
-    from mpjob_trainer.checkpoint.dcp_fit import check_fit, check_loadable
+    from mpjob_trainer.checkpoint.dcp_fit import checked_before_load
     from mpjob_trainer.checkpoint.dcp_reader import CheckedReader, WeightsOnlyPlanner
-    from mpjob_trainer.checkpoint.extra_state import check_extra_states
     from mpjob_trainer.checkpoint.shard_copies import CheckedShards
 
     target = state_dicts(objects, names)
@@ -160,9 +159,7 @@ def restore_shards(
     shards = checked if checked is not None else CheckedShards(VolumeFiles(folder), read_manifest(folder).files)
     try:
         optimizer = objects[names["optimizer"]] if "optimizer" in names else None
-        check_loadable(target, names)  # the run's setup: a ConfigError before anything loads
-        check_extra_states(objects[names["module"]], names["module"])  # the script's own code, likewise
-        check_fit(shards, target, names, optimizer)  # CorruptCheckpoint before anything loads: the checkpoint's fault
+        checked_before_load(shards, target, names, objects[names["module"]], optimizer)  # every rank's, agreed
         dcp.load(
             target,
             storage_reader=CheckedReader(shards),
