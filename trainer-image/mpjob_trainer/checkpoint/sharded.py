@@ -121,17 +121,13 @@ class ShardedWriter:
             raise failure(problems)
         writer = StateOnlyWriter(str(tmp), single_file_per_rank=True, sync_files=True, thread_count=1)
         upload: Future[Any] = Future()
+        alone = self.peers.size == 1 and self.peers.group is None
         try:
-            upload.set_result(
-                dcp.save(
-                    copy,
-                    storage_writer=writer,
-                    process_group=self.peers.group,
-                    no_dist=self.peers.size == 1 and self.peers.group is None,
-                )
-            )
-        except Exception as exc:  # DCP's failures are every rank's (its collectives gather them)
+            upload.set_result(dcp.save(copy, storage_writer=writer, process_group=self.peers.group, no_dist=alone))
+        except Exception as exc:
             upload.set_exception(exc)
+        except dcp.CheckpointException as exc:  # a BaseException: any rank's failure while writing, on every rank
+            upload.set_exception(_not_written(exc))
         return upload
 
     def _staged(self, tmp: Path, shards: dict[str, Any], staged: Future[None]) -> Any:
@@ -287,6 +283,13 @@ def _result(ended: Any, started: float) -> SaveResult:
         raise OSError(ended)
     ref, size, left = ended
     return SaveResult(ref, time.perf_counter() - started, size, left)
+
+
+def _not_written(exc: Any) -> OSError:
+    """A failed save's reason from DCP's CheckpointException: its first rank's (exception, traceback)."""
+    rank, cause = min(exc.failures.items(), key=lambda item: item[0], default=(0, (exc,)))
+    cause = cause[0] if isinstance(cause, tuple) else cause
+    return OSError(f"DCP could not write the shards (rank {rank}: {type(cause).__name__}: {str(cause)[:300]})")
 
 
 def _settle_failed(staged: Future[None], exc: BaseException) -> None:
