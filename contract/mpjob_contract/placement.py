@@ -197,13 +197,14 @@ class PodTemplateOverrides(ApiModel):
 
     @model_validator(mode="after")
     def _no_kubernetes_credentials(self) -> PodTemplateOverrides:
-        """Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod
-        mounts none of its own: automountServiceAccountToken is the operator's, always false)."""
+        """Trainers hold no credentials: no projected ServiceAccount token (the pod mounts none of
+        its own: automountServiceAccountToken is the operator's, always false), no pod certificate."""
         violations = [
             found
             for i, volume in enumerate(self.volumes)
             for j, source in enumerate((volume.get("projected") or {}).get("sources") or [])
-            if (found := rules.NO_SERVICE_ACCOUNT_TOKEN.violation(source, at=f"volumes[{i}].projected.sources[{j}]"))
+            for rule in rules.NO_CREDENTIAL_SOURCES
+            if (found := rule.violation(source, at=f"volumes[{i}].projected.sources[{j}]"))
         ]
         if violations:
             raise k8s.SchemaViolations(violations)

@@ -40,6 +40,7 @@ MAX_NAME_LENGTH = 50
 TASK_KINDS = ("builtin", "module", "command")
 #: Why a template may not mount a ServiceAccount token (the chart's admission policy says the same).
 NO_TOKEN = "not allowed: trainer pods hold no Kubernetes credentials (docs/security.md)"
+NO_CERTIFICATE = "not allowed: trainer pods hold no credentials, and a pod certificate is one (docs/security.md)"
 #: The job writes its checkpoints to this claim.
 READ_ONLY_CLAIM = (
     "checkpoint.volume.persistentVolumeClaim.readOnly must be false: the job writes its checkpoints to this "
@@ -124,8 +125,7 @@ FALLBACK_SAFER_IN_ORDER = Rule(
     field_path=".fallback",
     item=lambda precision: f"[{unsafe_fallback(precision)}]",
 )
-# Trainers hold no Kubernetes credentials: no projected ServiceAccount token (the pod mounts
-# none of its own: automountServiceAccountToken is the operator's, always false).
+# Trainers hold no credentials: no projected ServiceAccount token (automountServiceAccountToken is always false).
 NO_SERVICE_ACCOUNT_TOKEN = Rule(
     name="no-service-account-token",
     path="spec.template.volumes[].projected.sources[]",
@@ -135,6 +135,18 @@ NO_SERVICE_ACCOUNT_TOKEN = Rule(
     field_path=".serviceAccountToken",
     reason="FieldValueForbidden",
 )
+# ... nor a projected podCertificate (Kubernetes 1.34, alpha): a key and a certificate a signer issued for the pod.
+NO_POD_CERTIFICATE = Rule(
+    name="no-pod-certificate",
+    path="spec.template.volumes[].projected.sources[]",
+    cel="!has(self.podCertificate)",
+    message=NO_CERTIFICATE,
+    holds=lambda source: not isinstance(source, Mapping) or source.get("podCertificate") is None,
+    field_path=".podCertificate",
+    reason="FieldValueForbidden",
+)
+#: The rules on each projected source of a template volume: no credential reaches a trainer through one.
+NO_CREDENTIAL_SOURCES = (NO_SERVICE_ACCOUNT_TOKEN, NO_POD_CERTIFICATE)
 ONE_CHECKPOINT_SOURCE = Rule(
     name="one-checkpoint-source",
     path="spec.checkpoint.volume",
@@ -263,7 +275,7 @@ RULES: tuple[Rule, ...] = (
     FALLBACK_DISTINCT,
     FALLBACK_NO_FP8,
     FALLBACK_SAFER_IN_ORDER,
-    NO_SERVICE_ACCOUNT_TOKEN,
+    *NO_CREDENTIAL_SOURCES,
     *TOLERATION_RULES,
     TEMPLATE_VOLUME_NOT_CHECKPOINTS,
     MOUNT_NOT_AT_CHECKPOINTS,

@@ -240,6 +240,20 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         ),
         "spec.template.volumes[0].projected.sources[0].serviceAccountToken",
     ),
+    # ... nor a pod certificate (a projected podCertificate source: an identity a signer vouches for).
+    (
+        "projected-pod-certificate",
+        bad(
+            "spec.template.volumes",
+            [
+                {
+                    "name": "c",
+                    "projected": {"sources": [{"podCertificate": {"signerName": "x.io/s", "keyType": "RSA3072"}}]},
+                }
+            ],
+        ),
+        "spec.template.volumes[0].projected.sources[0].podCertificate",
+    ),
     # Checkpoints in a bucket: S3's bucket naming rules and a required endpoint, each named.
     (
         "bad-bucket-name",
@@ -457,6 +471,7 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
         "auto-fallback-out-of-order",
     ),
     rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
+    rules.NO_POD_CERTIFICATE.name: ("projected-pod-certificate",),
     rules.TOLERATION_SECONDS_NEED_NO_EXECUTE.name: ("toleration-seconds-without-no-execute",),
     rules.TOLERATION_EMPTY_KEY_EXISTS.name: ("toleration-empty-key-equal",),
     rules.TOLERATION_EXISTS_WITHOUT_VALUE.name: ("toleration-exists-with-value",),

@@ -107,6 +107,8 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.FALLBACK_SAFER_IN_ORDER, {"mode": "auto", "fallback": ["bf16", "fp16"]}, False),
     (rules.NO_SERVICE_ACCOUNT_TOKEN, {"configMap": {"name": "c"}}, True),
     (rules.NO_SERVICE_ACCOUNT_TOKEN, {"serviceAccountToken": {"path": "t"}}, False),
+    (rules.NO_POD_CERTIFICATE, {"clusterTrustBundle": {"path": "b", "signerName": "x.io/s"}}, True),
+    (rules.NO_POD_CERTIFICATE, {"podCertificate": {"signerName": "x.io/s", "keyType": "ED25519"}}, False),
     (rules.TOLERATION_SECONDS_NEED_NO_EXECUTE, {"key": "k", "operator": "Exists"}, True),
     (rules.TOLERATION_SECONDS_NEED_NO_EXECUTE, {"effect": "NoExecute", "tolerationSeconds": 0}, True),
     (rules.TOLERATION_SECONDS_NEED_NO_EXECUTE, {"effect": "NoSchedule", "tolerationSeconds": 30}, False),
