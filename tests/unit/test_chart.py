@@ -358,7 +358,6 @@ def test_rbac_grants_nothing_beyond_what_the_operator_uses(helm: str) -> None:
             ("mpjob.dev", "mixedprecisionjobs", "get"),
             ("mpjob.dev", "mixedprecisionjobs", "list"),
             ("mpjob.dev", "mixedprecisionjobs", "watch"),
-            ("mpjob.dev", "mixedprecisionjobs/status", "get"),
             ("mpjob.dev", "mixedprecisionjobs/status", "patch"),  # only the status is written
             ("mpjob.dev", "mixedprecisionjobs/finalizers", "update"),  # blockOwnerDeletion on the children
         }
