@@ -77,13 +77,15 @@ def test_an_fp16_job_that_overflows_recovers_in_bf16_from_its_checkpoint(
     last = status["lastCheckpoint"]
     assert (last["step"], last["precision"]) == (60, "bf16")
     assert jobs.checkpoint_sha256("mpjob-checkpoints", last["path"], release.trainer_image) == last["sha256"]
-    # The chart's default networkPolicy.enabled: each attempt got its NetworkPolicy, owned by its Job
-    # (the operator's role allows it; nothing on this test cluster enforces the policy itself).
+    # The chart's default networkPolicy.enabled: each attempt got its NetworkPolicy, controlled by its
+    # Job and kept by the pods the operator saw running (the operator's role allows both; nothing on this
+    # test cluster enforces the policy itself).
     networking, batch = client.NetworkingV1Api(core.api_client), client.BatchV1Api(core.api_client)
     for attempt in ("fp16-recovery-a0", "fp16-recovery-a1"):
         policy = networking.read_namespaced_network_policy(attempt, release.namespace)
-        (owner,) = policy.metadata.owner_references
+        (owner,) = [ref for ref in policy.metadata.owner_references if ref.controller]
         assert (owner.kind, owner.uid) == ("Job", batch.read_namespaced_job(attempt, release.namespace).metadata.uid)
+        assert {ref.kind for ref in policy.metadata.owner_references if not ref.controller} <= {"Pod"}
         assert policy.spec.pod_selector.match_labels["mpjob.dev/attempt"] == attempt[-1]
 
 
