@@ -211,6 +211,15 @@ class PodTemplateOverrides(ApiModel):
         return self
 
     @model_validator(mode="after")
+    def _maps_hold(self) -> PodTemplateOverrides:
+        """The pod API's rules on the template's labels and annotations (rules.TEMPLATE_RULES)."""
+        template = rules.wire_self(self)
+        violations = [found for rule in rules.TEMPLATE_RULES if (found := rule.violation(template))]
+        if violations:
+            raise k8s.SchemaViolations(violations)
+        return self
+
+    @model_validator(mode="after")
     def _items_hold(self) -> PodTemplateOverrides:
         """The pod API's rules on each toleration, volume and volume mount (rules.ITEM_RULES)."""
         items = {"tolerations": self.tolerations, "volumes": self.volumes, "volumeMounts": self.volume_mounts}

@@ -1,5 +1,6 @@
-"""The pod API's rules between a toleration's fields, and between the template's volumes and
-mounts and the ones the operator adds (mpjob_contract.pod_volumes), as cross-field rules of the
+"""The pod API's rules between a toleration's fields, between the template's volumes and mounts
+and the ones the operator adds (mpjob_contract.pod_volumes), and between the template's
+annotations and the pod's securityContext the operator sets, as cross-field rules of the
 API (the table is mpjob_contract.rules): the API server refuses them only when the Job
 controller creates the pod, long after the job was accepted (the job then fails after
 runPolicy.podCreationTimeoutSeconds). A toleration's single fields (key, value, operator,
@@ -88,6 +89,34 @@ MOUNT_NOT_AT_CHECKPOINTS = Rule(
     holds=lambda mount: re.fullmatch(AT_CHECKPOINT_MOUNT, str(_field(mount, "mountPath"))) is None,
     field_path=".mountPath",
 )
+#: The deprecated seccomp annotations the pod API compares with the pod's and the trainer container's
+#: seccompProfile, which the operator sets to RuntimeDefault (mpjob.builders.attempt), and the values
+#: it takes for RuntimeDefault. A named key is a lookup, within the CEL budget on a map of any size.
+SECCOMP_ANNOTATIONS = (
+    "seccomp.security.alpha.kubernetes.io/pod",
+    "container.seccomp.security.alpha.kubernetes.io/trainer",
+)
+RUNTIME_DEFAULT_SECCOMP = ("runtime/default", "docker/default")
+TEMPLATE_SECCOMP_RUNTIME_DEFAULT = Rule(
+    name="template-seccomp-runtime-default",
+    path="spec.template",
+    cel="!has(self.annotations) || "
+    + " && ".join(
+        f"(!('{key}' in self.annotations) || self.annotations['{key}'] in {list(RUNTIME_DEFAULT_SECCOMP)})"
+        for key in SECCOMP_ANNOTATIONS
+    ),
+    message=f"template.annotations {' and '.join(SECCOMP_ANNOTATIONS)} may only be runtime/default (or "
+    "docker/default, its former name): the operator gives the trainer pod and its container the RuntimeDefault "
+    "seccomp profile, and the pod API refuses a seccomp annotation that names another; leave them out",
+    holds=lambda template: all(
+        (_field(template, "annotations") or {}).get(key, RUNTIME_DEFAULT_SECCOMP[0]) in RUNTIME_DEFAULT_SECCOMP
+        for key in SECCOMP_ANNOTATIONS
+    ),
+    field_path=".annotations",
+    reason="FieldValueForbidden",
+)
+#: The rules on the template's own maps (its labels and annotations), in the order the CRD lists them.
+TEMPLATE_RULES = (TEMPLATE_SECCOMP_RUNTIME_DEFAULT,)
 #: A toleration's, a template volume's and a volume mount's rules, by template field.
 ITEM_RULES: dict[str, tuple[Rule, ...]] = {
     "tolerations": TOLERATION_RULES,
@@ -121,4 +150,12 @@ MOUNT_NAMES_A_VOLUME = Rule(
     holds=lambda spec: unknown_mount(spec) is None,
     field_path=".template.volumeMounts",
     item=lambda spec: f"[{unknown_mount(spec)}]",
+)
+#: The pod API's rules, in the order the CRD lists them at a path (mpjob_contract.rules.RULES holds them).
+POD_RULES = (
+    *TOLERATION_RULES,
+    TEMPLATE_VOLUME_NOT_CHECKPOINTS,
+    MOUNT_NOT_AT_CHECKPOINTS,
+    MOUNT_NAMES_A_VOLUME,
+    *TEMPLATE_RULES,
 )

@@ -26,6 +26,9 @@ from mpjob_contract.faults import ACTIONS, Fault, FaultAction, allowed
 from mpjob_contract.pod_rules import ITEM_RULES as ITEM_RULES
 from mpjob_contract.pod_rules import MOUNT_NAMES_A_VOLUME as MOUNT_NAMES_A_VOLUME
 from mpjob_contract.pod_rules import MOUNT_NOT_AT_CHECKPOINTS as MOUNT_NOT_AT_CHECKPOINTS
+from mpjob_contract.pod_rules import POD_RULES as POD_RULES
+from mpjob_contract.pod_rules import TEMPLATE_RULES as TEMPLATE_RULES
+from mpjob_contract.pod_rules import TEMPLATE_SECCOMP_RUNTIME_DEFAULT as TEMPLATE_SECCOMP_RUNTIME_DEFAULT
 from mpjob_contract.pod_rules import TEMPLATE_VOLUME_NOT_CHECKPOINTS as TEMPLATE_VOLUME_NOT_CHECKPOINTS
 from mpjob_contract.pod_rules import TOLERATION_EMPTY_KEY_EXISTS as TOLERATION_EMPTY_KEY_EXISTS
 from mpjob_contract.pod_rules import TOLERATION_EXISTS_WITHOUT_VALUE as TOLERATION_EXISTS_WITHOUT_VALUE
@@ -276,10 +279,7 @@ RULES: tuple[Rule, ...] = (
     FALLBACK_NO_FP8,
     FALLBACK_SAFER_IN_ORDER,
     *NO_CREDENTIAL_SOURCES,
-    *TOLERATION_RULES,
-    TEMPLATE_VOLUME_NOT_CHECKPOINTS,
-    MOUNT_NOT_AT_CHECKPOINTS,
-    MOUNT_NAMES_A_VOLUME,
+    *POD_RULES,
     ONE_CHECKPOINT_SOURCE,
     WRITABLE_CHECKPOINT_CLAIM,
     BUCKET_NOT_AN_IP_ADDRESS,

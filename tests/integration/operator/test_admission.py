@@ -11,8 +11,11 @@ import pytest
 import yaml
 from kubernetes import client
 
+from mpjob.builders.attempt import attempt_job
+from mpjob.planning.planner import StartAttempt
 from mpjob.validation import check_text
 from mpjob_contract import rules
+from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.faults import Fault, FaultAction
 from tests.integration.operator.conftest import Jobs, Operator
 from tests.unit.operator.cases import CASES, DEEPEST_TASK_ARGS, FULL_TEMPLATE, GOOD, RULE_CASES, bad, nested_json
@@ -50,6 +53,43 @@ def test_api_server_refuses_each_rule_with_the_tables_message(
         # mpjob validate may name the list's item too (rule.item), which CEL's fieldPath cannot
         field = re.sub(r"\[\d+\]$", "", problem.field) if rule.item is not None else problem.field
         assert f"{field}: " in said, (problem.field, said)
+
+
+#: Template maps the pod API reads beside the operator's own fields: (template, whether both admit it).
+POD_API_MAPS = [
+    (
+        {
+            "annotations": {
+                "seccomp.security.alpha.kubernetes.io/pod": "runtime/default",
+                "container.seccomp.security.alpha.kubernetes.io/trainer": "docker/default",
+            }
+        },
+        True,
+    ),
+    ({"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}, False),
+    ({"annotations": {"container.seccomp.security.alpha.kubernetes.io/trainer": "localhost/p"}}, False),
+]
+
+
+@pytest.mark.parametrize(("template", "admitted"), POD_API_MAPS)
+def test_the_rules_refuse_what_the_job_api_refuses_in_the_attempts_job(
+    api_client, namespace, template: dict, admitted: bool
+) -> None:
+    """A template the rules admit makes an attempt Job the Job API admits; one they refuse at apply
+    would have been refused only when the operator made the attempt's Job."""
+    _, problems = check_text(yaml.safe_dump(bad("spec.template", template)))
+    assert (problems == []) is admitted, [str(p) for p in problems]
+    spec = MixedPrecisionJobSpec.model_validate({"task": {"builtin": "mlp"}, "resources": {"gpusPerWorker": 0}})
+    spec.template.labels, spec.template.annotations = template.get("labels", {}), template.get("annotations", {})
+    start = StartAttempt(index=1, precision="fp32", resume_from=None, start_step=0)
+    job = attempt_job(job="maps", namespace=namespace, uid="u-1", spec=spec, start=start, image="mpjob-trainer:0")
+    batch = client.BatchV1Api(api_client)
+    if admitted:
+        batch.create_namespaced_job(namespace, job, dry_run="All")
+        return
+    with pytest.raises(client.rest.ApiException) as caught:
+        batch.create_namespaced_job(namespace, job, dry_run="All")
+    assert caught.value.status == 422, caught.value.body
 
 
 def test_api_server_accepts_and_defaults_a_good_manifest(api_client, crd_installed, namespace) -> None:

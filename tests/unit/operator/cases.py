@@ -254,6 +254,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         ),
         "spec.template.volumes[0].projected.sources[0].podCertificate",
     ),
+    # The trainer pod's seccomp profile is the operator's (RuntimeDefault): the pod API refuses a
+    # deprecated seccomp annotation that names another, when the attempt's Job is made.
+    (
+        "pod-seccomp-annotation-unconfined",
+        bad("spec.template.annotations", {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}),
+        "spec.template.annotations",
+    ),
+    (
+        "trainer-seccomp-annotation-localhost",
+        bad("spec.template.annotations", {"container.seccomp.security.alpha.kubernetes.io/trainer": "localhost/p"}),
+        "spec.template.annotations",
+    ),
     # Checkpoints in a bucket: S3's bucket naming rules and a required endpoint, each named.
     (
         "bad-bucket-name",
@@ -472,6 +484,10 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
     ),
     rules.NO_SERVICE_ACCOUNT_TOKEN.name: ("projected-service-account-token",),
     rules.NO_POD_CERTIFICATE.name: ("projected-pod-certificate",),
+    rules.TEMPLATE_SECCOMP_RUNTIME_DEFAULT.name: (
+        "pod-seccomp-annotation-unconfined",
+        "trainer-seccomp-annotation-localhost",
+    ),
     rules.TOLERATION_SECONDS_NEED_NO_EXECUTE.name: ("toleration-seconds-without-no-execute",),
     rules.TOLERATION_EMPTY_KEY_EXISTS.name: ("toleration-empty-key-equal",),
     rules.TOLERATION_EXISTS_WITHOUT_VALUE.name: ("toleration-exists-with-value",),

@@ -109,6 +109,24 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
     (rules.NO_SERVICE_ACCOUNT_TOKEN, {"serviceAccountToken": {"path": "t"}}, False),
     (rules.NO_POD_CERTIFICATE, {"clusterTrustBundle": {"path": "b", "signerName": "x.io/s"}}, True),
     (rules.NO_POD_CERTIFICATE, {"podCertificate": {"signerName": "x.io/s", "keyType": "ED25519"}}, False),
+    (rules.TEMPLATE_SECCOMP_RUNTIME_DEFAULT, {}, True),
+    (rules.TEMPLATE_SECCOMP_RUNTIME_DEFAULT, {"annotations": {"seccomp.security.alpha.kubernetes.io/pod": ""}}, False),
+    (
+        rules.TEMPLATE_SECCOMP_RUNTIME_DEFAULT,
+        {
+            "annotations": {
+                "seccomp.security.alpha.kubernetes.io/pod": "runtime/default",
+                "container.seccomp.security.alpha.kubernetes.io/trainer": "docker/default",
+                "container.seccomp.security.alpha.kubernetes.io/other": "unconfined",  # no such container
+            }
+        },
+        True,
+    ),
+    (
+        rules.TEMPLATE_SECCOMP_RUNTIME_DEFAULT,
+        {"annotations": {"container.seccomp.security.alpha.kubernetes.io/trainer": "unconfined"}},
+        False,
+    ),
     (rules.TOLERATION_SECONDS_NEED_NO_EXECUTE, {"key": "k", "operator": "Exists"}, True),
     (rules.TOLERATION_SECONDS_NEED_NO_EXECUTE, {"effect": "NoExecute", "tolerationSeconds": 0}, True),
     (rules.TOLERATION_SECONDS_NEED_NO_EXECUTE, {"effect": "NoSchedule", "tolerationSeconds": 30}, False),
