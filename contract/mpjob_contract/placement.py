@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from mpjob_contract import formats, k8s, rules
+from mpjob_contract.pod_rules import TEMPLATE_RULES
 from mpjob_contract.storage import S3Storage
 from mpjob_contract.vocabulary import (
     MAX_ATTEMPTS_LIMIT,
@@ -212,9 +213,9 @@ class PodTemplateOverrides(ApiModel):
 
     @model_validator(mode="after")
     def _maps_hold(self) -> PodTemplateOverrides:
-        """The pod API's rules on the template's labels and annotations (rules.TEMPLATE_RULES)."""
+        """The pod API's rules on the template's labels and annotations (pod_rules.TEMPLATE_RULES)."""
         template = rules.wire_self(self)
-        violations = [found for rule in rules.TEMPLATE_RULES if (found := rule.violation(template))]
+        violations = [found for rule in TEMPLATE_RULES if (found := rule.violation(template))]
         if violations:
             raise k8s.SchemaViolations(violations)
         return self

@@ -115,8 +115,27 @@ TEMPLATE_SECCOMP_RUNTIME_DEFAULT = Rule(
     field_path=".annotations",
     reason="FieldValueForbidden",
 )
+#: The labels the Job controller puts on an attempt's pods, its Job's name and UID (the Job's selector):
+#: the Job API refuses a pod template that sets one to another value, and each attempt is a new Job.
+JOB_CONTROLLER_LABELS = (
+    "batch.kubernetes.io/controller-uid",
+    "batch.kubernetes.io/job-name",
+    "controller-uid",
+    "job-name",
+)
+TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS = Rule(
+    name="template-labels-not-the-job-controllers",
+    path="spec.template",
+    cel="!has(self.labels) || " + " && ".join(f"!('{key}' in self.labels)" for key in JOB_CONTROLLER_LABELS),
+    message=f"template.labels must not set {', '.join(JOB_CONTROLLER_LABELS)}: the Job controller labels each "
+    "attempt's pods with them (the attempt Job's name and UID, its selector), and the Job API refuses a template "
+    "that sets them; name your labels otherwise",
+    holds=lambda template: not set(_field(template, "labels") or {}) & set(JOB_CONTROLLER_LABELS),
+    field_path=".labels",
+    reason="FieldValueForbidden",
+)
 #: The rules on the template's own maps (its labels and annotations), in the order the CRD lists them.
-TEMPLATE_RULES = (TEMPLATE_SECCOMP_RUNTIME_DEFAULT,)
+TEMPLATE_RULES = (TEMPLATE_SECCOMP_RUNTIME_DEFAULT, TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS)
 #: A toleration's, a template volume's and a volume mount's rules, by template field.
 ITEM_RULES: dict[str, tuple[Rule, ...]] = {
     "tolerations": TOLERATION_RULES,

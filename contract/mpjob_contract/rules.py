@@ -27,7 +27,7 @@ from mpjob_contract.pod_rules import ITEM_RULES as ITEM_RULES
 from mpjob_contract.pod_rules import MOUNT_NAMES_A_VOLUME as MOUNT_NAMES_A_VOLUME
 from mpjob_contract.pod_rules import MOUNT_NOT_AT_CHECKPOINTS as MOUNT_NOT_AT_CHECKPOINTS
 from mpjob_contract.pod_rules import POD_RULES as POD_RULES
-from mpjob_contract.pod_rules import TEMPLATE_RULES as TEMPLATE_RULES
+from mpjob_contract.pod_rules import TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS as TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS
 from mpjob_contract.pod_rules import TEMPLATE_SECCOMP_RUNTIME_DEFAULT as TEMPLATE_SECCOMP_RUNTIME_DEFAULT
 from mpjob_contract.pod_rules import TEMPLATE_VOLUME_NOT_CHECKPOINTS as TEMPLATE_VOLUME_NOT_CHECKPOINTS
 from mpjob_contract.pod_rules import TOLERATION_EMPTY_KEY_EXISTS as TOLERATION_EMPTY_KEY_EXISTS

@@ -266,6 +266,14 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.template.annotations", {"container.seccomp.security.alpha.kubernetes.io/trainer": "localhost/p"}),
         "spec.template.annotations",
     ),
+    # The Job controller labels each attempt's pods with its Job's name and UID (its selector): the Job
+    # API refuses a pod template that sets them otherwise, when the attempt's Job is made.
+    ("template-label-job-name", bad("spec.template.labels", {"job-name": "x"}), "spec.template.labels"),
+    (
+        "template-label-controller-uid",
+        bad("spec.template.labels", {"batch.kubernetes.io/controller-uid": "x"}),
+        "spec.template.labels",
+    ),
     # Checkpoints in a bucket: S3's bucket naming rules and a required endpoint, each named.
     (
         "bad-bucket-name",
@@ -488,6 +496,7 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
         "pod-seccomp-annotation-unconfined",
         "trainer-seccomp-annotation-localhost",
     ),
+    rules.TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS.name: ("template-label-job-name", "template-label-controller-uid"),
     rules.TOLERATION_SECONDS_NEED_NO_EXECUTE.name: ("toleration-seconds-without-no-execute",),
     rules.TOLERATION_EMPTY_KEY_EXISTS.name: ("toleration-empty-key-equal",),
     rules.TOLERATION_EXISTS_WITHOUT_VALUE.name: ("toleration-exists-with-value",),
