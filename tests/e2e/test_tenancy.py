@@ -110,9 +110,9 @@ def test_admission_policy_refuses_an_unconfined_apparmor_annotation(cli: Cli, te
 
 
 def test_no_template_hands_a_trainer_a_kubernetes_token(cli: Cli, tenant: tuple[str, str]) -> None:
-    """The CRD refuses a projected token before admission (and the policy would, for a CRD
-    an upgrade left older: Helm never upgrades crds/); automountServiceAccountToken is no
-    template field at all. The policy's rules all type-check against the CRD's schema."""
+    """The CRD refuses a projected token or pod certificate before admission (and the policy
+    would, for a CRD an upgrade left older: Helm never upgrades crds/); automountServiceAccountToken
+    is no template field at all. The policy's rules all type-check against the CRD's schema."""
     namespace, release = tenant
     host = job("host", volumes=[{"name": "root", "hostPath": {"path": "/"}}])
     wait_for(lambda: not create(cli, namespace, host)[0], 60, message="policy active")
@@ -120,6 +120,12 @@ def test_no_template_hands_a_trainer_a_kubernetes_token(cli: Cli, tenant: tuple[
     ok, out = create(cli, namespace, job("token", volumes=[token]))
     assert not ok and "spec.template.volumes[0].projected.sources[0].serviceAccountToken" in out, out
     assert "no Kubernetes credentials" in out
+    certificate = {
+        "name": "c",
+        "projected": {"sources": [{"podCertificate": {"signerName": "x.io/s", "keyType": "ED25519"}}]},
+    }
+    ok, out = create(cli, namespace, job("certificate", volumes=[certificate]))
+    assert not ok and "spec.template.volumes[0].projected.sources[0].podCertificate" in out, out
     ok, out = create(cli, namespace, job("automount", automountServiceAccountToken=True))
     assert not ok and "spec.template.automountServiceAccountToken" in out, out
     projected = {"name": "meta", "projected": {"sources": [{"downwardAPI": {"items": [

@@ -394,6 +394,8 @@ def test_admission_policy_is_opt_in_and_names_the_allowlist(helm: str) -> None:
     assert "!has(v.hostPath)" in rules and '["trainer"]' in rules and "!has(v.emptyDir)" not in rules
     # Trainers hold no Kubernetes credentials: no token through the template either.
     assert "!has(s.serviceAccountToken)" in rules and "automountServiceAccountToken == false" in rules
+    # ... nor a pod certificate (a projected podCertificate source), where the CRD is older than the chart.
+    assert "!has(s.podCertificate)" in rules
     bad = render_error(helm, "admissionPolicy.serviceAccountNames={Not_A_Name}")
     assert "serviceAccountNames" in bad
 
