@@ -118,13 +118,7 @@ def train(launch: AttemptLaunch, overflowed: set[int]) -> TerminationReport:
             x[0, 0] = math.inf
         return x
 
-    with contextlib.suppress(SystemExit), mpjob.start(launch=launch) as run:
-        torch.manual_seed(0)
-        model = nn.Linear(4, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        start = run.resume(model=model, optimizer=optimizer)
-        train_squares(run, model, optimizer, start, lambda i: inputs(run, i))
-    return TerminationReport.model_validate_json(Path(os.environ["MPJOB_TERMINATION_LOG"]).read_text())
+    return run_through(launch, inputs)
 
 
 def test_a_repromotion_due_while_catching_up_goes_up_in_place_and_ends_as_the_restart_path_does(
