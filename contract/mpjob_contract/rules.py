@@ -128,26 +128,25 @@ FALLBACK_SAFER_IN_ORDER = Rule(
     field_path=".fallback",
     item=lambda precision: f"[{unsafe_fallback(precision)}]",
 )
-# Trainers hold no credentials: no projected ServiceAccount token (automountServiceAccountToken is always false).
-NO_SERVICE_ACCOUNT_TOKEN = Rule(
-    name="no-service-account-token",
-    path="spec.template.volumes[].projected.sources[]",
-    cel="!has(self.serviceAccountToken)",
-    message=NO_TOKEN,
-    holds=lambda source: not isinstance(source, Mapping) or source.get("serviceAccountToken") is None,
-    field_path=".serviceAccountToken",
-    reason="FieldValueForbidden",
-)
-# ... nor a projected podCertificate (Kubernetes 1.34, alpha): a key and a certificate a signer issued for the pod.
-NO_POD_CERTIFICATE = Rule(
-    name="no-pod-certificate",
-    path="spec.template.volumes[].projected.sources[]",
-    cel="!has(self.podCertificate)",
-    message=NO_CERTIFICATE,
-    holds=lambda source: not isinstance(source, Mapping) or source.get("podCertificate") is None,
-    field_path=".podCertificate",
-    reason="FieldValueForbidden",
-)
+
+
+def no_projected(source: str, *, name: str, message: str) -> Rule:
+    """A rule refusing a projected volume source of the template (`source`: its field)."""
+    return Rule(
+        name=name,
+        path="spec.template.volumes[].projected.sources[]",
+        cel=f"!has(self.{source})",
+        message=message,
+        holds=lambda item: not isinstance(item, Mapping) or item.get(source) is None,
+        field_path=f".{source}",
+        reason="FieldValueForbidden",
+    )
+
+
+# Trainers hold no credentials: no projected ServiceAccount token (automountServiceAccountToken is always false),
+# nor a podCertificate (Kubernetes 1.34, alpha): a key and a certificate a signer issued for the pod.
+NO_SERVICE_ACCOUNT_TOKEN = no_projected("serviceAccountToken", name="no-service-account-token", message=NO_TOKEN)
+NO_POD_CERTIFICATE = no_projected("podCertificate", name="no-pod-certificate", message=NO_CERTIFICATE)
 #: The rules on each projected source of a template volume: no credential reaches a trainer through one.
 NO_CREDENTIAL_SOURCES = (NO_SERVICE_ACCOUNT_TOKEN, NO_POD_CERTIFICATE)
 ONE_CHECKPOINT_SOURCE = Rule(
