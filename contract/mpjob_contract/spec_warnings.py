@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from mpjob_contract.faults import Fault
+from mpjob_contract.pod_labels import APP_NAME_VALUE, MANAGED_BY_VALUE, replaced_labels
 from mpjob_contract.precision import LossScale
 from mpjob_contract.rule_warnings import (
     gate_never_fires,
@@ -102,6 +103,7 @@ def idle_settings(spec: MixedPrecisionJobSpec) -> list[tuple[str, str]]:
         ("precision.lossScale.growthInterval", _scale_growth(spec)),
         ("precision.guard.spike.window", _spike_window(spec)),
         ("precision.guard.minLossScale", _scale_floor(spec)),
+        ("template.labels", _labels_replaced(spec)),
     ]
     return [(field, why) for field, why in found if why is not None]
 
@@ -207,4 +209,16 @@ def _scale_floor(spec: MixedPrecisionJobSpec) -> str | None:
         f"and the scale is at most {scale:g} at the guard's first read (step {first}): every fp16 attempt ends "
         "LossScaleCollapsed there, with no overflow (a floor at or below lossScale.init ends it only once "
         "overflows have backed the scale off below it)"
+    )
+
+
+def _labels_replaced(spec: MixedPrecisionJobSpec) -> str | None:
+    """A template label of a key the operator sets on every trainer pod is replaced by its own."""
+    if not (keys := replaced_labels(spec.template.labels)):
+        return None
+    return (
+        f"template.labels {', '.join(keys)}: the operator labels every trainer pod with these keys itself "
+        f"(app.kubernetes.io/name={APP_NAME_VALUE}, app.kubernetes.io/managed-by={MANAGED_BY_VALUE}, and "
+        "mpjob.dev/job, attempt and precision naming its attempt), which replace the template's; name your "
+        "labels otherwise"
     )

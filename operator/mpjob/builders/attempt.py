@@ -17,13 +17,19 @@ from mpjob_contract import metrics as metric_names
 from mpjob_contract.api import MixedPrecisionJobSpec, processes_per_worker
 from mpjob_contract.environment import ATTEMPT_JOB_ENV, SCRATCH_ENV
 from mpjob_contract.launch import LAUNCH_ENV, AttemptLaunch, checkpoint_root, inside_checkpoint_dir, job_checkpoint_dir
+from mpjob_contract.pod_labels import (
+    APP_MANAGED_BY,
+    APP_NAME,
+    APP_NAME_VALUE,
+    LABEL_ATTEMPT,
+    LABEL_JOB,
+    LABEL_PRECISION,
+    MANAGED_BY_VALUE,
+)
 from mpjob_contract.pod_volumes import CHECKPOINT_MOUNT, CHECKPOINT_VOLUME, SHM_MOUNT, SHM_VOLUME, adds_shared_memory
 from mpjob_contract.storage import CREDENTIAL_KEYS
 from mpjob_contract.tracking import IMAGE_ENV, credential_env
 
-LABEL_JOB = "mpjob.dev/job"
-LABEL_ATTEMPT = "mpjob.dev/attempt"
-LABEL_PRECISION = "mpjob.dev/precision"
 #: The Job's annotation naming the spec generation it was made from (`planning.replan`).
 SPEC_GENERATION = "mpjob.dev/spec-generation"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -46,7 +52,7 @@ def attempt_name(job: str, index: int) -> str:
 
 
 def labels(job: str, index: int | None = None, precision: str = "") -> dict[str, str]:
-    mine = {"app.kubernetes.io/name": "mpjob-trainer", "app.kubernetes.io/managed-by": "mpjob", LABEL_JOB: job}
+    mine = {APP_NAME: APP_NAME_VALUE, APP_MANAGED_BY: MANAGED_BY_VALUE, LABEL_JOB: job}
     return mine if index is None else {**mine, LABEL_ATTEMPT: str(index), LABEL_PRECISION: precision}  # None: the job's
 
 

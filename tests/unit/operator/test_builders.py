@@ -11,6 +11,7 @@ from mpjob.builders.expansion import expanded, literal
 from mpjob.planning.planner import StartAttempt
 from mpjob_contract.api import MixedPrecisionJobSpec
 from mpjob_contract.launch import CHECKPOINT_MOUNT, AttemptLaunch
+from mpjob_contract.pod_labels import OPERATOR_POD_LABELS, replaced_labels
 
 pytestmark = pytest.mark.unit
 
@@ -184,6 +185,14 @@ def test_processes_per_worker_defaults_to_one_per_gpu(resources: dict, expected:
 def test_queue_name_labels_the_job_and_creates_it_suspended() -> None:
     job = build(runPolicy={"queueName": "team-a"})
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a" and job["spec"]["suspend"] is True
+
+
+def test_the_template_labels_the_operator_names_as_replaced_are_the_ones_it_replaces() -> None:
+    template = {"labels": {key: "mine" for key in OPERATOR_POD_LABELS} | {"team": "vision"}}
+    pod_labels = build(template=template)["spec"]["template"]["metadata"]["labels"]
+    assert {key for key, value in pod_labels.items() if value == "mine"} == set()
+    assert pod_labels["team"] == "vision" and set(OPERATOR_POD_LABELS) < set(pod_labels)
+    assert replaced_labels(template["labels"]) == list(OPERATOR_POD_LABELS)
 
 
 def test_checkpoint_volume_is_the_users_claim() -> None:

@@ -281,3 +281,11 @@ def test_the_operator_posts_a_setting_warning_once_per_generation() -> None:
     assert first.create, "the job is still accepted: its first attempt starts"
     again = reconcile(job, first.status, 1, {}, NOW)
     assert [e for e in again.events if e.reason == WarningReason.SPEC_NEVER_APPLIES] == []
+
+
+def test_a_template_label_the_operator_sets_is_named_as_replaced() -> None:
+    mine = {"app.kubernetes.io/name": "trainer", "mpjob.dev/precision": "fp32", "team": "vision"}
+    (why,) = said(spec(template={"labels": mine})).values()
+    assert why.startswith("template.labels app.kubernetes.io/name, mpjob.dev/precision: the operator labels")
+    assert "team" not in why
+    assert said(spec(template={"labels": {"team": "vision", "mpjob.dev/owner": "ml"}})) == {}
