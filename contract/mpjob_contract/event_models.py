@@ -1,5 +1,6 @@
 """The trainer's event lines as models, one per event (the schema of `mpjob_contract.events`);
-those of what runs beside training (tracking, profiles) are in `mpjob_contract.side_events`.
+those of what runs beside training (tracking, profiles) are in `mpjob_contract.side_events`, those
+of the checkpoint store's own housekeeping in `mpjob_contract.store_events`.
 
 camelCase on the wire, stable: a field an event does not have is refused by the writer and
 ignored by the reader (`events.format_line`, `events.parse_line`).
@@ -162,43 +163,6 @@ class CheckpointFailed(TrainerEvent):
     training_step: int = Field(alias="trainingStep")
     error: str
     failures: int
-
-
-class CheckpointHousekeepingFailed(TrainerEvent):
-    """The checkpoint of `step` is written (its `checkpoint` line), but what follows its commit
-    failed (`problem`: e.g. older checkpoints not pruned); the next save tries that again."""
-
-    name = "checkpointHousekeepingFailed"
-    step: int
-    problem: str
-
-
-class CheckpointUploadsLeft(TrainerEvent):
-    """What a save uploaded below `prefix` stays although it did not commit: deleting it failed, or
-    the bucket could not say whether the manifest whose put failed landed all the same."""
-
-    name = "checkpointUploadsLeft"
-    prefix: str
-    problem: str
-
-
-class CheckpointUploadsAborted(TrainerEvent):
-    """Unfinished multipart uploads of saves killed midway, aborted at the attempt's start."""
-
-    name = "checkpointUploadsAborted"
-    count: int
-
-
-class CheckpointListingCapped(TrainerEvent):
-    name = "checkpointListingCapped"
-    prefix: str
-    listed: int
-
-
-class CheckpointCandidatesCapped(TrainerEvent):
-    name = "checkpointCandidatesCapped"
-    found: int
-    examined: int
 
 
 class Eval(TrainerEvent):

@@ -4,7 +4,7 @@
 The trainer (the builtin loop and every script on the SDK) writes one object per line on
 stdout, flushed, with an "event" key, a "time" (Unix seconds) and, on ranks other than 0, a
 "rank". Only rank 0 writes step and checkpoint lines; every rank writes errors. The models
-(`event_models.py`, `side_events.py`, re-exported here) are the schema (camelCase on the wire,
+(`event_models.py`, `side_events.py`, `store_events.py`, re-exported here) are the schema (camelCase on the wire,
 stable): the writer refuses a field an event does not have, so a misspelt field fails in the
 trainer's tests instead of vanishing from the view; the reader (`parse_line`) ignores fields
 and events it does not know, so a newer trainer still talks to an older `mpjob run`. JSON has
@@ -22,16 +22,11 @@ from pydantic import ValidationError
 
 from mpjob_contract.event_models import (
     Checkpoint,
-    CheckpointCandidatesCapped,
     CheckpointFailed,
-    CheckpointHousekeepingFailed,
-    CheckpointListingCapped,
     CheckpointOutsideLineage,
     CheckpointRejected,
     CheckpointSkipped,
     CheckpointStaged,
-    CheckpointUploadsAborted,
-    CheckpointUploadsLeft,
     Compile,
     DataSkipped,
     Done,
@@ -55,6 +50,14 @@ from mpjob_contract.event_models import (
     Wrap,
 )
 from mpjob_contract.side_events import Profile, TrackingFailed
+from mpjob_contract.store_events import (
+    CheckpointCandidatesCapped,
+    CheckpointHousekeepingFailed,
+    CheckpointListingCapped,
+    CheckpointPutUnconditional,
+    CheckpointUploadsAborted,
+    CheckpointUploadsLeft,
+)
 
 __all__ = [
     "EVENTS",
@@ -64,6 +67,7 @@ __all__ = [
     "CheckpointHousekeepingFailed",
     "CheckpointListingCapped",
     "CheckpointOutsideLineage",
+    "CheckpointPutUnconditional",
     "CheckpointRejected",
     "CheckpointSkipped",
     "CheckpointStaged",
@@ -119,6 +123,7 @@ EVENTS: dict[str, type[TrainerEvent]] = {
         CheckpointUploadsLeft,
         CheckpointUploadsAborted,
         CheckpointListingCapped,
+        CheckpointPutUnconditional,
         CheckpointCandidatesCapped,
         Eval,
         Profile,

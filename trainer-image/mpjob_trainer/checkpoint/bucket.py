@@ -120,10 +120,10 @@ class Bucket:
         except Exception as exc:
             raise self.refused(exc, f"store {key}") from exc
 
-    def create(self, key: str, body: bytes) -> bool:
+    def create(self, key: str, body: bytes) -> bool | None:
         """Put `body` as `key` only where no object is (a conditional put: If-None-Match); False when
-        one is there (412), or another conditional put of the key raced this one (409). A server that
-        does not implement the condition (501) is sent a plain put."""
+        one is there (412), or another conditional put of the key raced this one (409); None when the
+        server does not implement the condition (501). One that ignores it: checkpoint.put_if_absent."""
         try:
             self.client.put_object(Bucket=self.name, Key=key, Body=body, IfNoneMatch="*", **self._extra())
         except Exception as exc:
@@ -131,8 +131,7 @@ class Bucket:
             if code in TAKEN:
                 return False
             if code in UNCONDITIONAL:
-                self.put(key, body)
-                return True
+                return None
             raise self.refused(exc, f"store {key}") from exc
         return True
 

@@ -5,7 +5,7 @@ a plain put of it would replace a checkpoint another writer committed at the ste
 looked (ownership.occupied, before its upload): an attempt's pod still saving beside the next
 attempt's, a stray Job, a save retried after a restart. The checkpoint that writer reported, and
 a resume may have begun to read, would be replaced in place, its objects left behind named by no
-manifest. So the manifest goes up as a conditional put (Bucket.create: If-None-Match) and the
+manifest. So the manifest goes up as a conditional put (If-None-Match: checkpoint.put_if_absent) and the
 first to land is the step's checkpoint. A put the bucket refuses because this save's own manifest
 is there (a retry of a put that landed although its answer was lost) is the commit all the same.
 Any other manifest there is judged as the save judged the place before its upload: this job's
@@ -60,7 +60,7 @@ def _put(store: BucketCheckpointStore, step: int, body: bytes, names: list[str],
     prefix = f"{store.key}/{folder_name(step)}"
     key, files = f"{prefix}/{MANIFEST}", f"{prefix}/{writer}"
     try:
-        created = store.bucket.create(key, body) or store.bucket.get(key, max_bytes=MAX_MANIFEST_BYTES) == body
+        created = store.put_if_absent(key, body) or store.bucket.get(key, max_bytes=MAX_MANIFEST_BYTES) == body
     except Exception:
         store.metrics.checkpoint_commit_failures.inc()
         leftovers.not_put(store.bucket, store.log, key, body, files, names)

@@ -59,6 +59,7 @@ from mpjob_trainer.checkpoint.manifest import (
 )
 from mpjob_trainer.checkpoint.peers import Peers
 from mpjob_trainer.checkpoint.protocol import Log
+from mpjob_trainer.checkpoint.put_if_absent import PutIfAbsent
 from mpjob_trainer.checkpoint.store import CheckpointStore, SaveResult
 from mpjob_trainer.checkpoint.transfer import PrivateTransferMetrics, TransferMetrics
 from mpjob_trainer.checkpoint.unloadable import MARK_BYTES
@@ -91,6 +92,8 @@ class BucketCheckpointStore:
         self.keep, self.job, self.build, self.lineage = keep, job, self.local.build, lineage
         self.unloadable: set[str] = set()
         self.marks = BucketMarks(self.bucket, self.key, MARK_BYTES)
+        #: How a commit puts its manifest only where none is (checkpoint.bucket_commit).
+        self.put_if_absent = PutIfAbsent(self.bucket, self.key, self.log)
         self._writing = threading.Lock()
 
     @property
