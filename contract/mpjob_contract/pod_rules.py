@@ -115,6 +115,28 @@ TEMPLATE_SECCOMP_RUNTIME_DEFAULT = Rule(
     field_path=".annotations",
     reason="FieldValueForbidden",
 )
+#: The deprecated AppArmor annotation of the trainer container, which the API server still applies, and
+#: the profiles the pod API takes there: the container runtime's default, none, one loaded on the node, or
+#: empty (the annotation then sets nothing).
+TRAINER_APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/trainer"
+APPARMOR_PROFILES, APPARMOR_LOCALHOST = ("runtime/default", "unconfined", ""), "localhost/"
+TEMPLATE_APPARMOR_PROFILE_NAME = Rule(
+    name="template-apparmor-profile-name",
+    path="spec.template",
+    cel=f"!has(self.annotations) || !('{TRAINER_APPARMOR_ANNOTATION}' in self.annotations) || "
+    f"self.annotations['{TRAINER_APPARMOR_ANNOTATION}'] in {list(APPARMOR_PROFILES)} || "
+    f"self.annotations['{TRAINER_APPARMOR_ANNOTATION}'].startsWith('{APPARMOR_LOCALHOST}')",
+    message=f"template.annotations {TRAINER_APPARMOR_ANNOTATION} must name an AppArmor profile as the pod API "
+    "takes it: runtime/default, unconfined, localhost/<a profile loaded on the node>, or empty",
+    holds=lambda template: _apparmor_profile((_field(template, "annotations") or {}).get(TRAINER_APPARMOR_ANNOTATION)),
+    field_path=".annotations",
+)
+
+
+def _apparmor_profile(value: Any) -> bool:
+    return value is None or value in APPARMOR_PROFILES or str(value).startswith(APPARMOR_LOCALHOST)
+
+
 #: The labels the Job controller puts on an attempt's pods, its Job's name and UID (the Job's selector):
 #: the Job API refuses a pod template that sets one to another value, and each attempt is a new Job.
 JOB_CONTROLLER_LABELS = (
@@ -135,7 +157,11 @@ TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS = Rule(
     reason="FieldValueForbidden",
 )
 #: The rules on the template's own maps (its labels and annotations), in the order the CRD lists them.
-TEMPLATE_RULES = (TEMPLATE_SECCOMP_RUNTIME_DEFAULT, TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS)
+TEMPLATE_RULES = (
+    TEMPLATE_SECCOMP_RUNTIME_DEFAULT,
+    TEMPLATE_APPARMOR_PROFILE_NAME,
+    TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS,
+)
 #: A toleration's, a template volume's and a volume mount's rules, by template field.
 ITEM_RULES: dict[str, tuple[Rule, ...]] = {
     "tolerations": TOLERATION_RULES,

@@ -68,6 +68,14 @@ POD_API_MAPS = [
     ),
     ({"annotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}, False),
     ({"annotations": {"container.seccomp.security.alpha.kubernetes.io/trainer": "localhost/p"}}, False),
+    *(
+        ({"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": value}}, True)
+        for value in ("unconfined", "localhost/k8s-trainer", "")
+    ),
+    *(
+        ({"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": value}}, False)
+        for value in ("bogus", "docker/default")
+    ),
     ({"labels": {"team": "ml", "batch.kubernetes.io/job-completion-index": "0"}}, True),
     *(({"labels": {key: "maps-a0"}}, False) for key in ("job-name", "batch.kubernetes.io/job-name")),
     *(({"labels": {key: "u-1"}}, False) for key in ("controller-uid", "batch.kubernetes.io/controller-uid")),

@@ -266,6 +266,12 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         bad("spec.template.annotations", {"container.seccomp.security.alpha.kubernetes.io/trainer": "localhost/p"}),
         "spec.template.annotations",
     ),
+    # The pod API takes only the AppArmor profiles it knows in the trainer's deprecated annotation.
+    (
+        "trainer-apparmor-annotation-bogus",
+        bad("spec.template.annotations", {"container.apparmor.security.beta.kubernetes.io/trainer": "bogus"}),
+        "spec.template.annotations",
+    ),
     # The Job controller labels each attempt's pods with its Job's name and UID (its selector): the Job
     # API refuses a pod template that sets them otherwise, when the attempt's Job is made.
     ("template-label-job-name", bad("spec.template.labels", {"job-name": "x"}), "spec.template.labels"),
@@ -496,6 +502,7 @@ RULE_CASES: dict[str, tuple[str, ...]] = {
         "pod-seccomp-annotation-unconfined",
         "trainer-seccomp-annotation-localhost",
     ),
+    rules.TEMPLATE_APPARMOR_PROFILE_NAME.name: ("trainer-apparmor-annotation-bogus",),
     rules.TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS.name: ("template-label-job-name", "template-label-controller-uid"),
     rules.TOLERATION_SECONDS_NEED_NO_EXECUTE.name: ("toleration-seconds-without-no-execute",),
     rules.TOLERATION_EMPTY_KEY_EXISTS.name: ("toleration-empty-key-equal",),
