@@ -27,7 +27,8 @@ quality gate's fp32 reference, an `auto` attempt's bf16 and fp32 probes. `Fp8Lin
 switches the converted modules between Float8Linear and plain nn.Linear for those modes
 (session.modes does it on every mode change): the class is swapped on the instance (both
 classes lay out the same parameters; Float8Linear adds only its config attributes), so the
-parameters, their optimizer state and DDP's hooks stay as they are. Host-only, no sync.
+parameters, their optimizer state and DDP's hooks stay as they are, and a linear FSDP2 made a unit
+of its own stays one, its class FSDP2's subclass both ways. Host-only, no sync.
 
 torchao is an optional extra (`mpjob-trainer[fp8]`), imported only here, only for fp8.
 """
@@ -127,12 +128,35 @@ class Fp8Linears:
         )
 
     def enable(self, on: bool) -> None:
-        """Run the converted linears in fp8 (True) or as plain nn.Linear (False)."""
+        """Run the converted linears in fp8 (True) or as plain nn.Linear (False). A linear sharded on
+        its own since it was converted (FSDP2 made its class its own subclass of FSDPModule) stays
+        one both ways, its FSDP2 methods with it."""
         if on == self.enabled:
             return
         for name, module in self.modules.items():
-            module.__class__ = self.float8_class[name] if on else nn.Linear
+            if on:
+                module.__class__ = self.float8_class[name]
+            else:
+                self.float8_class[name] = type(module)
+                module.__class__ = plain_linear_class(type(module))
         self.enabled = on
+
+
+#: nn.Linear as an FSDP2 unit (`plain_linear_class`), made once.
+_SHARDED_LINEAR: list[type[nn.Module]] = []
+
+
+def plain_linear_class(float8_class: type[nn.Module]) -> type[nn.Module]:
+    """The class a converted linear of `float8_class` runs as a plain one: nn.Linear, or, where
+    FSDP2 made the linear a unit of its own (its class derives from FSDPModule), nn.Linear as such
+    a unit, FSDPModule first as fully_shard places it."""
+    if not any(base.__name__ == "FSDPModule" for base in float8_class.__mro__):
+        return nn.Linear
+    if not _SHARDED_LINEAR:
+        from torch.distributed.fsdp import FSDPModule
+
+        _SHARDED_LINEAR.append(type("FSDPLinear", (FSDPModule, nn.Linear), {}))
+    return _SHARDED_LINEAR[0]
 
 
 def fp8_rows(input: torch.Tensor) -> bool:

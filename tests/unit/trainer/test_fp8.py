@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from mpjob_contract.api import PrecisionSpec
@@ -101,6 +102,31 @@ def test_a_converted_linear_given_rows_fp8_kernels_cannot_take_computes_as_a_pla
     assert type(layer) is nn.Linear
     linears.enable(True)
     assert is_fp8(layer)
+
+
+@pytest.mark.process
+def test_a_converted_linear_sharded_on_its_own_stays_an_fsdp_unit_both_ways() -> None:
+    """A script's blocks may be single linears: FSDP2 makes each its own unit, and a mode change
+    (an fp32 replay, the quality gate) must leave its FSDP2 methods and hooks where they were."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 16))
+        linears = float8.convert(model, Fp8Spec(emulate=True))
+        fully_shard(model[1])
+        fully_shard(model)
+        sharded_fp8, x = type(model[1]), torch.randn(16, 16)
+        linears.enable(False)
+        assert isinstance(model[1], FSDPModule) and not is_fp8(model[1]) and isinstance(model[1], nn.Linear)
+        model(x).sum().backward()
+        model[1].reshard()  # one of FSDP2's methods, on the unit itself
+        linears.enable(True)
+        assert type(model[1]) is sharded_fp8 and is_fp8(model[1])
+        model(x).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
 
 
 def test_fp8_needs_an_fp8_device_unless_emulated() -> None:
