@@ -57,7 +57,7 @@ def arg(args: dict[str, Any], name: str, default: Any, kind: type) -> Any:
 
     A boolean, or a fraction where an int is read, is refused, not converted: int() would train 2
     layers for 2.7 and 1 for true, and never tell. A whole number written 16.0 (or quoted, "64") is
-    taken, as the API server takes a whole JSON number for an integer field (`k8s._is_integer`) and
+    taken, as the API server takes a whole JSON number for an integer field (`k8s.is_integer`) and
     as these args have always been read."""
     value = args.get(name, default)
     if value is None:

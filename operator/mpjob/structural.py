@@ -19,8 +19,6 @@ from mpjob_contract import formats, k8s
 
 #: Spec fields whose schema is Kubernetes' own (k8s.check types them).
 KUBERNETES_TYPED = frozenset({"template", "emptyDir"})
-#: The largest integer a JSON number holds exactly (a larger one is refused as not an integer).
-MAX_EXACT_INTEGER = 2**53
 NOT_FINITE = "must be a finite number: JSON, which kubectl sends, has no .inf or .nan"
 QUOTED = "write it without quotes"
 BOOLEAN = formats.YAML_BOOLEANS
@@ -85,9 +83,9 @@ def _member(schema: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
 def _wrong_type(value: Any, schema: dict[str, Any]) -> str | None:
     """What is wrong with a scalar of a number, boolean or int-or-string field (None: nothing)."""
     if schema.get("x-kubernetes-int-or-string"):
-        expected, ok = "an integer or a string", isinstance(value, str) or _is_integer(value)
+        expected, ok = "an integer or a string", isinstance(value, str) or k8s.is_integer(value)
     elif schema.get("type") == "integer":
-        expected, ok = "an integer", _is_integer(value)
+        expected, ok = "an integer", k8s.is_integer(value)
     elif schema.get("type") == "number":
         expected, ok = "a number", isinstance(value, int | float) and not isinstance(value, bool)
     elif schema.get("type") == "boolean":
@@ -110,12 +108,3 @@ def _reads_as(value: Any, schema: dict[str, Any]) -> bool:
         return math.isfinite(float(value))
     except ValueError:
         return False
-
-
-def _is_integer(value: Any) -> bool:
-    """An integer as the API server takes one: a whole JSON number, not a boolean."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, float):
-        return value.is_integer() and abs(value) <= MAX_EXACT_INTEGER
-    return isinstance(value, int)

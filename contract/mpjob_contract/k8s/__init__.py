@@ -103,7 +103,7 @@ def check(value: Any, schema: dict[str, Any], path: str) -> list[Violation]:
 
 def _wrong_type(value: Any, schema: dict[str, Any]) -> str | None:
     if schema.get("x-kubernetes-int-or-string"):
-        ok = _is_integer(value) or isinstance(value, str)
+        ok = is_integer(value) or isinstance(value, str)
         return None if ok else f"must be an integer or a string, got {_kind(value)}"
     expected = schema.get("type")
     if expected and not _TYPES[expected](value):
@@ -175,15 +175,21 @@ def _duplicates(identities: list[Any], path: str) -> list[Violation]:
     return found
 
 
-def _is_integer(value: Any) -> bool:
-    if isinstance(value, bool):
+#: The API server's integers: a JSON number it reads as an int64. kubectl sends a whole YAML float
+#: (`30.0`) as the integer it holds; a larger number it reads as a float, "must be of type integer".
+INT64 = 2**63
+
+
+def is_integer(value: Any) -> bool:
+    """An integer as the API server takes one from kubectl: not a boolean, a whole number in int64."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         return False
-    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return isinstance(value, int | float) and -INT64 <= value < INT64
 
 
 _TYPES = {
     "string": lambda v: isinstance(v, str),
-    "integer": _is_integer,
+    "integer": is_integer,
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "object": lambda v: isinstance(v, dict),

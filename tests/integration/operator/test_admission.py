@@ -215,3 +215,31 @@ def test_the_operator_fails_a_stored_job_whose_task_args_name_an_argument_false(
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidSpec" and "quote the argument's name" in failed["message"]
     assert jobs.attempt_jobs("boolean-name") == []
+
+
+#: Integers as a manifest may write them, beside a Kubernetes-typed field's and one of the CRD's own.
+WRITTEN_INTEGERS = ["30", "30.0", "9223372036854775807", "9223372036854775808", "-9223372036854775809",
+                    "9007199254740994.0", "1e308", "1.5", ".inf"]  # fmt: skip
+
+
+@pytest.mark.parametrize("written", WRITTEN_INTEGERS)
+def test_mpjob_takes_the_integers_kubectl_gets_the_api_server_to_take(
+    kubeconfig: str, cluster_bin: Path, crd_installed: None, namespace: str, tmp_path: Path, written: str
+) -> None:
+    manifest = f"""apiVersion: mpjob.dev/v1alpha1
+kind: MixedPrecisionJob
+metadata: {{name: integers}}
+spec:
+  task: {{builtin: mlp}}
+  template:
+    tolerations: [{{key: k, operator: Exists, effect: NoExecute, tolerationSeconds: {written}}}]
+"""
+    path = tmp_path / "integers.yaml"
+    path.write_text(manifest)
+    kubectl = [str(cluster_bin / "kubectl"), "--kubeconfig", kubeconfig, "-n", namespace]
+    out = subprocess.run([*kubectl, "create", "--dry-run=server", "-f", str(path)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = check_text(manifest)[1]
+    assert (problems == []) is (out.returncode == 0), (out.stderr, [str(p) for p in problems])
+    if problems:
+        assert "spec.template.tolerations[0].tolerationSeconds" in str(problems[0])
