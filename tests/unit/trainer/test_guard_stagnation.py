@@ -4,13 +4,20 @@ two reads; a rollback in place counts the stuck steps from the rewound step agai
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from torch import nn
 
 from mpjob_contract.api import Guard
+from mpjob_contract.codes import Reason
+from mpjob_contract.report import TerminationReport
+from mpjob_trainer import session as mpjob
 from mpjob_trainer.distributed import World
 from mpjob_trainer.errors import NumericFault
 from mpjob_trainer.guard import NumericGuard
+from tests.unit.trainer.conftest import in_process_launch, spec
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +71,30 @@ def test_a_rollback_in_place_counts_the_stuck_steps_from_the_rewound_step_again(
     assert read_at(g, 40, 1.0, 0.0) is None
     fault = read_at(g, 50, 0.5, 0.0)
     assert fault is not None and str(fault) == "loss or gradients stuck since step 20 (guard.stagnationSteps=30)"
+
+
+def test_a_gradient_norm_a_loop_said_once_is_not_read_at_the_steps_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that steps its optimizer itself says the norm when it has one (end_step(grad_norm=)):
+    a 0 said at step 1 is not the norm of the steps after it, whose losses fall: nothing is stuck."""
+    job = spec(
+        task={"command": ["python", "own.py"]},
+        training={"steps": 30, "logEvery": 5},
+        precision={"mode": "fp32", "guard": {"stagnationSteps": 10}},
+    )
+    with mpjob.start(launch=in_process_launch(tmp_path, monkeypatch, job)) as run:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        run.resume(model=model, optimizer=optimizer)
+        x = torch.randn(16, 4)
+        for step in range(1, run.total_steps + 1):
+            with run.autocast():
+                loss = model(x).pow(2).mean()
+            run.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            run.end_step(step, grad_norm=0.0 if step == 1 else None)
+    report = TerminationReport.model_validate_json((tmp_path / "report.json").read_text())
+    assert report.reason == Reason.SUCCEEDED and report.step == 30, report

@@ -99,7 +99,8 @@ class StepTally:
         """The step's learning rate and gradient norm, from a loop that steps its optimizer
         itself (a framework), and the samples its loss covers on this rank (its weight in the
         job's loss: a framework runs backward itself); what it does not say stays as `step()`
-        and `backward()` recorded it."""
+        and `backward()` recorded it. A gradient norm neither said nor taken by this step's
+        `step()` is unknown, never an earlier step's (the guard judges a norm of 0 as stuck)."""
         check_samples(loss_samples, call="end_step(loss_samples=", name="loss_samples")
         require_one_value("lr", "learning rate", lr)
         require_one_value("grad_norm", "gradient norm", grad_norm)
@@ -107,7 +108,7 @@ class StepTally:
             self.samples = loss_samples
         if lr is not None:
             self.lr = lr
-        if grad_norm is not None:
+        if grad_norm is not None or not self.stepped:
             self.grad_norm = grad_norm
 
     def applied_by(self, optimizer: torch.optim.Optimizer) -> None:
