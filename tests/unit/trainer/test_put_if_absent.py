@@ -69,3 +69,19 @@ def test_a_server_that_stops_implementing_the_condition_is_told_and_looked_at() 
     assert not put("runs/b/manifest.json", b"mine") and store.objects["runs/b/manifest.json"] == b"theirs"
     assert put("runs/c/manifest.json", b"c") and put.condition is Condition.NOT_IMPLEMENTED
     assert [entry["condition"] for entry in told] == ["notImplemented"]
+
+
+class KeepingBucket(MemoryBucket):
+    """A server that fails every delete."""
+
+    def delete(self, keys: list[str]) -> None:
+        raise OSError("delete refused")
+
+
+def test_a_probe_object_the_bucket_keeps_is_told_and_the_put_goes_on() -> None:
+    store = KeepingBucket()
+    put, told = put_if_absent(store)
+    assert put("runs/ns/job/uid/step-000000010/manifest.json", b"m") and put.condition is Condition.HONOURED
+    (left,) = told
+    assert left["event"] == "checkpointUploadsLeft" and left["prefix"].startswith(f"runs/ns/job/uid/{PROBES}/")
+    assert "delete refused" in left["problem"]

@@ -61,7 +61,14 @@ class PutIfAbsent:
                 return Condition.NOT_IMPLEMENTED
             return Condition.IGNORED if self.bucket.create(key, b"") else Condition.HONOURED
         finally:
+            self._remove(key)
+
+    def _remove(self, key: str) -> None:
+        """Delete the probe object; one the bucket keeps (an error) is logged, never the commit's failure."""
+        try:
             self.bucket.delete([key])
+        except Exception as exc:
+            self.log("checkpointUploadsLeft", prefix=key, problem=f"the probe object stays: {exc}")
 
     def _learn(self, condition: Condition) -> None:
         self.condition = condition
