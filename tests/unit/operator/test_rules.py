@@ -128,11 +128,23 @@ HOLDS: list[tuple[rules.Rule, Any, bool]] = [
         False,
     ),
     *(
-        (rules.TEMPLATE_APPARMOR_PROFILE_NAME, {"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": profile}}, True)
+        (
+            rules.TEMPLATE_APPARMOR_PROFILE_NAME,
+            {"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": profile}},
+            True,
+        )
         for profile in ("runtime/default", "unconfined", "localhost/k8s-trainer")
     ),
-    (rules.TEMPLATE_APPARMOR_PROFILE_NAME, {"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": "bogus"}}, False),
-    (rules.TEMPLATE_APPARMOR_PROFILE_NAME, {"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": "docker/default"}}, False),
+    (
+        rules.TEMPLATE_APPARMOR_PROFILE_NAME,
+        {"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": "bogus"}},
+        False,
+    ),
+    (
+        rules.TEMPLATE_APPARMOR_PROFILE_NAME,
+        {"annotations": {"container.apparmor.security.beta.kubernetes.io/trainer": "docker/default"}},
+        False,
+    ),
     (rules.TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS, {"labels": {"team": "ml", "job": "x"}}, True),
     (rules.TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS, {"labels": {"controller-uid": ""}}, False),
     (rules.TEMPLATE_LABELS_NOT_THE_JOB_CONTROLLERS, {"labels": {"batch.kubernetes.io/job-name": "j-a1"}}, False),
