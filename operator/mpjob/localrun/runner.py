@@ -151,8 +151,12 @@ class LocalRun:
     def _stopped(self, index: int, outcome: AttemptOutcome) -> str | None:
         """The message of attempt `index` if the user stopped it (None: not stopped); one a second
         Ctrl-C killed before its trainers reported, or whose report carries no progress (its ranks
-        killed by the SIGTERM before they trained), ends where it was seen, naming the checkpoint known."""
+        killed by the SIGTERM before they trained), ends where it was seen, naming the checkpoint known.
+        One whose trainers had trained every step (a stop at the last step or during its final
+        checkpoint: they end Succeeded) was not stopped: it ends as they say, the job Succeeded."""
         if self.ctrl_c.stop is stops.Stop.NONE:
+            return None
+        if outcome.report is not None and outcome.report.reason == Reason.SUCCEEDED:
             return None
         if outcome.report is None or without_progress(self.status, index, outcome.report):
             self.record.ends_where_seen(self._reached)
