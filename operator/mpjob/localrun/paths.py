@@ -35,11 +35,12 @@ from mpjob_contract.api import MixedPrecisionJobStatus
 JOB_FILE = "job.json"
 #: A run's key: what names its checkpoints' folder in a bucket (localrun.launching.checkpoint_dir).
 _RUN_KEY = re.compile(r"[0-9a-f]{16}")
-#: Everything `mpjob run` writes in --out (the .tmp files: a report, series or job file being replaced).
+#: Everything `mpjob run` writes in --out (the .tmp files: a report, series or job file being
+#: replaced, the plot being drawn: a runner killed meanwhile leaves them).
 RUN_ENTRIES = frozenset(
     {
         *(JOB_FILE, "job.tmp"),
-        *("report.json", "report.tmp", "series.json", "series.tmp", "training.png"),
+        *("report.json", "report.tmp", "series.json", "series.tmp", "training.png", "training.png.tmp"),
         *("attempts", "checkpoints"),
     }
 )

@@ -57,3 +57,21 @@ def test_a_stop_while_the_plot_is_drawn_ends_with_the_summary_and_no_half_drawn_
     assert "plot was not drawn" in said and "Traceback" not in said, said
     assert not (out / "training.png").exists() and not list(out.glob("*.tmp")), sorted(out.iterdir())
     assert not any("training.png" in line for line in folder_lines(read_folder(out)))
+
+
+def test_a_run_killed_while_its_plot_is_drawn_is_still_a_runs_folder_that_fresh_empties(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A runner killed as it drew its plot (SIGKILL, a closed terminal) leaves the drawing's file,
+    training.png.tmp, in --out; `--fresh` then refused the run's own folder as one holding what no
+    run wrote (exit 2), and the user had to delete it by hand."""
+    job, out = tmp_path / "job.yaml", tmp_path / "out"
+    job.write_text(yaml.safe_dump(tiny_job()))
+    monkeypatch.setattr(runner.LocalRun, "run", succeeded)
+    assert main(["run", str(job), "--out", str(out), "--plain", "--no-plot"]) == 0
+    (out / "training.png.tmp").write_bytes(b"\x89PNG\r\n")  # the drawing the kill left: its first bytes
+    capsys.readouterr()
+    code = main(["run", str(job), "--out", str(out), "--plain", "--no-plot", "--fresh"])
+    said = capsys.readouterr().out
+    assert code == 0 and "local: Succeeded" in said, said
+    assert not (out / "training.png.tmp").exists(), sorted(out.iterdir())
