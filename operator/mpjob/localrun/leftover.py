@@ -12,6 +12,7 @@ Suspended and uncharged (`planning/charging.py`), as runPolicy.suspend on a clus
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from datetime import datetime
 from functools import reduce
@@ -26,6 +27,8 @@ from mpjob_contract import events
 #: The log of worker 0, whose stdout carries the trainer's event lines.
 EVENT_LOG = "worker0.log"
 KILLED = "the local run was killed and its trainers with it; run again with the same --out to resume"
+#: The message of an attempt the runner was killed before starting (while it waited to retry a failure).
+KILLED_UNSTARTED = "the local run was killed before this attempt started; run again with the same --out to resume"
 #: The most of a manifest read (a single-file checkpoint's is a few hundred bytes).
 MAX_MANIFEST_BYTES = 64 * 1024
 #: The longest line replayed as an event; a longer one is passed over as a plain log line (what
@@ -44,6 +47,12 @@ def logged_events(folder: Path) -> list[events.TrainerEvent]:
     precision in place logged between them is not seen)."""
     lines = regular_lines(folder / EVENT_LOG, MAX_EVENT_LINE_BYTES, MAX_LOG_BYTES, first=MAX_LOG_HEAD_BYTES)
     return [event for line in lines if (event := events.parse_line(line.decode(errors="replace"))) is not None]
+
+
+def started(folder: Path) -> bool:
+    """Whether the attempt whose files are in `folder` started its workers: worker 0's log, which
+    they are started with, is there (a runner killed before, in the wait that retries a failure, left none)."""
+    return os.path.lexists(folder / EVENT_LOG)
 
 
 def attributed(

@@ -115,10 +115,13 @@ class RunRecord:
     def end_killed(self) -> AttemptStatus:
         """End the attempt a killed runner left running from the event lines it left (`leftover`):
         where it began, the steps it trained, the checkpoints it committed; as Ctrl-C ends one.
-        The attempt ended (the replay's copy, its start step corrected)."""
+        One it was killed before starting (no log) ends where it was to begin, said so. The
+        attempt ended (the replay's copy, its start step corrected)."""
         attempt = self.status.attempts[-1]
         owner = next(a for a in self.status.attempts if a.index == history.job_index(self.status, attempt.index))
-        logged = leftover.logged_events(self.paths.attempt(owner.index))  # one begun in place: its chain's
+        folder = self.paths.attempt(owner.index)  # one begun in place: its chain's
+        said = leftover.KILLED if leftover.started(folder) else leftover.KILLED_UNSTARTED
+        logged = leftover.logged_events(folder)
         for index, precision, event in leftover.attributed(logged, owner.index, owner.precision):
             if isinstance(event, events.PrecisionChanged):
                 self.change_in_place(event, charging=None)
@@ -126,7 +129,7 @@ class RunRecord:
         self.ends_where_seen(leftover.reached_step(logged))
         current = self.status.attempts[-1]
         plan, when = self.transition()
-        lc.interrupt(plan, current.index, None, when, message=leftover.KILLED)
+        lc.interrupt(plan, current.index, None, when, message=said)
         workers = self.status.workers or self.spec.workers
         self.gpu_time.charge_seen(current.index, workers, leftover.seconds_seen(current.start_time, logged))
         self.series.end_attempt(current.index, self.status.step, Reason.SUSPENDED.value)

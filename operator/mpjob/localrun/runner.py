@@ -22,7 +22,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mpjob.localrun import leftover, rerun, stops
+from mpjob.localrun import rerun, stops
 from mpjob.localrun.elastic import CapacityWatch, WorkersSchedule, unschedulable
 from mpjob.localrun.launching import attempt_env, checkpoint_dir, working_dir, working_dir_gone
 from mpjob.localrun.paths import Paths
@@ -127,7 +127,7 @@ class LocalRun:
             self.status.total_steps = self.spec.training.steps  # what every step a trainer names is held to
             if self.status.attempts and self.status.attempts[-1].finish_time is None:  # the runner was killed
                 ended = self.record.end_killed()
-                self.view.attempt_ended(ended.index, ended.precision, Reason.SUSPENDED.value, leftover.KILLED)
+                self.view.attempt_ended(ended.index, ended.precision, Reason.SUSPENDED.value, ended.message or "")
         plan, when = self.record.transition()
         if not self.status.attempts:  # a new run, or one suspended before its first attempt
             lc.created(plan, when, f"local run in {self.paths.root}")
