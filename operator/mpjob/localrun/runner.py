@@ -188,7 +188,7 @@ class LocalRun:
         self.record.account()
         ended = next(a for a in self.status.attempts if a.index == start.index)
         self.series.end_attempt(start.index, ended.end_step or 0, ended.reason or "")
-        self.view.attempt_ended(start.index, start.precision, ended.reason or "", ended.message or "")
+        self.view.attempt_ended(start.index, ended.precision, ended.reason or "", ended.message or "")
         for src, dst in [*plan.fallbacks, *plan.repromotions]:
             self.view.fallback(src, dst, plan.create[0].start_step, ended.reason or "")
         self.record.save()

@@ -26,3 +26,4 @@ def test_two_workers_measure_auto_alike_and_the_report_shows_amp_slower(tmp_path
     warned = [n for n, line in enumerate(out.splitlines()) if line.startswith("warning: no low precision beat fp32")]
     assert len(warned) == 1, out  # said once, as soon as the workers measured, before the run's end
     assert warned[0] < min(n for n, line in enumerate(out.splitlines()) if "Succeeded" in line), out
+    assert "attempt 0 (fp32) ended: Succeeded" in out and "(auto) ended" not in out, out  # as it trained
