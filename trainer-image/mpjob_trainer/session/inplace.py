@@ -215,10 +215,10 @@ class InPlace:
 
     def promote(self, why: Repromote, *, step: int) -> None:
         """Go back up to the precision the planner re-promotes to, from the checkpoint just written
-        at `step`: the state in memory is that checkpoint's, so nothing is restored. Its own
-        fallbacks are the ones the planner allows the re-promoted attempt in place (the target's
-        inPlaceTo; the planner bars re-promoting a precision that faults again). A split it names
-        is the loop's from the next step on."""
+        at `step`: the state in memory is that checkpoint's, so nothing is restored (its clean steps
+        count from `step`, not from a record a rollback loaded before). Its own fallbacks are the ones
+        the planner allows it in place (the target's inPlaceTo; the planner bars re-promoting a
+        precision that faults again). A split it names is the loop's from the next step on."""
         assert self.promote_to is not None  # can_promote() said so
         detected, previous, target = time.monotonic(), self.context.numerics.precision.precision, self.promote_to
         left = self.context.numerics.precision.settle(target.precision)
@@ -226,7 +226,7 @@ class InPlace:
         if target.shape is not None:
             assert self.resplit is not None  # can_promote() said so
             self.resplit(*target.shape)
-        self.targets, self.splits = list(target.in_place_to), []
+        self.targets, self.splits, self.cadence.trouble_at.carried = list(target.in_place_to), [], None
         self._told("repromote", step, step, target, previous, target.precision, rule="repromote", message=str(why),
                    since=detected, shape=target.shape)  # fmt: skip
 
