@@ -161,10 +161,10 @@ class AttemptLaunch(BaseModel):
     #: End this attempt with Repromote (exit 47) at the first checkpoint written after this
     #: many clean steps (None: never; the planner sets it on fallback attempts).
     repromote_after_steps: int | None = Field(None, alias="repromoteAfterSteps", ge=1)
-    #: The step the attempt before this one faulted at, for a fallback attempt: its clean steps
-    #: (repromoteAfterSteps) count from there, not from its start, so the steps it runs again from
-    #: the checkpoint before the fault do not take it back up before it has passed that step
-    #: (None: from its start, or the last trouble its checkpoint records).
+    #: The step the precision before this one faulted at, for a fallback attempt (or one restarted
+    #: in its precision): its clean steps (repromoteAfterSteps) count from there, not from its start,
+    #: so the steps it runs again from the checkpoint before the fault do not take it back up before
+    #: it has passed that step (None: from its start, or the last trouble its checkpoint records).
     repromote_counts_from: int | None = Field(None, alias="repromoteCountsFrom", ge=0)
     #: The precisions this attempt may fall back to in its running processes, in order (the
     #: planner's next attempts after a numeric fault that need no restart, within the attempt

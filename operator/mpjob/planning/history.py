@@ -24,6 +24,7 @@ from mpjob_contract.api import (
     RequestedPrecision,
 )
 from mpjob_contract.codes import Reason
+from mpjob_contract.vocabulary import safer_than
 
 #: Entries kept from the beginning of the history; the rest of MAX_ATTEMPT_ENTRIES are the newest.
 KEEP_FIRST = 1
@@ -82,6 +83,20 @@ def barred(attempts: Sequence[AttemptStatus], counts: AttemptCounts | None = Non
     first = repromoted_at(attempts, counts)
     again = {a.precision for a in attempts if a.reason in FAULTED and a.index >= first.get(a.precision, a.index + 1)}
     return frozenset(again | set(counts.barred if counts is not None else ()))
+
+
+def faulted_at(attempts: Sequence[AttemptStatus], index: int, precision: str, *, fallback: bool) -> int | None:
+    """The step the precision a fallback in `precision` left faulted at (launch.repromoteCountsFrom): that of
+    attempt `index` for the fallback after it; for a restart in its precision, that of the attempt the run of
+    `precision` attempts `index` ends began by faulting (None: not known, or no fallback began it)."""
+    by_index = {a.index: a for a in attempts}
+    if fallback:
+        return by_index[index].end_step if index in by_index else None
+    while index in by_index and by_index[index].precision == precision:
+        index -= 1
+    before = by_index.get(index)
+    fell_back = before is not None and before.reason in FAULTED and safer_than(precision, before.precision)
+    return before.end_step if fell_back and before is not None else None
 
 
 def first_trained(attempts: Sequence[AttemptStatus]) -> RequestedPrecision | None:

@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from mpjob.planning.batch import BatchShape, held, largest_shape, wider
 from mpjob.planning.classify import Action, Classification
-from mpjob.planning.history import barred, first_trained
+from mpjob.planning.history import barred, faulted_at, first_trained
 from mpjob.planning.repeat import repeated_failure
 from mpjob_contract.api import (
     AttemptCounts,
@@ -246,7 +246,7 @@ def after_attempt(
             decision = _shaped(
                 decision, held(spec, decision.precision, decision.shape, workers or spec.workers, history, counts)
             )
-        faulted = next((a.end_step for a in history if a.index == index), None) if decision.fallback_from else None
+        faulted = faulted_at(history, index, decision.precision, fallback=decision.fallback_from is not None)
         sized = replace(decision, workers=workers if workers != spec.workers else None, repromote_counts_from=faulted)
         # a re-promoted attempt counts itself against precision.maxRepromotions
         ahead = made(history, repromotions, counts) + (decision.promoted_from is not None)

@@ -199,9 +199,9 @@ class InPlace:
     def split(self, *, step: int, start: int, message: str, detected: float) -> InPlaceSplit:
         """Go on as the next attempt in the next smaller split, in the same precision, from step
         `start` (the last good state, restored), with the fallbacks the planner allows that
-        attempt in place (the split's inPlaceTo)."""
+        attempt in place (the split's inPlaceTo); its clean steps go on from the attempt's last trouble."""
         target, precision = self.splits.pop(0), self.context.numerics.precision.precision
-        self._begin(target, start)
+        self._begin(target, start, faulted_at=self.cadence.trouble_at.step)
         self.targets = list(target.in_place_to)
         rule = Reason.OUT_OF_DEVICE_MEMORY.value
         self._tell("microBatch", step, start, precision, precision, rule=rule, message=message, since=detected,
