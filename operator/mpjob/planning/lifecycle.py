@@ -27,11 +27,10 @@ from mpjob.planning.phases import (
     running,
     suspend,
 )
-from mpjob.planning.plan import Event, Plan, When
+from mpjob.planning.plan import Event, Plan, Started, When
 from mpjob.planning.planner import Finish, StartAttempt, after_attempt, as_made, with_promotion
 from mpjob.planning.reported import record_report, seen_at, trained_in, without_progress
 from mpjob.planning.resumepoint import POD_CHECKPOINTS, planned_from, resume_point
-from mpjob.planning.started import announce, made
 from mpjob.planning.status import ConditionReason, ConditionType
 from mpjob_contract.api import AttemptStatus, MixedPrecisionJobSpec, MixedPrecisionJobStatus, Precision, settled
 from mpjob_contract.api import processes_per_worker as per_worker
@@ -92,7 +91,7 @@ def again(
 def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: When, *, lost: bool = False) -> None:
     """Record the attempt (before its children exist) and ask for it to be created; `lost`: the
     checkpoint the status names went with the old pods (`resumepoint`), so the status names none.
-    What the record holds (and the one before it: `started.began_for`) is what the attempt is said
+    What the record holds (and the one before it: `began_for`) is what the attempt is said
     started with once its Job is made (`made`)."""
     workers = start.workers or spec.workers
     entry = st.begin_attempt(plan.status, start, workers=workers, per_worker=per_worker(spec), at=when.at)
@@ -106,6 +105,58 @@ def begin(plan: Plan, spec: MixedPrecisionJobSpec, start: StartAttempt, when: Wh
     awaiting_pods(plan, when, start.index, start.precision)
 
 
+def made(plan: Plan, spec: MixedPrecisionJobSpec, index: int, uid: str) -> bool:
+    """Attempt `index`'s Job is made (`uid`), recorded on its entry; whether the entry changed.
+    The first Job made for the attempt says and counts it started, once: its jobUid, recorded
+    then, says it was made to every later reconcile, which says nothing more (one held by a
+    backoff, refused, or not made yet by a reconcile that failed says nothing; the reconciler
+    tells what this says also when making the Job's children fails after it). A Job the cache
+    holds whose uid no write recorded (that write refused, another operator's won, a crash) is
+    made as far as the next write that records it says: that write's reconcile tells it, so the
+    start is told by whichever write records the uid and holds. An ended attempt is not told."""
+    entry = next((a for a in plan.status.attempts if a.index == index), None)
+    # Not an attempt begun in place (said as it began), nor one that ended.
+    first = entry is not None and entry.job_uid is None and entry.finish_time is None and not entry.in_place
+    changed = st.record_job_uids(plan.status, {index: uid})
+    if first and entry is not None:
+        announce(plan, spec, entry)
+    return changed
+
+
+def announce(plan: Plan, spec: MixedPrecisionJobSpec, entry: AttemptStatus) -> None:
+    """Say and count attempt `entry` started, as its record says: once its first Job is made
+    (`made`), or as it begins in the running processes (`inplace`), which no Job is made for."""
+    plan.started.append(_announced(plan.status, spec, entry))
+
+
+def began_for(status: MixedPrecisionJobStatus, entry: AttemptStatus) -> str:
+    """Why attempt `entry` began, as the record before it says: the ending it follows, the
+    suspension it resumes, or the job's creation."""
+    before = [a for a in status.attempts if a.index < entry.index]
+    if not before:
+        return ConditionReason.CREATED
+    return ConditionReason.RESUMED if before[-1].reason == Reason.SUSPENDED else before[-1].reason or ""
+
+
+def _announced(status: MixedPrecisionJobStatus, spec: MixedPrecisionJobSpec, entry: AttemptStatus) -> Started:
+    """What attempt `entry` is said started with, from its record: where it resumes (or why it
+    starts over), and for a resize the change of size kubectl get events shows."""
+    why, lost = began_for(status, entry), bool(entry.checkpoints_lost)
+    planned = planned_from(entry.start_step, lost)
+    said = [_started(entry.index, entry.precision, planned)]
+    if why in elastic.RESIZE_REASONS:
+        was = next((a.world_size for a in reversed(status.attempts) if a.index < entry.index), None)
+        workers, resumed = elastic.workers_of(spec, entry), f", {planned}" if planned else ""
+        message = f"{was} -> {entry.world_size} processes ({workers} worker(s)){resumed}"
+        said.append(Event("Normal" if why == Reason.SCALED_UP else "Warning", why, message))
+    return Started(entry.index, why, tuple(said))
+
+
+def _started(index: int, precision: str, planned: str) -> Event:
+    said = f"attempt {index} in {precision}" + (f", {planned}" if planned else "")
+    return Event("Normal", ConditionReason.ATTEMPT_STARTED, said)
+
+
 def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When) -> None:
     """Attempt `index` cannot be made (the API server refused its children for good, or its pods could
     not be created in time): the attempt (`seen_at`: no trainer read, where it began) and the job fail."""
@@ -117,15 +168,9 @@ def refused(plan: Plan, *, index: int, reason: StrEnum, message: str, when: When
 def resume(plan: Plan, spec: MixedPrecisionJobSpec, when: When, *, outlive: bool | None = None) -> None:
     """Out of a suspension: the next attempt, same precision, from the last checkpoint it reaches
     (`outlive`: whether the checkpoints outlive the stopped processes; None: as the spec's storage
-    says, `resumepoint`). The suspension used none of runPolicy.maxAttempts; only the charged count.
-    A checkpoint at training.steps (the trainers finished as they were stopped) leaves nothing to
-    train: the job Succeeds there, no attempt started to find that out."""
+    says, `resumepoint`). The suspension used none of runPolicy.maxAttempts; only the charged count."""
     plan.status.message = None  # what the stop said (`interrupt`) no longer holds
     condition(plan, when, ConditionType.SUSPENDED, False, ConditionReason.RESUMED, "runPolicy.suspend cleared")
-    if (step := resume_point(plan.status, spec, outlive=outlive).step) >= spec.training.steps:
-        done = f"trained every step before it was stopped: its checkpoint is at step {step} of {spec.training.steps}"
-        finish(plan, Finish(True, Reason.SUCCEEDED, done), when)
-        return
     go_on(plan, spec, when, outlive=outlive, none_left="no attempt left to resume")
 
 

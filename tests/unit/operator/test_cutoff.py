@@ -187,22 +187,6 @@ def test_a_suspended_attempt_ends_where_its_trainer_stopped_and_the_next_resumes
     assert again.cost is not None and again.cost.wasted_steps == 0
 
 
-def test_a_job_suspended_as_its_trainers_finished_succeeds_when_resumed_with_no_attempt() -> None:
-    """The suspension came during the last step: the trainers' final checkpoint is at training.steps,
-    so there is nothing left to train; a resume (or a raised training.steps) goes on as before."""
-    spec, status = running(1, training={"batchSize": 4, "steps": 100})
-    suspended = spec.model_copy(update={"run_policy": spec.run_policy.model_copy(update={"suspend": True})})
-    written = reconcile(suspended, status, 1, {0: JobView(0, pods=(ALIVE,))}, NOW).status
-    heard = reconcile(suspended, written, 1, {}, NOW, stopped={0: stopped_at(100)}).status
-    assert (heard.phase, heard.last_checkpoint and heard.last_checkpoint.step) == ("Suspended", 100)
-    resumed = reconcile(spec, heard, 2, {}, NOW + timedelta(seconds=1), stopped={0: stopped_at(100)})
-    assert resumed.create == [] and resumed.status.phase == "Succeeded", resumed.status
-    assert "trained every step before it was stopped" in (resumed.status.message or "")
-    longer = spec.model_copy(update={"training": spec.training.model_copy(update={"steps": 150})})
-    going_on = reconcile(longer, heard, 2, {}, NOW + timedelta(seconds=1), stopped={0: stopped_at(100)})
-    assert [a.start_step for a in going_on.create] == [100] and going_on.status.phase != "Succeeded"
-
-
 def test_the_attempt_resumed_after_a_suspension_shows_none_of_the_suspended_ones_figures() -> None:
     """Live figures are each attempt's own: the resumed attempt has none before its first reading.
     A reconcile before its Job was made (its create failed, or the operator restarted after
