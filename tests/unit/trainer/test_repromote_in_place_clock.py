@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from mpjob_contract.launch import AttemptLaunch, InPlaceTarget
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.linear_attempt import linear_attempt, seeded_batch
 
 pytestmark = pytest.mark.unit
 
@@ -29,29 +29,16 @@ JOB = spec(
 def attempt(
     launch: AttemptLaunch, tmp_path: Path, *, stop_at: int | None = None, bad: int | None = None
 ) -> TerminationReport:
-    """One attempt of a linear model's loop in this process: SIGTERM during step `stop_at`, a
-    non-finite sample at step index `bad` (until it is quarantined)."""
-    with pytest.raises(SystemExit), mpjob.start(launch=launch) as run:
-        torch.manual_seed(0)
-        model = nn.Linear(8, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        start = run.resume(model=model, optimizer=optimizer)
+    """One attempt (`linear_attempt`): SIGTERM during step `stop_at`, a non-finite sample at step
+    index `bad` (until it is quarantined)."""
 
-        def one_step(i: int) -> None:
-            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))
-            if i == bad and i not in run.quarantined:
-                x[0, 0] = math.nan
-            with run.autocast():
-                loss = model(x).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
+    def batch(run: mpjob.Session, i: int) -> torch.Tensor:
+        x = seeded_batch(i)
+        if i == bad and i not in run.quarantined:
+            x[0, 0] = math.nan
+        return x
 
-        run.register_step(one_step, samples=lambda i: [i])
-        for i in range(start, run.total_steps):
-            run.run_step(i)
-            run.preemption.raised = run.preemption.raised or i + 1 == stop_at
-            run.end_step(i + 1, samples=4)
-    return TerminationReport.parse_message((tmp_path / "report.json").read_text())
+    return linear_attempt(launch, tmp_path, batch, stop_at=stop_at)
 
 
 def test_a_repromotion_in_place_counts_its_clean_steps_from_where_it_went_up(

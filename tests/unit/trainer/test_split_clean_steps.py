@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from mpjob_contract.launch import AttemptLaunch, InPlaceSplit
 from mpjob_contract.report import TerminationReport
 from mpjob_trainer import session as mpjob
 from tests.unit.trainer.conftest import in_process_launch, spec
+from tests.unit.trainer.linear_attempt import linear_attempt, seeded_batch
 
 pytestmark = pytest.mark.unit
 
@@ -26,31 +26,18 @@ JOB = spec(
 
 
 def attempt(launch: AttemptLaunch, tmp_path: Path, *, stop_at: int | None = None) -> TerminationReport:
-    """A linear model's loop in this process: step index 5 runs out of memory in a micro-batch of 4."""
+    """One attempt (`linear_attempt`): step index 5 runs out of memory in a micro-batch of 4."""
     micro = [launch.micro_batch or 4]
-    with pytest.raises(SystemExit), mpjob.start(launch=launch) as run:
-        torch.manual_seed(0)
-        model = nn.Linear(8, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        start = run.resume(model=model, optimizer=optimizer)
 
-        def one_step(i: int) -> None:
-            if i == 5 and micro[0] == 4 and stop_at is None:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            with run.autocast():
-                loss = model(torch.randn(4, 8, generator=torch.Generator().manual_seed(i))).pow(2).mean()
-            run.backward(loss)
-            run.step(optimizer)
+    def batch(run: mpjob.Session, i: int) -> torch.Tensor:
+        if i == 5 and micro[0] == 4 and stop_at is None:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return seeded_batch(i)
 
-        def reshape(micro_batch: int, accumulation: int) -> None:
-            micro[0] = micro_batch
+    def reshape(micro_batch: int, accumulation: int) -> None:
+        micro[0] = micro_batch
 
-        run.register_step(one_step, samples=lambda i: [i], reshape=reshape)
-        for i in range(start, run.total_steps):
-            run.run_step(i)
-            run.preemption.raised = run.preemption.raised or i + 1 == stop_at
-            run.end_step(i + 1, samples=4)
-    return TerminationReport.parse_message((tmp_path / "report.json").read_text())
+    return linear_attempt(launch, tmp_path, batch, stop_at=stop_at, reshape=reshape)
 
 
 def test_a_fallback_split_in_place_before_its_first_checkpoint_counts_from_the_fault(
